@@ -1,0 +1,33 @@
+# The two commands of the README. Both set everything up on a fresh machine first:
+# a virtual environment in .venv with the CPU build of torch and the package, and the
+# embedded default model converted into the cache (~/.cache/mechlingo or $MECHLINGO_CACHE).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+OUT ?= out/demo
+
+.PHONY: setup demo test lint clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+setup: $(BIN)/python
+	@# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
+	$(BIN)/python -m pip install -q "torch==2.13.0"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test]"
+	$(BIN)/python -c "from mechlingo.models import ensure_default_model; ensure_default_model()"
+
+demo: setup
+	$(BIN)/mechlingo lens --langs en,fr,de,es,ja --relation capital --limit 40 --out $(OUT)
+	@echo "Open $(OUT)/report.html in a browser."
+
+lint: setup
+	$(BIN)/ruff format --check mechlingo tests benchmarks scripts
+	$(BIN)/ruff check mechlingo tests benchmarks scripts
+
+test: setup lint
+	$(BIN)/python -m pytest -q -ra --durations=15 tests
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .ruff_cache

@@ -1,0 +1,168 @@
+"""Reading residual-stream vectors through the final norm and the unembedding, in chunks.
+
+The cost of a logit-lens readout is the unembedding, ``rows x d_model x vocab``; with a
+262,144-token vocabulary a full ``[layers, batch, vocab]`` tensor of 19 x 32 rows is already
+600 MB. :func:`read_logits` therefore works through the rows in chunks and keeps only what
+the analyses need from each chunk: the softmax normalizer, the top-k tokens, and for each
+requested token set its log-probability mass, the log-probability of its primary token and
+the rank of its best token. It runs on the device of ``W_U`` (CUDA when the model is there)
+and computes in float32 whatever the model's dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+# Upper bound on elements of the temporary [rows, sets, vocab] comparison used for ranks.
+_RANK_TEMP_ELEMENTS = 1 << 26
+
+
+@dataclass
+class Readout:
+    """What the unembedding says about each row.
+
+    Attributes:
+        logsumexp: log of the softmax normalizer per row (natural log).
+        top_ids, top_logprobs: the ``k`` most likely tokens and their log-probabilities.
+        set_logprob: log of the total probability of each token set (``-inf`` for an empty set).
+        primary_logprob: log-probability of each set's primary token.
+        set_rank: 0-based rank of the best token of each set over the whole vocabulary
+            (0 = it is the top prediction); ties count only strictly larger logits.
+    """
+
+    logsumexp: Float[Tensor, "row"]
+    top_ids: Int[Tensor, "row k"]
+    top_logprobs: Float[Tensor, "row k"]
+    set_logprob: Float[Tensor, "row track"]
+    primary_logprob: Float[Tensor, "row track"]
+    set_rank: Int[Tensor, "row track"]
+
+
+def apply_final_norm(model: Any, x: Float[Tensor, "row d_model"]) -> Float[Tensor, "row d_model"]:
+    """The model's own final norm module on each row (statistics recomputed per row)."""
+    ln = getattr(model, "ln_final", None)
+    if ln is None:
+        return x
+    return ln(x.unsqueeze(0)).squeeze(0)
+
+
+def output_transform(model: Any, logits: Float[Tensor, "row vocab"]) -> Float[Tensor, "row vocab"]:
+    """The architecture's transform after the unembedding (e.g. Gemma 2's logit soft-cap)."""
+    adapter = getattr(model, "adapter", None)
+    fn = getattr(adapter, "apply_output_logits_transform", None)
+    if callable(fn):
+        return fn(logits)
+    cap = float(getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0)
+    if cap > 0:
+        return cap * torch.tanh(logits / cap)
+    return logits
+
+
+def unembed(model: Any, x: Float[Tensor, "row d_model"]) -> Float[Tensor, "row vocab"]:
+    """Logits of already-normalized rows: ``transform(x @ W_U + b_U)`` in float32."""
+    W_U = model.W_U
+    logits = x.to(W_U.dtype) @ W_U
+    b_U = getattr(model, "b_U", None)
+    if b_U is not None:
+        logits = logits + b_U
+    return output_transform(model, logits.float())
+
+
+def final_logits(model: Any, resid: Float[Tensor, "row d_model"]) -> Float[Tensor, "row vocab"]:
+    """The model's next-token logits from final-layer residual rows (norm + unembedding)."""
+    dev = model.W_U.device
+    return unembed(model, apply_final_norm(model, resid.to(dev)))
+
+
+def read_logits(
+    model: Any,
+    resid: Float[Tensor, "row d_model"],
+    token_sets: Int[Tensor, "row track member"] | None = None,
+    primary: Int[Tensor, "row track"] | None = None,
+    *,
+    top_k: int = 5,
+    chunk_rows: int = 64,
+    apply_norm: bool = True,
+) -> Readout:
+    """Read rows of the residual stream through the final norm and unembedding.
+
+    Args:
+        model: a TransformerLens model (bridge or HookedTransformer).
+        resid: residual-stream vectors, one per row.
+        token_sets: per row, ``track`` token sets padded with ``-1`` (see
+            :func:`mechlingo.tokens.pack_token_sets`).
+        primary: per row and set, the primary token id.
+        top_k: how many top tokens to keep per row (0 for none).
+        chunk_rows: rows per unembedding matmul; memory is ``chunk_rows x vocab`` floats.
+        apply_norm: apply ``ln_final`` first (``False`` reads the raw vectors, which does not
+            reproduce the model).
+
+    Returns:
+        A :class:`Readout` on the device of ``W_U``.
+    """
+    if resid.ndim != 2:
+        raise ValueError(f"resid must be [rows, d_model], got shape {tuple(resid.shape)}")
+    if chunk_rows < 1:
+        raise ValueError("chunk_rows must be >= 1")
+    dev = model.W_U.device
+    n = resid.shape[0]
+    d_vocab = int(model.W_U.shape[1])
+    if token_sets is None:
+        token_sets = torch.full((n, 0, 1), -1, dtype=torch.long)
+        primary = torch.zeros((n, 0), dtype=torch.long)
+    if primary is None:
+        primary = token_sets[..., 0].clamp_min(0)
+    if token_sets.shape[0] != n or primary.shape[:2] != token_sets.shape[:2]:
+        raise ValueError(
+            f"token_sets {tuple(token_sets.shape)} / primary {tuple(primary.shape)} do not "
+            f"match {n} rows"
+        )
+    if bool((token_sets >= d_vocab).any()) or bool((primary >= d_vocab).any()):
+        raise ValueError(f"token ids must be < d_vocab={d_vocab}")
+    token_sets = token_sets.to(dev)
+    primary = primary.to(dev)
+    n_track = token_sets.shape[1]
+    k = min(top_k, d_vocab)
+
+    lse = torch.empty(n, device=dev)
+    top_ids = torch.empty((n, k), dtype=torch.long, device=dev)
+    top_lp = torch.empty((n, k), device=dev)
+    set_lp = torch.empty((n, n_track), device=dev)
+    prim_lp = torch.empty((n, n_track), device=dev)
+    set_rank = torch.empty((n, n_track), dtype=torch.long, device=dev)
+    rank_rows = max(1, _RANK_TEMP_ELEMENTS // max(1, n_track * d_vocab))
+
+    with torch.no_grad():
+        for start in range(0, n, chunk_rows):
+            stop = min(n, start + chunk_rows)
+            x = resid[start:stop].to(dev)
+            if apply_norm:
+                x = apply_final_norm(model, x)
+            logits = unembed(model, x)  # [c, vocab] float32
+            norm = torch.logsumexp(logits, dim=-1)
+            lse[start:stop] = norm
+            if k:
+                top = torch.topk(logits, k, dim=-1)
+                top_ids[start:stop] = top.indices
+                top_lp[start:stop] = top.values - norm[:, None]
+            if n_track:
+                ids = token_sets[start:stop]  # [c, s, m]
+                valid = ids >= 0
+                gathered = torch.gather(
+                    logits.unsqueeze(1).expand(-1, n_track, -1), 2, ids.clamp_min(0)
+                )
+                gathered = gathered.masked_fill(~valid, float("-inf"))
+                set_lp[start:stop] = torch.logsumexp(gathered, dim=-1) - norm[:, None]
+                prim = torch.gather(logits, 1, primary[start:stop])
+                prim_lp[start:stop] = prim - norm[:, None]
+                best = gathered.max(dim=-1).values  # [c, s]
+                for r0 in range(0, stop - start, rank_rows):
+                    r1 = min(stop - start, r0 + rank_rows)
+                    above = logits[r0:r1].unsqueeze(1) > best[r0:r1].unsqueeze(-1)
+                    set_rank[start + r0 : start + r1] = above.sum(-1)
+    return Readout(lse, top_ids, top_lp, set_lp, prim_lp, set_rank)

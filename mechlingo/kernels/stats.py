@@ -1,0 +1,754 @@
+"""Pure-torch statistics kernels for neuron-level analyses.
+
+Everything here works on tensors only (no model, no scikit-learn) and runs on whatever device
+the inputs live on: CPU or CUDA, unchanged. Hot paths never call ``.item()`` or ``.cpu()``;
+the only host synchronisations are the one-off input checks (NaN scan, label counts, empty
+masks), which are needed to raise a clear error.
+
+Contents
+--------
+Separation scores for every feature (column) at once, used to find expert neurons:
+
+* :func:`auroc` -- area under the ROC curve, rank-based (Mann-Whitney U, average ranks for
+  ties); matches ``sklearn.metrics.roc_auc_score`` to ~1e-15.
+* :func:`average_precision` -- matches ``sklearn.metrics.average_precision_score`` (tied
+  scores form one threshold).
+* :func:`auroc_and_average_precision` -- both in one pass (about half the cost of two calls).
+
+Language specificity (LAPE, Tang et al. 2024):
+
+* :func:`lape` -- entropy of each neuron's activation probability across languages.
+* :class:`ActivationProbability` -- streaming "fraction of real tokens where activation > 0"
+  per language.
+
+Pooling and streaming statistics:
+
+* :func:`masked_pool` -- mean / max over real (non-padding) positions.
+* :class:`StreamingMean` -- memory independent of the number of samples, mergeable, with a
+  tensor-only ``state_dict`` (ready for ``torch.distributed.all_reduce``).
+* :func:`mean_difference` -- difference of two :class:`StreamingMean` accumulators.
+
+Expert selection helpers:
+
+* :func:`top_k_per_language`, :func:`feature_mean`, :func:`feature_median`.
+
+Numerical choices
+-----------------
+AUROC is computed with exact integer arithmetic (int64 pair counts) and one final float64
+division, so it is exact up to float64 rounding whatever the input dtype. Average precision
+accumulates float64 precisions. Ties are detected on the input dtype itself (sorting does not
+need an up-cast), so a float32 input is ranked exactly as scikit-learn ranks the same float32
+array. Streaming means keep plain float64 running sums (not Welford/Kahan): float64 has ~16
+significant digits, so even 1e9 float32 activations sum with a relative error far below
+float32 resolution, and plain sums merge across processes by simple addition.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from jaxtyping import Bool, Float, Int, Real
+from torch import Tensor
+
+__all__ = [
+    "ActivationProbability",
+    "StreamingMean",
+    "auroc",
+    "auroc_and_average_precision",
+    "average_precision",
+    "feature_mean",
+    "feature_median",
+    "lape",
+    "masked_pool",
+    "mean_difference",
+    "top_k_per_language",
+]
+
+# Elements (n_samples * features) processed at once by the rank kernels when ``chunk_size`` is
+# not given. Peak extra memory is roughly 40 bytes per element (a copy of the block, int64
+# search results and a few working arrays): ~40 MB on CPU, where smaller blocks stay in cache
+# and run fastest, ~320 MB on accelerators, where larger blocks amortise kernel launches.
+_DEFAULT_CHUNK_ELEMENTS = {"cpu": 1 << 20, "other": 1 << 23}
+
+
+# --------------------------------------------------------------------------------------------
+# input checks
+# --------------------------------------------------------------------------------------------
+
+
+def _check_scores_labels(scores: Tensor, labels: Tensor) -> tuple[Tensor, int, int]:
+    """Validate inputs of the separation scores; return labels on the scores' device."""
+    if not isinstance(scores, Tensor) or not isinstance(labels, Tensor):
+        raise TypeError(
+            f"scores and labels must be torch tensors, got {type(scores).__name__} and "
+            f"{type(labels).__name__}"
+        )
+    if scores.ndim != 2:
+        raise ValueError(
+            f"scores must be 2-D [n_samples, n_features], got shape {tuple(scores.shape)}; "
+            "for a single feature use scores[:, None]"
+        )
+    if labels.ndim != 1 or labels.shape[0] != scores.shape[0]:
+        raise ValueError(
+            f"labels must be 1-D with one entry per row of scores: scores has shape "
+            f"{tuple(scores.shape)}, labels has shape {tuple(labels.shape)}"
+        )
+    if scores.is_complex():
+        raise ValueError(f"scores must be real-valued, got dtype {scores.dtype}")
+    labels = labels.to(scores.device)
+    if labels.dtype != torch.bool:
+        bad = ~((labels == 0) | (labels == 1))
+        if bool(bad.any()):
+            raise ValueError(
+                f"labels must be boolean (or 0/1 valued), got dtype {labels.dtype} with values "
+                "other than 0 and 1; pass e.g. `labels == target_language_id`"
+            )
+        labels = labels != 0
+    if scores.is_floating_point() and bool(torch.isnan(scores).any()):
+        n_bad_cols = int(torch.isnan(scores).any(dim=0).sum())
+        raise ValueError(
+            f"scores contain NaN in {n_bad_cols} of {scores.shape[1]} features; the ranking is "
+            "undefined. Check the activations (e.g. pooling over an all-padding row) or drop "
+            "those columns"
+        )
+    n_pos = int(labels.sum())
+    n_neg = labels.shape[0] - n_pos
+    if n_pos == 0:
+        raise ValueError(
+            f"labels have no positives (all {labels.shape[0]} are False): the score is "
+            "undefined. Include samples of the target class (e.g. sentences of the target "
+            "language)"
+        )
+    if n_neg == 0:
+        raise ValueError(
+            f"labels have no negatives (all {labels.shape[0]} are True): the score is "
+            "undefined. Include samples of other classes (e.g. sentences of other languages)"
+        )
+    return labels, n_pos, n_neg
+
+
+def _resolve_chunk(
+    chunk_size: int | None, n_samples: int, n_features: int, device: torch.device
+) -> int:
+    if chunk_size is None:
+        budget = _DEFAULT_CHUNK_ELEMENTS["cpu" if device.type == "cpu" else "other"]
+        return max(1, min(n_features, budget // max(n_samples, 1)))
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
+    return chunk_size
+
+
+# --------------------------------------------------------------------------------------------
+# AUROC / average precision
+# --------------------------------------------------------------------------------------------
+
+
+def _rank_statistics(
+    pos: Tensor, neg: Tensor, want_auroc: bool, want_ap: bool
+) -> tuple[Tensor | None, Tensor | None]:
+    """AUROC and/or AP for one block of features, given as ``pos`` [c, n_pos] (scores of the
+    positive samples, one feature per row) and ``neg`` [c, n_neg].
+
+    No full sort of the samples is needed. The positives are sorted (there are usually far
+    fewer of them) and every negative is located among them by binary search:
+    ``r(y) = #{positives <= y}`` and ``l(y) = #{positives < y}``. Then, exactly:
+
+    * AUROC. Pairs (positive, negative) where the negative is higher number ``sum l``, ties
+      ``sum (r - l)``, so ``AUROC = 1 - (sum l + sum r) / (2 n_pos n_neg)``.
+    * AP. One threshold "score >= v" per distinct value, as in scikit-learn; ``sum_k (R_k -
+      R_{k-1}) P_k`` equals the mean over positives of the precision at their own value's
+      threshold. For the k-th smallest positive ``v_k``: true positives ``TP = n_pos -
+      #{positives < v_k}``, false positives ``FP = #{negatives >= v_k} = #{y : r(y) > k}``,
+      read off a per-row histogram of ``r``.
+
+    When positives outnumber negatives the roles are swapped for the binary search (sort the
+    negatives, search the positives), which gives the same numbers.
+
+    All counts are int64 and exact; only the final ratios are float64.
+    """
+    c, n_pos = pos.shape
+    n_neg = neg.shape[1]
+    auc = ap = None
+    # positives sorted, and for each the number of positives strictly below its value.
+    pos_sorted = torch.sort(pos, dim=-1).values
+    pos_lt = torch.searchsorted(pos_sorted, pos_sorted, side="left")  # [c, n_pos]
+    if n_pos <= n_neg:
+        r = torch.searchsorted(pos_sorted, neg, side="right")  # [c, n_neg] in [0, n_pos]
+        if want_auroc:
+            # l = r - #(positives equal to y): the positive just below position r, if equal
+            # to y, heads a tie run that starts at pos_lt of that position.
+            prev = (r - 1).clamp_(min=0)
+            tied = (r > 0) & (pos_sorted.gather(1, prev) == neg)
+            l_ = torch.where(tied, pos_lt.gather(1, prev), r)
+            s = l_.sum(dim=-1) + r.sum(dim=-1)
+            auc = 1.0 - s.to(torch.float64) / (2.0 * n_pos * n_neg)
+            del prev, tied, l_
+        if want_ap:
+            hist = torch.zeros(c, n_pos + 1, dtype=torch.int64, device=pos.device)
+            hist.scatter_add_(1, r, torch.ones_like(r))
+            # negatives with r(y) <= k, for k = 0 .. n_pos - 1
+            neg_le = hist[:, :n_pos].cumsum(dim=-1)
+            fp = n_neg - neg_le
+    else:
+        neg_sorted = torch.sort(neg, dim=-1).values
+        nl = torch.searchsorted(neg_sorted, pos_sorted, side="left")  # negatives < v
+        if want_auroc:
+            nr = torch.searchsorted(neg_sorted, pos_sorted, side="right")  # negatives <= v
+            s = nl.sum(dim=-1) + nr.sum(dim=-1)
+            auc = s.to(torch.float64) / (2.0 * n_pos * n_neg)
+        fp = n_neg - nl
+    if want_ap:
+        tp = (n_pos - pos_lt).to(torch.float64)
+        precision = tp / (tp + fp.to(torch.float64))
+        ap = precision.sum(dim=-1) / n_pos
+    return auc, ap
+
+
+def _chunked_scores(
+    scores: Tensor,
+    labels: Tensor,
+    chunk_size: int | None,
+    want_auroc: bool,
+    want_ap: bool,
+) -> tuple[Tensor, Tensor]:
+    labels, n_pos, n_neg = _check_scores_labels(scores, labels)
+    if scores.dtype == torch.bool:
+        scores = scores.to(torch.uint8)
+    n_samples, n_features = scores.shape
+    chunk = _resolve_chunk(chunk_size, n_samples, n_features, scores.device)
+    pos_idx = labels.nonzero().flatten()
+    neg_idx = (~labels).nonzero().flatten()
+    out_auc = torch.empty(n_features, dtype=torch.float64, device=scores.device)
+    out_ap = torch.empty(n_features, dtype=torch.float64, device=scores.device)
+    for j0 in range(0, n_features, chunk):
+        j1 = min(j0 + chunk, n_features)
+        block = scores[:, j0:j1]
+        # one feature per row, contiguous along samples (what sort/searchsorted want)
+        pos = block.index_select(0, pos_idx).T.contiguous()
+        neg = block.index_select(0, neg_idx).T.contiguous()
+        auc, ap = _rank_statistics(pos, neg, want_auroc, want_ap)
+        del pos, neg
+        if auc is not None:
+            out_auc[j0:j1] = auc
+        if ap is not None:
+            out_ap[j0:j1] = ap
+    return out_auc, out_ap
+
+
+def auroc(
+    scores: Real[Tensor, "n_samples n_features"] | Bool[Tensor, "n_samples n_features"],
+    labels: Bool[Tensor, " n_samples"] | Int[Tensor, " n_samples"],
+    chunk_size: int | None = None,
+) -> Float[Tensor, " n_features"]:
+    """Area under the ROC curve of every feature (column) as a detector of ``labels``.
+
+    The value is the probability that a random positive sample has a higher score than a
+    random negative one, ties counting one half (the Mann-Whitney U statistic with average
+    ranks, divided by ``n_pos * n_neg``). AUROC 1.0: the feature is higher on every positive
+    than on every negative; 0.5: no separation (a constant feature gives exactly 0.5); 0.0:
+    higher on every negative. Equal to ``sklearn.metrics.roc_auc_score(labels, scores[:, j])``
+    for every ``j`` (to float64 rounding, ties included).
+
+    Args:
+        scores: one row per sample, one column per feature (e.g. pooled neuron activations).
+            Any real dtype; ties are judged on this dtype.
+        labels: True for positives (e.g. sentences of the target language). 0/1 integer
+            tensors are accepted too.
+        chunk_size: features processed at once; memory is O(n_samples * chunk_size) (about
+            40 bytes per element). Default: ~1M elements per block on CPU, ~8M on GPU. The
+            result does not depend on it.
+
+    Returns:
+        float64 tensor [n_features] on ``scores.device``.
+
+    Raises:
+        ValueError: shape mismatch, NaN in ``scores``, or labels with no positives or no
+            negatives.
+    """
+    return _chunked_scores(scores, labels, chunk_size, True, False)[0]
+
+
+def average_precision(
+    scores: Real[Tensor, "n_samples n_features"] | Bool[Tensor, "n_samples n_features"],
+    labels: Bool[Tensor, " n_samples"] | Int[Tensor, " n_samples"],
+    chunk_size: int | None = None,
+) -> Float[Tensor, " n_features"]:
+    """Average precision of every feature (column) as a detector of ``labels``.
+
+    ``AP = sum_k (R_k - R_{k-1}) P_k`` over the thresholds "score >= t", one threshold per
+    distinct score value (tied samples enter together), exactly as
+    ``sklearn.metrics.average_precision_score``. AP 1.0: every positive scores above every
+    negative; AP equal to the positive rate: no better than chance (a constant feature gives
+    exactly the positive rate). Unlike AUROC, AP rewards features whose *highest* values
+    are positives, which suits rare target classes.
+
+    Args and raises as in :func:`auroc`.
+
+    Returns:
+        float64 tensor [n_features] on ``scores.device``.
+    """
+    return _chunked_scores(scores, labels, chunk_size, False, True)[1]
+
+
+def auroc_and_average_precision(
+    scores: Real[Tensor, "n_samples n_features"] | Bool[Tensor, "n_samples n_features"],
+    labels: Bool[Tensor, " n_samples"] | Int[Tensor, " n_samples"],
+    chunk_size: int | None = None,
+) -> tuple[Float[Tensor, " n_features"], Float[Tensor, " n_features"]]:
+    """``(auroc(scores, labels), average_precision(scores, labels))`` in one pass.
+
+    About half the cost of calling the two separately; identical results. See :func:`auroc`
+    and :func:`average_precision` for the meaning of the values and the arguments.
+    """
+    return _chunked_scores(scores, labels, chunk_size, True, True)
+
+
+# --------------------------------------------------------------------------------------------
+# LAPE
+# --------------------------------------------------------------------------------------------
+
+
+def lape(prob_active: Float[Tensor, "n_langs n_features"]) -> Float[Tensor, " n_features"]:
+    """Language activation probability entropy (LAPE; Tang et al. 2024) of every neuron.
+
+    Each neuron's activation probabilities ``p[l]`` (fraction of tokens of language ``l``
+    where it fires; see :class:`ActivationProbability`) are normalised to a distribution over
+    languages, ``q[l] = p[l] / sum_l p[l]``, and its entropy ``-sum_l q[l] log q[l]`` (natural
+    log, ``0 log 0 = 0``) is returned. Low LAPE = language-specific: 0 means the neuron fires
+    for one language only; ``log(n_langs)`` means it fires equally often in all languages.
+
+    A neuron that never fires in any language has no distribution: its LAPE is NaN. Tang et
+    al. also discard neurons whose activation probability is low in every language; filter
+    on ``prob_active.max(0).values`` before ranking, and e.g. use
+    ``lape(p).nan_to_num(nan=math.log(n_langs))`` to push dead neurons to the bottom.
+
+    Returns:
+        float64 tensor [n_features].
+
+    Raises:
+        ValueError: not 2-D, NaN or negative probabilities.
+    """
+    if prob_active.ndim != 2:
+        raise ValueError(
+            f"prob_active must be 2-D [n_langs, n_features], got shape {tuple(prob_active.shape)}"
+        )
+    p = prob_active.to(torch.float64)
+    if bool(torch.isnan(p).any()) or bool((p < 0).any()):
+        raise ValueError(
+            "prob_active must hold probabilities (non-negative, no NaN); got NaN or negative values"
+        )
+    total = p.sum(dim=0)
+    q = p / total  # NaN columns where total == 0 (dead neurons), kept NaN on purpose
+    plogq = torch.where(q > 0, q * torch.log(q), 0.0)
+    ent = -plogq.sum(dim=0)
+    return torch.where(total > 0, ent, math.nan)
+
+
+class ActivationProbability:
+    """Streaming per-language activation probability: the fraction of real (non-padding)
+    tokens of each language on which each feature's activation exceeds ``threshold`` (0 by
+    default, i.e. "fires").
+
+    Memory is [n_langs, n_features] int64 counts, independent of the number of tokens. Feed
+    :attr:`prob_active` to :func:`lape`.
+
+    Example::
+
+        acc = ActivationProbability(n_langs=len(langs))
+        for acts, mask, lang_ids in batches:      # acts [batch, pos, d_mlp]
+            acc.update(acts, lang=lang_ids, mask=mask)
+        scores = lape(acc.prob_active)
+    """
+
+    def __init__(self, n_langs: int, threshold: float = 0.0) -> None:
+        if n_langs < 1:
+            raise ValueError(f"n_langs must be >= 1, got {n_langs}")
+        self.n_langs = n_langs
+        self.threshold = threshold
+        self.active: Int[Tensor, "n_langs n_features"] | None = None
+        self.tokens: Int[Tensor, " n_langs"] | None = None
+
+    def update(
+        self,
+        acts: Float[Tensor, "*tokens n_features"],
+        lang: int | Int[Tensor, "*lead"],
+        mask: Bool[Tensor, "*tokens"] | None = None,
+    ) -> None:
+        """Count one batch.
+
+        Args:
+            acts: activations with the feature axis last, e.g. [batch, pos, d_mlp].
+            lang: a language index for the whole batch, or a tensor of language indices whose
+                shape is a prefix of ``acts.shape[:-1]`` (e.g. [batch], one per sentence).
+            mask: True at real tokens, shape ``acts.shape[:-1]``; padding is not counted.
+        """
+        lead = acts.shape[:-1]
+        d = acts.shape[-1]
+        if mask is not None and tuple(mask.shape) != tuple(lead):
+            raise ValueError(
+                f"mask must have shape acts.shape[:-1] = {tuple(lead)}, got {tuple(mask.shape)}"
+            )
+        if self.active is None:
+            self.active = torch.zeros(self.n_langs, d, dtype=torch.int64, device=acts.device)
+            self.tokens = torch.zeros(self.n_langs, dtype=torch.int64, device=acts.device)
+        elif self.active.shape[1] != d:
+            raise ValueError(
+                f"acts have {d} features but this accumulator holds {self.active.shape[1]}"
+            )
+        assert self.tokens is not None
+        fired = acts > self.threshold
+        real = (
+            torch.ones(lead, dtype=torch.bool, device=acts.device)
+            if mask is None
+            else mask.to(device=acts.device, dtype=torch.bool)
+        )
+        fired &= real[..., None]
+        if isinstance(lang, int):
+            if not 0 <= lang < self.n_langs:
+                raise ValueError(f"lang {lang} out of range for n_langs={self.n_langs}")
+            self.active[lang] += (
+                fired.reshape(-1, d).sum(dim=0, dtype=torch.int64).to(self.active.device)
+            )
+            self.tokens[lang] += real.sum(dtype=torch.int64).to(self.tokens.device)
+            return
+        lang = lang.to(acts.device)
+        if tuple(lang.shape) != tuple(lead[: lang.ndim]):
+            raise ValueError(
+                f"lang must be an int or have a shape that is a prefix of acts.shape[:-1] = "
+                f"{tuple(lead)}, got {tuple(lang.shape)}"
+            )
+        k = lang.ndim
+        per_group = fired.reshape(*lead[:k], -1, d).sum(dim=-2, dtype=torch.int64)
+        tok_group = real.reshape(*lead[:k], -1).sum(dim=-1, dtype=torch.int64)
+        idx = lang.reshape(-1).to(torch.int64)
+        if bool(((idx < 0) | (idx >= self.n_langs)).any()):
+            raise ValueError(f"lang indices must lie in [0, {self.n_langs})")
+        self.active.index_add_(0, idx.to(self.active.device), per_group.reshape(-1, d))
+        self.tokens.index_add_(0, idx.to(self.tokens.device), tok_group.reshape(-1))
+
+    @property
+    def prob_active(self) -> Float[Tensor, "n_langs n_features"]:
+        """float64 [n_langs, n_features]: fraction of real tokens where each feature fired."""
+        if self.active is None or self.tokens is None:
+            raise ValueError("no tokens counted yet: call update() first")
+        empty = (self.tokens == 0).nonzero().flatten().tolist()
+        if empty:
+            raise ValueError(
+                f"languages {empty} have no tokens counted; feed text of every language or "
+                "use a smaller n_langs"
+            )
+        return self.active.to(torch.float64) / self.tokens.to(torch.float64)[:, None]
+
+    def merge(self, other: ActivationProbability) -> ActivationProbability:
+        """Add another accumulator's counts into this one (in place); returns self."""
+        if other.n_langs != self.n_langs:
+            raise ValueError(f"n_langs differ: {self.n_langs} vs {other.n_langs}")
+        if other.active is None or other.tokens is None:
+            return self
+        if self.active is None or self.tokens is None:
+            self.active, self.tokens = other.active.clone(), other.tokens.clone()
+            return self
+        if other.active.shape != self.active.shape:
+            raise ValueError(
+                f"shapes differ: {tuple(self.active.shape)} vs {tuple(other.active.shape)}"
+            )
+        self.active += other.active.to(self.active.device)
+        self.tokens += other.tokens.to(self.tokens.device)
+        return self
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """``{"active": int64 [n_langs, n_features], "tokens": int64 [n_langs]}``; both are
+        counts, so a SUM all-reduce of each entry across processes combines accumulators
+        (the threshold is configuration, not state: pass it to :meth:`from_state`)."""
+        if self.active is None or self.tokens is None:
+            raise ValueError("empty accumulator: call update() first")
+        return {"active": self.active, "tokens": self.tokens}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Tensor], threshold: float = 0.0) -> ActivationProbability:
+        """Rebuild an accumulator from :meth:`state_dict` output (tensors are copied)."""
+        acc = cls(int(state["active"].shape[0]), threshold)
+        acc.active = state["active"].clone()
+        acc.tokens = state["tokens"].clone()
+        return acc
+
+
+# --------------------------------------------------------------------------------------------
+# pooling and streaming means
+# --------------------------------------------------------------------------------------------
+
+
+def masked_pool(
+    acts: Float[Tensor, "batch pos d"],
+    mask: Bool[Tensor, "batch pos"],
+    how: Literal["mean", "max"] = "mean",
+) -> Float[Tensor, "batch d"]:
+    """Pool activations over the real (``mask`` True) positions of each row.
+
+    ``"mean"``: average over real tokens (the sentence's typical activation; Kojima et al.).
+    ``"max"``: largest value over real tokens (did the neuron fire strongly anywhere in the
+    sentence; Suau et al.). Padding never contributes, whatever its value (even NaN/inf).
+    Means of float16/bfloat16 inputs are accumulated in float32. Result dtype = ``acts.dtype``.
+
+    Raises:
+        ValueError: shape mismatch, unknown ``how``, or a row with no real position (its pool
+            would be undefined).
+    """
+    if acts.ndim != 3 or mask.ndim != 2 or tuple(acts.shape[:2]) != tuple(mask.shape):
+        raise ValueError(
+            f"expected acts [batch, pos, d] and mask [batch, pos]; got acts "
+            f"{tuple(acts.shape)} and mask {tuple(mask.shape)}"
+        )
+    if how not in ("mean", "max"):
+        raise ValueError(f"how must be 'mean' or 'max', got {how!r}")
+    mask = mask.to(device=acts.device, dtype=torch.bool)
+    n_real = mask.sum(dim=1)
+    empty = (n_real == 0).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(
+            f"rows {empty} of mask have no real (True) position; drop those rows or fix the "
+            "attention mask"
+        )
+    m = mask[..., None]
+    if how == "max":
+        fill = -math.inf if acts.is_floating_point() else torch.iinfo(acts.dtype).min
+        return torch.where(m, acts, fill).amax(dim=1)
+    acc_dtype = torch.float32 if acts.dtype in (torch.float16, torch.bfloat16) else acts.dtype
+    if not acc_dtype.is_floating_point:
+        acc_dtype = torch.float64
+    total = torch.where(m, acts, 0).sum(dim=1, dtype=acc_dtype)
+    out = total / n_real[:, None].to(acc_dtype)
+    return out.to(acts.dtype) if acts.is_floating_point() else out
+
+
+class StreamingMean:
+    """Running (optionally weighted) mean with memory independent of the number of samples.
+
+    Keeps a float64 running sum of the feature shape and a float64 total weight on the
+    device of the data. ``update`` reduces the leading axes of a batch: the first axis when
+    no weight is given, else the axes covered by ``weight`` (a boolean mask excludes
+    positions, e.g. padding; real-valued weights scale samples). Accumulators merge by adding
+    sums and weights, so :meth:`state_dict` can be all-reduced (SUM) across processes and
+    rebuilt with :meth:`from_state`.
+
+    Example::
+
+        m = StreamingMean()
+        for acts, mask in batches:           # acts [batch, pos, d]
+            m.update(acts, mask)             # mean over real tokens -> [d]
+        m.mean                               # float64 [d]
+
+    A mean difference (e.g. a steering vector, target minus source language) is
+    ``mean_difference(m_target, m_source)``.
+    """
+
+    def __init__(
+        self,
+        shape: tuple[int, ...] | torch.Size | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        """``shape``/``device`` pre-allocate zeros (so every process holds same-shaped state
+        before any update); otherwise both are taken from the first batch."""
+        self._sum: Tensor | None = None
+        self._count: Tensor | None = None
+        if shape is not None:
+            self._sum = torch.zeros(tuple(shape), dtype=torch.float64, device=device)
+            self._count = torch.zeros((), dtype=torch.float64, device=device)
+
+    def update(
+        self,
+        x: Float[Tensor, "*lead_and_feature"],
+        weight: Bool[Tensor, "*lead"] | Float[Tensor, "*lead"] | None = None,
+    ) -> None:
+        """Add a batch. Without ``weight`` the first axis is the sample axis; with ``weight``
+        its shape must be a prefix of ``x.shape`` and those axes are reduced."""
+        if weight is None:
+            if x.ndim < 1:
+                raise ValueError("x must have a leading sample axis")
+            s = x.sum(dim=0, dtype=torch.float64)
+            c: Tensor | float = float(x.shape[0])  # host scalar: no device copy per batch
+        else:
+            k = weight.ndim
+            if tuple(weight.shape) != tuple(x.shape[:k]):
+                raise ValueError(
+                    f"weight shape {tuple(weight.shape)} must be a prefix of x shape "
+                    f"{tuple(x.shape)}"
+                )
+            weight = weight.to(x.device)
+            w = weight.reshape(*weight.shape, *([1] * (x.ndim - k)))
+            dims = tuple(range(k))
+            if weight.dtype == torch.bool:
+                s = torch.where(w, x, 0).sum(dim=dims, dtype=torch.float64)
+                c = weight.sum(dtype=torch.float64)
+            else:
+                w64 = w.to(torch.float64)
+                s = (x.to(torch.float64) * w64).sum(dim=dims)
+                c = weight.to(torch.float64).sum()
+        if self._sum is None or self._count is None:
+            self._sum = s
+            self._count = torch.zeros((), dtype=torch.float64, device=s.device) + c
+            return
+        if s.shape != self._sum.shape:
+            raise ValueError(
+                f"batch feature shape {tuple(s.shape)} differs from the accumulated "
+                f"{tuple(self._sum.shape)}"
+            )
+        self._sum += s.to(self._sum.device)
+        self._count += c.to(self._count.device) if isinstance(c, Tensor) else c
+
+    @property
+    def count(self) -> Float[Tensor, ""]:
+        """Total weight seen (the number of samples/real positions when unweighted)."""
+        if self._count is None:
+            return torch.zeros((), dtype=torch.float64)
+        return self._count
+
+    @property
+    def sum(self) -> Float[Tensor, "*feature"]:
+        """float64 running sum."""
+        if self._sum is None:
+            raise ValueError("empty accumulator: call update() first")
+        return self._sum
+
+    @property
+    def mean(self) -> Float[Tensor, "*feature"]:
+        """float64 mean over everything seen so far (cast with ``.to(dtype)`` as needed)."""
+        if self._sum is None or self._count is None or not bool(self._count > 0):
+            raise ValueError("empty accumulator (zero total weight): call update() first")
+        return self._sum / self._count
+
+    def merge(self, other: StreamingMean) -> StreamingMean:
+        """Fold another accumulator into this one (in place); returns self. The result equals
+        one accumulator fed both streams."""
+        if other._sum is None or other._count is None:
+            return self
+        if self._sum is None or self._count is None:
+            self._sum, self._count = other._sum.clone(), other._count.clone()
+            return self
+        if other._sum.shape != self._sum.shape:
+            raise ValueError(
+                f"shapes differ: {tuple(self._sum.shape)} vs {tuple(other._sum.shape)}"
+            )
+        self._sum += other._sum.to(self._sum.device)
+        self._count += other._count.to(self._count.device)
+        return self
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """``{"sum": float64 [*feature], "count": float64 []}``; both are sums, so a SUM
+        all-reduce of each entry across processes combines accumulators."""
+        if self._sum is None or self._count is None:
+            raise ValueError(
+                "empty accumulator: call update() first, or construct with shape= so every "
+                "process holds same-shaped state"
+            )
+        return {"sum": self._sum, "count": self._count}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Tensor]) -> StreamingMean:
+        """Rebuild from :meth:`state_dict` output (tensors are copied)."""
+        acc = cls()
+        acc._sum = state["sum"].to(torch.float64).clone()
+        acc._count = state["count"].to(torch.float64).clone()
+        return acc
+
+
+def mean_difference(a: StreamingMean, b: StreamingMean) -> Float[Tensor, "*feature"]:
+    """``a.mean - b.mean`` in float64: e.g. mean activation on the target language minus the
+    mean on the others (a steering direction). Both accumulators must have the same shape."""
+    ma, mb = a.mean, b.mean
+    if ma.shape != mb.shape:
+        raise ValueError(f"shapes differ: {tuple(ma.shape)} vs {tuple(mb.shape)}")
+    return ma - mb.to(ma.device)
+
+
+# --------------------------------------------------------------------------------------------
+# expert selection helpers
+# --------------------------------------------------------------------------------------------
+
+
+def top_k_per_language(
+    scores: Float[Tensor, "n_langs n_features"], k: int, largest: bool = True
+) -> Int[Tensor, "n_langs k"]:
+    """Indices of the ``k`` best features for each language (row), best first.
+
+    ``largest=True`` for scores where high is expert-like (AUROC, AP); ``largest=False`` for
+    LAPE (low entropy = language-specific). Ties are broken arbitrarily.
+
+    Raises:
+        ValueError: not 2-D, NaN scores, or ``k`` outside ``[1, n_features]``.
+    """
+    if scores.ndim != 2:
+        raise ValueError(
+            f"scores must be 2-D [n_langs, n_features], got shape {tuple(scores.shape)}"
+        )
+    n_features = scores.shape[1]
+    if not isinstance(k, int) or k < 1 or k > n_features:
+        raise ValueError(
+            f"k must be an integer in [1, n_features={n_features}], got {k!r}; there are only "
+            f"{n_features} features to choose from"
+        )
+    if scores.is_floating_point() and bool(torch.isnan(scores).any()):
+        raise ValueError(
+            "scores contain NaN (e.g. LAPE of dead neurons); replace them first, e.g. with "
+            "scores.nan_to_num(nan=...) using a value that ranks last"
+        )
+    return torch.topk(scores, k, dim=1, largest=largest, sorted=True).indices
+
+
+def _select_rows(values: Tensor, rows: Tensor | None, name: str) -> Tensor:
+    if values.ndim != 2:
+        raise ValueError(
+            f"values must be 2-D [n_samples, n_features], got shape {tuple(values.shape)}"
+        )
+    if rows is None:
+        sub = values
+    else:
+        rows = rows.to(values.device)
+        if rows.dtype == torch.bool:
+            if rows.ndim != 1 or rows.shape[0] != values.shape[0]:
+                raise ValueError(
+                    f"boolean rows must have shape [{values.shape[0]}], got {tuple(rows.shape)}"
+                )
+        elif rows.ndim != 1:
+            raise ValueError(f"rows must be 1-D (mask or indices), got {tuple(rows.shape)}")
+        sub = values[rows]
+    if sub.shape[0] == 0:
+        raise ValueError(f"{name} over an empty set of rows: select at least one row")
+    return sub
+
+
+def feature_mean(
+    values: Float[Tensor, "n_samples n_features"],
+    rows: Bool[Tensor, " n_samples"] | Int[Tensor, " n_rows"] | None = None,
+) -> Float[Tensor, " n_features"]:
+    """Mean of each feature over the selected rows (all rows if ``rows`` is None), e.g. the
+    value an expert neuron is clamped to: its mean activation over target-language sentences.
+    Accumulated in float64, returned in ``values.dtype`` (float64 for integer input)."""
+    sub = _select_rows(values, rows, "feature_mean")
+    out = sub.sum(dim=0, dtype=torch.float64) / sub.shape[0]
+    return out.to(values.dtype) if values.is_floating_point() else out
+
+
+def feature_median(
+    values: Float[Tensor, "n_samples n_features"],
+    rows: Bool[Tensor, " n_samples"] | Int[Tensor, " n_rows"] | None = None,
+    chunk_size: int | None = None,
+) -> Float[Tensor, " n_features"]:
+    """Median of each feature over the selected rows (the clamp value in the reference expert
+    code). For an even number of rows it is the average of the two middle values, like
+    ``numpy.median`` (``torch.median`` would return the lower one). Chunked over features like
+    :func:`auroc`; returned in ``values.dtype`` (float64 for integer input)."""
+    sub = _select_rows(values, rows, "feature_median")
+    n, n_features = sub.shape
+    chunk = _resolve_chunk(chunk_size, n, n_features, values.device)
+    out_dtype = values.dtype if values.is_floating_point() else torch.float64
+    out = torch.empty(n_features, dtype=out_dtype, device=values.device)
+    lo, hi = (n - 1) // 2, n // 2
+    for j0 in range(0, n_features, chunk):
+        j1 = min(j0 + chunk, n_features)
+        srt = sub[:, j0:j1].T.contiguous().sort(dim=-1).values
+        mid = (srt[:, lo].to(torch.float64) + srt[:, hi].to(torch.float64)) / 2
+        out[j0:j1] = mid.to(out_dtype)
+    return out

@@ -1,0 +1,60 @@
+"""Shared fixtures.
+
+* ``tiny``: a tiny random Gemma-3-architecture model (2 layers, d_model 64) with a byte-level
+  tokenizer, for fast unit tests of mechanics (shapes, hooks, positions, equalities).
+* ``gemma``: the embedded default model (google/gemma-3-270m, float32, CPU), for integration
+  tests of what the methods find. Tests using it are marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+SHARED = Path(os.environ.get("MECHLINGO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+NTREX = SHARED / "data" / "ntrex" / "dev"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _torch_setup():
+    torch.manual_seed(0)
+    torch.set_grad_enabled(False)
+    yield
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    from mechlingo.models import build_tiny_model_folder
+
+    return build_tiny_model_folder(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_dir):
+    from mechlingo.models import load_model
+
+    model = load_model(tiny_dir, device="cpu")
+    model.cfg.model_name = "mechlingo-tiny-gemma3"
+    return model
+
+
+@pytest.fixture(scope="session")
+def gemma():
+    from mechlingo.models import load_model
+
+    return load_model(device="cpu")
+
+
+def count_hooks(model) -> int:
+    """Number of forward hooks attached to the model's hook points (ours would show here)."""
+    total = 0
+    seen = set()
+    for hp in model.hook_dict.values():
+        if id(hp) in seen:
+            continue
+        seen.add(id(hp))
+        total += len(getattr(hp, "_forward_hooks", {}))
+    return total

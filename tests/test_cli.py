@@ -1,0 +1,75 @@
+"""The command line: outputs, bad input, nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mechlingo.cli import main
+
+
+def test_help_lists_commands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "lens" in out and "eval" in out
+
+
+def test_unknown_language_is_clean_error(tmp_path, capsys):
+    out = tmp_path / "o"
+    code = main(["lens", "--langs", "xx", "--out", str(out)])
+    assert code == 2
+    assert "xx" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_unknown_relation_and_empty_selection(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(["eval", "--relation", "weather", "--out", str(out)]) == 2
+    assert "weather" in capsys.readouterr().err
+    assert main(["eval", "--limit", "0", "--out", str(out)]) == 2
+    assert not out.exists()
+
+
+def test_bad_data_file(tmp_path, capsys):
+    bad = tmp_path / "facts.jsonl"
+    bad.write_text('{"id": "x", "relation": "capital", "lang": "en"}\n')
+    assert main(["eval", "--data", str(bad), "--relation", "all", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "line 1" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_offline_hub_model_exits_2(tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    out = tmp_path / "o"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mechlingo.cli", "lens", "--model", "some-org/some-model",
+         "--langs", "en", "--limit", "2", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "network access" in proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_lens_and_eval_commands_on_default_model(tmp_path):
+    out = tmp_path / "lens"
+    assert main(["lens", "--langs", "en,es,fr,de", "--limit", "6", "--quiet", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["final_layer_accuracy"]) == {"en", "es", "fr", "de"}
+    assert set(summary["english_decodable_before_last"]) == {"en", "es", "fr", "de"}
+    html = (out / "report.html").read_text()
+    assert "plotly" in html.lower() and "<script" in html
+    assert "<script src=" not in html.replace("'", '"')  # offline: nothing loaded from a URL
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    out2 = tmp_path / "eval"
+    assert main(["eval", "--langs", "en,es", "--limit", "5", "--quiet", "--out", str(out2)]) == 0
+    s2 = json.loads((out2 / "summary.json").read_text())
+    assert set(s2["accuracy"]) == {"en", "es"}
+    assert all(0.0 <= x <= 1.0 for x in s2["accuracy"].values())

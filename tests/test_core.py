@@ -1,0 +1,139 @@
+"""Unit tests of the core on the tiny random model: sites, tokens, readout, runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mechlingo.kernels.readout import final_logits, read_logits
+from mechlingo.runs import collect, next_token_logits, run_batch
+from mechlingo.sites import SiteError, hook_name, resolve_layers, resolve_site
+from mechlingo.tokens import (
+    TokenizationError,
+    answer_tokens,
+    encode,
+    length_buckets,
+    pack_token_sets,
+    position_mask,
+)
+
+from .conftest import count_hooks
+
+PROMPTS = ["The capital of Italy is", "La capitale", "意大利的首都是罗马", "Die Hauptstadt von"]
+
+
+def test_sites_resolve_and_errors(tiny):
+    assert hook_name(tiny, "resid_pre", 0) == "blocks.0.hook_resid_pre"
+    assert hook_name(tiny, "neurons", -1) == "blocks.1.mlp.hook_post"
+    s = resolve_site(tiny, "mlp_post", 1)
+    assert s.width == tiny.cfg.d_mlp and s.layer == 1
+    assert resolve_site(tiny, "resid_post", 0).width == tiny.cfg.d_model
+    with pytest.raises(SiteError, match="unknown site"):
+        resolve_site(tiny, "resid_middle", 0)
+    with pytest.raises(SiteError, match="out of range"):
+        resolve_site(tiny, "resid_pre", 2)
+    with pytest.raises(SiteError, match="out of range"):
+        resolve_layers(tiny, [0, 5])
+    assert resolve_layers(tiny, None) == [0, 1]
+    for site in ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "mlp_post"):
+        assert resolve_site(tiny, site, 0).hook_name in tiny.hook_dict
+
+
+def test_mlp_post_is_down_projection_input(tiny):
+    batch = encode(tiny, PROMPTS[:1])
+    acts = collect(tiny, batch, ["blocks.0.mlp.hook_post", "blocks.0.mlp.out.hook_in"])
+    torch.testing.assert_close(acts["blocks.0.mlp.hook_post"], acts["blocks.0.mlp.out.hook_in"])
+
+
+def test_encode_right_pads_and_matches_to_tokens(tiny):
+    batch = encode(tiny, PROMPTS)
+    for i, p in enumerate(PROMPTS):
+        ids = tiny.to_tokens(p)[0]
+        assert int(batch.lengths[i]) == ids.numel()
+        assert torch.equal(batch.tokens[i, : ids.numel()], ids)
+        assert bool((batch.tokens[i, ids.numel() :] == batch.pad_id).all())
+    assert batch.has_bos and bool((batch.tokens[:, 0] == tiny.tokenizer.bos_token_id).all())
+    assert not bool(batch.real_token_mask()[:, 0].any())
+    with pytest.raises(TokenizationError):
+        encode(tiny, [])
+
+
+def test_position_mask_rules(tiny):
+    batch = encode(tiny, PROMPTS)
+    shape = tuple(batch.tokens.shape)
+    last = position_mask("last", batch, shape)
+    assert torch.equal(last.float().argmax(1), batch.last_index)
+    assert torch.equal(last.sum(1), torch.ones(len(PROMPTS), dtype=torch.long))
+    allm = position_mask("all", batch, shape)
+    assert torch.equal(allm.sum(1), batch.lengths - 1)
+    neg = position_mask([-1], batch, shape)
+    assert torch.equal(neg, last)
+    with pytest.raises(TokenizationError, match="outside"):
+        position_mask([-50], batch, shape)
+    with pytest.raises(TokenizationError, match="unknown positions rule"):
+        position_mask("first", batch, shape)
+
+
+def test_batched_last_token_logits_equal_one_by_one(tiny):
+    batch = encode(tiny, PROMPTS)
+    logits = next_token_logits(tiny, batch)
+    for i, p in enumerate(PROMPTS):
+        ref = tiny(tiny.to_tokens(p))[0, -1]
+        torch.testing.assert_close(logits[i], ref, atol=1e-5, rtol=1e-5)
+
+
+def test_readout_matches_full_softmax(tiny):
+    batch = encode(tiny, PROMPTS)
+    name = f"blocks.{tiny.cfg.n_layers - 1}.hook_resid_post"
+    resid = collect(tiny, batch, [name])[name]
+    sets = [[answer_tokens(tiny, "Rome"), answer_tokens(tiny, "Paris")] for _ in PROMPTS]
+    ids, primary = pack_token_sets(sets)
+    r = read_logits(tiny, resid, ids, primary, top_k=3, chunk_rows=3)
+    logp = torch.log_softmax(final_logits(tiny, resid), -1)
+    for row in range(len(PROMPTS)):
+        for s in range(2):
+            members = [i for i in ids[row, s].tolist() if i >= 0]
+            mass = torch.logsumexp(logp[row, members], 0)
+            torch.testing.assert_close(r.set_logprob[row, s], mass, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(r.primary_logprob[row, s], logp[row, primary[row, s]])
+            best = logp[row, members].max()
+            assert int(r.set_rank[row, s]) == int((logp[row] > best).sum())
+        top = torch.topk(logp[row], 3)
+        assert torch.equal(r.top_ids[row], top.indices)
+
+
+def test_hooks_removed_after_error(tiny):
+    batch = encode(tiny, PROMPTS)
+    before = count_hooks(tiny)
+
+    def boom(t, hook):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        run_batch(tiny, batch, [("blocks.0.hook_resid_pre", boom)])
+    assert count_hooks(tiny) == before
+    # collect stops early and cleans up too
+    collect(tiny, batch, ["blocks.0.hook_resid_pre"])
+    assert count_hooks(tiny) == before
+
+
+def test_collect_rejects_unknown_hook(tiny):
+    with pytest.raises(ValueError, match="not in this model"):
+        collect(tiny, encode(tiny, PROMPTS), ["blocks.0.hook_nothing"])
+
+
+def test_answer_tokens_rules(tiny):
+    a = answer_tokens(tiny, "Rome", lang="en")
+    assert a.primary == tiny.to_tokens(" Rome", prepend_bos=False)[0, 0]
+    assert a.primary in a.ids and a.n_tokens >= 1
+    with pytest.raises(TokenizationError, match="empty"):
+        answer_tokens(tiny, "  ")
+
+
+def test_length_buckets_cover_all_rows():
+    groups = length_buckets([3, 5, 3, 5, 5, 2], batch_size=2)
+    flat = sorted(i for g in groups for i in g)
+    assert flat == list(range(6))
+    lengths = [3, 5, 3, 5, 5, 2]
+    for g in groups:
+        assert len({lengths[i] for i in g}) == 1 and len(g) <= 2

@@ -1,0 +1,326 @@
+"""Tests for mechlingo.kernels.stats: agreement with scikit-learn, chunking invariance,
+streaming accumulators, pooling, LAPE and the input errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+sklearn_metrics = pytest.importorskip("sklearn.metrics")
+
+from mechlingo.kernels.stats import (  # noqa: E402
+    ActivationProbability,
+    StreamingMean,
+    auroc,
+    auroc_and_average_precision,
+    average_precision,
+    feature_mean,
+    feature_median,
+    lape,
+    masked_pool,
+    mean_difference,
+    top_k_per_language,
+)
+
+
+def _sklearn_scores(scores: torch.Tensor, labels: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    x = scores.cpu().numpy()
+    y = labels.cpu().numpy()
+    auc = [sklearn_metrics.roc_auc_score(y, x[:, j]) for j in range(x.shape[1])]
+    ap = [sklearn_metrics.average_precision_score(y, x[:, j]) for j in range(x.shape[1])]
+    return np.array(auc), np.array(ap)
+
+
+def _data(n: int, f: int, pos_rate: float, dtype: torch.dtype, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.zeros(n, dtype=torch.bool)
+    n_pos = min(n - 1, max(1, round(n * pos_rate)))
+    labels[torch.randperm(n, generator=g)[:n_pos]] = True
+    ties = torch.randint(0, 4, (n, f), generator=g).to(dtype)  # heavy ties
+    shifted = ties + labels[:, None].to(dtype) * torch.randint(0, 2, (1, f), generator=g).to(dtype)
+    cont = torch.randn(n, 4, generator=g).to(dtype)
+    const = torch.full((n, 2), 3.0, dtype=dtype)
+    return torch.cat([ties, shifted, cont, const], dim=1), labels
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    "n,pos_rate", [(2, 0.5), (9, 0.2), (60, 1 / 12), (61, 0.5), (57, 0.9), (300, 0.03)]
+)
+def test_matches_sklearn_with_ties(dtype, n, pos_rate):
+    scores, labels = _data(n, 12, pos_rate, dtype, seed=n)
+    ref_auc, ref_ap = _sklearn_scores(scores, labels)
+    auc, ap = auroc_and_average_precision(scores, labels, chunk_size=5)
+    assert auc.dtype == torch.float64 and ap.dtype == torch.float64
+    np.testing.assert_allclose(auc.numpy(), ref_auc, atol=1e-12, rtol=0)
+    np.testing.assert_allclose(ap.numpy(), ref_ap, atol=1e-12, rtol=0)
+    # the single-metric entry points give the same numbers
+    assert torch.equal(auroc(scores, labels), auc)
+    assert torch.equal(average_precision(scores, labels), ap)
+
+
+def test_constant_feature():
+    scores, labels = _data(40, 3, 0.25, torch.float32, seed=1)
+    const = torch.full((40, 3), -2.5)
+    auc, ap = auroc_and_average_precision(const, labels)
+    assert torch.all(auc == 0.5)
+    torch.testing.assert_close(
+        ap, torch.full((3,), labels.double().mean().item(), dtype=torch.float64)
+    )
+
+
+def test_perfect_and_reversed_separation():
+    labels = torch.tensor([True, True, False, False, False])
+    x = torch.tensor([5.0, 4.0, 1.0, 2.0, 3.0])
+    scores = torch.stack([x, -x], dim=1)
+    auc, ap = auroc_and_average_precision(scores, labels)
+    assert auc.tolist() == [1.0, 0.0]
+    assert ap[0].item() == 1.0
+
+
+def test_float32_ties_judged_in_input_dtype():
+    # values equal in float32 but not in float64 must tie, as in sklearn on the float32 array
+    base = torch.tensor([1.0, 1.0 + 1e-9, 2.0, 0.5, 1.0], dtype=torch.float64)
+    labels = torch.tensor([True, False, True, False, False])
+    scores32 = base.to(torch.float32)[:, None]
+    ref_auc, ref_ap = _sklearn_scores(scores32, labels)
+    auc, ap = auroc_and_average_precision(scores32, labels)
+    np.testing.assert_allclose(auc.numpy(), ref_auc, atol=1e-12)
+    np.testing.assert_allclose(ap.numpy(), ref_ap, atol=1e-12)
+
+
+def test_integer_and_bool_inputs():
+    scores, labels = _data(50, 6, 0.3, torch.int64, seed=3)
+    scores = scores[:, :12]
+    ref_auc, ref_ap = _sklearn_scores(scores, labels)
+    auc, ap = auroc_and_average_precision(scores, labels.to(torch.int64))  # 0/1 labels too
+    np.testing.assert_allclose(auc.numpy(), ref_auc, atol=1e-12)
+    np.testing.assert_allclose(ap.numpy(), ref_ap, atol=1e-12)
+    b = scores[:, :3] > 1
+    ref_auc, ref_ap = _sklearn_scores(b.to(torch.int64), labels)
+    auc, ap = auroc_and_average_precision(b, labels)
+    np.testing.assert_allclose(auc.numpy(), ref_auc, atol=1e-12)
+    np.testing.assert_allclose(ap.numpy(), ref_ap, atol=1e-12)
+
+
+@pytest.mark.parametrize("pos_rate", [0.1, 0.8])  # both internal branches
+def test_chunking_is_exact(pos_rate):
+    scores, labels = _data(80, 30, pos_rate, torch.float32, seed=7)
+    full = auroc_and_average_precision(scores, labels, chunk_size=10_000)
+    for cs in (1, 3, 17, None):
+        part = auroc_and_average_precision(scores, labels, chunk_size=cs)
+        assert torch.equal(part[0], full[0]) and torch.equal(part[1], full[1])
+
+
+def test_inf_scores_are_ranked():
+    labels = torch.tensor([True, False, True, False, False, True])
+    x = torch.tensor([math.inf, 1.0, -math.inf, math.inf, 0.0, 2.0])[:, None]
+    auc, ap = auroc_and_average_precision(x, labels)
+    ref_auc = sklearn_metrics.roc_auc_score(labels.numpy(), np.array([3, 1, -1, 3, 0, 2]))
+    ref_ap = sklearn_metrics.average_precision_score(labels.numpy(), np.array([3, 1, -1, 3, 0, 2]))
+    assert auc.item() == pytest.approx(ref_auc, abs=1e-12)
+    assert ap.item() == pytest.approx(ref_ap, abs=1e-12)
+
+
+# ------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize("fn", [auroc, average_precision, auroc_and_average_precision])
+def test_score_errors(fn):
+    scores = torch.randn(6, 3)
+    with pytest.raises(ValueError, match="no positives"):
+        fn(scores, torch.zeros(6, dtype=torch.bool))
+    with pytest.raises(ValueError, match="no negatives"):
+        fn(scores, torch.ones(6, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"\(6, 3\).*\(5,\)"):
+        fn(scores, torch.tensor([True, False, True, False, True]))
+    with pytest.raises(ValueError, match="2-D"):
+        fn(torch.randn(6), torch.tensor([True, False] * 3))
+    bad = scores.clone()
+    bad[2, 1] = math.nan
+    with pytest.raises(ValueError, match="NaN"):
+        fn(bad, torch.tensor([True, False] * 3))
+    with pytest.raises(ValueError, match="0 and 1"):
+        fn(scores, torch.tensor([0, 1, 2, 0, 1, 0]))
+    with pytest.raises(ValueError, match="chunk_size"):
+        fn(scores, torch.tensor([True, False] * 3), chunk_size=0)
+
+
+# ------------------------------------------------------------------ pooling
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_masked_pool_matches_loop(dtype):
+    g = torch.Generator().manual_seed(0)
+    acts = torch.randn(4, 7, 5, generator=g).to(dtype)
+    mask = torch.tensor(
+        [
+            [1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1, 1],
+            [0, 0, 1, 1, 0, 1, 0],
+            [1, 0, 0, 0, 0, 0, 0],
+        ],
+        dtype=torch.bool,
+    )
+    acts[~mask] = math.nan  # padding may hold anything
+    mean = masked_pool(acts, mask, "mean")
+    mx = masked_pool(acts, mask, "max")
+    assert mean.dtype == dtype and mx.dtype == dtype
+    for b in range(4):
+        real = acts[b][mask[b]].float()
+        torch.testing.assert_close(mean[b].float(), real.mean(0).to(dtype).float())
+        torch.testing.assert_close(mx[b], real.max(0).values.to(dtype))
+
+
+def test_masked_pool_errors():
+    acts = torch.randn(2, 3, 4)
+    with pytest.raises(ValueError, match=r"rows \[1\]"):
+        masked_pool(acts, torch.tensor([[True, False, False], [False, False, False]]))
+    with pytest.raises(ValueError, match=r"\(2, 3, 4\).*\(2, 4\)"):
+        masked_pool(acts, torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="how"):
+        masked_pool(acts, torch.ones(2, 3, dtype=torch.bool), "median")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ streaming
+
+
+def test_streaming_mean_equals_torch_mean():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(103, 6, 5, generator=g)
+    m = StreamingMean()
+    for chunk in x.split(17):
+        m.update(chunk)
+    torch.testing.assert_close(m.mean, x.double().mean(0), rtol=0, atol=1e-12)
+    assert m.count.item() == 103
+    assert m.mean.dtype == torch.float64
+
+
+def test_streaming_mean_masked_and_weighted():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 6, 4, generator=g)
+    mask = torch.rand(8, 6, generator=g) > 0.3
+    x_pad = x.clone()
+    x_pad[~mask] = math.nan
+    m = StreamingMean()
+    m.update(x_pad[:5], mask[:5])
+    m.update(x_pad[5:], mask[5:])
+    torch.testing.assert_close(m.mean, x[mask].double().mean(0), rtol=0, atol=1e-12)
+    assert m.count.item() == mask.sum().item()
+    w = torch.rand(8, generator=g)
+    mw = StreamingMean()
+    mw.update(x, w)
+    ref = (x.double() * w.double()[:, None, None]).sum(0) / w.double().sum()
+    torch.testing.assert_close(mw.mean, ref, rtol=0, atol=1e-12)
+
+
+def test_streaming_mean_merge_and_state():
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(30, 4, generator=g), torch.randn(11, 4, generator=g)
+    both = StreamingMean()
+    both.update(a)
+    both.update(b)
+    ma, mb = StreamingMean(), StreamingMean()
+    ma.update(a)
+    mb.update(b)
+    merged = ma.merge(mb)
+    torch.testing.assert_close(merged.mean, both.mean, rtol=0, atol=1e-14)
+    assert merged.count.item() == 41
+    restored = StreamingMean.from_state(merged.state_dict())
+    torch.testing.assert_close(restored.mean, both.mean, rtol=0, atol=1e-14)
+    # merge is in place: ``ma`` now covers both streams
+    torch.testing.assert_close(ma.mean, both.mean, rtol=0, atol=1e-14)
+    # pre-allocated (e.g. a process that saw no data) merges as a no-op
+    only_b = StreamingMean(shape=(4,)).merge(mb)
+    torch.testing.assert_close(only_b.mean, b.double().mean(0), rtol=0, atol=1e-14)
+    # mean difference
+    only_a = StreamingMean()
+    only_a.update(a)
+    torch.testing.assert_close(
+        mean_difference(only_a, mb), a.double().mean(0) - b.double().mean(0), rtol=0, atol=1e-12
+    )
+
+
+def test_streaming_mean_errors():
+    m = StreamingMean()
+    with pytest.raises(ValueError, match="empty"):
+        _ = m.mean
+    m.update(torch.randn(3, 4))
+    with pytest.raises(ValueError, match=r"\(5,\).*\(4,\)"):
+        m.update(torch.randn(3, 5))
+    with pytest.raises(ValueError, match="prefix"):
+        m.update(torch.randn(3, 4), torch.ones(4, dtype=torch.bool))
+
+
+# ------------------------------------------------------------------ LAPE
+
+
+def test_lape_hand_example():
+    p = torch.tensor(
+        [
+            [0.5, 0.2, 0.0, 0.3],  # lang 0
+            [0.0, 0.2, 0.0, 0.1],  # lang 1
+            [0.0, 0.2, 0.0, 0.0],  # lang 2
+        ]
+    )
+    out = lape(p)
+    assert out[0].item() == 0.0  # fires for one language only: maximally specific
+    assert out[1].item() == pytest.approx(math.log(3))  # uniform: not specific
+    assert math.isnan(out[2].item())  # never fires: undefined
+    assert out[3].item() == pytest.approx(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
+    with pytest.raises(ValueError):
+        lape(-p)
+
+
+def test_activation_probability_accumulator():
+    acts = torch.tensor(
+        [
+            [[1.0, -1.0], [2.0, 0.0], [9.0, 9.0]],  # sentence 0, lang 0, last token is padding
+            [[-1.0, 3.0], [0.5, 0.5], [0.0, 1.0]],  # sentence 1, lang 1
+        ]
+    )
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    acc = ActivationProbability(n_langs=2)
+    acc.update(acts, lang=torch.tensor([0, 1]), mask=mask)
+    expected = torch.tensor([[2 / 2, 0 / 2], [1 / 3, 3 / 3]], dtype=torch.float64)
+    torch.testing.assert_close(acc.prob_active, expected)
+    # same counts from per-sentence updates with an int language, then merged
+    a0, a1 = ActivationProbability(2), ActivationProbability(2)
+    a0.update(acts[0], lang=0, mask=mask[0])
+    a1.update(acts[1], lang=1, mask=mask[1])
+    merged = ActivationProbability.from_state(a0.merge(a1).state_dict())
+    torch.testing.assert_close(merged.prob_active, expected)
+    with pytest.raises(ValueError, match=r"languages \[1\]"):
+        a = ActivationProbability(2)
+        a.update(acts[0], lang=0)
+        _ = a.prob_active
+
+
+# ------------------------------------------------------------------ selection helpers
+
+
+def test_top_k_per_language():
+    scores = torch.tensor([[0.1, 0.9, 0.5, 0.7], [0.8, 0.2, 0.3, 0.1]])
+    assert top_k_per_language(scores, 2).tolist() == [[1, 3], [0, 2]]
+    assert top_k_per_language(scores, 1, largest=False).tolist() == [[0], [3]]
+    with pytest.raises(ValueError, match="n_features=4"):
+        top_k_per_language(scores, 5)
+    with pytest.raises(ValueError, match="NaN"):
+        top_k_per_language(torch.tensor([[math.nan, 1.0]]), 1)
+
+
+def test_feature_mean_and_median():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(11, 7, generator=g)
+    rows = torch.tensor([True, False] * 5 + [True])
+    torch.testing.assert_close(feature_mean(x, rows), x[rows].mean(0))
+    torch.testing.assert_close(feature_mean(x), x.mean(0))
+    for sel in (rows, torch.tensor([0, 3, 4, 9]), None):
+        sub = x if sel is None else x[sel]
+        ref = torch.from_numpy(np.median(sub.numpy(), axis=0))
+        torch.testing.assert_close(feature_median(x, sel, chunk_size=3), ref)
+    with pytest.raises(ValueError, match="empty"):
+        feature_median(x, torch.zeros(11, dtype=torch.bool))
