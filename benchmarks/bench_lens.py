@@ -42,8 +42,13 @@ def main() -> None:
     words = [f.answer for f in facts]
     fl = [f.lang for f in facts]
     lengths = [model.to_tokens(p).shape[1] for p in prompts]
-    print(f"{len(prompts)} prompts in {len(set(fl))} languages, {min(lengths)}-{max(lengths)} tokens")
-    primary = [answer_tokens(model, w, lang=lg, prefixes=False).primary for w, lg in zip(words, fl, strict=True)]
+    print(
+        f"{len(prompts)} prompts in {len(set(fl))} languages, {min(lengths)}-{max(lengths)} tokens"
+    )
+    primary = [
+        answer_tokens(model, w, lang=lg, prefixes=False).primary
+        for w, lg in zip(words, fl, strict=True)
+    ]
     answer_tokens(model, "warm-up")  # build the vocabulary index outside the timings
 
     def ours() -> torch.Tensor:
@@ -61,7 +66,9 @@ def main() -> None:
 
     def loop() -> torch.Tensor:
         n = model.cfg.n_layers
-        names = [f"blocks.{i}.hook_resid_pre" for i in range(n)] + [f"blocks.{n - 1}.hook_resid_post"]
+        names = [f"blocks.{i}.hook_resid_pre" for i in range(n)] + [
+            f"blocks.{n - 1}.hook_resid_post"
+        ]
         cols = []
         for p, t in zip(prompts, primary, strict=True):
             _, cache = model.run_with_cache(model.to_tokens(p), names_filter=names)
@@ -73,7 +80,11 @@ def main() -> None:
         return torch.stack(cols, 1)
 
     results = {}
-    for name, fn in [("mechlingo", ours), ("transformer_lens.logit_lens", tl), ("per-layer loop", loop)]:
+    for name, fn in [
+        ("mechlingo", ours),
+        ("transformer_lens.logit_lens", tl),
+        ("per-layer loop", loop),
+    ]:
         fn()  # warm-up
         best = float("inf")
         for _ in range(args.repeats):
@@ -87,7 +98,9 @@ def main() -> None:
         if name == "mechlingo":
             continue
         diff = (out - base).abs().max().item()
-        print(f"mechlingo is {t / base_t:5.1f}x faster than {name}; max |diff log-prob| = {diff:.2e}")
+        print(
+            f"mechlingo is {t / base_t:5.1f}x faster than {name}; max |diff log-prob| = {diff:.2e}"
+        )
 
 
 if __name__ == "__main__":

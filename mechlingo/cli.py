@@ -102,7 +102,9 @@ def load_selected_facts(args: Any) -> list[Any]:
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be at least 1")
     try:
-        return load_facts(langs=split_list(args.langs), relations=rel, limit=args.limit, path=args.data)
+        return load_facts(
+            langs=split_list(args.langs), relations=rel, limit=args.limit, path=args.data
+        )
     except (ValueError, FileNotFoundError) as err:
         raise UsageError(str(err)) from err
 
@@ -165,9 +167,7 @@ def cmd_lens(args: Any) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from err
     summary = result.summary(max_rank=args.max_rank)
-    summary["meta"] = run_meta(
-        model, args, n_facts=len(facts), seconds=round(time.time() - t0, 1)
-    )
+    summary["meta"] = run_meta(model, args, n_facts=len(facts), seconds=round(time.time() - t0, 1))
     report = Report("mechlingo: per-language logit lens", summary["meta"])
     report.add_text(
         "Each prompt's residual stream at its last token is decoded after every layer through "
@@ -208,7 +208,6 @@ def cmd_lens(args: Any) -> int:
     )
     print(f"wrote {args.out}/summary.json, lens.csv and report.html")
     return 0
-
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:
@@ -275,7 +274,6 @@ def cmd_eval(args: Any) -> int:
     return 0
 
 
-
 def _register_optional() -> None:
     """Subcommands defined in other modules register themselves on import."""
     import importlib
@@ -297,7 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (add_args, fn) in _COMMANDS.items():
-        sp = sub.add_parser(name, help=getattr(fn, "help_text", ""), description=getattr(fn, "help_text", ""))
+        sp = sub.add_parser(
+            name, help=getattr(fn, "help_text", ""), description=getattr(fn, "help_text", "")
+        )
         add_args(sp)
         sp.set_defaults(_run=fn)
     return parser

@@ -117,7 +117,7 @@ class LensResult:
 
     def first_layer_within(
         self, track: str, max_rank: int, *, before_last: bool = False
-    ) -> Int[Tensor, "prompt"]:
+    ) -> Int[Tensor, " prompt"]:
         """Per prompt, the first lens entry where ``track`` reaches rank <= ``max_rank``
         (``-1`` if never; with ``before_last`` the output entry is not considered)."""
         r = self.rank[:, :, self.track_index(track)]
@@ -179,7 +179,11 @@ class LensResult:
         rank <= ``max_rank`` at some entry before the output."""
         out: dict[str, Any] = {"final_layer_accuracy": {}, "english_decodable_before_last": {}}
         top1 = self.final_top1("answer") if self.layers[-1] == self.n_layers else None
-        en = self.first_layer_within("en", max_rank, before_last=True) if "en" in self.tracks else None
+        en = (
+            self.first_layer_within("en", max_rank, before_last=True)
+            if "en" in self.tracks
+            else None
+        )
         for lang in sorted(set(self.langs)):
             idx = torch.tensor([i for i, lg in enumerate(self.langs) if lg == lang])
             if top1 is not None:

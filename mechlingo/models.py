@@ -358,7 +358,11 @@ def weight_mode(model: Any) -> str:
     if getattr(model, "compatibility_mode", False):
         return "compat"
     if type(model).__name__ == "HookedTransformer":
-        return "compat" if getattr(model.cfg, "normalization_type", "") in ("LNPre", "RMSPre") else "raw"
+        return (
+            "compat"
+            if getattr(model.cfg, "normalization_type", "") in ("LNPre", "RMSPre")
+            else "raw"
+        )
     return "raw"
 
 

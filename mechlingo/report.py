@@ -52,7 +52,9 @@ class Report:
         cls = ' class="note"' if note else ""
         self.parts.append(f"<p{cls}>{body}</p>")
 
-    def add_table(self, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> None:
+    def add_table(
+        self, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None
+    ) -> None:
         from mechlingo.plots import table_html
 
         self.parts.append(table_html(rows, columns))
@@ -70,7 +72,9 @@ class Report:
     def render(self) -> str:
         from plotly.offline import get_plotlyjs
 
-        meta = " · ".join(f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in self.meta.items())
+        meta = " · ".join(
+            f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in self.meta.items()
+        )
         stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
         return (
             "<!DOCTYPE html><html><head><meta charset='utf-8'>"

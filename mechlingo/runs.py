@@ -75,7 +75,7 @@ def collect(
     batch: TokenBatch,
     hook_names: Sequence[str],
     *,
-    positions: Int[Tensor, "batch"] | None = None,
+    positions: Int[Tensor, " batch"] | None = None,
     extra_hooks: FwdHooks = (),
     stop_early: bool = True,
 ) -> dict[str, Float[Tensor, "batch ..."]]:

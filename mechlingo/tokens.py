@@ -51,10 +51,10 @@ class TokenBatch:
     """
 
     tokens: Int[Tensor, "batch pos"]
-    lengths: Int[Tensor, "batch"]
+    lengths: Int[Tensor, " batch"]
     pad_id: int
     has_bos: bool
-    prompt_lengths: Int[Tensor, "batch"] = field(default=None)  # type: ignore[assignment]
+    prompt_lengths: Int[Tensor, " batch"] = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.prompt_lengths is None:
@@ -65,12 +65,12 @@ class TokenBatch:
         return int(self.tokens.shape[0])
 
     @property
-    def last_index(self) -> Int[Tensor, "batch"]:
+    def last_index(self) -> Int[Tensor, " batch"]:
         """Index of each row's last real token."""
         return self.lengths - 1
 
     @property
-    def prompt_last_index(self) -> Int[Tensor, "batch"]:
+    def prompt_last_index(self) -> Int[Tensor, " batch"]:
         """Index of each row's last prompt token (differs from ``last_index`` in generation)."""
         return self.prompt_lengths - 1
 
@@ -123,9 +123,7 @@ def prepends_bos(model: Any) -> bool:
     return bool(getattr(model.cfg, "default_prepend_bos", True))
 
 
-def encode(
-    model: Any, prompts: Sequence[str], *, prepend_bos: bool | None = None
-) -> TokenBatch:
+def encode(model: Any, prompts: Sequence[str], *, prepend_bos: bool | None = None) -> TokenBatch:
     """Tokenize prompts one by one (as ``model.to_tokens`` would each alone) and right-pad.
 
     Raises:
@@ -225,8 +223,7 @@ def position_mask(
     if batch is None or batch.tokens.shape[0] != b or batch.tokens.shape[1] != t:
         if batch is not None and batch.tokens.shape[0] == b and batch.tokens.shape[1] < t:
             raise TokenizationError(
-                f"activation has {t} positions but the current batch has "
-                f"{batch.tokens.shape[1]}"
+                f"activation has {t} positions but the current batch has {batch.tokens.shape[1]}"
             )
         lengths = torch.full((b,), t, dtype=torch.long)
         batch = TokenBatch(torch.zeros(b, t, dtype=torch.long), lengths, 0, True)

@@ -38,7 +38,9 @@ def test_unknown_relation_and_empty_selection(tmp_path, capsys):
 def test_bad_data_file(tmp_path, capsys):
     bad = tmp_path / "facts.jsonl"
     bad.write_text('{"id": "x", "relation": "capital", "lang": "en"}\n')
-    assert main(["eval", "--data", str(bad), "--relation", "all", "--out", str(tmp_path / "o")]) == 2
+    assert (
+        main(["eval", "--data", str(bad), "--relation", "all", "--out", str(tmp_path / "o")]) == 2
+    )
     err = capsys.readouterr().err
     assert "line 1" in err
     assert not (tmp_path / "o").exists()
@@ -48,9 +50,24 @@ def test_offline_hub_model_exits_2(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
     out = tmp_path / "o"
     proc = subprocess.run(
-        [sys.executable, "-m", "mechlingo.cli", "lens", "--model", "some-org/some-model",
-         "--langs", "en", "--limit", "2", "--out", str(out)],
-        env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "mechlingo.cli",
+            "lens",
+            "--model",
+            "some-org/some-model",
+            "--langs",
+            "en",
+            "--limit",
+            "2",
+            "--out",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "network access" in proc.stderr
@@ -60,7 +77,9 @@ def test_offline_hub_model_exits_2(tmp_path):
 @pytest.mark.slow
 def test_lens_and_eval_commands_on_default_model(tmp_path):
     out = tmp_path / "lens"
-    assert main(["lens", "--langs", "en,es,fr,de", "--limit", "6", "--quiet", "--out", str(out)]) == 0
+    assert (
+        main(["lens", "--langs", "en,es,fr,de", "--limit", "6", "--quiet", "--out", str(out)]) == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["final_layer_accuracy"]) == {"en", "es", "fr", "de"}
     assert set(summary["english_decodable_before_last"]) == {"en", "es", "fr", "de"}

@@ -35,7 +35,7 @@ class Readout:
             (0 = it is the top prediction); ties count only strictly larger logits.
     """
 
-    logsumexp: Float[Tensor, "row"]
+    logsumexp: Float[Tensor, " row"]
     top_ids: Int[Tensor, "row k"]
     top_logprobs: Float[Tensor, "row k"]
     set_logprob: Float[Tensor, "row track"]
