@@ -97,14 +97,14 @@ def latent_curves_figure(
         title="Latent-language curves: probability of the answer per layer (mean ± s.d.)",
         height=300 * rows + 80,
         margin={"t": 80, "l": 60, "r": 20, "b": 50},
-        legend={"orientation": "h", "y": -0.12 if rows == 1 else -0.06},
+        legend={"orientation": "h", "y": -0.3 if rows == 1 else -0.1},
     )
     return fig
 
 
 def lens_heatmap(result: LensResult, *, track: str = "en", value: str = "rank") -> go.Figure:
-    """Layer-by-prompt heatmap of one track: ``log10(rank + 1)`` (dark = near the top) or the
-    probability."""
+    """Layer-by-prompt heatmap of one track: ``log10(rank + 1)`` (bright = near the top) or
+    the probability."""
     import torch
 
     t = result.track_index(track)
@@ -142,7 +142,7 @@ def lens_heatmap(result: LensResult, *, track: str = "en", value: str = "rank") 
     )
     fig.update_layout(
         title=f"Logit lens: {value} of the {track!r} answer per layer and prompt",
-        xaxis_title="layer (blocks applied)",
+        xaxis={"title": "layer (blocks applied)", "dtick": 1},
         height=max(300, 14 * len(labels) + 120),
         margin={"l": 220},
     )

@@ -1,0 +1,89 @@
+"""Open an HTML report in headless Chromium: count rendered plotly figures, collect console
+errors, save a screenshot. Used by the report tests; skipped where Chromium is missing."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    # no network at all: a report that needed one would fail to render
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+]
+
+
+def chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@dataclass
+class PageCheck:
+    n_figure_divs: int
+    n_rendered: int
+    console_errors: list[str]
+    screenshot: Path
+
+
+def check_report(html: Path, screenshot: Path, *, budget_ms: int = 15000) -> PageCheck:
+    exe = chromium()
+    if exe is None:
+        raise RuntimeError("chromium is not installed (make setup installs it)")
+    url = html.resolve().as_uri()
+    source = html.read_text(encoding="utf-8")
+    n_divs = len(re.findall(r'<div class="figure">', source))
+    with tempfile.TemporaryDirectory() as profile:
+        dom = subprocess.run(
+            [
+                exe,
+                *FLAGS,
+                f"--user-data-dir={profile}",
+                "--enable-logging=stderr",
+                "--v=0",
+                f"--virtual-time-budget={budget_ms}",
+                "--dump-dom",
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    rendered = len(re.findall(r'class="plot-container plotly"', dom.stdout))
+    errors = [
+        line
+        for line in dom.stderr.splitlines()
+        if "CONSOLE" in line and ("Uncaught" in line or "Error" in line or "error" in line)
+    ]
+    screenshot.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as profile:
+        subprocess.run(
+            [
+                exe,
+                *FLAGS,
+                f"--user-data-dir={profile}",
+                f"--virtual-time-budget={budget_ms}",
+                "--window-size=1280,2400",
+                f"--screenshot={screenshot}",
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    return PageCheck(n_divs, rendered, errors, screenshot)
