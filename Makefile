@@ -36,6 +36,8 @@ lint: setup
 
 test: setup lint
 	$(BIN)/python -m pytest -q -ra --durations=15 tests
+	@# TransformerLens 3.9 HookedTransformer compatibility, in its own environment (.venv-tl3)
+	bash scripts/check_hooked_transformer.sh
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache

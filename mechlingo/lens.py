@@ -273,11 +273,12 @@ def logit_lens(
     all_ids, all_primary = pack_token_sets(sets)
     batch = encode(model, prompts)
     n_e, n_p, n_t = len(entries), len(prompts), len(tracks)
-    logprob = torch.empty(n_e, n_p, n_t)
-    prim = torch.empty(n_e, n_p, n_t)
-    rank = torch.empty(n_e, n_p, n_t, dtype=torch.long)
-    top_ids = torch.empty(n_e, n_p, top_k, dtype=torch.long)
-    top_lp = torch.empty(n_e, n_p, top_k)
+    dev = model.W_U.device
+    logprob = torch.empty(n_e, n_p, n_t, device=dev)
+    prim = torch.empty(n_e, n_p, n_t, device=dev)
+    rank = torch.empty(n_e, n_p, n_t, dtype=torch.long, device=dev)
+    top_ids = torch.empty(n_e, n_p, top_k, dtype=torch.long, device=dev)
+    top_lp = torch.empty(n_e, n_p, top_k, device=dev)
     groups = sorted_batches(batch.lengths, batch_size)
     with torch.no_grad():
         for rows in tqdm(groups, desc="logit lens", disable=not progress):
@@ -289,12 +290,14 @@ def logit_lens(
             ids_rows = all_ids[rows].repeat(n_e, 1, 1)
             prim_rows = all_primary[rows].repeat(n_e, 1)
             r = read_logits(model, flat, ids_rows, prim_rows, top_k=top_k, chunk_rows=chunk_rows)
-            idx = torch.tensor(rows)
-            logprob[:, idx] = r.set_logprob.reshape(n_e, b, n_t).cpu()
-            prim[:, idx] = r.primary_logprob.reshape(n_e, b, n_t).cpu()
-            rank[:, idx] = r.set_rank.reshape(n_e, b, n_t).cpu()
-            top_ids[:, idx] = r.top_ids.reshape(n_e, b, top_k).cpu()
-            top_lp[:, idx] = r.top_logprobs.reshape(n_e, b, top_k).cpu()
+            idx = torch.tensor(rows, device=dev)
+            logprob[:, idx] = r.set_logprob.reshape(n_e, b, n_t)
+            prim[:, idx] = r.primary_logprob.reshape(n_e, b, n_t)
+            rank[:, idx] = r.set_rank.reshape(n_e, b, n_t)
+            top_ids[:, idx] = r.top_ids.reshape(n_e, b, top_k)
+            top_lp[:, idx] = r.top_logprobs.reshape(n_e, b, top_k)
+    # one copy to the host at the end, not one per batch
+    logprob, prim, rank, top_ids, top_lp = (t.cpu() for t in (logprob, prim, rank, top_ids, top_lp))
     decoded = model.tokenizer.batch_decode([[i] for i in top_ids.reshape(-1).tolist()])
     top_tokens = [
         [decoded[(li * n_p + p) * top_k : (li * n_p + p + 1) * top_k] for p in range(n_p)]

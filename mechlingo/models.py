@@ -191,16 +191,29 @@ def ensure_default_model(*, force: bool = False) -> Path:
 # --------------------------------------------------------------------------------------
 
 
-def _boot_folder(
-    folder: Path, *, device: str, dtype: torch.dtype, name: str | None, device_map: Any
-) -> Any:
-    from transformer_lens.model_bridge import TransformerBridge
-
+def _placement(device: str, dtype: torch.dtype, device_map: Any, offload_folder: Any) -> dict:
     kwargs: dict[str, Any] = {"dtype": dtype}
     if device_map is not None:
         kwargs["device_map"] = device_map
+        if offload_folder is not None:
+            kwargs["offload_folder"] = str(offload_folder)
     else:
         kwargs["device"] = device
+    return kwargs
+
+
+def _boot_folder(
+    folder: Path,
+    *,
+    device: str,
+    dtype: torch.dtype,
+    name: str | None,
+    device_map: Any,
+    offload_folder: Any = None,
+) -> Any:
+    from transformer_lens.model_bridge import TransformerBridge
+
+    kwargs = _placement(device, dtype, device_map, offload_folder)
     bridge = TransformerBridge.boot_transformers(str(folder), **kwargs)
     if name:
         bridge.cfg.model_name = name
@@ -237,6 +250,7 @@ def load_model(
     dtype: torch.dtype | str | None = None,
     compat: bool = False,
     device_map: str | dict[str, Any] | None = None,
+    offload_folder: str | os.PathLike[str] | None = None,
 ) -> Any:
     """Load a model for analysis.
 
@@ -253,7 +267,9 @@ def load_model(
             HookedTransformer did. Vectors and neuron statistics depend on this choice, so
             mechlingo records it with every artifact (see :func:`weight_mode`).
         device_map: passed to TransformerLens's multi-device loading (accelerate), e.g.
-            ``"auto"``; exclusive with ``device``.
+            ``"auto"``; exclusive with ``device``. Layers may then live on different devices;
+            mechlingo's hooks move tensors to each hook's device.
+        offload_folder: where accelerate puts weights a ``device_map`` sends to ``"disk"``.
 
     Returns:
         The model in eval mode.
@@ -283,7 +299,12 @@ def load_model(
     elif name is None:
         folder = ensure_default_model()
         model = _boot_folder(
-            folder, device=dev, dtype=torch_dtype, name=DEFAULT_MODEL, device_map=device_map
+            folder,
+            device=dev,
+            dtype=torch_dtype,
+            name=DEFAULT_MODEL,
+            device_map=device_map,
+            offload_folder=offload_folder,
         )
     else:
         path = Path(name).expanduser()
@@ -298,12 +319,17 @@ def load_model(
                     "transformers folder (config.json, weights, tokenizer files)"
                 )
             model = _boot_folder(
-                path, device=dev, dtype=torch_dtype, name=None, device_map=device_map
+                path,
+                device=dev,
+                dtype=torch_dtype,
+                name=None,
+                device_map=device_map,
+                offload_folder=offload_folder,
             )
         elif str(name).startswith((".", "/", "~")) or os.sep + os.sep in str(name):
             raise ModelLoadError(f"local path {name} does not exist")
         else:
-            model = _boot_hub(str(name), dev, torch_dtype, device_map)
+            model = _boot_hub(str(name), dev, torch_dtype, device_map, offload_folder)
     if compat:
         if not hasattr(model, "enable_compatibility_mode"):
             raise ModelLoadError(
@@ -315,15 +341,13 @@ def load_model(
     return model
 
 
-def _boot_hub(name: str, device: str, dtype: torch.dtype, device_map: Any) -> Any:
+def _boot_hub(
+    name: str, device: str, dtype: torch.dtype, device_map: Any, offload_folder: Any = None
+) -> Any:
     """Load a hub id through TransformerBridge.boot_transformers, with a clear offline error."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    kwargs: dict[str, Any] = {"dtype": dtype}
-    if device_map is not None:
-        kwargs["device_map"] = device_map
-    else:
-        kwargs["device"] = device
+    kwargs = _placement(device, dtype, device_map, offload_folder)
     try:
         return TransformerBridge.boot_transformers(name, **kwargs)
     except Exception as err:

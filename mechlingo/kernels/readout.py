@@ -63,14 +63,17 @@ def output_transform(model: Any, logits: Float[Tensor, "row vocab"]) -> Float[Te
     return logits
 
 
-def unembed(model: Any, x: Float[Tensor, "row d_model"]) -> Float[Tensor, "row vocab"]:
-    """Logits of already-normalized rows: ``transform(x @ W_U + b_U)`` in float32."""
-    W_U = model.W_U
-    logits = x.to(W_U.dtype) @ W_U
+def unembed(
+    model: Any, x: Float[Tensor, "row d_model"], W_U: Float[Tensor, "d_model vocab"] | None = None
+) -> Float[Tensor, "row vocab"]:
+    """Logits of already-normalized rows: ``transform(x @ W_U + b_U)``, computed in float32
+    whatever the model's dtype (pass a float32 ``W_U`` to avoid converting it per call)."""
+    W = (model.W_U if W_U is None else W_U).float()
+    logits = x.float() @ W
     b_U = getattr(model, "b_U", None)
     if b_U is not None:
-        logits = logits + b_U
-    return output_transform(model, logits.float())
+        logits = logits + b_U.float()
+    return output_transform(model, logits)
 
 
 def final_logits(model: Any, resid: Float[Tensor, "row d_model"]) -> Float[Tensor, "row vocab"]:
@@ -137,13 +140,14 @@ def read_logits(
     set_rank = torch.empty((n, n_track), dtype=torch.long, device=dev)
     rank_rows = max(1, _RANK_TEMP_ELEMENTS // max(1, n_track * d_vocab))
 
+    W_U32 = model.W_U.detach().float()  # converted once (a no-op for float32 models)
     with torch.no_grad():
         for start in range(0, n, chunk_rows):
             stop = min(n, start + chunk_rows)
             x = resid[start:stop].to(dev)
             if apply_norm:
                 x = apply_final_norm(model, x)
-            logits = unembed(model, x)  # [c, vocab] float32
+            logits = unembed(model, x, W_U32)  # [c, vocab] float32
             norm = torch.logsumexp(logits, dim=-1)
             lse[start:stop] = norm
             if k:
