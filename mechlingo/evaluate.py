@@ -11,8 +11,8 @@ particles attach to the word, it need not.
 Generation recomputes the whole prefix at each step instead of using a key-value cache:
 with TransformerLens 4.3 on transformers 5 the bridge's cached decoding gives different
 tokens from uncached decoding (its ``past_key_values`` no longer reaches the model), so the
-cache is not trusted here. To keep this cheap, prompts are grouped by token length (no
-padding at all) and only the last position is unembedded.
+cache is not trusted here. To keep this cheap, prompts of similar lengths share right-padded
+batches and only each row's last position is unembedded.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mechlingo.runs import FwdHooks, next_token_logits
-from mechlingo.tokens import TokenBatch, encode, length_buckets
+from mechlingo.tokens import TokenBatch, encode, sorted_batches
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -82,9 +82,16 @@ def greedy_generate(
 ) -> list[str]:
     """Greedy continuations of ``prompts`` (the generated text only).
 
+    Prompts of different lengths share right-padded batches (sorted by length): at each step
+    every row's next token is read at its own last real token and written into its first pad
+    slot, and causal attention with the attention mask keeps the padding invisible, so the
+    result equals generating each prompt alone (tested). The whole prefix is recomputed at each
+    step (see the module docstring on the KV cache).
+
     Args:
         intervention: anything with ``fwd_hooks(model)`` (a mechlingo intervention); applied at
-            every step. Its ``"last"`` positions mean the prompt's last token.
+            every step. Its ``"last"`` positions mean the prompt's last token, ``"generated"``
+            the tokens generated so far.
         fwd_hooks: extra plain TransformerLens hooks, applied at every step.
         stop_at_newline: stop a row once it has produced a line break after some text.
 
@@ -98,37 +105,34 @@ def greedy_generate(
     batch = encode(model, prompts)
     eos = getattr(model.tokenizer, "eos_token_id", None)
     outputs: list[list[int]] = [[] for _ in prompts]
-    groups = length_buckets(batch.lengths, batch_size)
     with torch.no_grad():
-        for rows in tqdm(groups, desc="generating", disable=not progress):
+        for rows in tqdm(
+            sorted_batches(batch.lengths, batch_size), desc="generating", disable=not progress
+        ):
             sub = batch.select(rows)
-            tokens = sub.tokens
-            plen = sub.prompt_lengths
-            done = torch.zeros(len(rows), dtype=torch.bool)
+            tokens, lengths, plen = sub.tokens, sub.lengths.clone(), sub.prompt_lengths
+            done = [False] * len(rows)
+            ar = torch.arange(len(rows), device=tokens.device)
             for _ in range(max_new_tokens):
-                cur = TokenBatch(
-                    tokens,
-                    torch.full_like(plen, tokens.shape[1]),
-                    sub.pad_id,
-                    sub.has_bos,
-                    plen,
-                )
-                logits = next_token_logits(model, cur, extra_hooks=hooks)
-                nxt = logits.argmax(-1).to(tokens.device)
-                tokens = torch.cat([tokens, nxt[:, None]], dim=1)
-                for j, r in enumerate(rows):
+                cur = TokenBatch(tokens, lengths, sub.pad_id, sub.has_bos, plen)
+                nxt = next_token_logits(model, cur, extra_hooks=hooks).argmax(-1)
+                nxt = nxt.to(tokens.device)
+                if int(lengths.max()) >= tokens.shape[1]:
+                    tokens = torch.cat([tokens, torch.full_like(tokens[:, :1], sub.pad_id)], 1)
+                tokens = tokens.clone()
+                tokens[ar, lengths] = nxt
+                lengths = lengths + 1
+                for j, (r, tid) in enumerate(zip(rows, nxt.tolist(), strict=True)):
                     if done[j]:
                         continue
-                    tid = int(nxt[j])
                     if eos is not None and tid == eos:
                         done[j] = True
                         continue
                     outputs[r].append(tid)
                     if stop_at_newline:
                         text = model.tokenizer.decode(outputs[r])
-                        if "\n" in text and text.strip():
-                            done[j] = True
-                if bool(done.all()):
+                        done[j] = "\n" in text and bool(text.strip())
+                if all(done):
                     break
     return [model.tokenizer.decode(o) for o in outputs]
 

@@ -1,0 +1,129 @@
+"""Benchmark: batched residual patching sweep vs TransformerLens's per-cell patching.
+
+Runs a (layers x positions) ``resid_pre`` patching sweep on the embedded model (or any model
+given with ``--model``) two ways in one process, on the same clean/corrupted pair and grid:
+
+* ``mechlingo.patching.patch_sweep``: source activations read once; ``--cells-per-batch``
+  patched copies of the target stacked in one forward pass that stops at the final residual
+  stream and unembeds only the last token;
+* ``transformer_lens.patching.get_act_patch_resid_pre``-style per-cell patching
+  (``generic_activation_patch`` with ``layer_pos_patch_setter`` on the same grid): one full
+  forward per cell, full logits.
+
+Prints both times, the ratio and the largest |difference| of the per-example metric.
+
+    python benchmarks/bench_patching.py                      # 18 layers x 4 positions, 4 pairs
+    python benchmarks/bench_patching.py --layers 0,6,12 --positions 3 --pairs 2   # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mechlingo.models import load_model  # noqa: E402
+from mechlingo.patching import answer_logprob, patch_sweep  # noqa: E402
+from mechlingo.tokens import TokenBatch, encode  # noqa: E402
+
+CLEAN = [
+    "The capital of Italy is the city of",
+    "The capital of France is the city of",
+    "The capital of Japan is the city of",
+    "The capital of Egypt is the city of",
+    "The capital of Spain is the city of",
+    "The capital of Germany is the city of",
+]
+ANSWERS = ["Rome", "Paris", "Tokyo", "Cairo", "Madrid", "Berlin"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=None, help="model (default: the embedded gemma-3-270m)")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--layers", default=None, help="comma-separated layers (default all)")
+    ap.add_argument("--positions", type=int, default=4, help="last N positions (default 4)")
+    ap.add_argument("--pairs", type=int, default=4, help="clean/corrupted pairs (default 4)")
+    ap.add_argument("--cells-per-batch", type=int, default=24)
+    args = ap.parse_args()
+    torch.set_grad_enabled(False)
+    model = load_model(args.model, device=args.device)
+    n = int(model.cfg.n_layers)
+    layers = list(range(n)) if args.layers is None else [int(x) for x in args.layers.split(",")]
+    k = max(2, min(args.pairs, len(CLEAN)))
+    clean = encode(model, CLEAN[:k])
+    width = int(clean.lengths.min())
+    tokens = clean.tokens[:, :width]
+    lengths = torch.full((k,), width)
+    src = TokenBatch(tokens, lengths, clean.pad_id, clean.has_bos)
+    bad = tokens.clone()
+    bad[:, 4] = tokens.roll(1, dims=0)[:, 4]  # BOS The capital of [country]: next row's country
+    tgt = TokenBatch(bad, lengths.clone(), clean.pad_id, clean.has_bos)
+    positions = list(range(width - args.positions, width))
+    metric = answer_logprob(model, ANSWERS[:k])
+    ids = [list(s[0].ids) for s in metric.sets]
+    dev = model.W_U.device
+
+    def tl_metric(logits: torch.Tensor) -> torch.Tensor:
+        lp = logits[:, -1].float().log_softmax(-1)
+        return torch.stack([torch.logsumexp(lp[i, ids[i]], -1) for i in range(k)])
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    print(
+        f"model {model.cfg.model_name}: {len(layers)} layers x {len(positions)} positions, "
+        f"{k} pairs of {width} tokens, device {dev}"
+    )
+    patch_sweep(
+        model, src, tgt, "resid_pre", layers=layers[:1], positions=positions[:1], metric=metric
+    )  # warm-up
+    sync()
+    t0 = time.perf_counter()
+    ours = patch_sweep(
+        model,
+        src,
+        tgt,
+        "resid_pre",
+        layers=layers,
+        positions=positions,
+        metric=metric,
+        cells_per_batch=args.cells_per_batch,
+    )
+    sync()
+    t_ours = time.perf_counter() - t0
+
+    import transformer_lens.patching as tlp
+
+    t0 = time.perf_counter()
+    _, cache = model.run_with_cache(
+        src.tokens.to(dev), names_filter=lambda n: n.endswith("resid_pre")
+    )
+    index = pd.DataFrame([(la, p) for la in layers for p in positions], columns=["layer", "pos"])
+    ref = tlp.generic_activation_patch(
+        model,
+        tgt.tokens.to(dev),
+        cache,
+        tl_metric,
+        tlp.layer_pos_patch_setter,
+        "resid_pre",
+        index_df=index,
+        reduce="none",
+    ).values
+    sync()
+    t_tl = time.perf_counter() - t0
+    diff = float((ours.values[0].to(ref.device) - ref).abs().max())
+    print(f"mechlingo batched sweep: {t_ours:8.2f} s ({len(ours.cells)} cells)")
+    print(f"TransformerLens per-cell: {t_tl:8.2f} s")
+    print(f"speed-up: {t_tl / t_ours:.1f}x   max |difference|: {diff:.2e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,508 @@
+"""Data-parallel statistics over several processes (``torchrun``), CPU or GPU.
+
+Launch any script that uses these helpers with ``torchrun --nproc_per_node N script.py``:
+``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and
+``MASTER_PORT``, and :func:`process_group` turns them into a process group (``nccl`` when
+CUDA is present, ``gloo`` otherwise). Run without ``torchrun`` the same code is a single
+process: every helper here then does nothing more than the one-process computation, so a
+script needs no separate code path.
+
+The statistics that mechlingo builds (steering vectors = streaming means; expert neurons =
+pooled activations plus firing counts) are sums, so data parallelism is exact up to float
+rounding: each rank streams a contiguous shard of the data, then the sums and counts are
+all-reduced and the pooled rows gathered back in the original order.
+
+Building blocks:
+
+* :func:`distributed_last_token_means` -- :func:`mechlingo.kernels.means.last_token_means`
+  over all ranks (what ``mechlingo steer build`` computes per prompt set);
+* :func:`distributed_pooled_neuron_acts` -- pooled ``mlp_post`` activations of every sentence
+  and per-language firing rates over all ranks (the input of ``mechlingo experts``).
+
+Each returns the global result on every rank; write artifacts only where :func:`is_main`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import torch
+import torch.distributed as dist
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from mechlingo.kernels.means import LayerMeans
+from mechlingo.kernels.stats import ActivationProbability, StreamingMean, masked_pool
+from mechlingo.runs import FwdHooks, StopForward, collect, run_batch
+from mechlingo.sites import resolve_layers, resolve_site, site_map
+from mechlingo.tokens import TokenBatch, encode, sorted_batches
+
+if TYPE_CHECKING:
+    from mechlingo.experts import NeuronStats
+
+T = TypeVar("T")
+
+__all__ = [
+    "DistInfo",
+    "DistributedError",
+    "PooledNeuronActs",
+    "all_gather_rows",
+    "all_reduce_state",
+    "dist_info",
+    "distributed_last_token_means",
+    "distributed_pooled_neuron_acts",
+    "is_distributed",
+    "is_main",
+    "process_group",
+    "shard",
+    "shard_bounds",
+]
+
+
+class DistributedError(RuntimeError):
+    """The distributed environment is inconsistent (bad env variables, mismatched shapes)."""
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process stands.
+
+    Attributes:
+        rank: global index of this process (0 in a single process).
+        world_size: number of processes (1 in a single process).
+        local_rank: index on this machine (selects the CUDA device under ``nccl``).
+        backend: ``"nccl"``, ``"gloo"``, or ``None`` when no process group is in use.
+        device: the device this rank computes on (``cuda:{local_rank}`` or ``cpu``).
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str | None
+    device: torch.device
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as err:
+        raise DistributedError(f"environment variable {name}={raw!r} is not an integer") from err
+
+
+def is_distributed() -> bool:
+    """Whether a process group is initialised with more than one process."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def dist_info() -> DistInfo:
+    """This process's rank, world size and device, from the live process group or, before one
+    exists, from the ``torchrun`` environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``)."""
+    if dist.is_available() and dist.is_initialized():
+        rank, world, backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
+    else:
+        rank, world, backend = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1), None
+    local = _env_int("LOCAL_RANK", rank)
+    use_cuda = torch.cuda.is_available() and backend != "gloo"
+    device = torch.device("cuda", local % torch.cuda.device_count()) if use_cuda else None
+    return DistInfo(rank, world, local, backend, device or torch.device("cpu"))
+
+
+def is_main() -> bool:
+    """True on rank 0 (and in a single process): the rank that writes files and prints."""
+    return dist_info().rank == 0
+
+
+@contextlib.contextmanager
+def process_group(
+    backend: Literal["gloo", "nccl"] | None = None,
+    *,
+    timeout_s: float = 1800.0,
+) -> Iterator[DistInfo]:
+    """Initialise the process group from the ``torchrun`` environment for the block's
+    duration, and destroy it afterwards (also after an exception).
+
+    Without ``torchrun`` (no ``WORLD_SIZE`` or ``WORLD_SIZE=1``) nothing is initialised and
+    the block runs as a single process. A group that already exists is used as it is and left
+    alone.
+
+    Args:
+        backend: default ``"nccl"`` when CUDA is available, else ``"gloo"``.
+        timeout_s: how long a collective waits for the other ranks before failing.
+
+    Yields:
+        :class:`DistInfo` of this process. Under ``nccl`` the current CUDA device is set to
+        ``cuda:{LOCAL_RANK}``; load the model on ``info.device``.
+    """
+    if dist.is_available() and dist.is_initialized():
+        yield dist_info()
+        return
+    world = _env_int("WORLD_SIZE", 1)
+    if world <= 1:
+        yield dist_info()
+        return
+    if not dist.is_available():
+        raise DistributedError("this torch build has no torch.distributed support")
+    missing = [v for v in ("RANK", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if missing:
+        raise DistributedError(
+            f"WORLD_SIZE={world} but {missing} are not set: launch with torchrun "
+            "(torchrun --nproc_per_node N script.py), which sets them"
+        )
+    chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if chosen == "nccl":
+        if not torch.cuda.is_available():
+            raise DistributedError("backend 'nccl' needs CUDA; use 'gloo' on CPU")
+        torch.cuda.set_device(_env_int("LOCAL_RANK", 0) % torch.cuda.device_count())
+    dist.init_process_group(
+        backend=chosen, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s)
+    )
+    try:
+        yield dist_info()
+    finally:
+        dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------------
+# Sharding and collectives
+# --------------------------------------------------------------------------------------
+
+
+def shard_bounds(n: int, rank: int | None = None, world_size: int | None = None) -> range:
+    """The contiguous index range of ``n`` items that ``rank`` owns: balanced (sizes differ by
+    at most one), covering ``0..n`` exactly once over all ranks, in rank order, so gathering
+    per-rank results in rank order restores the original order."""
+    if rank is None or world_size is None:
+        info = dist_info()
+        rank = info.rank if rank is None else rank
+        world_size = info.world_size if world_size is None else world_size
+    r, w = int(rank), int(world_size)
+    if n < 0 or w < 1 or not 0 <= r < w:
+        raise DistributedError(f"rank {r} is not in a world of size {w}")
+    return range(r * n // w, (r + 1) * n // w)
+
+
+def shard(items: Sequence[T], rank: int | None = None, world_size: int | None = None) -> list[T]:
+    """This rank's contiguous slice of ``items`` (see :func:`shard_bounds`); all items in a
+    single process. A rank may get an empty slice when there are fewer items than ranks."""
+    bounds = shard_bounds(len(items), rank, world_size)
+    return list(items[bounds.start : bounds.stop])
+
+
+def _comm_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Sum every tensor of an accumulator state over all ranks.
+
+    Use with the ``state_dict()`` of :class:`~mechlingo.kernels.stats.StreamingMean`
+    (``sum``, ``count``) or :class:`~mechlingo.kernels.stats.ActivationProbability`
+    (``active``, ``tokens``): their entries are sums, so the SUM of the states is the state
+    of one accumulator fed every rank's data. Rebuild with ``from_state``.
+
+    Returns:
+        A new dict with the summed tensors (same dtypes and devices as the input); the input
+        is not modified. In a single process, copies of the input.
+
+    Raises:
+        DistributedError: the ranks hold different keys or shapes.
+    """
+    out = {k: v.detach().clone() for k, v in state.items()}
+    if not is_distributed():
+        return out
+    keys = sorted(out)
+    desc = [(k, tuple(out[k].shape), str(out[k].dtype)) for k in keys]
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, desc)
+    if any(d != desc for d in everyone):
+        raise DistributedError(
+            f"ranks hold different accumulator states: {everyone}; preallocate accumulators "
+            "with the same shape on every rank (e.g. StreamingMean(shape=...))"
+        )
+    comm = _comm_device()
+    for k in keys:
+        t = out[k].to(comm)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        out[k] = t.to(out[k].device)
+    return out
+
+
+def all_gather_rows(tensor: Float[Tensor, "rows ..."]) -> Float[Tensor, "all_rows ..."]:
+    """Concatenate every rank's rows in rank order (ranks may hold different row counts,
+    including zero): row counts are gathered first, rows are padded to the largest count for
+    the collective, and the padding is dropped.
+
+    Returns:
+        ``[sum of rows over ranks, *feature]`` on the input's device; the input itself in a
+        single process.
+
+    Raises:
+        DistributedError: ranks disagree on the trailing shape or the dtype.
+    """
+    if not is_distributed():
+        return tensor
+    world = dist.get_world_size()
+    meta = (tuple(tensor.shape[1:]), str(tensor.dtype))
+    metas: list[Any] = [None] * world
+    dist.all_gather_object(metas, meta)
+    if any(m != meta for m in metas):
+        raise DistributedError(f"ranks gather tensors of different feature shapes/dtypes: {metas}")
+    comm = _comm_device()
+    n = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=comm)
+    counts = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(counts, n)
+    sizes = [int(c) for c in counts]  # one host sync per call, not per row
+    most = max(sizes)
+    padded = torch.zeros((most, *tensor.shape[1:]), dtype=tensor.dtype, device=comm)
+    padded[: tensor.shape[0]] = tensor.to(comm)
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[:s] for p, s in zip(parts, sizes, strict=True)]).to(tensor.device)
+
+
+# --------------------------------------------------------------------------------------
+# Building blocks: last-token means and pooled neuron activations
+# --------------------------------------------------------------------------------------
+
+
+def _output_device(model: Any) -> torch.device:
+    return model.W_U.device
+
+
+def distributed_last_token_means(
+    model: Any,
+    prompts: Sequence[str],
+    *,
+    site: str = "resid_pre",
+    layers: Any = None,
+    batch_size: int = 16,
+    extra_hooks: FwdHooks = (),
+    progress: bool = False,
+) -> LayerMeans:
+    """:func:`mechlingo.kernels.means.last_token_means` over all ranks: each rank streams its
+    shard of ``prompts`` (:func:`shard`), the float64 sums and counts are all-reduced, and
+    every rank returns the global mean, equal to the one-process result up to float rounding.
+
+    Every rank must call it with the same ``prompts`` and arguments. In a single process it is
+    the one-process computation.
+
+    Returns:
+        :class:`~mechlingo.kernels.means.LayerMeans` with a float64 ``[n_layers, width]`` mean
+        on the model's output device, and ``count`` = the total number of prompts.
+    """
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("no prompts to average over")
+    layer_list = resolve_layers(model, layers)
+    sites = [resolve_site(model, site, layer) for layer in layer_list]
+    if sites[0].width <= 0:
+        raise ValueError(f"site {site!r} has no single vector per position; use e.g. resid_pre")
+    names = [s.hook_name for s in sites]
+    dev = _output_device(model)
+    acc = StreamingMean(shape=(len(layer_list), sites[0].width), device=dev)
+    mine = shard(prompts)
+    if mine:
+        batch = encode(model, mine)
+        groups = sorted_batches(batch.lengths, batch_size)
+        with torch.no_grad():
+            for rows in tqdm(groups, desc="means", disable=not progress):
+                acts = collect(model, batch.select(rows), names, extra_hooks=extra_hooks)
+                acc.update(torch.stack([acts[n].to(dev) for n in names], dim=1))
+    total = StreamingMean.from_state(all_reduce_state(acc.state_dict()))
+    return LayerMeans(total.mean, layer_list, sites[0].name, len(prompts))
+
+
+@dataclass
+class PooledNeuronActs:
+    """Pooled MLP-neuron activations of every sentence (all ranks, original order) and the
+    per-language firing rates; the same content as :class:`mechlingo.experts.NeuronStats`.
+
+    Attributes:
+        langs: language codes; ``lang_ids`` index into this list.
+        pooled: ``[n_sentences, n_layers * d_mlp]`` float32, each sentence's ``mlp_post``
+            activation pooled over its real tokens (BOS and padding excluded).
+        lang_ids: language index of each row.
+        prob_active: ``[n_langs, n_layers * d_mlp]`` float64, fraction of the language's real
+            tokens (BOS excluded) where the neuron's activation is above ``threshold``.
+        layers: layers whose neurons make up the feature axis, in order.
+        d_mlp: neurons per layer.
+        pool: ``"mean"`` or ``"max"``.
+        meta: how it was computed (world size, max_tokens, threshold).
+    """
+
+    langs: list[str]
+    pooled: Float[Tensor, "sentence feature"]
+    lang_ids: Int[Tensor, " sentence"]
+    prob_active: Float[Tensor, "lang feature"]
+    layers: list[int]
+    d_mlp: int
+    pool: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_neuron_stats(self, model: Any = None) -> NeuronStats:
+        """As a :class:`mechlingo.experts.NeuronStats` (what ``score_neurons`` takes)."""
+        from mechlingo.experts import NeuronStats
+
+        meta = dict(self.meta)
+        if model is not None:
+            from mechlingo.interventions import model_info
+
+            meta["model"] = model_info(model)
+        return NeuronStats(
+            list(self.langs),
+            self.pooled,
+            self.lang_ids,
+            self.prob_active.to(self.pooled.dtype),
+            list(self.layers),
+            self.d_mlp,
+            self.pool,
+            meta,
+        )
+
+
+def _flatten_texts(
+    texts: Mapping[str, Sequence[str]],
+) -> tuple[list[str], list[str], list[int]]:
+    if not isinstance(texts, Mapping) or not texts:
+        raise ValueError("texts must be a non-empty mapping {lang: [sentence, ...]}")
+    langs = list(texts)
+    sentences, ids = [], []
+    for i, lang in enumerate(langs):
+        if len(texts[lang]) == 0:
+            raise ValueError(f"language {lang!r} has no sentences; drop it or add sentences")
+        for s in texts[lang]:
+            if not isinstance(s, str) or not s.strip():
+                raise ValueError(f"an empty sentence in language {lang!r}; remove empty lines")
+            sentences.append(s)
+            ids.append(i)
+    return langs, sentences, ids
+
+
+def _truncate(batch: TokenBatch, max_tokens: int | None) -> TokenBatch:
+    if max_tokens is None:
+        return batch
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    lengths = batch.lengths.clamp(max=max_tokens + (1 if batch.has_bos else 0))
+    width = int(lengths.max())
+    return TokenBatch(batch.tokens[:, :width], lengths, batch.pad_id, batch.has_bos)
+
+
+def distributed_pooled_neuron_acts(
+    model: Any,
+    texts: Mapping[str, Sequence[str]],
+    *,
+    layers: Any = None,
+    pool: Literal["mean", "max"] = "mean",
+    batch_size: int = 16,
+    max_tokens: int | None = None,
+    threshold: float = 0.0,
+    extra_hooks: FwdHooks = (),
+    progress: bool = False,
+) -> PooledNeuronActs:
+    """Pooled ``mlp_post`` activations of every sentence over all ranks.
+
+    The sentences (``texts`` flattened language by language, in order) are split into
+    contiguous shards; each rank pools its shard's activations over real tokens (BOS and
+    padding excluded; the first ``max_tokens`` real tokens when given) and counts how often
+    each neuron fires per language. Pooled rows are gathered back in the original order and
+    the counts all-reduced, so every rank returns what one process computes on all sentences.
+
+    Args:
+        model: the model.
+        texts: ``{lang: [sentence, ...]}``; identical on every rank.
+        layers: layers to record (default all).
+        pool: ``"mean"`` (Kojima et al.) or ``"max"`` (Suau et al.).
+        batch_size: sentences per forward pass.
+        max_tokens: keep only the first ``max_tokens`` real tokens of each sentence.
+        threshold: a neuron "fires" on a token where its activation exceeds this.
+        extra_hooks: hooks applied during the runs (e.g. an intervention's ``fwd_hooks``).
+
+    Returns:
+        :class:`PooledNeuronActs` on the model's output device (convert with
+        :meth:`PooledNeuronActs.to_neuron_stats`).
+    """
+    if pool not in ("mean", "max"):
+        raise ValueError(f"pool must be 'mean' or 'max', got {pool!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    langs, sentences, all_ids = _flatten_texts(texts)
+    sm = site_map(model)
+    if not sm.available["mlp_post"]:
+        raise ValueError("this model has no mlp_post hooks (blocks.{l}.mlp.hook_post)")
+    layer_list = resolve_layers(model, layers)
+    names = [resolve_site(model, "mlp_post", layer).hook_name for layer in layer_list]
+    d_mlp, n_layers = sm.d_mlp, len(layer_list)
+    dev = _output_device(model)
+    bounds = shard_bounds(len(sentences))
+    mine = sentences[bounds.start : bounds.stop]
+    lang_ids = torch.tensor(all_ids[bounds.start : bounds.stop], dtype=torch.long)
+    pooled = torch.zeros(len(mine), n_layers * d_mlp, dtype=torch.float32, device=dev)
+    zeros = {
+        "active": torch.zeros(len(langs), d_mlp, dtype=torch.int64, device=dev),
+        "tokens": torch.zeros(len(langs), dtype=torch.int64, device=dev),
+    }
+    counters = [ActivationProbability.from_state(zeros, threshold) for _ in layer_list]
+    if mine:
+        batch = _truncate(encode(model, mine), max_tokens)
+        if batch.has_bos and bool((batch.lengths < 2).any()):
+            raise ValueError("some sentences tokenize to nothing but BOS")
+        state: dict[str, Tensor] = {}
+
+        def make(slot: int) -> Any:
+            last = slot == n_layers - 1
+
+            def hook(act: Tensor, hook: Any) -> None:
+                a = act.detach().float()
+                mask = state["mask"].to(a.device)
+                cols = slice(slot * d_mlp, (slot + 1) * d_mlp)
+                pooled[state["rows"], cols] = masked_pool(a, mask, pool).to(dev)
+                counters[slot].update(a, lang=state["lang"].to(a.device), mask=mask)
+                if last:
+                    raise StopForward
+
+            return hook
+
+        hooks = list(extra_hooks) + [(nm, make(i)) for i, nm in enumerate(names)]
+        groups = sorted_batches(batch.lengths, batch_size)
+        with torch.no_grad():
+            for rows in tqdm(groups, desc="neuron acts", disable=not progress):
+                sub = batch.select(rows)
+                idx = torch.as_tensor(rows, dtype=torch.long)
+                state["rows"] = idx.to(dev)
+                state["mask"] = sub.real_token_mask(include_bos=False)
+                state["lang"] = lang_ids[idx]
+                run_batch(model, sub, hooks)
+    active = torch.cat([c.state_dict()["active"].to(dev) for c in counters], dim=1)
+    tokens = counters[0].state_dict()["tokens"].to(dev)
+    summed = all_reduce_state({"active": active, "tokens": tokens})
+    prob = summed["active"].to(torch.float64) / summed["tokens"].to(torch.float64)[:, None]
+    info = dist_info()
+    meta = {
+        "pool": pool,
+        "n_sentences": {lang: len(texts[lang]) for lang in langs},
+        "max_tokens": max_tokens,
+        "threshold": threshold,
+        "world_size": info.world_size,
+    }
+    return PooledNeuronActs(
+        langs=langs,
+        pooled=all_gather_rows(pooled),
+        lang_ids=all_gather_rows(lang_ids.to(dev)),
+        prob_active=prob,
+        layers=layer_list,
+        d_mlp=d_mlp,
+        pool=pool,
+        meta=meta,
+    )

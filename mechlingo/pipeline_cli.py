@@ -1,0 +1,265 @@
+"""The ``mechlingo trace`` subcommand: recall-pipeline classes, patching and knockout.
+
+Writes ``OUT/trace.json`` (per query: class, answer, generation, lens layers),
+``OUT/patching.json`` (per language: a corrupted-subject patching sweep and an attention
+knockout), ``OUT/summary.json`` and ``OUT/report.html``.
+
+The patching is chosen to be cheap on a CPU and still say something: for a few prompts per
+language that the model answers correctly (the *clean* runs), the *corrupted* run is the same
+template with another fact's subject; the clean activations are patched into the corrupted run
+at every layer, at the subject's first and last token and the last two prompt tokens (aligned
+by subject span and from the end), and the clean answer's log-probability is read. Cells that
+restore it carry the fact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from typing import Any
+
+from mechlingo.cli import (
+    UsageError,
+    add_data_args,
+    add_model_args,
+    add_out_arg,
+    command,
+    load_cli_model,
+    load_selected_facts,
+    run_meta,
+    split_list,
+)
+
+PATCH_POSITIONS: list[int | str] = ["subject_first", "subject_last", -2, -1]
+
+
+def _trace_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_data_args(p, default_langs="en,fr,de,es")
+    add_out_arg(p)
+    p.add_argument(
+        "--max-rank",
+        type=int,
+        default=10,
+        help="rank at or below which an answer counts as decodable by the lens (default 10)",
+    )
+    p.add_argument(
+        "--mid-layers",
+        default=None,
+        help="lens entries counted as mid-network, 'A-B' inclusive (default: n/3 .. n-2)",
+    )
+    p.add_argument(
+        "--max-new-tokens", type=int, default=8, help="greedy tokens to generate (default 8)"
+    )
+    p.add_argument(
+        "--patch-prompts",
+        type=int,
+        default=3,
+        help="prompts per language for patching and knockout (default 3; 0 = skip both)",
+    )
+    p.add_argument(
+        "--patch-sites",
+        default="attn_out,mlp_out",
+        help="sites of the corrupted-subject sweep (default attn_out,mlp_out, the circuit "
+        "diagram's components; add resid_pre for the residual heatmap)",
+    )
+    p.add_argument(
+        "--cells-per-batch", type=int, default=24, help="patched copies per forward pass"
+    )
+
+
+def _finite(obj: Any) -> Any:
+    """NaN/inf floats -> None, recursively, so the JSON files are strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _parse_range(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        if "-" in text:
+            a, b = (int(x) for x in text.split("-", 1))
+            return list(range(a, b + 1))
+        return [int(x) for x in text.split(",")]
+    except ValueError as err:
+        raise UsageError(f"--mid-layers {text!r}: use 'A-B' or a comma-separated list") from err
+
+
+def _patch_language(model: Any, trace: Any, facts: list[Any], lang: str, args: Any) -> Any:
+    """Corrupted-subject sweep and knockout for one language (``None`` if too few facts)."""
+    from mechlingo.patching import attention_knockout, fact_metrics, patch_sweep
+
+    by_id = {f.id: f for f in facts if f.lang == lang}
+    recs = [r for r in trace.records if r["lang"] == lang]
+    ordered = [r["id"] for r in recs if r["correct"]] + [r["id"] for r in recs if not r["correct"]]
+    if len(ordered) < 2:
+        return None
+    clean = [by_id[i] for i in ordered[: args.patch_prompts]]
+    pool = [by_id[r["id"]] for r in recs]
+    corrupt = []
+    for k, f in enumerate(clean):
+        others = [g for g in pool if g.answer != f.answer and g.id != f.id]
+        corrupt.append(others[(k * 7) % len(others)] if others else pool[(k + 1) % len(pool)])
+    sites = split_list(args.patch_sites) or ["resid_pre"]
+    sweep = patch_sweep(
+        model,
+        clean,
+        corrupt,
+        sites,
+        positions=PATCH_POSITIONS,
+        metric=fact_metrics(model, clean),
+        alignment="subject",
+        cells_per_batch=args.cells_per_batch,
+    )
+    sweep.meta.update(
+        {
+            "clean": [f.prompt for f in clean],
+            "corrupted": [f.prompt for f in corrupt],
+            "answers": [f.answer for f in clean],
+        }
+    )
+    knock = attention_knockout(model, clean)
+    return sweep, knock, clean
+
+
+def _token_labels(model: Any, sweep: Any, clean: list[Any]) -> list[str]:
+    from mechlingo.tokens import encode
+
+    batch = encode(model, [clean[0].prompt])
+    ids = batch.tokens[0].tolist()
+    labels = []
+    for p, label in enumerate(sweep.position_labels):
+        tok = model.tokenizer.decode([ids[int(sweep.target_positions[p, 0])]])
+        labels.append(f"{label}<br>{tok!r}")
+    return labels
+
+
+@command("trace", "recall pipeline tracer: correct / translation / recall failures", _trace_args)
+def cmd_trace(args: Any) -> int:
+    from mechlingo.patching import PatchingError
+    from mechlingo.pipeline import CLASSES, trace_recall
+    from mechlingo.plots_pipeline import circuit_figure, pipeline_stages
+    from mechlingo.report import Report, write_outputs
+
+    if args.patch_prompts < 0:
+        raise UsageError("--patch-prompts must be >= 0")
+    facts = load_selected_facts(args)
+    mid = _parse_range(args.mid_layers)
+    model = load_cli_model(args)
+    t0 = time.time()
+    try:
+        trace = trace_recall(
+            model,
+            facts,
+            max_rank=args.max_rank,
+            mid_layers=mid,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            progress=not args.quiet,
+        )
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    t_trace = time.time() - t0
+    patching: dict[str, Any] = {}
+    figures: list[tuple[str, Any]] = []
+    if args.patch_prompts > 0:
+        for lang in trace.langs:
+            try:
+                res = _patch_language(model, trace, facts, lang, args)
+            except PatchingError as err:
+                raise UsageError(f"patching {lang}: {err}") from err
+            if res is None:
+                continue
+            sweep, knock, clean = res
+            patching[lang] = {
+                "sweep": sweep.summary(),
+                "cells": sweep.to_dataframe().to_dict(orient="records"),
+                "knockout": knock.to_dataframe().to_dict(orient="records"),
+            }
+            stages = pipeline_stages(sweep, trace, lang)
+            patching[lang]["stages"] = stages
+            figures.append(
+                (
+                    f"Circuit ({lang})",
+                    circuit_figure(
+                        sweep,
+                        stages=stages,
+                        token_labels=_token_labels(model, sweep, clean),
+                        title=f"{lang}: components that restore the clean answer "
+                        "(corrupted-subject patching)",
+                    ),
+                )
+            )
+            figures.append((f"Patching heatmaps ({lang})", sweep.fig_heatmap()))
+            figures.append((f"Attention knockout ({lang})", knock.fig()))
+    summary = trace.summary()
+    summary["meta"] = run_meta(
+        model,
+        args,
+        n_facts=len(facts),
+        seconds_trace=round(t_trace, 1),
+        seconds=round(time.time() - t0, 1),
+    )
+    report = Report("mechlingo: recall pipeline tracer", summary["meta"])
+    report.add_text(
+        "Each query is classified from its greedy answer and the logit lens on the same prompt: "
+        "correct; wrong language (the right answer in English or another language); "
+        f"translation failure (wrong, but the English answer reached rank <= {args.max_rank} "
+        "mid-network); recall failure (neither the English nor the prompt-language answer did); "
+        f"other. Mid-network = lens entries {summary['mid_layers']}.",
+        note=True,
+    )
+    report.add_heading("Classes per language")
+    report.add_figure(trace.fig_class_fractions())
+    report.add_table(
+        [{"lang": lg, **c} for lg, c in summary["classification"].items()], ["lang", *CLASSES]
+    )
+    report.add_table([{"lang": lg, **v} for lg, v in summary["layers"].items()])
+    report.add_heading("Latent-language curves per class")
+    report.add_figure(trace.fig_profiles())
+    for heading, fig in figures:
+        report.add_heading(heading)
+        report.add_figure(fig)
+    report.add_heading("Queries")
+    report.add_table(
+        trace.records[:300],
+        ["lang", "id", "answer", "generation", "class", "first_en_layer", "first_answer_layer"],
+    )
+    keep = [
+        "id",
+        "lang",
+        "prompt",
+        "answer",
+        "answer_en",
+        "generation",
+        "correct",
+        "class",
+        "answered_in",
+        "first_en_layer",
+        "first_answer_layer",
+        "en_decodable_mid",
+        "answer_decodable_mid",
+        "best_en_rank_mid",
+        "best_en_layer_mid",
+        "final_answer_rank",
+    ]
+    write_outputs(
+        args.out,
+        {
+            "trace.json": [{k: r[k] for k in keep} for r in trace.records],
+            "patching.json": _finite(patching),
+            "summary.json": _finite(summary),
+            "report.html": report,
+        },
+    )
+    for lg, c in summary["classification"].items():
+        print(lg, " ".join(f"{k}={v}" for k, v in c.items()))
+    print(f"wrote {args.out}/trace.json, patching.json, summary.json and report.html")
+    return 0

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# CI step: mechlingo's core on a classic TransformerLens 3.9 HookedTransformer.
+#
+# Creates (once; later runs reuse it) a separate virtual environment in .venv-tl3 with
+# torch (CPU build), transformer-lens==3.9.0 and mechlingo installed with --no-deps, then runs
+# tests/test_hooked_transformer.py there. The main environment (TransformerLens 4) is untouched.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PY:-python3}"
+VENV="${VENV_TL3:-.venv-tl3}"
+BIN="$VENV/bin"
+STAMP="$VENV/.mechlingo-tl3-ready"
+REQ="ci/requirements-tl3.txt"
+start=$(date +%s)
+if [[ ! -f "$STAMP" || "$REQ" -nt "$STAMP" ]]; then
+    echo "[tl3] creating $VENV (TransformerLens 3.9)"
+    [[ -x "$BIN/python" ]] || "$PY" -m venv "$VENV"
+    echo '*' > "$VENV/.gitignore"  # never committed, even before .gitignore lists it
+    "$BIN/python" -m pip install -q --upgrade pip
+    # torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
+    "$BIN/python" -m pip install -q "torch==2.13.0"
+    "$BIN/python" -m pip install -q -r "$REQ"
+    "$BIN/python" -m pip install -q --no-deps -e .
+    touch "$STAMP"
+fi
+"$BIN/python" -c "from importlib.metadata import version as v; \
+print('[tl3] transformer-lens', v('transformer-lens'), 'torch', v('torch'))"
+"$BIN/python" -m pytest -q -ra -p no:cacheprovider tests/test_hooked_transformer.py
+echo "[tl3] done in $(( $(date +%s) - start ))s"

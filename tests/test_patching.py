@@ -1,0 +1,207 @@
+"""Activation patching sweeps and attention knockout (tiny model; one small gemma check)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformer_lens.patching as tlp
+
+from mechlingo.data import load_facts
+from mechlingo.patching import (
+    PatchingError,
+    answer_logprob,
+    attention_knockout,
+    fact_metrics,
+    logit_diff,
+    patch_sweep,
+    subject_token_span,
+)
+from mechlingo.tokens import TokenBatch, encode
+
+
+def count_hooks(model) -> int:
+    """Forward hooks attached to the model's hook points (a leaked patch hook shows here)."""
+    seen = {id(hp): hp for hp in model.hook_dict.values()}
+    return sum(len(getattr(hp, "_forward_hooks", {})) for hp in seen.values())
+
+
+def _pair(model, prompts=("The cat sat on the", "A dog ran to th")):
+    """Same-shape clean/corrupted batches without padding: corrupt one token."""
+    clean = encode(model, list(prompts))
+    width = int(clean.lengths.min())
+    tokens = clean.tokens[:, :width].clone()
+    lengths = torch.full((tokens.shape[0],), width)
+    src = TokenBatch(tokens, lengths, clean.pad_id, clean.has_bos)
+    bad = tokens.clone()
+    bad[:, 2] = (bad[:, 2] + 11) % 200 + 3
+    return src, TokenBatch(bad, lengths.clone(), clean.pad_id, clean.has_bos)
+
+
+@pytest.fixture(scope="module")
+def pair(tiny):
+    return _pair(tiny)
+
+
+@pytest.fixture(scope="module")
+def metric(tiny):
+    return answer_logprob(tiny, ["mat", "the"], name="lp")
+
+
+def _tl_metric(met):
+    ids = [list(s[0].ids) for s in met.sets]
+
+    def fn(logits):
+        lp = logits[:, -1].float().log_softmax(-1)
+        return torch.stack([torch.logsumexp(lp[i, ids[i]], -1) for i in range(len(ids))])
+
+    return fn
+
+
+def test_source_equals_target_changes_nothing(tiny, pair, metric):
+    src, _ = pair
+    sw = patch_sweep(tiny, src, src, ["resid_pre", "mlp_out", "head"], metric=metric)
+    assert torch.allclose(sw.clean, sw.corrupted)
+    assert torch.allclose(sw.values, sw.corrupted[:, None, :].expand_as(sw.values), atol=1e-5)
+
+
+def test_last_layer_resid_patch_reproduces_source(tiny, pair, metric):
+    src, tgt = pair
+    n = tiny.cfg.n_layers
+    sw = patch_sweep(tiny, src, tgt, "resid_post", layers=[n - 1], positions=[-1], metric=metric)
+    assert not torch.allclose(sw.clean, sw.corrupted)
+    assert torch.allclose(sw.values[:, 0], sw.clean, atol=1e-5)
+    assert torch.allclose(sw.normalized(), torch.ones(1), atol=1e-4)
+
+
+def test_batched_equals_one_cell_at_a_time(tiny, pair, metric):
+    src, tgt = pair
+    sites = ["resid_pre", "attn_out", "mlp_out", "head"]
+    a = patch_sweep(tiny, src, tgt, sites, metric=metric, cells_per_batch=1)
+    b = patch_sweep(tiny, src, tgt, sites, metric=metric, cells_per_batch=64)
+    assert a.cells == b.cells
+    assert torch.allclose(a.values, b.values, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "site,fn",
+    [
+        ("resid_pre", tlp.get_act_patch_resid_pre),
+        ("attn_out", tlp.get_act_patch_attn_out),
+        ("mlp_out", tlp.get_act_patch_mlp_out),
+        ("head", tlp.get_act_patch_attn_head_out_by_pos),
+    ],
+)
+def test_equals_transformer_lens(tiny, pair, metric, site, fn):
+    src, tgt = pair
+    sw = patch_sweep(tiny, src, tgt, site, metric=metric, cells_per_batch=13)
+    _, cache = tiny.run_with_cache(src.tokens)
+    ref = fn(tiny, tgt.tokens, cache, _tl_metric(metric), reduce="none").values
+    ours = sw.values[0]
+    assert ours.shape[0] == ref.reshape(-1, ref.shape[-1]).shape[0]
+    assert (ours - ref.reshape(-1, ref.shape[-1])).abs().max() < 1e-5
+    assert count_hooks(tiny) == 0
+
+
+def test_result_tables_and_figure(tiny, pair, metric):
+    src, tgt = pair
+    diff = logit_diff(tiny, ["mat", "the"], ["dog", "cat"], name="diff")
+    sw = patch_sweep(tiny, src, tgt, ["resid_pre", "head"], layers=[0], metric=[metric, diff])
+    df = sw.to_dataframe()
+    assert set(df["metric"]) == {"lp", "diff"}
+    assert {"normalized", "ci_low", "ci_high"} <= set(df.columns)
+    assert len(sw.to_dataframe(per_example=True)) == 2 * len(sw.cells) * 2
+    g = sw.grid("resid_pre")
+    assert g.shape == (1, len(sw.position_labels))
+    assert sw.grid("head").shape == (1, len(sw.position_labels), tiny.cfg.n_heads)
+    lo, hi = sw.bootstrap_ci()
+    assert bool(((lo <= hi) | lo.isnan()).all())
+    sw.fig_heatmap()
+    sw.summary()
+
+
+def test_cross_language_alignment(tiny):
+    en = load_facts(langs=["en"], relations=["capital"], limit=3)
+    fr = load_facts(langs=["fr"], relations=["capital"], limit=3)
+    metrics = fact_metrics(tiny, fr)
+    with pytest.raises(PatchingError, match="alignment"):
+        patch_sweep(tiny, en, fr, "resid_pre", metric=metrics)
+    sw = patch_sweep(
+        tiny, en, fr, "resid_pre", metric=metrics, alignment="last", positions=[-1, -2]
+    )
+    tb, sb = encode(tiny, [f.prompt for f in fr]), encode(tiny, [f.prompt for f in en])
+    assert torch.equal(sw.target_positions[0], tb.last_index)
+    assert torch.equal(sw.source_positions[1], sb.last_index - 1)
+    sw = patch_sweep(tiny, en, fr, ["mlp_out"], metric=metrics, alignment="subject")
+    assert sw.position_labels == ["subject_first", "subject_last", "-1"]
+    for i, (e, f) in enumerate(zip(en, fr, strict=True)):
+        assert tuple(sw.source_positions[:2, i].tolist()) == subject_token_span(
+            tiny, e.prompt, e.subject_span
+        )
+        assert tuple(sw.target_positions[:2, i].tolist()) == subject_token_span(
+            tiny, f.prompt, f.subject_span
+        )
+    sw = patch_sweep(tiny, en, fr, "resid_pre", metric=metrics, alignment={3: 2, -1: -1})
+    assert sw.target_positions[0].tolist() == [3, 3, 3]
+    assert sw.source_positions[0].tolist() == [2, 2, 2]
+
+
+def test_bad_input(tiny, pair, metric):
+    src, tgt = pair
+    with pytest.raises(PatchingError, match="rows"):
+        patch_sweep(tiny, src, tgt.select([0]), metric=metric)
+    with pytest.raises(PatchingError, match="out of range"):
+        patch_sweep(tiny, src, tgt, positions=[99], metric=metric)
+    with pytest.raises(PatchingError, match="out of range"):
+        patch_sweep(tiny, src, tgt, positions=[-99], metric=metric)
+    with pytest.raises(PatchingError, match="unknown patching site"):
+        patch_sweep(tiny, src, tgt, "resid_pree", metric=metric)
+    with pytest.raises(PatchingError, match="subject"):
+        patch_sweep(tiny, src, tgt, positions=["subject_last"], metric=metric)
+    with pytest.raises(PatchingError, match="empty"):
+        subject_token_span(tiny, "The capital of", (4, 4))
+    with pytest.raises(PatchingError, match="subject token span"):
+        patch_sweep(tiny, src, tgt, metric=metric, target_subject=[(3, 1), (1, 2)])
+    with pytest.raises(PatchingError, match="examples"):
+        patch_sweep(tiny, src, tgt, metric=answer_logprob(tiny, ["a", "b", "c"]))
+    assert count_hooks(tiny) == 0
+
+
+def test_knockout(tiny):
+    facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=2)
+    n = tiny.cfg.n_layers
+    res = attention_knockout(tiny, facts, [(0, -1), (0, n - 1), (1, 1)])
+    assert torch.allclose(res.values[0], res.base, atol=1e-6)
+    assert not torch.allclose(res.values[1], res.base)
+    df = res.to_dataframe()
+    assert len(df) == 3 and abs(df["relative_change"][0]) < 1e-5
+    res.fig()
+    single = attention_knockout(tiny, facts, [(1, 1)])
+    assert torch.allclose(single.values[0], res.values[2], atol=1e-5)
+    with pytest.raises(PatchingError, match="out of range"):
+        attention_knockout(tiny, facts, [(0, n + 3)])
+    with pytest.raises(PatchingError, match="subject"):
+        attention_knockout(tiny, ["a b c"], [(0, 0)], metric=answer_logprob(tiny, ["x"]))
+    assert count_hooks(tiny) == 0
+
+
+@pytest.mark.slow
+def test_gemma_matches_transformer_lens(gemma):
+    src, tgt = _pair(gemma, ("The capital of Italy is the city of", "The capital of Spain is the"))
+    met = answer_logprob(gemma, ["Rome", "Madrid"])
+    layers = [0, 8, 17]
+    sw = patch_sweep(gemma, src, tgt, "resid_pre", layers=layers, positions=[1, 2, 3], metric=met)
+    _, cache = gemma.run_with_cache(src.tokens, names_filter=lambda n: n.endswith("resid_pre"))
+    import pandas as pd
+
+    index = pd.DataFrame([(la, p) for la in layers for p in [1, 2, 3]], columns=["layer", "pos"])
+    ref = tlp.generic_activation_patch(
+        gemma,
+        tgt.tokens,
+        cache,
+        _tl_metric(met),
+        tlp.layer_pos_patch_setter,
+        "resid_pre",
+        index_df=index,
+        reduce="none",
+    ).values
+    assert (sw.values[0] - ref).abs().max() < 1e-4

@@ -1,0 +1,136 @@
+"""The recall pipeline tracer, its figures and the ``trace`` command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mechlingo.data import load_facts
+from mechlingo.pipeline import CLASSES, _classify, default_mid_layers, trace_recall
+from mechlingo.plots_pipeline import circuit_figure, pipeline_stages
+
+
+def _rec(**kw):
+    base = {
+        "correct": False,
+        "answered_in": None,
+        "lang": "fr",
+        "en_decodable_mid": False,
+        "answer_decodable_mid": False,
+    }
+    return {**base, **kw}
+
+
+def test_classification_rule():
+    assert _classify(_rec(correct=True, en_decodable_mid=True)) == "correct"
+    assert _classify(_rec(answered_in="en", en_decodable_mid=True)) == "wrong_language"
+    assert _classify(_rec(en_decodable_mid=True)) == "translation_failure"
+    assert _classify(_rec()) == "recall_failure"
+    assert _classify(_rec(answer_decodable_mid=True)) == "other"
+    # English prompts cannot have a translation failure
+    assert _classify(_rec(lang="en", en_decodable_mid=True, answer_decodable_mid=True)) == "other"
+    assert default_mid_layers(18) == list(range(6, 17))
+
+
+@pytest.fixture(scope="module")
+def tiny_trace(tiny):
+    facts = load_facts(langs=["en", "fr", "ja"], relations=["capital"], limit=3)
+    return trace_recall(tiny, facts, max_new_tokens=2)
+
+
+def test_trace_tiny(tiny_trace):
+    tr = tiny_trace
+    assert len(tr.records) == 9
+    assert all(r["class"] in CLASSES for r in tr.records)
+    counts = tr.counts()
+    assert set(counts) == {"en", "fr", "ja"}
+    assert all(sum(c.values()) == 3 for c in counts.values())
+    s = tr.summary()
+    json.dumps(s)
+    assert s["classification"] == counts
+    assert len(tr.to_dataframe()) == 9
+    prof = tr.profile()
+    assert set(prof["track"]) == {"en", "answer"}
+    tr.fig_class_fractions()
+    tr.fig_profiles()
+    tr.fig_profiles(langs=["en"])
+
+
+def test_trace_bad_input(tiny):
+    facts = load_facts(langs=["en"], relations=["capital"], limit=2)
+    with pytest.raises(ValueError, match="no facts"):
+        trace_recall(tiny, facts, langs=["de"])
+    with pytest.raises(ValueError, match="mid_layers"):
+        trace_recall(tiny, facts, mid_layers=[99])
+    with pytest.raises(ValueError, match="max_rank"):
+        trace_recall(tiny, facts, max_rank=-1)
+
+
+def test_circuit_and_stages(tiny, tiny_trace):
+    from mechlingo.patching import fact_metrics, patch_sweep
+
+    fr = [f for f in load_facts(langs=["fr"], relations=["capital"], limit=3)]
+    sw = patch_sweep(
+        tiny,
+        fr[:2],
+        fr[1:3],
+        ["attn_out", "mlp_out"],
+        positions=["subject_first", "subject_last", -1],
+        metric=fact_metrics(tiny, fr[:2]),
+        alignment="subject",
+    )
+    stages = pipeline_stages(sw, tiny_trace, "fr")
+    assert all(a <= b for a, b in stages.values())
+    fig = circuit_figure(sw, stages=stages, top_k=5)
+    assert len(fig.data) >= 1
+
+
+def test_trace_cli(tiny_dir, tmp_path):
+    from mechlingo.cli import main
+
+    out = tmp_path / "out"
+    rc = main(
+        [
+            "trace",
+            "--model",
+            str(tiny_dir),
+            "--langs",
+            "en,fr",
+            "--limit",
+            "3",
+            "--max-new-tokens",
+            "2",
+            "--patch-prompts",
+            "2",
+            "--patch-sites",
+            "resid_pre,mlp_out",
+            "--quiet",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["classification"]) == {"en", "fr"}
+    trace = json.loads((out / "trace.json").read_text())
+    assert len(trace) == 6 and {"class", "generation", "first_en_layer"} <= set(trace[0])
+    patching = json.loads((out / "patching.json").read_text())
+    assert set(patching) == {"en", "fr"} and patching["fr"]["cells"]
+    assert (out / "report.html").read_text().count("plotly") > 1
+    bad = tmp_path / "bad"
+    assert main(["trace", "--model", str(tiny_dir), "--langs", "xx", "--out", str(bad)]) == 2
+    assert not bad.exists()
+
+
+@pytest.mark.slow
+def test_gemma_pipeline_classes(gemma):
+    ids = {"capital/IT", "capital/FR", "capital/DE", "capital/ES", "capital/JP", "capital/EG"}
+    facts = [f for f in load_facts(langs=["en", "es", "fr"], relations=["capital"]) if f.id in ids]
+    tr = trace_recall(gemma, facts, batch_size=18)
+    counts = tr.counts()
+    assert counts["en"]["correct"] >= 4, counts
+    failures = sum(counts[lg]["translation_failure"] for lg in ("es", "fr"))
+    assert failures >= 1, tr.to_dataframe()[["lang", "id", "generation", "class"]]
+    it_es = next(r for r in tr.records if r["id"] == "capital/IT" and r["lang"] == "es")
+    assert it_es["en_decodable_mid"], it_es

@@ -1,0 +1,223 @@
+"""Repair vectors: splits, streaming means, building, sweep/eval plumbing and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mechlingo.data import load_facts
+from mechlingo.evaluate import greedy_generate
+from mechlingo.interventions import SteeringVector
+from mechlingo.kernels.means import last_token_means
+from mechlingo.runs import collect
+from mechlingo.steering import (
+    RepairVectors,
+    SteeringConfig,
+    build_repair_vectors,
+    conditions,
+    evaluate_conditions,
+    relative_gain,
+    split_facts,
+    sweep,
+    take_per_lang,
+)
+from mechlingo.tokens import encode
+
+from .conftest import count_hooks
+
+
+def test_split_is_disjoint_deterministic_and_aligned():
+    facts = load_facts(langs=["en", "fr", "ja"], relations=["capital", "currency"], limit=40)
+    a = split_facts(facts)
+    b = split_facts(list(reversed(facts)))
+    ids = {s: {f.id for f in fs} for s, fs in a.items()}
+    assert ids == {s: {f.id for f in fs} for s, fs in b.items()}
+    assert not (ids["build"] & ids["dev"] or ids["build"] & ids["test"] or ids["dev"] & ids["test"])
+    assert all(ids.values()) and sum(len(fs) for fs in a.values()) == len(facts)
+    for s in a:  # the same fact is in the same split in every language
+        langs_per_id: dict[str, set] = {}
+        for f in a[s]:
+            langs_per_id.setdefault(f.id, set()).add(f.lang)
+        assert all(v == {"en", "fr", "ja"} for v in langs_per_id.values())
+    few = take_per_lang(a["test"], 3)
+    assert len({f.id for f in few}) <= 6 and len(few) == 3 * len({f.id for f in few})
+
+
+def test_streaming_means_match_direct_mean(tiny):
+    prompts = ["The capital of Italy is", "Rome", "La capitale", "Die Hauptstadt von Italien ist"]
+    got = last_token_means(tiny, prompts, batch_size=3)
+    assert got.mean.dtype == torch.float64 and got.mean.shape == (2, tiny.cfg.d_model)
+    rows = []
+    for p in prompts:  # one prompt at a time, no padding
+        acts = collect(tiny, encode(tiny, [p]), [f"blocks.{i}.hook_resid_pre" for i in (0, 1)])
+        rows.append(torch.stack([acts[f"blocks.{i}.hook_resid_pre"][0] for i in (0, 1)]))
+    torch.testing.assert_close(got.mean.float(), torch.stack(rows).mean(0), rtol=1e-5, atol=1e-5)
+    assert got.count == 4 and count_hooks(tiny) == 0
+
+
+@pytest.fixture(scope="module")
+def tiny_facts():
+    return load_facts(langs=["en", "fr"], relations=["capital"], limit=24)
+
+
+@pytest.fixture(scope="module")
+def tiny_vectors(tiny, tiny_facts):
+    return build_repair_vectors(tiny, split_facts(tiny_facts)["build"], k_shot=2)
+
+
+def test_build_vectors_on_tiny(tiny, tiny_vectors):
+    v = tiny_vectors
+    assert v.task.vector.shape == v.diff.vector.shape == (2, tiny.cfg.d_model)
+    assert torch.isfinite(v.task.vector).all() and torch.isfinite(v.diff.vector).all()
+    torch.testing.assert_close(v.task.vector, v.means["few_shot"])
+    torch.testing.assert_close(v.diff.vector, v.means["translation"] - v.means["zero_shot"])
+    assert v.build["langs"] == ["en", "fr"] and v.build["n_prompts"]["translation"] > 0
+    assert v.task.meta["model"]["d_model"] == tiny.cfg.d_model
+
+
+def test_vectors_save_load_and_conditions(tiny, tiny_vectors, tmp_path):
+    tiny_vectors.save(tmp_path / "v", tiny)
+    back = RepairVectors.load(tmp_path / "v", tiny)
+    assert torch.equal(back.task.vector, tiny_vectors.task.vector)
+    assert back.build["k_shot"] == 2
+    conds = conditions(back, SteeringConfig(0, 1.0, 1, 2.0))
+    assert conds["orig"] is None
+    rnd = conds["random"].parts
+    assert isinstance(rnd[0], SteeringVector) and rnd[0].layer == 0 and rnd[1].alpha == 2.0
+    torch.testing.assert_close(rnd[0].direction().norm(), back.task.vector[0].norm())
+    torch.testing.assert_close(rnd[1].direction().norm(), back.diff.vector[1].norm())
+    assert not torch.allclose(rnd[0].direction(), back.task.vector[0])
+
+
+def test_sweep_and_evaluate_plumbing(tiny, tiny_facts, tiny_vectors):
+    dev = take_per_lang(split_facts(tiny_facts)["dev"], 2)
+    res = sweep(
+        tiny,
+        tiny_vectors,
+        dev,
+        task_layers=[0],
+        task_alphas=[0.5, 1.0],
+        diff_layers=[1],
+        diff_alphas=[1.0],
+        top_k=1,
+        max_new_tokens=2,
+    )
+    assert [r["vector"] for r in res.rows] == ["task", "task", "diff", "both"]
+    assert res.best.task_layer == 0 and res.best.diff_layer == 1
+    assert res.fig_heatmap("task").data
+    out = evaluate_conditions(tiny, tiny_vectors, res.best, dev, max_new_tokens=2)
+    s = out.summary()
+    assert set(s["accuracy"]) == {"orig", "task", "diff", "both", "random"}
+    assert set(s["accuracy"]["orig"]) == {"en", "fr"}
+    assert s["lowest_language"] in ("en", "fr")
+    assert count_hooks(tiny) == 0
+
+
+def test_relative_gain():
+    assert relative_gain(0.45, 0.3) == pytest.approx(0.5)
+    assert relative_gain(0.0, 0.0) == 0.0 and relative_gain(0.1, 0.0) == float("inf")
+
+
+def test_cli_build_and_eval_on_tiny(tiny_dir, tmp_path):
+    from mechlingo.cli import main
+
+    vdir, out = tmp_path / "vec", tmp_path / "eval"
+    common = [
+        "--model",
+        str(tiny_dir),
+        "--langs",
+        "en,fr",
+        "--relation",
+        "capital",
+        "--limit",
+        "24",
+        "--quiet",
+    ]
+    assert main(["steer", "build", *common, "--k-shot", "2", "--out", str(vdir)]) == 0
+    assert (vdir / "task" / "intervention.safetensors").is_file()
+    assert (
+        main(
+            [
+                "steer",
+                "eval",
+                *common,
+                "--vectors",
+                str(vdir),
+                "--out",
+                str(out),
+                "--config",
+                "0,1,1,1",
+                "--test-per-lang",
+                "2",
+                "--max-new-tokens",
+                "2",
+            ]
+        )
+        == 0
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["accuracy"]) == {"orig", "task", "diff", "both", "random"}
+    assert summary["lowest_language"] in ("en", "fr")
+    assert "relative_gain_lowest" in summary
+    assert (out / "report.html").stat().st_size > 1000
+    # a vector folder that does not exist is a usage error (exit 2), nothing written
+    assert (
+        main(
+            [
+                "steer",
+                "eval",
+                *common,
+                "--vectors",
+                str(tmp_path / "nope"),
+                "--out",
+                str(tmp_path / "x"),
+                "--config",
+                "0,1,1,1",
+            ]
+        )
+        == 2
+    )
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+def test_gemma_vectors_change_generations(gemma):
+    facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=4)
+    vectors = build_repair_vectors(gemma, facts, k_shot=2, batch_size=8)
+    for stack in (vectors.task.vector, vectors.diff.vector):
+        assert stack.shape == (18, 640) and torch.isfinite(stack).all()
+    prompts = [f.prompt for f in facts if f.lang != "en"][:3]
+    both = conditions(vectors, SteeringConfig(6, 1.0, 12, 2.0))["both"]
+    plain = greedy_generate(gemma, prompts, max_new_tokens=4)
+    steered = greedy_generate(gemma, prompts, max_new_tokens=4, intervention=both)
+    assert plain != steered
+    assert count_hooks(gemma) == 0
+
+
+def test_padded_batched_generation_equals_one_by_one(tiny):
+    prompts = ["The capital of Italy is", "Rome", "La capitale de la France est", "Die", "A b"]
+    v = torch.randn(tiny.cfg.d_model, generator=torch.Generator().manual_seed(5))
+    for iv in (None, SteeringVector(v, 1, 3.0), SteeringVector(v, 0, 2.0, positions="all")):
+        got = greedy_generate(tiny, prompts, max_new_tokens=4, intervention=iv, batch_size=8)
+        ref = [greedy_generate(tiny, [p], max_new_tokens=4, intervention=iv)[0] for p in prompts]
+        assert got == ref
+    assert count_hooks(tiny) == 0
+
+
+def test_transfer_builds_without_the_held_out_language(tiny, tiny_facts):
+    from mechlingo.steering import transfer
+
+    sp = split_facts(tiny_facts)
+    out = transfer(
+        tiny,
+        sp["build"],
+        take_per_lang(sp["test"], 2),
+        SteeringConfig(0, 1.0, 1, 1.0),
+        holdout_lang="en",
+        k_shot=2,
+        max_new_tokens=2,
+    )
+    assert out["built_on"]["langs"] == ["fr"] and out["tested_on"]["langs"] == ["en"]
+    assert set(out["accuracy"]) == {"orig", "both"}
