@@ -1,0 +1,342 @@
+"""The fact record, the languages and relations of the bundled data, and record validation.
+
+A :class:`Fact` is one factual-recall query in one language: a completion stem (``prompt``)
+whose continuation is ``answer``. The same fact in different languages shares its ``id``
+(``"capital/IT"`` is "the capital of Italy" in all twelve languages), which is what keeps
+cross-lingual comparisons aligned.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: The twelve languages of the bundled data, as ISO 639-1 codes.
+LANGS: tuple[str, ...] = ("en", "de", "fr", "es", "it", "pt", "ru", "zh", "ja", "ko", "ar", "hi")
+
+#: English names of :data:`LANGS` (used in translation prompts and reports).
+LANG_NAMES: dict[str, str] = {
+    "en": "English",
+    "de": "German",
+    "fr": "French",
+    "es": "Spanish",
+    "it": "Italian",
+    "pt": "Portuguese",
+    "ru": "Russian",
+    "zh": "Chinese",
+    "ja": "Japanese",
+    "ko": "Korean",
+    "ar": "Arabic",
+    "hi": "Hindi",
+}
+
+#: The relations of the bundled data, in a fixed order (also the sort order of loaded facts).
+RELATIONS: tuple[str, ...] = (
+    "capital",
+    "language",
+    "currency",
+    "continent",
+    "city_country",
+    "script",
+)
+
+#: Languages written without a space between a prompt and its answer.
+NO_SPACE_LANGS: frozenset[str] = frozenset({"zh", "ja"})
+
+#: Fields every record must have; the others have defaults (see :func:`fact_from_mapping`).
+REQUIRED_FIELDS: tuple[str, ...] = ("id", "relation", "lang", "subject", "prompt", "answer")
+
+#: All fields, in the order they are written.
+FIELDS: tuple[str, ...] = (
+    "id",
+    "relation",
+    "lang",
+    "subject",
+    "subject_en",
+    "prompt",
+    "answer",
+    "answer_en",
+    "aliases",
+    "subject_span",
+)
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One factual-recall query in one language.
+
+    Attributes:
+        id: fact id shared by all languages, ``"<relation>/<key>"`` (e.g. ``"capital/IT"``).
+        relation: relation name (e.g. ``"capital"``).
+        lang: language code of ``prompt`` and ``answer`` (one of :data:`LANGS`).
+        subject: the subject as written inside ``prompt`` (e.g. ``"Italie"``).
+        prompt: a completion stem whose greedy continuation should be ``answer``; it has no
+            trailing whitespace (the space before the answer belongs to the answer's token).
+        answer: the gold answer in ``lang`` (e.g. ``"Rome"``).
+        answer_en: the same answer in English (``""`` when unknown).
+        aliases: other acceptable answers in ``lang`` (short forms, other official names).
+        subject_span: ``(start, end)`` character offsets with ``prompt[start:end] == subject``.
+        subject_en: the subject in English (``""`` when unknown).
+    """
+
+    id: str
+    relation: str
+    lang: str
+    subject: str
+    prompt: str
+    answer: str
+    answer_en: str = ""
+    aliases: tuple[str, ...] = ()
+    subject_span: tuple[int, int] = (0, 0)
+    subject_en: str = ""
+
+    @property
+    def answers(self) -> tuple[str, ...]:
+        """The answer followed by its aliases: every string that counts as correct."""
+        return (self.answer, *self.aliases)
+
+    @property
+    def sentence(self) -> str:
+        """The prompt completed with its answer (see :func:`complete`)."""
+        return complete(self.prompt, self.answer, self.lang)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict with the fields in :data:`FIELDS` order."""
+        return {
+            "id": self.id,
+            "relation": self.relation,
+            "lang": self.lang,
+            "subject": self.subject,
+            "subject_en": self.subject_en,
+            "prompt": self.prompt,
+            "answer": self.answer,
+            "answer_en": self.answer_en,
+            "aliases": list(self.aliases),
+            "subject_span": list(self.subject_span),
+        }
+
+
+def answer_separator(lang: str) -> str:
+    """The text between a prompt and its answer when both are written out: ``""`` for
+    Chinese and Japanese, ``" "`` otherwise."""
+    return "" if lang in NO_SPACE_LANGS else " "
+
+
+def complete(prompt: str, answer: str, lang: str) -> str:
+    """``prompt`` followed by ``answer`` with the separator of ``lang`` (a full statement)."""
+    return f"{prompt}{answer_separator(lang)}{answer}"
+
+
+#: Arabic short vowels and tatweel, ignored when answers are compared.
+_ARABIC_MARKS = {chr(c): None for c in [*range(0x064B, 0x0653), 0x0640, 0x0670]}
+
+
+def answer_key(text: str) -> str:
+    """A loose comparison form of an answer, used to drop duplicate aliases: NFKC,
+    casefolded, punctuation and symbols removed, Arabic vowel marks removed, whitespace
+    collapsed. (Scoring generations is :func:`mechlingo.evaluate.is_correct`.)"""
+    text = unicodedata.normalize("NFKC", text).casefold().translate(_ARABIC_MARKS)
+    text = "".join(ch for ch in text if unicodedata.category(ch)[0] not in "PS")
+    return " ".join(text.split())
+
+
+def check_langs(langs: Iterable[str] | str | None) -> tuple[str, ...]:
+    """Validate language codes; ``None`` means all of :data:`LANGS`.
+
+    Raises:
+        ValueError: naming the unknown codes and listing the valid ones.
+    """
+    if langs is None:
+        return LANGS
+    if isinstance(langs, str):
+        langs = (langs,)
+    langs = tuple(langs)
+    unknown = [lang for lang in langs if lang not in LANGS]
+    if unknown:
+        raise ValueError(f"unknown language(s) {unknown}; valid languages are {list(LANGS)}")
+    return langs
+
+
+class RecordError(ValueError):
+    """A malformed record: the message names the source, line and field."""
+
+
+def _where(source: str, line: int | None) -> str:
+    return f"{source}, line {line}" if line is not None else source
+
+
+def fact_from_mapping(
+    record: Mapping[str, Any], source: str = "<record>", line: int | None = None
+) -> Fact:
+    """Build a :class:`Fact` from a dict read from a file, checking every field.
+
+    Required: ``id``, ``relation``, ``lang`` (one of :data:`LANGS`), ``subject``, ``prompt``
+    (no trailing whitespace), ``answer``, all non-empty strings. Optional: ``answer_en`` and
+    ``subject_en`` (default ``""``), ``aliases`` (a list of strings, or one string with
+    ``|`` between aliases; default empty), ``subject_span`` (two ints; when missing it is
+    the first occurrence of ``subject`` in ``prompt``).
+
+    Raises:
+        RecordError: (a ValueError) naming ``source``, ``line`` and the offending field.
+    """
+    where = _where(source, line)
+
+    def fail(field: str, problem: str) -> RecordError:
+        return RecordError(f"{where}: field '{field}' {problem}")
+
+    if not isinstance(record, Mapping):
+        raise RecordError(f"{where}: expected an object with fields {list(REQUIRED_FIELDS)}")
+    values: dict[str, str] = {}
+    for field in REQUIRED_FIELDS:
+        value = record.get(field)
+        if value is None:
+            raise fail(field, "is missing (required fields: " + ", ".join(REQUIRED_FIELDS) + ")")
+        if not isinstance(value, str) or not value.strip():
+            raise fail(field, f"must be a non-empty string, got {value!r}")
+        values[field] = value
+    if values["lang"] not in LANGS:
+        raise fail("lang", f"has unknown language {values['lang']!r}; valid: {list(LANGS)}")
+    prompt = values["prompt"]
+    if prompt != prompt.rstrip():
+        raise fail("prompt", "ends with whitespace; remove it (the answer carries its own space)")
+    optional: dict[str, str] = {}
+    for field in ("answer_en", "subject_en"):
+        value = record.get(field, "")
+        if value is None:
+            value = ""
+        if not isinstance(value, str):
+            raise fail(field, f"must be a string, got {value!r}")
+        optional[field] = value
+    aliases_raw = record.get("aliases", ())
+    if aliases_raw is None:
+        aliases_raw = ()
+    if isinstance(aliases_raw, str):
+        aliases_raw = [a for a in aliases_raw.split("|") if a]
+    if not isinstance(aliases_raw, list | tuple) or not all(
+        isinstance(a, str) and a for a in aliases_raw
+    ):
+        raise fail("aliases", f"must be a list of non-empty strings, got {aliases_raw!r}")
+    subject = values["subject"]
+    span_raw = record.get("subject_span")
+    if span_raw is None or span_raw == "":
+        start = prompt.find(subject)
+        if start < 0:
+            raise fail("subject_span", f"is missing and subject {subject!r} is not in the prompt")
+        span = (start, start + len(subject))
+    else:
+        if isinstance(span_raw, str):
+            try:
+                span_raw = [int(x) for x in span_raw.split(",")]
+            except ValueError:
+                raise fail("subject_span", f"must be 'start,end', got {span_raw!r}") from None
+        if (
+            not isinstance(span_raw, list | tuple)
+            or len(span_raw) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in span_raw)
+        ):
+            raise fail("subject_span", f"must be two integers, got {span_raw!r}")
+        span = (span_raw[0], span_raw[1])
+        if prompt[span[0] : span[1]] != subject:
+            raise fail(
+                "subject_span",
+                f"{list(span)} selects {prompt[span[0] : span[1]]!r}, not the subject {subject!r}",
+            )
+    return Fact(
+        id=values["id"],
+        relation=values["relation"],
+        lang=values["lang"],
+        subject=subject,
+        prompt=prompt,
+        answer=values["answer"],
+        answer_en=optional["answer_en"],
+        aliases=tuple(aliases_raw),
+        subject_span=span,
+        subject_en=optional["subject_en"],
+    )
+
+
+def fact_from_cloze(
+    *,
+    id: str,
+    relation: str,
+    lang: str,
+    template: str,
+    subject: str,
+    answer: str,
+    answer_en: str = "",
+    aliases: Iterable[str] = (),
+    subject_en: str = "",
+) -> Fact:
+    """A Fact from a LAMA-style cloze template (``"[X] is the capital of [Y] ."``) as used by
+    mLAMA, BMLAMA, X-FACTR or KLAR exports.
+
+    ``[X]`` is replaced by the subject; ``[Y]`` must come last, up to punctuation and
+    spaces, which are dropped (a causal LM can only complete a stem whose answer is at the
+    end). Templates with the object elsewhere raise ValueError: rephrase them first.
+    """
+    if template.count("[X]") != 1 or template.count("[Y]") != 1:
+        raise ValueError(f"cloze template {template!r} needs exactly one [X] and one [Y]")
+    head, tail = template.split("[Y]")
+    if answer_key(tail):
+        raise ValueError(
+            f"cloze template {template!r} has text after [Y]; a completion prompt needs the "
+            "answer last, so rephrase it (e.g. '[X] is the capital of' -> '[Y]')"
+        )
+    return make_fact(
+        id=id,
+        relation=relation,
+        lang=lang,
+        template=head.rstrip().replace("[X]", "{s}"),
+        subject=subject,
+        answer=answer,
+        answer_en=answer_en,
+        aliases=aliases,
+        subject_en=subject_en,
+    )
+
+
+def make_fact(
+    *,
+    id: str,
+    relation: str,
+    lang: str,
+    template: str,
+    subject: str,
+    answer: str,
+    answer_en: str = "",
+    aliases: Iterable[str] = (),
+    subject_en: str = "",
+) -> Fact:
+    """Fill ``template`` (which holds one ``{s}``) with ``subject`` and build the checked Fact.
+
+    The subject span is computed from where ``{s}`` sits in the template. Aliases that
+    normalize (:func:`answer_key`) to the answer or to an earlier alias are dropped.
+    """
+    if template.count("{s}") != 1:
+        raise ValueError(f"template {template!r} must contain exactly one '{{s}}'")
+    start = template.index("{s}")
+    prompt = template[:start] + subject + template[start + 3 :]
+    seen = {answer_key(answer)}
+    kept = []
+    for alias in aliases:
+        key = answer_key(alias)
+        if key and key not in seen:
+            seen.add(key)
+            kept.append(alias)
+    return fact_from_mapping(
+        {
+            "id": id,
+            "relation": relation,
+            "lang": lang,
+            "subject": subject,
+            "subject_en": subject_en,
+            "prompt": prompt,
+            "answer": answer,
+            "answer_en": answer_en,
+            "aliases": kept,
+            "subject_span": [start, start + len(subject)],
+        },
+        source=f"template {template!r}",
+    )

@@ -1,0 +1,183 @@
+"""Prompt builders: zero-shot, few-shot, translation, and parallel sentences.
+
+Every builder returns a completion stem without trailing whitespace whose intended
+continuation is ``fact.answer`` (for Chinese and Japanese the answer follows without a
+space, for the other languages after one space, see :func:`answer_separator`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+
+from mechlingo.data.facts import LANG_NAMES, Fact, check_langs
+from mechlingo.data.io import load_facts
+
+#: Translation-prompt labels: each language's name in that language (English stays
+#: "English"). The default labels of :func:`translation_prompt`, see its docstring.
+NATIVE_LANG_NAMES: dict[str, str] = {
+    "en": "English",
+    "de": "Deutsch",
+    "fr": "Français",
+    "es": "Español",
+    "it": "Italiano",
+    "pt": "Português",
+    "ru": "Русский",
+    "zh": "中文",
+    "ja": "日本語",
+    "ko": "한국어",
+    "ar": "العربية",
+    "hi": "हिन्दी",
+}
+
+
+def zero_shot_prompt(fact: Fact) -> str:
+    """The fact's own completion stem (``fact.prompt``); its continuation is the answer."""
+    return fact.prompt
+
+
+def _pick(candidates: Sequence[Fact], k: int, seed: int, key: str) -> list[Fact]:
+    rng = random.Random(f"{seed}|{key}")
+    return rng.sample(list(candidates), k)
+
+
+def few_shot_prompt(
+    fact: Fact, pool: Iterable[Fact], k: int = 3, seed: int = 0, sep: str = "\n"
+) -> str:
+    """``k`` solved demonstrations, then the query: an in-context recall prompt.
+
+    Demonstrations are facts of ``pool`` with the query's relation and language and a
+    different fact id, each written as prompt + answer; they are drawn at random with a
+    generator seeded by ``seed`` and the query's id (so the same call gives the same prompt,
+    and different queries get different demonstrations). Parts are joined by ``sep``.
+
+    Raises:
+        ValueError: if ``pool`` has fewer than ``k`` such facts.
+    """
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    by_id: dict[str, Fact] = {}
+    for other in pool:
+        if other.relation == fact.relation and other.lang == fact.lang and other.id != fact.id:
+            by_id.setdefault(other.id, other)
+    candidates = [by_id[i] for i in sorted(by_id)]
+    if len(candidates) < k:
+        raise ValueError(
+            f"the pool has {len(candidates)} facts of relation {fact.relation!r} in language "
+            f"{fact.lang!r} other than {fact.id!r}; {k} demonstrations were asked for"
+        )
+    demos = _pick(candidates, k, seed, fact.id)
+    return sep.join([d.sentence for d in demos] + [fact.prompt])
+
+
+def _label(lang: str, labels: str) -> str:
+    if labels == "en":
+        return LANG_NAMES[lang]
+    if labels == "native":
+        return NATIVE_LANG_NAMES[lang]
+    raise ValueError(f"labels must be 'en' or 'native', got {labels!r}")
+
+
+def _source_word(fact: Fact, src: str, pool: Sequence[Fact] | None) -> str:
+    if src == fact.lang:
+        return fact.answer
+    if src == "en" and fact.answer_en:
+        return fact.answer_en
+    facts = pool if pool is not None else load_facts(langs=[src], relations=[fact.relation])
+    for other in facts:
+        if other.id == fact.id and other.lang == src:
+            return other.answer
+    raise ValueError(f"no answer in {src!r} for fact {fact.id!r} (pass a pool that has it)")
+
+
+def translation_prompt(
+    fact: Fact,
+    src: str = "en",
+    k: int = 0,
+    pool: Iterable[Fact] | None = None,
+    seed: int = 0,
+    labels: str = "native",
+) -> str:
+    """An explicit word-translation prompt whose continuation is ``fact.answer``.
+
+    ``"English: Kabul\nFrançais:"`` for a French fact: the answer in ``src`` after the
+    source label, then the label of ``fact.lang``. Labels are each language's own name
+    (:data:`NATIVE_LANG_NAMES`) by default: on the embedded model they beat English labels
+    ("French:") in every language, most at k=0 (docs/data.md has the table);
+    ``labels="en"`` gives ``"English: Kabul\nFrench:"``. With ``k > 0``, ``k``
+    demonstrations from ``pool`` come first: other facts of the same language (any relation)
+    whose answer differs from the query's, each as a source/target pair; words that change in
+    translation ("Vienna" -> "Vienne") are preferred when the pool has k of them. The source
+    word of a non-English ``src`` comes from the fact with the same id in ``pool`` (or the
+    bundled data).
+
+    Raises:
+        ValueError: for an unknown language, a missing source word, or too few
+            demonstrations in ``pool``.
+    """
+    check_langs([src, fact.lang])
+    pool_list = list(pool) if pool is not None else None
+    tgt_label = _label(fact.lang, labels)
+    src_label = _label(src, labels)
+
+    def pair(item: Fact, with_answer: bool) -> str:
+        source = _source_word(item, src, pool_list)
+        line = f"{src_label}: {source}\n{tgt_label}:"
+        return f"{line} {item.answer}" if with_answer else line
+
+    parts: list[str] = []
+    if k > 0:
+        if pool_list is None:
+            raise ValueError("translation_prompt with k > 0 needs a pool of demonstrations")
+        answer_key = fact.answer.casefold()
+        by_id: dict[str, Fact] = {}
+        for other in pool_list:
+            if (
+                other.lang == fact.lang
+                and other.id != fact.id
+                and other.answer.casefold() != answer_key
+            ):
+                by_id.setdefault(other.id, other)
+        candidates = [by_id[i] for i in sorted(by_id)]
+        if len(candidates) < k:
+            raise ValueError(
+                f"the pool has {len(candidates)} facts in {fact.lang!r} with another answer "
+                f"than {fact.id!r}; {k} demonstrations were asked for"
+            )
+        translated = [
+            d
+            for d in candidates
+            if _source_word(d, src, pool_list).casefold() != d.answer.casefold()
+        ]
+        if len(translated) >= k:
+            candidates = translated  # words that change in translation teach the task best
+        parts = [pair(d, True) for d in _pick(candidates, k, seed, fact.id)]
+    parts.append(pair(fact, False))
+    return "\n".join(parts)
+
+
+def parallel_sentences(
+    langs: Iterable[str] | str | None,
+    relations: Iterable[str] | str | None = None,
+    limit: int | None = None,
+) -> dict[str, list[str]]:
+    """Full statements (prompt + answer) from the bundled facts, aligned across languages.
+
+    Line ``i`` is the same fact in every language, so the result is parallel text for
+    sentence-embedding and retrieval work. Newlines inside key-value prompts
+    (``"Country: Italy\\nCapital: Rome"``) are replaced by a space, so that every sentence is
+    one line.
+
+    Args:
+        langs: languages (``None``: all twelve).
+        relations: relations to draw from (default all).
+        limit: at most this many facts per relation (same ids in every language).
+    """
+    lang_sel = check_langs(langs)
+    facts = load_facts(langs=lang_sel, relations=relations, limit=limit)
+    by_key = {(f.id, f.lang): f for f in facts}
+    ids = list(dict.fromkeys(f.id for f in facts))
+    ids = [i for i in ids if all((i, lang) in by_key for lang in lang_sel)]
+    return {
+        lang: [" ".join(by_key[(i, lang)].sentence.split("\n")) for i in ids] for lang in lang_sel
+    }

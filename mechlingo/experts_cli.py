@@ -1,0 +1,362 @@
+"""``mechlingo experts`` and ``mechlingo align`` (expert neurons, cross-lingual alignment).
+
+``mechlingo experts --lang es --k 100,500,2000 --data DIR --out EDIR`` finds the expert
+neurons of ``es`` on the first ``--limit`` sentences of every language, saves the clamps as
+``EDIR/es-k100`` ... (and the random-neuron controls as ``EDIR/es-k100-random`` ...), the
+top neurons (``experts.csv``), the k curve (``kcurve.csv``), ``summary.json`` and
+``report.html``.
+
+``mechlingo align --clamp EDIR/es-k2000 --data DIR --out DIR`` measures retrieval and cosine
+distances before and after the clamp (and after the random control when it sits next to the
+clamp), per layer, and writes ``summary.json`` (``retrieval_top1`` and ``distance``, each
+``pre``/``post``) and ``report.html``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from mechlingo.cli import (
+    UsageError,
+    add_model_args,
+    add_out_arg,
+    command,
+    load_cli_model,
+    run_meta,
+    split_list,
+)
+
+
+def _data_args(p: argparse.ArgumentParser, default_limit: int) -> None:
+    g = p.add_argument_group("data")
+    g.add_argument(
+        "--data",
+        default=None,
+        help="folder of line-aligned <lang>.txt files (e.g. NTREX/FLORES); default: the "
+        "bundled parallel sentences",
+    )
+    g.add_argument(
+        "--langs",
+        default=None,
+        help="comma-separated languages (default: every language with data)",
+    )
+    g.add_argument(
+        "--limit",
+        type=int,
+        default=default_limit,
+        help=f"sentences per language (default {default_limit})",
+    )
+    g.add_argument(
+        "--offset",
+        type=int,
+        default=0,
+        help="skip this many lines first (keep expert-finding and evaluation sentences apart)",
+    )
+    g.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="keep only the first N tokens of each sentence (cheaper on CPU)",
+    )
+
+
+def load_parallel(args: Any, *, offset: int | None = None, limit: int | None = None) -> dict:
+    """The parallel sentences selected by ``--data/--langs/--offset/--limit`` (lines that are
+    empty in some language are dropped in all)."""
+    from mechlingo.alignment import drop_empty_lines
+    from mechlingo.data import LANGS, parallel_sentences, read_parallel_dir
+
+    langs = split_list(args.langs)
+    offset = args.offset if offset is None else offset
+    limit = args.limit if limit is None else limit
+    if limit is not None and limit < 1:
+        raise UsageError("--limit must be at least 1")
+    if offset < 0:
+        raise UsageError("--offset must be >= 0")
+    try:
+        if args.data:
+            texts = read_parallel_dir(args.data, langs)
+        else:
+            texts = parallel_sentences(langs or list(LANGS))
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    texts = drop_empty_lines(texts)
+    out = {lg: s[offset : offset + limit if limit else None] for lg, s in texts.items()}
+    short = [lg for lg, s in out.items() if not s]
+    if short:
+        raise UsageError(
+            f"no sentences left for {short} after --offset {offset} (the data has "
+            f"{len(next(iter(texts.values())))} lines)"
+        )
+    return out
+
+
+def _parse_ks(text: str) -> list[int]:
+    try:
+        ks = [int(x) for x in split_list(text) or []]
+    except ValueError as err:
+        raise UsageError(f"--k must be comma-separated integers, got {text!r}") from err
+    if not ks or min(ks) < 1:
+        raise UsageError(f"--k needs positive integers, got {text!r}")
+    return sorted(set(ks))
+
+
+def _folder_files(folder: Path, prefix: str) -> dict[str, bytes]:
+    return {f"{prefix}/{p.name}": p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+# --------------------------------------------------------------------------------------
+
+
+def _experts_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    _data_args(p, default_limit=300)
+    add_out_arg(p)
+    g = p.add_argument_group("experts")
+    g.add_argument("--lang", required=True, help="target language(s), comma-separated")
+    g.add_argument("--k", default="100,500,2000", help="expert counts to save and compare")
+    g.add_argument("--pool", choices=("mean", "max"), default="mean", help="pooling over tokens")
+    g.add_argument("--score", choices=("auroc", "ap", "lape"), default="auroc")
+    g.add_argument("--value", choices=("mean", "median"), default="mean", help="clamp value")
+    g.add_argument(
+        "--layer", default=None, help="comma-separated layers to search (default all layers)"
+    )
+    g.add_argument("--seed", type=int, default=0, help="seed of the random control and sampling")
+    g.add_argument("--no-curve", action="store_true", help="skip the k curve (generation)")
+    g.add_argument("--samples", type=int, default=8, help="samples from BOS per k (default 8)")
+    g.add_argument("--new-tokens", type=int, default=20, help="tokens per generation")
+    g.add_argument(
+        "--heldout", type=int, default=5, help="held-out sentences per language for perplexity"
+    )
+
+
+@command("experts", "expert (language-specific) neurons, clamps and the k curve", _experts_args)
+def cmd_experts(args: Any) -> int:
+    from mechlingo.experts import ExpertError, find_experts, k_curve
+    from mechlingo.report import Report, write_outputs
+
+    targets = split_list(args.lang) or []
+    ks = _parse_ks(args.k)
+    texts = load_parallel(args)
+    missing = [t for t in targets if t not in texts]
+    if missing:
+        raise UsageError(f"no data for target language(s) {missing}; have {list(texts)}")
+    if len(texts) < 2:
+        raise UsageError("experts need at least two languages (the target and others)")
+    layers = [int(x) for x in split_list(args.layer)] if args.layer else None
+    heldout = None
+    if not args.no_curve:  # checked before the expensive part
+        try:
+            heldout = load_parallel(args, offset=args.offset + args.limit, limit=args.heldout)
+        except UsageError as err:
+            raise UsageError(
+                f"no held-out sentences for the k curve after the first {args.limit}: {err}; "
+                "lower --limit or pass --no-curve"
+            ) from err
+    model = load_cli_model(args)
+    t0 = time.time()
+    try:
+        res = find_experts(
+            model,
+            texts,
+            pool=args.pool,
+            by=args.score,
+            layers=layers,
+            batch_size=args.batch_size,
+            max_tokens=args.max_tokens,
+            progress=not args.quiet,
+        )
+        clamps = {
+            f"{t}-k{k}{suffix}": fn(t, k, value=args.value, **kw)
+            for t in targets
+            for k in ks
+            for suffix, fn, kw in (
+                ("", res.clamp, {}),
+                ("-random", res.random_clamp, {"seed": args.seed}),
+            )
+        }
+    except (ExpertError, ValueError) as err:
+        raise UsageError(str(err)) from err
+    curves = {}
+    if heldout is not None:
+        for t in targets:
+            curves[t] = k_curve(
+                model,
+                res,
+                t,
+                ks,
+                heldout,
+                n_samples=args.samples,
+                max_new_tokens=args.new_tokens,
+                value=args.value,
+                seed=args.seed,
+                max_tokens=args.max_tokens or 64,
+                progress=not args.quiet,
+            )
+    k_show = min(ks[0], res.stats.n_features)
+    summary = res.summary(k_show)
+    summary["targets"] = targets
+    summary["clamps"] = sorted(clamps)
+    summary["k_curve"] = {t: c.to_dataframe().to_dict("records") for t, c in curves.items()}
+    summary["meta"] = run_meta(
+        model,
+        args,
+        langs=list(texts),
+        sentences_per_lang=len(next(iter(texts.values()))),
+        seconds=round(time.time() - t0, 1),
+    )
+    report = Report("mechlingo: expert neurons", summary["meta"])
+    report.add_text(
+        "Each MLP neuron's activation is pooled over each sentence's real tokens and scored "
+        f"by {args.score.upper()} as a detector of one language against the others. The top "
+        "k neurons of a language are clamped to their mean (or median) activation on that "
+        "language at every position; the control writes the same values to random neurons.",
+        note=True,
+    )
+    report.add_heading("Best neurons")
+    report.add_table(
+        [{"lang": lg, **v} for lg, v in summary["per_lang"].items()],
+    )
+    report.add_figure(res.fig_layers(k_show))
+    report.add_figure(res.fig_overlap(k_show))
+    for t, c in curves.items():
+        report.add_heading(f"Choosing k for {t}")
+        report.add_text(
+            "Generations: temperature-1 samples from a bare BOS prompt (fixed seed; greedy from "
+            "BOS gives one string only) and greedy continuations of short neutral prompts; "
+            "language identified by py3langid among the languages of the data."
+        )
+        report.add_figure(c.figure())
+        report.add_table(
+            [
+                {"k": r["k"], "arm": r["arm"], **e}
+                for r in c.rows
+                for e in r["examples"][: args.samples]
+            ][:200]
+        )
+    files: dict[str, Any] = {
+        "summary.json": summary,
+        "experts.csv": res.to_dataframe(max(ks)).to_csv(index=False),
+        "report.html": report,
+    }
+    if curves:
+        import pandas as pd
+
+        files["kcurve.csv"] = pd.concat(
+            [c.to_dataframe().assign(lang=t) for t, c in curves.items()]
+        ).to_csv(index=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, iv in clamps.items():
+            files.update(_folder_files(iv.save(Path(tmp) / name, model), name))
+        write_outputs(args.out, files)
+    print(f"wrote {args.out}: summary.json, experts.csv, report.html, clamps {sorted(clamps)}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+
+
+def _align_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    _data_args(p, default_limit=200)
+    add_out_arg(p)
+    g = p.add_argument_group("alignment")
+    g.add_argument("--clamp", default=None, help="saved intervention folder (e.g. EDIR/es-k2000)")
+    g.add_argument(
+        "--control",
+        default=None,
+        help="control intervention folder (default: CLAMP-random when it exists)",
+    )
+    g.add_argument(
+        "--layer", type=int, default=None, help="layer of the headline numbers (default last)"
+    )
+    g.add_argument("--centre", action="store_true", help="subtract the mean embedding first")
+    g.add_argument("--target", default=None, help="target language (default: from the clamp)")
+
+
+@command("align", "cross-lingual retrieval and distances before/after a clamp", _align_args)
+def cmd_align(args: Any) -> int:
+    from mechlingo.alignment import AlignmentError, compare_alignment
+    from mechlingo.interventions import InterventionError, load_intervention
+    from mechlingo.report import Report, write_outputs
+
+    texts = load_parallel(args)
+    if len(texts) < 2:
+        raise UsageError("alignment needs at least two languages")
+    model = load_cli_model(args)
+    iv = control = None
+    try:
+        if args.clamp:
+            iv = load_intervention(args.clamp, model)
+            ctl = args.control or (str(Path(args.clamp)) + "-random")
+            if args.control or Path(ctl).is_dir():
+                control = load_intervention(ctl, model)
+    except (FileNotFoundError, InterventionError) as err:
+        raise UsageError(str(err)) from err
+    t0 = time.time()
+    kw = dict(
+        layers="all",
+        target=args.target,
+        centre=args.centre,
+        batch_size=args.batch_size,
+        max_tokens=args.max_tokens,
+        progress=not args.quiet,
+    )
+    try:
+        comp = compare_alignment(model, texts, iv, **kw)
+        comp_ctl = compare_alignment(model, texts, control, **kw) if control else None
+        summary = comp.summary(args.layer)
+    except (AlignmentError, ValueError) as err:
+        raise UsageError(str(err)) from err
+    if comp_ctl is not None:
+        s = comp_ctl.summary(args.layer)
+        summary["control"] = {
+            "retrieval_top1": s["retrieval_top1"]["post"],
+            "distance": s["distance"]["post"],
+            "retrieval_mean_per_layer": s["retrieval_mean_per_layer"]["post"],
+        }
+    summary["meta"] = run_meta(
+        model,
+        args,
+        clamp=args.clamp,
+        control=str(args.control or (Path(args.clamp).name + "-random" if control else None)),
+        langs=list(texts),
+        seconds=round(time.time() - t0, 1),
+    )
+    report = Report("mechlingo: cross-lingual alignment", summary["meta"])
+    report.add_text(
+        "Sentence embedding = mean residual stream over real tokens (BOS excluded). Retrieval "
+        "a->b: fraction of sentences of a whose nearest neighbour (cosine) among b's sentences "
+        f"is its translation (chance {1 / comp.pre.emb.shape[2]:.3f}). Distances are mean "
+        "cosine distances; 'different sentences' is the baseline that translations should "
+        "beat.",
+        note=True,
+    )
+    report.add_heading("Retrieval per layer")
+    report.add_figure(comp.fig_layers())
+    report.add_heading("Retrieval matrix")
+    report.add_figure(comp.fig_retrieval(args.layer))
+    report.add_heading("Distances")
+    rows = [{"arm": k, **v} for k, v in summary["distance"].items()]
+    if "control" in summary:
+        rows.append({"arm": "control", **summary["control"]["distance"]})
+    report.add_table(rows)
+    report.add_figure(comp.fig_pca(args.layer))
+    write_outputs(
+        args.out,
+        {
+            "summary.json": summary,
+            "retrieval.csv": comp.to_dataframe().to_csv(index=False),
+            "report.html": report,
+        },
+    )
+    pre = summary["retrieval_top1"]["pre"]
+    post = summary["retrieval_top1"].get("post", {})
+    for pair in list(pre)[:12]:
+        print(f"{pair}: {pre[pair]:.3f}" + (f" -> {post[pair]:.3f}" if pair in post else ""))
+    print(f"wrote {args.out}/summary.json, retrieval.csv and report.html")
+    return 0

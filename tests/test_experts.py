@@ -1,0 +1,326 @@
+"""Expert neurons: statistics, scores, selection, clamps, the k curve and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from mechlingo.experts import (
+    ExpertError,
+    collect_neuron_stats,
+    find_experts,
+    identify_languages,
+    k_curve,
+    load_clamp,
+    make_clamp,
+    perplexity,
+)
+from mechlingo.interventions import NeuronClamp
+from mechlingo.kernels.stats import auroc
+from mechlingo.runs import run_batch
+from mechlingo.tokens import encode
+
+from .conftest import NTREX, count_hooks
+
+TEXTS = {
+    "en": ["the cat sat on the mat", "hello world", "a dog", "it is raining today again"],
+    "es": ["el gato", "hola mundo que tal", "un perro grande y feo", "llueve"],
+    "fr": ["le chat", "bonjour", "un chien noir", "il pleut beaucoup aujourd'hui"],
+}
+
+
+@pytest.fixture(scope="module")
+def experts(tiny):
+    return find_experts(tiny, TEXTS, batch_size=3)
+
+
+def _mlp_acts(model, sentences, hooks=()):
+    """mlp_post of every layer for each sentence run alone: list of [layer, pos, d_mlp]."""
+    out = []
+    n = int(model.cfg.n_layers)
+    for s in sentences:
+        b = encode(model, [s])
+        got: dict[int, torch.Tensor] = {}
+
+        def make(layer, got=got):
+            def h(t, hook):
+                got[layer] = t[0].detach().clone()
+
+            return h
+
+        run_batch(
+            model, b, list(hooks) + [(f"blocks.{i}.mlp.hook_post", make(i)) for i in range(n)]
+        )
+        out.append(torch.stack([got[i] for i in range(n)]))
+    return out
+
+
+def test_pooled_stats_batched_equal_one_at_a_time(tiny):
+    big = collect_neuron_stats(tiny, TEXTS, batch_size=12)
+    one = collect_neuron_stats(tiny, TEXTS, batch_size=1)
+    torch.testing.assert_close(big.pooled, one.pooled, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(big.prob_active, one.prob_active)
+    assert big.pooled.shape == (12, tiny.cfg.n_layers * tiny.cfg.d_mlp)
+
+
+@pytest.mark.parametrize("pool", ["mean", "max"])
+def test_pooled_values_match_hand_computation_without_bos_or_padding(tiny, pool):
+    sents = TEXTS["en"]  # different lengths -> padding inside a batch
+    stats = collect_neuron_stats(tiny, {"en": sents}, pool=pool, batch_size=4)
+    acts = _mlp_acts(tiny, sents)
+    for i, a in enumerate(acts):
+        real = a[:, 1:]  # drop BOS
+        want = real.mean(1) if pool == "mean" else real.amax(1)
+        torch.testing.assert_close(stats.pooled[i], want.reshape(-1), atol=1e-5, rtol=1e-5)
+    # LAPE input: fraction of real tokens > 0
+    fired = torch.cat([a[:, 1:] > 0 for a in acts], dim=1).float().mean(1).reshape(-1)
+    torch.testing.assert_close(stats.prob_active[0].float(), fired, atol=1e-6, rtol=0)
+    assert count_hooks(tiny) == 0
+
+
+def test_scores_are_the_kernel_auroc_per_language(experts):
+    st = experts.stats
+    for li in range(len(st.langs)):
+        torch.testing.assert_close(
+            experts.neuron_scores.auroc[li], auroc(st.pooled, st.lang_ids == li)
+        )
+    assert experts.neuron_scores.ap.shape == experts.neuron_scores.auroc.shape
+    assert experts.neuron_scores.lape.shape == (st.n_features,)
+
+
+def test_clamp_sets_exactly_the_expert_neurons(tiny, experts):
+    k = 7
+    iv = experts.clamp("es", k)
+    assert isinstance(iv, NeuronClamp)
+    feats = experts.top("es", k)
+    layers, neurons = experts.stats.locate(feats)
+    vals = experts.clamp_values("es", feats)
+    # value = mean pooled activation over es sentences
+    es = experts.stats.lang_ids == experts.stats.langs.index("es")
+    torch.testing.assert_close(vals, experts.stats.pooled[es][:, feats].mean(0))
+    clean = _mlp_acts(tiny, TEXTS["en"][:2])
+    clamped = _mlp_acts(tiny, TEXTS["en"][:2], iv.fwd_hooks(tiny))
+    first = int(layers.min())
+    for c0, c1 in zip(clean, clamped, strict=True):
+        for layer, neuron, v in zip(layers.tolist(), neurons.tolist(), vals.tolist(), strict=True):
+            assert torch.allclose(c1[layer, :, neuron], torch.full_like(c1[layer, :, neuron], v))
+        other = torch.ones(c0.shape[-1], dtype=torch.bool)
+        other[neurons[layers == first]] = False
+        torch.testing.assert_close(c1[first][:, other], c0[first][:, other])
+    assert count_hooks(tiny) == 0
+
+
+def test_random_control_same_size_same_values_other_neurons(experts):
+    k = 10
+    ex = experts.clamp("fr", k)
+    ctl = experts.random_clamp("fr", k, seed=3)
+    flat = lambda iv: {(lay, int(n)) for lay, ids in iv.neurons.items() for n in ids}  # noqa: E731
+    assert len(flat(ctl)) == k and not flat(ctl) & flat(ex)
+    vals = lambda iv: sorted(torch.cat(list(iv.values.values())).tolist())  # noqa: E731
+    assert vals(ctl) == pytest.approx(vals(ex))
+    assert ctl.meta["build"]["control"] is True
+    assert flat(experts.random_clamp("fr", k, seed=3)) == flat(ctl)
+
+
+def test_clamp_save_load_compose(tmp_path, tiny, experts):
+    iv = experts.clamp("es", 5, value="median")
+    iv.save(tmp_path / "es-k5", tiny)
+    back = load_clamp(tmp_path / "es-k5", tiny)
+    assert back.meta["build"]["lang"] == "es" and back.meta["build"]["value"] == "median"
+    for lay in iv.neurons:
+        assert torch.equal(back.neurons[lay], iv.neurons[lay])
+        torch.testing.assert_close(back.values[lay], iv.values[lay])
+    both = iv + experts.clamp("fr", 3)
+    assert len(both.fwd_hooks(tiny)) >= 1
+
+
+def test_overlap_layer_counts_dataframe(experts):
+    ov = experts.overlap(20)
+    assert torch.allclose(torch.diagonal(ov), torch.ones(3))
+    assert bool((ov >= 0).all() and (ov <= 1).all())
+    counts = experts.layer_counts(20)
+    assert counts.sum(1).tolist() == [20, 20, 20]
+    df = experts.to_dataframe(5)
+    assert len(df) == 15 and {"lang", "layer", "neuron", "auroc", "ap", "lape"} <= set(df.columns)
+    assert df.groupby("lang").auroc.apply(lambda s: s.is_monotonic_decreasing).all()
+    experts.fig_layers(20)
+    experts.fig_overlap(20)
+    s = experts.summary(5)
+    assert set(s["per_lang"]) == {"en", "es", "fr"}
+
+
+def test_lape_selection(experts):
+    top = experts.top("es", 3, by="lape")
+    assert top.shape == (3,)
+    assert torch.isfinite(experts.scores("lape")[1, top]).all()
+
+
+def test_clear_errors(tiny, experts):
+    with pytest.raises(ExpertError, match="no sentences"):
+        find_experts(tiny, {"en": ["a b"], "es": []})
+    with pytest.raises(ExpertError, match="at least 2 languages"):
+        find_experts(tiny, {"en": ["a b"]})
+    n = experts.stats.n_features
+    with pytest.raises(ExpertError, match=r"k must be an integer in \[1, "):
+        experts.clamp("es", n + 1)
+    with pytest.raises(ExpertError, match="not in these statistics"):
+        experts.clamp("de", 3)
+    with pytest.raises(ExpertError, match="same length"):
+        make_clamp(torch.tensor([0, 1]), torch.tensor([3, 4]), torch.tensor([1.0, 2.0, 3.0]))
+    with pytest.raises(ExpertError, match="1-D"):
+        make_clamp(torch.tensor([0]), torch.tensor([3]), torch.ones(1, 1))
+    with pytest.raises(ExpertError, match="empty"):
+        find_experts(tiny, {"en": ["a", " "], "es": ["b", "c"]})
+    with pytest.raises(ExpertError, match="pool"):
+        collect_neuron_stats(tiny, TEXTS, pool="median")
+
+
+def test_perplexity_matches_model_loss(tiny):
+    s = "the cat sat on the mat"
+    b = encode(tiny, [s])
+    logits = tiny(b.tokens).float()
+    nll = torch.nn.functional.cross_entropy(logits[0, :-1], b.tokens[0, 1:])
+    assert perplexity(tiny, [s]) == pytest.approx(math.exp(float(nll)), rel=1e-4)
+    two = perplexity(tiny, [s, "hola"], batch_size=2)
+    assert two == pytest.approx(perplexity(tiny, [s, "hola"], batch_size=1), rel=1e-5)
+
+
+def test_identify_languages():
+    got = identify_languages(
+        ["Hola, ¿cómo estás? Vivo en Madrid con mi familia.", "123 !!", "Das ist ein Haus."],
+        ["en", "de", "fr", "es"],
+    )
+    assert got == ["es", None, "de"]
+
+
+def test_k_curve_runs(tiny, experts):
+    kc = k_curve(tiny, experts, "es", [2], TEXTS, n_samples=2, max_new_tokens=3, prompts=("1.",))
+    df = kc.to_dataframe()
+    assert list(df.arm) == ["none", "experts", "random"] and list(df.k) == [0, 2, 2]
+    assert {"ppl_en", "ppl_es", "ppl_fr", "target_rate_bos"} <= set(df.columns)
+    assert df.filter(like="ppl_").notna().all().all()
+    kc.figure()
+    assert count_hooks(tiny) == 0
+
+
+def _write_data(folder, n=6):
+    folder.mkdir()
+    for lang, sents in TEXTS.items():
+        lines = (sents * 3)[:n]
+        (folder / f"{lang}.txt").write_text(
+            "\n".join(f"{s} {i}" for i, s in enumerate(lines)) + "\n"
+        )
+    return folder
+
+
+def test_cli_experts_then_align(tmp_path, tiny_dir):
+    from mechlingo.cli import main
+
+    data = _write_data(tmp_path / "data")
+    edir = tmp_path / "edir"
+    rc = main(
+        ["experts", "--model", str(tiny_dir), "--lang", "es", "--k", "3,5", "--data", str(data),
+         "--limit", "4", "--heldout", "2", "--samples", "2", "--new-tokens", "3", "--out",
+         str(edir), "--quiet"]
+    )  # fmt: skip
+    assert rc == 0
+    for name in ("summary.json", "experts.csv", "kcurve.csv", "report.html"):
+        assert (edir / name).is_file()
+    for name in ("es-k3", "es-k5", "es-k5-random"):
+        assert (edir / name / "intervention.json").is_file()
+    summ = json.loads((edir / "summary.json").read_text())
+    assert summ["clamps"] == ["es-k3", "es-k3-random", "es-k5", "es-k5-random"]
+    out = tmp_path / "align"
+    rc = main(
+        ["align", "--model", str(tiny_dir), "--clamp", str(edir / "es-k5"), "--data", str(data),
+         "--offset", "2", "--limit", "4", "--out", str(out), "--quiet"]
+    )  # fmt: skip
+    assert rc == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert set(s["retrieval_top1"]) == {"pre", "post"}
+    assert "es->en" in s["retrieval_top1"]["post"]
+    assert set(s["distance"]) == {"pre", "post"} and "control" in s
+    assert s["distance"]["post"]["target"] == "es"
+
+
+def test_cli_errors_leave_nothing(tmp_path, tiny_dir, capsys):
+    from mechlingo.cli import main
+
+    data = _write_data(tmp_path / "data")
+    out = tmp_path / "out"
+    assert (
+        main(
+            [
+                "experts",
+                "--model",
+                str(tiny_dir),
+                "--lang",
+                "de",
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
+    assert "no data for target" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "experts",
+                "--model",
+                str(tiny_dir),
+                "--lang",
+                "es",
+                "--k",
+                "x",
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
+    assert (
+        main(
+            [
+                "align",
+                "--model",
+                str(tiny_dir),
+                "--clamp",
+                str(tmp_path / "nope"),
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
+    assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not NTREX.is_dir(), reason="NTREX data not present")
+def test_gemma_spanish_experts_and_retrieval(gemma):
+    from mechlingo.alignment import compare_alignment
+    from mechlingo.data import read_parallel_dir
+
+    d = read_parallel_dir(NTREX, ["es", "en", "fr"])
+    find = {lg: s[:10] for lg, s in d.items()}
+    res = find_experts(gemma, find, max_tokens=12, batch_size=32)
+    top = res.top("es", 20)
+    assert float(res.neuron_scores.auroc[0, top].min()) > 0.9
+    iv = res.clamp("es", 100)
+    al = {lg: s[200:206] for lg, s in d.items() if lg in ("es", "en")}
+    comp = compare_alignment(gemma, al, iv, layers=[9, -1], max_tokens=12)
+    assert torch.isfinite(comp.retrieval_pre).all() and torch.isfinite(comp.retrieval_post).all()
+    assert comp.retrieval_pre.shape == (2, 2, 2)
+    s = comp.summary()
+    assert 0 <= s["retrieval_top1"]["post"]["es->en"] <= 1
+    assert s["distance"]["post"]["target"] == "es"
