@@ -14,10 +14,13 @@ all-reduced and the pooled rows gathered back in the original order.
 
 Building blocks:
 
-* :func:`distributed_last_token_means` -- :func:`mechlingo.kernels.means.last_token_means`
-  over all ranks (what ``mechlingo steer build`` computes per prompt set);
+* :func:`mechlingo.kernels.means.last_token_means` (also exported here as
+  ``distributed_last_token_means``) -- streaming last-token means; under ``torchrun`` each
+  rank streams its shard and the sums are all-reduced (what ``mechlingo steer build``
+  computes per prompt set);
 * :func:`distributed_pooled_neuron_acts` -- pooled ``mlp_post`` activations of every sentence
-  and per-language firing rates over all ranks (the input of ``mechlingo experts``).
+  and per-language firing rates over all ranks (what
+  :func:`mechlingo.experts.collect_neuron_stats`, and so ``mechlingo experts``, runs).
 
 Each returns the global result on every rank; write artifacts only where :func:`is_main`.
 """
@@ -37,9 +40,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.kernels.means import LayerMeans
-from mechlingo.kernels.stats import ActivationProbability, StreamingMean, masked_pool
-from mechlingo.runs import FwdHooks, StopForward, collect, run_batch
+from mechlingo.kernels.means import last_token_means
+from mechlingo.kernels.stats import ActivationProbability, masked_pool
+from mechlingo.runs import FwdHooks, StopForward, run_batch
 from mechlingo.sites import resolve_layers, resolve_site, site_map
 from mechlingo.tokens import TokenBatch, encode, sorted_batches
 
@@ -280,47 +283,9 @@ def _output_device(model: Any) -> torch.device:
     return model.W_U.device
 
 
-def distributed_last_token_means(
-    model: Any,
-    prompts: Sequence[str],
-    *,
-    site: str = "resid_pre",
-    layers: Any = None,
-    batch_size: int = 16,
-    extra_hooks: FwdHooks = (),
-    progress: bool = False,
-) -> LayerMeans:
-    """:func:`mechlingo.kernels.means.last_token_means` over all ranks: each rank streams its
-    shard of ``prompts`` (:func:`shard`), the float64 sums and counts are all-reduced, and
-    every rank returns the global mean, equal to the one-process result up to float rounding.
-
-    Every rank must call it with the same ``prompts`` and arguments. In a single process it is
-    the one-process computation.
-
-    Returns:
-        :class:`~mechlingo.kernels.means.LayerMeans` with a float64 ``[n_layers, width]`` mean
-        on the model's output device, and ``count`` = the total number of prompts.
-    """
-    prompts = list(prompts)
-    if not prompts:
-        raise ValueError("no prompts to average over")
-    layer_list = resolve_layers(model, layers)
-    sites = [resolve_site(model, site, layer) for layer in layer_list]
-    if sites[0].width <= 0:
-        raise ValueError(f"site {site!r} has no single vector per position; use e.g. resid_pre")
-    names = [s.hook_name for s in sites]
-    dev = _output_device(model)
-    acc = StreamingMean(shape=(len(layer_list), sites[0].width), device=dev)
-    mine = shard(prompts)
-    if mine:
-        batch = encode(model, mine)
-        groups = sorted_batches(batch.lengths, batch_size)
-        with torch.no_grad():
-            for rows in tqdm(groups, desc="means", disable=not progress):
-                acts = collect(model, batch.select(rows), names, extra_hooks=extra_hooks)
-                acc.update(torch.stack([acts[n].to(dev) for n in names], dim=1))
-    total = StreamingMean.from_state(all_reduce_state(acc.state_dict()))
-    return LayerMeans(total.mean, layer_list, sites[0].name, len(prompts))
+# Means of last-token activations are data-parallel by themselves: under torchrun each rank
+# streams its shard and the sums are all-reduced inside ``last_token_means``.
+distributed_last_token_means = last_token_means
 
 
 @dataclass

@@ -43,19 +43,16 @@ from mechlingo.interventions import (
     Intervention,
     NeuronClamp,
     load_intervention,
-    model_info,
 )
 from mechlingo.kernels.stats import (
-    ActivationProbability,
     auroc_and_average_precision,
     feature_mean,
     feature_median,
     lape,
-    masked_pool,
     top_k_per_language,
 )
 from mechlingo.runs import StopForward, final_resid_name, run_batch
-from mechlingo.sites import hook_name, resolve_layers, site_map
+from mechlingo.sites import site_map
 from mechlingo.tokens import TokenBatch, encode, sorted_batches
 
 if TYPE_CHECKING:
@@ -172,6 +169,10 @@ def collect_neuron_stats(
 ) -> NeuronStats:
     """Pooled activations of every MLP neuron over every sentence, in one pass.
 
+    Under ``torchrun`` each rank pools its shard of the sentences and the rows are gathered
+    back in order (:func:`mechlingo.distributed.distributed_pooled_neuron_acts`); in a single
+    process it is the one-process computation.
+
     Args:
         model: a TransformerLens model.
         texts: ``{lang: [sentence, ...]}``; sentences of one language are the positives of
@@ -193,60 +194,28 @@ def collect_neuron_stats(
         raise ExpertError(f"pool must be 'mean' or 'max', got {pool!r}")
     if batch_size < 1:
         raise ExpertError(f"batch_size must be >= 1, got {batch_size}")
-    sm = site_map(model)
-    if not sm.available["mlp_post"]:
+    from mechlingo.distributed import distributed_pooled_neuron_acts
+
+    if not site_map(model).available["mlp_post"]:
         raise ExpertError("this model has no mlp_post hooks (blocks.{l}.mlp.hook_post)")
-    layer_list = resolve_layers(model, layers)
-    d_mlp = sm.d_mlp
-    names = [hook_name(model, "mlp_post", layer) for layer in layer_list]
-    sentences = [s for lang in langs for s in texts[lang]]
-    lang_ids = torch.tensor(
-        [i for i, lang in enumerate(langs) for _ in texts[lang]], dtype=torch.long
-    )
-    batch = encode_sentences(model, sentences, max_tokens=max_tokens)
-    if batch.has_bos and bool((batch.lengths < 2).any()):
-        raise ExpertError("some sentences tokenize to nothing but BOS")
-    dev = model.W_U.device
-    n, n_feat = len(sentences), len(layer_list) * d_mlp
-    pooled = torch.empty(n, n_feat, dtype=torch.float32, device=dev)
-    counters = [ActivationProbability(len(langs)) for _ in layer_list]
+    empty = [lang for lang in langs if any(not s.strip() for s in texts[lang])]
+    if empty:
+        raise ExpertError(f"empty sentences in {empty}; remove empty lines from the data first")
     extra = list(intervention.fwd_hooks(model)) if intervention is not None else []
-    state: dict[str, Tensor] = {}
-
-    def make(slot: int) -> Any:
-        last = slot == len(layer_list) - 1
-
-        def hook(act: Tensor, hook: Any) -> None:
-            a = act.detach().float()
-            mask = state["mask"].to(a.device)
-            rows = state["rows"].to(a.device)
-            pooled[rows.to(dev), slot * d_mlp : (slot + 1) * d_mlp] = masked_pool(a, mask, pool).to(
-                dev
-            )
-            counters[slot].update(a, lang=state["lang"].to(a.device), mask=mask)
-            if last:
-                raise StopForward
-
-        return hook
-
-    hooks = extra + [(name, make(i)) for i, name in enumerate(names)]
-    for rows in tqdm(
-        sorted_batches(batch.lengths, batch_size), desc="neuron stats", disable=not progress
-    ):
-        sub = batch.select(rows)
-        state["rows"] = torch.as_tensor(rows, dtype=torch.long)
-        state["mask"] = sub.real_token_mask(include_bos=False)
-        state["lang"] = lang_ids[state["rows"]]
-        with torch.no_grad():
-            run_batch(model, sub, hooks)
-    prob = torch.cat([c.prob_active for c in counters], dim=1)
-    meta = {
-        "model": model_info(model),
-        "pool": pool,
-        "n_sentences": {lang: len(texts[lang]) for lang in langs},
-        "max_tokens": max_tokens,
-    }
-    return NeuronStats(langs, pooled, lang_ids.to(dev), prob.to(dev), layer_list, d_mlp, pool, meta)
+    try:
+        acts = distributed_pooled_neuron_acts(
+            model,
+            {lang: texts[lang] for lang in langs},
+            layers=layers,
+            pool=pool,
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            extra_hooks=extra,
+            progress=progress,
+        )
+    except ValueError as err:
+        raise ExpertError(str(err)) from err
+    return acts.to_neuron_stats(model)
 
 
 # --------------------------------------------------------------------------------------

@@ -132,11 +132,12 @@ def _patch_language(model: Any, trace: Any, facts: list[Any], lang: str, args: A
 def _token_labels(model: Any, sweep: Any, clean: list[Any]) -> list[str]:
     from mechlingo.tokens import encode
 
+    # label each grid position with the clean (source) prompt's token there
     batch = encode(model, [clean[0].prompt])
     ids = batch.tokens[0].tolist()
     labels = []
     for p, label in enumerate(sweep.position_labels):
-        tok = model.tokenizer.decode([ids[int(sweep.target_positions[p, 0])]])
+        tok = model.tokenizer.decode([ids[int(sweep.source_positions[p, 0])]])
         labels.append(f"{label}<br>{tok!r}")
     return labels
 

@@ -5,7 +5,9 @@ prompt's last real token for all requested layers in the same forward pass (stop
 after the last layer read, so the unembedding is never paid for), and adds them to a float64
 running sum (:class:`mechlingo.kernels.stats.StreamingMean`). Memory is independent of the
 number of prompts: one ``[n_layers, width]`` float64 sum. Device-agnostic: the sum lives on
-the device of the activations.
+the device of the unembedding. Launched under ``torchrun`` (see :mod:`mechlingo.distributed`),
+each rank streams its shard of the prompts and the sums are all-reduced, so every rank gets
+the mean over all prompts.
 """
 
 from __future__ import annotations
@@ -76,18 +78,25 @@ def last_token_means(
     Returns:
         :class:`LayerMeans` with a float64 ``[n_layers, width]`` mean.
     """
+    from mechlingo.distributed import all_reduce_state, shard
+
     prompts = list(prompts)
     if not prompts:
         raise ValueError("no prompts to average over")
     layer_list = resolve_layers(model, layers)
-    names = [resolve_site(model, site, layer).hook_name for layer in layer_list]
-    batch = encode(model, prompts)
-    acc = StreamingMean()
-    groups = sorted_batches(batch.lengths, batch_size)
-    with torch.no_grad():
-        for rows in tqdm(groups, desc="means", disable=not progress):
-            sub = batch.select(rows)
-            acts = collect(model, sub, names, extra_hooks=extra_hooks)
-            stacked = torch.stack([acts[n] for n in names], dim=1)  # [batch, layer, width]
-            acc.update(stacked)
-    return LayerMeans(acc.mean, layer_list, resolve_site(model, site, 0).name, len(prompts))
+    sites = [resolve_site(model, site, layer) for layer in layer_list]
+    if sites[0].width <= 0:
+        raise ValueError(f"site {site!r} has no single vector per position; use e.g. resid_pre")
+    names = [s.hook_name for s in sites]
+    dev = model.W_U.device
+    acc = StreamingMean(shape=(len(layer_list), sites[0].width), device=dev)
+    mine = shard(prompts)  # all prompts in a single process; this rank's part under torchrun
+    if mine:
+        batch = encode(model, mine)
+        groups = sorted_batches(batch.lengths, batch_size)
+        with torch.no_grad():
+            for rows in tqdm(groups, desc="means", disable=not progress):
+                acts = collect(model, batch.select(rows), names, extra_hooks=extra_hooks)
+                acc.update(torch.stack([acts[n].to(dev) for n in names], dim=1))
+    total = StreamingMean.from_state(all_reduce_state(acc.state_dict()))
+    return LayerMeans(total.mean, layer_list, sites[0].name, len(prompts))
