@@ -110,10 +110,15 @@ def load_selected_facts(args: Any) -> list[Any]:
 
 
 def load_cli_model(args: Any) -> Any:
+    from mechlingo.distributed import dist_info
     from mechlingo.models import ModelLoadError, load_model
 
+    device = args.device
+    info = dist_info()
+    if device is None and info.world_size > 1:
+        device = str(info.device)  # under torchrun: this rank's GPU, or the CPU
     try:
-        return load_model(args.model, device=args.device, dtype=args.dtype, compat=args.compat)
+        return load_model(args.model, device=device, dtype=args.dtype, compat=args.compat)
     except ModelLoadError as err:
         raise UsageError(str(err)) from err
 
@@ -309,8 +314,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    from mechlingo.distributed import process_group
+
     try:
-        return int(args._run(args) or 0)
+        # Under torchrun the statistics of `steer build` and `experts` are computed data-parallel
+        # (each rank streams its shard; sums are all-reduced) and only rank 0 writes outputs.
+        with process_group():
+            return int(args._run(args) or 0)
     except UsageError as err:
         print(f"mechlingo {args.command}: error: {err}", file=sys.stderr)
         return 2
@@ -320,4 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # Run through the imported module, where the other modules register their subcommands.
+    from mechlingo.cli import main as _main
+
+    sys.exit(_main())

@@ -108,9 +108,14 @@ def write_outputs(out: str | os.PathLike[str], files: Mapping[str, Any]) -> Path
     Content: ``str`` (text), ``bytes``, a :class:`Report`, or anything JSON-serialisable (for
     ``.json`` names). Everything is written to a temporary folder next to ``out`` first; only
     when all files exist are they moved into ``out`` (created if needed). Existing files of
-    the same names are replaced; other files in ``out`` are left alone.
+    the same names are replaced; other files in ``out`` are left alone. Under ``torchrun``
+    only rank 0 writes.
     """
+    from mechlingo.distributed import is_main
+
     out = Path(out)
+    if not is_main():  # data-parallel runs: rank 0 writes, the others return the same path
+        return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:

@@ -257,3 +257,37 @@ def test_device_map_disk_offload_block(tiny, tiny_dir, tmp_path):
     hf_map = getattr(bridge.original_model, "hf_device_map", {})
     assert hf_map.get("model.layers.1") == "disk"
     _same_results(tiny, load_model(bridge))
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+def test_experts_command_under_torchrun_equals_one_process(tiny_dir, tmp_path):
+    """`torchrun --nproc_per_node 2 -m mechlingo.cli experts ...` computes the statistics
+    data-parallel and rank 0 writes the same experts as a single-process run."""
+    import csv
+
+    from mechlingo.cli import main
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for lang, lines in {
+        "en": ["The capital of Italy is Rome.", "Rome is old.", "It rains.", "Hello there."],
+        "es": ["La capital de Italia es Roma.", "Llueve.", "Roma es antigua.", "Hola."],
+        "fr": ["La capitale de l'Italie est Rome.", "Il pleut.", "Rome est ancienne.", "Salut."],
+    }.items():
+        (data / f"{lang}.txt").write_text("\n".join(lines) + "\n")
+    args = ["experts", "--model", str(tiny_dir), "--lang", "es", "--k", "4", "--data",
+            str(data), "--langs", "en,es,fr", "--no-curve", "--quiet"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("WORLD_SIZE", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+           "-m", "mechlingo.cli", *args, "--out", str(tmp_path / "two")]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    def top(folder):
+        with open(folder / "experts.csv") as f:
+            return [(r["lang"], r["layer"], r["neuron"]) for r in csv.DictReader(f)]
+
+    assert top(tmp_path / "two") == top(tmp_path / "one")
