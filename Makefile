@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 OUT ?= out/demo
 
-.PHONY: setup demo test lint clean chromium
+.PHONY: setup demo test lint docs clean chromium
 
 # Headless Chromium for the report tests (Debian package; needs root, as on CI machines).
 chromium:
@@ -27,7 +27,7 @@ setup: $(BIN)/python chromium
 	$(BIN)/python -c "from mechlingo.models import ensure_default_model; ensure_default_model()"
 
 demo: setup
-	$(BIN)/mechlingo lens --langs en,fr,de,es,ja --relation capital --limit 40 --out $(OUT)
+	$(BIN)/mechlingo trace --langs en,fr,de,es,ja --relation capital --limit 20 --patch-prompts 1 --out $(OUT)
 	@echo "Open $(OUT)/report.html in a browser."
 
 lint: setup
@@ -38,6 +38,9 @@ test: setup lint
 	$(BIN)/python -m pytest -q -ra --durations=15 tests
 	@# TransformerLens 3.9 HookedTransformer compatibility, in its own environment (.venv-tl3)
 	bash scripts/check_hooked_transformer.sh
+
+docs: setup
+	$(BIN)/python scripts/build_docs.py site/api
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache
