@@ -499,7 +499,8 @@ class NeuronClamp(Intervention):
 
     Args:
         neurons: ``{layer: neuron indices}``.
-        values: one number for every chosen neuron, or ``{layer: one value per neuron}``.
+        values: one number for every chosen neuron, a flat sequence with one value per chosen
+            neuron (layers in the order of ``neurons``), or ``{layer: one value per neuron}``.
             Ignored for ``mode="zero"``.
         mode: ``"set"`` (activation := value), ``"scale"`` (activation *= value), ``"add"``
             (activation += value) or ``"zero"``.
@@ -530,6 +531,18 @@ class NeuronClamp(Intervention):
         self.meta = dict(meta or {})
         self.neurons: dict[int, Tensor] = {}
         self.values: dict[int, Tensor] = {}
+        flat: Tensor | None = None  # one value per neuron over all layers, in the given order
+        if not isinstance(values, Mapping) and not isinstance(values, (int, float)):
+            flat = torch.as_tensor(values, dtype=torch.float32).reshape(-1)
+            total = sum(torch.as_tensor(i).numel() for i in neurons.values())
+            if flat.numel() == 1:
+                values, flat = float(flat), None
+            elif flat.numel() != total:
+                raise InterventionError(
+                    f"{total} neurons but {flat.numel()} values; give one value per neuron "
+                    "(in layer order), one number, or {layer: values}"
+                )
+        offset = 0
         for layer, idx in neurons.items():
             if not isinstance(layer, int) or isinstance(layer, bool):
                 raise InterventionError(f"layer keys must be ints, got {layer!r}")
@@ -541,6 +554,9 @@ class NeuronClamp(Intervention):
             self.neurons[layer] = ids
             if mode == "zero":
                 val = torch.zeros(ids.numel())
+            elif flat is not None:
+                val = flat[offset : offset + ids.numel()]
+                offset += ids.numel()
             elif isinstance(values, Mapping):
                 if layer not in values:
                     raise InterventionError(f"no values given for layer {layer}")

@@ -294,3 +294,13 @@ def test_repr_and_html():
     assert "NeuronClamp(mode=set" in text
     page = iv._repr_html_()
     assert "<ol>" in page and "SteeringVector" in page and "NeuronClamp" in page
+
+
+def test_clamp_values_as_flat_sequence(tiny):
+    from mechlingo.interventions import InterventionError, NeuronClamp
+
+    c = NeuronClamp({0: [1, 2], 1: [3]}, torch.tensor([0.5, 1.5, 2.5]))
+    assert c.values[0].tolist() == [0.5, 1.5] and c.values[1].tolist() == [2.5]
+    assert NeuronClamp({0: [1, 2]}, torch.tensor(2.0)).values[0].tolist() == [2.0, 2.0]
+    with pytest.raises(InterventionError, match="one value per neuron"):
+        NeuronClamp({0: [1, 2]}, torch.zeros(3))
