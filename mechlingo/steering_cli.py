@@ -77,9 +77,18 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
     _common(b, ALL_LANGS)
     b.add_argument("--k-shot", type=int, default=3, help="demonstrations per few-shot prompt")
     b.add_argument(
-        "--subtract-zero-shot",
+        "--plain-task",
         action="store_true",
-        help="task vector = few-shot mean minus zero-shot mean (default: few-shot mean)",
+        help="task vector = plain few-shot mean (default: few-shot mean minus zero-shot mean, "
+        "which did better on dev; see docs/methods/repair-vectors.md)",
+    )
+    b.add_argument(
+        "--unit",
+        choices=["resid", "raw"],
+        default="resid",
+        help="resid (default): each layer's vector is its direction scaled to the mean "
+        "last-token residual norm there, so alpha is a fraction of that norm; raw: the raw "
+        "mean/difference",
     )
     e = sub.add_parser("eval", help="sweep on dev, report orig/task/diff/both/random on test")
     _common(e, ALL_LANGS)
@@ -89,12 +98,21 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
         default="en,fr,ja,hi",
         help="languages of the dev sweep (default en,fr,ja,hi; a few keep it cheap)",
     )
-    e.add_argument("--dev-per-lang", type=int, default=12, help="dev fact ids per relation")
+    e.add_argument("--dev-per-lang", type=int, default=10, help="dev fact ids per relation")
     e.add_argument("--test-per-lang", type=int, default=None, help="test fact ids per relation")
     e.add_argument("--task-layers", default="4,6,8", help="layers tried for the task vector")
-    e.add_argument("--task-alphas", default="0.5,1,2", help="scales tried for the task vector")
+    e.add_argument(
+        "--task-alphas",
+        default="0.03,0.1,0.3",
+        help="scales tried for the task vector, in the vectors' unit (default unit 'resid': "
+        "fractions of the mean residual norm at the layer)",
+    )
     e.add_argument("--diff-layers", default="10,12,14", help="layers tried for the diff vector")
-    e.add_argument("--diff-alphas", default="1,2,4", help="scales tried for the diff vector")
+    e.add_argument(
+        "--diff-alphas",
+        default="0.03,0.1,0.3",
+        help="scales tried for the diff vector, in the vectors' unit (see --task-alphas)",
+    )
     e.add_argument("--top-k", type=int, default=2, help="best singles combined into `both`")
     e.add_argument(
         "--config",
@@ -137,7 +155,8 @@ def _build(args: Any) -> int:
             model,
             splits["build"],
             k_shot=args.k_shot,
-            subtract_zero_shot=args.subtract_zero_shot,
+            subtract_zero_shot=not args.plain_task,
+            unit=args.unit,
             batch_size=args.batch_size,
             progress=not args.quiet,
         )
@@ -228,17 +247,23 @@ def _eval(args: Any) -> int:
         }
     if args.transfer:
         rels = sorted({f.relation for f in facts})
-        summary["transfer"] = {
-            "without_lowest_language": transfer(
+        same_build = {
+            "subtract_zero_shot": bool(vectors.build.get("subtract_zero_shot", False)),
+            "unit": vectors.unit,
+            "k_shot": int(vectors.build.get("k_shot", 3)),
+            "max_new_tokens": args.max_new_tokens,
+            "batch_size": args.batch_size,
+        }
+        summary["transfer"] = {}
+        if res.lowest_language is not None:
+            summary["transfer"]["without_lowest_language"] = transfer(
                 model,
                 splits["build"],
                 test,
                 config,
                 holdout_lang=res.lowest_language,
-                max_new_tokens=args.max_new_tokens,
-                batch_size=args.batch_size,
+                **same_build,
             )
-        }
         if len(rels) > 1:
             summary["transfer"]["across_relations"] = transfer(
                 model,
@@ -247,8 +272,7 @@ def _eval(args: Any) -> int:
                 config,
                 build_relations=rels[:1],
                 test_relations=rels[1:],
-                max_new_tokens=args.max_new_tokens,
-                batch_size=args.batch_size,
+                **same_build,
             )
     summary["meta"] = run_meta(
         model,
@@ -272,8 +296,10 @@ def _eval(args: Any) -> int:
         print(f"{cond:>6}: " + " ".join(f"{lg}={x:.2f}" for lg, x in acc.items()))
     gain = summary["relative_gain_lowest"]
     print(
-        f"lowest language {summary['lowest_language']}: relative gain of both "
-        + ("n/a (orig accuracy 0)" if gain is None else f"{gain:+.2f}")
+        f"lowest language with orig > 0: {summary['lowest_language']}; relative gain of both "
+        + ("n/a" if gain is None else f"{gain:+.2f}")
+        + "; mean absolute gain: "
+        + " ".join(f"{c}={g:+.3f}" for c, g in summary["mean_absolute_gain"].items())
     )
     print(f"wrote {args.out}/summary.json, generations.jsonl and report.html")
     return 0
@@ -282,14 +308,21 @@ def _eval(args: Any) -> int:
 def _report(summary: dict, res: Any, sweep_result: Any, accuracy_bars: Any, Report: Any) -> Any:
     report = Report("mechlingo: repair steering vectors", summary["meta"])
     cfg = summary["config"]
+    build = summary["meta"].get("build", {})
+    task_text = (
+        "few-shot mean minus zero-shot mean"
+        if build.get("subtract_zero_shot")
+        else "a plain mean over few-shot recall prompts"
+    )
     report.add_text(
         "Two steering vectors are added to the residual stream (resid_pre) at each prompt's "
-        "last token: the recall-engagement (task) vector, a mean over few-shot recall prompts, "
-        "and the back-translation (diff) vector, translation-prompt mean minus zero-shot mean. "
+        f"last token: the recall-engagement (task) vector ({task_text}) and the "
+        "back-translation (diff) vector, translation-prompt mean minus zero-shot mean. "
         "Layers and scales were chosen on dev facts; accuracy is greedy generation on test "
         "facts (ids never used for building or choosing). 'random' adds random vectors of the "
         f"same norms at the same places. Chosen: task at layer {cfg['task_layer']} x "
-        f"{cfg['task_alpha']:g}, diff at layer {cfg['diff_layer']} x {cfg['diff_alpha']:g}.",
+        f"{cfg['task_alpha']:g}, diff at layer {cfg['diff_layer']} x {cfg['diff_alpha']:g}; "
+        f"alpha unit: {summary.get('alpha_unit_text') or summary.get('alpha_unit')}.",
         note=True,
     )
     report.add_heading("Test accuracy per language")
@@ -301,12 +334,26 @@ def _report(summary: dict, res: Any, sweep_result: Any, accuracy_bars: Any, Repo
         ]
     )
     low = summary["lowest_language"]
+    zero = ", ".join(summary.get("zero_orig_languages", [])) or "none"
     report.add_text(
-        f"Lowest language (orig): {low}. Relative gain there: "
+        f"Lowest language (lowest orig accuracy among languages with orig > 0): {low}. "
+        "Relative gain there: "
         + ", ".join(
-            f"{c} " + ("n/a (orig is 0)" if g is None else f"{g:+.2f}")
+            f"{c} " + ("n/a" if g is None else f"{g:+.2f}")
             for c, g in summary["relative_gain_lowest_by_condition"].items()
         )
+        + f". Languages at 0 without intervention: {zero}."
+    )
+    report.add_heading("Absolute gain over orig")
+    report.add_table(
+        [
+            {
+                "condition": c,
+                "mean": round(summary["mean_absolute_gain"][c], 3),
+                **{lg: round(x, 3) for lg, x in g.items()},
+            }
+            for c, g in summary["absolute_gain"].items()
+        ]
     )
     report.add_heading("Answered in English instead of the prompt's language")
     report.add_figure(accuracy_bars(summary["answered_in_english"], "English-answer rate"))

@@ -10,37 +10,55 @@ from pathlib import Path
 
 import pytest
 
-from mechlingo.cli import build_parser, main
+from mechlingo.cli import main
 
 from .browser import check_report, chromium
 
 SHOTS = Path(__file__).resolve().parents[1] / "test-output" / "screenshots"
+COMMANDS = ["lens", "eval", "trace", "steer", "experts", "align"]
 
 pytestmark = pytest.mark.skipif(
     chromium() is None and not os.environ.get("CI"),
     reason="chromium not installed (make setup installs it; required on CI)",
 )
 
-# command -> extra arguments (beyond --model, --out, --quiet) for a small tiny-model run
-COMMANDS: dict[str, list[str]] = {
-    "lens": ["--langs", "en,fr,de,ja", "--limit", "4"],
-    "eval": ["--langs", "en,fr", "--limit", "4", "--max-new-tokens", "3"],
-}
+
+@pytest.fixture(scope="module")
+def reports(tiny_dir, tmp_path_factory) -> dict[str, Path]:
+    """Run every command once on the tiny model; their output folders by command."""
+    root = tmp_path_factory.mktemp("reports")
+    model = ["--model", str(tiny_dir), "--quiet"]
+    facts = ["--langs", "en,fr", "--relation", "capital"]
+    data = root / "sentences"
+    data.mkdir()
+    for lang, words in {
+        "en": "The city is old",
+        "es": "La ciudad es vieja",
+        "fr": "La ville",
+    }.items():
+        (data / f"{lang}.txt").write_text("\n".join(f"{words} {i}." for i in range(6)) + "\n")
+    runs = {
+        "lens": ["lens", *model, *facts, "--limit", "4"],
+        "eval": ["eval", *model, *facts, "--limit", "4", "--max-new-tokens", "3"],
+        "trace": ["trace", *model, *facts, "--limit", "4", "--patch-prompts", "2",
+                  "--max-new-tokens", "3"],
+        "vectors": ["steer", "build", *model, *facts, "--limit", "24", "--k-shot", "2"],
+        "steer": ["steer", "eval", *model, *facts, "--limit", "24", "--vectors",
+                  str(root / "vectors"), "--config", "0,1,1,1", "--test-per-lang", "2",
+                  "--max-new-tokens", "2"],
+        "experts": ["experts", *model, "--lang", "es", "--k", "3", "--data", str(data),
+                    "--limit", "4", "--heldout", "2", "--samples", "2", "--new-tokens", "3"],
+        "align": ["align", *model, "--clamp", str(root / "experts" / "es-k3"), "--data",
+                  str(data), "--offset", "2", "--limit", "4"],
+    }  # fmt: skip
+    for name, args in runs.items():
+        assert main([*args, "--out", str(root / name)]) == 0, name
+    return {c: root / c for c in COMMANDS}
 
 
-def _available(name: str) -> bool:
-    parser = build_parser()
-    return name in parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-
-
-@pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_report_renders_in_browser(command, tiny_dir, tmp_path):
-    if not _available(command):
-        pytest.skip(f"command {command} not available")
-    out = tmp_path / command
-    args = [command, "--model", str(tiny_dir), "--quiet", "--out", str(out), *COMMANDS[command]]
-    assert main(args) == 0
-    html = out / "report.html"
+@pytest.mark.parametrize("command", COMMANDS)
+def test_report_renders_in_browser(command, reports):
+    html = reports[command] / "report.html"
     check = check_report(html, SHOTS / f"{command}.png")
     assert check.n_figure_divs >= 1
     assert check.n_rendered == check.n_figure_divs, check

@@ -18,10 +18,12 @@ from mechlingo.steering import (
     build_repair_vectors,
     conditions,
     evaluate_conditions,
+    lowest_language,
     relative_gain,
     split_facts,
     sweep,
     take_per_lang,
+    vectors_from_means,
 )
 from mechlingo.tokens import encode
 
@@ -71,10 +73,29 @@ def test_build_vectors_on_tiny(tiny, tiny_vectors):
     v = tiny_vectors
     assert v.task.vector.shape == v.diff.vector.shape == (2, tiny.cfg.d_model)
     assert torch.isfinite(v.task.vector).all() and torch.isfinite(v.diff.vector).all()
-    torch.testing.assert_close(v.task.vector, v.means["few_shot"])
-    torch.testing.assert_close(v.diff.vector, v.means["translation"] - v.means["zero_shot"])
+    assert v.unit == "resid" and v.build["subtract_zero_shot"] is True
+    # default: difference vectors, each row scaled to the mean residual norm at its layer
+    few, zero, trans = (v.means[k] for k in ("few_shot", "zero_shot", "translation"))
+    resid = torch.tensor(v.build["resid_norm"])
+    cos = torch.nn.functional.cosine_similarity
+    # at layer 0 few-shot and zero-shot prompts end in the same token: the difference is 0
+    # and stays 0 (a zero row is not blown up to the residual norm)
+    assert torch.equal(v.task.vector[0], torch.zeros(tiny.cfg.d_model))
+    assert cos(v.task.vector[1], (few - zero)[1], dim=-1) > 1 - 1e-4
+    assert torch.allclose(cos(v.diff.vector, trans - zero, dim=-1), torch.ones(2), atol=1e-4)
+    torch.testing.assert_close(v.task.vector[1].norm(), resid[1], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(v.diff.vector.norm(dim=-1), resid, rtol=1e-3, atol=1e-3)
     assert v.build["langs"] == ["en", "fr"] and v.build["n_prompts"]["translation"] > 0
     assert v.task.meta["model"]["d_model"] == tiny.cfg.d_model
+    # the mean residual norm is a mean of per-prompt norms (>= the norm of the mean)
+    assert (resid >= zero.norm(dim=-1) - 1e-3).all()
+    # the plain, raw variant is the few-shot mean itself
+    raw = vectors_from_means(v.means, None, subtract_zero_shot=False, unit="raw")
+    torch.testing.assert_close(raw.task.vector, few)
+    torch.testing.assert_close(raw.diff.vector, trans - zero)
+    assert raw.unit == "raw" and raw.build["raw_norms"]["task"][0] > 0
+    with pytest.raises(ValueError, match="resid_norm"):
+        vectors_from_means(v.means, None, unit="resid")
 
 
 def test_vectors_save_load_and_conditions(tiny, tiny_vectors, tmp_path):
@@ -82,13 +103,13 @@ def test_vectors_save_load_and_conditions(tiny, tiny_vectors, tmp_path):
     back = RepairVectors.load(tmp_path / "v", tiny)
     assert torch.equal(back.task.vector, tiny_vectors.task.vector)
     assert back.build["k_shot"] == 2
-    conds = conditions(back, SteeringConfig(0, 1.0, 1, 2.0))
+    conds = conditions(back, SteeringConfig(1, 1.0, 0, 2.0))
     assert conds["orig"] is None
     rnd = conds["random"].parts
-    assert isinstance(rnd[0], SteeringVector) and rnd[0].layer == 0 and rnd[1].alpha == 2.0
-    torch.testing.assert_close(rnd[0].direction().norm(), back.task.vector[0].norm())
-    torch.testing.assert_close(rnd[1].direction().norm(), back.diff.vector[1].norm())
-    assert not torch.allclose(rnd[0].direction(), back.task.vector[0])
+    assert isinstance(rnd[0], SteeringVector) and rnd[0].layer == 1 and rnd[1].alpha == 2.0
+    torch.testing.assert_close(rnd[0].direction().norm(), back.task.vector[1].norm())
+    torch.testing.assert_close(rnd[1].direction().norm(), back.diff.vector[0].norm())
+    assert not torch.allclose(rnd[0].direction(), back.task.vector[1])
 
 
 def test_sweep_and_evaluate_plumbing(tiny, tiny_facts, tiny_vectors):
@@ -111,13 +132,19 @@ def test_sweep_and_evaluate_plumbing(tiny, tiny_facts, tiny_vectors):
     s = out.summary()
     assert set(s["accuracy"]) == {"orig", "task", "diff", "both", "random"}
     assert set(s["accuracy"]["orig"]) == {"en", "fr"}
-    assert s["lowest_language"] in ("en", "fr")
+    assert s["lowest_language"] in ("en", "fr", None)
+    assert s["alpha_unit"] == "resid" and set(s["absolute_gain"]["both"]) == {"en", "fr"}
+    assert s["absolute_gain"]["orig"] == {"en": 0.0, "fr": 0.0}
+    assert set(s["english_effect"]) == set(s["accuracy"])
     assert count_hooks(tiny) == 0
 
 
 def test_relative_gain():
     assert relative_gain(0.45, 0.3) == pytest.approx(0.5)
     assert relative_gain(0.0, 0.0) == 0.0 and relative_gain(0.1, 0.0) == float("inf")
+    # the lowest language is the lowest one above 0 (a gain over 0 is undefined)
+    assert lowest_language({"en": 0.8, "hi": 0.0, "ja": 0.2, "ko": 0.2}) == "ja"
+    assert lowest_language({"en": 0.0, "hi": 0.0}) is None
 
 
 def test_cli_build_and_eval_on_tiny(tiny_dir, tmp_path):
@@ -159,8 +186,9 @@ def test_cli_build_and_eval_on_tiny(tiny_dir, tmp_path):
     )
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["accuracy"]) == {"orig", "task", "diff", "both", "random"}
-    assert summary["lowest_language"] in ("en", "fr")
-    assert "relative_gain_lowest" in summary
+    assert summary["lowest_language"] in ("en", "fr", None)
+    assert "relative_gain_lowest" in summary and summary["alpha_unit"] == "resid"
+    assert "mean_absolute_gain" in summary and "zero_orig_languages" in summary
     assert (out / "report.html").stat().st_size > 1000
     # a vector folder that does not exist is a usage error (exit 2), nothing written
     assert (
