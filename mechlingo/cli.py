@@ -9,6 +9,7 @@ the command prints what was wrong and exits with status 2, leaving ``--out`` unt
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -323,6 +324,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(args._run(args) or 0)
     except UsageError as err:
         print(f"mechlingo {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except ValueError as err:
+        # mechlingo's input errors (SiteError, InterventionError, ModelMismatchError, ...) are
+        # ValueErrors whose message says what to do; MECHLINGO_DEBUG=1 shows the traceback.
+        if os.environ.get("MECHLINGO_DEBUG"):
+            raise
+        print(f"mechlingo {args.command}: error: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # pragma: no cover
         print("interrupted; nothing was written", file=sys.stderr)

@@ -50,6 +50,12 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
         raise UsageError(f"{flag} takes comma-separated integers, got {text!r}") from err
 
 
+def _depth_layers(model: Any, fractions: tuple[float, ...]) -> list[int]:
+    """Layers at the given fractions of the model's depth (distinct, in range)."""
+    n = int(model.cfg.n_layers)
+    return sorted({min(n - 1, max(0, round(n * f))) for f in fractions})
+
+
 def _fractions(text: str) -> tuple[float, float, float]:
     vals = _floats(text, "--split") or []
     if len(vals) != 3 or abs(sum(vals) - 1) > 1e-6 or min(vals) < 0:
@@ -100,14 +106,24 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
     )
     e.add_argument("--dev-per-lang", type=int, default=10, help="dev fact ids per relation")
     e.add_argument("--test-per-lang", type=int, default=None, help="test fact ids per relation")
-    e.add_argument("--task-layers", default="4,6,8", help="layers tried for the task vector")
+    e.add_argument(
+        "--task-layers",
+        default=None,
+        help="layers tried for the task vector (default: 22%%, 33%%, 44%% of the depth; "
+        "4,6,8 on the 18-layer default model)",
+    )
     e.add_argument(
         "--task-alphas",
         default="0.03,0.1,0.3",
         help="scales tried for the task vector, in the vectors' unit (default unit 'resid': "
         "fractions of the mean residual norm at the layer)",
     )
-    e.add_argument("--diff-layers", default="10,12,14", help="layers tried for the diff vector")
+    e.add_argument(
+        "--diff-layers",
+        default=None,
+        help="layers tried for the diff vector (default: 56%%, 67%%, 78%% of the depth; "
+        "10,12,14 on the 18-layer default model)",
+    )
     e.add_argument(
         "--diff-alphas",
         default="0.03,0.1,0.3",
@@ -216,9 +232,11 @@ def _eval(args: Any) -> int:
             model,
             vectors,
             dev,
-            task_layers=_ints(args.task_layers, "--task-layers") or [],
+            task_layers=_ints(args.task_layers, "--task-layers")
+            or _depth_layers(model, (0.22, 0.33, 0.44)),
             task_alphas=_floats(args.task_alphas, "--task-alphas") or [],
-            diff_layers=_ints(args.diff_layers, "--diff-layers") or [],
+            diff_layers=_ints(args.diff_layers, "--diff-layers")
+            or _depth_layers(model, (0.56, 0.67, 0.78)),
             diff_alphas=_floats(args.diff_alphas, "--diff-alphas") or [],
             top_k=args.top_k,
             max_new_tokens=args.max_new_tokens,

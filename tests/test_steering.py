@@ -249,3 +249,16 @@ def test_transfer_builds_without_the_held_out_language(tiny, tiny_facts):
     )
     assert out["built_on"]["langs"] == ["fr"] and out["tested_on"]["langs"] == ["en"]
     assert set(out["accuracy"]) == {"orig", "both"}
+
+
+def test_steer_eval_layer_out_of_range_is_a_usage_error(tiny_dir, tmp_path, capsys):
+    from mechlingo.cli import main
+
+    common = ["--model", str(tiny_dir), "--langs", "en,fr", "--relation", "capital",
+              "--limit", "24", "--quiet"]  # fmt: skip
+    assert main(["steer", "build", *common, "--k-shot", "2", "--out", str(tmp_path / "v")]) == 0
+    out = tmp_path / "eval"
+    rc = main(["steer", "eval", *common, "--vectors", str(tmp_path / "v"), "--config",
+               "7,0.1,1,0.1", "--out", str(out)])  # fmt: skip
+    assert rc == 2 and "out of range" in capsys.readouterr().err
+    assert not out.exists()
