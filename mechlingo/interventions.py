@@ -36,6 +36,7 @@ callable ``f(batch) -> mask``.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import html
 import json
@@ -210,7 +211,7 @@ def _site(model: Any, site: str, layer: int, kind: str) -> Any:
 # --------------------------------------------------------------------------------------
 
 
-class Intervention:
+class Intervention(abc.ABC):
     """Base class: anything with ``fwd_hooks(model)``. Add two with ``+`` to compose them.
 
     Attributes:
@@ -222,9 +223,9 @@ class Intervention:
     kind: ClassVar[str] = "Intervention"
     meta: dict[str, Any]
 
+    @abc.abstractmethod
     def fwd_hooks(self, model: Any) -> list[tuple[str, HookFn]]:
         """Check against ``model`` and return TransformerLens ``(hook_name, fn)`` pairs."""
-        raise NotImplementedError
 
     def __add__(self, other: Intervention) -> Compose:
         if not isinstance(other, Intervention):
@@ -233,15 +234,18 @@ class Intervention:
 
     # -- serialization ----------------------------------------------------------------
 
+    @abc.abstractmethod
     def _tensors(self) -> dict[str, Tensor]:
-        raise NotImplementedError
+        """The tensors to save (safetensors)."""
 
+    @abc.abstractmethod
     def _config(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The JSON-ready configuration to save."""
 
     @classmethod
+    @abc.abstractmethod
     def _restore(cls, tensors: dict[str, Tensor], config: dict[str, Any]) -> Intervention:
-        raise NotImplementedError
+        """Rebuild from what :meth:`_tensors` and :meth:`_config` saved."""
 
     def save(self, path: str | Path, model: Any = None) -> Path:
         """Write the intervention to the folder ``path``: ``intervention.safetensors`` (the
