@@ -205,7 +205,7 @@ def knockout_figure(result: KnockoutResult) -> go.Figure:
     fig.add_hline(y=0, line={"color": "#999"})
     fig.update_layout(
         title=f"Attention knockout (last token -> {result.keys}): change of {result.metric_name}",
-        xaxis={"title": "blocked layer window"},
+        xaxis={"title": "blocked layer window", "type": "category"},
         yaxis={"title": "relative change", "tickformat": ".0%"},
         height=380,
     )
