@@ -31,23 +31,21 @@ import contextlib
 import datetime
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from mechlingo.experts import NeuronStats
 from mechlingo.kernels.means import last_token_means
 from mechlingo.kernels.stats import ActivationProbability, masked_pool
 from mechlingo.runs import FwdHooks, StopForward, run_batch
 from mechlingo.sites import resolve_layers, resolve_site, site_map
 from mechlingo.tokens import TokenBatch, encode, sorted_batches
-
-if TYPE_CHECKING:
-    from mechlingo.experts import NeuronStats
 
 T = TypeVar("T")
 
@@ -288,37 +286,14 @@ def _output_device(model: Any) -> torch.device:
 distributed_last_token_means = last_token_means
 
 
-@dataclass
-class PooledNeuronActs:
-    """Pooled MLP-neuron activations of every sentence (all ranks, original order) and the
-    per-language firing rates; the same content as :class:`mechlingo.experts.NeuronStats`.
-
-    Attributes:
-        langs: language codes; ``lang_ids`` index into this list.
-        pooled: ``[n_sentences, n_layers * d_mlp]`` float32, each sentence's ``mlp_post``
-            activation pooled over its real tokens (BOS and padding excluded).
-        lang_ids: language index of each row.
-        prob_active: ``[n_langs, n_layers * d_mlp]`` float64, fraction of the language's real
-            tokens (BOS excluded) where the neuron's activation is above ``threshold``.
-        layers: layers whose neurons make up the feature axis, in order.
-        d_mlp: neurons per layer.
-        pool: ``"mean"`` or ``"max"``.
-        meta: how it was computed (world size, max_tokens, threshold).
-    """
-
-    langs: list[str]
-    pooled: Float[Tensor, "sentence feature"]
-    lang_ids: Int[Tensor, " sentence"]
-    prob_active: Float[Tensor, "lang feature"]
-    layers: list[int]
-    d_mlp: int
-    pool: str
-    meta: dict[str, Any] = field(default_factory=dict)
+class PooledNeuronActs(NeuronStats):
+    """:class:`mechlingo.experts.NeuronStats` gathered over all ranks (sentences in their
+    original order; ``prob_active`` in float64; ``meta`` says how it was computed: world
+    size, ``max_tokens``, ``threshold``)."""
 
     def to_neuron_stats(self, model: Any = None) -> NeuronStats:
-        """As a :class:`mechlingo.experts.NeuronStats` (what ``score_neurons`` takes)."""
-        from mechlingo.experts import NeuronStats
-
+        """As a plain :class:`mechlingo.experts.NeuronStats` with the model recorded in
+        ``meta`` and ``prob_active`` in the dtype of ``pooled``."""
         meta = dict(self.meta)
         if model is not None:
             from mechlingo.interventions import model_info
