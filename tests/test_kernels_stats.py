@@ -115,6 +115,67 @@ def test_chunking_is_exact(pos_rate):
         assert torch.equal(part[0], full[0]) and torch.equal(part[1], full[1])
 
 
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, torch.bfloat16, torch.uint8, torch.int8, torch.int16, torch.int32]
+)
+def test_sort_key_dtypes_match_sklearn(dtype):
+    # every dtype that takes the sort-key path, with negative values and heavy ties
+    g = torch.Generator().manual_seed(11)
+    labels = torch.rand(70, generator=g) < 0.2
+    raw = torch.randint(-3 if dtype != torch.uint8 else 0, 4, (70, 9), generator=g)
+    scores = (raw + labels[:, None].to(torch.int64) * (torch.arange(9) % 2)).to(dtype)
+    if dtype.is_floating_point:
+        scores = scores / 4  # fractions, still exact in 16 bits
+    ref_auc, ref_ap = _sklearn_scores(scores.float(), labels)
+    auc, ap = auroc_and_average_precision(scores, labels)
+    np.testing.assert_allclose(auc.numpy(), ref_auc, atol=1e-12, rtol=0)
+    np.testing.assert_allclose(ap.numpy(), ref_ap, atol=1e-12, rtol=0)
+
+
+def test_negative_zero_ties_with_zero():
+    labels = torch.tensor([True, False, False, True, False])
+    x = torch.tensor([0.0, -0.0, 1.0, -0.0, 0.0])[:, None]
+    auc, ap = auroc_and_average_precision(x, labels)
+    ref = np.array([0, 0, 1, 0, 0])  # -0.0 == 0.0
+    assert auc.item() == pytest.approx(sklearn_metrics.roc_auc_score(labels.numpy(), ref))
+    assert ap.item() == pytest.approx(sklearn_metrics.average_precision_score(labels.numpy(), ref))
+
+
+@pytest.mark.parametrize("continuous", [True, False])  # no-tie shortcut and the tie path
+def test_sort_kernel_equals_search_kernel_on_large_blocks(continuous):
+    # big enough for the multi-threaded row sort; float32 takes the sort-key kernel, the same
+    # values in float64 the binary-search kernel: both count pairs exactly
+    g = torch.Generator().manual_seed(5)
+    labels = torch.rand(500, generator=g) < 1 / 12
+    x = torch.randn(500, 300, generator=g) + labels[:, None] * torch.rand(300, generator=g)
+    if not continuous:
+        x = (x * 4).round() / 4
+    auc32, ap32 = auroc_and_average_precision(x, labels)
+    auc64, ap64 = auroc_and_average_precision(x.double(), labels)
+    torch.testing.assert_close(auc32, auc64, atol=1e-15, rtol=0)
+    torch.testing.assert_close(ap32, ap64, atol=1e-15, rtol=0)
+    ref_auc, ref_ap = _sklearn_scores(x[:, :40], labels)
+    np.testing.assert_allclose(auc32[:40].numpy(), ref_auc, atol=1e-12, rtol=0)
+    np.testing.assert_allclose(ap32[:40].numpy(), ref_ap, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("pos_rate", [1 / 12, 0.7])
+def test_accelerator_path_equals_host_path(pos_rate):
+    # the all-torch path (what runs on CUDA: torch.sort, scatter, searchsorted on every row)
+    # run on CPU must give the numbers of the numpy path
+    from mechlingo.kernels.stats import _sorted_statistics
+
+    scores, labels = _data(90, 40, pos_rate, torch.float32, seed=13)
+    scores = torch.cat([scores, torch.randn(90, 30)], dim=1)
+    n_pos = int(labels.sum())
+    host = _sorted_statistics(scores, labels, n_pos, 90 - n_pos, host=True)
+    torch_only = _sorted_statistics(scores, labels, n_pos, 90 - n_pos, host=False)
+    assert torch.equal(host[0], torch_only[0]) and torch.equal(host[1], torch_only[1])
+    ref_auc, ref_ap = _sklearn_scores(scores, labels)
+    np.testing.assert_allclose(torch_only[0].numpy(), ref_auc, atol=1e-12, rtol=0)
+    np.testing.assert_allclose(torch_only[1].numpy(), ref_ap, atol=1e-12, rtol=0)
+
+
 def test_inf_scores_are_ranked():
     labels = torch.tensor([True, False, True, False, False, True])
     x = torch.tensor([math.inf, 1.0, -math.inf, math.inf, 0.0, 2.0])[:, None]
