@@ -123,11 +123,16 @@ def bench_patching(model: Any, n: int) -> None:
     metric = answer_logprob(model, words[:n], langs[:n])
     n_layers = int(model.cfg.n_layers)
 
-    def run() -> Any:
-        return patch_sweep(model, src, tgt, "resid_pre", alignment="last", metric=metric)
+    def run(batching: str) -> Any:
+        return patch_sweep(
+            model, src, tgt, "resid_pre", alignment="last", metric=metric, batching=batching
+        )
 
-    t, _ = timed(run)
-    report("patching sweep", t, n * n_layers, "cells", {})
+    # grow: one example per pass (shared prefix); stack: all examples per pass. On a GPU the
+    # second may win for many examples: this prints both.
+    t_stack, _ = timed(lambda: run("stack"))
+    t, _ = timed(lambda: run("grow"))
+    report("patching sweep (grow)", t, n * n_layers, "cells", {"batching='stack'": t_stack})
 
 
 def bench_vectors(model: Any, cpu_model: Any | None, n: int, batch: int) -> None:

@@ -9,11 +9,16 @@ the information carried by that activation is enough to move the target towards 
 behaviour. :func:`patch_sweep` does this for a whole grid of cells:
 
 * the source activations are read once, and only at the hooks and positions the grid needs;
-* many patched copies of the target are stacked along the batch axis of one forward pass (copy
-  ``j`` carries the patch of cell ``j``), ``cells_per_batch`` cells at a time, so a sweep costs
-  ``cells / cells_per_batch`` forward passes instead of one per cell;
-* each pass stops at the final residual stream and unembeds only the last real token of each
-  row (the unembedding dominates the cost on large vocabularies).
+* many patched copies of the target share one forward pass, each copy carrying the patch of one
+  cell. By default (``batching="grow"``) a pass runs one example: it starts as the unpatched
+  target alone, and at each layer's block input the batch grows by one copy of the unpatched
+  row per cell of that layer, so the work below a cell's layer is done once and a copy patched
+  at layer ``l`` only computes layers ``l`` and above (over all layers, about half the work of
+  running every copy through the whole model). ``batching="stack"`` runs every copy of every
+  example through the whole model instead (for models that cannot grow a batch mid-pass);
+* each pass stops at the final residual stream, and the last real token of every row is
+  unembedded in one batched readout (the unembedding dominates the cost on large
+  vocabularies).
 
 For same-shape inputs the values equal TransformerLens's ``transformer_lens.patching``
 functions (``get_act_patch_resid_pre`` ...), per example.
@@ -46,7 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from jaxtyping import Float, Int
@@ -191,7 +196,8 @@ def _evaluate(
 ) -> Float[Tensor, "metric row"]:
     ids, primary, slices = packed
     ex = example.to(ids.device)
-    r = read_logits(model, resid, ids[ex], primary[ex], top_k=0)
+    # large row chunks: the unembedding streams W_U once per chunk (256 x 262k floats = 268 MB)
+    r = read_logits(model, resid, ids[ex], primary[ex], top_k=0, ranks=False, chunk_rows=256)
     return torch.stack(
         [m.combine(r.set_logprob[:, s]) for m, s in zip(metrics, slices, strict=True)]
     )
@@ -646,7 +652,8 @@ def patch_sweep(
     heads: Sequence[int] | None = None,
     source_subject: Sequence[tuple[int, int]] | None = None,
     target_subject: Sequence[tuple[int, int]] | None = None,
-    cells_per_batch: int = 32,
+    cells_per_batch: int | None = None,
+    batching: Literal["grow", "stack"] = "grow",
 ) -> PatchSweep:
     """Patch source activations into the target run, cell by cell, in batched passes.
 
@@ -668,7 +675,16 @@ def patch_sweep(
         alignment: ``None`` (same shapes), ``"last"``, ``"subject"``, or ``{target: source}``.
         source_subject, target_subject: inclusive subject token spans per row when the inputs
             are not Facts.
-        cells_per_batch: patched copies per forward pass (memory grows with it).
+        cells_per_batch: patched copies per forward pass (memory grows with it). Default:
+            256 with ``batching="grow"`` (a pass holds one example), 32 with ``"stack"`` (a
+            pass holds every example that many times).
+        batching: ``"grow"`` (default): one pass per example; the target's activations below
+            a cell's layer are computed once and the batch grows by that layer's patched
+            copies at its block input, so a copy patched at layer ``l`` only computes layers
+            ``l`` and above (about half the work of ``"stack"`` over all layers). ``"stack"``:
+            every copy runs the whole model, all examples together (for models whose attention
+            masks or position embeddings do not broadcast over a batch that grows mid-pass).
+            Both give the same numbers.
 
     Returns:
         A :class:`PatchSweep` with per-example values and the clean/corrupted baselines.
@@ -684,8 +700,12 @@ def patch_sweep(
             f"source has {src.batch_size} rows and target {tgt.batch_size}; patching pairs "
             "row i of the source with row i of the target"
         )
+    if cells_per_batch is None:
+        cells_per_batch = 256 if batching == "grow" else 32
     if cells_per_batch < 1:
         raise PatchingError("cells_per_batch must be >= 1")
+    if batching not in ("grow", "stack"):
+        raise PatchingError(f"batching must be 'grow' or 'stack', got {batching!r}")
     src_spans = _check_spans(source_subject, src, "source") or src_spans
     tgt_spans = _check_spans(target_subject, tgt, "target") or tgt_spans
     sites = [sites] if isinstance(sites, str) else list(sites)
@@ -728,34 +748,10 @@ def patch_sweep(
         for p in range(P)
         for h in (head_list if s == "head" else [-1])
     ]
-    values = torch.empty(len(metrics), len(cells), B)
-    tgt_pos = pos.target  # [P, B]
-    for start in range(0, len(cells), cells_per_batch):
-        chunk = cells[start : start + cells_per_batch]
-        by_hook: dict[str, list[tuple[int, Cell]]] = {}
-        for j, cell in enumerate(chunk):
-            by_hook.setdefault(names[(cell.site, cell.layer)], []).append((j, cell))
-        hooks = []
-        for name, items in by_hook.items():
-            copy = torch.tensor([j for j, _ in items]).repeat_interleave(B)
-            row = rows.repeat(len(items))
-            flat_rows = copy * B + row
-            p_idx = torch.tensor([c.position for _, c in items]).repeat_interleave(B)
-            t_pos = tgt_pos[p_idx, row]
-            vals = src_acts[name][row, p_idx]  # [n, width] or [n, head, d_head]
-            head = torch.tensor([c.head for _, c in items]).repeat_interleave(B)
-            if items[0][1].site == "head":
-                vals = vals[torch.arange(len(row)), head]
-            hooks.append((name, _writer(flat_rows, t_pos, head, vals, items[0][1].site == "head")))
-        # the first pass carries one unpatched copy too: the corrupted baseline
-        extra = 1 if start == 0 else 0
-        big = _repeat(tgt, len(chunk) + extra)
-        _, final = _read_run(model, big, {}, extra_hooks=hooks)
-        ex = rows.repeat(len(chunk) + extra)
-        v = _evaluate(model, final, metrics, packed, ex).reshape(len(metrics), -1, B).cpu()
-        if extra:
-            corrupted = v[:, -1]
-        values[:, start : start + len(chunk)] = v[:, : len(chunk)]
+    sweep = _sweep_grown if batching == "grow" else _sweep_stacked
+    values, corrupted = sweep(
+        model, tgt, cells, names, src_acts, pos.target, metrics, packed, cells_per_batch
+    )
     kind = (
         "map"
         if isinstance(alignment, Mapping)
@@ -775,6 +771,150 @@ def patch_sweep(
         source_positions=pos.source,
         alignment=kind,
     )
+
+
+def _cell_values(
+    cells: Sequence[Cell], name: str, src_acts: Mapping[str, Tensor], example: Tensor
+) -> Tensor:
+    """The source activation each cell writes, for the given example of each cell:
+    ``[n, width]`` (whole site) or ``[n, d_head]`` (one head)."""
+    p_idx = torch.tensor([c.position for c in cells])
+    vals = src_acts[name][example, p_idx]  # [n, width] or [n, head, d_head]
+    if cells[0].site == "head":
+        vals = vals[torch.arange(len(cells)), torch.tensor([c.head for c in cells])]
+    return vals
+
+
+def _sweep_stacked(
+    model: Any,
+    tgt: TokenBatch,
+    cells: Sequence[Cell],
+    names: Mapping[tuple[str, int], str],
+    src_acts: Mapping[str, Tensor],
+    tgt_pos: Int[Tensor, "label row"],
+    metrics: Sequence[Metric],
+    packed: tuple[Tensor, Tensor, list[slice]],
+    cells_per_batch: int,
+) -> tuple[Float[Tensor, "metric cell row"], Float[Tensor, "metric row"]]:
+    """Every patched copy of every example runs the whole model: ``cells_per_batch`` copies of
+    the whole target batch per pass (copy ``j`` carries cell ``j``), plus one unpatched copy
+    in the first pass (the corrupted baseline)."""
+    B = tgt.batch_size
+    rows = torch.arange(B)
+    values = torch.empty(len(metrics), len(cells), B)
+    corrupted = torch.empty(len(metrics), B)
+    for start in range(0, len(cells), cells_per_batch):
+        chunk = cells[start : start + cells_per_batch]
+        by_hook: dict[str, list[tuple[int, Cell]]] = {}
+        for j, cell in enumerate(chunk):
+            by_hook.setdefault(names[(cell.site, cell.layer)], []).append((j, cell))
+        hooks = []
+        for name, items in by_hook.items():
+            copy = torch.tensor([j for j, _ in items]).repeat_interleave(B)
+            row = rows.repeat(len(items))
+            rep = [c for _, c in items for _ in range(B)]
+            t_pos = tgt_pos[torch.tensor([c.position for c in rep]), row]
+            head = torch.tensor([c.head for c in rep])
+            vals = _cell_values(rep, name, src_acts, row)
+            hooks.append((name, _writer(copy * B + row, t_pos, head, vals, rep[0].site == "head")))
+        extra = 1 if start == 0 else 0
+        big = _repeat(tgt, len(chunk) + extra)
+        _, final = _read_run(model, big, {}, extra_hooks=hooks)
+        ex = rows.repeat(len(chunk) + extra)
+        v = _evaluate(model, final, metrics, packed, ex).reshape(len(metrics), -1, B).cpu()
+        if extra:
+            corrupted = v[:, -1]
+        values[:, start : start + len(chunk)] = v[:, : len(chunk)]
+    return values, corrupted
+
+
+def _sweep_grown(
+    model: Any,
+    tgt: TokenBatch,
+    cells: Sequence[Cell],
+    names: Mapping[tuple[str, int], str],
+    src_acts: Mapping[str, Tensor],
+    tgt_pos: Int[Tensor, "label row"],
+    metrics: Sequence[Metric],
+    packed: tuple[Tensor, Tensor, list[slice]],
+    cells_per_batch: int,
+) -> tuple[Float[Tensor, "metric cell row"], Float[Tensor, "metric row"]]:
+    """One pass per example and group of ``cells_per_batch`` cells (in layer order). The pass
+    starts with the unpatched target alone (row 0, which stays unpatched: the corrupted
+    baseline); at the block input ``blocks.{l}.hook_resid_pre`` of each layer ``l`` with
+    cells, copies of row 0 are appended, one per cell of that layer, and the cells' hooks
+    write into their own rows. So the shared computation below layer ``l`` is done once."""
+    B = tgt.batch_size
+    values = torch.empty(len(metrics), len(cells), B)
+    corrupted = torch.empty(len(metrics), B)
+    order = sorted(range(len(cells)), key=lambda i: cells[i].layer)  # stable
+    branch = {layer: _site_hook(model, "resid_pre", layer) for layer in {c.layer for c in cells}}
+    finals: list[Tensor] = []
+    for g, start in enumerate(range(0, len(order), cells_per_batch)):
+        group = order[start : start + cells_per_batch]
+        # rows of the grown batch: 0 = unpatched, then each layer's copies in layer order
+        new_rows: dict[int, int] = {}
+        row_of: dict[int, int] = {}
+        for i in group:
+            row_of[i] = 1 + len(row_of)
+            new_rows[cells[i].layer] = new_rows.get(cells[i].layer, 0) + 1
+        by_hook: dict[str, list[int]] = {}
+        for i in group:
+            by_hook.setdefault(names[(cells[i].site, cells[i].layer)], []).append(i)
+        for b in range(B):
+            hooks: list[tuple[str, Callable]] = [
+                (branch[layer], _brancher(n)) for layer, n in sorted(new_rows.items())
+            ]  # before the writers: at a shared hook point the copies must exist first
+            for name, idx in by_hook.items():
+                sel = [cells[i] for i in idx]
+                t_pos = tgt_pos[torch.tensor([c.position for c in sel]), b]
+                head = torch.tensor([c.head for c in sel])
+                vals = _cell_values(sel, name, src_acts, torch.full((len(sel),), b))
+                rows = torch.tensor([row_of[i] for i in idx])
+                hooks.append((name, _writer(rows, t_pos, head, vals, sel[0].site == "head")))
+            finals.append(_grown_final(model, tgt.select([b]), hooks, 1 + len(group)))
+        # one readout for the whole group: the unembedding streams W_U once, not per example
+        final = torch.cat(finals)
+        finals.clear()
+        ex = torch.arange(B).repeat_interleave(1 + len(group))
+        v = _evaluate(model, final, metrics, packed, ex).cpu().view(len(metrics), B, -1)
+        if g == 0:
+            corrupted = v[:, :, 0]
+        values[:, group] = v[:, :, [row_of[i] for i in group]].transpose(1, 2)
+    return values, corrupted
+
+
+def _brancher(copies: int) -> Callable:
+    """A hook appending ``copies`` copies of row 0 (the unpatched run) to the batch."""
+
+    def hook(t: Tensor, hook: Any) -> Tensor:
+        return torch.cat([t, t[:1].expand(copies, *t.shape[1:])])
+
+    return hook
+
+
+def _grown_final(
+    model: Any, one: TokenBatch, hooks: Sequence[tuple[str, Callable]], expect_rows: int
+) -> Float[Tensor, "row d_model"]:
+    """Run the one-row batch ``one`` with the growing hooks; the final residual stream of
+    every row of the grown batch at the example's last real token."""
+    out: dict[str, Tensor] = {}
+    last = int(one.last_index[0])
+
+    def final_hook(t: Tensor, hook: Any) -> None:
+        out["final"] = t[:, last].detach()
+        raise StopForward
+
+    with torch.no_grad():
+        run_batch(model, one, [*hooks, (final_resid_name(model), final_hook)])
+    if "final" not in out:
+        raise RuntimeError(f"hook {final_resid_name(model)} did not fire during the forward pass")
+    if out["final"].shape[0] != expect_rows:
+        raise PatchingError(
+            f"the batch grew to {out['final'].shape[0]} rows instead of {expect_rows}: this "
+            "model does not pass a grown batch through; use patch_sweep(..., batching='stack')"
+        )
+    return out["final"]
 
 
 def _writer(rows: Tensor, positions: Tensor, heads: Tensor, values: Tensor, per_head: bool):

@@ -65,7 +65,10 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
         "diagram's components; add resid_pre for the residual heatmap)",
     )
     p.add_argument(
-        "--cells-per-batch", type=int, default=24, help="patched copies per forward pass"
+        "--cells-per-batch",
+        type=int,
+        default=None,
+        help="patched copies per forward pass (default: patch_sweep's, 256)",
     )
 
 

@@ -102,6 +102,37 @@ def test_readout_matches_full_softmax(tiny):
         assert torch.equal(r.top_ids[row], top.indices)
 
 
+@pytest.mark.parametrize("soft_cap", [None, 5.0])
+def test_read_logits_streamed_normalizer_equals_full_logits(tiny, monkeypatch, soft_cap):
+    # top_k=0, ranks=False streams the vocabulary in blocks (here 7 tokens, to cross many
+    # block edges) and reads the set tokens' own columns: same numbers as the full logits
+    import mechlingo.kernels.readout as readout
+
+    monkeypatch.setattr(readout, "_VOCAB_CHUNK", 7)
+    if soft_cap is not None:
+        monkeypatch.setattr(
+            readout, "output_transform", lambda m, x: soft_cap * torch.tanh(x / soft_cap)
+        )
+    batch = encode(tiny, PROMPTS)
+    resid = collect(tiny, batch, [hook_name(tiny, "resid_post", -1)])
+    resid = next(iter(resid.values()))
+    sets = [[answer_tokens(tiny, "Rome"), answer_tokens(tiny, "Paris")] for _ in PROMPTS]
+    ids, primary = pack_token_sets(sets)
+    full = read_logits(tiny, resid, ids, primary, top_k=0)
+    fast = read_logits(tiny, resid, ids, primary, top_k=0, ranks=False, chunk_rows=3)
+    torch.testing.assert_close(fast.logsumexp, full.logsumexp, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(fast.set_logprob, full.set_logprob, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(fast.primary_logprob, full.primary_logprob, atol=1e-5, rtol=1e-6)
+    assert bool((fast.set_rank == -1).all())
+    if soft_cap is not None:
+        logits = final_logits(tiny, resid)  # capped: the patched transform applies here too
+        assert float(logits.abs().max()) <= soft_cap
+        logp = torch.log_softmax(logits, -1)
+        torch.testing.assert_close(
+            fast.primary_logprob, logp.gather(1, primary), atol=1e-5, rtol=1e-6
+        )
+
+
 def test_hooks_removed_after_error(tiny):
     batch = encode(tiny, PROMPTS)
     before = count_hooks(tiny)

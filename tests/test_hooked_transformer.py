@@ -148,6 +148,15 @@ def test_patch_sweep_identity(ht):
     sw = patching.patch_sweep(ht, src, src, ["resid_pre", "mlp_out"], metric=metric)
     # patching a run into itself changes nothing
     torch.testing.assert_close(sw.effect(), torch.zeros_like(sw.effect()), rtol=0, atol=1e-4)
+    # a HookedTransformer passes a batch that grows mid-pass through (its masks and rotary
+    # tables broadcast): the default "grow" sweep equals "stack" on a real patch
+    tgt = ["The capital of Spain is", "The capital of Italy is"]
+    sites = ["resid_pre", "attn_out", "head"]
+    kw = dict(metric=metric, alignment="last", positions=[-1, -2, -3])
+    grown = patching.patch_sweep(ht, src, tgt, sites, batching="grow", **kw)
+    stacked = patching.patch_sweep(ht, src, tgt, sites, batching="stack", **kw)
+    assert not torch.allclose(grown.clean, grown.corrupted)
+    torch.testing.assert_close(grown.values, stacked.values, rtol=0, atol=1e-4)
 
 
 def test_distributed_building_blocks_single_process(ht):

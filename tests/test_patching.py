@@ -82,6 +82,58 @@ def test_batched_equals_one_cell_at_a_time(tiny, pair, metric):
     assert torch.allclose(a.values, b.values, atol=1e-5)
 
 
+@pytest.mark.parametrize("cells_per_batch", [1, 7, 500])
+def test_grown_batch_equals_stacked_batch(tiny, pair, metric, cells_per_batch):
+    # "grow" (shared prefix, one pass per example, the batch grows at each layer's block
+    # input) must give the numbers of "stack" (every copy runs the whole model), every site
+    src, tgt = pair
+    sites = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "head"]
+    a = patch_sweep(tiny, src, tgt, sites, metric=metric, batching="stack", cells_per_batch=64)
+    b = patch_sweep(
+        tiny, src, tgt, sites, metric=metric, batching="grow", cells_per_batch=cells_per_batch
+    )
+    assert a.cells == b.cells
+    assert (a.values - b.values).abs().max() < 1e-5
+    assert torch.allclose(a.corrupted, b.corrupted, atol=1e-5)
+    assert count_hooks(tiny) == 0
+
+
+def test_grown_batch_cross_language_rows_of_different_lengths(tiny):
+    # padded target rows of different lengths: each example runs alone, unpadded
+    en = load_facts(langs=["en"], relations=["capital"], limit=3)
+    ja = load_facts(langs=["ja"], relations=["capital"], limit=3)
+    assert len({len(encode(tiny, [f.prompt]).tokens[0]) for f in ja}) > 1
+    metrics = fact_metrics(tiny, ja)
+    kw = dict(metric=metrics, alignment="subject")
+    a = patch_sweep(tiny, en, ja, ["resid_pre", "mlp_out"], batching="stack", **kw)
+    b = patch_sweep(tiny, en, ja, ["resid_pre", "mlp_out"], batching="grow", **kw)
+    assert (a.values - b.values).abs().max() < 1e-5
+
+
+def test_grown_batch_hooks_removed_after_error(tiny, pair, metric, monkeypatch):
+    import mechlingo.patching as patching
+
+    src, tgt = pair
+
+    class Boom(Exception):
+        pass
+
+    def exploding_brancher(copies):
+        def hook(t, hook):
+            if hook.name.startswith("blocks.1."):
+                raise Boom  # mid-pass, after layer 0's hooks have fired
+            return torch.cat([t, t[:1].expand(copies, *t.shape[1:])])
+
+        return hook
+
+    monkeypatch.setattr(patching, "_brancher", exploding_brancher)
+    with pytest.raises(Boom):
+        patch_sweep(tiny, src, tgt, ["resid_pre", "head"], metric=metric, batching="grow")
+    assert count_hooks(tiny) == 0
+    with pytest.raises(PatchingError, match="batching"):
+        patch_sweep(tiny, src, tgt, metric=metric, batching="tiles")
+
+
 @pytest.mark.parametrize(
     "site,fn",
     [

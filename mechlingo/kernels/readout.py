@@ -76,6 +76,43 @@ def unembed(
     return output_transform(model, logits)
 
 
+# Vocabulary columns per step of the streamed normalizer: a [rows, 4096] float32 block stays
+# in cache; measured on 2 CPU cores, 296 rows x 262,144 tokens: 0.51 s vs 0.75 s unchunked.
+_VOCAB_CHUNK = 4096
+
+
+def _streamed_logsumexp(
+    model: Any, x: Float[Tensor, "row d_model"], W: Float[Tensor, "d_model vocab"]
+) -> Float[Tensor, " row"]:
+    """``logsumexp(unembed(x))`` over the vocabulary, a block of columns at a time."""
+    b_U = getattr(model, "b_U", None)
+    lse = torch.full((x.shape[0],), float("-inf"), device=x.device)
+    xf = x.float()
+    for v0 in range(0, W.shape[1], _VOCAB_CHUNK):
+        v1 = min(W.shape[1], v0 + _VOCAB_CHUNK)
+        logits = xf @ W[:, v0:v1]
+        if b_U is not None:
+            logits = logits + b_U[v0:v1].float()
+        logits = output_transform(model, logits)  # elementwise (e.g. soft-cap)
+        lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=-1))
+    return lse
+
+
+def _token_logits(
+    model: Any,
+    x: Float[Tensor, "row d_model"],
+    W: Float[Tensor, "d_model vocab"],
+    ids: Int[Tensor, "row track member"],
+) -> Float[Tensor, "row track member"]:
+    """The logits of the given token ids only, from their own unembedding columns."""
+    cols = W.T[ids]  # [row, track, member, d_model]
+    logits = torch.einsum("rd,rsmd->rsm", x.float(), cols)
+    b_U = getattr(model, "b_U", None)
+    if b_U is not None:
+        logits = logits + b_U.float()[ids]
+    return output_transform(model, logits)
+
+
 def final_logits(model: Any, resid: Float[Tensor, "row d_model"]) -> Float[Tensor, "row vocab"]:
     """The model's next-token logits from final-layer residual rows (norm + unembedding)."""
     dev = model.W_U.device
@@ -91,6 +128,7 @@ def read_logits(
     top_k: int = 5,
     chunk_rows: int = 64,
     apply_norm: bool = True,
+    ranks: bool = True,
 ) -> Readout:
     """Read rows of the residual stream through the final norm and unembedding.
 
@@ -104,6 +142,8 @@ def read_logits(
         chunk_rows: rows per unembedding matmul; memory is ``chunk_rows x vocab`` floats.
         apply_norm: apply ``ln_final`` first (``False`` reads the raw vectors, which does not
             reproduce the model).
+        ranks: compute ``set_rank`` (a comparison over the whole vocabulary per set); with
+            ``False`` it is filled with ``-1``.
 
     Returns:
         A :class:`Readout` on the device of ``W_U``.
@@ -147,6 +187,21 @@ def read_logits(
             x = resid[start:stop].to(dev)
             if apply_norm:
                 x = apply_final_norm(model, x)
+            if not k and not ranks:
+                # only normalizers and a few token logits: stream over the vocabulary (the
+                # [c, vocab] logits never exist; ~1.4x faster on CPU) and read the set tokens'
+                # logits from their own unembedding columns
+                norm = _streamed_logsumexp(model, x, W_U32)
+                lse[start:stop] = norm
+                if n_track:
+                    ids = token_sets[start:stop]
+                    tok = _token_logits(model, x, W_U32, ids.clamp_min(0))  # [c, s, m]
+                    tok = tok.masked_fill(ids < 0, float("-inf"))
+                    set_lp[start:stop] = torch.logsumexp(tok, dim=-1) - norm[:, None]
+                    prim = _token_logits(model, x, W_U32, primary[start:stop, :, None])[..., 0]
+                    prim_lp[start:stop] = prim - norm[:, None]
+                    set_rank[start:stop] = -1
+                continue
             logits = unembed(model, x, W_U32)  # [c, vocab] float32
             norm = torch.logsumexp(logits, dim=-1)
             lse[start:stop] = norm
@@ -164,6 +219,9 @@ def read_logits(
                 set_lp[start:stop] = torch.logsumexp(gathered, dim=-1) - norm[:, None]
                 prim = torch.gather(logits, 1, primary[start:stop])
                 prim_lp[start:stop] = prim - norm[:, None]
+                if not ranks:
+                    set_rank[start:stop] = -1
+                    continue
                 best = gathered.max(dim=-1).values  # [c, s]
                 for r0 in range(0, stop - start, rank_rows):
                     r1 = min(stop - start, r0 + rank_rows)
