@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 from jaxtyping import Float, Int
@@ -750,7 +750,7 @@ def patch_sweep(
     ]
     sweep = _sweep_grown if batching == "grow" else _sweep_stacked
     values, corrupted = sweep(
-        model, tgt, cells, names, src_acts, pos.target, metrics, packed, cells_per_batch
+        _Plan(model, tgt, cells, names, src_acts, pos.target, metrics, packed, cells_per_batch)
     )
     kind = (
         "map"
@@ -785,20 +785,28 @@ def _cell_values(
     return vals
 
 
-def _sweep_stacked(
-    model: Any,
-    tgt: TokenBatch,
-    cells: Sequence[Cell],
-    names: Mapping[tuple[str, int], str],
-    src_acts: Mapping[str, Tensor],
-    tgt_pos: Int[Tensor, "label row"],
-    metrics: Sequence[Metric],
-    packed: tuple[Tensor, Tensor, list[slice]],
-    cells_per_batch: int,
-) -> tuple[Float[Tensor, "metric cell row"], Float[Tensor, "metric row"]]:
+class _Plan(NamedTuple):
+    """What a sweep strategy needs: the target batch, the cells in result order, each
+    (site, layer)'s hook name, the source activations read at the grid positions, the target
+    positions ``[label, row]``, the metrics and their packed token sets, and the cells per pass.
+    Each strategy returns ``values [metric, cell, row]`` and ``corrupted [metric, row]``."""
+
+    model: Any
+    tgt: TokenBatch
+    cells: Sequence[Cell]
+    names: Mapping[tuple[str, int], str]
+    src_acts: Mapping[str, Tensor]
+    tgt_pos: Tensor
+    metrics: Sequence[Metric]
+    packed: tuple[Tensor, Tensor, list[slice]]
+    cells_per_batch: int
+
+
+def _sweep_stacked(plan: _Plan) -> tuple[Tensor, Tensor]:
     """Every patched copy of every example runs the whole model: ``cells_per_batch`` copies of
     the whole target batch per pass (copy ``j`` carries cell ``j``), plus one unpatched copy
     in the first pass (the corrupted baseline)."""
+    model, tgt, cells, names, src_acts, tgt_pos, metrics, packed, cells_per_batch = plan
     B = tgt.batch_size
     rows = torch.arange(B)
     values = torch.empty(len(metrics), len(cells), B)
@@ -828,22 +836,13 @@ def _sweep_stacked(
     return values, corrupted
 
 
-def _sweep_grown(
-    model: Any,
-    tgt: TokenBatch,
-    cells: Sequence[Cell],
-    names: Mapping[tuple[str, int], str],
-    src_acts: Mapping[str, Tensor],
-    tgt_pos: Int[Tensor, "label row"],
-    metrics: Sequence[Metric],
-    packed: tuple[Tensor, Tensor, list[slice]],
-    cells_per_batch: int,
-) -> tuple[Float[Tensor, "metric cell row"], Float[Tensor, "metric row"]]:
+def _sweep_grown(plan: _Plan) -> tuple[Tensor, Tensor]:
     """One pass per example and group of ``cells_per_batch`` cells (in layer order). The pass
     starts with the unpatched target alone (row 0, which stays unpatched: the corrupted
     baseline); at the block input ``blocks.{l}.hook_resid_pre`` of each layer ``l`` with
     cells, copies of row 0 are appended, one per cell of that layer, and the cells' hooks
     write into their own rows. So the shared computation below layer ``l`` is done once."""
+    model, tgt, cells, names, src_acts, tgt_pos, metrics, packed, cells_per_batch = plan
     B = tgt.batch_size
     values = torch.empty(len(metrics), len(cells), B)
     corrupted = torch.empty(len(metrics), B)
