@@ -60,10 +60,14 @@ def hooked(model: Any, fwd_hooks: FwdHooks) -> Iterator[Any]:
 
 def run_batch(model: Any, batch: TokenBatch, fwd_hooks: FwdHooks = ()) -> Any:
     """Run the model on a right-padded batch with an attention mask and the given hooks.
-    Returns whatever the model returns (logits), or ``None`` when a hook stopped the run."""
+    Returns whatever the model returns (logits), or ``None`` when a hook stopped the run.
+
+    The pass runs under ``torch.no_grad()``: mechlingo reads and edits activations, it never
+    differentiates through them, and an autograd graph would only cost time and memory (the
+    models' parameters require gradients by default)."""
     dev = _model_input_device(model)
     b = batch.to(dev)
-    with batch_context(b), hooked(model, fwd_hooks):
+    with torch.no_grad(), batch_context(b), hooked(model, fwd_hooks):
         try:
             return model(b.tokens, attention_mask=b.attention_mask())
         except StopForward:

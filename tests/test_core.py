@@ -133,6 +133,18 @@ def test_read_logits_streamed_normalizer_equals_full_logits(tiny, monkeypatch, s
         )
 
 
+def test_no_autograd_graph(tiny):
+    # the parameters require gradients; mechlingo's passes must not build a graph
+    assert any(p.requires_grad for p in tiny.parameters())
+    batch = encode(tiny, PROMPTS)
+    assert not run_batch(tiny, batch).requires_grad
+    name = hook_name(tiny, "resid_post", -1)
+    resid = collect(tiny, batch, [name])[name]
+    assert not resid.requires_grad
+    assert not final_logits(tiny, resid).requires_grad
+    assert not next_token_logits(tiny, batch).requires_grad
+
+
 def test_hooks_removed_after_error(tiny):
     batch = encode(tiny, PROMPTS)
     before = count_hooks(tiny)

@@ -114,9 +114,11 @@ def _token_logits(
 
 
 def final_logits(model: Any, resid: Float[Tensor, "row d_model"]) -> Float[Tensor, "row vocab"]:
-    """The model's next-token logits from final-layer residual rows (norm + unembedding)."""
+    """The model's next-token logits from final-layer residual rows (norm + unembedding).
+    No autograd graph is built (the final norm's parameters require gradients)."""
     dev = model.W_U.device
-    return unembed(model, apply_final_norm(model, resid.to(dev)))
+    with torch.no_grad():
+        return unembed(model, apply_final_norm(model, resid.to(dev)))
 
 
 def read_logits(
