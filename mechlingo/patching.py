@@ -691,7 +691,8 @@ def patch_sweep(
 
     Raises:
         PatchingError: mismatched rows, unknown sites, positions out of range, lengths that
-            differ without an alignment.
+            differ without an alignment, an unknown ``batching``, or a model that cannot run a
+            batch grown mid-pass (the message says to use ``batching="stack"``).
     """
     src, src_spans = _as_batch(model, source, "source")
     tgt, tgt_spans = _as_batch(model, target, "target")
@@ -904,8 +905,14 @@ def _grown_final(
         out["final"] = t[:, last].detach()
         raise StopForward
 
-    with torch.no_grad():
+    try:
         run_batch(model, one, [*hooks, (final_resid_name(model), final_hook)])
+    except RuntimeError as e:
+        raise PatchingError(
+            f"the forward pass failed with a batch grown mid-pass ({e}); if this model's "
+            "attention masks or position embeddings do not broadcast over a larger batch, use "
+            "patch_sweep(..., batching='stack')"
+        ) from e
     if "final" not in out:
         raise RuntimeError(f"hook {final_resid_name(model)} did not fire during the forward pass")
     if out["final"].shape[0] != expect_rows:

@@ -130,6 +130,18 @@ def test_grown_batch_hooks_removed_after_error(tiny, pair, metric, monkeypatch):
     with pytest.raises(Boom):
         patch_sweep(tiny, src, tgt, ["resid_pre", "head"], metric=metric, batching="grow")
     assert count_hooks(tiny) == 0
+
+    def mismatched_brancher(copies):
+        # a model whose masks do not broadcast fails inside the pass with a RuntimeError
+        def hook(t, hook):
+            return torch.cat([t, t[:1, :-1].expand(copies, -1, -1)])
+
+        return hook
+
+    monkeypatch.setattr(patching, "_brancher", mismatched_brancher)
+    with pytest.raises(PatchingError, match="batching='stack'"):
+        patch_sweep(tiny, src, tgt, "resid_pre", metric=metric, batching="grow")
+    assert count_hooks(tiny) == 0
     with pytest.raises(PatchingError, match="batching"):
         patch_sweep(tiny, src, tgt, metric=metric, batching="tiles")
 
