@@ -36,6 +36,21 @@ def _rgba(hex_color: str, alpha: float) -> str:
     return f"rgba({r},{g},{b},{alpha})"
 
 
+def _band(x: Sequence[Any], lo: Sequence[float], hi: Sequence[float], color: str, **kw: Any):
+    """A shaded band between ``lo`` and ``hi`` over ``x`` (no legend entry, no hover)."""
+    x = list(x)
+    return go.Scatter(
+        x=x + x[::-1],
+        y=list(hi) + list(lo)[::-1],
+        fill="toself",
+        fillcolor=_rgba(color, 0.15),
+        line={"width": 0},
+        hoverinfo="skip",
+        showlegend=False,
+        **kw,
+    )
+
+
 def latent_curves_figure(
     curves: pd.DataFrame, *, tracks: Sequence[str] | None = None, n_layers: int | None = None
 ) -> go.Figure:
@@ -63,20 +78,7 @@ def latent_curves_figure(
             label = f"answer in {lg}" if track == "answer" else f"answer in {track}"
             lo = (d["mean"] - d["std"]).clip(lower=0)
             hi = (d["mean"] + d["std"]).clip(upper=1)
-            fig.add_trace(
-                go.Scatter(
-                    x=list(d["layer"]) + list(d["layer"])[::-1],
-                    y=list(hi) + list(lo)[::-1],
-                    fill="toself",
-                    fillcolor=_rgba(color, 0.15),
-                    line={"width": 0},
-                    hoverinfo="skip",
-                    showlegend=False,
-                    legendgroup=track,
-                ),
-                row=r,
-                col=c,
-            )
+            fig.add_trace(_band(d["layer"], lo, hi, color, legendgroup=track), row=r, col=c)
             fig.add_trace(
                 go.Scatter(
                     x=d["layer"],

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from mechlingo.plots import PALETTE, _rgba
+from mechlingo.plots import PALETTE, _band, _rgba
 
 if TYPE_CHECKING:
     from mechlingo.patching import KnockoutResult, PatchSweep
@@ -103,19 +103,7 @@ def class_profiles_figure(trace: TraceResult, *, langs: Sequence[str] | None = N
             q = torch.quantile(rank, torch.tensor([0.25, 0.5, 0.75]), dim=1)
             color = PALETTE[j]
             x = list(lens.layers)
-            fig.add_trace(
-                go.Scatter(
-                    x=x + x[::-1],
-                    y=q[2].tolist() + q[0].tolist()[::-1],
-                    fill="toself",
-                    fillcolor=_rgba(color, 0.15),
-                    line={"width": 0},
-                    hoverinfo="skip",
-                    showlegend=False,
-                ),
-                row=r,
-                col=col,
-            )
+            fig.add_trace(_band(x, q[0].tolist(), q[2].tolist(), color), row=r, col=col)
             fig.add_trace(
                 go.Scatter(
                     x=x,
