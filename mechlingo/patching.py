@@ -228,14 +228,15 @@ def subject_token_span(
     ids = [int(i) for i in model.to_tokens(prompt, prepend_bos=False, truncate=False)[0]]
     tok = model.tokenizer
     offsets = None
-    try:
+    if getattr(tok, "is_fast", False):  # only fast tokenizers report character offsets
         enc = tok(prompt, add_special_tokens=False, return_offsets_mapping=True)
-        if [int(i) for i in enc["input_ids"]] == ids:
+        if [int(i) for i in enc["input_ids"]] == ids:  # else the model tokenizes differently
             offsets = [tuple(o) for o in enc["offset_mapping"]]
-    except (TypeError, ValueError, NotImplementedError, KeyError):
-        offsets = None
-    if offsets is None:  # slow tokenizer: count the tokens of prefixes
-        first = len(model.to_tokens(prompt[:start], prepend_bos=False)[0]) if start else 0
+    if offsets is None:  # no usable offsets: count the tokens of prefixes
+        # without the space before the subject: BPE tokenizers attach it to the subject's
+        # first token, so "of " alone would count one token too many
+        head = prompt[:start].rstrip()
+        first = len(model.to_tokens(head, prepend_bos=False)[0]) if head else 0
         last = len(model.to_tokens(prompt[:end], prepend_bos=False)[0]) - 1
         return first + shift, max(first, last) + shift
     hit = [i for i, (a, b) in enumerate(offsets) if a < end and b > start]

@@ -183,6 +183,16 @@ def test_result_tables_and_figure(tiny, pair, metric):
     sw.summary()
 
 
+def test_subject_span_without_offsets_equals_offsets(tiny, monkeypatch):
+    # a tokenizer without character offsets (a "slow" one) falls back to counting the
+    # tokens of prompt prefixes; on whole-word subjects both give the same span
+    facts = load_facts(langs=["en", "fr", "ja"], relations=["capital"], limit=3)
+    fast = [subject_token_span(tiny, f.prompt, f.subject_span) for f in facts]
+    monkeypatch.setattr(type(tiny.tokenizer), "is_fast", property(lambda self: False))
+    slow = [subject_token_span(tiny, f.prompt, f.subject_span) for f in facts]
+    assert slow == fast
+
+
 def test_cross_language_alignment(tiny):
     en = load_facts(langs=["en"], relations=["capital"], limit=3)
     fr = load_facts(langs=["fr"], relations=["capital"], limit=3)
