@@ -31,6 +31,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from mechlingo.errors import MechlingoError
 from mechlingo.runs import StopForward, run_batch
 from mechlingo.sites import hook_name, resolve_layers
 from mechlingo.tokens import encode, sorted_batches
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 
-class AlignmentError(ValueError):
+class AlignmentError(MechlingoError, ValueError):
     """Bad input to an embedding-space measurement (the message says what to change)."""
 
 
@@ -443,10 +444,12 @@ def compare_alignment(
     intervention steers to (for the ``to_target`` distance; read from the clamp's metadata
     when not given)."""
     check_parallel(texts, 2)
+    if target is not None and target not in texts:
+        raise AlignmentError(f"target {target!r} is not among the languages {list(texts)}")
     if target is None and intervention is not None:
         target = (getattr(intervention, "meta", {}) or {}).get("build", {}).get("lang")
-    if target is not None and target not in texts:
-        target = None
+        if target is not None and target not in texts:
+            target = None  # the clamp's own language is not in this data: no to-target
     kw = dict(layers=layers, batch_size=batch_size, max_tokens=max_tokens, progress=progress)
     pre = embed_parallel(model, texts, **kw)
     post = (

@@ -3,7 +3,11 @@
 Each subcommand loads a model, runs one analysis, and writes ``--out/summary.json`` (the
 headline numbers) and ``--out/report.html`` (one self-contained file with the figures), plus
 its own detail files. Outputs are written only when the analysis has succeeded; on bad input
-the command prints what was wrong and exits with status 2, leaving ``--out`` untouched.
+the command prints one line (what is wrong, where, what to do) and exits with status 2,
+leaving ``--out`` untouched. Every flag is checked before the model loads
+(:func:`mechlingo.validate.validate_args`), what needs the model (layer counts, prompt
+lengths against ``n_ctx``) right after it loads and before any computation. An unexpected
+exception is a bug: it is reported with its traceback and exit status 1.
 """
 
 from __future__ import annotations
@@ -12,14 +16,17 @@ import argparse
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from mechlingo.errors import InputError, MechlingoError, format_error
 
 _COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[Any], int]]] = {}
 
 
-class UsageError(Exception):
-    """Bad input on the command line; printed without a traceback."""
+class UsageError(InputError):
+    """Bad input on the command line; printed as one line, exit status 2."""
 
 
 def command(
@@ -37,6 +44,8 @@ def command(
 
 
 def split_list(text: str | None) -> list[str] | None:
+    """Comma-separated items (stripped, empty ones dropped); ``None`` when there are none.
+    Flags are checked for empty items and repeats first (:func:`mechlingo.validate.parse_list`)."""
     if text is None:
         return None
     items = [x.strip() for x in text.split(",") if x.strip()]
@@ -44,6 +53,7 @@ def split_list(text: str | None) -> list[str] | None:
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
+    """``--model``, ``--device``, ``--dtype``, ``--compat``."""
     g = p.add_argument_group("model")
     g.add_argument(
         "--model",
@@ -63,6 +73,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_data_args(p: argparse.ArgumentParser, *, default_langs: str = "en,fr,de,es,ja") -> None:
+    """``--langs``, ``--relation``, ``--limit``, ``--data`` (facts)."""
     g = p.add_argument_group("data")
     g.add_argument(
         "--langs",
@@ -72,8 +83,9 @@ def add_data_args(p: argparse.ArgumentParser, *, default_langs: str = "en,fr,de,
     )
     g.add_argument(
         "--relation",
-        default="capital",
-        help="comma-separated relations (default capital); 'all' for every relation",
+        default=None,
+        help="comma-separated relations, or 'all' (default: capital for the bundled data, "
+        "every relation in the file with --data)",
     )
     g.add_argument(
         "--limit",
@@ -89,42 +101,54 @@ def add_data_args(p: argparse.ArgumentParser, *, default_langs: str = "en,fr,de,
 
 
 def add_out_arg(p: argparse.ArgumentParser) -> None:
+    """``--out``, ``--batch-size``, ``--quiet``."""
     p.add_argument("--out", required=True, help="output folder (created; files in it replaced)")
     p.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def load_selected_facts(args: Any) -> list[Any]:
+    """The facts selected by ``--data/--langs/--relation/--limit`` (remembered on ``args``
+    for the context-length check after the model loads)."""
     from mechlingo.data import RELATIONS, load_facts
 
     rel = split_list(args.relation)
     if rel == ["all"]:
         rel = list(RELATIONS) if args.data is None else None
+    elif rel is None:
+        rel = ["capital"] if args.data is None else None  # with --data: every relation in it
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be at least 1")
     try:
-        return load_facts(
+        facts = load_facts(
             langs=split_list(args.langs), relations=rel, limit=args.limit, path=args.data
         )
-    except (ValueError, FileNotFoundError) as err:
+    except MechlingoError:
+        raise
+    except (ValueError, OSError) as err:
         raise UsageError(str(err)) from err
+    args._facts = facts
+    return facts
 
 
 def load_cli_model(args: Any) -> Any:
+    """Load ``--model`` on ``--device``/``--dtype``, then run the checks that need it
+    (:func:`mechlingo.validate.check_after_load`) before any computation."""
     from mechlingo.distributed import dist_info
-    from mechlingo.models import ModelLoadError, load_model
+    from mechlingo.models import load_model
+    from mechlingo.validate import check_after_load
 
     device = args.device
     info = dist_info()
     if device is None and info.world_size > 1:
         device = str(info.device)  # under torchrun: this rank's GPU, or the CPU
-    try:
-        return load_model(args.model, device=device, dtype=args.dtype, compat=args.compat)
-    except ModelLoadError as err:
-        raise UsageError(str(err)) from err
+    model = load_model(args.model, device=device, dtype=args.dtype, compat=args.compat)
+    check_after_load(model, args)
+    return model
 
 
 def run_meta(model: Any, args: Any, **extra: Any) -> dict[str, Any]:
+    """The ``meta`` record of a command's summary (model, weights, device, version)."""
     from mechlingo import __version__
     from mechlingo.models import model_name, weight_mode
 
@@ -309,32 +333,63 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _cleanup_at_start(args: Any) -> None:
+    """Remove leftovers of killed runs: temporary siblings of ``--out`` and the model
+    cache's unfinished conversions."""
+    from pathlib import Path
+
+    from mechlingo.artifacts import cleanup_stale
+    from mechlingo.models import cache_dir
+
+    out = getattr(args, "out", None)
+    if isinstance(out, str) and out.strip():
+        path = Path(out).expanduser().absolute()
+        cleanup_stale(path.parent, path.name)
+    cleanup_stale(cache_dir(), cache=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``mechlingo`` command line; returns the exit status.
+
+    0: done. 2: bad input (one line on stderr: what, where, what to do; ``--out`` and the
+    model cache untouched). 1: a bug (one line saying so, then the traceback). 130:
+    interrupted. ``MECHLINGO_DEBUG=1`` re-raises instead.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
     from mechlingo.distributed import process_group
+    from mechlingo.validate import validate_args
 
+    name = args.command + (f" {args.steer_command}" if getattr(args, "steer_command", None) else "")
     try:
+        validate_args(args)
+        _cleanup_at_start(args)
         # Under torchrun the statistics of `steer build` and `experts` are computed data-parallel
         # (each rank streams its shard; sums are all-reduced) and only rank 0 writes outputs.
         with process_group():
             return int(args._run(args) or 0)
-    except UsageError as err:
-        print(f"mechlingo {args.command}: error: {err}", file=sys.stderr)
-        return 2
-    except ValueError as err:
-        # mechlingo's input errors (SiteError, InterventionError, ModelMismatchError, ...) are
-        # ValueErrors whose message says what to do; MECHLINGO_DEBUG=1 shows the traceback.
+    except MechlingoError as err:
         if os.environ.get("MECHLINGO_DEBUG"):
             raise
-        print(f"mechlingo {args.command}: error: {type(err).__name__}: {err}", file=sys.stderr)
+        print(f"mechlingo {name}: error: {format_error(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # pragma: no cover
         print("interrupted; nothing was written", file=sys.stderr)
         return 130
+    except Exception as err:
+        if os.environ.get("MECHLINGO_DEBUG"):
+            raise
+        print(
+            f"mechlingo {name}: internal error ({type(err).__name__}): this is a bug in "
+            "mechlingo, not in your input; please report it with the command line and the "
+            "traceback below",
+            file=sys.stderr,
+        )
+        traceback.print_exc(file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -40,6 +40,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from mechlingo.errors import MechlingoError
 from mechlingo.experts import NeuronStats
 from mechlingo.kernels.means import last_token_means
 from mechlingo.kernels.stats import ActivationProbability, masked_pool
@@ -66,7 +67,7 @@ __all__ = [
 ]
 
 
-class DistributedError(RuntimeError):
+class DistributedError(MechlingoError, RuntimeError):
     """The distributed environment is inconsistent (bad env variables, mismatched shapes)."""
 
 

@@ -39,6 +39,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from mechlingo.errors import MechlingoError
 from mechlingo.interventions import (
     Intervention,
     NeuronClamp,
@@ -63,7 +64,7 @@ Pool = Literal["mean", "max"]
 ScoreName = Literal["auroc", "ap", "lape"]
 
 
-class ExpertError(ValueError):
+class ExpertError(MechlingoError, ValueError):
     """Bad input to an expert-neuron analysis (the message says what to change)."""
 
 

@@ -71,6 +71,7 @@ def load_parallel(args: Any, *, offset: int | None = None, limit: int | None = N
     from mechlingo.data import LANGS, parallel_sentences, read_parallel_dir
 
     langs = split_list(args.langs)
+    main_call = offset is None and limit is None
     offset = args.offset if offset is None else offset
     limit = args.limit if limit is None else limit
     if limit is not None and limit < 1:
@@ -86,6 +87,8 @@ def load_parallel(args: Any, *, offset: int | None = None, limit: int | None = N
         raise UsageError(str(err)) from err
     texts = drop_empty_lines(texts)
     out = {lg: s[offset : offset + limit if limit else None] for lg, s in texts.items()}
+    if main_call:
+        args._texts = out  # for the context-length check after the model loads
     short = [lg for lg, s in out.items() if not s]
     if short:
         raise UsageError(
@@ -252,7 +255,7 @@ def cmd_experts(args: Any) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name, iv in clamps.items():
             files.update(_folder_files(iv.save(Path(tmp) / name, model), name))
-        write_outputs(args.out, files)
+        write_outputs(args.out, files, keep_others=False)  # one step, no stale clamps
     print(f"wrote {args.out}: summary.json, experts.csv, report.html, clamps {sorted(clamps)}")
     return 0
 
@@ -287,6 +290,12 @@ def cmd_align(args: Any) -> int:
     texts = load_parallel(args)
     if len(texts) < 2:
         raise UsageError("alignment needs at least two languages")
+    if args.target is not None and args.target not in texts:
+        raise UsageError(
+            f"--target {args.target} has no sentences; the languages are {list(texts)}",
+            where="--target",
+            fix="pick one of them or drop --target",
+        )
     model = load_cli_model(args)
     iv = control = None
     try:

@@ -41,6 +41,8 @@ import contextlib
 import html
 import json
 import math
+import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -49,6 +51,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mechlingo.errors import ArtifactError, MechlingoError, MissingArtifactError
 from mechlingo.sites import SiteError, canonical_site, resolve_site
 from mechlingo.tokens import PositionSpec, current_batch, position_mask
 
@@ -71,7 +74,7 @@ __all__ = [
 ]
 
 
-class InterventionError(ValueError):
+class InterventionError(MechlingoError, ValueError):
     """An intervention does not fit the model or cannot be built/saved; the message says why."""
 
 
@@ -119,7 +122,7 @@ def check_model(
         "weights": weight_mode(model),
     }
     if fingerprint:
-        now["unembed_fingerprint"] = unembed_fingerprint(model)
+        now["unembed_fingerprint"] = _cached_fingerprint(model, unembed_fingerprint)
     diffs = [
         f"{k}: saved {info[k]!r}, this model {now[k]!r}"
         for k in _STRICT_KEYS
@@ -133,6 +136,34 @@ def check_model(
             f"{what or 'this intervention'} was built on {info.get('model_name')!r} and does not "
             f"fit this model ({model_info_name(model)}): " + "; ".join(diffs) + hint
         )
+
+
+_FINGERPRINTS: weakref.WeakKeyDictionary[Any, tuple[tuple, str]] = weakref.WeakKeyDictionary()
+
+
+def _cached_fingerprint(model: Any, compute: Callable[[Any], str]) -> str:
+    """The unembedding fingerprint, computed once per model and unembedding version."""
+    w = model.W_U
+    key = (w.data_ptr(), getattr(w, "_version", 0), tuple(w.shape), str(w.device), w.dtype)
+    try:
+        hit = _FINGERPRINTS.get(model)
+    except TypeError:
+        hit = None
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    fp = compute(model)
+    try:
+        _FINGERPRINTS[model] = (key, fp)
+    except TypeError:  # cannot be weakly referenced: no memo
+        pass
+    return fp
+
+
+def _check_finite(values: Tensor | float, what: str) -> None:
+    """Refuse NaN/inf: they turn every logit into NaN without an error."""
+    t = torch.as_tensor(values)
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        raise InterventionError(f"{what} has NaN or infinite values; give finite numbers")
 
 
 def model_info_name(model: Any) -> str:
@@ -272,10 +303,12 @@ class Intervention(abc.ABC):
             "meta": meta,
             "mechlingo": __version__,
         }
+        from mechlingo.artifacts import atomic_folder
+
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(path / _TENSORS_FILE))
-        (path / _META_FILE).write_text(json.dumps(doc, indent=2, ensure_ascii=False))
+        with atomic_folder(path) as tmp:  # a kill leaves the old folder or the new one
+            save_file(tensors, str(tmp / _TENSORS_FILE))
+            (tmp / _META_FILE).write_text(json.dumps(doc, indent=2, ensure_ascii=False))
         return path
 
     @staticmethod
@@ -326,16 +359,49 @@ def load_intervention(path: str | Path, model: Any = None) -> Intervention:
     path = Path(path)
     meta_path, tensor_path = path / _META_FILE, path / _TENSORS_FILE
     if not meta_path.is_file() or not tensor_path.is_file():
-        raise FileNotFoundError(
+        raise MissingArtifactError(
             f"{path} holds no saved intervention ({_META_FILE} + {_TENSORS_FILE} expected)"
         )
-    doc = json.loads(meta_path.read_text())
+    try:
+        doc = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ArtifactError(
+            f"{meta_path} is not valid JSON ({err})", fix="re-save the intervention"
+        ) from None
+    if not isinstance(doc, dict):
+        raise ArtifactError(f"{meta_path} does not hold a JSON object", fix="re-save it")
     if doc.get("format") != FORMAT_VERSION:
         raise InterventionError(f"{path}: unsupported format {doc.get('format')!r}")
-    tensors = load_file(str(tensor_path))
-    obj = _restore_any(doc["kind"], tensors, doc["config"])
+    from mechlingo.validate import _check_safetensors_header
+
+    _check_safetensors_header(tensor_path, ArtifactError)
+    try:
+        tensors = load_file(str(tensor_path))
+    except Exception as err:
+        raise ArtifactError(
+            f"{tensor_path} cannot be read ({type(err).__name__}: {err}); it is truncated or "
+            "corrupt",
+            fix="re-save the intervention",
+        ) from None
+    try:
+        obj = _restore_any(doc["kind"], tensors, doc["config"])
+    except MechlingoError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        missing = f"the field {err}" if isinstance(err, KeyError) else f"{err}"
+        raise ArtifactError(
+            f"{meta_path} is incomplete or does not match its tensors ({missing})",
+            fix="re-save the intervention",
+        ) from None
     obj.meta = dict(doc.get("meta") or {})
     if model is not None:
+        if not obj.meta.get("model"):
+            warnings.warn(
+                f"the intervention in {path} records no model (meta.model), so mechlingo cannot "
+                "check that it fits this model; re-save it with intervention.save(path, model)",
+                UserWarning,
+                stacklevel=2,
+            )
         check_model(obj.meta.get("model"), model, what=f"the intervention in {path}")
     return obj
 
@@ -393,6 +459,7 @@ class SteeringVector(Intervention):
         self.vector = vector.detach()
         self.layer = layer
         self.alpha = float(alpha)
+        _check_finite(self.alpha, "the steering alpha")
         self.site = canonical_site(site)
         _no_pattern(self.site, "a SteeringVector")
         self.positions = _check_positions(positions)
@@ -430,7 +497,7 @@ class SteeringVector(Intervention):
             raise InterventionError(
                 "this SteeringVector has no layer; place it with .at(layer, alpha)"
             )
-        check_model(self.meta.get("model"), model, fingerprint=False, what=repr(self))
+        check_model(self.meta.get("model"), model, what=repr(self))
         site = _site(model, self.site, self.layer, "SteeringVector")
         v = self.direction(model)
         if v.shape[-1] != site.width:
@@ -555,6 +622,12 @@ class NeuronClamp(Intervention):
                 raise InterventionError(f"no neurons given for layer {layer}")
             if bool((ids < 0).any()):
                 raise InterventionError(f"negative neuron index at layer {layer}")
+            if ids.unique().numel() != ids.numel():
+                uniq, counts = ids.unique(return_counts=True)
+                raise InterventionError(
+                    f"neuron {int(uniq[counts > 1][0])} appears more than once at layer {layer}; "
+                    "with two values one would silently win: list each neuron once"
+                )
             self.neurons[layer] = ids
             if mode == "zero":
                 val = torch.zeros(ids.numel())
@@ -573,10 +646,11 @@ class NeuronClamp(Intervention):
                 raise InterventionError(
                     f"layer {layer}: {ids.numel()} neurons but {val.numel()} values"
                 )
+            _check_finite(val, f"NeuronClamp values at layer {layer}")
             self.values[layer] = val.float()
 
     def fwd_hooks(self, model: Any) -> list[tuple[str, HookFn]]:
-        check_model(self.meta.get("model"), model, fingerprint=False, what=repr(self))
+        check_model(self.meta.get("model"), model, what=repr(self))
         hooks: list[tuple[str, HookFn]] = []
         for layer in sorted(self.neurons):
             site = _site(model, self.site, layer, "NeuronClamp")
@@ -687,11 +761,13 @@ class Ablation(Intervention):
         self.layer = layer
         self.ablation = kind
         self.mean = None if mean is None else torch.as_tensor(mean).detach().float()
+        if self.mean is not None:
+            _check_finite(self.mean, "the ablation mean")
         self.positions = _check_positions(positions)
         self.meta = dict(meta or {})
 
     def fwd_hooks(self, model: Any) -> list[tuple[str, HookFn]]:
-        check_model(self.meta.get("model"), model, fingerprint=False, what=repr(self))
+        check_model(self.meta.get("model"), model, what=repr(self))
         site = _site(model, self.site, self.layer, "Ablation")
         mean = self.mean
         if mean is not None and mean.shape[-1] != site.width:
@@ -768,6 +844,7 @@ class Compose(Intervention):
         self.meta = dict(meta or {})
 
     def fwd_hooks(self, model: Any) -> list[tuple[str, HookFn]]:
+        check_model(self.meta.get("model"), model, what="this Compose")
         hooks: list[tuple[str, HookFn]] = []
         for p in self.parts:
             hooks.extend(p.fwd_hooks(model))

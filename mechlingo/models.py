@@ -26,12 +26,14 @@ from typing import Any
 
 import torch
 
+from mechlingo.errors import MechlingoError
+
 DEFAULT_MODEL = "google/gemma-3-270m"
 _MANIFEST = "mechlingo-cache.json"
 _CACHE_FORMAT = 1
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(MechlingoError, RuntimeError):
     """A model could not be loaded; the message says why and what to do."""
 
 
@@ -158,13 +160,17 @@ def ensure_default_model(*, force: bool = False) -> Path:
     pkg = _gguf_package()
     expected = pkg.EXPECTED_SHA256
     folder = default_model_dir()
+    if folder.parent.is_dir():  # leftovers of a killed conversion
+        from mechlingo.artifacts import cleanup_stale
+
+        cleanup_stale(folder.parent, cache=True)
     if folder.exists() and not force:
         ok, why = _cache_is_valid(folder, expected)
         if ok:
             return folder
         _log(f"cached default model at {folder} is not usable ({why}); rebuilding it")
     folder.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".building-", dir=folder.parent))
+    work = Path(tempfile.mkdtemp(prefix=f".building-{os.getpid()}-", dir=folder.parent))
     try:
         t0 = time.time()
         out = _convert_default_gguf(pkg, work)
@@ -276,10 +282,10 @@ def load_model(
         ModelLoadError: the model cannot be found or loaded; the message says what to do.
     """
     if isinstance(dtype, str):
-        try:
-            dtype = getattr(torch, dtype)
-        except AttributeError as err:
-            raise ModelLoadError(f"unknown dtype {dtype!r}; use e.g. 'float32'") from err
+        found = getattr(torch, dtype, None)
+        if not isinstance(found, torch.dtype):  # torch.nn is an attribute, not a dtype
+            raise ModelLoadError(f"unknown dtype {dtype!r}; use e.g. 'float32' or 'bfloat16'")
+        dtype = found
     torch_dtype: torch.dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32
     if device_map is not None and device is not None:
         raise ModelLoadError("pass either device or device_map, not both")
@@ -309,21 +315,44 @@ def load_model(
         if path.suffix == ".gguf":
             if not path.is_file():
                 raise ModelLoadError(f"GGUF file {path} does not exist")
-            model = _boot_gguf(path, device=dev, dtype=torch_dtype, device_map=device_map)
+            from mechlingo.validate import check_gguf_file
+
+            check_gguf_file(path)
+            try:
+                model = _boot_gguf(path, device=dev, dtype=torch_dtype, device_map=device_map)
+            except MechlingoError:
+                raise
+            except Exception as err:
+                raise ModelLoadError(
+                    f"could not load the GGUF file {path}: {type(err).__name__}: "
+                    f"{str(err)[:300]} (is it complete? re-download it)"
+                ) from err
         elif path.is_dir():
             if not (path / "config.json").is_file():
                 raise ModelLoadError(
                     f"{path} is a folder without config.json; a local model must be a "
                     "transformers folder (config.json, weights, tokenizer files)"
                 )
-            model = _boot_folder(
-                path,
-                device=dev,
-                dtype=torch_dtype,
-                name=None,
-                device_map=device_map,
-                offload_folder=offload_folder,
-            )
+            from mechlingo.validate import check_model_folder
+
+            check_model_folder(path)
+            try:
+                model = _boot_folder(
+                    path,
+                    device=dev,
+                    dtype=torch_dtype,
+                    name=None,
+                    device_map=device_map,
+                    offload_folder=offload_folder,
+                )
+            except MechlingoError:
+                raise
+            except Exception as err:
+                raise ModelLoadError(
+                    f"could not load the model folder {path}: {type(err).__name__}: "
+                    f"{str(err)[:300]} (a transformers folder needs config.json, complete "
+                    "weights and tokenizer files)"
+                ) from err
         elif str(name).startswith((".", "/", "~")) or os.sep + os.sep in str(name):
             raise ModelLoadError(f"local path {name} does not exist")
         else:

@@ -57,6 +57,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mechlingo.errors import MechlingoError
 from mechlingo.kernels.readout import read_logits
 from mechlingo.runs import StopForward, final_resid_name, run_batch
 from mechlingo.sites import RESIDUAL_SITES, resolve_site, site_map
@@ -74,7 +75,7 @@ PATCH_SITES: tuple[str, ...] = (*RESIDUAL_SITES, "head")
 PositionLabel = int | str
 
 
-class PatchingError(ValueError):
+class PatchingError(MechlingoError, ValueError):
     """Bad input to a patching sweep (shapes, positions, alignment, sites)."""
 
 

@@ -2,8 +2,9 @@
 
 A report is one HTML file with plotly's JavaScript inlined once, so it opens offline and
 makes no network request. :func:`write_outputs` writes a command's files into ``--out`` only
-after all of them are ready: they are first written to a temporary folder beside it and then
-moved in, so a failing command leaves nothing half-written.
+after all of them are ready: the new folder is built beside it and put in place in one rename
+(:func:`mechlingo.artifacts.atomic_folder`), so a failing or killed command leaves either the
+old folder or the new one, never a mix.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import datetime as _dt
 import html
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -102,24 +101,27 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"cannot write {type(obj).__name__} to JSON")
 
 
-def write_outputs(out: str | os.PathLike[str], files: Mapping[str, Any]) -> Path:
+def write_outputs(
+    out: str | os.PathLike[str], files: Mapping[str, Any], *, keep_others: bool = True
+) -> Path:
     """Write ``{name: content}`` into the folder ``out`` all at once.
 
     Content: ``str`` (text), ``bytes``, a :class:`Report`, or anything JSON-serialisable (for
-    ``.json`` names). Everything is written to a temporary folder next to ``out`` first; only
-    when all files exist are they moved into ``out`` (created if needed). Existing files of
-    the same names are replaced; other files in ``out`` are left alone. Under ``torchrun``
-    only rank 0 writes.
+    ``.json`` names). The new folder is built in a temporary sibling and put at ``out`` in
+    one rename, so a kill leaves the old folder or the new one. Existing files of the same
+    names are replaced; other files in ``out`` are carried over (``keep_others``) or dropped.
+    Under ``torchrun`` only rank 0 writes.
     """
+    from mechlingo.artifacts import atomic_folder, kill_point
     from mechlingo.distributed import is_main
 
     out = Path(out)
     if not is_main():  # data-parallel runs: rank 0 writes, the others return the same path
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        for name, content in files.items():
+    with atomic_folder(out, keep_others=keep_others) as tmp:
+        for i, (name, content) in enumerate(files.items()):
+            if i == 1:
+                kill_point("write")
             path = tmp / name
             path.parent.mkdir(parents=True, exist_ok=True)
             if isinstance(content, Report):
@@ -133,11 +135,4 @@ def write_outputs(out: str | os.PathLike[str], files: Mapping[str, Any]) -> Path
                     json.dumps(content, indent=2, ensure_ascii=False, default=_json_default),
                     encoding="utf-8",
                 )
-        out.mkdir(parents=True, exist_ok=True)
-        for name in files:
-            dest = out / name
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp / name, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -25,6 +25,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from mechlingo.errors import MechlingoError
+
 SITE_HOOKS: dict[str, str] = {
     "resid_pre": "blocks.{layer}.hook_resid_pre",
     "resid_mid": "blocks.{layer}.hook_resid_mid",
@@ -39,7 +41,7 @@ SITE_ALIASES: dict[str, str] = {"neurons": "mlp_post", "mlp_neurons": "mlp_post"
 RESIDUAL_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 
 
-class SiteError(ValueError):
+class SiteError(MechlingoError, ValueError):
     """An unknown site, a layer out of range, or a hook the model does not have."""
 
 

@@ -179,13 +179,17 @@ def _build(args: Any) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from err
     vectors.build["split"] = list(_fractions(args.split))
-    vectors.save(args.out, model)
     summary = {
         "build": vectors.build,
         "norms": vectors.norms(),
         "meta": run_meta(model, args, seconds=round(time.time() - t0, 1)),
     }
-    write_outputs(args.out, {"summary.json": summary})
+    from mechlingo.artifacts import atomic_folder
+
+    # Built beside --out and renamed in one step: never task/ of one run next to another's.
+    with atomic_folder(args.out, keep_others=False) as tmp:
+        vectors.save(tmp, model)
+        write_outputs(tmp, {"summary.json": summary})
     print(f"wrote {args.out}/task, {args.out}/diff, build.json and summary.json")
     return 0
 
@@ -212,7 +216,7 @@ def _eval(args: Any) -> int:
     model = load_cli_model(args)
     try:
         vectors = RepairVectors.load(args.vectors, model)
-    except (FileNotFoundError, ModelMismatchError) as err:
+    except (FileNotFoundError, ModelMismatchError, ValueError) as err:
         raise UsageError(str(err)) from err
     t0 = time.time()
     progress = not args.quiet

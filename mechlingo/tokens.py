@@ -30,10 +30,12 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
+from mechlingo.errors import MechlingoError
+
 SPACELESS_LANGS = frozenset({"zh", "ja"})
 
 
-class TokenizationError(ValueError):
+class TokenizationError(MechlingoError, ValueError):
     """A prompt or answer cannot be tokenized in a way the analysis can use."""
 
 

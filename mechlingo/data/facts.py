@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mechlingo.errors import InputError, MechlingoError
+
 #: The twelve languages of the bundled data, as ISO 639-1 codes.
 LANGS: tuple[str, ...] = ("en", "de", "fr", "es", "it", "pt", "ru", "zh", "ja", "ko", "ar", "hi")
 
@@ -155,11 +157,11 @@ def check_langs(langs: Iterable[str] | str | None) -> tuple[str, ...]:
     langs = tuple(langs)
     unknown = [lang for lang in langs if lang not in LANGS]
     if unknown:
-        raise ValueError(f"unknown language(s) {unknown}; valid languages are {list(LANGS)}")
+        raise InputError(f"unknown language(s) {unknown}; valid languages are {list(LANGS)}")
     return langs
 
 
-class RecordError(ValueError):
+class RecordError(MechlingoError, ValueError):
     """A malformed record: the message names the source, line and field."""
 
 

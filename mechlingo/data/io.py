@@ -31,6 +31,7 @@ from mechlingo.data.facts import (
     check_langs,
     fact_from_mapping,
 )
+from mechlingo.errors import DataError, InputError
 
 if TYPE_CHECKING:
     import datasets
@@ -39,6 +40,25 @@ PathLike = str | os.PathLike[str]
 
 #: File name of the bundled facts inside the ``mechlingo.data`` package.
 BUNDLED_FACTS = "facts.jsonl"
+
+
+def _read_text(path: PathLike, what: str = "file") -> str:
+    """The file's text as UTF-8; a clear error naming the file and line otherwise."""
+    try:
+        data = Path(path).read_bytes()
+    except IsADirectoryError:
+        raise DataError(f"{path} is a folder, not a {what}") from None
+    except FileNotFoundError:
+        raise DataError(f"{path} does not exist") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        col = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        raise DataError(
+            f"{path}, line {line}: byte 0x{data[err.start]:02x} at column {col} is not UTF-8",
+            fix="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+        ) from None
 
 
 def bundled_path() -> Path:
@@ -68,16 +88,20 @@ def read_jsonl(path: PathLike) -> list[Fact]:
     source = str(path)
     facts: list[Fact] = []
     lines: list[int] = []
-    with open(path, encoding="utf-8") as handle:
-        for number, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise RecordError(f"{source}, line {number}: invalid JSON ({err.msg})") from None
-            facts.append(fact_from_mapping(record, source, number))
-            lines.append(number)
+    for number, text in enumerate(_read_text(path, "facts file").split("\n"), start=1):
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise RecordError(f"{source}, line {number}: invalid JSON ({err.msg})") from None
+        facts.append(fact_from_mapping(record, source, number))
+        lines.append(number)
+    if not facts:
+        raise DataError(
+            f"{source}, line 1: the file holds no facts (empty)",
+            fix="add one JSON object per line (see docs/data.md)",
+        )
     _check_unique(facts, source, lines)
     return facts
 
@@ -121,8 +145,7 @@ def read_tsv(path: PathLike) -> list[Fact]:
         ValueError: naming the file, line and field for a missing column or a bad value.
     """
     source = str(path)
-    with open(path, encoding="utf-8", newline="") as handle:
-        rows = handle.read().split("\n")
+    rows = _read_text(path, "facts file").split("\n")
     if not rows or not rows[0].strip():
         raise RecordError(f"{source}, line 1: missing header line (column names)")
     header = [name.strip() for name in rows[0].rstrip("\r").split("\t")]
@@ -144,6 +167,11 @@ def read_tsv(path: PathLike) -> list[Fact]:
             record[name] = _unescape(cell, source, number, name)
         facts.append(fact_from_mapping(record, source, number))
         lines.append(number)
+    if not facts:
+        raise DataError(
+            f"{source}, line 2: the file has a header line but no facts",
+            fix="add one tab-separated record per line after the header",
+        )
     _check_unique(facts, source, lines)
     return facts
 
@@ -166,7 +194,7 @@ def read_facts(path: PathLike) -> list[Fact]:
         return read_jsonl(path)
     if suffix in (".tsv", ".tab"):
         return read_tsv(path)
-    raise ValueError(f"{path}: unknown facts file extension {suffix!r}; use .jsonl or .tsv")
+    raise DataError(f"{path}: unknown facts file extension {suffix!r}; use .jsonl or .tsv")
 
 
 def to_dataset(facts: Iterable[Fact]) -> datasets.Dataset:
@@ -233,6 +261,11 @@ def load_facts(
     """
     lang_sel = check_langs(langs)
     source = bundled_path() if path is None else Path(path)
+    if not source.is_file():
+        raise DataError(
+            f"{source} "
+            + ("is a folder, not a facts file" if source.is_dir() else "does not exist")
+        )
     everything = _read_cached(str(source), source.stat().st_mtime_ns)
     available = sorted({fact.relation for fact in everything}, key=_relation_key)
     if relations is None:
@@ -241,11 +274,11 @@ def load_facts(
         rel_sel = (relations,) if isinstance(relations, str) else tuple(relations)
         unknown = [rel for rel in rel_sel if rel not in available]
         if unknown:
-            raise ValueError(
+            raise InputError(
                 f"unknown relation(s) {unknown} in {source}; valid relations are {available}"
             )
     if limit is not None and limit < 1:
-        raise ValueError(f"limit must be a positive number of fact ids, got {limit}")
+        raise InputError(f"limit must be a positive number of fact ids, got {limit}")
     lang_rank = {lang: i for i, lang in enumerate(lang_sel)}
     rel_set = set(rel_sel)
     facts = [f for f in everything if f.lang in lang_rank and f.relation in rel_set]
@@ -260,9 +293,11 @@ def load_facts(
         keep = {fid for ids in complete_ids.values() for fid in sorted(set(ids))[:limit]}
         facts = [f for f in facts if f.id in keep]
     if not facts:
-        raise ValueError(
+        present = sorted({f.lang for f in everything if f.relation in rel_set})
+        raise InputError(
             f"no facts in {source} for languages {list(lang_sel)}, relations {list(rel_sel)}"
             + (f", limit {limit}" if limit is not None else "")
+            + f"; the file has languages {present} for these relations"
         )
     facts.sort(key=lambda f: (_relation_key(f.relation), f.id, lang_rank[f.lang]))
     return facts
@@ -285,24 +320,24 @@ def read_parallel_dir(path: PathLike, langs: Iterable[str] | None = None) -> dic
     """
     folder = Path(path)
     if not folder.is_dir():
-        raise ValueError(f"{folder} is not a folder of <lang>.txt files")
+        raise DataError(f"{folder} is not a folder of <lang>.txt files")
     if langs is None:
         wanted = [lang for lang in LANGS if (folder / f"{lang}.txt").is_file()]
         if not wanted:
-            raise ValueError(f"{folder} has no <lang>.txt file for any of {list(LANGS)}")
+            raise DataError(f"{folder} has no <lang>.txt file for any of {list(LANGS)}")
     else:
         wanted = list((langs,) if isinstance(langs, str) else langs)
         missing = [lang for lang in wanted if not (folder / f"{lang}.txt").is_file()]
         if missing:
-            raise ValueError(f"{folder}: no file for language(s) {missing} (expected <lang>.txt)")
+            raise DataError(f"{folder}: no file for language(s) {missing} (expected <lang>.txt)")
     texts: dict[str, list[str]] = {}
     for lang in wanted:
-        content = (folder / f"{lang}.txt").read_text(encoding="utf-8")
+        content = _read_text(folder / f"{lang}.txt", "text file")
         lines = content.split("\n")
         if lines and lines[-1] == "":
             lines.pop()
         texts[lang] = [line.rstrip("\r") for line in lines]
     counts = {lang: len(lines) for lang, lines in texts.items()}
     if len(set(counts.values())) > 1:
-        raise ValueError(f"{folder}: files are not line-aligned, line counts {counts}")
+        raise DataError(f"{folder}: files are not line-aligned, line counts {counts}")
     return texts
