@@ -65,7 +65,7 @@ POSITIVE_INTS = (
     "repeats",
 )
 #: Integer flags that must be at least 0 when given.
-NON_NEGATIVE_INTS = ("offset", "patch_prompts", "translation_shots", "seed")
+NON_NEGATIVE_INTS = ("offset", "patch_prompts", "translation_shots")
 
 _FACT_COMMANDS = ("lens", "eval", "trace", "steer")
 _TEXT_COMMANDS = ("experts", "align")
