@@ -23,6 +23,13 @@ Method (Sundar et al., ACL 2025, after Suau et al. and Kojima et al.; see PAPERS
 
 A feature index ``f`` of the flattened neuron axis is neuron ``f % d_mlp`` of layer
 ``layers[f // d_mlp]``.
+
+For gated MLPs (Llama, Gemma, Qwen, Cohere, ...) the neuron is the input of the down
+projection, ``act(gate(x)) * up(x)``, not the gate alone: it is what multiplies the neuron's
+row of the down projection, so a clamp on it sets exactly that neuron's contribution to the
+residual stream, and it is the same place as a plain MLP's ``act(in(x))``. The ``> 0`` firing
+rate behind LAPE is then the sign of the product (``docs/models.md``). Mixture-of-experts
+models have no single neuron layer and are refused.
 """
 
 from __future__ import annotations
@@ -197,8 +204,10 @@ def collect_neuron_stats(
         raise ExpertError(f"batch_size must be >= 1, got {batch_size}")
     from mechlingo.distributed import distributed_pooled_neuron_acts
 
-    if not site_map(model).available["mlp_post"]:
-        raise ExpertError("this model has no mlp_post hooks (blocks.{l}.mlp.hook_post)")
+    sm = site_map(model)
+    if not sm.available["mlp_post"]:
+        why = sm.why_unavailable.get("mlp_post", "it has no blocks.{l}.mlp.hook_post hooks")
+        raise ExpertError(f"this model has no MLP neuron site (mlp_post): {why}")
     empty = [lang for lang in langs if any(not s.strip() for s in texts[lang])]
     if empty:
         raise ExpertError(f"empty sentences in {empty}; remove empty lines from the data first")

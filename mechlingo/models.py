@@ -229,6 +229,11 @@ def _boot_folder(
     bridge = TransformerBridge.boot_transformers(str(folder), **kwargs)
     if name:
         bridge.cfg.model_name = name
+    from mechlingo.sites import mlp_width
+
+    # TransformerLens guesses d_mlp = 4 * d_model for some configs (XGLM's ffn_dim); the down
+    # projection's real input width is what mlp_post has (docs/models.md)
+    bridge.cfg.d_mlp = mlp_width(bridge) or bridge.cfg.d_mlp
     return bridge
 
 
@@ -333,6 +338,7 @@ def load_model(
                     f"{path} is a folder without config.json; a local model must be a "
                     "transformers folder (config.json, weights, tokenizer files)"
                 )
+            check_family(path)
             from mechlingo.validate import check_model_folder
 
             check_model_folder(path)
@@ -368,15 +374,27 @@ def load_model(
     return model
 
 
+def _download_hub(name: str) -> Path:
+    """The local folder of hub id ``name``: its config, tokenizer and weights downloaded with
+    ``huggingface_hub.snapshot_download`` (or found in the local Hugging Face cache). Only
+    safetensors weights are fetched when the repository has them (``*.bin`` otherwise), and
+    never GGUF files, original checkpoints or remote code."""
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "tokenizer*"]
+    folder = Path(snapshot_download(name, allow_patterns=patterns))
+    if not any(folder.glob("*.safetensors")):
+        folder = Path(snapshot_download(name, allow_patterns=[*patterns, "*.bin"]))
+    return folder
+
+
 def _boot_hub(
     name: str, device: str, dtype: torch.dtype, device_map: Any, offload_folder: Any = None
 ) -> Any:
-    """Load a hub id through TransformerBridge.boot_transformers, with a clear offline error."""
-    from transformer_lens.model_bridge import TransformerBridge
-
-    kwargs = _placement(device, dtype, device_map, offload_folder)
+    """Load a hub id: download its folder (:func:`_download_hub`), check its family
+    (:func:`check_family`) and boot it exactly as a local folder, named by the hub id."""
     try:
-        return TransformerBridge.boot_transformers(name, **kwargs)
+        folder = _download_hub(name)
     except Exception as err:
         text = f"{type(err).__name__}: {err}"
         offline_markers = (
@@ -401,6 +419,82 @@ def _boot_hub(
                 f"default. ({text[:300]})"
             ) from err
         raise ModelLoadError(f"could not load {name!r}: {text[:500]}") from err
+    check_family(folder, name=name)
+    try:
+        return _boot_folder(
+            folder,
+            device=device,
+            dtype=dtype,
+            name=name,
+            device_map=device_map,
+            offload_folder=offload_folder,
+        )
+    except Exception as err:
+        raise ModelLoadError(f"could not load {name!r}: {type(err).__name__}: {err}") from err
+
+
+def check_family(folder: str | os.PathLike[str], *, name: str | None = None) -> str | None:
+    """Check the architecture a transformers folder's ``config.json`` names against the
+    families mechlingo supports (:data:`mechlingo.families.FAMILIES`, see ``docs/models.md``).
+
+    Returns:
+        The family name (``"llama"``, ...), or ``None`` for an architecture TransformerLens
+        loads but mechlingo does not check (a ``UserWarning`` says so) or a config that names
+        no architecture.
+
+    Raises:
+        ModelLoadError: an architecture mechlingo refuses (encoder-decoders, encoders,
+            state-space and hybrid models: its numbers would mean something else), or one
+            TransformerLens 4 has no adapter for; the message names it and says why.
+    """
+    from mechlingo.families import REFUSED, SUPPORTED_ARCHITECTURES, family_of
+
+    label = name or str(folder)
+    try:
+        cfg = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None  # the folder check reports it
+    archs = cfg.get("architectures") or [] if isinstance(cfg, dict) else []
+    if not archs:
+        return None
+    arch = str(archs[0])
+    supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+    if arch in REFUSED:
+        raise ModelLoadError(
+            f"{label}: {arch} {REFUSED[arch]}. mechlingo refuses it rather than return numbers "
+            f"that mean something else (see docs/models.md). Supported families: {supported}"
+        )
+    family = family_of(arch)
+    if family is not None:
+        return family.name
+    from transformer_lens.factories.architecture_adapter_factory import (
+        SUPPORTED_ARCHITECTURES as TL_ARCHITECTURES,
+    )
+
+    if arch not in TL_ARCHITECTURES:
+        raise ModelLoadError(
+            f"{label}: TransformerLens {_tl_version()} has no adapter for {arch}, so mechlingo "
+            f"cannot hook it. Supported families: {supported} (see docs/models.md)"
+        )
+    import warnings
+
+    warnings.warn(
+        f"{label}: {arch} loads through TransformerLens but is not among the families "
+        "mechlingo checks (docs/models.md): check that the last logit-lens entry equals the "
+        "model's output and that every site you use resolves before trusting its numbers",
+        UserWarning,
+        stacklevel=3,
+    )
+    return None
+
+
+def _tl_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("transformer-lens")
+    except Exception:  # pragma: no cover
+        return "4"
 
 
 def weight_mode(model: Any) -> str:

@@ -703,6 +703,10 @@ def patch_sweep(
             f"source has {src.batch_size} rows and target {tgt.batch_size}; patching pairs "
             "row i of the source with row i of the target"
         )
+    from mechlingo.families import grows_mid_pass
+
+    if batching == "grow" and not grows_mid_pass(model):
+        batching = "stack"  # same numbers; ALiBi biases cannot grow mid-pass (docs/models.md)
     if cells_per_batch is None:
         cells_per_batch = 256 if batching == "grow" else 32
     if cells_per_batch < 1:
@@ -909,7 +913,7 @@ def _grown_final(
 
     try:
         run_batch(model, one, [*hooks, (final_resid_name(model), final_hook)])
-    except RuntimeError as e:
+    except (RuntimeError, ValueError) as e:  # ValueError: transformers' mask-shape checks
         raise PatchingError(
             f"the forward pass failed with a batch grown mid-pass ({e}); if this model's "
             "attention masks or position embeddings do not broadcast over a larger batch, use "

@@ -25,6 +25,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from mechlingo.errors import MechlingoError
 
 SITE_HOOKS: dict[str, str] = {
@@ -69,7 +71,7 @@ class SiteMap:
         cfg = model.cfg
         self.n_layers = int(cfg.n_layers)
         self.d_model = int(cfg.d_model)
-        self.d_mlp = int(getattr(cfg, "d_mlp", 0) or 0)
+        self.d_mlp = mlp_width(model)
         self.n_heads = int(getattr(cfg, "n_heads", 0) or 0)
         self.d_head = int(getattr(cfg, "d_head", 0) or 0)
         names = set(model.hook_dict.keys())
@@ -77,6 +79,16 @@ class SiteMap:
         for site, pattern in SITE_HOOKS.items():
             self.available[site] = all(
                 pattern.format(layer=layer) in names for layer in range(self.n_layers)
+            )
+        self.why_unavailable: dict[str, str] = {}
+        n_experts = int(getattr(cfg, "num_experts", 0) or 0)
+        if n_experts > 1:
+            # blocks.{l}.mlp.hook_post of a TransformerLens MoE block is the mixed output
+            # (d_model wide), not a layer of neurons: refuse it rather than index into it
+            self.available["mlp_post"] = False
+            self.why_unavailable["mlp_post"] = (
+                f"this is a mixture-of-experts model ({n_experts} experts per layer): each "
+                "expert has its own neurons and there is no single neuron layer to read"
             )
         if not self.available["resid_pre"] or not self.available["resid_post"]:
             raise SiteError(
@@ -105,13 +117,34 @@ class SiteMap:
                 f"(0..{self.n_layers - 1}, or negative from the end)"
             )
         if not self.available[canonical]:
+            why = self.why_unavailable.get(canonical, "it is not a hook of this model")
             raise SiteError(
-                f"site {canonical!r} ({SITE_HOOKS[canonical]}) is not a hook of this model; "
+                f"site {canonical!r} ({SITE_HOOKS[canonical]}) is not available: {why}; "
                 f"available: {[s for s, ok in self.available.items() if ok]}"
             )
         return Site(
             canonical, index, SITE_HOOKS[canonical].format(layer=index), self.width(canonical)
         )
+
+
+def mlp_width(model: Any) -> int:
+    """Number of MLP neurons per layer: the input width of block 0's down projection when the
+    model exposes it (a TransformerBridge), else ``cfg.d_mlp``.
+
+    The module is the ground truth: TransformerLens 4.3 guesses ``d_mlp = 4 * d_model`` for
+    configs that name the width ``ffn_dim`` (XGLM), and that guess would make every ``mlp_post``
+    width, neuron index check and neuron statistic wrong."""
+    cfg_width = int(getattr(model.cfg, "d_mlp", 0) or 0)
+    try:
+        down = model.blocks[0].mlp.out.original_component
+    except (AttributeError, IndexError, TypeError):
+        return cfg_width
+    if isinstance(down, torch.nn.Linear):
+        return int(down.in_features)
+    weight = getattr(down, "weight", None)
+    if type(down).__name__ == "Conv1D" and weight is not None:  # GPT-2: weight is [in, out]
+        return int(weight.shape[0])
+    return cfg_width
 
 
 def canonical_site(site: str) -> str:

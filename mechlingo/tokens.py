@@ -9,7 +9,9 @@ positions from a :class:`TokenBatch`.
 Answer token sets (the rule, also in ``docs/concepts.md``):
 
 * the *primary* token is the first token of the answer as it continues the prompt: with a
-  leading space in languages written with spaces, without one in Chinese and Japanese;
+  leading space in languages written with spaces, without one in Chinese and Japanese; a
+  tokenizer that writes the space as a token of its own (no leading-space marker) gives the
+  word's first token after it, never the space;
 * the set adds the first token of the other spacing variant, and every vocabulary token that
   (ignoring one leading space) is a prefix of the answer word at least ``min(3, len(word))``
   characters long (1 character for Chinese and Japanese, whose tokens are often single
@@ -355,6 +357,13 @@ def answer_tokens(
     other_ids = _ids(model, other)
     if not main_ids:
         raise TokenizationError(f"answer {word!r} tokenizes to nothing")
+    n_tokens = len(main_ids)
+    # A tokenizer without a leading-space marker may write the space as a token of its own;
+    # " " would then be every answer's primary token: track the word's first token instead.
+    main_ids = _drop_leading_space_tokens(model, main_ids)
+    other_ids = _drop_leading_space_tokens(model, other_ids)
+    if not main_ids:
+        raise TokenizationError(f"answer {word!r} tokenizes to whitespace only")
     ids = [main_ids[0]]
     if other_ids and other_ids[0] not in ids:
         other_text = model.tokenizer.decode([other_ids[0]]).strip()
@@ -367,7 +376,15 @@ def answer_tokens(
             for i in index.by_text.get(word[:k], ()):
                 if i not in ids:
                     ids.append(i)
-    return AnswerTokens(word, main_ids[0], tuple(ids), len(main_ids))
+    return AnswerTokens(word, main_ids[0], tuple(ids), n_tokens)
+
+
+def _drop_leading_space_tokens(model: Any, ids: list[int]) -> list[int]:
+    """``ids`` without the leading tokens that decode to whitespace only."""
+    k = 0
+    while k < len(ids) and not model.tokenizer.decode([ids[k]]).strip():
+        k += 1
+    return ids[k:]
 
 
 def pack_token_sets(
