@@ -338,6 +338,27 @@ def _falcon(v: int, ids: dict[str, int]) -> Any:
     )
 
 
+def _cohere2(v: int, ids: dict[str, int]) -> Any:
+    from transformers import Cohere2Config
+
+    return Cohere2Config(
+        **_rope_kw(
+            v,
+            ids,
+            logit_scale=0.5,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+            tie_word_embeddings=True,
+        )
+    )
+
+
+def _stablelm(v: int, ids: dict[str, int]) -> Any:
+    from transformers import StableLmConfig
+
+    return StableLmConfig(**_rope_kw(v, ids, partial_rotary_factor=0.5, tie_word_embeddings=False))
+
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in [
@@ -450,6 +471,18 @@ FAMILIES: dict[str, Family] = {
             _cohere,
         ),
         Family(
+            "cohere2",
+            "Cohere2ForCausalLM",
+            "CohereForAI/c4ai-command-r7b-12-2024, aya-vision's text model",
+            "bytelevel",
+            True,
+            True,
+            "LayerNorm without bias",
+            "As Cohere (parallel block, logit_scale folded into W_U), plus sliding-window "
+            "layers interleaved with global layers that have no positional encoding.",
+            _cohere2,
+        ),
+        Family(
             "gpt2",
             "GPT2LMHeadModel",
             "gpt2, mGPT (ai-forever/mGPT)",
@@ -509,6 +542,17 @@ FAMILIES: dict[str, Family] = {
             "Norms after attention and MLP only (no pre-norms): attn_out/mlp_out are the "
             "normed outputs added to the residual.",
             _olmo2,
+        ),
+        Family(
+            "stablelm",
+            "StableLmForCausalLM",
+            "stabilityai/stablelm-2-1_6b (7 European languages)",
+            "gpt2",
+            False,
+            True,
+            "LayerNorm",
+            "LayerNorms with a gated SiLU MLP; rotary on a part of each head.",
+            _stablelm,
         ),
         Family(
             "falcon",
