@@ -8,11 +8,11 @@ whitespace collapsed to one space. In languages written with spaces the match mu
 word boundary ("Rom" does not match "Romania"); in Chinese, Japanese and Korean, where
 particles attach to the word, it need not.
 
-Generation recomputes the whole prefix at each step instead of using a key-value cache:
-with TransformerLens 4.3 on transformers 5 the bridge's cached decoding gives different
-tokens from uncached decoding (its ``past_key_values`` no longer reaches the model), so the
-cache is not trusted here. To keep this cheap, prompts of similar lengths share right-padded
-batches and only each row's last position is unembedded.
+Generation decodes with a key-value cache (:mod:`mechlingo.decoding`: the transformers
+model's own cache driven through the bridge, with an adapter for TransformerLens 4.3 on
+transformers 5, whose bridge cache is broken). Prompts of similar lengths share right-padded
+batches, only each row's newest position is unembedded, and finished rows leave the batch.
+``cache=False`` recomputes the prefix at each step and gives the same tokens.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
 from tqdm.auto import tqdm
 
-from mechlingo.runs import FwdHooks, next_token_logits
-from mechlingo.tokens import TokenBatch, encode, sorted_batches
+from mechlingo.decoding import decode
+from mechlingo.runs import FwdHooks
+from mechlingo.tokens import encode, sorted_batches
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -79,21 +79,28 @@ def greedy_generate(
     fwd_hooks: FwdHooks = (),
     stop_at_newline: bool = True,
     progress: bool = False,
+    cache: bool = True,
 ) -> list[str]:
     """Greedy continuations of ``prompts`` (the generated text only).
 
-    Prompts of different lengths share right-padded batches (sorted by length): at each step
-    every row's next token is read at its own last real token and written into its first pad
-    slot, and causal attention with the attention mask keeps the padding invisible, so the
-    result equals generating each prompt alone (tested). The whole prefix is recomputed at each
-    step (see the module docstring on the KV cache).
+    Prompts of similar lengths share right-padded batches (sorted by length). With ``cache``
+    (the default) each batch runs its prompts once and then one new token per row per step
+    over a key-value cache, and rows that finish leave the batch
+    (:mod:`mechlingo.decoding`); with ``cache=False`` the whole prefix is recomputed at every
+    step. Both give the same tokens, and a mixed-length batch gives the same tokens as each
+    prompt alone (tested).
 
     Args:
         intervention: anything with ``fwd_hooks(model)`` (a mechlingo intervention); applied at
-            every step. Its ``"last"`` positions mean the prompt's last token, ``"generated"``
-            the tokens generated so far.
-        fwd_hooks: extra plain TransformerLens hooks, applied at every step.
+            every step. Its ``"last"`` positions mean the prompt's last token (acted on once,
+            in the prompt pass, and attended to afterwards), ``"generated"`` the tokens
+            generated so far, ``"all"`` every token.
+        fwd_hooks: extra plain TransformerLens hooks, applied at every pass. Under the cache
+            they see ``[batch, 1, ...]`` activations after the prompt pass (see
+            :mod:`mechlingo.decoding` for hooks that index positions).
         stop_at_newline: stop a row once it has produced a line break after some text.
+        cache: decode with a key-value cache where the model supports it
+            (:func:`mechlingo.decoding.kv_cache_path`).
 
     Returns:
         One string per prompt, in input order.
@@ -101,39 +108,31 @@ def greedy_generate(
     prompts = list(prompts)
     if not prompts:
         raise ValueError("no prompts to generate from")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     hooks = _hooks_of(model, intervention, fwd_hooks)
     batch = encode(model, prompts)
     eos = getattr(model.tokenizer, "eos_token_id", None)
     outputs: list[list[int]] = [[] for _ in prompts]
-    with torch.no_grad():
-        for rows in tqdm(
-            sorted_batches(batch.lengths, batch_size), desc="generating", disable=not progress
-        ):
-            sub = batch.select(rows)
-            tokens, lengths, plen = sub.tokens, sub.lengths.clone(), sub.prompt_lengths
-            done = [False] * len(rows)
-            ar = torch.arange(len(rows), device=tokens.device)
-            for _ in range(max_new_tokens):
-                cur = TokenBatch(tokens, lengths, sub.pad_id, sub.has_bos, plen)
-                nxt = next_token_logits(model, cur, extra_hooks=hooks).argmax(-1)
-                nxt = nxt.to(tokens.device)
-                if int(lengths.max()) >= tokens.shape[1]:
-                    tokens = torch.cat([tokens, torch.full_like(tokens[:, :1], sub.pad_id)], 1)
-                tokens = tokens.clone()
-                tokens[ar, lengths] = nxt
-                lengths = lengths + 1
-                for j, (r, tid) in enumerate(zip(rows, nxt.tolist(), strict=True)):
-                    if done[j]:
-                        continue
-                    if eos is not None and tid == eos:
-                        done[j] = True
-                        continue
-                    outputs[r].append(tid)
-                    if stop_at_newline:
-                        text = model.tokenizer.decode(outputs[r])
-                        done[j] = "\n" in text and bool(text.strip())
-                if all(done):
-                    break
+
+    def newline(row: int, ids: list[int]) -> bool:
+        text = model.tokenizer.decode(ids)
+        return "\n" in text and bool(text.strip())
+
+    for rows in tqdm(
+        sorted_batches(batch.lengths, batch_size), desc="generating", disable=not progress
+    ):
+        new = decode(
+            model,
+            batch.select(rows),
+            max_new_tokens=max_new_tokens,
+            hooks=hooks,
+            stop=newline if stop_at_newline else None,
+            eos=eos,
+            cache=cache,
+        )
+        for r, ids in zip(rows, new, strict=True):
+            outputs[r] = ids
     return [model.tokenizer.decode(o) for o in outputs]
 
 
@@ -190,12 +189,14 @@ def evaluate_facts(
     intervention: Any = None,
     fwd_hooks: FwdHooks = (),
     progress: bool = False,
+    cache: bool = True,
 ) -> EvalResult:
     """Score the model on facts with the eval rule.
 
     Args:
         prompts: prompts to use instead of each fact's zero-shot ``prompt`` (e.g. few-shot
             prompts); the answers are still the facts' answers.
+        cache: decode with a key-value cache (see :func:`greedy_generate`).
     """
     facts = list(facts)
     if not facts:
@@ -211,6 +212,7 @@ def evaluate_facts(
         intervention=intervention,
         fwd_hooks=fwd_hooks,
         progress=progress,
+        cache=cache,
     )
     records = []
     for f, text, gen in zip(facts, texts, gens, strict=True):

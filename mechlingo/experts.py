@@ -580,12 +580,14 @@ def sample_from_bos(
     intervention: Any = None,
     seed: int = 0,
     temperature: float = 1.0,
+    cache: bool = True,
 ) -> list[str]:
     """``n`` samples (temperature sampling, fixed seed) from a bare BOS prompt, with the
     intervention applied at every step. Greedy decoding from BOS gives one string only,
-    hence sampling. Generation recomputes the prefix each step (no KV cache, like
-    :func:`mechlingo.evaluate.greedy_generate`)."""
-    from mechlingo.runs import next_token_logits
+    hence sampling. Decoded with a key-value cache where the model supports it, like
+    :func:`mechlingo.evaluate.greedy_generate`; ``cache=False`` recomputes the prefix (the
+    same draws)."""
+    from mechlingo.decoding import decode
 
     bos = getattr(model.tokenizer, "bos_token_id", None)
     if bos is None:
@@ -595,14 +597,17 @@ def sample_from_bos(
     tokens = torch.full((n, 1), int(bos), dtype=torch.long, device=dev)
     hooks = list(intervention.fwd_hooks(model)) if intervention is not None else []
     eos = getattr(model.tokenizer, "eos_token_id", None)
-    for _ in range(max_new_tokens):
-        b = TokenBatch(tokens, torch.full((n,), tokens.shape[1], device=dev), 0, True)
-        logits = next_token_logits(model, b, extra_hooks=hooks)
+
+    def draw(logits: Tensor) -> Tensor:
         probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
-        nxt = torch.multinomial(probs, 1, generator=gen).to(dev)
-        tokens = torch.cat([tokens, nxt], dim=1)
+        return torch.multinomial(probs, 1, generator=gen).squeeze(1)
+
+    batch = TokenBatch(tokens, torch.ones(n, dtype=torch.long, device=dev), 0, True)
+    rows = decode(
+        model, batch, max_new_tokens=max_new_tokens, hooks=hooks, choose=draw, cache=cache
+    )
     out = []
-    for row in tokens[:, 1:].tolist():
+    for row in rows:
         if eos is not None and eos in row:
             row = row[: row.index(eos)]
         out.append(model.tokenizer.decode(row, skip_special_tokens=True))

@@ -53,7 +53,14 @@ from torch import Tensor
 
 from mechlingo.errors import ArtifactError, MechlingoError, MissingArtifactError
 from mechlingo.sites import SiteError, canonical_site, resolve_site
-from mechlingo.tokens import PositionSpec, current_batch, position_mask
+from mechlingo.tokens import (
+    PositionSpec,
+    TokenBatch,
+    batch_context,
+    current_batch,
+    current_columns,
+    position_mask,
+)
 
 HookFn = Callable[[Tensor, Any], Tensor | None]
 FORMAT_VERSION = 1
@@ -216,9 +223,33 @@ def _positions_text(positions: PositionSpec) -> str:
     return repr(positions)
 
 
+_PADDING_SAFE_RULES = ("all", "all_with_bos")
+
+
 def _mask_for(positions: PositionSpec, t: Tensor) -> Tensor:
-    """Bool mask [batch, pos, 1, ...] broadcastable to the activation ``t`` [batch, pos, ...]."""
-    mask = position_mask(positions, current_batch(), (t.shape[0], t.shape[1]), device=t.device)
+    """Bool mask [batch, pos, 1, ...] broadcastable to the activation ``t`` [batch, pos, ...].
+
+    Inside mechlingo runs the current batch (and, in a KV-cached decoding step, the columns
+    being computed) say where each row's tokens are. Outside them a single row is taken to be
+    unpadded; several rows are refused for every rule that depends on where a row ends,
+    because a padded batch would be steered at padding (right padding) or at shifted
+    positions (left padding, TransformerLens's default) without a word.
+    """
+    batch = current_batch()
+    if batch is None and t.shape[0] > 1 and positions not in _PADDING_SAFE_RULES:
+        raise InterventionError(
+            f"positions={_positions_text(positions)} on a batch of {t.shape[0]} rows with no "
+            "row lengths: a padded batch would be edited at padding. Apply it through "
+            "mechlingo (evaluate_facts, greedy_generate, collect), or give the batch: "
+            "`with mechlingo.intervene(model, iv, batch=b): model(b.tokens, "
+            "attention_mask=b.attention_mask())` or "
+            "`model.run_with_hooks(b.tokens, attention_mask=b.attention_mask(), "
+            "fwd_hooks=iv.fwd_hooks_for(model, b))`, where b = mechlingo.tokens.encode(model, "
+            "prompts); positions='all' needs no lengths"
+        )
+    mask = position_mask(
+        positions, batch, (t.shape[0], t.shape[1]), device=t.device, columns=current_columns()
+    )
     return mask.reshape(*mask.shape, *([1] * (t.ndim - 2)))
 
 
@@ -257,6 +288,13 @@ class Intervention(abc.ABC):
     @abc.abstractmethod
     def fwd_hooks(self, model: Any) -> list[tuple[str, HookFn]]:
         """Check against ``model`` and return TransformerLens ``(hook_name, fn)`` pairs."""
+
+    def fwd_hooks_for(self, model: Any, batch: TokenBatch) -> list[tuple[str, HookFn]]:
+        """:meth:`fwd_hooks` bound to ``batch`` (from :func:`mechlingo.tokens.encode`): each
+        hook runs with that batch as the current one, so ``"last"`` and the other position
+        rules find every row's real tokens in a plain ``run_with_hooks`` on the padded
+        batch."""
+        return [(name, _bound(fn, batch)) for name, fn in self.fwd_hooks(model)]
 
     def __add__(self, other: Intervention) -> Compose:
         if not isinstance(other, Intervention):
@@ -334,6 +372,16 @@ class Intervention(abc.ABC):
         if build:
             rows += f"<tr><td>built from</td><td>{html.escape(json.dumps(build))}</td></tr>"
         return f"<b>{self.kind}</b><table>{rows}</table>"
+
+
+def _bound(fn: HookFn, batch: TokenBatch) -> HookFn:
+    def hook(t: Tensor, hook: Any) -> Tensor | None:
+        if current_batch() is not None:
+            return fn(t, hook)
+        with batch_context(batch.to(t.device)):
+            return fn(t, hook)
+
+    return hook
 
 
 _REGISTRY: dict[str, type[Intervention]] = {}
@@ -893,12 +941,25 @@ class Compose(Intervention):
 
 
 @contextlib.contextmanager
-def intervene(model: Any, intervention: Intervention | None) -> Iterator[Any]:
+def intervene(
+    model: Any, intervention: Intervention | None, *, batch: TokenBatch | None = None
+) -> Iterator[Any]:
     """Apply ``intervention`` to every forward pass of ``model`` inside the block; its hooks
-    are removed when the block exits, also after an exception. ``None`` applies nothing."""
+    are removed when the block exits, also after an exception. ``None`` applies nothing.
+
+    Args:
+        batch: the padded batch (:func:`mechlingo.tokens.encode`) the block runs, when it runs
+            one of several rows: position rules then use each row's real tokens. Without it,
+            a multi-row run is refused for every rule but ``"all"`` (see :func:`_mask_for`).
+    """
     from mechlingo.runs import hooked
 
-    hooks = [] if intervention is None else intervention.fwd_hooks(model)
+    if intervention is None:
+        hooks: list[tuple[str, HookFn]] = []
+    elif batch is not None:
+        hooks = intervention.fwd_hooks_for(model, batch)
+    else:
+        hooks = intervention.fwd_hooks(model)
     with hooked(model, hooks):
         yield model
 

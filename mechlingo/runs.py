@@ -35,7 +35,8 @@ class StopForward(Exception):
     """Raised inside a hook to end a forward pass early once everything needed is read."""
 
 
-def _model_input_device(model: Any) -> torch.device:
+def model_input_device(model: Any) -> torch.device:
+    """The device token ids go to (the model's configured device, else the unembedding's)."""
     cfg_dev = getattr(model.cfg, "device", None)
     if cfg_dev is not None:
         return torch.device(cfg_dev)
@@ -65,7 +66,7 @@ def run_batch(model: Any, batch: TokenBatch, fwd_hooks: FwdHooks = ()) -> Any:
     The pass runs under ``torch.no_grad()``: mechlingo reads and edits activations, it never
     differentiates through them, and an autograd graph would only cost time and memory (the
     models' parameters require gradients by default)."""
-    dev = _model_input_device(model)
+    dev = model_input_device(model)
     b = batch.to(dev)
     with torch.no_grad(), batch_context(b), hooked(model, fwd_hooks):
         try:

@@ -185,22 +185,43 @@ def sorted_batches(lengths: Tensor | Sequence[int], batch_size: int) -> list[lis
 # --------------------------------------------------------------------------------------
 
 _CURRENT_BATCH: ContextVar[TokenBatch | None] = ContextVar("mechlingo_batch", default=None)
+_CURRENT_COLUMNS: ContextVar[Tensor | None] = ContextVar("mechlingo_columns", default=None)
 
 
 @contextlib.contextmanager
-def batch_context(batch: TokenBatch) -> Iterator[TokenBatch]:
+def batch_context(batch: TokenBatch, columns: Tensor | None = None) -> Iterator[TokenBatch]:
     """Make ``batch`` the current batch while a mechlingo run is in progress, so that
-    interventions can find each row's last real token."""
+    interventions can find each row's last real token.
+
+    Args:
+        batch: the whole sequence of every row (prompt and, during generation, the tokens
+            generated so far), right-padded.
+        columns: ``[batch, t]`` positions in ``batch`` of the ``t`` columns the running
+            forward pass computes, or ``None`` when it computes all of them. A KV-cached
+            decoding step computes one new token per row: its column is that token's position,
+            so position rules (``"last"``, ``"generated"``, integers, callables) still refer
+            to the whole sequence.
+    """
     token = _CURRENT_BATCH.set(batch)
+    col_token = _CURRENT_COLUMNS.set(columns)
     try:
         yield batch
     finally:
+        _CURRENT_COLUMNS.reset(col_token)
         _CURRENT_BATCH.reset(token)
 
 
 def current_batch() -> TokenBatch | None:
     """The batch set by :func:`batch_context`, or ``None`` outside mechlingo runs."""
     return _CURRENT_BATCH.get()
+
+
+def current_columns() -> Tensor | None:
+    """The ``[batch, t]`` positions of the running pass's columns in :func:`current_batch`
+    (set during KV-cached decoding steps), or ``None`` when the pass computes every
+    position. A plain TransformerLens hook that indexes positions can use it to stay correct
+    under cached generation."""
+    return _CURRENT_COLUMNS.get()
 
 
 PositionSpec = str | int | Sequence[int] | Callable[[TokenBatch], Tensor]
@@ -211,6 +232,7 @@ def position_mask(
     batch: TokenBatch | None,
     shape: tuple[int, int],
     device: torch.device | str | None = None,
+    columns: Tensor | None = None,
 ) -> Bool[Tensor, "batch pos"]:
     """Where a positions rule applies in a ``[batch, pos]`` activation.
 
@@ -222,7 +244,23 @@ def position_mask(
 
     Without a batch (a plain ``run_with_hooks`` on an unpadded tensor) every row is taken to be
     fully real, with a BOS at position 0.
+
+    With ``columns`` (``[batch, t]``, a KV-cached decoding step), the rule is evaluated on the
+    whole sequence held in ``batch`` and read at those positions, so the result is the same
+    as in a pass that recomputes every position.
     """
+    if columns is not None and batch is not None:
+        b, t = shape
+        if tuple(columns.shape) != (b, t) or batch.tokens.shape[0] != b:
+            raise TokenizationError(
+                f"activation of shape {(b, t)} does not match the decoding step's columns "
+                f"{tuple(columns.shape)} and batch of {batch.tokens.shape[0]} rows"
+            )
+        width = batch.tokens.shape[1]
+        full = position_mask(positions, batch, (b, width), device=device)
+        cols = columns.to(full.device).long()
+        inside = (cols >= 0) & (cols < width)
+        return full.gather(1, cols.clamp(0, width - 1)) & inside
     b, t = shape
     if batch is None or batch.tokens.shape[0] != b or batch.tokens.shape[1] != t:
         if batch is not None and batch.tokens.shape[0] == b and batch.tokens.shape[1] < t:

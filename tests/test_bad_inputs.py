@@ -27,7 +27,6 @@ import torch
 
 from mechlingo.cli import main
 
-PADDING_REASON = "padding: handled with KV-cache work"
 CPU_ONLY = (pytest.mark.skipif(torch.cuda.is_available(), reason="needs CPU-only torch"),)
 
 
@@ -1061,18 +1060,23 @@ def test_unexpected_exception_is_reported_as_a_bug(P, sandbox, capsys, monkeypat
     assert bug < err.index("Traceback") < err.index("ZeroDivisionError: boom")
 
 
-@pytest.mark.xfail(reason=PADDING_REASON, strict=False)
 def test_issue14_steering_last_on_right_padded_batch(tiny):
-    """``run_with_hooks`` with ``positions="last"`` on a right-padded batch must steer each
-    row at its last real token (or refuse)."""
-    from mechlingo.interventions import SteeringVector
+    """``run_with_hooks`` with ``positions="last"`` on a right-padded batch refuses without
+    the row lengths, and steers each row at its last real token when given the batch."""
+    from mechlingo.interventions import InterventionError, SteeringVector
     from mechlingo.tokens import encode
 
     sv = SteeringVector(torch.randn(64) * 5, 1, positions="last")
     short, long = "Rome", "The capital of Italy is the city of"
     batch = encode(tiny, [short, long])
+    with pytest.raises(InterventionError, match="fwd_hooks_for"):
+        tiny.run_with_hooks(
+            batch.tokens, attention_mask=batch.attention_mask(), fwd_hooks=sv.fwd_hooks(tiny)
+        )
     padded = tiny.run_with_hooks(
-        batch.tokens, attention_mask=batch.attention_mask(), fwd_hooks=sv.fwd_hooks(tiny)
+        batch.tokens,
+        attention_mask=batch.attention_mask(),
+        fwd_hooks=sv.fwd_hooks_for(tiny, batch),
     )
     alone = encode(tiny, [short])
     single = tiny.run_with_hooks(alone.tokens, fwd_hooks=sv.fwd_hooks(tiny))

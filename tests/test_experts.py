@@ -259,6 +259,8 @@ def test_cli_errors_leave_nothing(tmp_path, tiny_dir, capsys):
                 str(tiny_dir),
                 "--lang",
                 "de",
+                "--k",
+                "10",
                 "--data",
                 str(data),
                 "--out",

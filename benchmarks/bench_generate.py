@@ -1,0 +1,121 @@
+"""Benchmark: KV-cached greedy generation vs recomputing the prefix vs transformers.
+
+One process, the same prompts (``--n`` mixed-language prompts from the bundled facts, eight
+languages) and ``--new`` new tokens, three ways:
+
+* ``mechlingo cached`` -- :func:`mechlingo.evaluate.greedy_generate` (default ``cache=True``):
+  one prompt pass per batch, then one token per row per step over the transformers cache,
+  through the TransformerLens bridge with its hooks in place;
+* ``mechlingo uncached`` -- the same call with ``cache=False``: the whole prefix is recomputed
+  at every step (the decoder mechlingo used before);
+* ``transformers generate`` -- the underlying transformers model's own ``generate`` (greedy,
+  KV cache, left padding), no bridge and no hooks.
+
+All three decode exactly ``--new`` tokens (no stop at a line break, so each does the same
+work); a second pair of lines times mechlingo with its default stop at the first line break,
+which lets finished rows leave the cached batch. mechlingo cached and uncached must give the
+same tokens (checked); the agreement with transformers is printed.
+
+    python benchmarks/bench_generate.py                 # 128 prompts x 8 tokens, batch 32
+    python benchmarks/bench_generate.py --n 32 --new 4  # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mechlingo.data import load_facts  # noqa: E402
+from mechlingo.decoding import kv_cache_path  # noqa: E402
+from mechlingo.evaluate import greedy_generate  # noqa: E402
+from mechlingo.models import load_model  # noqa: E402
+
+LANGS = ["en", "fr", "de", "es", "ru", "ja", "zh", "ar"]
+
+
+def prompts_for(n: int) -> list[str]:
+    per = -(-n // len(LANGS))
+    facts = load_facts(langs=LANGS, relations=["capital"], limit=per)
+    by_lang = {lg: [f.prompt for f in facts if f.lang == lg] for lg in LANGS}
+    mixed = [p for group in zip(*by_lang.values(), strict=False) for p in group]
+    return mixed[:n]
+
+
+def hf_generate(model, prompts: list[str], new: int, batch_size: int) -> list[str]:
+    """transformers ``generate`` on the bridge's underlying model, greedy, left-padded."""
+    hf, tok = model.original_model, model.tokenizer
+    side = tok.padding_side
+    tok.padding_side = "left"
+    out = []
+    try:
+        for i in range(0, len(prompts), batch_size):
+            enc = tok(prompts[i : i + batch_size], return_tensors="pt", padding=True)
+            gen = hf.generate(
+                **enc,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+            )
+            out += tok.batch_decode(gen[:, enc["input_ids"].shape[1] :])
+    finally:
+        tok.padding_side = side
+    return out
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=None, help="model (default: the embedded gemma-3-270m)")
+    ap.add_argument("--n", type=int, default=128, help="prompts (default 128)")
+    ap.add_argument("--new", type=int, default=8, help="new tokens (default 8)")
+    ap.add_argument("--batch-size", type=int, default=32)
+    args = ap.parse_args()
+    torch.set_grad_enabled(False)
+    model = load_model(args.model, device="cpu")
+    prompts = prompts_for(args.n)
+    print(f"{len(prompts)} prompts, {args.new} new tokens, batch {args.batch_size}, ", end="")
+    print(f"KV-cache path: {kv_cache_path(model)}, torch threads {torch.get_num_threads()}")
+    greedy_generate(model, prompts[:4], max_new_tokens=2)  # warm up
+    hf_generate(model, prompts[:4], 2, 4)
+
+    kw = {"max_new_tokens": args.new, "batch_size": args.batch_size}
+    cached, t_cached = timed(
+        lambda: greedy_generate(model, prompts, stop_at_newline=False, cache=True, **kw)
+    )
+    plain, t_plain = timed(
+        lambda: greedy_generate(model, prompts, stop_at_newline=False, cache=False, **kw)
+    )
+    hf, t_hf = timed(lambda: hf_generate(model, prompts, args.new, args.batch_size))
+    stop_c, t_stop_c = timed(lambda: greedy_generate(model, prompts, cache=True, **kw))
+    stop_u, t_stop_u = timed(lambda: greedy_generate(model, prompts, cache=False, **kw))
+
+    same = sum(a == b for a, b in zip(cached, plain, strict=True))
+    same_stop = sum(a == b for a, b in zip(stop_c, stop_u, strict=True))
+    same_hf = sum(a == b for a, b in zip(cached, hf, strict=True))
+    print(f"mechlingo cached:     {t_cached:7.2f} s")
+    print(f"mechlingo uncached:   {t_plain:7.2f} s")
+    print(f"transformers generate:{t_hf:7.2f} s (no hooks)")
+    print(f"with line-break stops: cached {t_stop_c:.2f} s, uncached {t_stop_u:.2f} s")
+    print(f"cached == uncached: {same}/{len(prompts)}; with stops {same_stop}/{len(prompts)}")
+    print(f"cached == transformers generate: {same_hf}/{len(prompts)}")
+    if same != len(prompts) or same_stop != len(prompts):
+        raise SystemExit("cached and uncached decoding disagree")
+    print(f"cached vs uncached: {t_plain / t_cached:.1f}x")
+    print(f"cached vs uncached (line-break stops): {t_stop_u / t_stop_c:.1f}x")
+    print(f"transformers generate vs cached (time ratio, cached/HF): {t_cached / t_hf:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
