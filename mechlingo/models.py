@@ -382,9 +382,13 @@ def _download_hub(name: str) -> Path:
     from huggingface_hub import snapshot_download
 
     patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "tokenizer*"]
-    folder = Path(snapshot_download(name, allow_patterns=patterns))
+    # Mistral ships consolidated.safetensors beside the transformers shards, Llama 3 an
+    # original/ checkpoint: the same weights again, which transformers does not read
+    skip = ["original/*", "consolidated*", "*.gguf"]
+    folder = Path(snapshot_download(name, allow_patterns=patterns, ignore_patterns=skip))
     if not any(folder.glob("*.safetensors")):
-        folder = Path(snapshot_download(name, allow_patterns=[*patterns, "*.bin"]))
+        more = [*patterns, "*.bin"]
+        folder = Path(snapshot_download(name, allow_patterns=more, ignore_patterns=skip))
     return folder
 
 
