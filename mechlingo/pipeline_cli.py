@@ -10,6 +10,12 @@ template with another fact's subject; the clean activations are patched into the
 at every layer, at the subject's first and last token and the last two prompt tokens (aligned
 by subject span and from the end), and the clean answer's log-probability is read. Cells that
 restore it carry the fact.
+
+``--method`` chooses how the cells are measured: ``exact`` activation patching (default),
+``atp`` attribution patching (:mod:`mechlingo.attribution`: every cell and every attention
+head from one forward and one backward pass; the top heads are then verified by exact head
+patching and the circuit diagram shows heads), or ``both`` (exact and AtP on the same grid;
+the report gives their Spearman correlation and top-k agreement per site).
 """
 
 from __future__ import annotations
@@ -70,6 +76,21 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="patched copies per forward pass (default: patch_sweep's, 256)",
     )
+    p.add_argument(
+        "--method",
+        choices=("exact", "atp", "both"),
+        default="exact",
+        help="exact activation patching (default), attribution patching (atp: every cell and "
+        "head from one backward pass; top heads verified exactly), or both (with their "
+        "correlation per site)",
+    )
+    p.add_argument(
+        "--verify-heads",
+        type=int,
+        default=5,
+        help="with --method atp/both: the top heads (by AtP) verified by exact head patching "
+        "(default 5; 0 = none)",
+    )
 
 
 def _finite(obj: Any) -> Any:
@@ -111,25 +132,43 @@ def _patch_language(model: Any, trace: Any, facts: list[Any], lang: str, args: A
         others = [g for g in pool if g.answer != f.answer and g.id != f.id]
         corrupt.append(others[(k * 7) % len(others)] if others else pool[(k + 1) % len(pool)])
     sites = split_list(args.patch_sites) or ["resid_pre"]
-    sweep = patch_sweep(
-        model,
-        clean,
-        corrupt,
-        sites,
-        positions=PATCH_POSITIONS,
-        metric=fact_metrics(model, clean),
-        alignment="subject",
-        cells_per_batch=args.cells_per_batch,
-    )
-    sweep.meta.update(
-        {
-            "clean": [f.prompt for f in clean],
-            "corrupted": [f.prompt for f in corrupt],
-            "answers": [f.answer for f in clean],
-        }
-    )
+    kw = {
+        "positions": PATCH_POSITIONS,
+        "metric": fact_metrics(model, clean),
+        "alignment": "subject",
+    }
+    method = getattr(args, "method", "exact")
+    sweep = atp = None
+    if method in ("exact", "both"):
+        t0 = time.perf_counter()
+        # with both methods, the exact grid has the heads too (compared per site)
+        grid = list(dict.fromkeys([*sites, "head"])) if method == "both" else sites
+        sweep = patch_sweep(model, clean, corrupt, grid, cells_per_batch=args.cells_per_batch, **kw)
+        sweep.meta["seconds"] = round(time.perf_counter() - t0, 4)
+    extra: dict[str, Any] = {}
+    if method in ("atp", "both"):
+        from mechlingo.attribution import attribution_patch, compare_sweeps, verify_top_cells
+
+        atp = attribution_patch(model, clean, corrupt, list(dict.fromkeys([*sites, "head"])), **kw)
+        extra["atp"] = atp
+        if sweep is not None:
+            extra["comparison"] = compare_sweeps(atp, sweep)
+            extra["seconds"] = {"exact": sweep.meta["seconds"], "atp": atp.meta["seconds"]}
+        if args.verify_heads > 0:
+            extra["verified_heads"] = verify_top_cells(
+                model, clean, corrupt, atp, k=args.verify_heads, **kw
+            )
+    for sw in (sweep, atp):
+        if sw is not None:
+            sw.meta.update(
+                {
+                    "clean": [f.prompt for f in clean],
+                    "corrupted": [f.prompt for f in corrupt],
+                    "answers": [f.answer for f in clean],
+                }
+            )
     knock = attention_knockout(model, clean)
-    return sweep, knock, clean
+    return sweep if sweep is not None else atp, knock, clean, extra
 
 
 def _token_labels(model: Any, sweep: Any, clean: list[Any]) -> list[str]:
@@ -181,27 +220,59 @@ def cmd_trace(args: Any) -> int:
                 raise UsageError(f"patching {lang}: {err}") from err
             if res is None:
                 continue
-            sweep, knock, clean = res
+            sweep, knock, clean, extra = res
             patching[lang] = {
+                "method": args.method,
                 "sweep": sweep.summary(),
                 "cells": sweep.to_dataframe().to_dict(orient="records"),
                 "knockout": knock.to_dataframe().to_dict(orient="records"),
             }
+            atp = extra.get("atp")
+            if atp is not None and atp is not sweep:
+                patching[lang]["atp_sweep"] = atp.summary()
+                patching[lang]["atp_cells"] = atp.to_dataframe().to_dict(orient="records")
+            for key in ("comparison", "seconds", "verified_heads"):
+                if key in extra:
+                    patching[lang][key] = extra[key]
             stages = pipeline_stages(sweep, trace, lang)
             patching[lang]["stages"] = stages
+            drawn = atp if atp is not None else sweep
+            how = "attribution patching, heads shown" if atp is not None else "patching"
             figures.append(
                 (
                     f"Circuit ({lang})",
                     circuit_figure(
-                        sweep,
+                        drawn,
                         stages=stages,
-                        token_labels=_token_labels(model, sweep, clean),
+                        token_labels=_token_labels(model, drawn, clean),
+                        heads=atp is not None,
+                        verified=extra.get("verified_heads"),
                         title=f"{lang}: components that restore the clean answer "
-                        "(corrupted-subject patching)",
+                        f"(corrupted-subject {how})",
                     ),
                 )
             )
+            if "comparison" in extra:
+                figures.append(
+                    (
+                        f"AtP vs exact patching ({lang})",
+                        [
+                            {
+                                "site": site,
+                                **v,
+                                **{f"seconds_{k}": t for k, t in extra["seconds"].items()},
+                            }
+                            for site, v in extra["comparison"].items()
+                        ],
+                    )
+                )
+            if "verified_heads" in extra:
+                figures.append(
+                    (f"Top heads by AtP, verified exactly ({lang})", extra["verified_heads"])
+                )
             figures.append((f"Patching heatmaps ({lang})", sweep.fig_heatmap()))
+            if atp is not None and atp is not sweep:
+                figures.append((f"Attribution patching heatmaps ({lang})", atp.fig_heatmap()))
             figures.append((f"Attention knockout ({lang})", knock.fig()))
     summary = trace.summary()
     summary["meta"] = run_meta(
@@ -230,7 +301,10 @@ def cmd_trace(args: Any) -> int:
     report.add_figure(trace.fig_profiles())
     for heading, fig in figures:
         report.add_heading(heading)
-        report.add_figure(fig)
+        if isinstance(fig, list):  # a table (AtP against exact patching)
+            report.add_table(_finite(fig))
+        else:
+            report.add_figure(fig)
     report.add_heading("Queries")
     report.add_table(
         trace.records[:300],
@@ -265,5 +339,11 @@ def cmd_trace(args: Any) -> int:
     )
     for lg, c in summary["classification"].items():
         print(lg, " ".join(f"{k}={v}" for k, v in c.items()))
+    for lg, res in patching.items():
+        for site, v in res.get("comparison", {}).items():
+            print(
+                f"{lg} AtP vs exact, {site}: spearman {v['spearman']:.2f}, "
+                f"top-{v['k']} agreement {v['top_k']:.2f} ({v['n_cells']} cells)"
+            )
     print(f"wrote {args.out}/trace.json, patching.json, summary.json and report.html")
     return 0

@@ -208,8 +208,15 @@ def circuit_figure(
     stages: Mapping[str, tuple[float, float]] | None = None,
     token_labels: Sequence[str] | None = None,
     title: str | None = None,
+    heads: bool = False,
+    verified: Sequence[Mapping[str, Any]] | None = None,
 ) -> go.Figure:
     """A circuit diagram drawn from measured patching effects.
+
+    With ``heads`` the sweep's single attention heads (site ``head``) compete for the
+    ``top_k`` nodes too (drawn left of the position, named ``L{layer}H{head}`` in the hover);
+    ``verified`` rows (from :func:`mechlingo.attribution.verify_top_cells`: ``layer``,
+    ``position``, ``head``, ``exact``) add each head's exact normalised effect to its hover.
 
     Grid: token positions (x) by layers (y). Nodes: the ``top_k`` component cells (attention
     and MLP outputs when swept, else residual cells) with the largest absolute normalised
@@ -222,7 +229,9 @@ def circuit_figure(
     """
     m = sweep.metric_index(metric)
     vals = sweep.normalized(m)
-    comp = [i for i, c in enumerate(sweep.cells) if c.site in ("attn_out", "mlp_out")]
+    drawn = ("attn_out", "mlp_out", "head") if heads else ("attn_out", "mlp_out")
+    comp = [i for i, c in enumerate(sweep.cells) if c.site in drawn]
+    exact = {(r["layer"], str(r["position"]), r["head"]): r["exact"] for r in verified or []}
     if not comp:
         comp = [i for i, c in enumerate(sweep.cells) if c.site != "head"]
     scored = sorted(
@@ -260,7 +269,7 @@ def circuit_figure(
     )
 
     def xy(cell: Any) -> tuple[float, float]:
-        off = {"attn_out": -0.15, "mlp_out": 0.15}.get(cell.site, 0.0)
+        off = {"attn_out": -0.15, "mlp_out": 0.15, "head": -0.3}.get(cell.site, 0.0)
         return cell.position + off, float(cell.layer)
 
     edges: list[tuple[tuple[float, float], tuple[float, float], float]] = []
@@ -273,7 +282,7 @@ def circuit_figure(
         if c.position not in subj_cols:
             continue
         later = [d for d in last_nodes if d.layer > c.layer]
-        targets = [d for d in later if d.site == "attn_out"] or later[:1]
+        targets = [d for d in later if d.site in ("attn_out", "head")] or later[:1]
         for d in targets:
             edges.append((xy(c), xy(d), 2.0))
     for (x0, y0), (x1, y1), w in edges:
@@ -306,9 +315,9 @@ def circuit_figure(
                     "color": SITE_COLORS.get(site, "#333"),
                     "line": {"width": 1, "color": "white"},
                 },
-                customdata=[[v, labels[c.position]] for c, v in pts],
+                customdata=[[v, labels[c.position], _node_note(c, sweep, exact)] for c, v in pts],
                 hovertemplate="layer %{y}, %{customdata[1]}: normalised effect "
-                "%{customdata[0]:.3f}<extra>" + site + "</extra>",
+                "%{customdata[0]:.3f}%{customdata[2]}<extra>" + site + "</extra>",
             )
         )
     fig.update_xaxes(
@@ -325,6 +334,17 @@ def circuit_figure(
         showlegend=True,
     )
     return fig
+
+
+def _node_note(cell: Any, sweep: PatchSweep, exact: Mapping[tuple, float]) -> str:
+    """Hover suffix of a circuit node: a head's name and, when verified, its exact effect."""
+    if cell.site != "head":
+        return ""
+    note = f" (L{cell.layer}H{cell.head})"
+    key = (cell.layer, str(sweep.position_labels[cell.position]), cell.head)
+    if key in exact:
+        note += f", exact: {exact[key]:.3f}"
+    return note
 
 
 def pipeline_stages(

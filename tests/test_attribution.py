@@ -1,0 +1,335 @@
+"""Attribution patching: first-order equality with exact patching, the QK fix, neurons,
+hooks and gradients (tiny model; two gemma checks)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mechlingo.attribution import (
+    attribution_patch,
+    compare_sweeps,
+    neuron_attribution,
+    verify_top_cells,
+)
+from mechlingo.data import load_facts
+from mechlingo.patching import PatchingError, answer_logprob, fact_metrics, patch_sweep
+from mechlingo.sites import resolve_site
+from mechlingo.tokens import TokenBatch, encode
+from tests.conftest import count_hooks
+
+SITES = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "head"]
+
+
+def _pair(model, prompts=("The cat sat on the", "A dog ran to th")):
+    """Same-shape source/target batches without padding: corrupt one token."""
+    clean = encode(model, list(prompts))
+    width = int(clean.lengths.min())
+    tokens = clean.tokens[:, :width].clone()
+    lengths = torch.full((tokens.shape[0],), width)
+    src = TokenBatch(tokens, lengths, clean.pad_id, clean.has_bos)
+    bad = tokens.clone()
+    bad[:, 2] = (bad[:, 2] + 11) % 200 + 3
+    return src, TokenBatch(bad, lengths.clone(), clean.pad_id, clean.has_bos)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _reference_metric(model, tokens, ids, hooks=(), early=False):
+    """Plain TransformerLens: log mass of each row's answer ids after the last token
+    (``early``: stop at the final residual stream and unembed the last position only)."""
+    if early:
+        got = {}
+
+        def grab(t, hook):
+            got["x"] = t[:, -1]
+            raise _Stop
+
+        name = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+        try:
+            model.run_with_hooks(tokens, fwd_hooks=[*hooks, (name, grab)])
+        except _Stop:
+            pass
+        logits = model.ln_final(got["x"][:, None])[:, 0] @ model.W_U + model.b_U
+    else:
+        logits = model.run_with_hooks(tokens, fwd_hooks=list(hooks))[:, -1]
+    lp = logits.double().log_softmax(-1)
+    return torch.stack([torch.logsumexp(lp[i, ids[i]], -1) for i in range(len(ids))])
+
+
+def _exact_interpolated(model, src, tgt, sweep, metric, eps, early=False):
+    """Reference, independent of mechlingo's patching code: for every cell of ``sweep``, run
+    the target with the activation at that cell moved to ``target + eps (source - target)``
+    (TransformerLens caches and hooks) and read the metric; ``[cell, example]``."""
+    ids = [list(s[0].ids) for s in metric.sets]
+    names = {(c.site, c.layer) for c in sweep.cells}
+    hook = {
+        k: resolve_site(model, "attn_z" if k[0] == "head" else k[0], k[1]).hook_name for k in names
+    }
+    want = set(hook.values())
+    _, s_cache = model.run_with_cache(src.tokens, names_filter=lambda n: n in want)
+    _, t_cache = model.run_with_cache(tgt.tokens, names_filter=lambda n: n in want)
+    out = []
+    for c in sweep.cells:
+        name = hook[(c.site, c.layer)]
+        p = int(sweep.target_positions[c.position, 0])  # same-shape pair: one position
+        s, t = s_cache[name][:, p], t_cache[name][:, p]
+        new = t + eps * (s - t)
+
+        def setter(act, hook, p=p, new=new, h=c.head):
+            act = act.clone()
+            if h >= 0:
+                act[:, p, h] = new[:, h]
+            else:
+                act[:, p] = new
+            return act
+
+        out.append(_reference_metric(model, tgt.tokens, ids, [(name, setter)], early=early))
+    return torch.stack(out)
+
+
+@pytest.fixture(scope="module")
+def pair(tiny):
+    return _pair(tiny)
+
+
+@pytest.fixture(scope="module")
+def metric(tiny):
+    return answer_logprob(tiny, ["mat", "the"], name="lp")
+
+
+@pytest.mark.parametrize("qk_fix", [False, True])
+def test_first_order_equals_exact_patching(tiny, pair, metric, qk_fix):
+    # a tiny interpolation towards the source: AtP must give the exact effect up to O(eps^2);
+    # central differences of the exact patch remove the eps^2 term of the reference too
+    src, tgt = pair
+    eps = 1e-2
+    kw = dict(metric=metric, positions=[1, 2, 4, -1], qk_fix=qk_fix)  # token 2 is corrupted
+    sites = SITES if not qk_fix else ["resid_pre", "mlp_out"]
+    at = attribution_patch(tiny, src, tgt, sites, **kw)
+    plus = _exact_interpolated(tiny, src, tgt, at, metric, eps)
+    minus = _exact_interpolated(tiny, src, tgt, at, metric, -eps)
+    slope = (plus - minus) / (2 * eps)  # d metric / d eps at eps = 0, per cell and example
+    scale = float(slope.abs().max())
+    assert scale > 1e-3
+    if not qk_fix:  # plain AtP is linear: at scale 1 it is the slope itself
+        est = (at.values[0] - at.corrupted[0]).double()
+        assert (est - slope).abs().max() < 2e-3 * scale + 1e-5
+    # a small patch (with the QK fix: the exact pattern change plus the linear rest)
+    small = attribution_patch(tiny, src, tgt, sites, scale=eps, **kw)
+    base = _reference_metric(tiny, tgt.tokens, [list(s[0].ids) for s in metric.sets])
+    diff = (small.values[0] - small.corrupted[0]).double() - (plus - base)
+    assert diff.abs().max() < 1e-2 * eps * scale + 1e-6  # second-order remainder only
+    assert count_hooks(tiny) == 0
+
+
+def test_baselines_and_result_type_match_exact(tiny, pair, metric):
+    src, tgt = pair
+    at = attribution_patch(tiny, src, tgt, SITES, metric=metric)
+    ex = patch_sweep(tiny, src, tgt, SITES, metric=metric)
+    assert at.cells == ex.cells and at.position_labels == ex.position_labels
+    assert torch.allclose(at.clean, ex.clean, atol=1e-5)
+    assert torch.allclose(at.corrupted, ex.corrupted, atol=1e-5)
+    assert at.meta["method"] == "atp*" and at.meta["qk_fix"]
+    # the same figures and tables work
+    at.fig_heatmap()
+    assert at.grid("head").shape == ex.grid("head").shape
+    assert len(at.to_dataframe()) == len(ex.to_dataframe())
+    # source == target: every estimate is zero
+    same = attribution_patch(tiny, src, src, SITES, metric=metric)
+    assert torch.allclose(same.values, same.corrupted[:, None, :].expand_as(same.values))
+
+
+def test_qk_fix_only_changes_resid_pre(tiny, pair, metric):
+    src, tgt = pair
+    a = attribution_patch(tiny, src, tgt, SITES, metric=metric, qk_fix=False)
+    b = attribution_patch(tiny, src, tgt, SITES, metric=metric, qk_fix=True)
+    pre = torch.tensor([c.site == "resid_pre" for c in a.cells])
+    assert torch.equal(a.values[:, ~pre], b.values[:, ~pre])
+    assert not torch.allclose(a.values[:, pre], b.values[:, pre])
+    # a cell at the last position of the last layer's resid_pre feeds its own attention:
+    # with the pattern change computed exactly the estimate is closer to exact patching
+    ex = patch_sweep(tiny, src, tgt, "resid_pre", metric=metric)
+    err_a = (a.values[:, pre] - ex.values).abs().mean()
+    err_b = (b.values[:, pre] - ex.values).abs().mean()
+    assert err_b < err_a
+
+
+def test_cross_language_alignment_same_cells_as_patch_sweep(tiny):
+    en = load_facts(langs=["en"], relations=["capital"], limit=3)
+    ja = load_facts(langs=["ja"], relations=["capital"], limit=3)
+    metrics = fact_metrics(tiny, ja)
+    kw = dict(metric=metrics, alignment="subject")
+    at = attribution_patch(tiny, en, ja, ["resid_pre", "mlp_out", "head"], **kw)
+    ex = patch_sweep(tiny, en, ja, ["resid_pre", "mlp_out", "head"], **kw)
+    assert at.cells == ex.cells
+    assert torch.equal(at.target_positions, ex.target_positions)
+    assert torch.equal(at.source_positions, ex.source_positions)
+    assert at.metric_names == ["answer_logprob", "en_logprob"]
+    assert torch.allclose(at.corrupted, ex.corrupted, atol=1e-4)
+    cmp = compare_sweeps(at, ex)
+    assert set(cmp) == {"resid_pre", "mlp_out", "head", "all"}
+    assert cmp["head"]["n_cells"] == 3 * tiny.cfg.n_layers * tiny.cfg.n_heads
+    same = compare_sweeps(ex, ex, k=5)
+    assert all(v["spearman"] == pytest.approx(1.0) and v["top_k"] == 1.0 for v in same.values())
+
+
+def test_verify_top_cells_are_exact(tiny, pair, metric):
+    src, tgt = pair
+    at = attribution_patch(tiny, src, tgt, ["head"], metric=metric)
+    rows = verify_top_cells(tiny, src, tgt, at, k=3, by=0, metric=metric)
+    ex = patch_sweep(tiny, src, tgt, "head", metric=metric)
+    nrm = ex.normalized()
+    for r in rows:
+        i = next(
+            j
+            for j, c in enumerate(ex.cells)
+            if c.layer == r["layer"]
+            and c.head == r["head"]
+            and ex.position_labels[c.position] == r["position"]
+        )
+        assert r["exact"] == pytest.approx(float(nrm[i]), abs=1e-5)
+    eff = at.effect().abs()
+    assert abs(rows[0]["estimate_effect"]) == pytest.approx(float(eff.max()), rel=1e-6)
+
+
+def test_neurons_first_order(tiny, pair, metric):
+    src, tgt = pair
+    na = neuron_attribution(tiny, src, tgt, metric=metric)
+    L, P = tiny.cfg.n_layers, len(na.position_labels)
+    assert na.values.shape == (1, L, P, tiny.cfg.d_mlp, 2)
+    ids = [list(s[0].ids) for s in metric.sets]
+    eps = 1e-2
+    for r in na.top(3):
+        name = resolve_site(tiny, "mlp_post", r["layer"]).hook_name
+        p, n = int(r["position"]), r["neuron"]
+        _, sc = tiny.run_with_cache(src.tokens, names_filter=[name])
+        _, tc = tiny.run_with_cache(tgt.tokens, names_filter=[name])
+        d = sc[name][:, p, n] - tc[name][:, p, n]
+
+        def nudge(sign, p=p, n=n, d=d):
+            def hook_fn(act, hook):
+                act = act.clone()
+                act[:, p, n] = act[:, p, n] + sign * eps * d
+                return act
+
+            return hook_fn
+
+        plus = _reference_metric(tiny, tgt.tokens, ids, [(name, nudge(1.0))])
+        minus = _reference_metric(tiny, tgt.tokens, ids, [(name, nudge(-1.0))])
+        slope = ((plus - minus) / (2 * eps)).mean()
+        assert r["effect"] == pytest.approx(float(slope), rel=5e-3, abs=1e-6)
+    df = na.to_dataframe(k=5)
+    assert len(df) == 5 and df["effect"].abs().is_monotonic_decreasing
+
+
+def test_hooks_removed_and_no_gradient_leak(tiny, pair, metric, monkeypatch):
+    import mechlingo.attribution as attribution
+
+    src, tgt = pair
+    assert not torch.is_grad_enabled()
+    attribution_patch(tiny, src, tgt, SITES, metric=metric)
+    assert not torch.is_grad_enabled()
+    assert all(p.grad is None for p in tiny.parameters())
+    assert count_hooks(tiny) == 0
+
+    class Boom(Exception):
+        pass
+
+    def boom(*a, **k):
+        raise Boom
+
+    monkeypatch.setattr(attribution, "_metric_values", boom)
+    with pytest.raises(Boom):
+        attribution_patch(tiny, src, tgt, SITES, metric=metric)
+    assert count_hooks(tiny) == 0 and not torch.is_grad_enabled()
+    monkeypatch.undo()
+    # an exception raised by a hook in the middle of the gradient pass, after layer 0's
+    # hooks have fired
+    real = attribution.hooked
+
+    def raiser(t, hook):
+        raise Boom
+
+    def hooked_with_raiser(model, hooks):
+        return real(model, [*hooks, ("blocks.1.hook_resid_pre", raiser)])
+
+    monkeypatch.setattr(attribution, "hooked", hooked_with_raiser)
+    with pytest.raises(Boom):
+        attribution_patch(tiny, src, tgt, "resid_pre", metric=metric)
+    assert count_hooks(tiny) == 0 and not torch.is_grad_enabled()
+
+
+def test_bad_input(tiny, pair, metric):
+    src, tgt = pair
+    with pytest.raises(PatchingError, match="unknown patching site"):
+        attribution_patch(tiny, src, tgt, "resid_pree", metric=metric)
+    with pytest.raises(PatchingError, match="rows"):
+        attribution_patch(tiny, src, tgt.select([0]), metric=metric)
+    with pytest.raises(PatchingError, match="alignment"):
+        en = load_facts(langs=["en"], relations=["capital"], limit=2)
+        fr = load_facts(langs=["fr"], relations=["capital"], limit=2)
+        attribution_patch(tiny, en, fr, metric=fact_metrics(tiny, fr))
+    with pytest.raises(PatchingError, match="heads"):
+        attribution_patch(tiny, src, tgt, "head", metric=metric, heads=[99])
+    assert count_hooks(tiny) == 0
+
+
+@pytest.mark.slow
+def test_gemma_first_order(gemma):
+    src, tgt = _pair(gemma, ("The capital of Italy is the city of", "The capital of Spain is the"))
+    met = answer_logprob(gemma, ["Rome", "Madrid"])
+    sites = ["resid_pre", "attn_out", "mlp_out", "head"]
+    at = attribution_patch(
+        gemma, src, tgt, sites, layers=[2, 16], positions=[3, -1], metric=met, qk_fix=False
+    )
+    eps = 1e-2
+    plus = _exact_interpolated(gemma, src, tgt, at, met, eps, early=True)
+    minus = _exact_interpolated(gemma, src, tgt, at, met, -eps, early=True)
+    slope = (plus - minus) / (2 * eps)
+    est = (at.values[0] - at.corrupted[0]).double()
+    scale = float(slope.abs().max())
+    assert (est - slope).abs().max() < 5e-3 * scale + 1e-4
+    assert count_hooks(gemma) == 0
+
+
+@pytest.mark.slow
+def test_gemma_ranks_like_exact_patching(gemma):
+    fr = load_facts(langs=["fr"], relations=["capital"], limit=6)
+    clean, corrupt = fr[:3], fr[3:6]
+    kw = dict(
+        positions=["subject_first", "subject_last", -2, -1],
+        metric=fact_metrics(gemma, clean),
+        alignment="subject",
+    )
+    sites = ["attn_out", "mlp_out"]
+    at = attribution_patch(gemma, clean, corrupt, sites, **kw)
+    ex = patch_sweep(gemma, clean, corrupt, sites, **kw)
+    cmp = compare_sweeps(at, ex)
+    assert cmp["attn_out"]["spearman"] > 0.6 and cmp["mlp_out"]["spearman"] > 0.6, cmp
+
+
+def test_trace_cli_both_methods(tiny_dir, tmp_path, capsys):
+    import json
+
+    from mechlingo.cli import main
+
+    out = tmp_path / "out"
+    args = ["trace", "--model", str(tiny_dir), "--langs", "fr", "--limit", "3"]
+    args += ["--max-new-tokens", "2", "--patch-prompts", "2", "--quiet", "--out", str(out)]
+    assert main([*args, "--method", "both", "--verify-heads", "2"]) == 0
+    fr = json.loads((out / "patching.json").read_text())["fr"]
+    assert fr["method"] == "both"
+    assert set(fr["comparison"]) == {"attn_out", "mlp_out", "head", "all"}
+    assert -1 <= fr["comparison"]["attn_out"]["spearman"] <= 1
+    assert len(fr["verified_heads"]) == 2 and {"estimate", "exact"} <= set(fr["verified_heads"][0])
+    assert {c["site"] for c in fr["atp_cells"]} == {"attn_out", "mlp_out", "head"}
+    assert {c["site"] for c in fr["cells"]} == {"attn_out", "mlp_out", "head"}
+    html = (out / "report.html").read_text()
+    assert "AtP vs exact patching (fr)" in html and "verified exactly" in html
+    assert "fr AtP vs exact, attn_out: spearman" in capsys.readouterr().out
+    assert main([*args, "--method", "atp", "--out", str(tmp_path / "atp")]) == 0
+    fr = json.loads((tmp_path / "atp" / "patching.json").read_text())["fr"]
+    assert fr["sweep"]["method"] == "atp" and "comparison" not in fr  # no resid_pre: plain AtP
