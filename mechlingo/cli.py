@@ -72,9 +72,25 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_data_args(p: argparse.ArgumentParser, *, default_langs: str = "en,fr,de,es,ja") -> None:
-    """``--langs``, ``--relation``, ``--limit``, ``--data`` (facts)."""
+def add_data_args(
+    p: argparse.ArgumentParser,
+    *,
+    default_langs: str = "en,fr,de,es,ja",
+    default_templates: str = "tuned",
+    default_limit: int | None = 50,
+) -> None:
+    """``--langs``, ``--relation``, ``--limit``, ``--data`` (facts), ``--templates``."""
     g = p.add_argument_group("data")
+    g.add_argument(
+        "--templates",
+        choices=["natural", "tuned"],
+        default=None,
+        help=f"prompt family of the bundled facts (default {default_templates}): natural = "
+        "plain fact-completion stems never tuned on a model ('The capital of France is'); "
+        "tuned = the stems measured best zero-shot on the embedded model (docs/data.md). "
+        "--data files keep their own prompts",
+    )
+    p.set_defaults(_templates_default=default_templates)
     g.add_argument(
         "--langs",
         default=default_langs,
@@ -90,8 +106,10 @@ def add_data_args(p: argparse.ArgumentParser, *, default_langs: str = "en,fr,de,
     g.add_argument(
         "--limit",
         type=int,
-        default=50,
-        help="at most this many facts per relation, the same facts in every language (default 50)",
+        default=default_limit,
+        help="at most this many facts per relation, the same facts in every language (default "
+        + ("every fact" if default_limit is None else str(default_limit))
+        + ")",
     )
     g.add_argument(
         "--data",
@@ -119,9 +137,22 @@ def load_selected_facts(args: Any) -> list[Any]:
         rel = ["capital"] if args.data is None else None  # with --data: every relation in it
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be at least 1")
+    templates = getattr(args, "templates", None)
+    if templates == "natural" and args.data is not None:
+        raise UsageError(
+            "--templates natural re-renders the bundled facts; a --data file keeps its own "
+            "prompts (drop --templates)"
+        )
+    if templates is None:
+        templates = getattr(args, "_templates_default", "tuned") if args.data is None else "tuned"
+    args.templates_used = "file" if args.data is not None else templates
     try:
         facts = load_facts(
-            langs=split_list(args.langs), relations=rel, limit=args.limit, path=args.data
+            langs=split_list(args.langs),
+            relations=rel,
+            limit=args.limit,
+            path=args.data,
+            templates=templates,
         )
     except MechlingoError:
         raise
@@ -157,6 +188,7 @@ def run_meta(model: Any, args: Any, **extra: Any) -> dict[str, Any]:
         "weights": weight_mode(model),
         "device": str(model.W_U.device),
         "mechlingo": __version__,
+        **({"templates": args.templates_used} if hasattr(args, "templates_used") else {}),
         **extra,
     }
 
@@ -264,8 +296,15 @@ def cmd_eval(args: Any) -> int:
         batch_size=args.batch_size,
         progress=not args.quiet,
     )
+    from mechlingo.stats import wilson_table
+
+    by_lang: dict[str, list[bool]] = {}
+    for r in result.records:
+        by_lang.setdefault(r["lang"], []).append(bool(r["correct"]))
+    ci = wilson_table({"accuracy": dict(sorted(by_lang.items()))})["accuracy"]
     summary = {
         "accuracy": result.accuracy(),
+        "accuracy_ci": ci,
         "answered_in_english": result.english_rate(),
         "meta": run_meta(
             model,
@@ -282,7 +321,16 @@ def cmd_eval(args: Any) -> int:
         "written with spaces).",
         note=True,
     )
-    report.add_figure(result.fig_accuracy())
+    from mechlingo.plots import accuracy_bars
+
+    report.add_figure(
+        accuracy_bars(
+            {"accuracy": summary["accuracy"]},
+            "Greedy accuracy per language (Wilson 95% intervals)",
+            {"accuracy": ci},
+        )
+    )
+    report.add_table([{"lang": lg, **c} for lg, c in ci.items()])
     report.add_heading("Generations")
     report.add_table(
         result.records[:300], ["lang", "id", "prompt", "answer", "generation", "correct"]
@@ -299,7 +347,7 @@ def cmd_eval(args: Any) -> int:
         },
     )
     for lg, x in summary["accuracy"].items():
-        print(f"{lg}: {x:.3f}")
+        print(f"{lg}: {x:.3f} [{ci[lg]['lo']:.3f}, {ci[lg]['hi']:.3f}]")
     print(f"wrote {args.out}/summary.json, generations.jsonl and report.html")
     return 0
 

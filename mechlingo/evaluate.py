@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +62,47 @@ def is_correct(generation: str, answers: Sequence[str], lang: str | None = None)
     return False
 
 
+def _status(gen: str, answer: str, lang: str | None) -> str:
+    """``"match"``, ``"fail"`` or ``"open"`` for a normalised partial generation against one
+    normalised answer under the eval rule."""
+    if not answer:
+        return "fail"
+    if gen.startswith(answer):
+        if lang in BOUNDARY_FREE_LANGS:
+            return "match"
+        if len(gen) == len(answer):
+            return "open"  # the next character decides the word boundary
+        nxt = gen[len(answer)]
+        ok = not (nxt.isalnum() or unicodedata.category(nxt).startswith("M"))
+        return "match" if ok else "fail"
+    return "open" if answer.startswith(gen) else "fail"
+
+
+def decided(
+    generation: str, answers: Sequence[str], lang: str | None = None, english: str = ""
+) -> bool:
+    """Whether the eval rule's verdicts on a *partial* greedy generation are already final:
+    it is correct whatever follows, or it can no longer match any answer (nor ``english``,
+    the English answer, whose match :class:`EvalResult` records as ``in_english``).
+
+    A line break also decides (the rule reads the first line). Used to stop decoding a row
+    early; the verdicts equal those on the full generation (tested)."""
+    line = generation.split("\n")[0]
+    finished = "\n" in generation and bool(generation.strip())
+    text = line.rstrip("\ufffd")  # an incomplete multi-byte character is not text yet
+    gen = normalize(text)
+    if finished:
+        return True
+    if not gen or text != line:
+        return False
+    gold = [_status(gen, normalize(a), lang) for a in answers]
+    if "match" in gold:
+        return True
+    if "open" in gold:
+        return False
+    return not english or _status(gen, normalize(english), "en") != "open"
+
+
 def _hooks_of(model: Any, intervention: Any, fwd_hooks: FwdHooks) -> list:
     hooks = list(fwd_hooks)
     if intervention is not None:
@@ -80,6 +121,7 @@ def greedy_generate(
     stop_at_newline: bool = True,
     progress: bool = False,
     cache: bool = True,
+    stop: Callable[[int, str], bool] | None = None,
 ) -> list[str]:
     """Greedy continuations of ``prompts`` (the generated text only).
 
@@ -101,6 +143,8 @@ def greedy_generate(
         stop_at_newline: stop a row once it has produced a line break after some text.
         cache: decode with a key-value cache where the model supports it
             (:func:`mechlingo.decoding.kv_cache_path`).
+        stop: ``stop(i, text)`` -> whether prompt ``i`` may stop with its continuation
+            ``text`` so far (e.g. once the eval rule's verdict is final, :func:`decided`).
 
     Returns:
         One string per prompt, in input order.
@@ -115,9 +159,11 @@ def greedy_generate(
     eos = getattr(model.tokenizer, "eos_token_id", None)
     outputs: list[list[int]] = [[] for _ in prompts]
 
-    def newline(row: int, ids: list[int]) -> bool:
+    def done(row: int, ids: list[int]) -> bool:
         text = model.tokenizer.decode(ids)
-        return "\n" in text and bool(text.strip())
+        if stop_at_newline and "\n" in text and bool(text.strip()):
+            return True
+        return stop is not None and stop(row, text)
 
     for rows in tqdm(
         sorted_batches(batch.lengths, batch_size), desc="generating", disable=not progress
@@ -127,7 +173,9 @@ def greedy_generate(
             batch.select(rows),
             max_new_tokens=max_new_tokens,
             hooks=hooks,
-            stop=newline if stop_at_newline else None,
+            stop=(lambda r, ids, rows=rows: done(rows[r], ids))
+            if (stop_at_newline or stop is not None)
+            else None,
             eos=eos,
             cache=cache,
         )
@@ -190,6 +238,7 @@ def evaluate_facts(
     fwd_hooks: FwdHooks = (),
     progress: bool = False,
     cache: bool = True,
+    early_stop: bool = True,
 ) -> EvalResult:
     """Score the model on facts with the eval rule.
 
@@ -197,6 +246,9 @@ def evaluate_facts(
         prompts: prompts to use instead of each fact's zero-shot ``prompt`` (e.g. few-shot
             prompts); the answers are still the facts' answers.
         cache: decode with a key-value cache (see :func:`greedy_generate`).
+        early_stop: stop decoding a fact as soon as its verdict is final (:func:`decided`):
+            the same ``correct`` and ``in_english`` as decoding ``max_new_tokens`` tokens, in
+            less time; ``generation`` then holds the decided prefix.
     """
     facts = list(facts)
     if not facts:
@@ -213,6 +265,11 @@ def evaluate_facts(
         fwd_hooks=fwd_hooks,
         progress=progress,
         cache=cache,
+        stop=(
+            (lambda i, text: decided(text, facts[i].answers, facts[i].lang, facts[i].answer_en))
+            if early_stop
+            else None
+        ),
     )
     records = []
     for f, text, gen in zip(facts, texts, gens, strict=True):

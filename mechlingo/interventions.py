@@ -60,6 +60,7 @@ from mechlingo.tokens import (
     current_batch,
     current_columns,
     position_mask,
+    prepends_bos,
 )
 
 HookFn = Callable[[Tensor, Any], Tensor | None]
@@ -226,7 +227,7 @@ def _positions_text(positions: PositionSpec) -> str:
 _PADDING_SAFE_RULES = ("all", "all_with_bos")
 
 
-def _mask_for(positions: PositionSpec, t: Tensor) -> Tensor:
+def _mask_for(positions: PositionSpec, t: Tensor, has_bos: bool = True) -> Tensor:
     """Bool mask [batch, pos, 1, ...] broadcastable to the activation ``t`` [batch, pos, ...].
 
     Inside mechlingo runs the current batch (and, in a KV-cached decoding step, the columns
@@ -246,6 +247,14 @@ def _mask_for(positions: PositionSpec, t: Tensor) -> Tensor:
             "`model.run_with_hooks(b.tokens, attention_mask=b.attention_mask(), "
             "fwd_hooks=iv.fwd_hooks_for(model, b))`, where b = mechlingo.tokens.encode(model, "
             "prompts); positions='all' needs no lengths"
+        )
+    if batch is None:  # a plain run of unpadded rows: BOS as the model's tokenizer adds it
+        n, width = t.shape[0], t.shape[1]
+        batch = TokenBatch(
+            torch.zeros(n, width, dtype=torch.long, device=t.device),
+            torch.full((n,), width, dtype=torch.long, device=t.device),
+            0,
+            has_bos,
         )
     mask = position_mask(
         positions, batch, (t.shape[0], t.shape[1]), device=t.device, columns=current_columns()
@@ -555,6 +564,7 @@ class SteeringVector(Intervention):
             )
         delta_cpu = (self.alpha * v.double()).float()
         positions = self.positions
+        bos = prepends_bos(model)
         cache: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
         def steer(t: Tensor, hook: Any) -> Tensor:
@@ -562,7 +572,7 @@ class SteeringVector(Intervention):
             delta = cache.get(key)
             if delta is None:
                 delta = cache[key] = delta_cpu.to(device=t.device, dtype=t.dtype)
-            mask = _mask_for(positions, t)
+            mask = _mask_for(positions, t, bos)
             return torch.where(mask, t + delta, t)
 
         return [(site.hook_name, steer)]
@@ -700,6 +710,7 @@ class NeuronClamp(Intervention):
     def fwd_hooks(self, model: Any) -> list[tuple[str, HookFn]]:
         check_model(self.meta.get("model"), model, what=repr(self))
         hooks: list[tuple[str, HookFn]] = []
+        bos = prepends_bos(model)
         for layer in sorted(self.neurons):
             site = _site(model, self.site, layer, "NeuronClamp")
             ids = self.neurons[layer]
@@ -708,10 +719,10 @@ class NeuronClamp(Intervention):
                     f"NeuronClamp: neuron {int(ids.max())} at layer {layer} is out of range "
                     f"({site.name} has {site.width} neurons)"
                 )
-            hooks.append((site.hook_name, self._hook(ids, self.values[layer])))
+            hooks.append((site.hook_name, self._hook(ids, self.values[layer], bos)))
         return hooks
 
-    def _hook(self, ids_cpu: Tensor, vals_cpu: Tensor) -> HookFn:
+    def _hook(self, ids_cpu: Tensor, vals_cpu: Tensor, bos: bool) -> HookFn:
         mode, positions = self.mode, self.positions
 
         def clamp(t: Tensor, hook: Any) -> Tensor:
@@ -727,7 +738,7 @@ class NeuronClamp(Intervention):
             else:
                 new = torch.zeros_like(old)
             out = t.clone()
-            out[..., ids] = torch.where(_mask_for(positions, t), new, old)
+            out[..., ids] = torch.where(_mask_for(positions, t, bos), new, old)
             return out
 
         return clamp
@@ -823,6 +834,7 @@ class Ablation(Intervention):
                 f"Ablation mean has size {mean.shape[-1]} but {site.name} has width {site.width}"
             )
         positions = self.positions
+        bos = prepends_bos(model)
 
         def ablate(t: Tensor, hook: Any) -> Tensor:
             fill = (
@@ -830,7 +842,7 @@ class Ablation(Intervention):
                 if mean is None
                 else mean.to(device=t.device, dtype=t.dtype)
             )
-            return torch.where(_mask_for(positions, t), fill, t)
+            return torch.where(_mask_for(positions, t, bos), fill, t)
 
         return [(site.hook_name, ablate)]
 

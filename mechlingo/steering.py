@@ -18,12 +18,10 @@ mean last-token residual norm at that layer (measured on the zero-shot build pro
 (the raw norms span three orders of magnitude across the layers of gemma-3-270m). The unit
 is recorded in ``build["unit"]``, in every saved vector's metadata and in the summary.
 
-Protocol (:func:`run_steering`): facts are split by id into build/dev/test
-(:func:`split_facts`); vectors are built on the build split; layer and scale are chosen on
-dev (:func:`sweep`); accuracy per language is reported on test for ``orig``, ``task``,
-``diff``, ``both`` and ``random`` (norm-matched random vectors at the same places). The
-"lowest language" is the one with the lowest ``orig`` accuracy among languages above 0
-(:func:`lowest_language`); absolute gains are reported for every language.
+The protocol that chooses layers and scales on dev and reports test accuracy with
+confidence intervals is :mod:`mechlingo.protocol` (what ``mechlingo steer eval`` runs); this
+module builds the vectors, splits the facts by id (:func:`split_facts`) and scores fixed
+conditions (:func:`evaluate_conditions`, used for quick looks and for transfer).
 """
 
 from __future__ import annotations
@@ -54,14 +52,12 @@ from mechlingo.interventions import (
 from mechlingo.kernels.means import last_token_means
 
 if TYPE_CHECKING:
-    import pandas as pd
     import plotly.graph_objects as go
 
 __all__ = [
     "CONDITIONS",
     "RepairVectors",
     "SteeringConfig",
-    "SweepResult",
     "build_repair_vectors",
     "score_facts",
     "conditions",
@@ -71,7 +67,6 @@ __all__ = [
     "relative_gain",
     "split_facts",
     "vectors_from_means",
-    "sweep",
     "transfer",
 ]
 
@@ -132,14 +127,20 @@ def take_per_lang(facts: Sequence[Fact], n: int | None) -> list[Fact]:
 
 
 def repair_prompts(
-    facts: Sequence[Fact], *, pool: Sequence[Fact] | None = None, k_shot: int = 3, seed: int = 0
+    facts: Sequence[Fact],
+    *,
+    pool: Sequence[Fact] | None = None,
+    k_shot: int = 3,
+    seed: int = 0,
+    translation_shots: int = 0,
 ) -> dict[str, list[str]]:
     """The three prompt sets the vectors are built from.
 
     * ``few_shot``: ``k_shot`` solved demonstrations (same relation and language, from
       ``pool``) then the query;
     * ``zero_shot``: the fact's own prompt;
-    * ``translation``: "English: <answer_en>\\n<Language>:" for non-English facts.
+    * ``translation``: "English: <answer_en>\\n<Language>:" for non-English facts, after
+      ``translation_shots`` solved translation pairs of other facts from ``pool``.
     """
     pool = list(pool) if pool is not None else list(facts)
     few, zero, trans = [], [], []
@@ -150,7 +151,12 @@ def repair_prompts(
         except ValueError:
             pass  # too few demonstrations for this relation/language in the pool
         if f.lang != "en" and f.answer_en:
-            trans.append(translation_prompt(f, src="en"))
+            try:
+                trans.append(
+                    translation_prompt(f, src="en", k=translation_shots, pool=pool, seed=seed)
+                )
+            except ValueError:
+                pass  # too few demonstrations for this language in the pool
     if not few:
         raise ValueError(
             f"no few-shot prompt could be built: the pool needs at least {k_shot + 1} facts per "
@@ -308,6 +314,7 @@ def build_repair_vectors(
     unit: str = "resid",
     batch_size: int = 16,
     progress: bool = False,
+    translation_shots: int = 0,
 ) -> RepairVectors:
     """Build both vector stacks from ``facts`` (one streaming pass per prompt set, plus one
     pass for the residual norms).
@@ -330,6 +337,8 @@ def build_repair_vectors(
         unit: ``"resid"`` (default): each row is the vector's direction scaled to the mean
             last-token residual norm at that layer, so ``alpha`` is a fraction of the
             typical residual norm there; ``"raw"``: the raw mean/difference.
+        translation_shots: solved translation pairs (other facts of ``pool``) before each
+            translation prompt of the diff vector (``mechlingo steer build`` uses 2).
 
     Returns:
         :class:`RepairVectors`; ``task.vector`` and ``diff.vector`` are ``[n_layers, d_model]``,
@@ -337,7 +346,7 @@ def build_repair_vectors(
     """
     facts = list(facts)
     t0 = time.time()
-    prompts = repair_prompts(facts, pool=pool, k_shot=k_shot)
+    prompts = repair_prompts(facts, pool=pool, k_shot=k_shot, translation_shots=translation_shots)
     means = {
         name: last_token_means(model, ps, batch_size=batch_size, progress=progress).mean
         for name, ps in prompts.items()
@@ -349,6 +358,8 @@ def build_repair_vectors(
         "relations": sorted({f.relation for f in facts}),
         "n_facts": len({f.id for f in facts}),
         "k_shot": k_shot,
+        "translation_shots": translation_shots,
+        "fact_ids": sorted({f.id for f in facts}),
         "site": "resid_pre",
         "positions": "last",
     }
@@ -444,153 +455,6 @@ def score_facts(
 def _mean(xs: Iterable[float]) -> float:
     xs = list(xs)
     return sum(xs) / len(xs) if xs else 0.0
-
-
-# --------------------------------------------------------------------------------------
-# Sweep on dev
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class SweepResult:
-    """Dev accuracy for each tried setting.
-
-    ``rows``: one dict per setting with ``vector`` (``task``/``diff``/``both``), ``layer``,
-    ``alpha`` (for ``both``: ``task_layer``, ``task_alpha``, ``diff_layer``, ``diff_alpha``),
-    ``accuracy`` (mean over languages) and ``per_lang``. ``baseline``: dev accuracy per
-    language without intervention. ``best``: the chosen :class:`SteeringConfig`.
-    """
-
-    rows: list[dict[str, Any]]
-    baseline: dict[str, float]
-    best: SteeringConfig
-    score: str = "mean"
-    unit: str = "raw"
-
-    def to_dataframe(self) -> pd.DataFrame:
-        import pandas as pd
-
-        return pd.DataFrame([{k: v for k, v in r.items() if k != "per_lang"} for r in self.rows])
-
-    def fig_heatmap(self, vector: str) -> go.Figure:
-        """Dev accuracy over layer x alpha for one vector alone (``task`` or ``diff``)."""
-        import plotly.graph_objects as go
-
-        rows = [r for r in self.rows if r["vector"] == vector]
-        layers = sorted({r["layer"] for r in rows})
-        alphas = sorted({r["alpha"] for r in rows})
-        grid = [[None] * len(layers) for _ in alphas]
-        for r in rows:
-            grid[alphas.index(r["alpha"])][layers.index(r["layer"])] = r["accuracy"]
-        fig = go.Figure(
-            go.Heatmap(
-                z=grid,
-                x=[str(x) for x in layers],
-                y=[f"{a:g}" for a in alphas],
-                colorscale="Viridis",
-                zmin=0,
-                zmax=1,
-                text=[[("" if v is None else f"{v:.2f}") for v in row] for row in grid],
-                texttemplate="%{text}",
-                colorbar={"title": "dev acc"},
-            )
-        )
-        base = _mean(self.baseline.values())
-        fig.update_layout(
-            title=f"{vector} vector alone: dev accuracy (no intervention: {base:.2f})",
-            xaxis_title="layer",
-            yaxis_title=f"alpha ({self.unit})",
-            height=360,
-        )
-        return fig
-
-
-def _dev_score(acc: dict[str, float], how: str) -> float:
-    return min(acc.values()) if how == "min" else _mean(acc.values())
-
-
-def sweep(
-    model: Any,
-    vectors: RepairVectors,
-    dev_facts: Sequence[Fact],
-    *,
-    task_layers: Sequence[int],
-    task_alphas: Sequence[float],
-    diff_layers: Sequence[int],
-    diff_alphas: Sequence[float],
-    top_k: int = 2,
-    score: str = "mean",
-    max_new_tokens: int = 6,
-    batch_size: int = 32,
-    progress: bool = False,
-) -> SweepResult:
-    """Grid over layer x alpha for each vector alone, then the ``top_k`` x ``top_k`` best
-    pairs combined (separate layers only), all scored on ``dev_facts``.
-
-    Args:
-        score: ``"mean"`` (mean accuracy over languages) or ``"min"`` (the worst language).
-
-    Returns:
-        :class:`SweepResult` whose ``best`` is the best combined setting (or, if combining
-        never beats the best single vectors, the combination of the two best singles).
-    """
-    dev_facts = list(dev_facts)
-
-    def run(iv: Intervention | None) -> dict[str, float]:
-        return score_facts(
-            model,
-            dev_facts,
-            intervention=iv,
-            max_new_tokens=max_new_tokens,
-            batch_size=batch_size,
-            progress=progress,
-        ).accuracy()
-
-    baseline = run(None)
-    rows: list[dict[str, Any]] = []
-    for name, stack, layers, alphas in (
-        ("task", vectors.task, task_layers, task_alphas),
-        ("diff", vectors.diff, diff_layers, diff_alphas),
-    ):
-        for layer in layers:
-            for alpha in alphas:
-                acc = run(stack.at(layer, alpha))
-                rows.append(
-                    {
-                        "vector": name,
-                        "layer": layer,
-                        "alpha": alpha,
-                        "accuracy": _dev_score(acc, score),
-                        "per_lang": acc,
-                    }
-                )
-
-    def best(name: str) -> list[dict[str, Any]]:
-        cand = [r for r in rows if r["vector"] == name]
-        return sorted(cand, key=lambda r: (-r["accuracy"], r["alpha"], r["layer"]))[:top_k]
-
-    combos = []
-    for t in best("task"):
-        for d in best("diff"):
-            if t["layer"] == d["layer"]:
-                continue
-            cfg = SteeringConfig(t["layer"], t["alpha"], d["layer"], d["alpha"])
-            iv = conditions(vectors, cfg)["both"]
-            acc = run(iv)
-            row = {
-                "vector": "both",
-                **cfg.to_dict(),
-                "accuracy": _dev_score(acc, score),
-                "per_lang": acc,
-            }
-            rows.append(row)
-            combos.append((row["accuracy"], cfg))
-    if combos:
-        chosen = max(combos, key=lambda x: x[0])[1]
-    else:
-        t, d = best("task")[0], best("diff")[0]
-        chosen = SteeringConfig(t["layer"], t["alpha"], d["layer"], d["alpha"])
-    return SweepResult(rows, baseline, chosen, score, vectors.unit)
 
 
 # --------------------------------------------------------------------------------------

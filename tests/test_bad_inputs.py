@@ -496,7 +496,7 @@ CASES: list[Case] = [
     Case("track-unknown", "{lens} --track xx", 2, "unknown language(s) ['xx'] in --track"),
     Case("track-comma", "{lens} --track ,", 2, "empty language"),
     Case(
-        "sweep-langs-unknown", "{steer-eval} --sweep-langs en,zz", 2, "unknown language(s) ['zz']"
+        "seeds-not-ints", "{steer-eval} --seeds 0,x", 2, "--seeds takes comma-separated integers"
     ),
     Case("experts-lang-unknown", "{experts} --lang xx", 2, "unknown language(s) ['xx'] in --lang"),
     Case("experts-lang-not-in-langs", "{experts} --lang de", 2, "not among --langs"),

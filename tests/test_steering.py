@@ -21,7 +21,6 @@ from mechlingo.steering import (
     lowest_language,
     relative_gain,
     split_facts,
-    sweep,
     take_per_lang,
     vectors_from_means,
 )
@@ -113,6 +112,8 @@ def test_vectors_save_load_and_conditions(tiny, tiny_vectors, tmp_path):
 
 
 def test_sweep_and_evaluate_plumbing(tiny, tiny_facts, tiny_vectors):
+    from mechlingo.protocol import sweep
+
     dev = take_per_lang(split_facts(tiny_facts)["dev"], 2)
     res = sweep(
         tiny,
@@ -123,9 +124,17 @@ def test_sweep_and_evaluate_plumbing(tiny, tiny_facts, tiny_vectors):
         diff_layers=[1],
         diff_alphas=[1.0],
         top_k=1,
+        screen_ids=None,
         max_new_tokens=2,
     )
-    assert [r["vector"] for r in res.rows] == ["task", "task", "diff", "both"]
+    assert [(r["stage"], r["vector"]) for r in res.rows] == [
+        ("screen", "task"),
+        ("screen", "task"),
+        ("screen", "diff"),
+        ("dev", "task"),
+        ("dev", "diff"),
+        ("dev", "both"),
+    ]
     assert res.best.task_layer == 0 and res.best.diff_layer == 1
     assert res.fig_heatmap("task").data
     out = evaluate_conditions(tiny, tiny_vectors, res.best, dev, max_new_tokens=2)
@@ -185,10 +194,12 @@ def test_cli_build_and_eval_on_tiny(tiny_dir, tmp_path):
         == 0
     )
     summary = json.loads((out / "summary.json").read_text())
-    assert set(summary["accuracy"]) == {"orig", "task", "diff", "both", "random"}
-    assert summary["lowest_language"] in ("en", "fr", None)
-    assert "relative_gain_lowest" in summary and summary["alpha_unit"] == "resid"
-    assert "mean_absolute_gain" in summary and "zero_orig_languages" in summary
+    conds = {"orig", "task", "diff", "both", "random_s0", "random_s1", "random_s2", "random"}
+    assert set(summary["accuracy"]) == conds
+    assert summary["lowest_language"] == "fr"  # never English
+    assert summary["alpha_unit"] == "resid" and summary["dev_effect"].startswith("not measured")
+    assert set(summary["intervals"]["orig"]) == {"en", "fr"}
+    assert summary["meta"]["templates"] == "natural"
     assert (out / "report.html").stat().st_size > 1000
     # a vector folder that does not exist is a usage error (exit 2), nothing written
     assert (

@@ -28,9 +28,11 @@ from mechlingo.data.facts import (
     fact_from_mapping,
 )
 from mechlingo.data.io import (
+    TEMPLATE_FAMILIES,
     bundled_path,
     from_dataset,
     load_facts,
+    natural_templates,
     read_facts,
     read_jsonl,
     read_parallel_dir,
@@ -69,6 +71,7 @@ __all__ = [
     "LANGS",
     "LANG_NAMES",
     "NATIVE_LANG_NAMES",
+    "TEMPLATE_FAMILIES",
     "RELATIONS",
     "REQUIRED_FIELDS",
     "Fact",
@@ -81,6 +84,7 @@ __all__ = [
     "few_shot_prompt",
     "from_dataset",
     "load_facts",
+    "natural_templates",
     "parallel_sentences",
     "read_facts",
     "read_jsonl",

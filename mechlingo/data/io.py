@@ -241,6 +241,7 @@ def load_facts(
     relations: Iterable[str] | str | None = None,
     limit: int | None = None,
     path: PathLike | None = None,
+    templates: str = "tuned",
 ) -> list[Fact]:
     """Load facts from the bundled data (or from ``path``, a ``.jsonl``/``.tsv`` file).
 
@@ -251,6 +252,11 @@ def load_facts(
             sorted order among those present in *every* requested language, so the result
             stays aligned across languages (same ids in each).
         path: a user file instead of the bundled data.
+        templates: which prompts the bundled facts get: ``"tuned"`` (the stems chosen per
+            language for the highest zero-shot accuracy on the embedded model, see
+            ``docs/data.md``) or ``"natural"`` (plain fact-completion stems written once and
+            never measured on a model, :func:`natural_templates`). A user file keeps its own
+            prompts and takes only ``"tuned"`` (meaning "as written").
 
     Returns:
         Facts sorted by relation (bundled order), id, then language (order of ``langs``).
@@ -260,6 +266,13 @@ def load_facts(
             selection that matches nothing.
     """
     lang_sel = check_langs(langs)
+    if templates not in TEMPLATE_FAMILIES:
+        raise InputError(f"templates must be one of {TEMPLATE_FAMILIES}, got {templates!r}")
+    if templates == "natural" and path is not None:
+        raise InputError(
+            "templates='natural' re-renders the bundled facts; a facts file keeps its own "
+            "prompts (leave templates at 'tuned')"
+        )
     source = bundled_path() if path is None else Path(path)
     if not source.is_file():
         raise DataError(
@@ -300,7 +313,33 @@ def load_facts(
             + f"; the file has languages {present} for these relations"
         )
     facts.sort(key=lambda f: (_relation_key(f.relation), f.id, lang_rank[f.lang]))
+    if templates == "natural":
+        facts = [with_template(f, natural_templates()[f.relation][f.lang]) for f in facts]
     return facts
+
+
+TEMPLATE_FAMILIES = ("tuned", "natural")
+
+
+@lru_cache(maxsize=1)
+def natural_templates() -> dict[str, dict[str, str]]:
+    """``{relation: {lang: stem}}``: the ``natural`` template family, plain fact-completion
+    stems (``"The capital of {s} is"``, ``"{s}の首都は"``) written once by hand from each
+    relation's meaning and never chosen or tuned on a model (``natural_templates.json``)."""
+    text = resources.files("mechlingo.data").joinpath("natural_templates.json").read_text("utf-8")
+    return json.loads(text)["templates"]
+
+
+def with_template(fact: Fact, template: str) -> Fact:
+    """``fact`` with its prompt rendered from ``template`` (``{s}`` = the subject) and the
+    subject span moved accordingly."""
+    import dataclasses
+
+    if template.count("{s}") != 1:
+        raise InputError(f"template {template!r} must hold {{s}} exactly once")
+    start = template.index("{s}")
+    prompt = template.replace("{s}", fact.subject).rstrip()
+    return dataclasses.replace(fact, prompt=prompt, subject_span=(start, start + len(fact.subject)))
 
 
 def read_parallel_dir(path: PathLike, langs: Iterable[str] | None = None) -> dict[str, list[str]]:
