@@ -217,6 +217,59 @@ def retrieval(
     return out[0] if squeeze else out.reshape(*emb.shape[:-3], n_a, n_a)
 
 
+def retrieval_hits(emb: Float[Tensor, "lang n d"], *, centre: bool = False) -> Tensor:
+    """``hits[a, b, i]``: whether sentence ``i`` of language ``a`` retrieves its translation
+    as the nearest neighbour (cosine) among the sentences of ``b`` (one layer). The mean over
+    ``i`` is :func:`retrieval`; per-query hits are what bootstrap intervals resample."""
+    if emb.ndim != 3:
+        raise AlignmentError(f"expected [lang, n, d] embeddings, got {tuple(emb.shape)}")
+    xn = _normed(emb, centre)
+    sims = torch.einsum("ain,bjn->abij", xn, xn)
+    return sims.argmax(-1) == torch.arange(emb.shape[1], device=emb.device)
+
+
+def per_sentence(
+    emb: Float[Tensor, "lang n d"],
+    langs: Sequence[str],
+    *,
+    target: str | None = None,
+    centre: bool = False,
+) -> dict[str, Float[Tensor, " n"]]:
+    """Per-sentence values whose means are the headline measurements of one layer, for
+    bootstrap intervals over sentences:
+
+    * ``retrieval``: fraction of ordered pairs ``a -> b`` (``a != b``) where sentence ``i`` of
+      ``a`` retrieves its translation (the mean over ``i`` is the mean off-diagonal top-1);
+    * ``between_languages``: mean cosine distance between sentence ``i`` in two languages,
+      over pairs ``a != b``;
+    * ``to_medoid``: mean distance of sentence ``i`` (every language) to the medoid of all
+      embeddings of this space;
+    * with a ``target``: ``to_target`` (mean distance of sentence ``i`` in every other
+      language to its translation in the target) and ``retrieval_to_target`` (fraction of
+      other languages whose sentence ``i`` retrieves its translation among the target's).
+    """
+    n_a = emb.shape[0]
+    if len(langs) != n_a:
+        raise AlignmentError(f"{len(langs)} language names for {n_a} languages of embeddings")
+    if n_a < 2:
+        raise AlignmentError("per-sentence measurements need at least two languages")
+    off = ~torch.eye(n_a, dtype=torch.bool, device=emb.device)
+    hits = retrieval_hits(emb, centre=centre).double()
+    out = {"retrieval": hits[off].mean(0)}
+    xn = _normed(emb, centre)
+    same = torch.einsum("ain,bin->abi", xn, xn)  # cos(sentence i in a, sentence i in b)
+    out["between_languages"] = (1 - same[off]).mean(0)
+    flat = xn.reshape(-1, xn.shape[-1])
+    medoid = flat[(1 - flat @ flat.T).sum(1).argmin()]
+    out["to_medoid"] = (1 - xn @ medoid).mean(0)
+    if target is not None:
+        t = list(langs).index(target)
+        rest = [a for a in range(n_a) if a != t]
+        out["to_target"] = (1 - same[rest, t]).mean(0)
+        out["retrieval_to_target"] = hits[rest, t].mean(0)
+    return {k: v.float() for k, v in out.items()}
+
+
 @dataclass
 class Distances:
     """Mean cosine distances (``1 - cos``) in one embedding space.
@@ -322,6 +375,10 @@ class AlignmentComparison:
             ``a -> b`` (see :func:`retrieval`).
         target: the intervention's target language (for the ``to_target`` distance).
         centre: whether distances and retrieval were computed after centring.
+        control, retrieval_control: the same under the control intervention (e.g. the
+            random-neuron clamp of the same size and values), or None.
+
+    Arms are named ``"pre"``, ``"post"`` and ``"control"`` everywhere.
     """
 
     pre: Embeddings
@@ -331,6 +388,8 @@ class AlignmentComparison:
     target: str | None = None
     centre: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
+    control: Embeddings | None = None
+    retrieval_control: Float[Tensor, "layer lang lang"] | None = None
 
     @property
     def langs(self) -> list[str]:
@@ -340,19 +399,33 @@ class AlignmentComparison:
     def layers(self) -> list[int]:
         return self.pre.layers
 
+    def _arm(self, which: str) -> tuple[Embeddings | None, Tensor | None]:
+        arms = {
+            "pre": (self.pre, self.retrieval_pre),
+            "post": (self.post, self.retrieval_post),
+            "control": (self.control, self.retrieval_control),
+        }
+        if which not in arms:
+            raise AlignmentError(f"unknown arm {which!r}; use 'pre', 'post' or 'control'")
+        return arms[which]
+
+    def arms(self) -> list[str]:
+        """The arms measured here, of ``pre``, ``post`` and ``control``."""
+        return [a for a in ("pre", "post", "control") if self._arm(a)[0] is not None]
+
     def distances(self, which: str = "pre", layer: int | None = None) -> Distances:
-        emb = self.pre if which == "pre" else self.post
+        emb = self._arm(which)[0]
         if emb is None:
-            raise AlignmentError("no post-intervention embeddings in this comparison")
+            raise AlignmentError(f"no {which!r} embeddings in this comparison")
         return distances(
             emb.emb[emb.layer_slot(layer)], emb.langs, target=self.target, centre=self.centre
         )
 
     def pair_accuracy(self, which: str = "pre", layer: int | None = None) -> dict[str, float]:
         """``{"a->b": top-1}`` for every ordered pair of different languages."""
-        r = self.retrieval_pre if which == "pre" else self.retrieval_post
+        r = self._arm(which)[1]
         if r is None:
-            raise AlignmentError("no post-intervention retrieval in this comparison")
+            raise AlignmentError(f"no {which!r} retrieval in this comparison")
         m = r[self.pre.layer_slot(layer)]
         return {
             f"{a}->{b}": float(m[i, j])
@@ -362,26 +435,81 @@ class AlignmentComparison:
         }
 
     def summary(self, layer: int | None = None) -> dict[str, Any]:
-        """The CLI's ``summary.json`` core: retrieval top-1 and distances pre and post at
-        ``layer`` (default the last embedded), and mean off-diagonal retrieval per layer."""
+        """The CLI's ``summary.json`` core, each keyed by arm (``pre``, ``post``,
+        ``control``): retrieval top-1 per ordered pair and distances at ``layer`` (default the
+        last embedded), and mean off-diagonal retrieval per layer."""
         out: dict[str, Any] = {
             "layer": self.layers[self.pre.layer_slot(layer)],
-            "retrieval_top1": {"pre": self.pair_accuracy("pre", layer)},
-            "distance": {"pre": self.distances("pre", layer).summary()},
-            "retrieval_mean_per_layer": {"pre": _mean_offdiag(self.retrieval_pre, self.layers)},
+            "retrieval_top1": {},
+            "distance": {},
+            "retrieval_mean_per_layer": {},
             "centred": self.centre,
             "n_sentences": int(self.pre.emb.shape[2]),
         }
-        if self.post is not None and self.retrieval_post is not None:
-            out["retrieval_top1"]["post"] = self.pair_accuracy("post", layer)
-            out["distance"]["post"] = self.distances("post", layer).summary()
-            out["retrieval_mean_per_layer"]["post"] = _mean_offdiag(
-                self.retrieval_post, self.layers
-            )
+        for arm in self.arms():
+            r = self._arm(arm)[1]
+            assert r is not None
+            out["retrieval_top1"][arm] = self.pair_accuracy(arm, layer)
+            out["distance"][arm] = self.distances(arm, layer).summary()
+            out["retrieval_mean_per_layer"][arm] = _mean_offdiag(r, self.layers)
         return out
 
+    def intervals(self, layer: int | None = None, *, seed: int = 0) -> dict[str, Any]:
+        """Bootstrap 95% intervals over sentences (``scipy.stats.bootstrap``) at ``layer``.
+
+        ``metrics[m][arm]``: the mean of :func:`per_sentence` value ``m`` (``retrieval``,
+        ``between_languages``, ``to_medoid`` and, with a target, ``to_target`` and
+        ``retrieval_to_target``) with its interval. ``gains[m]``: paired differences over the
+        same sentences (:func:`mechlingo.stats.paired_gain`): ``post_vs_pre``,
+        ``post_vs_control`` and ``control_vs_pre`` (for distances a negative gain means closer).
+        ``pairs[arm][a->b]``: Wilson interval of each ordered pair's top-1.
+
+        Retrieval intervals resample the query sentences with the candidate pool fixed; the
+        medoid is fixed per arm. They say how much the numbers would move on another sample
+        of sentences of the same kind, not on another model or corpus.
+        """
+        from mechlingo.stats import bootstrap_mean, paired_gain, wilson
+
+        arms = self.arms()
+        vals: dict[str, dict[str, Tensor]] = {}
+        pairs: dict[str, dict[str, Any]] = {}
+        for arm in arms:
+            emb = self._arm(arm)[0]
+            assert emb is not None
+            x = emb.emb[emb.layer_slot(layer)]
+            vals[arm] = per_sentence(x, self.langs, target=self.target, centre=self.centre)
+            hits = retrieval_hits(x, centre=self.centre)
+            pairs[arm] = {
+                f"{a}->{b}": wilson(int(hits[i, j].sum()), int(hits.shape[-1]))
+                for i, a in enumerate(self.langs)
+                for j, b in enumerate(self.langs)
+                if i != j
+            }
+        metrics = {
+            m: {arm: bootstrap_mean(vals[arm][m].cpu().numpy(), seed=seed) for arm in arms}
+            for m in vals["pre"]
+        }
+        comparisons = [("post_vs_pre", "pre", "post"), ("post_vs_control", "control", "post")]
+        comparisons.append(("control_vs_pre", "pre", "control"))
+        gains = {
+            m: {
+                name: paired_gain(vals[a][m].cpu().numpy(), vals[b][m].cpu().numpy(), seed=seed)
+                for name, a, b in comparisons
+                if a in vals and b in vals
+            }
+            for m in metrics
+        }
+        return {
+            "layer": self.layers[self.pre.layer_slot(layer)],
+            "unit": "sentence",
+            "n_sentences": int(self.pre.emb.shape[2]),
+            "metrics": metrics,
+            "gains": gains,
+            "pairs": pairs,
+        }
+
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per (layer, query lang, candidate lang): top-1 pre and post."""
+        """One row per (layer, query lang, candidate lang): top-1 of every arm."""
         import pandas as pd
 
         rows = []
@@ -391,9 +519,10 @@ class AlignmentComparison:
                     if i == j:
                         continue
                     row = {"layer": layer, "query": a, "candidates": b}
-                    row["top1_pre"] = float(self.retrieval_pre[s, i, j])
-                    if self.retrieval_post is not None:
-                        row["top1_post"] = float(self.retrieval_post[s, i, j])
+                    for arm in self.arms():
+                        r = self._arm(arm)[1]
+                        assert r is not None
+                        row[f"top1_{arm}"] = float(r[s, i, j])
                     rows.append(row)
         return pd.DataFrame(rows)
 
@@ -432,6 +561,7 @@ def compare_alignment(
     texts: Mapping[str, Sequence[str]],
     intervention: Any = None,
     *,
+    control: Any = None,
     layers: int | Sequence[int] | str | None = "all",
     target: str | None = None,
     centre: bool = False,
@@ -440,9 +570,10 @@ def compare_alignment(
     progress: bool = False,
 ) -> AlignmentComparison:
     """Embed parallel sentences without and with ``intervention`` and measure retrieval (all
-    embedded layers) and distances (on demand, per layer). ``target``: the language the
-    intervention steers to (for the ``to_target`` distance; read from the clamp's metadata
-    when not given)."""
+    embedded layers) and distances (on demand, per layer), and under ``control`` (e.g. the
+    random-neuron clamp of the same size) when given; the ``pre`` pass is shared.
+    ``target``: the language the intervention steers to (for the ``to_target`` distance;
+    read from the clamp's metadata when not given)."""
     check_parallel(texts, 2)
     if target is not None and target not in texts:
         raise AlignmentError(f"target {target!r} is not among the languages {list(texts)}")
@@ -457,9 +588,13 @@ def compare_alignment(
         if intervention is not None
         else None
     )
+    ctl = embed_parallel(model, texts, intervention=control, **kw) if control is not None else None
     r_pre = retrieval(pre.emb, centre=centre)
     r_post = retrieval(post.emb, centre=centre) if post is not None else None
-    return AlignmentComparison(pre, post, r_pre, r_post, target, centre)
+    r_ctl = retrieval(ctl.emb, centre=centre) if ctl is not None else None
+    return AlignmentComparison(
+        pre, post, r_pre, r_post, target, centre, control=ctl, retrieval_control=r_ctl
+    )
 
 
 __all__ = [
@@ -473,5 +608,7 @@ __all__ = [
     "drop_empty_lines",
     "embed_parallel",
     "pca_2d",
+    "per_sentence",
     "retrieval",
+    "retrieval_hits",
 ]

@@ -16,10 +16,14 @@ Method (Sundar et al., ACL 2025, after Suau et al. and Kojima et al.; see PAPERS
    intervention that sets each of them, at every position, to its mean (or median) pooled
    activation over that language's sentences. :meth:`ExpertResult.random_clamp` is the
    control: the same values written to ``k`` random other neurons.
-4. :func:`k_curve` chooses ``k``: for each ``k`` it samples text from a bare BOS prompt (and
-   greedy continuations of short neutral prompts) with the clamp on, identifies the language
-   of each generation offline (py3langid), and measures the perplexity of held-out text of
-   every language (the side effect), with the random-neuron control.
+4. :func:`k_curve` measures, for each ``k``, how often text sampled from a bare BOS prompt
+   (and greedy continuations of short neutral prompts) is in the target language with the
+   clamp on (py3langid, offline; Wilson intervals), and the perplexity of held-out text of
+   every language (the side effect; bootstrap intervals over lines), with the random-neuron
+   control at the same ``k``. :func:`choose_k` applies the papers' rule: the highest target
+   rate among the ``k`` whose perplexity stays within a budget (default: at most
+   :data:`PPL_BUDGET` times the no-clamp perplexity, for the target and for the geometric mean
+   of the other languages). ``k`` is never chosen by retrieval.
 
 A feature index ``f`` of the flattened neuron axis is neuron ``f % d_mlp`` of layer
 ``layers[f // d_mlp]``.
@@ -614,7 +618,7 @@ def sample_from_bos(
     return out
 
 
-def perplexity(
+def line_nll(
     model: Any,
     texts: Sequence[str],
     *,
@@ -622,16 +626,19 @@ def perplexity(
     batch_size: int = 16,
     max_tokens: int | None = None,
     chunk_rows: int = 128,
-) -> float:
-    """Perplexity of the model on ``texts`` (exp of the mean next-token NLL over every real
-    token after BOS). Only the final residual stream is kept; the unembedding runs on the
-    real positions in chunks of ``chunk_rows``, so no [batch, pos, vocab] tensor exists."""
+) -> tuple[Float[Tensor, " text"], Int[Tensor, " text"]]:
+    """Summed next-token negative log-likelihood (nats) of every text and the number of
+    tokens it covers (every real token after BOS), in the order of ``texts``: the per-line
+    pieces of :func:`perplexity`, for bootstrap intervals over lines. Only the final residual
+    stream is kept; the unembedding runs on the real positions in chunks of ``chunk_rows``,
+    so no [batch, pos, vocab] tensor exists."""
     from mechlingo.kernels.readout import final_logits
 
     batch = encode_sentences(model, texts, max_tokens=max_tokens)
     name = final_resid_name(model)
     hooks = list(intervention.fwd_hooks(model)) if intervention is not None else []
-    total, count = torch.zeros((), dtype=torch.float64), 0
+    nll = torch.zeros(len(texts), dtype=torch.float64)
+    counts = torch.zeros(len(texts), dtype=torch.long)
     got: dict[str, Tensor] = {}
 
     def grab(t: Tensor, hook: Any) -> None:
@@ -646,15 +653,127 @@ def perplexity(
         pos = torch.arange(resid.shape[1], device=dev)
         pred = pos[None, :] < (sub.lengths.to(dev) - 1)[:, None]  # position t predicts t+1
         src = resid[pred]
+        owner = torch.as_tensor(rows, dtype=torch.long)[pred.nonzero()[:, 0].cpu()]
         targets = sub.tokens.to(dev)[:, 1:][pred[:, :-1]]
         for i in range(0, src.shape[0], chunk_rows):
             lg = final_logits(model, src[i : i + chunk_rows])
             lp = lg.log_softmax(-1).gather(1, targets[i : i + chunk_rows, None].to(lg.device))
-            total += -lp.double().sum().cpu()
-        count += int(src.shape[0])
-    if count == 0:
+            nll.index_add_(0, owner[i : i + chunk_rows], -lp[:, 0].double().cpu())
+        counts.index_add_(0, owner, torch.ones_like(owner))
+    return nll, counts
+
+
+def perplexity(
+    model: Any,
+    texts: Sequence[str],
+    *,
+    intervention: Any = None,
+    batch_size: int = 16,
+    max_tokens: int | None = None,
+    chunk_rows: int = 128,
+) -> float:
+    """Perplexity of the model on ``texts``: exp of the mean next-token NLL over every real
+    token after BOS, all texts pooled (see :func:`line_nll`)."""
+    nll, counts = line_nll(
+        model,
+        texts,
+        intervention=intervention,
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+        chunk_rows=chunk_rows,
+    )
+    if int(counts.sum()) == 0:
         raise ExpertError("no tokens to score: every text is a single token")
-    return float(torch.exp(total / count))
+    return float(torch.exp(nll.sum() / counts.sum()))
+
+
+#: Default perplexity budget of the k rule: a clamp may at most double held-out perplexity.
+PPL_BUDGET = 2.0
+
+OthersRule = Literal["geomean", "max", "none"]
+
+
+def choose_k(
+    rows: Sequence[Mapping[str, Any]],
+    lang: str,
+    *,
+    ppl_budget: float = PPL_BUDGET,
+    others: OthersRule = "geomean",
+) -> dict[str, Any]:
+    """The papers' rule for ``k`` (Sundar et al. after Kojima et al.): the ``k`` whose clamp
+    makes generations from a bare BOS prompt most often the target language, among the ``k``
+    whose side effect on perplexity stays within a budget. Never retrieval.
+
+    A ``k`` (rows with ``arm == "experts"``) is *within budget* when, on held-out lines, the
+    target language's perplexity is at most ``ppl_budget`` times its perplexity without a
+    clamp (the ``arm == "none"`` row), and the other languages' perplexity ratios, combined by
+    ``others``, are too: ``"geomean"`` (default; their geometric mean, the typical side
+    effect), ``"max"`` (every other language) or ``"none"`` (the target only). Among the
+    within-budget ``k`` the highest ``target_rate_bos`` wins; ties go to the smaller ``k``.
+
+    Args:
+        rows: k-curve rows with ``k``, ``arm``, ``target_rate_bos`` and ``ppl_<lang>``.
+        lang: the target language (``ppl_<lang>`` must be among the columns).
+
+    Returns:
+        ``{"k"``: the chosen ``k``, or ``None`` when no ``k`` is within budget; ``"rule"``: the
+        rule in words; ``"ppl_budget"``, ``"others"``, ``"target_rate_none"`` and
+        ``"candidates"``: per ``k`` its rate, perplexity ratios and whether it is within
+        budget``}``.
+    """
+    if ppl_budget <= 0 or not math.isfinite(ppl_budget):
+        raise ExpertError(f"the perplexity budget must be a positive number, got {ppl_budget}")
+    if others not in ("geomean", "max", "none"):
+        raise ExpertError(f"others must be 'geomean', 'max' or 'none', got {others!r}")
+    base = [r for r in rows if r["arm"] == "none"]
+    if not base:
+        raise ExpertError("the k curve has no 'none' row (no clamp) to measure perplexity against")
+    b = base[0]
+    langs = [c[4:] for c in b if c.startswith("ppl_") and not c.startswith("ppl_ratio_")]
+    langs = [x for x in langs if not x.endswith(("_lo", "_hi"))]
+    if lang not in langs:
+        raise ExpertError(f"no held-out perplexity of the target {lang!r}; have {langs}")
+    cands = []
+    for r in sorted((r for r in rows if r["arm"] == "experts"), key=lambda r: r["k"]):
+        ratios = {x: r[f"ppl_{x}"] / b[f"ppl_{x}"] for x in langs}
+        rest = [v for x, v in ratios.items() if x != lang]
+        if others == "none" or not rest:
+            agg = None
+        elif others == "max":
+            agg = max(rest)
+        else:
+            agg = math.exp(sum(math.log(v) for v in rest) / len(rest))
+        ok = ratios[lang] <= ppl_budget and (agg is None or agg <= ppl_budget)
+        cands.append(
+            {
+                "k": int(r["k"]),
+                "target_rate_bos": r["target_rate_bos"],
+                "ppl_ratio_target": ratios[lang],
+                "ppl_ratio_others": agg,
+                "within_budget": bool(ok),
+            }
+        )
+    ok = [c for c in cands if c["within_budget"]]
+    best = max(ok, key=lambda c: (c["target_rate_bos"], -c["k"])) if ok else None
+    agg_words = {
+        "geomean": "the geometric mean of the other languages' ratios",
+        "max": "every other language's ratio",
+        "none": "(other languages not constrained)",
+    }[others]
+    rule = (
+        f"k = argmax over k of the fraction of bare-BOS generations identified as {lang}, "
+        f"among k whose held-out perplexity ratio (clamp / no clamp) is <= {ppl_budget:g} for "
+        f"{lang} and for {agg_words}; ties to the smaller k; never chosen by retrieval"
+    )
+    return {
+        "lang": lang,
+        "k": None if best is None else best["k"],
+        "rule": rule,
+        "ppl_budget": ppl_budget,
+        "others": others,
+        "target_rate_none": b["target_rate_bos"],
+        "candidates": cands,
+    }
 
 
 @dataclass
@@ -662,9 +781,14 @@ class KCurve:
     """Effect of the expert clamp as a function of ``k``, with the random control.
 
     ``rows``: one dict per (k, arm) with ``arm`` in ``{"experts", "random", "none"}``:
-    ``target_rate_bos`` (fraction of BOS samples identified as the target language),
-    ``target_rate_prompt`` (same for greedy continuations of neutral prompts),
-    ``ppl_<lang>`` (held-out perplexity of every language) and example generations.
+
+    * ``target_rate_bos``: fraction of the ``n_bos`` samples from a bare BOS prompt identified
+      as the target language, with its Wilson 95% interval ``target_rate_bos_lo/_hi``;
+    * ``target_rate_prompt``: the same for greedy continuations of neutral prompts;
+    * ``ppl_<lang>``: held-out perplexity of every language, with a bootstrap 95% interval
+      over lines (``ppl_<lang>_lo/_hi``), and ``ppl_ratio_<lang>``: that perplexity over the
+      no-clamp perplexity of the same lines (paired bootstrap ``_lo/_hi``);
+    * ``examples`` (the generations) and ``bos_hits`` (per BOS sample: in the target?).
     """
 
     lang: str
@@ -673,12 +797,41 @@ class KCurve:
     def to_dataframe(self) -> pd.DataFrame:
         import pandas as pd
 
-        return pd.DataFrame([{k: v for k, v in r.items() if k != "examples"} for r in self.rows])
+        skip = ("examples", "bos_hits")
+        return pd.DataFrame([{k: v for k, v in r.items() if k not in skip} for r in self.rows])
 
-    def figure(self) -> go.Figure:
+    def choose(self, ppl_budget: float = PPL_BUDGET, others: OthersRule = "geomean") -> dict:
+        """:func:`choose_k` on this curve."""
+        return choose_k(self.rows, self.lang, ppl_budget=ppl_budget, others=others)
+
+    def tests(self) -> list[dict[str, Any]]:
+        """Per ``k``: exact McNemar tests of the BOS target hits of the expert clamp against no
+        clamp and against the random control at the same ``k`` (samples are paired by index:
+        every arm draws with the same seed)."""
+        from mechlingo.stats import mcnemar
+
+        none = next((r for r in self.rows if r["arm"] == "none"), None)
+        out = []
+        for r in self.rows:
+            if r["arm"] != "experts":
+                continue
+            t: dict[str, Any] = {"k": r["k"]}
+            if none is not None:
+                t["vs_none"] = mcnemar(none["bos_hits"], r["bos_hits"])
+            ctl = next((c for c in self.rows if c["arm"] == "random" and c["k"] == r["k"]), None)
+            if ctl is not None:
+                t["vs_random"] = mcnemar(ctl["bos_hits"], r["bos_hits"])
+            out.append(t)
+        return out
+
+    def records(self) -> list[dict[str, Any]]:
+        """JSON-ready rows (without the generations)."""
+        return [{k: v for k, v in r.items() if k != "examples"} for r in self.rows]
+
+    def figure(self, chosen: int | None = None) -> go.Figure:
         from mechlingo.plots_experts import k_curve_figure
 
-        return k_curve_figure(self)
+        return k_curve_figure(self, chosen)
 
 
 def k_curve(
@@ -688,7 +841,7 @@ def k_curve(
     ks: Sequence[int],
     heldout: Mapping[str, Sequence[str]],
     *,
-    n_samples: int = 8,
+    n_samples: int = 32,
     max_new_tokens: int = 20,
     prompts: Sequence[str] = NEUTRAL_PROMPTS,
     value: Literal["mean", "median"] = "mean",
@@ -698,13 +851,19 @@ def k_curve(
     progress: bool = False,
 ) -> KCurve:
     """For each ``k``: language of generations with the clamp on and held-out perplexity of
-    every language, for the experts, the random control, and no clamp (``k = 0``).
+    every language, for the experts, the random control, and no clamp (``k = 0``), with
+    Wilson intervals for the rates and bootstrap intervals (over lines) for perplexities.
 
     The language of each generation is identified by py3langid among the languages of
     ``heldout`` and ``experts.langs``; generations with no letters count as not in the target.
+    Choose ``k`` from the result with :meth:`KCurve.choose` (the papers' rule).
     """
+    from mechlingo.stats import bootstrap_perplexity, perplexity_ratio, wilson
+
     if not ks:
         raise ExpertError("give at least one k")
+    if n_samples < 1:
+        raise ExpertError(f"n_samples must be >= 1, got {n_samples}")
     id_langs = list(dict.fromkeys([*experts.langs, *heldout]))
     _check_texts(heldout, 1)
     arms: list[tuple[int, str, Any]] = [(0, "none", None)]
@@ -717,6 +876,7 @@ def k_curve(
     from mechlingo.evaluate import greedy_generate
 
     rows = []
+    base_nll: dict[str, Tensor] = {}
     for k, arm, iv in tqdm(arms, desc="k curve", disable=not progress):
         bos_texts = sample_from_bos(
             model, n_samples, max_new_tokens=max_new_tokens, intervention=iv, seed=seed
@@ -734,16 +894,41 @@ def k_curve(
         )
         ids_bos = identify_languages(bos_texts, id_langs)
         ids_prompt = identify_languages(prompt_texts, id_langs)
+        hits = [x == lang for x in ids_bos]
+        w = wilson(sum(hits), len(hits))
         row: dict[str, Any] = {
             "k": k,
             "arm": arm,
-            "target_rate_bos": sum(x == lang for x in ids_bos) / max(len(ids_bos), 1),
+            "n_bos": len(hits),
+            "target_bos": sum(hits),
+            "target_rate_bos": w["p"],
+            "target_rate_bos_lo": w["lo"],
+            "target_rate_bos_hi": w["hi"],
             "target_rate_prompt": (
                 sum(x == lang for x in ids_prompt) / len(ids_prompt) if ids_prompt else float("nan")
             ),
         }
         for hl, sents in heldout.items():
-            row[f"ppl_{hl}"] = perplexity(model, sents, intervention=iv, max_tokens=max_tokens)
+            nll, cnt = line_nll(model, sents, intervention=iv, max_tokens=max_tokens)
+            keep = cnt > 0
+            if not bool(keep.any()):
+                raise ExpertError(f"no tokens to score in the held-out {hl} lines")
+            nll, cnt = nll[keep], cnt[keep]
+            pp = bootstrap_perplexity(nll.numpy(), cnt.numpy(), seed=seed)
+            row[f"ppl_{hl}"], row[f"ppl_{hl}_lo"], row[f"ppl_{hl}_hi"] = (
+                pp["ppl"],
+                pp["lo"],
+                pp["hi"],
+            )
+            if arm == "none":
+                base_nll[hl] = nll
+                for end in ("", "_lo", "_hi"):
+                    row[f"ppl_ratio_{hl}{end}"] = 1.0
+            else:
+                pr = perplexity_ratio(base_nll[hl].numpy(), nll.numpy(), cnt.numpy(), seed=seed)
+                row[f"ppl_ratio_{hl}"] = pr["ratio"]
+                row[f"ppl_ratio_{hl}_lo"], row[f"ppl_ratio_{hl}_hi"] = pr["lo"], pr["hi"]
+        row["bos_hits"] = hits
         row["examples"] = [
             {"source": "BOS", "text": t, "lang": x} for t, x in zip(bos_texts, ids_bos, strict=True)
         ] + [
@@ -764,7 +949,10 @@ __all__ = [
     "encode_sentences",
     "find_experts",
     "identify_languages",
+    "PPL_BUDGET",
+    "choose_k",
     "k_curve",
+    "line_nll",
     "load_clamp",
     "make_clamp",
     "perplexity",

@@ -1,15 +1,21 @@
 """``mechlingo experts`` and ``mechlingo align`` (expert neurons, cross-lingual alignment).
 
-``mechlingo experts --lang es --k 100,500,2000 --data DIR --out EDIR`` finds the expert
-neurons of ``es`` on the first ``--limit`` sentences of every language, saves the clamps as
-``EDIR/es-k100`` ... (and the random-neuron controls as ``EDIR/es-k100-random`` ...), the
-top neurons (``experts.csv``), the k curve (``kcurve.csv``), ``summary.json`` and
-``report.html``.
+``mechlingo experts --lang es --k 50,100,200,500,1000,2000 --data DIR --out EDIR`` finds the
+expert neurons of ``es`` on the first ``--limit`` sentences of every language, saves the clamps
+as ``EDIR/es-k100`` ... (and the random-neuron controls as ``EDIR/es-k100-random`` ...), the
+top neurons (``experts.csv``), the k curve (``kcurve.csv``: BOS target-language rate with
+Wilson intervals and held-out perplexity of every language with bootstrap intervals, for the
+experts and the random control at every k), ``summary.json`` and ``report.html``. The k is
+chosen by the papers' rule on the held-out lines that follow (``experts.choose_k``: highest
+target rate within a perplexity budget, ``--ppl-budget``, default 2); ``summary.json`` has it
+under ``chosen_k`` and ``k_choice``.
 
-``mechlingo align --clamp EDIR/es-k2000 --data DIR --out DIR`` measures retrieval and cosine
-distances before and after the clamp (and after the random control when it sits next to the
-clamp), per layer, and writes ``summary.json`` (``retrieval_top1`` and ``distance``, each
-``pre``/``post``) and ``report.html``.
+``mechlingo align --clamp EDIR --data DIR --out DIR`` (or ``--clamp EDIR/es-k500``) measures
+retrieval and cosine distances before and after the clamp the rule chose (and after the
+random control of the same k when it sits next to the clamp), per layer, and writes
+``summary.json`` (``retrieval_top1`` and ``distance``, each ``pre``/``post``/``control``;
+``intervals``: bootstrap intervals over sentences and paired gains over pre and over the
+control) and ``report.html``.
 """
 
 from __future__ import annotations
@@ -121,7 +127,9 @@ def _experts_args(p: argparse.ArgumentParser) -> None:
     add_out_arg(p)
     g = p.add_argument_group("experts")
     g.add_argument("--lang", required=True, help="target language(s), comma-separated")
-    g.add_argument("--k", default="100,500,2000", help="expert counts to save and compare")
+    g.add_argument(
+        "--k", default="50,100,200,500,1000,2000", help="expert counts to save and compare"
+    )
     g.add_argument("--pool", choices=("mean", "max"), default="mean", help="pooling over tokens")
     g.add_argument("--score", choices=("auroc", "ap", "lape"), default="auroc")
     g.add_argument("--value", choices=("mean", "median"), default="mean", help="clamp value")
@@ -130,10 +138,27 @@ def _experts_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--seed", type=int, default=0, help="seed of the random control and sampling")
     g.add_argument("--no-curve", action="store_true", help="skip the k curve (generation)")
-    g.add_argument("--samples", type=int, default=8, help="samples from BOS per k (default 8)")
+    g.add_argument("--samples", type=int, default=32, help="samples from BOS per k (default 32)")
     g.add_argument("--new-tokens", type=int, default=20, help="tokens per generation")
     g.add_argument(
-        "--heldout", type=int, default=5, help="held-out sentences per language for perplexity"
+        "--heldout",
+        type=int,
+        default=16,
+        help="held-out sentences per language for perplexity (default 16)",
+    )
+    g.add_argument(
+        "--ppl-budget",
+        type=float,
+        default=2.0,
+        help="k rule: a clamp may raise held-out perplexity at most this many times, for the "
+        "target and for the other languages (default 2)",
+    )
+    g.add_argument(
+        "--ppl-others",
+        choices=("geomean", "max", "none"),
+        default="geomean",
+        help="k rule: how the other languages' perplexity ratios enter the budget: their "
+        "geometric mean (default), each of them, or not at all",
     )
 
 
@@ -144,6 +169,10 @@ def cmd_experts(args: Any) -> int:
 
     targets = split_list(args.lang) or []
     ks = _parse_ks(args.k)
+    if not args.ppl_budget > 0 or args.ppl_budget == float("inf"):
+        raise UsageError(f"--ppl-budget must be a positive number, got {args.ppl_budget}")
+    if args.samples < 1:
+        raise UsageError(f"--samples must be at least 1, got {args.samples}")
     texts = load_parallel(args)
     missing = [t for t in targets if t not in texts]
     if missing:
@@ -204,7 +233,11 @@ def cmd_experts(args: Any) -> int:
     summary = res.summary(k_show)
     summary["targets"] = targets
     summary["clamps"] = sorted(clamps)
-    summary["k_curve"] = {t: c.to_dataframe().to_dict("records") for t, c in curves.items()}
+    summary["k_curve"] = {t: c.records() for t, c in curves.items()}
+    choices = {t: c.choose(args.ppl_budget, args.ppl_others) for t, c in curves.items()}
+    summary["k_choice"] = choices
+    summary["chosen_k"] = {t: ch["k"] for t, ch in choices.items()}
+    summary["k_tests"] = {t: c.tests() for t, c in curves.items()}
     summary["meta"] = run_meta(
         model,
         args,
@@ -227,13 +260,20 @@ def cmd_experts(args: Any) -> int:
     report.add_figure(res.fig_layers(k_show))
     report.add_figure(res.fig_overlap(k_show))
     for t, c in curves.items():
+        ch = choices[t]
         report.add_heading(f"Choosing k for {t}")
         report.add_text(
             "Generations: temperature-1 samples from a bare BOS prompt (fixed seed; greedy from "
             "BOS gives one string only) and greedy continuations of short neutral prompts; "
-            "language identified by py3langid among the languages of the data."
+            "language identified by py3langid among the languages of the data. Rate intervals: "
+            "Wilson 95%; perplexity intervals: bootstrap 95% over the held-out lines."
         )
-        report.add_figure(c.figure())
+        report.add_text(
+            f"Rule: {ch['rule']}. Chosen: "
+            + (f"k = {ch['k']}." if ch["k"] is not None else "none (no k within the budget).")
+        )
+        report.add_table(_k_rows(c, ch))
+        report.add_figure(c.figure(ch["k"]))
         report.add_table(
             [
                 {"k": r["k"], "arm": r["arm"], **e}
@@ -256,11 +296,94 @@ def cmd_experts(args: Any) -> int:
         for name, iv in clamps.items():
             files.update(_folder_files(iv.save(Path(tmp) / name, model), name))
         write_outputs(args.out, files, keep_others=False)  # one step, no stale clamps
+    for t, ch in choices.items():
+        print(f"{t}: the k rule chose k = {ch['k']} ({ch['rule']})")
     print(f"wrote {args.out}: summary.json, experts.csv, report.html, clamps {sorted(clamps)}")
     return 0
 
 
+def _k_rows(curve: Any, choice: dict) -> list[dict[str, Any]]:
+    """One row per k for the report: rate of experts and control with intervals, perplexity
+    ratios, within budget, chosen, McNemar p against no clamp and against the control."""
+
+    def ci(r: dict, col: str, fmt: str = ".2f") -> str:
+        lo, hi = r.get(f"{col}_lo"), r.get(f"{col}_hi")
+        band = f" [{lo:{fmt}}, {hi:{fmt}}]" if lo is not None and hi is not None else ""
+        return f"{r[col]:{fmt}}{band}"
+
+    lang = curve.lang
+    tests = {t["k"]: t for t in curve.tests()}
+    by = {(r["k"], r["arm"]): r for r in curve.rows}
+    rows = []
+    none = by.get((0, "none"))
+    if none is not None:
+        rows.append({"k": 0, "experts: rate in " + lang: ci(none, "target_rate_bos")})
+    for cand in choice["candidates"]:
+        k = cand["k"]
+        e, ctl = by[(k, "experts")], by.get((k, "random"))
+        t = tests.get(k, {})
+        row: dict[str, Any] = {
+            "k": k,
+            "experts: rate in " + lang: ci(e, "target_rate_bos"),
+            "control: rate": ci(ctl, "target_rate_bos") if ctl else "",
+            f"experts: ppl ratio {lang}": ci(e, f"ppl_ratio_{lang}"),
+            "experts: ppl ratio others": cand["ppl_ratio_others"],
+            f"control: ppl ratio {lang}": ci(ctl, f"ppl_ratio_{lang}") if ctl else "",
+            "within budget": cand["within_budget"],
+            "chosen": k == choice["k"],
+            "p vs none": t.get("vs_none", {}).get("p"),
+            "p vs control": t.get("vs_random", {}).get("p"),
+        }
+        rows.append(row)
+    return rows
+
+
 # --------------------------------------------------------------------------------------
+
+
+def _resolve_clamp(path: str, target: str | None) -> str:
+    """A clamp folder as given, or, for an ``experts`` output folder, the clamp of the k its
+    rule chose for ``target`` (or its only target)."""
+    import json
+
+    p = Path(path)
+    if (p / "intervention.json").is_file() or not (p / "summary.json").is_file():
+        return path  # a clamp folder (or missing: load_intervention says so)
+    chosen = json.loads((p / "summary.json").read_text()).get("chosen_k") or {}
+    if target is None and len(chosen) == 1:
+        target = next(iter(chosen))
+    if target not in chosen:
+        raise UsageError(
+            f"{path} is an experts folder with chosen k for {sorted(chosen) or 'no language'}",
+            where="--clamp",
+            fix="pass --target LANG, or a clamp folder such as EDIR/es-k500",
+        )
+    k = chosen[target]
+    if k is None:
+        raise UsageError(
+            f"the k rule of {path} chose no k for {target} (none within the perplexity budget)",
+            where="--clamp",
+            fix="pass a clamp folder such as EDIR/es-k100 explicitly (and say it was not chosen)",
+        )
+    return str(p / f"{target}-k{k}")
+
+
+def _interval_rows(iv: dict) -> list[dict[str, Any]]:
+    """Report rows: per metric the mean [lo, hi] of every arm and the gains with intervals."""
+
+    def fmt(c: dict, key: str = "mean") -> str:
+        v, lo, hi = c.get(key), c.get("lo"), c.get("hi")
+        if v is None:
+            return ""
+        return f"{v:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")
+
+    rows = []
+    for m, per in iv["metrics"].items():
+        row: dict[str, Any] = {"metric": m}
+        row |= {arm: fmt(c) for arm, c in per.items()}
+        row |= {name: fmt(g, "gain") for name, g in iv["gains"].get(m, {}).items()}
+        rows.append(row)
+    return rows
 
 
 def _align_args(p: argparse.ArgumentParser) -> None:
@@ -268,7 +391,12 @@ def _align_args(p: argparse.ArgumentParser) -> None:
     _data_args(p, default_limit=200)
     add_out_arg(p)
     g = p.add_argument_group("alignment")
-    g.add_argument("--clamp", default=None, help="saved intervention folder (e.g. EDIR/es-k2000)")
+    g.add_argument(
+        "--clamp",
+        default=None,
+        help="saved intervention folder (e.g. EDIR/es-k500), or an `experts` output folder: "
+        "then the clamp of the k its rule chose (`chosen_k` in EDIR/summary.json)",
+    )
     g.add_argument(
         "--control",
         default=None,
@@ -285,6 +413,7 @@ def _align_args(p: argparse.ArgumentParser) -> None:
 def cmd_align(args: Any) -> int:
     from mechlingo.alignment import AlignmentError, compare_alignment
     from mechlingo.interventions import InterventionError, load_intervention
+    from mechlingo.plots_experts import interval_bars_figure
     from mechlingo.report import Report, write_outputs
 
     texts = load_parallel(args)
@@ -296,12 +425,13 @@ def cmd_align(args: Any) -> int:
             where="--target",
             fix="pick one of them or drop --target",
         )
+    clamp_path = _resolve_clamp(args.clamp, args.target) if args.clamp else None
     model = load_cli_model(args)
     iv = control = None
     try:
-        if args.clamp:
-            iv = load_intervention(args.clamp, model)
-            ctl = args.control or (str(Path(args.clamp)) + "-random")
+        if clamp_path:
+            iv = load_intervention(clamp_path, model)
+            ctl = args.control or (str(Path(clamp_path)) + "-random")
             if args.control or Path(ctl).is_dir():
                 control = load_intervention(ctl, model)
     except (FileNotFoundError, InterventionError) as err:
@@ -316,23 +446,17 @@ def cmd_align(args: Any) -> int:
         progress=not args.quiet,
     )
     try:
-        comp = compare_alignment(model, texts, iv, **kw)
-        comp_ctl = compare_alignment(model, texts, control, **kw) if control else None
+        comp = compare_alignment(model, texts, iv, control=control, **kw)
         summary = comp.summary(args.layer)
+        summary["intervals"] = comp.intervals(args.layer)
     except (AlignmentError, ValueError) as err:
         raise UsageError(str(err)) from err
-    if comp_ctl is not None:
-        s = comp_ctl.summary(args.layer)
-        summary["control"] = {
-            "retrieval_top1": s["retrieval_top1"]["post"],
-            "distance": s["distance"]["post"],
-            "retrieval_mean_per_layer": s["retrieval_mean_per_layer"]["post"],
-        }
+    summary["target"] = comp.target
     summary["meta"] = run_meta(
         model,
         args,
-        clamp=args.clamp,
-        control=str(args.control or (Path(args.clamp).name + "-random" if control else None)),
+        clamp=clamp_path,
+        control=str(args.control or (Path(clamp_path).name + "-random" if control else None)),
         langs=list(texts),
         seconds=round(time.time() - t0, 1),
     )
@@ -345,15 +469,25 @@ def cmd_align(args: Any) -> int:
         "beat.",
         note=True,
     )
+    report.add_heading("Headline numbers with 95% intervals")
+    report.add_text(
+        "Means over sentences with bootstrap intervals (resampling sentences; for retrieval "
+        "the queries, with the candidate pool fixed). Gains are paired over the same "
+        "sentences; for distances a negative gain means closer. 'control' is the random-"
+        "neuron clamp of the same size and values."
+    )
+    report.add_table(_interval_rows(summary["intervals"]))
+    report.add_figure(
+        interval_bars_figure(
+            summary["intervals"]["metrics"], f"layer {summary['layer']}: means with 95% CIs"
+        )
+    )
     report.add_heading("Retrieval per layer")
     report.add_figure(comp.fig_layers())
     report.add_heading("Retrieval matrix")
     report.add_figure(comp.fig_retrieval(args.layer))
     report.add_heading("Distances")
-    rows = [{"arm": k, **v} for k, v in summary["distance"].items()]
-    if "control" in summary:
-        rows.append({"arm": "control", **summary["control"]["distance"]})
-    report.add_table(rows)
+    report.add_table([{"arm": k, **v} for k, v in summary["distance"].items()])
     report.add_figure(comp.fig_pca(args.layer))
     write_outputs(
         args.out,
@@ -367,5 +501,7 @@ def cmd_align(args: Any) -> int:
     post = summary["retrieval_top1"].get("post", {})
     for pair in list(pre)[:12]:
         print(f"{pair}: {pre[pair]:.3f}" + (f" -> {post[pair]:.3f}" if pair in post else ""))
+    for row in _interval_rows(summary["intervals"]):
+        print("  ".join(f"{k}={v}" for k, v in row.items()))
     print(f"wrote {args.out}/summary.json, retrieval.csv and report.html")
     return 0

@@ -275,6 +275,12 @@ def cmd_trace(args: Any) -> int:
                 figures.append((f"Attribution patching heatmaps ({lang})", atp.fig_heatmap()))
             figures.append((f"Attention knockout ({lang})", knock.fig()))
     summary = trace.summary()
+    from mechlingo.stats import wilson
+
+    summary["classification_ci"] = {  # Wilson 95% interval of each class's fraction
+        lg: {c: wilson(n, sum(cnt.values())) for c, n in cnt.items()}
+        for lg, cnt in summary["classification"].items()
+    }
     summary["meta"] = run_meta(
         model,
         args,
@@ -295,6 +301,17 @@ def cmd_trace(args: Any) -> int:
     report.add_figure(trace.fig_class_fractions())
     report.add_table(
         [{"lang": lg, **c} for lg, c in summary["classification"].items()], ["lang", *CLASSES]
+    )
+    from mechlingo.plots import accuracy_bars
+
+    cls_ci = summary["classification_ci"]
+    report.add_figure(
+        accuracy_bars(
+            {c: {lg: v[c]["p"] for lg, v in cls_ci.items()} for c in CLASSES},
+            "Class fractions per language (Wilson 95% intervals)",
+            {c: {lg: v[c] for lg, v in cls_ci.items()} for c in CLASSES},
+            y_title="fraction of queries",
+        )
     )
     report.add_table([{"lang": lg, **v} for lg, v in summary["layers"].items()])
     report.add_heading("Latent-language curves per class")

@@ -60,10 +60,25 @@ def overlap_figure(overlap: Float[Tensor, "lang lang"], langs: Sequence[str], k:
     return fig
 
 
-def k_curve_figure(curve: KCurve) -> go.Figure:
-    """Left: fraction of generations in the target language vs k (experts, random control,
-    no clamp). Right: held-out perplexity of every language vs k (experts solid, control
-    dotted)."""
+def _err(d: Any, col: str) -> dict[str, Any] | None:
+    """Asymmetric plotly error bars from ``col_lo``/``col_hi`` columns (None without them)."""
+    lo, hi = f"{col}_lo", f"{col}_hi"
+    if lo not in d or hi not in d:
+        return None
+    y = d[col].astype(float)
+    return {
+        "type": "data",
+        "symmetric": False,
+        "array": (d[hi].astype(float) - y).clip(lower=0).fillna(0).tolist(),
+        "arrayminus": (y - d[lo].astype(float)).clip(lower=0).fillna(0).tolist(),
+    }
+
+
+def k_curve_figure(curve: KCurve, chosen: int | None = None) -> go.Figure:
+    """Left: fraction of generations in the target language vs k (experts, random control;
+    the dashed line is no clamp), with Wilson 95% error bars for the BOS samples. Right:
+    held-out perplexity of every language vs k (experts solid, control dotted) with bootstrap
+    95% error bars over lines. ``chosen``: the k the rule picked (a vertical line)."""
     df = curve.to_dataframe()
     fig = make_subplots(
         rows=1,
@@ -71,6 +86,13 @@ def k_curve_figure(curve: KCurve) -> go.Figure:
         subplot_titles=(f"generations in {curve.lang}", "held-out perplexity (log scale)"),
     )
     base = df[df.arm == "none"]
+    ppl_cols = [
+        c
+        for c in df.columns
+        if c.startswith("ppl_")
+        and not c.startswith("ppl_ratio_")
+        and not c.endswith(("_lo", "_hi"))
+    ]
     for arm, dash in (("experts", "solid"), ("random", "dot")):
         d = df[df.arm == arm].sort_values("k")
         if d.empty:
@@ -79,16 +101,18 @@ def k_curve_figure(curve: KCurve) -> go.Figure:
             fig.add_scatter(
                 x=d.k,
                 y=d[col],
+                error_y=_err(d, col),
                 mode="lines+markers",
                 name=f"{arm}, {name}",
                 line={"dash": dash},
                 row=1,
                 col=1,
             )
-        for i, col in enumerate(c for c in df.columns if c.startswith("ppl_")):
+        for i, col in enumerate(ppl_cols):
             fig.add_scatter(
                 x=d.k,
                 y=d[col],
+                error_y=_err(d, col),
                 mode="lines+markers",
                 name=f"{arm} {col[4:]}",
                 line={"dash": dash, "color": _PALETTE[i % 12]},
@@ -99,10 +123,24 @@ def k_curve_figure(curve: KCurve) -> go.Figure:
             )
     if not base.empty:
         fig.add_hline(y=float(base.target_rate_bos.iloc[0]), line_dash="dash", row=1, col=1)
+    if chosen is not None:  # a trace, not add_vline: shapes on log axes take log10(x)
+        fig.add_scatter(
+            x=[chosen, chosen],
+            y=[0, 1],
+            mode="lines",
+            name=f"chosen k = {chosen}",
+            line={"color": "black", "width": 1},
+            row=1,
+            col=1,
+        )
     fig.update_xaxes(type="log", title_text="k")
     fig.update_yaxes(range=[-0.02, 1.02], row=1, col=1)
     fig.update_yaxes(type="log", row=1, col=2)
-    fig.update_layout(template="plotly_white", title=f"Choosing k for {curve.lang}")
+    title = f"Choosing k for {curve.lang}"
+    fig.update_layout(
+        template="plotly_white",
+        title=title + (f" (rule chose k = {chosen})" if chosen is not None else ""),
+    )
     return fig
 
 
@@ -187,4 +225,31 @@ def pca_figure(
                 col=c,
             )
     fig.update_layout(title=f"Sentence embeddings, layer {layer} (PCA)", template="plotly_white")
+    return fig
+
+
+def interval_bars_figure(
+    metrics: Mapping[str, Mapping[str, Mapping[str, Any]]], title: str
+) -> go.Figure:
+    """Grouped bars ``metrics[metric][arm]["mean"]`` (one group per metric, one colour per
+    arm) with their 95% intervals (``lo``/``hi``) as error bars."""
+    arms = list(dict.fromkeys(a for per in metrics.values() for a in per))
+    fig = go.Figure()
+    for i, arm in enumerate(arms):
+        names = [m for m in metrics if arm in metrics[m]]
+        cells = [metrics[m][arm] for m in names]
+        y = [c["mean"] for c in cells]
+        fig.add_bar(
+            x=names,
+            y=y,
+            name=arm,
+            marker_color=_PALETTE[i % 12],
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": [(c["hi"] - c["mean"]) if c["hi"] is not None else 0 for c in cells],
+                "arrayminus": [(c["mean"] - c["lo"]) if c["lo"] is not None else 0 for c in cells],
+            },
+        )
+    fig.update_layout(title=title, barmode="group", template="plotly_white")
     return fig

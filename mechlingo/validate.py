@@ -791,7 +791,13 @@ def validate_args(args: Any) -> None:
                         where="--target",
                         fix="add it to --langs or drop --target",
                     )
-            _check_artifact_dir(args.clamp, "--clamp")
+            clamp = Path(args.clamp).expanduser() if args.clamp else None
+            if not (  # an `experts` output folder: align picks the clamp of the chosen k
+                clamp is not None
+                and (clamp / "summary.json").is_file()
+                and not (clamp / "intervention.json").exists()
+            ):
+                _check_artifact_dir(args.clamp, "--clamp")
             _check_artifact_dir(args.control, "--control")
 
     shape = ModelShape.from_config(getattr(args, "model", None))

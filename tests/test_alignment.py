@@ -15,7 +15,9 @@ from mechlingo.alignment import (
     drop_empty_lines,
     embed_parallel,
     pca_2d,
+    per_sentence,
     retrieval,
+    retrieval_hits,
 )
 from mechlingo.experts import make_clamp
 from mechlingo.tokens import encode
@@ -94,6 +96,35 @@ def test_distances_against_hand_computation():
     torch.testing.assert_close(dc.between, dh.between)
 
 
+@pytest.mark.parametrize("centre", [False, True])
+def test_per_sentence_means_are_the_headline_numbers(centre):
+    torch.manual_seed(2)
+    emb = torch.randn(4, 6, 8, dtype=torch.float64)
+    langs = ["en", "es", "fr", "de"]
+    v = per_sentence(emb, langs, target="es", centre=centre)
+    assert set(v) == {
+        "retrieval", "between_languages", "to_medoid", "to_target", "retrieval_to_target"
+    }  # fmt: skip
+    assert all(x.shape == (6,) for x in v.values())
+    r = retrieval(emb, centre=centre)
+    off = ~torch.eye(4, dtype=torch.bool)
+    assert float(v["retrieval"].mean()) == pytest.approx(float(r[off].mean()), abs=1e-6)
+    assert float(v["retrieval_to_target"].mean()) == pytest.approx(
+        float(r[[0, 2, 3], 1].mean()), abs=1e-6
+    )
+    d = distances(emb, langs, target="es", centre=centre).summary()
+    for m in ("between_languages", "to_medoid", "to_target"):
+        assert float(v[m].mean()) == pytest.approx(d[m], abs=1e-6)
+    # by hand, sentence 3: distance between en and fr, and es's hit rate as a query
+    x = emb - emb.mean((0, 1)) if centre else emb
+    h = retrieval_hits(emb, centre=centre)
+    assert h.shape == (4, 4, 6) and bool(h[0, 0].all())
+    hand = sum(_cosd(x[a, 3], x[b, 3]) for a in range(4) for b in range(4) if a != b) / 12
+    assert float(v["between_languages"][3]) == pytest.approx(hand, abs=1e-6)
+    with pytest.raises(AlignmentError, match="two languages"):
+        per_sentence(emb[:1], ["en"])
+
+
 def test_embeddings_match_hand_mean_and_batching(tiny):
     e = embed_parallel(tiny, TEXTS, layers="all", batch_size=5)
     assert e.emb.shape == (tiny.cfg.n_layers, 3, 4, tiny.cfg.d_model)
@@ -124,6 +155,32 @@ def test_compare_alignment_with_clamp(tiny):
     c.fig_retrieval()
     c.fig_layers()
     assert pca_2d(c.pre.emb[-1]).shape == (3, 4, 2)
+    assert count_hooks(tiny) == 0
+
+
+def test_compare_alignment_with_control_and_intervals(tiny):
+    iv = make_clamp(torch.tensor([0, 1]), torch.tensor([3, 5]), torch.tensor([2.0, -1.0]))
+    ctl = make_clamp(torch.tensor([0, 1]), torch.tensor([7, 9]), torch.tensor([2.0, -1.0]))
+    c = compare_alignment(tiny, TEXTS, iv, control=ctl, target="es")
+    alone = compare_alignment(tiny, TEXTS, ctl, target="es")
+    assert c.arms() == ["pre", "post", "control"]
+    torch.testing.assert_close(c.control.emb, alone.post.emb)
+    torch.testing.assert_close(c.retrieval_control, alone.retrieval_post)
+    s = c.summary()
+    assert set(s["distance"]) == set(s["retrieval_top1"]) == {"pre", "post", "control"}
+    assert s["distance"]["control"] == alone.summary()["distance"]["post"]
+    ci = c.intervals()
+    assert ci["layer"] == tiny.cfg.n_layers - 1 and ci["n_sentences"] == 4
+    for m, per in ci["metrics"].items():
+        for cell in per.values():
+            assert cell["n"] == 4
+            assert cell["lo"] <= cell["mean"] + 1e-9 and cell["mean"] <= cell["hi"] + 1e-9
+        g = ci["gains"][m]["post_vs_control"]
+        assert g["gain"] == pytest.approx(per["post"]["mean"] - per["control"]["mean"], abs=1e-6)
+    assert ci["metrics"]["between_languages"]["post"]["mean"] == pytest.approx(
+        s["distance"]["post"]["between_languages"], abs=1e-5
+    )
+    assert set(c.to_dataframe().columns) >= {"top1_pre", "top1_post", "top1_control"}
     assert count_hooks(tiny) == 0
 
 

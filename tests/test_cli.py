@@ -92,3 +92,19 @@ def test_lens_and_eval_commands_on_default_model(tmp_path):
     s2 = json.loads((out2 / "summary.json").read_text())
     assert set(s2["accuracy"]) == {"en", "es"}
     assert all(0.0 <= x <= 1.0 for x in s2["accuracy"].values())
+
+
+def test_eval_summary_has_wilson_intervals(tmp_path, tiny_dir):
+    from mechlingo.stats import wilson
+
+    out = tmp_path / "eval"
+    args = ["eval", "--model", str(tiny_dir), "--langs", "en,fr", "--limit", "4"]
+    assert main([*args, "--max-new-tokens", "2", "--quiet", "--out", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    recs = [json.loads(x) for x in (out / "generations.jsonl").read_text().splitlines()]
+    for lg in ("en", "fr"):
+        k = sum(bool(r["correct"]) for r in recs if r["lang"] == lg)
+        n = sum(r["lang"] == lg for r in recs)
+        assert n == 4 and s["accuracy_ci"][lg] == wilson(k, n)
+        assert s["accuracy"][lg] == k / n
+    assert "Wilson 95% intervals" in (out / "report.html").read_text()

@@ -10,10 +10,12 @@ import torch
 
 from mechlingo.experts import (
     ExpertError,
+    choose_k,
     collect_neuron_stats,
     find_experts,
     identify_languages,
     k_curve,
+    line_nll,
     load_clamp,
     make_clamp,
     perplexity,
@@ -21,6 +23,7 @@ from mechlingo.experts import (
 from mechlingo.interventions import NeuronClamp
 from mechlingo.kernels.stats import auroc
 from mechlingo.runs import run_batch
+from mechlingo.stats import wilson
 from mechlingo.tokens import encode
 
 from .conftest import NTREX, count_hooks
@@ -196,14 +199,87 @@ def test_identify_languages():
     assert got == ["es", None, "de"]
 
 
+def test_line_nll_is_the_per_sentence_loss(tiny):
+    sents = ["the cat sat on the mat", "hola", "un perro grande"]
+    nll, cnt = line_nll(tiny, sents, batch_size=2)
+    for i, s in enumerate(sents):
+        b = encode(tiny, [s])
+        logits = tiny(b.tokens).float()
+        want = torch.nn.functional.cross_entropy(logits[0, :-1], b.tokens[0, 1:], reduction="sum")
+        assert float(nll[i]) == pytest.approx(float(want), rel=1e-4)
+        assert int(cnt[i]) == b.tokens.shape[1] - 1
+    assert perplexity(tiny, sents) == pytest.approx(math.exp(float(nll.sum() / cnt.sum())))
+
+
 def test_k_curve_runs(tiny, experts):
-    kc = k_curve(tiny, experts, "es", [2], TEXTS, n_samples=2, max_new_tokens=3, prompts=("1.",))
+    kc = k_curve(tiny, experts, "es", [2], TEXTS, n_samples=4, max_new_tokens=3, prompts=("1.",))
     df = kc.to_dataframe()
     assert list(df.arm) == ["none", "experts", "random"] and list(df.k) == [0, 2, 2]
     assert {"ppl_en", "ppl_es", "ppl_fr", "target_rate_bos"} <= set(df.columns)
     assert df.filter(like="ppl_").notna().all().all()
-    kc.figure()
+    for r in kc.rows:  # Wilson interval of the BOS hits; ratios against the no-clamp row
+        assert r["n_bos"] == 4 == len(r["bos_hits"]) and r["target_bos"] == sum(r["bos_hits"])
+        w = wilson(r["target_bos"], 4)
+        assert (r["target_rate_bos_lo"], r["target_rate_bos_hi"]) == (w["lo"], w["hi"])
+        for lg in ("en", "es", "fr"):
+            assert r[f"ppl_{lg}_lo"] <= r[f"ppl_{lg}"] <= r[f"ppl_{lg}_hi"]
+            want = r[f"ppl_{lg}"] / kc.rows[0][f"ppl_{lg}"]
+            assert r[f"ppl_ratio_{lg}"] == pytest.approx(want, rel=1e-9)
+    assert kc.rows[0]["ppl_ratio_es"] == 1.0
+    t = kc.tests()
+    assert [x["k"] for x in t] == [2] and set(t[0]) == {"k", "vs_none", "vs_random"}
+    assert t[0]["vs_none"]["n"] == 4
+    ch = kc.choose(ppl_budget=1e6)
+    assert ch["k"] == 2 and ch["candidates"][0]["within_budget"]
+    assert kc.choose(ppl_budget=1e-6)["k"] is None
+    kc.figure(2)
     assert count_hooks(tiny) == 0
+
+
+def _row(k, arm, rate, **ppl):
+    return {"k": k, "arm": arm, "target_rate_bos": rate, **{f"ppl_{x}": v for x, v in ppl.items()}}
+
+
+K_ROWS = [
+    _row(0, "none", 0.1, es=10, en=10, fr=10),
+    _row(50, "experts", 0.3, es=12, en=12, fr=12),  # ratios 1.2
+    _row(50, "random", 0.9, es=11, en=11, fr=11),  # controls never chosen
+    _row(100, "experts", 0.6, es=15, en=25, fr=30),  # others: geomean 2.74, max 3
+    _row(200, "experts", 0.6, es=18, en=18, fr=21),  # others: geomean 1.94, max 2.1
+    _row(300, "experts", 0.6, es=19, en=19, fr=19),  # 1.9 everywhere
+    _row(500, "experts", 0.9, es=40, en=12, fr=12),  # target 4x
+]
+
+
+@pytest.mark.parametrize(
+    "budget,others,want",
+    [
+        (2.0, "geomean", 200),  # 200 ties 300 at 0.6: the smaller k
+        (2.0, "max", 300),  # 200 is out: fr 2.1
+        (2.0, "none", 100),  # others ignored: 100, 200, 300 tie at 0.6
+        (1.5, "geomean", 50),
+        (5.0, "geomean", 500),
+        (1.1, "geomean", None),  # nothing within budget
+    ],
+)
+def test_choose_k_on_a_hand_made_curve(budget, others, want):
+    ch = choose_k(K_ROWS, "es", ppl_budget=budget, others=others)
+    assert ch["k"] == want
+    assert [c["k"] for c in ch["candidates"]] == [50, 100, 200, 300, 500]
+    assert ch["target_rate_none"] == 0.1 and "never chosen by retrieval" in ch["rule"]
+    c100 = ch["candidates"][1]
+    assert c100["ppl_ratio_target"] == pytest.approx(1.5)
+    want_others = {"geomean": math.sqrt(2.5 * 3.0), "max": 3.0, "none": None}[others]
+    assert c100["ppl_ratio_others"] == pytest.approx(want_others)
+
+
+def test_choose_k_errors():
+    with pytest.raises(ExpertError, match="'none' row"):
+        choose_k(K_ROWS[1:], "es")
+    with pytest.raises(ExpertError, match="target"):
+        choose_k(K_ROWS, "de")
+    with pytest.raises(ExpertError, match="budget"):
+        choose_k(K_ROWS, "es", ppl_budget=0)
 
 
 def _write_data(folder, n=6):
@@ -223,8 +299,8 @@ def test_cli_experts_then_align(tmp_path, tiny_dir):
     edir = tmp_path / "edir"
     rc = main(
         ["experts", "--model", str(tiny_dir), "--lang", "es", "--k", "3,5", "--data", str(data),
-         "--limit", "4", "--heldout", "2", "--samples", "2", "--new-tokens", "3", "--out",
-         str(edir), "--quiet"]
+         "--limit", "4", "--heldout", "2", "--samples", "3", "--new-tokens", "3",
+         "--ppl-budget", "1000", "--out", str(edir), "--quiet"]
     )  # fmt: skip
     assert rc == 0
     for name in ("summary.json", "experts.csv", "kcurve.csv", "report.html"):
@@ -233,17 +309,71 @@ def test_cli_experts_then_align(tmp_path, tiny_dir):
         assert (edir / name / "intervention.json").is_file()
     summ = json.loads((edir / "summary.json").read_text())
     assert summ["clamps"] == ["es-k3", "es-k3-random", "es-k5", "es-k5-random"]
+    ch = summ["k_choice"]["es"]
+    assert ch["ppl_budget"] == 1000 and ch["others"] == "geomean"
+    assert [c["k"] for c in ch["candidates"]] == [3, 5]
+    assert all(c["within_budget"] for c in ch["candidates"])
+    rates = {c["k"]: c["target_rate_bos"] for c in ch["candidates"]}
+    best = max(rates.values())
+    assert summ["chosen_k"] == {"es": min(k for k, v in rates.items() if v == best)}
+    rows = summ["k_curve"]["es"]
+    assert [(r["k"], r["arm"]) for r in rows] == [
+        (0, "none"), (3, "experts"), (3, "random"), (5, "experts"), (5, "random")
+    ]  # fmt: skip
+    assert all(r["n_bos"] == 3 and r["target_rate_bos_lo"] is not None for r in rows)
+    assert {"ppl_es_lo", "ppl_ratio_en_hi"} <= set(rows[1])
+    assert [t["k"] for t in summ["k_tests"]["es"]] == [3, 5]
+    assert "Choosing k for es" in (edir / "report.html").read_text()
     out = tmp_path / "align"
     rc = main(
-        ["align", "--model", str(tiny_dir), "--clamp", str(edir / "es-k5"), "--data", str(data),
-         "--offset", "2", "--limit", "4", "--out", str(out), "--quiet"]
+        [
+            "align",
+            "--model",
+            str(tiny_dir),
+            "--clamp",
+            str(edir),
+            "--data",
+            str(data),
+            "--offset",
+            "2",
+            "--limit",
+            "4",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
     )  # fmt: skip
     assert rc == 0
     s = json.loads((out / "summary.json").read_text())
-    assert set(s["retrieval_top1"]) == {"pre", "post"}
+    assert s["meta"]["clamp"] == str(edir / f"es-k{summ['chosen_k']['es']}")
+    assert set(s["retrieval_top1"]) == {"pre", "post", "control"}
     assert "es->en" in s["retrieval_top1"]["post"]
-    assert set(s["distance"]) == {"pre", "post"} and "control" in s
-    assert s["distance"]["post"]["target"] == "es"
+    assert set(s["distance"]) == {"pre", "post", "control"}
+    assert s["distance"]["post"]["target"] == "es" and s["target"] == "es"
+    iv = s["intervals"]
+    assert iv["n_sentences"] == 4 and iv["unit"] == "sentence"
+    want = {"retrieval", "between_languages", "to_medoid", "to_target", "retrieval_to_target"}
+    assert set(iv["metrics"]) == want
+    for m in want:
+        assert set(iv["metrics"][m]) == {"pre", "post", "control"}
+        pre, post = iv["metrics"][m]["pre"]["mean"], iv["metrics"][m]["post"]["mean"]
+        g = iv["gains"][m]
+        assert set(g) == {"post_vs_pre", "post_vs_control", "control_vs_pre"}
+        assert g["post_vs_pre"]["gain"] == pytest.approx(post - pre, abs=1e-6)
+    mean_pre = sum(s["retrieval_top1"]["pre"].values()) / 6
+    assert iv["metrics"]["retrieval"]["pre"]["mean"] == pytest.approx(mean_pre, abs=1e-6)
+    d = s["distance"]["control"]["between_languages"]
+    assert iv["metrics"]["between_languages"]["control"]["mean"] == pytest.approx(d, abs=1e-5)
+    assert iv["pairs"]["post"]["es->en"]["n"] == 4
+    # an experts folder whose rule chose no k: align says so and writes nothing
+    summ["chosen_k"] = {"es": None}
+    (edir / "summary.json").write_text(json.dumps(summ))
+    out2 = tmp_path / "align2"
+    rc = main(
+        ["align", "--model", str(tiny_dir), "--clamp", str(edir), "--data", str(data),
+         "--offset", "2", "--limit", "4", "--out", str(out2), "--quiet"]
+    )  # fmt: skip
+    assert rc == 2 and not out2.exists()
 
 
 def test_cli_errors_leave_nothing(tmp_path, tiny_dir, capsys):

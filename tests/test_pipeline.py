@@ -113,6 +113,12 @@ def test_trace_cli(tiny_dir, tmp_path):
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["classification"]) == {"en", "fr"}
+    from mechlingo.stats import wilson
+
+    for lg, counts in summary["classification"].items():  # Wilson interval per class
+        assert sum(counts.values()) == 3
+        for c, n in counts.items():
+            assert summary["classification_ci"][lg][c] == wilson(n, 3)
     trace = json.loads((out / "trace.json").read_text())
     assert len(trace) == 6 and {"class", "generation", "first_en_layer"} <= set(trace[0])
     patching = json.loads((out / "patching.json").read_text())

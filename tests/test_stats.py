@@ -1,0 +1,138 @@
+"""Statistics (mechlingo.stats) against hand formulas and direct scipy calls."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from mechlingo.stats import (
+    bootstrap_mean,
+    bootstrap_perplexity,
+    mcnemar,
+    paired_gain,
+    perplexity_ratio,
+    wilson,
+    wilson_table,
+)
+
+
+def _wilson_by_hand(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return centre - half, centre + half
+
+
+@pytest.mark.parametrize("k,n", [(0, 10), (3, 10), (10, 10), (7, 21), (50, 100), (1, 300)])
+def test_wilson_matches_hand_formula(k, n):
+    w = wilson(k, n)
+    lo, hi = _wilson_by_hand(k, n)
+    assert w["k"] == k and w["n"] == n and w["p"] == pytest.approx(k / n)
+    assert w["lo"] == pytest.approx(max(lo, 0.0), abs=1e-12)
+    assert w["hi"] == pytest.approx(min(hi, 1.0), abs=1e-12)
+
+
+def test_wilson_known_value_and_empty():
+    # 3 of 10: Wilson 95% interval (0.1078, 0.6032), the textbook value
+    w = wilson(3, 10)
+    assert (round(w["lo"], 4), round(w["hi"], 4)) == (0.1078, 0.6032)
+    assert wilson(0, 0) == {"k": 0, "n": 0, "p": None, "lo": None, "hi": None}
+    t = wilson_table({"orig": {"es": [True, False, False], "fr": [1, 1]}})
+    assert t["orig"]["es"]["k"] == 1 and t["orig"]["es"]["n"] == 3
+    assert t["orig"]["fr"]["p"] == 1.0
+
+
+def _mcnemar_by_hand(fixed: int, broken: int) -> float:
+    n = fixed + broken
+    if n == 0:
+        return 1.0
+    m = min(fixed, broken)
+    tail = sum(math.comb(n, i) for i in range(m + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+@pytest.mark.parametrize("fixed,broken", [(0, 0), (5, 0), (0, 7), (8, 2), (3, 3), (10, 4)])
+def test_mcnemar_exact_p_matches_hand_binomial(fixed, broken):
+    same_right, same_wrong = 4, 6
+    base = [False] * fixed + [True] * broken + [True] * same_right + [False] * same_wrong
+    new = [True] * fixed + [False] * broken + [True] * same_right + [False] * same_wrong
+    m = mcnemar(base, new)
+    assert (m["fixed"], m["broken"], m["n"]) == (fixed, broken, len(base))
+    assert m["p"] == pytest.approx(_mcnemar_by_hand(fixed, broken), rel=1e-12)
+
+
+def test_mcnemar_known_values_and_errors():
+    # 8 fixed, 2 broken: p = 2 * (1 + 10 + 45) / 1024 = 0.109375
+    m = mcnemar([0] * 8 + [1] * 2, [1] * 8 + [0] * 2)
+    assert m["p"] == pytest.approx(0.109375)
+    assert mcnemar([0] * 5, [1] * 5)["p"] == pytest.approx(2 / 32)
+    with pytest.raises(ValueError, match="different lengths"):
+        mcnemar([True], [True, False])
+
+
+def test_paired_gain_hand_examples():
+    g = paired_gain([0, 0, 1, 1], [1, 1, 1, 0])
+    assert g["n"] == 4 and g["base"] == 0.5 and g["new"] == 0.75
+    assert g["gain"] == pytest.approx(0.25) and g["relative"] == pytest.approx(0.5)
+    assert g["lo"] <= 0.25 <= g["hi"] and -1 <= g["lo"] and g["hi"] <= 1
+    big = paired_gain([0, 0, 1, 1] * 10, [1, 1, 1, 0] * 10)  # same rates, 40 pairs
+    assert big["relative"] == pytest.approx(0.5)
+    assert big["relative_lo"] <= 0.5 <= big["relative_hi"]
+    assert big["lo"] <= 0.25 <= big["hi"] and big["hi"] - big["lo"] < g["hi"] - g["lo"]
+    same = paired_gain([1, 0, 1], [1, 0, 1])  # no discordant pairs: exact 0
+    assert (same["gain"], same["lo"], same["hi"]) == (0.0, 0.0, 0.0)
+    assert (same["relative_lo"], same["relative_hi"]) == (0.0, 0.0)
+    shift = paired_gain([0.25, 0.5, 0.75], [0.75, 1.0, 1.25])  # every difference 0.5
+    assert shift["lo"] == shift["hi"] == pytest.approx(0.5)
+    zero = paired_gain([0, 0, 0, 0], [1, 0, 1, 0])  # base 0: no relative gain
+    assert zero["relative"] is None and zero["gain"] == 0.5
+    assert paired_gain([], [])["gain"] is None
+    # all 10 items fixed over a 0 baseline: every resample has gain 1
+    assert paired_gain([0] * 10, [1] * 10)["lo"] == 1.0
+
+
+def test_paired_gain_equals_scipy_bootstrap_of_differences():
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 2, 40)
+    b = rng.integers(0, 2, 40)
+    g = paired_gain(a, b, seed=7)
+    gen = np.random.default_rng(7)
+    res = sps.bootstrap((b - a,), np.mean, n_resamples=2000, method="BCa", random_state=gen)
+    assert g["lo"] == pytest.approx(res.confidence_interval.low)
+    assert g["hi"] == pytest.approx(res.confidence_interval.high)
+
+
+def test_bootstrap_mean_equals_scipy_and_edge_cases():
+    x = np.array([0.1, 0.5, 0.2, 0.9, 0.4, 0.3, 0.7])
+    b = bootstrap_mean(x, seed=1)
+    res = sps.bootstrap((x,), np.mean, n_resamples=2000, method="BCa",
+                        random_state=np.random.default_rng(1))  # fmt: skip
+    assert b["n"] == 7 and b["mean"] == pytest.approx(x.mean())
+    assert b["lo"] == pytest.approx(res.confidence_interval.low)
+    assert b["hi"] == pytest.approx(res.confidence_interval.high)
+    assert x.min() <= b["lo"] < b["mean"] < b["hi"] <= x.max()
+    assert bootstrap_mean([2.0, 2.0]) == {"n": 2, "mean": 2.0, "lo": 2.0, "hi": 2.0}
+    assert bootstrap_mean([])["mean"] is None
+
+
+def test_bootstrap_perplexity_and_ratio():
+    nll = np.array([10.0, 20.0, 15.0, 12.0, 30.0])
+    cnt = np.array([5, 8, 6, 5, 10])
+    p = bootstrap_perplexity(nll, cnt)
+    assert p["ppl"] == pytest.approx(math.exp(87 / 34))
+    assert p["n_lines"] == 5 and p["n_tokens"] == 34
+    # every line's own perplexity bounds any resample's
+    per_line = np.exp(nll / cnt)
+    assert per_line.min() <= p["lo"] <= p["ppl"] <= p["hi"] <= per_line.max()
+    assert bootstrap_perplexity([3.0], [2])["lo"] is None
+    r = perplexity_ratio(nll, nll * 1.5, cnt)  # NLL 1.5x: ppl ratio exp(0.5 * 87 / 34)
+    assert r["ratio"] == pytest.approx(math.exp(0.5 * 87 / 34))
+    assert r["lo"] <= r["ratio"] <= r["hi"]
+    same = perplexity_ratio(nll, nll, cnt)
+    assert same["ratio"] == pytest.approx(1.0)
+    assert same["lo"] == pytest.approx(1.0) and same["hi"] == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        bootstrap_perplexity([1.0, 2.0], [1])
