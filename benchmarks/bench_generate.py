@@ -8,8 +8,10 @@ languages) and ``--new`` new tokens, three ways:
   through the TransformerLens bridge with its hooks in place;
 * ``mechlingo uncached`` -- the same call with ``cache=False``: the whole prefix is recomputed
   at every step (the decoder mechlingo used before);
-* ``transformers generate`` -- the underlying transformers model's own ``generate`` (greedy,
-  KV cache, left padding), no bridge and no hooks.
+* ``transformers generate`` -- a plain transformers model loaded from the same folder (no
+  bridge, no hook points), its own ``generate`` (greedy, KV cache, left padding). The
+  bridge's wrapped model cannot serve here: its attention components never fill the cache
+  under transformers 5, so ``original_model.generate`` gives wrong tokens.
 
 All three decode exactly ``--new`` tokens (no stop at a line break, so each does the same
 work); a second pair of lines times mechlingo with its default stop at the first line break,
@@ -47,9 +49,18 @@ def prompts_for(n: int) -> list[str]:
     return mixed[:n]
 
 
-def hf_generate(model, prompts: list[str], new: int, batch_size: int) -> list[str]:
-    """transformers ``generate`` on the bridge's underlying model, greedy, left-padded."""
-    hf, tok = model.original_model, model.tokenizer
+def plain_hf_model(name: str | None):
+    """The same weights as a plain transformers model (float32, CPU)."""
+    from transformers import AutoModelForCausalLM
+
+    from mechlingo.models import ensure_default_model
+
+    folder = ensure_default_model() if name is None else name
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def hf_generate(hf, tok, prompts: list[str], new: int, batch_size: int) -> list[str]:
+    """transformers ``generate``, greedy, left-padded."""
     side = tok.padding_side
     tok.padding_side = "left"
     out = []
@@ -87,8 +98,9 @@ def main() -> None:
     prompts = prompts_for(args.n)
     print(f"{len(prompts)} prompts, {args.new} new tokens, batch {args.batch_size}, ", end="")
     print(f"KV-cache path: {kv_cache_path(model)}, torch threads {torch.get_num_threads()}")
+    hf = plain_hf_model(args.model)
     greedy_generate(model, prompts[:4], max_new_tokens=2)  # warm up
-    hf_generate(model, prompts[:4], 2, 4)
+    hf_generate(hf, model.tokenizer, prompts[:4], 2, 4)
 
     kw = {"max_new_tokens": args.new, "batch_size": args.batch_size}
     cached, t_cached = timed(
@@ -97,13 +109,15 @@ def main() -> None:
     plain, t_plain = timed(
         lambda: greedy_generate(model, prompts, stop_at_newline=False, cache=False, **kw)
     )
-    hf, t_hf = timed(lambda: hf_generate(model, prompts, args.new, args.batch_size))
+    hf_out, t_hf = timed(
+        lambda: hf_generate(hf, model.tokenizer, prompts, args.new, args.batch_size)
+    )
     stop_c, t_stop_c = timed(lambda: greedy_generate(model, prompts, cache=True, **kw))
     stop_u, t_stop_u = timed(lambda: greedy_generate(model, prompts, cache=False, **kw))
 
     same = sum(a == b for a, b in zip(cached, plain, strict=True))
     same_stop = sum(a == b for a, b in zip(stop_c, stop_u, strict=True))
-    same_hf = sum(a == b for a, b in zip(cached, hf, strict=True))
+    same_hf = sum(a == b for a, b in zip(cached, hf_out, strict=True))
     print(f"mechlingo cached:     {t_cached:7.2f} s")
     print(f"mechlingo uncached:   {t_plain:7.2f} s")
     print(f"transformers generate:{t_hf:7.2f} s (no hooks)")

@@ -459,6 +459,8 @@ class HeldOutResult:
     headroom: dict[str, Any]
     seeds: list[int]
     unit: str = "resid"
+    facts: list[Fact] = field(default_factory=list)
+    interventions: dict[str, Intervention | None] = field(default_factory=dict)
 
     def accuracy(self) -> dict[str, dict[str, float]]:
         """``{condition: {lang: accuracy}}``, with ``random`` the mean over seeds."""
@@ -560,8 +562,20 @@ def evaluate_test(
     if pool is not None:
         hr = headroom(model, test_facts, pool, k_shot=k_shot, zero_shot=results["orig"], **kw)
     return HeldOutResult(
-        results, choice, lowest_language, hr, [int(s) for s in seeds], vectors.unit
+        results,
+        choice,
+        lowest_language,
+        hr,
+        [int(s) for s in seeds],
+        vectors.unit,
+        list(test_facts),
+        conds,
     )
+
+
+def condition_interventions(result: HeldOutResult) -> dict[str, Intervention | None]:
+    """The intervention of every condition of a :class:`HeldOutResult`."""
+    return dict(result.interventions)
 
 
 def _json_safe(x: Any) -> Any:

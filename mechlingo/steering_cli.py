@@ -170,6 +170,16 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
         "chosen on dev)",
     )
     e.add_argument(
+        "--side-effects",
+        default=None,
+        metavar="DIR",
+        help="also measure the selected intervention's side effects in every language "
+        "(accuracy, perplexity on the lines of DIR/<lang>.txt, e.g. NTREX, and the language of "
+        "continuations) against a norm-matched random control (mechlingo.side_effects)",
+    )
+    e.add_argument("--side-effects-lines", type=int, default=20,
+                   help="lines per language for --side-effects (default 20)")  # fmt: skip
+    e.add_argument(
         "--transfer",
         action="store_true",
         help="also measure transfer: vectors rebuilt without the lowest language (tested on "
@@ -254,6 +264,10 @@ def _eval(args: Any) -> int:
         summary["repeats"] = repeat_summary([s for s, _, _ in runs])
     if args.transfer:
         summary["transfer"] = _transfer(model, args, facts, fractions, summary, vectors)
+    side = None
+    if args.side_effects:
+        side = _side_effects(model, args, test)
+        summary["side_effects"] = side.to_json()
     summary["meta"] = run_meta(
         model, args, vectors=str(args.vectors), build=vectors.build,
         seconds=round(time.time() - t0, 1),
@@ -265,7 +279,7 @@ def _eval(args: Any) -> int:
             "summary.json": summary,
             "generations.jsonl": "\n".join(json.dumps(r, ensure_ascii=False) for r in records)
             + "\n",
-            "report.html": _report(summary, test, sweep_result),
+            "report.html": _report(summary, test, sweep_result, side),
         },
     )
     _print_summary(summary)
@@ -416,7 +430,30 @@ def _print_summary(summary: dict) -> None:
         print(f"warning: {w}")
 
 
-def _report(summary: dict, test: Any, sweep_result: Any) -> Any:
+def _side_effects(model: Any, args: Any, test: Any) -> Any:
+    """Side effects of the selected test condition on its test facts and the lines of
+    ``--side-effects``, against a norm-matched random control."""
+    from mechlingo.data import read_parallel_dir
+    from mechlingo.protocol import condition_interventions
+    from mechlingo.side_effects import side_effects
+
+    if args.side_effects_lines < 1:
+        raise UsageError("--side-effects-lines must be at least 1")
+    langs = sorted({r["lang"] for r in test.results["orig"].records})
+    try:
+        lines = read_parallel_dir(args.side_effects, langs)
+    except ValueError as err:
+        raise UsageError(f"--side-effects: {err}") from err
+    lines = {lg: v[: args.side_effects_lines] for lg, v in lines.items()}
+    iv = condition_interventions(test)[
+        test.choice.selected if test.choice.selected != "none" else "both"
+    ]
+    facts = test.facts
+    return side_effects(model, iv, facts, lines, control="random", seed=0,
+                        batch_size=args.batch_size, progress=not args.quiet)  # fmt: skip
+
+
+def _report(summary: dict, test: Any, sweep_result: Any, side: Any = None) -> Any:
     from mechlingo.protocol import fig_accuracy_ci, fig_headroom, gain_rows
     from mechlingo.report import Report
 
@@ -447,6 +484,9 @@ def _report(summary: dict, test: Any, sweep_result: Any) -> Any:
         report.add_figure(sweep_result.fig_heatmap("task"))
         report.add_figure(sweep_result.fig_heatmap("diff"))
         report.add_table([r for r in sweep_result.rows if r["stage"] == "dev"])
+    if side is not None:
+        report.add_heading("Side effects of the selected intervention in every language")
+        report.add_figure(side.fig_heatmap())
     if "transfer" in summary:
         report.add_heading("Transfer")
         report.add_table(

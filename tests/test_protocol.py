@@ -199,6 +199,17 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
     assert s["lowest_language"] in ("fr", "de")
     assert set(s["headroom"]["k_shot"]) == {"en", "fr", "de"}
     assert s["mcnemar_vs_random"]["both"].keys() == {"random_s0", "random_s1", "random_s2"}
+    # side effects of the selected condition, against a random control, on NTREX-style lines
+    lines = tmp_path / "lines"
+    lines.mkdir()
+    for lg, text in {"en": "The cat sat on the mat", "fr": "Le chat est sur le tapis",
+                     "de": "Die Katze sitzt auf der Matte"}.items():  # fmt: skip
+        (lines / f"{lg}.txt").write_text(f"{text}\n{text} again\n", "utf-8")
+    rc = main(["steer", "eval", *common, "--vectors", str(vdir), "--config", "0,0.1,1,0.1",
+               "--max-new-tokens", "2", "--side-effects", str(lines), "--side-effects-lines",
+               "2", "--out", str(tmp_path / "se")])  # fmt: skip
+    s = json.loads((tmp_path / "se" / "summary.json").read_text())
+    assert rc == 0 and "side_effects" in s
     # re-splits: vectors rebuilt per salt, mean and sd over splits
     rc = main(["steer", "eval", *common, "--vectors", str(vdir), "--config", "0,0.1,1,0.1",
                "--max-new-tokens", "2", "--repeats", "2", "--out", str(tmp_path / "r")])  # fmt: skip
