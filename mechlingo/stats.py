@@ -77,6 +77,25 @@ def _interval(result: Any) -> tuple[float | None, float | None]:
     return (lo if math.isfinite(lo) else None, hi if math.isfinite(hi) else None)
 
 
+def _mean_interval(
+    d: np.ndarray, confidence: float, rng: np.random.Generator
+) -> tuple[float | None, float | None]:
+    """BCa bootstrap interval of a mean; the percentile interval where BCa is undefined (a
+    sample whose resamples are nearly all equal, e.g. a handful of discordant pairs)."""
+    import warnings
+
+    kw = {"confidence_level": confidence, "n_resamples": N_RESAMPLES, "random_state": rng}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sps.DegenerateDataWarning)
+        try:
+            lo, hi = _interval(sps.bootstrap((d,), np.mean, method="BCa", **kw))
+        except sps.DegenerateDataWarning:
+            lo, hi = None, None
+    if lo is None or hi is None:
+        lo, hi = _interval(sps.bootstrap((d,), np.mean, method="percentile", **kw))
+    return lo, hi
+
+
 def paired_gain(
     base: Sequence[bool | float],
     new: Sequence[bool | float],
@@ -105,9 +124,7 @@ def paired_gain(
     if np.all(d == d[0]):
         out["lo"] = out["hi"] = float(d[0])
     else:
-        res = sps.bootstrap((d,), np.mean, confidence_level=confidence, n_resamples=N_RESAMPLES,
-                            method="BCa", random_state=rng)  # fmt: skip
-        out["lo"], out["hi"] = _interval(res)
+        out["lo"], out["hi"] = _mean_interval(d, confidence, rng)
     if a.mean() > 0:
 
         def rel(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
