@@ -86,12 +86,12 @@ def k_curve_figure(curve: KCurve, chosen: int | None = None) -> go.Figure:
         subplot_titles=(f"generations in {curve.lang}", "held-out perplexity (log scale)"),
     )
     base = df[df.arm == "none"]
-    ppl_cols = [
+    ppl_cols = [  # ppl_<lang>, not ppl_<lang>_lo/_hi nor ppl_ratio_* (ppl_hi is Hindi)
         c
         for c in df.columns
         if c.startswith("ppl_")
         and not c.startswith("ppl_ratio_")
-        and not c.endswith(("_lo", "_hi"))
+        and not c[4:].endswith(("_lo", "_hi"))
     ]
     for arm, dash in (("experts", "solid"), ("random", "dot")):
         d = df[df.arm == arm].sort_values("k")

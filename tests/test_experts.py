@@ -273,6 +273,17 @@ def test_choose_k_on_a_hand_made_curve(budget, others, want):
     assert c100["ppl_ratio_others"] == pytest.approx(want_others)
 
 
+def test_k_curve_figure_keeps_hindi():  # ppl_hi is Hindi, not an interval bound
+    from mechlingo.experts import KCurve
+
+    rows = [
+        dict(r, ppl_hi=5.0, ppl_hi_lo=4.0, ppl_hi_hi=6.0, target_rate_prompt=0.0) for r in K_ROWS
+    ]
+    names = {t.name for t in KCurve("es", rows).figure(200).data}
+    assert {"experts hi", "experts es", "chosen k = 200"} <= names
+    assert not {"experts hi_lo", "experts hi_hi"} & names
+
+
 def test_choose_k_errors():
     with pytest.raises(ExpertError, match="'none' row"):
         choose_k(K_ROWS[1:], "es")
