@@ -274,12 +274,13 @@ def cmd_experts(args: Any) -> int:
         )
         report.add_table(_k_rows(c, ch))
         report.add_figure(c.figure(ch["k"]))
-        report.add_table(
+        report.add_table(  # every arm: its first 6 BOS samples and the prompt continuations
             [
                 {"k": r["k"], "arm": r["arm"], **e}
                 for r in c.rows
-                for e in r["examples"][: args.samples]
-            ][:200]
+                for e in [x for x in r["examples"] if x["source"] == "BOS"][:6]
+                + [x for x in r["examples"] if x["source"] != "BOS"]
+            ]
         )
     files: dict[str, Any] = {
         "summary.json": summary,
