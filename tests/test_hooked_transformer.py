@@ -171,3 +171,15 @@ def test_distributed_building_blocks_single_process(ht):
     pooled = distributed_pooled_neuron_acts(ht, {"en": PROMPTS[:2], "de": PROMPTS[2:]})
     assert pooled.pooled.shape == (4, 2 * 128)
     assert torch.isfinite(pooled.prob_active).all()
+
+
+def test_generation_recomputes_the_prefix_on_a_hooked_transformer(ht):
+    """A HookedTransformer has no transformers cache to drive: decoding takes the uncached
+    path, and a mixed-length batch still equals one prompt at a time."""
+    from mechlingo.decoding import kv_cache_path
+    from mechlingo.evaluate import greedy_generate
+
+    assert kv_cache_path(ht) == "none"
+    batched = greedy_generate(ht, PROMPTS, max_new_tokens=3, stop_at_newline=False)
+    alone = [greedy_generate(ht, [p], max_new_tokens=3, stop_at_newline=False)[0] for p in PROMPTS]
+    assert batched == alone
