@@ -408,6 +408,30 @@ def _align_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--centre", action="store_true", help="subtract the mean embedding first")
     g.add_argument("--target", default=None, help="target language (default: from the clamp)")
+    g.add_argument(
+        "--side-effects",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also measure the clamp's side effects in every language against the control "
+        "(mechlingo.side_effects): accuracy on N bundled capitals per language (natural "
+        "templates), perplexity and output language on the last N lines of each language "
+        "(default 0: off)",
+    )
+
+
+def _align_side_effects(model: Any, iv: Any, control: Any, texts: dict, args: Any) -> Any:
+    """The clamp's side effects (:func:`mechlingo.side_effects.side_effects`) on bundled
+    capitals (natural templates) and the last ``--side-effects`` lines of each language."""
+    from mechlingo.data import LANGS, load_facts
+    from mechlingo.side_effects import side_effects
+
+    n = args.side_effects
+    langs = [lg for lg in texts if lg in LANGS]
+    facts = load_facts(langs=langs, relations=["capital"], limit=n, templates="natural")
+    lines = {lg: texts[lg][-n:] for lg in langs}
+    return side_effects(model, iv, facts, lines, control=control or "random",
+                        batch_size=args.batch_size, progress=not args.quiet)  # fmt: skip
 
 
 @command("align", "cross-lingual retrieval and distances before/after a clamp", _align_args)
@@ -453,6 +477,10 @@ def cmd_align(args: Any) -> int:
     except (AlignmentError, ValueError) as err:
         raise UsageError(str(err)) from err
     summary["target"] = comp.target
+    side = None
+    if args.side_effects and iv is not None:
+        side = _align_side_effects(model, iv, control, texts, args)
+        summary["side_effects"] = side.to_json()
     summary["meta"] = run_meta(
         model,
         args,
@@ -490,6 +518,9 @@ def cmd_align(args: Any) -> int:
     report.add_heading("Distances")
     report.add_table([{"arm": k, **v} for k, v in summary["distance"].items()])
     report.add_figure(comp.fig_pca(args.layer))
+    if side is not None:
+        report.add_heading("Side effects of the clamp in every language")
+        report.add_figure(side.fig_heatmap())
     write_outputs(
         args.out,
         {

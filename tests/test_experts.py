@@ -376,6 +376,13 @@ def test_cli_experts_then_align(tmp_path, tiny_dir):
     d = s["distance"]["control"]["between_languages"]
     assert iv["metrics"]["between_languages"]["control"]["mean"] == pytest.approx(d, abs=1e-5)
     assert iv["pairs"]["post"]["es->en"]["n"] == 4
+    # side effects of the chosen clamp against its random-neuron control
+    rc = main(["align", "--model", str(tiny_dir), "--clamp", str(edir), "--data", str(data),
+               "--offset", "2", "--limit", "4", "--side-effects", "2", "--out",
+               str(tmp_path / "align-se"), "--quiet"])  # fmt: skip
+    se = json.loads((tmp_path / "align-se" / "summary.json").read_text())["side_effects"]
+    assert rc == 0 and {r["arm"] for r in se["rows"]} == {"intervention", "control"}
+    assert {r["metric"] for r in se["rows"]} >= {"accuracy", "perplexity"}
     # an experts folder whose rule chose no k: align says so and writes nothing
     summ["chosen_k"] = {"es": None}
     (edir / "summary.json").write_text(json.dumps(summ))
