@@ -49,9 +49,7 @@ from mechlingo.interventions import (
     SteeringVector,
     random_like,
 )
-from mechlingo.runs import StopForward, final_resid_name, run_batch
 from mechlingo.sites import resolve_site, site_map
-from mechlingo.tokens import sorted_batches
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -170,51 +168,21 @@ def line_nll(
     chunk_rows: int = 128,
 ) -> tuple[Float[Tensor, " line"], Int[Tensor, " line"]]:
     """Per line: the summed next-token negative log-likelihood (natural log) over every real
-    token after BOS, and the number of tokens predicted. ``exp(nll.sum() / count.sum())`` is
-    :func:`mechlingo.experts.perplexity` of the same texts. Only the final residual stream of
-    real positions is unembedded, in chunks of ``chunk_rows``."""
-    from mechlingo.experts import encode_sentences
-    from mechlingo.kernels.readout import final_logits
+    token after BOS, and the number of tokens predicted (:func:`mechlingo.experts.line_nll`;
+    ``exp(nll.sum() / count.sum())`` is :func:`mechlingo.experts.perplexity`)."""
+    from mechlingo.experts import line_nll as _line_nll
 
     texts = list(texts)
     if not texts:
         raise SideEffectsError("no lines to score")
-    batch = encode_sentences(model, texts, max_tokens=max_tokens)
-    name = final_resid_name(model)
-    hooks = list(intervention.fwd_hooks(model)) if intervention is not None else []
-    nll = torch.zeros(len(texts), dtype=torch.float64)
-    count = torch.zeros(len(texts), dtype=torch.long)
-    got: dict[str, Tensor] = {}
-
-    def grab(t: Tensor, hook: Any) -> None:
-        got["r"] = t.detach()
-        raise StopForward
-
-    for rows in sorted_batches(batch.lengths, batch_size):
-        sub = batch.select(rows)
-        run_batch(model, sub, [*hooks, (name, grab)])
-        resid = got.pop("r")
-        dev = resid.device
-        pos = torch.arange(resid.shape[1], device=dev)
-        pred = pos[None, :] < (sub.lengths.to(dev) - 1)[:, None]  # position t predicts t + 1
-        row_of = torch.arange(len(rows), device=dev)[:, None].expand_as(pred)[pred]
-        src = resid[pred]
-        targets = sub.tokens.to(dev)[:, 1:][pred[:, :-1]]
-        sums = torch.zeros(len(rows), dtype=torch.float64)
-        for i in range(0, src.shape[0], chunk_rows):
-            lg = final_logits(model, src[i : i + chunk_rows])
-            tg = targets[i : i + chunk_rows, None].to(lg.device)
-            lp = lg.log_softmax(-1).gather(1, tg)[:, 0]
-            sums.index_add_(0, row_of[i : i + chunk_rows].cpu(), -lp.double().cpu())
-        idx = torch.as_tensor(rows, dtype=torch.long)
-        nll[idx] = sums
-        count[idx] = pred.sum(1).cpu()
-    return nll, count
-
-
-# --------------------------------------------------------------------------------------
-# The result
-# --------------------------------------------------------------------------------------
+    return _line_nll(
+        model,
+        texts,
+        intervention=intervention,
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+        chunk_rows=chunk_rows,
+    )
 
 
 @dataclass
