@@ -495,9 +495,7 @@ CASES: list[Case] = [
     Case("relation-trailing-comma", "{lens} --relation capital,", 2, "empty relation"),
     Case("track-unknown", "{lens} --track xx", 2, "unknown language(s) ['xx'] in --track"),
     Case("track-comma", "{lens} --track ,", 2, "empty language"),
-    Case(
-        "seeds-not-ints", "{steer-eval} --seeds 0,x", 2, "--seeds takes comma-separated integers"
-    ),
+    Case("seeds-not-ints", "{steer-eval} --seeds 0,x", 2, "--seeds takes comma-separated integers"),
     Case("experts-lang-unknown", "{experts} --lang xx", 2, "unknown language(s) ['xx'] in --lang"),
     Case("experts-lang-not-in-langs", "{experts} --lang de", 2, "not among --langs"),
     Case("experts-lang-repeated", "{experts} --lang es,es", 2, "'es' more than once"),
