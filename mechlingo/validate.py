@@ -743,8 +743,6 @@ def validate_args(args: Any) -> None:
             parse_list(rel, "--relation", known=available, what="relation")
         if hasattr(args, "track"):
             parse_list(args.track, "--track", known=LANGS, what="language", allow_empty=True)
-        if hasattr(args, "sweep_langs"):
-            parse_list(args.sweep_langs, "--sweep-langs", known=LANGS, what="language")
         if hasattr(args, "patch_sites"):
             from mechlingo.sites import canonical_site
 
