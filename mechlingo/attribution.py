@@ -93,6 +93,7 @@ from mechlingo.patching import (
     _resolve_positions,
     _site_hook,
     fact_metrics,
+    metric_index,
     patch_sweep,
 )
 from mechlingo.runs import StopForward, final_resid_name, hooked
@@ -577,11 +578,7 @@ class NeuronAttribution:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def metric_index(self, metric: str | int = 0) -> int:
-        if isinstance(metric, int):
-            return metric
-        if metric not in self.metric_names:
-            raise KeyError(f"unknown metric {metric!r}; metrics: {self.metric_names}")
-        return self.metric_names.index(metric)
+        return metric_index(self.metric_names, metric)
 
     def effect(self, metric: str | int = 0) -> Float[Tensor, "layer position neuron"]:
         """Mean estimated change of the metric over examples, in the metric's units."""

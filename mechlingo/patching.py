@@ -450,6 +450,15 @@ class Cell:
     head: int = -1
 
 
+def metric_index(names: Sequence[str], metric: str | int = 0) -> int:
+    """Position of ``metric`` (a name or an index) among a result's metric ``names``."""
+    if isinstance(metric, int):
+        return metric
+    if metric not in names:
+        raise KeyError(f"unknown metric {metric!r}; metrics: {list(names)}")
+    return list(names).index(metric)
+
+
 @dataclass
 class PatchSweep:
     """The result of :func:`patch_sweep`.
@@ -481,11 +490,7 @@ class PatchSweep:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def metric_index(self, metric: str | int = 0) -> int:
-        if isinstance(metric, int):
-            return metric
-        if metric not in self.metric_names:
-            raise KeyError(f"unknown metric {metric!r}; metrics: {self.metric_names}")
-        return self.metric_names.index(metric)
+        return metric_index(self.metric_names, metric)
 
     def mean(self, metric: str | int = 0) -> Float[Tensor, " cell"]:
         """Mean over examples of the patched metric per cell."""

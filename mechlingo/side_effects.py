@@ -367,12 +367,11 @@ def _ppl_ratio(a: np.ndarray, b: np.ndarray, n: np.ndarray, axis: int = -1) -> n
 
 
 def _wilson(k: int, n: int, level: float) -> tuple[float, float]:
-    from scipy.stats import binomtest
+    """Wilson interval bounds (:func:`mechlingo.stats.wilson`), ``nan`` for ``n == 0``."""
+    from mechlingo.stats import wilson
 
-    if n == 0:
-        return float("nan"), float("nan")
-    ci = binomtest(k, n).proportion_ci(confidence_level=level, method="wilson")
-    return float(ci.low), float(ci.high)
+    w = wilson(k, n, confidence=level)
+    return (float("nan"), float("nan")) if w["lo"] is None else (w["lo"], w["hi"])
 
 
 def _share_row(
