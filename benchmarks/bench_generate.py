@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mechlingo.data import load_facts  # noqa: E402
 from mechlingo.decoding import kv_cache_path  # noqa: E402
 from mechlingo.evaluate import greedy_generate  # noqa: E402
+from mechlingo.kernels.readout import screening  # noqa: E402
 from mechlingo.models import load_model  # noqa: E402
 
 LANGS = ["en", "fr", "de", "es", "ru", "ja", "zh", "ar"]
@@ -112,6 +113,10 @@ def main() -> None:
     hf_out, t_hf = timed(
         lambda: hf_generate(hf, model.tokenizer, prompts, args.new, args.batch_size)
     )
+    with screening(False):
+        fp32, t_fp32 = timed(
+            lambda: greedy_generate(model, prompts, stop_at_newline=False, cache=True, **kw)
+        )
     stop_c, t_stop_c = timed(lambda: greedy_generate(model, prompts, cache=True, **kw))
     stop_u, t_stop_u = timed(lambda: greedy_generate(model, prompts, cache=False, **kw))
 
@@ -121,13 +126,17 @@ def main() -> None:
     print(f"mechlingo cached:     {t_cached:7.2f} s")
     print(f"mechlingo uncached:   {t_plain:7.2f} s")
     print(f"transformers generate:{t_hf:7.2f} s (no hooks)")
+    print(f"mechlingo cached, plain float32 arg-max (no bf16 screen): {t_fp32:.2f} s")
     print(f"with line-break stops: cached {t_stop_c:.2f} s, uncached {t_stop_u:.2f} s")
     print(f"cached == uncached: {same}/{len(prompts)}; with stops {same_stop}/{len(prompts)}")
     print(f"cached == transformers generate: {same_hf}/{len(prompts)}")
-    if same != len(prompts) or same_stop != len(prompts):
+    same_fp32 = sum(a == b for a, b in zip(cached, fp32, strict=True))
+    print(f"screened == plain arg-max: {same_fp32}/{len(prompts)}")
+    if same != len(prompts) or same_stop != len(prompts) or same_fp32 != len(prompts):
         raise SystemExit("cached and uncached decoding disagree")
     print(f"cached vs uncached: {t_plain / t_cached:.1f}x")
     print(f"cached vs uncached (line-break stops): {t_stop_u / t_stop_c:.1f}x")
+    print(f"bf16 screen vs plain arg-max (cached): {t_fp32 / t_cached:.1f}x")
     print(f"transformers generate vs cached (time ratio, cached/HF): {t_cached / t_hf:.1f}x")
 
 

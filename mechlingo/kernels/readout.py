@@ -11,12 +11,17 @@ and computes in float32 whatever the model's dtype.
 
 from __future__ import annotations
 
+import contextlib
+import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+
+from mechlingo.kernels.argmax import Screen, bf16_supported, build_screen, screened_argmax
 
 # Upper bound on elements of the temporary [rows, sets, vocab] comparison used for ranks.
 _RANK_TEMP_ELEMENTS = 1 << 26
@@ -119,6 +124,56 @@ def final_logits(model: Any, resid: Float[Tensor, "row d_model"]) -> Float[Tenso
     dev = model.W_U.device
     with torch.no_grad():
         return unembed(model, apply_final_norm(model, resid.to(dev)))
+
+
+_SCREENING = {"on": True}
+
+
+@contextlib.contextmanager
+def screening(enabled: bool) -> Iterator[None]:
+    """Turn the bfloat16 screen of :func:`greedy_next` on or off inside the block (to time
+    it, or to rule it out when chasing a discrepancy); it is on by default."""
+    before = _SCREENING["on"]
+    _SCREENING["on"] = enabled
+    try:
+        yield
+    finally:
+        _SCREENING["on"] = before
+
+
+_SCREENS: weakref.WeakKeyDictionary[Any, tuple[tuple, Screen]] = weakref.WeakKeyDictionary()
+
+
+def _screen(model: Any, W: Tensor) -> Screen | None:
+    """The model's bfloat16 screen, rebuilt when ``W_U`` changes (new storage, in-place edit,
+    other device); ``None`` where the screen does not apply (see :func:`greedy_next`)."""
+    if not _SCREENING["on"] or not bf16_supported(W.device):
+        return None
+    probe = torch.linspace(-50.0, 50.0, 11, device=W.device)
+    if not torch.equal(output_transform(model, probe.clone()), probe):
+        return None  # a soft-cap or other transform: ties could appear after it
+    key = (W.data_ptr(), W._version, tuple(W.shape), W.dtype, W.device)
+    hit = _SCREENS.get(model)
+    if hit is None or hit[0] != key:
+        hit = (key, build_screen(W))
+        _SCREENS[model] = hit
+    return hit[1]
+
+
+def greedy_next(model: Any, resid: Float[Tensor, "row d_model"]) -> Int[Tensor, " row"]:
+    """The greedy next token of each final-layer residual row: the float32 arg-max of the
+    model's logits, found with the bfloat16 screen of :mod:`mechlingo.kernels.argmax` on
+    CPUs with native bfloat16 (about 4x faster than the full float32 unembedding; the
+    screen keeps a bfloat16 copy of ``W_U``, 335 MB for Gemma 3), else the plain arg-max of
+    :func:`final_logits`."""
+    dev = model.W_U.device
+    with torch.no_grad():
+        W = model.W_U
+        screen = _screen(model, W)
+        if screen is None:
+            return final_logits(model, resid).argmax(-1)
+        x = apply_final_norm(model, resid.to(dev))
+        return screened_argmax(x, W, screen, getattr(model, "b_U", None))
 
 
 def read_logits(
