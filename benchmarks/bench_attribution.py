@@ -7,8 +7,8 @@ last token, the last two prompt tokens); the clean answer's log-probability is t
 Grid: every layer x those 4 positions x (``attn_out``, ``mlp_out``, every head), plus
 ``resid_pre`` for the QK fix. Each grid is measured two ways in one process:
 
-* exact: :func:`mechlingo.patching.patch_sweep` (``batching="grow"``);
-* AtP: :func:`mechlingo.attribution.attribution_patch` (one forward + one backward pass per
+* exact: :func:`mechlingo.analyses.patching.patch_sweep` (``batching="grow"``);
+* AtP: :func:`mechlingo.analyses.attribution.attribution_patch` (one forward + one backward pass per
   metric; ``resid_pre`` with and without AtP*'s QK fix).
 
 Prints, per site type, the Spearman rank correlation and top-10 agreement of the per-cell
@@ -29,10 +29,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechlingo.attribution import attribution_patch, compare_sweeps  # noqa: E402
+from mechlingo.analyses.attribution import attribution_patch, compare_sweeps  # noqa: E402
+from mechlingo.analyses.patching import fact_metrics, patch_sweep  # noqa: E402
+from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
-from mechlingo.models import load_model  # noqa: E402
-from mechlingo.patching import fact_metrics, patch_sweep  # noqa: E402
 
 POSITIONS: list[int | str] = ["subject_first", "subject_last", -2, -1]
 

@@ -3,7 +3,7 @@
 One process, the same prompts (``--n`` mixed-language prompts from the bundled facts, eight
 languages) and ``--new`` new tokens, three ways:
 
-* ``mechlingo cached`` -- :func:`mechlingo.evaluate.greedy_generate` (default ``cache=True``):
+* ``mechlingo cached`` -- :func:`mechlingo.analyses.evaluate.greedy_generate` (default ``cache=True``):
   one prompt pass per batch, then one token per row per step over the transformers cache,
   through the TransformerLens bridge with its hooks in place;
 * ``mechlingo uncached`` -- the same call with ``cache=False``: the whole prefix is recomputed
@@ -33,11 +33,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mechlingo.activations.decoding import kv_cache_path  # noqa: E402
+from mechlingo.analyses.evaluate import greedy_generate  # noqa: E402
+from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
-from mechlingo.decoding import kv_cache_path  # noqa: E402
-from mechlingo.evaluate import greedy_generate  # noqa: E402
 from mechlingo.kernels.readout import screening  # noqa: E402
-from mechlingo.models import load_model  # noqa: E402
 
 LANGS = ["en", "fr", "de", "es", "ru", "ja", "zh", "ar"]
 
@@ -54,7 +54,7 @@ def plain_hf_model(name: str | None):
     """The same weights as a plain transformers model (float32, CPU)."""
     from transformers import AutoModelForCausalLM
 
-    from mechlingo.models import ensure_default_model
+    from mechlingo.core.models import ensure_default_model
 
     folder = ensure_default_model() if name is None else name
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

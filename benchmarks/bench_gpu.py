@@ -4,12 +4,12 @@ With CUDA: the model in bfloat16 on the GPU (readouts and statistics in float32)
 fill the device, and for each workload its throughput, the ratio to the same code on the CPU
 (timed on a subset of the work and scaled per item) and to the TransformerLens alternative:
 
-1. logit lens: ``mechlingo.lens.logit_lens`` vs TransformerLens's
+1. logit lens: ``mechlingo.analyses.lens.logit_lens`` vs TransformerLens's
    ``tools.analysis.logit_lens`` one prompt at a time (subset, scaled per prompt);
-2. activation patching: ``mechlingo.patching.patch_sweep`` over every layer of
+2. activation patching: ``mechlingo.analyses.patching.patch_sweep`` over every layer of
    ``resid_pre`` at the last token (skipped with a message when the module is missing);
 3. vector building: streaming float64 means of the last-token residual stream of every layer
-   (``mechlingo.kernels.means.last_token_means``; ``runs.collect`` + ``StreamingMean`` when
+   (``mechlingo.activations.means.last_token_means``; ``runs.collect`` + ``StreamingMean`` when
    that module is missing);
 4. neuron scoring: ``kernels.stats.auroc_and_average_precision`` on synthetic activations of
    32 x 11,008 neurons (a 7B model's MLPs) over several thousand sentences vs scikit-learn's
@@ -31,13 +31,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from mechlingo.activations.runs import collect
+from mechlingo.analyses.lens import logit_lens
+from mechlingo.core.models import load_model, tiny_model
+from mechlingo.core.sites import hook_name
+from mechlingo.core.tokens import answer_tokens, encode, sorted_batches
 from mechlingo.data import load_facts
 from mechlingo.kernels.stats import StreamingMean, auroc_and_average_precision
-from mechlingo.lens import logit_lens
-from mechlingo.models import load_model, tiny_model
-from mechlingo.runs import collect
-from mechlingo.sites import hook_name
-from mechlingo.tokens import answer_tokens, encode, sorted_batches
 
 
 def sync() -> None:
@@ -113,10 +113,10 @@ def bench_lens(model: Any, cpu_model: Any | None, n: int, tl_n: int, batch: int)
 
 
 def bench_patching(model: Any, n: int) -> None:
-    if importlib.util.find_spec("mechlingo.patching") is None:
-        print("patching sweep         skipped: mechlingo.patching is not there yet")
+    if importlib.util.find_spec("mechlingo.analyses.patching") is None:
+        print("patching sweep         skipped: mechlingo.analyses.patching is not there yet")
         return
-    from mechlingo.patching import answer_logprob, patch_sweep
+    from mechlingo.analyses.patching import answer_logprob, patch_sweep
 
     prompts, words, langs = prompts_and_answers(2 * n)
     src, tgt = prompts[:n], prompts[n : 2 * n]
@@ -139,8 +139,8 @@ def bench_vectors(model: Any, cpu_model: Any | None, n: int, batch: int) -> None
     prompts, _, _ = prompts_and_answers(n)
 
     def ours(m: Any, k: int) -> Any:
-        if importlib.util.find_spec("mechlingo.kernels.means") is not None:
-            from mechlingo.kernels.means import last_token_means
+        if importlib.util.find_spec("mechlingo.activations.means") is not None:
+            from mechlingo.activations.means import last_token_means
 
             return last_token_means(m, prompts[:k], batch_size=batch).mean
         names = [hook_name(m, "resid_pre", layer) for layer in range(int(m.cfg.n_layers))]

@@ -19,11 +19,11 @@ import time
 
 import torch
 
+from mechlingo.analyses.lens import logit_lens
+from mechlingo.core.models import load_model
+from mechlingo.core.tokens import answer_tokens
 from mechlingo.data import load_facts
 from mechlingo.kernels.readout import final_logits
-from mechlingo.lens import logit_lens
-from mechlingo.models import load_model
-from mechlingo.tokens import answer_tokens
 
 
 def main() -> None:

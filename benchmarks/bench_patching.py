@@ -3,7 +3,7 @@
 Runs a (layers x positions) ``resid_pre`` patching sweep on the embedded model (or any model
 given with ``--model``) two ways in one process, on the same clean/corrupted pair and grid:
 
-* ``mechlingo.patching.patch_sweep`` (default ``batching="grow"``): source activations read
+* ``mechlingo.analyses.patching.patch_sweep`` (default ``batching="grow"``): source activations read
   once; one pass per example in which the batch grows by each layer's patched copies at that
   layer's block input (the unpatched prefix is computed once); passes stop at the final
   residual stream and the last tokens of all rows are unembedded in one readout;
@@ -31,9 +31,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechlingo.models import load_model  # noqa: E402
-from mechlingo.patching import answer_logprob, patch_sweep  # noqa: E402
-from mechlingo.tokens import TokenBatch, encode  # noqa: E402
+from mechlingo.analyses.patching import answer_logprob, patch_sweep  # noqa: E402
+from mechlingo.core.models import load_model  # noqa: E402
+from mechlingo.core.tokens import TokenBatch, encode  # noqa: E402
 
 CLEAN = [
     "The capital of Italy is the city of",

@@ -2,30 +2,37 @@
 
 Start with :func:`load_model` (the embedded default is google/gemma-3-270m), bundled facts
 from :mod:`mechlingo.data`, and :func:`lens_facts` for the per-language logit lens.
+
+The package is layered; each folder imports only from those above it in this list:
+``core`` (model, sites, tokens, errors) -> ``kernels`` (readout, ranking, statistics) and
+``data`` -> ``activations`` (runs, pooled statistics, decoding) -> ``interventions`` ->
+``analyses`` (the methods) -> ``viz`` (figures) -> ``report`` (HTML pages) -> ``cli``.
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from mechlingo import viz  # noqa: F401  (registers the figures of the results' fig_* methods)
+from mechlingo.analyses.evaluate import EvalResult, evaluate_facts, greedy_generate
+from mechlingo.analyses.lens import LensResult, lens_facts, logit_lens
+from mechlingo.core.models import DEFAULT_MODEL, load_model, tiny_model
+from mechlingo.core.sites import hook_name, resolve_site
+from mechlingo.core.version import __version__
+from mechlingo.data import load_facts
+from mechlingo.interventions import intervene
 
-from mechlingo.interventions import intervene as intervene  # noqa: E402
-from mechlingo.models import DEFAULT_MODEL, load_model, tiny_model  # noqa: E402
-from mechlingo.sites import hook_name, resolve_site  # noqa: E402
-
-__all__ = ["DEFAULT_MODEL", "__version__", "hook_name", "load_model", "resolve_site", "tiny_model"]
-
-
-def __getattr__(name: str):  # lazy imports keep `import mechlingo` light
-    if name in ("logit_lens", "lens_facts", "LensResult"):
-        from mechlingo import lens
-
-        return getattr(lens, name)
-    if name in ("evaluate_facts", "greedy_generate", "EvalResult"):
-        from mechlingo import evaluate
-
-        return getattr(evaluate, name)
-    if name in ("load_facts",):
-        from mechlingo import data
-
-        return getattr(data, name)
-    raise AttributeError(f"module 'mechlingo' has no attribute {name!r}")
+__all__ = [
+    "DEFAULT_MODEL",
+    "EvalResult",
+    "LensResult",
+    "__version__",
+    "evaluate_facts",
+    "greedy_generate",
+    "hook_name",
+    "intervene",
+    "lens_facts",
+    "load_facts",
+    "load_model",
+    "logit_lens",
+    "resolve_site",
+    "tiny_model",
+]

@@ -1,110 +1,18 @@
-"""One error hierarchy for everything a user can get wrong.
+"""Deprecated: moved to :mod:`mechlingo.core.errors` (mechlingo-shim, removed in 0.2).
 
-Every error mechlingo raises on bad input is a :class:`MechlingoError`. Each subclass also
-keeps the builtin base it had before (``ValueError``, ``RuntimeError``, ``OSError``), so code
-written as ``except ValueError`` keeps working. The ``mechlingo`` command turns a
-:class:`MechlingoError` into one line on stderr and exit status 2::
-
-    mechlingo eval: error: --batch-size must be at least 1, got 0 -> give a positive number
-    mechlingo eval: error: DataError: facts.jsonl, line 3: byte 0xe9 at column 41 is not
-    UTF-8 -> save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)
-
-(what is wrong, where: a file and line or a flag, and what to do). Anything else is a bug in
-mechlingo and is reported with its traceback and exit status 1.
-
-The classes (see ``docs/gotchas.md`` for when each is raised):
-
-- ``MechlingoError``: the base class.
-- ``InputError``: a bad argument or flag value (a ``ValueError``).
-- ``DataError``: a malformed data file; the message names the file and the line.
-- ``OutputError``: ``--out`` cannot be written.
-- ``ArtifactError``: a saved vector or clamp folder is corrupt or incomplete;
-  ``MissingArtifactError`` (also a ``FileNotFoundError``) when it is missing.
-- ``ContextLengthError``: a prompt is longer than the model's context (``n_ctx``).
-- ``DeviceError``: an unknown or unavailable device, or an unknown dtype.
-- Defined next to their code: ``UsageError`` (``mechlingo.cli``), ``ModelLoadError``
-  (``mechlingo.models``, a ``RuntimeError``), ``RecordError`` (``mechlingo.data``),
-  ``SiteError`` (``mechlingo.sites``), ``TokenizationError`` (``mechlingo.tokens``),
-  ``InterventionError`` and ``ModelMismatchError`` (``mechlingo.interventions``),
-  ``PatchingError``, ``ExpertError``, ``AlignmentError``, and ``DistributedError``
-  (``mechlingo.distributed``, a ``RuntimeError``).
-
-This module imports nothing from mechlingo, so every module can import it.
+``import mechlingo.errors`` still works for one release and gives the moved module itself
+(so attributes, monkeypatching and saved artifacts behave as before), with a
+DeprecationWarning.
 """
 
-from __future__ import annotations
+import importlib
+import sys
+import warnings
 
-__all__ = [
-    "ArtifactError",
-    "ContextLengthError",
-    "DataError",
-    "DeviceError",
-    "InputError",
-    "MechlingoError",
-    "MissingArtifactError",
-    "OutputError",
-    "format_error",
-]
-
-
-class MechlingoError(Exception):
-    """Base class of every error mechlingo raises on bad input.
-
-    Args:
-        message: what is wrong.
-        where: where it is: ``"file.jsonl, line 3"``, ``"--batch-size"`` (optional).
-        fix: what to do about it (optional).
-
-    ``str(err)`` is the message with ``where`` and ``fix`` appended, on one line.
-    """
-
-    def __init__(self, message: str = "", *, where: str | None = None, fix: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.where = where
-        self.fix = fix
-
-    def __str__(self) -> str:
-        text = str(self.args[0]) if self.args else ""
-        if self.where and self.where not in text:
-            text = f"{text} [{self.where}]"
-        if self.fix:
-            text = f"{text} -> {self.fix}"
-        return text
-
-
-class InputError(MechlingoError, ValueError):
-    """A bad argument or flag value."""
-
-
-class DataError(InputError):
-    """A malformed or unusable data file; the message names the file and the line."""
-
-
-class OutputError(MechlingoError, ValueError):
-    """The output folder cannot be written (an existing file, a read-only folder, ...)."""
-
-
-class ArtifactError(MechlingoError, ValueError):
-    """A saved artifact (vectors, clamp) is missing, corrupt, incomplete or unusable."""
-
-
-class MissingArtifactError(ArtifactError, FileNotFoundError):
-    """A saved artifact folder or one of its files does not exist."""
-
-
-class ContextLengthError(InputError):
-    """A prompt (or prompt plus generated tokens) is longer than the model's context."""
-
-
-class DeviceError(InputError):
-    """An unknown or unavailable device, or an unknown dtype."""
-
-
-def format_error(err: BaseException) -> str:
-    """``err`` as one line: newlines folded, the class name added for library errors."""
-    text = " ".join(str(err).split())
-    name = type(err).__name__
-    if name not in ("UsageError", "InputError") and not text.startswith(name):
-        text = f"{name}: {text}"
-    return text
+warnings.warn(
+    "mechlingo.errors moved to mechlingo.core.errors; import it from there "
+    "(the old path is removed in mechlingo 0.2)",
+    DeprecationWarning,
+    stacklevel=2,
+)
+sys.modules[__name__] = importlib.import_module("mechlingo.core.errors")

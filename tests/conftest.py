@@ -27,14 +27,14 @@ def _torch_setup():
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
-    from mechlingo.models import build_tiny_model_folder
+    from mechlingo.core.models import build_tiny_model_folder
 
     return build_tiny_model_folder(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="session")
 def tiny(tiny_dir):
-    from mechlingo.models import load_model
+    from mechlingo.core.models import load_model
 
     model = load_model(tiny_dir, device="cpu")
     model.cfg.model_name = "mechlingo-tiny-gemma3"
@@ -43,7 +43,7 @@ def tiny(tiny_dir):
 
 @pytest.fixture(scope="session")
 def gemma():
-    from mechlingo.models import load_model
+    from mechlingo.core.models import load_model
 
     return load_model(device="cpu")
 

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from mechlingo.alignment import (
+from mechlingo.analyses.alignment import (
     AlignmentError,
     check_parallel,
     compare_alignment,
@@ -19,8 +19,8 @@ from mechlingo.alignment import (
     retrieval,
     retrieval_hits,
 )
-from mechlingo.experts import make_clamp
-from mechlingo.tokens import encode
+from mechlingo.analyses.experts import make_clamp
+from mechlingo.core.tokens import encode
 
 from .conftest import count_hooks
 
@@ -53,7 +53,7 @@ def test_retrieval_permuted_by_hand():
 
 
 def test_retrieval_batched_over_layers_and_chunks(monkeypatch):
-    import mechlingo.alignment as al
+    import mechlingo.analyses.alignment as al
 
     emb = torch.randn(4, 3, 7, 8)
     full = retrieval(emb)

@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechlingo.attribution import (
+from mechlingo.analyses.attribution import (
     attribution_patch,
     compare_sweeps,
     neuron_attribution,
     verify_top_cells,
 )
+from mechlingo.analyses.patching import PatchingError, answer_logprob, fact_metrics, patch_sweep
+from mechlingo.core.sites import resolve_site
+from mechlingo.core.tokens import TokenBatch, encode
 from mechlingo.data import load_facts
-from mechlingo.patching import PatchingError, answer_logprob, fact_metrics, patch_sweep
-from mechlingo.sites import resolve_site
-from mechlingo.tokens import TokenBatch, encode
 from tests.conftest import count_hooks
 
 SITES = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "head"]
@@ -226,7 +226,7 @@ def test_neurons_first_order(tiny, pair, metric):
 
 
 def test_hooks_removed_and_no_gradient_leak(tiny, pair, metric, monkeypatch):
-    import mechlingo.attribution as attribution
+    import mechlingo.analyses.attribution as attribution
 
     src, tgt = pair
     assert not torch.is_grad_enabled()

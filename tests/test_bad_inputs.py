@@ -186,7 +186,7 @@ def P(tiny_dir, tmp_path_factory) -> dict[str, str]:
     assert main(["experts", "--model", T, "--langs", "en,es,fr", "--lang", "es", "--limit",
                  "8", "--k", "5", "--no-curve", "--out", str(p["E"]), "--quiet"]) == 0  # fmt: skip
     p["C"] = p["E"] / "es-k5"
-    from mechlingo.models import build_tiny_model_folder
+    from mechlingo.core.models import build_tiny_model_folder
 
     p["T_B"] = build_tiny_model_folder(root / "tiny_b", seed=1)
     p["V_B"] = a / "vectors_b"
@@ -313,7 +313,7 @@ BASE = {
 
 def _ro(monkeypatch: Any, work: Path) -> None:
     (work / "ro").mkdir()
-    import mechlingo.validate as v
+    import mechlingo.cli.validate as v
 
     real = v._writable
     monkeypatch.setattr(v, "_writable", lambda f: False if f.name == "ro" else real(f))
@@ -774,7 +774,7 @@ def test_table_size():
 
 @pytest.fixture(scope="module")
 def tiny_b(P):
-    from mechlingo.models import load_model
+    from mechlingo.core.models import load_model
 
     model = load_model(P["T_B"], device="cpu")
     model.cfg.model_name = "mechlingo-tiny-gemma3-b"
@@ -826,7 +826,7 @@ def _lib_load(name: str) -> Any:
 
 
 def _lib_steer_b_on_a(tiny: Any, tiny_b: Any, P: Any) -> None:
-    from mechlingo.steering import RepairVectors
+    from mechlingo.analyses.repair import RepairVectors
 
     RepairVectors.load(P["V_B"], tiny)
 
@@ -850,19 +850,19 @@ def _lib_read(name: str) -> Any:
 
 
 def _lib_dtype_nn(tiny: Any, tiny_b: Any, P: Any) -> None:
-    from mechlingo.models import load_model
+    from mechlingo.core.models import load_model
 
     load_model(P["T"], device="cpu", dtype="nn")
 
 
 def _lib_align_target(tiny: Any, tiny_b: Any, P: Any) -> None:
-    from mechlingo.alignment import compare_alignment
+    from mechlingo.analyses.alignment import compare_alignment
 
     compare_alignment(tiny, {"en": ["a b", "c d"], "fr": ["e f", "g h"]}, None, target="xx")
 
 
 def _lib_context(tiny: Any, tiny_b: Any, P: Any) -> None:
-    from mechlingo.validate import check_context
+    from mechlingo.cli.validate import check_context
 
     check_context(tiny, [("fact 'it' (en)", "word " * 600)], new_tokens=8)
 
@@ -998,7 +998,7 @@ LIB_CASES: list[tuple[str, Any, str, str]] = [
 
 @pytest.mark.parametrize("cid,call,cls,fragment", LIB_CASES, ids=[c[0] for c in LIB_CASES])
 def test_library_case(cid, call, cls, fragment, tiny, tiny_b, P):
-    from mechlingo.errors import MechlingoError
+    from mechlingo.core.errors import MechlingoError
 
     with pytest.raises(MechlingoError) as info:
         call(tiny, tiny_b, P)
@@ -1024,17 +1024,17 @@ def test_same_model_still_applies(tiny, P):
 
 
 def test_error_hierarchy_keeps_old_bases():
-    from mechlingo.alignment import AlignmentError
+    from mechlingo.activations.parallel import DistributedError
+    from mechlingo.analyses.alignment import AlignmentError
+    from mechlingo.analyses.experts import ExpertError
+    from mechlingo.analyses.patching import PatchingError
     from mechlingo.cli import UsageError
+    from mechlingo.core.errors import MechlingoError, MissingArtifactError
+    from mechlingo.core.models import ModelLoadError
+    from mechlingo.core.sites import SiteError
+    from mechlingo.core.tokens import TokenizationError
     from mechlingo.data import RecordError
-    from mechlingo.distributed import DistributedError
-    from mechlingo.errors import MechlingoError, MissingArtifactError
-    from mechlingo.experts import ExpertError
     from mechlingo.interventions import InterventionError, ModelMismatchError
-    from mechlingo.models import ModelLoadError
-    from mechlingo.patching import PatchingError
-    from mechlingo.sites import SiteError
-    from mechlingo.tokens import TokenizationError
 
     for cls in (AlignmentError, RecordError, ExpertError, InterventionError, ModelMismatchError,
                 PatchingError, SiteError, TokenizationError, UsageError):  # fmt: skip
@@ -1045,12 +1045,12 @@ def test_error_hierarchy_keeps_old_bases():
 
 
 def test_unexpected_exception_is_reported_as_a_bug(P, sandbox, capsys, monkeypatch):
-    import mechlingo.lens
+    import mechlingo.cli.basic
 
     def boom(*a: Any, **k: Any) -> None:
         raise ZeroDivisionError("boom")
 
-    monkeypatch.setattr(mechlingo.lens, "lens_facts", boom)
+    monkeypatch.setattr(mechlingo.cli.basic, "lens_facts", boom)
     code = run_cli(_expand(Case("x", "{lens}", 1, ""), P))
     err = capsys.readouterr().err
     assert code == 1
@@ -1061,8 +1061,8 @@ def test_unexpected_exception_is_reported_as_a_bug(P, sandbox, capsys, monkeypat
 def test_issue14_steering_last_on_right_padded_batch(tiny):
     """``run_with_hooks`` with ``positions="last"`` on a right-padded batch refuses without
     the row lengths, and steers each row at its last real token when given the batch."""
+    from mechlingo.core.tokens import encode
     from mechlingo.interventions import InterventionError, SteeringVector
-    from mechlingo.tokens import encode
 
     sv = SteeringVector(torch.randn(64) * 5, 1, positions="last")
     short, long = "Rome", "The capital of Italy is the city of"
@@ -1118,7 +1118,7 @@ def _leftovers(work: Path) -> list[str]:
 
 @pytest.mark.parametrize("point", ["write", "fill"])
 def test_kill_during_write_outputs_keeps_old_folder(tmp_path, point):
-    from mechlingo.artifacts import cleanup_stale
+    from mechlingo.core.artifacts import cleanup_stale
 
     old = _old_out(tmp_path)
     _killed(_WRITE, point, tmp_path)
@@ -1141,10 +1141,10 @@ def test_kill_after_swap_gives_new_folder(tmp_path):
 def test_kill_between_fallback_renames_restores_old(tmp_path):
     """Without renameat2 the swap is two renames; a kill between them is repaired at the
     next start (the old folder is put back)."""
-    from mechlingo.artifacts import cleanup_stale
+    from mechlingo.core.artifacts import cleanup_stale
 
     old = _old_out(tmp_path)
-    code = "import mechlingo.artifacts as a\na._exchange = lambda x, y: False\n" + _WRITE
+    code = "import mechlingo.core.artifacts as a\na._exchange = lambda x, y: False\n" + _WRITE
     _killed(code, "publish", tmp_path)
     assert not (tmp_path / "out").exists()
     cleanup_stale(tmp_path, "out")
@@ -1181,7 +1181,7 @@ def test_kill_during_steer_build_keeps_old_vectors(P, tmp_path):
     _killed(code, "fill", tmp_path)
     assert snapshot(vdir) == old
     assert any(".building-" in n for n in _leftovers(tmp_path))
-    from mechlingo.artifacts import cleanup_stale
+    from mechlingo.core.artifacts import cleanup_stale
 
     cleanup_stale(tmp_path, "vectors")
     assert _leftovers(tmp_path) == []
@@ -1189,8 +1189,8 @@ def test_kill_during_steer_build_keeps_old_vectors(P, tmp_path):
 
 def test_failed_steer_build_keeps_old_vectors(P, sandbox, capsys, monkeypatch):
     """A build that fails after writing task/ leaves the old folder as it was."""
-    from mechlingo.errors import ArtifactError
-    from mechlingo.steering import RepairVectors
+    from mechlingo.analyses.repair import RepairVectors
+    from mechlingo.core.errors import ArtifactError
 
     work, _ = sandbox
     vdir = work / "vectors"

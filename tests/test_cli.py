@@ -95,7 +95,7 @@ def test_lens_and_eval_commands_on_default_model(tmp_path):
 
 
 def test_eval_summary_has_wilson_intervals(tmp_path, tiny_dir):
-    from mechlingo.stats import wilson
+    from mechlingo.kernels.significance import wilson
 
     out = tmp_path / "eval"
     args = ["eval", "--model", str(tiny_dir), "--langs", "en,fr", "--limit", "4"]

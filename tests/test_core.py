@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechlingo.kernels.readout import final_logits, read_logits
-from mechlingo.runs import collect, next_token_logits, run_batch
-from mechlingo.sites import SiteError, hook_name, resolve_layers, resolve_site
-from mechlingo.tokens import (
+from mechlingo.activations.runs import collect, next_token_logits, run_batch
+from mechlingo.core.sites import SiteError, hook_name, resolve_layers, resolve_site
+from mechlingo.core.tokens import (
     TokenizationError,
     answer_tokens,
     encode,
@@ -16,6 +15,7 @@ from mechlingo.tokens import (
     pack_token_sets,
     position_mask,
 )
+from mechlingo.kernels.readout import final_logits, read_logits
 
 from .conftest import count_hooks
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import mechlingo.decoding as decoding
+import mechlingo.activations.decoding as decoding
+from mechlingo.activations.decoding import decode, kv_cache_path
+from mechlingo.analyses.evaluate import greedy_generate
+from mechlingo.analyses.experts import sample_from_bos
+from mechlingo.core.tokens import current_columns, encode
 from mechlingo.data import load_facts
-from mechlingo.decoding import decode, kv_cache_path
-from mechlingo.evaluate import greedy_generate
-from mechlingo.experts import sample_from_bos
 from mechlingo.interventions import Ablation, InterventionError, NeuronClamp, SteeringVector
-from mechlingo.tokens import current_columns, encode
 
 from .conftest import count_hooks
 

@@ -12,19 +12,18 @@ import time
 import pytest
 import torch
 
-from mechlingo.distributed import (
+from mechlingo.activations.means import last_token_means
+from mechlingo.activations.parallel import (
     DistributedError,
     all_gather_rows,
     all_reduce_state,
     dist_info,
-    distributed_last_token_means,
-    distributed_pooled_neuron_acts,
     is_main,
     process_group,
     shard,
     shard_bounds,
 )
-from mechlingo.kernels.means import last_token_means
+from mechlingo.activations.pooled import pooled_neuron_acts
 
 PROMPTS = [
     "The capital of Italy is",
@@ -44,18 +43,19 @@ TEXTS = {
 WORKER = textwrap.dedent(
     """
     import sys, torch
-    from mechlingo.distributed import (
-        all_gather_rows, all_reduce_state, dist_info, distributed_last_token_means,
-        distributed_pooled_neuron_acts, is_main, process_group, shard,
+    from mechlingo.activations.means import last_token_means
+    from mechlingo.activations.parallel import (
+        all_gather_rows, all_reduce_state, dist_info, is_main, process_group, shard,
     )
-    from mechlingo.models import load_model
+    from mechlingo.activations.pooled import pooled_neuron_acts
+    from mechlingo.core.models import load_model
 
     torch.set_grad_enabled(False)
     model_dir, out_dir, prompts, texts = sys.argv[1], sys.argv[2], eval(sys.argv[3]), eval(sys.argv[4])
     with process_group() as info:
         model = load_model(model_dir, device="cpu")
-        means = distributed_last_token_means(model, prompts, batch_size=2)
-        acts = distributed_pooled_neuron_acts(model, texts, batch_size=2)
+        means = last_token_means(model, prompts, batch_size=2)
+        acts = pooled_neuron_acts(model, texts, batch_size=2)
         # uneven row counts (rank 0: 3 rows, rank 1: 1 row) and an int state
         rows = torch.full((3 if info.rank == 0 else 1, 2), float(info.rank))
         gathered = all_gather_rows(rows)
@@ -120,26 +120,26 @@ def test_env_errors(monkeypatch):
 def test_single_process_equals_core_functions(tiny):
     """World size 1: the building blocks equal last_token_means / collect_neuron_stats."""
     ref = last_token_means(tiny, PROMPTS, batch_size=3)
-    got = distributed_last_token_means(tiny, PROMPTS, batch_size=2)
+    got = last_token_means(tiny, PROMPTS, batch_size=2)
     assert got.layers == ref.layers and got.count == len(PROMPTS)
     torch.testing.assert_close(got.mean, ref.mean, rtol=1e-5, atol=1e-5)
 
-    from mechlingo.experts import collect_neuron_stats
+    from mechlingo.analyses.experts import collect_neuron_stats
 
     stats = collect_neuron_stats(tiny, TEXTS, batch_size=2)
-    acts = distributed_pooled_neuron_acts(tiny, TEXTS, batch_size=3)
+    acts = pooled_neuron_acts(tiny, TEXTS, batch_size=3)
     torch.testing.assert_close(acts.pooled, stats.pooled, rtol=1e-5, atol=1e-6)
     assert torch.equal(acts.lang_ids.cpu(), stats.lang_ids.cpu())
     torch.testing.assert_close(acts.prob_active.float(), stats.prob_active.float())
-    ns = acts.to_neuron_stats(tiny)
+    ns = acts
     assert ns.langs == list(TEXTS) and ns.pooled.shape == stats.pooled.shape
 
 
 def test_pooled_acts_errors(tiny):
     with pytest.raises(ValueError, match="no sentences"):
-        distributed_pooled_neuron_acts(tiny, {"en": ["a"], "fr": []})
+        pooled_neuron_acts(tiny, {"en": ["a"], "fr": []})
     with pytest.raises(ValueError, match="pool"):
-        distributed_pooled_neuron_acts(tiny, TEXTS, pool="median")  # type: ignore[arg-type]
+        pooled_neuron_acts(tiny, TEXTS, pool="median")  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
@@ -172,7 +172,7 @@ def test_two_processes_equal_one(tiny, tiny_dir, tmp_path):
     print(f"2-process torchrun run: {elapsed:.1f}s")
 
     ref_means = last_token_means(tiny, PROMPTS, batch_size=4)
-    ref_acts = distributed_pooled_neuron_acts(tiny, TEXTS, batch_size=4)
+    ref_acts = pooled_neuron_acts(tiny, TEXTS, batch_size=4)
     for rank in (0, 1):
         out = torch.load(tmp_path / f"rank{rank}.pt")
         assert out["info"] == (rank, 2, "gloo", rank == 0)
@@ -207,11 +207,11 @@ def _tiny_map(block1: str) -> dict[str, str]:
 
 
 def _same_results(ref, model) -> None:
+    from mechlingo.activations.runs import collect
+    from mechlingo.analyses.lens import logit_lens
+    from mechlingo.core.sites import hook_name
+    from mechlingo.core.tokens import encode
     from mechlingo.interventions import SteeringVector
-    from mechlingo.lens import logit_lens
-    from mechlingo.runs import collect
-    from mechlingo.sites import hook_name
-    from mechlingo.tokens import encode
 
     a = logit_lens(ref, PROMPTS, LENS_ANSWERS, batch_size=3)
     b = logit_lens(model, PROMPTS, LENS_ANSWERS, batch_size=3)
@@ -226,13 +226,13 @@ def _same_results(ref, model) -> None:
         for m in (ref, model)
     ]
     torch.testing.assert_close(outs[0], outs[1].to(outs[0].device), rtol=1e-5, atol=1e-5)
-    m1 = distributed_last_token_means(ref, PROMPTS)
-    m2 = distributed_last_token_means(model, PROMPTS)
+    m1 = last_token_means(ref, PROMPTS)
+    m2 = last_token_means(model, PROMPTS)
     torch.testing.assert_close(m1.mean, m2.mean.to(m1.mean.device), rtol=1e-6, atol=1e-6)
 
 
 def test_device_map_all_cpu(tiny, tiny_dir):
-    from mechlingo.models import ModelLoadError, load_model
+    from mechlingo.core.models import ModelLoadError, load_model
 
     model = load_model(tiny_dir, device_map=_tiny_map("cpu"))
     assert str(model.cfg.device) == "cpu"
@@ -246,7 +246,7 @@ def test_device_map_disk_offload_block(tiny, tiny_dir, tmp_path):
     same dispatch hooks a multi-GPU split uses; analyses and interventions are unchanged."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    from mechlingo.models import load_model
+    from mechlingo.core.models import load_model
 
     bridge = TransformerBridge.boot_transformers(
         str(tiny_dir),

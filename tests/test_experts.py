@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from mechlingo.experts import (
+from mechlingo.activations.runs import run_batch
+from mechlingo.analyses.experts import (
     ExpertError,
     choose_k,
     collect_neuron_stats,
@@ -20,11 +21,10 @@ from mechlingo.experts import (
     make_clamp,
     perplexity,
 )
+from mechlingo.core.tokens import encode
 from mechlingo.interventions import NeuronClamp
+from mechlingo.kernels.significance import wilson
 from mechlingo.kernels.stats import auroc
-from mechlingo.runs import run_batch
-from mechlingo.stats import wilson
-from mechlingo.tokens import encode
 
 from .conftest import NTREX, count_hooks
 
@@ -274,7 +274,7 @@ def test_choose_k_on_a_hand_made_curve(budget, others, want):
 
 
 def test_k_curve_figure_keeps_hindi():  # ppl_hi is Hindi, not an interval bound
-    from mechlingo.experts import KCurve
+    from mechlingo.analyses.experts import KCurve
 
     rows = [
         dict(r, ppl_hi=5.0, ppl_hi_lo=4.0, ppl_hi_hi=6.0, target_rate_prompt=0.0) for r in K_ROWS
@@ -458,7 +458,7 @@ def test_cli_errors_leave_nothing(tmp_path, tiny_dir, capsys):
 @pytest.mark.slow
 @pytest.mark.skipif(not NTREX.is_dir(), reason="NTREX data not present")
 def test_gemma_spanish_experts_and_retrieval(gemma):
-    from mechlingo.alignment import compare_alignment
+    from mechlingo.analyses.alignment import compare_alignment
     from mechlingo.data import read_parallel_dir
 
     d = read_parallel_dir(NTREX, ["es", "en", "fr"])

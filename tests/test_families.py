@@ -1,4 +1,4 @@
-"""Every supported model family, on a tiny random model built offline (mechlingo.families).
+"""Every supported model family, on a tiny random model built offline (mechlingo.core.families).
 
 Each check compares mechlingo against an independent reference: the original transformers
 model run with torch hooks on its own modules (block inputs/outputs, the down projection's
@@ -20,16 +20,16 @@ import transformer_lens.patching as tlp
 from transformer_lens.tools.analysis import logit_lens as tl_logit_lens
 
 import mechlingo
-from mechlingo.alignment import embed_parallel
-from mechlingo.experts import collect_neuron_stats
-from mechlingo.families import FAMILIES, REFUSED, Family, build_family_folder
+from mechlingo.activations.runs import next_token_logits, run_batch
+from mechlingo.analyses.alignment import embed_parallel
+from mechlingo.analyses.experts import collect_neuron_stats
+from mechlingo.analyses.lens import logit_lens
+from mechlingo.analyses.patching import answer_logprob, patch_sweep
+from mechlingo.core.families import FAMILIES, REFUSED, Family, build_family_folder
+from mechlingo.core.models import ModelLoadError, load_model, weight_mode
+from mechlingo.core.sites import SITE_HOOKS, SiteError, resolve_site, site_map
+from mechlingo.core.tokens import TokenBatch, answer_tokens, encode
 from mechlingo.interventions import Ablation, NeuronClamp, SteeringVector
-from mechlingo.lens import logit_lens
-from mechlingo.models import ModelLoadError, load_model, weight_mode
-from mechlingo.patching import answer_logprob, patch_sweep
-from mechlingo.runs import next_token_logits, run_batch
-from mechlingo.sites import SITE_HOOKS, SiteError, resolve_site, site_map
-from mechlingo.tokens import TokenBatch, answer_tokens, encode
 
 from .conftest import count_hooks
 
@@ -414,7 +414,7 @@ def test_each_intervention_changes_exactly_what_it_should(fam):
 
 
 def test_hooks_removed_after_error(fam, monkeypatch):
-    import mechlingo.patching as patching
+    import mechlingo.analyses.patching as patching
 
     model = fam.model
     batch = encode(model, PROMPTS)
@@ -531,7 +531,7 @@ def test_unknown_architecture_is_refused_with_what_exists(tmp_path):
 def test_unchecked_family_loads_with_a_warning(tmp_path):
     from transformers import AutoModelForCausalLM, OPTConfig
 
-    from mechlingo.families import build_tokenizer
+    from mechlingo.core.families import build_tokenizer
 
     tok = build_tokenizer("bytelevel")
     cfg = OPTConfig(
@@ -557,8 +557,8 @@ def test_mixture_of_experts_has_no_neuron_site(tmp_path):
     # the site is refused by name instead of indexed into
     from transformers import AutoModelForCausalLM, MixtralConfig
 
-    from mechlingo.experts import ExpertError
-    from mechlingo.families import build_tokenizer
+    from mechlingo.analyses.experts import ExpertError
+    from mechlingo.core.families import build_tokenizer
 
     tok = build_tokenizer("bytelevel")
     cfg = MixtralConfig(
@@ -591,7 +591,7 @@ def test_mixture_of_experts_has_no_neuron_site(tmp_path):
 
 
 def test_hub_id_goes_through_the_folder_path(tmp_path, monkeypatch):
-    import mechlingo.models as models
+    import mechlingo.core.models as models
 
     folder = build_family_folder("qwen2", tmp_path / "snapshot")
     asked = []

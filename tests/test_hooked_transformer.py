@@ -3,7 +3,7 @@
 Runs in the separate TransformerLens 3.9 environment made by
 ``scripts/check_hooked_transformer.sh``; under TransformerLens 4 (no HookedTransformer) every
 test here is skipped. The model is a tiny ``HookedTransformerConfig`` with random weights and
-the tiny byte-level tokenizer of :func:`mechlingo.models.build_tiny_model_folder`.
+the tiny byte-level tokenizer of :func:`mechlingo.core.models.build_tiny_model_folder`.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ if int(_TL_VERSION.split(".")[0]) >= 4:
 HookedTransformer = pytest.importorskip("transformer_lens").HookedTransformer
 HookedTransformerConfig = pytest.importorskip("transformer_lens").HookedTransformerConfig
 
-from mechlingo.lens import logit_lens  # noqa: E402
-from mechlingo.models import build_tiny_model_folder, load_model, weight_mode  # noqa: E402
-from mechlingo.runs import collect, next_token_logits, run_batch  # noqa: E402
-from mechlingo.sites import hook_name, site_map  # noqa: E402
-from mechlingo.tokens import encode  # noqa: E402
+from mechlingo.activations.runs import collect, next_token_logits, run_batch  # noqa: E402
+from mechlingo.analyses.lens import logit_lens  # noqa: E402
+from mechlingo.core.models import build_tiny_model_folder, load_model, weight_mode  # noqa: E402
+from mechlingo.core.sites import hook_name, site_map  # noqa: E402
+from mechlingo.core.tokens import encode  # noqa: E402
 
 PROMPTS = [
     "The capital of Italy is",
@@ -142,7 +142,7 @@ def test_steering_vector_intervention(ht):
 
 
 def test_patch_sweep_identity(ht):
-    patching = pytest.importorskip("mechlingo.patching")
+    patching = pytest.importorskip("mechlingo.analyses.patching")
     src = ["The capital of Italy is", "The capital of Spain is"]
     metric = patching.answer_logprob(ht, ["Rome", "Madrid"], name="lp")
     sw = patching.patch_sweep(ht, src, src, ["resid_pre", "mlp_out"], metric=metric)
@@ -160,15 +160,16 @@ def test_patch_sweep_identity(ht):
 
 
 def test_distributed_building_blocks_single_process(ht):
-    from mechlingo.distributed import distributed_last_token_means, distributed_pooled_neuron_acts
+    from mechlingo.activations.means import last_token_means
+    from mechlingo.activations.pooled import pooled_neuron_acts
 
-    means = distributed_last_token_means(ht, PROMPTS, layers=[0, 1])
+    means = last_token_means(ht, PROMPTS, layers=[0, 1])
     batch = encode(ht, PROMPTS)
     names = [hook_name(ht, "resid_pre", layer) for layer in (0, 1)]
     acts = collect(ht, batch, names)
     ref = torch.stack([acts[n] for n in names], dim=1).double().mean(0)
     torch.testing.assert_close(means.mean, ref, rtol=1e-5, atol=1e-5)
-    pooled = distributed_pooled_neuron_acts(ht, {"en": PROMPTS[:2], "de": PROMPTS[2:]})
+    pooled = pooled_neuron_acts(ht, {"en": PROMPTS[:2], "de": PROMPTS[2:]})
     assert pooled.pooled.shape == (4, 2 * 128)
     assert torch.isfinite(pooled.prob_active).all()
 
@@ -176,8 +177,8 @@ def test_distributed_building_blocks_single_process(ht):
 def test_generation_recomputes_the_prefix_on_a_hooked_transformer(ht):
     """A HookedTransformer has no transformers cache to drive: decoding takes the uncached
     path, and a mixed-length batch still equals one prompt at a time."""
-    from mechlingo.decoding import kv_cache_path
-    from mechlingo.evaluate import greedy_generate
+    from mechlingo.activations.decoding import kv_cache_path
+    from mechlingo.analyses.evaluate import greedy_generate
 
     assert kv_cache_path(ht) == "none"
     batched = greedy_generate(ht, PROMPTS, max_new_tokens=3, stop_at_newline=False)

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import mechlingo
-from mechlingo.evaluate import greedy_generate
+from mechlingo.activations.runs import run_batch
+from mechlingo.analyses.evaluate import greedy_generate
+from mechlingo.core.tokens import encode
 from mechlingo.interventions import (
     Ablation,
     Compose,
@@ -17,8 +19,6 @@ from mechlingo.interventions import (
     load_intervention,
     model_info,
 )
-from mechlingo.runs import run_batch
-from mechlingo.tokens import encode
 
 from .conftest import count_hooks
 

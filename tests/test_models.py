@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from mechlingo import models
-from mechlingo.models import ModelLoadError, load_model, weight_mode
+from mechlingo.core import models
+from mechlingo.core.models import ModelLoadError, load_model, weight_mode
 
 
 def _fake_converter(calls):
@@ -102,7 +102,7 @@ def test_bad_paths(tmp_path):
 def test_hub_id_offline_gives_clear_error(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path))
     code = (
-        "from mechlingo.models import load_model, ModelLoadError\n"
+        "from mechlingo.core.models import load_model, ModelLoadError\n"
         "try:\n    load_model('some-org/some-model')\n"
         "except ModelLoadError as e:\n    print('ERR', e)\n"
     )

@@ -6,8 +6,7 @@ import pytest
 import torch
 import transformer_lens.patching as tlp
 
-from mechlingo.data import load_facts
-from mechlingo.patching import (
+from mechlingo.analyses.patching import (
     PatchingError,
     answer_logprob,
     attention_knockout,
@@ -16,7 +15,8 @@ from mechlingo.patching import (
     patch_sweep,
     subject_token_span,
 )
-from mechlingo.tokens import TokenBatch, encode
+from mechlingo.core.tokens import TokenBatch, encode
+from mechlingo.data import load_facts
 
 
 def count_hooks(model) -> int:
@@ -111,7 +111,7 @@ def test_grown_batch_cross_language_rows_of_different_lengths(tiny):
 
 
 def test_grown_batch_hooks_removed_after_error(tiny, pair, metric, monkeypatch):
-    import mechlingo.patching as patching
+    import mechlingo.analyses.patching as patching
 
     src, tgt = pair
 

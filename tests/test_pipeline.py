@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from mechlingo.analyses.pipeline import CLASSES, _classify, default_mid_layers, trace_recall
 from mechlingo.data import load_facts
-from mechlingo.pipeline import CLASSES, _classify, default_mid_layers, trace_recall
-from mechlingo.plots_pipeline import circuit_figure, pipeline_stages
+from mechlingo.viz.pipeline import circuit_figure, pipeline_stages
 
 
 def _rec(**kw):
@@ -68,7 +68,7 @@ def test_trace_bad_input(tiny):
 
 
 def test_circuit_and_stages(tiny, tiny_trace):
-    from mechlingo.patching import fact_metrics, patch_sweep
+    from mechlingo.analyses.patching import fact_metrics, patch_sweep
 
     fr = [f for f in load_facts(langs=["fr"], relations=["capital"], limit=3)]
     sw = patch_sweep(
@@ -113,7 +113,7 @@ def test_trace_cli(tiny_dir, tmp_path):
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["classification"]) == {"en", "fr"}
-    from mechlingo.stats import wilson
+    from mechlingo.kernels.significance import wilson
 
     for lg, counts in summary["classification"].items():  # Wilson interval per class
         assert sum(counts.values()) == 3

@@ -10,12 +10,17 @@ import math
 import pytest
 from scipy import stats as sps
 
-import mechlingo.protocol as protocol
-import mechlingo.steering as steering
+import mechlingo.analyses.protocol as protocol
+import mechlingo.analyses.repair as steering
+from mechlingo.analyses.evaluate import decided, evaluate_facts, is_correct
+from mechlingo.analyses.protocol import (
+    LeakError,
+    check_disjoint,
+    default_layers,
+    lowest_language_dev,
+)
 from mechlingo.data import LANGS, RELATIONS, load_facts, natural_templates
-from mechlingo.evaluate import decided, evaluate_facts, is_correct
-from mechlingo.protocol import LeakError, check_disjoint, default_layers, lowest_language_dev
-from mechlingo.stats import mcnemar, paired_gain, wilson
+from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
 
 # --------------------------------------------------------------------------------------
 # Statistics

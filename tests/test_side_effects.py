@@ -11,9 +11,16 @@ import numpy as np
 import pytest
 import torch
 
+from mechlingo.analyses.evaluate import evaluate_facts, greedy_generate
+from mechlingo.analyses.experts import identify_languages, perplexity
+from mechlingo.analyses.side_effects import (
+    SideEffectsError,
+    line_nll,
+    line_prefix,
+    random_control,
+    side_effects,
+)
 from mechlingo.data import load_facts
-from mechlingo.evaluate import evaluate_facts, greedy_generate
-from mechlingo.experts import identify_languages, perplexity
 from mechlingo.interventions import (
     Ablation,
     Compose,
@@ -21,13 +28,6 @@ from mechlingo.interventions import (
     SteeringVector,
     intervene,
     load_intervention,
-)
-from mechlingo.side_effects import (
-    SideEffectsError,
-    line_nll,
-    line_prefix,
-    random_control,
-    side_effects,
 )
 from tests.conftest import NTREX, count_hooks
 

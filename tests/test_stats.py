@@ -1,4 +1,4 @@
-"""Statistics (mechlingo.stats) against hand formulas and direct scipy calls."""
+"""Statistics (mechlingo.kernels.significance) against hand formulas and direct scipy calls."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from mechlingo.stats import (
+from mechlingo.kernels.significance import (
     bootstrap_mean,
     bootstrap_perplexity,
     mcnemar,

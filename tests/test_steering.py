@@ -7,12 +7,10 @@ import json
 import pytest
 import torch
 
-from mechlingo.data import load_facts
-from mechlingo.evaluate import greedy_generate
-from mechlingo.interventions import SteeringVector
-from mechlingo.kernels.means import last_token_means
-from mechlingo.runs import collect
-from mechlingo.steering import (
+from mechlingo.activations.means import last_token_means
+from mechlingo.activations.runs import collect
+from mechlingo.analyses.evaluate import greedy_generate
+from mechlingo.analyses.repair import (
     RepairVectors,
     SteeringConfig,
     build_repair_vectors,
@@ -24,7 +22,9 @@ from mechlingo.steering import (
     take_per_lang,
     vectors_from_means,
 )
-from mechlingo.tokens import encode
+from mechlingo.core.tokens import encode
+from mechlingo.data import load_facts
+from mechlingo.interventions import SteeringVector
 
 from .conftest import count_hooks
 
@@ -112,7 +112,7 @@ def test_vectors_save_load_and_conditions(tiny, tiny_vectors, tmp_path):
 
 
 def test_sweep_and_evaluate_plumbing(tiny, tiny_facts, tiny_vectors):
-    from mechlingo.protocol import sweep
+    from mechlingo.analyses.protocol import sweep
 
     dev = take_per_lang(split_facts(tiny_facts)["dev"], 2)
     res = sweep(
@@ -246,7 +246,7 @@ def test_padded_batched_generation_equals_one_by_one(tiny):
 
 
 def test_transfer_builds_without_the_held_out_language(tiny, tiny_facts):
-    from mechlingo.steering import transfer
+    from mechlingo.analyses.repair import transfer
 
     sp = split_facts(tiny_facts)
     out = transfer(

@@ -12,6 +12,7 @@ measured zero-shot accuracy on the embedded model.
 from __future__ import annotations
 
 import json
+from importlib import resources
 from typing import Any
 
 from mechlingo.data.facts import (
@@ -58,9 +59,8 @@ def template_info() -> dict[str, Any]:
     {"template": str, "accuracy": float | None, "n": int, "candidates": {template:
     accuracy}}}}}`` as written by ``scripts/generate_data.py``; ``accuracy`` is the share
     of the ``n`` sampled facts whose greedy continuation is correct under the toolkit's eval
-    rule (:func:`mechlingo.evaluate.is_correct`), ``None`` where unmeasured.
+    rule (:func:`mechlingo.analyses.evaluate.is_correct`), ``None`` where unmeasured.
     """
-    from importlib import resources
 
     text = resources.files("mechlingo.data").joinpath("templates.json").read_text("utf-8")
     return json.loads(text)

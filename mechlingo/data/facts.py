@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mechlingo.errors import InputError, MechlingoError
+from mechlingo.core.errors import InputError, MechlingoError
 
 #: The twelve languages of the bundled data, as ISO 639-1 codes.
 LANGS: tuple[str, ...] = ("en", "de", "fr", "es", "it", "pt", "ru", "zh", "ja", "ko", "ar", "hi")
@@ -138,7 +138,7 @@ _ARABIC_MARKS = {chr(c): None for c in [*range(0x064B, 0x0653), 0x0640, 0x0670]}
 def answer_key(text: str) -> str:
     """A loose comparison form of an answer, used to drop duplicate aliases: NFKC,
     casefolded, punctuation and symbols removed, Arabic vowel marks removed, whitespace
-    collapsed. (Scoring generations is :func:`mechlingo.evaluate.is_correct`.)"""
+    collapsed. (Scoring generations is :func:`mechlingo.analyses.evaluate.is_correct`.)"""
     text = unicodedata.normalize("NFKC", text).casefold().translate(_ARABIC_MARKS)
     text = "".join(ch for ch in text if unicodedata.category(ch)[0] not in "PS")
     return " ".join(text.split())

@@ -14,6 +14,7 @@ Any malformed record raises :class:`ValueError` naming the file, the line and th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -22,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mechlingo.core.errors import DataError, InputError
 from mechlingo.data.facts import (
     FIELDS,
     LANGS,
@@ -31,7 +33,6 @@ from mechlingo.data.facts import (
     check_langs,
     fact_from_mapping,
 )
-from mechlingo.errors import DataError, InputError
 
 if TYPE_CHECKING:
     import datasets
@@ -333,7 +334,6 @@ def natural_templates() -> dict[str, dict[str, str]]:
 def with_template(fact: Fact, template: str) -> Fact:
     """``fact`` with its prompt rendered from ``template`` (``{s}`` = the subject) and the
     subject span moved accordingly."""
-    import dataclasses
 
     if template.count("{s}") != 1:
         raise InputError(f"template {template!r} must hold {{s}} exactly once")

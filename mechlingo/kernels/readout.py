@@ -21,6 +21,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mechlingo.core.types import Model
 from mechlingo.kernels.argmax import Screen, bf16_supported, build_screen, screened_argmax
 
 # Upper bound on elements of the temporary [rows, sets, vocab] comparison used for ranks.
@@ -48,7 +49,7 @@ class Readout:
     set_rank: Int[Tensor, "row track"]
 
 
-def apply_final_norm(model: Any, x: Float[Tensor, "row d_model"]) -> Float[Tensor, "row d_model"]:
+def apply_final_norm(model: Model, x: Float[Tensor, "row d_model"]) -> Float[Tensor, "row d_model"]:
     """The model's own final norm module on each row (statistics recomputed per row)."""
     ln = getattr(model, "ln_final", None)
     if ln is None:
@@ -56,7 +57,9 @@ def apply_final_norm(model: Any, x: Float[Tensor, "row d_model"]) -> Float[Tenso
     return ln(x.unsqueeze(0)).squeeze(0)
 
 
-def output_transform(model: Any, logits: Float[Tensor, "row vocab"]) -> Float[Tensor, "row vocab"]:
+def output_transform(
+    model: Model, logits: Float[Tensor, "row vocab"]
+) -> Float[Tensor, "row vocab"]:
     """The architecture's transform after the unembedding (e.g. Gemma 2's logit soft-cap)."""
     adapter = getattr(model, "adapter", None)
     fn = getattr(adapter, "apply_output_logits_transform", None)
@@ -69,7 +72,7 @@ def output_transform(model: Any, logits: Float[Tensor, "row vocab"]) -> Float[Te
 
 
 def unembed(
-    model: Any, x: Float[Tensor, "row d_model"], W_U: Float[Tensor, "d_model vocab"] | None = None
+    model: Model, x: Float[Tensor, "row d_model"], W_U: Float[Tensor, "d_model vocab"] | None = None
 ) -> Float[Tensor, "row vocab"]:
     """Logits of already-normalized rows: ``transform(x @ W_U + b_U)``, computed in float32
     whatever the model's dtype (pass a float32 ``W_U`` to avoid converting it per call)."""
@@ -87,7 +90,7 @@ _VOCAB_CHUNK = 4096
 
 
 def _streamed_logsumexp(
-    model: Any, x: Float[Tensor, "row d_model"], W: Float[Tensor, "d_model vocab"]
+    model: Model, x: Float[Tensor, "row d_model"], W: Float[Tensor, "d_model vocab"]
 ) -> Float[Tensor, " row"]:
     """``logsumexp(unembed(x))`` over the vocabulary, a block of columns at a time."""
     b_U = getattr(model, "b_U", None)
@@ -104,7 +107,7 @@ def _streamed_logsumexp(
 
 
 def _token_logits(
-    model: Any,
+    model: Model,
     x: Float[Tensor, "row d_model"],
     W: Float[Tensor, "d_model vocab"],
     ids: Int[Tensor, "row track member"],
@@ -118,7 +121,7 @@ def _token_logits(
     return output_transform(model, logits)
 
 
-def final_logits(model: Any, resid: Float[Tensor, "row d_model"]) -> Float[Tensor, "row vocab"]:
+def final_logits(model: Model, resid: Float[Tensor, "row d_model"]) -> Float[Tensor, "row vocab"]:
     """The model's next-token logits from final-layer residual rows (norm + unembedding).
     No autograd graph is built (the final norm's parameters require gradients)."""
     dev = model.W_U.device
@@ -144,7 +147,7 @@ def screening(enabled: bool) -> Iterator[None]:
 _SCREENS: weakref.WeakKeyDictionary[Any, tuple[tuple, Screen]] = weakref.WeakKeyDictionary()
 
 
-def _screen(model: Any, W: Tensor) -> Screen | None:
+def _screen(model: Model, W: Tensor) -> Screen | None:
     """The model's bfloat16 screen, rebuilt when ``W_U`` changes (new storage, in-place edit,
     other device); ``None`` where the screen does not apply (see :func:`greedy_next`)."""
     if not _SCREENING["on"] or not bf16_supported(W.device):
@@ -160,7 +163,7 @@ def _screen(model: Any, W: Tensor) -> Screen | None:
     return hit[1]
 
 
-def greedy_next(model: Any, resid: Float[Tensor, "row d_model"]) -> Int[Tensor, " row"]:
+def greedy_next(model: Model, resid: Float[Tensor, "row d_model"]) -> Int[Tensor, " row"]:
     """The greedy next token of each final-layer residual row: the float32 arg-max of the
     model's logits, found with the bfloat16 screen of :mod:`mechlingo.kernels.argmax` on
     CPUs with native bfloat16 (about 4x faster than the full float32 unembedding; the
@@ -177,7 +180,7 @@ def greedy_next(model: Any, resid: Float[Tensor, "row d_model"]) -> Int[Tensor, 
 
 
 def read_logits(
-    model: Any,
+    model: Model,
     resid: Float[Tensor, "row d_model"],
     token_sets: Int[Tensor, "row track member"] | None = None,
     primary: Int[Tensor, "row track"] | None = None,
@@ -193,7 +196,7 @@ def read_logits(
         model: a TransformerLens model (bridge or HookedTransformer).
         resid: residual-stream vectors, one per row.
         token_sets: per row, ``track`` token sets padded with ``-1`` (see
-            :func:`mechlingo.tokens.pack_token_sets`).
+            :func:`mechlingo.core.tokens.pack_token_sets`).
         primary: per row and set, the primary token id.
         top_k: how many top tokens to keep per row (0 for none).
         chunk_rows: rows per unembedding matmul; memory is ``chunk_rows x vocab`` floats.

@@ -3,7 +3,7 @@
 A report is one HTML file with plotly's JavaScript inlined once, so it opens offline and
 makes no network request. :func:`write_outputs` writes a command's files into ``--out`` only
 after all of them are ready: the new folder is built beside it and put in place in one rename
-(:func:`mechlingo.artifacts.atomic_folder`), so a failing or killed command leaves either the
+(:func:`mechlingo.core.artifacts.atomic_folder`), so a failing or killed command leaves either the
 old folder or the new one, never a mix.
 """
 
@@ -18,6 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
+import torch
+
+from mechlingo.activations.parallel import is_main
+from mechlingo.core.artifacts import atomic_folder, kill_point
+from mechlingo.viz.common import table_html
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;
@@ -54,7 +59,6 @@ class Report:
     def add_table(
         self, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None
     ) -> None:
-        from mechlingo.plots import table_html
 
         self.parts.append(table_html(rows, columns))
 
@@ -86,8 +90,6 @@ class Report:
 
 def _json_default(obj: Any) -> Any:
     try:
-        import torch
-
         if isinstance(obj, torch.Tensor):
             return obj.tolist()
     except ImportError:  # pragma: no cover
@@ -112,8 +114,6 @@ def write_outputs(
     names are replaced; other files in ``out`` are carried over (``keep_others``) or dropped.
     Under ``torchrun`` only rank 0 writes.
     """
-    from mechlingo.artifacts import atomic_folder, kill_point
-    from mechlingo.distributed import is_main
 
     out = Path(out)
     if not is_main():  # data-parallel runs: rank 0 writes, the others return the same path

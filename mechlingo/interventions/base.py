@@ -1,6 +1,6 @@
 """Composable interventions: objects that turn into plain TransformerLens hooks.
 
-An intervention is an artifact: you build it once (by hand or with :mod:`mechlingo.steering`),
+An intervention is an artifact: you build it once (by hand or with :mod:`mechlingo.analyses.repair`),
 save it, load it, and apply it to any run of a model it fits. Every intervention has
 ``fwd_hooks(model)``, which checks it against the model (site, layer, vector size) and returns
 a list of ``(hook_name, fn)`` pairs where ``fn(tensor, hook)`` is an ordinary TransformerLens
@@ -14,7 +14,7 @@ hook function. So there are three equivalent ways to apply one::
     with model.hooks(fwd_hooks=(a + b).fwd_hooks(model)):
         logits = model(tokens)
 
-and :func:`mechlingo.evaluate.greedy_generate` / ``evaluate_facts`` take ``intervention=``.
+and :func:`mechlingo.analyses.evaluate.greedy_generate` / ``evaluate_facts`` take ``intervention=``.
 
 Kinds:
 
@@ -28,7 +28,7 @@ Kinds:
   hook of ``b`` sees ``a``'s result.
 
 Positions (where along the sequence an intervention acts) follow
-:func:`mechlingo.tokens.position_mask`: ``"last"`` (each row's last *prompt* token; padding-
+:func:`mechlingo.core.tokens.position_mask`: ``"last"`` (each row's last *prompt* token; padding-
 and BOS-safe inside mechlingo runs, which set the current batch; a plain tensor run is taken to
 be unpadded), ``"all"``, ``"last+generated"``, ``"generated"``, integer positions, or a
 callable ``f(batch) -> mask``.
@@ -42,18 +42,28 @@ import html
 import json
 import math
 import warnings
-import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Float, Int
+from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from mechlingo.errors import ArtifactError, MechlingoError, MissingArtifactError
-from mechlingo.sites import SiteError, canonical_site, resolve_site
-from mechlingo.tokens import (
+from mechlingo.activations.runs import hooked
+from mechlingo.core.artifacts import atomic_folder
+from mechlingo.core.checks import check_safetensors_header
+from mechlingo.core.describe import check_model, model_info
+from mechlingo.core.errors import (
+    ArtifactError,
+    InterventionError,
+    MechlingoError,
+    MissingArtifactError,
+    ModelMismatchError,
+)
+from mechlingo.core.sites import SiteError, canonical_site, resolve_site
+from mechlingo.core.tokens import (
     PositionSpec,
     TokenBatch,
     batch_context,
@@ -62,8 +72,9 @@ from mechlingo.tokens import (
     position_mask,
     prepends_bos,
 )
+from mechlingo.core.types import HookFn, Model
+from mechlingo.core.version import __version__
 
-HookFn = Callable[[Tensor, Any], Tensor | None]
 FORMAT_VERSION = 1
 _TENSORS_FILE = "intervention.safetensors"
 _META_FILE = "intervention.json"
@@ -82,89 +93,9 @@ __all__ = [
 ]
 
 
-class InterventionError(MechlingoError, ValueError):
-    """An intervention does not fit the model or cannot be built/saved; the message says why."""
-
-
-class ModelMismatchError(InterventionError):
-    """A saved intervention was built for a different model (or weight mode)."""
-
-
 # --------------------------------------------------------------------------------------
 # Model description recorded with every artifact
 # --------------------------------------------------------------------------------------
-
-_STRICT_KEYS = ("d_model", "n_layers", "d_mlp", "weights", "unembed_fingerprint")
-
-
-def model_info(model: Any) -> dict[str, Any]:
-    """What an artifact records about the model it was built on: name, sizes, weight mode
-    (``raw``/``compat``) and a fingerprint of the unembedding."""
-    from mechlingo.models import model_name, unembed_fingerprint, weight_mode
-
-    cfg = model.cfg
-    return {
-        "model_name": model_name(model),
-        "d_model": int(cfg.d_model),
-        "n_layers": int(cfg.n_layers),
-        "d_mlp": int(getattr(cfg, "d_mlp", 0) or 0),
-        "weights": weight_mode(model),
-        "unembed_fingerprint": unembed_fingerprint(model),
-    }
-
-
-def check_model(
-    info: Mapping[str, Any] | None, model: Any, *, fingerprint: bool = True, what: str = ""
-) -> None:
-    """Raise :class:`ModelMismatchError` when ``model`` differs from the recorded ``info`` in
-    size, weight mode or (with ``fingerprint``) unembedding fingerprint."""
-    if not info:
-        return
-    from mechlingo.models import unembed_fingerprint, weight_mode
-
-    cfg = model.cfg
-    now = {
-        "d_model": int(cfg.d_model),
-        "n_layers": int(cfg.n_layers),
-        "d_mlp": int(getattr(cfg, "d_mlp", 0) or 0),
-        "weights": weight_mode(model),
-    }
-    if fingerprint:
-        now["unembed_fingerprint"] = _cached_fingerprint(model, unembed_fingerprint)
-    diffs = [
-        f"{k}: saved {info[k]!r}, this model {now[k]!r}"
-        for k in _STRICT_KEYS
-        if k in now and k in info and info[k] != now[k]
-    ]
-    if diffs:
-        hint = ""
-        if any(d.startswith("weights") for d in diffs):
-            hint = " (load the model with the same compat= setting it was built with)"
-        raise ModelMismatchError(
-            f"{what or 'this intervention'} was built on {info.get('model_name')!r} and does not "
-            f"fit this model ({model_info_name(model)}): " + "; ".join(diffs) + hint
-        )
-
-
-_FINGERPRINTS: weakref.WeakKeyDictionary[Any, tuple[tuple, str]] = weakref.WeakKeyDictionary()
-
-
-def _cached_fingerprint(model: Any, compute: Callable[[Any], str]) -> str:
-    """The unembedding fingerprint, computed once per model and unembedding version."""
-    w = model.W_U
-    key = (w.data_ptr(), getattr(w, "_version", 0), tuple(w.shape), str(w.device), w.dtype)
-    try:
-        hit = _FINGERPRINTS.get(model)
-    except TypeError:
-        hit = None
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    fp = compute(model)
-    try:
-        _FINGERPRINTS[model] = (key, fp)
-    except TypeError:  # cannot be weakly referenced: no memo
-        pass
-    return fp
 
 
 def _check_finite(values: Tensor | float, what: str) -> None:
@@ -172,12 +103,6 @@ def _check_finite(values: Tensor | float, what: str) -> None:
     t = torch.as_tensor(values)
     if t.is_floating_point() and not bool(torch.isfinite(t).all()):
         raise InterventionError(f"{what} has NaN or infinite values; give finite numbers")
-
-
-def model_info_name(model: Any) -> str:
-    from mechlingo.models import model_name
-
-    return model_name(model)
 
 
 # --------------------------------------------------------------------------------------
@@ -245,7 +170,7 @@ def _mask_for(positions: PositionSpec, t: Tensor, has_bos: bool = True) -> Tenso
             "`with mechlingo.intervene(model, iv, batch=b): model(b.tokens, "
             "attention_mask=b.attention_mask())` or "
             "`model.run_with_hooks(b.tokens, attention_mask=b.attention_mask(), "
-            "fwd_hooks=iv.fwd_hooks_for(model, b))`, where b = mechlingo.tokens.encode(model, "
+            "fwd_hooks=iv.fwd_hooks_for(model, b))`, where b = mechlingo.core.tokens.encode(model, "
             "prompts); positions='all' needs no lengths"
         )
     if batch is None:  # a plain run of unpadded rows: BOS as the model's tokenizer adds it
@@ -270,7 +195,7 @@ def _no_pattern(site: str, kind: str) -> None:
         )
 
 
-def _site(model: Any, site: str, layer: int, kind: str) -> Any:
+def _site(model: Model, site: str, layer: int, kind: str) -> Any:
     try:
         return resolve_site(model, site, layer)
     except SiteError as err:
@@ -295,11 +220,11 @@ class Intervention(abc.ABC):
     meta: dict[str, Any]
 
     @abc.abstractmethod
-    def fwd_hooks(self, model: Any) -> list[tuple[str, HookFn]]:
+    def fwd_hooks(self, model: Model) -> list[tuple[str, HookFn]]:
         """Check against ``model`` and return TransformerLens ``(hook_name, fn)`` pairs."""
 
-    def fwd_hooks_for(self, model: Any, batch: TokenBatch) -> list[tuple[str, HookFn]]:
-        """:meth:`fwd_hooks` bound to ``batch`` (from :func:`mechlingo.tokens.encode`): each
+    def fwd_hooks_for(self, model: Model, batch: TokenBatch) -> list[tuple[str, HookFn]]:
+        """:meth:`fwd_hooks` bound to ``batch`` (from :func:`mechlingo.core.tokens.encode`): each
         hook runs with that batch as the current one, so ``"last"`` and the other position
         rules find every row's real tokens in a plain ``run_with_hooks`` on the padded
         batch."""
@@ -325,7 +250,7 @@ class Intervention(abc.ABC):
     def _restore(cls, tensors: dict[str, Tensor], config: dict[str, Any]) -> Intervention:
         """Rebuild from what :meth:`_tensors` and :meth:`_config` saved."""
 
-    def save(self, path: str | Path, model: Any = None) -> Path:
+    def save(self, path: str | Path, model: Model | None = None) -> Path:
         """Write the intervention to the folder ``path``: ``intervention.safetensors`` (the
         tensors) and ``intervention.json`` (kind, site, layer, positions rule, alpha, the model
         it fits, how it was built, the mechlingo version). With ``model``, its description
@@ -334,9 +259,6 @@ class Intervention(abc.ABC):
         Raises:
             InterventionError: a callable positions rule (cannot be saved).
         """
-        from safetensors.torch import save_file
-
-        from mechlingo import __version__
 
         config = self._config()  # raises for callables before anything is written
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in self._tensors().items()}
@@ -350,7 +272,6 @@ class Intervention(abc.ABC):
             "meta": meta,
             "mechlingo": __version__,
         }
-        from mechlingo.artifacts import atomic_folder
 
         path = Path(path)
         with atomic_folder(path) as tmp:  # a kill leaves the old folder or the new one
@@ -359,7 +280,7 @@ class Intervention(abc.ABC):
         return path
 
     @staticmethod
-    def load(path: str | Path, model: Any = None) -> Intervention:
+    def load(path: str | Path, model: Model | None = None) -> Intervention:
         """Load an intervention saved by :meth:`save` (see :func:`load_intervention`)."""
         return load_intervention(path, model)
 
@@ -401,7 +322,7 @@ def _register(cls: type[Intervention]) -> type[Intervention]:
     return cls
 
 
-def load_intervention(path: str | Path, model: Any = None) -> Intervention:
+def load_intervention(path: str | Path, model: Model | None = None) -> Intervention:
     """Load an intervention saved with :meth:`Intervention.save`.
 
     With ``model``, check that it fits: same ``d_model``, ``n_layers``, ``d_mlp``, weight mode
@@ -411,7 +332,6 @@ def load_intervention(path: str | Path, model: Any = None) -> Intervention:
         FileNotFoundError: no saved intervention in ``path``.
         ModelMismatchError: it was built for a different model; the message lists what differs.
     """
-    from safetensors.torch import load_file
 
     path = Path(path)
     meta_path, tensor_path = path / _META_FILE, path / _TENSORS_FILE
@@ -429,9 +349,8 @@ def load_intervention(path: str | Path, model: Any = None) -> Intervention:
         raise ArtifactError(f"{meta_path} does not hold a JSON object", fix="re-save it")
     if doc.get("format") != FORMAT_VERSION:
         raise InterventionError(f"{path}: unsupported format {doc.get('format')!r}")
-    from mechlingo.validate import _check_safetensors_header
 
-    _check_safetensors_header(tensor_path, ArtifactError)
+    check_safetensors_header(tensor_path, ArtifactError)
     try:
         tensors = load_file(str(tensor_path))
     except Exception as err:
@@ -480,7 +399,7 @@ class SteeringVector(Intervention):
 
     Args:
         vector: ``[width]``, or ``[n_layers, width]`` (one vector per layer, as built by
-            :mod:`mechlingo.steering`; ``layer`` picks the row).
+            :mod:`mechlingo.analyses.repair`; ``layer`` picks the row).
         layer: block index (negative from the end). ``None`` is allowed for a per-layer stack
             that has not been placed yet: choose with :meth:`at`.
         alpha: scale; 0 changes nothing.
@@ -528,7 +447,7 @@ class SteeringVector(Intervention):
         args = {"site": self.site, "positions": self.positions, "meta": self.meta} | kw
         return SteeringVector(self.vector, layer, self.alpha if alpha is None else alpha, **args)
 
-    def direction(self, model: Any | None = None) -> Float[Tensor, " width"]:
+    def direction(self, model: Model | None = None) -> Float[Tensor, " width"]:
         """The vector that is added per unit of ``alpha`` (the row of ``layer`` for a stack)."""
         if self.vector.ndim == 1:
             return self.vector
@@ -549,7 +468,7 @@ class SteeringVector(Intervention):
             )
         return self.vector[index]
 
-    def fwd_hooks(self, model: Any) -> list[tuple[str, HookFn]]:
+    def fwd_hooks(self, model: Model) -> list[tuple[str, HookFn]]:
         if self.layer is None:
             raise InterventionError(
                 "this SteeringVector has no layer; place it with .at(layer, alpha)"
@@ -707,7 +626,7 @@ class NeuronClamp(Intervention):
             _check_finite(val, f"NeuronClamp values at layer {layer}")
             self.values[layer] = val.float()
 
-    def fwd_hooks(self, model: Any) -> list[tuple[str, HookFn]]:
+    def fwd_hooks(self, model: Model) -> list[tuple[str, HookFn]]:
         check_model(self.meta.get("model"), model, what=repr(self))
         hooks: list[tuple[str, HookFn]] = []
         bos = prepends_bos(model)
@@ -793,7 +712,7 @@ class Ablation(Intervention):
         layer: block index.
         kind: ``"zero"`` or ``"mean"``.
         mean: the replacement for ``kind="mean"``: ``[width]`` (e.g. a mean last-token
-            activation from :func:`mechlingo.kernels.means.last_token_means`).
+            activation from :func:`mechlingo.activations.means.last_token_means`).
         positions: default ``"all"``.
     """
 
@@ -825,7 +744,7 @@ class Ablation(Intervention):
         self.positions = _check_positions(positions)
         self.meta = dict(meta or {})
 
-    def fwd_hooks(self, model: Any) -> list[tuple[str, HookFn]]:
+    def fwd_hooks(self, model: Model) -> list[tuple[str, HookFn]]:
         check_model(self.meta.get("model"), model, what=repr(self))
         site = _site(model, self.site, self.layer, "Ablation")
         mean = self.mean
@@ -903,7 +822,7 @@ class Compose(Intervention):
         self.parts = flat
         self.meta = dict(meta or {})
 
-    def fwd_hooks(self, model: Any) -> list[tuple[str, HookFn]]:
+    def fwd_hooks(self, model: Model) -> list[tuple[str, HookFn]]:
         check_model(self.meta.get("model"), model, what="this Compose")
         hooks: list[tuple[str, HookFn]] = []
         for p in self.parts:
@@ -932,7 +851,7 @@ class Compose(Intervention):
             parts.append(part)
         return cls(parts)
 
-    def save(self, path: str | Path, model: Any = None) -> Path:
+    def save(self, path: str | Path, model: Model | None = None) -> Path:
         if model is None and "model" not in self.meta:
             infos = [p.meta.get("model") for p in self.parts if p.meta.get("model")]
             if infos:
@@ -954,17 +873,16 @@ class Compose(Intervention):
 
 @contextlib.contextmanager
 def intervene(
-    model: Any, intervention: Intervention | None, *, batch: TokenBatch | None = None
+    model: Model, intervention: Intervention | None, *, batch: TokenBatch | None = None
 ) -> Iterator[Any]:
     """Apply ``intervention`` to every forward pass of ``model`` inside the block; its hooks
     are removed when the block exits, also after an exception. ``None`` applies nothing.
 
     Args:
-        batch: the padded batch (:func:`mechlingo.tokens.encode`) the block runs, when it runs
+        batch: the padded batch (:func:`mechlingo.core.tokens.encode`) the block runs, when it runs
             one of several rows: position rules then use each row's real tokens. Without it,
             a multi-row run is refused for every rule but ``"all"`` (see :func:`_mask_for`).
     """
-    from mechlingo.runs import hooked
 
     if intervention is None:
         hooks: list[tuple[str, HookFn]] = []

@@ -1,0 +1,377 @@
+"""Token-by-token decoding with a key-value cache that keeps mechlingo's hook semantics.
+
+**Why not the bridge's own cache.** With TransformerLens 4.3 and transformers 5 the bridge's
+cached decoding is wrong: transformers 5 renamed the cache keyword its decoder layers hand to
+attention from ``past_key_values`` to ``cache``, and the bridge's attention components only
+look for the old names (``AttentionBridge._update_kv_cache`` reads ``past_key_values`` or
+``layer_past``). The cache object is passed along but never filled, so every decoding step
+attends to itself alone and ``generate(use_past_kv_cache=True)`` gives other tokens than
+uncached decoding.
+
+**What mechlingo does.** It drives the underlying transformers model's own cache
+(``DynamicCache``) through the bridge's ``forward``, so every TransformerLens hook point still
+fires, and it adds a small adapter: a forward pre-hook on each attention bridge that copies the
+``cache`` keyword to ``past_key_values`` when the latter is missing. Which of three paths a
+model takes is decided once per model by a probe (:func:`kv_cache_path`): decode two tokens
+then a third with a fresh cache and compare the third token's logits with an uncached pass.
+
+* ``"native"`` -- the bridge fills the cache by itself (TransformerLens fixed upstream): no
+  adapter is installed;
+* ``"adapter"`` -- the cache works with the adapter (TransformerLens 4.3 + transformers 5);
+* ``"none"`` -- neither agrees with uncached decoding, or the model is not a bridge (a classic
+  ``HookedTransformer``): decoding recomputes the prefix each step, as before.
+
+**Hook semantics.** The prompt runs once (the *prefill*) with the whole right-padded batch as
+the current batch; every later step runs one new token per row, with the whole sequence so far
+as the current batch and that token's position as the step's column
+(:func:`mechlingo.core.tokens.batch_context`). Interventions evaluate their position rule on the
+whole sequence and read it at the step's columns, so:
+
+* ``"last"``, integer positions and callables act in the prefill; the keys and values of the
+  positions they changed are cached and attended to later, exactly as when the prefix is
+  recomputed each step (tokens are equal to the uncached decoder, tested);
+* ``"generated"``, ``"last+generated"`` and ``"all"`` also act on each new token as it is
+  decoded.
+
+A plain TransformerLens hook sees the prefill's ``[batch, prompt, ...]`` activations and then
+``[batch, 1, ...]`` for each new token. A hook that treats every position alike (add a vector,
+zero a neuron) gives the same tokens as uncached decoding; one that indexes positions should
+read :func:`mechlingo.core.tokens.current_columns`, or decode with ``cache=False``.
+
+**Padding and early stops.** Rows stay right-padded: a shorter row's new tokens follow a gap
+of padding in the cache, which the attention mask hides, and the bridge derives each new
+token's position from the mask (its real position, not its column), so a mixed-length batch
+equals decoding each prompt alone. Rows that finish (EOS, or a line break after some text)
+leave the batch, and the cache drops them, so the batch shrinks as decoding goes on. Models
+with a sliding attention window decode uncached when a batch would outgrow the window (the
+window would be counted in columns, not in real positions).
+
+**The next token.** Once the cache is in place, the largest cost of a step on a CPU is the
+unembedding over Gemma 3's 262,144 tokens. The cached decoder takes the greedy token with a
+bfloat16-screened arg-max (:mod:`mechlingo.kernels.argmax`): exact in float32, about 4x
+cheaper on CPUs with native bfloat16. The uncached reference keeps the plain float32
+arg-max, so the equality tests check the screen too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
+
+from mechlingo.activations.runs import (
+    FwdHooks,
+    StopForward,
+    final_resid_name,
+    hooked,
+    model_input_device,
+)
+from mechlingo.core.tokens import TokenBatch, batch_context
+from mechlingo.core.types import Model
+from mechlingo.kernels.readout import final_logits, greedy_next
+
+log = logging.getLogger(__name__)
+
+KVPath = Literal["native", "adapter", "none"]
+ChooseFn = Callable[[Float[Tensor, "batch vocab"]], Int[Tensor, " batch"]]
+StopFn = Callable[[int, list[int]], bool]
+
+_PATHS: weakref.WeakKeyDictionary[Any, KVPath] = weakref.WeakKeyDictionary()
+_PROBE_TOLERANCE = 1e-3
+
+
+def _hf_model(model: Model) -> Any:
+    """The transformers model inside a TransformerLens bridge, or ``None``."""
+    if not hasattr(model, "adapter"):
+        return None
+    return getattr(model, "original_model", None)
+
+
+def _attention_modules(model: Model) -> list[torch.nn.Module]:
+    try:
+        pass
+    except ImportError:  # pragma: no cover - TransformerLens 3 has no bridge
+        return []
+    return [m for m in model.modules() if isinstance(m, AttentionBridge)]
+
+
+def _copy_cache_keyword(
+    module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]
+) -> tuple[tuple, dict[str, Any]] | None:
+    if kwargs.get("cache") is None:
+        return None
+    if kwargs.get("past_key_values") is not None or kwargs.get("layer_past") is not None:
+        return None
+    return args, {**kwargs, "past_key_values": kwargs["cache"]}
+
+
+@contextlib.contextmanager
+def cache_adapter(model: Model, path: KVPath) -> Iterator[None]:
+    """Install the ``cache`` -> ``past_key_values`` adapter on the model's attention bridges
+    for the block when ``path == "adapter"``; removed on exit, also after an error."""
+    handles = []
+    if path == "adapter":
+        handles = [
+            m.register_forward_pre_hook(_copy_cache_keyword, with_kwargs=True)
+            for m in _attention_modules(model)
+        ]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _cache_keyword(hf: Any) -> str:
+    params = inspect.signature(hf.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def new_cache(model: Model) -> Any:
+    """An empty transformers ``DynamicCache`` for the model (sliding layers as its config
+    says)."""
+    from transformers import DynamicCache
+
+    return DynamicCache(config=_hf_model(model).config)
+
+
+def _cache_kwargs(model: Model, cache: Any) -> dict[str, Any]:
+    return {_cache_keyword(_hf_model(model)): cache, "use_cache": True}
+
+
+def _probe(model: Model, path: KVPath) -> bool:
+    vocab = int(model.cfg.d_vocab)
+    ids = torch.tensor([[min(i, vocab - 1) for i in (2, 17, 31)]], device=model_input_device(model))
+    with torch.no_grad():
+        full = model(ids)[0, -1].float()
+        cache = new_cache(model)
+        with cache_adapter(model, path):
+            model(ids[:, :2], **_cache_kwargs(model, cache))
+            if int(cache.get_seq_length()) != 2:
+                return False
+            step = model(ids[:, 2:], **_cache_kwargs(model, cache))[0, -1].float()
+    scale = 1.0 + float(full.abs().max())
+    return float((step - full).abs().max()) <= _PROBE_TOLERANCE * scale
+
+
+def kv_cache_path(model: Model) -> KVPath:
+    """How cached decoding runs on ``model``: ``"native"``, ``"adapter"`` or ``"none"`` (see
+    the module docstring). Probed once per model (three short forward passes) and
+    remembered."""
+    try:
+        return _PATHS[model]
+    except (KeyError, TypeError):
+        pass
+    path: KVPath = "none"
+    if _hf_model(model) is not None:
+        for candidate in ("native", "adapter"):
+            try:
+                ok = _probe(model, candidate)  # type: ignore[arg-type]
+            except (TypeError, ValueError, RuntimeError) as err:
+                log.debug("KV-cache probe %s failed: %s", candidate, err)
+                ok = False
+            if ok:
+                path = candidate  # type: ignore[assignment]
+                break
+        if path == "none":
+            log.warning(
+                "mechlingo: cached decoding disagrees with uncached decoding on %s; "
+                "generation recomputes the prefix at each step",
+                getattr(model.cfg, "model_name", type(model).__name__),
+            )
+    with contextlib.suppress(TypeError):
+        _PATHS[model] = path
+    return path
+
+
+# --------------------------------------------------------------------------------------
+# One forward pass of a decoding loop
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Step:
+    """A pass over some columns of ``batch`` with a cache (``None`` for the prefill's
+    columns = every position)."""
+
+    input_ids: Int[Tensor, "batch t"]
+    attention_mask: Int[Tensor, "batch cols"]
+    columns: Int[Tensor, "batch t"] | None
+    read: Int[Tensor, " batch"]
+    model_kwargs: dict[str, Any]
+
+
+def _final_resid(
+    model: Model, batch: TokenBatch, step: _Step, hooks: FwdHooks
+) -> Float[Tensor, "batch d_model"]:
+    """The final residual stream at ``step.read`` (a column of the pass), the forward pass
+    stopped right after the last block (the cache is complete by then)."""
+    name = final_resid_name(model)
+    rows = torch.arange(batch.batch_size)
+    out: dict[str, Tensor] = {}
+
+    def read(t: Tensor, hook: Any) -> None:
+        out["resid"] = t[rows.to(t.device), step.read.to(t.device)].detach().float()
+        raise StopForward
+
+    with torch.no_grad(), batch_context(batch, step.columns):
+        with hooked(model, [*hooks, (name, read)]):
+            try:
+                model(step.input_ids, attention_mask=step.attention_mask, **step.model_kwargs)
+            except StopForward:
+                pass
+    if "resid" not in out:
+        raise RuntimeError(f"hook {name} did not fire during the decoding pass")
+    return out["resid"]
+
+
+def _argmax(logits: Float[Tensor, "batch vocab"]) -> Int[Tensor, " batch"]:
+    return logits.argmax(-1)
+
+
+def _append(tokens: Tensor, lengths: Tensor, nxt: Tensor, pad_id: int) -> Tensor:
+    if int(lengths.max()) >= tokens.shape[1]:
+        tokens = torch.cat([tokens, torch.full_like(tokens[:, :1], pad_id)], 1)
+    tokens = tokens.clone()
+    tokens[torch.arange(tokens.shape[0], device=tokens.device), lengths] = nxt
+    return tokens
+
+
+def _record(
+    active: Sequence[int], nxt: Sequence[int], out: list[list[int]], eos: int | None, stop: StopFn
+) -> list[bool]:
+    """Append each active row's new token; return which rows go on."""
+    keep = []
+    for r, tid in zip(active, nxt, strict=True):
+        if eos is not None and tid == eos:
+            keep.append(False)
+            continue
+        out[r].append(int(tid))
+        keep.append(not stop(r, out[r]))
+    return keep
+
+
+def decode_cached(
+    model: Model,
+    batch: TokenBatch,
+    *,
+    max_new_tokens: int,
+    hooks: FwdHooks = (),
+    choose: ChooseFn | None = None,
+    stop: StopFn | None = None,
+    eos: int | None = None,
+    path: KVPath = "adapter",
+) -> list[list[int]]:
+    """Decode ``max_new_tokens`` tokens after each row of a right-padded ``batch`` with a KV
+    cache (one prefill, then one token per row per step). Returns each row's new token ids,
+    cut before EOS; a row stops early once ``stop(row, ids)`` is true and leaves the batch.
+    ``choose`` maps each step's logits to tokens; ``None`` is the greedy float32 arg-max,
+    found with :func:`mechlingo.kernels.readout.greedy_next` (bfloat16-screened where the
+    CPU has native bfloat16, which never changes the token; see
+    :mod:`mechlingo.kernels.argmax`)."""
+    stop = stop or (lambda r, ids: False)
+    dev = model_input_device(model)
+    b = batch.to(dev)
+    tokens, lengths, plen = b.tokens, b.lengths.clone(), b.prompt_lengths
+    out: list[list[int]] = [[] for _ in range(b.batch_size)]
+    active = torch.arange(b.batch_size, device=dev)
+    attn = b.attention_mask()
+    cache = new_cache(model)
+    kw = _cache_kwargs(model, cache)
+    step = _Step(tokens, attn, None, lengths - 1, kw)
+    with cache_adapter(model, path):
+        for i in range(max_new_tokens):
+            cur = TokenBatch(tokens, lengths, b.pad_id, b.has_bos, plen)
+            resid = _final_resid(model, cur, step, hooks)
+            nxt = (
+                greedy_next(model, resid) if choose is None else choose(final_logits(model, resid))
+            )
+            nxt = nxt.to(dev)
+            tokens = _append(tokens, lengths, nxt, b.pad_id)
+            lengths = lengths + 1
+            keep = _record(active.tolist(), nxt.tolist(), out, eos, stop)
+            if i == max_new_tokens - 1 or not any(keep):
+                break
+            if not all(keep):
+                idx = torch.tensor([j for j, k in enumerate(keep) if k], device=dev)
+                cache.batch_select_indices(idx)
+                tokens, lengths, plen = tokens[idx], lengths[idx], plen[idx]
+                attn, nxt, active = attn[idx], nxt[idx], active[idx]
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
+            cols = (lengths - 1).unsqueeze(1)
+            step = _Step(nxt.unsqueeze(1), attn, cols, torch.zeros_like(lengths), kw)
+    return out
+
+
+def decode_uncached(
+    model: Model,
+    batch: TokenBatch,
+    *,
+    max_new_tokens: int,
+    hooks: FwdHooks = (),
+    choose: ChooseFn | None = None,
+    stop: StopFn | None = None,
+    eos: int | None = None,
+) -> list[list[int]]:
+    """The reference decoder: the whole prefix is recomputed at every step (every row stays
+    in the batch until all have stopped). Same arguments and result as
+    :func:`decode_cached`, except that ``choose=None`` takes the plain arg-max of the full
+    float32 logits, so comparing the two also checks the screened arg-max."""
+    stop = stop or (lambda r, ids: False)
+    dev = model_input_device(model)
+    b = batch.to(dev)
+    tokens, lengths, plen = b.tokens, b.lengths.clone(), b.prompt_lengths
+    out: list[list[int]] = [[] for _ in range(b.batch_size)]
+    going = [True] * b.batch_size
+    for _ in range(max_new_tokens):
+        cur = TokenBatch(tokens, lengths, b.pad_id, b.has_bos, plen)
+        step = _Step(tokens, cur.attention_mask(), None, lengths - 1, {})
+        choose_fn = _argmax if choose is None else choose
+        nxt = choose_fn(final_logits(model, _final_resid(model, cur, step, hooks))).to(dev)
+        tokens = _append(tokens, lengths, nxt, b.pad_id)
+        lengths = lengths + 1
+        live = [r for r in range(b.batch_size) if going[r]]
+        keep = _record(live, [int(nxt[r]) for r in live], out, eos, stop)
+        for r, k in zip(live, keep, strict=True):
+            going[r] = k
+        if not any(going):
+            break
+    return out
+
+
+def _fits_window(model: Model, batch: TokenBatch, max_new_tokens: int) -> bool:
+    window = getattr(getattr(_hf_model(model), "config", None), "sliding_window", None)
+    return not window or batch.tokens.shape[1] + max_new_tokens <= int(window)
+
+
+def decode(
+    model: Model,
+    batch: TokenBatch,
+    *,
+    max_new_tokens: int,
+    hooks: FwdHooks = (),
+    choose: ChooseFn | None = None,
+    stop: StopFn | None = None,
+    eos: int | None = None,
+    cache: bool = True,
+) -> list[list[int]]:
+    """Decode after each row of ``batch``: cached when ``cache`` and the model supports it
+    (:func:`kv_cache_path`), else by recomputing the prefix; both give the same tokens."""
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if max_new_tokens == 0:
+        return [[] for _ in range(batch.batch_size)]
+    args = {"max_new_tokens": max_new_tokens, "hooks": hooks, "choose": choose, "stop": stop}
+    path = kv_cache_path(model) if cache else "none"
+    if path != "none" and _fits_window(model, batch, max_new_tokens):
+        return decode_cached(model, batch, eos=eos, path=path, **args)
+    return decode_uncached(model, batch, eos=eos, **args)

@@ -1,0 +1,269 @@
+"""Data-parallel statistics over several processes (``torchrun``), CPU or GPU.
+
+Launch any script that uses these helpers with ``torchrun --nproc_per_node N script.py``:
+``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and
+``MASTER_PORT``, and :func:`process_group` turns them into a process group (``nccl`` when
+CUDA is present, ``gloo`` otherwise). Run without ``torchrun`` the same code is a single
+process: every helper here then does nothing more than the one-process computation, so a
+script needs no separate code path.
+
+The statistics that mechlingo builds (steering vectors = streaming means; expert neurons =
+pooled activations plus firing counts) are sums, so data parallelism is exact up to float
+rounding: each rank streams a contiguous shard of the data, then the sums and counts are
+all-reduced and the pooled rows gathered back in the original order.
+
+Building blocks:
+
+* :func:`shard_bounds` / :func:`shard` -- this rank's contiguous share of the data;
+* :func:`all_reduce_state` -- sums of a state dict over all ranks;
+* :func:`all_gather_rows` -- rows of every rank, in rank order.
+
+They serve :func:`mechlingo.activations.means.last_token_means` (streaming last-token
+means: what ``mechlingo steer build`` computes per prompt set) and
+:func:`mechlingo.activations.pooled.pooled_neuron_acts` (pooled ``mlp_post`` activations and
+per-language firing rates: what ``mechlingo experts`` runs).
+
+Each returns the global result on every rank; write artifacts only where :func:`is_main`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import torch
+import torch.distributed as dist
+from jaxtyping import Float
+from torch import Tensor
+
+from mechlingo.core.errors import MechlingoError
+
+T = TypeVar("T")
+
+__all__ = [
+    "DistInfo",
+    "DistributedError",
+    "all_gather_rows",
+    "all_reduce_state",
+    "dist_info",
+    "is_distributed",
+    "is_main",
+    "process_group",
+    "shard",
+    "shard_bounds",
+]
+
+
+class DistributedError(MechlingoError, RuntimeError):
+    """The distributed environment is inconsistent (bad env variables, mismatched shapes)."""
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process stands.
+
+    Attributes:
+        rank: global index of this process (0 in a single process).
+        world_size: number of processes (1 in a single process).
+        local_rank: index on this machine (selects the CUDA device under ``nccl``).
+        backend: ``"nccl"``, ``"gloo"``, or ``None`` when no process group is in use.
+        device: the device this rank computes on (``cuda:{local_rank}`` or ``cpu``).
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str | None
+    device: torch.device
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as err:
+        raise DistributedError(f"environment variable {name}={raw!r} is not an integer") from err
+
+
+def is_distributed() -> bool:
+    """Whether a process group is initialised with more than one process."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def dist_info() -> DistInfo:
+    """This process's rank, world size and device, from the live process group or, before one
+    exists, from the ``torchrun`` environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``)."""
+    if dist.is_available() and dist.is_initialized():
+        rank, world, backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
+    else:
+        rank, world, backend = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1), None
+    local = _env_int("LOCAL_RANK", rank)
+    use_cuda = torch.cuda.is_available() and backend != "gloo"
+    device = torch.device("cuda", local % torch.cuda.device_count()) if use_cuda else None
+    return DistInfo(rank, world, local, backend, device or torch.device("cpu"))
+
+
+def is_main() -> bool:
+    """True on rank 0 (and in a single process): the rank that writes files and prints."""
+    return dist_info().rank == 0
+
+
+@contextlib.contextmanager
+def process_group(
+    backend: Literal["gloo", "nccl"] | None = None,
+    *,
+    timeout_s: float = 1800.0,
+) -> Iterator[DistInfo]:
+    """Initialise the process group from the ``torchrun`` environment for the block's
+    duration, and destroy it afterwards (also after an exception).
+
+    Without ``torchrun`` (no ``WORLD_SIZE`` or ``WORLD_SIZE=1``) nothing is initialised and
+    the block runs as a single process. A group that already exists is used as it is and left
+    alone.
+
+    Args:
+        backend: default ``"nccl"`` when CUDA is available, else ``"gloo"``.
+        timeout_s: how long a collective waits for the other ranks before failing.
+
+    Yields:
+        :class:`DistInfo` of this process. Under ``nccl`` the current CUDA device is set to
+        ``cuda:{LOCAL_RANK}``; load the model on ``info.device``.
+    """
+    if dist.is_available() and dist.is_initialized():
+        yield dist_info()
+        return
+    world = _env_int("WORLD_SIZE", 1)
+    if world <= 1:
+        yield dist_info()
+        return
+    if not dist.is_available():
+        raise DistributedError("this torch build has no torch.distributed support")
+    missing = [v for v in ("RANK", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if missing:
+        raise DistributedError(
+            f"WORLD_SIZE={world} but {missing} are not set: launch with torchrun "
+            "(torchrun --nproc_per_node N script.py), which sets them"
+        )
+    chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if chosen == "nccl":
+        if not torch.cuda.is_available():
+            raise DistributedError("backend 'nccl' needs CUDA; use 'gloo' on CPU")
+        torch.cuda.set_device(_env_int("LOCAL_RANK", 0) % torch.cuda.device_count())
+    dist.init_process_group(
+        backend=chosen, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s)
+    )
+    try:
+        yield dist_info()
+    finally:
+        dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------------
+# Sharding and collectives
+# --------------------------------------------------------------------------------------
+
+
+def shard_bounds(n: int, rank: int | None = None, world_size: int | None = None) -> range:
+    """The contiguous index range of ``n`` items that ``rank`` owns: balanced (sizes differ by
+    at most one), covering ``0..n`` exactly once over all ranks, in rank order, so gathering
+    per-rank results in rank order restores the original order."""
+    if rank is None or world_size is None:
+        info = dist_info()
+        rank = info.rank if rank is None else rank
+        world_size = info.world_size if world_size is None else world_size
+    r, w = int(rank), int(world_size)
+    if n < 0 or w < 1 or not 0 <= r < w:
+        raise DistributedError(f"rank {r} is not in a world of size {w}")
+    return range(r * n // w, (r + 1) * n // w)
+
+
+def shard(items: Sequence[T], rank: int | None = None, world_size: int | None = None) -> list[T]:
+    """This rank's contiguous slice of ``items`` (see :func:`shard_bounds`); all items in a
+    single process. A rank may get an empty slice when there are fewer items than ranks."""
+    bounds = shard_bounds(len(items), rank, world_size)
+    return list(items[bounds.start : bounds.stop])
+
+
+def _comm_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Sum every tensor of an accumulator state over all ranks.
+
+    Use with the ``state_dict()`` of :class:`~mechlingo.kernels.stats.StreamingMean`
+    (``sum``, ``count``) or :class:`~mechlingo.kernels.stats.ActivationProbability`
+    (``active``, ``tokens``): their entries are sums, so the SUM of the states is the state
+    of one accumulator fed every rank's data. Rebuild with ``from_state``.
+
+    Returns:
+        A new dict with the summed tensors (same dtypes and devices as the input); the input
+        is not modified. In a single process, copies of the input.
+
+    Raises:
+        DistributedError: the ranks hold different keys or shapes.
+    """
+    out = {k: v.detach().clone() for k, v in state.items()}
+    if not is_distributed():
+        return out
+    keys = sorted(out)
+    desc = [(k, tuple(out[k].shape), str(out[k].dtype)) for k in keys]
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, desc)
+    if any(d != desc for d in everyone):
+        raise DistributedError(
+            f"ranks hold different accumulator states: {everyone}; preallocate accumulators "
+            "with the same shape on every rank (e.g. StreamingMean(shape=...))"
+        )
+    comm = _comm_device()
+    for k in keys:
+        t = out[k].to(comm)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        out[k] = t.to(out[k].device)
+    return out
+
+
+def all_gather_rows(tensor: Float[Tensor, "rows ..."]) -> Float[Tensor, "all_rows ..."]:
+    """Concatenate every rank's rows in rank order (ranks may hold different row counts,
+    including zero): row counts are gathered first, rows are padded to the largest count for
+    the collective, and the padding is dropped.
+
+    Returns:
+        ``[sum of rows over ranks, *feature]`` on the input's device; the input itself in a
+        single process.
+
+    Raises:
+        DistributedError: ranks disagree on the trailing shape or the dtype.
+    """
+    if not is_distributed():
+        return tensor
+    world = dist.get_world_size()
+    meta = (tuple(tensor.shape[1:]), str(tensor.dtype))
+    metas: list[Any] = [None] * world
+    dist.all_gather_object(metas, meta)
+    if any(m != meta for m in metas):
+        raise DistributedError(f"ranks gather tensors of different feature shapes/dtypes: {metas}")
+    comm = _comm_device()
+    n = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=comm)
+    counts = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(counts, n)
+    sizes = [int(c) for c in counts]  # one host sync per call, not per row
+    most = max(sizes)
+    padded = torch.zeros((most, *tensor.shape[1:]), dtype=tensor.dtype, device=comm)
+    padded[: tensor.shape[0]] = tensor.to(comm)
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[:s] for p, s in zip(parts, sizes, strict=True)]).to(tensor.device)
+
+
+# --------------------------------------------------------------------------------------
+# Building blocks: last-token means and pooled neuron activations
+# --------------------------------------------------------------------------------------

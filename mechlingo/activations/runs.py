@@ -1,0 +1,144 @@
+"""Forward passes that read only what they need.
+
+Two helpers every analysis uses:
+
+* :func:`collect` runs a padded batch and keeps, for each requested hook, only the rows at the
+  requested positions (usually each prompt's last real token), then stops the forward pass as
+  soon as the last requested hook has fired, so the full-sequence unembedding is never paid
+  for.
+* :func:`next_token_logits` gives the model's next-token logits at each row's last real token
+  (through the final norm and unembedding of that row only), with optional extra hooks.
+
+Both set the current :class:`~mechlingo.core.tokens.TokenBatch` (see
+:func:`mechlingo.core.tokens.batch_context`) so that interventions applied during the run know
+where each row's last token is, and both remove every hook they add, also on error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from mechlingo.core.tokens import TokenBatch, batch_context
+from mechlingo.core.types import FwdHooks, HookFn, Model
+from mechlingo.kernels.readout import final_logits
+
+
+class StopForward(Exception):
+    """Raised inside a hook to end a forward pass early once everything needed is read."""
+
+
+def model_input_device(model: Model) -> torch.device:
+    """The device token ids go to (the model's configured device, else the unembedding's)."""
+    cfg_dev = getattr(model.cfg, "device", None)
+    if cfg_dev is not None:
+        return torch.device(cfg_dev)
+    return model.W_U.device
+
+
+@contextlib.contextmanager
+def hooked(model: Model, fwd_hooks: FwdHooks) -> Iterator[Any]:
+    """``model.hooks(fwd_hooks=...)`` where available, else add/remove by hand; the hooks are
+    removed when the block exits, also after an exception."""
+    if hasattr(model, "hooks"):
+        with model.hooks(fwd_hooks=list(fwd_hooks)):
+            yield model
+        return
+    try:  # pragma: no cover - every supported model has hooks()
+        for name, fn in fwd_hooks:
+            model.add_hook(name, fn)
+        yield model
+    finally:  # pragma: no cover
+        model.reset_hooks()
+
+
+def run_batch(model: Model, batch: TokenBatch, fwd_hooks: FwdHooks = ()) -> Any:
+    """Run the model on a right-padded batch with an attention mask and the given hooks.
+    Returns whatever the model returns (logits), or ``None`` when a hook stopped the run.
+
+    The pass runs under ``torch.no_grad()``: mechlingo reads and edits activations, it never
+    differentiates through them, and an autograd graph would only cost time and memory (the
+    models' parameters require gradients by default)."""
+    dev = model_input_device(model)
+    b = batch.to(dev)
+    with torch.no_grad(), batch_context(b), hooked(model, fwd_hooks):
+        try:
+            return model(b.tokens, attention_mask=b.attention_mask())
+        except StopForward:
+            return None
+
+
+def collect(
+    model: Model,
+    batch: TokenBatch,
+    hook_names: Sequence[str],
+    *,
+    positions: Int[Tensor, " batch"] | None = None,
+    extra_hooks: FwdHooks = (),
+    stop_early: bool = True,
+) -> dict[str, Float[Tensor, "batch ..."]]:
+    """Read the activations of ``hook_names`` at one position per row.
+
+    Args:
+        model: the model.
+        batch: a right-padded batch.
+        hook_names: TransformerLens hook names (use :mod:`mechlingo.core.sites` to build them).
+        positions: per row, the position to read; default each row's last real token.
+        extra_hooks: hooks to run as well (e.g. an intervention), added *before* the reading
+            hooks so that what is read includes their effect at the same hook point.
+        stop_early: stop the forward pass after the last reading hook fires.
+
+    Returns:
+        ``{hook_name: tensor[batch, ...]}`` (float32, on the hook's device).
+    """
+    names = list(dict.fromkeys(hook_names))
+    if not names:
+        raise ValueError("no hooks to read")
+    missing = [n for n in names if n not in model.hook_dict]
+    if missing:
+        raise ValueError(f"hooks not in this model: {missing}")
+    pos = batch.last_index if positions is None else positions
+    out: dict[str, Tensor] = {}
+    remaining = set(names)
+    rows = torch.arange(batch.batch_size)
+
+    def make(name: str) -> HookFn:
+        def hook(t: Tensor, hook: Any) -> None:
+            idx = pos.to(t.device)
+            out[name] = t[rows.to(t.device), idx].detach().float()
+            remaining.discard(name)
+            if stop_early and not remaining:
+                raise StopForward
+
+        return hook
+
+    hooks = list(extra_hooks) + [(n, make(n)) for n in names]
+    run_batch(model, batch, hooks)
+    if remaining:
+        raise RuntimeError(f"hooks {sorted(remaining)} did not fire during the forward pass")
+    return out
+
+
+def final_resid_name(model: Model) -> str:
+    return f"blocks.{int(model.cfg.n_layers) - 1}.hook_resid_post"
+
+
+def next_token_logits(
+    model: Model,
+    batch: TokenBatch,
+    *,
+    extra_hooks: FwdHooks = (),
+) -> Float[Tensor, "batch vocab"]:
+    """The model's next-token logits after each row's last real token (float32).
+
+    Computed from the final residual stream of that position only (final norm + unembedding),
+    which equals the model's own output there.
+    """
+    name = final_resid_name(model)
+    resid = collect(model, batch, [name], extra_hooks=extra_hooks)[name]
+    return final_logits(model, resid)

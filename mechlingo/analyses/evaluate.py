@@ -1,0 +1,298 @@
+"""Greedy generation and the accuracy rule every intervention is measured against.
+
+**The eval rule.** The model continues the prompt greedily for ``max_new_tokens`` tokens; the
+continuation is cut at its first line break; it is *correct* when, after normalisation, it
+starts with the answer or one of its aliases. Normalisation: Unicode NFKC, case-folding,
+leading whitespace and punctuation (quotes, colons, dashes, brackets) removed, runs of
+whitespace collapsed to one space. In languages written with spaces the match must end at a
+word boundary ("Rom" does not match "Romania"); in Chinese, Japanese and Korean, where
+particles attach to the word, it need not.
+
+Generation decodes with a key-value cache (:mod:`mechlingo.activations.decoding`: the transformers
+model's own cache driven through the bridge, with an adapter for TransformerLens 4.3 on
+transformers 5, whose bridge cache is broken). Prompts of similar lengths share right-padded
+batches, only each row's newest position is unembedded, and finished rows leave the batch.
+``cache=False`` recomputes the prefix at each step and gives the same tokens.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tqdm.auto import tqdm
+
+from mechlingo.activations.decoding import decode
+from mechlingo.core.figures import draw
+from mechlingo.core.tokens import encode, sorted_batches
+from mechlingo.core.types import FwdHooks, Model
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import plotly.graph_objects as go
+
+    from mechlingo.data import Fact
+
+BOUNDARY_FREE_LANGS = frozenset({"zh", "ja", "ko"})
+_LEADING_JUNK = re.compile(r"^[\s\"'`“”‘’«»„‚「」『』（）()\[\]{}:：;；,，.。、\-–—*_#]+")
+_WS = re.compile(r"\s+")
+
+
+def normalize(text: str) -> str:
+    """The eval rule's normalisation (see the module docstring)."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    text = _LEADING_JUNK.sub("", text)
+    return _WS.sub(" ", text).strip()
+
+
+def is_correct(generation: str, answers: Sequence[str], lang: str | None = None) -> bool:
+    """Whether ``generation`` (the continuation) starts with one of ``answers``."""
+    gen = normalize(generation.split("\n")[0] if generation.strip() else generation.strip())
+    for ans in answers:
+        a = normalize(ans)
+        if not a or not gen.startswith(a):
+            continue
+        if lang in BOUNDARY_FREE_LANGS or len(gen) == len(a):
+            return True
+        nxt = gen[len(a)]
+        if not (nxt.isalnum() or unicodedata.category(nxt).startswith("M")):
+            return True
+    return False
+
+
+def _status(gen: str, answer: str, lang: str | None) -> str:
+    """``"match"``, ``"fail"`` or ``"open"`` for a normalised partial generation against one
+    normalised answer under the eval rule."""
+    if not answer:
+        return "fail"
+    if gen.startswith(answer):
+        if lang in BOUNDARY_FREE_LANGS:
+            return "match"
+        if len(gen) == len(answer):
+            return "open"  # the next character decides the word boundary
+        nxt = gen[len(answer)]
+        ok = not (nxt.isalnum() or unicodedata.category(nxt).startswith("M"))
+        return "match" if ok else "fail"
+    return "open" if answer.startswith(gen) else "fail"
+
+
+def decided(
+    generation: str, answers: Sequence[str], lang: str | None = None, english: str = ""
+) -> bool:
+    """Whether the eval rule's verdicts on a *partial* greedy generation are already final:
+    it is correct whatever follows, or it can no longer match any answer (nor ``english``,
+    the English answer, whose match :class:`EvalResult` records as ``in_english``).
+
+    A line break also decides (the rule reads the first line). Used to stop decoding a row
+    early; the verdicts equal those on the full generation (tested)."""
+    line = generation.split("\n")[0]
+    finished = "\n" in generation and bool(generation.strip())
+    text = line.rstrip("\ufffd")  # an incomplete multi-byte character is not text yet
+    gen = normalize(text)
+    if finished:
+        return True
+    if not gen or text != line:
+        return False
+    gold = [_status(gen, normalize(a), lang) for a in answers]
+    if "match" in gold:
+        return True
+    if "open" in gold:
+        return False
+    return not english or _status(gen, normalize(english), "en") != "open"
+
+
+def _hooks_of(model: Model, intervention: Any, fwd_hooks: FwdHooks) -> list:
+    hooks = list(fwd_hooks)
+    if intervention is not None:
+        hooks = list(intervention.fwd_hooks(model)) + hooks
+    return hooks
+
+
+def greedy_generate(
+    model: Model,
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int = 8,
+    batch_size: int = 16,
+    intervention: Any = None,
+    fwd_hooks: FwdHooks = (),
+    stop_at_newline: bool = True,
+    progress: bool = False,
+    cache: bool = True,
+    stop: Callable[[int, str], bool] | None = None,
+) -> list[str]:
+    """Greedy continuations of ``prompts`` (the generated text only).
+
+    Prompts of similar lengths share right-padded batches (sorted by length). With ``cache``
+    (the default) each batch runs its prompts once and then one new token per row per step
+    over a key-value cache, and rows that finish leave the batch
+    (:mod:`mechlingo.activations.decoding`); with ``cache=False`` the whole prefix is recomputed at every
+    step. Both give the same tokens, and a mixed-length batch gives the same tokens as each
+    prompt alone (tested).
+
+    Args:
+        intervention: anything with ``fwd_hooks(model)`` (a mechlingo intervention); applied at
+            every step. Its ``"last"`` positions mean the prompt's last token (acted on once,
+            in the prompt pass, and attended to afterwards), ``"generated"`` the tokens
+            generated so far, ``"all"`` every token.
+        fwd_hooks: extra plain TransformerLens hooks, applied at every pass. Under the cache
+            they see ``[batch, 1, ...]`` activations after the prompt pass (see
+            :mod:`mechlingo.activations.decoding` for hooks that index positions).
+        stop_at_newline: stop a row once it has produced a line break after some text.
+        cache: decode with a key-value cache where the model supports it
+            (:func:`mechlingo.activations.decoding.kv_cache_path`).
+        stop: ``stop(i, text)`` -> whether prompt ``i`` may stop with its continuation
+            ``text`` so far (e.g. once the eval rule's verdict is final, :func:`decided`).
+
+    Returns:
+        One string per prompt, in input order.
+    """
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("no prompts to generate from")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    hooks = _hooks_of(model, intervention, fwd_hooks)
+    batch = encode(model, prompts)
+    eos = getattr(model.tokenizer, "eos_token_id", None)
+    outputs: list[list[int]] = [[] for _ in prompts]
+
+    def done(row: int, ids: list[int]) -> bool:
+        text = model.tokenizer.decode(ids)
+        if stop_at_newline and "\n" in text and bool(text.strip()):
+            return True
+        return stop is not None and stop(row, text)
+
+    for rows in tqdm(
+        sorted_batches(batch.lengths, batch_size), desc="generating", disable=not progress
+    ):
+        new = decode(
+            model,
+            batch.select(rows),
+            max_new_tokens=max_new_tokens,
+            hooks=hooks,
+            stop=(lambda r, ids, rows=rows: done(rows[r], ids))
+            if (stop_at_newline or stop is not None)
+            else None,
+            eos=eos,
+            cache=cache,
+        )
+        for r, ids in zip(rows, new, strict=True):
+            outputs[r] = ids
+    return [model.tokenizer.decode(o) for o in outputs]
+
+
+@dataclass
+class EvalResult:
+    """Greedy-generation accuracy over facts.
+
+    ``records`` holds one dict per fact: ``id``, ``relation``, ``lang``, ``prompt``,
+    ``answer``, ``generation`` (first line of the continuation), ``correct``, and
+    ``in_english`` (for non-English prompts: the model gave the English answer instead of the
+    target-language one).
+    """
+
+    records: list[dict[str, Any]]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def accuracy(self) -> dict[str, float]:
+        """Fraction correct per language (``{lang: x}``)."""
+        out: dict[str, list[bool]] = {}
+        for r in self.records:
+            out.setdefault(r["lang"], []).append(bool(r["correct"]))
+        return {lg: sum(v) / len(v) for lg, v in sorted(out.items())}
+
+    def english_rate(self) -> dict[str, float]:
+        """Fraction of answers given in English instead of the prompt's language."""
+        out: dict[str, list[bool]] = {}
+        for r in self.records:
+            out.setdefault(r["lang"], []).append(bool(r["in_english"]))
+        return {lg: sum(v) / len(v) for lg, v in sorted(out.items())}
+
+    def to_dataframe(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame(self.records)
+
+    def fig_accuracy(self, title: str = "Greedy accuracy per language") -> go.Figure:
+
+        return draw("accuracy_bars", {"accuracy": self.accuracy()}, title)
+
+    def _repr_html_(self) -> str:
+        acc = self.accuracy()
+        cells = "".join(f"<tr><td>{lg}</td><td>{x:.2f}</td></tr>" for lg, x in acc.items())
+        return f"<b>EvalResult</b> ({len(self.records)} facts)<table>{cells}</table>"
+
+
+def evaluate_facts(
+    model: Model,
+    facts: Sequence[Fact],
+    *,
+    prompts: Sequence[str] | None = None,
+    max_new_tokens: int = 8,
+    batch_size: int = 16,
+    intervention: Any = None,
+    fwd_hooks: FwdHooks = (),
+    progress: bool = False,
+    cache: bool = True,
+    early_stop: bool = True,
+) -> EvalResult:
+    """Score the model on facts with the eval rule.
+
+    Args:
+        prompts: prompts to use instead of each fact's zero-shot ``prompt`` (e.g. few-shot
+            prompts); the answers are still the facts' answers.
+        cache: decode with a key-value cache (see :func:`greedy_generate`).
+        early_stop: stop decoding a fact as soon as its verdict is final (:func:`decided`):
+            the same ``correct`` and ``in_english`` as decoding ``max_new_tokens`` tokens, in
+            less time; ``generation`` then holds the decided prefix.
+    """
+    facts = list(facts)
+    if not facts:
+        raise ValueError("no facts selected for evaluation")
+    texts = list(prompts) if prompts is not None else [f.prompt for f in facts]
+    if len(texts) != len(facts):
+        raise ValueError(f"{len(texts)} prompts for {len(facts)} facts")
+    gens = greedy_generate(
+        model,
+        texts,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        intervention=intervention,
+        fwd_hooks=fwd_hooks,
+        progress=progress,
+        cache=cache,
+        stop=(
+            (lambda i, text: decided(text, facts[i].answers, facts[i].lang, facts[i].answer_en))
+            if early_stop
+            else None
+        ),
+    )
+    records = []
+    for f, text, gen in zip(facts, texts, gens, strict=True):
+        first_line = gen.strip().split("\n")[0] if gen.strip() else ""
+        answers = [f.answer, *f.aliases]
+        correct = is_correct(gen, answers, f.lang)
+        in_en = (
+            f.lang != "en"
+            and not correct
+            and bool(f.answer_en)
+            and normalize(f.answer_en) != normalize(f.answer)
+            and is_correct(gen, [f.answer_en], "en")
+        )
+        records.append(
+            {
+                "id": f.id,
+                "relation": f.relation,
+                "lang": f.lang,
+                "prompt": text,
+                "answer": f.answer,
+                "generation": first_line,
+                "correct": correct,
+                "in_english": in_en,
+            }
+        )
+    return EvalResult(records, {"max_new_tokens": max_new_tokens})

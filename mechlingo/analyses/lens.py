@@ -1,0 +1,382 @@
+"""Per-language logit lens and latent-language curves.
+
+For each prompt, the residual stream at its last real token is read after every block
+through the model's final norm and unembedding (the logit lens, nostalgebraist 2020). For each
+*track* -- the answer in the prompt's own language, the English answer, the answer in any other
+language -- we keep the probability mass of its answer token set, the log-probability of its
+primary token and the rank of its best token, layer by layer. Averaged per prompt language
+these are the latent-language curves of Wendler et al. (2024): when the English answer's
+probability rises in the middle layers before the target-language answer takes over at the
+end, the model is recalling "in English" and translating late (Lu et al. 2025).
+
+Layer convention: entry ``l`` is the residual stream after ``l`` blocks, so entry 0 is the
+embedding (``blocks.0.hook_resid_pre``), entry ``l < n`` is ``blocks.l.hook_resid_pre`` and
+entry ``n`` is the final ``blocks.{n-1}.hook_resid_post``, which reproduces the model's own
+output. This is the stack TransformerLens's ``logit_lens`` reads, in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from mechlingo.activations.runs import collect
+from mechlingo.core.figures import draw
+from mechlingo.core.sites import hook_name, site_map
+from mechlingo.core.tokens import answer_tokens, encode, pack_token_sets, sorted_batches
+from mechlingo.core.types import Model
+from mechlingo.data import load_facts
+from mechlingo.kernels.readout import read_logits
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import plotly.graph_objects as go
+
+    from mechlingo.data import Fact
+
+
+def lens_hook_names(model: Model, layers: Sequence[int]) -> list[str]:
+    """Hook names of lens entries (``l`` = residual stream after ``l`` blocks)."""
+    n = site_map(model).n_layers
+    names = []
+    for entry in layers:
+        if entry < n:
+            names.append(hook_name(model, "resid_pre", entry))
+        else:
+            names.append(hook_name(model, "resid_post", n - 1))
+    return names
+
+
+def _resolve_entries(model: Model, layers: Any) -> list[int]:
+    n = site_map(model).n_layers
+    if layers is None:
+        return list(range(n + 1))
+    out = []
+    for entry in [layers] if isinstance(layers, int) else layers:
+        e = int(entry) + n + 1 if int(entry) < 0 else int(entry)
+        if not 0 <= e <= n:
+            raise ValueError(
+                f"lens entry {entry} is out of range: entries are 0..{n} (0 = embeddings, "
+                f"{n} = final output)"
+            )
+        out.append(e)
+    if not out:
+        raise ValueError("the layer selection is empty")
+    return sorted(set(out))
+
+
+@dataclass
+class LensResult:
+    """A per-language logit lens over a set of prompts.
+
+    Attributes:
+        prompts: the prompts, in input order.
+        langs: language of each prompt.
+        tracks: names of the answer tracks (``"answer"`` = the prompt's own-language answer,
+            language codes such as ``"en"`` = the same fact's answer in that language).
+        answers: ``answers[track][i]``, the word tracked for prompt i.
+        layers: lens entries read (``l`` = after ``l`` blocks; the last is the output).
+        logprob: ``[layer, prompt, track]`` log of the answer token set's probability mass.
+        primary_logprob: ``[layer, prompt, track]`` log-probability of the primary token.
+        rank: ``[layer, prompt, track]`` rank of the best token of the set (0 = top-1).
+        top_ids, top_logprobs: ``[layer, prompt, k]`` most likely tokens per entry.
+        top_tokens: the same tokens decoded.
+        n_answer_tokens: ``[prompt, track]`` how many tokens each answer takes.
+        ids: optional fact id per prompt.
+        n_layers: number of blocks of the model.
+    """
+
+    prompts: list[str]
+    langs: list[str]
+    tracks: list[str]
+    answers: dict[str, list[str]]
+    layers: list[int]
+    logprob: Float[Tensor, "layer prompt track"]
+    primary_logprob: Float[Tensor, "layer prompt track"]
+    rank: Int[Tensor, "layer prompt track"]
+    top_ids: Int[Tensor, "layer prompt k"]
+    top_logprobs: Float[Tensor, "layer prompt k"]
+    top_tokens: list[list[list[str]]]
+    n_answer_tokens: Int[Tensor, "prompt track"]
+    n_layers: int
+    ids: list[str] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ accessors
+    def track_index(self, track: str) -> int:
+        if track not in self.tracks:
+            raise KeyError(f"unknown track {track!r}; tracks: {self.tracks}")
+        return self.tracks.index(track)
+
+    def prob(self, track: str) -> Float[Tensor, "layer prompt"]:
+        """Probability mass of ``track``'s answer set per entry and prompt."""
+        return self.logprob[:, :, self.track_index(track)].exp()
+
+    def first_layer_within(
+        self, track: str, max_rank: int, *, before_last: bool = False
+    ) -> Int[Tensor, " prompt"]:
+        """Per prompt, the first lens entry where ``track`` reaches rank <= ``max_rank``
+        (``-1`` if never; with ``before_last`` the output entry is not considered)."""
+        r = self.rank[:, :, self.track_index(track)]
+        if before_last:
+            r = r[:-1]
+        hit = r <= max_rank
+        first = torch.where(hit.any(0), hit.float().argmax(0), torch.tensor(-1))
+        layers = torch.tensor(self.layers[: r.shape[0]])
+        return torch.where(first >= 0, layers[first.clamp_min(0)], torch.tensor(-1))
+
+    def final_top1(self, track: str = "answer") -> Tensor:
+        """Whether the model's top next token is in ``track``'s answer set at the output."""
+        if self.layers[-1] != self.n_layers:
+            raise ValueError("the lens did not read the final entry")
+        return self.rank[-1, :, self.track_index(track)] == 0
+
+    # ------------------------------------------------------------------ tables
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per (entry, prompt, track): log-probability, probability, rank, the
+        entry's top token."""
+        import pandas as pd
+
+        n_l, n_p, n_t = self.logprob.shape
+        rows = []
+        lp = self.logprob.tolist()
+        plp = self.primary_logprob.tolist()
+        rk = self.rank.tolist()
+        for li in range(n_l):
+            for p in range(n_p):
+                for t in range(n_t):
+                    rows.append(
+                        {
+                            "layer": self.layers[li],
+                            "prompt": p,
+                            "id": self.ids[p] if self.ids else None,
+                            "lang": self.langs[p],
+                            "track": self.tracks[t],
+                            "answer": self.answers[self.tracks[t]][p],
+                            "logprob": lp[li][p][t],
+                            "prob": float(torch.tensor(lp[li][p][t]).exp()),
+                            "primary_logprob": plp[li][p][t],
+                            "rank": rk[li][p][t],
+                            "top1": self.top_tokens[li][p][0] if self.top_tokens[li][p] else "",
+                        }
+                    )
+        return pd.DataFrame(rows)
+
+    def latent_curves(self) -> pd.DataFrame:
+        """Mean, standard deviation and count of each track's probability per prompt language
+        and entry: the latent-language curves."""
+        df = self.to_dataframe()
+        g = df.groupby(["lang", "track", "layer"])["prob"]
+        out = g.agg(["mean", "std", "count"]).reset_index()
+        return out.fillna({"std": 0.0})
+
+    def summary(self, *, max_rank: int = 10) -> dict[str, Any]:
+        """Headline numbers per prompt language: the share of prompts whose output top token
+        is the answer (final-layer accuracy), and the share whose English answer reaches
+        rank <= ``max_rank`` at some entry before the output."""
+        out: dict[str, Any] = {"final_layer_accuracy": {}, "english_decodable_before_last": {}}
+        top1 = self.final_top1("answer") if self.layers[-1] == self.n_layers else None
+        en = (
+            self.first_layer_within("en", max_rank, before_last=True)
+            if "en" in self.tracks
+            else None
+        )
+        for lang in sorted(set(self.langs)):
+            idx = torch.tensor([i for i, lg in enumerate(self.langs) if lg == lang])
+            if top1 is not None:
+                out["final_layer_accuracy"][lang] = float(top1[idx].float().mean())
+            if en is not None:
+                out["english_decodable_before_last"][lang] = float((en[idx] >= 0).float().mean())
+        out["max_rank"] = max_rank
+        out["n_prompts"] = {lg: self.langs.count(lg) for lg in sorted(set(self.langs))}
+        return out
+
+    # ------------------------------------------------------------------ figures
+    def fig_latent_curves(self, tracks: Sequence[str] | None = None) -> go.Figure:
+        """Latent-language curves: one panel per prompt language, mean probability of each
+        track per entry with a ±1 s.d. band."""
+
+        return draw(
+            "latent_curves_figure", self.latent_curves(), tracks=tracks, n_layers=self.n_layers
+        )
+
+    def fig_heatmap(self, track: str = "en", value: str = "rank") -> go.Figure:
+        """Entry-by-prompt heatmap of ``track``'s rank (log scale) or probability."""
+
+        return draw("lens_heatmap", self, track=track, value=value)
+
+    def _repr_html_(self) -> str:
+        s = self.summary()
+        rows = "".join(
+            f"<tr><td>{lg}</td><td>{s['n_prompts'][lg]}</td>"
+            f"<td>{s['final_layer_accuracy'].get(lg, float('nan')):.2f}</td>"
+            f"<td>{s['english_decodable_before_last'].get(lg, float('nan')):.2f}</td></tr>"
+            for lg in s["n_prompts"]
+        )
+        return (
+            f"<b>LensResult</b>: {len(self.prompts)} prompts, entries {self.layers[0]}.."
+            f"{self.layers[-1]}, tracks {self.tracks}<table><tr><th>lang</th><th>n</th>"
+            f"<th>final top-1</th><th>en rank&le;10 before last</th></tr>{rows}</table>"
+        )
+
+
+def logit_lens(
+    model: Model,
+    prompts: Sequence[str],
+    answers: Mapping[str, Sequence[str]],
+    *,
+    langs: Sequence[str] | None = None,
+    layers: Any = None,
+    top_k: int = 5,
+    batch_size: int = 16,
+    chunk_rows: int = 64,
+    ids: Sequence[str] | None = None,
+    progress: bool = False,
+) -> LensResult:
+    """Run the per-language logit lens.
+
+    Args:
+        model: a TransformerLens model.
+        prompts: prompts of any lengths and languages; each is read at its own last real token.
+        answers: ``{track: [word per prompt]}``, e.g. ``{"answer": [...], "en": [...]}``.
+        langs: language of each prompt (decides whether answers continue with a space).
+        layers: lens entries to read (default all, ``0..n_layers``).
+        top_k: top tokens to keep per entry.
+        batch_size: prompts per forward pass.
+        chunk_rows: rows per unembedding matmul.
+        ids: optional fact ids, carried into the result.
+
+    Returns:
+        A :class:`LensResult`.
+    """
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("no prompts given to the logit lens")
+    if not answers:
+        raise ValueError("give at least one answer track, e.g. {'answer': [...]}")
+    langs = list(langs) if langs is not None else ["en"] * len(prompts)
+    for name, words in answers.items():
+        if len(words) != len(prompts):
+            raise ValueError(f"track {name!r} has {len(words)} answers for {len(prompts)} prompts")
+    if len(langs) != len(prompts):
+        raise ValueError(f"{len(langs)} languages for {len(prompts)} prompts")
+    entries = _resolve_entries(model, layers)
+    names = lens_hook_names(model, entries)
+    tracks = list(answers)
+    sets = [
+        [answer_tokens(model, answers[t][i], lang=langs[i]) for t in tracks]
+        for i in range(len(prompts))
+    ]
+    all_ids, all_primary = pack_token_sets(sets)
+    batch = encode(model, prompts)
+    n_e, n_p, n_t = len(entries), len(prompts), len(tracks)
+    dev = model.W_U.device
+    logprob = torch.empty(n_e, n_p, n_t, device=dev)
+    prim = torch.empty(n_e, n_p, n_t, device=dev)
+    rank = torch.empty(n_e, n_p, n_t, dtype=torch.long, device=dev)
+    top_ids = torch.empty(n_e, n_p, top_k, dtype=torch.long, device=dev)
+    top_lp = torch.empty(n_e, n_p, top_k, device=dev)
+    groups = sorted_batches(batch.lengths, batch_size)
+    with torch.no_grad():
+        for rows in tqdm(groups, desc="logit lens", disable=not progress):
+            sub = batch.select(rows)
+            acts = collect(model, sub, names)
+            stack = torch.stack([acts[nm] for nm in names])  # [entry, b, d_model]
+            b = len(rows)
+            flat = stack.reshape(n_e * b, -1)
+            ids_rows = all_ids[rows].repeat(n_e, 1, 1)
+            prim_rows = all_primary[rows].repeat(n_e, 1)
+            r = read_logits(model, flat, ids_rows, prim_rows, top_k=top_k, chunk_rows=chunk_rows)
+            idx = torch.tensor(rows, device=dev)
+            logprob[:, idx] = r.set_logprob.reshape(n_e, b, n_t)
+            prim[:, idx] = r.primary_logprob.reshape(n_e, b, n_t)
+            rank[:, idx] = r.set_rank.reshape(n_e, b, n_t)
+            top_ids[:, idx] = r.top_ids.reshape(n_e, b, top_k)
+            top_lp[:, idx] = r.top_logprobs.reshape(n_e, b, top_k)
+    # one copy to the host at the end, not one per batch
+    logprob, prim, rank, top_ids, top_lp = (t.cpu() for t in (logprob, prim, rank, top_ids, top_lp))
+    decoded = model.tokenizer.batch_decode([[i] for i in top_ids.reshape(-1).tolist()])
+    top_tokens = [
+        [decoded[(li * n_p + p) * top_k : (li * n_p + p + 1) * top_k] for p in range(n_p)]
+        for li in range(n_e)
+    ]
+    n_tok = torch.tensor([[a.n_tokens for a in row] for row in sets])
+    return LensResult(
+        prompts=prompts,
+        langs=langs,
+        tracks=tracks,
+        answers={t: list(answers[t]) for t in tracks},
+        layers=entries,
+        logprob=logprob,
+        primary_logprob=prim,
+        rank=rank,
+        top_ids=top_ids,
+        top_logprobs=top_lp,
+        top_tokens=top_tokens,
+        n_answer_tokens=n_tok,
+        n_layers=site_map(model).n_layers,
+        ids=list(ids) if ids is not None else None,
+    )
+
+
+def fact_answers(
+    facts: Sequence[Fact], track_langs: Sequence[str], pool: Sequence[Fact] | None = None
+) -> dict[str, list[str]]:
+    """Answer tracks for facts: ``"answer"`` (own language) and one per language code in
+    ``track_langs``, looked up by fact id in ``pool`` (default: ``facts`` themselves, then the
+    bundled data); English falls back to each fact's ``answer_en``."""
+    by_key = {(f.id, f.lang): f.answer for f in (pool if pool is not None else facts)}
+    for f in facts:
+        by_key.setdefault((f.id, f.lang), f.answer)
+    out: dict[str, list[str]] = {"answer": [f.answer for f in facts]}
+    missing_langs = [
+        lg for lg in track_langs if any((f.id, lg) not in by_key for f in facts) and lg != "en"
+    ]
+    if missing_langs:
+        for g in load_facts(langs=missing_langs):
+            by_key.setdefault((g.id, g.lang), g.answer)
+    for lg in track_langs:
+        words = []
+        for f in facts:
+            w = by_key.get((f.id, lg))
+            if w is None and lg == "en":
+                w = f.answer_en or None
+            if w is None:
+                raise ValueError(
+                    f"no {lg} answer for fact {f.id!r}: pass a pool of facts that has it, or "
+                    f"drop {lg!r} from track_langs"
+                )
+            words.append(w)
+        out[lg] = words
+    return out
+
+
+def lens_facts(
+    model: Model,
+    facts: Sequence[Fact],
+    *,
+    track_langs: Sequence[str] = ("en",),
+    pool: Sequence[Fact] | None = None,
+    **kwargs: Any,
+) -> LensResult:
+    """The logit lens over fact prompts, tracking each fact's own answer and its answer in
+    ``track_langs`` (English by default). Keyword arguments go to :func:`logit_lens`."""
+    facts = list(facts)
+    if not facts:
+        raise ValueError("no facts selected")
+    answers = fact_answers(facts, track_langs, pool)
+    result = logit_lens(
+        model,
+        [f.prompt for f in facts],
+        answers,
+        langs=[f.lang for f in facts],
+        ids=[f.id for f in facts],
+        **kwargs,
+    )
+    return result

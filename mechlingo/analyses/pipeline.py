@@ -1,0 +1,344 @@
+"""The recall pipeline tracer: where does factual recall in language L succeed or fail?
+
+Lu et al. (2025) describe multilingual factual recall as a pipeline: the query is read, the
+fact is recalled with the English mechanism (the *English* answer becomes decodable by the
+logit lens in the middle layers), and the last layers convert it into the prompt's language.
+:func:`trace_recall` puts every query into one of five classes by combining the greedy answer
+(:func:`mechlingo.analyses.evaluate.evaluate_facts`, the eval rule) with the logit lens on the same
+prompt (:func:`mechlingo.analyses.lens.lens_facts`):
+
+* ``correct``: the greedy answer is right.
+* ``wrong_language``: the greedy answer is the right answer but in English (or in another
+  bundled language), not in the prompt's language.
+* ``translation_failure``: wrong, but the English answer reached rank <= ``max_rank`` at some
+  lens entry of the middle window: the fact was recalled, the conversion to L failed.
+* ``recall_failure``: wrong, and neither the English nor the L answer reached rank <=
+  ``max_rank`` anywhere in the middle window: recall was never engaged.
+* ``other``: wrong, with only the L answer decodable mid-network (or, for English prompts,
+  the answer decodable mid-network but lost at the end).
+
+For English prompts the English and L answers coincide, so ``translation_failure`` does not
+apply to them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from mechlingo.analyses.evaluate import EvalResult, evaluate_facts, is_correct, normalize
+from mechlingo.analyses.lens import LensResult, lens_facts
+from mechlingo.core.figures import draw
+from mechlingo.core.sites import site_map
+from mechlingo.core.types import Model
+from mechlingo.data import load_facts
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import plotly.graph_objects as go
+
+    from mechlingo.data import Fact
+
+CLASSES: tuple[str, ...] = (
+    "correct",
+    "wrong_language",
+    "translation_failure",
+    "recall_failure",
+    "other",
+)
+
+
+def default_mid_layers(n_layers: int) -> list[int]:
+    """Lens entries ``n // 3 .. n - 2`` (entry ``l`` = after ``l`` blocks): from the end of the
+    first third (before it the lens reads mostly the input tokens) up to the entry that still
+    has the last two blocks ahead of it (the last blocks do the conversion to the output
+    language, so decoding there is not "mid-network"). For an 18-layer model: 6..16."""
+    return list(range(n_layers // 3, n_layers - 1))
+
+
+def _other_answers(facts: Sequence[Fact], pool: Sequence[Fact] | None) -> dict[str, dict[str, str]]:
+    """``{fact id: {lang: answer}}`` from the facts, the pool and (when they come from it) the
+    bundled data; used to detect answers given in another language."""
+    out: dict[str, dict[str, str]] = {}
+    for f in list(pool or []) + list(facts):
+        out.setdefault(f.id, {})[f.lang] = f.answer
+    relations = sorted({f.relation for f in facts})
+    try:
+        ids = {f.id for f in facts}
+        for g in load_facts(relations=relations):
+            if g.id in ids:
+                out.setdefault(g.id, {}).setdefault(g.lang, g.answer)
+    except (ValueError, FileNotFoundError):  # custom relations: only the given facts
+        pass
+    return out
+
+
+@dataclass
+class TraceResult:
+    """The recall pipeline per query.
+
+    Attributes:
+        records: one dict per fact: ``id``, ``lang``, ``prompt``, ``answer``, ``answer_en``,
+            ``generation``, ``correct``, ``class``, ``answered_in`` (language of a
+            wrong-language answer), ``first_en_layer`` / ``first_answer_layer`` (first lens
+            entry where the English / L answer reaches rank <= ``max_rank``, -1 if never; the
+            output entry counts for the L answer only), ``en_decodable_mid``,
+            ``answer_decodable_mid`` (reached rank <= ``max_rank`` inside the middle window),
+            ``best_en_rank_mid``, ``final_answer_rank``.
+        lens: the logit lens on the same prompts (tracks ``answer`` and ``en``).
+        eval: the greedy evaluation.
+        max_rank, mid_layers: the parameters of the classification.
+    """
+
+    records: list[dict[str, Any]]
+    lens: LensResult
+    eval: EvalResult
+    max_rank: int
+    mid_layers: list[int]
+    n_layers: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def langs(self) -> list[str]:
+        return list(dict.fromkeys(r["lang"] for r in self.records))
+
+    def classes(self) -> list[str]:
+        return [r["class"] for r in self.records]
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """``{lang: {class: count}}`` (every class present, zeros included)."""
+        out = {lg: dict.fromkeys(CLASSES, 0) for lg in self.langs}
+        for r in self.records:
+            out[r["lang"]][r["class"]] += 1
+        return out
+
+    def fractions(self) -> dict[str, dict[str, float]]:
+        """``{lang: {class: fraction of that language's queries}}``."""
+        out = {}
+        for lg, c in self.counts().items():
+            n = sum(c.values())
+            out[lg] = {k: v / n for k, v in c.items()}
+        return out
+
+    def headline_layers(self) -> dict[str, dict[str, float | None]]:
+        """Per language, the median first lens entry where the English answer / the L answer
+        reach rank <= ``max_rank`` (over the queries where they do), and the share of queries
+        whose English answer is decodable mid-network."""
+        out: dict[str, dict[str, float | None]] = {}
+        for lg in self.langs:
+            rs = [r for r in self.records if r["lang"] == lg]
+            en = [r["first_en_layer"] for r in rs if r["first_en_layer"] >= 0]
+            ans = [r["first_answer_layer"] for r in rs if r["first_answer_layer"] >= 0]
+            out[lg] = {
+                "median_first_en_layer": float(statistics.median(en)) if en else None,
+                "median_first_answer_layer": float(statistics.median(ans)) if ans else None,
+                "en_decodable_mid": sum(r["en_decodable_mid"] for r in rs) / len(rs),
+                "accuracy": sum(r["correct"] for r in rs) / len(rs),
+            }
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready headline: class counts and fractions per language, headline layers and
+        the classification parameters."""
+        return {
+            "classification": self.counts(),
+            "fractions": self.fractions(),
+            "layers": self.headline_layers(),
+            "max_rank": self.max_rank,
+            "mid_layers": [self.mid_layers[0], self.mid_layers[-1]] if self.mid_layers else [],
+            "n_layers": self.n_layers,
+            "n_queries": {lg: sum(c.values()) for lg, c in self.counts().items()},
+            **self.meta,
+        }
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per query (the records)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.records)
+
+    def profile(self) -> pd.DataFrame:
+        """Layer profile per (language, class, track): median rank and interquartile range,
+        mean of log10(rank + 1) with its standard deviation, mean probability, count."""
+        import pandas as pd
+
+        rows = []
+        cls = self.classes()
+        langs = self.lens.langs
+        for t_name in ("en", "answer"):
+            t = self.lens.track_index(t_name)
+            rank = self.lens.rank[:, :, t].float()
+            prob = self.lens.logprob[:, :, t].exp()
+            for lg in self.langs:
+                for c in CLASSES:
+                    idx = [i for i in range(len(cls)) if cls[i] == c and langs[i] == lg]
+                    if not idx:
+                        continue
+                    sel = torch.tensor(idx)
+                    r, p = rank[:, sel], prob[:, sel]
+                    q = torch.quantile(r, torch.tensor([0.25, 0.5, 0.75]), dim=1)
+                    lr = torch.log10(r + 1)
+                    for li, layer in enumerate(self.lens.layers):
+                        rows.append(
+                            {
+                                "lang": lg,
+                                "class": c,
+                                "track": t_name,
+                                "layer": layer,
+                                "median_rank": float(q[1, li]),
+                                "q25_rank": float(q[0, li]),
+                                "q75_rank": float(q[2, li]),
+                                "mean_log_rank": float(lr[li].mean()),
+                                "std_log_rank": float(lr[li].std()) if len(idx) > 1 else 0.0,
+                                "mean_prob": float(p[li].mean()),
+                                "n": len(idx),
+                            }
+                        )
+        return pd.DataFrame(rows)
+
+    # ------------------------------------------------------------------ figures
+    def fig_class_fractions(self) -> go.Figure:
+        """Stacked bars: share of each class per language."""
+
+        return draw("class_fractions_figure", self.counts())
+
+    def fig_profiles(self, langs: Sequence[str] | None = None) -> go.Figure:
+        """Latent-language curves per class: median rank (log scale, IQR band) of the English
+        and the L answer per lens entry, one panel per class, pooled over ``langs``."""
+
+        return draw("class_profiles_figure", self, langs=langs)
+
+    def _repr_html_(self) -> str:
+        counts = self.counts()
+        head = "".join(f"<th>{c}</th>" for c in CLASSES)
+        body = "".join(
+            f"<tr><td>{lg}</td>" + "".join(f"<td>{c[k]}</td>" for k in CLASSES) + "</tr>"
+            for lg, c in counts.items()
+        )
+        return f"<b>TraceResult</b><table><tr><th>lang</th>{head}</tr>{body}</table>"
+
+
+def _classify(rec: dict[str, Any]) -> str:
+    if rec["correct"]:
+        return "correct"
+    if rec["answered_in"]:
+        return "wrong_language"
+    if rec["lang"] != "en" and rec["en_decodable_mid"]:
+        return "translation_failure"
+    if not rec["en_decodable_mid"] and not rec["answer_decodable_mid"]:
+        return "recall_failure"
+    return "other"
+
+
+def _answered_in(gen: str, fact: Fact, answers: dict[str, str]) -> str | None:
+    """The language whose answer (different from the fact's own) the generation gives."""
+
+    own = {normalize(a) for a in (fact.answer, *fact.aliases)}
+    cands = dict(answers)
+    if fact.answer_en:
+        cands.setdefault("en", fact.answer_en)
+    order = ["en"] + sorted(k for k in cands if k != "en")
+    for lg in order:
+        word = cands.get(lg)
+        if lg == fact.lang or not word or normalize(word) in own:
+            continue
+        if is_correct(gen, [word], lg):
+            return lg
+    return None
+
+
+def trace_recall(
+    model: Model,
+    facts: Sequence[Fact],
+    langs: Sequence[str] | None = None,
+    *,
+    max_rank: int = 10,
+    mid_layers: Sequence[int] | None = None,
+    max_new_tokens: int = 8,
+    batch_size: int = 16,
+    pool: Sequence[Fact] | None = None,
+    progress: bool = False,
+) -> TraceResult:
+    """Classify each query into the recall-pipeline classes (see the module docstring).
+
+    Args:
+        model: a TransformerLens model.
+        facts: the queries.
+        langs: keep only facts in these languages (default all given).
+        max_rank: an answer counts as *decodable* at a lens entry when its best token has rank
+            <= ``max_rank`` (0 = top-1). 10 by default: on a 262k vocabulary rank 10 is far
+            above chance, while demanding top-1 mid-network misses most recalls, because the
+            intermediate layers of small models spread mass over the many surface forms of a
+            word; Wendler et al. and Lu et al. read the lens in the same spirit.
+        mid_layers: the lens entries that count as "mid-network" (default
+            :func:`default_mid_layers`: the middle third up to the entry before the last two
+            blocks).
+        max_new_tokens: greedy tokens for the eval rule.
+        pool: more facts (other languages of the same ids) used to recognise answers given in
+            the wrong language; the bundled data is used as well when the ids come from it.
+
+    Returns:
+        A :class:`TraceResult`.
+    """
+    facts = [f for f in facts if langs is None or f.lang in set(langs)]
+    if not facts:
+        raise ValueError(
+            "no facts to trace" + (f" in languages {list(langs)}" if langs is not None else "")
+        )
+    if max_rank < 0:
+        raise ValueError("max_rank must be >= 0")
+    n = site_map(model).n_layers
+    mid = default_mid_layers(n) if mid_layers is None else sorted({int(x) for x in mid_layers})
+    if not mid or any(not 0 <= x <= n for x in mid):
+        raise ValueError(f"mid_layers must be a non-empty subset of lens entries 0..{n}")
+    ev = evaluate_facts(
+        model, facts, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress
+    )
+    lens = lens_facts(
+        model, facts, track_langs=("en",), pool=pool, batch_size=batch_size, progress=progress
+    )
+    others = _other_answers(facts, pool)
+    en_t, l_t = lens.track_index("en"), lens.track_index("answer")
+    entries = torch.tensor(lens.layers)
+    in_mid = torch.tensor([e in set(mid) for e in lens.layers])
+    en_rank, l_rank = lens.rank[:, :, en_t], lens.rank[:, :, l_t]
+    first_en = lens.first_layer_within("en", max_rank, before_last=True)
+    first_l = lens.first_layer_within("answer", max_rank)
+    records = []
+    for i, (f, r) in enumerate(zip(facts, ev.records, strict=True)):
+        en_mid = en_rank[in_mid, i]
+        rec = {
+            "id": f.id,
+            "relation": f.relation,
+            "lang": f.lang,
+            "prompt": f.prompt,
+            "answer": f.answer,
+            "answer_en": f.answer_en,
+            "generation": r["generation"],
+            "correct": bool(r["correct"]),
+            "answered_in": None
+            if r["correct"]
+            else _answered_in(r["generation"], f, others.get(f.id, {})),
+            "first_en_layer": int(first_en[i]),
+            "first_answer_layer": int(first_l[i]),
+            "en_decodable_mid": bool((en_mid <= max_rank).any()),
+            "answer_decodable_mid": bool((l_rank[in_mid, i] <= max_rank).any()),
+            "best_en_rank_mid": int(en_mid.min()),
+            "best_en_layer_mid": int(entries[in_mid][int(en_mid.argmin())]),
+            "final_answer_rank": int(l_rank[-1, i]),
+        }
+        rec["class"] = _classify(rec)
+        records.append(rec)
+    return TraceResult(
+        records=records,
+        lens=lens,
+        eval=ev,
+        max_rank=max_rank,
+        mid_layers=mid,
+        n_layers=n,
+        meta={"max_new_tokens": max_new_tokens},
+    )

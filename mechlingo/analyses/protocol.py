@@ -1,0 +1,683 @@
+"""The repair-vector protocol: choose on dev, report on test, say how sure it is.
+
+This is what ``mechlingo steer eval`` runs (and what a notebook can call step by step):
+
+1. **Headroom** (:func:`headroom`): per language, zero-shot accuracy (the floor) and k-shot
+   accuracy (what engaging recall can reach: the same queries after ``k`` solved
+   demonstrations from the build split), each with a Wilson interval. A prompt family that
+   already engages recall (tuned templates) leaves little room between the two, and a repair
+   effect can only be as large as that room.
+2. **Dev sweep** (:func:`sweep`): both vectors at every second layer from about 20% to about
+   90% of the depth, alpha on a log grid from 0.03 to 0.6 (residual-norm units), on a
+   *screen* subset of the dev facts; the best few settings of each vector are re-scored on
+   the whole dev split, and the best few task x diff pairs are combined. The objective is the
+   mean accuracy over the non-English languages; English is a constraint (it may not drop by
+   more than ``en_tolerance``). "No intervention" is a candidate: a setting is *chosen* only
+   if it beats it on the dev non-English items by an exact McNemar test at ``p < 0.1``;
+   otherwise ``dev_effect`` is ``"none found"`` and test still scores the best candidate,
+   labelled as such. The lowest language is fixed here, on dev: the non-English language
+   with the lowest dev zero-shot accuracy, ties broken by the lower dev few-shot accuracy.
+3. **Test** (:func:`evaluate_test`): ``orig``, ``task``, ``diff``, ``both`` and ``random``
+   (norm-matched random directions at the selected candidate's places, one per seed, at least
+   3 seeds); Wilson intervals per language and condition; fixed/broken counts with exact
+   McNemar p against ``orig`` and against each random seed; paired bootstrap intervals of the
+   non-English mean gain and of the lowest language's gain (relative where its ``orig`` > 0).
+
+Fact ids are split once by a hash (:func:`mechlingo.analyses.repair.split_facts`): no test id is
+ever used to build a vector, to draw a demonstration or to choose a setting
+(:func:`check_disjoint` is called before every stage; a test fails if one leaks).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mechlingo.analyses.evaluate import EvalResult, evaluate_facts
+from mechlingo.analyses.repair import RepairVectors, SteeringConfig, _unit
+from mechlingo.core.errors import MechlingoError
+from mechlingo.core.types import Model
+from mechlingo.data import Fact, few_shot_prompt
+from mechlingo.interventions import Compose, Intervention, SteeringVector, random_like
+from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+__all__ = [
+    "ALPHA_GRID",
+    "Choice",
+    "LeakError",
+    "SweepResult",
+    "HeldOutResult",
+    "check_disjoint",
+    "default_layers",
+    "evaluate_test",
+    "headroom",
+    "lowest_language_dev",
+    "sweep",
+]
+
+#: alpha grid in residual-norm units: a log scale from 0.03 to 0.6
+ALPHA_GRID = (0.03, 0.063, 0.13, 0.28, 0.6)
+MIN_TEST_FACTS = 30
+
+
+class LeakError(MechlingoError, AssertionError):
+    """A test fact id reached building, demonstrations or choosing."""
+
+
+def check_disjoint(
+    stage: str, used: Sequence[Fact] | Sequence[str], test: Sequence[Fact] | Sequence[str]
+) -> None:
+    """Raise :class:`LeakError` when a fact id of ``test`` is among ``used`` (facts or ids)."""
+    leaked = {getattr(f, "id", f) for f in used} & {getattr(f, "id", f) for f in test}
+    if leaked:
+        raise LeakError(f"{len(leaked)} test fact id(s) reached {stage}: {sorted(leaked)[:5]}")
+
+
+def default_layers(n_layers: int) -> list[int]:
+    """Every second layer from about 20% to about 90% of the depth (4, 6, ..., 16 of 18)."""
+    lo, hi = round(0.2 * n_layers), round(0.9 * n_layers)
+    layers = list(range(lo, min(hi, n_layers - 1) + 1, 2))
+    return layers or [n_layers // 2]
+
+
+# --------------------------------------------------------------------------------------
+# Scoring helpers
+# --------------------------------------------------------------------------------------
+
+
+def _key(r: dict[str, Any]) -> tuple[str, str]:
+    return (r["id"], r["lang"])
+
+
+def _outcomes(res: EvalResult, non_english: bool = True) -> list[bool]:
+    """Correctness per item in a fixed (id, lang) order, non-English items only by default."""
+    rows = sorted(res.records, key=_key)
+    return [bool(r["correct"]) for r in rows if not non_english or r["lang"] != "en"]
+
+
+def _by_lang(res: EvalResult) -> dict[str, list[bool]]:
+    out: dict[str, list[bool]] = {}
+    for r in sorted(res.records, key=_key):
+        out.setdefault(r["lang"], []).append(bool(r["correct"]))
+    return out
+
+
+def non_english_mean(res: EvalResult) -> float:
+    """Mean over non-English languages of the per-language accuracy (``nan`` if none)."""
+    acc = {lg: x for lg, x in res.accuracy().items() if lg != "en"}
+    return sum(acc.values()) / len(acc) if acc else float("nan")
+
+
+def _score(model: Model, facts: Sequence[Fact], iv: Intervention | None, **kw: Any) -> EvalResult:
+    return evaluate_facts(model, list(facts), intervention=iv, **kw)
+
+
+def headroom(
+    model: Model,
+    facts: Sequence[Fact],
+    pool: Sequence[Fact],
+    *,
+    k_shot: int = 3,
+    zero_shot: EvalResult | None = None,
+    **kw: Any,
+) -> dict[str, Any]:
+    """Zero-shot and ``k_shot``-shot accuracy per language with Wilson intervals.
+
+    Demonstrations come from ``pool`` (the build split), never from ``facts``. Returns
+    ``{"zero_shot": {lang: wilson}, "k_shot": {lang: wilson}, "k": k_shot, "results":
+    {"zero_shot": EvalResult, "k_shot": EvalResult}}`` (``results`` is not JSON)."""
+    facts = list(facts)
+    check_disjoint("few-shot demonstrations", pool, facts)
+    kept, prompts = [], []
+    for f in facts:
+        try:
+            prompts.append(few_shot_prompt(f, pool, k=k_shot))
+            kept.append(f)
+        except ValueError:
+            continue
+    zero = zero_shot if zero_shot is not None else _score(model, facts, None, **kw)
+    few = evaluate_facts(model, kept, prompts=prompts, **kw) if kept else EvalResult([])
+    return {
+        "k": k_shot,
+        "zero_shot": {lg: wilson(sum(v), len(v)) for lg, v in _by_lang(zero).items()},
+        "k_shot": {lg: wilson(sum(v), len(v)) for lg, v in _by_lang(few).items()},
+        "results": {"zero_shot": zero, "k_shot": few},
+    }
+
+
+def lowest_language_dev(zero: dict[str, dict], few: dict[str, dict]) -> str | None:
+    """The non-English language with the lowest dev zero-shot accuracy, ties broken by the
+    lower dev few-shot accuracy, then by code (``None`` when there is no non-English
+    language). Never English, never chosen on test."""
+    langs = [lg for lg in zero if lg != "en" and zero[lg]["n"]]
+    if not langs:
+        return None
+
+    def key(lg: str) -> tuple[float, float, str]:
+        f = few.get(lg, {}).get("p")
+        return (zero[lg]["p"], 2.0 if f is None else f, lg)
+
+    return min(langs, key=key)
+
+
+# --------------------------------------------------------------------------------------
+# Dev sweep
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Choice:
+    """What dev chose: the best single setting of each vector, the best pair (``config``),
+    which candidate is ``selected`` (``"task"``, ``"diff"``, ``"both"``, or the best one when
+    none beat no intervention), and the dev evidence."""
+
+    config: SteeringConfig
+    selected: str
+    dev_effect: str
+    dev_test: dict[str, Any]
+    dev_score: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config.to_dict(),
+            "selected": self.selected,
+            "dev_effect": self.dev_effect,
+            "dev_test": self.dev_test,
+            "dev_score": self.dev_score,
+        }
+
+
+@dataclass
+class SweepResult:
+    """Every dev score of the sweep.
+
+    ``rows``: one dict per scored setting: ``stage`` (``"screen"`` or ``"dev"``), ``vector``
+    (``task``/``diff``/``both``), ``layer``/``alpha`` (or ``task_layer``... for ``both``),
+    ``score`` (mean non-English accuracy), ``en`` (English accuracy or ``None``), ``n``
+    (items), ``en_ok`` (English within tolerance of no intervention). ``baseline``: dev
+    accuracy per language without intervention; ``choice``: the :class:`Choice`;
+    ``lowest_language``: fixed on dev (:func:`lowest_language_dev`)."""
+
+    rows: list[dict[str, Any]]
+    baseline: dict[str, float]
+    choice: Choice
+    lowest_language: str | None
+    headroom: dict[str, Any] = field(default_factory=dict)
+    unit: str = "resid"
+    n_dev: int = 0
+    n_screen: int = 0
+
+    @property
+    def best(self) -> SteeringConfig:
+        return self.choice.config
+
+    def to_dict(self) -> dict[str, Any]:
+        hr = {k: v for k, v in self.headroom.items() if k != "results"}
+        return {
+            "rows": self.rows,
+            "dev_baseline": self.baseline,
+            "n_dev_items": self.n_dev,
+            "n_screen_items": self.n_screen,
+            "lowest_language": self.lowest_language,
+            "headroom": hr,
+            **self.choice.to_dict(),
+        }
+
+    def fig_heatmap(self, vector: str) -> go.Figure:
+        """Screen-stage mean non-English accuracy over layer x alpha for one vector alone."""
+        import plotly.graph_objects as go
+
+        rows = [r for r in self.rows if r["vector"] == vector and r["stage"] == "screen"]
+        layers = sorted({r["layer"] for r in rows})
+        alphas = sorted({r["alpha"] for r in rows})
+        grid = [[None] * len(layers) for _ in alphas]
+        for r in rows:
+            grid[alphas.index(r["alpha"])][layers.index(r["layer"])] = r["score"]
+        fig = go.Figure(
+            go.Heatmap(
+                z=grid,
+                x=[str(x) for x in layers],
+                y=[f"{a:g}" for a in alphas],
+                colorscale="Viridis",
+                zmin=0,
+                text=[[("" if v is None else f"{v:.2f}") for v in row] for row in grid],
+                texttemplate="%{text}",
+                colorbar={"title": "non-en acc"},
+            )
+        )
+        fig.update_layout(
+            title=f"{vector} vector alone: dev screen, mean non-English accuracy",
+            xaxis_title="layer",
+            yaxis_title=f"alpha ({self.unit})",
+            height=360,
+        )
+        return fig
+
+
+def _screen_subset(facts: Sequence[Fact], n_ids: int) -> list[Fact]:
+    ids = sorted({f.id for f in facts}, key=lambda i: _unit(f"screen|{i}"))[:n_ids]
+    keep = set(ids)
+    return [f for f in facts if f.id in keep]
+
+
+def _en(res: EvalResult) -> float | None:
+    return res.accuracy().get("en")
+
+
+def sweep(
+    model: Model,
+    vectors: RepairVectors,
+    dev_facts: Sequence[Fact],
+    *,
+    task_layers: Sequence[int] | None = None,
+    diff_layers: Sequence[int] | None = None,
+    task_alphas: Sequence[float] = ALPHA_GRID,
+    diff_alphas: Sequence[float] = ALPHA_GRID,
+    top_k: int = 3,
+    screen_ids: int | None = 8,
+    en_tolerance: float = 0.05,
+    p_threshold: float = 0.1,
+    pool: Sequence[Fact] | None = None,
+    k_shot: int = 3,
+    test_ids: Sequence[Fact] = (),
+    max_new_tokens: int = 6,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> SweepResult:
+    """The dev stage of the protocol (see the module docstring).
+
+    Args:
+        dev_facts: every selected language, English included (its accuracy is the
+            constraint).
+        task_layers, diff_layers, task_alphas, diff_alphas: the grid of each vector (default
+            for both: :func:`default_layers` and :data:`ALPHA_GRID`).
+        top_k: settings of each vector re-scored on the whole dev split; their best
+            ``top_k`` x ``top_k`` pairs are scored as ``both``.
+        screen_ids: fact ids (x every language) of the screen subset that scores the whole
+            grid (``None``: the whole dev split).
+        en_tolerance: largest allowed drop of English accuracy against no intervention.
+        p_threshold: a candidate is chosen only if it beats no intervention with exact
+            McNemar ``p`` below this, on the dev non-English items.
+        pool: the build split, for the few-shot headroom on dev (and the tie-break of the
+            lowest language); ``None`` skips it.
+        test_ids: the test facts, only to check that none is used here.
+    """
+    dev_facts = list(dev_facts)
+    check_disjoint("the dev sweep", dev_facts, test_ids)
+    kw = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "progress": progress}
+    n_layers = int(model.cfg.n_layers)
+    grid = {
+        "task": (list(task_layers or default_layers(n_layers)), list(task_alphas)),
+        "diff": (list(diff_layers or default_layers(n_layers)), list(diff_alphas)),
+    }
+    screen = _screen_subset(dev_facts, screen_ids) if screen_ids else dev_facts
+    base = _score(model, dev_facts, None, **kw)
+    base_screen = base if screen is dev_facts else _score(model, screen, None, **kw)
+    rows: list[dict[str, Any]] = []
+
+    def row(stage: str, setting: dict[str, Any], res: EvalResult, ref: EvalResult) -> dict:
+        en, en0 = _en(res), _en(ref)
+        ok = en is None or en0 is None or en >= en0 - en_tolerance - 1e-9
+        r = {"stage": stage, **setting, "score": non_english_mean(res), "en": en, "en_ok": ok}
+        r["n"] = len(res.records)
+        rows.append(r)
+        return r
+
+    stacks = {"task": vectors.task, "diff": vectors.diff}
+    for name, stack in stacks.items():
+        layers, alphas = grid[name]
+        for layer in layers:
+            for alpha in alphas:
+                res = _score(model, screen, stack.at(layer, alpha), **kw)
+                row("screen", {"vector": name, "layer": layer, "alpha": alpha}, res, base_screen)
+
+    def rank(r: dict[str, Any]) -> tuple:
+        return (not r["en_ok"], -r["score"], r.get("alpha", 0.0), r.get("layer", 0))
+
+    results: dict[str, tuple[dict, EvalResult]] = {}
+    finalists: dict[str, list[dict]] = {}
+    for name, stack in stacks.items():
+        cand = sorted((r for r in rows if r["vector"] == name), key=rank)[:top_k]
+        scored = []
+        for c in cand:
+            res = _score(model, dev_facts, stack.at(c["layer"], c["alpha"]), **kw)
+            r = row("dev", {"vector": name, "layer": c["layer"], "alpha": c["alpha"]}, res, base)
+            results[f"{name}:{c['layer']}:{c['alpha']}"] = (r, res)
+            scored.append(r)
+        finalists[name] = sorted(scored, key=rank)
+    for t in finalists["task"]:
+        for d in finalists["diff"]:
+            cfg = SteeringConfig(t["layer"], t["alpha"], d["layer"], d["alpha"])
+            iv = vectors.task.at(cfg.task_layer, cfg.task_alpha) + vectors.diff.at(
+                cfg.diff_layer, cfg.diff_alpha
+            )
+            res = _score(model, dev_facts, iv, **kw)
+            r = row("dev", {"vector": "both", **cfg.to_dict()}, res, base)
+            results[f"both:{cfg}"] = (r, res)
+    choice = _choose(results, finalists, base, p_threshold)
+    hr: dict[str, Any] = {}
+    lowest = None
+    if pool is not None:
+        hr = headroom(model, dev_facts, pool, k_shot=k_shot, zero_shot=base, **kw)
+        lowest = lowest_language_dev(hr["zero_shot"], hr["k_shot"])
+    return SweepResult(
+        rows,
+        base.accuracy(),
+        choice,
+        lowest,
+        hr,
+        vectors.unit,
+        n_dev=len(dev_facts),
+        n_screen=len(screen),
+    )
+
+
+def _choose(
+    results: dict[str, tuple[dict, EvalResult]],
+    finalists: dict[str, list[dict]],
+    base: EvalResult,
+    p_threshold: float,
+) -> Choice:
+    def rank(item: tuple[str, tuple[dict, EvalResult]]) -> tuple:
+        r = item[1][0]
+        return (not r["en_ok"], -r["score"], item[0])
+
+    best_key, (best_row, best_res) = min(results.items(), key=rank)
+    both = [(k, v) for k, v in results.items() if k.startswith("both:")]
+    pair_row = min(both, key=rank)[1][0] if both else None
+    t, d = finalists["task"][0], finalists["diff"][0]
+    if best_row["vector"] == "both":
+        cfg = SteeringConfig(
+            best_row["task_layer"],
+            best_row["task_alpha"],
+            best_row["diff_layer"],
+            best_row["diff_alpha"],
+        )
+    elif pair_row is not None:
+        cfg = SteeringConfig(
+            pair_row["task_layer"],
+            pair_row["task_alpha"],
+            pair_row["diff_layer"],
+            pair_row["diff_alpha"],
+        )
+    else:
+        cfg = SteeringConfig(t["layer"], t["alpha"], d["layer"], d["alpha"])
+    if best_row["vector"] == "task":
+        cfg = SteeringConfig(best_row["layer"], best_row["alpha"], cfg.diff_layer, cfg.diff_alpha)
+    elif best_row["vector"] == "diff":
+        cfg = SteeringConfig(cfg.task_layer, cfg.task_alpha, best_row["layer"], best_row["alpha"])
+    test = mcnemar(_outcomes(base), _outcomes(best_res))
+    found = test["p"] < p_threshold and test["fixed"] > test["broken"] and bool(best_row["en_ok"])
+    return Choice(
+        cfg,
+        best_row["vector"],
+        "found" if found else "none found",
+        {**test, "threshold": p_threshold, "candidate": best_key},
+        {"none": non_english_mean(base), "selected": best_row["score"]},
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Test
+# --------------------------------------------------------------------------------------
+
+
+def _random_of(
+    vectors: RepairVectors, cfg: SteeringConfig, selected: str, seed: int
+) -> Intervention:
+    parts = []
+    if selected in ("task", "both"):
+        v = vectors.task.at(cfg.task_layer, cfg.task_alpha)
+        parts.append(
+            SteeringVector(random_like(v.direction(), seed), cfg.task_layer, cfg.task_alpha)
+        )
+    if selected in ("diff", "both"):
+        v = vectors.diff.at(cfg.diff_layer, cfg.diff_alpha)
+        parts.append(
+            SteeringVector(random_like(v.direction(), seed + 1000), cfg.diff_layer, cfg.diff_alpha)
+        )
+    return Compose(parts)
+
+
+@dataclass
+class HeldOutResult:
+    """Test accuracies of every condition, with the statistics of the protocol.
+
+    ``results[condition]`` is the :class:`~mechlingo.analyses.evaluate.EvalResult`; conditions are
+    ``orig``, ``task``, ``diff``, ``both`` and ``random_s<seed>`` (norm-matched random
+    directions at the places of ``choice.selected``)."""
+
+    results: dict[str, EvalResult]
+    choice: Choice
+    lowest_language: str | None
+    headroom: dict[str, Any]
+    seeds: list[int]
+    unit: str = "resid"
+    facts: list[Fact] = field(default_factory=list)
+    interventions: dict[str, Intervention | None] = field(default_factory=dict)
+
+    def accuracy(self) -> dict[str, dict[str, float]]:
+        """``{condition: {lang: accuracy}}``, with ``random`` the mean over seeds."""
+        acc = {c: r.accuracy() for c, r in self.results.items()}
+        rand = [acc[c] for c in acc if c.startswith("random_s")]
+        if rand:
+            acc["random"] = {lg: float(np.mean([a[lg] for a in rand])) for lg in rand[0]}
+        return acc
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready statistics (see the module docstring)."""
+        orig = self.results["orig"]
+        o_all = _outcomes(orig)
+        sel = self.choice.selected if self.choice.selected in self.results else "both"
+        out: dict[str, Any] = {
+            "accuracy": self.accuracy(),
+            "intervals": {
+                c: {lg: wilson(sum(v), len(v)) for lg, v in _by_lang(r).items()}
+                for c, r in self.results.items()
+            },
+            "non_english_mean": {c: non_english_mean(r) for c, r in self.results.items()},
+            "selected": sel,
+            "dev_effect": self.choice.dev_effect,
+            "config": self.choice.config.to_dict(),
+            "alpha_unit": self.unit,
+            "random_seeds": self.seeds,
+        }
+        vs_orig, vs_random, gains = {}, {}, {}
+        randoms = [c for c in self.results if c.startswith("random_s")]
+        for c, r in self.results.items():
+            if c == "orig":
+                continue
+            o = _outcomes(r)
+            vs_orig[c] = mcnemar(o_all, o)
+            gains[c] = paired_gain(o_all, o)
+            if not c.startswith("random_s"):
+                vs_random[c] = {rc: mcnemar(_outcomes(self.results[rc]), o) for rc in randoms}
+        out["mcnemar_vs_orig"] = vs_orig
+        out["mcnemar_vs_random"] = vs_random
+        out["non_english_gain"] = gains
+        low = self.lowest_language
+        out["lowest_language"] = low
+        out["lowest_language_rule"] = (
+            "fixed on dev: the non-English language with the lowest dev zero-shot accuracy, "
+            "ties broken by the lower dev few-shot accuracy"
+        )
+        if low is not None:
+            base_low = _by_lang(orig).get(low, [])
+            out["lowest_language_gain"] = {
+                c: paired_gain(base_low, _by_lang(r).get(low, []))
+                for c, r in self.results.items()
+                if c != "orig"
+            }
+        hr = {k: v for k, v in self.headroom.items() if k != "results"}
+        out["headroom"] = hr
+        n = {lg: len(v) for lg, v in _by_lang(orig).items()}
+        out["n_test_facts"] = n
+        out["warnings"] = [
+            f"{lg}: only {k} test facts (fewer than {MIN_TEST_FACTS}); intervals are wide"
+            for lg, k in n.items()
+            if k < MIN_TEST_FACTS
+        ]
+        return _json_safe(out)
+
+
+def evaluate_test(
+    model: Model,
+    vectors: RepairVectors,
+    choice: Choice,
+    test_facts: Sequence[Fact],
+    *,
+    lowest_language: str | None,
+    pool: Sequence[Fact] | None = None,
+    k_shot: int = 3,
+    seeds: Sequence[int] = (0, 1, 2),
+    max_new_tokens: int = 6,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> HeldOutResult:
+    """Score every condition on ``test_facts`` (see the module docstring), and the test
+    headroom (zero-shot vs k-shot with demonstrations from ``pool``)."""
+    if len(seeds) < 1:
+        raise ValueError("give at least one random-control seed")
+    kw = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "progress": progress}
+    cfg = choice.config
+    task = vectors.task.at(cfg.task_layer, cfg.task_alpha)
+    diff = vectors.diff.at(cfg.diff_layer, cfg.diff_alpha)
+    conds: dict[str, Intervention | None] = {
+        "orig": None,
+        "task": task,
+        "diff": diff,
+        "both": task + diff,
+    }
+    sel = choice.selected if choice.selected in ("task", "diff", "both") else "both"
+    for s in seeds:
+        conds[f"random_s{s}"] = _random_of(vectors, cfg, sel, int(s))
+    results = {c: _score(model, test_facts, iv, **kw) for c, iv in conds.items()}
+    hr: dict[str, Any] = {}
+    if pool is not None:
+        hr = headroom(model, test_facts, pool, k_shot=k_shot, zero_shot=results["orig"], **kw)
+    return HeldOutResult(
+        results,
+        choice,
+        lowest_language,
+        hr,
+        [int(s) for s in seeds],
+        vectors.unit,
+        list(test_facts),
+        conds,
+    )
+
+
+def condition_interventions(result: HeldOutResult) -> dict[str, Intervention | None]:
+    """The intervention of every condition of a :class:`HeldOutResult`."""
+    return dict(result.interventions)
+
+
+def _json_safe(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, np.generic):
+        return _json_safe(x.item())
+    return x
+
+
+def repeat_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Mean and sd over re-split repeats of the non-English mean per condition and of the
+    selected condition's gain."""
+    conds = summaries[0]["non_english_mean"].keys()
+    out: dict[str, Any] = {"n": len(summaries), "non_english_mean": {}}
+    for c in conds:
+        vals = [s["non_english_mean"].get(c) for s in summaries]
+        vals = [v for v in vals if v is not None]
+        out["non_english_mean"][c] = {
+            "mean": float(np.mean(vals)) if vals else None,
+            "sd": float(np.std(vals, ddof=1)) if len(vals) > 1 else None,
+            "values": vals,
+        }
+    out["dev_effect"] = [s["dev_effect"] for s in summaries]
+    out["selected"] = [s["selected"] for s in summaries]
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Figures and tables for the report
+# --------------------------------------------------------------------------------------
+
+
+def _ci_bars(fig: Any, name: str, cells: dict[str, dict[str, Any]], langs: list[str]) -> None:
+    import plotly.graph_objects as go
+
+    ps = [cells.get(lg, {}).get("p") for lg in langs]
+    up = [None if c.get("hi") is None else c["hi"] - c["p"] for c in map(cells.get, langs)]
+    down = [None if c.get("lo") is None else c["p"] - c["lo"] for c in map(cells.get, langs)]
+    fig.add_trace(
+        go.Bar(
+            name=name,
+            x=langs,
+            y=ps,
+            error_y={"type": "data", "array": up, "arrayminus": down, "visible": True},
+        )
+    )
+
+
+def fig_accuracy_ci(intervals: dict[str, dict[str, dict[str, Any]]]) -> go.Figure:
+    """Grouped bars of accuracy per language and condition with Wilson error bars
+    (``intervals`` as in :meth:`HeldOutResult.summary`)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    langs = sorted({lg for cells in intervals.values() for lg in cells})
+    for cond, cells in intervals.items():
+        _ci_bars(fig, cond, cells, langs)
+    fig.update_layout(barmode="group", yaxis={"range": [0, 1], "title": "accuracy"}, height=380)
+    return fig
+
+
+def fig_headroom(hr: dict[str, Any]) -> go.Figure:
+    """Zero-shot vs k-shot accuracy per language with Wilson error bars."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    langs = sorted(hr.get("zero_shot", {}))
+    for name in ("zero_shot", "k_shot"):
+        label = f"{hr.get('k', '?')}-shot" if name == "k_shot" else "zero-shot"
+        _ci_bars(fig, label, hr.get(name, {}), langs)
+    fig.update_layout(barmode="group", yaxis={"range": [0, 1], "title": "accuracy"}, height=340)
+    return fig
+
+
+def gain_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per condition: non-English gain over orig with its CI, fixed/broken, McNemar p
+    against orig, and the lowest language's gain."""
+    rows = []
+    low = summary.get("lowest_language")
+    for c, g in summary["non_english_gain"].items():
+        m = summary["mcnemar_vs_orig"][c]
+        lg = summary.get("lowest_language_gain", {}).get(c, {})
+        rows.append(
+            {
+                "condition": c,
+                "non-en mean": _r(summary["non_english_mean"].get(c)),
+                "gain": _r(g.get("gain")),
+                "95% CI": f"[{_r(g.get('lo'))}, {_r(g.get('hi'))}]",
+                "fixed/broken": f"{m['fixed']}/{m['broken']}",
+                "McNemar p": f"{m['p']:.3g}",
+                f"gain in {low}": _r(lg.get("gain")),
+                f"{low} CI": f"[{_r(lg.get('lo'))}, {_r(lg.get('hi'))}]",
+            }
+        )
+    return rows
+
+
+def _r(x: Any) -> Any:
+    return None if x is None else round(float(x), 3)

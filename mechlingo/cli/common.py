@@ -1,0 +1,183 @@
+"""Shared pieces of the command line: subcommand registration, the model/data/output
+flags every command takes, loading the model and facts they select, and run metadata."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from mechlingo.activations.parallel import dist_info
+from mechlingo.cli.validate import check_after_load
+from mechlingo.core.errors import InputError, MechlingoError
+from mechlingo.core.models import load_model, model_name, weight_mode
+from mechlingo.core.types import Model
+from mechlingo.core.version import __version__
+from mechlingo.data import RELATIONS, load_facts
+
+_COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[Any], int]]] = {}
+
+
+class UsageError(InputError):
+    """Bad input on the command line; printed as one line, exit status 2."""
+
+
+def command(
+    name: str, help_text: str, add_args: Callable[[argparse.ArgumentParser], None]
+) -> Callable:
+    """Register a subcommand: the decorated function runs it, ``add_args`` adds its flags.
+    Other modules (tracing, steering, experts) register theirs the same way."""
+
+    def wrap(fn: Callable[[Any], int]) -> Callable[[Any], int]:
+        fn.help_text = help_text  # type: ignore[attr-defined]
+        _COMMANDS[name] = (add_args, fn)
+        return fn
+
+    return wrap
+
+
+def split_list(text: str | None) -> list[str] | None:
+    """Comma-separated items (stripped, empty ones dropped); ``None`` when there are none.
+    Flags are checked for empty items and repeats first (:func:`mechlingo.cli.validate.parse_list`)."""
+    if text is None:
+        return None
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    return items or None
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """``--model``, ``--device``, ``--dtype``, ``--compat``."""
+    g = p.add_argument_group("model")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="model to load: omit for the embedded default (google/gemma-3-270m from PyPI), "
+        "or a hub id, a local transformers folder, or a .gguf file",
+    )
+    g.add_argument(
+        "--device", default=None, help="cuda or cpu (default: cuda when available, else cpu)"
+    )
+    g.add_argument("--dtype", default=None, help="model dtype, e.g. float32 or bfloat16")
+    g.add_argument(
+        "--compat",
+        action="store_true",
+        help="fold layer norms (TransformerLens compatibility mode); recorded in artifacts",
+    )
+
+
+def add_data_args(
+    p: argparse.ArgumentParser,
+    *,
+    default_langs: str = "en,fr,de,es,ja",
+    default_templates: str = "tuned",
+    default_limit: int | None = 50,
+) -> None:
+    """``--langs``, ``--relation``, ``--limit``, ``--data`` (facts), ``--templates``."""
+    g = p.add_argument_group("data")
+    g.add_argument(
+        "--templates",
+        choices=["natural", "tuned"],
+        default=None,
+        help=f"prompt family of the bundled facts (default {default_templates}): natural = "
+        "plain fact-completion stems never tuned on a model ('The capital of France is'); "
+        "tuned = the stems measured best zero-shot on the embedded model (docs/data.md). "
+        "--data files keep their own prompts",
+    )
+    p.set_defaults(_templates_default=default_templates)
+    g.add_argument(
+        "--langs",
+        default=default_langs,
+        help=f"comma-separated language codes (default {default_langs}); bundled data has "
+        "en de fr es it pt ru zh ja ko ar hi",
+    )
+    g.add_argument(
+        "--relation",
+        default=None,
+        help="comma-separated relations, or 'all' (default: capital for the bundled data, "
+        "every relation in the file with --data)",
+    )
+    g.add_argument(
+        "--limit",
+        type=int,
+        default=default_limit,
+        help="at most this many facts per relation, the same facts in every language (default "
+        + ("every fact" if default_limit is None else str(default_limit))
+        + ")",
+    )
+    g.add_argument(
+        "--data",
+        default=None,
+        help="your own facts as .jsonl or .tsv (same schema as the bundled data; see docs/data.md)",
+    )
+
+
+def add_out_arg(p: argparse.ArgumentParser) -> None:
+    """``--out``, ``--batch-size``, ``--quiet``."""
+    p.add_argument("--out", required=True, help="output folder (created; files in it replaced)")
+    p.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def load_selected_facts(args: Any) -> list[Any]:
+    """The facts selected by ``--data/--langs/--relation/--limit`` (remembered on ``args``
+    for the context-length check after the model loads)."""
+
+    rel = split_list(args.relation)
+    if rel == ["all"]:
+        rel = list(RELATIONS) if args.data is None else None
+    elif rel is None:
+        rel = ["capital"] if args.data is None else None  # with --data: every relation in it
+    if args.limit is not None and args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    templates = getattr(args, "templates", None)
+    if templates == "natural" and args.data is not None:
+        raise UsageError(
+            "--templates natural re-renders the bundled facts; a --data file keeps its own "
+            "prompts (drop --templates)"
+        )
+    if templates is None:
+        templates = getattr(args, "_templates_default", "tuned") if args.data is None else "tuned"
+    args.templates_used = "file" if args.data is not None else templates
+    try:
+        facts = load_facts(
+            langs=split_list(args.langs),
+            relations=rel,
+            limit=args.limit,
+            path=args.data,
+            templates=templates,
+        )
+    except MechlingoError:
+        raise
+    except (ValueError, OSError) as err:
+        raise UsageError(str(err)) from err
+    args._facts = facts
+    return facts
+
+
+def load_cli_model(args: Any) -> Any:
+    """Load ``--model`` on ``--device``/``--dtype``, then run the checks that need it
+    (:func:`mechlingo.cli.validate.check_after_load`) before any computation."""
+
+    device = args.device
+    info = dist_info()
+    if device is None and info.world_size > 1:
+        device = str(info.device)  # under torchrun: this rank's GPU, or the CPU
+    model = load_model(args.model, device=device, dtype=args.dtype, compat=args.compat)
+    check_after_load(model, args)
+    return model
+
+
+def run_meta(model: Model, args: Any, **extra: Any) -> dict[str, Any]:
+    """The ``meta`` record of a command's summary (model, weights, device, version)."""
+
+    return {
+        "model": model_name(model),
+        "weights": weight_mode(model),
+        "device": str(model.W_U.device),
+        "mechlingo": __version__,
+        **({"templates": args.templates_used} if hasattr(args, "templates_used") else {}),
+        **extra,
+    }
+
+
+# --------------------------------------------------------------------------------------

@@ -1,0 +1,537 @@
+"""``mechlingo experts`` and ``mechlingo align`` (expert neurons, cross-lingual alignment).
+
+``mechlingo experts --lang es --k 50,100,200,500,1000,2000 --data DIR --out EDIR`` finds the
+expert neurons of ``es`` on the first ``--limit`` sentences of every language, saves the clamps
+as ``EDIR/es-k100`` ... (and the random-neuron controls as ``EDIR/es-k100-random`` ...), the
+top neurons (``experts.csv``), the k curve (``kcurve.csv``: BOS target-language rate with
+Wilson intervals and held-out perplexity of every language with bootstrap intervals, for the
+experts and the random control at every k), ``summary.json`` and ``report.html``. The k is
+chosen by the papers' rule on the held-out lines that follow (``experts.choose_k``: highest
+target rate within a perplexity budget, ``--ppl-budget``, default 2); ``summary.json`` has it
+under ``chosen_k`` and ``k_choice``.
+
+``mechlingo align --clamp EDIR --data DIR --out DIR`` (or ``--clamp EDIR/es-k500``) measures
+retrieval and cosine distances before and after the clamp the rule chose (and after the
+random control of the same k when it sits next to the clamp), per layer, and writes
+``summary.json`` (``retrieval_top1`` and ``distance``, each ``pre``/``post``/``control``;
+``intervals``: bootstrap intervals over sentences and paired gains over pre and over the
+control) and ``report.html``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from mechlingo.analyses.alignment import AlignmentError, compare_alignment, drop_empty_lines
+from mechlingo.analyses.experts import ExpertError, find_experts, k_curve
+from mechlingo.analyses.side_effects import side_effects
+from mechlingo.cli.common import (
+    UsageError,
+    add_model_args,
+    add_out_arg,
+    command,
+    load_cli_model,
+    run_meta,
+    split_list,
+)
+from mechlingo.core.types import Model
+from mechlingo.data import LANGS, load_facts, parallel_sentences, read_parallel_dir
+from mechlingo.interventions import InterventionError, load_intervention
+from mechlingo.report import Report, write_outputs
+from mechlingo.viz.experts import interval_bars_figure
+
+
+def _data_args(p: argparse.ArgumentParser, default_limit: int) -> None:
+    g = p.add_argument_group("data")
+    g.add_argument(
+        "--data",
+        default=None,
+        help="folder of line-aligned <lang>.txt files (e.g. NTREX/FLORES); default: the "
+        "bundled parallel sentences",
+    )
+    g.add_argument(
+        "--langs",
+        default=None,
+        help="comma-separated languages (default: every language with data)",
+    )
+    g.add_argument(
+        "--limit",
+        type=int,
+        default=default_limit,
+        help=f"sentences per language (default {default_limit})",
+    )
+    g.add_argument(
+        "--offset",
+        type=int,
+        default=0,
+        help="skip this many lines first (keep expert-finding and evaluation sentences apart)",
+    )
+    g.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="keep only the first N tokens of each sentence (cheaper on CPU)",
+    )
+
+
+def load_parallel(args: Any, *, offset: int | None = None, limit: int | None = None) -> dict:
+    """The parallel sentences selected by ``--data/--langs/--offset/--limit`` (lines that are
+    empty in some language are dropped in all)."""
+
+    langs = split_list(args.langs)
+    main_call = offset is None and limit is None
+    offset = args.offset if offset is None else offset
+    limit = args.limit if limit is None else limit
+    if limit is not None and limit < 1:
+        raise UsageError("--limit must be at least 1")
+    if offset < 0:
+        raise UsageError("--offset must be >= 0")
+    try:
+        if args.data:
+            texts = read_parallel_dir(args.data, langs)
+        else:
+            texts = parallel_sentences(langs or list(LANGS))
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    texts = drop_empty_lines(texts)
+    out = {lg: s[offset : offset + limit if limit else None] for lg, s in texts.items()}
+    if main_call:
+        args._texts = out  # for the context-length check after the model loads
+    short = [lg for lg, s in out.items() if not s]
+    if short:
+        raise UsageError(
+            f"no sentences left for {short} after --offset {offset} (the data has "
+            f"{len(next(iter(texts.values())))} lines)"
+        )
+    return out
+
+
+def _parse_ks(text: str) -> list[int]:
+    try:
+        ks = [int(x) for x in split_list(text) or []]
+    except ValueError as err:
+        raise UsageError(f"--k must be comma-separated integers, got {text!r}") from err
+    if not ks or min(ks) < 1:
+        raise UsageError(f"--k needs positive integers, got {text!r}")
+    return sorted(set(ks))
+
+
+def _folder_files(folder: Path, prefix: str) -> dict[str, bytes]:
+    return {f"{prefix}/{p.name}": p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+# --------------------------------------------------------------------------------------
+
+
+def _experts_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    _data_args(p, default_limit=300)
+    add_out_arg(p)
+    g = p.add_argument_group("experts")
+    g.add_argument("--lang", required=True, help="target language(s), comma-separated")
+    g.add_argument(
+        "--k", default="50,100,200,500,1000,2000", help="expert counts to save and compare"
+    )
+    g.add_argument("--pool", choices=("mean", "max"), default="mean", help="pooling over tokens")
+    g.add_argument("--score", choices=("auroc", "ap", "lape"), default="auroc")
+    g.add_argument("--value", choices=("mean", "median"), default="mean", help="clamp value")
+    g.add_argument(
+        "--layer", default=None, help="comma-separated layers to search (default all layers)"
+    )
+    g.add_argument("--seed", type=int, default=0, help="seed of the random control and sampling")
+    g.add_argument("--no-curve", action="store_true", help="skip the k curve (generation)")
+    g.add_argument("--samples", type=int, default=32, help="samples from BOS per k (default 32)")
+    g.add_argument("--new-tokens", type=int, default=20, help="tokens per generation")
+    g.add_argument(
+        "--heldout",
+        type=int,
+        default=16,
+        help="held-out sentences per language for perplexity (default 16)",
+    )
+    g.add_argument(
+        "--ppl-budget",
+        type=float,
+        default=2.0,
+        help="k rule: a clamp may raise held-out perplexity at most this many times, for the "
+        "target and for the other languages (default 2)",
+    )
+    g.add_argument(
+        "--ppl-others",
+        choices=("geomean", "max", "none"),
+        default="geomean",
+        help="k rule: how the other languages' perplexity ratios enter the budget: their "
+        "geometric mean (default), each of them, or not at all",
+    )
+
+
+@command("experts", "expert (language-specific) neurons, clamps and the k curve", _experts_args)
+def cmd_experts(args: Any) -> int:
+
+    targets = split_list(args.lang) or []
+    ks = _parse_ks(args.k)
+    if not args.ppl_budget > 0 or args.ppl_budget == float("inf"):
+        raise UsageError(f"--ppl-budget must be a positive number, got {args.ppl_budget}")
+    if args.samples < 1:
+        raise UsageError(f"--samples must be at least 1, got {args.samples}")
+    texts = load_parallel(args)
+    missing = [t for t in targets if t not in texts]
+    if missing:
+        raise UsageError(f"no data for target language(s) {missing}; have {list(texts)}")
+    if len(texts) < 2:
+        raise UsageError("experts need at least two languages (the target and others)")
+    layers = [int(x) for x in split_list(args.layer)] if args.layer else None
+    heldout = None
+    if not args.no_curve:  # checked before the expensive part
+        try:
+            heldout = load_parallel(args, offset=args.offset + args.limit, limit=args.heldout)
+        except UsageError as err:
+            raise UsageError(
+                f"no held-out sentences for the k curve after the first {args.limit}: {err}; "
+                "lower --limit or pass --no-curve"
+            ) from err
+    model = load_cli_model(args)
+    t0 = time.time()
+    try:
+        res = find_experts(
+            model,
+            texts,
+            pool=args.pool,
+            by=args.score,
+            layers=layers,
+            batch_size=args.batch_size,
+            max_tokens=args.max_tokens,
+            progress=not args.quiet,
+        )
+        clamps = {
+            f"{t}-k{k}{suffix}": fn(t, k, value=args.value, **kw)
+            for t in targets
+            for k in ks
+            for suffix, fn, kw in (
+                ("", res.clamp, {}),
+                ("-random", res.random_clamp, {"seed": args.seed}),
+            )
+        }
+    except (ExpertError, ValueError) as err:
+        raise UsageError(str(err)) from err
+    curves = {}
+    if heldout is not None:
+        for t in targets:
+            curves[t] = k_curve(
+                model,
+                res,
+                t,
+                ks,
+                heldout,
+                n_samples=args.samples,
+                max_new_tokens=args.new_tokens,
+                value=args.value,
+                seed=args.seed,
+                max_tokens=args.max_tokens or 64,
+                progress=not args.quiet,
+            )
+    k_show = min(ks[0], res.stats.n_features)
+    summary = res.summary(k_show)
+    summary["targets"] = targets
+    summary["clamps"] = sorted(clamps)
+    summary["k_curve"] = {t: c.records() for t, c in curves.items()}
+    choices = {t: c.choose(args.ppl_budget, args.ppl_others) for t, c in curves.items()}
+    summary["k_choice"] = choices
+    summary["chosen_k"] = {t: ch["k"] for t, ch in choices.items()}
+    summary["k_tests"] = {t: c.tests() for t, c in curves.items()}
+    summary["meta"] = run_meta(
+        model,
+        args,
+        langs=list(texts),
+        sentences_per_lang=len(next(iter(texts.values()))),
+        seconds=round(time.time() - t0, 1),
+    )
+    report = Report("mechlingo: expert neurons", summary["meta"])
+    report.add_text(
+        "Each MLP neuron's activation is pooled over each sentence's real tokens and scored "
+        f"by {args.score.upper()} as a detector of one language against the others. The top "
+        "k neurons of a language are clamped to their mean (or median) activation on that "
+        "language at every position; the control writes the same values to random neurons.",
+        note=True,
+    )
+    report.add_heading("Best neurons")
+    report.add_table(
+        [{"lang": lg, **v} for lg, v in summary["per_lang"].items()],
+    )
+    report.add_figure(res.fig_layers(k_show))
+    report.add_figure(res.fig_overlap(k_show))
+    for t, c in curves.items():
+        ch = choices[t]
+        report.add_heading(f"Choosing k for {t}")
+        report.add_text(
+            "Generations: temperature-1 samples from a bare BOS prompt (fixed seed; greedy from "
+            "BOS gives one string only) and greedy continuations of short neutral prompts; "
+            "language identified by py3langid among the languages of the data. Rate intervals: "
+            "Wilson 95%; perplexity intervals: bootstrap 95% over the held-out lines."
+        )
+        report.add_text(
+            f"Rule: {ch['rule']}. Chosen: "
+            + (f"k = {ch['k']}." if ch["k"] is not None else "none (no k within the budget).")
+        )
+        report.add_table(_k_rows(c, ch))
+        report.add_figure(c.figure(ch["k"]))
+        report.add_table(  # every arm: its first 6 BOS samples and the prompt continuations
+            [
+                {"k": r["k"], "arm": r["arm"], **e}
+                for r in c.rows
+                for e in [x for x in r["examples"] if x["source"] == "BOS"][:6]
+                + [x for x in r["examples"] if x["source"] != "BOS"]
+            ]
+        )
+    files: dict[str, Any] = {
+        "summary.json": summary,
+        "experts.csv": res.to_dataframe(max(ks)).to_csv(index=False),
+        "report.html": report,
+    }
+    if curves:
+        import pandas as pd
+
+        files["kcurve.csv"] = pd.concat(
+            [c.to_dataframe().assign(lang=t) for t, c in curves.items()]
+        ).to_csv(index=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, iv in clamps.items():
+            files.update(_folder_files(iv.save(Path(tmp) / name, model), name))
+        write_outputs(args.out, files, keep_others=False)  # one step, no stale clamps
+    for t, ch in choices.items():
+        print(f"{t}: the k rule chose k = {ch['k']} ({ch['rule']})")
+    print(f"wrote {args.out}: summary.json, experts.csv, report.html, clamps {sorted(clamps)}")
+    return 0
+
+
+def _k_rows(curve: Any, choice: dict) -> list[dict[str, Any]]:
+    """One row per k for the report: rate of experts and control with intervals, perplexity
+    ratios, within budget, chosen, McNemar p against no clamp and against the control."""
+
+    def ci(r: dict, col: str, fmt: str = ".2f") -> str:
+        lo, hi = r.get(f"{col}_lo"), r.get(f"{col}_hi")
+        band = f" [{lo:{fmt}}, {hi:{fmt}}]" if lo is not None and hi is not None else ""
+        return f"{r[col]:{fmt}}{band}"
+
+    lang = curve.lang
+    tests = {t["k"]: t for t in curve.tests()}
+    by = {(r["k"], r["arm"]): r for r in curve.rows}
+    rows = []
+    none = by.get((0, "none"))
+    if none is not None:
+        rows.append({"k": 0, "experts: rate in " + lang: ci(none, "target_rate_bos")})
+    for cand in choice["candidates"]:
+        k = cand["k"]
+        e, ctl = by[(k, "experts")], by.get((k, "random"))
+        t = tests.get(k, {})
+        row: dict[str, Any] = {
+            "k": k,
+            "experts: rate in " + lang: ci(e, "target_rate_bos"),
+            "control: rate": ci(ctl, "target_rate_bos") if ctl else "",
+            f"experts: ppl ratio {lang}": ci(e, f"ppl_ratio_{lang}"),
+            "experts: ppl ratio others": cand["ppl_ratio_others"],
+            f"control: ppl ratio {lang}": ci(ctl, f"ppl_ratio_{lang}") if ctl else "",
+            "within budget": cand["within_budget"],
+            "chosen": k == choice["k"],
+            "p vs none": t.get("vs_none", {}).get("p"),
+            "p vs control": t.get("vs_random", {}).get("p"),
+        }
+        rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------------------
+
+
+def _resolve_clamp(path: str, target: str | None) -> str:
+    """A clamp folder as given, or, for an ``experts`` output folder, the clamp of the k its
+    rule chose for ``target`` (or its only target)."""
+
+    p = Path(path)
+    if (p / "intervention.json").is_file() or not (p / "summary.json").is_file():
+        return path  # a clamp folder (or missing: load_intervention says so)
+    chosen = json.loads((p / "summary.json").read_text()).get("chosen_k") or {}
+    if target is None and len(chosen) == 1:
+        target = next(iter(chosen))
+    if target not in chosen:
+        raise UsageError(
+            f"{path} is an experts folder with chosen k for {sorted(chosen) or 'no language'}",
+            where="--clamp",
+            fix="pass --target LANG, or a clamp folder such as EDIR/es-k500",
+        )
+    k = chosen[target]
+    if k is None:
+        raise UsageError(
+            f"the k rule of {path} chose no k for {target} (none within the perplexity budget)",
+            where="--clamp",
+            fix="pass a clamp folder such as EDIR/es-k100 explicitly (and say it was not chosen)",
+        )
+    return str(p / f"{target}-k{k}")
+
+
+def _interval_rows(iv: dict) -> list[dict[str, Any]]:
+    """Report rows: per metric the mean [lo, hi] of every arm and the gains with intervals."""
+
+    def fmt(c: dict, key: str = "mean") -> str:
+        v, lo, hi = c.get(key), c.get("lo"), c.get("hi")
+        if v is None:
+            return ""
+        return f"{v:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")
+
+    rows = []
+    for m, per in iv["metrics"].items():
+        row: dict[str, Any] = {"metric": m}
+        row |= {arm: fmt(c) for arm, c in per.items()}
+        row |= {name: fmt(g, "gain") for name, g in iv["gains"].get(m, {}).items()}
+        rows.append(row)
+    return rows
+
+
+def _align_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    _data_args(p, default_limit=200)
+    add_out_arg(p)
+    g = p.add_argument_group("alignment")
+    g.add_argument(
+        "--clamp",
+        default=None,
+        help="saved intervention folder (e.g. EDIR/es-k500), or an `experts` output folder: "
+        "then the clamp of the k its rule chose (`chosen_k` in EDIR/summary.json)",
+    )
+    g.add_argument(
+        "--control",
+        default=None,
+        help="control intervention folder (default: CLAMP-random when it exists)",
+    )
+    g.add_argument(
+        "--layer", type=int, default=None, help="layer of the headline numbers (default last)"
+    )
+    g.add_argument("--centre", action="store_true", help="subtract the mean embedding first")
+    g.add_argument("--target", default=None, help="target language (default: from the clamp)")
+    g.add_argument(
+        "--side-effects",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also measure the clamp's side effects in every language against the control "
+        "(mechlingo.analyses.side_effects): accuracy on N bundled capitals per language (natural "
+        "templates), perplexity and output language on the last N lines of each language "
+        "(default 0: off)",
+    )
+
+
+def _align_side_effects(model: Model, iv: Any, control: Any, texts: dict, args: Any) -> Any:
+    """The clamp's side effects (:func:`mechlingo.analyses.side_effects.side_effects`) on bundled
+    capitals (natural templates) and the last ``--side-effects`` lines of each language."""
+
+    n = args.side_effects
+    langs = [lg for lg in texts if lg in LANGS]
+    facts = load_facts(langs=langs, relations=["capital"], limit=n, templates="natural")
+    lines = {lg: texts[lg][-n:] for lg in langs}
+    return side_effects(model, iv, facts, lines, control=control or "random",
+                        batch_size=args.batch_size, progress=not args.quiet)  # fmt: skip
+
+
+@command("align", "cross-lingual retrieval and distances before/after a clamp", _align_args)
+def cmd_align(args: Any) -> int:
+
+    texts = load_parallel(args)
+    if len(texts) < 2:
+        raise UsageError("alignment needs at least two languages")
+    if args.target is not None and args.target not in texts:
+        raise UsageError(
+            f"--target {args.target} has no sentences; the languages are {list(texts)}",
+            where="--target",
+            fix="pick one of them or drop --target",
+        )
+    clamp_path = _resolve_clamp(args.clamp, args.target) if args.clamp else None
+    model = load_cli_model(args)
+    iv = control = None
+    try:
+        if clamp_path:
+            iv = load_intervention(clamp_path, model)
+            ctl = args.control or (str(Path(clamp_path)) + "-random")
+            if args.control or Path(ctl).is_dir():
+                control = load_intervention(ctl, model)
+    except (FileNotFoundError, InterventionError) as err:
+        raise UsageError(str(err)) from err
+    t0 = time.time()
+    kw = dict(
+        layers="all",
+        target=args.target,
+        centre=args.centre,
+        batch_size=args.batch_size,
+        max_tokens=args.max_tokens,
+        progress=not args.quiet,
+    )
+    try:
+        comp = compare_alignment(model, texts, iv, control=control, **kw)
+        summary = comp.summary(args.layer)
+        summary["intervals"] = comp.intervals(args.layer)
+    except (AlignmentError, ValueError) as err:
+        raise UsageError(str(err)) from err
+    summary["target"] = comp.target
+    side = None
+    if args.side_effects and iv is not None:
+        side = _align_side_effects(model, iv, control, texts, args)
+        summary["side_effects"] = side.to_json()
+    summary["meta"] = run_meta(
+        model,
+        args,
+        clamp=clamp_path,
+        control=str(args.control or (Path(clamp_path).name + "-random" if control else None)),
+        langs=list(texts),
+        seconds=round(time.time() - t0, 1),
+    )
+    report = Report("mechlingo: cross-lingual alignment", summary["meta"])
+    report.add_text(
+        "Sentence embedding = mean residual stream over real tokens (BOS excluded). Retrieval "
+        "a->b: fraction of sentences of a whose nearest neighbour (cosine) among b's sentences "
+        f"is its translation (chance {1 / comp.pre.emb.shape[2]:.3f}). Distances are mean "
+        "cosine distances; 'different sentences' is the baseline that translations should "
+        "beat.",
+        note=True,
+    )
+    report.add_heading("Headline numbers with 95% intervals")
+    report.add_text(
+        "Means over sentences with bootstrap intervals (resampling sentences; for retrieval "
+        "the queries, with the candidate pool fixed). Gains are paired over the same "
+        "sentences; for distances a negative gain means closer. 'control' is the random-"
+        "neuron clamp of the same size and values."
+    )
+    report.add_table(_interval_rows(summary["intervals"]))
+    report.add_figure(
+        interval_bars_figure(
+            summary["intervals"]["metrics"], f"layer {summary['layer']}: means with 95% CIs"
+        )
+    )
+    report.add_heading("Retrieval per layer")
+    report.add_figure(comp.fig_layers())
+    report.add_heading("Retrieval matrix")
+    report.add_figure(comp.fig_retrieval(args.layer))
+    report.add_heading("Distances")
+    report.add_table([{"arm": k, **v} for k, v in summary["distance"].items()])
+    report.add_figure(comp.fig_pca(args.layer))
+    if side is not None:
+        report.add_heading("Side effects of the clamp in every language")
+        report.add_figure(side.fig_heatmap())
+    write_outputs(
+        args.out,
+        {
+            "summary.json": summary,
+            "retrieval.csv": comp.to_dataframe().to_csv(index=False),
+            "report.html": report,
+        },
+    )
+    pre = summary["retrieval_top1"]["pre"]
+    post = summary["retrieval_top1"].get("post", {})
+    for pair in list(pre)[:12]:
+        print(f"{pair}: {pre[pair]:.3f}" + (f" -> {post[pair]:.3f}" if pair in post else ""))
+    for row in _interval_rows(summary["intervals"]):
+        print("  ".join(f"{k}={v}" for k, v in row.items()))
+    print(f"wrote {args.out}/summary.json, retrieval.csv and report.html")
+    return 0

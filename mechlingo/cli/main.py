@@ -1,0 +1,104 @@
+"""The ``mechlingo`` command.
+
+Each subcommand loads a model, runs one analysis, and writes ``--out/summary.json`` (the
+headline numbers) and ``--out/report.html`` (one self-contained file with the figures), plus
+its own detail files. Outputs are written only when the analysis has succeeded; on bad input
+the command prints one line (what is wrong, where, what to do) and exits with status 2,
+leaving ``--out`` untouched. Every flag is checked before the model loads
+(:func:`mechlingo.cli.validate.validate_args`), what needs the model (layer counts, prompt
+lengths against ``n_ctx``) right after it loads and before any computation. An unexpected
+exception is a bug: it is reported with its traceback and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mechlingo.activations.parallel import process_group
+
+# The command modules register their subcommands (in this order) when imported.
+from mechlingo.cli import basic, experts, steer, trace  # noqa: F401
+from mechlingo.cli.common import _COMMANDS
+from mechlingo.cli.validate import validate_args
+from mechlingo.core.artifacts import cleanup_stale
+from mechlingo.core.errors import MechlingoError, format_error
+from mechlingo.core.models import cache_dir
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mechlingo",
+        description="Mechanistic interpretability of multilingual language models "
+        "(TransformerLens). Each command writes OUT/summary.json and OUT/report.html.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (add_args, fn) in _COMMANDS.items():
+        sp = sub.add_parser(
+            name, help=getattr(fn, "help_text", ""), description=getattr(fn, "help_text", "")
+        )
+        add_args(sp)
+        sp.set_defaults(_run=fn)
+    return parser
+
+
+def _cleanup_at_start(args: Any) -> None:
+    """Remove leftovers of killed runs: temporary siblings of ``--out`` and the model
+    cache's unfinished conversions."""
+
+    out = getattr(args, "out", None)
+    if isinstance(out, str) and out.strip():
+        path = Path(out).expanduser().absolute()
+        cleanup_stale(path.parent, path.name)
+    cleanup_stale(cache_dir(), cache=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``mechlingo`` command line; returns the exit status.
+
+    0: done. 2: bad input (one line on stderr: what, where, what to do; ``--out`` and the
+    model cache untouched). 1: a bug (one line saying so, then the traceback). 130:
+    interrupted. ``MECHLINGO_DEBUG=1`` re-raises instead.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+
+    name = args.command + (f" {args.steer_command}" if getattr(args, "steer_command", None) else "")
+    try:
+        validate_args(args)
+        _cleanup_at_start(args)
+        # Under torchrun the statistics of `steer build` and `experts` are computed data-parallel
+        # (each rank streams its shard; sums are all-reduced) and only rank 0 writes outputs.
+        with process_group():
+            return int(args._run(args) or 0)
+    except MechlingoError as err:
+        if os.environ.get("MECHLINGO_DEBUG"):
+            raise
+        print(f"mechlingo {name}: error: {format_error(err)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # pragma: no cover
+        print("interrupted; nothing was written", file=sys.stderr)
+        return 130
+    except Exception as err:
+        if os.environ.get("MECHLINGO_DEBUG"):
+            raise
+        print(
+            f"mechlingo {name}: internal error ({type(err).__name__}): this is a bug in "
+            "mechlingo, not in your input; please report it with the command line and the "
+            "traceback below",
+            file=sys.stderr,
+        )
+        traceback.print_exc(file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

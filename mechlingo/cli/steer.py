@@ -1,0 +1,504 @@
+"""``mechlingo steer build`` and ``mechlingo steer eval``: the two repair vectors on the CLI.
+
+``steer build --out VDIR`` builds the recall-engagement (task) and back-translation (diff)
+vector stacks from the *build* split of the selected facts and saves them.
+
+``steer eval --vectors VDIR --out DIR`` runs the protocol of :mod:`mechlingo.analyses.protocol`:
+headroom (zero-shot vs k-shot), the dev sweep (every second layer from ~20% to ~90% of the
+depth x a log alpha grid, the best pairs combined, "no intervention" a candidate that must be
+beaten by an exact McNemar test), the lowest language fixed on dev, and on test ``orig``,
+``task``, ``diff``, ``both`` and norm-matched ``random`` controls with Wilson intervals,
+McNemar tests and bootstrap intervals of the gains. It writes ``DIR/summary.json``,
+``DIR/generations.jsonl`` and ``DIR/report.html``.
+
+Both default to the bundled capitals with the ``natural`` template family (plain
+fact-completion stems, where recall is under-engaged: the papers' setting) and every fact of
+the relation, split by id 0.4/0.2/0.4 into build/dev/test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from mechlingo.analyses.protocol import (
+    Choice,
+    check_disjoint,
+    condition_interventions,
+    evaluate_test,
+    fig_accuracy_ci,
+    fig_headroom,
+    gain_rows,
+    headroom,
+    lowest_language_dev,
+    repeat_summary,
+    sweep,
+)
+from mechlingo.analyses.repair import (
+    RepairVectors,
+    SteeringConfig,
+    build_repair_vectors,
+    split_facts,
+    take_per_lang,
+    transfer,
+)
+from mechlingo.analyses.side_effects import side_effects
+from mechlingo.cli.common import (
+    UsageError,
+    add_data_args,
+    add_model_args,
+    command,
+    load_cli_model,
+    load_selected_facts,
+    run_meta,
+    split_list,
+)
+from mechlingo.core.artifacts import atomic_folder
+from mechlingo.core.types import Model
+from mechlingo.data import read_parallel_dir
+from mechlingo.interventions import ModelMismatchError
+from mechlingo.report import Report, write_outputs
+
+ALL_LANGS = "en,de,fr,es,it,pt,ru,zh,ja,ko,ar,hi"
+#: mechlingo.analyses.protocol.ALPHA_GRID as flag text (kept here so that `--help` imports no torch)
+ALPHAS = "0.03,0.063,0.13,0.28,0.6"
+
+
+def _floats(text: str | None, flag: str) -> list[float] | None:
+    items = split_list(text)
+    if items is None:
+        return None
+    try:
+        return [float(x) for x in items]
+    except ValueError as err:
+        raise UsageError(f"{flag} takes comma-separated numbers, got {text!r}") from err
+
+
+def _ints(text: str | None, flag: str) -> list[int] | None:
+    items = split_list(text)
+    if items is None:
+        return None
+    try:
+        return [int(x) for x in items]
+    except ValueError as err:
+        raise UsageError(f"{flag} takes comma-separated integers, got {text!r}") from err
+
+
+def _depth_layers(model: Model, fractions: tuple[float, ...]) -> list[int]:
+    """Layers at the given fractions of the model's depth (distinct, in range)."""
+    n = int(model.cfg.n_layers)
+    return sorted({min(n - 1, max(0, round(n * f))) for f in fractions})
+
+
+def _fractions(text: str) -> tuple[float, float, float]:
+    vals = _floats(text, "--split") or []
+    if len(vals) != 3 or abs(sum(vals) - 1) > 1e-6 or min(vals) < 0:
+        raise UsageError(f"--split takes three fractions summing to 1 (build,dev,test), got {text}")
+    return vals[0], vals[1], vals[2]
+
+
+DEFAULT_SPLIT = "0.4,0.2,0.4"
+
+
+def _common(p: argparse.ArgumentParser, default_langs: str) -> None:
+    add_model_args(p)
+    add_data_args(p, default_langs=default_langs, default_templates="natural", default_limit=None)
+    p.add_argument("--out", required=True, help="output folder (created; files in it replaced)")
+    p.add_argument("--batch-size", type=int, default=64, help="prompts per forward pass")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--split",
+        default=DEFAULT_SPLIT,
+        help="build,dev,test fractions of fact ids (split by a hash of the id; default "
+        f"{DEFAULT_SPLIT}: 127 capitals give ~25 dev and ~50 test facts per language)",
+    )
+    p.add_argument(
+        "--salt", default="", help="salt of the id hash (another split of the same facts)"
+    )
+
+
+def _steer_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="steer_command", metavar="{build,eval}")
+    b = sub.add_parser("build", help="build the task and diff vector stacks from the build split")
+    _common(b, ALL_LANGS)
+    b.add_argument("--k-shot", type=int, default=3, help="demonstrations per few-shot prompt")
+    b.add_argument(
+        "--translation-shots",
+        type=int,
+        default=2,
+        help="solved translation pairs before each translation prompt of the diff vector "
+        "(default 2)",
+    )
+    b.add_argument(
+        "--plain-task",
+        action="store_true",
+        help="task vector = plain few-shot mean (default: few-shot mean minus zero-shot mean, "
+        "which did better on dev; see docs/methods/repair-vectors.md)",
+    )
+    b.add_argument(
+        "--unit",
+        choices=["resid", "raw"],
+        default="resid",
+        help="resid (default): each layer's vector is its direction scaled to the mean "
+        "last-token residual norm there, so alpha is a fraction of that norm; raw: the raw "
+        "mean/difference",
+    )
+    e = sub.add_parser("eval", help="sweep on dev, report orig/task/diff/both/random on test")
+    _common(e, ALL_LANGS)
+    e.add_argument("--vectors", required=True, help="folder written by `steer build`")
+    e.add_argument("--dev-per-lang", type=int, default=None, help="dev fact ids per relation")
+    e.add_argument("--test-per-lang", type=int, default=None, help="test fact ids per relation")
+    e.add_argument(
+        "--task-layers",
+        default=None,
+        help="layers tried for the task vector (default: every second layer from ~20%% to "
+        "~90%% of the depth, 4,6,...,16 on the 18-layer default model)",
+    )
+    e.add_argument(
+        "--task-alphas",
+        default=ALPHAS,
+        help="scales tried for the task vector, in the vectors' unit (default: a log grid "
+        "0.03-0.6; unit 'resid': fractions of the mean residual norm at the layer)",
+    )
+    e.add_argument("--diff-layers", default=None, help="layers tried for the diff vector "
+                   "(default: as --task-layers)")  # fmt: skip
+    e.add_argument(
+        "--diff-alphas",
+        default=ALPHAS,
+        help="scales tried for the diff vector (default as --task-alphas)",
+    )
+    e.add_argument("--top-k", type=int, default=3, help="settings of each vector re-scored on "
+                   "the whole dev split; their best pairs are combined (default 3)")  # fmt: skip
+    e.add_argument(
+        "--screen-ids",
+        type=int,
+        default=8,
+        help="dev fact ids (x every language) that score the whole grid before the top "
+        "settings are re-scored on all of dev (default 8; 0 = all of dev)",
+    )
+    e.add_argument("--en-tolerance", type=float, default=0.05,
+                   help="largest allowed drop of English dev accuracy (default 0.05)")  # fmt: skip
+    e.add_argument("--p-threshold", type=float, default=0.1, help="a setting is chosen only "
+                   "if it beats no intervention on dev with McNemar p below this")  # fmt: skip
+    e.add_argument("--seeds", default="0,1,2", help="random-control seeds (at least 3 advised)")
+    e.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="re-split N times with other salts (vectors rebuilt each time) and report the "
+        "mean and sd over splits (default 1)",
+    )
+    e.add_argument(
+        "--config",
+        default=None,
+        help="skip the sweep: task_layer,task_alpha,diff_layer,diff_alpha (labelled as not "
+        "chosen on dev)",
+    )
+    e.add_argument(
+        "--side-effects",
+        default=None,
+        metavar="DIR",
+        help="also measure the selected intervention's side effects in every language "
+        "(accuracy, perplexity on the lines of DIR/<lang>.txt, e.g. NTREX, and the language of "
+        "continuations) against a norm-matched random control (mechlingo.analyses.side_effects)",
+    )
+    e.add_argument("--side-effects-lines", type=int, default=20,
+                   help="lines per language for --side-effects (default 20)")  # fmt: skip
+    e.add_argument(
+        "--transfer",
+        action="store_true",
+        help="also measure transfer: vectors rebuilt without the lowest language (tested on "
+        "it) and, with several relations, built on the first relation and tested on the others",
+    )
+    e.add_argument("--max-new-tokens", type=int, default=6, help="greedy tokens (default 6)")
+
+
+@command("steer", "build and evaluate the two repair steering vectors", _steer_args)
+def cmd_steer(args: Any) -> int:
+    which = getattr(args, "steer_command", None)
+    if which == "build":
+        return _build(args)
+    if which == "eval":
+        return _eval(args)
+    raise UsageError("use `mechlingo steer build --out VDIR` or `mechlingo steer eval ...`")
+
+
+def _build(args: Any) -> int:
+
+    if args.k_shot < 1:
+        raise UsageError("--k-shot must be at least 1")
+    facts = load_selected_facts(args)
+    splits = split_facts(facts, _fractions(args.split), salt=args.salt)
+    if not splits["build"]:
+        raise UsageError("the build split is empty; raise --limit or the build fraction")
+    model = load_cli_model(args)
+    t0 = time.time()
+    try:
+        vectors = build_repair_vectors(
+            model,
+            splits["build"],
+            k_shot=args.k_shot,
+            subtract_zero_shot=not args.plain_task,
+            unit=args.unit,
+            batch_size=args.batch_size,
+            progress=not args.quiet,
+            translation_shots=args.translation_shots,
+        )
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    vectors.build["split"] = list(_fractions(args.split))
+    vectors.build["salt"] = args.salt
+    vectors.build["templates"] = args.templates_used
+    summary = {
+        "build": vectors.build,
+        "norms": vectors.norms(),
+        "meta": run_meta(model, args, seconds=round(time.time() - t0, 1)),
+    }
+
+    # Built beside --out and renamed in one step: never task/ of one run next to another's.
+    with atomic_folder(args.out, keep_others=False) as tmp:
+        vectors.save(tmp, model)
+        write_outputs(tmp, {"summary.json": summary})
+    print(f"wrote {args.out}/task, {args.out}/diff, build.json and summary.json")
+    return 0
+
+
+def _eval(args: Any) -> int:
+
+    facts = load_selected_facts(args)
+    fractions = _fractions(args.split)
+    seeds = _ints(args.seeds, "--seeds") or []
+    if not seeds:
+        raise UsageError("--seeds needs at least one seed (3 or more advised)")
+    if args.repeats < 1:
+        raise UsageError("--repeats must be at least 1")
+    model = load_cli_model(args)
+    vectors = _load_vectors(args.vectors, model)
+    t0 = time.time()
+    runs = []
+    for r in range(args.repeats):
+        salt = args.salt if r == 0 else f"{args.salt}#repeat{r}"
+        runs.append(_one_split(model, args, facts, fractions, salt, vectors if r == 0 else None))
+    summary, test, sweep_result = runs[0]
+    if args.repeats > 1:
+        summary["repeats"] = repeat_summary([s for s, _, _ in runs])
+    if args.transfer:
+        summary["transfer"] = _transfer(model, args, facts, fractions, summary, vectors)
+    side = None
+    if args.side_effects:
+        side = _side_effects(model, args, test)
+        summary["side_effects"] = side.to_json()
+    summary["meta"] = run_meta(
+        model, args, vectors=str(args.vectors), build=vectors.build,
+        seconds=round(time.time() - t0, 1),
+    )  # fmt: skip
+    records = [{"condition": c, **r} for c, er in test.results.items() for r in er.records]
+    write_outputs(
+        args.out,
+        {
+            "summary.json": summary,
+            "generations.jsonl": "\n".join(json.dumps(r, ensure_ascii=False) for r in records)
+            + "\n",
+            "report.html": _report(summary, test, sweep_result, side),
+        },
+    )
+    _print_summary(summary)
+    print(f"wrote {args.out}/summary.json, generations.jsonl and report.html")
+    return 0
+
+
+def _load_vectors(folder: str, model: Model) -> Any:
+
+    try:
+        return RepairVectors.load(folder, model)
+    except (FileNotFoundError, ModelMismatchError, ValueError) as err:
+        raise UsageError(str(err)) from err
+
+
+def _one_split(
+    model: Model, args: Any, facts: list, fractions: tuple, salt: str, vectors: Any
+) -> tuple[dict, Any, Any]:
+    """Build (unless given), sweep on dev and score on test for one split of the facts."""
+
+    splits = split_facts(facts, fractions, salt=salt)
+    build = splits["build"]
+    dev = take_per_lang(splits["dev"], args.dev_per_lang)
+    test = take_per_lang(splits["test"], args.test_per_lang)
+    if not test or not dev or not build:
+        raise UsageError("a split is empty (build, dev or test); raise --limit or change --split")
+    built = vectors.build if vectors is not None else {}
+    k_shot = int(built.get("k_shot", 3))
+    if vectors is None:
+        vectors = build_repair_vectors(
+            model, build, k_shot=k_shot, unit=str(built.get("unit", "resid")),
+            subtract_zero_shot=bool(built.get("subtract_zero_shot", True)),
+            translation_shots=int(built.get("translation_shots", 0)), batch_size=args.batch_size,
+        )  # fmt: skip
+    notes = []
+    if "fact_ids" in vectors.build:
+        check_disjoint("building the vectors", vectors.build["fact_ids"], test)
+        check_disjoint("building the vectors", vectors.build["fact_ids"], dev)
+    else:
+        notes.append(
+            "the vectors record no build fact ids: their disjointness from test is unchecked"
+        )
+    check_disjoint("the few-shot demonstrations", build, test)
+    kw = {"max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
+          "progress": not args.quiet}  # fmt: skip
+    sweep_result = None
+    if args.config:
+        hr = headroom(model, dev, build, k_shot=k_shot, **kw)
+        lowest = lowest_language_dev(hr["zero_shot"], hr["k_shot"])
+        choice = Choice(_config(args.config), "both", "not measured (--config)", {}, {})
+    else:
+        sweep_result = sweep(
+            model, vectors, dev, pool=build, k_shot=k_shot, test_ids=test,
+            task_layers=_ints(args.task_layers, "--task-layers"),
+            diff_layers=_ints(args.diff_layers, "--diff-layers"),
+            task_alphas=_floats(args.task_alphas, "--task-alphas") or [],
+            diff_alphas=_floats(args.diff_alphas, "--diff-alphas") or [],
+            top_k=args.top_k, screen_ids=args.screen_ids or None,
+            en_tolerance=args.en_tolerance, p_threshold=args.p_threshold, **kw,
+        )  # fmt: skip
+        choice, lowest = sweep_result.choice, sweep_result.lowest_language
+    seeds = _ints(args.seeds, "--seeds") or [0]
+    test_res = evaluate_test(model, vectors, choice, test, lowest_language=lowest, pool=build,
+                             k_shot=k_shot, seeds=seeds, **kw)  # fmt: skip
+    summary = test_res.summary()
+    summary["warnings"] = summary.get("warnings", []) + notes
+    summary["split"] = {"fractions": list(fractions), "salt": salt,
+                        "n_ids": {k: len({f.id for f in v}) for k, v in
+                                  (("build", build), ("dev", dev), ("test", test))}}  # fmt: skip
+    if sweep_result is not None:
+        summary["sweep"] = sweep_result.to_dict()
+    return summary, test_res, sweep_result
+
+
+def _config(text: str) -> Any:
+
+    vals = split_list(text) or []
+    if len(vals) != 4:
+        raise UsageError("--config takes task_layer,task_alpha,diff_layer,diff_alpha")
+    try:
+        return SteeringConfig(int(vals[0]), float(vals[1]), int(vals[2]), float(vals[3]))
+    except ValueError as err:
+        raise UsageError(f"--config: {err}") from err
+
+
+def _transfer(model: Model, args: Any, facts: list, fractions: tuple, summary: dict,
+              vectors: Any) -> dict:  # fmt: skip
+
+    splits = split_facts(facts, fractions, salt=args.salt)
+    test = take_per_lang(splits["test"], args.test_per_lang)
+    cfg = SteeringConfig(**summary["config"])
+    same = {
+        "subtract_zero_shot": bool(vectors.build.get("subtract_zero_shot", False)),
+        "unit": vectors.unit, "k_shot": int(vectors.build.get("k_shot", 3)),
+        "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
+    }  # fmt: skip
+    out = {}
+    low = summary.get("lowest_language")
+    if low is not None:
+        out["without_lowest_language"] = transfer(
+            model, splits["build"], test, cfg, holdout_lang=low, **same
+        )
+    rels = sorted({f.relation for f in facts})
+    if len(rels) > 1:
+        out["across_relations"] = transfer(
+            model, splits["build"], test, cfg, build_relations=rels[:1],
+            test_relations=rels[1:], **same,
+        )  # fmt: skip
+    return out
+
+
+def _pct(x: Any) -> str:
+    return "n/a" if x is None else f"{100 * x:+.1f}"
+
+
+def _print_summary(summary: dict) -> None:
+    for cond, acc in summary["accuracy"].items():
+        print(f"{cond:>10}: " + " ".join(f"{lg}={x:.2f}" for lg, x in acc.items()))
+    sel = summary["selected"]
+    g = summary["non_english_gain"].get(sel, {})
+    print(
+        f"dev effect: {summary['dev_effect']} (selected {sel}); non-English gain of {sel}: "
+        f"{_pct(g.get('gain'))} points [{_pct(g.get('lo'))}, {_pct(g.get('hi'))}], McNemar p "
+        f"= {summary['mcnemar_vs_orig'].get(sel, {}).get('p', float('nan')):.3g}"
+    )
+    low = summary.get("lowest_language")
+    if low is not None:
+        lg = summary["lowest_language_gain"].get(sel, {})
+        print(
+            f"lowest language (fixed on dev): {low}; gain {_pct(lg.get('gain'))} points "
+            f"[{_pct(lg.get('lo'))}, {_pct(lg.get('hi'))}], relative "
+            + ("n/a (orig 0)" if lg.get("relative") is None else f"{lg['relative']:+.2f}")
+        )
+    for w in summary.get("warnings", []):
+        print(f"warning: {w}")
+
+
+def _side_effects(model: Model, args: Any, test: Any) -> Any:
+    """Side effects of the selected test condition on its test facts and the lines of
+    ``--side-effects``, against a norm-matched random control."""
+
+    if args.side_effects_lines < 1:
+        raise UsageError("--side-effects-lines must be at least 1")
+    langs = sorted({r["lang"] for r in test.results["orig"].records})
+    try:
+        lines = read_parallel_dir(args.side_effects, langs)
+    except ValueError as err:
+        raise UsageError(f"--side-effects: {err}") from err
+    lines = {lg: v[: args.side_effects_lines] for lg, v in lines.items()}
+    iv = condition_interventions(test)[
+        test.choice.selected if test.choice.selected != "none" else "both"
+    ]
+    facts = test.facts
+    return side_effects(model, iv, facts, lines, control="random", seed=0,
+                        batch_size=args.batch_size, progress=not args.quiet)  # fmt: skip
+
+
+def _report(summary: dict, test: Any, sweep_result: Any, side: Any = None) -> Any:
+
+    report = Report("mechlingo: repair steering vectors", summary["meta"])
+    cfg, sel = summary["config"], summary["selected"]
+    report.add_text(
+        "Two steering vectors are added to the residual stream (resid_pre) at each prompt's "
+        "last token: the recall-engagement (task) vector and the back-translation (diff) "
+        "vector. Everything is chosen on dev facts; test facts (never used to build, to draw "
+        "demonstrations or to choose) are scored by greedy generation. 'random_s*' add "
+        "norm-matched random directions at the selected places. "
+        f"Prompt family: {summary['meta'].get('templates', '?')}. Chosen on dev: {sel} "
+        f"(task at layer {cfg['task_layer']} x {cfg['task_alpha']:g}, diff at layer "
+        f"{cfg['diff_layer']} x {cfg['diff_alpha']:g}, alpha unit {summary['alpha_unit']}); "
+        f"dev effect: {summary['dev_effect']}.",
+        note=True,
+    )
+    report.add_heading("Headroom: zero-shot vs k-shot (test)")
+    report.add_figure(fig_headroom(summary["headroom"]))
+    report.add_heading("Test accuracy per language (Wilson 95% intervals)")
+    report.add_figure(fig_accuracy_ci(summary["intervals"]))
+    report.add_heading("Gains over orig on the non-English test items (bootstrap 95% CI)")
+    report.add_table(gain_rows(summary))
+    for w in summary.get("warnings", []):
+        report.add_text(f"Warning: {w}")
+    if sweep_result is not None:
+        report.add_heading("Dev sweep")
+        report.add_figure(sweep_result.fig_heatmap("task"))
+        report.add_figure(sweep_result.fig_heatmap("diff"))
+        report.add_table([r for r in sweep_result.rows if r["stage"] == "dev"])
+    if side is not None:
+        report.add_heading("Side effects of the selected intervention in every language")
+        report.add_figure(side.fig_heatmap())
+    if "transfer" in summary:
+        report.add_heading("Transfer")
+        report.add_table(
+            [
+                {"setting": name, "built on": json.dumps(t["built_on"]),
+                 "tested on": json.dumps(t["tested_on"]),
+                 "orig": round(t["mean"]["orig"], 3), "both": round(t["mean"]["both"], 3)}
+                for name, t in summary["transfer"].items()
+            ]
+        )  # fmt: skip
+    return report

@@ -1,0 +1,717 @@
+"""Checks of user input, run before any model loads (and, for what needs the model's
+tokenizer and sizes, right after it loads and before any computation).
+
+Each check raises a :class:`~mechlingo.core.errors.MechlingoError` subclass whose message says
+what is wrong, where (the flag, or the file and line) and what to do. The ``mechlingo``
+command runs :func:`validate_args` on every parsed command line and
+:func:`check_after_load` on every loaded model; the functions are public so that library
+code and notebooks can reuse them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mechlingo.core.checks import check_gguf_file, check_model_folder
+from mechlingo.core.errors import (
+    ArtifactError,
+    ContextLengthError,
+    DataError,
+    DeviceError,
+    InputError,
+    MissingArtifactError,
+    ModelLoadError,
+    OutputError,
+)
+from mechlingo.core.models import default_model_dir
+from mechlingo.core.sites import canonical_site
+from mechlingo.core.types import Model
+from mechlingo.data import LANGS, RELATIONS, few_shot_prompt, read_facts
+from mechlingo.interventions import load_intervention
+
+__all__ = [
+    "ModelShape",
+    "check_after_load",
+    "check_context",
+    "check_data_file",
+    "check_device",
+    "check_dtype",
+    "check_finite",
+    "check_gguf_file",
+    "check_layers",
+    "check_model_folder",
+    "check_out",
+    "parse_list",
+    "validate_args",
+]
+
+
+#: Integer flags that must be at least 1 when given (``args`` attribute names).
+POSITIVE_INTS = (
+    "batch_size",
+    "max_new_tokens",
+    "limit",
+    "k_shot",
+    "max_rank",
+    "cells_per_batch",
+    "dev_per_lang",
+    "test_per_lang",
+    "top_k",
+    "max_tokens",
+    "samples",
+    "new_tokens",
+    "heldout",
+    "repeats",
+)
+#: Integer flags that must be at least 0 when given.
+NON_NEGATIVE_INTS = ("offset", "patch_prompts", "translation_shots")
+
+_FACT_COMMANDS = ("lens", "eval", "trace", "steer")
+_TEXT_COMMANDS = ("experts", "align")
+
+
+# --------------------------------------------------------------------------------------
+# Small parsers
+# --------------------------------------------------------------------------------------
+
+
+def parse_list(
+    text: str | None,
+    flag: str,
+    *,
+    known: Sequence[str] | None = None,
+    what: str = "item",
+    allow_empty: bool = False,
+    unique: bool = True,
+) -> list[str] | None:
+    """Split a comma-separated flag value, refusing empty items, repeats and (with
+    ``known``) unknown values. ``None`` stays ``None``; ``""`` is ``[]`` with
+    ``allow_empty`` and an error otherwise; repeats are allowed without ``unique``.
+
+    Raises:
+        InputError: naming the flag, the bad item and the valid values.
+    """
+    if text is None:
+        return None
+    if not text.strip():
+        if allow_empty:
+            return []
+        raise InputError(
+            f"{flag} is empty", where=flag, fix=f"give one or more {what}s, comma-separated"
+        )
+    items = [x.strip() for x in text.split(",")]
+    if any(not x for x in items):
+        raise InputError(
+            f"{flag} {text!r} has an empty {what}",
+            where=flag,
+            fix=f"give comma-separated {what}s without empty entries, e.g. "
+            + (",".join(known[:2]) if known else "a,b"),
+        )
+    seen: set[str] = set()
+    repeats = [x for x in items if x in seen or seen.add(x)]  # type: ignore[func-returns-value]
+    if repeats and unique:
+        raise InputError(
+            f"{flag} {text!r} names {what} {repeats[0]!r} more than once",
+            where=flag,
+            fix=f"name each {what} once",
+        )
+    if known is not None:
+        unknown = [x for x in items if x not in known]
+        if unknown:
+            raise InputError(
+                f"unknown {what}(s) {unknown} in {flag}",
+                where=flag,
+                fix=f"valid {what}s are {list(known)}",
+            )
+    return items
+
+
+def _ints(text: str | None, flag: str) -> list[int] | None:
+    items = parse_list(text, flag, what="number", unique=False)
+    if items is None:
+        return None
+    try:
+        return [int(x) for x in items]
+    except ValueError:
+        raise InputError(
+            f"{flag} takes comma-separated integers, got {text!r}", where=flag
+        ) from None
+
+
+def check_finite(values: Iterable[float], flag: str) -> None:
+    """Refuse NaN and infinite numbers.
+
+    Raises:
+        InputError: naming the flag.
+    """
+    for v in values:
+        if not math.isfinite(v):
+            raise InputError(f"{flag} has {v!r}", where=flag, fix="give finite numbers")
+
+
+def _floats(text: str | None, flag: str) -> list[float] | None:
+    items = parse_list(text, flag, what="number", unique=False)
+    if items is None:
+        return None
+    try:
+        vals = [float(x) for x in items]
+    except ValueError:
+        raise InputError(
+            f"{flag} takes comma-separated numbers, got {text!r}", where=flag
+        ) from None
+    check_finite(vals, flag)
+    return vals
+
+
+# --------------------------------------------------------------------------------------
+# Device, dtype, model source
+# --------------------------------------------------------------------------------------
+
+
+def check_device(text: str | None, flag: str = "--device") -> None:
+    """Refuse a device string torch does not know or a device this machine lacks.
+
+    Raises:
+        DeviceError: ``gpu0`` (not a device), ``cuda`` on CPU-only torch, ``cuda:3`` with
+            two GPUs, ...
+    """
+
+    if text is None:
+        return
+    if not text.strip():
+        raise DeviceError(f"{flag} is empty", where=flag, fix="use cpu or cuda, or omit it")
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise DeviceError(
+            f"{flag} {text!r} is not a device", where=flag, fix="use cpu, cuda or cuda:N"
+        ) from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(
+                f"{flag} {text} but torch sees no CUDA device (CPU-only torch or no GPU visible)",
+                where=flag,
+                fix="use --device cpu, or omit --device",
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise DeviceError(
+                f"{flag} {text} but there are only {torch.cuda.device_count()} CUDA devices",
+                where=flag,
+                fix=f"use cuda:0 .. cuda:{torch.cuda.device_count() - 1}",
+            )
+    elif dev.type == "mps":
+        if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise DeviceError(f"{flag} mps is not available here", where=flag, fix="use cpu")
+    elif dev.type != "cpu":
+        raise DeviceError(
+            f"{flag} {text!r}: mechlingo runs on cpu, cuda or mps", where=flag, fix="use cpu"
+        )
+
+
+def check_dtype(text: str | None, flag: str = "--dtype") -> None:
+    """Refuse a dtype name that is not a floating torch dtype (``nn``, ``int8``, ``""``).
+
+    Raises:
+        DeviceError: naming the flag and the usual choices.
+    """
+
+    if text is None:
+        return
+    found = getattr(torch, text.strip(), None) if text.strip() else None
+    if not isinstance(found, torch.dtype) or not found.is_floating_point:
+        raise DeviceError(
+            f"{flag} {text!r} is not a floating-point torch dtype",
+            where=flag,
+            fix="use float32, bfloat16 or float16",
+        )
+
+
+def check_model_source(text: str | None, flag: str = "--model") -> None:
+    """Cheap checks of ``--model`` before loading: an existing local folder or .gguf file
+    must look complete (hub ids and the default are checked by the loader)."""
+
+    if text is None:
+        return
+    if not text.strip():
+        raise ModelLoadError(
+            f"{flag} is empty", where=flag, fix="omit it for the embedded default model"
+        )
+    path = Path(text).expanduser()
+    if path.suffix == ".gguf":
+        if not path.exists():
+            raise ModelLoadError(f"GGUF file {path} does not exist", where=flag)
+        check_gguf_file(path)
+    elif path.is_dir():
+        check_model_folder(path)
+    elif path.is_file():
+        raise ModelLoadError(
+            f"{flag} {text} is a file but not a .gguf file",
+            where=flag,
+            fix="pass a transformers folder, a .gguf file or a hub id",
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Output folder
+# --------------------------------------------------------------------------------------
+
+
+def _writable(folder: Path) -> bool:
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
+def check_out(text: str | None, flag: str = "--out", *, artifact: bool = False) -> None:
+    """Check that ``--out`` can be written, before any work is done.
+
+    Refuses an empty string, an existing file, a path under a file (``file/sub``), a
+    read-only folder, the current folder or one of its parents (the output folder is
+    replaced as a whole), and, with ``artifact`` (folders of saved vectors or clamps), a
+    non-empty folder that mechlingo did not write.
+
+    Raises:
+        OutputError: naming the flag and what to do.
+    """
+    if text is None:
+        return
+    if not text.strip():
+        raise OutputError(
+            f"{flag} is empty (it would write into the current folder)",
+            where=flag,
+            fix="name an output folder, e.g. --out results",
+        )
+    path = Path(text).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        raise OutputError(
+            f"{flag} {text} is an existing file", where=flag, fix="name a folder instead"
+        )
+    here = Path.cwd().resolve()
+    resolved = path.resolve()
+    if resolved == here or resolved in here.parents:
+        raise OutputError(
+            f"{flag} {text} is the current folder or one of its parents; mechlingo replaces "
+            "its output folder as a whole",
+            where=flag,
+            fix="name a subfolder, e.g. --out results",
+        )
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise OutputError(
+            f"{flag} {text}: {probe} is a file, so no folder can be created under it",
+            where=flag,
+            fix="choose a path whose parents are folders",
+        )
+    need = path.parent if path.exists() else probe
+    for folder in {need, path} if path.exists() else {need}:
+        if not _writable(folder):
+            raise OutputError(
+                f"{flag} {text}: {folder} is not writable",
+                where=flag,
+                fix="choose an --out in a folder you can write",
+            )
+    if artifact and path.is_dir() and any(path.iterdir()):
+        ours = any((path / f).exists() for f in ("summary.json", "build.json"))
+        if not ours:
+            raise OutputError(
+                f"{flag} {text} is a non-empty folder that mechlingo did not write; an "
+                "artifact folder is replaced as a whole",
+                where=flag,
+                fix="choose a new or empty folder",
+            )
+
+
+# --------------------------------------------------------------------------------------
+# Data files
+# --------------------------------------------------------------------------------------
+
+
+def check_data_file(text: str | None, flag: str = "--data") -> list[Any] | None:
+    """Read a facts file (``.jsonl``/``.tsv``) given with ``--data`` and return its facts.
+
+    Raises:
+        DataError: missing, a folder, unknown extension, not UTF-8 (file and line), empty or
+            header-only, or a malformed record (file, line and field).
+    """
+    if text is None:
+        return None
+
+    path = Path(text).expanduser()
+    if not text.strip():
+        raise DataError(f"{flag} is empty", where=flag, fix="name a .jsonl or .tsv facts file")
+    if not path.exists():
+        raise DataError(f"{flag} {text} does not exist", where=flag)
+    if path.is_dir():
+        raise DataError(
+            f"{flag} {text} is a folder, not a facts file",
+            where=flag,
+            fix="pass a .jsonl or .tsv file (see docs/data.md)",
+        )
+    try:
+        return read_facts(path)
+    except PermissionError:
+        raise DataError(f"{flag} {text} is not readable", where=flag) from None
+
+
+def check_text_dir(text: str | None, langs: list[str] | None, flag: str = "--data") -> None:
+    """Check a folder of ``<lang>.txt`` files given with ``--data`` (experts, align)."""
+    if text is None:
+        return
+    path = Path(text).expanduser()
+    if not text.strip():
+        raise DataError(f"{flag} is empty", where=flag)
+    if not path.exists():
+        raise DataError(f"{flag} {text} does not exist", where=flag)
+    if not path.is_dir():
+        raise DataError(
+            f"{flag} {text} is a file; experts and align read a folder of <lang>.txt files",
+            where=flag,
+            fix="pass the folder (e.g. an NTREX export)",
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Model sizes: from config.json before loading, from the model after
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes flags are checked against: layers, MLP width, context length (``None``
+    where unknown)."""
+
+    n_layers: int
+    d_mlp: int | None = None
+    n_ctx: int | None = None
+
+    @classmethod
+    def from_model(cls, model: Model) -> ModelShape:
+        """Sizes of a loaded TransformerLens model."""
+        cfg = model.cfg
+        n_ctx = getattr(cfg, "n_ctx", None)
+        return cls(int(cfg.n_layers), int(getattr(cfg, "d_mlp", 0) or 0) or None, n_ctx)
+
+    @classmethod
+    def from_config(cls, model_arg: str | None) -> ModelShape | None:
+        """Sizes from the config.json of a local folder (or of the cached default model)
+        without loading weights; ``None`` when there is no such file."""
+        if model_arg is None:
+            folder = default_model_dir()
+        else:
+            folder = Path(model_arg).expanduser()
+        try:
+            cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        cfg = cfg.get("text_config", cfg) | {
+            k: v for k, v in cfg.items() if k not in cfg.get("text_config", {})
+        }
+        n_layers = cfg.get("num_hidden_layers") or cfg.get("n_layer") or cfg.get("num_layers")
+        if not isinstance(n_layers, int):
+            return None
+        d_mlp = cfg.get("intermediate_size") or cfg.get("n_inner")
+        return cls(n_layers, d_mlp if isinstance(d_mlp, int) else None, None)
+
+
+def check_layers(layers: Iterable[int], n_layers: int, flag: str) -> None:
+    """Refuse layers outside ``-n_layers .. n_layers - 1``.
+
+    Raises:
+        InputError: naming the flag and the valid range.
+    """
+    for layer in layers:
+        if not -n_layers <= layer < n_layers:
+            raise InputError(
+                f"{flag} {layer} is out of range for a model with {n_layers} layers",
+                where=flag,
+                fix=f"use 0 .. {n_layers - 1} (negative counts from the end)",
+            )
+
+
+def _check_shape(args: Any, shape: ModelShape) -> None:
+    cmd = getattr(args, "command", None)
+    n = shape.n_layers
+    if cmd == "align" and getattr(args, "layer", None) is not None:
+        check_layers([args.layer], n, "--layer")
+    if cmd == "experts":
+        layers = _ints(getattr(args, "layer", None), "--layer")
+        if layers:
+            check_layers(layers, n, "--layer")
+        ks = _ints(getattr(args, "k", None), "--k") or []
+        if shape.d_mlp and ks:
+            searched = len({x % n for x in layers}) if layers else n
+            total = searched * shape.d_mlp
+            if max(ks) > total:
+                raise InputError(
+                    f"--k {max(ks)} is more than the {total} MLP neurons searched "
+                    f"({searched} layers x {shape.d_mlp})",
+                    where="--k",
+                    fix=f"use k <= {total}",
+                )
+    for flag in ("task_layers", "diff_layers"):
+        vals = _ints(getattr(args, flag, None), "--" + flag.replace("_", "-"))
+        if vals:
+            check_layers(vals, n, "--" + flag.replace("_", "-"))
+    config = getattr(args, "config", None)
+    if isinstance(config, str) and getattr(args, "steer_command", None) == "eval":
+        vals = _config_values(config)
+        check_layers([int(vals[0]), int(vals[2])], n, "--config")
+
+
+def _config_values(text: str) -> list[float]:
+    items = parse_list(text, "--config", what="number", unique=False) or []
+    fix = "give task_layer,task_alpha,diff_layer,diff_alpha, e.g. 4,0.1,12,0.1"
+    if len(items) != 4:
+        raise InputError(f"--config takes four numbers, got {text!r}", where="--config", fix=fix)
+    try:
+        vals = [float(x) for x in items]
+        if vals[0] != int(items[0]) or vals[2] != int(items[2]):
+            raise ValueError
+    except ValueError:
+        raise InputError(
+            f"--config {text!r}: layers must be integers and alphas numbers",
+            where="--config",
+            fix=fix,
+        ) from None
+    check_finite(vals, "--config")
+    return vals
+
+
+# --------------------------------------------------------------------------------------
+# Context length
+# --------------------------------------------------------------------------------------
+
+
+def check_context(
+    model: Model,
+    prompts: Sequence[tuple[str, str]],
+    *,
+    new_tokens: int = 0,
+    flag: str | None = None,
+) -> None:
+    """Refuse a prompt whose tokens plus ``new_tokens`` (plus a BOS) exceed the model's
+    context ``n_ctx``, naming the offending prompt (``(label, text)`` pairs).
+
+    Raises:
+        ContextLengthError: the label, the token count and the limit.
+    """
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    tok = getattr(model, "tokenizer", None)
+    if not n_ctx or tok is None or not prompts:
+        return
+    limit = int(n_ctx)
+    # Cheap pre-filter: a token covers at least one character for byte-level tokenizers,
+    # but some tokenizers merge many characters; tokenize every prompt in one batch.
+    texts = [t for _, t in prompts]
+    ids = tok(texts, add_special_tokens=False)["input_ids"]
+    worst = max(range(len(texts)), key=lambda i: len(ids[i]))
+    need = len(ids[worst]) + 1 + max(0, new_tokens)
+    if need > limit:
+        label = prompts[worst][0]
+        extra = f" + {new_tokens} new tokens" if new_tokens else ""
+        raise ContextLengthError(
+            f"{label} is {len(ids[worst])} tokens + BOS{extra} = {need}, more than the "
+            f"model's context of {limit} positions",
+            where=flag,
+            fix="shorten or drop that prompt"
+            + (", or lower " + flag if flag else "")
+            + " (or use a model with a longer context)",
+        )
+
+
+def _fact_label(fact: Any, data: str | None) -> str:
+    where = f" in {data}" if data else ""
+    return f"fact {fact.id!r} ({fact.lang}, {fact.relation}){where}"
+
+
+def check_after_load(model: Model, args: Any) -> None:
+    """The checks that need the loaded model, run before any computation: layer and
+    neuron counts, and every prompt's length against the context (``n_ctx``), naming the
+    fact or sentence that does not fit.
+
+    Raises:
+        InputError / ContextLengthError: see :func:`validate_args`.
+    """
+    _check_shape(args, ModelShape.from_model(model))
+    facts = getattr(args, "_facts", None)
+    if facts:
+        new = int(getattr(args, "max_new_tokens", 0) or 0)
+        labelled = [(_fact_label(f, args.data), f.prompt) for f in facts]
+        check_context(model, labelled, new_tokens=new, flag="--max-new-tokens" if new else None)
+        k_shot = getattr(args, "k_shot", None)
+        if k_shot:
+            longest = sorted(facts, key=lambda f: len(f.prompt), reverse=True)[:5]
+            shots = []
+            for f in longest:
+                try:
+                    text = few_shot_prompt(f, facts, k_shot)
+                except ValueError:  # too few demonstrations: reported by the command itself
+                    continue
+                shots.append((_fact_label(f, args.data) + f" as a {k_shot}-shot prompt", text))
+            check_context(model, shots, flag="--k-shot")
+    texts = getattr(args, "_texts", None)
+    if texts:
+        max_tokens = getattr(args, "max_tokens", None)
+        n_ctx = getattr(model.cfg, "n_ctx", None)
+        if max_tokens and n_ctx and max_tokens + 1 > n_ctx:
+            raise ContextLengthError(
+                f"--max-tokens {max_tokens} + BOS is more than the model's context of {n_ctx}",
+                where="--max-tokens",
+                fix=f"use --max-tokens {int(n_ctx) - 1} or less",
+            )
+        if not max_tokens:
+            src = args.data or "the bundled sentences"
+            labelled = [
+                (f"{lg} sentence {i + 1} of {src}", s)
+                for lg, sents in texts.items()
+                for i, s in enumerate(sents)
+            ]
+            check_context(model, labelled, flag="--max-tokens")
+
+
+# --------------------------------------------------------------------------------------
+# Everything a command line can get wrong, before the model loads
+# --------------------------------------------------------------------------------------
+
+
+def _check_artifact_dir(path_text: str | None, flag: str, *, pair: bool = False) -> None:
+    """A saved intervention folder (or, with ``pair``, a ``steer build`` folder) must load
+    (without a model: files present, JSON and safetensors intact)."""
+    if path_text is None:
+        return
+    path = Path(path_text).expanduser()
+    if not path.is_dir():
+        raise MissingArtifactError(
+            f"{flag} {path_text} is not a folder"
+            + (" (it does not exist)" if not path.exists() else ""),
+            where=flag,
+            fix="pass a folder written by `mechlingo steer build`"
+            if pair
+            else "pass a clamp folder written by `mechlingo experts` (e.g. EDIR/es-k2000)",
+        )
+
+    for sub in ("task", "diff") if pair else ("",):
+        folder = path / sub if sub else path
+        iv = load_intervention(folder)
+        if not iv.meta.get("model"):
+            raise ArtifactError(
+                f"the intervention in {folder} records no model (meta.model), so mechlingo "
+                "cannot check that it fits --model",
+                where=flag,
+                fix="re-save it with intervention.save(path, model)",
+            )
+    if pair:
+        build = path / "build.json"
+        if build.is_file():
+            try:
+                json.loads(build.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                raise ArtifactError(f"{build} is not valid JSON ({err})", where=flag) from None
+
+
+def validate_args(args: Any) -> None:
+    """Check every flag of a parsed ``mechlingo`` command line before any model loads.
+
+    Raises:
+        MechlingoError: the first problem found (see the module docstring).
+    """
+
+    cmd = getattr(args, "command", None)
+    for name in POSITIVE_INTS:
+        v = getattr(args, name, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v < 1:
+            flag = "--" + name.replace("_", "-")
+            raise InputError(
+                f"{flag} must be at least 1, got {v}", where=flag, fix="give a positive number"
+            )
+    for name in NON_NEGATIVE_INTS:
+        v = getattr(args, name, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v < 0:
+            flag = "--" + name.replace("_", "-")
+            raise InputError(
+                f"{flag} must be 0 or more, got {v}", where=flag, fix="give 0 or a positive number"
+            )
+    check_device(getattr(args, "device", None))
+    check_dtype(getattr(args, "dtype", None))
+    check_model_source(getattr(args, "model", None))
+    artifact = cmd == "experts" or getattr(args, "steer_command", None) == "build"
+    if hasattr(args, "out"):
+        check_out(args.out, artifact=artifact)
+
+    if cmd in _FACT_COMMANDS:
+        parse_list(getattr(args, "langs", None), "--langs", known=LANGS, what="language")
+        facts = check_data_file(getattr(args, "data", None))
+        rel = getattr(args, "relation", None)
+        if rel is not None and rel.strip() != "all":
+            available: Sequence[str] | None = None
+            if facts is not None:
+                available = sorted({f.relation for f in facts})
+            else:
+                available = RELATIONS
+            parse_list(rel, "--relation", known=available, what="relation")
+        if hasattr(args, "track"):
+            parse_list(args.track, "--track", known=LANGS, what="language", allow_empty=True)
+        if hasattr(args, "patch_sites"):
+            for site in parse_list(args.patch_sites, "--patch-sites", what="site") or []:
+                canonical_site(site)
+        for name in ("task_alphas", "diff_alphas"):
+            if hasattr(args, name):
+                _floats(getattr(args, name), "--" + name.replace("_", "-"))
+        for name in ("task_layers", "diff_layers"):
+            if hasattr(args, name):
+                _ints(getattr(args, name), "--" + name.replace("_", "-"))
+        if (
+            getattr(args, "config", None) is not None
+            and getattr(args, "steer_command", "") == "eval"
+        ):
+            _config_values(args.config)
+        if hasattr(args, "vectors"):
+            _check_artifact_dir(args.vectors, "--vectors", pair=True)
+
+    if cmd in _TEXT_COMMANDS:
+        known = None if getattr(args, "data", None) else LANGS
+        langs = parse_list(getattr(args, "langs", None), "--langs", known=known, what="language")
+        check_text_dir(getattr(args, "data", None), langs)
+        if cmd == "experts":
+            targets = parse_list(args.lang, "--lang", known=known, what="language")
+            if langs is not None and targets is not None:
+                missing = [t for t in targets if t not in langs]
+                if missing:
+                    raise InputError(
+                        f"--lang {missing} not among --langs {langs}",
+                        where="--lang",
+                        fix="add the target to --langs",
+                    )
+            _ints(args.layer, "--layer")
+            ks = _ints(args.k, "--k")
+            if ks is not None and min(ks) < 1:
+                raise InputError(f"--k needs positive integers, got {args.k!r}", where="--k")
+        if cmd == "align":
+            if args.target is not None:
+                parse_list(args.target, "--target", known=known, what="language")
+                if langs is not None and args.target not in langs:
+                    raise InputError(
+                        f"--target {args.target} is not among --langs {langs}",
+                        where="--target",
+                        fix="add it to --langs or drop --target",
+                    )
+            clamp = Path(args.clamp).expanduser() if args.clamp else None
+            if not (  # an `experts` output folder: align picks the clamp of the chosen k
+                clamp is not None
+                and (clamp / "summary.json").is_file()
+                and not (clamp / "intervention.json").exists()
+            ):
+                _check_artifact_dir(args.clamp, "--clamp")
+            _check_artifact_dir(args.control, "--control")
+
+    shape = ModelShape.from_config(getattr(args, "model", None))
+    if shape is not None:
+        _check_shape(args, shape)

@@ -1,0 +1,201 @@
+"""Writing folders in one step: a kill leaves either the old folder or the new one.
+
+Every folder mechlingo writes (a command's ``--out``, saved vectors and clamps, the model
+cache) is first built in a temporary sibling named ``.NAME.building-PID-XXXX`` and then put in
+place with a single rename. When the folder already exists, the two are swapped atomically
+(Linux ``renameat2(RENAME_EXCHANGE)``); elsewhere the old folder is renamed aside first and a
+later start puts it back if the process died between the two renames.
+
+Leftovers of killed runs (``.NAME.building-*``, ``.NAME.old-*``) are removed by
+:func:`cleanup_stale`, which every command calls at its start; a folder whose process is
+still alive is left alone.
+
+>>> with atomic_folder("results") as tmp:
+...     (tmp / "summary.json").write_text("{}")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from mechlingo.core.errors import OutputError
+
+__all__ = ["atomic_folder", "cleanup_stale", "kill_point", "publish_folder"]
+
+#: Environment variable for kill tests: a comma-separated list of points
+#: (``fill``, ``publish``, ``cache``) at which the process SIGKILLs itself.
+KILL_ENV = "MECHLINGO_TEST_KILL_AT"
+
+_STALE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>building|old)-(?P<pid>\d+)-[^/]*$")
+_CACHE_STALE = re.compile(r"^(?:\.building-(?:(?P<pid>\d+)-)?.*|.+\.stale-(?P<spid>\d+))$")
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_OLD_AGE_S = 6 * 3600
+
+
+def kill_point(name: str) -> None:
+    """For kill tests only: SIGKILL this process when ``MECHLINGO_TEST_KILL_AT`` names
+    ``name``. Does nothing otherwise."""
+    wanted = os.environ.get(KILL_ENV, "")
+    if wanted and name in wanted.split(","):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux); ``False`` where the call is not available."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (38, 22, 95):  # ENOSYS, EINVAL (file system without it), EOPNOTSUPP
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def publish_folder(new: Path, dest: Path) -> None:
+    """Put the finished folder ``new`` at ``dest`` in one step. An existing ``dest`` ends up
+    at ``new`` (the caller removes it)."""
+    if not dest.exists() and not dest.is_symlink():
+        os.rename(new, dest)
+        return
+    if _exchange(new, dest):
+        kill_point("publish")
+        return
+    # Fallback: two renames; cleanup_stale() restores `old` if we die in between.
+    old = dest.parent / f".{dest.name}.old-{os.getpid()}-{int(time.time())}"
+    os.rename(dest, old)
+    kill_point("publish")
+    os.rename(new, dest)
+    os.rename(old, new)
+
+
+def _carry(src: Path, dst: Path) -> None:
+    """Hard-link (or copy) ``src`` to ``dst``: a file or a whole folder."""
+    if src.is_dir() and not src.is_symlink():
+        shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy)
+    else:
+        _link_or_copy(src, dst)
+
+
+def _link_or_copy(src: str | Path, dst: str | Path) -> None:
+    if os.path.islink(src):
+        os.symlink(os.readlink(src), dst)
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+@contextlib.contextmanager
+def atomic_folder(out: str | os.PathLike[str], *, keep_others: bool = True) -> Iterator[Path]:
+    """Build a folder in a temporary sibling and put it at ``out`` in one step.
+
+    Args:
+        out: the folder to write (its parent is created).
+        keep_others: carry entries of an existing ``out`` that the block did not write into
+            the new folder (hard links); ``False`` replaces the folder as a whole.
+
+    Yields:
+        The temporary folder to fill. If the block raises, ``out`` is left as it was.
+
+    Raises:
+        OutputError: ``out`` is an existing file or its parent cannot be created or written.
+    """
+    out = Path(out).expanduser().absolute()
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{out} is an existing file, not a folder", fix="choose another --out")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cleanup_stale(out.parent, out.name)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-{os.getpid()}-", dir=out.parent))
+    except OSError as err:
+        raise OutputError(
+            f"cannot write next to {out}: {err.strerror or err}",
+            fix="choose an --out in a writable folder",
+        ) from err
+    try:
+        yield tmp
+        kill_point("fill")
+        if keep_others and out.is_dir():
+            for entry in out.iterdir():
+                target = tmp / entry.name
+                if not target.exists() and not target.is_symlink():
+                    _carry(entry, target)
+        publish_folder(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cleanup_stale(
+    parent: str | os.PathLike[str], name: str | None = None, *, cache: bool = False
+) -> list[Path]:
+    """Remove leftovers of killed writes in ``parent`` (for the folder ``name``, or all):
+    ``.NAME.building-PID-*`` of dead processes, and ``.NAME.old-PID-*`` (put back at
+    ``NAME`` when ``NAME`` is missing, i.e. the process died between two renames). With
+    ``cache`` (the model cache folder), also the cache's ``.building-*`` and ``*.stale-PID``
+    folders of dead processes (or, without a process id in the name, older than six hours).
+    Returns what was removed."""
+    parent = Path(parent)
+    removed: list[Path] = []
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        m = _STALE.match(entry.name)
+        if m:
+            if name is not None and m["name"] != name:
+                continue
+            if _pid_alive(int(m["pid"])):
+                continue
+            dest = parent / m["name"]
+            if m["kind"] == "old" and not dest.exists():
+                with contextlib.suppress(OSError):
+                    os.rename(entry, dest)
+                    continue
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+            continue
+        c = _CACHE_STALE.match(entry.name) if cache else None
+        if c and entry.is_dir():
+            pid = c["pid"] or c["spid"]
+            if pid is not None and _pid_alive(int(pid)):
+                continue
+            if pid is None:
+                try:
+                    if now - entry.stat().st_mtime < _OLD_AGE_S:
+                        continue
+                except OSError:
+                    continue
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed

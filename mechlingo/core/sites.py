@@ -1,0 +1,205 @@
+"""Named places in a model, resolved to TransformerLens hook names.
+
+A *site* is a kind of activation (``"resid_pre"``, ``"mlp_post"``, ...) at a layer. Every
+other module addresses the model through sites, so a typo or a layer out of range is caught
+here, once, with a message that lists what exists, instead of a hook that silently never fires.
+
+==============  =================================  ============================================
+site            TransformerLens hook               what it is
+==============  =================================  ============================================
+resid_pre       ``blocks.{l}.hook_resid_pre``      residual stream entering block l
+resid_mid       ``blocks.{l}.hook_resid_mid``      after block l's attention, before its MLP
+resid_post      ``blocks.{l}.hook_resid_post``     residual stream leaving block l
+attn_out        ``blocks.{l}.hook_attn_out``       block l's attention output (all heads)
+mlp_out         ``blocks.{l}.hook_mlp_out``        block l's MLP output
+mlp_post        ``blocks.{l}.mlp.hook_post``       MLP neuron activations (input of the down
+                                                   projection; for gated MLPs act(gate) * up)
+attn_z          ``blocks.{l}.attn.hook_z``         per-head attention outputs before W_O
+attn_pattern    ``blocks.{l}.attn.hook_pattern``   attention probabilities [head, query, key]
+==============  =================================  ============================================
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mechlingo.core.errors import MechlingoError
+from mechlingo.core.types import Model
+
+SITE_HOOKS: dict[str, str] = {
+    "resid_pre": "blocks.{layer}.hook_resid_pre",
+    "resid_mid": "blocks.{layer}.hook_resid_mid",
+    "resid_post": "blocks.{layer}.hook_resid_post",
+    "attn_out": "blocks.{layer}.hook_attn_out",
+    "mlp_out": "blocks.{layer}.hook_mlp_out",
+    "mlp_post": "blocks.{layer}.mlp.hook_post",
+    "attn_z": "blocks.{layer}.attn.hook_z",
+    "attn_pattern": "blocks.{layer}.attn.hook_pattern",
+}
+SITE_ALIASES: dict[str, str] = {"neurons": "mlp_post", "mlp_neurons": "mlp_post", "z": "attn_z"}
+RESIDUAL_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
+
+
+class SiteError(MechlingoError, ValueError):
+    """An unknown site, a layer out of range, or a hook the model does not have."""
+
+
+@dataclass(frozen=True)
+class Site:
+    """One resolved place in one model.
+
+    Attributes:
+        name: canonical site name (``"resid_pre"``, ``"mlp_post"``, ...).
+        layer: block index.
+        hook_name: the TransformerLens hook name that fires there.
+        width: size of the last axis of the activation (``d_model``, ``d_mlp`` or ``d_head``).
+    """
+
+    name: str
+    layer: int
+    hook_name: str
+    width: int
+
+
+class SiteMap:
+    """The sites of one model, checked against its ``hook_dict`` once."""
+
+    def __init__(self, model: Model) -> None:
+        cfg = model.cfg
+        self.n_layers = int(cfg.n_layers)
+        self.d_model = int(cfg.d_model)
+        self.d_mlp = mlp_width(model)
+        self.n_heads = int(getattr(cfg, "n_heads", 0) or 0)
+        self.d_head = int(getattr(cfg, "d_head", 0) or 0)
+        names = set(model.hook_dict.keys())
+        self.available: dict[str, bool] = {}
+        for site, pattern in SITE_HOOKS.items():
+            self.available[site] = all(
+                pattern.format(layer=layer) in names for layer in range(self.n_layers)
+            )
+        self.why_unavailable: dict[str, str] = {}
+        n_experts = int(getattr(cfg, "num_experts", 0) or 0)
+        if n_experts > 1:
+            # blocks.{l}.mlp.hook_post of a TransformerLens MoE block is the mixed output
+            # (d_model wide), not a layer of neurons: refuse it rather than index into it
+            self.available["mlp_post"] = False
+            self.why_unavailable["mlp_post"] = (
+                f"this is a mixture-of-experts model ({n_experts} experts per layer): each "
+                "expert has its own neurons and there is no single neuron layer to read"
+            )
+        if not self.available["resid_pre"] or not self.available["resid_post"]:
+            raise SiteError(
+                "this model exposes no blocks.{l}.hook_resid_pre/post hooks; mechlingo needs a "
+                "TransformerLens decoder model with the standard block stack"
+            )
+
+    def width(self, site: str) -> int:
+        if site == "mlp_post":
+            return self.d_mlp
+        if site == "attn_z":
+            return self.d_head
+        if site == "attn_pattern":
+            return -1
+        return self.d_model
+
+    def resolve(self, site: str, layer: int) -> Site:
+        """Resolve ``site`` at ``layer`` (negative layers count from the end)."""
+        canonical = canonical_site(site)
+        if not isinstance(layer, int) or isinstance(layer, bool):
+            raise SiteError(f"layer must be an int, got {layer!r}")
+        index = layer + self.n_layers if layer < 0 else layer
+        if not 0 <= index < self.n_layers:
+            raise SiteError(
+                f"layer {layer} is out of range: this model has {self.n_layers} layers "
+                f"(0..{self.n_layers - 1}, or negative from the end)"
+            )
+        if not self.available[canonical]:
+            why = self.why_unavailable.get(canonical, "it is not a hook of this model")
+            raise SiteError(
+                f"site {canonical!r} ({SITE_HOOKS[canonical]}) is not available: {why}; "
+                f"available: {[s for s, ok in self.available.items() if ok]}"
+            )
+        return Site(
+            canonical, index, SITE_HOOKS[canonical].format(layer=index), self.width(canonical)
+        )
+
+
+def mlp_width(model: Model) -> int:
+    """Number of MLP neurons per layer: the input width of block 0's down projection when the
+    model exposes it (a TransformerBridge), else ``cfg.d_mlp``.
+
+    The module is the ground truth: TransformerLens 4.3 guesses ``d_mlp = 4 * d_model`` for
+    configs that name the width ``ffn_dim`` (XGLM), and that guess would make every ``mlp_post``
+    width, neuron index check and neuron statistic wrong."""
+    cfg_width = int(getattr(model.cfg, "d_mlp", 0) or 0)
+    try:
+        down = model.blocks[0].mlp.out.original_component
+    except (AttributeError, IndexError, TypeError):
+        return cfg_width
+    if isinstance(down, torch.nn.Linear):
+        return int(down.in_features)
+    weight = getattr(down, "weight", None)
+    if type(down).__name__ == "Conv1D" and weight is not None:  # GPT-2: weight is [in, out]
+        return int(weight.shape[0])
+    return cfg_width
+
+
+def canonical_site(site: str) -> str:
+    """The canonical name of a site or alias; a clear error for anything else."""
+    name = SITE_ALIASES.get(site, site)
+    if name not in SITE_HOOKS:
+        raise SiteError(
+            f"unknown site {site!r}; known sites: {sorted(SITE_HOOKS)} "
+            f"(aliases: {sorted(SITE_ALIASES)})"
+        )
+    return name
+
+
+_SITE_MAPS: weakref.WeakKeyDictionary[Any, SiteMap] = weakref.WeakKeyDictionary()
+
+
+def site_map(model: Model) -> SiteMap:
+    """The :class:`SiteMap` of ``model`` (built once per model and remembered)."""
+    try:
+        return _SITE_MAPS[model]
+    except (KeyError, TypeError):
+        pass
+    sm = SiteMap(model)
+    try:
+        _SITE_MAPS[model] = sm
+    except TypeError:  # an object that cannot be weakly referenced: no memo
+        pass
+    return sm
+
+
+def resolve_site(model: Model, site: str, layer: int) -> Site:
+    """Resolve ``site`` at ``layer`` of ``model`` to a :class:`Site` (checked hook name)."""
+    return site_map(model).resolve(site, layer)
+
+
+def hook_name(model: Model, site: str, layer: int) -> str:
+    """The TransformerLens hook name of ``site`` at ``layer`` (checked against the model)."""
+    return resolve_site(model, site, layer).hook_name
+
+
+def resolve_layers(model: Model, layers: Any = None) -> list[int]:
+    """Normalise a layer selection (``None`` = all, an int, a range or a list; negatives count
+    from the end) to a sorted list of distinct valid layer indices."""
+    n = site_map(model).n_layers
+    if layers is None:
+        return list(range(n))
+    if isinstance(layers, int):
+        layers = [layers]
+    out = []
+    for layer in layers:
+        index = int(layer) + n if int(layer) < 0 else int(layer)
+        if not 0 <= index < n:
+            raise SiteError(f"layer {layer} is out of range for a model with {n} layers")
+        out.append(index)
+    if not out:
+        raise SiteError("the layer selection is empty")
+    return sorted(set(out))

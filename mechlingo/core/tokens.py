@@ -1,0 +1,447 @@
+"""Tokens: padding- and BOS-safe batches, positions, and answer token sets.
+
+Batches are **right-padded**: every prompt starts at position 0 (so rotary/absolute positions
+are the same as when it runs alone), and with causal attention a real token never sees the
+padding after it. A prompt's last real token sits at ``lengths[i] - 1``; reading position
+``-1`` of a padded batch would read padding, which is why every analysis here takes its
+positions from a :class:`TokenBatch`.
+
+Answer token sets (the rule, also in ``docs/concepts.md``):
+
+* the *primary* token is the first token of the answer as it continues the prompt: with a
+  leading space in languages written with spaces, without one in Chinese and Japanese; a
+  tokenizer that writes the space as a token of its own (no leading-space marker) gives the
+  word's first token after it, never the space;
+* the set adds the first token of the other spacing variant, and every vocabulary token that
+  (ignoring one leading space) is a prefix of the answer word at least ``min(3, len(word))``
+  characters long (1 character for Chinese and Japanese, whose tokens are often single
+  characters); these catch a word the tokenizer splits;
+* ``n_tokens`` counts how many tokens the answer continuation takes, so multi-token answers
+  are visible, and an answer that tokenizes to nothing is an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Int
+from torch import Tensor
+
+from mechlingo.core.errors import MechlingoError
+from mechlingo.core.types import Model
+
+SPACELESS_LANGS = frozenset({"zh", "ja"})
+
+
+class TokenizationError(MechlingoError, ValueError):
+    """A prompt or answer cannot be tokenized in a way the analysis can use."""
+
+
+@dataclass
+class TokenBatch:
+    """Right-padded token ids with each row's real length.
+
+    Attributes:
+        tokens: ``[batch, pos]`` ids; positions ``>= lengths[i]`` hold ``pad_id``.
+        lengths: number of real tokens per row (BOS included when ``has_bos``).
+        prompt_lengths: length of each row's prompt. Equal to ``lengths`` except during
+            generation, where tokens after the prompt are generated ones.
+        pad_id: id used for padding.
+        has_bos: whether position 0 of every row is a BOS token.
+    """
+
+    tokens: Int[Tensor, "batch pos"]
+    lengths: Int[Tensor, " batch"]
+    pad_id: int
+    has_bos: bool
+    prompt_lengths: Int[Tensor, " batch"] = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.prompt_lengths is None:
+            self.prompt_lengths = self.lengths.clone()
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def last_index(self) -> Int[Tensor, " batch"]:
+        """Index of each row's last real token."""
+        return self.lengths - 1
+
+    @property
+    def prompt_last_index(self) -> Int[Tensor, " batch"]:
+        """Index of each row's last prompt token (differs from ``last_index`` in generation)."""
+        return self.prompt_lengths - 1
+
+    @property
+    def mask(self) -> Bool[Tensor, "batch pos"]:
+        """True at real tokens (BOS included), False at padding."""
+        pos = torch.arange(self.tokens.shape[1], device=self.tokens.device)
+        return pos.unsqueeze(0) < self.lengths.to(self.tokens.device).unsqueeze(1)
+
+    def real_token_mask(self, include_bos: bool = False) -> Bool[Tensor, "batch pos"]:
+        """Real tokens, without the BOS position unless ``include_bos``."""
+        m = self.mask
+        if self.has_bos and not include_bos:
+            m = m.clone()
+            m[:, 0] = False
+        return m
+
+    def attention_mask(self) -> Int[Tensor, "batch pos"]:
+        return self.mask.long()
+
+    def to(self, device: torch.device | str) -> TokenBatch:
+        return TokenBatch(
+            self.tokens.to(device),
+            self.lengths.to(device),
+            self.pad_id,
+            self.has_bos,
+            self.prompt_lengths.to(device),
+        )
+
+    def select(self, rows: Sequence[int] | Tensor) -> TokenBatch:
+        """A sub-batch of the given rows, trimmed to its longest row."""
+        idx = torch.as_tensor(rows, dtype=torch.long, device=self.tokens.device)
+        lengths = self.lengths[idx]
+        width = int(lengths.max())
+        return TokenBatch(
+            self.tokens[idx, :width], lengths, self.pad_id, self.has_bos, self.prompt_lengths[idx]
+        )
+
+
+def _pad_id(model: Model) -> int:
+    tok = getattr(model, "tokenizer", None)
+    pad = getattr(tok, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(tok, "eos_token_id", None)
+    return int(pad) if pad is not None else 0
+
+
+def prepends_bos(model: Model) -> bool:
+    """Whether the model's ``to_tokens`` adds a BOS token by default."""
+    return bool(getattr(model.cfg, "default_prepend_bos", True))
+
+
+def encode(model: Model, prompts: Sequence[str], *, prepend_bos: bool | None = None) -> TokenBatch:
+    """Tokenize prompts one by one (as ``model.to_tokens`` would each alone) and right-pad.
+
+    Raises:
+        TokenizationError: an empty list, or a prompt with no tokens.
+    """
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if len(prompts) == 0:
+        raise TokenizationError("no prompts to encode")
+    bos = prepends_bos(model) if prepend_bos is None else bool(prepend_bos)
+    rows = []
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str):
+            raise TokenizationError(f"prompt {i} is a {type(p).__name__}, not a string")
+        ids = model.to_tokens(p, prepend_bos=bos, truncate=False)[0]
+        if ids.numel() == 0 or (bos and ids.numel() == 1 and p == ""):
+            raise TokenizationError(f"prompt {i} ({p!r}) has no tokens")
+        rows.append(ids)
+    return pad_rows(rows, pad_id=_pad_id(model), has_bos=bos)
+
+
+def pad_rows(rows: Sequence[Tensor], *, pad_id: int, has_bos: bool) -> TokenBatch:
+    """Right-pad 1-D id tensors into a :class:`TokenBatch`."""
+    lengths = torch.tensor([int(r.numel()) for r in rows], dtype=torch.long)
+    width = int(lengths.max())
+    tokens = torch.full((len(rows), width), pad_id, dtype=torch.long, device=rows[0].device)
+    for i, r in enumerate(rows):
+        tokens[i, : r.numel()] = r
+    return TokenBatch(tokens, lengths.to(tokens.device), pad_id, has_bos)
+
+
+def length_buckets(lengths: Tensor | Sequence[int], batch_size: int) -> list[list[int]]:
+    """Group row indices into batches of equal token length (no padding needed), each at most
+    ``batch_size`` rows, in a deterministic order."""
+    lengths = [int(x) for x in lengths]
+    by_len: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        by_len.setdefault(n, []).append(i)
+    out = []
+    for n in sorted(by_len):
+        rows = by_len[n]
+        out.extend(rows[k : k + batch_size] for k in range(0, len(rows), batch_size))
+    return out
+
+
+def sorted_batches(lengths: Tensor | Sequence[int], batch_size: int) -> list[list[int]]:
+    """Row indices in batches of similar length (sorted), to keep padding small."""
+    lengths = [int(x) for x in lengths]
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    return [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
+
+
+# --------------------------------------------------------------------------------------
+# The batch of the run in progress, for hooks that need per-row positions
+# --------------------------------------------------------------------------------------
+
+_CURRENT_BATCH: ContextVar[TokenBatch | None] = ContextVar("mechlingo_batch", default=None)
+_CURRENT_COLUMNS: ContextVar[Tensor | None] = ContextVar("mechlingo_columns", default=None)
+
+
+@contextlib.contextmanager
+def batch_context(batch: TokenBatch, columns: Tensor | None = None) -> Iterator[TokenBatch]:
+    """Make ``batch`` the current batch while a mechlingo run is in progress, so that
+    interventions can find each row's last real token.
+
+    Args:
+        batch: the whole sequence of every row (prompt and, during generation, the tokens
+            generated so far), right-padded.
+        columns: ``[batch, t]`` positions in ``batch`` of the ``t`` columns the running
+            forward pass computes, or ``None`` when it computes all of them. A KV-cached
+            decoding step computes one new token per row: its column is that token's position,
+            so position rules (``"last"``, ``"generated"``, integers, callables) still refer
+            to the whole sequence.
+    """
+    token = _CURRENT_BATCH.set(batch)
+    col_token = _CURRENT_COLUMNS.set(columns)
+    try:
+        yield batch
+    finally:
+        _CURRENT_COLUMNS.reset(col_token)
+        _CURRENT_BATCH.reset(token)
+
+
+def current_batch() -> TokenBatch | None:
+    """The batch set by :func:`batch_context`, or ``None`` outside mechlingo runs."""
+    return _CURRENT_BATCH.get()
+
+
+def current_columns() -> Tensor | None:
+    """The ``[batch, t]`` positions of the running pass's columns in :func:`current_batch`
+    (set during KV-cached decoding steps), or ``None`` when the pass computes every
+    position. A plain TransformerLens hook that indexes positions can use it to stay correct
+    under cached generation."""
+    return _CURRENT_COLUMNS.get()
+
+
+PositionSpec = str | int | Sequence[int] | Callable[[TokenBatch], Tensor]
+
+
+def position_mask(
+    positions: PositionSpec,
+    batch: TokenBatch | None,
+    shape: tuple[int, int],
+    device: torch.device | str | None = None,
+    columns: Tensor | None = None,
+) -> Bool[Tensor, "batch pos"]:
+    """Where a positions rule applies in a ``[batch, pos]`` activation.
+
+    Rules: ``"last"`` (each row's last *prompt* token), ``"all"`` (every real token except
+    BOS), ``"all_with_bos"``, ``"generated"`` (tokens after the prompt, during generation),
+    ``"last+generated"``, an int or list of ints (non-negative: absolute positions; negative:
+    counted back from each row's last prompt token, so ``-1`` is that token), or a callable
+    ``f(batch) -> bool mask [batch, pos] or index tensor [batch]``.
+
+    Without a batch (a plain ``run_with_hooks`` on an unpadded tensor) every row is taken to be
+    fully real, with a BOS at position 0.
+
+    With ``columns`` (``[batch, t]``, a KV-cached decoding step), the rule is evaluated on the
+    whole sequence held in ``batch`` and read at those positions, so the result is the same
+    as in a pass that recomputes every position.
+    """
+    if columns is not None and batch is not None:
+        b, t = shape
+        if tuple(columns.shape) != (b, t) or batch.tokens.shape[0] != b:
+            raise TokenizationError(
+                f"activation of shape {(b, t)} does not match the decoding step's columns "
+                f"{tuple(columns.shape)} and batch of {batch.tokens.shape[0]} rows"
+            )
+        width = batch.tokens.shape[1]
+        full = position_mask(positions, batch, (b, width), device=device)
+        cols = columns.to(full.device).long()
+        inside = (cols >= 0) & (cols < width)
+        return full.gather(1, cols.clamp(0, width - 1)) & inside
+    b, t = shape
+    if batch is None or batch.tokens.shape[0] != b or batch.tokens.shape[1] != t:
+        if batch is not None and batch.tokens.shape[0] == b and batch.tokens.shape[1] < t:
+            raise TokenizationError(
+                f"activation has {t} positions but the current batch has {batch.tokens.shape[1]}"
+            )
+        lengths = torch.full((b,), t, dtype=torch.long)
+        batch = TokenBatch(torch.zeros(b, t, dtype=torch.long), lengths, 0, True)
+    dev = device if device is not None else batch.tokens.device
+    pos = torch.arange(t, device=dev).unsqueeze(0)
+    lengths = batch.lengths.to(dev).unsqueeze(1)
+    plen = batch.prompt_lengths.to(dev).unsqueeze(1)
+    real = pos < lengths
+    if callable(positions) and not isinstance(positions, str):
+        out = positions(batch)
+        out = torch.as_tensor(out, device=dev)
+        if out.dtype == torch.bool:
+            if tuple(out.shape) != (b, t):
+                raise TokenizationError(
+                    f"a positions callable returned a mask of shape {tuple(out.shape)}, "
+                    f"expected {(b, t)}"
+                )
+            return out & real
+        out = out.long().reshape(b, -1)
+        mask = torch.zeros(b, t, dtype=torch.bool, device=dev)
+        return mask.scatter(1, out.clamp(0, t - 1), True) & real
+    if isinstance(positions, str):
+        if positions == "last":
+            return pos == plen - 1
+        if positions == "all":
+            first = 1 if batch.has_bos else 0
+            return real & (pos >= first)
+        if positions == "all_with_bos":
+            return real
+        if positions == "generated":
+            return real & (pos >= plen)
+        if positions == "last+generated":
+            return real & (pos >= plen - 1)
+        raise TokenizationError(
+            f"unknown positions rule {positions!r}; use 'last', 'all', 'all_with_bos', "
+            "'generated', 'last+generated', integer positions or a callable"
+        )
+    idx = [positions] if isinstance(positions, int) else list(positions)
+    if not idx:
+        raise TokenizationError("an empty list of positions")
+    mask = torch.zeros(b, t, dtype=torch.bool, device=dev)
+    for p in idx:
+        p = int(p)
+        target = (plen + p) if p < 0 else torch.full_like(plen, p)
+        if bool(((target < 0) | (target >= plen)).any()):
+            raise TokenizationError(
+                f"position {p} is outside some prompt (prompt lengths "
+                f"{batch.prompt_lengths.tolist()}); negative positions count back from each "
+                "prompt's last token"
+            )
+        mask |= pos == target
+    return mask
+
+
+# --------------------------------------------------------------------------------------
+# Answer token sets
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AnswerTokens:
+    """The tokens that count as "the model is saying this word" at the next position.
+
+    Attributes:
+        word: the answer word.
+        primary: id of the first token of the answer as it continues the prompt.
+        ids: the whole set (primary, the other spacing variant, and prefix tokens).
+        n_tokens: how many tokens the continuation form of the answer takes.
+    """
+
+    word: str
+    primary: int
+    ids: tuple[int, ...]
+    n_tokens: int
+
+
+class _VocabIndex:
+    """Decoded vocabulary: text with one leading space stripped -> token ids."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        texts = tokenizer.batch_decode([[i] for i in range(vocab_size)])
+        self.by_text: dict[str, list[int]] = {}
+        for i, text in enumerate(texts):
+            key = text[1:] if text.startswith(" ") else text
+            if key and "\ufffd" not in key:
+                self.by_text.setdefault(key, []).append(i)
+
+
+_VOCAB_INDEX: dict[int, tuple[Any, _VocabIndex]] = {}
+
+
+def _vocab_index(model: Model) -> _VocabIndex:
+    tok = model.tokenizer
+    key = id(tok)
+    hit = _VOCAB_INDEX.get(key)
+    if hit is not None and hit[0] is tok:
+        return hit[1]
+    index = _VocabIndex(tok, int(model.cfg.d_vocab))
+    _VOCAB_INDEX[key] = (tok, index)
+    return index
+
+
+def _ids(model: Model, text: str) -> list[int]:
+    return [int(i) for i in model.to_tokens(text, prepend_bos=False, truncate=False)[0].tolist()]
+
+
+def answer_tokens(
+    model: Model, word: str, *, lang: str | None = None, prefixes: bool = True
+) -> AnswerTokens:
+    """The answer token set of ``word`` (see the module docstring for the rule).
+
+    Args:
+        word: the answer as written (no leading space).
+        lang: language of the text the answer continues; Chinese and Japanese continue
+            without a space, every other language with one.
+        prefixes: also add vocabulary tokens that are prefixes of the word.
+
+    Raises:
+        TokenizationError: the answer is empty or tokenizes to nothing.
+    """
+    word = word.strip()
+    if not word:
+        raise TokenizationError("an empty answer has no tokens")
+    spaced = " " + word
+    main, other = (word, spaced) if lang in SPACELESS_LANGS else (spaced, word)
+    main_ids = _ids(model, main)
+    other_ids = _ids(model, other)
+    if not main_ids:
+        raise TokenizationError(f"answer {word!r} tokenizes to nothing")
+    n_tokens = len(main_ids)
+    # A tokenizer without a leading-space marker may write the space as a token of its own;
+    # " " would then be every answer's primary token: track the word's first token instead.
+    main_ids = _drop_leading_space_tokens(model, main_ids)
+    other_ids = _drop_leading_space_tokens(model, other_ids)
+    if not main_ids:
+        raise TokenizationError(f"answer {word!r} tokenizes to whitespace only")
+    ids = [main_ids[0]]
+    if other_ids and other_ids[0] not in ids:
+        other_text = model.tokenizer.decode([other_ids[0]]).strip()
+        if other_text and word.startswith(other_text):
+            ids.append(other_ids[0])
+    if prefixes:
+        index = _vocab_index(model)
+        shortest = 1 if lang in SPACELESS_LANGS else min(3, len(word))
+        for k in range(shortest, len(word) + 1):
+            for i in index.by_text.get(word[:k], ()):
+                if i not in ids:
+                    ids.append(i)
+    return AnswerTokens(word, main_ids[0], tuple(ids), n_tokens)
+
+
+def _drop_leading_space_tokens(model: Model, ids: list[int]) -> list[int]:
+    """``ids`` without the leading tokens that decode to whitespace only."""
+    k = 0
+    while k < len(ids) and not model.tokenizer.decode([ids[k]]).strip():
+        k += 1
+    return ids[k:]
+
+
+def pack_token_sets(
+    sets: Sequence[Sequence[AnswerTokens]], device: torch.device | str | None = None
+) -> tuple[Int[Tensor, "row track member"], Int[Tensor, "row track"]]:
+    """Pack per-row lists of answer sets into a padded id tensor (``-1`` = no token) and the
+    primary ids, the form :func:`mechlingo.kernels.readout.read_logits` takes."""
+    n_rows = len(sets)
+    n_track = len(sets[0]) if n_rows else 0
+    width = max((len(a.ids) for row in sets for a in row), default=1)
+    ids = torch.full((n_rows, n_track, width), -1, dtype=torch.long)
+    primary = torch.zeros((n_rows, n_track), dtype=torch.long)
+    for r, row in enumerate(sets):
+        if len(row) != n_track:
+            raise ValueError("every row needs the same number of answer sets")
+        for s, a in enumerate(row):
+            ids[r, s, : len(a.ids)] = torch.tensor(a.ids)
+            primary[r, s] = a.primary
+    if device is not None:
+        ids, primary = ids.to(device), primary.to(device)
+    return ids, primary

@@ -1,0 +1,222 @@
+"""Confidence intervals and paired tests for accuracies, through ``scipy.stats``.
+
+Every accuracy mechlingo reports is a proportion of n items, and every comparison between two
+conditions is paired (the same items under both). So:
+
+* :func:`wilson` -- the Wilson score 95% interval of a proportion
+  (``scipy.stats.binomtest(...).proportion_ci(method="wilson")``);
+* :func:`mcnemar` -- the exact McNemar test of two paired outcome vectors: a two-sided
+  binomial test of the *fixed* (wrong -> right) against the *broken* (right -> wrong) items;
+* :func:`paired_gain` -- the mean gain of one condition over another with a paired bootstrap
+  95% interval (``scipy.stats.bootstrap``, BCa, over items), and the relative gain with its
+  own interval where the baseline is above 0;
+* :func:`bootstrap_mean` -- the mean of per-item values (a per-sentence distance, a
+  per-query retrieval hit rate) with a bootstrap 95% interval over items;
+* :func:`bootstrap_perplexity` and :func:`perplexity_ratio` -- a perplexity
+  ``exp(sum NLL / sum tokens)`` over lines, and the ratio of two perplexities of the same lines,
+  with percentile bootstrap intervals over lines (a line keeps its token count).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from scipy import stats as sps
+
+__all__ = [
+    "bootstrap_mean",
+    "bootstrap_perplexity",
+    "mcnemar",
+    "paired_gain",
+    "perplexity_ratio",
+    "wilson",
+    "wilson_table",
+]
+
+CONFIDENCE = 0.95
+N_RESAMPLES = 2000
+
+
+def wilson(k: int, n: int, confidence: float = CONFIDENCE) -> dict[str, Any]:
+    """``{"k", "n", "p", "lo", "hi"}``: ``k`` successes of ``n`` with the Wilson score
+    interval (``p``, ``lo``, ``hi`` are ``None`` when ``n`` is 0)."""
+    k, n = int(k), int(n)
+    if n == 0:
+        return {"k": 0, "n": 0, "p": None, "lo": None, "hi": None}
+    ci = sps.binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return {"k": k, "n": n, "p": k / n, "lo": float(ci.low), "hi": float(ci.high)}
+
+
+def wilson_table(
+    outcomes: dict[str, dict[str, Sequence[bool]]],
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Wilson intervals for ``{condition: {lang: [correct, ...]}}``."""
+    return {
+        c: {lg: wilson(sum(map(bool, v)), len(v)) for lg, v in by_lang.items()}
+        for c, by_lang in outcomes.items()
+    }
+
+
+def mcnemar(base: Sequence[bool], new: Sequence[bool]) -> dict[str, Any]:
+    """Exact McNemar test of paired outcomes: ``fixed`` (base wrong, new right), ``broken``
+    (base right, new wrong) and the two-sided p-value of a binomial test of ``fixed`` out of
+    ``fixed + broken`` at 1/2 (1.0 when there are no discordant pairs)."""
+    if len(base) != len(new):
+        raise ValueError(f"paired outcomes of different lengths: {len(base)} and {len(new)}")
+    fixed = sum(1 for a, b in zip(base, new, strict=True) if not a and b)
+    broken = sum(1 for a, b in zip(base, new, strict=True) if a and not b)
+    p = 1.0 if fixed + broken == 0 else float(sps.binomtest(fixed, fixed + broken).pvalue)
+    return {"fixed": fixed, "broken": broken, "n": len(base), "p": p}
+
+
+def _interval(result: Any) -> tuple[float | None, float | None]:
+    lo, hi = float(result.confidence_interval.low), float(result.confidence_interval.high)
+    return (lo if math.isfinite(lo) else None, hi if math.isfinite(hi) else None)
+
+
+def _mean_interval(
+    d: np.ndarray, confidence: float, rng: np.random.Generator
+) -> tuple[float | None, float | None]:
+    """BCa bootstrap interval of a mean; the percentile interval where BCa is undefined (a
+    sample whose resamples are nearly all equal, e.g. a handful of discordant pairs)."""
+
+    kw = {"confidence_level": confidence, "n_resamples": N_RESAMPLES, "random_state": rng}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sps.DegenerateDataWarning)
+        try:
+            lo, hi = _interval(sps.bootstrap((d,), np.mean, method="BCa", **kw))
+        except sps.DegenerateDataWarning:
+            lo, hi = None, None
+    if lo is None or hi is None:
+        lo, hi = _interval(sps.bootstrap((d,), np.mean, method="percentile", **kw))
+    return lo, hi
+
+
+def paired_gain(
+    base: Sequence[bool | float],
+    new: Sequence[bool | float],
+    *,
+    seed: int = 0,
+    confidence: float = CONFIDENCE,
+) -> dict[str, Any]:
+    """Mean gain ``mean(new) - mean(base)`` over paired items with a bootstrap interval, and
+    the relative gain ``gain / mean(base)`` with its own interval (``None`` when the base
+    mean is 0, where a relative gain is undefined).
+
+    The bootstrap resamples items (pairs) with ``scipy.stats.bootstrap`` (BCa; percentile
+    when every resample gives the same value, e.g. no discordant pairs)."""
+    a = np.asarray(base, dtype=float)
+    b = np.asarray(new, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"paired outcomes of different shapes: {a.shape} and {b.shape}")
+    n = len(a)
+    out: dict[str, Any] = {"n": n, "base": None, "new": None, "gain": None, "lo": None}
+    out |= {"hi": None, "relative": None, "relative_lo": None, "relative_hi": None}
+    if n == 0:
+        return out
+    out |= {"base": float(a.mean()), "new": float(b.mean()), "gain": float(b.mean() - a.mean())}
+    rng = np.random.default_rng(seed)
+    d = b - a
+    if np.all(d == d[0]):
+        out["lo"] = out["hi"] = float(d[0])
+    else:
+        out["lo"], out["hi"] = _mean_interval(d, confidence, rng)
+    if a.mean() > 0:
+
+        def rel(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+            mx = x.mean(axis=axis)
+            return np.where(mx > 0, (y.mean(axis=axis) - mx) / np.where(mx > 0, mx, 1), np.nan)
+
+        out["relative"] = float((b.mean() - a.mean()) / a.mean())
+        if np.all(d == 0):
+            out["relative_lo"] = out["relative_hi"] = 0.0
+        else:
+            res = sps.bootstrap((a, b), rel, paired=True, vectorized=True,
+                                confidence_level=confidence, n_resamples=N_RESAMPLES,
+                                method="percentile", random_state=rng)  # fmt: skip
+            out["relative_lo"], out["relative_hi"] = _interval(res)
+    return out
+
+
+def bootstrap_mean(
+    values: Sequence[float], *, seed: int = 0, confidence: float = CONFIDENCE
+) -> dict[str, Any]:
+    """``{"n", "mean", "lo", "hi"}``: the mean of per-item values with a bootstrap interval
+    over items (``scipy.stats.bootstrap``, BCa; ``lo == hi == mean`` when every value is the
+    same, ``None`` bounds for no items). The items are the independent units (sentences),
+    so the interval says how much the mean would move on another sample of sentences."""
+    x = np.asarray(values, dtype=float)
+    if x.ndim != 1:
+        raise ValueError(f"bootstrap_mean takes a 1-D sequence, got shape {x.shape}")
+    n = len(x)
+    if n == 0:
+        return {"n": 0, "mean": None, "lo": None, "hi": None}
+    m = float(x.mean())
+    if np.all(x == x[0]):
+        return {"n": n, "mean": m, "lo": m, "hi": m}
+    res = sps.bootstrap((x,), np.mean, confidence_level=confidence, n_resamples=N_RESAMPLES,
+                        method="BCa", random_state=np.random.default_rng(seed))  # fmt: skip
+    lo, hi = _interval(res)
+    return {"n": n, "mean": m, "lo": lo, "hi": hi}
+
+
+def _ppl(nll: np.ndarray, count: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.exp(nll.sum(axis=axis) / count.sum(axis=axis))
+
+
+def bootstrap_perplexity(
+    nll: Sequence[float],
+    counts: Sequence[int],
+    *,
+    seed: int = 0,
+    confidence: float = CONFIDENCE,
+) -> dict[str, Any]:
+    """``{"n_lines", "n_tokens", "ppl", "lo", "hi"}``: perplexity ``exp(sum(nll) /
+    sum(counts))`` of lines with summed next-token NLL ``nll[i]`` over ``counts[i]`` tokens,
+    and a percentile bootstrap interval over lines (``scipy.stats.bootstrap``, lines resampled
+    with their token counts)."""
+    a = np.asarray(nll, dtype=float)
+    c = np.asarray(counts, dtype=float)
+    if a.shape != c.shape or a.ndim != 1 or len(a) == 0:
+        raise ValueError(f"need matching non-empty 1-D nll and counts, got {a.shape}, {c.shape}")
+    out: dict[str, Any] = {"n_lines": len(a), "n_tokens": int(c.sum()), "ppl": float(_ppl(a, c))}
+    if len(a) < 2:
+        return out | {"lo": None, "hi": None}
+    res = sps.bootstrap((a, c), _ppl, paired=True, vectorized=True, confidence_level=confidence,
+                        n_resamples=N_RESAMPLES, method="percentile",
+                        random_state=np.random.default_rng(seed))  # fmt: skip
+    lo, hi = _interval(res)
+    return out | {"lo": lo, "hi": hi}
+
+
+def perplexity_ratio(
+    nll_base: Sequence[float],
+    nll_new: Sequence[float],
+    counts: Sequence[int],
+    *,
+    seed: int = 0,
+    confidence: float = CONFIDENCE,
+) -> dict[str, Any]:
+    """``{"ratio", "lo", "hi"}``: perplexity of the same lines under a new condition divided
+    by their perplexity under the base condition (1 = no change; 2 = twice as perplexed),
+    with a paired percentile bootstrap interval over lines."""
+    a, b = np.asarray(nll_base, dtype=float), np.asarray(nll_new, dtype=float)
+    c = np.asarray(counts, dtype=float)
+    if not (a.shape == b.shape == c.shape) or a.ndim != 1 or len(a) == 0:
+        raise ValueError(f"need matching non-empty 1-D inputs, got {a.shape}, {b.shape}, {c.shape}")
+
+    def ratio(x: np.ndarray, y: np.ndarray, n: np.ndarray, axis: int = -1) -> np.ndarray:
+        return _ppl(y, n, axis) / _ppl(x, n, axis)
+
+    out: dict[str, Any] = {"ratio": float(ratio(a, b, c))}
+    if len(a) < 2:
+        return out | {"lo": None, "hi": None}
+    res = sps.bootstrap((a, b, c), ratio, paired=True, vectorized=True,
+                        confidence_level=confidence, n_resamples=N_RESAMPLES,
+                        method="percentile", random_state=np.random.default_rng(seed))  # fmt: skip
+    lo, hi = _interval(res)
+    return out | {"lo": lo, "hi": hi}

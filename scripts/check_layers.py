@@ -1,0 +1,249 @@
+"""The package's architecture contract, checked from the source (no imports are run).
+
+mechlingo is layered: each folder may import only from the folders below it in ``LAYERS``
+(and from itself, without cycles). This script reads every module's imports with :mod:`ast`,
+including imports inside functions and ``if TYPE_CHECKING:`` blocks, and fails on
+
+* an import of a higher layer (an upward import);
+* an import cycle between modules (any layer);
+* an import inside a function, except of an optional heavy dependency (``HEAVY``);
+* a function longer than ``MAX_LINES`` lines, its docstring excluded.
+
+``--counts`` prints the numbers without failing (used for before/after comparisons).
+Deprecated one-release shims (modules that only re-export a moved module) are skipped.
+
+    python scripts/check_layers.py            # the contract (make lint)
+    python scripts/check_layers.py --counts   # the numbers
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "mechlingo"
+
+# Lowest first. A module in layer i may import layers 0..i. Top-level files are listed
+# by module name; folders by their name.
+LAYERS: list[set[str]] = [
+    {"core"},
+    {"kernels"},
+    {"data"},
+    {"activations"},
+    {"interventions"},
+    {"analyses"},
+    {"viz"},
+    {"report"},
+    {"cli", "__main__"},
+    {"__init__"},  # the package's top-level names
+]
+SHIM_MARK = "mechlingo-shim"
+HEAVY = {"pandas", "plotly", "datasets", "transformers", "scipy", "sklearn", "IPython"}
+MAX_LINES = 80
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    rel = path.relative_to(root.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> int | None:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return len(LAYERS) - 1  # mechlingo itself: the top
+    head = parts[1]
+    for i, names in enumerate(LAYERS):
+        if head in names:
+            return i
+    return None
+
+
+def is_shim(tree: ast.Module, source: str) -> bool:
+    return SHIM_MARK in source[:2000]
+
+
+def resolve(module: str, node: ast.ImportFrom, is_pkg: bool) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".")
+    if not is_pkg:
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+class Scan(ast.NodeVisitor):
+    """Collects imports (with whether they sit in a function) and long functions."""
+
+    def __init__(self, module: str, is_pkg: bool) -> None:
+        self.module, self.is_pkg = module, is_pkg
+        self.depth = 0
+        self.imports: list[tuple[str, int, bool]] = []  # (target, line, in_function)
+        self.long: list[tuple[str, int, int]] = []
+
+    def _targets(self, node: ast.Import | ast.ImportFrom) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [a.name for a in node.names]
+        base = resolve(self.module, node, self.is_pkg)
+        out = []
+        for a in node.names:  # `from mechlingo.x import y` may import the module x.y
+            out.append(f"{base}.{a.name}" if base.startswith("mechlingo") else base)
+        return out
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for t in self._targets(node):
+            self.imports.append((t, node.lineno, self.depth > 0))
+
+    visit_ImportFrom = visit_Import  # type: ignore[assignment]
+
+    def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        n = (node.end_lineno or node.lineno) - node.lineno + 1
+        first = node.body[0]
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+            if isinstance(first.value.value, str):  # the docstring does not count
+                n -= (first.end_lineno or first.lineno) - first.lineno + 1
+        if n > MAX_LINES:
+            self.long.append((node.name, node.lineno, n))
+        self.depth += 1
+        self.generic_visit(node)
+        self.depth -= 1
+
+    visit_FunctionDef = _function
+    visit_AsyncFunctionDef = _function  # type: ignore[assignment]
+
+
+def scan(root: Path = ROOT) -> dict[str, Scan]:
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        source = path.read_text()
+        tree = ast.parse(source)
+        if is_shim(tree, source):
+            continue
+        mod = module_name(path, root)
+        s = Scan(mod, path.name == "__init__.py")
+        s.visit(tree)
+        out[mod] = s
+    return out
+
+
+def known(target: str, modules: set[str]) -> str | None:
+    """The mechlingo module an import target names (longest known prefix)."""
+    parts = target.split(".")
+    while parts:
+        name = ".".join(parts)
+        if name in modules:
+            return name
+        parts = parts[:-1]
+    return None
+
+
+def graph(scans: dict[str, Scan]) -> dict[str, set[str]]:
+    mods = set(scans)
+    g: dict[str, set[str]] = defaultdict(set)
+    for mod, s in scans.items():
+        for target, _, _ in s.imports:
+            if not target.startswith("mechlingo"):
+                continue
+            dep = known(target, mods)
+            if dep and dep != mod and not mod.startswith(dep + "."):
+                g[mod].add(dep)  # a package importing its own parent __init__ is not a cycle
+    return g
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in g.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in list(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def problems(scans: dict[str, Scan]) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {"upward": [], "cycles": [], "function imports": [], "long": []}
+    mods = set(scans)
+    for mod, s in scans.items():
+        for name, line, n in s.long:
+            found["long"].append(f"{mod}:{line} {name} has {n} lines (max {MAX_LINES})")
+        for target, line, in_fn in s.imports:
+            if in_fn and target.split(".")[0] not in HEAVY:
+                found["function imports"].append(f"{mod}:{line} imports {target}")
+        lm = layer_of(mod)
+        if lm is None:
+            found["upward"].append(f"{mod}: not in any layer of LAYERS")
+            continue
+        for target, line, _ in s.imports:
+            top = target.split(".")[0]
+            dep = known(target, mods) if top == "mechlingo" else None
+            if dep is None or dep == mod:
+                continue
+            ld = layer_of(dep)
+            if ld is not None and ld > lm:
+                found["upward"].append(f"{mod}:{line} imports {dep} (a higher layer)")
+    found["cycles"] = [" <-> ".join(c) for c in cycles(graph(scans))]
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--counts", action="store_true", help="print the counts; never fail")
+    ap.add_argument(
+        "--root", type=Path, default=ROOT, help="the package folder (default: mechlingo)"
+    )
+    args = ap.parse_args(argv)
+    found = problems(scan(args.root))
+    if args.counts:
+        for kind, items in found.items():
+            print(f"{kind}: {len(items)}")
+            for item in items:
+                print(f"  {item}")
+        return 0
+    bad = {k: v for k, v in found.items() if v}
+    for kind, items in bad.items():
+        print(f"architecture contract broken -- {kind}:")
+        for item in items:
+            print(f"  {item}")
+    if bad:
+        print("See scripts/check_layers.py for the layers and the rules.")
+        return 1
+    print(f"architecture contract kept ({len(LAYERS)} layers)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
