@@ -37,7 +37,6 @@ MOVED = {
     "mechlingo.experts": "mechlingo.analyses.experts",
     "mechlingo.alignment": "mechlingo.analyses.alignment",
     "mechlingo.side_effects": "mechlingo.analyses.side_effects",
-    "mechlingo.plots": "mechlingo.viz.common",
     "mechlingo.plots_pipeline": "mechlingo.viz.pipeline",
     "mechlingo.plots_experts": "mechlingo.viz.experts",
     "mechlingo.pipeline_cli": "mechlingo.cli.trace",
@@ -58,6 +57,14 @@ def test_old_path_gives_the_moved_module(old):
     new = importlib.import_module(MOVED[old])
     assert _fresh_import(old) is new
     assert new.__file__ and Path(new.__file__).exists()
+
+
+def test_old_plots_path_keeps_table_html():
+    mod = _fresh_import("mechlingo.plots")
+    from mechlingo.report.tables import table_html
+    from mechlingo.viz.common import accuracy_bars
+
+    assert mod.table_html is table_html and mod.accuracy_bars is accuracy_bars
 
 
 def test_old_distributed_path_keeps_its_names():

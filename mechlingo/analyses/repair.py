@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from mechlingo.activations.means import last_token_means
 from mechlingo.activations.runs import collect
 from mechlingo.analyses.evaluate import EvalResult, evaluate_facts
 from mechlingo.core.figures import draw
+from mechlingo.core.jsonable import finite_or_none
 from mechlingo.core.sites import resolve_layers, resolve_site
 from mechlingo.core.tokens import encode, sorted_batches
 from mechlingo.core.types import Model
@@ -519,9 +519,6 @@ class ConditionResults:
         absolute change in English. ``alpha_unit`` says what the config's alphas mean.
         """
 
-        def finite(x: float) -> float | None:
-            return x if math.isfinite(x) else None
-
         gains = self.absolute_gain()
         orig = self.accuracy.get("orig", {})
         return {
@@ -534,9 +531,9 @@ class ConditionResults:
             "lowest_language": self.lowest_language,
             "lowest_language_rule": "lowest orig accuracy among languages with orig > 0",
             "zero_orig_languages": sorted(lg for lg, x in orig.items() if x == 0),
-            "relative_gain_lowest": finite(self.relative_gain.get("both", 0.0)),
+            "relative_gain_lowest": finite_or_none(self.relative_gain.get("both", 0.0)),
             "relative_gain_lowest_by_condition": {
-                c: finite(g) for c, g in self.relative_gain.items()
+                c: finite_or_none(g) for c, g in self.relative_gain.items()
             },
             "absolute_gain": gains,
             "mean_absolute_gain": {c: _mean(g.values()) for c, g in gains.items()},

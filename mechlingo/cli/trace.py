@@ -21,7 +21,6 @@ the report gives their Spearman correlation and top-k agreement per site).
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from typing import Any
 
@@ -39,6 +38,7 @@ from mechlingo.cli.common import (
     run_meta,
     split_list,
 )
+from mechlingo.core.jsonable import finite_or_none
 from mechlingo.core.tokens import encode
 from mechlingo.core.types import Model
 from mechlingo.kernels.significance import wilson
@@ -100,17 +100,6 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
         help="with --method atp/both: the top heads (by AtP) verified by exact head patching "
         "(default 5; 0 = none)",
     )
-
-
-def _finite(obj: Any) -> Any:
-    """NaN/inf floats -> None, recursively, so the JSON files are strict JSON."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def _parse_range(text: str | None) -> list[int] | None:
@@ -318,7 +307,7 @@ def cmd_trace(args: Any) -> int:
     for heading, fig in figures:
         report.add_heading(heading)
         if isinstance(fig, list):  # a table (AtP against exact patching)
-            report.add_table(_finite(fig))
+            report.add_table(finite_or_none(fig))
         else:
             report.add_figure(fig)
     report.add_heading("Queries")
@@ -348,8 +337,8 @@ def cmd_trace(args: Any) -> int:
         args.out,
         {
             "trace.json": [{k: r[k] for k in keep} for r in trace.records],
-            "patching.json": _finite(patching),
-            "summary.json": _finite(summary),
+            "patching.json": finite_or_none(patching),
+            "summary.json": finite_or_none(summary),
             "report.html": report,
         },
     )

@@ -22,7 +22,7 @@ import torch
 
 from mechlingo.activations.parallel import is_main
 from mechlingo.core.artifacts import atomic_folder, kill_point
-from mechlingo.viz.common import table_html
+from mechlingo.report.tables import table_html
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;

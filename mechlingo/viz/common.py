@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -200,22 +199,3 @@ def accuracy_bars(
         title=title, yaxis={"range": [0, 1], "title": y_title}, barmode="group", height=380
     )
     return fig
-
-
-def table_html(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """A plain HTML table of dict rows (escaped)."""
-
-    if not rows:
-        return "<p><em>(empty)</em></p>"
-    columns = list(columns or rows[0].keys())
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
-    body = []
-    for r in rows:
-        cells = []
-        for c in columns:
-            v = r.get(c, "")
-            if isinstance(v, float):
-                v = f"{v:.3f}"
-            cells.append(f"<td>{html.escape(str(v))}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
