@@ -304,3 +304,26 @@ def test_clamp_values_as_flat_sequence(tiny):
     assert NeuronClamp({0: [1, 2]}, torch.tensor(2.0)).values[0].tolist() == [2.0, 2.0]
     with pytest.raises(InterventionError, match="one value per neuron"):
         NeuronClamp({0: [1, 2]}, torch.zeros(3))
+
+
+def test_ablation_mode_and_its_deprecated_names(tiny, tmp_path):
+    """``mode`` is stored as ``.mode``; ``kind=`` and ``.ablation`` still work for one release
+    (with a DeprecationWarning), and a file saved with the old ``kind`` key still loads."""
+    import json
+
+    ab = Ablation("attn_out", 1, "mean", mean=torch.ones(tiny.cfg.d_model))
+    assert ab.mode == "mean"
+    with pytest.warns(DeprecationWarning, match="mode"):
+        old = Ablation("attn_out", 1, kind="zero")
+    assert old.mode == "zero"
+    with pytest.warns(DeprecationWarning, match="mode"):
+        assert old.ablation == "zero"
+    folder = ab.save(tmp_path / "ab", model=tiny)
+    meta_file = next(folder.glob("*.json"))
+    meta = json.loads(meta_file.read_text())
+    text = json.dumps(meta).replace('"mode": "mean"', '"kind": "mean"')
+    assert '"kind": "mean"' in text
+    meta_file.write_text(text)
+    back = load_intervention(folder, tiny)
+    assert isinstance(back, Ablation) and back.mode == "mean"
+    assert torch.equal(back.mean, ab.mean)

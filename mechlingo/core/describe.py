@@ -14,19 +14,23 @@ from mechlingo.core.types import Model
 _STRICT_KEYS = ("d_model", "n_layers", "d_mlp", "weights", "unembed_fingerprint")
 
 
-def model_info(model: Model) -> dict[str, Any]:
-    """What an artifact records about the model it was built on: name, sizes, weight mode
-    (``raw``/``compat``) and a fingerprint of the unembedding."""
-
+def _shape(model: Model) -> dict[str, Any]:
+    """Sizes and weight mode: the part of the description that is cheap to compute."""
     cfg = model.cfg
     return {
-        "model_name": model_name(model),
         "d_model": int(cfg.d_model),
         "n_layers": int(cfg.n_layers),
         "d_mlp": int(getattr(cfg, "d_mlp", 0) or 0),
         "weights": weight_mode(model),
-        "unembed_fingerprint": unembed_fingerprint(model),
     }
+
+
+def model_info(model: Model) -> dict[str, Any]:
+    """What an artifact records about the model it was built on: name, sizes, weight mode
+    (``raw``/``compat``) and a fingerprint of the unembedding."""
+    info = {"model_name": model_name(model), **_shape(model)}
+    info["unembed_fingerprint"] = unembed_fingerprint(model)
+    return info
 
 
 def check_model(
@@ -37,13 +41,7 @@ def check_model(
     if not info:
         return
 
-    cfg = model.cfg
-    now = {
-        "d_model": int(cfg.d_model),
-        "n_layers": int(cfg.n_layers),
-        "d_mlp": int(getattr(cfg, "d_mlp", 0) or 0),
-        "weights": weight_mode(model),
-    }
+    now = _shape(model)
     if fingerprint:
         now["unembed_fingerprint"] = _cached_fingerprint(model, unembed_fingerprint)
     diffs = [
