@@ -33,6 +33,10 @@ demo: setup
 lint: setup
 	$(BIN)/ruff format --check mechlingo tests benchmarks scripts
 	$(BIN)/ruff check mechlingo tests benchmarks scripts
+	@# The layers (core -> kernels/data -> activations -> interventions -> analyses -> viz ->
+	@# report -> cli): no upward import, no cycle, no import inside a function but of an
+	@# optional heavy dependency, no function over 80 lines.
+	$(BIN)/python scripts/check_layers.py
 
 test: setup lint
 	$(BIN)/python -m pytest -q -ra --durations=15 tests

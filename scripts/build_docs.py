@@ -14,12 +14,18 @@ from pathlib import Path
 
 
 def modules() -> list[str]:
+    """The package and its layers (pdoc documents each package's submodules); the
+    deprecated one-release shims of the old flat layout are left out."""
     import mechlingo
 
     names = ["mechlingo"]
     for info in pkgutil.iter_modules(mechlingo.__path__, "mechlingo."):
-        if info.name != "mechlingo.__main__":
-            names.append(info.name)
+        path = Path(mechlingo.__path__[0]) / (info.name.split(".")[-1] + ".py")
+        if info.name == "mechlingo.__main__" or (
+            path.is_file() and "mechlingo-shim" in path.read_text()[:2000]
+        ):
+            continue
+        names.append(info.name)
     return names
 
 

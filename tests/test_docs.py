@@ -19,7 +19,14 @@ def test_api_reference_builds_without_warnings(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for module in ("lens", "tokens", "interventions", "patching", "experts", "alignment"):
+    for module in (
+        "analyses/lens",
+        "core/tokens",
+        "interventions",
+        "analyses/patching",
+        "analyses/experts",
+        "analyses/alignment",
+    ):
         page = tmp_path / "mechlingo" / f"{module}.html"
         assert page.is_file(), module
         assert len(page.read_text()) > 5000

@@ -31,6 +31,7 @@ from typing import Any, Literal
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 
 TokenizerKind = Literal["bytelevel", "gpt2", "qwen", "metaspace", "xglm", "nospace", "spacetoken"]
@@ -151,7 +152,7 @@ def build_tokenizer(kind: TokenizerKind, *, vocab_size: int = 400) -> Any:
             pad_token="<pad>",
             unk_token="<unk>",
         )
-    raise ValueError(f"unknown tokenizer kind {kind!r}")
+    raise InputError(f"unknown tokenizer kind {kind!r}")
 
 
 def _special_ids(tok: Any) -> dict[str, int]:
@@ -694,7 +695,7 @@ def build_family_folder(family: str, folder: str | os.PathLike[str], *, seed: in
     from transformers import AutoModelForCausalLM
 
     if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; known: {sorted(FAMILIES)}")
+        raise InputError(f"unknown family {family!r}; known: {sorted(FAMILIES)}")
     spec = FAMILIES[family]
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
+from mechlingo.core.errors import InputError
+
 __all__ = [
     "bootstrap_mean",
     "bootstrap_perplexity",
@@ -66,7 +68,7 @@ def mcnemar(base: Sequence[bool], new: Sequence[bool]) -> dict[str, Any]:
     (base right, new wrong) and the two-sided p-value of a binomial test of ``fixed`` out of
     ``fixed + broken`` at 1/2 (1.0 when there are no discordant pairs)."""
     if len(base) != len(new):
-        raise ValueError(f"paired outcomes of different lengths: {len(base)} and {len(new)}")
+        raise InputError(f"paired outcomes of different lengths: {len(base)} and {len(new)}")
     fixed = sum(1 for a, b in zip(base, new, strict=True) if not a and b)
     broken = sum(1 for a, b in zip(base, new, strict=True) if a and not b)
     p = 1.0 if fixed + broken == 0 else float(sps.binomtest(fixed, fixed + broken).pvalue)
@@ -112,7 +114,7 @@ def paired_gain(
     a = np.asarray(base, dtype=float)
     b = np.asarray(new, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"paired outcomes of different shapes: {a.shape} and {b.shape}")
+        raise InputError(f"paired outcomes of different shapes: {a.shape} and {b.shape}")
     n = len(a)
     out: dict[str, Any] = {"n": n, "base": None, "new": None, "gain": None, "lo": None}
     out |= {"hi": None, "relative": None, "relative_lo": None, "relative_hi": None}
@@ -151,7 +153,7 @@ def bootstrap_mean(
     so the interval says how much the mean would move on another sample of sentences."""
     x = np.asarray(values, dtype=float)
     if x.ndim != 1:
-        raise ValueError(f"bootstrap_mean takes a 1-D sequence, got shape {x.shape}")
+        raise InputError(f"bootstrap_mean takes a 1-D sequence, got shape {x.shape}")
     n = len(x)
     if n == 0:
         return {"n": 0, "mean": None, "lo": None, "hi": None}
@@ -182,7 +184,7 @@ def bootstrap_perplexity(
     a = np.asarray(nll, dtype=float)
     c = np.asarray(counts, dtype=float)
     if a.shape != c.shape or a.ndim != 1 or len(a) == 0:
-        raise ValueError(f"need matching non-empty 1-D nll and counts, got {a.shape}, {c.shape}")
+        raise InputError(f"need matching non-empty 1-D nll and counts, got {a.shape}, {c.shape}")
     out: dict[str, Any] = {"n_lines": len(a), "n_tokens": int(c.sum()), "ppl": float(_ppl(a, c))}
     if len(a) < 2:
         return out | {"lo": None, "hi": None}
@@ -207,7 +209,7 @@ def perplexity_ratio(
     a, b = np.asarray(nll_base, dtype=float), np.asarray(nll_new, dtype=float)
     c = np.asarray(counts, dtype=float)
     if not (a.shape == b.shape == c.shape) or a.ndim != 1 or len(a) == 0:
-        raise ValueError(f"need matching non-empty 1-D inputs, got {a.shape}, {b.shape}, {c.shape}")
+        raise InputError(f"need matching non-empty 1-D inputs, got {a.shape}, {b.shape}, {c.shape}")
 
     def ratio(x: np.ndarray, y: np.ndarray, n: np.ndarray, axis: int = -1) -> np.ndarray:
         return _ppl(y, n, axis) / _ppl(x, n, axis)

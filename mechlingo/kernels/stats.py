@@ -55,6 +55,8 @@ import torch
 from jaxtyping import Bool, Float, Int, Real
 from torch import Tensor
 
+from mechlingo.core.errors import InputError
+
 __all__ = [
     "ActivationProbability",
     "StreamingMean",
@@ -96,29 +98,29 @@ def _check_scores_labels(scores: Tensor, labels: Tensor) -> tuple[Tensor, int, i
             f"{type(labels).__name__}"
         )
     if scores.ndim != 2:
-        raise ValueError(
+        raise InputError(
             f"scores must be 2-D [n_samples, n_features], got shape {tuple(scores.shape)}; "
             "for a single feature use scores[:, None]"
         )
     if labels.ndim != 1 or labels.shape[0] != scores.shape[0]:
-        raise ValueError(
+        raise InputError(
             f"labels must be 1-D with one entry per row of scores: scores has shape "
             f"{tuple(scores.shape)}, labels has shape {tuple(labels.shape)}"
         )
     if scores.is_complex():
-        raise ValueError(f"scores must be real-valued, got dtype {scores.dtype}")
+        raise InputError(f"scores must be real-valued, got dtype {scores.dtype}")
     labels = labels.to(scores.device)
     if labels.dtype != torch.bool:
         bad = ~((labels == 0) | (labels == 1))
         if bool(bad.any()):
-            raise ValueError(
+            raise InputError(
                 f"labels must be boolean (or 0/1 valued), got dtype {labels.dtype} with values "
                 "other than 0 and 1; pass e.g. `labels == target_language_id`"
             )
         labels = labels != 0
     if scores.is_floating_point() and bool(torch.isnan(scores).any()):
         n_bad_cols = int(torch.isnan(scores).any(dim=0).sum())
-        raise ValueError(
+        raise InputError(
             f"scores contain NaN in {n_bad_cols} of {scores.shape[1]} features; the ranking is "
             "undefined. Check the activations (e.g. pooling over an all-padding row) or drop "
             "those columns"
@@ -126,13 +128,13 @@ def _check_scores_labels(scores: Tensor, labels: Tensor) -> tuple[Tensor, int, i
     n_pos = int(labels.sum())
     n_neg = labels.shape[0] - n_pos
     if n_pos == 0:
-        raise ValueError(
+        raise InputError(
             f"labels have no positives (all {labels.shape[0]} are False): the score is "
             "undefined. Include samples of the target class (e.g. sentences of the target "
             "language)"
         )
     if n_neg == 0:
-        raise ValueError(
+        raise InputError(
             f"labels have no negatives (all {labels.shape[0]} are True): the score is "
             "undefined. Include samples of other classes (e.g. sentences of other languages)"
         )
@@ -146,7 +148,7 @@ def _resolve_chunk(
         budget = _DEFAULT_CHUNK_ELEMENTS["cpu" if device.type == "cpu" else "other"]
         return max(1, min(n_features, budget // max(n_samples, 1)))
     if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
+        raise InputError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
     return chunk_size
 
 
@@ -483,12 +485,12 @@ def lape(prob_active: Float[Tensor, "n_langs n_features"]) -> Float[Tensor, " n_
         ValueError: not 2-D, NaN or negative probabilities.
     """
     if prob_active.ndim != 2:
-        raise ValueError(
+        raise InputError(
             f"prob_active must be 2-D [n_langs, n_features], got shape {tuple(prob_active.shape)}"
         )
     p = prob_active.to(torch.float64)
     if bool(torch.isnan(p).any()) or bool((p < 0).any()):
-        raise ValueError(
+        raise InputError(
             "prob_active must hold probabilities (non-negative, no NaN); got NaN or negative values"
         )
     total = p.sum(dim=0)
@@ -516,7 +518,7 @@ class ActivationProbability:
 
     def __init__(self, n_langs: int, threshold: float = 0.0) -> None:
         if n_langs < 1:
-            raise ValueError(f"n_langs must be >= 1, got {n_langs}")
+            raise InputError(f"n_langs must be >= 1, got {n_langs}")
         self.n_langs = n_langs
         self.threshold = threshold
         self.active: Int[Tensor, "n_langs n_features"] | None = None
@@ -539,14 +541,14 @@ class ActivationProbability:
         lead = acts.shape[:-1]
         d = acts.shape[-1]
         if mask is not None and tuple(mask.shape) != tuple(lead):
-            raise ValueError(
+            raise InputError(
                 f"mask must have shape acts.shape[:-1] = {tuple(lead)}, got {tuple(mask.shape)}"
             )
         if self.active is None:
             self.active = torch.zeros(self.n_langs, d, dtype=torch.int64, device=acts.device)
             self.tokens = torch.zeros(self.n_langs, dtype=torch.int64, device=acts.device)
         elif self.active.shape[1] != d:
-            raise ValueError(
+            raise InputError(
                 f"acts have {d} features but this accumulator holds {self.active.shape[1]}"
             )
         assert self.tokens is not None
@@ -559,7 +561,7 @@ class ActivationProbability:
         fired &= real[..., None]
         if isinstance(lang, int):
             if not 0 <= lang < self.n_langs:
-                raise ValueError(f"lang {lang} out of range for n_langs={self.n_langs}")
+                raise InputError(f"lang {lang} out of range for n_langs={self.n_langs}")
             self.active[lang] += (
                 fired.reshape(-1, d).sum(dim=0, dtype=torch.int64).to(self.active.device)
             )
@@ -567,7 +569,7 @@ class ActivationProbability:
             return
         lang = lang.to(acts.device)
         if tuple(lang.shape) != tuple(lead[: lang.ndim]):
-            raise ValueError(
+            raise InputError(
                 f"lang must be an int or have a shape that is a prefix of acts.shape[:-1] = "
                 f"{tuple(lead)}, got {tuple(lang.shape)}"
             )
@@ -576,7 +578,7 @@ class ActivationProbability:
         tok_group = real.reshape(*lead[:k], -1).sum(dim=-1, dtype=torch.int64)
         idx = lang.reshape(-1).to(torch.int64)
         if bool(((idx < 0) | (idx >= self.n_langs)).any()):
-            raise ValueError(f"lang indices must lie in [0, {self.n_langs})")
+            raise InputError(f"lang indices must lie in [0, {self.n_langs})")
         self.active.index_add_(0, idx.to(self.active.device), per_group.reshape(-1, d))
         self.tokens.index_add_(0, idx.to(self.tokens.device), tok_group.reshape(-1))
 
@@ -584,10 +586,10 @@ class ActivationProbability:
     def prob_active(self) -> Float[Tensor, "n_langs n_features"]:
         """float64 [n_langs, n_features]: fraction of real tokens where each feature fired."""
         if self.active is None or self.tokens is None:
-            raise ValueError("no tokens counted yet: call update() first")
+            raise InputError("no tokens counted yet: call update() first")
         empty = (self.tokens == 0).nonzero().flatten().tolist()
         if empty:
-            raise ValueError(
+            raise InputError(
                 f"languages {empty} have no tokens counted; feed text of every language or "
                 "use a smaller n_langs"
             )
@@ -596,14 +598,14 @@ class ActivationProbability:
     def merge(self, other: ActivationProbability) -> ActivationProbability:
         """Add another accumulator's counts into this one (in place); returns self."""
         if other.n_langs != self.n_langs:
-            raise ValueError(f"n_langs differ: {self.n_langs} vs {other.n_langs}")
+            raise InputError(f"n_langs differ: {self.n_langs} vs {other.n_langs}")
         if other.active is None or other.tokens is None:
             return self
         if self.active is None or self.tokens is None:
             self.active, self.tokens = other.active.clone(), other.tokens.clone()
             return self
         if other.active.shape != self.active.shape:
-            raise ValueError(
+            raise InputError(
                 f"shapes differ: {tuple(self.active.shape)} vs {tuple(other.active.shape)}"
             )
         self.active += other.active.to(self.active.device)
@@ -615,7 +617,7 @@ class ActivationProbability:
         counts, so a SUM all-reduce of each entry across processes combines accumulators
         (the threshold is configuration, not state: pass it to :meth:`from_state`)."""
         if self.active is None or self.tokens is None:
-            raise ValueError("empty accumulator: call update() first")
+            raise InputError("empty accumulator: call update() first")
         return {"active": self.active, "tokens": self.tokens}
 
     @classmethod
@@ -649,17 +651,17 @@ def masked_pool(
             would be undefined).
     """
     if acts.ndim != 3 or mask.ndim != 2 or tuple(acts.shape[:2]) != tuple(mask.shape):
-        raise ValueError(
+        raise InputError(
             f"expected acts [batch, pos, d] and mask [batch, pos]; got acts "
             f"{tuple(acts.shape)} and mask {tuple(mask.shape)}"
         )
     if how not in ("mean", "max"):
-        raise ValueError(f"how must be 'mean' or 'max', got {how!r}")
+        raise InputError(f"how must be 'mean' or 'max', got {how!r}")
     mask = mask.to(device=acts.device, dtype=torch.bool)
     n_real = mask.sum(dim=1)
     empty = (n_real == 0).nonzero().flatten().tolist()
     if empty:
-        raise ValueError(
+        raise InputError(
             f"rows {empty} of mask have no real (True) position; drop those rows or fix the "
             "attention mask"
         )
@@ -718,13 +720,13 @@ class StreamingMean:
         its shape must be a prefix of ``x.shape`` and those axes are reduced."""
         if weight is None:
             if x.ndim < 1:
-                raise ValueError("x must have a leading sample axis")
+                raise InputError("x must have a leading sample axis")
             s = x.sum(dim=0, dtype=torch.float64)
             c: Tensor | float = float(x.shape[0])  # host scalar: no device copy per batch
         else:
             k = weight.ndim
             if tuple(weight.shape) != tuple(x.shape[:k]):
-                raise ValueError(
+                raise InputError(
                     f"weight shape {tuple(weight.shape)} must be a prefix of x shape "
                     f"{tuple(x.shape)}"
                 )
@@ -743,7 +745,7 @@ class StreamingMean:
             self._count = torch.zeros((), dtype=torch.float64, device=s.device) + c
             return
         if s.shape != self._sum.shape:
-            raise ValueError(
+            raise InputError(
                 f"batch feature shape {tuple(s.shape)} differs from the accumulated "
                 f"{tuple(self._sum.shape)}"
             )
@@ -761,14 +763,14 @@ class StreamingMean:
     def sum(self) -> Float[Tensor, "*feature"]:
         """float64 running sum."""
         if self._sum is None:
-            raise ValueError("empty accumulator: call update() first")
+            raise InputError("empty accumulator: call update() first")
         return self._sum
 
     @property
     def mean(self) -> Float[Tensor, "*feature"]:
         """float64 mean over everything seen so far (cast with ``.to(dtype)`` as needed)."""
         if self._sum is None or self._count is None or not bool(self._count > 0):
-            raise ValueError("empty accumulator (zero total weight): call update() first")
+            raise InputError("empty accumulator (zero total weight): call update() first")
         return self._sum / self._count
 
     def merge(self, other: StreamingMean) -> StreamingMean:
@@ -780,7 +782,7 @@ class StreamingMean:
             self._sum, self._count = other._sum.clone(), other._count.clone()
             return self
         if other._sum.shape != self._sum.shape:
-            raise ValueError(
+            raise InputError(
                 f"shapes differ: {tuple(self._sum.shape)} vs {tuple(other._sum.shape)}"
             )
         self._sum += other._sum.to(self._sum.device)
@@ -791,7 +793,7 @@ class StreamingMean:
         """``{"sum": float64 [*feature], "count": float64 []}``; both are sums, so a SUM
         all-reduce of each entry across processes combines accumulators."""
         if self._sum is None or self._count is None:
-            raise ValueError(
+            raise InputError(
                 "empty accumulator: call update() first, or construct with shape= so every "
                 "process holds same-shaped state"
             )
@@ -811,7 +813,7 @@ def mean_difference(a: StreamingMean, b: StreamingMean) -> Float[Tensor, "*featu
     mean on the others (a steering direction). Both accumulators must have the same shape."""
     ma, mb = a.mean, b.mean
     if ma.shape != mb.shape:
-        raise ValueError(f"shapes differ: {tuple(ma.shape)} vs {tuple(mb.shape)}")
+        raise InputError(f"shapes differ: {tuple(ma.shape)} vs {tuple(mb.shape)}")
     return ma - mb.to(ma.device)
 
 
@@ -832,17 +834,17 @@ def top_k_per_language(
         ValueError: not 2-D, NaN scores, or ``k`` outside ``[1, n_features]``.
     """
     if scores.ndim != 2:
-        raise ValueError(
+        raise InputError(
             f"scores must be 2-D [n_langs, n_features], got shape {tuple(scores.shape)}"
         )
     n_features = scores.shape[1]
     if not isinstance(k, int) or k < 1 or k > n_features:
-        raise ValueError(
+        raise InputError(
             f"k must be an integer in [1, n_features={n_features}], got {k!r}; there are only "
             f"{n_features} features to choose from"
         )
     if scores.is_floating_point() and bool(torch.isnan(scores).any()):
-        raise ValueError(
+        raise InputError(
             "scores contain NaN (e.g. LAPE of dead neurons); replace them first, e.g. with "
             "scores.nan_to_num(nan=...) using a value that ranks last"
         )
@@ -851,7 +853,7 @@ def top_k_per_language(
 
 def _select_rows(values: Tensor, rows: Tensor | None, name: str) -> Tensor:
     if values.ndim != 2:
-        raise ValueError(
+        raise InputError(
             f"values must be 2-D [n_samples, n_features], got shape {tuple(values.shape)}"
         )
     if rows is None:
@@ -860,14 +862,14 @@ def _select_rows(values: Tensor, rows: Tensor | None, name: str) -> Tensor:
         rows = rows.to(values.device)
         if rows.dtype == torch.bool:
             if rows.ndim != 1 or rows.shape[0] != values.shape[0]:
-                raise ValueError(
+                raise InputError(
                     f"boolean rows must have shape [{values.shape[0]}], got {tuple(rows.shape)}"
                 )
         elif rows.ndim != 1:
-            raise ValueError(f"rows must be 1-D (mask or indices), got {tuple(rows.shape)}")
+            raise InputError(f"rows must be 1-D (mask or indices), got {tuple(rows.shape)}")
         sub = values[rows]
     if sub.shape[0] == 0:
-        raise ValueError(f"{name} over an empty set of rows: select at least one row")
+        raise InputError(f"{name} over an empty set of rows: select at least one row")
     return sub
 
 
