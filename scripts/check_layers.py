@@ -200,8 +200,10 @@ def problems(scans: dict[str, Scan]) -> dict[str, list[str]]:
     for mod, s in scans.items():
         for name, line, n in s.long:
             found["long"].append(f"{mod}:{line} {name} has {n} lines (max {MAX_LINES})")
+        seen: set[int] = set()  # one entry per import statement
         for target, line, in_fn in s.imports:
-            if in_fn and target.split(".")[0] not in HEAVY:
+            if in_fn and target.split(".")[0] not in HEAVY and line not in seen:
+                seen.add(line)
                 found["function imports"].append(f"{mod}:{line} imports {target}")
         lm = layer_of(mod)
         if lm is None:
