@@ -248,7 +248,9 @@ def test_knockout(tiny):
     assert not torch.allclose(res.values[1], res.base)
     df = res.to_dataframe()
     assert len(df) == 3 and abs(df["relative_change"][0]) < 1e-5
-    res.fig()
+    res.fig_knockout()
+    with pytest.warns(DeprecationWarning, match="fig_knockout"):
+        res.fig()  # the old name, kept for one release
     single = attention_knockout(tiny, facts, [(1, 1)])
     assert torch.allclose(single.values[0], res.values[2], atol=1e-5)
     with pytest.raises(PatchingError, match="out of range"):

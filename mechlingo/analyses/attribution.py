@@ -19,7 +19,7 @@ one forward of the source batch, instead of one forward per cell.
 
 :func:`attribution_patch` takes exactly the arguments of ``patch_sweep`` (sources, targets,
 sites, layers, positions, metrics, ``alignment``, subject spans) and resolves them with the
-same code (:mod:`mechlingo.analyses.patching`'s helpers), so cross-language pairs, the subject/last
+same code (:mod:`mechlingo.analyses.patching.grid`), so cross-language pairs, the subject/last
 alignment and the metrics mean the same thing. It returns the same
 :class:`~mechlingo.analyses.patching.PatchSweep`: ``values`` holds the *estimated* patched metric
 (``corrupted + estimate``), ``clean`` and ``corrupted`` the measured baselines, so
@@ -76,27 +76,26 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mechlingo.activations.runs import StopForward, final_resid_name, hooked
+from mechlingo.activations.runs import (
+    StopForward,
+    final_resid_name,
+    hooked,
+    model_input_device,
+    run_batch,
+)
 from mechlingo.analyses.patching import (
-    PATCH_SITES,
     Cell,
     Metric,
     PatchingError,
     PatchSweep,
     PositionLabel,
-    _as_batch,
-    _check_spans,
-    _evaluate,
-    _pack_metrics,
-    _Positions,
-    _read_run,
-    _resolve_positions,
-    _site_hook,
-    fact_metrics,
     metric_index,
     patch_sweep,
 )
-from mechlingo.core.sites import resolve_layers, resolve_site, site_map
+from mechlingo.analyses.patching.grid import SweepSetup, check_sites, resolve_sweep
+from mechlingo.analyses.patching.metrics import PackedMetrics, evaluate_metrics
+from mechlingo.analyses.patching.runs import read_run
+from mechlingo.core.sites import resolve_site
 from mechlingo.core.tokens import TokenBatch, batch_context
 from mechlingo.core.types import Model
 from mechlingo.kernels.readout import apply_final_norm, unembed
@@ -114,84 +113,15 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------
-# Setup: the same resolution of inputs, positions and metrics as patch_sweep
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Setup:
-    src: TokenBatch
-    tgt: TokenBatch
-    pos: _Positions
-    metrics: list[Metric]
-    packed: tuple[Tensor, Tensor, list[slice]]
-    layers: list[int]
-    heads: list[int]
-    alignment: str
-
-
-def _setup(
-    model: Model,
-    source: Any,
-    target: Any,
-    layers: Any,
-    positions: Sequence[PositionLabel] | None,
-    metric: Metric | Sequence[Metric] | None,
-    alignment: str | Mapping[int, int] | None,
-    heads: Sequence[int] | None,
-    source_subject: Sequence[tuple[int, int]] | None,
-    target_subject: Sequence[tuple[int, int]] | None,
-    want_heads: bool,
-) -> _Setup:
-    """Resolve inputs exactly as :func:`~mechlingo.analyses.patching.patch_sweep` does (its helpers)."""
-    src, src_spans = _as_batch(model, source, "source")
-    tgt, tgt_spans = _as_batch(model, target, "target")
-    if src.batch_size != tgt.batch_size:
-        raise PatchingError(
-            f"source has {src.batch_size} rows and target {tgt.batch_size}; patching pairs "
-            "row i of the source with row i of the target"
-        )
-    src_spans = _check_spans(source_subject, src, "source") or src_spans
-    tgt_spans = _check_spans(target_subject, tgt, "target") or tgt_spans
-    sm = site_map(model)
-    layer_list = resolve_layers(model, layers)
-    head_list: list[int] = []
-    if want_heads:
-        head_list = list(range(sm.n_heads)) if heads is None else [int(h) for h in heads]
-        bad = [h for h in head_list if not 0 <= h < sm.n_heads]
-        if bad or not head_list:
-            raise PatchingError(f"heads {bad or head_list} invalid: this model has {sm.n_heads}")
-    pos = _resolve_positions(positions, alignment, src, tgt, src_spans, tgt_spans)
-    if metric is None:
-        if isinstance(source, Sequence) and source and hasattr(source[0], "answer"):
-            metric = fact_metrics(model, list(source))
-        else:
-            raise PatchingError("pass a metric (e.g. answer_logprob(model, answers, langs))")
-    metrics = [metric] if isinstance(metric, Metric) else list(metric)
-    packed = _pack_metrics(metrics, tgt.batch_size)
-    kind = (
-        "map"
-        if isinstance(alignment, Mapping)
-        else ("same" if alignment is None else str(alignment))
-    )
-    return _Setup(src, tgt, pos, metrics, packed, layer_list, head_list, kind)
-
-
-# --------------------------------------------------------------------------------------
 # The gradient pass
 # --------------------------------------------------------------------------------------
-
-
-def _input_device(model: Model) -> torch.device:
-    dev = getattr(model.cfg, "device", None)
-    return torch.device(dev) if dev is not None else model.W_U.device
 
 
 def _metric_values(
     model: Model,
     final: Float[Tensor, "row d_model"],
     metrics: Sequence[Metric],
-    packed: tuple[Tensor, Tensor, list[slice]],
+    packed: PackedMetrics,
 ) -> Float[Tensor, "metric row"]:
     """The metrics from final-residual rows, differentiably (final norm, unembedding,
     log-softmax; the same quantities :func:`mechlingo.kernels.readout.read_logits` reads)."""
@@ -218,47 +148,33 @@ class _Grads:
     qk_grads: dict[int, Tensor]  # layer -> [metric, row, pos, d_model] QK path of resid_pre
 
 
-def _gradient_pass(
-    model: Model,
-    src: TokenBatch,
-    tgt: TokenBatch,
-    src_pos: Int[Tensor, "row position"],
-    hook_names: Sequence[str],
-    metrics: Sequence[Metric],
-    packed: tuple[Tensor, Tensor, list[slice]],
-    qk_layers: Sequence[int] = (),
-) -> _Grads:
-    """The source run without gradients (its activations at the grid positions and the clean
-    metrics, read as :func:`~mechlingo.analyses.patching.patch_sweep` reads them), then one forward of
-    the target rows with gradients on and one ``autograd.grad`` per metric: the gradient of
-    each row's metric with respect to every requested activation (rows are independent, so
-    the gradient of the sum is each row's own gradient)."""
-    names = list(dict.fromkeys(hook_names))
-    pre = {layer: resolve_site(model, "resid_pre", layer).hook_name for layer in qk_layers}
-    pat = {layer: f"blocks.{layer}.attn.hook_pattern" for layer in qk_layers}
-    missing = [n for n in [*names, *pat.values()] if n not in model.hook_dict]
-    if missing:
-        raise PatchingError(f"hooks not in this model: {missing[:3]}")
-    B, M = tgt.batch_size, len(metrics)
-    src_acts, src_final = _read_run(model, src, {n: src_pos.contiguous() for n in names})
-    clean = _evaluate(model, src_final, metrics, packed, torch.arange(B)).float().cpu()
-    acts: dict[str, Tensor] = {}  # first firing's activation (detached)
-    probes: dict[str, list[Tensor]] = {}  # zero tensors added to each hook's output
-    used: dict[str, Tensor] = {}  # the hook's output as the model goes on to use it
+@dataclass
+class _Probed:
+    """A forward pass of the target with a zero *probe* added to each hook's output."""
+
+    acts: dict[str, Tensor]  # first firing's activation (detached, float)
+    probes: dict[str, list[Tensor]]  # the probes of each hook, one per firing
+    used: dict[str, Tensor]  # the hook's output as the model goes on to use it
+    final: Tensor  # [row, d_model] final residual at each last real token (in the graph)
+
+
+def _probed_forward(model: Model, tgt: TokenBatch, wanted: Sequence[str]) -> _Probed:
+    """Run ``tgt`` (under ``torch.enable_grad()``) with a zero probe added at every hook of
+    ``wanted``, and stop at the final residual stream. ``d metric / d probe`` is the
+    derivative with respect to *replacing* the hook's output, which is what patching does (a
+    bridge hook point may feed only one of the paths that read the tensor, e.g. resid_mid is
+    the input of the MLP's norm)."""
+    p = _Probed({}, {}, {}, torch.empty(0))
     out: dict[str, Tensor] = {}
-    last = tgt.last_index
-    rows = torch.arange(B)
+    last, rows = tgt.last_index, torch.arange(tgt.batch_size)
 
     def keep(name: str) -> Callable:
-        # d metric / d probe is the derivative with respect to *replacing* the hook's output,
-        # which is what patching does (a bridge hook point may feed only one of the paths
-        # that read the tensor, e.g. resid_mid is the input of the MLP's norm)
         def hook(t: Tensor, hook: Any) -> Tensor:
             probe = torch.zeros_like(t).requires_grad_(True)
-            probes.setdefault(name, []).append(probe)
-            acts.setdefault(name, t.detach().float())
-            used[name] = t + probe
-            return used[name]
+            p.probes.setdefault(name, []).append(probe)
+            p.acts.setdefault(name, t.detach().float())
+            p.used[name] = t + probe
+            return p.used[name]
 
         return hook
 
@@ -266,54 +182,104 @@ def _gradient_pass(
         out["final"] = t[rows.to(t.device), last.to(t.device)]
         raise StopForward
 
-    wanted = list(dict.fromkeys([*names, *pre.values(), *pat.values()]))
     hooks = [(n, keep(n)) for n in wanted] + [(final_resid_name(model), final_hook)]
-    b = tgt.to(_input_device(model))
-    with torch.enable_grad(), batch_context(b), hooked(model, hooks):
+    b = tgt.to(model_input_device(model))
+    with batch_context(b), hooked(model, hooks):
         try:
             model(b.tokens, attention_mask=b.attention_mask())
         except StopForward:
             pass
-        if "final" not in out:
-            raise RuntimeError(f"hook {final_resid_name(model)} did not fire")
-        silent = [n for n in wanted if n not in probes]
-        if silent:
-            raise RuntimeError(f"hooks {silent[:3]} did not fire during the forward pass")
-        values = _metric_values(model, out["final"], metrics, packed)  # [metric, row]
-        targets = [p for n in names for p in probes[n]]
-        targets += [probes[pat[layer]][0] for layer in qk_layers]
-        per: list[list[Tensor]] = []
-        for m in range(M):  # one backward pass per metric
-            gs = torch.autograd.grad(values[m].sum(), targets, retain_graph=True, allow_unused=True)
-            per.append(
-                [
-                    torch.zeros_like(t) if x is None else x.detach()
-                    for x, t in zip(gs, targets, strict=True)
-                ]
+    if "final" not in out:
+        raise RuntimeError(f"hook {final_resid_name(model)} did not fire")
+    silent = [n for n in wanted if n not in p.probes]
+    if silent:
+        raise RuntimeError(f"hooks {silent[:3]} did not fire during the forward pass")
+    p.final = out["final"]
+    return p
+
+
+def _metric_grads(values: Tensor, targets: Sequence[Tensor]) -> list[list[Tensor]]:
+    """``[metric][target]``: the gradient of each metric (summed over rows: rows are
+    independent) with respect to each target tensor; zeros where it does not depend on it."""
+    per: list[list[Tensor]] = []
+    for m in range(values.shape[0]):  # one backward pass per metric
+        gs = torch.autograd.grad(values[m].sum(), targets, retain_graph=True, allow_unused=True)
+        per.append(
+            [
+                torch.zeros_like(t) if x is None else x.detach()
+                for x, t in zip(gs, targets, strict=True)
+            ]
+        )
+    return per
+
+
+def _qk_path_grads(
+    p: _Probed,
+    per: Sequence[Sequence[Tensor]],
+    k: int,
+    pre: Mapping[int, str],
+    pat: Mapping[int, str],
+) -> tuple[dict[int, Tensor], dict[int, Tensor]]:
+    """For each layer of ``pat`` (whose pattern probes are targets ``k, k + 1, ...`` of
+    ``per``): the pattern gradient, and the part of ``d metric / d resid_pre`` that goes
+    through that layer's attention pattern."""
+    pattern_grads: dict[int, Tensor] = {}
+    qk_grads: dict[int, Tensor] = {}
+    for j, layer in enumerate(pat):
+        pattern_grads[layer] = torch.stack([gs[k + j] for gs in per]).float()
+        qk = []
+        for gs in per:
+            (g_qk,) = torch.autograd.grad(
+                p.used[pat[layer]],
+                p.probes[pre[layer]][0],
+                grad_outputs=gs[k + j],
+                retain_graph=True,
+                allow_unused=True,
             )
+            qk.append(torch.zeros_like(p.acts[pre[layer]]) if g_qk is None else g_qk.float())
+        qk_grads[layer] = torch.stack(qk)
+    return pattern_grads, qk_grads
+
+
+def _gradient_pass(
+    model: Model,
+    src: TokenBatch,
+    tgt: TokenBatch,
+    src_pos: Int[Tensor, "row position"],
+    hook_names: Sequence[str],
+    metrics: Sequence[Metric],
+    packed: PackedMetrics,
+    qk_layers: Sequence[int] = (),
+) -> _Grads:
+    """The source run without gradients (its activations at the grid positions and the clean
+    metrics, read as :func:`~mechlingo.analyses.patching.patch_sweep` reads them), then one
+    forward of the target rows with gradients on and one ``autograd.grad`` per metric: the
+    gradient of each row's metric with respect to every requested activation (rows are
+    independent, so the gradient of the sum is each row's own gradient)."""
+    names = list(dict.fromkeys(hook_names))
+    pre = {layer: resolve_site(model, "resid_pre", layer).hook_name for layer in qk_layers}
+    pat = {layer: f"blocks.{layer}.attn.hook_pattern" for layer in qk_layers}
+    missing = [n for n in [*names, *pat.values()] if n not in model.hook_dict]
+    if missing:
+        raise PatchingError(f"hooks not in this model: {missing[:3]}")
+    src_acts, src_final = read_run(model, src, {n: src_pos.contiguous() for n in names})
+    rows = torch.arange(tgt.batch_size)
+    clean = evaluate_metrics(model, src_final, metrics, packed, rows).float().cpu()
+    with torch.enable_grad():
+        p = _probed_forward(model, tgt, list(dict.fromkeys([*names, *pre.values(), *pat.values()])))
+        values = _metric_values(model, p.final, metrics, packed)  # [metric, row]
+        targets = [t for n in names for t in p.probes[n]]
+        targets += [p.probes[pat[layer]][0] for layer in qk_layers]
+        per = _metric_grads(values, targets)
         grads: dict[str, Tensor] = {}
         k = 0
         for n in names:  # a hook firing twice: the sum over its firings
-            grads[n] = torch.stack([sum(gs[k : k + len(probes[n])]) for gs in per]).float()
-            k += len(probes[n])
-        pattern_grads: dict[int, Tensor] = {}
-        qk_grads: dict[int, Tensor] = {}
-        for j, layer in enumerate(qk_layers):
-            pattern_grads[layer] = torch.stack([gs[k + j] for gs in per]).float()
-            qk = []
-            for gs in per:  # the part of d metric / d resid_pre through this layer's pattern
-                (g_qk,) = torch.autograd.grad(
-                    used[pat[layer]],
-                    probes[pre[layer]][0],
-                    grad_outputs=gs[k + j],
-                    retain_graph=True,
-                    allow_unused=True,
-                )
-                qk.append(torch.zeros_like(acts[pre[layer]]) if g_qk is None else g_qk.float())
-            qk_grads[layer] = torch.stack(qk)
+            grads[n] = torch.stack([sum(gs[k : k + len(p.probes[n])]) for gs in per]).float()
+            k += len(p.probes[n])
+        pattern_grads, qk_grads = _qk_path_grads(p, per, k, pre, pat)
     return _Grads(
         src_acts=src_acts,
-        acts={n: acts[n] for n in names},
+        acts={n: p.acts[n] for n in names},
         grads=grads,
         clean=clean,
         corrupted=values.detach().float().cpu(),
@@ -357,6 +323,9 @@ def _patched_patterns(
     def shrink(t: Tensor, hook: Any) -> Tensor:
         return t[:1]
 
+    def stop(t: Tensor, hook: Any) -> None:
+        raise StopForward
+
     for layer in layers:
         hooks.append((resolve_site(model, "resid_pre", layer).hook_name, grow(layer)))
         hooks.append((f"blocks.{layer}.attn.hook_pattern", read(layer)))
@@ -364,23 +333,14 @@ def _patched_patterns(
         # one row), resid_post is the residual stream itself
         hooks.append((resolve_site(model, "resid_mid", layer).hook_name, shrink))
         hooks.append((resolve_site(model, "resid_post", layer).hook_name, shrink))
-    stop_at = resolve_site(model, "resid_mid", max(layers)).hook_name
-
-    def stop(t: Tensor, hook: Any) -> None:
-        raise StopForward
-
-    hooks.append((stop_at, stop))
-    b = one.to(_input_device(model))
-    with torch.no_grad(), batch_context(b), hooked(model, hooks):
-        try:
-            model(b.tokens, attention_mask=b.attention_mask())
-        except StopForward:
-            pass
-        except RuntimeError as e:
-            raise PatchingError(
-                f"the QK fix's pass (a batch grown and shrunk mid-pass) failed ({e}); use "
-                "attribution_patch(..., qk_fix=False) for this model"
-            ) from e
+    hooks.append((resolve_site(model, "resid_mid", max(layers)).hook_name, stop))
+    try:
+        run_batch(model, one, hooks)
+    except RuntimeError as e:
+        raise PatchingError(
+            f"the QK fix's pass (a batch grown and shrunk mid-pass) failed ({e}); use "
+            "attribution_patch(..., qk_fix=False) for this model"
+        ) from e
     missing = [layer for layer in layers if layer not in out]
     if missing:
         raise RuntimeError(f"attention patterns of layers {missing} were not read")
@@ -393,7 +353,7 @@ def _patched_patterns(
 
 
 def _estimates(
-    setup: _Setup,
+    setup: SweepSetup,
     g: _Grads,
     name: str,
     scale: float,
@@ -407,6 +367,47 @@ def _estimates(
     grad = g.grads[name][:, rows, t_pos]  # [metric, row, P, ...]
     delta = scale * (g.src_acts[name].to(tgt.device) - tgt)
     return (grad * delta).sum(-1), delta
+
+
+def _hook_estimates(
+    model: Model,
+    setup: SweepSetup,
+    g: _Grads,
+    names: Mapping[tuple[str, int], str],
+    scale: float,
+    qk_fix: bool,
+) -> dict[str, Tensor]:
+    """The estimate ``[metric, row, position(, head)]`` of every hook of the grid, with the
+    QK fix applied to the ``resid_pre`` hooks when ``qk_fix``."""
+    per_hook: dict[str, Tensor] = {}
+    deltas: dict[int, Tensor] = {}
+    for (s, layer), name in names.items():
+        per_hook[name], delta = _estimates(setup, g, name, scale)
+        if s == "resid_pre" and qk_fix:
+            deltas[layer] = delta
+    if deltas:
+        for layer, corr in _qk_corrections(model, setup, g, deltas).items():
+            name = names[("resid_pre", layer)]
+            per_hook[name] = per_hook[name] + corr
+    return {k: v.cpu() for k, v in per_hook.items()}
+
+
+def _cell_values(
+    cells: Sequence[Cell],
+    per_hook: Mapping[str, Tensor],
+    names: Mapping[tuple[str, int], str],
+    corrupted: Tensor,
+) -> Float[Tensor, "metric cell row"]:
+    """``corrupted + estimate`` of every cell."""
+    values = []
+    for c in cells:
+        est = per_hook[names[(c.site, c.layer)]]  # [metric, row, P(, head)]
+        values.append(
+            corrupted + (est[:, :, c.position, c.head] if c.head >= 0 else est[:, :, c.position])
+        )
+    if not values:
+        return torch.empty(corrupted.shape[0], 0, corrupted.shape[1])
+    return torch.stack(values, dim=1)
 
 
 def attribution_patch(
@@ -425,7 +426,8 @@ def attribution_patch(
     qk_fix: bool = True,
     scale: float = 1.0,
 ) -> PatchSweep:
-    """Estimate a whole :func:`~mechlingo.analyses.patching.patch_sweep` grid by attribution patching.
+    """Estimate a whole :func:`~mechlingo.analyses.patching.patch_sweep` grid by attribution
+    patching.
 
     Arguments are those of ``patch_sweep`` (same sites, including ``"head"``; same positions,
     alignments, subject spans and metrics, resolved by the same code), plus:
@@ -437,95 +439,57 @@ def attribution_patch(
             estimate must equal exact patching of the same interpolation).
 
     Returns:
-        A :class:`~mechlingo.analyses.patching.PatchSweep` whose ``values`` are the *estimated* patched
-        metrics (``corrupted + estimate``, per example) and whose ``clean``/``corrupted`` are
-        the measured baselines; ``meta["method"]`` is ``"atp"`` (``"atp*"`` when the QK fix
-        changed some cell) and ``meta["seconds"]`` the wall time. Normalised effects,
-        heatmaps and tables read it exactly as an exact sweep.
+        A :class:`~mechlingo.analyses.patching.PatchSweep` whose ``values`` are the
+        *estimated* patched metrics (``corrupted + estimate``, per example) and whose
+        ``clean``/``corrupted`` are the measured baselines; ``meta["method"]`` is ``"atp"``
+        (``"atp*"`` when the QK fix changed some cell) and ``meta["seconds"]`` the wall time.
+        Normalised effects, heatmaps and tables read it exactly as an exact sweep.
 
     Raises:
         PatchingError: the input errors of ``patch_sweep``.
     """
     t0 = time.perf_counter()
-    sites = [sites] if isinstance(sites, str) else list(sites)
-    if not sites:
-        raise PatchingError("no sites to patch")
-    for s in sites:
-        if s not in PATCH_SITES:
-            raise PatchingError(f"unknown patching site {s!r}; use one of {list(PATCH_SITES)}")
-    setup = _setup(
+    setup = resolve_sweep(
         model,
         source,
         target,
+        check_sites(sites),
         layers,
         positions,
         metric,
-        alignment,
-        heads,
-        source_subject,
-        target_subject,
-        "head" in sites,
+        alignment=alignment,
+        heads=heads,
+        source_subject=source_subject,
+        target_subject=target_subject,
     )
-    names = {(s, layer): _site_hook(model, s, layer) for s in sites for layer in setup.layers}
-    hook_list = list(dict.fromkeys(names.values()))
-    B, P, M = setup.tgt.batch_size, len(setup.pos.labels), len(setup.metrics)
-    qk_layers = setup.layers if (qk_fix and "resid_pre" in sites) else []
+    names = setup.hook_names(model)
+    qk_layers = setup.layers if (qk_fix and "resid_pre" in setup.sites) else []
     g = _gradient_pass(
         model,
         setup.src,
         setup.tgt,
         setup.pos.source.T,
-        hook_list,
+        list(dict.fromkeys(names.values())),
         setup.metrics,
         setup.packed,
         qk_layers,
     )
-    per_hook: dict[str, Tensor] = {}
-    deltas: dict[int, Tensor] = {}
-    for (s, layer), name in names.items():
-        per_hook[name], delta = _estimates(setup, g, name, scale)
-        if s == "resid_pre" and qk_layers:
-            deltas[layer] = delta
-    if deltas:
-        for layer, corr in _qk_corrections(model, setup, g, deltas).items():
-            name = names[("resid_pre", layer)]
-            per_hook[name] = per_hook[name] + corr
-    per_hook = {k: v.cpu() for k, v in per_hook.items()}
-    cells: list[Cell] = []
-    values: list[Tensor] = []
+    per_hook = _hook_estimates(model, setup, g, names, scale, bool(qk_layers))
+    cells = setup.cells()
     corrupted = g.corrupted.cpu()
-    for s in sites:
-        for layer in setup.layers:
-            est = per_hook[names[(s, layer)]]  # [metric, row, P(, head)]
-            for p in range(P):
-                for h in setup.heads if s == "head" else [-1]:
-                    cells.append(Cell(s, layer, p, h))
-                    values.append(corrupted + (est[:, :, p, h] if h >= 0 else est[:, :, p]))
-    vals = torch.stack(values, dim=1) if values else torch.empty(M, 0, B)
-    return PatchSweep(
-        cells=cells,
-        metric_names=[m.name for m in setup.metrics],
-        values=vals,
-        clean=g.clean,
-        corrupted=corrupted,
-        sites=sites,
-        layers=setup.layers,
-        heads=setup.heads,
-        position_labels=setup.pos.labels,
-        target_positions=setup.pos.target,
-        source_positions=setup.pos.source,
-        alignment=setup.alignment,
-        meta={
-            "method": "atp*" if qk_layers else "atp",
-            "qk_fix": bool(qk_layers),
-            "scale": float(scale),
-            "seconds": round(time.perf_counter() - t0, 4),
-        },
+    meta = {
+        "method": "atp*" if qk_layers else "atp",
+        "qk_fix": bool(qk_layers),
+        "scale": float(scale),
+        "seconds": round(time.perf_counter() - t0, 4),
+    }
+    return setup.result(
+        cells, _cell_values(cells, per_hook, names, corrupted), g.clean, corrupted, meta
     )
 
 
 def _qk_corrections(
-    model: Model, setup: _Setup, g: _Grads, deltas: Mapping[int, Tensor]
+    model: Model, setup: SweepSetup, g: _Grads, deltas: Mapping[int, Tensor]
 ) -> dict[int, Float[Tensor, "metric row position"]]:
     """AtP*'s QK fix for the ``resid_pre`` cells of each layer in ``deltas`` (``{layer:
     [row, position, d_model] patch}``): minus the linear estimate of the path through that
@@ -638,18 +602,17 @@ def neuron_attribution(
     metrics of :func:`attribution_patch` / ``patch_sweep``. Plain AtP (neurons feed no
     softmax directly)."""
     t0 = time.perf_counter()
-    setup = _setup(
+    setup = resolve_sweep(
         model,
         source,
         target,
+        [],
         layers,
         positions,
         metric,
-        alignment,
-        None,
-        source_subject,
-        target_subject,
-        False,
+        alignment=alignment,
+        source_subject=source_subject,
+        target_subject=target_subject,
     )
     names = {layer: resolve_site(model, "mlp_post", layer).hook_name for layer in setup.layers}
     B = setup.tgt.batch_size
@@ -776,7 +739,7 @@ def verify_top_cells(
         i, j = pos_of[c], where[c]
         out.append(
             {
-                **approx._cell_dict(c),
+                **approx.cell_dict(c),
                 "estimate": float(nrm[i]),
                 "exact": float(e_nrm[j]),
                 "estimate_effect": float(eff[i]),

@@ -1,0 +1,250 @@
+"""The result of a patching sweep, and the one bootstrap every patching result uses.
+
+The *normalised effect* of a cell is ``(patched - corrupted) / (clean - corrupted)`` on the
+mean over examples: 0 = the patch does nothing, 1 = it restores the source run's value.
+Per-example values are kept, and bootstrap 95% intervals resample examples
+(:func:`bootstrap_interval`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from mechlingo.core.figures import draw
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import plotly.graph_objects as go
+
+__all__ = ["Cell", "PatchSweep", "bootstrap_interval", "metric_index", "normalized_effect"]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One patched place: site, layer, position label (index into the position axis) and
+    head (``-1`` for whole-site patches)."""
+
+    site: str
+    layer: int
+    position: int
+    head: int = -1
+
+
+def metric_index(names: Sequence[str], metric: str | int = 0) -> int:
+    """Position of ``metric`` (a name or an index) among a result's metric ``names``."""
+    if isinstance(metric, int):
+        return metric
+    if metric not in names:
+        raise KeyError(f"unknown metric {metric!r}; metrics: {list(names)}")
+    return list(names).index(metric)
+
+
+def normalized_effect(v: Tensor, clean: Tensor, corrupted: Tensor) -> Tensor:
+    """``(v - corrupted) / (clean - corrupted)``; NaN where clean equals corrupted."""
+    denom = clean - corrupted
+    denom = torch.where(denom.abs() < 1e-12, torch.full_like(denom, float("nan")), denom)
+    return (v - corrupted) / denom
+
+
+def bootstrap_interval(
+    statistic: Callable[[Int[Tensor, "boot example"]], Float[Tensor, "... boot"]],
+    n: int,
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[Tensor, Tensor]:
+    """Percentile bootstrap interval over ``n`` examples, vectorised over everything else.
+
+    ``statistic(idx)`` gets ``n_boot`` resamples of example indices (``[boot, n]``, drawn
+    with replacement from a generator seeded with ``seed``) and returns the statistic of
+    each resample on the last axis (``[..., boot]``, e.g. one row per cell). Resamples whose
+    statistic is NaN (a resample where clean equals corrupted) are skipped.
+
+    Why not :mod:`mechlingo.kernels.significance`: its intervals (``scipy.stats.bootstrap``)
+    are for one statistic of 1-D samples, where NaN poisons the interval; here one call covers
+    every cell of a sweep (a ratio of means of paired ``[cell, example]`` arrays) from the
+    same resamples, in one tensor operation.
+    """
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, n, (n_boot, n), generator=g)
+    stat = statistic(idx)
+    a = (1 - level) / 2
+    lo_hi = torch.nanquantile(stat, torch.tensor([a, 1 - a]), dim=-1)
+    return lo_hi[0], lo_hi[1]
+
+
+@dataclass
+class PatchSweep:
+    """The result of :func:`patch_sweep`.
+
+    Attributes:
+        cells: the patched cells, in the order of ``values``' cell axis.
+        metric_names: names of the metrics (first axis of ``values``).
+        values: ``[metric, cell, example]`` metric of each patched target run.
+        clean: ``[metric, example]`` metric of the source ("clean") run.
+        corrupted: ``[metric, example]`` metric of the unpatched target ("corrupted") run.
+        sites, layers, heads: the grid axes (``heads`` empty without head sites).
+        position_labels: label of each position of the grid (``"-1"`` = last token, ...).
+        target_positions, source_positions: ``[position, example]`` resolved token positions.
+        alignment: how positions were aligned (``"same"``, ``"last"``, ``"subject"``, ``"map"``).
+    """
+
+    cells: list[Cell]
+    metric_names: list[str]
+    values: Float[Tensor, "metric cell example"]
+    clean: Float[Tensor, "metric example"]
+    corrupted: Float[Tensor, "metric example"]
+    sites: list[str]
+    layers: list[int]
+    heads: list[int]
+    position_labels: list[str]
+    target_positions: Int[Tensor, "position example"]
+    source_positions: Int[Tensor, "position example"]
+    alignment: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def metric_index(self, metric: str | int = 0) -> int:
+        return metric_index(self.metric_names, metric)
+
+    def mean(self, metric: str | int = 0) -> Float[Tensor, " cell"]:
+        """Mean over examples of the patched metric per cell."""
+        return self.values[self.metric_index(metric)].mean(-1)
+
+    def effect(self, metric: str | int = 0) -> Float[Tensor, " cell"]:
+        """Mean of (patched - corrupted) per cell, in the metric's units."""
+        m = self.metric_index(metric)
+        return (self.values[m] - self.corrupted[m]).mean(-1)
+
+    def normalized(self, metric: str | int = 0) -> Float[Tensor, " cell"]:
+        """``(patched - corrupted) / (clean - corrupted)`` on the means over examples:
+        0 = no effect, 1 = restores the source run (NaN when clean == corrupted)."""
+        m = self.metric_index(metric)
+        return normalized_effect(
+            self.values[m].mean(-1), self.clean[m].mean(), self.corrupted[m].mean()
+        )
+
+    def bootstrap_ci(
+        self,
+        metric: str | int = 0,
+        *,
+        normalized: bool = True,
+        n_boot: int = 1000,
+        seed: int = 0,
+        level: float = 0.95,
+    ) -> tuple[Float[Tensor, " cell"], Float[Tensor, " cell"]]:
+        """Bootstrap interval (resampling examples) of :meth:`normalized` or
+        :meth:`effect` per cell."""
+        m = self.metric_index(metric)
+        v, c, k = self.values[m], self.clean[m], self.corrupted[m]
+
+        def stat(idx: Tensor) -> Tensor:  # [cell, boot]
+            vb, cb, kb = v[:, idx].mean(-1), c[idx].mean(-1), k[idx].mean(-1)
+            return normalized_effect(vb, cb, kb) if normalized else vb - kb
+
+        n = self.values.shape[-1]
+        return bootstrap_interval(stat, n, n_boot=n_boot, seed=seed, level=level)
+
+    def grid(
+        self, site: str, metric: str | int = 0, value: str = "normalized"
+    ) -> Float[Tensor, "layer position ..."]:
+        """The ``[layer, position]`` (heads: ``[layer, position, head]``) grid of one site:
+        ``value`` is ``"normalized"``, ``"effect"`` or ``"mean"``; NaN where not swept."""
+        fn = {"normalized": self.normalized, "effect": self.effect, "mean": self.mean}[value]
+        vals = fn(metric)
+        shape = [len(self.layers), len(self.position_labels)]
+        if site == "head":
+            shape.append(max(1, len(self.heads)))
+        out = torch.full(shape, float("nan"))
+        li = {layer: i for i, layer in enumerate(self.layers)}
+        hi = {h: i for i, h in enumerate(self.heads)}
+        for c, cell in enumerate(self.cells):
+            if cell.site != site:
+                continue
+            key = (li[cell.layer], cell.position) + ((hi[cell.head],) if site == "head" else ())
+            out[key] = vals[c]
+        return out
+
+    def top_cells(self, k: int = 10, metric: str | int = 0) -> list[dict[str, Any]]:
+        """The ``k`` cells with the largest absolute normalised effect."""
+        vals = self.normalized(metric)
+        order = torch.argsort(torch.nan_to_num(vals.abs(), nan=-1.0), descending=True)[:k]
+        return [
+            {**self.cell_dict(self.cells[int(i)]), "normalized": float(vals[int(i)])} for i in order
+        ]
+
+    def cell_dict(self, cell: Cell) -> dict[str, Any]:
+        """A cell as a table row: site, layer, position label, head (``None``: whole site)."""
+        return {
+            "site": cell.site,
+            "layer": cell.layer,
+            "position": self.position_labels[cell.position],
+            "head": cell.head if cell.head >= 0 else None,
+        }
+
+    def to_dataframe(self, *, per_example: bool = False) -> pd.DataFrame:
+        """One row per (metric, cell): mean, effect, normalised effect and its 95% bootstrap
+        interval; with ``per_example`` one row per (metric, cell, example) instead."""
+        import pandas as pd
+
+        rows = []
+        for m, name in enumerate(self.metric_names):
+            if per_example:
+                v = self.values[m].tolist()
+                for c, cell in enumerate(self.cells):
+                    for e, x in enumerate(v[c]):
+                        rows.append(
+                            {
+                                "metric": name,
+                                **self.cell_dict(cell),
+                                "example": e,
+                                "patched": x,
+                                "clean": float(self.clean[m, e]),
+                                "corrupted": float(self.corrupted[m, e]),
+                            }
+                        )
+                continue
+            mean, eff, nrm = self.mean(m), self.effect(m), self.normalized(m)
+            lo, hi = self.bootstrap_ci(m)
+            for c, cell in enumerate(self.cells):
+                rows.append(
+                    {
+                        "metric": name,
+                        **self.cell_dict(cell),
+                        "mean": float(mean[c]),
+                        "effect": float(eff[c]),
+                        "normalized": float(nrm[c]),
+                        "ci_low": float(lo[c]),
+                        "ci_high": float(hi[c]),
+                    }
+                )
+        return pd.DataFrame(rows)
+
+    def summary(self) -> dict[str, Any]:
+        """Baselines per metric and the top cells of the first metric (JSON-ready)."""
+        return {
+            "metrics": {
+                name: {
+                    "clean": float(self.clean[m].mean()),
+                    "corrupted": float(self.corrupted[m].mean()),
+                }
+                for m, name in enumerate(self.metric_names)
+            },
+            "alignment": self.alignment,
+            "n_examples": int(self.values.shape[-1]),
+            "n_cells": len(self.cells),
+            "top_cells": self.top_cells(10),
+            **self.meta,
+        }
+
+    def fig_heatmap(self, metric: str | int = 0, value: str = "normalized") -> go.Figure:
+        """Layer-by-position heatmaps, one panel per site (heads: averaged over positions as a
+        layer-by-head panel)."""
+
+        return draw("patching_heatmaps", self, metric=metric, value=value)

@@ -1,0 +1,226 @@
+"""The patched passes of a sweep: two strategies that give the same numbers.
+
+Many patched copies of the target share one forward pass, each copy carrying the patch of one
+cell. :func:`sweep_grown` (``batching="grow"``) runs one example per pass: it starts as the
+unpatched target alone, and at each layer's block input the batch grows by one copy of the
+unpatched row per cell of that layer, so the work below a cell's layer is done once and a copy
+patched at layer ``l`` only computes layers ``l`` and above (over all layers, about half the
+work of running every copy through the whole model). :func:`sweep_stacked`
+(``batching="stack"``) runs every copy of every example through the whole model instead (for
+models that cannot grow a batch mid-pass). Each pass stops at the final residual stream, and
+the last real token of every row is unembedded in one batched readout (the unembedding
+dominates the cost on large vocabularies).
+
+The hooks that write a patch and grow the batch are made by :func:`writer` and
+:func:`brancher`; a :class:`Plan` carries the factories to use, so
+:func:`mechlingo.analyses.patching.patch_sweep` can hand in the ones its package exposes
+(tests replace them there to inject failures).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from mechlingo.activations.runs import StopForward, final_resid_name, run_batch
+from mechlingo.analyses.patching.errors import PatchingError
+from mechlingo.analyses.patching.metrics import Metric, PackedMetrics, evaluate_metrics
+from mechlingo.analyses.patching.result import Cell
+from mechlingo.analyses.patching.runs import read_run, repeat_batch, site_hook
+from mechlingo.core.tokens import TokenBatch
+from mechlingo.core.types import Model
+
+__all__ = ["Plan", "brancher", "sweep_grown", "sweep_stacked", "writer"]
+
+Hook = tuple[str, Callable]
+
+
+def writer(rows: Tensor, positions: Tensor, heads: Tensor, values: Tensor, per_head: bool):
+    """A hook writing ``values`` at ``(rows, positions[, heads])`` of the activation."""
+    cache: dict[torch.device, tuple[Tensor, ...]] = {}
+
+    def hook(t: Tensor, hook: Any) -> Tensor:
+        if t.device not in cache:
+            cache[t.device] = (
+                rows.to(t.device),
+                positions.to(t.device),
+                heads.to(t.device),
+                values.to(t.device),
+            )
+        r, p, h, v = cache[t.device]
+        t = t.clone()
+        if per_head:
+            t[r, p, h] = v.to(t.dtype)
+        else:
+            t[r, p] = v.to(t.dtype)
+        return t
+
+    return hook
+
+
+def brancher(copies: int) -> Callable:
+    """A hook appending ``copies`` copies of row 0 (the unpatched run) to the batch."""
+
+    def hook(t: Tensor, hook: Any) -> Tensor:
+        return torch.cat([t, t[:1].expand(copies, *t.shape[1:])])
+
+    return hook
+
+
+class Plan(NamedTuple):
+    """What a sweep strategy needs: the target batch, the cells in result order, each
+    (site, layer)'s hook name, the source activations read at the grid positions, the target
+    positions ``[label, row]``, the metrics and their packed token sets, the cells per pass,
+    and the hook factories (:func:`writer`, :func:`brancher`). Each strategy returns
+    ``values [metric, cell, row]`` and ``corrupted [metric, row]``."""
+
+    model: Model
+    tgt: TokenBatch
+    cells: Sequence[Cell]
+    names: Mapping[tuple[str, int], str]
+    src_acts: Mapping[str, Tensor]
+    tgt_pos: Tensor
+    metrics: Sequence[Metric]
+    packed: PackedMetrics
+    cells_per_batch: int
+    writer: Callable[..., Callable]
+    brancher: Callable[[int], Callable]
+
+
+def _cell_values(
+    cells: Sequence[Cell], name: str, src_acts: Mapping[str, Tensor], example: Tensor
+) -> Tensor:
+    """The source activation each cell writes, for the given example of each cell:
+    ``[n, width]`` (whole site) or ``[n, d_head]`` (one head)."""
+    p_idx = torch.tensor([c.position for c in cells])
+    vals = src_acts[name][example, p_idx]  # [n, width] or [n, head, d_head]
+    if cells[0].site == "head":
+        vals = vals[torch.arange(len(cells)), torch.tensor([c.head for c in cells])]
+    return vals
+
+
+def _cell_writer(plan: Plan, name: str, sel: Sequence[Cell], rows: Tensor, example: Tensor) -> Hook:
+    """The hook at ``name`` writing cell ``sel[i]`` (of example ``example[i]``) into batch row
+    ``rows[i]``."""
+    t_pos = plan.tgt_pos[torch.tensor([c.position for c in sel]), example]
+    head = torch.tensor([c.head for c in sel])
+    vals = _cell_values(sel, name, plan.src_acts, example)
+    return name, plan.writer(rows, t_pos, head, vals, sel[0].site == "head")
+
+
+def sweep_stacked(plan: Plan) -> tuple[Tensor, Tensor]:
+    """Every patched copy of every example runs the whole model: ``cells_per_batch`` copies of
+    the whole target batch per pass (copy ``j`` carries cell ``j``), plus one unpatched copy
+    in the first pass (the corrupted baseline)."""
+    model, tgt, cells, metrics = plan.model, plan.tgt, plan.cells, plan.metrics
+    B = tgt.batch_size
+    rows = torch.arange(B)
+    values = torch.empty(len(metrics), len(cells), B)
+    corrupted = torch.empty(len(metrics), B)
+    for start in range(0, len(cells), plan.cells_per_batch):
+        chunk = cells[start : start + plan.cells_per_batch]
+        by_hook: dict[str, list[tuple[int, Cell]]] = {}
+        for j, cell in enumerate(chunk):
+            by_hook.setdefault(plan.names[(cell.site, cell.layer)], []).append((j, cell))
+        hooks = []
+        for name, items in by_hook.items():
+            copy = torch.tensor([j for j, _ in items]).repeat_interleave(B)
+            row = rows.repeat(len(items))
+            rep = [c for _, c in items for _ in range(B)]
+            hooks.append(_cell_writer(plan, name, rep, copy * B + row, row))
+        extra = 1 if start == 0 else 0
+        big = repeat_batch(tgt, len(chunk) + extra)
+        _, final = read_run(model, big, {}, extra_hooks=hooks)
+        ex = rows.repeat(len(chunk) + extra)
+        v = evaluate_metrics(model, final, metrics, plan.packed, ex)
+        v = v.reshape(len(metrics), -1, B).cpu()
+        if extra:
+            corrupted = v[:, -1]
+        values[:, start : start + len(chunk)] = v[:, : len(chunk)]
+    return values, corrupted
+
+
+def _grown_hooks(
+    plan: Plan, group: Sequence[int], b: int, branch: Mapping[int, str]
+) -> tuple[list[Hook], list[int]]:
+    """The hooks of one grown pass of example ``b`` over the cells ``group`` (indices into
+    ``plan.cells``), and the batch row of each of those cells. Row 0 stays unpatched; each
+    layer's copies are appended at its block input ``branch[layer]``, in layer order."""
+    cells = plan.cells
+    new_rows: dict[int, int] = {}
+    row_of: dict[int, int] = {}
+    by_hook: dict[str, list[int]] = {}
+    for i in group:
+        row_of[i] = 1 + len(row_of)
+        new_rows[cells[i].layer] = new_rows.get(cells[i].layer, 0) + 1
+        by_hook.setdefault(plan.names[(cells[i].site, cells[i].layer)], []).append(i)
+    # before the writers: at a shared hook point the copies must exist first
+    hooks: list[Hook] = [(branch[layer], plan.brancher(n)) for layer, n in sorted(new_rows.items())]
+    for name, idx in by_hook.items():
+        rows = torch.tensor([row_of[i] for i in idx])
+        hooks.append(
+            _cell_writer(plan, name, [cells[i] for i in idx], rows, torch.full_like(rows, b))
+        )
+    return hooks, [row_of[i] for i in group]
+
+
+def sweep_grown(plan: Plan) -> tuple[Tensor, Tensor]:
+    """One pass per example and group of ``cells_per_batch`` cells (in layer order). The pass
+    starts with the unpatched target alone (row 0, which stays unpatched: the corrupted
+    baseline); at the block input ``blocks.{l}.hook_resid_pre`` of each layer ``l`` with
+    cells, copies of row 0 are appended, one per cell of that layer, and the cells' hooks
+    write into their own rows. So the shared computation below layer ``l`` is done once."""
+    model, tgt, cells, metrics = plan.model, plan.tgt, plan.cells, plan.metrics
+    B = tgt.batch_size
+    values = torch.empty(len(metrics), len(cells), B)
+    corrupted = torch.empty(len(metrics), B)
+    order = sorted(range(len(cells)), key=lambda i: cells[i].layer)  # stable
+    branch = {layer: site_hook(model, "resid_pre", layer) for layer in {c.layer for c in cells}}
+    for g, start in enumerate(range(0, len(order), plan.cells_per_batch)):
+        group = order[start : start + plan.cells_per_batch]
+        finals = []
+        for b in range(B):
+            hooks, rows = _grown_hooks(plan, group, b, branch)
+            finals.append(_grown_final(model, tgt.select([b]), hooks, 1 + len(group)))
+        # one readout for the whole group: the unembedding streams W_U once, not per example
+        ex = torch.arange(B).repeat_interleave(1 + len(group))
+        v = evaluate_metrics(model, torch.cat(finals), metrics, plan.packed, ex)
+        v = v.cpu().view(len(metrics), B, -1)
+        if g == 0:
+            corrupted = v[:, :, 0]
+        values[:, group] = v[:, :, rows].transpose(1, 2)
+    return values, corrupted
+
+
+def _grown_final(
+    model: Model, one: TokenBatch, hooks: Sequence[Hook], expect_rows: int
+) -> Float[Tensor, "row d_model"]:
+    """Run the one-row batch ``one`` with the growing hooks; the final residual stream of
+    every row of the grown batch at the example's last real token."""
+    out: dict[str, Tensor] = {}
+    last = int(one.last_index[0])
+
+    def final_hook(t: Tensor, hook: Any) -> None:
+        out["final"] = t[:, last].detach()
+        raise StopForward
+
+    try:
+        run_batch(model, one, [*hooks, (final_resid_name(model), final_hook)])
+    except (RuntimeError, ValueError) as e:  # ValueError: transformers' mask-shape checks
+        raise PatchingError(
+            f"the forward pass failed with a batch grown mid-pass ({e}); if this model's "
+            "attention masks or position embeddings do not broadcast over a larger batch, use "
+            "patch_sweep(..., batching='stack')"
+        ) from e
+    if "final" not in out:
+        raise RuntimeError(f"hook {final_resid_name(model)} did not fire during the forward pass")
+    if out["final"].shape[0] != expect_rows:
+        raise PatchingError(
+            f"the batch grew to {out['final'].shape[0]} rows instead of {expect_rows}: this "
+            "model does not pass a grown batch through; use patch_sweep(..., batching='stack')"
+        )
+    return out["final"]
