@@ -9,6 +9,16 @@
    ln_final + unembedding of every position, then pick the last real token.
 
 Prints the times, the ratios and the largest difference of the answers' log-probabilities.
+
+Then the readout alone, on the same rows (the lens's residual rows of ``--readout-prompts``
+prompts, every entry): :func:`mechlingo.kernels.readout.read_logits` (one pass over ``W_U``
+gives the top-5, each track's set mass, primary log-probability and set rank) against the
+cheapest composition of TransformerLens's ``logit_readout`` that gives the same numbers (it
+takes one selector per call and single-token targets): a ``top_k`` call, a ``vocab`` call
+over the union of the answer sets (set masses, primary log-probabilities, each set's best
+token), and one per-row ``targets`` call per track (the rank of that best token). The last
+line is ``mechlingo readout vs TransformerLens logit_readout: N.Nx`` (its time over ours).
+
 Usage: python benchmarks/bench_lens.py [--n 32] [--device cpu|cuda] [--model PATH]
 """
 
@@ -19,11 +29,84 @@ import time
 
 import torch
 
-from mechlingo.analyses.lens import logit_lens
+from mechlingo.activations.runs import collect
+from mechlingo.analyses.lens import lens_hook_names, logit_lens
 from mechlingo.core.models import load_model
-from mechlingo.core.tokens import answer_tokens
+from mechlingo.core.tokens import answer_tokens, encode, pack_token_sets
 from mechlingo.data import load_facts
-from mechlingo.kernels.readout import final_logits
+from mechlingo.kernels.readout import Readout, final_logits, read_logits
+
+
+def _best(fn, repeats: int):
+    fn()  # warm-up
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def tl_readout(model, rows: torch.Tensor, ids: torch.Tensor, k: int) -> Readout:
+    """The numbers of ``read_logits(model, rows, ids, top_k=k)`` from TransformerLens's
+    ``logit_readout``: top-k, a vocabulary-subset call, one per-row target call per track."""
+    from transformer_lens.tools.analysis.logit_lens import logit_readout
+
+    top = logit_readout(model, rows, top_k=k, return_type="log_probs")
+    union, inverse = torch.unique(ids.clamp_min(0), return_inverse=True)
+    sub = logit_readout(model, rows, vocab=union, return_type="log_probs").values
+    members = torch.gather(sub[:, None, :].expand(-1, ids.shape[1], -1), 2, inverse)
+    members = members.masked_fill(ids < 0, float("-inf"))  # [row, track, member] log-probs
+    best = torch.gather(ids, 2, members.argmax(-1, keepdim=True))[..., 0]  # [row, track]
+    ranks = [
+        logit_readout(model, rows, targets=best[:, t], return_type="log_probs").target_ranks
+        for t in range(ids.shape[1])
+    ]
+    return Readout(
+        logsumexp=torch.empty(0),
+        top_ids=top.top_ids,
+        top_logprobs=top.values,
+        set_logprob=torch.logsumexp(members, -1),
+        primary_logprob=members[..., 0],
+        set_rank=torch.cat(ranks, -1),
+    )
+
+
+def readout_comparison(model, facts, repeats: int) -> None:
+    """read_logits against TransformerLens's logit_readout on the lens rows of ``facts``."""
+    names = lens_hook_names(model, list(range(model.cfg.n_layers + 1)))
+    acts = collect(model, encode(model, [f.prompt for f in facts]), names)
+    rows = torch.cat([acts[n] for n in names])  # [entry * prompt, d_model]
+    sets = [
+        [answer_tokens(model, f.answer, lang=f.lang), answer_tokens(model, f.answer_en or f.answer)]
+        for f in facts
+    ]
+    ids, primary = pack_token_sets(sets)
+    ids, primary = ids.repeat(len(names), 1, 1), primary.repeat(len(names), 1)
+    # the primary token first in each set, so TransformerLens's member 0 is the primary
+    ids = torch.cat([primary[..., None], ids.masked_fill(ids == primary[..., None], -1)], -1)
+    print(
+        f"readout: {rows.shape[0]} rows ({len(facts)} prompts x {len(names)} entries), "
+        f"2 tracks of up to {ids.shape[-1]} tokens, vocabulary {model.W_U.shape[1]}"
+    )
+    t_ours, ours = _best(lambda: read_logits(model, rows, ids, primary, top_k=5), repeats)
+    t_tl, ref = _best(lambda: tl_readout(model, rows, ids, 5), repeats)
+    for field in ("top_logprobs", "set_logprob", "primary_logprob"):
+        d = (getattr(ours, field).cpu() - getattr(ref, field).cpu()).abs().max().item()
+        print(f"  max |diff {field}| = {d:.2e}")
+    same = torch.equal(ours.set_rank.cpu(), ref.set_rank.cpu())
+    print(f"  set ranks equal: {same}; top ids equal: {torch.equal(ours.top_ids, ref.top_ids)}")
+    t_top, _ = _best(lambda: read_logits(model, rows, top_k=5), repeats)
+
+    def tl_top():
+        from transformer_lens.tools.analysis.logit_lens import logit_readout
+
+        return logit_readout(model, rows, top_k=5, return_type="log_probs")
+
+    t_tl_top, _ = _best(tl_top, repeats)
+    print(f"  top-5 only:    mechlingo {t_top:6.2f} s, logit_readout {t_tl_top:6.2f} s")
+    print(f"  same numbers:  mechlingo {t_ours:6.2f} s, logit_readout x4 calls {t_tl:6.2f} s")
+    print(f"mechlingo readout vs TransformerLens logit_readout: {t_tl / t_ours:.1f}x")
 
 
 def main() -> None:
@@ -32,6 +115,7 @@ def main() -> None:
     ap.add_argument("--device", default=None)
     ap.add_argument("--model", default=None)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--readout-prompts", type=int, default=8)
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     model = load_model(args.model, device=args.device)
@@ -101,6 +185,7 @@ def main() -> None:
         print(
             f"mechlingo is {t / base_t:5.1f}x faster than {name}; max |diff log-prob| = {diff:.2e}"
         )
+    readout_comparison(model, facts[: args.readout_prompts], args.repeats)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from mechlingo.activations.decoding import decode
+from mechlingo.core.errors import InputError
 from mechlingo.core.figures import draw
 from mechlingo.core.tokens import encode, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
@@ -152,9 +153,9 @@ def greedy_generate(
     """
     prompts = list(prompts)
     if not prompts:
-        raise ValueError("no prompts to generate from")
+        raise InputError("no prompts to generate from")
     if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        raise InputError(f"batch_size must be at least 1, got {batch_size}")
     hooks = _hooks_of(model, intervention, fwd_hooks)
     batch = encode(model, prompts)
     eos = getattr(model.tokenizer, "eos_token_id", None)
@@ -252,10 +253,10 @@ def evaluate_facts(
     """
     facts = list(facts)
     if not facts:
-        raise ValueError("no facts selected for evaluation")
+        raise InputError("no facts selected for evaluation")
     texts = list(prompts) if prompts is not None else [f.prompt for f in facts]
     if len(texts) != len(facts):
-        raise ValueError(f"{len(texts)} prompts for {len(facts)} facts")
+        raise InputError(f"{len(texts)} prompts for {len(facts)} facts")
     gens = greedy_generate(
         model,
         texts,

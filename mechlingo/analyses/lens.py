@@ -27,12 +27,13 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from mechlingo.activations.runs import collect
+from mechlingo.core.errors import InputError
 from mechlingo.core.figures import draw
 from mechlingo.core.sites import hook_name, site_map
 from mechlingo.core.tokens import answer_tokens, encode, pack_token_sets, sorted_batches
 from mechlingo.core.types import Model
 from mechlingo.data import load_facts
-from mechlingo.kernels.readout import read_logits
+from mechlingo.kernels.readout import Readout, read_logits
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -61,13 +62,13 @@ def _resolve_entries(model: Model, layers: Any) -> list[int]:
     for entry in [layers] if isinstance(layers, int) else layers:
         e = int(entry) + n + 1 if int(entry) < 0 else int(entry)
         if not 0 <= e <= n:
-            raise ValueError(
+            raise InputError(
                 f"lens entry {entry} is out of range: entries are 0..{n} (0 = embeddings, "
                 f"{n} = final output)"
             )
         out.append(e)
     if not out:
-        raise ValueError("the layer selection is empty")
+        raise InputError("the layer selection is empty")
     return sorted(set(out))
 
 
@@ -134,7 +135,7 @@ class LensResult:
     def final_top1(self, track: str = "answer") -> Tensor:
         """Whether the model's top next token is in ``track``'s answer set at the output."""
         if self.layers[-1] != self.n_layers:
-            raise ValueError("the lens did not read the final entry")
+            raise InputError("the lens did not read the final entry")
         return self.rank[-1, :, self.track_index(track)] == 0
 
     # ------------------------------------------------------------------ tables
@@ -226,6 +227,71 @@ class LensResult:
         )
 
 
+def _checked_langs(
+    prompts: list[str], answers: Mapping[str, Sequence[str]], langs: Sequence[str] | None
+) -> list[str]:
+    """The language of each prompt (default English), after checking the inputs' sizes."""
+    if not prompts:
+        raise InputError("no prompts given to the logit lens")
+    if not answers:
+        raise InputError("give at least one answer track, e.g. {'answer': [...]}")
+    langs = list(langs) if langs is not None else ["en"] * len(prompts)
+    for name, words in answers.items():
+        if len(words) != len(prompts):
+            raise InputError(f"track {name!r} has {len(words)} answers for {len(prompts)} prompts")
+    if len(langs) != len(prompts):
+        raise InputError(f"{len(langs)} languages for {len(prompts)} prompts")
+    return langs
+
+
+@dataclass
+class _LensReads:
+    """What the lens keeps per entry, prompt and track (or top-k slot)."""
+
+    logprob: Tensor  # [entry, prompt, track]
+    primary: Tensor  # [entry, prompt, track]
+    rank: Tensor  # [entry, prompt, track]
+    top_ids: Tensor  # [entry, prompt, k]
+    top_lp: Tensor  # [entry, prompt, k]
+
+    @classmethod
+    def empty(cls, n_e: int, n_p: int, n_t: int, k: int, dev: torch.device) -> _LensReads:
+        f, i = {"device": dev}, {"dtype": torch.long, "device": dev}
+        return cls(
+            torch.empty(n_e, n_p, n_t, **f),
+            torch.empty(n_e, n_p, n_t, **f),
+            torch.empty(n_e, n_p, n_t, **i),
+            torch.empty(n_e, n_p, k, **i),
+            torch.empty(n_e, n_p, k, **f),
+        )
+
+    def put(self, rows: list[int], r: Readout) -> None:
+        """Store the readout of ``[entry, row]``-ordered rows for prompts ``rows``."""
+        n_e, _, n_t = self.logprob.shape
+        shape, top = (n_e, len(rows), n_t), (n_e, len(rows), self.top_ids.shape[-1])
+        idx = torch.tensor(rows, device=self.logprob.device)
+        self.logprob[:, idx] = r.set_logprob.reshape(shape)
+        self.primary[:, idx] = r.primary_logprob.reshape(shape)
+        self.rank[:, idx] = r.set_rank.reshape(shape)
+        self.top_ids[:, idx] = r.top_ids.reshape(top)
+        self.top_lp[:, idx] = r.top_logprobs.reshape(top)
+
+    def cpu(self) -> _LensReads:
+        """One copy to the host at the end, not one per batch."""
+        t = (self.logprob, self.primary, self.rank, self.top_ids, self.top_lp)
+        return _LensReads(*(x.cpu() for x in t))
+
+
+def _top_tokens(model: Model, top_ids: Int[Tensor, "entry prompt k"]) -> list[list[list[str]]]:
+    """The top tokens decoded, ``[entry][prompt][k]``."""
+    n_e, n_p, k = top_ids.shape
+    decoded = model.tokenizer.batch_decode([[i] for i in top_ids.reshape(-1).tolist()])
+    return [
+        [decoded[(li * n_p + p) * k : (li * n_p + p + 1) * k] for p in range(n_p)]
+        for li in range(n_e)
+    ]
+
+
 def logit_lens(
     model: Model,
     prompts: Sequence[str],
@@ -254,18 +320,13 @@ def logit_lens(
 
     Returns:
         A :class:`LensResult`.
+
+    Raises:
+        InputError: no prompts or tracks, answers or languages not one per prompt, or an
+            entry out of range.
     """
     prompts = list(prompts)
-    if not prompts:
-        raise ValueError("no prompts given to the logit lens")
-    if not answers:
-        raise ValueError("give at least one answer track, e.g. {'answer': [...]}")
-    langs = list(langs) if langs is not None else ["en"] * len(prompts)
-    for name, words in answers.items():
-        if len(words) != len(prompts):
-            raise ValueError(f"track {name!r} has {len(words)} answers for {len(prompts)} prompts")
-    if len(langs) != len(prompts):
-        raise ValueError(f"{len(langs)} languages for {len(prompts)} prompts")
+    langs = _checked_langs(prompts, answers, langs)
     entries = _resolve_entries(model, layers)
     names = lens_hook_names(model, entries)
     tracks = list(answers)
@@ -275,51 +336,30 @@ def logit_lens(
     ]
     all_ids, all_primary = pack_token_sets(sets)
     batch = encode(model, prompts)
-    n_e, n_p, n_t = len(entries), len(prompts), len(tracks)
-    dev = model.W_U.device
-    logprob = torch.empty(n_e, n_p, n_t, device=dev)
-    prim = torch.empty(n_e, n_p, n_t, device=dev)
-    rank = torch.empty(n_e, n_p, n_t, dtype=torch.long, device=dev)
-    top_ids = torch.empty(n_e, n_p, top_k, dtype=torch.long, device=dev)
-    top_lp = torch.empty(n_e, n_p, top_k, device=dev)
+    n_e = len(entries)
+    reads = _LensReads.empty(n_e, len(prompts), len(tracks), top_k, model.W_U.device)
     groups = sorted_batches(batch.lengths, batch_size)
-    with torch.no_grad():
-        for rows in tqdm(groups, desc="logit lens", disable=not progress):
-            sub = batch.select(rows)
-            acts = collect(model, sub, names)
-            stack = torch.stack([acts[nm] for nm in names])  # [entry, b, d_model]
-            b = len(rows)
-            flat = stack.reshape(n_e * b, -1)
-            ids_rows = all_ids[rows].repeat(n_e, 1, 1)
-            prim_rows = all_primary[rows].repeat(n_e, 1)
-            r = read_logits(model, flat, ids_rows, prim_rows, top_k=top_k, chunk_rows=chunk_rows)
-            idx = torch.tensor(rows, device=dev)
-            logprob[:, idx] = r.set_logprob.reshape(n_e, b, n_t)
-            prim[:, idx] = r.primary_logprob.reshape(n_e, b, n_t)
-            rank[:, idx] = r.set_rank.reshape(n_e, b, n_t)
-            top_ids[:, idx] = r.top_ids.reshape(n_e, b, top_k)
-            top_lp[:, idx] = r.top_logprobs.reshape(n_e, b, top_k)
-    # one copy to the host at the end, not one per batch
-    logprob, prim, rank, top_ids, top_lp = (t.cpu() for t in (logprob, prim, rank, top_ids, top_lp))
-    decoded = model.tokenizer.batch_decode([[i] for i in top_ids.reshape(-1).tolist()])
-    top_tokens = [
-        [decoded[(li * n_p + p) * top_k : (li * n_p + p + 1) * top_k] for p in range(n_p)]
-        for li in range(n_e)
-    ]
-    n_tok = torch.tensor([[a.n_tokens for a in row] for row in sets])
+    for rows in tqdm(groups, desc="logit lens", disable=not progress):
+        acts = collect(model, batch.select(rows), names)
+        flat = torch.stack([acts[nm] for nm in names]).flatten(0, 1)  # [entry * b, d_model]
+        ids_rows = all_ids[rows].repeat(n_e, 1, 1)
+        prim_rows = all_primary[rows].repeat(n_e, 1)
+        r = read_logits(model, flat, ids_rows, prim_rows, top_k=top_k, chunk_rows=chunk_rows)
+        reads.put(rows, r)
+    reads = reads.cpu()
     return LensResult(
         prompts=prompts,
         langs=langs,
         tracks=tracks,
         answers={t: list(answers[t]) for t in tracks},
         layers=entries,
-        logprob=logprob,
-        primary_logprob=prim,
-        rank=rank,
-        top_ids=top_ids,
-        top_logprobs=top_lp,
-        top_tokens=top_tokens,
-        n_answer_tokens=n_tok,
+        logprob=reads.logprob,
+        primary_logprob=reads.primary,
+        rank=reads.rank,
+        top_ids=reads.top_ids,
+        top_logprobs=reads.top_lp,
+        top_tokens=_top_tokens(model, reads.top_ids),
+        n_answer_tokens=torch.tensor([[a.n_tokens for a in row] for row in sets]),
         n_layers=site_map(model).n_layers,
         ids=list(ids) if ids is not None else None,
     )
@@ -348,7 +388,7 @@ def fact_answers(
             if w is None and lg == "en":
                 w = f.answer_en or None
             if w is None:
-                raise ValueError(
+                raise InputError(
                     f"no {lg} answer for fact {f.id!r}: pass a pool of facts that has it, or "
                     f"drop {lg!r} from track_langs"
                 )
@@ -369,7 +409,7 @@ def lens_facts(
     ``track_langs`` (English by default). Keyword arguments go to :func:`logit_lens`."""
     facts = list(facts)
     if not facts:
-        raise ValueError("no facts selected")
+        raise InputError("no facts selected")
     answers = fact_answers(facts, track_langs, pool)
     result = logit_lens(
         model,

@@ -19,10 +19,15 @@ prompt (:func:`mechlingo.analyses.lens.lens_facts`):
 
 For English prompts the English and L answers coincide, so ``translation_failure`` does not
 apply to them.
+
+:func:`pipeline_stages` reads the layer bands of the three stages (subject enrichment,
+English recall, conversion to L) from a patching sweep and a trace; the circuit diagram
+(:func:`mechlingo.viz.pipeline.circuit_figure`) shades them.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +37,7 @@ import torch
 
 from mechlingo.analyses.evaluate import EvalResult, evaluate_facts, is_correct, normalize
 from mechlingo.analyses.lens import LensResult, lens_facts
+from mechlingo.core.errors import InputError
 from mechlingo.core.figures import draw
 from mechlingo.core.sites import site_map
 from mechlingo.core.types import Model
@@ -41,6 +47,7 @@ if TYPE_CHECKING:
     import pandas as pd
     import plotly.graph_objects as go
 
+    from mechlingo.analyses.patching import PatchSweep
     from mechlingo.data import Fact
 
 CLASSES: tuple[str, ...] = (
@@ -286,15 +293,15 @@ def trace_recall(
     """
     facts = [f for f in facts if langs is None or f.lang in set(langs)]
     if not facts:
-        raise ValueError(
+        raise InputError(
             "no facts to trace" + (f" in languages {list(langs)}" if langs is not None else "")
         )
     if max_rank < 0:
-        raise ValueError("max_rank must be >= 0")
+        raise InputError("max_rank must be >= 0")
     n = site_map(model).n_layers
     mid = default_mid_layers(n) if mid_layers is None else sorted({int(x) for x in mid_layers})
     if not mid or any(not 0 <= x <= n for x in mid):
-        raise ValueError(f"mid_layers must be a non-empty subset of lens entries 0..{n}")
+        raise InputError(f"mid_layers must be a non-empty subset of lens entries 0..{n}")
     ev = evaluate_facts(
         model, facts, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress
     )
@@ -342,3 +349,45 @@ def trace_recall(
         n_layers=n,
         meta={"max_new_tokens": max_new_tokens},
     )
+
+
+def pipeline_stages(
+    sweep: PatchSweep | None, trace: TraceResult | None, lang: str, *, metric: str | int = 0
+) -> dict[str, tuple[float, float]]:
+    """Layer bands of the three stages, from the data:
+
+    * *subject enrichment*: the span of MLP layers at subject positions whose normalised effect
+      is at least half the largest such effect (from the sweep);
+    * *English recall*: from the median first lens entry where the English answer reaches rank
+      <= ``max_rank`` to the median first entry of the L answer (from the trace; lens entry
+      ``e`` = after ``e`` blocks, drawn at block ``e - 1``);
+    * *conversion to L*: from the median first L-answer entry to the last layer.
+
+    Stages the data does not support (no MLP effect at subject positions, no query where the
+    English answer is decodable) are left out.
+    """
+    out: dict[str, tuple[float, float]] = {}
+    if sweep is not None:
+        vals = sweep.normalized(metric)
+        subj = [
+            (c.layer, float(vals[i]))
+            for i, c in enumerate(sweep.cells)
+            if c.site == "mlp_out"
+            and str(sweep.position_labels[c.position]).startswith("subject")
+            and not math.isnan(float(vals[i]))
+        ]
+        if subj:
+            top = max(v for _, v in subj)
+            if top > 0:
+                layers = [layer for layer, v in subj if v >= top / 2]
+                out["subject enrichment"] = (min(layers), max(layers))
+    if trace is not None and lang in trace.langs:
+        h = trace.headline_layers()[lang]
+        n = trace.n_layers
+        en, ans = h["median_first_en_layer"], h["median_first_answer_layer"]
+        if en is not None:
+            end = ans - 1 if ans is not None and ans > en else n - 1
+            out["English recall"] = (max(0.0, en - 1), max(en - 1, end - 1))
+        if ans is not None and lang != "en":
+            out[f"conversion to {lang}"] = (max(0.0, ans - 1), float(n - 1))
+    return out

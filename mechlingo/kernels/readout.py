@@ -7,6 +7,30 @@ the analyses need from each chunk: the softmax normalizer, the top-k tokens, and
 requested token set its log-probability mass, the log-probability of its primary token and
 the rank of its best token. It runs on the device of ``W_U`` (CUDA when the model is there)
 and computes in float32 whatever the model's dtype.
+
+**Why not TransformerLens's ``logit_readout``.** TransformerLens 4.3's
+``transformer_lens.tools.analysis.logit_lens.logit_readout`` does the same chunked
+``ln_final -> W_U -> transform`` pass and gives the same numbers on the same rows (checked in
+``benchmarks/bench_lens.py``), but it lacks what the analyses read:
+
+* token-set mass: its targets are single tokens (shared, or one per row), so the probability
+  mass of an answer set (spacing variants and prefixes,
+  :func:`mechlingo.core.tokens.answer_tokens`) needs a ``vocab=`` call over every set's tokens
+  and a gather afterwards;
+* set ranks and more than one thing per pass: it takes one selector per call (``top_k``,
+  ``targets`` or ``vocab``), and ranks only its targets, so the top-k, the set masses and the
+  rank of each set's best token take 2 + (number of tracks) passes over ``W_U`` where
+  :func:`read_logits` takes one; each of its passes also computes a full-vocabulary
+  ``log_softmax`` and entropy;
+* a streamed normalizer: patching metrics need only the normalizer and a few token logits,
+  which :func:`read_logits` gets without materialising ``[rows, vocab]`` logits;
+* float32 logits on bfloat16 models: it multiplies in ``W_U``'s dtype, so a bfloat16
+  model's logits (and the ranks read from them) are bfloat16;
+* TransformerLens 3.x: mechlingo also runs on a 3.9 ``HookedTransformer``
+  (``scripts/check_hooked_transformer.sh``), whose ``tools.analysis`` has no logit lens.
+
+``benchmarks/bench_lens.py`` measures both on the same rows (its last line:
+``mechlingo readout vs TransformerLens logit_readout: N.Nx``).
 """
 
 from __future__ import annotations
@@ -21,6 +45,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 from mechlingo.kernels.argmax import Screen, bf16_supported, build_screen, screened_argmax
 
@@ -179,6 +204,98 @@ def greedy_next(model: Model, resid: Float[Tensor, "row d_model"]) -> Int[Tensor
         return screened_argmax(x, W, screen, getattr(model, "b_U", None))
 
 
+def _checked_sets(
+    model: Model, n: int, token_sets: Tensor | None, primary: Tensor | None
+) -> tuple[Int[Tensor, "row track member"], Int[Tensor, "row track"]]:
+    """The token sets and primary ids on the device of ``W_U`` (none: zero tracks)."""
+    d_vocab = int(model.W_U.shape[1])
+    if token_sets is None:
+        token_sets = torch.full((n, 0, 1), -1, dtype=torch.long)
+        primary = torch.zeros((n, 0), dtype=torch.long)
+    if primary is None:
+        primary = token_sets[..., 0].clamp_min(0)
+    if token_sets.shape[0] != n or primary.shape[:2] != token_sets.shape[:2]:
+        raise InputError(
+            f"token_sets {tuple(token_sets.shape)} / primary {tuple(primary.shape)} do not "
+            f"match {n} rows"
+        )
+    if bool((token_sets >= d_vocab).any()) or bool((primary >= d_vocab).any()):
+        raise InputError(f"token ids must be < d_vocab={d_vocab}")
+    dev = model.W_U.device
+    return token_sets.to(dev), primary.to(dev)
+
+
+def _empty_readout(n: int, k: int, n_track: int, dev: torch.device) -> Readout:
+    return Readout(
+        logsumexp=torch.empty(n, device=dev),
+        top_ids=torch.empty((n, k), dtype=torch.long, device=dev),
+        top_logprobs=torch.empty((n, k), device=dev),
+        set_logprob=torch.empty((n, n_track), device=dev),
+        primary_logprob=torch.empty((n, n_track), device=dev),
+        set_rank=torch.empty((n, n_track), dtype=torch.long, device=dev),
+    )
+
+
+def _read_streamed(
+    model: Model, x: Tensor, W: Tensor, ids: Tensor, primary: Tensor, out: Readout, rows: slice
+) -> None:
+    """Normalizers and the set tokens' logits only: stream over the vocabulary (the
+    ``[c, vocab]`` logits never exist; ~1.4x faster on CPU) and read the set tokens' logits
+    from their own unembedding columns. Ranks are ``-1``."""
+    norm = _streamed_logsumexp(model, x, W)
+    out.logsumexp[rows] = norm
+    if not ids.shape[1]:
+        return
+    tok = _token_logits(model, x, W, ids.clamp_min(0))  # [c, s, m]
+    tok = tok.masked_fill(ids < 0, float("-inf"))
+    out.set_logprob[rows] = torch.logsumexp(tok, dim=-1) - norm[:, None]
+    prim = _token_logits(model, x, W, primary[:, :, None])[..., 0]
+    out.primary_logprob[rows] = prim - norm[:, None]
+    out.set_rank[rows] = -1
+
+
+def _set_ranks(logits: Tensor, best: Tensor) -> Int[Tensor, "row track"]:
+    """How many logits of each row are strictly above each set's best logit, a few rows at a
+    time (the comparison is ``[rows, sets, vocab]``)."""
+    n, n_track = best.shape
+    step = max(1, _RANK_TEMP_ELEMENTS // max(1, n_track * logits.shape[1]))
+    ranks = torch.empty((n, n_track), dtype=torch.long, device=logits.device)
+    for r0 in range(0, n, step):
+        above = logits[r0 : r0 + step].unsqueeze(1) > best[r0 : r0 + step].unsqueeze(-1)
+        ranks[r0 : r0 + step] = above.sum(-1)
+    return ranks
+
+
+def _read_full(
+    model: Model,
+    x: Tensor,
+    W: Tensor,
+    ids: Tensor,
+    primary: Tensor,
+    out: Readout,
+    rows: slice,
+    *,
+    k: int,
+    ranks: bool,
+) -> None:
+    """The whole ``[c, vocab]`` logits of a chunk: normalizer, top-k, sets and ranks."""
+    logits = unembed(model, x, W)  # [c, vocab] float32
+    norm = torch.logsumexp(logits, dim=-1)
+    out.logsumexp[rows] = norm
+    if k:
+        top = torch.topk(logits, k, dim=-1)
+        out.top_ids[rows] = top.indices
+        out.top_logprobs[rows] = top.values - norm[:, None]
+    n_track = ids.shape[1]
+    if not n_track:
+        return
+    gathered = torch.gather(logits.unsqueeze(1).expand(-1, n_track, -1), 2, ids.clamp_min(0))
+    gathered = gathered.masked_fill(ids < 0, float("-inf"))  # [c, s, m]
+    out.set_logprob[rows] = torch.logsumexp(gathered, dim=-1) - norm[:, None]
+    out.primary_logprob[rows] = torch.gather(logits, 1, primary) - norm[:, None]
+    out.set_rank[rows] = _set_ranks(logits, gathered.max(dim=-1).values) if ranks else -1
+
+
 def read_logits(
     model: Model,
     resid: Float[Tensor, "row d_model"],
@@ -207,84 +324,30 @@ def read_logits(
 
     Returns:
         A :class:`Readout` on the device of ``W_U``.
+
+    Raises:
+        InputError: ``resid`` is not 2-D, ``chunk_rows`` < 1, or the token sets do not match
+            the rows or the vocabulary.
     """
     if resid.ndim != 2:
-        raise ValueError(f"resid must be [rows, d_model], got shape {tuple(resid.shape)}")
+        raise InputError(f"resid must be [rows, d_model], got shape {tuple(resid.shape)}")
     if chunk_rows < 1:
-        raise ValueError("chunk_rows must be >= 1")
+        raise InputError("chunk_rows must be >= 1")
     dev = model.W_U.device
     n = resid.shape[0]
-    d_vocab = int(model.W_U.shape[1])
-    if token_sets is None:
-        token_sets = torch.full((n, 0, 1), -1, dtype=torch.long)
-        primary = torch.zeros((n, 0), dtype=torch.long)
-    if primary is None:
-        primary = token_sets[..., 0].clamp_min(0)
-    if token_sets.shape[0] != n or primary.shape[:2] != token_sets.shape[:2]:
-        raise ValueError(
-            f"token_sets {tuple(token_sets.shape)} / primary {tuple(primary.shape)} do not "
-            f"match {n} rows"
-        )
-    if bool((token_sets >= d_vocab).any()) or bool((primary >= d_vocab).any()):
-        raise ValueError(f"token ids must be < d_vocab={d_vocab}")
-    token_sets = token_sets.to(dev)
-    primary = primary.to(dev)
-    n_track = token_sets.shape[1]
-    k = min(top_k, d_vocab)
-
-    lse = torch.empty(n, device=dev)
-    top_ids = torch.empty((n, k), dtype=torch.long, device=dev)
-    top_lp = torch.empty((n, k), device=dev)
-    set_lp = torch.empty((n, n_track), device=dev)
-    prim_lp = torch.empty((n, n_track), device=dev)
-    set_rank = torch.empty((n, n_track), dtype=torch.long, device=dev)
-    rank_rows = max(1, _RANK_TEMP_ELEMENTS // max(1, n_track * d_vocab))
-
+    token_sets, primary = _checked_sets(model, n, token_sets, primary)
+    k = min(top_k, int(model.W_U.shape[1]))
+    out = _empty_readout(n, k, token_sets.shape[1], dev)
     W_U32 = model.W_U.detach().float()  # converted once (a no-op for float32 models)
     with torch.no_grad():
         for start in range(0, n, chunk_rows):
-            stop = min(n, start + chunk_rows)
-            x = resid[start:stop].to(dev)
+            rows = slice(start, min(n, start + chunk_rows))
+            x = resid[rows].to(dev)
             if apply_norm:
                 x = apply_final_norm(model, x)
             if not k and not ranks:
-                # only normalizers and a few token logits: stream over the vocabulary (the
-                # [c, vocab] logits never exist; ~1.4x faster on CPU) and read the set tokens'
-                # logits from their own unembedding columns
-                norm = _streamed_logsumexp(model, x, W_U32)
-                lse[start:stop] = norm
-                if n_track:
-                    ids = token_sets[start:stop]
-                    tok = _token_logits(model, x, W_U32, ids.clamp_min(0))  # [c, s, m]
-                    tok = tok.masked_fill(ids < 0, float("-inf"))
-                    set_lp[start:stop] = torch.logsumexp(tok, dim=-1) - norm[:, None]
-                    prim = _token_logits(model, x, W_U32, primary[start:stop, :, None])[..., 0]
-                    prim_lp[start:stop] = prim - norm[:, None]
-                    set_rank[start:stop] = -1
-                continue
-            logits = unembed(model, x, W_U32)  # [c, vocab] float32
-            norm = torch.logsumexp(logits, dim=-1)
-            lse[start:stop] = norm
-            if k:
-                top = torch.topk(logits, k, dim=-1)
-                top_ids[start:stop] = top.indices
-                top_lp[start:stop] = top.values - norm[:, None]
-            if n_track:
-                ids = token_sets[start:stop]  # [c, s, m]
-                valid = ids >= 0
-                gathered = torch.gather(
-                    logits.unsqueeze(1).expand(-1, n_track, -1), 2, ids.clamp_min(0)
-                )
-                gathered = gathered.masked_fill(~valid, float("-inf"))
-                set_lp[start:stop] = torch.logsumexp(gathered, dim=-1) - norm[:, None]
-                prim = torch.gather(logits, 1, primary[start:stop])
-                prim_lp[start:stop] = prim - norm[:, None]
-                if not ranks:
-                    set_rank[start:stop] = -1
-                    continue
-                best = gathered.max(dim=-1).values  # [c, s]
-                for r0 in range(0, stop - start, rank_rows):
-                    r1 = min(stop - start, r0 + rank_rows)
-                    above = logits[r0:r1].unsqueeze(1) > best[r0:r1].unsqueeze(-1)
-                    set_rank[start + r0 : start + r1] = above.sum(-1)
-    return Readout(lse, top_ids, top_lp, set_lp, prim_lp, set_rank)
+                _read_streamed(model, x, W_U32, token_sets[rows], primary[rows], out, rows)
+            else:
+                args = (model, x, W_U32, token_sets[rows], primary[rows], out, rows)
+                _read_full(*args, k=k, ranks=ranks)
+    return out

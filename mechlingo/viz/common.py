@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+from mechlingo.core.errors import InputError
 from mechlingo.core.figures import drawer
 
 if TYPE_CHECKING:
@@ -33,20 +34,21 @@ PALETTE = [
 ]
 
 
-def _rgba(hex_color: str, alpha: float) -> str:
+def rgba(hex_color: str, alpha: float) -> str:
+    """``"#rrggbb"`` as a plotly ``rgba(r,g,b,alpha)`` colour."""
     h = hex_color.lstrip("#")
     r, g, b = (int(h[i : i + 2], 16) for i in (0, 2, 4))
     return f"rgba({r},{g},{b},{alpha})"
 
 
-def _band(x: Sequence[Any], lo: Sequence[float], hi: Sequence[float], color: str, **kw: Any):
+def band(x: Sequence[Any], lo: Sequence[float], hi: Sequence[float], color: str, **kw: Any):
     """A shaded band between ``lo`` and ``hi`` over ``x`` (no legend entry, no hover)."""
     x = list(x)
     return go.Scatter(
         x=x + x[::-1],
         y=list(hi) + list(lo)[::-1],
         fill="toself",
-        fillcolor=_rgba(color, 0.15),
+        fillcolor=rgba(color, 0.15),
         line={"width": 0},
         hoverinfo="skip",
         showlegend=False,
@@ -82,7 +84,7 @@ def latent_curves_figure(
             label = f"answer in {lg}" if track == "answer" else f"answer in {track}"
             lo = (d["mean"] - d["std"]).clip(lower=0)
             hi = (d["mean"] + d["std"]).clip(upper=1)
-            fig.add_trace(_band(d["layer"], lo, hi, color, legendgroup=track), row=r, col=c)
+            fig.add_trace(band(d["layer"], lo, hi, color, legendgroup=track), row=r, col=c)
             fig.add_trace(
                 go.Scatter(
                     x=d["layer"],
@@ -123,13 +125,13 @@ def lens_heatmap(result: LensResult, *, track: str = "en", value: str = "rank") 
         colorbar = "probability"
         scale = "Viridis"
     else:
-        raise ValueError("value must be 'rank' or 'prob'")
+        raise InputError("value must be 'rank' or 'prob'")
     labels = [
         f"{i}:{result.langs[i]} {result.answers[track][i]}" for i in range(len(result.prompts))
     ]
     text = [
         [
-            f"{result.prompts[p][-40:]!r}<br>top: {result.top_tokens[li][p][0]!r}"
+            f"{result.prompts[p][-40:]!r}<br>top: {(result.top_tokens[li][p] or [''])[0]!r}"
             f"<br>rank {int(result.rank[li, p, t])}"
             for li in range(len(result.layers))
         ]

@@ -1,5 +1,8 @@
 """plotly figures for the recall pipeline: class fractions, per-class latent-language curves,
-patching heatmaps, attention-knockout curves and the circuit diagram."""
+patching heatmaps, attention-knockout curves and the circuit diagram.
+
+:func:`pipeline_stages` (the stage bands drawn on the circuit diagram) is computed in
+:mod:`mechlingo.analyses.pipeline` and re-exported here."""
 
 from __future__ import annotations
 
@@ -10,10 +13,22 @@ from typing import TYPE_CHECKING, Any
 import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
+from torch import Tensor
 
-from mechlingo.analyses.pipeline import CLASSES
+from mechlingo.analyses.pipeline import CLASSES, pipeline_stages
 from mechlingo.core.figures import drawer
-from mechlingo.viz.common import PALETTE, _band, _rgba
+from mechlingo.viz.common import PALETTE, band, rgba
+
+__all__ = [
+    "CLASS_COLORS",
+    "SITE_COLORS",
+    "circuit_figure",
+    "class_fractions_figure",
+    "class_profiles_figure",
+    "knockout_figure",
+    "patching_heatmaps",
+    "pipeline_stages",
+]
 
 if TYPE_CHECKING:
     from mechlingo.analyses.patching import KnockoutResult, PatchSweep
@@ -105,7 +120,7 @@ def class_profiles_figure(trace: TraceResult, *, langs: Sequence[str] | None = N
             q = torch.quantile(rank, torch.tensor([0.25, 0.5, 0.75]), dim=1)
             color = PALETTE[j]
             x = list(lens.layers)
-            fig.add_trace(_band(x, q[0].tolist(), q[2].tolist(), color), row=r, col=col)
+            fig.add_trace(band(x, q[0].tolist(), q[2].tolist(), color), row=r, col=col)
             fig.add_trace(
                 go.Scatter(
                     x=x,
@@ -204,6 +219,125 @@ def knockout_figure(result: KnockoutResult) -> go.Figure:
     return fig
 
 
+Node = tuple[Any, float]  # (cell, normalised effect)
+Edge = tuple[tuple[float, float], tuple[float, float], float]  # (from, to, width)
+
+
+def _circuit_nodes(sweep: PatchSweep, vals: Tensor, heads: bool, top_k: int) -> list[Node]:
+    """The ``top_k`` component cells with the largest absolute normalised effect (attention
+    and MLP outputs, and single heads with ``heads``; residual cells when none was swept)."""
+    drawn = ("attn_out", "mlp_out", "head") if heads else ("attn_out", "mlp_out")
+    comp = [i for i, c in enumerate(sweep.cells) if c.site in drawn]
+    if not comp:
+        comp = [i for i, c in enumerate(sweep.cells) if c.site != "head"]
+    scored = sorted(
+        (i for i in comp if not math.isnan(float(vals[i]))),
+        key=lambda i: -abs(float(vals[i])),
+    )[:top_k]
+    return [(sweep.cells[i], float(vals[i])) for i in scored]
+
+
+def _node_xy(cell: Any) -> tuple[float, float]:
+    """A node's place: its position (attention left, MLP right of it) and its layer."""
+    off = {"attn_out": -0.15, "mlp_out": 0.15, "head": -0.3}.get(cell.site, 0.0)
+    return cell.position + off, float(cell.layer)
+
+
+def _circuit_edges(sweep: PatchSweep, nodes: Sequence[Node]) -> list[Edge]:
+    """Residual edges up each position (consecutive nodes joined), and attention edges from
+    every subject-position node to the later attention nodes at the last position (or to the
+    lowest later node there when no attention node was selected)."""
+    labels = [str(lab) for lab in sweep.position_labels]
+    subj_cols = {j for j, lab in enumerate(labels) if lab.startswith("subject")}
+    last_col = next((j for j, lab in enumerate(labels) if lab in ("-1", "last")), len(labels) - 1)
+    edges: list[Edge] = []
+    for col in range(len(labels)):
+        at = sorted((c for c, _ in nodes if c.position == col), key=lambda c: c.layer)
+        for u, v in zip(at, at[1:], strict=False):
+            edges.append((_node_xy(u), _node_xy(v), 1.0))
+    last_nodes = sorted((c for c, _ in nodes if c.position == last_col), key=lambda c: c.layer)
+    for c, _v in nodes:
+        if c.position not in subj_cols:
+            continue
+        later = [d for d in last_nodes if d.layer > c.layer]
+        targets = [d for d in later if d.site in ("attn_out", "head")] or later[:1]
+        for d in targets:
+            edges.append((_node_xy(c), _node_xy(d), 2.0))
+    return edges
+
+
+def _add_stages(fig: go.Figure, stages: Mapping[str, tuple[float, float]], n_pos: int) -> None:
+    """Shaded layer bands, one per stage, labelled on the right."""
+    for k, (name, (a, b)) in enumerate(stages.items()):
+        fig.add_shape(
+            type="rect",
+            x0=-0.5,
+            x1=n_pos - 0.5,
+            y0=a - 0.45,
+            y1=b + 0.45,
+            fillcolor=rgba(PALETTE[(k + 3) % len(PALETTE)], 0.12),
+            line={"width": 0},
+            layer="below",
+        )
+        fig.add_annotation(
+            x=n_pos - 0.5,
+            y=(a + b) / 2,
+            text=name,
+            showarrow=False,
+            xanchor="left",
+            font={"size": 11},
+        )
+
+
+def _add_edges(fig: go.Figure, edges: Sequence[Edge]) -> None:
+    """Arrows: grey for the residual stream, red (wider) for attention edges."""
+    for (x0, y0), (x1, y1), w in edges:
+        fig.add_annotation(
+            x=x1,
+            y=y1,
+            ax=x0,
+            ay=y0,
+            xref="x",
+            yref="y",
+            axref="x",
+            ayref="y",
+            showarrow=True,
+            arrowhead=2,
+            arrowsize=1,
+            arrowwidth=w,
+            arrowcolor="rgba(80,80,80,0.5)" if w < 2 else "rgba(214,39,40,0.55)",
+        )
+
+
+def _add_nodes(
+    fig: go.Figure,
+    sweep: PatchSweep,
+    nodes: Sequence[Node],
+    labels: Sequence[str],
+    exact: Mapping[tuple, float],
+) -> None:
+    """One marker trace per site: size ~ |effect|, hover = value (and a head's name)."""
+    biggest = max((abs(v) for _, v in nodes), default=0.0) or 1.0
+    for site in dict.fromkeys(c.site for c, _ in nodes):
+        pts = [(c, v) for c, v in nodes if c.site == site]
+        fig.add_trace(
+            go.Scatter(
+                x=[_node_xy(c)[0] for c, _ in pts],
+                y=[_node_xy(c)[1] for c, _ in pts],
+                mode="markers",
+                name=site,
+                marker={
+                    "size": [10 + 30 * abs(v) / biggest for _, v in pts],
+                    "color": SITE_COLORS.get(site, "#333"),
+                    "line": {"width": 1, "color": "white"},
+                },
+                customdata=[[v, labels[c.position], _node_note(c, sweep, exact)] for c, v in pts],
+                hovertemplate="layer %{y}, %{customdata[1]}: normalised effect "
+                "%{customdata[0]:.3f}%{customdata[2]}<extra>" + site + "</extra>",
+            )
+        )
+
+
 def circuit_figure(
     sweep: PatchSweep,
     *,
@@ -232,98 +366,15 @@ def circuit_figure(
     by ``stages`` ``{name: (first_layer, last_layer)}`` (see :func:`pipeline_stages`).
     """
     m = sweep.metric_index(metric)
-    vals = sweep.normalized(m)
-    drawn = ("attn_out", "mlp_out", "head") if heads else ("attn_out", "mlp_out")
-    comp = [i for i, c in enumerate(sweep.cells) if c.site in drawn]
+    nodes = _circuit_nodes(sweep, sweep.normalized(m), heads, top_k)
     exact = {(r["layer"], str(r["position"]), r["head"]): r["exact"] for r in verified or []}
-    if not comp:
-        comp = [i for i, c in enumerate(sweep.cells) if c.site != "head"]
-    scored = sorted(
-        (i for i in comp if not math.isnan(float(vals[i]))),
-        key=lambda i: -abs(float(vals[i])),
-    )[:top_k]
     labels = list(token_labels) if token_labels else list(sweep.position_labels)
     n_pos = len(sweep.position_labels)
-    fig = go.Figure()
     lo_layer, hi_layer = min(sweep.layers), max(sweep.layers)
-    for k, (name, (a, b)) in enumerate((stages or {}).items()):
-        fig.add_shape(
-            type="rect",
-            x0=-0.5,
-            x1=n_pos - 0.5,
-            y0=a - 0.45,
-            y1=b + 0.45,
-            fillcolor=_rgba(PALETTE[(k + 3) % len(PALETTE)], 0.12),
-            line={"width": 0},
-            layer="below",
-        )
-        fig.add_annotation(
-            x=n_pos - 0.5,
-            y=(a + b) / 2,
-            text=name,
-            showarrow=False,
-            xanchor="left",
-            font={"size": 11},
-        )
-    nodes = [(sweep.cells[i], float(vals[i])) for i in scored]
-    subj_cols = {j for j, lab in enumerate(sweep.position_labels) if str(lab).startswith("subject")}
-    last_col = next(
-        (j for j, lab in enumerate(sweep.position_labels) if str(lab) in ("-1", "last")),
-        n_pos - 1,
-    )
-
-    def xy(cell: Any) -> tuple[float, float]:
-        off = {"attn_out": -0.15, "mlp_out": 0.15, "head": -0.3}.get(cell.site, 0.0)
-        return cell.position + off, float(cell.layer)
-
-    edges: list[tuple[tuple[float, float], tuple[float, float], float]] = []
-    for col in range(n_pos):
-        at = sorted((c for c, _ in nodes if c.position == col), key=lambda c: c.layer)
-        for u, v in zip(at, at[1:], strict=False):
-            edges.append((xy(u), xy(v), 1.0))
-    last_nodes = sorted((c for c, _ in nodes if c.position == last_col), key=lambda c: c.layer)
-    for c, _v in nodes:
-        if c.position not in subj_cols:
-            continue
-        later = [d for d in last_nodes if d.layer > c.layer]
-        targets = [d for d in later if d.site in ("attn_out", "head")] or later[:1]
-        for d in targets:
-            edges.append((xy(c), xy(d), 2.0))
-    for (x0, y0), (x1, y1), w in edges:
-        fig.add_annotation(
-            x=x1,
-            y=y1,
-            ax=x0,
-            ay=y0,
-            xref="x",
-            yref="y",
-            axref="x",
-            ayref="y",
-            showarrow=True,
-            arrowhead=2,
-            arrowsize=1,
-            arrowwidth=w,
-            arrowcolor="rgba(80,80,80,0.5)" if w < 2 else "rgba(214,39,40,0.55)",
-        )
-    for site in dict.fromkeys(c.site for c, _ in nodes):
-        pts = [(c, v) for c, v in nodes if c.site == site]
-        biggest = max(abs(v) for _, v in nodes) or 1.0
-        fig.add_trace(
-            go.Scatter(
-                x=[xy(c)[0] for c, _ in pts],
-                y=[xy(c)[1] for c, _ in pts],
-                mode="markers",
-                name=site,
-                marker={
-                    "size": [10 + 30 * abs(v) / biggest for _, v in pts],
-                    "color": SITE_COLORS.get(site, "#333"),
-                    "line": {"width": 1, "color": "white"},
-                },
-                customdata=[[v, labels[c.position], _node_note(c, sweep, exact)] for c, v in pts],
-                hovertemplate="layer %{y}, %{customdata[1]}: normalised effect "
-                "%{customdata[0]:.3f}%{customdata[2]}<extra>" + site + "</extra>",
-            )
-        )
+    fig = go.Figure()
+    _add_stages(fig, stages or {}, n_pos)
+    _add_edges(fig, _circuit_edges(sweep, nodes))
+    _add_nodes(fig, sweep, nodes, labels, exact)
     fig.update_xaxes(
         tickvals=list(range(n_pos)),
         ticktext=labels,
@@ -349,45 +400,3 @@ def _node_note(cell: Any, sweep: PatchSweep, exact: Mapping[tuple, float]) -> st
     if key in exact:
         note += f", exact: {exact[key]:.3f}"
     return note
-
-
-def pipeline_stages(
-    sweep: PatchSweep | None, trace: TraceResult | None, lang: str, *, metric: str | int = 0
-) -> dict[str, tuple[float, float]]:
-    """Layer bands of the three stages, from the data:
-
-    * *subject enrichment*: the span of MLP layers at subject positions whose normalised effect
-      is at least half the largest such effect (from the sweep);
-    * *English recall*: from the median first lens entry where the English answer reaches rank
-      <= ``max_rank`` to the median first entry of the L answer (from the trace; lens entry
-      ``e`` = after ``e`` blocks, drawn at block ``e - 1``);
-    * *conversion to L*: from the median first L-answer entry to the last layer.
-
-    Stages the data does not support (no MLP effect at subject positions, no query where the
-    English answer is decodable) are left out.
-    """
-    out: dict[str, tuple[float, float]] = {}
-    if sweep is not None:
-        vals = sweep.normalized(metric)
-        subj = [
-            (c.layer, float(vals[i]))
-            for i, c in enumerate(sweep.cells)
-            if c.site == "mlp_out"
-            and str(sweep.position_labels[c.position]).startswith("subject")
-            and not math.isnan(float(vals[i]))
-        ]
-        if subj:
-            top = max(v for _, v in subj)
-            if top > 0:
-                layers = [layer for layer, v in subj if v >= top / 2]
-                out["subject enrichment"] = (min(layers), max(layers))
-    if trace is not None and lang in trace.langs:
-        h = trace.headline_layers()[lang]
-        n = trace.n_layers
-        en, ans = h["median_first_en_layer"], h["median_first_answer_layer"]
-        if en is not None:
-            end = ans - 1 if ans is not None and ans > en else n - 1
-            out["English recall"] = (max(0.0, en - 1), max(en - 1, end - 1))
-        if ans is not None and lang != "en":
-            out[f"conversion to {lang}"] = (max(0.0, ans - 1), float(n - 1))
-    return out
