@@ -11,9 +11,9 @@ from mechlingo.core.tokens import (
     TokenizationError,
     answer_tokens,
     encode,
-    length_buckets,
     pack_token_sets,
     position_mask,
+    sorted_batches,
 )
 from mechlingo.kernels.readout import final_logits, read_logits
 
@@ -173,10 +173,12 @@ def test_answer_tokens_rules(tiny):
         answer_tokens(tiny, "  ")
 
 
-def test_length_buckets_cover_all_rows():
-    groups = length_buckets([3, 5, 3, 5, 5, 2], batch_size=2)
+def test_sorted_batches_cover_all_rows():
+    lengths = [3, 5, 3, 5, 5, 2]
+    groups = sorted_batches(lengths, batch_size=2)
     flat = sorted(i for g in groups for i in g)
     assert flat == list(range(6))
-    lengths = [3, 5, 3, 5, 5, 2]
     for g in groups:
-        assert len({lengths[i] for i in g}) == 1 and len(g) <= 2
+        assert len(g) <= 2
+    order = [i for g in groups for i in g]
+    assert [lengths[i] for i in order] == sorted(lengths)

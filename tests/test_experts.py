@@ -232,7 +232,7 @@ def test_k_curve_runs(tiny, experts):
     ch = kc.choose(ppl_budget=1e6)
     assert ch["k"] == 2 and ch["candidates"][0]["within_budget"]
     assert kc.choose(ppl_budget=1e-6)["k"] is None
-    kc.figure(2)
+    kc.fig_k_curve(2)
     assert count_hooks(tiny) == 0
 
 
@@ -279,9 +279,20 @@ def test_k_curve_figure_keeps_hindi():  # ppl_hi is Hindi, not an interval bound
     rows = [
         dict(r, ppl_hi=5.0, ppl_hi_lo=4.0, ppl_hi_hi=6.0, target_rate_prompt=0.0) for r in K_ROWS
     ]
-    names = {t.name for t in KCurve("es", rows).figure(200).data}
+    names = {t.name for t in KCurve("es", rows).fig_k_curve(200).data}
     assert {"experts hi", "experts es", "chosen k = 200"} <= names
     assert not {"experts hi_lo", "experts hi_hi"} & names
+
+
+def test_k_curve_figure_alias_is_deprecated():
+    from mechlingo.analyses.experts import KCurve
+
+    rows = [
+        dict(r, ppl_hi=5.0, ppl_hi_lo=4.0, ppl_hi_hi=6.0, target_rate_prompt=0.0) for r in K_ROWS
+    ]
+    with pytest.warns(DeprecationWarning, match="fig_k_curve"):
+        fig = KCurve("es", rows).figure(200)
+    assert {t.name for t in fig.data} == {t.name for t in KCurve("es", rows).fig_k_curve(200).data}
 
 
 def test_choose_k_errors():

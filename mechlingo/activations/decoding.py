@@ -75,6 +75,7 @@ from mechlingo.activations.runs import (
     hooked,
     model_input_device,
 )
+from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, batch_context
 from mechlingo.core.types import Model
 from mechlingo.kernels.readout import final_logits, greedy_next
@@ -367,7 +368,7 @@ def decode(
     """Decode after each row of ``batch``: cached when ``cache`` and the model supports it
     (:func:`kv_cache_path`), else by recomputing the prefix; both give the same tokens."""
     if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        raise InputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if max_new_tokens == 0:
         return [[] for _ in range(batch.batch_size)]
     args = {"max_new_tokens": max_new_tokens, "hooks": hooks, "choose": choose, "stop": stop}

@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 
 from mechlingo.activations.parallel import all_reduce_state, shard
 from mechlingo.activations.runs import collect
-from mechlingo.core.sites import resolve_layers, resolve_site
+from mechlingo.core.errors import InputError
+from mechlingo.core.sites import SiteError, resolve_layers, resolve_site
 from mechlingo.core.tokens import encode, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
 from mechlingo.kernels.stats import StreamingMean
@@ -49,7 +50,7 @@ class LayerMeans:
 
     def __sub__(self, other: LayerMeans) -> Float[Tensor, "layer width"]:
         if self.layers != other.layers or self.site != other.site:
-            raise ValueError(
+            raise InputError(
                 f"cannot subtract means of different layers/sites ({self.site} {self.layers} vs "
                 f"{other.site} {other.layers})"
             )
@@ -83,11 +84,11 @@ def last_token_means(
 
     prompts = list(prompts)
     if not prompts:
-        raise ValueError("no prompts to average over")
+        raise InputError("no prompts to average over")
     layer_list = resolve_layers(model, layers)
     sites = [resolve_site(model, site, layer) for layer in layer_list]
     if sites[0].width <= 0:
-        raise ValueError(f"site {site!r} has no single vector per position; use e.g. resid_pre")
+        raise SiteError(f"site {site!r} has no single vector per position; use e.g. resid_pre")
     names = [s.hook_name for s in sites]
     dev = model.W_U.device
     acc = StreamingMean(shape=(len(layer_list), sites[0].width), device=dev)
@@ -95,9 +96,8 @@ def last_token_means(
     if mine:
         batch = encode(model, mine)
         groups = sorted_batches(batch.lengths, batch_size)
-        with torch.no_grad():
-            for rows in tqdm(groups, desc="means", disable=not progress):
-                acts = collect(model, batch.select(rows), names, extra_hooks=extra_hooks)
-                acc.update(torch.stack([acts[n].to(dev) for n in names], dim=1))
+        for rows in tqdm(groups, desc="means", disable=not progress):
+            acts = collect(model, batch.select(rows), names, extra_hooks=extra_hooks)
+            acc.update(torch.stack([acts[n].to(dev) for n in names], dim=1))
     total = StreamingMean.from_state(all_reduce_state(acc.state_dict()))
     return LayerMeans(total.mean, layer_list, sites[0].name, len(prompts))

@@ -1,10 +1,23 @@
-"""Pooled MLP-neuron statistics of sentences: each sentence's activation of every neuron
-pooled over its real tokens, and per-language firing rates; data-parallel under torchrun
-(each rank pools its shard, rows are gathered back in order, counts all-reduced)."""
+"""Pooled activations of sentences: each sentence's activation at a hook, pooled over its
+real tokens, in one forward pass per batch.
+
+The one implementation of what expert neurons (:mod:`mechlingo.analyses.experts`) and
+sentence embeddings (:mod:`mechlingo.analyses.alignment`) share:
+
+* :func:`check_texts` -- a corpus ``{lang: [sentence, ...]}`` is usable (optionally
+  parallel: the same number of lines in every language);
+* :func:`encode_sentences` and :func:`truncate` -- tokenize, keeping the first
+  ``max_tokens`` real tokens of each sentence;
+* :func:`pool_activations` -- the hooked pass: each hook pools its activation over every
+  row's real tokens (BOS and padding excluded) and the pass stops after the last hook.
+
+:func:`pooled_neuron_acts` builds MLP-neuron statistics on them (:class:`NeuronStats`:
+pooled ``mlp_post`` rows and per-language firing rates), data-parallel under torchrun (each
+rank pools its shard, rows are gathered back in order, counts all-reduced)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -21,7 +34,7 @@ from mechlingo.activations.parallel import (
 )
 from mechlingo.activations.runs import StopForward, run_batch
 from mechlingo.core.describe import model_info
-from mechlingo.core.errors import ExpertError
+from mechlingo.core.errors import ExpertError, InputError, MechlingoError
 from mechlingo.core.sites import resolve_layers, resolve_site, site_map
 from mechlingo.core.tokens import TokenBatch, encode, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
@@ -69,36 +82,189 @@ class NeuronStats:
         return layers[features // self.d_mlp], features % self.d_mlp
 
 
-def _output_device(model: Model) -> torch.device:
+def output_device(model: Model) -> torch.device:
+    """Where pooled rows are kept: the device of the model's unembedding."""
     return model.W_U.device
 
 
-def _flatten_texts(
+# --------------------------------------------------------------------------------------
+# Sentence corpora: checking, encoding, truncating
+# --------------------------------------------------------------------------------------
+
+
+def check_texts(
     texts: Mapping[str, Sequence[str]],
-) -> tuple[list[str], list[str], list[int]]:
-    if not isinstance(texts, Mapping) or not texts:
-        raise ValueError("texts must be a non-empty mapping {lang: [sentence, ...]}")
+    min_langs: int = 1,
+    *,
+    parallel: bool = False,
+    blank: bool = True,
+    error: type[MechlingoError] = InputError,
+) -> list[str]:
+    """Languages of a corpus ``{lang: [sentence, ...]}``, after checking it is usable.
+
+    Args:
+        min_langs: the fewest languages accepted.
+        parallel: line ``i`` is the same sentence in every language, so every language must
+            have the same number of lines.
+        blank: also refuse empty or whitespace-only sentences (they have no tokens to pool).
+        error: the class raised (an analysis passes its own, e.g. ``ExpertError``).
+
+    Raises:
+        error: not a mapping, fewer than ``min_langs`` languages, a language with no
+            sentences, different sentence counts (``parallel``), a sentence that is not a
+            string, or an empty sentence (``blank``).
+    """
+    if not isinstance(texts, Mapping):
+        raise error("texts must be a mapping {lang: [sentence, ...]}")
     langs = list(texts)
-    sentences, ids = [], []
-    for i, lang in enumerate(langs):
-        if len(texts[lang]) == 0:
-            raise ValueError(f"language {lang!r} has no sentences; drop it or add sentences")
-        for s in texts[lang]:
-            if not isinstance(s, str) or not s.strip():
-                raise ValueError(f"an empty sentence in language {lang!r}; remove empty lines")
-            sentences.append(s)
-            ids.append(i)
-    return langs, sentences, ids
+    if len(langs) < max(min_langs, 1):
+        raise error(f"need sentences of at least {max(min_langs, 1)} languages, got {langs}")
+    counts = {lang: len(texts[lang]) for lang in langs}
+    empty = [lang for lang, n in counts.items() if n == 0]
+    if empty:
+        raise error(
+            f"language(s) {empty} have no sentences; give every language at least one sentence "
+            "or leave it out"
+        )
+    if parallel and len(set(counts.values())) > 1:
+        raise error(f"parallel texts must have the same number of sentences: {counts}")
+    for lang in langs:
+        wrong = [i for i, s in enumerate(texts[lang]) if not isinstance(s, str)]
+        if wrong:
+            raise error(f"{lang}: sentences {wrong[:10]} are not strings")
+        if not blank:
+            continue
+        bad = [i for i, s in enumerate(texts[lang]) if not s.strip()]
+        if bad:
+            fix = "drop those lines in every language" if parallel else "remove empty lines"
+            raise error(f"{lang}: sentences {bad[:10]} are empty; {fix}")
+    return langs
 
 
-def _truncate(batch: TokenBatch, max_tokens: int | None) -> TokenBatch:
+def truncate(
+    batch: TokenBatch, max_tokens: int | None, *, error: type[MechlingoError] = InputError
+) -> TokenBatch:
+    """``batch`` with only the first ``max_tokens`` real tokens of each row (BOS not
+    counted), trimmed to its longest row; ``None`` keeps everything."""
     if max_tokens is None:
         return batch
     if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        raise error(f"max_tokens must be >= 1, got {max_tokens}")
     lengths = batch.lengths.clamp(max=max_tokens + (1 if batch.has_bos else 0))
     width = int(lengths.max())
     return TokenBatch(batch.tokens[:, :width], lengths, batch.pad_id, batch.has_bos)
+
+
+def encode_sentences(
+    model: Model,
+    sentences: Sequence[str],
+    *,
+    max_tokens: int | None = None,
+    error: type[MechlingoError] = InputError,
+) -> TokenBatch:
+    """Tokenize sentences (with BOS when the model prepends one), optionally keeping only
+    the first ``max_tokens`` real tokens of each (to bound the cost on CPU).
+
+    Raises:
+        error: an empty or whitespace-only sentence (it has no tokens to pool), or a bad
+            ``max_tokens``.
+    """
+    empty = [i for i, s in enumerate(sentences) if not s.strip()]
+    if empty:
+        raise error(f"sentences {empty[:10]} are empty; remove empty lines from the data first")
+    return truncate(encode(model, list(sentences)), max_tokens, error=error)
+
+
+# --------------------------------------------------------------------------------------
+# The pooling pass
+# --------------------------------------------------------------------------------------
+
+
+def check_pool_args(
+    pool: str, batch_size: int, *, error: type[MechlingoError] = InputError
+) -> None:
+    """Raise ``error`` unless ``pool`` is ``"mean"`` or ``"max"`` and ``batch_size >= 1``."""
+    if pool not in ("mean", "max"):
+        raise error(f"pool must be 'mean' or 'max', got {pool!r}")
+    if batch_size < 1:
+        raise error(f"batch_size must be >= 1, got {batch_size}")
+
+
+#: ``observe(slot, acts, mask, rows)``: called by :func:`pool_activations` for every hook and
+#: batch with the float32 activations ``[batch, pos, d]``, the real-token mask ``[batch, pos]``
+#: (on the activations' device) and the batch's row indices into the whole batch (CPU).
+Observer = Callable[[int, Tensor, Tensor, Tensor], None]
+
+
+def pool_activations(
+    model: Model,
+    batch: TokenBatch,
+    hook_names: Sequence[str],
+    width: int,
+    *,
+    pool: Literal["mean", "max"] = "mean",
+    batch_size: int = 16,
+    extra_hooks: FwdHooks = (),
+    observe: Observer | None = None,
+    progress: bool = False,
+    desc: str = "pooling",
+    error: type[MechlingoError] = InputError,
+) -> Float[Tensor, "row hook d"]:
+    """Each row's activations at every hook, pooled over its real tokens, in one pass per
+    batch of similar lengths.
+
+    Every hook (``hook_names`` in forward order, each ``width`` wide) pools its activation
+    over the row's real tokens (BOS and padding excluded; ``"mean"`` or ``"max"``, see
+    :func:`mechlingo.kernels.stats.masked_pool`) into ``out[row, slot]``; the forward pass
+    stops after the last hook, so the unembedding is never computed, and memory does not grow
+    with sentence length. ``extra_hooks`` (e.g. an intervention's) run before the pooling
+    hooks, so what is pooled includes their effect at the same hook point. ``observe`` sees
+    the unpooled activations as well (e.g. to count firing tokens).
+
+    Returns:
+        ``[n_rows, n_hooks, width]`` float32 on :func:`output_device`; ``.flatten(1)`` gives
+        one row of ``n_hooks * width`` features per sentence without a copy.
+
+    Raises:
+        error: a bad ``pool`` or ``batch_size``, or a row that is nothing but BOS.
+    """
+    check_pool_args(pool, batch_size, error=error)
+    dev = output_device(model)
+    names = list(hook_names)
+    out = torch.zeros(batch.batch_size, len(names), width, dtype=torch.float32, device=dev)
+    if batch.batch_size == 0:
+        return out
+    if batch.has_bos and bool((batch.lengths < 2).any()):
+        raise error("some sentences tokenize to nothing but BOS")
+    state: dict[str, Tensor] = {}
+
+    def make(slot: int) -> Any:
+        last = slot == len(names) - 1
+
+        def hook(act: Tensor, hook: Any) -> None:
+            a = act.detach().float()
+            mask = state["mask"].to(a.device)
+            out[state["rows"].to(dev), slot] = masked_pool(a, mask, pool).to(dev)
+            if observe is not None:
+                observe(slot, a, mask, state["rows"])
+            if last:
+                raise StopForward
+
+        return hook
+
+    hooks = list(extra_hooks) + [(name, make(i)) for i, name in enumerate(names)]
+    groups = sorted_batches(batch.lengths, batch_size)
+    for rows in tqdm(groups, desc=desc, disable=not progress):
+        sub = batch.select(rows)
+        state["rows"] = torch.as_tensor(rows, dtype=torch.long)
+        state["mask"] = sub.real_token_mask(include_bos=False)
+        run_batch(model, sub, hooks)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Pooled MLP neurons over all ranks
+# --------------------------------------------------------------------------------------
 
 
 def pooled_neuron_acts(
@@ -135,77 +301,62 @@ def pooled_neuron_acts(
         :class:`NeuronStats` on the model's output device, the model recorded in ``meta``
         (``prob_active`` is float32: counts are summed exactly as integers first).
     """
-    if pool not in ("mean", "max"):
-        raise ValueError(f"pool must be 'mean' or 'max', got {pool!r}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    langs, sentences, all_ids = _flatten_texts(texts)
+    check_pool_args(pool, batch_size)
+    langs = check_texts(texts)
     sm = site_map(model)
     if not sm.available["mlp_post"]:
-        raise ValueError("this model has no mlp_post hooks (blocks.{l}.mlp.hook_post)")
+        raise InputError("this model has no mlp_post hooks (blocks.{l}.mlp.hook_post)")
     layer_list = resolve_layers(model, layers)
     names = [resolve_site(model, "mlp_post", layer).hook_name for layer in layer_list]
-    d_mlp, n_layers = sm.d_mlp, len(layer_list)
-    dev = _output_device(model)
+    sentences = [s for lang in langs for s in texts[lang]]
+    all_ids = [i for i, lang in enumerate(langs) for _ in texts[lang]]
     bounds = shard_bounds(len(sentences))
     mine = sentences[bounds.start : bounds.stop]
     lang_ids = torch.tensor(all_ids[bounds.start : bounds.stop], dtype=torch.long)
-    pooled = torch.zeros(len(mine), n_layers * d_mlp, dtype=torch.float32, device=dev)
+    dev = output_device(model)
     zeros = {
-        "active": torch.zeros(len(langs), d_mlp, dtype=torch.int64, device=dev),
+        "active": torch.zeros(len(langs), sm.d_mlp, dtype=torch.int64, device=dev),
         "tokens": torch.zeros(len(langs), dtype=torch.int64, device=dev),
     }
     counters = [ActivationProbability.from_state(zeros, threshold) for _ in layer_list]
+
+    def count(slot: int, acts: Tensor, mask: Tensor, rows: Tensor) -> None:
+        counters[slot].update(acts, lang=lang_ids[rows].to(acts.device), mask=mask)
+
+    pooled = torch.zeros(0, len(names), sm.d_mlp, dtype=torch.float32, device=dev)
     if mine:
-        batch = _truncate(encode(model, mine), max_tokens)
-        if batch.has_bos and bool((batch.lengths < 2).any()):
-            raise ValueError("some sentences tokenize to nothing but BOS")
-        state: dict[str, Tensor] = {}
-
-        def make(slot: int) -> Any:
-            last = slot == n_layers - 1
-
-            def hook(act: Tensor, hook: Any) -> None:
-                a = act.detach().float()
-                mask = state["mask"].to(a.device)
-                cols = slice(slot * d_mlp, (slot + 1) * d_mlp)
-                pooled[state["rows"], cols] = masked_pool(a, mask, pool).to(dev)
-                counters[slot].update(a, lang=state["lang"].to(a.device), mask=mask)
-                if last:
-                    raise StopForward
-
-            return hook
-
-        hooks = list(extra_hooks) + [(nm, make(i)) for i, nm in enumerate(names)]
-        groups = sorted_batches(batch.lengths, batch_size)
-        with torch.no_grad():
-            for rows in tqdm(groups, desc="neuron acts", disable=not progress):
-                sub = batch.select(rows)
-                idx = torch.as_tensor(rows, dtype=torch.long)
-                state["rows"] = idx.to(dev)
-                state["mask"] = sub.real_token_mask(include_bos=False)
-                state["lang"] = lang_ids[idx]
-                run_batch(model, sub, hooks)
+        batch = encode_sentences(model, mine, max_tokens=max_tokens)
+        pooled = pool_activations(
+            model,
+            batch,
+            names,
+            sm.d_mlp,
+            pool=pool,
+            batch_size=batch_size,
+            extra_hooks=extra_hooks,
+            observe=count,
+            progress=progress,
+            desc="neuron acts",
+        )
     active = torch.cat([c.state_dict()["active"].to(dev) for c in counters], dim=1)
     tokens = counters[0].state_dict()["tokens"].to(dev)
     summed = all_reduce_state({"active": active, "tokens": tokens})
     prob = summed["active"].to(torch.float64) / summed["tokens"].to(torch.float64)[:, None]
-    info = dist_info()
     meta = {
         "pool": pool,
         "n_sentences": {lang: len(texts[lang]) for lang in langs},
         "max_tokens": max_tokens,
         "threshold": threshold,
-        "world_size": info.world_size,
+        "world_size": dist_info().world_size,
+        "model": model_info(model),
     }
-    meta["model"] = model_info(model)
     return NeuronStats(
         langs=langs,
-        pooled=all_gather_rows(pooled),
+        pooled=all_gather_rows(pooled.flatten(1)),
         lang_ids=all_gather_rows(lang_ids.to(dev)),
         prob_active=prob.to(torch.float32),
         layers=layer_list,
-        d_mlp=d_mlp,
+        d_mlp=sm.d_mlp,
         pool=pool,
         meta=meta,
     )

@@ -24,6 +24,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mechlingo.core.errors import InputError
+from mechlingo.core.sites import SiteError
 from mechlingo.core.tokens import TokenBatch, batch_context
 from mechlingo.core.types import FwdHooks, HookFn, Model
 from mechlingo.kernels.readout import final_logits
@@ -43,18 +45,10 @@ def model_input_device(model: Model) -> torch.device:
 
 @contextlib.contextmanager
 def hooked(model: Model, fwd_hooks: FwdHooks) -> Iterator[Any]:
-    """``model.hooks(fwd_hooks=...)`` where available, else add/remove by hand; the hooks are
-    removed when the block exits, also after an exception."""
-    if hasattr(model, "hooks"):
-        with model.hooks(fwd_hooks=list(fwd_hooks)):
-            yield model
-        return
-    try:  # pragma: no cover - every supported model has hooks()
-        for name, fn in fwd_hooks:
-            model.add_hook(name, fn)
+    """``model.hooks(fwd_hooks=...)`` (every :class:`~mechlingo.core.types.Model` has it): the
+    hooks are removed when the block exits, also after an exception."""
+    with model.hooks(fwd_hooks=list(fwd_hooks)):
         yield model
-    finally:  # pragma: no cover
-        model.reset_hooks()
 
 
 def run_batch(model: Model, batch: TokenBatch, fwd_hooks: FwdHooks = ()) -> Any:
@@ -98,10 +92,10 @@ def collect(
     """
     names = list(dict.fromkeys(hook_names))
     if not names:
-        raise ValueError("no hooks to read")
+        raise InputError("no hooks to read")
     missing = [n for n in names if n not in model.hook_dict]
     if missing:
-        raise ValueError(f"hooks not in this model: {missing}")
+        raise SiteError(f"hooks not in this model: {missing}")
     pos = batch.last_index if positions is None else positions
     out: dict[str, Tensor] = {}
     remaining = set(names)

@@ -29,13 +29,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from mechlingo.activations.runs import StopForward, run_batch
+from mechlingo.activations.pooled import check_texts, encode_sentences, pool_activations
 from mechlingo.core.errors import MechlingoError
 from mechlingo.core.figures import draw
 from mechlingo.core.sites import hook_name, resolve_layers
-from mechlingo.core.tokens import encode, sorted_batches
 from mechlingo.core.types import Model
 from mechlingo.kernels.significance import bootstrap_mean, paired_gain, wilson
 
@@ -53,30 +51,14 @@ _RETRIEVAL_CHUNK_ELEMENTS = 1 << 25
 
 
 def check_parallel(texts: Mapping[str, Sequence[str]], min_langs: int = 1) -> list[str]:
-    """Languages of a parallel corpus, after checking it is usable.
+    """Languages of a parallel corpus, after checking it is usable
+    (:func:`mechlingo.activations.pooled.check_texts` with ``parallel=True``).
 
     Raises:
         AlignmentError: fewer than ``min_langs`` languages, a language with no sentences,
             different sentence counts, or an empty sentence.
     """
-    if not isinstance(texts, Mapping):
-        raise AlignmentError("texts must be a mapping {lang: [sentence, ...]}")
-    langs = list(texts)
-    if len(langs) < min_langs:
-        raise AlignmentError(f"need at least {min_langs} languages, got {langs}")
-    counts = {lang: len(texts[lang]) for lang in langs}
-    empty = [lang for lang, n in counts.items() if n == 0]
-    if empty:
-        raise AlignmentError(f"language(s) {empty} have no sentences")
-    if len(set(counts.values())) > 1:
-        raise AlignmentError(f"parallel texts must have the same number of sentences: {counts}")
-    for lang in langs:
-        blank = [i for i, s in enumerate(texts[lang]) if not s.strip()]
-        if blank:
-            raise AlignmentError(
-                f"{lang}: sentences {blank[:10]} are empty; drop those lines in every language"
-            )
-    return langs
+    return check_texts(texts, min_langs, parallel=True, error=AlignmentError)
 
 
 def drop_empty_lines(texts: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
@@ -145,42 +127,21 @@ def embed_parallel(
         layer_list = resolve_layers(model, layers)
     names = [hook_name(model, "resid_post", layer) for layer in layer_list]
     sentences = [s for lang in langs for s in texts[lang]]
-    batch = encode(model, sentences)
-    if max_tokens is not None:
-        if max_tokens < 1:
-            raise AlignmentError(f"max_tokens must be >= 1, got {max_tokens}")
-        keep = max_tokens + (1 if batch.has_bos else 0)
-        batch.lengths = batch.lengths.clamp(max=keep)
-        batch.prompt_lengths = batch.lengths.clone()
-    if batch.has_bos and bool((batch.lengths < 2).any()):
-        raise AlignmentError("some sentences tokenize to nothing but BOS")
-    dev = model.W_U.device
-    d = int(model.cfg.d_model)
-    out = torch.empty(len(layer_list), len(sentences), d, dtype=torch.float32, device=dev)
+    batch = encode_sentences(model, sentences, max_tokens=max_tokens, error=AlignmentError)
     extra = list(intervention.fwd_hooks(model)) if intervention is not None else []
-    state: dict[str, Tensor] = {}
-
-    def make(slot: int) -> Any:
-        last = slot == len(names) - 1
-
-        def hook(t: Tensor, hook: Any) -> None:
-            m = state["mask"].to(t.device)
-            pooled = (t.float() * m[..., None]).sum(1) / m.sum(1, keepdim=True)
-            out[slot, state["rows"].to(dev)] = pooled.to(dev)
-            if last:
-                raise StopForward
-
-        return hook
-
-    hooks = extra + [(n, make(i)) for i, n in enumerate(names)]
-    for rows in tqdm(sorted_batches(batch.lengths, batch_size), "embedding", disable=not progress):
-        sub = batch.select(rows)
-        state["rows"] = torch.as_tensor(rows, dtype=torch.long)
-        state["mask"] = sub.real_token_mask(include_bos=False).float()
-        with torch.no_grad():
-            run_batch(model, sub, hooks)
-    n = len(texts[langs[0]])
-    emb = out.reshape(len(layer_list), len(langs), n, d)
+    out = pool_activations(
+        model,
+        batch,
+        names,
+        int(model.cfg.d_model),
+        batch_size=batch_size,
+        extra_hooks=extra,
+        progress=progress,
+        desc="embedding",
+        error=AlignmentError,
+    )
+    # [sentence, layer, d] -> [layer, lang, sentence, d]
+    emb = out.transpose(0, 1).unflatten(1, (len(langs), len(texts[langs[0]]))).contiguous()
     return Embeddings(emb, langs, layer_list)
 
 

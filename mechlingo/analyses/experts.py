@@ -1,6 +1,7 @@
 """Expert (language-specific) MLP neurons: statistics, scores, selection and clamps.
 
-Method (Sundar et al., ACL 2025, after Suau et al. and Kojima et al.; see PAPERS.md B):
+Method (Sundar et al., ACL 2025, after Suau et al. and Kojima et al.; the method page is
+``docs/methods/expert-neurons.md``):
 
 1. :func:`collect_neuron_stats` runs the model over sentences of every language, one forward
    per batch with a hook on every layer's ``mlp_post`` (the neuron activations, input of the
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,13 +54,19 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from mechlingo.activations.decoding import decode
-from mechlingo.activations.pooled import NeuronStats, pooled_neuron_acts
+from mechlingo.activations.pooled import (
+    NeuronStats,
+    check_pool_args,
+    check_texts,
+    pooled_neuron_acts,
+)
+from mechlingo.activations.pooled import encode_sentences as _encode_sentences
 from mechlingo.activations.runs import StopForward, final_resid_name, run_batch
 from mechlingo.analyses.evaluate import greedy_generate
 from mechlingo.core.errors import ExpertError
 from mechlingo.core.figures import draw
 from mechlingo.core.sites import site_map
-from mechlingo.core.tokens import TokenBatch, encode, sorted_batches
+from mechlingo.core.tokens import TokenBatch, sorted_batches
 from mechlingo.core.types import Model
 from mechlingo.interventions import (
     Intervention,
@@ -88,47 +96,17 @@ ScoreName = Literal["auroc", "ap", "lape"]
 # --------------------------------------------------------------------------------------
 
 
-def _truncate(batch: TokenBatch, max_tokens: int | None) -> TokenBatch:
-    if max_tokens is None:
-        return batch
-    if max_tokens < 1:
-        raise ExpertError(f"max_tokens must be >= 1, got {max_tokens}")
-    keep = max_tokens + (1 if batch.has_bos else 0)
-    lengths = batch.lengths.clamp(max=keep)
-    width = int(lengths.max())
-    return TokenBatch(batch.tokens[:, :width], lengths, batch.pad_id, batch.has_bos)
-
-
 def encode_sentences(
     model: Model, sentences: Sequence[str], *, max_tokens: int | None = None
 ) -> TokenBatch:
     """Tokenize sentences (with BOS when the model prepends one), optionally keeping only
-    the first ``max_tokens`` real tokens of each (to bound the cost on CPU).
+    the first ``max_tokens`` real tokens of each (to bound the cost on CPU); see
+    :func:`mechlingo.activations.pooled.encode_sentences`.
 
     Raises:
         ExpertError: an empty or whitespace-only sentence (it has no tokens to pool).
     """
-    empty = [i for i, s in enumerate(sentences) if not s.strip()]
-    if empty:
-        raise ExpertError(
-            f"sentences {empty[:10]} are empty; remove empty lines from the data first"
-        )
-    return _truncate(encode(model, list(sentences)), max_tokens)
-
-
-def _check_texts(texts: Mapping[str, Sequence[str]], min_langs: int = 1) -> list[str]:
-    if not isinstance(texts, Mapping):
-        raise ExpertError("texts must be a mapping {lang: [sentence, ...]}")
-    langs = list(texts)
-    if len(langs) < min_langs:
-        raise ExpertError(f"need sentences of at least {min_langs} languages, got {langs}")
-    empty = [lang for lang in langs if len(texts[lang]) == 0]
-    if empty:
-        raise ExpertError(
-            f"language(s) {empty} have no sentences; give every language at least one sentence "
-            "or leave it out"
-        )
-    return langs
+    return _encode_sentences(model, sentences, max_tokens=max_tokens, error=ExpertError)
 
 
 def collect_neuron_stats(
@@ -164,19 +142,12 @@ def collect_neuron_stats(
     Returns:
         :class:`NeuronStats` on the model's device.
     """
-    langs = _check_texts(texts, 1)
-    if pool not in ("mean", "max"):
-        raise ExpertError(f"pool must be 'mean' or 'max', got {pool!r}")
-    if batch_size < 1:
-        raise ExpertError(f"batch_size must be >= 1, got {batch_size}")
-
+    langs = check_texts(texts, 1, error=ExpertError)
+    check_pool_args(pool, batch_size, error=ExpertError)
     sm = site_map(model)
     if not sm.available["mlp_post"]:
         why = sm.why_unavailable.get("mlp_post", "it has no blocks.{l}.mlp.hook_post hooks")
         raise ExpertError(f"this model has no MLP neuron site (mlp_post): {why}")
-    empty = [lang for lang in langs if any(not s.strip() for s in texts[lang])]
-    if empty:
-        raise ExpertError(f"empty sentences in {empty}; remove empty lines from the data first")
     extra = list(intervention.fwd_hooks(model)) if intervention is not None else []
     try:
         acts = pooled_neuron_acts(
@@ -493,7 +464,7 @@ def find_experts(
 ) -> ExpertResult:
     """Collect statistics (:func:`collect_neuron_stats`) and score every neuron
     (:func:`score_neurons`); select with :meth:`ExpertResult.clamp`."""
-    _check_texts(texts, 2)
+    check_texts(texts, 2, error=ExpertError)
     stats = collect_neuron_stats(
         model,
         texts,
@@ -786,9 +757,124 @@ class KCurve:
         """JSON-ready rows (without the generations)."""
         return [{k: v for k, v in r.items() if k != "examples"} for r in self.rows]
 
-    def figure(self, chosen: int | None = None) -> go.Figure:
-
+    def fig_k_curve(self, chosen: int | None = None) -> go.Figure:
+        """Target-language rate and held-out perplexity against ``k`` (experts, random
+        control, no clamp), with the ``chosen`` k marked."""
         return draw("k_curve_figure", self, chosen)
+
+    def figure(self, chosen: int | None = None) -> go.Figure:
+        """Deprecated alias of :meth:`fig_k_curve` (removed in mechlingo 0.2)."""
+        warnings.warn(
+            "KCurve.figure is renamed KCurve.fig_k_curve (the old name is removed in "
+            "mechlingo 0.2)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.fig_k_curve(chosen)
+
+
+def _k_arms(
+    experts: ExpertResult,
+    lang: str,
+    ks: Sequence[int],
+    value: Literal["mean", "median"],
+    seed: int,
+    control: bool,
+) -> list[tuple[int, str, Any]]:
+    """``(k, arm, intervention)`` of every run of the k curve: no clamp first, then per ``k``
+    the expert clamp and (with ``control``) the random-neuron clamp."""
+    arms: list[tuple[int, str, Any]] = [(0, "none", None)]
+    for k in ks:
+        arms.append((int(k), "experts", experts.clamp(lang, int(k), value=value)))
+        if control:
+            arms.append(
+                (int(k), "random", experts.random_clamp(lang, int(k), value=value, seed=seed))
+            )
+    return arms
+
+
+def _generation_rates(
+    model: Model,
+    lang: str,
+    intervention: Any,
+    id_langs: Sequence[str],
+    *,
+    n_samples: int,
+    max_new_tokens: int,
+    prompts: Sequence[str],
+    seed: int,
+) -> dict[str, Any]:
+    """One arm's generations (bare-BOS samples and greedy continuations of ``prompts``) and
+    how often they are in ``lang``: the row's rate columns, ``bos_hits`` and ``examples``."""
+    bos_texts = sample_from_bos(
+        model, n_samples, max_new_tokens=max_new_tokens, intervention=intervention, seed=seed
+    )
+    prompt_texts = (
+        greedy_generate(
+            model,
+            list(prompts),
+            max_new_tokens=max_new_tokens,
+            intervention=intervention,
+            stop_at_newline=False,
+        )
+        if prompts
+        else []
+    )
+    ids_bos = identify_languages(bos_texts, id_langs)
+    ids_prompt = identify_languages(prompt_texts, id_langs)
+    hits = [x == lang for x in ids_bos]
+    w = wilson(sum(hits), len(hits))
+    return {
+        "n_bos": len(hits),
+        "target_bos": sum(hits),
+        "target_rate_bos": w["p"],
+        "target_rate_bos_lo": w["lo"],
+        "target_rate_bos_hi": w["hi"],
+        "target_rate_prompt": (
+            sum(x == lang for x in ids_prompt) / len(ids_prompt) if ids_prompt else float("nan")
+        ),
+        "bos_hits": hits,
+        "examples": [
+            {"source": "BOS", "text": t, "lang": x} for t, x in zip(bos_texts, ids_bos, strict=True)
+        ]
+        + [
+            {"source": p, "text": t, "lang": x}
+            for p, t, x in zip(prompts, prompt_texts, ids_prompt, strict=True)
+        ],
+    }
+
+
+def _heldout_perplexities(
+    model: Model,
+    heldout: Mapping[str, Sequence[str]],
+    intervention: Any,
+    base_nll: dict[str, Tensor] | None,
+    *,
+    max_tokens: int | None,
+    seed: int,
+) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """One arm's held-out perplexity of every language with bootstrap intervals over lines,
+    and its ratio to the no-clamp arm's (``base_nll``; ``None`` for the no-clamp arm itself,
+    whose ratios are 1). Returns the row's columns and the per-line NLL of each language."""
+    row: dict[str, Any] = {}
+    nlls: dict[str, Tensor] = {}
+    for hl, sents in heldout.items():
+        nll, cnt = line_nll(model, sents, intervention=intervention, max_tokens=max_tokens)
+        keep = cnt > 0
+        if not bool(keep.any()):
+            raise ExpertError(f"no tokens to score in the held-out {hl} lines")
+        nll, cnt = nll[keep], cnt[keep]
+        nlls[hl] = nll
+        pp = bootstrap_perplexity(nll.numpy(), cnt.numpy(), seed=seed)
+        row[f"ppl_{hl}"], row[f"ppl_{hl}_lo"], row[f"ppl_{hl}_hi"] = pp["ppl"], pp["lo"], pp["hi"]
+        if base_nll is None:
+            for end in ("", "_lo", "_hi"):
+                row[f"ppl_ratio_{hl}{end}"] = 1.0
+        else:
+            pr = perplexity_ratio(base_nll[hl].numpy(), nll.numpy(), cnt.numpy(), seed=seed)
+            row[f"ppl_ratio_{hl}"] = pr["ratio"]
+            row[f"ppl_ratio_{hl}_lo"], row[f"ppl_ratio_{hl}_hi"] = pr["lo"], pr["hi"]
+    return row, nlls
 
 
 def k_curve(
@@ -821,76 +907,28 @@ def k_curve(
     if n_samples < 1:
         raise ExpertError(f"n_samples must be >= 1, got {n_samples}")
     id_langs = list(dict.fromkeys([*experts.langs, *heldout]))
-    _check_texts(heldout, 1)
-    arms: list[tuple[int, str, Any]] = [(0, "none", None)]
-    for k in ks:
-        arms.append((int(k), "experts", experts.clamp(lang, int(k), value=value)))
-        if control:
-            arms.append(
-                (int(k), "random", experts.random_clamp(lang, int(k), value=value, seed=seed))
-            )
-
+    check_texts(heldout, 1, error=ExpertError)
     rows = []
-    base_nll: dict[str, Tensor] = {}
+    base_nll: dict[str, Tensor] | None = None
+    arms = _k_arms(experts, lang, ks, value, seed, control)
     for k, arm, iv in tqdm(arms, desc="k curve", disable=not progress):
-        bos_texts = sample_from_bos(
-            model, n_samples, max_new_tokens=max_new_tokens, intervention=iv, seed=seed
+        gen = _generation_rates(
+            model,
+            lang,
+            iv,
+            id_langs,
+            n_samples=n_samples,
+            max_new_tokens=max_new_tokens,
+            prompts=prompts,
+            seed=seed,
         )
-        prompt_texts = (
-            greedy_generate(
-                model,
-                list(prompts),
-                max_new_tokens=max_new_tokens,
-                intervention=iv,
-                stop_at_newline=False,
-            )
-            if prompts
-            else []
+        ppl, nlls = _heldout_perplexities(
+            model, heldout, iv, base_nll, max_tokens=max_tokens, seed=seed
         )
-        ids_bos = identify_languages(bos_texts, id_langs)
-        ids_prompt = identify_languages(prompt_texts, id_langs)
-        hits = [x == lang for x in ids_bos]
-        w = wilson(sum(hits), len(hits))
-        row: dict[str, Any] = {
-            "k": k,
-            "arm": arm,
-            "n_bos": len(hits),
-            "target_bos": sum(hits),
-            "target_rate_bos": w["p"],
-            "target_rate_bos_lo": w["lo"],
-            "target_rate_bos_hi": w["hi"],
-            "target_rate_prompt": (
-                sum(x == lang for x in ids_prompt) / len(ids_prompt) if ids_prompt else float("nan")
-            ),
-        }
-        for hl, sents in heldout.items():
-            nll, cnt = line_nll(model, sents, intervention=iv, max_tokens=max_tokens)
-            keep = cnt > 0
-            if not bool(keep.any()):
-                raise ExpertError(f"no tokens to score in the held-out {hl} lines")
-            nll, cnt = nll[keep], cnt[keep]
-            pp = bootstrap_perplexity(nll.numpy(), cnt.numpy(), seed=seed)
-            row[f"ppl_{hl}"], row[f"ppl_{hl}_lo"], row[f"ppl_{hl}_hi"] = (
-                pp["ppl"],
-                pp["lo"],
-                pp["hi"],
-            )
-            if arm == "none":
-                base_nll[hl] = nll
-                for end in ("", "_lo", "_hi"):
-                    row[f"ppl_ratio_{hl}{end}"] = 1.0
-            else:
-                pr = perplexity_ratio(base_nll[hl].numpy(), nll.numpy(), cnt.numpy(), seed=seed)
-                row[f"ppl_ratio_{hl}"] = pr["ratio"]
-                row[f"ppl_ratio_{hl}_lo"], row[f"ppl_ratio_{hl}_hi"] = pr["lo"], pr["hi"]
-        row["bos_hits"] = hits
-        row["examples"] = [
-            {"source": "BOS", "text": t, "lang": x} for t, x in zip(bos_texts, ids_bos, strict=True)
-        ] + [
-            {"source": p, "text": t, "lang": x}
-            for p, t, x in zip(prompts, prompt_texts, ids_prompt, strict=True)
-        ]
-        rows.append(row)
+        if arm == "none":
+            base_nll = nlls
+        hits, examples = gen.pop("bos_hits"), gen.pop("examples")
+        rows.append({"k": k, "arm": arm, **gen, **ppl, "bos_hits": hits, "examples": examples})
     return KCurve(lang, rows)
 
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from mechlingo.analyses.evaluate import EvalResult, evaluate_facts
 from mechlingo.analyses.repair import RepairVectors, SteeringConfig, _unit
-from mechlingo.core.errors import MechlingoError
+from mechlingo.core.errors import InputError, MechlingoError
 from mechlingo.core.types import Model
 from mechlingo.data import Fact, few_shot_prompt
 from mechlingo.interventions import Compose, Intervention, SteeringVector, random_like
@@ -318,49 +318,12 @@ def sweep(
         "diff": (list(diff_layers or default_layers(n_layers)), list(diff_alphas)),
     }
     screen = _screen_subset(dev_facts, screen_ids) if screen_ids else dev_facts
-    base = _score(model, dev_facts, None, **kw)
-    base_screen = base if screen is dev_facts else _score(model, screen, None, **kw)
-    rows: list[dict[str, Any]] = []
-
-    def row(stage: str, setting: dict[str, Any], res: EvalResult, ref: EvalResult) -> dict:
-        en, en0 = _en(res), _en(ref)
-        ok = en is None or en0 is None or en >= en0 - en_tolerance - 1e-9
-        r = {"stage": stage, **setting, "score": non_english_mean(res), "en": en, "en_ok": ok}
-        r["n"] = len(res.records)
-        rows.append(r)
-        return r
-
-    stacks = {"task": vectors.task, "diff": vectors.diff}
-    for name, stack in stacks.items():
-        layers, alphas = grid[name]
-        for layer in layers:
-            for alpha in alphas:
-                res = _score(model, screen, stack.at(layer, alpha), **kw)
-                row("screen", {"vector": name, "layer": layer, "alpha": alpha}, res, base_screen)
-
-    def rank(r: dict[str, Any]) -> tuple:
-        return (not r["en_ok"], -r["score"], r.get("alpha", 0.0), r.get("layer", 0))
-
-    results: dict[str, tuple[dict, EvalResult]] = {}
-    finalists: dict[str, list[dict]] = {}
-    for name, stack in stacks.items():
-        cand = sorted((r for r in rows if r["vector"] == name), key=rank)[:top_k]
-        scored = []
-        for c in cand:
-            res = _score(model, dev_facts, stack.at(c["layer"], c["alpha"]), **kw)
-            r = row("dev", {"vector": name, "layer": c["layer"], "alpha": c["alpha"]}, res, base)
-            results[f"{name}:{c['layer']}:{c['alpha']}"] = (r, res)
-            scored.append(r)
-        finalists[name] = sorted(scored, key=rank)
-    for t in finalists["task"]:
-        for d in finalists["diff"]:
-            cfg = SteeringConfig(t["layer"], t["alpha"], d["layer"], d["alpha"])
-            iv = vectors.task.at(cfg.task_layer, cfg.task_alpha) + vectors.diff.at(
-                cfg.diff_layer, cfg.diff_alpha
-            )
-            res = _score(model, dev_facts, iv, **kw)
-            r = row("dev", {"vector": "both", **cfg.to_dict()}, res, base)
-            results[f"both:{cfg}"] = (r, res)
+    sw = _Sweep(model, kw, en_tolerance)
+    base = sw.score(dev_facts, None)
+    base_screen = base if screen is dev_facts else sw.score(screen, None)
+    sw.screen(vectors, grid, screen, base_screen)
+    results, finalists = sw.finalists(vectors, dev_facts, base, top_k)
+    results.update(sw.pairs(vectors, finalists, dev_facts, base))
     choice = _choose(results, finalists, base, p_threshold)
     hr: dict[str, Any] = {}
     lowest = None
@@ -368,7 +331,7 @@ def sweep(
         hr = headroom(model, dev_facts, pool, k_shot=k_shot, zero_shot=base, **kw)
         lowest = lowest_language_dev(hr["zero_shot"], hr["k_shot"])
     return SweepResult(
-        rows,
+        sw.rows,
         base.accuracy(),
         choice,
         lowest,
@@ -377,6 +340,89 @@ def sweep(
         n_dev=len(dev_facts),
         n_screen=len(screen),
     )
+
+
+def _rank(r: dict[str, Any]) -> tuple:
+    """Sweep rows best first: English within tolerance, then the higher score, then the
+    smaller alpha and the earlier layer."""
+    return (not r["en_ok"], -r["score"], r.get("alpha", 0.0), r.get("layer", 0))
+
+
+class _Sweep:
+    """The stages of :func:`sweep`; every scored setting is appended to ``rows``."""
+
+    def __init__(self, model: Model, kw: dict[str, Any], en_tolerance: float) -> None:
+        self.model = model
+        self.kw = kw
+        self.en_tolerance = en_tolerance
+        self.rows: list[dict[str, Any]] = []
+
+    def score(self, facts: Sequence[Fact], iv: Intervention | None) -> EvalResult:
+        return _score(self.model, facts, iv, **self.kw)
+
+    def row(self, stage: str, setting: dict[str, Any], res: EvalResult, ref: EvalResult) -> dict:
+        """Record one setting's scores (``en_ok``: English within tolerance of ``ref``)."""
+        en, en0 = _en(res), _en(ref)
+        ok = en is None or en0 is None or en >= en0 - self.en_tolerance - 1e-9
+        r = {"stage": stage, **setting, "score": non_english_mean(res), "en": en, "en_ok": ok}
+        r["n"] = len(res.records)
+        self.rows.append(r)
+        return r
+
+    def screen(
+        self,
+        vectors: RepairVectors,
+        grid: dict[str, tuple[list[int], list[float]]],
+        facts: Sequence[Fact],
+        ref: EvalResult,
+    ) -> None:
+        """Every layer x alpha of each vector alone on the screen subset."""
+        for name, stack in (("task", vectors.task), ("diff", vectors.diff)):
+            layers, alphas = grid[name]
+            for layer in layers:
+                for alpha in alphas:
+                    res = self.score(facts, stack.at(layer, alpha))
+                    setting = {"vector": name, "layer": layer, "alpha": alpha}
+                    self.row("screen", setting, res, ref)
+
+    def finalists(
+        self, vectors: RepairVectors, facts: Sequence[Fact], base: EvalResult, top_k: int
+    ) -> tuple[dict[str, tuple[dict, EvalResult]], dict[str, list[dict]]]:
+        """The best ``top_k`` screen settings of each vector re-scored on the whole dev split:
+        ``{key: (row, result)}`` and each vector's re-scored rows, best first."""
+        results: dict[str, tuple[dict, EvalResult]] = {}
+        finalists: dict[str, list[dict]] = {}
+        for name, stack in (("task", vectors.task), ("diff", vectors.diff)):
+            cand = sorted((r for r in self.rows if r["vector"] == name), key=_rank)[:top_k]
+            scored = []
+            for c in cand:
+                res = self.score(facts, stack.at(c["layer"], c["alpha"]))
+                setting = {"vector": name, "layer": c["layer"], "alpha": c["alpha"]}
+                r = self.row("dev", setting, res, base)
+                results[f"{name}:{c['layer']}:{c['alpha']}"] = (r, res)
+                scored.append(r)
+            finalists[name] = sorted(scored, key=_rank)
+        return results, finalists
+
+    def pairs(
+        self,
+        vectors: RepairVectors,
+        finalists: dict[str, list[dict]],
+        facts: Sequence[Fact],
+        base: EvalResult,
+    ) -> dict[str, tuple[dict, EvalResult]]:
+        """Every task x diff pair of finalists, both vectors applied, on the whole dev split."""
+        results: dict[str, tuple[dict, EvalResult]] = {}
+        for t in finalists["task"]:
+            for d in finalists["diff"]:
+                cfg = SteeringConfig(t["layer"], t["alpha"], d["layer"], d["alpha"])
+                iv = vectors.task.at(cfg.task_layer, cfg.task_alpha) + vectors.diff.at(
+                    cfg.diff_layer, cfg.diff_alpha
+                )
+                res = self.score(facts, iv)
+                r = self.row("dev", {"vector": "both", **cfg.to_dict()}, res, base)
+                results[f"both:{cfg}"] = (r, res)
+        return results
 
 
 def _choose(
@@ -544,7 +590,7 @@ def evaluate_test(
     """Score every condition on ``test_facts`` (see the module docstring), and the test
     headroom (zero-shot vs k-shot with demonstrations from ``pool``)."""
     if len(seeds) < 1:
-        raise ValueError("give at least one random-control seed")
+        raise InputError("give at least one random-control seed")
     kw = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "progress": progress}
     cfg = choice.config
     task = vectors.task.at(cfg.task_layer, cfg.task_alpha)

@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 from mechlingo.activations.means import last_token_means
 from mechlingo.activations.runs import collect
 from mechlingo.analyses.evaluate import EvalResult, evaluate_facts
+from mechlingo.core.errors import ArtifactError, InputError
 from mechlingo.core.figures import draw
 from mechlingo.core.jsonable import finite_or_none
 from mechlingo.core.sites import resolve_layers, resolve_site
@@ -94,7 +95,7 @@ def split_of(fact_id: str, fractions: Sequence[float] = (0.3, 0.2, 0.5), salt: s
     """``"build"``, ``"dev"`` or ``"test"`` for a fact id, from a hash of the id (the same
     fact goes to the same split in every language and every run)."""
     if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-9:
-        raise ValueError(f"fractions must be three non-negative numbers summing to 1: {fractions}")
+        raise InputError(f"fractions must be three non-negative numbers summing to 1: {fractions}")
     u = _unit(f"{salt}|{fact_id}")
     if u < fractions[0]:
         return "build"
@@ -164,12 +165,12 @@ def repair_prompts(
             except ValueError:
                 pass  # too few demonstrations for this language in the pool
     if not few:
-        raise ValueError(
+        raise InputError(
             f"no few-shot prompt could be built: the pool needs at least {k_shot + 1} facts per "
             "relation and language"
         )
     if not trans:
-        raise ValueError("no translation prompts: the build facts need non-English languages")
+        raise InputError("no translation prompts: the build facts need non-English languages")
     return {"few_shot": few, "zero_shot": zero, "translation": trans}
 
 
@@ -219,7 +220,7 @@ class RepairVectors:
         task = load_intervention(folder / "task", model)
         diff = load_intervention(folder / "diff", model)
         if not isinstance(task, SteeringVector) or not isinstance(diff, SteeringVector):
-            raise ValueError(f"{folder} does not hold two steering vectors")
+            raise ArtifactError(f"{folder} does not hold two steering vectors")
         build_path = folder / "build.json"
         build = json.loads(build_path.read_text()) if build_path.is_file() else {}
         return cls(task, diff, {}, build)
@@ -241,15 +242,14 @@ def last_token_norms(
 
     prompts = list(prompts)
     if not prompts:
-        raise ValueError("no prompts to measure")
+        raise InputError("no prompts to measure")
     names = [resolve_site(model, "resid_pre", i).hook_name for i in resolve_layers(model, None)]
     batch = encode(model, prompts)
     total = None
-    with torch.no_grad():
-        for rows in tqdm(sorted_batches(batch.lengths, batch_size), disable=not progress):
-            acts = collect(model, batch.select(rows), names)
-            norms = torch.stack([acts[n].double().norm(dim=-1).sum(0).cpu() for n in names])
-            total = norms if total is None else total + norms
+    for rows in tqdm(sorted_batches(batch.lengths, batch_size), disable=not progress):
+        acts = collect(model, batch.select(rows), names)
+        norms = torch.stack([acts[n].double().norm(dim=-1).sum(0).cpu() for n in names])
+        total = norms if total is None else total + norms
     assert total is not None
     return total / len(prompts)
 
@@ -272,7 +272,7 @@ def vectors_from_means(
     same norm (the control) is comparable. ``unit="raw"`` keeps the raw means/differences.
     """
     if unit not in UNITS:
-        raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
+        raise InputError(f"unit must be one of {UNITS}, got {unit!r}")
     few, zero, trans = (means[k].double() for k in ("few_shot", "zero_shot", "translation"))
     raw = {"task": (few - zero) if subtract_zero_shot else few, "diff": trans - zero}
     build = dict(build or {})
@@ -283,7 +283,7 @@ def vectors_from_means(
     stacks = dict(raw)
     if unit == "resid":
         if resid_norm is None:
-            raise ValueError('unit="resid" needs the residual norms (resid_norm)')
+            raise InputError('unit="resid" needs the residual norms (resid_norm)')
         rn = resid_norm.double().reshape(-1, 1)
         build["resid_norm"] = [round(float(x), 4) for x in rn.flatten()]
         # a row that is exactly 0 (e.g. few-shot minus zero-shot at layer 0, where both end in
@@ -429,7 +429,7 @@ def conditions(
 
 
 # --------------------------------------------------------------------------------------
-# Batched (padded) greedy generation
+# Scoring
 # --------------------------------------------------------------------------------------
 
 
@@ -632,7 +632,7 @@ def transfer(
         and (holdout_lang is None or f.lang == holdout_lang)
     ]
     if not bf or not tf:
-        raise ValueError("the transfer selection leaves no build facts or no test facts")
+        raise InputError("the transfer selection leaves no build facts or no test facts")
     vectors = build_repair_vectors(
         model,
         bf,

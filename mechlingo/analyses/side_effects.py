@@ -434,6 +434,119 @@ def line_prefix(line: str, lang: str, *, words: int = 6, chars: int = 12) -> str
     return " ".join(line.split()[:words])
 
 
+def _languages_and_lines(
+    facts: Sequence[Fact],
+    lines_by_lang: Mapping[str, Sequence[str]],
+    langs: Sequence[str] | None,
+) -> tuple[list[str], list[str], dict[str, list[str]]]:
+    """Every language given (facts first, then lines), the languages to report, and the
+    non-empty lines of each reported language that has lines.
+
+    Raises:
+        SideEffectsError: lines that are not a mapping, a reported language with neither
+            facts nor lines, no language at all, or a language whose lines are all empty.
+    """
+    if not isinstance(lines_by_lang, Mapping):
+        raise SideEffectsError("lines_by_lang must be a mapping {lang: [line, ...]}")
+    order = list(dict.fromkeys([*(f.lang for f in facts), *lines_by_lang]))
+    langs = list(langs) if langs is not None else order
+    unknown = [lg for lg in langs if lg not in order]
+    if unknown:
+        raise SideEffectsError(f"no facts and no lines for language(s) {unknown}")
+    if not langs:
+        raise SideEffectsError("no languages to measure: give facts or lines")
+    lines = {lg: [s for s in lines_by_lang[lg] if s.strip()] for lg in langs if lg in lines_by_lang}
+    empty = [lg for lg, v in lines.items() if not v]
+    if empty:
+        raise SideEffectsError(f"language(s) {empty} have no non-empty lines")
+    return order, langs, lines
+
+
+def _measure_arm(
+    model: Model,
+    intervention: Any,
+    facts: Sequence[Fact],
+    lines: Mapping[str, Sequence[str]],
+    prompts: Mapping[str, Sequence[str]],
+    id_langs: Sequence[str],
+    *,
+    max_new_tokens: int,
+    continuation_tokens: int,
+    max_tokens: int | None,
+    batch_size: int,
+    n_examples: int,
+) -> dict[str, Any]:
+    """One arm's raw measurements: ``correct`` (per fact, or None without facts), per
+    language the per-line ``nll`` and token ``counts``, ``own`` (per continuation of
+    ``prompts``: in the line's own language?) and ``examples``."""
+    out: dict[str, Any] = {"correct": None, "nll": {}, "counts": {}, "own": {}, "examples": {}}
+    if facts:
+        ev = evaluate_facts(
+            model,
+            list(facts),
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            intervention=intervention,
+        )
+        out["correct"] = np.array([bool(r["correct"]) for r in ev.records], dtype=float)
+    for lg, v in lines.items():
+        s, c = line_nll(
+            model, v, intervention=intervention, batch_size=batch_size, max_tokens=max_tokens
+        )
+        out["nll"][lg] = s.numpy()
+        out["counts"][lg] = c.numpy().astype(float)
+    flat = [p for lg in prompts for p in prompts[lg]]
+    if not flat:
+        return out
+    gens = greedy_generate(
+        model,
+        flat,
+        max_new_tokens=continuation_tokens,
+        batch_size=batch_size,
+        intervention=intervention,
+        stop_at_newline=False,
+    )
+    ids = identify_languages(gens, id_langs)
+    k = 0
+    for lg, ps in prompts.items():
+        got, cont = ids[k : k + len(ps)], gens[k : k + len(ps)]
+        out["own"][lg] = np.array([x == lg for x in got], dtype=float)
+        out["examples"][lg] = [
+            {"prompt": p, "continuation": g, "lang": x}
+            for p, g, x in list(zip(ps, cont, got, strict=True))[:n_examples]
+        ]
+        k += len(ps)
+    return out
+
+
+def _effect_rows(
+    measured: Mapping[str, Mapping[str, Any]],
+    langs: Sequence[str],
+    fact_langs: Sequence[str],
+    opts: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """The matrix rows: per non-base arm and language, the change of each metric against the
+    ``base`` arm with its intervals."""
+    fact_lang = np.array(fact_langs)
+    base = measured["base"]
+    rows: list[dict[str, Any]] = []
+    for arm, m in measured.items():
+        if arm == "base":
+            continue
+        for lg in langs:
+            sel = fact_lang == lg
+            if m["correct"] is not None and sel.any():
+                rows.append(
+                    _share_row(arm, lg, "accuracy", base["correct"][sel], m["correct"][sel], opts)
+                )
+            if lg in m["nll"]:
+                count = base["counts"][lg]
+                rows.append(_ppl_row(arm, lg, base["nll"][lg], m["nll"][lg], count, opts))
+            if lg in m["own"]:
+                rows.append(_share_row(arm, lg, "output_lang", base["own"][lg], m["own"][lg], opts))
+    return rows
+
+
 def side_effects(
     model: Model,
     intervention: Intervention,
@@ -476,19 +589,7 @@ def side_effects(
     """
 
     facts = list(facts)
-    if not isinstance(lines_by_lang, Mapping):
-        raise SideEffectsError("lines_by_lang must be a mapping {lang: [line, ...]}")
-    order = list(dict.fromkeys([*(f.lang for f in facts), *lines_by_lang]))
-    langs = list(langs) if langs is not None else order
-    unknown = [lg for lg in langs if lg not in order]
-    if unknown:
-        raise SideEffectsError(f"no facts and no lines for language(s) {unknown}")
-    if not langs:
-        raise SideEffectsError("no languages to measure: give facts or lines")
-    lines = {lg: [s for s in lines_by_lang[lg] if s.strip()] for lg in langs if lg in lines_by_lang}
-    empty = [lg for lg, v in lines.items() if not v]
-    if empty:
-        raise SideEffectsError(f"language(s) {empty} have no non-empty lines")
+    order, langs, lines = _languages_and_lines(facts, lines_by_lang, langs)
     facts = [f for f in facts if f.lang in set(langs)]
     if control == "random":
         control = random_control(intervention, model, seed=seed)
@@ -499,64 +600,24 @@ def side_effects(
         arms.append(("control", control))
     id_langs = order  # every language given, not only those reported
     prompts = {lg: [line_prefix(s, lg, words=prefix_words) for s in v] for lg, v in lines.items()}
-    flat_prompts = [p for lg in lines for p in prompts[lg]]
-    correct: dict[str, np.ndarray] = {}
-    nll: dict[str, dict[str, np.ndarray]] = {}
-    counts: dict[str, np.ndarray] = {}
-    own: dict[str, dict[str, np.ndarray]] = {}
-    examples: dict[str, dict[str, list[dict[str, Any]]]] = {}
-
-    for arm, iv in tqdm(arms, desc="side effects", disable=not progress):
-        if facts:
-            ev = evaluate_facts(
-                model, facts, max_new_tokens=max_new_tokens, batch_size=batch_size, intervention=iv
-            )
-            correct[arm] = np.array([bool(r["correct"]) for r in ev.records], dtype=float)
-        nll[arm] = {}
-        for lg, v in lines.items():
-            s, c = line_nll(model, v, intervention=iv, batch_size=batch_size, max_tokens=max_tokens)
-            nll[arm][lg] = s.numpy()
-            counts[lg] = c.numpy().astype(float)
-        own[arm] = {}
-        examples[arm] = {}
-        if flat_prompts and len(id_langs) > 1:
-            gens = greedy_generate(
-                model,
-                flat_prompts,
-                max_new_tokens=continuation_tokens,
-                batch_size=batch_size,
-                intervention=iv,
-                stop_at_newline=False,
-            )
-            ids = identify_languages(gens, id_langs)
-            k = 0
-            for lg in lines:
-                n = len(prompts[lg])
-                got = ids[k : k + n]
-                own[arm][lg] = np.array([x == lg for x in got], dtype=float)
-                examples[arm][lg] = [
-                    {"prompt": p, "continuation": g, "lang": x}
-                    for p, g, x in list(zip(prompts[lg], gens[k : k + n], got, strict=True))[
-                        :n_examples
-                    ]
-                ]
-                k += n
+    measured = {
+        arm: _measure_arm(
+            model,
+            iv,
+            facts,
+            lines,
+            prompts if len(id_langs) > 1 else {},
+            id_langs,
+            max_new_tokens=max_new_tokens,
+            continuation_tokens=continuation_tokens,
+            max_tokens=max_tokens,
+            batch_size=batch_size,
+            n_examples=n_examples,
+        )
+        for arm, iv in tqdm(arms, desc="side effects", disable=not progress)
+    }
     opts = {"n_boot": n_boot, "level": confidence, "seed": seed}
-    fact_lang = np.array([f.lang for f in facts])
-    rows: list[dict[str, Any]] = []
-    for arm, _ in arms[1:]:
-        for lg in langs:
-            sel = fact_lang == lg
-            if facts and sel.any():
-                rows.append(
-                    _share_row(arm, lg, "accuracy", correct["base"][sel], correct[arm][sel], opts)
-                )
-            if lg in lines:
-                rows.append(_ppl_row(arm, lg, nll["base"][lg], nll[arm][lg], counts[lg], opts))
-                if lg in own[arm]:
-                    rows.append(
-                        _share_row(arm, lg, "output_lang", own["base"][lg], own[arm][lg], opts)
-                    )
+    rows = _effect_rows(measured, langs, [f.lang for f in facts], opts)
     return SideEffects(
         rows=rows,
         langs=langs,
@@ -572,5 +633,5 @@ def side_effects(
             "max_tokens": max_tokens,
             "id_langs": id_langs,
         },
-        examples=examples,
+        examples={arm: m["examples"] for arm, m in measured.items()},
     )

@@ -292,81 +292,19 @@ def load_model(
     Raises:
         ModelLoadError: the model cannot be found or loaded; the message says what to do.
     """
-    if isinstance(dtype, str):
-        found = getattr(torch, dtype, None)
-        if not isinstance(found, torch.dtype):  # torch.nn is an attribute, not a dtype
-            raise ModelLoadError(f"unknown dtype {dtype!r}; use e.g. 'float32' or 'bfloat16'")
-        dtype = found
-    torch_dtype: torch.dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32
+    dtype = _resolve_dtype(dtype)
+    torch_dtype: torch.dtype = dtype if dtype is not None else torch.float32
     if device_map is not None and device is not None:
         raise ModelLoadError("pass either device or device_map, not both")
     dev = str(device) if device is not None else default_device()
-
+    place = {"device_map": device_map, "offload_folder": offload_folder}
     if name is not None and not isinstance(name, (str, os.PathLike)):
-        if not is_hooked_model(name):
-            raise ModelLoadError(
-                f"load_model got a {type(name).__name__}, which is not a TransformerLens model "
-                "(it needs hook_dict, run_with_hooks, run_with_cache, to_tokens and cfg)"
-            )
-        model = name
-        if device is not None or dtype is not None:
-            model = model.to(device=dev if device is not None else None, dtype=dtype)
+        model = _adopt_model(name, dev if device is not None else None, dtype)
     elif name is None:
         folder = ensure_default_model()
-        model = _boot_folder(
-            folder,
-            device=dev,
-            dtype=torch_dtype,
-            name=DEFAULT_MODEL,
-            device_map=device_map,
-            offload_folder=offload_folder,
-        )
+        model = _boot_folder(folder, device=dev, dtype=torch_dtype, name=DEFAULT_MODEL, **place)
     else:
-        path = Path(name).expanduser()
-        if path.suffix == ".gguf":
-            if not path.is_file():
-                raise ModelLoadError(f"GGUF file {path} does not exist")
-
-            check_gguf_file(path)
-            try:
-                model = _boot_gguf(path, device=dev, dtype=torch_dtype, device_map=device_map)
-            except MechlingoError:
-                raise
-            except Exception as err:
-                raise ModelLoadError(
-                    f"could not load the GGUF file {path}: {type(err).__name__}: "
-                    f"{str(err)[:300]} (is it complete? re-download it)"
-                ) from err
-        elif path.is_dir():
-            if not (path / "config.json").is_file():
-                raise ModelLoadError(
-                    f"{path} is a folder without config.json; a local model must be a "
-                    "transformers folder (config.json, weights, tokenizer files)"
-                )
-            check_family(path)
-
-            check_model_folder(path)
-            try:
-                model = _boot_folder(
-                    path,
-                    device=dev,
-                    dtype=torch_dtype,
-                    name=None,
-                    device_map=device_map,
-                    offload_folder=offload_folder,
-                )
-            except MechlingoError:
-                raise
-            except Exception as err:
-                raise ModelLoadError(
-                    f"could not load the model folder {path}: {type(err).__name__}: "
-                    f"{str(err)[:300]} (a transformers folder needs config.json, complete "
-                    "weights and tokenizer files)"
-                ) from err
-        elif str(name).startswith((".", "/", "~")) or os.sep + os.sep in str(name):
-            raise ModelLoadError(f"local path {name} does not exist")
-        else:
-            model = _boot_hub(str(name), dev, torch_dtype, device_map, offload_folder)
+        model = _load_named(name, dev, torch_dtype, device_map, offload_folder)
     if compat:
         if not hasattr(model, "enable_compatibility_mode"):
             raise ModelLoadError(
@@ -376,6 +314,82 @@ def load_model(
         model.enable_compatibility_mode()
     model.eval()
     return model
+
+
+def _resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """A torch dtype from a dtype or its name (``None`` stays ``None``)."""
+    if not isinstance(dtype, str):
+        return dtype
+    found = getattr(torch, dtype, None)
+    if not isinstance(found, torch.dtype):  # torch.nn is an attribute, not a dtype
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use e.g. 'float32' or 'bfloat16'")
+    return found
+
+
+def _adopt_model(model: Any, device: str | None, dtype: torch.dtype | None) -> Any:
+    """An already-built model, checked and moved to ``device``/``dtype`` when given."""
+    if not is_hooked_model(model):
+        raise ModelLoadError(
+            f"load_model got a {type(model).__name__}, which is not a TransformerLens model "
+            "(it needs hook_dict, run_with_hooks, run_with_cache, to_tokens and cfg)"
+        )
+    if device is not None or dtype is not None:
+        model = model.to(device=device, dtype=dtype)
+    return model
+
+
+def _load_named(
+    name: str | os.PathLike[str],
+    device: str,
+    dtype: torch.dtype,
+    device_map: Any,
+    offload_folder: Any,
+) -> Any:
+    """A model named by a path (a ``.gguf`` file or a transformers folder) or a hub id."""
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file {path} does not exist")
+        check_gguf_file(path)
+        return _load_checked(
+            f"could not load the GGUF file {path}",
+            "(is it complete? re-download it)",
+            lambda: _boot_gguf(path, device=device, dtype=dtype, device_map=device_map),
+        )
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"{path} is a folder without config.json; a local model must be a "
+                "transformers folder (config.json, weights, tokenizer files)"
+            )
+        check_family(path)
+        check_model_folder(path)
+        return _load_checked(
+            f"could not load the model folder {path}",
+            "(a transformers folder needs config.json, complete weights and tokenizer files)",
+            lambda: _boot_folder(
+                path,
+                device=device,
+                dtype=dtype,
+                name=None,
+                device_map=device_map,
+                offload_folder=offload_folder,
+            ),
+        )
+    if str(name).startswith((".", "/", "~")) or os.sep + os.sep in str(name):
+        raise ModelLoadError(f"local path {name} does not exist")
+    return _boot_hub(str(name), device, dtype, device_map, offload_folder)
+
+
+def _load_checked(what: str, hint: str, boot: Callable[[], Any]) -> Any:
+    """``boot()``, with any failure other than a :class:`MechlingoError` turned into a
+    :class:`ModelLoadError` that says ``what`` failed, why, and ``hint``."""
+    try:
+        return boot()
+    except MechlingoError:
+        raise
+    except Exception as err:
+        raise ModelLoadError(f"{what}: {type(err).__name__}: {str(err)[:300]} {hint}") from err
 
 
 def _download_hub(name: str) -> Path:
@@ -514,11 +528,6 @@ def weight_mode(model: Model) -> str:
 def model_name(model: Model) -> str:
     """The model's name as recorded in artifacts."""
     return str(getattr(model.cfg, "model_name", None) or type(model).__name__)
-
-
-def model_device(model: Model) -> torch.device:
-    """Device of the model's unembedding (where readouts run)."""
-    return model.W_U.device
 
 
 def unembed_fingerprint(model: Model) -> str:

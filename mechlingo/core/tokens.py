@@ -160,20 +160,6 @@ def pad_rows(rows: Sequence[Tensor], *, pad_id: int, has_bos: bool) -> TokenBatc
     return TokenBatch(tokens, lengths.to(tokens.device), pad_id, has_bos)
 
 
-def length_buckets(lengths: Tensor | Sequence[int], batch_size: int) -> list[list[int]]:
-    """Group row indices into batches of equal token length (no padding needed), each at most
-    ``batch_size`` rows, in a deterministic order."""
-    lengths = [int(x) for x in lengths]
-    by_len: dict[int, list[int]] = {}
-    for i, n in enumerate(lengths):
-        by_len.setdefault(n, []).append(i)
-    out = []
-    for n in sorted(by_len):
-        rows = by_len[n]
-        out.extend(rows[k : k + batch_size] for k in range(0, len(rows), batch_size))
-    return out
-
-
 def sorted_batches(lengths: Tensor | Sequence[int], batch_size: int) -> list[list[int]]:
     """Row indices in batches of similar length (sorted), to keep padding small."""
     lengths = [int(x) for x in lengths]
@@ -438,7 +424,7 @@ def pack_token_sets(
     primary = torch.zeros((n_rows, n_track), dtype=torch.long)
     for r, row in enumerate(sets):
         if len(row) != n_track:
-            raise ValueError("every row needs the same number of answer sets")
+            raise TokenizationError("every row needs the same number of answer sets")
         for s, a in enumerate(row):
             ids[r, s, : len(a.ids)] = torch.tensor(a.ids)
             primary[r, s] = a.primary

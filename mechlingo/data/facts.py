@@ -148,7 +148,7 @@ def check_langs(langs: Iterable[str] | str | None) -> tuple[str, ...]:
     """Validate language codes; ``None`` means all of :data:`LANGS`.
 
     Raises:
-        ValueError: naming the unknown codes and listing the valid ones.
+        InputError: (a ``ValueError``) naming the unknown codes and listing the valid ones.
     """
     if langs is None:
         return LANGS
@@ -276,13 +276,14 @@ def fact_from_cloze(
 
     ``[X]`` is replaced by the subject; ``[Y]`` must come last, up to punctuation and
     spaces, which are dropped (a causal LM can only complete a stem whose answer is at the
-    end). Templates with the object elsewhere raise ValueError: rephrase them first.
+    end). Templates with the object elsewhere raise :class:`InputError` (a ``ValueError``):
+    rephrase them first.
     """
     if template.count("[X]") != 1 or template.count("[Y]") != 1:
-        raise ValueError(f"cloze template {template!r} needs exactly one [X] and one [Y]")
+        raise InputError(f"cloze template {template!r} needs exactly one [X] and one [Y]")
     head, tail = template.split("[Y]")
     if answer_key(tail):
-        raise ValueError(
+        raise InputError(
             f"cloze template {template!r} has text after [Y]; a completion prompt needs the "
             "answer last, so rephrase it (e.g. '[X] is the capital of' -> '[Y]')"
         )
@@ -317,7 +318,7 @@ def make_fact(
     normalize (:func:`answer_key`) to the answer or to an earlier alias are dropped.
     """
     if template.count("{s}") != 1:
-        raise ValueError(f"template {template!r} must contain exactly one '{{s}}'")
+        raise InputError(f"template {template!r} must contain exactly one '{{s}}'")
     start = template.index("{s}")
     prompt = template[:start] + subject + template[start + 3 :]
     seen = {answer_key(answer)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Sequence
 
+from mechlingo.core.errors import InputError
 from mechlingo.data.facts import LANG_NAMES, Fact, check_langs
 from mechlingo.data.io import load_facts
 
@@ -52,17 +53,17 @@ def few_shot_prompt(
     and different queries get different demonstrations). Parts are joined by ``sep``.
 
     Raises:
-        ValueError: if ``pool`` has fewer than ``k`` such facts.
+        InputError: (a ``ValueError``) if ``pool`` has fewer than ``k`` such facts.
     """
     if k < 0:
-        raise ValueError(f"k must be >= 0, got {k}")
+        raise InputError(f"k must be >= 0, got {k}")
     by_id: dict[str, Fact] = {}
     for other in pool:
         if other.relation == fact.relation and other.lang == fact.lang and other.id != fact.id:
             by_id.setdefault(other.id, other)
     candidates = [by_id[i] for i in sorted(by_id)]
     if len(candidates) < k:
-        raise ValueError(
+        raise InputError(
             f"the pool has {len(candidates)} facts of relation {fact.relation!r} in language "
             f"{fact.lang!r} other than {fact.id!r}; {k} demonstrations were asked for"
         )
@@ -75,7 +76,7 @@ def _label(lang: str, labels: str) -> str:
         return LANG_NAMES[lang]
     if labels == "native":
         return NATIVE_LANG_NAMES[lang]
-    raise ValueError(f"labels must be 'en' or 'native', got {labels!r}")
+    raise InputError(f"labels must be 'en' or 'native', got {labels!r}")
 
 
 def _source_word(fact: Fact, src: str, pool: Sequence[Fact] | None) -> str:
@@ -87,7 +88,7 @@ def _source_word(fact: Fact, src: str, pool: Sequence[Fact] | None) -> str:
     for other in facts:
         if other.id == fact.id and other.lang == src:
             return other.answer
-    raise ValueError(f"no answer in {src!r} for fact {fact.id!r} (pass a pool that has it)")
+    raise InputError(f"no answer in {src!r} for fact {fact.id!r} (pass a pool that has it)")
 
 
 def translation_prompt(
@@ -112,8 +113,8 @@ def translation_prompt(
     bundled data).
 
     Raises:
-        ValueError: for an unknown language, a missing source word, or too few
-            demonstrations in ``pool``.
+        InputError: (a ``ValueError``) for an unknown language, a missing source word, or too
+            few demonstrations in ``pool``.
     """
     check_langs([src, fact.lang])
     pool_list = list(pool) if pool is not None else None
@@ -128,7 +129,7 @@ def translation_prompt(
     parts: list[str] = []
     if k > 0:
         if pool_list is None:
-            raise ValueError("translation_prompt with k > 0 needs a pool of demonstrations")
+            raise InputError("translation_prompt with k > 0 needs a pool of demonstrations")
         answer_key = fact.answer.casefold()
         by_id: dict[str, Fact] = {}
         for other in pool_list:
@@ -140,7 +141,7 @@ def translation_prompt(
                 by_id.setdefault(other.id, other)
         candidates = [by_id[i] for i in sorted(by_id)]
         if len(candidates) < k:
-            raise ValueError(
+            raise InputError(
                 f"the pool has {len(candidates)} facts in {fact.lang!r} with another answer "
                 f"than {fact.id!r}; {k} demonstrations were asked for"
             )
