@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from typing import Any
 
@@ -20,8 +21,9 @@ from mechlingo.cli.common import (
     split_list,
 )
 from mechlingo.kernels.significance import wilson_table
-from mechlingo.report import Report, write_outputs
-from mechlingo.viz.common import accuracy_bars
+from mechlingo.report import write_outputs
+from mechlingo.report.evaluate import eval_report
+from mechlingo.report.lens import lens_report
 
 
 def _lens_args(p: argparse.ArgumentParser) -> None:
@@ -56,35 +58,7 @@ def cmd_lens(args: Any) -> int:
         raise UsageError(str(err)) from err
     summary = result.summary(max_rank=args.max_rank)
     summary["meta"] = run_meta(model, args, n_facts=len(facts), seconds=round(time.time() - t0, 1))
-    report = Report("mechlingo: per-language logit lens", summary["meta"])
-    report.add_text(
-        "Each prompt's residual stream at its last token is decoded after every layer through "
-        "the final norm and unembedding. Curves show the probability of the answer in the "
-        "prompt's language and in the tracked languages. A rise of the English answer in the "
-        "middle layers before the prompt-language answer is the English pivot.",
-        note=True,
-    )
-    report.add_heading("Summary")
-    report.add_table(
-        [
-            {
-                "lang": lg,
-                "prompts": summary["n_prompts"][lg],
-                "final-layer top-1 accuracy": summary["final_layer_accuracy"].get(lg, 0.0),
-                f"English answer rank <= {args.max_rank} before the last layer": summary[
-                    "english_decodable_before_last"
-                ].get(lg, 0.0),
-            }
-            for lg in summary["n_prompts"]
-        ]
-    )
-    report.add_heading("Latent-language curves")
-    report.add_figure(result.fig_latent_curves())
-    if "en" in result.tracks:
-        report.add_heading("English answer rank per layer and prompt")
-        report.add_figure(result.fig_heatmap("en", "rank"))
-    report.add_heading("Prompt-language answer rank per layer and prompt")
-    report.add_figure(result.fig_heatmap("answer", "rank"))
+    report = lens_report(result, summary, max_rank=args.max_rank)
     df = result.to_dataframe()
     write_outputs(
         args.out,
@@ -121,13 +95,9 @@ def cmd_eval(args: Any) -> int:
         progress=not args.quiet,
     )
 
-    by_lang: dict[str, list[bool]] = {}
-    for r in result.records:
-        by_lang.setdefault(r["lang"], []).append(bool(r["correct"]))
-    ci = wilson_table({"accuracy": dict(sorted(by_lang.items()))})["accuracy"]
     summary = {
         "accuracy": result.accuracy(),
-        "accuracy_ci": ci,
+        "accuracy_ci": _accuracy_ci(result.records),
         "answered_in_english": result.english_rate(),
         "meta": run_meta(
             model,
@@ -137,38 +107,25 @@ def cmd_eval(args: Any) -> int:
             seconds=round(time.time() - t0, 1),
         ),
     }
-    report = Report("mechlingo: greedy accuracy", summary["meta"])
-    report.add_text(
-        "Correct = the greedy continuation starts with the answer or an alias after "
-        "normalisation (case, whitespace, leading punctuation; word boundary in languages "
-        "written with spaces).",
-        note=True,
-    )
-
-    report.add_figure(
-        accuracy_bars(
-            {"accuracy": summary["accuracy"]},
-            "Greedy accuracy per language (Wilson 95% intervals)",
-            {"accuracy": ci},
-        )
-    )
-    report.add_table([{"lang": lg, **c} for lg, c in ci.items()])
-    report.add_heading("Generations")
-    report.add_table(
-        result.records[:300], ["lang", "id", "prompt", "answer", "generation", "correct"]
-    )
+    lines = [json.dumps(r, ensure_ascii=False) for r in result.records]
     write_outputs(
         args.out,
         {
             "summary.json": summary,
-            "generations.jsonl": "\n".join(
-                __import__("json").dumps(r, ensure_ascii=False) for r in result.records
-            )
-            + "\n",
-            "report.html": report,
+            "generations.jsonl": "\n".join(lines) + "\n",
+            "report.html": eval_report(result.records, summary),
         },
     )
+    ci = summary["accuracy_ci"]
     for lg, x in summary["accuracy"].items():
         print(f"{lg}: {x:.3f} [{ci[lg]['lo']:.3f}, {ci[lg]['hi']:.3f}]")
     print(f"wrote {args.out}/summary.json, generations.jsonl and report.html")
     return 0
+
+
+def _accuracy_ci(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Wilson 95% interval of the accuracy of each language (``p``, ``lo``, ``hi``)."""
+    by_lang: dict[str, list[bool]] = {}
+    for r in records:
+        by_lang.setdefault(r["lang"], []).append(bool(r["correct"]))
+    return wilson_table({"accuracy": dict(sorted(by_lang.items()))})["accuracy"]

@@ -38,7 +38,7 @@ def command(
 
 def split_list(text: str | None) -> list[str] | None:
     """Comma-separated items (stripped, empty ones dropped); ``None`` when there are none.
-    Flags are checked for empty items and repeats first (:func:`mechlingo.cli.validate.parse_list`)."""
+    Flags are checked for empty items and repeats first (:func:`mechlingo.cli.flags.parse_list`)."""
     if text is None:
         return None
     items = [x.strip() for x in text.split(",") if x.strip()]
@@ -111,10 +111,20 @@ def add_data_args(
     )
 
 
-def add_out_arg(p: argparse.ArgumentParser) -> None:
-    """``--out``, ``--batch-size``, ``--quiet``."""
+def add_batch_size_arg(p: argparse.ArgumentParser, default: int = 16) -> None:
+    """``--batch-size`` (prompts per forward pass), with the command's default."""
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=default,
+        help=f"prompts per forward pass (default {default})",
+    )
+
+
+def add_out_arg(p: argparse.ArgumentParser, *, batch_size: int = 16) -> None:
+    """``--out``, ``--batch-size`` (default ``batch_size``), ``--quiet``."""
     p.add_argument("--out", required=True, help="output folder (created; files in it replaced)")
-    p.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
+    add_batch_size_arg(p, batch_size)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -178,6 +188,3 @@ def run_meta(model: Model, args: Any, **extra: Any) -> dict[str, Any]:
         **({"templates": args.templates_used} if hasattr(args, "templates_used") else {}),
         **extra,
     }
-
-
-# --------------------------------------------------------------------------------------

@@ -39,11 +39,12 @@ from mechlingo.cli.common import (
     run_meta,
     split_list,
 )
+from mechlingo.cli.flags import parse_ints
 from mechlingo.core.types import Model
 from mechlingo.data import LANGS, load_facts, parallel_sentences, read_parallel_dir
 from mechlingo.interventions import InterventionError, load_intervention
-from mechlingo.report import Report, write_outputs
-from mechlingo.viz.experts import interval_bars_figure
+from mechlingo.report import write_outputs
+from mechlingo.report.experts import align_report, experts_report, interval_rows
 
 
 def _data_args(p: argparse.ArgumentParser, default_limit: int) -> None:
@@ -111,16 +112,6 @@ def load_parallel(args: Any, *, offset: int | None = None, limit: int | None = N
     return out
 
 
-def _parse_ks(text: str) -> list[int]:
-    try:
-        ks = [int(x) for x in split_list(text) or []]
-    except ValueError as err:
-        raise UsageError(f"--k must be comma-separated integers, got {text!r}") from err
-    if not ks or min(ks) < 1:
-        raise UsageError(f"--k needs positive integers, got {text!r}")
-    return sorted(set(ks))
-
-
 def _folder_files(folder: Path, prefix: str) -> dict[str, bytes]:
     return {f"{prefix}/{p.name}": p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
 
@@ -172,37 +163,92 @@ def _experts_args(p: argparse.ArgumentParser) -> None:
 @command("experts", "expert (language-specific) neurons, clamps and the k curve", _experts_args)
 def cmd_experts(args: Any) -> int:
 
-    targets = split_list(args.lang) or []
-    ks = _parse_ks(args.k)
-    if not args.ppl_budget > 0 or args.ppl_budget == float("inf"):
-        raise UsageError(f"--ppl-budget must be a positive number, got {args.ppl_budget}")
-    if args.samples < 1:
-        raise UsageError(f"--samples must be at least 1, got {args.samples}")
+    targets, ks = _experts_flags(args)
     texts = load_parallel(args)
     missing = [t for t in targets if t not in texts]
     if missing:
         raise UsageError(f"no data for target language(s) {missing}; have {list(texts)}")
     if len(texts) < 2:
         raise UsageError("experts need at least two languages (the target and others)")
-    layers = [int(x) for x in split_list(args.layer)] if args.layer else None
-    heldout = None
-    if not args.no_curve:  # checked before the expensive part
-        try:
-            heldout = load_parallel(args, offset=args.offset + args.limit, limit=args.heldout)
-        except UsageError as err:
-            raise UsageError(
-                f"no held-out sentences for the k curve after the first {args.limit}: {err}; "
-                "lower --limit or pass --no-curve"
-            ) from err
+    heldout = None if args.no_curve else _heldout(args)  # checked before the expensive part
     model = load_cli_model(args)
     t0 = time.time()
+    res, clamps = _find_and_clamp(model, texts, targets, ks, args)
+    curves = {}
+    if heldout is not None:
+        curves = {t: _k_curve(model, res, t, ks, heldout, args) for t in targets}
+    choices = {t: c.choose(args.ppl_budget, args.ppl_others) for t, c in curves.items()}
+    k_show = min(ks[0], res.stats.n_features)
+    summary = res.summary(k_show)
+    summary["targets"] = targets
+    summary["clamps"] = sorted(clamps)
+    summary["k_curve"] = {t: c.records() for t, c in curves.items()}
+    summary["k_choice"] = choices
+    summary["chosen_k"] = {t: ch["k"] for t, ch in choices.items()}
+    summary["k_tests"] = {t: c.tests() for t, c in curves.items()}
+    summary["meta"] = run_meta(
+        model,
+        args,
+        langs=list(texts),
+        sentences_per_lang=len(next(iter(texts.values()))),
+        seconds=round(time.time() - t0, 1),
+    )
+    files: dict[str, Any] = {
+        "summary.json": summary,
+        "experts.csv": res.to_dataframe(max(ks)).to_csv(index=False),
+        "report.html": experts_report(
+            res, summary, curves, choices, k_show=k_show, score=args.score
+        ),
+    }
+    if curves:
+        files["kcurve.csv"] = _kcurve_csv(curves)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, iv in clamps.items():
+            files.update(_folder_files(iv.save(Path(tmp) / name, model), name))
+        write_outputs(args.out, files, keep_others=False)  # one step, no stale clamps
+    for t, ch in choices.items():
+        print(f"{t}: the k rule chose k = {ch['k']} ({ch['rule']})")
+    print(f"wrote {args.out}: summary.json, experts.csv, report.html, clamps {sorted(clamps)}")
+    return 0
+
+
+def _experts_flags(args: Any) -> tuple[list[str], list[int]]:
+    """The targets and the sorted distinct ``--k`` values, after the checks of the k rule's
+    flags."""
+    targets = split_list(args.lang) or []
+    ks = sorted(set(parse_ints(args.k, "--k", positive=True) or []))
+    if not ks:
+        raise UsageError(f"--k needs positive integers, got {args.k!r}")
+    if not args.ppl_budget > 0 or args.ppl_budget == float("inf"):
+        raise UsageError(f"--ppl-budget must be a positive number, got {args.ppl_budget}")
+    if args.samples < 1:
+        raise UsageError(f"--samples must be at least 1, got {args.samples}")
+    return targets, ks
+
+
+def _heldout(args: Any) -> dict:
+    """The ``--heldout`` sentences after the first ``--limit`` (the k curve's perplexity)."""
+    try:
+        return load_parallel(args, offset=args.offset + args.limit, limit=args.heldout)
+    except UsageError as err:
+        raise UsageError(
+            f"no held-out sentences for the k curve after the first {args.limit}: {err}; "
+            "lower --limit or pass --no-curve"
+        ) from err
+
+
+def _find_and_clamp(
+    model: Model, texts: dict, targets: list[str], ks: list[int], args: Any
+) -> tuple[Any, dict[str, Any]]:
+    """The expert neurons, and the clamps ``{target}-k{k}`` and their random controls
+    ``{target}-k{k}-random`` of every target and k."""
     try:
         res = find_experts(
             model,
             texts,
             pool=args.pool,
             by=args.score,
-            layers=layers,
+            layers=parse_ints(args.layer, "--layer"),
             batch_size=args.batch_size,
             max_tokens=args.max_tokens,
             progress=not args.quiet,
@@ -218,130 +264,31 @@ def cmd_experts(args: Any) -> int:
         }
     except (ExpertError, ValueError) as err:
         raise UsageError(str(err)) from err
-    curves = {}
-    if heldout is not None:
-        for t in targets:
-            curves[t] = k_curve(
-                model,
-                res,
-                t,
-                ks,
-                heldout,
-                n_samples=args.samples,
-                max_new_tokens=args.new_tokens,
-                value=args.value,
-                seed=args.seed,
-                max_tokens=args.max_tokens or 64,
-                progress=not args.quiet,
-            )
-    k_show = min(ks[0], res.stats.n_features)
-    summary = res.summary(k_show)
-    summary["targets"] = targets
-    summary["clamps"] = sorted(clamps)
-    summary["k_curve"] = {t: c.records() for t, c in curves.items()}
-    choices = {t: c.choose(args.ppl_budget, args.ppl_others) for t, c in curves.items()}
-    summary["k_choice"] = choices
-    summary["chosen_k"] = {t: ch["k"] for t, ch in choices.items()}
-    summary["k_tests"] = {t: c.tests() for t, c in curves.items()}
-    summary["meta"] = run_meta(
+    return res, clamps
+
+
+def _k_curve(model: Model, res: Any, target: str, ks: list[int], heldout: dict, args: Any) -> Any:
+    """The k curve of one target (BOS language rate and held-out perplexity per k)."""
+    return k_curve(
         model,
-        args,
-        langs=list(texts),
-        sentences_per_lang=len(next(iter(texts.values()))),
-        seconds=round(time.time() - t0, 1),
+        res,
+        target,
+        ks,
+        heldout,
+        n_samples=args.samples,
+        max_new_tokens=args.new_tokens,
+        value=args.value,
+        seed=args.seed,
+        max_tokens=args.max_tokens or 64,
+        progress=not args.quiet,
     )
-    report = Report("mechlingo: expert neurons", summary["meta"])
-    report.add_text(
-        "Each MLP neuron's activation is pooled over each sentence's real tokens and scored "
-        f"by {args.score.upper()} as a detector of one language against the others. The top "
-        "k neurons of a language are clamped to their mean (or median) activation on that "
-        "language at every position; the control writes the same values to random neurons.",
-        note=True,
-    )
-    report.add_heading("Best neurons")
-    report.add_table(
-        [{"lang": lg, **v} for lg, v in summary["per_lang"].items()],
-    )
-    report.add_figure(res.fig_layers(k_show))
-    report.add_figure(res.fig_overlap(k_show))
-    for t, c in curves.items():
-        ch = choices[t]
-        report.add_heading(f"Choosing k for {t}")
-        report.add_text(
-            "Generations: temperature-1 samples from a bare BOS prompt (fixed seed; greedy from "
-            "BOS gives one string only) and greedy continuations of short neutral prompts; "
-            "language identified by py3langid among the languages of the data. Rate intervals: "
-            "Wilson 95%; perplexity intervals: bootstrap 95% over the held-out lines."
-        )
-        report.add_text(
-            f"Rule: {ch['rule']}. Chosen: "
-            + (f"k = {ch['k']}." if ch["k"] is not None else "none (no k within the budget).")
-        )
-        report.add_table(_k_rows(c, ch))
-        report.add_figure(c.figure(ch["k"]))
-        report.add_table(  # every arm: its first 6 BOS samples and the prompt continuations
-            [
-                {"k": r["k"], "arm": r["arm"], **e}
-                for r in c.rows
-                for e in [x for x in r["examples"] if x["source"] == "BOS"][:6]
-                + [x for x in r["examples"] if x["source"] != "BOS"]
-            ]
-        )
-    files: dict[str, Any] = {
-        "summary.json": summary,
-        "experts.csv": res.to_dataframe(max(ks)).to_csv(index=False),
-        "report.html": report,
-    }
-    if curves:
-        import pandas as pd
-
-        files["kcurve.csv"] = pd.concat(
-            [c.to_dataframe().assign(lang=t) for t, c in curves.items()]
-        ).to_csv(index=False)
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, iv in clamps.items():
-            files.update(_folder_files(iv.save(Path(tmp) / name, model), name))
-        write_outputs(args.out, files, keep_others=False)  # one step, no stale clamps
-    for t, ch in choices.items():
-        print(f"{t}: the k rule chose k = {ch['k']} ({ch['rule']})")
-    print(f"wrote {args.out}: summary.json, experts.csv, report.html, clamps {sorted(clamps)}")
-    return 0
 
 
-def _k_rows(curve: Any, choice: dict) -> list[dict[str, Any]]:
-    """One row per k for the report: rate of experts and control with intervals, perplexity
-    ratios, within budget, chosen, McNemar p against no clamp and against the control."""
+def _kcurve_csv(curves: dict[str, Any]) -> str:
+    import pandas as pd
 
-    def ci(r: dict, col: str, fmt: str = ".2f") -> str:
-        lo, hi = r.get(f"{col}_lo"), r.get(f"{col}_hi")
-        band = f" [{lo:{fmt}}, {hi:{fmt}}]" if lo is not None and hi is not None else ""
-        return f"{r[col]:{fmt}}{band}"
-
-    lang = curve.lang
-    tests = {t["k"]: t for t in curve.tests()}
-    by = {(r["k"], r["arm"]): r for r in curve.rows}
-    rows = []
-    none = by.get((0, "none"))
-    if none is not None:
-        rows.append({"k": 0, "experts: rate in " + lang: ci(none, "target_rate_bos")})
-    for cand in choice["candidates"]:
-        k = cand["k"]
-        e, ctl = by[(k, "experts")], by.get((k, "random"))
-        t = tests.get(k, {})
-        row: dict[str, Any] = {
-            "k": k,
-            "experts: rate in " + lang: ci(e, "target_rate_bos"),
-            "control: rate": ci(ctl, "target_rate_bos") if ctl else "",
-            f"experts: ppl ratio {lang}": ci(e, f"ppl_ratio_{lang}"),
-            "experts: ppl ratio others": cand["ppl_ratio_others"],
-            f"control: ppl ratio {lang}": ci(ctl, f"ppl_ratio_{lang}") if ctl else "",
-            "within budget": cand["within_budget"],
-            "chosen": k == choice["k"],
-            "p vs none": t.get("vs_none", {}).get("p"),
-            "p vs control": t.get("vs_random", {}).get("p"),
-        }
-        rows.append(row)
-    return rows
+    frames = [c.to_dataframe().assign(lang=t) for t, c in curves.items()]
+    return pd.concat(frames).to_csv(index=False)
 
 
 # --------------------------------------------------------------------------------------
@@ -371,24 +318,6 @@ def _resolve_clamp(path: str, target: str | None) -> str:
             fix="pass a clamp folder such as EDIR/es-k100 explicitly (and say it was not chosen)",
         )
     return str(p / f"{target}-k{k}")
-
-
-def _interval_rows(iv: dict) -> list[dict[str, Any]]:
-    """Report rows: per metric the mean [lo, hi] of every arm and the gains with intervals."""
-
-    def fmt(c: dict, key: str = "mean") -> str:
-        v, lo, hi = c.get(key), c.get("lo"), c.get("hi")
-        if v is None:
-            return ""
-        return f"{v:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")
-
-    rows = []
-    for m, per in iv["metrics"].items():
-        row: dict[str, Any] = {"metric": m}
-        row |= {arm: fmt(c) for arm, c in per.items()}
-        row |= {name: fmt(g, "gain") for name, g in iv["gains"].get(m, {}).items()}
-        rows.append(row)
-    return rows
 
 
 def _align_args(p: argparse.ArgumentParser) -> None:
@@ -450,31 +379,9 @@ def cmd_align(args: Any) -> int:
         )
     clamp_path = _resolve_clamp(args.clamp, args.target) if args.clamp else None
     model = load_cli_model(args)
-    iv = control = None
-    try:
-        if clamp_path:
-            iv = load_intervention(clamp_path, model)
-            ctl = args.control or (str(Path(clamp_path)) + "-random")
-            if args.control or Path(ctl).is_dir():
-                control = load_intervention(ctl, model)
-    except (FileNotFoundError, InterventionError) as err:
-        raise UsageError(str(err)) from err
+    iv, control = _load_clamps(clamp_path, args.control, model)
     t0 = time.time()
-    kw = dict(
-        layers="all",
-        target=args.target,
-        centre=args.centre,
-        batch_size=args.batch_size,
-        max_tokens=args.max_tokens,
-        progress=not args.quiet,
-    )
-    try:
-        comp = compare_alignment(model, texts, iv, control=control, **kw)
-        summary = comp.summary(args.layer)
-        summary["intervals"] = comp.intervals(args.layer)
-    except (AlignmentError, ValueError) as err:
-        raise UsageError(str(err)) from err
-    summary["target"] = comp.target
+    comp, summary = _compare(model, texts, iv, control, args)
     side = None
     if args.side_effects and iv is not None:
         side = _align_side_effects(model, iv, control, texts, args)
@@ -487,51 +394,63 @@ def cmd_align(args: Any) -> int:
         langs=list(texts),
         seconds=round(time.time() - t0, 1),
     )
-    report = Report("mechlingo: cross-lingual alignment", summary["meta"])
-    report.add_text(
-        "Sentence embedding = mean residual stream over real tokens (BOS excluded). Retrieval "
-        "a->b: fraction of sentences of a whose nearest neighbour (cosine) among b's sentences "
-        f"is its translation (chance {1 / comp.pre.emb.shape[2]:.3f}). Distances are mean "
-        "cosine distances; 'different sentences' is the baseline that translations should "
-        "beat.",
-        note=True,
-    )
-    report.add_heading("Headline numbers with 95% intervals")
-    report.add_text(
-        "Means over sentences with bootstrap intervals (resampling sentences; for retrieval "
-        "the queries, with the candidate pool fixed). Gains are paired over the same "
-        "sentences; for distances a negative gain means closer. 'control' is the random-"
-        "neuron clamp of the same size and values."
-    )
-    report.add_table(_interval_rows(summary["intervals"]))
-    report.add_figure(
-        interval_bars_figure(
-            summary["intervals"]["metrics"], f"layer {summary['layer']}: means with 95% CIs"
-        )
-    )
-    report.add_heading("Retrieval per layer")
-    report.add_figure(comp.fig_layers())
-    report.add_heading("Retrieval matrix")
-    report.add_figure(comp.fig_retrieval(args.layer))
-    report.add_heading("Distances")
-    report.add_table([{"arm": k, **v} for k, v in summary["distance"].items()])
-    report.add_figure(comp.fig_pca(args.layer))
-    if side is not None:
-        report.add_heading("Side effects of the clamp in every language")
-        report.add_figure(side.fig_heatmap())
     write_outputs(
         args.out,
         {
             "summary.json": summary,
             "retrieval.csv": comp.to_dataframe().to_csv(index=False),
-            "report.html": report,
+            "report.html": align_report(comp, summary, side, layer=args.layer),
         },
     )
+    _print_alignment(summary)
+    print(f"wrote {args.out}/summary.json, retrieval.csv and report.html")
+    return 0
+
+
+def _load_clamps(clamp_path: str | None, control_path: str | None, model: Model) -> tuple:
+    """The clamp and its control (``--control``, or CLAMP-random when that folder exists);
+    ``(None, None)`` without a clamp."""
+    if not clamp_path:
+        return None, None
+    control = None
+    try:
+        iv = load_intervention(clamp_path, model)
+        ctl = control_path or (str(Path(clamp_path)) + "-random")
+        if control_path or Path(ctl).is_dir():
+            control = load_intervention(ctl, model)
+    except (FileNotFoundError, InterventionError) as err:
+        raise UsageError(str(err)) from err
+    return iv, control
+
+
+def _compare(model: Model, texts: dict, iv: Any, control: Any, args: Any) -> tuple[Any, dict]:
+    """Alignment before and after the clamp (and the control): the comparison and its
+    summary at ``--layer`` with bootstrap intervals."""
+    try:
+        comp = compare_alignment(
+            model,
+            texts,
+            iv,
+            control=control,
+            layers="all",
+            target=args.target,
+            centre=args.centre,
+            batch_size=args.batch_size,
+            max_tokens=args.max_tokens,
+            progress=not args.quiet,
+        )
+        summary = comp.summary(args.layer)
+        summary["intervals"] = comp.intervals(args.layer)
+    except (AlignmentError, ValueError) as err:
+        raise UsageError(str(err)) from err
+    summary["target"] = comp.target
+    return comp, summary
+
+
+def _print_alignment(summary: dict[str, Any]) -> None:
     pre = summary["retrieval_top1"]["pre"]
     post = summary["retrieval_top1"].get("post", {})
     for pair in list(pre)[:12]:
         print(f"{pair}: {pre[pair]:.3f}" + (f" -> {post[pair]:.3f}" if pair in post else ""))
-    for row in _interval_rows(summary["intervals"]):
+    for row in interval_rows(summary["intervals"]):
         print("  ".join(f"{k}={v}" for k, v in row.items()))
-    print(f"wrote {args.out}/summary.json, retrieval.csv and report.html")
-    return 0

@@ -23,23 +23,20 @@ import json
 import time
 from typing import Any
 
+# build_repair_vectors, sweep and evaluate_test are called through their modules, so that a
+# wrapper set on the module (a test's monkeypatch, a user's instrumentation) sees every call.
+from mechlingo.analyses import protocol, repair
 from mechlingo.analyses.protocol import (
     Choice,
     check_disjoint,
     condition_interventions,
-    evaluate_test,
-    fig_accuracy_ci,
-    fig_headroom,
-    gain_rows,
     headroom,
     lowest_language_dev,
     repeat_summary,
-    sweep,
 )
 from mechlingo.analyses.repair import (
     RepairVectors,
     SteeringConfig,
-    build_repair_vectors,
     split_facts,
     take_per_lang,
     transfer,
@@ -49,51 +46,27 @@ from mechlingo.cli.common import (
     UsageError,
     add_data_args,
     add_model_args,
+    add_out_arg,
     command,
     load_cli_model,
     load_selected_facts,
     run_meta,
-    split_list,
 )
+from mechlingo.cli.flags import parse_config, parse_floats, parse_ints
 from mechlingo.core.artifacts import atomic_folder
 from mechlingo.core.types import Model
 from mechlingo.data import read_parallel_dir
 from mechlingo.interventions import ModelMismatchError
-from mechlingo.report import Report, write_outputs
+from mechlingo.report import write_outputs
+from mechlingo.report.steer import steer_report
 
 ALL_LANGS = "en,de,fr,es,it,pt,ru,zh,ja,ko,ar,hi"
 #: mechlingo.analyses.protocol.ALPHA_GRID as flag text (kept here so that `--help` imports no torch)
 ALPHAS = "0.03,0.063,0.13,0.28,0.6"
 
 
-def _floats(text: str | None, flag: str) -> list[float] | None:
-    items = split_list(text)
-    if items is None:
-        return None
-    try:
-        return [float(x) for x in items]
-    except ValueError as err:
-        raise UsageError(f"{flag} takes comma-separated numbers, got {text!r}") from err
-
-
-def _ints(text: str | None, flag: str) -> list[int] | None:
-    items = split_list(text)
-    if items is None:
-        return None
-    try:
-        return [int(x) for x in items]
-    except ValueError as err:
-        raise UsageError(f"{flag} takes comma-separated integers, got {text!r}") from err
-
-
-def _depth_layers(model: Model, fractions: tuple[float, ...]) -> list[int]:
-    """Layers at the given fractions of the model's depth (distinct, in range)."""
-    n = int(model.cfg.n_layers)
-    return sorted({min(n - 1, max(0, round(n * f))) for f in fractions})
-
-
 def _fractions(text: str) -> tuple[float, float, float]:
-    vals = _floats(text, "--split") or []
+    vals = parse_floats(text, "--split") or []
     if len(vals) != 3 or abs(sum(vals) - 1) > 1e-6 or min(vals) < 0:
         raise UsageError(f"--split takes three fractions summing to 1 (build,dev,test), got {text}")
     return vals[0], vals[1], vals[2]
@@ -105,9 +78,7 @@ DEFAULT_SPLIT = "0.4,0.2,0.4"
 def _common(p: argparse.ArgumentParser, default_langs: str) -> None:
     add_model_args(p)
     add_data_args(p, default_langs=default_langs, default_templates="natural", default_limit=None)
-    p.add_argument("--out", required=True, help="output folder (created; files in it replaced)")
-    p.add_argument("--batch-size", type=int, default=64, help="prompts per forward pass")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_out_arg(p, batch_size=64)
     p.add_argument(
         "--split",
         default=DEFAULT_SPLIT,
@@ -123,6 +94,18 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="steer_command", metavar="{build,eval}")
     b = sub.add_parser("build", help="build the task and diff vector stacks from the build split")
     _common(b, ALL_LANGS)
+    _build_args(b)
+    e = sub.add_parser("eval", help="sweep on dev, report orig/task/diff/both/random on test")
+    _common(e, ALL_LANGS)
+    e.add_argument("--vectors", required=True, help="folder written by `steer build`")
+    e.add_argument("--dev-per-lang", type=int, default=None, help="dev fact ids per relation")
+    e.add_argument("--test-per-lang", type=int, default=None, help="test fact ids per relation")
+    _sweep_args(e)
+    _test_args(e)
+
+
+def _build_args(b: argparse.ArgumentParser) -> None:
+    """``steer build``: how the two vectors are made."""
     b.add_argument("--k-shot", type=int, default=3, help="demonstrations per few-shot prompt")
     b.add_argument(
         "--translation-shots",
@@ -145,11 +128,10 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
         "last-token residual norm there, so alpha is a fraction of that norm; raw: the raw "
         "mean/difference",
     )
-    e = sub.add_parser("eval", help="sweep on dev, report orig/task/diff/both/random on test")
-    _common(e, ALL_LANGS)
-    e.add_argument("--vectors", required=True, help="folder written by `steer build`")
-    e.add_argument("--dev-per-lang", type=int, default=None, help="dev fact ids per relation")
-    e.add_argument("--test-per-lang", type=int, default=None, help="test fact ids per relation")
+
+
+def _sweep_args(e: argparse.ArgumentParser) -> None:
+    """``steer eval``: the dev sweep (grid, screening, selection rule) or a fixed setting."""
     e.add_argument(
         "--task-layers",
         default=None,
@@ -182,6 +164,16 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
                    help="largest allowed drop of English dev accuracy (default 0.05)")  # fmt: skip
     e.add_argument("--p-threshold", type=float, default=0.1, help="a setting is chosen only "
                    "if it beats no intervention on dev with McNemar p below this")  # fmt: skip
+    e.add_argument(
+        "--config",
+        default=None,
+        help="skip the sweep: task_layer,task_alpha,diff_layer,diff_alpha (labelled as not "
+        "chosen on dev)",
+    )
+
+
+def _test_args(e: argparse.ArgumentParser) -> None:
+    """``steer eval``: what is measured on test (controls, repeats, side effects, transfer)."""
     e.add_argument("--seeds", default="0,1,2", help="random-control seeds (at least 3 advised)")
     e.add_argument(
         "--repeats",
@@ -189,12 +181,6 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
         default=1,
         help="re-split N times with other salts (vectors rebuilt each time) and report the "
         "mean and sd over splits (default 1)",
-    )
-    e.add_argument(
-        "--config",
-        default=None,
-        help="skip the sweep: task_layer,task_alpha,diff_layer,diff_alpha (labelled as not "
-        "chosen on dev)",
     )
     e.add_argument(
         "--side-effects",
@@ -230,13 +216,14 @@ def _build(args: Any) -> int:
     if args.k_shot < 1:
         raise UsageError("--k-shot must be at least 1")
     facts = load_selected_facts(args)
-    splits = split_facts(facts, _fractions(args.split), salt=args.salt)
+    fractions = _fractions(args.split)
+    splits = split_facts(facts, fractions, salt=args.salt)
     if not splits["build"]:
         raise UsageError("the build split is empty; raise --limit or the build fraction")
     model = load_cli_model(args)
     t0 = time.time()
     try:
-        vectors = build_repair_vectors(
+        vectors = repair.build_repair_vectors(
             model,
             splits["build"],
             k_shot=args.k_shot,
@@ -248,7 +235,7 @@ def _build(args: Any) -> int:
         )
     except ValueError as err:
         raise UsageError(str(err)) from err
-    vectors.build["split"] = list(_fractions(args.split))
+    vectors.build["split"] = list(fractions)
     vectors.build["salt"] = args.salt
     vectors.build["templates"] = args.templates_used
     summary = {
@@ -269,8 +256,7 @@ def _eval(args: Any) -> int:
 
     facts = load_selected_facts(args)
     fractions = _fractions(args.split)
-    seeds = _ints(args.seeds, "--seeds") or []
-    if not seeds:
+    if not parse_ints(args.seeds, "--seeds", allow_empty=True):
         raise UsageError("--seeds needs at least one seed (3 or more advised)")
     if args.repeats < 1:
         raise UsageError("--repeats must be at least 1")
@@ -301,7 +287,7 @@ def _eval(args: Any) -> int:
             "summary.json": summary,
             "generations.jsonl": "\n".join(json.dumps(r, ensure_ascii=False) for r in records)
             + "\n",
-            "report.html": _report(summary, test, sweep_result, side),
+            "report.html": steer_report(summary, sweep_result, side),
         },
     )
     _print_summary(summary)
@@ -331,7 +317,7 @@ def _one_split(
     built = vectors.build if vectors is not None else {}
     k_shot = int(built.get("k_shot", 3))
     if vectors is None:
-        vectors = build_repair_vectors(
+        vectors = repair.build_repair_vectors(
             model, build, k_shot=k_shot, unit=str(built.get("unit", "resid")),
             subtract_zero_shot=bool(built.get("subtract_zero_shot", True)),
             translation_shots=int(built.get("translation_shots", 0)), batch_size=args.batch_size,
@@ -351,21 +337,24 @@ def _one_split(
     if args.config:
         hr = headroom(model, dev, build, k_shot=k_shot, **kw)
         lowest = lowest_language_dev(hr["zero_shot"], hr["k_shot"])
-        choice = Choice(_config(args.config), "both", "not measured (--config)", {}, {})
+        config = SteeringConfig(*parse_config(args.config))
+        choice = Choice(config, "both", "not measured (--config)", {}, {})
     else:
-        sweep_result = sweep(
+        sweep_result = protocol.sweep(
             model, vectors, dev, pool=build, k_shot=k_shot, test_ids=test,
-            task_layers=_ints(args.task_layers, "--task-layers"),
-            diff_layers=_ints(args.diff_layers, "--diff-layers"),
-            task_alphas=_floats(args.task_alphas, "--task-alphas") or [],
-            diff_alphas=_floats(args.diff_alphas, "--diff-alphas") or [],
+            task_layers=parse_ints(args.task_layers, "--task-layers"),
+            diff_layers=parse_ints(args.diff_layers, "--diff-layers"),
+            task_alphas=parse_floats(args.task_alphas, "--task-alphas") or [],
+            diff_alphas=parse_floats(args.diff_alphas, "--diff-alphas") or [],
             top_k=args.top_k, screen_ids=args.screen_ids or None,
             en_tolerance=args.en_tolerance, p_threshold=args.p_threshold, **kw,
         )  # fmt: skip
         choice, lowest = sweep_result.choice, sweep_result.lowest_language
-    seeds = _ints(args.seeds, "--seeds") or [0]
-    test_res = evaluate_test(model, vectors, choice, test, lowest_language=lowest, pool=build,
-                             k_shot=k_shot, seeds=seeds, **kw)  # fmt: skip
+    seeds = parse_ints(args.seeds, "--seeds", allow_empty=True) or [0]
+    test_res = protocol.evaluate_test(
+        model, vectors, choice, test, lowest_language=lowest, pool=build, k_shot=k_shot,
+        seeds=seeds, **kw,
+    )  # fmt: skip
     summary = test_res.summary()
     summary["warnings"] = summary.get("warnings", []) + notes
     summary["split"] = {"fractions": list(fractions), "salt": salt,
@@ -374,17 +363,6 @@ def _one_split(
     if sweep_result is not None:
         summary["sweep"] = sweep_result.to_dict()
     return summary, test_res, sweep_result
-
-
-def _config(text: str) -> Any:
-
-    vals = split_list(text) or []
-    if len(vals) != 4:
-        raise UsageError("--config takes task_layer,task_alpha,diff_layer,diff_alpha")
-    try:
-        return SteeringConfig(int(vals[0]), float(vals[1]), int(vals[2]), float(vals[3]))
-    except ValueError as err:
-        raise UsageError(f"--config: {err}") from err
 
 
 def _transfer(model: Model, args: Any, facts: list, fractions: tuple, summary: dict,
@@ -457,48 +435,3 @@ def _side_effects(model: Model, args: Any, test: Any) -> Any:
     facts = test.facts
     return side_effects(model, iv, facts, lines, control="random", seed=0,
                         batch_size=args.batch_size, progress=not args.quiet)  # fmt: skip
-
-
-def _report(summary: dict, test: Any, sweep_result: Any, side: Any = None) -> Any:
-
-    report = Report("mechlingo: repair steering vectors", summary["meta"])
-    cfg, sel = summary["config"], summary["selected"]
-    report.add_text(
-        "Two steering vectors are added to the residual stream (resid_pre) at each prompt's "
-        "last token: the recall-engagement (task) vector and the back-translation (diff) "
-        "vector. Everything is chosen on dev facts; test facts (never used to build, to draw "
-        "demonstrations or to choose) are scored by greedy generation. 'random_s*' add "
-        "norm-matched random directions at the selected places. "
-        f"Prompt family: {summary['meta'].get('templates', '?')}. Chosen on dev: {sel} "
-        f"(task at layer {cfg['task_layer']} x {cfg['task_alpha']:g}, diff at layer "
-        f"{cfg['diff_layer']} x {cfg['diff_alpha']:g}, alpha unit {summary['alpha_unit']}); "
-        f"dev effect: {summary['dev_effect']}.",
-        note=True,
-    )
-    report.add_heading("Headroom: zero-shot vs k-shot (test)")
-    report.add_figure(fig_headroom(summary["headroom"]))
-    report.add_heading("Test accuracy per language (Wilson 95% intervals)")
-    report.add_figure(fig_accuracy_ci(summary["intervals"]))
-    report.add_heading("Gains over orig on the non-English test items (bootstrap 95% CI)")
-    report.add_table(gain_rows(summary))
-    for w in summary.get("warnings", []):
-        report.add_text(f"Warning: {w}")
-    if sweep_result is not None:
-        report.add_heading("Dev sweep")
-        report.add_figure(sweep_result.fig_heatmap("task"))
-        report.add_figure(sweep_result.fig_heatmap("diff"))
-        report.add_table([r for r in sweep_result.rows if r["stage"] == "dev"])
-    if side is not None:
-        report.add_heading("Side effects of the selected intervention in every language")
-        report.add_figure(side.fig_heatmap())
-    if "transfer" in summary:
-        report.add_heading("Transfer")
-        report.add_table(
-            [
-                {"setting": name, "built on": json.dumps(t["built_on"]),
-                 "tested on": json.dumps(t["tested_on"]),
-                 "orig": round(t["mean"]["orig"], 3), "both": round(t["mean"]["both"], 3)}
-                for name, t in summary["transfer"].items()
-            ]
-        )  # fmt: skip
-    return report

@@ -11,7 +11,6 @@ code and notebooks can reuse them.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any
 
 import torch
 
+from mechlingo.cli.flags import check_finite, parse_config, parse_floats, parse_ints, parse_list
 from mechlingo.core.checks import check_gguf_file, check_model_folder
 from mechlingo.core.errors import (
     ArtifactError,
@@ -78,97 +78,9 @@ _FACT_COMMANDS = ("lens", "eval", "trace", "steer")
 _TEXT_COMMANDS = ("experts", "align")
 
 
-# --------------------------------------------------------------------------------------
-# Small parsers
-# --------------------------------------------------------------------------------------
-
-
-def parse_list(
-    text: str | None,
-    flag: str,
-    *,
-    known: Sequence[str] | None = None,
-    what: str = "item",
-    allow_empty: bool = False,
-    unique: bool = True,
-) -> list[str] | None:
-    """Split a comma-separated flag value, refusing empty items, repeats and (with
-    ``known``) unknown values. ``None`` stays ``None``; ``""`` is ``[]`` with
-    ``allow_empty`` and an error otherwise; repeats are allowed without ``unique``.
-
-    Raises:
-        InputError: naming the flag, the bad item and the valid values.
-    """
-    if text is None:
-        return None
-    if not text.strip():
-        if allow_empty:
-            return []
-        raise InputError(
-            f"{flag} is empty", where=flag, fix=f"give one or more {what}s, comma-separated"
-        )
-    items = [x.strip() for x in text.split(",")]
-    if any(not x for x in items):
-        raise InputError(
-            f"{flag} {text!r} has an empty {what}",
-            where=flag,
-            fix=f"give comma-separated {what}s without empty entries, e.g. "
-            + (",".join(known[:2]) if known else "a,b"),
-        )
-    seen: set[str] = set()
-    repeats = [x for x in items if x in seen or seen.add(x)]  # type: ignore[func-returns-value]
-    if repeats and unique:
-        raise InputError(
-            f"{flag} {text!r} names {what} {repeats[0]!r} more than once",
-            where=flag,
-            fix=f"name each {what} once",
-        )
-    if known is not None:
-        unknown = [x for x in items if x not in known]
-        if unknown:
-            raise InputError(
-                f"unknown {what}(s) {unknown} in {flag}",
-                where=flag,
-                fix=f"valid {what}s are {list(known)}",
-            )
-    return items
-
-
-def _ints(text: str | None, flag: str) -> list[int] | None:
-    items = parse_list(text, flag, what="number", unique=False)
-    if items is None:
-        return None
-    try:
-        return [int(x) for x in items]
-    except ValueError:
-        raise InputError(
-            f"{flag} takes comma-separated integers, got {text!r}", where=flag
-        ) from None
-
-
-def check_finite(values: Iterable[float], flag: str) -> None:
-    """Refuse NaN and infinite numbers.
-
-    Raises:
-        InputError: naming the flag.
-    """
-    for v in values:
-        if not math.isfinite(v):
-            raise InputError(f"{flag} has {v!r}", where=flag, fix="give finite numbers")
-
-
-def _floats(text: str | None, flag: str) -> list[float] | None:
-    items = parse_list(text, flag, what="number", unique=False)
-    if items is None:
-        return None
-    try:
-        vals = [float(x) for x in items]
-    except ValueError:
-        raise InputError(
-            f"{flag} takes comma-separated numbers, got {text!r}", where=flag
-        ) from None
-    check_finite(vals, flag)
-    return vals
+def _flag(name: str) -> str:
+    """The flag of an ``args`` attribute: ``batch_size`` -> ``--batch-size``."""
+    return "--" + name.replace("_", "-")
 
 
 # --------------------------------------------------------------------------------------
@@ -442,10 +354,10 @@ def _check_shape(args: Any, shape: ModelShape) -> None:
     if cmd == "align" and getattr(args, "layer", None) is not None:
         check_layers([args.layer], n, "--layer")
     if cmd == "experts":
-        layers = _ints(getattr(args, "layer", None), "--layer")
+        layers = parse_ints(getattr(args, "layer", None), "--layer")
         if layers:
             check_layers(layers, n, "--layer")
-        ks = _ints(getattr(args, "k", None), "--k") or []
+        ks = parse_ints(getattr(args, "k", None), "--k") or []
         if shape.d_mlp and ks:
             searched = len({x % n for x in layers}) if layers else n
             total = searched * shape.d_mlp
@@ -456,33 +368,14 @@ def _check_shape(args: Any, shape: ModelShape) -> None:
                     where="--k",
                     fix=f"use k <= {total}",
                 )
-    for flag in ("task_layers", "diff_layers"):
-        vals = _ints(getattr(args, flag, None), "--" + flag.replace("_", "-"))
+    for name in ("task_layers", "diff_layers"):
+        vals = parse_ints(getattr(args, name, None), _flag(name))
         if vals:
-            check_layers(vals, n, "--" + flag.replace("_", "-"))
+            check_layers(vals, n, _flag(name))
     config = getattr(args, "config", None)
     if isinstance(config, str) and getattr(args, "steer_command", None) == "eval":
-        vals = _config_values(config)
-        check_layers([int(vals[0]), int(vals[2])], n, "--config")
-
-
-def _config_values(text: str) -> list[float]:
-    items = parse_list(text, "--config", what="number", unique=False) or []
-    fix = "give task_layer,task_alpha,diff_layer,diff_alpha, e.g. 4,0.1,12,0.1"
-    if len(items) != 4:
-        raise InputError(f"--config takes four numbers, got {text!r}", where="--config", fix=fix)
-    try:
-        vals = [float(x) for x in items]
-        if vals[0] != int(items[0]) or vals[2] != int(items[2]):
-            raise ValueError
-    except ValueError:
-        raise InputError(
-            f"--config {text!r}: layers must be integers and alphas numbers",
-            where="--config",
-            fix=fix,
-        ) from None
-    check_finite(vals, "--config")
-    return vals
+        task_layer, _, diff_layer, _ = parse_config(config)
+        check_layers([task_layer, diff_layer], n, "--config")
 
 
 # --------------------------------------------------------------------------------------
@@ -617,6 +510,92 @@ def _check_artifact_dir(path_text: str | None, flag: str, *, pair: bool = False)
                 raise ArtifactError(f"{build} is not valid JSON ({err})", where=flag) from None
 
 
+def _check_counts(args: Any) -> None:
+    """Integer flags: ``POSITIVE_INTS`` at least 1, ``NON_NEGATIVE_INTS`` at least 0."""
+    for names, low, fix in (
+        (POSITIVE_INTS, 1, "give a positive number"),
+        (NON_NEGATIVE_INTS, 0, "give 0 or a positive number"),
+    ):
+        for name in names:
+            v = getattr(args, name, None)
+            if isinstance(v, int) and not isinstance(v, bool) and v < low:
+                need = "at least 1" if low == 1 else "0 or more"
+                raise InputError(
+                    f"{_flag(name)} must be {need}, got {v}", where=_flag(name), fix=fix
+                )
+
+
+def _check_fact_flags(args: Any) -> None:
+    """Flags of the commands that read facts (lens, eval, trace, steer)."""
+    parse_list(getattr(args, "langs", None), "--langs", known=LANGS, what="language")
+    facts = check_data_file(getattr(args, "data", None))
+    rel = getattr(args, "relation", None)
+    if rel is not None and rel.strip() != "all":
+        available = RELATIONS if facts is None else sorted({f.relation for f in facts})
+        parse_list(rel, "--relation", known=available, what="relation")
+    if hasattr(args, "track"):
+        parse_list(args.track, "--track", known=LANGS, what="language", allow_empty=True)
+    if hasattr(args, "patch_sites"):
+        for site in parse_list(args.patch_sites, "--patch-sites", what="site") or []:
+            canonical_site(site)
+    for name in ("task_alphas", "diff_alphas"):
+        if hasattr(args, name):
+            parse_floats(getattr(args, name), _flag(name))
+    for name in ("task_layers", "diff_layers"):
+        if hasattr(args, name):
+            parse_ints(getattr(args, name), _flag(name))
+    if getattr(args, "steer_command", "") == "eval":
+        if getattr(args, "config", None) is not None:
+            parse_config(args.config)
+        parse_ints(args.seeds, "--seeds", allow_empty=True)
+    if hasattr(args, "vectors"):
+        _check_artifact_dir(args.vectors, "--vectors", pair=True)
+
+
+def _check_experts_flags(args: Any, langs: list[str] | None, known: Sequence[str] | None) -> None:
+    targets = parse_list(args.lang, "--lang", known=known, what="language")
+    if langs is not None and targets is not None:
+        missing = [t for t in targets if t not in langs]
+        if missing:
+            raise InputError(
+                f"--lang {missing} not among --langs {langs}",
+                where="--lang",
+                fix="add the target to --langs",
+            )
+    parse_ints(args.layer, "--layer")
+    parse_ints(args.k, "--k", positive=True)
+
+
+def _check_align_flags(args: Any, langs: list[str] | None, known: Sequence[str] | None) -> None:
+    if args.target is not None:
+        parse_list(args.target, "--target", known=known, what="language")
+        if langs is not None and args.target not in langs:
+            raise InputError(
+                f"--target {args.target} is not among --langs {langs}",
+                where="--target",
+                fix="add it to --langs or drop --target",
+            )
+    clamp = Path(args.clamp).expanduser() if args.clamp else None
+    if not (  # an `experts` output folder: align picks the clamp of the chosen k
+        clamp is not None
+        and (clamp / "summary.json").is_file()
+        and not (clamp / "intervention.json").exists()
+    ):
+        _check_artifact_dir(args.clamp, "--clamp")
+    _check_artifact_dir(args.control, "--control")
+
+
+def _check_text_flags(args: Any) -> None:
+    """Flags of the commands that read parallel sentences (experts, align)."""
+    known = None if getattr(args, "data", None) else LANGS
+    langs = parse_list(getattr(args, "langs", None), "--langs", known=known, what="language")
+    check_text_dir(getattr(args, "data", None), langs)
+    if args.command == "experts":
+        _check_experts_flags(args, langs, known)
+    if args.command == "align":
+        _check_align_flags(args, langs, known)
+
+
 def validate_args(args: Any) -> None:
     """Check every flag of a parsed ``mechlingo`` command line before any model loads.
 
@@ -625,93 +604,17 @@ def validate_args(args: Any) -> None:
     """
 
     cmd = getattr(args, "command", None)
-    for name in POSITIVE_INTS:
-        v = getattr(args, name, None)
-        if isinstance(v, int) and not isinstance(v, bool) and v < 1:
-            flag = "--" + name.replace("_", "-")
-            raise InputError(
-                f"{flag} must be at least 1, got {v}", where=flag, fix="give a positive number"
-            )
-    for name in NON_NEGATIVE_INTS:
-        v = getattr(args, name, None)
-        if isinstance(v, int) and not isinstance(v, bool) and v < 0:
-            flag = "--" + name.replace("_", "-")
-            raise InputError(
-                f"{flag} must be 0 or more, got {v}", where=flag, fix="give 0 or a positive number"
-            )
+    _check_counts(args)
     check_device(getattr(args, "device", None))
     check_dtype(getattr(args, "dtype", None))
     check_model_source(getattr(args, "model", None))
     artifact = cmd == "experts" or getattr(args, "steer_command", None) == "build"
     if hasattr(args, "out"):
         check_out(args.out, artifact=artifact)
-
     if cmd in _FACT_COMMANDS:
-        parse_list(getattr(args, "langs", None), "--langs", known=LANGS, what="language")
-        facts = check_data_file(getattr(args, "data", None))
-        rel = getattr(args, "relation", None)
-        if rel is not None and rel.strip() != "all":
-            available: Sequence[str] | None = None
-            if facts is not None:
-                available = sorted({f.relation for f in facts})
-            else:
-                available = RELATIONS
-            parse_list(rel, "--relation", known=available, what="relation")
-        if hasattr(args, "track"):
-            parse_list(args.track, "--track", known=LANGS, what="language", allow_empty=True)
-        if hasattr(args, "patch_sites"):
-            for site in parse_list(args.patch_sites, "--patch-sites", what="site") or []:
-                canonical_site(site)
-        for name in ("task_alphas", "diff_alphas"):
-            if hasattr(args, name):
-                _floats(getattr(args, name), "--" + name.replace("_", "-"))
-        for name in ("task_layers", "diff_layers"):
-            if hasattr(args, name):
-                _ints(getattr(args, name), "--" + name.replace("_", "-"))
-        if (
-            getattr(args, "config", None) is not None
-            and getattr(args, "steer_command", "") == "eval"
-        ):
-            _config_values(args.config)
-        if hasattr(args, "vectors"):
-            _check_artifact_dir(args.vectors, "--vectors", pair=True)
-
+        _check_fact_flags(args)
     if cmd in _TEXT_COMMANDS:
-        known = None if getattr(args, "data", None) else LANGS
-        langs = parse_list(getattr(args, "langs", None), "--langs", known=known, what="language")
-        check_text_dir(getattr(args, "data", None), langs)
-        if cmd == "experts":
-            targets = parse_list(args.lang, "--lang", known=known, what="language")
-            if langs is not None and targets is not None:
-                missing = [t for t in targets if t not in langs]
-                if missing:
-                    raise InputError(
-                        f"--lang {missing} not among --langs {langs}",
-                        where="--lang",
-                        fix="add the target to --langs",
-                    )
-            _ints(args.layer, "--layer")
-            ks = _ints(args.k, "--k")
-            if ks is not None and min(ks) < 1:
-                raise InputError(f"--k needs positive integers, got {args.k!r}", where="--k")
-        if cmd == "align":
-            if args.target is not None:
-                parse_list(args.target, "--target", known=known, what="language")
-                if langs is not None and args.target not in langs:
-                    raise InputError(
-                        f"--target {args.target} is not among --langs {langs}",
-                        where="--target",
-                        fix="add it to --langs or drop --target",
-                    )
-            clamp = Path(args.clamp).expanduser() if args.clamp else None
-            if not (  # an `experts` output folder: align picks the clamp of the chosen k
-                clamp is not None
-                and (clamp / "summary.json").is_file()
-                and not (clamp / "intervention.json").exists()
-            ):
-                _check_artifact_dir(args.clamp, "--clamp")
-            _check_artifact_dir(args.control, "--control")
-
+        _check_text_flags(args)
     shape = ModelShape.from_config(getattr(args, "model", None))
     if shape is not None:
         _check_shape(args, shape)

@@ -1,0 +1,183 @@
+"""Parsers of comma-separated flag values: the one place where ``--langs``, ``--k``,
+``--seeds``, ``--task-alphas``, ``--split``, ``--mid-layers``, ``--config`` ... are split
+and converted.
+
+Every parser names the flag in its error (an :class:`~mechlingo.core.errors.InputError`,
+printed by the ``mechlingo`` command as one line with exit status 2) and leaves ``None`` as
+``None`` (the flag was not given). This module imports nothing else from
+:mod:`mechlingo.cli`, so the checks (:mod:`mechlingo.cli.validate`) and the commands share it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from mechlingo.core.errors import InputError
+
+__all__ = [
+    "check_finite",
+    "parse_config",
+    "parse_floats",
+    "parse_int_range",
+    "parse_ints",
+    "parse_list",
+]
+
+
+def parse_list(
+    text: str | None,
+    flag: str,
+    *,
+    known: Sequence[str] | None = None,
+    what: str = "item",
+    allow_empty: bool = False,
+    unique: bool = True,
+) -> list[str] | None:
+    """Split a comma-separated flag value, refusing empty items, repeats and (with
+    ``known``) unknown values. ``None`` stays ``None``; ``""`` is ``[]`` with
+    ``allow_empty`` and an error otherwise; repeats are allowed without ``unique``.
+
+    Raises:
+        InputError: naming the flag, the bad item and the valid values.
+    """
+    if text is None:
+        return None
+    if not text.strip():
+        if allow_empty:
+            return []
+        raise InputError(
+            f"{flag} is empty", where=flag, fix=f"give one or more {what}s, comma-separated"
+        )
+    items = [x.strip() for x in text.split(",")]
+    if any(not x for x in items):
+        raise InputError(
+            f"{flag} {text!r} has an empty {what}",
+            where=flag,
+            fix=f"give comma-separated {what}s without empty entries, e.g. "
+            + (",".join(known[:2]) if known else "a,b"),
+        )
+    seen: set[str] = set()
+    repeats = [x for x in items if x in seen or seen.add(x)]  # type: ignore[func-returns-value]
+    if repeats and unique:
+        raise InputError(
+            f"{flag} {text!r} names {what} {repeats[0]!r} more than once",
+            where=flag,
+            fix=f"name each {what} once",
+        )
+    if known is not None:
+        unknown = [x for x in items if x not in known]
+        if unknown:
+            raise InputError(
+                f"unknown {what}(s) {unknown} in {flag}",
+                where=flag,
+                fix=f"valid {what}s are {list(known)}",
+            )
+    return items
+
+
+def parse_ints(
+    text: str | None, flag: str, *, positive: bool = False, allow_empty: bool = False
+) -> list[int] | None:
+    """Comma-separated integers (repeats kept, in order); with ``positive`` each must be
+    at least 1; ``""`` is ``[]`` with ``allow_empty``.
+
+    Raises:
+        InputError: ``--seeds takes comma-separated integers, got '0,x'``, ``--k needs
+            positive integers, got '5,-1'``, or an empty item.
+    """
+    items = parse_list(text, flag, what="number", unique=False, allow_empty=allow_empty)
+    if items is None:
+        return None
+    try:
+        vals = [int(x) for x in items]
+    except ValueError:
+        raise InputError(
+            f"{flag} takes comma-separated integers, got {text!r}", where=flag
+        ) from None
+    if positive and vals and min(vals) < 1:
+        raise InputError(f"{flag} needs positive integers, got {text!r}", where=flag)
+    return vals
+
+
+def check_finite(values: Iterable[float], flag: str) -> None:
+    """Refuse NaN and infinite numbers.
+
+    Raises:
+        InputError: naming the flag.
+    """
+    for v in values:
+        if not math.isfinite(v):
+            raise InputError(f"{flag} has {v!r}", where=flag, fix="give finite numbers")
+
+
+def parse_floats(text: str | None, flag: str) -> list[float] | None:
+    """Comma-separated finite numbers.
+
+    Raises:
+        InputError: ``--task-alphas takes comma-separated numbers, got 'big'``,
+            ``--task-alphas has nan``, or an empty item.
+    """
+    items = parse_list(text, flag, what="number", unique=False)
+    if items is None:
+        return None
+    try:
+        vals = [float(x) for x in items]
+    except ValueError:
+        raise InputError(
+            f"{flag} takes comma-separated numbers, got {text!r}", where=flag
+        ) from None
+    check_finite(vals, flag)
+    return vals
+
+
+def parse_int_range(text: str | None, flag: str) -> list[int] | None:
+    """``'A-B'`` (inclusive) or comma-separated integers (``--mid-layers``).
+
+    Raises:
+        InputError: ``--mid-layers 'a-b': use 'A-B' or a comma-separated list``.
+    """
+    if text is None:
+        return None
+    bad = InputError(f"{flag} {text!r}: use 'A-B' or a comma-separated list", where=flag)
+    if "-" in text:
+        lo, _, hi = (x.strip() for x in text.partition("-"))
+        if not (lo.isdigit() and hi.isdigit()):
+            raise bad
+        return list(range(int(lo), int(hi) + 1))
+    try:
+        return parse_ints(text, flag)
+    except InputError:
+        raise bad from None
+
+
+def parse_config(text: str, flag: str = "--config") -> tuple[int, float, int, float]:
+    """``task_layer,task_alpha,diff_layer,diff_alpha`` (``steer eval --config``): integer
+    layers, finite alphas.
+
+    Raises:
+        InputError: not four numbers, a layer that is not an integer, or NaN/inf.
+    """
+    items = parse_list(text, flag, what="number", unique=False) or []
+    fix = "give task_layer,task_alpha,diff_layer,diff_alpha, e.g. 4,0.1,12,0.1"
+    if len(items) != 4:
+        raise InputError(f"{flag} takes four numbers, got {text!r}", where=flag, fix=fix)
+    bad = InputError(
+        f"{flag} {text!r}: layers must be integers and alphas numbers", where=flag, fix=fix
+    )
+    try:
+        vals = [float(x) for x in items]
+    except ValueError:
+        raise bad from None
+    check_finite(vals, flag)
+    if not (_is_int(items[0]) and _is_int(items[2])):
+        raise bad
+    return int(vals[0]), vals[1], int(vals[2]), vals[3]
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True

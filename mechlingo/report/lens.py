@@ -1,0 +1,47 @@
+"""The report of ``mechlingo lens``: the per-language logit lens."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mechlingo.report.page import Report
+
+
+def lens_report(result: Any, summary: Mapping[str, Any], *, max_rank: int) -> Report:
+    """The lens report: a summary table per language, the latent-language curves and the
+    per-layer rank heatmaps of the English and the prompt-language answers.
+
+    ``result`` is a :class:`mechlingo.analyses.lens.LensResult`, ``summary`` its
+    ``summary(max_rank=max_rank)`` with ``meta`` added.
+    """
+    report = Report("mechlingo: per-language logit lens", summary["meta"])
+    report.add_text(
+        "Each prompt's residual stream at its last token is decoded after every layer through "
+        "the final norm and unembedding. Curves show the probability of the answer in the "
+        "prompt's language and in the tracked languages. A rise of the English answer in the "
+        "middle layers before the prompt-language answer is the English pivot.",
+        note=True,
+    )
+    report.add_heading("Summary")
+    report.add_table(
+        [
+            {
+                "lang": lg,
+                "prompts": summary["n_prompts"][lg],
+                "final-layer top-1 accuracy": summary["final_layer_accuracy"].get(lg, 0.0),
+                f"English answer rank <= {max_rank} before the last layer": summary[
+                    "english_decodable_before_last"
+                ].get(lg, 0.0),
+            }
+            for lg in summary["n_prompts"]
+        ]
+    )
+    report.add_heading("Latent-language curves")
+    report.add_figure(result.fig_latent_curves())
+    if "en" in result.tracks:
+        report.add_heading("English answer rank per layer and prompt")
+        report.add_figure(result.fig_heatmap("en", "rank"))
+    report.add_heading("Prompt-language answer rank per layer and prompt")
+    report.add_figure(result.fig_heatmap("answer", "rank"))
+    return report
