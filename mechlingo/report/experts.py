@@ -62,7 +62,7 @@ def add_k_choice(report: Report, curve: Any, choice: Mapping[str, Any]) -> None:
         + (f"k = {choice['k']}." if choice["k"] is not None else "none (no k within the budget).")
     )
     report.add_table(k_rows(curve, choice))
-    report.add_figure(curve.figure(choice["k"]))
+    report.add_figure(curve.fig_k_curve(choice["k"]))
     report.add_table(example_rows(curve))
 
 
