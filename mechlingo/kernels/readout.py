@@ -30,7 +30,11 @@ and computes in float32 whatever the model's dtype.
   (``scripts/check_hooked_transformer.sh``), whose ``tools.analysis`` has no logit lens.
 
 ``benchmarks/bench_lens.py`` measures both on the same rows (its last line:
-``mechlingo readout vs TransformerLens logit_readout: N.Nx``).
+``mechlingo readout vs TransformerLens logit_readout: N.Nx``). On the lens rows of 8 prompts
+x 19 entries of the embedded Gemma 3 270M (262,144 tokens, 2 tracks of up to 5 tokens, CPU,
+other jobs running): the same numbers take 1.20 s here and 4.42 s through ``logit_readout``
+(3.7x; the same top-5, set masses to 6e-5 and the same set ranks); a top-5 alone costs about
+the same either way (0.95 s and 1.04 s).
 """
 
 from __future__ import annotations
