@@ -18,11 +18,7 @@ from mechlingo.analyses.patching import (
 from mechlingo.core.tokens import TokenBatch, encode
 from mechlingo.data import load_facts
 
-
-def count_hooks(model) -> int:
-    """Forward hooks attached to the model's hook points (a leaked patch hook shows here)."""
-    seen = {id(hp): hp for hp in model.hook_dict.values()}
-    return sum(len(getattr(hp, "_forward_hooks", {})) for hp in seen.values())
+from .conftest import count_hooks
 
 
 def _pair(model, prompts=("The cat sat on the", "A dog ran to th")):

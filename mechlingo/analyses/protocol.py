@@ -40,6 +40,7 @@ import numpy as np
 from mechlingo.analyses.evaluate import EvalResult, evaluate_facts
 from mechlingo.analyses.repair import RepairVectors, SteeringConfig, _unit
 from mechlingo.core.errors import InputError, MechlingoError
+from mechlingo.core.figures import draw
 from mechlingo.core.types import Model
 from mechlingo.data import Fact, few_shot_prompt
 from mechlingo.interventions import Compose, Intervention, SteeringVector, random_like
@@ -231,34 +232,9 @@ class SweepResult:
         }
 
     def fig_heatmap(self, vector: str) -> go.Figure:
-        """Screen-stage mean non-English accuracy over layer x alpha for one vector alone."""
-        import plotly.graph_objects as go
-
-        rows = [r for r in self.rows if r["vector"] == vector and r["stage"] == "screen"]
-        layers = sorted({r["layer"] for r in rows})
-        alphas = sorted({r["alpha"] for r in rows})
-        grid = [[None] * len(layers) for _ in alphas]
-        for r in rows:
-            grid[alphas.index(r["alpha"])][layers.index(r["layer"])] = r["score"]
-        fig = go.Figure(
-            go.Heatmap(
-                z=grid,
-                x=[str(x) for x in layers],
-                y=[f"{a:g}" for a in alphas],
-                colorscale="Viridis",
-                zmin=0,
-                text=[[("" if v is None else f"{v:.2f}") for v in row] for row in grid],
-                texttemplate="%{text}",
-                colorbar={"title": "non-en acc"},
-            )
-        )
-        fig.update_layout(
-            title=f"{vector} vector alone: dev screen, mean non-English accuracy",
-            xaxis_title="layer",
-            yaxis_title=f"alpha ({self.unit})",
-            height=360,
-        )
-        return fig
+        """Screen-stage mean non-English accuracy over layer x alpha for one vector alone
+        (:func:`mechlingo.viz.repair.sweep_heatmap`)."""
+        return draw("sweep_heatmap", self, vector)
 
 
 def _screen_subset(facts: Sequence[Fact], n_ids: int) -> list[Fact]:
@@ -660,46 +636,16 @@ def repeat_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------
 
 
-def _ci_bars(fig: Any, name: str, cells: dict[str, dict[str, Any]], langs: list[str]) -> None:
-    import plotly.graph_objects as go
-
-    ps = [cells.get(lg, {}).get("p") for lg in langs]
-    up = [None if c.get("hi") is None else c["hi"] - c["p"] for c in map(cells.get, langs)]
-    down = [None if c.get("lo") is None else c["p"] - c["lo"] for c in map(cells.get, langs)]
-    fig.add_trace(
-        go.Bar(
-            name=name,
-            x=langs,
-            y=ps,
-            error_y={"type": "data", "array": up, "arrayminus": down, "visible": True},
-        )
-    )
-
-
 def fig_accuracy_ci(intervals: dict[str, dict[str, dict[str, Any]]]) -> go.Figure:
     """Grouped bars of accuracy per language and condition with Wilson error bars
-    (``intervals`` as in :meth:`HeldOutResult.summary`)."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    langs = sorted({lg for cells in intervals.values() for lg in cells})
-    for cond, cells in intervals.items():
-        _ci_bars(fig, cond, cells, langs)
-    fig.update_layout(barmode="group", yaxis={"range": [0, 1], "title": "accuracy"}, height=380)
-    return fig
+    (:func:`mechlingo.viz.repair.accuracy_ci_figure`)."""
+    return draw("accuracy_ci_figure", intervals)
 
 
 def fig_headroom(hr: dict[str, Any]) -> go.Figure:
-    """Zero-shot vs k-shot accuracy per language with Wilson error bars."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    langs = sorted(hr.get("zero_shot", {}))
-    for name in ("zero_shot", "k_shot"):
-        label = f"{hr.get('k', '?')}-shot" if name == "k_shot" else "zero-shot"
-        _ci_bars(fig, label, hr.get(name, {}), langs)
-    fig.update_layout(barmode="group", yaxis={"range": [0, 1], "title": "accuracy"}, height=340)
-    return fig
+    """Zero-shot vs k-shot accuracy per language with Wilson error bars
+    (:func:`mechlingo.viz.repair.headroom_figure`)."""
+    return draw("headroom_figure", hr)
 
 
 def gain_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:

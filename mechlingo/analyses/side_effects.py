@@ -45,6 +45,7 @@ from mechlingo.analyses.evaluate import evaluate_facts, greedy_generate
 from mechlingo.analyses.experts import identify_languages
 from mechlingo.analyses.experts import line_nll as _line_nll
 from mechlingo.core.errors import InputError
+from mechlingo.core.figures import draw
 from mechlingo.core.sites import resolve_site, site_map
 from mechlingo.core.types import Model
 from mechlingo.interventions import (
@@ -249,59 +250,8 @@ class SideEffects:
     def fig_heatmap(self, arms: Sequence[str] | None = None) -> go.Figure:
         """Language x metric heatmaps of the change (one panel per arm: intervention and
         control), colour = change (red = up, blue = down), text = change and its interval.
-        Perplexity is a relative change, the others differences of shares."""
-        import plotly.graph_objects as go
-        from plotly.subplots import make_subplots
-
-        present = list(dict.fromkeys(r["arm"] for r in self.rows))
-        arms = [a for a in (arms or ("intervention", "control")) if a in present]
-        fig = make_subplots(
-            rows=1, cols=max(1, len(arms)), subplot_titles=arms, horizontal_spacing=0.08
-        )
-        cols = [m for m in METRICS if any(r["metric"] == m for r in self.rows)]
-        labels = {
-            "accuracy": "Δ accuracy",
-            "perplexity": "Δ perplexity (rel.)",
-            "output_lang": "Δ own-language output",
-        }
-        for k, arm in enumerate(arms):
-            z, text = [], []
-            for lg in self.langs:
-                zr, tr = [], []
-                for m in cols:
-                    try:
-                        r = self.get(lg, m, arm)
-                    except KeyError:
-                        zr.append(None)
-                        tr.append("")
-                        continue
-                    d = r["delta"]
-                    zr.append(None if not math.isfinite(d) else d)
-                    tr.append(_cell_text(r))
-                z.append(zr)
-                text.append(tr)
-            fig.add_trace(
-                go.Heatmap(
-                    z=z,
-                    x=[labels[m] for m in cols],
-                    y=self.langs,
-                    text=text,
-                    texttemplate="%{text}",
-                    coloraxis="coloraxis",
-                    hovertemplate="%{y}, %{x}: %{z:.3f}<extra>" + arm + "</extra>",
-                ),
-                row=1,
-                col=k + 1,
-            )
-        fig.update_yaxes(autorange="reversed")
-        level = self.meta.get("confidence", 0.95)
-        fig.update_layout(
-            title=f"Side effects of {self.meta.get('intervention', 'the intervention')} "
-            f"({level:.0%} intervals)",
-            coloraxis={"colorscale": "RdBu_r", "cmid": 0},
-            height=max(320, 34 * len(self.langs) + 160),
-        )
-        return fig
+        Perplexity is a relative change, the others differences of shares. (:func:`mechlingo.viz.side_effects.side_effects_heatmap`)"""
+        return draw("side_effects_heatmap", self, arms)
 
     def _repr_html_(self) -> str:
         m = self.matrix()

@@ -151,4 +151,4 @@ def add_patching(report: Report, p: LanguagePatching) -> None:
         report.add_heading(f"Attribution patching heatmaps ({p.lang})")
         report.add_figure(p.atp.fig_heatmap())
     report.add_heading(f"Attention knockout ({p.lang})")
-    report.add_figure(p.knockout.fig())
+    report.add_figure(p.knockout.fig_knockout())

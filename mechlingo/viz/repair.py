@@ -1,0 +1,79 @@
+"""Figures of the repair-vector protocol: the dev sweep's heatmap, accuracy with Wilson
+intervals per condition, and the headroom check."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+
+from mechlingo.analyses.protocol import SweepResult
+from mechlingo.core.figures import drawer
+
+
+@drawer
+def sweep_heatmap(result: SweepResult, vector: str) -> go.Figure:
+    """Screen-stage mean non-English accuracy over layer x alpha for one vector alone."""
+    rows = [r for r in result.rows if r["vector"] == vector and r["stage"] == "screen"]
+    layers = sorted({r["layer"] for r in rows})
+    alphas = sorted({r["alpha"] for r in rows})
+    grid = [[None] * len(layers) for _ in alphas]
+    for r in rows:
+        grid[alphas.index(r["alpha"])][layers.index(r["layer"])] = r["score"]
+    fig = go.Figure(
+        go.Heatmap(
+            z=grid,
+            x=[str(x) for x in layers],
+            y=[f"{a:g}" for a in alphas],
+            colorscale="Viridis",
+            zmin=0,
+            text=[[("" if v is None else f"{v:.2f}") for v in row] for row in grid],
+            texttemplate="%{text}",
+            colorbar={"title": "non-en acc"},
+        )
+    )
+    fig.update_layout(
+        title=f"{vector} vector alone: dev screen, mean non-English accuracy",
+        xaxis_title="layer",
+        yaxis_title=f"alpha ({result.unit})",
+        height=360,
+    )
+    return fig
+
+
+def ci_bars(fig: Any, name: str, cells: dict[str, dict[str, Any]], langs: list[str]) -> None:
+    ps = [cells.get(lg, {}).get("p") for lg in langs]
+    up = [None if c.get("hi") is None else c["hi"] - c["p"] for c in map(cells.get, langs)]
+    down = [None if c.get("lo") is None else c["p"] - c["lo"] for c in map(cells.get, langs)]
+    fig.add_trace(
+        go.Bar(
+            name=name,
+            x=langs,
+            y=ps,
+            error_y={"type": "data", "array": up, "arrayminus": down, "visible": True},
+        )
+    )
+
+
+@drawer
+def accuracy_ci_figure(intervals: dict[str, dict[str, dict[str, Any]]]) -> go.Figure:
+    """Grouped bars of accuracy per language and condition with Wilson error bars
+    (``intervals`` as in :meth:`HeldOutResult.summary`)."""
+    fig = go.Figure()
+    langs = sorted({lg for cells in intervals.values() for lg in cells})
+    for cond, cells in intervals.items():
+        ci_bars(fig, cond, cells, langs)
+    fig.update_layout(barmode="group", yaxis={"range": [0, 1], "title": "accuracy"}, height=380)
+    return fig
+
+
+@drawer
+def headroom_figure(hr: dict[str, Any]) -> go.Figure:
+    """Zero-shot vs k-shot accuracy per language with Wilson error bars."""
+    fig = go.Figure()
+    langs = sorted(hr.get("zero_shot", {}))
+    for name in ("zero_shot", "k_shot"):
+        label = f"{hr.get('k', '?')}-shot" if name == "k_shot" else "zero-shot"
+        ci_bars(fig, label, hr.get(name, {}), langs)
+    fig.update_layout(barmode="group", yaxis={"range": [0, 1], "title": "accuracy"}, height=340)
+    return fig
