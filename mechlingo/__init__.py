@@ -11,9 +11,9 @@ The package is layered; each folder imports only from those above it in this lis
 
 from __future__ import annotations
 
-from mechlingo import viz  # noqa: F401  (registers the figures of the results' fig_* methods)
-from mechlingo.analyses.evaluate import EvalResult, evaluate_facts, greedy_generate
-from mechlingo.analyses.lens import LensResult, lens_facts, logit_lens
+import importlib
+from typing import Any
+
 from mechlingo.core.models import DEFAULT_MODEL, load_model, tiny_model
 from mechlingo.core.sites import hook_name, resolve_site
 from mechlingo.core.version import __version__
@@ -36,3 +36,19 @@ __all__ = [
     "resolve_site",
     "tiny_model",
 ]
+
+# The analyses load on first use (PEP 562), so that ``import mechlingo`` stays light.
+_LAZY = {
+    "EvalResult": "mechlingo.analyses.evaluate",
+    "evaluate_facts": "mechlingo.analyses.evaluate",
+    "greedy_generate": "mechlingo.analyses.evaluate",
+    "LensResult": "mechlingo.analyses.lens",
+    "lens_facts": "mechlingo.analyses.lens",
+    "logit_lens": "mechlingo.analyses.lens",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mechlingo' has no attribute {name!r}")

@@ -66,7 +66,6 @@ from typing import Any, Literal
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
 
 from mechlingo.activations.runs import (
     FwdHooks,
@@ -98,8 +97,11 @@ def _hf_model(model: Model) -> Any:
 
 
 def _attention_modules(model: Model) -> list[torch.nn.Module]:
+    # Imported here: the bridge takes seconds to import and TransformerLens 3 has none.
     try:
-        pass
+        from transformer_lens.model_bridge.generalized_components.attention import (
+            AttentionBridge,
+        )
     except ImportError:  # pragma: no cover - TransformerLens 3 has no bridge
         return []
     return [m for m in model.modules() if isinstance(m, AttentionBridge)]

