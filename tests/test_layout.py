@@ -166,3 +166,28 @@ def test_entry_points_run(argv):
     assert out.returncode == 0, out.stderr
     for command in ("lens", "eval", "trace", "steer", "experts", "align"):
         assert command in out.stdout
+
+
+def test_figures_load_on_first_draw_and_import_stays_light():
+    """``import mechlingo`` loads neither the figures (plotly) nor TransformerLens's bridge;
+    the first ``draw`` registers every figure; an unknown name says which exist."""
+    code = (
+        "import sys, mechlingo\n"
+        "from mechlingo.core import figures\n"
+        "from mechlingo.core.errors import MechlingoError\n"
+        "heavy = [m for m in ('plotly', 'mechlingo.viz', 'transformer_lens.model_bridge') "
+        "if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "assert figures.registered() == []\n"
+        "try:\n"
+        "    figures.draw('no_such_figure')\n"
+        "except MechlingoError as err:\n"
+        "    assert 'lens_heatmap' in str(err.fix), err.fix\n"
+        "else:\n"
+        "    raise SystemExit('no error')\n"
+        "assert {'lens_heatmap', 'sweep_heatmap', 'side_effects_heatmap', 'k_curve_figure'} "
+        "<= set(figures.registered())\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
