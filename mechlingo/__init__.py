@@ -50,5 +50,7 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # resolved once; later lookups are plain attributes
+        return value
     raise AttributeError(f"module 'mechlingo' has no attribute {name!r}")

@@ -18,6 +18,8 @@ def modules() -> list[str]:
     deprecated one-release shims of the old flat layout are left out."""
     import mechlingo
 
+    for name in mechlingo.__all__:  # resolve the lazily loaded top-level names for pdoc
+        getattr(mechlingo, name)
     names = ["mechlingo"]
     for info in pkgutil.iter_modules(mechlingo.__path__, "mechlingo."):
         path = Path(mechlingo.__path__[0]) / (info.name.split(".")[-1] + ".py")
