@@ -15,7 +15,8 @@ from mechlingo.core.types import Model
 from mechlingo.core.version import __version__
 from mechlingo.data import RELATIONS, load_facts
 
-_COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[Any], int]]] = {}
+# Registered subcommands: name -> (add_args, run), filled by @command.
+COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[Any], int]]] = {}
 
 
 class UsageError(InputError):
@@ -30,7 +31,7 @@ def command(
 
     def wrap(fn: Callable[[Any], int]) -> Callable[[Any], int]:
         fn.help_text = help_text  # type: ignore[attr-defined]
-        _COMMANDS[name] = (add_args, fn)
+        COMMANDS[name] = (add_args, fn)
         return fn
 
     return wrap

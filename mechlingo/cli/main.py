@@ -22,9 +22,10 @@ from typing import Any
 
 from mechlingo.activations.parallel import process_group
 
-# The command modules register their subcommands (in this order) when imported.
+# The command modules register their subcommands when imported (``--help`` lists them in
+# import order: lens, eval, experts, align, steer, trace).
 from mechlingo.cli import basic, experts, steer, trace  # noqa: F401
-from mechlingo.cli.common import _COMMANDS
+from mechlingo.cli.common import COMMANDS
 from mechlingo.cli.validate import validate_args
 from mechlingo.core.artifacts import cleanup_stale
 from mechlingo.core.errors import MechlingoError, format_error
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(TransformerLens). Each command writes OUT/summary.json and OUT/report.html.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (add_args, fn) in _COMMANDS.items():
+    for name, (add_args, fn) in COMMANDS.items():
         sp = sub.add_parser(
             name, help=getattr(fn, "help_text", ""), description=getattr(fn, "help_text", "")
         )
