@@ -17,18 +17,18 @@ from mechlingo.core.tokens import PositionSpec, prepends_bos
 from mechlingo.core.types import HookFn, Model
 from mechlingo.interventions.base import (
     Intervention,
-    _check_finite,
-    _check_positions,
-    _mask_for,
-    _no_pattern,
-    _positions_text,
-    _positions_to_json,
-    _register,
-    _site,
+    check_finite,
+    check_positions,
+    mask_for,
+    positions_text,
+    positions_to_json,
+    refuse_pattern,
+    register_kind,
+    site_for,
 )
 
 
-@_register
+@register_kind
 class Ablation(Intervention):
     """Replace the activation at ``site``/``layer`` by zero or by a mean, at ``positions``.
 
@@ -70,18 +70,18 @@ class Ablation(Intervention):
         if not isinstance(layer, int) or isinstance(layer, bool):
             raise InterventionError(f"layer must be an int, got {layer!r}")
         self.site = canonical_site(site)
-        _no_pattern(self.site, "an Ablation")
+        refuse_pattern(self.site, "an Ablation")
         self.layer = layer
         self.mode = mode
         self.mean = None if mean is None else torch.as_tensor(mean).detach().float()
         if self.mean is not None:
-            _check_finite(self.mean, "the ablation mean")
-        self.positions = _check_positions(positions)
+            check_finite(self.mean, "the ablation mean")
+        self.positions = check_positions(positions)
         self.meta = dict(meta or {})
 
     def fwd_hooks(self, model: Model) -> list[tuple[str, HookFn]]:
         check_model(self.meta.get("model"), model, what=repr(self))
-        site = _site(model, self.site, self.layer, "Ablation")
+        site = site_for(model, self.site, self.layer, "Ablation")
         mean = self.mean
         if mean is not None and mean.shape[-1] != site.width:
             raise InterventionError(
@@ -96,7 +96,7 @@ class Ablation(Intervention):
                 if mean is None
                 else mean.to(device=t.device, dtype=t.dtype)
             )
-            return torch.where(_mask_for(positions, t, bos), fill, t)
+            return torch.where(mask_for(positions, t, bos), fill, t)
 
         return [(site.hook_name, ablate)]
 
@@ -114,7 +114,7 @@ class Ablation(Intervention):
             "site": self.site,
             "layer": self.layer,
             "mode": self.mode,
-            "positions": _positions_to_json(self.positions, "this Ablation"),
+            "positions": positions_to_json(self.positions, "this Ablation"),
         }
 
     @classmethod
@@ -132,5 +132,5 @@ class Ablation(Intervention):
             "site": self.site,
             "layer": str(self.layer),
             "mode": self.mode,
-            "positions": _positions_text(self.positions),
+            "positions": positions_text(self.positions),
         }

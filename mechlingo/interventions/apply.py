@@ -22,7 +22,7 @@ def intervene(
     Args:
         batch: the padded batch (:func:`mechlingo.core.tokens.encode`) the block runs, when it runs
             one of several rows: position rules then use each row's real tokens. Without it,
-            a multi-row run is refused for every rule but ``"all"`` (see :func:`_mask_for`).
+            a multi-row run is refused for every rule but ``"all"`` (see :func:`mask_for`).
     """
 
     if intervention is None:

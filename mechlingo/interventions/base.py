@@ -43,14 +43,14 @@ _TENSORS_FILE = "intervention.safetensors"
 _META_FILE = "intervention.json"
 
 
-def _check_finite(values: Tensor | float, what: str) -> None:
+def check_finite(values: Tensor | float, what: str) -> None:
     """Refuse NaN/inf: they turn every logit into NaN without an error."""
     t = torch.as_tensor(values)
     if t.is_floating_point() and not bool(torch.isfinite(t).all()):
         raise InterventionError(f"{what} has NaN or infinite values; give finite numbers")
 
 
-def _check_positions(positions: Any) -> PositionSpec:
+def check_positions(positions: Any) -> PositionSpec:
     if isinstance(positions, str):
         position_mask(positions, None, (1, 2))  # raises for an unknown rule
         return positions
@@ -72,7 +72,7 @@ def _check_positions(positions: Any) -> PositionSpec:
     return idx
 
 
-def _positions_to_json(positions: PositionSpec, owner: str) -> str | int | list[int]:
+def positions_to_json(positions: PositionSpec, owner: str) -> str | int | list[int]:
     if isinstance(positions, (str, int)):
         return positions
     if callable(positions):
@@ -83,7 +83,7 @@ def _positions_to_json(positions: PositionSpec, owner: str) -> str | int | list[
     return [int(p) for p in positions]
 
 
-def _positions_text(positions: PositionSpec) -> str:
+def positions_text(positions: PositionSpec) -> str:
     if callable(positions) and not isinstance(positions, str):
         return getattr(positions, "__name__", "callable")
     return repr(positions)
@@ -92,7 +92,7 @@ def _positions_text(positions: PositionSpec) -> str:
 _PADDING_SAFE_RULES = ("all", "all_with_bos")
 
 
-def _mask_for(positions: PositionSpec, t: Tensor, has_bos: bool = True) -> Tensor:
+def mask_for(positions: PositionSpec, t: Tensor, has_bos: bool = True) -> Tensor:
     """Bool mask [batch, pos, 1, ...] broadcastable to the activation ``t`` [batch, pos, ...].
 
     Inside mechlingo runs the current batch (and, in a KV-cached decoding step, the columns
@@ -104,7 +104,7 @@ def _mask_for(positions: PositionSpec, t: Tensor, has_bos: bool = True) -> Tenso
     batch = current_batch()
     if batch is None and t.shape[0] > 1 and positions not in _PADDING_SAFE_RULES:
         raise InterventionError(
-            f"positions={_positions_text(positions)} on a batch of {t.shape[0]} rows with no "
+            f"positions={positions_text(positions)} on a batch of {t.shape[0]} rows with no "
             "row lengths: a padded batch would be edited at padding. Apply it through "
             "mechlingo (evaluate_facts, greedy_generate, collect), or give the batch: "
             "`with mechlingo.intervene(model, iv, batch=b): model(b.tokens, "
@@ -127,7 +127,7 @@ def _mask_for(positions: PositionSpec, t: Tensor, has_bos: bool = True) -> Tenso
     return mask.reshape(*mask.shape, *([1] * (t.ndim - 2)))
 
 
-def _no_pattern(site: str, kind: str) -> None:
+def refuse_pattern(site: str, kind: str) -> None:
     if site == "attn_pattern":
         raise InterventionError(
             f"{kind} cannot act on attn_pattern (its axes are [batch, head, query, key]); use "
@@ -135,7 +135,7 @@ def _no_pattern(site: str, kind: str) -> None:
         )
 
 
-def _site(model: Model, site: str, layer: int, kind: str) -> Any:
+def site_for(model: Model, site: str, layer: int, kind: str) -> Any:
     try:
         return resolve_site(model, site, layer)
     except SiteError as err:
@@ -252,7 +252,7 @@ def _bound(fn: HookFn, batch: TokenBatch) -> HookFn:
 _REGISTRY: dict[str, type[Intervention]] = {}
 
 
-def _register(cls: type[Intervention]) -> type[Intervention]:
+def register_kind(cls: type[Intervention]) -> type[Intervention]:
     _REGISTRY[cls.kind] = cls
     return cls
 
@@ -295,7 +295,7 @@ def load_intervention(path: str | Path, model: Model | None = None) -> Intervent
             fix="re-save the intervention",
         ) from None
     try:
-        obj = _restore_any(doc["kind"], tensors, doc["config"])
+        obj = restore_any(doc["kind"], tensors, doc["config"])
     except MechlingoError:
         raise
     except (KeyError, TypeError, ValueError, IndexError) as err:
@@ -317,7 +317,7 @@ def load_intervention(path: str | Path, model: Model | None = None) -> Intervent
     return obj
 
 
-def _restore_any(kind: str, tensors: dict[str, Tensor], config: dict[str, Any]) -> Intervention:
+def restore_any(kind: str, tensors: dict[str, Tensor], config: dict[str, Any]) -> Intervention:
     if kind not in _REGISTRY:
         raise InterventionError(f"unknown intervention kind {kind!r}; known: {sorted(_REGISTRY)}")
     return _REGISTRY[kind]._restore(tensors, config)

@@ -16,20 +16,20 @@ from mechlingo.core.tokens import PositionSpec, prepends_bos
 from mechlingo.core.types import HookFn, Model
 from mechlingo.interventions.base import (
     Intervention,
-    _check_finite,
-    _check_positions,
-    _mask_for,
-    _no_pattern,
-    _positions_text,
-    _positions_to_json,
-    _register,
-    _site,
+    check_finite,
+    check_positions,
+    mask_for,
+    positions_text,
+    positions_to_json,
+    refuse_pattern,
+    register_kind,
+    site_for,
 )
 
 _CLAMP_MODES = ("set", "scale", "add", "zero")
 
 
-@_register
+@register_kind
 class NeuronClamp(Intervention):
     """Set, scale, add to or zero chosen MLP neurons (``mlp_post``) of one or more layers.
 
@@ -62,8 +62,8 @@ class NeuronClamp(Intervention):
             raise InterventionError("NeuronClamp needs at least one layer with neurons")
         self.mode = mode
         self.site = canonical_site(site)
-        _no_pattern(self.site, "a NeuronClamp")
-        self.positions = _check_positions(positions)
+        refuse_pattern(self.site, "a NeuronClamp")
+        self.positions = check_positions(positions)
         self.meta = dict(meta or {})
         self.neurons: dict[int, Tensor] = {}
         self.values: dict[int, Tensor] = {}
@@ -111,7 +111,7 @@ class NeuronClamp(Intervention):
                 raise InterventionError(
                     f"layer {layer}: {ids.numel()} neurons but {val.numel()} values"
                 )
-            _check_finite(val, f"NeuronClamp values at layer {layer}")
+            check_finite(val, f"NeuronClamp values at layer {layer}")
             self.values[layer] = val.float()
 
     def fwd_hooks(self, model: Model) -> list[tuple[str, HookFn]]:
@@ -119,7 +119,7 @@ class NeuronClamp(Intervention):
         hooks: list[tuple[str, HookFn]] = []
         bos = prepends_bos(model)
         for layer in sorted(self.neurons):
-            site = _site(model, self.site, layer, "NeuronClamp")
+            site = site_for(model, self.site, layer, "NeuronClamp")
             ids = self.neurons[layer]
             if int(ids.max()) >= site.width:
                 raise InterventionError(
@@ -145,7 +145,7 @@ class NeuronClamp(Intervention):
             else:
                 new = torch.zeros_like(old)
             out = t.clone()
-            out[..., ids] = torch.where(_mask_for(positions, t, bos), new, old)
+            out[..., ids] = torch.where(mask_for(positions, t, bos), new, old)
             return out
 
         return clamp
@@ -162,7 +162,7 @@ class NeuronClamp(Intervention):
             "mode": self.mode,
             "site": self.site,
             "layers": sorted(self.neurons),
-            "positions": _positions_to_json(self.positions, "this NeuronClamp"),
+            "positions": positions_to_json(self.positions, "this NeuronClamp"),
         }
 
     @classmethod
@@ -182,5 +182,5 @@ class NeuronClamp(Intervention):
             "mode": self.mode,
             "site": self.site,
             "neurons per layer": "{" + per_layer + "}",
-            "positions": _positions_text(self.positions),
+            "positions": positions_text(self.positions),
         }

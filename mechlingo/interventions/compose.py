@@ -13,12 +13,12 @@ from mechlingo.core.errors import InterventionError
 from mechlingo.core.types import HookFn, Model
 from mechlingo.interventions.base import (
     Intervention,
-    _register,
-    _restore_any,
+    register_kind,
+    restore_any,
 )
 
 
-@_register
+@register_kind
 class Compose(Intervention):
     """Several interventions applied together, as one.
 
@@ -64,7 +64,7 @@ class Compose(Intervention):
         for i, spec in enumerate(config["parts"]):
             prefix = f"{i}."
             sub = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-            part = _restore_any(spec["kind"], sub, spec["config"])
+            part = restore_any(spec["kind"], sub, spec["config"])
             part.meta = dict(spec.get("meta") or {})
             parts.append(part)
         return cls(parts)

@@ -19,18 +19,18 @@ from mechlingo.core.tokens import PositionSpec, prepends_bos
 from mechlingo.core.types import HookFn, Model
 from mechlingo.interventions.base import (
     Intervention,
-    _check_finite,
-    _check_positions,
-    _mask_for,
-    _no_pattern,
-    _positions_text,
-    _positions_to_json,
-    _register,
-    _site,
+    check_finite,
+    check_positions,
+    mask_for,
+    positions_text,
+    positions_to_json,
+    refuse_pattern,
+    register_kind,
+    site_for,
 )
 
 
-@_register
+@register_kind
 class SteeringVector(Intervention):
     """Add ``alpha * v`` to the activation at ``site`` of ``layer``, at ``positions``.
 
@@ -72,10 +72,10 @@ class SteeringVector(Intervention):
         self.vector = vector.detach()
         self.layer = layer
         self.alpha = float(alpha)
-        _check_finite(self.alpha, "the steering alpha")
+        check_finite(self.alpha, "the steering alpha")
         self.site = canonical_site(site)
-        _no_pattern(self.site, "a SteeringVector")
-        self.positions = _check_positions(positions)
+        refuse_pattern(self.site, "a SteeringVector")
+        self.positions = check_positions(positions)
         self.meta = dict(meta or {})
 
     def at(self, layer: int, alpha: float | None = None, **kw: Any) -> SteeringVector:
@@ -111,7 +111,7 @@ class SteeringVector(Intervention):
                 "this SteeringVector has no layer; place it with .at(layer, alpha)"
             )
         check_model(self.meta.get("model"), model, what=repr(self))
-        site = _site(model, self.site, self.layer, "SteeringVector")
+        site = site_for(model, self.site, self.layer, "SteeringVector")
         v = self.direction(model)
         if v.shape[-1] != site.width:
             raise InterventionError(
@@ -128,7 +128,7 @@ class SteeringVector(Intervention):
             delta = cache.get(key)
             if delta is None:
                 delta = cache[key] = delta_cpu.to(device=t.device, dtype=t.dtype)
-            mask = _mask_for(positions, t, bos)
+            mask = mask_for(positions, t, bos)
             return torch.where(mask, t + delta, t)
 
         return [(site.hook_name, steer)]
@@ -141,7 +141,7 @@ class SteeringVector(Intervention):
             "site": self.site,
             "layer": self.layer,
             "alpha": self.alpha,
-            "positions": _positions_to_json(self.positions, "this SteeringVector"),
+            "positions": positions_to_json(self.positions, "this SteeringVector"),
             "shape": list(self.vector.shape),
         }
 
@@ -160,7 +160,7 @@ class SteeringVector(Intervention):
             "site": self.site,
             "layer": str(self.layer),
             "alpha": f"{self.alpha:g}",
-            "positions": _positions_text(self.positions),
+            "positions": positions_text(self.positions),
             "shape": "x".join(str(s) for s in self.vector.shape),
         }
         with contextlib.suppress(InterventionError):
