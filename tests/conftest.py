@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from mechlingo.core.tokens import TokenBatch, encode
+
 SHARED = Path(os.environ.get("MECHLINGO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 NTREX = SHARED / "data" / "ntrex" / "dev"
 
@@ -58,3 +60,16 @@ def count_hooks(model) -> int:
         seen.add(id(hp))
         total += len(getattr(hp, "_forward_hooks", {}))
     return total
+
+
+def corrupted_pair(model, prompts=("The cat sat on the", "A dog ran to th")):
+    """Same-shape source/target batches without padding, the target with one token (the
+    third) replaced: the smallest patching pair."""
+    clean = encode(model, list(prompts))
+    width = int(clean.lengths.min())
+    tokens = clean.tokens[:, :width].clone()
+    lengths = torch.full((tokens.shape[0],), width)
+    src = TokenBatch(tokens, lengths, clean.pad_id, clean.has_bos)
+    bad = tokens.clone()
+    bad[:, 2] = (bad[:, 2] + 11) % 200 + 3
+    return src, TokenBatch(bad, lengths.clone(), clean.pad_id, clean.has_bos)

@@ -14,23 +14,12 @@ from mechlingo.analyses.attribution import (
 )
 from mechlingo.analyses.patching import PatchingError, answer_logprob, fact_metrics, patch_sweep
 from mechlingo.core.sites import resolve_site
-from mechlingo.core.tokens import TokenBatch, encode
 from mechlingo.data import load_facts
 from tests.conftest import count_hooks
 
+from .conftest import corrupted_pair
+
 SITES = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "head"]
-
-
-def _pair(model, prompts=("The cat sat on the", "A dog ran to th")):
-    """Same-shape source/target batches without padding: corrupt one token."""
-    clean = encode(model, list(prompts))
-    width = int(clean.lengths.min())
-    tokens = clean.tokens[:, :width].clone()
-    lengths = torch.full((tokens.shape[0],), width)
-    src = TokenBatch(tokens, lengths, clean.pad_id, clean.has_bos)
-    bad = tokens.clone()
-    bad[:, 2] = (bad[:, 2] + 11) % 200 + 3
-    return src, TokenBatch(bad, lengths.clone(), clean.pad_id, clean.has_bos)
 
 
 class _Stop(Exception):
@@ -92,7 +81,7 @@ def _exact_interpolated(model, src, tgt, sweep, metric, eps, early=False):
 
 @pytest.fixture(scope="module")
 def pair(tiny):
-    return _pair(tiny)
+    return corrupted_pair(tiny)
 
 
 @pytest.fixture(scope="module")
@@ -279,7 +268,9 @@ def test_bad_input(tiny, pair, metric):
 
 @pytest.mark.slow
 def test_gemma_first_order(gemma):
-    src, tgt = _pair(gemma, ("The capital of Italy is the city of", "The capital of Spain is the"))
+    src, tgt = corrupted_pair(
+        gemma, ("The capital of Italy is the city of", "The capital of Spain is the")
+    )
     met = answer_logprob(gemma, ["Rome", "Madrid"])
     sites = ["resid_pre", "attn_out", "mlp_out", "head"]
     at = attribution_patch(

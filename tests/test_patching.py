@@ -15,27 +15,15 @@ from mechlingo.analyses.patching import (
     patch_sweep,
     subject_token_span,
 )
-from mechlingo.core.tokens import TokenBatch, encode
+from mechlingo.core.tokens import encode
 from mechlingo.data import load_facts
 
-from .conftest import count_hooks
-
-
-def _pair(model, prompts=("The cat sat on the", "A dog ran to th")):
-    """Same-shape clean/corrupted batches without padding: corrupt one token."""
-    clean = encode(model, list(prompts))
-    width = int(clean.lengths.min())
-    tokens = clean.tokens[:, :width].clone()
-    lengths = torch.full((tokens.shape[0],), width)
-    src = TokenBatch(tokens, lengths, clean.pad_id, clean.has_bos)
-    bad = tokens.clone()
-    bad[:, 2] = (bad[:, 2] + 11) % 200 + 3
-    return src, TokenBatch(bad, lengths.clone(), clean.pad_id, clean.has_bos)
+from .conftest import corrupted_pair, count_hooks
 
 
 @pytest.fixture(scope="module")
 def pair(tiny):
-    return _pair(tiny)
+    return corrupted_pair(tiny)
 
 
 @pytest.fixture(scope="module")
@@ -258,7 +246,9 @@ def test_knockout(tiny):
 
 @pytest.mark.slow
 def test_gemma_matches_transformer_lens(gemma):
-    src, tgt = _pair(gemma, ("The capital of Italy is the city of", "The capital of Spain is the"))
+    src, tgt = corrupted_pair(
+        gemma, ("The capital of Italy is the city of", "The capital of Spain is the")
+    )
     met = answer_logprob(gemma, ["Rome", "Madrid"])
     layers = [0, 8, 17]
     sw = patch_sweep(gemma, src, tgt, "resid_pre", layers=layers, positions=[1, 2, 3], metric=met)

@@ -263,6 +263,16 @@ def _record(
     return keep
 
 
+def _start(
+    model: Model, batch: TokenBatch, stop: StopFn | None
+) -> tuple[StopFn, torch.device, TokenBatch, list[list[int]]]:
+    """What both decoders start from: the stop rule (never, by default), the input device,
+    the batch on it, and one empty list of new tokens per row."""
+    dev = model_input_device(model)
+    b = batch.to(dev)
+    return stop or (lambda r, ids: False), dev, b, [[] for _ in range(b.batch_size)]
+
+
 def decode_cached(
     model: Model,
     batch: TokenBatch,
@@ -281,11 +291,8 @@ def decode_cached(
     found with :func:`mechlingo.kernels.readout.greedy_next` (bfloat16-screened where the
     CPU has native bfloat16, which never changes the token; see
     :mod:`mechlingo.kernels.argmax`)."""
-    stop = stop or (lambda r, ids: False)
-    dev = model_input_device(model)
-    b = batch.to(dev)
+    stop, dev, b, out = _start(model, batch, stop)
     tokens, lengths, plen = b.tokens, b.lengths.clone(), b.prompt_lengths
-    out: list[list[int]] = [[] for _ in range(b.batch_size)]
     active = torch.arange(b.batch_size, device=dev)
     attn = b.attention_mask()
     cache = new_cache(model)
@@ -329,11 +336,8 @@ def decode_uncached(
     in the batch until all have stopped). Same arguments and result as
     :func:`decode_cached`, except that ``choose=None`` takes the plain arg-max of the full
     float32 logits, so comparing the two also checks the screened arg-max."""
-    stop = stop or (lambda r, ids: False)
-    dev = model_input_device(model)
-    b = batch.to(dev)
+    stop, dev, b, out = _start(model, batch, stop)
     tokens, lengths, plen = b.tokens, b.lengths.clone(), b.prompt_lengths
-    out: list[list[int]] = [[] for _ in range(b.batch_size)]
     going = [True] * b.batch_size
     for _ in range(max_new_tokens):
         cur = TokenBatch(tokens, lengths, b.pad_id, b.has_bos, plen)
