@@ -15,7 +15,9 @@ from mechlingo.data import (
     LANGS,
     RELATIONS,
     Fact,
+    RecordError,
     bundled_path,
+    fact_from_mapping,
     few_shot_prompt,
     from_dataset,
     load_facts,
@@ -406,3 +408,43 @@ def test_fact_from_cloze() -> None:
             subject="Italy",
             answer="Rome",
         )
+
+
+def test_cloze_fields_round_trip_and_fill(tmp_path: Path) -> None:
+    rec = {
+        "id": "capital/FR",
+        "relation": "capital",
+        "lang": "ja",
+        "subject": "フランス",
+        "prompt": "フランスの首都は",
+        "answer": "パリ",
+        "suffix": "です。",
+        "candidates": ["ロンドン", "パリ"],
+    }
+    fact = fact_from_mapping(rec)
+    assert fact.suffix == "です。" and fact.candidates == ("ロンドン", "パリ")
+    assert fact.filled("ロンドン") == "フランスの首都はロンドンです。"
+    assert fact.sentence == "フランスの首都はパリです。"
+    head = fact_from_mapping(
+        {
+            **rec,
+            "lang": "en",
+            "prompt": "",
+            "subject": "France",
+            "answer": "Paris",
+            "suffix": " is the capital of France.",
+            "candidates": "Paris|London",
+        }
+    )
+    assert head.filled("London") == "London is the capital of France."
+    assert head.subject_span == (0, 0)
+    for path in (tmp_path / "f.jsonl", tmp_path / "f.tsv"):
+        (write_jsonl if path.suffix == ".jsonl" else write_tsv)([fact], path)
+    assert read_jsonl(tmp_path / "f.jsonl") == [fact]
+    assert read_tsv(tmp_path / "f.tsv") == [fact]
+    plain = load_facts(langs=["en"], relations=["capital"], limit=1)[0]
+    assert "suffix" not in plain.to_dict() and "candidates" not in plain.to_dict()
+    with pytest.raises(RecordError, match="candidates"):
+        fact_from_mapping({**rec, "candidates": ["ロンドン"]})
+    with pytest.raises(RecordError, match="prompt"):
+        fact_from_mapping({**rec, "prompt": "", "suffix": ""})

@@ -16,6 +16,7 @@ from importlib import resources
 from typing import Any
 
 from mechlingo.data.facts import (
+    CLOZE_FIELDS,
     FIELDS,
     LANG_NAMES,
     LANGS,
@@ -67,6 +68,7 @@ def template_info() -> dict[str, Any]:
 
 
 __all__ = [
+    "CLOZE_FIELDS",
     "FIELDS",
     "LANGS",
     "LANG_NAMES",

@@ -9,7 +9,7 @@ cross-lingual comparisons aligned.
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +64,9 @@ FIELDS: tuple[str, ...] = (
     "subject_span",
 )
 
+#: Fields written only when set: text after the answer, and a candidate set for ranking.
+CLOZE_FIELDS: tuple[str, ...] = ("suffix", "candidates")
+
 
 @dataclass(frozen=True)
 class Fact:
@@ -81,6 +84,14 @@ class Fact:
         aliases: other acceptable answers in ``lang`` (short forms, other official names).
         subject_span: ``(start, end)`` character offsets with ``prompt[start:end] == subject``.
         subject_en: the subject in English (``""`` when unknown).
+        suffix: text that follows the answer in the full statement (``""`` for a completion
+            stem). Cloze benchmarks such as BMLAMA put the mask mid-sentence (``"Xの首都は
+            <mask>です。"``): ``prompt`` is the text before the mask, ``suffix`` the text after
+            it, verbatim. A fact with a suffix can be scored by candidate ranking; greedy
+            generation reads ``prompt`` only. ``prompt`` may be empty only when ``suffix``
+            is not (a mask at the very start).
+        candidates: the candidate answers of a ranking benchmark, the gold ``answer`` among
+            them (empty when the benchmark has none).
     """
 
     id: str
@@ -93,6 +104,8 @@ class Fact:
     aliases: tuple[str, ...] = ()
     subject_span: tuple[int, int] = (0, 0)
     subject_en: str = ""
+    suffix: str = ""
+    candidates: tuple[str, ...] = ()
 
     @property
     def answers(self) -> tuple[str, ...]:
@@ -101,12 +114,20 @@ class Fact:
 
     @property
     def sentence(self) -> str:
-        """The prompt completed with its answer (see :func:`complete`)."""
-        return complete(self.prompt, self.answer, self.lang)
+        """The prompt completed with its answer and suffix (see :meth:`filled`)."""
+        return self.filled(self.answer)
+
+    def filled(self, candidate: str) -> str:
+        """The full statement with ``candidate`` in the answer's place: the prompt, the
+        language's separator (none after an empty prompt), the candidate, then ``suffix``."""
+        if not self.prompt:
+            return candidate + self.suffix
+        return complete(self.prompt, candidate, self.lang) + self.suffix
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict with the fields in :data:`FIELDS` order."""
-        return {
+        """A JSON-ready dict with the fields in :data:`FIELDS` order, then those of
+        :data:`CLOZE_FIELDS` that are set."""
+        out = {
             "id": self.id,
             "relation": self.relation,
             "lang": self.lang,
@@ -118,6 +139,11 @@ class Fact:
             "aliases": list(self.aliases),
             "subject_span": list(self.subject_span),
         }
+        if self.suffix:
+            out["suffix"] = self.suffix
+        if self.candidates:
+            out["candidates"] = list(self.candidates)
+        return out
 
 
 def answer_separator(lang: str) -> str:
@@ -190,12 +216,16 @@ def fact_from_mapping(
 
     if not isinstance(record, Mapping):
         raise RecordError(f"{where}: expected an object with fields {list(REQUIRED_FIELDS)}")
+    suffix = record.get("suffix", "") or ""
+    if not isinstance(suffix, str):
+        raise fail("suffix", f"must be a string, got {suffix!r}")
     values: dict[str, str] = {}
     for field in REQUIRED_FIELDS:
         value = record.get(field)
         if value is None:
             raise fail(field, "is missing (required fields: " + ", ".join(REQUIRED_FIELDS) + ")")
-        if not isinstance(value, str) or not value.strip():
+        empty_ok = field == "prompt" and value == "" and suffix.strip()
+        if not isinstance(value, str) or not (value.strip() or empty_ok):
             raise fail(field, f"must be a non-empty string, got {value!r}")
         values[field] = value
     if values["lang"] not in LANGS:
@@ -211,22 +241,22 @@ def fact_from_mapping(
         if not isinstance(value, str):
             raise fail(field, f"must be a string, got {value!r}")
         optional[field] = value
-    aliases_raw = record.get("aliases", ())
-    if aliases_raw is None:
-        aliases_raw = ()
-    if isinstance(aliases_raw, str):
-        aliases_raw = [a for a in aliases_raw.split("|") if a]
-    if not isinstance(aliases_raw, list | tuple) or not all(
-        isinstance(a, str) and a for a in aliases_raw
-    ):
-        raise fail("aliases", f"must be a list of non-empty strings, got {aliases_raw!r}")
+    aliases_raw = _string_list(record.get("aliases", ()), "aliases", fail)
+    candidates = _string_list(record.get("candidates", ()), "candidates", fail)
+    if candidates and values["answer"] not in candidates:
+        raise fail("candidates", f"must include the answer {values['answer']!r}")
     subject = values["subject"]
     span_raw = record.get("subject_span")
     if span_raw is None or span_raw == "":
         start = prompt.find(subject)
+        if start < 0 and subject in suffix:
+            start = 0  # the subject follows the mask: (0, 0), no span inside the prompt
+            subject_len = 0
+        else:
+            subject_len = len(subject)
         if start < 0:
             raise fail("subject_span", f"is missing and subject {subject!r} is not in the prompt")
-        span = (start, start + len(subject))
+        span = (start, start + subject_len)
     else:
         if isinstance(span_raw, str):
             try:
@@ -240,7 +270,7 @@ def fact_from_mapping(
         ):
             raise fail("subject_span", f"must be two integers, got {span_raw!r}")
         span = (span_raw[0], span_raw[1])
-        if prompt[span[0] : span[1]] != subject:
+        if prompt[span[0] : span[1]] != subject and not (span == (0, 0) and subject in suffix):
             raise fail(
                 "subject_span",
                 f"{list(span)} selects {prompt[span[0] : span[1]]!r}, not the subject {subject!r}",
@@ -256,7 +286,21 @@ def fact_from_mapping(
         aliases=tuple(aliases_raw),
         subject_span=span,
         subject_en=optional["subject_en"],
+        suffix=suffix,
+        candidates=candidates,
     )
+
+
+def _string_list(raw: Any, field: str, fail: Callable[[str, str], RecordError]) -> tuple[str, ...]:
+    """A list field read from JSON (a list of strings) or TSV (one string, ``|`` between
+    items); ``None`` is empty."""
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        raw = [a for a in raw.split("|") if a]
+    if not isinstance(raw, list | tuple) or not all(isinstance(a, str) and a for a in raw):
+        raise fail(field, f"must be a list of non-empty strings, got {raw!r}")
+    return tuple(raw)
 
 
 def fact_from_cloze(

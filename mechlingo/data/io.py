@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from mechlingo.core.errors import DataError, InputError
 from mechlingo.data.facts import (
+    CLOZE_FIELDS,
     FIELDS,
     LANGS,
     RELATIONS,
@@ -179,13 +180,17 @@ def read_tsv(path: PathLike) -> list[Fact]:
 
 def write_tsv(facts: Iterable[Fact], path: PathLike) -> None:
     """Write facts as TSV with a header line (see the module docstring for escaping)."""
+    facts = list(facts)
+    names = FIELDS + tuple(f for f in CLOZE_FIELDS if any(getattr(x, f) for x in facts))
     with open(path, "w", encoding="utf-8", newline="\n") as handle:
-        handle.write("\t".join(FIELDS) + "\n")
+        handle.write("\t".join(names) + "\n")
         for fact in facts:
             row = fact.to_dict()
             row["aliases"] = "|".join(fact.aliases)
+            row["candidates"] = "|".join(fact.candidates)
             row["subject_span"] = f"{fact.subject_span[0]},{fact.subject_span[1]}"
-            handle.write("\t".join(_escape(str(row[name])) for name in FIELDS) + "\n")
+            row.setdefault("suffix", "")
+            handle.write("\t".join(_escape(str(row[name])) for name in names) + "\n")
 
 
 def read_facts(path: PathLike) -> list[Fact]:
