@@ -246,7 +246,28 @@ def fact_from_mapping(
     if candidates and values["answer"] not in candidates:
         raise fail("candidates", f"must include the answer {values['answer']!r}")
     subject = values["subject"]
-    span_raw = record.get("subject_span")
+    span = _subject_span(record.get("subject_span"), prompt, subject, suffix, fail)
+    return Fact(
+        id=values["id"],
+        relation=values["relation"],
+        lang=values["lang"],
+        subject=subject,
+        prompt=prompt,
+        answer=values["answer"],
+        answer_en=optional["answer_en"],
+        aliases=tuple(aliases_raw),
+        subject_span=span,
+        subject_en=optional["subject_en"],
+        suffix=suffix,
+        candidates=candidates,
+    )
+
+
+def _subject_span(
+    span_raw: Any, prompt: str, subject: str, suffix: str, fail: Callable[[str, str], RecordError]
+) -> tuple[int, int]:
+    """The checked ``subject_span``: given as two ints (or ``"start,end"``), or found in the
+    prompt; ``(0, 0)`` when the subject only follows the mask (it sits in ``suffix``)."""
     if span_raw is None or span_raw == "":
         start = prompt.find(subject)
         if start < 0 and subject in suffix:
@@ -275,20 +296,7 @@ def fact_from_mapping(
                 "subject_span",
                 f"{list(span)} selects {prompt[span[0] : span[1]]!r}, not the subject {subject!r}",
             )
-    return Fact(
-        id=values["id"],
-        relation=values["relation"],
-        lang=values["lang"],
-        subject=subject,
-        prompt=prompt,
-        answer=values["answer"],
-        answer_en=optional["answer_en"],
-        aliases=tuple(aliases_raw),
-        subject_span=span,
-        subject_en=optional["subject_en"],
-        suffix=suffix,
-        candidates=candidates,
-    )
+    return span
 
 
 def _string_list(raw: Any, field: str, fail: Callable[[str, str], RecordError]) -> tuple[str, ...]:
