@@ -812,7 +812,7 @@ def detect_format(path: PathLike) -> str:
     if any(_mlama_root(path).glob("*/templates.jsonl")):
         return "mlama"
     tsvs = sorted(path.glob("*.tsv"))
-    if tsvs and _is_bmlama_tsv(tsvs[0]):
+    if any(_is_bmlama_tsv(p) for p in tsvs):
         return "bmlama"
     txts = sorted(path.glob("*.txt"))
     if txts and all(lang_of(p.stem) is not None or "_" in p.stem for p in txts):
@@ -824,7 +824,10 @@ def detect_format(path: PathLike) -> str:
                 return "flores"
         except (DataError, InputError):
             continue
-    raise DataError(f"{path}: no benchmark layout recognised", fix=_FORMAT_FIX)
+    raise DataError(
+        f"{path} is a folder, not a facts file, and no benchmark layout was recognised in it",
+        fix=_FORMAT_FIX,
+    )
 
 
 _FORMAT_FIX = (
@@ -903,6 +906,8 @@ def benchmark_format(text: str) -> str | None:
     path = Path(text).expanduser()
     if not path.exists():
         return "mlama_rows" if is_hub_id(text) else None
+    if path.is_file() and _file_format(path) is None:
+        return None  # the facts-file check names the unknown extension
     found = detect_format(path)
     return None if found == "facts" else found
 

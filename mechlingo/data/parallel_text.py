@@ -73,8 +73,11 @@ def _split_dir(folder: Path, split: str, ext: str) -> Path | None:
 def parallel_layout(path: PathLike, split: str = "devtest") -> tuple[str, Path]:
     """Which layout the folder ``path`` holds, and the folder with the files of ``split``.
 
+    A folder with neither FLORES layout is taken as the ``txt`` layout (whose reader names
+    the missing files).
+
     Raises:
-        DataError: not a folder, or a folder with no file of any layout.
+        DataError: not a folder, or FLORES files of the other split only.
     """
     folder = Path(path)
     if not folder.is_dir():
@@ -90,19 +93,15 @@ def parallel_layout(path: PathLike, split: str = "devtest") -> tuple[str, Path]:
     found = _split_dir(folder, split, f".{split}")
     if found is not None:
         return "classic", found
-    if any(folder.glob("*.txt")):
-        return "txt", folder
     other = "devtest" if split == "dev" else "dev"
-    hint = (
-        f" (it has {other} files: pass split={other!r})"
-        if _split_dir(folder, other, ".parquet") or _split_dir(folder, other, f".{other}")
-        else ""
-    )
-    raise DataError(
-        f"{folder} holds no parallel text for split {split!r}{hint}",
-        fix="expected <lang>.txt files, <split>/<lang_Script>.parquet (FLORES+) or "
-        "<split>/<lang_Script>.<split> (FLORES-200)",
-    )
+    if not any(folder.glob("*.txt")) and (
+        _split_dir(folder, other, ".parquet") or _split_dir(folder, other, f".{other}")
+    ):
+        raise DataError(
+            f"{folder} holds no parallel text for split {split!r}, only for {other!r}",
+            fix=f"pass split {other!r} (--split {other})",
+        )
+    return "txt", folder  # read_parallel_dir reports what is missing
 
 
 def _files(layout: str, folder: Path, split: str) -> dict[str, Path]:
