@@ -110,6 +110,16 @@ def test_bmlama_selection_and_single_file(tmp_path):
         load_benchmark(folder, relations="capital")
 
 
+def test_byte_order_marks_are_not_data(tmp_path):
+    folder = write_fixture("bmlama", tmp_path / "b")
+    en = folder / "en.tsv"
+    en.write_bytes(b"\xef\xbb\xbf" + en.read_bytes())
+    assert len(load_benchmark(folder, langs=["en"]).facts) == 5
+    rows = write_fixture("mlama_rows", tmp_path / "r")
+    rows.write_bytes(b"\xef\xbb\xbf" + rows.read_bytes())
+    assert len(load_benchmark(rows, langs=["en"]).facts) == 2
+
+
 def test_bmlama_malformed_files_name_file_and_line(tmp_path):
     folder = write_fixture("bmlama_bad", tmp_path / "b")
     with pytest.raises(RecordError, match=r"de\.tsv, line 3: has 3 fields"):
@@ -279,6 +289,7 @@ def test_hub_failure_is_a_data_error(monkeypatch):
     with pytest.raises(DataError, match="could not be loaded.*no network"):
         load_benchmark("nobody/nothing")
     assert benchmark_format("data/facts.jsonl") is None  # a missing file, not a hub id
+    assert benchmark_format("tests/no-such-folder") is None  # tests/ exists: a local path
 
 
 # --------------------------------------------------------------------------------------

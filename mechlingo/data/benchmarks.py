@@ -222,7 +222,8 @@ def _slug(template: str) -> str:
 
 def _jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line, object)`` for every non-blank line of a JSONL file."""
-    for number, line in enumerate(read_text(path, "JSONL file").split("\n"), start=1):
+    text = read_text(path, "JSONL file").lstrip("\ufeff")
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -274,7 +275,7 @@ def _bmlama_rows(path: Path) -> list[tuple[int, list[str]]]:
                 continue
             if not header_seen:
                 # the 17-language zh file writes "Candidate Ans" as two cells; accept both
-                if " ".join(cells).split() != _BMLAMA_HEADER:
+                if " ".join(cells).lstrip("\ufeff").split() != _BMLAMA_HEADER:
                     raise RecordError(
                         f"{path}, line {line}: header {cells} is not BMLAMA's "
                         "(Prompt, Ans, Candidate Ans, Subject, tab-separated)"
@@ -404,7 +405,7 @@ def _klar_root(path: Path) -> Path:
 def _klar_json(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """``(samples, prompt_templates)`` of one KLAR relation file, checked for structure."""
     try:
-        data = json.loads(read_text(path, "KLAR file"))
+        data = json.loads(read_text(path, "KLAR file").lstrip("\ufeff"))
     except json.JSONDecodeError as err:
         raise RecordError(f"{path}, line {err.lineno}: invalid JSON ({err.msg})") from None
     if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
@@ -760,7 +761,7 @@ def load_mlama(
 
 
 def _first_record(path: Path) -> dict[str, Any]:
-    for line in read_text(path, "JSONL file").split("\n"):
+    for line in read_text(path, "JSONL file").lstrip("\ufeff").split("\n"):
         if line.strip():
             try:
                 obj = json.loads(line)
@@ -889,10 +890,12 @@ _DATA_EXTS = (".jsonl", ".json", ".tsv", ".txt", ".parquet", ".csv", ".dev", ".d
 
 
 def is_hub_id(text: str) -> bool:
-    """Whether ``text`` reads as a hub id (``owner/name``) rather than a file path."""
-    return bool(re.fullmatch(r"[\w-][\w.-]*/[\w-][\w.-]*", text)) and not text.lower().endswith(
-        _DATA_EXTS
-    )
+    """Whether ``text`` reads as a hub id (``owner/name``) rather than a file path: one
+    slash, no data-file extension, and no local folder named like the owner (so a mistyped
+    ``results/mydata`` is reported as a missing path, not looked up on the hub)."""
+    if not re.fullmatch(r"[\w-][\w.-]*/[\w-][\w.-]*", text):
+        return False
+    return not text.lower().endswith(_DATA_EXTS) and not Path(text.split("/")[0]).exists()
 
 
 def benchmark_format(text: str) -> str | None:
