@@ -108,6 +108,8 @@ def test_bmlama_selection_and_single_file(tmp_path):
     assert one.facts[0].relation == "the_capital_of_x_is_y"  # named from en.tsv beside it
     with pytest.raises(InputError, match="unknown relation"):
         load_benchmark(folder, relations="capital")
+    with pytest.raises(InputError, match=r"no facts in language\(s\) \['de'\]"):
+        load_benchmark(folder, langs=["en", "de"])
 
 
 def test_byte_order_marks_are_not_data(tmp_path):

@@ -111,6 +111,7 @@ class Benchmark:
             reason.
         unsupported_langs: language codes of files skipped as ``unsupported_language``.
         texts: parallel text (``{lang: [sentence, ...]}``) for ``flores``; else ``None``.
+        available_langs: mechlingo's languages the source has files for (read or not).
     """
 
     facts: list[Fact]
@@ -120,6 +121,7 @@ class Benchmark:
     examples: dict[str, list[str]] = field(default_factory=dict)
     unsupported_langs: tuple[str, ...] = ()
     texts: dict[str, list[str]] | None = None
+    available_langs: set[str] = field(default_factory=set)
 
     def skip(self, reason: str, where: str, n: int = 1) -> None:
         """Count ``n`` skipped records for ``reason`` (one of :data:`SKIP_REASONS`)."""
@@ -251,6 +253,7 @@ def _lang_selected(
             bench.skip("unsupported_language", where, count())
             bench.unsupported_langs = tuple(sorted({*bench.unsupported_langs, code}))
         return None
+    bench.available_langs.add(lang)
     if wanted is not None and lang not in wanted:
         return None
     return lang
@@ -849,9 +852,20 @@ def select(
     by relation and id (first appearance) and language (order of ``langs``/``LANGS``).
 
     Raises:
-        InputError: an unknown relation, a bad limit, or nothing selected.
+        InputError: a language of ``langs`` without facts, an unknown relation, a bad
+            limit, or nothing selected.
     """
     facts = bench.facts
+    if langs is not None:
+        have = {f.lang for f in facts}
+        missing = [lang for lang in langs if lang not in have]
+        if missing:
+            has = [lang for lang in LANGS if lang in bench.available_langs]
+            raise InputError(
+                f"{bench.source} has no facts in language(s) {missing}; it has files for {has}"
+                + (f" (records skipped: {bench.skipped})" if bench.skipped else ""),
+                fix="choose languages it has (--langs)",
+            )
     available = list(dict.fromkeys(f.relation for f in facts))
     if relations is not None:
         rel_sel = (relations,) if isinstance(relations, str) else tuple(relations)
