@@ -313,6 +313,10 @@ def test_detect_format_of_every_fixture(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="no benchmark layout"):
         detect_format(tmp_path / "empty")
+    (tmp_path / "empty" / "es-k100").mkdir()  # an experts output folder is not KLAR
+    (tmp_path / "empty" / "es-k100" / "intervention.json").write_text("{}")
+    with pytest.raises(DataError, match="no benchmark layout"):
+        detect_format(tmp_path / "empty")
 
 
 @pytest.mark.parametrize("kind", ["flores_parquet", "flores_classic"])

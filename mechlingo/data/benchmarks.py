@@ -809,7 +809,9 @@ def detect_format(path: PathLike) -> str:
         return found
     if not path.is_dir():
         raise DataError(f"{path} does not exist")
-    if (_klar_root(path) != path) or any(path.glob("*/*.json")):
+    if (_klar_root(path) != path) or any(
+        _LANG_DIR.fullmatch(p.parent.name) for p in path.glob("*/*.json")
+    ):
         return "klar"
     if (path / "tuples").is_dir() and (path / "patterns").is_dir():
         return "mpararel"
@@ -833,6 +835,9 @@ def detect_format(path: PathLike) -> str:
         fix=_FORMAT_FIX,
     )
 
+
+#: A folder named like a language code (``en``, ``ceb``, ``zh-hans``): KLAR's and mLAMA's.
+_LANG_DIR = re.compile(r"[a-z]{2,3}([-_][A-Za-z]+)?")
 
 _FORMAT_FIX = (
     "expected a BMLAMA folder of <lang>.tsv, KLAR's klar_source/<lang>/<relation>.json or "
