@@ -4,6 +4,7 @@ flags every command takes, loading the model and facts they select, and run meta
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +14,7 @@ from mechlingo.core.errors import InputError, MechlingoError
 from mechlingo.core.models import load_model, model_name, weight_mode
 from mechlingo.core.types import Model
 from mechlingo.core.version import __version__
-from mechlingo.data import RELATIONS, load_facts
+from mechlingo.data import RELATIONS, benchmark_format, load_benchmark, load_facts
 
 # Registered subcommands: name -> (add_args, run), filled by @command.
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[Any], int]]] = {}
@@ -108,7 +109,9 @@ def add_data_args(
     g.add_argument(
         "--data",
         default=None,
-        help="your own facts as .jsonl or .tsv (same schema as the bundled data; see docs/data.md)",
+        help="your own facts as .jsonl or .tsv (same schema as the bundled data; see "
+        "docs/data.md), or a benchmark folder/file (BMLAMA, KLAR, mLAMA, mParaRel; the format "
+        "is detected, see docs/benchmarks.md)",
     )
 
 
@@ -150,19 +153,44 @@ def load_selected_facts(args: Any) -> list[Any]:
         templates = getattr(args, "_templates_default", "tuned") if args.data is None else "tuned"
     args.templates_used = "file" if args.data is not None else templates
     try:
-        facts = load_facts(
-            langs=split_list(args.langs),
-            relations=rel,
-            limit=args.limit,
-            path=args.data,
-            templates=templates,
-        )
+        if args.data is not None and benchmark_format(args.data) is not None:
+            facts = _load_benchmark_facts(args, rel)
+        else:
+            facts = load_facts(
+                langs=split_list(args.langs),
+                relations=rel,
+                limit=args.limit,
+                path=args.data,
+                templates=templates,
+            )
     except MechlingoError:
         raise
     except (ValueError, OSError) as err:
         raise UsageError(str(err)) from err
     args._facts = facts
     return facts
+
+
+def _load_benchmark_facts(args: Any, relations: list[str] | None) -> list[Any]:
+    """Facts of a benchmark given with ``--data``; the records skipped, by reason, are printed
+    and kept on ``args`` for the summary's ``meta`` (:func:`run_meta`)."""
+    bench = load_benchmark(
+        args.data, langs=split_list(args.langs), relations=relations, limit=args.limit
+    )
+    if bench.texts is not None:
+        raise UsageError(
+            f"--data {args.data} is parallel text ({bench.format}), not facts; experts and "
+            "align read it"
+        )
+    args.data_format = bench.format
+    args.data_skipped = dict(sorted(bench.skipped.items()))
+    if bench.skipped:
+        counts = ", ".join(f"{k} {v}" for k, v in args.data_skipped.items())
+        print(
+            f"{args.data}: skipped {sum(bench.skipped.values())} records ({counts})",
+            file=sys.stderr,
+        )
+    return bench.facts
 
 
 def load_cli_model(args: Any) -> Any:
@@ -187,5 +215,10 @@ def run_meta(model: Model, args: Any, **extra: Any) -> dict[str, Any]:
         "device": str(model.W_U.device),
         "mechlingo": __version__,
         **({"templates": args.templates_used} if hasattr(args, "templates_used") else {}),
+        **(
+            {"data_format": args.data_format, "skipped": args.data_skipped}
+            if hasattr(args, "data_skipped")
+            else {}
+        ),
         **extra,
     }

@@ -41,7 +41,7 @@ from mechlingo.cli.common import (
 )
 from mechlingo.cli.flags import parse_ints
 from mechlingo.core.types import Model
-from mechlingo.data import LANGS, load_facts, parallel_sentences, read_parallel_dir
+from mechlingo.data import LANGS, load_facts, parallel_sentences, read_parallel
 from mechlingo.interventions import InterventionError, load_intervention
 from mechlingo.report import write_outputs
 from mechlingo.report.experts import align_report, experts_report, interval_rows
@@ -52,8 +52,15 @@ def _data_args(p: argparse.ArgumentParser, default_limit: int) -> None:
     g.add_argument(
         "--data",
         default=None,
-        help="folder of line-aligned <lang>.txt files (e.g. NTREX/FLORES); default: the "
-        "bundled parallel sentences",
+        help="folder of line-aligned <lang>.txt files (e.g. NTREX), or a FLORES+ "
+        "(<split>/<lang_Script>.parquet) or FLORES-200 (<split>/<lang_Script>.<split>) folder; "
+        "default: the bundled parallel sentences",
+    )
+    g.add_argument(
+        "--split",
+        choices=("dev", "devtest"),
+        default="devtest",
+        help="FLORES split to read from a FLORES --data folder (default devtest)",
     )
     g.add_argument(
         "--langs",
@@ -94,7 +101,7 @@ def load_parallel(args: Any, *, offset: int | None = None, limit: int | None = N
         raise UsageError("--offset must be >= 0")
     try:
         if args.data:
-            texts = read_parallel_dir(args.data, langs)
+            texts = read_parallel(args.data, langs, getattr(args, "split", "devtest"))
         else:
             texts = parallel_sentences(langs or list(LANGS))
     except ValueError as err:

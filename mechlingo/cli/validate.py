@@ -34,7 +34,7 @@ from mechlingo.core.errors import (
 from mechlingo.core.models import default_model_dir
 from mechlingo.core.sites import canonical_site
 from mechlingo.core.types import Model
-from mechlingo.data import LANGS, RELATIONS, few_shot_prompt, read_facts
+from mechlingo.data import LANGS, RELATIONS, benchmark_format, few_shot_prompt, read_facts
 from mechlingo.interventions import load_intervention
 
 __all__ = [
@@ -528,9 +528,11 @@ def _check_counts(args: Any) -> None:
 def _check_fact_flags(args: Any) -> None:
     """Flags of the commands that read facts (lens, eval, trace, steer)."""
     parse_list(getattr(args, "langs", None), "--langs", known=LANGS, what="language")
-    facts = check_data_file(getattr(args, "data", None))
+    data = getattr(args, "data", None)
+    bench = data is not None and data.strip() != "" and benchmark_format(data) is not None
+    facts = None if bench else check_data_file(data)  # a benchmark is read with the facts
     rel = getattr(args, "relation", None)
-    if rel is not None and rel.strip() != "all":
+    if rel is not None and rel.strip() != "all" and not bench:
         available = RELATIONS if facts is None else sorted({f.relation for f in facts})
         parse_list(rel, "--relation", known=available, what="relation")
     if hasattr(args, "track"):

@@ -15,6 +15,14 @@ import json
 from importlib import resources
 from typing import Any
 
+from mechlingo.data.benchmarks import (
+    FORMATS,
+    SKIP_REASONS,
+    Benchmark,
+    benchmark_format,
+    detect_format,
+    load_benchmark,
+)
 from mechlingo.data.facts import (
     CLOZE_FIELDS,
     FIELDS,
@@ -38,11 +46,13 @@ from mechlingo.data.io import (
     read_facts,
     read_jsonl,
     read_parallel_dir,
+    read_text,
     read_tsv,
     to_dataset,
     write_jsonl,
     write_tsv,
 )
+from mechlingo.data.parallel_text import SCRIPT_CODES, read_parallel
 from mechlingo.data.prompts import (
     NATIVE_LANG_NAMES,
     few_shot_prompt,
@@ -70,27 +80,36 @@ def template_info() -> dict[str, Any]:
 __all__ = [
     "CLOZE_FIELDS",
     "FIELDS",
+    "FORMATS",
+    "SCRIPT_CODES",
+    "SKIP_REASONS",
     "LANGS",
     "LANG_NAMES",
     "NATIVE_LANG_NAMES",
     "TEMPLATE_FAMILIES",
     "RELATIONS",
     "REQUIRED_FIELDS",
+    "Benchmark",
     "Fact",
     "RecordError",
     "answer_separator",
+    "benchmark_format",
     "bundled_path",
     "complete",
+    "detect_format",
     "fact_from_cloze",
     "fact_from_mapping",
     "few_shot_prompt",
     "from_dataset",
+    "load_benchmark",
     "load_facts",
     "natural_templates",
     "parallel_sentences",
     "read_facts",
     "read_jsonl",
+    "read_parallel",
     "read_parallel_dir",
+    "read_text",
     "read_tsv",
     "template_info",
     "to_dataset",
