@@ -234,6 +234,33 @@ def test_disk_full_during_conversion_leaves_no_partial_cache(work, capsys, monke
     assert status == 2 and "no space left" in _one_line(err), err
 
 
+def test_read_only_cache_with_a_good_model_loads(work, monkeypatch):
+    """A cache that holds a good model is used without a single write (no lock, no
+    cleanup), so a read-only cache works."""
+
+    def convert(pkg: Any, w: Path) -> Path:
+        (w / "model").mkdir()
+        (w / "model" / "model.safetensors").write_bytes(b"\x02" * 512)
+        return w / "model"
+
+    monkeypatch.setattr(models, "_convert_default_gguf", convert)
+    folder = models.ensure_default_model()
+    before = _tree(work / "cache")
+
+    def refuse(*a: Any, **k: Any) -> Any:
+        raise OSError(errno.EROFS, "Read-only file system", str(work / "cache"))
+
+    monkeypatch.setattr(models, "file_lock", refuse)
+    monkeypatch.setattr(models.tempfile, "mkdtemp", refuse)
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    assert models.ensure_default_model() == folder
+    assert _tree(work / "cache") == before
+    # the same cache with a broken model: the rebuild is refused in one line
+    (folder / "model.safetensors").write_bytes(b"\x00")
+    with pytest.raises(ResourceError, match="read-only.*MECHLINGO_CACHE"):
+        models.ensure_default_model()
+
+
 _STAND_IN = """
 import os, sys, time
 from pathlib import Path
