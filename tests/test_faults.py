@@ -499,7 +499,7 @@ def _commands(T: str) -> list[list[str]]:
         ["steer", "build", *common, "--langs", "en,fr", "--limit", "16",
          "--split", "0.6,0.2,0.2", "--out", "vec"],
         ["steer", "eval", *common, "--vectors", "vec", "--langs", "en,fr", "--limit", "16",
-         "--split", "0.6,0.2,0.2", "--config", "0,0.1,1,0.1", "--max-new-tokens", "2",
+         "--split", "0.6,0.2,0.2", "--config", "0,4,1,4", "--max-new-tokens", "3",
          "--seeds", "0,1", "--out", "steer"],
         ["experts", *common, "--langs", "en,es,fr", "--lang", "es", "--limit", "8",
          "--k", "5,10", "--heldout", "4", "--samples", "4", "--new-tokens", "3",
@@ -519,11 +519,12 @@ def _numbers(doc: Any) -> Any:
 _OUTS = ("eval", "trace", "steer", "experts")
 
 
-def test_same_command_twice_gives_identical_summaries(tiny_dir, tmp_path, monkeypatch):
-    """Each command run in this process and again in a fresh interpreter (another
-    ``PYTHONHASHSEED``, so set and dict orders of strings differ): the summaries are equal
-    number for number, and they record every seed and the library versions."""
-    here, there = tmp_path / "a", tmp_path / "b"
+@pytest.fixture(scope="module")
+def reruns(tiny_dir, tmp_path_factory) -> tuple[Path, Path, str]:
+    """The commands of :func:`_commands` run in this process (folder ``a``) and in a fresh
+    interpreter with another ``PYTHONHASHSEED`` (folder ``b``), at the same time."""
+    root = tmp_path_factory.mktemp("reruns")
+    here, there = root / "a", root / "b"
     here.mkdir()
     there.mkdir()
     cmds = _commands(str(tiny_dir))
@@ -533,69 +534,104 @@ def test_same_command_twice_gives_identical_summaries(tiny_dir, tmp_path, monkey
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=there,
                             env=_env(PYTHONHASHSEED="4321"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-    monkeypatch.chdir(here)
-    for c in cmds:
-        assert main(c) == 0, c
+    cwd = Path.cwd()
+    os.chdir(here)
+    try:
+        for c in cmds:
+            assert main(c) == 0, c
+    finally:
+        os.chdir(cwd)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
+    return here, there, str(tiny_dir)
+
+
+def test_same_command_twice_gives_identical_outputs(reruns):
+    """Each command twice: ``summary.json`` and the other JSON files equal number for number
+    (the wall-clock ``seconds`` aside), every other file but the HTML report (generations,
+    expert scores, k curve, clamp weights) byte for byte; the summaries record every seed and the library
+    versions."""
+    here, there, _ = reruns
     for name in _OUTS:
         a = json.loads((here / name / "summary.json").read_text())
         b = json.loads((there / name / "summary.json").read_text())
         assert _numbers(a) == _numbers(b), name
+        files_a, files_b = _tree(here / name), _tree(there / name)
+        assert files_a.keys() == files_b.keys(), name
+        for f in files_a:
+            if f.endswith(".json") and files_a[f] != "dir":
+                assert _numbers(json.loads(files_a[f])) == _numbers(json.loads(files_b[f])), f
+            elif not f.endswith(".html"):
+                assert files_a[f] == files_b[f], f"{name}/{f}"
         meta = a["meta"]
         assert {"mechlingo", "python", "torch", "transformers", "transformer-lens"} <= set(
             meta["versions"]
         ), name
+        assert meta["versions"]["torch"].split("+")[0] == torch.__version__.split("+")[0]
         assert "bootstrap" in meta["seeds"], name
     steer = json.loads((here / "steer" / "summary.json").read_text())
     assert steer["meta"]["seeds"]["seeds"] == [0, 1]
     experts = json.loads((here / "experts" / "summary.json").read_text())
     assert experts["meta"]["seeds"] == {"seed": 0, "bootstrap": 0}
+    assert len(_tree(here / "experts")) > 6  # the clamps were compared too
 
 
-def test_k_numbers_do_not_depend_on_the_other_ks(tiny_dir, tmp_path, monkeypatch):
-    """``experts --k 5,10`` and ``--k 5,10,20``: the k = 5 and k = 10 rows of the k curve and
-    their clamps (expert and random control) are identical."""
-    monkeypatch.chdir(tmp_path)
-    base = _commands(str(tiny_dir))[-1][:-2]
-    k = base.index("--k")
-    runs = {}
-    for ks in ("5,10", "5,10,20"):
-        argv = [*base[: k + 1], ks, *base[k + 2 :], "--out", f"k{ks}"]
-        assert main(argv) == 0
-        runs[ks] = json.loads((tmp_path / f"k{ks}" / "summary.json").read_text())
+def test_k_numbers_do_not_depend_on_the_other_ks(reruns, monkeypatch):
+    """``experts --k 5,10`` and ``--k 5,10,20``: the k = 5 and k = 10 rows of the k curve
+    (rates, perplexities, intervals) and their clamps (expert and random control) are
+    identical."""
+    here, _, T = reruns
+    monkeypatch.chdir(here)
+    argv = _commands(T)[-1]
+    argv[argv.index("--k") + 1] = "5,10,20"
+    argv[argv.index("--out") + 1] = "experts20"
+    assert main(argv) == 0
+    runs = {
+        ks: json.loads((here / out / "summary.json").read_text())
+        for ks, out in (("5,10", "experts"), ("5,10,20", "experts20"))
+    }
     curve = {ks: {(r["k"], r["arm"]): r for r in s["k_curve"]["es"]} for ks, s in runs.items()}
     assert set(curve["5,10,20"]) - set(curve["5,10"]) == {(20, "experts"), (20, "random")}
     for arm, row in curve["5,10"].items():
         assert row == curve["5,10,20"][arm], arm
     for clamp in ("es-k5", "es-k10", "es-k10-random"):
-        a = _tree(tmp_path / "k5,10" / clamp)
-        b = _tree(tmp_path / "k5,10,20" / clamp)
+        a = _tree(here / "experts" / clamp)
+        b = _tree(here / "experts20" / clamp)
         assert (
             a.keys() == b.keys() and a["intervention.safetensors"] == b["intervention.safetensors"]
         ), clamp
 
 
-def test_random_control_seed_does_not_depend_on_the_other_seeds(tiny_dir, tmp_path,
-                                                                monkeypatch):  # fmt: skip
-    """``steer eval --seeds 0,1`` and ``--seeds 1,2``: every number of ``random_s1`` (and
-    of the other conditions) is identical."""
-    monkeypatch.chdir(tmp_path)
-    cmds = _commands(str(tiny_dir))
-    assert main(cmds[2]) == 0
-    runs = {}
-    for seeds in ("0,1", "1,2"):
-        argv = list(cmds[3])
-        argv[argv.index("--seeds") + 1] = seeds
-        argv[argv.index("--out") + 1] = f"s{seeds}"
-        assert main(argv) == 0
-        runs[seeds] = json.loads((tmp_path / f"s{seeds}" / "summary.json").read_text())
-    a, b = runs["0,1"], runs["1,2"]
+def test_random_control_seed_does_not_depend_on_the_other_seeds(reruns, monkeypatch):
+    """``steer eval --seeds 0,1`` and ``--seeds 1,2``: every number and every generation of
+    ``random_s1`` (and of the other conditions) is identical; at this alpha the two seeds'
+    generations differ, so the comparison can fail."""
+    here, _, T = reruns
+    monkeypatch.chdir(here)
+    argv = _commands(T)[3]
+    argv[argv.index("--seeds") + 1] = "1,2"
+    argv[argv.index("--out") + 1] = "steer12"
+    assert main(argv) == 0
+    a = json.loads((here / "steer" / "summary.json").read_text())
+    b = json.loads((here / "steer12" / "summary.json").read_text())
     for cond in ("orig", "task", "diff", "both", "random_s1"):
         assert _find(a, "accuracy")[cond] == _find(b, "accuracy")[cond], cond
         assert _find(a, "intervals")[cond] == _find(b, "intervals")[cond], cond
         if cond != "orig":
             assert _find(a, "mcnemar_vs_orig")[cond] == _find(b, "mcnemar_vs_orig")[cond]
+    gen = {run: _generations(here / run) for run in ("steer", "steer12")}
+    for cond in ("orig", "task", "diff", "both", "random_s1"):
+        assert gen["steer"][cond] == gen["steer12"][cond], cond
+    assert gen["steer"]["random_s0"] != gen["steer"]["random_s1"]
+
+
+def _generations(folder: Path) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in (folder / "generations.jsonl").read_text("utf-8").splitlines():
+        if line.strip():
+            r = json.loads(line)
+            out.setdefault(r["condition"], []).append(r["generation"])
+    return out
 
 
 def _find(doc: Any, key: str) -> Any:
