@@ -125,7 +125,7 @@ def _user_fault(err: Exception, args: Any) -> MechlingoError | None:
     if is_out_of_memory(err):
         extra = ("--cells-per-batch",) if hasattr(args, "cells_per_batch") else ()
         return memory_error(err, getattr(args, "batch_size", None), extra_flags=extra)
-    return disk_error(err, what=f"running mechlingo {args.command}")
+    return disk_error(err, what=f"running mechlingo {args.command}", atomic=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -63,7 +63,9 @@ DISK_ERRNOS: dict[int, str] = {
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-def disk_error(err: BaseException, *, what: str, fix: str | None = None) -> ResourceError | None:
+def disk_error(
+    err: BaseException, *, what: str, fix: str | None = None, atomic: bool = True
+) -> ResourceError | None:
     """``err`` as a one-line :class:`ResourceError` when it is a disk fault the user can fix
     (:data:`DISK_ERRNOS`), else ``None`` (the caller re-raises it).
 
@@ -71,6 +73,7 @@ def disk_error(err: BaseException, *, what: str, fix: str | None = None) -> Reso
         err: the exception caught.
         what: what was being done, e.g. ``"writing --out results"``.
         fix: what to do; default: free space (full disk) or choose a writable place.
+        atomic: the write was atomic (the message then says nothing was left half-written).
     """
     if not isinstance(err, OSError) or err.errno not in DISK_ERRNOS:
         return None
@@ -84,9 +87,8 @@ def disk_error(err: BaseException, *, what: str, fix: str | None = None) -> Reso
         )
     at = f" ({path})" if path else ""
     name = errno.errorcode.get(err.errno, str(err.errno))
-    return ResourceError(
-        f"{reason} while {what}{at} [{name}]; nothing was left half-written", fix=fix
-    )
+    clean = "; nothing was left half-written" if atomic else ""
+    return ResourceError(f"{reason} while {what}{at} [{name}]{clean}", fix=fix)
 
 
 def is_out_of_memory(err: BaseException) -> bool:
