@@ -59,6 +59,9 @@ DISK_ERRNOS: dict[int, str] = {
     errno.EPERM: "the operation is not permitted",
 }
 
+#: errno values of a file system that has no locks.
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
+
 #: errno values of a full disk.
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
@@ -173,8 +176,9 @@ def stop_on_signals() -> Iterator[None]:
 def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
     """Hold an exclusive advisory lock on ``path`` (a folder, or a file created if missing)
     while inside; another process asking for it waits. The lock goes with the process if it
-    dies. Where ``fcntl`` does not exist (Windows) this does nothing: the atomic rename of
-    the caller still keeps readers from seeing a partial folder."""
+    dies. Where ``fcntl`` does not exist (Windows) or the file system has no locks (some
+    NFS mounts: ``ENOLCK``), this does nothing: the atomic rename of the caller still keeps
+    readers from seeing a partial folder (two processes may then both do the work)."""
     if fcntl is None:  # pragma: no cover - Windows
         yield
         return
@@ -182,7 +186,11 @@ def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
     flags = os.O_RDONLY if path.is_dir() else os.O_RDWR | os.O_CREAT
     fd = os.open(path, flags, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as err:
+            if err.errno not in _NO_LOCKS:
+                raise
         yield
     finally:
         with contextlib.suppress(OSError):
