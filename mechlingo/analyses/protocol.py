@@ -40,6 +40,7 @@ import numpy as np
 from mechlingo.analyses.evaluate import EvalResult, evaluate_facts
 from mechlingo.analyses.repair import RepairVectors, SteeringConfig, _unit
 from mechlingo.core.errors import InputError, MechlingoError
+from mechlingo.core.faults import derive_seed
 from mechlingo.core.figures import draw
 from mechlingo.core.types import Model
 from mechlingo.data import Fact, few_shot_prompt
@@ -458,12 +459,20 @@ def _random_of(
     if selected in ("task", "both"):
         v = vectors.task.at(cfg.task_layer, cfg.task_alpha)
         parts.append(
-            SteeringVector(random_like(v.direction(), seed), cfg.task_layer, cfg.task_alpha)
+            SteeringVector(
+                random_like(v.direction(), derive_seed(seed, "task")),
+                cfg.task_layer,
+                cfg.task_alpha,
+            )
         )
     if selected in ("diff", "both"):
         v = vectors.diff.at(cfg.diff_layer, cfg.diff_alpha)
         parts.append(
-            SteeringVector(random_like(v.direction(), seed + 1000), cfg.diff_layer, cfg.diff_alpha)
+            SteeringVector(
+                random_like(v.direction(), derive_seed(seed, "diff")),
+                cfg.diff_layer,
+                cfg.diff_alpha,
+            )
         )
     return Compose(parts)
 

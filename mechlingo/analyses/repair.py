@@ -43,6 +43,7 @@ from mechlingo.activations.means import last_token_means
 from mechlingo.activations.runs import collect
 from mechlingo.analyses.evaluate import EvalResult, evaluate_facts
 from mechlingo.core.errors import ArtifactError, InputError
+from mechlingo.core.faults import derive_seed
 from mechlingo.core.figures import draw
 from mechlingo.core.jsonable import finite_or_none
 from mechlingo.core.sites import resolve_layers, resolve_site
@@ -410,14 +411,14 @@ def conditions(
     rand = Compose(
         [
             SteeringVector(
-                random_like(task.direction(), seed),
+                random_like(task.direction(), derive_seed(seed, "task")),
                 config.task_layer,
                 config.task_alpha,
                 positions=positions,
                 meta={"name": "random(task)"},
             ),
             SteeringVector(
-                random_like(diff.direction(), seed + 1),
+                random_like(diff.direction(), derive_seed(seed, "diff")),
                 config.diff_layer,
                 config.diff_alpha,
                 positions=positions,

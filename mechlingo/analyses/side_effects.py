@@ -45,6 +45,7 @@ from mechlingo.analyses.evaluate import evaluate_facts, greedy_generate
 from mechlingo.analyses.experts import identify_languages
 from mechlingo.analyses.experts import line_nll as _line_nll
 from mechlingo.core.errors import InputError
+from mechlingo.core.faults import derive_seed
 from mechlingo.core.figures import draw
 from mechlingo.core.sites import resolve_site, site_map
 from mechlingo.core.types import Model
@@ -95,11 +96,13 @@ def random_control(intervention: Intervention, model: Model, *, seed: int = 0) -
         SideEffectsError: an intervention kind without a defined control (pass your own
             ``control=`` to :func:`side_effects`).
     """
-    gen = torch.Generator().manual_seed(seed)
     meta = {"control_of": repr(intervention), "seed": seed}
     if isinstance(intervention, Compose):
         return Compose(
-            [random_control(p, model, seed=seed + 1 + i) for i, p in enumerate(intervention.parts)],
+            [
+                random_control(p, model, seed=derive_seed(seed, "part", i))
+                for i, p in enumerate(intervention.parts)
+            ],
             meta=meta,
         )
     if isinstance(intervention, SteeringVector):
@@ -126,6 +129,8 @@ def random_control(intervention: Intervention, model: Model, *, seed: int = 0) -
                     f"layer {layer}: {ids.numel()} clamped neurons leave too few others "
                     f"({pool.numel()}) for a random control; pass control="
                 )
+            # one generator per layer: a layer's pick does not depend on the other layers
+            gen = torch.Generator().manual_seed(derive_seed(seed, "layer", layer))
             neurons[layer] = pool[torch.randperm(pool.numel(), generator=gen)[: ids.numel()]]
         return NeuronClamp(
             neurons,
@@ -150,6 +155,7 @@ def random_control(intervention: Intervention, model: Model, *, seed: int = 0) -
         others = [layer for layer in range(n) if layer != own]
         if not others:
             raise SideEffectsError("a one-layer model has no other layer for the control")
+        gen = torch.Generator().manual_seed(seed)
         pick = others[int(torch.randint(len(others), (1,), generator=gen))]
         return Ablation(
             intervention.site, pick, "zero", positions=intervention.positions, meta=meta

@@ -13,7 +13,7 @@ from mechlingo.cli.validate import check_after_load
 from mechlingo.core.errors import InputError, MechlingoError
 from mechlingo.core.models import load_model, model_name, weight_mode
 from mechlingo.core.types import Model
-from mechlingo.core.version import __version__
+from mechlingo.core.version import __version__, library_versions
 from mechlingo.data import RELATIONS, benchmark_format, load_benchmark, load_facts
 
 # Registered subcommands: name -> (add_args, run), filled by @command.
@@ -207,7 +207,9 @@ def load_cli_model(args: Any) -> Any:
 
 
 def run_meta(model: Model, args: Any, **extra: Any) -> dict[str, Any]:
-    """The ``meta`` record of a command's summary (model, weights, device, version)."""
+    """The ``meta`` record of a command's summary: model, weights, device, the seeds
+    (:func:`run_seeds`) and the library versions (mechlingo, Python, torch, transformers,
+    transformer-lens, numpy, scipy), so that a number can be traced to what made it."""
 
     return {
         "model": model_name(model),
@@ -220,5 +222,21 @@ def run_meta(model: Model, args: Any, **extra: Any) -> dict[str, Any]:
             if hasattr(args, "data_skipped")
             else {}
         ),
+        "seeds": run_seeds(args),
+        "versions": library_versions(),
         **extra,
     }
+
+
+def run_seeds(args: Any) -> dict[str, Any]:
+    """Every seed a command drew with: its ``--seed``/``--seeds`` and the fixed seed 0 of
+    the bootstrap intervals that no flag sets. Each arm, k, condition and role draws from a
+    generator of its own, seeded from these (:func:`mechlingo.core.faults.derive_seed`), so
+    adding or removing one leaves the others' numbers as they were."""
+    seeds: dict[str, Any] = {}
+    if isinstance(getattr(args, "seed", None), int):
+        seeds["seed"] = args.seed
+    if isinstance(getattr(args, "seeds", None), str):
+        seeds["seeds"] = [int(x) for x in args.seeds.split(",") if x.strip()]
+    seeds["bootstrap"] = seeds.get("seed", 0)
+    return seeds

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -29,6 +30,13 @@ from mechlingo.cli.common import COMMANDS
 from mechlingo.cli.validate import validate_args
 from mechlingo.core.artifacts import cleanup_stale
 from mechlingo.core.errors import MechlingoError, format_error
+from mechlingo.core.faults import (
+    Stopped,
+    disk_error,
+    is_out_of_memory,
+    memory_error,
+    stop_on_signals,
+)
 from mechlingo.core.models import cache_dir
 
 
@@ -62,9 +70,11 @@ def _cleanup_at_start(args: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``mechlingo`` command line; returns the exit status.
 
-    0: done. 2: bad input (one line on stderr: what, where, what to do; ``--out`` and the
-    model cache untouched). 1: a bug (one line saying so, then the traceback). 130:
-    interrupted. ``MECHLINGO_DEBUG=1`` re-raises instead.
+    0: done. 2: bad input or a fault the user can fix (a full or read-only disk, a model
+    cache that cannot be written, the GPU out of memory): one line on stderr (what, where,
+    what to do), ``--out`` and the model cache as they were. 1: a bug (one line saying so,
+    then the traceback). 130 (SIGINT, Ctrl-C) and 143 (SIGTERM), 129 (SIGHUP): stopped, one
+    line, ``--out`` as it was. ``MECHLINGO_DEBUG=1`` re-raises instead.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -74,23 +84,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     name = args.command + (f" {args.steer_command}" if getattr(args, "steer_command", None) else "")
     try:
-        validate_args(args)
-        _cleanup_at_start(args)
-        # Under torchrun the statistics of `steer build` and `experts` are computed data-parallel
-        # (each rank streams its shard; sums are all-reduced) and only rank 0 writes outputs.
-        with process_group():
-            return int(args._run(args) or 0)
-    except MechlingoError as err:
-        if os.environ.get("MECHLINGO_DEBUG"):
-            raise
-        print(f"mechlingo {name}: error: {format_error(err)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # pragma: no cover
-        print("interrupted; nothing was written", file=sys.stderr)
-        return 130
+        with stop_on_signals():
+            validate_args(args)
+            _cleanup_at_start(args)
+            # Under torchrun the statistics of `steer build` and `experts` are computed
+            # data-parallel (each rank streams its shard; sums are all-reduced) and only rank
+            # 0 writes outputs.
+            with process_group():
+                return int(args._run(args) or 0)
+    except (KeyboardInterrupt, Stopped) as err:
+        signum = err.signum if isinstance(err, Stopped) else int(signal.SIGINT)
+        out = getattr(args, "out", None)
+        left = f"{out} was left as it was" if isinstance(out, str) else "nothing was written"
+        sig = signal.Signals(signum).name
+        print(f"mechlingo {name}: stopped by {sig}; {left}", file=sys.stderr)
+        return 128 + signum
     except Exception as err:
+        fault = _user_fault(err, args)
         if os.environ.get("MECHLINGO_DEBUG"):
             raise
+        if fault is not None:
+            print(f"mechlingo {name}: error: {format_error(fault)}", file=sys.stderr)
+            return 2
         print(
             f"mechlingo {name}: internal error ({type(err).__name__}): this is a bug in "
             "mechlingo, not in your input; please report it with the command line and the "
@@ -99,6 +114,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         traceback.print_exc(file=sys.stderr)
         return 1
+
+
+def _user_fault(err: Exception, args: Any) -> MechlingoError | None:
+    """``err`` as an error the user can fix: a :class:`MechlingoError` as it is, a disk
+    fault (:func:`mechlingo.core.faults.disk_error`) or running out of memory
+    (:func:`mechlingo.core.faults.memory_error`, naming ``--batch-size``); else ``None``."""
+    if isinstance(err, MechlingoError):
+        return err
+    if is_out_of_memory(err):
+        extra = ("--cells-per-batch",) if hasattr(args, "cells_per_batch") else ()
+        return memory_error(err, getattr(args, "batch_size", None), extra_flags=extra)
+    return disk_error(err, what=f"running mechlingo {args.command}", atomic=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mechlingo.core.errors import OutputError
+from mechlingo.core.faults import FULL_ERRNOS, disk_error
 
 __all__ = ["atomic_folder", "cleanup_stale", "kill_point", "publish_folder"]
 
@@ -137,6 +138,9 @@ def atomic_folder(out: str | os.PathLike[str], *, keep_others: bool = True) -> I
         cleanup_stale(out.parent, out.name)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-{os.getpid()}-", dir=out.parent))
     except OSError as err:
+        found = disk_error(err, what=f"creating {out}")
+        if found is not None:
+            raise found from err
         raise OutputError(
             f"cannot write next to {out}: {err.strerror or err}",
             fix="choose an --out in a writable folder",
@@ -150,8 +154,19 @@ def atomic_folder(out: str | os.PathLike[str], *, keep_others: bool = True) -> I
                 if not target.exists() and not target.is_symlink():
                     _carry(entry, target)
         publish_folder(tmp, out)
+    except OSError as err:  # a full or read-only disk: one line, the old folder kept
+        found = disk_error(err, what=f"writing {out}", fix=_disk_fix(err))
+        if found is None:
+            raise
+        raise found from err
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _disk_fix(err: OSError) -> str:
+    if err.errno in FULL_ERRNOS:
+        return "free space on that disk (df -h shows it), or choose an --out on another disk"
+    return "choose an --out in a folder you can write"
 
 
 def cleanup_stale(

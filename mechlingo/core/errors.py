@@ -22,6 +22,10 @@ The classes (see ``docs/gotchas.md`` for when each is raised):
   ``MissingArtifactError`` (also a ``FileNotFoundError``) when it is missing.
 - ``ContextLengthError``: a prompt is longer than the model's context (``n_ctx``).
 - ``DeviceError``: an unknown or unavailable device, or an unknown dtype.
+- ``ResourceError`` (also an ``OSError``): the machine refused a write: no space left on the
+  device, a read-only file system, a denied write, a model cache that cannot be created.
+- ``DeviceMemoryError`` (also a ``MemoryError``): the GPU (or CPU) ran out of memory; the
+  message names the batch-size flag and a value to try.
 - Defined next to their code: ``UsageError`` (``mechlingo.cli``), ``ModelLoadError``
   (``mechlingo.core.models``, a ``RuntimeError``), ``RecordError`` (``mechlingo.data``),
   ``SiteError`` (``mechlingo.core.sites``), ``TokenizationError`` (``mechlingo.core.tokens``),
@@ -43,10 +47,12 @@ __all__ = [
     "ContextLengthError",
     "DataError",
     "DeviceError",
+    "DeviceMemoryError",
     "InputError",
     "MechlingoError",
     "MissingArtifactError",
     "OutputError",
+    "ResourceError",
     "format_error",
 ]
 
@@ -103,6 +109,16 @@ class ContextLengthError(InputError):
 
 class DeviceError(InputError):
     """An unknown or unavailable device, or an unknown dtype."""
+
+
+class ResourceError(MechlingoError, OSError):
+    """The machine refused a write (disk full, read-only, permission denied, a cache folder
+    that cannot be created); nothing half-written is left, the message says what to do."""
+
+
+class DeviceMemoryError(MechlingoError, MemoryError):
+    """The GPU (or CPU) ran out of memory; the message names the batch-size flag and a
+    smaller value to try."""
 
 
 def format_error(err: BaseException) -> str:

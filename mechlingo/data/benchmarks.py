@@ -224,7 +224,7 @@ def _slug(template: str) -> str:
 
 def _jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line, object)`` for every non-blank line of a JSONL file."""
-    text = read_text(path, "JSONL file").lstrip("\ufeff")
+    text = read_text(path, "JSONL file")
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
@@ -278,7 +278,7 @@ def _bmlama_rows(path: Path) -> list[tuple[int, list[str]]]:
                 continue
             if not header_seen:
                 # the 17-language zh file writes "Candidate Ans" as two cells; accept both
-                if " ".join(cells).lstrip("\ufeff").split() != _BMLAMA_HEADER:
+                if " ".join(cells).split() != _BMLAMA_HEADER:
                     raise RecordError(
                         f"{path}, line {line}: header {cells} is not BMLAMA's "
                         "(Prompt, Ans, Candidate Ans, Subject, tab-separated)"
@@ -408,7 +408,7 @@ def _klar_root(path: Path) -> Path:
 def _klar_json(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """``(samples, prompt_templates)`` of one KLAR relation file, checked for structure."""
     try:
-        data = json.loads(read_text(path, "KLAR file").lstrip("\ufeff"))
+        data = json.loads(read_text(path, "KLAR file"))
     except json.JSONDecodeError as err:
         raise RecordError(f"{path}, line {err.lineno}: invalid JSON ({err.msg})") from None
     if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
@@ -764,7 +764,7 @@ def load_mlama(
 
 
 def _first_record(path: Path) -> dict[str, Any]:
-    for line in read_text(path, "JSONL file").lstrip("\ufeff").split("\n"):
+    for line in read_text(path, "JSONL file").split("\n"):
         if line.strip():
             try:
                 obj = json.loads(line)
@@ -776,7 +776,7 @@ def _first_record(path: Path) -> dict[str, Any]:
 
 def _is_bmlama_tsv(path: Path) -> bool:
     head = read_text(path, "TSV file").split("\n", 1)[0]
-    return head.lstrip("\ufeff").split("\t", 1)[0].strip() == "Prompt"
+    return head.split("\t", 1)[0].strip() == "Prompt"
 
 
 def _file_format(path: Path) -> str | None:

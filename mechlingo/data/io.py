@@ -44,28 +44,65 @@ PathLike = str | os.PathLike[str]
 BUNDLED_FACTS = "facts.jsonl"
 
 
-def _read_text(path: PathLike, what: str = "file") -> str:
-    """The file's text as UTF-8; a clear error naming the file and line otherwise."""
+_UTF16 = {b"\xff\xfe": "UTF-16 little-endian", b"\xfe\xff": "UTF-16 big-endian"}
+_UTF32 = {b"\xff\xfe\x00\x00": "UTF-32 little-endian", b"\x00\x00\xfe\xff": "UTF-32 big-endian"}
+
+
+def read_text(path: PathLike, what: str = "file") -> str:
+    """The text of a data file, as every mechlingo loader reads it.
+
+    UTF-8, with what other tools add read as well: a UTF-8 byte-order mark is dropped, CRLF
+    (Windows) and lone CR (old Mac) line ends become ``\\n``. Trailing blank lines are kept
+    (each loader skips blank lines). A file in another encoding gets a :class:`DataError`
+    that names the encoding found (UTF-16 or UTF-32 by their byte-order mark or their zero
+    bytes; Latin-1/Windows-1252 when the bytes are not UTF-8) and the ``iconv`` command
+    that converts it.
+
+    Raises:
+        DataError: the file is missing, a folder, or not UTF-8 (see above).
+    """
     try:
         data = Path(path).read_bytes()
     except IsADirectoryError:
         raise DataError(f"{path} is a folder, not a {what}") from None
     except FileNotFoundError:
         raise DataError(f"{path} does not exist") from None
+    _refuse_wide(data, path)
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         col = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        byte = data[err.start]
+        guess = bytes([byte]).decode("cp1252", errors="replace")
         raise DataError(
-            f"{path}, line {line}: byte 0x{data[err.start]:02x} at column {col} is not UTF-8",
-            fix="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+            f"{path}, line {line}: byte 0x{byte:02x} at column {col} is not UTF-8; the file "
+            f"looks like Latin-1 / Windows-1252 (where 0x{byte:02x} is {guess!r})",
+            fix=f"save it as UTF-8, e.g. iconv -f cp1252 -t utf-8 {path} > fixed{Path(path).suffix}",
         ) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-#: Public name of the shared text reader (benchmark loaders read every file through it, so
-#: encoding handling stays in one place).
-read_text = _read_text
+def _refuse_wide(data: bytes, path: PathLike) -> None:
+    """A :class:`DataError` for UTF-16/UTF-32 text (a byte-order mark, or text whose every
+    other byte is zero)."""
+    found = next((n for bom, n in _UTF32.items() if data.startswith(bom)), None)
+    found = found or next((n for bom, n in _UTF16.items() if data.startswith(bom)), None)
+    head = data[:4096]
+    if found is None and len(head) >= 4 and head.count(0) * 3 > len(head):
+        even, odd = head[0::2].count(0), head[1::2].count(0)
+        found = "UTF-16 little-endian" if odd > even else "UTF-16 big-endian"
+        found += " (no byte-order mark; guessed from its zero bytes)"
+    if found is None:
+        return
+    code = found.split(" (")[0].replace(" little-endian", "LE").replace(" big-endian", "BE")
+    raise DataError(
+        f"{path} is {found} text, not UTF-8",
+        fix=f"convert it: iconv -f {code.replace(' ', '')} -t utf-8 {path} > "
+        f"fixed{Path(path).suffix} (or save it as UTF-8 in your editor)",
+    )
 
 
 def bundled_path() -> Path:
@@ -95,7 +132,7 @@ def read_jsonl(path: PathLike) -> list[Fact]:
     source = str(path)
     facts: list[Fact] = []
     lines: list[int] = []
-    for number, text in enumerate(_read_text(path, "facts file").split("\n"), start=1):
+    for number, text in enumerate(read_text(path, "facts file").split("\n"), start=1):
         if not text.strip():
             continue
         try:
@@ -145,33 +182,89 @@ def _unescape(value: str, source: str, line: int, field: str) -> str:
     return "".join(out)
 
 
+def _quoted_cell(text: str, start: int) -> tuple[str, int] | None:
+    """The quoted cell that starts at ``text[start] == '"'``: its value (``""`` read as
+    ``"``; tabs and line breaks inside kept) and the index just after its closing quote, or
+    ``None`` when the quote does not close right before a tab, a line end or the end (then
+    the quote is an ordinary character of an unquoted cell)."""
+    out: list[str] = []
+    i = start + 1
+    while True:
+        j = text.find('"', i)
+        if j < 0:
+            return None
+        out.append(text[i:j])
+        if text.startswith('"', j + 1):
+            out.append('"')
+            i = j + 2
+            continue
+        if j + 1 == len(text) or text[j + 1] in "\t\n":
+            return "".join(out), j + 1
+        return None
+
+
+def tsv_rows(text: str) -> list[tuple[int, list[str], list[bool]]]:
+    """Split tab-separated text into rows: ``(line number where the row starts, cells,
+    whether each cell was quoted)``. A cell that starts with ``"`` and whose quote closes
+    right before a tab or a line end is a quoted cell, as spreadsheets and ``csv`` write
+    them: ``""`` inside is one ``"``, and tabs and line breaks inside belong to the cell.
+    Blank rows are left out. ``text`` has ``\\n`` line ends (:func:`read_text`)."""
+    rows: list[tuple[int, list[str], list[bool]]] = []
+    cells: list[str] = []
+    quoted: list[bool] = []
+    line, row_line, i, n = 1, 1, 0, len(text)
+    while i <= n:
+        q = _quoted_cell(text, i) if i < n and text[i] == '"' else None
+        if q is not None:
+            value, i = q
+            line += value.count("\n")
+        else:
+            nl = text.find("\n", i)
+            nl = n if nl < 0 else nl
+            tab = text.find("\t", i, nl)
+            stop = nl if tab < 0 else tab
+            value, i = text[i:stop], stop
+        cells.append(value)
+        quoted.append(q is not None)
+        if i < n and text[i] == "\t":
+            i += 1
+            continue
+        if any(c.strip() for c in cells) or any(quoted):
+            rows.append((row_line, cells, quoted))
+        cells, quoted = [], []
+        line += 1
+        row_line = line
+        i += 1
+    return rows
+
+
 def read_tsv(path: PathLike) -> list[Fact]:
     """Read facts from a TSV file with a header line (see the module docstring).
+
+    Cells quoted as spreadsheets write them (``"a ""b"" c"``) are read as they are: ``""``
+    is one ``"``, tabs and line breaks inside are kept, and backslashes are not escapes.
 
     Raises:
         ValueError: naming the file, line and field for a missing column or a bad value.
     """
     source = str(path)
-    rows = _read_text(path, "facts file").split("\n")
-    if not rows or not rows[0].strip():
+    text = read_text(path, "facts file")
+    rows = tsv_rows(text)
+    if not rows or rows[0][0] != 1:
         raise RecordError(f"{source}, line 1: missing header line (column names)")
-    header = [name.strip() for name in rows[0].rstrip("\r").split("\t")]
+    header = [name.strip() for name in rows[0][1]]
     facts: list[Fact] = []
     lines: list[int] = []
-    for number, row in enumerate(rows[1:], start=2):
-        row = row.rstrip("\r")
-        if not row.strip():
-            continue
-        cells = row.split("\t")
+    for number, cells, quoted in rows[1:]:
         if len(cells) != len(header):
             raise RecordError(
                 f"{source}, line {number}: has {len(cells)} columns, the header has {len(header)}"
             )
         record: dict[str, Any] = {}
-        for name, cell in zip(header, cells, strict=True):
+        for name, cell, q in zip(header, cells, quoted, strict=True):
             if cell == "" and name not in ("answer_en", "subject_en", "aliases"):
                 continue  # an empty required cell is reported as missing
-            record[name] = _unescape(cell, source, number, name)
+            record[name] = cell if q else _unescape(cell, source, number, name)
         facts.append(fact_from_mapping(record, source, number))
         lines.append(number)
     if not facts:
@@ -381,11 +474,11 @@ def read_parallel_dir(path: PathLike, langs: Iterable[str] | None = None) -> dic
             raise DataError(f"{folder}: no file for language(s) {missing} (expected <lang>.txt)")
     texts: dict[str, list[str]] = {}
     for lang in wanted:
-        content = _read_text(folder / f"{lang}.txt", "text file")
+        content = read_text(folder / f"{lang}.txt", "text file")
         lines = content.split("\n")
-        if lines and lines[-1] == "":
+        while lines and not lines[-1].strip():  # trailing blank lines (editors add them)
             lines.pop()
-        texts[lang] = [line.rstrip("\r") for line in lines]
+        texts[lang] = lines
     counts = {lang: len(lines) for lang, lines in texts.items()}
     if len(set(counts.values())) > 1:
         raise DataError(f"{folder}: files are not line-aligned, line counts {counts}")
