@@ -152,7 +152,7 @@ def bootstrap_mean(
 ) -> dict[str, Any]:
     """``{"n", "mean", "lo", "hi"}``: the mean of per-item values with a bootstrap interval
     over items (``scipy.stats.bootstrap``, BCa; ``lo == hi == mean`` when every value is the
-    same, ``None`` bounds for no items). The items are the independent units (sentences),
+    same, ``None`` bounds for no items; the percentile interval where BCa is undefined). The items are the independent units (sentences),
     so the interval says how much the mean would move on another sample of sentences."""
     x = np.asarray(values, dtype=float)
     if x.ndim != 1:
@@ -163,9 +163,7 @@ def bootstrap_mean(
     m = float(x.mean())
     if np.all(x == x[0]):
         return {"n": n, "mean": m, "lo": m, "hi": m}
-    res = sps.bootstrap((x,), np.mean, confidence_level=confidence, n_resamples=N_RESAMPLES,
-                        method="BCa", random_state=np.random.default_rng(seed))  # fmt: skip
-    lo, hi = _interval(res)
+    lo, hi = _mean_interval(x, confidence, np.random.default_rng(seed))
     return {"n": n, "mean": m, "lo": lo, "hi": hi}
 
 
