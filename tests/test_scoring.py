@@ -37,19 +37,48 @@ from mechlingo.interventions import Ablation, Compose, NeuronClamp, SteeringVect
 from tests.conftest import count_hooks
 
 
-def _fact(i, lang, prompt, answer, cands, suffix="", rel="capital", answer_en=""):
+def _fact(i, lang, prompt, answer, cands, suffix="", rel="capital", answer_en="", subject=None):
+    """A cloze fact; the subject is the prompt's first word (or ``subject``, which may sit in
+    the suffix when the mask opens the sentence)."""
+    subject = subject or prompt.split()[0]
+    start = prompt.find(subject)
+    span = (start, start + len(subject)) if start >= 0 else (0, 0)
     return Fact(
-        f"{rel}/{i}", rel, lang, "X", prompt, answer, answer_en=answer_en, suffix=suffix,
-        candidates=tuple(cands),
+        f"{rel}/{i}", rel, lang, subject, prompt, answer, answer_en=answer_en,
+        subject_span=span, suffix=suffix, candidates=tuple(cands),
     )  # fmt: skip
 
 
 FACTS = [
     _fact(1, "en", "The capital of France is", "Paris", ["Paris", "Rome"], suffix=", a city."),
     _fact(2, "en", "Berlin is a city in", "Germany", ["Spain", "Germany", "Chile"], suffix="."),
-    _fact(3, "fr", "La capitale de l'Italie est", "Rome", ["Rome", "Madrid", "Oslo", "Lima"]),
-    _fact(4, "ja", "", "東京", ["東京", "大阪"], suffix="は日本の首都です。"),
-    _fact(5, "de", "Die Hauptstadt", "Wien", ["Bern", "Wien"], suffix=" liegt in Österreich."),
+    _fact(
+        3,
+        "fr",
+        "La capitale de l'Italie est",
+        "Rome",
+        ["Rome", "Madrid", "Oslo", "Lima"],
+        answer_en="Rome",
+    ),
+    _fact(
+        4,
+        "ja",
+        "",
+        "東京",
+        ["東京", "大阪"],
+        suffix="は日本の首都です。",
+        subject="日本",
+        answer_en="Tokyo",
+    ),
+    _fact(
+        5,
+        "de",
+        "Die Hauptstadt",
+        "Wien",
+        ["Bern", "Wien"],
+        suffix=" liegt in Österreich.",
+        answer_en="Vienna",
+    ),
 ]
 
 
@@ -348,16 +377,39 @@ def test_steer_eval_under_rank_on_tiny(tiny_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_eval_rank_and_klar_on_the_embedded_model(tmp_path):
-    from mechlingo.cli import main
+def test_eval_rank_and_klar_on_the_embedded_model(tmp_path, gemma, monkeypatch):
+    from mechlingo.cli import basic, main
+    from mechlingo.cli.validate import check_after_load
+
+    def session_model(args):  # the session's embedded model, checked as the CLI checks it
+        check_after_load(gemma, args)
+        return gemma
+
+    monkeypatch.setattr(basic, "load_cli_model", session_model)
 
     facts = [
         _fact(1, "en", "The capital of France is", "Paris", ["Rome", "Paris", "Oslo"], "."),
         _fact(2, "en", "The capital of Italy is", "Rome", ["Rome", "Paris", "Oslo"], "."),
         _fact(1, "fr", "La capitale de la France est", "Paris", ["Rome", "Paris", "Oslo"], "."),
         _fact(2, "fr", "La capitale de l'Italie est", "Rome", ["Rome", "Paris", "Oslo"], "."),
-        _fact(3, "en", "", "Oslo", ["Oslo", "Rome", "Paris"], " is the capital of Norway."),
-        _fact(3, "fr", "", "Oslo", ["Oslo", "Rome", "Paris"], " est la capitale de la Norvège."),
+        _fact(
+            3,
+            "en",
+            "",
+            "Oslo",
+            ["Oslo", "Rome", "Paris"],
+            " is the capital of Norway.",
+            subject="Norway",
+        ),
+        _fact(
+            3,
+            "fr",
+            "",
+            "Oslo",
+            ["Oslo", "Rome", "Paris"],
+            " est la capitale de la Norvège.",
+            subject="Norvège",
+        ),
     ]
     data = _cloze_jsonl(tmp_path / "cloze.jsonl", facts)
     common = ["eval", "--data", str(data), "--langs", "en,fr", "--quiet"]
@@ -374,3 +426,21 @@ def test_eval_rank_and_klar_on_the_embedded_model(tmp_path):
     recs = [json.loads(x) for x in (tmp_path / "k" / "generations.jsonl").read_text().split("\n")
             if x]  # fmt: skip
     assert all(r["shots"] == 1 and r["prompt"].count("\n") == 1 for r in recs)
+
+
+def test_trace_adds_the_gold_rank_per_class(tiny):
+    from mechlingo.analyses.pipeline import trace_recall
+
+    plain = Fact("capital/9", "capital", "en", "X", "The capital of Peru is", "Lima")
+    tr = trace_recall(tiny, [*FACTS[:3], plain, FACTS[3]], max_new_tokens=2)
+    assert tr.meta["skipped"] == {SKIP_NO_STEM: 1}  # the mask-first fact has no stem
+    ranked = evaluate_facts(tiny, FACTS[:3], metric="rank")
+    want = {(r["id"], r["lang"]): r["gold_rank"] for r in ranked.records}
+    got = {(r["id"], r["lang"]): r["gold_rank"] for r in tr.records}
+    assert got == {**want, ("capital/9", "en"): None}
+    by_class = tr.summary()["gold_rank_by_class"]
+    for lg, classes in by_class.items():
+        for c, stats in classes.items():
+            ranks = [r["gold_rank"] for r in tr.records
+                     if r["lang"] == lg and r["class"] == c and r["gold_rank"] is not None]  # fmt: skip
+            assert stats["n"] == len(ranks) and stats["mean"] == pytest.approx(np.mean(ranks))
