@@ -18,6 +18,7 @@ import torch
 from mechlingo.analyses import protocol
 from mechlingo.analyses.evaluate import evaluate_facts
 from mechlingo.analyses.rank import candidate_layout, score_candidates
+from mechlingo.analyses.repair import split_facts
 from mechlingo.analyses.scoring import (
     SKIP_GOLD_MISSING,
     SKIP_NO_CANDIDATES,
@@ -374,6 +375,21 @@ def test_steer_eval_under_rank_on_tiny(tiny_dir, tmp_path):
     assert all("gold_rank" in r for r in recs)
     assert main(["steer", "eval", *common, "--vectors", str(vdir), "--metric", "rank",
                  "--transfer", "--out", str(tmp_path / "t")]) == 2  # fmt: skip
+    # klar: its demonstrations come from the build split only, headroom is 0- vs k-shot
+    rc = main(["steer", "eval", *common, "--vectors", str(vdir), "--config", "0,0.1,1,0.1",
+               "--metric", "klar", "--out", str(tmp_path / "k")])  # fmt: skip
+    assert rc == 0
+    s = json.loads((tmp_path / "k" / "summary.json").read_text())
+    assert s["metric"]["metric"] == "klar" and set(s["metric_summary"]["orig"]["clc"]) >= {"en"}
+    split = split_facts(facts, (0.4, 0.2, 0.4))
+    build_lines = {f"{f.prompt} {f.answer}" for f in split["build"]}
+    test_ids = {f.id for f in split["test"]}
+    recs = [json.loads(x) for x in (tmp_path / "k" / "generations.jsonl").read_text().split("\n")
+            if x]  # fmt: skip
+    assert recs and {r["id"] for r in recs} <= test_ids
+    for r in recs:
+        demos = r["prompt"].split("\n")[:-1]
+        assert len(demos) == r["shots"] > 0 and set(demos) <= build_lines
 
 
 @pytest.mark.slow
