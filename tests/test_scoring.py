@@ -460,3 +460,23 @@ def test_trace_adds_the_gold_rank_per_class(tiny):
             ranks = [r["gold_rank"] for r in tr.records
                      if r["lang"] == lg and r["class"] == c and r["gold_rank"] is not None]  # fmt: skip
             assert stats["n"] == len(ranks) and stats["mean"] == pytest.approx(np.mean(ranks))
+
+
+def test_eval_cli_counts_skips_and_refuses_a_metric_that_scores_nothing(tiny_dir, tmp_path):
+    from mechlingo.cli import main
+
+    plain = Fact("capital/9", "capital", "en", "The", "The capital of Peru is", "Lima",
+                 subject_span=(0, 3))  # fmt: skip
+    data = _cloze_jsonl(tmp_path / "mixed.jsonl", [*FACTS[:2], plain])
+    common = ["eval", "--model", str(tiny_dir), "--data", str(data), "--langs", "en"]
+    out = tmp_path / "r"
+    assert main([*common, "--metric", "rank", "--quiet", "--out", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["skipped"] == {SKIP_NO_CANDIDATES: 1}
+    assert s["accuracy_ci"]["en"]["n"] == 2
+    assert s["p_at_1"]["en"]["n"] == 2 and "Skipped under rank" in (out / "report.html").read_text()
+    only_plain = _cloze_jsonl(tmp_path / "plain.jsonl", [plain])
+    bad = tmp_path / "bad"
+    args = ["eval", "--model", str(tiny_dir), "--data", str(only_plain), "--langs", "en"]
+    assert main([*args, "--metric", "rank", "--quiet", "--out", str(bad)]) == 2
+    assert not bad.exists()
