@@ -85,7 +85,9 @@ def main() -> None:
 
     ref = one_by_one(model, facts[:2])  # warm-up and the equality check
     got = score_candidates(model, facts[:2], batch_size=args.batch_size).ce
-    worst = max(abs(a - b) for r, g in zip(ref, got, strict=True) for a, b in zip(r, g, strict=True))
+    worst = max(
+        abs(a - b) for r, g in zip(ref, got, strict=True) for a, b in zip(r, g, strict=True)
+    )
     print(f"same scores: max |difference| {worst:.2e} nats/token")
     if worst > 1e-3:
         raise SystemExit("batched and one-by-one scores differ")
