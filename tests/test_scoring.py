@@ -119,17 +119,24 @@ def test_two_candidate_ranking_matches_hand_cross_entropy(tiny):
     assert rec["generation"] == f.candidates[best]
 
 
-def test_batched_ranking_equals_one_sentence_at_a_time(tiny):
+@pytest.mark.parametrize("positions", [None, "last", "all", -2])
+def test_batched_ranking_equals_one_sentence_at_a_time(tiny, positions):
     pre = ["Q: a\nA: b\n", "", "x y z\n", "", "Hallo.\n"]
+    iv = None
+    if positions is not None:  # the stem read once per fact must not change any score
+        v = torch.randn(int(tiny.cfg.d_model), generator=torch.Generator().manual_seed(1))
+        iv = SteeringVector(v, 1, 3.0, positions=positions)
+    keep = [i for i, f in enumerate(FACTS) if f.prompt or positions != -2]  # -2 needs 2 tokens
+    facts, pre = [FACTS[i] for i in keep], [pre[i] for i in keep]
     for tokens in ("sentence", "candidate"):
         for prefixes in (None, pre):
             batched = score_candidates(
-                tiny, FACTS, tokens=tokens, prefixes=prefixes, batch_size=4
+                tiny, facts, tokens=tokens, prefixes=prefixes, batch_size=4, intervention=iv
             )  # two passes, mixed lengths, padding
-            for i, f in enumerate(FACTS):
+            for i, f in enumerate(facts):
                 for j, c in enumerate(f.candidates):
                     alone = score_candidates(
-                        tiny, [f], candidates=[[c]], tokens=tokens,
+                        tiny, [f], candidates=[[c]], tokens=tokens, intervention=iv,
                         prefixes=None if prefixes is None else [prefixes[i]],
                     )  # fmt: skip
                     assert batched.ce[i][j] == pytest.approx(alone.ce[0][0], abs=1e-4)
