@@ -13,6 +13,12 @@ model's own cache driven through the bridge, with an adapter for TransformerLens
 transformers 5, whose bridge cache is broken). Prompts of similar lengths share right-padded
 batches, only each row's newest position is unembedded, and finished rows leave the batch.
 ``cache=False`` recomputes the prefix at each step and gives the same tokens.
+
+**Other metrics.** :func:`evaluate_facts` is the one function every caller scores facts
+through; ``metric=`` chooses the rule: ``"generate"`` (the eval rule above, the default),
+``"klar"`` (the KLAR benchmark's 3-shot prefix rule) or ``"rank"`` (BMLAMA's candidate
+ranking by cross-entropy), see :mod:`mechlingo.analyses.scoring`. Records a metric cannot use
+are skipped and counted by reason in :attr:`EvalResult.skipped`.
 """
 
 from __future__ import annotations
@@ -26,9 +32,21 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from mechlingo.activations.decoding import decode
+from mechlingo.analyses.rank import score_candidates
+from mechlingo.analyses.scoring import (
+    KLAR_MAX_NEW_TOKENS,
+    Scorer,
+    as_scorer,
+    gold_indices,
+    klar_decided,
+    klar_match,
+    klar_prompt,
+    metric_summary,
+    split_usable,
+)
 from mechlingo.core.errors import InputError
 from mechlingo.core.figures import draw
-from mechlingo.core.tokens import encode, sorted_batches
+from mechlingo.core.tokens import encode, prepends_bos, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
 
 if TYPE_CHECKING:
@@ -188,16 +206,40 @@ def greedy_generate(
 
 @dataclass
 class EvalResult:
-    """Greedy-generation accuracy over facts.
+    """Accuracy over facts under one metric (``meta["metric"]``; greedy generation by
+    default).
 
-    ``records`` holds one dict per fact: ``id``, ``relation``, ``lang``, ``prompt``,
-    ``answer``, ``generation`` (first line of the continuation), ``correct``, and
-    ``in_english`` (for non-English prompts: the model gave the English answer instead of the
-    target-language one).
+    ``records`` holds one dict per scored fact: ``id``, ``relation``, ``lang``, ``prompt``
+    (the text the model was given), ``answer``, ``generation`` (first line of the
+    continuation; under ``klar`` the whole stripped continuation; under ``rank`` the
+    best-scoring candidate), ``correct``, and ``in_english`` (for non-English prompts: the
+    model gave the English answer instead of the target-language one). Under ``rank`` also
+    ``candidates``, ``scores`` (mean token cross-entropy per candidate, nats; lower is
+    better), ``ranking`` (candidate indices, best first), ``gold_rank`` (1 = a gold
+    candidate scored best) and ``n_tokens``; under ``klar`` also ``shots``.
+
+    ``skipped`` counts the facts the metric could not score, by reason (they have no
+    record).
     """
 
     records: list[dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def scorer(self) -> Scorer:
+        """The scorer these records were scored with (``generate`` for older results)."""
+        m = self.meta.get("metric") or {}
+        return Scorer(
+            str(m.get("metric", "generate")),
+            str(m.get("rank_tokens", "sentence")),
+            int(m.get("klar_shots", 3)),
+        )
+
+    def metric_summary(self) -> dict[str, Any]:
+        """The metric's own statistics (rank: P@1, gold rank, RankC; klar: CLC), see
+        :func:`mechlingo.analyses.scoring.metric_summary`."""
+        return metric_summary(self.records, self.scorer)
 
     def accuracy(self) -> dict[str, float]:
         """Fraction correct per language (``{lang: x}``)."""
@@ -232,7 +274,10 @@ def evaluate_facts(
     model: Model,
     facts: Sequence[Fact],
     *,
+    metric: str | Scorer = "generate",
     prompts: Sequence[str] | None = None,
+    prefixes: Sequence[str] | None = None,
+    pool: Sequence[Fact] | None = None,
     max_new_tokens: int = 8,
     batch_size: int = 16,
     intervention: Any = None,
@@ -241,49 +286,100 @@ def evaluate_facts(
     cache: bool = True,
     early_stop: bool = True,
 ) -> EvalResult:
-    """Score the model on facts with the eval rule.
+    """Score the model on facts with ``metric`` (the eval rule by default).
 
     Args:
-        prompts: prompts to use instead of each fact's zero-shot ``prompt`` (e.g. few-shot
-            prompts); the answers are still the facts' answers.
+        metric: ``"generate"``, ``"klar"``, ``"rank"`` or a
+            :class:`~mechlingo.analyses.scoring.Scorer` with options.
+        prompts: (``generate`` only) prompts to use instead of each fact's zero-shot
+            ``prompt`` (e.g. few-shot prompts); the answers are still the facts' answers.
+        prefixes: text placed before each fact's query (few-shot demonstrations ending with
+            their separator): ``generate`` continues ``prefix + prompt``; ``rank`` scores the
+            filled query sentence after the prefix, its tokens only. Not for ``klar``, which
+            draws its own demonstrations.
+        pool: (``klar``) the facts demonstrations are drawn from (default: ``facts``
+            themselves, other ids, as the benchmark's reference code does).
+        max_new_tokens: tokens of the ``generate`` rule (``klar`` always decodes the
+            benchmark's 10).
+        batch_size: prompts per pass (``rank``: facts per pass, all their candidates
+            together).
         cache: decode with a key-value cache (see :func:`greedy_generate`).
-        early_stop: stop decoding a fact as soon as its verdict is final (:func:`decided`):
-            the same ``correct`` and ``in_english`` as decoding ``max_new_tokens`` tokens, in
-            less time; ``generation`` then holds the decided prefix.
+        early_stop: stop decoding a fact as soon as its verdict is final (:func:`decided`,
+            :func:`~mechlingo.analyses.scoring.klar_decided`): the same ``correct`` and
+            ``in_english`` as decoding every token, in less time; ``generation`` then holds
+            the decided prefix.
+
+    Raises:
+        InputError: no facts, every fact skipped by the metric, or options that do not go
+            with the metric.
     """
+    scorer = as_scorer(metric)
     facts = list(facts)
     if not facts:
         raise InputError("no facts selected for evaluation")
-    texts = list(prompts) if prompts is not None else [f.prompt for f in facts]
-    if len(texts) != len(facts):
-        raise InputError(f"{len(texts)} prompts for {len(facts)} facts")
+    for name, given in (("prompts", prompts), ("prefixes", prefixes)):
+        if given is not None and len(given) != len(facts):
+            raise InputError(f"{len(given)} {name} for {len(facts)} facts")
+    if prompts is not None and (prefixes is not None or scorer.metric != "generate"):
+        raise InputError("prompts= replaces generation prompts (generate only); use prefixes=")
+    if prefixes is not None and scorer.metric == "klar":
+        raise InputError("klar draws its own demonstrations (pool=); prefixes= does not apply")
+    keep, skipped = split_usable(facts, scorer.metric, bos=prepends_bos(model), prefixes=prefixes)
+    sub = [facts[i] for i in keep]
+    kw = {"batch_size": batch_size, "intervention": intervention, "fwd_hooks": fwd_hooks,
+          "progress": progress}  # fmt: skip
+    if scorer.metric == "rank":
+        pre = [prefixes[i] for i in keep] if prefixes is not None else None
+        records = _rank_records(model, sub, scorer, pre, **kw)
+    elif scorer.metric == "klar":
+        gen = {**kw, "cache": cache, "early_stop": early_stop}
+        records = _klar_records(model, sub, scorer, facts if pool is None else pool, **gen)
+    else:
+        texts = [(prefixes[i] if prefixes else "") + facts[i].prompt for i in keep]
+        if prompts is not None:
+            texts = [prompts[i] for i in keep]
+        gen = {**kw, "cache": cache, "early_stop": early_stop, "max_new_tokens": max_new_tokens}
+        records = _generate_records(model, sub, texts, **gen)
+    meta = {"max_new_tokens": max_new_tokens, "metric": scorer.to_dict()}
+    return EvalResult(records, meta, skipped)
+
+
+def _in_english(f: Fact, correct: bool, said: str, match: Callable[[str, str], bool]) -> bool:
+    """Whether a wrong answer ``said`` is the fact's English answer instead (``match``
+    decides, e.g. the eval rule)."""
+    return (
+        f.lang != "en"
+        and not correct
+        and bool(f.answer_en)
+        and normalize(f.answer_en) != normalize(f.answer)
+        and match(said, f.answer_en)
+    )
+
+
+def _generate_records(
+    model: Model,
+    facts: list[Fact],
+    texts: list[str],
+    *,
+    early_stop: bool,
+    **kw: Any,
+) -> list[dict[str, Any]]:
+    """The eval rule's records (greedy generation, prefix match at a word boundary)."""
     gens = greedy_generate(
         model,
         texts,
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        intervention=intervention,
-        fwd_hooks=fwd_hooks,
-        progress=progress,
-        cache=cache,
         stop=(
             (lambda i, text: decided(text, facts[i].answers, facts[i].lang, facts[i].answer_en))
             if early_stop
             else None
         ),
+        **kw,
     )
     records = []
     for f, text, gen in zip(facts, texts, gens, strict=True):
         first_line = gen.strip().split("\n")[0] if gen.strip() else ""
-        answers = [f.answer, *f.aliases]
-        correct = is_correct(gen, answers, f.lang)
-        in_en = (
-            f.lang != "en"
-            and not correct
-            and bool(f.answer_en)
-            and normalize(f.answer_en) != normalize(f.answer)
-            and is_correct(gen, [f.answer_en], "en")
-        )
+        correct = is_correct(gen, f.answers, f.lang)
+        in_en = _in_english(f, correct, gen, lambda g, a: is_correct(g, [a], "en"))
         records.append(
             {
                 "id": f.id,
@@ -296,4 +392,82 @@ def evaluate_facts(
                 "in_english": in_en,
             }
         )
-    return EvalResult(records, {"max_new_tokens": max_new_tokens})
+    return records
+
+
+def _klar_records(
+    model: Model,
+    facts: list[Fact],
+    scorer: Scorer,
+    pool: Sequence[Fact],
+    *,
+    early_stop: bool,
+    **kw: Any,
+) -> list[dict[str, Any]]:
+    """KLAR's records: its few-shot prompt, 10 greedy tokens, the two-way prefix rule."""
+    texts = [klar_prompt(f, pool, scorer.klar_shots) for f in facts]
+    targets = [[*f.answers, *([f.answer_en] if f.answer_en else [])] for f in facts]
+    gens = greedy_generate(
+        model,
+        texts,
+        max_new_tokens=KLAR_MAX_NEW_TOKENS,
+        stop_at_newline=False,
+        stop=(lambda i, text: klar_decided(text, targets[i])) if early_stop else None,
+        **kw,
+    )
+    records = []
+    for f, text, gen in zip(facts, texts, gens, strict=True):
+        correct = any(klar_match(gen, a) for a in f.answers)
+        records.append(
+            {
+                "id": f.id,
+                "relation": f.relation,
+                "lang": f.lang,
+                "prompt": text,
+                "answer": f.answer,
+                "generation": gen.strip(),
+                "correct": correct,
+                "in_english": _in_english(f, correct, gen, klar_match),
+                "shots": text.count("\n"),
+            }
+        )
+    return records
+
+
+def _rank_records(
+    model: Model,
+    facts: list[Fact],
+    scorer: Scorer,
+    prefixes: list[str] | None,
+    **kw: Any,
+) -> list[dict[str, Any]]:
+    """Candidate ranking's records: every candidate's mean cross-entropy, the ranking, the
+    gold candidate's rank and whether it is first."""
+    scores = score_candidates(model, facts, prefixes=prefixes, tokens=scorer.rank_tokens, **kw)
+    records = []
+    for i, f in enumerate(facts):
+        ce = scores.ce[i]
+        ranking = sorted(range(len(ce)), key=lambda j: (ce[j], j))
+        golds = set(gold_indices(f))
+        gold_rank = 1 + min(ranking.index(g) for g in golds)
+        best = f.candidates[ranking[0]]
+        correct = ranking[0] in golds
+        in_en = _in_english(f, correct, best, lambda c, a: normalize(c) == normalize(a))
+        records.append(
+            {
+                "id": f.id,
+                "relation": f.relation,
+                "lang": f.lang,
+                "prompt": (prefixes[i] if prefixes else "") + f.prompt,
+                "answer": f.answer,
+                "generation": best,
+                "correct": correct,
+                "in_english": in_en,
+                "candidates": list(f.candidates),
+                "scores": [round(x, 6) for x in ce],
+                "ranking": ranking,
+                "gold_rank": gold_rank,
+                "n_tokens": scores.n_tokens[i],
+            }
+        )
+    return records

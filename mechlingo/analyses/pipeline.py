@@ -37,11 +37,14 @@ import torch
 
 from mechlingo.analyses.evaluate import EvalResult, evaluate_facts, is_correct, normalize
 from mechlingo.analyses.lens import LensResult, lens_facts
+from mechlingo.analyses.scoring import skip_reason, split_usable
 from mechlingo.core.errors import InputError
 from mechlingo.core.figures import draw
 from mechlingo.core.sites import site_map
+from mechlingo.core.tokens import prepends_bos
 from mechlingo.core.types import Model
 from mechlingo.data import load_facts
+from mechlingo.kernels.significance import bootstrap_mean
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -95,7 +98,9 @@ class TraceResult:
             entry where the English / L answer reaches rank <= ``max_rank``, -1 if never; the
             output entry counts for the L answer only), ``en_decodable_mid``,
             ``answer_decodable_mid`` (reached rank <= ``max_rank`` inside the middle window),
-            ``best_en_rank_mid``, ``final_answer_rank``.
+            ``best_en_rank_mid``, ``final_answer_rank``, and ``gold_rank`` (the gold
+            candidate's rank under candidate ranking, 1 = best; ``None`` for facts without
+            candidates).
         lens: the logit lens on the same prompts (tracks ``answer`` and ``en``).
         eval: the greedy evaluation.
         max_rank, mid_layers: the parameters of the classification.
@@ -159,8 +164,21 @@ class TraceResult:
             "mid_layers": [self.mid_layers[0], self.mid_layers[-1]] if self.mid_layers else [],
             "n_layers": self.n_layers,
             "n_queries": {lg: sum(c.values()) for lg, c in self.counts().items()},
+            **({"gold_rank_by_class": self.gold_rank_by_class()} if self._ranked() else {}),
             **self.meta,
         }
+
+    def _ranked(self) -> bool:
+        return any(r.get("gold_rank") is not None for r in self.records)
+
+    def gold_rank_by_class(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Per language and class, the gold candidate's mean rank under candidate ranking
+        (1 = best) with a bootstrap interval and ``n`` (facts with candidates only)."""
+        out: dict[str, dict[str, list[int]]] = {}
+        for r in self.records:
+            if r.get("gold_rank") is not None:
+                out.setdefault(r["lang"], {}).setdefault(r["class"], []).append(r["gold_rank"])
+        return {lg: {c: bootstrap_mean(v) for c, v in by.items()} for lg, by in sorted(out.items())}
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per query (the records)."""
@@ -298,6 +316,8 @@ def trace_recall(
         )
     if max_rank < 0:
         raise InputError("max_rank must be >= 0")
+    keep, skipped = split_usable(facts, "generate")
+    facts = [facts[i] for i in keep]
     n = site_map(model).n_layers
     mid = default_mid_layers(n) if mid_layers is None else sorted({int(x) for x in mid_layers})
     if not mid or any(not 0 <= x <= n for x in mid):
@@ -308,6 +328,7 @@ def trace_recall(
     lens = lens_facts(
         model, facts, track_langs=("en",), pool=pool, batch_size=batch_size, progress=progress
     )
+    gold_rank = _gold_ranks(model, facts, batch_size, progress)
     others = _other_answers(facts, pool)
     en_t, l_t = lens.track_index("en"), lens.track_index("answer")
     entries = torch.tensor(lens.layers)
@@ -337,6 +358,7 @@ def trace_recall(
             "best_en_rank_mid": int(en_mid.min()),
             "best_en_layer_mid": int(entries[in_mid][int(en_mid.argmin())]),
             "final_answer_rank": int(l_rank[-1, i]),
+            "gold_rank": gold_rank.get((f.id, f.lang)),
         }
         rec["class"] = _classify(rec)
         records.append(rec)
@@ -347,8 +369,21 @@ def trace_recall(
         max_rank=max_rank,
         mid_layers=mid,
         n_layers=n,
-        meta={"max_new_tokens": max_new_tokens},
+        meta={"max_new_tokens": max_new_tokens, **({"skipped": skipped} if skipped else {})},
     )
+
+
+def _gold_ranks(
+    model: Model, facts: Sequence[Fact], batch_size: int, progress: bool
+) -> dict[tuple[str, str], int]:
+    """The gold candidate's rank under candidate ranking of every fact that has candidates
+    (``{(id, lang): rank}``; empty when none has)."""
+    bos = prepends_bos(model)
+    ranked = [f for f in facts if skip_reason(f, "rank", bos=bos) is None]
+    if not ranked:
+        return {}
+    res = evaluate_facts(model, ranked, metric="rank", batch_size=batch_size, progress=progress)
+    return {(r["id"], r["lang"]): int(r["gold_rank"]) for r in res.records}
 
 
 def pipeline_stages(

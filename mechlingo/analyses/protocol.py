@@ -23,6 +23,13 @@ This is what ``mechlingo steer eval`` runs (and what a notebook can call step by
    McNemar p against ``orig`` and against each random seed; paired bootstrap intervals of the
    non-English mean gain and of the lowest language's gain (relative where its ``orig`` > 0).
 
+**Metrics.** Every stage scores with the same ``metric`` (``generate``, the default; ``rank``
+or ``klar``, see :mod:`mechlingo.analyses.scoring`), passed to :func:`_score`. Under ``rank``
+the k-shot headroom condition puts the demonstrations before the filled query sentence and
+scores the query's tokens only; under ``klar``, whose prompts already carry demonstrations
+(drawn from the build split, never from dev or test), headroom compares KLAR's rule with 0
+demonstrations (``zero_shot``) and with ``k`` (``k_shot``).
+
 Fact ids are split once by a hash (:func:`mechlingo.analyses.repair.split_facts`): no test id is
 ever used to build a vector, to draw a demonstration or to choose a setting
 (:func:`check_disjoint` is called before every stage; a test fails if one leaks).
@@ -32,13 +39,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mechlingo.analyses.evaluate import EvalResult, evaluate_facts
 from mechlingo.analyses.repair import RepairVectors, SteeringConfig, _unit
+from mechlingo.analyses.scoring import Scorer, as_scorer
 from mechlingo.core.errors import InputError, MechlingoError
 from mechlingo.core.faults import derive_seed
 from mechlingo.core.figures import draw
@@ -117,8 +125,24 @@ def non_english_mean(res: EvalResult) -> float:
     return sum(acc.values()) / len(acc) if acc else float("nan")
 
 
-def _score(model: Model, facts: Sequence[Fact], iv: Intervention | None, **kw: Any) -> EvalResult:
-    return evaluate_facts(model, list(facts), intervention=iv, **kw)
+def _score(
+    model: Model,
+    facts: Sequence[Fact],
+    iv: Intervention | None,
+    *,
+    metric: str | Scorer = "generate",
+    **kw: Any,
+) -> EvalResult:
+    """Score ``facts`` under ``iv`` with ``metric``: the one scoring call of every stage
+    (:func:`mechlingo.analyses.evaluate.evaluate_facts`; ``kw`` are its options)."""
+    return evaluate_facts(model, list(facts), intervention=iv, metric=metric, **kw)
+
+
+def few_shot_prefix(fact: Fact, pool: Sequence[Fact], k: int) -> str:
+    """The demonstrations of :func:`~mechlingo.data.few_shot_prompt` without the query: the
+    text placed before the query (its prompt, or under ``rank`` its filled sentence)."""
+    text = few_shot_prompt(fact, pool, k=k)
+    return text[: len(text) - len(fact.prompt)] if fact.prompt else text
 
 
 def headroom(
@@ -128,30 +152,62 @@ def headroom(
     *,
     k_shot: int = 3,
     zero_shot: EvalResult | None = None,
+    metric: str | Scorer = "generate",
     **kw: Any,
 ) -> dict[str, Any]:
-    """Zero-shot and ``k_shot``-shot accuracy per language with Wilson intervals.
+    """Zero-shot and ``k_shot``-shot accuracy per language with Wilson intervals, under
+    ``metric`` (see the module docstring for ``rank`` and ``klar``).
 
     Demonstrations come from ``pool`` (the build split), never from ``facts``. Returns
     ``{"zero_shot": {lang: wilson}, "k_shot": {lang: wilson}, "k": k_shot, "results":
     {"zero_shot": EvalResult, "k_shot": EvalResult}}`` (``results`` is not JSON)."""
     facts = list(facts)
+    scorer = as_scorer(metric)
     check_disjoint("few-shot demonstrations", pool, facts)
-    kept, prompts = [], []
-    for f in facts:
-        try:
-            prompts.append(few_shot_prompt(f, pool, k=k_shot))
-            kept.append(f)
-        except ValueError:
-            continue
-    zero = zero_shot if zero_shot is not None else _score(model, facts, None, **kw)
-    few = evaluate_facts(model, kept, prompts=prompts, **kw) if kept else EvalResult([])
+    if scorer.metric == "klar":
+        zero, few = _klar_headroom(model, facts, pool, scorer, k_shot, zero_shot, kw)
+    else:
+        kept, texts = [], []
+        for f in facts:
+            try:
+                texts.append(few_shot_prefix(f, pool, k_shot))
+                kept.append(f)
+            except ValueError:
+                continue
+        zero = (
+            zero_shot if zero_shot is not None else _score(model, facts, None, metric=scorer, **kw)
+        )
+        few = EvalResult([])
+        if kept and scorer.metric == "rank":
+            few = _score(model, kept, None, metric=scorer, prefixes=texts, **kw)
+        elif kept:
+            prompts = [t + f.prompt for t, f in zip(texts, kept, strict=True)]
+            few = evaluate_facts(model, kept, prompts=prompts, **kw)
     return {
         "k": k_shot,
         "zero_shot": {lg: wilson(sum(v), len(v)) for lg, v in _by_lang(zero).items()},
         "k_shot": {lg: wilson(sum(v), len(v)) for lg, v in _by_lang(few).items()},
         "results": {"zero_shot": zero, "k_shot": few},
     }
+
+
+def _klar_headroom(
+    model: Model,
+    facts: list[Fact],
+    pool: Sequence[Fact],
+    scorer: Scorer,
+    k_shot: int,
+    scored: EvalResult | None,
+    kw: dict[str, Any],
+) -> tuple[EvalResult, EvalResult]:
+    """KLAR's rule with no demonstrations and with ``k_shot`` from ``pool`` (``scored``, the
+    objective's baseline, is reused when it has ``k_shot`` demonstrations)."""
+    kw = {k: v for k, v in kw.items() if k != "pool"}
+    zero = _score(model, facts, None, metric=replace(scorer, klar_shots=0), **kw)
+    if scored is not None and scorer.klar_shots == k_shot:
+        return zero, scored
+    few_scorer = replace(scorer, klar_shots=k_shot)
+    return zero, _score(model, facts, None, metric=few_scorer, pool=list(pool), **kw)
 
 
 def lowest_language_dev(zero: dict[str, dict], few: dict[str, dict]) -> str | None:
@@ -215,6 +271,8 @@ class SweepResult:
     unit: str = "resid"
     n_dev: int = 0
     n_screen: int = 0
+    metric: dict[str, Any] = field(default_factory=lambda: {"metric": "generate"})
+    skipped: dict[str, int] = field(default_factory=dict)
 
     @property
     def best(self) -> SteeringConfig:
@@ -229,6 +287,8 @@ class SweepResult:
             "n_screen_items": self.n_screen,
             "lowest_language": self.lowest_language,
             "headroom": hr,
+            "metric": self.metric,
+            "skipped": self.skipped,
             **self.choice.to_dict(),
         }
 
@@ -267,6 +327,7 @@ def sweep(
     max_new_tokens: int = 6,
     batch_size: int = 64,
     progress: bool = False,
+    metric: str | Scorer = "generate",
 ) -> SweepResult:
     """The dev stage of the protocol (see the module docstring).
 
@@ -285,9 +346,12 @@ def sweep(
         pool: the build split, for the few-shot headroom on dev (and the tie-break of the
             lowest language); ``None`` skips it.
         test_ids: the test facts, only to check that none is used here.
+        metric: how every setting is scored (see the module docstring); under ``klar`` the
+            demonstrations come from ``pool`` (the dev facts themselves without one).
     """
     dev_facts = list(dev_facts)
     check_disjoint("the dev sweep", dev_facts, test_ids)
+    scorer = as_scorer(metric)
     kw = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "progress": progress}
     n_layers = int(model.cfg.n_layers)
     grid = {
@@ -295,7 +359,7 @@ def sweep(
         "diff": (list(diff_layers or default_layers(n_layers)), list(diff_alphas)),
     }
     screen = _screen_subset(dev_facts, screen_ids) if screen_ids else dev_facts
-    sw = _Sweep(model, kw, en_tolerance)
+    sw = _Sweep(model, {**kw, **_metric_kw(scorer, pool)}, en_tolerance)
     base = sw.score(dev_facts, None)
     base_screen = base if screen is dev_facts else sw.score(screen, None)
     sw.screen(vectors, grid, screen, base_screen)
@@ -305,7 +369,7 @@ def sweep(
     hr: dict[str, Any] = {}
     lowest = None
     if pool is not None:
-        hr = headroom(model, dev_facts, pool, k_shot=k_shot, zero_shot=base, **kw)
+        hr = headroom(model, dev_facts, pool, k_shot=k_shot, zero_shot=base, metric=scorer, **kw)
         lowest = lowest_language_dev(hr["zero_shot"], hr["k_shot"])
     return SweepResult(
         sw.rows,
@@ -316,7 +380,18 @@ def sweep(
         vectors.unit,
         n_dev=len(dev_facts),
         n_screen=len(screen),
+        metric=scorer.to_dict(),
+        skipped=base.skipped,
     )
+
+
+def _metric_kw(scorer: Scorer, pool: Sequence[Fact] | None) -> dict[str, Any]:
+    """The scoring options of every stage: the metric, and under ``klar`` the pool its
+    demonstrations come from (the build split)."""
+    out: dict[str, Any] = {"metric": scorer}
+    if scorer.metric == "klar" and pool is not None:
+        out["pool"] = list(pool)
+    return out
 
 
 def _rank(r: dict[str, Any]) -> tuple:
@@ -519,7 +594,11 @@ class HeldOutResult:
             "config": self.choice.config.to_dict(),
             "alpha_unit": self.unit,
             "random_seeds": self.seeds,
+            "metric": orig.meta.get("metric", {"metric": "generate"}),
+            "skipped": dict(orig.skipped),
         }
+        if orig.scorer.metric != "generate":
+            out["metric_summary"] = {c: r.metric_summary() for c, r in self.results.items()}
         vs_orig, vs_random, gains = {}, {}, {}
         randoms = [c for c in self.results if c.startswith("random_s")]
         for c, r in self.results.items():
@@ -571,11 +650,21 @@ def evaluate_test(
     max_new_tokens: int = 6,
     batch_size: int = 64,
     progress: bool = False,
+    metric: str | Scorer = "generate",
 ) -> HeldOutResult:
-    """Score every condition on ``test_facts`` (see the module docstring), and the test
-    headroom (zero-shot vs k-shot with demonstrations from ``pool``)."""
+    """Score every condition on ``test_facts`` with ``metric`` (see the module docstring),
+    and the test headroom (zero-shot vs k-shot with demonstrations from ``pool``).
+
+    Raises:
+        InputError: no seed, or ``klar`` without a ``pool`` (its demonstrations would be
+            test facts)."""
     if len(seeds) < 1:
         raise InputError("give at least one random-control seed")
+    scorer = as_scorer(metric)
+    if scorer.metric == "klar" and pool is None:
+        raise InputError(
+            "klar on test needs pool= (the build split): its demonstrations may not be test facts"
+        )
     kw = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "progress": progress}
     cfg = choice.config
     task = vectors.task.at(cfg.task_layer, cfg.task_alpha)
@@ -589,10 +678,13 @@ def evaluate_test(
     sel = choice.selected if choice.selected in ("task", "diff", "both") else "both"
     for s in seeds:
         conds[f"random_s{s}"] = _random_of(vectors, cfg, sel, int(s))
-    results = {c: _score(model, test_facts, iv, **kw) for c, iv in conds.items()}
+    mkw = _metric_kw(scorer, pool)
+    results = {c: _score(model, test_facts, iv, **kw, **mkw) for c, iv in conds.items()}
     hr: dict[str, Any] = {}
     if pool is not None:
-        hr = headroom(model, test_facts, pool, k_shot=k_shot, zero_shot=results["orig"], **kw)
+        hr = headroom(
+            model, test_facts, pool, k_shot=k_shot, zero_shot=results["orig"], metric=scorer, **kw
+        )
     return HeldOutResult(
         results,
         choice,

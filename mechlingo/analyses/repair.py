@@ -442,8 +442,11 @@ def score_facts(
     max_new_tokens: int = 6,
     batch_size: int = 32,
     progress: bool = False,
+    metric: Any = "generate",
 ) -> EvalResult:
-    """Greedy accuracy on ``facts`` by the eval rule (:func:`mechlingo.analyses.evaluate.evaluate_facts`)."""
+    """Accuracy on ``facts`` under ``metric`` (greedy generation by the eval rule by default;
+    ``"rank"``, ``"klar"`` or a :class:`~mechlingo.analyses.scoring.Scorer`), through
+    :func:`mechlingo.analyses.evaluate.evaluate_facts`."""
     return evaluate_facts(
         model,
         list(facts),
@@ -451,6 +454,7 @@ def score_facts(
         max_new_tokens=max_new_tokens,
         batch_size=batch_size,
         progress=progress,
+        metric=metric,
     )
 
 

@@ -12,12 +12,14 @@ from mechlingo.analyses.lens import lens_facts
 from mechlingo.cli.common import (
     UsageError,
     add_data_args,
+    add_metric_args,
     add_model_args,
     add_out_arg,
     command,
     load_cli_model,
     load_selected_facts,
     run_meta,
+    scorer_from_args,
     split_list,
 )
 from mechlingo.kernels.significance import wilson_table
@@ -77,28 +79,37 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     add_data_args(p)
     add_out_arg(p)
     p.add_argument(
-        "--max-new-tokens", type=int, default=8, help="greedy tokens to generate (default 8)"
+        "--max-new-tokens",
+        type=int,
+        default=8,
+        help="greedy tokens to generate (default 8; --metric klar always decodes 10)",
     )
+    add_metric_args(p)
 
 
-@command("eval", "greedy-generation accuracy per language (the baseline)", _eval_args)
+@command("eval", "accuracy per language: greedy (default), klar or candidate rank", _eval_args)
 def cmd_eval(args: Any) -> int:
 
     facts = load_selected_facts(args)
+    scorer = scorer_from_args(args)
     model = load_cli_model(args)
     t0 = time.time()
     result = evaluate_facts(
         model,
         facts,
+        metric=scorer,
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
         progress=not args.quiet,
     )
 
     summary = {
+        "metric": scorer.to_dict(),
         "accuracy": result.accuracy(),
         "accuracy_ci": _accuracy_ci(result.records),
         "answered_in_english": result.english_rate(),
+        "skipped": result.skipped,
+        **result.metric_summary(),
         "meta": run_meta(
             model,
             args,
@@ -118,7 +129,9 @@ def cmd_eval(args: Any) -> int:
     )
     ci = summary["accuracy_ci"]
     for lg, x in summary["accuracy"].items():
-        print(f"{lg}: {x:.3f} [{ci[lg]['lo']:.3f}, {ci[lg]['hi']:.3f}]")
+        print(f"{lg}: {x:.3f} [{ci[lg]['lo']:.3f}, {ci[lg]['hi']:.3f}] (n={ci[lg]['n']})")
+    for why, n in result.skipped.items():
+        print(f"skipped {n} record(s) under --metric {scorer.metric}: {why}")
     print(f"wrote {args.out}/summary.json, generations.jsonl and report.html")
     return 0
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mechlingo.activations.parallel import dist_info
+from mechlingo.analyses.scoring import Scorer
 from mechlingo.cli.validate import check_after_load
 from mechlingo.core.errors import InputError, MechlingoError
 from mechlingo.core.models import load_model, model_name, weight_mode
@@ -113,6 +114,32 @@ def add_data_args(
         "docs/data.md), or a benchmark folder/file (BMLAMA, KLAR, mLAMA, mParaRel; the format "
         "is detected, see docs/benchmarks.md)",
     )
+
+
+def add_metric_args(p: argparse.ArgumentParser) -> None:
+    """``--metric`` (generate, klar, rank) and ``--rank-tokens``."""
+    g = p.add_argument_group("scoring")
+    g.add_argument(
+        "--metric",
+        choices=["generate", "klar", "rank"],
+        default="generate",
+        help="how facts are scored: generate (default: greedy continuation starts with the "
+        "answer), klar (KLAR's 3-shot greedy rule, 10 tokens, two-way prefix match; CLC "
+        "against English), rank (BMLAMA's candidate ranking by the filled sentence's mean "
+        "cross-entropy; P@1 and RankC). See docs/methods/scoring.md",
+    )
+    g.add_argument(
+        "--rank-tokens",
+        choices=["sentence", "candidate"],
+        default="sentence",
+        help="with --metric rank: average the cross-entropy over the whole sentence (default, "
+        "as the benchmark) or over the candidate's tokens only",
+    )
+
+
+def scorer_from_args(args: Any) -> Any:
+    """The :class:`~mechlingo.analyses.scoring.Scorer` of ``--metric``/``--rank-tokens``."""
+    return Scorer(getattr(args, "metric", "generate"), getattr(args, "rank_tokens", "sentence"))
 
 
 def add_batch_size_arg(p: argparse.ArgumentParser, default: int = 16) -> None:

@@ -45,12 +45,14 @@ from mechlingo.analyses.side_effects import side_effects
 from mechlingo.cli.common import (
     UsageError,
     add_data_args,
+    add_metric_args,
     add_model_args,
     add_out_arg,
     command,
     load_cli_model,
     load_selected_facts,
     run_meta,
+    scorer_from_args,
 )
 from mechlingo.cli.flags import parse_config, parse_floats, parse_ints
 from mechlingo.core.artifacts import atomic_folder
@@ -102,6 +104,7 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--test-per-lang", type=int, default=None, help="test fact ids per relation")
     _sweep_args(e)
     _test_args(e)
+    add_metric_args(e)
 
 
 def _build_args(b: argparse.ArgumentParser) -> None:
@@ -260,6 +263,8 @@ def _eval(args: Any) -> int:
         raise UsageError("--seeds needs at least one seed (3 or more advised)")
     if args.repeats < 1:
         raise UsageError("--repeats must be at least 1")
+    if args.transfer and scorer_from_args(args).metric != "generate":
+        raise UsageError("--transfer scores by greedy generation; drop it or use --metric generate")
     model = load_cli_model(args)
     vectors = _load_vectors(args.vectors, model)
     t0 = time.time()
@@ -332,7 +337,7 @@ def _one_split(
         )
     check_disjoint("the few-shot demonstrations", build, test)
     kw = {"max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
-          "progress": not args.quiet}  # fmt: skip
+          "progress": not args.quiet, "metric": scorer_from_args(args)}  # fmt: skip
     sweep_result = None
     if args.config:
         hr = headroom(model, dev, build, k_shot=k_shot, **kw)
@@ -413,6 +418,8 @@ def _print_summary(summary: dict) -> None:
             f"[{_pct(lg.get('lo'))}, {_pct(lg.get('hi'))}], relative "
             + ("n/a (orig 0)" if lg.get("relative") is None else f"{lg['relative']:+.2f}")
         )
+    for why, n in summary.get("skipped", {}).items():
+        print(f"skipped {n} test record(s) under --metric {summary['metric']['metric']}: {why}")
     for w in summary.get("warnings", []):
         print(f"warning: {w}")
 

@@ -120,6 +120,7 @@ TRACE_FIELDS = (
     "best_en_rank_mid",
     "best_en_layer_mid",
     "final_answer_rank",
+    "gold_rank",
 )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from mechlingo.analyses.scoring import KLAR_MAX_NEW_TOKENS, klar_prompt
 from mechlingo.cli.flags import check_finite, parse_config, parse_floats, parse_ints, parse_list
 from mechlingo.core.checks import check_gguf_file, check_model_folder
 from mechlingo.core.errors import (
@@ -450,6 +451,7 @@ def check_after_load(model: Model, args: Any) -> None:
                     continue
                 shots.append((_fact_label(f, args.data) + f" as a {k_shot}-shot prompt", text))
             check_context(model, shots, flag="--k-shot")
+        _check_metric_context(model, args, facts)
     texts = getattr(args, "_texts", None)
     if texts:
         max_tokens = getattr(args, "max_tokens", None)
@@ -468,6 +470,26 @@ def check_after_load(model: Model, args: Any) -> None:
                 for i, s in enumerate(sents)
             ]
             check_context(model, labelled, flag="--max-tokens")
+
+
+def _check_metric_context(model: Model, args: Any, facts: Sequence[Any]) -> None:
+    """What ``--metric klar`` (its 3-shot prompts and 10 new tokens) and ``--metric rank``
+    (the filled sentences, suffix included) give the model must fit its context too."""
+    metric = getattr(args, "metric", "generate")
+    if metric == "klar":
+        longest = sorted(facts, key=lambda f: len(f.prompt), reverse=True)[:5]
+        labelled = [
+            (_fact_label(f, args.data) + " as a KLAR prompt", klar_prompt(f, facts))
+            for f in longest
+        ]
+        check_context(model, labelled, new_tokens=KLAR_MAX_NEW_TOKENS, flag="--metric")
+    elif metric == "rank":
+        filled = [
+            (_fact_label(f, args.data) + f" filled with {c!r}", f.filled(c))
+            for f in facts
+            for c in f.candidates
+        ]
+        check_context(model, filled, flag="--metric")
 
 
 # --------------------------------------------------------------------------------------

@@ -355,3 +355,51 @@ def read_logits(
                 args = (model, x, W_U32, token_sets[rows], primary[rows], out, rows)
                 _read_full(*args, k=k, ranks=ranks)
     return out
+
+
+def token_logprobs(
+    model: Model,
+    resid: Float[Tensor, "row d_model"],
+    targets: Int[Tensor, " row"],
+    *,
+    chunk_rows: int = 512,
+    apply_norm: bool = True,
+) -> Float[Tensor, " row"]:
+    """The log-probability of one target token per final-layer residual row:
+    ``logit[target] - logsumexp(logits)``, computed in float32 without materialising a
+    ``[rows, vocab]`` log-softmax: the normalizer is streamed over blocks of the vocabulary
+    and the target logit is read from its own unembedding column.
+
+    Args:
+        resid: final-layer residual rows (before the final norm unless ``apply_norm`` is
+            ``False``).
+        targets: the token id whose log-probability each row is asked for.
+        chunk_rows: rows per streamed pass (memory ``chunk_rows x 4096`` floats).
+
+    Returns:
+        Natural-log probabilities on the device of ``W_U``.
+    """
+    if resid.ndim != 2 or targets.ndim != 1 or targets.shape[0] != resid.shape[0]:
+        raise InputError(
+            f"resid must be [rows, d_model] and targets [rows], got {tuple(resid.shape)} and "
+            f"{tuple(targets.shape)}"
+        )
+    if chunk_rows < 1:
+        raise InputError("chunk_rows must be >= 1")
+    dev = model.W_U.device
+    n = resid.shape[0]
+    out = torch.empty(n, device=dev)
+    W_U32 = model.W_U.detach().float()
+    tgt = targets.to(dev).long()
+    if n and (int(tgt.min()) < 0 or int(tgt.max()) >= W_U32.shape[1]):
+        raise InputError(f"target ids must be in [0, {W_U32.shape[1]})")
+    with torch.no_grad():
+        for start in range(0, n, chunk_rows):
+            rows = slice(start, min(n, start + chunk_rows))
+            x = resid[rows].to(dev)
+            if apply_norm:
+                x = apply_final_norm(model, x)
+            norm = _streamed_logsumexp(model, x, W_U32)
+            tok = _token_logits(model, x, W_U32, tgt[rows][:, None, None])[:, 0, 0]
+            out[rows] = tok - norm
+    return out

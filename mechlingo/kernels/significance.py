@@ -12,6 +12,8 @@ conditions is paired (the same items under both). So:
   own interval where the baseline is above 0;
 * :func:`bootstrap_mean` -- the mean of per-item values (a per-sentence distance, a
   per-query retrieval hit rate) with a bootstrap 95% interval over items;
+* :func:`bootstrap_ratio` -- a ratio of sums over items (``sum(num) / sum(den)``, e.g. a
+  Jaccard overlap of two correct sets) with a percentile bootstrap interval over items;
 * :func:`bootstrap_perplexity` and :func:`perplexity_ratio` -- a perplexity
   ``exp(sum NLL / sum tokens)`` over lines, and the ratio of two perplexities of the same lines,
   with percentile bootstrap intervals over lines (a line keeps its token count).
@@ -32,6 +34,7 @@ from mechlingo.core.errors import InputError
 __all__ = [
     "bootstrap_mean",
     "bootstrap_perplexity",
+    "bootstrap_ratio",
     "mcnemar",
     "paired_gain",
     "perplexity_ratio",
@@ -149,7 +152,7 @@ def bootstrap_mean(
 ) -> dict[str, Any]:
     """``{"n", "mean", "lo", "hi"}``: the mean of per-item values with a bootstrap interval
     over items (``scipy.stats.bootstrap``, BCa; ``lo == hi == mean`` when every value is the
-    same, ``None`` bounds for no items). The items are the independent units (sentences),
+    same, ``None`` bounds for no items; the percentile interval where BCa is undefined). The items are the independent units (sentences),
     so the interval says how much the mean would move on another sample of sentences."""
     x = np.asarray(values, dtype=float)
     if x.ndim != 1:
@@ -160,10 +163,45 @@ def bootstrap_mean(
     m = float(x.mean())
     if np.all(x == x[0]):
         return {"n": n, "mean": m, "lo": m, "hi": m}
-    res = sps.bootstrap((x,), np.mean, confidence_level=confidence, n_resamples=N_RESAMPLES,
-                        method="BCa", random_state=np.random.default_rng(seed))  # fmt: skip
-    lo, hi = _interval(res)
+    lo, hi = _mean_interval(x, confidence, np.random.default_rng(seed))
     return {"n": n, "mean": m, "lo": lo, "hi": hi}
+
+
+def _ratio(num: np.ndarray, den: np.ndarray, axis: int = -1) -> np.ndarray:
+    d = den.sum(axis=axis)
+    return np.where(d > 0, num.sum(axis=axis) / np.where(d > 0, d, 1), 0.0)
+
+
+def bootstrap_ratio(
+    num: Sequence[float],
+    den: Sequence[float],
+    *,
+    seed: int = 0,
+    confidence: float = CONFIDENCE,
+) -> dict[str, Any]:
+    """``{"n", "value", "lo", "hi"}``: ``sum(num) / sum(den)`` over items (0 when
+    ``sum(den)`` is 0) with a paired percentile bootstrap interval over items (an item keeps
+    its numerator and denominator). A Jaccard overlap of two sets over a common universe is
+    ``num = in both``, ``den = in either``."""
+    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise InputError(f"need matching 1-D numerators and denominators, got {a.shape}, {b.shape}")
+    n = len(a)
+    if n == 0:
+        return {"n": 0, "value": None, "lo": None, "hi": None}
+    value = float(_ratio(a, b))
+    if n < 2 or (np.all(a == a[0]) and np.all(b == b[0])):
+        return {
+            "n": n,
+            "value": value,
+            "lo": value if n > 1 else None,
+            "hi": value if n > 1 else None,
+        }
+    res = sps.bootstrap((a, b), _ratio, paired=True, vectorized=True, confidence_level=confidence,
+                        n_resamples=N_RESAMPLES, method="percentile",
+                        random_state=np.random.default_rng(seed))  # fmt: skip
+    lo, hi = _interval(res)
+    return {"n": n, "value": value, "lo": lo, "hi": hi}
 
 
 def _ppl(nll: np.ndarray, count: np.ndarray, axis: int = -1) -> np.ndarray:

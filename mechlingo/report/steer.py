@@ -44,13 +44,22 @@ def steer_report(summary: Mapping[str, Any], sweep_result: Any = None, side: Any
     return report
 
 
+_METRIC_TEXT = {
+    "generate": "greedy generation",
+    "klar": "KLAR's 3-shot greedy prefix rule",
+    "rank": "candidate ranking (the gold candidate's filled sentence scores best)",
+}
+
+
 def _method_note(summary: Mapping[str, Any]) -> str:
     cfg, sel = summary["config"], summary["selected"]
+    metric = summary.get("metric", {}).get("metric", "generate")
     return (
         "Two steering vectors are added to the residual stream (resid_pre) at each prompt's "
         "last token: the recall-engagement (task) vector and the back-translation (diff) "
         "vector. Everything is chosen on dev facts; test facts (never used to build, to draw "
-        "demonstrations or to choose) are scored by greedy generation. 'random_s*' add "
+        "demonstrations or to choose) are scored by "
+        f"{_METRIC_TEXT.get(metric, metric)}. 'random_s*' add "
         "norm-matched random directions at the selected places. "
         f"Prompt family: {summary['meta'].get('templates', '?')}. Chosen on dev: {sel} "
         f"(task at layer {cfg['task_layer']} x {cfg['task_alpha']:g}, diff at layer "
