@@ -451,6 +451,34 @@ def test_eval_rank_and_klar_on_the_embedded_model(tmp_path, gemma, monkeypatch):
     assert all(r["shots"] == 1 and r["prompt"].count("\n") == 1 for r in recs)
 
 
+@pytest.mark.slow
+def test_eval_on_benchmark_fixture_folders(tmp_path, gemma, monkeypatch):
+    """`eval --data BMLAMA_DIR --metric rank` and `eval --data KLAR_DIR --metric klar` read the
+    benchmark layouts (hand-written fixtures, tests/bench_fixtures.py) and write a report."""
+    from mechlingo.cli import basic, main
+    from mechlingo.cli.validate import check_after_load
+    from tests.bench_fixtures import write_fixture
+
+    def session_model(args):
+        check_after_load(gemma, args)
+        return gemma
+
+    monkeypatch.setattr(basic, "load_cli_model", session_model)
+    bm = write_fixture("bmlama", tmp_path / "bm")
+    assert main(["eval", "--data", str(bm), "--langs", "en,ja", "--metric", "rank",
+                 "--quiet", "--out", str(tmp_path / "r")]) == 0  # fmt: skip
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["metric"]["metric"] == "rank" and s["meta"]["data_format"] == "bmlama"
+    assert s["accuracy_ci"]["en"]["n"] == s["accuracy_ci"]["ja"]["n"] > 0
+    assert "en|ja" in s["rankc"] and (tmp_path / "r" / "report.html").is_file()
+    klar = write_fixture("klar", tmp_path / "klar")
+    assert main(["eval", "--data", str(klar), "--langs", "en,fr", "--metric", "klar",
+                 "--quiet", "--out", str(tmp_path / "k")]) == 0  # fmt: skip
+    s = json.loads((tmp_path / "k" / "summary.json").read_text())
+    assert s["metric"]["metric"] == "klar" and s["meta"]["data_format"] == "klar"
+    assert set(s["clc"]) == {"en", "fr"} and (tmp_path / "k" / "report.html").is_file()
+
+
 def test_trace_adds_the_gold_rank_per_class(tiny):
     from mechlingo.analyses.pipeline import trace_recall
 
