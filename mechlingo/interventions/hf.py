@@ -150,7 +150,8 @@ _SITE_ORDER["attn_out"], _SITE_ORDER["resid_mid"] = -2, -1
 def hf_family(hf_model: Any) -> str:
     """The family (a key of :data:`LAYOUTS`) of a plain transformers model; a clear error for
     an architecture mechlingo has no module map for."""
-    names = [type(hf_model).__name__, *(getattr(hf_model.config, "architectures", None) or [])]
+    config = getattr(hf_model, "config", None)
+    names = [type(hf_model).__name__, *(getattr(config, "architectures", None) or [])]
     for name in names:
         fam = SUPPORTED_ARCHITECTURES.get(name)
         if fam in LAYOUTS:
@@ -200,11 +201,9 @@ class HFView:
 
     @property
     def W_U(self) -> Tensor:  # noqa: N802 - TransformerLens's name
-        """The unembedding ``[d_model, vocab]`` as TransformerLens's bridge holds it (Cohere's
-        ``logit_scale`` folded in), for the model check of a saved intervention."""
-        w = self.hf.get_output_embeddings().weight.T
-        scale = getattr(self.hf.config, "logit_scale", None)
-        return w * float(scale) if scale is not None and self.family.startswith("cohere") else w
+        """The unembedding ``[d_model, vocab]`` (the output embedding's weight, as the bridge
+        holds it in raw mode), for the model check of a saved intervention."""
+        return self.hf.get_output_embeddings().weight.T
 
 
 # --------------------------------------------------------------------------------------
