@@ -142,6 +142,7 @@ def _generate(hf: Any, ids, mask, pad_id: int, n: int, cache: bool) -> list[list
         use_cache=cache,
         pad_token_id=pad_id,
         eos_token_id=None,
+        return_dict_in_generate=False,
     )
     return out[:, ids.shape[1] :].tolist()
 
@@ -240,23 +241,43 @@ def test_cached_pass_without_its_prompt_is_refused(pair):
     assert torch_hooks(hf) == 0
 
 
-@pytest.mark.slow
-def test_embedded_model_logits_and_generate(gemma):
+def plain_twin(bridge: Any) -> Any:
+    """The bridge's transformers model as a plain one, sharing its weights (no second copy
+    of the embedded model in memory): the same config, the same parameter and buffer
+    tensors, the original module classes."""
     from transformers import AutoModelForCausalLM
 
-    from mechlingo.core.models import default_model_dir
+    orig = bridge.original_model
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(orig.config)
+    strip = lambda k: k.replace("._original_component", "")  # noqa: E731
+    params = {strip(k): v for k, v in orig.named_parameters(remove_duplicate=False)}
+    bufs = {strip(k): v for k, v in orig.named_buffers(remove_duplicate=False)}
+    for table, own in ((params, hf.named_parameters), (bufs, hf.named_buffers)):
+        for name, _ in list(own(remove_duplicate=False)):
+            mod, _, leaf = name.rpartition(".")
+            slot = "_parameters" if table is params else "_buffers"
+            getattr(hf.get_submodule(mod), slot)[leaf] = table[name]
+    return hf.eval()
 
-    hf = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32).eval()
+
+@pytest.mark.slow
+def test_embedded_model_logits_and_generate(gemma):
+    hf = plain_twin(gemma)
     batch = encode(gemma, ["The capital of Italy is the city of", "La capitale de la France est"])
     d = int(gemma.cfg.d_model)
     v = torch.randn(d, generator=torch.Generator().manual_seed(0))
     iv = SteeringVector(v / v.norm() * 40.0, 6, 1.0) + NeuronClamp({3: [10, 11]}, 0.0)
     ref = run_batch(gemma, batch, iv.fwd_hooks_for(gemma, batch))
+    plain = run_batch(gemma, batch)
     left, mask = left_padded(rows_of(batch), batch.pad_id)
+    hf_logits(hf, left[:, -2:], mask[:, -2:])  # transformers installs its own output hooks once
+    before = torch_hooks(hf)
     with iv.attach(hf):
         got = hf_logits(hf, left, mask)
         tokens = _generate(hf, left, mask, batch.pad_id, 4, True)
     for i, n in enumerate(batch.lengths.tolist()):
+        assert (ref[i, :n] - plain[i, :n]).abs().max() > 0.1
         torch.testing.assert_close(got[i, -n:], ref[i, :n], atol=2e-3, rtol=1e-4)
     assert tokens == decode(gemma, batch, max_new_tokens=4, hooks=iv.fwd_hooks(gemma))
-    assert torch_hooks(hf) == 0
+    assert torch_hooks(hf) == before
