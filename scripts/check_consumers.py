@@ -6,6 +6,7 @@ consumers run in a venv of their own, in a child process that does not import me
     python3 -m venv /work/wt/interop-venv
     /work/wt/interop-venv/bin/pip install torch==2.13.0          # first: the CPU build
     /work/wt/interop-venv/bin/pip install "transformers<5" steering-vectors safetensors
+    /work/wt/interop-venv/bin/pip install --no-deps repeng && pip install gguf "numpy<2"
     /work/wt/interop-venv/bin/pip install llama-cpp-python gguf    # optional (builds from source)
 
     PYTHONPATH=. .venv/bin/python scripts/check_consumers.py --venv /work/wt/interop-venv
@@ -13,13 +14,14 @@ consumers run in a venv of their own, in a child process that does not import me
 What it does, on the embedded model (gemma-3-270m; ``--family NAME`` for a tiny random model
 of a registry family instead):
 
-1. steering-vectors: mechlingo builds a steering intervention (two vectors, every token),
+1. steering-vectors and repeng: mechlingo builds a steering intervention (two vectors, every token),
    computes the bridge's logits with it, exports it (``export(iv, "steering-vectors")``) and
    saves it; the child loads the same weights with transformers 4.x, applies the vector with
    ``steering_vectors.SteeringVector(...).apply(model)`` and returns its logits. Printed: the
    largest logit difference (and the size of the steering effect, for scale). A second case
    steers ``positions="last"``, which steering-vectors reproduces with ``token_indices=[-1]``
-   on one unpadded prompt.
+   on one unpadded prompt. repeng reads mechlingo's repeng GGUF with its own
+   ``ControlVector.import_gguf`` and applies it with ``ControlModel.set_control``.
 2. llama.cpp (only with ``llama_cpp`` installed in the venv, embedded model only): the
    exported control-vector GGUF is read the way llama.cpp's ``common_control_vector_load``
    does (``direction.k`` -> the buffer at ``(k - 1) * n_embd``) and applied with
@@ -69,6 +71,22 @@ def consumer_steering_vectors(work: Path) -> None:
                 rows.append(model(torch.tensor([ids])).logits[0].tolist())
         out[case["name"]] = rows
     (work / "sv_out.json").write_text(json.dumps(out))
+
+
+def consumer_repeng(work: Path) -> None:
+    import torch
+    from repeng import ControlModel, ControlVector
+    from transformers import AutoModelForCausalLM
+
+    job = json.loads((work / "job.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(job["folder"], torch_dtype=torch.float32).eval()
+    vector = ControlVector.import_gguf(str(work / job["repeng"]))  # repeng's own reader
+    wrapped = ControlModel(model, list(vector.directions))
+    wrapped.set_control(vector, 1.0)
+    with torch.no_grad():
+        rows = [wrapped(torch.tensor([ids])).logits[0].tolist() for ids in job["ids"]]
+    out = {"model_type": vector.model_type, "layers": sorted(vector.directions), "rows": rows}
+    (work / "repeng_out.json").write_text(json.dumps(out))
 
 
 def consumer_llama_cpp(work: Path) -> None:
@@ -141,11 +159,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--venv", type=Path, default=Path("/work/wt/interop-venv"))
     ap.add_argument("--family", default=None, help="a tiny registry family (default: embedded)")
-    ap.add_argument("--consumer", choices=["steering-vectors", "llama.cpp"], help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--consumer", choices=["steering-vectors", "repeng", "llama.cpp"], help=argparse.SUPPRESS
+    )
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.consumer == "steering-vectors":
         return consumer_steering_vectors(args.work)
+    if args.consumer == "repeng":
+        return consumer_repeng(args.work)
     if args.consumer == "llama.cpp":
         return consumer_llama_cpp(args.work)
     run(args)
@@ -196,7 +218,8 @@ def run(args: argparse.Namespace) -> None:
             ]
     with torch.no_grad():
         clean = [model(torch.tensor([i]))[0] for i in ids]
-    job = {"folder": str(folder), "ids": ids, "cases": cases}
+    export(steer("all_with_bos"), "repeng", model=model).save(work / "repeng.gguf")
+    job = {"folder": str(folder), "ids": ids, "cases": cases, "repeng": "repeng.gguf"}
     ratios = {}
     (work / "job.json").write_text(json.dumps(job))
     if _child(args.venv, work, "steering-vectors"):
@@ -210,6 +233,17 @@ def run(args: argparse.Namespace) -> None:
                 f"steering-vectors, {name}: max |logit diff| {diff:.2e} (steering effect {effect:.2f}, n={len(rows)} prompts, every position)"
             )
             ratios[f"steering-vectors {name} effect/diff"] = effect / max(diff, 1e-12)
+    if _child(args.venv, work, "repeng"):
+        got = json.loads((work / "repeng_out.json").read_text())
+        ref = refs["every token"]
+        diff = max(float((torch.tensor(r) - ref[j]).abs().max()) for j, r in enumerate(got["rows"]))
+        effect = max(float((ref[j] - clean[j]).abs().max()) for j in range(len(ids)))
+        print(
+            f"repeng (ControlVector.import_gguf of mechlingo's GGUF, model_type "
+            f"{got['model_type']!r}, layers {got['layers']}): max |logit diff| {diff:.2e} "
+            f"(steering effect {effect:.2f}, n={len(ids)} prompts, every position)"
+        )
+        ratios["repeng every token effect/diff"] = effect / max(diff, 1e-12)
     if not args.family:
         _llama_cpp(args, work, model, steer, ids, clean, ratios)
     for name, r in ratios.items():
