@@ -177,6 +177,7 @@ def test_what_a_format_cannot_express_is_refused(deep):
         # Gemma 3's self_attn output comes before its post-attention norm: not attn_out
         (SteeringVector(v, 1, site="attn_out"), "steering-vectors", "post_attention_layernorm"),
         (SteeringVector(v, 9, site="resid_post"), "repeng", "out of range"),
+        (SteeringVector(torch.ones(d + 1), 2), "llama.cpp", "d_model"),
     ]
     for iv, fmt, why in cases:
         with pytest.raises(InterventionError, match=why):

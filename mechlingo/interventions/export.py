@@ -312,6 +312,10 @@ def export(
         n = _n_layers(p, info)
         index, kind = _place(p, format, family, n)
         v = (p.alpha * p.direction().double()).float().cpu()
+        if info.get("d_model") and v.numel() != int(info["d_model"]):
+            raise InterventionError(
+                f"a vector of size {v.numel()} for a model with d_model={info['d_model']}"
+            )
         vectors[index] = vectors[index] + v if index in vectors else v
         kinds.add(kind)
         metas.append(_part_meta(p, index, v))
@@ -348,7 +352,14 @@ def _model_facts(iv: Intervention, model: Any) -> tuple[dict[str, Any], str | No
     n = getattr(getattr(model, "cfg", None), "n_layers", None) or getattr(
         config, "num_hidden_layers", None
     )
-    info = {**from_meta, "n_layers": int(n)} if n else from_meta
+    d = getattr(getattr(model, "cfg", None), "d_model", None) or getattr(
+        config, "hidden_size", None
+    )
+    info = {
+        **from_meta,
+        **({"n_layers": int(n)} if n else {}),
+        **({"d_model": int(d)} if d else {}),
+    }
     return info, family, str(getattr(config, "model_type", "") or "")
 
 
