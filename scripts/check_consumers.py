@@ -25,7 +25,7 @@ of a registry family instead):
 2. llama.cpp (only with ``llama_cpp`` installed in the venv, embedded model only): the
    exported control-vector GGUF is read the way llama.cpp's ``common_control_vector_load``
    does (``direction.k`` -> the buffer at ``(k - 1) * n_embd``) and applied with
-   ``llama_apply_adapter_cvec`` to the embedded model's own Q4_K_M GGUF. Printed: the
+   ``llama_set_adapter_cvec`` to the embedded model's own Q4_K_M GGUF. Printed: the
    correlation of llama.cpp's logit shift with mechlingo's (mechlingo's model is that GGUF
    dequantized to float32, llama.cpp computes in quantized arithmetic, so the logits agree to
    about 1e-1, not to float precision) and whether the top token agrees.
@@ -82,6 +82,9 @@ def consumer_repeng(work: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(job["folder"], torch_dtype=torch.float32).eval()
     vector = ControlVector.import_gguf(str(work / job["repeng"]))  # repeng's own reader
     wrapped = ControlModel(model, list(vector.directions))
+    for layer in model.model.layers:  # repeng's wrapper hides what Gemma 3's loop reads
+        if hasattr(getattr(layer, "block", None), "attention_type"):
+            layer.attention_type = layer.block.attention_type
     wrapped.set_control(vector, 1.0)
     with torch.no_grad():
         rows = [wrapped(torch.tensor([ids])).logits[0].tolist() for ids in job["ids"]]
@@ -112,7 +115,7 @@ def consumer_llama_cpp(work: Path) -> None:
         ctx = llama_cpp.llama_init_from_model(model, cparams)
         if use:
             ptr = data.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-            rc = llama_cpp.llama_apply_adapter_cvec(ctx, ptr, data.size, n_embd, 1, n_layer)
+            rc = llama_cpp.llama_set_adapter_cvec(ctx, ptr, data.size, n_embd, 1, n_layer)
             assert rc == 0, rc
         rows = []
         for ids in job["ids"]:
@@ -198,7 +201,7 @@ def run(args: argparse.Namespace) -> None:
 
     def steer(positions: str):
         parts = [
-            SteeringVector(v / v.norm() * 0.5 * s, k, 1.0, site="resid_post", positions=positions)
+            SteeringVector(v / v.norm() * 0.2 * s, k, 1.0, site="resid_post", positions=positions)
             for v, k, s in zip(dirs, layers, scale, strict=True)
         ]
         return parts[0] + parts[1]
