@@ -163,6 +163,9 @@ def main() -> None:
     ap.add_argument("--venv", type=Path, default=Path("/work/wt/interop-venv"))
     ap.add_argument("--family", default=None, help="a tiny registry family (default: embedded)")
     ap.add_argument(
+        "--skip", nargs="*", default=[], choices=["steering-vectors", "repeng", "llama.cpp"]
+    )
+    ap.add_argument(
         "--consumer", choices=["steering-vectors", "repeng", "llama.cpp"], help=argparse.SUPPRESS
     )
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -225,7 +228,7 @@ def run(args: argparse.Namespace) -> None:
     job = {"folder": str(folder), "ids": ids, "cases": cases, "repeng": "repeng.gguf"}
     ratios = {}
     (work / "job.json").write_text(json.dumps(job))
-    if _child(args.venv, work, "steering-vectors"):
+    if "steering-vectors" not in args.skip and _child(args.venv, work, "steering-vectors"):
         got = json.loads((work / "sv_out.json").read_text())
         for name, rows in got.items():
             diff = max(
@@ -236,7 +239,7 @@ def run(args: argparse.Namespace) -> None:
                 f"steering-vectors, {name}: max |logit diff| {diff:.2e} (steering effect {effect:.2f}, n={len(rows)} prompts, every position)"
             )
             ratios[f"steering-vectors {name} effect/diff"] = effect / max(diff, 1e-12)
-    if _child(args.venv, work, "repeng"):
+    if "repeng" not in args.skip and _child(args.venv, work, "repeng"):
         got = json.loads((work / "repeng_out.json").read_text())
         ref = refs["every token"]
         diff = max(float((torch.tensor(r) - ref[j]).abs().max()) for j, r in enumerate(got["rows"]))
@@ -247,7 +250,7 @@ def run(args: argparse.Namespace) -> None:
             f"(steering effect {effect:.2f}, n={len(ids)} prompts, every position)"
         )
         ratios["repeng every token effect/diff"] = effect / max(diff, 1e-12)
-    if not args.family:
+    if not args.family and "llama.cpp" not in args.skip:
         _llama_cpp(args, work, model, steer, ids, clean, ratios)
     for name, r in ratios.items():
         print(f"{name}: {r:.1f}x")
