@@ -28,7 +28,8 @@ of a registry family instead):
    ``llama_set_adapter_cvec`` to the embedded model's own Q4_K_M GGUF. Printed: the
    correlation of llama.cpp's logit shift with mechlingo's (mechlingo's model is that GGUF
    dequantized to float32, llama.cpp computes in quantized arithmetic, so the logits agree to
-   about 1e-1, not to float precision) and whether the top token agrees.
+   about 1, not to float precision) and whether the top token agrees; as a control in the
+   same run, the same directions one block later (an off-by-one layer convention).
 
 The last lines print ``name: N.Nx`` ratios: the steering effect over the disagreement (how
 many times larger the edit is than the two implementations' difference).
@@ -104,16 +105,22 @@ def consumer_llama_cpp(work: Path) -> None:
     n_embd = llama_cpp.llama_model_n_embd(model)
     n_layer = llama_cpp.llama_model_n_layer(model)
     vectors = {int(k): np.asarray(v, dtype=np.float32) for k, v in job["cvec"].items()}
+
     # common_control_vector_load's layout: direction.k at offset (k - 1) * n_embd
-    data = np.zeros(n_embd * max(vectors), dtype=np.float32)
-    for k, v in vectors.items():
-        data[(k - 1) * n_embd : k * n_embd] += v
+    def layout(shift: int) -> np.ndarray:
+        data = np.zeros(n_embd * (max(vectors) + shift), dtype=np.float32)
+        for k, v in vectors.items():
+            data[(k + shift - 1) * n_embd : (k + shift) * n_embd] += v
+        return data
+
     out = {}
-    for name, use in (("clean", False), ("steered", True)):
+    # "shifted": the control, every direction one block later (an off-by-one convention)
+    for name, use in (("clean", None), ("steered", 0), ("shifted", 1)):
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx, cparams.n_threads, cparams.n_threads_batch = 256, 1, 1
         ctx = llama_cpp.llama_init_from_model(model, cparams)
-        if use:
+        if use is not None:
+            data = layout(use)
             ptr = data.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
             rc = llama_cpp.llama_set_adapter_cvec(ctx, ptr, data.size, n_embd, 1, n_layer)
             assert rc == 0, rc
@@ -299,11 +306,14 @@ def _llama_cpp(args, work, model, steer, ids, clean, ratios) -> None:
         ours = ref[j] - clean[j][-1]
         theirs = lc_steer - lc_clean
         corr = float(torch.corrcoef(torch.stack([ours, theirs]))[0, 1])
+        shifted = torch.tensor(got["shifted"][j]) - lc_clean
+        corr_shift = float(torch.corrcoef(torch.stack([ours, shifted]))[0, 1])
         base_diff = float((lc_clean - clean[j][-1]).abs().max())
         diff = float((lc_steer - ref[j]).abs().max())
         effect = float(ours.abs().max())
         print(
-            f"llama.cpp prompt {j}: logit shift correlation {corr:.4f}; top token "
+            f"llama.cpp prompt {j}: logit shift correlation {corr:.4f} (one block later, "
+            f"the control: {corr_shift:.4f}); top token "
             f"{int(lc_steer.argmax())} vs mechlingo {int(ref[j].argmax())}; max |diff| "
             f"steered {diff:.3f}, unsteered {base_diff:.3f}; effect {effect:.2f}"
         )
