@@ -38,8 +38,14 @@ Add them with ``+`` (:class:`Compose`), apply them with :func:`intervene` or thr
 ``model.hooks(iv.fwd_hooks(model))``, save and reload them with :meth:`Intervention.save` /
 :func:`load_intervention` (checked against the model they were built for).
 
+Outside TransformerLens: ``iv.attach(hf_model)`` applies any intervention to a plain
+transformers model with PyTorch hooks (:mod:`~.hf`), and :func:`~.export.export` writes
+steering vectors for steering-vectors, repeng and llama.cpp (:mod:`~.export`,
+``docs/interop.md``).
+
 Modules: :mod:`~.base` (the interface, saving and loading), :mod:`~.steering`,
-:mod:`~.clamp`, :mod:`~.ablation`, :mod:`~.compose`, :mod:`~.apply`.
+:mod:`~.clamp`, :mod:`~.ablation`, :mod:`~.compose`, :mod:`~.apply`, :mod:`~.hf`,
+:mod:`~.export`.
 """
 
 from mechlingo.core.describe import check_model, model_info, model_info_name
@@ -49,21 +55,28 @@ from mechlingo.interventions.apply import intervene
 from mechlingo.interventions.base import FORMAT_VERSION, Intervention, load_intervention
 from mechlingo.interventions.clamp import NeuronClamp
 from mechlingo.interventions.compose import Compose
+from mechlingo.interventions.export import VectorExport, export, read_export
+from mechlingo.interventions.hf import HFHandle, attach
 from mechlingo.interventions.steering import SteeringVector, random_like
 
 __all__ = [
     "FORMAT_VERSION",
     "Ablation",
     "Compose",
+    "HFHandle",
     "Intervention",
     "InterventionError",
     "ModelMismatchError",
     "NeuronClamp",
     "SteeringVector",
+    "VectorExport",
+    "attach",
     "check_model",
+    "export",
     "intervene",
     "load_intervention",
     "model_info",
     "model_info_name",
     "random_like",
+    "read_export",
 ]

@@ -37,6 +37,7 @@ from mechlingo.core.tokens import (
 )
 from mechlingo.core.types import HookFn, Model
 from mechlingo.core.version import __version__
+from mechlingo.interventions.hf import HFHandle, attach
 
 FORMAT_VERSION = 1
 _TENSORS_FILE = "intervention.safetensors"
@@ -164,6 +165,13 @@ class Intervention(abc.ABC):
         rules find every row's real tokens in a plain ``run_with_hooks`` on the padded
         batch."""
         return [(name, _bound(fn, batch)) for name, fn in self.fwd_hooks(model)]
+
+    def attach(self, hf_model: Any, *, has_bos: bool | None = None) -> HFHandle:
+        """Apply this intervention to a plain transformers ``AutoModelForCausalLM`` with
+        PyTorch hooks on its own modules, until the returned handle's ``remove()`` (or the
+        end of its ``with`` block). Same numbers as on the TransformerLens bridge; position
+        rules read the attention mask and the cache (see :mod:`mechlingo.interventions.hf`)."""
+        return attach(self, hf_model, has_bos=has_bos)
 
     def __add__(self, other: Intervention) -> Intervention:
         if not isinstance(other, Intervention):

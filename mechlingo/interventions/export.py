@@ -1,0 +1,483 @@
+"""Steering vectors for other tools: steering-vectors, repeng and llama.cpp control vectors.
+
+:func:`export` turns a mechlingo :class:`SteeringVector` (or a :class:`Compose` of them) into
+what another tool applies, as a :class:`VectorExport`: one raw vector per layer in *that
+tool's* layer index, the layer type, a model hint, the list of what does not carry over
+(``dropped``) and mechlingo's provenance (``meta``). ``save`` writes it, :func:`read_export`
+reads it back (same tensors, same metadata), ``to_library()`` builds the tool's own object
+where the tool is installed, and ``to_intervention()`` turns it back into a mechlingo
+intervention with the tool's semantics.
+
+Formats (``docs/interop.md`` has the table):
+
+* ``"steering-vectors"`` -- ``steering_vectors.SteeringVector(layer_activations, layer_type)``.
+  ``decoder_block`` layer k adds to the output of decoder layer k (= mechlingo resid_post k =
+  resid_pre k+1); ``"self_attn"`` / ``"mlp"`` add to those modules' outputs, which are
+  mechlingo's attn_out / mlp_out only where the family has no norm after them (not Gemma 2/3
+  or OLMo 2). Saved as safetensors (steering-vectors has no file format of its own).
+* ``"repeng"`` -- ``repeng.ControlVector(model_type, directions)``: ``directions[k]`` is added
+  to the output of ``model.model.layers[k]`` (resid_post k). Saved as repeng's GGUF.
+* ``"llama.cpp"`` -- a control-vector GGUF for ``--control-vector``: architecture
+  ``controlvector``, keys ``controlvector.model_hint`` and ``controlvector.layer_count``, one
+  1-D F32 tensor ``direction.{k}`` per layer, added by llama.cpp to the output of block k
+  (0-based), at every token. llama.cpp refuses ``direction.0``, so block 0's output
+  (resid_post 0 = resid_pre 1) cannot be steered, and resid_pre 0 never can.
+
+**Layer indexing.** mechlingo's ``resid_pre`` l is the input of block l, i.e. the output of
+block l-1: it exports as index ``l - 1``; ``resid_post`` l exports as ``l``. The same vector
+added at either name is the same edit.
+
+**What does not carry over** (recorded in ``dropped`` and in the file):
+
+* position rules: every target adds at every token of every pass (prompt, BOS, padding and
+  generated tokens; steering-vectors takes ``min_token_index`` / ``token_indices`` per call);
+* alpha: the exported vector is ``alpha * direction`` in raw residual units, so the tool's
+  multiplier/strength 1.0 is mechlingo's edit; a vector whose alpha was in units of the mean
+  residual norm (repair vectors' ``unit="resid"``) keeps that unit only in ``meta``;
+* neuron clamps and ablations have no form in any of these formats: refused.
+
+Refused, with the reason: clamps, ablations, sites a format has no place for (mlp_post,
+attn_z, resid_mid; attn_out/mlp_out outside steering-vectors), resid_pre 0, llama.cpp's
+block 0, a steering-vectors export that mixes layer types.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+from jaxtyping import Float
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+from mechlingo.core.errors import ArtifactError, InterventionError, MissingArtifactError
+from mechlingo.core.families import SUPPORTED_ARCHITECTURES
+from mechlingo.interventions.base import Intervention, positions_text
+from mechlingo.interventions.compose import Compose
+from mechlingo.interventions.hf import LAYOUTS
+from mechlingo.interventions.steering import SteeringVector
+
+FORMATS = ("steering-vectors", "repeng", "llama.cpp")
+ARCH = "controlvector"
+_META_KEY = "mechlingo.export"
+_SV_LAYER_TYPES = ("decoder_block", "self_attn", "mlp")
+
+
+@dataclass
+class VectorExport:
+    """A steering intervention in another tool's terms.
+
+    Attributes:
+        format: ``"steering-vectors"``, ``"repeng"`` or ``"llama.cpp"``.
+        vectors: ``{layer index in the tool's convention: raw float32 vector [d_model]}``;
+            parts at the same index are summed.
+        layer_type: steering-vectors' layer type (``"decoder_block"`` for repeng and
+            llama.cpp, whose vectors are always added to block outputs).
+        model_hint: the model type (``config.model_type``), repeng's ``model_type`` and
+            llama.cpp's ``controlvector.model_hint``.
+        dropped: what of the mechlingo intervention does not carry over, one sentence each.
+        meta: mechlingo's description: each part's site, layer, alpha, alpha unit, positions,
+            the exported index, and the model it was built on.
+    """
+
+    format: str
+    vectors: dict[int, Float[Tensor, " d_model"]]
+    layer_type: str = "decoder_block"
+    model_hint: str = ""
+    dropped: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the export: a GGUF for repeng and llama.cpp, safetensors for
+        steering-vectors (tensors ``layer_activations.{k}``). Written atomically."""
+        path = Path(path)
+        if self.format == "steering-vectors":
+            tensors = {f"layer_activations.{k}": v.contiguous() for k, v in self.vectors.items()}
+            header = {"format": self.format, "layer_type": self.layer_type, **self._doc()}
+            with atomic_write(path) as tmp:
+                save_file(tensors, str(tmp), metadata={_META_KEY: json.dumps(header)})
+            return path
+        with atomic_write(path) as tmp:
+            _write_gguf(self, Path(tmp))
+        return path
+
+    def _doc(self) -> dict[str, Any]:
+        return {"model_hint": self.model_hint, "dropped": self.dropped, "meta": self.meta}
+
+    def to_library(self) -> Any:
+        """The tool's own object: ``steering_vectors.SteeringVector`` or
+        ``repeng.ControlVector`` (each needs its package installed; llama.cpp reads the
+        file, use :meth:`save`)."""
+        if self.format == "steering-vectors":
+            sv = _optional("steering_vectors", "steering-vectors")
+            return sv.SteeringVector(
+                layer_activations=dict(self.vectors), layer_type=self.layer_type
+            )
+        if self.format == "repeng":
+            rp = _optional("repeng", "repeng")
+            directions = {k: v.numpy() for k, v in self.vectors.items()}
+            return rp.ControlVector(model_type=self.model_hint, directions=directions)
+        raise InterventionError(
+            "llama.cpp has no Python object; save() the GGUF and pass it "
+            "to llama.cpp with --control-vector"
+        )
+
+    def to_intervention(self) -> Intervention:
+        """What the tool does, as a mechlingo intervention: each vector added at every token
+        (``positions="all_with_bos"``) of the site the tool adds it to (resid_post k for a
+        block output), alpha 1."""
+        site = {"decoder_block": "resid_post", "self_attn": "attn_out", "mlp": "mlp_out"}
+        parts = [
+            SteeringVector(v, k, 1.0, site=site[self.layer_type], positions="all_with_bos")
+            for k, v in sorted(self.vectors.items())
+        ]
+        if not parts:
+            raise InterventionError(f"this {self.format} export holds no vectors")
+        return parts[0] if len(parts) == 1 else Compose(parts, meta=self.meta)
+
+
+@contextlib.contextmanager
+def atomic_write(path: Path) -> Iterator[Path]:
+    """A temporary file beside ``path``, moved onto it only when the block succeeds: a kill
+    or an error leaves the old file (or none), never half of a new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _optional(module: str, package: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise InterventionError(
+            f"{package} is not installed ({err})",
+            fix=f"pip install {package} (steering-vectors needs transformers < 5: use a venv "
+            "of its own), or save() the export and load it there",
+        ) from None
+
+
+# --------------------------------------------------------------------------------------
+# export
+# --------------------------------------------------------------------------------------
+
+
+def _steering_parts(iv: Intervention, fmt: str) -> list[SteeringVector]:
+    parts = iv.parts if isinstance(iv, Compose) else [iv]
+    for p in parts:
+        if not isinstance(p, SteeringVector):
+            what = "a neuron clamp sets" if p.kind == "NeuronClamp" else "an ablation replaces"
+            raise InterventionError(
+                f"{fmt} cannot express a {p.kind}: its vectors are added to the residual "
+                f"stream, while {what} activations; export only the steering part",
+                fix="export a SteeringVector or a Compose of SteeringVectors",
+            )
+    if not parts:
+        raise InterventionError("nothing to export: an empty Compose")
+    return parts
+
+
+def _n_layers(p: SteeringVector, model_info: Mapping[str, Any] | None) -> int | None:
+    if model_info and model_info.get("n_layers"):
+        return int(model_info["n_layers"])
+    return int(p.vector.shape[0]) if p.vector.ndim == 2 else None
+
+
+def _place(p: SteeringVector, fmt: str, family: str | None, n: int | None) -> tuple[int, str]:
+    """(index in the target's convention, steering-vectors layer type) of one part."""
+    if p.layer is None:
+        raise InterventionError("a SteeringVector with no layer; place it with .at(layer)")
+    layer = p.layer + n if p.layer < 0 and n else p.layer
+    if layer < 0:
+        raise InterventionError(f"layer {p.layer} is negative and the model's depth is unknown")
+    if p.site == "resid_post":
+        index, kind = layer, "decoder_block"
+    elif p.site == "resid_pre":
+        if layer == 0:
+            raise InterventionError(
+                f"{fmt} cannot express resid_pre 0: it is the embedding output, and no "
+                "decoder block outputs it (targets add to block outputs)",
+                fix="steer resid_pre 1 or later (the same as resid_post of the block before)",
+            )
+        index, kind = layer - 1, "decoder_block"
+    elif p.site in ("attn_out", "mlp_out") and fmt == "steering-vectors":
+        layout = LAYOUTS.get(family or "")
+        module = "self_attn" if p.site == "attn_out" else "mlp"
+        own = (
+            None if layout is None else layout.attn_out if p.site == "attn_out" else layout.mlp_out
+        )
+        if own != module:
+            raise InterventionError(
+                f"steering-vectors' {module!r} layer type adds to the output of the {module} "
+                f"module, which is not {p.site} in this family ({family or 'unknown'}: "
+                f"{p.site} is the output of {own!r})",
+                fix="give the model (model=) of a family without post-norms, or steer resid_post",
+            )
+        index, kind = layer, module
+    else:
+        where = "block outputs" if fmt != "steering-vectors" else "block, attention or MLP outputs"
+        raise InterventionError(
+            f"{fmt} cannot express a SteeringVector at {p.site}: it adds vectors to {where} only",
+            fix="steer resid_pre or resid_post",
+        )
+    if fmt == "llama.cpp" and index == 0:
+        raise InterventionError(
+            "llama.cpp cannot steer block 0's output (resid_post 0 = resid_pre 1): its loader "
+            "refuses a direction.0 tensor and applies control vectors from block 1 on",
+            fix="steer resid_post 1 / resid_pre 2 or later",
+        )
+    if n is not None and index >= n:
+        raise InterventionError(f"layer {p.layer} is out of range for {n} layers")
+    return index, kind
+
+
+def _part_meta(p: SteeringVector, index: int, v: Tensor) -> dict[str, Any]:
+    build = p.meta.get("build") or {}
+    return {
+        "site": p.site,
+        "layer": p.layer,
+        "alpha": p.alpha,
+        "alpha_unit": build.get("unit", "raw"),
+        "positions": positions_text(p.positions),
+        "index": index,
+        "norm": round(float(v.double().norm()), 6),
+        "name": p.meta.get("name"),
+    }
+
+
+def _dropped(parts: list[SteeringVector], fmt: str) -> list[str]:
+    out = []
+    rules = sorted({positions_text(p.positions) for p in parts})
+    if rules != ["'all_with_bos'"]:
+        how = (
+            "steering-vectors adds at every token from min_token_index (default 0), BOS and "
+            "padding included, unless you pass token_indices"
+            if fmt == "steering-vectors"
+            else f"{fmt} adds at every token of every pass: prompt, BOS and generated tokens"
+        )
+        out.append(f"positions {', '.join(rules)} do not carry over: {how}")
+    units = sorted({(p.meta.get("build") or {}).get("unit", "raw") for p in parts})
+    alphas = ", ".join(f"{p.alpha:g}" for p in parts)
+    unit = (
+        " (alpha was in units of the mean residual norm at the layer)" if "resid" in units else ""
+    )
+    out.append(
+        f"alpha {alphas}{unit} is folded in: the vectors are alpha * direction in raw "
+        "residual-stream units, so the tool's multiplier/strength 1.0 is mechlingo's edit"
+    )
+    return out
+
+
+def export(
+    intervention: Intervention,
+    format: str,
+    *,
+    model: Any = None,
+    model_type: str | None = None,
+) -> VectorExport:
+    """Export a steering intervention for ``format`` (one of :data:`FORMATS`).
+
+    Args:
+        intervention: a :class:`SteeringVector` or a :class:`Compose` of them.
+        model: the model it is meant for (the bridge or the plain transformers model):
+            its depth checks the layers, its ``config.model_type`` becomes the model hint,
+            its family decides whether steering-vectors' ``self_attn``/``mlp`` are
+            mechlingo's attn_out/mlp_out. Without it, ``intervention.meta["model"]``.
+        model_type: the model hint, overriding the model's.
+
+    Raises:
+        InterventionError: what the format cannot express (see the module docstring); the
+            message says why.
+    """
+    if format not in FORMATS:
+        raise InterventionError(f"unknown export format {format!r}; use one of {FORMATS}")
+    parts = _steering_parts(intervention, format)
+    info, family, hint = _model_facts(intervention, model)
+    vectors: dict[int, Tensor] = {}
+    kinds, metas = set(), []
+    for p in parts:
+        n = _n_layers(p, info)
+        index, kind = _place(p, format, family, n)
+        v = (p.alpha * p.direction().double()).float().cpu()
+        if info.get("d_model") and v.numel() != int(info["d_model"]):
+            raise InterventionError(
+                f"a vector of size {v.numel()} for a model with d_model={info['d_model']}"
+            )
+        vectors[index] = vectors[index] + v if index in vectors else v
+        kinds.add(kind)
+        metas.append(_part_meta(p, index, v))
+    if len(kinds) > 1:
+        raise InterventionError(
+            f"a steering-vectors SteeringVector has one layer_type, these parts need "
+            f"{sorted(kinds)}; export them separately"
+        )
+    meta = {"parts": metas, "model": info or None, "family": family}
+    return VectorExport(
+        format,
+        dict(sorted(vectors.items())),
+        kinds.pop(),
+        model_type or hint,
+        _dropped(parts, format),
+        meta,
+    )
+
+
+def _model_facts(iv: Intervention, model: Any) -> tuple[dict[str, Any], str | None, str]:
+    """(model description, family, model type) from ``model`` or the intervention's meta."""
+    from_meta = dict(iv.meta.get("model") or {})
+    if isinstance(iv, Compose) and not from_meta:
+        from_meta = next((dict(p.meta["model"]) for p in iv.parts if p.meta.get("model")), {})
+    if model is None:
+        return from_meta, None, str(from_meta.get("model_name", ""))
+    config = getattr(model, "config", None) or getattr(
+        getattr(model, "original_model", None), "config", None
+    )
+    arch = type(model).__name__
+    if hasattr(model, "original_model"):
+        arch = type(model.original_model).__name__
+    family = SUPPORTED_ARCHITECTURES.get(arch)
+    n = getattr(getattr(model, "cfg", None), "n_layers", None) or getattr(
+        config, "num_hidden_layers", None
+    )
+    d = getattr(getattr(model, "cfg", None), "d_model", None) or getattr(
+        config, "hidden_size", None
+    )
+    info = {
+        **from_meta,
+        **({"n_layers": int(n)} if n else {}),
+        **({"d_model": int(d)} if d else {}),
+    }
+    return info, family, str(getattr(config, "model_type", "") or "")
+
+
+# --------------------------------------------------------------------------------------
+# GGUF (repeng and llama.cpp) and reading back
+# --------------------------------------------------------------------------------------
+
+
+def _write_gguf(ex: VectorExport, path: Path) -> None:
+    if not ex.vectors:
+        raise InterventionError("nothing to write: the export holds no vectors")
+    writer = gguf.GGUFWriter(str(path), ARCH)
+    writer.add_string(f"{ARCH}.model_hint", ex.model_hint)
+    writer.add_uint32(f"{ARCH}.layer_count", len(ex.vectors))
+    writer.add_string(_META_KEY, json.dumps({"format": ex.format, **ex._doc()}))
+    for k, v in sorted(ex.vectors.items()):
+        writer.add_tensor(f"direction.{k}", v.detach().cpu().float().numpy().astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _gguf_string(reader: Any, key: str) -> str | None:
+    f = reader.fields.get(key)
+    if f is None:
+        return None
+    return bytes(f.parts[f.data[0]]).decode("utf-8")
+
+
+def read_gguf(path: str | Path) -> VectorExport:
+    """Read a control-vector GGUF (written here, by repeng, or by llama.cpp's
+    cvector-generator): ``direction.{k}`` tensors and the model hint, with the checks
+    llama.cpp's loader makes (names, F32, 1-D, one width)."""
+    path = Path(path)
+    if not path.is_file():
+        raise MissingArtifactError(f"{path} does not exist")
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as err:
+        raise ArtifactError(
+            f"{path} is not a readable GGUF ({type(err).__name__}: {err})"
+        ) from None
+    vectors: dict[int, Tensor] = {}
+    for t in reader.tensors:
+        head, _, tail = t.name.partition(".")
+        if head != "direction" or not tail.isdigit():
+            raise ArtifactError(f"{path}: tensor {t.name!r} is not direction.<layer>")
+        if t.tensor_type != gguf.GGMLQuantizationType.F32 or len(t.shape) != 1:
+            raise ArtifactError(f"{path}: {t.name} is not a 1-D F32 tensor")
+        vectors[int(tail)] = torch.from_numpy(np.array(t.data, dtype=np.float32))
+    if len({v.numel() for v in vectors.values()}) > 1:
+        raise ArtifactError(f"{path}: direction tensors of different widths")
+    doc = json.loads(_gguf_string(reader, _META_KEY) or "{}")
+    fmt = doc.get("format", "llama.cpp")
+    hint = _gguf_string(reader, f"{ARCH}.model_hint") or ""
+    return VectorExport(
+        fmt,
+        dict(sorted(vectors.items())),
+        "decoder_block",
+        hint,
+        doc.get("dropped", []),
+        doc.get("meta", {}),
+    )
+
+
+def read_export(path: str | Path) -> VectorExport:
+    """Read back what :meth:`VectorExport.save` wrote (GGUF or safetensors): the same
+    vectors, layer type, model hint, ``dropped`` and ``meta``."""
+    path = Path(path)
+    if not path.is_file():
+        raise MissingArtifactError(f"{path} does not exist")
+    with path.open("rb") as fh:
+        magic = fh.read(4)
+    if magic == b"GGUF":
+        return read_gguf(path)
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            header = json.loads((fh.metadata() or {}).get(_META_KEY, "{}"))
+            vectors = {int(k.rsplit(".", 1)[1]): fh.get_tensor(k) for k in fh.keys()}
+    except Exception as err:
+        raise ArtifactError(
+            f"{path} is neither a GGUF nor a mechlingo steering-vectors export "
+            f"({type(err).__name__}: {err})"
+        ) from None
+    return VectorExport(
+        header.get("format", "steering-vectors"),
+        dict(sorted(vectors.items())),
+        header.get("layer_type", "decoder_block"),
+        header.get("model_hint", ""),
+        header.get("dropped", []),
+        header.get("meta", {}),
+    )
+
+
+def from_library(obj: Any, *, model_type: str = "") -> VectorExport:
+    """Wrap a ``steering_vectors.SteeringVector`` or a ``repeng.ControlVector`` (or anything
+    with the same fields) as a :class:`VectorExport`, e.g. to apply it through mechlingo with
+    ``.to_intervention()``."""
+    if hasattr(obj, "layer_activations"):
+        vectors = {
+            int(k): torch.as_tensor(v).detach().float().cpu()
+            for k, v in obj.layer_activations.items()
+        }
+        kind = str(getattr(obj, "layer_type", "decoder_block"))
+        if kind not in _SV_LAYER_TYPES:
+            raise InterventionError(
+                f"steering-vectors layer_type {kind!r} has no mechlingo "
+                f"site; known: {_SV_LAYER_TYPES}"
+            )
+        return VectorExport("steering-vectors", vectors, kind, model_type)
+    if hasattr(obj, "directions"):
+        vectors = {
+            int(k): torch.as_tensor(np.asarray(v, dtype=np.float32))
+            for k, v in obj.directions.items()
+        }
+        return VectorExport("repeng", vectors, "decoder_block", str(obj.model_type))
+    raise InterventionError(
+        f"a {type(obj).__name__} is neither a steering-vectors "
+        "SteeringVector nor a repeng ControlVector"
+    )
