@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import csv
+import os
+import socket
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -100,7 +106,7 @@ def test_memory_sizes():
 
 def test_shard_scores_equal_the_kernel_for_any_block_width(tmp_path):
     """Scores read a block of neurons at a time equal the kernel on the whole matrix, ties
-    included, whatever the cap (block width 1 .. all)."""
+    included, whatever the block width (1 .. all; None: from the cap)."""
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, 4, (40, 9), generator=g).float()  # many ties
     x[:, 0] = 0.0  # a constant neuron
@@ -109,8 +115,8 @@ def test_shard_scores_equal_the_kernel_for_any_block_width(tmp_path):
     w.add(x, torch.arange(40), lang)
     w.close()
     s = PooledShards(tmp_path, 9)
-    for cap in (MIN_MEMORY, 10**12):
-        au, ap = shard_scores(s, 3, cap)
+    for width in (1, 4, 9, None):
+        au, ap = shard_scores(s, 3, width=width)
         for i in range(3):
             ra, rp = auroc_and_average_precision(x, lang == i)
             assert torch.equal(au[i], ra) and torch.equal(ap[i], rp)
@@ -149,6 +155,62 @@ def test_out_of_core_equals_in_memory_gemma(gemma, tmp_path):
     disk = find_experts(gemma, texts, **kw, store=tmp_path / "s", max_memory=MIN_MEMORY)
     assert disk.stats.meta["out_of_core"]["shards"] == 2
     _same_result(mem, disk)
-    au, ap = shard_scores(disk.stats.pooled, 3, 8 * 120 * 1000)  # blocks of 1,000 neurons
+    au, ap = shard_scores(disk.stats.pooled, 3, width=1000)
     assert torch.equal(au, mem.neuron_scores.auroc) and torch.equal(ap, mem.neuron_scores.ap)
     assert np.isfinite(au.numpy()).all()
+
+
+def _data(folder):
+    folder.mkdir()
+    for lang, lines in TEXTS.items():
+        (folder / f"{lang}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
+def _top(folder):
+    with open(folder / "experts.csv") as f:
+        return [(r["lang"], r["layer"], r["neuron"], r["auroc"]) for r in csv.DictReader(f)]
+
+
+def test_cli_out_of_core_equals_in_memory(tiny_dir, tmp_path, capsys):
+    """`mechlingo experts --shard-dir` (out of core) writes the same experts.csv as the default
+    in-memory run; a bad --max-memory is a usage error (exit 2) that writes nothing."""
+    from mechlingo.cli import main
+
+    data = _data(tmp_path / "data")
+    args = ["experts", "--model", str(tiny_dir), "--lang", "es", "--k", "4", "--data",
+            str(data), "--no-curve", "--quiet"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "mem")]) == 0
+    shards = tmp_path / "shards"
+    assert main([*args, "--out", str(tmp_path / "disk"), "--shard-dir", str(shards),
+                 "--max-memory", "64M"]) == 0  # fmt: skip
+    assert any(shards.glob("*.f32"))
+    assert _top(tmp_path / "disk") == _top(tmp_path / "mem")
+    assert main([*args, "--out", str(tmp_path / "bad"), "--max-memory", "lots"]) == 2
+    assert "--max-memory" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+def test_cli_out_of_core_under_torchrun_equals_one_process(tiny_dir, tmp_path):
+    """2 ranks pool half the sentences each into one shard folder, score half the neurons
+    each, and rank 0 writes the one-process experts."""
+    from mechlingo.cli import main
+
+    data = _data(tmp_path / "data")
+    args = ["experts", "--model", str(tiny_dir), "--lang", "es", "--k", "4", "--data",
+            str(data), "--no-curve", "--quiet"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("WORLD_SIZE", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "mechlingo.cli",
+           *args, "--out", str(tmp_path / "two"), "--shard-dir", str(tmp_path / "shards")]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    names = sorted(p.name for p in (tmp_path / "shards").glob("*.f32"))
+    assert names == ["r00000-000000.f32", "r00001-000000.f32"]
+    assert _top(tmp_path / "two") == _top(tmp_path / "one")

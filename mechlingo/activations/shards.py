@@ -371,7 +371,11 @@ class PooledShards:
 
 
 def shard_scores(
-    pooled: PooledShards, n_langs: int, max_memory: int | str | None = None
+    pooled: PooledShards,
+    n_langs: int,
+    max_memory: int | str | None = None,
+    *,
+    width: int | None = None,
 ) -> tuple[Float[Tensor, "lang feature"], Float[Tensor, "lang feature"]]:
     """AUROC and average precision of every neuron for every language against the others,
     read from disk one block of neurons at a time under ``max_memory``.
@@ -380,14 +384,14 @@ def shard_scores(
     (:func:`mechlingo.kernels.stats.auroc_and_average_precision`; a feature's scores do not
     depend on the other features of its block), so the scores are equal to it exactly. The
     block width is the cap over 8 bytes per sentence (the block and the kernel's working
-    memory). Under ``torchrun`` every rank scores a contiguous share of the neurons and the
+    memory), or ``width`` when given. Under ``torchrun`` every rank scores a contiguous share of the neurons and the
     shares are gathered, so every rank returns all scores.
 
     Returns:
         ``(auroc, ap)``, each float64 ``[n_langs, n_features]`` on the CPU.
     """
-    budget = memory_budget(max_memory)
-    width = pooled.block_width(budget, bytes_per_element=8)
+    if width is None:
+        width = pooled.block_width(memory_budget(max_memory), bytes_per_element=8)
     mine = shard_bounds(pooled.n_features)
     labels = [pooled.storage_lang_ids == i for i in range(n_langs)]
     out = torch.empty(mine.stop - mine.start, 2 * n_langs, dtype=torch.float64)
