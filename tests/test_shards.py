@@ -23,6 +23,7 @@ from mechlingo.activations.shards import (
 )
 from mechlingo.analyses.experts import ExpertError, find_experts
 from mechlingo.core.errors import DataError, InputError
+from mechlingo.kernels.grouped import grouped_auroc_and_average_precision
 from mechlingo.kernels.stats import auroc_and_average_precision
 
 from .conftest import NTREX
@@ -117,9 +118,12 @@ def test_shard_scores_equal_the_kernel_for_any_block_width(tmp_path):
     s = PooledShards(tmp_path, 9)
     for width in (1, 4, 9, None):
         au, ap = shard_scores(s, 3, width=width)
+        ga, gp = grouped_auroc_and_average_precision(x, lang, 3)
+        assert torch.equal(au, ga) and torch.equal(ap, gp)
         for i in range(3):
             ra, rp = auroc_and_average_precision(x, lang == i)
-            assert torch.equal(au[i], ra) and torch.equal(ap[i], rp)
+            assert torch.equal(au[i], ra)
+            torch.testing.assert_close(ap[i], rp, rtol=0, atol=1e-14)
     assert s.block_width(MIN_MEMORY, 8) == 9
     assert s.block_width(8 * 40 * 2, 8) == 2
 

@@ -52,7 +52,7 @@ from mechlingo.activations.parallel import (
     shard_bounds,
 )
 from mechlingo.core.errors import DataError, InputError
-from mechlingo.kernels.stats import auroc_and_average_precision
+from mechlingo.kernels.grouped import grouped_auroc_and_average_precision
 
 __all__ = [
     "PooledShards",
@@ -381,8 +381,8 @@ def shard_scores(
     read from disk one block of neurons at a time under ``max_memory``.
 
     Each block ``[width, n_sentences]`` is scored by the same kernel as the in-memory path
-    (:func:`mechlingo.kernels.stats.auroc_and_average_precision`; a feature's scores do not
-    depend on the other features of its block), so the scores are equal to it exactly. The
+    (:func:`mechlingo.kernels.grouped.grouped_auroc_and_average_precision`; a feature's
+    scores do not depend on the other features of its block), so the scores are equal to it exactly. The
     block width is the cap over 8 bytes per sentence (the block and the kernel's working
     memory), or ``width`` when given. Under ``torchrun`` every rank scores a contiguous share of the neurons and the
     shares are gathered, so every rank returns all scores.
@@ -393,14 +393,12 @@ def shard_scores(
     if width is None:
         width = pooled.block_width(memory_budget(max_memory), bytes_per_element=8)
     mine = shard_bounds(pooled.n_features)
-    labels = [pooled.storage_lang_ids == i for i in range(n_langs)]
     out = torch.empty(mine.stop - mine.start, 2 * n_langs, dtype=torch.float64)
     for j0, j1, block in pooled.blocks(width, mine.start, mine.stop):
         rows = block.T  # [n_sentences, width] view: the kernel copies small tiles of it
-        for i, lab in enumerate(labels):
-            a, p = auroc_and_average_precision(rows, lab)
-            out[j0 - mine.start : j1 - mine.start, i] = a
-            out[j0 - mine.start : j1 - mine.start, n_langs + i] = p
+        a, p = grouped_auroc_and_average_precision(rows, pooled.storage_lang_ids, n_langs)
+        out[j0 - mine.start : j1 - mine.start, :n_langs] = a.T
+        out[j0 - mine.start : j1 - mine.start, n_langs:] = p.T
         del block, rows
     full = all_gather_rows(out).T
     return full[:n_langs].contiguous(), full[n_langs:].contiguous()

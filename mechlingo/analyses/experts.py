@@ -74,10 +74,10 @@ from mechlingo.interventions import (
     NeuronClamp,
     load_intervention,
 )
+from mechlingo.kernels.grouped import grouped_auroc_and_average_precision
 from mechlingo.kernels.readout import final_logits
 from mechlingo.kernels.significance import bootstrap_perplexity, mcnemar, perplexity_ratio, wilson
 from mechlingo.kernels.stats import (
-    auroc_and_average_precision,
     feature_mean,
     feature_median,
     lape,
@@ -213,7 +213,8 @@ class NeuronScores:
 
 def score_neurons(stats: NeuronStats, *, max_memory: int | str | None = None) -> NeuronScores:
     """AUROC and average precision of every neuron for every language against the others
-    (kernels.stats, all neurons at once), and LAPE from the firing rates. Statistics kept on
+    (all neurons and languages from one sort: :mod:`mechlingo.kernels.grouped`), and LAPE
+    from the firing rates. Statistics kept on
     disk (``collect_neuron_stats(store=...)``) are scored a block of neurons at a time under
     ``max_memory`` (:func:`mechlingo.activations.shards.shard_scores`), with equal results."""
     if len(stats.langs) < 2:
@@ -224,12 +225,8 @@ def score_neurons(stats: NeuronStats, *, max_memory: int | str | None = None) ->
         au_d, ap_d = shard_scores(stats.pooled, len(stats.langs), max_memory)
         dev = stats.prob_active.device
         return NeuronScores(au_d.to(dev), ap_d.to(dev), lape(stats.prob_active))
-    au, ap = [], []
-    for i in range(len(stats.langs)):
-        a, p = auroc_and_average_precision(stats.pooled, stats.lang_ids == i)
-        au.append(a)
-        ap.append(p)
-    return NeuronScores(torch.stack(au), torch.stack(ap), lape(stats.prob_active))
+    au, ap = grouped_auroc_and_average_precision(stats.pooled, stats.lang_ids, len(stats.langs))
+    return NeuronScores(au, ap, lape(stats.prob_active))
 
 
 # --------------------------------------------------------------------------------------
