@@ -203,7 +203,7 @@ def floors(model, prompts: list[str], t_lens: float, repeats: int) -> None:
     t_gemm, _ = _best(lambda: x @ W, repeats)
     name = lens_hook_names(model, [model.cfg.n_layers])[-1]
     batch = encode(model, prompts)
-    t_fwd, _ = _best(lambda: collect(model, batch, [name], batch_size=16), repeats)
+    t_fwd, _ = _best(lambda: collect(model, batch, [name]), repeats)
     print(
         f"floor: unembedding GEMM [{n_rows} x {W.shape[0]}] @ [{W.shape[0]} x {W.shape[1]}] "
         f"{t_gemm:.2f} s; + one bare forward {t_fwd:.2f} s"

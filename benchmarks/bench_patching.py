@@ -152,7 +152,7 @@ def _bare(model, batch: TokenBatch) -> float:
     from mechlingo.activations.runs import collect, final_resid_name
 
     t0 = time.perf_counter()
-    collect(model, batch, [final_resid_name(model)], batch_size=batch.batch_size)
+    collect(model, batch, [final_resid_name(model)])
     return time.perf_counter() - t0
 
 
