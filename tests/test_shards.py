@@ -218,3 +218,15 @@ def test_cli_out_of_core_under_torchrun_equals_one_process(tiny_dir, tmp_path):
     names = sorted(p.name for p in (tmp_path / "shards").glob("*.f32"))
     assert names == ["r00000-000000.f32", "r00001-000000.f32"]
     assert _top(tmp_path / "two") == _top(tmp_path / "one")
+
+
+def test_encode_in_chunks_equals_at_once(tiny, monkeypatch):
+    """Truncating a chunk of sentences at a time gives the batch of truncating them all."""
+    from mechlingo.activations.pooled import encode_sentences
+
+    sents = [s for v in TEXTS.values() for s in v]
+    whole = encode_sentences(tiny, sents, max_tokens=4)
+    monkeypatch.setattr(pooled_mod, "ENCODE_CHUNK", 4)
+    parts = encode_sentences(tiny, sents, max_tokens=4)
+    assert torch.equal(parts.tokens, whole.tokens) and torch.equal(parts.lengths, whole.lengths)
+    assert (parts.pad_id, parts.has_bos) == (whole.pad_id, whole.has_bos)

@@ -40,7 +40,7 @@ from mechlingo.activations.shards import PooledShards, ShardWriter, memory_budge
 from mechlingo.core.describe import model_info
 from mechlingo.core.errors import ExpertError, InputError, MechlingoError
 from mechlingo.core.sites import resolve_layers, resolve_site, site_map
-from mechlingo.core.tokens import TokenBatch, encode, sorted_batches
+from mechlingo.core.tokens import TokenBatch, encode, pad_rows, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
 from mechlingo.kernels.stats import ActivationProbability, masked_pool
 
@@ -178,7 +178,20 @@ def encode_sentences(
     empty = [i for i, s in enumerate(sentences) if not s.strip()]
     if empty:
         raise error(f"sentences {empty[:10]} are empty; remove empty lines from the data first")
-    return truncate(encode(model, list(sentences)), max_tokens, error=error)
+    sentences = list(sentences)
+    if max_tokens is None or len(sentences) <= ENCODE_CHUNK:
+        return truncate(encode(model, sentences), max_tokens, error=error)
+    # truncated a chunk at a time: the full-length ids of every sentence never exist at once
+    parts = [
+        truncate(encode(model, sentences[i : i + ENCODE_CHUNK]), max_tokens, error=error)
+        for i in range(0, len(sentences), ENCODE_CHUNK)
+    ]
+    rows = [p.tokens[j, : int(p.lengths[j])] for p in parts for j in range(p.batch_size)]
+    return pad_rows(rows, pad_id=parts[0].pad_id, has_bos=parts[0].has_bos)
+
+
+#: Sentences tokenized at once by :func:`encode_sentences` when it truncates.
+ENCODE_CHUNK = 512
 
 
 # --------------------------------------------------------------------------------------
