@@ -191,15 +191,20 @@ def peer_nnterp(args, src, tgt, layers, positions, ids, ours, k) -> float | None
     bad = {"input_ids": tgt.tokens, "attention_mask": torch.ones_like(tgt.tokens)}
 
     def run() -> torch.Tensor:
+        # nnsight runs a trace's body in its own frame: results go through objects made
+        # before the trace (a function's locals are not written back)
+        acts: dict[int, torch.Tensor] = {}
+        got: dict[str, torch.Tensor] = {}
         with torch.no_grad(), nn.trace(clean):
-            acts = [nn.layers_input[la].save() for la in layers]
+            for la in layers:
+                acts[la] = nn.layers_input[la].save()
         out = torch.empty(len(layers), len(positions), k)
         for i, la in enumerate(layers):
             for j, p in enumerate(positions):
                 with torch.no_grad(), nn.trace(bad):
-                    nn.layers_input[la][:, p] = acts[i][:, p]
-                    lg = nn.logits[:, -1].save()
-                lp = lg.float().log_softmax(-1)
+                    nn.layers_input[la][:, p] = acts[la][:, p]
+                    got["lg"] = nn.logits[:, -1].save()
+                lp = got["lg"].float().log_softmax(-1)
                 out[i, j] = torch.stack([torch.logsumexp(lp[r, ids[r]], -1) for r in range(k)])
         return out
 

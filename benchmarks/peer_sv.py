@@ -37,6 +37,8 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(job["folder"])
     model = AutoModelForCausalLM.from_pretrained(job["folder"], torch_dtype=torch.float32).eval()
     bs = job["batch_size"]
+    for key in ("task_pairs", "diff_pairs"):  # JSON lists back to the (positive, negative) tuples
+        job[key] = [tuple(pair) for pair in job[key]]
     train_steering_vector(model, tok, job["task_pairs"][:2], layers=[0], batch_size=bs)  # warm-up
     t0 = time.perf_counter()
     task = train_steering_vector(model, tok, job["task_pairs"], batch_size=bs)
