@@ -120,6 +120,7 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--readout-prompts", type=int, default=8)
+    ap.add_argument("--skip-loop", action="store_true", help="leave out the per-layer loop")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     model = load_model(args.model, device=args.device)
@@ -168,11 +169,8 @@ def main() -> None:
         return torch.stack(cols, 1)
 
     results = {}
-    for name, fn in [
-        ("mechlingo", ours),
-        ("transformer_lens.logit_lens", tl),
-        ("per-layer loop", loop),
-    ]:
+    runs = [("mechlingo", ours), ("transformer_lens.logit_lens", tl), ("per-layer loop", loop)]
+    for name, fn in runs[:2] if args.skip_loop else runs:
         fn()  # warm-up
         best = float("inf")
         for _ in range(args.repeats):

@@ -5,7 +5,8 @@ The same model (the embedded gemma-3-270m), the same prompts, in one run:
 * mechlingo: ``build_repair_vectors(facts, unit="raw")`` (the task vector = mean few-shot
   minus mean zero-shot last-token ``resid_pre``, the diff vector = mean translation prompt
   minus mean zero-shot, every layer; plus one pass for the residual norms), then the task
-  vector of ``--layer`` added at every position through ``intervene`` and the steered
+  vector of ``--layer`` added at every position (BOS included, as steering-vectors does)
+  through ``intervene`` and the steered
   last-token logits of ``--apply`` held-out zero-shot prompts;
 * steering-vectors 0.12 (``train_steering_vector`` on the pairs (few-shot, zero-shot) and
   (translation, zero-shot) of the same facts, every layer, then ``SteeringVector.apply`` of
@@ -86,7 +87,9 @@ def main() -> None:
     t0 = time.perf_counter()
     rv = build_repair_vectors(model, build, unit="raw", batch_size=args.batch_size)
     t_build = time.perf_counter() - t0
-    vec = SteeringVector(rv.task.vector, layer=args.layer, alpha=args.alpha, positions="all")
+    vec = SteeringVector(
+        rv.task.vector, layer=args.layer, alpha=args.alpha, positions="all_with_bos"
+    )
     batch = encode(model, apply)
     name = final_resid_name(model)
 
