@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 OUT ?= out/demo
 
-.PHONY: setup demo test lint docs clean chromium
+.PHONY: setup demo test lint docs clean chromium bench-peers
 
 # Headless Chromium for the report tests (Debian package; needs root, as on CI machines).
 chromium:
@@ -42,6 +42,11 @@ test: setup lint
 	$(BIN)/python -m pytest -q -ra --durations=15 tests
 	@# TransformerLens 3.9 HookedTransformer compatibility, in its own environment (.venv-tl3)
 	bash scripts/check_hooked_transformer.sh
+
+# Benchmarks only (not part of test): the peers' own environments, .venv-nnterp (nnterp +
+# nnsight + transformers 5) and .venv-sv (steering-vectors + transformers < 5).
+bench-peers:
+	bash scripts/build_peer_envs.sh
 
 docs: setup
 	$(BIN)/python scripts/build_docs.py site/api

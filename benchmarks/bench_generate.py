@@ -15,7 +15,9 @@ languages) and ``--new`` new tokens, three ways:
 
 All three decode exactly ``--new`` tokens (no stop at a line break, so each does the same
 work); a second pair of lines times mechlingo with its default stop at the first line break,
-which lets finished rows leave the cached batch. mechlingo cached and uncached must give the
+which lets finished rows leave the cached batch. The floor, in the same run: bare one-token
+forward steps of the plain transformers model over its KV cache with an arg-max
+(:func:`bare_steps`; the last line, ``cached decoding over bare forward steps (floor)``). mechlingo cached and uncached must give the
 same tokens (checked); the agreement with transformers is printed.
 
     python benchmarks/bench_generate.py                 # 128 prompts x 8 tokens, batch 32
@@ -138,6 +140,41 @@ def main() -> None:
     print(f"cached vs uncached (line-break stops): {t_stop_u / t_stop_c:.1f}x")
     print(f"bf16 screen vs plain arg-max (cached): {t_fp32 / t_cached:.1f}x")
     print(f"transformers generate vs cached (time ratio, cached/HF): {t_cached / t_hf:.1f}x")
+    floor_out, t_floor = timed(
+        lambda: bare_steps(hf, model.tokenizer, prompts, args.new, args.batch_size)
+    )
+    same_floor = sum(a == b for a, b in zip(floor_out, hf_out, strict=True))
+    print(f"floor (bare forward steps, KV cache, arg-max): {t_floor:.2f} s; "
+          f"== transformers generate {same_floor}/{len(prompts)}")  # fmt: skip
+    print(f"cached decoding over bare forward steps (floor): {t_cached / t_floor:.1f}x")
+
+
+def bare_steps(hf, tok, prompts: list[str], new: int, batch_size: int) -> list[str]:
+    """The floor of greedy decoding: per batch one prompt forward, then ``new - 1`` bare
+    one-token forward steps over the transformers KV cache and an arg-max (no hooks, no
+    ``generate`` bookkeeping, no stopping rule)."""
+    side = tok.padding_side
+    tok.padding_side = "left"
+    out = []
+    try:
+        for i in range(0, len(prompts), batch_size):
+            enc = tok(prompts[i : i + batch_size], return_tensors="pt", padding=True)
+            mask = enc["attention_mask"]
+            pos = (mask.cumsum(-1) - 1).clamp_min(0)
+            res = hf(**enc, position_ids=pos, use_cache=True)
+            nxt = res.logits[:, -1].argmax(-1, keepdim=True)
+            toks = [nxt]
+            for _ in range(new - 1):
+                mask = torch.cat([mask, torch.ones_like(nxt)], -1)
+                pos = pos[:, -1:] + 1
+                res = hf(input_ids=nxt, attention_mask=mask, position_ids=pos,
+                         past_key_values=res.past_key_values, use_cache=True)  # fmt: skip
+                nxt = res.logits[:, -1].argmax(-1, keepdim=True)
+                toks.append(nxt)
+            out += tok.batch_decode(torch.cat(toks, -1))
+    finally:
+        tok.padding_side = side
+    return out
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@
 3. A per-layer Python loop: ``run_with_cache`` of every residual stream, then for each layer
    ln_final + unembedding of every position, then pick the last real token.
 
-Prints the times, the ratios and the largest difference of the answers' log-probabilities.
+Prints the times, the ratios and the largest difference of the answers' log-probabilities;
+then the floors measured in the same run (the unembedding GEMM at the lens's shape, and that
+plus one bare forward) and, where nnterp is importable (``scripts/build_peer_envs.sh`` builds
+its environment), nnterp's ``logit_lens`` over all layers, checked equal first.
 
 Then the readout alone, on the same rows (the lens's residual rows of ``--readout-prompts``
 prompts, every entry): :func:`mechlingo.kernels.readout.read_logits` (one pass over ``W_U``
@@ -25,6 +28,7 @@ Usage: python benchmarks/bench_lens.py [--n 32] [--device cpu|cuda] [--model PAT
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -116,6 +120,7 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--readout-prompts", type=int, default=8)
+    ap.add_argument("--skip-loop", action="store_true", help="leave out the per-layer loop")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     model = load_model(args.model, device=args.device)
@@ -164,11 +169,8 @@ def main() -> None:
         return torch.stack(cols, 1)
 
     results = {}
-    for name, fn in [
-        ("mechlingo", ours),
-        ("transformer_lens.logit_lens", tl),
-        ("per-layer loop", loop),
-    ]:
+    runs = [("mechlingo", ours), ("transformer_lens.logit_lens", tl), ("per-layer loop", loop)]
+    for name, fn in runs[:2] if args.skip_loop else runs:
         fn()  # warm-up
         best = float("inf")
         for _ in range(args.repeats):
@@ -176,16 +178,69 @@ def main() -> None:
             out = fn()
             best = min(best, time.perf_counter() - t0)
         results[name] = (best, out.cpu())
-        print(f"{name:30s} {best:8.2f} s")
+        print(f"{name:30s} {best:8.2f} s   (load {os.getloadavg()[0]:.1f})")
     base_t, base = results["mechlingo"]
     for name, (t, out) in results.items():
         if name == "mechlingo":
             continue
         diff = (out - base).abs().max().item()
-        print(
-            f"mechlingo is {t / base_t:5.1f}x faster than {name}; max |diff log-prob| = {diff:.2e}"
-        )
+        print(f"max |diff log-prob| vs {name} = {diff:.2e}")
+        print(f"mechlingo lens vs {name}: {t / base_t:.1f}x")
+    floors(model, prompts, base_t, args.repeats)
+    peer_nnterp(model, prompts, primary, base_t, base, args)
     readout_comparison(model, facts[: args.readout_prompts], args.repeats)
+
+
+def floors(model, prompts: list[str], t_lens: float, repeats: int) -> None:
+    """The machine's floor for the lens, in this run: the unembedding GEMM at the lens's
+    shape (prompts x entries rows by ``W_U``, float32), and that GEMM plus one bare batched
+    forward to the final residual stream (no readout, one hook)."""
+    n_rows = len(prompts) * (model.cfg.n_layers + 1)
+    W = model.W_U.float()
+    x = torch.randn(n_rows, W.shape[0], device=W.device)
+    t_gemm, _ = _best(lambda: x @ W, repeats)
+    name = lens_hook_names(model, [model.cfg.n_layers])[-1]
+    batch = encode(model, prompts)
+    t_fwd, _ = _best(lambda: collect(model, batch, [name]), repeats)
+    print(
+        f"floor: unembedding GEMM [{n_rows} x {W.shape[0]}] @ [{W.shape[0]} x {W.shape[1]}] "
+        f"{t_gemm:.2f} s; + one bare forward {t_fwd:.2f} s"
+    )
+    print(f"lens over the unembedding GEMM (floor): {t_lens / t_gemm:.1f}x")
+    print(f"lens over forward + GEMM (floor): {t_lens / (t_gemm + t_fwd):.1f}x")
+
+
+def peer_nnterp(model, prompts, primary, t_lens: float, ours: torch.Tensor, args) -> None:
+    """nnterp's ``logit_lens`` (on nnsight) over all layers, where nnterp is installed (its
+    own environment: ``scripts/build_peer_envs.sh``); its answers' probabilities are checked
+    against mechlingo's before the time counts."""
+    try:
+        from nnterp import StandardizedTransformer
+        from nnterp.interventions import logit_lens as nn_lens
+    except ImportError as err:
+        print(f"nnterp: not installed here ({err}); run scripts/build_peer_envs.sh and this "
+              "benchmark with .venv-nnterp/bin/python for the peer")  # fmt: skip
+        return
+    from mechlingo.core.models import ensure_default_model
+
+    folder = args.model or str(ensure_default_model())
+    nn = StandardizedTransformer(folder, device_map="cpu", dtype=torch.float32)
+    nn_lens(nn, prompts[:2])  # warm-up
+    t_nn, probs = _best(lambda: nn_lens(nn, prompts), args.repeats)
+    # [prompt, layer, vocab] probabilities after each layer; ours: [entry, prompt] log-probs
+    # of entries 0..n (embedding, then after each layer): compare after each layer
+    # compared as probabilities: nnterp's float32 softmax underflows to 0 (log -inf) for
+    # answers far down an early layer's distribution, where mechlingo keeps the log-prob
+    got = torch.stack([probs[i, :, t] for i, t in enumerate(primary)], 1).float()
+    mine = ours[1:].float().exp()
+    diff = (got - mine).abs().max().item()
+    both = (got > 1e-20) & (mine > 1e-20)
+    d_log = (got[both].log() - mine[both].log()).abs().max().item()
+    print(f"nnterp logit_lens: {t_nn:.2f} s, output {tuple(probs.shape)}; max |diff prob| vs "
+          f"mechlingo {diff:.2e}, max |diff log-prob| where both > 1e-20 {d_log:.2e}")  # fmt: skip
+    if diff > 1e-4 or d_log > 1e-2:
+        raise SystemExit("nnterp and mechlingo disagree: not timed")
+    print(f"mechlingo lens vs nnterp logit_lens: {t_nn / t_lens:.1f}x")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ per-example metric.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -129,6 +130,8 @@ def main() -> None:
     sync()
     t_tl = time.perf_counter() - t0
     diff = max(float((sw.values[0].to(ref.device) - ref).abs().max()) for sw in (grown, stacked))
+    t_floor = floor(model, src, tgt, layers, len(positions))
+    nn = peer_nnterp(args, src, tgt, layers, positions, ids, grown.values[0], k)
     print(f"mechlingo sweep, grow : {t_grow:8.2f} s ({len(grown.cells)} cells)")
     print(f"mechlingo sweep, stack: {t_stack:8.2f} s")
     print(f"TransformerLens per-cell: {t_tl:8.2f} s")
@@ -136,6 +139,83 @@ def main() -> None:
         f"speed-up: {t_tl / t_grow:.1f}x (grow, the default), {t_tl / t_stack:.1f}x (stack)   "
         f"max |difference|: {diff:.2e}"
     )
+    print(f"load average (1 min) at end: {os.getloadavg()[0]:.1f}")
+    print()
+    print(f"patching vs TransformerLens per cell: {t_tl / t_grow:.1f}x")
+    if nn is not None:
+        print(f"patching vs nnterp (nnsight) per cell: {nn / t_grow:.1f}x")
+    print(f"patching over the unavoidable forward passes (floor): {t_grow / t_floor:.1f}x")
+
+
+def _bare(model, batch: TokenBatch) -> float:
+    """Seconds of one bare forward of ``batch`` to the final residual stream (one hook)."""
+    from mechlingo.activations.runs import collect, final_resid_name
+
+    t0 = time.perf_counter()
+    collect(model, batch, [final_resid_name(model)])
+    return time.perf_counter() - t0
+
+
+def floor(model, src: TokenBatch, tgt: TokenBatch, layers: list[int], n_pos: int) -> float:
+    """The forward passes a layer x position sweep cannot avoid, timed here: one pass of the
+    source (its activations), one of the target (the unpatched prefix, shared by all
+    cells), and for each layer ``l`` the blocks after ``l`` on the ``n_pos`` patched copies
+    of every pair (measured as a full pass of ``k x n_pos`` rows times ``(n - l) / n``)."""
+    n = int(model.cfg.n_layers)
+    rows = TokenBatch(
+        src.tokens.repeat(n_pos, 1), src.lengths.repeat(n_pos), src.pad_id, src.has_bos
+    )
+    _bare(model, rows)  # warm-up
+    t_one = min(_bare(model, src) for _ in range(2))
+    t_rows = min(_bare(model, rows) for _ in range(2))
+    total = 2 * t_one + sum((n - la) / n for la in layers) * t_rows
+    print(f"floor: {total:.2f} s (one pass {t_one:.3f} s, {rows.batch_size} rows {t_rows:.3f} s)")
+    return total
+
+
+def peer_nnterp(args, src, tgt, layers, positions, ids, ours, k) -> float | None:
+    """nnterp (on nnsight) per cell: the layer input at (layer, position) of the corrupted run
+    set to the clean run's, one trace per cell over all pairs; checked equal to mechlingo's
+    values before its time is returned. ``None`` (and a line saying so) without nnterp."""
+    try:
+        from nnterp import StandardizedTransformer
+    except ImportError as err:
+        print(f"nnterp: not installed here ({err}); scripts/build_peer_envs.sh builds it")
+        return None
+    from mechlingo.core.models import ensure_default_model
+
+    nn = StandardizedTransformer(
+        args.model or str(ensure_default_model()), device_map="cpu", dtype=torch.float32
+    )
+    clean = {"input_ids": src.tokens, "attention_mask": torch.ones_like(src.tokens)}
+    bad = {"input_ids": tgt.tokens, "attention_mask": torch.ones_like(tgt.tokens)}
+
+    def run() -> torch.Tensor:
+        # nnsight runs a trace's body in its own frame: results go through objects made
+        # before the trace (a function's locals are not written back)
+        acts: dict[int, torch.Tensor] = {}
+        got: dict[str, torch.Tensor] = {}
+        with torch.no_grad(), nn.trace(clean):
+            for la in layers:
+                acts[la] = nn.layers_input[la].save()
+        out = torch.empty(len(layers), len(positions), k)
+        for i, la in enumerate(layers):
+            for j, p in enumerate(positions):
+                with torch.no_grad(), nn.trace(bad):
+                    nn.layers_input[la][:, p] = acts[la][:, p]
+                    got["lg"] = nn.logits[:, -1].save()
+                lp = got["lg"].float().log_softmax(-1)
+                out[i, j] = torch.stack([torch.logsumexp(lp[r, ids[r]], -1) for r in range(k)])
+        return out
+
+    t0 = time.perf_counter()
+    got = run()
+    t_nn = time.perf_counter() - t0
+    diff = float((got.flatten(0, 1) - ours.flatten(0, -2).cpu()).abs().max())
+    print(f"nnterp per-cell: {t_nn:.2f} s; max |difference| vs mechlingo {diff:.2e}")
+    if diff > 1e-3:
+        raise SystemExit("nnterp and mechlingo disagree: not timed")
+    return t_nn
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ __all__ = [
     "DistributedError",
     "all_gather_rows",
     "all_reduce_state",
+    "barrier",
     "dist_info",
     "is_distributed",
     "is_main",
@@ -167,6 +168,12 @@ def process_group(
 # --------------------------------------------------------------------------------------
 # Sharding and collectives
 # --------------------------------------------------------------------------------------
+
+
+def barrier() -> None:
+    """Wait until every rank gets here (nothing in a single process)."""
+    if is_distributed():
+        dist.barrier()
 
 
 def shard_bounds(n: int, rank: int | None = None, world_size: int | None = None) -> range:

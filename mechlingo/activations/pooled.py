@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -29,14 +30,17 @@ from tqdm.auto import tqdm
 from mechlingo.activations.parallel import (
     all_gather_rows,
     all_reduce_state,
+    barrier,
     dist_info,
+    is_main,
     shard_bounds,
 )
 from mechlingo.activations.runs import StopForward, run_batch
+from mechlingo.activations.shards import PooledShards, ShardWriter, memory_budget
 from mechlingo.core.describe import model_info
 from mechlingo.core.errors import ExpertError, InputError, MechlingoError
 from mechlingo.core.sites import resolve_layers, resolve_site, site_map
-from mechlingo.core.tokens import TokenBatch, encode, sorted_batches
+from mechlingo.core.tokens import TokenBatch, encode, pad_rows, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
 from mechlingo.kernels.stats import ActivationProbability, masked_pool
 
@@ -48,7 +52,9 @@ class NeuronStats:
     Attributes:
         langs: language codes; ``lang_ids`` index into this list.
         pooled: ``[n_sentences, n_layers * d_mlp]`` float32, each sentence's activation of
-            every neuron pooled over its real tokens (see ``pool``).
+            every neuron pooled over its real tokens (see ``pool``); out of core, a
+            :class:`~mechlingo.activations.shards.PooledShards` on disk with the same values
+            (read by columns: ``pooled[:, features]``).
         lang_ids: language index of each row of ``pooled``.
         prob_active: ``[n_langs, n_layers * d_mlp]``, fraction of the language's real tokens
             where the neuron's activation is > 0 (the input of LAPE).
@@ -59,7 +65,7 @@ class NeuronStats:
     """
 
     langs: list[str]
-    pooled: Float[Tensor, "sentence feature"]
+    pooled: Float[Tensor, "sentence feature"] | PooledShards
     lang_ids: Int[Tensor, " sentence"]
     prob_active: Float[Tensor, "lang feature"]
     layers: list[int]
@@ -172,7 +178,20 @@ def encode_sentences(
     empty = [i for i, s in enumerate(sentences) if not s.strip()]
     if empty:
         raise error(f"sentences {empty[:10]} are empty; remove empty lines from the data first")
-    return truncate(encode(model, list(sentences)), max_tokens, error=error)
+    sentences = list(sentences)
+    if max_tokens is None or len(sentences) <= ENCODE_CHUNK:
+        return truncate(encode(model, sentences), max_tokens, error=error)
+    # truncated a chunk at a time: the full-length ids of every sentence never exist at once
+    parts = [
+        truncate(encode(model, sentences[i : i + ENCODE_CHUNK]), max_tokens, error=error)
+        for i in range(0, len(sentences), ENCODE_CHUNK)
+    ]
+    rows = [p.tokens[j, : int(p.lengths[j])] for p in parts for j in range(p.batch_size)]
+    return pad_rows(rows, pad_id=parts[0].pad_id, has_bos=parts[0].has_bos)
+
+
+#: Sentences tokenized at once by :func:`encode_sentences` when it truncates.
+ENCODE_CHUNK = 512
 
 
 # --------------------------------------------------------------------------------------
@@ -195,6 +214,10 @@ def check_pool_args(
 #: (on the activations' device) and the batch's row indices into the whole batch (CPU).
 Observer = Callable[[int, Tensor, Tensor, Tensor], None]
 
+#: ``sink(rows, pooled)``: called by :func:`pool_activations` once per batch with the batch's
+#: row indices (CPU) and its pooled rows ``[batch, n_hooks, width]`` float32.
+Sink = Callable[[Tensor, Tensor], None]
+
 
 def pool_activations(
     model: Model,
@@ -206,6 +229,7 @@ def pool_activations(
     batch_size: int = 16,
     extra_hooks: FwdHooks = (),
     observe: Observer | None = None,
+    sink: Sink | None = None,
     progress: bool = False,
     desc: str = "pooling",
     error: type[MechlingoError] = InputError,
@@ -219,11 +243,14 @@ def pool_activations(
     stops after the last hook, so the unembedding is never computed, and memory does not grow
     with sentence length. ``extra_hooks`` (e.g. an intervention's) run before the pooling
     hooks, so what is pooled includes their effect at the same hook point. ``observe`` sees
-    the unpooled activations as well (e.g. to count firing tokens).
+    the unpooled activations as well (e.g. to count firing tokens). ``sink(rows, pooled)``,
+    when given, receives each batch's pooled rows ``[batch, n_hooks, width]`` instead of a
+    matrix of every row (to stream them to disk: memory then does not grow with the rows).
 
     Returns:
         ``[n_rows, n_hooks, width]`` float32 on :func:`output_device`; ``.flatten(1)`` gives
-        one row of ``n_hooks * width`` features per sentence without a copy.
+        one row of ``n_hooks * width`` features per sentence without a copy. With ``sink``,
+        an empty ``[0, n_hooks, width]`` tensor.
 
     Raises:
         error: a bad ``pool`` or ``batch_size``, or a row that is nothing but BOS.
@@ -231,7 +258,8 @@ def pool_activations(
     check_pool_args(pool, batch_size, error=error)
     dev = output_device(model)
     names = list(hook_names)
-    out = torch.zeros(batch.batch_size, len(names), width, dtype=torch.float32, device=dev)
+    n_out = 0 if sink is not None else batch.batch_size
+    out = torch.zeros(n_out, len(names), width, dtype=torch.float32, device=dev)
     if batch.batch_size == 0:
         return out
     if batch.has_bos and bool((batch.lengths < 2).any()):
@@ -244,7 +272,8 @@ def pool_activations(
         def hook(act: Tensor, hook: Any) -> None:
             a = act.detach().float()
             mask = state["mask"].to(a.device)
-            out[state["rows"].to(dev), slot] = masked_pool(a, mask, pool).to(dev)
+            target, at = (state["buf"], slice(None)) if sink else (out, state["rows"].to(dev))
+            target[at, slot] = masked_pool(a, mask, pool).to(dev)
             if observe is not None:
                 observe(slot, a, mask, state["rows"])
             if last:
@@ -258,7 +287,11 @@ def pool_activations(
         sub = batch.select(rows)
         state["rows"] = torch.as_tensor(rows, dtype=torch.long)
         state["mask"] = sub.real_token_mask(include_bos=False)
+        if sink is not None:
+            state["buf"] = torch.zeros(len(rows), len(names), width, device=dev)
         run_batch(model, sub, hooks)
+        if sink is not None:
+            sink(state["rows"], state["buf"])
     return out
 
 
@@ -278,6 +311,8 @@ def pooled_neuron_acts(
     threshold: float = 0.0,
     extra_hooks: FwdHooks = (),
     progress: bool = False,
+    store: str | Path | None = None,
+    max_memory: int | str | None = None,
 ) -> NeuronStats:
     """Pooled ``mlp_post`` activations of every sentence over all ranks.
 
@@ -296,6 +331,13 @@ def pooled_neuron_acts(
         max_tokens: keep only the first ``max_tokens`` real tokens of each sentence.
         threshold: a neuron "fires" on a token where its activation exceeds this.
         extra_hooks: hooks applied during the runs (e.g. an intervention's ``fwd_hooks``).
+        store: out of core: a folder (empty, the same on every rank) where the pooled rows
+            are streamed as disk shards (:mod:`mechlingo.activations.shards`) instead of
+            being kept; ``pooled`` is then a :class:`~mechlingo.activations.shards.
+            PooledShards` over them, with the same values. The folder must outlive the
+            statistics.
+        max_memory: with ``store``, the memory cap in bytes or as ``"2G"`` (default: from
+            the machine, :func:`~mechlingo.activations.shards.memory_budget`).
 
     Returns:
         :class:`NeuronStats` on the model's output device, the model recorded in ``meta``
@@ -314,14 +356,15 @@ def pooled_neuron_acts(
     mine = sentences[bounds.start : bounds.stop]
     lang_ids = torch.tensor(all_ids[bounds.start : bounds.stop], dtype=torch.long)
     dev = output_device(model)
-    zeros = {
-        "active": torch.zeros(len(langs), sm.d_mlp, dtype=torch.int64, device=dev),
-        "tokens": torch.zeros(len(langs), dtype=torch.int64, device=dev),
-    }
-    counters = [ActivationProbability.from_state(zeros, threshold) for _ in layer_list]
+    counters, count = _firing_counters(
+        len(langs), len(layer_list), sm.d_mlp, lang_ids, dev, threshold
+    )
+    writer = _shard_writer(store, max_memory, len(names) * sm.d_mlp, dev)
+    sink = None
+    if writer is not None:
 
-    def count(slot: int, acts: Tensor, mask: Tensor, rows: Tensor) -> None:
-        counters[slot].update(acts, lang=lang_ids[rows].to(acts.device), mask=mask)
+        def sink(rows: Tensor, pooled: Tensor) -> None:
+            writer.add(pooled.flatten(1), rows + bounds.start, lang_ids[rows])
 
     pooled = torch.zeros(0, len(names), sm.d_mlp, dtype=torch.float32, device=dev)
     if mine:
@@ -335,13 +378,11 @@ def pooled_neuron_acts(
             batch_size=batch_size,
             extra_hooks=extra_hooks,
             observe=count,
+            sink=sink,
             progress=progress,
             desc="neuron acts",
         )
-    active = torch.cat([c.state_dict()["active"].to(dev) for c in counters], dim=1)
-    tokens = counters[0].state_dict()["tokens"].to(dev)
-    summed = all_reduce_state({"active": active, "tokens": tokens})
-    prob = summed["active"].to(torch.float64) / summed["tokens"].to(torch.float64)[:, None]
+    prob = _firing_rates(counters, dev)
     meta = {
         "pool": pool,
         "n_sentences": {lang: len(texts[lang]) for lang in langs},
@@ -350,13 +391,58 @@ def pooled_neuron_acts(
         "world_size": dist_info().world_size,
         "model": model_info(model),
     }
-    return NeuronStats(
-        langs=langs,
-        pooled=all_gather_rows(pooled.flatten(1)),
-        lang_ids=all_gather_rows(lang_ids.to(dev)),
-        prob_active=prob.to(torch.float32),
-        layers=layer_list,
-        d_mlp=sm.d_mlp,
-        pool=pool,
-        meta=meta,
-    )
+    if writer is not None:
+        writer.close()
+        barrier()
+        disk = PooledShards(writer.directory, writer.n_features)
+        meta["out_of_core"] = {"max_memory": writer.max_memory, "shards": disk.n_shards}
+        rows_all, ids_all = disk, disk.lang_ids.to(dev)
+    else:
+        rows_all = all_gather_rows(pooled.flatten(1))
+        ids_all = all_gather_rows(lang_ids.to(dev))
+    return NeuronStats(langs, rows_all, ids_all, prob, layer_list, sm.d_mlp, pool, meta)
+
+
+def _firing_rates(
+    counters: Sequence[ActivationProbability], dev: torch.device
+) -> Float[Tensor, "lang feature"]:
+    """Per-language firing rates of every neuron over all ranks (integer counts summed
+    exactly, then one float64 division), float32."""
+    active = torch.cat([c.state_dict()["active"].to(dev) for c in counters], dim=1)
+    tokens = counters[0].state_dict()["tokens"].to(dev)
+    summed = all_reduce_state({"active": active, "tokens": tokens})
+    prob = summed["active"].to(torch.float64) / summed["tokens"].to(torch.float64)[:, None]
+    return prob.to(torch.float32)
+
+
+def _firing_counters(
+    n_langs: int, n_layers: int, d_mlp: int, lang_ids: Tensor, dev: torch.device, threshold: float
+) -> tuple[list[ActivationProbability], Observer]:
+    """One firing counter per layer and the observer that feeds them."""
+    zeros = {
+        "active": torch.zeros(n_langs, d_mlp, dtype=torch.int64, device=dev),
+        "tokens": torch.zeros(n_langs, dtype=torch.int64, device=dev),
+    }
+    counters = [ActivationProbability.from_state(zeros, threshold) for _ in range(n_layers)]
+
+    def count(slot: int, acts: Tensor, mask: Tensor, rows: Tensor) -> None:
+        counters[slot].update(acts, lang=lang_ids[rows].to(acts.device), mask=mask)
+
+    return counters, count
+
+
+def _shard_writer(
+    store: str | Path | None, max_memory: int | str | None, n_features: int, dev: torch.device
+) -> ShardWriter | None:
+    """The writer of this rank's shards in ``store`` (``None``: in memory), after checking
+    that the folder holds no shards of an earlier run."""
+    if store is None:
+        return None
+    folder = Path(store)
+    if is_main() and folder.is_dir() and any(folder.glob("*.rows.npy")):
+        raise InputError(
+            f"{folder} already holds pooled shards of another run",
+            fix="give an empty folder (or none: a temporary one)",
+        )
+    barrier()
+    return ShardWriter(folder, n_features, memory_budget(max_memory))

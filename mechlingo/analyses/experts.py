@@ -62,6 +62,7 @@ from mechlingo.activations.pooled import (
 )
 from mechlingo.activations.pooled import encode_sentences as _encode_sentences
 from mechlingo.activations.runs import StopForward, final_resid_name, run_batch
+from mechlingo.activations.shards import PooledShards, shard_scores
 from mechlingo.analyses.evaluate import greedy_generate
 from mechlingo.core.errors import ExpertError
 from mechlingo.core.figures import draw
@@ -73,10 +74,10 @@ from mechlingo.interventions import (
     NeuronClamp,
     load_intervention,
 )
+from mechlingo.kernels.grouped import grouped_auroc_and_average_precision
 from mechlingo.kernels.readout import final_logits
 from mechlingo.kernels.significance import bootstrap_perplexity, mcnemar, perplexity_ratio, wilson
 from mechlingo.kernels.stats import (
-    auroc_and_average_precision,
     feature_mean,
     feature_median,
     lape,
@@ -119,6 +120,8 @@ def collect_neuron_stats(
     max_tokens: int | None = None,
     intervention: Any = None,
     progress: bool = False,
+    store: str | Path | None = None,
+    max_memory: int | str | None = None,
 ) -> NeuronStats:
     """Pooled activations of every MLP neuron over every sentence, in one pass.
 
@@ -138,6 +141,12 @@ def collect_neuron_stats(
         max_tokens: keep only the first ``max_tokens`` tokens of each sentence.
         intervention: optional intervention applied during the runs (anything with
             ``fwd_hooks(model)``).
+        store: out of core: an empty folder (the same on every rank) where the pooled rows
+            stream to disk shards, so memory does not grow with the number of sentences;
+            scores, clamps and tables read them from there with the same values
+            (``docs/scaling.md``).
+        max_memory: with ``store``, the cap in bytes or as ``"2G"`` (default: from the
+            machine, :func:`mechlingo.activations.shards.memory_budget`).
 
     Returns:
         :class:`NeuronStats` on the model's device.
@@ -159,6 +168,8 @@ def collect_neuron_stats(
             max_tokens=max_tokens,
             extra_hooks=extra,
             progress=progress,
+            store=store,
+            max_memory=max_memory,
         )
     except ValueError as err:
         raise ExpertError(str(err)) from err
@@ -200,19 +211,22 @@ class NeuronScores:
         raise ExpertError(f"unknown score {by!r}; use 'auroc', 'ap' or 'lape'")
 
 
-def score_neurons(stats: NeuronStats) -> NeuronScores:
+def score_neurons(stats: NeuronStats, *, max_memory: int | str | None = None) -> NeuronScores:
     """AUROC and average precision of every neuron for every language against the others
-    (kernels.stats, all neurons at once), and LAPE from the firing rates."""
+    (all neurons and languages from one sort: :mod:`mechlingo.kernels.grouped`), and LAPE
+    from the firing rates. Statistics kept on
+    disk (``collect_neuron_stats(store=...)``) are scored a block of neurons at a time under
+    ``max_memory`` (:func:`mechlingo.activations.shards.shard_scores`), with equal results."""
     if len(stats.langs) < 2:
         raise ExpertError(
             f"scoring needs at least two languages (positives and negatives), got {stats.langs}"
         )
-    au, ap = [], []
-    for i in range(len(stats.langs)):
-        a, p = auroc_and_average_precision(stats.pooled, stats.lang_ids == i)
-        au.append(a)
-        ap.append(p)
-    return NeuronScores(torch.stack(au), torch.stack(ap), lape(stats.prob_active))
+    if isinstance(stats.pooled, PooledShards):
+        au_d, ap_d = shard_scores(stats.pooled, len(stats.langs), max_memory)
+        dev = stats.prob_active.device
+        return NeuronScores(au_d.to(dev), ap_d.to(dev), lape(stats.prob_active))
+    au, ap = grouped_auroc_and_average_precision(stats.pooled, stats.lang_ids, len(stats.langs))
+    return NeuronScores(au, ap, lape(stats.prob_active))
 
 
 # --------------------------------------------------------------------------------------
@@ -461,9 +475,12 @@ def find_experts(
     batch_size: int = 16,
     max_tokens: int | None = None,
     progress: bool = False,
+    store: str | Path | None = None,
+    max_memory: int | str | None = None,
 ) -> ExpertResult:
     """Collect statistics (:func:`collect_neuron_stats`) and score every neuron
-    (:func:`score_neurons`); select with :meth:`ExpertResult.clamp`."""
+    (:func:`score_neurons`); select with :meth:`ExpertResult.clamp`. With ``store`` the
+    statistics stay on disk under ``max_memory`` (see :func:`collect_neuron_stats`)."""
     check_texts(texts, 2, error=ExpertError)
     stats = collect_neuron_stats(
         model,
@@ -473,8 +490,10 @@ def find_experts(
         batch_size=batch_size,
         max_tokens=max_tokens,
         progress=progress,
+        store=store,
+        max_memory=max_memory,
     )
-    return ExpertResult(stats, score_neurons(stats), by)
+    return ExpertResult(stats, score_neurons(stats, max_memory=max_memory), by)
 
 
 # --------------------------------------------------------------------------------------

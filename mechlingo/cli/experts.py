@@ -21,12 +21,15 @@ control) and ``report.html``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from mechlingo.activations.shards import memory_budget, shared_directory
 from mechlingo.analyses.alignment import AlignmentError, compare_alignment, drop_empty_lines
 from mechlingo.analyses.experts import ExpertError, find_experts, k_curve
 from mechlingo.analyses.side_effects import side_effects
@@ -40,6 +43,7 @@ from mechlingo.cli.common import (
     split_list,
 )
 from mechlingo.cli.flags import parse_ints
+from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 from mechlingo.data import LANGS, load_facts, parallel_sentences, read_parallel
 from mechlingo.interventions import InterventionError, load_intervention
@@ -165,10 +169,62 @@ def _experts_args(p: argparse.ArgumentParser) -> None:
         help="k rule: how the other languages' perplexity ratios enter the budget: their "
         "geometric mean (default), each of them, or not at all",
     )
+    g.add_argument(
+        "--max-memory",
+        default=None,
+        metavar="SIZE",
+        help="cap on the memory of the neuron statistics, e.g. 8G (default: a quarter of the "
+        "memory available, shared by the ranks of this machine); when the pooled activations "
+        "would take more than half of it they stream to disk shards and are scored a block "
+        "of neurons at a time, with the same numbers (docs/scaling.md)",
+    )
+    g.add_argument(
+        "--shard-dir",
+        default=None,
+        metavar="DIR",
+        help="keep the statistics out of core in this empty folder (default: a temporary "
+        "folder, removed afterwards, only when --max-memory calls for it); under torchrun "
+        "every rank must see it",
+    )
 
 
 @command("experts", "expert (language-specific) neurons, clamps and the k curve", _experts_args)
 def cmd_experts(args: Any) -> int:
+    """``mechlingo experts``, with the out-of-core shard folder (if one is used) kept for the
+    whole command and removed afterwards."""
+    with _shard_folder(args):
+        return _cmd_experts(args)
+
+
+@contextlib.contextmanager
+def _shard_folder(args: Any) -> Iterator[None]:
+    """Sets ``args.shard_store``: ``--shard-dir``, or a temporary folder shared by the ranks
+    (removed at the end), for :func:`_store_for`."""
+    try:
+        args.max_memory_bytes = memory_budget(args.max_memory)
+    except InputError as err:
+        raise UsageError(str(err), where="--max-memory", fix="e.g. --max-memory 8G") from err
+    if args.shard_dir:
+        args.shard_store = Path(args.shard_dir)
+        yield
+        return
+    with shared_directory() as tmp:
+        args.shard_store = tmp / "pooled"
+        yield
+
+
+def _store_for(model: Model, texts: dict, args: Any) -> Path | None:
+    """Where the pooled activations go: ``None`` (memory) unless ``--shard-dir`` is given or
+    they would take more than half of the ``--max-memory`` cap."""
+    if getattr(args, "shard_store", None) is None:
+        return None
+    n_rows = sum(len(v) for v in texts.values())
+    n_layers = len(parse_ints(args.layer, "--layer") or range(model.cfg.n_layers))
+    need = 4 * n_rows * n_layers * int(model.cfg.d_mlp or 0)
+    return args.shard_store if args.shard_dir or need > args.max_memory_bytes // 2 else None
+
+
+def _cmd_experts(args: Any) -> int:
 
     targets, ks = _experts_flags(args)
     texts = load_parallel(args)
@@ -259,6 +315,8 @@ def _find_and_clamp(
             batch_size=args.batch_size,
             max_tokens=args.max_tokens,
             progress=not args.quiet,
+            store=_store_for(model, texts, args),
+            max_memory=getattr(args, "max_memory_bytes", None),
         )
         clamps = {
             f"{t}-k{k}{suffix}": fn(t, k, value=args.value, **kw)
