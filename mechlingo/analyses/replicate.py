@@ -650,16 +650,18 @@ def _stage_fns(
 
 
 def _run_stage(stages: Stages, name: str, fn: Callable[..., Any], folder: bool) -> tuple:
-    """``(result or {"error": ...}, seconds, cached)``; only ``Exception`` is caught (Ctrl-C
+    """``(result or {"error": ...}, {"seconds", "cpu_seconds"}, cached)``; only ``Exception`` is caught (Ctrl-C
     and SIGTERM stop the run; finished stages stay stored)."""
     cached = stages.done(name)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         data = stages.run(name, fn, folder=folder)
     except Exception as err:
         tb = traceback.format_exception_only(type(err), err)[-1].strip()
         data = {"error": tb}
-    return data, round(time.perf_counter() - t0, 1), cached
+    secs = {"seconds": round(time.perf_counter() - t0, 1),
+            "cpu_seconds": round(time.process_time() - c0, 1)}  # fmt: skip
+    return data, secs, cached
 
 
 def replicate(
@@ -713,8 +715,7 @@ def replicate(
             bar.set_postfix_str(name)
             fn, folder = fns[name]
             results[name], secs, cached = _run_stage(stages, name, fn, folder)
-            timing[name] = {"seconds": secs, "cached": cached,
-                            "error": results[name].get("error")}  # fmt: skip
+            timing[name] = {**secs, "cached": cached, "error": results[name].get("error")}
         rows = claim_rows(results, papers)
     finally:
         if tmp is not None:

@@ -13,6 +13,7 @@ The claims are measured by :func:`mechlingo.analyses.replicate.replicate`.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,9 @@ def _replicate_args(p: argparse.ArgumentParser) -> None:
                    "(default es, the papers' Spanish intervention)")  # fmt: skip
     p.add_argument("--work", default=None, help="folder of the finished stages (default "
                    "OUT/stages); a rerun with the same model, data and settings reuses them")  # fmt: skip
+    p.add_argument("--settings", default=None, metavar="JSON|FILE",
+                   help="overrides of the budget's settings, as JSON or a .json file, e.g. "
+                   "'{\"experts\": {\"ks\": [100, 500]}}' (see docs/replicate.md)")  # fmt: skip
     p.add_argument("--out", required=True, help="output folder (claims.json, claims.md, "
                    "report.html)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
@@ -83,6 +87,21 @@ def read_facts_arg(path: str) -> list[Any]:
     return facts
 
 
+def _settings_arg(text: str | None) -> dict[str, Any]:
+    """``--settings``: JSON text or a ``.json`` file with an object of overrides."""
+    if not text:
+        return {}
+    try:
+        src = Path(text).read_text(encoding="utf-8") if text.strip().endswith(".json") else text
+        value = json.loads(src)
+    except (ValueError, OSError) as err:
+        raise UsageError(f"--settings is not valid JSON: {err}", where="--settings") from err
+    if not isinstance(value, dict):
+        raise UsageError("--settings takes a JSON object", where="--settings",
+                         fix='e.g. \'{"experts": {"ks": [100, 500]}}\'')  # fmt: skip
+    return value
+
+
 @command("replicate", "the papers' claims checked on a model: claims.json, claims.md, report", _replicate_args)  # fmt: skip
 def cmd_replicate(args: Any) -> int:
     facts = read_facts_arg(args.facts) if args.facts else None
@@ -94,10 +113,11 @@ def cmd_replicate(args: Any) -> int:
             raise
         except (ValueError, OSError) as err:
             raise UsageError(str(err), where="--parallel") from err
+    settings = _settings_arg(args.settings)
     model = load_cli_model(args)
-    settings: dict[str, Any] = {"batch_size": args.batch_size}
+    settings.setdefault("batch_size", args.batch_size)
     if args.target:
-        settings["experts"] = {"target": args.target}
+        settings.setdefault("experts", {})["target"] = args.target
     card = replicate(
         model, paper=args.paper, budget=args.budget, facts=facts, parallel=parallel,
         work=args.work or str(Path(args.out) / "stages"), settings=settings,
