@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -118,11 +119,16 @@ def cmd_replicate(args: Any) -> int:
     settings.setdefault("batch_size", args.batch_size)
     if args.target:
         settings.setdefault("experts", {})["target"] = args.target
-    card = replicate(
-        model, paper=args.paper, budget=args.budget, facts=facts, parallel=parallel,
-        work=args.work or str(Path(args.out) / "stages"), settings=settings,
-        progress=not args.quiet,
-    )  # fmt: skip
+    work = args.work or str(Path(args.out) / "stages")
+    try:
+        card = replicate(
+            model, paper=args.paper, budget=args.budget, facts=facts, parallel=parallel,
+            work=work, settings=settings, progress=not args.quiet,
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        print(f"stopped: the finished stages are kept in {work}; run the same command again "
+              "to resume", file=sys.stderr)  # fmt: skip
+        raise
     card.meta["facts"] = args.facts or "bundled (natural templates)"
     card.meta["parallel"] = args.parallel or "bundled parallel sentences"
     write_outputs(
