@@ -33,7 +33,9 @@ TINY = {
     "repair": {"dev_per_lang": 4, "test_per_lang": 6, "layer_fractions": [0.5],
                "alphas": [0.28], "top_k": 1, "screen_ids": 2, "seeds": [0, 1],
                "max_new_tokens": 3},
-    "transfer": {"limit": 4, "langs": ["en", "fr"], "max_new_tokens": 3},
+    "transfer": {"limit": 20, "langs": ["en", "fr", "es"], "max_new_tokens": 3,
+                 "matrix": {"cells": "diagonal", "build_ids": 5, "dev_ids": 2, "test_ids": 3,
+                            "screen_ids": 1}},
     "experts": {"n_find": 6, "n_heldout": 2, "ks": [3, 5], "samples": 3, "new_tokens": 3,
                 "max_tokens": 8, "n_eval": 6, "n_boot": 20, "ppl_budget": 1000.0},
 }  # fmt: skip
@@ -52,7 +54,7 @@ def _fake_transfer(fail: str | None = None):
         def __init__(self, by):
             self.by = by
             self.cells = [
-                {"row": "all_but_R", "col": c, "n": 10, "p": 0.01,
+                {"row": f"all_but_{c}", "col": c, "n": 10, "p": 0.01,
                  "gain": {"estimate": g, "lo": g - 0.1, "hi": g + 0.1},
                  "control_gain": {"estimate": 0.0, "lo": -0.05, "hi": 0.05}, "control_p": 1.0}
                 for c, g in (("a", 0.3), ("b", 0.2), ("c", 0.05))

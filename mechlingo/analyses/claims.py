@@ -152,8 +152,8 @@ CLAIMS: tuple[Claim, ...] = (
         LU,
         "The vectors are independent of relations (the transfer matrix, by relation).",
         "independent of language and dataset",
-        "gain of vectors built without relation R, tested on R (row all_but_R); holds when "
-        "the median cell's interval excludes 0 upward and no cell's random control does",
+        "gain of vectors built without relation R, tested on R (rows all_but_<R>); holds "
+        "when the median cell's interval excludes 0 upward and no cell's random control does",
         "transfer_relation",
         "fig-transfer",
     ),
@@ -162,7 +162,7 @@ CLAIMS: tuple[Claim, ...] = (
         LU,
         "The vectors are independent of languages (the transfer matrix, by language).",
         "independent of language and dataset",
-        "gain of vectors built without language L, tested on L (row all_but_R); the same rule",
+        "gain of vectors built without language L, tested on L (rows all_but_<L>); the same rule",
         "transfer_lang",
         "fig-transfer",
     ),

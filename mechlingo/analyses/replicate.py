@@ -90,7 +90,9 @@ _QUICK: dict[str, Any] = {
         "max_new_tokens": 6,
     },
     "transfer": {"relations": ["capital", "currency", "language"], "limit": 24,
-                 "langs": ["en", "fr", "es", "ru"], "max_new_tokens": 6},
+                 "langs": ["en", "fr", "es", "ru"], "max_new_tokens": 6,
+                 "matrix": {"cells": "diagonal", "build_ids": 8, "dev_ids": 6,
+                            "test_ids": 8, "screen_ids": 3}},
     "experts": {"target": "es", "n_find": 40, "n_heldout": 6, "ks": [50, 200, 500],
                 "samples": 24, "new_tokens": 16, "max_tokens": 24, "n_eval": 40,
                 "ppl_budget": 2.0, "n_boot": 200},
@@ -104,7 +106,8 @@ _FULL: dict[str, Any] = {
         "top_k": 3, "screen_ids": 8, "seeds": [0, 1, 2], "max_new_tokens": 6,
     },
     "transfer": {"relations": ["capital", "currency", "language"], "limit": 60,
-                 "langs": ["en", "fr", "es", "ru", "ja", "hi"], "max_new_tokens": 6},
+                 "langs": ["en", "fr", "es", "ru", "ja", "hi"], "max_new_tokens": 6,
+                 "matrix": {"cells": "full"}},
     "experts": {"target": "es", "n_find": 100, "n_heldout": 8, "ks": [50, 200, 500, 2000],
                 "samples": 32, "new_tokens": 16, "max_tokens": 32, "n_eval": 100,
                 "ppl_budget": 2.0, "n_boot": 500},
@@ -271,7 +274,7 @@ def _stage_transfer(
     t = cfg["transfer"]
     tm = mod.transfer_matrix(
         model, facts, by=by, seed=0, progress=progress, max_new_tokens=t["max_new_tokens"],
-        batch_size=cfg.get("batch_size", 64),
+        batch_size=cfg.get("batch_size", 64), **t.get("matrix", {}),
     )  # fmt: skip
     out = tm.to_json()
     out = json.loads(out) if isinstance(out, str) else out
@@ -479,7 +482,7 @@ def _row_lowest(data: Mapping[str, Any], seeds: Sequence[str]) -> dict[str, Any]
 
 
 def _rows_transfer(cid: str, data: Mapping[str, Any]) -> list[dict[str, Any]]:
-    cells = [c for c in data["cells"] if c.get("row") == "all_but_R"]
+    cells = [c for c in data["cells"] if str(c.get("row", "")).startswith("all_but_")]
     cells = [c for c in cells if (c.get("gain") or {}).get("estimate") is not None]
     claim = _claim(cid)
     if not cells:
