@@ -344,3 +344,19 @@ def test_embedded_model_small_configuration(gemma, tmp_path, monkeypatch):
     rows = {r["id"]: r for r in card.rows}
     assert rows["experts_exist"]["value"]["n"] == 24  # 6 held-out lines x 4 languages
     assert rows["experts_exist"]["verdict"] == HOLDS  # real experts, even from 8 sentences
+
+
+def test_weights_fingerprint_sees_a_block_change(tiny):
+    import torch
+
+    before = rep.weights_fingerprint(tiny)
+    assert rep.weights_fingerprint(tiny) == before
+    name, p = next((n, q) for n, q in tiny.named_parameters() if "blocks.1" in n or "layers.1" in n)
+    with torch.no_grad():
+        old = p.view(-1)[0].clone()
+        p.view(-1)[0] += 1.0
+        try:
+            assert rep.weights_fingerprint(tiny) != before, name  # the unembedding is the same
+        finally:
+            p.view(-1)[0] = old
+    assert rep.weights_fingerprint(tiny) == before

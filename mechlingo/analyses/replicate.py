@@ -141,6 +141,20 @@ def _hash(obj: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def weights_fingerprint(model: Model) -> str:
+    """A short hash of every parameter's name, shape and a strided sample of its values: two
+    models that share an unembedding (tied embeddings, a fine-tune of the blocks) still differ.
+    """
+    h = hashlib.sha256()
+    named = getattr(model, "named_parameters", None)
+    for name, p in named() if callable(named) else []:
+        flat = p.detach().reshape(-1)
+        sample = flat[:: max(1, flat.numel() // 256)][:256].float().cpu().contiguous()
+        h.update(f"{name}{tuple(p.shape)}".encode())
+        h.update(sample.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def _facts_hash(facts: Sequence[Fact] | None) -> str | None:
     return None if facts is None else _hash([dataclasses.asdict(f) for f in facts])
 
@@ -701,7 +715,7 @@ def replicate(
     papers = _papers(paper)
     cfg = budget_settings(budget, settings)
     key = {
-        "model": model_info(model),
+        "model": {**model_info(model), "weights_fingerprint": weights_fingerprint(model)},
         "data": {"facts": _facts_hash(facts), "parallel": None if parallel is None else
                  _hash(parallel)},
         "settings": cfg, "stage_version": STAGE_VERSION,
