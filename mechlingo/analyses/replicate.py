@@ -483,6 +483,8 @@ def _row_lowest(data: Mapping[str, Any], seeds: Sequence[str]) -> dict[str, Any]
         )
     g = rel(lang, "both")
     if g is None or g["relative"] is None:
+        if g is not None:
+            details += f"; absolute gain of both in {lang}: {Interval.of(g).text()}"  # type: ignore[union-attr]
         return make_row(
             claim,
             None,
