@@ -329,9 +329,9 @@ def test_embedded_model_small_configuration(gemma, tmp_path, monkeypatch):
     budgets are `make replicate`): every row is produced, with intervals."""
     monkeypatch.setitem(sys.modules, "mechlingo.analyses.transfer", _fake_transfer())
     small = {
-        "lu_langs": ["en", "fr", "ja"],
-        "trace": {"limit": 8},
-        "repair": {"dev_per_lang": 4, "test_per_lang": 8, "layer_fractions": [0.5],
+        "lu_langs": ["en", "fr"],
+        "trace": {"limit": 6},
+        "repair": {"dev_per_lang": 4, "test_per_lang": 6, "layer_fractions": [0.5],
                    "alphas": [0.28], "top_k": 1, "screen_ids": 2, "seeds": [0]},
         "transfer": {"limit": 2, "langs": ["en", "fr"]},
         "experts": {"n_find": 8, "n_heldout": 2, "ks": [50], "samples": 4, "new_tokens": 6,
