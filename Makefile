@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 OUT ?= out/demo
 
-.PHONY: setup demo test lint docs clean chromium bench-peers
+.PHONY: setup demo test lint docs clean chromium bench-peers replicate replicate-full
 
 # Headless Chromium for the report tests (Debian package; needs root, as on CI machines).
 chromium:
@@ -29,6 +29,14 @@ setup: $(BIN)/python chromium
 demo: setup
 	$(BIN)/mechlingo trace --langs en,fr,de,es,ja --relation capital --limit 20 --patch-prompts 1 --out $(OUT)
 	@echo "Open $(OUT)/report.html in a browser."
+
+# The papers' claims on the embedded model (docs/replicate.md): the quick budget (~10 min on
+# 2 CPU cores) and the full one (~45 min). Reruns reuse finished stages in OUT/stages.
+replicate: setup
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/mechlingo replicate --budget quick --out out/replicate-quick
+
+replicate-full: setup
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/mechlingo replicate --budget full --out out/replicate-full
 
 lint: setup
 	$(BIN)/ruff format --check mechlingo tests benchmarks scripts

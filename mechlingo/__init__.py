@@ -21,6 +21,7 @@ from mechlingo.data import load_facts
 from mechlingo.interventions import intervene
 
 __all__ = [
+    "ClaimsCard",
     "DEFAULT_MODEL",
     "EvalResult",
     "LensResult",
@@ -33,6 +34,7 @@ __all__ = [
     "load_facts",
     "load_model",
     "logit_lens",
+    "replicate",
     "resolve_site",
     "tiny_model",
 ]
@@ -45,6 +47,8 @@ _LAZY = {
     "LensResult": "mechlingo.analyses.lens",
     "lens_facts": "mechlingo.analyses.lens",
     "logit_lens": "mechlingo.analyses.lens",
+    "ClaimsCard": "mechlingo.analyses.claims",
+    "replicate": "mechlingo.analyses.replicate",
 }
 
 

@@ -295,6 +295,14 @@ def test_k_curve_figure_alias_is_deprecated():
     assert {t.name for t in fig.data} == {t.name for t in KCurve("es", rows).fig_k_curve(200).data}
 
 
+def test_choose_k_default_is_the_papers_rule():
+    # the papers' rule weighs the target's rate against the target's perplexity only: on the
+    # hand-made curve k = 100 (target ratio 1.5) wins although the others' ratios are ~2.7
+    assert choose_k(K_ROWS, "es")["k"] == 100
+    assert choose_k(K_ROWS, "es")["others"] == "none"
+    assert choose_k(K_ROWS, "es", others="geomean")["k"] == 200
+
+
 def test_choose_k_errors():
     with pytest.raises(ExpertError, match="'none' row"):
         choose_k(K_ROWS[1:], "es")
@@ -332,7 +340,9 @@ def test_cli_experts_then_align(tmp_path, tiny_dir):
     summ = json.loads((edir / "summary.json").read_text())
     assert summ["clamps"] == ["es-k3", "es-k3-random", "es-k5", "es-k5-random"]
     ch = summ["k_choice"]["es"]
-    assert ch["ppl_budget"] == 1000 and ch["others"] == "geomean"
+    assert ch["ppl_budget"] == 1000 and ch["others"] == "none"  # the papers' rule by default
+    stricter = summ["k_choice_stricter"]["es"]  # reported beside it
+    assert stricter["others"] == "geomean" and stricter["ppl_budget"] == 1000
     assert [c["k"] for c in ch["candidates"]] == [3, 5]
     assert all(c["within_budget"] for c in ch["candidates"])
     rates = {c["k"]: c["target_rate_bos"] for c in ch["candidates"]}

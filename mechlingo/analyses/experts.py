@@ -22,9 +22,10 @@ Method (Sundar et al., ACL 2025, after Suau et al. and Kojima et al.; the method
    clamp on (py3langid, offline; Wilson intervals), and the perplexity of held-out text of
    every language (the side effect; bootstrap intervals over lines), with the random-neuron
    control at the same ``k``. :func:`choose_k` applies the papers' rule: the highest target
-   rate among the ``k`` whose perplexity stays within a budget (default: at most
-   :data:`PPL_BUDGET` times the no-clamp perplexity, for the target and for the geometric mean
-   of the other languages). ``k`` is never chosen by retrieval.
+   rate among the ``k`` whose target-language perplexity stays within a budget (default: at
+   most :data:`PPL_BUDGET` times the no-clamp perplexity); ``others="geomean"`` or ``"max"``
+   is a stricter rule that bounds the other languages too. ``k`` is never chosen by
+   retrieval.
 
 A feature index ``f`` of the flattened neuron axis is neuron ``f % d_mlp`` of layer
 ``layers[f // d_mlp]``.
@@ -647,7 +648,7 @@ def choose_k(
     lang: str,
     *,
     ppl_budget: float = PPL_BUDGET,
-    others: OthersRule = "geomean",
+    others: OthersRule = "none",
 ) -> dict[str, Any]:
     """The papers' rule for ``k`` (Sundar et al. after Kojima et al.): the ``k`` whose clamp
     makes generations from a bare BOS prompt most often the target language, among the ``k``
@@ -655,9 +656,10 @@ def choose_k(
 
     A ``k`` (rows with ``arm == "experts"``) is *within budget* when, on held-out lines, the
     target language's perplexity is at most ``ppl_budget`` times its perplexity without a
-    clamp (the ``arm == "none"`` row), and the other languages' perplexity ratios, combined by
-    ``others``, are too: ``"geomean"`` (default; their geometric mean, the typical side
-    effect), ``"max"`` (every other language) or ``"none"`` (the target only). Among the
+    clamp (the ``arm == "none"`` row); with a stricter ``others``, the other languages'
+    perplexity ratios, combined by it, must be too: ``"none"`` (default: the target only, the
+    papers' rule), ``"geomean"`` (their geometric mean, the typical side effect) or ``"max"``
+    (every other language). Among the
     within-budget ``k`` the highest ``target_rate_bos`` wins; ties go to the smaller ``k``.
 
     Args:
@@ -749,7 +751,7 @@ class KCurve:
         skip = ("examples", "bos_hits")
         return pd.DataFrame([{k: v for k, v in r.items() if k not in skip} for r in self.rows])
 
-    def choose(self, ppl_budget: float = PPL_BUDGET, others: OthersRule = "geomean") -> dict:
+    def choose(self, ppl_budget: float = PPL_BUDGET, others: OthersRule = "none") -> dict:
         """:func:`choose_k` on this curve."""
         return choose_k(self.rows, self.lang, ppl_budget=ppl_budget, others=others)
 

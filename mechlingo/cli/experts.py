@@ -7,8 +7,10 @@ top neurons (``experts.csv``), the k curve (``kcurve.csv``: BOS target-language 
 Wilson intervals and held-out perplexity of every language with bootstrap intervals, for the
 experts and the random control at every k), ``summary.json`` and ``report.html``. The k is
 chosen by the papers' rule on the held-out lines that follow (``experts.choose_k``: highest
-target rate within a perplexity budget, ``--ppl-budget``, default 2); ``summary.json`` has it
-under ``chosen_k`` and ``k_choice``.
+target rate among the k that keep the target's perplexity within ``--ppl-budget``, default
+2x); ``summary.json`` has it under ``chosen_k`` and ``k_choice``, and the stricter rule that
+bounds the other languages' perplexity too (``--ppl-others geomean``) under
+``k_choice_stricter``.
 
 ``mechlingo align --clamp EDIR --data DIR --out DIR`` (or ``--clamp EDIR/es-k500``) measures
 retrieval and cosine distances before and after the clamp the rule chose (and after the
@@ -159,15 +161,17 @@ def _experts_args(p: argparse.ArgumentParser) -> None:
         "--ppl-budget",
         type=float,
         default=2.0,
-        help="k rule: a clamp may raise held-out perplexity at most this many times, for the "
-        "target and for the other languages (default 2)",
+        help="k rule: a clamp may raise the target language's held-out perplexity at most "
+        "this many times (default 2)",
     )
     g.add_argument(
         "--ppl-others",
         choices=("geomean", "max", "none"),
-        default="geomean",
-        help="k rule: how the other languages' perplexity ratios enter the budget: their "
-        "geometric mean (default), each of them, or not at all",
+        default="none",
+        help="k rule: how the other languages' perplexity ratios enter the budget: not at all "
+        "(default: the papers' rule, target rate against the target's perplexity), their "
+        "geometric mean, or each of them (stricter rules; summary.json has the geomean "
+        "rule's k beside as k_choice_stricter)",
     )
     g.add_argument(
         "--max-memory",
@@ -247,6 +251,10 @@ def _cmd_experts(args: Any) -> int:
     summary["clamps"] = sorted(clamps)
     summary["k_curve"] = {t: c.records() for t, c in curves.items()}
     summary["k_choice"] = choices
+    if args.ppl_others == "none":  # the stricter rule beside the papers'
+        summary["k_choice_stricter"] = {
+            t: c.choose(args.ppl_budget, "geomean") for t, c in curves.items()
+        }
     summary["chosen_k"] = {t: ch["k"] for t, ch in choices.items()}
     summary["k_tests"] = {t: c.tests() for t, c in curves.items()}
     summary["meta"] = run_meta(

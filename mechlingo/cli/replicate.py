@@ -1,0 +1,145 @@
+"""``mechlingo replicate``: the papers' claims checked on a model, in one command.
+
+Writes ``OUT/claims.json`` (the rules, one row per claim, the run's settings and timings),
+``OUT/claims.md`` (the verdict table) and ``OUT/report.html`` (the verdict table first, then
+the figure behind each row). Finished stages are kept in ``OUT/stages/`` (or ``--work``),
+keyed by the model's fingerprint, the data and the settings: a rerun reuses them and a
+stopped run (Ctrl-C, SIGTERM, a killed job) resumes after the last finished stage. A stage
+that fails becomes the rows of its claims with the error; the others still run, and the
+command exits 0 with the card written (``--strict``: exit 1 when a stage failed).
+The claims are measured by :func:`mechlingo.analyses.replicate.replicate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from mechlingo.analyses.replicate import BUDGETS, PAPERS, replicate
+from mechlingo.cli.common import (
+    UsageError,
+    add_model_args,
+    command,
+    load_cli_model,
+)
+from mechlingo.core.errors import MechlingoError
+from mechlingo.data import read_facts, read_parallel_dir
+from mechlingo.report import write_outputs
+from mechlingo.report.replicate import replicate_report
+
+_FACT_SUFFIXES = (".jsonl", ".json", ".tsv", ".tab")
+
+
+def _replicate_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    p.add_argument(
+        "--paper", choices=[*PAPERS, "all"], default="all",
+        help="whose claims: lu2025 (recall pipeline, repair vectors), sundar2025 (expert "
+        "neurons, alignment) or all (default)",
+    )  # fmt: skip
+    p.add_argument(
+        "--budget", choices=sorted(BUDGETS), default="quick",
+        help="sample sizes: quick (default; about 10 min on the embedded model on 2 CPU "
+        "cores) or full (about 45 min); every verdict comes with its interval in both",
+    )  # fmt: skip
+    p.add_argument(
+        "--facts", default=None, metavar="FILE|DIR",
+        help="your facts (.jsonl/.tsv, or a folder of them) for the lu2025 claims (default: "
+        "the bundled natural fact-completion stems)",
+    )  # fmt: skip
+    p.add_argument(
+        "--parallel", default=None, metavar="DIR",
+        help="folder of line-aligned <lang>.txt files (e.g. FLORES, NTREX) for the sundar2025 "
+        "claims (default: the bundled parallel sentences)",
+    )  # fmt: skip
+    p.add_argument("--target", default=None, help="target language of the expert neurons "
+                   "(default es, the papers' Spanish intervention)")  # fmt: skip
+    p.add_argument("--work", default=None, help="folder of the finished stages (default "
+                   "OUT/stages); a rerun with the same model, data and settings reuses them")  # fmt: skip
+    p.add_argument("--settings", default=None, metavar="JSON|FILE",
+                   help="overrides of the budget's settings, as JSON or a .json file, e.g. "
+                   "'{\"experts\": {\"ks\": [100, 500]}}' (see docs/replicate.md)")  # fmt: skip
+    p.add_argument("--out", required=True, help="output folder (claims.json, claims.md, "
+                   "report.html)")  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a stage failed")
+
+
+def read_facts_arg(path: str) -> list[Any]:
+    """Facts from a file, or from every ``.jsonl``/``.tsv`` file of a folder (sorted)."""
+    p = Path(path)
+    files = (
+        sorted(q for q in p.iterdir() if q.suffix.lower() in _FACT_SUFFIXES) if p.is_dir() else [p]
+    )
+    if not files:
+        raise UsageError(f"{path} has no .jsonl or .tsv facts file", where="--facts")
+    try:
+        facts = [f for q in files for f in read_facts(q)]
+    except MechlingoError:
+        raise
+    except (ValueError, OSError) as err:
+        raise UsageError(str(err), where="--facts") from err
+    if not facts:
+        raise UsageError(f"{path} holds no facts", where="--facts")
+    return facts
+
+
+def _settings_arg(text: str | None) -> dict[str, Any]:
+    """``--settings``: JSON text or a ``.json`` file with an object of overrides."""
+    if not text:
+        return {}
+    try:
+        src = Path(text).read_text(encoding="utf-8") if text.strip().endswith(".json") else text
+        value = json.loads(src)
+    except (ValueError, OSError) as err:
+        raise UsageError(f"--settings is not valid JSON: {err}", where="--settings") from err
+    if not isinstance(value, dict):
+        raise UsageError("--settings takes a JSON object", where="--settings",
+                         fix='e.g. \'{"experts": {"ks": [100, 500]}}\'')  # fmt: skip
+    return value
+
+
+@command("replicate", "the papers' claims checked on a model: claims.json, claims.md, report", _replicate_args)  # fmt: skip
+def cmd_replicate(args: Any) -> int:
+    facts = read_facts_arg(args.facts) if args.facts else None
+    parallel = None
+    if args.parallel:
+        try:
+            parallel = read_parallel_dir(args.parallel)
+        except MechlingoError:
+            raise
+        except (ValueError, OSError) as err:
+            raise UsageError(str(err), where="--parallel") from err
+    settings = _settings_arg(args.settings)
+    model = load_cli_model(args)
+    settings.setdefault("batch_size", args.batch_size)
+    if args.target:
+        settings.setdefault("experts", {})["target"] = args.target
+    work = args.work or str(Path(args.out) / "stages")
+    try:
+        card = replicate(
+            model, paper=args.paper, budget=args.budget, facts=facts, parallel=parallel,
+            work=work, settings=settings, progress=not args.quiet,
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        print(f"stopped: the finished stages are kept in {work}; run the same command again "
+              "to resume", file=sys.stderr)  # fmt: skip
+        raise
+    card.meta["facts"] = args.facts or "bundled (natural templates)"
+    card.meta["parallel"] = args.parallel or "bundled parallel sentences"
+    write_outputs(
+        args.out,
+        {"claims.json": card.to_json(), "claims.md": card.to_markdown(),
+         "report.html": replicate_report(card)},
+    )  # fmt: skip
+    for r in card.rows:
+        print(f"{r['verdict']:>17}  {r['id']}: {r['value_text']}")
+    print(f"wrote {args.out}/claims.json, claims.md and report.html")
+    failed = [n for n, t in card.meta["stages"].items() if t.get("error")]
+    if failed:
+        print(f"stages that failed (their rows carry the error): {', '.join(failed)}")
+    return 1 if failed and args.strict else 0

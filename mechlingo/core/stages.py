@@ -1,0 +1,131 @@
+"""Resumable stages: a long run split into named steps whose results are kept on disk.
+
+A :class:`Stages` folder holds one subfolder per *key* (a JSON-able description of what
+the results depend on: the model's fingerprint, the data, the settings). ``run(name, fn)``
+returns the stored result of ``name`` under that key when there is one, and otherwise calls
+``fn()``, stores its JSON-able result and returns it. Results are written atomically (a
+temporary file, then one rename), so a run stopped at any moment (Ctrl-C, SIGTERM, a killed
+job) leaves every finished stage whole and no half-written one; the next run with the same
+key resumes after the last finished stage. A stage that raises stores nothing: it is tried
+again next time.
+
+>>> stages = Stages("work", {"model": fingerprint, "data": data_hash, "settings": cfg})
+>>> trace = stages.run("trace", lambda: compute_trace())          # computed once
+>>> trace = stages.run("trace", lambda: compute_trace())          # read back
+
+``run(name, fn, folder=True)`` is for stages that also leave files (saved interventions):
+``fn(tmp)`` fills a temporary folder, which is put at ``stages.path(name)`` in one rename
+together with the result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from mechlingo.core.artifacts import cleanup_stale, kill_point
+from mechlingo.core.errors import OutputError
+
+__all__ = ["Stages", "key_hash"]
+
+_RESULT = "result.json"
+
+
+def _plain(x: Any) -> Any:
+    """JSON-ready copy: non-finite floats become ``None`` (JSON has no NaN)."""
+    if isinstance(x, Mapping):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
+        return _plain(x.item())
+    return x
+
+
+def key_hash(key: Mapping[str, Any]) -> str:
+    """A short stable hash of a JSON-able key (sorted keys, so order does not matter)."""
+    text = json.dumps(_plain(key), sort_keys=True, ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Stages:
+    """Named, cached, resumable steps under ``folder/<key hash>/``.
+
+    Args:
+        folder: the work folder (created on first write).
+        key: what every stage's result depends on; another key is another subfolder, so
+            results of another model, data or settings are never reused.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], key: Mapping[str, Any]) -> None:
+        self.key = _plain(dict(key))
+        self.root = Path(folder).expanduser().absolute()
+        self.folder = self.root / key_hash(self.key)
+
+    def path(self, name: str) -> Path:
+        """The folder of stage ``name`` (its result and any files it left)."""
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"a stage name is a plain file name, got {name!r}")
+        return self.folder / name
+
+    def done(self, name: str) -> bool:
+        """Whether ``name`` has a stored result under this key."""
+        return (self.path(name) / _RESULT).is_file()
+
+    def load(self, name: str) -> Any:
+        """The stored result of ``name`` (``KeyError`` when it has none)."""
+        p = self.path(name) / _RESULT
+        try:
+            return json.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise KeyError(name) from None
+
+    def run(self, name: str, fn: Callable[..., Any], *, folder: bool = False) -> Any:
+        """The result of stage ``name``: read back when stored, else ``fn()`` (or ``fn(tmp)``
+        with ``folder``), stored atomically and returned. An exception of ``fn`` propagates
+        and stores nothing. The returned value is always the stored JSON (so a fresh result
+        and a read-back one are equal)."""
+        if self.done(name):
+            return self.load(name)
+        self._prepare()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.building-{os.getpid()}-", dir=self.folder))
+        try:
+            value = fn(tmp) if folder else fn()
+            text = json.dumps(_plain(value), indent=1, ensure_ascii=False, allow_nan=False)
+            (tmp / _RESULT).write_text(text, encoding="utf-8")
+            kill_point("stage")
+            dest = self.path(name)
+            if dest.exists():  # a stale folder without a result (an older layout): replace
+                shutil.rmtree(dest)
+            os.rename(tmp, dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return self.load(name)
+
+    def _prepare(self) -> None:
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            key_file = self.folder / "key.json"
+            if not key_file.is_file():
+                part = key_file.with_name(f".key.json.{os.getpid()}")
+                part.write_text(json.dumps(self.key, indent=1, sort_keys=True), encoding="utf-8")
+                os.replace(part, key_file)
+        except OSError as err:
+            raise OutputError(
+                f"cannot write the stage folder {self.folder}: {err.strerror or err}",
+                fix="choose a writable work folder",
+            ) from err
+        cleanup_stale(self.folder)  # temporary folders of stages whose process died
+
+    def clear(self) -> None:
+        """Forget every stored stage of this key."""
+        shutil.rmtree(self.folder, ignore_errors=True)

@@ -1,0 +1,154 @@
+"""The report of ``mechlingo replicate``: the verdict table first, then one section per
+figure (each row of the table links to its section by anchor)."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from mechlingo.analyses.claims import RULES, ClaimsCard
+from mechlingo.analyses.experts import KCurve
+from mechlingo.report.page import Report
+from mechlingo.viz.common import latent_curves_figure
+from mechlingo.viz.experts import (
+    interval_bars_figure,
+    k_curve_figure,
+    overlap_figure,
+    retrieval_per_layer_figure,
+)
+from mechlingo.viz.pipeline import class_fractions_figure
+from mechlingo.viz.repair import accuracy_ci_figure, headroom_figure
+
+_CSS = ".claims td{vertical-align:top}.claims td:nth-child(2){max-width:320px}"
+
+
+def _section(report: Report, anchor: str, title: str) -> None:
+    report.parts.append(f"<h2 id='{html.escape(anchor)}'>{html.escape(title)}</h2>")
+
+
+def _failed(report: Report, data: Mapping[str, Any] | None, name: str) -> bool:
+    if data is None:
+        return True
+    if "error" in data:
+        report.add_text(f"The {name} stage failed: {data['error']}", note=True)
+        return True
+    return False
+
+
+def replicate_report(card: ClaimsCard) -> Report:
+    """The claims card as one self-contained HTML page."""
+    meta = {k: card.meta[k] for k in ("model", "budget", "mechlingo") if k in card.meta}
+    report = Report("mechlingo replicate: the papers' claims on this model", meta)
+    report.parts.append(f"<style>{_CSS}</style>")
+    report.parts.append(card.table_html())
+    report.add_text(
+        "Verdict rules (fixed before any run): " + "; ".join(f"{k}: {v}" for k, v in RULES.items()),
+        note=True,
+    )
+    st = card.stages
+    if "trace" in st:
+        _trace_sections(report, st["trace"])
+    if "repair" in st:
+        _repair_sections(report, st["repair"])
+    if "transfer_relation" in st or "transfer_lang" in st:
+        _transfer_section(report, st)
+    if "experts" in st:
+        _experts_sections(report, st["experts"])
+    if "align" in st:
+        _align_section(report, st["align"])
+    _timing_section(report, card.meta.get("stages", {}))
+    return report
+
+
+def _trace_sections(report: Report, data: Mapping[str, Any]) -> None:
+    import pandas as pd
+
+    _section(report, "fig-latent", "Latent-language curves (logit lens)")
+    if _failed(report, data, "trace"):
+        return
+    report.add_figure(
+        latent_curves_figure(pd.DataFrame(data["latent_curves"]), n_layers=data["n_layers"])
+    )
+    _section(report, "fig-classes", "Recall pipeline classes per language (the tracer)")
+    report.add_figure(class_fractions_figure(data["counts"]))
+
+
+def _repair_sections(report: Report, data: Mapping[str, Any]) -> None:
+    _section(report, "fig-repair", "Repair vectors on test (Wilson 95% intervals)")
+    if _failed(report, data, "repair"):
+        return
+    s = data["summary"]
+    report.add_text(
+        f"Chosen on dev: {s['selected']} ({s['dev_effect']}), config {s['config']}; fact ids "
+        f"build/dev/test {data['n_ids']}."
+    )
+    report.add_figure(accuracy_ci_figure(s["intervals"]))
+    _section(report, "fig-headroom", "Headroom and the lowest-performing language")
+    low = data["lowest"]
+    report.add_text(
+        f"Headroom rule: {low['headroom_rule']['rule']} -> {low['headroom_rule']['lang']}. "
+        f"Literal rule ({low['literal_rule']}) -> {low['literal']}."
+    )
+    report.add_table([{"lang": lg, **t} for lg, t in low["headroom_rule"]["tests"].items()])
+    if s.get("headroom"):
+        report.add_figure(headroom_figure(s["headroom"]))
+
+
+def _transfer_section(report: Report, st: Mapping[str, Any]) -> None:
+    _section(report, "fig-transfer", "Transfer matrix (vectors built with / without R)")
+    for name in ("transfer_relation", "transfer_lang"):
+        data = st.get(name)
+        if _failed(report, data, name):
+            continue
+        assert data is not None
+        rows = []
+        for c in data["cells"]:
+            g = c.get("gain") or {}
+            rows.append({"by": data["by"], "row": c.get("row"), "col": c.get("col"),
+                         "n": c.get("n"), "gain": g.get("estimate"), "lo": g.get("lo"),
+                         "hi": g.get("hi"), "p": c.get("p"),
+                         "control gain": (c.get("control_gain") or {}).get("estimate"),
+                         "control p": c.get("control_p")})  # fmt: skip
+        report.add_table(rows)
+
+
+def _experts_sections(report: Report, data: Mapping[str, Any]) -> None:
+    _section(report, "fig-experts", "Expert neurons: held-out AUROC")
+    if _failed(report, data, "experts"):
+        return
+    a, r = data["auroc"], data["auroc_random"]
+    metrics = {f"median AUROC, top {a['k']}": {
+        "experts": {"mean": a["estimate"], "lo": a["lo"], "hi": a["hi"]},
+        "random neurons": {"mean": r["estimate"], "lo": r["lo"], "hi": r["hi"]}}}  # fmt: skip
+    report.add_figure(interval_bars_figure(metrics, "Held-out AUROC (bootstrap 95% CI)"))
+    ov = data["overlap"]
+    _section(report, "fig-overlap", "Overlap of the expert sets")
+    report.add_figure(overlap_figure(torch.tensor(ov["matrix"]), ov["langs"], ov["k"]))
+    _section(report, "fig-kcurve", f"The k curve of {data['target']} and the two k rules")
+    curve = KCurve(data["target"], data["curve"])
+    report.add_figure(k_curve_figure(curve, data["choice_papers"]["k"]))
+    for label, ch in (("papers' rule", data["choice_papers"]),
+                      ("stricter rule", data["choice_strict"])):  # fmt: skip
+        report.add_text(f"{label}: k = {ch['k']}. {ch['rule']}")
+        report.add_table(ch["candidates"])
+
+
+def _align_section(report: Report, data: Mapping[str, Any]) -> None:
+    _section(report, "fig-align", "Alignment before and after the clamp, and the control")
+    if _failed(report, data, "align"):
+        return
+    if "untestable" in data:
+        report.add_text(data["untestable"], note=True)
+        return
+    report.add_figure(
+        interval_bars_figure(data["intervals"]["metrics"], "Per-sentence means (bootstrap 95% CI)")
+    )
+    report.add_figure(retrieval_per_layer_figure(data["retrieval_mean_per_layer"]))
+
+
+def _timing_section(report: Report, timing: Mapping[str, Any]) -> None:
+    _section(report, "timing", "Stages")
+    report.add_table([{"stage": k, **v} for k, v in timing.items()])
