@@ -23,8 +23,8 @@ from typing import Any
 from mechlingo.activations.parallel import process_group
 
 # The command modules register their subcommands when imported (``--help`` lists them in
-# import order: lens, eval, experts, align, steer, trace).
-from mechlingo.cli import basic, experts, steer, trace  # noqa: F401
+# import order: lens, eval, experts, align, tuned-lens, steer, trace).
+from mechlingo.cli import basic, experts, lenses, steer, trace  # noqa: F401
 from mechlingo.cli.common import COMMANDS
 from mechlingo.cli.validate import validate_args
 from mechlingo.core.artifacts import cleanup_stale
