@@ -332,8 +332,11 @@ class _SampledTarget:
         perm = torch.randperm(V, generator=gen).to(logp.device)
         rest = perm[outside[perm]][:sample]
         lp = logp[:, cols]
+        n_rest = int(outside.sum())
         p_rest = (1 - torch.logsumexp(lp, dim=-1).exp()).clamp_min(0)
-        return cls(cols, rest, int(outside.sum()), lp, p_rest)
+        if not n_rest:  # the support is the vocabulary: the remainder is rounding error
+            p_rest = torch.zeros_like(p_rest)
+        return cls(cols, rest, n_rest, lp, p_rest)
 
 
 def sampled_translator_kl(
