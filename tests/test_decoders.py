@@ -383,3 +383,18 @@ def test_cli_trains_a_lens_and_reads_with_every_decoder(tiny_dir, tmp_path):
     bad = ["lens", "--model", str(tiny_dir), "--decoder", "tuned", "--out", str(tmp_path / "b")]
     assert main(bad) == 2 and not (tmp_path / "b").exists()
     assert main(bad[:-2] + ["--tuned-lens", str(tmp_path), "--out", str(tmp_path / "b")]) == 2
+
+
+@pytest.mark.slow
+def test_patchscope_on_gemma_equals_hand_built_run(gemma):
+    """On the embedded model: the patchscope of two entries against run_with_hooks by hand,
+    and the output entry against the model's own next-token distribution."""
+    prompt = "La capital de Italia es la ciudad de"
+    res = logit_lens(gemma, [prompt], {"a": ["Roma"]}, langs=["es"], decoder=Patchscope(),
+                     layers=[12, 18], top_k=3)  # fmt: skip
+    for li, entry in enumerate(res.layers):
+        ref = _hand_patchscope(gemma, prompt, entry, TARGET_PROMPTS["es"])
+        assert torch.equal(res.top_ids[li, 0], ref.topk(3).indices)
+        torch.testing.assert_close(res.top_logprobs[li, 0], ref.topk(3).values, atol=1e-4, rtol=0)
+    own = torch.log_softmax(gemma(gemma.to_tokens(prompt))[0, -1].float(), -1)
+    assert torch.equal(res.top_ids[-1, 0], own.topk(3).indices)
