@@ -24,6 +24,7 @@ import torch
 
 from mechlingo import load_model
 from mechlingo.analyses.decoders import DecoderComparison, compare_decoders
+from mechlingo.analyses.patchscope import Patchscope
 from mechlingo.analyses.tuned_lens import lens_divergence, load_tuned_lens, mix_texts
 from mechlingo.data import load_facts
 from mechlingo.data.io import read_parallel_dir
@@ -45,7 +46,10 @@ def _decoders(spec: str, model) -> dict:
     out = {}
     for item in spec.split(","):
         label, _, path = item.partition("=")
-        out[label] = load_tuned_lens(path, model) if path else label
+        if label == "patchscope-en":  # the control: one English identity prompt for all
+            out[label] = Patchscope(target="en")
+        else:
+            out[label] = load_tuned_lens(path, model) if path else label
     return out
 
 
@@ -69,7 +73,8 @@ def main() -> None:
         results = {}
         for f in sorted(out.glob("facts-*.pt")):
             results |= torch.load(f, weights_only=False)
-        order = [k for k in ("logit", "tuned-en", "tuned-mix", "patchscope") if k in results]
+        names = ("logit", "tuned-en", "tuned-mix", "patchscope", "patchscope-en")
+        order = [k for k in names if k in results]
         cmp = DecoderComparison({k: results[k] for k in order})
         table = cmp.pivot_table()
         (out / "pivot.json").write_text(json.dumps(table, indent=1, default=str))

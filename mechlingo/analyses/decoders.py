@@ -11,9 +11,9 @@ Definitions (per prompt whose English and prompt-language answers differ):
   prompt-language answer's and at least ``min_prob`` (so two negligible probabilities do
   not count);
 * the *first layer* is the first entry before the output where it leads;
-* the *leading range* is the set of entries where the mean over prompts of
-  ``P(English) - P(prompt language)`` is above 0 with its paired 95% bootstrap interval
-  entirely above 0.
+* the *leading range* is the set of entries where the mean English probability is at least
+  ``min_prob`` and the mean over prompts of ``P(English) - P(prompt language)`` is above 0
+  with its paired 95% bootstrap interval entirely above 0.
 """
 
 from __future__ import annotations
@@ -43,13 +43,18 @@ def _differs(result: LensResult, i: int) -> bool:
     return a.strip().casefold() != e.strip().casefold()
 
 
-def _lead_range(diff: torch.Tensor, layers: Sequence[int], seed: int) -> dict[str, Any]:
-    """Entries where the mean difference is above 0 with its bootstrap interval above 0."""
+def _lead_range(
+    p_en: torch.Tensor, p_ans: torch.Tensor, layers: Sequence[int], min_prob: float, seed: int
+) -> dict[str, Any]:
+    """Entries where the mean English probability is at least ``min_prob`` and the mean of
+    ``P(English) - P(prompt language)`` is above 0 with its bootstrap interval above 0."""
     per_entry, leading = [], []
+    diff = p_en - p_ans
     for li, entry in enumerate(layers):
         ci = bootstrap_mean(diff[li].tolist(), seed=seed)
-        per_entry.append({"layer": entry, **ci})
-        if ci["lo"] is not None and ci["lo"] > 0:
+        per_entry.append({"layer": entry, "p_en": float(p_en[li].mean()),
+                          "p_answer": float(p_ans[li].mean()), **ci})  # fmt: skip
+        if ci["lo"] is not None and ci["lo"] > 0 and float(p_en[li].mean()) >= min_prob:
             leading.append(entry)
     span = [min(leading), max(leading)] if leading else None
     return {"layers": leading, "span": span, "mean_diff": per_entry}
@@ -100,7 +105,7 @@ def english_lead(
             "share_by_layer": [
                 wilson(int(lg_lead[li].sum()), len(idx)) for li in range(len(layers))
             ],
-            "range": _lead_range(p_en[:, sel] - p_ans[:, sel], layers, seed),
+            "range": _lead_range(p_en[:, sel], p_ans[:, sel], layers, min_prob, seed),
         }
     return out
 
