@@ -368,8 +368,11 @@ def test_cli_trains_a_lens_and_reads_with_every_decoder(tiny_dir, tmp_path):
     text.write_text("\n".join(TEXTS), encoding="utf-8")
     lens_dir = tmp_path / "lens"
     args = ["tuned-lens", "--model", str(tiny_dir), "--text-file", str(text), "--steps", "2",
-            "--texts-per-step", "4", "--quiet", "--out", str(lens_dir)]  # fmt: skip
+            "--texts-per-step", "4", "--lines", "0:12", "--heldout", "12:18", "--quiet",
+            "--out", str(lens_dir)]  # fmt: skip
     assert main(args) == 0
+    held = json.loads((lens_dir / "summary.json").read_text())["heldout_kl"]
+    assert set(held["decoders"]) == {"logit", "tuned"} and held["n_texts"] == 6
     assert {p.name for p in lens_dir.iterdir()} >= {"translators.safetensors", "tuned_lens.json",
                                                     "loss.csv", "summary.json", "report.html"}  # fmt: skip
     out = tmp_path / "out"
