@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,13 +28,16 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from mechlingo.activations.runs import collect
+from mechlingo.analyses.entries import lens_hook_names, resolve_entries
+from mechlingo.analyses.patchscope import Patchscope
+from mechlingo.analyses.tuned_lens import TunedLens, load_tuned_lens
 from mechlingo.core.errors import InputError
 from mechlingo.core.figures import draw
-from mechlingo.core.sites import hook_name, site_map
+from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import answer_tokens, encode, pack_token_sets, sorted_batches
 from mechlingo.core.types import Model
 from mechlingo.data import load_facts
-from mechlingo.kernels.readout import Readout, read_logits
+from mechlingo.kernels.readout import Readout, apply_final_norm, read_logits
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -42,34 +46,20 @@ if TYPE_CHECKING:
     from mechlingo.data import Fact
 
 
-def lens_hook_names(model: Model, layers: Sequence[int]) -> list[str]:
-    """Hook names of lens entries (``l`` = residual stream after ``l`` blocks)."""
-    n = site_map(model).n_layers
-    names = []
-    for entry in layers:
-        if entry < n:
-            names.append(hook_name(model, "resid_pre", entry))
-        else:
-            names.append(hook_name(model, "resid_post", n - 1))
-    return names
+__all__ = [
+    "DECODERS",
+    "LensResult",
+    "fact_answers",
+    "lens_facts",
+    "lens_hook_names",
+    "logit_lens",
+    "resolve_decoder",
+    "token_energy",
+]
 
-
-def _resolve_entries(model: Model, layers: Any) -> list[int]:
-    n = site_map(model).n_layers
-    if layers is None:
-        return list(range(n + 1))
-    out = []
-    for entry in [layers] if isinstance(layers, int) else layers:
-        e = int(entry) + n + 1 if int(entry) < 0 else int(entry)
-        if not 0 <= e <= n:
-            raise InputError(
-                f"lens entry {entry} is out of range: entries are 0..{n} (0 = embeddings, "
-                f"{n} = final output)"
-            )
-        out.append(e)
-    if not out:
-        raise InputError("the layer selection is empty")
-    return sorted(set(out))
+#: The decoders :func:`lens_facts` knows by name.
+DECODERS = ("logit", "tuned", "patchscope")
+_resolve_entries = resolve_entries  # the old private name
 
 
 @dataclass
@@ -91,6 +81,13 @@ class LensResult:
         n_answer_tokens: ``[prompt, track]`` how many tokens each answer takes.
         ids: optional fact id per prompt.
         n_layers: number of blocks of the model.
+        entropy: ``[layer, prompt]`` entropy (nats) of the decoder's next-token
+            distribution.
+        energy: ``[layer, prompt]`` token energy of the decoded vector (see
+            :func:`token_energy`: 1 = as much as a random direction, higher = closer to
+            the directions the unembedding reads).
+        decoder: the decoder that read the entries (``"logit"``, ``"tuned"``,
+            ``"patchscope"``).
     """
 
     prompts: list[str]
@@ -108,6 +105,9 @@ class LensResult:
     n_layers: int
     ids: list[str] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    entropy: Float[Tensor, "layer prompt"] | None = None
+    energy: Float[Tensor, "layer prompt"] | None = None
+    decoder: str = "logit"
 
     # ------------------------------------------------------------------ accessors
     def track_index(self, track: str) -> int:
@@ -253,6 +253,8 @@ class _LensReads:
     rank: Tensor  # [entry, prompt, track]
     top_ids: Tensor  # [entry, prompt, k]
     top_lp: Tensor  # [entry, prompt, k]
+    entropy: Tensor  # [entry, prompt]
+    energy: Tensor  # [entry, prompt]
 
     @classmethod
     def empty(cls, n_e: int, n_p: int, n_t: int, k: int, dev: torch.device) -> _LensReads:
@@ -263,9 +265,11 @@ class _LensReads:
             torch.empty(n_e, n_p, n_t, **i),
             torch.empty(n_e, n_p, k, **i),
             torch.empty(n_e, n_p, k, **f),
+            torch.empty(n_e, n_p, **f),
+            torch.empty(n_e, n_p, **f),
         )
 
-    def put(self, rows: list[int], r: Readout) -> None:
+    def put(self, rows: list[int], r: Readout, energy: Tensor) -> None:
         """Store the readout of ``[entry, row]``-ordered rows for prompts ``rows``."""
         n_e, _, n_t = self.logprob.shape
         shape, top = (n_e, len(rows), n_t), (n_e, len(rows), self.top_ids.shape[-1])
@@ -275,11 +279,13 @@ class _LensReads:
         self.rank[:, idx] = r.set_rank.reshape(shape)
         self.top_ids[:, idx] = r.top_ids.reshape(top)
         self.top_lp[:, idx] = r.top_logprobs.reshape(top)
+        self.entropy[:, idx] = r.entropy.reshape(n_e, len(rows))
+        self.energy[:, idx] = energy.reshape(n_e, len(rows)).to(self.energy.device)
 
     def cpu(self) -> _LensReads:
         """One copy to the host at the end, not one per batch."""
         t = (self.logprob, self.primary, self.rank, self.top_ids, self.top_lp)
-        return _LensReads(*(x.cpu() for x in t))
+        return _LensReads(*(x.cpu() for x in (*t, self.entropy, self.energy)))
 
 
 def _top_tokens(model: Model, top_ids: Int[Tensor, "entry prompt k"]) -> list[list[list[str]]]:
@@ -290,6 +296,38 @@ def _top_tokens(model: Model, top_ids: Int[Tensor, "entry prompt k"]) -> list[li
         [decoded[(li * n_p + p) * k : (li * n_p + p + 1) * k] for p in range(n_p)]
         for li in range(n_e)
     ]
+
+
+_ENERGY_GRAM: dict[tuple, Tensor] = {}
+
+
+def _energy_gram(model: Model) -> Tensor:
+    """``Wc Wc^T / (tr(Wc Wc^T) / d)`` with ``Wc`` the unembedding centred over the
+    vocabulary, memoised per unembedding storage and version."""
+    W = model.W_U
+    key = (id(model), W.data_ptr(), getattr(W, "_version", 0), tuple(W.shape), str(W.device))
+    hit = _ENERGY_GRAM.get(key)
+    if hit is None:
+        with torch.no_grad():
+            Wc = W.detach().float()
+            Wc = Wc - Wc.mean(dim=1, keepdim=True)
+            G = Wc @ Wc.T
+            hit = G / (torch.trace(G) / G.shape[0])
+        _ENERGY_GRAM.clear()
+        _ENERGY_GRAM[key] = hit
+    return hit
+
+
+def token_energy(model: Model, rows: Float[Tensor, "row d_model"]) -> Float[Tensor, " row"]:
+    """Token energy of decoded rows (after the final norm), in the spirit of Wendler et al.
+    (2024): the squared norm of the row's projection on the vocabulary-centred unembedding,
+    ``||Wc^T x||^2 / ||x||^2``, divided by its expected value for a random direction
+    (``||Wc||_F^2 / d``). 1 = no more aligned with token directions than chance; high =
+    the row points where the unembedding reads tokens."""
+    with torch.no_grad():
+        x = apply_final_norm(model, rows.to(model.W_U.device)).float()
+        G = _energy_gram(model)
+        return ((x @ G) * x).sum(-1) / (x * x).sum(-1).clamp_min(1e-30)
 
 
 def logit_lens(
@@ -304,8 +342,9 @@ def logit_lens(
     chunk_rows: int = 64,
     ids: Sequence[str] | None = None,
     progress: bool = False,
+    decoder: TunedLens | Patchscope | None = None,
 ) -> LensResult:
-    """Run the per-language logit lens.
+    """Run the per-language logit lens (or another decoder over the same entries).
 
     Args:
         model: a TransformerLens model.
@@ -317,6 +356,10 @@ def logit_lens(
         batch_size: prompts per forward pass.
         chunk_rows: rows per unembedding matmul.
         ids: optional fact ids, carried into the result.
+        decoder: ``None`` for the logit lens; a :class:`~mechlingo.analyses.tuned_lens.TunedLens`
+            (translators applied before the readout) or a
+            :class:`~mechlingo.analyses.patchscope.Patchscope` (the states are patched into
+            target prompts and the target's next-token distribution is read).
 
     Returns:
         A :class:`LensResult`.
@@ -324,11 +367,14 @@ def logit_lens(
     Raises:
         InputError: no prompts or tracks, answers or languages not one per prompt, or an
             entry out of range.
+        ModelMismatchError: a tuned lens trained on another model.
     """
     prompts = list(prompts)
     langs = _checked_langs(prompts, answers, langs)
-    entries = _resolve_entries(model, layers)
+    entries = resolve_entries(model, layers)
     names = lens_hook_names(model, entries)
+    if isinstance(decoder, TunedLens):
+        decoder.check(model)
     tracks = list(answers)
     sets = [
         [answer_tokens(model, answers[t][i], lang=langs[i]) for t in tracks]
@@ -338,16 +384,28 @@ def logit_lens(
     batch = encode(model, prompts)
     n_e = len(entries)
     reads = _LensReads.empty(n_e, len(prompts), len(tracks), top_k, model.W_U.device)
+    continuations: list[list[str]] = [[""] * len(prompts) for _ in entries]
     groups = sorted_batches(batch.lengths, batch_size)
-    for rows in tqdm(groups, desc="logit lens", disable=not progress):
+    name = "logit lens" if decoder is None else getattr(decoder, "name", "tuned lens")
+    for rows in tqdm(groups, desc=name, disable=not progress):
         acts = collect(model, batch.select(rows), names)
-        flat = torch.stack([acts[nm] for nm in names]).flatten(0, 1)  # [entry * b, d_model]
+        stack = torch.stack([acts[nm] for nm in names])  # [entry, b, d_model]
+        if decoder is not None:
+            decoded = decoder.decode(model, entries, stack, [langs[i] for i in rows])
+        else:
+            decoded = stack
+        flat = decoded.flatten(0, 1)  # [entry * b, d_model]
         ids_rows = all_ids[rows].repeat(n_e, 1, 1)
         prim_rows = all_primary[rows].repeat(n_e, 1)
         r = read_logits(model, flat, ids_rows, prim_rows, top_k=top_k, chunk_rows=chunk_rows)
-        reads.put(rows, r)
+        reads.put(rows, r, token_energy(model, flat))
+        if isinstance(decoder, Patchscope) and decoder.max_new_tokens > 0:
+            gen = decoder.generate(model, entries, stack, [langs[i] for i in rows])
+            for e in range(n_e):
+                for j, i in enumerate(rows):
+                    continuations[e][i] = gen[e][j]
     reads = reads.cpu()
-    return LensResult(
+    result = LensResult(
         prompts=prompts,
         langs=langs,
         tracks=tracks,
@@ -362,7 +420,19 @@ def logit_lens(
         n_answer_tokens=torch.tensor([[a.n_tokens for a in row] for row in sets]),
         n_layers=site_map(model).n_layers,
         ids=list(ids) if ids is not None else None,
+        entropy=reads.entropy,
+        energy=reads.energy,
+        decoder=_decoder_name(decoder),
     )
+    if isinstance(decoder, Patchscope) and decoder.max_new_tokens > 0:
+        result.meta["continuations"] = continuations
+    return result
+
+
+def _decoder_name(decoder: Any) -> str:
+    if decoder is None:
+        return "logit"
+    return "tuned" if isinstance(decoder, TunedLens) else "patchscope"
 
 
 def fact_answers(
@@ -397,19 +467,66 @@ def fact_answers(
     return out
 
 
+def resolve_decoder(
+    model: Model,
+    decoder: str | TunedLens | Patchscope | None,
+    *,
+    tuned_lens: TunedLens | str | Path | None = None,
+    patchscope: Patchscope | None = None,
+) -> TunedLens | Patchscope | None:
+    """The decoder object for a name: ``"logit"`` -> ``None``; ``"tuned"`` -> ``tuned_lens``
+    (a :class:`TunedLens` or the folder of a saved one, checked against ``model``);
+    ``"patchscope"`` -> ``patchscope`` (default :class:`Patchscope` with the per-language
+    identity prompts). Objects pass through.
+
+    Raises:
+        InputError: an unknown name, or ``"tuned"`` without a lens.
+        ModelMismatchError: the tuned lens belongs to another model.
+    """
+    if decoder is None or decoder == "logit":
+        return None
+    if isinstance(decoder, (TunedLens, Patchscope)):
+        return decoder
+    if decoder == "tuned":
+        if tuned_lens is None:
+            raise InputError(
+                "decoder 'tuned' needs a tuned lens",
+                fix="pass tuned_lens= (a TunedLens or a saved folder; train one with "
+                "`mechlingo tuned-lens --out DIR`)",
+            )
+        lens = (
+            tuned_lens if isinstance(tuned_lens, TunedLens) else load_tuned_lens(tuned_lens, model)
+        )
+        lens.check(model)
+        return lens
+    if decoder == "patchscope":
+        return patchscope if patchscope is not None else Patchscope()
+    raise InputError(f"unknown decoder {decoder!r}; choose from {list(DECODERS)}")
+
+
 def lens_facts(
     model: Model,
     facts: Sequence[Fact],
     *,
     track_langs: Sequence[str] = ("en",),
     pool: Sequence[Fact] | None = None,
+    decoder: str | TunedLens | Patchscope | None = "logit",
+    tuned_lens: TunedLens | str | Path | None = None,
+    patchscope: Patchscope | None = None,
     **kwargs: Any,
 ) -> LensResult:
-    """The logit lens over fact prompts, tracking each fact's own answer and its answer in
-    ``track_langs`` (English by default). Keyword arguments go to :func:`logit_lens`."""
+    """A lens over fact prompts, tracking each fact's own answer and its answer in
+    ``track_langs`` (English by default).
+
+    ``decoder`` chooses how each entry is read: ``"logit"`` (final norm + unembedding),
+    ``"tuned"`` (a tuned lens's translator first; give ``tuned_lens``) or ``"patchscope"``
+    (patched into an identity target prompt; ``patchscope`` sets its prompts). Every decoder
+    gives a :class:`LensResult` over the same entries, prompts and tracks. Other keyword
+    arguments go to :func:`logit_lens`."""
     facts = list(facts)
     if not facts:
         raise InputError("no facts selected")
+    dec = resolve_decoder(model, decoder, tuned_lens=tuned_lens, patchscope=patchscope)
     answers = fact_answers(facts, track_langs, pool)
     result = logit_lens(
         model,
@@ -417,6 +534,7 @@ def lens_facts(
         answers,
         langs=[f.lang for f in facts],
         ids=[f.id for f in facts],
+        decoder=dec,
         **kwargs,
     )
     return result

@@ -22,6 +22,7 @@ from mechlingo.cli.common import (
     scorer_from_args,
     split_list,
 )
+from mechlingo.cli.decoders import add_decoder_args, parse_decoders, run_decoders
 from mechlingo.kernels.significance import wilson_table
 from mechlingo.report import write_outputs
 from mechlingo.report.evaluate import eval_report
@@ -43,14 +44,18 @@ def _lens_args(p: argparse.ArgumentParser) -> None:
         default=10,
         help="rank counted as 'decodable' in the summary (default 10)",
     )
+    add_decoder_args(p)
 
 
 @command("lens", "per-language logit lens and latent-language curves", _lens_args)
 def cmd_lens(args: Any) -> int:
 
+    decoders = parse_decoders(args)
     facts = load_selected_facts(args)
     model = load_cli_model(args)
     track = split_list(args.track) or []
+    if decoders != ["logit"]:
+        return run_decoders(args, model, facts, decoders, track)
     t0 = time.time()
     try:
         result = lens_facts(

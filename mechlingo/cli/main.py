@@ -24,8 +24,8 @@ from typing import Any
 from mechlingo.activations.parallel import process_group
 
 # The command modules register their subcommands when imported (``--help`` lists them in
-# import order: lens, eval, experts, align, replicate, steer, trace).
-from mechlingo.cli import basic, experts, replicate, steer, trace  # noqa: F401
+# import order: lens, eval, experts, align, replicate, tuned-lens, steer, trace).
+from mechlingo.cli import basic, experts, lenses, replicate, steer, trace  # noqa: F401
 from mechlingo.cli.common import COMMANDS
 from mechlingo.cli.validate import validate_args
 from mechlingo.core.artifacts import cleanup_stale

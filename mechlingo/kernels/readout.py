@@ -68,6 +68,8 @@ class Readout:
         primary_logprob: log-probability of each set's primary token.
         set_rank: 0-based rank of the best token of each set over the whole vocabulary
             (0 = it is the top prediction); ties count only strictly larger logits.
+        entropy: entropy of each row's next-token distribution (nats; ``nan`` where the
+            readout streamed the vocabulary and never held the logits).
     """
 
     logsumexp: Float[Tensor, " row"]
@@ -76,6 +78,7 @@ class Readout:
     set_logprob: Float[Tensor, "row track"]
     primary_logprob: Float[Tensor, "row track"]
     set_rank: Int[Tensor, "row track"]
+    entropy: Float[Tensor, " row"] | None = None
 
 
 def apply_final_norm(model: Model, x: Float[Tensor, "row d_model"]) -> Float[Tensor, "row d_model"]:
@@ -237,6 +240,7 @@ def _empty_readout(n: int, k: int, n_track: int, dev: torch.device) -> Readout:
         set_logprob=torch.empty((n, n_track), device=dev),
         primary_logprob=torch.empty((n, n_track), device=dev),
         set_rank=torch.empty((n, n_track), dtype=torch.long, device=dev),
+        entropy=torch.full((n,), float("nan"), device=dev),
     )
 
 
@@ -286,6 +290,7 @@ def _read_full(
     logits = unembed(model, x, W)  # [c, vocab] float32
     norm = torch.logsumexp(logits, dim=-1)
     out.logsumexp[rows] = norm
+    out.entropy[rows] = norm - (torch.softmax(logits, dim=-1) * logits).sum(-1)
     if k:
         top = torch.topk(logits, k, dim=-1)
         out.top_ids[rows] = top.indices

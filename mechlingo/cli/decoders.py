@@ -1,0 +1,116 @@
+"""``mechlingo lens --decoder logit,tuned,patchscope``: the lens under several decoders.
+
+The flags are added to ``mechlingo lens`` (:mod:`mechlingo.cli.basic`); with only the
+default ``--decoder logit`` the command writes exactly what it always wrote. With several
+decoders the outputs gain a ``decoder`` column (``lens.csv``), a summary and an
+English-lead table per decoder (``summary.json``) and the side-by-side curves
+(``report.html``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from mechlingo.analyses.decoders import compare_decoders
+from mechlingo.analyses.patchscope import Patchscope
+from mechlingo.analyses.tuned_lens import load_tuned_lens
+from mechlingo.cli.common import UsageError, run_meta, split_list
+from mechlingo.report import write_outputs
+from mechlingo.report.decoders import decoders_report
+
+__all__ = ["add_decoder_args", "parse_decoders", "run_decoders"]
+
+
+def add_decoder_args(p: argparse.ArgumentParser) -> None:
+    """``--decoder``, ``--tuned-lens``, ``--patchscope-target``, ``--patchscope-tokens``."""
+    g = p.add_argument_group("decoders")
+    g.add_argument("--decoder", default="logit", help="comma-separated decoders to read every "
+                   "layer with: logit (default), tuned, patchscope; several are drawn side by "
+                   "side")  # fmt: skip
+    g.add_argument("--tuned-lens", default=None, help="folder of a lens from `mechlingo "
+                   "tuned-lens`, or NAME=DIR,NAME=DIR for several (decoders tuned-NAME)")  # fmt: skip
+    g.add_argument("--patchscope-target", default=None, help="language of the identity target "
+                   "prompt for every prompt (default: each prompt's own language)")  # fmt: skip
+    g.add_argument("--patchscope-tokens", type=int, default=0, help="greedy tokens the "
+                   "patchscope generates per layer (default 0)")  # fmt: skip
+
+
+def _tuned_paths(text: str | None) -> dict[str, Path]:
+    if not text:
+        return {}
+    out = {}
+    for item in split_list(text) or []:
+        name, eq, path = item.partition("=")
+        label, folder = ("tuned-" + name, Path(path)) if eq else ("tuned", Path(name))
+        if not (folder / "tuned_lens.json").is_file():
+            raise UsageError(f"--tuned-lens {folder} holds no tuned lens (tuned_lens.json)",
+                             fix="train one with `mechlingo tuned-lens --out DIR`")  # fmt: skip
+        out[label] = folder
+    return out
+
+
+def parse_decoders(args: Any) -> list[str]:
+    """The decoder labels of ``--decoder`` (``tuned`` expands to one per ``--tuned-lens``),
+    checked before the model loads."""
+    names = split_list(getattr(args, "decoder", None)) or ["logit"]
+    bad = [n for n in names if n not in ("logit", "tuned", "patchscope")]
+    if bad or len(set(names)) != len(names):
+        raise UsageError(f"--decoder {args.decoder!r}: choose distinct names from logit, tuned, "
+                         "patchscope")  # fmt: skip
+    tuned = _tuned_paths(getattr(args, "tuned_lens", None))
+    if "tuned" in names and not tuned:
+        raise UsageError("--decoder tuned needs --tuned-lens DIR")
+    if tuned and "tuned" not in names:
+        raise UsageError("--tuned-lens is given but --decoder does not include tuned")
+    if getattr(args, "patchscope_tokens", 0) < 0:
+        raise UsageError("--patchscope-tokens must be >= 0")
+    args._tuned_paths = tuned
+    out = []
+    for n in names:
+        out += list(tuned) if n == "tuned" else [n]
+    return out
+
+
+def run_decoders(
+    args: Any, model: Any, facts: list[Any], decoders: list[str], track: list[str]
+) -> int:
+    """The lens under several decoders: ``summary.json`` (per decoder: the lens summary and
+    where English leads), ``lens.csv`` (with a ``decoder`` column) and ``report.html``."""
+    t0 = time.time()
+    spec: dict[str, Any] = {}
+    for label in decoders:
+        if label.startswith("tuned"):
+            spec[label] = load_tuned_lens(args._tuned_paths[label], model)
+        elif label == "patchscope":
+            spec[label] = Patchscope(target=args.patchscope_target,
+                                     max_new_tokens=args.patchscope_tokens)  # fmt: skip
+        else:
+            spec[label] = label
+    cmp = compare_decoders(model, facts, spec, track_langs=track, batch_size=args.batch_size,
+                           progress=not args.quiet)  # fmt: skip
+    summary: dict[str, Any] = {"decoders": {}}
+    for label, res in cmp.results.items():
+        summary["decoders"][label] = res.summary(max_rank=args.max_rank)
+    if "en" in track:
+        summary["english_lead"] = cmp.pivot_table()
+    summary["meta"] = run_meta(model, args, n_facts=len(facts), decoders=decoders,
+                               seconds=round(time.time() - t0, 1))  # fmt: skip
+    frames = [res.to_dataframe().assign(decoder=label) for label, res in cmp.results.items()]
+    csv = pd_concat(frames).to_csv(index=False)
+    files = {"summary.json": summary, "lens.csv": csv,
+             "report.html": decoders_report(cmp, summary)}  # fmt: skip
+    if args.patchscope_tokens and "patchscope" in cmp.results:
+        files["patchscope.json"] = cmp.results["patchscope"].meta.get("continuations")
+    write_outputs(args.out, files)
+    print(f"wrote {args.out}/summary.json, lens.csv and report.html ({', '.join(decoders)})")
+    return 0
+
+
+def pd_concat(frames: list[Any]) -> Any:
+    """The frames one under the other."""
+    import pandas as pd
+
+    return pd.concat(frames, ignore_index=True)

@@ -1,0 +1,138 @@
+"""``mechlingo tuned-lens``: train a tuned lens (one language or a language-balanced mix).
+
+Under ``torchrun --nproc_per_node N -m mechlingo.cli tuned-lens ...`` the training is
+data-parallel (gradients all-reduced); rank 0 writes the folder. The folder holds the lens
+(``translators.safetensors``, ``tuned_lens.json``: the model fingerprint and the training
+settings), ``loss.csv`` (the loss curve), ``summary.json`` and ``report.html`` (the loss
+curve figure and, with ``--heldout``, the held-out KL per layer against the logit lens).
+Use it with ``mechlingo lens --decoder tuned --tuned-lens DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from mechlingo.analyses.tuned_lens import lens_divergence, mix_texts, train_tuned_lens
+from mechlingo.cli.common import (
+    UsageError,
+    add_model_args,
+    add_out_arg,
+    command,
+    load_cli_model,
+    run_meta,
+    split_list,
+)
+from mechlingo.core.figures import draw
+from mechlingo.data import LANGS
+from mechlingo.data.io import read_parallel_dir
+from mechlingo.data.prompts import parallel_sentences
+from mechlingo.report import Report, write_outputs
+
+
+def _span(text: str | None, flag: str) -> slice:
+    """``START:STOP`` line range (either side may be empty)."""
+    if text is None:
+        return slice(None)
+    parts = text.split(":")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        a, b = (int(p) if p.strip() else None for p in parts)
+    except ValueError:
+        raise UsageError(f"{flag} {text!r} is not START:STOP", fix=f"e.g. {flag} 0:800") from None
+    return slice(a, b)
+
+
+def _tuned_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_out_arg(p, batch_size=8)
+    g = p.add_argument_group("training text")
+    g.add_argument("--text", default=None, help="folder of line-aligned <lang>.txt files "
+                   "(e.g. NTREX or FLORES); default: the bundled fact sentences")  # fmt: skip
+    g.add_argument("--text-file", default=None, help="your own text, one training text a line "
+                   "(instead of --text)")  # fmt: skip
+    g.add_argument("--langs", default="en", help="languages to train on (default en); several "
+                   "= a language-balanced mix, 'all' = every language of --text")  # fmt: skip
+    g.add_argument("--lines", default=None, help="START:STOP lines of each file to train on")
+    g.add_argument("--heldout", default=None, help="START:STOP lines to report the held-out "
+                   "KL per layer on, against the logit lens (not trained on)")  # fmt: skip
+    t = p.add_argument_group("training")
+    t.add_argument("--steps", type=int, default=60, help="optimizer steps (default 60)")
+    t.add_argument("--max-seconds", type=float, default=None, help="stop after this long")
+    t.add_argument("--texts-per-step", type=int, default=8, help="texts per step (default 8)")
+    t.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
+    t.add_argument("--max-tokens", type=int, default=48, help="tokens per text (default 48)")
+    t.add_argument("--vocab-sample", default="auto", help="'exact' (whole vocabulary), an "
+                   "int (sampled remainder) or 'auto' (exact up to 32,768 tokens)")  # fmt: skip
+    t.add_argument("--seed", type=int, default=0, help="text order and samples (default 0)")
+
+
+def _texts(args: Any) -> tuple[dict[str, list[str]], str]:
+    """``{lang: lines}`` of the training text and a description of where it came from."""
+    if args.text_file:
+        path = Path(args.text_file)
+        if not path.is_file():
+            raise UsageError(f"--text-file {path} is not a file")
+        lines = [x for x in path.read_text(encoding="utf-8").split("\n") if x.strip()]
+        return {"text": lines}, str(path)
+    langs = split_list(args.langs) or ["en"]
+    if args.text:
+        by_lang = read_parallel_dir(args.text, None if langs == ["all"] else langs)
+        return by_lang, str(args.text)
+    return parallel_sentences(list(LANGS) if langs == ["all"] else langs), "bundled facts"
+
+
+def _vocab_sample(text: str) -> int | str | None:
+    if text in ("auto", "exact"):
+        return None if text == "exact" else "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"--vocab-sample {text!r} is not 'exact', 'auto' or an integer") from None
+
+
+@command("tuned-lens", "train a tuned lens (one language or a balanced mix)", _tuned_args)
+def cmd_tuned_lens(args: Any) -> int:
+
+    if args.text and args.text_file:
+        raise UsageError("give --text or --text-file, not both")
+    train_span, held_span = _span(args.lines, "--lines"), _span(args.heldout, "--heldout")
+    sample = _vocab_sample(args.vocab_sample)
+    by_lang, source = _texts(args)
+    train = mix_texts({lg: v[train_span] for lg, v in by_lang.items()})
+    held = mix_texts({lg: v[held_span] for lg, v in by_lang.items()}) if args.heldout else []
+    model = load_cli_model(args)
+    t0 = time.time()
+    kw = {"steps": args.steps, "max_seconds": args.max_seconds, "lr": args.lr,
+          "texts_per_step": args.texts_per_step, "max_tokens": args.max_tokens,
+          "vocab_sample": sample, "seed": args.seed, "progress": not args.quiet}  # fmt: skip
+    training = train_tuned_lens(model, train, **kw)
+    lens = training.lens
+    lens.meta |= {"text": source, "langs": list(by_lang), "lines": args.lines}
+    summary = {"training": training.summary(), "langs": list(by_lang), "text": source}
+    if held:
+        div = lens_divergence(model, held, {"logit": None, "tuned": lens})
+        summary["heldout_kl"] = div
+    summary["meta"] = run_meta(model, args, seconds=round(time.time() - t0, 1))
+    report = Report("Tuned lens training")
+    report.add_heading("Loss curve")
+    report.add_figure(draw("tuned_lens_loss_figure", training))
+    if held:
+        report.add_heading("Held-out KL(final || lens) per layer")
+        report.add_figure(draw("lens_kl_figure", summary["heldout_kl"]))
+    files = lens.files() | {"summary.json": summary, "loss.csv": _loss_csv(training)}
+    write_outputs(args.out, files | {"report.html": report}, keep_others=False)
+    print(f"trained {len(training.tokens)} steps, {sum(training.tokens)} tokens in "
+          f"{training.seconds:.0f}s on {training.world_size} process(es); wrote {args.out}")  # fmt: skip
+    return 0
+
+
+def _loss_csv(training: Any) -> str:
+    """``step,entry,kl,tokens`` rows of the loss curve."""
+    rows = ["step,entry,kl,tokens"]
+    for s, row in enumerate(training.loss.tolist()):
+        rows += [f"{s},{e},{v:.6g},{training.tokens[s]}" for e, v in enumerate(row)]
+    return "\n".join(rows) + "\n"
