@@ -238,8 +238,16 @@ class SweepResult:
 
 
 def _screen_subset(facts: Sequence[Fact], n_ids: int) -> list[Fact]:
-    ids = sorted({f.id for f in facts}, key=lambda i: _unit(f"screen|{i}"))[:n_ids]
-    keep = set(ids)
+    """``n_ids`` fact ids (by a hash), spread evenly over the relations (round robin)."""
+    by_rel: dict[str, set[str]] = {}
+    for f in facts:
+        by_rel.setdefault(f.relation, set()).add(f.id)
+    order = [sorted(v, key=lambda i: _unit(f"screen|{i}")) for _, v in sorted(by_rel.items())]
+    keep: set[str] = set()
+    for depth in range(max((len(v) for v in order), default=0)):
+        for ids in order:
+            if depth < len(ids) and len(keep) < n_ids:
+                keep.add(ids[depth])
     return [f for f in facts if f.id in keep]
 
 
@@ -266,6 +274,7 @@ def sweep(
     max_new_tokens: int = 6,
     batch_size: int = 64,
     progress: bool = False,
+    **score_kw: Any,
 ) -> SweepResult:
     """The dev stage of the protocol (see the module docstring).
 
@@ -284,10 +293,12 @@ def sweep(
         pool: the build split, for the few-shot headroom on dev (and the tie-break of the
             lowest language); ``None`` skips it.
         test_ids: the test facts, only to check that none is used here.
+        **score_kw: passed to every scoring call.
     """
     dev_facts = list(dev_facts)
     check_disjoint("the dev sweep", dev_facts, test_ids)
-    kw = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "progress": progress}
+    kw = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "progress": progress,
+          **score_kw}  # fmt: skip
     n_layers = int(model.cfg.n_layers)
     grid = {
         "task": (list(task_layers or default_layers(n_layers)), list(task_alphas)),
@@ -562,12 +573,14 @@ def evaluate_test(
     max_new_tokens: int = 6,
     batch_size: int = 64,
     progress: bool = False,
+    **score_kw: Any,
 ) -> HeldOutResult:
     """Score every condition on ``test_facts`` (see the module docstring), and the test
     headroom (zero-shot vs k-shot with demonstrations from ``pool``)."""
     if len(seeds) < 1:
         raise InputError("give at least one random-control seed")
-    kw = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "progress": progress}
+    kw = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "progress": progress,
+          **score_kw}  # fmt: skip
     cfg = choice.config
     task = vectors.task.at(cfg.task_layer, cfg.task_alpha)
     diff = vectors.diff.at(cfg.diff_layer, cfg.diff_alpha)
