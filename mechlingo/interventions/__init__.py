@@ -22,6 +22,8 @@ Kinds:
 * :class:`NeuronClamp` -- set / scale / add / zero chosen MLP neurons (``mlp_post``) of one
   or several layers.
 * :class:`Ablation` -- replace a site's activation by zero or by a mean.
+* :class:`Gated` (also ``iv.only_for(langs)``) -- an intervention applied only to prompts
+  whose language is in a set (declared or identified from the text), after CAST.
 * :class:`Compose` (also ``a + b``) -- several interventions as one. **Order**: hooks are
   returned in list order, and TransformerLens runs hooks registered at the same hook point
   in registration order, so in ``a + b`` the hook of ``a`` sees the clean activation and the
@@ -39,7 +41,7 @@ Add them with ``+`` (:class:`Compose`), apply them with :func:`intervene` or thr
 :func:`load_intervention` (checked against the model they were built for).
 
 Modules: :mod:`~.base` (the interface, saving and loading), :mod:`~.steering`,
-:mod:`~.clamp`, :mod:`~.ablation`, :mod:`~.compose`, :mod:`~.apply`.
+:mod:`~.clamp`, :mod:`~.ablation`, :mod:`~.compose`, :mod:`~.gate`, :mod:`~.apply`.
 """
 
 from mechlingo.core.describe import check_model, model_info, model_info_name
@@ -49,12 +51,14 @@ from mechlingo.interventions.apply import intervene
 from mechlingo.interventions.base import FORMAT_VERSION, Intervention, load_intervention
 from mechlingo.interventions.clamp import NeuronClamp
 from mechlingo.interventions.compose import Compose
+from mechlingo.interventions.gate import Gated
 from mechlingo.interventions.steering import SteeringVector, random_like
 
 __all__ = [
     "FORMAT_VERSION",
     "Ablation",
     "Compose",
+    "Gated",
     "Intervention",
     "InterventionError",
     "ModelMismatchError",
