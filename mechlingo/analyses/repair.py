@@ -194,6 +194,13 @@ class RepairVectors:
     build: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def relations(self) -> list[str] | None:
+        """The relations the vectors were built from (``None`` for artifacts saved before
+        they were recorded)."""
+        rel = self.build.get("relations")
+        return None if rel is None else list(rel)
+
+    @property
     def unit(self) -> str:
         """What ``alpha`` is measured in: ``"resid"`` (fraction of the mean residual norm at
         the layer) or ``"raw"`` (vectors saved before units existed are raw)."""
