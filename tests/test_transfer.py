@@ -13,14 +13,14 @@ from mechlingo.analyses.protocol import LeakError, lowest_language_rule
 from mechlingo.analyses.repair import RepairVectors, build_repair_vectors, split_facts
 from mechlingo.data import RELATIONS, load_facts
 
-RELS = ["capital", "currency", "language"]
+RELS = ["capital", "language", "currency"]  # in RELATIONS order
 SMALL = {"build_ids": 3, "screen_ids": 2, "dev_ids": 2, "test_ids": 2, "layers": [0, 1],
          "alphas": [0.5], "k_shot": 2, "max_new_tokens": 2}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def facts():
-    return load_facts(langs=["en", "fr", "de"], relations=RELS, limit=16, templates="natural")
+    return load_facts(langs=["en", "fr", "de"], relations=RELS, limit=24, templates="natural")
 
 
 # --------------------------------------------------------------------------------------
@@ -89,7 +89,7 @@ def test_pooled_vectors_equal_building_on_the_pooled_facts(tiny, facts):
         torch.testing.assert_close(got.diff.vector, ref.diff.vector, rtol=1e-4, atol=1e-4)
         assert got.build["n_prompts"] == ref.build["n_prompts"]
         assert got.build["fact_ids"] == ref.build["fact_ids"]
-        assert got.relations == [r for r in RELS if r in rels]
+        assert got.relations == [r for r in RELATIONS if r in rels]
     no_fr = transfer.pooled_vectors(stats, langs=["en", "de"])
     assert no_fr.build["langs"] == ["de", "en"]
     assert no_fr.build["n_prompts"]["zero_shot"] == sum(f.lang != "fr" for f in build)
@@ -98,7 +98,7 @@ def test_pooled_vectors_equal_building_on_the_pooled_facts(tiny, facts):
 def test_balance_relations_same_ids_per_relation(facts):
     out = transfer.balance_relations(facts)
     per = {r: {f.id for f in out if f.relation == r} for r in RELS}
-    assert {len(v) for v in per.values()} == {16}
+    assert {len(v) for v in per.values()} == {24}
     three = transfer.balance_relations(facts, 3)
     assert len(three) == 3 * 3 * 3 and {f.lang for f in three} == {"en", "fr", "de"}
 
@@ -165,7 +165,7 @@ def test_matrix_by_relation_cells_and_no_leak(tiny, facts, monkeypatch):
     assert m.rows == rows and m.cols == RELS and len(m.cells) == 3 + 3 + 9
     _check_cells(m)
     assert seen["kw"] and set(seen["kw"]) == {"m"}  # every scoring call got the keyword
-    test_ids = {f.id for f in split_facts(facts)["test"]}
+    test_ids = {f.id for f in split_facts(facts, (0.4, 0.2, 0.4))["test"]}
     assert len(seen["pooled"]) == len(seen["sweep"]) == len(rows)
     for row, (rels, _, built), dev in zip(rows, seen["pooled"], seen["sweep"], strict=True):
         assert not built & test_ids and not {f.id for f in dev} & test_ids
@@ -224,6 +224,8 @@ def test_matrix_bad_arguments(tiny, facts):
         repair.transfer_matrix(tiny, facts, by="script")
     with pytest.raises(ValueError, match="not among"):
         repair.transfer_matrix(tiny, facts, held_out=["continent"])
+    with pytest.raises(ValueError, match="build fact ids per relation"):
+        repair.transfer_matrix(tiny, facts, build_ids=2, k_shot=2)
     with pytest.raises(ValueError, match="at least two relations"):
         repair.transfer_matrix(tiny, [f for f in facts if f.relation == "capital"])
 
@@ -234,7 +236,7 @@ def test_cli_transfer_only_and_pooled_build(tiny_dir, tmp_path):
     common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "16", "--quiet"]
     out = tmp_path / "t"
     rc = main(["steer", "eval", *common, "--relation", "capital,currency", "--transfer-only",
-               "--transfer", "lang", "--transfer-ids", "3,2,2,2", "--task-layers", "0",
+               "--transfer", "lang", "--transfer-ids", "4,2,2,2", "--task-layers", "0",
                "--max-new-tokens", "2", "--out", str(out)])  # fmt: skip
     assert rc == 0
     s = json.loads((out / "summary.json").read_text())

@@ -292,7 +292,8 @@ def pooled_vectors(
     for name in PROMPT_SETS:
         n = int(stats.counts[name][idx].sum())
         if n == 0:
-            raise InputError(f"no {name} prompt in the selected build groups")
+            raise InputError(f"no {name} prompt in the selected build groups: they need "
+                             "more build facts (k_shot + 1 per relation and language)")  # fmt: skip
         means[name] = stats.sums[name][idx].sum(0) / n
         n_prompts[name] = n
     resid_norm = stats.norm_sums[idx].sum(0) / n_prompts["zero_shot"]
@@ -618,6 +619,9 @@ def transfer_matrix(
     t0 = time.time()
     facts = list(facts)
     relations, langs, held = _axes(facts, by, held_out, cells)
+    if build_ids is not None and build_ids <= k_shot:
+        raise InputError(f"build_ids={build_ids}: few-shot prompts of k_shot={k_shot} need at "
+                         f"least {k_shot + 1} build fact ids per relation")  # fmt: skip
     b = _Budget(build_ids or 0, screen_ids, dev_ids, test_ids,
                 list(layers or matrix_layers(int(model.cfg.n_layers))), list(alphas), top_k,
                 en_tolerance, p_threshold)  # fmt: skip
