@@ -206,6 +206,11 @@ def test_matrix_by_language_never_sees_the_held_out_language(tiny, facts, monkey
             held = row[len("all_but_") :]
             assert held not in langs and held not in dev_langs and "en" in dev_langs
     assert m.choices["all_but_fr"]["langs"] == ["en", "de"]
+    # the build statistics of one call serve another (built once); other facts are refused
+    again = repair.transfer_matrix(tiny, facts, by="lang", stats=m.stats, **SMALL)
+    assert again.cells == m.cells
+    with pytest.raises(ValueError, match="other facts"):
+        repair.transfer_matrix(tiny, facts, by="lang", stats=m.stats, **{**SMALL, "build_ids": 4})
 
 
 def test_a_build_step_that_sees_the_held_out_relation_is_refused(tiny, facts, monkeypatch):

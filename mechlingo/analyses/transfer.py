@@ -349,6 +349,7 @@ class TransferMatrix:
     cols: list[str]
     choices: dict[str, dict[str, Any]] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    stats: GroupStats | None = field(default=None, repr=False, compare=False)
 
     def cell(self, row: str, col: str) -> dict[str, Any] | None:
         """The cell of ``row`` x ``col`` (``None`` if it was not measured)."""
@@ -589,6 +590,7 @@ def transfer_matrix(
     batch_size: int = 64,
     progress: bool = False,
     on_cell: Callable[[dict[str, Any]], None] | None = None,
+    stats: GroupStats | None = None,
     **score_kw: Any,
 ) -> TransferMatrix:
     """The transfer matrix of the two repair vectors (see the module docstring).
@@ -611,6 +613,9 @@ def transfer_matrix(
             :data:`MATRIX_ALPHAS`); ``top_k``: settings of each re-scored on the dev split.
         seed: seed of the random control and of the bootstrap.
         on_cell: called with each cell as soon as it is measured (e.g. to save progress).
+        stats: the build statistics of an earlier call on the same facts and split
+            (``TransferMatrix.stats``), to run the other ``by`` without building again;
+            checked to hold exactly this call's build fact ids.
         **score_kw: passed to every scoring call (the protocol's scoring function).
 
     Returns:
@@ -627,8 +632,11 @@ def transfer_matrix(
                 en_tolerance, p_threshold)  # fmt: skip
     splits = split_facts(facts, fractions, salt=salt)
     build = balance_relations(splits["build"], build_ids)
-    stats = group_stats(model, build, k_shot=k_shot, translation_shots=translation_shots,
-                        batch_size=16, progress=progress)  # fmt: skip
+    if stats is None:
+        stats = group_stats(model, build, k_shot=k_shot, translation_shots=translation_shots,
+                            batch_size=16, progress=progress)  # fmt: skip
+    else:
+        _check_stats(stats, build, k_shot, translation_shots)
     run = _Run(model, by, b, {"max_new_tokens": max_new_tokens, "batch_size": batch_size,
                               **score_kw}, seed, on_cell)  # fmt: skip
     run.relation_of = {f.id: f.relation for f in facts}
@@ -651,7 +659,21 @@ def transfer_matrix(
         "test_items": "non-English test items of the column",
         "seconds": round(time.time() - t0, 1),
     }  # fmt: skip
-    return TransferMatrix(by, run.cells, [r.name for r in rows], held, run.choices, meta)
+    out = TransferMatrix(by, run.cells, [r.name for r in rows], held, run.choices, meta)
+    out.stats = stats
+    return out
+
+
+def _check_stats(stats: GroupStats, build: Sequence[Fact], k_shot: int, shots: int) -> None:
+    ids: dict[tuple[str, str], list[str]] = {}
+    for f in build:
+        ids.setdefault((f.relation, f.lang), []).append(f.id)
+    if ids != stats.fact_ids or stats.options != {"k_shot": k_shot, "translation_shots": shots}:
+        raise InputError(
+            "stats= were built from other facts or options than this call's build split",
+            fix="pass the stats of a call with the same facts, fractions, salt, build_ids, "
+            "k_shot and translation_shots, or leave stats out",
+        )
 
 
 def _axes(

@@ -424,6 +424,7 @@ def _transfer(model: Model, args: Any, facts: list, fractions: tuple, ids: list[
     """The transfer matrices ``--transfer`` asks for, on the selected facts."""
     kinds = ["relation", "lang"] if args.transfer == "both" else [args.transfer]
     out: dict[str, Any] = {"notes": []}
+    stats = None  # built once, shared by both matrices
     for by in kinds:
         if by == "relation" and len({f.relation for f in facts}) < 2:
             out["notes"].append("by relation: skipped, the facts have one relation (add "
@@ -440,8 +441,9 @@ def _transfer(model: Model, args: Any, facts: list, fractions: tuple, ids: list[
             unit=str(built.get("unit", "resid")), fractions=fractions, salt=args.salt,
             en_tolerance=args.en_tolerance, p_threshold=args.p_threshold,
             max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-            progress=not args.quiet,
+            progress=not args.quiet, stats=stats,
         )  # fmt: skip
+        stats = matrix.stats
         out[by] = matrix.to_json()
     return out
 
