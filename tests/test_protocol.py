@@ -201,7 +201,12 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
     assert s["dev_effect"] in ("found", "none found")
     assert s["sweep"]["n_screen_items"] < s["sweep"]["n_dev_items"]
     assert {r["stage"] for r in s["sweep"]["rows"]} == {"screen", "dev"}
-    assert s["lowest_language"] in ("fr", "de")
+    # headroom rule: a language without headroom is excluded; no language left -> None
+    assert s["lowest_language"] in ("fr", "de", None)
+    assert s["lowest_language"] not in s["lowest_language_excluded"]
+    assert (s["lowest_language"] is None) == (sorted(s["lowest_language_excluded"]) == ["de", "fr"])
+    assert s["lowest_language_literal"] in ("en", "fr", "de")
+    assert set(s["headline"]) >= {"headroom_rule", "literal_rule", "both_condition"}
     assert set(s["headroom"]["k_shot"]) == {"en", "fr", "de"}
     assert s["mcnemar_vs_random"]["both"].keys() == {"random_s0", "random_s1", "random_s2"}
     # side effects of the selected condition, against a random control, on NTREX-style lines

@@ -15,8 +15,11 @@ This is what ``mechlingo steer eval`` runs (and what a notebook can call step by
    more than ``en_tolerance``). "No intervention" is a candidate: a setting is *chosen* only
    if it beats it on the dev non-English items by an exact McNemar test at ``p < 0.1``;
    otherwise ``dev_effect`` is ``"none found"`` and test still scores the best candidate,
-   labelled as such. The lowest language is fixed here, on dev: the non-English language
-   with the lowest dev zero-shot accuracy, ties broken by the lower dev few-shot accuracy.
+   labelled as such. The lowest language is fixed here, on dev, by the headroom rule
+   (:func:`lowest_language_rule`): among the non-English languages whose few-shot accuracy
+   beats their zero-shot accuracy (exact McNemar, ``p < 0.1``), the one with the lowest
+   zero-shot accuracy; the literal rule (lowest zero-shot over all languages) is reported
+   next to it, with the languages excluded for lack of headroom.
 3. **Test** (:func:`evaluate_test`): ``orig``, ``task``, ``diff``, ``both`` and ``random``
    (norm-matched random directions at the selected candidate's places, one per seed, at least
    3 seeds); Wilson intervals per language and condition; fixed/broken counts with exact
@@ -69,6 +72,8 @@ __all__ = [
     "evaluate_test",
     "headroom",
     "lowest_language_dev",
+    "lowest_language_rule",
+    "headroom_pairs",
     "sweep",
 ]
 
@@ -225,6 +230,72 @@ def lowest_language_dev(zero: dict[str, dict], few: dict[str, dict]) -> str | No
     return min(langs, key=key)
 
 
+HEADROOM_RULE = (
+    "headroom rule, fixed on dev: among the non-English languages whose dev few-shot accuracy "
+    "beats their zero-shot accuracy (exact McNemar, p < {p:g}), the one with the lowest dev "
+    "zero-shot accuracy (ties: lower few-shot accuracy, then code)"
+)
+LITERAL_RULE = (
+    "literal rule, fixed on dev: the language with the lowest dev zero-shot accuracy over all "
+    "languages (ties: lower few-shot accuracy, then code)"
+)
+
+
+def headroom_pairs(hr: dict[str, Any]) -> tuple[dict[str, list[bool]], dict[str, list[bool]]]:
+    """Paired per-language outcomes ``(zero_shot, few_shot)`` of a :func:`headroom` result:
+    the items scored both ways, in (id, lang) order."""
+    res = hr["results"]
+    zero = {_key(r): bool(r["correct"]) for r in res["zero_shot"].records}
+    few = {_key(r): bool(r["correct"]) for r in res["k_shot"].records}
+    z: dict[str, list[bool]] = {}
+    f: dict[str, list[bool]] = {}
+    for k in sorted(set(zero) & set(few)):
+        z.setdefault(k[1], []).append(zero[k])
+        f.setdefault(k[1], []).append(few[k])
+    return z, f
+
+
+def lowest_language_rule(
+    zero: dict[str, Sequence[bool]], few: dict[str, Sequence[bool]], *, p_threshold: float = 0.1
+) -> dict[str, Any]:
+    """The lowest language, defined so that a repair claim on it is testable.
+
+    ``zero[lang]`` and ``few[lang]`` are paired dev outcomes (the same items zero-shot and
+    few-shot). A language has *headroom* when its few-shot accuracy beats its zero-shot
+    accuracy by an exact McNemar test (more fixed than broken, ``p < p_threshold``): only
+    there can a vector that does what the demonstrations do show a gain.
+
+    Returns ``language`` (the headroom rule: the non-English language with headroom and the
+    lowest zero-shot accuracy; ``None`` when none has headroom), ``literal`` (the lowest
+    zero-shot accuracy over all languages, English included), ``excluded`` (the non-English
+    languages without headroom), ``tests`` (per language: zero-shot and few-shot accuracy,
+    fixed, broken, p, ``headroom``), ``rule`` and ``literal_rule`` (the rules in words).
+    """
+    tests: dict[str, dict[str, Any]] = {}
+    for lg in sorted(zero):
+        z, f = list(zero[lg]), list(few.get(lg, []))
+        if not z or len(z) != len(f):
+            raise InputError(f"{lg}: zero-shot and few-shot outcomes must be paired and non-empty")
+        m = mcnemar(z, f)
+        ok = m["fixed"] > m["broken"] and m["p"] < p_threshold
+        tests[lg] = {"zero_shot": sum(z) / len(z), "few_shot": sum(f) / len(f), **m,
+                     "headroom": ok}  # fmt: skip
+
+    def key(lg: str) -> tuple[float, float, str]:
+        return (tests[lg]["zero_shot"], tests[lg]["few_shot"], lg)
+
+    eligible = [lg for lg in tests if lg != "en" and tests[lg]["headroom"]]
+    return {
+        "language": min(eligible, key=key) if eligible else None,
+        "literal": min(tests, key=key) if tests else None,
+        "excluded": [lg for lg in tests if lg != "en" and not tests[lg]["headroom"]],
+        "tests": tests,
+        "p_threshold": p_threshold,
+        "rule": HEADROOM_RULE.format(p=p_threshold),
+        "literal_rule": LITERAL_RULE,
+    }
+
+
 # --------------------------------------------------------------------------------------
 # Dev sweep
 # --------------------------------------------------------------------------------------
@@ -241,6 +312,8 @@ class Choice:
     dev_effect: str
     dev_test: dict[str, Any]
     dev_score: dict[str, float]
+    pair: SteeringConfig | None = None
+    best_single: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -249,6 +322,8 @@ class Choice:
             "dev_effect": self.dev_effect,
             "dev_test": self.dev_test,
             "dev_score": self.dev_score,
+            "pair": None if self.pair is None else self.pair.to_dict(),
+            "best_single": self.best_single,
         }
 
 
@@ -273,6 +348,7 @@ class SweepResult:
     n_screen: int = 0
     metric: dict[str, Any] = field(default_factory=lambda: {"metric": "generate"})
     skipped: dict[str, int] = field(default_factory=dict)
+    lowest_rule: dict[str, Any] = field(default_factory=dict)
 
     @property
     def best(self) -> SteeringConfig:
@@ -286,6 +362,7 @@ class SweepResult:
             "n_dev_items": self.n_dev,
             "n_screen_items": self.n_screen,
             "lowest_language": self.lowest_language,
+            "lowest_language_rule": self.lowest_rule,
             "headroom": hr,
             "metric": self.metric,
             "skipped": self.skipped,
@@ -299,8 +376,16 @@ class SweepResult:
 
 
 def _screen_subset(facts: Sequence[Fact], n_ids: int) -> list[Fact]:
-    ids = sorted({f.id for f in facts}, key=lambda i: _unit(f"screen|{i}"))[:n_ids]
-    keep = set(ids)
+    """``n_ids`` fact ids (by a hash), spread evenly over the relations (round robin)."""
+    by_rel: dict[str, set[str]] = {}
+    for f in facts:
+        by_rel.setdefault(f.relation, set()).add(f.id)
+    order = [sorted(v, key=lambda i: _unit(f"screen|{i}")) for _, v in sorted(by_rel.items())]
+    keep: set[str] = set()
+    for depth in range(max((len(v) for v in order), default=0)):
+        for ids in order:
+            if depth < len(ids) and len(keep) < n_ids:
+                keep.add(ids[depth])
     return [f for f in facts if f.id in keep]
 
 
@@ -328,6 +413,7 @@ def sweep(
     batch_size: int = 64,
     progress: bool = False,
     metric: str | Scorer = "generate",
+    **score_kw: Any,
 ) -> SweepResult:
     """The dev stage of the protocol (see the module docstring).
 
@@ -348,11 +434,13 @@ def sweep(
         test_ids: the test facts, only to check that none is used here.
         metric: how every setting is scored (see the module docstring); under ``klar`` the
             demonstrations come from ``pool`` (the dev facts themselves without one).
+        **score_kw: passed to every scoring call.
     """
     dev_facts = list(dev_facts)
     check_disjoint("the dev sweep", dev_facts, test_ids)
     scorer = as_scorer(metric)
-    kw = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "progress": progress}
+    kw = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "progress": progress,
+          **score_kw}  # fmt: skip
     n_layers = int(model.cfg.n_layers)
     grid = {
         "task": (list(task_layers or default_layers(n_layers)), list(task_alphas)),
@@ -367,21 +455,22 @@ def sweep(
     results.update(sw.pairs(vectors, finalists, dev_facts, base))
     choice = _choose(results, finalists, base, p_threshold)
     hr: dict[str, Any] = {}
-    lowest = None
+    rule: dict[str, Any] = {}
     if pool is not None:
         hr = headroom(model, dev_facts, pool, k_shot=k_shot, zero_shot=base, metric=scorer, **kw)
-        lowest = lowest_language_dev(hr["zero_shot"], hr["k_shot"])
+        rule = lowest_language_rule(*headroom_pairs(hr), p_threshold=p_threshold)
     return SweepResult(
         sw.rows,
         base.accuracy(),
         choice,
-        lowest,
+        rule.get("language"),
         hr,
         vectors.unit,
         n_dev=len(dev_facts),
         n_screen=len(screen),
         metric=scorer.to_dict(),
         skipped=base.skipped,
+        lowest_rule=rule,
     )
 
 
@@ -513,12 +602,20 @@ def _choose(
         cfg = SteeringConfig(cfg.task_layer, cfg.task_alpha, best_row["layer"], best_row["alpha"])
     test = mcnemar(_outcomes(base), _outcomes(best_res))
     found = test["p"] < p_threshold and test["fixed"] > test["broken"] and bool(best_row["en_ok"])
+    pair = None
+    if pair_row is not None:
+        pair = SteeringConfig(pair_row["task_layer"], pair_row["task_alpha"],
+                              pair_row["diff_layer"], pair_row["diff_alpha"])  # fmt: skip
+    single = min((v for v in ("task", "diff") if finalists.get(v)),
+                 key=lambda v: _rank(finalists[v][0]), default=None)  # fmt: skip
     return Choice(
         cfg,
         best_row["vector"],
         "found" if found else "none found",
         {**test, "threshold": p_threshold, "candidate": best_key},
         {"none": non_english_mean(base), "selected": best_row["score"]},
+        pair,
+        single,
     )
 
 
@@ -568,6 +665,7 @@ class HeldOutResult:
     unit: str = "resid"
     facts: list[Fact] = field(default_factory=list)
     interventions: dict[str, Intervention | None] = field(default_factory=dict)
+    lowest_rule: dict[str, Any] = field(default_factory=dict)
 
     def accuracy(self) -> dict[str, dict[str, float]]:
         """``{condition: {lang: accuracy}}``, with ``random`` the mean over seeds."""
@@ -612,19 +710,7 @@ class HeldOutResult:
         out["mcnemar_vs_orig"] = vs_orig
         out["mcnemar_vs_random"] = vs_random
         out["non_english_gain"] = gains
-        low = self.lowest_language
-        out["lowest_language"] = low
-        out["lowest_language_rule"] = (
-            "fixed on dev: the non-English language with the lowest dev zero-shot accuracy, "
-            "ties broken by the lower dev few-shot accuracy"
-        )
-        if low is not None:
-            base_low = _by_lang(orig).get(low, [])
-            out["lowest_language_gain"] = {
-                c: paired_gain(base_low, _by_lang(r).get(low, []))
-                for c, r in self.results.items()
-                if c != "orig"
-            }
+        out.update(self._lowest_summary())
         hr = {k: v for k, v in self.headroom.items() if k != "results"}
         out["headroom"] = hr
         n = {lg: len(v) for lg, v in _by_lang(orig).items()}
@@ -636,6 +722,45 @@ class HeldOutResult:
         ]
         return _json_safe(out)
 
+    def _gains_in(self, lang: str | None) -> dict[str, Any]:
+        if lang is None:
+            return {}
+        base = _by_lang(self.results["orig"]).get(lang, [])
+        return {
+            c: paired_gain(base, _by_lang(r).get(lang, []))
+            for c, r in self.results.items()
+            if c != "orig"
+        }
+
+    def _lowest_summary(self) -> dict[str, Any]:
+        """The lowest language by the headroom rule and by the literal rule, their gains,
+        and the headline: both vectors together at the dev-chosen pair next to the best
+        single vector (gain in points with a bootstrap interval, relative where orig > 0)."""
+        rule = self.lowest_rule
+        low, lit = self.lowest_language, rule.get("literal")
+        both = "both_pair" if "both_pair" in self.results else "both"
+        single = self.choice.best_single or "task"
+        out: dict[str, Any] = {
+            "lowest_language": low,
+            "lowest_language_rule": rule.get("rule") or "given (not chosen by a rule)",
+            "lowest_language_literal": lit,
+            "lowest_language_literal_rule": rule.get("literal_rule"),
+            "lowest_language_excluded": rule.get("excluded", []),
+            "lowest_language_tests": rule.get("tests", {}),
+        }
+        if low is not None:
+            out["lowest_language_gain"] = self._gains_in(low)
+        if lit is not None:
+            out["lowest_language_literal_gain"] = self._gains_in(lit)
+        head: dict[str, Any] = {"both_condition": both, "best_single": single}
+        for name, lang in (("headroom_rule", low), ("literal_rule", lit)):
+            g = self._gains_in(lang)
+            head[name] = {"language": lang, "both": g.get(both), "best_single": g.get(single)}
+        if low is None and rule:
+            head["note"] = "no non-English language has headroom on dev: the claim is untestable"
+        out["headline"] = head
+        return out
+
 
 def evaluate_test(
     model: Model,
@@ -644,6 +769,7 @@ def evaluate_test(
     test_facts: Sequence[Fact],
     *,
     lowest_language: str | None,
+    lowest_rule: dict[str, Any] | None = None,
     pool: Sequence[Fact] | None = None,
     k_shot: int = 3,
     seeds: Sequence[int] = (0, 1, 2),
@@ -651,9 +777,13 @@ def evaluate_test(
     batch_size: int = 64,
     progress: bool = False,
     metric: str | Scorer = "generate",
+    **score_kw: Any,
 ) -> HeldOutResult:
     """Score every condition on ``test_facts`` with ``metric`` (see the module docstring),
     and the test headroom (zero-shot vs k-shot with demonstrations from ``pool``).
+    ``lowest_rule`` is :func:`lowest_language_rule` on dev (its literal-rule language is
+    reported too); when dev chose a pair other than ``choice.config``, ``both_pair`` scores
+    both vectors at that pair (the headline condition).
 
     Raises:
         InputError: no seed, or ``klar`` without a ``pool`` (its demonstrations would be
@@ -665,7 +795,8 @@ def evaluate_test(
         raise InputError(
             "klar on test needs pool= (the build split): its demonstrations may not be test facts"
         )
-    kw = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "progress": progress}
+    kw = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "progress": progress,
+          **score_kw}  # fmt: skip
     cfg = choice.config
     task = vectors.task.at(cfg.task_layer, cfg.task_alpha)
     diff = vectors.diff.at(cfg.diff_layer, cfg.diff_alpha)
@@ -675,6 +806,10 @@ def evaluate_test(
         "diff": diff,
         "both": task + diff,
     }
+    if choice.pair is not None and choice.pair != cfg:
+        conds["both_pair"] = vectors.task.at(choice.pair.task_layer, choice.pair.task_alpha) + (
+            vectors.diff.at(choice.pair.diff_layer, choice.pair.diff_alpha)
+        )
     sel = choice.selected if choice.selected in ("task", "diff", "both") else "both"
     for s in seeds:
         conds[f"random_s{s}"] = _random_of(vectors, cfg, sel, int(s))
@@ -694,6 +829,7 @@ def evaluate_test(
         vectors.unit,
         list(test_facts),
         conds,
+        dict(lowest_rule or {}),
     )
 
 

@@ -27,6 +27,7 @@ conditions (:func:`evaluate_conditions`, used for quick looks and for transfer).
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import time
 from collections.abc import Iterable, Sequence
@@ -192,6 +193,13 @@ class RepairVectors:
     diff: SteeringVector
     means: dict[str, Tensor] = field(default_factory=dict)
     build: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def relations(self) -> list[str] | None:
+        """The relations the vectors were built from (``None`` for artifacts saved before
+        they were recorded)."""
+        rel = self.build.get("relations")
+        return None if rel is None else list(rel)
 
     @property
     def unit(self) -> str:
@@ -674,3 +682,14 @@ def transfer(
 def stack_norm(v: Float[Tensor, "layer d_model"]) -> list[float]:
     """Per-layer L2 norms of a ``[n_layers, d_model]`` stack."""
     return v.norm(dim=-1).tolist()
+
+
+#: Names of :mod:`mechlingo.analyses.transfer` also reachable here (``repair.transfer_matrix``).
+#: That module builds on this one, so they are looked up when first asked for.
+_TRANSFER_NAMES = ("transfer_matrix", "TransferMatrix", "pooled_vectors", "group_stats")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TRANSFER_NAMES:
+        return getattr(importlib.import_module("mechlingo.analyses.transfer"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,9 +11,12 @@ beaten by an exact McNemar test), the lowest language fixed on dev, and on test 
 McNemar tests and bootstrap intervals of the gains. It writes ``DIR/summary.json``,
 ``DIR/generations.jsonl`` and ``DIR/report.html``.
 
-Both default to the bundled capitals with the ``natural`` template family (plain
-fact-completion stems, where recall is under-engaged: the papers' setting) and every fact of
-the relation, split by id 0.4/0.2/0.4 into build/dev/test.
+Both use the ``natural`` template family (plain fact-completion stems, where recall is
+under-engaged: the papers' setting), split by fact id 0.4/0.2/0.4 into build/dev/test.
+``steer build`` pools every bundled relation by default, the same number of build ids from
+each (``--per-relation``; ``--relation capital`` builds from one relation); ``steer eval``
+defaults to the capitals. ``steer eval --transfer`` adds the transfer matrix
+(:mod:`mechlingo.analyses.transfer`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from mechlingo.analyses.protocol import (
     check_disjoint,
     condition_interventions,
     headroom,
-    lowest_language_dev,
+    headroom_pairs,
+    lowest_language_rule,
     repeat_summary,
 )
 from mechlingo.analyses.repair import (
@@ -39,9 +43,9 @@ from mechlingo.analyses.repair import (
     SteeringConfig,
     split_facts,
     take_per_lang,
-    transfer,
 )
 from mechlingo.analyses.side_effects import side_effects
+from mechlingo.analyses.transfer import balance_relations
 from mechlingo.cli.common import (
     UsageError,
     add_data_args,
@@ -60,7 +64,7 @@ from mechlingo.core.types import Model
 from mechlingo.data import read_parallel_dir
 from mechlingo.interventions import ModelMismatchError
 from mechlingo.report import write_outputs
-from mechlingo.report.steer import steer_report
+from mechlingo.report.steer import steer_report, transfer_report
 
 ALL_LANGS = "en,de,fr,es,it,pt,ru,zh,ja,ko,ar,hi"
 #: mechlingo.analyses.protocol.ALPHA_GRID as flag text (kept here so that `--help` imports no torch)
@@ -96,10 +100,13 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="steer_command", metavar="{build,eval}")
     b = sub.add_parser("build", help="build the task and diff vector stacks from the build split")
     _common(b, ALL_LANGS)
+    # steer build pools every bundled relation by default (balanced per relation)
+    b.set_defaults(relation="all")
     _build_args(b)
     e = sub.add_parser("eval", help="sweep on dev, report orig/task/diff/both/random on test")
     _common(e, ALL_LANGS)
-    e.add_argument("--vectors", required=True, help="folder written by `steer build`")
+    e.add_argument("--vectors", default=None,
+                   help="folder written by `steer build` (required unless --transfer-only)")  # fmt: skip
     e.add_argument("--dev-per-lang", type=int, default=None, help="dev fact ids per relation")
     e.add_argument("--test-per-lang", type=int, default=None, help="test fact ids per relation")
     _sweep_args(e)
@@ -110,6 +117,11 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
 def _build_args(b: argparse.ArgumentParser) -> None:
     """``steer build``: how the two vectors are made."""
     b.add_argument("--k-shot", type=int, default=3, help="demonstrations per few-shot prompt")
+    b.add_argument("--per-relation", type=int, default=None, metavar="N",
+                   help="build fact ids per relation (steer build uses every bundled relation "
+                   "with natural templates unless --relation says otherwise; default: as "
+                   "many as the smallest relation's build split has, so each relation weighs "
+                   "the same)")  # fmt: skip
     b.add_argument(
         "--translation-shots",
         type=int,
@@ -197,10 +209,25 @@ def _test_args(e: argparse.ArgumentParser) -> None:
                    help="lines per language for --side-effects (default 20)")  # fmt: skip
     e.add_argument(
         "--transfer",
-        action="store_true",
-        help="also measure transfer: vectors rebuilt without the lowest language (tested on "
-        "it) and, with several relations, built on the first relation and tested on the others",
+        nargs="?",
+        const="both",
+        choices=["relation", "lang", "both"],
+        default=None,
+        help="also measure the transfer matrix (mechlingo.analyses.transfer): vectors built "
+        "on all relations, all but R, or only A, tested on R (needs 2+ relations: add "
+        "--relation all), and built without language L, tested on L; layer and alpha chosen "
+        "on the build relations'/languages' dev split only; gains with bootstrap intervals, "
+        "McNemar p and a norm-matched random control per cell (default when given: both)",
     )
+    e.add_argument("--transfer-ids", default="16,4,12,8", metavar="B,S,D,T",
+                   help="transfer matrix sizes: build ids per relation, dev screen ids, dev "
+                   "ids (each spread over a row's relations), test ids per relation of a "
+                   "column (default 16,4,12,8)")  # fmt: skip
+    e.add_argument("--transfer-cells", choices=["full", "diagonal"], default="full",
+                   help="full (default): every single-relation row on every column; "
+                   "diagonal: only R on R")  # fmt: skip
+    e.add_argument("--transfer-only", action="store_true",
+                   help="run only the transfer matrix (no --vectors needed)")  # fmt: skip
     e.add_argument("--max-new-tokens", type=int, default=6, help="greedy tokens (default 6)")
 
 
@@ -223,12 +250,15 @@ def _build(args: Any) -> int:
     splits = split_facts(facts, fractions, salt=args.salt)
     if not splits["build"]:
         raise UsageError("the build split is empty; raise --limit or the build fraction")
+    if args.per_relation is not None and args.per_relation < 1:
+        raise UsageError("--per-relation must be at least 1")
+    build = balance_relations(splits["build"], args.per_relation)
     model = load_cli_model(args)
     t0 = time.time()
     try:
         vectors = repair.build_repair_vectors(
             model,
-            splits["build"],
+            build,
             k_shot=args.k_shot,
             subtract_zero_shot=not args.plain_task,
             unit=args.unit,
@@ -238,6 +268,9 @@ def _build(args: Any) -> int:
         )
     except ValueError as err:
         raise UsageError(str(err)) from err
+    vectors.build["ids_per_relation"] = {
+        r: len({f.id for f in build if f.relation == r}) for r in vectors.build["relations"]
+    }
     vectors.build["split"] = list(fractions)
     vectors.build["salt"] = args.salt
     vectors.build["templates"] = args.templates_used
@@ -263,8 +296,17 @@ def _eval(args: Any) -> int:
         raise UsageError("--seeds needs at least one seed (3 or more advised)")
     if args.repeats < 1:
         raise UsageError("--repeats must be at least 1")
-    if args.transfer and scorer_from_args(args).metric != "generate":
-        raise UsageError("--transfer scores by greedy generation; drop it or use --metric generate")
+    if args.transfer and scorer_from_args(args).metric == "klar":
+        raise UsageError(
+            "--transfer scores with --metric generate or rank; klar's demonstrations are not "
+            "yet drawn per transfer row (drop --transfer, or use --metric rank)"
+        )
+    ids = _transfer_ids(args)
+    if args.transfer_only:
+        return _transfer_only(args, facts, fractions, ids)
+    if not args.vectors:
+        raise UsageError("steer eval needs --vectors VDIR (a `steer build` folder), or "
+                         "--transfer-only")  # fmt: skip
     model = load_cli_model(args)
     vectors = _load_vectors(args.vectors, model)
     t0 = time.time()
@@ -276,7 +318,7 @@ def _eval(args: Any) -> int:
     if args.repeats > 1:
         summary["repeats"] = repeat_summary([s for s, _, _ in runs])
     if args.transfer:
-        summary["transfer"] = _transfer(model, args, facts, fractions, summary, vectors)
+        summary["transfer"] = _transfer(model, args, facts, fractions, ids, vectors.build)
     side = None
     if args.side_effects:
         side = _side_effects(model, args, test)
@@ -296,6 +338,8 @@ def _eval(args: Any) -> int:
         },
     )
     _print_summary(summary)
+    if "transfer" in summary:
+        _print_transfer(summary["transfer"])
     print(f"wrote {args.out}/summary.json, generations.jsonl and report.html")
     return 0
 
@@ -341,7 +385,8 @@ def _one_split(
     sweep_result = None
     if args.config:
         hr = headroom(model, dev, build, k_shot=k_shot, **kw)
-        lowest = lowest_language_dev(hr["zero_shot"], hr["k_shot"])
+        rule = lowest_language_rule(*headroom_pairs(hr), p_threshold=args.p_threshold)
+        lowest = rule["language"]
         config = SteeringConfig(*parse_config(args.config))
         choice = Choice(config, "both", "not measured (--config)", {}, {})
     else:
@@ -355,10 +400,11 @@ def _one_split(
             en_tolerance=args.en_tolerance, p_threshold=args.p_threshold, **kw,
         )  # fmt: skip
         choice, lowest = sweep_result.choice, sweep_result.lowest_language
+        rule = sweep_result.lowest_rule
     seeds = parse_ints(args.seeds, "--seeds", allow_empty=True) or [0]
     test_res = protocol.evaluate_test(
-        model, vectors, choice, test, lowest_language=lowest, pool=build, k_shot=k_shot,
-        seeds=seeds, **kw,
+        model, vectors, choice, test, lowest_language=lowest, lowest_rule=rule, pool=build,
+        k_shot=k_shot, seeds=seeds, **kw,
     )  # fmt: skip
     summary = test_res.summary()
     summary["warnings"] = summary.get("warnings", []) + notes
@@ -370,30 +416,69 @@ def _one_split(
     return summary, test_res, sweep_result
 
 
-def _transfer(model: Model, args: Any, facts: list, fractions: tuple, summary: dict,
-              vectors: Any) -> dict:  # fmt: skip
-
-    splits = split_facts(facts, fractions, salt=args.salt)
-    test = take_per_lang(splits["test"], args.test_per_lang)
-    cfg = SteeringConfig(**summary["config"])
-    same = {
-        "subtract_zero_shot": bool(vectors.build.get("subtract_zero_shot", False)),
-        "unit": vectors.unit, "k_shot": int(vectors.build.get("k_shot", 3)),
-        "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
-    }  # fmt: skip
-    out = {}
-    low = summary.get("lowest_language")
-    if low is not None:
-        out["without_lowest_language"] = transfer(
-            model, splits["build"], test, cfg, holdout_lang=low, **same
+def _transfer_ids(args: Any) -> list[int]:
+    ids = parse_ints(args.transfer_ids, "--transfer-ids") or []
+    if len(ids) != 4 or min(ids) < 1:
+        raise UsageError(
+            f"--transfer-ids takes four positive numbers B,S,D,T, got {args.transfer_ids}"
         )
-    rels = sorted({f.relation for f in facts})
-    if len(rels) > 1:
-        out["across_relations"] = transfer(
-            model, splits["build"], test, cfg, build_relations=rels[:1],
-            test_relations=rels[1:], **same,
+    if args.transfer_only and not args.transfer:
+        args.transfer = "both"
+    return ids
+
+
+def _transfer(model: Model, args: Any, facts: list, fractions: tuple, ids: list[int],
+              built: dict) -> dict:  # fmt: skip
+    """The transfer matrices ``--transfer`` asks for, on the selected facts."""
+    kinds = ["relation", "lang"] if args.transfer == "both" else [args.transfer]
+    out: dict[str, Any] = {"notes": []}
+    stats = None  # built once, shared by both matrices
+    for by in kinds:
+        if by == "relation" and len({f.relation for f in facts}) < 2:
+            out["notes"].append("by relation: skipped, the facts have one relation (add "
+                                "--relation all)")  # fmt: skip
+            continue
+        if by == "lang" and len({f.lang for f in facts} - {"en"}) < 2:
+            out["notes"].append("by language: skipped, it needs English and 2+ other languages")
+            continue
+        matrix = repair.transfer_matrix(
+            model, facts, by=by, cells=args.transfer_cells, build_ids=ids[0], screen_ids=ids[1],
+            dev_ids=ids[2], test_ids=ids[3], k_shot=int(built.get("k_shot", 3)),
+            translation_shots=int(built.get("translation_shots", 2)),
+            subtract_zero_shot=bool(built.get("subtract_zero_shot", True)),
+            unit=str(built.get("unit", "resid")), fractions=fractions, salt=args.salt,
+            en_tolerance=args.en_tolerance, p_threshold=args.p_threshold,
+            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+            progress=not args.quiet, stats=stats, metric=scorer_from_args(args),
         )  # fmt: skip
+        stats = matrix.stats
+        out[by] = matrix.to_json()
     return out
+
+
+def _transfer_only(args: Any, facts: list, fractions: tuple, ids: list[int]) -> int:
+    """``steer eval --transfer-only``: the transfer matrices alone."""
+    model = load_cli_model(args)
+    t0 = time.time()
+    summary: dict[str, Any] = {"transfer": _transfer(model, args, facts, fractions, ids, {})}
+    summary["meta"] = run_meta(model, args, seconds=round(time.time() - t0, 1))
+    write_outputs(args.out, {"summary.json": summary,
+                             "report.html": transfer_report(summary)})  # fmt: skip
+    _print_transfer(summary["transfer"])
+    print(f"wrote {args.out}/summary.json and report.html")
+    return 0
+
+
+def _print_transfer(transfer: dict) -> None:
+    for by in ("relation", "lang"):
+        if by in transfer:
+            for kind, t in transfer[by]["summary"].items():
+                g = t["mean_gain"]
+                print(f"transfer by {by}, {kind}: {t['cells']} cells, mean gain "
+                      f"{_pct(g)} points; CI above 0 in {t['ci_above_0']}, below 0 in "
+                      f"{t['ci_below_0']}")  # fmt: skip
+    for note in transfer.get("notes", []):
+        print(f"transfer: {note}")
 
 
 def _pct(x: Any) -> str:
@@ -410,14 +495,23 @@ def _print_summary(summary: dict) -> None:
         f"{_pct(g.get('gain'))} points [{_pct(g.get('lo'))}, {_pct(g.get('hi'))}], McNemar p "
         f"= {summary['mcnemar_vs_orig'].get(sel, {}).get('p', float('nan')):.3g}"
     )
-    low = summary.get("lowest_language")
-    if low is not None:
-        lg = summary["lowest_language_gain"].get(sel, {})
-        print(
-            f"lowest language (fixed on dev): {low}; gain {_pct(lg.get('gain'))} points "
-            f"[{_pct(lg.get('lo'))}, {_pct(lg.get('hi'))}], relative "
-            + ("n/a (orig 0)" if lg.get("relative") is None else f"{lg['relative']:+.2f}")
-        )
+    head = summary.get("headline", {})
+    both, single = head.get("both_condition", "both"), head.get("best_single", "task")
+    for name, label in (("headroom_rule", "headroom rule"), ("literal_rule", "literal rule")):
+        h = head.get(name, {})
+        if h.get("language") is None:
+            continue
+        parts = []
+        for cond, g in ((both, h.get("both")), (single, h.get("best_single"))):
+            g = g or {}
+            rel = "n/a (orig 0)" if g.get("relative") is None else f"{g['relative']:+.2f}"
+            parts.append(f"{cond} {_pct(g.get('gain'))} [{_pct(g.get('lo'))}, "
+                         f"{_pct(g.get('hi'))}] points, relative {rel}")  # fmt: skip
+        print(f"lowest language, {label} (fixed on dev): {h['language']}: " + "; ".join(parts))
+    if summary.get("lowest_language_excluded"):
+        print("excluded for lack of headroom: " + ",".join(summary["lowest_language_excluded"]))
+    if head.get("note"):
+        print(head["note"])
     for why, n in summary.get("skipped", {}).items():
         print(f"skipped {n} test record(s) under --metric {summary['metric']['metric']}: {why}")
     for w in summary.get("warnings", []):

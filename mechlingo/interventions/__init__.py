@@ -22,6 +22,8 @@ Kinds:
 * :class:`NeuronClamp` -- set / scale / add / zero chosen MLP neurons (``mlp_post``) of one
   or several layers.
 * :class:`Ablation` -- replace a site's activation by zero or by a mean.
+* :class:`Gated` (also ``iv.only_for(langs)``) -- an intervention applied only to prompts
+  whose language is in a set (declared or identified from the text), after CAST.
 * :class:`Compose` (also ``a + b``) -- several interventions as one. **Order**: hooks are
   returned in list order, and TransformerLens runs hooks registered at the same hook point
   in registration order, so in ``a + b`` the hook of ``a`` sees the clean activation and the
@@ -44,8 +46,8 @@ steering vectors for steering-vectors, repeng and llama.cpp (:mod:`~.export`,
 ``docs/interop.md``).
 
 Modules: :mod:`~.base` (the interface, saving and loading), :mod:`~.steering`,
-:mod:`~.clamp`, :mod:`~.ablation`, :mod:`~.compose`, :mod:`~.apply`, :mod:`~.hf`,
-:mod:`~.export`.
+:mod:`~.clamp`, :mod:`~.ablation`, :mod:`~.compose`, :mod:`~.gate`, :mod:`~.apply`,
+:mod:`~.hf`, :mod:`~.export`.
 """
 
 from mechlingo.core.describe import check_model, model_info, model_info_name
@@ -56,6 +58,7 @@ from mechlingo.interventions.base import FORMAT_VERSION, Intervention, load_inte
 from mechlingo.interventions.clamp import NeuronClamp
 from mechlingo.interventions.compose import Compose
 from mechlingo.interventions.export import VectorExport, export, read_export
+from mechlingo.interventions.gate import Gated
 from mechlingo.interventions.hf import HFHandle, attach
 from mechlingo.interventions.steering import SteeringVector, random_like
 
@@ -63,6 +66,7 @@ __all__ = [
     "FORMAT_VERSION",
     "Ablation",
     "Compose",
+    "Gated",
     "HFHandle",
     "Intervention",
     "InterventionError",

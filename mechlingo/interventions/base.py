@@ -178,6 +178,12 @@ class Intervention(abc.ABC):
             return NotImplemented
         return _REGISTRY["Compose"]([self, other])  # type: ignore[call-arg]
 
+    def only_for(self, langs: Any, **kw: Any) -> Intervention:
+        """This intervention applied only to prompts in ``langs``
+        (:class:`~mechlingo.interventions.gate.Gated`; ``exclude=True`` for every language
+        but those)."""
+        return _REGISTRY["Gated"](self, langs, **kw)  # type: ignore[call-arg]
+
     # -- serialization ----------------------------------------------------------------
 
     @abc.abstractmethod

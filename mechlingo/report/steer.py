@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from mechlingo.analyses.protocol import fig_accuracy_ci, fig_headroom, gain_rows
+from mechlingo.analyses.transfer import TransferMatrix, cell_text
 from mechlingo.report.page import Report
 
 
@@ -39,8 +39,50 @@ def steer_report(summary: Mapping[str, Any], sweep_result: Any = None, side: Any
         report.add_heading("Side effects of the selected intervention in every language")
         report.add_figure(side.fig_heatmap())
     if "transfer" in summary:
-        report.add_heading("Transfer")
-        report.add_table(transfer_rows(summary["transfer"]))
+        add_transfer(report, summary["transfer"])
+    return report
+
+
+def add_transfer(report: Report, transfer: Mapping[str, Any]) -> None:
+    """The transfer matrices of ``transfer`` (``{"relation": ..., "lang": ...}`` as
+    :meth:`~mechlingo.analyses.transfer.TransferMatrix.to_json` writes them): heatmaps of
+    the gain and of the control's gain, and one table row per cell."""
+    for by in ("relation", "lang"):
+        if by not in transfer:
+            continue
+        m = TransferMatrix(by, transfer[by]["cells"], transfer[by]["rows"], transfer[by]["cols"])
+        report.add_heading(f"Transfer matrix by {by}")
+        report.add_figure(m.fig_transfer("gain"))
+        report.add_figure(m.fig_transfer("control_gain"))
+        report.add_table(matrix_rows(m))
+    for note in transfer.get("notes", []):
+        report.add_text(f"Transfer: {note}")
+
+
+def matrix_rows(matrix: TransferMatrix) -> list[dict[str, Any]]:
+    """One row per cell: built on, tested on, n, gain [CI], McNemar p, control."""
+    return [
+        {"built on": c["row"], "tested on": c["col"], "n": c["n"], "selected": c["selected"],
+         "dev effect": c["dev_effect"], "gain [95% CI]": cell_text(c).split(" (ctrl")[0],
+         "p": f"{c['p']:.3g}", "control gain": round(c["control_gain"]["estimate"], 3),
+         "control p": f"{c['control_p']:.3g}", "vs control p": f"{c['vs_control_p']:.3g}"}
+        for c in matrix.cells
+    ]  # fmt: skip
+
+
+def transfer_report(summary: Mapping[str, Any]) -> Report:
+    """The report of ``steer eval --transfer-only``: the transfer matrices alone."""
+    report = Report("mechlingo: transfer of the repair vectors", summary["meta"])
+    report.add_text(
+        "Rows: how the vectors were built (all relations or languages, all but the tested "
+        "one, or one relation alone); columns: what they were tested on (non-English test "
+        "items). Layer and alpha are chosen on the dev split of the build relations or "
+        "languages only. Each cell: accuracy gain over orig in points with a paired "
+        "bootstrap 95% interval; the control adds norm-matched random directions at the "
+        "same places.",
+        note=True,
+    )
+    add_transfer(report, summary["transfer"])
     return report
 
 
@@ -66,18 +108,3 @@ def _method_note(summary: Mapping[str, Any]) -> str:
         f"{cfg['diff_layer']} x {cfg['diff_alpha']:g}, alpha unit {summary['alpha_unit']}); "
         f"dev effect: {summary['dev_effect']}."
     )
-
-
-def transfer_rows(transfer: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One row per transfer setting: what the vectors were built and tested on, and the
-    mean accuracy of ``orig`` and ``both``."""
-    return [
-        {
-            "setting": name,
-            "built on": json.dumps(t["built_on"]),
-            "tested on": json.dumps(t["tested_on"]),
-            "orig": round(t["mean"]["orig"], 3),
-            "both": round(t["mean"]["both"], 3),
-        }
-        for name, t in transfer.items()
-    ]

@@ -77,3 +77,46 @@ def headroom_figure(hr: dict[str, Any]) -> go.Figure:
         ci_bars(fig, label, hr.get(name, {}), langs)
     fig.update_layout(barmode="group", yaxis={"range": [0, 1], "title": "accuracy"}, height=340)
     return fig
+
+
+@drawer
+def transfer_heatmap(matrix: Any, value: str = "gain") -> go.Figure:
+    """Rows (how the vectors were built) x columns (the test relation or language) of a
+    :class:`~mechlingo.analyses.transfer.TransferMatrix`: colour = ``value`` (``"gain"`` or
+    ``"control_gain"``, accuracy points over ``orig``), text = estimate, 95% interval, n;
+    cells not measured are blank."""
+    if value not in ("gain", "control_gain"):
+        raise ValueError(f'value must be "gain" or "control_gain", got {value!r}')
+    z, text = [], []
+    for r in matrix.rows:
+        zr, tr = [], []
+        for c in matrix.cols:
+            cell = matrix.cell(r, c)
+            g = cell[value] if cell else None
+            est = None if g is None or g["estimate"] is None else 100 * g["estimate"]
+            zr.append(est)
+            if est is None:
+                tr.append("")
+            else:
+                lo, hi = (100 * g[k] if g[k] is not None else float("nan") for k in ("lo", "hi"))
+                tr.append(f"{est:+.1f}<br>[{lo:+.1f}, {hi:+.1f}]<br>n={cell['n']}")
+        z.append(zr)
+        text.append(tr)
+    vals = [abs(v) for row in z for v in row if v is not None]
+    top = max(vals) if vals else 1.0
+    fig = go.Figure(
+        go.Heatmap(
+            z=z, x=list(matrix.cols), y=list(matrix.rows), text=text, texttemplate="%{text}",
+            colorscale="RdBu", zmid=0, zmin=-top, zmax=top,
+            colorbar={"title": "points"},
+        )
+    )  # fmt: skip
+    what = "norm-matched random control" if value == "control_gain" else "repair vectors"
+    fig.update_layout(
+        title=f"Transfer by {matrix.by}: test gain over orig, {what} (95% CI)",
+        xaxis_title=f"test {matrix.by}",
+        yaxis_title="built on",
+        yaxis={"autorange": "reversed"},
+        height=max(320, 40 * len(matrix.rows) + 160),
+    )
+    return fig

@@ -1,0 +1,116 @@
+"""A small, deterministic language identifier for prompts: script first, then words.
+
+What it is for: telling which of the twelve bundled languages a *prompt* is in, so that an
+intervention can be gated by language (:class:`mechlingo.interventions.Gated`) when the
+language is not declared. It is not a general identifier (for generated text mechlingo uses
+py3langid, :func:`mechlingo.analyses.experts.identify_languages`).
+
+The rule:
+
+1. **Script.** Letters are counted by Unicode block: Hangul -> ``ko``; Hiragana or Katakana
+   -> ``ja`` (Japanese mixes kana with Han); Han without kana -> ``zh``; Arabic -> ``ar``;
+   Devanagari -> ``hi``; Cyrillic -> ``ru``. The script with the most letters wins, with
+   kana counted for Japanese ahead of Han.
+2. **Latin script** (en, de, fr, es, it, pt): each word is looked up in a short list of
+   function words and relation words per language (:data:`LATIN_WORDS`); the language with
+   the most hits wins. Letters only one of them uses (ß ä ö ü; ç è ê; ñ ¿ ¡; ã õ; ì ò) break
+   ties.
+3. No letters, or a tie that the letters do not break: ``None`` (unknown).
+
+On the bundled facts it identifies every ``natural`` prompt, zero-shot and 3-shot, correctly
+(tested). Of the ``tuned`` prompts about 4% stay ambiguous: Spanish and Portuguese
+"País: X\nCapital:" with no letter of its own (``None``), and Japanese "国：X\n公用語：",
+which has no kana and reads as Chinese. Declare the language where that matters; on other
+text it is a heuristic.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+
+__all__ = ["LATIN_WORDS", "identify_language", "script_counts"]
+
+#: Function words and relation words per Latin-script language (lower case).
+LATIN_WORDS: dict[str, frozenset[str]] = {
+    "en": frozenset(
+        "the of is a an in and to on by its it was are which what city country capital "
+        "language official currency written continent located script".split()
+    ),
+    "de": frozenset(
+        "die der das den dem des von ist ein eine einer und im in zu mit wird heißt "
+        "hauptstadt sprache amtssprache stadt land währung kontinent geschrieben liegt "
+        "schrift auf".split()
+    ),
+    "fr": frozenset(
+        "la le les de du des est un une et en au aux avec dans pays ville capitale langue "
+        "officielle monnaie situé située s'écrit l'alphabet alphabet continent écrit".split()
+    ),
+    "es": frozenset(
+        "el la los las de del es un una y en con se escribe país ciudad capital idioma "
+        "oficial moneda alfabeto continente está".split()
+    ),
+    "it": frozenset(
+        "il lo la gli le di del della è un una e in si con trova scrive città paese "
+        "capitale lingua ufficiale valuta l'alfabeto alfabeto continente".split()
+    ),
+    "pt": frozenset(
+        "o a os as de do da dos das é um uma e em no na com país cidade capital língua "
+        "oficial moeda escrita alfabeto continente fica".split()
+    ),
+}
+
+_MARKS = {"de": "ßäöü", "fr": "çèêëœ", "es": "ñ¿¡", "pt": "ãõâô", "it": "ìò"}
+_WORD = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?", re.UNICODE)
+
+
+def _script(ch: str) -> str | None:
+    code = ord(ch)
+    if 0xAC00 <= code <= 0xD7AF or 0x1100 <= code <= 0x11FF or 0x3130 <= code <= 0x318F:
+        return "hangul"
+    if 0x3040 <= code <= 0x30FF or 0x31F0 <= code <= 0x31FF:
+        return "kana"
+    if 0x4E00 <= code <= 0x9FFF or 0x3400 <= code <= 0x4DBF or 0xF900 <= code <= 0xFAFF:
+        return "han"
+    if 0x0600 <= code <= 0x06FF or 0x0750 <= code <= 0x077F or 0xFB50 <= code <= 0xFEFF:
+        return "arabic"
+    if 0x0900 <= code <= 0x097F:
+        return "devanagari"
+    if 0x0400 <= code <= 0x04FF:
+        return "cyrillic"
+    if ch.isalpha() and unicodedata.name(ch, "").startswith("LATIN"):
+        return "latin"
+    return None
+
+
+def script_counts(text: str) -> Counter[str]:
+    """Letters of ``text`` per script (``latin``, ``cyrillic``, ``han``, ``kana``,
+    ``hangul``, ``arabic``, ``devanagari``)."""
+    return Counter(s for s in map(_script, text) if s is not None)
+
+
+_BY_SCRIPT = {"hangul": "ko", "arabic": "ar", "devanagari": "hi", "cyrillic": "ru"}
+
+
+def identify_language(text: str) -> str | None:
+    """The language code of ``text`` among the bundled languages, or ``None`` (see the
+    module docstring for the rule)."""
+    counts = script_counts(text)
+    if not counts:
+        return None
+    cjk = counts.get("han", 0) + counts.get("kana", 0)
+    best = max(counts, key=lambda s: (cjk if s in ("han", "kana") else counts[s], s == "kana"))
+    if best in ("han", "kana"):
+        return "ja" if counts.get("kana", 0) else "zh"
+    if best != "latin":
+        return _BY_SCRIPT[best]
+    words = [w.lower() for w in _WORD.findall(text)]
+    hits = {lg: sum(w in vocab for w in words) for lg, vocab in LATIN_WORDS.items()}
+    top = max(hits.values())
+    tied = [lg for lg, h in hits.items() if h == top]
+    if len(tied) == 1:
+        return tied[0]
+    low = text.lower()
+    marked = [lg for lg in tied if any(m in low for m in _MARKS.get(lg, ""))]
+    return marked[0] if len(marked) == 1 else None
