@@ -380,8 +380,14 @@ def test_steer_eval_under_rank_on_tiny(tiny_dir, tmp_path):
     recs = [json.loads(x) for x in (out / "generations.jsonl").read_text().splitlines()]
     assert {r["condition"] for r in recs} >= {"orig", "task", "diff", "both", "random_s0"}
     assert all("gold_rank" in r for r in recs)
+    # the transfer matrix scores every cell with the same metric (external transfer, issue 21)
     assert main(["steer", "eval", *common, "--vectors", str(vdir), "--metric", "rank",
-                 "--transfer", "--out", str(tmp_path / "t")]) == 2  # fmt: skip
+                 "--transfer", "lang", "--transfer-ids", "3,1,2,2", "--transfer-cells",
+                 "diagonal", "--out", str(tmp_path / "t")]) == 0  # fmt: skip
+    t = json.loads((tmp_path / "t" / "summary.json").read_text())["transfer"]["lang"]
+    assert "rank" in json.dumps(t["meta"]["score_kw"]) and all(c["n"] > 0 for c in t["cells"])
+    assert main(["steer", "eval", *common, "--vectors", str(vdir), "--metric", "klar",
+                 "--transfer", "--out", str(tmp_path / "t2")]) == 2  # fmt: skip
     # klar: its demonstrations come from the build split only, headroom is 0- vs k-shot
     rc = main(["steer", "eval", *common, "--vectors", str(vdir), "--config", "0,0.1,1,0.1",
                "--metric", "klar", "--out", str(tmp_path / "k")])  # fmt: skip
