@@ -266,4 +266,6 @@ def test_gemma_matches_transformer_lens(gemma):
         index_df=index,
         reduce="none",
     ).values
-    assert (sw.values[0] - ref).abs().max() < 1e-4
+    # float32 log-probabilities near -9 over a 262k vocabulary: batched and one-cell runs
+    # differ in summation order (and with the thread count) by ~1e-4
+    torch.testing.assert_close(sw.values[0], ref.to(sw.values.dtype), atol=1e-4, rtol=1e-4)
