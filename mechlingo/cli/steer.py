@@ -19,6 +19,7 @@ the relation, split by id 0.4/0.2/0.4 into build/dev/test.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from typing import Any
@@ -55,6 +56,18 @@ from mechlingo.cli.common import (
     scorer_from_args,
 )
 from mechlingo.cli.flags import parse_config, parse_floats, parse_ints
+from mechlingo.cli.work import (
+    add_work_args,
+    data_key,
+    eval_cache,
+    finish_stages,
+    hash_files,
+    open_stages,
+    staged_side_effects,
+    staged_sweep,
+    staged_vectors,
+    work_folder,
+)
 from mechlingo.core.artifacts import atomic_folder
 from mechlingo.core.types import Model
 from mechlingo.data import read_parallel_dir
@@ -105,6 +118,7 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
     _sweep_args(e)
     _test_args(e)
     add_metric_args(e)
+    add_work_args(e)
 
 
 def _build_args(b: argparse.ArgumentParser) -> None:
@@ -265,13 +279,16 @@ def _eval(args: Any) -> int:
         raise UsageError("--repeats must be at least 1")
     if args.transfer and scorer_from_args(args).metric != "generate":
         raise UsageError("--transfer scores by greedy generation; drop it or use --metric generate")
+    work_folder(args)  # --work is checked before the model loads
     model = load_cli_model(args)
     vectors = _load_vectors(args.vectors, model)
+    stages = _eval_stages(args, model, facts)
     t0 = time.time()
     runs = []
     for r in range(args.repeats):
         salt = args.salt if r == 0 else f"{args.salt}#repeat{r}"
-        runs.append(_one_split(model, args, facts, fractions, salt, vectors if r == 0 else None))
+        runs.append(_one_split(model, args, facts, fractions, salt, vectors if r == 0 else None,
+                               stages, f"r{r}-"))  # fmt: skip
     summary, test, sweep_result = runs[0]
     if args.repeats > 1:
         summary["repeats"] = repeat_summary([s for s, _, _ in runs])
@@ -279,7 +296,7 @@ def _eval(args: Any) -> int:
         summary["transfer"] = _transfer(model, args, facts, fractions, summary, vectors)
     side = None
     if args.side_effects:
-        side = _side_effects(model, args, test)
+        side = staged_side_effects(stages, "side-effects", lambda: _side_effects(model, args, test))
         summary["side_effects"] = side.to_json()
     summary["meta"] = run_meta(
         model, args, vectors=str(args.vectors), build=vectors.build,
@@ -295,9 +312,20 @@ def _eval(args: Any) -> int:
             "report.html": steer_report(summary, sweep_result, side),
         },
     )
+    finish_stages(stages)
     _print_summary(summary)
     print(f"wrote {args.out}/summary.json, generations.jsonl and report.html")
     return 0
+
+
+def _eval_stages(args: Any, model: Model, facts: list) -> Any:
+    """The resumable stages of ``steer eval`` (:mod:`mechlingo.cli.work`): keyed by the model,
+    the facts, the vectors' files, the side-effect lines and every flag that changes a
+    number (the seeds, repeats and --transfer name or add stages instead)."""
+    data = data_key(facts=[dataclasses.asdict(f) for f in facts])
+    data.update(vectors=hash_files(args.vectors), side_effects=hash_files(args.side_effects))
+    skip = ("seeds", "repeats", "transfer", "vectors", "side_effects")
+    return open_stages(args, model, data, skip=skip)
 
 
 def _load_vectors(folder: str, model: Model) -> Any:
@@ -309,9 +337,11 @@ def _load_vectors(folder: str, model: Model) -> Any:
 
 
 def _one_split(
-    model: Model, args: Any, facts: list, fractions: tuple, salt: str, vectors: Any
-) -> tuple[dict, Any, Any]:
-    """Build (unless given), sweep on dev and score on test for one split of the facts."""
+    model: Model, args: Any, facts: list, fractions: tuple, salt: str, vectors: Any,
+    stages: Any, prefix: str,
+) -> tuple[dict, Any, Any]:  # fmt: skip
+    """Build (unless given), sweep on dev and score on test for one split of the facts; each
+    step a stage named ``{prefix}build``, ``{prefix}sweep``... of ``stages``."""
 
     splits = split_facts(facts, fractions, salt=salt)
     build = splits["build"]
@@ -322,11 +352,11 @@ def _one_split(
     built = vectors.build if vectors is not None else {}
     k_shot = int(built.get("k_shot", 3))
     if vectors is None:
-        vectors = repair.build_repair_vectors(
+        vectors = staged_vectors(stages, f"{prefix}build", lambda: repair.build_repair_vectors(
             model, build, k_shot=k_shot, unit=str(built.get("unit", "resid")),
             subtract_zero_shot=bool(built.get("subtract_zero_shot", True)),
             translation_shots=int(built.get("translation_shots", 0)), batch_size=args.batch_size,
-        )  # fmt: skip
+        ), model)  # fmt: skip
     notes = []
     if "fact_ids" in vectors.build:
         check_disjoint("building the vectors", vectors.build["fact_ids"], test)
@@ -340,12 +370,12 @@ def _one_split(
           "progress": not args.quiet, "metric": scorer_from_args(args)}  # fmt: skip
     sweep_result = None
     if args.config:
-        hr = headroom(model, dev, build, k_shot=k_shot, **kw)
-        lowest = lowest_language_dev(hr["zero_shot"], hr["k_shot"])
+        lowest = stages.run(f"{prefix}dev-headroom",
+                            lambda: _dev_lowest(model, dev, build, k_shot, kw))  # fmt: skip
         config = SteeringConfig(*parse_config(args.config))
         choice = Choice(config, "both", "not measured (--config)", {}, {})
     else:
-        sweep_result = protocol.sweep(
+        sweep_result, sweep_dict = staged_sweep(stages, f"{prefix}sweep", lambda: protocol.sweep(
             model, vectors, dev, pool=build, k_shot=k_shot, test_ids=test,
             task_layers=parse_ints(args.task_layers, "--task-layers"),
             diff_layers=parse_ints(args.diff_layers, "--diff-layers"),
@@ -353,12 +383,12 @@ def _one_split(
             diff_alphas=parse_floats(args.diff_alphas, "--diff-alphas") or [],
             top_k=args.top_k, screen_ids=args.screen_ids or None,
             en_tolerance=args.en_tolerance, p_threshold=args.p_threshold, **kw,
-        )  # fmt: skip
+        ), vectors.unit)  # fmt: skip
         choice, lowest = sweep_result.choice, sweep_result.lowest_language
     seeds = parse_ints(args.seeds, "--seeds", allow_empty=True) or [0]
     test_res = protocol.evaluate_test(
         model, vectors, choice, test, lowest_language=lowest, pool=build, k_shot=k_shot,
-        seeds=seeds, **kw,
+        seeds=seeds, cache=eval_cache(stages, f"{prefix}test-"), **kw,
     )  # fmt: skip
     summary = test_res.summary()
     summary["warnings"] = summary.get("warnings", []) + notes
@@ -366,8 +396,14 @@ def _one_split(
                         "n_ids": {k: len({f.id for f in v}) for k, v in
                                   (("build", build), ("dev", dev), ("test", test))}}  # fmt: skip
     if sweep_result is not None:
-        summary["sweep"] = sweep_result.to_dict()
+        summary["sweep"] = sweep_dict
     return summary, test_res, sweep_result
+
+
+def _dev_lowest(model: Model, dev: list, build: list, k_shot: int, kw: dict) -> str | None:
+    """The lowest language, fixed on dev by its headroom (``--config``: no sweep)."""
+    hr = headroom(model, dev, build, k_shot=k_shot, **kw)
+    return lowest_language_dev(hr["zero_shot"], hr["k_shot"])
 
 
 def _transfer(model: Model, args: Any, facts: list, fractions: tuple, summary: dict,
