@@ -9,7 +9,10 @@ depth x a log alpha grid, the best pairs combined, "no intervention" a candidate
 beaten by an exact McNemar test), the lowest language fixed on dev, and on test ``orig``,
 ``task``, ``diff``, ``both`` and norm-matched ``random`` controls with Wilson intervals,
 McNemar tests and bootstrap intervals of the gains. It writes ``DIR/summary.json``,
-``DIR/generations.jsonl`` and ``DIR/report.html``.
+``DIR/generations.jsonl`` and ``DIR/report.html``. Finished stages (a repeat's vectors, the
+sweep, each test condition and seed, the side effects) are kept in ``.DIR.work`` (or
+``--work``) until ``DIR`` is written; ``--resume`` goes on from them after a stop
+(:mod:`mechlingo.cli.work`).
 
 Both default to the bundled capitals with the ``natural`` template family (plain
 fact-completion stems, where recall is under-engaged: the papers' setting) and every fact of
