@@ -43,7 +43,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -913,6 +913,7 @@ def k_curve(
     control: bool = True,
     max_tokens: int | None = 32,
     progress: bool = False,
+    cache: Callable[[str, Callable[[], dict]], dict] | None = None,
 ) -> KCurve:
     """For each ``k``: language of generations with the clamp on and held-out perplexity of
     every language, for the experts, the random control, and no clamp (``k = 0``), with
@@ -921,6 +922,11 @@ def k_curve(
     The language of each generation is identified by py3langid among the languages of
     ``heldout`` and ``experts.langs``; generations with no letters count as not in the target.
     Choose ``k`` from the result with :meth:`KCurve.choose` (the papers' rule).
+
+    ``cache(name, fn)``, when given, runs each arm (``name``: ``"none"``, ``"k50-experts"``,
+    ``"k50-random"``...) and returns ``fn()`` (a JSON-able dict) or a stored equal result (a
+    resumable stage, :class:`mechlingo.core.stages.Stages`; ``experts --resume``). Every arm
+    draws with ``seed`` alone, so an arm's row does not depend on the other ``ks``.
     """
 
     if not ks:
@@ -932,25 +938,52 @@ def k_curve(
     rows = []
     base_nll: dict[str, Tensor] | None = None
     arms = _k_arms(experts, lang, ks, value, seed, control)
+    run = cache or (lambda name, fn: fn())
+    opts = {"n_samples": n_samples, "max_new_tokens": max_new_tokens, "prompts": prompts,
+            "seed": seed, "max_tokens": max_tokens}  # fmt: skip
     for k, arm, iv in tqdm(arms, desc="k curve", disable=not progress):
-        gen = _generation_rates(
-            model,
-            lang,
-            iv,
-            id_langs,
-            n_samples=n_samples,
-            max_new_tokens=max_new_tokens,
-            prompts=prompts,
-            seed=seed,
-        )
-        ppl, nlls = _heldout_perplexities(
-            model, heldout, iv, base_nll, max_tokens=max_tokens, seed=seed
-        )
+        name = "none" if arm == "none" else f"k{k}-{arm}"
+        out = run(name, lambda k=k, arm=arm, iv=iv, base=base_nll: _k_arm(
+            model, lang, k, arm, iv, id_langs, heldout, base, **opts))  # fmt: skip
         if arm == "none":
-            base_nll = nlls
-        hits, examples = gen.pop("bos_hits"), gen.pop("examples")
-        rows.append({"k": k, "arm": arm, **gen, **ppl, "bos_hits": hits, "examples": examples})
+            base_nll = {hl: torch.tensor(v, dtype=torch.float32) for hl, v in out["nll"].items()}
+        rows.append(out["row"])
     return KCurve(lang, rows)
+
+
+def _k_arm(
+    model: Model,
+    lang: str,
+    k: int,
+    arm: str,
+    iv: Any,
+    id_langs: Sequence[str],
+    heldout: Mapping[str, Sequence[str]],
+    base_nll: dict[str, Tensor] | None,
+    *,
+    n_samples: int,
+    max_new_tokens: int,
+    prompts: Sequence[str],
+    seed: int,
+    max_tokens: int | None,
+) -> dict[str, Any]:
+    """One run of the k curve: ``{"row": the KCurve row, "nll": {lang: per-line NLL}}``."""
+    gen = _generation_rates(
+        model,
+        lang,
+        iv,
+        id_langs,
+        n_samples=n_samples,
+        max_new_tokens=max_new_tokens,
+        prompts=prompts,
+        seed=seed,
+    )
+    ppl, nlls = _heldout_perplexities(
+        model, heldout, iv, base_nll, max_tokens=max_tokens, seed=seed
+    )
+    hits, examples = gen.pop("bos_hits"), gen.pop("examples")
+    row = {"k": k, "arm": arm, **gen, **ppl, "bos_hits": hits, "examples": examples}
+    return {"row": row, "nll": {hl: v.tolist() for hl, v in nlls.items()}}
 
 
 __all__ = [

@@ -41,7 +41,7 @@ ever used to build a vector, to draw a demonstration or to choose a setting
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -777,6 +777,7 @@ def evaluate_test(
     batch_size: int = 64,
     progress: bool = False,
     metric: str | Scorer = "generate",
+    cache: Callable[[str, Callable[[], Any]], Any] | None = None,
     **score_kw: Any,
 ) -> HeldOutResult:
     """Score every condition on ``test_facts`` with ``metric`` (see the module docstring),
@@ -784,6 +785,10 @@ def evaluate_test(
     ``lowest_rule`` is :func:`lowest_language_rule` on dev (its literal-rule language is
     reported too); when dev chose a pair other than ``choice.config``, ``both_pair`` scores
     both vectors at that pair (the headline condition).
+
+    ``cache(name, fn)``, when given, runs each condition's scoring (``name`` = the condition)
+    and the headroom (``"headroom"``) and returns ``fn()`` or a stored equal result (a
+    resumable stage, :class:`mechlingo.core.stages.Stages`; the CLI's ``--resume``).
 
     Raises:
         InputError: no seed, or ``klar`` without a ``pool`` (its demonstrations would be
@@ -814,12 +819,16 @@ def evaluate_test(
     for s in seeds:
         conds[f"random_s{s}"] = _random_of(vectors, cfg, sel, int(s))
     mkw = _metric_kw(scorer, pool)
-    results = {c: _score(model, test_facts, iv, **kw, **mkw) for c, iv in conds.items()}
+    run = cache or (lambda name, fn: fn())
+    results = {
+        c: run(c, lambda iv=iv: _score(model, test_facts, iv, **kw, **mkw))
+        for c, iv in conds.items()
+    }
     hr: dict[str, Any] = {}
     if pool is not None:
-        hr = headroom(
+        hr = run("headroom", lambda: headroom(
             model, test_facts, pool, k_shot=k_shot, zero_shot=results["orig"], metric=scorer, **kw
-        )
+        ))  # fmt: skip
     return HeldOutResult(
         results,
         choice,

@@ -10,7 +10,9 @@ chosen by the papers' rule on the held-out lines that follow (``experts.choose_k
 target rate among the k that keep the target's perplexity within ``--ppl-budget``, default
 2x); ``summary.json`` has it under ``chosen_k`` and ``k_choice``, and the stricter rule that
 bounds the other languages' perplexity too (``--ppl-others geomean``) under
-``k_choice_stricter``.
+``k_choice_stricter``. Finished stages (statistics, scores, clamps, each arm of each k) are
+kept in ``.EDIR.work`` (or ``--work``) until ``EDIR`` is written; ``--resume`` goes on from
+them after a stop (:mod:`mechlingo.cli.work`).
 
 ``mechlingo align --clamp EDIR --data DIR --out DIR`` (or ``--clamp EDIR/es-k500``) measures
 retrieval and cosine distances before and after the clamp the rule chose (and after the
@@ -25,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +34,13 @@ from typing import Any
 
 from mechlingo.activations.shards import memory_budget, shared_directory
 from mechlingo.analyses.alignment import AlignmentError, compare_alignment, drop_empty_lines
-from mechlingo.analyses.experts import ExpertError, find_experts, k_curve
+from mechlingo.analyses.experts import (
+    ExpertError,
+    ExpertResult,
+    collect_neuron_stats,
+    k_curve,
+    score_neurons,
+)
 from mechlingo.analyses.side_effects import side_effects
 from mechlingo.cli.common import (
     UsageError,
@@ -45,7 +52,19 @@ from mechlingo.cli.common import (
     split_list,
 )
 from mechlingo.cli.flags import parse_ints
+from mechlingo.cli.work import (
+    add_work_args,
+    data_key,
+    finish_stages,
+    kcurve_cache,
+    open_stages,
+    staged_folder,
+    staged_scores,
+    staged_stats,
+    work_folder,
+)
 from mechlingo.core.errors import InputError
+from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import LANGS, load_facts, parallel_sentences, read_parallel
 from mechlingo.interventions import InterventionError, load_intervention
@@ -190,6 +209,7 @@ def _experts_args(p: argparse.ArgumentParser) -> None:
         "folder, removed afterwards, only when --max-memory calls for it); under torchrun "
         "every rank must see it",
     )
+    add_work_args(p)
 
 
 @command("experts", "expert (language-specific) neurons, clamps and the k curve", _experts_args)
@@ -238,12 +258,14 @@ def _cmd_experts(args: Any) -> int:
     if len(texts) < 2:
         raise UsageError("experts need at least two languages (the target and others)")
     heldout = None if args.no_curve else _heldout(args)  # checked before the expensive part
+    work_folder(args)  # --work is checked before the model loads
     model = load_cli_model(args)
+    stages = _experts_stages(args, model, texts, heldout)
     t0 = time.time()
-    res, clamps = _find_and_clamp(model, texts, targets, ks, args)
+    res, clamps = _find_and_clamp(model, texts, targets, ks, args, stages)
     curves = {}
     if heldout is not None:
-        curves = {t: _k_curve(model, res, t, ks, heldout, args) for t in targets}
+        curves = {t: _k_curve(model, res, t, ks, heldout, args, stages) for t in targets}
     choices = {t: c.choose(args.ppl_budget, args.ppl_others) for t, c in curves.items()}
     k_show = min(ks[0], res.stats.n_features)
     summary = res.summary(k_show)
@@ -273,10 +295,10 @@ def _cmd_experts(args: Any) -> int:
     }
     if curves:
         files["kcurve.csv"] = _kcurve_csv(curves)
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, iv in clamps.items():
-            files.update(_folder_files(iv.save(Path(tmp) / name, model), name))
-        write_outputs(args.out, files, keep_others=False)  # one step, no stale clamps
+    for name, folder in clamps.items():
+        files.update(_folder_files(folder, name))
+    write_outputs(args.out, files, keep_others=False)  # one step, no stale clamps
+    finish_stages(stages)
     for t, ch in choices.items():
         print(f"{t}: the k rule chose k = {ch['k']} ({ch['rule']})")
     print(f"wrote {args.out}: summary.json, experts.csv, report.html, clamps {sorted(clamps)}")
@@ -308,26 +330,48 @@ def _heldout(args: Any) -> dict:
         ) from err
 
 
+def _experts_stages(args: Any, model: Model, texts: dict, heldout: dict | None) -> Stages:
+    """The resumable stages of ``experts`` (:mod:`mechlingo.cli.work`): keyed by the model,
+    the sentences, the held-out lines and every flag that changes a number (the targets and
+    the k are in the stage names; the k rule's flags change no stored number)."""
+    skip = ("lang", "k", "no_curve", "ppl_budget", "ppl_others", "max_memory",
+            "max_memory_bytes", "shard_dir")  # fmt: skip
+    return open_stages(args, model, data_key(texts=texts, heldout=heldout), skip=skip)
+
+
+def _staged_experts(model: Model, texts: dict, args: Any, stages: Stages) -> ExpertResult:
+    """The pooled statistics (stage ``stats``; out of core they are recomputed: they live in
+    the shard folder) and the scores (stage ``scores``) of every neuron."""
+    store = _store_for(model, texts, args)
+    mem = getattr(args, "max_memory_bytes", None)
+
+    def collect() -> Any:
+        return collect_neuron_stats(
+            model, texts, pool=args.pool, layers=parse_ints(args.layer, "--layer"),
+            batch_size=args.batch_size, max_tokens=args.max_tokens, progress=not args.quiet,
+            store=store, max_memory=mem,
+        )  # fmt: skip
+
+    stats = collect() if store is not None else staged_stats(stages, "stats", collect)
+    scores = staged_scores(stages, "scores", lambda: score_neurons(stats, max_memory=mem))
+    return ExpertResult(stats, scores, args.score)
+
+
 def _find_and_clamp(
-    model: Model, texts: dict, targets: list[str], ks: list[int], args: Any
-) -> tuple[Any, dict[str, Any]]:
-    """The expert neurons, and the clamps ``{target}-k{k}`` and their random controls
-    ``{target}-k{k}-random`` of every target and k."""
+    model: Model, texts: dict, targets: list[str], ks: list[int], args: Any, stages: Stages
+) -> tuple[Any, dict[str, Path]]:
+    """The expert neurons, and the saved clamps ``{target}-k{k}`` and their random controls
+    ``{target}-k{k}-random`` of every target and k (each a stage ``clamp-NAME``)."""
     try:
-        res = find_experts(
-            model,
-            texts,
-            pool=args.pool,
-            by=args.score,
-            layers=parse_ints(args.layer, "--layer"),
-            batch_size=args.batch_size,
-            max_tokens=args.max_tokens,
-            progress=not args.quiet,
-            store=_store_for(model, texts, args),
-            max_memory=getattr(args, "max_memory_bytes", None),
-        )
+        res = _staged_experts(model, texts, args, stages)
         clamps = {
-            f"{t}-k{k}{suffix}": fn(t, k, value=args.value, **kw)
+            f"{t}-k{k}{suffix}": staged_folder(
+                stages,
+                f"clamp-{t}-k{k}{suffix}",
+                lambda dest, t=t, k=k, fn=fn, kw=kw: fn(t, k, value=args.value, **kw).save(
+                    dest, model
+                ),
+            )  # fmt: skip
             for t in targets
             for k in ks
             for suffix, fn, kw in (
@@ -340,8 +384,11 @@ def _find_and_clamp(
     return res, clamps
 
 
-def _k_curve(model: Model, res: Any, target: str, ks: list[int], heldout: dict, args: Any) -> Any:
-    """The k curve of one target (BOS language rate and held-out perplexity per k)."""
+def _k_curve(
+    model: Model, res: Any, target: str, ks: list[int], heldout: dict, args: Any, stages: Stages
+) -> Any:
+    """The k curve of one target (BOS language rate and held-out perplexity per k; each arm
+    of each k a stage ``kcurve-TARGET-ARM``)."""
     return k_curve(
         model,
         res,
@@ -354,6 +401,7 @@ def _k_curve(model: Model, res: Any, target: str, ks: list[int], heldout: dict, 
         seed=args.seed,
         max_tokens=args.max_tokens or 64,
         progress=not args.quiet,
+        cache=kcurve_cache(stages, f"kcurve-{target}-"),
     )
 
 

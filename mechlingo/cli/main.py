@@ -97,6 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = getattr(args, "out", None)
         left = f"{out} was left as it was" if isinstance(out, str) else "nothing was written"
         sig = signal.Signals(signum).name
+        work = getattr(args, "_work", None)
+        if isinstance(work, str) and Path(work).is_dir():
+            left += f"; the finished stages are kept in {work}: rerun with --resume to go on"
         print(f"mechlingo {name}: stopped by {sig}; {left}", file=sys.stderr)
         return 128 + signum
     except Exception as err:

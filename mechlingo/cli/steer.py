@@ -9,7 +9,10 @@ depth x a log alpha grid, the best pairs combined, "no intervention" a candidate
 beaten by an exact McNemar test), the lowest language fixed on dev, and on test ``orig``,
 ``task``, ``diff``, ``both`` and norm-matched ``random`` controls with Wilson intervals,
 McNemar tests and bootstrap intervals of the gains. It writes ``DIR/summary.json``,
-``DIR/generations.jsonl`` and ``DIR/report.html``.
+``DIR/generations.jsonl`` and ``DIR/report.html``. Finished stages (a repeat's vectors, the
+sweep, each test condition and seed, the side effects) are kept in ``.DIR.work`` (or
+``--work``) until ``DIR`` is written; ``--resume`` goes on from them after a stop
+(:mod:`mechlingo.cli.work`).
 
 Both use the ``natural`` template family (plain fact-completion stems, where recall is
 under-engaged: the papers' setting), split by fact id 0.4/0.2/0.4 into build/dev/test.
@@ -22,6 +25,7 @@ defaults to the capitals. ``steer eval --transfer`` adds the transfer matrix
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from typing import Any
@@ -59,6 +63,18 @@ from mechlingo.cli.common import (
     scorer_from_args,
 )
 from mechlingo.cli.flags import parse_config, parse_floats, parse_ints
+from mechlingo.cli.work import (
+    add_work_args,
+    data_key,
+    eval_cache,
+    finish_stages,
+    hash_files,
+    open_stages,
+    staged_side_effects,
+    staged_sweep,
+    staged_vectors,
+    work_folder,
+)
 from mechlingo.core.artifacts import atomic_folder
 from mechlingo.core.types import Model
 from mechlingo.data import read_parallel_dir
@@ -112,6 +128,7 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
     _sweep_args(e)
     _test_args(e)
     add_metric_args(e)
+    add_work_args(e)
 
 
 def _build_args(b: argparse.ArgumentParser) -> None:
@@ -307,13 +324,16 @@ def _eval(args: Any) -> int:
     if not args.vectors:
         raise UsageError("steer eval needs --vectors VDIR (a `steer build` folder), or "
                          "--transfer-only")  # fmt: skip
+    work_folder(args)  # --work is checked before the model loads
     model = load_cli_model(args)
     vectors = _load_vectors(args.vectors, model)
+    stages = _eval_stages(args, model, facts)
     t0 = time.time()
     runs = []
     for r in range(args.repeats):
         salt = args.salt if r == 0 else f"{args.salt}#repeat{r}"
-        runs.append(_one_split(model, args, facts, fractions, salt, vectors if r == 0 else None))
+        runs.append(_one_split(model, args, facts, fractions, salt, vectors if r == 0 else None,
+                               stages, f"r{r}-"))  # fmt: skip
     summary, test, sweep_result = runs[0]
     if args.repeats > 1:
         summary["repeats"] = repeat_summary([s for s, _, _ in runs])
@@ -321,7 +341,7 @@ def _eval(args: Any) -> int:
         summary["transfer"] = _transfer(model, args, facts, fractions, ids, vectors.build)
     side = None
     if args.side_effects:
-        side = _side_effects(model, args, test)
+        side = staged_side_effects(stages, "side-effects", lambda: _side_effects(model, args, test))
         summary["side_effects"] = side.to_json()
     summary["meta"] = run_meta(
         model, args, vectors=str(args.vectors), build=vectors.build,
@@ -337,11 +357,22 @@ def _eval(args: Any) -> int:
             "report.html": steer_report(summary, sweep_result, side),
         },
     )
+    finish_stages(stages)
     _print_summary(summary)
     if "transfer" in summary:
         _print_transfer(summary["transfer"])
     print(f"wrote {args.out}/summary.json, generations.jsonl and report.html")
     return 0
+
+
+def _eval_stages(args: Any, model: Model, facts: list) -> Any:
+    """The resumable stages of ``steer eval`` (:mod:`mechlingo.cli.work`): keyed by the model,
+    the facts, the vectors' files, the side-effect lines and every flag that changes a
+    number (the seeds, repeats and --transfer name or add stages instead)."""
+    data = data_key(facts=[dataclasses.asdict(f) for f in facts])
+    data.update(vectors=hash_files(args.vectors), side_effects=hash_files(args.side_effects))
+    skip = ("seeds", "repeats", "transfer", "vectors", "side_effects")
+    return open_stages(args, model, data, skip=skip)
 
 
 def _load_vectors(folder: str, model: Model) -> Any:
@@ -353,9 +384,11 @@ def _load_vectors(folder: str, model: Model) -> Any:
 
 
 def _one_split(
-    model: Model, args: Any, facts: list, fractions: tuple, salt: str, vectors: Any
-) -> tuple[dict, Any, Any]:
-    """Build (unless given), sweep on dev and score on test for one split of the facts."""
+    model: Model, args: Any, facts: list, fractions: tuple, salt: str, vectors: Any,
+    stages: Any, prefix: str,
+) -> tuple[dict, Any, Any]:  # fmt: skip
+    """Build (unless given), sweep on dev and score on test for one split of the facts; each
+    step a stage named ``{prefix}build``, ``{prefix}sweep``... of ``stages``."""
 
     splits = split_facts(facts, fractions, salt=salt)
     build = splits["build"]
@@ -366,11 +399,11 @@ def _one_split(
     built = vectors.build if vectors is not None else {}
     k_shot = int(built.get("k_shot", 3))
     if vectors is None:
-        vectors = repair.build_repair_vectors(
+        vectors = staged_vectors(stages, f"{prefix}build", lambda: repair.build_repair_vectors(
             model, build, k_shot=k_shot, unit=str(built.get("unit", "resid")),
             subtract_zero_shot=bool(built.get("subtract_zero_shot", True)),
             translation_shots=int(built.get("translation_shots", 0)), batch_size=args.batch_size,
-        )  # fmt: skip
+        ), model)  # fmt: skip
     notes = []
     if "fact_ids" in vectors.build:
         check_disjoint("building the vectors", vectors.build["fact_ids"], test)
@@ -384,13 +417,15 @@ def _one_split(
           "progress": not args.quiet, "metric": scorer_from_args(args)}  # fmt: skip
     sweep_result = None
     if args.config:
-        hr = headroom(model, dev, build, k_shot=k_shot, **kw)
-        rule = lowest_language_rule(*headroom_pairs(hr), p_threshold=args.p_threshold)
+        rule = stages.run(
+            f"{prefix}dev-headroom",
+            lambda: _dev_rule(model, dev, build, k_shot, kw, args.p_threshold),
+        )
         lowest = rule["language"]
         config = SteeringConfig(*parse_config(args.config))
         choice = Choice(config, "both", "not measured (--config)", {}, {})
     else:
-        sweep_result = protocol.sweep(
+        sweep_result, sweep_dict = staged_sweep(stages, f"{prefix}sweep", lambda: protocol.sweep(
             model, vectors, dev, pool=build, k_shot=k_shot, test_ids=test,
             task_layers=parse_ints(args.task_layers, "--task-layers"),
             diff_layers=parse_ints(args.diff_layers, "--diff-layers"),
@@ -398,13 +433,13 @@ def _one_split(
             diff_alphas=parse_floats(args.diff_alphas, "--diff-alphas") or [],
             top_k=args.top_k, screen_ids=args.screen_ids or None,
             en_tolerance=args.en_tolerance, p_threshold=args.p_threshold, **kw,
-        )  # fmt: skip
+        ), vectors.unit)  # fmt: skip
         choice, lowest = sweep_result.choice, sweep_result.lowest_language
         rule = sweep_result.lowest_rule
     seeds = parse_ints(args.seeds, "--seeds", allow_empty=True) or [0]
     test_res = protocol.evaluate_test(
         model, vectors, choice, test, lowest_language=lowest, lowest_rule=rule, pool=build,
-        k_shot=k_shot, seeds=seeds, **kw,
+        k_shot=k_shot, seeds=seeds, cache=eval_cache(stages, f"{prefix}test-"), **kw,
     )  # fmt: skip
     summary = test_res.summary()
     summary["warnings"] = summary.get("warnings", []) + notes
@@ -412,8 +447,14 @@ def _one_split(
                         "n_ids": {k: len({f.id for f in v}) for k, v in
                                   (("build", build), ("dev", dev), ("test", test))}}  # fmt: skip
     if sweep_result is not None:
-        summary["sweep"] = sweep_result.to_dict()
+        summary["sweep"] = sweep_dict
     return summary, test_res, sweep_result
+
+
+def _dev_rule(model: Model, dev: list, build: list, k_shot: int, kw: dict, p: float) -> dict:
+    """The lowest-language rule on dev headroom (``--config``: no sweep); JSON-able."""
+    hr = headroom(model, dev, build, k_shot=k_shot, **kw)
+    return lowest_language_rule(*headroom_pairs(hr), p_threshold=p)
 
 
 def _transfer_ids(args: Any) -> list[int]:

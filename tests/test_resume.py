@@ -1,0 +1,201 @@
+"""``--work``/``--resume`` of ``steer eval`` and ``experts`` (mechlingo.cli.work): a run
+stopped in a later stage and resumed writes the same ``summary.json`` as an uninterrupted run,
+without recomputing the finished stages; changed settings do not reuse stale stages."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+import mechlingo.analyses.experts as experts_mod
+import mechlingo.analyses.protocol as protocol
+import mechlingo.analyses.repair as repair
+import mechlingo.cli.experts as cli_experts
+import mechlingo.cli.steer as cli_steer
+from mechlingo.cli import main
+from mechlingo.cli.common import UsageError
+from mechlingo.cli.work import settings_key, work_folder
+
+
+def _summary(out: Path) -> dict:
+    s = json.loads((out / "summary.json").read_text())
+    s["meta"].pop("seconds")  # the only timing field
+    return s
+
+
+def _count(monkeypatch, module, name: str, calls: dict, stop_when=None):
+    """Wrap ``module.name`` to count its calls (and raise KeyboardInterrupt when
+    ``stop_when(*args, **kw)`` is true)."""
+    real = getattr(module, name)
+
+    def wrapper(*a, **kw):
+        calls[name] = calls.get(name, 0) + 1
+        if stop_when is not None and stop_when(*a, **kw):
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(module, name, wrapper)
+
+
+# --------------------------------------------------------------------------------------
+# The work folder and the key
+# --------------------------------------------------------------------------------------
+
+
+def test_work_folder_beside_out_and_never_inside(tmp_path):
+    ns = argparse.Namespace(out=str(tmp_path / "res"), work=None)
+    assert work_folder(ns) == tmp_path / ".res.work"
+    ns.work = str(tmp_path / "res" / "stages")
+    with pytest.raises(UsageError, match="inside --out"):
+        work_folder(ns)
+    ns.work = str(tmp_path / "res")
+    with pytest.raises(UsageError, match="inside --out"):
+        work_folder(ns)
+    ns.work = str(tmp_path / "elsewhere")
+    assert work_folder(ns) == tmp_path / "elsewhere"
+
+
+def test_settings_key_drops_only_what_changes_no_number():
+    ns = argparse.Namespace(out="a", quiet=True, work="w", resume=True, seed=3, k="5,10",
+                            batch_size=8, _texts={"en": []}, shard_store=Path("x"))  # fmt: skip
+    assert settings_key(ns) == {"batch_size": 8, "k": "5,10", "seed": 3}
+    assert settings_key(ns, skip=("k",)) == {"batch_size": 8, "seed": 3}
+
+
+# --------------------------------------------------------------------------------------
+# steer eval on the tiny model: stopped in the side effects (the last stage), resumed
+# --------------------------------------------------------------------------------------
+
+
+def test_steer_eval_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, capsys):
+    common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "30", "--quiet"]
+    vdir = tmp_path / "v"
+    assert main(["steer", "build", *common, "--k-shot", "2", "--out", str(vdir)]) == 0
+    lines = tmp_path / "lines"
+    lines.mkdir()
+    for lg, text in {"en": "The cat sat", "fr": "Le chat est", "de": "Die Katze sitzt"}.items():
+        (lines / f"{lg}.txt").write_text(f"{text}\n{text} again\n", "utf-8")
+    grid = ["--task-layers", "0", "--diff-layers", "1", "--task-alphas", "0.1,0.5",
+            "--diff-alphas", "0.5", "--top-k", "1", "--screen-ids", "2", "--max-new-tokens",
+            "2", "--seeds", "0,1", "--repeats", "2", "--side-effects", str(lines),
+            "--side-effects-lines", "2"]  # fmt: skip
+
+    def run(out: str, *extra: str) -> int:
+        return main(["steer", "eval", *common, "--vectors", str(vdir), *grid, *extra,
+                     "--out", str(tmp_path / out)])  # fmt: skip
+
+    assert run("full") == 0
+    assert not (tmp_path / ".full.work").exists()  # removed once --out is written
+    full = _summary(tmp_path / "full")
+
+    calls: dict = {}
+    _count(monkeypatch, cli_steer, "side_effects", calls, stop_when=lambda *a, **kw: True)
+    assert run("b") == 130
+    assert not (tmp_path / "b").exists()
+    assert "rerun with --resume" in capsys.readouterr().err
+    stages = next((tmp_path / ".b.work").iterdir())
+    done = {p.name for p in stages.iterdir() if (p / "result.json").is_file()}
+    assert {"r0-sweep", "r1-build", "r1-sweep", "r0-test-orig", "r0-test-random_s1",
+            "r0-test-headroom", "r1-test-both"} <= done  # fmt: skip
+    assert "side-effects" not in done
+
+    monkeypatch.undo()
+    for mod, name in ((repair, "build_repair_vectors"), (protocol, "sweep"),
+                      (protocol, "_score"), (protocol, "headroom"),
+                      (cli_steer, "side_effects")):  # fmt: skip
+        _count(monkeypatch, mod, name, calls)
+    calls.clear()
+    assert run("b", "--resume") == 0
+    assert calls == {"side_effects": 1}  # nothing else was recomputed
+    assert _summary(tmp_path / "b") == full
+    assert (tmp_path / "b" / "generations.jsonl").read_text() == (
+        tmp_path / "full" / "generations.jsonl"
+    ).read_text()
+
+    # changed settings: a resume with another --max-new-tokens reuses no stage
+    calls.clear()
+    _count(monkeypatch, cli_steer, "side_effects", {}, stop_when=lambda *a, **kw: True)
+    assert run("c") == 130
+    monkeypatch.undo()
+    for mod, name in ((protocol, "sweep"), (repair, "build_repair_vectors")):
+        _count(monkeypatch, mod, name, calls)
+    calls.clear()
+    assert run("c", "--resume", "--max-new-tokens", "3") == 0
+    assert "starting from the first stage" in capsys.readouterr().err
+    assert calls == {"sweep": 2, "build_repair_vectors": 1}
+
+
+# --------------------------------------------------------------------------------------
+# experts on the tiny model: stopped inside the k curve, resumed
+# --------------------------------------------------------------------------------------
+
+
+def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, capsys):
+    from tests.test_experts import _write_data
+
+    data = _write_data(tmp_path / "data")
+
+    def run(out: str, *extra: str) -> int:
+        return main(["experts", "--model", str(tiny_dir), "--lang", "es", "--k", "3,5",
+                     "--data", str(data), "--limit", "4", "--heldout", "2", "--samples", "3",
+                     "--new-tokens", "3", "--ppl-budget", "1000", "--quiet", *extra,
+                     "--out", str(tmp_path / out)])  # fmt: skip
+
+    assert run("full", "--resume") == 0  # --resume with no work folder just runs
+    full = _summary(tmp_path / "full")
+
+    calls: dict = {}
+    # Ctrl-C in the k curve's second k (the stats, scores, clamps and k = 3 are finished)
+    _count(monkeypatch, experts_mod, "_k_arm", calls, stop_when=lambda *a, **kw: a[2] == 5)
+    assert run("b") == 130
+    assert "rerun with --resume" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+    monkeypatch.undo()
+    for mod, name in ((cli_experts, "collect_neuron_stats"), (cli_experts, "score_neurons"),
+                      (experts_mod, "_k_arm")):  # fmt: skip
+        _count(monkeypatch, mod, name, calls)
+    calls.clear()
+    assert run("b", "--resume") == 0
+    assert calls == {"_k_arm": 2}  # k = 5: experts and random; nothing before it
+    assert _summary(tmp_path / "b") == full
+    for name in ("kcurve.csv", "experts.csv", "es-k5/intervention.safetensors",
+                 "es-k5-random/intervention.safetensors"):  # fmt: skip
+        assert (tmp_path / "b" / name).read_bytes() == (tmp_path / "full" / name).read_bytes()
+
+    # without --resume a run starts fresh, even with finished stages of the same settings
+    _count(monkeypatch, experts_mod, "_k_arm", {}, stop_when=lambda *a, **kw: a[2] == 5)
+    assert run("c") == 130
+    monkeypatch.undo()
+    for mod, name in ((cli_experts, "collect_neuron_stats"), (experts_mod, "_k_arm")):
+        _count(monkeypatch, mod, name, calls)
+    calls.clear()
+    assert run("c") == 0
+    assert calls == {"collect_neuron_stats": 1, "_k_arm": 5}
+    assert _summary(tmp_path / "c") == full
+
+    # changed settings (another --seed, another --max-tokens): no stale stage is reused
+    _count(monkeypatch, experts_mod, "_k_arm", {}, stop_when=lambda *a, **kw: a[2] == 5)
+    assert run("d") == 130
+    monkeypatch.undo()
+    for mod, name in ((cli_experts, "collect_neuron_stats"), (experts_mod, "_k_arm")):
+        _count(monkeypatch, mod, name, calls)
+    calls.clear()
+    assert run("d", "--resume", "--seed", "1") == 0
+    assert calls == {"collect_neuron_stats": 1, "_k_arm": 5}
+    calls.clear()
+    # adding a k is not another setting: the stages of every other k are reused
+    _count(monkeypatch, experts_mod, "_k_arm", {}, stop_when=lambda *a, **kw: a[2] == 5)
+    assert run("e") == 130
+    monkeypatch.undo()
+    _count(monkeypatch, experts_mod, "_k_arm", calls)
+    calls.clear()
+    assert run("e", "--resume", "--k", "2,3,5") == 0
+    assert calls == {"_k_arm": 4}  # k = 2 and k = 5, each experts and random
+    rows = {(r["k"], r["arm"]): r for r in json.loads((tmp_path / "e" / "summary.json")
+                                                        .read_text())["k_curve"]["es"]}  # fmt: skip
+    for r in full["k_curve"]["es"]:
+        assert rows[(r["k"], r["arm"])] == r
