@@ -466,6 +466,15 @@ def test_resid_mid_writes_edit_the_residual(fam):
             ref = fam.hf(batch.tokens, attention_mask=batch.attention_mask()).logits
         for i, n in enumerate(batch.lengths.tolist()):
             torch.testing.assert_close(logits[i, :n], ref[i, :n], atol=ATOL, rtol=0)
+    # composed after an ablation of the same block's output, the carried edit must not undo it
+    d = int(model.cfg.d_model)
+    steer = SteeringVector(torch.ones(d), 0, 2.0, site="resid_mid", positions="all")
+    for iv in (Ablation("resid_post", 0) + steer, steer + Ablation("resid_post", 0)):
+        got, _ = _reads(model, ["blocks.0.hook_resid_post"], iv.fwd_hooks(model), batch)
+        post = got["blocks.0.hook_resid_post"]
+        mask = batch.real_token_mask()
+        assert torch.equal(post[mask], torch.zeros_like(post[mask])), iv
+        assert float(post[~mask].abs().sum()) > 0  # the ablation did not touch BOS/padding
     assert count_hooks(model) == fam.hooks0
 
 

@@ -30,6 +30,7 @@ the edit's change to the block's output (``hook_resid_post``), so that after an 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,7 +218,8 @@ def edit_hooks(model: Model, name: str, fn: HookFn) -> list[tuple[str, HookFn]]:
     activation as it is) is also added to the block's output ``blocks.{l}.hook_resid_post``:
     a write of ``x`` at resid_mid then gives ``resid_post = x + mlp(x)``, the same as a write
     at the residual itself. Register the pairs together and before other hooks at that
-    layer's resid_post (mechlingo's runs put interventions first); hooks that only read
+    layer's resid_post (:func:`carries_first` does it; mechlingo's runs and ``Compose`` call
+    it); hooks that only read
     (return ``None``) need no care. Writes that change the batch size at resid_mid cannot be
     carried and raise :class:`SiteError` at the resid_post hook.
     """
@@ -245,7 +247,16 @@ def edit_hooks(model: Model, name: str, fn: HookFn) -> list[tuple[str, HookFn]]:
             )
         return t + delta.to(t.dtype)
 
+    at_post.carries_resid_mid = True  # type: ignore[attr-defined]
     return [(name, at_mid), (post, at_post)]
+
+
+def carries_first(hooks: Sequence[tuple[Any, HookFn]]) -> list[tuple[Any, HookFn]]:
+    """``hooks`` with the resid_post carries of :func:`edit_hooks` moved to the front (a
+    stable reorder: hooks at one hook point fire in the order they were added, so a carry
+    must come before another write at that resid_post, e.g. an ablation of it, whatever order
+    the interventions were composed in; the resid_mid edit happens first in the block)."""
+    return sorted(hooks, key=lambda h: not getattr(h[1], "carries_resid_mid", False))
 
 
 def _mid_layer(name: str) -> int | None:
