@@ -75,7 +75,17 @@ def _exact_interpolated(model, src, tgt, sweep, metric, eps, early=False):
                 act[:, p] = new
             return act
 
-        out.append(_reference_metric(model, tgt.tokens, ids, [(name, setter)], early=early))
+        def through_attn_out(act, hook, p=p, d=eps * (s - t)):
+            act = act.clone()
+            act[:, p] += d  # the residual after attention moves by d, the MLP sees it too
+            return act
+
+        # resid_mid is the residual between attention and MLP: on the bridge its hook is only
+        # the MLP's input, so the reference moves the residual through attn_out instead
+        hooks = [(name, setter)]
+        if c.site == "resid_mid":
+            hooks = [(resolve_site(model, "attn_out", c.layer).hook_name, through_attn_out)]
+        out.append(_reference_metric(model, tgt.tokens, ids, hooks, early=early))
     return torch.stack(out)
 
 

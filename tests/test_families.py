@@ -25,6 +25,7 @@ from mechlingo.analyses.alignment import embed_parallel
 from mechlingo.analyses.experts import collect_neuron_stats
 from mechlingo.analyses.lens import logit_lens
 from mechlingo.analyses.patching import answer_logprob, patch_sweep
+from mechlingo.core.errors import InterventionError
 from mechlingo.core.families import FAMILIES, REFUSED, Family, build_family_folder
 from mechlingo.core.models import ModelLoadError, load_model, weight_mode
 from mechlingo.core.sites import SITE_HOOKS, SiteError, resolve_site, site_map
@@ -406,6 +407,115 @@ def test_each_intervention_changes_exactly_what_it_should(fam):
         assert torch.equal(got[i, : n_i - 1], clean[i, : n_i - 1])
         assert torch.equal(got_post[i, : n_i - 1], clean_post[i, : n_i - 1])
         assert not torch.allclose(got_post[i, n_i - 1], clean_post[i, n_i - 1])
+
+
+def _reads(model, names, hooks, batch):
+    """One run with ``hooks`` first, then readers of ``names`` (so they see the edits)."""
+    out = {}
+
+    def grab(name):
+        def fn(t, hook):
+            out[name] = t.detach().clone()
+
+        return fn
+
+    logits = run_batch(model, batch, list(hooks) + [(n, grab(n)) for n in names])
+    return out, logits
+
+
+def _mid_writes(model):
+    d = int(model.cfg.d_model)
+    v = torch.randn(d, generator=torch.Generator().manual_seed(3))
+    return [
+        SteeringVector(v, 0, 3.0, site="resid_mid", positions="all"),
+        SteeringVector(v, 1, 2.0, site="resid_mid", positions="last"),
+        Ablation("resid_mid", 0, positions="last"),
+        Ablation("resid_mid", 1, "mean", mean=v, positions="all"),
+    ]
+
+
+def test_resid_mid_writes_edit_the_residual(fam):
+    """The bridge's hook_resid_mid is the pre-MLP norm's input; a write there must reach the
+    residual stream too: resid_post == resid_mid' + mlp_out, and the same logits as the same
+    intervention on the plain transformers model (whose hooks edit the residual itself)."""
+    model = fam.model
+    batch = encode(model, PROMPTS)
+    if fam.spec.parallel:
+        for iv in _mid_writes(model):
+            with pytest.raises(InterventionError, match="parallel"):
+                iv.fwd_hooks(model)
+        return
+    plain = run_batch(model, batch)
+    for iv in _mid_writes(model):
+        names = [f"blocks.{iv.layer}.hook_{k}" for k in ("resid_mid", "mlp_out", "resid_post")]
+        clean, _ = _reads(model, names, (), batch)
+        got, logits = _reads(model, names, iv.fwd_hooks(model), batch)
+        mid, mlp, post = (got[n] for n in names)
+        assert (mid - clean[names[0]]).abs().max() > 1e-3, iv
+        torch.testing.assert_close(post, mid + mlp, atol=ATOL, rtol=0, msg=repr(iv))
+        assert (logits - plain).abs().max() > 1e-4, iv
+        if isinstance(iv, Ablation) and iv.mode == "zero":
+            for i, n in enumerate(batch.lengths.tolist()):
+                assert torch.equal(mid[i, n - 1], torch.zeros_like(mid[i, n - 1]))
+            # no comparison with the plain model: a zero residual is 0/0 for the norms after
+            # it, and hf.py writes resid_mid' - resid_mid through attn_out, which leaves ~1e-7
+            # there instead of 0 (the norms blow it up: 1e-4 on the logits, 0.5 with Gemma's
+            # post-MLP norm)
+            continue
+        with iv.attach(fam.hf):
+            ref = fam.hf(batch.tokens, attention_mask=batch.attention_mask()).logits
+        for i, n in enumerate(batch.lengths.tolist()):
+            torch.testing.assert_close(logits[i, :n], ref[i, :n], atol=ATOL, rtol=0)
+    # composed after an ablation of the same block's output, the carried edit must not undo it
+    d = int(model.cfg.d_model)
+    steer = SteeringVector(torch.ones(d), 0, 2.0, site="resid_mid", positions="all")
+    for iv in (Ablation("resid_post", 0) + steer, steer + Ablation("resid_post", 0)):
+        got, _ = _reads(model, ["blocks.0.hook_resid_post"], iv.fwd_hooks(model), batch)
+        post = got["blocks.0.hook_resid_post"]
+        mask = batch.real_token_mask()
+        assert torch.equal(post[mask], torch.zeros_like(post[mask])), iv
+        assert float(post[~mask].abs().sum()) > 0  # the ablation did not touch BOS/padding
+    assert count_hooks(model) == fam.hooks0
+
+
+def test_patching_resid_mid_equals_a_hand_patched_residual(fam):
+    """patch_sweep at resid_mid equals a run that sets the residual between attention and MLP
+    by hand: attn_out + (source resid_mid - target resid_mid) at the patched position."""
+    if fam.spec.parallel:
+        pytest.skip("no resid_mid in a parallel block")
+    model = fam.model
+    src, tgt = _pair(model)
+    metric = answer_logprob(model, ["mat", "park"], name="lp")
+    layer, pos = 0, 2  # layer 1's attention carries position 2's residual to the last token
+    for batching in ("stack", "grow"):
+        res = patch_sweep(
+            model,
+            src,
+            tgt,
+            "resid_mid",
+            layers=[layer],
+            positions=[pos],
+            metric=metric,
+            batching=batching,
+        )
+        mid = f"blocks.{layer}.hook_resid_mid"
+        a, _ = _reads(model, [mid], (), src)
+        b, _ = _reads(model, [mid], (), tgt)
+        delta = a[mid][:, pos] - b[mid][:, pos]
+
+        def carry(t, hook, delta=delta):
+            t = t.clone()
+            t[:, pos] += delta
+            return t
+
+        hand, logits = _reads(model, [mid], [(f"blocks.{layer}.hook_attn_out", carry)], tgt)
+        torch.testing.assert_close(hand[mid][:, pos], a[mid][:, pos], atol=ATOL, rtol=0)
+        ids = [list(s[0].ids) for s in metric.sets]
+        lp = logits[:, -1].float().log_softmax(-1)
+        want = torch.stack([torch.logsumexp(lp[i, ids[i]], -1) for i in range(len(ids))])
+        torch.testing.assert_close(res.values[0, 0], want, atol=1e-4, rtol=0)
+        assert (res.values[0, 0] - res.corrupted[0]).abs().max() > 1e-3  # the patch matters
+    assert count_hooks(model) == fam.hooks0
 
 
 # --------------------------------------------------------------------------------------

@@ -159,6 +159,47 @@ def test_patch_sweep_identity(ht):
     torch.testing.assert_close(grown.values, stacked.values, rtol=0, atol=1e-4)
 
 
+def test_resid_mid_is_the_residual_on_a_hooked_transformer(ht):
+    """A HookedTransformer's hook_resid_mid is the residual itself: a write there is one hook
+    (no carry to resid_post, as on a TransformerBridge: mechlingo.core.sites.edit_hooks), and
+    after it resid_post == resid_mid' + mlp_out; a resid_mid patch equals a hand-made one that
+    writes the difference through attn_out."""
+    iv_mod = pytest.importorskip("mechlingo.interventions")
+    patching = pytest.importorskip("mechlingo.analyses.patching")
+    v = torch.randn(ht.cfg.d_model, generator=torch.Generator().manual_seed(4))
+    batch = encode(ht, PROMPTS)
+    names = [hook_name(ht, s, 1) for s in ("resid_mid", "mlp_out", "resid_post")]
+    clean = collect(ht, batch, names)
+    for iv in [
+        iv_mod.SteeringVector(v, 1, 3.0, site="resid_mid", positions="all"),
+        iv_mod.Ablation("resid_mid", 1, "mean", mean=v, positions="last"),
+    ]:
+        hooks = iv.fwd_hooks(ht)
+        assert [n for n, _ in hooks] == [names[0]]
+        got = collect(ht, batch, names, extra_hooks=hooks)
+        assert (got[names[0]] - clean[names[0]]).abs().max() > 1e-3
+        torch.testing.assert_close(got[names[2]], got[names[0]] + got[names[1]], atol=1e-5, rtol=0)
+    src, tgt = PROMPTS[:2], PROMPTS[1::-1]
+    metric = patching.answer_logprob(ht, ["Rome", "Roma"], name="lp")
+    sw = patching.patch_sweep(
+        ht, src, tgt, "resid_mid", layers=[1], positions=[-1], alignment="last", metric=metric
+    )
+    s_b, t_b = encode(ht, src), encode(ht, tgt)
+    delta = collect(ht, s_b, names[:1])[names[0]] - collect(ht, t_b, names[:1])[names[0]]
+    last = t_b.last_index
+
+    def carry(t, hook):
+        t = t.clone()
+        t[torch.arange(t.shape[0]), last] += delta.to(t.dtype)
+        return t
+
+    logits = run_batch(ht, t_b, [(hook_name(ht, "attn_out", 1), carry)])
+    lp = logits[torch.arange(2), last].float().log_softmax(-1)
+    ids = [list(s[0].ids) for s in metric.sets]
+    want = torch.stack([torch.logsumexp(lp[i, ids[i]], -1) for i in range(2)])
+    torch.testing.assert_close(sw.values[0, 0], want, atol=1e-4, rtol=0)
+
+
 def test_distributed_building_blocks_single_process(ht):
     from mechlingo.activations.means import last_token_means
     from mechlingo.activations.pooled import pooled_neuron_acts

@@ -82,18 +82,16 @@ def interventions(model: Any, parallel: bool) -> dict[str, tuple[Any, Any]]:
         + NeuronClamp({0: [4]}, 0.0, "zero")
         + Ablation("resid_post", 1, positions=lambda b: b.prompt_last_index - 1),
     }
-    out = {k: (v, v) for k, v in out.items()}
     if not parallel:
-        # on the bridge, blocks.{l}.hook_resid_mid is the input of the pre-MLP norm: an edit
-        # there reaches the MLP but not the residual carried past it. The plain model edits
-        # the residual itself, which for an added vector is the same as adding it to attn_out
-        v = r(d)
-        ablate = Ablation("attn_out", 1, positions="last")
-        out["steer resid_mid + ablate attn_out"] = (
-            SteeringVector(v, 1, 3.0, site="resid_mid", positions="all") + ablate,
-            ablate + SteeringVector(v, 1, 3.0, site="attn_out", positions="all"),
+        # the bridge's hook_resid_mid is the pre-MLP norm's input; mechlingo carries a write
+        # there on to the residual (core.sites.edit_hooks), as the plain model's hooks do
+        out["steer resid_mid + ablate attn_out"] = SteeringVector(
+            r(d), 1, 3.0, site="resid_mid", positions="all"
+        ) + Ablation("attn_out", 1, positions="last")
+        out["ablate resid_mid mean"] = Ablation(
+            "resid_mid", 1, "mean", mean=r(d), positions=[0, -1]
         )
-    return out
+    return {k: (v, v) for k, v in out.items()}
 
 
 def rows_of(batch: TokenBatch) -> list[torch.Tensor]:

@@ -25,7 +25,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mechlingo.core.errors import InputError
-from mechlingo.core.sites import SiteError
+from mechlingo.core.sites import SiteError, carries_first
 from mechlingo.core.tokens import TokenBatch, batch_context
 from mechlingo.core.types import FwdHooks, HookFn, Model
 from mechlingo.kernels.readout import final_logits
@@ -47,7 +47,7 @@ def model_input_device(model: Model) -> torch.device:
 def hooked(model: Model, fwd_hooks: FwdHooks) -> Iterator[Any]:
     """``model.hooks(fwd_hooks=...)`` (every :class:`~mechlingo.core.types.Model` has it): the
     hooks are removed when the block exits, also after an exception."""
-    with model.hooks(fwd_hooks=list(fwd_hooks)):
+    with model.hooks(fwd_hooks=carries_first(list(fwd_hooks))):
         yield model
 
 

@@ -95,7 +95,7 @@ from mechlingo.analyses.patching import (
 from mechlingo.analyses.patching.grid import SweepSetup, check_sites, resolve_sweep
 from mechlingo.analyses.patching.metrics import PackedMetrics, evaluate_metrics
 from mechlingo.analyses.patching.runs import read_run
-from mechlingo.core.sites import resolve_site
+from mechlingo.core.sites import edit_hooks, resolve_site
 from mechlingo.core.tokens import TokenBatch, batch_context
 from mechlingo.core.types import Model
 from mechlingo.kernels.readout import apply_final_norm, unembed
@@ -182,7 +182,9 @@ def _probed_forward(model: Model, tgt: TokenBatch, wanted: Sequence[str]) -> _Pr
         out["final"] = t[rows.to(t.device), last.to(t.device)]
         raise StopForward
 
-    hooks = [(n, keep(n)) for n in wanted] + [(final_resid_name(model), final_hook)]
+    # a probe at a bridge's resid_mid must reach the residual too, as a patch there does
+    hooks = [h for n in wanted for h in edit_hooks(model, n, keep(n))]
+    hooks.append((final_resid_name(model), final_hook))
     b = tgt.to(model_input_device(model))
     with batch_context(b), hooked(model, hooks):
         try:

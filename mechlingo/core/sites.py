@@ -17,18 +17,28 @@ mlp_post        ``blocks.{l}.mlp.hook_post``       MLP neuron activations (input
 attn_z          ``blocks.{l}.attn.hook_z``         per-head attention outputs before W_O
 attn_pattern    ``blocks.{l}.attn.hook_pattern``   attention probabilities [head, query, key]
 ==============  =================================  ============================================
+
+Writing at ``resid_mid`` on a TransformerBridge: the bridge's ``blocks.{l}.hook_resid_mid`` is
+an alias of the input of the norm before the MLP (``ln2.hook_in``; ``mlp.hook_in`` for OLMo 2),
+not of the residual itself, so a value returned there reaches the MLP and nothing else: the
+block still adds the MLP output to the old residual. Reading it is right. Every mechlingo
+writer therefore registers its edit through :func:`edit_hooks`, which on a bridge also adds
+the edit's change to the block's output (``hook_resid_post``), so that after an edit
+``resid_post == resid_mid' + mlp_out`` as on a classic ``HookedTransformer``.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from mechlingo.core.errors import MechlingoError
-from mechlingo.core.types import Model
+from mechlingo.core.types import HookFn, Model
 
 SITE_HOOKS: dict[str, str] = {
     "resid_pre": "blocks.{layer}.hook_resid_pre",
@@ -90,6 +100,11 @@ class SiteMap:
             self.why_unavailable["mlp_post"] = (
                 f"this is a mixture-of-experts model ({n_experts} experts per layer): each "
                 "expert has its own neurons and there is no single neuron layer to read"
+            )
+        if not self.available["resid_mid"]:
+            self.why_unavailable["resid_mid"] = (
+                "this model's blocks are parallel (attention and MLP read the same residual), "
+                "so there is no residual between them; use resid_pre, attn_out or mlp_out"
             )
         if not self.available["resid_pre"] or not self.available["resid_post"]:
             raise SiteError(
@@ -184,6 +199,71 @@ def resolve_site(model: Model, site: str, layer: int) -> Site:
 def hook_name(model: Model, site: str, layer: int) -> str:
     """The TransformerLens hook name of ``site`` at ``layer`` (checked against the model)."""
     return resolve_site(model, site, layer).hook_name
+
+
+def mid_is_residual(model: Model) -> bool:
+    """Whether a value returned at ``blocks.{l}.hook_resid_mid`` is the residual stream the
+    block carries on (a classic ``HookedTransformer``), rather than the MLP's input only (a
+    TransformerLens 4 ``TransformerBridge``, in every sequential family)."""
+    return not any(c.__name__ == "TransformerBridge" for c in type(model).__mro__)
+
+
+def edit_hooks(model: Model, name: str, fn: HookFn) -> list[tuple[str, HookFn]]:
+    """The ``(hook_name, fn)`` pairs that apply the edit ``fn`` at the hook ``name`` so that
+    it edits what the site names.
+
+    For every hook but a bridge's ``blocks.{l}.hook_resid_mid`` this is ``[(name, fn)]``. At
+    resid_mid on a bridge the hook point is the MLP's input only (see the module docstring),
+    so the change ``fn`` makes there (its output minus its input, zero where it leaves the
+    activation as it is) is also added to the block's output ``blocks.{l}.hook_resid_post``:
+    a write of ``x`` at resid_mid then gives ``resid_post = x + mlp(x)``, the same as a write
+    at the residual itself. Register the pairs together and before other hooks at that
+    layer's resid_post (:func:`carries_first` does it; mechlingo's runs and ``Compose`` call
+    it); hooks that only read
+    (return ``None``) need no care. Writes that change the batch size at resid_mid cannot be
+    carried and raise :class:`SiteError` at the resid_post hook.
+    """
+    layer = _mid_layer(name)
+    if layer is None or mid_is_residual(model):
+        return [(name, fn)]
+    post = SITE_HOOKS["resid_post"].format(layer=layer)
+    change: list[Tensor | None] = [None]
+
+    def at_mid(t: Tensor, hook: Any) -> Tensor | None:
+        before = t.clone()  # fn may edit t in place
+        out = fn(t, hook)
+        change[0] = (t if out is None else out) - before
+        return out
+
+    def at_post(t: Tensor, hook: Any) -> Tensor:
+        delta, change[0] = change[0], None
+        if delta is None:
+            return t
+        if delta.shape != t.shape:
+            raise SiteError(
+                f"an edit at {name} changed the activation's shape to {tuple(delta.shape)}, "
+                f"but {post} is {tuple(t.shape)}: on a TransformerBridge a resid_mid write is "
+                "carried to resid_post and must keep the shape"
+            )
+        return t + delta.to(t.dtype)
+
+    at_post.carries_resid_mid = True  # type: ignore[attr-defined]
+    return [(name, at_mid), (post, at_post)]
+
+
+def carries_first(hooks: Sequence[tuple[Any, HookFn]]) -> list[tuple[Any, HookFn]]:
+    """``hooks`` with the resid_post carries of :func:`edit_hooks` moved to the front (a
+    stable reorder: hooks at one hook point fire in the order they were added, so a carry
+    must come before another write at that resid_post, e.g. an ablation of it, whatever order
+    the interventions were composed in; the resid_mid edit happens first in the block)."""
+    return sorted(hooks, key=lambda h: not getattr(h[1], "carries_resid_mid", False))
+
+
+def _mid_layer(name: str) -> int | None:
+    head, _, tail = name.partition(".hook_resid_mid")
+    if tail or not head.startswith("blocks.") or not head[7:].isdigit():
+        return None
+    return int(head[7:])
 
 
 def resolve_layers(model: Model, layers: Any = None) -> list[int]:

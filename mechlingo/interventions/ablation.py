@@ -12,7 +12,7 @@ from torch import Tensor
 
 from mechlingo.core.describe import check_model
 from mechlingo.core.errors import InterventionError
-from mechlingo.core.sites import canonical_site
+from mechlingo.core.sites import canonical_site, edit_hooks
 from mechlingo.core.tokens import PositionSpec, prepends_bos
 from mechlingo.core.types import HookFn, Model
 from mechlingo.interventions.base import (
@@ -98,7 +98,7 @@ class Ablation(Intervention):
             )
             return torch.where(mask_for(positions, t, bos), fill, t)
 
-        return [(site.hook_name, ablate)]
+        return edit_hooks(model, site.hook_name, ablate)
 
     @property
     def ablation(self) -> str:

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from mechlingo.core.describe import check_model
 from mechlingo.core.errors import InterventionError
+from mechlingo.core.sites import carries_first
 from mechlingo.core.types import HookFn, Model
 from mechlingo.interventions.base import (
     Intervention,
@@ -45,7 +46,7 @@ class Compose(Intervention):
         hooks: list[tuple[str, HookFn]] = []
         for p in self.parts:
             hooks.extend(p.fwd_hooks(model))
-        return hooks
+        return carries_first(hooks)
 
     def _tensors(self) -> dict[str, Tensor]:
         out = {}

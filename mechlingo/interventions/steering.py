@@ -14,7 +14,7 @@ from torch import Tensor
 
 from mechlingo.core.describe import check_model
 from mechlingo.core.errors import InterventionError
-from mechlingo.core.sites import canonical_site
+from mechlingo.core.sites import canonical_site, edit_hooks
 from mechlingo.core.tokens import PositionSpec, prepends_bos
 from mechlingo.core.types import HookFn, Model
 from mechlingo.interventions.base import (
@@ -131,7 +131,7 @@ class SteeringVector(Intervention):
             mask = mask_for(positions, t, bos)
             return torch.where(mask, t + delta, t)
 
-        return [(site.hook_name, steer)]
+        return edit_hooks(model, site.hook_name, steer)
 
     def _tensors(self) -> dict[str, Tensor]:
         return {"vector": self.vector.float()}

@@ -31,6 +31,7 @@ from mechlingo.analyses.patching.errors import PatchingError
 from mechlingo.analyses.patching.metrics import Metric, PackedMetrics, evaluate_metrics
 from mechlingo.analyses.patching.result import Cell
 from mechlingo.analyses.patching.runs import read_run, repeat_batch, site_hook
+from mechlingo.core.sites import edit_hooks
 from mechlingo.core.tokens import TokenBatch
 from mechlingo.core.types import Model
 
@@ -103,13 +104,15 @@ def _cell_values(
     return vals
 
 
-def _cell_writer(plan: Plan, name: str, sel: Sequence[Cell], rows: Tensor, example: Tensor) -> Hook:
-    """The hook at ``name`` writing cell ``sel[i]`` (of example ``example[i]``) into batch row
-    ``rows[i]``."""
+def _cell_writer(
+    plan: Plan, name: str, sel: Sequence[Cell], rows: Tensor, example: Tensor
+) -> list[Hook]:
+    """The hooks at ``name`` writing cell ``sel[i]`` (of example ``example[i]``) into batch row
+    ``rows[i]`` (two at a bridge's resid_mid: see :func:`mechlingo.core.sites.edit_hooks`)."""
     t_pos = plan.tgt_pos[torch.tensor([c.position for c in sel]), example]
     head = torch.tensor([c.head for c in sel])
     vals = _cell_values(sel, name, plan.src_acts, example)
-    return name, plan.writer(rows, t_pos, head, vals, sel[0].site == "head")
+    return edit_hooks(plan.model, name, plan.writer(rows, t_pos, head, vals, sel[0].site == "head"))
 
 
 def sweep_stacked(plan: Plan) -> tuple[Tensor, Tensor]:
@@ -131,7 +134,7 @@ def sweep_stacked(plan: Plan) -> tuple[Tensor, Tensor]:
             copy = torch.tensor([j for j, _ in items]).repeat_interleave(B)
             row = rows.repeat(len(items))
             rep = [c for _, c in items for _ in range(B)]
-            hooks.append(_cell_writer(plan, name, rep, copy * B + row, row))
+            hooks.extend(_cell_writer(plan, name, rep, copy * B + row, row))
         extra = 1 if start == 0 else 0
         big = repeat_batch(tgt, len(chunk) + extra)
         _, final = read_run(model, big, {}, extra_hooks=hooks)
@@ -162,7 +165,7 @@ def _grown_hooks(
     hooks: list[Hook] = [(branch[layer], plan.brancher(n)) for layer, n in sorted(new_rows.items())]
     for name, idx in by_hook.items():
         rows = torch.tensor([row_of[i] for i in idx])
-        hooks.append(
+        hooks.extend(
             _cell_writer(plan, name, [cells[i] for i in idx], rows, torch.full_like(rows, b))
         )
     return hooks, [row_of[i] for i in group]
