@@ -946,7 +946,7 @@ def k_curve(
         out = run(name, lambda k=k, arm=arm, iv=iv, base=base_nll: _k_arm(
             model, lang, k, arm, iv, id_langs, heldout, base, **opts))  # fmt: skip
         if arm == "none":
-            base_nll = {hl: torch.tensor(v, dtype=torch.float32) for hl, v in out["nll"].items()}
+            base_nll = {hl: torch.tensor(v, dtype=torch.float64) for hl, v in out["nll"].items()}
         rows.append(out["row"])
     return KCurve(lang, rows)
 
