@@ -380,19 +380,22 @@ def _generate_records(
         first_line = gen.strip().split("\n")[0] if gen.strip() else ""
         correct = is_correct(gen, f.answers, f.lang)
         in_en = _in_english(f, correct, gen, lambda g, a: is_correct(g, [a], "en"))
-        records.append(
-            {
-                "id": f.id,
-                "relation": f.relation,
-                "lang": f.lang,
-                "prompt": text,
-                "answer": f.answer,
-                "generation": first_line,
-                "correct": correct,
-                "in_english": in_en,
-            }
-        )
+        records.append(_record(f, text, first_line, correct, in_en))
     return records
+
+
+def _record(f: Fact, prompt: str, generation: str, correct: bool, in_en: bool) -> dict[str, Any]:
+    """One fact's record of a generation metric (see :class:`EvalResult`)."""
+    return {
+        "id": f.id,
+        "relation": f.relation,
+        "lang": f.lang,
+        "prompt": prompt,
+        "answer": f.answer,
+        "generation": generation,
+        "correct": correct,
+        "in_english": in_en,
+    }
 
 
 def _klar_records(
@@ -418,19 +421,8 @@ def _klar_records(
     records = []
     for f, text, gen in zip(facts, texts, gens, strict=True):
         correct = any(klar_match(gen, a) for a in f.answers)
-        records.append(
-            {
-                "id": f.id,
-                "relation": f.relation,
-                "lang": f.lang,
-                "prompt": text,
-                "answer": f.answer,
-                "generation": gen.strip(),
-                "correct": correct,
-                "in_english": _in_english(f, correct, gen, klar_match),
-                "shots": text.count("\n"),
-            }
-        )
+        rec = _record(f, text, gen.strip(), correct, _in_english(f, correct, gen, klar_match))
+        records.append({**rec, "shots": text.count("\n")})
     return records
 
 
