@@ -136,3 +136,16 @@ def test_bootstrap_perplexity_and_ratio():
     assert same["lo"] == pytest.approx(1.0) and same["hi"] == pytest.approx(1.0)
     with pytest.raises(ValueError):
         bootstrap_perplexity([1.0, 2.0], [1])
+
+
+def test_interval_rules_and_round_trip():
+    from mechlingo.kernels.significance import Interval
+
+    i = Interval(0.10, 0.02, 0.20, 40)
+    assert i.above(0.0) and not i.above(0.05) and not i.below(0.3) and i.below(0.25)
+    assert i.excludes(0.0) and not i.excludes(0.1)
+    assert Interval.from_json(i.to_json()) == i
+    assert i.format(2, signed=True) == "+0.10 [+0.02, +0.20] (n=40)"
+    empty = Interval(None, None, None, 0)
+    assert not empty.defined and not empty.above(-1) and not empty.excludes(5)
+    assert str(empty) == "n/a (n=0)"

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ from scipy import stats as sps
 from mechlingo.core.errors import InputError
 
 __all__ = [
+    "Interval",
     "bootstrap_mean",
     "bootstrap_perplexity",
     "bootstrap_ratio",
@@ -44,6 +46,61 @@ __all__ = [
 
 CONFIDENCE = 0.95
 N_RESAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An estimate over ``n`` items with its ``confidence`` interval ``[lo, hi]``.
+
+    The one vocabulary for every interval mechlingo reports: a proportion (Wilson), a paired
+    gain or a mean (bootstrap). ``estimate``, ``lo`` and ``hi`` are ``None`` when ``n`` is too
+    small to give them (no items, or one item for a bootstrap).
+    """
+
+    estimate: float | None
+    lo: float | None
+    hi: float | None
+    n: int
+    confidence: float = CONFIDENCE
+
+    @property
+    def defined(self) -> bool:
+        """Whether the interval exists (enough items)."""
+        return self.lo is not None and self.hi is not None
+
+    def above(self, threshold: float = 0.0) -> bool:
+        """Whether the whole interval lies above ``threshold`` (False when undefined)."""
+        return self.defined and self.lo > threshold  # type: ignore[operator]
+
+    def below(self, threshold: float = 0.0) -> bool:
+        """Whether the whole interval lies below ``threshold`` (False when undefined)."""
+        return self.defined and self.hi < threshold  # type: ignore[operator]
+
+    def excludes(self, value: float = 0.0) -> bool:
+        """Whether ``value`` lies outside the interval (False when undefined)."""
+        return self.above(value) or self.below(value)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"estimate", "lo", "hi", "n", "confidence"}``, JSON-ready."""
+        return {"estimate": self.estimate, "lo": self.lo, "hi": self.hi, "n": self.n,
+                "confidence": self.confidence}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Interval:
+        """The inverse of :meth:`to_json`."""
+        return cls(d["estimate"], d["lo"], d["hi"], int(d["n"]), d.get("confidence", CONFIDENCE))
+
+    def format(self, digits: int = 3, signed: bool = False) -> str:
+        """``"0.833 [0.700, 0.910] (n=48)"``; ``signed`` puts ``+`` on positive numbers."""
+        if self.estimate is None:
+            return f"n/a (n={self.n})"
+        f = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
+        if not self.defined:
+            return f"{f.format(self.estimate)} (n={self.n})"
+        return f"{f.format(self.estimate)} [{f.format(self.lo)}, {f.format(self.hi)}] (n={self.n})"
+
+    def __str__(self) -> str:
+        return self.format()
 
 
 def wilson(k: int, n: int, confidence: float = CONFIDENCE) -> dict[str, Any]:
