@@ -142,7 +142,7 @@ def test_interval_rules_and_round_trip():
     from mechlingo.kernels.significance import Interval
 
     i = Interval(0.10, 0.02, 0.20, 40)
-    assert i.above(0.0) and not i.above(0.05) and not i.below(0.3) and i.below(0.25)
+    assert i.above(0.0) and not i.above(0.05) and not i.below(0.2) and i.below(0.25)
     assert i.excludes(0.0) and not i.excludes(0.1)
     assert Interval.from_json(i.to_json()) == i
     assert i.format(2, signed=True) == "+0.10 [+0.02, +0.20] (n=40)"
