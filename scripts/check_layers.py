@@ -32,10 +32,10 @@ LAYERS: list[set[str]] = [
     {"core"},
     {"kernels"},
     {"data"},
+    {"viz"},  # figures from plain data: below the analyses, which call them directly
     {"activations"},
     {"interventions"},
     {"analyses"},
-    {"viz"},
     {"report"},
     {"cli", "__main__"},
     {"__init__"},  # the package's top-level names
