@@ -53,6 +53,7 @@ def _fake_transfer(fail: str | None = None):
     class TM:
         def __init__(self, by):
             self.by = by
+            self.stats = f"stats built by the {by} matrix"
             self.cells = [
                 {"row": f"all_but_{c}", "col": c, "n": 10, "p": 0.01,
                  "gain": {"estimate": g, "lo": g - 0.1, "hi": g + 0.1},
@@ -255,6 +256,9 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
                       "transfer_lang": False, "experts": True, "align": True}  # fmt: skip
     rows = {r["id"]: r for r in again.rows}
     assert rows["independent_relations"]["verdict"] == HOLDS
+    # the language matrix reuses the relation matrix's build statistics within a run
+    stats_kw = {c[0]: c[2].get("stats") for c in sys.modules["mechlingo.analyses.transfer"].calls}
+    assert stats_kw == {"relation": None, "lang": "stats built by the relation matrix"}
     assert [r for r in again.rows if r["stage"] not in ("transfer_relation", "transfer_lang")] == [
         r for r in card.rows if r["stage"] not in ("transfer_relation", "transfer_lang")
     ]

@@ -82,34 +82,38 @@ STAGES = (*PAPERS[LU], *PAPERS[SUNDAR])
 
 _QUICK: dict[str, Any] = {
     "lu_langs": ["en", "fr", "es", "ru", "ja", "hi"],
-    "trace": {"limit": 40, "max_new_tokens": 8, "max_rank": 10},
+    "trace": {"limit": 30, "max_new_tokens": 8, "max_rank": 10},
+    "repair": {
+        "split": [0.4, 0.2, 0.4], "dev_per_lang": 12, "test_per_lang": 30, "k_shot": 3,
+        "translation_shots": 2, "layer_fractions": [0.5, 0.67],
+        "alphas": [0.13, 0.28], "top_k": 2, "screen_ids": 6, "seeds": [0],
+        "max_new_tokens": 6,
+    },
+    "transfer": {"relations": ["capital", "currency", "language"], "limit": 24,
+                 "langs": ["en", "fr", "es", "ru"], "max_new_tokens": 6,
+                 "matrix": {"cells": "diagonal", "build_ids": 8, "dev_ids": 6,
+                            "test_ids": 8, "screen_ids": 3, "layer_fractions": [0.55],
+                            "alphas": [0.28, 0.6]}},
+    "experts": {"target": "es", "n_find": 32, "n_heldout": 4, "ks": [50, 500],
+                "samples": 16, "new_tokens": 12, "max_tokens": 24, "n_eval": 32,
+                "ppl_budget": 2.0, "n_boot": 200},
+}  # fmt: skip
+_FULL: dict[str, Any] = {
+    "lu_langs": list(LANGS),
+    "trace": {"limit": 60, "max_new_tokens": 8, "max_rank": 10},
     "repair": {
         "split": [0.4, 0.2, 0.4], "dev_per_lang": 16, "test_per_lang": 40, "k_shot": 3,
         "translation_shots": 2, "layer_fractions": [0.33, 0.5, 0.67, 0.83],
         "alphas": [0.13, 0.28], "top_k": 2, "screen_ids": 6, "seeds": [0, 1, 2],
         "max_new_tokens": 6,
     },
-    "transfer": {"relations": ["capital", "currency", "language"], "limit": 24,
-                 "langs": ["en", "fr", "es", "ru"], "max_new_tokens": 6,
-                 "matrix": {"cells": "diagonal", "build_ids": 8, "dev_ids": 6,
-                            "test_ids": 8, "screen_ids": 3}},
-    "experts": {"target": "es", "n_find": 40, "n_heldout": 6, "ks": [50, 200, 500],
-                "samples": 24, "new_tokens": 16, "max_tokens": 24, "n_eval": 40,
-                "ppl_budget": 2.0, "n_boot": 200},
-}  # fmt: skip
-_FULL: dict[str, Any] = {
-    "lu_langs": list(LANGS),
-    "trace": {"limit": 127, "max_new_tokens": 8, "max_rank": 10},
-    "repair": {
-        "split": [0.4, 0.2, 0.4], "dev_per_lang": None, "test_per_lang": None, "k_shot": 3,
-        "translation_shots": 2, "layer_fractions": None, "alphas": list(protocol.ALPHA_GRID),
-        "top_k": 3, "screen_ids": 8, "seeds": [0, 1, 2], "max_new_tokens": 6,
-    },
-    "transfer": {"relations": ["capital", "currency", "language"], "limit": 60,
+    "transfer": {"relations": ["capital", "currency", "language"], "limit": 40,
                  "langs": ["en", "fr", "es", "ru", "ja", "hi"], "max_new_tokens": 6,
-                 "matrix": {"cells": "full"}},
-    "experts": {"target": "es", "n_find": 100, "n_heldout": 8, "ks": [50, 200, 500, 2000],
-                "samples": 32, "new_tokens": 16, "max_tokens": 32, "n_eval": 100,
+                 "matrix": {"cells": "diagonal", "build_ids": 12, "dev_ids": 8,
+                            "test_ids": 12, "screen_ids": 3, "layer_fractions": [0.35, 0.55],
+                            "alphas": [0.28, 0.6]}},
+    "experts": {"target": "es", "n_find": 60, "n_heldout": 6, "ks": [50, 200, 500, 2000],
+                "samples": 24, "new_tokens": 16, "max_tokens": 24, "n_eval": 60,
                 "ppl_budget": 2.0, "n_boot": 500},
 }  # fmt: skip
 #: The settings of each budget (see ``docs/replicate.md`` for the measured run times).
@@ -281,15 +285,28 @@ def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progr
 
 
 def _stage_transfer(
-    model: Model, facts: list[Fact], cfg: Mapping[str, Any], by: str, progress: bool
+    model: Model,
+    facts: list[Fact],
+    cfg: Mapping[str, Any],
+    by: str,
+    progress: bool,
+    built: dict[str, Any],
 ) -> dict:
-    """The transfer matrix (``mechlingo.analyses.transfer``, loaded when the stage runs)."""
+    """The transfer matrix (``mechlingo.analyses.transfer``, loaded when the stage runs).
+
+    ``built`` carries the build statistics from one matrix to the other within a run (the
+    same facts and split give the same statistics, so the second matrix does not rebuild
+    them); a resumed run that has only one of the two rebuilds."""
     mod = importlib.import_module("mechlingo.analyses.transfer")
     t = cfg["transfer"]
+    m = dict(t.get("matrix", {}))
+    if "layer_fractions" in m:
+        m["layers"] = _layers(m.pop("layer_fractions"), int(model.cfg.n_layers))
     tm = mod.transfer_matrix(
         model, facts, by=by, seed=0, progress=progress, max_new_tokens=t["max_new_tokens"],
-        batch_size=cfg.get("batch_size", 64), **t.get("matrix", {}),
+        batch_size=cfg.get("batch_size", 64), stats=built.get("stats"), **m,
     )  # fmt: skip
+    built["stats"] = tm.stats
     out = tm.to_json()
     out = json.loads(out) if isinstance(out, str) else out
     return {"by": by, "matrix": out, "cells": list(out.get("cells", tm.cells))}
@@ -647,6 +664,7 @@ def _stage_fns(
 ) -> dict[str, tuple[Callable[..., Any], bool]]:
     """``{stage: (fn, takes a folder)}``; the data of each stage is loaded when it runs."""
     texts: dict[str, Any] = {}
+    built: dict[str, Any] = {}
 
     def par() -> dict:
         if not texts:
@@ -659,9 +677,9 @@ def _stage_fns(
         "repair": (lambda: _stage_repair(model, _lu_facts(facts, cfg, "repair"), cfg, progress),
                    False),
         "transfer_relation": (lambda: _stage_transfer(
-            model, _lu_facts(facts, cfg, "transfer"), cfg, "relation", progress), False),
+            model, _lu_facts(facts, cfg, "transfer"), cfg, "relation", progress, built), False),
         "transfer_lang": (lambda: _stage_transfer(
-            model, _lu_facts(facts, cfg, "transfer"), cfg, "lang", progress), False),
+            model, _lu_facts(facts, cfg, "transfer"), cfg, "lang", progress, built), False),
         "experts": (lambda tmp: _stage_experts(model, par(), cfg, progress, tmp), True),
         "align": (lambda: _stage_align(model, par(), cfg, stages.path("experts"), progress),
                   False),
