@@ -82,17 +82,17 @@ STAGES = (*PAPERS[LU], *PAPERS[SUNDAR])
 
 _QUICK: dict[str, Any] = {
     "lu_langs": ["en", "fr", "es", "ru", "ja", "hi"],
-    "trace": {"limit": 30, "max_new_tokens": 8, "max_rank": 10},
+    "trace": {"limit": 24, "max_new_tokens": 8, "max_rank": 10},
     "repair": {
-        "split": [0.4, 0.2, 0.4], "dev_per_lang": 12, "test_per_lang": 30, "k_shot": 3,
+        "split": [0.4, 0.2, 0.4], "dev_per_lang": 10, "test_per_lang": 24, "k_shot": 3,
         "translation_shots": 2, "layer_fractions": [0.5, 0.67],
-        "alphas": [0.13, 0.28], "top_k": 2, "screen_ids": 6, "seeds": [0],
+        "alphas": [0.13, 0.28], "top_k": 2, "screen_ids": 4, "seeds": [0],
         "max_new_tokens": 6,
     },
     "transfer": {"relations": ["capital", "currency", "language"], "limit": 24,
                  "langs": ["en", "fr", "es", "ru"], "max_new_tokens": 6,
-                 "matrix": {"cells": "diagonal", "build_ids": 8, "dev_ids": 6,
-                            "test_ids": 8, "screen_ids": 3, "layer_fractions": [0.55],
+                 "matrix": {"cells": "diagonal", "build_ids": 6, "dev_ids": 4,
+                            "test_ids": 8, "screen_ids": 2, "layer_fractions": [0.55],
                             "alphas": [0.28, 0.6]}},
     "experts": {"target": "es", "n_find": 32, "n_heldout": 4, "ks": [50, 500],
                 "samples": 16, "new_tokens": 12, "max_tokens": 24, "n_eval": 32,
