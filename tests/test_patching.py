@@ -233,8 +233,7 @@ def test_knockout(tiny):
     df = res.to_dataframe()
     assert len(df) == 3 and abs(df["relative_change"][0]) < 1e-5
     res.fig_knockout()
-    with pytest.warns(DeprecationWarning, match="fig_knockout"):
-        res.fig()  # the old name, kept for one release
+    assert not hasattr(res, "fig")  # the one figure name is fig_knockout
     single = attention_knockout(tiny, facts, [(1, 1)])
     assert torch.allclose(single.values[0], res.values[2], atol=1e-5)
     with pytest.raises(PatchingError, match="out of range"):

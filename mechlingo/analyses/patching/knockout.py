@@ -9,7 +9,6 @@ batched like a sweep's cells.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -104,16 +103,6 @@ class KnockoutResult:
     def fig_knockout(self) -> go.Figure:
         """Relative change of the metric per layer window (with the 95% interval)."""
         return draw("knockout_figure", self)
-
-    def fig(self) -> go.Figure:
-        """Deprecated alias of :meth:`fig_knockout` (removed in mechlingo 0.2)."""
-        warnings.warn(
-            "KnockoutResult.fig() is renamed fig_knockout(), like every other fig_* method; "
-            "fig() is removed in mechlingo 0.2",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.fig_knockout()
 
 
 def sliding_windows(n_layers: int, size: int) -> list[tuple[int, int]]:
