@@ -1,4 +1,4 @@
-"""Data-parallel statistics: 2 CPU processes (torchrun, gloo) equal one process."""
+"""Distributed statistics: 2 CPU processes (torchrun, gloo) equal one process."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import time
 import pytest
 import torch
 
-from mechlingo.activations.means import last_token_means
-from mechlingo.activations.parallel import (
+from mechlingo.activations.distributed import (
     DistributedError,
     all_gather_rows,
     all_reduce_state,
@@ -23,6 +22,7 @@ from mechlingo.activations.parallel import (
     shard,
     shard_bounds,
 )
+from mechlingo.activations.means import last_token_means
 from mechlingo.activations.pooled import pooled_neuron_acts
 
 PROMPTS = [
@@ -44,7 +44,7 @@ WORKER = textwrap.dedent(
     """
     import sys, torch
     from mechlingo.activations.means import last_token_means
-    from mechlingo.activations.parallel import (
+    from mechlingo.activations.distributed import (
         all_gather_rows, all_reduce_state, dist_info, is_main, process_group, shard,
     )
     from mechlingo.activations.pooled import pooled_neuron_acts

@@ -5,9 +5,9 @@ prompt's last real token for all requested layers in the same forward pass (stop
 after the last layer read, so the unembedding is never paid for), and adds them to a float64
 running sum (:class:`mechlingo.kernels.stats.StreamingMean`). Memory is independent of the
 number of prompts: one ``[n_layers, width]`` float64 sum. Device-agnostic: the sum lives on
-the device of the unembedding. Launched under ``torchrun`` (see :mod:`mechlingo.activations.parallel`),
-each rank streams its shard of the prompts and the sums are all-reduced, so every rank gets
-the mean over all prompts.
+the device of the unembedding. Launched under ``torchrun`` (see
+:mod:`mechlingo.activations.distributed`), each rank streams its shard of the prompts and the
+sums are all-reduced, so every rank gets the mean over all prompts.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.parallel import all_reduce_state, shard
+from mechlingo.activations.distributed import all_reduce_state, shard
 from mechlingo.activations.runs import collect
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import SiteError, resolve_layers, resolve_site

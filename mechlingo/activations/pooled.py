@@ -12,7 +12,7 @@ sentence embeddings (:mod:`mechlingo.analyses.alignment`) share:
   row's real tokens (BOS and padding excluded) and the pass stops after the last hook.
 
 :func:`pooled_neuron_acts` builds MLP-neuron statistics on them (:class:`NeuronStats`:
-pooled ``mlp_post`` rows and per-language firing rates), data-parallel under torchrun (each
+pooled ``mlp_post`` rows and per-language firing rates), distributed under torchrun (each
 rank pools its shard, rows are gathered back in order, counts all-reduced)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.parallel import (
+from mechlingo.activations.distributed import (
     all_gather_rows,
     all_reduce_state,
     barrier,
