@@ -222,7 +222,7 @@ def _same_results(ref, model) -> None:
     sv = SteeringVector(v, layer=1, alpha=3.0)
     name = hook_name(ref, "resid_post", 1)
     outs = [
-        collect(m, encode(m, PROMPTS), [name], extra_hooks=sv.fwd_hooks(m))[name]
+        collect(m, encode(m, PROMPTS), [name], fwd_hooks=sv.fwd_hooks(m))[name]
         for m in (ref, model)
     ]
     torch.testing.assert_close(outs[0], outs[1].to(outs[0].device), rtol=1e-5, atol=1e-5)

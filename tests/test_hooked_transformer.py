@@ -137,7 +137,7 @@ def test_steering_vector_intervention(ht):
     batch = encode(ht, PROMPTS)
     name = hook_name(ht, "resid_pre", 1)
     plain = collect(ht, batch, [name])[name]
-    steered = collect(ht, batch, [name], extra_hooks=sv.fwd_hooks(ht))[name]
+    steered = collect(ht, batch, [name], fwd_hooks=sv.fwd_hooks(ht))[name]
     torch.testing.assert_close(steered - plain, (2.0 * v).expand_as(plain), rtol=1e-4, atol=1e-4)
 
 
@@ -176,7 +176,7 @@ def test_resid_mid_is_the_residual_on_a_hooked_transformer(ht):
     ]:
         hooks = iv.fwd_hooks(ht)
         assert [n for n, _ in hooks] == [names[0]]
-        got = collect(ht, batch, names, extra_hooks=hooks)
+        got = collect(ht, batch, names, fwd_hooks=hooks)
         assert (got[names[0]] - clean[names[0]]).abs().max() > 1e-3
         torch.testing.assert_close(got[names[2]], got[names[0]] + got[names[1]], atol=1e-5, rtol=0)
     src, tgt = PROMPTS[:2], PROMPTS[1::-1]

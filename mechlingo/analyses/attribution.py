@@ -183,10 +183,10 @@ def _probed_forward(model: Model, tgt: TokenBatch, wanted: Sequence[str]) -> _Pr
         raise StopForward
 
     # a probe at a bridge's resid_mid must reach the residual too, as a patch there does
-    hooks = [h for n in wanted for h in edit_hooks(model, n, keep(n))]
-    hooks.append((final_resid_name(model), final_hook))
+    fwd_hooks = [h for n in wanted for h in edit_hooks(model, n, keep(n))]
+    fwd_hooks.append((final_resid_name(model), final_hook))
     b = tgt.to(model_input_device(model))
-    with batch_context(b), hooked(model, hooks):
+    with batch_context(b), hooked(model, fwd_hooks):
         try:
             model(b.tokens, attention_mask=b.attention_mask())
         except StopForward:
@@ -305,7 +305,7 @@ def _patched_patterns(
     pass costs one forward plus one attention layer per copy."""
     P = int(positions.shape[0])
     out: dict[int, Tensor] = {}
-    hooks: list[tuple[str, Callable]] = []
+    fwd_hooks: list[tuple[str, Callable]] = []
 
     def grow(layer: int) -> Callable:
         def hook(t: Tensor, hook: Any) -> Tensor:
@@ -329,15 +329,15 @@ def _patched_patterns(
         raise StopForward
 
     for layer in layers:
-        hooks.append((resolve_site(model, "resid_pre", layer).hook_name, grow(layer)))
-        hooks.append((f"blocks.{layer}.attn.hook_pattern", read(layer)))
+        fwd_hooks.append((resolve_site(model, "resid_pre", layer).hook_name, grow(layer)))
+        fwd_hooks.append((f"blocks.{layer}.attn.hook_pattern", read(layer)))
         # drop the copies: resid_mid feeds only the MLP's norm on a bridge (the MLP then runs
         # one row), resid_post is the residual stream itself
-        hooks.append((resolve_site(model, "resid_mid", layer).hook_name, shrink))
-        hooks.append((resolve_site(model, "resid_post", layer).hook_name, shrink))
-    hooks.append((resolve_site(model, "resid_mid", max(layers)).hook_name, stop))
+        fwd_hooks.append((resolve_site(model, "resid_mid", layer).hook_name, shrink))
+        fwd_hooks.append((resolve_site(model, "resid_post", layer).hook_name, shrink))
+    fwd_hooks.append((resolve_site(model, "resid_mid", max(layers)).hook_name, stop))
     try:
-        run_batch(model, one, hooks)
+        run_batch(model, one, fwd_hooks)
     except RuntimeError as e:
         raise PatchingError(
             f"the QK fix's pass (a batch grown and shrunk mid-pass) failed ({e}); use "

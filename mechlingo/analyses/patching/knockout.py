@@ -163,7 +163,7 @@ def _window_hooks(
     B = key_mask.shape[0]
     last = big.last_index.cpu()
     km = key_mask.repeat(len(chunk), 1)
-    hooks = []
+    fwd_hooks = []
     for layer in range(site_map(model).n_layers):
         copies = [j for j, (a, b) in enumerate(chunk) if a <= layer <= b]
         if not copies:
@@ -172,11 +172,11 @@ def _window_hooks(
         for j in copies:
             sel[j * B : (j + 1) * B] = True
         r = sel.nonzero()[:, 0]
-        hooks.append((f"blocks.{layer}.attn.hook_attn_scores", _blocker(r, last[r], km[r])))
-    missing = [h for h, _ in hooks if h not in model.hook_dict]
+        fwd_hooks.append((f"blocks.{layer}.attn.hook_attn_scores", _blocker(r, last[r], km[r])))
+    missing = [h for h, _ in fwd_hooks if h not in model.hook_dict]
     if missing:
         raise PatchingError(f"this model has no attention-score hooks {missing[:2]}")
-    return hooks
+    return fwd_hooks
 
 
 def _knockout_metric(model: Model, facts: Any, metric: Metric | None) -> Metric:
@@ -227,8 +227,8 @@ def attention_knockout(
     for start in range(0, len(windows), windows_per_batch):
         chunk = windows[start : start + windows_per_batch]
         big = repeat_batch(batch, len(chunk))
-        hooks = _window_hooks(model, chunk, big, key_mask)
-        _, final = read_run(model, big, {}, extra_hooks=hooks)
+        fwd_hooks = _window_hooks(model, chunk, big, key_mask)
+        _, final = read_run(model, big, {}, fwd_hooks=fwd_hooks)
         v = evaluate_metrics(model, final, [metric], packed, rows.repeat(len(chunk)))[0]
         values[start : start + len(chunk)] = v.reshape(len(chunk), B).cpu()
     return KnockoutResult(windows, metric.name, values, base, keys)

@@ -129,15 +129,15 @@ def sweep_stacked(plan: Plan) -> tuple[Tensor, Tensor]:
         by_hook: dict[str, list[tuple[int, Cell]]] = {}
         for j, cell in enumerate(chunk):
             by_hook.setdefault(plan.names[(cell.site, cell.layer)], []).append((j, cell))
-        hooks = []
+        fwd_hooks = []
         for name, items in by_hook.items():
             copy = torch.tensor([j for j, _ in items]).repeat_interleave(B)
             row = rows.repeat(len(items))
             rep = [c for _, c in items for _ in range(B)]
-            hooks.extend(_cell_writer(plan, name, rep, copy * B + row, row))
+            fwd_hooks.extend(_cell_writer(plan, name, rep, copy * B + row, row))
         extra = 1 if start == 0 else 0
         big = repeat_batch(tgt, len(chunk) + extra)
-        _, final = read_run(model, big, {}, extra_hooks=hooks)
+        _, final = read_run(model, big, {}, fwd_hooks=fwd_hooks)
         ex = rows.repeat(len(chunk) + extra)
         v = evaluate_metrics(model, final, metrics, plan.packed, ex)
         v = v.reshape(len(metrics), -1, B).cpu()
@@ -162,13 +162,15 @@ def _grown_hooks(
         new_rows[cells[i].layer] = new_rows.get(cells[i].layer, 0) + 1
         by_hook.setdefault(plan.names[(cells[i].site, cells[i].layer)], []).append(i)
     # before the writers: at a shared hook point the copies must exist first
-    hooks: list[Hook] = [(branch[layer], plan.brancher(n)) for layer, n in sorted(new_rows.items())]
+    fwd_hooks: list[Hook] = [
+        (branch[layer], plan.brancher(n)) for layer, n in sorted(new_rows.items())
+    ]
     for name, idx in by_hook.items():
         rows = torch.tensor([row_of[i] for i in idx])
-        hooks.extend(
+        fwd_hooks.extend(
             _cell_writer(plan, name, [cells[i] for i in idx], rows, torch.full_like(rows, b))
         )
-    return hooks, [row_of[i] for i in group]
+    return fwd_hooks, [row_of[i] for i in group]
 
 
 def sweep_grown(plan: Plan) -> tuple[Tensor, Tensor]:
@@ -187,8 +189,8 @@ def sweep_grown(plan: Plan) -> tuple[Tensor, Tensor]:
         group = order[start : start + plan.cells_per_batch]
         finals = []
         for b in range(B):
-            hooks, rows = _grown_hooks(plan, group, b, branch)
-            finals.append(_grown_final(model, tgt.select([b]), hooks, 1 + len(group)))
+            fwd_hooks, rows = _grown_hooks(plan, group, b, branch)
+            finals.append(_grown_final(model, tgt.select([b]), fwd_hooks, 1 + len(group)))
         # one readout for the whole group: the unembedding streams W_U once, not per example
         ex = torch.arange(B).repeat_interleave(1 + len(group))
         v = evaluate_metrics(model, torch.cat(finals), metrics, plan.packed, ex)
@@ -200,7 +202,7 @@ def sweep_grown(plan: Plan) -> tuple[Tensor, Tensor]:
 
 
 def _grown_final(
-    model: Model, one: TokenBatch, hooks: Sequence[Hook], expect_rows: int
+    model: Model, one: TokenBatch, fwd_hooks: Sequence[Hook], expect_rows: int
 ) -> Float[Tensor, "row d_model"]:
     """Run the one-row batch ``one`` with the growing hooks; the final residual stream of
     every row of the grown batch at the example's last real token."""
@@ -212,7 +214,7 @@ def _grown_final(
         raise StopForward
 
     try:
-        run_batch(model, one, [*hooks, (final_resid_name(model), final_hook)])
+        run_batch(model, one, [*fwd_hooks, (final_resid_name(model), final_hook)])
     except (RuntimeError, ValueError) as e:  # ValueError: transformers' mask-shape checks
         raise PatchingError(
             f"the forward pass failed with a batch grown mid-pass ({e}); if this model's "
