@@ -3,7 +3,7 @@
 Runs a (layers x positions) ``resid_pre`` patching sweep on the embedded model (or any model
 given with ``--model``) two ways in one process, on the same clean/corrupted pair and grid:
 
-* ``mechlingo.analyses.patching.patch_sweep`` (default ``batching="grow"``): source activations read
+* ``mechlingo.analyses.patching.patch_activations`` (default ``batching="grow"``): source activations read
   once; one pass per example in which the batch grows by each layer's patched copies at that
   layer's block input (the unpatched prefix is computed once); passes stop at the final
   residual stream and the last tokens of all rows are unembedded in one readout;
@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechlingo.analyses.patching import answer_logprob, patch_sweep  # noqa: E402
+from mechlingo.analyses.patching import answer_logprob, patch_activations  # noqa: E402
 from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.core.tokens import TokenBatch, encode  # noqa: E402
 
@@ -54,7 +54,9 @@ def main() -> None:
     ap.add_argument("--layers", default=None, help="comma-separated layers (default all)")
     ap.add_argument("--positions", type=int, default=4, help="last N positions (default 4)")
     ap.add_argument("--pairs", type=int, default=4, help="clean/corrupted pairs (default 4)")
-    ap.add_argument("--cells-per-batch", type=int, default=None, help="default: patch_sweep's")
+    ap.add_argument(
+        "--cells-per-batch", type=int, default=None, help="default: patch_activations's"
+    )
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     model = load_model(args.model, device=args.device)
@@ -86,14 +88,14 @@ def main() -> None:
         f"model {model.cfg.model_name}: {len(layers)} layers x {len(positions)} positions, "
         f"{k} pairs of {width} tokens, device {dev}"
     )
-    patch_sweep(
+    patch_activations(
         model, src, tgt, "resid_pre", layers=layers[:1], positions=positions[:1], metric=metric
     )  # warm-up
 
     def ours(batching: str):
         sync()
         t0 = time.perf_counter()
-        sw = patch_sweep(
+        sw = patch_activations(
             model,
             src,
             tgt,

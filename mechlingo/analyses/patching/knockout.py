@@ -4,7 +4,7 @@
 tokens in a window of layers (the pre-softmax scores ``blocks.{l}.attn.hook_attn_scores`` are
 set to ``-inf`` for all heads, so each row's softmax renormalises over the remaining keys, as
 in the paper) and measures the drop in the answer's probability, per window; the windows are
-batched like a sweep's cells.
+batched like the cells of a patching grid.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""The patched passes of a sweep: two strategies that give the same numbers.
+"""The patched passes of activation patching: two strategies that give the same numbers.
 
 Many patched copies of the target share one forward pass, each copy carrying the patch of one
-cell. :func:`sweep_grown` (``batching="grow"``) runs one example per pass: it starts as the
+cell. :func:`grown_passes` (``batching="grow"``) runs one example per pass: it starts as the
 unpatched target alone, and at each layer's block input the batch grows by one copy of the
 unpatched row per cell of that layer, so the work below a cell's layer is done once and a copy
 patched at layer ``l`` only computes layers ``l`` and above (over all layers, about half the
-work of running every copy through the whole model). :func:`sweep_stacked`
+work of running every copy through the whole model). :func:`stacked_passes`
 (``batching="stack"``) runs every copy of every example through the whole model instead (for
 models that cannot grow a batch mid-pass). Each pass stops at the final residual stream, and
 the last real token of every row is unembedded in one batched readout (the unembedding
@@ -13,7 +13,7 @@ dominates the cost on large vocabularies).
 
 The hooks that write a patch and grow the batch are made by :func:`writer` and
 :func:`brancher`; a :class:`Plan` carries the factories to use, so
-:func:`mechlingo.analyses.patching.patch_sweep` can hand in the ones its package exposes
+:func:`mechlingo.analyses.patching.patch_activations` can hand in the ones its package exposes
 (tests replace them there to inject failures).
 """
 
@@ -35,7 +35,7 @@ from mechlingo.core.sites import edit_hooks
 from mechlingo.core.tokens import TokenBatch
 from mechlingo.core.types import Model
 
-__all__ = ["Plan", "brancher", "sweep_grown", "sweep_stacked", "writer"]
+__all__ = ["Plan", "brancher", "grown_passes", "stacked_passes", "writer"]
 
 Hook = tuple[str, Callable]
 
@@ -73,7 +73,7 @@ def brancher(copies: int) -> Callable:
 
 
 class Plan(NamedTuple):
-    """What a sweep strategy needs: the target batch, the cells in result order, each
+    """What a batching strategy needs: the target batch, the cells in result order, each
     (site, layer)'s hook name, the source activations read at the grid positions, the target
     positions ``[label, row]``, the metrics and their packed token sets, the cells per pass,
     and the hook factories (:func:`writer`, :func:`brancher`). Each strategy returns
@@ -115,7 +115,7 @@ def _cell_writer(
     return edit_hooks(plan.model, name, plan.writer(rows, t_pos, head, vals, sel[0].site == "head"))
 
 
-def sweep_stacked(plan: Plan) -> tuple[Tensor, Tensor]:
+def stacked_passes(plan: Plan) -> tuple[Tensor, Tensor]:
     """Every patched copy of every example runs the whole model: ``cells_per_batch`` copies of
     the whole target batch per pass (copy ``j`` carries cell ``j``), plus one unpatched copy
     in the first pass (the corrupted baseline)."""
@@ -173,7 +173,7 @@ def _grown_hooks(
     return fwd_hooks, [row_of[i] for i in group]
 
 
-def sweep_grown(plan: Plan) -> tuple[Tensor, Tensor]:
+def grown_passes(plan: Plan) -> tuple[Tensor, Tensor]:
     """One pass per example and group of ``cells_per_batch`` cells (in layer order). The pass
     starts with the unpatched target alone (row 0, which stays unpatched: the corrupted
     baseline); at the block input ``blocks.{l}.hook_resid_pre`` of each layer ``l`` with
@@ -219,13 +219,13 @@ def _grown_final(
         raise PatchingError(
             f"the forward pass failed with a batch grown mid-pass ({e}); if this model's "
             "attention masks or position embeddings do not broadcast over a larger batch, use "
-            "patch_sweep(..., batching='stack')"
+            "patch_activations(..., batching='stack')"
         ) from e
     if "final" not in out:
         raise RuntimeError(f"hook {final_resid_name(model)} did not fire during the forward pass")
     if out["final"].shape[0] != expect_rows:
         raise PatchingError(
             f"the batch grew to {out['final'].shape[0]} rows instead of {expect_rows}: this "
-            "model does not pass a grown batch through; use patch_sweep(..., batching='stack')"
+            "model does not pass a grown batch through; use patch_activations(..., batching='stack')"
         )
     return out["final"]
