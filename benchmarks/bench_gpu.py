@@ -114,7 +114,7 @@ def bench_lens(model: Any, cpu_model: Any | None, n: int, tl_n: int, batch: int)
 
 def bench_patching(model: Any, n: int) -> None:
     if importlib.util.find_spec("mechlingo.analyses.patching") is None:
-        print("patching sweep         skipped: mechlingo.analyses.patching is not there yet")
+        print("activation patching    skipped: mechlingo.analyses.patching is not there yet")
         return
     from mechlingo.analyses.patching import answer_logprob, patch_activations
 
@@ -132,7 +132,7 @@ def bench_patching(model: Any, n: int) -> None:
     # second may win for many examples: this prints both.
     t_stack, _ = timed(lambda: run("stack"))
     t, _ = timed(lambda: run("grow"))
-    report("patching sweep (grow)", t, n * n_layers, "cells", {"batching='stack'": t_stack})
+    report("activation patching (grow)", t, n * n_layers, "cells", {"batching='stack'": t_stack})
 
 
 def bench_vectors(model: Any, cpu_model: Any | None, n: int, batch: int) -> None:

@@ -1,12 +1,13 @@
-"""Benchmark: batched residual patching sweep vs TransformerLens's per-cell patching.
+"""Benchmark: batched residual activation patching vs TransformerLens's per-cell patching.
 
-Runs a (layers x positions) ``resid_pre`` patching sweep on the embedded model (or any model
+Patches ``resid_pre`` over a (layers x positions) grid on the embedded model (or any model
 given with ``--model``) two ways in one process, on the same clean/corrupted pair and grid:
 
-* ``mechlingo.analyses.patching.patch_activations`` (default ``batching="grow"``): source activations read
-  once; one pass per example in which the batch grows by each layer's patched copies at that
-  layer's block input (the unpatched prefix is computed once); passes stop at the final
-  residual stream and the last tokens of all rows are unembedded in one readout;
+* ``mechlingo.analyses.patching.patch_activations`` (default ``batching="grow"``): source
+  activations read once; one pass per example in which the batch grows by each layer's
+  patched copies at that layer's block input (the unpatched prefix is computed once); passes
+  stop at the final residual stream and the last tokens of all rows are unembedded in one
+  readout;
 * the same with ``batching="stack"`` (every copy runs the whole model), for reference;
 * ``transformer_lens.patching.get_act_patch_resid_pre``-style per-cell patching
   (``generic_activation_patch`` with ``layer_pos_patch_setter`` on the same grid): one full
@@ -134,8 +135,8 @@ def main() -> None:
     diff = max(float((sw.values[0].to(ref.device) - ref).abs().max()) for sw in (grown, stacked))
     t_floor = floor(model, src, tgt, layers, len(positions))
     nn = peer_nnterp(args, src, tgt, layers, positions, ids, grown.values[0], k)
-    print(f"mechlingo sweep, grow : {t_grow:8.2f} s ({len(grown.cells)} cells)")
-    print(f"mechlingo sweep, stack: {t_stack:8.2f} s")
+    print(f"mechlingo patching, grow : {t_grow:8.2f} s ({len(grown.cells)} cells)")
+    print(f"mechlingo patching, stack: {t_stack:8.2f} s")
     print(f"TransformerLens per-cell: {t_tl:8.2f} s")
     print(
         f"speed-up: {t_tl / t_grow:.1f}x (grow, the default), {t_tl / t_stack:.1f}x (stack)   "
@@ -159,7 +160,7 @@ def _bare(model, batch: TokenBatch) -> float:
 
 
 def floor(model, src: TokenBatch, tgt: TokenBatch, layers: list[int], n_pos: int) -> float:
-    """The forward passes a layer x position sweep cannot avoid, timed here: one pass of the
+    """The forward passes layer x position patching cannot avoid, timed here: one pass of the
     source (its activations), one of the target (the unpatched prefix, shared by all
     cells), and for each layer ``l`` the blocks after ``l`` on the ``n_pos`` patched copies
     of every pair (measured as a full pass of ``k x n_pos`` rows times ``(n - l) / n``)."""
