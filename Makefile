@@ -24,7 +24,7 @@ setup: $(BIN)/python chromium
 	@# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q "torch==2.13.0"
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test]"
-	$(BIN)/python -c "from mechlingo.models import ensure_default_model; ensure_default_model()"
+	$(BIN)/python -c "from mechlingo.core.models import ensure_default_model; ensure_default_model()"
 
 demo: setup
 	$(BIN)/mechlingo trace --langs en,fr,de,es,ja --relation capital --limit 20 --patch-prompts 1 --out $(OUT)

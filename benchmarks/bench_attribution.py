@@ -7,7 +7,7 @@ last token, the last two prompt tokens); the clean answer's log-probability is t
 Grid: every layer x those 4 positions x (``attn_out``, ``mlp_out``, every head), plus
 ``resid_pre`` for the QK fix. Each grid is measured two ways in one process:
 
-* exact: :func:`mechlingo.analyses.patching.patch_sweep` (``batching="grow"``);
+* exact: :func:`mechlingo.analyses.patching.patch_activations` (``batching="grow"``);
 * AtP: :func:`mechlingo.analyses.attribution.attribution_patch` (one forward + one backward pass per
   metric; ``resid_pre`` with and without AtP*'s QK fix).
 
@@ -29,8 +29,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechlingo.analyses.attribution import attribution_patch, compare_sweeps  # noqa: E402
-from mechlingo.analyses.patching import fact_metrics, patch_sweep  # noqa: E402
+from mechlingo.analyses.attribution import attribution_patch, compare_patching  # noqa: E402
+from mechlingo.analyses.patching import fact_metrics, patch_activations  # noqa: E402
 from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
 
@@ -80,7 +80,7 @@ def main() -> None:
         print(f"  clean {f.prompt!r} -> {f.answer!r}; corrupted {g.prompt!r}")
     # warm-up (first calls build caches)
     attribution_patch(model, clean[:1], corrupt[:1], "mlp_out", layers=[0], **_one(kw))
-    patch_sweep(model, clean[:1], corrupt[:1], "mlp_out", layers=[0], **_one(kw))
+    patch_activations(model, clean[:1], corrupt[:1], "mlp_out", layers=[0], **_one(kw))
 
     grids = {
         "attn_out+mlp_out": ["attn_out", "mlp_out"],
@@ -90,7 +90,7 @@ def main() -> None:
     exact, t_exact = {}, {}
     for name, sites in grids.items():
         exact[name], t_exact[name] = timed(
-            lambda s=sites: patch_sweep(model, clean, corrupt, s, **kw)
+            lambda s=sites: patch_activations(model, clean, corrupt, s, **kw)
         )
         print(f"exact {name}: {len(exact[name].cells)} cells, {t_exact[name]:.2f} s")
     atp, t_atp = {}, {}
@@ -113,10 +113,10 @@ def main() -> None:
 
     print("\nrank agreement with exact patching (per-cell effect on the answer log-prob):")
     rows = [
-        ("attn_out", compare_sweeps(atp["attn_out+mlp_out"], exact["attn_out+mlp_out"])),
-        ("mlp_out", compare_sweeps(atp["attn_out+mlp_out"], exact["attn_out+mlp_out"])),
-        ("head", compare_sweeps(atp["heads"], exact["heads"])),
-        ("resid_pre", compare_sweeps(atp["resid_pre"], exact["resid_pre"])),
+        ("attn_out", compare_patching(atp["attn_out+mlp_out"], exact["attn_out+mlp_out"])),
+        ("mlp_out", compare_patching(atp["attn_out+mlp_out"], exact["attn_out+mlp_out"])),
+        ("head", compare_patching(atp["heads"], exact["heads"])),
+        ("resid_pre", compare_patching(atp["resid_pre"], exact["resid_pre"])),
     ]
     for site, cmp in rows:
         c = cmp[site]
@@ -124,7 +124,7 @@ def main() -> None:
             f"  {site:10s} spearman {c['spearman']:.3f}  pearson {c['pearson']:.3f}  "
             f"top-{c['k']} {c['top_k']:.2f}  ({c['n_cells']} cells)"
         )
-    c = compare_sweeps(star, exact["resid_pre"])["resid_pre"]
+    c = compare_patching(star, exact["resid_pre"])["resid_pre"]
     print(
         f"  resid_pre with the QK fix: spearman {c['spearman']:.3f}  pearson "
         f"{c['pearson']:.3f}  top-{c['k']} {c['top_k']:.2f}"

@@ -6,7 +6,7 @@ fill the device, and for each workload its throughput, the ratio to the same cod
 
 1. logit lens: ``mechlingo.analyses.lens.logit_lens`` vs TransformerLens's
    ``tools.analysis.logit_lens`` one prompt at a time (subset, scaled per prompt);
-2. activation patching: ``mechlingo.analyses.patching.patch_sweep`` over every layer of
+2. activation patching: ``mechlingo.analyses.patching.patch_activations`` over every layer of
    ``resid_pre`` at the last token (skipped with a message when the module is missing);
 3. vector building: streaming float64 means of the last-token residual stream of every layer
    (``mechlingo.activations.means.last_token_means``; ``runs.collect`` + ``StreamingMean`` when
@@ -114,9 +114,9 @@ def bench_lens(model: Any, cpu_model: Any | None, n: int, tl_n: int, batch: int)
 
 def bench_patching(model: Any, n: int) -> None:
     if importlib.util.find_spec("mechlingo.analyses.patching") is None:
-        print("patching sweep         skipped: mechlingo.analyses.patching is not there yet")
+        print("activation patching    skipped: mechlingo.analyses.patching is not there yet")
         return
-    from mechlingo.analyses.patching import answer_logprob, patch_sweep
+    from mechlingo.analyses.patching import answer_logprob, patch_activations
 
     prompts, words, langs = prompts_and_answers(2 * n)
     src, tgt = prompts[:n], prompts[n : 2 * n]
@@ -124,7 +124,7 @@ def bench_patching(model: Any, n: int) -> None:
     n_layers = int(model.cfg.n_layers)
 
     def run(batching: str) -> Any:
-        return patch_sweep(
+        return patch_activations(
             model, src, tgt, "resid_pre", alignment="last", metric=metric, batching=batching
         )
 
@@ -132,7 +132,7 @@ def bench_patching(model: Any, n: int) -> None:
     # second may win for many examples: this prints both.
     t_stack, _ = timed(lambda: run("stack"))
     t, _ = timed(lambda: run("grow"))
-    report("patching sweep (grow)", t, n * n_layers, "cells", {"batching='stack'": t_stack})
+    report("activation patching (grow)", t, n * n_layers, "cells", {"batching='stack'": t_stack})
 
 
 def bench_vectors(model: Any, cpu_model: Any | None, n: int, batch: int) -> None:

@@ -1,12 +1,13 @@
-"""Benchmark: batched residual patching sweep vs TransformerLens's per-cell patching.
+"""Benchmark: batched residual activation patching vs TransformerLens's per-cell patching.
 
-Runs a (layers x positions) ``resid_pre`` patching sweep on the embedded model (or any model
+Patches ``resid_pre`` over a (layers x positions) grid on the embedded model (or any model
 given with ``--model``) two ways in one process, on the same clean/corrupted pair and grid:
 
-* ``mechlingo.analyses.patching.patch_sweep`` (default ``batching="grow"``): source activations read
-  once; one pass per example in which the batch grows by each layer's patched copies at that
-  layer's block input (the unpatched prefix is computed once); passes stop at the final
-  residual stream and the last tokens of all rows are unembedded in one readout;
+* ``mechlingo.analyses.patching.patch_activations`` (default ``batching="grow"``): source
+  activations read once; one pass per example in which the batch grows by each layer's
+  patched copies at that layer's block input (the unpatched prefix is computed once); passes
+  stop at the final residual stream and the last tokens of all rows are unembedded in one
+  readout;
 * the same with ``batching="stack"`` (every copy runs the whole model), for reference;
 * ``transformer_lens.patching.get_act_patch_resid_pre``-style per-cell patching
   (``generic_activation_patch`` with ``layer_pos_patch_setter`` on the same grid): one full
@@ -32,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechlingo.analyses.patching import answer_logprob, patch_sweep  # noqa: E402
+from mechlingo.analyses.patching import answer_logprob, patch_activations  # noqa: E402
 from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.core.tokens import TokenBatch, encode  # noqa: E402
 
@@ -54,7 +55,9 @@ def main() -> None:
     ap.add_argument("--layers", default=None, help="comma-separated layers (default all)")
     ap.add_argument("--positions", type=int, default=4, help="last N positions (default 4)")
     ap.add_argument("--pairs", type=int, default=4, help="clean/corrupted pairs (default 4)")
-    ap.add_argument("--cells-per-batch", type=int, default=None, help="default: patch_sweep's")
+    ap.add_argument(
+        "--cells-per-batch", type=int, default=None, help="default: patch_activations's"
+    )
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     model = load_model(args.model, device=args.device)
@@ -86,14 +89,14 @@ def main() -> None:
         f"model {model.cfg.model_name}: {len(layers)} layers x {len(positions)} positions, "
         f"{k} pairs of {width} tokens, device {dev}"
     )
-    patch_sweep(
+    patch_activations(
         model, src, tgt, "resid_pre", layers=layers[:1], positions=positions[:1], metric=metric
     )  # warm-up
 
     def ours(batching: str):
         sync()
         t0 = time.perf_counter()
-        sw = patch_sweep(
+        sw = patch_activations(
             model,
             src,
             tgt,
@@ -132,8 +135,8 @@ def main() -> None:
     diff = max(float((sw.values[0].to(ref.device) - ref).abs().max()) for sw in (grown, stacked))
     t_floor = floor(model, src, tgt, layers, len(positions))
     nn = peer_nnterp(args, src, tgt, layers, positions, ids, grown.values[0], k)
-    print(f"mechlingo sweep, grow : {t_grow:8.2f} s ({len(grown.cells)} cells)")
-    print(f"mechlingo sweep, stack: {t_stack:8.2f} s")
+    print(f"mechlingo patching, grow : {t_grow:8.2f} s ({len(grown.cells)} cells)")
+    print(f"mechlingo patching, stack: {t_stack:8.2f} s")
     print(f"TransformerLens per-cell: {t_tl:8.2f} s")
     print(
         f"speed-up: {t_tl / t_grow:.1f}x (grow, the default), {t_tl / t_stack:.1f}x (stack)   "
@@ -157,7 +160,7 @@ def _bare(model, batch: TokenBatch) -> float:
 
 
 def floor(model, src: TokenBatch, tgt: TokenBatch, layers: list[int], n_pos: int) -> float:
-    """The forward passes a layer x position sweep cannot avoid, timed here: one pass of the
+    """The forward passes layer x position patching cannot avoid, timed here: one pass of the
     source (its activations), one of the target (the unpatched prefix, shared by all
     cells), and for each layer ``l`` the blocks after ``l`` on the ``n_pos`` patched copies
     of every pair (measured as a full pass of ``k x n_pos`` rows times ``(n - l) / n``)."""

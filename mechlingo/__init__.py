@@ -3,10 +3,11 @@
 Start with :func:`load_model` (the embedded default is google/gemma-3-270m), bundled facts
 from :mod:`mechlingo.data`, and :func:`lens_facts` for the per-language logit lens.
 
-The package is layered; each folder imports only from those above it in this list:
-``core`` (model, sites, tokens, errors) -> ``kernels`` (readout, ranking, statistics) and
-``data`` -> ``activations`` (runs, pooled statistics, decoding) -> ``interventions`` ->
-``analyses`` (the methods) -> ``viz`` (figures) -> ``report`` (HTML pages) -> ``cli``.
+The package is built in tiers; each folder imports only from those before it in this list:
+``core`` (model, sites, tokens, errors) -> ``kernels`` (readout, ranking, statistics) |
+``data`` -> ``viz`` (figures from plain data) -> ``activations`` (runs, pooled statistics,
+decoding) -> ``interventions`` -> ``analyses`` (the methods) -> ``report`` (HTML pages) ->
+``cli``.
 """
 
 from __future__ import annotations

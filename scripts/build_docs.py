@@ -14,18 +14,14 @@ from pathlib import Path
 
 
 def modules() -> list[str]:
-    """The package and its layers (pdoc documents each package's submodules); the
-    deprecated one-release shims of the old flat layout are left out."""
+    """The package and its tiers (pdoc documents each package's submodules)."""
     import mechlingo
 
     for name in mechlingo.__all__:  # resolve the lazily loaded top-level names for pdoc
         getattr(mechlingo, name)
     names = ["mechlingo"]
     for info in pkgutil.iter_modules(mechlingo.__path__, "mechlingo."):
-        path = Path(mechlingo.__path__[0]) / (info.name.split(".")[-1] + ".py")
-        if info.name == "mechlingo.__main__" or (
-            path.is_file() and "mechlingo-shim" in path.read_text()[:2000]
-        ):
+        if info.name == "mechlingo.__main__":
             continue
         names.append(info.name)
     return names

@@ -10,7 +10,6 @@ including imports inside functions and ``if TYPE_CHECKING:`` blocks, and fails o
 * a function longer than ``MAX_LINES`` lines, its docstring excluded.
 
 ``--counts`` prints the numbers without failing (used for before/after comparisons).
-Deprecated one-release shims (modules that only re-export a moved module) are skipped.
 
     python scripts/check_layers.py            # the contract (make lint)
     python scripts/check_layers.py --counts   # the numbers
@@ -40,7 +39,6 @@ LAYERS: list[set[str]] = [
     {"cli", "__main__"},
     {"__init__"},  # the package's top-level names
 ]
-SHIM_MARK = "mechlingo-shim"
 # Optional or heavy dependencies that may be imported inside a function: each takes a
 # second or more to import, or is absent in a supported setup (TransformerLens 3 has no
 # model_bridge; the TransformerLens 3 check does not install the embedded model's package).
@@ -83,10 +81,6 @@ def layer_of(module: str) -> int | None:
         if head in names:
             return i
     return None
-
-
-def is_shim(tree: ast.Module, source: str) -> bool:
-    return SHIM_MARK in source[:2000]
 
 
 def resolve(module: str, node: ast.ImportFrom, is_pkg: bool) -> str:
@@ -142,10 +136,7 @@ class Scan(ast.NodeVisitor):
 def scan(root: Path = ROOT) -> dict[str, Scan]:
     out = {}
     for path in sorted(root.rglob("*.py")):
-        source = path.read_text()
-        tree = ast.parse(source)
-        if is_shim(tree, source):
-            continue
+        tree = ast.parse(path.read_text())
         mod = module_name(path, root)
         s = Scan(mod, path.name == "__init__.py")
         s.visit(tree)

@@ -8,11 +8,16 @@ import torch
 
 from mechlingo.analyses.attribution import (
     attribution_patch,
-    compare_sweeps,
+    compare_patching,
     neuron_attribution,
     verify_top_cells,
 )
-from mechlingo.analyses.patching import PatchingError, answer_logprob, fact_metrics, patch_sweep
+from mechlingo.analyses.patching import (
+    PatchingError,
+    answer_logprob,
+    fact_metrics,
+    patch_activations,
+)
 from mechlingo.core.sites import resolve_site
 from mechlingo.data import load_facts
 from tests.conftest import count_hooks
@@ -127,7 +132,7 @@ def test_first_order_equals_exact_patching(tiny, pair, metric, qk_fix):
 def test_baselines_and_result_type_match_exact(tiny, pair, metric):
     src, tgt = pair
     at = attribution_patch(tiny, src, tgt, SITES, metric=metric)
-    ex = patch_sweep(tiny, src, tgt, SITES, metric=metric)
+    ex = patch_activations(tiny, src, tgt, SITES, metric=metric)
     assert at.cells == ex.cells and at.position_labels == ex.position_labels
     assert torch.allclose(at.clean, ex.clean, atol=1e-5)
     assert torch.allclose(at.corrupted, ex.corrupted, atol=1e-5)
@@ -150,28 +155,28 @@ def test_qk_fix_only_changes_resid_pre(tiny, pair, metric):
     assert not torch.allclose(a.values[:, pre], b.values[:, pre])
     # a cell at the last position of the last layer's resid_pre feeds its own attention:
     # with the pattern change computed exactly the estimate is closer to exact patching
-    ex = patch_sweep(tiny, src, tgt, "resid_pre", metric=metric)
+    ex = patch_activations(tiny, src, tgt, "resid_pre", metric=metric)
     err_a = (a.values[:, pre] - ex.values).abs().mean()
     err_b = (b.values[:, pre] - ex.values).abs().mean()
     assert err_b < err_a
 
 
-def test_cross_language_alignment_same_cells_as_patch_sweep(tiny):
+def test_cross_language_alignment_same_cells_as_patch_activations(tiny):
     en = load_facts(langs=["en"], relations=["capital"], limit=3)
     ja = load_facts(langs=["ja"], relations=["capital"], limit=3)
     metrics = fact_metrics(tiny, ja)
     kw = dict(metric=metrics, alignment="subject")
     at = attribution_patch(tiny, en, ja, ["resid_pre", "mlp_out", "head"], **kw)
-    ex = patch_sweep(tiny, en, ja, ["resid_pre", "mlp_out", "head"], **kw)
+    ex = patch_activations(tiny, en, ja, ["resid_pre", "mlp_out", "head"], **kw)
     assert at.cells == ex.cells
     assert torch.equal(at.target_positions, ex.target_positions)
     assert torch.equal(at.source_positions, ex.source_positions)
     assert at.metric_names == ["answer_logprob", "en_logprob"]
     assert torch.allclose(at.corrupted, ex.corrupted, atol=1e-4)
-    cmp = compare_sweeps(at, ex)
+    cmp = compare_patching(at, ex)
     assert set(cmp) == {"resid_pre", "mlp_out", "head", "all"}
     assert cmp["head"]["n_cells"] == 3 * tiny.cfg.n_layers * tiny.cfg.n_heads
-    same = compare_sweeps(ex, ex, k=5)
+    same = compare_patching(ex, ex, k=5)
     assert all(v["spearman"] == pytest.approx(1.0) and v["top_k"] == 1.0 for v in same.values())
 
 
@@ -179,7 +184,7 @@ def test_verify_top_cells_are_exact(tiny, pair, metric):
     src, tgt = pair
     at = attribution_patch(tiny, src, tgt, ["head"], metric=metric)
     rows = verify_top_cells(tiny, src, tgt, at, k=3, by=0, metric=metric)
-    ex = patch_sweep(tiny, src, tgt, "head", metric=metric)
+    ex = patch_activations(tiny, src, tgt, "head", metric=metric)
     nrm = ex.normalized()
     for r in rows:
         i = next(
@@ -307,8 +312,8 @@ def test_gemma_ranks_like_exact_patching(gemma):
     )
     sites = ["attn_out", "mlp_out"]
     at = attribution_patch(gemma, clean, corrupt, sites, **kw)
-    ex = patch_sweep(gemma, clean, corrupt, sites, **kw)
-    cmp = compare_sweeps(at, ex)
+    ex = patch_activations(gemma, clean, corrupt, sites, **kw)
+    cmp = compare_patching(at, ex)
     assert cmp["attn_out"]["spearman"] > 0.6 and cmp["mlp_out"]["spearman"] > 0.6, cmp
 
 

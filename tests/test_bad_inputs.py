@@ -1024,7 +1024,7 @@ def test_same_model_still_applies(tiny, P):
 
 
 def test_error_hierarchy_keeps_old_bases():
-    from mechlingo.activations.parallel import DistributedError
+    from mechlingo.activations.distributed import DistributedError
     from mechlingo.analyses.alignment import AlignmentError
     from mechlingo.analyses.experts import ExpertError
     from mechlingo.analyses.patching import PatchingError

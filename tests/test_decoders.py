@@ -147,7 +147,7 @@ def test_training_errors(tiny):
 WORKER = textwrap.dedent(
     """
     import sys, torch
-    from mechlingo.activations.parallel import process_group
+    from mechlingo.activations.distributed import process_group
     from mechlingo.analyses.tuned_lens import train_tuned_lens
     from mechlingo.core.models import load_model
 

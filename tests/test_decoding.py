@@ -97,7 +97,7 @@ def test_columns_visible_to_plain_hooks(tiny):
         seen.append(None if cols is None else cols[:, 0].tolist())
 
     batch = encode(tiny, ["ab", "abcdef"])
-    decode(tiny, batch, max_new_tokens=3, hooks=[("blocks.0.hook_resid_pre", look)], cache=True)
+    decode(tiny, batch, max_new_tokens=3, fwd_hooks=[("blocks.0.hook_resid_pre", look)], cache=True)
     n = batch.lengths.tolist()
     assert seen[0] is None  # the prompt pass computes every position
     assert seen[1] == [n[0], n[1]]  # the first generated token, at each row's real position
@@ -115,7 +115,7 @@ def test_finished_rows_leave_the_batch(tiny):
         tiny,
         batch,
         max_new_tokens=5,
-        hooks=[("blocks.0.hook_resid_pre", size)],
+        fwd_hooks=[("blocks.0.hook_resid_pre", size)],
         stop=lambda r, ids: len(ids) >= r + 1,  # row r stops after r + 1 tokens
         cache=True,
     )

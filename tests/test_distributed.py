@@ -1,4 +1,4 @@
-"""Data-parallel statistics: 2 CPU processes (torchrun, gloo) equal one process."""
+"""Distributed statistics: 2 CPU processes (torchrun, gloo) equal one process."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import time
 import pytest
 import torch
 
-from mechlingo.activations.means import last_token_means
-from mechlingo.activations.parallel import (
+from mechlingo.activations.distributed import (
     DistributedError,
     all_gather_rows,
     all_reduce_state,
@@ -23,6 +22,7 @@ from mechlingo.activations.parallel import (
     shard,
     shard_bounds,
 )
+from mechlingo.activations.means import last_token_means
 from mechlingo.activations.pooled import pooled_neuron_acts
 
 PROMPTS = [
@@ -44,7 +44,7 @@ WORKER = textwrap.dedent(
     """
     import sys, torch
     from mechlingo.activations.means import last_token_means
-    from mechlingo.activations.parallel import (
+    from mechlingo.activations.distributed import (
         all_gather_rows, all_reduce_state, dist_info, is_main, process_group, shard,
     )
     from mechlingo.activations.pooled import pooled_neuron_acts
@@ -222,7 +222,7 @@ def _same_results(ref, model) -> None:
     sv = SteeringVector(v, layer=1, alpha=3.0)
     name = hook_name(ref, "resid_post", 1)
     outs = [
-        collect(m, encode(m, PROMPTS), [name], extra_hooks=sv.fwd_hooks(m))[name]
+        collect(m, encode(m, PROMPTS), [name], fwd_hooks=sv.fwd_hooks(m))[name]
         for m in (ref, model)
     ]
     torch.testing.assert_close(outs[0], outs[1].to(outs[0].device), rtol=1e-5, atol=1e-5)

@@ -24,7 +24,7 @@ from mechlingo.activations.runs import next_token_logits, run_batch
 from mechlingo.analyses.alignment import embed_parallel
 from mechlingo.analyses.experts import collect_neuron_stats
 from mechlingo.analyses.lens import logit_lens
-from mechlingo.analyses.patching import answer_logprob, patch_sweep
+from mechlingo.analyses.patching import answer_logprob, patch_activations
 from mechlingo.core.errors import InterventionError
 from mechlingo.core.families import FAMILIES, REFUSED, Family, build_family_folder
 from mechlingo.core.models import ModelLoadError, load_model, weight_mode
@@ -314,8 +314,10 @@ def test_patching_grow_equals_stack_equals_transformer_lens(fam):
     sites = ["resid_pre", "resid_post", "attn_out", "mlp_out", "head"]
     if not fam.spec.parallel:
         sites.insert(1, "resid_mid")
-    stack = patch_sweep(model, src, tgt, sites, metric=metric, batching="stack")
-    grow = patch_sweep(model, src, tgt, sites, metric=metric, batching="grow", cells_per_batch=7)
+    stack = patch_activations(model, src, tgt, sites, metric=metric, batching="stack")
+    grow = patch_activations(
+        model, src, tgt, sites, metric=metric, batching="grow", cells_per_batch=7
+    )
     assert stack.cells == grow.cells
     assert (stack.values - grow.values).abs().max() < 1e-4
     assert not torch.allclose(stack.clean, stack.corrupted)
@@ -333,7 +335,9 @@ def test_patching_grow_equals_stack_equals_transformer_lens(fam):
         assert (ours - ref).abs().max() < 1e-4, site
     # patching the last block's output at the last position reproduces the source
     n = int(model.cfg.n_layers)
-    last = patch_sweep(model, src, tgt, "resid_post", layers=[n - 1], positions=[-1], metric=metric)
+    last = patch_activations(
+        model, src, tgt, "resid_post", layers=[n - 1], positions=[-1], metric=metric
+    )
     torch.testing.assert_close(last.values[:, 0], last.clean, atol=1e-4, rtol=0)
     assert count_hooks(model) == fam.hooks0
 
@@ -479,7 +483,7 @@ def test_resid_mid_writes_edit_the_residual(fam):
 
 
 def test_patching_resid_mid_equals_a_hand_patched_residual(fam):
-    """patch_sweep at resid_mid equals a run that sets the residual between attention and MLP
+    """patch_activations at resid_mid equals a run that sets the residual between attention and MLP
     by hand: attn_out + (source resid_mid - target resid_mid) at the patched position."""
     if fam.spec.parallel:
         pytest.skip("no resid_mid in a parallel block")
@@ -488,7 +492,7 @@ def test_patching_resid_mid_equals_a_hand_patched_residual(fam):
     metric = answer_logprob(model, ["mat", "park"], name="lp")
     layer, pos = 0, 2  # layer 1's attention carries position 2's residual to the last token
     for batching in ("stack", "grow"):
-        res = patch_sweep(
+        res = patch_activations(
             model,
             src,
             tgt,
@@ -557,7 +561,9 @@ def test_hooks_removed_after_error(fam, monkeypatch):
     monkeypatch.setattr(patching, "_writer", exploding_writer)
     for batching in ("grow", "stack"):
         with pytest.raises(Boom):
-            patch_sweep(model, src, tgt, ["resid_pre", "head"], metric=metric, batching=batching)
+            patch_activations(
+                model, src, tgt, ["resid_pre", "head"], metric=metric, batching=batching
+            )
         assert count_hooks(model) == fam.hooks0
     # nothing left behind: the same numbers as before the errors
     assert torch.equal(next_token_logits(model, batch), before)

@@ -137,15 +137,15 @@ def test_steering_vector_intervention(ht):
     batch = encode(ht, PROMPTS)
     name = hook_name(ht, "resid_pre", 1)
     plain = collect(ht, batch, [name])[name]
-    steered = collect(ht, batch, [name], extra_hooks=sv.fwd_hooks(ht))[name]
+    steered = collect(ht, batch, [name], fwd_hooks=sv.fwd_hooks(ht))[name]
     torch.testing.assert_close(steered - plain, (2.0 * v).expand_as(plain), rtol=1e-4, atol=1e-4)
 
 
-def test_patch_sweep_identity(ht):
+def test_patch_activations_identity(ht):
     patching = pytest.importorskip("mechlingo.analyses.patching")
     src = ["The capital of Italy is", "The capital of Spain is"]
     metric = patching.answer_logprob(ht, ["Rome", "Madrid"], name="lp")
-    sw = patching.patch_sweep(ht, src, src, ["resid_pre", "mlp_out"], metric=metric)
+    sw = patching.patch_activations(ht, src, src, ["resid_pre", "mlp_out"], metric=metric)
     # patching a run into itself changes nothing
     torch.testing.assert_close(sw.effect(), torch.zeros_like(sw.effect()), rtol=0, atol=1e-4)
     # a HookedTransformer passes a batch that grows mid-pass through (its masks and rotary
@@ -153,8 +153,8 @@ def test_patch_sweep_identity(ht):
     tgt = ["The capital of Spain is", "The capital of Italy is"]
     sites = ["resid_pre", "attn_out", "head"]
     kw = dict(metric=metric, alignment="last", positions=[-1, -2, -3])
-    grown = patching.patch_sweep(ht, src, tgt, sites, batching="grow", **kw)
-    stacked = patching.patch_sweep(ht, src, tgt, sites, batching="stack", **kw)
+    grown = patching.patch_activations(ht, src, tgt, sites, batching="grow", **kw)
+    stacked = patching.patch_activations(ht, src, tgt, sites, batching="stack", **kw)
     assert not torch.allclose(grown.clean, grown.corrupted)
     torch.testing.assert_close(grown.values, stacked.values, rtol=0, atol=1e-4)
 
@@ -176,12 +176,12 @@ def test_resid_mid_is_the_residual_on_a_hooked_transformer(ht):
     ]:
         hooks = iv.fwd_hooks(ht)
         assert [n for n, _ in hooks] == [names[0]]
-        got = collect(ht, batch, names, extra_hooks=hooks)
+        got = collect(ht, batch, names, fwd_hooks=hooks)
         assert (got[names[0]] - clean[names[0]]).abs().max() > 1e-3
         torch.testing.assert_close(got[names[2]], got[names[0]] + got[names[1]], atol=1e-5, rtol=0)
     src, tgt = PROMPTS[:2], PROMPTS[1::-1]
     metric = patching.answer_logprob(ht, ["Rome", "Roma"], name="lp")
-    sw = patching.patch_sweep(
+    sw = patching.patch_activations(
         ht, src, tgt, "resid_mid", layers=[1], positions=[-1], alignment="last", metric=metric
     )
     s_b, t_b = encode(ht, src), encode(ht, tgt)

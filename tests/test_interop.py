@@ -162,7 +162,7 @@ def test_greedy_generate_equals_the_bridge_cached_and_uncached(pair):
     }
     base = decode(model, batch, max_new_tokens=4)
     for name, iv in cases.items():
-        ref = decode(model, batch, max_new_tokens=4, hooks=iv.fwd_hooks(model))
+        ref = decode(model, batch, max_new_tokens=4, fwd_hooks=iv.fwd_hooks(model))
         assert ref != base, name  # the intervention changes some token
         for cache in (True, False):
             with iv.attach(hf):
@@ -277,5 +277,5 @@ def test_embedded_model_logits_and_generate(gemma):
     for i, n in enumerate(batch.lengths.tolist()):
         assert (ref[i, :n] - plain[i, :n]).abs().max() > 0.1
         torch.testing.assert_close(got[i, -n:], ref[i, :n], atol=2e-3, rtol=1e-4)
-    assert tokens == decode(gemma, batch, max_new_tokens=4, hooks=iv.fwd_hooks(gemma))
+    assert tokens == decode(gemma, batch, max_new_tokens=4, fwd_hooks=iv.fwd_hooks(gemma))
     assert torch_hooks(hf) == before

@@ -1,13 +1,10 @@
-"""The layered package: the architecture contract holds and catches violations, every old
-import path still works for one release (with a DeprecationWarning), and the entry points
-(console script, ``python -m``) run."""
+"""The tiered package: the architecture contract holds and catches violations, and the entry
+points (console script, ``python -m``) run."""
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -16,79 +13,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import check_layers  # noqa: E402
 
-MOVED = {
-    "mechlingo.errors": "mechlingo.core.errors",
-    "mechlingo.models": "mechlingo.core.models",
-    "mechlingo.sites": "mechlingo.core.sites",
-    "mechlingo.tokens": "mechlingo.core.tokens",
-    "mechlingo.families": "mechlingo.core.families",
-    "mechlingo.artifacts": "mechlingo.core.artifacts",
-    "mechlingo.stats": "mechlingo.kernels.significance",
-    "mechlingo.runs": "mechlingo.activations.runs",
-    "mechlingo.kernels.means": "mechlingo.activations.means",
-    "mechlingo.decoding": "mechlingo.activations.decoding",
-    "mechlingo.evaluate": "mechlingo.analyses.evaluate",
-    "mechlingo.lens": "mechlingo.analyses.lens",
-    "mechlingo.patching": "mechlingo.analyses.patching",
-    "mechlingo.attribution": "mechlingo.analyses.attribution",
-    "mechlingo.pipeline": "mechlingo.analyses.pipeline",
-    "mechlingo.steering": "mechlingo.analyses.repair",
-    "mechlingo.protocol": "mechlingo.analyses.protocol",
-    "mechlingo.experts": "mechlingo.analyses.experts",
-    "mechlingo.alignment": "mechlingo.analyses.alignment",
-    "mechlingo.side_effects": "mechlingo.analyses.side_effects",
-    "mechlingo.plots_pipeline": "mechlingo.viz.pipeline",
-    "mechlingo.plots_experts": "mechlingo.viz.experts",
-    "mechlingo.pipeline_cli": "mechlingo.cli.trace",
-    "mechlingo.experts_cli": "mechlingo.cli.experts",
-    "mechlingo.steering_cli": "mechlingo.cli.steer",
-    "mechlingo.validate": "mechlingo.cli.validate",
-}
 
-
-def _fresh_import(name: str):
-    sys.modules.pop(name, None)
-    with pytest.warns(DeprecationWarning, match=name.replace(".", r"\.") + " moved to"):
-        return importlib.import_module(name)
-
-
-@pytest.mark.parametrize("old", sorted(MOVED))
-def test_old_path_gives_the_moved_module(old):
-    new = importlib.import_module(MOVED[old])
-    assert _fresh_import(old) is new
-    assert new.__file__ and Path(new.__file__).exists()
-
-
-def test_old_plots_path_keeps_table_html():
-    mod = _fresh_import("mechlingo.plots")
-    from mechlingo.report.tables import table_html
-    from mechlingo.viz.common import accuracy_bars
-
-    assert mod.table_html is table_html and mod.accuracy_bars is accuracy_bars
-
-
-def test_old_distributed_path_keeps_its_names():
-    mod = _fresh_import("mechlingo.distributed")
-    from mechlingo.activations.means import last_token_means
-    from mechlingo.activations.pooled import pooled_neuron_acts
-
-    assert mod.distributed_last_token_means is last_token_means
-    assert mod.distributed_pooled_neuron_acts is pooled_neuron_acts
-    for name in ("process_group", "is_main", "shard", "all_reduce_state", "dist_info"):
-        assert callable(getattr(mod, name))
-
-
-def test_old_star_names_still_resolve():
-    """Names the README and notebooks import from the old flat modules."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from mechlingo.lens import lens_facts
-        from mechlingo.models import load_model
-        from mechlingo.steering import build_repair_vectors
-    import mechlingo
-
-    assert mechlingo.lens_facts is lens_facts and mechlingo.load_model is load_model
-    assert callable(build_repair_vectors)
+def test_no_module_only_re_exports_a_moved_one():
+    """0.1.0 keeps no shims: no module replaces itself in ``sys.modules`` or warns that it
+    moved."""
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "mechlingo").rglob("*.py"))
+        if "sys.modules[__name__]" in (text := path.read_text()) or "Deprecated: moved to" in text
+    ]
+    assert offenders == []
 
 
 def test_top_level_names():
@@ -144,11 +78,6 @@ def test_contract_catches_a_cycle_a_function_import_and_a_long_function(tmp_path
     assert found["cycles"] == ["mechlingo.analyses.a <-> mechlingo.analyses.b"]
     assert [f.split(" imports ")[1] for f in found["function imports"]] == ["json"]
     assert len(found["long"]) == 1 and "f has 89 lines" in found["long"][0]
-
-
-def test_shims_are_skipped_by_the_contract():
-    text = (ROOT / "mechlingo" / "models.py").read_text()
-    assert check_layers.SHIM_MARK in text
 
 
 @pytest.mark.parametrize(

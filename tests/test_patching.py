@@ -12,7 +12,7 @@ from mechlingo.analyses.patching import (
     attention_knockout,
     fact_metrics,
     logit_diff,
-    patch_sweep,
+    patch_activations,
     subject_token_span,
 )
 from mechlingo.core.tokens import encode
@@ -43,7 +43,7 @@ def _tl_metric(met):
 
 def test_source_equals_target_changes_nothing(tiny, pair, metric):
     src, _ = pair
-    sw = patch_sweep(tiny, src, src, ["resid_pre", "mlp_out", "head"], metric=metric)
+    sw = patch_activations(tiny, src, src, ["resid_pre", "mlp_out", "head"], metric=metric)
     assert torch.allclose(sw.clean, sw.corrupted)
     assert torch.allclose(sw.values, sw.corrupted[:, None, :].expand_as(sw.values), atol=1e-5)
 
@@ -51,7 +51,9 @@ def test_source_equals_target_changes_nothing(tiny, pair, metric):
 def test_last_layer_resid_patch_reproduces_source(tiny, pair, metric):
     src, tgt = pair
     n = tiny.cfg.n_layers
-    sw = patch_sweep(tiny, src, tgt, "resid_post", layers=[n - 1], positions=[-1], metric=metric)
+    sw = patch_activations(
+        tiny, src, tgt, "resid_post", layers=[n - 1], positions=[-1], metric=metric
+    )
     assert not torch.allclose(sw.clean, sw.corrupted)
     assert torch.allclose(sw.values[:, 0], sw.clean, atol=1e-5)
     assert torch.allclose(sw.normalized(), torch.ones(1), atol=1e-4)
@@ -60,8 +62,8 @@ def test_last_layer_resid_patch_reproduces_source(tiny, pair, metric):
 def test_batched_equals_one_cell_at_a_time(tiny, pair, metric):
     src, tgt = pair
     sites = ["resid_pre", "attn_out", "mlp_out", "head"]
-    a = patch_sweep(tiny, src, tgt, sites, metric=metric, cells_per_batch=1)
-    b = patch_sweep(tiny, src, tgt, sites, metric=metric, cells_per_batch=64)
+    a = patch_activations(tiny, src, tgt, sites, metric=metric, cells_per_batch=1)
+    b = patch_activations(tiny, src, tgt, sites, metric=metric, cells_per_batch=64)
     assert a.cells == b.cells
     assert torch.allclose(a.values, b.values, atol=1e-5)
 
@@ -72,8 +74,10 @@ def test_grown_batch_equals_stacked_batch(tiny, pair, metric, cells_per_batch):
     # input) must give the numbers of "stack" (every copy runs the whole model), every site
     src, tgt = pair
     sites = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "head"]
-    a = patch_sweep(tiny, src, tgt, sites, metric=metric, batching="stack", cells_per_batch=64)
-    b = patch_sweep(
+    a = patch_activations(
+        tiny, src, tgt, sites, metric=metric, batching="stack", cells_per_batch=64
+    )
+    b = patch_activations(
         tiny, src, tgt, sites, metric=metric, batching="grow", cells_per_batch=cells_per_batch
     )
     assert a.cells == b.cells
@@ -89,8 +93,8 @@ def test_grown_batch_cross_language_rows_of_different_lengths(tiny):
     assert len({len(encode(tiny, [f.prompt]).tokens[0]) for f in ja}) > 1
     metrics = fact_metrics(tiny, ja)
     kw = dict(metric=metrics, alignment="subject")
-    a = patch_sweep(tiny, en, ja, ["resid_pre", "mlp_out"], batching="stack", **kw)
-    b = patch_sweep(tiny, en, ja, ["resid_pre", "mlp_out"], batching="grow", **kw)
+    a = patch_activations(tiny, en, ja, ["resid_pre", "mlp_out"], batching="stack", **kw)
+    b = patch_activations(tiny, en, ja, ["resid_pre", "mlp_out"], batching="grow", **kw)
     assert (a.values - b.values).abs().max() < 1e-5
 
 
@@ -112,7 +116,7 @@ def test_grown_batch_hooks_removed_after_error(tiny, pair, metric, monkeypatch):
 
     monkeypatch.setattr(patching, "_brancher", exploding_brancher)
     with pytest.raises(Boom):
-        patch_sweep(tiny, src, tgt, ["resid_pre", "head"], metric=metric, batching="grow")
+        patch_activations(tiny, src, tgt, ["resid_pre", "head"], metric=metric, batching="grow")
     assert count_hooks(tiny) == 0
 
     def mismatched_brancher(copies):
@@ -124,10 +128,10 @@ def test_grown_batch_hooks_removed_after_error(tiny, pair, metric, monkeypatch):
 
     monkeypatch.setattr(patching, "_brancher", mismatched_brancher)
     with pytest.raises(PatchingError, match="batching='stack'"):
-        patch_sweep(tiny, src, tgt, "resid_pre", metric=metric, batching="grow")
+        patch_activations(tiny, src, tgt, "resid_pre", metric=metric, batching="grow")
     assert count_hooks(tiny) == 0
     with pytest.raises(PatchingError, match="batching"):
-        patch_sweep(tiny, src, tgt, metric=metric, batching="tiles")
+        patch_activations(tiny, src, tgt, metric=metric, batching="tiles")
 
 
 @pytest.mark.parametrize(
@@ -141,7 +145,7 @@ def test_grown_batch_hooks_removed_after_error(tiny, pair, metric, monkeypatch):
 )
 def test_equals_transformer_lens(tiny, pair, metric, site, fn):
     src, tgt = pair
-    sw = patch_sweep(tiny, src, tgt, site, metric=metric, cells_per_batch=13)
+    sw = patch_activations(tiny, src, tgt, site, metric=metric, cells_per_batch=13)
     _, cache = tiny.run_with_cache(src.tokens)
     ref = fn(tiny, tgt.tokens, cache, _tl_metric(metric), reduce="none").values
     ours = sw.values[0]
@@ -153,7 +157,7 @@ def test_equals_transformer_lens(tiny, pair, metric, site, fn):
 def test_result_tables_and_figure(tiny, pair, metric):
     src, tgt = pair
     diff = logit_diff(tiny, ["mat", "the"], ["dog", "cat"], name="diff")
-    sw = patch_sweep(tiny, src, tgt, ["resid_pre", "head"], layers=[0], metric=[metric, diff])
+    sw = patch_activations(tiny, src, tgt, ["resid_pre", "head"], layers=[0], metric=[metric, diff])
     df = sw.to_dataframe()
     assert set(df["metric"]) == {"lp", "diff"}
     assert {"normalized", "ci_low", "ci_high"} <= set(df.columns)
@@ -182,14 +186,14 @@ def test_cross_language_alignment(tiny):
     fr = load_facts(langs=["fr"], relations=["capital"], limit=3)
     metrics = fact_metrics(tiny, fr)
     with pytest.raises(PatchingError, match="alignment"):
-        patch_sweep(tiny, en, fr, "resid_pre", metric=metrics)
-    sw = patch_sweep(
+        patch_activations(tiny, en, fr, "resid_pre", metric=metrics)
+    sw = patch_activations(
         tiny, en, fr, "resid_pre", metric=metrics, alignment="last", positions=[-1, -2]
     )
     tb, sb = encode(tiny, [f.prompt for f in fr]), encode(tiny, [f.prompt for f in en])
     assert torch.equal(sw.target_positions[0], tb.last_index)
     assert torch.equal(sw.source_positions[1], sb.last_index - 1)
-    sw = patch_sweep(tiny, en, fr, ["mlp_out"], metric=metrics, alignment="subject")
+    sw = patch_activations(tiny, en, fr, ["mlp_out"], metric=metrics, alignment="subject")
     assert sw.position_labels == ["subject_first", "subject_last", "-1"]
     for i, (e, f) in enumerate(zip(en, fr, strict=True)):
         assert tuple(sw.source_positions[:2, i].tolist()) == subject_token_span(
@@ -198,7 +202,7 @@ def test_cross_language_alignment(tiny):
         assert tuple(sw.target_positions[:2, i].tolist()) == subject_token_span(
             tiny, f.prompt, f.subject_span
         )
-    sw = patch_sweep(tiny, en, fr, "resid_pre", metric=metrics, alignment={3: 2, -1: -1})
+    sw = patch_activations(tiny, en, fr, "resid_pre", metric=metrics, alignment={3: 2, -1: -1})
     assert sw.target_positions[0].tolist() == [3, 3, 3]
     assert sw.source_positions[0].tolist() == [2, 2, 2]
 
@@ -206,21 +210,21 @@ def test_cross_language_alignment(tiny):
 def test_bad_input(tiny, pair, metric):
     src, tgt = pair
     with pytest.raises(PatchingError, match="rows"):
-        patch_sweep(tiny, src, tgt.select([0]), metric=metric)
+        patch_activations(tiny, src, tgt.select([0]), metric=metric)
     with pytest.raises(PatchingError, match="out of range"):
-        patch_sweep(tiny, src, tgt, positions=[99], metric=metric)
+        patch_activations(tiny, src, tgt, positions=[99], metric=metric)
     with pytest.raises(PatchingError, match="out of range"):
-        patch_sweep(tiny, src, tgt, positions=[-99], metric=metric)
+        patch_activations(tiny, src, tgt, positions=[-99], metric=metric)
     with pytest.raises(PatchingError, match="unknown patching site"):
-        patch_sweep(tiny, src, tgt, "resid_pree", metric=metric)
+        patch_activations(tiny, src, tgt, "resid_pree", metric=metric)
     with pytest.raises(PatchingError, match="subject"):
-        patch_sweep(tiny, src, tgt, positions=["subject_last"], metric=metric)
+        patch_activations(tiny, src, tgt, positions=["subject_last"], metric=metric)
     with pytest.raises(PatchingError, match="empty"):
         subject_token_span(tiny, "The capital of", (4, 4))
     with pytest.raises(PatchingError, match="subject token span"):
-        patch_sweep(tiny, src, tgt, metric=metric, target_subject=[(3, 1), (1, 2)])
+        patch_activations(tiny, src, tgt, metric=metric, target_subject=[(3, 1), (1, 2)])
     with pytest.raises(PatchingError, match="examples"):
-        patch_sweep(tiny, src, tgt, metric=answer_logprob(tiny, ["a", "b", "c"]))
+        patch_activations(tiny, src, tgt, metric=answer_logprob(tiny, ["a", "b", "c"]))
     assert count_hooks(tiny) == 0
 
 
@@ -233,8 +237,7 @@ def test_knockout(tiny):
     df = res.to_dataframe()
     assert len(df) == 3 and abs(df["relative_change"][0]) < 1e-5
     res.fig_knockout()
-    with pytest.warns(DeprecationWarning, match="fig_knockout"):
-        res.fig()  # the old name, kept for one release
+    assert not hasattr(res, "fig")  # the one figure name is fig_knockout
     single = attention_knockout(tiny, facts, [(1, 1)])
     assert torch.allclose(single.values[0], res.values[2], atol=1e-5)
     with pytest.raises(PatchingError, match="out of range"):
@@ -251,7 +254,9 @@ def test_gemma_matches_transformer_lens(gemma):
     )
     met = answer_logprob(gemma, ["Rome", "Madrid"])
     layers = [0, 8, 17]
-    sw = patch_sweep(gemma, src, tgt, "resid_pre", layers=layers, positions=[1, 2, 3], metric=met)
+    sw = patch_activations(
+        gemma, src, tgt, "resid_pre", layers=layers, positions=[1, 2, 3], metric=met
+    )
     _, cache = gemma.run_with_cache(src.tokens, names_filter=lambda n: n.endswith("resid_pre"))
     import pandas as pd
 

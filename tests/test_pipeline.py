@@ -68,10 +68,10 @@ def test_trace_bad_input(tiny):
 
 
 def test_circuit_and_stages(tiny, tiny_trace):
-    from mechlingo.analyses.patching import fact_metrics, patch_sweep
+    from mechlingo.analyses.patching import fact_metrics, patch_activations
 
     fr = [f for f in load_facts(langs=["fr"], relations=["capital"], limit=3)]
-    sw = patch_sweep(
+    sw = patch_activations(
         tiny,
         fr[:2],
         fr[1:3],

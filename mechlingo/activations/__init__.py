@@ -1,6 +1,6 @@
 """Running the model and collecting what it computes: hooked runs
 (:mod:`~mechlingo.activations.runs`), pooled neuron statistics
 (:mod:`~mechlingo.activations.pooled`), class means (:mod:`~mechlingo.activations.means`),
-KV-cached decoding (:mod:`~mechlingo.activations.decoding`) and data-parallel runs under
-torchrun (:mod:`~mechlingo.activations.parallel`).
+KV-cached decoding (:mod:`~mechlingo.activations.decoding`) and runs split over processes under
+torchrun (:mod:`~mechlingo.activations.distributed`).
 """

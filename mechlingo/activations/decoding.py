@@ -214,7 +214,7 @@ class _Step:
 
 
 def _final_resid(
-    model: Model, batch: TokenBatch, step: _Step, hooks: FwdHooks
+    model: Model, batch: TokenBatch, step: _Step, fwd_hooks: FwdHooks
 ) -> Float[Tensor, "batch d_model"]:
     """The final residual stream at ``step.read`` (a column of the pass), the forward pass
     stopped right after the last block (the cache is complete by then)."""
@@ -227,7 +227,7 @@ def _final_resid(
         raise StopForward
 
     with torch.no_grad(), batch_context(batch, step.columns):
-        with hooked(model, [*hooks, (name, read)]):
+        with hooked(model, [*fwd_hooks, (name, read)]):
             try:
                 model(step.input_ids, attention_mask=step.attention_mask, **step.model_kwargs)
             except StopForward:
@@ -278,7 +278,7 @@ def decode_cached(
     batch: TokenBatch,
     *,
     max_new_tokens: int,
-    hooks: FwdHooks = (),
+    fwd_hooks: FwdHooks = (),
     choose: ChooseFn | None = None,
     stop: StopFn | None = None,
     eos: int | None = None,
@@ -301,7 +301,7 @@ def decode_cached(
     with cache_adapter(model, path):
         for i in range(max_new_tokens):
             cur = TokenBatch(tokens, lengths, b.pad_id, b.has_bos, plen)
-            resid = _final_resid(model, cur, step, hooks)
+            resid = _final_resid(model, cur, step, fwd_hooks)
             nxt = (
                 greedy_next(model, resid) if choose is None else choose(final_logits(model, resid))
             )
@@ -327,7 +327,7 @@ def decode_uncached(
     batch: TokenBatch,
     *,
     max_new_tokens: int,
-    hooks: FwdHooks = (),
+    fwd_hooks: FwdHooks = (),
     choose: ChooseFn | None = None,
     stop: StopFn | None = None,
     eos: int | None = None,
@@ -343,7 +343,7 @@ def decode_uncached(
         cur = TokenBatch(tokens, lengths, b.pad_id, b.has_bos, plen)
         step = _Step(tokens, cur.attention_mask(), None, lengths - 1, {})
         choose_fn = _argmax if choose is None else choose
-        nxt = choose_fn(final_logits(model, _final_resid(model, cur, step, hooks))).to(dev)
+        nxt = choose_fn(final_logits(model, _final_resid(model, cur, step, fwd_hooks))).to(dev)
         tokens = _append(tokens, lengths, nxt, b.pad_id)
         lengths = lengths + 1
         live = [r for r in range(b.batch_size) if going[r]]
@@ -365,7 +365,7 @@ def decode(
     batch: TokenBatch,
     *,
     max_new_tokens: int,
-    hooks: FwdHooks = (),
+    fwd_hooks: FwdHooks = (),
     choose: ChooseFn | None = None,
     stop: StopFn | None = None,
     eos: int | None = None,
@@ -377,7 +377,12 @@ def decode(
         raise InputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if max_new_tokens == 0:
         return [[] for _ in range(batch.batch_size)]
-    args = {"max_new_tokens": max_new_tokens, "hooks": hooks, "choose": choose, "stop": stop}
+    args = {
+        "max_new_tokens": max_new_tokens,
+        "fwd_hooks": fwd_hooks,
+        "choose": choose,
+        "stop": stop,
+    }
     path = kv_cache_path(model) if cache else "none"
     if path != "none" and _fits_window(model, batch, max_new_tokens):
         return decode_cached(model, batch, eos=eos, path=path, **args)

@@ -5,9 +5,9 @@ prompt's last real token for all requested layers in the same forward pass (stop
 after the last layer read, so the unembedding is never paid for), and adds them to a float64
 running sum (:class:`mechlingo.kernels.stats.StreamingMean`). Memory is independent of the
 number of prompts: one ``[n_layers, width]`` float64 sum. Device-agnostic: the sum lives on
-the device of the unembedding. Launched under ``torchrun`` (see :mod:`mechlingo.activations.parallel`),
-each rank streams its shard of the prompts and the sums are all-reduced, so every rank gets
-the mean over all prompts.
+the device of the unembedding. Launched under ``torchrun`` (see
+:mod:`mechlingo.activations.distributed`), each rank streams its shard of the prompts and the
+sums are all-reduced, so every rank gets the mean over all prompts.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.parallel import all_reduce_state, shard
+from mechlingo.activations.distributed import all_reduce_state, shard
 from mechlingo.activations.runs import collect
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import SiteError, resolve_layers, resolve_site
@@ -64,7 +64,7 @@ def last_token_means(
     site: str = "resid_pre",
     layers: Any = None,
     batch_size: int = 16,
-    extra_hooks: FwdHooks = (),
+    fwd_hooks: FwdHooks = (),
     progress: bool = False,
 ) -> LayerMeans:
     """Mean activation at each prompt's last token, for every layer in one pass per batch.
@@ -76,7 +76,7 @@ def last_token_means(
             ``mlp_post``, ...).
         layers: layers to read (default all).
         batch_size: prompts per forward pass (grouped by length to keep padding small).
-        extra_hooks: hooks applied during the runs (e.g. an intervention's).
+        fwd_hooks: (name, fn) hook pairs applied during the runs (e.g. an intervention's).
 
     Returns:
         :class:`LayerMeans` with a float64 ``[n_layers, width]`` mean.
@@ -97,7 +97,7 @@ def last_token_means(
         batch = encode(model, mine)
         groups = sorted_batches(batch.lengths, batch_size)
         for rows in tqdm(groups, desc="means", disable=not progress):
-            acts = collect(model, batch.select(rows), names, extra_hooks=extra_hooks)
+            acts = collect(model, batch.select(rows), names, fwd_hooks=fwd_hooks)
             acc.update(torch.stack([acts[n].to(dev) for n in names], dim=1))
     total = StreamingMean.from_state(all_reduce_state(acc.state_dict()))
     return LayerMeans(total.mean, layer_list, sites[0].name, len(prompts))

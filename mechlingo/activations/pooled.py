@@ -12,7 +12,7 @@ sentence embeddings (:mod:`mechlingo.analyses.alignment`) share:
   row's real tokens (BOS and padding excluded) and the pass stops after the last hook.
 
 :func:`pooled_neuron_acts` builds MLP-neuron statistics on them (:class:`NeuronStats`:
-pooled ``mlp_post`` rows and per-language firing rates), data-parallel under torchrun (each
+pooled ``mlp_post`` rows and per-language firing rates), distributed under torchrun (each
 rank pools its shard, rows are gathered back in order, counts all-reduced)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.parallel import (
+from mechlingo.activations.distributed import (
     all_gather_rows,
     all_reduce_state,
     barrier,
@@ -227,7 +227,7 @@ def pool_activations(
     *,
     pool: Literal["mean", "max"] = "mean",
     batch_size: int = 16,
-    extra_hooks: FwdHooks = (),
+    fwd_hooks: FwdHooks = (),
     observe: Observer | None = None,
     sink: Sink | None = None,
     progress: bool = False,
@@ -241,7 +241,7 @@ def pool_activations(
     over the row's real tokens (BOS and padding excluded; ``"mean"`` or ``"max"``, see
     :func:`mechlingo.kernels.stats.masked_pool`) into ``out[row, slot]``; the forward pass
     stops after the last hook, so the unembedding is never computed, and memory does not grow
-    with sentence length. ``extra_hooks`` (e.g. an intervention's) run before the pooling
+    with sentence length. ``fwd_hooks`` (e.g. an intervention's) run before the pooling
     hooks, so what is pooled includes their effect at the same hook point. ``observe`` sees
     the unpooled activations as well (e.g. to count firing tokens). ``sink(rows, pooled)``,
     when given, receives each batch's pooled rows ``[batch, n_hooks, width]`` instead of a
@@ -281,7 +281,7 @@ def pool_activations(
 
         return hook
 
-    hooks = list(extra_hooks) + [(name, make(i)) for i, name in enumerate(names)]
+    fwd_hooks = list(fwd_hooks) + [(name, make(i)) for i, name in enumerate(names)]
     groups = sorted_batches(batch.lengths, batch_size)
     for rows in tqdm(groups, desc=desc, disable=not progress):
         sub = batch.select(rows)
@@ -289,7 +289,7 @@ def pool_activations(
         state["mask"] = sub.real_token_mask(include_bos=False)
         if sink is not None:
             state["buf"] = torch.zeros(len(rows), len(names), width, device=dev)
-        run_batch(model, sub, hooks)
+        run_batch(model, sub, fwd_hooks)
         if sink is not None:
             sink(state["rows"], state["buf"])
     return out
@@ -309,7 +309,7 @@ def pooled_neuron_acts(
     batch_size: int = 16,
     max_tokens: int | None = None,
     threshold: float = 0.0,
-    extra_hooks: FwdHooks = (),
+    fwd_hooks: FwdHooks = (),
     progress: bool = False,
     store: str | Path | None = None,
     max_memory: int | str | None = None,
@@ -330,7 +330,8 @@ def pooled_neuron_acts(
         batch_size: sentences per forward pass.
         max_tokens: keep only the first ``max_tokens`` real tokens of each sentence.
         threshold: a neuron "fires" on a token where its activation exceeds this.
-        extra_hooks: hooks applied during the runs (e.g. an intervention's ``fwd_hooks``).
+        fwd_hooks: (name, fn) hook pairs applied during the runs (e.g. an intervention's
+            ``fwd_hooks(model)``).
         store: out of core: a folder (empty, the same on every rank) where the pooled rows
             are streamed as disk shards (:mod:`mechlingo.activations.shards`) instead of
             being kept; ``pooled`` is then a :class:`~mechlingo.activations.shards.
@@ -376,7 +377,7 @@ def pooled_neuron_acts(
             sm.d_mlp,
             pool=pool,
             batch_size=batch_size,
-            extra_hooks=extra_hooks,
+            fwd_hooks=fwd_hooks,
             observe=count,
             sink=sink,
             progress=progress,

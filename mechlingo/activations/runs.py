@@ -73,7 +73,7 @@ def collect(
     hook_names: Sequence[str],
     *,
     positions: Int[Tensor, " batch"] | None = None,
-    extra_hooks: FwdHooks = (),
+    fwd_hooks: FwdHooks = (),
     stop_early: bool = True,
 ) -> dict[str, Float[Tensor, "batch ..."]]:
     """Read the activations of ``hook_names`` at one position per row.
@@ -83,8 +83,9 @@ def collect(
         batch: a right-padded batch.
         hook_names: TransformerLens hook names (use :mod:`mechlingo.core.sites` to build them).
         positions: per row, the position to read; default each row's last real token.
-        extra_hooks: hooks to run as well (e.g. an intervention), added *before* the reading
-            hooks so that what is read includes their effect at the same hook point.
+        fwd_hooks: (name, fn) hook pairs to run as well (e.g. an intervention's), added
+            *before* the reading hooks so that what is read includes their effect at the same
+            hook point.
         stop_early: stop the forward pass after the last reading hook fires.
 
     Returns:
@@ -111,8 +112,8 @@ def collect(
 
         return hook
 
-    hooks = list(extra_hooks) + [(n, make(n)) for n in names]
-    run_batch(model, batch, hooks)
+    fwd_hooks = list(fwd_hooks) + [(n, make(n)) for n in names]
+    run_batch(model, batch, fwd_hooks)
     if remaining:
         raise RuntimeError(f"hooks {sorted(remaining)} did not fire during the forward pass")
     return out
@@ -126,7 +127,7 @@ def next_token_logits(
     model: Model,
     batch: TokenBatch,
     *,
-    extra_hooks: FwdHooks = (),
+    fwd_hooks: FwdHooks = (),
 ) -> Float[Tensor, "batch vocab"]:
     """The model's next-token logits after each row's last real token (float32).
 
@@ -134,5 +135,5 @@ def next_token_logits(
     which equals the model's own output there.
     """
     name = final_resid_name(model)
-    resid = collect(model, batch, [name], extra_hooks=extra_hooks)[name]
+    resid = collect(model, batch, [name], fwd_hooks=fwd_hooks)[name]
     return final_logits(model, resid)

@@ -14,7 +14,7 @@ the scores read one block of neurons at a time:
   as the columns of a few neurons in sentence order (``shards[:, features]``, what the clamp
   values and the expert table need);
 * :func:`shard_scores` -- AUROC and AP of every neuron and language from the shards, a block
-  of neurons at a time (data-parallel over neurons under ``torchrun``);
+  of neurons at a time (distributed over neurons under ``torchrun``);
 * :func:`memory_budget` and :func:`parse_memory` -- the cap (``--max-memory``; default a
   quarter of the memory available to this process, shared by the ranks of this machine);
 * :func:`shared_directory` -- one temporary folder seen by every rank, removed afterwards.
@@ -44,7 +44,7 @@ import torch.distributed as dist
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mechlingo.activations.parallel import (
+from mechlingo.activations.distributed import (
     all_gather_rows,
     barrier,
     dist_info,

@@ -135,7 +135,7 @@ def embed_parallel(
         names,
         int(model.cfg.d_model),
         batch_size=batch_size,
-        extra_hooks=extra,
+        fwd_hooks=extra,
         progress=progress,
         desc="embedding",
         error=AlignmentError,

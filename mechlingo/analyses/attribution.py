@@ -1,7 +1,7 @@
-"""Attribution patching (AtP): every cell of a patching sweep from one forward and one
+"""Attribution patching (AtP): every cell of a patching grid from one forward and one
 backward pass.
 
-**What it estimates.** Exact activation patching (:func:`mechlingo.analyses.patching.patch_sweep`)
+**What it estimates.** Exact activation patching (:func:`mechlingo.analyses.patching.patch_activations`)
 runs the target ("corrupted") prompt once per *cell* -- a site, a layer, a token position
 and, for heads, a head -- with that activation replaced by the source ("clean") run's, and
 reads a metric at the target's last real token. Attribution patching (Nanda 2023; Syed et
@@ -17,15 +17,15 @@ gradient at every hook and position at once, so the whole grid -- every layer, p
 head and neuron -- costs about one forward and one backward pass of the target batch, plus
 one forward of the source batch, instead of one forward per cell.
 
-:func:`attribution_patch` takes exactly the arguments of ``patch_sweep`` (sources, targets,
+:func:`attribution_patch` takes exactly the arguments of ``patch_activations`` (sources, targets,
 sites, layers, positions, metrics, ``alignment``, subject spans) and resolves them with the
 same code (:mod:`mechlingo.analyses.patching.grid`), so cross-language pairs, the subject/last
 alignment and the metrics mean the same thing. It returns the same
-:class:`~mechlingo.analyses.patching.PatchSweep`: ``values`` holds the *estimated* patched metric
+:class:`~mechlingo.analyses.patching.PatchingResult`: ``values`` holds the *estimated* patched metric
 (``corrupted + estimate``), ``clean`` and ``corrupted`` the measured baselines, so
 ``normalized()``, ``grid()``, ``to_dataframe()``, ``fig_heatmap()`` and the circuit diagram
 work unchanged. :func:`neuron_attribution` gives the same estimate for every MLP neuron
-(``mlp_post``), which exact patching does not sweep.
+(``mlp_post``), which exact patching does not patch.
 
 **AtP* corrections (Kramar et al. 2024): what is implemented.**
 
@@ -41,7 +41,7 @@ work unchanged. :func:`neuron_attribution` gives the same estimate for every MLP
   one patched copy per position at layer ``l``'s block input; the copies run layer ``l``'s
   attention only and are dropped again before its MLP). On by default
   (``qk_fix=True``).
-* The QK fix does *not* apply to the other sites of a sweep: a head's ``hook_z`` and the
+* The QK fix does *not* apply to the other sites of a grid: a head's ``hook_z`` and the
   ``attn_out``/``mlp_out``/``resid_mid``/``resid_post`` outputs reach the next softmax only
   through at least one more nonlinearity (a norm or an MLP), and AtP* does not correct those
   downstream softmaxes either; for these cells the estimate is plain AtP.
@@ -50,8 +50,8 @@ work unchanged. :func:`neuron_attribution` gives the same estimate for every MLP
   be compared with signed patching effects, and it costs one more backward pass per layer.
 * The AtP* false-negative diagnostic (subsampled exact verification) is replaced by explicit
   verification: :func:`verify_top_cells` patches the top cells exactly, and
-  :func:`compare_sweeps` gives the rank correlation and top-k agreement against an exact
-  sweep.
+  :func:`compare_patching` gives the rank correlation and top-k agreement against exact
+  patching.
 
 **When it is accurate.** The estimate is exact to first order: for a small patch (a target
 activation moved by ``eps`` towards the source) it equals the exact effect up to
@@ -87,12 +87,12 @@ from mechlingo.analyses.patching import (
     Cell,
     Metric,
     PatchingError,
-    PatchSweep,
+    PatchingResult,
     PositionLabel,
     metric_index,
-    patch_sweep,
+    patch_activations,
 )
-from mechlingo.analyses.patching.grid import SweepSetup, check_sites, resolve_sweep
+from mechlingo.analyses.patching.grid import PatchingSetup, check_sites, resolve_grid
 from mechlingo.analyses.patching.metrics import PackedMetrics, evaluate_metrics
 from mechlingo.analyses.patching.runs import read_run
 from mechlingo.core.sites import edit_hooks, resolve_site
@@ -106,7 +106,7 @@ if TYPE_CHECKING:
 __all__ = [
     "NeuronAttribution",
     "attribution_patch",
-    "compare_sweeps",
+    "compare_patching",
     "neuron_attribution",
     "verify_top_cells",
 ]
@@ -183,10 +183,10 @@ def _probed_forward(model: Model, tgt: TokenBatch, wanted: Sequence[str]) -> _Pr
         raise StopForward
 
     # a probe at a bridge's resid_mid must reach the residual too, as a patch there does
-    hooks = [h for n in wanted for h in edit_hooks(model, n, keep(n))]
-    hooks.append((final_resid_name(model), final_hook))
+    fwd_hooks = [h for n in wanted for h in edit_hooks(model, n, keep(n))]
+    fwd_hooks.append((final_resid_name(model), final_hook))
     b = tgt.to(model_input_device(model))
-    with batch_context(b), hooked(model, hooks):
+    with batch_context(b), hooked(model, fwd_hooks):
         try:
             model(b.tokens, attention_mask=b.attention_mask())
         except StopForward:
@@ -254,7 +254,7 @@ def _gradient_pass(
     qk_layers: Sequence[int] = (),
 ) -> _Grads:
     """The source run without gradients (its activations at the grid positions and the clean
-    metrics, read as :func:`~mechlingo.analyses.patching.patch_sweep` reads them), then one
+    metrics, read as :func:`~mechlingo.analyses.patching.patch_activations` reads them), then one
     forward of the target rows with gradients on and one ``autograd.grad`` per metric: the
     gradient of each row's metric with respect to every requested activation (rows are
     independent, so the gradient of the sum is each row's own gradient)."""
@@ -305,7 +305,7 @@ def _patched_patterns(
     pass costs one forward plus one attention layer per copy."""
     P = int(positions.shape[0])
     out: dict[int, Tensor] = {}
-    hooks: list[tuple[str, Callable]] = []
+    fwd_hooks: list[tuple[str, Callable]] = []
 
     def grow(layer: int) -> Callable:
         def hook(t: Tensor, hook: Any) -> Tensor:
@@ -329,15 +329,15 @@ def _patched_patterns(
         raise StopForward
 
     for layer in layers:
-        hooks.append((resolve_site(model, "resid_pre", layer).hook_name, grow(layer)))
-        hooks.append((f"blocks.{layer}.attn.hook_pattern", read(layer)))
+        fwd_hooks.append((resolve_site(model, "resid_pre", layer).hook_name, grow(layer)))
+        fwd_hooks.append((f"blocks.{layer}.attn.hook_pattern", read(layer)))
         # drop the copies: resid_mid feeds only the MLP's norm on a bridge (the MLP then runs
         # one row), resid_post is the residual stream itself
-        hooks.append((resolve_site(model, "resid_mid", layer).hook_name, shrink))
-        hooks.append((resolve_site(model, "resid_post", layer).hook_name, shrink))
-    hooks.append((resolve_site(model, "resid_mid", max(layers)).hook_name, stop))
+        fwd_hooks.append((resolve_site(model, "resid_mid", layer).hook_name, shrink))
+        fwd_hooks.append((resolve_site(model, "resid_post", layer).hook_name, shrink))
+    fwd_hooks.append((resolve_site(model, "resid_mid", max(layers)).hook_name, stop))
     try:
-        run_batch(model, one, hooks)
+        run_batch(model, one, fwd_hooks)
     except RuntimeError as e:
         raise PatchingError(
             f"the QK fix's pass (a batch grown and shrunk mid-pass) failed ({e}); use "
@@ -355,7 +355,7 @@ def _patched_patterns(
 
 
 def _estimates(
-    setup: SweepSetup,
+    setup: PatchingSetup,
     g: _Grads,
     name: str,
     scale: float,
@@ -373,7 +373,7 @@ def _estimates(
 
 def _hook_estimates(
     model: Model,
-    setup: SweepSetup,
+    setup: PatchingSetup,
     g: _Grads,
     names: Mapping[tuple[str, int], str],
     scale: float,
@@ -427,11 +427,11 @@ def attribution_patch(
     target_subject: Sequence[tuple[int, int]] | None = None,
     qk_fix: bool = True,
     scale: float = 1.0,
-) -> PatchSweep:
-    """Estimate a whole :func:`~mechlingo.analyses.patching.patch_sweep` grid by attribution
+) -> PatchingResult:
+    """Estimate a whole :func:`~mechlingo.analyses.patching.patch_activations` grid by attribution
     patching.
 
-    Arguments are those of ``patch_sweep`` (same sites, including ``"head"``; same positions,
+    Arguments are those of ``patch_activations`` (same sites, including ``"head"``; same positions,
     alignments, subject spans and metrics, resolved by the same code), plus:
 
     Args:
@@ -441,17 +441,17 @@ def attribution_patch(
             estimate must equal exact patching of the same interpolation).
 
     Returns:
-        A :class:`~mechlingo.analyses.patching.PatchSweep` whose ``values`` are the
+        A :class:`~mechlingo.analyses.patching.PatchingResult` whose ``values`` are the
         *estimated* patched metrics (``corrupted + estimate``, per example) and whose
         ``clean``/``corrupted`` are the measured baselines; ``meta["method"]`` is ``"atp"``
         (``"atp*"`` when the QK fix changed some cell) and ``meta["seconds"]`` the wall time.
-        Normalised effects, heatmaps and tables read it exactly as an exact sweep.
+        Normalised effects, heatmaps and tables read it exactly as an exact result.
 
     Raises:
-        PatchingError: the input errors of ``patch_sweep``.
+        PatchingError: the input errors of ``patch_activations``.
     """
     t0 = time.perf_counter()
-    setup = resolve_sweep(
+    setup = resolve_grid(
         model,
         source,
         target,
@@ -491,7 +491,7 @@ def attribution_patch(
 
 
 def _qk_corrections(
-    model: Model, setup: SweepSetup, g: _Grads, deltas: Mapping[int, Tensor]
+    model: Model, setup: PatchingSetup, g: _Grads, deltas: Mapping[int, Tensor]
 ) -> dict[int, Float[Tensor, "metric row position"]]:
     """AtP*'s QK fix for the ``resid_pre`` cells of each layer in ``deltas`` (``{layer:
     [row, position, d_model] patch}``): minus the linear estimate of the path through that
@@ -601,10 +601,10 @@ def neuron_attribution(
 ) -> NeuronAttribution:
     """Attribution patching of every MLP neuron (``mlp_post``) at every layer and position:
     ``(a_source - a_target) * d metric / d a`` per neuron, with the inputs, positions and
-    metrics of :func:`attribution_patch` / ``patch_sweep``. Plain AtP (neurons feed no
+    metrics of :func:`attribution_patch` / ``patch_activations``. Plain AtP (neurons feed no
     softmax directly)."""
     t0 = time.perf_counter()
-    setup = resolve_sweep(
+    setup = resolve_grid(
         model,
         source,
         target,
@@ -651,15 +651,15 @@ def neuron_attribution(
 # --------------------------------------------------------------------------------------
 
 
-def compare_sweeps(
-    approx: PatchSweep, exact: PatchSweep, *, metric: str | int = 0, k: int = 10
+def compare_patching(
+    approx: PatchingResult, exact: PatchingResult, *, metric: str | int = 0, k: int = 10
 ) -> dict[str, dict[str, float | int]]:
-    """Agreement of an attribution sweep with an exact sweep, per site and over all cells.
+    """Agreement of an attribution estimate with exact patching, per site and over all cells.
 
     Compared per cell: the mean effect over examples (``patched - corrupted``). For each site
     (and ``"all"``): ``spearman`` (rank correlation), ``pearson``, ``top_k`` (share of the
     ``k`` cells with the largest absolute exact effect that are also among the ``k`` largest
-    estimates; 1 = the same top cells) and ``n_cells``. Cells present in only one sweep are
+    estimates; 1 = the same top cells) and ``n_cells``. Cells present in only one result are
     ignored.
     """
     from scipy.stats import pearsonr, spearmanr
@@ -699,19 +699,19 @@ def verify_top_cells(
     model: Model,
     source: Any,
     target: Any,
-    approx: PatchSweep,
+    approx: PatchingResult,
     *,
     site: str = "head",
     k: int = 5,
     by: str | int = 0,
     positions: Sequence[PositionLabel] | None = None,
-    **sweep_kwargs: Any,
+    **patch_kwargs: Any,
 ) -> list[dict[str, Any]]:
     """Patch the ``k`` cells of ``site`` with the largest absolute estimated effect exactly.
 
-    Runs :func:`~mechlingo.analyses.patching.patch_sweep` on the smallest grid holding those cells
+    Runs :func:`~mechlingo.analyses.patching.patch_activations` on the smallest grid holding those cells
     (their layers x the grid's positions x their heads) with the same source, target,
-    ``positions`` (the position specs the estimate was made with) and ``sweep_kwargs``
+    ``positions`` (the position specs the estimate was made with) and ``patch_kwargs``
     (``metric=``, ``alignment=``, ...), and returns, per top cell (ranked by the metric
     ``by``), its ``estimate`` and its ``exact`` normalised effect (and the effects in metric
     units).
@@ -720,13 +720,13 @@ def verify_top_cells(
     nrm, eff = approx.normalized(m), approx.effect(m)
     idx = [i for i, c in enumerate(approx.cells) if c.site == site]
     if not idx:
-        raise PatchingError(f"the sweep has no {site!r} cells to verify")
+        raise PatchingError(f"the result has no {site!r} cells to verify")
     idx.sort(key=lambda i: -abs(float(torch.nan_to_num(eff[i], nan=0.0))))
     top = [approx.cells[i] for i in idx[:k]]
     layers = sorted({c.layer for c in top})
     heads = sorted({c.head for c in top}) if site == "head" else None
-    exact = patch_sweep(
-        model, source, target, site, layers=layers, positions=positions, heads=heads, **sweep_kwargs
+    exact = patch_activations(
+        model, source, target, site, layers=layers, positions=positions, heads=heads, **patch_kwargs
     )
     if exact.position_labels != approx.position_labels:
         raise PatchingError(

@@ -192,7 +192,7 @@ def greedy_generate(
             model,
             batch.select(rows),
             max_new_tokens=max_new_tokens,
-            hooks=hooks,
+            fwd_hooks=hooks,
             stop=(lambda r, ids, rows=rows: done(rows[r], ids))
             if (stop_at_newline or stop is not None)
             else None,

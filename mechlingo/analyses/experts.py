@@ -167,7 +167,7 @@ def collect_neuron_stats(
             pool=pool,
             batch_size=batch_size,
             max_tokens=max_tokens,
-            extra_hooks=extra,
+            fwd_hooks=extra,
             progress=progress,
             store=store,
             max_memory=max_memory,
@@ -559,7 +559,7 @@ def sample_from_bos(
 
     batch = TokenBatch(tokens, torch.ones(n, dtype=torch.long, device=dev), 0, True)
     rows = decode(
-        model, batch, max_new_tokens=max_new_tokens, hooks=hooks, choose=draw, cache=cache
+        model, batch, max_new_tokens=max_new_tokens, fwd_hooks=hooks, choose=draw, cache=cache
     )
     out = []
     for row in rows:

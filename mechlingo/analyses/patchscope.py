@@ -66,7 +66,7 @@ def patch_hooks(
     ``positions[r]``, at the hook of lens entry ``entries[row_entry[r]]`` (entry ``l < n``:
     ``blocks.l.hook_resid_pre``; entry ``n``: the last block's ``hook_resid_post``)."""
     names = lens_hook_names(model, list(entries))
-    hooks = []
+    fwd_hooks = []
     for k, name in enumerate(names):
         rows = torch.nonzero(row_entry == k).flatten()
         if not rows.numel():
@@ -77,8 +77,8 @@ def patch_hooks(
             t[r, positions[rows].to(t.device)] = states[rows].to(t.device, t.dtype)
             return t
 
-        hooks.append((name, hook))
-    return hooks
+        fwd_hooks.append((name, hook))
+    return fwd_hooks
 
 
 @dataclass
@@ -142,9 +142,9 @@ class Patchscope:
             rows = list(range(r0, min(n_e * b, r0 + self.batch_size)))
             sub = batch.select(rows)
             pos = sub.last_index
-            hooks = patch_hooks(model, entries, row_entry[rows], pos, states[rows])
+            fwd_hooks = patch_hooks(model, entries, row_entry[rows], pos, states[rows])
             name = final_resid_name(model)
-            out[rows] = collect(model, sub, [name], extra_hooks=hooks)[name].cpu()
+            out[rows] = collect(model, sub, [name], fwd_hooks=fwd_hooks)[name].cpu()
         return out.reshape(n_e, b, d).to(acts.device)
 
     def generate(
@@ -169,9 +169,9 @@ class Patchscope:
             rows = list(range(r0, min(n_e * b, r0 + self.batch_size)))
             sub = batch.select(rows)
             place = sub.last_index.clone()
-            hooks = patch_hooks(model, entries, row_entry[rows], place, states[rows])
+            fwd_hooks = patch_hooks(model, entries, row_entry[rows], place, states[rows])
             for j in range(k):
-                resid = collect(model, sub, [name], extra_hooks=hooks)[name]
+                resid = collect(model, sub, [name], fwd_hooks=fwd_hooks)[name]
                 nxt = greedy_next(model, resid).cpu()
                 new[rows, j] = nxt
                 sub = _appended(sub, nxt)

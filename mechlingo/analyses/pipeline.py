@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     import pandas as pd
     import plotly.graph_objects as go
 
-    from mechlingo.analyses.patching import PatchSweep
+    from mechlingo.analyses.patching import PatchingResult
     from mechlingo.data import Fact
 
 CLASSES: tuple[str, ...] = (
@@ -387,7 +387,7 @@ def _gold_ranks(
 
 
 def pipeline_stages(
-    sweep: PatchSweep | None, trace: TraceResult | None, lang: str, *, metric: str | int = 0
+    sweep: PatchingResult | None, trace: TraceResult | None, lang: str, *, metric: str | int = 0
 ) -> dict[str, tuple[float, float]]:
     """Layer bands of the three stages, from the data:
 

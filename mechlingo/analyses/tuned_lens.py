@@ -16,7 +16,7 @@ latent-language curves is a property of the model or of the decoder.
 
 Training is data-parallel under ``torchrun``: each rank computes the gradients of its shard
 of every step's sequences, the gradient sums and token counts are all-reduced
-(:func:`mechlingo.activations.parallel.all_reduce_state`), and every rank takes the same
+(:func:`mechlingo.activations.distributed.all_reduce_state`), and every rank takes the same
 Adam step, so the translators stay identical on every rank. A lens is saved as a folder
 (``translators.safetensors`` + ``tuned_lens.json``) that records the model's description and
 unembedding fingerprint; :meth:`TunedLens.load` refuses another model.
@@ -43,7 +43,7 @@ from safetensors.torch import load_file, save
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.parallel import all_reduce_state, dist_info, shard
+from mechlingo.activations.distributed import all_reduce_state, dist_info, shard
 from mechlingo.activations.runs import StopForward, run_batch
 from mechlingo.analyses.entries import lens_hook_names
 from mechlingo.core.artifacts import atomic_folder

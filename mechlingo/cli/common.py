@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mechlingo.activations.parallel import dist_info
+from mechlingo.activations.distributed import dist_info
 from mechlingo.analyses.scoring import Scorer
 from mechlingo.cli.validate import check_after_load
 from mechlingo.core.errors import InputError, MechlingoError

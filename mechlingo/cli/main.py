@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mechlingo.activations.parallel import process_group
+from mechlingo.activations.distributed import process_group
 
 # The command modules register their subcommands when imported (``--help`` lists them in
 # import order: lens, eval, experts, align, replicate, tuned-lens, steer, trace).

@@ -24,8 +24,13 @@ import argparse
 import time
 from typing import Any
 
-from mechlingo.analyses.attribution import attribution_patch, compare_sweeps, verify_top_cells
-from mechlingo.analyses.patching import PatchingError, attention_knockout, fact_metrics, patch_sweep
+from mechlingo.analyses.attribution import attribution_patch, compare_patching, verify_top_cells
+from mechlingo.analyses.patching import (
+    PatchingError,
+    attention_knockout,
+    fact_metrics,
+    patch_activations,
+)
 from mechlingo.analyses.pipeline import trace_recall
 from mechlingo.cli.common import (
     UsageError,
@@ -84,7 +89,7 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
         "--cells-per-batch",
         type=int,
         default=None,
-        help="patched copies per forward pass (default: patch_sweep's, 256)",
+        help="patched copies per forward pass (default: patch_activations's, 256)",
     )
     p.add_argument(
         "--method",
@@ -232,13 +237,15 @@ def _measure(model: Model, clean: list[Any], corrupt: list[Any], args: Any) -> t
         t0 = time.perf_counter()
         # with both methods, the exact grid has the heads too (compared per site)
         grid = list(dict.fromkeys([*sites, "head"])) if method == "both" else sites
-        sweep = patch_sweep(model, clean, corrupt, grid, cells_per_batch=args.cells_per_batch, **kw)
+        sweep = patch_activations(
+            model, clean, corrupt, grid, cells_per_batch=args.cells_per_batch, **kw
+        )
         sweep.meta["seconds"] = round(time.perf_counter() - t0, 4)
     extra: dict[str, Any] = {}
     if method in ("atp", "both"):
         atp = attribution_patch(model, clean, corrupt, list(dict.fromkeys([*sites, "head"])), **kw)
         if sweep is not None:
-            extra["comparison"] = compare_sweeps(atp, sweep)
+            extra["comparison"] = compare_patching(atp, sweep)
             extra["seconds"] = {"exact": sweep.meta["seconds"], "atp": atp.meta["seconds"]}
         if args.verify_heads > 0:
             extra["verified_heads"] = verify_top_cells(

@@ -29,7 +29,7 @@ from typing import Any
 
 from safetensors.torch import load_file, save_file
 
-from mechlingo.activations.parallel import dist_info
+from mechlingo.activations.distributed import dist_info
 from mechlingo.analyses.evaluate import EvalResult
 from mechlingo.analyses.experts import NeuronScores, NeuronStats
 from mechlingo.analyses.protocol import Choice, SweepResult

@@ -31,7 +31,7 @@ The classes (see ``docs/gotchas.md`` for when each is raised):
   ``SiteError`` (``mechlingo.core.sites``), ``TokenizationError`` (``mechlingo.core.tokens``),
   ``InterventionError`` and ``ModelMismatchError`` (``mechlingo.interventions``),
   ``PatchingError``, ``ExpertError``, ``AlignmentError``, and ``DistributedError``
-  (``mechlingo.activations.parallel``, a ``RuntimeError``).
+  (``mechlingo.activations.distributed``, a ``RuntimeError``).
 
 This module imports nothing from mechlingo, so every module can import it.
 """

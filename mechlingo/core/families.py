@@ -717,7 +717,7 @@ _NO_GROW = frozenset({"XGLMForCausalLM"})
 
 
 def grows_mid_pass(model: Model) -> bool:
-    """Whether a batch may grow between blocks of one forward pass (``patch_sweep``'s
+    """Whether a batch may grow between blocks of one forward pass (``patch_activations``'s
     ``batching="grow"``; ``"stack"`` gives the same numbers, it only costs more). Not with
     ALiBi (BLOOM, Falcon-RW, MPT): the bridge builds the bias once per pass as a
     ``[batch * heads, 1, key]`` tensor for the batch the pass started with, which does not

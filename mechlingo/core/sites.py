@@ -251,12 +251,12 @@ def edit_hooks(model: Model, name: str, fn: HookFn) -> list[tuple[str, HookFn]]:
     return [(name, at_mid), (post, at_post)]
 
 
-def carries_first(hooks: Sequence[tuple[Any, HookFn]]) -> list[tuple[Any, HookFn]]:
-    """``hooks`` with the resid_post carries of :func:`edit_hooks` moved to the front (a
+def carries_first(fwd_hooks: Sequence[tuple[Any, HookFn]]) -> list[tuple[Any, HookFn]]:
+    """``fwd_hooks`` with the resid_post carries of :func:`edit_hooks` moved to the front (a
     stable reorder: hooks at one hook point fire in the order they were added, so a carry
     must come before another write at that resid_post, e.g. an ablation of it, whatever order
     the interventions were composed in; the resid_mid edit happens first in the block)."""
-    return sorted(hooks, key=lambda h: not getattr(h[1], "carries_resid_mid", False))
+    return sorted(fwd_hooks, key=lambda h: not getattr(h[1], "carries_resid_mid", False))
 
 
 def _mid_layer(name: str) -> int | None:

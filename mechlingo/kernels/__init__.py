@@ -4,5 +4,5 @@ greedy arg-max (:mod:`~mechlingo.kernels.argmax`), neuron ranking and streaming
 accumulators (:mod:`~mechlingo.kernels.stats`: AUROC, average precision, LAPE, streaming
 means), and confidence intervals and tests (:mod:`~mechlingo.kernels.significance`)."""
 
-# Submodules documented in the API reference (kernels.means is a deprecated shim).
+# Submodules documented in the API reference.
 __all__ = ["argmax", "readout", "significance", "stats"]

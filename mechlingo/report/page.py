@@ -20,7 +20,7 @@ from typing import Any
 import plotly.graph_objects as go
 import torch
 
-from mechlingo.activations.parallel import is_main
+from mechlingo.activations.distributed import is_main
 from mechlingo.core.artifacts import atomic_folder, kill_point
 from mechlingo.report.tables import table_html
 

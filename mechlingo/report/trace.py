@@ -30,7 +30,7 @@ QUERY_COLUMNS = [
 class LanguagePatching:
     """What the corrupted-subject patching of one language produced.
 
-    ``sweep`` is the exact :class:`~mechlingo.analyses.patching.PatchSweep` (or, with
+    ``sweep`` is the exact :class:`~mechlingo.analyses.patching.PatchingResult` (or, with
     ``--method atp``, the attribution-patching one); ``atp`` the attribution-patching sweep
     when one ran (methods ``atp`` and ``both``). ``comparison`` (AtP against exact, per
     site), ``seconds`` (of each method) and ``verified_heads`` (the top AtP heads patched

@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from mechlingo.analyses.patching import KnockoutResult, PatchSweep
+    from mechlingo.analyses.patching import KnockoutResult, PatchingResult
     from mechlingo.analyses.pipeline import TraceResult
 
 CLASS_COLORS = {
@@ -148,7 +148,7 @@ def class_profiles_figure(trace: TraceResult, *, langs: Sequence[str] | None = N
 
 @drawer
 def patching_heatmaps(
-    sweep: PatchSweep, *, metric: str | int = 0, value: str = "normalized"
+    sweep: PatchingResult, *, metric: str | int = 0, value: str = "normalized"
 ) -> go.Figure:
     """One layer-by-position heatmap per site (``value``: normalised effect, effect or mean of
     the patched metric); a ``head`` site is shown layer-by-head, averaged over positions."""
@@ -223,7 +223,7 @@ Node = tuple[Any, float]  # (cell, normalised effect)
 Edge = tuple[tuple[float, float], tuple[float, float], float]  # (from, to, width)
 
 
-def _circuit_nodes(sweep: PatchSweep, vals: Tensor, heads: bool, top_k: int) -> list[Node]:
+def _circuit_nodes(sweep: PatchingResult, vals: Tensor, heads: bool, top_k: int) -> list[Node]:
     """The ``top_k`` component cells with the largest absolute normalised effect (attention
     and MLP outputs, and single heads with ``heads``; residual cells when none was swept)."""
     drawn = ("attn_out", "mlp_out", "head") if heads else ("attn_out", "mlp_out")
@@ -243,7 +243,7 @@ def _node_xy(cell: Any) -> tuple[float, float]:
     return cell.position + off, float(cell.layer)
 
 
-def _circuit_edges(sweep: PatchSweep, nodes: Sequence[Node]) -> list[Edge]:
+def _circuit_edges(sweep: PatchingResult, nodes: Sequence[Node]) -> list[Edge]:
     """Residual edges up each position (consecutive nodes joined), and attention edges from
     every subject-position node to the later attention nodes at the last position (or to the
     lowest later node there when no attention node was selected)."""
@@ -311,7 +311,7 @@ def _add_edges(fig: go.Figure, edges: Sequence[Edge]) -> None:
 
 def _add_nodes(
     fig: go.Figure,
-    sweep: PatchSweep,
+    sweep: PatchingResult,
     nodes: Sequence[Node],
     labels: Sequence[str],
     exact: Mapping[tuple, float],
@@ -339,7 +339,7 @@ def _add_nodes(
 
 
 def circuit_figure(
-    sweep: PatchSweep,
+    sweep: PatchingResult,
     *,
     metric: str | int = 0,
     top_k: int = 12,
@@ -391,7 +391,7 @@ def circuit_figure(
     return fig
 
 
-def _node_note(cell: Any, sweep: PatchSweep, exact: Mapping[tuple, float]) -> str:
+def _node_note(cell: Any, sweep: PatchingResult, exact: Mapping[tuple, float]) -> str:
     """Hover suffix of a circuit node: a head's name and, when verified, its exact effect."""
     if cell.site != "head":
         return ""

@@ -1,4 +1,5 @@
-"""Activation patching sweeps (batched), cross-language patching and attention knockout.
+"""Activation patching over a grid of cells (batched), cross-language patching and attention
+knockout.
 
 **Activation patching.** Two runs: the *source* (TransformerLens calls it "clean") and the
 *target* ("corrupted"). For one *cell* -- a site (``resid_pre``, ``resid_post``, ``resid_mid``,
@@ -6,12 +7,12 @@
 position -- the target run is repeated with its activation at that cell replaced by the
 source run's, and a metric is read at the target's last real token. A large effect says that
 the information carried by that activation is enough to move the target towards the source's
-behaviour. :func:`patch_sweep` does this for a whole grid of cells:
+behaviour. :func:`patch_activations` does this for a whole grid of cells:
 
 * the source activations are read once, and only at the hooks and positions the grid needs;
 * many patched copies of the target share one forward pass, each copy carrying the patch of one
   cell; by default (``batching="grow"``) the batch grows mid-pass so the work below a cell's
-  layer is shared (:mod:`~mechlingo.analyses.patching.sweep`);
+  layer is shared (:mod:`~mechlingo.analyses.patching.passes`);
 * each pass stops at the final residual stream, and the last real token of every row is
   unembedded in one batched readout.
 
@@ -25,15 +26,15 @@ The package's modules, lowest first:
 * :mod:`~mechlingo.analyses.patching.positions` -- inputs, subject spans and the alignment of
   positions across prompts of different lengths (cross-language patching);
 * :mod:`~mechlingo.analyses.patching.runs` -- the source and target passes;
-* :mod:`~mechlingo.analyses.patching.result` -- :class:`PatchSweep` (normalised effects,
+* :mod:`~mechlingo.analyses.patching.result` -- :class:`PatchingResult` (normalised effects,
   bootstrap intervals, tables, figures);
-* :mod:`~mechlingo.analyses.patching.grid` -- a sweep's arguments resolved (shared with
+* :mod:`~mechlingo.analyses.patching.grid` -- a grid's arguments resolved (shared with
   :mod:`mechlingo.analyses.attribution`);
-* :mod:`~mechlingo.analyses.patching.sweep` -- the patched passes (``"grow"`` and ``"stack"``);
+* :mod:`~mechlingo.analyses.patching.passes` -- the patched passes (``"grow"`` and ``"stack"``);
 * :mod:`~mechlingo.analyses.patching.knockout` -- attention knockout (Geva et al. 2023).
 
-This module holds :func:`patch_sweep` itself, and the hook factories a sweep uses are looked
-up here (``_writer``, ``_brancher``) when it starts, so a test can replace them.
+This module holds :func:`patch_activations` itself, and the hook factories its passes use
+are looked up here (``_writer``, ``_brancher``) when it starts, so a test can replace them.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from typing import Any, Literal
 import torch
 
 from mechlingo.analyses.patching.errors import PatchingError
-from mechlingo.analyses.patching.grid import PATCH_SITES, SweepSetup, check_sites, resolve_sweep
+from mechlingo.analyses.patching.grid import PATCH_SITES, PatchingSetup, check_sites, resolve_grid
 from mechlingo.analyses.patching.knockout import (
     KnockoutResult,
     attention_knockout,
@@ -57,12 +58,12 @@ from mechlingo.analyses.patching.metrics import (
     fact_metrics,
     logit_diff,
 )
+from mechlingo.analyses.patching.passes import Plan, grown_passes, stacked_passes
+from mechlingo.analyses.patching.passes import brancher as _brancher
+from mechlingo.analyses.patching.passes import writer as _writer
 from mechlingo.analyses.patching.positions import PositionLabel, subject_token_span
-from mechlingo.analyses.patching.result import Cell, PatchSweep, metric_index
+from mechlingo.analyses.patching.result import Cell, PatchingResult, metric_index
 from mechlingo.analyses.patching.runs import read_run
-from mechlingo.analyses.patching.sweep import Plan, sweep_grown, sweep_stacked
-from mechlingo.analyses.patching.sweep import brancher as _brancher
-from mechlingo.analyses.patching.sweep import writer as _writer
 from mechlingo.core.families import grows_mid_pass
 from mechlingo.core.types import Model
 
@@ -71,7 +72,7 @@ __all__ = [
     "Cell",
     "KnockoutResult",
     "Metric",
-    "PatchSweep",
+    "PatchingResult",
     "PatchingError",
     "PositionLabel",
     "answer_logprob",
@@ -79,7 +80,7 @@ __all__ = [
     "fact_metrics",
     "logit_diff",
     "metric_index",
-    "patch_sweep",
+    "patch_activations",
     "sliding_windows",
     "subject_token_span",
 ]
@@ -98,7 +99,9 @@ def _batching(batching: str, cells_per_batch: int | None, model: Model) -> tuple
     return batching, cells_per_batch
 
 
-def _run_sweep(model: Model, setup: SweepSetup, batching: str, cells_per_batch: int) -> PatchSweep:
+def _run_passes(
+    model: Model, setup: PatchingSetup, batching: str, cells_per_batch: int
+) -> PatchingResult:
     """Read the source once, then run the patched passes of every cell."""
     names = setup.hook_names(model)
     reads = {n: setup.pos.source.T.contiguous() for n in dict.fromkeys(names.values())}
@@ -119,11 +122,11 @@ def _run_sweep(model: Model, setup: SweepSetup, batching: str, cells_per_batch: 
         writer=_writer,  # looked up here at call time: tests replace them on this module
         brancher=_brancher,
     )
-    values, corrupted = (sweep_grown if batching == "grow" else sweep_stacked)(plan)
+    values, corrupted = (grown_passes if batching == "grow" else stacked_passes)(plan)
     return setup.result(cells, values, clean.cpu(), corrupted)
 
 
-def patch_sweep(
+def patch_activations(
     model: Model,
     source: Any,
     target: Any,
@@ -138,7 +141,7 @@ def patch_sweep(
     target_subject: Sequence[tuple[int, int]] | None = None,
     cells_per_batch: int | None = None,
     batching: Literal["grow", "stack"] = "grow",
-) -> PatchSweep:
+) -> PatchingResult:
     """Patch source activations into the target run, cell by cell, in batched passes.
 
     Args:
@@ -148,14 +151,14 @@ def patch_sweep(
         target: the run that is patched ("corrupted"), same number of rows as ``source``.
         sites: any of :data:`PATCH_SITES`; ``"head"`` patches one head's ``attn_z`` and adds
             the head axis (``heads``, default all).
-        layers: layers to sweep (default all; negatives from the end).
+        layers: layers to patch (default all; negatives from the end).
         positions: grid positions: ints (non-negative = absolute token index; negative =
             counted back from each row's last real token), ``"last"``, ``"subject_first"``,
             ``"subject_last"``. Default: every position for same-shape inputs, ``[-1]`` under
             ``alignment="last"``, subject first/last and the last token under ``"subject"``.
         metric: a :class:`Metric` or several (all read from the same patched passes); default
             when the source is Facts: :func:`fact_metrics` of the source facts (their answer and
-            English answer). For cross-language sweeps pass the metric of the target facts.
+            English answer). For cross-language patching pass the metric of the target facts.
         alignment: ``None`` (same shapes), ``"last"``, ``"subject"``, or ``{target: source}``.
         source_subject, target_subject: inclusive subject token spans per row when the inputs
             are not Facts.
@@ -171,7 +174,7 @@ def patch_sweep(
             Both give the same numbers.
 
     Returns:
-        A :class:`PatchSweep` with per-example values and the clean/corrupted baselines.
+        A :class:`PatchingResult` with per-example values and the clean/corrupted baselines.
 
     Raises:
         PatchingError: mismatched rows, unknown sites, positions out of range, lengths that
@@ -179,7 +182,7 @@ def patch_sweep(
             batch grown mid-pass (the message says to use ``batching="stack"``).
     """
     mode, per_pass = _batching(batching, cells_per_batch, model)
-    setup = resolve_sweep(
+    setup = resolve_grid(
         model,
         source,
         target,
@@ -192,4 +195,4 @@ def patch_sweep(
         source_subject=source_subject,
         target_subject=target_subject,
     )
-    return _run_sweep(model, setup, mode, per_pass)
+    return _run_passes(model, setup, mode, per_pass)

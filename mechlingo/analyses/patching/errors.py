@@ -8,4 +8,4 @@ __all__ = ["PatchingError"]
 
 
 class PatchingError(MechlingoError, ValueError):
-    """Bad input to a patching sweep (shapes, positions, alignment, sites)."""
+    """Bad input to activation patching (shapes, positions, alignment, sites)."""

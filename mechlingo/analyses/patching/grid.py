@@ -1,5 +1,5 @@
-"""A sweep's grid resolved from its arguments: the same code for exact patching
-(:func:`mechlingo.analyses.patching.patch_sweep`) and attribution patching
+"""A patching grid resolved from its arguments: the same code for exact patching
+(:func:`mechlingo.analyses.patching.patch_activations`) and attribution patching
 (:mod:`mechlingo.analyses.attribution`), so both read the same cells the same way."""
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from mechlingo.analyses.patching.positions import (
     check_spans,
     resolve_positions,
 )
-from mechlingo.analyses.patching.result import Cell, PatchSweep
+from mechlingo.analyses.patching.result import Cell, PatchingResult
 from mechlingo.analyses.patching.runs import site_hook
 from mechlingo.core.sites import RESIDUAL_SITES, resolve_layers, site_map
 from mechlingo.core.tokens import TokenBatch
 from mechlingo.core.types import Model
 
-__all__ = ["PATCH_SITES", "SweepSetup", "check_sites", "resolve_sweep"]
+__all__ = ["PATCH_SITES", "PatchingSetup", "check_sites", "resolve_grid"]
 
-#: Sites a sweep can patch: the residual-shaped sites and ``"head"`` (one head's ``attn_z``).
+#: Sites that patching can patch: the residual-shaped sites and ``"head"`` (one head's ``attn_z``).
 PATCH_SITES: tuple[str, ...] = (*RESIDUAL_SITES, "head")
 
 
@@ -44,8 +44,8 @@ def check_sites(sites: Sequence[str] | str) -> list[str]:
 
 
 @dataclass
-class SweepSetup:
-    """Everything a sweep needs before its first pass: the source and target batches, the
+class PatchingSetup:
+    """Everything patching needs before its first pass: the source and target batches, the
     aligned positions, the metrics (and their packed token sets) and the grid's axes."""
 
     src: TokenBatch
@@ -79,9 +79,9 @@ class SweepSetup:
         clean: Tensor,
         corrupted: Tensor,
         meta: dict[str, Any] | None = None,
-    ) -> PatchSweep:
-        """A :class:`PatchSweep` of this grid with the given per-example values."""
-        return PatchSweep(
+    ) -> PatchingResult:
+        """A :class:`PatchingResult` of this grid with the given per-example values."""
+        return PatchingResult(
             cells=cells,
             metric_names=[m.name for m in self.metrics],
             values=values,
@@ -118,7 +118,7 @@ def _resolve_metrics(
     return [metric] if isinstance(metric, Metric) else list(metric)
 
 
-def resolve_sweep(
+def resolve_grid(
     model: Model,
     source: Any,
     target: Any,
@@ -131,9 +131,9 @@ def resolve_sweep(
     heads: Sequence[int] | None = None,
     source_subject: Sequence[tuple[int, int]] | None = None,
     target_subject: Sequence[tuple[int, int]] | None = None,
-) -> SweepSetup:
-    """Resolve a sweep's arguments (those of ``patch_sweep``; ``sites`` already checked by
-    :func:`check_sites`, possibly empty for a grid without sites) into a :class:`SweepSetup`.
+) -> PatchingSetup:
+    """Resolve a grid's arguments (those of ``patch_activations``; ``sites`` already checked by
+    :func:`check_sites`, possibly empty for a grid without sites) into a :class:`PatchingSetup`.
 
     Raises:
         PatchingError: mismatched rows, bad subject spans, heads or positions, or no metric
@@ -154,4 +154,4 @@ def resolve_sweep(
     metrics = _resolve_metrics(model, source, metric)
     packed = pack_metrics(metrics, tgt.batch_size)
     kind = alignment_kind(alignment)
-    return SweepSetup(src, tgt, pos, metrics, packed, sites, layer_list, head_list, kind)
+    return PatchingSetup(src, tgt, pos, metrics, packed, sites, layer_list, head_list, kind)

@@ -4,12 +4,11 @@
 tokens in a window of layers (the pre-softmax scores ``blocks.{l}.attn.hook_attn_scores`` are
 set to ``-inf`` for all heads, so each row's softmax renormalises over the remaining keys, as
 in the paper) and measures the drop in the answer's probability, per window; the windows are
-batched like a sweep's cells.
+batched like the cells of a patching grid.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -105,16 +104,6 @@ class KnockoutResult:
         """Relative change of the metric per layer window (with the 95% interval)."""
         return draw("knockout_figure", self)
 
-    def fig(self) -> go.Figure:
-        """Deprecated alias of :meth:`fig_knockout` (removed in mechlingo 0.2)."""
-        warnings.warn(
-            "KnockoutResult.fig() is renamed fig_knockout(), like every other fig_* method; "
-            "fig() is removed in mechlingo 0.2",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.fig_knockout()
-
 
 def sliding_windows(n_layers: int, size: int) -> list[tuple[int, int]]:
     """Windows ``(l, min(l + size, n) - 1)`` centred nowhere: one starting at every layer."""
@@ -174,7 +163,7 @@ def _window_hooks(
     B = key_mask.shape[0]
     last = big.last_index.cpu()
     km = key_mask.repeat(len(chunk), 1)
-    hooks = []
+    fwd_hooks = []
     for layer in range(site_map(model).n_layers):
         copies = [j for j, (a, b) in enumerate(chunk) if a <= layer <= b]
         if not copies:
@@ -183,11 +172,11 @@ def _window_hooks(
         for j in copies:
             sel[j * B : (j + 1) * B] = True
         r = sel.nonzero()[:, 0]
-        hooks.append((f"blocks.{layer}.attn.hook_attn_scores", _blocker(r, last[r], km[r])))
-    missing = [h for h, _ in hooks if h not in model.hook_dict]
+        fwd_hooks.append((f"blocks.{layer}.attn.hook_attn_scores", _blocker(r, last[r], km[r])))
+    missing = [h for h, _ in fwd_hooks if h not in model.hook_dict]
     if missing:
         raise PatchingError(f"this model has no attention-score hooks {missing[:2]}")
-    return hooks
+    return fwd_hooks
 
 
 def _knockout_metric(model: Model, facts: Any, metric: Metric | None) -> Metric:
@@ -238,8 +227,8 @@ def attention_knockout(
     for start in range(0, len(windows), windows_per_batch):
         chunk = windows[start : start + windows_per_batch]
         big = repeat_batch(batch, len(chunk))
-        hooks = _window_hooks(model, chunk, big, key_mask)
-        _, final = read_run(model, big, {}, extra_hooks=hooks)
+        fwd_hooks = _window_hooks(model, chunk, big, key_mask)
+        _, final = read_run(model, big, {}, fwd_hooks=fwd_hooks)
         v = evaluate_metrics(model, final, [metric], packed, rows.repeat(len(chunk)))[0]
         values[start : start + len(chunk)] = v.reshape(len(chunk), B).cpu()
     return KnockoutResult(windows, metric.name, values, base, keys)

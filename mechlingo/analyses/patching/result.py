@@ -1,4 +1,4 @@
-"""The result of a patching sweep, and the one bootstrap every patching result uses.
+"""The result of activation patching, and the one bootstrap every patching result uses.
 
 The *normalised effect* of a cell is ``(patched - corrupted) / (clean - corrupted)`` on the
 mean over examples: 0 = the patch does nothing, 1 = it restores the source run's value.
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import pandas as pd
     import plotly.graph_objects as go
 
-__all__ = ["Cell", "PatchSweep", "bootstrap_interval", "metric_index", "normalized_effect"]
+__all__ = ["Cell", "PatchingResult", "bootstrap_interval", "metric_index", "normalized_effect"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def bootstrap_interval(
 
     Why not :mod:`mechlingo.kernels.significance`: its intervals (``scipy.stats.bootstrap``)
     are for one statistic of 1-D samples, where NaN poisons the interval; here one call covers
-    every cell of a sweep (a ratio of means of paired ``[cell, example]`` arrays) from the
+    every cell of a grid (a ratio of means of paired ``[cell, example]`` arrays) from the
     same resamples, in one tensor operation.
     """
     g = torch.Generator().manual_seed(seed)
@@ -81,8 +81,8 @@ def bootstrap_interval(
 
 
 @dataclass
-class PatchSweep:
-    """The result of :func:`patch_sweep`.
+class PatchingResult:
+    """The result of :func:`patch_activations`.
 
     Attributes:
         cells: the patched cells, in the order of ``values``' cell axis.

@@ -26,7 +26,7 @@ def read_run(
     model: Model,
     batch: TokenBatch,
     reads: Mapping[str, Tensor],
-    extra_hooks: Sequence[tuple[str, Callable]] = (),
+    fwd_hooks: Sequence[tuple[str, Callable]] = (),
 ) -> tuple[dict[str, Tensor], Tensor]:
     """Run ``batch``; for each hook in ``reads`` keep ``act[row, positions[row, :]]``
     (``[row, P, ...]``) and the final residual at each last real token; stop there."""
@@ -45,9 +45,9 @@ def read_run(
         out["__final__"] = t[rows.to(t.device), last].detach()
         raise StopForward
 
-    hooks = list(extra_hooks) + [(n, reader(n, p)) for n, p in reads.items()]
-    hooks.append((final, final_hook))
-    run_batch(model, batch, hooks)
+    fwd_hooks = list(fwd_hooks) + [(n, reader(n, p)) for n, p in reads.items()]
+    fwd_hooks.append((final, final_hook))
+    run_batch(model, batch, fwd_hooks)
     missing = [n for n in reads if n not in out]
     if "__final__" not in out or missing:
         raise RuntimeError(f"hooks {missing or [final]} did not fire during the forward pass")

@@ -1,11 +1,11 @@
-"""The patched passes of a sweep: two strategies that give the same numbers.
+"""The patched passes of activation patching: two strategies that give the same numbers.
 
 Many patched copies of the target share one forward pass, each copy carrying the patch of one
-cell. :func:`sweep_grown` (``batching="grow"``) runs one example per pass: it starts as the
+cell. :func:`grown_passes` (``batching="grow"``) runs one example per pass: it starts as the
 unpatched target alone, and at each layer's block input the batch grows by one copy of the
 unpatched row per cell of that layer, so the work below a cell's layer is done once and a copy
 patched at layer ``l`` only computes layers ``l`` and above (over all layers, about half the
-work of running every copy through the whole model). :func:`sweep_stacked`
+work of running every copy through the whole model). :func:`stacked_passes`
 (``batching="stack"``) runs every copy of every example through the whole model instead (for
 models that cannot grow a batch mid-pass). Each pass stops at the final residual stream, and
 the last real token of every row is unembedded in one batched readout (the unembedding
@@ -13,7 +13,7 @@ dominates the cost on large vocabularies).
 
 The hooks that write a patch and grow the batch are made by :func:`writer` and
 :func:`brancher`; a :class:`Plan` carries the factories to use, so
-:func:`mechlingo.analyses.patching.patch_sweep` can hand in the ones its package exposes
+:func:`mechlingo.analyses.patching.patch_activations` can hand in the ones its package exposes
 (tests replace them there to inject failures).
 """
 
@@ -35,7 +35,7 @@ from mechlingo.core.sites import edit_hooks
 from mechlingo.core.tokens import TokenBatch
 from mechlingo.core.types import Model
 
-__all__ = ["Plan", "brancher", "sweep_grown", "sweep_stacked", "writer"]
+__all__ = ["Plan", "brancher", "grown_passes", "stacked_passes", "writer"]
 
 Hook = tuple[str, Callable]
 
@@ -73,7 +73,7 @@ def brancher(copies: int) -> Callable:
 
 
 class Plan(NamedTuple):
-    """What a sweep strategy needs: the target batch, the cells in result order, each
+    """What a batching strategy needs: the target batch, the cells in result order, each
     (site, layer)'s hook name, the source activations read at the grid positions, the target
     positions ``[label, row]``, the metrics and their packed token sets, the cells per pass,
     and the hook factories (:func:`writer`, :func:`brancher`). Each strategy returns
@@ -115,7 +115,7 @@ def _cell_writer(
     return edit_hooks(plan.model, name, plan.writer(rows, t_pos, head, vals, sel[0].site == "head"))
 
 
-def sweep_stacked(plan: Plan) -> tuple[Tensor, Tensor]:
+def stacked_passes(plan: Plan) -> tuple[Tensor, Tensor]:
     """Every patched copy of every example runs the whole model: ``cells_per_batch`` copies of
     the whole target batch per pass (copy ``j`` carries cell ``j``), plus one unpatched copy
     in the first pass (the corrupted baseline)."""
@@ -129,15 +129,15 @@ def sweep_stacked(plan: Plan) -> tuple[Tensor, Tensor]:
         by_hook: dict[str, list[tuple[int, Cell]]] = {}
         for j, cell in enumerate(chunk):
             by_hook.setdefault(plan.names[(cell.site, cell.layer)], []).append((j, cell))
-        hooks = []
+        fwd_hooks = []
         for name, items in by_hook.items():
             copy = torch.tensor([j for j, _ in items]).repeat_interleave(B)
             row = rows.repeat(len(items))
             rep = [c for _, c in items for _ in range(B)]
-            hooks.extend(_cell_writer(plan, name, rep, copy * B + row, row))
+            fwd_hooks.extend(_cell_writer(plan, name, rep, copy * B + row, row))
         extra = 1 if start == 0 else 0
         big = repeat_batch(tgt, len(chunk) + extra)
-        _, final = read_run(model, big, {}, extra_hooks=hooks)
+        _, final = read_run(model, big, {}, fwd_hooks=fwd_hooks)
         ex = rows.repeat(len(chunk) + extra)
         v = evaluate_metrics(model, final, metrics, plan.packed, ex)
         v = v.reshape(len(metrics), -1, B).cpu()
@@ -162,16 +162,18 @@ def _grown_hooks(
         new_rows[cells[i].layer] = new_rows.get(cells[i].layer, 0) + 1
         by_hook.setdefault(plan.names[(cells[i].site, cells[i].layer)], []).append(i)
     # before the writers: at a shared hook point the copies must exist first
-    hooks: list[Hook] = [(branch[layer], plan.brancher(n)) for layer, n in sorted(new_rows.items())]
+    fwd_hooks: list[Hook] = [
+        (branch[layer], plan.brancher(n)) for layer, n in sorted(new_rows.items())
+    ]
     for name, idx in by_hook.items():
         rows = torch.tensor([row_of[i] for i in idx])
-        hooks.extend(
+        fwd_hooks.extend(
             _cell_writer(plan, name, [cells[i] for i in idx], rows, torch.full_like(rows, b))
         )
-    return hooks, [row_of[i] for i in group]
+    return fwd_hooks, [row_of[i] for i in group]
 
 
-def sweep_grown(plan: Plan) -> tuple[Tensor, Tensor]:
+def grown_passes(plan: Plan) -> tuple[Tensor, Tensor]:
     """One pass per example and group of ``cells_per_batch`` cells (in layer order). The pass
     starts with the unpatched target alone (row 0, which stays unpatched: the corrupted
     baseline); at the block input ``blocks.{l}.hook_resid_pre`` of each layer ``l`` with
@@ -187,8 +189,8 @@ def sweep_grown(plan: Plan) -> tuple[Tensor, Tensor]:
         group = order[start : start + plan.cells_per_batch]
         finals = []
         for b in range(B):
-            hooks, rows = _grown_hooks(plan, group, b, branch)
-            finals.append(_grown_final(model, tgt.select([b]), hooks, 1 + len(group)))
+            fwd_hooks, rows = _grown_hooks(plan, group, b, branch)
+            finals.append(_grown_final(model, tgt.select([b]), fwd_hooks, 1 + len(group)))
         # one readout for the whole group: the unembedding streams W_U once, not per example
         ex = torch.arange(B).repeat_interleave(1 + len(group))
         v = evaluate_metrics(model, torch.cat(finals), metrics, plan.packed, ex)
@@ -200,7 +202,7 @@ def sweep_grown(plan: Plan) -> tuple[Tensor, Tensor]:
 
 
 def _grown_final(
-    model: Model, one: TokenBatch, hooks: Sequence[Hook], expect_rows: int
+    model: Model, one: TokenBatch, fwd_hooks: Sequence[Hook], expect_rows: int
 ) -> Float[Tensor, "row d_model"]:
     """Run the one-row batch ``one`` with the growing hooks; the final residual stream of
     every row of the grown batch at the example's last real token."""
@@ -212,18 +214,18 @@ def _grown_final(
         raise StopForward
 
     try:
-        run_batch(model, one, [*hooks, (final_resid_name(model), final_hook)])
+        run_batch(model, one, [*fwd_hooks, (final_resid_name(model), final_hook)])
     except (RuntimeError, ValueError) as e:  # ValueError: transformers' mask-shape checks
         raise PatchingError(
             f"the forward pass failed with a batch grown mid-pass ({e}); if this model's "
             "attention masks or position embeddings do not broadcast over a larger batch, use "
-            "patch_sweep(..., batching='stack')"
+            "patch_activations(..., batching='stack')"
         ) from e
     if "final" not in out:
         raise RuntimeError(f"hook {final_resid_name(model)} did not fire during the forward pass")
     if out["final"].shape[0] != expect_rows:
         raise PatchingError(
             f"the batch grew to {out['final'].shape[0]} rows instead of {expect_rows}: this "
-            "model does not pass a grown batch through; use patch_sweep(..., batching='stack')"
+            "model does not pass a grown batch through; use patch_activations(..., batching='stack')"
         )
     return out["final"]

@@ -1,4 +1,4 @@
-"""Data-parallel statistics over several processes (``torchrun``), CPU or GPU.
+"""Distributed statistics over several processes (``torchrun``), CPU or GPU.
 
 Launch any script that uses these helpers with ``torchrun --nproc_per_node N script.py``:
 ``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and
