@@ -24,7 +24,7 @@ from mechlingo.analyses.experts import (
 from mechlingo.core.tokens import encode
 from mechlingo.interventions import NeuronClamp
 from mechlingo.kernels.significance import wilson
-from mechlingo.kernels.stats import auroc
+from mechlingo.kernels.ranking import auroc
 
 from .conftest import NTREX, count_hooks
 

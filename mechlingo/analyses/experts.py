@@ -78,7 +78,7 @@ from mechlingo.interventions import (
 from mechlingo.kernels.grouped import grouped_auroc_and_average_precision
 from mechlingo.kernels.readout import final_logits
 from mechlingo.kernels.significance import bootstrap_perplexity, mcnemar, perplexity_ratio, wilson
-from mechlingo.kernels.stats import (
+from mechlingo.kernels.ranking import (
     feature_mean,
     feature_median,
     lape,

@@ -69,7 +69,7 @@ from mechlingo.core.version import __version__
 from mechlingo.data import LANGS, Fact, load_facts, parallel_sentences
 from mechlingo.interventions import load_intervention
 from mechlingo.kernels.significance import paired_gain, wilson
-from mechlingo.kernels.stats import auroc_and_average_precision
+from mechlingo.kernels.ranking import auroc_and_average_precision
 
 __all__ = ["BUDGETS", "PAPERS", "STAGES", "budget_settings", "replicate"]
 
