@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 import torch
 
+from mechlingo.activations.likelihood import line_nll, perplexity
 from mechlingo.analyses.evaluate import evaluate_facts, greedy_generate
-from mechlingo.analyses.experts import identify_languages, perplexity
 from mechlingo.analyses.side_effects import (
     SideEffectsError,
-    line_nll,
     line_prefix,
     random_control,
     side_effects,
 )
 from mechlingo.data import load_facts
+from mechlingo.data.langid import identify_languages
 from mechlingo.interventions import (
     Ablation,
     Compose,
@@ -76,12 +76,13 @@ def _hand_nll(model, text, max_tokens, iv=None):
 def test_line_nll_against_hand_computation(tiny, vector, lines):
     texts = lines["fr"]
     for iv in (None, vector):
-        s, c = line_nll(tiny, texts, intervention=iv, max_tokens=12, batch_size=4)
+        hooks = list(iv.fwd_hooks(tiny)) if iv is not None else []
+        s, c = line_nll(tiny, texts, fwd_hooks=hooks, max_tokens=12, batch_size=4)
         for i, t in enumerate(texts):
             hs, hc = _hand_nll(tiny, t, 12, iv)
             assert int(c[i]) == hc
             assert float(s[i]) == pytest.approx(hs, rel=1e-4)
-        ref = perplexity(tiny, texts, intervention=iv, max_tokens=12)
+        ref = perplexity(tiny, texts, fwd_hooks=hooks, max_tokens=12)
         assert math.exp(float(s.sum() / c.sum())) == pytest.approx(ref, rel=1e-5)
     assert count_hooks(tiny) == 0
 
