@@ -205,3 +205,32 @@ def test_clamp_composition_and_no_control(tiny, facts, lines):
         (a, m) for a in ("intervention", "control") for m in ("perplexity", "output_lang")
     }
     assert count_hooks(tiny) == 0
+
+
+def test_heatmap_from_plain_rows():
+    """The figure is drawn from the rows alone: each cell's colour is its change, its text the
+    change and interval; a missing cell and an undefined change are blank (None)."""
+    from mechlingo.viz.side_effects import cell_text, side_effects_heatmap
+
+    nan = float("nan")
+    row = {"arm": "intervention", "ci_low": -0.1, "ci_high": 0.3}
+    rows = [
+        dict(row, lang="es", metric="accuracy", delta=0.1),
+        dict(row, lang="es", metric="perplexity", delta=nan),
+        dict(row, lang="fr", metric="accuracy", delta=-0.25, ci_low=nan),
+        dict(row, lang="es", metric="accuracy", delta=0.9),  # a duplicate: the first wins
+        dict(row, arm="control", lang="fr", metric="perplexity", delta=0.05),
+    ]
+    fig = side_effects_heatmap(rows, ["es", "fr"], ("accuracy", "perplexity", "output_lang"))
+    assert [t.hovertemplate.split("<extra>")[1] for t in fig.data] == [
+        "intervention</extra>",
+        "control</extra>",
+    ]
+    iv = fig.data[0]
+    assert list(iv.x) == ["Δ accuracy", "Δ perplexity (rel.)"]
+    assert [list(r) for r in iv.z] == [[0.1, None], [-0.25, None]]
+    assert [list(r) for r in iv.text] == [["+0.10<br>[-0.10, +0.30]", "n/a"], ["-0.25", ""]]
+    assert cell_text(rows[0]) == "+0.10<br>[-0.10, +0.30]"
+    assert fig.layout.title.text == "Side effects of the intervention (95% intervals)"
+    one = side_effects_heatmap(rows, ["es", "fr"], ("accuracy",), arms=["control"])
+    assert len(one.data) == 1 and [list(r) for r in one.data[0].z] == [[None], [None]]

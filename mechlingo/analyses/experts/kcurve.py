@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 
 __all__ = ["NEUTRAL_PROMPTS", "PPL_BUDGET", "KCurve", "OthersRule", "choose_k", "k_curve"]
 
+#: Neutral prompts whose greedy continuations give the k curve's ``target_rate_prompt``.
 NEUTRAL_PROMPTS = ("1.", "*", "Text:", '"')
-
 
 #: Default perplexity budget of the k rule: a clamp may at most double held-out perplexity.
 PPL_BUDGET = 2.0
