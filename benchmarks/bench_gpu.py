@@ -11,7 +11,7 @@ fill the device, and for each workload its throughput, the ratio to the same cod
 3. vector building: streaming float64 means of the last-token residual stream of every layer
    (``mechlingo.activations.means.last_token_means``; ``runs.collect`` + ``StreamingMean`` when
    that module is missing);
-4. neuron scoring: ``kernels.stats.auroc_and_average_precision`` on synthetic activations of
+4. neuron scoring: ``kernels.ranking.auroc_and_average_precision`` on synthetic activations of
    32 x 11,008 neurons (a 7B model's MLPs) over several thousand sentences vs scikit-learn's
    per-feature loop timed on a subset and extrapolated.
 
@@ -37,7 +37,8 @@ from mechlingo.core.models import load_model, tiny_model
 from mechlingo.core.sites import hook_name
 from mechlingo.core.tokens import answer_tokens, encode, sorted_batches
 from mechlingo.data import load_facts
-from mechlingo.kernels.stats import StreamingMean, auroc_and_average_precision
+from mechlingo.kernels.ranking import auroc_and_average_precision
+from mechlingo.kernels.streaming import StreamingMean
 
 
 def sync() -> None:

@@ -4,7 +4,7 @@ Scores ``--n-features`` features (default 36,864 = 18 layers x 2,048 MLP neurons
 embedded Gemma-3-270M) over ``--n-samples`` sentences (default 2,000) with a positive rate of
 1/12 (one target language among twelve), two ways in one process:
 
-* the batched kernel ``mechlingo.kernels.stats.auroc_and_average_precision`` (and the two
+* the batched kernel ``mechlingo.kernels.ranking.auroc_and_average_precision`` (and the two
   single-metric calls);
 * the obvious alternative: ``sklearn.metrics.roc_auc_score`` and ``average_precision_score``
   once per feature. The loop is timed on a random subset of ``--sklearn-features`` features
@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mechlingo.kernels.grouped import grouped_auroc_and_average_precision  # noqa: E402
-from mechlingo.kernels.stats import (  # noqa: E402
+from mechlingo.kernels.ranking import (  # noqa: E402
     auroc,
     auroc_and_average_precision,
     average_precision,

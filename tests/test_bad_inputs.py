@@ -856,7 +856,7 @@ def _lib_dtype_nn(tiny: Any, tiny_b: Any, P: Any) -> None:
 
 
 def _lib_align_target(tiny: Any, tiny_b: Any, P: Any) -> None:
-    from mechlingo.analyses.alignment import compare_alignment
+    from mechlingo.analyses.align import compare_alignment
 
     compare_alignment(tiny, {"en": ["a b", "c d"], "fr": ["e f", "g h"]}, None, target="xx")
 
@@ -1025,7 +1025,7 @@ def test_same_model_still_applies(tiny, P):
 
 def test_error_hierarchy_keeps_old_bases():
     from mechlingo.activations.distributed import DistributedError
-    from mechlingo.analyses.alignment import AlignmentError
+    from mechlingo.analyses.align import AlignmentError
     from mechlingo.analyses.experts import ExpertError
     from mechlingo.analyses.patching import PatchingError
     from mechlingo.cli import UsageError

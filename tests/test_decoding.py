@@ -7,9 +7,8 @@ import pytest
 import torch
 
 import mechlingo.activations.decoding as decoding
-from mechlingo.activations.decoding import decode, kv_cache_path
+from mechlingo.activations.decoding import decode, kv_cache_path, sample_from_bos
 from mechlingo.analyses.evaluate import greedy_generate
-from mechlingo.analyses.experts import sample_from_bos
 from mechlingo.core.tokens import current_columns, encode
 from mechlingo.data import load_facts
 from mechlingo.interventions import Ablation, InterventionError, NeuronClamp, SteeringVector
@@ -189,8 +188,9 @@ def test_sliding_window_too_short_decodes_uncached(tiny, monkeypatch):
 
 def test_sampling_from_bos_same_draws(tiny):
     iv = _interventions(tiny)["clamp-all"]
-    a = sample_from_bos(tiny, 6, max_new_tokens=5, intervention=iv, seed=3, cache=True)
-    b = sample_from_bos(tiny, 6, max_new_tokens=5, intervention=iv, seed=3, cache=False)
+    hooks = list(iv.fwd_hooks(tiny))
+    a = sample_from_bos(tiny, 6, max_new_tokens=5, fwd_hooks=hooks, seed=3, cache=True)
+    b = sample_from_bos(tiny, 6, max_new_tokens=5, fwd_hooks=hooks, seed=3, cache=False)
     assert a == b
 
 

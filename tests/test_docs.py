@@ -25,7 +25,7 @@ def test_api_reference_builds_without_warnings(tmp_path):
         "interventions",
         "analyses/patching",
         "analyses/experts",
-        "analyses/alignment",
+        "analyses/align",
     ):
         page = tmp_path / "mechlingo" / f"{module}.html"
         assert page.is_file(), module

@@ -8,23 +8,22 @@ import math
 import pytest
 import torch
 
+from mechlingo.activations.likelihood import line_nll, perplexity
 from mechlingo.activations.runs import run_batch
 from mechlingo.analyses.experts import (
     ExpertError,
     choose_k,
     collect_neuron_stats,
     find_experts,
-    identify_languages,
     k_curve,
-    line_nll,
     load_clamp,
     make_clamp,
-    perplexity,
 )
 from mechlingo.core.tokens import encode
+from mechlingo.data.langid import identify_languages
 from mechlingo.interventions import NeuronClamp
+from mechlingo.kernels.ranking import auroc
 from mechlingo.kernels.significance import wilson
-from mechlingo.kernels.stats import auroc
 
 from .conftest import NTREX, count_hooks
 
@@ -284,17 +283,6 @@ def test_k_curve_figure_keeps_hindi():  # ppl_hi is Hindi, not an interval bound
     assert not {"experts hi_lo", "experts hi_hi"} & names
 
 
-def test_k_curve_figure_alias_is_deprecated():
-    from mechlingo.analyses.experts import KCurve
-
-    rows = [
-        dict(r, ppl_hi=5.0, ppl_hi_lo=4.0, ppl_hi_hi=6.0, target_rate_prompt=0.0) for r in K_ROWS
-    ]
-    with pytest.warns(DeprecationWarning, match="fig_k_curve"):
-        fig = KCurve("es", rows).figure(200)
-    assert {t.name for t in fig.data} == {t.name for t in KCurve("es", rows).fig_k_curve(200).data}
-
-
 def test_choose_k_default_is_the_papers_rule():
     # the papers' rule weighs the target's rate against the target's perplexity only: on the
     # hand-made curve k = 100 (target ratio 1.5) wins although the others' ratios are ~2.7
@@ -479,7 +467,7 @@ def test_cli_errors_leave_nothing(tmp_path, tiny_dir, capsys):
 @pytest.mark.slow
 @pytest.mark.skipif(not NTREX.is_dir(), reason="NTREX data not present")
 def test_gemma_spanish_experts_and_retrieval(gemma):
-    from mechlingo.analyses.alignment import compare_alignment
+    from mechlingo.analyses.align import compare_alignment
     from mechlingo.data import read_parallel_dir
 
     d = read_parallel_dir(NTREX, ["es", "en", "fr"])

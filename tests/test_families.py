@@ -21,7 +21,7 @@ from transformer_lens.tools.analysis import logit_lens as tl_logit_lens
 
 import mechlingo
 from mechlingo.activations.runs import next_token_logits, run_batch
-from mechlingo.analyses.alignment import embed_parallel
+from mechlingo.analyses.align import embed_parallel
 from mechlingo.analyses.experts import collect_neuron_stats
 from mechlingo.analyses.lens import logit_lens
 from mechlingo.analyses.patching import answer_logprob, patch_activations

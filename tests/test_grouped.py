@@ -9,7 +9,7 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 
 from mechlingo.core.errors import InputError
 from mechlingo.kernels.grouped import grouped_auroc_and_average_precision
-from mechlingo.kernels.stats import auroc_and_average_precision
+from mechlingo.kernels.ranking import auroc_and_average_precision
 
 
 @pytest.mark.parametrize("ties", [False, True])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import mechlingo.analyses.experts as experts_mod
+import mechlingo.analyses.experts.kcurve as experts_mod
 import mechlingo.analyses.protocol as protocol
 import mechlingo.analyses.repair as repair
 import mechlingo.cli.experts as cli_experts

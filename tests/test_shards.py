@@ -24,7 +24,7 @@ from mechlingo.activations.shards import (
 from mechlingo.analyses.experts import ExpertError, find_experts
 from mechlingo.core.errors import DataError, InputError
 from mechlingo.kernels.grouped import grouped_auroc_and_average_precision
-from mechlingo.kernels.stats import auroc_and_average_precision
+from mechlingo.kernels.ranking import auroc_and_average_precision
 
 from .conftest import NTREX
 

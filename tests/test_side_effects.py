@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 import torch
 
+from mechlingo.activations.likelihood import line_nll, perplexity
 from mechlingo.analyses.evaluate import evaluate_facts, greedy_generate
-from mechlingo.analyses.experts import identify_languages, perplexity
 from mechlingo.analyses.side_effects import (
     SideEffectsError,
-    line_nll,
     line_prefix,
     random_control,
     side_effects,
 )
 from mechlingo.data import load_facts
+from mechlingo.data.langid import identify_languages
 from mechlingo.interventions import (
     Ablation,
     Compose,
@@ -76,12 +76,13 @@ def _hand_nll(model, text, max_tokens, iv=None):
 def test_line_nll_against_hand_computation(tiny, vector, lines):
     texts = lines["fr"]
     for iv in (None, vector):
-        s, c = line_nll(tiny, texts, intervention=iv, max_tokens=12, batch_size=4)
+        hooks = list(iv.fwd_hooks(tiny)) if iv is not None else []
+        s, c = line_nll(tiny, texts, fwd_hooks=hooks, max_tokens=12, batch_size=4)
         for i, t in enumerate(texts):
             hs, hc = _hand_nll(tiny, t, 12, iv)
             assert int(c[i]) == hc
             assert float(s[i]) == pytest.approx(hs, rel=1e-4)
-        ref = perplexity(tiny, texts, intervention=iv, max_tokens=12)
+        ref = perplexity(tiny, texts, fwd_hooks=hooks, max_tokens=12)
         assert math.exp(float(s.sum() / c.sum())) == pytest.approx(ref, rel=1e-5)
     assert count_hooks(tiny) == 0
 
@@ -204,3 +205,32 @@ def test_clamp_composition_and_no_control(tiny, facts, lines):
         (a, m) for a in ("intervention", "control") for m in ("perplexity", "output_lang")
     }
     assert count_hooks(tiny) == 0
+
+
+def test_heatmap_from_plain_rows():
+    """The figure is drawn from the rows alone: each cell's colour is its change, its text the
+    change and interval; a missing cell and an undefined change are blank (None)."""
+    from mechlingo.viz.side_effects import cell_text, side_effects_heatmap
+
+    nan = float("nan")
+    row = {"arm": "intervention", "ci_low": -0.1, "ci_high": 0.3}
+    rows = [
+        dict(row, lang="es", metric="accuracy", delta=0.1),
+        dict(row, lang="es", metric="perplexity", delta=nan),
+        dict(row, lang="fr", metric="accuracy", delta=-0.25, ci_low=nan),
+        dict(row, lang="es", metric="accuracy", delta=0.9),  # a duplicate: the first wins
+        dict(row, arm="control", lang="fr", metric="perplexity", delta=0.05),
+    ]
+    fig = side_effects_heatmap(rows, ["es", "fr"], ("accuracy", "perplexity", "output_lang"))
+    assert [t.hovertemplate.split("<extra>")[1] for t in fig.data] == [
+        "intervention</extra>",
+        "control</extra>",
+    ]
+    iv = fig.data[0]
+    assert list(iv.x) == ["Δ accuracy", "Δ perplexity (rel.)"]
+    assert [list(r) for r in iv.z] == [[0.1, None], [-0.25, None]]
+    assert [list(r) for r in iv.text] == [["+0.10<br>[-0.10, +0.30]", "n/a"], ["-0.25", ""]]
+    assert cell_text(rows[0]) == "+0.10<br>[-0.10, +0.30]"
+    assert fig.layout.title.text == "Side effects of the intervention (95% intervals)"
+    one = side_effects_heatmap(rows, ["es", "fr"], ("accuracy",), arms=["control"])
+    assert len(one.data) == 1 and [list(r) for r in one.data[0].z] == [[None], [None]]

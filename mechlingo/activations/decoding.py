@@ -387,3 +387,46 @@ def decode(
     if path != "none" and _fits_window(model, batch, max_new_tokens):
         return decode_cached(model, batch, eos=eos, path=path, **args)
     return decode_uncached(model, batch, eos=eos, **args)
+
+
+def sample_from_bos(
+    model: Model,
+    n: int,
+    *,
+    max_new_tokens: int = 20,
+    fwd_hooks: FwdHooks = (),
+    seed: int = 0,
+    temperature: float = 1.0,
+    cache: bool = True,
+) -> list[str]:
+    """``n`` samples (temperature sampling, fixed seed) from a bare BOS prompt, with
+    ``fwd_hooks`` (an intervention's ``fwd_hooks(model)``) applied at every step. Greedy
+    decoding from BOS gives one string only, hence sampling. Decoded with a key-value cache
+    where the model supports it (:func:`decode`); ``cache=False`` recomputes the prefix (the
+    same draws). Each sample stops at EOS and is decoded without special tokens.
+
+    Raises:
+        InputError: the tokenizer has no BOS token.
+    """
+    bos = getattr(model.tokenizer, "bos_token_id", None)
+    if bos is None:
+        raise InputError("the model's tokenizer has no BOS token to start from")
+    dev = model.W_U.device
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    tokens = torch.full((n, 1), int(bos), dtype=torch.long, device=dev)
+    eos = getattr(model.tokenizer, "eos_token_id", None)
+
+    def draw(logits: Tensor) -> Tensor:
+        probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
+        return torch.multinomial(probs, 1, generator=gen).squeeze(1)
+
+    batch = TokenBatch(tokens, torch.ones(n, dtype=torch.long, device=dev), 0, True)
+    rows = decode(
+        model, batch, max_new_tokens=max_new_tokens, fwd_hooks=fwd_hooks, choose=draw, cache=cache
+    )
+    out = []
+    for row in rows:
+        if eos is not None and eos in row:
+            row = row[: row.index(eos)]
+        out.append(model.tokenizer.decode(row, skip_special_tokens=True))
+    return out

@@ -206,8 +206,8 @@ def _comm_device() -> torch.device:
 def all_reduce_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Sum every tensor of an accumulator state over all ranks.
 
-    Use with the ``state_dict()`` of :class:`~mechlingo.kernels.stats.StreamingMean`
-    (``sum``, ``count``) or :class:`~mechlingo.kernels.stats.ActivationProbability`
+    Use with the ``state_dict()`` of :class:`~mechlingo.kernels.streaming.StreamingMean`
+    (``sum``, ``count``) or :class:`~mechlingo.kernels.streaming.ActivationProbability`
     (``active``, ``tokens``): their entries are sums, so the SUM of the states is the state
     of one accumulator fed every rank's data. Rebuild with ``from_state``.
 

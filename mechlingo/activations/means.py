@@ -3,7 +3,7 @@
 :func:`last_token_means` runs each batch of prompts once, reads the activation at each
 prompt's last real token for all requested layers in the same forward pass (stopping the pass
 after the last layer read, so the unembedding is never paid for), and adds them to a float64
-running sum (:class:`mechlingo.kernels.stats.StreamingMean`). Memory is independent of the
+running sum (:class:`mechlingo.kernels.streaming.StreamingMean`). Memory is independent of the
 number of prompts: one ``[n_layers, width]`` float64 sum. Device-agnostic: the sum lives on
 the device of the unembedding. Launched under ``torchrun`` (see
 :mod:`mechlingo.activations.distributed`), each rank streams its shard of the prompts and the
@@ -27,7 +27,7 @@ from mechlingo.core.errors import InputError
 from mechlingo.core.sites import SiteError, resolve_layers, resolve_site
 from mechlingo.core.tokens import encode, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
-from mechlingo.kernels.stats import StreamingMean
+from mechlingo.kernels.streaming import StreamingMean
 
 __all__ = ["LayerMeans", "last_token_means"]
 

@@ -2,7 +2,7 @@
 real tokens, in one forward pass per batch.
 
 The one implementation of what expert neurons (:mod:`mechlingo.analyses.experts`) and
-sentence embeddings (:mod:`mechlingo.analyses.alignment`) share:
+sentence embeddings (:mod:`mechlingo.analyses.align`) share:
 
 * :func:`check_texts` -- a corpus ``{lang: [sentence, ...]}`` is usable (optionally
   parallel: the same number of lines in every language);
@@ -42,7 +42,7 @@ from mechlingo.core.errors import ExpertError, InputError, MechlingoError
 from mechlingo.core.sites import resolve_layers, resolve_site, site_map
 from mechlingo.core.tokens import TokenBatch, encode, pad_rows, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
-from mechlingo.kernels.stats import ActivationProbability, masked_pool
+from mechlingo.kernels.streaming import ActivationProbability, masked_pool
 
 
 @dataclass
@@ -239,7 +239,7 @@ def pool_activations(
 
     Every hook (``hook_names`` in forward order, each ``width`` wide) pools its activation
     over the row's real tokens (BOS and padding excluded; ``"mean"`` or ``"max"``, see
-    :func:`mechlingo.kernels.stats.masked_pool`) into ``out[row, slot]``; the forward pass
+    :func:`mechlingo.kernels.streaming.masked_pool`) into ``out[row, slot]``; the forward pass
     stops after the last hook, so the unembedding is never computed, and memory does not grow
     with sentence length. ``fwd_hooks`` (e.g. an intervention's) run before the pooling
     hooks, so what is pooled includes their effect at the same hook point. ``observe`` sees

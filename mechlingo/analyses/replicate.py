@@ -16,7 +16,7 @@ through their Python APIs, in stages:
   and the k rules, held-out AUROC, overlap): the expert claims and the clamp of the k that
   the papers' rule picks (target-language rate against the target's perplexity; the stricter
   rule that also bounds every other language is reported beside it);
-* ``align`` (:func:`mechlingo.analyses.alignment.compare_alignment` with that clamp and its
+* ``align`` (:func:`mechlingo.analyses.align.compare_alignment` with that clamp and its
   random-neuron control): distances and retrieval.
 
 Each stage's result is stored (JSON, atomically) in a work folder under a key made of the
@@ -46,7 +46,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mechlingo.analyses import protocol, repair
-from mechlingo.analyses.alignment import compare_alignment, drop_empty_lines
+from mechlingo.analyses.align import compare_alignment, drop_empty_lines
 from mechlingo.analyses.claims import (
     CLAIMS,
     LU,
@@ -68,8 +68,8 @@ from mechlingo.core.types import Model
 from mechlingo.core.version import __version__
 from mechlingo.data import LANGS, Fact, load_facts, parallel_sentences
 from mechlingo.interventions import load_intervention
+from mechlingo.kernels.ranking import auroc_and_average_precision
 from mechlingo.kernels.significance import paired_gain, wilson
-from mechlingo.kernels.stats import auroc_and_average_precision
 
 __all__ = ["BUDGETS", "PAPERS", "STAGES", "budget_settings", "replicate"]
 

@@ -12,12 +12,13 @@ norm-matched random control of the same shape:
   (relative: 0.10 = 10% higher perplexity).
 * ``output_lang``: the share of greedy continuations of the lines' first words that py3langid
   identifies as the line's own language (among every language of the facts and lines given;
-  the identification of :func:`mechlingo.analyses.experts.identify_languages`; not measured when only
+  the identification of :func:`mechlingo.data.langid.identify_languages`; not measured when only
   one language is given). Change = share with - share without.
 
-Every change comes with a bootstrap confidence interval (``scipy.stats.bootstrap``,
-percentile method, paired: facts or lines are resampled together in both runs), and the
-accuracy and output-language shares with Wilson intervals (``scipy.stats.binomtest``).
+Every change comes with a bootstrap confidence interval
+(:func:`mechlingo.kernels.significance.paired_bootstrap`: percentile method, paired: facts or
+lines are resampled together in both runs), and the accuracy and output-language shares with
+Wilson intervals (:func:`mechlingo.kernels.significance.wilson`).
 
 **The control** (:func:`random_control`) has the intervention's shape and size but no
 direction learnt from data: a steering vector is replaced by a random vector of the same
@@ -37,18 +38,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from mechlingo.activations.likelihood import line_nll
 from mechlingo.analyses.evaluate import evaluate_facts, greedy_generate
-from mechlingo.analyses.experts import identify_languages
-from mechlingo.analyses.experts import line_nll as _line_nll
 from mechlingo.core.errors import InputError
 from mechlingo.core.faults import derive_seed
-from mechlingo.core.figures import draw
 from mechlingo.core.sites import resolve_site, site_map
 from mechlingo.core.types import Model
+from mechlingo.data.langid import identify_languages
 from mechlingo.interventions import (
     Ablation,
     Compose,
@@ -57,7 +56,8 @@ from mechlingo.interventions import (
     SteeringVector,
     random_like,
 )
-from mechlingo.kernels.significance import wilson
+from mechlingo.kernels.significance import paired_bootstrap, wilson
+from mechlingo.viz.side_effects import side_effects_heatmap
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -69,7 +69,6 @@ __all__ = [
     "METRICS",
     "SideEffects",
     "SideEffectsError",
-    "line_nll",
     "random_control",
     "side_effects",
 ]
@@ -166,37 +165,6 @@ def random_control(intervention: Intervention, model: Model, *, seed: int = 0) -
     )
 
 
-# --------------------------------------------------------------------------------------
-# Per-line negative log-likelihood
-# --------------------------------------------------------------------------------------
-
-
-def line_nll(
-    model: Model,
-    texts: Sequence[str],
-    *,
-    intervention: Any = None,
-    batch_size: int = 16,
-    max_tokens: int | None = None,
-    chunk_rows: int = 128,
-) -> tuple[Float[Tensor, " line"], Int[Tensor, " line"]]:
-    """Per line: the summed next-token negative log-likelihood (natural log) over every real
-    token after BOS, and the number of tokens predicted (:func:`mechlingo.analyses.experts.line_nll`;
-    ``exp(nll.sum() / count.sum())`` is :func:`mechlingo.analyses.experts.perplexity`)."""
-
-    texts = list(texts)
-    if not texts:
-        raise SideEffectsError("no lines to score")
-    return _line_nll(
-        model,
-        texts,
-        intervention=intervention,
-        batch_size=batch_size,
-        max_tokens=max_tokens,
-        chunk_rows=chunk_rows,
-    )
-
-
 @dataclass
 class SideEffects:
     """The side-effects matrix of one intervention (and its control).
@@ -256,21 +224,20 @@ class SideEffects:
     def fig_heatmap(self, arms: Sequence[str] | None = None) -> go.Figure:
         """Language x metric heatmaps of the change (one panel per arm: intervention and
         control), colour = change (red = up, blue = down), text = change and its interval.
-        Perplexity is a relative change, the others differences of shares. (:func:`mechlingo.viz.side_effects.side_effects_heatmap`)"""
-        return draw("side_effects_heatmap", self, arms)
+        Perplexity is a relative change, the others differences of shares
+        (:func:`mechlingo.viz.side_effects.side_effects_heatmap`)."""
+        return side_effects_heatmap(
+            self.rows,
+            self.langs,
+            METRICS,
+            arms=arms,
+            intervention=self.meta.get("intervention", "the intervention"),
+            confidence=self.meta.get("confidence", 0.95),
+        )
 
     def _repr_html_(self) -> str:
         m = self.matrix()
         return "<b>SideEffects</b> (intervention, change)" + m.to_html(float_format="%.3f")
-
-
-def _cell_text(r: Mapping[str, Any]) -> str:
-    d, lo, hi = r["delta"], r["ci_low"], r["ci_high"]
-    if not math.isfinite(d):
-        return "n/a"
-    if math.isfinite(lo) and math.isfinite(hi):
-        return f"{d:+.2f}<br>[{lo:+.2f}, {hi:+.2f}]"
-    return f"{d:+.2f}"
 
 
 def _finite(obj: Any) -> Any:
@@ -290,33 +257,18 @@ def _finite(obj: Any) -> Any:
 # --------------------------------------------------------------------------------------
 
 
+def _nan(x: float | None) -> float:
+    """An undefined bound (``None``) as NaN, the matrix's marker for "no interval"."""
+    return float("nan") if x is None else x
+
+
 def _boot_ci(
     samples: tuple[np.ndarray, ...], statistic: Any, *, n_boot: int, level: float, seed: int
 ) -> tuple[float, float]:
-    """Paired percentile bootstrap interval of ``statistic(*samples)``; NaN for fewer than
-    two items; a degenerate sample (every resample equal) gives the point itself."""
-    from scipy.stats import bootstrap
-
-    n = len(samples[0])
-    if n < 2:
-        return float("nan"), float("nan")
-    point = float(statistic(*samples, axis=-1))
-    if all(np.all(s == s[0]) for s in samples):
-        return point, point
-    res = bootstrap(
-        samples,
-        statistic,
-        paired=True,
-        vectorized=True,
-        n_resamples=n_boot,
-        confidence_level=level,
-        method="percentile",
-        rng=np.random.default_rng(seed),
-    )
-    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    if not (math.isfinite(lo) and math.isfinite(hi)):  # all resamples equal
-        return point, point
-    return lo, hi
+    """The bounds of :func:`mechlingo.kernels.significance.paired_bootstrap` (NaN for fewer
+    than two items)."""
+    iv = paired_bootstrap(samples, statistic, n_resamples=n_boot, confidence=level, seed=seed)
+    return _nan(iv.lo), _nan(iv.hi)
 
 
 def _mean_diff(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -327,19 +279,13 @@ def _ppl_ratio(a: np.ndarray, b: np.ndarray, n: np.ndarray, axis: int = -1) -> n
     return np.expm1((np.sum(b, axis=axis) - np.sum(a, axis=axis)) / np.sum(n, axis=axis))
 
 
-def _wilson(k: int, n: int, level: float) -> tuple[float, float]:
-    """Wilson interval bounds (:func:`mechlingo.kernels.significance.wilson`), ``nan`` for ``n == 0``."""
-
-    w = wilson(k, n, confidence=level)
-    return (float("nan"), float("nan")) if w["lo"] is None else (w["lo"], w["hi"])
-
-
 def _share_row(
     arm: str, lang: str, metric: str, base: np.ndarray, new: np.ndarray, opts: dict[str, Any]
 ) -> dict[str, Any]:
     n = len(base)
     lo, hi = _boot_ci((base, new), _mean_diff, **opts)
-    vlo, vhi = _wilson(int(new.sum()), n, opts["level"])
+    w = wilson(int(new.sum()), n, confidence=opts["level"])
+    vlo, vhi = _nan(w["lo"]), _nan(w["hi"])
     return {
         "arm": arm,
         "lang": lang,
@@ -420,7 +366,7 @@ def _languages_and_lines(
 
 def _measure_arm(
     model: Model,
-    intervention: Any,
+    intervention: Intervention | None,
     facts: Sequence[Fact],
     lines: Mapping[str, Sequence[str]],
     prompts: Mapping[str, Sequence[str]],
@@ -445,10 +391,9 @@ def _measure_arm(
             intervention=intervention,
         )
         out["correct"] = np.array([bool(r["correct"]) for r in ev.records], dtype=float)
+    hooks = list(intervention.fwd_hooks(model)) if intervention is not None else []
     for lg, v in lines.items():
-        s, c = line_nll(
-            model, v, intervention=intervention, batch_size=batch_size, max_tokens=max_tokens
-        )
+        s, c = line_nll(model, v, fwd_hooks=hooks, batch_size=batch_size, max_tokens=max_tokens)
         out["nll"][lg] = s.numpy()
         out["counts"][lg] = c.numpy().astype(float)
     flat = [p for lg in prompts for p in prompts[lg]]
@@ -551,7 +496,7 @@ def side_effects(
         control = random_control(intervention, model, seed=seed)
     elif isinstance(control, str):
         raise SideEffectsError(f"control must be 'random', an intervention or None: {control!r}")
-    arms: list[tuple[str, Any]] = [("base", None), ("intervention", intervention)]
+    arms: list[tuple[str, Intervention | None]] = [("base", None), ("intervention", intervention)]
     if control is not None:
         arms.append(("control", control))
     id_langs = order  # every language given, not only those reported

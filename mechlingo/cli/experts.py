@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from mechlingo.activations.shards import memory_budget, shared_directory
-from mechlingo.analyses.alignment import AlignmentError, compare_alignment, drop_empty_lines
+from mechlingo.analyses.align import AlignmentError, compare_alignment, drop_empty_lines
 from mechlingo.analyses.experts import (
     ExpertError,
     ExpertResult,

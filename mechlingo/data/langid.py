@@ -2,8 +2,8 @@
 
 What it is for: telling which of the twelve bundled languages a *prompt* is in, so that an
 intervention can be gated by language (:class:`mechlingo.interventions.Gated`) when the
-language is not declared. It is not a general identifier (for generated text mechlingo uses
-py3langid, :func:`mechlingo.analyses.experts.identify_languages`).
+language is not declared. It is not a general identifier: for generated text mechlingo uses
+py3langid, :func:`identify_languages` (below).
 
 The rule:
 
@@ -26,11 +26,18 @@ text it is a heuristic.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["LATIN_WORDS", "identify_language", "script_counts"]
+import py3langid.langid as lid
+
+from mechlingo.core.errors import InputError
+
+__all__ = ["LATIN_WORDS", "identify_language", "identify_languages", "script_counts"]
 
 #: Function words and relation words per Latin-script language (lower case).
 LATIN_WORDS: dict[str, frozenset[str]] = {
@@ -114,3 +121,31 @@ def identify_language(text: str) -> str | None:
     low = text.lower()
     marked = [lg for lg in tied if any(m in low for m in _MARKS.get(lg, ""))]
     return marked[0] if len(marked) == 1 else None
+
+
+@functools.lru_cache(maxsize=4)
+def _langid(langs: tuple[str, ...]) -> Any:
+    ident = lid.LanguageIdentifier.from_model_file(lid.MODEL_FILE, norm_probs=True)
+    unknown = [lang for lang in langs if lang not in ident.labels]
+    if unknown:
+        raise InputError(f"py3langid does not know language(s) {unknown}")
+    ident.set_languages(list(langs))
+    return ident
+
+
+def identify_languages(texts: Sequence[str], langs: Sequence[str]) -> list[str | None]:
+    """Language of each text (e.g. a generation) among ``langs`` by py3langid (offline,
+    probabilities normalised over ``langs`` only); ``None`` for a text with no letters
+    (nothing to identify).
+
+    Raises:
+        InputError: a language py3langid does not know.
+    """
+    ident = _langid(tuple(langs))
+    out: list[str | None] = []
+    for t in texts:
+        if not any(ch.isalpha() for ch in t):
+            out.append(None)
+        else:
+            out.append(ident.classify(t)[0])
+    return out

@@ -2,7 +2,7 @@
 
 Expert neurons are scored one language against the rest for every language
 (``mechlingo.analyses.experts.score_neurons``). Calling
-:func:`mechlingo.kernels.stats.auroc_and_average_precision` once per language sorts every
+:func:`mechlingo.kernels.ranking.auroc_and_average_precision` once per language sorts every
 neuron's samples once per language; the order of a neuron's samples does not depend on the
 language, so :func:`grouped_auroc_and_average_precision` sorts once and reads every language
 off the same order:
@@ -18,7 +18,7 @@ off the same order:
    (``first``/``last``: the first and last sorted position holding ``v``); without ties
    both are ``p - k``. AUROC ``= sum (#others < v + #others <= v) / (2 n_own n_others)`` and
    AP ``= mean of (n_own - #{own < v}) / (n - first(v))``, exactly the definitions of
-   :mod:`mechlingo.kernels.stats` (scikit-learn's, ties included).
+   :mod:`mechlingo.kernels.ranking` (scikit-learn's, ties included).
 
 Counts are exact int64, AUROC one float64 division (identical to the one-group kernel), AP a
 float64 mean (equal to it up to the order of a float64 sum, ~1e-16). On accelerators the
@@ -33,7 +33,7 @@ from jaxtyping import Float, Int, Real
 from torch import Tensor
 
 from mechlingo.core.errors import InputError
-from mechlingo.kernels.stats import auroc_and_average_precision
+from mechlingo.kernels.ranking import auroc_and_average_precision
 
 __all__ = ["grouped_auroc_and_average_precision"]
 

@@ -14,6 +14,9 @@ conditions is paired (the same items under both). So:
   per-query retrieval hit rate) with a bootstrap 95% interval over items;
 * :func:`bootstrap_ratio` -- a ratio of sums over items (``sum(num) / sum(den)``, e.g. a
   Jaccard overlap of two correct sets) with a percentile bootstrap interval over items;
+* :func:`paired_bootstrap` -- any statistic of paired per-item samples (a difference of
+  means, a relative change of perplexity) with a percentile bootstrap interval over items, as
+  an :class:`Interval`;
 * :func:`bootstrap_perplexity` and :func:`perplexity_ratio` -- a perplexity
   ``exp(sum NLL / sum tokens)`` over lines, and the ratio of two perplexities of the same lines,
   with percentile bootstrap intervals over lines (a line keeps its token count).
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +41,7 @@ __all__ = [
     "bootstrap_perplexity",
     "bootstrap_ratio",
     "mcnemar",
+    "paired_bootstrap",
     "paired_gain",
     "perplexity_ratio",
     "wilson",
@@ -259,6 +263,46 @@ def bootstrap_ratio(
                         random_state=np.random.default_rng(seed))  # fmt: skip
     lo, hi = _interval(res)
     return {"n": n, "value": value, "lo": lo, "hi": hi}
+
+
+def paired_bootstrap(
+    samples: Sequence[Sequence[float] | np.ndarray],
+    statistic: Callable[..., np.ndarray],
+    *,
+    n_resamples: int = N_RESAMPLES,
+    confidence: float = CONFIDENCE,
+    seed: int = 0,
+) -> Interval:
+    """``statistic(*samples, axis=-1)`` over paired items (item ``i`` of every sample is one
+    unit, resampled together) with a percentile bootstrap interval (``scipy.stats.bootstrap``,
+    ``paired=True``, ``vectorized=True``; ``statistic`` must take ``axis``).
+
+    The estimate is the statistic of the full samples; ``lo``/``hi`` are ``None`` for fewer
+    than two items, and both equal the estimate when every sample is constant or every
+    resample gives the same value (a degenerate sample has no spread to resample). ``n`` is
+    the number of items.
+
+    Raises:
+        InputError: no sample, or samples that are not 1-D of one length.
+    """
+    arrays = tuple(np.asarray(x, dtype=float) for x in samples)
+    if not arrays or any(a.ndim != 1 or a.shape != arrays[0].shape for a in arrays):
+        raise InputError(f"need 1-D samples of one length, got {[a.shape for a in arrays]}")
+    n = len(arrays[0])
+    if n == 0:
+        return Interval(None, None, None, 0, confidence)
+    point = float(statistic(*arrays, axis=-1))
+    if n < 2:
+        return Interval(point, None, None, n, confidence)
+    if all(np.all(a == a[0]) for a in arrays):
+        return Interval(point, point, point, n, confidence)
+    res = sps.bootstrap(arrays, statistic, paired=True, vectorized=True, n_resamples=n_resamples,
+                        confidence_level=confidence, method="percentile",
+                        rng=np.random.default_rng(seed))  # fmt: skip
+    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if not (math.isfinite(lo) and math.isfinite(hi)):  # every resample equal
+        return Interval(point, point, point, n, confidence)
+    return Interval(point, lo, hi, n, confidence)
 
 
 def _ppl(nll: np.ndarray, count: np.ndarray, axis: int = -1) -> np.ndarray:

@@ -12,13 +12,9 @@ import torch
 from mechlingo.analyses.claims import RULES, ClaimsCard
 from mechlingo.analyses.experts import KCurve
 from mechlingo.report.page import Report
+from mechlingo.viz.align import retrieval_per_layer_figure
 from mechlingo.viz.common import latent_curves_figure
-from mechlingo.viz.experts import (
-    interval_bars_figure,
-    k_curve_figure,
-    overlap_figure,
-    retrieval_per_layer_figure,
-)
+from mechlingo.viz.experts import interval_bars_figure, k_curve_figure, overlap_figure
 from mechlingo.viz.pipeline import class_fractions_figure
 from mechlingo.viz.repair import accuracy_ci_figure, headroom_figure
 
@@ -129,7 +125,7 @@ def _experts_sections(report: Report, data: Mapping[str, Any]) -> None:
     report.add_figure(overlap_figure(torch.tensor(ov["matrix"]), ov["langs"], ov["k"]))
     _section(report, "fig-kcurve", f"The k curve of {data['target']} and the two k rules")
     curve = KCurve(data["target"], data["curve"])
-    report.add_figure(k_curve_figure(curve, data["choice_papers"]["k"]))
+    report.add_figure(k_curve_figure(curve.rows, curve.lang, data["choice_papers"]["k"]))
     for label, ch in (("papers' rule", data["choice_papers"]),
                       ("stricter rule", data["choice_strict"])):  # fmt: skip
         report.add_text(f"{label}: k = {ch['k']}. {ch['rule']}")

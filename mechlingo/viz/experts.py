@@ -1,35 +1,43 @@
-"""Plotly figures for expert neurons and the cross-lingual embedding space."""
+"""Plotly figures for expert neurons: experts per layer, the overlap of expert sets, the k
+curve, and grouped bars with intervals. Every function takes plain data (tensors, lists,
+dicts) and imports plotly when called."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import plotly.graph_objects as go
 from jaxtyping import Float, Int
-from plotly.subplots import make_subplots
 from torch import Tensor
 
-from mechlingo.core.figures import drawer
-
 if TYPE_CHECKING:
-    from mechlingo.analyses.experts import KCurve
+    import plotly.graph_objects as go
 
-_PALETTE = (
+__all__ = [
+    "PALETTE",
+    "experts_per_layer_figure",
+    "interval_bars_figure",
+    "k_curve_figure",
+    "overlap_figure",
+]
+
+#: Trace colours of the expert and alignment figures (12, by language or arm index).
+PALETTE = (
     "#1f77b4 #ff7f0e #2ca02c #d62728 #9467bd #8c564b #e377c2 #7f7f7f #bcbd22 #17becf "
     "#393b79 #637939"
 ).split()
 
 
-@drawer
 def experts_per_layer_figure(
     counts: Int[Tensor, "lang layer"], langs: Sequence[str], layers: Sequence[int], k: int
 ) -> go.Figure:
     """Grouped bars: how many of each language's top-``k`` experts sit in each layer."""
+    import plotly.graph_objects as go
+
     fig = go.Figure()
     c = counts.cpu()
     for i, lang in enumerate(langs):
-        fig.add_bar(x=list(layers), y=c[i].tolist(), name=lang, marker_color=_PALETTE[i % 12])
+        fig.add_bar(x=list(layers), y=c[i].tolist(), name=lang, marker_color=PALETTE[i % 12])
     fig.update_layout(
         title=f"Top-{k} expert neurons per layer",
         xaxis_title="layer",
@@ -40,9 +48,10 @@ def experts_per_layer_figure(
     return fig
 
 
-@drawer
 def overlap_figure(overlap: Float[Tensor, "lang lang"], langs: Sequence[str], k: int) -> go.Figure:
     """Heatmap of the fraction of shared top-``k`` experts between languages."""
+    import plotly.graph_objects as go
+
     z = overlap.cpu().tolist()
     fig = go.Figure(
         go.Heatmap(
@@ -78,17 +87,25 @@ def _err(d: Any, col: str) -> dict[str, Any] | None:
     }
 
 
-@drawer
-def k_curve_figure(curve: KCurve, chosen: int | None = None) -> go.Figure:
-    """Left: fraction of generations in the target language vs k (experts, random control;
+def k_curve_figure(
+    rows: Sequence[Mapping[str, Any]], lang: str, chosen: int | None = None
+) -> go.Figure:
+    """Left: fraction of generations in ``lang`` (the target) vs k (experts, random control;
     the dashed line is no clamp), with Wilson 95% error bars for the BOS samples. Right:
     held-out perplexity of every language vs k (experts solid, control dotted) with bootstrap
-    95% error bars over lines. ``chosen``: the k the rule picked (a vertical line)."""
-    df = curve.to_dataframe()
+    95% error bars over lines. ``rows``: the k-curve rows (``k``, ``arm``,
+    ``target_rate_bos``, ``target_rate_prompt``, ``ppl_<lang>`` and their ``_lo``/``_hi``;
+    ``examples`` and ``bos_hits`` are ignored). ``chosen``: the k the rule picked (a vertical
+    line)."""
+    import pandas as pd
+    from plotly.subplots import make_subplots
+
+    skip = ("examples", "bos_hits")
+    df = pd.DataFrame([{k: v for k, v in r.items() if k not in skip} for r in rows])
     fig = make_subplots(
         rows=1,
         cols=2,
-        subplot_titles=(f"generations in {curve.lang}", "held-out perplexity (log scale)"),
+        subplot_titles=(f"generations in {lang}", "held-out perplexity (log scale)"),
     )
     base = df[df.arm == "none"]
     ppl_cols = [  # ppl_<lang>, not ppl_<lang>_lo/_hi nor ppl_ratio_* (ppl_hi is Hindi)
@@ -120,7 +137,7 @@ def k_curve_figure(curve: KCurve, chosen: int | None = None) -> go.Figure:
                 error_y=_err(d, col),
                 mode="lines+markers",
                 name=f"{arm} {col[4:]}",
-                line={"dash": dash, "color": _PALETTE[i % 12]},
+                line={"dash": dash, "color": PALETTE[i % 12]},
                 legendgroup=col,
                 showlegend=arm == "experts",
                 row=1,
@@ -141,98 +158,11 @@ def k_curve_figure(curve: KCurve, chosen: int | None = None) -> go.Figure:
     fig.update_xaxes(type="log", title_text="k")
     fig.update_yaxes(range=[-0.02, 1.02], row=1, col=1)
     fig.update_yaxes(type="log", row=1, col=2)
-    title = f"Choosing k for {curve.lang}"
+    title = f"Choosing k for {lang}"
     fig.update_layout(
         template="plotly_white",
         title=title + (f" (rule chose k = {chosen})" if chosen is not None else ""),
     )
-    return fig
-
-
-@drawer
-def retrieval_heatmaps(
-    pre: Float[Tensor, "lang lang"],
-    post: Float[Tensor, "lang lang"] | None,
-    langs: Sequence[str],
-    layer: int,
-) -> go.Figure:
-    """Top-1 retrieval (row = query language, column = candidate language), before and after
-    (and their difference)."""
-    mats: list[tuple[str, Any, str]] = [("before", pre, "Viridis")]
-    if post is not None:
-        mats += [("after", post, "Viridis"), ("after - before", post - pre, "RdBu")]
-    fig = make_subplots(rows=1, cols=len(mats), subplot_titles=[m[0] for m in mats])
-    for c, (_, m, scale) in enumerate(mats, start=1):
-        z = m.cpu().tolist()
-        diff = scale == "RdBu"
-        fig.add_trace(
-            go.Heatmap(
-                z=z,
-                x=list(langs),
-                y=list(langs),
-                colorscale=scale,
-                zmin=-1 if diff else 0,
-                zmax=1,
-                zmid=0 if diff else None,
-                text=[[f"{v:.2f}" for v in row] for row in z],
-                texttemplate="%{text}",
-                showscale=c == len(mats),
-            ),
-            row=1,
-            col=c,
-        )
-        fig.update_yaxes(autorange="reversed", row=1, col=c)
-    fig.update_layout(
-        title=f"Top-1 retrieval, layer {layer} (row: query, column: candidates)",
-        template="plotly_white",
-    )
-    return fig
-
-
-@drawer
-def retrieval_per_layer_figure(per_layer: Mapping[str, Mapping[str, float]]) -> go.Figure:
-    """Mean off-diagonal top-1 retrieval per layer, before and after."""
-    fig = go.Figure()
-    for which, vals in per_layer.items():
-        fig.add_scatter(
-            x=[int(k) for k in vals], y=list(vals.values()), mode="lines+markers", name=which
-        )
-    fig.update_layout(
-        title="Mean cross-language top-1 retrieval per layer",
-        xaxis_title="layer",
-        yaxis_title="top-1",
-        yaxis_range=[0, 1],
-        template="plotly_white",
-    )
-    return fig
-
-
-@drawer
-def pca_figure(
-    pre: Float[Tensor, "lang n 2"],
-    post: Float[Tensor, "lang n 2"] | None,
-    langs: Sequence[str],
-    layer: int,
-) -> go.Figure:
-    """Sentence embeddings on their first two principal components, coloured by language;
-    before and after side by side (each with its own PCA)."""
-    panels = [("before", pre)] + ([("after", post)] if post is not None else [])
-    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[0] for p in panels])
-    for c, (_, xy) in enumerate(panels, start=1):
-        xy = xy.cpu()
-        for i, lang in enumerate(langs):
-            fig.add_scatter(
-                x=xy[i, :, 0].tolist(),
-                y=xy[i, :, 1].tolist(),
-                mode="markers",
-                name=lang,
-                legendgroup=lang,
-                showlegend=c == 1,
-                marker={"color": _PALETTE[i % 12], "size": 5, "opacity": 0.7},
-                row=1,
-                col=c,
-            )
-    fig.update_layout(title=f"Sentence embeddings, layer {layer} (PCA)", template="plotly_white")
     return fig
 
 
@@ -241,6 +171,8 @@ def interval_bars_figure(
 ) -> go.Figure:
     """Grouped bars ``metrics[metric][arm]["mean"]`` (one group per metric, one colour per
     arm) with their 95% intervals (``lo``/``hi``) as error bars."""
+    import plotly.graph_objects as go
+
     arms = list(dict.fromkeys(a for per in metrics.values() for a in per))
     fig = go.Figure()
     for i, arm in enumerate(arms):
@@ -251,7 +183,7 @@ def interval_bars_figure(
             x=names,
             y=y,
             name=arm,
-            marker_color=_PALETTE[i % 12],
+            marker_color=PALETTE[i % 12],
             error_y={
                 "type": "data",
                 "symmetric": False,

@@ -9,9 +9,11 @@ import pytest
 from scipy import stats as sps
 
 from mechlingo.kernels.significance import (
+    Interval,
     bootstrap_mean,
     bootstrap_perplexity,
     mcnemar,
+    paired_bootstrap,
     paired_gain,
     perplexity_ratio,
     wilson,
@@ -138,9 +140,36 @@ def test_bootstrap_perplexity_and_ratio():
         bootstrap_perplexity([1.0, 2.0], [1])
 
 
-def test_interval_rules_and_round_trip():
-    from mechlingo.kernels.significance import Interval
+def _diff(a, b, axis=-1):
+    return np.mean(b, axis=axis) - np.mean(a, axis=axis)
 
+
+def test_paired_bootstrap_equals_direct_scipy_call():
+    rng = np.random.default_rng(5)
+    a, b = rng.random(30), rng.random(30) + 0.2
+    got = paired_bootstrap((a, b), _diff, n_resamples=700, confidence=0.9, seed=4)
+    ref = sps.bootstrap((a, b), _diff, paired=True, vectorized=True, n_resamples=700,
+                        confidence_level=0.9, method="percentile",
+                        rng=np.random.default_rng(4))  # fmt: skip
+    assert isinstance(got, Interval) and got.n == 30 and got.confidence == 0.9
+    assert got.estimate == pytest.approx(b.mean() - a.mean(), abs=1e-15)
+    assert got.lo == ref.confidence_interval.low and got.hi == ref.confidence_interval.high
+    # pairs are resampled together: a constant shift has no spread at all
+    shift = paired_bootstrap((a, a + 0.5), _diff)
+    assert shift.lo == pytest.approx(0.5) and shift.hi == pytest.approx(0.5)
+
+
+def test_paired_bootstrap_small_and_degenerate_samples():
+    assert paired_bootstrap(([], []), _diff) == Interval(None, None, None, 0)
+    one = paired_bootstrap(([1.0], [0.0]), _diff)
+    assert one.estimate == -1.0 and one.lo is None and one.hi is None and one.n == 1
+    const = paired_bootstrap(([1.0, 1.0, 1.0], [0.0, 0.0, 0.0]), _diff)
+    assert (const.estimate, const.lo, const.hi) == (-1.0, -1.0, -1.0)
+    with pytest.raises(ValueError, match="1-D samples of one length"):
+        paired_bootstrap(([1.0, 2.0], [1.0]), _diff)
+
+
+def test_interval_rules_and_round_trip():
     i = Interval(0.10, 0.02, 0.20, 40)
     assert i.above(0.0) and not i.above(0.05) and not i.below(0.2) and i.below(0.25)
     assert i.excludes(0.0) and not i.excludes(0.1)

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from mechlingo.analyses.alignment import (
+from mechlingo.analyses.align import (
     AlignmentError,
     check_parallel,
     compare_alignment,
@@ -53,7 +53,7 @@ def test_retrieval_permuted_by_hand():
 
 
 def test_retrieval_batched_over_layers_and_chunks(monkeypatch):
-    import mechlingo.analyses.alignment as al
+    import mechlingo.analyses.align as al
 
     emb = torch.randn(4, 3, 7, 8)
     full = retrieval(emb)

@@ -32,10 +32,11 @@ from torch import Tensor
 
 from mechlingo.activations.pooled import check_texts, encode_sentences, pool_activations
 from mechlingo.core.errors import MechlingoError
-from mechlingo.core.figures import draw
 from mechlingo.core.sites import hook_name, resolve_layers
 from mechlingo.core.types import Model
+from mechlingo.interventions import Intervention
 from mechlingo.kernels.significance import bootstrap_mean, paired_gain, wilson
+from mechlingo.viz.align import pca_figure, retrieval_heatmaps, retrieval_per_layer_figure
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -102,7 +103,7 @@ def embed_parallel(
     texts: Mapping[str, Sequence[str]],
     *,
     layers: int | Sequence[int] | str | None = None,
-    intervention: Any = None,
+    intervention: Intervention | None = None,
     batch_size: int = 16,
     max_tokens: int | None = None,
     progress: bool = False,
@@ -490,21 +491,23 @@ class AlignmentComparison:
         return pd.DataFrame(rows)
 
     def fig_retrieval(self, layer: int | None = None) -> go.Figure:
-
+        """Top-1 retrieval heatmaps at ``layer`` (default the last): before, after and their
+        difference."""
         s = self.pre.layer_slot(layer)
         post = None if self.retrieval_post is None else self.retrieval_post[s]
-        return draw("retrieval_heatmaps", self.retrieval_pre[s], post, self.langs, self.layers[s])
+        return retrieval_heatmaps(self.retrieval_pre[s], post, self.langs, self.layers[s])
 
     def fig_layers(self) -> go.Figure:
-
-        return draw("retrieval_per_layer_figure", self.summary()["retrieval_mean_per_layer"])
+        """Mean cross-language top-1 retrieval per layer, per arm."""
+        return retrieval_per_layer_figure(self.summary()["retrieval_mean_per_layer"])
 
     def fig_pca(self, layer: int | None = None) -> go.Figure:
-
+        """Sentence embeddings at ``layer`` on their first two principal components, before
+        and after (each with its own PCA)."""
         s = self.pre.layer_slot(layer)
         pre = pca_2d(self.pre.emb[s])
         post = None if self.post is None else pca_2d(self.post.emb[s])
-        return draw("pca_figure", pre, post, self.langs, self.layers[s])
+        return pca_figure(pre, post, self.langs, self.layers[s])
 
 
 def _mean_offdiag(r: Float[Tensor, "layer lang lang"], layers: Sequence[int]) -> dict[str, float]:
@@ -519,9 +522,9 @@ def _mean_offdiag(r: Float[Tensor, "layer lang lang"], layers: Sequence[int]) ->
 def compare_alignment(
     model: Model,
     texts: Mapping[str, Sequence[str]],
-    intervention: Any = None,
+    intervention: Intervention | None = None,
     *,
-    control: Any = None,
+    control: Intervention | None = None,
     layers: int | Sequence[int] | str | None = "all",
     target: str | None = None,
     centre: bool = False,
