@@ -26,7 +26,7 @@ from typing import Any
 
 from mechlingo.analyses.attribution import attribution_patch, compare_sweeps, verify_top_cells
 from mechlingo.analyses.patching import PatchingError, attention_knockout, fact_metrics, patch_sweep
-from mechlingo.analyses.pipeline import trace_recall
+from mechlingo.analyses.pipeline import pipeline_stages, trace_recall
 from mechlingo.cli.common import (
     UsageError,
     add_data_args,
@@ -45,7 +45,6 @@ from mechlingo.core.types import Model
 from mechlingo.kernels.significance import wilson
 from mechlingo.report import write_outputs
 from mechlingo.report.trace import LanguagePatching, trace_report
-from mechlingo.viz.pipeline import pipeline_stages
 
 PATCH_POSITIONS: list[int | str] = ["subject_first", "subject_last", -2, -1]
 
