@@ -7,7 +7,10 @@ including imports inside functions and ``if TYPE_CHECKING:`` blocks, and fails o
 * an import of a higher layer (an upward import);
 * an import cycle between modules (any layer);
 * an import inside a function, except of an optional heavy dependency (``HEAVY``);
-* a function longer than ``MAX_LINES`` lines, its docstring excluded.
+* a function longer than ``MAX_LINES`` lines, its docstring excluded;
+* an eager import of a drawing or table library (``LAZY``: plotly, pandas) below ``report``:
+  there it belongs inside the function that uses it (type hints under ``if TYPE_CHECKING:``),
+  so that importing an analysis or a figure module does not load plotly.
 
 ``--counts`` prints the numbers without failing (used for before/after comparisons).
 
@@ -56,9 +59,15 @@ HEAVY = {
 }
 
 
-def heavy(target: str) -> bool:
-    """Whether an import target is one of ``HEAVY`` or inside one of them."""
-    return any(target == h or target.startswith(h + ".") for h in HEAVY)
+# Imported only inside functions (or under ``if TYPE_CHECKING:``) by the layers below
+# ``LAZY_FROM``: the figures and the analyses load them when they draw or tabulate.
+LAZY = {"plotly", "pandas"}
+LAZY_FROM = "report"
+
+
+def heavy(target: str, names: set[str] = HEAVY) -> bool:
+    """Whether an import target is one of ``names`` (``HEAVY``) or inside one of them."""
+    return any(target == h or target.startswith(h + ".") for h in names)
 
 
 MAX_LINES = 80
@@ -99,7 +108,9 @@ class Scan(ast.NodeVisitor):
     def __init__(self, module: str, is_pkg: bool) -> None:
         self.module, self.is_pkg = module, is_pkg
         self.depth = 0
-        self.imports: list[tuple[str, int, bool]] = []  # (target, line, in_function)
+        self.typing = 0  # inside ``if TYPE_CHECKING:``
+        # (target, line, in a function, under TYPE_CHECKING)
+        self.imports: list[tuple[str, int, bool, bool]] = []
         self.long: list[tuple[str, int, int]] = []
 
     def _targets(self, node: ast.Import | ast.ImportFrom) -> list[str]:
@@ -113,9 +124,22 @@ class Scan(ast.NodeVisitor):
 
     def visit_Import(self, node: ast.Import) -> None:
         for t in self._targets(node):
-            self.imports.append((t, node.lineno, self.depth > 0))
+            self.imports.append((t, node.lineno, self.depth > 0, self.typing > 0))
 
     visit_ImportFrom = visit_Import  # type: ignore[assignment]
+
+    def visit_If(self, node: ast.If) -> None:
+        test = node.test
+        name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", None)
+        if name != "TYPE_CHECKING":
+            self.generic_visit(node)
+            return
+        self.typing += 1
+        for child in node.body:
+            self.visit(child)
+        self.typing -= 1
+        for child in node.orelse:
+            self.visit(child)
 
     def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         n = (node.end_lineno or node.lineno) - node.lineno + 1
@@ -159,7 +183,7 @@ def graph(scans: dict[str, Scan]) -> dict[str, set[str]]:
     mods = set(scans)
     g: dict[str, set[str]] = defaultdict(set)
     for mod, s in scans.items():
-        for target, _, _ in s.imports:
+        for target, *_ in s.imports:
             if not target.startswith("mechlingo"):
                 continue
             dep = known(target, mods)
@@ -207,13 +231,20 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 
 
 def problems(scans: dict[str, Scan]) -> dict[str, list[str]]:
-    found: dict[str, list[str]] = {"upward": [], "cycles": [], "function imports": [], "long": []}
+    found: dict[str, list[str]] = {
+        "upward": [],
+        "cycles": [],
+        "function imports": [],
+        "long": [],
+        "eager imports": [],
+    }
     mods = set(scans)
+    lazy_below = layer_of(f"mechlingo.{LAZY_FROM}")
     for mod, s in scans.items():
         for name, line, n in s.long:
             found["long"].append(f"{mod}:{line} {name} has {n} lines (max {MAX_LINES})")
         seen: set[int] = set()  # one entry per import statement
-        for target, line, in_fn in s.imports:
+        for target, line, in_fn, _ in s.imports:
             if in_fn and not heavy(target) and line not in seen:
                 seen.add(line)
                 found["function imports"].append(f"{mod}:{line} imports {target}")
@@ -221,7 +252,13 @@ def problems(scans: dict[str, Scan]) -> dict[str, list[str]]:
         if lm is None:
             found["upward"].append(f"{mod}: not in any layer of LAYERS")
             continue
-        for target, line, _ in s.imports:
+        if lazy_below is not None and lm < lazy_below:
+            found["eager imports"] += [
+                f"{mod}:{line} imports {target} at import time (import it in the function)"
+                for target, line, in_fn, typing in s.imports
+                if heavy(target, LAZY) and not in_fn and not typing
+            ]
+        for target, line, *_ in s.imports:
             top = target.split(".")[0]
             dep = known(target, mods) if top == "mechlingo" else None
             if dep is None or dep == mod:

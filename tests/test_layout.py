@@ -1,8 +1,14 @@
-"""The tiered package: the architecture contract holds and catches violations, and the entry
-points (console script, ``python -m``) run."""
+"""The tiered package: the architecture contract holds and catches violations (upward
+imports, cycles, imports inside functions, long functions, eager plotly imports below the
+report layer); figures are plain function calls (no string registry: a result's ``fig_*``
+method calls :mod:`mechlingo.viz` directly, viz imports no higher layer and plotly only when it
+draws); and the entry points (console script, ``python -m``) run. What each figure draws is
+checked against its result's arrays in ``test_viz.py``."""
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +40,13 @@ def test_top_level_names():
 
 def test_contract_holds_on_the_package():
     found = check_layers.problems(check_layers.scan())
-    assert found == {"upward": [], "cycles": [], "function imports": [], "long": []}
+    assert found == {
+        "upward": [],
+        "cycles": [],
+        "function imports": [],
+        "long": [],
+        "eager imports": [],
+    }
 
 
 def _fake_package(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -97,26 +109,111 @@ def test_entry_points_run(argv):
         assert command in out.stdout
 
 
-def test_figures_load_on_first_draw_and_import_stays_light():
-    """``import mechlingo`` loads neither the figures (plotly) nor TransformerLens's bridge;
-    the first ``draw`` registers every figure; an unknown name says which exist."""
+def test_contract_keeps_viz_below_the_analyses_and_plotly_lazy(tmp_path):
+    """A viz module may not import an analysis (not even for a type hint), and below the
+    report layer plotly is imported inside the drawing function or under TYPE_CHECKING."""
+    root = _fake_package(
+        tmp_path,
+        {
+            "viz/__init__.py": "",
+            "viz/ok.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    import plotly.graph_objects as go\n\n\n"
+                "def fig() -> 'go.Figure':\n    import plotly.graph_objects as go\n\n"
+                "    return go.Figure()\n"
+            ),
+            "viz/eager.py": "import plotly.graph_objects as go\n",
+            "viz/hint.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from mechlingo.analyses.lens import x\n"
+            ),
+            "analyses/__init__.py": "",
+            "analyses/lens.py": "from mechlingo.viz.ok import fig\nx = 1\n",
+            "report/__init__.py": "",
+            "report/page.py": "import plotly.graph_objects as go\n",
+        },
+    )
+    found = check_layers.problems(check_layers.scan(root))
+    assert found["eager imports"] == [
+        "mechlingo.viz.eager:1 imports plotly.graph_objects at import time "
+        "(import it in the function)"
+    ]
+    assert found["upward"] == [
+        "mechlingo.viz.hint:3 imports mechlingo.analyses.lens (a higher layer)"
+    ]
+    assert found["function imports"] == [] and found["cycles"] == []
+
+
+def _source_files() -> list[Path]:
+    folders = ("mechlingo", "tests", "scripts", "benchmarks", "notebooks")
+    return [
+        p
+        for folder in folders
+        for p in sorted((ROOT / folder).rglob("*"))
+        if p.suffix in (".py", ".ipynb") and p != Path(__file__)
+    ]
+
+
+def test_no_figure_is_looked_up_by_name():
+    """The string registry is gone: no ``draw("name", ...)``, no ``@drawer``, no
+    ``core.figures`` anywhere in the code, tests or notebooks."""
+    assert not (ROOT / "mechlingo" / "core" / "figures.py").exists()
+    pattern = re.compile(r"""\bdraw\(\s*\\?["']|@drawer\b|core\.figures|core import figures""")
+    hits = [
+        f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
+        for p in _source_files()
+        for i, line in enumerate(p.read_text().splitlines(), start=1)
+        if pattern.search(line)
+    ]
+    assert hits == []
+
+
+def test_import_stays_light_and_plotly_loads_on_first_figure():
+    """``import mechlingo`` loads neither plotly nor TransformerLens's bridge; importing every
+    analysis and every figure module still loads no plotly; drawing a figure does."""
     code = (
-        "import sys, mechlingo\n"
-        "from mechlingo.core import figures\n"
-        "from mechlingo.core.errors import MechlingoError\n"
+        "import importlib, pkgutil, sys, mechlingo\n"
         "heavy = [m for m in ('plotly', 'mechlingo.viz', 'transformer_lens.model_bridge') "
         "if m in sys.modules]\n"
         "assert not heavy, heavy\n"
-        "assert figures.registered() == []\n"
-        "try:\n"
-        "    figures.draw('no_such_figure')\n"
-        "except MechlingoError as err:\n"
-        "    assert 'lens_heatmap' in str(err.fix), err.fix\n"
-        "else:\n"
-        "    raise SystemExit('no error')\n"
-        "assert {'lens_heatmap', 'sweep_heatmap', 'side_effects_heatmap', 'k_curve_figure'} "
-        "<= set(figures.registered())\n"
+        "import mechlingo.analyses, mechlingo.viz\n"
+        "for pkg in (mechlingo.analyses, mechlingo.viz):\n"
+        "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
+        "        importlib.import_module(m.name)\n"
+        "assert 'plotly' not in sys.modules, 'plotly loaded before any figure was drawn'\n"
+        "from mechlingo.analyses.evaluate import EvalResult\n"
+        "EvalResult([{'lang': 'en', 'correct': True}]).fig_accuracy()\n"
+        "assert 'plotly' in sys.modules\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def _fig_methods() -> dict[str, str]:
+    """``{"Class.fig_x": path}`` for every ``fig_*`` method (or function) of the analyses."""
+    found = {}
+    for path in sorted((ROOT / "mechlingo" / "analyses").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            owners = [(node.name, node.body)] if isinstance(node, ast.ClassDef) else []
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("fig_"):
+                found[node.name] = str(path.relative_to(ROOT))
+            for owner, body in owners:
+                for fn in body:
+                    if isinstance(fn, ast.FunctionDef) and fn.name.startswith("fig_"):
+                        found[f"{owner}.{fn.name}"] = str(path.relative_to(ROOT))
+    return found
+
+
+def test_every_fig_method_is_drawn_by_a_test():
+    """Every ``fig_*`` of the analyses is called by some test (a typo in a figure then fails
+    a test, not a report)."""
+    methods = _fig_methods()
+    assert "LensResult.fig_heatmap" in methods and "PatchingResult.fig_circuit" in methods
+    tests = "\n".join(
+        p.read_text() for p in sorted((ROOT / "tests").glob("test_*.py")) if p != Path(__file__)
+    )
+    called = set(re.findall(r"\b(fig_\w+)\(", tests))
+    untested = {m: path for m, path in methods.items() if m.split(".")[-1] not in called}
+    assert untested == {}

@@ -6,9 +6,14 @@ import json
 
 import pytest
 
-from mechlingo.analyses.pipeline import CLASSES, _classify, default_mid_layers, trace_recall
+from mechlingo.analyses.pipeline import (
+    CLASSES,
+    _classify,
+    default_mid_layers,
+    pipeline_stages,
+    trace_recall,
+)
 from mechlingo.data import load_facts
-from mechlingo.viz.pipeline import circuit_figure, pipeline_stages
 
 
 def _rec(**kw):
@@ -82,7 +87,7 @@ def test_circuit_and_stages(tiny, tiny_trace):
     )
     stages = pipeline_stages(sw, tiny_trace, "fr")
     assert all(a <= b for a, b in stages.values())
-    fig = circuit_figure(sw, stages=stages, top_k=5)
+    fig = sw.fig_circuit(stages=stages, top_k=5)
     assert len(fig.data) >= 1
 
 

@@ -6,6 +6,6 @@ Recall pipeline (Lu et al.): :mod:`~mechlingo.analyses.evaluate`,
 :mod:`~mechlingo.analyses.repair` and its protocol :mod:`~mechlingo.analyses.protocol`.
 Expert neurons (Sundar et al.): :mod:`~mechlingo.analyses.experts`,
 :mod:`~mechlingo.analyses.align`, :mod:`~mechlingo.analyses.side_effects`.
-Results draw their figures through :mod:`mechlingo.core.figures` (the drawings live in
-:mod:`mechlingo.viz`).
+A result's ``fig_*`` methods call the drawing functions of :mod:`mechlingo.viz` (a layer
+below) directly, with the arrays the result holds.
 """

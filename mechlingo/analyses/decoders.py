@@ -26,9 +26,9 @@ import torch
 
 from mechlingo.analyses.lens import LensResult, lens_facts
 from mechlingo.core.errors import InputError
-from mechlingo.core.figures import draw
 from mechlingo.core.types import Model
 from mechlingo.kernels.significance import bootstrap_mean, wilson
+from mechlingo.viz.lens import DecoderPanel, decoder_curves_figure
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -142,8 +142,35 @@ class DecoderComparison:
         return rows
 
     def fig_curves(self, langs: Sequence[str] | None = None) -> go.Figure:
-        """Latent-language curves, entropy and energy of every decoder side by side."""
-        return draw("decoder_curves_figure", self.results, langs=langs)
+        """Latent-language curves, entropy and energy of every decoder side by side, pooled
+        over the prompts in ``langs`` (default: every language but English, or all when
+        there are only English prompts)."""
+        first = next(iter(self.results.values()))
+        if langs is None:
+            langs = [lg for lg in dict.fromkeys(first.langs) if lg != "en"] or list(first.langs)
+        panels = {name: _panel(r, langs) for name, r in self.results.items()}
+        n_prompts = sum(lg in set(langs) for lg in first.langs)
+        return decoder_curves_figure(panels, langs=langs, n_prompts=n_prompts)
+
+
+def _panel(result: LensResult, langs: Sequence[str]) -> DecoderPanel:
+    """One decoder's curves over the prompts of ``langs`` (for :meth:`fig_curves`)."""
+    idx = torch.tensor([i for i, lg in enumerate(result.langs) if lg in set(langs)])
+    tracks = [t for t in ("answer", "en") if t in result.tracks]
+    t = {k: result.track_index(k) for k in tracks}
+
+    def select(values: torch.Tensor | None) -> torch.Tensor:
+        if values is None:
+            return torch.full((len(result.layers), len(idx)), float("nan"))
+        return values[:, idx]
+
+    return DecoderPanel(
+        layers=result.layers,
+        logprob={k: result.logprob[:, idx, t[k]] for k in tracks},
+        rank={k: result.rank[:, idx, t[k]] for k in tracks},
+        entropy=select(result.entropy),
+        energy=select(result.energy),
+    )
 
 
 def compare_decoders(

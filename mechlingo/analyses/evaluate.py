@@ -45,9 +45,9 @@ from mechlingo.analyses.scoring import (
     split_usable,
 )
 from mechlingo.core.errors import InputError
-from mechlingo.core.figures import draw
 from mechlingo.core.tokens import encode, prepends_bos, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
+from mechlingo.viz.evaluate import accuracy_bars
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -261,8 +261,8 @@ class EvalResult:
         return pd.DataFrame(self.records)
 
     def fig_accuracy(self, title: str = "Greedy accuracy per language") -> go.Figure:
-
-        return draw("accuracy_bars", {"accuracy": self.accuracy()}, title)
+        """Bars of :meth:`accuracy` per language."""
+        return accuracy_bars({"accuracy": self.accuracy()}, title)
 
     def _repr_html_(self) -> str:
         acc = self.accuracy()

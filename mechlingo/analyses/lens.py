@@ -32,12 +32,12 @@ from mechlingo.analyses.entries import lens_hook_names, resolve_entries
 from mechlingo.analyses.patchscope import Patchscope
 from mechlingo.analyses.tuned_lens import TunedLens, load_tuned_lens
 from mechlingo.core.errors import InputError
-from mechlingo.core.figures import draw
 from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import answer_tokens, encode, pack_token_sets, sorted_batches
 from mechlingo.core.types import Model
 from mechlingo.data import load_facts
 from mechlingo.kernels.readout import Readout, apply_final_norm, read_logits
+from mechlingo.viz.lens import latent_curves_figure, lens_heatmap
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -203,14 +203,23 @@ class LensResult:
         """Latent-language curves: one panel per prompt language, mean probability of each
         track per entry with a ±1 s.d. band."""
 
-        return draw(
-            "latent_curves_figure", self.latent_curves(), tracks=tracks, n_layers=self.n_layers
-        )
+        return latent_curves_figure(self.latent_curves(), tracks=tracks, n_layers=self.n_layers)
 
     def fig_heatmap(self, track: str = "en", value: str = "rank") -> go.Figure:
         """Entry-by-prompt heatmap of ``track``'s rank (log scale) or probability."""
 
-        return draw("lens_heatmap", self, track=track, value=value)
+        t = self.track_index(track)
+        return lens_heatmap(
+            self.rank[:, :, t],
+            self.logprob[:, :, t],
+            layers=self.layers,
+            prompts=self.prompts,
+            langs=self.langs,
+            answers=self.answers[track],
+            top_tokens=self.top_tokens,
+            track=track,
+            value=value,
+        )
 
     def _repr_html_(self) -> str:
         s = self.summary()

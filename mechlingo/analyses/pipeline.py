@@ -22,7 +22,7 @@ apply to them.
 
 :func:`pipeline_stages` reads the layer bands of the three stages (subject enrichment,
 English recall, conversion to L) from a patching sweep and a trace; the circuit diagram
-(:func:`mechlingo.viz.pipeline.circuit_figure`) shades them.
+(:meth:`mechlingo.analyses.patching.PatchingResult.fig_circuit`) shades them.
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from mechlingo.analyses.evaluate import EvalResult, evaluate_facts, is_correct, 
 from mechlingo.analyses.lens import LensResult, lens_facts
 from mechlingo.analyses.scoring import skip_reason, split_usable
 from mechlingo.core.errors import InputError
-from mechlingo.core.figures import draw
 from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import prepends_bos
 from mechlingo.core.types import Model
 from mechlingo.data import load_facts
 from mechlingo.kernels.significance import bootstrap_mean
+from mechlingo.viz.trace import class_fractions_figure, class_profiles_figure
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -229,13 +229,24 @@ class TraceResult:
     def fig_class_fractions(self) -> go.Figure:
         """Stacked bars: share of each class per language."""
 
-        return draw("class_fractions_figure", self.counts())
+        return class_fractions_figure(self.counts())
 
     def fig_profiles(self, langs: Sequence[str] | None = None) -> go.Figure:
         """Latent-language curves per class: median rank (log scale, IQR band) of the English
         and the L answer per lens entry, one panel per class, pooled over ``langs``."""
 
-        return draw("class_profiles_figure", self, langs=langs)
+        if langs is None:
+            langs = [lg for lg in self.langs if lg != "en"] or self.langs
+        lens = self.lens
+        return class_profiles_figure(
+            lens.rank[:, :, lens.track_index("en")],
+            lens.rank[:, :, lens.track_index("answer")],
+            classes=self.classes(),
+            prompt_langs=lens.langs,
+            layers=lens.layers,
+            langs=langs,
+            max_rank=self.max_rank,
+        )
 
     def _repr_html_(self) -> str:
         counts = self.counts()

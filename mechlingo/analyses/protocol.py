@@ -52,11 +52,11 @@ from mechlingo.analyses.repair import RepairVectors, SteeringConfig, _unit
 from mechlingo.analyses.scoring import Scorer, as_scorer
 from mechlingo.core.errors import InputError, MechlingoError
 from mechlingo.core.faults import derive_seed
-from mechlingo.core.figures import draw
 from mechlingo.core.types import Model
 from mechlingo.data import Fact, few_shot_prompt
 from mechlingo.interventions import Compose, Intervention, SteeringVector, random_like
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
+from mechlingo.viz.repair import accuracy_ci_figure, headroom_figure, sweep_heatmap
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -372,7 +372,7 @@ class SweepResult:
     def fig_heatmap(self, vector: str) -> go.Figure:
         """Screen-stage mean non-English accuracy over layer x alpha for one vector alone
         (:func:`mechlingo.viz.repair.sweep_heatmap`)."""
-        return draw("sweep_heatmap", self, vector)
+        return sweep_heatmap(self.rows, vector=vector, unit=self.unit)
 
 
 def _screen_subset(facts: Sequence[Fact], n_ids: int) -> list[Fact]:
@@ -885,13 +885,13 @@ def repeat_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def fig_accuracy_ci(intervals: dict[str, dict[str, dict[str, Any]]]) -> go.Figure:
     """Grouped bars of accuracy per language and condition with Wilson error bars
     (:func:`mechlingo.viz.repair.accuracy_ci_figure`)."""
-    return draw("accuracy_ci_figure", intervals)
+    return accuracy_ci_figure(intervals)
 
 
 def fig_headroom(hr: dict[str, Any]) -> go.Figure:
     """Zero-shot vs k-shot accuracy per language with Wilson error bars
     (:func:`mechlingo.viz.repair.headroom_figure`)."""
-    return draw("headroom_figure", hr)
+    return headroom_figure(hr)
 
 
 def gain_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:

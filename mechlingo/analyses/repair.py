@@ -45,7 +45,6 @@ from mechlingo.activations.runs import collect
 from mechlingo.analyses.evaluate import EvalResult, evaluate_facts
 from mechlingo.core.errors import ArtifactError, InputError
 from mechlingo.core.faults import derive_seed
-from mechlingo.core.figures import draw
 from mechlingo.core.jsonable import finite_or_none
 from mechlingo.core.sites import resolve_layers, resolve_site
 from mechlingo.core.tokens import encode, sorted_batches
@@ -59,6 +58,7 @@ from mechlingo.interventions import (
     model_info,
     random_like,
 )
+from mechlingo.viz.evaluate import accuracy_bars
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -558,8 +558,8 @@ class ConditionResults:
         }
 
     def fig_accuracy(self, title: str = "Test accuracy per language and condition") -> go.Figure:
-
-        return draw("accuracy_bars", self.accuracy, title)
+        """Grouped bars of the test accuracy per language, one colour per condition."""
+        return accuracy_bars(self.accuracy, title)
 
 
 def evaluate_conditions(

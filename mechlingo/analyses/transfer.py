@@ -62,13 +62,13 @@ from mechlingo.analyses.repair import (
     vectors_from_means,
 )
 from mechlingo.core.errors import InputError
-from mechlingo.core.figures import draw
 from mechlingo.core.sites import resolve_layers, resolve_site
 from mechlingo.core.tokens import encode, sorted_batches
 from mechlingo.core.types import Model
 from mechlingo.data import RELATIONS, Fact, few_shot_prompt, translation_prompt
 from mechlingo.interventions import Compose, Intervention, SteeringVector, random_like
 from mechlingo.kernels.significance import mcnemar, paired_gain
+from mechlingo.viz.repair import transfer_heatmap
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -393,7 +393,7 @@ class TransferMatrix:
         """Heatmap of ``value`` (``"gain"`` or ``"control_gain"``) over rows x columns, each
         cell labelled with its estimate, 95% interval and n
         (:func:`mechlingo.viz.repair.transfer_heatmap`)."""
-        return draw("transfer_heatmap", self, value)
+        return transfer_heatmap(self.cells, rows=self.rows, cols=self.cols, by=self.by, value=value)
 
     def _repr_html_(self) -> str:
         head = "".join(f"<th>{html.escape(c)}</th>" for c in self.cols)

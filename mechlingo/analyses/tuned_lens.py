@@ -50,13 +50,13 @@ from mechlingo.core.artifacts import atomic_folder
 from mechlingo.core.checks import check_safetensors_header
 from mechlingo.core.describe import check_model, model_info
 from mechlingo.core.errors import ArtifactError, InputError, MissingArtifactError
-from mechlingo.core.figures import draw
 from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import TokenBatch, encode
 from mechlingo.core.types import Model
 from mechlingo.core.version import __version__
 from mechlingo.kernels.readout import apply_final_norm, output_transform, unembed
 from mechlingo.kernels.significance import bootstrap_mean
+from mechlingo.viz.lens import tuned_lens_loss_figure
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -438,7 +438,9 @@ class TunedLensTraining:
 
     def fig_loss(self) -> go.Figure:
         """The loss curve: mean KL per step, one line per entry."""
-        return draw("tuned_lens_loss_figure", self)
+        return tuned_lens_loss_figure(
+            self.loss, n_tokens=sum(self.tokens), seconds=self.seconds, world_size=self.world_size
+        )
 
 
 def _lr_factor(step: int, warmup: int, frac_done: float) -> float:

@@ -25,11 +25,11 @@ from mechlingo.cli.common import (
     run_meta,
     split_list,
 )
-from mechlingo.core.figures import draw
 from mechlingo.data import LANGS
 from mechlingo.data.io import read_parallel_dir
 from mechlingo.data.prompts import parallel_sentences
 from mechlingo.report import Report, write_outputs
+from mechlingo.viz.lens import lens_kl_figure
 
 
 def _span(text: str | None, flag: str) -> slice:
@@ -119,10 +119,10 @@ def cmd_tuned_lens(args: Any) -> int:
     summary["meta"] = run_meta(model, args, seconds=round(time.time() - t0, 1))
     report = Report("Tuned lens training")
     report.add_heading("Loss curve")
-    report.add_figure(draw("tuned_lens_loss_figure", training))
+    report.add_figure(training.fig_loss())
     if held:
         report.add_heading("Held-out KL(final || lens) per layer")
-        report.add_figure(draw("lens_kl_figure", summary["heldout_kl"]))
+        report.add_figure(lens_kl_figure(summary["heldout_kl"]))
     files = lens.files() | {"summary.json": summary, "loss.csv": _loss_csv(training)}
     write_outputs(args.out, files | {"report.html": report}, keep_others=False)
     print(f"trained {len(training.tokens)} steps, {sum(training.tokens)} tokens in "

@@ -31,7 +31,7 @@ from mechlingo.analyses.patching import (
     fact_metrics,
     patch_activations,
 )
-from mechlingo.analyses.pipeline import trace_recall
+from mechlingo.analyses.pipeline import pipeline_stages, trace_recall
 from mechlingo.cli.common import (
     UsageError,
     add_data_args,
@@ -50,7 +50,6 @@ from mechlingo.core.types import Model
 from mechlingo.kernels.significance import wilson
 from mechlingo.report import write_outputs
 from mechlingo.report.trace import LanguagePatching, trace_report
-from mechlingo.viz.pipeline import pipeline_stages
 
 PATCH_POSITIONS: list[int | str] = ["subject_first", "subject_last", -2, -1]
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mechlingo.report.page import Report
-from mechlingo.viz.common import accuracy_bars
+from mechlingo.viz.evaluate import accuracy_bars
 
 #: Generations shown in the report's table (all of them are in generations.jsonl).
 MAX_ROWS = 300

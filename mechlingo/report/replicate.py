@@ -13,10 +13,10 @@ from mechlingo.analyses.claims import RULES, ClaimsCard
 from mechlingo.analyses.experts import KCurve
 from mechlingo.report.page import Report
 from mechlingo.viz.align import retrieval_per_layer_figure
-from mechlingo.viz.common import latent_curves_figure
 from mechlingo.viz.experts import interval_bars_figure, k_curve_figure, overlap_figure
-from mechlingo.viz.pipeline import class_fractions_figure
+from mechlingo.viz.lens import latent_curves_figure
 from mechlingo.viz.repair import accuracy_ci_figure, headroom_figure
+from mechlingo.viz.trace import class_fractions_figure
 
 _CSS = ".claims td{vertical-align:top}.claims td:nth-child(2){max-width:320px}"
 

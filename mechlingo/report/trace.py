@@ -10,8 +10,7 @@ from typing import Any
 from mechlingo.analyses.pipeline import CLASSES
 from mechlingo.core.jsonable import finite_or_none
 from mechlingo.report.page import Report
-from mechlingo.viz.common import accuracy_bars
-from mechlingo.viz.pipeline import circuit_figure
+from mechlingo.viz.evaluate import accuracy_bars
 
 #: Queries shown in the report's table (all of them are in trace.json).
 MAX_ROWS = 300
@@ -127,8 +126,7 @@ def add_patching(report: Report, p: LanguagePatching) -> None:
     how = "attribution patching, heads shown" if p.atp is not None else "patching"
     report.add_heading(f"Circuit ({p.lang})")
     report.add_figure(
-        circuit_figure(
-            p.atp if p.atp is not None else p.sweep,
+        (p.atp if p.atp is not None else p.sweep).fig_circuit(
             stages=p.stages,
             token_labels=p.token_labels,
             heads=p.atp is not None,

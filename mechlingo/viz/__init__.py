@@ -1,6 +1,14 @@
-"""Figures (plotly) drawn from analysis results; importing this package registers them
-with :mod:`mechlingo.core.figures`, so ``result.fig_*()`` methods find them."""
+"""Figures (plotly), drawn from plain data: tensors, lists, dicts, floats, strings.
 
-from mechlingo.viz import common, experts, lenses, pipeline, repair, side_effects
+One module per analysis: :mod:`~mechlingo.viz.lens` (the lenses and decoders),
+:mod:`~mechlingo.viz.trace` (the recall-pipeline trace), :mod:`~mechlingo.viz.patching`
+(patching heatmaps, attention knockout, the circuit diagram), :mod:`~mechlingo.viz.evaluate`
+(accuracy bars), :mod:`~mechlingo.viz.repair` (the repair-vector protocol and the transfer
+matrix), :mod:`~mechlingo.viz.experts`, :mod:`~mechlingo.viz.side_effects` and
+:mod:`~mechlingo.viz.align`; :mod:`~mechlingo.viz.common` holds the shared helpers.
 
-__all__ = ["common", "experts", "lenses", "pipeline", "repair", "side_effects"]
+viz sits below the analyses: it imports nothing from activations, interventions, analyses,
+report or cli, and plotly only inside the functions that draw (so importing an analysis
+does not load plotly). A result's ``fig_*`` method calls the function here with the arrays
+it holds, e.g. ``LensResult.fig_heatmap`` calls :func:`mechlingo.viz.lens.lens_heatmap`.
+"""

@@ -1,20 +1,35 @@
 """Figures of the repair-vector protocol: the dev sweep's heatmap, accuracy with Wilson
-intervals per condition, and the headroom check."""
+intervals per condition, the headroom check, and the transfer matrix. Every function takes
+plain data (the rows, dicts and lists the results hold)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-import plotly.graph_objects as go
+from mechlingo.core.errors import InputError
 
-from mechlingo.analyses.protocol import SweepResult
-from mechlingo.core.figures import drawer
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+__all__ = [
+    "accuracy_ci_figure",
+    "ci_bars",
+    "headroom_figure",
+    "sweep_heatmap",
+    "transfer_heatmap",
+]
 
 
-@drawer
-def sweep_heatmap(result: SweepResult, vector: str) -> go.Figure:
-    """Screen-stage mean non-English accuracy over layer x alpha for one vector alone."""
-    rows = [r for r in result.rows if r["vector"] == vector and r["stage"] == "screen"]
+def sweep_heatmap(rows: Sequence[Mapping[str, Any]], *, vector: str, unit: str) -> go.Figure:
+    """Screen-stage mean non-English accuracy over layer x alpha for one vector alone.
+
+    ``rows``: the sweep's scored settings (dicts with ``stage``, ``vector``, ``layer``,
+    ``alpha``, ``score``; only ``stage == "screen"`` rows of ``vector`` are drawn), ``unit``:
+    what the alphas are measured in (the y axis)."""
+    import plotly.graph_objects as go
+
+    rows = [r for r in rows if r["vector"] == vector and r["stage"] == "screen"]
     layers = sorted({r["layer"] for r in rows})
     alphas = sorted({r["alpha"] for r in rows})
     grid = [[None] * len(layers) for _ in alphas]
@@ -35,13 +50,19 @@ def sweep_heatmap(result: SweepResult, vector: str) -> go.Figure:
     fig.update_layout(
         title=f"{vector} vector alone: dev screen, mean non-English accuracy",
         xaxis_title="layer",
-        yaxis_title=f"alpha ({result.unit})",
+        yaxis_title=f"alpha ({unit})",
         height=360,
     )
     return fig
 
 
-def ci_bars(fig: Any, name: str, cells: dict[str, dict[str, Any]], langs: list[str]) -> None:
+def ci_bars(
+    fig: go.Figure, name: str, cells: Mapping[str, Mapping[str, Any]], langs: Sequence[str]
+) -> None:
+    """Add one bar trace ``name`` to ``fig``: ``cells[lang]["p"]`` per language with error
+    bars to ``lo`` and ``hi`` (none where they are ``None``)."""
+    import plotly.graph_objects as go
+
     ps = [cells.get(lg, {}).get("p") for lg in langs]
     up = [None if c.get("hi") is None else c["hi"] - c["p"] for c in map(cells.get, langs)]
     down = [None if c.get("lo") is None else c["p"] - c["lo"] for c in map(cells.get, langs)]
@@ -55,10 +76,12 @@ def ci_bars(fig: Any, name: str, cells: dict[str, dict[str, Any]], langs: list[s
     )
 
 
-@drawer
-def accuracy_ci_figure(intervals: dict[str, dict[str, dict[str, Any]]]) -> go.Figure:
+def accuracy_ci_figure(intervals: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> go.Figure:
     """Grouped bars of accuracy per language and condition with Wilson error bars
-    (``intervals`` as in :meth:`HeldOutResult.summary`)."""
+    (``intervals[condition][lang]``: dicts with ``p``, ``lo``, ``hi``, as in the protocol's
+    summary)."""
+    import plotly.graph_objects as go
+
     fig = go.Figure()
     langs = sorted({lg for cells in intervals.values() for lg in cells})
     for cond, cells in intervals.items():
@@ -67,9 +90,11 @@ def accuracy_ci_figure(intervals: dict[str, dict[str, dict[str, Any]]]) -> go.Fi
     return fig
 
 
-@drawer
-def headroom_figure(hr: dict[str, Any]) -> go.Figure:
-    """Zero-shot vs k-shot accuracy per language with Wilson error bars."""
+def headroom_figure(hr: Mapping[str, Any]) -> go.Figure:
+    """Zero-shot vs k-shot accuracy per language with Wilson error bars (``hr``: ``k`` and
+    ``zero_shot``/``k_shot`` cells per language, as in :func:`accuracy_ci_figure`)."""
+    import plotly.graph_objects as go
+
     fig = go.Figure()
     langs = sorted(hr.get("zero_shot", {}))
     for name in ("zero_shot", "k_shot"):
@@ -79,19 +104,32 @@ def headroom_figure(hr: dict[str, Any]) -> go.Figure:
     return fig
 
 
-@drawer
-def transfer_heatmap(matrix: Any, value: str = "gain") -> go.Figure:
-    """Rows (how the vectors were built) x columns (the test relation or language) of a
-    :class:`~mechlingo.analyses.transfer.TransferMatrix`: colour = ``value`` (``"gain"`` or
-    ``"control_gain"``, accuracy points over ``orig``), text = estimate, 95% interval, n;
-    cells not measured are blank."""
+def transfer_heatmap(
+    cells: Sequence[Mapping[str, Any]],
+    *,
+    rows: Sequence[str],
+    cols: Sequence[str],
+    by: str,
+    value: str = "gain",
+) -> go.Figure:
+    """Rows (how the vectors were built) x columns (the test relation or language, ``by``)
+    of a transfer matrix: colour = ``value`` (``"gain"`` or ``"control_gain"``, accuracy
+    points over ``orig``), text = estimate, 95% interval, n; cells not measured are blank.
+
+    ``cells``: one dict per measured cell with ``row``, ``col``, ``n`` and ``value``
+    (``{"estimate", "lo", "hi"}``, proportions; the first cell of a row and column counts)."""
+    import plotly.graph_objects as go
+
     if value not in ("gain", "control_gain"):
-        raise ValueError(f'value must be "gain" or "control_gain", got {value!r}')
+        raise InputError(f'value must be "gain" or "control_gain", got {value!r}')
+    by_place: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for c in cells:
+        by_place.setdefault((c["row"], c["col"]), c)
     z, text = [], []
-    for r in matrix.rows:
+    for r in rows:
         zr, tr = [], []
-        for c in matrix.cols:
-            cell = matrix.cell(r, c)
+        for c in cols:
+            cell = by_place.get((r, c))
             g = cell[value] if cell else None
             est = None if g is None or g["estimate"] is None else 100 * g["estimate"]
             zr.append(est)
@@ -106,17 +144,17 @@ def transfer_heatmap(matrix: Any, value: str = "gain") -> go.Figure:
     top = max(vals) if vals else 1.0
     fig = go.Figure(
         go.Heatmap(
-            z=z, x=list(matrix.cols), y=list(matrix.rows), text=text, texttemplate="%{text}",
+            z=z, x=list(cols), y=list(rows), text=text, texttemplate="%{text}",
             colorscale="RdBu", zmid=0, zmin=-top, zmax=top,
             colorbar={"title": "points"},
         )
     )  # fmt: skip
     what = "norm-matched random control" if value == "control_gain" else "repair vectors"
     fig.update_layout(
-        title=f"Transfer by {matrix.by}: test gain over orig, {what} (95% CI)",
-        xaxis_title=f"test {matrix.by}",
+        title=f"Transfer by {by}: test gain over orig, {what} (95% CI)",
+        xaxis_title=f"test {by}",
         yaxis_title="built on",
         yaxis={"autorange": "reversed"},
-        height=max(320, 40 * len(matrix.rows) + 160),
+        height=max(320, 40 * len(rows) + 160),
     )
     return fig

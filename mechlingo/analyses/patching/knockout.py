@@ -28,10 +28,10 @@ from mechlingo.analyses.patching.metrics import (
 from mechlingo.analyses.patching.positions import Spans, as_batch, check_spans
 from mechlingo.analyses.patching.result import bootstrap_interval
 from mechlingo.analyses.patching.runs import read_run, repeat_batch
-from mechlingo.core.figures import draw
 from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import TokenBatch
 from mechlingo.core.types import Model
+from mechlingo.viz.patching import knockout_figure
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -102,7 +102,15 @@ class KnockoutResult:
 
     def fig_knockout(self) -> go.Figure:
         """Relative change of the metric per layer window (with the 95% interval)."""
-        return draw("knockout_figure", self)
+        lo, hi = self.bootstrap_ci()
+        return knockout_figure(
+            self.relative_change(),
+            lo,
+            hi,
+            windows=self.windows,
+            keys=self.keys,
+            metric_name=self.metric_name,
+        )
 
 
 def sliding_windows(n_layers: int, size: int) -> list[tuple[int, int]]:

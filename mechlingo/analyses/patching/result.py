@@ -8,7 +8,7 @@ Per-example values are kept, and bootstrap 95% intervals resample examples
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +16,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mechlingo.core.figures import draw
+from mechlingo.viz.patching import circuit_figure, patching_heatmaps
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -247,4 +247,43 @@ class PatchingResult:
         """Layer-by-position heatmaps, one panel per site (heads: averaged over positions as a
         layer-by-head panel)."""
 
-        return draw("patching_heatmaps", self, metric=metric, value=value)
+        m = self.metric_index(metric)
+        return patching_heatmaps(
+            {s: self.grid(s, m, value) for s in self.sites},
+            layers=self.layers,
+            position_labels=self.position_labels,
+            heads=self.heads,
+            metric_name=self.metric_names[m],
+            alignment=self.alignment,
+            value=value,
+        )
+
+    def fig_circuit(
+        self,
+        metric: str | int = 0,
+        *,
+        top_k: int = 12,
+        stages: Mapping[str, tuple[float, float]] | None = None,
+        token_labels: Sequence[str] | None = None,
+        title: str | None = None,
+        heads: bool = False,
+        verified: Sequence[Mapping[str, Any]] | None = None,
+    ) -> go.Figure:
+        """The circuit diagram: the ``top_k`` cells by absolute normalised effect on a
+        token-position x layer grid, joined along the residual stream and by attention,
+        over the ``stages`` layer bands (see
+        :func:`mechlingo.viz.patching.circuit_figure` for the arguments)."""
+        m = self.metric_index(metric)
+        return circuit_figure(
+            [(c.site, c.layer, c.position, c.head) for c in self.cells],
+            self.normalized(m),
+            layers=self.layers,
+            position_labels=self.position_labels,
+            metric_name=self.metric_names[m],
+            top_k=top_k,
+            stages=stages,
+            token_labels=token_labels,
+            title=title,
+            heads=heads,
+            verified=verified,
+        )

@@ -1,0 +1,60 @@
+"""Figures of the evaluation: accuracy (or any proportion) per language and condition."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from mechlingo.viz.common import PALETTE
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+__all__ = ["accuracy_bars"]
+
+
+def accuracy_bars(
+    accuracy: Mapping[str, Mapping[str, float]],
+    title: str,
+    intervals: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+    *,
+    y_title: str = "accuracy",
+) -> go.Figure:
+    """Grouped bars: ``accuracy[condition][lang]`` (a proportion); with
+    ``intervals[condition][lang]`` (dicts with ``lo`` and ``hi``, e.g.
+    :func:`mechlingo.kernels.significance.wilson`), 95% error bars."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for j, (cond, per_lang) in enumerate(accuracy.items()):
+        langs = list(per_lang)
+        y = [per_lang[lg] for lg in langs]
+        err = None
+        ci = (intervals or {}).get(cond)
+        if ci:
+            cells = [ci.get(lg) or {} for lg in langs]
+            err = {
+                "type": "data",
+                "symmetric": False,
+                "array": [
+                    max(c["hi"] - v, 0) if c.get("hi") is not None else 0
+                    for c, v in zip(cells, y, strict=True)
+                ],
+                "arrayminus": [
+                    max(v - c["lo"], 0) if c.get("lo") is not None else 0
+                    for c, v in zip(cells, y, strict=True)
+                ],
+            }
+        fig.add_trace(
+            go.Bar(
+                x=langs,
+                y=y,
+                name=cond,
+                marker_color=PALETTE[j % len(PALETTE)],
+                error_y=err,
+            )
+        )
+    fig.update_layout(
+        title=title, yaxis={"range": [0, 1], "title": y_title}, barmode="group", height=380
+    )
+    return fig

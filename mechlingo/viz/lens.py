@@ -1,0 +1,292 @@
+"""Figures of the lenses: the latent-language curves, the per-prompt lens heatmap, the tuned
+lens's loss curve, the held-out KL per layer, and the curves of several decoders side by
+side. Every function takes plain data (tensors, lists, dicts, a data frame)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from mechlingo.core.errors import InputError
+from mechlingo.viz.common import PALETTE, band
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import plotly.graph_objects as go
+
+__all__ = [
+    "DecoderPanel",
+    "decoder_curves_figure",
+    "latent_curves_figure",
+    "lens_heatmap",
+    "lens_kl_figure",
+    "tuned_lens_loss_figure",
+]
+
+
+def latent_curves_figure(
+    curves: pd.DataFrame, *, tracks: Sequence[str] | None = None, n_layers: int | None = None
+) -> go.Figure:
+    """One panel per prompt language; per track the mean probability over prompts per lens
+    entry with a ±1 s.d. band (clipped to [0, 1]). ``curves`` has the columns ``lang``,
+    ``track``, ``layer``, ``mean`` and ``std`` (:meth:`LensResult.latent_curves`)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    langs = sorted(curves["lang"].unique())
+    tracks = list(tracks) if tracks else list(dict.fromkeys(curves["track"]))
+    cols = min(4, len(langs))
+    rows = math.ceil(len(langs) / cols)
+    fig = make_subplots(
+        rows=rows,
+        cols=cols,
+        subplot_titles=[f"prompts in {lg}" for lg in langs],
+        shared_yaxes=True,
+        horizontal_spacing=0.04,
+        vertical_spacing=0.12 if rows > 1 else 0.08,
+    )
+    for i, lg in enumerate(langs):
+        r, c = i // cols + 1, i % cols + 1
+        for j, track in enumerate(tracks):
+            d = curves[(curves["lang"] == lg) & (curves["track"] == track)].sort_values("layer")
+            if d.empty:
+                continue
+            color = PALETTE[j % len(PALETTE)]
+            label = f"answer in {lg}" if track == "answer" else f"answer in {track}"
+            lo = (d["mean"] - d["std"]).clip(lower=0)
+            hi = (d["mean"] + d["std"]).clip(upper=1)
+            fig.add_trace(band(d["layer"], lo, hi, color, legendgroup=track), row=r, col=c)
+            fig.add_trace(
+                go.Scatter(
+                    x=d["layer"],
+                    y=d["mean"],
+                    mode="lines+markers",
+                    name="answer (prompt language)" if track == "answer" else label,
+                    line={"color": color},
+                    marker={"size": 4},
+                    legendgroup=track,
+                    showlegend=i == 0,
+                ),
+                row=r,
+                col=c,
+            )
+    fig.update_yaxes(range=[0, 1], title_text="probability", col=1)
+    fig.update_xaxes(title_text="layer (blocks applied)", row=rows)
+    fig.update_layout(
+        title="Latent-language curves: probability of the answer per layer (mean ± s.d.)",
+        height=300 * rows + 80,
+        margin={"t": 80, "l": 60, "r": 20, "b": 50},
+        legend={"orientation": "h", "y": -0.3 if rows == 1 else -0.1},
+    )
+    return fig
+
+
+def lens_heatmap(
+    rank: Int[Tensor, "layer prompt"],
+    logprob: Float[Tensor, "layer prompt"],
+    *,
+    layers: Sequence[int],
+    prompts: Sequence[str],
+    langs: Sequence[str],
+    answers: Sequence[str],
+    top_tokens: Sequence[Sequence[Sequence[str] | None]],
+    track: str = "en",
+    value: str = "rank",
+) -> go.Figure:
+    """Layer-by-prompt heatmap of one track: ``log10(rank + 1)`` (bright = near the top) or
+    the probability ``exp(logprob)``.
+
+    Args:
+        rank, logprob: the track's rank (0 = top-1) and log-probability per entry and prompt.
+        layers: the lens entries (x axis); prompts, langs, answers: per prompt (the y labels
+            and the hover); top_tokens: ``[layer][prompt]`` the decoded top tokens (the
+            first one is shown in the hover); track: the track's name (title).
+    """
+    import plotly.graph_objects as go
+
+    if value == "rank":
+        z = torch.log10(rank.float() + 1).T
+        colorbar = "log10(rank+1)"
+        scale = "Viridis_r"
+    elif value == "prob":
+        z = logprob.exp().T
+        colorbar = "probability"
+        scale = "Viridis"
+    else:
+        raise InputError("value must be 'rank' or 'prob'")
+    labels = [f"{i}:{langs[i]} {answers[i]}" for i in range(len(prompts))]
+    text = [
+        [
+            f"{prompts[p][-40:]!r}<br>top: {(top_tokens[li][p] or [''])[0]!r}"
+            f"<br>rank {int(rank[li, p])}"
+            for li in range(len(layers))
+        ]
+        for p in range(len(prompts))
+    ]
+    fig = go.Figure(
+        go.Heatmap(
+            z=z.tolist(),
+            x=list(layers),
+            y=labels,
+            colorscale=scale,
+            colorbar={"title": colorbar},
+            hovertext=text,
+            hoverinfo="text+z",
+        )
+    )
+    fig.update_layout(
+        title=f"Logit lens: {value} of the {track!r} answer per layer and prompt",
+        xaxis={"title": "layer (blocks applied)", "dtick": 1},
+        height=max(300, 14 * len(labels) + 120),
+        margin={"l": 220},
+    )
+    return fig
+
+
+def tuned_lens_loss_figure(
+    loss: Float[Tensor, "step entry"], *, n_tokens: int, seconds: float, world_size: int
+) -> go.Figure:
+    """Training KL(final || lens) per step, one line per lens entry (log axis), and the
+    mean over entries in black; the title gives the tokens, seconds and processes."""
+    import plotly.graph_objects as go
+
+    steps = list(range(1, loss.shape[0] + 1))
+    fig = go.Figure()
+    n = loss.shape[1]
+    for e in range(n):
+        fig.add_trace(
+            go.Scatter(
+                x=steps,
+                y=loss[:, e].tolist(),
+                mode="lines",
+                name=f"entry {e}",
+                line={"width": 1, "color": PALETTE[e % len(PALETTE)]},
+            )  # fmt: skip
+        )
+    fig.add_trace(go.Scatter(x=steps, y=loss.mean(1).tolist(), mode="lines", name="mean",
+                             line={"width": 3, "color": "black"}))  # fmt: skip
+    fig.update_layout(
+        title=f"Tuned lens training: KL(final || lens) per step ({n_tokens} tokens, "
+        f"{seconds:.0f} s, {world_size} process(es))",
+        xaxis={"title": "step"},
+        yaxis={"title": "KL (nats), training batch", "type": "log"},
+        height=450,
+    )
+    return fig
+
+
+def lens_kl_figure(div: Mapping[str, Any]) -> go.Figure:
+    """Held-out KL(final || decoder) per entry with 95% bootstrap bands, one line per decoder
+    (the output of :func:`mechlingo.analyses.tuned_lens.lens_divergence`)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    x = list(div["entries"])
+    for j, (name, d) in enumerate(div["decoders"].items()):
+        color = PALETTE[j % len(PALETTE)]
+        lo = [v if v is not None else m for v, m in zip(d["lo"], d["kl"], strict=True)]
+        hi = [v if v is not None else m for v, m in zip(d["hi"], d["kl"], strict=True)]
+        fig.add_trace(band(x, lo, hi, color))
+        fig.add_trace(go.Scatter(x=x, y=d["kl"], mode="lines+markers", name=name,
+                                 line={"color": color}))  # fmt: skip
+    fig.update_layout(
+        title=f"Held-out KL(final || decoder) per layer (n = {div['n_texts']} texts, "
+        f"{div['n_tokens']} tokens; 95% bootstrap over texts)",
+        xaxis={"title": "layer (blocks applied)", "dtick": 1},
+        yaxis={"title": "KL (nats)", "type": "log"},
+        height=450,
+    )
+    return fig
+
+
+@dataclass(frozen=True)
+class DecoderPanel:
+    """One decoder's numbers over the pooled prompts, for :func:`decoder_curves_figure`.
+
+    Attributes:
+        layers: the lens entries (x axis).
+        logprob, rank: per track (``"answer"``: the prompt-language answer, ``"en"``: the
+            English one; a missing track is not drawn) ``[layer, prompt]`` log-probability
+            and rank (0 = top-1).
+        entropy, energy: ``[layer, prompt]`` the decoder's entropy (nats) and token energy
+            (NaN where not measured).
+    """
+
+    layers: Sequence[int]
+    logprob: Mapping[str, Float[Tensor, "layer prompt"]]
+    rank: Mapping[str, Int[Tensor, "layer prompt"]]
+    entropy: Float[Tensor, "layer prompt"]
+    energy: Float[Tensor, "layer prompt"]
+
+    def values(self, row: str, track: str) -> Float[Tensor, "layer prompt"]:
+        """What panel ``row`` draws for ``track``: the probability, ``log10(rank + 1)``, the
+        entropy or the energy."""
+        if row == "probability":
+            return self.logprob[track].exp()
+        if row == "rank":
+            return torch.log10(self.rank[track].float() + 1)
+        return self.entropy if row == "entropy" else self.energy
+
+
+def _mean_band(v: torch.Tensor) -> tuple[list[float], list[float], list[float]]:
+    """Mean over prompts per entry with a normal-approximation 95% band."""
+    m = v.mean(1)
+    se = v.std(1) / max(1, v.shape[1]) ** 0.5 if v.shape[1] > 1 else torch.zeros_like(m)
+    return m.tolist(), (m - 1.96 * se).tolist(), (m + 1.96 * se).tolist()
+
+
+_ROWS = ("probability", "rank", "entropy", "energy")
+_Y_TITLES = {"probability": "probability", "rank": "log10(rank + 1)",
+             "entropy": "entropy (nats)", "energy": "token energy"}  # fmt: skip
+
+
+def decoder_curves_figure(
+    panels: Mapping[str, DecoderPanel], *, langs: Sequence[str], n_prompts: int
+) -> go.Figure:
+    """The latent-language curves of every decoder side by side: one column per decoder
+    (``panels``, in order); rows: probability and rank of the answer in the prompt language
+    and in English (mean over prompts, 95% band), then the decoder's entropy and token
+    energy per layer. ``langs`` and ``n_prompts`` (the pooled prompts) go into the title."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    names = list(panels)
+    fig = make_subplots(rows=len(_ROWS), cols=len(names), shared_xaxes=True,
+                        shared_yaxes="rows", subplot_titles=names,
+                        vertical_spacing=0.05, horizontal_spacing=0.03)  # fmt: skip
+    colors = {"answer": PALETTE[0], "en": PALETTE[1], "entropy": PALETTE[2], "energy": PALETTE[3]}
+    for c, name in enumerate(names, start=1):
+        panel = panels[name]
+        x = list(panel.layers)
+        for r, row in enumerate(_ROWS, start=1):
+            tracks = ["answer", "en"] if row in ("probability", "rank") else [row]
+            for track in tracks:
+                if track in ("answer", "en") and track not in panel.logprob:
+                    continue
+                m, lo, hi = _mean_band(panel.values(row, track))
+                label = {"answer": "prompt-language answer", "en": "English answer"}.get(
+                    track, track
+                )
+                fig.add_trace(band(x, lo, hi, colors[track]), row=r, col=c)
+                fig.add_trace(go.Scatter(x=x, y=m, mode="lines+markers", marker={"size": 3},
+                                         line={"color": colors[track]}, name=label,
+                                         legendgroup=track, showlegend=c == 1 and r != 2),
+                              row=r, col=c)  # fmt: skip
+    for r, row in enumerate(_ROWS, start=1):
+        fig.update_yaxes(title_text=_Y_TITLES[row], row=r, col=1)
+        if row == "rank":
+            fig.update_yaxes(autorange="reversed", row=r)
+    fig.update_xaxes(title_text="layer (blocks applied)", row=len(_ROWS))
+    fig.update_layout(
+        title=f"Latent-language curves per decoder (prompts in {', '.join(langs)}; n = "
+        f"{n_prompts}; mean, 95% band)",
+        height=220 * len(_ROWS) + 120,
+        legend={"orientation": "h", "y": -0.08},
+    )
+    return fig
