@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mechlingo.analyses.pipeline import CLASSES, _classify, default_mid_layers, trace_recall
+from mechlingo.analyses.trace import CLASSES, _classify, default_mid_layers, trace_recall
 from mechlingo.data import load_facts
 from mechlingo.viz.pipeline import circuit_figure, pipeline_stages
 

@@ -14,7 +14,7 @@ import mechlingo.analyses.experts as experts_mod
 import mechlingo.analyses.protocol as protocol
 import mechlingo.analyses.repair as repair
 import mechlingo.cli.experts as cli_experts
-import mechlingo.cli.steer as cli_steer
+import mechlingo.cli.repair as cli_steer
 from mechlingo.cli import main
 from mechlingo.cli.common import UsageError
 from mechlingo.cli.work import settings_key, work_folder

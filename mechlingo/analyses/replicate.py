@@ -3,7 +3,7 @@
 :func:`replicate` runs the analyses behind every claim of :data:`mechlingo.analyses.claims.CLAIMS`
 through their Python APIs, in stages:
 
-* ``trace`` (:func:`mechlingo.analyses.pipeline.trace_recall`: greedy answers and the logit
+* ``trace`` (:func:`mechlingo.analyses.trace.trace_recall`: greedy answers and the logit
   lens of every query): the latent-English and the recall-failure claims;
 * ``repair`` (:func:`mechlingo.analyses.repair.build_repair_vectors` on the build split,
   :func:`mechlingo.analyses.protocol.sweep` on dev, :func:`mechlingo.analyses.protocol.evaluate_test`
@@ -60,7 +60,7 @@ from mechlingo.analyses.claims import (
 )
 from mechlingo.analyses.evaluate import normalize
 from mechlingo.analyses.experts import collect_neuron_stats, find_experts, k_curve
-from mechlingo.analyses.pipeline import trace_recall
+from mechlingo.analyses.trace import trace_recall
 from mechlingo.core.describe import model_info
 from mechlingo.core.errors import InputError
 from mechlingo.core.stages import Stages

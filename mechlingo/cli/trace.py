@@ -26,7 +26,7 @@ from typing import Any
 
 from mechlingo.analyses.attribution import attribution_patch, compare_sweeps, verify_top_cells
 from mechlingo.analyses.patching import PatchingError, attention_knockout, fact_metrics, patch_sweep
-from mechlingo.analyses.pipeline import trace_recall
+from mechlingo.analyses.trace import trace_recall
 from mechlingo.cli.common import (
     UsageError,
     add_data_args,

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mechlingo.analyses.pipeline import CLASSES
+from mechlingo.analyses.trace import CLASSES
 from mechlingo.core.jsonable import finite_or_none
 from mechlingo.report.page import Report
 from mechlingo.viz.common import accuracy_bars
@@ -84,7 +84,7 @@ def trace_report(
     lens layers, latent-language curves per class, each language's patching sections and
     the first queries.
 
-    ``trace`` is a :class:`mechlingo.analyses.pipeline.TraceResult`; ``summary`` its
+    ``trace`` is a :class:`mechlingo.analyses.trace.TraceResult`; ``summary`` its
     ``summary()`` with ``classification_ci`` and ``meta`` added; ``max_rank`` the rank
     counted as decodable (``--max-rank``).
     """

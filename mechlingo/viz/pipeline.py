@@ -2,7 +2,7 @@
 patching heatmaps, attention-knockout curves and the circuit diagram.
 
 :func:`pipeline_stages` (the stage bands drawn on the circuit diagram) is computed in
-:mod:`mechlingo.analyses.pipeline` and re-exported here."""
+:mod:`mechlingo.analyses.trace` and re-exported here."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from mechlingo.analyses.pipeline import CLASSES, pipeline_stages
+from mechlingo.analyses.trace import CLASSES, pipeline_stages
 from mechlingo.core.figures import drawer
 from mechlingo.viz.common import PALETTE, band, rgba
 
@@ -32,7 +32,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from mechlingo.analyses.patching import KnockoutResult, PatchSweep
-    from mechlingo.analyses.pipeline import TraceResult
+    from mechlingo.analyses.trace import TraceResult
 
 CLASS_COLORS = {
     "correct": "#2ca02c",

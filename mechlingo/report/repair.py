@@ -10,7 +10,7 @@ from mechlingo.analyses.transfer import TransferMatrix, cell_text
 from mechlingo.report.page import Report
 
 
-def steer_report(summary: Mapping[str, Any], sweep_result: Any = None, side: Any = None) -> Report:
+def repair_report(summary: Mapping[str, Any], sweep_result: Any = None, side: Any = None) -> Report:
     """The steering report: the chosen setting, headroom, test accuracy with intervals,
     gains over ``orig``, the dev sweep (when one ran), side effects and transfer (when
     measured).

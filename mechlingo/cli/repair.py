@@ -80,7 +80,7 @@ from mechlingo.core.types import Model
 from mechlingo.data import read_parallel_dir
 from mechlingo.interventions import ModelMismatchError
 from mechlingo.report import write_outputs
-from mechlingo.report.steer import steer_report, transfer_report
+from mechlingo.report.repair import repair_report, transfer_report
 
 ALL_LANGS = "en,de,fr,es,it,pt,ru,zh,ja,ko,ar,hi"
 #: mechlingo.analyses.protocol.ALPHA_GRID as flag text (kept here so that `--help` imports no torch)
@@ -354,7 +354,7 @@ def _eval(args: Any) -> int:
             "summary.json": summary,
             "generations.jsonl": "\n".join(json.dumps(r, ensure_ascii=False) for r in records)
             + "\n",
-            "report.html": steer_report(summary, sweep_result, side),
+            "report.html": repair_report(summary, sweep_result, side),
         },
     )
     finish_stages(stages)
