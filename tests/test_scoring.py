@@ -18,7 +18,6 @@ import torch
 from mechlingo.analyses import protocol
 from mechlingo.analyses.evaluate import evaluate_facts
 from mechlingo.analyses.rank import candidate_layout, score_candidates
-from mechlingo.analyses.repair import split_facts
 from mechlingo.analyses.scoring import (
     SKIP_GOLD_MISSING,
     SKIP_NO_CANDIDATES,
@@ -34,6 +33,7 @@ from mechlingo.analyses.scoring import (
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import resolve_site
 from mechlingo.data import Fact, load_facts
+from mechlingo.data.splits import split_facts
 from mechlingo.interventions import Ablation, Compose, NeuronClamp, SteeringVector
 from tests.conftest import count_hooks
 

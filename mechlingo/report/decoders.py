@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mechlingo.report.page import Report
+from mechlingo.report.page import Report, fmt_interval
 
 
 def decoders_report(comparison: Any, summary: Mapping[str, Any]) -> Report:
@@ -15,6 +15,12 @@ def decoders_report(comparison: Any, summary: Mapping[str, Any]) -> Report:
     ``comparison`` is a :class:`mechlingo.analyses.decoders.DecoderComparison`.
     """
     report = Report("mechlingo: the lens under several decoders", summary["meta"])
+    for r in (summary.get("english_lead") or [])[:5]:
+        report.add_headline(f"English answer leads at some layer: {r.get('decoder')}, "
+                            f"{r.get('lang')}", fmt_interval(r.get("ever"), r.get("ever_lo"),
+                                                             r.get("ever_hi"), r.get("n")))  # fmt: skip
+    if not report.headline:
+        report.add_headline("Decoders", ", ".join(map(str, summary.get("decoders", []))) or "n/a")
     report.add_text(
         "Every decoder reads the same prompts at the same layers: the logit lens (final norm "
         "and unembedding), tuned lenses (a trained affine translator per layer first) and the "

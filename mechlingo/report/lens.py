@@ -16,6 +16,19 @@ def lens_report(result: Any, summary: Mapping[str, Any], *, max_rank: int) -> Re
     ``summary(max_rank=max_rank)`` with ``meta`` added.
     """
     report = Report("mechlingo: per-language logit lens", summary["meta"])
+    n = summary["n_prompts"]
+    report.add_headline("Prompts", f"{sum(n.values())} in {len(n)} languages ({', '.join(n)})")
+    for key, label in (
+        ("final_layer_accuracy", "Final-layer top-1 accuracy"),
+        (
+            "english_decodable_before_last",
+            f"English answer rank <= {max_rank} before the last layer",
+        ),
+    ):
+        vals = summary[key]
+        lows = sorted(n, key=lambda lg: vals.get(lg, 0.0))
+        report.add_headline(f"{label} (per language, lowest first)",
+                            ", ".join(f"{lg} {vals.get(lg, 0.0):.2f}" for lg in lows[:6]))  # fmt: skip
     report.add_text(
         "Each prompt's residual stream at its last token is decoded after every layer through "
         "the final norm and unembedding. Curves show the probability of the answer in the "

@@ -7,12 +7,12 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from mechlingo.analyses.protocol import SweepResult
+from mechlingo.analyses.protocol import DevSearch
 from mechlingo.core.figures import drawer
 
 
 @drawer
-def sweep_heatmap(result: SweepResult, vector: str) -> go.Figure:
+def sweep_heatmap(result: DevSearch, vector: str) -> go.Figure:
     """Screen-stage mean non-English accuracy over layer x alpha for one vector alone."""
     rows = [r for r in result.rows if r["vector"] == vector and r["stage"] == "screen"]
     layers = sorted({r["layer"] for r in rows})
