@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mechlingo.analyses.decoders import DecoderComparison
 from mechlingo.report.page import Report, fmt_interval
 
 
-def decoders_report(comparison: Any, summary: Mapping[str, Any]) -> Report:
+def decoders_report(comparison: DecoderComparison, summary: Mapping[str, Any]) -> Report:
     """The decoder comparison: the latent-language curves, entropy and token energy of every
     decoder side by side, and the table of where the English answer leads.
 

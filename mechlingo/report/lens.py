@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mechlingo.analyses.lens import LensResult
 from mechlingo.report.page import Report
 
 
-def lens_report(result: Any, summary: Mapping[str, Any], *, max_rank: int) -> Report:
+def lens_report(result: LensResult, summary: Mapping[str, Any], *, max_rank: int) -> Report:
     """The lens report: a summary table per language, the latent-language curves and the
     per-layer rank heatmaps of the English and the prompt-language answers.
 
