@@ -111,7 +111,7 @@ def test_vectors_save_load_and_conditions(tiny, tiny_vectors, tmp_path):
     assert not torch.allclose(rnd[0].direction(), back.task.vector[1])
 
 
-def test_vectors_without_a_unit_are_refused(tiny, tiny_vectors, tmp_path):
+def test_vectors_without_a_unit_are_refused(tiny, tiny_dir, tiny_vectors, tmp_path, capsys):
     """A build.json with no ``unit`` (written before units existed) is an ArtifactError that
     says to rebuild; an explicit ``"raw"`` unit loads."""
     folder = tiny_vectors.save(tmp_path / "v", tiny)
@@ -125,6 +125,13 @@ def test_vectors_without_a_unit_are_refused(tiny, tiny_vectors, tmp_path):
     assert "steer build" in str(err.value.fix) and err.value.where.endswith("build.json")
     with pytest.raises(ArtifactError, match="no unit"):
         _ = RepairVectors(tiny_vectors.task, tiny_vectors.diff, {}, {}).unit
+    from mechlingo.cli import main
+
+    out = tmp_path / "e"
+    rc = main(["steer", "eval", "--model", str(tiny_dir), "--vectors", str(folder), "--quiet",
+               "--out", str(out)])  # fmt: skip
+    assert rc == 2 and not out.exists()
+    assert "records no unit" in capsys.readouterr().err
 
 
 def test_sweep_and_evaluate_plumbing(tiny, tiny_facts, tiny_vectors):
