@@ -172,9 +172,10 @@ def fmt_interval(
     signed: bool = False,
     unit: str = "",
 ) -> str:
-    """``"0.833 [0.700, 0.910] (n=48)"`` (:meth:`~mechlingo.kernels.significance.Interval.format`),
-    each number times ``scale`` (100 for points), ``unit`` after it; ``n/a`` without an
-    estimate. ``n=None`` leaves the count out."""
+    """``"0.833 [0.700, 0.910] (n=48)"``
+    (:meth:`~mechlingo.kernels.significance.Interval.format`), each number times ``scale``
+    (100 for points), ``unit`` after the estimate (``"+3.2 points [-1.0, +7.5] (n=48)"``);
+    ``n/a`` without an estimate. ``n=None`` leaves the count out."""
     if estimate is None:
         return "n/a"
 
@@ -184,4 +185,7 @@ def fmt_interval(
     text = Interval(x(estimate), x(lo), x(hi), int(n or 0)).format(digits, signed=signed)
     if n is None:
         text = text.rsplit(" (n=", 1)[0]
-    return f"{text} {unit}".rstrip() if unit else text
+    if not unit:
+        return text
+    head, _, rest = text.partition(" ")
+    return f"{head} {unit} {rest}".rstrip()
