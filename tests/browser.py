@@ -7,7 +7,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 FLAGS = [
@@ -39,6 +39,31 @@ class PageCheck:
     n_rendered: int
     console_errors: list[str]
     screenshot: Path
+    #: the body's elements in rendered order (tag and class), up to the first section
+    top: list[tuple[str, str]] = field(default_factory=list)
+    #: the rendered text of the headline block ("" when there is none)
+    headline: str = ""
+    #: each configuration <details> block: whether it is open
+    config_open: list[bool] = field(default_factory=list)
+
+
+def _top_of_body(dom: str) -> tuple[list[tuple[str, str]], str, list[bool]]:
+    """The first elements of the rendered ``<body>`` (tag, class), the headline's text and
+    whether each ``<details class="config">`` is open."""
+    body = dom.split("<body>", 1)[-1]
+    top = [
+        (m.group(1), m.group(3) or "")
+        for m in re.finditer(
+            r'<(h1|h2|div|p|details|table)\b([^>]*?class="([^"]*)")?[^>]*>', body[:200_000]
+        )
+    ][:6]
+    head = re.search(r'<div class="headline"[^>]*>(.*?)</div>', body, re.S)
+    text = re.sub(r"<[^>]+>", " ", head.group(1)) if head else ""
+    opened = [
+        bool(re.search(r"\bopen\b", m.group(1)))
+        for m in re.finditer(r'<details([^>]*class="config"[^>]*)>', body)
+    ]
+    return top, " ".join(text.split()), opened
 
 
 def check_report(html: Path, screenshot: Path, *, budget_ms: int = 15000) -> PageCheck:
@@ -86,4 +111,5 @@ def check_report(html: Path, screenshot: Path, *, budget_ms: int = 15000) -> Pag
             text=True,
             timeout=180,
         )
-    return PageCheck(n_divs, rendered, errors, screenshot)
+    top, headline, opened = _top_of_body(dom.stdout)
+    return PageCheck(n_divs, rendered, errors, screenshot, top, headline, opened)

@@ -1045,12 +1045,12 @@ def test_error_hierarchy_keeps_old_bases():
 
 
 def test_unexpected_exception_is_reported_as_a_bug(P, sandbox, capsys, monkeypatch):
-    import mechlingo.cli.basic
+    import mechlingo.cli.lens
 
     def boom(*a: Any, **k: Any) -> None:
         raise ZeroDivisionError("boom")
 
-    monkeypatch.setattr(mechlingo.cli.basic, "lens_facts", boom)
+    monkeypatch.setattr(mechlingo.cli.lens, "lens_facts", boom)
     code = run_cli(_expand(Case("x", "{lens}", 1, ""), P))
     err = capsys.readouterr().err
     assert code == 1

@@ -108,3 +108,30 @@ def test_eval_summary_has_wilson_intervals(tmp_path, tiny_dir):
         assert n == 4 and s["accuracy_ci"][lg] == wilson(k, n)
         assert s["accuracy"][lg] == k / n
     assert "Wilson 95% intervals" in (out / "report.html").read_text()
+
+
+def test_report_page_opens_with_headline_then_provenance_then_collapsed_config():
+    """A page: title, the headline block, one provenance line read from meta, the full meta
+    as JSON in a closed <details>, then the sections; numbers formatted by fmt_interval."""
+    import re
+
+    from mechlingo.report.page import Report, fmt_interval, provenance
+
+    meta = {"model": "m", "weights": "raw", "templates": "natural", "seconds": 2.5,
+            "build": {"fact_ids": ["a", "b"], "raw_norms": [1.0, 2.0]}}  # fmt: skip
+    report = Report("t", meta)
+    report.add_headline("Effect", fmt_interval(0.032, -0.01, 0.075, 48, scale=100, digits=1,
+                                                signed=True, unit="points"))  # fmt: skip
+    report.add_headline("McNemar p", None)
+    report.add_text("a section")
+    body = report.render().split("<body>", 1)[1]
+    tags = re.findall(r"<(h1|div|p|details)\b", body)[:5]
+    assert tags == ["h1", "div", "p", "details", "p"]
+    head = body.split("<details", 1)[0]
+    assert "<dt>Effect</dt><dd>+3.2 points [-1.0, +7.5] (n=48)</dd>" in head
+    assert "<dd>n/a</dd>" in head and "fact_ids" not in head
+    assert provenance(meta) == "model m · weights raw · templates natural · 2.5 s"
+    config = body.split("<details", 1)[1].split("</details>", 1)[0]
+    assert not config.startswith(" open") and "fact_ids" in config
+    assert fmt_interval(0.5, 0.2, 0.8) == "0.500 [0.200, 0.800]"
+    assert fmt_interval(None, None, None, 3) == "n/a"

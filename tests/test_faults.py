@@ -180,12 +180,12 @@ def test_out_parent_that_refuses_a_folder(work, tiny_dir, capsys, monkeypatch):
 
 def test_disk_fault_outside_out_is_still_one_line(work, tiny_dir, capsys, monkeypatch):
     """A full disk anywhere (here: inside the analysis) is exit 2, not a bug report."""
-    import mechlingo.cli.basic
+    import mechlingo.cli.lens
 
     def full(*a: Any, **k: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", "/tmp/x")
 
-    monkeypatch.setattr(mechlingo.cli.basic, "lens_facts", full)
+    monkeypatch.setattr(mechlingo.cli.lens, "lens_facts", full)
     status, err = _cli(_lens(tiny_dir), capsys)
     assert status == 2 and "no space left" in _one_line(err), err
 
@@ -343,14 +343,14 @@ def test_file_lock_without_locks_still_runs(tmp_path, monkeypatch):
 )
 def test_gpu_out_of_memory_names_the_batch_size(work, tiny_dir, capsys, monkeypatch, batch,
                                                  expect):  # fmt: skip
-    import mechlingo.cli.basic
+    import mechlingo.cli.lens
 
     def oom(*a: Any, **k: Any) -> None:
         raise torch.cuda.OutOfMemoryError(
             "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total capacity)"
         )
 
-    monkeypatch.setattr(mechlingo.cli.basic, "lens_facts", oom)
+    monkeypatch.setattr(mechlingo.cli.lens, "lens_facts", oom)
     old = _tree(work / "out")
     status, err = _cli(_lens(tiny_dir, "--batch-size", batch), capsys)
     line = _one_line(err)
@@ -705,7 +705,7 @@ def test_tiny_model_build_keeps_the_global_generator(tmp_path):
 _SLOW = """
 import signal, sys, time
 from pathlib import Path
-import mechlingo.cli.basic as basic
+import mechlingo.cli.lens as lens_cli
 import mechlingo.report.page as page
 from mechlingo.cli import main
 
@@ -717,11 +717,11 @@ def started():
     time.sleep(120)
 
 if where == "analysis":
-    real = basic.lens_facts
+    real = lens_cli.lens_facts
     def slow(*a, **k):
         started()
         return real(*a, **k)
-    basic.lens_facts = slow
+    lens_cli.lens_facts = slow
 else:  # while the new --out is being filled
     real_render = page.Report.render
     def render(self):

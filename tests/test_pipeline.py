@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mechlingo.analyses.pipeline import (
+from mechlingo.analyses.trace import (
     CLASSES,
     _classify,
     default_mid_layers,
@@ -145,3 +145,36 @@ def test_gemma_pipeline_classes(gemma):
     assert failures >= 1, tr.to_dataframe()[["lang", "id", "generation", "class"]]
     it_es = next(r for r in tr.records if r["id"] == "capital/IT" and r["lang"] == "es")
     assert it_es["en_decodable_mid"], it_es
+
+
+def _scrub(x, drop=("seconds",)):
+    """``x`` without the keys in ``drop`` (timings), at every depth."""
+    if isinstance(x, dict):
+        return {k: _scrub(v, drop) for k, v in x.items() if k not in drop}
+    if isinstance(x, list):
+        return [_scrub(v, drop) for v in x]
+    return x
+
+
+def test_trace_cli_writes_what_run_trace_writes(tiny, tiny_dir, tmp_path):
+    """`mechlingo trace` and `trace.run_trace(...).write(out)` with the same settings write
+    the same summary.json (but its meta), trace.json and patching.json (but timings)."""
+    from mechlingo.analyses import trace as trace_mod
+    from mechlingo.cli import main
+
+    cli, py = tmp_path / "cli", tmp_path / "py"
+    assert main(["trace", "--model", str(tiny_dir), "--langs", "en,fr", "--limit", "4",
+                 "--max-new-tokens", "2", "--patch-prompts", "2", "--method", "both",
+                 "--verify-heads", "2", "--quiet", "--out", str(cli)]) == 0  # fmt: skip
+    facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=4)
+    run = trace_mod.run_trace(tiny, facts, max_new_tokens=2, patch_prompts=2, method="both",
+                              verify_heads=2)  # fmt: skip
+    run.write(py)
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (cli, py))
+    assert "meta" in a and "meta" not in b
+    a.pop("meta")
+    assert a == b and a["classification_ci"]
+    for name in ("trace.json", "patching.json"):
+        x, y = (json.loads((d / name).read_text()) for d in (cli, py))
+        assert _scrub(x) == _scrub(y) and x
+    assert set(json.loads((py / "patching.json").read_text())) == {"en", "fr"}

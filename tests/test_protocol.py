@@ -164,7 +164,7 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
     from mechlingo.cli import main
 
     seen: dict[str, set[str]] = {"build": set(), "choose": set(), "test": set()}
-    real_build, real_sweep = steering.build_repair_vectors, protocol.sweep
+    real_build, real_sweep = steering.build_repair_vectors, protocol.choose_on_dev
     real_test, real_few = protocol.evaluate_test, protocol.few_shot_prompt
 
     def build(model, facts, *a, pool=None, **kw):
@@ -184,7 +184,7 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
         return real_test(model, vectors, choice, test_facts, *a, **kw)
 
     monkeypatch.setattr(steering, "build_repair_vectors", build)
-    monkeypatch.setattr(protocol, "sweep", sweep)
+    monkeypatch.setattr(protocol, "choose_on_dev", sweep)
     monkeypatch.setattr(protocol, "evaluate_test", test)
     monkeypatch.setattr(protocol, "few_shot_prompt", few)
     common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "30", "--quiet"]
@@ -234,3 +234,34 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
     rc = main(["steer", "eval", *common, "--vectors", str(vdir), "--config", "0,0.1,1,0.1",
                "--max-new-tokens", "2", "--out", str(tmp_path / "leak")])  # fmt: skip
     assert rc == 2 and not (tmp_path / "leak").exists()
+
+
+def test_steer_eval_cli_writes_what_run_protocol_writes(tiny, tiny_dir, tmp_path):
+    """`mechlingo steer eval` and `protocol.run_protocol(...).write(out)` with the same
+    settings (a dev search, two seeds, a re-split) write the same summary.json (but its
+    meta) and generations.jsonl."""
+    from mechlingo.analyses.repair import RepairVectors
+    from mechlingo.cli import main
+
+    common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "30", "--quiet"]
+    vdir, cli, py = tmp_path / "v", tmp_path / "cli", tmp_path / "py"
+    assert main(["steer", "build", *common, "--k-shot", "2", "--out", str(vdir)]) == 0
+    grid = ["--task-layers", "0", "--diff-layers", "1", "--task-alphas", "0.1,0.5",
+            "--diff-alphas", "0.5", "--top-k", "1", "--screen-ids", "2"]  # fmt: skip
+    assert main(["steer", "eval", *common, "--vectors", str(vdir), *grid, "--seeds", "0,1",
+                 "--repeats", "2", "--max-new-tokens", "2", "--out", str(cli)]) == 0  # fmt: skip
+    facts = load_facts(langs=["en", "fr", "de"], relations=["capital"], limit=30,
+                       templates="natural")  # fmt: skip
+    res = protocol.run_protocol(
+        tiny, facts, RepairVectors.load(vdir, tiny), task_layers=[0], diff_layers=[1],
+        task_alphas=[0.1, 0.5], diff_alphas=[0.5], top_k=1, screen_ids=2, seeds=[0, 1],
+        repeats=2, max_new_tokens=2,
+    )  # fmt: skip
+    res.write(py)
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (cli, py))
+    assert "meta" in a and "meta" not in b
+    a.pop("meta")
+    assert a == b and a["repeats"]["n"] == 2 and a["sweep"]["rows"]
+    gen = [(d / "generations.jsonl").read_text() for d in (cli, py)]
+    assert gen[0] == gen[1] and gen[0].count("\n") > 10
+    assert res.summary() == b and res.search is not None

@@ -6,6 +6,7 @@ not the findings."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,21 @@ def test_report_renders_in_browser(command, reports):
     assert check.n_rendered == check.n_figure_divs, check
     assert check.console_errors == []
     assert check.screenshot.is_file() and check.screenshot.stat().st_size > 10_000
+    # the page opens with the title, the headline numbers, one provenance line and the
+    # configuration collapsed
+    assert [t for t, _ in check.top[:4]] == ["h1", "div", "p", "details"], check.top
+    assert check.top[1][1] == "headline" and "provenance" in check.top[2][1]
+    assert check.top[3][1] == "config" and check.config_open == [False]
+    assert len(check.headline) > 10 and any(c.isdigit() for c in check.headline)
+
+
+def test_steer_report_header_is_short(reports):
+    """The steer eval page no longer dumps the configuration (fact ids, raw norms, the unit's
+    text) in its header: the provenance is one short line, the rest is collapsed."""
+    text = (reports["steer"] / "report.html").read_text()
+    head = text.split("<body>", 1)[1].split("<details", 1)[0]
+    assert "fact_ids" not in head and "raw_norms" not in head and "{" not in head
+    prov = re.search(r"<p class='meta provenance'>(.*?)</p>", head).group(1)
+    assert len(prov) < 300 and "model" in prov and " s" in prov
+    assert "Effect: gain of" in head and "McNemar p" in head and "Control" in head
+    assert "fact_ids" in text.split("<details", 1)[1]  # the full configuration is kept

@@ -14,7 +14,6 @@ import mechlingo.analyses.experts.kcurve as experts_mod
 import mechlingo.analyses.protocol as protocol
 import mechlingo.analyses.repair as repair
 import mechlingo.cli.experts as cli_experts
-import mechlingo.cli.steer as cli_steer
 from mechlingo.cli import main
 from mechlingo.cli.common import UsageError
 from mechlingo.cli.work import settings_key, work_folder
@@ -92,7 +91,7 @@ def test_steer_eval_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch,
     full = _summary(tmp_path / "full")
 
     calls: dict = {}
-    _count(monkeypatch, cli_steer, "side_effects", calls, stop_when=lambda *a, **kw: True)
+    _count(monkeypatch, protocol, "side_effects", calls, stop_when=lambda *a, **kw: True)
     assert run("b") == 130
     assert not (tmp_path / "b").exists()
     assert "rerun with --resume" in capsys.readouterr().err
@@ -103,9 +102,9 @@ def test_steer_eval_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch,
     assert "side-effects" not in done
 
     monkeypatch.undo()
-    for mod, name in ((repair, "build_repair_vectors"), (protocol, "sweep"),
+    for mod, name in ((repair, "build_repair_vectors"), (protocol, "choose_on_dev"),
                       (protocol, "_score"), (protocol, "headroom"),
-                      (cli_steer, "side_effects")):  # fmt: skip
+                      (protocol, "side_effects")):  # fmt: skip
         _count(monkeypatch, mod, name, calls)
     calls.clear()
     assert run("b", "--resume") == 0
@@ -117,15 +116,15 @@ def test_steer_eval_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch,
 
     # changed settings: a resume with another --max-new-tokens reuses no stage
     calls.clear()
-    _count(monkeypatch, cli_steer, "side_effects", {}, stop_when=lambda *a, **kw: True)
+    _count(monkeypatch, protocol, "side_effects", {}, stop_when=lambda *a, **kw: True)
     assert run("c") == 130
     monkeypatch.undo()
-    for mod, name in ((protocol, "sweep"), (repair, "build_repair_vectors")):
+    for mod, name in ((protocol, "choose_on_dev"), (repair, "build_repair_vectors")):
         _count(monkeypatch, mod, name, calls)
     calls.clear()
     assert run("c", "--resume", "--max-new-tokens", "3") == 0
     assert "starting from the first stage" in capsys.readouterr().err
-    assert calls == {"sweep": 2, "build_repair_vectors": 1}
+    assert calls == {"choose_on_dev": 2, "build_repair_vectors": 1}
 
 
 # --------------------------------------------------------------------------------------

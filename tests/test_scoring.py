@@ -18,7 +18,6 @@ import torch
 from mechlingo.analyses import protocol
 from mechlingo.analyses.evaluate import evaluate_facts
 from mechlingo.analyses.rank import candidate_layout, score_candidates
-from mechlingo.analyses.repair import split_facts
 from mechlingo.analyses.scoring import (
     SKIP_GOLD_MISSING,
     SKIP_NO_CANDIDATES,
@@ -34,6 +33,7 @@ from mechlingo.analyses.scoring import (
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import resolve_site
 from mechlingo.data import Fact, load_facts
+from mechlingo.data.splits import split_facts
 from mechlingo.interventions import Ablation, Compose, NeuronClamp, SteeringVector
 from tests.conftest import count_hooks
 
@@ -407,14 +407,14 @@ def test_steer_eval_under_rank_on_tiny(tiny_dir, tmp_path):
 
 @pytest.mark.slow
 def test_eval_rank_and_klar_on_the_embedded_model(tmp_path, gemma, monkeypatch):
-    from mechlingo.cli import basic, main
+    from mechlingo.cli import evaluate, main
     from mechlingo.cli.validate import check_after_load
 
     def session_model(args):  # the session's embedded model, checked as the CLI checks it
         check_after_load(gemma, args)
         return gemma
 
-    monkeypatch.setattr(basic, "load_cli_model", session_model)
+    monkeypatch.setattr(evaluate, "load_cli_model", session_model)
 
     facts = [
         _fact(1, "en", "The capital of France is", "Paris", ["Rome", "Paris", "Oslo"], "."),
@@ -461,7 +461,7 @@ def test_eval_rank_and_klar_on_the_embedded_model(tmp_path, gemma, monkeypatch):
 def test_eval_on_benchmark_fixture_folders(tmp_path, gemma, monkeypatch):
     """`eval --data BMLAMA_DIR --metric rank` and `eval --data KLAR_DIR --metric klar` read the
     benchmark layouts (hand-written fixtures, tests/bench_fixtures.py) and write a report."""
-    from mechlingo.cli import basic, main
+    from mechlingo.cli import evaluate, main
     from mechlingo.cli.validate import check_after_load
     from tests.bench_fixtures import write_fixture
 
@@ -469,7 +469,7 @@ def test_eval_on_benchmark_fixture_folders(tmp_path, gemma, monkeypatch):
         check_after_load(gemma, args)
         return gemma
 
-    monkeypatch.setattr(basic, "load_cli_model", session_model)
+    monkeypatch.setattr(evaluate, "load_cli_model", session_model)
     bm = write_fixture("bmlama", tmp_path / "bm")
     assert main(["eval", "--data", str(bm), "--langs", "en,ja", "--metric", "rank",
                  "--quiet", "--out", str(tmp_path / "r")]) == 0  # fmt: skip
@@ -486,7 +486,7 @@ def test_eval_on_benchmark_fixture_folders(tmp_path, gemma, monkeypatch):
 
 
 def test_trace_adds_the_gold_rank_per_class(tiny):
-    from mechlingo.analyses.pipeline import trace_recall
+    from mechlingo.analyses.trace import trace_recall
 
     plain = Fact("capital/9", "capital", "en", "X", "The capital of Peru is", "Lima")
     tr = trace_recall(tiny, [*FACTS[:3], plain, FACTS[3]], max_new_tokens=2)

@@ -18,12 +18,12 @@ from mechlingo.analyses.repair import (
     evaluate_conditions,
     lowest_language,
     relative_gain,
-    split_facts,
-    take_per_lang,
     vectors_from_means,
 )
+from mechlingo.core.errors import ArtifactError
 from mechlingo.core.tokens import encode
 from mechlingo.data import load_facts
+from mechlingo.data.splits import split_facts, take_per_lang
 from mechlingo.interventions import SteeringVector
 
 from .conftest import count_hooks
@@ -111,11 +111,34 @@ def test_vectors_save_load_and_conditions(tiny, tiny_vectors, tmp_path):
     assert not torch.allclose(rnd[0].direction(), back.task.vector[1])
 
 
+def test_vectors_without_a_unit_are_refused(tiny, tiny_dir, tiny_vectors, tmp_path, capsys):
+    """A build.json with no ``unit`` (written before units existed) is an ArtifactError that
+    says to rebuild; an explicit ``"raw"`` unit loads."""
+    folder = tiny_vectors.save(tmp_path / "v", tiny)
+    doc = json.loads((folder / "build.json").read_text())
+    (folder / "build.json").write_text(json.dumps({**doc, "unit": "raw"}))
+    assert RepairVectors.load(folder, tiny).unit == "raw"
+    del doc["unit"]
+    (folder / "build.json").write_text(json.dumps(doc))
+    with pytest.raises(ArtifactError, match="no unit") as err:
+        RepairVectors.load(folder, tiny)
+    assert "steer build" in str(err.value.fix) and err.value.where.endswith("build.json")
+    with pytest.raises(ArtifactError, match="no unit"):
+        _ = RepairVectors(tiny_vectors.task, tiny_vectors.diff, {}, {}).unit
+    from mechlingo.cli import main
+
+    out = tmp_path / "e"
+    rc = main(["steer", "eval", "--model", str(tiny_dir), "--vectors", str(folder), "--quiet",
+               "--out", str(out)])  # fmt: skip
+    assert rc == 2 and not out.exists()
+    assert "records no unit" in capsys.readouterr().err
+
+
 def test_sweep_and_evaluate_plumbing(tiny, tiny_facts, tiny_vectors):
-    from mechlingo.analyses.protocol import sweep
+    from mechlingo.analyses.protocol import choose_on_dev
 
     dev = take_per_lang(split_facts(tiny_facts)["dev"], 2)
-    res = sweep(
+    res = choose_on_dev(
         tiny,
         tiny_vectors,
         dev,

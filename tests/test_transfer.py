@@ -8,10 +8,11 @@ import pytest
 import scipy.stats as sps
 import torch
 
-from mechlingo.analyses import protocol, repair, transfer
+from mechlingo.analyses import protocol, transfer
 from mechlingo.analyses.protocol import LeakError, lowest_language_rule
-from mechlingo.analyses.repair import RepairVectors, build_repair_vectors, split_facts
+from mechlingo.analyses.repair import RepairVectors, build_repair_vectors
 from mechlingo.data import RELATIONS, load_facts
+from mechlingo.data.splits import split_facts
 
 RELS = ["capital", "language", "currency"]  # in RELATIONS order
 SMALL = {"build_ids": 3, "screen_ids": 2, "dev_ids": 2, "test_ids": 2, "layers": [0, 1],
@@ -118,7 +119,11 @@ def test_old_vector_artifacts_load_without_relations(tiny, facts, tmp_path):
 
 def _watch(monkeypatch):
     seen = {"pooled": [], "sweep": [], "test": [], "kw": []}
-    real_pool, real_sweep, real_score = transfer.pooled_vectors, protocol.sweep, protocol._score
+    real_pool, real_sweep, real_score = (
+        transfer.pooled_vectors,
+        protocol.choose_on_dev,
+        protocol._score,
+    )
     real_row_score = transfer._Run.score
 
     def pooled(stats, **kw):
@@ -139,7 +144,7 @@ def _watch(monkeypatch):
         return real_row_score(self, facts, iv)
 
     monkeypatch.setattr(transfer, "pooled_vectors", pooled)
-    monkeypatch.setattr(protocol, "sweep", sweep)
+    monkeypatch.setattr(protocol, "choose_on_dev", sweep)
     monkeypatch.setattr(protocol, "_score", score)
     monkeypatch.setattr(transfer._Run, "score", row_score)
     return seen
@@ -160,7 +165,7 @@ def _check_cells(m):
 
 def test_matrix_by_relation_cells_and_no_leak(tiny, facts, monkeypatch):
     seen = _watch(monkeypatch)
-    m = repair.transfer_matrix(tiny, facts, by="relation", marker="m", **SMALL)
+    m = transfer.transfer_matrix(tiny, facts, by="relation", marker="m", **SMALL)
     rows = ["all"] + [f"all_but_{r}" for r in RELS] + [f"only_{r}" for r in RELS]
     assert m.rows == rows and m.cols == RELS and len(m.cells) == 3 + 3 + 9
     _check_cells(m)
@@ -183,7 +188,7 @@ def test_matrix_by_relation_cells_and_no_leak(tiny, facts, monkeypatch):
     doc = json.loads(json.dumps(m.to_json()))
     assert doc["summary"]["all_but"]["cells"] == 3 and doc["summary"]["only_other"]["cells"] == 6
     assert "<table>" in m._repr_html_() and len(m.fig_transfer().data) == 1
-    diag = repair.transfer_matrix(tiny, facts, by="relation", cells="diagonal",
+    diag = transfer.transfer_matrix(tiny, facts, by="relation", cells="diagonal",
                                   held_out=["capital"], **SMALL)  # fmt: skip
     assert [(c["row"], c["col"]) for c in diag.cells] == [
         ("all", "capital"), ("all_but_capital", "capital"), ("only_capital", "capital")
@@ -192,7 +197,7 @@ def test_matrix_by_relation_cells_and_no_leak(tiny, facts, monkeypatch):
 
 def test_matrix_by_language_never_sees_the_held_out_language(tiny, facts, monkeypatch):
     seen = _watch(monkeypatch)
-    m = repair.transfer_matrix(tiny, facts, by="lang", **SMALL)
+    m = transfer.transfer_matrix(tiny, facts, by="lang", **SMALL)
     assert m.rows == ["all", "all_but_de", "all_but_fr"] and m.cols == ["de", "fr"]
     assert [(c["row"], c["col"]) for c in m.cells] == [
         ("all", "de"), ("all", "fr"), ("all_but_de", "de"), ("all_but_fr", "fr")
@@ -207,10 +212,10 @@ def test_matrix_by_language_never_sees_the_held_out_language(tiny, facts, monkey
             assert held not in langs and held not in dev_langs and "en" in dev_langs
     assert m.choices["all_but_fr"]["langs"] == ["en", "de"]
     # the build statistics of one call serve another (built once); other facts are refused
-    again = repair.transfer_matrix(tiny, facts, by="lang", stats=m.stats, **SMALL)
+    again = transfer.transfer_matrix(tiny, facts, by="lang", stats=m.stats, **SMALL)
     assert again.cells == m.cells
     with pytest.raises(ValueError, match="other facts"):
-        repair.transfer_matrix(tiny, facts, by="lang", stats=m.stats, **{**SMALL, "build_ids": 4})
+        transfer.transfer_matrix(tiny, facts, by="lang", stats=m.stats, **{**SMALL, "build_ids": 4})
 
 
 def test_a_build_step_that_sees_the_held_out_relation_is_refused(tiny, facts, monkeypatch):
@@ -221,18 +226,18 @@ def test_a_build_step_that_sees_the_held_out_relation_is_refused(tiny, facts, mo
 
     monkeypatch.setattr(transfer, "pooled_vectors", leaky)
     with pytest.raises(LeakError, match="all_but_capital"):
-        repair.transfer_matrix(tiny, facts, by="relation", held_out=["capital"], **SMALL)
+        transfer.transfer_matrix(tiny, facts, by="relation", held_out=["capital"], **SMALL)
 
 
 def test_matrix_bad_arguments(tiny, facts):
     with pytest.raises(ValueError, match="by must be"):
-        repair.transfer_matrix(tiny, facts, by="script")
+        transfer.transfer_matrix(tiny, facts, by="script")
     with pytest.raises(ValueError, match="not among"):
-        repair.transfer_matrix(tiny, facts, held_out=["continent"])
+        transfer.transfer_matrix(tiny, facts, held_out=["continent"])
     with pytest.raises(ValueError, match="build fact ids per relation"):
-        repair.transfer_matrix(tiny, facts, build_ids=2, k_shot=2)
+        transfer.transfer_matrix(tiny, facts, build_ids=2, k_shot=2)
     with pytest.raises(ValueError, match="at least two relations"):
-        repair.transfer_matrix(tiny, [f for f in facts if f.relation == "capital"])
+        transfer.transfer_matrix(tiny, [f for f in facts if f.relation == "capital"])
 
 
 def test_cli_transfer_only_and_pooled_build(tiny_dir, tmp_path):

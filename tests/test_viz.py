@@ -14,9 +14,9 @@ from mechlingo.analyses.decoders import compare_decoders
 from mechlingo.analyses.evaluate import EvalResult
 from mechlingo.analyses.lens import lens_facts
 from mechlingo.analyses.patching import attention_knockout, fact_metrics, patch_activations
-from mechlingo.analyses.pipeline import CLASSES, trace_recall
-from mechlingo.analyses.protocol import SweepResult, fig_accuracy_ci, fig_headroom
+from mechlingo.analyses.protocol import DevSearch, fig_accuracy_ci, fig_headroom
 from mechlingo.analyses.repair import ConditionResults, SteeringConfig
+from mechlingo.analyses.trace import CLASSES, trace_recall
 from mechlingo.analyses.transfer import TransferMatrix
 from mechlingo.analyses.tuned_lens import TunedLensTraining
 from mechlingo.core.errors import InputError
@@ -199,8 +199,8 @@ def test_repair_figures_draw_rows_and_cells():
         {"stage": "screen", "vector": "diff", "layer": 1, "alpha": 1.0, "score": 0.9},
         {"stage": "dev", "vector": "task", "layer": 1, "alpha": 1.0, "score": 0.1},
     ]
-    patched = SweepResult(rows, {}, None, None, unit="resid")
-    (hm,) = patched.fig_heatmap("task").data
+    search = DevSearch(rows, {}, None, None, unit="resid")
+    (hm,) = search.fig_heatmap("task").data
     assert list(hm.x) == ["1", "2"] and list(hm.y) == ["1", "2"]
     assert [list(r) for r in hm.z] == [[None, 0.5], [0.25, None]]
     cells = [

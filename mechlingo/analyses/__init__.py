@@ -2,7 +2,7 @@
 
 Recall pipeline (Lu et al.): :mod:`~mechlingo.analyses.evaluate`,
 :mod:`~mechlingo.analyses.lens`, :mod:`~mechlingo.analyses.patching`,
-:mod:`~mechlingo.analyses.attribution`, :mod:`~mechlingo.analyses.pipeline`,
+:mod:`~mechlingo.analyses.attribution`, :mod:`~mechlingo.analyses.trace`,
 :mod:`~mechlingo.analyses.repair` and its protocol :mod:`~mechlingo.analyses.protocol`.
 Expert neurons (Sundar et al.): :mod:`~mechlingo.analyses.experts`,
 :mod:`~mechlingo.analyses.align`, :mod:`~mechlingo.analyses.side_effects`.

@@ -7,7 +7,7 @@ This is what ``mechlingo steer eval`` runs (and what a notebook can call step by
    demonstrations from the build split), each with a Wilson interval. A prompt family that
    already engages recall (tuned templates) leaves little room between the two, and a repair
    effect can only be as large as that room.
-2. **Dev sweep** (:func:`sweep`): both vectors at every second layer from about 20% to about
+2. **Dev sweep** (:func:`choose_on_dev`): both vectors at every second layer from about 20% to about
    90% of the depth, alpha on a log grid from 0.03 to 0.6 (residual-norm units), on a
    *screen* subset of the dev facts; the best few settings of each vector are re-scored on
    the whole dev split, and the best few task x diff pairs are combined. The objective is the
@@ -33,27 +33,37 @@ scores the query's tokens only; under ``klar``, whose prompts already carry demo
 (drawn from the build split, never from dev or test), headroom compares KLAR's rule with 0
 demonstrations (``zero_shot``) and with ``k`` (``k_shot``).
 
-Fact ids are split once by a hash (:func:`mechlingo.analyses.repair.split_facts`): no test id is
+Fact ids are split once by a hash (:func:`mechlingo.data.splits.split_facts`): no test id is
 ever used to build a vector, to draw a demonstration or to choose a setting
 (:func:`check_disjoint` is called before every stage; a test fails if one leaks).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mechlingo.activations.distributed import is_main
+from mechlingo.analyses import repair
 from mechlingo.analyses.evaluate import EvalResult, evaluate_facts
-from mechlingo.analyses.repair import RepairVectors, SteeringConfig, _unit
+from mechlingo.analyses.repair import RepairVectors, SteeringConfig
 from mechlingo.analyses.scoring import Scorer, as_scorer
+from mechlingo.analyses.side_effects import SideEffects, side_effects
+from mechlingo.core.artifacts import write_files
 from mechlingo.core.errors import InputError, MechlingoError
 from mechlingo.core.faults import derive_seed
+from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import Fact, few_shot_prompt
+from mechlingo.data.splits import hash_fraction, split_facts, take_per_lang
 from mechlingo.interventions import Compose, Intervention, SteeringVector, random_like
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
 from mechlingo.viz.repair import accuracy_ci_figure, headroom_figure, sweep_heatmap
@@ -65,7 +75,7 @@ __all__ = [
     "ALPHA_GRID",
     "Choice",
     "LeakError",
-    "SweepResult",
+    "DevSearch",
     "HeldOutResult",
     "check_disjoint",
     "default_layers",
@@ -74,7 +84,11 @@ __all__ = [
     "lowest_language_dev",
     "lowest_language_rule",
     "headroom_pairs",
-    "sweep",
+    "choose_on_dev",
+    "ProtocolResult",
+    "SplitResult",
+    "run_protocol",
+    "stage_cache",
 ]
 
 #: alpha grid in residual-norm units: a log scale from 0.03 to 0.6
@@ -328,7 +342,7 @@ class Choice:
 
 
 @dataclass
-class SweepResult:
+class DevSearch:
     """Every dev score of the sweep.
 
     ``rows``: one dict per scored setting: ``stage`` (``"screen"`` or ``"dev"``), ``vector``
@@ -369,6 +383,21 @@ class SweepResult:
             **self.choice.to_dict(),
         }
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], unit: str) -> DevSearch:
+        """The inverse of :meth:`to_dict` (``unit``: the vectors' unit, not stored there)."""
+        pair = None if d.get("pair") is None else SteeringConfig(**d["pair"])
+        choice = Choice(
+            SteeringConfig(**d["config"]), d["selected"], d["dev_effect"], d["dev_test"],
+            d["dev_score"], pair, d.get("best_single"),
+        )  # fmt: skip
+        return cls(
+            rows=list(d["rows"]), baseline=d["dev_baseline"], choice=choice,
+            lowest_language=d["lowest_language"], headroom=d["headroom"], unit=unit,
+            n_dev=d["n_dev_items"], n_screen=d["n_screen_items"], metric=d["metric"],
+            skipped=d["skipped"], lowest_rule=d.get("lowest_language_rule") or {},
+        )  # fmt: skip
+
     def fig_heatmap(self, vector: str) -> go.Figure:
         """Screen-stage mean non-English accuracy over layer x alpha for one vector alone
         (:func:`mechlingo.viz.repair.sweep_heatmap`)."""
@@ -380,7 +409,9 @@ def _screen_subset(facts: Sequence[Fact], n_ids: int) -> list[Fact]:
     by_rel: dict[str, set[str]] = {}
     for f in facts:
         by_rel.setdefault(f.relation, set()).add(f.id)
-    order = [sorted(v, key=lambda i: _unit(f"screen|{i}")) for _, v in sorted(by_rel.items())]
+    order = [
+        sorted(v, key=lambda i: hash_fraction(f"screen|{i}")) for _, v in sorted(by_rel.items())
+    ]
     keep: set[str] = set()
     for depth in range(max((len(v) for v in order), default=0)):
         for ids in order:
@@ -393,7 +424,7 @@ def _en(res: EvalResult) -> float | None:
     return res.accuracy().get("en")
 
 
-def sweep(
+def choose_on_dev(
     model: Model,
     vectors: RepairVectors,
     dev_facts: Sequence[Fact],
@@ -414,7 +445,7 @@ def sweep(
     progress: bool = False,
     metric: str | Scorer = "generate",
     **score_kw: Any,
-) -> SweepResult:
+) -> DevSearch:
     """The dev stage of the protocol (see the module docstring).
 
     Args:
@@ -447,7 +478,7 @@ def sweep(
         "diff": (list(diff_layers or default_layers(n_layers)), list(diff_alphas)),
     }
     screen = _screen_subset(dev_facts, screen_ids) if screen_ids else dev_facts
-    sw = _Sweep(model, {**kw, **_metric_kw(scorer, pool)}, en_tolerance)
+    sw = _DevSearch(model, {**kw, **_metric_kw(scorer, pool)}, en_tolerance)
     base = sw.score(dev_facts, None)
     base_screen = base if screen is dev_facts else sw.score(screen, None)
     sw.screen(vectors, grid, screen, base_screen)
@@ -459,7 +490,7 @@ def sweep(
     if pool is not None:
         hr = headroom(model, dev_facts, pool, k_shot=k_shot, zero_shot=base, metric=scorer, **kw)
         rule = lowest_language_rule(*headroom_pairs(hr), p_threshold=p_threshold)
-    return SweepResult(
+    return DevSearch(
         sw.rows,
         base.accuracy(),
         choice,
@@ -489,8 +520,8 @@ def _rank(r: dict[str, Any]) -> tuple:
     return (not r["en_ok"], -r["score"], r.get("alpha", 0.0), r.get("layer", 0))
 
 
-class _Sweep:
-    """The stages of :func:`sweep`; every scored setting is appended to ``rows``."""
+class _DevSearch:
+    """The stages of :func:`choose_on_dev`; every scored setting is appended to ``rows``."""
 
     def __init__(self, model: Model, kw: dict[str, Any], en_tolerance: float) -> None:
         self.model = model
@@ -919,3 +950,295 @@ def gain_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _r(x: Any) -> Any:
     return None if x is None else round(float(x), 3)
+
+
+# --------------------------------------------------------------------------------------
+# The whole protocol: what `mechlingo steer eval` runs
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class SplitResult:
+    """One split of the facts through the protocol: its ``summary`` (the keys of
+    :meth:`HeldOutResult.summary` plus ``split``, ``sweep`` and the leak notes in
+    ``warnings``), the ``test`` result and the dev ``search`` (``None`` with a fixed
+    ``config``)."""
+
+    summary: dict[str, Any]
+    test: HeldOutResult
+    search: DevSearch | None = None
+
+
+@dataclass
+class ProtocolResult:
+    """The repair protocol on one set of facts (:func:`run_protocol`).
+
+    ``splits[0]`` is the reported split; ``splits[1:]`` the re-splits of ``repeats`` (their
+    mean and sd are in ``summary()["repeats"]``). ``side_effects`` (set by
+    :meth:`add_side_effects`) and ``transfer`` (the JSON of
+    :func:`mechlingo.analyses.transfer.transfer_matrices`) are optional parts of the summary.
+    """
+
+    splits: list[SplitResult]
+    side_effects: SideEffects | None = None
+    transfer: dict[str, Any] | None = None
+
+    @property
+    def test(self) -> HeldOutResult:
+        """The test result of the reported split."""
+        return self.splits[0].test
+
+    @property
+    def search(self) -> DevSearch | None:
+        """The dev search of the reported split (``None`` with a fixed ``config``)."""
+        return self.splits[0].search
+
+    def summary(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What ``steer eval`` writes to ``summary.json`` (``meta``, when given, last)."""
+        out = dict(self.splits[0].summary)
+        if len(self.splits) > 1:
+            out["repeats"] = repeat_summary([s.summary for s in self.splits])
+        if self.transfer is not None:
+            out["transfer"] = self.transfer
+        if self.side_effects is not None:
+            out["side_effects"] = self.side_effects.to_json()
+        if meta is not None:
+            out["meta"] = meta
+        return out
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every scored test record of the reported split, with its ``condition``."""
+        return [{"condition": c, **r} for c, er in self.test.results.items() for r in er.records]
+
+    def files(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``{"summary.json": ..., "generations.jsonl": ...}`` as ``steer eval`` writes them."""
+        lines = "\n".join(json.dumps(r, ensure_ascii=False) for r in self.records()) + "\n"
+        return {"summary.json": self.summary(meta), "generations.jsonl": lines}
+
+    def write(
+        self, out: str | Path, *, meta: dict[str, Any] | None = None, extra: dict | None = None
+    ) -> Path:
+        """Write :meth:`files` (and ``extra`` files, e.g. a report) into ``out`` in one step
+        (:func:`mechlingo.core.artifacts.write_files`; under torchrun rank 0 only)."""
+        files = {**self.files(meta), **(extra or {})}
+        return write_files(out, files) if is_main() else Path(out)
+
+    def test_langs(self) -> list[str]:
+        """The languages of the reported split's test records (sorted)."""
+        return sorted({r["lang"] for r in self.test.results["orig"].records})
+
+    def add_side_effects(
+        self,
+        model: Model,
+        lines: Mapping[str, Sequence[str]],
+        *,
+        batch_size: int = 64,
+        progress: bool = False,
+        stages: Stages | None = None,
+    ) -> SideEffects:
+        """Side effects of the selected test condition (``both`` when none was chosen) on its
+        test facts and ``lines`` (per language), against a norm-matched random control
+        (:func:`mechlingo.analyses.side_effects.side_effects`, seed 0); the stage
+        ``side-effects`` of ``stages``. Sets and returns :attr:`side_effects`."""
+        test = self.test
+        iv = condition_interventions(test)[
+            test.choice.selected if test.choice.selected != "none" else "both"
+        ]
+
+        def measure() -> dict[str, Any]:
+            return side_effects(model, iv, test.facts, lines, control="random", seed=0,
+                                batch_size=batch_size, progress=progress).to_json()  # fmt: skip
+
+        with _stages_or_temp(stages) as st:
+            d = st.run("side-effects", measure)
+        self.side_effects = SideEffects(
+            rows=d["rows"], langs=d["langs"], meta=d["meta"], examples=d["examples"]
+        )
+        return self.side_effects
+
+
+@contextlib.contextmanager
+def _stages_or_temp(stages: Stages | None) -> Iterator[Stages]:
+    """``stages``, or stages in a temporary folder removed afterwards: every result goes
+    through the same store either way, so a run with and without ``--work`` is the same."""
+    if stages is not None:
+        yield stages
+        return
+    with tempfile.TemporaryDirectory(prefix="mechlingo-protocol-") as tmp:
+        yield Stages(tmp, {"temporary": True})
+
+
+def _eval_to_json(res: EvalResult | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(res, EvalResult):
+        return {"eval": {"records": res.records, "meta": res.meta, "skipped": res.skipped}}
+    return {"dict": {k: v for k, v in res.items() if k != "results"}}  # headroom
+
+
+def _eval_from_json(data: Mapping[str, Any]) -> Any:
+    if "eval" in data:
+        return EvalResult(**data["eval"])
+    return data["dict"]
+
+
+def stage_cache(stages: Stages, prefix: str) -> Callable[[str, Callable[[], Any]], Any]:
+    """The ``cache`` of :func:`evaluate_test`: each test condition (and the test headroom)
+    is the stage ``{prefix}{name}`` of ``stages``."""
+
+    def run(name: str, fn: Callable[[], Any]) -> Any:
+        return _eval_from_json(stages.run(f"{prefix}{name}", lambda: _eval_to_json(fn())))
+
+    return run
+
+
+def _staged_vectors(
+    stages: Stages, name: str, build: Callable[[], RepairVectors], model: Model
+) -> RepairVectors:
+    """Repair vectors built once (``build()``), saved in stage ``name`` and loaded from there."""
+
+    def fn(tmp: Path) -> dict[str, Any]:
+        build().save(tmp / "vectors", model)
+        return {"saved": "vectors"}
+
+    stages.run(name, fn, folder=True)
+    return RepairVectors.load(stages.path(name) / "vectors", model)
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """The settings of :func:`run_protocol` every split shares."""
+
+    dev_per_lang: int | None
+    test_per_lang: int | None
+    config: SteeringConfig | None
+    grid: dict[str, Any]
+    p_threshold: float
+    seeds: list[int]
+    score: dict[str, Any]
+
+
+def run_protocol(
+    model: Model,
+    facts: Sequence[Fact],
+    vectors: RepairVectors,
+    *,
+    fractions: Sequence[float] = (0.4, 0.2, 0.4),
+    salt: str = "",
+    repeats: int = 1,
+    dev_per_lang: int | None = None,
+    test_per_lang: int | None = None,
+    config: SteeringConfig | None = None,
+    task_layers: Sequence[int] | None = None,
+    diff_layers: Sequence[int] | None = None,
+    task_alphas: Sequence[float] = ALPHA_GRID,
+    diff_alphas: Sequence[float] = ALPHA_GRID,
+    top_k: int = 3,
+    screen_ids: int | None = 8,
+    en_tolerance: float = 0.05,
+    p_threshold: float = 0.1,
+    seeds: Sequence[int] = (0, 1, 2),
+    max_new_tokens: int = 6,
+    batch_size: int = 64,
+    progress: bool = False,
+    metric: str | Scorer = "generate",
+    stages: Stages | None = None,
+) -> ProtocolResult:
+    """The repair protocol end to end, as ``mechlingo steer eval`` runs it.
+
+    The facts are split by id (:func:`mechlingo.data.splits.split_facts` with ``fractions``
+    and ``salt``; at most ``dev_per_lang``/``test_per_lang`` ids per relation on dev and
+    test). On dev, :func:`choose_on_dev` searches the grid (``task_layers`` ... ``top_k``,
+    ``screen_ids``: see there) and fixes the lowest language; with ``config`` the search is
+    skipped (labelled as not chosen on dev) and only the dev headroom fixes the lowest
+    language. On test, :func:`evaluate_test` scores every condition with random controls of
+    ``seeds``. ``repeats`` > 1 re-splits with the salts ``{salt}#repeat{r}`` and rebuilds the
+    vectors each time (``vectors`` serve the first split only).
+
+    ``stages`` (:class:`mechlingo.core.stages.Stages`) keeps every finished step so that a
+    stopped run resumes (the CLI's ``--work``/``--resume``); without it they are kept in a
+    temporary folder, so the numbers are those of the CLI. Side effects and the transfer
+    matrix are added afterwards (:meth:`ProtocolResult.add_side_effects`,
+    :func:`mechlingo.analyses.transfer.transfer_matrices`).
+
+    Raises:
+        InputError: ``repeats`` < 1, no seed, or a split that is empty.
+        LeakError: the vectors' recorded build ids overlap dev or test.
+    """
+    if repeats < 1:
+        raise InputError(f"repeats must be at least 1, got {repeats}")
+    if not seeds:
+        raise InputError("give at least one random-control seed (3 or more advised)")
+    grid = {"task_layers": task_layers, "diff_layers": diff_layers, "task_alphas": task_alphas,
+            "diff_alphas": diff_alphas, "top_k": top_k, "screen_ids": screen_ids or None,
+            "en_tolerance": en_tolerance}  # fmt: skip
+    score = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "progress": progress,
+             "metric": as_scorer(metric)}  # fmt: skip
+    settings = _Settings(dev_per_lang, test_per_lang, config, grid, p_threshold,
+                         [int(s) for s in seeds], score)  # fmt: skip
+    splits = []
+    with _stages_or_temp(stages) as st:
+        for r in range(repeats):
+            split_salt = salt if r == 0 else f"{salt}#repeat{r}"
+            splits.append(_one_split(model, facts, tuple(fractions), split_salt,
+                                     vectors if r == 0 else None, settings, st, f"r{r}-"))  # fmt: skip
+    return ProtocolResult(splits)
+
+
+def _one_split(
+    model: Model, facts: Sequence[Fact], fractions: tuple, salt: str,
+    vectors: RepairVectors | None, opt: _Settings, stages: Stages, prefix: str,
+) -> SplitResult:  # fmt: skip
+    """Build (unless given), choose on dev and score on test for one split of the facts;
+    each step a stage named ``{prefix}build``, ``{prefix}sweep``... of ``stages``."""
+
+    parts = split_facts(facts, fractions, salt=salt)
+    build = parts["build"]
+    dev = take_per_lang(parts["dev"], opt.dev_per_lang)
+    test = take_per_lang(parts["test"], opt.test_per_lang)
+    if not test or not dev or not build:
+        raise InputError("a split is empty (build, dev or test)",
+                         fix="use more facts (--limit) or other fractions (--split)")  # fmt: skip
+    built = vectors.build if vectors is not None else {}
+    k_shot = int(built.get("k_shot", 3))
+    if vectors is None:
+        vectors = _staged_vectors(stages, f"{prefix}build", lambda: repair.build_repair_vectors(
+            model, build, k_shot=k_shot, unit=str(built.get("unit", "resid")),
+            subtract_zero_shot=bool(built.get("subtract_zero_shot", True)),
+            translation_shots=int(built.get("translation_shots", 0)),
+            batch_size=opt.score["batch_size"],
+        ), model)  # fmt: skip
+    notes = []
+    if "fact_ids" in vectors.build:
+        check_disjoint("building the vectors", vectors.build["fact_ids"], test)
+        check_disjoint("building the vectors", vectors.build["fact_ids"], dev)
+    else:
+        notes.append(
+            "the vectors record no build fact ids: their disjointness from test is unchecked"
+        )
+    check_disjoint("the few-shot demonstrations", build, test)
+    search, searched = None, None
+    if opt.config is not None:
+        rule = stages.run(f"{prefix}dev-headroom", lambda: lowest_language_rule(
+            *headroom_pairs(headroom(model, dev, build, k_shot=k_shot, **opt.score)),
+            p_threshold=opt.p_threshold,
+        ))  # fmt: skip
+        lowest = rule["language"]
+        choice = Choice(opt.config, "both", "not measured (--config)", {}, {})
+    else:
+        searched = stages.run(f"{prefix}sweep", lambda: choose_on_dev(
+            model, vectors, dev, pool=build, k_shot=k_shot, test_ids=test, **opt.grid,
+            p_threshold=opt.p_threshold, **opt.score,
+        ).to_dict())  # fmt: skip
+        search = DevSearch.from_dict(searched, vectors.unit)
+        choice, lowest, rule = search.choice, search.lowest_language, search.lowest_rule
+    test_res = evaluate_test(
+        model, vectors, choice, test, lowest_language=lowest, lowest_rule=rule, pool=build,
+        k_shot=k_shot, seeds=opt.seeds, cache=stage_cache(stages, f"{prefix}test-"), **opt.score,
+    )  # fmt: skip
+    summary = test_res.summary()
+    summary["warnings"] = summary.get("warnings", []) + notes
+    summary["split"] = {"fractions": list(fractions), "salt": salt,
+                        "n_ids": {k: len({f.id for f in v}) for k, v in
+                                  (("build", build), ("dev", dev), ("test", test))}}  # fmt: skip
+    if searched is not None:
+        summary["sweep"] = searched
+    return SplitResult(summary, test_res, search)

@@ -20,14 +20,13 @@ is recorded in ``build["unit"]``, in every saved vector's metadata and in the su
 
 The protocol that chooses layers and scales on dev and reports test accuracy with
 confidence intervals is :mod:`mechlingo.analyses.protocol` (what ``mechlingo steer eval`` runs); this
-module builds the vectors, splits the facts by id (:func:`split_facts`) and scores fixed
-conditions (:func:`evaluate_conditions`, used for quick looks and for transfer).
+module builds the vectors and scores fixed
+conditions (:func:`evaluate_conditions`, used for quick looks and for transfer); the facts are
+split by id with :func:`mechlingo.data.splits.split_facts`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
 import json
 import time
 from collections.abc import Iterable, Sequence
@@ -74,60 +73,11 @@ __all__ = [
     "last_token_norms",
     "lowest_language",
     "relative_gain",
-    "split_facts",
     "vectors_from_means",
     "transfer",
 ]
 
 CONDITIONS = ("orig", "task", "diff", "both", "random")
-SPLITS = ("build", "dev", "test")
-
-
-# --------------------------------------------------------------------------------------
-# Splits
-# --------------------------------------------------------------------------------------
-
-
-def _unit(key: str) -> float:
-    h = hashlib.sha256(key.encode("utf-8")).digest()
-    return int.from_bytes(h[:8], "big") / 2**64
-
-
-def split_of(fact_id: str, fractions: Sequence[float] = (0.3, 0.2, 0.5), salt: str = "") -> str:
-    """``"build"``, ``"dev"`` or ``"test"`` for a fact id, from a hash of the id (the same
-    fact goes to the same split in every language and every run)."""
-    if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-9:
-        raise InputError(f"fractions must be three non-negative numbers summing to 1: {fractions}")
-    u = _unit(f"{salt}|{fact_id}")
-    if u < fractions[0]:
-        return "build"
-    if u < fractions[0] + fractions[1]:
-        return "dev"
-    return "test"
-
-
-def split_facts(
-    facts: Iterable[Fact], fractions: Sequence[float] = (0.3, 0.2, 0.5), salt: str = ""
-) -> dict[str, list[Fact]]:
-    """Split facts into build/dev/test by a hash of the fact id (deterministic; a fact id is
-    never in two splits, so no fact seen while building or choosing is scored on test)."""
-    out: dict[str, list[Fact]] = {s: [] for s in SPLITS}
-    for f in facts:
-        out[split_of(f.id, fractions, salt)].append(f)
-    return out
-
-
-def take_per_lang(facts: Sequence[Fact], n: int | None) -> list[Fact]:
-    """At most ``n`` fact ids per (relation, language), the same ids in every language."""
-    if n is None:
-        return list(facts)
-    ids_by_rel: dict[str, list[str]] = {}
-    for f in facts:
-        ids = ids_by_rel.setdefault(f.relation, [])
-        if f.id not in ids:
-            ids.append(f.id)
-    keep = {i for ids in ids_by_rel.values() for i in sorted(ids, key=_unit)[:n]}
-    return [f for f in facts if f.id in keep]
 
 
 # --------------------------------------------------------------------------------------
@@ -204,8 +154,16 @@ class RepairVectors:
     @property
     def unit(self) -> str:
         """What ``alpha`` is measured in: ``"resid"`` (fraction of the mean residual norm at
-        the layer) or ``"raw"`` (vectors saved before units existed are raw)."""
-        return str(self.build.get("unit", "raw"))
+        the layer) or ``"raw"`` (the raw mean/difference). An :class:`ArtifactError` when
+        ``build`` records no unit (a folder written before units existed)."""
+        if "unit" not in self.build:
+            raise ArtifactError(
+                "these repair vectors record no unit (what alpha is measured in)",
+                where="build.json",
+                fix="rebuild them with `mechlingo steer build --out VDIR` (or "
+                "build_repair_vectors)",
+            )
+        return str(self.build["unit"])
 
     def norms(self) -> dict[str, list[float]]:
         """Per-layer norms of each stack (the scale a given ``alpha`` multiplies)."""
@@ -232,6 +190,13 @@ class RepairVectors:
             raise ArtifactError(f"{folder} does not hold two steering vectors")
         build_path = folder / "build.json"
         build = json.loads(build_path.read_text()) if build_path.is_file() else {}
+        if "unit" not in build:
+            raise ArtifactError(
+                f"{folder} records no unit for its vectors (what alpha is measured in): it "
+                "was written before units existed or its build.json is missing",
+                where=str(build_path),
+                fix=f"rebuild it with `mechlingo steer build --out {folder}`",
+            )
         return cls(task, diff, {}, build)
 
 
@@ -682,14 +647,3 @@ def transfer(
 def stack_norm(v: Float[Tensor, "layer d_model"]) -> list[float]:
     """Per-layer L2 norms of a ``[n_layers, d_model]`` stack."""
     return v.norm(dim=-1).tolist()
-
-
-#: Names of :mod:`mechlingo.analyses.transfer` also reachable here (``repair.transfer_matrix``).
-#: That module builds on this one, so they are looked up when first asked for.
-_TRANSFER_NAMES = ("transfer_matrix", "TransferMatrix", "pooled_vectors", "group_stats")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _TRANSFER_NAMES:
-        return getattr(importlib.import_module("mechlingo.analyses.transfer"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

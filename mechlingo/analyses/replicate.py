@@ -3,10 +3,10 @@
 :func:`replicate` runs the analyses behind every claim of :data:`mechlingo.analyses.claims.CLAIMS`
 through their Python APIs, in stages:
 
-* ``trace`` (:func:`mechlingo.analyses.pipeline.trace_recall`: greedy answers and the logit
+* ``trace`` (:func:`mechlingo.analyses.trace.trace_recall`: greedy answers and the logit
   lens of every query): the latent-English and the recall-failure claims;
 * ``repair`` (:func:`mechlingo.analyses.repair.build_repair_vectors` on the build split,
-  :func:`mechlingo.analyses.protocol.sweep` on dev, :func:`mechlingo.analyses.protocol.evaluate_test`
+  :func:`mechlingo.analyses.protocol.choose_on_dev` on dev, :func:`mechlingo.analyses.protocol.evaluate_test`
   on test with norm-matched random controls): the two vectors, the lowest language (the
   headroom rule, :func:`mechlingo.analyses.claims.headroom_lowest_language`, beside the literal
   :func:`mechlingo.analyses.protocol.lowest_language_dev`) and the random vector;
@@ -60,13 +60,14 @@ from mechlingo.analyses.claims import (
 )
 from mechlingo.analyses.evaluate import normalize
 from mechlingo.analyses.experts import collect_neuron_stats, find_experts, k_curve
-from mechlingo.analyses.pipeline import trace_recall
+from mechlingo.analyses.trace import trace_recall
 from mechlingo.core.describe import model_info
 from mechlingo.core.errors import InputError
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.core.version import __version__
 from mechlingo.data import LANGS, Fact, load_facts, parallel_sentences
+from mechlingo.data.splits import split_facts, take_per_lang
 from mechlingo.interventions import load_intervention
 from mechlingo.kernels.ranking import auroc_and_average_precision
 from mechlingo.kernels.significance import paired_gain, wilson
@@ -168,7 +169,7 @@ def _lu_facts(facts: Sequence[Fact] | None, cfg: Mapping[str, Any], section: str
     ``limit`` ids per relation when the section has one) or the bundled natural stems."""
     sec = cfg.get(section, {})
     if facts is not None:
-        return repair.take_per_lang(list(facts), sec.get("limit"))
+        return take_per_lang(list(facts), sec.get("limit"))
     langs = sec.get("langs") or cfg["lu_langs"]
     rels = sec.get("relations") or ["capital"]
     return load_facts(langs=langs, relations=rels, limit=sec.get("limit"), templates="natural")
@@ -246,10 +247,10 @@ def _paired_headroom(hr: Mapping[str, Any]) -> dict[str, tuple[list[bool], list[
 
 def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progress: bool) -> dict:
     r = cfg["repair"]
-    splits = repair.split_facts(facts, r["split"])
+    splits = split_facts(facts, r["split"])
     build = splits["build"]
-    dev = repair.take_per_lang(splits["dev"], r["dev_per_lang"])
-    test = repair.take_per_lang(splits["test"], r["test_per_lang"])
+    dev = take_per_lang(splits["dev"], r["dev_per_lang"])
+    test = take_per_lang(splits["test"], r["test_per_lang"])
     if not (build and dev and test):
         raise InputError("a split of the repair facts is empty (build, dev or test)",
                          fix="give more facts (a larger budget or more ids per relation)")  # fmt: skip
@@ -260,7 +261,7 @@ def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progr
         batch_size=cfg.get("batch_size", 16), progress=progress,
     )  # fmt: skip
     layers = _layers(r["layer_fractions"], int(model.cfg.n_layers))
-    sw = protocol.sweep(
+    sw = protocol.choose_on_dev(
         model, vectors, dev, pool=build, k_shot=r["k_shot"], test_ids=test,
         task_layers=layers, diff_layers=layers, task_alphas=r["alphas"], diff_alphas=r["alphas"],
         top_k=r["top_k"], screen_ids=r["screen_ids"], **kw,

@@ -13,7 +13,7 @@ module measures that claim, cell by cell:
   or from every language but L (``"all_but_L"``), chosen on dev without L, and tested on L.
 
 **Layer and alpha are chosen on the dev split of the build relations (languages) only**, by
-the protocol's dev sweep (:func:`mechlingo.analyses.protocol.sweep`: "no intervention" is a
+the protocol's dev sweep (:func:`mechlingo.analyses.protocol.choose_on_dev`: "no intervention" is a
 candidate that an exact McNemar test must beat), never on the test relation or language.
 Each cell then scores, on the test split of its column (non-English items only):
 
@@ -58,16 +58,17 @@ from mechlingo.analyses.protocol import LeakError, check_disjoint
 from mechlingo.analyses.repair import (
     RepairVectors,
     SteeringConfig,
-    split_facts,
     vectors_from_means,
 )
+from mechlingo.analyses.scoring import Scorer
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import resolve_layers, resolve_site
 from mechlingo.core.tokens import encode, sorted_batches
 from mechlingo.core.types import Model
 from mechlingo.data import RELATIONS, Fact, few_shot_prompt, translation_prompt
+from mechlingo.data.splits import split_facts
 from mechlingo.interventions import Compose, Intervention, SteeringVector, random_like
-from mechlingo.kernels.significance import mcnemar, paired_gain
+from mechlingo.kernels.significance import Interval, mcnemar, paired_gain
 from mechlingo.viz.repair import transfer_heatmap
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ __all__ = [
     "group_stats",
     "matrix_layers",
     "pooled_vectors",
+    "transfer_matrices",
     "transfer_matrix",
 ]
 
@@ -430,9 +432,12 @@ def _kind(row: str, col: str) -> str:
 
 
 def _tally(cells: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
-    est = [c[key]["estimate"] for c in cells if c[key]["estimate"] is not None]
-    up = sum(1 for c in cells if (c[key]["lo"] or 0) > 0)
-    down = sum(1 for c in cells if (c[key]["hi"] if c[key]["hi"] is not None else 0) < 0)
+    ivs = [
+        Interval(c[key]["estimate"], c[key]["lo"], c[key]["hi"], int(c.get("n", 0))) for c in cells
+    ]
+    est = [iv.estimate for iv in ivs if iv.estimate is not None]
+    up = sum(1 for iv in ivs if iv.above(0.0))
+    down = sum(1 for iv in ivs if iv.below(0.0))
     return {
         "mean_gain": sum(est) / len(est) if est else None,
         "ci_above_0": up,
@@ -554,7 +559,7 @@ class _Budget:
 def _choose(model: Model, vectors: RepairVectors, dev: list[Fact], test: list[Fact],
             b: _Budget, kw: dict[str, Any]) -> protocol.Choice:  # fmt: skip
     """The protocol's dev sweep on the row's dev facts with the matrix's grid."""
-    res = protocol.sweep(
+    res = protocol.choose_on_dev(
         model, vectors, dev, task_layers=b.layers, diff_layers=b.layers,
         task_alphas=b.alphas, diff_alphas=b.alphas, top_k=b.top_k,
         screen_ids=b.screen_ids, en_tolerance=b.en_tolerance, p_threshold=b.p_threshold,
@@ -661,6 +666,61 @@ def transfer_matrix(
     }  # fmt: skip
     out = TransferMatrix(by, run.cells, [r.name for r in rows], held, run.choices, meta)
     out.stats = stats
+    return out
+
+
+def transfer_matrices(
+    model: Model,
+    facts: Sequence[Fact],
+    *,
+    by: str = "both",
+    cells: str = "full",
+    ids: Sequence[int] = (16, 4, 12, 8),
+    built: dict[str, Any] | None = None,
+    fractions: Sequence[float] = (0.4, 0.2, 0.4),
+    salt: str = "",
+    en_tolerance: float = 0.05,
+    p_threshold: float = 0.1,
+    max_new_tokens: int = 6,
+    batch_size: int = 64,
+    progress: bool = False,
+    metric: str | Scorer = "generate",
+) -> dict[str, Any]:
+    """The transfer matrices of ``steer eval --transfer``: ``by`` relation, language or
+    ``"both"`` (one :func:`transfer_matrix` each, the build statistics shared), each as its
+    :meth:`TransferMatrix.to_json` under ``"relation"``/``"lang"``, and ``"notes"`` for a
+    matrix the facts cannot give (one relation; fewer than two languages besides English).
+
+    ``ids``: build ids per relation, dev screen ids, dev ids and test ids per relation of a
+    column. ``built``: the ``build`` record of the vectors being evaluated (their
+    ``k_shot``, ``translation_shots``, ``subtract_zero_shot`` and ``unit`` are used; the
+    defaults without one). ``metric``: a metric name or a
+    :class:`~mechlingo.analyses.scoring.Scorer`.
+    """
+    built = built or {}
+    kinds = ["relation", "lang"] if by == "both" else [by]
+    out: dict[str, Any] = {"notes": []}
+    stats = None  # built once, shared by both matrices
+    for kind in kinds:
+        if kind == "relation" and len({f.relation for f in facts}) < 2:
+            out["notes"].append("by relation: skipped, the facts have one relation (add "
+                                "--relation all)")  # fmt: skip
+            continue
+        if kind == "lang" and len({f.lang for f in facts} - {"en"}) < 2:
+            out["notes"].append("by language: skipped, it needs English and 2+ other languages")
+            continue
+        matrix = transfer_matrix(
+            model, facts, by=kind, cells=cells, build_ids=ids[0], screen_ids=ids[1],
+            dev_ids=ids[2], test_ids=ids[3], k_shot=int(built.get("k_shot", 3)),
+            translation_shots=int(built.get("translation_shots", 2)),
+            subtract_zero_shot=bool(built.get("subtract_zero_shot", True)),
+            unit=str(built.get("unit", "resid")), fractions=fractions, salt=salt,
+            en_tolerance=en_tolerance, p_threshold=p_threshold,
+            max_new_tokens=max_new_tokens, batch_size=batch_size,
+            progress=progress, stats=stats, metric=metric,
+        )  # fmt: skip
+        stats = matrix.stats
+        out[kind] = matrix.to_json()
     return out
 
 

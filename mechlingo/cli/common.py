@@ -220,7 +220,7 @@ def _load_benchmark_facts(args: Any, relations: list[str] | None) -> list[Any]:
     return bench.facts
 
 
-def load_cli_model(args: Any) -> Any:
+def load_cli_model(args: Any) -> Model:
     """Load ``--model`` on ``--device``/``--dtype``, then run the checks that need it
     (:func:`mechlingo.cli.validate.check_after_load`) before any computation."""
 

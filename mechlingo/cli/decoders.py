@@ -1,6 +1,6 @@
 """``mechlingo lens --decoder logit,tuned,patchscope``: the lens under several decoders.
 
-The flags are added to ``mechlingo lens`` (:mod:`mechlingo.cli.basic`); with only the
+The flags are added to ``mechlingo lens`` (:mod:`mechlingo.cli.lens`); with only the
 default ``--decoder logit`` the command writes exactly what it always wrote. With several
 decoders the outputs gain a ``decoder`` column (``lens.csv``), a summary and an
 English-lead table per decoder (``summary.json``) and the side-by-side curves

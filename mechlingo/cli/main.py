@@ -23,9 +23,9 @@ from typing import Any
 
 from mechlingo.activations.distributed import process_group
 
-# The command modules register their subcommands when imported (``--help`` lists them in
-# import order: lens, eval, experts, align, replicate, tuned-lens, steer, trace).
-from mechlingo.cli import basic, experts, lenses, replicate, steer, trace  # noqa: F401
+# The command modules register their subcommands when imported; ``--help`` lists them in
+# the order of HELP_ORDER (any other command after them).
+from mechlingo.cli import evaluate, experts, lens, repair, replicate, trace, tuned_lens  # noqa: F401
 from mechlingo.cli.common import COMMANDS
 from mechlingo.cli.validate import validate_args
 from mechlingo.core.artifacts import cleanup_stale
@@ -39,6 +39,8 @@ from mechlingo.core.faults import (
 )
 from mechlingo.core.models import cache_dir
 
+HELP_ORDER = ("lens", "eval", "experts", "align", "tuned-lens", "replicate", "steer", "trace")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -47,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(TransformerLens). Each command writes OUT/summary.json and OUT/report.html.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (add_args, fn) in COMMANDS.items():
+    rank = {name: i for i, name in enumerate(HELP_ORDER)}
+    for name in sorted(COMMANDS, key=lambda n: rank.get(n, len(rank))):
+        add_args, fn = COMMANDS[name]
         sp = sub.add_parser(
             name, help=getattr(fn, "help_text", ""), description=getattr(fn, "help_text", "")
         )

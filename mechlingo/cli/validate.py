@@ -525,11 +525,19 @@ def _check_artifact_dir(path_text: str | None, flag: str, *, pair: bool = False)
             )
     if pair:
         build = path / "build.json"
+        doc: Any = {}
         if build.is_file():
             try:
-                json.loads(build.read_text(encoding="utf-8"))
+                doc = json.loads(build.read_text(encoding="utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError) as err:
                 raise ArtifactError(f"{build} is not valid JSON ({err})", where=flag) from None
+        if not isinstance(doc, dict) or "unit" not in doc:
+            raise ArtifactError(
+                f"{flag} {path_text} records no unit for its vectors (what alpha is measured "
+                "in): it was written before units existed or its build.json is missing",
+                where=flag,
+                fix=f"rebuild it with `mechlingo steer build --out {path_text}`",
+            )
 
 
 def _check_counts(args: Any) -> None:

@@ -14,8 +14,9 @@ changes a number, so the stages of other settings are never reused.
 - A stopped run (Ctrl-C, SIGTERM) keeps them; ``mechlingo`` then says to rerun with
   ``--resume``.
 
-The helpers here turn the stored JSON back into the objects of the analyses (evaluation
-results, the dev sweep, side effects, saved interventions).
+The helpers here turn the stored JSON back into the objects of the expert analyses (neuron
+statistics and scores, saved interventions); the repair protocol keeps its own stages
+(:func:`mechlingo.analyses.protocol.run_protocol`).
 """
 
 from __future__ import annotations
@@ -30,12 +31,8 @@ from typing import Any
 from safetensors.torch import load_file, save_file
 
 from mechlingo.activations.distributed import dist_info
-from mechlingo.analyses.evaluate import EvalResult
 from mechlingo.analyses.experts import NeuronScores, NeuronStats
-from mechlingo.analyses.protocol import Choice, SweepResult
-from mechlingo.analyses.repair import RepairVectors, SteeringConfig
 from mechlingo.analyses.replicate import weights_fingerprint
-from mechlingo.analyses.side_effects import SideEffects
 from mechlingo.cli.common import UsageError
 from mechlingo.core.describe import model_info
 from mechlingo.core.stages import Stages, key_hash
@@ -43,17 +40,13 @@ from mechlingo.core.types import Model
 
 __all__ = [
     "add_work_args",
-    "eval_cache",
     "finish_stages",
     "hash_files",
     "kcurve_cache",
     "open_stages",
     "staged_scores",
-    "staged_side_effects",
     "staged_stats",
     "staged_folder",
-    "staged_sweep",
-    "staged_vectors",
     "work_folder",
 ]
 
@@ -180,70 +173,6 @@ def stage_names(stages: Stages) -> list[str]:
 # --------------------------------------------------------------------------------------
 # Stored results back into objects
 # --------------------------------------------------------------------------------------
-
-
-def _eval_to_json(res: Any) -> dict[str, Any]:
-    if isinstance(res, EvalResult):
-        return {"eval": {"records": res.records, "meta": res.meta, "skipped": res.skipped}}
-    return {"dict": {k: v for k, v in res.items() if k != "results"}}  # headroom
-
-
-def _eval_from_json(data: Mapping[str, Any]) -> Any:
-    if "eval" in data:
-        return EvalResult(**data["eval"])
-    return data["dict"]
-
-
-def eval_cache(stages: Stages, prefix: str) -> Callable[[str, Callable[[], Any]], Any]:
-    """The ``cache`` of :func:`mechlingo.analyses.protocol.evaluate_test`: each test condition
-    (and the test headroom) is the stage ``{prefix}{name}``."""
-
-    def run(name: str, fn: Callable[[], Any]) -> Any:
-        return _eval_from_json(stages.run(f"{prefix}{name}", lambda: _eval_to_json(fn())))
-
-    return run
-
-
-def staged_vectors(
-    stages: Stages, name: str, build: Callable[[], RepairVectors], model: Model
-) -> RepairVectors:
-    """Repair vectors built once (``build()``), saved in stage ``name`` and loaded from there."""
-
-    def fn(tmp: Path) -> dict[str, Any]:
-        build().save(tmp / "vectors", model)
-        return {"saved": "vectors"}
-
-    stages.run(name, fn, folder=True)
-    return RepairVectors.load(stages.path(name) / "vectors", model)
-
-
-def _sweep_from_dict(d: Mapping[str, Any], unit: str) -> SweepResult:
-    pair = None if d.get("pair") is None else SteeringConfig(**d["pair"])
-    choice = Choice(
-        SteeringConfig(**d["config"]), d["selected"], d["dev_effect"], d["dev_test"],
-        d["dev_score"], pair, d.get("best_single"),
-    )  # fmt: skip
-    return SweepResult(
-        rows=list(d["rows"]), baseline=d["dev_baseline"], choice=choice,
-        lowest_language=d["lowest_language"], headroom=d["headroom"], unit=unit,
-        n_dev=d["n_dev_items"], n_screen=d["n_screen_items"], metric=d["metric"],
-        skipped=d["skipped"], lowest_rule=d.get("lowest_language_rule") or {},
-    )  # fmt: skip
-
-
-def staged_sweep(
-    stages: Stages, name: str, sweep: Callable[[], SweepResult], unit: str
-) -> tuple[SweepResult, dict[str, Any]]:
-    """The dev sweep as stage ``name``: the result (rebuilt from what was stored) and its
-    stored ``to_dict()``."""
-    d = stages.run(name, lambda: sweep().to_dict())
-    return _sweep_from_dict(d, unit), d
-
-
-def staged_side_effects(stages: Stages, name: str, fn: Callable[[], SideEffects]) -> SideEffects:
-    """Side effects as stage ``name`` (rebuilt from their stored ``to_json()``)."""
-    d = stages.run(name, lambda: fn().to_json())
-    return SideEffects(rows=d["rows"], langs=d["langs"], meta=d["meta"], examples=d["examples"])
 
 
 def data_key(**parts: Any) -> dict[str, str | None]:

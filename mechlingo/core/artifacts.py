@@ -18,19 +18,21 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import re
 import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from mechlingo.core.errors import OutputError
 from mechlingo.core.faults import FULL_ERRNOS, disk_error
 
-__all__ = ["atomic_folder", "cleanup_stale", "kill_point", "publish_folder"]
+__all__ = ["atomic_folder", "cleanup_stale", "kill_point", "publish_folder", "write_files"]
 
 #: Environment variable for kill tests: a comma-separated list of points
 #: (``fill``, ``publish``, ``cache``) at which the process SIGKILLs itself.
@@ -214,3 +216,48 @@ def cleanup_stale(
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
     return removed
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "tolist") and getattr(obj, "ndim", 0) > 0:  # a tensor or an array
+        return obj.tolist()
+    if hasattr(obj, "item"):
+        return obj.item()
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"cannot write {type(obj).__name__} to JSON")
+
+
+def write_files(
+    out: str | os.PathLike[str], files: Mapping[str, Any], *, keep_others: bool = True
+) -> Path:
+    """Write ``{name: content}`` into the folder ``out`` all at once.
+
+    Content: ``str`` (text), ``bytes``, an object with a ``render()`` method that returns the
+    text (a :class:`mechlingo.report.Report`), or anything JSON-serialisable (tensors and
+    arrays as lists). The new folder is built in a temporary sibling and put at ``out`` in
+    one rename (:func:`atomic_folder`), so a kill leaves the old folder or the new one.
+    Existing files of the same names are replaced; other files in ``out`` are carried over
+    (``keep_others``) or dropped. Every rank writes: callers under torchrun write on rank 0.
+    """
+    out = Path(out)
+    with atomic_folder(out, keep_others=keep_others) as tmp:
+        for i, (name, content) in enumerate(files.items()):
+            if i == 1:
+                kill_point("write")
+            path = tmp / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if hasattr(content, "render"):
+                path.write_text(content.render(), encoding="utf-8")
+            elif isinstance(content, bytes):
+                path.write_bytes(content)
+            elif isinstance(content, str):
+                path.write_text(content, encoding="utf-8")
+            else:
+                path.write_text(
+                    json.dumps(content, indent=2, ensure_ascii=False, default=_json_default),
+                    encoding="utf-8",
+                )
+    return out

@@ -5,16 +5,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mechlingo.report.page import Report
+from mechlingo.analyses.decoders import DecoderComparison
+from mechlingo.report.page import Report, fmt_interval
 
 
-def decoders_report(comparison: Any, summary: Mapping[str, Any]) -> Report:
+def decoders_report(comparison: DecoderComparison, summary: Mapping[str, Any]) -> Report:
     """The decoder comparison: the latent-language curves, entropy and token energy of every
     decoder side by side, and the table of where the English answer leads.
 
     ``comparison`` is a :class:`mechlingo.analyses.decoders.DecoderComparison`.
     """
     report = Report("mechlingo: the lens under several decoders", summary["meta"])
+    for r in (summary.get("english_lead") or [])[:5]:
+        report.add_headline(f"English answer leads at some layer: {r.get('decoder')}, "
+                            f"{r.get('lang')}", fmt_interval(r.get("ever"), r.get("ever_lo"),
+                                                             r.get("ever_hi"), r.get("n")))  # fmt: skip
+    if not report.headline:
+        report.add_headline("Decoders", ", ".join(map(str, summary.get("decoders", []))) or "n/a")
     report.add_text(
         "Every decoder reads the same prompts at the same layers: the logit lens (final norm "
         "and unembedding), tuned lenses (a trained affine translator per layer first) and the "

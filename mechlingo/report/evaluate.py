@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mechlingo.report.page import Report
+from mechlingo.report.page import Report, fmt_interval
 from mechlingo.viz.evaluate import accuracy_bars
 
 #: Generations shown in the report's table (all of them are in generations.jsonl).
@@ -35,6 +35,7 @@ def eval_report(records: list[Mapping[str, Any]], summary: Mapping[str, Any]) ->
     ci = summary["accuracy_ci"]
     metric = summary.get("metric", {}).get("metric", "generate")
     report = Report(f"mechlingo: accuracy ({metric})", summary["meta"])
+    add_eval_headline(report, summary)
     report.add_text(_NOTES[metric], note=True)
     for why, n in summary.get("skipped", {}).items():
         report.add_text(f"Skipped under {metric}: {n} record(s): {why}.")
@@ -60,3 +61,19 @@ def eval_report(records: list[Mapping[str, Any]], summary: Mapping[str, Any]) ->
         records[:MAX_ROWS], ["lang", "id", "prompt", "answer", "generation", "correct"]
     )
     return report
+
+
+def add_eval_headline(report: Report, summary: Mapping[str, Any]) -> None:
+    """The accuracy of every language with its Wilson interval (lowest first, at most six),
+    and the share answered in English."""
+    ci = summary["accuracy_ci"]
+    n = sum(int(c.get("n") or 0) for c in ci.values())
+    report.add_headline("Queries", f"{n} in {len(ci)} languages")
+    for lg in sorted(ci, key=lambda k: (ci[k].get("p") is None, ci[k].get("p") or 0.0))[:6]:
+        c = ci[lg]
+        report.add_headline(f"Accuracy, {lg}", fmt_interval(c.get("p"), c.get("lo"), c.get("hi"),
+                                                             c.get("n")))  # fmt: skip
+    en = summary.get("answered_in_english") or {}
+    if isinstance(en, Mapping) and en:
+        report.add_headline("Answered in English (per language)",
+                            ", ".join(f"{lg} {v:.2f}" for lg, v in en.items() if v is not None))  # fmt: skip

@@ -31,6 +31,7 @@ def experts_report(
     ``choose(...)`` records; ``score`` the neuron score (``auroc``, ``ap``, ``lape``).
     """
     report = Report("mechlingo: expert neurons", summary["meta"])
+    add_experts_headline(report, summary, curves, choices, score=score)
     report.add_text(
         "Each MLP neuron's activation is pooled over each sentence's real tokens and scored "
         f"by {score.upper()} as a detector of one language against the others. The top "
@@ -128,6 +129,7 @@ def align_report(
     ``layer`` the layer of the matrix and PCA figures (``--layer``; default the last).
     """
     report = Report("mechlingo: cross-lingual alignment", summary["meta"])
+    add_align_headline(report, summary)
     report.add_text(
         "Sentence embedding = mean residual stream over real tokens (BOS excluded). Retrieval "
         "a->b: fraction of sentences of a whose nearest neighbour (cosine) among b's sentences "
@@ -178,3 +180,48 @@ def interval_rows(iv: Mapping[str, Any]) -> list[dict[str, Any]]:
         row |= {name: _mean_ci(g, "gain") for name, g in iv["gains"].get(m, {}).items()}
         rows.append(row)
     return rows
+
+
+def add_experts_headline(
+    report: Report,
+    summary: Mapping[str, Any],
+    curves: Mapping[str, Any],
+    choices: Mapping[str, Mapping[str, Any]],
+    *,
+    score: str,
+) -> None:
+    """The best neuron's AUROC per language, the mean overlap of the top sets and, per
+    target, the chosen k with the rate in the target language of the experts' clamp against
+    the random-neuron control (Wilson intervals)."""
+    per = summary["per_lang"]
+    report.add_headline(f"Best neuron's AUROC per language (scored by {score})",
+                        ", ".join(f"{lg} {v['auroc_top1']:.3f}" for lg, v in per.items()))  # fmt: skip
+    ov = summary.get("mean_overlap_between_langs")
+    if isinstance(ov, float) and ov == ov:
+        report.add_headline(f"Mean overlap of the top {summary['k']} between languages",
+                            f"{ov:.3f}")  # fmt: skip
+    for target, curve in curves.items():
+        k = choices[target]["k"]
+        if k is None:
+            report.add_headline(f"k for {curve.lang}", "none within the budget")
+            continue
+        by = {(r["k"], r["arm"]): r for r in curve.rows}
+        e, ctl = by.get((k, "experts")), by.get((k, "random"))
+        rate = _with_ci(e, "target_rate_bos") if e else "n/a"
+        ctrl = f"; control {_with_ci(ctl, 'target_rate_bos')}" if ctl else ""
+        report.add_headline(f"k = {k} for {curve.lang}: rate in {curve.lang}", rate + ctrl)
+
+
+def add_align_headline(report: Report, summary: Mapping[str, Any]) -> None:
+    """At the reported layer: retrieval before the clamp, the clamp's gain and the
+    control's gain (bootstrap intervals over sentences)."""
+    iv = summary["intervals"]
+    n = iv.get("n_sentences")
+    report.add_headline("Layer, sentences", f"{summary['layer']}, {n} per language")
+    pre = iv["metrics"].get("retrieval", {}).get("pre", {})
+    report.add_headline("Retrieval (top-1), no clamp", _mean_ci(pre))
+    for name, label in (("post_vs_pre", "Effect: clamp vs none"),
+                        ("control_vs_pre", "Control: random clamp vs none")):  # fmt: skip
+        g = iv["gains"].get("retrieval", {}).get(name)
+        if g is not None:
+            report.add_headline(f"{label}, retrieval gain", _mean_ci(g, "gain"))

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mechlingo.analyses.lens import LensResult
 from mechlingo.report.page import Report
 
 
-def lens_report(result: Any, summary: Mapping[str, Any], *, max_rank: int) -> Report:
+def lens_report(result: LensResult, summary: Mapping[str, Any], *, max_rank: int) -> Report:
     """The lens report: a summary table per language, the latent-language curves and the
     per-layer rank heatmaps of the English and the prompt-language answers.
 
@@ -16,6 +17,19 @@ def lens_report(result: Any, summary: Mapping[str, Any], *, max_rank: int) -> Re
     ``summary(max_rank=max_rank)`` with ``meta`` added.
     """
     report = Report("mechlingo: per-language logit lens", summary["meta"])
+    n = summary["n_prompts"]
+    report.add_headline("Prompts", f"{sum(n.values())} in {len(n)} languages ({', '.join(n)})")
+    for key, label in (
+        ("final_layer_accuracy", "Final-layer top-1 accuracy"),
+        (
+            "english_decodable_before_last",
+            f"English answer rank <= {max_rank} before the last layer",
+        ),
+    ):
+        vals = summary[key]
+        lows = sorted(n, key=lambda lg: vals.get(lg, 0.0))
+        report.add_headline(f"{label} (per language, lowest first)",
+                            ", ".join(f"{lg} {vals.get(lg, 0.0):.2f}" for lg in lows[:6]))  # fmt: skip
     report.add_text(
         "Each prompt's residual stream at its last token is decoded after every layer through "
         "the final norm and unembedding. Curves show the probability of the answer in the "

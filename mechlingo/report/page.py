@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
-import torch
 
 from mechlingo.activations.distributed import is_main
-from mechlingo.core.artifacts import atomic_folder, kill_point
+from mechlingo.core.artifacts import write_files
+from mechlingo.kernels.significance import Interval
 from mechlingo.report.tables import table_html
 
 _CSS = """
@@ -32,12 +32,35 @@ h1{font-size:1.6em;margin-bottom:0}h2{font-size:1.25em;margin-top:2em;border-bot
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}th{background:#f4f4f4}
 .note{background:#f8f8f0;border-left:4px solid #cc9;padding:6px 12px;margin:12px 0}
 .figure{margin:12px 0}
+.headline{border:1px solid #ccd;background:#f6f8fc;padding:8px 14px;margin:12px 0}
+.headline dl{display:grid;grid-template-columns:max-content auto;gap:2px 16px;margin:4px 0}
+.headline dt{color:#555}.headline dd{margin:0;font-weight:600}
+details.config{margin:8px 0;font-size:.85em;color:#444}
+details.config pre{white-space:pre-wrap;word-break:break-all;max-height:40em;overflow:auto}
 """
+
+#: The ``meta`` keys named in the provenance line, in this order (with their labels).
+PROVENANCE = (
+    ("model", "model"),
+    ("weights", "weights"),
+    ("weights_fingerprint", "weights fingerprint"),
+    ("device", "device"),
+    ("templates", "templates"),
+    ("data_format", "data"),
+    ("n_facts", "facts"),
+    ("vectors", "vectors"),
+    ("clamp", "clamp"),
+    ("mechlingo", "mechlingo"),
+)
 
 
 class Report:
     """An HTML report built section by section.
 
+    The page opens with the title, the *headline* (:meth:`add_headline`: the few numbers a
+    reader wants first, e.g. the effect, its interval, p and the control), one provenance
+    line read from ``meta`` (model, weights, templates, data, seconds: :data:`PROVENANCE`)
+    and the whole ``meta`` as JSON in a collapsed ``<details>`` block; then the sections.
     ``add_text`` takes escaped plain text (or trusted HTML with ``raw=True``), ``add_figure``
     a plotly figure, ``add_table`` a list of dict rows.
     """
@@ -45,8 +68,13 @@ class Report:
     def __init__(self, title: str, meta: Mapping[str, Any] | None = None) -> None:
         self.title = title
         self.meta = dict(meta or {})
+        self.headline: list[tuple[str, str]] = []
         self.parts: list[str] = []
         self.n_figures = 0
+
+    def add_headline(self, label: str, value: Any) -> None:
+        """One line of the headline block (``label``: ``value``, both plain text)."""
+        self.headline.append((str(label), "n/a" if value is None else str(value)))
 
     def add_heading(self, text: str) -> None:
         self.parts.append(f"<h2>{html.escape(text)}</h2>")
@@ -75,64 +103,89 @@ class Report:
     def render(self) -> str:
         from plotly.offline import get_plotlyjs
 
-        meta = " · ".join(
-            f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in self.meta.items()
-        )
-        stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
         return (
             "<!DOCTYPE html><html><head><meta charset='utf-8'>"
             f"<title>{html.escape(self.title)}</title><style>{_CSS}</style>"
             f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>"
-            f"<h1>{html.escape(self.title)}</h1><p class='meta'>{meta} · generated {stamp} by "
-            "mechlingo</p>" + "\n".join(self.parts) + "</body></html>"
+            f"<h1>{html.escape(self.title)}</h1>{self._headline_html()}"
+            f"{self._provenance_html()}{self._config_html()}" + "\n".join(self.parts)
+            + "</body></html>"
+        )  # fmt: skip
+
+    def _headline_html(self) -> str:
+        rows = "".join(
+            f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in self.headline
+        )
+        return f'<div class="headline" id="headline"><dl>{rows}</dl></div>' if rows else ""
+
+    def _provenance_html(self) -> str:
+        stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+        line = html.escape(provenance(self.meta))
+        return f"<p class='meta provenance'>{line} · generated {stamp} by mechlingo</p>"
+
+    def _config_html(self) -> str:
+        if not self.meta:
+            return ""
+        text = json.dumps(self.meta, indent=1, ensure_ascii=False, default=str)
+        return (
+            '<details class="config"><summary>Full configuration (also in summary.json)'
+            f"</summary><pre>{html.escape(text)}</pre></details>"
         )
 
 
-def _json_default(obj: Any) -> Any:
-    try:
-        if isinstance(obj, torch.Tensor):
-            return obj.tolist()
-    except ImportError:  # pragma: no cover
-        pass
-    if hasattr(obj, "item"):
-        return obj.item()
-    if isinstance(obj, (set, tuple)):
-        return list(obj)
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"cannot write {type(obj).__name__} to JSON")
+def provenance(meta: Mapping[str, Any]) -> str:
+    """One readable line of where the numbers come from: the :data:`PROVENANCE` keys of
+    ``meta`` that are plain values, then the run's seconds (``seconds``)."""
+    parts = [
+        f"{label} {meta[key]}"
+        for key, label in PROVENANCE
+        if isinstance(meta.get(key), (str, int, float)) and meta.get(key) != ""
+    ]
+    if isinstance(meta.get("seconds"), (int, float)):
+        parts.append(f"{meta['seconds']:g} s")
+    return " · ".join(parts)
 
 
 def write_outputs(
     out: str | os.PathLike[str], files: Mapping[str, Any], *, keep_others: bool = True
 ) -> Path:
-    """Write ``{name: content}`` into the folder ``out`` all at once.
-
-    Content: ``str`` (text), ``bytes``, a :class:`Report`, or anything JSON-serialisable (for
-    ``.json`` names). The new folder is built in a temporary sibling and put at ``out`` in
-    one rename, so a kill leaves the old folder or the new one. Existing files of the same
-    names are replaced; other files in ``out`` are carried over (``keep_others``) or dropped.
-    Under ``torchrun`` only rank 0 writes.
+    """Write ``{name: content}`` into the folder ``out`` all at once
+    (:func:`mechlingo.core.artifacts.write_files`: ``str``, ``bytes``, a :class:`Report`, or
+    anything JSON-serialisable for ``.json`` names), built in a temporary sibling and put at
+    ``out`` in one rename, so a kill leaves the old folder or the new one. Existing files of
+    the same names are replaced; other files in ``out`` are carried over (``keep_others``) or
+    dropped. Under ``torchrun`` only rank 0 writes.
     """
-
-    out = Path(out)
     if not is_main():  # data-parallel runs: rank 0 writes, the others return the same path
-        return out
-    with atomic_folder(out, keep_others=keep_others) as tmp:
-        for i, (name, content) in enumerate(files.items()):
-            if i == 1:
-                kill_point("write")
-            path = tmp / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if isinstance(content, Report):
-                path.write_text(content.render(), encoding="utf-8")
-            elif isinstance(content, bytes):
-                path.write_bytes(content)
-            elif isinstance(content, str):
-                path.write_text(content, encoding="utf-8")
-            else:
-                path.write_text(
-                    json.dumps(content, indent=2, ensure_ascii=False, default=_json_default),
-                    encoding="utf-8",
-                )
-    return out
+        return Path(out)
+    return write_files(out, files, keep_others=keep_others)
+
+
+def fmt_interval(
+    estimate: float | None,
+    lo: float | None,
+    hi: float | None,
+    n: int | None = None,
+    *,
+    scale: float = 1.0,
+    digits: int = 3,
+    signed: bool = False,
+    unit: str = "",
+) -> str:
+    """``"0.833 [0.700, 0.910] (n=48)"``
+    (:meth:`~mechlingo.kernels.significance.Interval.format`), each number times ``scale``
+    (100 for points), ``unit`` after the estimate (``"+3.2 points [-1.0, +7.5] (n=48)"``);
+    ``n/a`` without an estimate. ``n=None`` leaves the count out."""
+    if estimate is None:
+        return "n/a"
+
+    def x(v: float | None) -> float | None:
+        return None if v is None else v * scale
+
+    text = Interval(x(estimate), x(lo), x(hi), int(n or 0)).format(digits, signed=signed)
+    if n is None:
+        text = text.rsplit(" (n=", 1)[0]
+    if not unit:
+        return text
+    head, _, rest = text.partition(" ")
+    return f"{head} {unit} {rest}".rstrip()

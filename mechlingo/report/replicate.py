@@ -11,7 +11,7 @@ import torch
 
 from mechlingo.analyses.claims import RULES, ClaimsCard
 from mechlingo.analyses.experts import KCurve
-from mechlingo.report.page import Report
+from mechlingo.report.page import Report, fmt_interval
 from mechlingo.viz.align import retrieval_per_layer_figure
 from mechlingo.viz.experts import interval_bars_figure, k_curve_figure, overlap_figure
 from mechlingo.viz.lens import latent_curves_figure
@@ -38,6 +38,17 @@ def replicate_report(card: ClaimsCard) -> Report:
     """The claims card as one self-contained HTML page."""
     meta = {k: card.meta[k] for k in ("model", "budget", "mechlingo") if k in card.meta}
     report = Report("mechlingo replicate: the papers' claims on this model", meta)
+    verdicts = card.verdicts()
+    tally: dict[str, int] = {}
+    for v in verdicts.values():
+        tally[v] = tally.get(v, 0) + 1
+    report.add_headline(
+        "Claims", f"{len(verdicts)}: " + ", ".join(f"{n} {v}" for v, n in sorted(tally.items()))
+    )
+    for r in card.rows[:4]:
+        v = r.get("value") if isinstance(r.get("value"), Mapping) else {}
+        est = fmt_interval(v.get("estimate"), v.get("lo"), v.get("hi"), v.get("n"))
+        report.add_headline(f"{r['id']}: {r['verdict']}", est)
     report.parts.append(f"<style>{_CSS}</style>")
     report.parts.append(card.table_html())
     report.add_text(

@@ -4,12 +4,12 @@ corrupted-subject patching (exact and/or attribution patching) and attention kno
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from mechlingo.analyses.pipeline import CLASSES
+from mechlingo.analyses.trace import CLASSES, LanguagePatching, TraceResult
 from mechlingo.core.jsonable import finite_or_none
-from mechlingo.report.page import Report
+from mechlingo.kernels.significance import wilson
+from mechlingo.report.page import Report, fmt_interval
 from mechlingo.viz.evaluate import accuracy_bars
 
 #: Queries shown in the report's table (all of them are in trace.json).
@@ -25,55 +25,8 @@ QUERY_COLUMNS = [
 ]
 
 
-@dataclass
-class LanguagePatching:
-    """What the corrupted-subject patching of one language produced.
-
-    ``sweep`` is the exact :class:`~mechlingo.analyses.patching.PatchingResult` (or, with
-    ``--method atp``, the attribution-patching one); ``atp`` the attribution-patching sweep
-    when one ran (methods ``atp`` and ``both``). ``comparison`` (AtP against exact, per
-    site), ``seconds`` (of each method) and ``verified_heads`` (the top AtP heads patched
-    exactly) are ``None`` when not measured. ``stages`` are the pipeline stages drawn on
-    the circuit, ``token_labels`` the grid positions' labels.
-    """
-
-    lang: str
-    method: str
-    sweep: Any
-    knockout: Any
-    stages: dict[str, Any]
-    token_labels: list[str]
-    atp: Any = None
-    comparison: dict[str, Any] | None = None
-    seconds: dict[str, float] | None = None
-    verified_heads: list[dict[str, Any]] | None = None
-
-    @property
-    def separate_atp(self) -> bool:
-        """Whether the AtP sweep is measured beside an exact one (``--method both``)."""
-        return self.atp is not None and self.atp is not self.sweep
-
-    def to_json(self) -> dict[str, Any]:
-        """The language's record of ``patching.json`` (NaN left as is: see
-        :func:`mechlingo.core.jsonable.finite_or_none`)."""
-        out: dict[str, Any] = {
-            "method": self.method,
-            "sweep": self.sweep.summary(),
-            "cells": self.sweep.to_dataframe().to_dict(orient="records"),
-            "knockout": self.knockout.to_dataframe().to_dict(orient="records"),
-        }
-        if self.separate_atp:
-            out["atp_sweep"] = self.atp.summary()
-            out["atp_cells"] = self.atp.to_dataframe().to_dict(orient="records")
-        for key in ("comparison", "seconds", "verified_heads"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
-        out["stages"] = self.stages
-        return out
-
-
 def trace_report(
-    trace: Any,
+    trace: TraceResult,
     summary: Mapping[str, Any],
     patched: Sequence[LanguagePatching] = (),
     *,
@@ -83,11 +36,12 @@ def trace_report(
     lens layers, latent-language curves per class, each language's patching sections and
     the first queries.
 
-    ``trace`` is a :class:`mechlingo.analyses.pipeline.TraceResult`; ``summary`` its
-    ``summary()`` with ``classification_ci`` and ``meta`` added; ``max_rank`` the rank
+    ``trace`` is the trace of a :class:`mechlingo.analyses.trace.TraceRun`; ``summary`` the
+    run's ``summary(meta)``; ``max_rank`` the rank
     counted as decodable (``--max-rank``).
     """
     report = Report("mechlingo: recall pipeline tracer", summary["meta"])
+    add_trace_headline(report, summary)
     report.add_text(
         "Each query is classified from its greedy answer and the logit lens on the same prompt: "
         "correct; wrong language (the right answer in English or another language); "
@@ -150,3 +104,17 @@ def add_patching(report: Report, p: LanguagePatching) -> None:
         report.add_figure(p.atp.fig_heatmap())
     report.add_heading(f"Attention knockout ({p.lang})")
     report.add_figure(p.knockout.fig_knockout())
+
+
+def add_trace_headline(report: Report, summary: Mapping[str, Any]) -> None:
+    """The queries over every language: the fraction answered correctly, translation
+    failures (recalled in English, not converted) and recall failures, each with its Wilson
+    interval; the lens layers where English and the answer first appear."""
+    counts = summary["classification"]
+    n = sum(sum(c.values()) for c in counts.values())
+    report.add_headline("Queries", f"{n} in {len(counts)} languages ({', '.join(counts)})")
+    for cls, label in (("correct", "Correct"), ("translation_failure", "Translation failure"),
+                       ("recall_failure", "Recall failure")):  # fmt: skip
+        k = sum(c.get(cls, 0) for c in counts.values())
+        w = wilson(k, n)
+        report.add_headline(f"{label} (all languages)", fmt_interval(w["p"], w["lo"], w["hi"], n))

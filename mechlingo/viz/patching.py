@@ -286,7 +286,7 @@ def circuit_figure(
     attention nodes at the last position in later layers (or to the lowest later node at the
     last position when no attention node was selected). Stages are shaded layer bands given
     by ``stages`` ``{name: (first_layer, last_layer)}`` (see
-    :func:`mechlingo.analyses.pipeline.pipeline_stages`).
+    :func:`mechlingo.analyses.trace.pipeline_stages`).
     """
     import plotly.graph_objects as go
 

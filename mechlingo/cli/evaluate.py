@@ -1,4 +1,5 @@
-"""``mechlingo lens`` and ``mechlingo eval``: the per-language logit lens and greedy accuracy."""
+"""``mechlingo eval``: accuracy per language (greedy, klar or candidate rank), with Wilson
+intervals."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ import time
 from typing import Any
 
 from mechlingo.analyses.evaluate import evaluate_facts
-from mechlingo.analyses.lens import lens_facts
 from mechlingo.cli.common import (
-    UsageError,
     add_data_args,
     add_metric_args,
     add_model_args,
@@ -20,63 +19,10 @@ from mechlingo.cli.common import (
     load_selected_facts,
     run_meta,
     scorer_from_args,
-    split_list,
 )
-from mechlingo.cli.decoders import add_decoder_args, parse_decoders, run_decoders
 from mechlingo.kernels.significance import wilson_table
 from mechlingo.report import write_outputs
 from mechlingo.report.evaluate import eval_report
-from mechlingo.report.lens import lens_report
-
-
-def _lens_args(p: argparse.ArgumentParser) -> None:
-    add_model_args(p)
-    add_data_args(p)
-    add_out_arg(p)
-    p.add_argument(
-        "--track",
-        default="en",
-        help="extra languages whose answers to track besides the prompt's own (default en)",
-    )
-    p.add_argument(
-        "--max-rank",
-        type=int,
-        default=10,
-        help="rank counted as 'decodable' in the summary (default 10)",
-    )
-    add_decoder_args(p)
-
-
-@command("lens", "per-language logit lens and latent-language curves", _lens_args)
-def cmd_lens(args: Any) -> int:
-
-    decoders = parse_decoders(args)
-    facts = load_selected_facts(args)
-    model = load_cli_model(args)
-    track = split_list(args.track) or []
-    if decoders != ["logit"]:
-        return run_decoders(args, model, facts, decoders, track)
-    t0 = time.time()
-    try:
-        result = lens_facts(
-            model, facts, track_langs=track, batch_size=args.batch_size, progress=not args.quiet
-        )
-    except ValueError as err:
-        raise UsageError(str(err)) from err
-    summary = result.summary(max_rank=args.max_rank)
-    summary["meta"] = run_meta(model, args, n_facts=len(facts), seconds=round(time.time() - t0, 1))
-    report = lens_report(result, summary, max_rank=args.max_rank)
-    df = result.to_dataframe()
-    write_outputs(
-        args.out,
-        {
-            "summary.json": summary,
-            "lens.csv": df.to_csv(index=False),
-            "report.html": report,
-        },
-    )
-    print(f"wrote {args.out}/summary.json, lens.csv and report.html")
-    return 0
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:

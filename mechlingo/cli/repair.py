@@ -3,7 +3,8 @@
 ``steer build --out VDIR`` builds the recall-engagement (task) and back-translation (diff)
 vector stacks from the *build* split of the selected facts and saves them.
 
-``steer eval --vectors VDIR --out DIR`` runs the protocol of :mod:`mechlingo.analyses.protocol`:
+``steer eval --vectors VDIR --out DIR`` runs the protocol of :mod:`mechlingo.analyses.protocol`
+(:func:`~mechlingo.analyses.protocol.run_protocol`, the same call a notebook makes):
 headroom (zero-shot vs k-shot), the dev sweep (every second layer from ~20% to ~90% of the
 depth x a log alpha grid, the best pairs combined, "no intervention" a candidate that must be
 beaten by an exact McNemar test), the lowest language fixed on dev, and on test ``orig``,
@@ -26,29 +27,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 from typing import Any
 
-# build_repair_vectors, sweep and evaluate_test are called through their modules, so that a
-# wrapper set on the module (a test's monkeypatch, a user's instrumentation) sees every call.
-from mechlingo.analyses import protocol, repair
-from mechlingo.analyses.protocol import (
-    Choice,
-    check_disjoint,
-    condition_interventions,
-    headroom,
-    headroom_pairs,
-    lowest_language_rule,
-    repeat_summary,
-)
-from mechlingo.analyses.repair import (
-    RepairVectors,
-    SteeringConfig,
-    split_facts,
-    take_per_lang,
-)
-from mechlingo.analyses.side_effects import side_effects
+# build_repair_vectors, run_protocol and transfer_matrices are called through their modules, so
+# that a wrapper set on the module (a test's monkeypatch, a user's instrumentation) sees every
+# call.
+from mechlingo.analyses import protocol, repair, transfer
+from mechlingo.analyses.repair import RepairVectors, SteeringConfig
 from mechlingo.analyses.transfer import balance_relations
 from mechlingo.cli.common import (
     UsageError,
@@ -66,21 +52,18 @@ from mechlingo.cli.flags import parse_config, parse_floats, parse_ints
 from mechlingo.cli.work import (
     add_work_args,
     data_key,
-    eval_cache,
     finish_stages,
     hash_files,
     open_stages,
-    staged_side_effects,
-    staged_sweep,
-    staged_vectors,
     work_folder,
 )
 from mechlingo.core.artifacts import atomic_folder
 from mechlingo.core.types import Model
 from mechlingo.data import read_parallel_dir
+from mechlingo.data.splits import split_facts
 from mechlingo.interventions import ModelMismatchError
 from mechlingo.report import write_outputs
-from mechlingo.report.steer import steer_report, transfer_report
+from mechlingo.report.repair import repair_report, transfer_report
 
 ALL_LANGS = "en,de,fr,es,it,pt,ru,zh,ja,ko,ar,hi"
 #: mechlingo.analyses.protocol.ALPHA_GRID as flag text (kept here so that `--help` imports no torch)
@@ -309,10 +292,13 @@ def _eval(args: Any) -> int:
 
     facts = load_selected_facts(args)
     fractions = _fractions(args.split)
-    if not parse_ints(args.seeds, "--seeds", allow_empty=True):
+    seeds = parse_ints(args.seeds, "--seeds", allow_empty=True)
+    if not seeds:
         raise UsageError("--seeds needs at least one seed (3 or more advised)")
     if args.repeats < 1:
         raise UsageError("--repeats must be at least 1")
+    if args.side_effects and args.side_effects_lines < 1:
+        raise UsageError("--side-effects-lines must be at least 1")
     if args.transfer and scorer_from_args(args).metric == "klar":
         raise UsageError(
             "--transfer scores with --metric generate or rank; klar's demonstrations are not "
@@ -329,33 +315,36 @@ def _eval(args: Any) -> int:
     vectors = _load_vectors(args.vectors, model)
     stages = _eval_stages(args, model, facts)
     t0 = time.time()
-    runs = []
-    for r in range(args.repeats):
-        salt = args.salt if r == 0 else f"{args.salt}#repeat{r}"
-        runs.append(_one_split(model, args, facts, fractions, salt, vectors if r == 0 else None,
-                               stages, f"r{r}-"))  # fmt: skip
-    summary, test, sweep_result = runs[0]
-    if args.repeats > 1:
-        summary["repeats"] = repeat_summary([s for s, _, _ in runs])
+    result = protocol.run_protocol(
+        model, facts, vectors, fractions=fractions, salt=args.salt, repeats=args.repeats,
+        dev_per_lang=args.dev_per_lang, test_per_lang=args.test_per_lang,
+        config=SteeringConfig(*parse_config(args.config)) if args.config else None,
+        task_layers=parse_ints(args.task_layers, "--task-layers"),
+        diff_layers=parse_ints(args.diff_layers, "--diff-layers"),
+        task_alphas=parse_floats(args.task_alphas, "--task-alphas") or [],
+        diff_alphas=parse_floats(args.diff_alphas, "--diff-alphas") or [],
+        top_k=args.top_k, screen_ids=args.screen_ids, en_tolerance=args.en_tolerance,
+        p_threshold=args.p_threshold, seeds=seeds, max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size, progress=not args.quiet, metric=scorer_from_args(args),
+        stages=stages,
+    )  # fmt: skip
     if args.transfer:
-        summary["transfer"] = _transfer(model, args, facts, fractions, ids, vectors.build)
-    side = None
+        result.transfer = transfer.transfer_matrices(
+            model, facts, **_transfer_kw(args, fractions, ids), built=vectors.build
+        )
     if args.side_effects:
-        side = staged_side_effects(stages, "side-effects", lambda: _side_effects(model, args, test))
-        summary["side_effects"] = side.to_json()
-    summary["meta"] = run_meta(
+        lines = _side_effect_lines(args, result.test_langs())
+        result.add_side_effects(model, lines, batch_size=args.batch_size,
+                                progress=not args.quiet, stages=stages)  # fmt: skip
+    meta = run_meta(
         model, args, vectors=str(args.vectors), build=vectors.build,
         seconds=round(time.time() - t0, 1),
     )  # fmt: skip
-    records = [{"condition": c, **r} for c, er in test.results.items() for r in er.records]
-    write_outputs(
+    summary = result.summary(meta)
+    result.write(
         args.out,
-        {
-            "summary.json": summary,
-            "generations.jsonl": "\n".join(json.dumps(r, ensure_ascii=False) for r in records)
-            + "\n",
-            "report.html": steer_report(summary, sweep_result, side),
-        },
+        meta=meta,
+        extra={"report.html": repair_report(summary, result.search, result.side_effects)},
     )
     finish_stages(stages)
     _print_summary(summary)
@@ -375,7 +364,7 @@ def _eval_stages(args: Any, model: Model, facts: list) -> Any:
     return open_stages(args, model, data, skip=skip)
 
 
-def _load_vectors(folder: str, model: Model) -> Any:
+def _load_vectors(folder: str, model: Model) -> RepairVectors:
 
     try:
         return RepairVectors.load(folder, model)
@@ -383,78 +372,14 @@ def _load_vectors(folder: str, model: Model) -> Any:
         raise UsageError(str(err)) from err
 
 
-def _one_split(
-    model: Model, args: Any, facts: list, fractions: tuple, salt: str, vectors: Any,
-    stages: Any, prefix: str,
-) -> tuple[dict, Any, Any]:  # fmt: skip
-    """Build (unless given), sweep on dev and score on test for one split of the facts; each
-    step a stage named ``{prefix}build``, ``{prefix}sweep``... of ``stages``."""
-
-    splits = split_facts(facts, fractions, salt=salt)
-    build = splits["build"]
-    dev = take_per_lang(splits["dev"], args.dev_per_lang)
-    test = take_per_lang(splits["test"], args.test_per_lang)
-    if not test or not dev or not build:
-        raise UsageError("a split is empty (build, dev or test); raise --limit or change --split")
-    built = vectors.build if vectors is not None else {}
-    k_shot = int(built.get("k_shot", 3))
-    if vectors is None:
-        vectors = staged_vectors(stages, f"{prefix}build", lambda: repair.build_repair_vectors(
-            model, build, k_shot=k_shot, unit=str(built.get("unit", "resid")),
-            subtract_zero_shot=bool(built.get("subtract_zero_shot", True)),
-            translation_shots=int(built.get("translation_shots", 0)), batch_size=args.batch_size,
-        ), model)  # fmt: skip
-    notes = []
-    if "fact_ids" in vectors.build:
-        check_disjoint("building the vectors", vectors.build["fact_ids"], test)
-        check_disjoint("building the vectors", vectors.build["fact_ids"], dev)
-    else:
-        notes.append(
-            "the vectors record no build fact ids: their disjointness from test is unchecked"
-        )
-    check_disjoint("the few-shot demonstrations", build, test)
-    kw = {"max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
-          "progress": not args.quiet, "metric": scorer_from_args(args)}  # fmt: skip
-    sweep_result = None
-    if args.config:
-        rule = stages.run(
-            f"{prefix}dev-headroom",
-            lambda: _dev_rule(model, dev, build, k_shot, kw, args.p_threshold),
-        )
-        lowest = rule["language"]
-        config = SteeringConfig(*parse_config(args.config))
-        choice = Choice(config, "both", "not measured (--config)", {}, {})
-    else:
-        sweep_result, sweep_dict = staged_sweep(stages, f"{prefix}sweep", lambda: protocol.sweep(
-            model, vectors, dev, pool=build, k_shot=k_shot, test_ids=test,
-            task_layers=parse_ints(args.task_layers, "--task-layers"),
-            diff_layers=parse_ints(args.diff_layers, "--diff-layers"),
-            task_alphas=parse_floats(args.task_alphas, "--task-alphas") or [],
-            diff_alphas=parse_floats(args.diff_alphas, "--diff-alphas") or [],
-            top_k=args.top_k, screen_ids=args.screen_ids or None,
-            en_tolerance=args.en_tolerance, p_threshold=args.p_threshold, **kw,
-        ), vectors.unit)  # fmt: skip
-        choice, lowest = sweep_result.choice, sweep_result.lowest_language
-        rule = sweep_result.lowest_rule
-    seeds = parse_ints(args.seeds, "--seeds", allow_empty=True) or [0]
-    test_res = protocol.evaluate_test(
-        model, vectors, choice, test, lowest_language=lowest, lowest_rule=rule, pool=build,
-        k_shot=k_shot, seeds=seeds, cache=eval_cache(stages, f"{prefix}test-"), **kw,
-    )  # fmt: skip
-    summary = test_res.summary()
-    summary["warnings"] = summary.get("warnings", []) + notes
-    summary["split"] = {"fractions": list(fractions), "salt": salt,
-                        "n_ids": {k: len({f.id for f in v}) for k, v in
-                                  (("build", build), ("dev", dev), ("test", test))}}  # fmt: skip
-    if sweep_result is not None:
-        summary["sweep"] = sweep_dict
-    return summary, test_res, sweep_result
-
-
-def _dev_rule(model: Model, dev: list, build: list, k_shot: int, kw: dict, p: float) -> dict:
-    """The lowest-language rule on dev headroom (``--config``: no sweep); JSON-able."""
-    hr = headroom(model, dev, build, k_shot=k_shot, **kw)
-    return lowest_language_rule(*headroom_pairs(hr), p_threshold=p)
+def _side_effect_lines(args: Any, langs: list[str]) -> dict[str, list[str]]:
+    """The first ``--side-effects-lines`` lines of ``--side-effects DIR/<lang>.txt`` for
+    every test language."""
+    try:
+        lines = read_parallel_dir(args.side_effects, langs)
+    except ValueError as err:
+        raise UsageError(f"--side-effects: {err}") from err
+    return {lg: v[: args.side_effects_lines] for lg, v in lines.items()}
 
 
 def _transfer_ids(args: Any) -> list[int]:
@@ -468,40 +393,21 @@ def _transfer_ids(args: Any) -> list[int]:
     return ids
 
 
-def _transfer(model: Model, args: Any, facts: list, fractions: tuple, ids: list[int],
-              built: dict) -> dict:  # fmt: skip
-    """The transfer matrices ``--transfer`` asks for, on the selected facts."""
-    kinds = ["relation", "lang"] if args.transfer == "both" else [args.transfer]
-    out: dict[str, Any] = {"notes": []}
-    stats = None  # built once, shared by both matrices
-    for by in kinds:
-        if by == "relation" and len({f.relation for f in facts}) < 2:
-            out["notes"].append("by relation: skipped, the facts have one relation (add "
-                                "--relation all)")  # fmt: skip
-            continue
-        if by == "lang" and len({f.lang for f in facts} - {"en"}) < 2:
-            out["notes"].append("by language: skipped, it needs English and 2+ other languages")
-            continue
-        matrix = repair.transfer_matrix(
-            model, facts, by=by, cells=args.transfer_cells, build_ids=ids[0], screen_ids=ids[1],
-            dev_ids=ids[2], test_ids=ids[3], k_shot=int(built.get("k_shot", 3)),
-            translation_shots=int(built.get("translation_shots", 2)),
-            subtract_zero_shot=bool(built.get("subtract_zero_shot", True)),
-            unit=str(built.get("unit", "resid")), fractions=fractions, salt=args.salt,
-            en_tolerance=args.en_tolerance, p_threshold=args.p_threshold,
-            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-            progress=not args.quiet, stats=stats, metric=scorer_from_args(args),
-        )  # fmt: skip
-        stats = matrix.stats
-        out[by] = matrix.to_json()
-    return out
+def _transfer_kw(args: Any, fractions: tuple, ids: list[int]) -> dict[str, Any]:
+    """The settings of :func:`mechlingo.analyses.transfer.transfer_matrices` from the flags."""
+    return {"by": args.transfer, "cells": args.transfer_cells, "ids": ids,
+            "fractions": fractions, "salt": args.salt, "en_tolerance": args.en_tolerance,
+            "p_threshold": args.p_threshold, "max_new_tokens": args.max_new_tokens,
+            "batch_size": args.batch_size, "progress": not args.quiet,
+            "metric": scorer_from_args(args)}  # fmt: skip
 
 
 def _transfer_only(args: Any, facts: list, fractions: tuple, ids: list[int]) -> int:
     """``steer eval --transfer-only``: the transfer matrices alone."""
     model = load_cli_model(args)
     t0 = time.time()
-    summary: dict[str, Any] = {"transfer": _transfer(model, args, facts, fractions, ids, {})}
+    matrices = transfer.transfer_matrices(model, facts, **_transfer_kw(args, fractions, ids))
+    summary: dict[str, Any] = {"transfer": matrices}
     summary["meta"] = run_meta(model, args, seconds=round(time.time() - t0, 1))
     write_outputs(args.out, {"summary.json": summary,
                              "report.html": transfer_report(summary)})  # fmt: skip
@@ -557,23 +463,3 @@ def _print_summary(summary: dict) -> None:
         print(f"skipped {n} test record(s) under --metric {summary['metric']['metric']}: {why}")
     for w in summary.get("warnings", []):
         print(f"warning: {w}")
-
-
-def _side_effects(model: Model, args: Any, test: Any) -> Any:
-    """Side effects of the selected test condition on its test facts and the lines of
-    ``--side-effects``, against a norm-matched random control."""
-
-    if args.side_effects_lines < 1:
-        raise UsageError("--side-effects-lines must be at least 1")
-    langs = sorted({r["lang"] for r in test.results["orig"].records})
-    try:
-        lines = read_parallel_dir(args.side_effects, langs)
-    except ValueError as err:
-        raise UsageError(f"--side-effects: {err}") from err
-    lines = {lg: v[: args.side_effects_lines] for lg, v in lines.items()}
-    iv = condition_interventions(test)[
-        test.choice.selected if test.choice.selected != "none" else "both"
-    ]
-    facts = test.facts
-    return side_effects(model, iv, facts, lines, control="random", seed=0,
-                        batch_size=args.batch_size, progress=not args.quiet)  # fmt: skip

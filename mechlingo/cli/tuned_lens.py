@@ -117,7 +117,8 @@ def cmd_tuned_lens(args: Any) -> int:
         div = lens_divergence(model, held, {"logit": None, "tuned": lens})
         summary["heldout_kl"] = div
     summary["meta"] = run_meta(model, args, seconds=round(time.time() - t0, 1))
-    report = Report("Tuned lens training")
+    report = Report("mechlingo: tuned lens training", summary["meta"])
+    _headline(report, summary)
     report.add_heading("Loss curve")
     report.add_figure(training.fig_loss())
     if held:
@@ -128,6 +129,25 @@ def cmd_tuned_lens(args: Any) -> int:
     print(f"trained {len(training.tokens)} steps, {sum(training.tokens)} tokens in "
           f"{training.seconds:.0f}s on {training.world_size} process(es); wrote {args.out}")  # fmt: skip
     return 0
+
+
+def _headline(report: Report, summary: dict[str, Any]) -> None:
+    """Steps and tokens, the mean loss over the entries at the start and at the end, and the
+    held-out KL of the tuned lens against the logit lens (mean over the entries)."""
+    t = summary["training"]
+    report.add_headline("Training", f"{t['steps']} steps, {t['tokens']} tokens, "
+                        f"{len(summary['langs'])} language(s)")  # fmt: skip
+
+    def mean(xs: Any) -> float:
+        xs = [x for x in xs if x is not None]
+        return sum(xs) / len(xs) if xs else float("nan")
+
+    report.add_headline("Mean KL per entry, first -> last steps",
+                        f"{mean(t['loss_first_steps']):.3f} -> {mean(t['loss_last_steps']):.3f}")  # fmt: skip
+    kl = summary.get("heldout_kl", {}).get("decoders", {})
+    if kl:
+        report.add_headline("Held-out KL(final || lens), mean over entries",
+                            ", ".join(f"{d} {mean(v['kl']):.3f}" for d, v in kl.items()))  # fmt: skip
 
 
 def _loss_csv(training: Any) -> str:

@@ -29,28 +29,40 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mechlingo.activations.distributed import is_main
+from mechlingo.analyses.attribution import attribution_patch, compare_patching, verify_top_cells
 from mechlingo.analyses.evaluate import EvalResult, evaluate_facts, is_correct, normalize
 from mechlingo.analyses.lens import LensResult, lens_facts
+from mechlingo.analyses.patching import (
+    PatchingError,
+    attention_knockout,
+    fact_metrics,
+    patch_activations,
+)
 from mechlingo.analyses.scoring import skip_reason, split_usable
+from mechlingo.core.artifacts import write_files
 from mechlingo.core.errors import InputError
+from mechlingo.core.jsonable import finite_or_none
 from mechlingo.core.sites import site_map
-from mechlingo.core.tokens import prepends_bos
+from mechlingo.core.tokens import encode, prepends_bos
 from mechlingo.core.types import Model
 from mechlingo.data import load_facts
-from mechlingo.kernels.significance import bootstrap_mean
+from mechlingo.kernels.significance import bootstrap_mean, wilson
 from mechlingo.viz.trace import class_fractions_figure, class_profiles_figure
 
 if TYPE_CHECKING:
     import pandas as pd
     import plotly.graph_objects as go
 
-    from mechlingo.analyses.patching import PatchingResult
+    from mechlingo.analyses.patching import KnockoutResult, PatchingResult
     from mechlingo.data import Fact
 
 CLASSES: tuple[str, ...] = (
@@ -437,3 +449,282 @@ def pipeline_stages(
         if ans is not None and lang != "en":
             out[f"conversion to {lang}"] = (max(0.0, ans - 1), float(n - 1))
     return out
+
+
+# --------------------------------------------------------------------------------------
+# The whole trace: what `mechlingo trace` runs
+# --------------------------------------------------------------------------------------
+
+#: Grid positions of the corrupted-subject patching: the subject's first and last token and
+#: the last two prompt tokens (aligned by subject span and from the end).
+PATCH_POSITIONS: list[int | str] = ["subject_first", "subject_last", -2, -1]
+
+#: The fields of every query in ``trace.json``.
+TRACE_FIELDS = (
+    "id",
+    "lang",
+    "prompt",
+    "answer",
+    "answer_en",
+    "generation",
+    "correct",
+    "class",
+    "answered_in",
+    "first_en_layer",
+    "first_answer_layer",
+    "en_decodable_mid",
+    "answer_decodable_mid",
+    "best_en_rank_mid",
+    "best_en_layer_mid",
+    "final_answer_rank",
+    "gold_rank",
+)
+
+
+@dataclass
+class LanguagePatching:
+    """What the corrupted-subject patching of one language produced.
+
+    ``sweep`` is the exact :class:`~mechlingo.analyses.patching.PatchingResult` (or, with
+    ``method="atp"``, the attribution-patching one); ``atp`` the attribution-patching sweep
+    when one ran (methods ``atp`` and ``both``). ``comparison`` (AtP against exact, per
+    site), ``seconds`` (of each method) and ``verified_heads`` (the top AtP heads patched
+    exactly) are ``None`` when not measured. ``stages`` are the pipeline stages drawn on
+    the circuit, ``token_labels`` the grid positions' labels.
+    """
+
+    lang: str
+    method: str
+    sweep: PatchingResult
+    knockout: KnockoutResult
+    stages: dict[str, Any]
+    token_labels: list[str]
+    atp: PatchingResult | None = None
+    comparison: dict[str, Any] | None = None
+    seconds: dict[str, float] | None = None
+    verified_heads: list[dict[str, Any]] | None = None
+
+    @property
+    def separate_atp(self) -> bool:
+        """Whether the AtP sweep is measured beside an exact one (``method="both"``)."""
+        return self.atp is not None and self.atp is not self.sweep
+
+    def to_json(self) -> dict[str, Any]:
+        """The language's record of ``patching.json`` (NaN left as is: see
+        :func:`mechlingo.core.jsonable.finite_or_none`)."""
+        out: dict[str, Any] = {
+            "method": self.method,
+            "sweep": self.sweep.summary(),
+            "cells": self.sweep.to_dataframe().to_dict(orient="records"),
+            "knockout": self.knockout.to_dataframe().to_dict(orient="records"),
+        }
+        if self.atp is not None and self.separate_atp:
+            out["atp_sweep"] = self.atp.summary()
+            out["atp_cells"] = self.atp.to_dataframe().to_dict(orient="records")
+        for key in ("comparison", "seconds", "verified_heads"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        out["stages"] = self.stages
+        return out
+
+
+def corrupted_pairs(
+    trace: TraceResult, facts: Sequence[Fact], lang: str, n: int
+) -> tuple[list[Fact], list[Fact]] | None:
+    """Up to ``n`` clean facts of ``lang`` (correctly answered ones first, in trace order)
+    and, for each, a corrupted fact: another subject with another answer (the ``7 k``-th
+    such fact of the language, cyclically). ``None`` with fewer than two facts."""
+    by_id = {f.id: f for f in facts if f.lang == lang}
+    recs = [r for r in trace.records if r["lang"] == lang]
+    ordered = [r["id"] for r in recs if r["correct"]] + [r["id"] for r in recs if not r["correct"]]
+    if len(ordered) < 2:
+        return None
+    clean = [by_id[i] for i in ordered[:n]]
+    pool = [by_id[r["id"]] for r in recs]
+    corrupt = []
+    for k, f in enumerate(clean):
+        others = [g for g in pool if g.answer != f.answer and g.id != f.id]
+        corrupt.append(others[(k * 7) % len(others)] if others else pool[(k + 1) % len(pool)])
+    return clean, corrupt
+
+
+def measure_patching(
+    model: Model,
+    clean: Sequence[Fact],
+    corrupt: Sequence[Fact],
+    *,
+    sites: Sequence[str] = ("attn_out", "mlp_out"),
+    method: str = "exact",
+    cells_per_batch: int | None = None,
+    verify_heads: int = 5,
+) -> tuple[PatchingResult | None, PatchingResult | None, dict[str, Any]]:
+    """The corrupted-subject sweep(s) of ``method`` at :data:`PATCH_POSITIONS`:
+    ``(exact or None, atp or None, extras)``; the extras are AtP's ``comparison`` with exact
+    and ``seconds`` (method ``both``), and ``verified_heads`` (the top ``verify_heads`` AtP
+    heads patched exactly)."""
+    sites = list(sites) or ["resid_pre"]
+    kw = {"positions": PATCH_POSITIONS, "metric": fact_metrics(model, list(clean)),
+          "alignment": "subject"}  # fmt: skip
+    sweep = atp = None
+    if method in ("exact", "both"):
+        t0 = time.perf_counter()
+        # with both methods, the exact grid has the heads too (compared per site)
+        grid = list(dict.fromkeys([*sites, "head"])) if method == "both" else sites
+        sweep = patch_activations(
+            model, clean, corrupt, grid, cells_per_batch=cells_per_batch, **kw
+        )
+        sweep.meta["seconds"] = round(time.perf_counter() - t0, 4)
+    extra: dict[str, Any] = {}
+    if method in ("atp", "both"):
+        atp = attribution_patch(model, clean, corrupt, list(dict.fromkeys([*sites, "head"])), **kw)
+        if sweep is not None:
+            extra["comparison"] = compare_patching(atp, sweep)
+            extra["seconds"] = {"exact": sweep.meta["seconds"], "atp": atp.meta["seconds"]}
+        if verify_heads > 0:
+            extra["verified_heads"] = verify_top_cells(
+                model, clean, corrupt, atp, k=verify_heads, **kw
+            )
+    return sweep, atp, extra
+
+
+def patch_language(
+    model: Model,
+    trace: TraceResult,
+    facts: Sequence[Fact],
+    lang: str,
+    *,
+    n_prompts: int = 3,
+    sites: Sequence[str] = ("attn_out", "mlp_out"),
+    method: str = "exact",
+    cells_per_batch: int | None = None,
+    verify_heads: int = 5,
+) -> LanguagePatching | None:
+    """Corrupted-subject patching (:func:`corrupted_pairs`, :func:`measure_patching`) and
+    attention knockout for one language (``None`` with fewer than two facts)."""
+
+    pairs = corrupted_pairs(trace, facts, lang, n_prompts)
+    if pairs is None:
+        return None
+    clean, corrupt = pairs
+    sweep, atp, extra = measure_patching(model, clean, corrupt, sites=sites, method=method,
+                                         cells_per_batch=cells_per_batch,
+                                         verify_heads=verify_heads)  # fmt: skip
+    for sw in (sweep, atp):
+        if sw is not None:
+            sw.meta.update({"clean": [f.prompt for f in clean],
+                            "corrupted": [f.prompt for f in corrupt],
+                            "answers": [f.answer for f in clean]})  # fmt: skip
+    main = sweep if sweep is not None else atp
+    assert main is not None  # method is exact, atp or both
+    return LanguagePatching(
+        lang=lang,
+        method=method,
+        sweep=main,
+        knockout=attention_knockout(model, clean),
+        stages=pipeline_stages(main, trace, lang),
+        token_labels=_token_labels(model, atp if atp is not None else main, clean),
+        atp=atp,
+        **extra,
+    )
+
+
+def _token_labels(model: Model, sweep: PatchingResult, clean: Sequence[Fact]) -> list[str]:
+    """Each grid position's label with the clean (source) prompt's token there."""
+    batch = encode(model, [clean[0].prompt])
+    ids = batch.tokens[0].tolist()
+    labels = []
+    for p, label in enumerate(sweep.position_labels):
+        tok = model.tokenizer.decode([ids[int(sweep.source_positions[p, 0])]])
+        labels.append(f"{label}<br>{tok!r}")
+    return labels
+
+
+@dataclass
+class TraceRun:
+    """What ``mechlingo trace`` computes (:func:`run_trace`): the ``trace`` of every fact,
+    the ``patched`` languages, and ``seconds_trace`` (the seconds of the trace alone)."""
+
+    trace: TraceResult
+    patched: list[LanguagePatching] = field(default_factory=list)
+    seconds_trace: float = 0.0
+
+    def summary(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The trace's summary with the Wilson 95% interval of each class's fraction
+        (``classification_ci``) and ``meta`` (when given) last: ``summary.json``."""
+        summary = self.trace.summary()
+        summary["classification_ci"] = {
+            lg: {c: wilson(n, sum(cnt.values())) for c, n in cnt.items()}
+            for lg, cnt in summary["classification"].items()
+        }
+        if meta is not None:
+            summary["meta"] = meta
+        return summary
+
+    def patching(self) -> dict[str, Any]:
+        """``{lang: LanguagePatching.to_json()}``: ``patching.json`` (NaN left as is)."""
+        return {p.lang: p.to_json() for p in self.patched}
+
+    def files(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``trace.json``, ``patching.json`` and ``summary.json`` as ``mechlingo trace``
+        writes them (NaN written as ``null``)."""
+        return {
+            "trace.json": [{k: r[k] for k in TRACE_FIELDS} for r in self.trace.records],
+            "patching.json": finite_or_none(self.patching()),
+            "summary.json": finite_or_none(self.summary(meta)),
+        }
+
+    def write(
+        self, out: str | Path, *, meta: dict[str, Any] | None = None, extra: dict | None = None
+    ) -> Path:
+        """Write :meth:`files` (and ``extra`` files, e.g. a report) into ``out`` in one step
+        (:func:`mechlingo.core.artifacts.write_files`; under torchrun rank 0 only)."""
+        files = {**self.files(meta), **(extra or {})}
+        return write_files(out, files) if is_main() else Path(out)
+
+
+def run_trace(
+    model: Model,
+    facts: Sequence[Fact],
+    *,
+    max_rank: int = 10,
+    mid_layers: Sequence[int] | None = None,
+    max_new_tokens: int = 8,
+    batch_size: int = 16,
+    patch_prompts: int = 3,
+    patch_sites: Sequence[str] = ("attn_out", "mlp_out"),
+    cells_per_batch: int | None = None,
+    method: str = "exact",
+    verify_heads: int = 5,
+    progress: bool = False,
+) -> TraceRun:
+    """The recall trace of every fact (:func:`trace_recall`) and, for each language, the
+    corrupted-subject patching of ``patch_prompts`` prompts at ``patch_sites`` with
+    ``method`` (``"exact"``, ``"atp"`` or ``"both"``) and the attention knockout
+    (:func:`patch_language`; ``patch_prompts=0`` skips both), as ``mechlingo trace`` runs it.
+
+    Raises:
+        InputError: ``patch_prompts`` < 0 or an unknown ``method``.
+        PatchingError: a language's patching cannot be done (the message names it).
+    """
+    if patch_prompts < 0:
+        raise InputError(f"patch_prompts must be >= 0, got {patch_prompts}")
+    if method not in ("exact", "atp", "both"):
+        raise InputError(f"method must be exact, atp or both, got {method!r}")
+    t0 = time.time()
+    trace = trace_recall(model, facts, max_rank=max_rank, mid_layers=mid_layers,
+                         max_new_tokens=max_new_tokens, batch_size=batch_size,
+                         progress=progress)  # fmt: skip
+    run = TraceRun(trace, seconds_trace=time.time() - t0)
+    if patch_prompts == 0:
+        return run
+    for lang in trace.langs:
+        try:
+            res = patch_language(model, trace, facts, lang, n_prompts=patch_prompts,
+                                 sites=patch_sites, method=method,
+                                 cells_per_batch=cells_per_batch,
+                                 verify_heads=verify_heads)  # fmt: skip
+        except PatchingError as err:
+            raise PatchingError(f"patching {lang}: {err}") from err
+        if res is not None:
+            run.patched.append(res)
+    return run

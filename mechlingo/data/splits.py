@@ -1,0 +1,64 @@
+"""Deterministic splits of facts by a hash of their id.
+
+:func:`hash_fraction` maps a key to a number in ``[0, 1)`` (the first 8 bytes of its
+SHA-256); the same key gives the same number in every run and on every machine. The repair
+protocol uses it to put each fact id into build, dev or test (:func:`split_facts`: the same id
+lands in the same split in every language, so no fact seen while building or choosing is scored
+on test) and to pick the same ids in every language (:func:`take_per_lang`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+
+from mechlingo.core.errors import InputError
+from mechlingo.data.facts import Fact
+
+__all__ = ["SPLITS", "hash_fraction", "split_facts", "split_of", "take_per_lang"]
+
+SPLITS = ("build", "dev", "test")
+
+
+def hash_fraction(key: str) -> float:
+    """A number in ``[0, 1)`` from the SHA-256 of ``key`` (uniform over keys, stable)."""
+    h = hashlib.sha256(key.encode("utf-8")).digest()
+    return int.from_bytes(h[:8], "big") / 2**64
+
+
+def split_of(fact_id: str, fractions: Sequence[float] = (0.3, 0.2, 0.5), salt: str = "") -> str:
+    """``"build"``, ``"dev"`` or ``"test"`` for a fact id, from a hash of the id (the same
+    fact goes to the same split in every language and every run)."""
+    if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-9:
+        raise InputError(f"fractions must be three non-negative numbers summing to 1: {fractions}")
+    u = hash_fraction(f"{salt}|{fact_id}")
+    if u < fractions[0]:
+        return "build"
+    if u < fractions[0] + fractions[1]:
+        return "dev"
+    return "test"
+
+
+def split_facts(
+    facts: Iterable[Fact], fractions: Sequence[float] = (0.3, 0.2, 0.5), salt: str = ""
+) -> dict[str, list[Fact]]:
+    """Split facts into build/dev/test by a hash of the fact id (deterministic; a fact id is
+    never in two splits, so no fact seen while building or choosing is scored on test)."""
+    out: dict[str, list[Fact]] = {s: [] for s in SPLITS}
+    for f in facts:
+        out[split_of(f.id, fractions, salt)].append(f)
+    return out
+
+
+def take_per_lang(facts: Sequence[Fact], n: int | None) -> list[Fact]:
+    """At most ``n`` fact ids per (relation, language), the same ids in every language (those
+    with the smallest :func:`hash_fraction`); ``None`` keeps all."""
+    if n is None:
+        return list(facts)
+    ids_by_rel: dict[str, list[str]] = {}
+    for f in facts:
+        ids = ids_by_rel.setdefault(f.relation, [])
+        if f.id not in ids:
+            ids.append(f.id)
+    keep = {i for ids in ids_by_rel.values() for i in sorted(ids, key=hash_fraction)[:n]}
+    return [f for f in facts if f.id in keep]
