@@ -942,8 +942,8 @@ LIB_CASES: list[tuple[str, Any, str, str]] = [
         "neuron 5",
     ),
     (
-        "clamp-duplicate-zero-mode",
-        _call("NeuronClamp({0: [7, 7]}, mode='zero')"),
+        "clamp-duplicate-default-values",
+        _call("NeuronClamp({0: [7, 7]})"),
         "InterventionError",
         "more than once",
     ),

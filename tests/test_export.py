@@ -33,7 +33,6 @@ from mechlingo.interventions.export import (
     read_export,
     read_gguf,
 )
-from mechlingo.interventions.hf import attach
 
 PROMPTS = ["The capital of Italy is", "La capitale", "Die Hauptstadt von"]
 
@@ -205,7 +204,7 @@ def test_steering_vectors_attn_and_mlp_types_where_the_family_allows(tmp_path):
     ids = torch.tensor([[1, 5, 9, 20]])
     with torch.no_grad():
         clean = hf(ids).logits
-        with attach(ex.to_intervention(), hf):
+        with ex.to_intervention().attach(hf):
             ours = hf(ids).logits
         handle = hf.model.layers[1].mlp.register_forward_hook(lambda m, a, out: out + 2.0 * v)
         try:

@@ -30,7 +30,7 @@ from mechlingo.interventions import (
     SteeringVector,
     load_intervention,
 )
-from mechlingo.interventions.hf import LAYOUTS, attach, left_padded
+from mechlingo.interventions.hf import LAYOUTS, left_padded
 
 PROMPTS = ["The capital of Italy is", "La capitale", "意大利的首都是", "Die Hauptstadt von"]
 ATOL = 1e-4
@@ -79,7 +79,7 @@ def interventions(model: Any, parallel: bool) -> dict[str, tuple[Any, Any]]:
         "ablate mlp_out mean": Ablation("mlp_out", 0, "mean", mean=r(d), positions="all"),
         "ablate mlp_post": Ablation("mlp_post", 1, positions="all_with_bos"),
         "compose": SteeringVector(r(d), 1, 2.0, positions="last")
-        + NeuronClamp({0: [4]}, 0.0, "zero")
+        + NeuronClamp({0: [4]}, 0.0, "set")
         + Ablation("resid_post", 1, positions=lambda b: b.prompt_last_index - 1),
     }
     if not parallel:
@@ -220,9 +220,9 @@ def test_hooks_removed_after_an_error_and_refusals(pair):
         hf(batch.tokens, attention_mask=batch.attention_mask())
     assert torch_hooks(hf) == 0
     with pytest.raises(InterventionError, match="plain transformers"):
-        attach(iv, model)
+        iv.attach(model)
     with pytest.raises(InterventionError, match="no module map"):
-        attach(iv, torch.nn.Linear(2, 2))
+        iv.attach(torch.nn.Linear(2, 2))
 
 
 def test_cached_pass_without_its_prompt_is_refused(pair):
