@@ -64,11 +64,12 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     from mechlingo.analyses.experts import find_experts
-    from mechlingo.core.models import build_tiny_model_folder, load_model
+    from mechlingo.core.models import load_model
+    from mechlingo.testing import build_tiny_folder
 
     torch.set_grad_enabled(False)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = args.model or build_tiny_model_folder(
+        folder = args.model or build_tiny_folder(
             Path(tmp) / "m", n_layers=args.layers, d_mlp=args.d_mlp
         )
         model = load_model(folder, device="cpu")

@@ -33,12 +33,13 @@ import torch
 
 from mechlingo.activations.runs import collect
 from mechlingo.analyses.lens import logit_lens
-from mechlingo.core.models import load_model, tiny_model
+from mechlingo.core.models import load_model
 from mechlingo.core.sites import hook_name
 from mechlingo.core.tokens import answer_tokens, encode, sorted_batches
 from mechlingo.data import load_facts
 from mechlingo.kernels.ranking import auroc_and_average_precision
 from mechlingo.kernels.streaming import StreamingMean
+from mechlingo.testing import tiny_model
 
 
 def sync() -> None:

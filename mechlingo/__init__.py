@@ -15,11 +15,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from mechlingo.core.models import DEFAULT_MODEL, load_model, tiny_model
+from mechlingo.core.models import DEFAULT_MODEL, load_model
 from mechlingo.core.sites import hook_name, resolve_site
 from mechlingo.core.version import __version__
 from mechlingo.data import load_facts
 from mechlingo.interventions import intervene
+from mechlingo.testing import tiny_model
 
 __all__ = [
     "ClaimsCard",

@@ -156,11 +156,11 @@ def _child(venv: Path, work: Path, what: str) -> bool:
 
 
 def _model(family: str | None, tmp: Path):
-    from mechlingo.core.families import build_family_folder
     from mechlingo.core.models import default_model_dir, load_model
+    from mechlingo.testing import build_tiny_folder
 
     if family:
-        folder = build_family_folder(family, tmp / family)
+        folder = build_tiny_folder(tmp / family, family)
         return load_model(folder, device="cpu"), folder
     return load_model(device="cpu"), default_model_dir()
 

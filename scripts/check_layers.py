@@ -40,7 +40,7 @@ LAYERS: list[set[str]] = [
     {"analyses"},
     {"report"},
     {"cli", "__main__"},
-    {"__init__"},  # the package's top-level names
+    {"__init__", "testing"},  # the package's top-level names; tiny test models
 ]
 # Optional or heavy dependencies that may be imported inside a function: each takes a
 # second or more to import, or is absent in a supported setup (TransformerLens 3 has no

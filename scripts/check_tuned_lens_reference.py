@@ -26,11 +26,12 @@ import torch
 def dump(folder: Path) -> None:
     from mechlingo.analyses.entries import lens_hook_names
     from mechlingo.analyses.tuned_lens import TunedLens, translator_kl
-    from mechlingo.core.models import build_tiny_model_folder, load_model
+    from mechlingo.core.models import load_model
     from mechlingo.kernels.readout import apply_final_norm, unembed
+    from mechlingo.testing import build_tiny_folder
 
     torch.manual_seed(0)
-    model_dir = build_tiny_model_folder(folder / "model", n_layers=3)
+    model_dir = build_tiny_folder(folder / "model", n_layers=3)
     model = load_model(model_dir, device="cpu")
     lens = TunedLens.for_model(model)
     with torch.no_grad():

@@ -1,7 +1,7 @@
 """Shared fixtures.
 
 * ``tiny``: a tiny random Gemma-3-architecture model (2 layers, d_model 64) with a byte-level
-  tokenizer, for fast unit tests of mechanics (shapes, hooks, positions, equalities).
+  tokenizer (:func:`mechlingo.testing.build_tiny_folder`, the one builder of tiny models), for fast unit tests of mechanics (shapes, hooks, positions, equalities).
 * ``gemma``: the embedded default model (google/gemma-3-270m, float32, CPU), for integration
   tests of what the methods find. Tests using it are marked ``slow``.
 """
@@ -29,9 +29,9 @@ def _torch_setup():
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
-    from mechlingo.core.models import build_tiny_model_folder
+    from mechlingo.testing import build_tiny_folder
 
-    return build_tiny_model_folder(tmp_path_factory.mktemp("tiny") / "model")
+    return build_tiny_folder(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="session")

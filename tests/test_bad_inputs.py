@@ -186,9 +186,9 @@ def P(tiny_dir, tmp_path_factory) -> dict[str, str]:
     assert main(["experts", "--model", T, "--langs", "en,es,fr", "--lang", "es", "--limit",
                  "8", "--k", "5", "--no-curve", "--out", str(p["E"]), "--quiet"]) == 0  # fmt: skip
     p["C"] = p["E"] / "es-k5"
-    from mechlingo.core.models import build_tiny_model_folder
+    from mechlingo.testing import build_tiny_folder
 
-    p["T_B"] = build_tiny_model_folder(root / "tiny_b", seed=1)
+    p["T_B"] = build_tiny_folder(root / "tiny_b", seed=1)
     p["V_B"] = a / "vectors_b"
     assert main(["steer", "build", "--model", str(p["T_B"]), "--langs", "en,fr", "--limit",
                  "16", "--out", str(p["V_B"]), "--quiet", "--split", "0.6,0.2,0.2"]) == 0  # fmt: skip
@@ -942,8 +942,8 @@ LIB_CASES: list[tuple[str, Any, str, str]] = [
         "neuron 5",
     ),
     (
-        "clamp-duplicate-zero-mode",
-        _call("NeuronClamp({0: [7, 7]}, mode='zero')"),
+        "clamp-duplicate-default-values",
+        _call("NeuronClamp({0: [7, 7]})"),
         "InterventionError",
         "more than once",
     ),

@@ -117,13 +117,14 @@ def test_training_lowers_the_kl(trained):
 
 
 def test_saved_lens_loads_and_refuses_another_model(tiny, trained, tmp_path):
-    from mechlingo.core.models import build_tiny_model_folder, load_model
+    from mechlingo.core.models import load_model
+    from mechlingo.testing import build_tiny_folder
 
     trained.lens.save(tmp_path / "lens")
     back = load_tuned_lens(tmp_path / "lens", tiny)
     assert torch.equal(back.weight, trained.lens.weight.detach())
     assert back.model_info["unembed_fingerprint"] == trained.lens.model_info["unembed_fingerprint"]
-    other = load_model(build_tiny_model_folder(tmp_path / "other", seed=1), device="cpu")
+    other = load_model(build_tiny_folder(tmp_path / "other", seed=1), device="cpu")
     with pytest.raises(ModelMismatchError, match="unembed_fingerprint"):
         load_tuned_lens(tmp_path / "lens", other)
     with pytest.raises(ModelMismatchError):

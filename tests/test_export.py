@@ -33,7 +33,6 @@ from mechlingo.interventions.export import (
     read_export,
     read_gguf,
 )
-from mechlingo.interventions.hf import attach
 
 PROMPTS = ["The capital of Italy is", "La capitale", "Die Hauptstadt von"]
 
@@ -41,9 +40,10 @@ PROMPTS = ["The capital of Italy is", "La capitale", "Die Hauptstadt von"]
 @pytest.fixture(scope="module")
 def deep(tmp_path_factory):
     """A tiny Gemma-3 bridge with 4 layers (llama.cpp's block 0 is off limits)."""
-    from mechlingo.core.models import build_tiny_model_folder, load_model
+    from mechlingo.core.models import load_model
+    from mechlingo.testing import build_tiny_folder
 
-    folder = build_tiny_model_folder(tmp_path_factory.mktemp("deep") / "m", n_layers=4)
+    folder = build_tiny_folder(tmp_path_factory.mktemp("deep") / "m", n_layers=4)
     return load_model(folder, device="cpu")
 
 
@@ -189,9 +189,9 @@ def test_what_a_format_cannot_express_is_refused(deep):
 def test_steering_vectors_attn_and_mlp_types_where_the_family_allows(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from mechlingo.core.families import build_family_folder
+    from mechlingo.testing import build_tiny_folder
 
-    folder = build_family_folder("llama", tmp_path / "llama")
+    folder = build_tiny_folder(tmp_path / "llama", "llama")
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     v = torch.ones(32)
     ex = export(SteeringVector(v, 1, 2.0, site="mlp_out"), "steering-vectors", model=hf)
@@ -205,7 +205,7 @@ def test_steering_vectors_attn_and_mlp_types_where_the_family_allows(tmp_path):
     ids = torch.tensor([[1, 5, 9, 20]])
     with torch.no_grad():
         clean = hf(ids).logits
-        with attach(ex.to_intervention(), hf):
+        with ex.to_intervention().attach(hf):
             ours = hf(ids).logits
         handle = hf.model.layers[1].mlp.register_forward_hook(lambda m, a, out: out + 2.0 * v)
         try:

@@ -1,4 +1,4 @@
-"""Every supported model family, on a tiny random model built offline (mechlingo.core.families).
+"""Every supported model family, on a tiny random model built offline (mechlingo.testing).
 
 Each check compares mechlingo against an independent reference: the original transformers
 model run with torch hooks on its own modules (block inputs/outputs, the down projection's
@@ -26,11 +26,12 @@ from mechlingo.analyses.experts import collect_neuron_stats
 from mechlingo.analyses.lens import logit_lens
 from mechlingo.analyses.patching import answer_logprob, patch_activations
 from mechlingo.core.errors import InterventionError
-from mechlingo.core.families import FAMILIES, REFUSED, Family, build_family_folder
+from mechlingo.core.families import FAMILIES, REFUSED, Family
 from mechlingo.core.models import ModelLoadError, load_model, weight_mode
 from mechlingo.core.sites import SITE_HOOKS, SiteError, resolve_site, site_map
 from mechlingo.core.tokens import TokenBatch, answer_tokens, encode
 from mechlingo.interventions import Ablation, NeuronClamp, SteeringVector
+from mechlingo.testing import TINY, build_tiny_folder, build_tokenizer
 
 from .conftest import count_hooks
 
@@ -69,7 +70,7 @@ def fam(request, tmp_path_factory) -> Fam:
     from transformers import AutoModelForCausalLM
 
     name = request.param
-    folder = build_family_folder(name, tmp_path_factory.mktemp(f"family-{name}") / "model")
+    folder = build_tiny_folder(tmp_path_factory.mktemp(f"family-{name}") / "model", name)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = load_model(folder, device="cpu")
@@ -647,8 +648,6 @@ def test_unknown_architecture_is_refused_with_what_exists(tmp_path):
 def test_unchecked_family_loads_with_a_warning(tmp_path):
     from transformers import AutoModelForCausalLM, OPTConfig
 
-    from mechlingo.core.families import build_tokenizer
-
     tok = build_tokenizer("bytelevel")
     cfg = OPTConfig(
         vocab_size=len(tok),
@@ -674,7 +673,6 @@ def test_mixture_of_experts_has_no_neuron_site(tmp_path):
     from transformers import AutoModelForCausalLM, MixtralConfig
 
     from mechlingo.analyses.experts import ExpertError
-    from mechlingo.core.families import build_tokenizer
 
     tok = build_tokenizer("bytelevel")
     cfg = MixtralConfig(
@@ -709,7 +707,7 @@ def test_mixture_of_experts_has_no_neuron_site(tmp_path):
 def test_hub_id_goes_through_the_folder_path(tmp_path, monkeypatch):
     import mechlingo.core.models as models
 
-    folder = build_family_folder("qwen2", tmp_path / "snapshot")
+    folder = build_tiny_folder(tmp_path / "snapshot", "qwen2")
     asked = []
 
     def fake_download(name: str) -> Any:
@@ -743,3 +741,12 @@ def test_docs_table_lists_every_family():
 def test_no_family_is_both_supported_and_refused():
     assert not {f.architecture for f in FAMILIES.values()} & set(REFUSED)
     assert len(FAMILIES) >= 8
+
+
+def test_every_family_has_a_tiny_model_and_entries_are_keywords():
+    """The registry and the builder cover the same families; each tiny model's config names
+    its family's architecture; ``Family`` takes keyword arguments only."""
+    assert set(TINY) - {None} == set(FAMILIES)
+    assert all(TINY[name].architecture == spec.architecture for name, spec in FAMILIES.items())
+    with pytest.raises(TypeError):
+        Family("x", "XForCausalLM", "", False, True, "", "")  # type: ignore[misc]

@@ -38,6 +38,7 @@ import torch
 from mechlingo.cli import main
 from mechlingo.core import models
 from mechlingo.core.errors import DataError, DeviceMemoryError, ResourceError
+from mechlingo.testing import build_tiny_folder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -694,7 +695,10 @@ def test_tiny_model_build_keeps_the_global_generator(tmp_path):
     torch.manual_seed(5)
     want = torch.rand(3)
     torch.manual_seed(5)
-    models.build_tiny_model_folder(tmp_path / "t", n_layers=1, d_model=16, d_mlp=32, n_heads=2)
+    build_tiny_folder(tmp_path / "t", n_layers=1, d_model=16, d_mlp=32, n_heads=2)
+    assert torch.equal(torch.rand(3), want)
+    torch.manual_seed(5)
+    build_tiny_folder(tmp_path / "f", "llama")  # a family's tiny model too
     assert torch.equal(torch.rand(3), want)
 
 

@@ -3,7 +3,7 @@
 Runs in the separate TransformerLens 3.9 environment made by
 ``scripts/check_hooked_transformer.sh``; under TransformerLens 4 (no HookedTransformer) every
 test here is skipped. The model is a tiny ``HookedTransformerConfig`` with random weights and
-the tiny byte-level tokenizer of :func:`mechlingo.core.models.build_tiny_model_folder`.
+the tiny byte-level tokenizer of :func:`mechlingo.testing.build_tiny_folder`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ HookedTransformerConfig = pytest.importorskip("transformer_lens").HookedTransfor
 
 from mechlingo.activations.runs import collect, next_token_logits, run_batch  # noqa: E402
 from mechlingo.analyses.lens import logit_lens  # noqa: E402
-from mechlingo.core.models import build_tiny_model_folder, load_model, weight_mode  # noqa: E402
+from mechlingo.core.models import load_model, weight_mode  # noqa: E402
 from mechlingo.core.sites import hook_name, site_map  # noqa: E402
 from mechlingo.core.tokens import encode  # noqa: E402
+from mechlingo.testing import build_tiny_folder  # noqa: E402
 
 PROMPTS = [
     "The capital of Italy is",
@@ -43,7 +44,7 @@ ANSWERS = {"answer": ["Rome", "Roma", "Rom", "ローマ"], "en": ["Rome"] * 4}
 def ht(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    folder = build_tiny_model_folder(tmp_path_factory.mktemp("tiny-ht") / "model")
+    folder = build_tiny_folder(tmp_path_factory.mktemp("tiny-ht") / "model")
     tok = AutoTokenizer.from_pretrained(str(folder))
     cfg = HookedTransformerConfig(
         n_layers=2,

@@ -20,7 +20,7 @@ import torch
 from mechlingo.activations.decoding import decode
 from mechlingo.activations.runs import run_batch
 from mechlingo.core.errors import InterventionError, ModelMismatchError
-from mechlingo.core.families import FAMILIES, build_family_folder
+from mechlingo.core.families import FAMILIES
 from mechlingo.core.models import load_model
 from mechlingo.core.tokens import TokenBatch, encode
 from mechlingo.interventions import (
@@ -30,7 +30,8 @@ from mechlingo.interventions import (
     SteeringVector,
     load_intervention,
 )
-from mechlingo.interventions.hf import LAYOUTS, attach, left_padded
+from mechlingo.interventions.hf import LAYOUTS, left_padded
+from mechlingo.testing import build_tiny_folder
 
 PROMPTS = ["The capital of Italy is", "La capitale", "意大利的首都是", "Die Hauptstadt von"]
 ATOL = 1e-4
@@ -49,7 +50,7 @@ class Pair:
 def pair(request, tmp_path_factory) -> Pair:
     from transformers import AutoModelForCausalLM
 
-    folder = build_family_folder(request.param, tmp_path_factory.mktemp(request.param) / "m")
+    folder = build_tiny_folder(tmp_path_factory.mktemp(request.param) / "m", request.param)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = load_model(folder, device="cpu")
@@ -79,7 +80,7 @@ def interventions(model: Any, parallel: bool) -> dict[str, tuple[Any, Any]]:
         "ablate mlp_out mean": Ablation("mlp_out", 0, "mean", mean=r(d), positions="all"),
         "ablate mlp_post": Ablation("mlp_post", 1, positions="all_with_bos"),
         "compose": SteeringVector(r(d), 1, 2.0, positions="last")
-        + NeuronClamp({0: [4]}, 0.0, "zero")
+        + NeuronClamp({0: [4]}, 0.0, "set")
         + Ablation("resid_post", 1, positions=lambda b: b.prompt_last_index - 1),
     }
     if not parallel:
@@ -90,6 +91,10 @@ def interventions(model: Any, parallel: bool) -> dict[str, tuple[Any, Any]]:
         ) + Ablation("attn_out", 1, positions="last")
         out["ablate resid_mid mean"] = Ablation(
             "resid_mid", 1, "mean", mean=r(d), positions=[0, -1]
+        )
+        # a clamp goes through the same SiteEdit path: its resid_mid write is carried too
+        out["clamp resid_mid scale"] = NeuronClamp(
+            {1: [0, 3]}, 2.0, "scale", site="resid_mid", positions="all"
         )
     return {k: (v, v) for k, v in out.items()}
 
@@ -220,9 +225,9 @@ def test_hooks_removed_after_an_error_and_refusals(pair):
         hf(batch.tokens, attention_mask=batch.attention_mask())
     assert torch_hooks(hf) == 0
     with pytest.raises(InterventionError, match="plain transformers"):
-        attach(iv, model)
+        iv.attach(model)
     with pytest.raises(InterventionError, match="no module map"):
-        attach(iv, torch.nn.Linear(2, 2))
+        iv.attach(torch.nn.Linear(2, 2))
 
 
 def test_cached_pass_without_its_prompt_is_refused(pair):

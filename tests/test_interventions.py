@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -99,7 +101,7 @@ def test_clamp_sets_exactly_the_chosen_neurons(tiny, toks):
 
 @pytest.mark.parametrize(
     ("mode", "fn"),
-    [("scale", lambda x: x * 3.0), ("add", lambda x: x + 3.0), ("zero", lambda x: x * 0)],
+    [("scale", lambda x: x * 3.0), ("add", lambda x: x + 3.0), ("set", lambda x: x * 0 + 3.0)],
 )
 def test_clamp_modes_and_several_layers(tiny, toks, mode, fn):
     clamp = NeuronClamp({0: [1], 1: [2, 4]}, 3.0, mode, positions="last")
@@ -306,24 +308,46 @@ def test_clamp_values_as_flat_sequence(tiny):
         NeuronClamp({0: [1, 2]}, torch.zeros(3))
 
 
-def test_ablation_mode_and_its_deprecated_names(tiny, tmp_path):
-    """``mode`` is stored as ``.mode``; ``kind=`` and ``.ablation`` still work for one release
-    (with a DeprecationWarning), and a file saved with the old ``kind`` key still loads."""
-    import json
+def test_zeroing_has_one_owner(tiny, toks):
+    """Zeroing is an Ablation: a clamp has no zero mode (the error says what to use), and a
+    clamp set to 0 and a zero ablation of the whole site give the same activation."""
+    with pytest.raises(InterventionError, match="zeroing is an Ablation"):
+        NeuronClamp({0: [1]}, mode="zero")
+    with pytest.raises(TypeError):
+        Ablation("attn_out", 1, kind="zero")  # the old keyword is gone
+    assert not hasattr(Ablation("attn_out", 1), "ablation")
+    name = "blocks.0.mlp.hook_post"
+    every = list(range(int(tiny.cfg.d_mlp)))
+    a = _read(tiny, name, NeuronClamp({0: every}, 0.0, positions="last").fwd_hooks(tiny), toks)
+    b = _read(tiny, name, Ablation("mlp_post", 0, positions="last").fwd_hooks(tiny), toks)
+    assert torch.equal(a, b) and torch.equal(b[0, -1], torch.zeros_like(b[0, -1]))
 
-    ab = Ablation("attn_out", 1, "mean", mean=torch.ones(tiny.cfg.d_model))
-    assert ab.mode == "mean"
-    with pytest.warns(DeprecationWarning, match="mode"):
-        old = Ablation("attn_out", 1, kind="zero")
-    assert old.mode == "zero"
-    with pytest.warns(DeprecationWarning, match="mode"):
-        assert old.ablation == "zero"
-    folder = ab.save(tmp_path / "ab", model=tiny)
-    meta_file = next(folder.glob("*.json"))
-    meta = json.loads(meta_file.read_text())
-    text = json.dumps(meta).replace('"mode": "mean"', '"kind": "mean"')
-    assert '"kind": "mean"' in text
-    meta_file.write_text(text)
-    back = load_intervention(folder, tiny)
-    assert isinstance(back, Ablation) and back.mode == "mean"
-    assert torch.equal(back.mean, ab.mean)
+
+FIXTURE = Path(__file__).parent / "fixtures" / "intervention_v1"
+
+
+def test_an_intervention_saved_before_the_base_loads_and_acts_the_same(tiny):
+    """A Compose of every kind saved by the code before the SiteEdit base (commit c86a4d0,
+    see tests/fixtures/intervention_v1/README.md) loads, checks against the model, and gives
+    the logits that code gave; its old ``mode="zero"`` clamp loads as a set to 0."""
+    from safetensors.torch import load_file
+
+    from mechlingo.core.tokens import encode
+
+    iv = load_intervention(FIXTURE / "intervention", tiny)
+    kinds = [p.kind for p in iv.parts]
+    assert kinds == ["SteeringVector", "NeuronClamp", "NeuronClamp", "Ablation", "Ablation",
+                     "Gated"]  # fmt: skip
+    zero = iv.parts[1]
+    assert zero.mode == "set" and all(not v.any() for v in zero.values.values())
+    assert iv.parts[0].meta["name"] == "task" and iv.parts[0].layer == 1
+    batch = encode(tiny, ["The capital of Italy is", "La capitale de la France est"])
+    with mechlingo.intervene(tiny, iv, batch=batch):
+        logits = tiny(batch.tokens, attention_mask=batch.attention_mask())
+    last = logits[torch.arange(2), batch.lengths - 1]
+    want = load_file(str(FIXTURE / "logits.safetensors"))["last_logits"]
+    torch.testing.assert_close(last, want, rtol=1e-5, atol=1e-5)
+    clean = tiny(batch.tokens, attention_mask=batch.attention_mask())[
+        torch.arange(2), batch.lengths - 1
+    ]
+    assert not torch.allclose(last, clean)  # the fixture really intervenes

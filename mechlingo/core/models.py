@@ -28,7 +28,6 @@ from typing import Any
 
 import torch
 from huggingface_hub import snapshot_download
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 # Imported where used, not here: TransformerLens 4's bridge (``transformer_lens.model_bridge``
 # takes ~3 s to import and does not exist in TransformerLens 3) and the embedded model's
@@ -597,88 +596,3 @@ def unembed_fingerprint(model: Model) -> str:
     w = model.W_U.detach()
     sample = w[:, :: max(1, w.shape[1] // 4096)].float().cpu().contiguous()
     return hashlib.sha256(sample.numpy().tobytes()).hexdigest()[:16]
-
-
-# --------------------------------------------------------------------------------------
-# A tiny random model for fast unit tests
-# --------------------------------------------------------------------------------------
-
-_TINY_CORPUS = (
-    "The capital of Italy is the city of Rome. The capital of France is Paris. "
-    "La capitale de l'Italie est Rome. La capitale de la France est Paris. "
-    "Die Hauptstadt von Italien ist Rom. La capital de Italia es Roma. "
-    "A capital da Itália é Roma. Столица Италии — Рим. 意大利的首都是罗马。 "
-    "イタリアの首都はローマです。 이탈리아의 수도는 로마입니다. عاصمة إيطاليا هي روما. "
-    "इटली की राजधानी रोम है। English: Rome French: Rome German: Rom"
-)
-
-
-def build_tiny_model_folder(
-    folder: str | os.PathLike[str],
-    *,
-    n_layers: int = 2,
-    d_model: int = 64,
-    d_mlp: int = 128,
-    n_heads: int = 4,
-    seed: int = 0,
-) -> Path:
-    """Write a tiny random Gemma-3-architecture model and a small byte-level BPE tokenizer.
-
-    For unit tests: a few layers, a vocabulary of a few hundred tokens that covers any text
-    (bytes), random weights fixed by ``seed``. It exercises the same loading path as a real
-    local model. Its outputs mean nothing.
-    """
-    from transformers import AutoModelForCausalLM, Gemma3TextConfig, PreTrainedTokenizerFast
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=420,
-        special_tokens=["<pad>", "<eos>", "<bos>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([_TINY_CORPUS] * 4, trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>"
-    )
-    config = Gemma3TextConfig(
-        vocab_size=len(fast),
-        hidden_size=d_model,
-        intermediate_size=d_mlp,
-        num_hidden_layers=n_layers,
-        num_attention_heads=n_heads,
-        num_key_value_heads=max(1, n_heads // 2),
-        head_dim=d_model // n_heads,
-        max_position_embeddings=512,
-        sliding_window=64,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
-        layer_types=["full_attention"] * n_layers,
-        architectures=["Gemma3ForCausalLM"],
-    )
-    # fork_rng: the seed fixes these weights without moving the caller's global generator
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(seed)
-        hf_model = AutoModelForCausalLM.from_config(config)
-        # Spread the random weights so that the tiny model's predictions are not all flat.
-        for p in hf_model.parameters():
-            if p.ndim >= 2:
-                p.normal_(0.0, 0.2)
-    hf_model.save_pretrained(folder)
-    fast.save_pretrained(folder)
-    return folder
-
-
-def tiny_model(folder: str | os.PathLike[str] | None = None, **kwargs: Any) -> Any:
-    """Build (in ``folder`` or a temporary folder) and load a tiny random model on the CPU."""
-    if folder is None:
-        folder = tempfile.mkdtemp(prefix="mechlingo-tiny-")
-    path = build_tiny_model_folder(folder, **kwargs)
-    model = load_model(path, device="cpu")
-    model.cfg.model_name = "mechlingo-tiny-gemma3"
-    return model

@@ -1,27 +1,35 @@
 """Interventions as composable hook objects: steering vectors, neuron clamps, ablations.
 
 An intervention is an artifact: you build it once (by hand or with :mod:`mechlingo.analyses.repair`),
-save it, load it, and apply it to any run of a model it fits. Every intervention has
-``fwd_hooks(model)``, which checks it against the model (site, layer, vector size) and returns
-a list of ``(hook_name, fn)`` pairs where ``fn(tensor, hook)`` is an ordinary TransformerLens
-hook function. So there are three equivalent ways to apply one::
+save it, load it, and apply it to any run of a model it fits.
 
-    with mechlingo.intervene(model, a + b):
-        logits = model(tokens)
+**Applying one.** :func:`intervene` is the way::
 
-    logits = model.run_with_hooks(tokens, fwd_hooks=(a + b).fwd_hooks(model))
+    b = mechlingo.core.tokens.encode(model, prompts)
+    with mechlingo.intervene(model, task + diff, batch=b):
+        logits = model(b.tokens, attention_mask=b.attention_mask())
 
-    with model.hooks(fwd_hooks=(a + b).fwd_hooks(model)):
-        logits = model(tokens)
+and the analyses (``evaluate_facts``, ``greedy_generate``, ...) take ``intervention=`` and
+apply it the same way. Two escape hatches:
 
-and :func:`mechlingo.analyses.evaluate.greedy_generate` / ``evaluate_facts`` take ``intervention=``.
+* ``iv.fwd_hooks_for(model, batch)`` gives the TransformerLens ``(hook_name, fn)`` pairs
+  for a raw ``model.run_with_hooks(..., fwd_hooks=...)`` (``iv.fwd_hooks(model)`` for one
+  unpadded row);
+* ``iv.attach(hf_model)`` applies it to a plain transformers model with PyTorch hooks
+  (:mod:`~.hf`).
 
-Kinds:
+Every intervention checks itself against the model (site, layer, vector size, the model it
+was saved for) before a hook is attached.
+
+**Where and what.** Each kind says *what* it does to the activation; :class:`SiteEdit` holds
+*where* (``site``, ``layer``/``layers``, ``positions``), the model check and the saved
+where, so a kind implements only its edit. Kinds:
 
 * :class:`SteeringVector` -- add ``alpha * v`` to a site (default ``resid_pre``) at a layer.
-* :class:`NeuronClamp` -- set / scale / add / zero chosen MLP neurons (``mlp_post``) of one
-  or several layers.
-* :class:`Ablation` -- replace a site's activation by zero or by a mean.
+* :class:`NeuronClamp` -- set / scale / add to chosen MLP neurons (``mlp_post``) of one or
+  several layers.
+* :class:`Ablation` -- replace a site's activation by zero or by a mean. The one owner of
+  zeroing: a clamp has no zero mode (``NeuronClamp(neurons, 0.0)`` sets chosen neurons to 0).
 * :class:`Gated` (also ``iv.only_for(langs)``) -- an intervention applied only to prompts
   whose language is in a set (declared or identified from the text), after CAST.
 * :class:`Compose` (also ``a + b``) -- several interventions as one. **Order**: hooks are
@@ -35,31 +43,26 @@ and BOS-safe inside mechlingo runs, which set the current batch; a plain tensor 
 be unpadded), ``"all"``, ``"last+generated"``, ``"generated"``, integer positions, or a
 callable ``f(batch) -> mask``.
 
-Each intervention says *what* it does; ``layer``, ``site`` and ``positions`` say *where*.
-Add them with ``+`` (:class:`Compose`), apply them with :func:`intervene` or through
-``model.hooks(iv.fwd_hooks(model))``, save and reload them with :meth:`Intervention.save` /
-:func:`load_intervention` (checked against the model they were built for).
+Save and reload with :meth:`Intervention.save` / :func:`load_intervention` (checked against
+the model they were built for). Type an optional intervention as ``Intervention | None``.
+:func:`~.export.export` writes steering vectors for steering-vectors, repeng and llama.cpp
+(``docs/interop.md``).
 
-Outside TransformerLens: ``iv.attach(hf_model)`` applies any intervention to a plain
-transformers model with PyTorch hooks (:mod:`~.hf`), and :func:`~.export.export` writes
-steering vectors for steering-vectors, repeng and llama.cpp (:mod:`~.export`,
-``docs/interop.md``).
-
-Modules: :mod:`~.base` (the interface, saving and loading), :mod:`~.steering`,
-:mod:`~.clamp`, :mod:`~.ablation`, :mod:`~.compose`, :mod:`~.gate`, :mod:`~.apply`,
-:mod:`~.hf`, :mod:`~.export`.
+Modules: :mod:`~.base` (the interface, the where, saving and loading), :mod:`~.steering`,
+:mod:`~.clamp`, :mod:`~.ablation`, :mod:`~.compose`, :mod:`~.gate`, :mod:`~.apply`
+(:func:`intervene`), :mod:`~.hf`, :mod:`~.export`.
 """
 
 from mechlingo.core.describe import check_model, model_info, model_info_name
 from mechlingo.core.errors import InterventionError, ModelMismatchError
 from mechlingo.interventions.ablation import Ablation
 from mechlingo.interventions.apply import intervene
-from mechlingo.interventions.base import FORMAT_VERSION, Intervention, load_intervention
+from mechlingo.interventions.base import FORMAT_VERSION, Intervention, SiteEdit, load_intervention
 from mechlingo.interventions.clamp import NeuronClamp
 from mechlingo.interventions.compose import Compose
 from mechlingo.interventions.export import VectorExport, export, read_export
 from mechlingo.interventions.gate import Gated
-from mechlingo.interventions.hf import HFHandle, attach
+from mechlingo.interventions.hf import HFHandle
 from mechlingo.interventions.steering import SteeringVector, random_like
 
 __all__ = [
@@ -72,9 +75,9 @@ __all__ = [
     "InterventionError",
     "ModelMismatchError",
     "NeuronClamp",
+    "SiteEdit",
     "SteeringVector",
     "VectorExport",
-    "attach",
     "check_model",
     "export",
     "intervene",

@@ -1,8 +1,13 @@
-"""Ablations: replace a site's activation by zero or by a mean."""
+"""Ablations: replace a site's activation by zero or by a mean.
+
+:class:`Ablation` is the one owner of zeroing in mechlingo: removing what a site carries (zero
+ablation) or replacing it by its average (mean ablation) is the same operation with two
+fills, the one ablation studies compare. :class:`~mechlingo.interventions.clamp.NeuronClamp`
+writes chosen values into chosen neurons and has no zero mode.
+"""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,35 +15,28 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mechlingo.core.describe import check_model
 from mechlingo.core.errors import InterventionError
-from mechlingo.core.sites import canonical_site, edit_hooks
-from mechlingo.core.tokens import PositionSpec, prepends_bos
-from mechlingo.core.types import HookFn, Model
-from mechlingo.interventions.base import (
-    Intervention,
-    check_finite,
-    check_positions,
-    mask_for,
-    positions_text,
-    positions_to_json,
-    refuse_pattern,
-    register_kind,
-    site_for,
-)
+from mechlingo.core.sites import Site
+from mechlingo.core.tokens import PositionSpec
+from mechlingo.core.types import Model
+from mechlingo.interventions.base import EditFn, SiteEdit, check_finite, register_kind
+
+_ABLATION_MODES = ("zero", "mean")
 
 
 @register_kind
-class Ablation(Intervention):
+class Ablation(SiteEdit):
     """Replace the activation at ``site``/``layer`` by zero or by a mean, at ``positions``.
+
+    The one owner of zeroing (a :class:`~mechlingo.interventions.clamp.NeuronClamp` sets
+    chosen neurons to chosen values and has no zero mode). The where (site, layer,
+    positions, the model check) is :class:`SiteEdit`'s; the edit is the fill.
 
     Args:
         site: any site except ``attn_pattern``.
         layer: block index.
-        mode: ``"zero"`` or ``"mean"`` (stored as ``.mode``, like :class:`NeuronClamp`'s
-            mode; the keyword ``kind=`` and the attribute ``.ablation`` still work for one
-            release, with a DeprecationWarning).
-        mean: the replacement for ``kind="mean"``: ``[width]`` (e.g. a mean last-token
+        mode: ``"zero"`` (default) or ``"mean"``; stored as ``.mode``.
+        mean: the replacement for ``mode="mean"``: ``[width]`` (e.g. a mean last-token
             activation from :func:`mechlingo.activations.means.last_token_means`).
         positions: default ``"all"``.
     """
@@ -51,86 +49,58 @@ class Ablation(Intervention):
         layer: int,
         mode: str = "zero",
         *,
-        kind: str | None = None,
         mean: Float[Tensor, " width"] | None = None,
         positions: PositionSpec = "all",
         meta: Mapping[str, Any] | None = None,
     ) -> None:
-        if kind is not None:
-            warnings.warn(
-                "Ablation(kind=...) is now Ablation(mode=...); kind= is removed in 0.2",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            mode = kind
-        if mode not in ("zero", "mean"):
+        if mode not in _ABLATION_MODES:
             raise InterventionError(f"ablation mode must be 'zero' or 'mean', got {mode!r}")
         if mode == "mean" and mean is None:
             raise InterventionError("a mean ablation needs mean= (a [width] tensor)")
-        if not isinstance(layer, int) or isinstance(layer, bool):
-            raise InterventionError(f"layer must be an int, got {layer!r}")
-        self.site = canonical_site(site)
-        refuse_pattern(self.site, "an Ablation")
-        self.layer = layer
+        super().__init__(site=site, positions=positions, meta=meta, layer=layer)
         self.mode = mode
         self.mean = None if mean is None else torch.as_tensor(mean).detach().float()
         if self.mean is not None:
             check_finite(self.mean, "the ablation mean")
-        self.positions = check_positions(positions)
-        self.meta = dict(meta or {})
 
-    def fwd_hooks(self, model: Model) -> list[tuple[str, HookFn]]:
-        check_model(self.meta.get("model"), model, what=repr(self))
-        site = site_for(model, self.site, self.layer, "Ablation")
+    def edit(self, model: Model, site: Site, layer: int) -> EditFn:
         mean = self.mean
         if mean is not None and mean.shape[-1] != site.width:
             raise InterventionError(
                 f"Ablation mean has size {mean.shape[-1]} but {site.name} has width {site.width}"
             )
-        positions = self.positions
-        bos = prepends_bos(model)
 
-        def ablate(t: Tensor, hook: Any) -> Tensor:
+        def ablate(t: Tensor, mask: Tensor) -> Tensor:
             fill = (
                 torch.zeros((), device=t.device, dtype=t.dtype)
                 if mean is None
                 else mean.to(device=t.device, dtype=t.dtype)
             )
-            return torch.where(mask_for(positions, t, bos), fill, t)
+            return torch.where(mask, fill, t)
 
-        return edit_hooks(model, site.hook_name, ablate)
-
-    @property
-    def ablation(self) -> str:
-        """Deprecated name of :attr:`mode` (removed in 0.2)."""
-        warnings.warn("Ablation.ablation is now Ablation.mode", DeprecationWarning, stacklevel=2)
-        return self.mode
+        return ablate
 
     def _tensors(self) -> dict[str, Tensor]:
         return {} if self.mean is None else {"mean": self.mean}
 
-    def _config(self) -> dict[str, Any]:
-        return {
-            "site": self.site,
-            "layer": self.layer,
-            "mode": self.mode,
-            "positions": positions_to_json(self.positions, "this Ablation"),
-        }
+    def _own_config(self) -> dict[str, Any]:
+        return {"mode": self.mode}
 
     @classmethod
     def _restore(cls, tensors: dict[str, Tensor], config: dict[str, Any]) -> Ablation:
         return cls(
             config["site"],
             config["layer"],
-            config.get("mode", config.get("kind")),  # "kind" in files saved before 0.1.0
+            config["mode"],
             mean=tensors.get("mean"),
             positions=config["positions"],
         )
 
     def _fields(self) -> dict[str, str]:
+        where = self._where_fields()
         return {
-            "site": self.site,
-            "layer": str(self.layer),
+            "site": where["site"],
+            "layer": where["layer"],
             "mode": self.mode,
-            "positions": positions_text(self.positions),
+            "positions": where["positions"],
         }

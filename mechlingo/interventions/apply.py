@@ -1,10 +1,20 @@
-"""Applying an intervention to every forward pass inside a ``with`` block."""
+"""Applying an intervention: :func:`intervene`, the one way to apply one to a TransformerLens
+model.
+
+``with intervene(model, iv, batch=b): model(...)`` applies ``iv`` to every forward pass inside
+the block and removes its hooks after it. The analyses take ``intervention=`` and apply it the
+same way. Two escape hatches, for what ``intervene`` does not cover:
+
+* raw TransformerLens calls: ``model.run_with_hooks(b.tokens, attention_mask=...,
+  fwd_hooks=iv.fwd_hooks_for(model, b))`` (:meth:`Intervention.fwd_hooks_for`);
+* a plain transformers model: ``with iv.attach(hf_model): ...``
+  (:meth:`Intervention.attach`, :mod:`~mechlingo.interventions.hf`).
+"""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 from mechlingo.activations.runs import hooked
 from mechlingo.core.tokens import TokenBatch
@@ -15,21 +25,37 @@ from mechlingo.interventions.base import Intervention
 @contextlib.contextmanager
 def intervene(
     model: Model, intervention: Intervention | None, *, batch: TokenBatch | None = None
-) -> Iterator[Any]:
+) -> Iterator[Model]:
     """Apply ``intervention`` to every forward pass of ``model`` inside the block; its hooks
     are removed when the block exits, also after an exception. ``None`` applies nothing.
 
+    ::
+
+        b = mechlingo.core.tokens.encode(model, prompts)
+        with mechlingo.intervene(model, task + diff, batch=b):
+            logits = model(b.tokens, attention_mask=b.attention_mask())
+
+    The intervention is checked against the model (sites, layers, widths, the model it was
+    saved for) before anything is attached.
+
     Args:
-        batch: the padded batch (:func:`mechlingo.core.tokens.encode`) the block runs, when it runs
-            one of several rows: position rules then use each row's real tokens. Without it,
-            a multi-row run is refused for every rule but ``"all"`` (see :func:`mask_for`).
+        model: the TransformerLens model (a plain transformers model: ``iv.attach(hf_model)``).
+        intervention: any intervention, or ``None``.
+        batch: the padded batch (:func:`mechlingo.core.tokens.encode`) the block runs, when it
+            runs one of several rows: position rules then use each row's real tokens, and a
+            language gate (:class:`~mechlingo.interventions.gate.Gated`) each row's prompt.
+            Without it, a multi-row run is refused for every rule but ``"all"`` (see
+            :func:`~mechlingo.interventions.base.mask_for`).
+
+    Yields:
+        ``model``, with the intervention's hooks on.
     """
 
     if intervention is None:
-        hooks: list[tuple[str, HookFn]] = []
+        fwd_hooks: list[tuple[str, HookFn]] = []
     elif batch is not None:
-        hooks = intervention.fwd_hooks_for(model, batch)
+        fwd_hooks = intervention.fwd_hooks_for(model, batch)
     else:
-        hooks = intervention.fwd_hooks(model)
-    with hooked(model, hooks):
+        fwd_hooks = intervention.fwd_hooks(model)
+    with hooked(model, fwd_hooks):
         yield model

@@ -1,7 +1,22 @@
-"""The base of every intervention: the :class:`Intervention` interface (hooks, saving,
-loading, composing with ``+``), its position and site checks, and :func:`load_intervention`.
+"""The base of every intervention.
 
-See :mod:`mechlingo.interventions` for the kinds and how to apply them.
+Two classes, after the split between *where* and *what* that pyvene and steering-vectors make:
+
+* :class:`Intervention` -- the interface every intervention has: ``fwd_hooks(model)`` (checked
+  against the model, TransformerLens ``(hook_name, fn)`` pairs), ``fwd_hooks_for(model,
+  batch)``, ``attach(hf_model)``, ``+`` (:class:`~mechlingo.interventions.compose.Compose`),
+  ``only_for(langs)`` (:class:`~mechlingo.interventions.gate.Gated`), ``save`` and
+  :func:`load_intervention`. Type an optional intervention as ``Intervention | None``.
+* :class:`SiteEdit` -- the *where* of the kinds that edit one site: the site, the layer(s),
+  the positions rule (a mask over the sequence), the model check, the width check of the
+  resolved site, and the ``site``/``layer``/``positions`` fields of the saved config. A kind
+  (:class:`~mechlingo.interventions.steering.SteeringVector`,
+  :class:`~mechlingo.interventions.clamp.NeuronClamp`,
+  :class:`~mechlingo.interventions.ablation.Ablation`) implements only its *edit*:
+  :meth:`SiteEdit.edit` returns ``fn(activation, mask) -> activation`` for one resolved
+  site, and the kind saves only its own fields.
+
+See :mod:`mechlingo.interventions` for the kinds and how to apply them (:func:`intervene`).
 """
 
 from __future__ import annotations
@@ -10,6 +25,7 @@ import abc
 import html
 import json
 import warnings
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -26,7 +42,7 @@ from mechlingo.core.errors import (
     MechlingoError,
     MissingArtifactError,
 )
-from mechlingo.core.sites import SiteError, resolve_site
+from mechlingo.core.sites import Site, SiteError, canonical_site, edit_hooks, resolve_site
 from mechlingo.core.tokens import (
     PositionSpec,
     TokenBatch,
@@ -34,6 +50,7 @@ from mechlingo.core.tokens import (
     current_batch,
     current_columns,
     position_mask,
+    prepends_bos,
 )
 from mechlingo.core.types import HookFn, Model
 from mechlingo.core.version import __version__
@@ -51,7 +68,9 @@ def check_finite(values: Tensor | float, what: str) -> None:
         raise InterventionError(f"{what} has NaN or infinite values; give finite numbers")
 
 
-def check_positions(positions: Any) -> PositionSpec:
+def check_positions(positions: object) -> PositionSpec:
+    """``positions`` as a valid rule (a rule name, an int, ints or a callable), or a clear
+    error."""
     if isinstance(positions, str):
         position_mask(positions, None, (1, 2))  # raises for an unknown rule
         return positions
@@ -74,6 +93,7 @@ def check_positions(positions: Any) -> PositionSpec:
 
 
 def positions_to_json(positions: PositionSpec, owner: str) -> str | int | list[int]:
+    """The positions rule as saved (a callable cannot be)."""
     if isinstance(positions, (str, int)):
         return positions
     if callable(positions):
@@ -85,6 +105,7 @@ def positions_to_json(positions: PositionSpec, owner: str) -> str | int | list[i
 
 
 def positions_text(positions: PositionSpec) -> str:
+    """The positions rule for display."""
     if callable(positions) and not isinstance(positions, str):
         return getattr(positions, "__name__", "callable")
     return repr(positions)
@@ -129,14 +150,18 @@ def mask_for(positions: PositionSpec, t: Tensor, has_bos: bool = True) -> Tensor
 
 
 def refuse_pattern(site: str, kind: str) -> None:
+    """Refuse ``attn_pattern``: its last axis is a key position, not a feature."""
     if site == "attn_pattern":
+        article = "an" if kind[:1] in "AEIOU" else "a"
         raise InterventionError(
-            f"{kind} cannot act on attn_pattern (its axes are [batch, head, query, key]); use "
-            "a residual site, mlp_post or attn_z"
+            f"{article} {kind} cannot act on attn_pattern (its axes are [batch, head, query, "
+            "key]); use a residual site, mlp_post or attn_z"
         )
 
 
-def site_for(model: Model, site: str, layer: int, kind: str) -> Any:
+def site_for(model: Model, site: str, layer: int, kind: str) -> Site:
+    """``site`` at ``layer`` resolved in ``model``; an :class:`InterventionError` if it is not
+    there (layer out of range, a site the family has not)."""
     try:
         return resolve_site(model, site, layer)
     except SiteError as err:
@@ -144,7 +169,12 @@ def site_for(model: Model, site: str, layer: int, kind: str) -> Any:
 
 
 class Intervention(abc.ABC):
-    """Base class: anything with ``fwd_hooks(model)``. Add two with ``+`` to compose them.
+    """What every intervention is: anything with ``fwd_hooks(model)``.
+
+    Apply one with :func:`mechlingo.intervene` (``with intervene(model, iv, batch=b): ...``);
+    :meth:`fwd_hooks_for` is the escape hatch for a raw ``model.run_with_hooks``, and
+    :meth:`attach` applies it to a plain transformers model. Add two with ``+`` to compose
+    them. Functions that take an optional intervention type it ``Intervention | None``.
 
     Attributes:
         meta: free metadata saved with the artifact; ``meta["model"]`` (from
@@ -157,16 +187,24 @@ class Intervention(abc.ABC):
 
     @abc.abstractmethod
     def fwd_hooks(self, model: Model) -> list[tuple[str, HookFn]]:
-        """Check against ``model`` and return TransformerLens ``(hook_name, fn)`` pairs."""
+        """Check against ``model`` and return TransformerLens ``(hook_name, fn)`` pairs.
+
+        What :func:`~mechlingo.interventions.apply.intervene` and mechlingo's runs apply;
+        on its own it suits one unpadded row (``model.run_with_hooks(tokens,
+        fwd_hooks=iv.fwd_hooks(model))``); for a padded batch use :meth:`fwd_hooks_for`."""
 
     def fwd_hooks_for(self, model: Model, batch: TokenBatch) -> list[tuple[str, HookFn]]:
         """:meth:`fwd_hooks` bound to ``batch`` (from :func:`mechlingo.core.tokens.encode`): each
         hook runs with that batch as the current one, so ``"last"`` and the other position
         rules find every row's real tokens in a plain ``run_with_hooks`` on the padded
-        batch."""
+        batch. The escape hatch for raw TransformerLens calls::
+
+            model.run_with_hooks(b.tokens, attention_mask=b.attention_mask(),
+                                 fwd_hooks=iv.fwd_hooks_for(model, b))
+        """
         return [(name, _bound(fn, batch)) for name, fn in self.fwd_hooks(model)]
 
-    def attach(self, hf_model: Any, *, has_bos: bool | None = None) -> HFHandle:
+    def attach(self, hf_model: torch.nn.Module, *, has_bos: bool | None = None) -> HFHandle:
         """Apply this intervention to a plain transformers ``AutoModelForCausalLM`` with
         PyTorch hooks on its own modules, until the returned handle's ``remove()`` (or the
         end of its ``with`` block). Same numbers as on the TransformerLens bridge; position
@@ -178,7 +216,7 @@ class Intervention(abc.ABC):
             return NotImplemented
         return _REGISTRY["Compose"]([self, other])  # type: ignore[call-arg]
 
-    def only_for(self, langs: Any, **kw: Any) -> Intervention:
+    def only_for(self, langs: Iterable[str], **kw: Any) -> Intervention:
         """This intervention applied only to prompts in ``langs``
         (:class:`~mechlingo.interventions.gate.Gated`; ``exclude=True`` for every language
         but those)."""
@@ -251,6 +289,116 @@ class Intervention(abc.ABC):
         if build:
             rows += f"<tr><td>built from</td><td>{html.escape(json.dumps(build))}</td></tr>"
         return f"<b>{self.kind}</b><table>{rows}</table>"
+
+
+EditFn = Callable[[Tensor, Tensor], Tensor]
+"""A kind's edit at one resolved site: ``fn(activation, mask) -> new activation``, where
+``mask`` is a bool tensor broadcastable to the activation (``[batch, pos, 1, ...]``), true
+at the positions the intervention acts on; the edit leaves the other positions as they are."""
+
+
+class SiteEdit(Intervention):
+    """The *where* of an intervention that edits one site of one or more layers.
+
+    It holds the site (canonical name; ``attn_pattern`` refused), the layer (``layer``, for
+    the kinds with one layer) or layers (:attr:`layers`), the positions rule and the
+    metadata, and implements :meth:`fwd_hooks`: check the model (``meta["model"]``), resolve
+    the site at each layer, ask the kind for its :meth:`edit` there (the kind checks its
+    width against the resolved :class:`~mechlingo.core.sites.Site`), and wrap the edit with
+    the positions mask (:func:`mask_for`) and :func:`~mechlingo.core.sites.edit_hooks` (a
+    ``resid_mid`` write on a bridge is carried to ``resid_post``). It saves ``site``,
+    ``positions`` and ``layer`` (or ``layers``) in the config, beside the kind's own fields.
+
+    A kind sets ``kind``, calls ``super().__init__(site=..., positions=..., meta=...,
+    layer=...)``, and implements :meth:`edit`, :meth:`_tensors`, :meth:`_own_config` and
+    :meth:`_restore` (with :meth:`_where` for the saved where).
+    """
+
+    one_layer: ClassVar[bool] = True  # False: the kind holds several layers (``layers``)
+    optional_layer: ClassVar[bool] = False  # True: ``layer=None`` allowed until placed
+    site: str
+    positions: PositionSpec
+    layer: int | None
+
+    def __init__(
+        self,
+        *,
+        site: str,
+        positions: PositionSpec,
+        meta: Mapping[str, Any] | None,
+        layer: int | None = None,
+    ) -> None:
+        if self.one_layer:
+            bad = not isinstance(layer, int) or isinstance(layer, bool)
+            if bad and not (layer is None and self.optional_layer):
+                allowed = "an int or None" if self.optional_layer else "an int"
+                raise InterventionError(f"layer must be {allowed}, got {layer!r}")
+            self.layer = layer
+        self.site = canonical_site(site)
+        refuse_pattern(self.site, self.kind)
+        self.positions = check_positions(positions)
+        self.meta = dict(meta or {})
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """The layers this intervention edits, in the order its hooks are returned."""
+        if self.layer is None:
+            raise InterventionError(
+                f"this {self.kind} has no layer; place it with .at(layer, alpha)"
+            )
+        return (self.layer,)
+
+    @abc.abstractmethod
+    def edit(self, model: Model, site: Site, layer: int) -> EditFn:
+        """The edit at ``site``, resolved at ``layer`` (one of :attr:`layers`, as the
+        intervention holds it; ``site.layer`` is the same layer counted from 0); raises an
+        :class:`InterventionError` when the kind does not fit the site (a vector of another
+        width, a neuron out of range)."""
+
+    def fwd_hooks(self, model: Model) -> list[tuple[str, HookFn]]:
+        layers = self.layers
+        check_model(self.meta.get("model"), model, what=repr(self))
+        bos = prepends_bos(model)
+        hooks: list[tuple[str, HookFn]] = []
+        for layer in layers:
+            site = site_for(model, self.site, layer, self.kind)
+            fn = _masked(self.edit(model, site, layer), self.positions, bos)
+            hooks.extend(edit_hooks(model, site.hook_name, fn))
+        return hooks
+
+    def _config(self) -> dict[str, Any]:
+        where: dict[str, Any] = {"site": self.site}
+        if self.one_layer:
+            where["layer"] = self.layer
+        else:
+            where["layers"] = list(self.layers)
+        where["positions"] = positions_to_json(self.positions, f"this {self.kind}")
+        return where | self._own_config()
+
+    @abc.abstractmethod
+    def _own_config(self) -> dict[str, Any]:
+        """The kind's own JSON-ready fields (the where is saved by :class:`SiteEdit`)."""
+
+    @staticmethod
+    def _where(config: Mapping[str, Any]) -> dict[str, Any]:
+        """The saved where as keyword arguments (``site``, ``positions``)."""
+        return {"site": config["site"], "positions": config["positions"]}
+
+    def _where_fields(self) -> dict[str, str]:
+        """The where for display: site, layer(s) and positions."""
+        layer = (
+            {"layer": str(self.layer)}
+            if self.one_layer
+            else {"layers": ",".join(str(x) for x in self.layers)}
+        )
+        return {"site": self.site, **layer, "positions": positions_text(self.positions)}
+
+
+def _masked(edit: EditFn, positions: PositionSpec, has_bos: bool) -> HookFn:
+    def hook(t: Tensor, hook: Any) -> Tensor:
+        return edit(t, mask_for(positions, t, has_bos))
+
+    return hook
 
 
 def _bound(fn: HookFn, batch: TokenBatch) -> HookFn:

@@ -1,4 +1,9 @@
-"""Neuron clamps: set, scale, add to or zero chosen MLP neurons (``mlp_post``)."""
+"""Neuron clamps: set, scale or add to chosen MLP neurons (``mlp_post``) of some layers.
+
+Zeroing is not a clamp mode: replacing a site's activation by zero (or by a mean) is an
+:class:`~mechlingo.interventions.ablation.Ablation`, the one owner of zeroing. A clamp writes
+values you choose into chosen neurons; ``NeuronClamp(neurons, 0.0)`` sets them to 0.
+"""
 
 from __future__ import annotations
 
@@ -9,42 +14,36 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mechlingo.core.describe import check_model
 from mechlingo.core.errors import InterventionError
-from mechlingo.core.sites import canonical_site
-from mechlingo.core.tokens import PositionSpec, prepends_bos
-from mechlingo.core.types import HookFn, Model
-from mechlingo.interventions.base import (
-    Intervention,
-    check_finite,
-    check_positions,
-    mask_for,
-    positions_text,
-    positions_to_json,
-    refuse_pattern,
-    register_kind,
-    site_for,
-)
+from mechlingo.core.sites import Site
+from mechlingo.core.tokens import PositionSpec
+from mechlingo.core.types import Model
+from mechlingo.interventions.base import EditFn, SiteEdit, check_finite, register_kind
 
-_CLAMP_MODES = ("set", "scale", "add", "zero")
+_CLAMP_MODES = ("set", "scale", "add")
 
 
 @register_kind
-class NeuronClamp(Intervention):
-    """Set, scale, add to or zero chosen MLP neurons (``mlp_post``) of one or more layers.
+class NeuronClamp(SiteEdit):
+    """Set, scale or add to chosen MLP neurons (``mlp_post``) of one or more layers.
+
+    The where (site, layers, positions, the model check) is :class:`SiteEdit`'s; the edit
+    writes into the chosen neurons only. Zeroing a whole site is an
+    :class:`~mechlingo.interventions.ablation.Ablation` (the one owner of zeroing): a clamp
+    has no ``"zero"`` mode, ``NeuronClamp(neurons, 0.0)`` sets chosen neurons to 0.
 
     Args:
         neurons: ``{layer: neuron indices}``.
         values: one number for every chosen neuron, a flat sequence with one value per chosen
             neuron (layers in the order of ``neurons``), or ``{layer: one value per neuron}``.
-            Ignored for ``mode="zero"``.
-        mode: ``"set"`` (activation := value), ``"scale"`` (activation *= value), ``"add"``
-            (activation += value) or ``"zero"``.
+        mode: ``"set"`` (activation := value), ``"scale"`` (activation *= value) or ``"add"``
+            (activation += value).
         positions: where along the sequence (default ``"all"`` real tokens after BOS).
         site: ``mlp_post`` (the neurons); any other site with a feature axis works too.
     """
 
     kind = "NeuronClamp"
+    one_layer = False
 
     def __init__(
         self,
@@ -57,14 +56,17 @@ class NeuronClamp(Intervention):
         meta: Mapping[str, Any] | None = None,
     ) -> None:
         if mode not in _CLAMP_MODES:
-            raise InterventionError(f"unknown clamp mode {mode!r}; use one of {_CLAMP_MODES}")
+            hint = (
+                " (zeroing is an Ablation: Ablation(site, layer) zeroes a site; "
+                "NeuronClamp(neurons, 0.0) sets chosen neurons to 0)"
+                if mode == "zero"
+                else ""
+            )
+            raise InterventionError(f"unknown clamp mode {mode!r}; use one of {_CLAMP_MODES}{hint}")
         if not neurons:
             raise InterventionError("NeuronClamp needs at least one layer with neurons")
         self.mode = mode
-        self.site = canonical_site(site)
-        refuse_pattern(self.site, "a NeuronClamp")
-        self.positions = check_positions(positions)
-        self.meta = dict(meta or {})
+        super().__init__(site=site, positions=positions, meta=meta)
         self.neurons: dict[int, Tensor] = {}
         self.values: dict[int, Tensor] = {}
         flat: Tensor | None = None  # one value per neuron over all layers, in the given order
@@ -80,23 +82,9 @@ class NeuronClamp(Intervention):
                 )
         offset = 0
         for layer, idx in neurons.items():
-            if not isinstance(layer, int) or isinstance(layer, bool):
-                raise InterventionError(f"layer keys must be ints, got {layer!r}")
-            ids = torch.as_tensor(idx, dtype=torch.long).reshape(-1)
-            if ids.numel() == 0:
-                raise InterventionError(f"no neurons given for layer {layer}")
-            if bool((ids < 0).any()):
-                raise InterventionError(f"negative neuron index at layer {layer}")
-            if ids.unique().numel() != ids.numel():
-                uniq, counts = ids.unique(return_counts=True)
-                raise InterventionError(
-                    f"neuron {int(uniq[counts > 1][0])} appears more than once at layer {layer}; "
-                    "with two values one would silently win: list each neuron once"
-                )
+            ids = _neuron_ids(layer, idx)
             self.neurons[layer] = ids
-            if mode == "zero":
-                val = torch.zeros(ids.numel())
-            elif flat is not None:
+            if flat is not None:
                 val = flat[offset : offset + ids.numel()]
                 offset += ids.numel()
             elif isinstance(values, Mapping):
@@ -114,25 +102,21 @@ class NeuronClamp(Intervention):
             check_finite(val, f"NeuronClamp values at layer {layer}")
             self.values[layer] = val.float()
 
-    def fwd_hooks(self, model: Model) -> list[tuple[str, HookFn]]:
-        check_model(self.meta.get("model"), model, what=repr(self))
-        hooks: list[tuple[str, HookFn]] = []
-        bos = prepends_bos(model)
-        for layer in sorted(self.neurons):
-            site = site_for(model, self.site, layer, "NeuronClamp")
-            ids = self.neurons[layer]
-            if int(ids.max()) >= site.width:
-                raise InterventionError(
-                    f"NeuronClamp: neuron {int(ids.max())} at layer {layer} is out of range "
-                    f"({site.name} has {site.width} neurons)"
-                )
-            hooks.append((site.hook_name, self._hook(ids, self.values[layer], bos)))
-        return hooks
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """The clamped layers, in increasing order."""
+        return tuple(sorted(self.neurons))
 
-    def _hook(self, ids_cpu: Tensor, vals_cpu: Tensor, bos: bool) -> HookFn:
-        mode, positions = self.mode, self.positions
+    def edit(self, model: Model, site: Site, layer: int) -> EditFn:
+        ids_cpu = self.neurons[layer]
+        if int(ids_cpu.max()) >= site.width:
+            raise InterventionError(
+                f"NeuronClamp: neuron {int(ids_cpu.max())} at layer {layer} is out of range "
+                f"({site.name} has {site.width} neurons)"
+            )
+        vals_cpu, mode = self.values[layer], self.mode
 
-        def clamp(t: Tensor, hook: Any) -> Tensor:
+        def clamp(t: Tensor, mask: Tensor) -> Tensor:
             ids = ids_cpu.to(t.device)
             vals = vals_cpu.to(device=t.device, dtype=t.dtype)
             old = t[..., ids]
@@ -140,12 +124,10 @@ class NeuronClamp(Intervention):
                 new = vals.expand_as(old)
             elif mode == "scale":
                 new = old * vals
-            elif mode == "add":
-                new = old + vals
             else:
-                new = torch.zeros_like(old)
+                new = old + vals
             out = t.clone()
-            out[..., ids] = torch.where(mask_for(positions, t, bos), new, old)
+            out[..., ids] = torch.where(mask, new, old)
             return out
 
         return clamp
@@ -157,30 +139,44 @@ class NeuronClamp(Intervention):
             out[f"values.{layer}"] = self.values[layer]
         return out
 
-    def _config(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "site": self.site,
-            "layers": sorted(self.neurons),
-            "positions": positions_to_json(self.positions, "this NeuronClamp"),
-        }
+    def _own_config(self) -> dict[str, Any]:
+        return {"mode": self.mode}
 
     @classmethod
     def _restore(cls, tensors: dict[str, Tensor], config: dict[str, Any]) -> NeuronClamp:
         layers = config["layers"]
+        # A clamp saved with the removed mode "zero" holds zero values: it is a set to 0.
+        mode = "set" if config["mode"] == "zero" else config["mode"]
         return cls(
             {lay: tensors[f"neurons.{lay}"] for lay in layers},
             {lay: tensors[f"values.{lay}"] for lay in layers},
-            config["mode"],
-            positions=config["positions"],
-            site=config["site"],
+            mode,
+            **cls._where(config),
         )
 
     def _fields(self) -> dict[str, str]:
-        per_layer = ", ".join(f"{lay}: {self.neurons[lay].numel()}" for lay in sorted(self.neurons))
+        per_layer = ", ".join(f"{lay}: {self.neurons[lay].numel()}" for lay in self.layers)
         return {
             "mode": self.mode,
             "site": self.site,
             "neurons per layer": "{" + per_layer + "}",
-            "positions": positions_text(self.positions),
+            "positions": self._where_fields()["positions"],
         }
+
+
+def _neuron_ids(layer: object, idx: Sequence[int] | Tensor) -> Tensor:
+    """The neuron indices of one layer as a 1-D long tensor, checked."""
+    if not isinstance(layer, int) or isinstance(layer, bool):
+        raise InterventionError(f"layer keys must be ints, got {layer!r}")
+    ids = torch.as_tensor(idx, dtype=torch.long).reshape(-1)
+    if ids.numel() == 0:
+        raise InterventionError(f"no neurons given for layer {layer}")
+    if bool((ids < 0).any()):
+        raise InterventionError(f"negative neuron index at layer {layer}")
+    if ids.unique().numel() != ids.numel():
+        uniq, counts = ids.unique(return_counts=True)
+        raise InterventionError(
+            f"neuron {int(uniq[counts > 1][0])} appears more than once at layer {layer}; "
+            "with two values one would silently win: list each neuron once"
+        )
+    return ids

@@ -62,6 +62,7 @@ from torch import Tensor
 
 from mechlingo.core.errors import ArtifactError, InterventionError, MissingArtifactError
 from mechlingo.core.families import SUPPORTED_ARCHITECTURES
+from mechlingo.core.types import Model
 from mechlingo.interventions.base import Intervention, positions_text
 from mechlingo.interventions.compose import Compose
 from mechlingo.interventions.hf import LAYOUTS
@@ -285,7 +286,7 @@ def export(
     intervention: Intervention,
     format: str,
     *,
-    model: Any = None,
+    model: Model | torch.nn.Module | None = None,
     model_type: str | None = None,
 ) -> VectorExport:
     """Export a steering intervention for ``format`` (one of :data:`FORMATS`).
@@ -335,7 +336,9 @@ def export(
     )
 
 
-def _model_facts(iv: Intervention, model: Any) -> tuple[dict[str, Any], str | None, str]:
+def _model_facts(
+    iv: Intervention, model: Model | torch.nn.Module | None
+) -> tuple[dict[str, Any], str | None, str]:
     """(model description, family, model type) from ``model`` or the intervention's meta."""
     from_meta = dict(iv.meta.get("model") or {})
     if isinstance(iv, Compose) and not from_meta:

@@ -41,6 +41,7 @@ from torch import Tensor
 from mechlingo.core.errors import InterventionError
 from mechlingo.core.tokens import TokenBatch, current_batch
 from mechlingo.core.types import HookFn, Model
+from mechlingo.data.facts import Fact
 from mechlingo.data.langid import identify_language
 from mechlingo.interventions.base import Intervention, register_kind, restore_any
 
@@ -97,7 +98,7 @@ class Gated(Intervention):
         self.meta = dict(meta or {})
 
     @classmethod
-    def for_facts(cls, inner: Intervention, langs: Iterable[str], facts: Sequence[Any],
+    def for_facts(cls, inner: Intervention, langs: Iterable[str], facts: Sequence[Fact],
                   prompts: Sequence[str] | None = None, **kw: Any) -> Gated:  # fmt: skip
         """A gate whose languages are declared by ``facts`` (each fact's ``lang`` for its
         ``prompt``, or for the matching entry of ``prompts``, e.g. few-shot prompts)."""

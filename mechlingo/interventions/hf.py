@@ -1,6 +1,8 @@
 """Interventions on a plain transformers model: PyTorch hooks on its own modules.
 
-``iv.attach(hf_model)`` (or :func:`attach`) registers forward hooks and pre-hooks on a plain
+``iv.attach(hf_model)`` (:meth:`Intervention.attach`, implemented by :func:`attach` here) is
+*the* way to apply an intervention outside TransformerLens: it registers forward hooks and
+pre-hooks on a plain
 ``AutoModelForCausalLM`` of a family in :data:`mechlingo.core.families.FAMILIES` and returns a
 :class:`HFHandle` that removes them (``handle.remove()``, or use it as a context manager: they
 are removed when the block exits, also after an exception). The hooks run the intervention's
@@ -50,8 +52,7 @@ token ids, 4-D attention masks.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace, TracebackType
 from typing import Any, Protocol
@@ -68,9 +69,11 @@ from mechlingo.core.types import HookFn
 
 
 class HasHooks(Protocol):
-    """Anything with ``fwd_hooks(model)`` (every :class:`Intervention`)."""
+    """Anything with ``fwd_hooks(model)`` (every :class:`Intervention`; this module sits
+    below :mod:`~mechlingo.interventions.base`, which imports it, so it names the one method
+    it calls). The model it is given is an :class:`HFView`."""
 
-    def fwd_hooks(self, model: Any) -> list[tuple[str, HookFn]]: ...
+    def fwd_hooks(self, model: HFView) -> list[tuple[str, HookFn]]: ...
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,7 @@ _SITE_ORDER = {s: i for i, s in enumerate(SITE_HOOKS)}
 _SITE_ORDER["attn_out"], _SITE_ORDER["resid_mid"] = -2, -1
 
 
-def hf_family(hf_model: Any) -> str:
+def hf_family(hf_model: torch.nn.Module) -> str:
     """The family (a key of :data:`LAYOUTS`) of a plain transformers model; a clear error for
     an architecture mechlingo has no module map for."""
     config = getattr(hf_model, "config", None)
@@ -174,7 +177,7 @@ class HFView:
     ``W_U``), built from a plain transformers model, so that an intervention checks its
     sites, layers and sizes against it and returns its hook functions."""
 
-    def __init__(self, hf_model: Any, family: str, has_bos: bool) -> None:
+    def __init__(self, hf_model: torch.nn.Module, family: str, has_bos: bool) -> None:
         self.hf, self.family, self.layout = hf_model, family, LAYOUTS[family]
         layers = hf_model.get_submodule(self.layout.layers)
         block = layers[0]
@@ -440,7 +443,7 @@ class HFHandle:
     ``remove()`` takes them all off (safe to call twice); as a context manager they come off
     when the block exits, also after an exception. ``family`` names the module map used."""
 
-    def __init__(self, hf_model: Any, family: str, handles: list[Any]) -> None:
+    def __init__(self, hf_model: torch.nn.Module, family: str, handles: list[Any]) -> None:
         self.model, self.family, self._handles = hf_model, family, handles
 
     @property
@@ -465,8 +468,11 @@ class HFHandle:
         self.remove()
 
 
-def attach(intervention: HasHooks, hf_model: Any, *, has_bos: bool | None = None) -> HFHandle:
-    """Apply ``intervention`` to a plain transformers causal LM with PyTorch hooks.
+def attach(
+    intervention: HasHooks, hf_model: torch.nn.Module, *, has_bos: bool | None = None
+) -> HFHandle:
+    """Apply ``intervention`` to a plain transformers causal LM with PyTorch hooks (what
+    ``intervention.attach(hf_model)`` calls; use that).
 
     Every forward pass of ``hf_model`` (``model(...)``, ``generate()``) runs the intervention
     until the returned handle's ``remove()`` (or the end of its ``with`` block). Position
@@ -518,15 +524,6 @@ def attach(intervention: HasHooks, hf_model: Any, *, has_bos: bool | None = None
             h.remove()
         raise
     return HFHandle(hf_model, family, handles)
-
-
-@contextlib.contextmanager
-def attached(
-    intervention: HasHooks, hf_model: Any, *, has_bos: bool | None = None
-) -> Iterator[Any]:
-    """``with attached(iv, hf_model): ...`` -- :func:`attach` for the block only."""
-    with attach(intervention, hf_model, has_bos=has_bos):
-        yield hf_model
 
 
 def left_padded(

@@ -12,27 +12,24 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mechlingo.core.describe import check_model
 from mechlingo.core.errors import InterventionError
-from mechlingo.core.sites import canonical_site, edit_hooks
-from mechlingo.core.tokens import PositionSpec, prepends_bos
-from mechlingo.core.types import HookFn, Model
+from mechlingo.core.sites import Site
+from mechlingo.core.tokens import PositionSpec
+from mechlingo.core.types import Model
 from mechlingo.interventions.base import (
-    Intervention,
+    EditFn,
+    SiteEdit,
     check_finite,
-    check_positions,
-    mask_for,
-    positions_text,
-    positions_to_json,
-    refuse_pattern,
     register_kind,
-    site_for,
 )
 
 
 @register_kind
-class SteeringVector(Intervention):
+class SteeringVector(SiteEdit):
     """Add ``alpha * v`` to the activation at ``site`` of ``layer``, at ``positions``.
+
+    The where (site, layer, positions, the model check) is :class:`SiteEdit`'s; the edit is
+    ``x + alpha * v`` at the chosen positions.
 
     Args:
         vector: ``[width]``, or ``[n_layers, width]`` (one vector per layer, as built by
@@ -48,6 +45,7 @@ class SteeringVector(Intervention):
     """
 
     kind = "SteeringVector"
+    optional_layer = True
 
     def __init__(
         self,
@@ -67,16 +65,10 @@ class SteeringVector(Intervention):
             )
         if not bool(torch.isfinite(vector).all()):
             raise InterventionError("the steering vector has NaN or infinite entries")
-        if layer is not None and (not isinstance(layer, int) or isinstance(layer, bool)):
-            raise InterventionError(f"layer must be an int or None, got {layer!r}")
         self.vector = vector.detach()
-        self.layer = layer
         self.alpha = float(alpha)
         check_finite(self.alpha, "the steering alpha")
-        self.site = canonical_site(site)
-        refuse_pattern(self.site, "a SteeringVector")
-        self.positions = check_positions(positions)
-        self.meta = dict(meta or {})
+        super().__init__(site=site, positions=positions, meta=meta, layer=layer)
 
     def at(self, layer: int, alpha: float | None = None, **kw: Any) -> SteeringVector:
         """The same vector (stack) placed at ``layer`` with scale ``alpha`` (default: the
@@ -105,13 +97,7 @@ class SteeringVector(Intervention):
             )
         return self.vector[index]
 
-    def fwd_hooks(self, model: Model) -> list[tuple[str, HookFn]]:
-        if self.layer is None:
-            raise InterventionError(
-                "this SteeringVector has no layer; place it with .at(layer, alpha)"
-            )
-        check_model(self.meta.get("model"), model, what=repr(self))
-        site = site_for(model, self.site, self.layer, "SteeringVector")
+    def edit(self, model: Model, site: Site, layer: int) -> EditFn:
         v = self.direction(model)
         if v.shape[-1] != site.width:
             raise InterventionError(
@@ -119,48 +105,34 @@ class SteeringVector(Intervention):
                 f"has width {site.width} (d_model={int(model.cfg.d_model)})"
             )
         delta_cpu = (self.alpha * v.double()).float()
-        positions = self.positions
-        bos = prepends_bos(model)
         cache: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
-        def steer(t: Tensor, hook: Any) -> Tensor:
+        def steer(t: Tensor, mask: Tensor) -> Tensor:
             key = (t.device, t.dtype)
             delta = cache.get(key)
             if delta is None:
                 delta = cache[key] = delta_cpu.to(device=t.device, dtype=t.dtype)
-            mask = mask_for(positions, t, bos)
             return torch.where(mask, t + delta, t)
 
-        return edit_hooks(model, site.hook_name, steer)
+        return steer
 
     def _tensors(self) -> dict[str, Tensor]:
         return {"vector": self.vector.float()}
 
-    def _config(self) -> dict[str, Any]:
-        return {
-            "site": self.site,
-            "layer": self.layer,
-            "alpha": self.alpha,
-            "positions": positions_to_json(self.positions, "this SteeringVector"),
-            "shape": list(self.vector.shape),
-        }
+    def _own_config(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "shape": list(self.vector.shape)}
 
     @classmethod
     def _restore(cls, tensors: dict[str, Tensor], config: dict[str, Any]) -> SteeringVector:
-        return cls(
-            tensors["vector"],
-            config["layer"],
-            config["alpha"],
-            site=config["site"],
-            positions=config["positions"],
-        )
+        return cls(tensors["vector"], config["layer"], config["alpha"], **cls._where(config))
 
     def _fields(self) -> dict[str, str]:
+        where = self._where_fields()
         out = {
-            "site": self.site,
-            "layer": str(self.layer),
+            "site": where["site"],
+            "layer": where["layer"],
             "alpha": f"{self.alpha:g}",
-            "positions": positions_text(self.positions),
+            "positions": where["positions"],
             "shape": "x".join(str(s) for s in self.vector.shape),
         }
         with contextlib.suppress(InterventionError):
