@@ -47,6 +47,7 @@ from mechlingo.analyses.scoring import (
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import encode, prepends_bos, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
+from mechlingo.interventions.base import Intervention
 from mechlingo.viz.evaluate import accuracy_bars
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ def decided(
     return not english or _status(gen, normalize(english), "en") != "open"
 
 
-def _hooks_of(model: Model, intervention: Any, fwd_hooks: FwdHooks) -> list:
+def _hooks_of(model: Model, intervention: Intervention | None, fwd_hooks: FwdHooks) -> list:
     hooks = list(fwd_hooks)
     if intervention is not None:
         hooks = list(intervention.fwd_hooks(model)) + hooks
@@ -136,7 +137,7 @@ def greedy_generate(
     *,
     max_new_tokens: int = 8,
     batch_size: int = 16,
-    intervention: Any = None,
+    intervention: Intervention | None = None,
     fwd_hooks: FwdHooks = (),
     stop_at_newline: bool = True,
     progress: bool = False,
@@ -280,7 +281,7 @@ def evaluate_facts(
     pool: Sequence[Fact] | None = None,
     max_new_tokens: int = 8,
     batch_size: int = 16,
-    intervention: Any = None,
+    intervention: Intervention | None = None,
     fwd_hooks: FwdHooks = (),
     progress: bool = False,
     cache: bool = True,

@@ -56,6 +56,7 @@ from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, prepends_bos
 from mechlingo.core.types import FwdHooks, Model
 from mechlingo.data import Fact
+from mechlingo.interventions.base import Intervention
 from mechlingo.kernels.readout import token_logprobs
 
 __all__ = ["RANK_TOKENS", "CandidateScores", "candidate_layout", "score_candidates"]
@@ -255,7 +256,7 @@ def _sums(
     return own_sum, own_n, sh_sum, sh_n
 
 
-def _hooks(model: Model, intervention: Any, fwd_hooks: FwdHooks) -> list:
+def _hooks(model: Model, intervention: Intervention | None, fwd_hooks: FwdHooks) -> list:
     hooks = list(fwd_hooks)
     if intervention is not None:
         hooks = list(intervention.fwd_hooks(model)) + hooks
@@ -269,7 +270,7 @@ def score_candidates(
     candidates: Sequence[Sequence[str]] | None = None,
     prefixes: Sequence[str] | None = None,
     tokens: str = "sentence",
-    intervention: Any = None,
+    intervention: Intervention | None = None,
     fwd_hooks: FwdHooks = (),
     batch_size: int = 16,
     progress: bool = False,

@@ -18,6 +18,7 @@ from mechlingo.analyses.decoders import compare_decoders
 from mechlingo.analyses.patchscope import Patchscope
 from mechlingo.analyses.tuned_lens import load_tuned_lens
 from mechlingo.cli.common import UsageError, run_meta, split_list
+from mechlingo.core.types import Model
 from mechlingo.report import write_outputs
 from mechlingo.report.decoders import decoders_report
 
@@ -75,7 +76,7 @@ def parse_decoders(args: Any) -> list[str]:
 
 
 def run_decoders(
-    args: Any, model: Any, facts: list[Any], decoders: list[str], track: list[str]
+    args: Any, model: Model, facts: list[Any], decoders: list[str], track: list[str]
 ) -> int:
     """The lens under several decoders: ``summary.json`` (per decoder: the lens summary and
     where English leads), ``lens.csv`` (with a ``decoder`` column) and ``report.html``."""
