@@ -261,7 +261,7 @@ def test_hooks_removed_and_no_gradient_leak(tiny, pair, metric, monkeypatch):
     assert count_hooks(tiny) == 0 and not torch.is_grad_enabled()
 
 
-def _ig_reference(model, src, tgt, sweep, metric, alphas, eps=1e-3):
+def _ig_reference(model, src, tgt, sweep, metric, alphas, eps=1e-2):
     """Hand computation of integrated gradients, independent of mechlingo's code: for each
     ``alpha``, run the target with its embeddings moved to ``target + alpha (source -
     target)`` (a plain TransformerLens hook), nudge the cell's activation by ``+-eps (source
@@ -323,7 +323,7 @@ def test_ig_equals_hand_computation(tiny, pair, metric, steps):
     est = (ig.values[0] - ig.corrupted[0]).double()
     scale = float(ref.abs().max())
     assert scale > 1e-3
-    assert (est - ref).abs().max() < 1e-3 * scale + 1e-5
+    assert (est - ref).abs().max() < 2e-3 * scale + 1e-5  # float32 differences, O(eps^2)
     # and it is not plain AtP: the interpolated runs changed the gradients
     atp = attribution_patch(tiny, src, tgt, IG_SITES, qk_fix=False, **kw)
     assert (atp.values - ig.values).abs().max() > 1e-2 * scale
