@@ -266,6 +266,143 @@ def test_hooks_removed_and_no_gradient_leak(tiny, pair, metric, monkeypatch):
     assert count_hooks(tiny) == 0 and not torch.is_grad_enabled()
 
 
+def _ig_reference(model, src, tgt, sweep, metric, alphas, eps=1e-2):
+    """Hand computation of integrated gradients, independent of mechlingo's code: for each
+    ``alpha``, run the target with its embeddings moved to ``target + alpha (source -
+    target)`` (a plain TransformerLens hook), nudge the cell's activation by ``+-eps (source
+    - target)`` (the uninterpolated activations), and take the central difference; the mean
+    over ``alphas``, ``[cell, example]``."""
+    ids = [list(s[0].ids) for s in metric.sets]
+    names = {(c.site, c.layer) for c in sweep.cells}
+    hook = {
+        k: resolve_site(model, "attn_z" if k[0] == "head" else k[0], k[1]).hook_name for k in names
+    }
+    want = set(hook.values()) | {"hook_embed"}
+    _, s_cache = model.run_with_cache(src.tokens, names_filter=lambda n: n in want)
+    _, t_cache = model.run_with_cache(tgt.tokens, names_filter=lambda n: n in want)
+    out = torch.zeros(len(sweep.cells), src.batch_size, dtype=torch.float64)
+    for a in alphas:
+        d_emb = s_cache["hook_embed"] - t_cache["hook_embed"]
+
+        def interp(act, hook, a=a, d_emb=d_emb):
+            return act + a * d_emb
+
+        for i, c in enumerate(sweep.cells):
+            name = hook[(c.site, c.layer)]
+            p = int(sweep.target_positions[c.position, 0])
+            d = s_cache[name][:, p] - t_cache[name][:, p]
+            vals = []
+            for sign in (1.0, -1.0):
+
+                def nudge(act, hook, p=p, d=d, h=c.head, sign=sign):
+                    act = act.clone()
+                    if h >= 0:
+                        act[:, p, h] = act[:, p, h] + sign * eps * d[:, h]
+                    else:
+                        act[:, p] = act[:, p] + sign * eps * d
+                    return act
+
+                hooks = [("hook_embed", interp), (name, nudge)]
+                vals.append(_reference_metric(model, tgt.tokens, ids, hooks))
+            out[i] += (vals[0] - vals[1]) / (2 * eps) / len(alphas)
+    return out
+
+
+IG_SITES = ["resid_pre", "resid_post", "attn_out", "mlp_out", "head"]
+
+
+def test_ig_one_step_is_plain_atp(tiny, pair, metric):
+    src, tgt = pair
+    atp = attribution_patch(tiny, src, tgt, SITES, metric=metric, qk_fix=False)
+    ig = attribution_patch(tiny, src, tgt, SITES, metric=metric, method="ig", steps=1)
+    assert torch.equal(atp.values, ig.values) and torch.equal(atp.corrupted, ig.corrupted)
+    assert ig.meta["method"] == "ig" and ig.meta["steps"] == 1
+
+
+@pytest.mark.parametrize("steps", [2, 3])
+def test_ig_equals_hand_computation(tiny, pair, metric, steps):
+    src, tgt = pair
+    kw = dict(metric=metric, positions=[1, 2, -1], layers=[0, 1])
+    ig = attribution_patch(tiny, src, tgt, IG_SITES, method="ig", steps=steps, **kw)
+    ref = _ig_reference(tiny, src, tgt, ig, metric, [j / steps for j in range(steps)])
+    est = (ig.values[0] - ig.corrupted[0]).double()
+    scale = float(ref.abs().max())
+    assert scale > 1e-3
+    assert (est - ref).abs().max() < 2e-3 * scale + 1e-5  # float32 differences, O(eps^2)
+    # and it is not plain AtP: the interpolated runs changed the gradients
+    atp = attribution_patch(tiny, src, tgt, IG_SITES, qk_fix=False, **kw)
+    assert (atp.values - ig.values).abs().max() > 1e-2 * scale
+    assert count_hooks(tiny) == 0 and not torch.is_grad_enabled()
+
+
+def test_ig_converges_to_exact_patching_at_the_input(tiny, pair, metric):
+    # the pair differs at token 2 only, so along the input interpolation the residual at
+    # layer 0, position 2 moves on the straight line from target to source and nothing else
+    # moves: the integral of the gradient is the exact patching effect of that cell
+    src, tgt = pair
+    kw = dict(metric=metric, positions=[2], layers=[0])
+    ex = patch_activations(tiny, src, tgt, "resid_pre", **kw)
+    gap = (ex.values - ex.corrupted[:, None]).abs().max()
+    errors = []
+    for steps in (1, 4, 64):
+        ig = attribution_patch(tiny, src, tgt, "resid_pre", method="ig", steps=steps, **kw)
+        errors.append(float((ig.values - ex.values).abs().max()))
+    assert gap > 1e-2
+    assert errors[0] > errors[1] > errors[2]
+    assert errors[2] < 0.03 * gap  # the left Riemann sum's error falls like 1 / steps
+
+
+def test_ig_batched_equals_one_by_one(tiny, pair, metric):
+    src, tgt = pair
+    both = attribution_patch(tiny, src, tgt, IG_SITES, metric=metric, method="ig", steps=3)
+    for b in range(src.batch_size):
+        one_metric = metric.__class__(metric.name, metric.kind, metric.sets[b : b + 1])
+        one = attribution_patch(
+            tiny, src.select([b]), tgt.select([b]), IG_SITES, metric=one_metric, method="ig",
+            steps=3,
+        )  # fmt: skip
+        assert torch.allclose(one.values[:, :, 0], both.values[:, :, b], atol=1e-5)
+
+
+def test_ig_neurons_one_step_is_atp_and_two_differ(tiny, pair, metric):
+    src, tgt = pair
+    a = neuron_attribution(tiny, src, tgt, metric=metric)
+    b = neuron_attribution(tiny, src, tgt, metric=metric, method="ig", steps=1)
+    c = neuron_attribution(tiny, src, tgt, metric=metric, method="ig", steps=2)
+    assert torch.equal(a.values, b.values)
+    assert not torch.allclose(a.values, c.values) and c.meta["steps"] == 2
+
+
+def test_ig_bad_input_and_hooks_removed(tiny, pair, metric, monkeypatch):
+    import mechlingo.analyses.attribution as attribution
+
+    src, tgt = pair
+    with pytest.raises(PatchingError, match="method"):
+        attribution_patch(tiny, src, tgt, metric=metric, method="eap")
+    with pytest.raises(PatchingError, match="steps"):
+        attribution_patch(tiny, src, tgt, metric=metric, method="ig", steps=0)
+    with pytest.raises(PatchingError, match="QK fix"):
+        attribution_patch(tiny, src, tgt, metric=metric, method="ig", qk_fix=True)
+    en = load_facts(langs=["en"], relations=["capital"], limit=2)
+    ja = load_facts(langs=["ja"], relations=["capital"], limit=2)
+    with pytest.raises(PatchingError, match="token length"):
+        attribution_patch(
+            tiny, en, ja, "mlp_out", metric=fact_metrics(tiny, ja), alignment="subject",
+            method="ig",
+        )  # fmt: skip
+
+    class Boom(Exception):
+        pass
+
+    def boom(*a, **k):
+        raise Boom
+
+    monkeypatch.setattr(attribution, "_metric_values", boom)
+    with pytest.raises(Boom):
+        attribution_patch(tiny, src, tgt, IG_SITES, metric=metric, method="ig", steps=3)
+    assert count_hooks(tiny) == 0 and not torch.is_grad_enabled()
+
+
 def test_bad_input(tiny, pair, metric):
     src, tgt = pair
     with pytest.raises(PatchingError, match="unknown patching site"):

@@ -70,7 +70,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from jaxtyping import Float, Int
@@ -94,7 +94,7 @@ from mechlingo.analyses.patching import (
 )
 from mechlingo.analyses.patching.grid import PatchingSetup, check_sites, resolve_grid
 from mechlingo.analyses.patching.metrics import PackedMetrics, evaluate_metrics
-from mechlingo.analyses.patching.runs import read_run
+from mechlingo.analyses.patching.runs import read_run, repeat_batch
 from mechlingo.core.sites import edit_hooks, resolve_site
 from mechlingo.core.tokens import TokenBatch, batch_context
 from mechlingo.core.types import Model
@@ -102,6 +102,10 @@ from mechlingo.kernels.readout import apply_final_norm, unembed
 
 if TYPE_CHECKING:
     import pandas as pd
+
+#: Interpolation steps of ``method="ig"`` by default, chosen on dev prompts
+#: (``benchmarks/bench_attribution.py``; see ``docs/patching.md``).
+IG_STEPS = 2
 
 __all__ = [
     "NeuronAttribution",
@@ -158,12 +162,18 @@ class _Probed:
     final: Tensor  # [row, d_model] final residual at each last real token (in the graph)
 
 
-def _probed_forward(model: Model, tgt: TokenBatch, wanted: Sequence[str]) -> _Probed:
+def _probed_forward(
+    model: Model,
+    tgt: TokenBatch,
+    wanted: Sequence[str],
+    first: Sequence[tuple[str, Callable]] = (),
+) -> _Probed:
     """Run ``tgt`` (under ``torch.enable_grad()``) with a zero probe added at every hook of
     ``wanted``, and stop at the final residual stream. ``d metric / d probe`` is the
     derivative with respect to *replacing* the hook's output, which is what patching does (a
     bridge hook point may feed only one of the paths that read the tensor, e.g. resid_mid is
-    the input of the MLP's norm)."""
+    the input of the MLP's norm). ``first``: hooks registered before the probes (the input
+    interpolation of integrated gradients)."""
     p = _Probed({}, {}, {}, torch.empty(0))
     out: dict[str, Tensor] = {}
     last, rows = tgt.last_index, torch.arange(tgt.batch_size)
@@ -183,7 +193,7 @@ def _probed_forward(model: Model, tgt: TokenBatch, wanted: Sequence[str]) -> _Pr
         raise StopForward
 
     # a probe at a bridge's resid_mid must reach the residual too, as a patch there does
-    fwd_hooks = [h for n in wanted for h in edit_hooks(model, n, keep(n))]
+    fwd_hooks = [*first, *(h for n in wanted for h in edit_hooks(model, n, keep(n)))]
     fwd_hooks.append((final_resid_name(model), final_hook))
     b = tgt.to(model_input_device(model))
     with batch_context(b), hooked(model, fwd_hooks):
@@ -243,6 +253,40 @@ def _qk_path_grads(
     return pattern_grads, qk_grads
 
 
+EMBED_HOOK = "hook_embed"  # the token embeddings: where integrated gradients interpolate
+
+
+def _interpolation_hook(
+    src_embed: Float[Tensor, "row pos d_model"], alphas: Sequence[float]
+) -> tuple[str, Callable]:
+    """The hook that moves the embeddings of copy ``j`` of the target (rows ``j * B`` to
+    ``(j + 1) * B``) to ``target + alphas[j] * (source - target)``."""
+    a = torch.tensor([float(x) for x in alphas]).repeat_interleave(src_embed.shape[0])
+
+    def hook(t: Tensor, hook: Any) -> Tensor:
+        s = src_embed.to(device=t.device, dtype=t.dtype).repeat(len(alphas), 1, 1)
+        return t + a.to(device=t.device, dtype=t.dtype)[:, None, None] * (s - t)
+
+    return EMBED_HOOK, hook
+
+
+def check_interpolable(model: Model, src: TokenBatch, tgt: TokenBatch) -> None:
+    """Integrated gradients interpolate the input embeddings position by position: the
+    source and target rows must have the same token lengths."""
+    if EMBED_HOOK not in model.hook_dict:
+        raise PatchingError(
+            f"method='ig' interpolates the embeddings at {EMBED_HOOK!r}, which this model lacks; "
+            "use method='atp'"
+        )
+    if src.tokens.shape != tgt.tokens.shape or not torch.equal(src.lengths, tgt.lengths):
+        raise PatchingError(
+            "method='ig' interpolates the input embeddings between source and target position "
+            "by position, so each source row needs its target row's token length (got lengths "
+            f"{src.lengths.tolist()} and {tgt.lengths.tolist()}); pair prompts of equal "
+            "length or use method='atp'"
+        )
+
+
 def _gradient_pass(
     model: Model,
     src: TokenBatch,
@@ -252,42 +296,64 @@ def _gradient_pass(
     metrics: Sequence[Metric],
     packed: PackedMetrics,
     qk_layers: Sequence[int] = (),
+    alphas: Sequence[float] = (0.0,),
 ) -> _Grads:
     """The source run without gradients (its activations at the grid positions and the clean
     metrics, read as :func:`~mechlingo.analyses.patching.patch_activations` reads them), then one
     forward of the target rows with gradients on and one ``autograd.grad`` per metric: the
     gradient of each row's metric with respect to every requested activation (rows are
-    independent, so the gradient of the sum is each row's own gradient)."""
+    independent, so the gradient of the sum is each row's own gradient).
+
+    ``alphas`` (integrated gradients): the target runs once per ``alpha`` in the same batch,
+    its embeddings moved to ``target + alpha (source - target)``, and the gradients are the
+    mean over the copies; ``alphas[0]`` must be 0 (the target run itself: its activations
+    and the corrupted metric come from that copy)."""
     names = list(dict.fromkeys(hook_names))
     pre = {layer: resolve_site(model, "resid_pre", layer).hook_name for layer in qk_layers}
     pat = {layer: f"blocks.{layer}.attn.hook_pattern" for layer in qk_layers}
     missing = [n for n in [*names, *pat.values()] if n not in model.hook_dict]
     if missing:
         raise PatchingError(f"hooks not in this model: {missing[:3]}")
-    src_acts, src_final = read_run(model, src, {n: src_pos.contiguous() for n in names})
-    rows = torch.arange(tgt.batch_size)
-    clean = evaluate_metrics(model, src_final, metrics, packed, rows).float().cpu()
+    k, B = len(alphas), tgt.batch_size
+    reads = {n: src_pos.contiguous() for n in names}
+    if k > 1:  # the source embeddings at every position, for the interpolation
+        reads[EMBED_HOOK] = torch.arange(src.tokens.shape[1]).repeat(B, 1)
+    src_acts, src_final = read_run(model, src, reads)
+    first = [_interpolation_hook(src_acts.pop(EMBED_HOOK), alphas)] if k > 1 else []
+    big = repeat_batch(tgt, k) if k > 1 else tgt
+    clean = evaluate_metrics(model, src_final, metrics, packed, torch.arange(B)).float().cpu()
+    rows_packed = _repeat_packed(packed, k)
     with torch.enable_grad():
-        p = _probed_forward(model, tgt, list(dict.fromkeys([*names, *pre.values(), *pat.values()])))
-        values = _metric_values(model, p.final, metrics, packed)  # [metric, row]
+        wanted = list(dict.fromkeys([*names, *pre.values(), *pat.values()]))
+        p = _probed_forward(model, big, wanted, first)
+        values = _metric_values(model, p.final, metrics, rows_packed)  # [metric, k * row]
         targets = [t for n in names for t in p.probes[n]]
         targets += [p.probes[pat[layer]][0] for layer in qk_layers]
         per = _metric_grads(values, targets)
         grads: dict[str, Tensor] = {}
-        k = 0
-        for n in names:  # a hook firing twice: the sum over its firings
-            grads[n] = torch.stack([sum(gs[k : k + len(p.probes[n])]) for gs in per]).float()
-            k += len(p.probes[n])
-        pattern_grads, qk_grads = _qk_path_grads(p, per, k, pre, pat)
+        j = 0
+        for n in names:  # a hook firing twice: the sum over its firings; then the mean over
+            g = torch.stack([sum(gs[j : j + len(p.probes[n])]) for gs in per]).float()
+            grads[n] = g.view(g.shape[0], k, B, *g.shape[2:]).mean(1)  # the interpolation
+            j += len(p.probes[n])
+        pattern_grads, qk_grads = _qk_path_grads(p, per, j, pre, pat)
     return _Grads(
         src_acts=src_acts,
-        acts={n: p.acts[n] for n in names},
+        acts={n: p.acts[n][:B] for n in names},
         grads=grads,
         clean=clean,
-        corrupted=values.detach().float().cpu(),
+        corrupted=values.detach().float().cpu()[:, :B],
         pattern_grads=pattern_grads,
         qk_grads=qk_grads,
     )
+
+
+def _repeat_packed(packed: PackedMetrics, copies: int) -> PackedMetrics:
+    """The metrics' packed token sets for ``copies`` copies of the batch, one after another."""
+    ids, primary, slices = packed
+    if copies == 1:
+        return packed
+    return ids.repeat(copies, 1, 1), primary.repeat(copies, 1), slices
 
 
 def _patched_patterns(
@@ -425,7 +491,9 @@ def attribution_patch(
     heads: Sequence[int] | None = None,
     source_subject: Sequence[tuple[int, int]] | None = None,
     target_subject: Sequence[tuple[int, int]] | None = None,
-    qk_fix: bool = True,
+    method: Literal["atp", "ig"] = "atp",
+    steps: int = IG_STEPS,
+    qk_fix: bool | None = None,
     scale: float = 1.0,
 ) -> PatchingResult:
     """Estimate a whole :func:`~mechlingo.analyses.patching.patch_activations` grid by attribution
@@ -435,7 +503,17 @@ def attribution_patch(
     alignments, subject spans and metrics, resolved by the same code), plus:
 
     Args:
-        qk_fix: apply AtP*'s QK fix to ``resid_pre`` cells (see the module docstring).
+        method: ``"atp"`` (default): the gradient of the target run (one forward and one
+            backward pass). ``"ig"``: integrated gradients along the straight line from the
+            target's input embeddings to the source's (EAP-IG, Hanna et al. 2024): the
+            gradient is averaged over ``steps`` runs at ``alpha = 0, 1/steps, ...,
+            (steps - 1)/steps`` (the left Riemann sum; ``steps=1`` is plain AtP), all in one
+            forward and one backward pass of ``steps`` copies of the target batch. Needs source
+            and target rows of equal token length.
+        steps: interpolation steps of ``method="ig"`` (default chosen on dev prompts, see
+            ``docs/patching.md``).
+        qk_fix: apply AtP*'s QK fix to ``resid_pre`` cells (see the module docstring);
+            default on for ``"atp"``; not available with ``"ig"``.
         scale: patch ``target + scale * (source - target)`` instead of the source activation
             (``1`` = a full patch; a small value gives the first-order regime, where the
             estimate must equal exact patching of the same interpolation).
@@ -444,13 +522,16 @@ def attribution_patch(
         A :class:`~mechlingo.analyses.patching.PatchingResult` whose ``values`` are the
         *estimated* patched metrics (``corrupted + estimate``, per example) and whose
         ``clean``/``corrupted`` are the measured baselines; ``meta["method"]`` is ``"atp"``
-        (``"atp*"`` when the QK fix changed some cell) and ``meta["seconds"]`` the wall time.
+        (``"atp*"`` when the QK fix changed some cell) or ``"ig"`` (with ``meta["steps"]``),
+        and ``meta["seconds"]`` the wall time.
         Normalised effects, heatmaps and tables read it exactly as an exact result.
 
     Raises:
-        PatchingError: the input errors of ``patch_activations``.
+        PatchingError: the input errors of ``patch_activations``; an unknown ``method``, ``steps <
+            1``, ``qk_fix=True`` with ``"ig"``, or ``"ig"`` on rows of unequal length.
     """
     t0 = time.perf_counter()
+    alphas = _alphas(method, steps, qk_fix)
     setup = resolve_grid(
         model,
         source,
@@ -465,7 +546,10 @@ def attribution_patch(
         target_subject=target_subject,
     )
     names = setup.hook_names(model)
-    qk_layers = setup.layers if (qk_fix and "resid_pre" in setup.sites) else []
+    if method == "ig":
+        check_interpolable(model, setup.src, setup.tgt)
+    qk_on = method == "atp" and qk_fix is not False
+    qk_layers = setup.layers if (qk_on and "resid_pre" in setup.sites) else []
     g = _gradient_pass(
         model,
         setup.src,
@@ -475,12 +559,14 @@ def attribution_patch(
         setup.metrics,
         setup.packed,
         qk_layers,
+        alphas,
     )
     per_hook = _hook_estimates(model, setup, g, names, scale, bool(qk_layers))
     cells = setup.cells()
     corrupted = g.corrupted.cpu()
     meta = {
-        "method": "atp*" if qk_layers else "atp",
+        "method": "ig" if method == "ig" else ("atp*" if qk_layers else "atp"),
+        "steps": len(alphas),
         "qk_fix": bool(qk_layers),
         "scale": float(scale),
         "seconds": round(time.perf_counter() - t0, 4),
@@ -488,6 +574,22 @@ def attribution_patch(
     return setup.result(
         cells, _cell_values(cells, per_hook, names, corrupted), g.clean, corrupted, meta
     )
+
+
+def _alphas(method: str, steps: int, qk_fix: bool | None) -> list[float]:
+    """The interpolation points of ``method`` (``[0.0]`` for plain AtP), checked."""
+    if method not in ("atp", "ig"):
+        raise PatchingError(f"method must be 'atp' or 'ig', got {method!r}")
+    if method == "atp":
+        return [0.0]
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise PatchingError(f"steps must be an integer >= 1, got {steps!r}")
+    if qk_fix:
+        raise PatchingError(
+            "the QK fix corrects the target run's gradient and does not combine with "
+            "method='ig'; pass qk_fix=None (or False)"
+        )
+    return [j / steps for j in range(steps)]
 
 
 def _qk_corrections(
@@ -598,12 +700,16 @@ def neuron_attribution(
     alignment: str | Mapping[int, int] | None = None,
     source_subject: Sequence[tuple[int, int]] | None = None,
     target_subject: Sequence[tuple[int, int]] | None = None,
+    method: Literal["atp", "ig"] = "atp",
+    steps: int = IG_STEPS,
 ) -> NeuronAttribution:
     """Attribution patching of every MLP neuron (``mlp_post``) at every layer and position:
     ``(a_source - a_target) * d metric / d a`` per neuron, with the inputs, positions and
-    metrics of :func:`attribution_patch` / ``patch_activations``. Plain AtP (neurons feed no
-    softmax directly)."""
+    metrics of :func:`attribution_patch` / ``patch_activations``. ``method``/``steps`` as there
+    (``"ig"``: the gradient averaged along the input interpolation; no QK fix: neurons feed
+    no softmax directly)."""
     t0 = time.perf_counter()
+    alphas = _alphas(method, steps, None)
     setup = resolve_grid(
         model,
         source,
@@ -616,6 +722,8 @@ def neuron_attribution(
         source_subject=source_subject,
         target_subject=target_subject,
     )
+    if method == "ig":
+        check_interpolable(model, setup.src, setup.tgt)
     names = {layer: resolve_site(model, "mlp_post", layer).hook_name for layer in setup.layers}
     B = setup.tgt.batch_size
     g = _gradient_pass(
@@ -626,6 +734,7 @@ def neuron_attribution(
         list(names.values()),
         setup.metrics,
         setup.packed,
+        alphas=alphas,
     )
     per_layer = []
     rows = torch.arange(B)[:, None]
@@ -642,7 +751,11 @@ def neuron_attribution(
         metric_names=[m.name for m in setup.metrics],
         layers=setup.layers,
         position_labels=setup.pos.labels,
-        meta={"method": "atp", "seconds": round(time.perf_counter() - t0, 4)},
+        meta={
+            "method": method,
+            "steps": len(alphas),
+            "seconds": round(time.perf_counter() - t0, 4),
+        },
     )
 
 
