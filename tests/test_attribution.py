@@ -194,7 +194,8 @@ def test_verify_top_cells_are_exact(tiny, pair, metric):
             and c.head == r["head"]
             and ex.position_labels[c.position] == r["position"]
         )
-        assert r["exact"] == pytest.approx(float(nrm[i]), abs=1e-5)
+        # float32 noise of two batchings, divided by the clean-corrupted gap
+        assert r["exact"] == pytest.approx(float(nrm[i]), rel=1e-5, abs=1e-5)
     eff = at.effect().abs()
     assert abs(rows[0]["estimate_effect"]) == pytest.approx(float(eff.max()), rel=1e-6)
 

@@ -158,6 +158,10 @@ def test_patch_activations_identity(ht):
     stacked = patching.patch_activations(ht, src, tgt, sites, batching="stack", **kw)
     assert not torch.allclose(grown.clean, grown.corrupted)
     torch.testing.assert_close(grown.values, stacked.values, rtol=0, atol=1e-4)
+    # a HookedTransformer has no transformers cache to reuse: the default does without it,
+    # and asking for it is refused with what to do
+    with pytest.raises(patching.PatchingError, match="reuse_prefix=None"):
+        patching.patch_activations(ht, src, tgt, sites, reuse_prefix=True, **kw)
 
 
 def test_resid_mid_is_the_residual_on_a_hooked_transformer(ht):

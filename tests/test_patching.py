@@ -98,37 +98,133 @@ def test_grown_batch_cross_language_rows_of_different_lengths(tiny):
     assert (a.values - b.values).abs().max() < 1e-5
 
 
-def test_grown_batch_hooks_removed_after_error(tiny, pair, metric, monkeypatch):
+@pytest.mark.parametrize("cells_per_batch", [1, 7, 500])
+@pytest.mark.parametrize("positions", [None, [-3, -2, -1], [1, -1]])
+def test_shared_prefix_equals_every_position(tiny, pair, metric, cells_per_batch, positions):
+    # reusing the unpatched prefix's keys and values (passes start at the first patched
+    # position, several examples per pass) gives the numbers of copies that compute every
+    # position (reuse_prefix=False) and of "stack", at every site
+    src, tgt = pair
+    sites = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "head"]
+    kw = dict(metric=metric, positions=positions)  # same-shape pair: no alignment
+    full = patch_activations(tiny, src, tgt, sites, batching="stack", **kw)
+    reused = patch_activations(
+        tiny, src, tgt, sites, reuse_prefix=True, cells_per_batch=cells_per_batch, **kw
+    )
+    assert full.cells == reused.cells
+    assert not torch.allclose(full.values, full.corrupted[:, None])  # the patches do act
+    assert (full.values - reused.values).abs().max() < 1e-5
+    assert torch.allclose(full.corrupted, reused.corrupted, atol=1e-5)
+    assert count_hooks(tiny) == 0
+
+
+def test_shared_prefix_rows_of_different_lengths(tiny):
+    # three targets of different lengths in one pass, right-padded and unmasked, positions
+    # aligned by subject: equal to one example at a time without prefix reuse
+    en = load_facts(langs=["en"], relations=["capital"], limit=3)
+    ja = load_facts(langs=["ja"], relations=["capital"], limit=3)
+    kw = dict(metric=fact_metrics(tiny, ja), alignment="subject")
+    sites = ["resid_pre", "mlp_out", "head"]
+    a = patch_activations(tiny, en, ja, sites, reuse_prefix=False, **kw)
+    b = patch_activations(tiny, en, ja, sites, reuse_prefix=True, **kw)
+    assert (a.values - b.values).abs().max() < 1e-5
+
+
+def test_reuse_prefix_refused_where_it_cannot_apply(tiny, pair, metric):
+    src, tgt = pair
+    with pytest.raises(PatchingError, match="batching='grow'"):
+        patch_activations(tiny, src, tgt, metric=metric, batching="stack", reuse_prefix=True)
+
+
+def _brute_parts(starts, weights, base, length):
+    from mechlingo.analyses.patching.passes import PASS_COST_POSITIONS
+
+    pos = sorted(set(starts))
+    best = None
+    for mask in range(2 ** (len(pos) - 1)):  # a cut after pos[i] where bit i is set
+        cuts = [0] + [i + 1 for i in range(len(pos) - 1) if mask >> i & 1] + [len(pos)]
+        cost = 0.0
+        for i, j in zip(cuts, cuts[1:], strict=False):
+            rows = base + sum(w for q, w in zip(starts, weights, strict=True) if q in pos[i:j])
+            cost += PASS_COST_POSITIONS + rows * (length - pos[i])
+        best = cost if best is None else min(best, cost)
+    return best
+
+
+def test_prefix_parts_is_the_cheapest_split():
+    from mechlingo.analyses.patching.passes import PASS_COST_POSITIONS, prefix_parts
+
+    # one position: one part; few cells far apart: one pass; many cells far apart: two
+    assert prefix_parts([4, 4, 4], [1.0, 1.0, 1.0], 2.0, 9) == [[0, 1, 2]]
+    assert prefix_parts([1, 8], [0.1, 0.1], 1.0, 9) == [[0, 1]]
+    assert prefix_parts([1, 8] * 50, [1.0] * 100, 1.0, 9) == [
+        list(range(0, 100, 2)),
+        list(range(1, 100, 2)),
+    ]
+    g = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        n = int(torch.randint(1, 12, (1,), generator=g))
+        length = 12
+        starts = torch.randint(0, length, (n,), generator=g).tolist()
+        weights = (torch.rand(n, generator=g) * 20).tolist()
+        parts = prefix_parts(starts, weights, 3.0, length)
+        assert sorted(k for part in parts for k in part) == list(range(n))
+        cost = sum(
+            PASS_COST_POSITIONS
+            + (3.0 + sum(weights[k] for k in part)) * (length - min(starts[k] for k in part))
+            for part in parts
+        )
+        assert cost == pytest.approx(_brute_parts(starts, weights, 3.0, length))
+
+
+def test_suffix_pass_on_the_recorded_prefix_equals_the_whole_pass(tiny):
+    # cached == uncached: positions p.. of each row against the recorded prefix give the
+    # recorded final residual stream, for rows of different lengths, at every p
+    from mechlingo.activations.prefix import cache_upto, record_prefix, run_on_cache
+
+    batch = encode(tiny, ["The cat sat on the mat", "A dog", "Birds fly south in winter"])
+    record = record_prefix(tiny, batch)
+    rows = torch.arange(batch.batch_size)
+    for p in range(int(batch.lengths.min())):
+        cache = cache_upto(tiny, record, rows, p) if p else None
+        final = run_on_cache(tiny, batch, cache, p, (), batch.lengths - 1 - p)
+        torch.testing.assert_close(final, record.final, rtol=1e-5, atol=1e-5)
+    assert count_hooks(tiny) == 0
+
+
+@pytest.mark.parametrize("reuse_prefix", [False, True])
+def test_grown_batch_hooks_removed_after_error(tiny, pair, metric, monkeypatch, reuse_prefix):
     import mechlingo.analyses.patching as patching
 
     src, tgt = pair
+    kw = dict(metric=metric, batching="grow", reuse_prefix=reuse_prefix)
 
     class Boom(Exception):
         pass
 
-    def exploding_brancher(copies):
+    def exploding_brancher(rows):
         def hook(t, hook):
             if hook.name.startswith("blocks.1."):
                 raise Boom  # mid-pass, after layer 0's hooks have fired
-            return torch.cat([t, t[:1].expand(copies, *t.shape[1:])])
+            return torch.cat([t, t[rows]])
 
         return hook
 
     monkeypatch.setattr(patching, "_brancher", exploding_brancher)
     with pytest.raises(Boom):
-        patch_activations(tiny, src, tgt, ["resid_pre", "head"], metric=metric, batching="grow")
+        patch_activations(tiny, src, tgt, ["resid_pre", "head"], **kw)
     assert count_hooks(tiny) == 0
 
-    def mismatched_brancher(copies):
+    def mismatched_brancher(rows):
         # a model whose masks do not broadcast fails inside the pass with a RuntimeError
         def hook(t, hook):
-            return torch.cat([t, t[:1, :-1].expand(copies, -1, -1)])
+            return torch.cat([t, t[rows, :-1]])
 
         return hook
 
     monkeypatch.setattr(patching, "_brancher", mismatched_brancher)
     with pytest.raises(PatchingError, match="batching='stack'"):
-        patch_activations(tiny, src, tgt, "resid_pre", metric=metric, batching="grow")
+        patch_activations(tiny, src, tgt, "resid_pre", **kw)
     assert count_hooks(tiny) == 0
     with pytest.raises(PatchingError, match="batching"):
         patch_activations(tiny, src, tgt, metric=metric, batching="tiles")

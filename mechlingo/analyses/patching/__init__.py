@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 import torch
 
+from mechlingo.activations.prefix import prefix_reuse_supported
 from mechlingo.analyses.patching.errors import PatchingError
 from mechlingo.analyses.patching.grid import PATCH_SITES, PatchingSetup, check_sites, resolve_grid
 from mechlingo.analyses.patching.knockout import (
@@ -58,7 +59,12 @@ from mechlingo.analyses.patching.metrics import (
     fact_metrics,
     logit_diff,
 )
-from mechlingo.analyses.patching.passes import Plan, grown_passes, stacked_passes
+from mechlingo.analyses.patching.passes import (
+    Plan,
+    grown_passes,
+    shared_prefix_passes,
+    stacked_passes,
+)
 from mechlingo.analyses.patching.passes import brancher as _brancher
 from mechlingo.analyses.patching.passes import writer as _writer
 from mechlingo.analyses.patching.positions import PositionLabel, subject_token_span
@@ -99,8 +105,32 @@ def _batching(batching: str, cells_per_batch: int | None, model: Model) -> tuple
     return batching, cells_per_batch
 
 
+def _reuses_prefix(model: Model, setup: PatchingSetup, batching: str, wanted: bool | None) -> bool:
+    """Whether grown passes reuse the unpatched prefix's keys and values: where the model
+    supports it (:func:`mechlingo.activations.prefix.prefix_reuse_supported`), unless
+    ``wanted`` is ``False``; ``True`` where it cannot is an error."""
+    if wanted is False:
+        return False
+    if batching != "grow":
+        if wanted:
+            raise PatchingError("reuse_prefix=True needs batching='grow'")
+        return False
+    ok = prefix_reuse_supported(model, int(setup.tgt.lengths.max()))
+    if wanted and not ok:
+        raise PatchingError(
+            "reuse_prefix=True, but this model's key-value cache cannot be reused here (cached "
+            "decoding disagrees with uncached decoding, the model is not a TransformerLens "
+            "bridge, or the target outgrows its sliding window); leave reuse_prefix=None"
+        )
+    return ok
+
+
 def _run_passes(
-    model: Model, setup: PatchingSetup, batching: str, cells_per_batch: int
+    model: Model,
+    setup: PatchingSetup,
+    batching: str,
+    cells_per_batch: int,
+    reuse_prefix: bool | None = None,
 ) -> PatchingResult:
     """Read the source once, then run the patched passes of every cell."""
     names = setup.hook_names(model)
@@ -122,7 +152,12 @@ def _run_passes(
         writer=_writer,  # looked up here at call time: tests replace them on this module
         brancher=_brancher,
     )
-    values, corrupted = (grown_passes if batching == "grow" else stacked_passes)(plan)
+    if _reuses_prefix(model, setup, batching, reuse_prefix):
+        values, corrupted = shared_prefix_passes(plan)
+    elif batching == "stack":
+        values, corrupted = stacked_passes(plan)
+    else:
+        values, corrupted = grown_passes(plan)
     return setup.result(cells, values, clean.cpu(), corrupted)
 
 
@@ -141,6 +176,7 @@ def patch_activations(
     target_subject: Sequence[tuple[int, int]] | None = None,
     cells_per_batch: int | None = None,
     batching: Literal["grow", "stack"] = "grow",
+    reuse_prefix: bool | None = None,
 ) -> PatchingResult:
     """Patch source activations into the target run, cell by cell, in batched passes.
 
@@ -172,6 +208,13 @@ def patch_activations(
             every copy runs the whole model, all examples together (for models whose attention
             masks or position embeddings do not broadcast over a batch that grows mid-pass).
             Both give the same numbers.
+        reuse_prefix: with ``batching="grow"``, a copy patched at position ``p`` computes only
+            positions ``p`` onwards, attending to the unpatched target's cached keys and
+            values before ``p`` (a causal model's positions before a patch are unchanged by
+            it), one pass per target position of a group's cells. ``None`` (default): where
+            the model supports it (:func:`mechlingo.activations.prefix.prefix_reuse_supported`:
+            TransformerLens bridges whose cached decoding agrees with uncached decoding);
+            ``False``: every copy computes every position. Same numbers either way.
 
     Returns:
         A :class:`PatchingResult` with per-example values and the clean/corrupted baselines.
@@ -195,4 +238,4 @@ def patch_activations(
         source_subject=source_subject,
         target_subject=target_subject,
     )
-    return _run_passes(model, setup, mode, per_pass)
+    return _run_passes(model, setup, mode, per_pass, reuse_prefix)

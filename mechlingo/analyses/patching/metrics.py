@@ -151,8 +151,9 @@ def evaluate_metrics(
     """Every metric of final-residual rows; row ``r`` belongs to example ``example[r]``."""
     ids, primary, slices = packed
     ex = example.to(ids.device)
-    # large row chunks: the unembedding streams W_U once per chunk (256 x 262k floats = 268 MB)
-    r = read_logits(model, resid, ids[ex], primary[ex], top_k=0, ranks=False, chunk_rows=256)
+    # no top-k and no ranks: the streamed readout, whose memory is rows x 4,096 logits; the
+    # unembedding is read once per chunk of rows, so the chunks are large (2,048 rows: 32 MB)
+    r = read_logits(model, resid, ids[ex], primary[ex], top_k=0, ranks=False, chunk_rows=2048)
     return torch.stack(
         [m.combine(r.set_logprob[:, s]) for m, s in zip(metrics, slices, strict=True)]
     )

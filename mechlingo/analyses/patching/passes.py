@@ -26,6 +26,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from mechlingo.activations.prefix import (
+    PrefixRecord,
+    cache_grower,
+    cache_upto,
+    record_prefix,
+    run_on_cache,
+)
 from mechlingo.activations.runs import StopForward, final_resid_name, run_batch
 from mechlingo.analyses.patching.errors import PatchingError
 from mechlingo.analyses.patching.metrics import Metric, PackedMetrics, evaluate_metrics
@@ -35,7 +42,16 @@ from mechlingo.core.sites import edit_hooks
 from mechlingo.core.tokens import TokenBatch
 from mechlingo.core.types import Model
 
-__all__ = ["Plan", "brancher", "grown_passes", "stacked_passes", "writer"]
+__all__ = [
+    "PASS_COST_POSITIONS",
+    "Plan",
+    "brancher",
+    "grown_passes",
+    "prefix_parts",
+    "shared_prefix_passes",
+    "stacked_passes",
+    "writer",
+]
 
 Hook = tuple[str, Callable]
 
@@ -63,11 +79,15 @@ def writer(rows: Tensor, positions: Tensor, heads: Tensor, values: Tensor, per_h
     return hook
 
 
-def brancher(copies: int) -> Callable:
-    """A hook appending ``copies`` copies of row 0 (the unpatched run) to the batch."""
+def brancher(rows: Tensor) -> Callable:
+    """A hook appending copies of the batch rows ``rows`` (unpatched runs) to the batch, in
+    that order."""
+    cache: dict[torch.device, Tensor] = {}
 
     def hook(t: Tensor, hook: Any) -> Tensor:
-        return torch.cat([t, t[:1].expand(copies, *t.shape[1:])])
+        if t.device not in cache:
+            cache[t.device] = rows.to(t.device)
+        return torch.cat([t, t[cache[t.device]]])
 
     return hook
 
@@ -89,7 +109,7 @@ class Plan(NamedTuple):
     packed: PackedMetrics
     cells_per_batch: int
     writer: Callable[..., Callable]
-    brancher: Callable[[int], Callable]
+    brancher: Callable[[Tensor], Callable]
 
 
 def _cell_values(
@@ -105,11 +125,12 @@ def _cell_values(
 
 
 def _cell_writer(
-    plan: Plan, name: str, sel: Sequence[Cell], rows: Tensor, example: Tensor
+    plan: Plan, name: str, sel: Sequence[Cell], rows: Tensor, example: Tensor, shift: int = 0
 ) -> list[Hook]:
     """The hooks at ``name`` writing cell ``sel[i]`` (of example ``example[i]``) into batch row
-    ``rows[i]`` (two at a bridge's resid_mid: see :func:`mechlingo.core.sites.edit_hooks`)."""
-    t_pos = plan.tgt_pos[torch.tensor([c.position for c in sel]), example]
+    ``rows[i]`` (two at a bridge's resid_mid: see :func:`mechlingo.core.sites.edit_hooks`);
+    a pass that starts at position ``shift`` holds position ``q`` in column ``q - shift``."""
+    t_pos = plan.tgt_pos[torch.tensor([c.position for c in sel]), example] - shift
     head = torch.tensor([c.head for c in sel])
     vals = _cell_values(sel, name, plan.src_acts, example)
     return edit_hooks(plan.model, name, plan.writer(rows, t_pos, head, vals, sel[0].site == "head"))
@@ -163,7 +184,8 @@ def _grown_hooks(
         by_hook.setdefault(plan.names[(cells[i].site, cells[i].layer)], []).append(i)
     # before the writers: at a shared hook point the copies must exist first
     fwd_hooks: list[Hook] = [
-        (branch[layer], plan.brancher(n)) for layer, n in sorted(new_rows.items())
+        (branch[layer], plan.brancher(torch.zeros(n, dtype=torch.long)))
+        for layer, n in sorted(new_rows.items())
     ]
     for name, idx in by_hook.items():
         rows = torch.tensor([row_of[i] for i in idx])
@@ -229,3 +251,167 @@ def _grown_final(
             "model does not pass a grown batch through; use patch_activations(..., batching='stack')"
         )
     return out["final"]
+
+
+# --------------------------------------------------------------------------------------
+# Shared-prefix passes
+# --------------------------------------------------------------------------------------
+
+PASS_COST_POSITIONS = 32
+"""What one forward pass costs before it computes anything, in row-positions through the
+whole model: on 2 CPU cores a pass of the embedded model costs about 70 ms of fixed work
+(hooks, kernel calls, every weight read once) and about 2 ms per row and position computed
+through all 18 layers. :func:`prefix_parts` weighs an extra pass against the positions it
+saves."""
+
+
+def prefix_parts(
+    starts: Sequence[int], weights: Sequence[float], base: float, length: int
+) -> list[list[int]]:
+    """How to split a group of cells into passes that start at different positions. Cell
+    ``k`` is patched at position ``starts[k]`` or later and costs ``weights[k]`` rows of the
+    whole model per position (its examples times the fraction of the layers it computes); a
+    pass over a part starting at position ``p`` computes positions ``p..length-1`` for its
+    cells and for ``base`` unpatched rows, plus :data:`PASS_COST_POSITIONS`. Parts are runs
+    of consecutive start positions chosen to minimise the total (exactly, by dynamic
+    programming over the distinct positions). Returns the cells' indices per part, parts in
+    position order."""
+    pos = sorted(set(starts))
+    weight = dict.fromkeys(pos, 0.0)
+    for q, w in zip(starts, weights, strict=True):
+        weight[q] += w
+    best = [0.0] + [float("inf")] * len(pos)
+    cut = [0] * (len(pos) + 1)
+    for j in range(1, len(pos) + 1):  # the last part is pos[i:j]
+        rows = base
+        for i in range(j - 1, -1, -1):
+            rows += weight[pos[i]]
+            cost = best[i] + PASS_COST_POSITIONS + rows * (length - pos[i])
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    bounds, j = [], len(pos)
+    while j:
+        bounds.append((cut[j], j))
+        j = cut[j]
+    parts = []
+    for i, j in reversed(bounds):
+        members = set(pos[i:j])
+        parts.append([k for k, q in enumerate(starts) if q in members])
+    return parts
+
+
+def _example_chunks(n_examples: int, n_cells: int, cells_per_batch: int) -> list[list[int]]:
+    """Examples per pass: as many as keep the patched copies within ``cells_per_batch``."""
+    per = max(1, cells_per_batch // max(1, n_cells))
+    return [list(range(e, min(n_examples, e + per))) for e in range(0, n_examples, per)]
+
+
+def _prefix_pass(
+    plan: Plan,
+    part: Sequence[int],
+    examples: Sequence[int],
+    record: PrefixRecord,
+    branch: Mapping[int, str],
+) -> Float[Tensor, "row d_model"]:
+    """One pass of the cells ``part`` (indices into ``plan.cells``) over the ``examples``:
+    rows ``0..E-1`` are the examples' unpatched targets; at the block input of each layer
+    with cells, copies of those rows are appended (per example, that layer's cells in
+    ``part`` order) and the cells write into them. The pass starts at the first patched
+    position ``p`` and attends to the recorded keys and values before ``p``. Returns the
+    final residual stream of every row at its example's last token: the unpatched rows,
+    then per example its cells in ``part`` order."""
+    model, cells, tgt = plan.model, plan.cells, plan.tgt
+    ex = torch.tensor(list(examples))
+    labels = torch.tensor([cells[i].position for i in part])
+    p = int(plan.tgt_pos[labels][:, ex].min())
+    lengths = tgt.lengths[ex]
+    E = len(examples)
+    by_layer: dict[int, list[int]] = {}
+    for k, i in enumerate(part):
+        by_layer.setdefault(cells[i].layer, []).append(k)
+    cache = cache_upto(model, record, ex, p) if p else None
+    row_of = torch.empty(E, len(part), dtype=torch.long)
+    fwd_hooks: list[Hook] = []
+    example_of_row = [torch.arange(E)]  # each row's example (index into ``examples``)
+    n_rows = E
+    for layer in sorted(by_layer):
+        ks = by_layer[layer]
+        src_rows = torch.arange(E).repeat_interleave(len(ks))
+        example_of_row.append(src_rows)
+        row_of[:, ks] = n_rows + torch.arange(E * len(ks)).view(E, len(ks))
+        n_rows += E * len(ks)
+        fwd_hooks.append((branch[layer], plan.brancher(src_rows)))
+        if cache is not None:
+            fwd_hooks.append((branch[layer], cache_grower(cache, layer, src_rows)))
+    by_hook: dict[str, list[int]] = {}
+    for k, i in enumerate(part):
+        by_hook.setdefault(plan.names[(cells[i].site, cells[i].layer)], []).append(k)
+    for name, ks in by_hook.items():
+        rows = row_of[:, ks].reshape(-1)  # example-major
+        sel = [cells[part[k]] for _ in range(E) for k in ks]
+        example = ex.repeat_interleave(len(ks))
+        fwd_hooks.extend(_cell_writer(plan, name, sel, rows, example, shift=p))
+    sub = tgt.select(ex)
+    last = lengths[torch.cat(example_of_row)] - 1 - p
+    final = _guarded(lambda: run_on_cache(model, sub, cache, p, fwd_hooks, last))
+    if final.shape[0] != n_rows:
+        raise PatchingError(
+            f"the batch grew to {final.shape[0]} rows instead of {n_rows}: this model does not "
+            "pass a grown batch through; use patch_activations(..., reuse_prefix=False)"
+        )
+    order = torch.cat([torch.arange(E), row_of.reshape(-1)])
+    return final[order.to(final.device)]
+
+
+def _guarded(run: Callable[[], Tensor]) -> Tensor:
+    """``run()``, a failed forward pass turned into a :class:`PatchingError` that says how to
+    patch without reusing the prefix."""
+    try:
+        return run()
+    except (RuntimeError, ValueError) as e:  # ValueError: transformers' mask-shape checks
+        raise PatchingError(
+            f"the forward pass failed while reusing the unpatched target's keys and values "
+            f"({e}); use patch_activations(..., reuse_prefix=False), or batching='stack'"
+        ) from e
+
+
+def shared_prefix_passes(plan: Plan) -> tuple[Tensor, Tensor]:
+    """Grown passes that share the unpatched prefix too, over several examples at once.
+
+    The target batch runs once, unpatched, with a key-value cache
+    (:func:`mechlingo.activations.prefix.record_prefix`): its final residual stream gives the
+    corrupted baseline, and its keys and values are kept. Then, per group of cells (in layer
+    order) and chunk of examples (as many as keep the copies within ``cells_per_batch``), the
+    group is split by patched position (:func:`prefix_parts`) and each part runs one pass
+    over every example of the chunk: it starts at the part's first patched position ``p``
+    and attends to the cached keys and values before ``p`` (a patch cannot change a causal
+    model's earlier positions), and the batch grows by each layer's patched copies at its
+    block input, as in :func:`grown_passes`. Rows stay right-padded and unmasked: a real
+    position never attends to the padding after it."""
+    model, tgt, cells, metrics = plan.model, plan.tgt, plan.cells, plan.metrics
+    B = tgt.batch_size
+    values = torch.empty(len(metrics), len(cells), B)
+    record = _guarded(lambda: record_prefix(model, tgt))
+    all_rows = torch.arange(B)
+    corrupted = evaluate_metrics(model, record.final, metrics, plan.packed, all_rows).cpu()
+    order = sorted(range(len(cells)), key=lambda i: cells[i].layer)  # stable
+    branch = {layer: site_hook(model, "resid_pre", layer) for layer in {c.layer for c in cells}}
+    n = int(model.cfg.n_layers)
+    for start in range(0, len(order), plan.cells_per_batch):
+        group = order[start : start + plan.cells_per_batch]
+        finals, where = [], []
+        for examples in _example_chunks(B, len(group), plan.cells_per_batch):
+            ex = torch.tensor(examples)
+            labels = torch.tensor([cells[i].position for i in group])
+            starts = plan.tgt_pos[labels][:, ex].min(dim=1).values.tolist()
+            weights = [len(examples) * (n - cells[i].layer) / n for i in group]
+            width = int(tgt.lengths[ex].max())
+            for part_k in prefix_parts(starts, weights, len(examples), width):
+                part = [group[k] for k in part_k]
+                f = _prefix_pass(plan, part, examples, record, branch)
+                finals.append(f[len(examples) :])  # the unpatched rows are known already
+                where.extend((i, b) for b in examples for i in part)
+        ex_of = torch.tensor([b for _, b in where])
+        v = evaluate_metrics(model, torch.cat(finals), metrics, plan.packed, ex_of).cpu()
+        values[:, torch.tensor([i for i, _ in where]), ex_of] = v
+    return values, corrupted
