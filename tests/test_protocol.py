@@ -265,3 +265,29 @@ def test_steer_eval_cli_writes_what_run_protocol_writes(tiny, tiny_dir, tmp_path
     gen = [(d / "generations.jsonl").read_text() for d in (cli, py)]
     assert gen[0] == gen[1] and gen[0].count("\n") > 10
     assert res.summary() == b and res.search is not None
+
+
+def test_repeats_rebuild_with_the_given_vectors_build_settings(tiny, monkeypatch):
+    """A re-split (``repeats`` > 1) rebuilds its vectors with the settings the given vectors
+    were built with (here k_shot=2 and one translation shot), not the library defaults."""
+    from mechlingo.data.splits import split_facts
+
+    facts = load_facts(langs=["en", "fr", "de"], relations=["capital"], limit=30,
+                       templates="natural")  # fmt: skip
+    build = split_facts(facts, (0.4, 0.2, 0.4))["build"]
+    given = steering.build_repair_vectors(tiny, build, k_shot=2, translation_shots=1)
+    seen = []
+    real = steering.build_repair_vectors
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(steering, "build_repair_vectors", spy)
+    config = steering.SteeringConfig(0, 0.1, 1, 0.1)
+    res = protocol.run_protocol(tiny, facts, given, repeats=2, config=config, seeds=[0],
+                                max_new_tokens=2)  # fmt: skip
+    assert len(seen) == 1  # the first split uses the given vectors, the re-split rebuilds
+    assert seen[0]["k_shot"] == 2 and seen[0]["translation_shots"] == 1
+    assert seen[0]["unit"] == given.build["unit"]
+    assert res.summary()["repeats"]["n"] == 2

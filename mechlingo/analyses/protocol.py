@@ -51,13 +51,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mechlingo.activations.distributed import is_main
 from mechlingo.analyses import repair
 from mechlingo.analyses.evaluate import EvalResult, evaluate_facts
 from mechlingo.analyses.repair import RepairVectors, SteeringConfig
+from mechlingo.analyses.results import WritesFolder
 from mechlingo.analyses.scoring import Scorer, as_scorer
 from mechlingo.analyses.side_effects import SideEffects, side_effects
-from mechlingo.core.artifacts import write_files
 from mechlingo.core.errors import InputError, MechlingoError
 from mechlingo.core.faults import derive_seed
 from mechlingo.core.stages import Stages
@@ -970,7 +969,7 @@ class SplitResult:
 
 
 @dataclass
-class ProtocolResult:
+class ProtocolResult(WritesFolder):
     """The repair protocol on one set of facts (:func:`run_protocol`).
 
     ``splits[0]`` is the reported split; ``splits[1:]`` the re-splits of ``repeats`` (their
@@ -1014,14 +1013,6 @@ class ProtocolResult:
         """``{"summary.json": ..., "generations.jsonl": ...}`` as ``steer eval`` writes them."""
         lines = "\n".join(json.dumps(r, ensure_ascii=False) for r in self.records()) + "\n"
         return {"summary.json": self.summary(meta), "generations.jsonl": lines}
-
-    def write(
-        self, out: str | Path, *, meta: dict[str, Any] | None = None, extra: dict | None = None
-    ) -> Path:
-        """Write :meth:`files` (and ``extra`` files, e.g. a report) into ``out`` in one step
-        (:func:`mechlingo.core.artifacts.write_files`; under torchrun rank 0 only)."""
-        files = {**self.files(meta), **(extra or {})}
-        return write_files(out, files) if is_main() else Path(out)
 
     def test_langs(self) -> list[str]:
         """The languages of the reported split's test records (sorted)."""
@@ -1151,7 +1142,8 @@ def run_protocol(
     skipped (labelled as not chosen on dev) and only the dev headroom fixes the lowest
     language. On test, :func:`evaluate_test` scores every condition with random controls of
     ``seeds``. ``repeats`` > 1 re-splits with the salts ``{salt}#repeat{r}`` and rebuilds the
-    vectors each time (``vectors`` serve the first split only).
+    vectors each time, with ``vectors``' build settings (``vectors`` themselves serve the first
+    split only).
 
     ``stages`` (:class:`mechlingo.core.stages.Stages`) keeps every finished step so that a
     stopped run resumes (the CLI's ``--work``/``--resume``); without it they are kept in a
@@ -1178,16 +1170,18 @@ def run_protocol(
     with _stages_or_temp(stages) as st:
         for r in range(repeats):
             split_salt = salt if r == 0 else f"{salt}#repeat{r}"
-            splits.append(_one_split(model, facts, tuple(fractions), split_salt,
-                                     vectors if r == 0 else None, settings, st, f"r{r}-"))  # fmt: skip
+            splits.append(_one_split(model, facts, tuple(fractions), split_salt, vectors,
+                                     r > 0, settings, st, f"r{r}-"))  # fmt: skip
     return ProtocolResult(splits)
 
 
 def _one_split(
     model: Model, facts: Sequence[Fact], fractions: tuple, salt: str,
-    vectors: RepairVectors | None, opt: _Settings, stages: Stages, prefix: str,
+    given: RepairVectors, rebuild: bool, opt: _Settings, stages: Stages, prefix: str,
 ) -> SplitResult:  # fmt: skip
-    """Build (unless given), choose on dev and score on test for one split of the facts;
+    """Choose on dev and score on test for one split of the facts, with the ``given``
+    vectors or (``rebuild``: a re-split) vectors rebuilt on this split's build facts with the
+    given vectors' build settings (k-shot, unit, zero-shot subtraction, translation shots);
     each step a stage named ``{prefix}build``, ``{prefix}sweep``... of ``stages``."""
 
     parts = split_facts(facts, fractions, salt=salt)
@@ -1197,9 +1191,10 @@ def _one_split(
     if not test or not dev or not build:
         raise InputError("a split is empty (build, dev or test)",
                          fix="use more facts (--limit) or other fractions (--split)")  # fmt: skip
-    built = vectors.build if vectors is not None else {}
+    built = given.build
     k_shot = int(built.get("k_shot", 3))
-    if vectors is None:
+    vectors = given
+    if rebuild:
         vectors = _staged_vectors(stages, f"{prefix}build", lambda: repair.build_repair_vectors(
             model, build, k_shot=k_shot, unit=str(built.get("unit", "resid")),
             subtract_zero_shot=bool(built.get("subtract_zero_shot", True)),

@@ -32,12 +32,10 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mechlingo.activations.distributed import is_main
 from mechlingo.analyses.attribution import attribution_patch, compare_patching, verify_top_cells
 from mechlingo.analyses.evaluate import EvalResult, evaluate_facts, is_correct, normalize
 from mechlingo.analyses.lens import LensResult, lens_facts
@@ -47,8 +45,8 @@ from mechlingo.analyses.patching import (
     fact_metrics,
     patch_activations,
 )
+from mechlingo.analyses.results import WritesFolder
 from mechlingo.analyses.scoring import skip_reason, split_usable
-from mechlingo.core.artifacts import write_files
 from mechlingo.core.errors import InputError
 from mechlingo.core.jsonable import finite_or_none
 from mechlingo.core.sites import site_map
@@ -640,7 +638,7 @@ def _token_labels(model: Model, sweep: PatchingResult, clean: Sequence[Fact]) ->
 
 
 @dataclass
-class TraceRun:
+class TraceRun(WritesFolder):
     """What ``mechlingo trace`` computes (:func:`run_trace`): the ``trace`` of every fact,
     the ``patched`` languages, and ``seconds_trace`` (the seconds of the trace alone)."""
 
@@ -672,14 +670,6 @@ class TraceRun:
             "patching.json": finite_or_none(self.patching()),
             "summary.json": finite_or_none(self.summary(meta)),
         }
-
-    def write(
-        self, out: str | Path, *, meta: dict[str, Any] | None = None, extra: dict | None = None
-    ) -> Path:
-        """Write :meth:`files` (and ``extra`` files, e.g. a report) into ``out`` in one step
-        (:func:`mechlingo.core.artifacts.write_files`; under torchrun rank 0 only)."""
-        files = {**self.files(meta), **(extra or {})}
-        return write_files(out, files) if is_main() else Path(out)
 
 
 def run_trace(
