@@ -182,3 +182,30 @@ def test_sorted_batches_cover_all_rows():
         assert len(g) <= 2
     order = [i for g in groups for i in g]
     assert [lengths[i] for i in order] == sorted(lengths)
+
+
+def test_readout_normalizer_and_entropy_match_float64(tiny):
+    # the fused readout (one exponential pass for the normalizer and the entropy) against a
+    # float64 log-softmax of the same logits, full path (top-k) and streamed path alike
+    g = torch.Generator().manual_seed(3)
+    resid = torch.randn(7, tiny.cfg.d_model, generator=g) * 3
+    logits = final_logits(tiny, resid).double()
+    lse = torch.logsumexp(logits, -1)
+    ent = lse - (torch.softmax(logits, -1) * logits).sum(-1)
+    full = read_logits(tiny, resid, top_k=3, chunk_rows=3)
+    torch.testing.assert_close(full.logsumexp.double(), lse, rtol=0, atol=1e-5)
+    torch.testing.assert_close(full.entropy.double(), ent, rtol=0, atol=1e-5)
+    streamed = read_logits(tiny, resid, top_k=0, ranks=False, chunk_rows=5)
+    torch.testing.assert_close(streamed.logsumexp.double(), lse, rtol=0, atol=1e-5)
+
+
+def test_unembed_adds_a_nonzero_bias_and_skips_a_zero_one():
+    from types import SimpleNamespace
+
+    from mechlingo.kernels.readout import unembed
+
+    g = torch.Generator().manual_seed(4)
+    W, x = torch.randn(6, 11, generator=g), torch.randn(3, 6, generator=g)
+    for b in (torch.zeros(11), torch.randn(11, generator=g)):
+        model = SimpleNamespace(W_U=W, b_U=b, cfg=SimpleNamespace())
+        torch.testing.assert_close(unembed(model, x), x @ W + b)

@@ -348,7 +348,7 @@ def logit_lens(
     layers: Any = None,
     top_k: int = 5,
     batch_size: int = 16,
-    chunk_rows: int = 64,
+    chunk_rows: int = 256,
     ids: Sequence[str] | None = None,
     progress: bool = False,
     decoder: TunedLens | Patchscope | None = None,
@@ -363,7 +363,8 @@ def logit_lens(
         layers: lens entries to read (default all, ``0..n_layers``).
         top_k: top tokens to keep per entry.
         batch_size: prompts per forward pass.
-        chunk_rows: rows per unembedding matmul.
+        chunk_rows: rows per unembedding matmul (the unembedding is read once per chunk;
+            memory about two ``chunk_rows x vocab`` float32 arrays: 0.5 GB for 256 x 262,144).
         ids: optional fact ids, carried into the result.
         decoder: ``None`` for the logit lens; a :class:`~mechlingo.analyses.tuned_lens.TunedLens`
             (translators applied before the readout) or a

@@ -109,10 +109,11 @@ def unembed(
     """Logits of already-normalized rows: ``transform(x @ W_U + b_U)``, computed in float32
     whatever the model's dtype (pass a float32 ``W_U`` to avoid converting it per call)."""
     W = (model.W_U if W_U is None else W_U).float()
-    logits = x.float() @ W
     b_U = getattr(model, "b_U", None)
-    if b_U is not None:
-        logits = logits + b_U.float()
+    if b_U is not None and bool(b_U.any()):
+        logits = torch.addmm(b_U.float(), x.float(), W)  # the bias in the GEMM, no extra pass
+    else:  # no bias, or an all-zero one (the bridge gives Gemma a zero b_U): skip the add
+        logits = x.float() @ W
     return output_transform(model, logits)
 
 
@@ -126,6 +127,8 @@ def _streamed_logsumexp(
 ) -> Float[Tensor, " row"]:
     """``logsumexp(unembed(x))`` over the vocabulary, a block of columns at a time."""
     b_U = getattr(model, "b_U", None)
+    if b_U is not None and not bool(b_U.any()):
+        b_U = None  # an all-zero bias (the bridge gives Gemma one): no add per block
     lse = torch.full((x.shape[0],), float("-inf"), device=x.device)
     xf = x.float()
     for v0 in range(0, W.shape[1], _VOCAB_CHUNK):
@@ -288,9 +291,17 @@ def _read_full(
 ) -> None:
     """The whole ``[c, vocab]`` logits of a chunk: normalizer, top-k, sets and ranks."""
     logits = unembed(model, x, W)  # [c, vocab] float32
-    norm = torch.logsumexp(logits, dim=-1)
+    # one exponential pass for both the normalizer and the entropy: p = exp(logits - max)
+    # is the unnormalised softmax, so logsumexp = max + log(sum p) and
+    # entropy = logsumexp - (p . logits) / sum p (a dot product, closer to float64 than
+    # summing softmax * logits)
+    top = logits.amax(dim=-1, keepdim=True)
+    p = torch.sub(logits, top).exp_()
+    z = p.sum(-1)
+    norm = top[:, 0] + z.log()
     out.logsumexp[rows] = norm
-    out.entropy[rows] = norm - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    out.entropy[rows] = norm - torch.linalg.vecdot(p, logits) / z
+    del p
     if k:
         top = torch.topk(logits, k, dim=-1)
         out.top_ids[rows] = top.indices
