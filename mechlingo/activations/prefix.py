@@ -205,7 +205,12 @@ def run_on_cache(
     rows = rows.to(model_input_device(model))
     width = rows.tokens.shape[1]
     # one causal mask for every row, with batch 1 so that it broadcasts over the grown batch
-    # (a 2-D mask would be expanded to the starting batch); column c is position p + c
+    # (a 2-D mask would be expanded to the starting batch); column c is position p + c. It is
+    # additive (0 = attend, the dtype's minimum = not), which every attention adds as it is;
+    # a boolean one would be added as 0/1 by attentions that expect additive masks
     dev = rows.tokens.device
-    causal = torch.ones(width - p, width, dtype=torch.bool, device=dev).tril(diagonal=p)
-    return _forward(model, rows, p, cache, fwd_hooks, read, causal[None, None])
+    dtype = model.W_U.dtype if model.W_U.is_floating_point() else torch.float32
+    allowed = torch.ones(width - p, width, dtype=torch.bool, device=dev).tril(diagonal=p)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=dev)
+    mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)
+    return _forward(model, rows, p, cache, fwd_hooks, read, mask[None, None])
