@@ -207,7 +207,7 @@ class _Step:
     columns = every position)."""
 
     input_ids: Int[Tensor, "batch t"]
-    attention_mask: Int[Tensor, "batch cols"]
+    attention_mask: Tensor | None  # [batch, cols] 0/1, or a 4-D additive mask (prefix passes)
     columns: Int[Tensor, "batch t"] | None
     read: Int[Tensor, " batch"]
     model_kwargs: dict[str, Any]
@@ -216,14 +216,18 @@ class _Step:
 def _final_resid(
     model: Model, batch: TokenBatch, step: _Step, fwd_hooks: FwdHooks
 ) -> Float[Tensor, "batch d_model"]:
-    """The final residual stream at ``step.read`` (a column of the pass), the forward pass
-    stopped right after the last block (the cache is complete by then)."""
+    """The final residual stream of every row at its column ``step.read[row]``, the forward
+    pass stopped right after the last block (the cache is complete by then). ``step.read``
+    has one entry per row the pass ends with (more than ``batch`` has when a hook grows the
+    batch, as :mod:`mechlingo.activations.prefix` does)."""
     name = final_resid_name(model)
-    rows = torch.arange(batch.batch_size)
     out: dict[str, Tensor] = {}
 
     def read(t: Tensor, hook: Any) -> None:
-        out["resid"] = t[rows.to(t.device), step.read.to(t.device)].detach().float()
+        if t.shape[0] != step.read.shape[0]:
+            raise RuntimeError(f"the pass ended with {t.shape[0]} rows, not {step.read.shape[0]}")
+        rows = torch.arange(t.shape[0], device=t.device)
+        out["resid"] = t[rows, step.read.to(t.device)].detach().float()
         raise StopForward
 
     with torch.no_grad(), batch_context(batch, step.columns):

@@ -38,19 +38,18 @@ from torch import Tensor
 
 from mechlingo.activations.decoding import (
     _cache_kwargs,
+    _final_resid,
     _hf_model,
+    _Step,
     cache_adapter,
     kv_cache_path,
     new_cache,
 )
 from mechlingo.activations.runs import (
     FwdHooks,
-    StopForward,
-    final_resid_name,
-    hooked,
     model_input_device,
 )
-from mechlingo.core.tokens import TokenBatch, batch_context
+from mechlingo.core.tokens import TokenBatch
 from mechlingo.core.types import HookFn, Model
 
 __all__ = [
@@ -107,32 +106,15 @@ def _forward(
     attention_mask: Tensor | None,
 ) -> Float[Tensor, "row d_model"]:
     """One pass of positions ``p`` onwards of ``rows`` against ``cache`` (``None``: none),
-    with ``rows`` as the current batch and those positions as its columns
-    (:func:`mechlingo.core.tokens.batch_context`); the final residual stream of every row at
-    its column ``read[row]``, the pass stopped right after the last block."""
-    out: dict[str, Tensor] = {}
-
-    def final_hook(t: Tensor, hook: Any) -> None:
-        if t.shape[0] != read.shape[0]:
-            raise RuntimeError(f"the pass ended with {t.shape[0]} rows, not {read.shape[0]}")
-        rows = torch.arange(t.shape[0], device=t.device)
-        out["final"] = t[rows, read.to(t.device)].detach().float()
-        raise StopForward
-
+    with ``rows`` as the current batch and those positions as its columns (the decoder's
+    pass, :func:`mechlingo.activations.decoding._final_resid`); the final residual stream of
+    every row at its column ``read[row]``."""
     ids = rows.tokens[:, p:]
     cols = torch.arange(p, rows.tokens.shape[1], device=ids.device).expand(ids.shape[0], -1)
     kwargs = {} if cache is None else _cache_kwargs(model, cache)
-    hooks = [*fwd_hooks, (final_resid_name(model), final_hook)]
-    path = kv_cache_path(model)
-    with torch.no_grad(), batch_context(rows, None if p == 0 else cols), cache_adapter(model, path):
-        with hooked(model, hooks):
-            try:
-                model(ids, attention_mask=attention_mask, **kwargs)
-            except StopForward:
-                pass
-    if "final" not in out:
-        raise RuntimeError(f"hook {final_resid_name(model)} did not fire during the forward pass")
-    return out["final"]
+    step = _Step(ids, attention_mask, None if p == 0 else cols, read, kwargs)
+    with cache_adapter(model, kv_cache_path(model)):
+        return _final_resid(model, rows, step, fwd_hooks)
 
 
 def record_prefix(model: Model, batch: TokenBatch) -> PrefixRecord:
