@@ -48,6 +48,7 @@ from mechlingo.core.jsonable import finite_or_none
 from mechlingo.core.sites import resolve_layers, resolve_site
 from mechlingo.core.tokens import encode, sorted_batches
 from mechlingo.core.types import Model
+from mechlingo.core.untrusted import check_links, read_json
 from mechlingo.data import Fact, few_shot_prompt, translation_prompt
 from mechlingo.interventions import (
     Compose,
@@ -184,12 +185,16 @@ class RepairVectors:
     def load(cls, folder: str | Path, model: Model | None = None) -> RepairVectors:
         """Load what :meth:`save` wrote; with ``model``, check that the vectors fit it."""
         folder = Path(folder)
+        check_links(folder, ArtifactError)  # task/ or diff/ linked from elsewhere: refused
         task = load_intervention(folder / "task", model)
         diff = load_intervention(folder / "diff", model)
         if not isinstance(task, SteeringVector) or not isinstance(diff, SteeringVector):
             raise ArtifactError(f"{folder} does not hold two steering vectors")
         build_path = folder / "build.json"
-        build = json.loads(build_path.read_text()) if build_path.is_file() else {}
+        build = read_json(build_path, ArtifactError, root=folder) if build_path.is_file() else {}
+        if not isinstance(build, dict):
+            raise ArtifactError(f"{build_path} does not hold a JSON object",
+                                fix=f"rebuild it with `mechlingo steer build --out {folder}`")  # fmt: skip
         if "unit" not in build:
             raise ArtifactError(
                 f"{folder} records no unit for its vectors (what alpha is measured in): it "

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from mechlingo.activations.distributed import dist_info
 from mechlingo.analyses import protocol, repair
 from mechlingo.analyses.align import compare_alignment, drop_empty_lines
 from mechlingo.analyses.claims import (
@@ -712,6 +713,8 @@ def replicate(
     work: str | Path | None = None,
     settings: Mapping[str, Any] | None = None,
     progress: bool = False,
+    fresh: bool = False,
+    agree: Callable[[bool], bool] | None = None,
 ) -> ClaimsCard:
     """Check the papers' claims on ``model``: one row per claim with the paper's number,
     mechlingo's number (n, 95% interval), a verdict by a fixed rule and the figure.
@@ -729,6 +732,9 @@ def replicate(
             folder, removed at the end.
         settings: overrides of the budget's settings (:func:`budget_settings`).
         progress: show a progress bar over the stages and each analysis's own bars.
+        fresh: remove the stored stages of this key first (start over).
+        agree: under torchrun, how the ranks agree that a stage is finished everywhere
+            (:func:`mechlingo.cli.work.all_ranks_have`); each rank then keeps its own stages.
 
     Returns:
         A :class:`~mechlingo.analyses.claims.ClaimsCard`.
@@ -742,7 +748,11 @@ def replicate(
         "settings": cfg, "stage_version": STAGE_VERSION,
     }  # fmt: skip
     tmp = None if work is not None else tempfile.mkdtemp(prefix="mechlingo-replicate-")
-    stages = Stages(work if work is not None else tmp, key)  # type: ignore[arg-type]
+    if agree is not None:
+        key["rank"] = [dist_info().rank, dist_info().world_size]
+    stages = Stages(work if work is not None else tmp, key, agree=agree)  # type: ignore[arg-type]
+    if fresh:
+        stages.clear()
     try:
         fns = _stage_fns(model, facts, parallel, cfg, stages, progress)
         names = [s for p in papers for s in PAPERS[p]]

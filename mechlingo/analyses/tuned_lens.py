@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
-from safetensors.torch import load_file, save
+from safetensors.torch import save
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -47,12 +47,12 @@ from mechlingo.activations.distributed import all_reduce_state, dist_info, shard
 from mechlingo.activations.runs import StopForward, run_batch
 from mechlingo.analyses.entries import lens_hook_names
 from mechlingo.core.artifacts import atomic_folder
-from mechlingo.core.checks import check_safetensors_header
 from mechlingo.core.describe import check_model, model_info
 from mechlingo.core.errors import ArtifactError, InputError, MissingArtifactError
 from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import TokenBatch, encode
 from mechlingo.core.types import Model
+from mechlingo.core.untrusted import check_links, load_tensors, read_json, safetensors_header
 from mechlingo.core.version import __version__
 from mechlingo.kernels.readout import apply_final_norm, output_transform, unembed
 from mechlingo.kernels.significance import bootstrap_mean
@@ -195,19 +195,25 @@ def load_tuned_lens(path: str | Path, model: Model | None = None) -> TunedLens:
         raise MissingArtifactError(
             f"{path} holds no tuned lens ({_META_FILE} + {_TENSORS_FILE} expected)", fix=fix
         )
-    try:
-        doc = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ArtifactError(f"{meta_path} is not valid JSON ({err})", fix=fix) from None
+    check_links(path, ArtifactError, fix=fix)
+    doc = read_json(meta_path, ArtifactError, fix=fix, root=path)
     if not isinstance(doc, dict) or doc.get("kind") != "tuned_lens":
         raise ArtifactError(f"{meta_path} does not describe a tuned lens", fix=fix)
     if doc.get("format") != FORMAT_VERSION:
         raise ArtifactError(f"{path}: unsupported tuned-lens format {doc.get('format')!r}", fix=fix)
-    check_safetensors_header(tensor_path, ArtifactError)
-    tensors = load_file(str(tensor_path))
-    w, b = tensors.get("weight"), tensors.get("bias")
-    if w is None or b is None or w.ndim != 3 or w.shape[1] != w.shape[2] or b.shape != w.shape[:2]:
+    if not isinstance(doc.get("model") or {}, dict) or not isinstance(doc.get("meta") or {}, dict):
+        raise ArtifactError(f"{meta_path}: 'model' and 'meta' must be JSON objects", fix=fix)
+    header = safetensors_header(tensor_path, ArtifactError, fix=fix)
+    ws, bs = header.get("weight", (None, ()))[1], header.get("bias", (None, ()))[1]
+    if set(header) != {"weight", "bias"} or len(ws) != 3 or ws[1] != ws[2] or bs != ws[:2]:
         raise ArtifactError(f"{tensor_path} does not hold [n, d, d] / [n, d] translators", fix=fix)
+    if model is not None:  # sizes against the model before the weights are read
+        want = (site_map(model).n_layers, int(model.cfg.d_model))
+        if ws[:2] != want:
+            raise ArtifactError(f"{tensor_path} holds {ws[0]} translators of width {ws[1]}; "
+                                f"the model has {want[0]} blocks of width {want[1]}", fix=fix)  # fmt: skip
+    tensors = load_tensors(tensor_path, ArtifactError, fix=fix, expect={"weight": ws, "bias": bs})
+    w, b = tensors["weight"], tensors["bias"]
     lens = TunedLens(int(w.shape[0]), int(w.shape[1]), info=doc.get("model"), meta=doc.get("meta"))
     with torch.no_grad():
         lens.weight.copy_(w)

@@ -28,12 +28,20 @@ import argparse
 import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import save_file
+
 from mechlingo.activations.shards import memory_budget, shared_directory
-from mechlingo.analyses.align import AlignmentError, compare_alignment, drop_empty_lines
+from mechlingo.analyses.align import (
+    AlignmentComparison,
+    AlignmentError,
+    Embeddings,
+    compare_alignment,
+    drop_empty_lines,
+)
 from mechlingo.analyses.experts import (
     ExpertError,
     ExpertResult,
@@ -56,6 +64,7 @@ from mechlingo.cli.work import (
     add_work_args,
     data_key,
     finish_stages,
+    hash_files,
     kcurve_cache,
     open_stages,
     staged_folder,
@@ -63,9 +72,10 @@ from mechlingo.cli.work import (
     staged_stats,
     work_folder,
 )
-from mechlingo.core.errors import InputError
+from mechlingo.core.errors import ArtifactError, InputError
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
+from mechlingo.core.untrusted import load_tensors
 from mechlingo.data import LANGS, load_facts, parallel_sentences, read_parallel
 from mechlingo.interventions import InterventionError, load_intervention
 from mechlingo.report import write_outputs
@@ -472,6 +482,7 @@ def _align_args(p: argparse.ArgumentParser) -> None:
         "templates), perplexity and output language on the last N lines of each language "
         "(default 0: off)",
     )
+    add_work_args(p)
 
 
 def _align_side_effects(model: Model, iv: Any, control: Any, texts: dict, args: Any) -> Any:
@@ -499,10 +510,14 @@ def cmd_align(args: Any) -> int:
             fix="pick one of them or drop --target",
         )
     clamp_path = _resolve_clamp(args.clamp, args.target) if args.clamp else None
+    work_folder(args)  # --work is checked before the model loads
     model = load_cli_model(args)
     iv, control = _load_clamps(clamp_path, args.control, model)
+    data = data_key(texts=texts) | {"clamp": hash_files(clamp_path),
+                                    "control": hash_files(args.control)}  # fmt: skip
+    stages = open_stages(args, model, data, skip=("clamp", "control", "layer"))
     t0 = time.time()
-    comp, summary = _compare(model, texts, iv, control, args)
+    comp, summary = _compare(model, texts, iv, control, args, stages)
     side = None
     if args.side_effects and iv is not None:
         side = _align_side_effects(model, iv, control, texts, args)
@@ -523,6 +538,7 @@ def cmd_align(args: Any) -> int:
             "report.html": align_report(comp, summary, side, layer=args.layer),
         },
     )
+    finish_stages(stages)
     _print_alignment(summary)
     print(f"wrote {args.out}/summary.json, retrieval.csv and report.html")
     return 0
@@ -544,28 +560,56 @@ def _load_clamps(clamp_path: str | None, control_path: str | None, model: Model)
     return iv, control
 
 
-def _compare(model: Model, texts: dict, iv: Any, control: Any, args: Any) -> tuple[Any, dict]:
-    """Alignment before and after the clamp (and the control): the comparison and its
-    summary at ``--layer`` with bootstrap intervals."""
+def _compare(
+    model: Model, texts: dict, iv: Any, control: Any, args: Any, stages: Stages
+) -> tuple[Any, dict]:
+    """Alignment before and after the clamp (and the control), as stage ``compare``: the
+    comparison and its summary at ``--layer`` with bootstrap intervals."""
     try:
-        comp = compare_alignment(
-            model,
-            texts,
-            iv,
-            control=control,
-            layers="all",
-            target=args.target,
-            centre=args.centre,
-            batch_size=args.batch_size,
-            max_tokens=args.max_tokens,
-            progress=not args.quiet,
-        )
+        comp = _staged_comparison(stages, lambda: compare_alignment(
+            model, texts, iv, control=control, layers="all", target=args.target,
+            centre=args.centre, batch_size=args.batch_size, max_tokens=args.max_tokens,
+            progress=not args.quiet))  # fmt: skip
         summary = comp.summary(args.layer)
         summary["intervals"] = comp.intervals(args.layer)
     except (AlignmentError, ValueError) as err:
         raise UsageError(str(err)) from err
     summary["target"] = comp.target
     return comp, summary
+
+
+_ARMS = ("pre", "post", "control")
+
+
+def _staged_comparison(stages: Stages, compare: Callable[[], Any]) -> Any:
+    """An :class:`~mechlingo.analyses.align.AlignmentComparison` kept as a stage (its
+    embeddings and retrieval matrices in a safetensors file)."""
+
+    def fn(tmp: Path) -> dict[str, Any]:
+        comp = compare()
+        t: dict[str, Any] = {}
+        for arm in _ARMS:
+            emb, ret = comp._arm(arm)
+            if emb is not None:
+                t[f"{arm}.emb"], t[f"{arm}.retrieval"] = emb.emb, ret
+        save_file({k: v.detach().cpu().contiguous() for k, v in t.items()},
+                  str(tmp / "comparison.safetensors"))  # fmt: skip
+        return {"langs": comp.langs, "layers": comp.layers, "target": comp.target,
+                "centre": comp.centre, "meta": comp.meta}  # fmt: skip
+
+    d = stages.run("compare", fn, folder=True)
+    t = load_tensors(stages.path("compare") / "comparison.safetensors", ArtifactError,
+                     finite=False, fix="delete the work folder (or rerun with --fresh)")  # fmt: skip
+
+    def arm(name: str) -> tuple[Embeddings | None, Any]:
+        if f"{name}.emb" not in t:
+            return None, None
+        return Embeddings(t[f"{name}.emb"], list(d["langs"]), list(d["layers"])), t[
+            f"{name}.retrieval"]  # fmt: skip
+
+    (pre, r_pre), (post, r_post), (ctl, r_ctl) = (arm(a) for a in _ARMS)
+    return AlignmentComparison(pre, post, r_pre, r_post, d["target"], bool(d["centre"]),
+                               dict(d["meta"]), ctl, r_ctl)  # fmt: skip
 
 
 def _print_alignment(summary: dict[str, Any]) -> None:

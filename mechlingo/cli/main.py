@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sig = signal.Signals(signum).name
         work = getattr(args, "_work", None)
         if isinstance(work, str) and Path(work).is_dir():
-            left += f"; the finished stages are kept in {work}: rerun with --resume to go on"
+            left += f"; the finished stages are kept in {work}: run the same command again to go on"
         print(f"mechlingo {name}: stopped by {sig}; {left}", file=sys.stderr)
         return 128 + signum
     except Exception as err:

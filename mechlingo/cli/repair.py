@@ -12,8 +12,8 @@ beaten by an exact McNemar test), the lowest language fixed on dev, and on test 
 McNemar tests and bootstrap intervals of the gains. It writes ``DIR/summary.json``,
 ``DIR/generations.jsonl`` and ``DIR/report.html``. Finished stages (a repeat's vectors, the
 sweep, each test condition and seed, the side effects) are kept in ``.DIR.work`` (or
-``--work``) until ``DIR`` is written; ``--resume`` goes on from them after a stop
-(:mod:`mechlingo.cli.work`).
+``--work``) until ``DIR`` is written; the same command run again after a stop goes on from
+them, ``--fresh`` starts over (:mod:`mechlingo.cli.work`). ``--transfer`` is one more stage.
 
 Both use the ``natural`` template family (plain fact-completion stems, where recall is
 under-engaged: the papers' setting), split by fact id 0.4/0.2/0.4 into build/dev/test.
@@ -328,10 +328,9 @@ def _eval(args: Any) -> int:
         batch_size=args.batch_size, progress=not args.quiet, metric=scorer_from_args(args),
         stages=stages,
     )  # fmt: skip
-    if args.transfer:
-        result.transfer = transfer.transfer_matrices(
-            model, facts, **_transfer_kw(args, fractions, ids), built=vectors.build
-        )
+    if args.transfer:  # a stage of its own (named by --transfer, which the key skips)
+        result.transfer = stages.run(f"transfer-{args.transfer}", lambda: transfer.transfer_matrices(
+            model, facts, **_transfer_kw(args, fractions, ids), built=vectors.build))  # fmt: skip
     if args.side_effects:
         lines = _side_effect_lines(args, result.test_langs())
         result.add_side_effects(model, lines, batch_size=args.batch_size,
@@ -403,14 +402,20 @@ def _transfer_kw(args: Any, fractions: tuple, ids: list[int]) -> dict[str, Any]:
 
 
 def _transfer_only(args: Any, facts: list, fractions: tuple, ids: list[int]) -> int:
-    """``steer eval --transfer-only``: the transfer matrices alone."""
+    """``steer eval --transfer-only``: the transfer matrices alone (one stage)."""
+    work_folder(args)
     model = load_cli_model(args)
+    data = data_key(facts=[dataclasses.asdict(f) for f in facts])
+    stages = open_stages(args, model, data, skip=("seeds", "repeats", "transfer", "vectors",
+                                                  "side_effects"))  # fmt: skip
     t0 = time.time()
-    matrices = transfer.transfer_matrices(model, facts, **_transfer_kw(args, fractions, ids))
+    matrices = stages.run(f"transfer-{args.transfer}", lambda: transfer.transfer_matrices(
+        model, facts, **_transfer_kw(args, fractions, ids)))  # fmt: skip
     summary: dict[str, Any] = {"transfer": matrices}
     summary["meta"] = run_meta(model, args, seconds=round(time.time() - t0, 1))
     write_outputs(args.out, {"summary.json": summary,
                              "report.html": transfer_report(summary)})  # fmt: skip
+    finish_stages(stages)
     _print_transfer(summary["transfer"])
     print(f"wrote {args.out}/summary.json and report.html")
     return 0

@@ -2,9 +2,11 @@
 
 Writes ``OUT/claims.json`` (the rules, one row per claim, the run's settings and timings),
 ``OUT/claims.md`` (the verdict table) and ``OUT/report.html`` (the verdict table first, then
-the figure behind each row). Finished stages are kept in ``OUT/stages/`` (or ``--work``),
-keyed by the model's fingerprint, the data and the settings: a rerun reuses them and a
-stopped run (Ctrl-C, SIGTERM, a killed job) resumes after the last finished stage. A stage
+the figure behind each row). Finished stages are kept in ``.OUT.work/`` beside ``OUT`` (or
+``--work``), keyed by the model's fingerprint, the data and the settings, by the rule every
+long command follows (:mod:`mechlingo.cli.work`): a stopped run (Ctrl-C, SIGTERM, a killed
+job) run again goes on after the last finished stage, ``--fresh`` starts over, and the
+stages are removed once ``OUT`` is written. A stage
 that fails becomes the rows of its claims with the error; the others still run, and the
 command exits 0 with the card written (``--strict``: exit 1 when a stage failed).
 The claims are measured by :func:`mechlingo.analyses.replicate.replicate`.
@@ -14,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+from mechlingo.activations.distributed import dist_info
 from mechlingo.analyses.replicate import BUDGETS, PAPERS, replicate
 from mechlingo.cli.common import (
     UsageError,
@@ -25,7 +27,9 @@ from mechlingo.cli.common import (
     command,
     load_cli_model,
 )
+from mechlingo.cli.work import add_work_args, all_ranks_have, finish_stages, work_folder
 from mechlingo.core.errors import MechlingoError
+from mechlingo.core.stages import Stages
 from mechlingo.data import read_facts, read_parallel_dir
 from mechlingo.report import write_outputs
 from mechlingo.report.replicate import replicate_report
@@ -57,8 +61,6 @@ def _replicate_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--target", default=None, help="target language of the expert neurons "
                    "(default es, the papers' Spanish intervention)")  # fmt: skip
-    p.add_argument("--work", default=None, help="folder of the finished stages (default "
-                   "OUT/stages); a rerun with the same model, data and settings reuses them")  # fmt: skip
     p.add_argument("--settings", default=None, metavar="JSON|FILE",
                    help="overrides of the budget's settings, as JSON or a .json file, e.g. "
                    "'{\"experts\": {\"ks\": [100, 500]}}' (see docs/replicate.md)")  # fmt: skip
@@ -67,6 +69,7 @@ def _replicate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--strict", action="store_true", help="exit 1 when a stage failed")
+    add_work_args(p)
 
 
 def read_facts_arg(path: str) -> list[Any]:
@@ -119,16 +122,13 @@ def cmd_replicate(args: Any) -> int:
     settings.setdefault("batch_size", args.batch_size)
     if args.target:
         settings.setdefault("experts", {})["target"] = args.target
-    work = args.work or str(Path(args.out) / "stages")
-    try:
-        card = replicate(
-            model, paper=args.paper, budget=args.budget, facts=facts, parallel=parallel,
-            work=work, settings=settings, progress=not args.quiet,
-        )  # fmt: skip
-    except KeyboardInterrupt:
-        print(f"stopped: the finished stages are kept in {work}; run the same command again "
-              "to resume", file=sys.stderr)  # fmt: skip
-        raise
+    work = work_folder(args)
+    args._work = str(work)  # named by the message of a stopped run
+    agree = all_ranks_have if dist_info().world_size > 1 else None
+    card = replicate(
+        model, paper=args.paper, budget=args.budget, facts=facts, parallel=parallel,
+        work=work, settings=settings, progress=not args.quiet, fresh=args.fresh, agree=agree,
+    )  # fmt: skip
     card.meta["facts"] = args.facts or "bundled (natural templates)"
     card.meta["parallel"] = args.parallel or "bundled parallel sentences"
     write_outputs(
@@ -136,6 +136,7 @@ def cmd_replicate(args: Any) -> int:
         {"claims.json": card.to_json(), "claims.md": card.to_markdown(),
          "report.html": replicate_report(card)},
     )  # fmt: skip
+    finish_stages(Stages(work, {}), card.meta["work"])
     for r in card.rows:
         print(f"{r['verdict']:>17}  {r['id']}: {r['value_text']}")
     print(f"wrote {args.out}/claims.json, claims.md and report.html")

@@ -5,17 +5,28 @@ data-parallel (gradients all-reduced); rank 0 writes the folder. The folder hold
 (``translators.safetensors``, ``tuned_lens.json``: the model fingerprint and the training
 settings), ``loss.csv`` (the loss curve), ``summary.json`` and ``report.html`` (the loss
 curve figure and, with ``--heldout``, the held-out KL per layer against the logit lens).
-Use it with ``mechlingo lens --decoder tuned --tuned-lens DIR``.
+Use it with ``mechlingo lens --decoder tuned --tuned-lens DIR``. The training and the
+held-out KL are stages kept in ``.OUT.work`` until ``OUT`` is written: the same command run
+again after a stop goes on from them (:mod:`mechlingo.cli.work`).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 from typing import Any
 
-from mechlingo.analyses.tuned_lens import lens_divergence, mix_texts, train_tuned_lens
+import torch
+
+from mechlingo.analyses.tuned_lens import (
+    TunedLensTraining,
+    lens_divergence,
+    load_tuned_lens,
+    mix_texts,
+    train_tuned_lens,
+)
 from mechlingo.cli.common import (
     UsageError,
     add_model_args,
@@ -25,8 +36,10 @@ from mechlingo.cli.common import (
     run_meta,
     split_list,
 )
+from mechlingo.cli.work import add_work_args, data_key, finish_stages, open_stages, work_folder
+from mechlingo.core.stages import Stages
 from mechlingo.data import LANGS
-from mechlingo.data.io import read_parallel_dir
+from mechlingo.data.io import read_parallel_dir, read_text
 from mechlingo.data.prompts import parallel_sentences
 from mechlingo.report import Report, write_outputs
 from mechlingo.viz.lens import lens_kl_figure
@@ -68,6 +81,7 @@ def _tuned_args(p: argparse.ArgumentParser) -> None:
     t.add_argument("--vocab-sample", default="auto", help="'exact' (whole vocabulary), an "
                    "int (sampled remainder) or 'auto' (exact up to 32,768 tokens)")  # fmt: skip
     t.add_argument("--seed", type=int, default=0, help="text order and samples (default 0)")
+    add_work_args(p)
 
 
 def _texts(args: Any) -> tuple[dict[str, list[str]], str]:
@@ -76,7 +90,7 @@ def _texts(args: Any) -> tuple[dict[str, list[str]], str]:
         path = Path(args.text_file)
         if not path.is_file():
             raise UsageError(f"--text-file {path} is not a file")
-        lines = [x for x in path.read_text(encoding="utf-8").split("\n") if x.strip()]
+        lines = [x for x in read_text(path, "text file").split("\n") if x.strip()]
         return {"text": lines}, str(path)
     langs = split_list(args.langs) or ["en"]
     if args.text:
@@ -104,17 +118,20 @@ def cmd_tuned_lens(args: Any) -> int:
     by_lang, source = _texts(args)
     train = mix_texts({lg: v[train_span] for lg, v in by_lang.items()})
     held = mix_texts({lg: v[held_span] for lg, v in by_lang.items()}) if args.heldout else []
+    work_folder(args)  # --work is checked before the model loads
     model = load_cli_model(args)
+    stages = open_stages(args, model, data_key(train=train, held=held))
     t0 = time.time()
     kw = {"steps": args.steps, "max_seconds": args.max_seconds, "lr": args.lr,
           "texts_per_step": args.texts_per_step, "max_tokens": args.max_tokens,
           "vocab_sample": sample, "seed": args.seed, "progress": not args.quiet}  # fmt: skip
-    training = train_tuned_lens(model, train, **kw)
+    training = _staged_training(stages, model, train, kw)
     lens = training.lens
     lens.meta |= {"text": source, "langs": list(by_lang), "lines": args.lines}
     summary = {"training": training.summary(), "langs": list(by_lang), "text": source}
     if held:
-        div = lens_divergence(model, held, {"logit": None, "tuned": lens})
+        div = stages.run("heldout", lambda: lens_divergence(
+            model, held, {"logit": None, "tuned": lens}))  # fmt: skip
         summary["heldout_kl"] = div
     summary["meta"] = run_meta(model, args, seconds=round(time.time() - t0, 1))
     report = Report("mechlingo: tuned lens training", summary["meta"])
@@ -126,9 +143,31 @@ def cmd_tuned_lens(args: Any) -> int:
         report.add_figure(lens_kl_figure(summary["heldout_kl"]))
     files = lens.files() | {"summary.json": summary, "loss.csv": _loss_csv(training)}
     write_outputs(args.out, files | {"report.html": report}, keep_others=False)
+    finish_stages(stages)
     print(f"trained {len(training.tokens)} steps, {sum(training.tokens)} tokens in "
           f"{training.seconds:.0f}s on {training.world_size} process(es); wrote {args.out}")  # fmt: skip
     return 0
+
+
+def _staged_training(
+    stages: Stages, model: Any, train: list[str], kw: dict[str, Any]
+) -> TunedLensTraining:
+    """The training as stage ``train`` (the lens saved in the stage folder, the loss curve
+    in its result), read back through :func:`load_tuned_lens` and its checks."""
+
+    def fn(tmp: Path) -> dict[str, Any]:
+        tr = train_tuned_lens(model, train, **kw)
+        tr.lens.save(tmp / "lens")
+        return {"loss": tr.loss.tolist(), "tokens": tr.tokens, "seconds": tr.seconds,
+                "world_size": tr.world_size, "config": tr.config}  # fmt: skip
+
+    d = stages.run("train", fn, folder=True)
+    lens = load_tuned_lens(stages.path("train") / "lens", model)
+    loss = torch.tensor(
+        [[math.nan if v is None else v for v in row] for row in d["loss"]], dtype=torch.float32
+    )
+    return TunedLensTraining(lens, loss, list(d["tokens"]), float(d["seconds"]),
+                             int(d["world_size"]), dict(d["config"]))  # fmt: skip
 
 
 def _headline(report: Report, summary: dict[str, Any]) -> None:

@@ -1,18 +1,21 @@
-"""The work folder of the long commands (``steer eval``, ``experts``): ``--work`` and ``--resume``.
+"""The one rule of interrupted runs, for every long command: ``--work``, ``--fresh``.
 
-Each command splits its run into stages (:class:`mechlingo.core.stages.Stages`) and keeps
-every finished stage's result in a work folder beside ``--out`` (``.OUT.work/``, or
-``--work DIR``; never inside ``--out``, which is written in one step at the end). The stages
-are keyed by the model's weights fingerprint, a hash of the data and every setting that
-changes a number, so the stages of other settings are never reused.
+``steer eval`` (with or without ``--transfer``, and ``--transfer-only``), ``experts``,
+``align``, ``tuned-lens`` and ``replicate`` split their run into stages
+(:class:`mechlingo.core.stages.Stages`) and keep every finished stage in a work folder beside
+``--out``: ``.OUT.work/`` (or ``--work DIR``; never inside ``--out``, which is written in one
+step at the end). The stages are keyed by the mechlingo version, the model's weights
+fingerprint, a hash of the data and every setting that changes a number, so the stages of
+another version, model, data or setting are never reused (they are recomputed).
 
-- Without ``--resume`` a run starts fresh: the stages stored under its key are removed first.
-- With ``--resume`` it reads back the finished stages of its key and computes the rest; with
-  no work folder, or one that holds only other settings' stages, it simply runs (and says so).
+- **A rerun of the same command goes on from the finished stages** (no flag needed): after
+  Ctrl-C, SIGTERM, a SIGKILL or a crash, run the same command again. ``--resume`` is
+  accepted and means the same (the default).
+- ``--fresh`` starts over: the stored stages of this run's key are removed first.
 - After ``--out`` is written the run's stages are removed (the work folder too when empty).
-- Under ``torchrun`` every rank keeps its own stages and ``--resume`` is refused.
-- A stopped run (Ctrl-C, SIGTERM) keeps them; ``mechlingo`` then says to rerun with
-  ``--resume``.
+- Under ``torchrun`` every rank keeps its own stages (the rank is in the key) and the ranks
+  agree on each stage before it is read back: a stage is reused only when every rank has it,
+  otherwise all ranks recompute it (so their collective steps stay in step).
 
 The helpers here turn the stored JSON back into the objects of the expert analyses (neuron
 statistics and scores, saved interventions); the repair protocol keeps its own stages
@@ -23,23 +26,29 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import re
+import shutil
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import load_file, save_file
+import torch
+from safetensors.torch import save_file
 
-from mechlingo.activations.distributed import dist_info
+from mechlingo.activations.distributed import all_reduce_state, dist_info
 from mechlingo.analyses.experts import NeuronScores, NeuronStats
 from mechlingo.analyses.replicate import weights_fingerprint
 from mechlingo.cli.common import UsageError
 from mechlingo.core.describe import model_info
+from mechlingo.core.errors import ArtifactError
 from mechlingo.core.stages import Stages, key_hash
 from mechlingo.core.types import Model
+from mechlingo.core.untrusted import inside, load_tensors
 
 __all__ = [
     "add_work_args",
+    "all_ranks_have",
     "finish_stages",
     "hash_files",
     "kcurve_cache",
@@ -54,11 +63,11 @@ __all__ = [
 STAGE_VERSION = 1
 
 #: flags that change no number (where the output goes, the progress bars, the stages)
-_NOT_NUMBERS = frozenset({"out", "quiet", "work", "resume", "command", "steer_command"})
+_NOT_NUMBERS = frozenset({"out", "quiet", "work", "resume", "fresh", "command", "steer_command"})
 
 
 def add_work_args(p: argparse.ArgumentParser) -> None:
-    """``--work DIR`` and ``--resume``."""
+    """``--work DIR``, ``--fresh`` and ``--resume`` (the default)."""
     g = p.add_argument_group("interrupted runs")
     g.add_argument(
         "--work",
@@ -68,11 +77,16 @@ def add_work_args(p: argparse.ArgumentParser) -> None:
         ".OUT.work beside --out; it may not be inside --out)",
     )
     g.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start over: remove this run's finished stages first (by default a rerun of "
+        "the same command with the same model, data and settings goes on from them)",
+    )
+    g.add_argument(
         "--resume",
         action="store_true",
-        help="go on from the finished stages of an interrupted run with the same model, data "
-        "and settings (stages of other settings are not used: those are recomputed); without "
-        "it a run starts fresh",
+        help="go on from the finished stages of an interrupted run (the default; kept for "
+        "older scripts). Stages of another version, model, data or setting are recomputed",
     )
 
 
@@ -121,9 +135,9 @@ def open_stages(
     args: Any, model: Model, data: Mapping[str, Any], *, skip: Iterable[str] = ()
 ) -> Stages:
     """The stages of this run: keyed by the model, ``data`` (hashes of what was read) and
-    :func:`settings_key`. Without ``--resume`` the stages of this key are removed first;
-    with it, a note on stderr when nothing can be reused. Sets ``args._work`` (the message
-    of a stopped run names it)."""
+    :func:`settings_key`. With ``--fresh`` the stages of this key are removed first;
+    otherwise the finished ones are reused (a note on stderr says how many). Sets
+    ``args._work`` (the message of a stopped run names it)."""
     folder = work_folder(args)
     key = {
         "command": " ".join(x for x in (args.command, getattr(args, "steer_command", None)) if x),
@@ -133,30 +147,35 @@ def open_stages(
         "stage_version": STAGE_VERSION,
     }
     info = dist_info()
-    if info.world_size > 1:  # every rank keeps its own stages; ranks must agree on each stage
-        if getattr(args, "resume", False):
-            raise UsageError(
-                "--resume is not available under torchrun (the ranks may have finished "
-                "different stages)",
-                where="--resume",
-                fix="rerun without --resume, or resume in a single process",
-            )
+    agree = None
+    if info.world_size > 1:  # every rank keeps its own stages; they agree on each one
         key["rank"] = [info.rank, info.world_size]
-    stages = Stages(folder, key)
-    if not getattr(args, "resume", False):
+        agree = all_ranks_have
+    stages = Stages(folder, key, agree=agree)
+    if getattr(args, "fresh", False):
         stages.clear()
-    elif not stages.folder.is_dir():
-        others = folder.is_dir() and any(p.is_dir() for p in folder.iterdir())
-        why = "holds only stages of other settings or data" if others else "does not exist yet"
-        print(f"--resume: the work folder {folder} {why}; starting from the first stage",
-              file=sys.stderr)  # fmt: skip
+    else:
+        done = stage_names(stages)
+        if done and info.rank == 0 and not getattr(args, "quiet", False):
+            print(f"going on from {len(done)} finished stage(s) in {folder} (--fresh to start "
+                  "over)", file=sys.stderr)  # fmt: skip
     args._work = str(folder)
     return stages
 
 
-def finish_stages(stages: Stages) -> None:
-    """After ``--out`` is written: remove the run's stages (and the work folder when empty)."""
-    stages.clear()
+def all_ranks_have(done: bool) -> bool:
+    """Under torchrun: true only when every rank has the stage (one all-reduce)."""
+    total = all_reduce_state({"done": torch.tensor([1.0 if done else 0.0])})["done"]
+    return int(total.item()) == dist_info().world_size
+
+
+def finish_stages(stages: Stages, folder: str | Path | None = None) -> None:
+    """After ``--out`` is written: remove the run's stages (``folder``: the key folder, when
+    another object made the stages) and the work folder when it is empty."""
+    if folder is None:
+        stages.clear()
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
     try:
         stages.root.rmdir()
     except OSError:
@@ -192,7 +211,7 @@ def staged_stats(stages: Stages, name: str, collect: Callable[[], NeuronStats]) 
                 "meta": st.meta, "device": str(st.prob_active.device)}  # fmt: skip
 
     d = stages.run(name, fn, folder=True)
-    t = load_file(str(stages.path(name) / "stats.safetensors"), device=d["device"])
+    t = _stage_tensors(stages, name, "stats.safetensors", d)
     return NeuronStats(d["langs"], t["pooled"], t["lang_ids"], t["prob_active"], d["layers"],
                        d["d_mlp"], d["pool"], d["meta"])  # fmt: skip
 
@@ -208,8 +227,20 @@ def staged_scores(stages: Stages, name: str, score: Callable[[], NeuronScores]) 
         return {"device": str(sc.auroc.device)}
 
     d = stages.run(name, fn, folder=True)
-    t = load_file(str(stages.path(name) / "scores.safetensors"), device=d["device"])
+    t = _stage_tensors(stages, name, "scores.safetensors", d)
     return NeuronScores(t["auroc"], t["ap"], t["lape"])
+
+
+def _stage_tensors(stages: Stages, name: str, file: str, d: Mapping[str, Any]) -> dict:
+    """The tensors a stage stored, read with the checks of any file from a stranger (the
+    header against the file's size, no link out of the stage folder); the device the
+    stage recorded when it is a plain device name."""
+    device = str(d.get("device", "cpu"))
+    if not re.fullmatch(r"(cpu|cuda|mps)(:\d{1,3})?", device):
+        device = "cpu"
+    path = inside(stages.folder, stages.path(name) / file, ArtifactError)
+    return load_tensors(path, ArtifactError, finite=False, device=device,
+                        fix="delete the work folder (or rerun with --fresh)")  # fmt: skip
 
 
 def staged_folder(stages: Stages, name: str, save: Callable[[Path], Any]) -> Path:

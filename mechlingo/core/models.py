@@ -39,6 +39,7 @@ from mechlingo.core.families import REFUSED, SUPPORTED_ARCHITECTURES, family_of
 from mechlingo.core.faults import FULL_ERRNOS, disk_error, file_lock
 from mechlingo.core.sites import mlp_width
 from mechlingo.core.types import Model
+from mechlingo.core.untrusted import gguf_header
 
 DEFAULT_MODEL = "google/gemma-3-270m"
 _MANIFEST = "mechlingo-cache.json"
@@ -409,6 +410,7 @@ def _load_named(
         if not path.is_file():
             raise ModelLoadError(f"GGUF file {path} does not exist")
         check_gguf_file(path)
+        gguf_header(path, ModelLoadError, fix="re-download the file from a source you trust")
         return _load_checked(
             f"could not load the GGUF file {path}",
             "(is it complete? re-download it)",

@@ -31,11 +31,20 @@ from pathlib import Path
 from typing import Any
 
 from mechlingo.core.artifacts import cleanup_stale, kill_point
-from mechlingo.core.errors import OutputError
+from mechlingo.core.errors import ArtifactError, OutputError
+from mechlingo.core.untrusted import check_links, read_json
+from mechlingo.core.version import __version__
 
-__all__ = ["Stages", "key_hash"]
+__all__ = ["STAGE_LOG_ENV", "Stages", "key_hash"]
 
 _RESULT = "result.json"
+_KEY = "key.json"
+#: For tests: a file to which every stage appends ``computed NAME`` or ``reused NAME``.
+STAGE_LOG_ENV = "MECHLINGO_STAGE_LOG"
+#: For kill tests: SIGKILL the process when its N-th computed stage (1-based) is about to be
+#: stored (its result computed, not yet renamed into place).
+KILL_STAGE_ENV = "MECHLINGO_TEST_KILL_STAGE"
+_FIX = "delete the work folder (or rerun with --fresh) to recompute it"
 
 
 def _plain(x: Any) -> Any:
@@ -63,13 +72,29 @@ class Stages:
     Args:
         folder: the work folder (created on first write).
         key: what every stage's result depends on; another key is another subfolder, so
-            results of another model, data or settings are never reused.
+            results of another model, data or settings are never reused. The mechlingo
+            version is added to it, and the folder's ``key.json`` must equal it: a folder
+            whose ``key.json`` says otherwise (another version, a copied or edited folder)
+            is removed and its stages recomputed, never reused.
+        agree: under torchrun, a function that turns this rank's "stage finished" into the
+            answer of every rank (true only when all ranks have it): a stage is read back
+            only when every rank can read it back, and otherwise recomputed by all of them,
+            so that the ranks run the same collective steps.
     """
 
-    def __init__(self, folder: str | os.PathLike[str], key: Mapping[str, Any]) -> None:
-        self.key = _plain(dict(key))
+    def __init__(
+        self,
+        folder: str | os.PathLike[str],
+        key: Mapping[str, Any],
+        *,
+        agree: Callable[[bool], bool] | None = None,
+    ) -> None:
+        self.key = _plain({**dict(key), "mechlingo_version": __version__})
         self.root = Path(folder).expanduser().absolute()
         self.folder = self.root / key_hash(self.key)
+        self.agree = agree
+        self.computed = 0
+        self._checked = False
 
     def path(self, name: str) -> Path:
         """The folder of stage ``name`` (its result and any files it left)."""
@@ -79,22 +104,47 @@ class Stages:
 
     def done(self, name: str) -> bool:
         """Whether ``name`` has a stored result under this key."""
+        self._check_folder()
         return (self.path(name) / _RESULT).is_file()
 
     def load(self, name: str) -> Any:
-        """The stored result of ``name`` (``KeyError`` when it has none)."""
+        """The stored result of ``name`` (``KeyError`` when it has none). The stage folder
+        is checked first: no symlink pointing out of it, a result of at most 64 MiB and a
+        sane nesting depth (:mod:`mechlingo.core.untrusted`); an
+        :class:`~mechlingo.core.errors.ArtifactError` otherwise."""
         p = self.path(name) / _RESULT
+        if not p.is_file():
+            raise KeyError(name)
+        check_links(self.folder, ArtifactError, fix=_FIX)
+        return read_json(p, ArtifactError, fix=_FIX, root=self.folder)
+
+    def _check_folder(self) -> None:
+        """Once: a folder whose ``key.json`` is not this key is not reused (removed)."""
+        if self._checked:
+            return
+        self._checked = True
+        key_file = self.folder / _KEY
+        if self.folder.is_symlink():
+            raise ArtifactError(f"the stage folder {self.folder} is a symlink", fix=_FIX)
+        if not self.folder.is_dir():
+            return
         try:
-            return json.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise KeyError(name) from None
+            stored = read_json(key_file, ArtifactError, root=self.folder, max_bytes=2**22)
+        except ArtifactError:
+            stored = None
+        if stored != self.key:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     def run(self, name: str, fn: Callable[..., Any], *, folder: bool = False) -> Any:
         """The result of stage ``name``: read back when stored, else ``fn()`` (or ``fn(tmp)``
         with ``folder``), stored atomically and returned. An exception of ``fn`` propagates
         and stores nothing. The returned value is always the stored JSON (so a fresh result
         and a read-back one are equal)."""
-        if self.done(name):
+        done = self.done(name)
+        if self.agree is not None:
+            done = self.agree(done)
+        if done:
+            _log("reused", name)
             return self.load(name)
         self._prepare()
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.building-{os.getpid()}-", dir=self.folder))
@@ -102,19 +152,23 @@ class Stages:
             value = fn(tmp) if folder else fn()
             text = json.dumps(_plain(value), indent=1, ensure_ascii=False, allow_nan=False)
             (tmp / _RESULT).write_text(text, encoding="utf-8")
+            self.computed += 1
             kill_point("stage")
+            if os.environ.get(KILL_STAGE_ENV) == str(self.computed):
+                kill_point(f"stage-{self.computed}", force=True)
             dest = self.path(name)
             if dest.exists():  # a stale folder without a result (an older layout): replace
                 shutil.rmtree(dest)
             os.rename(tmp, dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        _log("computed", name)
         return self.load(name)
 
     def _prepare(self) -> None:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            key_file = self.folder / "key.json"
+            key_file = self.folder / _KEY
             if not key_file.is_file():
                 part = key_file.with_name(f".key.json.{os.getpid()}")
                 part.write_text(json.dumps(self.key, indent=1, sort_keys=True), encoding="utf-8")
@@ -129,3 +183,11 @@ class Stages:
     def clear(self) -> None:
         """Forget every stored stage of this key."""
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _log(what: str, name: str) -> None:
+    """For tests: ``what name`` appended to the file named by ``MECHLINGO_STAGE_LOG``."""
+    target = os.environ.get(STAGE_LOG_ENV)
+    if target:
+        with open(target, "a", encoding="utf-8") as fh:
+            fh.write(f"{what} {name}\n")

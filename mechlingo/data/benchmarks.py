@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from mechlingo.core.errors import DataError, InputError
+from mechlingo.core.untrusted import check_depth, check_links
 from mechlingo.data.facts import (
     LANGS,
     Fact,
@@ -63,7 +64,7 @@ from mechlingo.data.facts import (
     check_langs,
     fact_from_mapping,
 )
-from mechlingo.data.io import read_text
+from mechlingo.data.io import json_record, read_text
 from mechlingo.data.parallel_text import SPLITS, lang_of, parallel_layout, read_parallel
 
 PathLike = str | os.PathLike[str]
@@ -228,10 +229,7 @@ def _jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise RecordError(f"{path}, line {number}: invalid JSON ({err.msg})") from None
+        obj = json_record(line, f"{path}, line {number}")
         if not isinstance(obj, dict):
             raise RecordError(f"{path}, line {number}: expected a JSON object, got {obj!r:.40}")
         yield number, obj
@@ -407,10 +405,14 @@ def _klar_root(path: Path) -> Path:
 
 def _klar_json(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """``(samples, prompt_templates)`` of one KLAR relation file, checked for structure."""
+    text = read_text(path, "KLAR file")
+    check_depth(text, RecordError, str(path))
     try:
-        data = json.loads(read_text(path, "KLAR file"))
+        data = json.loads(text)
     except json.JSONDecodeError as err:
         raise RecordError(f"{path}, line {err.lineno}: invalid JSON ({err.msg})") from None
+    except ValueError as err:  # e.g. an integer of 5,000 digits
+        raise RecordError(f"{path}: invalid JSON ({str(err)[:120]})") from None
     if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
         raise RecordError(f"{path}, line 1: expected an object with a 'samples' list")
     templates = data.get("prompt_templates")
@@ -767,8 +769,8 @@ def _first_record(path: Path) -> dict[str, Any]:
     for line in read_text(path, "JSONL file").split("\n"):
         if line.strip():
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
+                obj = json_record(line, str(path))
+            except RecordError:
                 return {}
             return obj if isinstance(obj, dict) else {}
     return {}
@@ -1011,6 +1013,7 @@ def load_benchmark(
             return _from_records(
                 records, str(source), format, wanted, relations, limit, candidates, template_index
             )
+        check_links(path, DataError)  # a file linked in from outside the folder: refused
         fmt = format or detect_format(path)
         if fmt == "facts":
             raise InputError(

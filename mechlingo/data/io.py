@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mechlingo.core.errors import DataError, InputError
+from mechlingo.core.untrusted import check_depth, check_links
 from mechlingo.data.facts import (
     CLOZE_FIELDS,
     FIELDS,
@@ -39,6 +40,11 @@ if TYPE_CHECKING:
     import datasets
 
 PathLike = str | os.PathLike[str]
+
+#: The largest data file mechlingo reads (facts, benchmark files, parallel text): 4 GiB.
+MAX_TEXT_BYTES = 4 * 2**30
+#: The longest line of a data file: 16 MiB (a record or a sentence is a few hundred bytes).
+MAX_LINE_BYTES = 16 * 2**20
 
 #: File name of the bundled facts inside the ``mechlingo.data`` package.
 BUNDLED_FACTS = "facts.jsonl"
@@ -62,12 +68,17 @@ def read_text(path: PathLike, what: str = "file") -> str:
         DataError: the file is missing, a folder, or not UTF-8 (see above).
     """
     try:
+        size = Path(path).stat().st_size
+        if size > MAX_TEXT_BYTES and not Path(path).is_dir():
+            raise DataError(f"{path} is {size:,} bytes; a {what} is read whole, at most "
+                            f"{MAX_TEXT_BYTES:,}", fix="split it into smaller files")  # fmt: skip
         data = Path(path).read_bytes()
     except IsADirectoryError:
         raise DataError(f"{path} is a folder, not a {what}") from None
     except FileNotFoundError:
         raise DataError(f"{path} does not exist") from None
     _refuse_wide(data, path)
+    _refuse_long_lines(data, path)
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
     try:
@@ -83,6 +94,37 @@ def read_text(path: PathLike, what: str = "file") -> str:
             fix=f"save it as UTF-8, e.g. iconv -f cp1252 -t utf-8 {path} > fixed{Path(path).suffix}",
         ) from None
     return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _refuse_long_lines(data: bytes, path: PathLike) -> None:
+    """A :class:`DataError` for a line longer than :data:`MAX_LINE_BYTES` (found before the
+    text is decoded, split or parsed, which would each take several times its size)."""
+    if len(data) <= MAX_LINE_BYTES:
+        return
+    start, line = 0, 1
+    while start < len(data):
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end
+        if end - start > MAX_LINE_BYTES:
+            raise DataError(
+                f"{path}, line {line} is {end - start:,} bytes long; mechlingo reads lines of at "
+                f"most {MAX_LINE_BYTES:,} bytes (a fact or a sentence is far shorter)",
+                fix="check that this is the file you meant (one record per line)",
+            )
+        start, line = end + 1, line + 1
+
+
+def json_record(text: str, where: str) -> Any:
+    """One JSON record of a data file (``where``: the file and line): refused with a
+    :class:`RecordError` when it is not valid JSON or nests deeper than
+    :data:`~mechlingo.core.untrusted.MAX_JSON_DEPTH` levels (checked before parsing)."""
+    check_depth(text, RecordError, where)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise RecordError(f"{where}: invalid JSON ({err.msg})") from None
+    except (ValueError, RecursionError) as err:  # e.g. an integer of 5,000 digits
+        raise RecordError(f"{where}: invalid JSON ({str(err)[:120]})") from None
 
 
 def _refuse_wide(data: bytes, path: PathLike) -> None:
@@ -135,10 +177,7 @@ def read_jsonl(path: PathLike) -> list[Fact]:
     for number, text in enumerate(read_text(path, "facts file").split("\n"), start=1):
         if not text.strip():
             continue
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise RecordError(f"{source}, line {number}: invalid JSON ({err.msg})") from None
+        record = json_record(text, f"{source}, line {number}")
         facts.append(fact_from_mapping(record, source, number))
         lines.append(number)
     if not facts:
@@ -463,6 +502,7 @@ def read_parallel_dir(path: PathLike, langs: Iterable[str] | None = None) -> dic
     folder = Path(path)
     if not folder.is_dir():
         raise DataError(f"{folder} is not a folder of <lang>.txt files")
+    check_links(folder, DataError)
     if langs is None:
         wanted = [lang for lang in LANGS if (folder / f"{lang}.txt").is_file()]
         if not wanted:

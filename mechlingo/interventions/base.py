@@ -30,11 +30,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor
 
 from mechlingo.core.artifacts import atomic_folder
-from mechlingo.core.checks import check_safetensors_header
 from mechlingo.core.describe import check_model, model_info
 from mechlingo.core.errors import (
     ArtifactError,
@@ -53,6 +52,7 @@ from mechlingo.core.tokens import (
     prepends_bos,
 )
 from mechlingo.core.types import HookFn, Model
+from mechlingo.core.untrusted import check_links, inside, load_tensors, read_json
 from mechlingo.core.version import __version__
 from mechlingo.interventions.hf import HFHandle, attach
 
@@ -436,36 +436,16 @@ def load_intervention(path: str | Path, model: Model | None = None) -> Intervent
         raise MissingArtifactError(
             f"{path} holds no saved intervention ({_META_FILE} + {_TENSORS_FILE} expected)"
         )
-    try:
-        doc = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ArtifactError(
-            f"{meta_path} is not valid JSON ({err})", fix="re-save the intervention"
-        ) from None
+    fix = "re-save the intervention"
+    check_links(path, ArtifactError, fix="copy the files into the folder instead of linking them")
+    doc = read_json(meta_path, ArtifactError, fix=fix, root=path)
     if not isinstance(doc, dict):
         raise ArtifactError(f"{meta_path} does not hold a JSON object", fix="re-save it")
     if doc.get("format") != FORMAT_VERSION:
         raise InterventionError(f"{path}: unsupported format {doc.get('format')!r}")
-
-    check_safetensors_header(tensor_path, ArtifactError)
-    try:
-        tensors = load_file(str(tensor_path))
-    except Exception as err:
-        raise ArtifactError(
-            f"{tensor_path} cannot be read ({type(err).__name__}: {err}); it is truncated or "
-            "corrupt",
-            fix="re-save the intervention",
-        ) from None
-    try:
-        obj = restore_any(doc["kind"], tensors, doc["config"])
-    except MechlingoError:
-        raise
-    except (KeyError, TypeError, ValueError, IndexError) as err:
-        missing = f"the field {err}" if isinstance(err, KeyError) else f"{err}"
-        raise ArtifactError(
-            f"{meta_path} is incomplete or does not match its tensors ({missing})",
-            fix="re-save the intervention",
-        ) from None
+    inside(path, tensor_path, ArtifactError)
+    tensors = load_tensors(tensor_path, ArtifactError, fix=fix)
+    obj = _restore_checked(doc, tensors, meta_path)
     obj.meta = dict(doc.get("meta") or {})
     if model is not None:
         if not obj.meta.get("model"):
@@ -476,7 +456,33 @@ def load_intervention(path: str | Path, model: Model | None = None) -> Intervent
                 stacklevel=2,
             )
         check_model(obj.meta.get("model"), model, what=f"the intervention in {path}")
+        _check_fits(obj, model)
     return obj
+
+
+def _check_fits(obj: Intervention, model: Model) -> None:
+    """Layers, neurons and widths against ``model`` at load, not at the first forward pass
+    (an unplaced stack is checked placed at layer 0: its length and width)."""
+    if isinstance(obj, SiteEdit) and obj.one_layer and obj.layer is None:
+        place = getattr(obj, "at", None)
+        if place is not None:
+            place(0).fwd_hooks(model)
+        return
+    obj.fwd_hooks(model)
+
+
+def _restore_checked(doc: dict[str, Any], tensors: dict[str, Tensor], where: Path) -> Intervention:
+    """The intervention of a saved description, every malformed field one line."""
+    try:
+        return restore_any(doc["kind"], tensors, doc["config"])
+    except MechlingoError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as err:
+        missing = f"the field {err}" if isinstance(err, KeyError) else f"{err}"
+        raise ArtifactError(
+            f"{where} is incomplete or does not match its tensors ({missing})"[:400],
+            fix="re-save the intervention",
+        ) from None
 
 
 def restore_any(kind: str, tensors: dict[str, Tensor], config: dict[str, Any]) -> Intervention:

@@ -63,6 +63,13 @@ from torch import Tensor
 from mechlingo.core.errors import ArtifactError, InterventionError, MissingArtifactError
 from mechlingo.core.families import SUPPORTED_ARCHITECTURES
 from mechlingo.core.types import Model
+from mechlingo.core.untrusted import (
+    check_finite_tensors,
+    gguf_header,
+    load_tensors,
+    loads,
+    safetensors_header,
+)
 from mechlingo.interventions.base import Intervention, positions_text
 from mechlingo.interventions.compose import Compose
 from mechlingo.interventions.hf import LAYOUTS
@@ -386,52 +393,72 @@ def _write_gguf(ex: VectorExport, path: Path) -> None:
     writer.close()
 
 
-def _gguf_string(reader: Any, key: str) -> str | None:
-    f = reader.fields.get(key)
-    if f is None:
-        return None
-    return bytes(f.parts[f.data[0]]).decode("utf-8")
+#: the highest layer index an export may name (models have at most a few hundred blocks)
+MAX_EXPORT_LAYER = 4096
+_FIX = "re-export the vectors, or ask whoever made the file for one that mechlingo writes"
 
 
 def read_gguf(path: str | Path) -> VectorExport:
     """Read a control-vector GGUF (written here, by repeng, or by llama.cpp's
     cvector-generator): ``direction.{k}`` tensors and the model hint, with the checks
-    llama.cpp's loader makes (names, F32, 1-D, one width)."""
+    llama.cpp's loader makes (names, F32, 1-D, one width). The header is walked first
+    (:func:`mechlingo.core.untrusted.gguf_header`: no count or size larger than the file),
+    the values must be finite and the layer indices below :data:`MAX_EXPORT_LAYER`."""
     path = Path(path)
     if not path.is_file():
         raise MissingArtifactError(f"{path} does not exist")
+    strings, declared = gguf_header(
+        path, ArtifactError, fix=_FIX, keep=(_META_KEY, f"{ARCH}.model_hint")
+    )
+    for name, shape, gtype in declared:
+        head, _, tail = name.partition(".")
+        if head != "direction" or not tail.isdigit() or int(tail) > MAX_EXPORT_LAYER:
+            raise ArtifactError(f"{path}: tensor {name[:80]!r} is not direction.<layer>", fix=_FIX)
+        if gtype != int(gguf.GGMLQuantizationType.F32) or len(shape) != 1:
+            raise ArtifactError(f"{path}: {name} is not a 1-D F32 tensor", fix=_FIX)
+    if len({shape for _, shape, _ in declared}) > 1:
+        raise ArtifactError(f"{path}: direction tensors of different widths", fix=_FIX)
     try:
         reader = gguf.GGUFReader(str(path))
+        vectors = {int(t.name.partition(".")[2]): torch.from_numpy(np.array(t.data,
+                   dtype=np.float32)) for t in reader.tensors}  # fmt: skip
     except Exception as err:
         raise ArtifactError(
-            f"{path} is not a readable GGUF ({type(err).__name__}: {err})"
+            f"{path} is not a readable GGUF ({type(err).__name__}: {err})", fix=_FIX
         ) from None
-    vectors: dict[int, Tensor] = {}
-    for t in reader.tensors:
-        head, _, tail = t.name.partition(".")
-        if head != "direction" or not tail.isdigit():
-            raise ArtifactError(f"{path}: tensor {t.name!r} is not direction.<layer>")
-        if t.tensor_type != gguf.GGMLQuantizationType.F32 or len(t.shape) != 1:
-            raise ArtifactError(f"{path}: {t.name} is not a 1-D F32 tensor")
-        vectors[int(tail)] = torch.from_numpy(np.array(t.data, dtype=np.float32))
-    if len({v.numel() for v in vectors.values()}) > 1:
-        raise ArtifactError(f"{path}: direction tensors of different widths")
-    doc = json.loads(_gguf_string(reader, _META_KEY) or "{}")
-    fmt = doc.get("format", "llama.cpp")
-    hint = _gguf_string(reader, f"{ARCH}.model_hint") or ""
+    check_finite_tensors({f"direction.{k}": v for k, v in vectors.items()}, ArtifactError,
+                         str(path), fix=_FIX)  # fmt: skip
+    doc = _export_doc(strings.get(_META_KEY), path)
     return VectorExport(
-        fmt,
+        str(doc.get("format", "llama.cpp")),
         dict(sorted(vectors.items())),
         "decoder_block",
-        hint,
-        doc.get("dropped", []),
-        doc.get("meta", {}),
+        strings.get(f"{ARCH}.model_hint") or "",
+        list(doc.get("dropped", [])),
+        dict(doc.get("meta", {})),
     )
+
+
+def _export_doc(text: str | None, path: Path) -> dict[str, Any]:
+    """mechlingo's description stored in an export (a JSON object of the known fields)."""
+    doc = loads(text or "{}", ArtifactError, f"the {_META_KEY} of {path}", fix=_FIX)
+    ok = (
+        isinstance(doc, dict)
+        and doc.get("format", "llama.cpp") in FORMATS
+        and isinstance(doc.get("dropped", []), list)
+        and isinstance(doc.get("meta", {}), dict)
+        and doc.get("layer_type", "decoder_block") in _SV_LAYER_TYPES
+        and isinstance(doc.get("model_hint", ""), str)
+    )
+    if not ok:
+        raise ArtifactError(f"{path}: the {_META_KEY} description is malformed", fix=_FIX)
+    return doc
 
 
 def read_export(path: str | Path) -> VectorExport:
     """Read back what :meth:`VectorExport.save` wrote (GGUF or safetensors): the same
-    vectors, layer type, model hint, ``dropped`` and ``meta``."""
+    vectors, layer type, model hint, ``dropped`` and ``meta``. Every tensor must be
+    ``layer_activations.<k>`` (``k`` at most :data:`MAX_EXPORT_LAYER`), 1-D and finite."""
     path = Path(path)
     if not path.is_file():
         raise MissingArtifactError(f"{path} does not exist")
@@ -440,21 +467,28 @@ def read_export(path: str | Path) -> VectorExport:
     if magic == b"GGUF":
         return read_gguf(path)
     try:
-        with safe_open(str(path), framework="pt") as fh:
-            header = json.loads((fh.metadata() or {}).get(_META_KEY, "{}"))
-            vectors = {int(k.rsplit(".", 1)[1]): fh.get_tensor(k) for k in fh.keys()}
-    except Exception as err:
-        raise ArtifactError(
-            f"{path} is neither a GGUF nor a mechlingo steering-vectors export "
-            f"({type(err).__name__}: {err})"
-        ) from None
+        header = safetensors_header(path, ArtifactError, fix=_FIX)
+    except ArtifactError as err:
+        raise ArtifactError(f"{path} is neither a GGUF nor a mechlingo steering-vectors export "
+                            f"({err.message})", fix=_FIX) from None  # fmt: skip
+    for name, (_, shape) in header.items():
+        head, _, tail = name.rpartition(".")
+        if head != "layer_activations" or not tail.isdigit() or int(tail) > MAX_EXPORT_LAYER:
+            raise ArtifactError(f"{path}: tensor {name[:80]!r} is not layer_activations.<k>",
+                                fix=_FIX)  # fmt: skip
+        if len(shape) != 1:
+            raise ArtifactError(f"{path}: {name} is not a 1-D vector", fix=_FIX)
+    tensors = load_tensors(path, ArtifactError, fix=_FIX)
+    with safe_open(str(path), framework="pt") as fh:
+        doc = _export_doc((fh.metadata() or {}).get(_META_KEY), path)
+    vectors = {int(k.rsplit(".", 1)[1]): v for k, v in tensors.items()}
     return VectorExport(
-        header.get("format", "steering-vectors"),
+        str(doc.get("format", "steering-vectors")),
         dict(sorted(vectors.items())),
-        header.get("layer_type", "decoder_block"),
-        header.get("model_hint", ""),
-        header.get("dropped", []),
-        header.get("meta", {}),
+        str(doc.get("layer_type", "decoder_block")),
+        str(doc.get("model_hint", "")),
+        list(doc.get("dropped", [])),
+        dict(doc.get("meta", {})),
     )
 
 
