@@ -1,11 +1,15 @@
-"""``--work``/``--resume`` of ``steer eval`` and ``experts`` (mechlingo.cli.work): a run
-stopped in a later stage and resumed writes the same ``summary.json`` as an uninterrupted run,
-without recomputing the finished stages; changed settings do not reuse stale stages."""
+"""The one rule of interrupted runs (mechlingo.cli.work): finished stages in ``.OUT.work``,
+the same command run again goes on from them, ``--fresh`` starts over. A run stopped in a
+later stage and run again writes the same outputs as an uninterrupted run without recomputing
+the finished stages; changed settings do not reuse stale stages. The kill tests SIGKILL each
+long command (steer eval with and without --transfer, experts, align, tuned-lens, replicate)
+at a random stage, run it again, and count what was recomputed."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -94,7 +98,7 @@ def test_steer_eval_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch,
     _count(monkeypatch, protocol, "side_effects", calls, stop_when=lambda *a, **kw: True)
     assert run("b") == 130
     assert not (tmp_path / "b").exists()
-    assert "rerun with --resume" in capsys.readouterr().err
+    assert "run the same command again" in capsys.readouterr().err
     stages = next((tmp_path / ".b.work").iterdir())
     done = {p.name for p in stages.iterdir() if (p / "result.json").is_file()}
     assert {"r0-sweep", "r1-build", "r1-sweep", "r0-test-orig", "r0-test-random_s1",
@@ -122,8 +126,7 @@ def test_steer_eval_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch,
     for mod, name in ((protocol, "choose_on_dev"), (repair, "build_repair_vectors")):
         _count(monkeypatch, mod, name, calls)
     calls.clear()
-    assert run("c", "--resume", "--max-new-tokens", "3") == 0
-    assert "starting from the first stage" in capsys.readouterr().err
+    assert run("c", "--max-new-tokens", "3") == 0
     assert calls == {"choose_on_dev": 2, "build_repair_vectors": 1}
 
 
@@ -150,7 +153,7 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
     # Ctrl-C in the k curve's second k (the stats, scores, clamps and k = 3 are finished)
     _count(monkeypatch, experts_mod, "_k_arm", calls, stop_when=lambda *a, **kw: a[2] == 5)
     assert run("b") == 130
-    assert "rerun with --resume" in capsys.readouterr().err
+    assert "run the same command again" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
 
     monkeypatch.undo()
@@ -165,14 +168,14 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
                  "es-k5-random/intervention.safetensors"):  # fmt: skip
         assert (tmp_path / "b" / name).read_bytes() == (tmp_path / "full" / name).read_bytes()
 
-    # without --resume a run starts fresh, even with finished stages of the same settings
+    # --fresh starts over, even with finished stages of the same settings
     _count(monkeypatch, experts_mod, "_k_arm", {}, stop_when=lambda *a, **kw: a[2] == 5)
     assert run("c") == 130
     monkeypatch.undo()
     for mod, name in ((cli_experts, "collect_neuron_stats"), (experts_mod, "_k_arm")):
         _count(monkeypatch, mod, name, calls)
     calls.clear()
-    assert run("c") == 0
+    assert run("c", "--fresh") == 0
     assert calls == {"collect_neuron_stats": 1, "_k_arm": 5}
     assert _summary(tmp_path / "c") == full
 
@@ -183,7 +186,7 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
     for mod, name in ((cli_experts, "collect_neuron_stats"), (experts_mod, "_k_arm")):
         _count(monkeypatch, mod, name, calls)
     calls.clear()
-    assert run("d", "--resume", "--seed", "1") == 0
+    assert run("d", "--seed", "1") == 0
     assert calls == {"collect_neuron_stats": 1, "_k_arm": 5}
     calls.clear()
     # adding a k is not another setting: the stages of every other k are reused
@@ -192,9 +195,143 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
     monkeypatch.undo()
     _count(monkeypatch, experts_mod, "_k_arm", calls)
     calls.clear()
-    assert run("e", "--resume", "--k", "2,3,5") == 0
+    assert run("e", "--k", "2,3,5") == 0
     assert calls == {"_k_arm": 4}  # k = 2 and k = 5, each experts and random
     rows = {(r["k"], r["arm"]): r for r in json.loads((tmp_path / "e" / "summary.json")
                                                         .read_text())["k_curve"]["es"]}  # fmt: skip
     for r in full["k_curve"]["es"]:
         assert rows[(r["k"], r["arm"])] == r
+
+
+# --------------------------------------------------------------------------------------
+# Kill tests: SIGKILL at a random stage of each long command, then the same command again
+# --------------------------------------------------------------------------------------
+
+
+def _strip_times(x):
+    """``x`` without the fields that measure time (``seconds``, ``cpu_seconds``) or say
+    whether a stage was read back (``cached``)."""
+    if isinstance(x, dict):
+        return {k: _strip_times(v) for k, v in x.items()
+                if k not in ("seconds", "cpu_seconds", "cached", "work")}  # fmt: skip
+    if isinstance(x, list):
+        return [_strip_times(v) for v in x]
+    return x
+
+
+def _outputs(out: Path) -> dict[str, object]:
+    """Every file of ``out`` but the report (which prints the seconds): JSON without times."""
+    files: dict[str, object] = {}
+    for p in sorted(out.rglob("*")):
+        if p.is_file() and p.suffix != ".html":
+            rel = str(p.relative_to(out))
+            files[rel] = _strip_times(json.loads(p.read_text())) if p.suffix == ".json" else (
+                p.read_bytes())  # fmt: skip
+    return files
+
+
+def _log(path: Path) -> list[tuple[str, str]]:
+    if not path.is_file():
+        return []
+    return [tuple(line.split(" ", 1)) for line in path.read_text().splitlines()]
+
+
+def _kill_and_rerun(argv: list[str], tmp_path: Path, monkeypatch, seed: str) -> dict:
+    """An uninterrupted run (in process), a run SIGKILLed (a subprocess) when it is about to
+    store its N-th computed stage (N drawn at random), and the same command run again:
+    equal outputs, and the rerun computes exactly the stages the killed run had not
+    stored."""
+    import random
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("MECHLINGO_STAGE_LOG", str(tmp_path / "full.log"))
+    assert main([*argv, "--out", str(tmp_path / "full")]) == 0
+    computed = [n for what, n in _log(tmp_path / "full.log") if what == "computed"]
+    assert computed, "the command kept no stage"
+    assert not (tmp_path / ".full.work").exists()  # removed once --out is written
+    n = random.Random(seed).randint(1, len(computed))
+    env = {**os.environ, "MECHLINGO_TEST_KILL_STAGE": str(n), "OMP_NUM_THREADS": "1",
+           "MECHLINGO_STAGE_LOG": str(tmp_path / "killed.log"),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "mechlingo.cli", *argv, "--out",
+                           str(tmp_path / "b")], env=env, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    assert not (tmp_path / "b").exists()
+    stored = [nm for what, nm in _log(tmp_path / "killed.log") if what == "computed"]
+    assert stored == computed[: n - 1]
+    monkeypatch.setenv("MECHLINGO_STAGE_LOG", str(tmp_path / "rerun.log"))
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 0
+    again = [nm for what, nm in _log(tmp_path / "rerun.log") if what == "computed"]
+    assert sorted(again) == sorted(computed[n - 1 :])  # only the unfinished part
+    assert _outputs(tmp_path / "b") == _outputs(tmp_path / "full")
+    assert not (tmp_path / ".b.work").exists()
+    return {"stages": len(computed), "killed_at": n, "recomputed": len(again)}
+
+
+def _lines(folder: Path, n: int = 6) -> Path:
+    from tests.test_experts import _write_data
+
+    return _write_data(folder, n)
+
+
+@pytest.fixture(scope="module")
+def vectors(tiny_dir, tmp_path_factory) -> Path:
+    v = tmp_path_factory.mktemp("kill") / "v"
+    assert main(["steer", "build", "--model", str(tiny_dir), "--langs", "en,fr,de", "--limit",
+                 "30", "--k-shot", "2", "--quiet", "--out", str(v)]) == 0  # fmt: skip
+    return v
+
+
+_EVAL = ["--langs", "en,fr,de", "--limit", "30", "--quiet", "--task-layers", "0",
+         "--diff-layers", "1", "--task-alphas", "0.5", "--diff-alphas", "0.5", "--top-k", "1",
+         "--screen-ids", "2", "--max-new-tokens", "2", "--seeds", "0,1"]  # fmt: skip
+
+
+def test_kill_steer_eval(tiny_dir, vectors, tmp_path, monkeypatch):
+    argv = ["steer", "eval", "--model", str(tiny_dir), "--vectors", str(vectors), *_EVAL]
+    got = _kill_and_rerun(argv, tmp_path, monkeypatch, "steer eval")
+    assert got["recomputed"] == got["stages"] - got["killed_at"] + 1
+
+
+def test_kill_steer_eval_transfer(tiny_dir, vectors, tmp_path, monkeypatch):
+    argv = ["steer", "eval", "--model", str(tiny_dir), "--vectors", str(vectors), *_EVAL,
+            "--relation", "all", "--transfer", "lang", "--transfer-ids", "3,1,1,1",
+            "--transfer-cells", "diagonal"]  # fmt: skip
+    _kill_and_rerun(argv, tmp_path, monkeypatch, "steer eval --transfer")
+
+
+def test_kill_experts(tiny_dir, tmp_path, monkeypatch):
+    data = _lines(tmp_path / "data")
+    argv = ["experts", "--model", str(tiny_dir), "--lang", "es", "--k", "3,5", "--data",
+            str(data), "--limit", "4", "--heldout", "2", "--samples", "3", "--new-tokens", "3",
+            "--ppl-budget", "1000", "--quiet"]  # fmt: skip
+    _kill_and_rerun(argv, tmp_path, monkeypatch, "experts")
+
+
+def test_kill_align(tiny_dir, tiny, tmp_path, monkeypatch):
+    from mechlingo.interventions import NeuronClamp
+
+    data = _lines(tmp_path / "data")
+    clamp = NeuronClamp({0: [1, 2]}, 3.0).save(tmp_path / "clamp", tiny)
+    argv = ["align", "--model", str(tiny_dir), "--data", str(data), "--limit", "6",
+            "--clamp", str(clamp), "--quiet"]  # fmt: skip
+    _kill_and_rerun(argv, tmp_path, monkeypatch, "align")
+
+
+def test_kill_tuned_lens(tiny_dir, tmp_path, monkeypatch):
+    argv = ["tuned-lens", "--model", str(tiny_dir), "--langs", "en,fr", "--steps", "3",
+            "--texts-per-step", "2", "--max-tokens", "8", "--heldout", "0:4", "--quiet"]  # fmt: skip
+    _kill_and_rerun(argv, tmp_path, monkeypatch, "tuned-lens")
+
+
+def test_kill_replicate(tiny_dir, tmp_path, monkeypatch):
+    from tests.test_replicate import TINY, _parallel
+
+    data = tmp_path / "par"
+    data.mkdir()
+    for lg, lines in _parallel().items():
+        (data / f"{lg}.txt").write_text("\n".join(lines[:20]) + "\n", encoding="utf-8")
+    argv = ["replicate", "--model", str(tiny_dir), "--paper", "sundar2025", "--parallel",
+            str(data), "--settings", json.dumps(TINY), "--quiet"]  # fmt: skip
+    _kill_and_rerun(argv, tmp_path, monkeypatch, "replicate")

@@ -186,7 +186,11 @@ def stage_names(stages: Stages) -> list[str]:
     """The finished stages of ``stages``' key, sorted."""
     if not stages.folder.is_dir():
         return []
-    return sorted(p.name for p in stages.folder.iterdir() if stages.done(p.name))
+    return sorted(
+        p.name
+        for p in stages.folder.iterdir()
+        if p.is_dir() and not p.name.startswith(".") and stages.done(p.name)
+    )
 
 
 # --------------------------------------------------------------------------------------
