@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 import mechlingo.analyses.experts.kcurve as experts_mod
 import mechlingo.analyses.protocol as protocol
@@ -66,6 +67,39 @@ def test_settings_key_drops_only_what_changes_no_number():
                             batch_size=8, _texts={"en": []}, shard_store=Path("x"))  # fmt: skip
     assert settings_key(ns) == {"batch_size": 8, "k": "5,10", "seed": 3}
     assert settings_key(ns, skip=("k",)) == {"batch_size": 8, "seed": 3}
+
+
+def test_ranks_reuse_a_stage_only_when_every_rank_has_it(tmp_path):
+    """Under torchrun each rank keeps its own stages; ``agree`` (an all-reduce there) says
+    whether every rank has a stage: when one rank lacks it, all ranks recompute it."""
+    from mechlingo.core.stages import Stages
+
+    calls: list[str] = []
+    a = Stages(tmp_path / "r0", {"k": 1}, agree=lambda done: done and other_has[0])
+    other_has = [False]
+    a.run("s", lambda: calls.append("first") or {"v": 1})
+    a2 = Stages(tmp_path / "r0", {"k": 1}, agree=lambda done: done and other_has[0])
+    a2.run("s", lambda: calls.append("again") or {"v": 1})  # the other rank lacks it
+    other_has[0] = True
+    a3 = Stages(tmp_path / "r0", {"k": 1}, agree=lambda done: done and other_has[0])
+    a3.run("s", lambda: calls.append("never") or {"v": 1})
+    assert calls == ["first", "again"]
+
+
+def test_torchrun_keeps_stages_per_rank_and_resumes(tmp_path, monkeypatch, tiny):
+    import mechlingo.cli.work as work
+    from mechlingo.activations.distributed import DistInfo
+
+    seen: list[bool] = []
+    monkeypatch.setattr(work, "dist_info", lambda: DistInfo(1, 2, 1, None, torch.device("cpu")))
+    monkeypatch.setattr(work, "all_ranks_have", lambda done: seen.append(done) or done)
+    ns = argparse.Namespace(out=str(tmp_path / "o"), work=None, resume=True, fresh=False,
+                            quiet=True, command="experts", seed=0)  # fmt: skip
+    st = work.open_stages(ns, tiny, {"d": "x"})  # --resume under torchrun: no longer refused
+    assert st.key["rank"] == [1, 2]
+    st.run("a", lambda: {"v": 1})
+    work.open_stages(ns, tiny, {"d": "x"}).run("a", lambda: {"v": 2})
+    assert seen == [False, True]  # the ranks were asked both times; the second reused
 
 
 # --------------------------------------------------------------------------------------

@@ -196,7 +196,7 @@ def load_tuned_lens(path: str | Path, model: Model | None = None) -> TunedLens:
             f"{path} holds no tuned lens ({_META_FILE} + {_TENSORS_FILE} expected)", fix=fix
         )
     check_links(path, ArtifactError, fix=fix)
-    doc = read_json(meta_path, ArtifactError, fix=fix, root=path)
+    doc = read_json(meta_path, ArtifactError, fix=fix)  # check_links: nothing links out
     if not isinstance(doc, dict) or doc.get("kind") != "tuned_lens":
         raise ArtifactError(f"{meta_path} does not describe a tuned lens", fix=fix)
     if doc.get("format") != FORMAT_VERSION:

@@ -32,7 +32,7 @@ from typing import Any
 
 from mechlingo.core.artifacts import cleanup_stale, kill_point
 from mechlingo.core.errors import ArtifactError, OutputError
-from mechlingo.core.untrusted import check_links, read_json
+from mechlingo.core.untrusted import read_json
 from mechlingo.core.version import __version__
 
 __all__ = ["STAGE_LOG_ENV", "Stages", "key_hash"]
@@ -109,13 +109,12 @@ class Stages:
 
     def load(self, name: str) -> Any:
         """The stored result of ``name`` (``KeyError`` when it has none). The stage folder
-        is checked first: no symlink pointing out of it, a result of at most 64 MiB and a
-        sane nesting depth (:mod:`mechlingo.core.untrusted`); an
+        is checked first: the result resolves inside the stage folder (no symlink out), at most
+        64 MiB and of a sane nesting depth (:mod:`mechlingo.core.untrusted`); an
         :class:`~mechlingo.core.errors.ArtifactError` otherwise."""
         p = self.path(name) / _RESULT
         if not p.is_file():
             raise KeyError(name)
-        check_links(self.folder, ArtifactError, fix=_FIX)
         return read_json(p, ArtifactError, fix=_FIX, root=self.folder)
 
     def _check_folder(self) -> None:

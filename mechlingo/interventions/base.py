@@ -52,7 +52,7 @@ from mechlingo.core.tokens import (
     prepends_bos,
 )
 from mechlingo.core.types import HookFn, Model
-from mechlingo.core.untrusted import check_links, inside, load_tensors, read_json
+from mechlingo.core.untrusted import inside, load_tensors, read_json
 from mechlingo.core.version import __version__
 from mechlingo.interventions.hf import HFHandle, attach
 
@@ -437,7 +437,6 @@ def load_intervention(path: str | Path, model: Model | None = None) -> Intervent
             f"{path} holds no saved intervention ({_META_FILE} + {_TENSORS_FILE} expected)"
         )
     fix = "re-save the intervention"
-    check_links(path, ArtifactError, fix="copy the files into the folder instead of linking them")
     doc = read_json(meta_path, ArtifactError, fix=fix, root=path)
     if not isinstance(doc, dict):
         raise ArtifactError(f"{meta_path} does not hold a JSON object", fix="re-save it")
