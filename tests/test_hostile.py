@@ -571,3 +571,16 @@ def test_nothing_was_written_outside(tmp_path):
     """The tests above never write beside their folders (a sanity check of the harness)."""
     assert not any(p.name.startswith(".") and "building" in p.name for p in tmp_path.iterdir())
     assert os.environ.get("MECHLINGO_TEST_KILL_AT") is None
+
+
+@pytest.mark.parametrize("name", ["../secret.json", "../../etc/passwd", "/etc/passwd", "a/../../x"])
+def test_names_climbing_out_of_a_folder_are_refused(tmp_path, name):
+    from mechlingo.core.untrusted import inside
+
+    root = tmp_path / "artifact"
+    root.mkdir()
+    assert inside(root, "a/../ok.json", ArtifactError) == (root / "ok.json").resolve()
+    with pytest.raises(ArtifactError, match="points outside"):
+        inside(root, name, ArtifactError)
+    with pytest.raises(ValueError, match="plain file name"):
+        Stages(tmp_path / "w", {"k": 1}).path(name)

@@ -241,8 +241,9 @@ def safetensors_header(
         start, end = offs
         need = math.prod(shape) * _ST_DTYPES[dtype]
         if not 0 <= start <= end <= data_size or end - start != need:
+            why = "truncated or made up" if end > data_size else "inconsistent"
             raise bad(f"tensor {name[:80]!r} declares {need:,} bytes at {start}..{end}; the "
-                      f"file holds {data_size:,} bytes of data")  # fmt: skip
+                      f"file holds {data_size:,} bytes of data: {why}")  # fmt: skip
         spans.append((start, end, name))
         out[name] = (dtype, tuple(shape))
     spans.sort()
