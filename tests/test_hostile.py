@@ -584,3 +584,37 @@ def test_names_climbing_out_of_a_folder_are_refused(tmp_path, name):
         inside(root, name, ArtifactError)
     with pytest.raises(ValueError, match="plain file name"):
         Stages(tmp_path / "w", {"k": 1}).path(name)
+
+
+def test_no_module_unpickles():
+    """Nothing in mechlingo unpickles: no pickle/dill/joblib/marshal import, every
+    ``torch.load`` with ``weights_only=True``, no ``np.load(allow_pickle=True)``."""
+    import ast
+
+    import mechlingo
+
+    bad = []
+    for path in sorted(Path(mechlingo.__file__).parent.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                if any(n.split(".")[0] in ("pickle", "dill", "joblib", "marshal", "cloudpickle")
+                       for n in names):  # fmt: skip
+                    bad.append(f"{path.name}:{node.lineno} imports a pickler")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                kw = {k.arg: k.value for k in node.keywords}
+                owner = getattr(node.func.value, "id", "")
+                if node.func.attr == "load" and owner == "torch":
+                    flag = kw.get("weights_only")
+                    if not (isinstance(flag, ast.Constant) and flag.value is True):
+                        bad.append(f"{path.name}:{node.lineno} torch.load without weights_only")
+                if node.func.attr == "load" and owner in ("np", "numpy"):
+                    flag = kw.get("allow_pickle")
+                    if flag is not None and not (isinstance(flag, ast.Constant) and not flag.value):
+                        bad.append(f"{path.name}:{node.lineno} np.load(allow_pickle=...)")
+                if node.func.attr == "from_pretrained" and "trust_remote_code" in kw:
+                    flag = kw["trust_remote_code"]
+                    if not (isinstance(flag, ast.Constant) and flag.value is False):
+                        bad.append(f"{path.name}:{node.lineno} trust_remote_code")
+    assert not bad, bad

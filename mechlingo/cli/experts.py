@@ -11,8 +11,9 @@ target rate among the k that keep the target's perplexity within ``--ppl-budget`
 2x); ``summary.json`` has it under ``chosen_k`` and ``k_choice``, and the stricter rule that
 bounds the other languages' perplexity too (``--ppl-others geomean``) under
 ``k_choice_stricter``. Finished stages (statistics, scores, clamps, each arm of each k) are
-kept in ``.EDIR.work`` (or ``--work``) until ``EDIR`` is written; ``--resume`` goes on from
-them after a stop (:mod:`mechlingo.cli.work`).
+kept in ``.EDIR.work`` (or ``--work``) until ``EDIR`` is written; the same command run
+again after a stop goes on from them, ``--fresh`` starts over (:mod:`mechlingo.cli.work`);
+``align`` keeps its comparison the same way.
 
 ``mechlingo align --clamp EDIR --data DIR --out DIR`` (or ``--clamp EDIR/es-k500``) measures
 retrieval and cosine distances before and after the clamp the rule chose (and after the
