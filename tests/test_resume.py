@@ -242,25 +242,28 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
 # --------------------------------------------------------------------------------------
 
 
-def _strip_times(x):
+def _strip_times(x, also: tuple[str, ...] = ()):
     """``x`` without the fields that measure time (``seconds``, ``cpu_seconds``) or say
-    whether a stage was read back (``cached``)."""
+    whether a stage was read back (``cached``), and without the fields ``also``."""
+    drop = ("seconds", "cpu_seconds", "cached", "work", *also)
     if isinstance(x, dict):
-        return {k: _strip_times(v) for k, v in x.items()
-                if k not in ("seconds", "cpu_seconds", "cached", "work")}  # fmt: skip
+        return {k: _strip_times(v, also) for k, v in x.items() if k not in drop}
     if isinstance(x, list):
-        return [_strip_times(v) for v in x]
+        return [_strip_times(v, also) for v in x]
     return x
 
 
-def _outputs(out: Path) -> dict[str, object]:
+def _outputs(out: Path, *also: str) -> dict[str, object]:
     """Every file of ``out`` but the report (which prints the seconds): JSON without times."""
     files: dict[str, object] = {}
     for p in sorted(out.rglob("*")):
         if p.is_file() and p.suffix != ".html":
             rel = str(p.relative_to(out))
-            files[rel] = _strip_times(json.loads(p.read_text())) if p.suffix == ".json" else (
-                p.read_bytes())  # fmt: skip
+            files[rel] = (
+                _strip_times(json.loads(p.read_text()), also)
+                if p.suffix == ".json"
+                else p.read_bytes()
+            )
     return files
 
 
@@ -369,3 +372,50 @@ def test_kill_replicate(tiny_dir, tmp_path, monkeypatch):
     argv = ["replicate", "--model", str(tiny_dir), "--paper", "sundar2025", "--parallel",
             str(data), "--settings", json.dumps(TINY), "--quiet"]  # fmt: skip
     _kill_and_rerun(argv, tmp_path, monkeypatch, "replicate")
+
+
+@pytest.mark.slow
+def test_kill_experts_under_torchrun(tiny_dir, tmp_path, monkeypatch):
+    """``torchrun --nproc_per_node 2``: SIGKILL at a random stage, the same torchrun command
+    again: each rank reuses what every rank had stored, recomputes the rest, and rank 0
+    writes what a one-process run writes."""
+    import random
+    import subprocess
+    import sys
+
+    from tests.test_distributed import _free_port
+
+    data = _lines(tmp_path / "data")
+    argv = ["experts", "--model", str(tiny_dir), "--lang", "es", "--k", "3,5", "--data",
+            str(data), "--limit", "4", "--heldout", "2", "--samples", "3", "--new-tokens", "3",
+            "--ppl-budget", "1000", "--quiet"]  # fmt: skip
+    monkeypatch.setenv("MECHLINGO_STAGE_LOG", str(tmp_path / "one.log"))
+    assert main([*argv, "--out", str(tmp_path / "one")]) == 0
+    computed = [n for what, n in _log(tmp_path / "one.log") if what == "computed"]
+    n = random.Random("torchrun").randint(2, len(computed))
+
+    def torchrun(log: str, kill: int | None) -> subprocess.CompletedProcess:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MECHLINGO_STAGE_LOG": str(tmp_path / log),
+               "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # fmt: skip
+        env.pop("WORLD_SIZE", None)
+        env.pop("MECHLINGO_TEST_KILL_STAGE", None)
+        if kill is not None:
+            env["MECHLINGO_TEST_KILL_STAGE"] = str(kill)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+               "-m", "mechlingo.cli", *argv, "--out", str(tmp_path / "two")]  # fmt: skip
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+
+    assert torchrun("killed-{rank}.log", n).returncode != 0
+    assert not (tmp_path / "two").exists()
+    stored = [[nm for w, nm in _log(tmp_path / f"killed-{r}.log") if w == "computed"]
+              for r in (0, 1)]  # fmt: skip
+    everywhere = min(len(s) for s in stored)  # the stages every rank had stored
+    proc = torchrun("rerun-{rank}.log", None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in (0, 1):
+        log = _log(tmp_path / f"rerun-{r}.log")
+        again = [nm for w, nm in log if w == "computed"]
+        assert sorted(again) == sorted(computed[everywhere:]), (r, stored, again)
+    # equal to the one-process run but for the number of processes each clamp records
+    assert _outputs(tmp_path / "two", "world_size") == _outputs(tmp_path / "one", "world_size")

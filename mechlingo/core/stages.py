@@ -185,8 +185,10 @@ class Stages:
 
 
 def _log(what: str, name: str) -> None:
-    """For tests: ``what name`` appended to the file named by ``MECHLINGO_STAGE_LOG``."""
+    """For tests: ``what name`` appended to the file named by ``MECHLINGO_STAGE_LOG``
+    (``{rank}`` in it: the torchrun rank)."""
     target = os.environ.get(STAGE_LOG_ENV)
     if target:
+        target = target.replace("{rank}", os.environ.get("RANK", "0"))
         with open(target, "a", encoding="utf-8") as fh:
             fh.write(f"{what} {name}\n")
