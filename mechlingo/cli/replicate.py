@@ -6,7 +6,7 @@ the figure behind each row). Finished stages are kept in ``OUT/stages/`` (or ``-
 keyed by the model's fingerprint, the data and the settings: a rerun reuses them and a
 stopped run (Ctrl-C, SIGTERM, a killed job) resumes after the last finished stage. A stage
 that fails becomes the rows of its claims with the error; the others still run, and the
-command exits 0 with the card written (``--strict``: exit 1 when a stage failed).
+command exits 0 with the card written (``--strict``: exit 3 when a stage failed).
 The claims are measured by :func:`mechlingo.analyses.replicate.replicate`.
 """
 
@@ -66,7 +66,8 @@ def _replicate_args(p: argparse.ArgumentParser) -> None:
                    "report.html)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--strict", action="store_true", help="exit 1 when a stage failed")
+    p.add_argument("--strict", action="store_true", help="exit with status 3 (the card is "
+                   "still written) when a stage failed")  # fmt: skip
 
 
 def read_facts_arg(path: str) -> list[Any]:
@@ -142,4 +143,4 @@ def cmd_replicate(args: Any) -> int:
     failed = [n for n, t in card.meta["stages"].items() if t.get("error")]
     if failed:
         print(f"stages that failed (their rows carry the error): {', '.join(failed)}")
-    return 1 if failed and args.strict else 0
+    return 3 if failed and args.strict else 0  # 3: see mechlingo.cli.main.main
