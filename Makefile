@@ -41,6 +41,8 @@ replicate-full: setup
 lint: setup
 	$(BIN)/ruff format --check mechlingo tests benchmarks scripts
 	$(BIN)/ruff check mechlingo tests benchmarks scripts
+	@# The type checker on the public API (the module list and why: [tool.mypy] in pyproject.toml).
+	$(BIN)/mypy
 	@# The layers (core -> kernels/data -> activations -> interventions -> analyses -> viz ->
 	@# report -> cli): no upward import, no cycle, no import inside a function but of an
 	@# optional heavy dependency, no function over 80 lines.

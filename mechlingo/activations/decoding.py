@@ -178,12 +178,12 @@ def kv_cache_path(model: Model) -> KVPath:
     if _hf_model(model) is not None:
         for candidate in ("native", "adapter"):
             try:
-                ok = _probe(model, candidate)  # type: ignore[arg-type]
+                ok = _probe(model, candidate)
             except (TypeError, ValueError, RuntimeError) as err:
                 log.debug("KV-cache probe %s failed: %s", candidate, err)
                 ok = False
             if ok:
-                path = candidate  # type: ignore[assignment]
+                path = candidate
                 break
         if path == "none":
             log.warning(
@@ -381,7 +381,7 @@ def decode(
         raise InputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if max_new_tokens == 0:
         return [[] for _ in range(batch.batch_size)]
-    args = {
+    args: dict[str, Any] = {
         "max_new_tokens": max_new_tokens,
         "fwd_hooks": fwd_hooks,
         "choose": choose,

@@ -392,6 +392,7 @@ def pooled_neuron_acts(
         "world_size": dist_info().world_size,
         "model": model_info(model),
     }
+    rows_all: Tensor | PooledShards
     if writer is not None:
         writer.close()
         barrier()
