@@ -497,6 +497,15 @@ TINY: dict[str | None, TinySpec] = {
 the families of :data:`mechlingo.core.families.FAMILIES` (every one has an entry)."""
 
 
+#: A chat template in the style of Gemma's turn markers, for tiny test models
+#: (``build_tiny_folder(..., chat_template=TINY_CHAT_TEMPLATE)``).
+TINY_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>"
+    "{{ 'model' if m['role'] == 'assistant' else 'user' }}\n{{ m['content'] | trim }}"
+    "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
 def build_tiny_folder(
     folder: str | os.PathLike[str],
     family: str | None = None,
@@ -506,6 +515,7 @@ def build_tiny_folder(
     d_model: int | None = None,
     d_mlp: int | None = None,
     n_heads: int | None = None,
+    chat_template: str | None = None,
 ) -> Path:
     """Write a tiny random model and its tokenizer to ``folder``; its path.
 
@@ -515,6 +525,8 @@ def build_tiny_folder(
             :data:`mechlingo.core.families.FAMILIES` for that family's tiny model.
         seed: fixes the weights; the caller's global torch generator is left as it was.
         n_layers, d_model, d_mlp, n_heads: override the model's default sizes.
+        chat_template: a Jinja chat template saved with the tokenizer (e.g.
+            :data:`TINY_CHAT_TEMPLATE`), for tests of chat-model prompts.
 
     Raises:
         InputError: an unknown family.
@@ -529,6 +541,8 @@ def build_tiny_folder(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(spec.tokenizer, vocab_size=spec.vocab_size, corpus=spec.corpus)
+    if chat_template is not None:
+        tok.chat_template = chat_template
     config = spec.config(len(tok), _special_ids(tok), sizes)
     config.architectures = [spec.architecture]
     with torch.random.fork_rng(devices=[]):  # the seed fixes the weights, not the caller's
@@ -545,14 +559,16 @@ def tiny_model(
     family: str | None = None,
     *,
     seed: int = 0,
+    chat_template: str | None = None,
     **sizes: int,
 ) -> Model:
     """Build (in ``folder``, or a temporary folder) and load a tiny random model on the CPU;
     :func:`build_tiny_folder` says what it is. Its ``cfg.model_name`` is
-    ``"mechlingo-tiny-gemma3"`` for the default model, ``"mechlingo-tiny-<family>"`` otherwise."""
+    ``"mechlingo-tiny-gemma3"`` for the default model, ``"mechlingo-tiny-<family>"`` otherwise
+    (``chat_template``: see :func:`build_tiny_folder`)."""
     if folder is None:
         folder = tempfile.mkdtemp(prefix="mechlingo-tiny-")
-    path = build_tiny_folder(folder, family, seed=seed, **sizes)
+    path = build_tiny_folder(folder, family, seed=seed, chat_template=chat_template, **sizes)
     model = load_model(path, device="cpu")
     model.cfg.model_name = f"mechlingo-tiny-{family or 'gemma3'}"
     return model

@@ -55,7 +55,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace, TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from jaxtyping import Int
@@ -68,6 +68,7 @@ from mechlingo.core.tokens import TokenBatch, batch_context
 from mechlingo.core.types import HookFn
 
 
+@runtime_checkable
 class HasHooks(Protocol):
     """Anything with ``fwd_hooks(model)`` (every :class:`Intervention`; this module sits
     below :mod:`~mechlingo.interventions.base`, which imports it, so it names the one method
