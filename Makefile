@@ -58,8 +58,11 @@ test: setup lint
 bench-peers:
 	bash scripts/build_peer_envs.sh
 
+# The docs site: the API reference (site/api) and the five notebooks executed on the embedded
+# model with their outputs and figures (site/notebooks; ~10 min on 2 CPU cores).
 docs: setup
 	$(BIN)/python scripts/build_docs.py site/api
+	$(BIN)/python scripts/build_docs.py --notebooks site/notebooks
 
 clean:
-	rm -rf $(VENV) out .pytest_cache .ruff_cache
+	rm -rf $(VENV) out .pytest_cache .ruff_cache .mypy_cache site

@@ -209,13 +209,13 @@ class _Step:
     input_ids: Int[Tensor, "batch t"]
     attention_mask: Tensor | None  # [batch, cols] 0/1, or a 4-D additive mask (prefix passes)
     columns: Int[Tensor, "batch t"] | None
-    read: Int[Tensor, " batch"]
+    read: Int[Tensor, " row"]  # one per row the pass ends with (a grown batch has more)
     model_kwargs: dict[str, Any]
 
 
 def _final_resid(
     model: Model, batch: TokenBatch, step: _Step, fwd_hooks: FwdHooks
-) -> Float[Tensor, "batch d_model"]:
+) -> Float[Tensor, "row d_model"]:
     """The final residual stream of every row at its column ``step.read[row]``, the forward
     pass stopped right after the last block (the cache is complete by then). ``step.read``
     has one entry per row the pass ends with (more than ``batch`` has when a hook grows the
