@@ -180,3 +180,23 @@ def test_licence_and_citation_files():
     assert "cff-version: 1.2.0" in cff and f"version: {__version__}" in cff
     for arxiv in ("2505.20546", "2502.15639"):
         assert arxiv in cff
+
+
+@pytest.mark.skipif(bool(os.environ.get("MECHLINGO_NO_SHAPE_CHECKS")), reason="checks off")
+def test_shape_annotations_are_checked_at_run_time_in_the_tests():
+    """conftest.py's import hook: a tensor that does not match its jaxtyping annotation
+    fails the call, after the function had its chance to refuse it with its own error."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from mechlingo.kernels.ranking import auroc
+    from mechlingo.kernels.readout import output_transform
+
+    model = SimpleNamespace(cfg=SimpleNamespace(output_logits_soft_cap=-1.0))
+    assert output_transform(model, torch.zeros(2, 5)).shape == (2, 5)
+    with pytest.raises(TypeError, match="output_transform"):
+        output_transform(model, torch.zeros(2, 5, dtype=torch.long))  # not Float
+    with pytest.raises(Exception) as err:  # the kernel's own message, not the shape check's
+        auroc(torch.rand(6, 3), torch.tensor([True, False, True, False, True]))
+    assert not isinstance(err.value, TypeError), err.value
