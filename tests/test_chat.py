@@ -155,3 +155,24 @@ def test_cli_chat_flag(chat_dir, tmp_path):
     assert run("on")["meta"]["chat"] is True
     assert run("off")["meta"]["chat"] is False
     assert run("auto")["meta"]["chat"] is False  # the folder's name does not say "-it"
+
+
+def test_steering_vector_build_reads_the_chat_prompts(chat_model):
+    """The repair vectors' build means are taken at the last token of the chat-wrapped
+    prompts: equal to a hand computation on the wrapped token ids."""
+    from mechlingo.activations.means import last_token_means
+    from mechlingo.analyses.repair import repair_prompts
+
+    facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=5)
+    prompts = repair_prompts(facts, k_shot=2)
+    assert all(isinstance(p, ChatPrompt) and p.demos for p in prompts["few_shot"])
+    plain = last_token_means(chat_model, prompts["few_shot"], layers=[1]).mean
+    use_chat(chat_model, "on")
+    wrapped = last_token_means(chat_model, prompts["few_shot"], layers=[1]).mean
+    rows = []
+    for p in prompts["few_shot"]:
+        ids = encode(chat_model, [p]).tokens
+        _, cache = chat_model.run_with_cache(ids, names_filter="blocks.1.hook_resid_pre")
+        rows.append(cache["blocks.1.hook_resid_pre"][0, -1].double())
+    torch.testing.assert_close(wrapped[-1], torch.stack(rows).mean(0), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(wrapped, plain)
