@@ -108,6 +108,31 @@ def test_fresh_venv_runs_version(fresh_venv, tmp_path):
     assert proc.stdout.strip() == f"mechlingo {__version__}"
 
 
+def test_pip_install_from_the_checkout(tmp_path):
+    """``pip install /path/to/checkout`` (not editable) in another fresh venv, the same way."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    # first: the build backend (setuptools) too comes from the dev environment
+    (Path(site) / "zz_dev_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
+         "--no-build-isolation", "--no-index", str(ROOT)],
+        capture_output=True, text=True, timeout=300, env=_clean_env(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = subprocess.run(
+        [str(venv / "bin" / "mechlingo"), "--version"],
+        capture_output=True, text=True, cwd=tmp_path, env=_clean_env(), timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0 and out.stdout.strip() == f"mechlingo {__version__}", out.stderr
+    assert (Path(site) / "mechlingo" / "py.typed").is_file()
+
+
 @pytest.mark.slow
 def test_fresh_venv_runs_a_command_on_the_embedded_model(fresh_venv, tmp_path):
     import json
