@@ -23,7 +23,7 @@ $(BIN)/python:
 setup: $(BIN)/python chromium
 	@# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q "torch==2.13.0"
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,data-gen]"
 	$(BIN)/python -c "from mechlingo.core.models import ensure_default_model; ensure_default_model()"
 
 demo: setup
@@ -41,6 +41,8 @@ replicate-full: setup
 lint: setup
 	$(BIN)/ruff format --check mechlingo tests benchmarks scripts
 	$(BIN)/ruff check mechlingo tests benchmarks scripts
+	@# The type checker on the public API (the module list and why: [tool.mypy] in pyproject.toml).
+	$(BIN)/mypy
 	@# The layers (core -> kernels/data -> activations -> interventions -> analyses -> viz ->
 	@# report -> cli): no upward import, no cycle, no import inside a function but of an
 	@# optional heavy dependency, no function over 80 lines.
@@ -56,8 +58,11 @@ test: setup lint
 bench-peers:
 	bash scripts/build_peer_envs.sh
 
+# The docs site: the API reference (site/api) and the five notebooks executed on the embedded
+# model with their outputs and figures (site/notebooks; ~10 min on 2 CPU cores).
 docs: setup
 	$(BIN)/python scripts/build_docs.py site/api
+	$(BIN)/python scripts/build_docs.py --notebooks site/notebooks
 
 clean:
-	rm -rf $(VENV) out .pytest_cache .ruff_cache
+	rm -rf $(VENV) out .pytest_cache .ruff_cache .mypy_cache site

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from mechlingo.core.chat import use_chat
 from mechlingo.core.models import DEFAULT_MODEL, load_model
 from mechlingo.core.sites import hook_name, resolve_site
 from mechlingo.core.version import __version__
@@ -39,6 +40,7 @@ __all__ = [
     "replicate",
     "resolve_site",
     "tiny_model",
+    "use_chat",
 ]
 
 # The analyses load on first use (PEP 562), so that ``import mechlingo`` stays light.

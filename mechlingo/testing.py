@@ -205,7 +205,7 @@ def _alternating(n_layers: int) -> list[str]:
     return [("sliding_attention", "full_attention")[i % 2] for i in range(n_layers)]
 
 
-def _test_gemma3(v: int, ids: dict[str, int], s: Sizes) -> Any:
+def _test_gemma3(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     """The tests' default model: Gemma 3 with full attention and a window longer than any
     test prompt."""
     from transformers import Gemma3TextConfig
@@ -225,7 +225,7 @@ def _test_gemma3(v: int, ids: dict[str, int], s: Sizes) -> Any:
     )
 
 
-def _rope_kw(v: int, ids: dict[str, int], s: Sizes, **extra: Any) -> dict[str, Any]:
+def _rope_kw(v: int, ids: dict[str, Any], s: Sizes, **extra: Any) -> dict[str, Any]:
     kw = dict(
         vocab_size=v,
         hidden_size=s.d_model,
@@ -240,25 +240,25 @@ def _rope_kw(v: int, ids: dict[str, int], s: Sizes, **extra: Any) -> dict[str, A
     return kw
 
 
-def _llama(v: int, ids: dict[str, int], s: Sizes) -> Any:
+def _llama(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     from transformers import LlamaConfig
 
     return LlamaConfig(**_rope_kw(v, ids, s, tie_word_embeddings=False))
 
 
-def _mistral(v: int, ids: dict[str, int], s: Sizes) -> Any:
+def _mistral(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     from transformers import MistralConfig
 
     return MistralConfig(**_rope_kw(v, ids, s, sliding_window=None, tie_word_embeddings=False))
 
 
-def _qwen2(v: int, ids: dict[str, int], s: Sizes) -> Any:
+def _qwen2(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     from transformers import Qwen2Config
 
     return Qwen2Config(**_rope_kw(v, ids, s, tie_word_embeddings=True))
 
 
-def _qwen3(v: int, ids: dict[str, int], s: Sizes) -> Any:
+def _qwen3(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     from transformers import Qwen3Config
 
     return Qwen3Config(
@@ -266,7 +266,7 @@ def _qwen3(v: int, ids: dict[str, int], s: Sizes) -> Any:
     )
 
 
-def _gemma(v: int, ids: dict[str, int], s: Sizes) -> Any:
+def _gemma(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     from transformers import GemmaConfig
 
     return GemmaConfig(
@@ -274,7 +274,7 @@ def _gemma(v: int, ids: dict[str, int], s: Sizes) -> Any:
     )
 
 
-def _gemma2(v: int, ids: dict[str, int], s: Sizes) -> Any:
+def _gemma2(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     from transformers import Gemma2Config
 
     return Gemma2Config(
@@ -291,7 +291,7 @@ def _gemma2(v: int, ids: dict[str, int], s: Sizes) -> Any:
     )
 
 
-def _gemma3(v: int, ids: dict[str, int], s: Sizes) -> Any:
+def _gemma3(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     from transformers import Gemma3TextConfig
 
     return Gemma3TextConfig(
@@ -306,7 +306,7 @@ def _gemma3(v: int, ids: dict[str, int], s: Sizes) -> Any:
     )
 
 
-def _bloom(v: int, ids: dict[str, int], s: Sizes) -> Any:
+def _bloom(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     from transformers import BloomConfig
 
     return BloomConfig(
@@ -314,13 +314,13 @@ def _bloom(v: int, ids: dict[str, int], s: Sizes) -> Any:
     )
 
 
-def _cohere(v: int, ids: dict[str, int], s: Sizes) -> Any:
+def _cohere(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     from transformers import CohereConfig
 
     return CohereConfig(**_rope_kw(v, ids, s, logit_scale=0.5, tie_word_embeddings=True))
 
 
-def _gpt2(v: int, ids: dict[str, int], s: Sizes) -> Any:
+def _gpt2(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     from transformers import GPT2Config
 
     return GPT2Config(
@@ -333,7 +333,7 @@ def _gpt2(v: int, ids: dict[str, int], s: Sizes) -> Any:
     )
 
 
-def _neox(v: int, ids: dict[str, int], s: Sizes) -> Any:
+def _neox(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     from transformers import GPTNeoXConfig
 
     kw = _rope_kw(v, ids, s, rotary_pct=0.5, tie_word_embeddings=False)
@@ -341,7 +341,7 @@ def _neox(v: int, ids: dict[str, int], s: Sizes) -> Any:
     return GPTNeoXConfig(**kw)
 
 
-def _xglm(v: int, ids: dict[str, int], s: Sizes) -> Any:
+def _xglm(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     from transformers import XGLMConfig
 
     return XGLMConfig(
@@ -355,19 +355,19 @@ def _xglm(v: int, ids: dict[str, int], s: Sizes) -> Any:
     )
 
 
-def _phi3(v: int, ids: dict[str, int], s: Sizes) -> Any:
+def _phi3(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     from transformers import Phi3Config
 
     return Phi3Config(**_rope_kw(v, ids, s, tie_word_embeddings=False))
 
 
-def _olmo2(v: int, ids: dict[str, int], s: Sizes) -> Any:
+def _olmo2(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     from transformers import Olmo2Config
 
     return Olmo2Config(**_rope_kw(v, ids, s, tie_word_embeddings=False))
 
 
-def _falcon(v: int, ids: dict[str, int], s: Sizes) -> Any:
+def _falcon(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     from transformers import FalconConfig
 
     return FalconConfig(
@@ -379,7 +379,7 @@ def _falcon(v: int, ids: dict[str, int], s: Sizes) -> Any:
     )
 
 
-def _cohere2(v: int, ids: dict[str, int], s: Sizes) -> Any:
+def _cohere2(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     from transformers import Cohere2Config
 
     return Cohere2Config(
@@ -395,7 +395,7 @@ def _cohere2(v: int, ids: dict[str, int], s: Sizes) -> Any:
     )
 
 
-def _stablelm(v: int, ids: dict[str, int], s: Sizes) -> Any:
+def _stablelm(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     from transformers import StableLmConfig
 
     return StableLmConfig(
@@ -497,6 +497,15 @@ TINY: dict[str | None, TinySpec] = {
 the families of :data:`mechlingo.core.families.FAMILIES` (every one has an entry)."""
 
 
+#: A chat template in the style of Gemma's turn markers, for tiny test models
+#: (``build_tiny_folder(..., chat_template=TINY_CHAT_TEMPLATE)``).
+TINY_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>"
+    "{{ 'model' if m['role'] == 'assistant' else 'user' }}\n{{ m['content'] | trim }}"
+    "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
 def build_tiny_folder(
     folder: str | os.PathLike[str],
     family: str | None = None,
@@ -506,6 +515,7 @@ def build_tiny_folder(
     d_model: int | None = None,
     d_mlp: int | None = None,
     n_heads: int | None = None,
+    chat_template: str | None = None,
 ) -> Path:
     """Write a tiny random model and its tokenizer to ``folder``; its path.
 
@@ -515,6 +525,8 @@ def build_tiny_folder(
             :data:`mechlingo.core.families.FAMILIES` for that family's tiny model.
         seed: fixes the weights; the caller's global torch generator is left as it was.
         n_layers, d_model, d_mlp, n_heads: override the model's default sizes.
+        chat_template: a Jinja chat template saved with the tokenizer (e.g.
+            :data:`TINY_CHAT_TEMPLATE`), for tests of chat-model prompts.
 
     Raises:
         InputError: an unknown family.
@@ -529,6 +541,8 @@ def build_tiny_folder(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(spec.tokenizer, vocab_size=spec.vocab_size, corpus=spec.corpus)
+    if chat_template is not None:
+        tok.chat_template = chat_template
     config = spec.config(len(tok), _special_ids(tok), sizes)
     config.architectures = [spec.architecture]
     with torch.random.fork_rng(devices=[]):  # the seed fixes the weights, not the caller's
@@ -545,14 +559,16 @@ def tiny_model(
     family: str | None = None,
     *,
     seed: int = 0,
+    chat_template: str | None = None,
     **sizes: int,
 ) -> Model:
     """Build (in ``folder``, or a temporary folder) and load a tiny random model on the CPU;
     :func:`build_tiny_folder` says what it is. Its ``cfg.model_name`` is
-    ``"mechlingo-tiny-gemma3"`` for the default model, ``"mechlingo-tiny-<family>"`` otherwise."""
+    ``"mechlingo-tiny-gemma3"`` for the default model, ``"mechlingo-tiny-<family>"`` otherwise
+    (``chat_template``: see :func:`build_tiny_folder`)."""
     if folder is None:
         folder = tempfile.mkdtemp(prefix="mechlingo-tiny-")
-    path = build_tiny_folder(folder, family, seed=seed, **sizes)
+    path = build_tiny_folder(folder, family, seed=seed, chat_template=chat_template, **sizes)
     model = load_model(path, device="cpu")
     model.cfg.model_name = f"mechlingo-tiny-{family or 'gemma3'}"
     return model

@@ -1,12 +1,22 @@
-"""Build the API reference from the docstrings with pdoc, warnings as errors.
+"""Build the docs site: the API reference from the docstrings (pdoc, warnings as errors) and
+the notebooks, executed, with their outputs and figures.
 
-Usage: python scripts/build_docs.py [OUT]   (default site/api)
+Usage:
+    python scripts/build_docs.py [OUT]                   API reference (default site/api)
+    python scripts/build_docs.py --notebooks [OUT]       notebooks (default site/notebooks)
+
 Every module of the package gets a page; any pdoc warning (a module that fails to import, a
-duplicate, a broken reference it detects) fails the build.
+duplicate, a broken reference it detects) fails the build. Each notebook of ``notebooks/``
+is executed top to bottom in a fresh kernel (nbclient; ``MECHLINGO_NB_LIMIT`` sets its data
+limits, 20 by default as in the notebooks themselves) and written as one HTML page with its
+outputs; plotly figures are embedded as interactive figures with plotly.js inline, so the
+pages work offline. The committed notebooks stay without outputs.
 """
 
 from __future__ import annotations
 
+import html
+import os
 import pkgutil
 import sys
 import warnings
@@ -38,7 +48,68 @@ def build(out: Path) -> list[str]:
     return modules()
 
 
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def execute_notebook(path: Path, workdir: Path, timeout: int = 1800):
+    """``path`` run top to bottom in a fresh ``python3`` kernel in ``workdir``; the notebook
+    with its outputs (raises ``CellExecutionError`` naming the failing cell). Figures come out
+    both as plotly JSON and as HTML (``PLOTLY_RENDERER``), for the tests and the pages."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    os.environ["PLOTLY_RENDERER"] = "plotly_mimetype+notebook"
+    os.environ.setdefault("MECHLINGO_NB_OUT", str(workdir))
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(workdir)}}
+    )
+    client.execute()
+    return nb
+
+
+def notebook_html(nb) -> str:
+    """One self-contained HTML page of an executed notebook (nbconvert's ``lab`` template)."""
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
+    return body
+
+
+def render_notebooks(out: Path, paths: list[Path] | None = None) -> list[Path]:
+    """Execute each notebook and write ``out/<name>.html`` and an index page; the pages."""
+    import tempfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    pages = []
+    for path in paths or sorted(NOTEBOOKS.glob("*.ipynb")):
+        with tempfile.TemporaryDirectory() as work:
+            nb = execute_notebook(path, Path(work))
+        page = out / f"{path.stem}.html"
+        page.write_text(notebook_html(nb), encoding="utf-8")
+        pages.append(page)
+        print(f"rendered {path.name} -> {page}")
+    items = "\n".join(
+        f'<li><a href="{html.escape(p.name)}">{html.escape(p.stem.replace("_", " "))}</a></li>'
+        for p in pages
+    )
+    (out / "index.html").write_text(
+        "<!doctype html><meta charset=utf-8><title>mechlingo notebooks</title>"
+        "<h1>mechlingo notebooks</h1><p>Executed on the embedded model when the docs were "
+        f"built (small data limits).</p><ul>{items}</ul>\n",
+        encoding="utf-8",
+    )
+    return pages
+
+
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("site/api")
-    names = build(target)
-    print(f"API reference for {len(names)} modules in {target}")
+    args = sys.argv[1:]
+    if args[:1] == ["--notebooks"]:
+        os.environ.setdefault("MECHLINGO_NB_LIMIT", "20")
+        target = Path(args[1]) if len(args) > 1 else Path("site/notebooks")
+        pages = render_notebooks(target)
+        print(f"{len(pages)} notebooks rendered in {target}")
+    else:
+        target = Path(args[0]) if args else Path("site/api")
+        names = build(target)
+        print(f"API reference for {len(names)} modules in {target}")

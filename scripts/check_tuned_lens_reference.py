@@ -3,9 +3,11 @@ tiny model: the same translators, the same tokens, the same per-layer KL(final |
 
 The package needs its own environment (it pins its own dependencies):
 
-    python3 -m venv ../lenses-venv && ../lenses-venv/bin/pip install torch==2.13.0 tuned-lens
+    bash scripts/build_tunedlens_env.sh                                 # .venv-tunedlens
     python scripts/check_tuned_lens_reference.py dump /tmp/tlref        # mechlingo's venv
-    ../lenses-venv/bin/python scripts/check_tuned_lens_reference.py check /tmp/tlref
+    .venv-tunedlens/bin/python scripts/check_tuned_lens_reference.py check /tmp/tlref
+
+(``scripts/check_tuned_lens_interop.py`` checks the saved-lens formats the same way.)
 
 ``dump`` writes a tiny random Gemma-3 model, random non-zero translators, token ids and
 mechlingo's per-layer loss (:func:`mechlingo.analyses.tuned_lens.translator_kl`, mean over

@@ -4,17 +4,34 @@
   tokenizer (:func:`mechlingo.testing.build_tiny_folder`, the one builder of tiny models), for fast unit tests of mechanics (shapes, hooks, positions, equalities).
 * ``gemma``: the embedded default model (google/gemma-3-270m, float32, CPU), for integration
   tests of what the methods find. Tests using it are marked ``slow``.
+
+Runtime shape checks: before any ``mechlingo`` module is imported, jaxtyping's import hook
+wraps every function and dataclass of the package in ``jaxtyped`` with
+:func:`tests.shape_checks.arrays_only` as the checker, so within the tests every call checks
+its tensor arguments and tensor result against their jaxtyping annotations
+(``Float[Tensor, "batch pos d_model"]``: the dtype, the rank, and each named axis the same
+size everywhere in one call). A mismatch raises at the call. The other annotations are
+mypy's (``make lint``). ``MECHLINGO_NO_SHAPE_CHECKS=1`` turns the checks off.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
-import pytest
-import torch
+if not os.environ.get("MECHLINGO_NO_SHAPE_CHECKS"):
+    assert "mechlingo" not in sys.modules, "mechlingo was imported before the shape-check hook"
+    from jaxtyping import install_import_hook
 
-from mechlingo.core.tokens import TokenBatch, encode
+    import tests.shape_checks  # noqa: F401  (the hook finds the checker by its dotted name)
+
+    install_import_hook("mechlingo", "tests.shape_checks.arrays_only")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from mechlingo.core.tokens import TokenBatch, encode  # noqa: E402
 
 SHARED = Path(os.environ.get("MECHLINGO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 NTREX = SHARED / "data" / "ntrex" / "dev"

@@ -1133,7 +1133,7 @@ def test_kill_after_swap_gives_new_folder(tmp_path):
     _old_out(tmp_path)
     _killed(_WRITE, "publish", tmp_path)
     out = tmp_path / "out"
-    assert json.loads((out / "summary.json").read_text()) == {"new": True}
+    assert json.loads((out / "summary.json").read_text()) == {"format_version": 1, "new": True}
     assert (out / "report.html").read_text() == "new"
     assert (out / "keep.txt").read_text() == "kept"  # other files carried over
 

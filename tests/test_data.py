@@ -448,3 +448,12 @@ def test_cloze_fields_round_trip_and_fill(tmp_path: Path) -> None:
         fact_from_mapping({**rec, "candidates": ["ロンドン"]})
     with pytest.raises(RecordError, match="prompt"):
         fact_from_mapping({**rec, "prompt": "", "suffix": ""})
+
+
+def test_answer_key_drops_arabic_vowel_marks_and_tatweel():
+    from mechlingo.data.facts import answer_key
+
+    assert answer_key("\u0645\u064f\u062d\u064e\u0645\u0651\u064e\u062f") == answer_key(
+        "\u0645\u062d\u0645\u062f"
+    )
+    assert answer_key("\u0645\u0640\u062d\u0645\u062f") == answer_key("\u0645\u062d\u0645\u062f")

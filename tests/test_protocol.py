@@ -264,7 +264,7 @@ def test_steer_eval_cli_writes_what_run_protocol_writes(tiny, tiny_dir, tmp_path
     assert a == b and a["repeats"]["n"] == 2 and a["sweep"]["rows"]
     gen = [(d / "generations.jsonl").read_text() for d in (cli, py)]
     assert gen[0] == gen[1] and gen[0].count("\n") > 10
-    assert res.summary() == b and res.search is not None
+    assert {"format_version": 1, **res.summary()} == b and res.search is not None
 
 
 def test_repeats_rebuild_with_the_given_vectors_build_settings(tiny, monkeypatch):

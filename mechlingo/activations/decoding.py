@@ -178,12 +178,12 @@ def kv_cache_path(model: Model) -> KVPath:
     if _hf_model(model) is not None:
         for candidate in ("native", "adapter"):
             try:
-                ok = _probe(model, candidate)  # type: ignore[arg-type]
+                ok = _probe(model, candidate)
             except (TypeError, ValueError, RuntimeError) as err:
                 log.debug("KV-cache probe %s failed: %s", candidate, err)
                 ok = False
             if ok:
-                path = candidate  # type: ignore[assignment]
+                path = candidate
                 break
         if path == "none":
             log.warning(
@@ -209,13 +209,13 @@ class _Step:
     input_ids: Int[Tensor, "batch t"]
     attention_mask: Tensor | None  # [batch, cols] 0/1, or a 4-D additive mask (prefix passes)
     columns: Int[Tensor, "batch t"] | None
-    read: Int[Tensor, " batch"]
+    read: Int[Tensor, " row"]  # one per row the pass ends with (a grown batch has more)
     model_kwargs: dict[str, Any]
 
 
 def _final_resid(
     model: Model, batch: TokenBatch, step: _Step, fwd_hooks: FwdHooks
-) -> Float[Tensor, "batch d_model"]:
+) -> Float[Tensor, "row d_model"]:
     """The final residual stream of every row at its column ``step.read[row]``, the forward
     pass stopped right after the last block (the cache is complete by then). ``step.read``
     has one entry per row the pass ends with (more than ``batch`` has when a hook grows the
@@ -381,7 +381,7 @@ def decode(
         raise InputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if max_new_tokens == 0:
         return [[] for _ in range(batch.batch_size)]
-    args = {
+    args: dict[str, Any] = {
         "max_new_tokens": max_new_tokens,
         "fwd_hooks": fwd_hooks,
         "choose": choose,

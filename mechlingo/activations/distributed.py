@@ -37,7 +37,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
-from jaxtyping import Float
+from jaxtyping import Shaped
 from torch import Tensor
 
 from mechlingo.core.errors import MechlingoError
@@ -238,7 +238,7 @@ def all_reduce_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def all_gather_rows(tensor: Float[Tensor, "rows ..."]) -> Float[Tensor, "all_rows ..."]:
+def all_gather_rows(tensor: Shaped[Tensor, "rows ..."]) -> Shaped[Tensor, "all_rows ..."]:
     """Concatenate every rank's rows in rank order (ranks may hold different row counts,
     including zero): row counts are gathered first, rows are padded to the largest count for
     the collective, and the padding is dropped.

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
@@ -86,6 +87,12 @@ class NeuronStats:
         """(layer, neuron) of flattened feature indices."""
         layers = torch.tensor(self.layers, dtype=torch.long, device=features.device)
         return layers[features // self.d_mlp], features % self.d_mlp
+
+
+def _features(pooled: Float[Tensor, "row hook neuron"]) -> Float[Tensor, "row feature"]:
+    """Feature ``hook * d_mlp + neuron`` of each row: the layout :meth:`NeuronStats.locate`
+    undoes."""
+    return rearrange(pooled, "row hook neuron -> row (hook neuron)")
 
 
 def output_device(model: Model) -> torch.device:
@@ -365,7 +372,7 @@ def pooled_neuron_acts(
     if writer is not None:
 
         def sink(rows: Tensor, pooled: Tensor) -> None:
-            writer.add(pooled.flatten(1), rows + bounds.start, lang_ids[rows])
+            writer.add(_features(pooled), rows + bounds.start, lang_ids[rows])
 
     pooled = torch.zeros(0, len(names), sm.d_mlp, dtype=torch.float32, device=dev)
     if mine:
@@ -392,6 +399,7 @@ def pooled_neuron_acts(
         "world_size": dist_info().world_size,
         "model": model_info(model),
     }
+    rows_all: Tensor | PooledShards
     if writer is not None:
         writer.close()
         barrier()
@@ -399,7 +407,7 @@ def pooled_neuron_acts(
         meta["out_of_core"] = {"max_memory": writer.max_memory, "shards": disk.n_shards}
         rows_all, ids_all = disk, disk.lang_ids.to(dev)
     else:
-        rows_all = all_gather_rows(pooled.flatten(1))
+        rows_all = all_gather_rows(_features(pooled))
         ids_all = all_gather_rows(lang_ids.to(dev))
     return NeuronStats(langs, rows_all, ids_all, prob, layer_list, sm.d_mlp, pool, meta)
 

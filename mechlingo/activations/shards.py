@@ -317,7 +317,7 @@ class PooledShards:
             part = np.empty((c, rows), dtype=np.float32)
             with open(stem.with_suffix(".f32"), "rb") as f:
                 f.seek(4 * j0 * rows)
-                if f.readinto(memoryview(part).cast("B")) != part.nbytes:
+                if f.readinto(memoryview(part).cast("B")) != part.nbytes:  # type: ignore[arg-type]
                     raise DataError(f"shard {stem.name} ended early", fix="rerun the statistics")
             out[:, col : col + rows] = part
             col += rows

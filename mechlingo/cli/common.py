@@ -11,6 +11,7 @@ from typing import Any
 from mechlingo.activations.distributed import dist_info
 from mechlingo.analyses.scoring import Scorer
 from mechlingo.cli.validate import check_after_load
+from mechlingo.core.chat import CHAT_MODES, chat_enabled, use_chat
 from mechlingo.core.errors import InputError, MechlingoError
 from mechlingo.core.models import load_model, model_name, weight_mode
 from mechlingo.core.types import Model
@@ -61,6 +62,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--device", default=None, help="cuda or cpu (default: cuda when available, else cpu)"
     )
     g.add_argument("--dtype", default=None, help="model dtype, e.g. float32 or bfloat16")
+    g.add_argument("--chat", choices=CHAT_MODES, default="auto",
+                   help="wrap prompts (facts, few-shot demonstrations, steering-vector build "
+                   "prompts) in the tokenizer's chat template: on, off, or auto = on for a "
+                   "chat-tuned model with a template (mechlingo.core.chat)")  # fmt: skip
     g.add_argument(
         "--compat",
         action="store_true",
@@ -229,6 +234,7 @@ def load_cli_model(args: Any) -> Model:
     if device is None and info.world_size > 1:
         device = str(info.device)  # under torchrun: this rank's GPU, or the CPU
     model = load_model(args.model, device=device, dtype=args.dtype, compat=args.compat)
+    use_chat(model, getattr(args, "chat", "off"))
     check_after_load(model, args)
     return model
 
@@ -243,6 +249,7 @@ def run_meta(model: Model, args: Any, **extra: Any) -> dict[str, Any]:
         "weights": weight_mode(model),
         "device": str(model.W_U.device),
         "mechlingo": __version__,
+        "chat": chat_enabled(model),
         **({"templates": args.templates_used} if hasattr(args, "templates_used") else {}),
         **(
             {"data_format": args.data_format, "skipped": args.data_skipped}

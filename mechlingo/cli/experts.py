@@ -172,7 +172,10 @@ def _experts_args(p: argparse.ArgumentParser) -> None:
         "--k", default="50,100,200,500,1000,2000", help="expert counts to save and compare"
     )
     g.add_argument("--pool", choices=("mean", "max"), default="mean", help="pooling over tokens")
-    g.add_argument("--score", choices=("auroc", "ap", "lape"), default="auroc")
+    g.add_argument("--score", choices=("auroc", "ap", "lape"), default="auroc",
+                   help="how neurons are ranked as experts of the language: AUROC or average "
+                   "precision of the pooled activation against the other languages, or LAPE "
+                   "(activation-probability entropy)")  # fmt: skip
     g.add_argument("--value", choices=("mean", "median"), default="mean", help="clamp value")
     g.add_argument(
         "--layer", default=None, help="comma-separated layers to search (default all layers)"

@@ -10,12 +10,15 @@ printed by the ``mechlingo`` command as one line with exit status 2) and leaves 
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Iterable, Sequence
 
 from mechlingo.core.errors import InputError
 
 __all__ = [
+    "DefaultsHelpFormatter",
+    "HelpParser",
     "check_finite",
     "parse_config",
     "parse_floats",
@@ -23,6 +26,36 @@ __all__ = [
     "parse_ints",
     "parse_list",
 ]
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """The one place where ``--help`` shows defaults: every option whose default is a
+    value gets ``(default: X)`` after its help, unless the help already names its default.
+    Nothing is added for switches (``store_true``: off unless given) and ``None`` defaults
+    (the help says what happens when the flag is omitted)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        shown = "%(default)" in text or "default" in text.lower()
+        if (
+            shown
+            or not action.option_strings
+            or default is None
+            or default is argparse.SUPPRESS
+            or isinstance(default, bool)
+        ):
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
+class HelpParser(argparse.ArgumentParser):
+    """An :class:`argparse.ArgumentParser` whose help shows defaults
+    (:class:`DefaultsHelpFormatter`); subcommand parsers made from it are of the same kind."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
 
 def parse_list(

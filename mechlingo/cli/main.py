@@ -27,6 +27,7 @@ from mechlingo.activations.distributed import process_group
 # the order of HELP_ORDER (any other command after them).
 from mechlingo.cli import evaluate, experts, lens, repair, replicate, trace, tuned_lens  # noqa: F401
 from mechlingo.cli.common import COMMANDS
+from mechlingo.cli.flags import HelpParser
 from mechlingo.cli.validate import validate_args
 from mechlingo.core.artifacts import cleanup_stale
 from mechlingo.core.errors import MechlingoError, format_error
@@ -38,16 +39,21 @@ from mechlingo.core.faults import (
     stop_on_signals,
 )
 from mechlingo.core.models import cache_dir
+from mechlingo.core.version import __version__
 
 HELP_ORDER = ("lens", "eval", "experts", "align", "tuned-lens", "replicate", "steer", "trace")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = HelpParser(
         prog="mechlingo",
         description="Mechanistic interpretability of multilingual language models "
         "(TransformerLens). Each command writes OUT/summary.json and OUT/report.html.",
+        epilog="Exit status: 0 done; 2 bad input or a fault you can fix (one line on stderr, "
+        "--out untouched); 3 `replicate --strict` with a failed stage (the card is written); "
+        "1 a bug (with its traceback); 128+N stopped by signal N.",
     )
+    parser.add_argument("--version", action="version", version=f"mechlingo {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     rank = {name: i for i, name in enumerate(HELP_ORDER)}
     for name in sorted(COMMANDS, key=lambda n: rank.get(n, len(rank))):
@@ -76,8 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     0: done. 2: bad input or a fault the user can fix (a full or read-only disk, a model
     cache that cannot be written, the GPU out of memory): one line on stderr (what, where,
-    what to do), ``--out`` and the model cache as they were. 1: a bug (one line saying so,
-    then the traceback). 130 (SIGINT, Ctrl-C) and 143 (SIGTERM), 129 (SIGHUP): stopped, one
+    what to do), ``--out`` and the model cache as they were. 3: ``replicate --strict`` when a
+    stage failed (the claim card is still written, the failed rows carry the error). 1: a
+    bug (one line saying so, then the traceback). 130 (SIGINT, Ctrl-C) and 143 (SIGTERM), 129 (SIGHUP): stopped, one
     line, ``--out`` as it was. ``MECHLINGO_DEBUG=1`` re-raises instead.
     """
     parser = build_parser()

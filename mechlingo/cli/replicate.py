@@ -8,7 +8,7 @@ long command follows (:mod:`mechlingo.cli.work`): a stopped run (Ctrl-C, SIGTERM
 job) run again goes on after the last finished stage, ``--fresh`` starts over, and the
 stages are removed once ``OUT`` is written. A stage
 that fails becomes the rows of its claims with the error; the others still run, and the
-command exits 0 with the card written (``--strict``: exit 1 when a stage failed).
+command exits 0 with the card written (``--strict``: exit 3 when a stage failed).
 The claims are measured by :func:`mechlingo.analyses.replicate.replicate`.
 """
 
@@ -68,7 +68,8 @@ def _replicate_args(p: argparse.ArgumentParser) -> None:
                    "report.html)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--strict", action="store_true", help="exit 1 when a stage failed")
+    p.add_argument("--strict", action="store_true", help="exit with status 3 (the card is "
+                   "still written) when a stage failed")  # fmt: skip
     add_work_args(p)
 
 
@@ -143,4 +144,4 @@ def cmd_replicate(args: Any) -> int:
     failed = [n for n, t in card.meta["stages"].items() if t.get("error")]
     if failed:
         print(f"stages that failed (their rows carry the error): {', '.join(failed)}")
-    return 1 if failed and args.strict else 0
+    return 3 if failed and args.strict else 0  # 3: see mechlingo.cli.main.main

@@ -31,6 +31,7 @@ from typing import Any
 
 from mechlingo.core.errors import OutputError
 from mechlingo.core.faults import FULL_ERRNOS, disk_error
+from mechlingo.core.version import SUMMARY_FORMAT_VERSION
 
 __all__ = ["atomic_folder", "cleanup_stale", "kill_point", "publish_folder", "write_files"]
 
@@ -242,6 +243,8 @@ def write_files(
     one rename (:func:`atomic_folder`), so a kill leaves the old folder or the new one.
     Existing files of the same names are replaced; other files in ``out`` are carried over
     (``keep_others``) or dropped. Every rank writes: callers under torchrun write on rank 0.
+    A mapping written as ``summary.json`` (any command's headline file) gets
+    ``format_version`` (:data:`mechlingo.core.version.SUMMARY_FORMAT_VERSION`) as its first key.
     """
     out = Path(out)
     with atomic_folder(out, keep_others=keep_others) as tmp:
@@ -250,6 +253,8 @@ def write_files(
                 kill_point("write")
             path = tmp / name
             path.parent.mkdir(parents=True, exist_ok=True)
+            if path.name == "summary.json" and isinstance(content, Mapping):
+                content = {"format_version": SUMMARY_FORMAT_VERSION, **content}
             if hasattr(content, "render"):
                 path.write_text(content.render(), encoding="utf-8")
             elif isinstance(content, bytes):

@@ -32,6 +32,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
+from mechlingo.core.chat import chat_enabled, chat_tokens
 from mechlingo.core.errors import MechlingoError
 from mechlingo.core.types import Model
 
@@ -143,7 +144,11 @@ def encode(model: Model, prompts: Sequence[str], *, prepend_bos: bool | None = N
     for i, p in enumerate(prompts):
         if not isinstance(p, str):
             raise TokenizationError(f"prompt {i} is a {type(p).__name__}, not a string")
-        ids = model.to_tokens(p, prepend_bos=bos, truncate=False)[0]
+        ids = (
+            chat_tokens(model, p, bos=bos)  # the chat template around it (core/chat.py)
+            if chat_enabled(model)
+            else model.to_tokens(p, prepend_bos=bos, truncate=False)[0]
+        )
         if ids.numel() == 0 or (bos and ids.numel() == 1 and p == ""):
             raise TokenizationError(f"prompt {i} ({p!r}) has no tokens")
         rows.append(ids)

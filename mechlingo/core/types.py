@@ -42,6 +42,20 @@ class Model(Protocol):
         """The unembedding, ``[d_model, d_vocab]``."""
         ...
 
+    @property
+    def hook_dict(self) -> dict[str, Any]:
+        """Every hook point by name (``blocks.3.hook_resid_pre``, ...)."""
+        ...
+
+    @property
+    def blocks(self) -> Any:
+        """The transformer blocks, indexable by layer."""
+        ...
+
+    def modules(self) -> Any:
+        """Every submodule (``torch.nn.Module.modules``)."""
+        ...
+
     def hooks(self, *args: Any, **kwargs: Any) -> Any:
         """A context manager that adds forward hooks and removes them on exit."""
         ...

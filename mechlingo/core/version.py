@@ -5,6 +5,10 @@ from importlib.metadata import PackageNotFoundError, version
 
 __version__ = "0.1.0"
 
+# The layout version of every ``summary.json`` (its first key, ``format_version``): raised
+# when a key a reader may rely on is renamed, moved or changes meaning; new keys keep it.
+SUMMARY_FORMAT_VERSION = 1
+
 
 def library_versions() -> dict[str, str]:
     """The versions of mechlingo, Python and the libraries whose code computes the numbers

@@ -341,7 +341,7 @@ def load_bmlama(path: PathLike, langs: Iterable[str] | None = None) -> Benchmark
     for code, file in files.items():
         if path.is_file() and code != path.stem:
             continue
-        lang = _lang_selected(bench, code, wanted, str(file), lambda f=file: len(_bmlama_rows(f)))
+        lang = _lang_selected(bench, code, wanted, str(file), lambda f=file: len(_bmlama_rows(f)))  # type: ignore[misc]
         if lang is None:
             continue
         rows = en_rows if code == "en" else _bmlama_rows(file)
@@ -446,7 +446,7 @@ def load_klar(path: PathLike, langs: Iterable[str] | None = None) -> Benchmark:
     english: dict[str, tuple[str, str]] = {}
     for file in files:
         code, relation = file.parent.name, file.stem
-        lang = _lang_selected(bench, code, wanted, str(file), lambda f=file: len(_klar_json(f)[0]))
+        lang = _lang_selected(bench, code, wanted, str(file), lambda f=file: len(_klar_json(f)[0]))  # type: ignore[misc]
         if lang is None:
             continue
         samples, templates = _klar_json(file)
@@ -549,7 +549,7 @@ def load_klar_flat(path: PathLike, langs: Iterable[str] | None = None) -> Benchm
     for file in files:
         lines = _klar_flat_lines(file)
         n_lines = len(lines)
-        lang = _lang_selected(bench, file.stem, wanted, str(file), lambda n=n_lines: n)
+        lang = _lang_selected(bench, file.stem, wanted, str(file), lambda n=n_lines: n)  # type: ignore[misc]
         if lang is None:
             continue
         counts[file.name] = len(lines)
@@ -587,14 +587,14 @@ def _row(
         raise RecordError(f"{where}: 'obj_label' must be a string or a list of strings")
     if not isinstance(obj["sub_label"], str):
         raise RecordError(f"{where}: 'sub_label' must be a string")
-    key = obj.get("lineid", obj.get("uuid"))
-    if key is None:
+    lineid = obj.get("lineid", obj.get("uuid"))
+    if lineid is None:
         raise RecordError(f"{where}: no 'lineid' (or 'uuid') to align the fact across languages")
     return {
         "where": where,
         "lang": lang,
         "relation": relation,
-        "key": str(key),
+        "key": str(lineid),
         "subject": obj["sub_label"],
         "labels": [*labels, *extra],
         "template": template,

@@ -158,7 +158,8 @@ def complete(prompt: str, answer: str, lang: str) -> str:
 
 
 #: Arabic short vowels and tatweel, ignored when answers are compared.
-_ARABIC_MARKS = {chr(c): None for c in [*range(0x064B, 0x0653), 0x0640, 0x0670]}
+# str.translate maps code points (ints): a table keyed by characters would remove nothing.
+_ARABIC_MARKS: dict[int, None] = {c: None for c in [*range(0x064B, 0x0653), 0x0640, 0x0670]}
 
 
 def answer_key(text: str) -> str:

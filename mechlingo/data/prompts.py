@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Sequence
 
+from mechlingo.core.chat import ChatPrompt
 from mechlingo.core.errors import InputError
 from mechlingo.data.facts import LANG_NAMES, Fact, check_langs
 from mechlingo.data.io import load_facts
@@ -68,7 +69,8 @@ def few_shot_prompt(
             f"{fact.lang!r} other than {fact.id!r}; {k} demonstrations were asked for"
         )
     demos = _pick(candidates, k, seed, fact.id)
-    return sep.join([d.sentence for d in demos] + [fact.prompt])
+    text = sep.join([d.sentence for d in demos] + [fact.prompt])
+    return ChatPrompt(text, query=fact.prompt, demos=[(d.prompt, d.sentence) for d in demos])
 
 
 def _label(lang: str, labels: str) -> str:
@@ -127,6 +129,7 @@ def translation_prompt(
         return f"{line} {item.answer}" if with_answer else line
 
     parts: list[str] = []
+    demos: list[tuple[str, str]] = []  # (stem, solved) pairs, for chat models
     if k > 0:
         if pool_list is None:
             raise InputError("translation_prompt with k > 0 needs a pool of demonstrations")
@@ -152,9 +155,11 @@ def translation_prompt(
         ]
         if len(translated) >= k:
             candidates = translated  # words that change in translation teach the task best
-        parts = [pair(d, True) for d in _pick(candidates, k, seed, fact.id)]
+        shown = _pick(candidates, k, seed, fact.id)
+        parts = [pair(d, True) for d in shown]
+        demos = [(pair(d, False), pair(d, True)) for d in shown]
     parts.append(pair(fact, False))
-    return "\n".join(parts)
+    return ChatPrompt("\n".join(parts), query=parts[-1], demos=demos)
 
 
 def parallel_sentences(

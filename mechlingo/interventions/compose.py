@@ -38,7 +38,7 @@ class Compose(Intervention):
             if not isinstance(p, Intervention):
                 raise InterventionError(f"Compose takes interventions, got a {type(p).__name__}")
             flat.extend(p.parts if isinstance(p, Compose) else [p])
-        self.parts = flat
+        self.parts: list[Intervention] = flat
         self.meta = dict(meta or {})
 
     def fwd_hooks(self, model: Model) -> list[tuple[str, HookFn]]:

@@ -195,7 +195,7 @@ def _steering_parts(iv: Intervention, fmt: str) -> list[SteeringVector]:
             )
     if not parts:
         raise InterventionError("nothing to export: an empty Compose")
-    return parts
+    return [p for p in parts if isinstance(p, SteeringVector)]  # all of them (checked above)
 
 
 def _n_layers(p: SteeringVector, model_info: Mapping[str, Any] | None) -> int | None:

@@ -55,7 +55,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace, TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from jaxtyping import Int
@@ -68,6 +68,7 @@ from mechlingo.core.tokens import TokenBatch, batch_context
 from mechlingo.core.types import HookFn
 
 
+@runtime_checkable
 class HasHooks(Protocol):
     """Anything with ``fwd_hooks(model)`` (every :class:`Intervention`; this module sits
     below :mod:`~mechlingo.interventions.base`, which imports it, so it names the one method
@@ -179,16 +180,16 @@ class HFView:
 
     def __init__(self, hf_model: torch.nn.Module, family: str, has_bos: bool) -> None:
         self.hf, self.family, self.layout = hf_model, family, LAYOUTS[family]
-        layers = hf_model.get_submodule(self.layout.layers)
+        layers: Any = hf_model.get_submodule(self.layout.layers)  # a ModuleList
         block = layers[0]
-        config = hf_model.config
+        config: Any = hf_model.config
         n_heads = int(
             getattr(config, "num_attention_heads", 0) or getattr(config, "n_head", 0) or 0
         )
         o_in = _linear_in(block.get_submodule(self.layout.o_proj))
         self.cfg = SimpleNamespace(
             n_layers=len(layers),
-            d_model=int(hf_model.get_input_embeddings().weight.shape[1]),
+            d_model=int(hf_model.get_input_embeddings().weight.shape[1]),  # type: ignore[operator]
             d_mlp=_linear_in(block.get_submodule(self.layout.down)),
             n_heads=n_heads,
             d_head=o_in // max(n_heads, 1),
@@ -206,7 +207,7 @@ class HFView:
     def W_U(self) -> Tensor:  # noqa: N802 - TransformerLens's name
         """The unembedding ``[d_model, vocab]`` (the output embedding's weight, as the bridge
         holds it in raw mode), for the model check of a saved intervention."""
-        return self.hf.get_output_embeddings().weight.T
+        return self.hf.get_output_embeddings().weight.T  # type: ignore[operator]
 
 
 # --------------------------------------------------------------------------------------
@@ -273,7 +274,7 @@ def _start_pass(state: _State, hf_model: Any, kwargs: dict[str, Any], args: tupl
     embeds = kwargs.get("inputs_embeds")
     if ids is None and embeds is None:
         raise InterventionError("attach(): the forward pass got neither input_ids nor embeds")
-    ref = ids if ids is not None else embeds
+    ref: Any = ids if ids is not None else embeds
     b, t = int(ref.shape[0]), int(ref.shape[1])
     if ids is None:
         ids = torch.zeros(b, t, dtype=torch.long, device=ref.device)
@@ -363,7 +364,7 @@ def _register(
 ) -> list[Any]:
     """Register the torch hooks that run ``fn`` at ``site`` of ``layer``; their handles."""
     lay = view.layout
-    block = view.hf.get_submodule(lay.layers)[layer]
+    block = view.hf.get_submodule(lay.layers)[layer]  # type: ignore[index]
     run: Callable[[Tensor], Tensor] = lambda t: _run(state, fn, t, point)  # noqa: E731
     if site == "resid_pre":
         return [block.register_forward_pre_hook(_pre_input(run), with_kwargs=True)]

@@ -90,8 +90,8 @@ def apply_final_norm(model: Model, x: Float[Tensor, "row d_model"]) -> Float[Ten
 
 
 def output_transform(
-    model: Model, logits: Float[Tensor, "row vocab"]
-) -> Float[Tensor, "row vocab"]:
+    model: Model, logits: Float[Tensor, "*row vocab"]
+) -> Float[Tensor, "*row vocab"]:
     """The architecture's transform after the unembedding (e.g. Gemma 2's logit soft-cap)."""
     adapter = getattr(model, "adapter", None)
     fn = getattr(adapter, "apply_output_logits_transform", None)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
+from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
@@ -161,7 +162,7 @@ def stacked_passes(plan: Plan) -> tuple[Tensor, Tensor]:
         _, final = read_run(model, big, {}, fwd_hooks=fwd_hooks)
         ex = rows.repeat(len(chunk) + extra)
         v = evaluate_metrics(model, final, metrics, plan.packed, ex)
-        v = v.reshape(len(metrics), -1, B).cpu()
+        v = rearrange(v, "metric (cell ex) -> metric cell ex", ex=B).cpu()  # rows: cell-major
         if extra:
             corrupted = v[:, -1]
         values[:, start : start + len(chunk)] = v[:, : len(chunk)]
@@ -216,10 +217,10 @@ def grown_passes(plan: Plan) -> tuple[Tensor, Tensor]:
         # one readout for the whole group: the unembedding streams W_U once, not per example
         ex = torch.arange(B).repeat_interleave(1 + len(group))
         v = evaluate_metrics(model, torch.cat(finals), metrics, plan.packed, ex)
-        v = v.cpu().view(len(metrics), B, -1)
+        v = rearrange(v.cpu(), "metric (ex run) -> metric ex run", ex=B)  # example-major
         if g == 0:
             corrupted = v[:, :, 0]
-        values[:, group] = v[:, :, rows].transpose(1, 2)
+        values[:, group] = rearrange(v[:, :, rows], "metric ex cell -> metric cell ex")
     return values, corrupted
 
 

@@ -21,6 +21,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from mechlingo.analyses.patching.errors import PatchingError
+from mechlingo.core.chat import chat_prefix_length
 from mechlingo.core.tokens import TokenBatch, encode
 from mechlingo.core.types import Model
 
@@ -56,7 +57,7 @@ def subject_token_span(
             f"{len(prompt)}); give (start, end) character offsets with start < end"
         )
     bos = bool(getattr(model.cfg, "default_prepend_bos", True)) if has_bos is None else has_bos
-    shift = 1 if bos else 0
+    shift = (1 if bos else 0) + chat_prefix_length(model, prompt)  # chat template before it
     ids = [int(i) for i in model.to_tokens(prompt, prepend_bos=False, truncate=False)[0]]
     tok = model.tokenizer
     offsets = None

@@ -1,0 +1,110 @@
+"""The run-time checker of the test suite's shape checks (installed by ``conftest.py`` with
+jaxtyping's import hook on the ``mechlingo`` package).
+
+jaxtyping's ``jaxtyped`` calls a *type checker* on a stand-in of each function's parameters
+and return value, inside a context that remembers the size bound to every named axis for
+the duration of one call. This checker checks exactly the jaxtyping annotations there
+(``Float[Tensor, "batch pos d_model"]``, also inside ``X | None`` and other unions): when a
+value is a tensor or an array, it must match one of the array annotations (dtype, rank, and
+the axes consistent across the call's arguments and result). Other annotations (``Model``,
+``Sequence[float]``, ...) are left to mypy: full run-time checking with beartype would also
+reject duck-typed stand-ins that the functions accept on purpose.
+
+A mismatched *argument* is held back until the function has run: a function that refuses it
+with its own error (an ``InputError`` naming the flag or the fix, which the bad-input tests
+expect) raises that; one that returns anyway fails the check after it returns. So the
+checks add to the package's own validation, and never replace its messages.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+import typing
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import AbstractArray
+from jaxtyping._storage import get_shape_memo
+
+_DEFERRED = "__mechlingo_deferred_violation__"
+# (module, qualname) -> whether jaxtyping checks the call again after it returns
+_HAS_RETURN_STAGE: dict[tuple[str, str], bool] = {}
+
+_ARRAYS = (torch.Tensor, np.ndarray)
+
+
+def _alternatives(hint: Any) -> tuple[Any, ...]:
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return typing.get_args(hint)
+    return (hint,)
+
+
+def _array_hints(hint: Any) -> tuple[type, ...] | None:
+    """The jaxtyping classes among a hint's alternatives; ``None`` when the hint has none or
+    also allows ``Any`` (nothing to check)."""
+    alts = _alternatives(hint)
+    if any(a is Any or a is object for a in alts):
+        return None
+    found = tuple(a for a in alts if isinstance(a, type) and issubclass(a, AbstractArray))
+    return found or None
+
+
+def _problem(fn_name: str, what: str, value: Any, allowed: tuple[type, ...]) -> str | None:
+    if not isinstance(value, _ARRAYS) or any(isinstance(value, a) for a in allowed):
+        return None
+    names = " | ".join(a.__name__ for a in allowed)
+    return f"{fn_name}: {what} is {value.dtype} {tuple(value.shape)}, not {names}"
+
+
+def _is_return_stage(sig: inspect.Signature) -> bool:
+    """jaxtyping's stand-in for the check after the call has one extra keyword-only
+    parameter (the return value, annotated ``Any``) and the real return annotation."""
+    last = list(sig.parameters.values())[-1:] or [None]
+    p = last[0]
+    return (
+        p is not None
+        and p.kind == inspect.Parameter.KEYWORD_ONLY
+        and p.name.startswith("ret")
+        and p.annotation is Any
+    )
+
+
+def arrays_only(fn: Any) -> Any:
+    """Wrap jaxtyping's stand-in ``fn`` so that each call checks the array-annotated
+    arguments (before the call, held back as described above) and result (after it)."""
+    sig = inspect.signature(fn)
+    key = (getattr(fn, "__module__", ""), getattr(fn, "__qualname__", repr(fn)))
+    after = _is_return_stage(sig)
+    if after:
+        _HAS_RETURN_STAGE[key] = sig.return_annotation is not inspect.Signature.empty
+    params = {n: h for n, p in sig.parameters.items() if (h := _array_hints(p.annotation))}
+    ret = _array_hints(sig.return_annotation) if after else None
+    if not params and ret is None:
+        return fn
+    name = key[1]
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        memo = get_shape_memo()[0]
+        bound = sig.bind(*args, **kwargs)
+        problems = [
+            _problem(name, f"parameter {pname!r}", bound.arguments[pname], allowed)
+            for pname, allowed in params.items()
+            if pname in bound.arguments
+        ]
+        problem = next((p for p in problems if p), None) or memo.get(_DEFERRED)
+        out = fn(*args, **kwargs)
+        if after and ret is not None and problem is None:
+            problem = _problem(name, "the return value", out, ret)
+        if problem is not None:
+            if not after and _HAS_RETURN_STAGE.get(key, False):
+                memo[_DEFERRED] = problem  # raised after the call unless it refuses itself
+            else:
+                raise TypeError(problem)
+        return out
+
+    return checked
