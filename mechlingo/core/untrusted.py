@@ -33,7 +33,7 @@ import re
 import struct
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeGuard
 
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -253,7 +253,7 @@ def safetensors_header(
     return out
 
 
-def _ints(x: Any, most: int) -> bool:
+def _ints(x: Any, most: int) -> TypeGuard[list[int]]:
     return (
         isinstance(x, list)
         and len(x) <= most
@@ -457,6 +457,6 @@ def _gguf_nbytes(r: _Reader, name: str, shape: tuple[int, ...], gtype: int) -> i
 def _err(error: type[Exception], msg: str, fix: str | None) -> Exception:
     """``error(msg, fix=fix)`` for mechlingo errors, ``error(msg)`` for others."""
     try:
-        return error(msg, fix=fix) if fix else error(msg)
+        return error(msg, fix=fix) if fix else error(msg)  # type: ignore[call-arg]
     except TypeError:
         return error(msg)
