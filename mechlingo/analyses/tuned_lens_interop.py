@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -73,17 +72,19 @@ def _read_state(folder: Path) -> dict[str, Tensor]:
     path = folder / PACKAGE_PARAMS
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
+    except (RuntimeError, EOFError, OSError) as err:
+        raise ArtifactError(
+            f"{path} is not a readable torch checkpoint ({err})", fix=_FIX
+        ) from None
+    except Exception as err:  # weights_only refusals raise pickle.UnpicklingError
+        if type(err).__name__ != "UnpicklingError":
+            raise
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ArtifactError(
             f"{path} needs more than tensors to load (it would run code from the pickle: "
             f"{first[:200]}); refused",
             fix="load it in the tuned-lens package and save it again with TunedLens.save, "
             "or convert it to params.safetensors",
-        ) from None
-    except (RuntimeError, EOFError, OSError) as err:
-        raise ArtifactError(
-            f"{path} is not a readable torch checkpoint ({err})", fix=_FIX
         ) from None
     if not isinstance(state, dict) or not all(
         isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()
