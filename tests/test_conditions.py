@@ -230,3 +230,35 @@ def test_default_protocol_conditions_equal_on_gemma(gemma):
         gens.add(tuple(r["generation"] for r in want.records))
     assert len(gens) > 3
     assert count_hooks(gemma) == 0
+
+
+def _per_condition(monkeypatch) -> None:
+    """Every batch decoded one condition at a time (the path before shared prefixes)."""
+    monkeypatch.setattr(ev, "shared_decoding_supported", lambda *a: False)
+
+
+def test_protocol_and_transfer_equal_the_per_condition_path(tiny, monkeypatch):
+    from mechlingo.analyses import protocol, repair, transfer
+    from mechlingo.data.splits import split_facts
+
+    facts = load_facts(langs=["en", "fr", "de"], relations=["capital", "language"], limit=24,
+                       templates="natural")  # fmt: skip
+    build = split_facts(facts, (0.4, 0.2, 0.4))["build"]
+    vectors = repair.build_repair_vectors(tiny, build, k_shot=2)
+    kw = {"task_layers": [0, 1], "diff_layers": [1], "task_alphas": [0.5, 2.0],
+          "diff_alphas": [1.0, 4.0], "top_k": 2, "screen_ids": 3, "seeds": [0, 1],
+          "max_new_tokens": 3}  # fmt: skip
+    tkw = {"build_ids": 3, "screen_ids": 2, "dev_ids": 2, "test_ids": 2, "layers": [0, 1],
+           "alphas": [0.5, 2.0], "k_shot": 2, "max_new_tokens": 2}  # fmt: skip
+    res = protocol.run_protocol(tiny, facts, vectors, **kw)
+    assert {r.meta["path"] for r in res.test.results.values()} == {"shared-prefix"}
+    shared = res.summary()
+    matrix = transfer.transfer_matrix(tiny, facts, by="relation", **tkw).to_json()
+    with monkeypatch.context() as m:
+        _per_condition(m)
+        alone = protocol.run_protocol(tiny, facts, vectors, **kw).summary()
+        matrix_alone = transfer.transfer_matrix(tiny, facts, by="relation", **tkw).to_json()
+    assert len(shared["sweep"]["rows"]) > 8
+    assert shared == alone
+    matrix["meta"].pop("seconds"), matrix_alone["meta"].pop("seconds")
+    assert matrix == matrix_alone
