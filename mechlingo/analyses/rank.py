@@ -37,7 +37,9 @@ as ``target logit - logsumexp`` (:func:`mechlingo.kernels.readout.token_logprobs
 stem tokens are the same in all its rows and, with causal attention, so are their
 log-probabilities: they are read once per fact, from its first row, when every candidate has
 the same stem (which needs a positions rule that treats the stem alike in every row, as every
-built-in rule does). Batched scores equal scoring each sentence alone (tested).
+built-in rule does). Batched scores equal scoring each sentence alone (tested). Inside
+:func:`mechlingo.activations.distributed.sharded_scoring` under torchrun the passes are shared
+out among the ranks and the scores gathered in order.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard
 from mechlingo.activations.runs import StopForward, final_resid_name, run_batch
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, prepends_bos
@@ -318,13 +321,16 @@ def score_candidates(
     ce: list[list[float]] = [[] for _ in facts]
     counts: list[list[int]] = [[] for _ in facts]
     passes = [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
-    for group in tqdm(passes, desc="ranking", disable=not progress):
+    mine = shard(passes) if scoring_sharded() else passes
+    local = []
+    for group in tqdm(mine, desc="ranking", disable=not progress):
         rows, reads, spans = _plan([layouts[i] for i in group], tokens)
         lp = _pass(model, rows, reads, hooks)
         own_sum, own_n, sh_sum, sh_n = _sums(lp, reads, len(rows), len(group))
         for g, i in enumerate(group):
             total = own_sum[spans[g]] + sh_sum[g]
             n = own_n[spans[g]] + sh_n[g]
-            ce[i] = (-total / n.clamp_min(1)).tolist()
-            counts[i] = n.tolist()
+            local.append((i, (-total / n.clamp_min(1)).tolist(), n.tolist()))
+    for i, scores, n in gather_lists(local) if scoring_sharded() else local:
+        ce[i], counts[i] = scores, n
     return CandidateScores(ce, counts, [lays[0].stem_end for lays in layouts], tokens)
