@@ -83,8 +83,7 @@ def floor(model, facts, k: int, batch_size: int, max_new_tokens: int, max_rows: 
     t0 = time.perf_counter()
     for rows in sorted_batches(batch.lengths, batch_size):
         sub = batch.select(rows)
-        p = int(sub.lengths.min()) - 1
-        rec = record_head(model, sub, p)
+        rec = record_head(model, sub, 1)
         per = max(1, max_rows // sub.batch_size)
 
         def stop(c, r, ids, rows=rows):
@@ -94,7 +93,7 @@ def floor(model, facts, k: int, batch_size: int, max_new_tokens: int, max_rows: 
 
         for i in range(0, k, per):
             n = min(per, k - i)
-            decode_conditions(model, sub, [[]] * n, p, max_new_tokens=max_new_tokens,
+            decode_conditions(model, sub, [[]] * n, 1, max_new_tokens=max_new_tokens,
                               record=rec, stop=stop, eos=eos)  # fmt: skip
     return time.perf_counter() - t0
 

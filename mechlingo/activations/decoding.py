@@ -298,21 +298,28 @@ def decode_cached(
     CPU has native bfloat16, which never changes the token; see
     :mod:`mechlingo.kernels.argmax`).
 
-    ``prefix=(cache, p)``: ``cache`` already holds positions ``0..p-1`` of every row (``p``
-    below every row's length), so the prefill computes positions ``p`` onwards only, with
-    those positions as its columns (:mod:`mechlingo.activations.prefix`). ``on_keep(idx)``
-    is called with the indices (into the rows still decoding) of the rows that go on,
-    whenever some leave the batch."""
+    ``prefix=(cache, d)``: ``cache`` already holds every row's positions but its last ``d``
+    (``d`` >= 1, below every row's length), right-padded to the batch's width minus ``d``
+    (:mod:`mechlingo.activations.prefix`), so the prefill computes each row's last ``d``
+    positions only, with those positions as its columns: the padding of shorter rows stays
+    in the cache as a gap the attention mask hides, as in every later step.
+    ``on_keep(idx)`` is called with the indices (into the rows still decoding) of the rows
+    that go on, whenever some leave the batch."""
     stop, dev, b, out = _start(model, batch, stop)
     tokens, lengths, plen = b.tokens, b.lengths.clone(), b.prompt_lengths
     active = torch.arange(b.batch_size, device=dev)
     attn = b.attention_mask()
-    cache, p = prefix if prefix is not None else (new_cache(model), 0)
-    kw = _cache_kwargs(model, cache)
-    cols0 = None
-    if p > 0:
-        cols0 = torch.arange(p, tokens.shape[1], device=dev).expand(tokens.shape[0], -1)
-    step = _Step(tokens[:, p:], attn, cols0, lengths - 1 - p, kw)
+    if prefix is None:
+        cache = new_cache(model)
+        kw = _cache_kwargs(model, cache)
+        step = _Step(tokens, attn, None, lengths - 1, kw)
+    else:
+        cache, d = prefix
+        kw = _cache_kwargs(model, cache)
+        cols = (lengths - d).unsqueeze(1) + torch.arange(d, device=dev)
+        head = torch.arange(tokens.shape[1] - d, device=dev) < (lengths - d).unsqueeze(1)
+        attn = torch.cat([head.long(), torch.ones_like(cols)], 1)
+        step = _Step(tokens.gather(1, cols), attn, cols, torch.full_like(lengths, d - 1), kw)
     with cache_adapter(model, path):
         for i in range(max_new_tokens):
             cur = TokenBatch(tokens, lengths, b.pad_id, b.has_bos, plen)

@@ -20,10 +20,11 @@ This module holds the cache side of that (:mod:`mechlingo.analyses.patching.pass
 * :func:`run_on_cache` runs positions ``p`` onwards against such a cache with the given hooks
   and returns the final residual stream of every row at the last token;
 * :func:`decode_conditions` decodes greedily after every prompt of a batch under several
-  sets of hooks (*conditions*, e.g. steering settings) at once: the prompts' positions before
-  ``p`` (the first position any condition edits) run once, unedited, and every condition's
-  copy of the batch continues from that shared cache, all conditions stacked in one batch,
-  each condition's hooks acting on its own rows only (:func:`rows_hooks`).
+  sets of hooks (*conditions*, e.g. steering settings) at once: each prompt's positions
+  before its last ``d`` (``d = 1`` when no condition edits earlier than the last prompt
+  token) run once, unedited, and every condition's copy of the batch continues from that
+  shared cache, all conditions stacked in one batch, each condition's hooks acting on its
+  own rows only (:func:`rows_hooks`).
 
 It works where mechlingo's cached decoding works (:func:`mechlingo.activations.decoding.kv_cache_path`
 is not ``"none"``: a TransformerLens bridge over a transformers model whose cache keeps one
@@ -271,12 +272,13 @@ def rows_hooks(hook_sets: Sequence[FwdHooks], owners: _RowOwners) -> list[tuple[
             for name, fn in hooks]  # fmt: skip
 
 
-def record_head(model: Model, batch: TokenBatch, p: int) -> PrefixRecord:
-    """:func:`record_prefix` of the first ``p`` positions of every row of ``batch`` (``p``
-    at most every row's length): the unedited keys and values a shared prefix is made of."""
+def record_head(model: Model, batch: TokenBatch, d: int) -> PrefixRecord:
+    """:func:`record_prefix` of every row of ``batch`` without its last ``d`` tokens (``d``
+    below every row's length), right-padded to the batch's width minus ``d``: the unedited
+    keys and values a shared prefix is made of."""
     b = batch.to(model_input_device(model))
-    head = TokenBatch(b.tokens[:, :p].contiguous(), torch.full_like(b.lengths, p), b.pad_id,
-                      b.has_bos)  # fmt: skip
+    width = b.tokens.shape[1] - d
+    head = TokenBatch(b.tokens[:, :width].contiguous(), b.lengths - d, b.pad_id, b.has_bos)
     return record_prefix(model, head)
 
 
@@ -292,7 +294,7 @@ def decode_conditions(
     model: Model,
     batch: TokenBatch,
     hook_sets: Sequence[FwdHooks],
-    p: int,
+    d: int,
     *,
     max_new_tokens: int,
     stop: Callable[[int, int, list[int]], bool] | None = None,
@@ -304,31 +306,32 @@ def decode_conditions(
     under condition ``c``, equal to decoding the batch alone with ``hook_sets[c]``
     (:func:`mechlingo.activations.decoding.decode_cached`; tested).
 
-    Positions ``0..p-1`` of every row run once, with no hooks, into a cache copied for every
-    condition; every condition's copy of the batch then runs from position ``p`` on, all
-    conditions stacked in one batch, each hook set acting on its own rows only
-    (:func:`rows_hooks`). That is exact when no hook edits a position before ``p`` (the
-    caller's promise: ``p`` is at most the first position any condition's position rule
-    edits) and ``p`` is below every row's length (``p = 0`` runs every position). Call only
+    Every row's positions but its last ``d`` run once, with no hooks, into a cache copied
+    for every condition (:func:`record_head`); every condition's copy of the batch then runs
+    each row's last ``d`` positions and decodes, all conditions stacked in one batch, each
+    hook set acting on its own rows only (:func:`rows_hooks`). That is exact when no hook
+    edits a row's position before its last ``d`` (the caller's promise, from the position
+    rules: ``d = 1`` for ``"last"`` steering). ``d = 0`` runs every position. Call only
     where :func:`shared_decoding_supported`. ``stop(c, r, ids)``: condition ``c``'s row ``r``
     may stop with its new ``ids`` so far. ``record``: :func:`record_head` of ``batch`` at
-    ``p`` or more positions, to share one prefix pass between several calls.
+    this ``d``, to share one prefix pass between several calls.
     """
     k, n = len(hook_sets), batch.batch_size
     if k == 0:
         return []
-    if p < 0 or p >= int(batch.lengths.min()):
-        raise ValueError(f"shared prefix length {p} is not below every row's length")
+    if d < 0 or (d > 0 and d >= int(batch.lengths.min())):
+        raise ValueError(f"the shared suffix of {d} tokens is not below every row's length")
     stacked = TokenBatch(batch.tokens.repeat(k, 1), batch.lengths.repeat(k), batch.pad_id,
                          batch.has_bos, batch.prompt_lengths.repeat(k))  # fmt: skip
     owners = _RowOwners(torch.arange(k).repeat_interleave(n).to(model_input_device(model)))
     prefix = None
-    if p > 0:
-        rec = record if record is not None else record_head(model, batch, p)
-        if rec.keys[0].shape[-2] < p or rec.keys[0].shape[0] != n:
-            raise ValueError("the prefix record holds fewer positions or other rows")
+    if d > 0:
+        rec = record if record is not None else record_head(model, batch, d)
+        width = int(batch.tokens.shape[1]) - d
+        if rec.keys[0].shape[-2] != width or rec.keys[0].shape[0] != n:
+            raise ValueError("the prefix record holds other positions or other rows")
         idx = torch.arange(n, device=rec.keys[0].device).repeat(k)
-        prefix = (cache_upto(model, rec, idx, p), p)
+        prefix = (cache_upto(model, rec, idx, width), d)
     rows = decode_cached(
         model,
         stacked,

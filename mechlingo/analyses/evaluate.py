@@ -224,18 +224,20 @@ def first_edit(iv: Intervention | None, batch: TokenBatch) -> Int[Tensor, " batc
 def _shared_groups(
     model: Model, batch: TokenBatch, ivs: Sequence[Intervention | None], max_rows: int
 ) -> list[tuple[int, list[int]]]:
-    """The conditions of one batch as ``(p, conditions)`` groups that decode together: those
-    that edit no position before some ``p > 0`` share the prefix of the earliest such
-    ``p``, the others (``p = 0``) run every position; each group at most ``max_rows``
-    stacked rows."""
-    last = batch.lengths - 1
-    firsts = [int(torch.minimum(first_edit(iv, batch).to(last.device), last).min()) for iv in ivs]
-    pos = [c for c, f in enumerate(firsts) if f > 0]
-    zero = [c for c, f in enumerate(firsts) if f <= 0]
+    """The conditions of one batch as ``(d, conditions)`` groups that decode together: those
+    that leave every row's positions before its last ``d`` unedited (``d`` below every row's
+    length) share the prefix of the largest such ``d``, the others (``d = 0``) run every
+    position; each group at most ``max_rows`` stacked rows."""
+    n = batch.lengths
+    short = int(n.min())
+    tails = [int((n - torch.minimum(first_edit(iv, batch).to(n.device), n - 1)).max())
+             for iv in ivs]  # fmt: skip
+    pos = [c for c, t in enumerate(tails) if t < short]
+    full = [c for c, t in enumerate(tails) if t >= short]
     per = max(1, max_rows // batch.batch_size)
     out = []
-    for p, conds in ((min((firsts[c] for c in pos), default=0), pos), (0, zero)):
-        out.extend((p, conds[i : i + per]) for i in range(0, len(conds), per))
+    for d, conds in ((max((tails[c] for c in pos), default=0), pos), (0, full)):
+        out.extend((d, conds[i : i + per]) for i in range(0, len(conds), per))
     return out
 
 
@@ -254,12 +256,13 @@ def _decode_batch(
         return outs, False
     outs: list[list[list[int]]] = [[] for _ in ivs]
     groups = _shared_groups(model, sub, ivs, opts["max_rows"])
-    p_max = max(p for p, _ in groups)
-    rec = record_head(model, sub, p_max) if p_max > 0 else None
-    for p, conds in groups:
+    d_max = max(d for d, _ in groups)
+    rec = record_head(model, sub, d_max) if d_max > 0 else None
+    for d, conds in groups:
         got = decode_conditions(
-            model, sub, [hooks[c] for c in conds], p, max_new_tokens=n_new, eos=eos,
-            stop=None if done is None else (lambda c, r, ids: done(r, ids)), record=rec,
+            model, sub, [hooks[c] for c in conds], d, max_new_tokens=n_new, eos=eos,
+            stop=None if done is None else (lambda c, r, ids: done(r, ids)),
+            record=rec if d > 0 else None,
         )  # fmt: skip
         for c, rows in zip(conds, got, strict=True):
             outs[c] = rows
