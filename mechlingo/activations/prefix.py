@@ -56,6 +56,9 @@ from mechlingo.activations.decoding import (
 )
 from mechlingo.activations.runs import (
     FwdHooks,
+    StopForward,
+    final_resid_name,
+    hooked,
     model_input_device,
 )
 from mechlingo.core.tokens import TokenBatch, batch_context, current_batch, current_columns
@@ -68,6 +71,7 @@ __all__ = [
     "decode_conditions",
     "prefix_reuse_supported",
     "record_head",
+    "run_reads",
     "record_prefix",
     "rows_hooks",
     "run_on_cache",
@@ -344,3 +348,68 @@ def decode_conditions(
         on_keep=owners.keep,
     )
     return [rows[c * n : (c + 1) * n] for c in range(k)]
+
+
+# --------------------------------------------------------------------------------------
+# Passes that read several positions per row (candidate ranking)
+# --------------------------------------------------------------------------------------
+
+
+def run_reads(
+    model: Model,
+    batch: TokenBatch,
+    rows: Int[Tensor, " read"],
+    pos: Int[Tensor, " read"],
+    *,
+    prefix: tuple[Any, Int[Tensor, " batch"]] | None = None,
+    fwd_hooks: FwdHooks = (),
+) -> tuple[PrefixRecord | None, Float[Tensor, "read d_model"]]:
+    """One pass over the right-padded ``batch``, stopped after the last block: the final
+    residual stream at the positions ``pos`` of the rows ``rows``.
+
+    Without ``prefix`` every position runs, into a fresh cache that is returned as a
+    :class:`PrefixRecord` (its ``final`` empty). With ``prefix=(cache, starts)`` the cache
+    holds the first ``starts[r]`` positions of every row ``r`` (right-padded: the gap after
+    them is hidden by the attention mask), and the pass computes positions ``starts[r]``
+    onwards of each row, left-aligned in its columns (``pos`` must lie among them); nothing
+    is returned for the cache then. The hooks see ``batch`` as the current batch and those
+    positions as the pass's columns."""
+    b = batch.to(model_input_device(model))
+    dev = b.tokens.device
+    if prefix is None:
+        cache, ids, cols, mask, at = new_cache(model), b.tokens, None, b.attention_mask(), pos
+    else:
+        cache, starts = prefix
+        starts = starts.to(dev)
+        n_cached = _layers(cache)[0].keys.shape[-2]  # type: ignore[index]
+        width = int((b.lengths - starts).max())
+        cols = starts.unsqueeze(1) + torch.arange(width, device=dev)
+        real = cols < b.lengths.unsqueeze(1)
+        head = torch.arange(n_cached, device=dev) < starts.unsqueeze(1)
+        mask = torch.cat([head.long(), real.long()], 1)
+        width_all = b.tokens.shape[1]
+        ids = b.tokens.gather(1, cols.clamp(max=width_all - 1)).masked_fill(~real, b.pad_id)
+        at = pos.to(dev) - starts[rows.to(dev)]
+    out: dict[str, Tensor] = {}
+
+    def read(t: Tensor, hook: Any) -> None:
+        out["resid"] = t[rows.to(t.device), at.to(t.device)].detach()
+        raise StopForward
+
+    hooks = [*fwd_hooks, (final_resid_name(model), read)]
+    with torch.no_grad(), batch_context(b, cols), hooked(model, hooks):
+        with cache_adapter(model, kv_cache_path(model)):
+            try:
+                model(ids, attention_mask=mask, **_cache_kwargs(model, cache))
+            except StopForward:
+                pass
+    if "resid" not in out:
+        raise RuntimeError("the final residual hook did not fire during the pass")
+    if prefix is not None:
+        return None, out["resid"]
+    layers = _layers(cache)
+    if layers is None or any(la.keys.shape[-2] != b.tokens.shape[1] for la in layers):
+        raise RuntimeError("the cache did not record every position of every layer")
+    keys = tuple(la.keys for la in layers)
+    empty = torch.empty(0, int(model.cfg.d_model))
+    return PrefixRecord(keys, tuple(la.values for la in layers), empty), out["resid"]
