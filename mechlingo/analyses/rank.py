@@ -272,6 +272,9 @@ def _shared_pass(
         return None
     fact_of = torch.tensor([g for g, span in enumerate(spans) for _ in span])
     p_row = torch.tensor(stems)[fact_of]
+    tail = int((batch.lengths - p_row).max())
+    if not prefix_reuse_supported(model, max(stems) + tail):  # the tail pass's cache width
+        return None
     r_idx, q_idx = torch.tensor(reads.row), torch.tensor(reads.pos)
     in_stem = q_idx < p_row[r_idx]
     pad = _pad(model)
