@@ -268,6 +268,8 @@ def generate_conditions(
         raise InputError("no prompts to generate from")
     if batch_size < 1:
         raise InputError(f"batch_size must be at least 1, got {batch_size}")
+    if max_new_tokens < 0:
+        raise InputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     ivs = list(interventions)
     hooks = [_hooks_of(model, iv, fwd_hooks) for iv in ivs]
     batch = encode(model, prompts)
