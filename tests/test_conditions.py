@@ -310,3 +310,13 @@ def test_rank_shared_stems_on_gemma(gemma):
         assert got.meta["path"] == "shared-stem"
         for a, b in zip(got.ce, want.ce, strict=True):
             assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-4
+
+
+def test_greedy_next_in_row_chunks_is_the_plain_argmax(tiny):
+    """More rows than one screened arg-max chunk (stacked conditions): every row's token is
+    the float32 arg-max of its logits."""
+    from mechlingo.kernels.readout import _ARGMAX_ROWS, final_logits, greedy_next
+
+    g = torch.Generator().manual_seed(0)
+    resid = torch.randn(2 * _ARGMAX_ROWS + 7, int(tiny.cfg.d_model), generator=g)
+    assert torch.equal(greedy_next(tiny, resid), final_logits(tiny, resid).argmax(-1))
