@@ -13,7 +13,12 @@ fill the device, and for each workload its throughput, the ratio to the same cod
    that module is missing);
 4. neuron scoring: ``kernels.ranking.auroc_and_average_precision`` on synthetic activations of
    32 x 11,008 neurons (a 7B model's MLPs) over several thousand sentences vs scikit-learn's
-   per-feature loop timed on a subset and extrapolated.
+   per-feature loop timed on a subset and extrapolated;
+5. steering conditions: ``mechlingo.analyses.evaluate.evaluate_conditions`` (one shared prefix
+   pass per batch, the conditions decoded stacked) vs ``evaluate_facts`` one condition at a
+   time, on ``orig`` + 8 ``"last"`` steering settings (the records checked equal);
+6. candidate ranking: ``mechlingo.analyses.rank.score_candidates`` (batched) vs each filled
+   sentence alone with a full ``log_softmax`` (``benchmarks/bench_rank.py``'s reference).
 
 Without CUDA it runs small CPU sizes on the tiny random model (or ``--model``) and says so.
 Usage: python benchmarks/bench_gpu.py [--model PATH] [--prompts N] [--samples N]
@@ -32,11 +37,14 @@ import numpy as np
 import torch
 
 from mechlingo.activations.runs import collect
+from mechlingo.analyses.evaluate import evaluate_conditions, evaluate_facts
 from mechlingo.analyses.lens import logit_lens
+from mechlingo.analyses.rank import score_candidates
 from mechlingo.core.models import load_model
 from mechlingo.core.sites import hook_name
 from mechlingo.core.tokens import answer_tokens, encode, sorted_batches
 from mechlingo.data import load_facts
+from mechlingo.interventions import SteeringVector
 from mechlingo.kernels.ranking import auroc_and_average_precision
 from mechlingo.kernels.streaming import StreamingMean
 from mechlingo.testing import tiny_model
@@ -194,6 +202,44 @@ def bench_neurons(samples: int, features: int, sk_features: int, device: str) ->
     report("neuron AUROC+AP", t, features, "features", others)
 
 
+def bench_conditions(model: Any, n: int, batch: int) -> None:
+    langs = ["en", "fr", "de", "es", "ja", "zh"]
+    facts = load_facts(langs=langs, relations=["capital"])
+    facts = (facts * ((n + len(facts) - 1) // len(facts)))[:n]
+    b = encode(model, [f.prompt for f in facts[:16]])
+    names = [hook_name(model, "resid_pre", la) for la in range(int(model.cfg.n_layers))]
+    acts = collect(model, b, names)
+    norms = [float(acts[nm].float().norm(dim=-1).mean()) for nm in names]
+    g = torch.Generator().manual_seed(0)
+    conds: dict[str, Any] = {"orig": None}
+    n_layers = int(model.cfg.n_layers)
+    for i, layer in enumerate(sorted({round(f * (n_layers - 1)) for f in (0.25, 0.5, 0.75)})):
+        for alpha in (0.06, 0.3):
+            v = torch.randn(int(model.cfg.d_model), generator=g)
+            conds[f"{i}:{alpha}"] = SteeringVector(v / v.norm() * norms[layer], layer, alpha)
+    kw = {"max_new_tokens": 6, "batch_size": batch}
+    t, shared = timed(lambda: evaluate_conditions(model, facts, conds, **kw))
+    t_alone, alone = timed(
+        lambda: {c: evaluate_facts(model, facts, intervention=iv, **kw) for c, iv in conds.items()}
+    )
+    same = all(shared[c].records == alone[c].records for c in conds)
+    print(f"{'':22s} {len(conds)} conditions, records equal: {same}")
+    report("steering conditions", t, n * len(conds), "items", {"one at a time": t_alone})
+
+
+def bench_rank(model: Any, n: int, batch: int) -> None:
+    try:
+        from bench_rank import cloze_facts, one_by_one
+    except ImportError:
+        print("candidate ranking      skipped: run from benchmarks/ (needs bench_rank.py)")
+        return
+    facts = cloze_facts(n, 8)
+    t, _ = timed(lambda: score_candidates(model, facts, batch_size=batch))
+    k = max(1, min(n, 8))
+    t1, _ = timed(lambda: one_by_one(model, facts[:k]))
+    report("candidate ranking", t, n * 8, "candidates", {"one by one (extrap.)": t1 * n / k})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default=None, help="default: embedded model (tiny on CPU)")
@@ -230,6 +276,8 @@ def main() -> None:
     bench_patching(model, min(n, 256))
     bench_vectors(model, cpu_model, n, batch)
     bench_neurons(samples, features, args.sklearn_features, device)
+    bench_conditions(model, min(n, 384), batch)
+    bench_rank(model, min(n, 64), min(batch, 16))
     if cuda:
         print(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
 

@@ -4,14 +4,21 @@
 answer and other capitals of the same language, each filled in before the suffix ``"."``),
 scored two ways in one process:
 
-* batched: :func:`mechlingo.analyses.rank.score_candidates` (every candidate of
-  ``--batch-size`` facts in one padded pass stopped after the last block; only the scored
-  positions read, as target logit minus a streamed logsumexp; the stem read once per fact);
+* shared stems (the default): :func:`mechlingo.analyses.rank.score_candidates` runs each
+  fact's shared tokens once (one row per fact, into a key-value cache) and then only each
+  candidate's own tokens and the suffix against that cache; only the scored positions are
+  read, as target logit minus a streamed logsumexp;
+* batched (``shared=False``, the path before shared stems): every candidate of
+  ``--batch-size`` facts in one padded pass over every position, stopped after the last
+  block, the same reads;
+* floor: the same two passes with no hook and the reads (the scored tokens' log-probabilities,
+  a logsumexp over the vocabulary each, which no sharing of stems removes): what the
+  shared-stem path cannot go below;
 * one by one: each filled sentence alone through the model's full forward pass and a
   ``log_softmax`` over the vocabulary at every position (what the reference code does).
 
-Both give the same scores (checked before timing). The last line is the ratio
-``rank batched vs one-by-one: N.Nx``.
+All give the same scores (checked). The last lines are ``bench_rank_floor: N.Nx`` (shared
+stems / floor) and ``bench_rank: N.Nx`` (batched / shared stems).
 
     python benchmarks/bench_rank.py                      # 16 facts x 8 candidates
     python benchmarks/bench_rank.py --facts 32 --candidates 10 --device cuda
@@ -29,9 +36,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mechlingo.activations.prefix import cache_upto, run_reads  # noqa: E402
 from mechlingo.analyses.rank import score_candidates  # noqa: E402
 from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
+from mechlingo.kernels.readout import token_logprobs  # noqa: E402
 
 
 def cloze_facts(n: int, c: int) -> list:
@@ -65,6 +74,37 @@ def one_by_one(model, facts) -> list[list[float]]:
     return out
 
 
+def floor(model, facts, batch_size: int, clock=time.perf_counter) -> tuple[float, float]:
+    """The shared-stem passes with no hook (one row per fact, then the candidates' tails)
+    and the reads (each scored token's log-probability: a logsumexp over the vocabulary),
+    for the same batches: the seconds, and those of the reads alone."""
+    from mechlingo.analyses import rank
+
+    layouts = [[rank.candidate_layout(model, f, c) for c in f.candidates] for f in facts]
+    reads_s = 0.0
+    t0 = clock()
+    for k in range(0, len(facts), batch_size):
+        rows, reads, spans = rank._plan(layouts[k : k + batch_size], "sentence")
+        batch = rank._rows_batch(model, rows)
+        stems = rank._stem_lengths(rows, spans, batch.lengths)
+        fact_of = torch.tensor([g for g, span in enumerate(spans) for _ in span])
+        p_row = torch.tensor(stems)[fact_of]
+        pad = rank._pad(model)
+        stem_tok = torch.full((len(spans), max(stems)), pad, dtype=torch.long)
+        for g, (span, n) in enumerate(zip(spans, stems, strict=True)):
+            stem_tok[g, :n] = torch.tensor(rows[span[0]].ids[:n])
+        r_idx, q_idx = torch.tensor(reads.row), torch.tensor(reads.pos)
+        inside = q_idx < p_row[r_idx]
+        stem_batch = rank.TokenBatch(stem_tok, torch.tensor(stems), pad, batch.has_bos)
+        rec, a = run_reads(model, stem_batch, fact_of[r_idx[inside]], q_idx[inside])
+        cache = cache_upto(model, rec, fact_of, max(stems))
+        _, b = run_reads(model, batch, r_idx[~inside], q_idx[~inside], prefix=(cache, p_row))
+        t1 = clock()
+        token_logprobs(model, torch.cat([a, b]), torch.tensor(reads.target))
+        reads_s += clock() - t1
+    return clock() - t0, reads_s
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="model (default: the embedded gemma-3-270m)")
@@ -78,6 +118,9 @@ def main() -> None:
     facts = cloze_facts(args.facts, args.candidates)
     n_sent = sum(len(f.candidates) for f in facts)
     dev = model.W_U.device
+    # CPU seconds of this process on a CPU (one thread: the work done, however busy the
+    # machine is); wall seconds on a GPU
+    clock = time.process_time if dev.type == "cpu" else time.perf_counter
 
     def sync() -> None:
         if dev.type == "cuda":
@@ -93,14 +136,21 @@ def main() -> None:
         raise SystemExit("batched and one-by-one scores differ")
 
     sync()
-    t0 = time.perf_counter()
-    batched = score_candidates(model, facts, batch_size=args.batch_size)
+    t0 = clock()
+    batched = score_candidates(model, facts, batch_size=args.batch_size, shared=False)
     sync()
-    t_batched = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    t_batched = clock() - t0
+    t0 = clock()
+    shared = score_candidates(model, facts, batch_size=args.batch_size)
+    sync()
+    t_shared = clock() - t0
+    t_floor, t_reads = floor(model, facts, args.batch_size, clock)
+    gap = max(abs(a - b) for r, g in zip(batched.ce, shared.ce, strict=True)
+              for a, b in zip(r, g, strict=True))  # fmt: skip
+    t0 = clock()
     alone = one_by_one(model, facts)
     sync()
-    t_alone = time.perf_counter() - t0
+    t_alone = clock() - t0
     worst = max(
         abs(a - b)
         for r, g in zip(alone, batched.ce, strict=True)
@@ -111,6 +161,13 @@ def main() -> None:
         f"batched {t_batched:.2f} s, one by one {t_alone:.2f} s (max |difference| {worst:.1e})"
     )
     print(f"rank batched vs one-by-one: {t_alone / t_batched:.1f}x")
+    print(f"shared stems ({shared.meta['path']}): {t_shared:.2f} s (max |difference| to "
+          f"batched {gap:.1e}); floor {t_floor:.2f} s, of which the reads {t_reads:.2f} s "
+          f"(any stem sharing is at most {t_batched / t_floor:.1f}x the batched path)")  # fmt: skip
+    if gap > 1e-4:
+        raise SystemExit("shared-stem and batched scores differ")
+    print(f"bench_rank_floor: {t_shared / t_floor:.1f}x")
+    print(f"bench_rank: {t_batched / t_shared:.1f}x")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -291,3 +292,77 @@ def test_experts_command_under_torchrun_equals_one_process(tiny_dir, tmp_path):
             return [(r["lang"], r["layer"], r["neuron"]) for r in csv.DictReader(f)]
 
     assert top(tmp_path / "two") == top(tmp_path / "one")
+
+
+SCORING_WORKER = textwrap.dedent(
+    """
+    import json, sys, torch
+    from mechlingo.activations.distributed import process_group, sharded_scoring
+    from mechlingo.analyses.evaluate import evaluate_conditions, evaluate_facts
+    from mechlingo.core.models import load_model
+    from mechlingo.data import load_facts
+    from mechlingo.interventions import SteeringVector
+    from tests.test_distributed import scoring_inputs
+
+    import mechlingo.analyses.evaluate as ev
+
+    torch.set_grad_enabled(False)
+    model_dir, out_dir = sys.argv[1], sys.argv[2]
+    calls, real = [], ev._decode_batch
+    ev._decode_batch = lambda *a: calls.append(1) or real(*a)
+    with process_group() as info:
+        model = load_model(model_dir, device="cpu")
+        facts, conds, rank_facts = scoring_inputs(model)
+        with sharded_scoring():
+            got = evaluate_conditions(model, facts, conds, max_new_tokens=4, batch_size=3)
+            ranked = evaluate_facts(model, rank_facts, metric="rank", batch_size=1)
+        out = {"gen": {k: v.records for k, v in got.items()}, "rank": ranked.records,
+               "path": got["orig"].meta["path"], "batches": len(calls)}
+        with open(f"{out_dir}/scores{info.rank}.json", "w") as f:
+            json.dump(out, f)
+    """
+)
+
+
+def scoring_inputs(model):
+    """The facts and conditions of the sharded-scoring test (also used by its workers)."""
+    from mechlingo.data import load_facts
+    from mechlingo.interventions import SteeringVector
+
+    from .test_scoring import FACTS
+
+    facts = load_facts(langs=["en", "fr", "de"], relations=["capital"], limit=4)
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(int(model.cfg.d_model), generator=g) * 4
+    conds = {"orig": None, "last": SteeringVector(v, 1),
+             "gen": SteeringVector(-v, 0, positions="last+generated")}  # fmt: skip
+    return facts, conds, FACTS
+
+
+def test_two_processes_score_like_one(tiny, tiny_dir, tmp_path):
+    """Scoring sharded by batch over 2 torchrun processes (gloo) gives exactly the
+    one-process records, on every rank."""
+    import json
+
+    from mechlingo.analyses.evaluate import evaluate_conditions, evaluate_facts
+
+    script = tmp_path / "worker.py"
+    script.write_text(SCORING_WORKER)
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))  # fmt: skip
+    env.pop("WORLD_SIZE", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script),
+           str(tiny_dir), str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    facts, conds, rank_facts = scoring_inputs(tiny)
+    one = evaluate_conditions(tiny, facts, conds, max_new_tokens=4, batch_size=3)
+    ranked = evaluate_facts(tiny, rank_facts, metric="rank", batch_size=1)
+    want = json.loads(json.dumps({"gen": {k: v.records for k, v in one.items()},
+                                  "rank": ranked.records, "path": "shared-prefix"}))  # fmt: skip
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"scores{rank}.json").read_text())
+        assert got.pop("batches") == 2  # 12 facts in batches of 3: two batches on each rank
+        assert got == want

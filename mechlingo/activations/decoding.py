@@ -287,6 +287,8 @@ def decode_cached(
     stop: StopFn | None = None,
     eos: int | None = None,
     path: KVPath = "adapter",
+    prefix: tuple[Any, int] | None = None,
+    on_keep: Callable[[Tensor], None] | None = None,
 ) -> list[list[int]]:
     """Decode ``max_new_tokens`` tokens after each row of a right-padded ``batch`` with a KV
     cache (one prefill, then one token per row per step). Returns each row's new token ids,
@@ -294,14 +296,30 @@ def decode_cached(
     ``choose`` maps each step's logits to tokens; ``None`` is the greedy float32 arg-max,
     found with :func:`mechlingo.kernels.readout.greedy_next` (bfloat16-screened where the
     CPU has native bfloat16, which never changes the token; see
-    :mod:`mechlingo.kernels.argmax`)."""
+    :mod:`mechlingo.kernels.argmax`).
+
+    ``prefix=(cache, d)``: ``cache`` already holds every row's positions but its last ``d``
+    (``d`` >= 1, below every row's length), right-padded to the batch's width minus ``d``
+    (:mod:`mechlingo.activations.prefix`), so the prefill computes each row's last ``d``
+    positions only, with those positions as its columns: the padding of shorter rows stays
+    in the cache as a gap the attention mask hides, as in every later step.
+    ``on_keep(idx)`` is called with the indices (into the rows still decoding) of the rows
+    that go on, whenever some leave the batch."""
     stop, dev, b, out = _start(model, batch, stop)
     tokens, lengths, plen = b.tokens, b.lengths.clone(), b.prompt_lengths
     active = torch.arange(b.batch_size, device=dev)
     attn = b.attention_mask()
-    cache = new_cache(model)
-    kw = _cache_kwargs(model, cache)
-    step = _Step(tokens, attn, None, lengths - 1, kw)
+    if prefix is None:
+        cache = new_cache(model)
+        kw = _cache_kwargs(model, cache)
+        step = _Step(tokens, attn, None, lengths - 1, kw)
+    else:
+        cache, d = prefix
+        kw = _cache_kwargs(model, cache)
+        cols = (lengths - d).unsqueeze(1) + torch.arange(d, device=dev)
+        head = torch.arange(tokens.shape[1] - d, device=dev) < (lengths - d).unsqueeze(1)
+        attn = torch.cat([head.long(), torch.ones_like(cols)], 1)
+        step = _Step(tokens.gather(1, cols), attn, cols, torch.full_like(lengths, d - 1), kw)
     with cache_adapter(model, path):
         for i in range(max_new_tokens):
             cur = TokenBatch(tokens, lengths, b.pad_id, b.has_bos, plen)
@@ -318,6 +336,8 @@ def decode_cached(
             if not all(keep):
                 idx = torch.tensor([j for j, k in enumerate(keep) if k], device=dev)
                 cache.batch_select_indices(idx)
+                if on_keep is not None:
+                    on_keep(idx)
                 tokens, lengths, plen = tokens[idx], lengths[idx], plen[idx]
                 attn, nxt, active = attn[idx], nxt[idx], active[idx]
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)

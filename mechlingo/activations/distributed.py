@@ -32,6 +32,7 @@ import contextlib
 import datetime
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -51,11 +52,14 @@ __all__ = [
     "all_reduce_state",
     "barrier",
     "dist_info",
+    "gather_lists",
     "is_distributed",
     "is_main",
     "process_group",
+    "scoring_sharded",
     "shard",
     "shard_bounds",
+    "sharded_scoring",
 ]
 
 
@@ -274,3 +278,41 @@ def all_gather_rows(tensor: Shaped[Tensor, "rows ..."]) -> Shaped[Tensor, "all_r
 # --------------------------------------------------------------------------------------
 # Building blocks: last-token means and pooled neuron activations
 # --------------------------------------------------------------------------------------
+
+
+# --------------------------------------------------------------------------------------
+# Scoring sharded by item
+# --------------------------------------------------------------------------------------
+
+_SHARDED_SCORING: ContextVar[bool] = ContextVar("mechlingo_sharded_scoring", default=False)
+
+
+@contextlib.contextmanager
+def sharded_scoring(enabled: bool = True) -> Iterator[None]:
+    """Inside the block, under ``torchrun`` with more than one process, mechlingo's scoring
+    (greedy generation, :func:`mechlingo.analyses.evaluate.evaluate_conditions`, candidate
+    ranking) gives each rank a contiguous share of its batches and gathers the per-item
+    outcomes back in order on every rank, so every rank holds the whole result and goes on
+    identically. Every rank must make the same scoring calls with the same inputs (as
+    ``steer eval`` does); in a single process it changes nothing."""
+    token = _SHARDED_SCORING.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _SHARDED_SCORING.reset(token)
+
+
+def scoring_sharded() -> bool:
+    """Whether scoring is sharded across ranks now (inside :func:`sharded_scoring` with a
+    process group of more than one process)."""
+    return _SHARDED_SCORING.get() and is_distributed()
+
+
+def gather_lists(items: list[T]) -> list[T]:
+    """Every rank's ``items`` (picklable) concatenated in rank order, on every rank; the
+    list itself in a single process."""
+    if not is_distributed():
+        return items
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, items)
+    return [x for part in parts for x in part]

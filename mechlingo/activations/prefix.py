@@ -18,7 +18,13 @@ This module holds the cache side of that (:mod:`mechlingo.analyses.patching.pass
   cache of that block and every later one (a copy's prefix is the prefix of the row it
   copies);
 * :func:`run_on_cache` runs positions ``p`` onwards against such a cache with the given hooks
-  and returns the final residual stream of every row at the last token.
+  and returns the final residual stream of every row at the last token;
+* :func:`decode_conditions` decodes greedily after every prompt of a batch under several
+  sets of hooks (*conditions*, e.g. steering settings) at once: each prompt's positions
+  before its last ``d`` (``d = 1`` when no condition edits earlier than the last prompt
+  token) run once, unedited, and every condition's copy of the batch continues from that
+  shared cache, all conditions stacked in one batch, each condition's hooks acting on its
+  own rows only (:func:`rows_hooks`).
 
 It works where mechlingo's cached decoding works (:func:`mechlingo.activations.decoding.kv_cache_path`
 is not ``"none"``: a TransformerLens bridge over a transformers model whose cache keeps one
@@ -29,6 +35,7 @@ every position, which gives the same numbers.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,26 +46,36 @@ from torch import Tensor
 from mechlingo.activations.decoding import (
     _cache_kwargs,
     _final_resid,
+    _fits_window,
     _hf_model,
     _Step,
     cache_adapter,
+    decode_cached,
     kv_cache_path,
     new_cache,
 )
 from mechlingo.activations.runs import (
     FwdHooks,
+    StopForward,
+    final_resid_name,
+    hooked,
     model_input_device,
 )
-from mechlingo.core.tokens import TokenBatch
+from mechlingo.core.tokens import TokenBatch, batch_context, current_batch, current_columns
 from mechlingo.core.types import HookFn, Model
 
 __all__ = [
     "PrefixRecord",
     "cache_grower",
     "cache_upto",
+    "decode_conditions",
     "prefix_reuse_supported",
+    "record_head",
+    "run_reads",
     "record_prefix",
+    "rows_hooks",
     "run_on_cache",
+    "shared_decoding_supported",
 ]
 
 
@@ -196,3 +213,203 @@ def run_on_cache(
     mask = torch.zeros(allowed.shape, dtype=dtype, device=dev)
     mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)
     return _forward(model, rows, p, cache, fwd_hooks, read, mask[None, None])
+
+
+# --------------------------------------------------------------------------------------
+# Several conditions decoded over one shared prefix
+# --------------------------------------------------------------------------------------
+
+
+class _RowOwners:
+    """Which condition each row of a stacked batch belongs to, kept up to date as rows
+    leave the batch (:func:`decode_cached`'s ``on_keep``)."""
+
+    def __init__(self, owner: Tensor) -> None:
+        self.owner = owner
+        self._rows: dict[int, Tensor] = {}
+
+    def keep(self, idx: Tensor) -> None:
+        self.owner = self.owner[idx.to(self.owner.device)]
+        self._rows = {}
+
+    def rows(self, cond: int) -> Tensor:
+        if cond not in self._rows:
+            self._rows[cond] = (self.owner == cond).nonzero().squeeze(1)
+        return self._rows[cond]
+
+
+def _sub_batch(batch: TokenBatch, idx: Tensor) -> TokenBatch:
+    """Rows ``idx`` of ``batch``, not trimmed (the pass's columns still index it)."""
+    i = idx.to(batch.tokens.device)
+    return TokenBatch(batch.tokens[i], batch.lengths[i], batch.pad_id, batch.has_bos,
+                      batch.prompt_lengths[i])  # fmt: skip
+
+
+def _on_rows(fn: HookFn, cond: int, owners: _RowOwners) -> HookFn:
+    def hook(t: Tensor, hook: Any) -> Tensor | None:
+        idx = owners.rows(cond).to(t.device)
+        if idx.numel() == 0:
+            return None
+        batch, cols = current_batch(), current_columns()
+        if batch is None or batch.batch_size != t.shape[0]:
+            raise RuntimeError("a stacked-condition hook ran outside its decoding pass")
+        part = t[idx]
+        with batch_context(_sub_batch(batch, idx), None if cols is None else cols[idx]):
+            out = fn(part, hook)
+        new = part if out is None else out
+        if new.shape != part.shape:
+            raise RuntimeError("a condition's hook changed the shape of its rows")
+        res = t.clone()
+        res[idx] = new.to(t.dtype)
+        return res
+
+    if getattr(fn, "carries_resid_mid", False):
+        hook.carries_resid_mid = True  # type: ignore[attr-defined]
+    return hook
+
+
+def rows_hooks(hook_sets: Sequence[FwdHooks], owners: _RowOwners) -> list[tuple[str, HookFn]]:
+    """The hooks of every condition, each acting on its condition's rows of a stacked batch
+    only, with those rows (and their columns) as the current batch while it runs: a hook
+    sees exactly the rows, positions and batch it would see if its condition ran alone."""
+    return [(name, _on_rows(fn, c, owners)) for c, hooks in enumerate(hook_sets)
+            for name, fn in hooks]  # fmt: skip
+
+
+def record_head(model: Model, batch: TokenBatch, d: int) -> PrefixRecord:
+    """:func:`record_prefix` of every row of ``batch`` without its last ``d`` tokens (``d``
+    below every row's length), right-padded to the batch's width minus ``d``: the unedited
+    keys and values a shared prefix is made of."""
+    b = batch.to(model_input_device(model))
+    width = b.tokens.shape[1] - d
+    head = TokenBatch(b.tokens[:, :width].contiguous(), b.lengths - d, b.pad_id, b.has_bos)
+    return record_prefix(model, head)
+
+
+def shared_decoding_supported(model: Model, batch: TokenBatch, max_new_tokens: int) -> bool:
+    """Whether :func:`decode_conditions` can share a prefix on ``batch``: prefix reuse works
+    on the model for its rows (:func:`prefix_reuse_supported`) and the rows with their new
+    tokens fit the sliding window, if any."""
+    width = int(batch.tokens.shape[1])
+    return prefix_reuse_supported(model, width) and _fits_window(model, batch, max_new_tokens)
+
+
+def decode_conditions(
+    model: Model,
+    batch: TokenBatch,
+    hook_sets: Sequence[FwdHooks],
+    d: int,
+    *,
+    max_new_tokens: int,
+    stop: Callable[[int, int, list[int]], bool] | None = None,
+    eos: int | None = None,
+    record: PrefixRecord | None = None,
+) -> list[list[list[int]]]:
+    """Greedy decoding after every row of the right-padded ``batch`` under each hook set of
+    ``hook_sets`` (one *condition* each): ``out[c][r]`` are the new token ids of row ``r``
+    under condition ``c``, equal to decoding the batch alone with ``hook_sets[c]``
+    (:func:`mechlingo.activations.decoding.decode_cached`; tested).
+
+    Every row's positions but its last ``d`` run once, with no hooks, into a cache copied
+    for every condition (:func:`record_head`); every condition's copy of the batch then runs
+    each row's last ``d`` positions and decodes, all conditions stacked in one batch, each
+    hook set acting on its own rows only (:func:`rows_hooks`). That is exact when no hook
+    edits a row's position before its last ``d`` (the caller's promise, from the position
+    rules: ``d = 1`` for ``"last"`` steering). ``d = 0`` runs every position. Call only
+    where :func:`shared_decoding_supported`. ``stop(c, r, ids)``: condition ``c``'s row ``r``
+    may stop with its new ``ids`` so far. ``record``: :func:`record_head` of ``batch`` at
+    this ``d``, to share one prefix pass between several calls.
+    """
+    k, n = len(hook_sets), batch.batch_size
+    if k == 0:
+        return []
+    if d < 0 or (d > 0 and d >= int(batch.lengths.min())):
+        raise ValueError(f"the shared suffix of {d} tokens is not below every row's length")
+    stacked = TokenBatch(batch.tokens.repeat(k, 1), batch.lengths.repeat(k), batch.pad_id,
+                         batch.has_bos, batch.prompt_lengths.repeat(k))  # fmt: skip
+    owners = _RowOwners(torch.arange(k).repeat_interleave(n).to(model_input_device(model)))
+    prefix = None
+    if d > 0:
+        rec = record if record is not None else record_head(model, batch, d)
+        width = int(batch.tokens.shape[1]) - d
+        if rec.keys[0].shape[-2] != width or rec.keys[0].shape[0] != n:
+            raise ValueError("the prefix record holds other positions or other rows")
+        idx = torch.arange(n, device=rec.keys[0].device).repeat(k)
+        prefix = (cache_upto(model, rec, idx, width), d)
+    rows = decode_cached(
+        model,
+        stacked,
+        max_new_tokens=max_new_tokens,
+        fwd_hooks=rows_hooks(hook_sets, owners),
+        stop=None if stop is None else (lambda r, ids: stop(r // n, r % n, ids)),
+        eos=eos,
+        path=kv_cache_path(model),
+        prefix=prefix,
+        on_keep=owners.keep,
+    )
+    return [rows[c * n : (c + 1) * n] for c in range(k)]
+
+
+# --------------------------------------------------------------------------------------
+# Passes that read several positions per row (candidate ranking)
+# --------------------------------------------------------------------------------------
+
+
+def run_reads(
+    model: Model,
+    batch: TokenBatch,
+    rows: Int[Tensor, " read"],
+    pos: Int[Tensor, " read"],
+    *,
+    prefix: tuple[Any, Int[Tensor, " batch"]] | None = None,
+    fwd_hooks: FwdHooks = (),
+) -> tuple[PrefixRecord | None, Float[Tensor, "read d_model"]]:
+    """One pass over the right-padded ``batch``, stopped after the last block: the final
+    residual stream at the positions ``pos`` of the rows ``rows``.
+
+    Without ``prefix`` every position runs, into a fresh cache that is returned as a
+    :class:`PrefixRecord` (its ``final`` empty). With ``prefix=(cache, starts)`` the cache
+    holds the first ``starts[r]`` positions of every row ``r`` (right-padded: the gap after
+    them is hidden by the attention mask), and the pass computes positions ``starts[r]``
+    onwards of each row, left-aligned in its columns (``pos`` must lie among them); nothing
+    is returned for the cache then. The hooks see ``batch`` as the current batch and those
+    positions as the pass's columns."""
+    b = batch.to(model_input_device(model))
+    dev = b.tokens.device
+    if prefix is None:
+        cache, ids, cols, mask, at = new_cache(model), b.tokens, None, b.attention_mask(), pos
+    else:
+        cache, starts = prefix
+        starts = starts.to(dev)
+        n_cached = _layers(cache)[0].keys.shape[-2]  # type: ignore[index]
+        width = int((b.lengths - starts).max())
+        cols = starts.unsqueeze(1) + torch.arange(width, device=dev)
+        real = cols < b.lengths.unsqueeze(1)
+        head = torch.arange(n_cached, device=dev) < starts.unsqueeze(1)
+        mask = torch.cat([head.long(), real.long()], 1)
+        width_all = b.tokens.shape[1]
+        ids = b.tokens.gather(1, cols.clamp(max=width_all - 1)).masked_fill(~real, b.pad_id)
+        at = pos.to(dev) - starts[rows.to(dev)]
+    out: dict[str, Tensor] = {}
+
+    def read(t: Tensor, hook: Any) -> None:
+        out["resid"] = t[rows.to(t.device), at.to(t.device)].detach()
+        raise StopForward
+
+    hooks = [*fwd_hooks, (final_resid_name(model), read)]
+    with torch.no_grad(), batch_context(b, cols), hooked(model, hooks):
+        with cache_adapter(model, kv_cache_path(model)):
+            try:
+                model(ids, attention_mask=mask, **_cache_kwargs(model, cache))
+            except StopForward:
+                pass
+    if "resid" not in out:
+        raise RuntimeError("the final residual hook did not fire during the pass")
+    if prefix is not None:
+        return None, out["resid"]
+    layers = _layers(cache)
+    if layers is None or any(la.keys.shape[-2] != b.tokens.shape[1] for la in layers):
+        raise RuntimeError("the cache did not record every position of every layer")
+    keys = tuple(la.keys for la in layers)
+    empty = torch.empty(0, int(model.cfg.d_model))
+    return PrefixRecord(keys, tuple(la.values for la in layers), empty), out["resid"]

@@ -25,13 +25,21 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
 from tqdm.auto import tqdm
 
 from mechlingo.activations.decoding import decode
+from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard
+from mechlingo.activations.prefix import (
+    decode_conditions,
+    record_head,
+    shared_decoding_supported,
+)
+from mechlingo.analyses.edits import first_edit
 from mechlingo.analyses.rank import score_candidates
 from mechlingo.analyses.scoring import (
     KLAR_MAX_NEW_TOKENS,
@@ -45,7 +53,7 @@ from mechlingo.analyses.scoring import (
     split_usable,
 )
 from mechlingo.core.errors import InputError
-from mechlingo.core.tokens import encode, prepends_bos, sorted_batches
+from mechlingo.core.tokens import TokenBatch, encode, prepends_bos, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
 from mechlingo.interventions.base import Intervention
 from mechlingo.viz.evaluate import accuracy_bars
@@ -170,15 +178,104 @@ def greedy_generate(
     Returns:
         One string per prompt, in input order.
     """
+    gens, _ = generate_conditions(
+        model, prompts, [intervention], max_new_tokens=max_new_tokens, batch_size=batch_size,
+        fwd_hooks=fwd_hooks, stop_at_newline=stop_at_newline, progress=progress, cache=cache,
+        stop=stop, shared=False,
+    )  # fmt: skip
+    return gens[0]
+
+
+def _shared_groups(
+    model: Model, batch: TokenBatch, ivs: Sequence[Intervention | None], max_rows: int
+) -> list[tuple[int, list[int]]]:
+    """The conditions of one batch as ``(d, conditions)`` groups that decode together: those
+    that leave every row's positions before its last ``d`` unedited (``d`` below every row's
+    length) share the prefix of the largest such ``d``, the others (``d = 0``) run every
+    position; each group at most ``max_rows`` stacked rows."""
+    n = batch.lengths
+    short = int(n.min())
+    tails = [int((n - torch.minimum(first_edit(iv, batch).to(n.device), n - 1)).max())
+             for iv in ivs]  # fmt: skip
+    pos = [c for c, t in enumerate(tails) if t < short]
+    full = [c for c, t in enumerate(tails) if t >= short]
+    per = max(1, max_rows // batch.batch_size)
+    out = []
+    for d, conds in ((max((tails[c] for c in pos), default=0), pos), (0, full)):
+        out.extend((d, conds[i : i + per]) for i in range(0, len(conds), per))
+    return out
+
+
+def _decode_batch(
+    model: Model, sub: TokenBatch, ivs: Sequence[Intervention | None], hooks: list[list],
+    done: Callable[[int, list[int]], bool] | None, opts: dict[str, Any],
+) -> tuple[list[list[list[int]]], bool]:  # fmt: skip
+    """One batch's new tokens under every condition (``out[c][r]``) and whether they came
+    from a shared prefix (:func:`decode_conditions`) or one condition at a time."""
+    n_new, eos = opts["max_new_tokens"], opts["eos"]
+    shared = opts["shared"] and len(ivs) > 1 and shared_decoding_supported(model, sub, n_new)
+    if not shared:
+        stop = None if done is None else (lambda r, ids: done(r, ids))
+        outs = [decode(model, sub, max_new_tokens=n_new, fwd_hooks=h, stop=stop, eos=eos,
+                       cache=opts["cache"]) for h in hooks]  # fmt: skip
+        return outs, False
+    outs: list[list[list[int]]] = [[] for _ in ivs]
+    groups = _shared_groups(model, sub, ivs, opts["max_rows"])
+    d_max = max(d for d, _ in groups)
+    rec = record_head(model, sub, d_max) if d_max > 0 else None
+    for d, conds in groups:
+        got = decode_conditions(
+            model, sub, [hooks[c] for c in conds], d, max_new_tokens=n_new, eos=eos,
+            stop=None if done is None else (lambda c, r, ids: done(r, ids)),
+            record=rec if d > 0 else None,
+        )  # fmt: skip
+        for c, rows in zip(conds, got, strict=True):
+            outs[c] = rows
+    return outs, True
+
+
+def generate_conditions(
+    model: Model,
+    prompts: Sequence[str],
+    interventions: Sequence[Intervention | None],
+    *,
+    max_new_tokens: int = 8,
+    batch_size: int = 16,
+    fwd_hooks: FwdHooks = (),
+    stop_at_newline: bool = True,
+    progress: bool = False,
+    cache: bool = True,
+    stop: Callable[[int, str], bool] | None = None,
+    shared: bool = True,
+    max_rows: int | None = None,
+) -> tuple[list[list[str]], str]:
+    """Greedy continuations of ``prompts`` under each of ``interventions`` (``None``: no
+    intervention): ``gens[c][i]`` is what :func:`greedy_generate` gives prompt ``i`` under
+    intervention ``c`` (the same tokens; tested), and the path they took.
+
+    With ``shared`` (and a cache that can grow, :func:`mechlingo.activations.prefix.
+    shared_decoding_supported`), each batch of prompts runs the positions before the first
+    one any condition edits (:func:`first_edit`) once, and the conditions continue from that
+    cache stacked in batches of at most ``max_rows`` rows (default ``max(batch_size,
+    256)``): the path ``"shared-prefix"``. Otherwise, with extra ``fwd_hooks`` (plain hooks
+    whose positions are unknown), one condition or ``cache=False``, each condition decodes
+    alone as in :func:`greedy_generate`: ``"per-condition"`` (``"mixed"`` when batches
+    differ). Inside :func:`mechlingo.activations.distributed.sharded_scoring` under torchrun
+    the batches are shared out among the ranks and the results gathered in order.
+    """
     prompts = list(prompts)
     if not prompts:
         raise InputError("no prompts to generate from")
     if batch_size < 1:
         raise InputError(f"batch_size must be at least 1, got {batch_size}")
-    hooks = _hooks_of(model, intervention, fwd_hooks)
+    if max_new_tokens < 0:
+        raise InputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    ivs = list(interventions)
+    hooks = [_hooks_of(model, iv, fwd_hooks) for iv in ivs]
     batch = encode(model, prompts)
-    eos = getattr(model.tokenizer, "eos_token_id", None)
-    outputs: list[list[int]] = [[] for _ in prompts]
+    opts = {"max_new_tokens": max_new_tokens, "eos": getattr(model.tokenizer, "eos_token_id", None),
+            "cache": cache, "shared": shared and cache and not fwd_hooks,
+            "max_rows": max_rows or max(batch_size, 256)}  # fmt: skip
 
     def done(row: int, ids: list[int]) -> bool:
         text = model.tokenizer.decode(ids)
@@ -186,23 +283,24 @@ def greedy_generate(
             return True
         return stop is not None and stop(row, text)
 
-    for rows in tqdm(
-        sorted_batches(batch.lengths, batch_size), desc="generating", disable=not progress
-    ):
-        new = decode(
-            model,
-            batch.select(rows),
-            max_new_tokens=max_new_tokens,
-            fwd_hooks=hooks,
-            stop=(lambda r, ids, rows=rows: done(rows[r], ids))
-            if (stop_at_newline or stop is not None)
-            else None,
-            eos=eos,
-            cache=cache,
+    chunks = sorted_batches(batch.lengths, batch_size)
+    mine = shard(chunks) if scoring_sharded() else chunks
+    local = []
+    for rows in tqdm(mine, desc="generating", disable=not progress):
+        stop_fn = (
+            (lambda r, ids, rows=rows: done(rows[r], ids)) if (stop_at_newline or stop) else None
         )
-        for r, ids in zip(rows, new, strict=True):
-            outputs[r] = ids
-    return [model.tokenizer.decode(o) for o in outputs]
+        outs, was_shared = _decode_batch(model, batch.select(rows), ivs, hooks, stop_fn, opts)
+        local.append((rows, outs, was_shared))
+    got = gather_lists(local) if scoring_sharded() else local
+    gens = [[""] * len(prompts) for _ in ivs]
+    for rows, outs, _ in got:
+        for c, per in enumerate(outs):
+            for r, ids in zip(rows, per, strict=True):
+                gens[c][r] = model.tokenizer.decode(ids)
+    flags = {was for _, _, was in got}
+    path = "mixed" if len(flags) > 1 else ("shared-prefix" if flags == {True} else "per-condition")
+    return gens, path
 
 
 @dataclass
@@ -314,6 +412,68 @@ def evaluate_facts(
         InputError: no facts, every fact skipped by the metric, or options that do not go
             with the metric.
     """
+    return _evaluate(model, facts, {"": intervention}, metric=metric, prompts=prompts,
+                     prefixes=prefixes, pool=pool, max_new_tokens=max_new_tokens,
+                     batch_size=batch_size, fwd_hooks=fwd_hooks, progress=progress,
+                     cache=cache, early_stop=early_stop, shared=False)[""]  # fmt: skip
+
+
+def evaluate_conditions(
+    model: Model,
+    facts: Sequence[Fact],
+    conditions: Mapping[str, Intervention | None],
+    *,
+    metric: str | Scorer = "generate",
+    prompts: Sequence[str] | None = None,
+    prefixes: Sequence[str] | None = None,
+    pool: Sequence[Fact] | None = None,
+    max_new_tokens: int = 8,
+    batch_size: int = 16,
+    fwd_hooks: FwdHooks = (),
+    progress: bool = False,
+    cache: bool = True,
+    early_stop: bool = True,
+    shared: bool = True,
+) -> dict[str, EvalResult]:
+    """Score ``facts`` under every condition of ``conditions`` (``{name: intervention or
+    None}``, e.g. ``{"orig": None, "task": iv1, "both": iv1 + iv2}``) at once: ``{name:
+    EvalResult}``, each equal to :func:`evaluate_facts` with that intervention (the same
+    records; tested), in much less time when there are several.
+
+    Under ``generate`` and ``klar`` each batch of prompts computes the positions before the
+    first one any condition edits once (the interventions' position rules say where:
+    :func:`first_edit`; ``"last"`` steering shares all but the last prompt token), and the
+    conditions decode from that shared cache several per batch
+    (:func:`generate_conditions`). Where the model's cache cannot grow a batch, with plain
+    ``fwd_hooks``, ``cache=False`` or ``shared=False``, every condition runs alone. Each
+    result's ``meta["path"]`` says which: ``"shared-prefix"``, ``"per-condition"`` or
+    ``"mixed"`` (batches differed). ``rank`` scores condition by condition. The options are
+    those of :func:`evaluate_facts`.
+
+    Raises:
+        InputError: no conditions, or what :func:`evaluate_facts` raises.
+    """
+    if not conditions:
+        raise InputError("no conditions to score")
+    return _evaluate(model, facts, dict(conditions), metric=metric, prompts=prompts,
+                     prefixes=prefixes, pool=pool, max_new_tokens=max_new_tokens,
+                     batch_size=batch_size, fwd_hooks=fwd_hooks, progress=progress,
+                     cache=cache, early_stop=early_stop, shared=shared)  # fmt: skip
+
+
+def _evaluate(
+    model: Model,
+    facts: Sequence[Fact],
+    conditions: dict[str, Intervention | None],
+    *,
+    metric: str | Scorer,
+    prompts: Sequence[str] | None,
+    prefixes: Sequence[str] | None,
+    pool: Sequence[Fact] | None,
+    max_new_tokens: int,
+    **kw: Any,
+) -> dict[str, EvalResult]:
+    """:func:`evaluate_conditions` (and :func:`evaluate_facts`, one condition)."""
     scorer = as_scorer(metric)
     facts = list(facts)
     if not facts:
@@ -327,22 +487,23 @@ def evaluate_facts(
         raise InputError("klar draws its own demonstrations (pool=); prefixes= does not apply")
     keep, skipped = split_usable(facts, scorer.metric, bos=prepends_bos(model), prefixes=prefixes)
     sub = [facts[i] for i in keep]
-    kw = {"batch_size": batch_size, "intervention": intervention, "fwd_hooks": fwd_hooks,
-          "progress": progress}  # fmt: skip
+    names, ivs = list(conditions), list(conditions.values())
     if scorer.metric == "rank":
         pre = [prefixes[i] for i in keep] if prefixes is not None else None
-        records = _rank_records(model, sub, scorer, pre, **kw)
+        rkw = {k: kw[k] for k in ("batch_size", "fwd_hooks", "progress")}
+        per = [_rank_records(model, sub, scorer, pre, intervention=iv, **rkw) for iv in ivs]
+        path = "per-condition"
     elif scorer.metric == "klar":
-        gen = {**kw, "cache": cache, "early_stop": early_stop}
-        records = _klar_records(model, sub, scorer, facts if pool is None else pool, **gen)
+        per, path = _klar_records(model, sub, scorer, facts if pool is None else pool, ivs, **kw)
     else:
         texts = [(prefixes[i] if prefixes else "") + facts[i].prompt for i in keep]
         if prompts is not None:
             texts = [prompts[i] for i in keep]
-        gen = {**kw, "cache": cache, "early_stop": early_stop, "max_new_tokens": max_new_tokens}
-        records = _generate_records(model, sub, texts, **gen)
+        per, path = _generate_records(model, sub, texts, ivs, max_new_tokens=max_new_tokens, **kw)
     meta = {"max_new_tokens": max_new_tokens, "metric": scorer.to_dict()}
-    return EvalResult(records, meta, skipped)
+    if kw["shared"]:  # evaluate_conditions says which path it took
+        meta["path"] = path
+    return {n: EvalResult(r, dict(meta), dict(skipped)) for n, r in zip(names, per, strict=True)}
 
 
 def _in_english(f: Fact, correct: bool, said: str, match: Callable[[str, str], bool]) -> bool:
@@ -361,14 +522,17 @@ def _generate_records(
     model: Model,
     facts: list[Fact],
     texts: list[str],
+    ivs: list[Intervention | None],
     *,
     early_stop: bool,
     **kw: Any,
-) -> list[dict[str, Any]]:
-    """The eval rule's records (greedy generation, prefix match at a word boundary)."""
-    gens = greedy_generate(
+) -> tuple[list[list[dict[str, Any]]], str]:
+    """The eval rule's records under every condition (greedy generation, prefix match at a
+    word boundary), and the path they took."""
+    gens, path = generate_conditions(
         model,
         texts,
+        ivs,
         stop=(
             (lambda i, text: decided(text, facts[i].answers, facts[i].lang, facts[i].answer_en))
             if early_stop
@@ -376,13 +540,16 @@ def _generate_records(
         ),
         **kw,
     )
-    records = []
-    for f, text, gen in zip(facts, texts, gens, strict=True):
-        first_line = gen.strip().split("\n")[0] if gen.strip() else ""
-        correct = is_correct(gen, f.answers, f.lang)
-        in_en = _in_english(f, correct, gen, lambda g, a: is_correct(g, [a], "en"))
-        records.append(_record(f, text, first_line, correct, in_en))
-    return records
+    out = []
+    for per in gens:
+        records = []
+        for f, text, gen in zip(facts, texts, per, strict=True):
+            first_line = gen.strip().split("\n")[0] if gen.strip() else ""
+            correct = is_correct(gen, f.answers, f.lang)
+            in_en = _in_english(f, correct, gen, lambda g, a: is_correct(g, [a], "en"))
+            records.append(_record(f, text, first_line, correct, in_en))
+        out.append(records)
+    return out, path
 
 
 def _record(f: Fact, prompt: str, generation: str, correct: bool, in_en: bool) -> dict[str, Any]:
@@ -404,27 +571,33 @@ def _klar_records(
     facts: list[Fact],
     scorer: Scorer,
     pool: Sequence[Fact],
+    ivs: list[Intervention | None],
     *,
     early_stop: bool,
     **kw: Any,
-) -> list[dict[str, Any]]:
-    """KLAR's records: its few-shot prompt, 10 greedy tokens, the two-way prefix rule."""
+) -> tuple[list[list[dict[str, Any]]], str]:
+    """KLAR's records under every condition: its few-shot prompt, 10 greedy tokens, the
+    two-way prefix rule; and the path they took."""
     texts = [klar_prompt(f, pool, scorer.klar_shots) for f in facts]
     targets = [[*f.answers, *([f.answer_en] if f.answer_en else [])] for f in facts]
-    gens = greedy_generate(
+    gens, path = generate_conditions(
         model,
         texts,
+        ivs,
         max_new_tokens=KLAR_MAX_NEW_TOKENS,
         stop_at_newline=False,
         stop=(lambda i, text: klar_decided(text, targets[i])) if early_stop else None,
         **kw,
     )
-    records = []
-    for f, text, gen in zip(facts, texts, gens, strict=True):
-        correct = any(klar_match(gen, a) for a in f.answers)
-        rec = _record(f, text, gen.strip(), correct, _in_english(f, correct, gen, klar_match))
-        records.append({**rec, "shots": text.count("\n")})
-    return records
+    out = []
+    for per in gens:
+        records = []
+        for f, text, gen in zip(facts, texts, per, strict=True):
+            correct = any(klar_match(gen, a) for a in f.answers)
+            rec = _record(f, text, gen.strip(), correct, _in_english(f, correct, gen, klar_match))
+            records.append({**rec, "shots": text.count("\n")})
+        out.append(records)
+    return out, path
 
 
 def _rank_records(

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mechlingo.analyses import repair
-from mechlingo.analyses.evaluate import EvalResult, evaluate_facts
+from mechlingo.analyses.evaluate import EvalResult, evaluate_conditions, evaluate_facts
 from mechlingo.analyses.repair import RepairVectors, SteeringConfig
 from mechlingo.analyses.results import WritesFolder
 from mechlingo.analyses.scoring import Scorer, as_scorer
@@ -146,14 +146,27 @@ def non_english_mean(res: EvalResult) -> float:
 def _score(
     model: Model,
     facts: Sequence[Fact],
-    iv: Intervention | None,
+    iv: Intervention | None | Mapping[str, Intervention | None],
     *,
     metric: str | Scorer = "generate",
     **kw: Any,
-) -> EvalResult:
+) -> Any:
     """Score ``facts`` under ``iv`` with ``metric``: the one scoring call of every stage
-    (:func:`mechlingo.analyses.evaluate.evaluate_facts`; ``kw`` are its options)."""
+    (:func:`mechlingo.analyses.evaluate.evaluate_facts`; ``kw`` are its options). Given a
+    mapping ``{name: intervention or None}``, every condition at once: ``{name:
+    EvalResult}``, each equal to scoring that condition alone
+    (:func:`mechlingo.analyses.evaluate.evaluate_conditions`: one shared prefix pass per batch
+    of prompts)."""
+    if isinstance(iv, Mapping):
+        return evaluate_conditions(model, list(facts), dict(iv), metric=metric, **kw)
     return evaluate_facts(model, list(facts), intervention=iv, metric=metric, **kw)
+
+
+def _score_all(
+    model: Model, facts: Sequence[Fact], conds: Mapping[str, Intervention | None], **kw: Any
+) -> dict[str, EvalResult]:
+    """Every condition of ``conds`` on ``facts`` at once (:func:`_score` with a mapping)."""
+    return _score(model, facts, dict(conds), **kw)
 
 
 def few_shot_prefix(fact: Fact, pool: Sequence[Fact], k: int) -> str:
@@ -478,10 +491,10 @@ def choose_on_dev(
     }
     screen = _screen_subset(dev_facts, screen_ids) if screen_ids else dev_facts
     sw = _DevSearch(model, {**kw, **_metric_kw(scorer, pool)}, en_tolerance)
-    base = sw.score(dev_facts, None)
-    base_screen = base if screen is dev_facts else sw.score(screen, None)
-    sw.screen(vectors, grid, screen, base_screen)
-    results, finalists = sw.finalists(vectors, dev_facts, base, top_k)
+    base_screen = sw.screen(vectors, grid, screen)
+    results, finalists, base = sw.finalists(
+        vectors, dev_facts, base_screen if screen is dev_facts else None, top_k
+    )
     results.update(sw.pairs(vectors, finalists, dev_facts, base))
     choice = _choose(results, finalists, base, p_threshold)
     hr: dict[str, Any] = {}
@@ -531,6 +544,14 @@ class _DevSearch:
     def score(self, facts: Sequence[Fact], iv: Intervention | None) -> EvalResult:
         return _score(self.model, facts, iv, **self.kw)
 
+    def score_all(
+        self, facts: Sequence[Fact], conds: dict[Any, Intervention | None]
+    ) -> dict[Any, EvalResult]:
+        """Every condition of ``conds`` on ``facts`` at once (:func:`_score_all`)."""
+        named = {str(i): iv for i, iv in enumerate(conds.values())}
+        got = _score_all(self.model, facts, named, **self.kw)
+        return {key: got[str(i)] for i, key in enumerate(conds)}
+
     def row(self, stage: str, setting: dict[str, Any], res: EvalResult, ref: EvalResult) -> dict:
         """Record one setting's scores (``en_ok``: English within tolerance of ``ref``)."""
         en, en0 = _en(res), _en(ref)
@@ -545,35 +566,56 @@ class _DevSearch:
         vectors: RepairVectors,
         grid: dict[str, tuple[list[int], list[float]]],
         facts: Sequence[Fact],
-        ref: EvalResult,
-    ) -> None:
-        """Every layer x alpha of each vector alone on the screen subset."""
+    ) -> EvalResult:
+        """Every layer x alpha of each vector alone on the screen subset, scored together
+        with no intervention (returned: the reference of the screen rows)."""
+        settings = []
+        conds: dict[Any, Intervention | None] = {"base": None}
         for name, stack in (("task", vectors.task), ("diff", vectors.diff)):
             layers, alphas = grid[name]
             for layer in layers:
                 for alpha in alphas:
-                    res = self.score(facts, stack.at(layer, alpha))
-                    setting = {"vector": name, "layer": layer, "alpha": alpha}
-                    self.row("screen", setting, res, ref)
+                    conds[len(settings)] = stack.at(layer, alpha)
+                    settings.append({"vector": name, "layer": layer, "alpha": alpha})
+        got = self.score_all(facts, conds)
+        ref = got["base"]
+        for i, setting in enumerate(settings):
+            self.row("screen", setting, got[i], ref)
+        return ref
 
     def finalists(
-        self, vectors: RepairVectors, facts: Sequence[Fact], base: EvalResult, top_k: int
-    ) -> tuple[dict[str, tuple[dict, EvalResult]], dict[str, list[dict]]]:
-        """The best ``top_k`` screen settings of each vector re-scored on the whole dev split:
-        ``{key: (row, result)}`` and each vector's re-scored rows, best first."""
+        self,
+        vectors: RepairVectors,
+        facts: Sequence[Fact],
+        base: EvalResult | None,
+        top_k: int,
+    ) -> tuple[dict[str, tuple[dict, EvalResult]], dict[str, list[dict]], EvalResult]:
+        """The best ``top_k`` screen settings of each vector re-scored on the whole dev split
+        (with no intervention, unless ``base`` already holds it): ``{key: (row, result)}``,
+        each vector's re-scored rows, best first, and the no-intervention result."""
+        stacks = {"task": vectors.task, "diff": vectors.diff}
+        cand = {
+            name: sorted((r for r in self.rows if r["vector"] == name), key=_rank)[:top_k]
+            for name in stacks
+        }
+        conds: dict[Any, Intervention | None] = {} if base is not None else {"base": None}
+        for name, rows in cand.items():
+            for j, c in enumerate(rows):
+                conds[(name, j)] = stacks[name].at(c["layer"], c["alpha"])
+        got = self.score_all(facts, conds)
+        base = base if base is not None else got["base"]
         results: dict[str, tuple[dict, EvalResult]] = {}
         finalists: dict[str, list[dict]] = {}
-        for name, stack in (("task", vectors.task), ("diff", vectors.diff)):
-            cand = sorted((r for r in self.rows if r["vector"] == name), key=_rank)[:top_k]
+        for name, rows in cand.items():
             scored = []
-            for c in cand:
-                res = self.score(facts, stack.at(c["layer"], c["alpha"]))
+            for j, c in enumerate(rows):
+                res = got[(name, j)]
                 setting = {"vector": name, "layer": c["layer"], "alpha": c["alpha"]}
                 r = self.row("dev", setting, res, base)
                 results[f"{name}:{c['layer']}:{c['alpha']}"] = (r, res)
                 scored.append(r)
             finalists[name] = sorted(scored, key=_rank)
-        return results, finalists
+        return results, finalists, base
 
     def pairs(
         self,
@@ -583,16 +625,21 @@ class _DevSearch:
         base: EvalResult,
     ) -> dict[str, tuple[dict, EvalResult]]:
         """Every task x diff pair of finalists, both vectors applied, on the whole dev split."""
+        cfgs = [
+            SteeringConfig(t["layer"], t["alpha"], d["layer"], d["alpha"])
+            for t in finalists["task"]
+            for d in finalists["diff"]
+        ]
+        conds: dict[Any, Intervention | None] = {
+            i: vectors.task.at(cfg.task_layer, cfg.task_alpha)
+            + vectors.diff.at(cfg.diff_layer, cfg.diff_alpha)
+            for i, cfg in enumerate(cfgs)
+        }
+        got = self.score_all(facts, conds) if conds else {}
         results: dict[str, tuple[dict, EvalResult]] = {}
-        for t in finalists["task"]:
-            for d in finalists["diff"]:
-                cfg = SteeringConfig(t["layer"], t["alpha"], d["layer"], d["alpha"])
-                iv = vectors.task.at(cfg.task_layer, cfg.task_alpha) + vectors.diff.at(
-                    cfg.diff_layer, cfg.diff_alpha
-                )
-                res = self.score(facts, iv)
-                r = self.row("dev", {"vector": "both", **cfg.to_dict()}, res, base)
-                results[f"both:{cfg}"] = (r, res)
+        for i, cfg in enumerate(cfgs):
+            r = self.row("dev", {"vector": "both", **cfg.to_dict()}, got[i], base)
+            results[f"both:{cfg}"] = (r, got[i])
         return results
 
 
@@ -849,11 +896,11 @@ def evaluate_test(
     for s in seeds:
         conds[f"random_s{s}"] = _random_of(vectors, cfg, sel, int(s))
     mkw = _metric_kw(scorer, pool)
+    results = _score_conditions(
+        cache or (lambda name, fn: fn()), conds, lambda todo: _score_all(
+            model, test_facts, todo, **kw, **mkw)
+    )  # fmt: skip
     run = cache or (lambda name, fn: fn())
-    results = {
-        c: run(c, lambda iv=iv: _score(model, test_facts, iv, **kw, **mkw))
-        for c, iv in conds.items()
-    }
     hr: dict[str, Any] = {}
     if pool is not None:
         hr = run("headroom", lambda: headroom(
@@ -870,6 +917,28 @@ def evaluate_test(
         conds,
         dict(lowest_rule or {}),
     )
+
+
+def _score_conditions(
+    run: Callable[[str, Callable[[], Any]], Any],
+    conds: dict[str, Intervention | None],
+    score_all: Callable[[dict[str, Intervention | None]], dict[str, EvalResult]],
+) -> dict[str, EvalResult]:
+    """Every condition through the stage cache ``run``: the first condition that is not
+    stored scores itself and every later one at once (``score_all``), so a fresh run makes
+    one shared-prefix call and a resumed one loads what is stored."""
+    done: dict[str, EvalResult] = {}
+    results: dict[str, EvalResult] = {}
+
+    def fn(c: str) -> EvalResult:
+        if c not in done:
+            todo = [d for d in conds if d not in results]
+            done.update(score_all({d: conds[d] for d in todo}))
+        return done[c]
+
+    for c in conds:
+        results[c] = run(c, lambda c=c: fn(c))
+    return results
 
 
 def condition_interventions(result: HeldOutResult) -> dict[str, Intervention | None]:

@@ -773,7 +773,11 @@ class _Run:
         self.cells: list[dict[str, Any]] = []
         self.choices: dict[str, dict[str, Any]] = {}
 
-    def score(self, facts: Sequence[Fact], iv: Intervention | None) -> EvalResult:
+    def score(
+        self, facts: Sequence[Fact], iv: Intervention | None | dict[str, Intervention | None]
+    ) -> Any:
+        """``facts`` scored under ``iv``, or under every condition of a mapping at once
+        (:func:`mechlingo.analyses.protocol._score`)."""
         return protocol._score(self.model, facts, iv, **self.kw)
 
     def row(self, row: _Row, vectors: RepairVectors) -> None:
@@ -796,10 +800,12 @@ class _Run:
         steered = _steered(vectors, choice.config, choice.selected)
         control = _control(vectors, choice.config, choice.selected, self.seed)
         for c in row.cols:
+            conds = {"steered": steered, "control": control}
             if c not in self.orig:
-                self.orig[c] = self.score(self.tests[c], None)
-            s = self.score(self.tests[c], steered)
-            r = self.score(self.tests[c], control)
+                conds["orig"] = None
+            got = self.score(self.tests[c], conds)
+            self.orig.setdefault(c, got.get("orig"))  # type: ignore[arg-type]
+            s, r = got["steered"], got["control"]
             cell = {"row": row.name, "col": c, **_cell_stats(self.orig[c], s, r, self.seed)}
             cell |= {"selected": choice.selected, "dev_effect": choice.dev_effect,
                      "config": choice.config.to_dict(), **_place(choice.config, choice.selected),

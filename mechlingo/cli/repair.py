@@ -33,6 +33,7 @@ from typing import Any
 # build_repair_vectors, run_protocol and transfer_matrices are called through their modules, so
 # that a wrapper set on the module (a test's monkeypatch, a user's instrumentation) sees every
 # call.
+from mechlingo.activations.distributed import sharded_scoring
 from mechlingo.analyses import protocol, repair, transfer
 from mechlingo.analyses.repair import RepairVectors, SteeringConfig
 from mechlingo.analyses.transfer import balance_relations
@@ -237,7 +238,9 @@ def cmd_steer(args: Any) -> int:
     if which == "build":
         return _build(args)
     if which == "eval":
-        return _eval(args)
+        # under torchrun every rank scores its share of each batch list (gathered in order)
+        with sharded_scoring():
+            return _eval(args)
     raise UsageError("use `mechlingo steer build --out VDIR` or `mechlingo steer eval ...`")
 
 

@@ -165,6 +165,7 @@ def final_logits(model: Model, resid: Float[Tensor, "row d_model"]) -> Float[Ten
 
 
 _SCREENING = {"on": True}
+_ARGMAX_ROWS = 256  # rows per screened arg-max: a [256, vocab] bfloat16 block (134 MB for Gemma 3)
 
 
 @contextlib.contextmanager
@@ -211,7 +212,12 @@ def greedy_next(model: Model, resid: Float[Tensor, "row d_model"]) -> Int[Tensor
         if screen is None:
             return final_logits(model, resid).argmax(-1)
         x = apply_final_norm(model, resid.to(dev))
-        return screened_argmax(x, W, screen, getattr(model, "b_U", None))
+        b = getattr(model, "b_U", None)
+        # rows in chunks: the screen's [rows, vocab] bfloat16 block stays bounded however many
+        # rows a pass decodes (stacked conditions); each row's arg-max is its own
+        parts = [screened_argmax(x[i : i + _ARGMAX_ROWS], W, screen, b)
+                 for i in range(0, x.shape[0], _ARGMAX_ROWS)]  # fmt: skip
+        return torch.cat(parts) if len(parts) != 1 else parts[0]
 
 
 def _checked_sets(

@@ -1,0 +1,322 @@
+"""Several conditions scored on shared prefixes equal each condition scored alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mechlingo.activations import prefix as prefix_mod
+from mechlingo.activations.decoding import decode_cached, kv_cache_path
+from mechlingo.activations.prefix import cache_upto, decode_conditions, record_head
+from mechlingo.analyses import evaluate as ev
+from mechlingo.analyses.evaluate import (
+    evaluate_conditions,
+    evaluate_facts,
+    first_edit,
+    generate_conditions,
+    greedy_generate,
+)
+from mechlingo.analyses.rank import score_candidates
+from mechlingo.core.tokens import TokenBatch, encode
+from mechlingo.data import load_facts
+from mechlingo.interventions.base import Intervention
+from mechlingo.interventions.gate import Gated
+from mechlingo.interventions.steering import SteeringVector
+
+from .conftest import count_hooks
+from .test_scoring import FACTS
+
+PROMPTS = ["The capital of Italy is", "La capitale", "Die Hauptstadt von Frankreich ist die"]
+RULES = ["last", "generated", "last+generated", 2, -2, "all"]
+
+
+def _vec(model, seed: int, scale: float) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(int(model.cfg.d_model), generator=g) * scale
+
+
+def _conditions(model, layer: int, scale: float) -> dict[str, Intervention | None]:
+    """One condition per positions rule, a composition and a language gate."""
+    conds: dict[str, Intervention | None] = {"orig": None}
+    for i, rule in enumerate(RULES):
+        conds[f"rule_{rule}"] = SteeringVector(_vec(model, i, scale), layer, positions=rule)
+    task = SteeringVector(_vec(model, 10, scale), layer)
+    diff = SteeringVector(_vec(model, 11, scale), max(0, layer - 1))
+    conds["both"] = task + diff
+    conds["gated"] = Gated(task + diff, {"en"}, exclude=True)
+    return conds
+
+
+class _Boom(Intervention):
+    """An intervention whose hook raises (to check that hooks are removed)."""
+
+    kind = "Boom"
+
+    def __init__(self) -> None:
+        self.meta = {}
+
+    def fwd_hooks(self, model):
+        def hook(t, hook):
+            raise RuntimeError("boom")
+
+        return [("blocks.0.hook_resid_pre", hook)]
+
+    def _tensors(self):
+        return {}
+
+    def _config(self):
+        return {}
+
+    @classmethod
+    def _restore(cls, tensors, config):
+        return cls()
+
+
+def test_first_edit_follows_the_position_rules(tiny):
+    b = encode(tiny, PROMPTS)
+    n = b.lengths
+    vec = _vec(tiny, 0, 1.0)
+    want = {"last": n - 1, "generated": n, "last+generated": n - 1, 2: torch.full_like(n, 2),
+            -2: n - 2, "all": torch.zeros_like(n)}  # fmt: skip
+    for rule, w in want.items():
+        assert torch.equal(first_edit(SteeringVector(vec, 1, positions=rule), b), w), rule
+    assert torch.equal(first_edit(None, b), n)
+    combo = SteeringVector(vec, 1) + SteeringVector(vec, 0, positions=[1, 3])
+    assert torch.equal(first_edit(combo, b), torch.ones_like(n))
+    assert torch.equal(first_edit(combo.only_for({"fr"}), b), torch.ones_like(n))
+    assert torch.equal(first_edit(_Boom(), b), torch.zeros_like(n))  # unknown kind: all
+
+
+def test_decode_conditions_equals_each_condition_alone(tiny):
+    b = encode(tiny, PROMPTS)  # right-padded rows of three lengths
+    conds = [iv for iv in _conditions(tiny, 1, 4.0).values() if iv is not None]
+    hooks = [[], *[iv.fwd_hooks(tiny) for iv in conds]]
+    alone = [decode_cached(tiny, b, max_new_tokens=6, fwd_hooks=h, path=kv_cache_path(tiny))
+             for h in hooks]  # fmt: skip
+    assert len({str(a) for a in alone}) > 3  # the conditions differ, so equality can fail
+    for d in (0, 1, 2, int(b.lengths.min()) - 1):
+        kept = [c for c, iv in enumerate([None, *conds]) if d == 0 or _safe(iv, b, d)]
+        assert len(kept) >= 3
+        got = decode_conditions(tiny, b, [hooks[c] for c in kept], d, max_new_tokens=6)
+        assert got == [alone[c] for c in kept], d
+    assert count_hooks(tiny) == 0
+
+
+def _safe(iv, b, d) -> bool:
+    """Whether ``iv`` leaves every row's positions before its last ``d`` unedited."""
+    return iv is None or bool((first_edit(iv, b) >= b.lengths - d).all())
+
+
+@pytest.mark.parametrize("metric", ["generate", "klar"])
+def test_evaluate_conditions_equals_evaluate_facts(tiny, metric):
+    facts = load_facts(langs=["en", "fr", "de"], relations=["capital"], limit=5)
+    conds = _conditions(tiny, 1, 4.0)
+    got = evaluate_conditions(tiny, facts, conds, metric=metric, max_new_tokens=5, batch_size=4)
+    assert set(got) == set(conds)
+    gens = set()
+    for name, iv in conds.items():
+        want = evaluate_facts(tiny, facts, intervention=iv, metric=metric, max_new_tokens=5,
+                              batch_size=4)  # fmt: skip
+        assert got[name].records == want.records, name
+        # klar's prompts outgrow the tiny model's 64-token sliding window: decoded alone
+        assert got[name].meta["path"] == ("shared-prefix" if metric == "generate" else
+                                          "per-condition")  # fmt: skip
+        gens.add(tuple(r["generation"] for r in want.records))
+    assert len(gens) > 3
+    assert count_hooks(tiny) == 0
+
+
+def test_left_padding_tokenizer_and_uncached_reference(tiny):
+    conds = _conditions(tiny, 1, 4.0)
+    ivs = list(conds.values())
+    ref, path = generate_conditions(tiny, PROMPTS, ivs, max_new_tokens=5, cache=False)
+    assert path == "per-condition"
+    side = tiny.tokenizer.padding_side
+    for pad in ("left", "right"):
+        tiny.tokenizer.padding_side = pad
+        try:
+            got, path = generate_conditions(tiny, PROMPTS, ivs, max_new_tokens=5, batch_size=3)
+        finally:
+            tiny.tokenizer.padding_side = side
+        assert path == "shared-prefix" and got == ref, pad
+    for c, iv in enumerate(ivs):
+        assert greedy_generate(tiny, PROMPTS, max_new_tokens=5, intervention=iv) == ref[c]
+
+
+def test_refused_cache_falls_back_and_says_so(tiny, monkeypatch):
+    facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=3)
+    conds = _conditions(tiny, 1, 4.0)
+    shared = evaluate_conditions(tiny, facts, conds, max_new_tokens=4)
+    monkeypatch.setattr(prefix_mod, "prefix_reuse_supported", lambda model, length: False)
+    monkeypatch.setattr(ev, "shared_decoding_supported", prefix_mod.shared_decoding_supported)
+    old = evaluate_conditions(tiny, facts, conds, max_new_tokens=4)
+    for name in conds:
+        assert old[name].meta["path"] == "per-condition"
+        assert old[name].records == shared[name].records
+    hooks = evaluate_conditions(tiny, facts, conds, max_new_tokens=4, fwd_hooks=[
+        ("blocks.0.hook_resid_pre", lambda t, hook: None)])  # fmt: skip
+    assert hooks["orig"].meta["path"] == "per-condition"
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_hooks_removed_after_an_error(tiny, shared):
+    facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=3)
+    conds = {"orig": None, "task": SteeringVector(_vec(tiny, 0, 1.0), 1), "boom": _Boom()}
+    with pytest.raises(RuntimeError, match="boom"):
+        evaluate_conditions(tiny, facts, conds, max_new_tokens=3, shared=shared)
+    assert count_hooks(tiny) == 0
+
+
+def test_rank_and_bad_input(tiny):
+    facts = FACTS
+    conds = {"orig": None, "task": SteeringVector(_vec(tiny, 0, 4.0), 1)}
+    got = evaluate_conditions(tiny, facts, conds, metric="rank")
+    for name, iv in conds.items():
+        want = evaluate_facts(tiny, facts, intervention=iv, metric="rank")
+        assert got[name].records == want.records
+    with pytest.raises(Exception, match="no conditions"):
+        evaluate_conditions(tiny, facts, {})
+
+
+@pytest.mark.slow
+def test_shared_prefix_logprobs_match_on_gemma(gemma):
+    """The first decoding step's log-probabilities from a shared prefix are those of the full
+    prompt pass (within 1e-4) for right-padded rows of several lengths."""
+    b = encode(gemma, ["The capital of France is", "La capitale de l'Allemagne est la ville de"])
+    iv = SteeringVector(_vec(gemma, 0, 8.0), 6)
+    seen: dict[str, list[torch.Tensor]] = {"full": [], "shared": []}
+
+    def grab(key):
+        def choose(logits):
+            seen[key].append(torch.log_softmax(logits.float(), -1))
+            return logits.argmax(-1)
+
+        return choose
+
+    hooks = iv.fwd_hooks(gemma)
+    path = kv_cache_path(gemma)
+    full = decode_cached(gemma, b, max_new_tokens=3, fwd_hooks=hooks, choose=grab("full"),
+                         path=path)  # fmt: skip
+    rec = record_head(gemma, b, 1)  # every row but its last token, right-padded
+    cache = cache_upto(gemma, rec, torch.arange(b.batch_size), b.tokens.shape[1] - 1)
+    shared = decode_cached(gemma, TokenBatch(b.tokens, b.lengths, b.pad_id, b.has_bos),
+                           max_new_tokens=3, fwd_hooks=hooks, choose=grab("shared"), path=path,
+                           prefix=(cache, 1))  # fmt: skip
+    assert shared == full
+    for a, c in zip(seen["full"], seen["shared"], strict=True):
+        assert float((a - c).abs().max()) < 1e-4
+
+
+@pytest.mark.slow
+def test_default_protocol_conditions_equal_on_gemma(gemma):
+    """The test conditions of the protocol (orig, task, diff, both, random controls) and a
+    language gate: every record equal to scoring each condition alone."""
+    facts = load_facts(langs=["en", "fr", "de", "ja"], relations=["capital"], limit=6)
+    scale = 30.0
+    task = SteeringVector(_vec(gemma, 1, scale), 9, 1.0)
+    diff = SteeringVector(_vec(gemma, 2, scale), 12, 1.0)
+    conds: dict[str, Intervention | None] = {"orig": None, "task": task, "diff": diff,
+                                             "both": task + diff}  # fmt: skip
+    for s in range(3):
+        conds[f"random_s{s}"] = SteeringVector(_vec(gemma, 20 + s, scale), 9) + SteeringVector(
+            _vec(gemma, 30 + s, scale), 12
+        )
+    conds["gated"] = Gated(task + diff, {"en"}, exclude=True)
+    conds["last+generated"] = SteeringVector(_vec(gemma, 3, scale), 9, positions="last+generated")
+    got = evaluate_conditions(gemma, facts, conds, max_new_tokens=6, batch_size=16)
+    gens = set()
+    for name, iv in conds.items():
+        want = evaluate_facts(gemma, facts, intervention=iv, max_new_tokens=6, batch_size=16)
+        assert got[name].records == want.records, name
+        assert got[name].meta["path"] == "shared-prefix"
+        gens.add(tuple(r["generation"] for r in want.records))
+    assert len(gens) > 3
+    assert count_hooks(gemma) == 0
+
+
+def _per_condition(monkeypatch) -> None:
+    """Every batch decoded one condition at a time (the path before shared prefixes)."""
+    monkeypatch.setattr(ev, "shared_decoding_supported", lambda *a: False)
+
+
+def test_protocol_and_transfer_equal_the_per_condition_path(tiny, monkeypatch):
+    from mechlingo.analyses import protocol, repair, transfer
+    from mechlingo.data.splits import split_facts
+
+    facts = load_facts(langs=["en", "fr", "de"], relations=["capital", "language"], limit=24,
+                       templates="natural")  # fmt: skip
+    build = split_facts(facts, (0.4, 0.2, 0.4))["build"]
+    vectors = repair.build_repair_vectors(tiny, build, k_shot=2)
+    kw = {"task_layers": [0, 1], "diff_layers": [1], "task_alphas": [0.5, 2.0],
+          "diff_alphas": [1.0, 4.0], "top_k": 2, "screen_ids": 3, "seeds": [0, 1],
+          "max_new_tokens": 3}  # fmt: skip
+    tkw = {"build_ids": 3, "screen_ids": 2, "dev_ids": 2, "test_ids": 2, "layers": [0, 1],
+           "alphas": [0.5, 2.0], "k_shot": 2, "max_new_tokens": 2}  # fmt: skip
+    res = protocol.run_protocol(tiny, facts, vectors, **kw)
+    assert {r.meta["path"] for r in res.test.results.values()} == {"shared-prefix"}
+    shared = res.summary()
+    matrix = transfer.transfer_matrix(tiny, facts, by="relation", **tkw).to_json()
+    with monkeypatch.context() as m:
+        _per_condition(m)
+        alone = protocol.run_protocol(tiny, facts, vectors, **kw).summary()
+        matrix_alone = transfer.transfer_matrix(tiny, facts, by="relation", **tkw).to_json()
+    assert len(shared["sweep"]["rows"]) > 8
+    assert shared == alone
+    matrix["meta"].pop("seconds"), matrix_alone["meta"].pop("seconds")
+    assert matrix == matrix_alone
+
+
+RANK_RULES = [None, "last", "generated", "last+generated", -1, "all"]
+
+
+@pytest.mark.parametrize("tokens", ["sentence", "candidate"])
+def test_rank_shared_stems_equal_whole_rows(tiny, tokens):
+    """Each fact's stem run once and the candidates' tails against it: the scores of every
+    candidate within 1e-4 nats of running every row whole, the same token counts and
+    rankings, under interventions at several positions and a gate; the ``all`` rule edits
+    the stem, so it runs whole."""
+    facts = [f for f in FACTS if f.prompt]  # every fact has text before the mask
+    vec = _vec(tiny, 0, 4.0)
+    ivs = [None if r is None else SteeringVector(vec, 1, positions=r) for r in RANK_RULES]
+    ivs.append(Gated(SteeringVector(vec, 1), {"fr"}))
+    prefixes = [None, ["Q: a\nA: b\n"] * len(facts)]
+    changed = 0
+    for iv in ivs:
+        for pre in prefixes:
+            kw = {"intervention": iv, "tokens": tokens, "prefixes": pre, "batch_size": 3}
+            got = score_candidates(tiny, facts, **kw)
+            want = score_candidates(tiny, facts, shared=False, **kw)
+            expect = "full" if getattr(iv, "positions", None) == "all" else "shared-stem"
+            assert got.meta["path"] == expect and want.meta["path"] == "full"
+            assert got.n_tokens == want.n_tokens
+            for a, b in zip(got.ce, want.ce, strict=True):
+                assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-4
+                assert sorted(range(len(a)), key=a.__getitem__) == sorted(
+                    range(len(b)), key=b.__getitem__
+                )
+            base = score_candidates(tiny, facts, tokens=tokens, prefixes=pre)
+            changed += got.ce != base.ce
+    assert changed >= len(ivs)  # the interventions change the scores, so equality can fail
+    assert count_hooks(tiny) == 0
+
+
+@pytest.mark.slow
+def test_rank_shared_stems_on_gemma(gemma):
+    facts = [f for f in FACTS if f.prompt]
+    iv = SteeringVector(_vec(gemma, 0, 20.0), 6)
+    for i in (None, iv):
+        got = score_candidates(gemma, facts, intervention=i)
+        want = score_candidates(gemma, facts, intervention=i, shared=False)
+        assert got.meta["path"] == "shared-stem"
+        for a, b in zip(got.ce, want.ce, strict=True):
+            assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-4
+
+
+def test_greedy_next_in_row_chunks_is_the_plain_argmax(tiny):
+    """More rows than one screened arg-max chunk (stacked conditions): every row's token is
+    the float32 arg-max of its logits."""
+    from mechlingo.kernels.readout import _ARGMAX_ROWS, final_logits, greedy_next
+
+    g = torch.Generator().manual_seed(0)
+    resid = torch.randn(2 * _ARGMAX_ROWS + 7, int(tiny.cfg.d_model), generator=g)
+    assert torch.equal(greedy_next(tiny, resid), final_logits(tiny, resid).argmax(-1))
