@@ -66,7 +66,8 @@ from mechlingo.core.errors import InputError
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.core.version import __version__
-from mechlingo.data import LANGS, Fact, load_facts, parallel_sentences
+from mechlingo.data import LANGS, Fact, load_facts
+from mechlingo.data.natural_parallel import bundled_documents, bundled_parallel, split_by_documents
 from mechlingo.data.splits import split_facts, take_per_lang
 from mechlingo.interventions import load_intervention
 from mechlingo.kernels.ranking import auroc_and_average_precision
@@ -175,23 +176,39 @@ def _lu_facts(facts: Sequence[Fact] | None, cfg: Mapping[str, Any], section: str
     return load_facts(langs=langs, relations=rels, limit=sec.get("limit"), templates="natural")
 
 
-def _parallel(parallel: Mapping[str, Sequence[str]] | None, cfg: Mapping[str, Any]) -> dict:
+def _parallel(
+    parallel: Mapping[str, Sequence[str]] | None,
+    cfg: Mapping[str, Any],
+    docs: Sequence[str] | None = None,
+) -> dict:
     """The parallel sentences of the Sundar stages, split into the lines that find the
     experts, the held-out lines of the k curve, and the evaluation lines (alignment and the
-    held-out AUROC), in this order and never overlapping."""
+    held-out AUROC), in this order, never overlapping and never sharing a document
+    (:func:`mechlingo.data.natural_parallel.split_by_documents`). Default: the bundled natural
+    NTREX-128 lines with their document ids; a user's ``parallel`` without ``docs``: every
+    line its own document. ``"docs"`` holds each part's document ids."""
     e = cfg["experts"]
-    texts = drop_empty_lines(parallel if parallel is not None else parallel_sentences(list(LANGS)))
+    if parallel is None:
+        parallel, docs = bundled_parallel(list(LANGS)), bundled_documents()
+    texts = drop_empty_lines(parallel)
     n = len(next(iter(texts.values()), []))
-    a, b = e["n_find"], e["n_find"] + e["n_heldout"]
-    c = min(n, b + e["n_eval"])
-    if c - b < 2 or a < 2:
+    if docs is None or len(docs) != n:  # no ids, or empty lines were dropped
+        docs = [str(i) for i in range(n)]
+    if e["n_find"] < 2:
+        raise InputError(f"the experts need at least 2 finding lines, got {e['n_find']}")
+    sizes = [e["n_find"], e["n_heldout"], e["n_eval"]]
+    cuts = split_by_documents(list(docs), sizes)
+    if cuts[2][1] - cuts[2][0] < 2:
         raise InputError(
-            f"the parallel data has {n} lines; the experts need {a} + {e['n_heldout']} + at "
-            f"least 2 evaluation lines per language",
+            f"the parallel data has {n} lines; the experts need {sizes[0]} + {sizes[1]} + at "
+            "least 2 evaluation lines per language, in separate documents",
             fix="pass more lines with --parallel, or a smaller budget",
         )
-    cut = {"find": (0, a), "heldout": (a, b), "eval": (b, c)}
-    return {part: {lg: s[i:j] for lg, s in texts.items()} for part, (i, j) in cut.items()}
+    cut = dict(zip(("find", "heldout", "eval"), cuts, strict=True))
+    out: dict[str, Any] = {part: {lg: s[i:j] for lg, s in texts.items()}
+                           for part, (i, j) in cut.items()}  # fmt: skip
+    out["docs"] = {part: list(docs[i:j]) for part, (i, j) in cut.items()}
+    return out
 
 
 # --------------------------------------------------------------------------------------
