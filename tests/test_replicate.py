@@ -17,10 +17,7 @@ from mechlingo.analyses.claims import (
     HOLDS,
     NOT_HOLDS,
     NOT_TESTABLE,
-    Claim,
-    Interval,
     headroom_lowest_language,
-    judge,
 )
 from mechlingo.core.stages import Stages
 from mechlingo.data import parallel_sentences
@@ -81,45 +78,6 @@ def _fake_transfer(fail: str | None = None):
 # --------------------------------------------------------------------------------------
 # The verdict rules on hand-made numbers
 # --------------------------------------------------------------------------------------
-
-UP = Claim("up", "p", "x", "", "", "s", "f")
-DOWN = Claim("down", "p", "x", "", "", "s", "f", direction=-1, threshold=0.1)
-NULL = Claim("null", "p", "x", "", "", "s", "f", kind="null")
-REL = Claim("rel", "p", "x", "", "", "s", "f", threshold=0.35)
-
-
-@pytest.mark.parametrize(
-    "claim,effect,control,want",
-    [
-        (UP, (0.2, 0.05, 0.35), None, HOLDS),
-        (UP, (0.2, -0.01, 0.35), None, NOT_HOLDS),  # straddles 0
-        (UP, (0.2, 0.05, 0.35), (0.1, -0.1, 0.2), HOLDS),  # control straddles 0
-        (UP, (0.2, 0.05, 0.35), (0.1, 0.01, 0.2), NOT_HOLDS),  # the control does it too
-        (UP, (0.2, 0.05, 0.35), (-0.3, -0.5, -0.1), HOLDS),  # control the other way
-        (UP, (-0.2, -0.35, -0.05), None, NOT_HOLDS),  # the opposite direction
-        (DOWN, (0.05, 0.02, 0.09), None, HOLDS),  # below 0.1
-        (DOWN, (0.05, 0.02, 0.11), None, NOT_HOLDS),
-        (NULL, (0.01, -0.05, 0.07), None, HOLDS),  # no detectable rise
-        (NULL, (0.1, 0.02, 0.2), None, NOT_HOLDS),  # a rise
-        (NULL, (-0.1, -0.2, -0.02), None, HOLDS),  # a fall is not a rise
-        (REL, (0.5, 0.36, 0.7), (0.0, -0.1, 0.1), HOLDS),
-        (REL, (0.5, 0.30, 0.7), (0.0, -0.1, 0.1), NOT_HOLDS),  # > 0 but not surely > 35%
-        (REL, (0.5, 0.36, 0.7), (0.2, 0.05, 0.3), NOT_HOLDS),  # control > 0 (threshold 0)
-    ],
-)
-def test_verdict_rules(claim, effect, control, want):
-    eff = Interval(*effect, n=40)
-    ctl = None if control is None else Interval(*control, n=40)
-    verdict, reason = judge(claim, eff, ctl)
-    assert verdict == want, reason
-
-
-def test_untestable_and_missing_intervals():
-    assert judge(UP, None)[0] == NOT_TESTABLE
-    assert judge(UP, Interval(0.1, None, None, 5))[0] == NOT_TESTABLE
-    assert judge(UP, Interval(0.0, 0.0, 0.0, 0))[0] == NOT_TESTABLE  # no items
-    v, why = judge(UP, Interval(0.2, 0.1, 0.3, 9), untestable="no headroom")
-    assert (v, why) == (NOT_TESTABLE, "no headroom")
 
 
 def test_headroom_rule_on_hand_made_outcomes():

@@ -53,8 +53,8 @@ from mechlingo.analyses.claims import (
     SUNDAR,
     Claim,
     ClaimsCard,
-    Interval,
     error_row,
+    finalize,
     headroom_lowest_language,
     make_row,
 )
@@ -71,7 +71,7 @@ from mechlingo.data.natural_parallel import bundled_documents, bundled_parallel,
 from mechlingo.data.splits import split_facts, take_per_lang
 from mechlingo.interventions import load_intervention
 from mechlingo.kernels.ranking import auroc_and_average_precision
-from mechlingo.kernels.significance import paired_gain, wilson
+from mechlingo.kernels.significance import Interval, paired_gain, wilson
 
 __all__ = ["BUDGETS", "PAPERS", "STAGES", "budget_settings", "replicate"]
 
@@ -438,7 +438,7 @@ def _rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     w = wilson(sum(order), len(order))
     c1 = _claim("latent_english")
     row1 = make_row(
-        c1, Interval.of(w, "p"),
+        c1, _iv(w, "p"),
         untestable=None if order else "no non-English query whose English or L answer "
         "becomes decodable (rank <= max_rank) with distinct words",
         details=f"{sum(order)} of {len(order)} queries: English first",
@@ -448,13 +448,21 @@ def _rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     errors = sum(not r["correct"] for r in recs)
     c2 = _claim("recall_failures")
     row2 = make_row(
-        c2, Interval.of(wilson(rf, rf + tf), "p"),
+        c2, _iv(wilson(rf, rf + tf), "p"),
         untestable=None if rf + tf else "no recall or translation failures among the "
         "non-English queries",
         details=f"of {errors} non-English errors: {rf} recall failures, {tf} translation "
         f"failures, {errors - rf - tf} other (wrong language or L-only)",
     )  # fmt: skip
     return [row1, row2]
+
+
+def _iv(d: Mapping[str, Any] | None, est: str = "gain", n: str = "n") -> Interval | None:
+    """An :class:`Interval` from a result dict (``gain``/``p``/``mean``/``estimate``, ``lo``,
+    ``hi``, ``n``); ``None`` when absent."""
+    if not d:
+        return None
+    return Interval(d.get(est), d.get("lo"), d.get("hi"), int(d.get(n) or 0))
 
 
 def _non_english(outcomes: Mapping[str, Sequence[bool]]) -> list[bool]:
@@ -464,8 +472,8 @@ def _non_english(outcomes: Mapping[str, Sequence[bool]]) -> list[bool]:
 def _best_control(gains: Sequence[Mapping[str, Any] | None], est: str = "gain") -> Interval | None:
     """The random control most in favour of an effect (the highest lower bound): a claim
     holds only if no seed shows the effect."""
-    ivs = [Interval.of(g, est) for g in gains if g]
-    ivs = [i for i in ivs if i is not None and i.complete]
+    ivs = [_iv(g, est) for g in gains if g]
+    ivs = [i for i in ivs if i is not None and i.defined]
     return max(ivs, key=lambda i: i.lo) if ivs else None  # type: ignore[arg-type,return-value]
 
 
@@ -484,10 +492,10 @@ def _rows_repair(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for cid, cond in (("task_vector", "task"), ("diff_vector", "diff")):
         g = paired_gain(base, _non_english(out[cond]))
-        rows.append(make_row(_claim(cid), Interval.of(g), ctl, details=note))
+        rows.append(make_row(_claim(cid), _iv(g), ctl, details=note))
     rows.append(_row_lowest(data, seeds))
     pooled = paired_gain(base * len(seeds), [x for c in seeds for x in _non_english(out[c])])
-    rows.append(make_row(_claim("random_vector"), Interval.of(pooled),
+    rows.append(make_row(_claim("random_vector"), _iv(pooled),
                          details=f"{len(seeds)} seeds pooled"))  # fmt: skip
     return rows
 
@@ -502,9 +510,7 @@ def _row_lowest(data: Mapping[str, Any], seeds: Sequence[str]) -> dict[str, Any]
         return paired_gain(out["orig"][lg], out[cond][lg])
 
     lit = rel(literal, "both")
-    lit_text = (
-        "n/a" if lit is None or lit["relative"] is None else (Interval.of(_relative(lit)).text(2))
-    )  # type: ignore[union-attr]
+    lit_text = "n/a" if lit is None or lit["relative"] is None else (_iv(_relative(lit)).format(2))  # type: ignore[union-attr]
     details = (f"headroom rule ({low['headroom_rule']['rule']}): {lang}; literal rule "
                f"({low['literal_rule']}): {literal}, relative gain of both {lit_text}")  # fmt: skip
     claim = _claim("lowest_language")
@@ -519,7 +525,7 @@ def _row_lowest(data: Mapping[str, Any], seeds: Sequence[str]) -> dict[str, Any]
     g = rel(lang, "both")
     if g is None or g["relative"] is None:
         if g is not None:
-            details += f"; absolute gain of both in {lang}: {Interval.of(g).text()}"  # type: ignore[union-attr]
+            details += f"; absolute gain of both in {lang}: {_iv(g).format()}"  # type: ignore[union-attr]
         return make_row(
             claim,
             None,
@@ -528,7 +534,7 @@ def _row_lowest(data: Mapping[str, Any], seeds: Sequence[str]) -> dict[str, Any]
             details=details,
         )
     ctl = _best_control([_relative(rel(lang, c) or {}) for c in seeds])
-    return make_row(claim, Interval.of(_relative(g)), ctl, details=details,
+    return make_row(claim, _iv(_relative(g)), ctl, details=details,
                     extra={"lang": lang, "literal_lang": literal})  # fmt: skip
 
 
@@ -547,22 +553,22 @@ def _rows_transfer(cid: str, data: Mapping[str, Any]) -> list[dict[str, Any]]:
         ]
     cells.sort(key=lambda c: c["gain"]["estimate"])
     mid = cells[(len(cells) - 1) // 2]
-    eff = Interval.of({**mid["gain"], "n": mid.get("n")}, "estimate")
+    eff = _iv({**mid["gain"], "n": mid.get("n")}, "estimate")
     ctl = _best_control([{**c["control_gain"], "n": c.get("n")} for c in cells
                          if isinstance(c.get("control_gain"), Mapping)], "estimate")  # fmt: skip
-    per = "; ".join(f"{c['col']}: {Interval.of({**c['gain'], 'n': c.get('n')}, 'estimate').text(2)}"  # type: ignore[union-attr]
+    per = "; ".join(f"{c['col']}: {_iv({**c['gain'], 'n': c.get('n')}, 'estimate').format(2)}"  # type: ignore[union-attr]
                     for c in cells)  # fmt: skip
     return [make_row(claim, eff, ctl, details=f"median of {len(cells)} held-out cells ({per})")]
 
 
 def _rows_experts(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     a = data["auroc"]
-    rows = [make_row(_claim("experts_exist"), Interval.of(a, "estimate"),
-                     Interval.of(data["auroc_random"], "estimate"),
+    rows = [make_row(_claim("experts_exist"), _iv(a, "estimate"),
+                     _iv(data["auroc_random"], "estimate"),
                      details=f"top {a['k']} {data['target']} experts; {a['n_pos']} of "
                      f"{a['n']} held-out sentences in {data['target']}")]  # fmt: skip
     ov = data["overlap"]
-    rows.append(make_row(_claim("experts_disjoint"), Interval.of(ov["wilson"], "p"),
+    rows.append(make_row(_claim("experts_disjoint"), _iv(ov["wilson"], "p"),
                          details=f"k = {ov['k']}; chance {ov['chance']:.4f}"))  # fmt: skip
     rows.append(_row_steers(data))
     return rows
@@ -587,8 +593,8 @@ def _row_steers(data: Mapping[str, Any]) -> dict[str, Any]:
     none = next(r for r in rows if r["arm"] == "none")
     exp = next(r for r in rows if r["arm"] == "experts" and r["k"] == k)
     rnd = next((r for r in rows if r["arm"] == "random" and r["k"] == k), None)
-    eff = Interval.of(paired_gain(none["bos_hits"], exp["bos_hits"]))
-    ctl = None if rnd is None else Interval.of(paired_gain(none["bos_hits"], rnd["bos_hits"]))
+    eff = _iv(paired_gain(none["bos_hits"], exp["bos_hits"]))
+    ctl = None if rnd is None else _iv(paired_gain(none["bos_hits"], rnd["bos_hits"]))
     details += (f"; target rate {none['target_rate_bos']:.2f} -> {exp['target_rate_bos']:.2f} "
                 f"(random {rnd['target_rate_bos'] if rnd else float('nan'):.2f})")  # fmt: skip
     return make_row(claim, eff, ctl, details=details, extra={"k": k, "k_strict": strict["k"]})
@@ -605,13 +611,13 @@ def _rows_align(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     ret = ", ".join(f"{a} {m[a]['mean']:.3f}" for a in ("pre", "post", "control") if a in m)
     at = f"k = {data.get('k')}, layer {data['layer']}"
     return [
-        make_row(_claim("clamp_closer"), Interval.of(g["between_languages"]["post_vs_pre"]),
-                 Interval.of(g["between_languages"]["control_vs_pre"]),
+        make_row(_claim("clamp_closer"), _iv(g["between_languages"]["post_vs_pre"]),
+                 _iv(g["between_languages"]["control_vs_pre"]),
                  details=f"{at}; between languages pre -> post -> control {dist}; "
                  f"same/different-sentence ratio {ratio}"),
-        make_row(_claim("retrieval_improves"), Interval.of(g["retrieval"]["post_vs_pre"]),
-                 Interval.of(g["retrieval"]["control_vs_pre"]), details=f"{at}; top-1 {ret}"),
-        make_row(_claim("random_neurons"), Interval.of(g["retrieval"]["control_vs_pre"]),
+        make_row(_claim("retrieval_improves"), _iv(g["retrieval"]["post_vs_pre"]),
+                 _iv(g["retrieval"]["control_vs_pre"]), details=f"{at}; top-1 {ret}"),
+        make_row(_claim("random_neurons"), _iv(g["retrieval"]["control_vs_pre"]),
                  details=f"{at}; top-1 {ret}"),
     ]  # fmt: skip
 
@@ -656,7 +662,7 @@ def claim_rows(stages: Mapping[str, Any], papers: Sequence[str]) -> list[dict[st
         else:
             err = (data or {}).get("error", "the stage did not run")
             rows.append(error_row(c, err))
-    return rows
+    return finalize(rows)
 
 
 # --------------------------------------------------------------------------------------

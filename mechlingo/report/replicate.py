@@ -46,8 +46,10 @@ def replicate_report(card: ClaimsCard) -> Report:
         "Claims", f"{len(verdicts)}: " + ", ".join(f"{n} {v}" for v, n in sorted(tally.items()))
     )
     for r in card.rows[:4]:
-        v = r.get("value") if isinstance(r.get("value"), Mapping) else {}
+        v = (r.get("value") or {}).get("estimate") or {}
         est = fmt_interval(v.get("estimate"), v.get("lo"), v.get("hi"), v.get("n"))
+        if r.get("p_adjusted") is not None:
+            est += f", adjusted p = {r['p_adjusted']:.3g}"
         report.add_headline(f"{r['id']}: {r['verdict']}", est)
     report.parts.append(f"<style>{_CSS}</style>")
     report.parts.append(card.table_html())
