@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,9 +38,10 @@ from mechlingo.analyses.lens import lens_facts
 from mechlingo.analyses.patching import patch_activations
 from mechlingo.analyses.patching.metrics import fact_metrics
 from mechlingo.analyses.repair import SteeringConfig
-from mechlingo.analyses.scoring import gold_indices, rankc_fact
+from mechlingo.analyses.scoring import rankc_fact
 from mechlingo.analyses.tuned_lens import mix_texts, train_tuned_lens
 from mechlingo.core.errors import InputError
+from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 from mechlingo.data.candidates import with_candidates
@@ -91,8 +92,11 @@ def _gold_logshare(rec: Mapping[str, Any]) -> float | None:
     if not scores:
         return None
     x = -np.asarray(scores, dtype=float)
-    golds = {a.strip() for a in [rec.get("answer", "")]}
-    idx = [i for i, c in enumerate(rec.get("candidates") or []) if c.strip() in golds]
+    gold = str(rec.get("answer", "")).strip()
+    idx = {i for i, c in enumerate(rec.get("candidates") or []) if c.strip() == gold}
+    if rec.get("gold_rank") and rec.get("ranking"):  # the best gold (an alias counts too)
+        idx.add(int(rec["ranking"][int(rec["gold_rank"]) - 1]))
+    idx = sorted(idx)
     if not idx:
         return None
     top = x.max()
@@ -375,8 +379,14 @@ def rows_decoders(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         for x in items:
             per.setdefault(x["lang"], []).append(x["en_first"])
         txt = ", ".join(f"{lg} {sum(v)}/{len(v)}" for lg, v in sorted(per.items()))
-        rows.append(make_row(claim, t, details=f"English first per language: {txt}",
-                             extra={"per_lang": {lg: [sum(v), len(v)] for lg, v in per.items()}}))
+        rows.append(
+            make_row(
+                claim,
+                t,
+                details=f"English first per language: {txt}",
+                extra={"per_lang": {lg: [sum(v), len(v)] for lg, v in per.items()}},
+            )
+        )
     return rows
 
 
@@ -457,8 +467,10 @@ def rows_conversion(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         band += d["band_effect"]
         ctl += d["control_effect"]
         ids += [f"{i}" for i in d["ids"]]
-        per.append(f"{lang}: band {d['band'][0]}-{d['band'][-1]}, "
-                   f"{np.mean(d['band_effect']):+.2f} vs {np.mean(d['control_effect']):+.2f} nats")
+        per.append(
+            f"{lang}: band {d['band'][0]}-{d['band'][-1]}, "
+            f"{np.mean(d['band_effect']):+.2f} vs {np.mean(d['control_effect']):+.2f} nats"
+        )
     if len(band) < 2:
         return [make_row(claim, None, untestable="no language with a conversion band and two "
                          "prompt pairs (" + "; ".join(per) + ")")]  # fmt: skip
@@ -505,6 +517,9 @@ def stage_external(model: Model, bundled: list[Fact], external: list[Fact], metr
 
 
 def rows_external(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    if "untestable" in data:
+        return [make_row(_claim(c), None, untestable=data["untestable"])
+                for c in ("external_task", "external_diff", "external_both")]  # fmt: skip
     items = data["items"]
     seeds = [c for c in items if c.startswith("random_s")]
     runs = [_paired(items, "orig", s) for s in seeds]
@@ -526,7 +541,51 @@ def rows_external(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def untestable_external(reason: str) -> list[dict[str, Any]]:
-    """The external rows when no benchmark was given."""
-    return [make_row(_claim(c), None, untestable=reason)
-            for c in ("external_task", "external_diff", "external_both")]  # fmt: skip
+# --------------------------------------------------------------------------------------
+# Registration (called by mechlingo.analyses.replicate)
+# --------------------------------------------------------------------------------------
+
+
+def trace_classes(stages: Stages) -> dict[str, Any]:
+    """``{"classes": {"<id>|<lang>": tracer class}}`` of the finished trace stage (the repair
+    test items on the unsteered model), or ``{}`` when it did not finish."""
+    if not stages.done("trace"):
+        return {}
+    recs = stages.load("trace")["records"]
+    return {"classes": {f"{r['id']}|{r['lang']}": r["class"] for r in recs}}
+
+
+def _trace(stages: Stages) -> Mapping[str, Any]:
+    if not stages.done("trace"):
+        raise InputError("the trace stage did not finish: the conversion band comes from it")
+    return stages.load("trace")
+
+
+def stage_fns(
+    model: Model,
+    lu_facts: Callable[[str], list[Fact]],
+    parallel: Callable[[], Mapping[str, Any]],
+    cfg: Mapping[str, Any],
+    stages: Stages,
+    external: tuple[Sequence[Fact], str] | None,
+    progress: bool,
+) -> dict[str, tuple[Callable[..., Any], bool]]:
+    """The new Lu stages of :func:`mechlingo.analyses.replicate.replicate`: ``decoders``,
+    ``conversion`` and ``external`` (``{"untestable": ...}`` without a benchmark)."""
+
+    def ext() -> dict[str, Any]:
+        if external is None:
+            return {"untestable": "no benchmark given (--facts DIR with a BMLAMA or KLAR "
+                    "folder adds these rows)"}  # fmt: skip
+        if not stages.done("repair"):
+            raise InputError("the repair stage did not finish: its choice is what transfers")
+        return stage_external(model, lu_facts("repair"), list(external[0]), external[1],
+                              stages.load("repair"), cfg, progress)  # fmt: skip
+
+    return {
+        "decoders": (lambda: stage_decoders(model, lu_facts("trace"), parallel()["find"], cfg,
+                                            progress), False),
+        "conversion": (lambda: stage_conversion(model, lu_facts("trace"), _trace(stages), cfg),
+                       False),
+        "external": (ext, False),
+    }  # fmt: skip

@@ -45,8 +45,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from mechlingo.analyses import protocol, repair
-from mechlingo.analyses.align import compare_alignment, drop_empty_lines
+from mechlingo.analyses import card_lu, card_sundar, protocol, repair
+from mechlingo.analyses.align import compare_alignment
 from mechlingo.analyses.claims import (
     CLAIMS,
     LU,
@@ -67,7 +67,6 @@ from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.core.version import __version__
 from mechlingo.data import LANGS, Fact, load_facts
-from mechlingo.data.natural_parallel import bundled_documents, bundled_parallel, split_by_documents
 from mechlingo.data.splits import split_facts, take_per_lang
 from mechlingo.interventions import load_intervention
 from mechlingo.kernels.ranking import auroc_and_average_precision
@@ -78,8 +77,11 @@ __all__ = ["BUDGETS", "PAPERS", "STAGES", "budget_settings", "replicate"]
 #: Bumped when a stage computes something different: old stored results are not reused.
 STAGE_VERSION = 1
 
-PAPERS = {LU: ("trace", "repair", "transfer_relation", "transfer_lang"),
+PAPERS = {LU: ("trace", "repair", "transfer_relation", "transfer_lang", "decoders",
+               "conversion", "external"),
           SUNDAR: ("experts", "align")}  # fmt: skip
+#: ``replicate(metric=...)``: how the Lu stages score facts (see ``docs/replicate.md``).
+METRICS = ("generate", "rank", "klar")
 STAGES = (*PAPERS[LU], *PAPERS[SUNDAR])
 
 _QUICK: dict[str, Any] = {
@@ -98,7 +100,9 @@ _QUICK: dict[str, Any] = {
                             "alphas": [0.28, 0.6]}},
     "experts": {"target": "es", "n_find": 32, "n_heldout": 4, "ks": [50, 500],
                 "samples": 16, "new_tokens": 12, "max_tokens": 24, "n_eval": 32,
-                "ppl_budget": 2.0, "n_boot": 200},
+                "ppl_budget": 2.0, "n_boot": 200, "eval_per_doc": 4},
+    "candidates": 4, "decoders": {"tuned_seconds": 30, "tuned_steps": 12},
+    "conversion": {"langs": ["fr", "ru", "ja"], "n_prompts": 3}, "external": {"per_lang": 24},
 }  # fmt: skip
 _FULL: dict[str, Any] = {
     "lu_langs": list(LANGS),
@@ -116,7 +120,9 @@ _FULL: dict[str, Any] = {
                             "alphas": [0.28, 0.6]}},
     "experts": {"target": "es", "n_find": 60, "n_heldout": 6, "ks": [50, 200, 500, 2000],
                 "samples": 24, "new_tokens": 16, "max_tokens": 24, "n_eval": 60,
-                "ppl_budget": 2.0, "n_boot": 500},
+                "ppl_budget": 2.0, "n_boot": 500, "eval_per_doc": 5},
+    "candidates": 4, "decoders": {"tuned_seconds": 90, "tuned_steps": 30},
+    "conversion": {"langs": ["fr", "es", "ru", "ja", "hi"], "n_prompts": 4}, "external": {"per_lang": 40},
 }  # fmt: skip
 #: The settings of each budget (see ``docs/replicate.md`` for the measured run times).
 BUDGETS: dict[str, dict[str, Any]] = {"quick": _QUICK, "full": _FULL}
@@ -167,48 +173,17 @@ def _facts_hash(facts: Sequence[Fact] | None) -> str | None:
 
 def _lu_facts(facts: Sequence[Fact] | None, cfg: Mapping[str, Any], section: str) -> list[Fact]:
     """The facts of one Lu stage: the user's (every language and relation, at most
-    ``limit`` ids per relation when the section has one) or the bundled natural stems."""
+    ``limit`` ids per relation when the section has one) or the bundled natural stems, with
+    BMLAMA-style candidates under ``metric = "rank"``; the trace reads the repair test items."""
+    if section == "trace":  # the tracer reads the repair stage's test items (their classes)
+        return card_lu.repair_split(_lu_facts(facts, cfg, "repair"), cfg)[2]
     sec = cfg.get(section, {})
     if facts is not None:
-        return take_per_lang(list(facts), sec.get("limit"))
+        return card_lu.prepare_facts(take_per_lang(list(facts), sec.get("limit")), cfg)
     langs = sec.get("langs") or cfg["lu_langs"]
     rels = sec.get("relations") or ["capital"]
-    return load_facts(langs=langs, relations=rels, limit=sec.get("limit"), templates="natural")
-
-
-def _parallel(
-    parallel: Mapping[str, Sequence[str]] | None,
-    cfg: Mapping[str, Any],
-    docs: Sequence[str] | None = None,
-) -> dict:
-    """The parallel sentences of the Sundar stages, split into the lines that find the
-    experts, the held-out lines of the k curve, and the evaluation lines (alignment and the
-    held-out AUROC), in this order, never overlapping and never sharing a document
-    (:func:`mechlingo.data.natural_parallel.split_by_documents`). Default: the bundled natural
-    NTREX-128 lines with their document ids; a user's ``parallel`` without ``docs``: every
-    line its own document. ``"docs"`` holds each part's document ids."""
-    e = cfg["experts"]
-    if parallel is None:
-        parallel, docs = bundled_parallel(list(LANGS)), bundled_documents()
-    texts = drop_empty_lines(parallel)
-    n = len(next(iter(texts.values()), []))
-    if docs is None or len(docs) != n:  # no ids, or empty lines were dropped
-        docs = [str(i) for i in range(n)]
-    if e["n_find"] < 2:
-        raise InputError(f"the experts need at least 2 finding lines, got {e['n_find']}")
-    sizes = [e["n_find"], e["n_heldout"], e["n_eval"]]
-    cuts = split_by_documents(list(docs), sizes)
-    if cuts[2][1] - cuts[2][0] < 2:
-        raise InputError(
-            f"the parallel data has {n} lines; the experts need {sizes[0]} + {sizes[1]} + at "
-            "least 2 evaluation lines per language, in separate documents",
-            fix="pass more lines with --parallel, or a smaller budget",
-        )
-    cut = dict(zip(("find", "heldout", "eval"), cuts, strict=True))
-    out: dict[str, Any] = {part: {lg: s[i:j] for lg, s in texts.items()}
-                           for part, (i, j) in cut.items()}  # fmt: skip
-    out["docs"] = {part: list(docs[i:j]) for part, (i, j) in cut.items()}
-    return out
+    loaded = load_facts(langs=langs, relations=rels, limit=sec.get("limit"), templates="natural")
+    return card_lu.prepare_facts(loaded, cfg)
 
 
 # --------------------------------------------------------------------------------------
@@ -272,7 +247,7 @@ def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progr
         raise InputError("a split of the repair facts is empty (build, dev or test)",
                          fix="give more facts (a larger budget or more ids per relation)")  # fmt: skip
     kw = {"max_new_tokens": r["max_new_tokens"], "batch_size": cfg.get("batch_size", 64),
-          "progress": progress}  # fmt: skip
+          "progress": progress, "metric": card_lu.metric_of(cfg)}  # fmt: skip
     vectors = repair.build_repair_vectors(
         model, build, k_shot=r["k_shot"], translation_shots=r["translation_shots"],
         batch_size=cfg.get("batch_size", 16), progress=progress,
@@ -297,6 +272,7 @@ def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progr
                    "literal_rule": "protocol.lowest_language_dev: the non-English language "
                    "with the lowest dev zero-shot accuracy (ties: lower few-shot)"},
         "outcomes": {c: _by_lang(er) for c, er in res.results.items()},
+        "items": card_lu.item_records(res.results),
         "n_ids": {k: len({f.id for f in v}) for k, v in (("build", build), ("dev", dev),
                                                           ("test", test))},
     }  # fmt: skip
@@ -322,7 +298,8 @@ def _stage_transfer(
         m["layers"] = _layers(m.pop("layer_fractions"), int(model.cfg.n_layers))
     tm = mod.transfer_matrix(
         model, facts, by=by, seed=0, progress=progress, max_new_tokens=t["max_new_tokens"],
-        batch_size=cfg.get("batch_size", 64), stats=built.get("stats"), **m,
+        batch_size=cfg.get("batch_size", 64), stats=built.get("stats"),
+        metric=card_lu.metric_of(cfg), **m,
     )  # fmt: skip
     built["stats"] = tm.stats
     out = tm.to_json()
@@ -418,6 +395,7 @@ def _stage_align(
     summary = comp.summary()
     summary["intervals"] = comp.intervals()
     summary["k"] = iv.meta.get("build", {}).get("k") if hasattr(iv, "meta") else None
+    summary["details"] = card_sundar.align_details(comp, texts.get("docs", {}).get("eval"))
     return summary
 
 
@@ -626,14 +604,27 @@ def _claim(cid: str) -> Claim:
     return next(c for c in CLAIMS if c.id == cid)
 
 
-_ROWS: dict[str, Callable[[Mapping[str, Any]], list[dict[str, Any]]]] = {
-    "trace": _rows_trace,
-    "repair": _rows_repair,
-    "transfer_relation": lambda d: _rows_transfer("independent_relations", d),
-    "transfer_lang": lambda d: _rows_transfer("independent_languages", d),
-    "experts": _rows_experts,
-    "align": _rows_align,
-}
+def _rows_repair_all(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    rows = _rows_repair(data)
+    card_lu.attach_logprob(rows, data)
+    return rows
+
+
+#: ``(stage, row builder)``; a builder that fails turns its stage's not yet built rows into
+#: error rows (the other builders of the stage keep theirs).
+_ROWS: tuple[tuple[str, Callable[[Mapping[str, Any]], list[dict[str, Any]]]], ...] = (
+    ("trace", _rows_trace),
+    ("repair", _rows_repair_all),
+    ("repair", card_lu.rows_repair_extra),
+    ("transfer_relation", lambda d: _rows_transfer("independent_relations", d)),
+    ("transfer_lang", lambda d: _rows_transfer("independent_languages", d)),
+    ("decoders", card_lu.rows_decoders),
+    ("conversion", card_lu.rows_conversion),
+    ("external", card_lu.rows_external),
+    ("experts", _rows_experts),
+    ("align", _rows_align),
+    ("align", card_sundar.rows_align_extra),
+)
 
 
 def claim_rows(stages: Mapping[str, Any], papers: Sequence[str]) -> list[dict[str, Any]]:
@@ -641,7 +632,7 @@ def claim_rows(stages: Mapping[str, Any], papers: Sequence[str]) -> list[dict[st
     for a failed stage), in the order of :data:`~mechlingo.analyses.claims.CLAIMS`. A row
     builder that fails on a result also becomes an error row."""
     built: dict[str, dict[str, Any]] = {}
-    for name, fn in _ROWS.items():
+    for name, fn in _ROWS:
         data = stages.get(name)
         if data is None or "error" in data:
             continue
@@ -650,7 +641,7 @@ def claim_rows(stages: Mapping[str, Any], papers: Sequence[str]) -> list[dict[st
                 built[row["id"]] = row
         except Exception as err:  # a result this code cannot read: the rows say so
             for c in CLAIMS:
-                if c.stage == name:
+                if c.stage == name and c.id not in built:
                     built[c.id] = error_row(c, f"reading the {name} result: {err!r}")
     rows = []
     for c in CLAIMS:
@@ -685,6 +676,8 @@ def _stage_fns(
     cfg: Mapping[str, Any],
     stages: Stages,
     progress: bool,
+    external: tuple[Sequence[Fact], str] | None = None,
+    documents: Sequence[str] | None = None,
 ) -> dict[str, tuple[Callable[..., Any], bool]]:
     """``{stage: (fn, takes a folder)}``; the data of each stage is loaded when it runs."""
     texts: dict[str, Any] = {}
@@ -692,14 +685,17 @@ def _stage_fns(
 
     def par() -> dict:
         if not texts:
-            texts.update(_parallel(parallel, cfg))
+            texts.update(card_sundar.parallel_parts(parallel, cfg, documents))
         return texts
+
+    extra = card_lu.stage_fns(model, lambda s: _lu_facts(facts, cfg, s), par, cfg, stages,
+                              external, progress)  # fmt: skip
 
     return {
         "trace": (lambda: _stage_trace(model, _lu_facts(facts, cfg, "trace"), cfg, progress),
                   False),
-        "repair": (lambda: _stage_repair(model, _lu_facts(facts, cfg, "repair"), cfg, progress),
-                   False),
+        "repair": (lambda: {**_stage_repair(model, _lu_facts(facts, cfg, "repair"), cfg,
+                                            progress), **card_lu.trace_classes(stages)}, False),
         "transfer_relation": (lambda: _stage_transfer(
             model, _lu_facts(facts, cfg, "transfer"), cfg, "relation", progress, built), False),
         "transfer_lang": (lambda: _stage_transfer(
@@ -707,6 +703,7 @@ def _stage_fns(
         "experts": (lambda tmp: _stage_experts(model, par(), cfg, progress, tmp), True),
         "align": (lambda: _stage_align(model, par(), cfg, stages.path("experts"), progress),
                   False),
+        **extra,
     }  # fmt: skip
 
 
@@ -735,6 +732,10 @@ def replicate(
     work: str | Path | None = None,
     settings: Mapping[str, Any] | None = None,
     progress: bool = False,
+    metric: str = "generate",
+    external: Sequence[Fact] | None = None,
+    external_metric: str = "rank",
+    documents: Sequence[str] | None = None,
 ) -> ClaimsCard:
     """Check the papers' claims on ``model``: one row per claim with the paper's number,
     mechlingo's number (n, 95% interval), a verdict by a fixed rule and the figure.
@@ -752,22 +753,34 @@ def replicate(
             folder, removed at the end.
         settings: overrides of the budget's settings (:func:`budget_settings`).
         progress: show a progress bar over the stages and each analysis's own bars.
+        metric: how the Lu stages score facts: ``"generate"`` (greedy generation, the eval
+            rule), ``"rank"`` (P@1 of candidate ranking; bundled facts get BMLAMA-style
+            candidates) or ``"klar"`` (see ``docs/replicate.md``).
+        external: a benchmark's facts for the external-transfer rows (vectors and settings
+            chosen on the bundled data, applied unchanged), scored with ``external_metric``.
+        documents: the document id of every ``parallel`` line (the split never cuts a
+            document; alignment rows resample documents).
 
     Returns:
         A :class:`~mechlingo.analyses.claims.ClaimsCard`.
     """
     papers = _papers(paper)
-    cfg = budget_settings(budget, settings)
+    if metric not in METRICS:
+        raise InputError(f"metric must be one of {list(METRICS)}, got {metric!r}")
+    cfg = budget_settings(budget, {**dict(settings or {}), "metric": metric})
     key = {
         "model": {**model_info(model), "weights_fingerprint": weights_fingerprint(model)},
         "data": {"facts": _facts_hash(facts), "parallel": None if parallel is None else
-                 _hash(parallel)},
+                 _hash([parallel, documents]),
+                 "external": None if external is None else [_facts_hash(external),
+                                                            external_metric]},
         "settings": cfg, "stage_version": STAGE_VERSION,
     }  # fmt: skip
     tmp = None if work is not None else tempfile.mkdtemp(prefix="mechlingo-replicate-")
     stages = Stages(work if work is not None else tmp, key)  # type: ignore[arg-type]
     try:
-        fns = _stage_fns(model, facts, parallel, cfg, stages, progress)
+        ext = None if external is None else (list(external), external_metric)
+        fns = _stage_fns(model, facts, parallel, cfg, stages, progress, ext, documents)
         names = [s for p in papers for s in PAPERS[p]]
         results: dict[str, Any] = {}
         timing: dict[str, Any] = {}

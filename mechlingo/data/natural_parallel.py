@@ -79,32 +79,42 @@ def read_documents(folder: str | Path, n_lines: int) -> list[str] | None:
     return ids
 
 
-def split_by_documents(docs: Sequence[str], sizes: Sequence[int]) -> list[tuple[int, int]]:
-    """Consecutive line ranges ``[(start, end), ...]``, one per size, that never share a
-    document: part ``p`` starts at the first document boundary at or after the end of part
-    ``p - 1`` and takes at most ``sizes[p]`` lines (fewer when the lines run out); lines of a
-    document cut by a part's end are used by no later part.
+def split_by_documents(
+    docs: Sequence[str], sizes: Sequence[int], per_doc: Sequence[int | None] | None = None
+) -> list[list[int]]:
+    """Line indices of consecutive parts, one per size, that never share a document: part
+    ``p`` takes whole documents in order, starting at the first document no earlier part
+    touched, and from each at most ``per_doc[p]`` lines (its first ones; ``None``: all), until
+    it has ``sizes[p]`` lines or the documents run out. Lines of a document cut short are used
+    by no later part. A cap per document gives an evaluation part more independent documents.
 
     Args:
         docs: the document id of every line (runs of one id are one document).
         sizes: the wanted number of lines of each part, in order.
+        per_doc: the cap of lines per document of each part (default: no cap).
 
     Raises:
         InputError: a part would be empty (the text is too short for the sizes).
     """
     starts = [i for i in range(len(docs)) if i == 0 or docs[i] != docs[i - 1]]
-    out: list[tuple[int, int]] = []
-    end = 0
+    spans = list(zip(starts, [*starts[1:], len(docs)], strict=True))
+    caps = list(per_doc) if per_doc is not None else [None] * len(sizes)
+    out: list[list[int]] = []
+    d = 0
     for p, size in enumerate(sizes):
-        start = next((s for s in starts if s >= end), len(docs))
-        end = min(len(docs), start + int(size))
-        if end <= start:
+        part: list[int] = []
+        while d < len(spans) and len(part) < size:
+            a, b = spans[d]
+            take = b - a if caps[p] is None else min(b - a, int(caps[p]))  # type: ignore[arg-type]
+            part.extend(range(a, a + min(take, size - len(part))))
+            d += 1
+        if not part:
             raise InputError(
-                f"the parallel text has {len(docs)} lines in {len(starts)} documents: too few "
+                f"the parallel text has {len(docs)} lines in {len(spans)} documents: too few "
                 f"for parts of {list(sizes)} lines that share no document (part {p} is empty)",
                 fix="pass more lines with --parallel, or a smaller budget",
             )
-        out.append((start, end))
+        out.append(part)
     return out
 
 
