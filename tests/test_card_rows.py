@@ -374,7 +374,11 @@ def test_facts_dir_benchmark_adds_external_rows(tiny_dir, tmp_path, monkeypatch)
     from tests.test_replicate import TINY, _fake_transfer
 
     monkeypatch.setitem(sys.modules, "mechlingo.analyses.transfer", _fake_transfer())
-    settings = {**TINY, "decoders": {"tuned_seconds": 0}, "conversion": {"langs": []}}
+    settings = {
+        **TINY,
+        "decoders": {"per_lang": 2},
+        "conversion": {"langs": ["fr"], "n_prompts": 2},
+    }
     out = tmp_path / "out"
     args = ["replicate", "--model", str(tiny_dir), "--paper", "lu2025", "--facts", str(FIXTURE),
             "--settings", json.dumps(settings), "--out", str(out), "--quiet"]  # fmt: skip
@@ -390,3 +394,6 @@ def test_facts_dir_benchmark_adds_external_rows(tiny_dir, tmp_path, monkeypatch)
         assert r["value"]["estimate"]["n"] == 16 and r["value"]["n_clusters"] == 8
         assert r["control"] is not None and r["vs_control"] is not None
         assert "metric rank" in r["details"]
+    for cid in ("latent_english_logit", "latent_english_patchscope", "conversion_causal"):
+        assert rows[cid]["verdict"] != "error", rows[cid]
+    assert rows["latent_english_tuned"]["verdict"] == NOT_TESTABLE

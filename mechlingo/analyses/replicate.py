@@ -101,8 +101,8 @@ _QUICK: dict[str, Any] = {
     "experts": {"target": "es", "n_find": 32, "n_heldout": 4, "ks": [50, 500],
                 "samples": 16, "new_tokens": 12, "max_tokens": 24, "n_eval": 32,
                 "ppl_budget": 2.0, "n_boot": 200, "eval_per_doc": 4},
-    "candidates": 4, "decoders": {"tuned_seconds": 30, "tuned_steps": 12},
-    "conversion": {"langs": ["fr", "ru", "ja"], "n_prompts": 3}, "external": {"per_lang": 24},
+    "candidates": 4, "decoders": {"per_lang": 6, "tuned_lens": None},
+    "conversion": {"langs": ["fr", "ru", "ja"], "n_prompts": 6}, "external": {"per_lang": 24},
 }  # fmt: skip
 _FULL: dict[str, Any] = {
     "lu_langs": list(LANGS),
@@ -121,8 +121,8 @@ _FULL: dict[str, Any] = {
     "experts": {"target": "es", "n_find": 60, "n_heldout": 6, "ks": [50, 200, 500, 2000],
                 "samples": 24, "new_tokens": 16, "max_tokens": 24, "n_eval": 60,
                 "ppl_budget": 2.0, "n_boot": 500, "eval_per_doc": 5},
-    "candidates": 4, "decoders": {"tuned_seconds": 90, "tuned_steps": 30},
-    "conversion": {"langs": ["fr", "es", "ru", "ja", "hi"], "n_prompts": 4}, "external": {"per_lang": 40},
+    "candidates": 4, "decoders": {"per_lang": 12, "tuned_lens": None},
+    "conversion": {"langs": ["fr", "es", "ru", "ja", "hi"], "n_prompts": 8}, "external": {"per_lang": 40},
 }  # fmt: skip
 #: The settings of each budget (see ``docs/replicate.md`` for the measured run times).
 BUDGETS: dict[str, dict[str, Any]] = {"quick": _QUICK, "full": _FULL}
