@@ -27,6 +27,7 @@ from mechlingo.data.natural_parallel import (
     document_clusters,
     split_by_documents,
 )
+from mechlingo.report.card_extra import config_sentence
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bmlama_invented"
 
@@ -397,3 +398,19 @@ def test_facts_dir_benchmark_adds_external_rows(tiny_dir, tmp_path, monkeypatch)
     for cid in ("latent_english_logit", "latent_english_patchscope", "conversion_causal"):
         assert rows[cid]["verdict"] != "error", rows[cid]
     assert rows["latent_english_tuned"]["verdict"] == NOT_TESTABLE
+    page = (out / "report.html").read_text()
+    for r in card["claims"]:  # every row links to a section of the report
+        assert f"id='{r['figure']}'" in page, r["figure"]
+    assert "Dev chose" in page and "with alpha" in page
+
+
+def test_config_sentence():
+    s = {"config": {"task_layer": 12, "task_alpha": 0.28, "diff_layer": 6, "diff_alpha": 0.13},
+         "selected": "both", "dev_effect": "beats no intervention", "alpha_unit": "resid",
+         "metric": {"metric": "rank"}}  # fmt: skip
+    text = config_sentence(s, {"build": 40, "dev": 10, "test": 24})
+    assert text == (
+        "Dev chose both vectors together (beats no intervention on dev): the task vector at "
+        "layer 12 with alpha 0.28 and the back-translation vector at layer 6 with alpha 0.13 "
+        "(residual-norm units); scored by rank; built on 40 fact ids, chosen on 10, tested on 24."
+    )

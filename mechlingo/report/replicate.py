@@ -11,6 +11,7 @@ import torch
 
 from mechlingo.analyses.claims import RULES, ClaimsCard
 from mechlingo.analyses.experts import KCurve
+from mechlingo.report.card_extra import config_sentence, extra_sections
 from mechlingo.report.page import Report, fmt_interval
 from mechlingo.viz.align import retrieval_per_layer_figure
 from mechlingo.viz.experts import interval_bars_figure, k_curve_figure, overlap_figure
@@ -64,6 +65,7 @@ def replicate_report(card: ClaimsCard) -> Report:
         _repair_sections(report, st["repair"])
     if "transfer_relation" in st or "transfer_lang" in st:
         _transfer_section(report, st)
+    extra_sections(report, st)
     if "experts" in st:
         _experts_sections(report, st["experts"])
     if "align" in st:
@@ -90,10 +92,7 @@ def _repair_sections(report: Report, data: Mapping[str, Any]) -> None:
     if _failed(report, data, "repair"):
         return
     s = data["summary"]
-    report.add_text(
-        f"Chosen on dev: {s['selected']} ({s['dev_effect']}), config {s['config']}; fact ids "
-        f"build/dev/test {data['n_ids']}."
-    )
+    report.add_text(config_sentence(s, data.get("n_ids")))
     report.add_figure(accuracy_ci_figure(s["intervals"]))
     _section(report, "fig-headroom", "Headroom and the lowest-performing language")
     low = data["lowest"]
