@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-from mechlingo.analyses.claims import CLAIMS, Claim, make_row
+from mechlingo.analyses.claims import CLAIMS, RETAINED_SHARE, Claim, make_row
 from mechlingo.analyses.evaluate import normalize
 from mechlingo.kernels.significance import (
     Interval,
@@ -45,10 +45,6 @@ __all__ = [
     "rows_trace",
     "rows_transfer",
 ]
-
-#: The independence claims' second reading: vectors built without R keep more than this
-#: share of the in-pool gain on R (mechlingo's operationalisation; the paper gives no number).
-RETAINED_SHARE = 0.5
 
 
 def _claim(cid: str) -> Claim:
