@@ -25,6 +25,8 @@ from mechlingo.kernels.significance import (
     paired_test,
     perplexity_ratio,
     pool_controls,
+    ratio_test,
+    relative_test,
     wilson,
     wilson_table,
 )
@@ -310,3 +312,35 @@ def test_correlation_test_and_json_round_trip():
     assert t.estimate.lo <= t.estimate.estimate <= t.estimate.hi
     for test in (t, paired_test([0, 1, 1, 0], [1, 1, 1, 0])):
         assert Test.from_json(json.loads(json.dumps(test.to_json()))) == test
+
+
+def test_relative_test_p_agrees_with_its_interval():
+    base = [1] * 4 + [0] * 36
+    new = [1] * 12 + [0] * 28  # 4 -> 12 of 40: +200%
+    for null in (0.35, 1.0, 2.0, 5.0):
+        t = relative_test(base, new, null=null)
+        assert t.estimate.estimate == pytest.approx(2.0)
+        inside = t.estimate.lo < null < t.estimate.hi
+        assert (t.p >= 0.05) == inside, (null, t.p, t.estimate)
+    assert relative_test([0] * 10, [1] * 10).estimate.estimate is None  # a zero baseline
+
+
+def test_ratio_test_by_hand():
+    num = [1, 0, 1, 0, 0, 1, 0, 0]
+    den = [1, 1, 1, 0, 1, 1, 0, 1]
+    t = ratio_test(num, den, null=1.0)
+    r = 3 / 6
+    u = (np.array(num) - r * np.array(den)) / 6
+    se = math.sqrt(8 / 7 * float((u**2).sum()))
+    assert t.estimate.estimate == pytest.approx(r) and t.extra["se"] == pytest.approx(se)
+    assert t.estimate.lo == pytest.approx(r - sps.t.ppf(0.975, 7) * se)
+    assert t.p == pytest.approx(2 * sps.t.sf(abs(r - 1) / se, 7))
+    assert ratio_test([1, 0], [0, 0]).estimate.estimate is None  # no gain to share
+
+
+def test_nonzero_null_uses_the_cluster_robust_t_test():
+    rng = np.random.default_rng(2)
+    d = rng.normal(0.4, 1.0, 50)
+    t = paired_test(np.zeros(50), d, null=0.35)
+    ref = sps.ttest_1samp(d, 0.35)
+    assert t.p == pytest.approx(ref.pvalue, rel=1e-6)  # CR1 with singleton clusters = t test

@@ -44,6 +44,8 @@ __all__ = [
     "mean_test",
     "paired_test",
     "pool_controls",
+    "ratio_test",
+    "relative_test",
     "bootstrap_mean",
     "bootstrap_perplexity",
     "bootstrap_ratio",
@@ -516,6 +518,15 @@ def _binary(*arrays: np.ndarray) -> bool:
     return all(bool(np.all((a == 0) | (a == 1))) for a in arrays)
 
 
+def _t_p(m: float, null: float, se: float | None, g: int) -> float | None:
+    """Two-sided p of the cluster-robust t test of ``mean == null`` on ``g - 1`` df."""
+    if se is None or g < 2:
+        return None
+    if se == 0:
+        return 1.0 if m == null else 0.0
+    return float(2 * sps.t.sf(abs(m - null) / se, g - 1))
+
+
 def _mean_core(
     d: np.ndarray,
     codes: np.ndarray,
@@ -524,19 +535,22 @@ def _mean_core(
     seed: int,
     n_resamples: int,
     binary: bool,
+    symmetric: bool,
 ) -> tuple[Interval, float | None, float | None, str, float | None]:
     """The clustered mean of ``d``: interval, p (vs ``null``), MDE, p's method and the SE.
 
-    When ``d`` does not vary (every item the same), the bootstrap has no spread; for 0/1
-    outcomes the interval is then widened to the exact 95% bound of the change rate of
-    ``g`` clusters with no change seen (``1 - 0.025^(1/g)``), so "nothing changed on 24
-    facts" reads as "a change up to 14 points is not excluded" and not as a proof of 0."""
+    ``symmetric``: H0 makes each cluster's total symmetric about ``null`` (a paired
+    difference against 0, a 0/1 share against 1/2): ``p`` is the sign-flip permutation
+    test; otherwise the cluster-robust t test. When ``d`` does not vary (every item the
+    same), the bootstrap has no spread; for 0/1 outcomes the interval is then widened to the
+    exact 95% bound of the change rate of ``g`` clusters with no change seen
+    (``1 - 0.025^(1/g)``), so "nothing changed on 24 facts" reads as "a change up to 14
+    points is not excluded" and not as a proof of 0."""
     n = len(d)
     cnt = _sums(np.ones(n), codes, g)
     s = _sums(d, codes, g)
     m = float(d.mean())
     se = _robust_se(s, cnt)
-    p, how = _sign_flip_p(s - cnt * null, seed)
     if np.all(d == d[0]) and binary and g >= 1:
         u = 1 - 0.025 ** (1 / g)
         lo, hi = m - u, m + u
@@ -545,6 +559,11 @@ def _mean_core(
         lo, hi = _boot_mean(s, cnt, seed, n_resamples)
         if se == 0.0 and lo is not None:
             lo = hi = m
+    if symmetric:
+        p, how = _sign_flip_p(s - cnt * null, seed)
+        how = f"sign-flip permutation ({how})"
+    else:
+        p, how = _t_p(m, null, se, g), "cluster-robust t"
     return Interval(m, lo, hi, n), p, None if se is None else mde(se), how, se
 
 
@@ -592,7 +611,8 @@ def paired_test(
         outcomes that never change: the exact bound of the change rate); ``p`` from the
         cluster sign-flip permutation test of ``new - base - null`` (equal to the exact
         McNemar p when every item is its own cluster, outcomes are 0/1 and ``null`` is 0);
-        ``mde`` from the cluster-robust SE. ``extra``: ``base``/``new`` means, ``null``,
+        ``mde`` from the cluster-robust SE. With ``null`` other than 0 (H0 does not make the
+        differences symmetric) ``p`` is the cluster-robust t test. ``extra``: ``base``/``new`` means, ``null``,
         ``se``, ``relative`` (``mean(new) / mean(base) - 1`` as :meth:`Interval.to_json`,
         its interval from the clustered log ratio; ``None`` when ``mean(base)`` is 0) and for
         0/1 outcomes ``fixed``, ``broken`` and ``p_mcnemar`` (unclustered).
@@ -605,16 +625,88 @@ def paired_test(
         raise InputError(f"need non-empty paired outcomes of one length, got {a.shape}, {b.shape}")
     codes, g = _codes(clusters, len(a))
     binary = _binary(a, b)
-    iv, p, md, how, se = _mean_core(b - a, codes, g, null, seed, n_resamples, binary)
+    diff = b - a
+    iv, p, md, how, se = _mean_core(diff, codes, g, null, seed, n_resamples,
+                                    _binary(np.abs(diff)), null == 0)  # fmt: skip
     rel = _log_ratio(a, b, codes, g)
     extra: dict[str, Any] = {"base": float(a.mean()), "new": float(b.mean()), "null": null,
                              "se": se, "relative": None if rel is None else rel.to_json()}  # fmt: skip
     if binary:
         mc = mcnemar(list(a.astype(bool)), list(b.astype(bool)))
         extra |= {"fixed": mc["fixed"], "broken": mc["broken"], "p_mcnemar": mc["p"]}
-    method = (f"cluster sign-flip permutation ({how}, {g} clusters); cluster bootstrap "
-              "(percentile); relative: clustered log ratio (delta method)")  # fmt: skip
+    method = (f"p: cluster {how}, {g} clusters; interval: cluster bootstrap (percentile); "
+              "relative: clustered log ratio (delta method)")  # fmt: skip
     return Test(iv, p, md, g, method, extra)
+
+
+def relative_test(
+    base: Sequence[float],
+    new: Sequence[float],
+    clusters: Sequence[Any] | None = None,
+    *,
+    null: float = 0.0,
+    seed: int = 0,
+) -> Test:
+    """The relative gain ``mean(new) / mean(base) - 1`` of paired items: the interval of the
+    clustered log ratio (defined whenever ``mean(base) > 0``; undefined, with ``p`` None,
+    when it is 0), ``p`` of H0 "relative gain == ``null``" by the z test on the same log
+    ratio (so ``p`` and the interval agree; ``None`` when every new outcome is 0, where the
+    log ratio is -inf); ``mde`` on the relative scale (the log-ratio SE times ``1 +
+    estimate``).
+    ``extra`` holds the points reading (:func:`paired_test`'s JSON) under ``"points"``.
+
+    Raises:
+        InputError: as :func:`paired_test`.
+    """
+    pts = paired_test(base, new, clusters, seed=seed)
+    a = np.asarray(base, dtype=float)
+    rel = pts.extra["relative"]
+    if rel is None:
+        iv = Interval(None, None, None, len(a))
+        return Test(iv, None, None, pts.n_clusters, "relative gain: baseline 0 (undefined)",
+                    {"points": pts.to_json(), "null": null})  # fmt: skip
+    iv = Interval.from_json(rel)
+    p = md = None
+    if iv.defined and rel["estimate"] > -1:
+        se_log = (math.log1p(iv.hi) - math.log1p(iv.estimate)) / _Z  # type: ignore[arg-type]
+        md = mde(se_log) * (1 + iv.estimate)  # type: ignore[operator]
+        z = (math.log1p(iv.estimate) - math.log1p(null)) / se_log if se_log > 0 else math.inf  # type: ignore[arg-type]
+        p = 1.0 if z == 0 else float(2 * sps.norm.sf(abs(z)))
+    method = "relative gain: clustered log ratio (delta method); p: z test on the log ratio"
+    return Test(iv, p, md, pts.n_clusters, method, {"points": pts.to_json(), "null": null})
+
+
+def ratio_test(
+    num: Sequence[float],
+    den: Sequence[float],
+    clusters: Sequence[Any] | None = None,
+    *,
+    null: float = 1.0,
+) -> Test:
+    """A ratio of sums ``sum(num) / sum(den)`` over items (e.g. the share of one gain kept
+    by another on the same items: ``num = new_held_out - base``, ``den = new_all - base``)
+    with a 95% Wald interval from the cluster-robust (CR1) delta-method standard error and
+    the t test of H0 "ratio == ``null``" on ``G - 1`` degrees of freedom. Undefined (``None``
+    estimate) when ``sum(den) <= 0``: the ratio of a gain that does not exist says nothing.
+
+    Raises:
+        InputError: inputs of different lengths or none.
+    """
+    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    if a.shape != b.shape or a.ndim != 1 or len(a) == 0:
+        raise InputError(f"need non-empty paired 1-D inputs, got {a.shape}, {b.shape}")
+    codes, g = _codes(clusters, len(a))
+    method = f"ratio of sums; cluster-robust delta method (CR1, {g} clusters); p: t test"
+    if b.sum() <= 0:
+        return Test(Interval(None, None, None, len(a)), None, None, g, method, {"null": null})
+    r = float(a.sum() / b.sum())
+    if g < 2:
+        return Test(Interval(r, None, None, len(a)), None, None, g, method, {"null": null})
+    u = (_sums(a, codes, g) - r * _sums(b, codes, g)) / float(b.sum())
+    se = math.sqrt(g / (g - 1) * float((u**2).sum()))
+    half = float(sps.t.ppf(0.975, g - 1)) * se
+    iv = Interval(r, r - half, r + half, len(a))
+    return Test(iv, _t_p(r, null, se, g), mde(se), g, method, {"null": null, "se": se})
 
 
 def mean_test(
@@ -627,8 +719,9 @@ def mean_test(
 ) -> Test:
     """The mean of per-item values (a 0/1 share, a per-sentence distance) against ``null``
     (0.5 for "a majority"): a cluster-bootstrap percentile 95% interval, ``p`` from the
-    cluster sign-flip test of ``values - null`` (for a 0/1 share of unclustered items and
-    ``null = 0.5``, the exact binomial test), ``mde`` from the cluster-robust SE.
+    cluster sign-flip test of ``values - null`` where H0 makes it symmetric (``null`` 0, or a
+    0/1 share against 0.5: for unclustered items the exact binomial test), else the
+    cluster-robust t test; ``mde`` from the cluster-robust SE.
 
     Raises:
         InputError: no values or not 1-D.
@@ -637,8 +730,12 @@ def mean_test(
     if x.ndim != 1 or len(x) == 0:
         raise InputError(f"mean_test needs a non-empty 1-D sequence, got shape {x.shape}")
     codes, g = _codes(clusters, len(x))
-    iv, p, md, how, se = _mean_core(x, codes, g, null, seed, n_resamples, _binary(x))
-    method = f"cluster sign-flip permutation ({how}, {g} clusters); cluster bootstrap (percentile)"
+    binary = _binary(x)
+    symmetric = null == 0 or (binary and null == 0.5)
+    iv, p, md, how, se = _mean_core(x, codes, g, null, seed, n_resamples, binary, symmetric)
+    if binary and iv.defined:  # a share stays within [0, 1]
+        iv = Interval(iv.estimate, max(0.0, iv.lo), min(1.0, iv.hi), iv.n)  # type: ignore[type-var]
+    method = f"p: cluster {how}, {g} clusters; interval: cluster bootstrap (percentile)"
     return Test(iv, p, md, g, method, {"null": null, "se": se})
 
 
