@@ -519,9 +519,17 @@ def stage_external(model: Model, bundled: list[Fact], external: list[Fact], metr
                                           batch_size=cfg.get("batch_size", 16),
                                           progress=progress)  # fmt: skip
     facts = take_per_lang(list(external), cfg.get("external", {}).get("per_lang"))
+    pool = None
+    if metric == "klar":  # KLAR's demonstrations: the benchmark's facts that are not scored
+        scored = {f.id for f in facts}
+        pool = [f for f in external if f.id not in scored]
+        if not pool:
+            raise InputError("klar needs demonstrations that are not scored: the benchmark "
+                             "has no facts beyond external.per_lang ids per language",
+                             fix="lower external.per_lang in --settings")  # fmt: skip
     res = protocol.evaluate_test(
         model, vectors, choice_from(repair_data["sweep"]), facts, lowest_language=None,
-        pool=None, seeds=r["seeds"], metric=metric, max_new_tokens=r["max_new_tokens"],
+        pool=pool, seeds=r["seeds"], metric=metric, max_new_tokens=r["max_new_tokens"],
         batch_size=cfg.get("batch_size", 64), progress=progress,
     )  # fmt: skip
     return {"metric": metric, "items": item_records(res.results),
