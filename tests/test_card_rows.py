@@ -231,12 +231,16 @@ def test_own_failure_is_not_testable_without_classes():
 
 def test_attach_logprob_adds_the_gain_to_accuracy_rows():
     rank = {c: {k: [0, 1] for k in d} for c, d in (("orig", ORIG), ("task", TASK))}
-    items = _items({"orig": ORIG, "task": TASK}, rank)
-    rows = [{"id": "task_vector", "details": "x"}, {"id": "lowest_language"}]
+    rank["both"] = rank["task"]
+    items = _items({"orig": ORIG, "task": TASK, "both": BOTH}, rank)
+    rows = [{"id": "task_vector", "details": "x"}, {"id": "lowest_language"},
+            {"id": "lowest_language", "langs": ["fr"]}]  # fmt: skip
     card_lu.attach_logprob(rows, {"items": items})
     gain = np.mean([TASK[k] - ORIG[k] for k in TASK if k[1] != "en"])
     assert rows[0]["logprob_gain"]["estimate"]["estimate"] == pytest.approx(gain)
     assert "gold log-share" in rows[0]["details"] and "logprob_gain" not in rows[1]
+    fr = np.mean([BOTH[k] - ORIG[k] for k in BOTH if k[1] == "fr"])
+    assert rows[2]["logprob_gain"]["estimate"]["estimate"] == pytest.approx(fr)
 
 
 def test_decoder_rows_by_hand():

@@ -151,11 +151,18 @@ def _paired(items: Mapping[str, list[dict]], a: str, b: str, key: str = "correct
     return base, new, ids
 
 
-def logprob_gain(items: Mapping[str, list[dict]], cond: str) -> Test | None:
-    """The paired, fact-clustered gain of the gold log-share of ``cond`` over ``orig`` (rank
-    only; ``None`` otherwise). Random conditions are pooled over seeds first."""
+def logprob_gain(items: Mapping[str, list[dict]], cond: str,
+                 langs: Sequence[str] | None = None) -> Test | None:  # fmt: skip
+    """The paired, fact-clustered gain of the gold log-share of ``cond`` over ``orig`` on the
+    non-English items (only those of ``langs`` when given); rank only (``None`` otherwise).
+    Random conditions are pooled over seeds first."""
     if not items.get("orig") or items["orig"][0].get("logshare") is None:
         return None
+    if langs is not None:
+        keep = set(langs)
+        items = {c: [r for r in v if r["lang"] in keep] for c, v in items.items()}
+        if not items["orig"]:
+            return None
     if cond == "random":
         seeds = [c for c in items if c.startswith("random_s")]
         runs = [_paired(items, "orig", s, "logshare") for s in seeds]
@@ -295,13 +302,17 @@ def rows_repair_extra(data: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def attach_logprob(rows: list[dict[str, Any]], data: Mapping[str, Any]) -> None:
     """Under ``rank``, add the gold log-share gain (``logprob_gain``) to the accuracy rows of
-    the repair stage (task, diff, random) in place."""
+    the repair stage in place: task, diff, random, and both in the lowest language's rows
+    (their ``langs``)."""
     items = data.get("items") or {}
+    both = "both_pair" if "both_pair" in items else "both"
     for row in rows:
-        cond = {"task_vector": "task", "diff_vector": "diff", "random_vector": "random"}.get(
-            row.get("id", "")
-        )
-        t = logprob_gain(items, cond) if cond else None
+        cond = {"task_vector": "task", "diff_vector": "diff", "random_vector": "random",
+                "lowest_language": both}.get(row.get("id", ""))  # fmt: skip
+        langs = row.get("langs") if row.get("id") == "lowest_language" else None
+        if row.get("id") == "lowest_language" and not langs:
+            continue
+        t = logprob_gain(items, cond, langs) if cond else None
         if t is not None:
             row["logprob_gain"] = t.to_json()
             row["details"] = (row.get("details") or "") + (
