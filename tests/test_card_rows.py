@@ -391,7 +391,7 @@ def test_facts_dir_benchmark_adds_external_rows(tiny_dir, tmp_path, monkeypatch)
     card = json.loads((out / "claims.json").read_text())
     rows = {r["id"]: r for r in card["claims"]}
     ext = card["meta"]["settings"]
-    assert ext["metric"] == "rank"
+    assert ext["metric"] == "generate"
     for cid in ("external_task", "external_diff", "external_both"):
         r = rows[cid]
         assert r["verdict"] != "error" and r["verdict"] != NOT_TESTABLE, r
