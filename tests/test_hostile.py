@@ -363,7 +363,9 @@ def test_stage_tensors_declaring_400_gb(tmp_path, monkeypatch):
     from mechlingo.cli.work import staged_scores
 
     s = Stages(tmp_path / "work", {"k": 1})
-    staged_scores(s, "scores", lambda: NeuronScores(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3)))
+    staged_scores(
+        s, "scores", lambda: NeuronScores(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3))
+    )
     _safetensors_raw(s.path("scores") / "scores.safetensors",
                      {"auroc": {"dtype": "F32", "shape": [10**11], "data_offsets": [0, 4 * 10**11]}})  # fmt: skip
     with pytest.raises(ArtifactError, match="declares"):

@@ -15,16 +15,13 @@ from mechlingo.analyses import replicate as rep
 from mechlingo.analyses.claims import (
     CLAIMS,
     HOLDS,
+    INCONCLUSIVE,
     NOT_HOLDS,
     NOT_TESTABLE,
-    Claim,
-    Interval,
-    headroom_lowest_language,
-    judge,
+    RULES_HASH,
 )
 from mechlingo.core.stages import Stages
 from mechlingo.data import parallel_sentences
-from mechlingo.kernels.significance import wilson
 
 # Small enough for the tiny model (2 layers, d_mlp 128) to run every stage in seconds.
 TINY = {
@@ -54,14 +51,19 @@ def _fake_transfer(fail: str | None = None):
         def __init__(self, by):
             self.by = by
             self.stats = f"stats built by the {by} matrix"
+            o = [0] * 10
             self.cells = [
                 {"row": f"all_but_{c}", "col": c, "n": 10, "p": 0.01,
-                 "gain": {"estimate": g, "lo": g - 0.1, "hi": g + 0.1},
-                 "control_gain": {"estimate": 0.0, "lo": -0.05, "hi": 0.05}, "control_p": 1.0}
-                for c, g in (("a", 0.3), ("b", 0.2), ("c", 0.05))
+                 "gain": {"estimate": g / 10, "lo": 0.0, "hi": 0.5},
+                 "control_gain": {"estimate": 0.0, "lo": -0.05, "hi": 0.05}, "control_p": 1.0,
+                 "items": {"ids": [f"{c}/{i}" for i in range(10)], "orig": o,
+                           "steered": [1] * g + [0] * (10 - g), "control": o}}
+                for c, g in (("a", 6), ("b", 5), ("c", 4))
             ] + [{"row": "all", "col": "a", "n": 10, "p": 0.01,
-                  "gain": {"estimate": 0.4, "lo": 0.3, "hi": 0.5},
-                  "control_gain": None, "control_p": None}]  # fmt: skip
+                  "gain": {"estimate": 0.8, "lo": 0.5, "hi": 1.0},
+                  "control_gain": None, "control_p": None,
+                  "items": {"ids": [f"a/{i}" for i in range(10)], "orig": o,
+                            "steered": [1] * 8 + [0] * 2, "control": o}}]  # fmt: skip
 
         def to_json(self):
             return {"by": self.by, "cells": self.cells}
@@ -76,104 +78,6 @@ def _fake_transfer(fail: str | None = None):
     mod.transfer_matrix = transfer_matrix
     mod.calls = calls
     return mod
-
-
-# --------------------------------------------------------------------------------------
-# The verdict rules on hand-made numbers
-# --------------------------------------------------------------------------------------
-
-UP = Claim("up", "p", "x", "", "", "s", "f")
-DOWN = Claim("down", "p", "x", "", "", "s", "f", direction=-1, threshold=0.1)
-NULL = Claim("null", "p", "x", "", "", "s", "f", kind="null")
-REL = Claim("rel", "p", "x", "", "", "s", "f", threshold=0.35)
-
-
-@pytest.mark.parametrize(
-    "claim,effect,control,want",
-    [
-        (UP, (0.2, 0.05, 0.35), None, HOLDS),
-        (UP, (0.2, -0.01, 0.35), None, NOT_HOLDS),  # straddles 0
-        (UP, (0.2, 0.05, 0.35), (0.1, -0.1, 0.2), HOLDS),  # control straddles 0
-        (UP, (0.2, 0.05, 0.35), (0.1, 0.01, 0.2), NOT_HOLDS),  # the control does it too
-        (UP, (0.2, 0.05, 0.35), (-0.3, -0.5, -0.1), HOLDS),  # control the other way
-        (UP, (-0.2, -0.35, -0.05), None, NOT_HOLDS),  # the opposite direction
-        (DOWN, (0.05, 0.02, 0.09), None, HOLDS),  # below 0.1
-        (DOWN, (0.05, 0.02, 0.11), None, NOT_HOLDS),
-        (NULL, (0.01, -0.05, 0.07), None, HOLDS),  # no detectable rise
-        (NULL, (0.1, 0.02, 0.2), None, NOT_HOLDS),  # a rise
-        (NULL, (-0.1, -0.2, -0.02), None, HOLDS),  # a fall is not a rise
-        (REL, (0.5, 0.36, 0.7), (0.0, -0.1, 0.1), HOLDS),
-        (REL, (0.5, 0.30, 0.7), (0.0, -0.1, 0.1), NOT_HOLDS),  # > 0 but not surely > 35%
-        (REL, (0.5, 0.36, 0.7), (0.2, 0.05, 0.3), NOT_HOLDS),  # control > 0 (threshold 0)
-    ],
-)
-def test_verdict_rules(claim, effect, control, want):
-    eff = Interval(*effect, n=40)
-    ctl = None if control is None else Interval(*control, n=40)
-    verdict, reason = judge(claim, eff, ctl)
-    assert verdict == want, reason
-
-
-def test_untestable_and_missing_intervals():
-    assert judge(UP, None)[0] == NOT_TESTABLE
-    assert judge(UP, Interval(0.1, None, None, 5))[0] == NOT_TESTABLE
-    assert judge(UP, Interval(0.0, 0.0, 0.0, 0))[0] == NOT_TESTABLE  # no items
-    v, why = judge(UP, Interval(0.2, 0.1, 0.3, 9), untestable="no headroom")
-    assert (v, why) == (NOT_TESTABLE, "no headroom")
-
-
-def test_headroom_rule_on_hand_made_outcomes():
-    yes, no = True, False
-    outcomes = {
-        "en": ([no] * 10, [yes] * 10),  # never English
-        "fr": ([no] * 10, [yes] * 10),  # zero-shot 0.0, few-shot 1.0: p = 0.002
-        "ja": ([no] * 10, [no] * 9 + [yes]),  # lower? equal zero-shot, but no headroom
-        "de": ([yes, no, no, no, no, no, no, no, no, no], [yes] * 10),  # 0.1 -> 1.0
-    }
-    r = headroom_lowest_language(outcomes)
-    assert r["lang"] == "fr"
-    assert r["tests"]["ja"]["headroom"] is False and r["tests"]["de"]["headroom"] is True
-    assert "en" not in r["tests"]
-    assert headroom_lowest_language({"fr": ([no] * 3, [yes] * 3)})["lang"] is None  # p 0.25
-    # the literal rule of the protocol picks ja: the lowest zero-shot (tied with fr at 0),
-    # ties to the lower few-shot, although ja has no headroom to repair
-    from mechlingo.analyses.protocol import lowest_language_dev
-
-    zero = {lg: wilson(sum(z), len(z)) for lg, (z, _) in outcomes.items()}
-    few = {lg: wilson(sum(f), len(f)) for lg, (_, f) in outcomes.items()}
-    assert lowest_language_dev(zero, few) == "ja"
-
-
-def test_trace_rows_by_hand():
-    def rec(lang, e, a, cls="correct", correct=True, ans="Roma", en="Rome"):
-        return {"id": f"x/{e}{a}{cls}", "lang": lang, "answer": ans, "answer_en": en,
-                "correct": correct, "class": cls, "first_en_layer": e, "first_answer_layer": a}  # fmt: skip
-
-    records = [
-        rec("fr", 5, 9), rec("fr", 6, -1), rec("fr", -1, 8),  # en first, en only, L only
-        rec("fr", 7, 7),  # a tie: no order
-        rec("fr", 3, 9, ans="Rome"),  # same word: skipped
-        rec("en", 2, 9),  # English prompts are not counted
-        rec("fr", -1, -1, "recall_failure", False), rec("fr", -1, -1, "recall_failure", False),
-        rec("fr", 4, -1, "translation_failure", False), rec("fr", -1, -1, "other", False),
-    ]  # fmt: skip
-    r1, r2 = rep._rows_trace({"records": records})
-    # strictly ordered, distinct words: (5,9) en, (6,-1) en, (-1,8) L, translation (4,-1) en
-    assert r1["value"]["n"] == 4 and r1["value"]["estimate"] == pytest.approx(3 / 4)
-    assert r1["value"]["lo"] == pytest.approx(wilson(3, 4)["lo"])
-    assert r2["value"]["n"] == 3 and r2["value"]["estimate"] == pytest.approx(2 / 3)
-    assert r1["verdict"] == r2["verdict"] == NOT_HOLDS  # n too small for lo > 0.5
-
-
-def test_transfer_rows_use_the_held_out_cells():
-    cells = _fake_transfer().transfer_matrix(None, [], by="lang").cells
-    (row,) = rep._rows_transfer("independent_languages", {"cells": cells})
-    assert row["value"]["estimate"] == pytest.approx(0.2)  # median of 0.05, 0.2, 0.3
-    assert row["value"]["lo"] == pytest.approx(0.1) and row["verdict"] == HOLDS
-    bad = [dict(c, control_gain={"estimate": 0.2, "lo": 0.1, "hi": 0.3}) for c in cells]
-    assert rep._rows_transfer("independent_languages", {"cells": bad})[0]["verdict"] == NOT_HOLDS
-    none = rep._rows_transfer("independent_languages", {"cells": cells[-1:]})[0]
-    assert none["verdict"] == NOT_TESTABLE
 
 
 # --------------------------------------------------------------------------------------
@@ -232,36 +136,58 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
     fake = _fake_transfer(fail="transfer exploded")
     monkeypatch.setitem(sys.modules, "mechlingo.analyses.transfer", fake)
     card = rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path)
-    assert [r["id"] for r in card.rows] == [c.id for c in CLAIMS]
+    assert list(dict.fromkeys(r["id"] for r in card.rows)) == [c.id for c in CLAIMS]
+    assert [r.get("variant") for r in card.rows if r["id"] == "lowest_language"] == [
+        "literal rule, relative", "literal rule, points", "headroom rule, relative",
+        "headroom rule, points"]  # fmt: skip
     for r in card.rows:
-        assert r["verdict"] in (HOLDS, NOT_HOLDS, NOT_TESTABLE, "error")
+        assert r["verdict"] in (HOLDS, NOT_HOLDS, INCONCLUSIVE, NOT_TESTABLE, "error")
         assert r["figure"].startswith("fig-") and r["paper_number"]
         if r["stage"].startswith("transfer"):
             assert r["verdict"] == "error" and "transfer exploded" in r["error"]
         else:
             assert r["verdict"] != "error", r
-        if r["verdict"] in (HOLDS, NOT_HOLDS):  # a verdict comes with its interval and n
-            v = r["value"]
+        if r["verdict"] in (HOLDS, NOT_HOLDS, INCONCLUSIVE):  # with its interval, n and p
+            v = r["value"]["estimate"]
             assert v["n"] > 0 and v["lo"] <= v["estimate"] <= v["hi"]
+            assert r["p"] is not None and r["p_adjusted"] >= r["p"]
+        if r["verdict"] == NOT_TESTABLE:  # a true reason, never a NaN read as "no items"
+            assert "no items" not in r["reason"] and "nan" not in r["reason"].lower()
+        if r["verdict"] == HOLDS:
+            assert r["p_adjusted"] < 0.05 and "adjusted p" in r["reason"]
     assert {c[0] for c in fake.calls} == {"relation", "lang"}
     assert card.meta["stages"]["transfer_lang"]["error"].endswith("transfer exploded")
     df = card.to_dataframe()
-    assert list(df["id"]) == [c.id for c in CLAIMS] and "verdict" in df
+    assert list(df["id"]) == [r["id"] for r in card.rows] and "p_adjusted" in df
     assert "<table" in card._repr_html_() and "claims card" in card.to_markdown().lower()
     # the stage that failed is tried again next time; the others are read back
     monkeypatch.setitem(sys.modules, "mechlingo.analyses.transfer", _fake_transfer())
     again = rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path)
     cached = {n: t["cached"] for n, t in again.meta["stages"].items()}
     assert cached == {"trace": True, "repair": True, "transfer_relation": False,
-                      "transfer_lang": False, "experts": True, "align": True}  # fmt: skip
-    rows = {r["id"]: r for r in again.rows}
-    assert rows["independent_relations"]["verdict"] == HOLDS
+                      "transfer_lang": False, "decoders": True, "conversion": True,
+                      "external": True, "experts": True, "align": True}  # fmt: skip
+    rows = {(r["id"], r.get("variant")): r for r in again.rows}
+    gain = rows[("independent_relations", "held-out gain")]
+    assert gain["value"]["estimate"]["estimate"] == pytest.approx(15 / 30)  # 6+5+4 of 30
+    assert gain["value"]["n_clusters"] == 30 and gain["verdict"] == HOLDS
+    share = rows[("independent_relations", "retained share")]
+    assert share["value"]["estimate"]["estimate"] == pytest.approx(6 / 8)  # only a has an all cell
+    assert again.meta["rules_hash"] == RULES_HASH and again.meta["budgets_hash"]
     # the language matrix reuses the relation matrix's build statistics within a run
     stats_kw = {c[0]: c[2].get("stats") for c in sys.modules["mechlingo.analyses.transfer"].calls}
     assert stats_kw == {"relation": None, "lang": "stats built by the relation matrix"}
-    assert [r for r in again.rows if r["stage"] not in ("transfer_relation", "transfer_lang")] == [
-        r for r in card.rows if r["stage"] not in ("transfer_relation", "transfer_lang")
+    # the other rows' tests are read back unchanged; their adjusted p (and so possibly a
+    # verdict) moves, since Holm's family now has the transfer rows too
+    keep = ("value", "control", "vs_control", "p", "details")
+    same = [{k: r[k] for k in keep} for r in again.rows if not r["stage"].startswith("transfer")]
+    assert same == [
+        {k: r[k] for k in keep} for r in card.rows if not r["stage"].startswith("transfer")
     ]
+    assert all(a["p_adjusted"] >= b["p_adjusted"] for a, b in zip(
+        [r for r in again.rows if not r["stage"].startswith("transfer") and r["p"] is not None],
+        [r for r in card.rows if not r["stage"].startswith("transfer") and r["p"] is not None],
+        strict=True))  # fmt: skip
 
 
 def test_a_stopped_run_resumes_to_the_same_card(tiny, tmp_path, monkeypatch):
@@ -296,13 +222,15 @@ def test_cli_writes_the_card(tiny_dir, tmp_path, monkeypatch):
             str(data), "--settings", json.dumps(TINY), "--out", str(out), "--quiet"]  # fmt: skip
     assert main(args) == 0
     card = json.loads((out / "claims.json").read_text())
-    assert [r["id"] for r in card["claims"]] == [c.id for c in CLAIMS if c.paper == "sundar2025"]
-    assert card["rules"]["effect"].startswith("holds when")
+    ids = [c.id for c in CLAIMS if c.paper == "sundar2025"]
+    assert list(dict.fromkeys(r["id"] for r in card["claims"])) == ids
+    assert card["rules"]["holds"].startswith("Holm-adjusted p < 0.05")
+    assert card["rules_hash"] == RULES_HASH and card["meta"]["budgets_hash"] == rep.BUDGETS_HASH
     page = (out / "report.html").read_text()
     assert page.index("<table class='claims'>") < page.index("id='fig-experts'")
     for r in card["claims"]:
         assert f"href='#{r['figure']}'" in page and f"id='{r['figure']}'" in page
-    assert "| paper | claim |" in (out / "claims.md").read_text()
+    assert "| p (adjusted) |" in (out / "claims.md").read_text()
     # the stages were kept in .out.work until out was written, then removed (the rule of
     # every long command; a stopped run resumes: tests/test_resume.py::test_kill_replicate)
     assert not (tmp_path / ".out.work").exists() and not (out / "stages").exists()
@@ -341,10 +269,11 @@ def test_embedded_model_small_configuration(gemma, tmp_path, monkeypatch):
     }  # fmt: skip
     par = parallel_sentences(["en", "fr", "es", "de"])
     card = rep.replicate(gemma, settings=small, parallel=par, work=tmp_path)
-    assert [r["id"] for r in card.rows] == [c.id for c in CLAIMS]
+    assert list(dict.fromkeys(r["id"] for r in card.rows)) == [c.id for c in CLAIMS]
     assert not [r for r in card.rows if r["verdict"] == "error"]
     rows = {r["id"]: r for r in card.rows}
-    assert rows["experts_exist"]["value"]["n"] == 24  # 6 held-out lines x 4 languages
+    assert rows["experts_exist"]["value"]["estimate"]["n"] == 24  # 6 held-out lines x 4 languages
+    assert rows["experts_exist"]["value"]["n_clusters"] == 6  # a sentence and its translations
     assert rows["experts_exist"]["verdict"] == HOLDS  # real experts, even from 8 sentences
 
 

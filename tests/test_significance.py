@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
 from scipy import stats as sps
 
+from mechlingo.core.errors import InputError
 from mechlingo.kernels.significance import (
     Interval,
+    Test,
     bootstrap_mean,
     bootstrap_perplexity,
+    correlation_test,
+    holm,
     mcnemar,
+    mde,
+    mean_test,
     paired_bootstrap,
     paired_gain,
+    paired_test,
     perplexity_ratio,
+    pool_controls,
+    ratio_test,
+    relative_test,
     wilson,
     wilson_table,
 )
@@ -178,3 +189,158 @@ def test_interval_rules_and_round_trip():
     empty = Interval(None, None, None, 0)
     assert not empty.defined and not empty.above(-1) and not empty.excludes(5)
     assert str(empty) == "n/a (n=0)"
+
+
+# --------------------------------------------------------------------------------------
+# The card's statistics: Test, paired_test, mean_test, correlation_test, holm, mde
+# --------------------------------------------------------------------------------------
+
+
+def test_three_fixed_none_broken_of_24_is_p_025():
+    """The issue's hand case: 3 fixed, 0 broken of 24 is the exact McNemar p = 2 / 2^3."""
+    base, new = [0] * 24, [1] * 3 + [0] * 21
+    t = paired_test(base, new)
+    assert t.p == pytest.approx(0.25) and t.extra["p_mcnemar"] == pytest.approx(0.25)
+    assert (t.extra["fixed"], t.extra["broken"]) == (3, 0)
+    assert t.estimate.estimate == pytest.approx(3 / 24) and t.n_clusters == 24
+    assert t.extra["relative"] is None  # the baseline is 0: no relative gain
+
+
+@pytest.mark.parametrize("fixed,broken,same", [(8, 2, 30), (30, 12, 400), (0, 5, 3), (4, 4, 1)])
+def test_paired_test_p_is_the_exact_mcnemar_p(fixed, broken, same):
+    base = [0] * fixed + [1] * broken + [1] * same
+    new = [1] * fixed + [0] * broken + [1] * same
+    from statsmodels.stats.contingency_tables import mcnemar as sm_mcnemar
+
+    table = [[same, broken], [fixed, 0]]
+    ref = sm_mcnemar(table, exact=True).pvalue
+    assert paired_test(base, new).p == pytest.approx(ref, rel=1e-12)
+
+
+def test_sign_flip_p_against_scipy_permutation_test():
+    rng = np.random.default_rng(3)
+    d = rng.normal(0.3, 1.0, 13)  # 13 unequal clusters: exact enumeration (8192 flips)
+    ref = sps.permutation_test((d,), lambda x, axis=-1: x.sum(axis=axis),
+                               permutation_type="samples", n_resamples=np.inf).pvalue  # fmt: skip
+    assert mean_test(d).p == pytest.approx(ref, rel=1e-9)
+    big = rng.normal(0.2, 1.0, 60)  # Monte Carlo: within 0.02 of scipy's own Monte Carlo
+    ref = sps.permutation_test((big,), lambda x, axis=-1: x.sum(axis=axis),
+                               permutation_type="samples", n_resamples=99999,
+                               rng=np.random.default_rng(0)).pvalue  # fmt: skip
+    assert mean_test(big).p == pytest.approx(ref, abs=0.02)
+
+
+def test_mean_test_share_is_the_exact_binomial_test():
+    x = [1] * 16 + [0] * 8
+    t = mean_test(x, null=0.5)
+    assert t.p == pytest.approx(sps.binomtest(16, 24).pvalue)
+    assert t.estimate.estimate == pytest.approx(2 / 3)
+
+
+def test_cluster_robust_se_matches_statsmodels():
+    import statsmodels.api as sm
+
+    rng = np.random.default_rng(5)
+    cl = np.repeat(np.arange(30), 4)
+    d = rng.normal(size=120) + np.repeat(rng.normal(size=30), 4)
+    fit = sm.OLS(d, np.ones((120, 1))).fit(cov_type="cluster", cov_kwds={"groups": cl})
+    t = mean_test(d, cl)
+    assert t.extra["se"] == pytest.approx(float(fit.bse[0]), rel=1e-9)
+    assert t.mde == pytest.approx(mde(t.extra["se"])) and mde(1.0) == pytest.approx(2.8015852)
+
+
+def test_clustered_interval_is_wider_than_the_naive_one():
+    """A fact repeated in 11 languages is one unit: the clustered interval is wider."""
+    rng = np.random.default_rng(1)
+    base = np.repeat(rng.random(40) < 0.3, 11).astype(float)
+    new = np.repeat(rng.random(40) < 0.5, 11).astype(float)
+    cl = np.repeat([f"fact{i}" for i in range(40)], 11)
+    naive, clustered = paired_test(base, new), paired_test(base, new, cl)
+    assert clustered.estimate.estimate == pytest.approx(naive.estimate.estimate)
+    width = lambda t: t.estimate.hi - t.estimate.lo  # noqa: E731
+    assert width(clustered) > 2 * width(naive)
+    assert clustered.n_clusters == 40 and naive.n_clusters == 440
+    assert clustered.p > naive.p and clustered.mde > naive.mde
+
+
+def test_relative_gain_defined_for_any_positive_baseline():
+    tiny = paired_test([1] + [0] * 39, [1] * 10 + [0] * 30)  # 1 of 40 -> 10 of 40
+    rel = tiny.extra["relative"]
+    assert rel["estimate"] == pytest.approx(9.0)
+    assert all(math.isfinite(rel[k]) for k in ("lo", "hi")) and rel["lo"] < 9 < rel["hi"]
+    # the delta-method interval of the log ratio of two means, unclustered, by hand
+    a, b = np.array([1] + [0] * 39, float), np.array([1] * 10 + [0] * 30, float)
+    u = (b - b.mean()) / (40 * b.mean()) - (a - a.mean()) / (40 * a.mean())
+    se = math.sqrt(40 / 39 * float((u**2).sum()))
+    assert rel["lo"] == pytest.approx(math.exp(math.log(10) - 1.959964 * se) - 1, rel=1e-5)
+    assert rel["hi"] == pytest.approx(math.exp(math.log(10) + 1.959964 * se) - 1, rel=1e-5)
+    gone = paired_test([1] * 4 + [0] * 36, [0] * 40).extra["relative"]
+    assert gone["estimate"] == -1.0 and gone["lo"] == -1.0 and math.isfinite(gone["hi"])
+
+
+def test_no_change_is_not_a_proof_of_zero():
+    t = paired_test([1] * 12 + [0] * 12, [1] * 12 + [0] * 12)
+    assert t.p == 1.0 and t.estimate.lo < 0 < t.estimate.hi
+    assert t.estimate.hi == pytest.approx(1 - 0.025 ** (1 / 24))  # the exact 0-of-24 bound
+
+
+def test_holm_matches_statsmodels():
+    from statsmodels.stats.multitest import multipletests
+
+    ps = [0.01, 0.04, 0.03, 0.2, 0.001, 0.04]
+    ref = multipletests(ps, method="holm")[1]
+    assert holm(ps) == pytest.approx(list(ref))
+    got = holm([0.01, None, 0.04, 0.03])
+    assert got[1] is None and got == pytest.approx([0.03, None, 0.06, 0.06])  # type: ignore[arg-type]
+    assert holm([]) == []
+
+
+def test_pool_controls_one_outcome_per_item():
+    assert pool_controls([[1, 0, 0], [1, 1, 0], [0, 1, 0]]) == pytest.approx([2 / 3, 2 / 3, 0])
+    with pytest.raises(InputError):
+        pool_controls([[1, 0], [1]])
+    with pytest.raises(InputError):
+        paired_test([1, 0], [1, 0], clusters=["a"])
+
+
+def test_correlation_test_and_json_round_trip():
+    x = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    y = [2, 1, 4, 3, 6, 5, 8, 7, 10, 9]
+    t = correlation_test(x, y)
+    ref = sps.spearmanr(x, y)
+    assert t.estimate.estimate == pytest.approx(ref.statistic) and t.p == pytest.approx(ref.pvalue)
+    assert t.estimate.lo <= t.estimate.estimate <= t.estimate.hi
+    for test in (t, paired_test([0, 1, 1, 0], [1, 1, 1, 0])):
+        assert Test.from_json(json.loads(json.dumps(test.to_json()))) == test
+
+
+def test_relative_test_p_agrees_with_its_interval():
+    base = [1] * 4 + [0] * 36
+    new = [1] * 12 + [0] * 28  # 4 -> 12 of 40: +200%
+    for null in (0.35, 1.0, 2.0, 5.0):
+        t = relative_test(base, new, null=null)
+        assert t.estimate.estimate == pytest.approx(2.0)
+        inside = t.estimate.lo < null < t.estimate.hi
+        assert (t.p >= 0.05) == inside, (null, t.p, t.estimate)
+    assert relative_test([0] * 10, [1] * 10).estimate.estimate is None  # a zero baseline
+
+
+def test_ratio_test_by_hand():
+    num = [1, 0, 1, 0, 0, 1, 0, 0]
+    den = [1, 1, 1, 0, 1, 1, 0, 1]
+    t = ratio_test(num, den, null=1.0)
+    r = 3 / 6
+    u = (np.array(num) - r * np.array(den)) / 6
+    se = math.sqrt(8 / 7 * float((u**2).sum()))
+    assert t.estimate.estimate == pytest.approx(r) and t.extra["se"] == pytest.approx(se)
+    assert t.estimate.lo == pytest.approx(r - sps.t.ppf(0.975, 7) * se)
+    assert t.p == pytest.approx(2 * sps.t.sf(abs(r - 1) / se, 7))
+    assert ratio_test([1, 0], [0, 0]).estimate.estimate is None  # no gain to share
+
+
+def test_nonzero_null_uses_the_cluster_robust_t_test():
+    rng = np.random.default_rng(2)
+    d = rng.normal(0.4, 1.0, 50)
+    t = paired_test(np.zeros(50), d, null=0.35)
+    ref = sps.ttest_1samp(d, 0.35)
+    assert t.p == pytest.approx(ref.pvalue, rel=1e-6)  # CR1 with singleton clusters = t test

@@ -17,9 +17,10 @@ This is what ``mechlingo steer eval`` runs (and what a notebook can call step by
    otherwise ``dev_effect`` is ``"none found"`` and test still scores the best candidate,
    labelled as such. The lowest language is fixed here, on dev, by the headroom rule
    (:func:`lowest_language_rule`): among the non-English languages whose few-shot accuracy
-   beats their zero-shot accuracy (exact McNemar, ``p < 0.1``), the one with the lowest
-   zero-shot accuracy; the literal rule (lowest zero-shot over all languages) is reported
-   next to it, with the languages excluded for lack of headroom.
+   beats their zero-shot accuracy (exact McNemar, ``p < 0.1``), those with the lowest
+   zero-shot accuracy; the literal rule (the lowest zero-shot accuracy over the non-English
+   languages) is reported next to it, with the languages excluded for lack of headroom.
+   Tied languages are kept together and their test items pooled.
 3. **Test** (:func:`evaluate_test`): ``orig``, ``task``, ``diff``, ``both`` and ``random``
    (norm-matched random directions at the selected candidate's places, one per seed, at least
    3 seeds); Wilson intervals per language and condition; fixed/broken counts with exact
@@ -46,6 +47,7 @@ import math
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -241,29 +243,42 @@ def _klar_headroom(
     return zero, _score(model, facts, None, metric=few_scorer, pool=list(pool), **kw)
 
 
-def lowest_language_dev(zero: dict[str, dict], few: dict[str, dict]) -> str | None:
-    """The non-English language with the lowest dev zero-shot accuracy, ties broken by the
-    lower dev few-shot accuracy, then by code (``None`` when there is no non-English
-    language). Never English, never chosen on test."""
-    langs = [lg for lg in zero if lg != "en" and zero[lg]["n"]]
+def _tied_lowest(acc: Mapping[str, tuple[int, int]]) -> list[str]:
+    """The languages whose accuracy ``k / n`` is the lowest of ``acc`` (exact ties: every
+    language at that accuracy), sorted by code; English and empty languages never count."""
+    langs = [lg for lg, (_, n) in acc.items() if lg != "en" and n]
     if not langs:
+        return []
+    low = min(Fraction(acc[lg][0], acc[lg][1]) for lg in langs)
+    return sorted(lg for lg in langs if Fraction(acc[lg][0], acc[lg][1]) == low)
+
+
+def _representative(tied: Sequence[str], few: Mapping[str, float | None]) -> str | None:
+    """One language of a tie, for display only (the lower few-shot accuracy, then the code):
+    the claim is judged on every tied language's pooled items."""
+    if not tied:
         return None
+    return min(tied, key=lambda lg: (2.0 if few.get(lg) is None else few[lg], lg))  # type: ignore[operator]
 
-    def key(lg: str) -> tuple[float, float, str]:
-        f = few.get(lg, {}).get("p")
-        return (zero[lg]["p"], 2.0 if f is None else f, lg)
 
-    return min(langs, key=key)
+def lowest_language_dev(zero: dict[str, dict], few: dict[str, dict]) -> str | None:
+    """The literal rule on Wilson dicts (``{lang: {"k", "n", "p"}}``): the non-English
+    language with the lowest dev zero-shot accuracy (of a tie, the one with the lower dev
+    few-shot accuracy, then the code; :func:`lowest_language_rule` gives the whole tie).
+    ``None`` when there is no non-English language. Never English, never chosen on test."""
+    tied = _tied_lowest({lg: (int(w["k"]), int(w["n"])) for lg, w in zero.items()})
+    return _representative(tied, {lg: few.get(lg, {}).get("p") for lg in tied})
 
 
 HEADROOM_RULE = (
     "headroom rule, fixed on dev: among the non-English languages whose dev few-shot accuracy "
-    "beats their zero-shot accuracy (exact McNemar, p < {p:g}), the one with the lowest dev "
-    "zero-shot accuracy (ties: lower few-shot accuracy, then code)"
+    "beats their zero-shot accuracy (exact McNemar, p < {p:g}, more fixed than broken), those "
+    "with the lowest dev zero-shot accuracy (a tie keeps every tied language; the claim is "
+    "judged on their pooled test items)"
 )
 LITERAL_RULE = (
-    "literal rule, fixed on dev: the language with the lowest dev zero-shot accuracy over all "
-    "languages (ties: lower few-shot accuracy, then code)"
+    "literal rule, fixed on dev: the non-English languages with the lowest dev zero-shot "
+    "accuracy (a tie keeps every tied language; the claim is judged on their pooled test items)"
 )
 
 
@@ -284,18 +299,25 @@ def headroom_pairs(hr: dict[str, Any]) -> tuple[dict[str, list[bool]], dict[str,
 def lowest_language_rule(
     zero: dict[str, Sequence[bool]], few: dict[str, Sequence[bool]], *, p_threshold: float = 0.1
 ) -> dict[str, Any]:
-    """The lowest language, defined so that a repair claim on it is testable.
+    """The lowest-performing language by the two rules of the card, each written once here
+    and used by the protocol, ``mechlingo replicate`` and the reports.
 
     ``zero[lang]`` and ``few[lang]`` are paired dev outcomes (the same items zero-shot and
     few-shot). A language has *headroom* when its few-shot accuracy beats its zero-shot
     accuracy by an exact McNemar test (more fixed than broken, ``p < p_threshold``): only
     there can a vector that does what the demonstrations do show a gain.
 
-    Returns ``language`` (the headroom rule: the non-English language with headroom and the
-    lowest zero-shot accuracy; ``None`` when none has headroom), ``literal`` (the lowest
-    zero-shot accuracy over all languages, English included), ``excluded`` (the non-English
-    languages without headroom), ``tests`` (per language: zero-shot and few-shot accuracy,
-    fixed, broken, p, ``headroom``), ``rule`` and ``literal_rule`` (the rules in words).
+    Returns ``languages`` (the headroom rule: the non-English languages with headroom and
+    the lowest dev zero-shot accuracy; several when tied, empty when none has headroom),
+    ``literal_languages`` (the literal rule, the paper's wording: the non-English languages
+    with the lowest dev zero-shot accuracy), ``language`` and ``literal`` (one of each tie
+    for display: the lower few-shot accuracy, then the code; ``None`` when empty),
+    ``excluded`` (the non-English languages without headroom), ``tests`` (per language:
+    zero-shot and few-shot accuracy, n, fixed, broken, p, ``headroom``), ``rule`` and
+    ``literal_rule`` (the rules in words).
+
+    Raises:
+        InputError: outcomes that are not paired or empty.
     """
     tests: dict[str, dict[str, Any]] = {}
     for lg in sorted(zero):
@@ -304,16 +326,17 @@ def lowest_language_rule(
             raise InputError(f"{lg}: zero-shot and few-shot outcomes must be paired and non-empty")
         m = mcnemar(z, f)
         ok = m["fixed"] > m["broken"] and m["p"] < p_threshold
-        tests[lg] = {"zero_shot": sum(z) / len(z), "few_shot": sum(f) / len(f), **m,
-                     "headroom": ok}  # fmt: skip
-
-    def key(lg: str) -> tuple[float, float, str]:
-        return (tests[lg]["zero_shot"], tests[lg]["few_shot"], lg)
-
-    eligible = [lg for lg in tests if lg != "en" and tests[lg]["headroom"]]
+        tests[lg] = {"zero_shot": sum(z) / len(z), "few_shot": sum(f) / len(f), "k": sum(z),
+                     **m, "headroom": ok}  # fmt: skip
+    counts = {lg: (t["k"], t["n"]) for lg, t in tests.items()}
+    fs = {lg: t["few_shot"] for lg, t in tests.items()}
+    literal = _tied_lowest(counts)
+    head = _tied_lowest({lg: c for lg, c in counts.items() if tests[lg]["headroom"]})
     return {
-        "language": min(eligible, key=key) if eligible else None,
-        "literal": min(tests, key=key) if tests else None,
+        "language": _representative(head, fs),
+        "languages": head,
+        "literal": _representative(literal, fs),
+        "literal_languages": literal,
         "excluded": [lg for lg in tests if lg != "en" and not tests[lg]["headroom"]],
         "tests": tests,
         "p_threshold": p_threshold,
@@ -799,40 +822,49 @@ class HeldOutResult:
         ]
         return _json_safe(out)
 
-    def _gains_in(self, lang: str | None) -> dict[str, Any]:
-        if lang is None:
+    def _gains_in(self, langs: str | Sequence[str] | None) -> dict[str, Any]:
+        """Per condition, the paired gain over ``orig`` on the pooled items of ``langs``."""
+        langs = [langs] if isinstance(langs, str) else list(langs or [])
+        if not langs:
             return {}
-        base = _by_lang(self.results["orig"]).get(lang, [])
+        by = {c: _by_lang(r) for c, r in self.results.items()}
+        base = [x for lg in langs for x in by["orig"].get(lg, [])]
         return {
-            c: paired_gain(base, _by_lang(r).get(lang, []))
-            for c, r in self.results.items()
+            c: paired_gain(base, [x for lg in langs for x in v.get(lg, [])])
+            for c, v in by.items()
             if c != "orig"
         }
 
     def _lowest_summary(self) -> dict[str, Any]:
-        """The lowest language by the headroom rule and by the literal rule, their gains,
-        and the headline: both vectors together at the dev-chosen pair next to the best
-        single vector (gain in points with a bootstrap interval, relative where orig > 0)."""
+        """The lowest language by the headroom rule and by the literal rule (each a tie when
+        several languages share the lowest dev zero-shot accuracy: their items pooled), their
+        gains, and the headline: both vectors together at the dev-chosen pair next to the
+        best single vector (gain in points with a bootstrap interval, relative where orig > 0)."""
         rule = self.lowest_rule
         low, lit = self.lowest_language, rule.get("literal")
+        lows = rule.get("languages") or ([low] if low else [])
+        lits = rule.get("literal_languages") or ([lit] if lit else [])
         both = "both_pair" if "both_pair" in self.results else "both"
         single = self.choice.best_single or "task"
         out: dict[str, Any] = {
             "lowest_language": low,
+            "lowest_languages": lows,
             "lowest_language_rule": rule.get("rule") or "given (not chosen by a rule)",
             "lowest_language_literal": lit,
+            "lowest_languages_literal": lits,
             "lowest_language_literal_rule": rule.get("literal_rule"),
             "lowest_language_excluded": rule.get("excluded", []),
             "lowest_language_tests": rule.get("tests", {}),
         }
-        if low is not None:
-            out["lowest_language_gain"] = self._gains_in(low)
-        if lit is not None:
-            out["lowest_language_literal_gain"] = self._gains_in(lit)
+        if lows:
+            out["lowest_language_gain"] = self._gains_in(lows)
+        if lits:
+            out["lowest_language_literal_gain"] = self._gains_in(lits)
         head: dict[str, Any] = {"both_condition": both, "best_single": single}
-        for name, lang in (("headroom_rule", low), ("literal_rule", lit)):
-            g = self._gains_in(lang)
-            head[name] = {"language": lang, "both": g.get(both), "best_single": g.get(single)}
+        for name, langs in (("headroom_rule", lows), ("literal_rule", lits)):
+            g = self._gains_in(langs)
+            head[name] = {"language": "+".join(langs) or None, "languages": langs,
+                          "both": g.get(both), "best_single": g.get(single)}  # fmt: skip
         if low is None and rule:
             head["note"] = "no non-English language has headroom on dev: the claim is untestable"
         out["headline"] = head

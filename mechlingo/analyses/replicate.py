@@ -42,24 +42,29 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from mechlingo.activations.distributed import dist_info
-from mechlingo.analyses import protocol, repair
-from mechlingo.analyses.align import compare_alignment, drop_empty_lines
+from mechlingo.analyses import card_lu, card_sundar, protocol, repair
+from mechlingo.analyses.align import compare_alignment, per_sentence
+from mechlingo.analyses.card_rows import (
+    rows_align,
+    rows_experts,
+    rows_repair,
+    rows_trace,
+    rows_transfer,
+)
 from mechlingo.analyses.claims import (
     CLAIMS,
     LU,
+    RULES_HASH,
     SUNDAR,
-    Claim,
     ClaimsCard,
-    Interval,
     error_row,
-    headroom_lowest_language,
-    make_row,
+    finalize,
 )
-from mechlingo.analyses.evaluate import normalize
 from mechlingo.analyses.experts import collect_neuron_stats, find_experts, k_curve
 from mechlingo.analyses.trace import trace_recall
 from mechlingo.core.describe import model_info
@@ -67,19 +72,34 @@ from mechlingo.core.errors import InputError
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.core.version import __version__
-from mechlingo.data import LANGS, Fact, load_facts, parallel_sentences
+from mechlingo.data import LANGS, Fact, load_facts
 from mechlingo.data.splits import split_facts, take_per_lang
 from mechlingo.interventions import load_intervention
 from mechlingo.kernels.ranking import auroc_and_average_precision
-from mechlingo.kernels.significance import paired_gain, wilson
+from mechlingo.kernels.significance import Interval, Test, mde
 
-__all__ = ["BUDGETS", "PAPERS", "STAGES", "budget_settings", "replicate"]
+__all__ = [
+    "BUDGETS",
+    "BUDGETS_HASH",
+    "PAPERS",
+    "STAGES",
+    "budget_settings",
+    "claim_rows",
+    "replicate",
+]
 
 #: Bumped when a stage computes something different: old stored results are not reused.
-STAGE_VERSION = 1
+#: 2 (issue 32): fact ids per outcome, per-item transfer outcomes, the clamp measured on
+#: fresh samples, AUROC tests at the clamp's k, per-sentence alignment values.
+STAGE_VERSION = 2
+#: The seed of the BOS samples that measure the chosen clamp (seed 0 chose k).
+MEASURE_SEED = 1
 
-PAPERS = {LU: ("trace", "repair", "transfer_relation", "transfer_lang"),
+PAPERS = {LU: ("trace", "repair", "transfer_relation", "transfer_lang", "decoders",
+               "conversion", "external"),
           SUNDAR: ("experts", "align")}  # fmt: skip
+#: ``replicate(metric=...)``: how the Lu stages score facts (see ``docs/replicate.md``).
+METRICS = ("generate", "rank", "klar")
 STAGES = (*PAPERS[LU], *PAPERS[SUNDAR])
 
 _QUICK: dict[str, Any] = {
@@ -98,7 +118,9 @@ _QUICK: dict[str, Any] = {
                             "alphas": [0.28, 0.6]}},
     "experts": {"target": "es", "n_find": 32, "n_heldout": 4, "ks": [50, 500],
                 "samples": 16, "new_tokens": 12, "max_tokens": 24, "n_eval": 32,
-                "ppl_budget": 2.0, "n_boot": 200},
+                "ppl_budget": 2.0, "n_boot": 200, "eval_per_doc": 4},
+    "candidates": 4, "decoders": {"per_lang": 6, "tuned_lens": None},
+    "conversion": {"langs": ["fr", "ru", "ja"], "n_prompts": 6}, "external": {"per_lang": 24},
 }  # fmt: skip
 _FULL: dict[str, Any] = {
     "lu_langs": list(LANGS),
@@ -116,10 +138,15 @@ _FULL: dict[str, Any] = {
                             "alphas": [0.28, 0.6]}},
     "experts": {"target": "es", "n_find": 60, "n_heldout": 6, "ks": [50, 200, 500, 2000],
                 "samples": 24, "new_tokens": 16, "max_tokens": 24, "n_eval": 60,
-                "ppl_budget": 2.0, "n_boot": 500},
+                "ppl_budget": 2.0, "n_boot": 500, "eval_per_doc": 5},
+    "candidates": 4, "decoders": {"per_lang": 12, "tuned_lens": None},
+    "conversion": {"langs": ["fr", "es", "ru", "ja", "hi"], "n_prompts": 8}, "external": {"per_lang": 40},
 }  # fmt: skip
 #: The settings of each budget (see ``docs/replicate.md`` for the measured run times).
 BUDGETS: dict[str, dict[str, Any]] = {"quick": _QUICK, "full": _FULL}
+#: sha256 (16 hex digits) of :data:`BUDGETS`, written into ``claims.json`` beside the rules'
+#: hash: a change of either after a card was seen is logged in ``docs/replicate.md``.
+BUDGETS_HASH = hashlib.sha256(json.dumps(BUDGETS, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def budget_settings(budget: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -167,32 +194,17 @@ def _facts_hash(facts: Sequence[Fact] | None) -> str | None:
 
 def _lu_facts(facts: Sequence[Fact] | None, cfg: Mapping[str, Any], section: str) -> list[Fact]:
     """The facts of one Lu stage: the user's (every language and relation, at most
-    ``limit`` ids per relation when the section has one) or the bundled natural stems."""
+    ``limit`` ids per relation when the section has one) or the bundled natural stems, with
+    BMLAMA-style candidates under ``metric = "rank"``; the trace reads the repair test items."""
+    if section == "trace":  # the tracer reads the repair stage's test items (their classes)
+        return card_lu.repair_split(_lu_facts(facts, cfg, "repair"), cfg)[2]
     sec = cfg.get(section, {})
     if facts is not None:
-        return take_per_lang(list(facts), sec.get("limit"))
+        return card_lu.prepare_facts(take_per_lang(list(facts), sec.get("limit")), cfg)
     langs = sec.get("langs") or cfg["lu_langs"]
     rels = sec.get("relations") or ["capital"]
-    return load_facts(langs=langs, relations=rels, limit=sec.get("limit"), templates="natural")
-
-
-def _parallel(parallel: Mapping[str, Sequence[str]] | None, cfg: Mapping[str, Any]) -> dict:
-    """The parallel sentences of the Sundar stages, split into the lines that find the
-    experts, the held-out lines of the k curve, and the evaluation lines (alignment and the
-    held-out AUROC), in this order and never overlapping."""
-    e = cfg["experts"]
-    texts = drop_empty_lines(parallel if parallel is not None else parallel_sentences(list(LANGS)))
-    n = len(next(iter(texts.values()), []))
-    a, b = e["n_find"], e["n_find"] + e["n_heldout"]
-    c = min(n, b + e["n_eval"])
-    if c - b < 2 or a < 2:
-        raise InputError(
-            f"the parallel data has {n} lines; the experts need {a} + {e['n_heldout']} + at "
-            f"least 2 evaluation lines per language",
-            fix="pass more lines with --parallel, or a smaller budget",
-        )
-    cut = {"find": (0, a), "heldout": (a, b), "eval": (b, c)}
-    return {part: {lg: s[i:j] for lg, s in texts.items()} for part, (i, j) in cut.items()}
+    loaded = load_facts(langs=langs, relations=rels, limit=sec.get("limit"), templates="natural")
+    return card_lu.prepare_facts(loaded, cfg)
 
 
 # --------------------------------------------------------------------------------------
@@ -226,24 +238,25 @@ def _layers(fractions: Sequence[float] | None, n_layers: int) -> list[int] | Non
     return sorted({min(n_layers - 1, max(0, round(f * n_layers))) for f in fractions})
 
 
-def _by_lang(res: Any) -> dict[str, list[bool]]:
-    """Per language, correctness in id order."""
-    out: dict[str, list[bool]] = {}
-    for r in sorted(res.records, key=lambda r: (r["lang"], r["id"])):
-        out.setdefault(r["lang"], []).append(bool(r["correct"]))
-    return out
+def _items(results: Mapping[str, Any]) -> tuple[dict[str, dict[str, list[bool]]], dict]:
+    """Per condition and language, correctness in (lang, id) order, and the fact ids of that
+    order (one list for every condition: they score the same test items).
 
-
-def _paired_headroom(hr: Mapping[str, Any]) -> dict[str, tuple[list[bool], list[bool]]]:
-    """Dev zero- and few-shot outcomes per language, paired by fact id (the few-shot items
-    are those with enough demonstrations)."""
-    zero = {(r["id"], r["lang"]): bool(r["correct"]) for r in hr["results"]["zero_shot"].records}
-    out: dict[str, tuple[list[bool], list[bool]]] = {}
-    for r in sorted(hr["results"]["k_shot"].records, key=lambda r: (r["lang"], r["id"])):
-        z, f = out.setdefault(r["lang"], ([], []))
-        z.append(zero[(r["id"], r["lang"])])
-        f.append(bool(r["correct"]))
-    return out
+    Raises:
+        RuntimeError: conditions that scored different items (a bug upstream)."""
+    outcomes: dict[str, dict[str, list[bool]]] = {}
+    ids: dict[str, list[str]] | None = None
+    for c, res in results.items():
+        by: dict[str, list[bool]] = {}
+        keys: dict[str, list[str]] = {}
+        for r in sorted(res.records, key=lambda r: (r["lang"], r["id"])):
+            by.setdefault(r["lang"], []).append(bool(r["correct"]))
+            keys.setdefault(r["lang"], []).append(r["id"])
+        if ids is not None and keys != ids:
+            raise RuntimeError(f"condition {c} scored other test items than orig")
+        ids = keys
+        outcomes[c] = by
+    return outcomes, ids or {}
 
 
 def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progress: bool) -> dict:
@@ -256,7 +269,7 @@ def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progr
         raise InputError("a split of the repair facts is empty (build, dev or test)",
                          fix="give more facts (a larger budget or more ids per relation)")  # fmt: skip
     kw = {"max_new_tokens": r["max_new_tokens"], "batch_size": cfg.get("batch_size", 64),
-          "progress": progress}  # fmt: skip
+          "progress": progress, "metric": card_lu.metric_of(cfg)}  # fmt: skip
     vectors = repair.build_repair_vectors(
         model, build, k_shot=r["k_shot"], translation_shots=r["translation_shots"],
         batch_size=cfg.get("batch_size", 16), progress=progress,
@@ -267,20 +280,20 @@ def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progr
         task_layers=layers, diff_layers=layers, task_alphas=r["alphas"], diff_alphas=r["alphas"],
         top_k=r["top_k"], screen_ids=r["screen_ids"], **kw,
     )  # fmt: skip
-    rule = headroom_lowest_language(_paired_headroom(sw.headroom))
     res = protocol.evaluate_test(
-        model, vectors, sw.choice, test, lowest_language=rule["lang"] or sw.lowest_language,
-        pool=build, k_shot=r["k_shot"], seeds=r["seeds"], **kw,
+        model, vectors, sw.choice, test, lowest_language=sw.lowest_language,
+        lowest_rule=sw.lowest_rule, pool=build, k_shot=r["k_shot"], seeds=r["seeds"], **kw,
     )  # fmt: skip
     sweep = sw.to_dict()
+    outcomes, ids = _items(res.results)
     return {
         "summary": res.summary(),
         "sweep": {k: v for k, v in sweep.items() if k != "rows"},
         "sweep_rows": [x for x in sweep["rows"] if x["stage"] == "dev"],
-        "lowest": {"headroom_rule": rule, "literal": sw.lowest_language,
-                   "literal_rule": "protocol.lowest_language_dev: the non-English language "
-                   "with the lowest dev zero-shot accuracy (ties: lower few-shot)"},
-        "outcomes": {c: _by_lang(er) for c, er in res.results.items()},
+        "lowest": sw.lowest_rule,
+        "outcomes": outcomes,
+        "ids": ids,
+        "items": card_lu.item_records(res.results),
         "n_ids": {k: len({f.id for f in v}) for k, v in (("build", build), ("dev", dev),
                                                           ("test", test))},
     }  # fmt: skip
@@ -306,32 +319,73 @@ def _stage_transfer(
         m["layers"] = _layers(m.pop("layer_fractions"), int(model.cfg.n_layers))
     tm = mod.transfer_matrix(
         model, facts, by=by, seed=0, progress=progress, max_new_tokens=t["max_new_tokens"],
-        batch_size=cfg.get("batch_size", 64), stats=built.get("stats"), **m,
+        batch_size=cfg.get("batch_size", 64), stats=built.get("stats"),
+        metric=card_lu.metric_of(cfg), **m,
     )  # fmt: skip
     built["stats"] = tm.stats
     out = tm.to_json()
     out = json.loads(out) if isinstance(out, str) else out
-    return {"by": by, "matrix": out, "cells": list(out.get("cells", tm.cells))}
+    cells = list(out.get("cells", tm.cells))
+    return {"by": by, "matrix": {k: v for k, v in out.items() if k != "cells"}, "cells": cells}
 
 
-def _heldout_auroc(
-    pooled: torch.Tensor, labels: torch.Tensor, feats: torch.Tensor, n_boot: int, seed: int
+def _median_auroc(x: torch.Tensor, y: torch.Tensor) -> float:
+    return float(auroc_and_average_precision(x, y)[0].median())
+
+
+def _auroc_tests(
+    stats: Any, target: str, feats: torch.Tensor, rnd: torch.Tensor, n_boot: int, seed: int
 ) -> dict[str, Any]:
-    """Median AUROC over ``feats`` on held-out sentences, with a percentile bootstrap 95%
-    interval over sentences (resampled within each class, so both stay present)."""
-    x = pooled[:, feats.to(pooled.device)].float().cpu()
-    y = labels.bool().cpu()
-    est = float(auroc_and_average_precision(x, y)[0].median())
+    """Median AUROC over ``feats`` (and over the random neurons ``rnd``) on held-out
+    sentences, as :class:`~mechlingo.kernels.significance.Test` JSON: a cluster bootstrap over
+    sentences (the translations of one sentence resampled together) for the intervals, and a
+    permutation test of H0 "AUROC = 0.5" that shuffles which translation of each sentence
+    carries the target label (999 permutations, the same for the experts, the random neurons
+    and their difference)."""
+    y = (stats.lang_ids == stats.lang_index(target)).cpu()
+    lang = stats.lang_ids.cpu()
+    sent = torch.zeros_like(lang)
+    for li in lang.unique():
+        rows = (lang == li).nonzero().flatten()
+        sent[rows] = torch.arange(len(rows))
+    xe = stats.pooled[:, feats.to(stats.pooled.device)].float().cpu()
+    xr = stats.pooled[:, rnd.to(stats.pooled.device)].float().cpu()
+    est = {"experts": _median_auroc(xe, y), "random": _median_auroc(xr, y)}
+    est["vs_random"] = est["experts"] - est["random"]
     gen = torch.Generator().manual_seed(seed)
-    pos, neg = y.nonzero().flatten(), (~y).nonzero().flatten()
-    vals = []
+    members = [(sent == i).nonzero().flatten() for i in range(int(sent.max()) + 1)]
+    boots: dict[str, list[float]] = {k: [] for k in est}
     for _ in range(n_boot):
-        idx = torch.cat([pos[torch.randint(len(pos), (len(pos),), generator=gen)],
-                         neg[torch.randint(len(neg), (len(neg),), generator=gen)]])  # fmt: skip
-        vals.append(float(auroc_and_average_precision(x[idx], y[idx])[0].median()))
-    q = torch.tensor(vals).quantile(torch.tensor([0.025, 0.975]))
-    return {"estimate": est, "lo": float(q[0]), "hi": float(q[1]), "n": int(len(y)),
-            "n_pos": int(len(pos)), "k": int(len(feats))}  # fmt: skip
+        pick = torch.randint(len(members), (len(members),), generator=gen)
+        idx = torch.cat([members[int(i)] for i in pick])
+        if y[idx].all() or not y[idx].any():
+            continue
+        e, r = _median_auroc(xe[idx], y[idx]), _median_auroc(xr[idx], y[idx])
+        boots["experts"].append(e)
+        boots["random"].append(r)
+        boots["vs_random"].append(e - r)
+    hits = dict.fromkeys(est, 0)
+    n_perm = 999
+    for _ in range(n_perm):
+        yp = y.clone()
+        for m in members:
+            yp[m] = y[m[torch.randperm(len(m), generator=gen)]]
+        e, r = _median_auroc(xe, yp), _median_auroc(xr, yp)
+        for k, v, null in (("experts", e, 0.5), ("random", r, 0.5), ("vs_random", e - r, 0.0)):
+            hits[k] += abs(v - null) >= abs(est[k] - (0.0 if k == "vs_random" else 0.5)) - 1e-12
+    out: dict[str, Any] = {"k": int(len(feats)), "n": int(len(y)), "n_pos": int(y.sum()),
+                           "n_clusters": len(members)}  # fmt: skip
+    for k, v in est.items():
+        b = np.asarray(boots[k])
+        lo, hi = np.quantile(b, [0.025, 0.975]) if len(b) > 1 else (None, None)
+        se = float(b.std(ddof=1)) if len(b) > 1 else None
+        iv = Interval(v, None if lo is None else float(lo), None if hi is None else float(hi),
+                      int(len(y)))  # fmt: skip
+        out[k] = Test(iv, (1 + hits[k]) / (1 + n_perm), None if se is None else mde(se),
+                      len(members), "median AUROC; cluster bootstrap over sentences "
+                      "(percentile); p: permutation of the target label within each sentence "
+                      f"({n_perm})", {"null": 0.0 if k == "vs_random" else 0.5, "se": se}).to_json()  # fmt: skip
+    return out
 
 
 def _random_features(n: int, exclude: torch.Tensor, k: int, seed: int) -> torch.Tensor:
@@ -342,17 +396,19 @@ def _random_features(n: int, exclude: torch.Tensor, k: int, seed: int) -> torch.
 
 
 def _overlap(res: Any, k: int) -> dict[str, Any]:
+    """The languages' pairwise overlap matrix of the top-``k`` expert sets (the row judges it
+    with the languages as units, :func:`mechlingo.analyses.card_rows.overlap_test`)."""
     ov = res.overlap(k).cpu()
-    n = ov.shape[0]
-    iu = torch.triu_indices(n, n, 1)
-    shared = int(round(float((ov[iu[0], iu[1]] * k).sum())))
-    return {"k": k, "langs": res.langs, "matrix": ov.tolist(),
-            "wilson": wilson(shared, iu.shape[1] * k), "chance": k / res.stats.n_features}  # fmt: skip
+    return {"k": k, "langs": res.langs, "matrix": ov.tolist(), "chance": k / res.stats.n_features}
 
 
 def _stage_experts(
     model: Model, texts: dict, cfg: Mapping[str, Any], progress: bool, tmp: Path
 ) -> dict:
+    """The experts, k chosen on the held-out lines' perplexity and BOS samples of seed 0,
+    and everything that judges the chosen clamp measured elsewhere: its steering on fresh BOS
+    samples (seed 1) with perplexity on evaluation lines, the AUROC at its k on the
+    evaluation lines, the overlap at its k (the smallest k when the rule chose none)."""
     e = cfg["experts"]
     target = e["target"]
     if target not in texts["find"]:
@@ -362,27 +418,29 @@ def _stage_experts(
                        batch_size=cfg.get("batch_size", 16), progress=progress)  # fmt: skip
     n_feat = res.stats.n_features
     ks = sorted({k for k in e["ks"] if 2 * k <= n_feat}) or [max(1, n_feat // 4)]
-    curve = k_curve(model, res, target, ks, texts["heldout"], n_samples=e["samples"],
-                    max_new_tokens=e["new_tokens"], seed=0, max_tokens=e["max_tokens"],
-                    progress=progress)  # fmt: skip
+    kw = {"n_samples": e["samples"], "max_new_tokens": e["new_tokens"],
+          "max_tokens": e["max_tokens"], "progress": progress}  # fmt: skip
+    curve = k_curve(model, res, target, ks, texts["heldout"], seed=0, **kw)
     papers = curve.choose(e["ppl_budget"], "none")
     strict = curve.choose(e["ppl_budget"], "geomean")
+    k = papers["k"] if papers["k"] is not None else ks[0]
+    measure = []
+    if papers["k"] is not None:
+        lines = {lg: v[: max(2, e["n_heldout"])] for lg, v in texts["eval"].items()}
+        measure = k_curve(model, res, target, [k], lines, seed=MEASURE_SEED, **kw).records()
+        res.clamp(target, k).save(tmp / "clamp", model)
+        res.random_clamp(target, k, seed=0).save(tmp / "control", model)
     ev = collect_neuron_stats(model, texts["eval"], max_tokens=e["max_tokens"],
                               batch_size=cfg.get("batch_size", 16), progress=progress)  # fmt: skip
-    labels = ev.lang_ids == ev.lang_index(target)
-    top = res.top(target, ks[0])
-    auroc = _heldout_auroc(ev.pooled, labels, top, e["n_boot"], 0)
-    rnd = _random_features(n_feat, top, ks[0], seed=0)
-    auroc_rnd = _heldout_auroc(ev.pooled, labels, rnd, e["n_boot"], 0)
-    if papers["k"] is not None:
-        res.clamp(target, papers["k"]).save(tmp / "clamp", model)
-        res.random_clamp(target, papers["k"], seed=0).save(tmp / "control", model)
+    top = res.top(target, k)
+    auroc = _auroc_tests(ev, target, top, _random_features(n_feat, top, k, seed=0),
+                         e["n_boot"], 0)  # fmt: skip
+    auroc["k_rule"] = "the papers' rule" if papers["k"] is not None else "none chosen: smallest k"
     return {
         "target": target, "ks": ks, "n_features": n_feat, "langs": res.langs,
-        "curve": curve.records(), "tests": curve.tests(),
-        "choice_papers": papers, "choice_strict": strict,
-        "auroc": auroc, "auroc_random": auroc_rnd, "overlap": _overlap(res, ks[0]),
-        "summary": res.summary(ks[0]),
+        "curve": curve.records(), "tests": curve.tests(), "measure_curve": measure,
+        "measure_seed": MEASURE_SEED, "choice_papers": papers, "choice_strict": strict,
+        "auroc": auroc, "overlap": _overlap(res, k), "summary": res.summary(k),
     }  # fmt: skip
 
 
@@ -402,245 +460,73 @@ def _stage_align(
     summary = comp.summary()
     summary["intervals"] = comp.intervals()
     summary["k"] = iv.meta.get("build", {}).get("k") if hasattr(iv, "meta") else None
+    per: dict[str, dict[str, list[float]]] = {}
+    for arm in comp.arms():
+        emb = {"pre": comp.pre, "post": comp.post, "control": comp.control}[arm]
+        vals = per_sentence(emb.emb[emb.layer_slot(None)], comp.langs, target=e["target"],
+                            centre=comp.centre)  # fmt: skip
+        per[arm] = {m: vals[m].cpu().tolist() for m in ("retrieval", "between_languages")}
+    summary["per_sentence"] = per
+    summary["details"] = card_sundar.align_details(comp, texts.get("docs", {}).get("eval"))
     return summary
 
 
 # --------------------------------------------------------------------------------------
-# Rows: from stored stage results to verdicts (pure; tested on hand-made numbers)
+# Rows: from stored stage results to verdicts (mechlingo.analyses.card_rows)
 # --------------------------------------------------------------------------------------
 
 
-def _rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
-    recs = [r for r in data["records"] if r["lang"] != "en"]
-    order = []
-    for r in recs:
-        if r["answer_en"] and normalize(r["answer_en"]) == normalize(r["answer"]):
-            continue  # the English and the L answer are the same word: no order to see
-        e, a = r["first_en_layer"], r["first_answer_layer"]
-        if (e >= 0 or a >= 0) and e != a:
-            order.append(e >= 0 and (a < 0 or e < a))
-    w = wilson(sum(order), len(order))
-    c1 = _claim("latent_english")
-    row1 = make_row(
-        c1, Interval.of(w, "p"),
-        untestable=None if order else "no non-English query whose English or L answer "
-        "becomes decodable (rank <= max_rank) with distinct words",
-        details=f"{sum(order)} of {len(order)} queries: English first",
-    )  # fmt: skip
-    cls = [r["class"] for r in recs]
-    rf, tf = cls.count("recall_failure"), cls.count("translation_failure")
-    errors = sum(not r["correct"] for r in recs)
-    c2 = _claim("recall_failures")
-    row2 = make_row(
-        c2, Interval.of(wilson(rf, rf + tf), "p"),
-        untestable=None if rf + tf else "no recall or translation failures among the "
-        "non-English queries",
-        details=f"of {errors} non-English errors: {rf} recall failures, {tf} translation "
-        f"failures, {errors - rf - tf} other (wrong language or L-only)",
-    )  # fmt: skip
-    return [row1, row2]
-
-
-def _non_english(outcomes: Mapping[str, Sequence[bool]]) -> list[bool]:
-    return [x for lg in sorted(outcomes) if lg != "en" for x in outcomes[lg]]
-
-
-def _best_control(gains: Sequence[Mapping[str, Any] | None], est: str = "gain") -> Interval | None:
-    """The random control most in favour of an effect (the highest lower bound): a claim
-    holds only if no seed shows the effect."""
-    ivs = [Interval.of(g, est) for g in gains if g]
-    ivs = [i for i in ivs if i is not None and i.complete]
-    return max(ivs, key=lambda i: i.lo) if ivs else None  # type: ignore[arg-type,return-value]
-
-
-def _relative(g: Mapping[str, Any]) -> dict[str, Any]:
-    return {"gain": g.get("relative"), "lo": g.get("relative_lo"),
-            "hi": g.get("relative_hi"), "n": g.get("n")}  # fmt: skip
-
-
-def _rows_repair(data: Mapping[str, Any]) -> list[dict[str, Any]]:
-    s, out = data["summary"], data["outcomes"]
-    seeds = [c for c in out if c.startswith("random_s")]
-    base = _non_english(out["orig"])
-    ctl = _best_control([paired_gain(base, _non_english(out[c])) for c in seeds])
-    note = (f"selected on dev: {s['selected']} ({s['dev_effect']}); config {s['config']}; "
-            f"ids build/dev/test {data['n_ids']}")  # fmt: skip
-    rows = []
-    for cid, cond in (("task_vector", "task"), ("diff_vector", "diff")):
-        g = paired_gain(base, _non_english(out[cond]))
-        rows.append(make_row(_claim(cid), Interval.of(g), ctl, details=note))
-    rows.append(_row_lowest(data, seeds))
-    pooled = paired_gain(base * len(seeds), [x for c in seeds for x in _non_english(out[c])])
-    rows.append(make_row(_claim("random_vector"), Interval.of(pooled),
-                         details=f"{len(seeds)} seeds pooled"))  # fmt: skip
+def _rows_repair_all(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    rows = rows_repair(data)
+    card_lu.attach_logprob(rows, data)
     return rows
 
 
-def _row_lowest(data: Mapping[str, Any], seeds: Sequence[str]) -> dict[str, Any]:
-    out, low = data["outcomes"], data["lowest"]
-    lang, literal = low["headroom_rule"]["lang"], low["literal"]
-
-    def rel(lg: str | None, cond: str) -> dict[str, Any] | None:
-        if lg is None or lg not in out["orig"]:
-            return None
-        return paired_gain(out["orig"][lg], out[cond][lg])
-
-    lit = rel(literal, "both")
-    lit_text = (
-        "n/a" if lit is None or lit["relative"] is None else (Interval.of(_relative(lit)).text(2))
-    )  # type: ignore[union-attr]
-    details = (f"headroom rule ({low['headroom_rule']['rule']}): {lang}; literal rule "
-               f"({low['literal_rule']}): {literal}, relative gain of both {lit_text}")  # fmt: skip
-    claim = _claim("lowest_language")
-    if lang is None:
-        return make_row(
-            claim,
-            None,
-            untestable="no headroom: no non-English language's dev "
-            "few-shot accuracy beats zero-shot (McNemar p < 0.1)",
-            details=details,
-        )
-    g = rel(lang, "both")
-    if g is None or g["relative"] is None:
-        if g is not None:
-            details += f"; absolute gain of both in {lang}: {Interval.of(g).text()}"  # type: ignore[union-attr]
-        return make_row(
-            claim,
-            None,
-            untestable=f"the test accuracy of {lang} without "
-            "intervention is 0: a relative gain is undefined",
-            details=details,
-        )
-    ctl = _best_control([_relative(rel(lang, c) or {}) for c in seeds])
-    return make_row(claim, Interval.of(_relative(g)), ctl, details=details,
-                    extra={"lang": lang, "literal_lang": literal})  # fmt: skip
-
-
-def _rows_transfer(cid: str, data: Mapping[str, Any]) -> list[dict[str, Any]]:
-    cells = [c for c in data["cells"] if str(c.get("row", "")).startswith("all_but_")]
-    cells = [c for c in cells if (c.get("gain") or {}).get("estimate") is not None]
-    claim = _claim(cid)
-    if not cells:
-        return [
-            make_row(
-                claim,
-                None,
-                untestable="the transfer matrix has no held-out "
-                "(all_but_R) cell with a gain (too few relations or languages)",
-            )
-        ]
-    cells.sort(key=lambda c: c["gain"]["estimate"])
-    mid = cells[(len(cells) - 1) // 2]
-    eff = Interval.of({**mid["gain"], "n": mid.get("n")}, "estimate")
-    ctl = _best_control([{**c["control_gain"], "n": c.get("n")} for c in cells
-                         if isinstance(c.get("control_gain"), Mapping)], "estimate")  # fmt: skip
-    per = "; ".join(f"{c['col']}: {Interval.of({**c['gain'], 'n': c.get('n')}, 'estimate').text(2)}"  # type: ignore[union-attr]
-                    for c in cells)  # fmt: skip
-    return [make_row(claim, eff, ctl, details=f"median of {len(cells)} held-out cells ({per})")]
-
-
-def _rows_experts(data: Mapping[str, Any]) -> list[dict[str, Any]]:
-    a = data["auroc"]
-    rows = [make_row(_claim("experts_exist"), Interval.of(a, "estimate"),
-                     Interval.of(data["auroc_random"], "estimate"),
-                     details=f"top {a['k']} {data['target']} experts; {a['n_pos']} of "
-                     f"{a['n']} held-out sentences in {data['target']}")]  # fmt: skip
-    ov = data["overlap"]
-    rows.append(make_row(_claim("experts_disjoint"), Interval.of(ov["wilson"], "p"),
-                         details=f"k = {ov['k']}; chance {ov['chance']:.4f}"))  # fmt: skip
-    rows.append(_row_steers(data))
-    return rows
-
-
-def _row_steers(data: Mapping[str, Any]) -> dict[str, Any]:
-    papers, strict = data["choice_papers"], data["choice_strict"]
-    details = (f"papers' rule (target rate; target perplexity <= {papers['ppl_budget']:g}x): "
-               f"k = {papers['k']}; stricter rule (also the geometric mean of the other "
-               f"languages' perplexity ratios): k = {strict['k']}")  # fmt: skip
-    k = papers["k"]
-    claim = _claim("clamp_steers")
-    if k is None:
-        return make_row(
-            claim,
-            None,
-            details=details,
-            untestable="the papers' rule chose no k "
-            "(no k keeps the target's perplexity within the budget)",
-        )
-    rows = data["curve"]
-    none = next(r for r in rows if r["arm"] == "none")
-    exp = next(r for r in rows if r["arm"] == "experts" and r["k"] == k)
-    rnd = next((r for r in rows if r["arm"] == "random" and r["k"] == k), None)
-    eff = Interval.of(paired_gain(none["bos_hits"], exp["bos_hits"]))
-    ctl = None if rnd is None else Interval.of(paired_gain(none["bos_hits"], rnd["bos_hits"]))
-    details += (f"; target rate {none['target_rate_bos']:.2f} -> {exp['target_rate_bos']:.2f} "
-                f"(random {rnd['target_rate_bos'] if rnd else float('nan'):.2f})")  # fmt: skip
-    return make_row(claim, eff, ctl, details=details, extra={"k": k, "k_strict": strict["k"]})
-
-
-def _rows_align(data: Mapping[str, Any]) -> list[dict[str, Any]]:
-    ids = ("clamp_closer", "retrieval_improves", "random_neurons")
-    if "untestable" in data:
-        return [make_row(_claim(c), None, untestable=data["untestable"]) for c in ids]
-    g, d = data["intervals"]["gains"], data["distance"]
-    m = data["intervals"]["metrics"]["retrieval"]
-    ratio = " -> ".join(f"{d[a]['ratio']:.3f}" for a in ("pre", "post", "control") if a in d)
-    dist = " -> ".join(f"{d[a]['between_languages']:.3f}" for a in ("pre", "post", "control"))
-    ret = ", ".join(f"{a} {m[a]['mean']:.3f}" for a in ("pre", "post", "control") if a in m)
-    at = f"k = {data.get('k')}, layer {data['layer']}"
-    return [
-        make_row(_claim("clamp_closer"), Interval.of(g["between_languages"]["post_vs_pre"]),
-                 Interval.of(g["between_languages"]["control_vs_pre"]),
-                 details=f"{at}; between languages pre -> post -> control {dist}; "
-                 f"same/different-sentence ratio {ratio}"),
-        make_row(_claim("retrieval_improves"), Interval.of(g["retrieval"]["post_vs_pre"]),
-                 Interval.of(g["retrieval"]["control_vs_pre"]), details=f"{at}; top-1 {ret}"),
-        make_row(_claim("random_neurons"), Interval.of(g["retrieval"]["control_vs_pre"]),
-                 details=f"{at}; top-1 {ret}"),
-    ]  # fmt: skip
-
-
-def _claim(cid: str) -> Claim:
-    return next(c for c in CLAIMS if c.id == cid)
-
-
-_ROWS: dict[str, Callable[[Mapping[str, Any]], list[dict[str, Any]]]] = {
-    "trace": _rows_trace,
-    "repair": _rows_repair,
-    "transfer_relation": lambda d: _rows_transfer("independent_relations", d),
-    "transfer_lang": lambda d: _rows_transfer("independent_languages", d),
-    "experts": _rows_experts,
-    "align": _rows_align,
-}
+#: ``(stage, row builder)``; a builder that fails turns its stage's rows not yet built into
+#: error rows (the other builders of the stage keep theirs).
+_ROWS: tuple[tuple[str, Callable[[Mapping[str, Any]], list[dict[str, Any]]]], ...] = (
+    ("trace", rows_trace),
+    ("repair", _rows_repair_all),
+    ("repair", card_lu.rows_repair_extra),
+    ("transfer_relation", lambda d: rows_transfer("independent_relations", d)),
+    ("transfer_lang", lambda d: rows_transfer("independent_languages", d)),
+    ("decoders", card_lu.rows_decoders),
+    ("conversion", card_lu.rows_conversion),
+    ("external", card_lu.rows_external),
+    ("experts", rows_experts),
+    ("align", rows_align),
+    ("align", card_sundar.rows_align_extra),
+)
 
 
 def claim_rows(stages: Mapping[str, Any], papers: Sequence[str]) -> list[dict[str, Any]]:
-    """Every claim's row of ``papers`` from the stages' stored results (``{"error": ...}``
-    for a failed stage), in the order of :data:`~mechlingo.analyses.claims.CLAIMS`. A row
-    builder that fails on a result also becomes an error row."""
-    built: dict[str, dict[str, Any]] = {}
-    for name, fn in _ROWS.items():
+    """Every claim's rows of ``papers`` from the stages' stored results (``{"error": ...}``
+    for a failed stage), in the order of :data:`~mechlingo.analyses.claims.CLAIMS` (a claim
+    judged in several readings has one row per reading, each with its ``variant``), after
+    :func:`~mechlingo.analyses.claims.finalize` (Holm over the card, then the verdicts). A
+    row builder that fails on a result also becomes an error row."""
+    built: dict[str, list[dict[str, Any]]] = {}
+    for name, fn in _ROWS:
         data = stages.get(name)
         if data is None or "error" in data:
             continue
         try:
             for row in fn(data):
-                built[row["id"]] = row
+                built.setdefault(row["id"], []).append(row)
         except Exception as err:  # a result this code cannot read: the rows say so
             for c in CLAIMS:
-                if c.stage == name:
-                    built[c.id] = error_row(c, f"reading the {name} result: {err!r}")
+                if c.stage == name and c.id not in built:
+                    built[c.id] = [error_row(c, f"reading the {name} result: {err!r}")]
     rows = []
     for c in CLAIMS:
         if c.paper not in papers:
             continue
-        data = stages.get(c.stage)
         if c.id in built:
-            rows.append(built[c.id])
+            rows += built[c.id]
         else:
-            err = (data or {}).get("error", "the stage did not run")
+            err = (stages.get(c.stage) or {}).get("error", "the stage did not run")
             rows.append(error_row(c, err))
-    return rows
+    return finalize(rows)
 
 
 # --------------------------------------------------------------------------------------
@@ -663,6 +549,8 @@ def _stage_fns(
     cfg: Mapping[str, Any],
     stages: Stages,
     progress: bool,
+    external: tuple[Sequence[Fact], str] | None = None,
+    documents: Sequence[str] | None = None,
 ) -> dict[str, tuple[Callable[..., Any], bool]]:
     """``{stage: (fn, takes a folder)}``; the data of each stage is loaded when it runs."""
     texts: dict[str, Any] = {}
@@ -670,14 +558,17 @@ def _stage_fns(
 
     def par() -> dict:
         if not texts:
-            texts.update(_parallel(parallel, cfg))
+            texts.update(card_sundar.parallel_parts(parallel, cfg, documents))
         return texts
+
+    extra = card_lu.stage_fns(model, lambda s: _lu_facts(facts, cfg, s), par, cfg, stages,
+                              external, progress)  # fmt: skip
 
     return {
         "trace": (lambda: _stage_trace(model, _lu_facts(facts, cfg, "trace"), cfg, progress),
                   False),
-        "repair": (lambda: _stage_repair(model, _lu_facts(facts, cfg, "repair"), cfg, progress),
-                   False),
+        "repair": (lambda: {**_stage_repair(model, _lu_facts(facts, cfg, "repair"), cfg,
+                                            progress), **card_lu.trace_classes(stages)}, False),
         "transfer_relation": (lambda: _stage_transfer(
             model, _lu_facts(facts, cfg, "transfer"), cfg, "relation", progress, built), False),
         "transfer_lang": (lambda: _stage_transfer(
@@ -685,6 +576,7 @@ def _stage_fns(
         "experts": (lambda tmp: _stage_experts(model, par(), cfg, progress, tmp), True),
         "align": (lambda: _stage_align(model, par(), cfg, stages.path("experts"), progress),
                   False),
+        **extra,
     }  # fmt: skip
 
 
@@ -715,6 +607,10 @@ def replicate(
     progress: bool = False,
     fresh: bool = False,
     agree: Callable[[bool], bool] | None = None,
+    metric: str = "generate",
+    external: Sequence[Fact] | None = None,
+    external_metric: str = "rank",
+    documents: Sequence[str] | None = None,
 ) -> ClaimsCard:
     """Check the papers' claims on ``model``: one row per claim with the paper's number,
     mechlingo's number (n, 95% interval), a verdict by a fixed rule and the figure.
@@ -735,16 +631,29 @@ def replicate(
         fresh: remove the stored stages of this key first (start over).
         agree: under torchrun, how the ranks agree that a stage is finished everywhere
             (:func:`mechlingo.cli.work.all_ranks_have`); each rank then keeps its own stages.
+        metric: how the Lu stages score facts: ``"generate"`` (the default: greedy
+            generation, the papers' scorer), ``"rank"`` (P@1 of candidate ranking; bundled
+            facts get BMLAMA-style candidates; the metric with signal on the embedded model,
+            measured on dev data, at about twice the CPU time, see ``docs/replicate.md``) or
+            ``"klar"``.
+        external: a benchmark's facts for the external-transfer rows (vectors and settings
+            chosen on the bundled data, applied unchanged), scored with ``external_metric``.
+        documents: the document id of every ``parallel`` line (the split never cuts a
+            document; alignment rows resample documents).
 
     Returns:
         A :class:`~mechlingo.analyses.claims.ClaimsCard`.
     """
     papers = _papers(paper)
-    cfg = budget_settings(budget, settings)
+    if metric not in METRICS:
+        raise InputError(f"metric must be one of {list(METRICS)}, got {metric!r}")
+    cfg = budget_settings(budget, {**dict(settings or {}), "metric": metric})
     key = {
         "model": {**model_info(model), "weights_fingerprint": weights_fingerprint(model)},
         "data": {"facts": _facts_hash(facts), "parallel": None if parallel is None else
-                 _hash(parallel)},
+                 _hash([parallel, documents]),
+                 "external": None if external is None else [_facts_hash(external),
+                                                            external_metric]},
         "settings": cfg, "stage_version": STAGE_VERSION,
     }  # fmt: skip
     tmp = None if work is not None else tempfile.mkdtemp(prefix="mechlingo-replicate-")
@@ -754,7 +663,8 @@ def replicate(
     if fresh:
         stages.clear()
     try:
-        fns = _stage_fns(model, facts, parallel, cfg, stages, progress)
+        ext = None if external is None else (list(external), external_metric)
+        fns = _stage_fns(model, facts, parallel, cfg, stages, progress, ext, documents)
         names = [s for p in papers for s in PAPERS[p]]
         results: dict[str, Any] = {}
         timing: dict[str, Any] = {}
@@ -769,6 +679,7 @@ def replicate(
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     meta = {"model": key["model"]["model_name"], "budget": budget, "papers": papers,
+            "rules_hash": RULES_HASH, "budgets_hash": BUDGETS_HASH,
             "mechlingo": __version__, "settings": cfg, "stages": timing,
             "work": None if work is None else str(stages.folder)}  # fmt: skip
     return ClaimsCard(rows, results, meta)

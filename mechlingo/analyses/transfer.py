@@ -339,7 +339,8 @@ class TransferMatrix:
             ``control_p`` (exact McNemar against ``orig``), ``vs_control_p``, ``accuracy``
             (``orig``, ``steered``, ``control``), ``selected``, ``dev_effect``,
             ``config`` and ``layer``/``alpha`` of the selected vector(s), and what the row
-            was built and chosen on.
+            was built and chosen on; ``items`` (per test item, in the order of the
+            outcomes: fact ``ids`` and the 0/1 outcomes ``orig``, ``steered``, ``control``).
         rows, cols: their order.
         choices: per row, what was built and what dev chose.
         meta: sizes, options and seconds.
@@ -540,6 +541,8 @@ def _cell_stats(orig: EvalResult, steered: EvalResult, control: EvalResult, seed
         "vs_control_p": mcnemar(c, s)["p"],
         "accuracy": {k: sum(v) / len(v) if v else None
                      for k, v in (("orig", o), ("steered", s), ("control", c))},
+        "items": {"ids": [r["id"] for r in sorted(orig.records, key=lambda r: (r["id"], r["lang"]))
+                          if r["lang"] != "en"], "orig": o, "steered": s, "control": c},
     }  # fmt: skip
 
 

@@ -19,8 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mechlingo.activations.distributed import dist_info
-from mechlingo.analyses.replicate import BUDGETS, PAPERS, replicate
+from mechlingo.activations.distributed import dist_info, sharded_scoring
+from mechlingo.analyses.replicate import BUDGETS, METRICS, PAPERS, replicate
 from mechlingo.cli.common import (
     UsageError,
     add_model_args,
@@ -30,7 +30,8 @@ from mechlingo.cli.common import (
 from mechlingo.cli.work import add_work_args, all_ranks_have, finish_stages, work_folder
 from mechlingo.core.errors import MechlingoError
 from mechlingo.core.stages import Stages
-from mechlingo.data import read_facts, read_parallel_dir
+from mechlingo.data import detect_format, load_benchmark, read_facts, read_parallel_dir
+from mechlingo.data.natural_parallel import read_documents
 from mechlingo.report import write_outputs
 from mechlingo.report.replicate import replicate_report
 
@@ -52,12 +53,20 @@ def _replicate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--facts", default=None, metavar="FILE|DIR",
         help="your facts (.jsonl/.tsv, or a folder of them) for the lu2025 claims (default: "
-        "the bundled natural fact-completion stems)",
+        "the bundled natural fact-completion stems); a BMLAMA or KLAR folder instead adds the "
+        "external-transfer rows (vectors chosen on the bundled data, scored by its metric)",
     )  # fmt: skip
     p.add_argument(
         "--parallel", default=None, metavar="DIR",
         help="folder of line-aligned <lang>.txt files (e.g. FLORES, NTREX) for the sundar2025 "
         "claims (default: the bundled parallel sentences)",
+    )  # fmt: skip
+    p.add_argument(
+        "--metric", choices=list(METRICS), default="generate",
+        help="how the lu2025 rows score facts: generate (default: greedy generation, the "
+        "papers' scorer), rank (P@1 of candidate ranking, BMLAMA-style candidates for the "
+        "bundled facts, rows also give the gold log-probability gain: the metric with signal "
+        "on the embedded model, at about twice the CPU time) or klar (see docs/replicate.md)",
     )  # fmt: skip
     p.add_argument("--target", default=None, help="target language of the expert neurons "
                    "(default es, the papers' Spanish intervention)")  # fmt: skip
@@ -92,6 +101,28 @@ def read_facts_arg(path: str) -> list[Any]:
     return facts
 
 
+#: benchmark formats of --facts that make external-transfer rows, and the metric of each
+_EXTERNAL = {"bmlama": "rank", "klar": "klar", "klar_flat": "klar"}
+
+
+def _facts_or_benchmark(path: str) -> tuple[list[Any] | None, list[Any] | None, str]:
+    """``(facts, external facts, external metric)`` of ``--facts``: a benchmark folder
+    (BMLAMA, KLAR) becomes the external facts; anything else the facts of the Lu stages."""
+    p = Path(path)
+    fmt = None
+    if p.is_dir():
+        try:
+            fmt = detect_format(p)
+        except (MechlingoError, ValueError, OSError):
+            fmt = None
+    if fmt in _EXTERNAL:
+        bench = load_benchmark(p, format=fmt)
+        if not bench.facts:
+            raise UsageError(f"{path}: the {fmt} folder holds no usable facts", where="--facts")
+        return None, bench.facts, _EXTERNAL[fmt]
+    return read_facts_arg(path), None, "rank"
+
+
 def _settings_arg(text: str | None) -> dict[str, Any]:
     """``--settings``: JSON text or a ``.json`` file with an object of overrides."""
     if not text:
@@ -109,11 +140,14 @@ def _settings_arg(text: str | None) -> dict[str, Any]:
 
 @command("replicate", "the papers' claims checked on a model: claims.json, claims.md, report", _replicate_args)  # fmt: skip
 def cmd_replicate(args: Any) -> int:
-    facts = read_facts_arg(args.facts) if args.facts else None
-    parallel = None
+    facts, external, ext_metric = (
+        _facts_or_benchmark(args.facts) if args.facts else (None, None, "rank")
+    )
+    parallel = documents = None
     if args.parallel:
         try:
             parallel = read_parallel_dir(args.parallel)
+            documents = read_documents(args.parallel, len(next(iter(parallel.values()))))
         except MechlingoError:
             raise
         except (ValueError, OSError) as err:
@@ -126,12 +160,16 @@ def cmd_replicate(args: Any) -> int:
     work = work_folder(args)
     args._work = str(work)  # named by the message of a stopped run
     agree = all_ranks_have if dist_info().world_size > 1 else None
-    card = replicate(
-        model, paper=args.paper, budget=args.budget, facts=facts, parallel=parallel,
-        work=work, settings=settings, progress=not args.quiet, fresh=args.fresh, agree=agree,
-    )  # fmt: skip
+    with sharded_scoring():  # under torchrun each rank scores its share of every batch
+        card = replicate(
+            model, paper=args.paper, budget=args.budget, facts=facts, parallel=parallel,
+            work=work, settings=settings, progress=not args.quiet, fresh=args.fresh,
+            agree=agree, metric=args.metric, external=external, external_metric=ext_metric,
+            documents=documents,
+        )  # fmt: skip
     card.meta["facts"] = args.facts or "bundled (natural templates)"
-    card.meta["parallel"] = args.parallel or "bundled parallel sentences"
+    card.meta["parallel"] = args.parallel or "bundled NTREX-128 subset (CC BY-SA 4.0)"
+    card.meta["metric"] = args.metric
     write_outputs(
         args.out,
         {"claims.json": card.to_json(), "claims.md": card.to_markdown(),

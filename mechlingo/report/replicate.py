@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
-from mechlingo.analyses.claims import RULES, ClaimsCard
+from mechlingo.analyses.claims import RULES, RULES_HASH, ClaimsCard
 from mechlingo.analyses.experts import KCurve
+from mechlingo.report.card_extra import config_sentence, extra_sections
 from mechlingo.report.page import Report, fmt_interval
 from mechlingo.viz.align import retrieval_per_layer_figure
 from mechlingo.viz.experts import interval_bars_figure, k_curve_figure, overlap_figure
@@ -45,14 +46,18 @@ def replicate_report(card: ClaimsCard) -> Report:
     report.add_headline(
         "Claims", f"{len(verdicts)}: " + ", ".join(f"{n} {v}" for v, n in sorted(tally.items()))
     )
-    for r in card.rows[:4]:
-        v = r.get("value") if isinstance(r.get("value"), Mapping) else {}
+    for r in card.rows[:4]:  # the first rows; every row is in the table with its adjusted p
+        v = (r.get("value") or {}).get("estimate") or {}
         est = fmt_interval(v.get("estimate"), v.get("lo"), v.get("hi"), v.get("n"))
+        if r.get("p_adjusted") is not None:
+            est += f", adjusted p = {r['p_adjusted']:.3g}"
         report.add_headline(f"{r['id']}: {r['verdict']}", est)
     report.parts.append(f"<style>{_CSS}</style>")
     report.parts.append(card.table_html())
     report.add_text(
-        "Verdict rules (fixed before any run): " + "; ".join(f"{k}: {v}" for k, v in RULES.items()),
+        f"Verdict rules (frozen, hash {RULES_HASH}; budgets hash "
+        f"{card.meta.get('budgets_hash', '?')}): "
+        + "; ".join(f"{k}: {v}" for k, v in RULES.items()),
         note=True,
     )
     st = card.stages
@@ -62,6 +67,7 @@ def replicate_report(card: ClaimsCard) -> Report:
         _repair_sections(report, st["repair"])
     if "transfer_relation" in st or "transfer_lang" in st:
         _transfer_section(report, st)
+    extra_sections(report, st)
     if "experts" in st:
         _experts_sections(report, st["experts"])
     if "align" in st:
@@ -88,18 +94,16 @@ def _repair_sections(report: Report, data: Mapping[str, Any]) -> None:
     if _failed(report, data, "repair"):
         return
     s = data["summary"]
-    report.add_text(
-        f"Chosen on dev: {s['selected']} ({s['dev_effect']}), config {s['config']}; fact ids "
-        f"build/dev/test {data['n_ids']}."
-    )
+    report.add_text(config_sentence(s, data.get("n_ids")))
     report.add_figure(accuracy_ci_figure(s["intervals"]))
     _section(report, "fig-headroom", "Headroom and the lowest-performing language")
     low = data["lowest"]
     report.add_text(
-        f"Headroom rule: {low['headroom_rule']['rule']} -> {low['headroom_rule']['lang']}. "
-        f"Literal rule ({low['literal_rule']}) -> {low['literal']}."
+        f"Literal rule ({low['literal_rule']}) -> {'+'.join(low['literal_languages']) or 'none'}. "
+        f"Headroom rule ({low['rule']}) -> {'+'.join(low['languages']) or 'none'}. The card "
+        "judges the claim on each rule's languages (tied languages pooled), relative and in points."
     )
-    report.add_table([{"lang": lg, **t} for lg, t in low["headroom_rule"]["tests"].items()])
+    report.add_table([{"lang": lg, **t} for lg, t in low["tests"].items()])
     if s.get("headroom"):
         report.add_figure(headroom_figure(s["headroom"]))
 
@@ -126,11 +130,13 @@ def _experts_sections(report: Report, data: Mapping[str, Any]) -> None:
     _section(report, "fig-experts", "Expert neurons: held-out AUROC")
     if _failed(report, data, "experts"):
         return
-    a, r = data["auroc"], data["auroc_random"]
+    a = data["auroc"]
+    e, r = a["experts"]["estimate"], a["random"]["estimate"]
     metrics = {f"median AUROC, top {a['k']}": {
-        "experts": {"mean": a["estimate"], "lo": a["lo"], "hi": a["hi"]},
+        "experts": {"mean": e["estimate"], "lo": e["lo"], "hi": e["hi"]},
         "random neurons": {"mean": r["estimate"], "lo": r["lo"], "hi": r["hi"]}}}  # fmt: skip
-    report.add_figure(interval_bars_figure(metrics, "Held-out AUROC (bootstrap 95% CI)"))
+    report.add_figure(interval_bars_figure(
+        metrics, "Held-out AUROC (95% CI, sentences and their translations resampled together)"))  # fmt: skip
     ov = data["overlap"]
     _section(report, "fig-overlap", "Overlap of the expert sets")
     report.add_figure(overlap_figure(torch.tensor(ov["matrix"]), ov["langs"], ov["k"]))

@@ -1,0 +1,268 @@
+"""The card's rows (mechlingo.analyses.card_rows) and the lowest-language rules
+(mechlingo.analyses.protocol.lowest_language_rule) on hand-made stage results."""
+
+from __future__ import annotations
+
+import math
+import types
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats as sps
+
+from mechlingo.analyses import card_rows as cr
+from mechlingo.analyses import replicate as rep
+from mechlingo.analyses.claims import HOLDS, INCONCLUSIVE, NOT_HOLDS, NOT_TESTABLE, finalize
+from mechlingo.analyses.protocol import lowest_language_dev, lowest_language_rule
+from mechlingo.kernels.significance import Test, paired_test, wilson
+
+Y, N = True, False
+
+
+def _pairs(n, zero_right, few_right):
+    """``n`` paired dev items: the first ``zero_right`` right zero-shot, ``few_right`` few-shot."""
+    return [i < zero_right for i in range(n)], [i < few_right for i in range(n)]
+
+
+# --------------------------------------------------------------------------------------
+# One literal and one headroom rule, ties pooled
+# --------------------------------------------------------------------------------------
+
+
+def test_es_fr_ru_the_two_rules_and_the_tie():
+    """The quick card's disagreement: es and fr tie on dev zero-shot among the languages
+    with headroom (the old protocol rule took the lower few-shot, the old card rule the
+    higher: fr and es), while the plain lowest language is ru, which has no headroom."""
+    table = {
+        "en": _pairs(10, 8, 9),
+        "es": _pairs(10, 1, 8),  # headroom (7 fixed, p = 0.016)
+        "fr": _pairs(10, 1, 6),  # headroom (5 fixed, p = 0.0625), same zero-shot as es
+        "ru": _pairs(10, 0, 0),  # the lowest, no headroom
+        "ja": _pairs(10, 3, 3),
+    }
+    zero = {lg: z for lg, (z, _) in table.items()}
+    few = {lg: f for lg, (_, f) in table.items()}
+    out = lowest_language_rule(zero, few)
+    assert out["languages"] == ["es", "fr"]  # both, pooled: no tie-break decides
+    assert out["literal_languages"] == ["ru"] and out["literal"] == "ru"
+    assert out["language"] == "fr"  # the display pick only (lower few-shot)
+    assert out["excluded"] == ["ja", "ru"] and "en" not in out["excluded"]
+    assert out["tests"]["es"]["p"] == pytest.approx(sps.binomtest(7, 7).pvalue)
+    # a literal tie keeps every tied language; the Wilson-dict form agrees on the pick
+    zero["ja"] = [N] * 10
+    tied = lowest_language_rule(zero, few)
+    assert tied["literal_languages"] == ["ja", "ru"]
+    w = {lg: wilson(sum(z), len(z)) for lg, z in zero.items()}
+    wf = {lg: wilson(sum(f), len(f)) for lg, f in few.items()}
+    assert lowest_language_dev(w, wf) == tied["literal"]
+    none = lowest_language_rule({"en": [Y], "fr": [N] * 3}, {"en": [Y], "fr": [Y] * 3})
+    assert none["languages"] == [] and none["language"] is None  # 3 fixed: p = 0.25
+
+
+# --------------------------------------------------------------------------------------
+# Repair rows
+# --------------------------------------------------------------------------------------
+
+
+def _repair_data():
+    """10 facts in es, fr, ru (the same ids in each language), two random seeds."""
+    ids = [f"capital/{i}" for i in range(10)]
+    out = {
+        "orig": {"en": [Y] * 10, "es": [Y] * 2 + [N] * 8, "fr": [Y] * 2 + [N] * 8, "ru": [N] * 10},
+        "task": {"en": [Y] * 10, "es": [Y] * 9 + [N], "fr": [Y] * 8 + [N] * 2, "ru": [Y] * 6 + [N] * 4},
+        "diff": {"en": [Y] * 10, "es": [Y] * 2 + [N] * 8, "fr": [Y] * 2 + [N] * 8, "ru": [N] * 10},
+        "both": {"en": [Y] * 10, "es": [Y] * 10, "fr": [Y] * 9 + [N], "ru": [Y] * 7 + [N] * 3},
+        "random_s0": {"en": [Y] * 10, "es": [Y] * 2 + [N] * 8, "fr": [Y] * 3 + [N] * 7, "ru": [N] * 10},
+        "random_s1": {"en": [Y] * 10, "es": [Y] * 2 + [N] * 8, "fr": [Y] * 2 + [N] * 8, "ru": [N] * 10},
+    }  # fmt: skip
+    lowest = {"languages": ["es", "fr"], "literal_languages": ["ru"], "p_threshold": 0.1,
+              "rule": "headroom rule", "literal_rule": "literal rule"}  # fmt: skip
+    summary = {"selected": "both", "dev_effect": "chosen", "config": {}}
+    return {"summary": summary, "outcomes": out, "ids": dict.fromkeys(out["orig"], ids),
+            "lowest": lowest, "n_ids": {"build": 1, "dev": 1, "test": 10}}  # fmt: skip
+
+
+def test_repair_rows_cluster_by_fact_and_pool_the_seeds():
+    rows = {(r["id"], r.get("variant")): r for r in finalize(cr.rows_repair(_repair_data()))}
+    rnd = rows[("random_vector", None)]
+    assert rnd["value"]["estimate"]["n"] == 30  # items, not items x seeds
+    assert rnd["value"]["n_clusters"] == 10  # one fact in three languages is one unit
+    assert rnd["value"]["estimate"]["estimate"] == pytest.approx(
+        0.5 / 30
+    )  # one item, half the seeds
+    task = rows[("task_vector", None)]
+    base = [float(x) for lg in ("es", "fr", "ru") for x in _repair_data()["outcomes"]["orig"][lg]]
+    new = [float(x) for lg in ("es", "fr", "ru") for x in _repair_data()["outcomes"]["task"][lg]]
+    ids = _repair_data()["ids"]["es"] * 3
+    want = paired_test(base, new, ids)
+    assert task["value"]["estimate"] == want.estimate.to_json()
+    assert task["vs_control"]["estimate"]["estimate"] == pytest.approx(
+        want.estimate.estimate - 0.5 / 30
+    )
+    assert task["verdict"] == HOLDS and task["p_adjusted"] < 0.05
+    assert rows[("diff_vector", None)]["verdict"] != HOLDS  # no change at all
+    # the lowest language: literal ru (baseline 0: the relative reading is untestable, with
+    # its reason, and the points reading is judged), headroom es+fr pooled (20 items)
+    rel = rows[("lowest_language", "literal rule, relative")]
+    assert rel["verdict"] == NOT_TESTABLE and "is 0 (0 of 10)" in rel["reason"]
+    pts = rows[("lowest_language", "literal rule, points")]
+    assert pts["value"]["estimate"]["estimate"] == pytest.approx(0.7)
+    assert pts["verdict"] in (HOLDS, INCONCLUSIVE) and pts["p"] is not None
+    head = rows[("lowest_language", "headroom rule, relative")]
+    assert head["value"]["estimate"]["n"] == 20 and head["langs"] == ["es", "fr"]
+    assert head["value"]["estimate"]["estimate"] == pytest.approx(19 / 4 - 1)
+    assert all(math.isfinite(head["value"]["estimate"][k]) for k in ("lo", "hi"))
+
+
+def test_no_headroom_is_not_testable_with_its_reason():
+    d = _repair_data()
+    d["lowest"]["languages"] = []
+    rows = [r for r in cr.rows_repair(d) if r.get("variant", "").startswith("headroom")]
+    assert [r["verdict"] for r in rows] == [NOT_TESTABLE] * 2
+    assert all("no headroom" in r["reason"] for r in rows)
+
+
+# --------------------------------------------------------------------------------------
+# Independence rows
+# --------------------------------------------------------------------------------------
+
+
+def _cell(row, col, orig, steered, control, ids=None):
+    ids = ids or [f"{col}/{i}" for i in range(len(orig))]
+    return {"row": row, "col": col, "items": {"ids": ids, "orig": orig, "steered": steered,
+                                               "control": control}}  # fmt: skip
+
+
+def test_independence_pooled_gain_and_retained_share():
+    o = [0] * 12
+    cells = [
+        _cell("all", "a", o, [1] * 8 + [0] * 4, o),
+        _cell("all_but_a", "a", o, [1] * 6 + [0] * 6, o),
+        _cell("all", "b", o, [1] * 10 + [0] * 2, o),
+        _cell("all_but_b", "b", o, [1] * 4 + [0] * 8, [1] + [0] * 11),
+    ]
+    gain, share = finalize(cr.rows_transfer("independent_relations", {"cells": cells}))
+    assert gain["variant"] == "held-out gain" and gain["value"]["estimate"]["n"] == 24
+    assert gain["value"]["estimate"]["estimate"] == pytest.approx(10 / 24)
+    assert gain["vs_control"]["estimate"]["estimate"] == pytest.approx(9 / 24)
+    assert gain["verdict"] == HOLDS
+    assert share["value"]["estimate"]["estimate"] == pytest.approx(10 / 18)  # (6+4) / (8+10)
+    assert share["rule"]["threshold"] == cr.RETAINED_SHARE
+    assert share["verdict"] == INCONCLUSIVE  # 0.56 of the gain kept: not surely above 0.5
+    flat = [_cell("all", "a", o, o, o), _cell("all_but_a", "a", o, [1] * 5 + [0] * 7, o)]
+    _, none = cr.rows_transfer("independent_relations", {"cells": flat})
+    assert none["verdict"] == NOT_TESTABLE and "no gain to retain" in none["reason"]
+    empty = cr.rows_transfer("independent_languages", {"cells": [_cell("all", "a", o, o, o)]})
+    assert [r["verdict"] for r in empty] == [NOT_TESTABLE] * 2
+
+
+# --------------------------------------------------------------------------------------
+# Experts, overlap, clamp, alignment
+# --------------------------------------------------------------------------------------
+
+
+def test_overlap_treats_languages_as_the_units():
+    rng = np.random.default_rng(0)
+    m = rng.uniform(0.0, 0.1, (6, 6))
+    m = (m + m.T) / 2
+    m[2, :] = m[:, 2] = 0.3  # one language shares a lot with every other
+    np.fill_diagonal(m, 1.0)
+    t = cr.overlap_test(m, 0.10)
+    iu = np.triu_indices(6, 1)
+    assert t.estimate.estimate == pytest.approx(m[iu].mean())
+    loo = [np.delete(np.delete(m, i, 0), i, 1)[np.triu_indices(5, 1)].mean() for i in range(6)]
+    se = math.sqrt(5 / 6 * sum((x - np.mean(loo)) ** 2 for x in loo))
+    assert t.extra["se"] == pytest.approx(se)
+    assert t.estimate.hi - t.estimate.estimate == pytest.approx(sps.t.ppf(0.975, 5) * se)
+    # 15 pairs x k = 100 slots as independent trials would claim a far narrower interval
+    naive = wilson(round(m[iu].sum() * 100), 15 * 100)
+    assert t.estimate.hi - t.estimate.lo > 3 * (naive["hi"] - naive["lo"])
+
+
+def test_auroc_tests_cluster_by_sentence():
+    gen = torch.Generator().manual_seed(0)
+    n_sent, langs = 12, 3
+    lang_ids = torch.arange(langs).repeat_interleave(n_sent)
+    pooled = torch.randn(langs * n_sent, 20, generator=gen)
+    pooled[lang_ids == 1, :5] += 3.0  # features 0-4 fire on language 1
+    stats = types.SimpleNamespace(lang_ids=lang_ids, pooled=pooled, lang_index=lambda lg: 1)
+    out = rep._auroc_tests(stats, "x", torch.arange(5), torch.arange(10, 15), 100, 0)
+    e, r, v = (Test.from_json(out[k]) for k in ("experts", "random", "vs_random"))
+    assert out["n_clusters"] == n_sent and out["n_pos"] == n_sent and out["n"] == 36
+    assert e.estimate.estimate > 0.95 and e.p == pytest.approx(1 / 1000)  # every permutation below
+    assert r.p > 0.01 and r.estimate.lo < 0.5 < r.estimate.hi
+    assert v.estimate.lo > 0 and e.estimate.lo <= e.estimate.estimate <= e.estimate.hi
+
+
+def _experts_data(k=50):
+    test = Test.from_json(paired_test([0] * 10, [1] * 10).to_json()).to_json()
+    bos = {"none": [0] * 16, "experts": [1] * 12 + [0] * 4, "random": [0] * 15 + [1]}
+    curve = [{"arm": a, "k": 0 if a == "none" else k, "bos_hits": h,
+              "target_rate_bos": sum(h) / 16} for a, h in bos.items()]  # fmt: skip
+    return {
+        "target": "es", "measure_curve": curve, "measure_seed": 1,
+        "choice_papers": {"k": k, "ppl_budget": 2.0}, "choice_strict": {"k": None},
+        "auroc": {"experts": test, "random": test, "vs_random": test, "k": k, "n": 40,
+                  "n_pos": 4, "n_clusters": 4, "k_rule": "the papers' rule"},
+        "overlap": {"k": k, "matrix": (np.eye(4) + 0.01).tolist(), "chance": 0.01},
+    }  # fmt: skip
+
+
+def test_clamp_row_uses_the_measurement_samples():
+    rows = {r["id"]: r for r in finalize(cr.rows_experts(_experts_data()))}
+    st = rows["clamp_steers"]
+    assert st["value"]["extra"]["fixed"] == 12 and st["value"]["p"] == pytest.approx(2 * 0.5**12)
+    assert st["vs_control"]["estimate"]["estimate"] == pytest.approx(11 / 16)
+    assert st["verdict"] == HOLDS and "fresh BOS samples" in st["details"]
+    assert rows["experts_disjoint"]["verdict"] == HOLDS  # 0.01 overlap, 4 languages
+    d = _experts_data()
+    d["choice_papers"]["k"], d["measure_curve"] = None, []
+    (st,) = [r for r in cr.rows_experts(d) if r["id"] == "clamp_steers"]
+    assert st["verdict"] == NOT_TESTABLE and "chose no k" in st["reason"]
+
+
+def test_align_rows_by_hand():
+    pre = {"retrieval": [0.2, 0.3, 0.1, 0.4, 0.2, 0.3], "between_languages": [0.7] * 6}
+    post = {
+        "retrieval": [0.6, 0.7, 0.5, 0.9, 0.6, 0.8],
+        "between_languages": [0.3, 0.35, 0.32, 0.3, 0.31, 0.4],
+    }
+    ctl = {
+        "retrieval": [0.2, 0.31, 0.1, 0.4, 0.21, 0.3],
+        "between_languages": [0.7, 0.69, 0.71, 0.7, 0.7, 0.7],
+    }
+    data = {"per_sentence": {"pre": pre, "post": post, "control": ctl}, "layer": 5, "k": 50,
+            "distance": {a: {"ratio": 1.0, "between_languages": 0.5} for a in ("pre", "post", "control")}}  # fmt: skip
+    closer, ret, null = finalize(cr.rows_align(data))
+    assert closer["value"]["estimate"]["estimate"] == pytest.approx(
+        np.mean(post["between_languages"]) - 0.7
+    )
+    assert closer["value"]["p"] == pytest.approx(2 / 64)  # 6 sentences, all closer: exact 2 / 2^6
+    assert ret["vs_control"]["p"] == pytest.approx(2 / 64)
+    assert null["rule"]["kind"] == "null" and null["value"]["extra"]["null"] == pytest.approx(0.05)
+    assert {closer["verdict"], ret["verdict"]} <= {HOLDS, INCONCLUSIVE}  # Holm over 3 rows
+    assert null["verdict"] in (HOLDS, INCONCLUSIVE) and null["verdict"] != NOT_HOLDS
+
+
+def test_trace_rows_by_hand():
+    def rec(lang, e, a, cls="correct", correct=True, ans="Roma", en="Rome", fid=None):
+        return {"id": fid or f"x/{e}{a}{cls}", "lang": lang, "answer": ans, "answer_en": en,
+                "correct": correct, "class": cls, "first_en_layer": e, "first_answer_layer": a}  # fmt: skip
+
+    records = [
+        rec("fr", 5, 9), rec("fr", 6, -1), rec("fr", -1, 8),  # en first, en only, L only
+        rec("fr", 7, 7),  # a tie: no order
+        rec("fr", 3, 9, ans="Rome"),  # same word: skipped
+        rec("en", 2, 9),  # English prompts are not counted
+        rec("fr", -1, -1, "recall_failure", False, fid="r1"),
+        rec("fr", -1, -1, "recall_failure", False, fid="r2"),
+        rec("fr", 4, -1, "translation_failure", False), rec("fr", -1, -1, "other", False),
+    ]  # fmt: skip
+    r1, r2 = finalize(cr.rows_trace({"records": records}))
+    # strictly ordered, distinct words: (5,9) en, (6,-1) en, (-1,8) L, translation (4,-1) en
+    assert r1["value"]["estimate"]["n"] == 4
+    assert r1["value"]["estimate"]["estimate"] == pytest.approx(3 / 4)
+    assert r1["value"]["p"] == pytest.approx(sps.binomtest(3, 4).pvalue)
+    assert r2["value"]["estimate"]["n"] == 3 and r2["value"]["p"] == pytest.approx(1.0)
+    assert r1["verdict"] == r2["verdict"] == INCONCLUSIVE  # n too small: not "does not hold"
