@@ -361,8 +361,13 @@ def test_two_processes_score_like_one(tiny, tiny_dir, tmp_path):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=root)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     facts, conds, rank_facts = scoring_inputs(tiny)
-    one = evaluate_conditions(tiny, facts, conds, max_new_tokens=4, batch_size=3)
-    ranked = evaluate_facts(tiny, rank_facts, metric="rank", batch_size=1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the workers (OMP_NUM_THREADS=1): the same reduction order
+    try:
+        one = evaluate_conditions(tiny, facts, conds, max_new_tokens=4, batch_size=3)
+        ranked = evaluate_facts(tiny, rank_facts, metric="rank", batch_size=1)
+    finally:
+        torch.set_num_threads(threads)
     want = json.loads(json.dumps({"gen": {k: v.records for k, v in one.items()},
                                   "rank": ranked.records, "path": "shared-prefix"}))  # fmt: skip
     for rank in (0, 1):
