@@ -8,8 +8,8 @@ the same template with another subject; positions aligned by subject span and fr
 is the metric. Grid: every layer x those 4 positions x (``attn_out``, ``mlp_out``, every
 head), plus ``resid_pre`` for the QK fix. Each grid is measured in one process:
 
-* exact: :func:`mechlingo.analyses.patching.patch_activations` (``batching="grow"``), the reference;
-* AtP: :func:`mechlingo.analyses.attribution.attribution_patch` (one forward + one backward
+* exact: :func:`mechlingo.analyses.recall.patching.patch_activations` (``batching="grow"``), the reference;
+* AtP: :func:`mechlingo.analyses.recall.attribution.attribution_patch` (one forward + one backward
   pass; ``resid_pre`` with and without AtP*'s QK fix);
 * IG: the same with ``method="ig"`` (``--steps``: the target runs once per interpolation step,
   all steps in one forward + one backward pass).
@@ -44,10 +44,10 @@ from scipy.stats import rankdata
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mechlingo.activations.runs import StopForward, final_resid_name, hooked  # noqa: E402
-from mechlingo.analyses.attribution import IG_STEPS, attribution_patch  # noqa: E402
-from mechlingo.analyses.patching import fact_metrics, patch_activations  # noqa: E402
-from mechlingo.analyses.patching.grid import resolve_grid  # noqa: E402
-from mechlingo.analyses.patching.runs import read_run, repeat_batch  # noqa: E402
+from mechlingo.analyses.recall.attribution import IG_STEPS, attribution_patch  # noqa: E402
+from mechlingo.analyses.recall.patching import fact_metrics, patch_activations  # noqa: E402
+from mechlingo.analyses.recall.patching.grid import resolve_grid  # noqa: E402
+from mechlingo.analyses.recall.patching.runs import read_run, repeat_batch  # noqa: E402
 from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.core.tokens import batch_context  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402

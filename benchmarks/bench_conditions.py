@@ -1,16 +1,16 @@
 """Benchmark: the dev sweep's conditions scored together on shared prefixes vs one at a time.
 
 The conditions are those of ``steer eval``'s default screen (:func:`mechlingo.analyses.
-protocol.default_layers` x :data:`~mechlingo.analyses.protocol.ALPHA_GRID` for the two
+protocol.default_layers` x :data:`~mechlingo.analyses.recall.steer_eval.ALPHA_GRID` for the two
 vectors, plus no intervention), steering at ``positions="last"`` with vectors of the
 protocol's ``resid`` unit (each layer's direction scaled to the mean last-token residual norm
 there; random directions stand in for built vectors: the cost does not depend on the
 direction). Scored on ``--facts`` facts per language with the eval rule, three ways in one
 process:
 
-* **one at a time**: :func:`~mechlingo.analyses.evaluate.evaluate_facts` per condition (the
+* **one at a time**: :func:`~mechlingo.analyses.scoring.evaluate.evaluate_facts` per condition (the
   path every condition took before shared prefixes);
-* **shared prefix**: :func:`~mechlingo.analyses.evaluate.evaluate_conditions` (each batch's
+* **shared prefix**: :func:`~mechlingo.analyses.scoring.evaluate.evaluate_conditions` (each batch's
   prompt positions before the last run once; the conditions decode from that cache, stacked);
 * **floor**: the same prefix passes once plus the same stacked decoding with no hook at all
   (no intervention's edit, no row routing): what sharing the prefix cannot go below.
@@ -37,8 +37,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mechlingo.activations.prefix import decode_conditions, record_head  # noqa: E402
-from mechlingo.analyses.evaluate import decided, evaluate_conditions, evaluate_facts  # noqa: E402
-from mechlingo.analyses.protocol import ALPHA_GRID, default_layers  # noqa: E402
+from mechlingo.analyses.recall.steer_eval import ALPHA_GRID, default_layers  # noqa: E402
+from mechlingo.analyses.scoring.evaluate import decided, evaluate_conditions, evaluate_facts  # noqa: E402
 from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.core.tokens import encode, sorted_batches  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402

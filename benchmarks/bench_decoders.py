@@ -1,6 +1,6 @@
 """The readout cost of each decoder relative to the logit lens, in one process.
 
-The same prompts and entries read four ways through :func:`mechlingo.analyses.lens.logit_lens`:
+The same prompts and entries read four ways through :func:`mechlingo.analyses.decoders.lens.logit_lens`:
 
 1. the logit lens (final norm + unembedding of each entry's last-token state);
 2. a tuned lens (an affine translator per entry first: ``d_model^2`` multiply-adds per row,
@@ -22,9 +22,9 @@ import time
 
 import torch
 
-from mechlingo.analyses.lens import fact_answers, logit_lens
-from mechlingo.analyses.patchscope import Patchscope
-from mechlingo.analyses.tuned_lens import TunedLens
+from mechlingo.analyses.decoders.lens import fact_answers, logit_lens
+from mechlingo.analyses.decoders.patchscope import Patchscope
+from mechlingo.analyses.decoders.tuned_lens import TunedLens
 from mechlingo.core.models import load_model
 from mechlingo.data import load_facts
 

@@ -4,9 +4,9 @@ With CUDA: the model in bfloat16 on the GPU (readouts and statistics in float32)
 fill the device, and for each workload its throughput, the ratio to the same code on the CPU
 (timed on a subset of the work and scaled per item) and to the TransformerLens alternative:
 
-1. logit lens: ``mechlingo.analyses.lens.logit_lens`` vs TransformerLens's
+1. logit lens: ``mechlingo.analyses.decoders.lens.logit_lens`` vs TransformerLens's
    ``tools.analysis.logit_lens`` one prompt at a time (subset, scaled per prompt);
-2. activation patching: ``mechlingo.analyses.patching.patch_activations`` over every layer of
+2. activation patching: ``mechlingo.analyses.recall.patching.patch_activations`` over every layer of
    ``resid_pre`` at the last token (skipped with a message when the module is missing);
 3. vector building: streaming float64 means of the last-token residual stream of every layer
    (``mechlingo.activations.means.last_token_means``; ``runs.collect`` + ``StreamingMean`` when
@@ -14,10 +14,10 @@ fill the device, and for each workload its throughput, the ratio to the same cod
 4. neuron scoring: ``kernels.ranking.auroc_and_average_precision`` on synthetic activations of
    32 x 11,008 neurons (a 7B model's MLPs) over several thousand sentences vs scikit-learn's
    per-feature loop timed on a subset and extrapolated;
-5. steering conditions: ``mechlingo.analyses.evaluate.evaluate_conditions`` (one shared prefix
+5. steering conditions: ``mechlingo.analyses.scoring.evaluate.evaluate_conditions`` (one shared prefix
    pass per batch, the conditions decoded stacked) vs ``evaluate_facts`` one condition at a
    time, on ``orig`` + 8 ``"last"`` steering settings (the records checked equal);
-6. candidate ranking: ``mechlingo.analyses.rank.score_candidates`` (batched) vs each filled
+6. candidate ranking: ``mechlingo.analyses.scoring.rank.score_candidates`` (batched) vs each filled
    sentence alone with a full ``log_softmax`` (``benchmarks/bench_rank.py``'s reference).
 
 Without CUDA it runs small CPU sizes on the tiny random model (or ``--model``) and says so.
@@ -37,9 +37,9 @@ import numpy as np
 import torch
 
 from mechlingo.activations.runs import collect
-from mechlingo.analyses.evaluate import evaluate_conditions, evaluate_facts
-from mechlingo.analyses.lens import logit_lens
-from mechlingo.analyses.rank import score_candidates
+from mechlingo.analyses.decoders.lens import logit_lens
+from mechlingo.analyses.scoring.evaluate import evaluate_conditions, evaluate_facts
+from mechlingo.analyses.scoring.rank import score_candidates
 from mechlingo.core.models import load_model
 from mechlingo.core.sites import hook_name
 from mechlingo.core.tokens import answer_tokens, encode, sorted_batches
@@ -123,10 +123,10 @@ def bench_lens(model: Any, cpu_model: Any | None, n: int, tl_n: int, batch: int)
 
 
 def bench_patching(model: Any, n: int) -> None:
-    if importlib.util.find_spec("mechlingo.analyses.patching") is None:
-        print("activation patching    skipped: mechlingo.analyses.patching is not there yet")
+    if importlib.util.find_spec("mechlingo.analyses.recall.patching") is None:
+        print("activation patching    skipped: mechlingo.analyses.recall.patching is not there yet")
         return
-    from mechlingo.analyses.patching import answer_logprob, patch_activations
+    from mechlingo.analyses.recall.patching import answer_logprob, patch_activations
 
     prompts, words, langs = prompts_and_answers(2 * n)
     src, tgt = prompts[:n], prompts[n : 2 * n]

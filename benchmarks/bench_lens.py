@@ -34,7 +34,7 @@ import time
 import torch
 
 from mechlingo.activations.runs import collect
-from mechlingo.analyses.lens import lens_hook_names, logit_lens
+from mechlingo.analyses.decoders.lens import lens_hook_names, logit_lens
 from mechlingo.core.models import load_model
 from mechlingo.core.tokens import answer_tokens, encode, pack_token_sets
 from mechlingo.data import load_facts

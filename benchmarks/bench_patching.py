@@ -3,7 +3,7 @@
 Patches ``resid_pre`` over a (layers x positions) grid on the embedded model (or any model
 given with ``--model``) two ways in one process, on the same clean/corrupted pair and grid:
 
-* ``mechlingo.analyses.patching.patch_activations``, the defaults (``batching="grow"``,
+* ``mechlingo.analyses.recall.patching.patch_activations``, the defaults (``batching="grow"``,
   prefix reuse on): source activations read once; the target run once with a key-value
   cache; then passes over every pair at once that start at the first patched position,
   attend to the cached keys and values before it, and grow by each layer's patched copies
@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechlingo.analyses.patching import answer_logprob, patch_activations  # noqa: E402
+from mechlingo.analyses.recall.patching import answer_logprob, patch_activations  # noqa: E402
 from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.core.tokens import TokenBatch, encode  # noqa: E402
 

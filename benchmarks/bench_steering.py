@@ -2,7 +2,7 @@
 
 The same model (the embedded gemma-3-270m), the same prompts, in one run:
 
-* mechlingo: ``build_repair_vectors(facts, unit="raw")`` (the task vector = mean few-shot
+* mechlingo: ``build_steering_vectors(facts, unit="raw")`` (the task vector = mean few-shot
   minus mean zero-shot last-token ``resid_pre``, the diff vector = mean translation prompt
   minus mean zero-shot, every layer; plus one pass for the residual norms), then the task
   vector of ``--layer`` added at every position (BOS included, as steering-vectors does)
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mechlingo.activations.runs import collect, final_resid_name  # noqa: E402
-from mechlingo.analyses.repair import build_repair_vectors, repair_prompts  # noqa: E402
+from mechlingo.analyses.recall.steering import build_steering_vectors, steering_prompts  # noqa: E402
 from mechlingo.core.models import ensure_default_model, load_model  # noqa: E402
 from mechlingo.core.tokens import encode  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
@@ -76,16 +76,16 @@ def main() -> None:
         build += mine[: args.n]
         held += mine[args.n :]
     held = held[: args.apply]
-    prompts = repair_prompts(build)
+    prompts = steering_prompts(build)
     counts = {k: len(v) for k, v in prompts.items()}
     if len(set(counts.values())) != 1:
         raise SystemExit(f"unpaired prompt sets {counts}: the mean difference needs pairs")
     print(f"{len(build)} build facts ({counts}), {len(held)} prompts to steer, layer "
           f"{args.layer}, alpha {args.alpha}")  # fmt: skip
     apply = [f.prompt for f in held]
-    build_repair_vectors(model, build[:2], pool=build, batch_size=args.batch_size)  # warm-up
+    build_steering_vectors(model, build[:2], pool=build, batch_size=args.batch_size)  # warm-up
     t0 = time.perf_counter()
-    rv = build_repair_vectors(model, build, unit="raw", batch_size=args.batch_size)
+    rv = build_steering_vectors(model, build, unit="raw", batch_size=args.batch_size)
     t_build = time.perf_counter() - t0
     vec = SteeringVector(
         rv.task.vector, layer=args.layer, alpha=args.alpha, positions="all_with_bos"
@@ -101,7 +101,7 @@ def main() -> None:
     t0 = time.perf_counter()
     ours = steer()
     t_apply = time.perf_counter() - t0
-    print(f"mechlingo: build_repair_vectors {t_build:.2f} s, intervene + forward {t_apply:.2f} s")
+    print(f"mechlingo: build_steering_vectors {t_build:.2f} s, intervene + forward {t_apply:.2f} s")
     py = peer_python(args.peer)
     if py is None:
         print("steering-vectors: not installed (build it with scripts/build_peer_envs.sh sv)")

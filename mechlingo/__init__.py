@@ -45,14 +45,14 @@ __all__ = [
 
 # The analyses load on first use (PEP 562), so that ``import mechlingo`` stays light.
 _LAZY = {
-    "EvalResult": "mechlingo.analyses.evaluate",
-    "evaluate_facts": "mechlingo.analyses.evaluate",
-    "greedy_generate": "mechlingo.analyses.evaluate",
-    "LensResult": "mechlingo.analyses.lens",
-    "lens_facts": "mechlingo.analyses.lens",
-    "logit_lens": "mechlingo.analyses.lens",
-    "ClaimsCard": "mechlingo.analyses.claims",
-    "replicate": "mechlingo.analyses.replicate",
+    "EvalResult": "mechlingo.analyses.scoring.evaluate",
+    "evaluate_facts": "mechlingo.analyses.scoring.evaluate",
+    "greedy_generate": "mechlingo.analyses.scoring.evaluate",
+    "LensResult": "mechlingo.analyses.decoders.lens",
+    "lens_facts": "mechlingo.analyses.decoders.lens",
+    "logit_lens": "mechlingo.analyses.decoders.lens",
+    "ClaimsCard": "mechlingo.card.rules",
+    "replicate": "mechlingo.card.replicate",
 }
 
 

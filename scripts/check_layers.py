@@ -38,6 +38,7 @@ LAYERS: list[set[str]] = [
     {"activations"},
     {"interventions"},
     {"analyses"},
+    {"card"},  # the claims card: rules, rows and stages over the analyses
     {"report"},
     {"cli", "__main__"},
     {"__init__", "testing"},  # the package's top-level names; tiny test models

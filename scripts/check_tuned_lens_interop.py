@@ -11,14 +11,14 @@ or all three in order: ``python scripts/check_tuned_lens_interop.py all DIR``.
 
 * ``dump`` (mechlingo): writes the tiny model, a mechlingo lens with random non-zero
   translators exported in the package's format (``DIR/ours``, by
-  :func:`mechlingo.analyses.tuned_lens_interop.export_package_lens`), token ids, and
+  :func:`mechlingo.analyses.decoders.tuned_lens_interop.export_package_lens`), token ids, and
   mechlingo's lens logits at every layer (``DIR/ours_logits.pt``);
 * ``check`` (the package, in its own environment, without mechlingo): loads ``DIR/ours``
   with ``TunedLens.from_model_and_pretrained`` and compares its logits with mechlingo's;
   then makes a lens of its own with other random translators, saves it with
   ``TunedLens.save`` (``DIR/theirs``) and writes its logits (``DIR/theirs_logits.pt``);
 * ``verify`` (mechlingo): loads ``DIR/theirs`` with
-  :func:`~mechlingo.analyses.tuned_lens_interop.load_package_lens` and compares.
+  :func:`~mechlingo.analyses.decoders.tuned_lens_interop.load_package_lens` and compares.
 
 Each step prints ``<direction> layer i: max |diff| = x`` and exits 1 when a layer differs by
 more than 1e-5. The files exchanged are plain tensors (``torch.load(weights_only=True)``).
@@ -48,7 +48,7 @@ def _report(direction: str, ours: list[torch.Tensor], theirs: list[torch.Tensor]
 
 
 def _mechlingo_logits(model, lens, tokens) -> list[torch.Tensor]:
-    from mechlingo.analyses.entries import lens_hook_names
+    from mechlingo.analyses.decoders.entries import lens_hook_names
     from mechlingo.kernels.readout import apply_final_norm, unembed
 
     n = model.cfg.n_layers
@@ -61,8 +61,8 @@ def _mechlingo_logits(model, lens, tokens) -> list[torch.Tensor]:
 
 
 def dump(folder: Path) -> None:
-    from mechlingo.analyses.tuned_lens import TunedLens
-    from mechlingo.analyses.tuned_lens_interop import export_package_lens
+    from mechlingo.analyses.decoders.tuned_lens import TunedLens
+    from mechlingo.analyses.decoders.tuned_lens_interop import export_package_lens
     from mechlingo.core.models import load_model
     from mechlingo.testing import build_tiny_folder
 
@@ -122,7 +122,7 @@ def check(folder: Path) -> None:
 
 
 def verify(folder: Path) -> None:
-    from mechlingo.analyses.tuned_lens_interop import load_package_lens
+    from mechlingo.analyses.decoders.tuned_lens_interop import load_package_lens
     from mechlingo.core.models import load_model
 
     model = load_model(folder / "model", device="cpu")

@@ -10,7 +10,7 @@ The package needs its own environment (it pins its own dependencies):
 (``scripts/check_tuned_lens_interop.py`` checks the saved-lens formats the same way.)
 
 ``dump`` writes a tiny random Gemma-3 model, random non-zero translators, token ids and
-mechlingo's per-layer loss (:func:`mechlingo.analyses.tuned_lens.translator_kl`, mean over
+mechlingo's per-layer loss (:func:`mechlingo.analyses.decoders.tuned_lens.translator_kl`, mean over
 tokens); ``check`` loads the same model with ``transformers``, puts the translators into the
 package's ``TunedLens`` (its ``layer_translators[i]`` is ``h -> W h + b``, added to ``h``),
 computes the package's training loss (``scripts/train_loop.py``: ``sum(p * (log p - log q))``
@@ -26,8 +26,8 @@ import torch
 
 
 def dump(folder: Path) -> None:
-    from mechlingo.analyses.entries import lens_hook_names
-    from mechlingo.analyses.tuned_lens import TunedLens, translator_kl
+    from mechlingo.analyses.decoders.entries import lens_hook_names
+    from mechlingo.analyses.decoders.tuned_lens import TunedLens, translator_kl
     from mechlingo.core.models import load_model
     from mechlingo.kernels.readout import apply_final_norm, unembed
     from mechlingo.testing import build_tiny_folder

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from mechlingo import load_model
-from mechlingo.analyses.decoders import DecoderComparison, compare_decoders
-from mechlingo.analyses.patchscope import Patchscope
-from mechlingo.analyses.tuned_lens import lens_divergence, load_tuned_lens, mix_texts
+from mechlingo.analyses.decoders.compare import DecoderComparison, compare_decoders
+from mechlingo.analyses.decoders.patchscope import Patchscope
+from mechlingo.analyses.decoders.tuned_lens import lens_divergence, load_tuned_lens, mix_texts
 from mechlingo.data import load_facts
 from mechlingo.data.io import read_parallel_dir
 

@@ -7,7 +7,8 @@ import itertools
 import pytest
 import torch
 
-from mechlingo.analyses.align import (
+from mechlingo.analyses.experts import make_clamp
+from mechlingo.analyses.experts.align import (
     AlignmentError,
     check_parallel,
     compare_alignment,
@@ -19,7 +20,6 @@ from mechlingo.analyses.align import (
     retrieval,
     retrieval_hits,
 )
-from mechlingo.analyses.experts import make_clamp
 from mechlingo.core.tokens import encode
 
 from .conftest import count_hooks
@@ -53,7 +53,7 @@ def test_retrieval_permuted_by_hand():
 
 
 def test_retrieval_batched_over_layers_and_chunks(monkeypatch):
-    import mechlingo.analyses.align as al
+    import mechlingo.analyses.experts.align as al
 
     emb = torch.randn(4, 3, 7, 8)
     full = retrieval(emb)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechlingo.analyses.attribution import (
+from mechlingo.analyses.recall.attribution import (
     attribution_patch,
     compare_patching,
     neuron_attribution,
     verify_top_cells,
 )
-from mechlingo.analyses.patching import (
+from mechlingo.analyses.recall.patching import (
     PatchingError,
     answer_logprob,
     fact_metrics,
@@ -231,7 +231,7 @@ def test_neurons_first_order(tiny, pair, metric):
 
 
 def test_hooks_removed_and_no_gradient_leak(tiny, pair, metric, monkeypatch):
-    import mechlingo.analyses.attribution as attribution
+    import mechlingo.analyses.recall.attribution as attribution
 
     src, tgt = pair
     assert not torch.is_grad_enabled()
@@ -375,7 +375,7 @@ def test_ig_neurons_one_step_is_atp_and_two_differ(tiny, pair, metric):
 
 
 def test_ig_bad_input_and_hooks_removed(tiny, pair, metric, monkeypatch):
-    import mechlingo.analyses.attribution as attribution
+    import mechlingo.analyses.recall.attribution as attribution
 
     src, tgt = pair
     with pytest.raises(PatchingError, match="method"):

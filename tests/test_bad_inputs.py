@@ -826,9 +826,9 @@ def _lib_load(name: str) -> Any:
 
 
 def _lib_steer_b_on_a(tiny: Any, tiny_b: Any, P: Any) -> None:
-    from mechlingo.analyses.repair import RepairVectors
+    from mechlingo.analyses.recall.steering import SteeringPair
 
-    RepairVectors.load(P["V_B"], tiny)
+    SteeringPair.load(P["V_B"], tiny)
 
 
 def _call(fn_text: str) -> Any:
@@ -856,7 +856,7 @@ def _lib_dtype_nn(tiny: Any, tiny_b: Any, P: Any) -> None:
 
 
 def _lib_align_target(tiny: Any, tiny_b: Any, P: Any) -> None:
-    from mechlingo.analyses.align import compare_alignment
+    from mechlingo.analyses.experts.align import compare_alignment
 
     compare_alignment(tiny, {"en": ["a b", "c d"], "fr": ["e f", "g h"]}, None, target="xx")
 
@@ -1025,9 +1025,9 @@ def test_same_model_still_applies(tiny, P):
 
 def test_error_hierarchy_keeps_old_bases():
     from mechlingo.activations.distributed import DistributedError
-    from mechlingo.analyses.align import AlignmentError
     from mechlingo.analyses.experts import ExpertError
-    from mechlingo.analyses.patching import PatchingError
+    from mechlingo.analyses.experts.align import AlignmentError
+    from mechlingo.analyses.recall.patching import PatchingError
     from mechlingo.cli import UsageError
     from mechlingo.core.errors import MechlingoError, MissingArtifactError
     from mechlingo.core.models import ModelLoadError
@@ -1189,7 +1189,7 @@ def test_kill_during_steer_build_keeps_old_vectors(P, tmp_path):
 
 def test_failed_steer_build_keeps_old_vectors(P, sandbox, capsys, monkeypatch):
     """A build that fails after writing task/ leaves the old folder as it was."""
-    from mechlingo.analyses.repair import RepairVectors
+    from mechlingo.analyses.recall.steering import SteeringPair
     from mechlingo.core.errors import ArtifactError
 
     work, _ = sandbox
@@ -1201,7 +1201,7 @@ def test_failed_steer_build_keeps_old_vectors(P, sandbox, capsys, monkeypatch):
         self.task.save(Path(folder) / "task", model)
         raise ArtifactError("disk full (simulated)")
 
-    monkeypatch.setattr(RepairVectors, "save", half_save)
+    monkeypatch.setattr(SteeringPair, "save", half_save)
     argv = _expand(Case("x", "{build}", 2, ""), P)
     argv[argv.index("--out") + 1] = "vectors"
     assert run_cli(argv) == 2

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import scipy.stats as sps
 
-from mechlingo.analyses import card_lu, card_sundar
-from mechlingo.analyses.card_stats import cluster_bootstrap, group_difference_test
-from mechlingo.analyses.claims import CLAIMS, NOT_TESTABLE
-from mechlingo.analyses.scoring import rankc_fact
+from mechlingo.analyses.scoring.scorers import rankc_fact
+from mechlingo.card import lu, sundar
+from mechlingo.card.rules import CLAIMS, NOT_TESTABLE
+from mechlingo.card.stats import cluster_bootstrap, group_difference_test
 from mechlingo.core.errors import InputError
 from mechlingo.data import LANGS, Fact, parallel_sentences
 from mechlingo.data.candidates import with_candidates
@@ -60,7 +60,7 @@ def test_bundled_ntrex_is_aligned_attributed_and_licensed():
     assert {len(v) for v in texts.values()} == {len(docs)} and len(docs) <= 300
     assert all(s.strip() for v in texts.values() for s in v)
     assert texts["en"][0] == "Welsh AMs worried about 'looking like muppets'"
-    folder = Path(card_sundar.__file__).parents[1] / "data" / "ntrex"
+    folder = Path(sundar.__file__).parents[1] / "data" / "ntrex"
     notice = (folder / "LICENSE.md").read_text()
     readme = (folder / "README.md").read_text()
     assert "https://creativecommons.org/licenses/by-sa/4.0/" in notice
@@ -83,11 +83,11 @@ def test_split_by_documents_never_shares_a_document():
 
 
 def test_parallel_parts_of_the_budgets():
-    from mechlingo.analyses.replicate import budget_settings
+    from mechlingo.card.replicate import budget_settings
 
     for budget in ("quick", "full"):
         cfg = budget_settings(budget)
-        parts = card_sundar.parallel_parts(None, cfg)
+        parts = sundar.parallel_parts(None, cfg)
         e = cfg["experts"]
         assert len(parts["find"]["en"]) == e["n_find"] and len(parts["eval"]["es"]) >= 30
         docs = parts["docs"]
@@ -129,7 +129,7 @@ def test_gold_logshare_by_hand():
     rec = {"scores": [1.0, 2.0, 3.0], "candidates": ["x", "y", "z"], "answer": "y",
            "ranking": [0, 1, 2], "gold_rank": 2}  # fmt: skip
     expect = -2.0 - math.log(math.exp(-1) + math.exp(-2) + math.exp(-3))
-    assert card_lu._gold_logshare(rec) == pytest.approx(expect)
+    assert lu._gold_logshare(rec) == pytest.approx(expect)
 
 
 # --------------------------------------------------------------------------------------
@@ -173,7 +173,7 @@ def _repair_data():
 
 
 def test_repair_extra_rows_by_hand():
-    rows = {r["id"]: r for r in card_lu.rows_repair_extra(_repair_data())}
+    rows = {r["id"]: r for r in lu.rows_repair_extra(_repair_data())}
     assert set(rows) == {"english_gap", "consistency", "task_repairs_recall",
                          "diff_repairs_translation", "both_beat_single"}  # fmt: skip
     # gap: mean over the 16 (fact, L) pairs of en - L
@@ -209,14 +209,14 @@ def test_consistency_is_rankc_under_rank():
     rank = {c: {k: ([0, 1, 2] if v else [1, 0, 2]) for k, v in d.items()}
             for c, d in (("orig", ORIG), ("both", BOTH))}  # fmt: skip
     items = _items({"orig": ORIG, "both": BOTH}, rank)
-    row = card_lu._row_consistency(items, "both")
+    row = lu._row_consistency(items, "both")
     pre = [rankc_fact(rank["orig"][(i, "en")], rank["orig"][(i, lg)]) for i in IDS
            for lg in ("es", "fr")]  # fmt: skip
     post = [rankc_fact(rank["both"][(i, "en")], rank["both"][(i, lg)]) for i in IDS
             for lg in ("es", "fr")]  # fmt: skip
     assert row["value"]["estimate"]["estimate"] == pytest.approx(np.mean(post) - np.mean(pre))
     assert row["consistency"] == "RankC"
-    lp = card_lu.logprob_gain(items, "both")  # logshare = correct - 1
+    lp = lu.logprob_gain(items, "both")  # logshare = correct - 1
     assert lp.estimate.estimate == pytest.approx(
         np.mean([BOTH[k] - ORIG[k] for k in BOTH if k[1] != "en"])
     )
@@ -225,7 +225,7 @@ def test_consistency_is_rankc_under_rank():
 def test_own_failure_is_not_testable_without_classes():
     data = _repair_data()
     data["classes"] = None
-    rows = {r["id"]: r for r in card_lu.rows_repair_extra(data)}
+    rows = {r["id"]: r for r in lu.rows_repair_extra(data)}
     assert rows["task_repairs_recall"]["verdict"] == NOT_TESTABLE
 
 
@@ -235,7 +235,7 @@ def test_attach_logprob_adds_the_gain_to_accuracy_rows():
     items = _items({"orig": ORIG, "task": TASK, "both": BOTH}, rank)
     rows = [{"id": "task_vector", "details": "x"}, {"id": "lowest_language"},
             {"id": "lowest_language", "langs": ["fr"]}]  # fmt: skip
-    card_lu.attach_logprob(rows, {"items": items})
+    lu.attach_logprob(rows, {"items": items})
     gain = np.mean([TASK[k] - ORIG[k] for k in TASK if k[1] != "en"])
     assert rows[0]["logprob_gain"]["estimate"]["estimate"] == pytest.approx(gain)
     assert "gold log-share" in rows[0]["details"] and "logprob_gain" not in rows[1]
@@ -247,7 +247,7 @@ def test_decoder_rows_by_hand():
     items = [{"id": f"f{k}", "lang": "fr", "en_first": k < 6} for k in range(8)]
     data = {"decoders": {"logit": {"items": items}, "tuned": {"untestable": "no lens"},
                          "patchscope": {"items": []}}}  # fmt: skip
-    rows = {r["id"]: r for r in card_lu.rows_decoders(data)}
+    rows = {r["id"]: r for r in lu.rows_decoders(data)}
     assert rows["latent_english_logit"]["value"]["estimate"]["estimate"] == pytest.approx(6 / 8)
     assert rows["latent_english_logit"]["per_lang"] == {"fr": [6, 8]}
     assert rows["latent_english_tuned"]["verdict"] == NOT_TESTABLE
@@ -258,13 +258,13 @@ def test_conversion_band_and_row_by_hand():
     trace = {"n_layers": 10, "records": [
         {"lang": "fr", "first_answer_layer": 7}, {"lang": "fr", "first_answer_layer": 9},
         {"lang": "fr", "first_answer_layer": -1}, {"lang": "ja", "first_answer_layer": -1}]}  # fmt: skip
-    assert card_lu.conversion_band(trace, "fr") == [7, 8, 9]  # median 8, minus one
-    assert card_lu.conversion_band(trace, "ja") is None
+    assert lu.conversion_band(trace, "fr") == [7, 8, 9]  # median 8, minus one
+    assert lu.conversion_band(trace, "ja") is None
     data = {"langs": {
         "fr": {"band": [7, 8, 9], "ids": ["a", "b", "c"], "band_effect": [1.0, 2.0, 0.5],
                "control_effect": [0.1, 0.0, 0.2]},
         "ja": {"untestable": "no conversion band"}}}  # fmt: skip
-    (row,) = card_lu.rows_conversion(data)
+    (row,) = lu.rows_conversion(data)
     assert row["value"]["estimate"]["estimate"] == pytest.approx(3.5 / 3)
     assert row["vs_control"]["estimate"]["estimate"] == pytest.approx((3.5 - 0.3) / 3)
     assert "ja: no conversion band" in row["details"]
@@ -273,14 +273,14 @@ def test_conversion_band_and_row_by_hand():
 def test_external_rows_by_hand():
     items = _items({"orig": ORIG, "task": TASK, "diff": DIFF, "both": BOTH, "random_s0": RND,
                     "random_s1": ORIG})  # fmt: skip
-    rows = {r["id"]: r for r in card_lu.rows_external({"items": items, "metric": "rank"})}
+    rows = {r["id"]: r for r in lu.rows_external({"items": items, "metric": "rank"})}
     ne = [k for k in ORIG if k[1] != "en"]
     ctl = np.mean([(RND[k] + ORIG[k]) / 2 - ORIG[k] for k in ne])
     assert rows["external_both"]["value"]["estimate"]["estimate"] == pytest.approx(
         np.mean([BOTH[k] - ORIG[k] for k in ne])
     )
     assert rows["external_both"]["control"]["estimate"]["estimate"] == pytest.approx(ctl)
-    none = card_lu.rows_external({"untestable": "no benchmark"})
+    none = lu.rows_external({"untestable": "no benchmark"})
     assert [r["verdict"] for r in none] == [NOT_TESTABLE] * 3
 
 
@@ -304,7 +304,7 @@ def _align_details():
 
 def test_align_extra_rows_by_hand():
     d, pre_h, post_h, pre_d, post_d = _align_details()
-    rows = {r["id"]: r for r in card_sundar.rows_align_extra({"details": d})}
+    rows = {r["id"]: r for r in sundar.rows_align_extra({"details": d})}
     ratio = post_h.mean(1) / pre_h.mean(1)
     assert rows["retrieval_gain_max"]["value"]["estimate"]["estimate"] == pytest.approx(ratio.max())
     assert rows["retrieval_gain_median"]["value"]["estimate"]["estimate"] == pytest.approx(
@@ -319,7 +319,7 @@ def test_align_extra_rows_by_hand():
     closer = rows["clamp_closer_centred"]["value"]
     assert closer["estimate"]["estimate"] == pytest.approx(np.mean(post_d.mean(0) - pre_d.mean(0)))
     assert closer["n_clusters"] == 4
-    assert all(r["verdict"] == NOT_TESTABLE for r in card_sundar.rows_align_extra(
+    assert all(r["verdict"] == NOT_TESTABLE for r in sundar.rows_align_extra(
         {"untestable": "no clamp"}))  # fmt: skip
 
 
@@ -328,7 +328,7 @@ def test_sentence_values_against_a_direct_computation():
 
     g = torch.Generator().manual_seed(0)
     emb = torch.randn(3, 5, 4, generator=g)
-    v = card_sundar.sentence_values(emb)
+    v = sundar.sentence_values(emb)
     x = torch.nn.functional.normalize(emb.double(), dim=-1)
     cos01 = (x[0] * x[1]).sum(-1)
     assert np.allclose(v["dist"][0], (1 - cos01).tolist())  # pair x->y is (0, 1)
@@ -378,7 +378,7 @@ def test_facts_dir_benchmark_adds_external_rows(tiny_dir, tmp_path, monkeypatch)
     from mechlingo.cli import main
     from tests.test_replicate import TINY, _fake_transfer
 
-    monkeypatch.setitem(sys.modules, "mechlingo.analyses.transfer", _fake_transfer())
+    monkeypatch.setitem(sys.modules, "mechlingo.analyses.recall.transfer", _fake_transfer())
     settings = {
         **TINY,
         "decoders": {"per_lang": 2},

@@ -128,7 +128,7 @@ def test_steering_at_last_lands_on_the_stems_last_token(chat_model):
 
 
 def test_subject_span_shifts_by_the_template(chat_model):
-    from mechlingo.analyses.patching.positions import subject_token_span
+    from mechlingo.analyses.recall.patching.positions import subject_token_span
 
     fact = load_facts(langs=["en"], relations=["capital"], limit=1)[0]
     plain = subject_token_span(chat_model, fact.prompt, fact.subject_span)
@@ -161,10 +161,10 @@ def test_steering_vector_build_reads_the_chat_prompts(chat_model):
     """The repair vectors' build means are taken at the last token of the chat-wrapped
     prompts: equal to a hand computation on the wrapped token ids."""
     from mechlingo.activations.means import last_token_means
-    from mechlingo.analyses.repair import repair_prompts
+    from mechlingo.analyses.recall.steering import steering_prompts
 
     facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=5)
-    prompts = repair_prompts(facts, k_shot=2)
+    prompts = steering_prompts(facts, k_shot=2)
     assert all(isinstance(p, ChatPrompt) and p.demos for p in prompts["few_shot"])
     plain = last_token_means(chat_model, prompts["few_shot"], layers=[1]).mean
     use_chat(chat_model, "on")

@@ -1,11 +1,11 @@
-"""The card's rules (mechlingo.analyses.claims): four verdicts on hand-made tests, Holm over
+"""The card's rules (mechlingo.card.rules): four verdicts on hand-made tests, Holm over
 the card, the frozen-rules hash."""
 
 from __future__ import annotations
 
 import pytest
 
-from mechlingo.analyses.claims import (
+from mechlingo.card.rules import (
     CLAIMS,
     HOLDS,
     INCONCLUSIVE,

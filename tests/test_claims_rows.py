@@ -1,5 +1,5 @@
-"""The card's rows (mechlingo.analyses.card_rows) and the lowest-language rules
-(mechlingo.analyses.protocol.lowest_language_rule) on hand-made stage results."""
+"""The card's rows (mechlingo.card.rows) and the lowest-language rules
+(mechlingo.analyses.recall.steer_eval.lowest_language_rule) on hand-made stage results."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 from scipy import stats as sps
 
-from mechlingo.analyses import card_rows as cr
-from mechlingo.analyses import replicate as rep
-from mechlingo.analyses.claims import HOLDS, INCONCLUSIVE, NOT_HOLDS, NOT_TESTABLE, finalize
-from mechlingo.analyses.protocol import lowest_language_dev, lowest_language_rule
+from mechlingo.analyses.recall.steer_eval import lowest_language_dev, lowest_language_rule
+from mechlingo.card import replicate as rep
+from mechlingo.card import rows as cr
+from mechlingo.card.rules import HOLDS, INCONCLUSIVE, NOT_HOLDS, NOT_TESTABLE, finalize
 from mechlingo.kernels.significance import Test, paired_test, wilson
 
 Y, N = True, False

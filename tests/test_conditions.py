@@ -8,15 +8,15 @@ import torch
 from mechlingo.activations import prefix as prefix_mod
 from mechlingo.activations.decoding import decode_cached, kv_cache_path
 from mechlingo.activations.prefix import cache_upto, decode_conditions, record_head
-from mechlingo.analyses import evaluate as ev
-from mechlingo.analyses.evaluate import (
+from mechlingo.analyses.scoring.evaluate import (
     evaluate_conditions,
     evaluate_facts,
     first_edit,
     generate_conditions,
     greedy_generate,
 )
-from mechlingo.analyses.rank import score_candidates
+from mechlingo.analyses.scoring.rank import score_candidates
+from mechlingo.analyses.scoring import evaluate as ev
 from mechlingo.core.tokens import TokenBatch, encode
 from mechlingo.data import load_facts
 from mechlingo.interventions.base import Intervention
@@ -240,25 +240,25 @@ def _per_condition(monkeypatch) -> None:
 
 
 def test_protocol_and_transfer_equal_the_per_condition_path(tiny, monkeypatch):
-    from mechlingo.analyses import protocol, repair, transfer
+    from mechlingo.analyses.recall import steer_eval, steering, transfer
     from mechlingo.data.splits import split_facts
 
     facts = load_facts(langs=["en", "fr", "de"], relations=["capital", "language"], limit=24,
                        templates="natural")  # fmt: skip
     build = split_facts(facts, (0.4, 0.2, 0.4))["build"]
-    vectors = repair.build_repair_vectors(tiny, build, k_shot=2)
+    vectors = steering.build_steering_vectors(tiny, build, k_shot=2)
     kw = {"task_layers": [0, 1], "diff_layers": [1], "task_alphas": [0.5, 2.0],
           "diff_alphas": [1.0, 4.0], "top_k": 2, "screen_ids": 3, "seeds": [0, 1],
           "max_new_tokens": 3}  # fmt: skip
     tkw = {"build_ids": 3, "screen_ids": 2, "dev_ids": 2, "test_ids": 2, "layers": [0, 1],
            "alphas": [0.5, 2.0], "k_shot": 2, "max_new_tokens": 2}  # fmt: skip
-    res = protocol.run_protocol(tiny, facts, vectors, **kw)
+    res = steer_eval.run_steer_eval(tiny, facts, vectors, **kw)
     assert {r.meta["path"] for r in res.test.results.values()} == {"shared-prefix"}
     shared = res.summary()
     matrix = transfer.transfer_matrix(tiny, facts, by="relation", **tkw).to_json()
     with monkeypatch.context() as m:
         _per_condition(m)
-        alone = protocol.run_protocol(tiny, facts, vectors, **kw).summary()
+        alone = steer_eval.run_steer_eval(tiny, facts, vectors, **kw).summary()
         matrix_alone = transfer.transfer_matrix(tiny, facts, by="relation", **tkw).to_json()
     assert len(shared["sweep"]["rows"]) > 8
     assert shared == alone

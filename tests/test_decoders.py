@@ -15,11 +15,11 @@ import textwrap
 import pytest
 import torch
 
-from mechlingo.analyses.decoders import DecoderComparison, compare_decoders, english_lead
-from mechlingo.analyses.entries import lens_hook_names
-from mechlingo.analyses.lens import LensResult, lens_facts, logit_lens, token_energy
-from mechlingo.analyses.patchscope import TARGET_PROMPTS, Patchscope
-from mechlingo.analyses.tuned_lens import (
+from mechlingo.analyses.decoders.compare import DecoderComparison, compare_decoders, english_lead
+from mechlingo.analyses.decoders.entries import lens_hook_names
+from mechlingo.analyses.decoders.lens import LensResult, lens_facts, logit_lens, token_energy
+from mechlingo.analyses.decoders.patchscope import TARGET_PROMPTS, Patchscope
+from mechlingo.analyses.decoders.tuned_lens import (
     TunedLens,
     _SampledTarget,
     load_tuned_lens,
@@ -149,7 +149,7 @@ WORKER = textwrap.dedent(
     """
     import sys, torch
     from mechlingo.activations.distributed import process_group
-    from mechlingo.analyses.tuned_lens import train_tuned_lens
+    from mechlingo.analyses.decoders.tuned_lens import train_tuned_lens
     from mechlingo.core.models import load_model
 
     torch.set_grad_enabled(False)

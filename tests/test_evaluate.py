@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechlingo.analyses.evaluate import evaluate_facts, greedy_generate, is_correct, normalize
+from mechlingo.analyses.scoring.evaluate import (
+    evaluate_facts,
+    greedy_generate,
+    is_correct,
+    normalize,
+)
 
 
 def test_normalize_and_rule():

@@ -467,7 +467,7 @@ def test_cli_errors_leave_nothing(tmp_path, tiny_dir, capsys):
 @pytest.mark.slow
 @pytest.mark.skipif(not NTREX.is_dir(), reason="NTREX data not present")
 def test_gemma_spanish_experts_and_retrieval(gemma):
-    from mechlingo.analyses.align import compare_alignment
+    from mechlingo.analyses.experts.align import compare_alignment
     from mechlingo.data import read_parallel_dir
 
     d = read_parallel_dir(NTREX, ["es", "en", "fr"])

@@ -21,10 +21,10 @@ from transformer_lens.tools.analysis import logit_lens as tl_logit_lens
 
 import mechlingo
 from mechlingo.activations.runs import next_token_logits, run_batch
-from mechlingo.analyses.align import embed_parallel
+from mechlingo.analyses.decoders.lens import logit_lens
 from mechlingo.analyses.experts import collect_neuron_stats
-from mechlingo.analyses.lens import logit_lens
-from mechlingo.analyses.patching import answer_logprob, patch_activations
+from mechlingo.analyses.experts.align import embed_parallel
+from mechlingo.analyses.recall.patching import answer_logprob, patch_activations
 from mechlingo.core.errors import InterventionError
 from mechlingo.core.families import FAMILIES, REFUSED, Family
 from mechlingo.core.models import ModelLoadError, load_model, weight_mode
@@ -529,7 +529,7 @@ def test_patching_resid_mid_equals_a_hand_patched_residual(fam):
 
 
 def test_hooks_removed_after_error(fam, monkeypatch):
-    import mechlingo.analyses.patching as patching
+    import mechlingo.analyses.recall.patching as patching
 
     model = fam.model
     batch = encode(model, PROMPTS)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mechlingo.activations.runs import run_batch
-from mechlingo.analyses.evaluate import greedy_generate
+from mechlingo.analyses.scoring.evaluate import greedy_generate
 from mechlingo.core.tokens import encode
 from mechlingo.data import LANGS, few_shot_prompt, load_facts
 from mechlingo.data.langid import identify_language

@@ -24,7 +24,7 @@ HookedTransformer = pytest.importorskip("transformer_lens").HookedTransformer
 HookedTransformerConfig = pytest.importorskip("transformer_lens").HookedTransformerConfig
 
 from mechlingo.activations.runs import collect, next_token_logits, run_batch  # noqa: E402
-from mechlingo.analyses.lens import logit_lens  # noqa: E402
+from mechlingo.analyses.decoders.lens import logit_lens  # noqa: E402
 from mechlingo.core.models import load_model, weight_mode  # noqa: E402
 from mechlingo.core.sites import hook_name, site_map  # noqa: E402
 from mechlingo.core.tokens import encode  # noqa: E402
@@ -143,7 +143,7 @@ def test_steering_vector_intervention(ht):
 
 
 def test_patch_activations_identity(ht):
-    patching = pytest.importorskip("mechlingo.analyses.patching")
+    patching = pytest.importorskip("mechlingo.analyses.recall.patching")
     src = ["The capital of Italy is", "The capital of Spain is"]
     metric = patching.answer_logprob(ht, ["Rome", "Madrid"], name="lp")
     sw = patching.patch_activations(ht, src, src, ["resid_pre", "mlp_out"], metric=metric)
@@ -170,7 +170,7 @@ def test_resid_mid_is_the_residual_on_a_hooked_transformer(ht):
     after it resid_post == resid_mid' + mlp_out; a resid_mid patch equals a hand-made one that
     writes the difference through attn_out."""
     iv_mod = pytest.importorskip("mechlingo.interventions")
-    patching = pytest.importorskip("mechlingo.analyses.patching")
+    patching = pytest.importorskip("mechlingo.analyses.recall.patching")
     v = torch.randn(ht.cfg.d_model, generator=torch.Generator().manual_seed(4))
     batch = encode(ht, PROMPTS)
     names = [hook_name(ht, s, 1) for s in ("resid_mid", "mlp_out", "resid_post")]
@@ -224,7 +224,7 @@ def test_generation_recomputes_the_prefix_on_a_hooked_transformer(ht):
     """A HookedTransformer has no transformers cache to drive: decoding takes the uncached
     path, and a mixed-length batch still equals one prompt at a time."""
     from mechlingo.activations.decoding import kv_cache_path
-    from mechlingo.analyses.evaluate import greedy_generate
+    from mechlingo.analyses.scoring.evaluate import greedy_generate
 
     assert kv_cache_path(ht) == "none"
     batched = greedy_generate(ht, PROMPTS, max_new_tokens=3, stop_at_newline=False)

@@ -21,8 +21,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from mechlingo.analyses.repair import RepairVectors
-from mechlingo.analyses.tuned_lens import TunedLens, load_tuned_lens
+from mechlingo.analyses.decoders.tuned_lens import TunedLens, load_tuned_lens
+from mechlingo.analyses.recall.steering import SteeringPair
 from mechlingo.cli import main
 from mechlingo.core.errors import ArtifactError, DataError, MechlingoError, ModelLoadError
 from mechlingo.core.stages import Stages
@@ -244,30 +244,30 @@ def vdir(tiny, tmp_path):
     task = SteeringVector(torch.ones(n, d), None, 1.0)
     diff = SteeringVector(torch.ones(n, d) * 2, None, 1.0)
     folder = tmp_path / "vdir"
-    RepairVectors(task, diff, {}, {"unit": "raw"}).save(folder, tiny)
+    SteeringPair(task, diff, {}, {"unit": "raw"}).save(folder, tiny)
     return folder
 
 
 def test_vectors_folder_with_a_linked_part(vdir, tmp_path, tiny):
-    assert RepairVectors.load(vdir, tiny).unit == "raw"
+    assert SteeringPair.load(vdir, tiny).unit == "raw"
     elsewhere = tmp_path / "planted"
     (vdir / "task").rename(elsewhere)
     (vdir / "task").symlink_to(elsewhere)
     with pytest.raises(ArtifactError, match="points outside"):
-        RepairVectors.load(vdir, tiny)
+        SteeringPair.load(vdir, tiny)
 
 
 def test_vectors_build_json_nested_deep(vdir, tiny):
     (vdir / "build.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ArtifactError, match="deeper than"):
-        RepairVectors.load(vdir, tiny)
+        SteeringPair.load(vdir, tiny)
 
 
 def test_vectors_stack_of_the_wrong_length(vdir, tiny):
     d, n = int(tiny.cfg.d_model), int(tiny.cfg.n_layers)
     save_file({"vector": torch.ones(n + 3, d)}, str(vdir / "task" / "intervention.safetensors"))
     with pytest.raises(MechlingoError, match="layers"):
-        RepairVectors.load(vdir, tiny)
+        SteeringPair.load(vdir, tiny)
 
 
 # --------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import torch
 
 import mechlingo
 from mechlingo.activations.runs import run_batch
-from mechlingo.analyses.evaluate import greedy_generate
+from mechlingo.analyses.scoring.evaluate import greedy_generate
 from mechlingo.core.tokens import encode
 from mechlingo.interventions import (
     Ablation,

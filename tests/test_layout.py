@@ -63,9 +63,9 @@ def test_contract_catches_an_upward_import(tmp_path):
         tmp_path,
         {
             "core/__init__.py": "",
-            "core/models.py": "from mechlingo.analyses.lens import x\n",
+            "core/models.py": "from mechlingo.analyses.decoders.lens import x\n",
             "analyses/__init__.py": "",
-            "analyses/lens.py": "x = 1\n",
+            "analyses/decoders/lens.py": "x = 1\n",
         },
     )
     found = check_layers.problems(check_layers.scan(root))
@@ -125,10 +125,10 @@ def test_contract_keeps_viz_below_the_analyses_and_plotly_lazy(tmp_path):
             "viz/eager.py": "import plotly.graph_objects as go\n",
             "viz/hint.py": (
                 "from typing import TYPE_CHECKING\n"
-                "if TYPE_CHECKING:\n    from mechlingo.analyses.lens import x\n"
+                "if TYPE_CHECKING:\n    from mechlingo.analyses.decoders.lens import x\n"
             ),
             "analyses/__init__.py": "",
-            "analyses/lens.py": "from mechlingo.viz.ok import fig\nx = 1\n",
+            "analyses/decoders/lens.py": "from mechlingo.viz.ok import fig\nx = 1\n",
             "report/__init__.py": "",
             "report/page.py": "import plotly.graph_objects as go\n",
         },
@@ -139,7 +139,7 @@ def test_contract_keeps_viz_below_the_analyses_and_plotly_lazy(tmp_path):
         "(import it in the function)"
     ]
     assert found["upward"] == [
-        "mechlingo.viz.hint:3 imports mechlingo.analyses.lens (a higher layer)"
+        "mechlingo.viz.hint:3 imports mechlingo.analyses.decoders.lens (a higher layer)"
     ]
     assert found["function imports"] == [] and found["cycles"] == []
 
@@ -181,7 +181,7 @@ def test_import_stays_light_and_plotly_loads_on_first_figure():
         "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
         "        importlib.import_module(m.name)\n"
         "assert 'plotly' not in sys.modules, 'plotly loaded before any figure was drawn'\n"
-        "from mechlingo.analyses.evaluate import EvalResult\n"
+        "from mechlingo.analyses.scoring.evaluate import EvalResult\n"
         "EvalResult([{'lang': 'en', 'correct': True}]).fig_accuracy()\n"
         "assert 'plotly' in sys.modules\n"
         "print('ok')\n"

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformer_lens.tools.analysis import logit_lens as tl_logit_lens
 
-from mechlingo.analyses.lens import lens_facts, logit_lens
+from mechlingo.analyses.decoders.lens import lens_facts, logit_lens
 
 PROMPTS = ["The capital of Italy is the city of", "La capitale", "意大利的首都是", "Die Stadt"]
 LANGS = ["en", "fr", "zh", "de"]

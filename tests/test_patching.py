@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformer_lens.patching as tlp
 
-from mechlingo.analyses.patching import (
+from mechlingo.analyses.recall.patching import (
     PatchingError,
     answer_logprob,
     attention_knockout,
@@ -137,7 +137,7 @@ def test_reuse_prefix_refused_where_it_cannot_apply(tiny, pair, metric):
 
 
 def _brute_parts(starts, weights, base, length):
-    from mechlingo.analyses.patching.passes import PASS_COST_POSITIONS
+    from mechlingo.analyses.recall.patching.passes import PASS_COST_POSITIONS
 
     pos = sorted(set(starts))
     best = None
@@ -152,7 +152,7 @@ def _brute_parts(starts, weights, base, length):
 
 
 def test_prefix_parts_is_the_cheapest_split():
-    from mechlingo.analyses.patching.passes import PASS_COST_POSITIONS, prefix_parts
+    from mechlingo.analyses.recall.patching.passes import PASS_COST_POSITIONS, prefix_parts
 
     # one position: one part; few cells far apart: one pass; many cells far apart: two
     assert prefix_parts([4, 4, 4], [1.0, 1.0, 1.0], 2.0, 9) == [[0, 1, 2]]
@@ -194,7 +194,7 @@ def test_suffix_pass_on_the_recorded_prefix_equals_the_whole_pass(tiny):
 
 @pytest.mark.parametrize("reuse_prefix", [False, True])
 def test_grown_batch_hooks_removed_after_error(tiny, pair, metric, monkeypatch, reuse_prefix):
-    import mechlingo.analyses.patching as patching
+    import mechlingo.analyses.recall.patching as patching
 
     src, tgt = pair
     kw = dict(metric=metric, batching="grow", reuse_prefix=reuse_prefix)

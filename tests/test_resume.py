@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import mechlingo.analyses.experts.kcurve as experts_mod
-import mechlingo.analyses.protocol as protocol
-import mechlingo.analyses.repair as repair
+import mechlingo.analyses.recall.steer_eval as protocol
+import mechlingo.analyses.recall.steering as repair
 import mechlingo.cli.experts as cli_experts
 from mechlingo.cli import main
 from mechlingo.cli.common import UsageError
@@ -140,7 +140,7 @@ def test_steer_eval_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch,
     assert "side-effects" not in done
 
     monkeypatch.undo()
-    for mod, name in ((repair, "build_repair_vectors"), (protocol, "choose_on_dev"),
+    for mod, name in ((repair, "build_steering_vectors"), (protocol, "choose_on_dev"),
                       (protocol, "_score"), (protocol, "headroom"),
                       (protocol, "side_effects")):  # fmt: skip
         _count(monkeypatch, mod, name, calls)
@@ -157,11 +157,11 @@ def test_steer_eval_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch,
     _count(monkeypatch, protocol, "side_effects", {}, stop_when=lambda *a, **kw: True)
     assert run("c") == 130
     monkeypatch.undo()
-    for mod, name in ((protocol, "choose_on_dev"), (repair, "build_repair_vectors")):
+    for mod, name in ((protocol, "choose_on_dev"), (repair, "build_steering_vectors")):
         _count(monkeypatch, mod, name, calls)
     calls.clear()
     assert run("c", "--max-new-tokens", "3") == 0
-    assert calls == {"choose_on_dev": 2, "build_repair_vectors": 1}
+    assert calls == {"choose_on_dev": 2, "build_steering_vectors": 1}
 
 
 # --------------------------------------------------------------------------------------

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from mechlingo.analyses import protocol
-from mechlingo.analyses.evaluate import evaluate_facts
-from mechlingo.analyses.rank import candidate_layout, score_candidates
-from mechlingo.analyses.scoring import (
+from mechlingo.analyses.recall import steer_eval
+from mechlingo.analyses.scoring.evaluate import evaluate_facts
+from mechlingo.analyses.scoring.rank import candidate_layout, score_candidates
+from mechlingo.analyses.scoring.scorers import (
     SKIP_GOLD_MISSING,
     SKIP_NO_CANDIDATES,
     SKIP_NO_STEM,
@@ -214,9 +214,9 @@ def test_every_intervention_kind_applies_under_every_metric(tiny, metric):
 
 
 def test_protocol_score_takes_the_metric(tiny):
-    res = protocol._score(tiny, FACTS, None, metric="rank", batch_size=2)
+    res = steer_eval._score(tiny, FACTS, None, metric="rank", batch_size=2)
     assert res.meta["metric"]["metric"] == "rank" and len(res.records) == len(FACTS)
-    res = protocol._score(tiny, FACTS, None, metric=Scorer("rank", rank_tokens="candidate"))
+    res = steer_eval._score(tiny, FACTS, None, metric=Scorer("rank", rank_tokens="candidate"))
     assert res.meta["metric"] == {"metric": "rank", "rank_tokens": "candidate"}
 
 
@@ -486,7 +486,7 @@ def test_eval_on_benchmark_fixture_folders(tmp_path, gemma, monkeypatch):
 
 
 def test_trace_adds_the_gold_rank_per_class(tiny):
-    from mechlingo.analyses.trace import trace_recall
+    from mechlingo.analyses.recall.trace import trace_recall
 
     plain = Fact("capital/9", "capital", "en", "X", "The capital of Peru is", "Lima")
     tr = trace_recall(tiny, [*FACTS[:3], plain, FACTS[3]], max_new_tokens=2)

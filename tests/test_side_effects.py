@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from mechlingo.activations.likelihood import line_nll, perplexity
-from mechlingo.analyses.evaluate import evaluate_facts, greedy_generate
-from mechlingo.analyses.side_effects import (
+from mechlingo.analyses.scoring.evaluate import evaluate_facts, greedy_generate
+from mechlingo.analyses.scoring.side_effects import (
     SideEffectsError,
     line_prefix,
     random_control,

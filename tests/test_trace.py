@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mechlingo.analyses.trace import (
+from mechlingo.analyses.recall.trace import (
     CLASSES,
     _classify,
     default_mid_layers,
@@ -73,7 +73,7 @@ def test_trace_bad_input(tiny):
 
 
 def test_circuit_and_stages(tiny, tiny_trace):
-    from mechlingo.analyses.patching import fact_metrics, patch_activations
+    from mechlingo.analyses.recall.patching import fact_metrics, patch_activations
 
     fr = [f for f in load_facts(langs=["fr"], relations=["capital"], limit=3)]
     sw = patch_activations(
@@ -159,7 +159,7 @@ def _scrub(x, drop=("seconds",)):
 def test_trace_cli_writes_what_run_trace_writes(tiny, tiny_dir, tmp_path):
     """`mechlingo trace` and `trace.run_trace(...).write(out)` with the same settings write
     the same summary.json (but its meta), trace.json and patching.json (but timings)."""
-    from mechlingo.analyses import trace as trace_mod
+    from mechlingo.analyses.recall import trace as trace_mod
     from mechlingo.cli import main
 
     cli, py = tmp_path / "cli", tmp_path / "py"

@@ -8,9 +8,9 @@ import pytest
 import scipy.stats as sps
 import torch
 
-from mechlingo.analyses import protocol, transfer
-from mechlingo.analyses.protocol import LeakError, lowest_language_rule
-from mechlingo.analyses.repair import RepairVectors, build_repair_vectors
+from mechlingo.analyses.recall import steer_eval, transfer
+from mechlingo.analyses.recall.steer_eval import LeakError, lowest_language_rule
+from mechlingo.analyses.recall.steering import SteeringPair, build_steering_vectors
 from mechlingo.data import RELATIONS, load_facts
 from mechlingo.data.splits import split_facts
 
@@ -82,7 +82,7 @@ def test_pooled_vectors_equal_building_on_the_pooled_facts(tiny, facts):
     stats = transfer.group_stats(tiny, build, k_shot=2, translation_shots=0)
     for rels in (RELS, ["currency"]):
         sel = [f for f in build if f.relation in rels]
-        ref = build_repair_vectors(tiny, sel, k_shot=2, translation_shots=0)
+        ref = build_steering_vectors(tiny, sel, k_shot=2, translation_shots=0)
         got = transfer.pooled_vectors(stats, relations=rels, model=tiny)
         for name in ("few_shot", "zero_shot", "translation"):
             torch.testing.assert_close(got.means[name], ref.means[name], rtol=1e-5, atol=1e-5)
@@ -105,10 +105,10 @@ def test_balance_relations_same_ids_per_relation(facts):
 
 
 def test_old_vector_artifacts_load_without_relations(tiny, facts, tmp_path):
-    v = build_repair_vectors(tiny, split_facts(facts)["build"][:24], k_shot=1)
+    v = build_steering_vectors(tiny, split_facts(facts)["build"][:24], k_shot=1)
     v.build.pop("relations")
     v.save(tmp_path / "v", tiny)
-    back = RepairVectors.load(tmp_path / "v", tiny)
+    back = SteeringPair.load(tmp_path / "v", tiny)
     assert back.relations is None and back.unit == "resid"
 
 
@@ -121,8 +121,8 @@ def _watch(monkeypatch):
     seen = {"pooled": [], "sweep": [], "test": [], "kw": []}
     real_pool, real_sweep, real_score = (
         transfer.pooled_vectors,
-        protocol.choose_on_dev,
-        protocol._score,
+        steer_eval.choose_on_dev,
+        steer_eval._score,
     )
     real_row_score = transfer._Run.score
 
@@ -144,8 +144,8 @@ def _watch(monkeypatch):
         return real_row_score(self, facts, iv)
 
     monkeypatch.setattr(transfer, "pooled_vectors", pooled)
-    monkeypatch.setattr(protocol, "choose_on_dev", sweep)
-    monkeypatch.setattr(protocol, "_score", score)
+    monkeypatch.setattr(steer_eval, "choose_on_dev", sweep)
+    monkeypatch.setattr(steer_eval, "_score", score)
     monkeypatch.setattr(transfer._Run, "score", row_score)
     return seen
 

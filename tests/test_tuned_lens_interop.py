@@ -1,5 +1,5 @@
 """Tuned lenses in the ``tuned-lens`` package's format
-(:mod:`mechlingo.analyses.tuned_lens_interop`): the round trip, the refusals of untrusted or
+(:mod:`mechlingo.analyses.decoders.tuned_lens_interop`): the round trip, the refusals of untrusted or
 malformed checkpoints, and (slow) the reference check against the package itself in its own
 environment (``scripts/check_tuned_lens_interop.py``: logits within 1e-5 at every layer,
 both ways)."""
@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from mechlingo.analyses.tuned_lens import TunedLens
-from mechlingo.analyses.tuned_lens_interop import (
+from mechlingo.analyses.decoders.tuned_lens import TunedLens
+from mechlingo.analyses.decoders.tuned_lens_interop import (
     export_package_lens,
     load_package_lens,
     unembedding_hash,

@@ -10,15 +10,15 @@ import math
 import pytest
 import torch
 
-from mechlingo.analyses.decoders import compare_decoders
-from mechlingo.analyses.evaluate import EvalResult
-from mechlingo.analyses.lens import lens_facts
-from mechlingo.analyses.patching import attention_knockout, fact_metrics, patch_activations
-from mechlingo.analyses.protocol import DevSearch, fig_accuracy_ci, fig_headroom
-from mechlingo.analyses.repair import ConditionResults, SteeringConfig
-from mechlingo.analyses.trace import CLASSES, trace_recall
-from mechlingo.analyses.transfer import TransferMatrix
-from mechlingo.analyses.tuned_lens import TunedLensTraining
+from mechlingo.analyses.decoders.compare import compare_decoders
+from mechlingo.analyses.decoders.lens import lens_facts
+from mechlingo.analyses.decoders.tuned_lens import TunedLensTraining
+from mechlingo.analyses.recall.patching import attention_knockout, fact_metrics, patch_activations
+from mechlingo.analyses.recall.steer_eval import DevSearch, fig_accuracy_ci, fig_headroom
+from mechlingo.analyses.recall.steering import ConditionResults, SteeringConfig
+from mechlingo.analyses.recall.trace import CLASSES, trace_recall
+from mechlingo.analyses.recall.transfer import TransferMatrix
+from mechlingo.analyses.scoring.evaluate import EvalResult
 from mechlingo.core.errors import InputError
 from mechlingo.data import load_facts
 from mechlingo.viz.lens import lens_kl_figure

@@ -2,7 +2,7 @@
 real tokens, in one forward pass per batch.
 
 The one implementation of what expert neurons (:mod:`mechlingo.analyses.experts`) and
-sentence embeddings (:mod:`mechlingo.analyses.align`) share:
+sentence embeddings (:mod:`mechlingo.analyses.experts.align`) share:
 
 * :func:`check_texts` -- a corpus ``{lang: [sentence, ...]}`` is usable (optionally
   parallel: the same number of lines in every language);

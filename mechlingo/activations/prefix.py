@@ -6,7 +6,7 @@ those of the unpatched run. A patched copy therefore only needs to compute posit
 after, attending to the unpatched run's cached keys and values for the prefix. On short factual
 prompts, patched at their last few tokens, that is a fraction of the positions.
 
-This module holds the cache side of that (:mod:`mechlingo.analyses.patching.passes` uses it):
+This module holds the cache side of that (:mod:`mechlingo.analyses.recall.patching.passes` uses it):
 
 * :func:`record_prefix` runs the unpatched batch once with a transformers ``DynamicCache``
   and keeps its keys and values at every layer, and each row's final residual stream at its
@@ -163,7 +163,7 @@ def cache_upto(model: Model, record: PrefixRecord, rows: Tensor, p: int) -> Any:
 
 def cache_grower(cache: Any, first_layer: int, rows: Tensor) -> HookFn:
     """A hook for the block input at which copies of the batch rows ``rows`` were appended to
-    the batch (see :func:`mechlingo.analyses.patching.passes.brancher`): it appends the same
+    the batch (see :func:`mechlingo.analyses.recall.patching.passes.brancher`): it appends the same
     rows' keys and values to the cache of layer ``first_layer`` and of every later layer
     (not yet run in this pass, so they still hold the prefix alone, which a copy shares with
     the row it copies). Every growth of the batch needs one. It changes no activation."""

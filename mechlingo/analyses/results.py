@@ -1,7 +1,7 @@
 """What the end-to-end runs share: writing their files into one folder in one step.
 
-:class:`~mechlingo.analyses.trace.TraceRun` (``mechlingo trace``) and
-:class:`~mechlingo.analyses.protocol.ProtocolResult` (``mechlingo steer eval``) each say which
+:class:`~mechlingo.analyses.recall.trace.TraceRun` (``mechlingo trace``) and
+:class:`~mechlingo.analyses.recall.steer_eval.SteerEvalResult` (``mechlingo steer eval``) each say which
 files they consist of (``files(meta)``: name -> JSON-ready object, text or bytes);
 :class:`WritesFolder` writes them.
 """

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mechlingo.activations.distributed import dist_info
-from mechlingo.analyses.scoring import Scorer
+from mechlingo.analyses.scoring.scorers import Scorer
 from mechlingo.cli.validate import check_after_load
 from mechlingo.core.chat import CHAT_MODES, chat_enabled, use_chat
 from mechlingo.core.errors import InputError, MechlingoError
@@ -143,7 +143,7 @@ def add_metric_args(p: argparse.ArgumentParser) -> None:
 
 
 def scorer_from_args(args: Any) -> Any:
-    """The :class:`~mechlingo.analyses.scoring.Scorer` of ``--metric``/``--rank-tokens``."""
+    """The :class:`~mechlingo.analyses.scoring.scorers.Scorer` of ``--metric``/``--rank-tokens``."""
     return Scorer(getattr(args, "metric", "generate"), getattr(args, "rank_tokens", "sentence"))
 
 

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mechlingo.analyses.decoders import compare_decoders
-from mechlingo.analyses.patchscope import Patchscope
-from mechlingo.analyses.tuned_lens import load_tuned_lens
+from mechlingo.analyses.decoders.compare import compare_decoders
+from mechlingo.analyses.decoders.patchscope import Patchscope
+from mechlingo.analyses.decoders.tuned_lens import load_tuned_lens
 from mechlingo.cli.common import UsageError, run_meta, split_list
 from mechlingo.core.types import Model
 from mechlingo.report import write_outputs

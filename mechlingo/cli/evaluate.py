@@ -8,7 +8,7 @@ import json
 import time
 from typing import Any
 
-from mechlingo.analyses.evaluate import evaluate_facts
+from mechlingo.analyses.scoring.evaluate import evaluate_facts
 from mechlingo.cli.common import (
     add_data_args,
     add_metric_args,

@@ -36,13 +36,6 @@ from typing import Any
 from safetensors.torch import save_file
 
 from mechlingo.activations.shards import memory_budget, shared_directory
-from mechlingo.analyses.align import (
-    AlignmentComparison,
-    AlignmentError,
-    Embeddings,
-    compare_alignment,
-    drop_empty_lines,
-)
 from mechlingo.analyses.experts import (
     ExpertError,
     ExpertResult,
@@ -50,7 +43,14 @@ from mechlingo.analyses.experts import (
     k_curve,
     score_neurons,
 )
-from mechlingo.analyses.side_effects import side_effects
+from mechlingo.analyses.experts.align import (
+    AlignmentComparison,
+    AlignmentError,
+    Embeddings,
+    compare_alignment,
+    drop_empty_lines,
+)
+from mechlingo.analyses.scoring.side_effects import side_effects
 from mechlingo.cli.common import (
     UsageError,
     add_model_args,
@@ -482,7 +482,7 @@ def _align_args(p: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="also measure the clamp's side effects in every language against the control "
-        "(mechlingo.analyses.side_effects): accuracy on N bundled capitals per language (natural "
+        "(mechlingo.analyses.scoring.side_effects): accuracy on N bundled capitals per language (natural "
         "templates), perplexity and output language on the last N lines of each language "
         "(default 0: off)",
     )
@@ -490,7 +490,7 @@ def _align_args(p: argparse.ArgumentParser) -> None:
 
 
 def _align_side_effects(model: Model, iv: Any, control: Any, texts: dict, args: Any) -> Any:
-    """The clamp's side effects (:func:`mechlingo.analyses.side_effects.side_effects`) on bundled
+    """The clamp's side effects (:func:`mechlingo.analyses.scoring.side_effects.side_effects`) on bundled
     capitals (natural templates) and the last ``--side-effects`` lines of each language."""
 
     n = args.side_effects
@@ -586,7 +586,7 @@ _ARMS = ("pre", "post", "control")
 
 
 def _staged_comparison(stages: Stages, compare: Callable[[], Any]) -> Any:
-    """An :class:`~mechlingo.analyses.align.AlignmentComparison` kept as a stage (its
+    """An :class:`~mechlingo.analyses.experts.align.AlignmentComparison` kept as a stage (its
     embeddings and retrieval matrices in a safetensors file)."""
 
     def fn(tmp: Path) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-from mechlingo.analyses.lens import lens_facts
+from mechlingo.analyses.decoders.lens import lens_facts
 from mechlingo.cli.common import (
     UsageError,
     add_data_args,

@@ -25,7 +25,7 @@ from mechlingo.activations.distributed import process_group
 
 # The command modules register their subcommands when imported; ``--help`` lists them in
 # the order of HELP_ORDER (any other command after them).
-from mechlingo.cli import evaluate, experts, lens, repair, replicate, trace, tuned_lens  # noqa: F401
+from mechlingo.cli import evaluate, experts, lens, replicate, steer, trace, tuned_lens  # noqa: F401
 from mechlingo.cli.common import COMMANDS
 from mechlingo.cli.flags import HelpParser
 from mechlingo.cli.validate import validate_args

@@ -9,7 +9,7 @@ job) run again goes on after the last finished stage, ``--fresh`` starts over, a
 stages are removed once ``OUT`` is written. A stage
 that fails becomes the rows of its claims with the error; the others still run, and the
 command exits 0 with the card written (``--strict``: exit 3 when a stage failed).
-The claims are measured by :func:`mechlingo.analyses.replicate.replicate`.
+The claims are measured by :func:`mechlingo.card.replicate.replicate`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mechlingo.activations.distributed import dist_info, sharded_scoring
-from mechlingo.analyses.replicate import BUDGETS, METRICS, PAPERS, replicate
+from mechlingo.card.replicate import BUDGETS, METRICS, PAPERS, replicate
 from mechlingo.cli.common import (
     UsageError,
     add_model_args,

@@ -12,7 +12,7 @@ by subject span and from the end), and the clean answer's log-probability is rea
 restore it carry the fact.
 
 ``--method`` chooses how the cells are measured: ``exact`` activation patching (default),
-``atp`` attribution patching (:mod:`mechlingo.analyses.attribution`: every cell and every attention
+``atp`` attribution patching (:mod:`mechlingo.analyses.recall.attribution`: every cell and every attention
 head from one forward and one backward pass; the top heads are then verified by exact head
 patching and the circuit diagram shows heads), or ``both`` (exact and AtP on the same grid;
 the report gives their Spearman correlation and top-k agreement per site).
@@ -26,7 +26,7 @@ from typing import Any
 
 # run_trace is called through its module, so that a wrapper set on the module (a test's
 # monkeypatch, a user's instrumentation) sees every call.
-from mechlingo.analyses import trace
+from mechlingo.analyses.recall import trace
 from mechlingo.cli.common import (
     UsageError,
     add_data_args,

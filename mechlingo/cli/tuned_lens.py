@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from mechlingo.analyses.tuned_lens import (
+from mechlingo.analyses.decoders.tuned_lens import (
     TunedLensTraining,
     lens_divergence,
     load_tuned_lens,

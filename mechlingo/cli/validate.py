@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from mechlingo.analyses.scoring import KLAR_MAX_NEW_TOKENS, klar_prompt
+from mechlingo.analyses.scoring.scorers import KLAR_MAX_NEW_TOKENS, klar_prompt
 from mechlingo.cli.flags import check_finite, parse_config, parse_floats, parse_ints, parse_list
 from mechlingo.core.checks import check_gguf_file, check_model_folder
 from mechlingo.core.errors import (

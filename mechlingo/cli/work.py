@@ -19,7 +19,7 @@ another version, model, data or setting are never reused (they are recomputed).
 
 The helpers here turn the stored JSON back into the objects of the expert analyses (neuron
 statistics and scores, saved interventions); the repair protocol keeps its own stages
-(:func:`mechlingo.analyses.protocol.run_protocol`).
+(:func:`mechlingo.analyses.recall.steer_eval.run_steer_eval`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from safetensors.torch import save_file
 
 from mechlingo.activations.distributed import all_reduce_state, dist_info
 from mechlingo.analyses.experts import NeuronScores, NeuronStats
-from mechlingo.analyses.replicate import weights_fingerprint
+from mechlingo.card.replicate import weights_fingerprint
 from mechlingo.cli.common import UsageError
 from mechlingo.core.describe import model_info
 from mechlingo.core.errors import ArtifactError

@@ -1,6 +1,6 @@
 """Interventions as composable hook objects: steering vectors, neuron clamps, ablations.
 
-An intervention is an artifact: you build it once (by hand or with :mod:`mechlingo.analyses.repair`),
+An intervention is an artifact: you build it once (by hand or with :mod:`mechlingo.analyses.recall.steering`),
 save it, load it, and apply it to any run of a model it fits.
 
 **Applying one.** :func:`intervene` is the way::

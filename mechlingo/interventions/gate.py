@@ -3,7 +3,7 @@
 After CAST (Lee et al. 2024, "Programming Refusal with Conditional Activation Steering"),
 where a steering vector is applied only when a condition on the input holds. Here the
 condition is the prompt's language: a repair vector meant for non-English queries
-(:mod:`mechlingo.analyses.repair`) can be gated to leave English queries untouched::
+(:mod:`mechlingo.analyses.recall.steering`) can be gated to leave English queries untouched::
 
     gated = Gated(task + diff, langs={"en"}, exclude=True)   # every language but English
     gated = (task + diff).only_for({"fr", "de"})             # French and German only

@@ -33,7 +33,7 @@ class SteeringVector(SiteEdit):
 
     Args:
         vector: ``[width]``, or ``[n_layers, width]`` (one vector per layer, as built by
-            :mod:`mechlingo.analyses.repair`; ``layer`` picks the row).
+            :mod:`mechlingo.analyses.recall.steering`; ``layer`` picks the row).
         layer: block index (negative from the end). ``None`` is allowed for a per-layer stack
             that has not been placed yet: choose with :meth:`at`.
         alpha: scale; 0 changes nothing.

@@ -3,7 +3,7 @@
 :mod:`~mechlingo.report.page` has :class:`Report` and :func:`write_outputs`; each command's
 report is built from its results by one function: :func:`~mechlingo.report.lens.lens_report`,
 :func:`~mechlingo.report.evaluate.eval_report`, :func:`~mechlingo.report.trace.trace_report`,
-:func:`~mechlingo.report.repair.repair_report`, :func:`~mechlingo.report.experts.experts_report`
+:func:`~mechlingo.report.steer.repair_report`, :func:`~mechlingo.report.experts.experts_report`
 and :func:`~mechlingo.report.experts.align_report`.
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mechlingo.analyses.decoders import DecoderComparison
+from mechlingo.analyses.decoders.compare import DecoderComparison
 from mechlingo.report.page import Report, fmt_interval
 
 
@@ -13,7 +13,7 @@ def decoders_report(comparison: DecoderComparison, summary: Mapping[str, Any]) -
     """The decoder comparison: the latent-language curves, entropy and token energy of every
     decoder side by side, and the table of where the English answer leads.
 
-    ``comparison`` is a :class:`mechlingo.analyses.decoders.DecoderComparison`.
+    ``comparison`` is a :class:`mechlingo.analyses.decoders.compare.DecoderComparison`.
     """
     report = Report("mechlingo: the lens under several decoders", summary["meta"])
     for r in (summary.get("english_lead") or [])[:5]:

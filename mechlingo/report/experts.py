@@ -123,9 +123,9 @@ def align_report(
     """The alignment report: headline numbers with intervals, retrieval per layer and as a
     matrix, distances and their PCA, and the clamp's side effects (when measured).
 
-    ``comp`` is a :class:`mechlingo.analyses.align.AlignmentComparison`; ``summary`` its
+    ``comp`` is a :class:`mechlingo.analyses.experts.align.AlignmentComparison`; ``summary`` its
     ``summary(layer)`` with ``intervals`` (``comp.intervals(layer)``) and ``meta`` added;
-    ``side`` a :func:`mechlingo.analyses.side_effects.side_effects` result or ``None``;
+    ``side`` a :func:`mechlingo.analyses.scoring.side_effects.side_effects` result or ``None``;
     ``layer`` the layer of the matrix and PCA figures (``--layer``; default the last).
     """
     report = Report("mechlingo: cross-lingual alignment", summary["meta"])

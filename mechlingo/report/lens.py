@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mechlingo.analyses.lens import LensResult
+from mechlingo.analyses.decoders.lens import LensResult
 from mechlingo.report.page import Report
 
 
@@ -13,7 +13,7 @@ def lens_report(result: LensResult, summary: Mapping[str, Any], *, max_rank: int
     """The lens report: a summary table per language, the latent-language curves and the
     per-layer rank heatmaps of the English and the prompt-language answers.
 
-    ``result`` is a :class:`mechlingo.analyses.lens.LensResult`, ``summary`` its
+    ``result`` is a :class:`mechlingo.analyses.decoders.lens.LensResult`, ``summary`` its
     ``summary(max_rank=max_rank)`` with ``meta`` added.
     """
     report = Report("mechlingo: per-language logit lens", summary["meta"])

@@ -9,14 +9,14 @@ from typing import Any
 
 import torch
 
-from mechlingo.analyses.claims import RULES, RULES_HASH, ClaimsCard
 from mechlingo.analyses.experts import KCurve
+from mechlingo.card.rules import RULES, RULES_HASH, ClaimsCard
 from mechlingo.report.card_extra import config_sentence, extra_sections
 from mechlingo.report.page import Report, fmt_interval
 from mechlingo.viz.align import retrieval_per_layer_figure
 from mechlingo.viz.experts import interval_bars_figure, k_curve_figure, overlap_figure
 from mechlingo.viz.lens import latent_curves_figure
-from mechlingo.viz.repair import accuracy_ci_figure, headroom_figure
+from mechlingo.viz.steer import accuracy_ci_figure, headroom_figure
 from mechlingo.viz.trace import class_fractions_figure
 
 _CSS = ".claims td{vertical-align:top}.claims td:nth-child(2){max-width:320px}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mechlingo.analyses.trace import CLASSES, LanguagePatching, TraceResult
+from mechlingo.analyses.recall.trace import CLASSES, LanguagePatching, TraceResult
 from mechlingo.core.jsonable import finite_or_none
 from mechlingo.kernels.significance import wilson
 from mechlingo.report.page import Report, fmt_interval
@@ -36,7 +36,7 @@ def trace_report(
     lens layers, latent-language curves per class, each language's patching sections and
     the first queries.
 
-    ``trace`` is the trace of a :class:`mechlingo.analyses.trace.TraceRun`; ``summary`` the
+    ``trace`` is the trace of a :class:`mechlingo.analyses.recall.trace.TraceRun`; ``summary`` the
     run's ``summary(meta)``; ``max_rank`` the rank
     counted as decodable (``--max-rank``).
     """

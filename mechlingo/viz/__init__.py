@@ -3,7 +3,7 @@
 One module per analysis: :mod:`~mechlingo.viz.lens` (the lenses and decoders),
 :mod:`~mechlingo.viz.trace` (the recall-pipeline trace), :mod:`~mechlingo.viz.patching`
 (patching heatmaps, attention knockout, the circuit diagram), :mod:`~mechlingo.viz.evaluate`
-(accuracy bars), :mod:`~mechlingo.viz.repair` (the repair-vector protocol and the transfer
+(accuracy bars), :mod:`~mechlingo.viz.steer` (the repair-vector protocol and the transfer
 matrix), :mod:`~mechlingo.viz.experts`, :mod:`~mechlingo.viz.side_effects` and
 :mod:`~mechlingo.viz.align`; :mod:`~mechlingo.viz.common` holds the shared helpers.
 

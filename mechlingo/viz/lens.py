@@ -183,7 +183,7 @@ def tuned_lens_loss_figure(
 
 def lens_kl_figure(div: Mapping[str, Any]) -> go.Figure:
     """Held-out KL(final || decoder) per entry with 95% bootstrap bands, one line per decoder
-    (the output of :func:`mechlingo.analyses.tuned_lens.lens_divergence`)."""
+    (the output of :func:`mechlingo.analyses.decoders.tuned_lens.lens_divergence`)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()

@@ -275,7 +275,7 @@ def circuit_figure(
 
     With ``heads`` the sweep's single attention heads (site ``head``) compete for the
     ``top_k`` nodes too (drawn left of the position, named ``L{layer}H{head}`` in the hover);
-    ``verified`` rows (from :func:`mechlingo.analyses.attribution.verify_top_cells`: ``layer``,
+    ``verified`` rows (from :func:`mechlingo.analyses.recall.attribution.verify_top_cells`: ``layer``,
     ``position``, ``head``, ``exact``) add each head's exact normalised effect to its hover.
 
     Grid: token positions (x) by layers (y). Nodes: the ``top_k`` component cells (attention
@@ -286,7 +286,7 @@ def circuit_figure(
     attention nodes at the last position in later layers (or to the lowest later node at the
     last position when no attention node was selected). Stages are shaded layer bands given
     by ``stages`` ``{name: (first_layer, last_layer)}`` (see
-    :func:`mechlingo.analyses.trace.pipeline_stages`).
+    :func:`mechlingo.analyses.recall.trace.pipeline_stages`).
     """
     import plotly.graph_objects as go
 

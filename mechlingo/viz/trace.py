@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["CLASS_COLORS", "class_fractions_figure", "class_profiles_figure"]
 
 #: The trace's classes, in the order they are drawn, with their colours (the same classes,
-#: in the same order, as :data:`mechlingo.analyses.trace.CLASSES`).
+#: in the same order, as :data:`mechlingo.analyses.recall.trace.CLASSES`).
 CLASS_COLORS = {
     "correct": "#2ca02c",
     "wrong_language": "#9467bd",

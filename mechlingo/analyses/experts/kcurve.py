@@ -26,8 +26,8 @@ from tqdm.auto import tqdm
 from mechlingo.activations.decoding import sample_from_bos
 from mechlingo.activations.likelihood import line_nll
 from mechlingo.activations.pooled import check_texts
-from mechlingo.analyses.evaluate import greedy_generate
 from mechlingo.analyses.experts.selection import ExpertResult
+from mechlingo.analyses.scoring.evaluate import greedy_generate
 from mechlingo.core.errors import ExpertError
 from mechlingo.core.types import FwdHooks, Model
 from mechlingo.data.langid import identify_languages

@@ -1,0 +1,550 @@
+"""Per-language logit lens and latent-language curves.
+
+For each prompt, the residual stream at its last real token is read after every block
+through the model's final norm and unembedding (the logit lens, nostalgebraist 2020). For each
+*track* -- the answer in the prompt's own language, the English answer, the answer in any other
+language -- we keep the probability mass of its answer token set, the log-probability of its
+primary token and the rank of its best token, layer by layer. Averaged per prompt language
+these are the latent-language curves of Wendler et al. (2024): when the English answer's
+probability rises in the middle layers before the target-language answer takes over at the
+end, the model is recalling "in English" and translating late (Lu et al. 2025).
+
+Layer convention: entry ``l`` is the residual stream after ``l`` blocks, so entry 0 is the
+embedding (``blocks.0.hook_resid_pre``), entry ``l < n`` is ``blocks.l.hook_resid_pre`` and
+entry ``n`` is the final ``blocks.{n-1}.hook_resid_post``, which reproduces the model's own
+output. This is the stack TransformerLens's ``logit_lens`` reads, in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from mechlingo.activations.runs import collect
+from mechlingo.analyses.decoders.entries import lens_hook_names, resolve_entries
+from mechlingo.analyses.decoders.patchscope import Patchscope
+from mechlingo.analyses.decoders.tuned_lens import TunedLens, load_tuned_lens
+from mechlingo.core.errors import InputError
+from mechlingo.core.sites import site_map
+from mechlingo.core.tokens import answer_tokens, encode, pack_token_sets, sorted_batches
+from mechlingo.core.types import Model
+from mechlingo.data import load_facts
+from mechlingo.kernels.readout import Readout, apply_final_norm, read_logits
+from mechlingo.viz.lens import latent_curves_figure, lens_heatmap
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import plotly.graph_objects as go
+
+    from mechlingo.data import Fact
+
+
+__all__ = [
+    "DECODERS",
+    "LensResult",
+    "fact_answers",
+    "lens_facts",
+    "lens_hook_names",
+    "logit_lens",
+    "resolve_decoder",
+    "token_energy",
+]
+
+#: The decoders :func:`lens_facts` knows by name.
+DECODERS = ("logit", "tuned", "patchscope")
+_resolve_entries = resolve_entries  # the old private name
+
+
+@dataclass
+class LensResult:
+    """A per-language logit lens over a set of prompts.
+
+    Attributes:
+        prompts: the prompts, in input order.
+        langs: language of each prompt.
+        tracks: names of the answer tracks (``"answer"`` = the prompt's own-language answer,
+            language codes such as ``"en"`` = the same fact's answer in that language).
+        answers: ``answers[track][i]``, the word tracked for prompt i.
+        layers: lens entries read (``l`` = after ``l`` blocks; the last is the output).
+        logprob: ``[layer, prompt, track]`` log of the answer token set's probability mass.
+        primary_logprob: ``[layer, prompt, track]`` log-probability of the primary token.
+        rank: ``[layer, prompt, track]`` rank of the best token of the set (0 = top-1).
+        top_ids, top_logprobs: ``[layer, prompt, k]`` most likely tokens per entry.
+        top_tokens: the same tokens decoded.
+        n_answer_tokens: ``[prompt, track]`` how many tokens each answer takes.
+        ids: optional fact id per prompt.
+        n_layers: number of blocks of the model.
+        entropy: ``[layer, prompt]`` entropy (nats) of the decoder's next-token
+            distribution.
+        energy: ``[layer, prompt]`` token energy of the decoded vector (see
+            :func:`token_energy`: 1 = as much as a random direction, higher = closer to
+            the directions the unembedding reads).
+        decoder: the decoder that read the entries (``"logit"``, ``"tuned"``,
+            ``"patchscope"``).
+    """
+
+    prompts: list[str]
+    langs: list[str]
+    tracks: list[str]
+    answers: dict[str, list[str]]
+    layers: list[int]
+    logprob: Float[Tensor, "layer prompt track"]
+    primary_logprob: Float[Tensor, "layer prompt track"]
+    rank: Int[Tensor, "layer prompt track"]
+    top_ids: Int[Tensor, "layer prompt k"]
+    top_logprobs: Float[Tensor, "layer prompt k"]
+    top_tokens: list[list[list[str]]]
+    n_answer_tokens: Int[Tensor, "prompt track"]
+    n_layers: int
+    ids: list[str] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    entropy: Float[Tensor, "layer prompt"] | None = None
+    energy: Float[Tensor, "layer prompt"] | None = None
+    decoder: str = "logit"
+
+    # ------------------------------------------------------------------ accessors
+    def track_index(self, track: str) -> int:
+        if track not in self.tracks:
+            raise KeyError(f"unknown track {track!r}; tracks: {self.tracks}")
+        return self.tracks.index(track)
+
+    def prob(self, track: str) -> Float[Tensor, "layer prompt"]:
+        """Probability mass of ``track``'s answer set per entry and prompt."""
+        return self.logprob[:, :, self.track_index(track)].exp()
+
+    def first_layer_within(
+        self, track: str, max_rank: int, *, before_last: bool = False
+    ) -> Int[Tensor, " prompt"]:
+        """Per prompt, the first lens entry where ``track`` reaches rank <= ``max_rank``
+        (``-1`` if never; with ``before_last`` the output entry is not considered)."""
+        r = self.rank[:, :, self.track_index(track)]
+        if before_last:
+            r = r[:-1]
+        hit = r <= max_rank
+        first = torch.where(hit.any(0), hit.float().argmax(0), torch.tensor(-1))
+        layers = torch.tensor(self.layers[: r.shape[0]])
+        return torch.where(first >= 0, layers[first.clamp_min(0)], torch.tensor(-1))
+
+    def final_top1(self, track: str = "answer") -> Tensor:
+        """Whether the model's top next token is in ``track``'s answer set at the output."""
+        if self.layers[-1] != self.n_layers:
+            raise InputError("the lens did not read the final entry")
+        return self.rank[-1, :, self.track_index(track)] == 0
+
+    # ------------------------------------------------------------------ tables
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per (entry, prompt, track): log-probability, probability, rank, the
+        entry's top token."""
+        import pandas as pd
+
+        n_l, n_p, n_t = self.logprob.shape
+        rows = []
+        lp = self.logprob.tolist()
+        plp = self.primary_logprob.tolist()
+        rk = self.rank.tolist()
+        for li in range(n_l):
+            for p in range(n_p):
+                for t in range(n_t):
+                    rows.append(
+                        {
+                            "layer": self.layers[li],
+                            "prompt": p,
+                            "id": self.ids[p] if self.ids else None,
+                            "lang": self.langs[p],
+                            "track": self.tracks[t],
+                            "answer": self.answers[self.tracks[t]][p],
+                            "logprob": lp[li][p][t],
+                            "prob": float(torch.tensor(lp[li][p][t]).exp()),
+                            "primary_logprob": plp[li][p][t],
+                            "rank": rk[li][p][t],
+                            "top1": self.top_tokens[li][p][0] if self.top_tokens[li][p] else "",
+                        }
+                    )
+        return pd.DataFrame(rows)
+
+    def latent_curves(self) -> pd.DataFrame:
+        """Mean, standard deviation and count of each track's probability per prompt language
+        and entry: the latent-language curves."""
+        df = self.to_dataframe()
+        g = df.groupby(["lang", "track", "layer"])["prob"]
+        out = g.agg(["mean", "std", "count"]).reset_index()
+        return out.fillna({"std": 0.0})
+
+    def summary(self, *, max_rank: int = 10) -> dict[str, Any]:
+        """Headline numbers per prompt language: the share of prompts whose output top token
+        is the answer (final-layer accuracy), and the share whose English answer reaches
+        rank <= ``max_rank`` at some entry before the output."""
+        out: dict[str, Any] = {"final_layer_accuracy": {}, "english_decodable_before_last": {}}
+        top1 = self.final_top1("answer") if self.layers[-1] == self.n_layers else None
+        en = (
+            self.first_layer_within("en", max_rank, before_last=True)
+            if "en" in self.tracks
+            else None
+        )
+        for lang in sorted(set(self.langs)):
+            idx = torch.tensor([i for i, lg in enumerate(self.langs) if lg == lang])
+            if top1 is not None:
+                out["final_layer_accuracy"][lang] = float(top1[idx].float().mean())
+            if en is not None:
+                out["english_decodable_before_last"][lang] = float((en[idx] >= 0).float().mean())
+        out["max_rank"] = max_rank
+        out["n_prompts"] = {lg: self.langs.count(lg) for lg in sorted(set(self.langs))}
+        return out
+
+    # ------------------------------------------------------------------ figures
+    def fig_latent_curves(self, tracks: Sequence[str] | None = None) -> go.Figure:
+        """Latent-language curves: one panel per prompt language, mean probability of each
+        track per entry with a ±1 s.d. band."""
+
+        return latent_curves_figure(self.latent_curves(), tracks=tracks, n_layers=self.n_layers)
+
+    def fig_heatmap(self, track: str = "en", value: str = "rank") -> go.Figure:
+        """Entry-by-prompt heatmap of ``track``'s rank (log scale) or probability."""
+
+        t = self.track_index(track)
+        return lens_heatmap(
+            self.rank[:, :, t],
+            self.logprob[:, :, t],
+            layers=self.layers,
+            prompts=self.prompts,
+            langs=self.langs,
+            answers=self.answers[track],
+            top_tokens=self.top_tokens,
+            track=track,
+            value=value,
+        )
+
+    def _repr_html_(self) -> str:
+        s = self.summary()
+        rows = "".join(
+            f"<tr><td>{lg}</td><td>{s['n_prompts'][lg]}</td>"
+            f"<td>{s['final_layer_accuracy'].get(lg, float('nan')):.2f}</td>"
+            f"<td>{s['english_decodable_before_last'].get(lg, float('nan')):.2f}</td></tr>"
+            for lg in s["n_prompts"]
+        )
+        return (
+            f"<b>LensResult</b>: {len(self.prompts)} prompts, entries {self.layers[0]}.."
+            f"{self.layers[-1]}, tracks {self.tracks}<table><tr><th>lang</th><th>n</th>"
+            f"<th>final top-1</th><th>en rank&le;10 before last</th></tr>{rows}</table>"
+        )
+
+
+def _checked_langs(
+    prompts: list[str], answers: Mapping[str, Sequence[str]], langs: Sequence[str] | None
+) -> list[str]:
+    """The language of each prompt (default English), after checking the inputs' sizes."""
+    if not prompts:
+        raise InputError("no prompts given to the logit lens")
+    if not answers:
+        raise InputError("give at least one answer track, e.g. {'answer': [...]}")
+    langs = list(langs) if langs is not None else ["en"] * len(prompts)
+    for name, words in answers.items():
+        if len(words) != len(prompts):
+            raise InputError(f"track {name!r} has {len(words)} answers for {len(prompts)} prompts")
+    if len(langs) != len(prompts):
+        raise InputError(f"{len(langs)} languages for {len(prompts)} prompts")
+    return langs
+
+
+@dataclass
+class _LensReads:
+    """What the lens keeps per entry, prompt and track (or top-k slot)."""
+
+    logprob: Tensor  # [entry, prompt, track]
+    primary: Tensor  # [entry, prompt, track]
+    rank: Tensor  # [entry, prompt, track]
+    top_ids: Tensor  # [entry, prompt, k]
+    top_lp: Tensor  # [entry, prompt, k]
+    entropy: Tensor  # [entry, prompt]
+    energy: Tensor  # [entry, prompt]
+
+    @classmethod
+    def empty(cls, n_e: int, n_p: int, n_t: int, k: int, dev: torch.device) -> _LensReads:
+        f, i = {"device": dev}, {"dtype": torch.long, "device": dev}
+        return cls(
+            torch.empty(n_e, n_p, n_t, **f),
+            torch.empty(n_e, n_p, n_t, **f),
+            torch.empty(n_e, n_p, n_t, **i),
+            torch.empty(n_e, n_p, k, **i),
+            torch.empty(n_e, n_p, k, **f),
+            torch.empty(n_e, n_p, **f),
+            torch.empty(n_e, n_p, **f),
+        )
+
+    def put(self, rows: list[int], r: Readout, energy: Tensor) -> None:
+        """Store the readout of ``[entry, row]``-ordered rows for prompts ``rows``."""
+        n_e, _, n_t = self.logprob.shape
+        shape, top = (n_e, len(rows), n_t), (n_e, len(rows), self.top_ids.shape[-1])
+        idx = torch.tensor(rows, device=self.logprob.device)
+        self.logprob[:, idx] = r.set_logprob.reshape(shape)
+        self.primary[:, idx] = r.primary_logprob.reshape(shape)
+        self.rank[:, idx] = r.set_rank.reshape(shape)
+        self.top_ids[:, idx] = r.top_ids.reshape(top)
+        self.top_lp[:, idx] = r.top_logprobs.reshape(top)
+        self.entropy[:, idx] = r.entropy.reshape(n_e, len(rows))
+        self.energy[:, idx] = energy.reshape(n_e, len(rows)).to(self.energy.device)
+
+    def cpu(self) -> _LensReads:
+        """One copy to the host at the end, not one per batch."""
+        t = (self.logprob, self.primary, self.rank, self.top_ids, self.top_lp)
+        return _LensReads(*(x.cpu() for x in (*t, self.entropy, self.energy)))
+
+
+def _top_tokens(model: Model, top_ids: Int[Tensor, "entry prompt k"]) -> list[list[list[str]]]:
+    """The top tokens decoded, ``[entry][prompt][k]``."""
+    n_e, n_p, k = top_ids.shape
+    decoded = model.tokenizer.batch_decode([[i] for i in top_ids.reshape(-1).tolist()])
+    return [
+        [decoded[(li * n_p + p) * k : (li * n_p + p + 1) * k] for p in range(n_p)]
+        for li in range(n_e)
+    ]
+
+
+_ENERGY_GRAM: dict[tuple, Tensor] = {}
+
+
+def _energy_gram(model: Model) -> Tensor:
+    """``Wc Wc^T / (tr(Wc Wc^T) / d)`` with ``Wc`` the unembedding centred over the
+    vocabulary, memoised per unembedding storage and version."""
+    W = model.W_U
+    key = (id(model), W.data_ptr(), getattr(W, "_version", 0), tuple(W.shape), str(W.device))
+    hit = _ENERGY_GRAM.get(key)
+    if hit is None:
+        with torch.no_grad():
+            Wc = W.detach().float()
+            Wc = Wc - Wc.mean(dim=1, keepdim=True)
+            G = Wc @ Wc.T
+            hit = G / (torch.trace(G) / G.shape[0])
+        _ENERGY_GRAM.clear()
+        _ENERGY_GRAM[key] = hit
+    return hit
+
+
+def token_energy(model: Model, rows: Float[Tensor, "row d_model"]) -> Float[Tensor, " row"]:
+    """Token energy of decoded rows (after the final norm), in the spirit of Wendler et al.
+    (2024): the squared norm of the row's projection on the vocabulary-centred unembedding,
+    ``||Wc^T x||^2 / ||x||^2``, divided by its expected value for a random direction
+    (``||Wc||_F^2 / d``). 1 = no more aligned with token directions than chance; high =
+    the row points where the unembedding reads tokens."""
+    with torch.no_grad():
+        x = apply_final_norm(model, rows.to(model.W_U.device)).float()
+        G = _energy_gram(model)
+        return ((x @ G) * x).sum(-1) / (x * x).sum(-1).clamp_min(1e-30)
+
+
+def logit_lens(
+    model: Model,
+    prompts: Sequence[str],
+    answers: Mapping[str, Sequence[str]],
+    *,
+    langs: Sequence[str] | None = None,
+    layers: Any = None,
+    top_k: int = 5,
+    batch_size: int = 16,
+    chunk_rows: int = 256,
+    ids: Sequence[str] | None = None,
+    progress: bool = False,
+    decoder: TunedLens | Patchscope | None = None,
+) -> LensResult:
+    """Run the per-language logit lens (or another decoder over the same entries).
+
+    Args:
+        model: a TransformerLens model.
+        prompts: prompts of any lengths and languages; each is read at its own last real token.
+        answers: ``{track: [word per prompt]}``, e.g. ``{"answer": [...], "en": [...]}``.
+        langs: language of each prompt (decides whether answers continue with a space).
+        layers: lens entries to read (default all, ``0..n_layers``).
+        top_k: top tokens to keep per entry.
+        batch_size: prompts per forward pass.
+        chunk_rows: rows per unembedding matmul (the unembedding is read once per chunk;
+            memory about two ``chunk_rows x vocab`` float32 arrays: 0.5 GB for 256 x 262,144).
+        ids: optional fact ids, carried into the result.
+        decoder: ``None`` for the logit lens; a :class:`~mechlingo.analyses.decoders.tuned_lens.TunedLens`
+            (translators applied before the readout) or a
+            :class:`~mechlingo.analyses.decoders.patchscope.Patchscope` (the states are patched into
+            target prompts and the target's next-token distribution is read).
+
+    Returns:
+        A :class:`LensResult`.
+
+    Raises:
+        InputError: no prompts or tracks, answers or languages not one per prompt, or an
+            entry out of range.
+        ModelMismatchError: a tuned lens trained on another model.
+    """
+    prompts = list(prompts)
+    langs = _checked_langs(prompts, answers, langs)
+    entries = resolve_entries(model, layers)
+    names = lens_hook_names(model, entries)
+    if isinstance(decoder, TunedLens):
+        decoder.check(model)
+    tracks = list(answers)
+    sets = [
+        [answer_tokens(model, answers[t][i], lang=langs[i]) for t in tracks]
+        for i in range(len(prompts))
+    ]
+    all_ids, all_primary = pack_token_sets(sets)
+    batch = encode(model, prompts)
+    n_e = len(entries)
+    reads = _LensReads.empty(n_e, len(prompts), len(tracks), top_k, model.W_U.device)
+    continuations: list[list[str]] = [[""] * len(prompts) for _ in entries]
+    groups = sorted_batches(batch.lengths, batch_size)
+    name = "logit lens" if decoder is None else getattr(decoder, "name", "tuned lens")
+    for rows in tqdm(groups, desc=name, disable=not progress):
+        acts = collect(model, batch.select(rows), names)
+        stack = torch.stack([acts[nm] for nm in names])  # [entry, b, d_model]
+        if decoder is not None:
+            decoded = decoder.decode(model, entries, stack, [langs[i] for i in rows])
+        else:
+            decoded = stack
+        flat = decoded.flatten(0, 1)  # [entry * b, d_model]
+        ids_rows = all_ids[rows].repeat(n_e, 1, 1)
+        prim_rows = all_primary[rows].repeat(n_e, 1)
+        r = read_logits(model, flat, ids_rows, prim_rows, top_k=top_k, chunk_rows=chunk_rows)
+        reads.put(rows, r, token_energy(model, flat))
+        if isinstance(decoder, Patchscope) and decoder.max_new_tokens > 0:
+            gen = decoder.generate(model, entries, stack, [langs[i] for i in rows])
+            for e in range(n_e):
+                for j, i in enumerate(rows):
+                    continuations[e][i] = gen[e][j]
+    reads = reads.cpu()
+    result = LensResult(
+        prompts=prompts,
+        langs=langs,
+        tracks=tracks,
+        answers={t: list(answers[t]) for t in tracks},
+        layers=entries,
+        logprob=reads.logprob,
+        primary_logprob=reads.primary,
+        rank=reads.rank,
+        top_ids=reads.top_ids,
+        top_logprobs=reads.top_lp,
+        top_tokens=_top_tokens(model, reads.top_ids),
+        n_answer_tokens=torch.tensor([[a.n_tokens for a in row] for row in sets]),
+        n_layers=site_map(model).n_layers,
+        ids=list(ids) if ids is not None else None,
+        entropy=reads.entropy,
+        energy=reads.energy,
+        decoder=_decoder_name(decoder),
+    )
+    if isinstance(decoder, Patchscope) and decoder.max_new_tokens > 0:
+        result.meta["continuations"] = continuations
+    return result
+
+
+def _decoder_name(decoder: Any) -> str:
+    if decoder is None:
+        return "logit"
+    return "tuned" if isinstance(decoder, TunedLens) else "patchscope"
+
+
+def fact_answers(
+    facts: Sequence[Fact], track_langs: Sequence[str], pool: Sequence[Fact] | None = None
+) -> dict[str, list[str]]:
+    """Answer tracks for facts: ``"answer"`` (own language) and one per language code in
+    ``track_langs``, looked up by fact id in ``pool`` (default: ``facts`` themselves, then the
+    bundled data); English falls back to each fact's ``answer_en``."""
+    by_key = {(f.id, f.lang): f.answer for f in (pool if pool is not None else facts)}
+    for f in facts:
+        by_key.setdefault((f.id, f.lang), f.answer)
+    out: dict[str, list[str]] = {"answer": [f.answer for f in facts]}
+    missing_langs = [
+        lg for lg in track_langs if any((f.id, lg) not in by_key for f in facts) and lg != "en"
+    ]
+    if missing_langs:
+        for g in load_facts(langs=missing_langs):
+            by_key.setdefault((g.id, g.lang), g.answer)
+    for lg in track_langs:
+        words = []
+        for f in facts:
+            w = by_key.get((f.id, lg))
+            if w is None and lg == "en":
+                w = f.answer_en or None
+            if w is None:
+                raise InputError(
+                    f"no {lg} answer for fact {f.id!r}: pass a pool of facts that has it, or "
+                    f"drop {lg!r} from track_langs"
+                )
+            words.append(w)
+        out[lg] = words
+    return out
+
+
+def resolve_decoder(
+    model: Model,
+    decoder: str | TunedLens | Patchscope | None,
+    *,
+    tuned_lens: TunedLens | str | Path | None = None,
+    patchscope: Patchscope | None = None,
+) -> TunedLens | Patchscope | None:
+    """The decoder object for a name: ``"logit"`` -> ``None``; ``"tuned"`` -> ``tuned_lens``
+    (a :class:`TunedLens` or the folder of a saved one, checked against ``model``);
+    ``"patchscope"`` -> ``patchscope`` (default :class:`Patchscope` with the per-language
+    identity prompts). Objects pass through.
+
+    Raises:
+        InputError: an unknown name, or ``"tuned"`` without a lens.
+        ModelMismatchError: the tuned lens belongs to another model.
+    """
+    if decoder is None or decoder == "logit":
+        return None
+    if isinstance(decoder, (TunedLens, Patchscope)):
+        return decoder
+    if decoder == "tuned":
+        if tuned_lens is None:
+            raise InputError(
+                "decoder 'tuned' needs a tuned lens",
+                fix="pass tuned_lens= (a TunedLens or a saved folder; train one with "
+                "`mechlingo tuned-lens --out DIR`)",
+            )
+        lens = (
+            tuned_lens if isinstance(tuned_lens, TunedLens) else load_tuned_lens(tuned_lens, model)
+        )
+        lens.check(model)
+        return lens
+    if decoder == "patchscope":
+        return patchscope if patchscope is not None else Patchscope()
+    raise InputError(f"unknown decoder {decoder!r}; choose from {list(DECODERS)}")
+
+
+def lens_facts(
+    model: Model,
+    facts: Sequence[Fact],
+    *,
+    track_langs: Sequence[str] = ("en",),
+    pool: Sequence[Fact] | None = None,
+    decoder: str | TunedLens | Patchscope | None = "logit",
+    tuned_lens: TunedLens | str | Path | None = None,
+    patchscope: Patchscope | None = None,
+    **kwargs: Any,
+) -> LensResult:
+    """A lens over fact prompts, tracking each fact's own answer and its answer in
+    ``track_langs`` (English by default).
+
+    ``decoder`` chooses how each entry is read: ``"logit"`` (final norm + unembedding),
+    ``"tuned"`` (a tuned lens's translator first; give ``tuned_lens``) or ``"patchscope"``
+    (patched into an identity target prompt; ``patchscope`` sets its prompts). Every decoder
+    gives a :class:`LensResult` over the same entries, prompts and tracks. Other keyword
+    arguments go to :func:`logit_lens`."""
+    facts = list(facts)
+    if not facts:
+        raise InputError("no facts selected")
+    dec = resolve_decoder(model, decoder, tuned_lens=tuned_lens, patchscope=patchscope)
+    answers = fact_answers(facts, track_langs, pool)
+    result = logit_lens(
+        model,
+        [f.prompt for f in facts],
+        answers,
+        langs=[f.lang for f in facts],
+        ids=[f.id for f in facts],
+        decoder=dec,
+        **kwargs,
+    )
+    return result

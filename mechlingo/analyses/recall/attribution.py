@@ -1,0 +1,864 @@
+"""Attribution patching (AtP): every cell of a patching grid from one forward and one
+backward pass.
+
+**What it estimates.** Exact activation patching (:func:`mechlingo.analyses.recall.patching.patch_activations`)
+runs the target ("corrupted") prompt once per *cell* -- a site, a layer, a token position
+and, for heads, a head -- with that activation replaced by the source ("clean") run's, and
+reads a metric at the target's last real token. Attribution patching (Nanda 2023; Syed et
+al. 2023) replaces each of those runs by a first-order Taylor expansion around the target
+run::
+
+    metric(patched cell) ~= metric(target) + (a_source - a_target) . d metric / d a
+
+where ``a`` is the activation at the cell (a ``d_model`` vector for residual, attention and
+MLP outputs, one head's ``hook_z`` row of ``d_head`` values for a head, one number for an MLP
+neuron) and the gradient is taken on the target run. One backward pass per metric gives the
+gradient at every hook and position at once, so the whole grid -- every layer, position,
+head and neuron -- costs about one forward and one backward pass of the target batch, plus
+one forward of the source batch, instead of one forward per cell.
+
+:func:`attribution_patch` takes exactly the arguments of ``patch_activations`` (sources, targets,
+sites, layers, positions, metrics, ``alignment``, subject spans) and resolves them with the
+same code (:mod:`mechlingo.analyses.recall.patching.grid`), so cross-language pairs, the subject/last
+alignment and the metrics mean the same thing. It returns the same
+:class:`~mechlingo.analyses.recall.patching.PatchingResult`: ``values`` holds the *estimated* patched metric
+(``corrupted + estimate``), ``clean`` and ``corrupted`` the measured baselines, so
+``normalized()``, ``grid()``, ``to_dataframe()``, ``fig_heatmap()`` and the circuit diagram
+work unchanged. :func:`neuron_attribution` gives the same estimate for every MLP neuron
+(``mlp_post``), which exact patching does not patch.
+
+**AtP* corrections (Kramar et al. 2024): what is implemented.**
+
+* *QK fix* (attention saturation), for ``resid_pre`` cells: a ``resid_pre`` patch at layer
+  ``l`` enters layer ``l``'s attention softmax directly (through the queries of its position
+  and the keys of its position). The linear estimate of that path is replaced by the exact
+  change of layer ``l``'s attention pattern, linearised only from the pattern onward::
+
+      estimate = g . d  -  (dA/dx)^T g_A . d  +  sum g_A * (A_patched - A_target)
+
+  with ``d`` the activation difference, ``g_A`` the gradient with respect to layer ``l``'s
+  attention pattern, and ``A_patched`` computed by a cheap partial pass (the target grows by
+  one patched copy per position at layer ``l``'s block input; the copies run layer ``l``'s
+  attention only and are dropped again before its MLP). On by default
+  (``qk_fix=True``).
+* The QK fix does *not* apply to the other sites of a grid: a head's ``hook_z`` and the
+  ``attn_out``/``mlp_out``/``resid_mid``/``resid_post`` outputs reach the next softmax only
+  through at least one more nonlinearity (a norm or an MLP), and AtP* does not correct those
+  downstream softmaxes either; for these cells the estimate is plain AtP.
+* *GradDrop* (cancellation between direct and indirect paths) is **not** implemented: it
+  estimates magnitudes only (``mean_l |AtP with layer l's gradient dropped|``), which cannot
+  be compared with signed patching effects, and it costs one more backward pass per layer.
+* The AtP* false-negative diagnostic (subsampled exact verification) is replaced by explicit
+  verification: :func:`verify_top_cells` patches the top cells exactly, and
+  :func:`compare_patching` gives the rank correlation and top-k agreement against exact
+  patching.
+
+**When it is accurate.** The estimate is exact to first order: for a small patch (a target
+activation moved by ``eps`` towards the source) it equals the exact effect up to
+``O(eps^2)`` (tested). For whole patches it is a ranking tool: measured on gemma-3-270m
+(``benchmarks/bench_attribution.py``) its Spearman correlation with exact patching is high
+for ``attn_out``/``mlp_out`` and lower for single heads; verify the cells you report.
+
+Gradients are enabled locally (``torch.enable_grad()``) and never reach the model's
+parameters (only activation gradients are computed, with ``torch.autograd.grad``); every hook
+is removed when a pass ends, also after an error.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from mechlingo.activations.runs import (
+    StopForward,
+    final_resid_name,
+    hooked,
+    model_input_device,
+    run_batch,
+)
+from mechlingo.analyses.recall.patching import (
+    Cell,
+    Metric,
+    PatchingError,
+    PatchingResult,
+    PositionLabel,
+    metric_index,
+    patch_activations,
+)
+from mechlingo.analyses.recall.patching.grid import PatchingSetup, check_sites, resolve_grid
+from mechlingo.analyses.recall.patching.metrics import PackedMetrics, evaluate_metrics
+from mechlingo.analyses.recall.patching.runs import read_run, repeat_batch
+from mechlingo.core.sites import edit_hooks, resolve_site
+from mechlingo.core.tokens import TokenBatch, batch_context
+from mechlingo.core.types import Model
+from mechlingo.kernels.readout import apply_final_norm, unembed
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: Interpolation steps of ``method="ig"`` by default, chosen on dev prompts
+#: (``benchmarks/bench_attribution.py``; see ``docs/patching.md``).
+IG_STEPS = 2
+
+__all__ = [
+    "NeuronAttribution",
+    "attribution_patch",
+    "compare_patching",
+    "neuron_attribution",
+    "verify_top_cells",
+]
+
+
+# --------------------------------------------------------------------------------------
+# The gradient pass
+# --------------------------------------------------------------------------------------
+
+
+def _metric_values(
+    model: Model,
+    final: Float[Tensor, "row d_model"],
+    metrics: Sequence[Metric],
+    packed: PackedMetrics,
+) -> Float[Tensor, "metric row"]:
+    """The metrics from final-residual rows, differentiably (final norm, unembedding,
+    log-softmax; the same quantities :func:`mechlingo.kernels.readout.read_logits` reads)."""
+    ids, _, slices = packed
+    logits = unembed(model, apply_final_norm(model, final.to(model.W_U.device)))
+    lse = torch.logsumexp(logits, dim=-1)
+    ids = ids.to(logits.device)
+    tok = torch.gather(
+        logits.unsqueeze(1).expand(-1, ids.shape[1], -1), 2, ids.clamp_min(0)
+    )  # [row, track, member]
+    tok = tok.masked_fill(ids < 0, float("-inf"))
+    set_lp = torch.logsumexp(tok, dim=-1) - lse[:, None]
+    return torch.stack([m.combine(set_lp[:, s]) for m, s in zip(metrics, slices, strict=True)])
+
+
+@dataclass
+class _Grads:
+    src_acts: dict[str, Tensor]  # hook -> [row, position, ...] source at the grid positions
+    acts: dict[str, Tensor]  # hook -> [row, pos, ...] target activations (detached, float)
+    grads: dict[str, Tensor]  # hook -> [metric, row, pos, ...] d metric / d activation
+    clean: Tensor  # [metric, row]
+    corrupted: Tensor  # [metric, row]
+    pattern_grads: dict[int, Tensor]  # layer -> [metric, row, head, q, k]
+    qk_grads: dict[int, Tensor]  # layer -> [metric, row, pos, d_model] QK path of resid_pre
+
+
+@dataclass
+class _Probed:
+    """A forward pass of the target with a zero *probe* added to each hook's output."""
+
+    acts: dict[str, Tensor]  # first firing's activation (detached, float)
+    probes: dict[str, list[Tensor]]  # the probes of each hook, one per firing
+    used: dict[str, Tensor]  # the hook's output as the model goes on to use it
+    final: Tensor  # [row, d_model] final residual at each last real token (in the graph)
+
+
+def _probed_forward(
+    model: Model,
+    tgt: TokenBatch,
+    wanted: Sequence[str],
+    first: Sequence[tuple[str, Callable]] = (),
+) -> _Probed:
+    """Run ``tgt`` (under ``torch.enable_grad()``) with a zero probe added at every hook of
+    ``wanted``, and stop at the final residual stream. ``d metric / d probe`` is the
+    derivative with respect to *replacing* the hook's output, which is what patching does (a
+    bridge hook point may feed only one of the paths that read the tensor, e.g. resid_mid is
+    the input of the MLP's norm). ``first``: hooks registered before the probes (the input
+    interpolation of integrated gradients)."""
+    p = _Probed({}, {}, {}, torch.empty(0))
+    out: dict[str, Tensor] = {}
+    last, rows = tgt.last_index, torch.arange(tgt.batch_size)
+
+    def keep(name: str) -> Callable:
+        def hook(t: Tensor, hook: Any) -> Tensor:
+            probe = torch.zeros_like(t).requires_grad_(True)
+            p.probes.setdefault(name, []).append(probe)
+            p.acts.setdefault(name, t.detach().float())
+            p.used[name] = t + probe
+            return p.used[name]
+
+        return hook
+
+    def final_hook(t: Tensor, hook: Any) -> None:
+        out["final"] = t[rows.to(t.device), last.to(t.device)]
+        raise StopForward
+
+    # a probe at a bridge's resid_mid must reach the residual too, as a patch there does
+    fwd_hooks = [*first, *(h for n in wanted for h in edit_hooks(model, n, keep(n)))]
+    fwd_hooks.append((final_resid_name(model), final_hook))
+    b = tgt.to(model_input_device(model))
+    with batch_context(b), hooked(model, fwd_hooks):
+        try:
+            model(b.tokens, attention_mask=b.attention_mask())
+        except StopForward:
+            pass
+    if "final" not in out:
+        raise RuntimeError(f"hook {final_resid_name(model)} did not fire")
+    silent = [n for n in wanted if n not in p.probes]
+    if silent:
+        raise RuntimeError(f"hooks {silent[:3]} did not fire during the forward pass")
+    p.final = out["final"]
+    return p
+
+
+def _metric_grads(values: Tensor, targets: Sequence[Tensor]) -> list[list[Tensor]]:
+    """``[metric][target]``: the gradient of each metric (summed over rows: rows are
+    independent) with respect to each target tensor; zeros where it does not depend on it."""
+    per: list[list[Tensor]] = []
+    for m in range(values.shape[0]):  # one backward pass per metric
+        gs = torch.autograd.grad(values[m].sum(), targets, retain_graph=True, allow_unused=True)
+        per.append(
+            [
+                torch.zeros_like(t) if x is None else x.detach()
+                for x, t in zip(gs, targets, strict=True)
+            ]
+        )
+    return per
+
+
+def _qk_path_grads(
+    p: _Probed,
+    per: Sequence[Sequence[Tensor]],
+    k: int,
+    pre: Mapping[int, str],
+    pat: Mapping[int, str],
+) -> tuple[dict[int, Tensor], dict[int, Tensor]]:
+    """For each layer of ``pat`` (whose pattern probes are targets ``k, k + 1, ...`` of
+    ``per``): the pattern gradient, and the part of ``d metric / d resid_pre`` that goes
+    through that layer's attention pattern."""
+    pattern_grads: dict[int, Tensor] = {}
+    qk_grads: dict[int, Tensor] = {}
+    for j, layer in enumerate(pat):
+        pattern_grads[layer] = torch.stack([gs[k + j] for gs in per]).float()
+        qk = []
+        for gs in per:
+            (g_qk,) = torch.autograd.grad(
+                p.used[pat[layer]],
+                p.probes[pre[layer]][0],
+                grad_outputs=gs[k + j],
+                retain_graph=True,
+                allow_unused=True,
+            )
+            qk.append(torch.zeros_like(p.acts[pre[layer]]) if g_qk is None else g_qk.float())
+        qk_grads[layer] = torch.stack(qk)
+    return pattern_grads, qk_grads
+
+
+EMBED_HOOK = "hook_embed"  # the token embeddings: where integrated gradients interpolate
+
+
+def _interpolation_hook(
+    src_embed: Float[Tensor, "row pos d_model"], alphas: Sequence[float]
+) -> tuple[str, Callable]:
+    """The hook that moves the embeddings of copy ``j`` of the target (rows ``j * B`` to
+    ``(j + 1) * B``) to ``target + alphas[j] * (source - target)``."""
+    a = torch.tensor([float(x) for x in alphas]).repeat_interleave(src_embed.shape[0])
+
+    def hook(t: Tensor, hook: Any) -> Tensor:
+        s = src_embed.to(device=t.device, dtype=t.dtype).repeat(len(alphas), 1, 1)
+        return t + a.to(device=t.device, dtype=t.dtype)[:, None, None] * (s - t)
+
+    return EMBED_HOOK, hook
+
+
+def check_interpolable(model: Model, src: TokenBatch, tgt: TokenBatch) -> None:
+    """Integrated gradients interpolate the input embeddings position by position: the
+    source and target rows must have the same token lengths."""
+    if EMBED_HOOK not in model.hook_dict:
+        raise PatchingError(
+            f"method='ig' interpolates the embeddings at {EMBED_HOOK!r}, which this model lacks; "
+            "use method='atp'"
+        )
+    if src.tokens.shape != tgt.tokens.shape or not torch.equal(src.lengths, tgt.lengths):
+        raise PatchingError(
+            "method='ig' interpolates the input embeddings between source and target position "
+            "by position, so each source row needs its target row's token length (got lengths "
+            f"{src.lengths.tolist()} and {tgt.lengths.tolist()}); pair prompts of equal "
+            "length or use method='atp'"
+        )
+
+
+def _gradient_pass(
+    model: Model,
+    src: TokenBatch,
+    tgt: TokenBatch,
+    src_pos: Int[Tensor, "row position"],
+    hook_names: Sequence[str],
+    metrics: Sequence[Metric],
+    packed: PackedMetrics,
+    qk_layers: Sequence[int] = (),
+    alphas: Sequence[float] = (0.0,),
+) -> _Grads:
+    """The source run without gradients (its activations at the grid positions and the clean
+    metrics, read as :func:`~mechlingo.analyses.recall.patching.patch_activations` reads them), then one
+    forward of the target rows with gradients on and one ``autograd.grad`` per metric: the
+    gradient of each row's metric with respect to every requested activation (rows are
+    independent, so the gradient of the sum is each row's own gradient).
+
+    ``alphas`` (integrated gradients): the target runs once per ``alpha`` in the same batch,
+    its embeddings moved to ``target + alpha (source - target)``, and the gradients are the
+    mean over the copies; ``alphas[0]`` must be 0 (the target run itself: its activations
+    and the corrupted metric come from that copy)."""
+    names = list(dict.fromkeys(hook_names))
+    pre = {layer: resolve_site(model, "resid_pre", layer).hook_name for layer in qk_layers}
+    pat = {layer: f"blocks.{layer}.attn.hook_pattern" for layer in qk_layers}
+    missing = [n for n in [*names, *pat.values()] if n not in model.hook_dict]
+    if missing:
+        raise PatchingError(f"hooks not in this model: {missing[:3]}")
+    k, B = len(alphas), tgt.batch_size
+    reads = {n: src_pos.contiguous() for n in names}
+    if k > 1:  # the source embeddings at every position, for the interpolation
+        reads[EMBED_HOOK] = torch.arange(src.tokens.shape[1]).repeat(B, 1)
+    src_acts, src_final = read_run(model, src, reads)
+    first = [_interpolation_hook(src_acts.pop(EMBED_HOOK), alphas)] if k > 1 else []
+    big = repeat_batch(tgt, k) if k > 1 else tgt
+    clean = evaluate_metrics(model, src_final, metrics, packed, torch.arange(B)).float().cpu()
+    rows_packed = _repeat_packed(packed, k)
+    with torch.enable_grad():
+        wanted = list(dict.fromkeys([*names, *pre.values(), *pat.values()]))
+        p = _probed_forward(model, big, wanted, first)
+        values = _metric_values(model, p.final, metrics, rows_packed)  # [metric, k * row]
+        targets = [t for n in names for t in p.probes[n]]
+        targets += [p.probes[pat[layer]][0] for layer in qk_layers]
+        per = _metric_grads(values, targets)
+        grads: dict[str, Tensor] = {}
+        j = 0
+        for n in names:  # a hook firing twice: the sum over its firings; then the mean over
+            g = torch.stack([sum(gs[j : j + len(p.probes[n])]) for gs in per]).float()
+            grads[n] = g.view(g.shape[0], k, B, *g.shape[2:]).mean(1)  # the interpolation
+            j += len(p.probes[n])
+        pattern_grads, qk_grads = _qk_path_grads(p, per, j, pre, pat)
+    return _Grads(
+        src_acts=src_acts,
+        acts={n: p.acts[n][:B] for n in names},
+        grads=grads,
+        clean=clean,
+        corrupted=values.detach().float().cpu()[:, :B],
+        pattern_grads=pattern_grads,
+        qk_grads=qk_grads,
+    )
+
+
+def _repeat_packed(packed: PackedMetrics, copies: int) -> PackedMetrics:
+    """The metrics' packed token sets for ``copies`` copies of the batch, one after another."""
+    ids, primary, slices = packed
+    if copies == 1:
+        return packed
+    return ids.repeat(copies, 1, 1), primary.repeat(copies, 1), slices
+
+
+def _patched_patterns(
+    model: Model,
+    one: TokenBatch,
+    layers: Sequence[int],
+    positions: Int[Tensor, " position"],
+    values: Mapping[int, Float[Tensor, "position d_model"]],
+) -> dict[int, Float[Tensor, "position head q k"]]:
+    """For one unpadded example: the change of layer ``l``'s attention pattern when its
+    ``resid_pre`` at ``positions[j]`` is set to ``values[l][j]``, for every ``j``. One pass:
+    at each layer's block input the batch grows by one patched copy per position, the copies
+    run that layer's attention, their patterns are read, and they are dropped again at the
+    layer's ``hook_resid_mid`` (the MLP input) and ``hook_resid_post`` (the stream), so the
+    pass costs one forward plus one attention layer per copy."""
+    P = int(positions.shape[0])
+    out: dict[int, Tensor] = {}
+    fwd_hooks: list[tuple[str, Callable]] = []
+
+    def grow(layer: int) -> Callable:
+        def hook(t: Tensor, hook: Any) -> Tensor:
+            big = torch.cat([t, t[:1].expand(P, *t.shape[1:])]).clone()
+            v = values[layer].to(device=t.device, dtype=t.dtype)
+            big[torch.arange(1, P + 1, device=t.device), positions.to(t.device)] = v
+            return big
+
+        return hook
+
+    def read(layer: int) -> Callable:
+        def hook(t: Tensor, hook: Any) -> None:
+            out[layer] = (t[1:] - t[:1]).detach().float()
+
+        return hook
+
+    def shrink(t: Tensor, hook: Any) -> Tensor:
+        return t[:1]
+
+    def stop(t: Tensor, hook: Any) -> None:
+        raise StopForward
+
+    for layer in layers:
+        fwd_hooks.append((resolve_site(model, "resid_pre", layer).hook_name, grow(layer)))
+        fwd_hooks.append((f"blocks.{layer}.attn.hook_pattern", read(layer)))
+        # drop the copies: resid_mid feeds only the MLP's norm on a bridge (the MLP then runs
+        # one row), resid_post is the residual stream itself
+        fwd_hooks.append((resolve_site(model, "resid_mid", layer).hook_name, shrink))
+        fwd_hooks.append((resolve_site(model, "resid_post", layer).hook_name, shrink))
+    fwd_hooks.append((resolve_site(model, "resid_mid", max(layers)).hook_name, stop))
+    try:
+        run_batch(model, one, fwd_hooks)
+    except RuntimeError as e:
+        raise PatchingError(
+            f"the QK fix's pass (a batch grown and shrunk mid-pass) failed ({e}); use "
+            "attribution_patch(..., qk_fix=False) for this model"
+        ) from e
+    missing = [layer for layer in layers if layer not in out]
+    if missing:
+        raise RuntimeError(f"attention patterns of layers {missing} were not read")
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Attribution patching
+# --------------------------------------------------------------------------------------
+
+
+def _estimates(
+    setup: PatchingSetup,
+    g: _Grads,
+    name: str,
+    scale: float,
+) -> tuple[Tensor, Tensor]:
+    """``(estimate [metric, row, position(, head)], delta [row, position, ...])`` of one
+    hook: (scaled source - target activation) . gradient at each aligned position."""
+    B = setup.tgt.batch_size
+    rows = torch.arange(B)[:, None]
+    t_pos = setup.pos.target.T.to(torch.long)  # [row, position]
+    tgt = g.acts[name][rows, t_pos]  # [row, P, ...]
+    grad = g.grads[name][:, rows, t_pos]  # [metric, row, P, ...]
+    delta = scale * (g.src_acts[name].to(tgt.device) - tgt)
+    return (grad * delta).sum(-1), delta
+
+
+def _hook_estimates(
+    model: Model,
+    setup: PatchingSetup,
+    g: _Grads,
+    names: Mapping[tuple[str, int], str],
+    scale: float,
+    qk_fix: bool,
+) -> dict[str, Tensor]:
+    """The estimate ``[metric, row, position(, head)]`` of every hook of the grid, with the
+    QK fix applied to the ``resid_pre`` hooks when ``qk_fix``."""
+    per_hook: dict[str, Tensor] = {}
+    deltas: dict[int, Tensor] = {}
+    for (s, layer), name in names.items():
+        per_hook[name], delta = _estimates(setup, g, name, scale)
+        if s == "resid_pre" and qk_fix:
+            deltas[layer] = delta
+    if deltas:
+        for layer, corr in _qk_corrections(model, setup, g, deltas).items():
+            name = names[("resid_pre", layer)]
+            per_hook[name] = per_hook[name] + corr
+    return {k: v.cpu() for k, v in per_hook.items()}
+
+
+def _cell_values(
+    cells: Sequence[Cell],
+    per_hook: Mapping[str, Tensor],
+    names: Mapping[tuple[str, int], str],
+    corrupted: Tensor,
+) -> Float[Tensor, "metric cell row"]:
+    """``corrupted + estimate`` of every cell."""
+    values = []
+    for c in cells:
+        est = per_hook[names[(c.site, c.layer)]]  # [metric, row, P(, head)]
+        values.append(
+            corrupted + (est[:, :, c.position, c.head] if c.head >= 0 else est[:, :, c.position])
+        )
+    if not values:
+        return torch.empty(corrupted.shape[0], 0, corrupted.shape[1])
+    return torch.stack(values, dim=1)
+
+
+def attribution_patch(
+    model: Model,
+    source: Any,
+    target: Any,
+    sites: Sequence[str] | str = ("resid_pre",),
+    layers: Any = None,
+    positions: Sequence[PositionLabel] | None = None,
+    metric: Metric | Sequence[Metric] | None = None,
+    *,
+    alignment: str | Mapping[int, int] | None = None,
+    heads: Sequence[int] | None = None,
+    source_subject: Sequence[tuple[int, int]] | None = None,
+    target_subject: Sequence[tuple[int, int]] | None = None,
+    method: Literal["atp", "ig"] = "atp",
+    steps: int = IG_STEPS,
+    qk_fix: bool | None = None,
+    scale: float = 1.0,
+) -> PatchingResult:
+    """Estimate a whole :func:`~mechlingo.analyses.recall.patching.patch_activations` grid by attribution
+    patching.
+
+    Arguments are those of ``patch_activations`` (same sites, including ``"head"``; same positions,
+    alignments, subject spans and metrics, resolved by the same code), plus:
+
+    Args:
+        method: ``"atp"`` (default): the gradient of the target run (one forward and one
+            backward pass). ``"ig"``: integrated gradients along the straight line from the
+            target's input embeddings to the source's (EAP-IG, Hanna et al. 2024): the
+            gradient is averaged over ``steps`` runs at ``alpha = 0, 1/steps, ...,
+            (steps - 1)/steps`` (the left Riemann sum; ``steps=1`` is plain AtP), all in one
+            forward and one backward pass of ``steps`` copies of the target batch. Needs source
+            and target rows of equal token length.
+        steps: interpolation steps of ``method="ig"`` (default chosen on dev prompts, see
+            ``docs/patching.md``).
+        qk_fix: apply AtP*'s QK fix to ``resid_pre`` cells (see the module docstring);
+            default on for ``"atp"``; not available with ``"ig"``.
+        scale: patch ``target + scale * (source - target)`` instead of the source activation
+            (``1`` = a full patch; a small value gives the first-order regime, where the
+            estimate must equal exact patching of the same interpolation).
+
+    Returns:
+        A :class:`~mechlingo.analyses.recall.patching.PatchingResult` whose ``values`` are the
+        *estimated* patched metrics (``corrupted + estimate``, per example) and whose
+        ``clean``/``corrupted`` are the measured baselines; ``meta["method"]`` is ``"atp"``
+        (``"atp*"`` when the QK fix changed some cell) or ``"ig"`` (with ``meta["steps"]``),
+        and ``meta["seconds"]`` the wall time.
+        Normalised effects, heatmaps and tables read it exactly as an exact result.
+
+    Raises:
+        PatchingError: the input errors of ``patch_activations``; an unknown ``method``, ``steps <
+            1``, ``qk_fix=True`` with ``"ig"``, or ``"ig"`` on rows of unequal length.
+    """
+    t0 = time.perf_counter()
+    alphas = _alphas(method, steps, qk_fix)
+    setup = resolve_grid(
+        model,
+        source,
+        target,
+        check_sites(sites),
+        layers,
+        positions,
+        metric,
+        alignment=alignment,
+        heads=heads,
+        source_subject=source_subject,
+        target_subject=target_subject,
+    )
+    names = setup.hook_names(model)
+    if method == "ig":
+        check_interpolable(model, setup.src, setup.tgt)
+    qk_on = method == "atp" and qk_fix is not False
+    qk_layers = setup.layers if (qk_on and "resid_pre" in setup.sites) else []
+    g = _gradient_pass(
+        model,
+        setup.src,
+        setup.tgt,
+        setup.pos.source.T,
+        list(dict.fromkeys(names.values())),
+        setup.metrics,
+        setup.packed,
+        qk_layers,
+        alphas,
+    )
+    per_hook = _hook_estimates(model, setup, g, names, scale, bool(qk_layers))
+    cells = setup.cells()
+    corrupted = g.corrupted.cpu()
+    meta = {
+        "method": "ig" if method == "ig" else ("atp*" if qk_layers else "atp"),
+        "steps": len(alphas),
+        "qk_fix": bool(qk_layers),
+        "scale": float(scale),
+        "seconds": round(time.perf_counter() - t0, 4),
+    }
+    return setup.result(
+        cells, _cell_values(cells, per_hook, names, corrupted), g.clean, corrupted, meta
+    )
+
+
+def _alphas(method: str, steps: int, qk_fix: bool | None) -> list[float]:
+    """The interpolation points of ``method`` (``[0.0]`` for plain AtP), checked."""
+    if method not in ("atp", "ig"):
+        raise PatchingError(f"method must be 'atp' or 'ig', got {method!r}")
+    if method == "atp":
+        return [0.0]
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise PatchingError(f"steps must be an integer >= 1, got {steps!r}")
+    if qk_fix:
+        raise PatchingError(
+            "the QK fix corrects the target run's gradient and does not combine with "
+            "method='ig'; pass qk_fix=None (or False)"
+        )
+    return [j / steps for j in range(steps)]
+
+
+def _qk_corrections(
+    model: Model, setup: PatchingSetup, g: _Grads, deltas: Mapping[int, Tensor]
+) -> dict[int, Float[Tensor, "metric row position"]]:
+    """AtP*'s QK fix for the ``resid_pre`` cells of each layer in ``deltas`` (``{layer:
+    [row, position, d_model] patch}``): minus the linear estimate of the path through that
+    layer's attention pattern, plus the exact pattern change times the pattern gradient. The
+    exact pattern changes of all layers come from one partial pass per example."""
+    layers = sorted(deltas)
+    t_pos = setup.pos.target.T.to(torch.long)
+    B = t_pos.shape[0]
+    rows = torch.arange(B)[:, None]
+    out: dict[int, Tensor] = {}
+    for layer in layers:
+        linear_qk = (g.qk_grads[layer][:, rows, t_pos] * deltas[layer]).sum(-1)  # [m, row, P]
+        out[layer] = -linear_qk
+    names = {layer: resolve_site(model, "resid_pre", layer).hook_name for layer in layers}
+    for b in range(B):
+        one = setup.tgt.select([b])
+        n = int(one.lengths[0])
+        vals = {  # the patched residual rows [P, d_model] of each layer
+            layer: g.acts[names[layer]][b, t_pos[b]] + deltas[layer][b] for layer in layers
+        }
+        d_a = _patched_patterns(model, one, layers, t_pos[b], vals)
+        for layer in layers:
+            g_a = g.pattern_grads[layer][:, b, :, :n, :n]  # [metric, head, q, k]
+            exact = torch.einsum("mhqk,phqk->mp", g_a, d_a[layer].to(g_a.device))
+            out[layer][:, b] += exact.to(out[layer].device)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# MLP neurons
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class NeuronAttribution:
+    """Attribution-patching estimates for every MLP neuron (``mlp_post``) of a grid.
+
+    Attributes:
+        values: ``[metric, layer, position, neuron, example]`` estimated change of the metric
+            when that one neuron of the target run takes its source value (first order).
+        clean, corrupted: ``[metric, example]`` measured baselines.
+        metric_names, layers, position_labels: the axes.
+    """
+
+    values: Float[Tensor, "metric layer position neuron example"]
+    clean: Float[Tensor, "metric example"]
+    corrupted: Float[Tensor, "metric example"]
+    metric_names: list[str]
+    layers: list[int]
+    position_labels: list[str]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def metric_index(self, metric: str | int = 0) -> int:
+        return metric_index(self.metric_names, metric)
+
+    def effect(self, metric: str | int = 0) -> Float[Tensor, "layer position neuron"]:
+        """Mean estimated change of the metric over examples, in the metric's units."""
+        return self.values[self.metric_index(metric)].mean(-1)
+
+    def normalized(self, metric: str | int = 0) -> Float[Tensor, "layer position neuron"]:
+        """:meth:`effect` divided by ``clean - corrupted`` (the mean gap): the share of the
+        gap that patching this neuron alone is estimated to close."""
+        m = self.metric_index(metric)
+        gap = float((self.clean[m] - self.corrupted[m]).mean())
+        return self.effect(m) / (gap if abs(gap) > 1e-12 else float("nan"))
+
+    def top(self, k: int = 20, metric: str | int = 0) -> list[dict[str, Any]]:
+        """The ``k`` neurons with the largest absolute mean estimated effect."""
+        eff = self.effect(metric)
+        nrm = self.normalized(metric)
+        flat = torch.nan_to_num(eff.abs(), nan=-1.0).flatten()
+        idx = torch.argsort(flat, descending=True)[:k]
+        L, P, N = eff.shape
+        out = []
+        for i in idx.tolist():
+            li, p, n = i // (P * N), (i // N) % P, i % N
+            out.append(
+                {
+                    "layer": self.layers[li],
+                    "position": self.position_labels[p],
+                    "neuron": n,
+                    "effect": float(eff[li, p, n]),
+                    "normalized": float(nrm[li, p, n]),
+                }
+            )
+        return out
+
+    def to_dataframe(self, k: int = 100, metric: str | int = 0) -> pd.DataFrame:
+        """The top ``k`` neurons (see :meth:`top`) as a table."""
+        import pandas as pd
+
+        name = self.metric_names[self.metric_index(metric)]
+        return pd.DataFrame([{"metric": name, **r} for r in self.top(k, metric)])
+
+
+def neuron_attribution(
+    model: Model,
+    source: Any,
+    target: Any,
+    layers: Any = None,
+    positions: Sequence[PositionLabel] | None = None,
+    metric: Metric | Sequence[Metric] | None = None,
+    *,
+    alignment: str | Mapping[int, int] | None = None,
+    source_subject: Sequence[tuple[int, int]] | None = None,
+    target_subject: Sequence[tuple[int, int]] | None = None,
+    method: Literal["atp", "ig"] = "atp",
+    steps: int = IG_STEPS,
+) -> NeuronAttribution:
+    """Attribution patching of every MLP neuron (``mlp_post``) at every layer and position:
+    ``(a_source - a_target) * d metric / d a`` per neuron, with the inputs, positions and
+    metrics of :func:`attribution_patch` / ``patch_activations``. ``method``/``steps`` as there
+    (``"ig"``: the gradient averaged along the input interpolation; no QK fix: neurons feed
+    no softmax directly)."""
+    t0 = time.perf_counter()
+    alphas = _alphas(method, steps, None)
+    setup = resolve_grid(
+        model,
+        source,
+        target,
+        [],
+        layers,
+        positions,
+        metric,
+        alignment=alignment,
+        source_subject=source_subject,
+        target_subject=target_subject,
+    )
+    if method == "ig":
+        check_interpolable(model, setup.src, setup.tgt)
+    names = {layer: resolve_site(model, "mlp_post", layer).hook_name for layer in setup.layers}
+    B = setup.tgt.batch_size
+    g = _gradient_pass(
+        model,
+        setup.src,
+        setup.tgt,
+        setup.pos.source.T,
+        list(names.values()),
+        setup.metrics,
+        setup.packed,
+        alphas=alphas,
+    )
+    per_layer = []
+    rows = torch.arange(B)[:, None]
+    t_pos = setup.pos.target.T.to(torch.long)
+    for name in names.values():
+        tgt = g.acts[name][rows, t_pos]  # [row, P, neuron]
+        delta = g.src_acts[name].to(tgt.device) - tgt
+        per_layer.append((g.grads[name][:, rows, t_pos] * delta).cpu())  # [metric, row, P, N]
+    vals = torch.stack(per_layer, dim=1).permute(0, 1, 3, 4, 2).contiguous()
+    return NeuronAttribution(
+        values=vals,
+        clean=g.clean,
+        corrupted=g.corrupted,
+        metric_names=[m.name for m in setup.metrics],
+        layers=setup.layers,
+        position_labels=setup.pos.labels,
+        meta={
+            "method": method,
+            "steps": len(alphas),
+            "seconds": round(time.perf_counter() - t0, 4),
+        },
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Checking estimates against exact patching
+# --------------------------------------------------------------------------------------
+
+
+def compare_patching(
+    approx: PatchingResult, exact: PatchingResult, *, metric: str | int = 0, k: int = 10
+) -> dict[str, dict[str, float | int]]:
+    """Agreement of an attribution estimate with exact patching, per site and over all cells.
+
+    Compared per cell: the mean effect over examples (``patched - corrupted``). For each site
+    (and ``"all"``): ``spearman`` (rank correlation), ``pearson``, ``top_k`` (share of the
+    ``k`` cells with the largest absolute exact effect that are also among the ``k`` largest
+    estimates; 1 = the same top cells) and ``n_cells``. Cells present in only one result are
+    ignored.
+    """
+    from scipy.stats import pearsonr, spearmanr
+
+    a_eff = approx.effect(approx.metric_index(metric))
+    e_eff = exact.effect(exact.metric_index(metric))
+    index = {c: i for i, c in enumerate(exact.cells)}
+    pairs: dict[str, list[tuple[float, float]]] = {}
+    for i, c in enumerate(approx.cells):
+        j = index.get(c)
+        if j is None:
+            continue
+        x, y = float(a_eff[i]), float(e_eff[j])
+        if math.isfinite(x) and math.isfinite(y):
+            pairs.setdefault(c.site, []).append((x, y))
+    if len(pairs) > 1:
+        pairs["all"] = [p for v in list(pairs.values()) for p in v]
+    out: dict[str, dict[str, float | int]] = {}
+    for site, xy in pairs.items():
+        x = torch.tensor([p[0] for p in xy])
+        y = torch.tensor([p[1] for p in xy])
+        kk = min(k, len(xy))
+        top_a = set(torch.argsort(x.abs(), descending=True)[:kk].tolist())
+        top_e = set(torch.argsort(y.abs(), descending=True)[:kk].tolist())
+        const = len(xy) < 3 or float(x.std()) == 0 or float(y.std()) == 0
+        out[site] = {
+            "spearman": float("nan") if const else float(spearmanr(x, y).statistic),
+            "pearson": float("nan") if const else float(pearsonr(x, y).statistic),
+            "top_k": len(top_a & top_e) / kk if kk else float("nan"),
+            "k": kk,
+            "n_cells": len(xy),
+        }
+    return out
+
+
+def verify_top_cells(
+    model: Model,
+    source: Any,
+    target: Any,
+    approx: PatchingResult,
+    *,
+    site: str = "head",
+    k: int = 5,
+    by: str | int = 0,
+    positions: Sequence[PositionLabel] | None = None,
+    **patch_kwargs: Any,
+) -> list[dict[str, Any]]:
+    """Patch the ``k`` cells of ``site`` with the largest absolute estimated effect exactly.
+
+    Runs :func:`~mechlingo.analyses.recall.patching.patch_activations` on the smallest grid holding those cells
+    (their layers x the grid's positions x their heads) with the same source, target,
+    ``positions`` (the position specs the estimate was made with) and ``patch_kwargs``
+    (``metric=``, ``alignment=``, ...), and returns, per top cell (ranked by the metric
+    ``by``), its ``estimate`` and its ``exact`` normalised effect (and the effects in metric
+    units).
+    """
+    m = approx.metric_index(by)
+    nrm, eff = approx.normalized(m), approx.effect(m)
+    idx = [i for i, c in enumerate(approx.cells) if c.site == site]
+    if not idx:
+        raise PatchingError(f"the result has no {site!r} cells to verify")
+    idx.sort(key=lambda i: -abs(float(torch.nan_to_num(eff[i], nan=0.0))))
+    top = [approx.cells[i] for i in idx[:k]]
+    layers = sorted({c.layer for c in top})
+    heads = sorted({c.head for c in top}) if site == "head" else None
+    exact = patch_activations(
+        model, source, target, site, layers=layers, positions=positions, heads=heads, **patch_kwargs
+    )
+    if exact.position_labels != approx.position_labels:
+        raise PatchingError(
+            f"the exact grid's positions {exact.position_labels} differ from the estimate's "
+            f"{approx.position_labels}: pass the same positions="
+        )
+    e_nrm, e_eff = exact.normalized(m), exact.effect(m)
+    where = {c: j for j, c in enumerate(exact.cells)}
+    pos_of = {c: i for i, c in enumerate(approx.cells)}
+    out = []
+    for c in top:
+        i, j = pos_of[c], where[c]
+        out.append(
+            {
+                **approx.cell_dict(c),
+                "estimate": float(nrm[i]),
+                "exact": float(e_nrm[j]),
+                "estimate_effect": float(eff[i]),
+                "exact_effect": float(e_eff[j]),
+            }
+        )
+    return out

@@ -1,0 +1,246 @@
+"""Activation patching over a grid of cells (batched), cross-language patching and attention
+knockout.
+
+**Activation patching.** Two runs: the *source* (TransformerLens calls it "clean") and the
+*target* ("corrupted"). For one *cell* -- a site (``resid_pre``, ``resid_post``, ``resid_mid``,
+``attn_out``, ``mlp_out``, or one attention ``head``'s output ``attn_z``), a layer and a token
+position -- the target run is repeated with its activation at that cell replaced by the
+source run's, and a metric is read at the target's last real token. A large effect says that
+the information carried by that activation is enough to move the target towards the source's
+behaviour. :func:`patch_activations` does this for a whole grid of cells:
+
+* the source activations are read once, and only at the hooks and positions the grid needs;
+* many patched copies of the target share one forward pass, each copy carrying the patch of one
+  cell; by default (``batching="grow"``) the batch grows mid-pass so the work below a cell's
+  layer is shared (:mod:`~mechlingo.analyses.recall.patching.passes`);
+* each pass stops at the final residual stream, and the last real token of every row is
+  unembedded in one batched readout.
+
+For same-shape inputs the values equal TransformerLens's ``transformer_lens.patching``
+functions (``get_act_patch_resid_pre`` ...), per example.
+
+The package's modules, lowest first:
+
+* :mod:`~mechlingo.analyses.recall.patching.metrics` -- :class:`Metric`: log-probability (or
+  probability) of an answer token set, or the logit difference between two answers;
+* :mod:`~mechlingo.analyses.recall.patching.positions` -- inputs, subject spans and the alignment of
+  positions across prompts of different lengths (cross-language patching);
+* :mod:`~mechlingo.analyses.recall.patching.runs` -- the source and target passes;
+* :mod:`~mechlingo.analyses.recall.patching.result` -- :class:`PatchingResult` (normalised effects,
+  bootstrap intervals, tables, figures);
+* :mod:`~mechlingo.analyses.recall.patching.grid` -- a grid's arguments resolved (shared with
+  :mod:`mechlingo.analyses.recall.attribution`);
+* :mod:`~mechlingo.analyses.recall.patching.passes` -- the patched passes (``"grow"`` and ``"stack"``);
+* :mod:`~mechlingo.analyses.recall.patching.knockout` -- attention knockout (Geva et al. 2023).
+
+This module holds :func:`patch_activations` itself, and the hook factories its passes use
+are looked up here (``_writer``, ``_brancher``) when it starts, so a test can replace them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+
+from mechlingo.activations.prefix import prefix_reuse_supported
+from mechlingo.analyses.recall.patching.errors import PatchingError
+from mechlingo.analyses.recall.patching.grid import (
+    PATCH_SITES,
+    PatchingSetup,
+    check_sites,
+    resolve_grid,
+)
+from mechlingo.analyses.recall.patching.knockout import (
+    KnockoutResult,
+    attention_knockout,
+    sliding_windows,
+)
+from mechlingo.analyses.recall.patching.metrics import (
+    Metric,
+    answer_logprob,
+    evaluate_metrics,
+    fact_metrics,
+    logit_diff,
+)
+from mechlingo.analyses.recall.patching.passes import (
+    Plan,
+    grown_passes,
+    shared_prefix_passes,
+    stacked_passes,
+)
+from mechlingo.analyses.recall.patching.passes import brancher as _brancher
+from mechlingo.analyses.recall.patching.passes import writer as _writer
+from mechlingo.analyses.recall.patching.positions import PositionLabel, subject_token_span
+from mechlingo.analyses.recall.patching.result import Cell, PatchingResult, metric_index
+from mechlingo.analyses.recall.patching.runs import read_run
+from mechlingo.core.families import grows_mid_pass
+from mechlingo.core.types import Model
+
+__all__ = [
+    "PATCH_SITES",
+    "Cell",
+    "KnockoutResult",
+    "Metric",
+    "PatchingResult",
+    "PatchingError",
+    "PositionLabel",
+    "answer_logprob",
+    "attention_knockout",
+    "fact_metrics",
+    "logit_diff",
+    "metric_index",
+    "patch_activations",
+    "sliding_windows",
+    "subject_token_span",
+]
+
+
+def _batching(batching: str, cells_per_batch: int | None, model: Model) -> tuple[str, int]:
+    """The batching strategy and the cells per pass, checked."""
+    if batching == "grow" and not grows_mid_pass(model):
+        batching = "stack"  # same numbers; ALiBi biases cannot grow mid-pass (docs/models.md)
+    if cells_per_batch is None:
+        cells_per_batch = 256 if batching == "grow" else 32
+    if cells_per_batch < 1:
+        raise PatchingError("cells_per_batch must be >= 1")
+    if batching not in ("grow", "stack"):
+        raise PatchingError(f"batching must be 'grow' or 'stack', got {batching!r}")
+    return batching, cells_per_batch
+
+
+def _reuses_prefix(model: Model, setup: PatchingSetup, batching: str, wanted: bool | None) -> bool:
+    """Whether grown passes reuse the unpatched prefix's keys and values: where the model
+    supports it (:func:`mechlingo.activations.prefix.prefix_reuse_supported`), unless
+    ``wanted`` is ``False``; ``True`` where it cannot is an error."""
+    if wanted is False:
+        return False
+    if batching != "grow":
+        if wanted:
+            raise PatchingError("reuse_prefix=True needs batching='grow'")
+        return False
+    ok = prefix_reuse_supported(model, int(setup.tgt.lengths.max()))
+    if wanted and not ok:
+        raise PatchingError(
+            "reuse_prefix=True, but this model's key-value cache cannot be reused here (cached "
+            "decoding disagrees with uncached decoding, the model is not a TransformerLens "
+            "bridge, or the target outgrows its sliding window); leave reuse_prefix=None"
+        )
+    return ok
+
+
+def _run_passes(
+    model: Model,
+    setup: PatchingSetup,
+    batching: str,
+    cells_per_batch: int,
+    reuse_prefix: bool | None = None,
+) -> PatchingResult:
+    """Read the source once, then run the patched passes of every cell."""
+    names = setup.hook_names(model)
+    reads = {n: setup.pos.source.T.contiguous() for n in dict.fromkeys(names.values())}
+    src_acts, src_final = read_run(model, setup.src, reads)
+    rows = torch.arange(setup.tgt.batch_size)
+    clean = evaluate_metrics(model, src_final, setup.metrics, setup.packed, rows)
+    cells = setup.cells()
+    plan = Plan(
+        model=model,
+        tgt=setup.tgt,
+        cells=cells,
+        names=names,
+        src_acts=src_acts,
+        tgt_pos=setup.pos.target,
+        metrics=setup.metrics,
+        packed=setup.packed,
+        cells_per_batch=cells_per_batch,
+        writer=_writer,  # looked up here at call time: tests replace them on this module
+        brancher=_brancher,
+    )
+    if _reuses_prefix(model, setup, batching, reuse_prefix):
+        values, corrupted = shared_prefix_passes(plan)
+    elif batching == "stack":
+        values, corrupted = stacked_passes(plan)
+    else:
+        values, corrupted = grown_passes(plan)
+    return setup.result(cells, values, clean.cpu(), corrupted)
+
+
+def patch_activations(
+    model: Model,
+    source: Any,
+    target: Any,
+    sites: Sequence[str] | str = ("resid_pre",),
+    layers: Any = None,
+    positions: Sequence[PositionLabel] | None = None,
+    metric: Metric | Sequence[Metric] | None = None,
+    *,
+    alignment: str | Mapping[int, int] | None = None,
+    heads: Sequence[int] | None = None,
+    source_subject: Sequence[tuple[int, int]] | None = None,
+    target_subject: Sequence[tuple[int, int]] | None = None,
+    cells_per_batch: int | None = None,
+    batching: Literal["grow", "stack"] = "grow",
+    reuse_prefix: bool | None = None,
+) -> PatchingResult:
+    """Patch source activations into the target run, cell by cell, in batched passes.
+
+    Args:
+        model: a TransformerLens model.
+        source: the run whose activations are patched in ("clean"): prompts, Facts or a
+            :class:`~mechlingo.core.tokens.TokenBatch`.
+        target: the run that is patched ("corrupted"), same number of rows as ``source``.
+        sites: any of :data:`PATCH_SITES`; ``"head"`` patches one head's ``attn_z`` and adds
+            the head axis (``heads``, default all).
+        layers: layers to patch (default all; negatives from the end).
+        positions: grid positions: ints (non-negative = absolute token index; negative =
+            counted back from each row's last real token), ``"last"``, ``"subject_first"``,
+            ``"subject_last"``. Default: every position for same-shape inputs, ``[-1]`` under
+            ``alignment="last"``, subject first/last and the last token under ``"subject"``.
+        metric: a :class:`Metric` or several (all read from the same patched passes); default
+            when the source is Facts: :func:`fact_metrics` of the source facts (their answer and
+            English answer). For cross-language patching pass the metric of the target facts.
+        alignment: ``None`` (same shapes), ``"last"``, ``"subject"``, or ``{target: source}``.
+        source_subject, target_subject: inclusive subject token spans per row when the inputs
+            are not Facts.
+        cells_per_batch: patched copies per forward pass (memory grows with it). Default:
+            256 with ``batching="grow"`` (a pass holds one example), 32 with ``"stack"`` (a
+            pass holds every example that many times).
+        batching: ``"grow"`` (default): one pass per example; the target's activations below
+            a cell's layer are computed once and the batch grows by that layer's patched
+            copies at its block input, so a copy patched at layer ``l`` only computes layers
+            ``l`` and above (about half the work of ``"stack"`` over all layers). ``"stack"``:
+            every copy runs the whole model, all examples together (for models whose attention
+            masks or position embeddings do not broadcast over a batch that grows mid-pass).
+            Both give the same numbers.
+        reuse_prefix: with ``batching="grow"``, a copy patched at position ``p`` computes only
+            positions ``p`` onwards, attending to the unpatched target's cached keys and
+            values before ``p`` (a causal model's positions before a patch are unchanged by
+            it), one pass per target position of a group's cells. ``None`` (default): where
+            the model supports it (:func:`mechlingo.activations.prefix.prefix_reuse_supported`:
+            TransformerLens bridges whose cached decoding agrees with uncached decoding);
+            ``False``: every copy computes every position. Same numbers either way.
+
+    Returns:
+        A :class:`PatchingResult` with per-example values and the clean/corrupted baselines.
+
+    Raises:
+        PatchingError: mismatched rows, unknown sites, positions out of range, lengths that
+            differ without an alignment, an unknown ``batching``, or a model that cannot run a
+            batch grown mid-pass (the message says to use ``batching="stack"``).
+    """
+    mode, per_pass = _batching(batching, cells_per_batch, model)
+    setup = resolve_grid(
+        model,
+        source,
+        target,
+        check_sites(sites),
+        layers,
+        positions,
+        metric,
+        alignment=alignment,
+        heads=heads,
+        source_subject=source_subject,
+        target_subject=target_subject,
+    )
+    return _run_passes(model, setup, mode, per_pass, reuse_prefix)

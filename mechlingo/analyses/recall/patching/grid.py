@@ -1,0 +1,162 @@
+"""A patching grid resolved from its arguments: the same code for exact patching
+(:func:`mechlingo.analyses.recall.patching.patch_activations`) and attribution patching
+(:mod:`mechlingo.analyses.recall.attribution`), so both read the same cells the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from mechlingo.analyses.recall.patching.errors import PatchingError
+from mechlingo.analyses.recall.patching.metrics import (
+    Metric,
+    PackedMetrics,
+    fact_metrics,
+    pack_metrics,
+)
+from mechlingo.analyses.recall.patching.positions import (
+    PositionLabel,
+    Positions,
+    alignment_kind,
+    as_batch,
+    check_spans,
+    resolve_positions,
+)
+from mechlingo.analyses.recall.patching.result import Cell, PatchingResult
+from mechlingo.analyses.recall.patching.runs import site_hook
+from mechlingo.core.sites import RESIDUAL_SITES, resolve_layers, site_map
+from mechlingo.core.tokens import TokenBatch
+from mechlingo.core.types import Model
+
+__all__ = ["PATCH_SITES", "PatchingSetup", "check_sites", "resolve_grid"]
+
+#: Sites that patching can patch: the residual-shaped sites and ``"head"`` (one head's ``attn_z``).
+PATCH_SITES: tuple[str, ...] = (*RESIDUAL_SITES, "head")
+
+
+def check_sites(sites: Sequence[str] | str) -> list[str]:
+    """The sites as a list; each must be one of :data:`PATCH_SITES`."""
+    sites = [sites] if isinstance(sites, str) else list(sites)
+    if not sites:
+        raise PatchingError("no sites to patch")
+    for s in sites:
+        if s not in PATCH_SITES:
+            raise PatchingError(f"unknown patching site {s!r}; use one of {list(PATCH_SITES)}")
+    return sites
+
+
+@dataclass
+class PatchingSetup:
+    """Everything patching needs before its first pass: the source and target batches, the
+    aligned positions, the metrics (and their packed token sets) and the grid's axes."""
+
+    src: TokenBatch
+    tgt: TokenBatch
+    pos: Positions
+    metrics: list[Metric]
+    packed: PackedMetrics
+    sites: list[str]
+    layers: list[int]
+    heads: list[int]
+    alignment: str
+
+    def hook_names(self, model: Model) -> dict[tuple[str, int], str]:
+        """The hook of every ``(site, layer)`` of the grid."""
+        return {(s, layer): site_hook(model, s, layer) for s in self.sites for layer in self.layers}
+
+    def cells(self) -> list[Cell]:
+        """Every cell of the grid, in result order (site, layer, position, head)."""
+        return [
+            Cell(s, layer, p, h)
+            for s in self.sites
+            for layer in self.layers
+            for p in range(len(self.pos.labels))
+            for h in (self.heads if s == "head" else [-1])
+        ]
+
+    def result(
+        self,
+        cells: list[Cell],
+        values: Tensor,
+        clean: Tensor,
+        corrupted: Tensor,
+        meta: dict[str, Any] | None = None,
+    ) -> PatchingResult:
+        """A :class:`PatchingResult` of this grid with the given per-example values."""
+        return PatchingResult(
+            cells=cells,
+            metric_names=[m.name for m in self.metrics],
+            values=values,
+            clean=clean,
+            corrupted=corrupted,
+            sites=self.sites,
+            layers=self.layers,
+            heads=self.heads,
+            position_labels=self.pos.labels,
+            target_positions=self.pos.target,
+            source_positions=self.pos.source,
+            alignment=self.alignment,
+            meta=meta or {},
+        )
+
+
+def _resolve_heads(model: Model, heads: Sequence[int] | None) -> list[int]:
+    n_heads = site_map(model).n_heads
+    head_list = list(range(n_heads)) if heads is None else [int(h) for h in heads]
+    bad = [h for h in head_list if not 0 <= h < n_heads]
+    if bad or not head_list:
+        raise PatchingError(f"heads {bad or head_list} invalid: this model has {n_heads}")
+    return head_list
+
+
+def _resolve_metrics(
+    model: Model, source: Any, metric: Metric | Sequence[Metric] | None
+) -> list[Metric]:
+    if metric is None:
+        if isinstance(source, Sequence) and source and hasattr(source[0], "answer"):
+            metric = fact_metrics(model, list(source))
+        else:
+            raise PatchingError("pass a metric (e.g. answer_logprob(model, answers, langs))")
+    return [metric] if isinstance(metric, Metric) else list(metric)
+
+
+def resolve_grid(
+    model: Model,
+    source: Any,
+    target: Any,
+    sites: list[str],
+    layers: Any,
+    positions: Sequence[PositionLabel] | None,
+    metric: Metric | Sequence[Metric] | None,
+    *,
+    alignment: str | Mapping[int, int] | None = None,
+    heads: Sequence[int] | None = None,
+    source_subject: Sequence[tuple[int, int]] | None = None,
+    target_subject: Sequence[tuple[int, int]] | None = None,
+) -> PatchingSetup:
+    """Resolve a grid's arguments (those of ``patch_activations``; ``sites`` already checked by
+    :func:`check_sites`, possibly empty for a grid without sites) into a :class:`PatchingSetup`.
+
+    Raises:
+        PatchingError: mismatched rows, bad subject spans, heads or positions, or no metric
+            for inputs that are not Facts.
+    """
+    src, src_spans = as_batch(model, source, "source")
+    tgt, tgt_spans = as_batch(model, target, "target")
+    if src.batch_size != tgt.batch_size:
+        raise PatchingError(
+            f"source has {src.batch_size} rows and target {tgt.batch_size}; patching pairs "
+            "row i of the source with row i of the target"
+        )
+    src_spans = check_spans(source_subject, src, "source") or src_spans
+    tgt_spans = check_spans(target_subject, tgt, "target") or tgt_spans
+    layer_list = resolve_layers(model, layers)
+    head_list = _resolve_heads(model, heads) if "head" in sites else []
+    pos = resolve_positions(positions, alignment, src, tgt, src_spans, tgt_spans)
+    metrics = _resolve_metrics(model, source, metric)
+    packed = pack_metrics(metrics, tgt.batch_size)
+    kind = alignment_kind(alignment)
+    return PatchingSetup(src, tgt, pos, metrics, packed, sites, layer_list, head_list, kind)

@@ -1,0 +1,654 @@
+"""The two repair vectors of Lu et al. (2025) and their sweep/evaluation.
+
+* **Recall-engagement (task) vector**: the mean last-token ``resid_pre`` over few-shot recall
+  prompts minus the zero-shot mean (default; ``subtract_zero_shot=False`` keeps the plain
+  few-shot mean), for every layer. Added in middle layers at the last prompt token, it pushes
+  the model into "recall the fact" mode.
+* **Back-translation (difference) vector**: mean last-token ``resid_pre`` over explicit
+  translation prompts ("English: Rome\\nFrench:") minus the mean over zero-shot recall
+  prompts, for every layer. Added in late layers, it pushes the model into "say it in the
+  target language" mode.
+
+Both are ``[n_layers, d_model]`` stacks (:class:`~mechlingo.interventions.SteeringVector`
+with no layer); applying one picks a layer and a scale with ``.at(layer, alpha)``.
+
+**Units.** By default (``unit="resid"``) each row is the vector's *direction* scaled to the
+mean last-token residual norm at that layer (measured on the zero-shot build prompts), so
+``alpha`` is "a fraction of a typical residual there" and one alpha grid fits every layer
+(the raw norms span three orders of magnitude across the layers of gemma-3-270m). The unit
+is recorded in ``build["unit"]``, in every saved vector's metadata and in the summary.
+
+The protocol that chooses layers and scales on dev and reports test accuracy with
+confidence intervals is :mod:`mechlingo.analyses.recall.steer_eval` (what ``mechlingo steer eval`` runs); this
+module builds the vectors and scores fixed
+conditions (:func:`evaluate_conditions`, used for quick looks and for transfer); the facts are
+split by id with :func:`mechlingo.data.splits.split_facts`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from mechlingo.activations.means import last_token_means
+from mechlingo.activations.runs import collect
+from mechlingo.analyses.scoring.evaluate import EvalResult, evaluate_facts
+from mechlingo.core.errors import ArtifactError, InputError
+from mechlingo.core.faults import derive_seed
+from mechlingo.core.jsonable import finite_or_none
+from mechlingo.core.sites import resolve_layers, resolve_site
+from mechlingo.core.tokens import encode, sorted_batches
+from mechlingo.core.types import Model
+from mechlingo.core.untrusted import check_links, read_json
+from mechlingo.data import Fact, few_shot_prompt, translation_prompt
+from mechlingo.interventions import (
+    Compose,
+    Intervention,
+    SteeringVector,
+    load_intervention,
+    model_info,
+    random_like,
+)
+from mechlingo.viz.evaluate import accuracy_bars
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+__all__ = [
+    "CONDITIONS",
+    "SteeringPair",
+    "SteeringConfig",
+    "build_steering_vectors",
+    "score_facts",
+    "conditions",
+    "evaluate_conditions",
+    "last_token_norms",
+    "lowest_language",
+    "relative_gain",
+    "vectors_from_means",
+    "transfer",
+]
+
+CONDITIONS = ("orig", "task", "diff", "both", "random")
+
+
+# --------------------------------------------------------------------------------------
+# Building
+# --------------------------------------------------------------------------------------
+
+
+def steering_prompts(
+    facts: Sequence[Fact],
+    *,
+    pool: Sequence[Fact] | None = None,
+    k_shot: int = 3,
+    seed: int = 0,
+    translation_shots: int = 0,
+) -> dict[str, list[str]]:
+    """The three prompt sets the vectors are built from.
+
+    * ``few_shot``: ``k_shot`` solved demonstrations (same relation and language, from
+      ``pool``) then the query;
+    * ``zero_shot``: the fact's own prompt;
+    * ``translation``: "English: <answer_en>\\n<Language>:" for non-English facts, after
+      ``translation_shots`` solved translation pairs of other facts from ``pool``.
+    """
+    pool = list(pool) if pool is not None else list(facts)
+    few, zero, trans = [], [], []
+    for f in facts:
+        zero.append(f.prompt)
+        try:
+            few.append(few_shot_prompt(f, pool, k=k_shot, seed=seed))
+        except ValueError:
+            pass  # too few demonstrations for this relation/language in the pool
+        if f.lang != "en" and f.answer_en:
+            try:
+                trans.append(
+                    translation_prompt(f, src="en", k=translation_shots, pool=pool, seed=seed)
+                )
+            except ValueError:
+                pass  # too few demonstrations for this language in the pool
+    if not few:
+        raise InputError(
+            f"no few-shot prompt could be built: the pool needs at least {k_shot + 1} facts per "
+            "relation and language"
+        )
+    if not trans:
+        raise InputError("no translation prompts: the build facts need non-English languages")
+    return {"few_shot": few, "zero_shot": zero, "translation": trans}
+
+
+@dataclass
+class SteeringPair:
+    """The recall-engagement (task) and back-translation (diff) vector stacks.
+
+    Attributes:
+        task: ``SteeringVector`` holding ``[n_layers, d_model]``; place with ``.at(l, a)``.
+        diff: same for the back-translation vector.
+        means: the float32 ``[n_layers, d_model]`` mean last-token residuals it was built from
+            (``few_shot``, ``zero_shot``, ``translation``).
+        build: how it was built (prompt counts, languages, relations, options, ``unit``:
+            what ``alpha`` is measured in, ``raw_norms``, ``resid_norm``).
+    """
+
+    task: SteeringVector
+    diff: SteeringVector
+    means: dict[str, Tensor] = field(default_factory=dict)
+    build: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def relations(self) -> list[str] | None:
+        """The relations the vectors were built from (``None`` for artifacts saved before
+        they were recorded)."""
+        rel = self.build.get("relations")
+        return None if rel is None else list(rel)
+
+    @property
+    def unit(self) -> str:
+        """What ``alpha`` is measured in: ``"resid"`` (fraction of the mean residual norm at
+        the layer) or ``"raw"`` (the raw mean/difference). An :class:`ArtifactError` when
+        ``build`` records no unit (a folder written before units existed)."""
+        if "unit" not in self.build:
+            raise ArtifactError(
+                "these repair vectors record no unit (what alpha is measured in)",
+                where="build.json",
+                fix="rebuild them with `mechlingo steer build --out VDIR` (or "
+                "build_steering_vectors)",
+            )
+        return str(self.build["unit"])
+
+    def norms(self) -> dict[str, list[float]]:
+        """Per-layer norms of each stack (the scale a given ``alpha`` multiplies)."""
+        return {
+            "task": self.task.vector.norm(dim=-1).tolist(),
+            "diff": self.diff.vector.norm(dim=-1).tolist(),
+        }
+
+    def save(self, folder: str | Path, model: Model | None = None) -> Path:
+        """``folder/task`` and ``folder/diff`` (each a saved intervention) + ``build.json``."""
+        folder = Path(folder)
+        self.task.save(folder / "task", model)
+        self.diff.save(folder / "diff", model)
+        (folder / "build.json").write_text(json.dumps(self.build, indent=2, ensure_ascii=False))
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path, model: Model | None = None) -> SteeringPair:
+        """Load what :meth:`save` wrote; with ``model``, check that the vectors fit it."""
+        folder = Path(folder)
+        check_links(folder, ArtifactError)  # task/ or diff/ linked from elsewhere: refused
+        task = load_intervention(folder / "task", model)
+        diff = load_intervention(folder / "diff", model)
+        if not isinstance(task, SteeringVector) or not isinstance(diff, SteeringVector):
+            raise ArtifactError(f"{folder} does not hold two steering vectors")
+        build_path = folder / "build.json"
+        build = read_json(build_path, ArtifactError, root=folder) if build_path.is_file() else {}
+        if not isinstance(build, dict):
+            raise ArtifactError(f"{build_path} does not hold a JSON object",
+                                fix=f"rebuild it with `mechlingo steer build --out {folder}`")  # fmt: skip
+        if "unit" not in build:
+            raise ArtifactError(
+                f"{folder} records no unit for its vectors (what alpha is measured in): it "
+                "was written before units existed or its build.json is missing",
+                where=str(build_path),
+                fix=f"rebuild it with `mechlingo steer build --out {folder}`",
+            )
+        return cls(task, diff, {}, build)
+
+
+UNITS = ("resid", "raw")
+UNIT_TEXT = {
+    "resid": "alpha is in units of the mean last-token residual norm at the layer (each stack "
+    "row is the vector's direction scaled to that norm)",
+    "raw": "alpha multiplies the raw vector (a mean or a difference of means)",
+}
+
+
+def last_token_norms(
+    model: Model, prompts: Sequence[str], *, batch_size: int = 16, progress: bool = False
+) -> Float[Tensor, " layer"]:
+    """Mean L2 norm of the last-token ``resid_pre`` at every layer over ``prompts``
+    (float64, on the CPU): the scale of the residual stream a steering vector is added to."""
+
+    prompts = list(prompts)
+    if not prompts:
+        raise InputError("no prompts to measure")
+    names = [resolve_site(model, "resid_pre", i).hook_name for i in resolve_layers(model, None)]
+    batch = encode(model, prompts)
+    total = None
+    for rows in tqdm(sorted_batches(batch.lengths, batch_size), disable=not progress):
+        acts = collect(model, batch.select(rows), names)
+        norms = torch.stack([acts[n].double().norm(dim=-1).sum(0).cpu() for n in names])
+        total = norms if total is None else total + norms
+    assert total is not None
+    return total / len(prompts)
+
+
+def vectors_from_means(
+    means: dict[str, Tensor],
+    resid_norm: Tensor | None,
+    *,
+    subtract_zero_shot: bool = True,
+    unit: str = "resid",
+    model: Model | None = None,
+    build: dict[str, Any] | None = None,
+) -> SteeringPair:
+    """The two stacks from the three mean stacks (``few_shot``, ``zero_shot``,
+    ``translation``, each ``[n_layers, d_model]``), in the given ``unit``.
+
+    ``unit="resid"`` scales each row to ``resid_norm[layer]`` (the mean last-token residual
+    norm there), so that ``alpha`` reads as "this fraction of a typical residual"; the same
+    ``alpha`` then means the same relative push at every layer, and a random vector of the
+    same norm (the control) is comparable. ``unit="raw"`` keeps the raw means/differences.
+    """
+    if unit not in UNITS:
+        raise InputError(f"unit must be one of {UNITS}, got {unit!r}")
+    few, zero, trans = (means[k].double() for k in ("few_shot", "zero_shot", "translation"))
+    raw = {"task": (few - zero) if subtract_zero_shot else few, "diff": trans - zero}
+    build = dict(build or {})
+    build["subtract_zero_shot"] = subtract_zero_shot
+    build["unit"] = unit
+    build["unit_text"] = UNIT_TEXT[unit]
+    build["raw_norms"] = {k: [round(x, 4) for x in stack_norm(v)] for k, v in raw.items()}
+    stacks = dict(raw)
+    if unit == "resid":
+        if resid_norm is None:
+            raise InputError('unit="resid" needs the residual norms (resid_norm)')
+        rn = resid_norm.double().reshape(-1, 1)
+        build["resid_norm"] = [round(float(x), 4) for x in rn.flatten()]
+        # a row that is exactly 0 (e.g. few-shot minus zero-shot at layer 0, where both end in
+        # the same token) stays 0 instead of being blown up to the residual norm
+        stacks = {
+            k: torch.where(n > 1e-6 * rn, v / n.clamp_min(1e-12) * rn, torch.zeros_like(v))
+            for k, v in raw.items()
+            for n in [v.norm(dim=-1, keepdim=True)]
+        }
+    info = model_info(model) if model is not None else None
+    out = {}
+    for name, v in stacks.items():
+        meta = {"name": name, "build": build, "unit": unit}
+        if info is not None:
+            meta["model"] = info
+        out[name] = SteeringVector(v.float().cpu(), None, 1.0, meta=meta)
+    return SteeringPair(
+        out["task"], out["diff"], {k: v.float().cpu() for k, v in means.items()}, build
+    )
+
+
+def build_steering_vectors(
+    model: Model,
+    facts: Sequence[Fact],
+    *,
+    pool: Sequence[Fact] | None = None,
+    k_shot: int = 3,
+    subtract_zero_shot: bool = True,
+    unit: str = "resid",
+    batch_size: int = 16,
+    progress: bool = False,
+    translation_shots: int = 0,
+) -> SteeringPair:
+    """Build both vector stacks from ``facts`` (one streaming pass per prompt set, plus one
+    pass for the residual norms).
+
+    Args:
+        facts: the build facts (their languages and relations are what the vectors are
+            "built from"; apply them to others to test transfer).
+        pool: facts to draw few-shot demonstrations from (default ``facts``).
+        k_shot: demonstrations per few-shot prompt.
+        subtract_zero_shot: task vector = few-shot mean minus zero-shot mean (default) instead
+            of the plain few-shot mean. Chosen on dev on the embedded gemma-3-270m (capital,
+            en/fr/ru/ja/hi x 8 dev facts, alpha in residual-norm units; see
+            docs/methods/repair-vectors.md): the plain few-shot mean has cosine 0.94-1.0 with
+            the zero-shot mean at every layer, i.e. it is ~ the mean residual itself (norm ~20
+            at layer 0 to ~32,000 at layer 17, a few dominant dimensions), so adding it mostly
+            rescales the stream; over layers 4-10 x alphas 0.03-0.3 it never beat no
+            intervention on dev (best 0.35 = baseline), while the difference reached 0.375.
+            The difference isolates what the demonstrations change, and a norm-matched random
+            direction at the same place is a fair control for it.
+        unit: ``"resid"`` (default): each row is the vector's direction scaled to the mean
+            last-token residual norm at that layer, so ``alpha`` is a fraction of the
+            typical residual norm there; ``"raw"``: the raw mean/difference.
+        translation_shots: solved translation pairs (other facts of ``pool``) before each
+            translation prompt of the diff vector (``mechlingo steer build`` uses 2).
+
+    Returns:
+        :class:`SteeringPair`; ``task.vector`` and ``diff.vector`` are ``[n_layers, d_model]``,
+        ``build`` records options, prompt counts, ``raw_norms`` and ``resid_norm``.
+    """
+    facts = list(facts)
+    t0 = time.time()
+    prompts = steering_prompts(facts, pool=pool, k_shot=k_shot, translation_shots=translation_shots)
+    means = {
+        name: last_token_means(model, ps, batch_size=batch_size, progress=progress).mean
+        for name, ps in prompts.items()
+    }
+    resid_norm = last_token_norms(model, prompts["zero_shot"], batch_size=batch_size)
+    build = {
+        "n_prompts": {k: len(v) for k, v in prompts.items()},
+        "langs": sorted({f.lang for f in facts}),
+        "relations": sorted({f.relation for f in facts}),
+        "n_facts": len({f.id for f in facts}),
+        "k_shot": k_shot,
+        "translation_shots": translation_shots,
+        "fact_ids": sorted({f.id for f in facts}),
+        "site": "resid_pre",
+        "positions": "last",
+    }
+    out = vectors_from_means(
+        means,
+        resid_norm,
+        subtract_zero_shot=subtract_zero_shot,
+        unit=unit,
+        model=model,
+        build=build,
+    )
+    out.build["seconds"] = round(time.time() - t0, 1)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Conditions
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SteeringConfig:
+    """Where and how strongly each vector is applied (chosen on dev)."""
+
+    task_layer: int
+    task_alpha: float
+    diff_layer: int
+    diff_alpha: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task_layer": self.task_layer,
+            "task_alpha": self.task_alpha,
+            "diff_layer": self.diff_layer,
+            "diff_alpha": self.diff_alpha,
+        }
+
+
+def conditions(
+    vectors: SteeringPair, config: SteeringConfig, *, seed: int = 0, positions: Any = "last"
+) -> dict[str, Intervention | None]:
+    """The five conditions: ``orig`` (nothing), ``task``, ``diff``, ``both`` (task then diff)
+    and ``random`` (random directions with the norms of task and diff at the same layers and
+    scales, applied together: the control for "any push of this size")."""
+    task = vectors.task.at(config.task_layer, config.task_alpha, positions=positions)
+    diff = vectors.diff.at(config.diff_layer, config.diff_alpha, positions=positions)
+    rand = Compose(
+        [
+            SteeringVector(
+                random_like(task.direction(), derive_seed(seed, "task")),
+                config.task_layer,
+                config.task_alpha,
+                positions=positions,
+                meta={"name": "random(task)"},
+            ),
+            SteeringVector(
+                random_like(diff.direction(), derive_seed(seed, "diff")),
+                config.diff_layer,
+                config.diff_alpha,
+                positions=positions,
+                meta={"name": "random(diff)"},
+            ),
+        ]
+    )
+    return {"orig": None, "task": task, "diff": diff, "both": task + diff, "random": rand}
+
+
+# --------------------------------------------------------------------------------------
+# Scoring
+# --------------------------------------------------------------------------------------
+
+
+def score_facts(
+    model: Model,
+    facts: Sequence[Fact],
+    *,
+    intervention: Intervention | None = None,
+    max_new_tokens: int = 6,
+    batch_size: int = 32,
+    progress: bool = False,
+    metric: Any = "generate",
+) -> EvalResult:
+    """Accuracy on ``facts`` under ``metric`` (greedy generation by the eval rule by default;
+    ``"rank"``, ``"klar"`` or a :class:`~mechlingo.analyses.scoring.scorers.Scorer`), through
+    :func:`mechlingo.analyses.scoring.evaluate.evaluate_facts`."""
+    return evaluate_facts(
+        model,
+        list(facts),
+        intervention=intervention,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        progress=progress,
+        metric=metric,
+    )
+
+
+def _mean(xs: Iterable[float]) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+# --------------------------------------------------------------------------------------
+# Evaluation on test
+# --------------------------------------------------------------------------------------
+
+
+def relative_gain(new: float, old: float) -> float:
+    """``(new - old) / old``; ``inf`` when ``old`` is 0 and ``new`` is not, 0 when both are."""
+    if old == 0:
+        return 0.0 if new == 0 else float("inf")
+    return (new - old) / old
+
+
+def lowest_language(orig: dict[str, float]) -> str | None:
+    """The language with the lowest ``orig`` accuracy *among those above 0* (ties: the first
+    in sorted order); ``None`` if every language is at 0.
+
+    Languages at 0 are left out because a relative gain over 0 is undefined (and any single
+    correct answer would be an "infinite" gain); their absolute gains are reported instead.
+    """
+    live = [lg for lg in sorted(orig) if orig[lg] > 0]
+    return min(live, key=lambda lg: orig[lg]) if live else None
+
+
+@dataclass
+class ConditionResults:
+    """Test results per condition.
+
+    ``accuracy[condition][lang]``, ``english_rate[condition][lang]`` (answered with the
+    English answer instead of the target-language one), ``lowest_language`` (lowest ``orig``
+    accuracy among languages with ``orig`` > 0, see :func:`lowest_language`; ``None`` when
+    all are 0), ``relative_gain[condition]`` on that language, ``results`` (the raw
+    :class:`~mechlingo.analyses.scoring.evaluate.EvalResult` per condition), ``unit``: what the config's
+    alphas are measured in (see :func:`build_steering_vectors`).
+    """
+
+    accuracy: dict[str, dict[str, float]]
+    english_rate: dict[str, dict[str, float]]
+    lowest_language: str | None
+    relative_gain: dict[str, float]
+    results: dict[str, EvalResult]
+    config: SteeringConfig
+    unit: str = "raw"
+
+    def absolute_gain(self) -> dict[str, dict[str, float]]:
+        """``accuracy[c][lang] - accuracy["orig"][lang]`` for every condition and language."""
+        orig = self.accuracy.get("orig", {})
+        return {
+            c: {lg: x - orig.get(lg, 0.0) for lg, x in acc.items()}
+            for c, acc in self.accuracy.items()
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready headline numbers.
+
+        ``lowest_language``: lowest ``orig`` accuracy among languages with ``orig`` > 0
+        (languages at 0 are listed in ``zero_orig_languages``); ``relative_gain_lowest``:
+        ``(both - orig) / orig`` there. ``absolute_gain[c][lang]`` and
+        ``mean_absolute_gain[c]`` cover every language; ``english_effect[c]`` is the
+        absolute change in English. ``alpha_unit`` says what the config's alphas mean.
+        """
+
+        gains = self.absolute_gain()
+        orig = self.accuracy.get("orig", {})
+        return {
+            "accuracy": self.accuracy,
+            "answered_in_english": self.english_rate,
+            "mean_answered_in_english": {
+                c: _mean(v for lg, v in r.items() if lg != "en")
+                for c, r in self.english_rate.items()
+            },
+            "lowest_language": self.lowest_language,
+            "lowest_language_rule": "lowest orig accuracy among languages with orig > 0",
+            "zero_orig_languages": sorted(lg for lg, x in orig.items() if x == 0),
+            "relative_gain_lowest": finite_or_none(self.relative_gain.get("both", 0.0)),
+            "relative_gain_lowest_by_condition": {
+                c: finite_or_none(g) for c, g in self.relative_gain.items()
+            },
+            "absolute_gain": gains,
+            "mean_absolute_gain": {c: _mean(g.values()) for c, g in gains.items()},
+            "english_effect": {c: g["en"] for c, g in gains.items() if "en" in g},
+            "mean_accuracy": {c: _mean(a.values()) for c, a in self.accuracy.items()},
+            "config": self.config.to_dict(),
+            "alpha_unit": self.unit,
+            "alpha_unit_text": UNIT_TEXT.get(self.unit, ""),
+        }
+
+    def fig_accuracy(self, title: str = "Test accuracy per language and condition") -> go.Figure:
+        """Grouped bars of the test accuracy per language, one colour per condition."""
+        return accuracy_bars(self.accuracy, title)
+
+
+def evaluate_conditions(
+    model: Model,
+    vectors: SteeringPair,
+    config: SteeringConfig,
+    test_facts: Sequence[Fact],
+    *,
+    names: Sequence[str] = CONDITIONS,
+    seed: int = 0,
+    max_new_tokens: int = 6,
+    batch_size: int = 32,
+    progress: bool = False,
+) -> ConditionResults:
+    """Greedy accuracy on ``test_facts`` per language for each condition (see
+    :func:`conditions`); ``lowest_language`` is chosen by :func:`lowest_language` on the
+    ``orig`` accuracies and ``relative_gain`` is each condition's relative change there (0
+    everywhere when no language is above 0)."""
+    conds = conditions(vectors, config, seed=seed)
+    results = {
+        c: score_facts(
+            model,
+            test_facts,
+            intervention=conds[c],
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            progress=progress,
+        )
+        for c in names
+    }
+    accuracy = {c: r.accuracy() for c, r in results.items()}
+    english = {c: r.english_rate() for c, r in results.items()}
+    orig = accuracy.get("orig") or next(iter(accuracy.values()))
+    lowest = lowest_language(orig)
+    gains = {
+        c: (0.0 if lowest is None else relative_gain(a[lowest], orig[lowest]))
+        for c, a in accuracy.items()
+    }
+    return ConditionResults(accuracy, english, lowest, gains, results, config, vectors.unit)
+
+
+# --------------------------------------------------------------------------------------
+# Transfer
+# --------------------------------------------------------------------------------------
+
+
+def transfer(
+    model: Model,
+    build_facts: Sequence[Fact],
+    test_facts: Sequence[Fact],
+    config: SteeringConfig,
+    *,
+    build_relations: Sequence[str] | None = None,
+    test_relations: Sequence[str] | None = None,
+    holdout_lang: str | None = None,
+    k_shot: int = 3,
+    subtract_zero_shot: bool = True,
+    unit: str = "resid",
+    max_new_tokens: int = 6,
+    batch_size: int = 32,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Language/dataset independence: build on some facts, apply to others.
+
+    Vectors are built from ``build_facts`` restricted to ``build_relations`` and without
+    ``holdout_lang``, then applied (with ``config``) to ``test_facts`` restricted to
+    ``test_relations`` (and to ``holdout_lang`` when given). Returns the test accuracy per
+    language of ``orig`` and ``both`` with those transferred vectors, and the build/test
+    selections, so e.g. "built on capital, tested on currency" or "built without Hindi,
+    tested on Hindi" can be read off. Build with the same ``subtract_zero_shot``/``unit`` as
+    the vectors ``config`` was chosen for, or its alphas mean something else.
+    """
+    bf = [
+        f
+        for f in build_facts
+        if (build_relations is None or f.relation in build_relations)
+        and (holdout_lang is None or f.lang != holdout_lang)
+    ]
+    tf = [
+        f
+        for f in test_facts
+        if (test_relations is None or f.relation in test_relations)
+        and (holdout_lang is None or f.lang == holdout_lang)
+    ]
+    if not bf or not tf:
+        raise InputError("the transfer selection leaves no build facts or no test facts")
+    vectors = build_steering_vectors(
+        model,
+        bf,
+        k_shot=k_shot,
+        subtract_zero_shot=subtract_zero_shot,
+        unit=unit,
+        batch_size=batch_size,
+    )
+    res = evaluate_conditions(
+        model,
+        vectors,
+        config,
+        tf,
+        names=("orig", "both"),
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        progress=progress,
+    )
+    return {
+        "built_on": {
+            "relations": sorted({f.relation for f in bf}),
+            "langs": sorted({f.lang for f in bf}),
+        },
+        "tested_on": {
+            "relations": sorted({f.relation for f in tf}),
+            "langs": sorted({f.lang for f in tf}),
+        },
+        "accuracy": res.accuracy,
+        "mean": {c: _mean(a.values()) for c, a in res.accuracy.items()},
+        "answered_in_english": res.english_rate,
+    }
+
+
+def stack_norm(v: Float[Tensor, "layer d_model"]) -> list[float]:
+    """Per-layer L2 norms of a ``[n_layers, d_model]`` stack."""
+    return v.norm(dim=-1).tolist()

@@ -1,0 +1,724 @@
+"""The recall pipeline tracer: where does factual recall in language L succeed or fail?
+
+Lu et al. (2025) describe multilingual factual recall as a pipeline: the query is read, the
+fact is recalled with the English mechanism (the *English* answer becomes decodable by the
+logit lens in the middle layers), and the last layers convert it into the prompt's language.
+:func:`trace_recall` puts every query into one of five classes by combining the greedy answer
+(:func:`mechlingo.analyses.scoring.evaluate.evaluate_facts`, the eval rule) with the logit lens on the same
+prompt (:func:`mechlingo.analyses.decoders.lens.lens_facts`):
+
+* ``correct``: the greedy answer is right.
+* ``wrong_language``: the greedy answer is the right answer but in English (or in another
+  bundled language), not in the prompt's language.
+* ``translation_failure``: wrong, but the English answer reached rank <= ``max_rank`` at some
+  lens entry of the middle window: the fact was recalled, the conversion to L failed.
+* ``recall_failure``: wrong, and neither the English nor the L answer reached rank <=
+  ``max_rank`` anywhere in the middle window: recall was never engaged.
+* ``other``: wrong, with only the L answer decodable mid-network (or, for English prompts,
+  the answer decodable mid-network but lost at the end).
+
+For English prompts the English and L answers coincide, so ``translation_failure`` does not
+apply to them.
+
+:func:`pipeline_stages` reads the layer bands of the three stages (subject enrichment,
+English recall, conversion to L) from a patching sweep and a trace; the circuit diagram
+(:meth:`mechlingo.analyses.recall.patching.PatchingResult.fig_circuit`) shades them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from mechlingo.analyses.decoders.lens import LensResult, lens_facts
+from mechlingo.analyses.recall.attribution import (
+    attribution_patch,
+    compare_patching,
+    verify_top_cells,
+)
+from mechlingo.analyses.recall.patching import (
+    PatchingError,
+    attention_knockout,
+    fact_metrics,
+    patch_activations,
+)
+from mechlingo.analyses.results import WritesFolder
+from mechlingo.analyses.scoring.evaluate import EvalResult, evaluate_facts, is_correct, normalize
+from mechlingo.analyses.scoring.scorers import skip_reason, split_usable
+from mechlingo.core.errors import InputError
+from mechlingo.core.jsonable import finite_or_none
+from mechlingo.core.sites import site_map
+from mechlingo.core.tokens import encode, prepends_bos
+from mechlingo.core.types import Model
+from mechlingo.data import load_facts
+from mechlingo.kernels.significance import bootstrap_mean, wilson
+from mechlingo.viz.trace import class_fractions_figure, class_profiles_figure
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import plotly.graph_objects as go
+
+    from mechlingo.analyses.recall.patching import KnockoutResult, PatchingResult
+    from mechlingo.data import Fact
+
+CLASSES: tuple[str, ...] = (
+    "correct",
+    "wrong_language",
+    "translation_failure",
+    "recall_failure",
+    "other",
+)
+
+
+def default_mid_layers(n_layers: int) -> list[int]:
+    """Lens entries ``n // 3 .. n - 2`` (entry ``l`` = after ``l`` blocks): from the end of the
+    first third (before it the lens reads mostly the input tokens) up to the entry that still
+    has the last two blocks ahead of it (the last blocks do the conversion to the output
+    language, so decoding there is not "mid-network"). For an 18-layer model: 6..16."""
+    return list(range(n_layers // 3, n_layers - 1))
+
+
+def _other_answers(facts: Sequence[Fact], pool: Sequence[Fact] | None) -> dict[str, dict[str, str]]:
+    """``{fact id: {lang: answer}}`` from the facts, the pool and (when they come from it) the
+    bundled data; used to detect answers given in another language."""
+    out: dict[str, dict[str, str]] = {}
+    for f in list(pool or []) + list(facts):
+        out.setdefault(f.id, {})[f.lang] = f.answer
+    relations = sorted({f.relation for f in facts})
+    try:
+        ids = {f.id for f in facts}
+        for g in load_facts(relations=relations):
+            if g.id in ids:
+                out.setdefault(g.id, {}).setdefault(g.lang, g.answer)
+    except (ValueError, FileNotFoundError):  # custom relations: only the given facts
+        pass
+    return out
+
+
+@dataclass
+class TraceResult:
+    """The recall pipeline per query.
+
+    Attributes:
+        records: one dict per fact: ``id``, ``lang``, ``prompt``, ``answer``, ``answer_en``,
+            ``generation``, ``correct``, ``class``, ``answered_in`` (language of a
+            wrong-language answer), ``first_en_layer`` / ``first_answer_layer`` (first lens
+            entry where the English / L answer reaches rank <= ``max_rank``, -1 if never; the
+            output entry counts for the L answer only), ``en_decodable_mid``,
+            ``answer_decodable_mid`` (reached rank <= ``max_rank`` inside the middle window),
+            ``best_en_rank_mid``, ``final_answer_rank``, and ``gold_rank`` (the gold
+            candidate's rank under candidate ranking, 1 = best; ``None`` for facts without
+            candidates).
+        lens: the logit lens on the same prompts (tracks ``answer`` and ``en``).
+        eval: the greedy evaluation.
+        max_rank, mid_layers: the parameters of the classification.
+    """
+
+    records: list[dict[str, Any]]
+    lens: LensResult
+    eval: EvalResult
+    max_rank: int
+    mid_layers: list[int]
+    n_layers: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def langs(self) -> list[str]:
+        return list(dict.fromkeys(r["lang"] for r in self.records))
+
+    def classes(self) -> list[str]:
+        return [r["class"] for r in self.records]
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """``{lang: {class: count}}`` (every class present, zeros included)."""
+        out = {lg: dict.fromkeys(CLASSES, 0) for lg in self.langs}
+        for r in self.records:
+            out[r["lang"]][r["class"]] += 1
+        return out
+
+    def fractions(self) -> dict[str, dict[str, float]]:
+        """``{lang: {class: fraction of that language's queries}}``."""
+        out = {}
+        for lg, c in self.counts().items():
+            n = sum(c.values())
+            out[lg] = {k: v / n for k, v in c.items()}
+        return out
+
+    def headline_layers(self) -> dict[str, dict[str, float | None]]:
+        """Per language, the median first lens entry where the English answer / the L answer
+        reach rank <= ``max_rank`` (over the queries where they do), and the share of queries
+        whose English answer is decodable mid-network."""
+        out: dict[str, dict[str, float | None]] = {}
+        for lg in self.langs:
+            rs = [r for r in self.records if r["lang"] == lg]
+            en = [r["first_en_layer"] for r in rs if r["first_en_layer"] >= 0]
+            ans = [r["first_answer_layer"] for r in rs if r["first_answer_layer"] >= 0]
+            out[lg] = {
+                "median_first_en_layer": float(statistics.median(en)) if en else None,
+                "median_first_answer_layer": float(statistics.median(ans)) if ans else None,
+                "en_decodable_mid": sum(r["en_decodable_mid"] for r in rs) / len(rs),
+                "accuracy": sum(r["correct"] for r in rs) / len(rs),
+            }
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready headline: class counts and fractions per language, headline layers and
+        the classification parameters."""
+        return {
+            "classification": self.counts(),
+            "fractions": self.fractions(),
+            "layers": self.headline_layers(),
+            "max_rank": self.max_rank,
+            "mid_layers": [self.mid_layers[0], self.mid_layers[-1]] if self.mid_layers else [],
+            "n_layers": self.n_layers,
+            "n_queries": {lg: sum(c.values()) for lg, c in self.counts().items()},
+            **({"gold_rank_by_class": self.gold_rank_by_class()} if self._ranked() else {}),
+            **self.meta,
+        }
+
+    def _ranked(self) -> bool:
+        return any(r.get("gold_rank") is not None for r in self.records)
+
+    def gold_rank_by_class(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Per language and class, the gold candidate's mean rank under candidate ranking
+        (1 = best) with a bootstrap interval and ``n`` (facts with candidates only)."""
+        out: dict[str, dict[str, list[int]]] = {}
+        for r in self.records:
+            if r.get("gold_rank") is not None:
+                out.setdefault(r["lang"], {}).setdefault(r["class"], []).append(r["gold_rank"])
+        return {lg: {c: bootstrap_mean(v) for c, v in by.items()} for lg, by in sorted(out.items())}
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per query (the records)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.records)
+
+    def profile(self) -> pd.DataFrame:
+        """Layer profile per (language, class, track): median rank and interquartile range,
+        mean of log10(rank + 1) with its standard deviation, mean probability, count."""
+        import pandas as pd
+
+        rows = []
+        cls = self.classes()
+        langs = self.lens.langs
+        for t_name in ("en", "answer"):
+            t = self.lens.track_index(t_name)
+            rank = self.lens.rank[:, :, t].float()
+            prob = self.lens.logprob[:, :, t].exp()
+            for lg in self.langs:
+                for c in CLASSES:
+                    idx = [i for i in range(len(cls)) if cls[i] == c and langs[i] == lg]
+                    if not idx:
+                        continue
+                    sel = torch.tensor(idx)
+                    r, p = rank[:, sel], prob[:, sel]
+                    q = torch.quantile(r, torch.tensor([0.25, 0.5, 0.75]), dim=1)
+                    lr = torch.log10(r + 1)
+                    for li, layer in enumerate(self.lens.layers):
+                        rows.append(
+                            {
+                                "lang": lg,
+                                "class": c,
+                                "track": t_name,
+                                "layer": layer,
+                                "median_rank": float(q[1, li]),
+                                "q25_rank": float(q[0, li]),
+                                "q75_rank": float(q[2, li]),
+                                "mean_log_rank": float(lr[li].mean()),
+                                "std_log_rank": float(lr[li].std()) if len(idx) > 1 else 0.0,
+                                "mean_prob": float(p[li].mean()),
+                                "n": len(idx),
+                            }
+                        )
+        return pd.DataFrame(rows)
+
+    # ------------------------------------------------------------------ figures
+    def fig_class_fractions(self) -> go.Figure:
+        """Stacked bars: share of each class per language."""
+
+        return class_fractions_figure(self.counts())
+
+    def fig_profiles(self, langs: Sequence[str] | None = None) -> go.Figure:
+        """Latent-language curves per class: median rank (log scale, IQR band) of the English
+        and the L answer per lens entry, one panel per class, pooled over ``langs``."""
+
+        if langs is None:
+            langs = [lg for lg in self.langs if lg != "en"] or self.langs
+        lens = self.lens
+        return class_profiles_figure(
+            lens.rank[:, :, lens.track_index("en")],
+            lens.rank[:, :, lens.track_index("answer")],
+            classes=self.classes(),
+            prompt_langs=lens.langs,
+            layers=lens.layers,
+            langs=langs,
+            max_rank=self.max_rank,
+        )
+
+    def _repr_html_(self) -> str:
+        counts = self.counts()
+        head = "".join(f"<th>{c}</th>" for c in CLASSES)
+        body = "".join(
+            f"<tr><td>{lg}</td>" + "".join(f"<td>{c[k]}</td>" for k in CLASSES) + "</tr>"
+            for lg, c in counts.items()
+        )
+        return f"<b>TraceResult</b><table><tr><th>lang</th>{head}</tr>{body}</table>"
+
+
+def _classify(rec: dict[str, Any]) -> str:
+    if rec["correct"]:
+        return "correct"
+    if rec["answered_in"]:
+        return "wrong_language"
+    if rec["lang"] != "en" and rec["en_decodable_mid"]:
+        return "translation_failure"
+    if not rec["en_decodable_mid"] and not rec["answer_decodable_mid"]:
+        return "recall_failure"
+    return "other"
+
+
+def _answered_in(gen: str, fact: Fact, answers: dict[str, str]) -> str | None:
+    """The language whose answer (different from the fact's own) the generation gives."""
+
+    own = {normalize(a) for a in (fact.answer, *fact.aliases)}
+    cands = dict(answers)
+    if fact.answer_en:
+        cands.setdefault("en", fact.answer_en)
+    order = ["en"] + sorted(k for k in cands if k != "en")
+    for lg in order:
+        word = cands.get(lg)
+        if lg == fact.lang or not word or normalize(word) in own:
+            continue
+        if is_correct(gen, [word], lg):
+            return lg
+    return None
+
+
+def trace_recall(
+    model: Model,
+    facts: Sequence[Fact],
+    langs: Sequence[str] | None = None,
+    *,
+    max_rank: int = 10,
+    mid_layers: Sequence[int] | None = None,
+    max_new_tokens: int = 8,
+    batch_size: int = 16,
+    pool: Sequence[Fact] | None = None,
+    progress: bool = False,
+) -> TraceResult:
+    """Classify each query into the recall-pipeline classes (see the module docstring).
+
+    Args:
+        model: a TransformerLens model.
+        facts: the queries.
+        langs: keep only facts in these languages (default all given).
+        max_rank: an answer counts as *decodable* at a lens entry when its best token has rank
+            <= ``max_rank`` (0 = top-1). 10 by default: on a 262k vocabulary rank 10 is far
+            above chance, while demanding top-1 mid-network misses most recalls, because the
+            intermediate layers of small models spread mass over the many surface forms of a
+            word; Wendler et al. and Lu et al. read the lens in the same spirit.
+        mid_layers: the lens entries that count as "mid-network" (default
+            :func:`default_mid_layers`: the middle third up to the entry before the last two
+            blocks).
+        max_new_tokens: greedy tokens for the eval rule.
+        pool: more facts (other languages of the same ids) used to recognise answers given in
+            the wrong language; the bundled data is used as well when the ids come from it.
+
+    Returns:
+        A :class:`TraceResult`.
+    """
+    facts = [f for f in facts if langs is None or f.lang in set(langs)]
+    if not facts:
+        raise InputError(
+            "no facts to trace" + (f" in languages {list(langs)}" if langs is not None else "")
+        )
+    if max_rank < 0:
+        raise InputError("max_rank must be >= 0")
+    keep, skipped = split_usable(facts, "generate")
+    facts = [facts[i] for i in keep]
+    n = site_map(model).n_layers
+    mid = default_mid_layers(n) if mid_layers is None else sorted({int(x) for x in mid_layers})
+    if not mid or any(not 0 <= x <= n for x in mid):
+        raise InputError(f"mid_layers must be a non-empty subset of lens entries 0..{n}")
+    ev = evaluate_facts(
+        model, facts, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress
+    )
+    lens = lens_facts(
+        model, facts, track_langs=("en",), pool=pool, batch_size=batch_size, progress=progress
+    )
+    gold_rank = _gold_ranks(model, facts, batch_size, progress)
+    others = _other_answers(facts, pool)
+    en_t, l_t = lens.track_index("en"), lens.track_index("answer")
+    entries = torch.tensor(lens.layers)
+    in_mid = torch.tensor([e in set(mid) for e in lens.layers])
+    en_rank, l_rank = lens.rank[:, :, en_t], lens.rank[:, :, l_t]
+    first_en = lens.first_layer_within("en", max_rank, before_last=True)
+    first_l = lens.first_layer_within("answer", max_rank)
+    records = []
+    for i, (f, r) in enumerate(zip(facts, ev.records, strict=True)):
+        en_mid = en_rank[in_mid, i]
+        rec = {
+            "id": f.id,
+            "relation": f.relation,
+            "lang": f.lang,
+            "prompt": f.prompt,
+            "answer": f.answer,
+            "answer_en": f.answer_en,
+            "generation": r["generation"],
+            "correct": bool(r["correct"]),
+            "answered_in": None
+            if r["correct"]
+            else _answered_in(r["generation"], f, others.get(f.id, {})),
+            "first_en_layer": int(first_en[i]),
+            "first_answer_layer": int(first_l[i]),
+            "en_decodable_mid": bool((en_mid <= max_rank).any()),
+            "answer_decodable_mid": bool((l_rank[in_mid, i] <= max_rank).any()),
+            "best_en_rank_mid": int(en_mid.min()),
+            "best_en_layer_mid": int(entries[in_mid][int(en_mid.argmin())]),
+            "final_answer_rank": int(l_rank[-1, i]),
+            "gold_rank": gold_rank.get((f.id, f.lang)),
+        }
+        rec["class"] = _classify(rec)
+        records.append(rec)
+    return TraceResult(
+        records=records,
+        lens=lens,
+        eval=ev,
+        max_rank=max_rank,
+        mid_layers=mid,
+        n_layers=n,
+        meta={"max_new_tokens": max_new_tokens, **({"skipped": skipped} if skipped else {})},
+    )
+
+
+def _gold_ranks(
+    model: Model, facts: Sequence[Fact], batch_size: int, progress: bool
+) -> dict[tuple[str, str], int]:
+    """The gold candidate's rank under candidate ranking of every fact that has candidates
+    (``{(id, lang): rank}``; empty when none has)."""
+    bos = prepends_bos(model)
+    ranked = [f for f in facts if skip_reason(f, "rank", bos=bos) is None]
+    if not ranked:
+        return {}
+    res = evaluate_facts(model, ranked, metric="rank", batch_size=batch_size, progress=progress)
+    return {(r["id"], r["lang"]): int(r["gold_rank"]) for r in res.records}
+
+
+def pipeline_stages(
+    sweep: PatchingResult | None, trace: TraceResult | None, lang: str, *, metric: str | int = 0
+) -> dict[str, tuple[float, float]]:
+    """Layer bands of the three stages, from the data:
+
+    * *subject enrichment*: the span of MLP layers at subject positions whose normalised effect
+      is at least half the largest such effect (from the sweep);
+    * *English recall*: from the median first lens entry where the English answer reaches rank
+      <= ``max_rank`` to the median first entry of the L answer (from the trace; lens entry
+      ``e`` = after ``e`` blocks, drawn at block ``e - 1``);
+    * *conversion to L*: from the median first L-answer entry to the last layer.
+
+    Stages the data does not support (no MLP effect at subject positions, no query where the
+    English answer is decodable) are left out.
+    """
+    out: dict[str, tuple[float, float]] = {}
+    if sweep is not None:
+        vals = sweep.normalized(metric)
+        subj = [
+            (c.layer, float(vals[i]))
+            for i, c in enumerate(sweep.cells)
+            if c.site == "mlp_out"
+            and str(sweep.position_labels[c.position]).startswith("subject")
+            and not math.isnan(float(vals[i]))
+        ]
+        if subj:
+            top = max(v for _, v in subj)
+            if top > 0:
+                layers = [layer for layer, v in subj if v >= top / 2]
+                out["subject enrichment"] = (min(layers), max(layers))
+    if trace is not None and lang in trace.langs:
+        h = trace.headline_layers()[lang]
+        n = trace.n_layers
+        en, ans = h["median_first_en_layer"], h["median_first_answer_layer"]
+        if en is not None:
+            end = ans - 1 if ans is not None and ans > en else n - 1
+            out["English recall"] = (max(0.0, en - 1), max(en - 1, end - 1))
+        if ans is not None and lang != "en":
+            out[f"conversion to {lang}"] = (max(0.0, ans - 1), float(n - 1))
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# The whole trace: what `mechlingo trace` runs
+# --------------------------------------------------------------------------------------
+
+#: Grid positions of the corrupted-subject patching: the subject's first and last token and
+#: the last two prompt tokens (aligned by subject span and from the end).
+PATCH_POSITIONS: list[int | str] = ["subject_first", "subject_last", -2, -1]
+
+#: The fields of every query in ``trace.json``.
+TRACE_FIELDS = (
+    "id",
+    "lang",
+    "prompt",
+    "answer",
+    "answer_en",
+    "generation",
+    "correct",
+    "class",
+    "answered_in",
+    "first_en_layer",
+    "first_answer_layer",
+    "en_decodable_mid",
+    "answer_decodable_mid",
+    "best_en_rank_mid",
+    "best_en_layer_mid",
+    "final_answer_rank",
+    "gold_rank",
+)
+
+
+@dataclass
+class LanguagePatching:
+    """What the corrupted-subject patching of one language produced.
+
+    ``sweep`` is the exact :class:`~mechlingo.analyses.recall.patching.PatchingResult` (or, with
+    ``method="atp"``, the attribution-patching one); ``atp`` the attribution-patching sweep
+    when one ran (methods ``atp`` and ``both``). ``comparison`` (AtP against exact, per
+    site), ``seconds`` (of each method) and ``verified_heads`` (the top AtP heads patched
+    exactly) are ``None`` when not measured. ``stages`` are the pipeline stages drawn on
+    the circuit, ``token_labels`` the grid positions' labels.
+    """
+
+    lang: str
+    method: str
+    sweep: PatchingResult
+    knockout: KnockoutResult
+    stages: dict[str, Any]
+    token_labels: list[str]
+    atp: PatchingResult | None = None
+    comparison: dict[str, Any] | None = None
+    seconds: dict[str, float] | None = None
+    verified_heads: list[dict[str, Any]] | None = None
+
+    @property
+    def separate_atp(self) -> bool:
+        """Whether the AtP sweep is measured beside an exact one (``method="both"``)."""
+        return self.atp is not None and self.atp is not self.sweep
+
+    def to_json(self) -> dict[str, Any]:
+        """The language's record of ``patching.json`` (NaN left as is: see
+        :func:`mechlingo.core.jsonable.finite_or_none`)."""
+        out: dict[str, Any] = {
+            "method": self.method,
+            "sweep": self.sweep.summary(),
+            "cells": self.sweep.to_dataframe().to_dict(orient="records"),
+            "knockout": self.knockout.to_dataframe().to_dict(orient="records"),
+        }
+        if self.atp is not None and self.separate_atp:
+            out["atp_sweep"] = self.atp.summary()
+            out["atp_cells"] = self.atp.to_dataframe().to_dict(orient="records")
+        for key in ("comparison", "seconds", "verified_heads"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        out["stages"] = self.stages
+        return out
+
+
+def corrupted_pairs(
+    trace: TraceResult, facts: Sequence[Fact], lang: str, n: int
+) -> tuple[list[Fact], list[Fact]] | None:
+    """Up to ``n`` clean facts of ``lang`` (correctly answered ones first, in trace order)
+    and, for each, a corrupted fact: another subject with another answer (the ``7 k``-th
+    such fact of the language, cyclically). ``None`` with fewer than two facts."""
+    by_id = {f.id: f for f in facts if f.lang == lang}
+    recs = [r for r in trace.records if r["lang"] == lang]
+    ordered = [r["id"] for r in recs if r["correct"]] + [r["id"] for r in recs if not r["correct"]]
+    if len(ordered) < 2:
+        return None
+    clean = [by_id[i] for i in ordered[:n]]
+    pool = [by_id[r["id"]] for r in recs]
+    corrupt = []
+    for k, f in enumerate(clean):
+        others = [g for g in pool if g.answer != f.answer and g.id != f.id]
+        corrupt.append(others[(k * 7) % len(others)] if others else pool[(k + 1) % len(pool)])
+    return clean, corrupt
+
+
+def measure_patching(
+    model: Model,
+    clean: Sequence[Fact],
+    corrupt: Sequence[Fact],
+    *,
+    sites: Sequence[str] = ("attn_out", "mlp_out"),
+    method: str = "exact",
+    cells_per_batch: int | None = None,
+    verify_heads: int = 5,
+) -> tuple[PatchingResult | None, PatchingResult | None, dict[str, Any]]:
+    """The corrupted-subject sweep(s) of ``method`` at :data:`PATCH_POSITIONS`:
+    ``(exact or None, atp or None, extras)``; the extras are AtP's ``comparison`` with exact
+    and ``seconds`` (method ``both``), and ``verified_heads`` (the top ``verify_heads`` AtP
+    heads patched exactly)."""
+    sites = list(sites) or ["resid_pre"]
+    kw = {"positions": PATCH_POSITIONS, "metric": fact_metrics(model, list(clean)),
+          "alignment": "subject"}  # fmt: skip
+    sweep = atp = None
+    if method in ("exact", "both"):
+        t0 = time.perf_counter()
+        # with both methods, the exact grid has the heads too (compared per site)
+        grid = list(dict.fromkeys([*sites, "head"])) if method == "both" else sites
+        sweep = patch_activations(
+            model, clean, corrupt, grid, cells_per_batch=cells_per_batch, **kw
+        )
+        sweep.meta["seconds"] = round(time.perf_counter() - t0, 4)
+    extra: dict[str, Any] = {}
+    if method in ("atp", "both"):
+        atp = attribution_patch(model, clean, corrupt, list(dict.fromkeys([*sites, "head"])), **kw)
+        if sweep is not None:
+            extra["comparison"] = compare_patching(atp, sweep)
+            extra["seconds"] = {"exact": sweep.meta["seconds"], "atp": atp.meta["seconds"]}
+        if verify_heads > 0:
+            extra["verified_heads"] = verify_top_cells(
+                model, clean, corrupt, atp, k=verify_heads, **kw
+            )
+    return sweep, atp, extra
+
+
+def patch_language(
+    model: Model,
+    trace: TraceResult,
+    facts: Sequence[Fact],
+    lang: str,
+    *,
+    n_prompts: int = 3,
+    sites: Sequence[str] = ("attn_out", "mlp_out"),
+    method: str = "exact",
+    cells_per_batch: int | None = None,
+    verify_heads: int = 5,
+) -> LanguagePatching | None:
+    """Corrupted-subject patching (:func:`corrupted_pairs`, :func:`measure_patching`) and
+    attention knockout for one language (``None`` with fewer than two facts)."""
+
+    pairs = corrupted_pairs(trace, facts, lang, n_prompts)
+    if pairs is None:
+        return None
+    clean, corrupt = pairs
+    sweep, atp, extra = measure_patching(model, clean, corrupt, sites=sites, method=method,
+                                         cells_per_batch=cells_per_batch,
+                                         verify_heads=verify_heads)  # fmt: skip
+    for sw in (sweep, atp):
+        if sw is not None:
+            sw.meta.update({"clean": [f.prompt for f in clean],
+                            "corrupted": [f.prompt for f in corrupt],
+                            "answers": [f.answer for f in clean]})  # fmt: skip
+    main = sweep if sweep is not None else atp
+    assert main is not None  # method is exact, atp or both
+    return LanguagePatching(
+        lang=lang,
+        method=method,
+        sweep=main,
+        knockout=attention_knockout(model, clean),
+        stages=pipeline_stages(main, trace, lang),
+        token_labels=_token_labels(model, atp if atp is not None else main, clean),
+        atp=atp,
+        **extra,
+    )
+
+
+def _token_labels(model: Model, sweep: PatchingResult, clean: Sequence[Fact]) -> list[str]:
+    """Each grid position's label with the clean (source) prompt's token there."""
+    batch = encode(model, [clean[0].prompt])
+    ids = batch.tokens[0].tolist()
+    labels = []
+    for p, label in enumerate(sweep.position_labels):
+        tok = model.tokenizer.decode([ids[int(sweep.source_positions[p, 0])]])
+        labels.append(f"{label}<br>{tok!r}")
+    return labels
+
+
+@dataclass
+class TraceRun(WritesFolder):
+    """What ``mechlingo trace`` computes (:func:`run_trace`): the ``trace`` of every fact,
+    the ``patched`` languages, and ``seconds_trace`` (the seconds of the trace alone)."""
+
+    trace: TraceResult
+    patched: list[LanguagePatching] = field(default_factory=list)
+    seconds_trace: float = 0.0
+
+    def summary(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The trace's summary with the Wilson 95% interval of each class's fraction
+        (``classification_ci``) and ``meta`` (when given) last: ``summary.json``."""
+        summary = self.trace.summary()
+        summary["classification_ci"] = {
+            lg: {c: wilson(n, sum(cnt.values())) for c, n in cnt.items()}
+            for lg, cnt in summary["classification"].items()
+        }
+        if meta is not None:
+            summary["meta"] = meta
+        return summary
+
+    def patching(self) -> dict[str, Any]:
+        """``{lang: LanguagePatching.to_json()}``: ``patching.json`` (NaN left as is)."""
+        return {p.lang: p.to_json() for p in self.patched}
+
+    def files(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``trace.json``, ``patching.json`` and ``summary.json`` as ``mechlingo trace``
+        writes them (NaN written as ``null``)."""
+        return {
+            "trace.json": [{k: r[k] for k in TRACE_FIELDS} for r in self.trace.records],
+            "patching.json": finite_or_none(self.patching()),
+            "summary.json": finite_or_none(self.summary(meta)),
+        }
+
+
+def run_trace(
+    model: Model,
+    facts: Sequence[Fact],
+    *,
+    max_rank: int = 10,
+    mid_layers: Sequence[int] | None = None,
+    max_new_tokens: int = 8,
+    batch_size: int = 16,
+    patch_prompts: int = 3,
+    patch_sites: Sequence[str] = ("attn_out", "mlp_out"),
+    cells_per_batch: int | None = None,
+    method: str = "exact",
+    verify_heads: int = 5,
+    progress: bool = False,
+) -> TraceRun:
+    """The recall trace of every fact (:func:`trace_recall`) and, for each language, the
+    corrupted-subject patching of ``patch_prompts`` prompts at ``patch_sites`` with
+    ``method`` (``"exact"``, ``"atp"`` or ``"both"``) and the attention knockout
+    (:func:`patch_language`; ``patch_prompts=0`` skips both), as ``mechlingo trace`` runs it.
+
+    Raises:
+        InputError: ``patch_prompts`` < 0 or an unknown ``method``.
+        PatchingError: a language's patching cannot be done (the message names it).
+    """
+    if patch_prompts < 0:
+        raise InputError(f"patch_prompts must be >= 0, got {patch_prompts}")
+    if method not in ("exact", "atp", "both"):
+        raise InputError(f"method must be exact, atp or both, got {method!r}")
+    t0 = time.time()
+    trace = trace_recall(model, facts, max_rank=max_rank, mid_layers=mid_layers,
+                         max_new_tokens=max_new_tokens, batch_size=batch_size,
+                         progress=progress)  # fmt: skip
+    run = TraceRun(trace, seconds_trace=time.time() - t0)
+    if patch_prompts == 0:
+        return run
+    for lang in trace.langs:
+        try:
+            res = patch_language(model, trace, facts, lang, n_prompts=patch_prompts,
+                                 sites=patch_sites, method=method,
+                                 cells_per_batch=cells_per_batch,
+                                 verify_heads=verify_heads)  # fmt: skip
+        except PatchingError as err:
+            raise PatchingError(f"patching {lang}: {err}") from err
+        if res is not None:
+            run.patched.append(res)
+    return run

@@ -1,0 +1,639 @@
+"""Greedy generation and the accuracy rule every intervention is measured against.
+
+**The eval rule.** The model continues the prompt greedily for ``max_new_tokens`` tokens; the
+continuation is cut at its first line break; it is *correct* when, after normalisation, it
+starts with the answer or one of its aliases. Normalisation: Unicode NFKC, case-folding,
+leading whitespace and punctuation (quotes, colons, dashes, brackets) removed, runs of
+whitespace collapsed to one space. In languages written with spaces the match must end at a
+word boundary ("Rom" does not match "Romania"); in Chinese, Japanese and Korean, where
+particles attach to the word, it need not.
+
+Generation decodes with a key-value cache (:mod:`mechlingo.activations.decoding`: the transformers
+model's own cache driven through the bridge, with an adapter for TransformerLens 4.3 on
+transformers 5, whose bridge cache is broken). Prompts of similar lengths share right-padded
+batches, only each row's newest position is unembedded, and finished rows leave the batch.
+``cache=False`` recomputes the prefix at each step and gives the same tokens.
+
+**Other metrics.** :func:`evaluate_facts` is the one function every caller scores facts
+through; ``metric=`` chooses the rule: ``"generate"`` (the eval rule above, the default),
+``"klar"`` (the KLAR benchmark's 3-shot prefix rule) or ``"rank"`` (BMLAMA's candidate
+ranking by cross-entropy), see :mod:`mechlingo.analyses.scoring.scorers`. Records a metric cannot use
+are skipped and counted by reason in :attr:`EvalResult.skipped`.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tqdm.auto import tqdm
+
+from mechlingo.activations.decoding import decode
+from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard
+from mechlingo.activations.prefix import (
+    decode_conditions,
+    record_head,
+    shared_decoding_supported,
+)
+from mechlingo.analyses.scoring.edits import first_edit
+from mechlingo.analyses.scoring.rank import score_candidates
+from mechlingo.analyses.scoring.scorers import (
+    KLAR_MAX_NEW_TOKENS,
+    Scorer,
+    as_scorer,
+    gold_indices,
+    klar_decided,
+    klar_match,
+    klar_prompt,
+    metric_summary,
+    split_usable,
+)
+from mechlingo.core.errors import InputError
+from mechlingo.core.tokens import TokenBatch, encode, prepends_bos, sorted_batches
+from mechlingo.core.types import FwdHooks, Model
+from mechlingo.interventions.base import Intervention
+from mechlingo.viz.evaluate import accuracy_bars
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import plotly.graph_objects as go
+
+    from mechlingo.data import Fact
+
+BOUNDARY_FREE_LANGS = frozenset({"zh", "ja", "ko"})
+_LEADING_JUNK = re.compile(r"^[\s\"'`“”‘’«»„‚「」『』（）()\[\]{}:：;；,，.。、\-–—*_#]+")
+_WS = re.compile(r"\s+")
+
+
+def normalize(text: str) -> str:
+    """The eval rule's normalisation (see the module docstring)."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    text = _LEADING_JUNK.sub("", text)
+    return _WS.sub(" ", text).strip()
+
+
+def is_correct(generation: str, answers: Sequence[str], lang: str | None = None) -> bool:
+    """Whether ``generation`` (the continuation) starts with one of ``answers``."""
+    gen = normalize(generation.split("\n")[0] if generation.strip() else generation.strip())
+    for ans in answers:
+        a = normalize(ans)
+        if not a or not gen.startswith(a):
+            continue
+        if lang in BOUNDARY_FREE_LANGS or len(gen) == len(a):
+            return True
+        nxt = gen[len(a)]
+        if not (nxt.isalnum() or unicodedata.category(nxt).startswith("M")):
+            return True
+    return False
+
+
+def _status(gen: str, answer: str, lang: str | None) -> str:
+    """``"match"``, ``"fail"`` or ``"open"`` for a normalised partial generation against one
+    normalised answer under the eval rule."""
+    if not answer:
+        return "fail"
+    if gen.startswith(answer):
+        if lang in BOUNDARY_FREE_LANGS:
+            return "match"
+        if len(gen) == len(answer):
+            return "open"  # the next character decides the word boundary
+        nxt = gen[len(answer)]
+        ok = not (nxt.isalnum() or unicodedata.category(nxt).startswith("M"))
+        return "match" if ok else "fail"
+    return "open" if answer.startswith(gen) else "fail"
+
+
+def decided(
+    generation: str, answers: Sequence[str], lang: str | None = None, english: str = ""
+) -> bool:
+    """Whether the eval rule's verdicts on a *partial* greedy generation are already final:
+    it is correct whatever follows, or it can no longer match any answer (nor ``english``,
+    the English answer, whose match :class:`EvalResult` records as ``in_english``).
+
+    A line break also decides (the rule reads the first line). Used to stop decoding a row
+    early; the verdicts equal those on the full generation (tested)."""
+    line = generation.split("\n")[0]
+    finished = "\n" in generation and bool(generation.strip())
+    text = line.rstrip("\ufffd")  # an incomplete multi-byte character is not text yet
+    gen = normalize(text)
+    if finished:
+        return True
+    if not gen or text != line:
+        return False
+    gold = [_status(gen, normalize(a), lang) for a in answers]
+    if "match" in gold:
+        return True
+    if "open" in gold:
+        return False
+    return not english or _status(gen, normalize(english), "en") != "open"
+
+
+def _hooks_of(model: Model, intervention: Intervention | None, fwd_hooks: FwdHooks) -> list:
+    hooks = list(fwd_hooks)
+    if intervention is not None:
+        hooks = list(intervention.fwd_hooks(model)) + hooks
+    return hooks
+
+
+def greedy_generate(
+    model: Model,
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int = 8,
+    batch_size: int = 16,
+    intervention: Intervention | None = None,
+    fwd_hooks: FwdHooks = (),
+    stop_at_newline: bool = True,
+    progress: bool = False,
+    cache: bool = True,
+    stop: Callable[[int, str], bool] | None = None,
+) -> list[str]:
+    """Greedy continuations of ``prompts`` (the generated text only).
+
+    Prompts of similar lengths share right-padded batches (sorted by length). With ``cache``
+    (the default) each batch runs its prompts once and then one new token per row per step
+    over a key-value cache, and rows that finish leave the batch
+    (:mod:`mechlingo.activations.decoding`); with ``cache=False`` the whole prefix is recomputed at every
+    step. Both give the same tokens, and a mixed-length batch gives the same tokens as each
+    prompt alone (tested).
+
+    Args:
+        intervention: anything with ``fwd_hooks(model)`` (a mechlingo intervention); applied at
+            every step. Its ``"last"`` positions mean the prompt's last token (acted on once,
+            in the prompt pass, and attended to afterwards), ``"generated"`` the tokens
+            generated so far, ``"all"`` every token.
+        fwd_hooks: extra plain TransformerLens hooks, applied at every pass. Under the cache
+            they see ``[batch, 1, ...]`` activations after the prompt pass (see
+            :mod:`mechlingo.activations.decoding` for hooks that index positions).
+        stop_at_newline: stop a row once it has produced a line break after some text.
+        cache: decode with a key-value cache where the model supports it
+            (:func:`mechlingo.activations.decoding.kv_cache_path`).
+        stop: ``stop(i, text)`` -> whether prompt ``i`` may stop with its continuation
+            ``text`` so far (e.g. once the eval rule's verdict is final, :func:`decided`).
+
+    Returns:
+        One string per prompt, in input order.
+    """
+    gens, _ = generate_conditions(
+        model, prompts, [intervention], max_new_tokens=max_new_tokens, batch_size=batch_size,
+        fwd_hooks=fwd_hooks, stop_at_newline=stop_at_newline, progress=progress, cache=cache,
+        stop=stop, shared=False,
+    )  # fmt: skip
+    return gens[0]
+
+
+def _shared_groups(
+    model: Model, batch: TokenBatch, ivs: Sequence[Intervention | None], max_rows: int
+) -> list[tuple[int, list[int]]]:
+    """The conditions of one batch as ``(d, conditions)`` groups that decode together: those
+    that leave every row's positions before its last ``d`` unedited (``d`` below every row's
+    length) share the prefix of the largest such ``d``, the others (``d = 0``) run every
+    position; each group at most ``max_rows`` stacked rows."""
+    n = batch.lengths
+    short = int(n.min())
+    tails = [int((n - torch.minimum(first_edit(iv, batch).to(n.device), n - 1)).max())
+             for iv in ivs]  # fmt: skip
+    pos = [c for c, t in enumerate(tails) if t < short]
+    full = [c for c, t in enumerate(tails) if t >= short]
+    per = max(1, max_rows // batch.batch_size)
+    out = []
+    for d, conds in ((max((tails[c] for c in pos), default=0), pos), (0, full)):
+        out.extend((d, conds[i : i + per]) for i in range(0, len(conds), per))
+    return out
+
+
+def _decode_batch(
+    model: Model, sub: TokenBatch, ivs: Sequence[Intervention | None], hooks: list[list],
+    done: Callable[[int, list[int]], bool] | None, opts: dict[str, Any],
+) -> tuple[list[list[list[int]]], bool]:  # fmt: skip
+    """One batch's new tokens under every condition (``out[c][r]``) and whether they came
+    from a shared prefix (:func:`decode_conditions`) or one condition at a time."""
+    n_new, eos = opts["max_new_tokens"], opts["eos"]
+    shared = opts["shared"] and len(ivs) > 1 and shared_decoding_supported(model, sub, n_new)
+    if not shared:
+        stop = None if done is None else (lambda r, ids: done(r, ids))
+        outs = [decode(model, sub, max_new_tokens=n_new, fwd_hooks=h, stop=stop, eos=eos,
+                       cache=opts["cache"]) for h in hooks]  # fmt: skip
+        return outs, False
+    outs: list[list[list[int]]] = [[] for _ in ivs]
+    groups = _shared_groups(model, sub, ivs, opts["max_rows"])
+    d_max = max(d for d, _ in groups)
+    rec = record_head(model, sub, d_max) if d_max > 0 else None
+    for d, conds in groups:
+        got = decode_conditions(
+            model, sub, [hooks[c] for c in conds], d, max_new_tokens=n_new, eos=eos,
+            stop=None if done is None else (lambda c, r, ids: done(r, ids)),
+            record=rec if d > 0 else None,
+        )  # fmt: skip
+        for c, rows in zip(conds, got, strict=True):
+            outs[c] = rows
+    return outs, True
+
+
+def generate_conditions(
+    model: Model,
+    prompts: Sequence[str],
+    interventions: Sequence[Intervention | None],
+    *,
+    max_new_tokens: int = 8,
+    batch_size: int = 16,
+    fwd_hooks: FwdHooks = (),
+    stop_at_newline: bool = True,
+    progress: bool = False,
+    cache: bool = True,
+    stop: Callable[[int, str], bool] | None = None,
+    shared: bool = True,
+    max_rows: int | None = None,
+) -> tuple[list[list[str]], str]:
+    """Greedy continuations of ``prompts`` under each of ``interventions`` (``None``: no
+    intervention): ``gens[c][i]`` is what :func:`greedy_generate` gives prompt ``i`` under
+    intervention ``c`` (the same tokens; tested), and the path they took.
+
+    With ``shared`` (and a cache that can grow, :func:`mechlingo.activations.prefix.
+    shared_decoding_supported`), each batch of prompts runs the positions before the first
+    one any condition edits (:func:`first_edit`) once, and the conditions continue from that
+    cache stacked in batches of at most ``max_rows`` rows (default ``max(batch_size,
+    256)``): the path ``"shared-prefix"``. Otherwise, with extra ``fwd_hooks`` (plain hooks
+    whose positions are unknown), one condition or ``cache=False``, each condition decodes
+    alone as in :func:`greedy_generate`: ``"per-condition"`` (``"mixed"`` when batches
+    differ). Inside :func:`mechlingo.activations.distributed.sharded_scoring` under torchrun
+    the batches are shared out among the ranks and the results gathered in order.
+    """
+    prompts = list(prompts)
+    if not prompts:
+        raise InputError("no prompts to generate from")
+    if batch_size < 1:
+        raise InputError(f"batch_size must be at least 1, got {batch_size}")
+    if max_new_tokens < 0:
+        raise InputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    ivs = list(interventions)
+    hooks = [_hooks_of(model, iv, fwd_hooks) for iv in ivs]
+    batch = encode(model, prompts)
+    opts = {"max_new_tokens": max_new_tokens, "eos": getattr(model.tokenizer, "eos_token_id", None),
+            "cache": cache, "shared": shared and cache and not fwd_hooks,
+            "max_rows": max_rows or max(batch_size, 256)}  # fmt: skip
+
+    def done(row: int, ids: list[int]) -> bool:
+        text = model.tokenizer.decode(ids)
+        if stop_at_newline and "\n" in text and bool(text.strip()):
+            return True
+        return stop is not None and stop(row, text)
+
+    chunks = sorted_batches(batch.lengths, batch_size)
+    mine = shard(chunks) if scoring_sharded() else chunks
+    local = []
+    for rows in tqdm(mine, desc="generating", disable=not progress):
+        stop_fn = (
+            (lambda r, ids, rows=rows: done(rows[r], ids)) if (stop_at_newline or stop) else None
+        )
+        outs, was_shared = _decode_batch(model, batch.select(rows), ivs, hooks, stop_fn, opts)
+        local.append((rows, outs, was_shared))
+    got = gather_lists(local) if scoring_sharded() else local
+    gens = [[""] * len(prompts) for _ in ivs]
+    for rows, outs, _ in got:
+        for c, per in enumerate(outs):
+            for r, ids in zip(rows, per, strict=True):
+                gens[c][r] = model.tokenizer.decode(ids)
+    flags = {was for _, _, was in got}
+    path = "mixed" if len(flags) > 1 else ("shared-prefix" if flags == {True} else "per-condition")
+    return gens, path
+
+
+@dataclass
+class EvalResult:
+    """Accuracy over facts under one metric (``meta["metric"]``; greedy generation by
+    default).
+
+    ``records`` holds one dict per scored fact: ``id``, ``relation``, ``lang``, ``prompt``
+    (the text the model was given), ``answer``, ``generation`` (first line of the
+    continuation; under ``klar`` the whole stripped continuation; under ``rank`` the
+    best-scoring candidate), ``correct``, and ``in_english`` (for non-English prompts: the
+    model gave the English answer instead of the target-language one). Under ``rank`` also
+    ``candidates``, ``scores`` (mean token cross-entropy per candidate, nats; lower is
+    better), ``ranking`` (candidate indices, best first), ``gold_rank`` (1 = a gold
+    candidate scored best) and ``n_tokens``; under ``klar`` also ``shots``.
+
+    ``skipped`` counts the facts the metric could not score, by reason (they have no
+    record).
+    """
+
+    records: list[dict[str, Any]]
+    meta: dict[str, Any] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def scorer(self) -> Scorer:
+        """The scorer these records were scored with (``generate`` for older results)."""
+        m = self.meta.get("metric") or {}
+        return Scorer(
+            str(m.get("metric", "generate")),
+            str(m.get("rank_tokens", "sentence")),
+            int(m.get("klar_shots", 3)),
+        )
+
+    def metric_summary(self) -> dict[str, Any]:
+        """The metric's own statistics (rank: P@1, gold rank, RankC; klar: CLC), see
+        :func:`mechlingo.analyses.scoring.scorers.metric_summary`."""
+        return metric_summary(self.records, self.scorer)
+
+    def accuracy(self) -> dict[str, float]:
+        """Fraction correct per language (``{lang: x}``)."""
+        out: dict[str, list[bool]] = {}
+        for r in self.records:
+            out.setdefault(r["lang"], []).append(bool(r["correct"]))
+        return {lg: sum(v) / len(v) for lg, v in sorted(out.items())}
+
+    def english_rate(self) -> dict[str, float]:
+        """Fraction of answers given in English instead of the prompt's language."""
+        out: dict[str, list[bool]] = {}
+        for r in self.records:
+            out.setdefault(r["lang"], []).append(bool(r["in_english"]))
+        return {lg: sum(v) / len(v) for lg, v in sorted(out.items())}
+
+    def to_dataframe(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame(self.records)
+
+    def fig_accuracy(self, title: str = "Greedy accuracy per language") -> go.Figure:
+        """Bars of :meth:`accuracy` per language."""
+        return accuracy_bars({"accuracy": self.accuracy()}, title)
+
+    def _repr_html_(self) -> str:
+        acc = self.accuracy()
+        cells = "".join(f"<tr><td>{lg}</td><td>{x:.2f}</td></tr>" for lg, x in acc.items())
+        return f"<b>EvalResult</b> ({len(self.records)} facts)<table>{cells}</table>"
+
+
+def evaluate_facts(
+    model: Model,
+    facts: Sequence[Fact],
+    *,
+    metric: str | Scorer = "generate",
+    prompts: Sequence[str] | None = None,
+    prefixes: Sequence[str] | None = None,
+    pool: Sequence[Fact] | None = None,
+    max_new_tokens: int = 8,
+    batch_size: int = 16,
+    intervention: Intervention | None = None,
+    fwd_hooks: FwdHooks = (),
+    progress: bool = False,
+    cache: bool = True,
+    early_stop: bool = True,
+) -> EvalResult:
+    """Score the model on facts with ``metric`` (the eval rule by default).
+
+    Args:
+        metric: ``"generate"``, ``"klar"``, ``"rank"`` or a
+            :class:`~mechlingo.analyses.scoring.scorers.Scorer` with options.
+        prompts: (``generate`` only) prompts to use instead of each fact's zero-shot
+            ``prompt`` (e.g. few-shot prompts); the answers are still the facts' answers.
+        prefixes: text placed before each fact's query (few-shot demonstrations ending with
+            their separator): ``generate`` continues ``prefix + prompt``; ``rank`` scores the
+            filled query sentence after the prefix, its tokens only. Not for ``klar``, which
+            draws its own demonstrations.
+        pool: (``klar``) the facts demonstrations are drawn from (default: ``facts``
+            themselves, other ids, as the benchmark's reference code does).
+        max_new_tokens: tokens of the ``generate`` rule (``klar`` always decodes the
+            benchmark's 10).
+        batch_size: prompts per pass (``rank``: facts per pass, all their candidates
+            together).
+        cache: decode with a key-value cache (see :func:`greedy_generate`).
+        early_stop: stop decoding a fact as soon as its verdict is final (:func:`decided`,
+            :func:`~mechlingo.analyses.scoring.scorers.klar_decided`): the same ``correct`` and
+            ``in_english`` as decoding every token, in less time; ``generation`` then holds
+            the decided prefix.
+
+    Raises:
+        InputError: no facts, every fact skipped by the metric, or options that do not go
+            with the metric.
+    """
+    return _evaluate(model, facts, {"": intervention}, metric=metric, prompts=prompts,
+                     prefixes=prefixes, pool=pool, max_new_tokens=max_new_tokens,
+                     batch_size=batch_size, fwd_hooks=fwd_hooks, progress=progress,
+                     cache=cache, early_stop=early_stop, shared=False)[""]  # fmt: skip
+
+
+def evaluate_conditions(
+    model: Model,
+    facts: Sequence[Fact],
+    conditions: Mapping[str, Intervention | None],
+    *,
+    metric: str | Scorer = "generate",
+    prompts: Sequence[str] | None = None,
+    prefixes: Sequence[str] | None = None,
+    pool: Sequence[Fact] | None = None,
+    max_new_tokens: int = 8,
+    batch_size: int = 16,
+    fwd_hooks: FwdHooks = (),
+    progress: bool = False,
+    cache: bool = True,
+    early_stop: bool = True,
+    shared: bool = True,
+) -> dict[str, EvalResult]:
+    """Score ``facts`` under every condition of ``conditions`` (``{name: intervention or
+    None}``, e.g. ``{"orig": None, "task": iv1, "both": iv1 + iv2}``) at once: ``{name:
+    EvalResult}``, each equal to :func:`evaluate_facts` with that intervention (the same
+    records; tested), in much less time when there are several.
+
+    Under ``generate`` and ``klar`` each batch of prompts computes the positions before the
+    first one any condition edits once (the interventions' position rules say where:
+    :func:`first_edit`; ``"last"`` steering shares all but the last prompt token), and the
+    conditions decode from that shared cache several per batch
+    (:func:`generate_conditions`). Where the model's cache cannot grow a batch, with plain
+    ``fwd_hooks``, ``cache=False`` or ``shared=False``, every condition runs alone. Each
+    result's ``meta["path"]`` says which: ``"shared-prefix"``, ``"per-condition"`` or
+    ``"mixed"`` (batches differed). ``rank`` scores condition by condition. The options are
+    those of :func:`evaluate_facts`.
+
+    Raises:
+        InputError: no conditions, or what :func:`evaluate_facts` raises.
+    """
+    if not conditions:
+        raise InputError("no conditions to score")
+    return _evaluate(model, facts, dict(conditions), metric=metric, prompts=prompts,
+                     prefixes=prefixes, pool=pool, max_new_tokens=max_new_tokens,
+                     batch_size=batch_size, fwd_hooks=fwd_hooks, progress=progress,
+                     cache=cache, early_stop=early_stop, shared=shared)  # fmt: skip
+
+
+def _evaluate(
+    model: Model,
+    facts: Sequence[Fact],
+    conditions: dict[str, Intervention | None],
+    *,
+    metric: str | Scorer,
+    prompts: Sequence[str] | None,
+    prefixes: Sequence[str] | None,
+    pool: Sequence[Fact] | None,
+    max_new_tokens: int,
+    **kw: Any,
+) -> dict[str, EvalResult]:
+    """:func:`evaluate_conditions` (and :func:`evaluate_facts`, one condition)."""
+    scorer = as_scorer(metric)
+    facts = list(facts)
+    if not facts:
+        raise InputError("no facts selected for evaluation")
+    for name, given in (("prompts", prompts), ("prefixes", prefixes)):
+        if given is not None and len(given) != len(facts):
+            raise InputError(f"{len(given)} {name} for {len(facts)} facts")
+    if prompts is not None and (prefixes is not None or scorer.metric != "generate"):
+        raise InputError("prompts= replaces generation prompts (generate only); use prefixes=")
+    if prefixes is not None and scorer.metric == "klar":
+        raise InputError("klar draws its own demonstrations (pool=); prefixes= does not apply")
+    keep, skipped = split_usable(facts, scorer.metric, bos=prepends_bos(model), prefixes=prefixes)
+    sub = [facts[i] for i in keep]
+    names, ivs = list(conditions), list(conditions.values())
+    if scorer.metric == "rank":
+        pre = [prefixes[i] for i in keep] if prefixes is not None else None
+        rkw = {k: kw[k] for k in ("batch_size", "fwd_hooks", "progress")}
+        per = [_rank_records(model, sub, scorer, pre, intervention=iv, **rkw) for iv in ivs]
+        path = "per-condition"
+    elif scorer.metric == "klar":
+        per, path = _klar_records(model, sub, scorer, facts if pool is None else pool, ivs, **kw)
+    else:
+        texts = [(prefixes[i] if prefixes else "") + facts[i].prompt for i in keep]
+        if prompts is not None:
+            texts = [prompts[i] for i in keep]
+        per, path = _generate_records(model, sub, texts, ivs, max_new_tokens=max_new_tokens, **kw)
+    meta = {"max_new_tokens": max_new_tokens, "metric": scorer.to_dict()}
+    if kw["shared"]:  # evaluate_conditions says which path it took
+        meta["path"] = path
+    return {n: EvalResult(r, dict(meta), dict(skipped)) for n, r in zip(names, per, strict=True)}
+
+
+def _in_english(f: Fact, correct: bool, said: str, match: Callable[[str, str], bool]) -> bool:
+    """Whether a wrong answer ``said`` is the fact's English answer instead (``match``
+    decides, e.g. the eval rule)."""
+    return (
+        f.lang != "en"
+        and not correct
+        and bool(f.answer_en)
+        and normalize(f.answer_en) != normalize(f.answer)
+        and match(said, f.answer_en)
+    )
+
+
+def _generate_records(
+    model: Model,
+    facts: list[Fact],
+    texts: list[str],
+    ivs: list[Intervention | None],
+    *,
+    early_stop: bool,
+    **kw: Any,
+) -> tuple[list[list[dict[str, Any]]], str]:
+    """The eval rule's records under every condition (greedy generation, prefix match at a
+    word boundary), and the path they took."""
+    gens, path = generate_conditions(
+        model,
+        texts,
+        ivs,
+        stop=(
+            (lambda i, text: decided(text, facts[i].answers, facts[i].lang, facts[i].answer_en))
+            if early_stop
+            else None
+        ),
+        **kw,
+    )
+    out = []
+    for per in gens:
+        records = []
+        for f, text, gen in zip(facts, texts, per, strict=True):
+            first_line = gen.strip().split("\n")[0] if gen.strip() else ""
+            correct = is_correct(gen, f.answers, f.lang)
+            in_en = _in_english(f, correct, gen, lambda g, a: is_correct(g, [a], "en"))
+            records.append(_record(f, text, first_line, correct, in_en))
+        out.append(records)
+    return out, path
+
+
+def _record(f: Fact, prompt: str, generation: str, correct: bool, in_en: bool) -> dict[str, Any]:
+    """One fact's record of a generation metric (see :class:`EvalResult`)."""
+    return {
+        "id": f.id,
+        "relation": f.relation,
+        "lang": f.lang,
+        "prompt": prompt,
+        "answer": f.answer,
+        "generation": generation,
+        "correct": correct,
+        "in_english": in_en,
+    }
+
+
+def _klar_records(
+    model: Model,
+    facts: list[Fact],
+    scorer: Scorer,
+    pool: Sequence[Fact],
+    ivs: list[Intervention | None],
+    *,
+    early_stop: bool,
+    **kw: Any,
+) -> tuple[list[list[dict[str, Any]]], str]:
+    """KLAR's records under every condition: its few-shot prompt, 10 greedy tokens, the
+    two-way prefix rule; and the path they took."""
+    texts = [klar_prompt(f, pool, scorer.klar_shots) for f in facts]
+    targets = [[*f.answers, *([f.answer_en] if f.answer_en else [])] for f in facts]
+    gens, path = generate_conditions(
+        model,
+        texts,
+        ivs,
+        max_new_tokens=KLAR_MAX_NEW_TOKENS,
+        stop_at_newline=False,
+        stop=(lambda i, text: klar_decided(text, targets[i])) if early_stop else None,
+        **kw,
+    )
+    out = []
+    for per in gens:
+        records = []
+        for f, text, gen in zip(facts, texts, per, strict=True):
+            correct = any(klar_match(gen, a) for a in f.answers)
+            rec = _record(f, text, gen.strip(), correct, _in_english(f, correct, gen, klar_match))
+            records.append({**rec, "shots": text.count("\n")})
+        out.append(records)
+    return out, path
+
+
+def _rank_records(
+    model: Model,
+    facts: list[Fact],
+    scorer: Scorer,
+    prefixes: list[str] | None,
+    **kw: Any,
+) -> list[dict[str, Any]]:
+    """Candidate ranking's records: every candidate's mean cross-entropy, the ranking, the
+    gold candidate's rank and whether it is first."""
+    scores = score_candidates(model, facts, prefixes=prefixes, tokens=scorer.rank_tokens, **kw)
+    records = []
+    for i, f in enumerate(facts):
+        ce = scores.ce[i]
+        ranking = sorted(range(len(ce)), key=lambda j: (ce[j], j))
+        golds = set(gold_indices(f))
+        gold_rank = 1 + min(ranking.index(g) for g in golds)
+        best = f.candidates[ranking[0]]
+        correct = ranking[0] in golds
+        in_en = _in_english(f, correct, best, lambda c, a: normalize(c) == normalize(a))
+        records.append(
+            {
+                "id": f.id,
+                "relation": f.relation,
+                "lang": f.lang,
+                "prompt": (prefixes[i] if prefixes else "") + f.prompt,
+                "answer": f.answer,
+                "generation": best,
+                "correct": correct,
+                "in_english": in_en,
+                "candidates": list(f.candidates),
+                "scores": [round(x, 6) for x in ce],
+                "ranking": ranking,
+                "gold_rank": gold_rank,
+                "n_tokens": scores.n_tokens[i],
+            }
+        )
+    return records

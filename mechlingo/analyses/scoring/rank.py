@@ -1,0 +1,424 @@
+"""Candidate ranking (Qi et al. 2023, BMLAMA): each candidate filled in at the mask and the
+filled sentence scored by the model's mean token cross-entropy.
+
+**What is scored.** For a fact and a candidate ``c`` the filled sentence is
+``fact.filled(c)`` (the text before the mask, the language's separator, ``c``, the text after
+the mask). It is tokenized as a whole, as the model reads it (with BOS when the model adds
+one), and scored by the mean over its tokens of ``-log p(token | tokens before it)`` in nats
+(every token after the first: with a BOS, every token of the sentence). With
+``tokens="candidate"`` only the candidate's own tokens are averaged. With a ``prefix``
+(few-shot demonstrations), the prefix comes first and only the query sentence's tokens are
+scored. Lower is better; the candidate with the lowest score is the prediction.
+
+**Token boundaries.** Where the sentence's tokens split into stem, candidate and suffix is
+found by comparing tokenizations: the *stem* is the longest run of leading tokens the filled
+sentence shares with the tokenization of ``prefix + prompt`` (so every stem token lies wholly
+before the mask); the candidate's tokens run from there to the end of the leading run shared
+with ``prefix + prompt + separator + candidate``, plus the token that straddles the
+candidate's end when the suffix merges into it. In languages written with spaces the
+stem is the prompt's own tokens.
+
+**Where interventions act.** The pass runs with the filled sentences as the current batch
+(:func:`mechlingo.core.tokens.batch_context`) and each row's *prompt length* set to its stem
+length. So the position rules mean, under ranking:
+
+* ``"last"``: the stem's last token, the token before the mask (the position whose output
+  predicts the candidate's first token); never the last token of the filled sentence;
+* ``"generated"``: the candidate's tokens and the text after them; ``"last+generated"``
+  both;
+* ``"all"``: every token but BOS (demonstrations included);
+* negative integers count back from the stem's last token, as they count back from a
+  prompt's last token in generation.
+
+**Batching.** Every candidate of a batch of facts is a row of one right-padded forward pass
+that stops after the last block (the model's own ``[rows, pos, vocab]`` logits are never
+computed); only the positions that predict a scored token are read, through the final norm,
+as ``target logit - logsumexp`` (:func:`mechlingo.kernels.readout.token_logprobs`). A fact's
+stem tokens are the same in all its rows and, with causal attention, so are their
+log-probabilities: they are read once per fact, from its first row, when every candidate has
+the same stem (which needs a positions rule that treats the stem alike in every row, as every
+built-in rule does). Batched scores equal scoring each sentence alone (tested).
+
+**Shared stems.** The candidates of a fact share their leading tokens (BOS, demonstrations,
+the text before the mask), and a causal model computes those positions alike in every row,
+before any position an intervention edits (:func:`mechlingo.analyses.scoring.edits.first_edit`: the
+token before the mask under ``"last"``). By default each fact's shared tokens run once, in a
+pass over one row per fact that records their keys and values (and reads the stem's scored
+positions); each candidate row then runs only its last tokens against that cache (a shorter
+row's padding stays in the cache as a gap the mask hides). Where that cannot run (a model
+whose cache cannot be reused, an intervention editing the whole stem) every row runs whole;
+the scores agree to float rounding (within 1e-4 nats, tested). Inside
+:func:`mechlingo.activations.distributed.sharded_scoring` under torchrun the passes are shared
+out among the ranks and the scores gathered in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard
+from mechlingo.activations.prefix import cache_upto, prefix_reuse_supported, run_reads
+from mechlingo.activations.runs import StopForward, final_resid_name, run_batch
+from mechlingo.analyses.scoring.edits import first_edit
+from mechlingo.core.errors import InputError
+from mechlingo.core.tokens import TokenBatch, prepends_bos
+from mechlingo.core.types import FwdHooks, Model
+from mechlingo.data import Fact
+from mechlingo.interventions.base import Intervention
+from mechlingo.kernels.readout import token_logprobs
+
+__all__ = ["RANK_TOKENS", "CandidateScores", "candidate_layout", "score_candidates"]
+
+#: What the mean cross-entropy runs over: the whole (query) sentence, or the candidate only.
+RANK_TOKENS = ("sentence", "candidate")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One filled sentence as token ids and its boundaries (token positions).
+
+    Attributes:
+        ids: the token ids of ``prefix + fact.filled(candidate)`` (BOS first when the model
+            adds one).
+        query_start: the first token of the query sentence (after BOS and the prefix).
+        stem_end: the number of tokens up to and including the token before the mask.
+        cand_end: the end (exclusive) of the candidate's tokens.
+    """
+
+    ids: tuple[int, ...]
+    query_start: int
+    stem_end: int
+    cand_end: int
+
+
+def _pad(model: Model) -> int:
+    tok = getattr(model, "tokenizer", None)
+    pad = getattr(tok, "pad_token_id", None)
+    pad = getattr(tok, "eos_token_id", None) if pad is None else pad
+    return int(pad) if pad is not None else 0
+
+
+def _ids(model: Model, text: str, bos: bool) -> list[int]:
+    if not text:
+        return [int(getattr(model.tokenizer, "bos_token_id", 0) or 0)] if bos else []
+    return [int(i) for i in model.to_tokens(text, prepend_bos=bos, truncate=False)[0].tolist()]
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two id lists."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _before_candidate(fact: Fact, candidate: str) -> str:
+    """The filled sentence up to the end of the candidate (its suffix cut)."""
+    full = fact.filled(candidate)
+    return full[: len(full) - len(fact.suffix)] if fact.suffix else full
+
+
+def candidate_layout(
+    model: Model,
+    fact: Fact,
+    candidate: str,
+    prefix: str = "",
+    *,
+    stem_ids: Sequence[int] | None = None,
+) -> Layout:
+    """The token ids of ``prefix + fact.filled(candidate)`` and where its query sentence,
+    stem and candidate end (see the module docstring).
+
+    Raises:
+        InputError: the model adds no BOS and nothing precedes the candidate (its first
+            token would have no prediction).
+    """
+    bos = prepends_bos(model)
+    ids = _ids(model, prefix + fact.filled(candidate), bos)
+    stem = list(stem_ids) if stem_ids is not None else _ids(model, prefix + fact.prompt, bos)
+    stem_end = _common(stem, ids)
+    if stem_end == 0:
+        raise InputError(
+            f"fact {fact.id!r} ({fact.lang}): nothing precedes the mask and the model adds no "
+            "BOS, so the candidate's first token has no prediction"
+        )
+    q_start = 1
+    if prefix:
+        q_start = max(1, min(_common(_ids(model, prefix, bos), stem), stem_end))
+    if fact.suffix:
+        upto = _ids(model, prefix + _before_candidate(fact, candidate), bos)
+        shared = _common(upto, ids)
+        cand_end = shared if shared == len(upto) else shared + 1
+    else:
+        cand_end = len(ids)
+    cand_end = min(len(ids), max(cand_end, stem_end + 1))
+    return Layout(tuple(ids), q_start, stem_end, cand_end)
+
+
+@dataclass
+class CandidateScores:
+    """Mean token cross-entropy (nats per token; lower = more likely) of every candidate of
+    every fact.
+
+    Attributes:
+        ce: per fact, one score per candidate (in the candidates' order).
+        n_tokens: per fact, how many tokens each score averages.
+        stem_end: per fact, the stem length of its first candidate (the position of the
+            token before the mask is ``stem_end - 1``).
+        tokens: ``"sentence"`` or ``"candidate"``.
+    """
+
+    ce: list[list[float]]
+    n_tokens: list[list[int]]
+    stem_end: list[int]
+    tokens: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Reads:
+    """The positions one pass reads: row, position, target token, and whose sum it joins
+    (``owner >= 0``: that row's own; ``shared >= 0``: that fact's shared stem)."""
+
+    row: list[int] = field(default_factory=list)
+    pos: list[int] = field(default_factory=list)
+    target: list[int] = field(default_factory=list)
+    owner: list[int] = field(default_factory=list)
+    shared: list[int] = field(default_factory=list)
+
+    def add(self, row: int, t: int, target: int, owner: int, shared: int) -> None:
+        self.row.append(row)
+        self.pos.append(t - 1)
+        self.target.append(target)
+        self.owner.append(owner)
+        self.shared.append(shared)
+
+
+def _plan(layouts: list[list[Layout]], tokens: str) -> tuple[list[Layout], _Reads, list[range]]:
+    """The rows of one pass (every candidate of each fact), the reads, and each fact's rows."""
+    rows: list[Layout] = []
+    reads = _Reads()
+    spans = []
+    for f, lays in enumerate(layouts):
+        r0 = len(rows)
+        rows.extend(lays)
+        spans.append(range(r0, len(rows)))
+        if tokens == "candidate":
+            for r, lay in enumerate(lays, r0):
+                for t in range(lay.stem_end, lay.cand_end):
+                    reads.add(r, t, lay.ids[t], r, -1)
+            continue
+        same_stem = len({lay.stem_end for lay in lays}) == 1
+        shared_end = lays[0].stem_end if same_stem else lays[0].query_start
+        for t in range(lays[0].query_start, shared_end):
+            reads.add(r0, t, lays[0].ids[t], -1, f)
+        for r, lay in enumerate(lays, r0):
+            for t in range(max(lay.query_start, shared_end), len(lay.ids)):
+                reads.add(r, t, lay.ids[t], r, -1)
+    return rows, reads, spans
+
+
+def _rows_batch(model: Model, rows: list[Layout]) -> TokenBatch:
+    """The filled sentences right-padded, each row's prompt length its stem length."""
+    pad = _pad(model)
+    width = max(len(lay.ids) for lay in rows)
+    tokens = torch.full((len(rows), width), pad, dtype=torch.long)
+    for i, lay in enumerate(rows):
+        tokens[i, : len(lay.ids)] = torch.tensor(lay.ids)
+    lengths = torch.tensor([len(lay.ids) for lay in rows])
+    stems = torch.tensor([lay.stem_end for lay in rows])
+    return TokenBatch(tokens, lengths, pad, prepends_bos(model), stems)
+
+
+def _stem_lengths(rows: list[Layout], spans: list[range], first: Tensor) -> list[int] | None:
+    """Per fact, how many leading tokens all its candidates' rows share and no intervention
+    edits (at most each row's length minus one); ``None`` when some fact has none."""
+    out = []
+    for span in spans:
+        ids = [rows[r].ids for r in span]
+        shared = min(len(x) for x in ids) - 1
+        for x in ids[1:]:
+            shared = min(shared, _common(ids[0], x))
+        shared = min([shared, *(int(first[r]) for r in span)])
+        if shared < 1:
+            return None
+        out.append(shared)
+    return out
+
+
+def _shared_pass(
+    model: Model, rows: list[Layout], reads: _Reads, spans: list[range],
+    intervention: Intervention | None, hooks: FwdHooks,
+) -> Float[Tensor, " read"] | None:  # fmt: skip
+    """The log-probability of every read's target with each fact's shared stem run once:
+    one pass over the stems (unedited, into a cache), then each candidate row's last
+    positions against its fact's cached stem (``None`` where that cannot run: the model's
+    cache, an intervention that edits the stem, rows too short)."""
+    batch = _rows_batch(model, rows)
+    if not prefix_reuse_supported(model, int(batch.tokens.shape[1])):
+        return None
+    first = first_edit(intervention, batch)
+    stems = _stem_lengths(rows, spans, first)
+    if stems is None:
+        return None
+    fact_of = torch.tensor([g for g, span in enumerate(spans) for _ in span])
+    p_row = torch.tensor(stems)[fact_of]
+    tail = int((batch.lengths - p_row).max())
+    if not prefix_reuse_supported(model, max(stems) + tail):  # the tail pass's cache width
+        return None
+    r_idx, q_idx = torch.tensor(reads.row), torch.tensor(reads.pos)
+    in_stem = q_idx < p_row[r_idx]
+    pad = _pad(model)
+    stem_tok = torch.full((len(spans), max(stems)), pad, dtype=torch.long)
+    for g, (span, n) in enumerate(zip(spans, stems, strict=True)):
+        stem_tok[g, :n] = torch.tensor(rows[span[0]].ids[:n])
+    stem_batch = TokenBatch(stem_tok, torch.tensor(stems), pad, batch.has_bos)
+    rec, stem_resid = run_reads(model, stem_batch, fact_of[r_idx[in_stem]], q_idx[in_stem])
+    if rec is None:
+        raise RuntimeError("the stem pass recorded no cache")
+    cache = cache_upto(model, rec, fact_of, max(stems))
+    _, tail_resid = run_reads(model, batch, r_idx[~in_stem], q_idx[~in_stem],
+                              prefix=(cache, p_row), fwd_hooks=hooks)  # fmt: skip
+    targets = torch.tensor(reads.target)
+    a = token_logprobs(model, stem_resid, targets[in_stem]).cpu()
+    b = token_logprobs(model, tail_resid, targets[~in_stem]).cpu()
+    lp = torch.empty(len(reads.row), dtype=b.dtype)
+    lp[in_stem], lp[~in_stem] = a.to(b.dtype), b
+    return lp
+
+
+def _pass(
+    model: Model, rows: list[Layout], reads: _Reads, hooks: FwdHooks
+) -> Float[Tensor, " read"]:
+    """One padded forward pass over ``rows`` (stopped after the last block): the
+    log-probability of every read's target."""
+    batch = _rows_batch(model, rows)
+    r_idx, p_idx = torch.tensor(reads.row), torch.tensor(reads.pos)
+    out: dict[str, Tensor] = {}
+
+    def read(t: Tensor, hook: Any) -> None:
+        out["resid"] = t[r_idx.to(t.device), p_idx.to(t.device)].detach()
+        raise StopForward
+
+    run_batch(model, batch, [*hooks, (final_resid_name(model), read)])
+    if "resid" not in out:
+        raise RuntimeError("the final residual hook did not fire during the ranking pass")
+    return token_logprobs(model, out["resid"], torch.tensor(reads.target))
+
+
+def _sums(
+    lp: Float[Tensor, " read"], reads: _Reads, n_rows: int, n_facts: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Summed log-probabilities and counts per row (own reads) and per fact (shared)."""
+    lp = lp.double().cpu()
+    owner, shared = torch.tensor(reads.owner), torch.tensor(reads.shared)
+    own, share = owner >= 0, shared >= 0
+    own_sum = torch.zeros(n_rows, dtype=torch.float64).index_add_(0, owner[own], lp[own])
+    own_n = torch.zeros(n_rows, dtype=torch.long).index_add_(
+        0, owner[own], torch.ones(int(own.sum()), dtype=torch.long)
+    )
+    sh_sum = torch.zeros(n_facts, dtype=torch.float64).index_add_(0, shared[share], lp[share])
+    sh_n = torch.zeros(n_facts, dtype=torch.long).index_add_(
+        0, shared[share], torch.ones(int(share.sum()), dtype=torch.long)
+    )
+    return own_sum, own_n, sh_sum, sh_n
+
+
+def _hooks(model: Model, intervention: Intervention | None, fwd_hooks: FwdHooks) -> list:
+    hooks = list(fwd_hooks)
+    if intervention is not None:
+        hooks = list(intervention.fwd_hooks(model)) + hooks
+    return hooks
+
+
+def score_candidates(
+    model: Model,
+    facts: Sequence[Fact],
+    *,
+    candidates: Sequence[Sequence[str]] | None = None,
+    prefixes: Sequence[str] | None = None,
+    tokens: str = "sentence",
+    intervention: Intervention | None = None,
+    fwd_hooks: FwdHooks = (),
+    batch_size: int = 16,
+    progress: bool = False,
+    shared: bool = True,
+) -> CandidateScores:
+    """The mean token cross-entropy of every candidate of every fact, filled in at the
+    mask (see the module docstring).
+
+    Args:
+        candidates: per fact, the candidates to score (default each fact's ``candidates``).
+        prefixes: per fact, text placed before the query sentence (few-shot
+            demonstrations, ending with their separator); only the query's tokens are
+            scored.
+        tokens: ``"sentence"`` (every token of the query sentence, as the benchmark's
+            reference code scores causal models) or ``"candidate"`` (the candidate's tokens
+            only).
+        intervention: applied in every pass (its ``"last"`` position is the token before
+            the mask).
+        batch_size: facts per forward pass (all their candidates together).
+        shared: run each fact's stem (the tokens its candidates share, before any position
+            the intervention edits) once and only the candidates' last tokens per row (the
+            module docstring's *Shared stems*); ``False``, or plain ``fwd_hooks``, runs
+            every row whole. ``meta["path"]`` says which ran (``"shared-stem"``,
+            ``"full"`` or ``"mixed"``); the scores agree to float rounding (tested).
+
+    Raises:
+        InputError: no facts, a fact with no candidates, an unknown ``tokens``, or a fact
+            whose first candidate token has nothing to be predicted from.
+    """
+    facts = list(facts)
+    if not facts:
+        raise InputError("no facts to rank candidates for")
+    if tokens not in RANK_TOKENS:
+        raise InputError(f"tokens must be one of {RANK_TOKENS}, got {tokens!r}")
+    if batch_size < 1:
+        raise InputError(f"batch_size must be at least 1, got {batch_size}")
+    cands = [list(c) for c in (candidates or [f.candidates for f in facts])]
+    pre = list(prefixes) if prefixes is not None else [""] * len(facts)
+    if len(cands) != len(facts) or len(pre) != len(facts):
+        raise InputError(
+            f"{len(cands)} candidate lists / {len(pre)} prefixes for {len(facts)} facts"
+        )
+    layouts = []
+    for f, cs, p in zip(facts, cands, pre, strict=True):
+        if not cs:
+            raise InputError(f"fact {f.id!r} ({f.lang}) has no candidates to rank")
+        stem = _ids(model, p + f.prompt, prepends_bos(model))
+        layouts.append([candidate_layout(model, f, c, p, stem_ids=stem) for c in cs])
+    hooks = _hooks(model, intervention, fwd_hooks)
+    order = sorted(range(len(facts)), key=lambda i: (max(len(x.ids) for x in layouts[i]), i))
+    ce: list[list[float]] = [[] for _ in facts]
+    counts: list[list[int]] = [[] for _ in facts]
+    passes = [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
+    mine = shard(passes) if scoring_sharded() else passes
+    local = []
+    paths: set[str] = set()
+    for group in tqdm(mine, desc="ranking", disable=not progress):
+        rows, reads, spans = _plan([layouts[i] for i in group], tokens)
+        lp = None
+        if shared and not fwd_hooks:
+            lp = _shared_pass(model, rows, reads, spans, intervention, hooks)
+        paths.add("shared-stem" if lp is not None else "full")
+        if lp is None:
+            lp = _pass(model, rows, reads, hooks)
+        own_sum, own_n, sh_sum, sh_n = _sums(lp, reads, len(rows), len(group))
+        for g, i in enumerate(group):
+            total = own_sum[spans[g]] + sh_sum[g]
+            n = own_n[spans[g]] + sh_n[g]
+            local.append((i, (-total / n.clamp_min(1)).tolist(), n.tolist()))
+    for i, scores, n in gather_lists(local) if scoring_sharded() else local:
+        ce[i], counts[i] = scores, n
+    path = paths.pop() if len(paths) == 1 else ("mixed" if paths else "none")
+    return CandidateScores(ce, counts, [lays[0].stem_end for lays in layouts], tokens,
+                           {"path": path})  # fmt: skip

@@ -1,0 +1,313 @@
+"""The three scorers behind ``--metric``, their rules, and the statistics of each.
+
+* ``generate`` (the default): mechlingo's greedy prefix rule
+  (:mod:`mechlingo.analyses.scoring.evaluate`): the greedy continuation of the prompt, cut at its first
+  line break, starts with the answer or an alias after normalisation, at a word boundary.
+* ``klar``: the rule of the KLAR benchmark's reference code (Wang et al. 2025;
+  ``cisnlp/multilingual-fact-tracing``): three solved demonstrations of the same relation and
+  language, each written ``prompt + " " + answer`` and followed by a line break, then the
+  query prompt; greedy decoding of at most 10 new tokens (to EOS, not cut at a line break);
+  the prediction is the whole continuation lower-cased and stripped, and it is correct when
+  it is a non-empty prefix of the lower-cased, stripped target or the target is a prefix of
+  it (:func:`klar_match`). Consistency (CLC) per language is the Jaccard overlap of the ids it
+  gets right with those English gets right (:func:`clc`).
+* ``rank``: candidate ranking (Qi et al. 2023, BMLAMA; ``Betswish/Cross-Lingual-Consistency``):
+  every candidate filled in at the mask, scored by the filled sentence's mean token
+  cross-entropy (:mod:`mechlingo.analyses.scoring.rank`); correct when a gold candidate scores best
+  (P@1). Consistency between two languages is RankC (:func:`rankc`).
+
+Every scorer is chosen with a :class:`Scorer` (or its name) passed as ``metric=`` to
+:func:`mechlingo.analyses.scoring.evaluate.evaluate_facts`, which every caller (``eval``,
+``steer eval``'s sweep, headroom and test, the repair helpers) goes through. A record a
+metric cannot use is skipped for that metric only and counted by reason
+(:func:`skip_reason`); ``docs/methods/scoring.md`` has the details.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mechlingo.core.errors import InputError
+from mechlingo.data import Fact
+from mechlingo.kernels.significance import bootstrap_mean, bootstrap_ratio, wilson
+
+__all__ = [
+    "KLAR_MAX_NEW_TOKENS",
+    "METRICS",
+    "Scorer",
+    "as_scorer",
+    "clc",
+    "klar_decided",
+    "klar_match",
+    "klar_prompt",
+    "metric_summary",
+    "rankc",
+    "rankc_fact",
+    "skip_reason",
+]
+
+METRICS: tuple[str, ...] = ("generate", "klar", "rank")
+#: the KLAR reference code's generation length
+KLAR_MAX_NEW_TOKENS = 10
+#: the KLAR reference code's demonstrations per query
+KLAR_SHOTS = 3
+
+SKIP_NO_STEM = "no text before the mask (generation needs a prompt to continue)"
+SKIP_NO_CANDIDATES = "no candidates to rank"
+SKIP_GOLD_MISSING = "the gold answer is not among the candidates"
+SKIP_NO_BOS = "the mask opens the sentence and the model adds no BOS"
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """How facts are scored: the metric and its options.
+
+    Attributes:
+        metric: ``"generate"``, ``"klar"`` or ``"rank"`` (see the module docstring).
+        rank_tokens: under ``rank``, average the cross-entropy over the whole
+            ``"sentence"`` (the reference code's rule) or the ``"candidate"``'s tokens only.
+        klar_shots: under ``klar``, demonstrations per query (the benchmark uses 3).
+    """
+
+    metric: str = "generate"
+    rank_tokens: str = "sentence"
+    klar_shots: int = KLAR_SHOTS
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise InputError(f"unknown metric {self.metric!r}", fix=f"use one of {list(METRICS)}")
+        if self.rank_tokens not in ("sentence", "candidate"):
+            raise InputError(
+                f"rank_tokens must be 'sentence' or 'candidate', got {self.rank_tokens!r}"
+            )
+        if self.klar_shots < 0:
+            raise InputError(f"klar_shots must be >= 0, got {self.klar_shots}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"metric": self.metric}
+        if self.metric == "rank":
+            out["rank_tokens"] = self.rank_tokens
+        if self.metric == "klar":
+            out["klar_shots"] = self.klar_shots
+            out["max_new_tokens"] = KLAR_MAX_NEW_TOKENS
+        return out
+
+
+def as_scorer(metric: str | Scorer) -> Scorer:
+    """A :class:`Scorer` from a metric name (default options) or a scorer."""
+    return metric if isinstance(metric, Scorer) else Scorer(str(metric))
+
+
+def gold_indices(fact: Fact) -> list[int]:
+    """Indices of the candidates that are gold (the answer or an alias, compared stripped)."""
+    golds = {a.strip() for a in fact.answers}
+    return [i for i, c in enumerate(fact.candidates) if c.strip() in golds]
+
+
+def skip_reason(fact: Fact, metric: str, *, bos: bool = True, prefix: str = "") -> str | None:
+    """Why ``metric`` cannot score ``fact`` (``None`` when it can)."""
+    if metric in ("generate", "klar"):
+        return SKIP_NO_STEM if not fact.prompt else None
+    if not fact.candidates:
+        return SKIP_NO_CANDIDATES
+    if not gold_indices(fact):
+        return SKIP_GOLD_MISSING
+    if not fact.prompt and not prefix and not bos:
+        return SKIP_NO_BOS
+    return None
+
+
+def split_usable(
+    facts: Sequence[Fact], metric: str, *, bos: bool = True, prefixes: Sequence[str] | None = None
+) -> tuple[list[int], dict[str, int]]:
+    """The indices of the facts ``metric`` can score, and the others counted by reason.
+
+    Raises:
+        InputError: every fact is skipped (the message gives the reasons).
+    """
+    keep: list[int] = []
+    skipped: dict[str, int] = {}
+    for i, f in enumerate(facts):
+        why = skip_reason(f, metric, bos=bos, prefix=prefixes[i] if prefixes else "")
+        if why is None:
+            keep.append(i)
+        else:
+            skipped[why] = skipped.get(why, 0) + 1
+    if facts and not keep:
+        reasons = "; ".join(f"{n} x {why}" for why, n in skipped.items())
+        raise InputError(
+            f"--metric {metric} can score none of the {len(facts)} records ({reasons})",
+            fix="rank needs records with candidates (the gold among them); generate and klar "
+            "need a prompt before the answer",
+        )
+    return keep, skipped
+
+
+# --------------------------------------------------------------------------------------
+# KLAR
+# --------------------------------------------------------------------------------------
+
+
+def klar_normalize(text: str) -> str:
+    """The reference code's normalisation: lower-cased, surrounding whitespace stripped."""
+    return text.lower().strip()
+
+
+def _prefix_of(short: str, long: str) -> bool:
+    return bool(short) and long.startswith(short)
+
+
+def klar_match(prediction: str, target: str) -> bool:
+    """KLAR's verdict: after :func:`klar_normalize`, the prediction is a non-empty prefix of
+    the target or the target a non-empty prefix of the prediction."""
+    p, t = klar_normalize(prediction), klar_normalize(target)
+    return _prefix_of(p, t) or _prefix_of(t, p)
+
+
+def klar_decided(text: str, targets: Sequence[str]) -> bool:
+    """Whether the verdicts of :func:`klar_match` on a *partial* continuation ``text``
+    against every target are final whatever is generated next: for each target the
+    normalised text already starts with it (right for good) or has left it (wrong for
+    good); a text that is still a proper prefix of a target is open. Used to stop decoding
+    early; equals the verdicts of the full continuation (tested)."""
+    if text.endswith("\ufffd") or "Σ" in text:  # an unfinished character; final-sigma casing
+        return False
+    p = klar_normalize(text)
+    if not p:
+        return False
+    for t in targets:
+        tn = klar_normalize(t)
+        if tn.startswith(p) and len(p) < len(tn):
+            return False
+    return True
+
+
+def klar_prompt(fact: Fact, pool: Iterable[Fact], k: int = KLAR_SHOTS, seed: int = 0) -> str:
+    """The KLAR few-shot prompt: up to ``k`` demonstrations (facts of ``pool`` with the same
+    relation and language, another id and a prompt), each ``prompt + " " + answer + "\\n"``,
+    then the query's prompt. Fewer than ``k`` when the pool has fewer, as in the reference
+    code; drawn with a generator seeded by ``seed`` and the query's id."""
+    by_id: dict[str, Fact] = {}
+    for other in pool:
+        if (
+            other.relation == fact.relation
+            and other.lang == fact.lang
+            and other.id != fact.id
+            and other.prompt
+        ):
+            by_id.setdefault(other.id, other)
+    cands = [by_id[i] for i in sorted(by_id)]
+    demos = random.Random(f"{seed}|{fact.id}").sample(cands, min(k, len(cands)))
+    return "".join(f"{d.prompt} {d.answer}\n" for d in demos) + fact.prompt
+
+
+def clc(records: Sequence[Mapping[str, Any]], reference: str = "en") -> dict[str, dict[str, Any]]:
+    """KLAR's cross-lingual consistency per language: the Jaccard overlap of the fact ids it
+    answers correctly with those ``reference`` (English) answers correctly, over the ids
+    scored in both, with a percentile bootstrap interval over those ids
+    (``{lang: {"value", "lo", "hi", "n", "both", "either"}}``; 0 when neither gets any
+    right, as in the reference code). Empty without reference records."""
+    by_lang: dict[str, dict[str, bool]] = {}
+    for r in records:
+        by_lang.setdefault(r["lang"], {})[r["id"]] = bool(r["correct"])
+    ref = by_lang.get(reference)
+    if not ref:
+        return {}
+    out = {}
+    for lg, got in sorted(by_lang.items()):
+        ids = sorted(set(got) & set(ref))
+        both = [float(got[i] and ref[i]) for i in ids]
+        either = [float(got[i] or ref[i]) for i in ids]
+        stats = bootstrap_ratio(both, either)
+        out[lg] = {**stats, "both": int(sum(both)), "either": int(sum(either))}
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# RankC
+# --------------------------------------------------------------------------------------
+
+
+def rankc_weights(n: int) -> np.ndarray:
+    """Qi et al.'s weights of the top-j overlaps: ``softmax(n, n-1, ..., 1)``."""
+    order = np.arange(n, 0, -1, dtype=float)
+    e = np.exp(order - order.max())
+    return e / e.sum()
+
+
+def rankc_fact(ranking_a: Sequence[int], ranking_b: Sequence[int]) -> float:
+    """RankC of one fact: ``sum_j w_j |top_j(a) & top_j(b)| / j`` over ``j = 1..n``, where
+    ``top_j`` is the set of the ``j`` best candidates (by index into the candidate list,
+    which is aligned across languages) and ``w = softmax(n, ..., 1)``."""
+    n = len(ranking_a)
+    if n != len(ranking_b) or n == 0:
+        raise InputError(f"rankings of different lengths: {len(ranking_a)} and {len(ranking_b)}")
+    w = rankc_weights(n)
+    total = 0.0
+    for j in range(1, n + 1):
+        total += w[j - 1] * len(set(ranking_a[:j]) & set(ranking_b[:j])) / j
+    return float(total)
+
+
+def rankc(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """RankC (Qi et al. 2023) for every pair of languages: the mean over the facts ranked in
+    both (same id, same number of candidates) of :func:`rankc_fact`, with a bootstrap
+    interval over those facts. Keys ``"a|b"`` with ``a < b``; each value has ``value``,
+    ``lo``, ``hi``, ``n``."""
+    by_lang: dict[str, dict[str, list[int]]] = {}
+    for r in records:
+        if r.get("ranking") is not None:
+            by_lang.setdefault(r["lang"], {})[r["id"]] = list(r["ranking"])
+    langs = sorted(by_lang)
+    out = {}
+    for i, a in enumerate(langs):
+        for b in langs[i + 1 :]:
+            ids = [
+                k
+                for k in sorted(set(by_lang[a]) & set(by_lang[b]))
+                if len(by_lang[a][k]) == len(by_lang[b][k])
+            ]
+            vals = [rankc_fact(by_lang[a][k], by_lang[b][k]) for k in ids]
+            m = bootstrap_mean(vals)
+            out[f"{a}|{b}"] = {"value": m["mean"], "lo": m["lo"], "hi": m["hi"], "n": m["n"]}
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Summaries
+# --------------------------------------------------------------------------------------
+
+
+def _by_lang(records: Sequence[Mapping[str, Any]], key: str) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for r in records:
+        out.setdefault(r["lang"], []).append(r[key])
+    return dict(sorted(out.items()))
+
+
+def metric_summary(records: Sequence[Mapping[str, Any]], scorer: Scorer) -> dict[str, Any]:
+    """The metric's own statistics over the records of one evaluation: for ``rank``, P@1
+    (Wilson) and the gold candidate's mean rank (bootstrap) per language and RankC for every
+    pair; for ``klar``, CLC per language against English. Empty for ``generate``."""
+    if scorer.metric == "rank":
+        p1 = {
+            lg: wilson(sum(map(bool, v)), len(v)) for lg, v in _by_lang(records, "correct").items()
+        }
+        ranks = {lg: bootstrap_mean(v) for lg, v in _by_lang(records, "gold_rank").items()}
+        return {"p_at_1": p1, "gold_rank": ranks, "rankc": rankc(records)}
+    if scorer.metric == "klar":
+        values = clc(records)
+        non_en = [v["value"] for lg, v in values.items() if lg != "en" and v["value"] is not None]
+        return {"clc": values, "clc_mean_non_english": float(np.mean(non_en)) if non_en else None}
+    return {}
+
+
+def finite(x: float) -> float | None:
+    """``x``, or ``None`` when it is not finite."""
+    return x if math.isfinite(x) else None

@@ -1,0 +1,686 @@
+"""``replicate``: the papers' claims checked on one model, in one call.
+
+:func:`replicate` runs the analyses behind every claim of :data:`mechlingo.card.rules.CLAIMS`
+through their Python APIs, in stages:
+
+* ``trace`` (:func:`mechlingo.analyses.recall.trace.trace_recall`: greedy answers and the logit
+  lens of every query): the latent-English and the recall-failure claims;
+* ``repair`` (:func:`mechlingo.analyses.recall.steering.build_steering_vectors` on the build split,
+  :func:`mechlingo.analyses.recall.steer_eval.choose_on_dev` on dev, :func:`mechlingo.analyses.recall.steer_eval.evaluate_test`
+  on test with norm-matched random controls): the two vectors, the lowest language (the
+  headroom rule, :func:`mechlingo.card.rules.headroom_lowest_language`, beside the literal
+  :func:`mechlingo.analyses.recall.steer_eval.lowest_language_dev`) and the random vector;
+* ``transfer_relation`` and ``transfer_lang``
+  (``mechlingo.analyses.recall.transfer.transfer_matrix``): independence of relations and languages;
+* ``experts`` (:func:`mechlingo.analyses.experts.find_experts`, :func:`~mechlingo.analyses.experts.k_curve`
+  and the k rules, held-out AUROC, overlap): the expert claims and the clamp of the k that
+  the papers' rule picks (target-language rate against the target's perplexity; the stricter
+  rule that also bounds every other language is reported beside it);
+* ``align`` (:func:`mechlingo.analyses.experts.align.compare_alignment` with that clamp and its
+  random-neuron control): distances and retrieval.
+
+Each stage's result is stored (JSON, atomically) in a work folder under a key made of the
+model's fingerprint, the data and the settings (:class:`mechlingo.core.stages.Stages`): a rerun
+reuses finished stages, and a stopped run resumes after the last finished one. A stage that
+fails becomes the rows of its claims, each carrying the error; the other stages still run.
+The rows are computed from the stored results only, so a resumed run gives the same card as
+an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import importlib
+import json
+import shutil
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from mechlingo.activations.distributed import dist_info
+from mechlingo.analyses.experts import collect_neuron_stats, find_experts, k_curve
+from mechlingo.analyses.experts.align import compare_alignment, per_sentence
+from mechlingo.analyses.recall import steer_eval, steering
+from mechlingo.analyses.recall.trace import trace_recall
+from mechlingo.card import lu, sundar
+from mechlingo.card.rows import (
+    rows_align,
+    rows_experts,
+    rows_repair,
+    rows_trace,
+    rows_transfer,
+)
+from mechlingo.card.rules import (
+    CLAIMS,
+    LU,
+    RULES_HASH,
+    SUNDAR,
+    ClaimsCard,
+    error_row,
+    finalize,
+)
+from mechlingo.core.describe import model_info
+from mechlingo.core.errors import InputError
+from mechlingo.core.stages import Stages
+from mechlingo.core.types import Model
+from mechlingo.core.version import __version__
+from mechlingo.data import LANGS, Fact, load_facts
+from mechlingo.data.splits import split_facts, take_per_lang
+from mechlingo.interventions import load_intervention
+from mechlingo.kernels.ranking import auroc_and_average_precision
+from mechlingo.kernels.significance import Interval, Test, mde
+
+__all__ = [
+    "BUDGETS",
+    "BUDGETS_HASH",
+    "PAPERS",
+    "STAGES",
+    "budget_settings",
+    "claim_rows",
+    "replicate",
+]
+
+#: Bumped when a stage computes something different: old stored results are not reused.
+#: 2 (issue 32): fact ids per outcome, per-item transfer outcomes, the clamp measured on
+#: fresh samples, AUROC tests at the clamp's k, per-sentence alignment values.
+STAGE_VERSION = 2
+#: The seed of the BOS samples that measure the chosen clamp (seed 0 chose k).
+MEASURE_SEED = 1
+
+PAPERS = {LU: ("trace", "repair", "transfer_relation", "transfer_lang", "decoders",
+               "conversion", "external"),
+          SUNDAR: ("experts", "align")}  # fmt: skip
+#: ``replicate(metric=...)``: how the Lu stages score facts (see ``docs/replicate.md``).
+METRICS = ("generate", "rank", "klar")
+STAGES = (*PAPERS[LU], *PAPERS[SUNDAR])
+
+_QUICK: dict[str, Any] = {
+    "lu_langs": ["en", "fr", "es", "ru", "ja", "hi"],
+    "trace": {"limit": 24, "max_new_tokens": 8, "max_rank": 10},
+    "repair": {
+        "split": [0.4, 0.2, 0.4], "dev_per_lang": 10, "test_per_lang": 24, "k_shot": 3,
+        "translation_shots": 2, "layer_fractions": [0.5, 0.67],
+        "alphas": [0.13, 0.28], "top_k": 2, "screen_ids": 4, "seeds": [0],
+        "max_new_tokens": 6,
+    },
+    "transfer": {"relations": ["capital", "currency", "language"], "limit": 24,
+                 "langs": ["en", "fr", "es", "ru"], "max_new_tokens": 6,
+                 "matrix": {"cells": "diagonal", "build_ids": 6, "dev_ids": 4,
+                            "test_ids": 8, "screen_ids": 2, "layer_fractions": [0.55],
+                            "alphas": [0.28, 0.6]}},
+    "experts": {"target": "es", "n_find": 32, "n_heldout": 4, "ks": [50, 500],
+                "samples": 16, "new_tokens": 12, "max_tokens": 24, "n_eval": 32,
+                "ppl_budget": 2.0, "n_boot": 200, "eval_per_doc": 4},
+    "candidates": 4, "decoders": {"per_lang": 6, "tuned_lens": None},
+    "conversion": {"langs": ["fr", "ru", "ja"], "n_prompts": 6}, "external": {"per_lang": 24},
+}  # fmt: skip
+_FULL: dict[str, Any] = {
+    "lu_langs": list(LANGS),
+    "trace": {"limit": 60, "max_new_tokens": 8, "max_rank": 10},
+    "repair": {
+        "split": [0.4, 0.2, 0.4], "dev_per_lang": 16, "test_per_lang": 40, "k_shot": 3,
+        "translation_shots": 2, "layer_fractions": [0.33, 0.5, 0.67, 0.83],
+        "alphas": [0.13, 0.28], "top_k": 2, "screen_ids": 6, "seeds": [0, 1, 2],
+        "max_new_tokens": 6,
+    },
+    "transfer": {"relations": ["capital", "currency", "language"], "limit": 40,
+                 "langs": ["en", "fr", "es", "ru", "ja", "hi"], "max_new_tokens": 6,
+                 "matrix": {"cells": "diagonal", "build_ids": 12, "dev_ids": 8,
+                            "test_ids": 12, "screen_ids": 3, "layer_fractions": [0.35, 0.55],
+                            "alphas": [0.28, 0.6]}},
+    "experts": {"target": "es", "n_find": 60, "n_heldout": 6, "ks": [50, 200, 500, 2000],
+                "samples": 24, "new_tokens": 16, "max_tokens": 24, "n_eval": 60,
+                "ppl_budget": 2.0, "n_boot": 500, "eval_per_doc": 5},
+    "candidates": 4, "decoders": {"per_lang": 12, "tuned_lens": None},
+    "conversion": {"langs": ["fr", "es", "ru", "ja", "hi"], "n_prompts": 8}, "external": {"per_lang": 40},
+}  # fmt: skip
+#: The settings of each budget (see ``docs/replicate.md`` for the measured run times).
+BUDGETS: dict[str, dict[str, Any]] = {"quick": _QUICK, "full": _FULL}
+#: sha256 (16 hex digits) of :data:`BUDGETS`, written into ``claims.json`` beside the rules'
+#: hash: a change of either after a card was seen is logged in ``docs/replicate.md``.
+BUDGETS_HASH = hashlib.sha256(json.dumps(BUDGETS, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def budget_settings(budget: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The settings of ``budget`` (``quick`` or ``full``) with ``overrides`` merged in (one
+    level deep per section: ``{"experts": {"ks": [3, 5]}}`` changes only ``ks``)."""
+    if budget not in BUDGETS:
+        raise InputError(f"budget must be one of {sorted(BUDGETS)}, got {budget!r}")
+    cfg = copy.deepcopy(BUDGETS[budget])
+    for k, v in (overrides or {}).items():
+        if isinstance(v, Mapping) and isinstance(cfg.get(k), dict):
+            cfg[k].update(v)
+        else:
+            cfg[k] = v
+    cfg["budget"] = budget
+    return cfg
+
+
+# --------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------
+
+
+def _hash(obj: Any) -> str:
+    text = json.dumps(obj, sort_keys=True, ensure_ascii=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def weights_fingerprint(model: Model) -> str:
+    """A short hash of every parameter's name, shape and a strided sample of its values: two
+    models that share an unembedding (tied embeddings, a fine-tune of the blocks) still differ.
+    """
+    h = hashlib.sha256()
+    named = getattr(model, "named_parameters", None)
+    for name, p in named() if callable(named) else []:
+        flat = p.detach().reshape(-1)
+        sample = flat[:: max(1, flat.numel() // 256)][:256].float().cpu().contiguous()
+        h.update(f"{name}{tuple(p.shape)}".encode())
+        h.update(sample.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _facts_hash(facts: Sequence[Fact] | None) -> str | None:
+    return None if facts is None else _hash([dataclasses.asdict(f) for f in facts])
+
+
+def _lu_facts(facts: Sequence[Fact] | None, cfg: Mapping[str, Any], section: str) -> list[Fact]:
+    """The facts of one Lu stage: the user's (every language and relation, at most
+    ``limit`` ids per relation when the section has one) or the bundled natural stems, with
+    BMLAMA-style candidates under ``metric = "rank"``; the trace reads the repair test items."""
+    if section == "trace":  # the tracer reads the repair stage's test items (their classes)
+        return lu.repair_split(_lu_facts(facts, cfg, "repair"), cfg)[2]
+    sec = cfg.get(section, {})
+    if facts is not None:
+        return lu.prepare_facts(take_per_lang(list(facts), sec.get("limit")), cfg)
+    langs = sec.get("langs") or cfg["lu_langs"]
+    rels = sec.get("relations") or ["capital"]
+    loaded = load_facts(langs=langs, relations=rels, limit=sec.get("limit"), templates="natural")
+    return lu.prepare_facts(loaded, cfg)
+
+
+# --------------------------------------------------------------------------------------
+# Stages (each returns a JSON-able result)
+# --------------------------------------------------------------------------------------
+
+_TRACE_FIELDS = ("id", "lang", "answer", "answer_en", "correct", "class",
+                 "first_en_layer", "first_answer_layer")  # fmt: skip
+
+
+def _stage_trace(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progress: bool) -> dict:
+    t = cfg["trace"]
+    tr = trace_recall(
+        model, facts, max_rank=t["max_rank"], max_new_tokens=t["max_new_tokens"],
+        batch_size=cfg.get("batch_size", 16), progress=progress,
+    )  # fmt: skip
+    curves = tr.lens.latent_curves()
+    return {
+        "records": [{k: r[k] for k in _TRACE_FIELDS} for r in tr.records],
+        "counts": tr.counts(),
+        "latent_curves": curves.to_dict("records"),
+        "n_layers": tr.n_layers,
+        "max_rank": tr.max_rank,
+        "mid_layers": tr.mid_layers,
+    }
+
+
+def _layers(fractions: Sequence[float] | None, n_layers: int) -> list[int] | None:
+    if fractions is None:
+        return None
+    return sorted({min(n_layers - 1, max(0, round(f * n_layers))) for f in fractions})
+
+
+def _items(results: Mapping[str, Any]) -> tuple[dict[str, dict[str, list[bool]]], dict]:
+    """Per condition and language, correctness in (lang, id) order, and the fact ids of that
+    order (one list for every condition: they score the same test items).
+
+    Raises:
+        RuntimeError: conditions that scored different items (a bug upstream)."""
+    outcomes: dict[str, dict[str, list[bool]]] = {}
+    ids: dict[str, list[str]] | None = None
+    for c, res in results.items():
+        by: dict[str, list[bool]] = {}
+        keys: dict[str, list[str]] = {}
+        for r in sorted(res.records, key=lambda r: (r["lang"], r["id"])):
+            by.setdefault(r["lang"], []).append(bool(r["correct"]))
+            keys.setdefault(r["lang"], []).append(r["id"])
+        if ids is not None and keys != ids:
+            raise RuntimeError(f"condition {c} scored other test items than orig")
+        ids = keys
+        outcomes[c] = by
+    return outcomes, ids or {}
+
+
+def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progress: bool) -> dict:
+    r = cfg["repair"]
+    splits = split_facts(facts, r["split"])
+    build = splits["build"]
+    dev = take_per_lang(splits["dev"], r["dev_per_lang"])
+    test = take_per_lang(splits["test"], r["test_per_lang"])
+    if not (build and dev and test):
+        raise InputError("a split of the repair facts is empty (build, dev or test)",
+                         fix="give more facts (a larger budget or more ids per relation)")  # fmt: skip
+    kw = {"max_new_tokens": r["max_new_tokens"], "batch_size": cfg.get("batch_size", 64),
+          "progress": progress, "metric": lu.metric_of(cfg)}  # fmt: skip
+    vectors = steering.build_steering_vectors(
+        model, build, k_shot=r["k_shot"], translation_shots=r["translation_shots"],
+        batch_size=cfg.get("batch_size", 16), progress=progress,
+    )  # fmt: skip
+    layers = _layers(r["layer_fractions"], int(model.cfg.n_layers))
+    sw = steer_eval.choose_on_dev(
+        model, vectors, dev, pool=build, k_shot=r["k_shot"], test_ids=test,
+        task_layers=layers, diff_layers=layers, task_alphas=r["alphas"], diff_alphas=r["alphas"],
+        top_k=r["top_k"], screen_ids=r["screen_ids"], **kw,
+    )  # fmt: skip
+    res = steer_eval.evaluate_test(
+        model, vectors, sw.choice, test, lowest_language=sw.lowest_language,
+        lowest_rule=sw.lowest_rule, pool=build, k_shot=r["k_shot"], seeds=r["seeds"], **kw,
+    )  # fmt: skip
+    sweep = sw.to_dict()
+    outcomes, ids = _items(res.results)
+    return {
+        "summary": res.summary(),
+        "sweep": {k: v for k, v in sweep.items() if k != "rows"},
+        "sweep_rows": [x for x in sweep["rows"] if x["stage"] == "dev"],
+        "lowest": sw.lowest_rule,
+        "outcomes": outcomes,
+        "ids": ids,
+        "items": lu.item_records(res.results),
+        "n_ids": {k: len({f.id for f in v}) for k, v in (("build", build), ("dev", dev),
+                                                          ("test", test))},
+    }  # fmt: skip
+
+
+def _stage_transfer(
+    model: Model,
+    facts: list[Fact],
+    cfg: Mapping[str, Any],
+    by: str,
+    progress: bool,
+    built: dict[str, Any],
+) -> dict:
+    """The transfer matrix (``mechlingo.analyses.recall.transfer``, loaded when the stage runs).
+
+    ``built`` carries the build statistics from one matrix to the other within a run (the
+    same facts and split give the same statistics, so the second matrix does not rebuild
+    them); a resumed run that has only one of the two rebuilds."""
+    mod = importlib.import_module("mechlingo.analyses.recall.transfer")
+    t = cfg["transfer"]
+    m = dict(t.get("matrix", {}))
+    if "layer_fractions" in m:
+        m["layers"] = _layers(m.pop("layer_fractions"), int(model.cfg.n_layers))
+    tm = mod.transfer_matrix(
+        model, facts, by=by, seed=0, progress=progress, max_new_tokens=t["max_new_tokens"],
+        batch_size=cfg.get("batch_size", 64), stats=built.get("stats"),
+        metric=lu.metric_of(cfg), **m,
+    )  # fmt: skip
+    built["stats"] = tm.stats
+    out = tm.to_json()
+    out = json.loads(out) if isinstance(out, str) else out
+    cells = list(out.get("cells", tm.cells))
+    return {"by": by, "matrix": {k: v for k, v in out.items() if k != "cells"}, "cells": cells}
+
+
+def _median_auroc(x: torch.Tensor, y: torch.Tensor) -> float:
+    return float(auroc_and_average_precision(x, y)[0].median())
+
+
+def _auroc_tests(
+    stats: Any, target: str, feats: torch.Tensor, rnd: torch.Tensor, n_boot: int, seed: int
+) -> dict[str, Any]:
+    """Median AUROC over ``feats`` (and over the random neurons ``rnd``) on held-out
+    sentences, as :class:`~mechlingo.kernels.significance.Test` JSON: a cluster bootstrap over
+    sentences (the translations of one sentence resampled together) for the intervals, and a
+    permutation test of H0 "AUROC = 0.5" that shuffles which translation of each sentence
+    carries the target label (999 permutations, the same for the experts, the random neurons
+    and their difference)."""
+    y = (stats.lang_ids == stats.lang_index(target)).cpu()
+    lang = stats.lang_ids.cpu()
+    sent = torch.zeros_like(lang)
+    for li in lang.unique():
+        rows = (lang == li).nonzero().flatten()
+        sent[rows] = torch.arange(len(rows))
+    xe = stats.pooled[:, feats.to(stats.pooled.device)].float().cpu()
+    xr = stats.pooled[:, rnd.to(stats.pooled.device)].float().cpu()
+    est = {"experts": _median_auroc(xe, y), "random": _median_auroc(xr, y)}
+    est["vs_random"] = est["experts"] - est["random"]
+    gen = torch.Generator().manual_seed(seed)
+    members = [(sent == i).nonzero().flatten() for i in range(int(sent.max()) + 1)]
+    boots: dict[str, list[float]] = {k: [] for k in est}
+    for _ in range(n_boot):
+        pick = torch.randint(len(members), (len(members),), generator=gen)
+        idx = torch.cat([members[int(i)] for i in pick])
+        if y[idx].all() or not y[idx].any():
+            continue
+        e, r = _median_auroc(xe[idx], y[idx]), _median_auroc(xr[idx], y[idx])
+        boots["experts"].append(e)
+        boots["random"].append(r)
+        boots["vs_random"].append(e - r)
+    hits = dict.fromkeys(est, 0)
+    n_perm = 999
+    for _ in range(n_perm):
+        yp = y.clone()
+        for m in members:
+            yp[m] = y[m[torch.randperm(len(m), generator=gen)]]
+        e, r = _median_auroc(xe, yp), _median_auroc(xr, yp)
+        for k, v, null in (("experts", e, 0.5), ("random", r, 0.5), ("vs_random", e - r, 0.0)):
+            hits[k] += abs(v - null) >= abs(est[k] - (0.0 if k == "vs_random" else 0.5)) - 1e-12
+    out: dict[str, Any] = {"k": int(len(feats)), "n": int(len(y)), "n_pos": int(y.sum()),
+                           "n_clusters": len(members)}  # fmt: skip
+    for k, v in est.items():
+        b = np.asarray(boots[k])
+        lo, hi = np.quantile(b, [0.025, 0.975]) if len(b) > 1 else (None, None)
+        se = float(b.std(ddof=1)) if len(b) > 1 else None
+        iv = Interval(v, None if lo is None else float(lo), None if hi is None else float(hi),
+                      int(len(y)))  # fmt: skip
+        out[k] = Test(iv, (1 + hits[k]) / (1 + n_perm), None if se is None else mde(se),
+                      len(members), "median AUROC; cluster bootstrap over sentences "
+                      "(percentile); p: permutation of the target label within each sentence "
+                      f"({n_perm})", {"null": 0.0 if k == "vs_random" else 0.5, "se": se}).to_json()  # fmt: skip
+    return out
+
+
+def _random_features(n: int, exclude: torch.Tensor, k: int, seed: int) -> torch.Tensor:
+    mask = torch.ones(n, dtype=torch.bool)
+    mask[exclude.cpu()] = False
+    pool = mask.nonzero().flatten()
+    return pool[torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))[:k]]
+
+
+def _overlap(res: Any, k: int) -> dict[str, Any]:
+    """The languages' pairwise overlap matrix of the top-``k`` expert sets (the row judges it
+    with the languages as units, :func:`mechlingo.card.rows.overlap_test`)."""
+    ov = res.overlap(k).cpu()
+    return {"k": k, "langs": res.langs, "matrix": ov.tolist(), "chance": k / res.stats.n_features}
+
+
+def _stage_experts(
+    model: Model, texts: dict, cfg: Mapping[str, Any], progress: bool, tmp: Path
+) -> dict:
+    """The experts, k chosen on the held-out lines' perplexity and BOS samples of seed 0,
+    and everything that judges the chosen clamp measured elsewhere: its steering on fresh BOS
+    samples (seed 1) with perplexity on evaluation lines, the AUROC at its k on the
+    evaluation lines, the overlap at its k (the smallest k when the rule chose none)."""
+    e = cfg["experts"]
+    target = e["target"]
+    if target not in texts["find"]:
+        raise InputError(f"the experts' target {target!r} has no parallel sentences",
+                         fix=f"give <{target}>.txt or another target")  # fmt: skip
+    res = find_experts(model, texts["find"], max_tokens=e["max_tokens"],
+                       batch_size=cfg.get("batch_size", 16), progress=progress)  # fmt: skip
+    n_feat = res.stats.n_features
+    ks = sorted({k for k in e["ks"] if 2 * k <= n_feat}) or [max(1, n_feat // 4)]
+    kw = {"n_samples": e["samples"], "max_new_tokens": e["new_tokens"],
+          "max_tokens": e["max_tokens"], "progress": progress}  # fmt: skip
+    curve = k_curve(model, res, target, ks, texts["heldout"], seed=0, **kw)
+    papers = curve.choose(e["ppl_budget"], "none")
+    strict = curve.choose(e["ppl_budget"], "geomean")
+    k = papers["k"] if papers["k"] is not None else ks[0]
+    measure = []
+    if papers["k"] is not None:
+        lines = {lg: v[: max(2, e["n_heldout"])] for lg, v in texts["eval"].items()}
+        measure = k_curve(model, res, target, [k], lines, seed=MEASURE_SEED, **kw).records()
+        res.clamp(target, k).save(tmp / "clamp", model)
+        res.random_clamp(target, k, seed=0).save(tmp / "control", model)
+    ev = collect_neuron_stats(model, texts["eval"], max_tokens=e["max_tokens"],
+                              batch_size=cfg.get("batch_size", 16), progress=progress)  # fmt: skip
+    top = res.top(target, k)
+    auroc = _auroc_tests(ev, target, top, _random_features(n_feat, top, k, seed=0),
+                         e["n_boot"], 0)  # fmt: skip
+    auroc["k_rule"] = "the papers' rule" if papers["k"] is not None else "none chosen: smallest k"
+    return {
+        "target": target, "ks": ks, "n_features": n_feat, "langs": res.langs,
+        "curve": curve.records(), "tests": curve.tests(), "measure_curve": measure,
+        "measure_seed": MEASURE_SEED, "choice_papers": papers, "choice_strict": strict,
+        "auroc": auroc, "overlap": _overlap(res, k), "summary": res.summary(k),
+    }  # fmt: skip
+
+
+def _stage_align(
+    model: Model, texts: dict, cfg: Mapping[str, Any], experts_dir: Path, progress: bool
+) -> dict:
+    if not (experts_dir / "clamp").is_dir():
+        return {"untestable": "the papers' k rule chose no k (none within the perplexity "
+                "budget), so there is no clamp to align with"}  # fmt: skip
+    iv = load_intervention(experts_dir / "clamp", model)
+    ctl = load_intervention(experts_dir / "control", model)
+    e = cfg["experts"]
+    comp = compare_alignment(
+        model, texts["eval"], iv, control=ctl, layers="all", target=e["target"],
+        batch_size=cfg.get("batch_size", 16), max_tokens=e["max_tokens"], progress=progress,
+    )  # fmt: skip
+    summary = comp.summary()
+    summary["intervals"] = comp.intervals()
+    summary["k"] = iv.meta.get("build", {}).get("k") if hasattr(iv, "meta") else None
+    per: dict[str, dict[str, list[float]]] = {}
+    for arm in comp.arms():
+        emb = {"pre": comp.pre, "post": comp.post, "control": comp.control}[arm]
+        vals = per_sentence(emb.emb[emb.layer_slot(None)], comp.langs, target=e["target"],
+                            centre=comp.centre)  # fmt: skip
+        per[arm] = {m: vals[m].cpu().tolist() for m in ("retrieval", "between_languages")}
+    summary["per_sentence"] = per
+    summary["details"] = sundar.align_details(comp, texts.get("docs", {}).get("eval"))
+    return summary
+
+
+# --------------------------------------------------------------------------------------
+# Rows: from stored stage results to verdicts (mechlingo.card.rows)
+# --------------------------------------------------------------------------------------
+
+
+def _rows_repair_all(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    rows = rows_repair(data)
+    lu.attach_logprob(rows, data)
+    return rows
+
+
+#: ``(stage, row builder)``; a builder that fails turns its stage's rows not yet built into
+#: error rows (the other builders of the stage keep theirs).
+_ROWS: tuple[tuple[str, Callable[[Mapping[str, Any]], list[dict[str, Any]]]], ...] = (
+    ("trace", rows_trace),
+    ("repair", _rows_repair_all),
+    ("repair", lu.rows_repair_extra),
+    ("transfer_relation", lambda d: rows_transfer("independent_relations", d)),
+    ("transfer_lang", lambda d: rows_transfer("independent_languages", d)),
+    ("decoders", lu.rows_decoders),
+    ("conversion", lu.rows_conversion),
+    ("external", lu.rows_external),
+    ("experts", rows_experts),
+    ("align", rows_align),
+    ("align", sundar.rows_align_extra),
+)
+
+
+def claim_rows(stages: Mapping[str, Any], papers: Sequence[str]) -> list[dict[str, Any]]:
+    """Every claim's rows of ``papers`` from the stages' stored results (``{"error": ...}``
+    for a failed stage), in the order of :data:`~mechlingo.card.rules.CLAIMS` (a claim
+    judged in several readings has one row per reading, each with its ``variant``), after
+    :func:`~mechlingo.card.rules.finalize` (Holm over the card, then the verdicts). A
+    row builder that fails on a result also becomes an error row."""
+    built: dict[str, list[dict[str, Any]]] = {}
+    for name, fn in _ROWS:
+        data = stages.get(name)
+        if data is None or "error" in data:
+            continue
+        try:
+            for row in fn(data):
+                built.setdefault(row["id"], []).append(row)
+        except Exception as err:  # a result this code cannot read: the rows say so
+            for c in CLAIMS:
+                if c.stage == name and c.id not in built:
+                    built[c.id] = [error_row(c, f"reading the {name} result: {err!r}")]
+    rows = []
+    for c in CLAIMS:
+        if c.paper not in papers:
+            continue
+        if c.id in built:
+            rows += built[c.id]
+        else:
+            err = (stages.get(c.stage) or {}).get("error", "the stage did not run")
+            rows.append(error_row(c, err))
+    return finalize(rows)
+
+
+# --------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------
+
+
+def _papers(paper: str) -> list[str]:
+    if paper == "all":
+        return [LU, SUNDAR]
+    if paper not in PAPERS:
+        raise InputError(f"paper must be one of {[*PAPERS, 'all']}, got {paper!r}")
+    return [paper]
+
+
+def _stage_fns(
+    model: Model,
+    facts: Sequence[Fact] | None,
+    parallel: Mapping[str, Sequence[str]] | None,
+    cfg: Mapping[str, Any],
+    stages: Stages,
+    progress: bool,
+    external: tuple[Sequence[Fact], str] | None = None,
+    documents: Sequence[str] | None = None,
+) -> dict[str, tuple[Callable[..., Any], bool]]:
+    """``{stage: (fn, takes a folder)}``; the data of each stage is loaded when it runs."""
+    texts: dict[str, Any] = {}
+    built: dict[str, Any] = {}
+
+    def par() -> dict:
+        if not texts:
+            texts.update(sundar.parallel_parts(parallel, cfg, documents))
+        return texts
+
+    extra = lu.stage_fns(model, lambda s: _lu_facts(facts, cfg, s), par, cfg, stages,
+                              external, progress)  # fmt: skip
+
+    return {
+        "trace": (lambda: _stage_trace(model, _lu_facts(facts, cfg, "trace"), cfg, progress),
+                  False),
+        "repair": (lambda: {**_stage_repair(model, _lu_facts(facts, cfg, "repair"), cfg,
+                                            progress), **lu.trace_classes(stages)}, False),
+        "transfer_relation": (lambda: _stage_transfer(
+            model, _lu_facts(facts, cfg, "transfer"), cfg, "relation", progress, built), False),
+        "transfer_lang": (lambda: _stage_transfer(
+            model, _lu_facts(facts, cfg, "transfer"), cfg, "lang", progress, built), False),
+        "experts": (lambda tmp: _stage_experts(model, par(), cfg, progress, tmp), True),
+        "align": (lambda: _stage_align(model, par(), cfg, stages.path("experts"), progress),
+                  False),
+        **extra,
+    }  # fmt: skip
+
+
+def _run_stage(stages: Stages, name: str, fn: Callable[..., Any], folder: bool) -> tuple:
+    """``(result or {"error": ...}, {"seconds", "cpu_seconds"}, cached)``; only ``Exception`` is caught (Ctrl-C
+    and SIGTERM stop the run; finished stages stay stored)."""
+    cached = stages.done(name)
+    t0, c0 = time.perf_counter(), time.process_time()
+    try:
+        data = stages.run(name, fn, folder=folder)
+    except Exception as err:
+        tb = traceback.format_exception_only(type(err), err)[-1].strip()
+        data = {"error": tb}
+    secs = {"seconds": round(time.perf_counter() - t0, 1),
+            "cpu_seconds": round(time.process_time() - c0, 1)}  # fmt: skip
+    return data, secs, cached
+
+
+def replicate(
+    model: Model,
+    *,
+    paper: str = "all",
+    budget: str = "quick",
+    facts: Sequence[Fact] | None = None,
+    parallel: Mapping[str, Sequence[str]] | None = None,
+    work: str | Path | None = None,
+    settings: Mapping[str, Any] | None = None,
+    progress: bool = False,
+    fresh: bool = False,
+    agree: Callable[[bool], bool] | None = None,
+    metric: str = "generate",
+    external: Sequence[Fact] | None = None,
+    external_metric: str = "rank",
+    documents: Sequence[str] | None = None,
+) -> ClaimsCard:
+    """Check the papers' claims on ``model``: one row per claim with the paper's number,
+    mechlingo's number (n, 95% interval), a verdict by a fixed rule and the figure.
+
+    Args:
+        model: a TransformerLens model.
+        paper: ``"lu2025"``, ``"sundar2025"`` or ``"all"``.
+        budget: ``"quick"`` (about 10 minutes on the embedded model on 2 CPU cores) or
+            ``"full"`` (about 45); the sample sizes of :data:`BUDGETS`.
+        facts: the facts of the Lu stages (default: the bundled natural stems).
+        parallel: ``{lang: [sentence, ...]}`` line-aligned, for the Sundar stages (default:
+            the bundled parallel sentences).
+        work: the work folder where finished stages are kept (a rerun with the same model,
+            data and settings reuses them; a stopped run resumes). ``None``: a temporary
+            folder, removed at the end.
+        settings: overrides of the budget's settings (:func:`budget_settings`).
+        progress: show a progress bar over the stages and each analysis's own bars.
+        fresh: remove the stored stages of this key first (start over).
+        agree: under torchrun, how the ranks agree that a stage is finished everywhere
+            (:func:`mechlingo.cli.work.all_ranks_have`); each rank then keeps its own stages.
+        metric: how the Lu stages score facts: ``"generate"`` (the default: greedy
+            generation, the papers' scorer), ``"rank"`` (P@1 of candidate ranking; bundled
+            facts get BMLAMA-style candidates; the metric with signal on the embedded model,
+            measured on dev data, at about twice the CPU time, see ``docs/replicate.md``) or
+            ``"klar"``.
+        external: a benchmark's facts for the external-transfer rows (vectors and settings
+            chosen on the bundled data, applied unchanged), scored with ``external_metric``.
+        documents: the document id of every ``parallel`` line (the split never cuts a
+            document; alignment rows resample documents).
+
+    Returns:
+        A :class:`~mechlingo.card.rules.ClaimsCard`.
+    """
+    papers = _papers(paper)
+    if metric not in METRICS:
+        raise InputError(f"metric must be one of {list(METRICS)}, got {metric!r}")
+    cfg = budget_settings(budget, {**dict(settings or {}), "metric": metric})
+    key = {
+        "model": {**model_info(model), "weights_fingerprint": weights_fingerprint(model)},
+        "data": {"facts": _facts_hash(facts), "parallel": None if parallel is None else
+                 _hash([parallel, documents]),
+                 "external": None if external is None else [_facts_hash(external),
+                                                            external_metric]},
+        "settings": cfg, "stage_version": STAGE_VERSION,
+    }  # fmt: skip
+    tmp = None if work is not None else tempfile.mkdtemp(prefix="mechlingo-replicate-")
+    if agree is not None:
+        key["rank"] = [dist_info().rank, dist_info().world_size]
+    stages = Stages(work if work is not None else tmp, key, agree=agree)  # type: ignore[arg-type]
+    if fresh:
+        stages.clear()
+    try:
+        ext = None if external is None else (list(external), external_metric)
+        fns = _stage_fns(model, facts, parallel, cfg, stages, progress, ext, documents)
+        names = [s for p in papers for s in PAPERS[p]]
+        results: dict[str, Any] = {}
+        timing: dict[str, Any] = {}
+        bar = tqdm(names, desc="replicate", disable=not progress, unit="stage")
+        for name in bar:
+            bar.set_postfix_str(name)
+            fn, folder = fns[name]
+            results[name], secs, cached = _run_stage(stages, name, fn, folder)
+            timing[name] = {**secs, "cached": cached, "error": results[name].get("error")}
+        rows = claim_rows(results, papers)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    meta = {"model": key["model"]["model_name"], "budget": budget, "papers": papers,
+            "rules_hash": RULES_HASH, "budgets_hash": BUDGETS_HASH,
+            "mechlingo": __version__, "settings": cfg, "stages": timing,
+            "work": None if work is None else str(stages.folder)}  # fmt: skip
+    return ClaimsCard(rows, results, meta)

@@ -1,0 +1,346 @@
+"""The rows of the claims card, from the stages' stored results (pure; tested by hand).
+
+Each ``rows_<stage>(data)`` reads only what :mod:`mechlingo.card.replicate` stored for its
+stage and returns card rows (:func:`mechlingo.card.rules.make_row`); the card calls
+:func:`mechlingo.card.rules.finalize` once on all of them. Every statistic is a
+:class:`~mechlingo.kernels.significance.Test`:
+
+* (fact, language) items are clustered by fact id (a fact asked in 11 languages is one
+  unit); alignment values are per sentence, BOS samples each their own unit;
+* the random controls are pooled over seeds per item (:func:`pool_controls`), so ``n`` is
+  the number of items, never items x seeds;
+* an effect with a control is judged against the control directly (``vs_control``: the
+  paired test of effect - control).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from scipy import stats as sps
+
+from mechlingo.analyses.scoring.evaluate import normalize
+from mechlingo.card.rules import CLAIMS, RETAINED_SHARE, Claim, make_row
+from mechlingo.kernels.significance import (
+    Interval,
+    Test,
+    mde,
+    mean_test,
+    paired_test,
+    pool_controls,
+    ratio_test,
+    relative_test,
+)
+
+__all__ = [
+    "RETAINED_SHARE",
+    "overlap_test",
+    "rows_align",
+    "rows_experts",
+    "rows_repair",
+    "rows_trace",
+    "rows_transfer",
+]
+
+
+def _claim(cid: str) -> Claim:
+    return next(c for c in CLAIMS if c.id == cid)
+
+
+# --------------------------------------------------------------------------------------
+# Lu et al.: the tracer
+# --------------------------------------------------------------------------------------
+
+
+def rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``latent_english`` and ``recall_failures``: 0/1 shares against 1/2, clustered by fact."""
+    recs = [r for r in data["records"] if r["lang"] != "en"]
+    order, ids = [], []
+    for r in recs:
+        if r["answer_en"] and normalize(r["answer_en"]) == normalize(r["answer"]):
+            continue  # the English and the L answer are the same word: no order to see
+        e, a = r["first_en_layer"], r["first_answer_layer"]
+        if (e >= 0 or a >= 0) and e != a:
+            order.append(float(e >= 0 and (a < 0 or e < a)))
+            ids.append(r["id"])
+    c1 = _claim("latent_english")
+    t1 = mean_test(order, ids, null=c1.null_value) if order else None
+    row1 = make_row(
+        c1, t1, untestable=None if order else "no non-English query whose English or L answer "
+        "becomes decodable (rank <= max_rank) with distinct words",
+        details=f"{int(sum(order))} of {len(order)} queries: English first; clustered by fact",
+    )  # fmt: skip
+    fails = [r for r in recs if r["class"] in ("recall_failure", "translation_failure")]
+    rf = [float(r["class"] == "recall_failure") for r in fails]
+    errors = sum(not r["correct"] for r in recs)
+    c2 = _claim("recall_failures")
+    t2 = mean_test(rf, [r["id"] for r in fails], null=c2.null_value) if fails else None
+    row2 = make_row(
+        c2, t2, untestable=None if fails else "no recall or translation failures among the "
+        "non-English queries",
+        details=f"of {errors} non-English errors: {int(sum(rf))} recall failures, "
+        f"{len(rf) - int(sum(rf))} translation failures, {errors - len(rf)} other (wrong "
+        "language or L-only); clustered by fact",
+    )  # fmt: skip
+    return [row1, row2]
+
+
+# --------------------------------------------------------------------------------------
+# Lu et al.: repair vectors and the lowest language
+# --------------------------------------------------------------------------------------
+
+
+def _pooled(data: Mapping[str, Any], langs: Sequence[str], cond: str) -> list[float]:
+    out = data["outcomes"][cond]
+    return [float(x) for lg in langs for x in out.get(lg, [])]
+
+
+def _ids(data: Mapping[str, Any], langs: Sequence[str]) -> list[str]:
+    return [i for lg in langs for i in data["ids"].get(lg, [])]
+
+
+def _control(data: Mapping[str, Any], langs: Sequence[str]) -> list[float]:
+    seeds = sorted(c for c in data["outcomes"] if c.startswith("random_s"))
+    return pool_controls([_pooled(data, langs, c) for c in seeds])
+
+
+def rows_repair(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The two vectors (effect, pooled random control, effect - control), the lowest
+    language in four readings and the random-vector null, clustered by fact id."""
+    s = data["summary"]
+    langs = sorted(lg for lg in data["outcomes"]["orig"] if lg != "en")
+    ids = _ids(data, langs)
+    base, ctl = _pooled(data, langs, "orig"), _control(data, langs)
+    n_seeds = sum(c.startswith("random_s") for c in data["outcomes"])
+    note = (f"selected on dev: {s['selected']} ({s['dev_effect']}); config {s['config']}; "
+            f"ids build/dev/test {data['n_ids']}; {len(ids)} items, {len(set(ids))} facts; "
+            f"control: {n_seeds} random seeds pooled per item")  # fmt: skip
+    rows = []
+    control = paired_test(base, ctl, ids)
+    for cid, cond in (("task_vector", "task"), ("diff_vector", "diff")):
+        new = _pooled(data, langs, cond)
+        rows.append(make_row(_claim(cid), paired_test(base, new, ids), control,
+                             vs_control=paired_test(ctl, new, ids), details=note))  # fmt: skip
+    rows += rows_lowest(data)
+    c = _claim("random_vector")
+    rows.append(make_row(c, paired_test(base, ctl, ids, null=c.null_value),
+                         details=f"{n_seeds} seeds pooled per item (n = items)"))  # fmt: skip
+    return rows
+
+
+def _both(data: Mapping[str, Any]) -> str:
+    return "both_pair" if "both_pair" in data["outcomes"] else "both"
+
+
+def rows_lowest(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``lowest_language`` judged on the literal and on the headroom rule's languages (a tie:
+    their pooled items), each relative (when the baseline is above 0) and in points."""
+    low, claim = data["lowest"], _claim("lowest_language")
+    rows = []
+    for rule, key in (("literal rule", "literal_languages"), ("headroom rule", "languages")):
+        langs = list(low.get(key) or [])
+        for reading in ("relative", "points"):
+            extra = {"variant": f"{rule}, {reading}", "langs": langs}
+            rows.append(_lowest_row(data, claim, langs, rule, reading, extra))
+    return rows
+
+
+def _lowest_row(data: Mapping[str, Any], claim: Claim, langs: list[str], rule: str,
+                reading: str, extra: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    low = data["lowest"]
+    tie = "" if len(langs) < 2 else f" (tied on dev: {len(langs)} languages pooled)"
+    details = (f"{rule}: {'+'.join(langs) or 'none'}{tie}; "
+               f"{low['rule'] if rule.startswith('headroom') else low['literal_rule']}")  # fmt: skip
+    if not langs:
+        why = ("no headroom: no non-English language's dev few-shot accuracy beats zero-shot "
+               f"(McNemar p < {low.get('p_threshold', 0.1):g})")  # fmt: skip
+        return make_row(claim, None, untestable=why, details=details, extra=extra)
+    ids = _ids(data, langs)
+    base, both, ctl = (
+        _pooled(data, langs, "orig"),
+        _pooled(data, langs, _both(data)),
+        _control(data, langs),
+    )
+    vs = paired_test(ctl, both, ids)
+    details += f"; orig {sum(base):g} of {len(base)} correct, {_both(data)} {sum(both):g}"
+    if reading == "points":
+        eff = paired_test(base, both, ids, null=claim.threshold)
+        return make_row(claim, eff, paired_test(base, ctl, ids), vs_control=vs,
+                        details=details + "; gain in accuracy points", extra=extra)  # fmt: skip
+    if sum(base) == 0:
+        why = (f"the test accuracy of {'+'.join(langs)} without intervention is 0 (0 of "
+               f"{len(base)}): a relative gain is undefined; the points reading is judged")  # fmt: skip
+        return make_row(claim, None, untestable=why, details=details, extra=extra)
+    eff = relative_test(base, both, ids, null=claim.threshold)
+    return make_row(claim, eff, relative_test(base, ctl, ids), vs_control=vs,
+                    details=details + "; relative gain", extra=extra)  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------
+# Lu et al.: independence (transfer matrices)
+# --------------------------------------------------------------------------------------
+
+
+def _items(cell: Mapping[str, Any], key: str) -> list[float]:
+    return [float(x) for x in cell["items"][key]]
+
+
+def rows_transfer(cid: str, data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Independence in two readings: the pooled held-out gain (every ``all_but_R`` cell's
+    items on R, clustered by fact id, against its random control) and the retained share
+    (the held-out gain over the in-pool ``all`` gain on the same items, > 0.5)."""
+    claim = _claim(cid)
+    held = [c for c in data["cells"] if str(c.get("row", "")).startswith("all_but_")
+            and c.get("items")]  # fmt: skip
+    if not held:
+        why = ("the transfer matrix has no held-out (all_but_R) cell with per-item outcomes "
+               "(too few relations or languages)")  # fmt: skip
+        return [make_row(claim, None, untestable=why, extra={"variant": v})
+                for v in ("held-out gain", "retained share")]  # fmt: skip
+    ids = [i for c in held for i in c["items"]["ids"]]
+    orig = [x for c in held for x in _items(c, "orig")]
+    new = [x for c in held for x in _items(c, "steered")]
+    ctl = [x for c in held for x in _items(c, "control")]
+    per = "; ".join(f"{c['col']}: {paired_test(_items(c, 'orig'), _items(c, 'steered')).estimate.format(2)}"
+                    for c in held)  # fmt: skip
+    row1 = make_row(claim, paired_test(orig, new, ids), paired_test(orig, ctl, ids),
+                    vs_control=paired_test(ctl, new, ids), extra={"variant": "held-out gain"},
+                    details=f"{len(held)} held-out cells pooled, clustered by fact id ({per})")  # fmt: skip
+    return [row1, _retained_row(claim, data["cells"], held)]
+
+
+def _retained_row(claim: Claim, cells: Sequence[Mapping[str, Any]],
+                  held: Sequence[Mapping[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    share = replace(claim, threshold=RETAINED_SHARE)
+    extra = {"variant": "retained share"}
+    num, den, ids, per = [], [], [], []
+    for c in held:
+        full = next((a for a in cells if a.get("row") == "all" and a.get("col") == c["col"]
+                     and a.get("items")), None)  # fmt: skip
+        if full is None or full["items"]["ids"] != c["items"]["ids"]:
+            continue
+        o = np.array(_items(c, "orig"))
+        dn, dd = np.array(_items(c, "steered")) - o, np.array(_items(full, "steered")) - o
+        num += list(dn)
+        den += list(dd)
+        ids += c["items"]["ids"]
+        r = ratio_test(dn, dd, c["items"]["ids"])
+        per.append(
+            f"{c['col']}: {r.estimate.format(2) if r.estimate.estimate is not None else 'n/a'}"
+        )
+    if not num:
+        why = "no held-out column also has an in-pool (all) cell on the same items"
+        return make_row(share, None, untestable=why, extra=extra)
+    gain_all = paired_test([0.0] * len(den), den, ids)
+    details = (f"share of the in-pool gain kept without R, pooled over {len(per)} columns "
+               f"({'; '.join(per)}); in-pool gain {gain_all.estimate.format(3)}, p = "
+               f"{gain_all.p:.3g}; rule: > {RETAINED_SHARE:g}")  # fmt: skip
+    if not (gain_all.estimate.above(0.0) and gain_all.p is not None and gain_all.p < 0.05):
+        why = ("the in-pool (all) gain on the held-out columns is not above 0: there is no gain "
+               "to retain")  # fmt: skip
+        return make_row(share, None, untestable=why, details=details, extra=extra)
+    return make_row(share, ratio_test(num, den, ids, null=RETAINED_SHARE), details=details,
+                    extra=extra)  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------
+# Sundar et al.: experts, overlap, the clamp, alignment
+# --------------------------------------------------------------------------------------
+
+
+def overlap_test(matrix: Sequence[Sequence[float]], null: float) -> Test:
+    """The mean overlap of the language pairs' expert sets, with a delete-one-language
+    jackknife standard error (the pairs that share a language are not independent: the
+    languages are the units), a t interval and t test of H0 "mean == ``null``" on L - 1 df."""
+    m = np.asarray(matrix, dtype=float)
+    n = m.shape[0]
+    iu = np.triu_indices(n, 1)
+    est = float(m[iu].mean()) if n > 1 else math.nan
+    method = f"mean over {len(iu[0])} language pairs; delete-one-language jackknife ({n} languages)"
+    if n < 3:
+        return Test(Interval(est if n > 1 else None, None, None, n), None, None, n, method)
+    loo = []
+    for drop in range(n):
+        keep = [i for i in range(n) if i != drop]
+        sub = m[np.ix_(keep, keep)]
+        loo.append(float(sub[np.triu_indices(n - 1, 1)].mean()))
+    se = math.sqrt((n - 1) / n * float(((np.array(loo) - np.mean(loo)) ** 2).sum()))
+    half = float(sps.t.ppf(0.975, n - 1)) * se
+    p = (
+        (1.0 if est == null else 0.0)
+        if se == 0
+        else float(2 * sps.t.sf(abs(est - null) / se, n - 1))
+    )
+    return Test(Interval(est, est - half, est + half, n), p, mde(se), n, method,
+                {"null": null, "se": se, "pairs": int(len(iu[0]))})  # fmt: skip
+
+
+def rows_experts(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``experts_exist`` (held-out AUROC at the clamp's k against random neurons),
+    ``experts_disjoint`` (overlap, languages as units) and ``clamp_steers`` (on BOS samples
+    that did not choose k)."""
+    a = data["auroc"]
+    rows = [make_row(_claim("experts_exist"), Test.from_json(a["experts"]),
+                     Test.from_json(a["random"]), vs_control=Test.from_json(a["vs_random"]),
+                     details=f"top {a['k']} {data['target']} experts (the clamp's k: "
+                     f"{a['k_rule']}); {a['n_pos']} of {a['n']} held-out sentences in "
+                     f"{data['target']}, {a['n_clusters']} sentence clusters")]  # fmt: skip
+    ov, c = data["overlap"], _claim("experts_disjoint")
+    rows.append(make_row(c, overlap_test(ov["matrix"], c.null_value),
+                         details=f"k = {ov['k']}; chance {ov['chance']:.4f}"))  # fmt: skip
+    rows.append(_row_steers(data))
+    return rows
+
+
+def _row_steers(data: Mapping[str, Any]) -> dict[str, Any]:
+    papers, strict = data["choice_papers"], data["choice_strict"]
+    details = (f"papers' rule (target rate; target perplexity <= {papers['ppl_budget']:g}x): "
+               f"k = {papers['k']}; stricter rule (also the geometric mean of the other "
+               f"languages' perplexity ratios): k = {strict['k']}")  # fmt: skip
+    k, claim = papers["k"], _claim("clamp_steers")
+    if k is None or not data.get("measure_curve"):
+        why = "the papers' rule chose no k (no k keeps the target's perplexity within the budget)"
+        return make_row(claim, None, details=details, untestable=why)
+    rows = data["measure_curve"]
+    none = next(r for r in rows if r["arm"] == "none")
+    exp = next(r for r in rows if r["arm"] == "experts" and r["k"] == k)
+    rnd = next((r for r in rows if r["arm"] == "random" and r["k"] == k), None)
+    n0, e = [float(x) for x in none["bos_hits"]], [float(x) for x in exp["bos_hits"]]
+    ctl = None if rnd is None else [float(x) for x in rnd["bos_hits"]]
+    details += (f"; measured on fresh BOS samples (seed {data.get('measure_seed')}) and "
+                f"perplexity lines that did not choose k: target rate "
+                f"{none['target_rate_bos']:.2f} -> {exp['target_rate_bos']:.2f}"
+                + ("" if rnd is None else f" (random {rnd['target_rate_bos']:.2f})"))  # fmt: skip
+    return make_row(claim, paired_test(n0, e), None if ctl is None else paired_test(n0, ctl),
+                    vs_control=None if ctl is None else paired_test(ctl, e), details=details,
+                    extra={"k": k, "k_strict": strict["k"]})  # fmt: skip
+
+
+def rows_align(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Distances and retrieval, pre vs post vs the random clamp, paired per sentence."""
+    ids = ("clamp_closer", "retrieval_improves", "random_neurons")
+    if "untestable" in data:
+        return [make_row(_claim(c), None, untestable=data["untestable"]) for c in ids]
+    v, d = data["per_sentence"], data["distance"]
+    ratio = " -> ".join(f"{d[a]['ratio']:.3f}" for a in ("pre", "post", "control") if a in d)
+    dist = " -> ".join(f"{d[a]['between_languages']:.3f}" for a in ("pre", "post", "control"))
+    at = f"k = {data.get('k')}, layer {data['layer']}; {len(v['pre']['retrieval'])} sentences"
+    bl, rt = {a: v[a]["between_languages"] for a in v}, {a: v[a]["retrieval"] for a in v}
+    ret = ", ".join(f"{a} {np.mean(rt[a]):.3f}" for a in ("pre", "post", "control") if a in rt)
+    null = _claim("random_neurons")
+    return [
+        make_row(_claim("clamp_closer"), paired_test(bl["pre"], bl["post"]),
+                 paired_test(bl["pre"], bl["control"]),
+                 vs_control=paired_test(bl["control"], bl["post"]),
+                 details=f"{at}; between languages pre -> post -> control {dist}; "
+                 f"same/different-sentence ratio {ratio}"),
+        make_row(_claim("retrieval_improves"), paired_test(rt["pre"], rt["post"]),
+                 paired_test(rt["pre"], rt["control"]),
+                 vs_control=paired_test(rt["control"], rt["post"]), details=f"{at}; top-1 {ret}"),
+        make_row(null, paired_test(rt["pre"], rt["control"], null=null.null_value),
+                 details=f"{at}; top-1 {ret}"),
+    ]  # fmt: skip

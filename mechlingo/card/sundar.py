@@ -1,0 +1,209 @@
+"""The claims card's Sundar et al. rows beyond the first six (issue 33).
+
+The align stage stores, at its layer, per-sentence values of every ordered language pair for
+the three arms (``pre``: no intervention, ``post``: the expert clamp, ``control``: the
+random-neuron clamp) with each evaluation sentence's document (:func:`align_details`); the
+rows here read only that:
+
+* **closer, centred**: the same-sentence / different-sentence distance ratio after centring
+  the embeddings (so a shift shared by all sentences cannot pass for alignment), per
+  sentence, post - pre, clustered by document, against the random clamp;
+* **gain size**: the largest per-pair top-1 ratio post / pre ("up to 2x") and the median over
+  pairs of the relative gain (the paper's "median +32%"), each against the same statistic
+  of the random clamp, with document-clustered bootstrap intervals;
+* **distance predicts retrieval**: across language pairs, Spearman's correlation of the
+  change in distance with the change in top-1 (expected negative), its interval from
+  resampling documents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import scipy.stats as sps
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from mechlingo.analyses.experts.align import drop_empty_lines
+from mechlingo.card.rules import claim_by_id, make_row
+from mechlingo.card.stats import cluster_bootstrap
+from mechlingo.core.errors import InputError
+from mechlingo.data import LANGS
+from mechlingo.data.natural_parallel import bundled_documents, bundled_parallel, split_by_documents
+from mechlingo.kernels.significance import paired_test
+
+__all__ = ["align_details", "parallel_parts", "rows_align_extra", "sentence_values"]
+
+ARMS = ("pre", "post", "control")
+
+
+def parallel_parts(
+    parallel: Mapping[str, Sequence[str]] | None,
+    cfg: Mapping[str, Any],
+    docs: Sequence[str] | None = None,
+) -> dict:
+    """The parallel sentences of the Sundar stages, split into the lines that find the
+    experts, the held-out lines of the k curve, and the evaluation lines (alignment and the
+    held-out AUROC), in this order, never overlapping and never sharing a document
+    (:func:`mechlingo.data.natural_parallel.split_by_documents`; the evaluation part takes at
+    most ``experts.eval_per_doc`` lines per document, so that it spans more documents). Default: the bundled natural
+    NTREX-128 lines with their document ids; a user's ``parallel`` without ``docs``: every
+    line its own document. ``"docs"`` holds each part's document ids."""
+    e = cfg["experts"]
+    if parallel is None:
+        parallel, docs = bundled_parallel(list(LANGS)), bundled_documents()
+    texts = drop_empty_lines(parallel)
+    n = len(next(iter(texts.values()), []))
+    if docs is None or len(docs) != n:  # no ids, or empty lines were dropped
+        docs = [str(i) for i in range(n)]
+    if e["n_find"] < 2:
+        raise InputError(f"the experts need at least 2 finding lines, got {e['n_find']}")
+    sizes = [e["n_find"], e["n_heldout"], e["n_eval"]]
+    parts = split_by_documents(list(docs), sizes, [None, None, e.get("eval_per_doc")])
+    if len(parts[2]) < 2:
+        raise InputError(
+            f"the parallel data has {n} lines; the experts need {sizes[0]} + {sizes[1]} + at "
+            "least 2 evaluation lines per language, in separate documents",
+            fix="pass more lines with --parallel, or a smaller budget",
+        )
+    out: dict[str, Any] = {}
+    for part, idx in zip(("find", "heldout", "eval"), parts, strict=True):
+        out[part] = {lg: [s[i] for i in idx] for lg, s in texts.items()}
+    out["docs"] = {part: [docs[i] for i in idx]
+                   for part, idx in zip(("find", "heldout", "eval"), parts, strict=True)}  # fmt: skip
+    return out
+
+
+def sentence_values(emb: Float[Tensor, "lang n d"]) -> dict[str, Any]:
+    """Per ordered pair ``a != b`` and sentence ``i``: ``hits`` (sentence ``i`` of ``a``
+    retrieves its translation among ``b``'s, raw cosine), ``dist`` (``1 - cos`` of the two
+    translations, raw) and, per sentence, ``ratio_centred``: the mean over pairs of the
+    same-sentence distance over the mean distance to the other sentences of ``b``, after
+    subtracting the mean embedding of all languages and sentences."""
+    n_a, n, _ = emb.shape
+    x = torch.nn.functional.normalize(emb.double(), dim=-1)
+    sims = torch.einsum("ain,bjn->abij", x, x)
+    hits = sims.argmax(-1) == torch.arange(n)
+    same = torch.diagonal(sims, dim1=-2, dim2=-1)  # [a, b, i]
+    c = emb.double() - emb.double().mean(dim=(0, 1), keepdim=True)
+    xc = torch.nn.functional.normalize(c, dim=-1)
+    dc = 1 - torch.einsum("ain,bjn->abij", xc, xc)
+    same_c = torch.diagonal(dc, dim1=-2, dim2=-1)
+    other_c = (dc.sum(-1) - same_c) / max(n - 1, 1)
+    off = ~torch.eye(n_a, dtype=torch.bool)
+    ratio = (same_c / other_c.clamp_min(1e-12))[off].mean(0)
+    return {"hits": hits[off].double().tolist(), "dist": (1 - same)[off].tolist(),
+            "ratio_centred": ratio.tolist()}  # fmt: skip
+
+
+def align_details(comp: Any, docs: Sequence[str] | None, layer: int | None = None) -> dict:
+    """:func:`sentence_values` of every arm of an
+    :class:`~mechlingo.analyses.experts.align.AlignmentComparison` at ``layer`` (default its last),
+    with the pairs' names and each sentence's document (``None``: each its own)."""
+    langs = comp.langs
+    out: dict[str, Any] = {"pairs": [f"{a}->{b}" for a in langs for b in langs if a != b]}
+    n = None
+    for arm in comp.arms():
+        emb = comp._arm(arm)[0]
+        x = emb.emb[emb.layer_slot(layer)]
+        n = int(x.shape[1])
+        out[arm] = sentence_values(x.cpu())
+    out["docs"] = (
+        list(docs) if docs is not None and len(docs) == n else [str(i) for i in range(n or 0)]
+    )
+    return out
+
+
+def _matrix(d: Mapping[str, Any], key: str) -> np.ndarray:
+    """``[sentence, arm * pair]`` of ``key`` for the arms present (pre, post, control)."""
+    return np.concatenate([np.asarray(d[a][key], dtype=float).T for a in ARMS if a in d], axis=1)
+
+
+def _pair_ratio(m: np.ndarray, n_pairs: int, arm: int) -> np.ndarray:
+    pre = m[:, :n_pairs].mean(0)
+    new = m[:, arm * n_pairs : (arm + 1) * n_pairs].mean(0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(pre > 0, new / np.where(pre > 0, pre, 1), np.nan)
+
+
+def _row_closer(d: Mapping[str, Any]) -> dict[str, Any]:
+    claim = claim_by_id("clamp_closer_centred")
+    docs = d["docs"]
+    pre, post = d["pre"]["ratio_centred"], d["post"]["ratio_centred"]
+    ctl = d.get("control", {}).get("ratio_centred")
+    eff = paired_test(pre, post, docs)
+    c = None if ctl is None else paired_test(pre, ctl, docs)
+    vs = None if ctl is None else paired_test(ctl, post, docs)
+    txt = " -> ".join(f"{np.mean(v):.3f}" for v in (pre, post, ctl) if v is not None)
+    return make_row(claim, eff, control=c, vs_control=vs,
+                    details=f"centred same/different-sentence ratio pre -> post -> control "
+                    f"{txt}; {len(set(docs))} documents")  # fmt: skip
+
+
+def _row_ratio(d: Mapping[str, Any], which: str) -> dict[str, Any]:
+    """``which``: ``max`` (largest per-pair ratio) or ``median`` (median relative gain)."""
+    cid = "retrieval_gain_max" if which == "max" else "retrieval_gain_median"
+    claim = claim_by_id(cid)
+    m, p = _matrix(d, "hits"), len(d["pairs"])
+    has_ctl = "control" in d
+
+    def stat(arm: int) -> Any:
+        def f(rows: np.ndarray) -> float:
+            r = _pair_ratio(rows, p, arm)
+            if not np.isfinite(r).any():
+                return float("nan")
+            return float(np.nanmax(r)) if which == "max" else float(np.nanmedian(r) - 1)
+
+        return f
+
+    null = 1.0 if which == "max" else 0.0
+    eff = cluster_bootstrap(m, d["docs"], stat(1), null=null, method=f"{which} over pairs")
+    if eff.estimate.estimate is None:
+        return make_row(claim, None, untestable="no language pair retrieves any sentence "
+                        "before the clamp (every per-pair ratio is undefined)")  # fmt: skip
+    ctl = vs = None
+    if has_ctl:
+        ctl = cluster_bootstrap(m, d["docs"], stat(2), null=null, method=f"{which}, random clamp")
+        vs = cluster_bootstrap(m, d["docs"], lambda r: stat(1)(r) - stat(2)(r),
+                               method=f"{which}: clamp - random clamp")  # fmt: skip
+    best = int(np.nanargmax(_pair_ratio(m, p, 1)))
+    det = (f"pair {d['pairs'][best]} at {_pair_ratio(m, p, 1)[best]:.2f}x" if which == "max"
+           else f"median over {p} pairs")  # fmt: skip
+    return make_row(claim, eff, control=ctl, vs_control=vs, details=det + " (top-1 ratio "
+                    "post / pre; pairs with no pre hit left out)")  # fmt: skip
+
+
+def _row_predicts(d: Mapping[str, Any]) -> dict[str, Any]:
+    claim = claim_by_id("distance_predicts_retrieval")
+    hits, dist, p = _matrix(d, "hits"), _matrix(d, "dist"), len(d["pairs"])
+    both = np.concatenate([hits[:, : 2 * p], dist[:, : 2 * p]], axis=1)
+
+    def rho(rows: np.ndarray) -> float:
+        dh = rows[:, p : 2 * p].mean(0) - rows[:, :p].mean(0)
+        dd = rows[:, 3 * p : 4 * p].mean(0) - rows[:, 2 * p : 3 * p].mean(0)
+        if np.ptp(dh) == 0 or np.ptp(dd) == 0:
+            return float("nan")
+        return float(sps.spearmanr(dd, dh).statistic)
+
+    t = cluster_bootstrap(both, d["docs"], rho, method="Spearman over language pairs of "
+                          "change in distance vs change in top-1", n_resamples=500)  # fmt: skip
+    if t.estimate.estimate is None:
+        return make_row(claim, None, untestable="the clamp changes no pair's top-1 or distance")
+    return make_row(claim, t, details=f"{p} ordered pairs; {len(set(d['docs']))} documents "
+                    "resampled")  # fmt: skip
+
+
+def rows_align_extra(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The new Sundar rows from the align stage's ``details``."""
+    ids = ("clamp_closer_centred", "retrieval_gain_max", "retrieval_gain_median",
+           "distance_predicts_retrieval")  # fmt: skip
+    if "untestable" in data:
+        return [make_row(claim_by_id(c), None, untestable=data["untestable"]) for c in ids]
+    d = data.get("details")
+    if not d or "post" not in d:
+        return [make_row(claim_by_id(c), None, untestable="the align result has no "
+                         "per-sentence details (an old stage result)") for c in ids]  # fmt: skip
+    return [_row_closer(d), _row_ratio(d, "max"), _row_ratio(d, "median"), _row_predicts(d)]

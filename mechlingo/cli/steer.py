@@ -1,0 +1,473 @@
+"""``mechlingo steer build`` and ``mechlingo steer eval``: the two repair vectors on the CLI.
+
+``steer build --out VDIR`` builds the recall-engagement (task) and back-translation (diff)
+vector stacks from the *build* split of the selected facts and saves them.
+
+``steer eval --vectors VDIR --out DIR`` runs the protocol of :mod:`mechlingo.analyses.recall.steer_eval`
+(:func:`~mechlingo.analyses.recall.steer_eval.run_steer_eval`, the same call a notebook makes):
+headroom (zero-shot vs k-shot), the dev sweep (every second layer from ~20% to ~90% of the
+depth x a log alpha grid, the best pairs combined, "no intervention" a candidate that must be
+beaten by an exact McNemar test), the lowest language fixed on dev, and on test ``orig``,
+``task``, ``diff``, ``both`` and norm-matched ``random`` controls with Wilson intervals,
+McNemar tests and bootstrap intervals of the gains. It writes ``DIR/summary.json``,
+``DIR/generations.jsonl`` and ``DIR/report.html``. Finished stages (a repeat's vectors, the
+sweep, each test condition and seed, the side effects) are kept in ``.DIR.work`` (or
+``--work``) until ``DIR`` is written; the same command run again after a stop goes on from
+them, ``--fresh`` starts over (:mod:`mechlingo.cli.work`). ``--transfer`` is one more stage.
+
+Both use the ``natural`` template family (plain fact-completion stems, where recall is
+under-engaged: the papers' setting), split by fact id 0.4/0.2/0.4 into build/dev/test.
+``steer build`` pools every bundled relation by default, the same number of build ids from
+each (``--per-relation``; ``--relation capital`` builds from one relation); ``steer eval``
+defaults to the capitals. ``steer eval --transfer`` adds the transfer matrix
+(:mod:`mechlingo.analyses.recall.transfer`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from typing import Any
+
+# build_steering_vectors, run_steer_eval and transfer_matrices are called through their modules, so
+# that a wrapper set on the module (a test's monkeypatch, a user's instrumentation) sees every
+# call.
+from mechlingo.activations.distributed import sharded_scoring
+from mechlingo.analyses.recall import steer_eval, steering, transfer
+from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
+from mechlingo.analyses.recall.transfer import balance_relations
+from mechlingo.cli.common import (
+    UsageError,
+    add_data_args,
+    add_metric_args,
+    add_model_args,
+    add_out_arg,
+    command,
+    load_cli_model,
+    load_selected_facts,
+    run_meta,
+    scorer_from_args,
+)
+from mechlingo.cli.flags import parse_config, parse_floats, parse_ints
+from mechlingo.cli.work import (
+    add_work_args,
+    data_key,
+    finish_stages,
+    hash_files,
+    open_stages,
+    work_folder,
+)
+from mechlingo.core.artifacts import atomic_folder
+from mechlingo.core.types import Model
+from mechlingo.data import read_parallel_dir
+from mechlingo.data.splits import split_facts
+from mechlingo.interventions import ModelMismatchError
+from mechlingo.report import write_outputs
+from mechlingo.report.steer import repair_report, transfer_report
+
+ALL_LANGS = "en,de,fr,es,it,pt,ru,zh,ja,ko,ar,hi"
+#: mechlingo.analyses.recall.steer_eval.ALPHA_GRID as flag text (kept here so that `--help` imports no torch)
+ALPHAS = "0.03,0.063,0.13,0.28,0.6"
+
+
+def _fractions(text: str) -> tuple[float, float, float]:
+    vals = parse_floats(text, "--split") or []
+    if len(vals) != 3 or abs(sum(vals) - 1) > 1e-6 or min(vals) < 0:
+        raise UsageError(f"--split takes three fractions summing to 1 (build,dev,test), got {text}")
+    return vals[0], vals[1], vals[2]
+
+
+DEFAULT_SPLIT = "0.4,0.2,0.4"
+
+
+def _common(p: argparse.ArgumentParser, default_langs: str) -> None:
+    add_model_args(p)
+    add_data_args(p, default_langs=default_langs, default_templates="natural", default_limit=None)
+    add_out_arg(p, batch_size=64)
+    p.add_argument(
+        "--split",
+        default=DEFAULT_SPLIT,
+        help="build,dev,test fractions of fact ids (split by a hash of the id; default "
+        f"{DEFAULT_SPLIT}: 127 capitals give ~25 dev and ~50 test facts per language)",
+    )
+    p.add_argument(
+        "--salt", default="", help="salt of the id hash (another split of the same facts)"
+    )
+
+
+def _steer_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="steer_command", metavar="{build,eval}")
+    b = sub.add_parser("build", help="build the task and diff vector stacks from the build split")
+    _common(b, ALL_LANGS)
+    # steer build pools every bundled relation by default (balanced per relation)
+    b.set_defaults(relation="all")
+    _build_args(b)
+    e = sub.add_parser("eval", help="sweep on dev, report orig/task/diff/both/random on test")
+    _common(e, ALL_LANGS)
+    e.add_argument("--vectors", default=None,
+                   help="folder written by `steer build` (required unless --transfer-only)")  # fmt: skip
+    e.add_argument("--dev-per-lang", type=int, default=None, help="dev fact ids per relation")
+    e.add_argument("--test-per-lang", type=int, default=None, help="test fact ids per relation")
+    _sweep_args(e)
+    _test_args(e)
+    add_metric_args(e)
+    add_work_args(e)
+
+
+def _build_args(b: argparse.ArgumentParser) -> None:
+    """``steer build``: how the two vectors are made."""
+    b.add_argument("--k-shot", type=int, default=3, help="demonstrations per few-shot prompt")
+    b.add_argument("--per-relation", type=int, default=None, metavar="N",
+                   help="build fact ids per relation (steer build uses every bundled relation "
+                   "with natural templates unless --relation says otherwise; default: as "
+                   "many as the smallest relation's build split has, so each relation weighs "
+                   "the same)")  # fmt: skip
+    b.add_argument(
+        "--translation-shots",
+        type=int,
+        default=2,
+        help="solved translation pairs before each translation prompt of the diff vector "
+        "(default 2)",
+    )
+    b.add_argument(
+        "--plain-task",
+        action="store_true",
+        help="task vector = plain few-shot mean (default: few-shot mean minus zero-shot mean, "
+        "which did better on dev; see docs/methods/repair-vectors.md)",
+    )
+    b.add_argument(
+        "--unit",
+        choices=["resid", "raw"],
+        default="resid",
+        help="resid (default): each layer's vector is its direction scaled to the mean "
+        "last-token residual norm there, so alpha is a fraction of that norm; raw: the raw "
+        "mean/difference",
+    )
+
+
+def _sweep_args(e: argparse.ArgumentParser) -> None:
+    """``steer eval``: the dev sweep (grid, screening, selection rule) or a fixed setting."""
+    e.add_argument(
+        "--task-layers",
+        default=None,
+        help="layers tried for the task vector (default: every second layer from ~20%% to "
+        "~90%% of the depth, 4,6,...,16 on the 18-layer default model)",
+    )
+    e.add_argument(
+        "--task-alphas",
+        default=ALPHAS,
+        help="scales tried for the task vector, in the vectors' unit (default: a log grid "
+        "0.03-0.6; unit 'resid': fractions of the mean residual norm at the layer)",
+    )
+    e.add_argument("--diff-layers", default=None, help="layers tried for the diff vector "
+                   "(default: as --task-layers)")  # fmt: skip
+    e.add_argument(
+        "--diff-alphas",
+        default=ALPHAS,
+        help="scales tried for the diff vector (default as --task-alphas)",
+    )
+    e.add_argument("--top-k", type=int, default=3, help="settings of each vector re-scored on "
+                   "the whole dev split; their best pairs are combined (default 3)")  # fmt: skip
+    e.add_argument(
+        "--screen-ids",
+        type=int,
+        default=8,
+        help="dev fact ids (x every language) that score the whole grid before the top "
+        "settings are re-scored on all of dev (default 8; 0 = all of dev)",
+    )
+    e.add_argument("--en-tolerance", type=float, default=0.05,
+                   help="largest allowed drop of English dev accuracy (default 0.05)")  # fmt: skip
+    e.add_argument("--p-threshold", type=float, default=0.1, help="a setting is chosen only "
+                   "if it beats no intervention on dev with McNemar p below this")  # fmt: skip
+    e.add_argument(
+        "--config",
+        default=None,
+        help="skip the sweep: task_layer,task_alpha,diff_layer,diff_alpha (labelled as not "
+        "chosen on dev)",
+    )
+
+
+def _test_args(e: argparse.ArgumentParser) -> None:
+    """``steer eval``: what is measured on test (controls, repeats, side effects, transfer)."""
+    e.add_argument("--seeds", default="0,1,2", help="random-control seeds (at least 3 advised)")
+    e.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="re-split N times with other salts (vectors rebuilt each time) and report the "
+        "mean and sd over splits (default 1)",
+    )
+    e.add_argument(
+        "--side-effects",
+        default=None,
+        metavar="DIR",
+        help="also measure the selected intervention's side effects in every language "
+        "(accuracy, perplexity on the lines of DIR/<lang>.txt, e.g. NTREX, and the language of "
+        "continuations) against a norm-matched random control (mechlingo.analyses.scoring.side_effects)",
+    )
+    e.add_argument("--side-effects-lines", type=int, default=20,
+                   help="lines per language for --side-effects (default 20)")  # fmt: skip
+    e.add_argument(
+        "--transfer",
+        nargs="?",
+        const="both",
+        choices=["relation", "lang", "both"],
+        default=None,
+        help="also measure the transfer matrix (mechlingo.analyses.recall.transfer): vectors built "
+        "on all relations, all but R, or only A, tested on R (needs 2+ relations: add "
+        "--relation all), and built without language L, tested on L; layer and alpha chosen "
+        "on the build relations'/languages' dev split only; gains with bootstrap intervals, "
+        "McNemar p and a norm-matched random control per cell (default when given: both)",
+    )
+    e.add_argument("--transfer-ids", default="16,4,12,8", metavar="B,S,D,T",
+                   help="transfer matrix sizes: build ids per relation, dev screen ids, dev "
+                   "ids (each spread over a row's relations), test ids per relation of a "
+                   "column (default 16,4,12,8)")  # fmt: skip
+    e.add_argument("--transfer-cells", choices=["full", "diagonal"], default="full",
+                   help="full (default): every single-relation row on every column; "
+                   "diagonal: only R on R")  # fmt: skip
+    e.add_argument("--transfer-only", action="store_true",
+                   help="run only the transfer matrix (no --vectors needed)")  # fmt: skip
+    e.add_argument("--max-new-tokens", type=int, default=6, help="greedy tokens (default 6)")
+
+
+@command("steer", "build and evaluate the two repair steering vectors", _steer_args)
+def cmd_steer(args: Any) -> int:
+    which = getattr(args, "steer_command", None)
+    if which == "build":
+        return _build(args)
+    if which == "eval":
+        # under torchrun every rank scores its share of each batch list (gathered in order)
+        with sharded_scoring():
+            return _eval(args)
+    raise UsageError("use `mechlingo steer build --out VDIR` or `mechlingo steer eval ...`")
+
+
+def _build(args: Any) -> int:
+
+    if args.k_shot < 1:
+        raise UsageError("--k-shot must be at least 1")
+    facts = load_selected_facts(args)
+    fractions = _fractions(args.split)
+    splits = split_facts(facts, fractions, salt=args.salt)
+    if not splits["build"]:
+        raise UsageError("the build split is empty; raise --limit or the build fraction")
+    if args.per_relation is not None and args.per_relation < 1:
+        raise UsageError("--per-relation must be at least 1")
+    build = balance_relations(splits["build"], args.per_relation)
+    model = load_cli_model(args)
+    t0 = time.time()
+    try:
+        vectors = steering.build_steering_vectors(
+            model,
+            build,
+            k_shot=args.k_shot,
+            subtract_zero_shot=not args.plain_task,
+            unit=args.unit,
+            batch_size=args.batch_size,
+            progress=not args.quiet,
+            translation_shots=args.translation_shots,
+        )
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    vectors.build["ids_per_relation"] = {
+        r: len({f.id for f in build if f.relation == r}) for r in vectors.build["relations"]
+    }
+    vectors.build["split"] = list(fractions)
+    vectors.build["salt"] = args.salt
+    vectors.build["templates"] = args.templates_used
+    summary = {
+        "build": vectors.build,
+        "norms": vectors.norms(),
+        "meta": run_meta(model, args, seconds=round(time.time() - t0, 1)),
+    }
+
+    # Built beside --out and renamed in one step: never task/ of one run next to another's.
+    with atomic_folder(args.out, keep_others=False) as tmp:
+        vectors.save(tmp, model)
+        write_outputs(tmp, {"summary.json": summary})
+    print(f"wrote {args.out}/task, {args.out}/diff, build.json and summary.json")
+    return 0
+
+
+def _eval(args: Any) -> int:
+
+    facts = load_selected_facts(args)
+    fractions = _fractions(args.split)
+    seeds = parse_ints(args.seeds, "--seeds", allow_empty=True)
+    if not seeds:
+        raise UsageError("--seeds needs at least one seed (3 or more advised)")
+    if args.repeats < 1:
+        raise UsageError("--repeats must be at least 1")
+    if args.side_effects and args.side_effects_lines < 1:
+        raise UsageError("--side-effects-lines must be at least 1")
+    if args.transfer and scorer_from_args(args).metric == "klar":
+        raise UsageError(
+            "--transfer scores with --metric generate or rank; klar's demonstrations are not "
+            "yet drawn per transfer row (drop --transfer, or use --metric rank)"
+        )
+    ids = _transfer_ids(args)
+    if args.transfer_only:
+        return _transfer_only(args, facts, fractions, ids)
+    if not args.vectors:
+        raise UsageError("steer eval needs --vectors VDIR (a `steer build` folder), or "
+                         "--transfer-only")  # fmt: skip
+    work_folder(args)  # --work is checked before the model loads
+    model = load_cli_model(args)
+    vectors = _load_vectors(args.vectors, model)
+    stages = _eval_stages(args, model, facts)
+    t0 = time.time()
+    result = steer_eval.run_steer_eval(
+        model, facts, vectors, fractions=fractions, salt=args.salt, repeats=args.repeats,
+        dev_per_lang=args.dev_per_lang, test_per_lang=args.test_per_lang,
+        config=SteeringConfig(*parse_config(args.config)) if args.config else None,
+        task_layers=parse_ints(args.task_layers, "--task-layers"),
+        diff_layers=parse_ints(args.diff_layers, "--diff-layers"),
+        task_alphas=parse_floats(args.task_alphas, "--task-alphas") or [],
+        diff_alphas=parse_floats(args.diff_alphas, "--diff-alphas") or [],
+        top_k=args.top_k, screen_ids=args.screen_ids, en_tolerance=args.en_tolerance,
+        p_threshold=args.p_threshold, seeds=seeds, max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size, progress=not args.quiet, metric=scorer_from_args(args),
+        stages=stages,
+    )  # fmt: skip
+    if args.transfer:  # a stage of its own (named by --transfer, which the key skips)
+        result.transfer = stages.run(f"transfer-{args.transfer}", lambda: transfer.transfer_matrices(
+            model, facts, **_transfer_kw(args, fractions, ids), built=vectors.build))  # fmt: skip
+    if args.side_effects:
+        lines = _side_effect_lines(args, result.test_langs())
+        result.add_side_effects(model, lines, batch_size=args.batch_size,
+                                progress=not args.quiet, stages=stages)  # fmt: skip
+    meta = run_meta(
+        model, args, vectors=str(args.vectors), build=vectors.build,
+        seconds=round(time.time() - t0, 1),
+    )  # fmt: skip
+    summary = result.summary(meta)
+    result.write(
+        args.out,
+        meta=meta,
+        extra={"report.html": repair_report(summary, result.search, result.side_effects)},
+    )
+    finish_stages(stages)
+    _print_summary(summary)
+    if "transfer" in summary:
+        _print_transfer(summary["transfer"])
+    print(f"wrote {args.out}/summary.json, generations.jsonl and report.html")
+    return 0
+
+
+def _eval_stages(args: Any, model: Model, facts: list) -> Any:
+    """The resumable stages of ``steer eval`` (:mod:`mechlingo.cli.work`): keyed by the model,
+    the facts, the vectors' files, the side-effect lines and every flag that changes a
+    number (the seeds, repeats and --transfer name or add stages instead)."""
+    data = data_key(facts=[dataclasses.asdict(f) for f in facts])
+    data.update(vectors=hash_files(args.vectors), side_effects=hash_files(args.side_effects))
+    skip = ("seeds", "repeats", "transfer", "vectors", "side_effects")
+    return open_stages(args, model, data, skip=skip)
+
+
+def _load_vectors(folder: str, model: Model) -> SteeringPair:
+
+    try:
+        return SteeringPair.load(folder, model)
+    except (FileNotFoundError, ModelMismatchError, ValueError) as err:
+        raise UsageError(str(err)) from err
+
+
+def _side_effect_lines(args: Any, langs: list[str]) -> dict[str, list[str]]:
+    """The first ``--side-effects-lines`` lines of ``--side-effects DIR/<lang>.txt`` for
+    every test language."""
+    try:
+        lines = read_parallel_dir(args.side_effects, langs)
+    except ValueError as err:
+        raise UsageError(f"--side-effects: {err}") from err
+    return {lg: v[: args.side_effects_lines] for lg, v in lines.items()}
+
+
+def _transfer_ids(args: Any) -> list[int]:
+    ids = parse_ints(args.transfer_ids, "--transfer-ids") or []
+    if len(ids) != 4 or min(ids) < 1:
+        raise UsageError(
+            f"--transfer-ids takes four positive numbers B,S,D,T, got {args.transfer_ids}"
+        )
+    if args.transfer_only and not args.transfer:
+        args.transfer = "both"
+    return ids
+
+
+def _transfer_kw(args: Any, fractions: tuple, ids: list[int]) -> dict[str, Any]:
+    """The settings of :func:`mechlingo.analyses.recall.transfer.transfer_matrices` from the flags."""
+    return {"by": args.transfer, "cells": args.transfer_cells, "ids": ids,
+            "fractions": fractions, "salt": args.salt, "en_tolerance": args.en_tolerance,
+            "p_threshold": args.p_threshold, "max_new_tokens": args.max_new_tokens,
+            "batch_size": args.batch_size, "progress": not args.quiet,
+            "metric": scorer_from_args(args)}  # fmt: skip
+
+
+def _transfer_only(args: Any, facts: list, fractions: tuple, ids: list[int]) -> int:
+    """``steer eval --transfer-only``: the transfer matrices alone (one stage)."""
+    work_folder(args)
+    model = load_cli_model(args)
+    data = data_key(facts=[dataclasses.asdict(f) for f in facts])
+    stages = open_stages(args, model, data, skip=("seeds", "repeats", "transfer", "vectors",
+                                                  "side_effects"))  # fmt: skip
+    t0 = time.time()
+    matrices = stages.run(f"transfer-{args.transfer}", lambda: transfer.transfer_matrices(
+        model, facts, **_transfer_kw(args, fractions, ids)))  # fmt: skip
+    summary: dict[str, Any] = {"transfer": matrices}
+    summary["meta"] = run_meta(model, args, seconds=round(time.time() - t0, 1))
+    write_outputs(args.out, {"summary.json": summary,
+                             "report.html": transfer_report(summary)})  # fmt: skip
+    finish_stages(stages)
+    _print_transfer(summary["transfer"])
+    print(f"wrote {args.out}/summary.json and report.html")
+    return 0
+
+
+def _print_transfer(transfer: dict) -> None:
+    for by in ("relation", "lang"):
+        if by in transfer:
+            for kind, t in transfer[by]["summary"].items():
+                g = t["mean_gain"]
+                print(f"transfer by {by}, {kind}: {t['cells']} cells, mean gain "
+                      f"{_pct(g)} points; CI above 0 in {t['ci_above_0']}, below 0 in "
+                      f"{t['ci_below_0']}")  # fmt: skip
+    for note in transfer.get("notes", []):
+        print(f"transfer: {note}")
+
+
+def _pct(x: Any) -> str:
+    return "n/a" if x is None else f"{100 * x:+.1f}"
+
+
+def _print_summary(summary: dict) -> None:
+    for cond, acc in summary["accuracy"].items():
+        print(f"{cond:>10}: " + " ".join(f"{lg}={x:.2f}" for lg, x in acc.items()))
+    sel = summary["selected"]
+    g = summary["non_english_gain"].get(sel, {})
+    print(
+        f"dev effect: {summary['dev_effect']} (selected {sel}); non-English gain of {sel}: "
+        f"{_pct(g.get('gain'))} points [{_pct(g.get('lo'))}, {_pct(g.get('hi'))}], McNemar p "
+        f"= {summary['mcnemar_vs_orig'].get(sel, {}).get('p', float('nan')):.3g}"
+    )
+    head = summary.get("headline", {})
+    both, single = head.get("both_condition", "both"), head.get("best_single", "task")
+    for name, label in (("headroom_rule", "headroom rule"), ("literal_rule", "literal rule")):
+        h = head.get(name, {})
+        if h.get("language") is None:
+            continue
+        parts = []
+        for cond, g in ((both, h.get("both")), (single, h.get("best_single"))):
+            g = g or {}
+            rel = "n/a (orig 0)" if g.get("relative") is None else f"{g['relative']:+.2f}"
+            parts.append(f"{cond} {_pct(g.get('gain'))} [{_pct(g.get('lo'))}, "
+                         f"{_pct(g.get('hi'))}] points, relative {rel}")  # fmt: skip
+        print(f"lowest language, {label} (fixed on dev): {h['language']}: " + "; ".join(parts))
+    if summary.get("lowest_language_excluded"):
+        print("excluded for lack of headroom: " + ",".join(summary["lowest_language_excluded"]))
+    if head.get("note"):
+        print(head["note"])
+    for why, n in summary.get("skipped", {}).items():
+        print(f"skipped {n} test record(s) under --metric {summary['metric']['metric']}: {why}")
+    for w in summary.get("warnings", []):
+        print(f"warning: {w}")
