@@ -23,12 +23,12 @@ def test_api_reference_builds_without_warnings(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for module in (
-        "analyses/lens",
+        "analyses/decoders/lens",
         "core/tokens",
         "interventions",
-        "analyses/patching",
+        "analyses/recall/patching",
         "analyses/experts",
-        "analyses/align",
+        "analyses/experts/align",
     ):
         page = tmp_path / "mechlingo" / f"{module}.html"
         assert page.is_file(), module
