@@ -6,8 +6,9 @@ from :mod:`mechlingo.data`, and :func:`lens_facts` for the per-language logit le
 The package is built in tiers; each folder imports only from those before it in this list:
 ``core`` (model, sites, tokens, errors) -> ``kernels`` (readout, ranking, statistics) |
 ``data`` -> ``viz`` (figures from plain data) -> ``activations`` (runs, pooled statistics,
-decoding) -> ``interventions`` -> ``analyses`` (the methods) -> ``report`` (HTML pages) ->
-``cli``.
+decoding) -> ``interventions`` -> ``analyses`` (the methods: ``scoring``, ``decoders``,
+``recall``, ``experts``) -> ``card`` (the papers' claims) -> ``report`` (HTML pages) -> ``cli``
+(``docs/architecture.md``).
 """
 
 from __future__ import annotations
