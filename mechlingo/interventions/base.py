@@ -507,6 +507,11 @@ def restore_any(kind: str, tensors: dict[str, Tensor], config: dict[str, Any]) -
     return _REGISTRY[kind]._restore(tensors, config)
 
 
+# --------------------------------------------------------------------------------------
+# interventions made of others (built by ``+`` and ``only_for`` above)
+# --------------------------------------------------------------------------------------
+
+
 @register_kind
 class Compose(Intervention):
     """Several interventions applied together, as one.
