@@ -14,6 +14,7 @@ from mechlingo.core.tokens import encode
 from mechlingo.interventions import (
     Ablation,
     Compose,
+    Gated,
     InterventionError,
     ModelMismatchError,
     NeuronClamp,
@@ -351,3 +352,22 @@ def test_an_intervention_saved_before_the_base_loads_and_acts_the_same(tiny):
         torch.arange(2), batch.lengths - 1
     ]
     assert not torch.allclose(last, clean)  # the fixture really intervenes
+
+
+def test_plus_and_only_for_build_the_classes_without_the_registry(monkeypatch, tmp_path):
+    """``+`` and ``only_for`` name Compose and Gated directly: with the saved-kind registry
+    emptied they still build them, while restoring a saved kind (the registry's one use)
+    then fails."""
+    from mechlingo.interventions import base
+
+    a = SteeringVector(torch.ones(8), 0, 1.0)
+    b = SteeringVector(torch.zeros(8), 1, 2.0)
+    saved = (a + b).save(tmp_path / "ab")
+    monkeypatch.setattr(base, "_REGISTRY", {})
+    both = a + b
+    assert type(both) is Compose and both.parts == [a, b]
+    gated = both.only_for({"fr"}, exclude=True)
+    assert type(gated) is Gated and gated.inner is both and gated.exclude
+    assert gated.langs == frozenset({"fr"})
+    with pytest.raises(InterventionError, match="unknown intervention"):
+        load_intervention(saved)

@@ -22,7 +22,7 @@ from mechlingo.analyses.scoring.evaluate import EvalResult
 from mechlingo.core.errors import InputError
 from mechlingo.data import load_facts
 from mechlingo.viz.lens import lens_kl_figure
-from mechlingo.viz.trace import CLASS_COLORS
+from mechlingo.viz.palette import CLASS
 
 
 def close(a, b, tol=1e-6):
@@ -99,7 +99,7 @@ def trace(tiny, facts):
 
 
 def test_trace_figures_draw_counts_and_median_ranks(trace):
-    assert list(CLASS_COLORS) == list(CLASSES)
+    assert list(CLASS) == list(CLASSES)
     counts = trace.counts()
     fig = trace.fig_class_fractions()
     assert [tr.name for tr in fig.data] == [c.replace("_", " ") for c in CLASSES]

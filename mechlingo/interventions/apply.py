@@ -43,7 +43,7 @@ def intervene(
         intervention: any intervention, or ``None``.
         batch: the padded batch (:func:`mechlingo.core.tokens.encode`) the block runs, when it
             runs one of several rows: position rules then use each row's real tokens, and a
-            language gate (:class:`~mechlingo.interventions.gate.Gated`) each row's prompt.
+            language gate (:class:`~mechlingo.interventions.base.Gated`) each row's prompt.
             Without it, a multi-row run is refused for every rule but ``"all"`` (see
             :func:`~mechlingo.interventions.base.mask_for`).
 

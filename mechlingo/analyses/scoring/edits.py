@@ -14,9 +14,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from mechlingo.core.tokens import PositionSpec, TokenBatch
-from mechlingo.interventions.base import Intervention, SiteEdit
-from mechlingo.interventions.compose import Compose
-from mechlingo.interventions.gate import Gated
+from mechlingo.interventions.base import Compose, Gated, Intervention, SiteEdit
 
 __all__ = ["first_edit"]
 
