@@ -3,7 +3,7 @@
 One process, the same prompts (``--n`` mixed-language prompts from the bundled facts, eight
 languages) and ``--new`` new tokens, three ways:
 
-* ``mechlingo cached`` -- :func:`mechlingo.analyses.scoring.evaluate.greedy_generate` (default ``cache=True``):
+* ``mechlingo cached`` -- :func:`mechlingo.scoring.evaluate.greedy_generate` (default ``cache=True``):
   one prompt pass per batch, then one token per row per step over the transformers cache,
   through the TransformerLens bridge with its hooks in place;
 * ``mechlingo uncached`` -- the same call with ``cache=False``: the whole prefix is recomputed
@@ -36,10 +36,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mechlingo.activations.decoding import kv_cache_path  # noqa: E402
-from mechlingo.analyses.scoring.evaluate import greedy_generate  # noqa: E402
 from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
 from mechlingo.kernels.readout import screening  # noqa: E402
+from mechlingo.scoring.evaluate import greedy_generate  # noqa: E402
 
 LANGS = ["en", "fr", "de", "es", "ru", "ja", "zh", "ar"]
 

@@ -56,7 +56,7 @@ __all__ = [
 
 
 def _evaluate() -> ModuleType:
-    from mechlingo.analyses.scoring import evaluate
+    from mechlingo.scoring import evaluate
 
     return evaluate
 

@@ -16,8 +16,8 @@ pages work offline. The committed notebooks stay without outputs.
 from __future__ import annotations
 
 import html
-import os
 import importlib
+import os
 import pkgutil
 import sys
 import warnings

@@ -44,6 +44,7 @@ LAYERS: list[set[str]] = [
     {"viz"},  # figures from plain data: below the analyses, which call them directly
     {"activations"},
     {"interventions"},
+    {"scoring"},  # facts scored with and without interventions: every method's one path
     {"analyses"},
     {"card"},  # the claims card: rules, rows and stages over the analyses
     {"report"},

@@ -8,10 +8,10 @@ import torch
 
 import mechlingo.activations.decoding as decoding
 from mechlingo.activations.decoding import decode, kv_cache_path, sample_from_bos
-from mechlingo.analyses.scoring.evaluate import greedy_generate
 from mechlingo.core.tokens import current_columns, encode
 from mechlingo.data import load_facts
 from mechlingo.interventions import Ablation, InterventionError, NeuronClamp, SteeringVector
+from mechlingo.scoring.evaluate import greedy_generate
 
 from .conftest import count_hooks
 

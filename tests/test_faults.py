@@ -669,9 +669,9 @@ def test_streams_do_not_collide(tiny):
     used to be ``seed`` and ``seed + 1``: the diff control of seed 0 was the task control of
     seed 1), and a neuron clamp's random control picks each layer's neurons from that
     layer's own stream."""
-    from mechlingo.analyses.scoring.side_effects import random_control
     from mechlingo.core.faults import derive_seed
     from mechlingo.interventions import Compose, NeuronClamp, SteeringVector, random_like
+    from mechlingo.scoring.side_effects import random_control
 
     v = torch.randn(64, generator=torch.Generator().manual_seed(0))
     keys = [derive_seed(s, role) for s in range(50) for role in ("task", "diff")]

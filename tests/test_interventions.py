@@ -9,7 +9,6 @@ import torch
 
 import mechlingo
 from mechlingo.activations.runs import run_batch
-from mechlingo.analyses.scoring.evaluate import greedy_generate
 from mechlingo.core.tokens import encode
 from mechlingo.interventions import (
     Ablation,
@@ -22,6 +21,7 @@ from mechlingo.interventions import (
     load_intervention,
     model_info,
 )
+from mechlingo.scoring.evaluate import greedy_generate
 
 from .conftest import count_hooks
 

@@ -261,7 +261,7 @@ def test_import_stays_light_and_plotly_loads_on_first_figure():
         "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
         "        importlib.import_module(m.name)\n"
         "assert 'plotly' not in sys.modules, 'plotly loaded before any figure was drawn'\n"
-        "from mechlingo.analyses.scoring.evaluate import EvalResult\n"
+        "from mechlingo.scoring.evaluate import EvalResult\n"
         "EvalResult([{'lang': 'en', 'correct': True}]).fig_accuracy()\n"
         "assert 'plotly' in sys.modules\n"
         "print('ok')\n"

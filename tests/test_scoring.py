@@ -16,9 +16,14 @@ import pytest
 import torch
 
 from mechlingo.analyses.recall import steer_eval
-from mechlingo.analyses.scoring.evaluate import evaluate_facts
-from mechlingo.analyses.scoring.rank import candidate_layout, score_candidates
-from mechlingo.analyses.scoring.scorers import (
+from mechlingo.core.errors import InputError
+from mechlingo.core.sites import resolve_site
+from mechlingo.data import Fact, load_facts
+from mechlingo.data.splits import split_facts
+from mechlingo.interventions import Ablation, Compose, NeuronClamp, SteeringVector
+from mechlingo.scoring.evaluate import evaluate_facts
+from mechlingo.scoring.rank import candidate_layout, score_candidates
+from mechlingo.scoring.scorers import (
     SKIP_GOLD_MISSING,
     SKIP_NO_CANDIDATES,
     SKIP_NO_STEM,
@@ -30,11 +35,6 @@ from mechlingo.analyses.scoring.scorers import (
     rankc,
     rankc_fact,
 )
-from mechlingo.core.errors import InputError
-from mechlingo.core.sites import resolve_site
-from mechlingo.data import Fact, load_facts
-from mechlingo.data.splits import split_facts
-from mechlingo.interventions import Ablation, Compose, NeuronClamp, SteeringVector
 from tests.conftest import count_hooks
 
 

@@ -18,9 +18,9 @@ from mechlingo.analyses.recall.steer_eval import (
     default_layers,
     lowest_language_dev,
 )
-from mechlingo.analyses.scoring.evaluate import decided, evaluate_facts, is_correct
 from mechlingo.data import LANGS, RELATIONS, load_facts, natural_templates
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
+from mechlingo.scoring.evaluate import decided, evaluate_facts, is_correct
 
 # --------------------------------------------------------------------------------------
 # Statistics

@@ -18,9 +18,9 @@ from mechlingo.analyses.recall.steer_eval import DevSearch, fig_accuracy_ci, fig
 from mechlingo.analyses.recall.steering import ConditionResults, SteeringConfig
 from mechlingo.analyses.recall.trace import CLASSES, trace_recall
 from mechlingo.analyses.recall.transfer import TransferMatrix
-from mechlingo.analyses.scoring.evaluate import EvalResult
 from mechlingo.core.errors import InputError
 from mechlingo.data import load_facts
+from mechlingo.scoring.evaluate import EvalResult
 from mechlingo.viz.lens import lens_kl_figure
 from mechlingo.viz.palette import CLASS
 

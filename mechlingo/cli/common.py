@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 from mechlingo.activations.distributed import dist_info
-from mechlingo.analyses.scoring.scorers import Scorer
 from mechlingo.cli.validate import check_after_load
 from mechlingo.core.chat import CHAT_MODES, chat_enabled, use_chat
 from mechlingo.core.errors import InputError, MechlingoError
@@ -17,6 +16,7 @@ from mechlingo.core.models import load_model, model_name, weight_mode
 from mechlingo.core.types import Model
 from mechlingo.core.version import __version__, library_versions
 from mechlingo.data import RELATIONS, benchmark_format, load_benchmark, load_facts
+from mechlingo.scoring.scorers import Scorer
 
 # Registered subcommands: name -> (add_args, run), filled by @command.
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[Any], int]]] = {}
@@ -143,7 +143,7 @@ def add_metric_args(p: argparse.ArgumentParser) -> None:
 
 
 def scorer_from_args(args: Any) -> Any:
-    """The :class:`~mechlingo.analyses.scoring.scorers.Scorer` of ``--metric``/``--rank-tokens``."""
+    """The :class:`~mechlingo.scoring.scorers.Scorer` of ``--metric``/``--rank-tokens``."""
     return Scorer(getattr(args, "metric", "generate"), getattr(args, "rank_tokens", "sentence"))
 
 

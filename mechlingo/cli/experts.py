@@ -50,7 +50,6 @@ from mechlingo.analyses.experts.align import (
     compare_alignment,
     drop_empty_lines,
 )
-from mechlingo.analyses.scoring.side_effects import side_effects
 from mechlingo.cli.common import (
     UsageError,
     add_model_args,
@@ -81,6 +80,7 @@ from mechlingo.data import LANGS, load_facts, parallel_sentences, read_parallel
 from mechlingo.interventions import InterventionError, load_intervention
 from mechlingo.report import write_outputs
 from mechlingo.report.experts import align_report, experts_report, interval_rows
+from mechlingo.scoring.side_effects import side_effects
 
 
 def _data_args(p: argparse.ArgumentParser, default_limit: int) -> None:
@@ -482,7 +482,7 @@ def _align_args(p: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="also measure the clamp's side effects in every language against the control "
-        "(mechlingo.analyses.scoring.side_effects): accuracy on N bundled capitals per language (natural "
+        "(mechlingo.scoring.side_effects): accuracy on N bundled capitals per language (natural "
         "templates), perplexity and output language on the last N lines of each language "
         "(default 0: off)",
     )
@@ -490,7 +490,7 @@ def _align_args(p: argparse.ArgumentParser) -> None:
 
 
 def _align_side_effects(model: Model, iv: Any, control: Any, texts: dict, args: Any) -> Any:
-    """The clamp's side effects (:func:`mechlingo.analyses.scoring.side_effects.side_effects`) on bundled
+    """The clamp's side effects (:func:`mechlingo.scoring.side_effects.side_effects`) on bundled
     capitals (natural templates) and the last ``--side-effects`` lines of each language."""
 
     n = args.side_effects

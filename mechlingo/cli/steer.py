@@ -204,7 +204,7 @@ def _test_args(e: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="also measure the selected intervention's side effects in every language "
         "(accuracy, perplexity on the lines of DIR/<lang>.txt, e.g. NTREX, and the language of "
-        "continuations) against a norm-matched random control (mechlingo.analyses.scoring.side_effects)",
+        "continuations) against a norm-matched random control (mechlingo.scoring.side_effects)",
     )
     e.add_argument("--side-effects-lines", type=int, default=20,
                    help="lines per language for --side-effects (default 20)")  # fmt: skip

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from mechlingo.analyses.scoring.scorers import KLAR_MAX_NEW_TOKENS, klar_prompt
 from mechlingo.cli.flags import check_finite, parse_config, parse_floats, parse_ints, parse_list
 from mechlingo.core.checks import check_gguf_file, check_model_folder
 from mechlingo.core.errors import (
@@ -37,6 +36,7 @@ from mechlingo.core.sites import canonical_site
 from mechlingo.core.types import Model
 from mechlingo.data import LANGS, RELATIONS, benchmark_format, few_shot_prompt, read_facts
 from mechlingo.interventions import load_intervention
+from mechlingo.scoring.scorers import KLAR_MAX_NEW_TOKENS, klar_prompt
 
 __all__ = [
     "ModelShape",

@@ -27,12 +27,12 @@ from mechlingo.activations.decoding import sample_from_bos
 from mechlingo.activations.likelihood import line_nll
 from mechlingo.activations.pooled import check_texts
 from mechlingo.analyses.experts.selection import ExpertResult
-from mechlingo.analyses.scoring.evaluate import greedy_generate
 from mechlingo.core.errors import ExpertError
 from mechlingo.core.types import FwdHooks, Model
 from mechlingo.data.langid import identify_languages
 from mechlingo.interventions import Intervention
 from mechlingo.kernels.significance import bootstrap_perplexity, mcnemar, perplexity_ratio, wilson
+from mechlingo.scoring.evaluate import greedy_generate
 from mechlingo.viz.experts import k_curve_figure
 
 if TYPE_CHECKING:

@@ -59,8 +59,6 @@ from mechlingo.analyses.recall.steering import (
     SteeringPair,
     vectors_from_means,
 )
-from mechlingo.analyses.scoring.evaluate import EvalResult
-from mechlingo.analyses.scoring.scorers import Scorer
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import resolve_layers, resolve_site
 from mechlingo.core.tokens import encode, sorted_batches
@@ -69,6 +67,8 @@ from mechlingo.data import RELATIONS, Fact, few_shot_prompt, translation_prompt
 from mechlingo.data.splits import split_facts
 from mechlingo.interventions import Compose, Intervention, SteeringVector, random_like
 from mechlingo.kernels.significance import Interval, mcnemar, paired_gain
+from mechlingo.scoring.evaluate import EvalResult
+from mechlingo.scoring.scorers import Scorer
 from mechlingo.viz.steer import transfer_heatmap
 
 if TYPE_CHECKING:
@@ -698,7 +698,7 @@ def transfer_matrices(
     column. ``built``: the ``build`` record of the vectors being evaluated (their
     ``k_shot``, ``translation_shots``, ``subtract_zero_shot`` and ``unit`` are used; the
     defaults without one). ``metric``: a metric name or a
-    :class:`~mechlingo.analyses.scoring.scorers.Scorer`.
+    :class:`~mechlingo.scoring.scorers.Scorer`.
     """
     built = built or {}
     kinds = ["relation", "lang"] if by == "both" else [by]

@@ -2,7 +2,7 @@
 
 A causal model computes every position before the first one an intervention edits exactly as
 it does without the intervention; shared-prefix scoring
-(:func:`mechlingo.analyses.scoring.evaluate.evaluate_conditions`, candidate ranking) computes those
+(:func:`mechlingo.scoring.evaluate.evaluate_conditions`, candidate ranking) computes those
 positions once for every condition and candidate. :func:`first_edit` says where that prefix
 ends for each row of a batch.
 """
