@@ -248,17 +248,7 @@ def attribution_patch(
         check_interpolable(model, setup.src, setup.tgt)
     qk_on = method == "atp" and qk_fix is not False
     qk_layers = setup.layers if (qk_on and "resid_pre" in setup.sites) else []
-    g = gradient_pass(
-        model,
-        setup.src,
-        setup.tgt,
-        setup.pos.source.T,
-        list(dict.fromkeys(names.values())),
-        setup.metrics,
-        setup.packed,
-        qk_layers,
-        alphas,
-    )
+    g = gradient_pass(model, setup, list(dict.fromkeys(names.values())), qk_layers, alphas)
     per_hook = _hook_estimates(model, setup, g, names, scale, bool(qk_layers))
     cells = setup.cells()
     corrupted = g.corrupted.cpu()
@@ -424,16 +414,7 @@ def neuron_attribution(
         check_interpolable(model, setup.src, setup.tgt)
     names = {layer: resolve_site(model, "mlp_post", layer).hook_name for layer in setup.layers}
     B = setup.tgt.batch_size
-    g = gradient_pass(
-        model,
-        setup.src,
-        setup.tgt,
-        setup.pos.source.T,
-        list(names.values()),
-        setup.metrics,
-        setup.packed,
-        alphas=alphas,
-    )
+    g = gradient_pass(model, setup, list(names.values()), alphas=alphas)
     per_layer = []
     rows = torch.arange(B)[:, None]
     t_pos = setup.pos.target.T.to(torch.long)

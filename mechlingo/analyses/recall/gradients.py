@@ -27,6 +27,7 @@ from mechlingo.activations.runs import (
     run_batch,
 )
 from mechlingo.analyses.recall.patching import Metric, PatchingError
+from mechlingo.analyses.recall.patching.grid import PatchingSetup
 from mechlingo.analyses.recall.patching.metrics import PackedMetrics, evaluate_metrics
 from mechlingo.analyses.recall.patching.runs import read_run, repeat_batch
 from mechlingo.core.sites import edit_hooks, resolve_site
@@ -203,12 +204,8 @@ def check_interpolable(model: Model, src: TokenBatch, tgt: TokenBatch) -> None:
 
 def gradient_pass(
     model: Model,
-    src: TokenBatch,
-    tgt: TokenBatch,
-    src_pos: Int[Tensor, "row position"],
+    setup: PatchingSetup,
     hook_names: Sequence[str],
-    metrics: Sequence[Metric],
-    packed: PackedMetrics,
     qk_layers: Sequence[int] = (),
     alphas: Sequence[float] = (0.0,),
 ) -> Grads:
@@ -221,7 +218,10 @@ def gradient_pass(
     ``alphas`` (integrated gradients): the target runs once per ``alpha`` in the same batch,
     its embeddings moved to ``target + alpha (source - target)``, and the gradients are the
     mean over the copies; ``alphas[0]`` must be 0 (the target run itself: its activations
-    and the corrupted metric come from that copy)."""
+    and the corrupted metric come from that copy). ``setup``: the resolved grid (its batches,
+    source positions and metrics); ``hook_names``: the hooks to differentiate."""
+    src, tgt, src_pos = setup.src, setup.tgt, setup.pos.source.T
+    metrics, packed = setup.metrics, setup.packed
     names = list(dict.fromkeys(hook_names))
     pre = {layer: resolve_site(model, "resid_pre", layer).hook_name for layer in qk_layers}
     pat = {layer: f"blocks.{layer}.attn.hook_pattern" for layer in qk_layers}

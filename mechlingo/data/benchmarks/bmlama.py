@@ -9,16 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from mechlingo.core.errors import DataError
-from mechlingo.data.benchmarks.common import (
-    MASK,
-    Benchmark,
-    PathLike,
-    answer_slot,
-    cloze_fact,
-    lang_selected,
-    relation_slug,
-    with_english,
-)
+from mechlingo.data.benchmarks import common
+from mechlingo.data.benchmarks.common import MASK, Benchmark, PathLike
 from mechlingo.data.facts import Fact, RecordError, check_langs
 from mechlingo.data.io import read_text
 
@@ -70,9 +62,9 @@ def _bmlama_relations(path: Path, rows: list[tuple[int, list[str]]]) -> list[str
             continue
         template = prompt.replace(subject, "[X]", 1)
         if template not in slugs:
-            slug, k = relation_slug(template), 2
+            slug, k = common.relation_slug(template), 2
             while slug in used:
-                slug, k = f"{relation_slug(template)}_{k}", k + 1
+                slug, k = f"{common.relation_slug(template)}_{k}", k + 1
             slugs[template] = slug
             used.add(slug)
         out.append(slugs[template])
@@ -104,7 +96,9 @@ def load_bmlama(path: PathLike, langs: Iterable[str] | None = None) -> Benchmark
     for code, file in files.items():
         if path.is_file() and code != path.stem:
             continue
-        lang = lang_selected(bench, code, wanted, str(file), lambda f=file: len(_bmlama_rows(f)))  # type: ignore[misc]
+        lang = common.lang_selected(
+            bench, code, wanted, str(file), lambda f=file: len(_bmlama_rows(f))
+        )  # type: ignore[misc]
         if lang is None:
             continue
         rows = en_rows if code == "en" else _bmlama_rows(file)
@@ -118,7 +112,9 @@ def load_bmlama(path: PathLike, langs: Iterable[str] | None = None) -> Benchmark
             fact = _bmlama_fact(bench, f"{file.name}, line {line}", lang, i, cells, relation)
             if fact is not None:
                 en_cells = en_rows[i][1]
-                bench.facts.append(with_english(fact, en_cells[3], en_cells[1].split(", ")[0]))
+                bench.facts.append(
+                    common.with_english(fact, en_cells[3], en_cells[1].split(", ")[0])
+                )
     return bench
 
 
@@ -129,7 +125,7 @@ def _bmlama_fact(
     if relation is None:
         bench.skip("no_english_template", where)
         return None
-    parts = answer_slot(bench, where, prompt)
+    parts = common.answer_slot(bench, where, prompt)
     if parts is None:
         return None
     golds = [g for g in ans.split(", ") if g]
@@ -149,4 +145,4 @@ def _bmlama_fact(
         "aliases": golds[1:],
         "candidates": candidates,
     }
-    return cloze_fact(bench, where, record, *parts)
+    return common.cloze_fact(bench, where, record, *parts)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mechlingo.data.facts import Fact, RecordError, answer_key, answer_separator, fact_from_mapping
+from mechlingo.data.facts import Fact, RecordError, answer_separator, fact_from_mapping
 from mechlingo.data.io import json_record, read_text
 from mechlingo.data.parallel_text import lang_of
 
@@ -162,18 +162,6 @@ def cloze_fact(
         return None
 
 
-def distinct_aliases(answer: str, extra: Iterable[str]) -> list[str]:
-    """``extra`` without empty items and without repeats of the answer or of each other."""
-    seen = {answer_key(answer)}
-    out = []
-    for alias in extra:
-        key = answer_key(alias)
-        if alias and key and key not in seen:
-            seen.add(key)
-            out.append(alias)
-    return out
-
-
 def relation_slug(template: str) -> str:
     """A relation id from a template: its words, lower-cased, ``[X]`` -> ``x``, mask -> ``y``."""
     text = template.replace("[X]", " X ").replace(MASK, " Y ").replace("[Y]", " Y ")
@@ -217,3 +205,10 @@ def lang_selected(
 def with_english(fact: Fact, subject_en: str, answer_en: str) -> Fact:
     """``fact`` with the English subject (unless it has one) and answer of its English row."""
     return replace(fact, subject_en=fact.subject_en or subject_en, answer_en=answer_en)
+
+
+def fill_english(bench: Benchmark) -> None:
+    """Give every fact of ``bench`` whose id has an English fact that fact's subject (unless
+    it has its own English subject) and answer (:func:`with_english`)."""
+    english = {f.id: (f.subject, f.answer) for f in bench.facts if f.lang == "en"}
+    bench.facts = [with_english(f, *english[f.id]) if f.id in english else f for f in bench.facts]

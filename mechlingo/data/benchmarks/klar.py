@@ -11,15 +11,8 @@ from typing import Any
 
 from mechlingo.core.errors import DataError
 from mechlingo.core.untrusted import check_depth
-from mechlingo.data.benchmarks.common import (
-    MASK,
-    Benchmark,
-    PathLike,
-    answer_slot,
-    cloze_fact,
-    lang_selected,
-    with_english,
-)
+from mechlingo.data.benchmarks import common
+from mechlingo.data.benchmarks.common import MASK, Benchmark, PathLike
 from mechlingo.data.facts import Fact, RecordError, check_langs
 from mechlingo.data.io import read_text
 
@@ -71,7 +64,9 @@ def load_klar(path: PathLike, langs: Iterable[str] | None = None) -> Benchmark:
     english: dict[str, tuple[str, str]] = {}
     for file in files:
         code, relation = file.parent.name, file.stem
-        lang = lang_selected(bench, code, wanted, str(file), lambda f=file: len(_klar_json(f)[0]))  # type: ignore[misc]
+        lang = common.lang_selected(
+            bench, code, wanted, str(file), lambda f=file: len(_klar_json(f)[0])
+        )  # type: ignore[misc]
         if lang is None:
             continue
         samples, templates = _klar_json(file)
@@ -88,7 +83,7 @@ def load_klar(path: PathLike, langs: Iterable[str] | None = None) -> Benchmark:
             if lang == "en":
                 english[fact.id] = (fact.subject, fact.answer)
     bench.facts = [
-        with_english(f, *english[f.id]) if f.id in english and not f.answer_en else f
+        common.with_english(f, *english[f.id]) if f.id in english and not f.answer_en else f
         for f in bench.facts
     ]
     return bench
@@ -106,7 +101,7 @@ def _klar_fact(
     if "<subject>" not in template:
         bench.skip("no_subject_slot", where)
         return None
-    parts = answer_slot(bench, where, template)
+    parts = common.answer_slot(bench, where, template)
     if parts is None:
         return None
     subject = sample["subject"]
@@ -120,7 +115,7 @@ def _klar_fact(
         "subject_en": sample.get("subject_en") or "",
         "answer_en": sample.get("object_en") or "",
     }
-    return cloze_fact(bench, where, record, head.strip(), tail, check_spacing=False)
+    return common.cloze_fact(bench, where, record, head.strip(), tail, check_spacing=False)
 
 
 ANSWER_COLON = re.compile(r"[:：]")
@@ -157,7 +152,7 @@ def _klar_flat_fact(bench: Benchmark, path: Path, number: int, line: str, lang: 
         "answer": answer,
         "subject_span": [0, len(question)],
     }
-    return cloze_fact(bench, where, record, prompt, "", check_spacing=False)
+    return common.cloze_fact(bench, where, record, prompt, "", check_spacing=False)
 
 
 def load_klar_flat(path: PathLike, langs: Iterable[str] | None = None) -> Benchmark:
@@ -173,7 +168,7 @@ def load_klar_flat(path: PathLike, langs: Iterable[str] | None = None) -> Benchm
     for file in files:
         lines = klar_flat_lines(file)
         n_lines = len(lines)
-        lang = lang_selected(bench, file.stem, wanted, str(file), lambda n=n_lines: n)  # type: ignore[misc]
+        lang = common.lang_selected(bench, file.stem, wanted, str(file), lambda n=n_lines: n)  # type: ignore[misc]
         if lang is None:
             continue
         counts[file.name] = len(lines)
@@ -183,6 +178,5 @@ def load_klar_flat(path: PathLike, langs: Iterable[str] | None = None) -> Benchm
                 bench.facts.append(fact)
     if len(set(counts.values())) > 1:
         raise DataError(f"{path}: KLAR text files are not line-aligned, line counts {counts}")
-    english = {f.id: (f.subject, f.answer) for f in bench.facts if f.lang == "en"}
-    bench.facts = [with_english(f, *english[f.id]) if f.id in english else f for f in bench.facts]
+    common.fill_english(bench)
     return bench

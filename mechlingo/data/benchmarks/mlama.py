@@ -8,17 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from mechlingo.core.errors import InputError
-from mechlingo.data.benchmarks.common import (
-    Benchmark,
-    PathLike,
-    answer_slot,
-    cloze_fact,
-    distinct_aliases,
-    jsonl_objects,
-    lang_selected,
-    with_english,
-)
-from mechlingo.data.facts import RecordError, check_langs
+from mechlingo.data.benchmarks import common
+from mechlingo.data.benchmarks.common import Benchmark, PathLike
+from mechlingo.data.facts import RecordError, check_langs, distinct_aliases
 
 
 def mlama_root(path: Path) -> Path:
@@ -60,17 +52,17 @@ def _mlama_rows(root: Path, wanted: tuple[str, ...] | None, bench: Benchmark) ->
     for tfile in sorted(root.glob("*/templates.jsonl")):
         folder = tfile.parent
         files = sorted(p for p in folder.glob("*.jsonl") if p.name != "templates.jsonl")
-        count = lambda fs=files: sum(1 for f in fs for _ in jsonl_objects(f))  # noqa: E731
-        lang = lang_selected(bench, folder.name, wanted, str(folder), count)
+        count = lambda fs=files: sum(1 for f in fs for _ in common.jsonl_objects(f))  # noqa: E731
+        lang = common.lang_selected(bench, folder.name, wanted, str(folder), count)
         if lang is None:
             continue
         templates: dict[str, str] = {}
-        for number, obj in jsonl_objects(tfile):
+        for number, obj in common.jsonl_objects(tfile):
             if not isinstance(obj.get("relation"), str) or not isinstance(obj.get("template"), str):
                 raise RecordError(f"{tfile}, line {number}: needs 'relation' and 'template'")
             templates[obj["relation"]] = obj["template"]
         for file in files:
-            for number, obj in jsonl_objects(file):
+            for number, obj in common.jsonl_objects(file):
                 where = f"{folder.name}/{file.name}, line {number}"
                 rows.append(_row(where, obj, lang, file.stem, templates.get(file.stem, "")))
     return rows
@@ -82,19 +74,19 @@ def _mpararel_rows(root: Path, wanted: tuple[str, ...] | None, bench: Benchmark)
     rows: list[dict[str, Any]] = []
     for folder in sorted(p for p in (root / "tuples").iterdir() if p.is_dir()):
         files = sorted(folder.glob("*.jsonl"))
-        count = lambda fs=files: sum(1 for f in fs for _ in jsonl_objects(f))  # noqa: E731
-        lang = lang_selected(bench, folder.name, wanted, str(folder), count)
+        count = lambda fs=files: sum(1 for f in fs for _ in common.jsonl_objects(f))  # noqa: E731
+        lang = common.lang_selected(bench, folder.name, wanted, str(folder), count)
         if lang is None:
             continue
         for file in files:
             pfile = root / "patterns" / folder.name / file.name
             patterns = []
             if pfile.is_file():
-                for number, obj in jsonl_objects(pfile):
+                for number, obj in common.jsonl_objects(pfile):
                     if not isinstance(obj.get("pattern"), str):
                         raise RecordError(f"{pfile}, line {number}: needs a 'pattern' string")
                     patterns.append(obj["pattern"])
-            for number, obj in jsonl_objects(file):
+            for number, obj in common.jsonl_objects(file):
                 where = f"tuples/{folder.name}/{file.name}, line {number}"
                 for tid, pattern in enumerate(patterns or [""]):
                     rows.append(_row(where, obj, lang, file.stem, pattern, tid))
@@ -116,7 +108,7 @@ def rows_from_records(
         relation = obj.get("predicate_id", obj.get("relation"))
         if not isinstance(code, str) or not isinstance(relation, str):
             raise RecordError(f"{where}: needs 'language' and 'predicate_id' (or 'relation')")
-        lang = lang_selected(bench, code, wanted, where, lambda: 1)
+        lang = common.lang_selected(bench, code, wanted, where, lambda: 1)
         if lang is None:
             continue
         template = obj.get("template") or ""
@@ -157,7 +149,7 @@ def facts_from_rows(
         if "[X]" not in template:
             bench.skip("no_subject_slot", where)
             continue
-        parts = answer_slot(bench, where, template, "[Y]")
+        parts = common.answer_slot(bench, where, template, "[Y]")
         if parts is None:
             continue
         head, tail = (p.replace("[X]", r["subject"]) for p in parts)
@@ -174,7 +166,7 @@ def facts_from_rows(
             "aliases": distinct_aliases(answer, r["labels"][1:]),
             "candidates": pools.get((r["relation"], r["lang"]), []) if candidates else [],
         }
-        fact = cloze_fact(bench, where, record, head, tail)
+        fact = common.cloze_fact(bench, where, record, head, tail)
         if fact is None:
             continue
         if (fact.id, fact.lang) in seen:
@@ -182,8 +174,7 @@ def facts_from_rows(
             continue
         seen.add((fact.id, fact.lang))
         bench.facts.append(fact)
-    english = {f.id: (f.subject, f.answer) for f in bench.facts if f.lang == "en"}
-    bench.facts = [with_english(f, *english[f.id]) if f.id in english else f for f in bench.facts]
+    common.fill_english(bench)
 
 
 def load_mlama(
@@ -200,7 +191,9 @@ def load_mlama(
     wanted = None if langs is None else check_langs(langs)
     if path.is_file():
         bench = Benchmark([], "mlama_rows", str(path))
-        rows = rows_from_records((obj for _, obj in jsonl_objects(path)), path.name, wanted, bench)
+        rows = rows_from_records(
+            (obj for _, obj in common.jsonl_objects(path)), path.name, wanted, bench
+        )
     elif (path / "tuples").is_dir():
         bench = Benchmark([], "mpararel", str(path))
         rows = _mpararel_rows(path, wanted, bench)
