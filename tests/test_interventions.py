@@ -18,6 +18,7 @@ from mechlingo.interventions import (
     ModelMismatchError,
     NeuronClamp,
     SteeringVector,
+    intervention_hooks,
     load_intervention,
     model_info,
 )
@@ -371,3 +372,27 @@ def test_plus_and_only_for_build_the_classes_without_the_registry(monkeypatch, t
     assert gated.langs == frozenset({"fr"})
     with pytest.raises(InterventionError, match="unknown intervention"):
         load_intervention(saved)
+
+
+def test_intervention_hooks_order_and_effect(tiny, toks):
+    """The intervention's hooks come first, then the extra hooks, which therefore read the
+    steered activation; without an intervention the extra hooks alone, in a new list."""
+    v = torch.randn(tiny.cfg.d_model, generator=torch.Generator().manual_seed(3))
+    sv = SteeringVector(v, 1, 2.0, positions="all")
+    name = "blocks.1.hook_resid_pre"
+    seen = {}
+
+    def grab(t, hook):
+        seen["x"] = t.detach().clone()
+
+    extra = [(name, grab)]
+    hooks = intervention_hooks(tiny, sv, extra)
+    assert [n for n, _ in hooks] == [n for n, _ in sv.fwd_hooks(tiny)] + [name]
+    assert hooks[-1][1] is grab
+    tiny.run_with_hooks(toks, fwd_hooks=hooks)
+    clean = _read(tiny, name, tokens=toks)
+    diff = (seen["x"] - clean)[:, 1:]  # "all" leaves the BOS token alone
+    torch.testing.assert_close(diff, (2.0 * v).expand_as(diff), rtol=1e-5, atol=1e-5)
+    alone = intervention_hooks(tiny, None, extra)
+    assert alone == extra and alone is not extra
+    assert intervention_hooks(tiny, None) == []

@@ -42,6 +42,7 @@ from mechlingo.activations.prefix import (
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, encode, prepends_bos, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
+from mechlingo.interventions.apply import intervention_hooks
 from mechlingo.interventions.base import Intervention
 from mechlingo.scoring.edits import first_edit
 from mechlingo.scoring.rank import score_candidates
@@ -130,13 +131,6 @@ def decided(
     if "open" in gold:
         return False
     return not english or _status(gen, normalize(english), "en") != "open"
-
-
-def _hooks_of(model: Model, intervention: Intervention | None, fwd_hooks: FwdHooks) -> list:
-    hooks = list(fwd_hooks)
-    if intervention is not None:
-        hooks = list(intervention.fwd_hooks(model)) + hooks
-    return hooks
 
 
 def greedy_generate(
@@ -271,7 +265,7 @@ def generate_conditions(
     if max_new_tokens < 0:
         raise InputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     ivs = list(interventions)
-    hooks = [_hooks_of(model, iv, fwd_hooks) for iv in ivs]
+    hooks = [intervention_hooks(model, iv, fwd_hooks) for iv in ivs]
     batch = encode(model, prompts)
     opts = {"max_new_tokens": max_new_tokens, "eos": getattr(model.tokenizer, "eos_token_id", None),
             "cache": cache, "shared": shared and cache and not fwd_hooks,

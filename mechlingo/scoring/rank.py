@@ -70,6 +70,7 @@ from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, prepends_bos
 from mechlingo.core.types import FwdHooks, Model
 from mechlingo.data import Fact
+from mechlingo.interventions.apply import intervention_hooks
 from mechlingo.interventions.base import Intervention
 from mechlingo.kernels.readout import token_logprobs
 from mechlingo.scoring.edits import first_edit
@@ -333,13 +334,6 @@ def _sums(
     return own_sum, own_n, sh_sum, sh_n
 
 
-def _hooks(model: Model, intervention: Intervention | None, fwd_hooks: FwdHooks) -> list:
-    hooks = list(fwd_hooks)
-    if intervention is not None:
-        hooks = list(intervention.fwd_hooks(model)) + hooks
-    return hooks
-
-
 def score_candidates(
     model: Model,
     facts: Sequence[Fact],
@@ -396,7 +390,7 @@ def score_candidates(
             raise InputError(f"fact {f.id!r} ({f.lang}) has no candidates to rank")
         stem = _ids(model, p + f.prompt, prepends_bos(model))
         layouts.append([candidate_layout(model, f, c, p, stem_ids=stem) for c in cs])
-    hooks = _hooks(model, intervention, fwd_hooks)
+    hooks = intervention_hooks(model, intervention, fwd_hooks)
     order = sorted(range(len(facts)), key=lambda i: (max(len(x.ids) for x in layouts[i]), i))
     ce: list[list[float]] = [[] for _ in facts]
     counts: list[list[int]] = [[] for _ in facts]

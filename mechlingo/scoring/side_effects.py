@@ -53,6 +53,7 @@ from mechlingo.interventions import (
     Intervention,
     NeuronClamp,
     SteeringVector,
+    intervention_hooks,
     random_like,
 )
 from mechlingo.kernels.significance import paired_bootstrap, wilson
@@ -391,7 +392,7 @@ def _measure_arm(
             intervention=intervention,
         )
         out["correct"] = np.array([bool(r["correct"]) for r in ev.records], dtype=float)
-    hooks = list(intervention.fwd_hooks(model)) if intervention is not None else []
+    hooks = intervention_hooks(model, intervention)
     for lg, v in lines.items():
         s, c = line_nll(model, v, fwd_hooks=hooks, batch_size=batch_size, max_tokens=max_tokens)
         out["nll"][lg] = s.numpy()

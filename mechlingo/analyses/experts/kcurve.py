@@ -30,7 +30,7 @@ from mechlingo.analyses.experts.selection import ExpertResult
 from mechlingo.core.errors import ExpertError
 from mechlingo.core.types import FwdHooks, Model
 from mechlingo.data.langid import identify_languages
-from mechlingo.interventions import Intervention
+from mechlingo.interventions import Intervention, intervention_hooks
 from mechlingo.kernels.significance import bootstrap_perplexity, mcnemar, perplexity_ratio, wilson
 from mechlingo.scoring.evaluate import greedy_generate
 from mechlingo.viz.experts import k_curve_figure
@@ -193,7 +193,7 @@ class KCurve:
 
 def _fwd_hooks(model: Model, intervention: Intervention | None) -> FwdHooks:
     """The hooks of ``intervention`` on ``model`` (none without one)."""
-    return list(intervention.fwd_hooks(model)) if intervention is not None else []
+    return intervention_hooks(model, intervention)
 
 
 def _k_arms(
