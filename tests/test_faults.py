@@ -487,11 +487,11 @@ def test_utf16_data_file_on_the_command_line(work, tiny_dir, facts, capsys):
     write_jsonl(facts, work / "f.jsonl")
     (work / "f16.jsonl").write_bytes((work / "f.jsonl").read_text("utf-8").encode("utf-16"))
     old = _tree(work / "out")
-    status, err = _cli(_lens(tiny_dir, "--data", "f16.jsonl"), capsys)
+    status, err = _cli(_lens(tiny_dir, "--facts", "f16.jsonl"), capsys)
     assert status == 2 and "UTF-16" in _one_line(err) and "iconv" in err, err
     assert _tree(work / "out") == old
     (work / "fbom.jsonl").write_bytes(_as_other_tool((work / "f.jsonl").read_text("utf-8")))
-    status, err = _cli(_lens(tiny_dir, "--data", "fbom.jsonl"), capsys)
+    status, err = _cli(_lens(tiny_dir, "--facts", "fbom.jsonl"), capsys)
     assert status == 0, err[-3000:]
 
 

@@ -363,7 +363,7 @@ def test_steer_eval_under_rank_on_tiny(tiny_dir, tmp_path):
     facts = _with_candidates(load_facts(langs=["en", "fr", "de"], relations=["capital"],
                                         limit=24, templates="natural"))  # fmt: skip
     data = _cloze_jsonl(tmp_path / "cloze.jsonl", facts)
-    common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--data", str(data), "--quiet"]
+    common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--facts", str(data), "--quiet"]
     vdir, out = tmp_path / "v", tmp_path / "e"
     assert main(["steer", "build", *common, "--k-shot", "2", "--out", str(vdir)]) == 0
     grid = ["--task-layers", "0", "--diff-layers", "1", "--task-alphas", "0.5",
@@ -459,7 +459,7 @@ def test_eval_rank_and_klar_on_the_embedded_model(tmp_path, gemma, monkeypatch):
 
 @pytest.mark.slow
 def test_eval_on_benchmark_fixture_folders(tmp_path, gemma, monkeypatch):
-    """`eval --data BMLAMA_DIR --metric rank` and `eval --data KLAR_DIR --metric klar` read the
+    """`eval --facts BMLAMA_DIR --metric rank` and `eval --facts KLAR_DIR --metric klar` read the
     benchmark layouts (hand-written fixtures, tests/bench_fixtures.py) and write a report."""
     from mechlingo.cli import evaluate, main
     from mechlingo.cli.validate import check_after_load

@@ -103,7 +103,9 @@ def _data_args(p: argparse.ArgumentParser, default_lines: int) -> None:
     g.add_argument(
         "--langs",
         default=None,
-        help="comma-separated languages (default: every language with data)",
+        help="comma-separated languages (default: every language with data: a language's "
+        "experts are scored against all the others, and alignment is measured between every "
+        "pair)",
     )
     g.add_argument(
         "--lines",

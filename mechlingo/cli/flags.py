@@ -1,5 +1,5 @@
 """Parsers of comma-separated flag values: the one place where ``--langs``, ``--k``,
-``--seeds``, ``--task-alphas``, ``--split``, ``--mid-layers``, ``--config`` ... are split
+``--control-seeds``, ``--task-alphas``, ``--split``, ``--mid-layers``, ``--config`` ... are split
 and converted.
 
 Every parser names the flag in its error (an :class:`~mechlingo.core.errors.InputError`,
@@ -120,7 +120,7 @@ def parse_ints(
     at least 1; ``""`` is ``[]`` with ``allow_empty``.
 
     Raises:
-        InputError: ``--seeds takes comma-separated integers, got '0,x'``, ``--k needs
+        InputError: ``--control-seeds takes comma-separated integers, got '0,x'``, ``--k needs
             positive integers, got '5,-1'``, or an empty item.
     """
     items = parse_list(text, flag, what="number", unique=False, allow_empty=allow_empty)
