@@ -276,7 +276,7 @@ def test_experts_command_under_torchrun_equals_one_process(tiny_dir, tmp_path):
         "fr": ["La capitale de l'Italie est Rome.", "Il pleut.", "Rome est ancienne.", "Salut."],
     }.items():
         (data / f"{lang}.txt").write_text("\n".join(lines) + "\n")
-    args = ["experts", "--model", str(tiny_dir), "--lang", "es", "--k", "4", "--data",
+    args = ["experts", "--model", str(tiny_dir), "--target", "es", "--k", "4", "--parallel",
             str(data), "--langs", "en,es,fr", "--no-curve", "--quiet"]  # fmt: skip
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -216,7 +216,7 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
                      "de": "Die Katze sitzt auf der Matte"}.items():  # fmt: skip
         (lines / f"{lg}.txt").write_text(f"{text}\n{text} again\n", "utf-8")
     rc = main(["steer", "eval", *common, "--vectors", str(vdir), "--config", "0,0.1,1,0.1",
-               "--max-new-tokens", "2", "--side-effects", str(lines), "--side-effects-lines",
+               "--max-new-tokens", "2", "--side-effects", "--parallel", str(lines), "--side-effects-lines",
                "2", "--out", str(tmp_path / "se")])  # fmt: skip
     s = json.loads((tmp_path / "se" / "summary.json").read_text())
     assert rc == 0 and "side_effects" in s
@@ -248,7 +248,7 @@ def test_steer_eval_cli_writes_what_run_protocol_writes(tiny, tiny_dir, tmp_path
     assert main(["steer", "build", *common, "--k-shot", "2", "--out", str(vdir)]) == 0
     grid = ["--task-layers", "0", "--diff-layers", "1", "--task-alphas", "0.1,0.5",
             "--diff-alphas", "0.5", "--top-k", "1", "--screen-ids", "2"]  # fmt: skip
-    assert main(["steer", "eval", *common, "--vectors", str(vdir), *grid, "--seeds", "0,1",
+    assert main(["steer", "eval", *common, "--vectors", str(vdir), *grid, "--control-seeds", "0,1",
                  "--repeats", "2", "--max-new-tokens", "2", "--out", str(cli)]) == 0  # fmt: skip
     facts = load_facts(langs=["en", "fr", "de"], relations=["capital"], limit=30,
                        templates="natural")  # fmt: skip

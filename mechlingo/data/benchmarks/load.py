@@ -187,7 +187,7 @@ def is_hub_id(text: str) -> bool:
 
 
 def benchmark_format(text: str) -> str | None:
-    """The benchmark format ``--data`` names (a folder, a benchmark file or a hub id), or
+    """The benchmark format ``--facts`` names (a folder, a benchmark file or a hub id), or
     ``None`` for one of mechlingo's own facts files (and for a path that does not exist,
     which the facts-file check reports).
 
