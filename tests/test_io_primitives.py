@@ -110,3 +110,17 @@ def test_atomic_file_failure_leaves_no_file_when_none_existed(tmp_path):
             tmp.write_text("{")
             raise ValueError("bad")
     assert not path.exists() and not list(tmp_path.iterdir())
+
+
+def test_write_files_writes_intervals_and_nan_as_strict_json(tmp_path):
+    from mechlingo.core.artifacts import write_files
+    from mechlingo.kernels.significance import paired_gain, wilson
+
+    out = write_files(tmp_path / "o", {"a.json": {"w": wilson(3, 10), "x": math.nan,
+                                                  "g": paired_gain([0, 1], [1, 1])}})  # fmt: skip
+    text = (out / "a.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    got = json.loads(text)
+    assert got["x"] is None and got["w"] == wilson(3, 10).to_json()
+    assert got["g"]["estimate"] == 0.5 and got["g"]["relative"]["estimate"] == 1.0
+    assert hash(wilson(3, 10)) == hash(wilson(3, 10))  # extras do not make it unhashable
