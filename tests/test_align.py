@@ -174,10 +174,12 @@ def test_compare_alignment_with_control_and_intervals(tiny):
     for m, per in ci["metrics"].items():
         for cell in per.values():
             assert cell["n"] == 4
-            assert cell["lo"] <= cell["mean"] + 1e-9 and cell["mean"] <= cell["hi"] + 1e-9
+            assert cell["lo"] <= cell["estimate"] + 1e-9 and cell["estimate"] <= cell["hi"] + 1e-9
         g = ci["gains"][m]["post_vs_control"]
-        assert g["gain"] == pytest.approx(per["post"]["mean"] - per["control"]["mean"], abs=1e-6)
-    assert ci["metrics"]["between_languages"]["post"]["mean"] == pytest.approx(
+        assert g["estimate"] == pytest.approx(
+            per["post"]["estimate"] - per["control"]["estimate"], abs=1e-6
+        )
+    assert ci["metrics"]["between_languages"]["post"]["estimate"] == pytest.approx(
         s["distance"]["post"]["between_languages"], abs=1e-5
     )
     assert set(c.to_dataframe().columns) >= {"top1_pre", "top1_post", "top1_control"}

@@ -38,7 +38,7 @@ CPU_ONLY = (pytest.mark.skipif(torch.cuda.is_available(), reason="needs CPU-only
 def _facts_dicts(langs: list[str], limit: int, relation: str = "capital") -> list[dict]:
     from mechlingo.data import load_facts
 
-    return [f.to_dict() for f in load_facts(langs=langs, relations=[relation], limit=limit)]
+    return [f.to_json() for f in load_facts(langs=langs, relations=[relation], limit=limit)]
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:

@@ -53,8 +53,8 @@ def test_es_fr_ru_the_two_rules_and_the_tie():
     zero["ja"] = [N] * 10
     tied = lowest_language_rule(zero, few)
     assert tied["literal_languages"] == ["ja", "ru"]
-    w = {lg: wilson(sum(z), len(z)) for lg, z in zero.items()}
-    wf = {lg: wilson(sum(f), len(f)) for lg, f in few.items()}
+    w = {lg: wilson(sum(z), len(z)).to_json() for lg, z in zero.items()}
+    wf = {lg: wilson(sum(f), len(f)).to_json() for lg, f in few.items()}
     assert lowest_language_dev(w, wf) == tied["literal"]
     none = lowest_language_rule({"en": [Y], "fr": [N] * 3}, {"en": [Y], "fr": [Y] * 3})
     assert none["languages"] == [] and none["language"] is None  # 3 fixed: p = 0.25
@@ -177,7 +177,7 @@ def test_overlap_treats_languages_as_the_units():
     assert t.estimate.hi - t.estimate.estimate == pytest.approx(sps.t.ppf(0.975, 5) * se)
     # 15 pairs x k = 100 slots as independent trials would claim a far narrower interval
     naive = wilson(round(m[iu].sum() * 100), 15 * 100)
-    assert t.estimate.hi - t.estimate.lo > 3 * (naive["hi"] - naive["lo"])
+    assert t.estimate.hi - t.estimate.lo > 3 * (naive.hi - naive.lo)
 
 
 def test_auroc_tests_cluster_by_sentence():

@@ -105,7 +105,7 @@ def test_eval_summary_has_wilson_intervals(tmp_path, tiny_dir):
     for lg in ("en", "fr"):
         k = sum(bool(r["correct"]) for r in recs if r["lang"] == lg)
         n = sum(r["lang"] == lg for r in recs)
-        assert n == 4 and s["accuracy_ci"][lg] == wilson(k, n)
+        assert n == 4 and s["accuracy_ci"][lg] == wilson(k, n).to_json()
         assert s["accuracy"][lg] == k / n
     assert "Wilson 95% intervals" in (out / "report.html").read_text()
 

@@ -443,7 +443,7 @@ def test_cloze_fields_round_trip_and_fill(tmp_path: Path) -> None:
     assert read_jsonl(tmp_path / "f.jsonl") == [fact]
     assert read_tsv(tmp_path / "f.tsv") == [fact]
     plain = load_facts(langs=["en"], relations=["capital"], limit=1)[0]
-    assert "suffix" not in plain.to_dict() and "candidates" not in plain.to_dict()
+    assert "suffix" not in plain.to_json() and "candidates" not in plain.to_json()
     with pytest.raises(RecordError, match="candidates"):
         fact_from_mapping({**rec, "candidates": ["ロンドン"]})
     with pytest.raises(RecordError, match="prompt"):

@@ -345,7 +345,7 @@ def test_english_lead_by_hand():
     ]
     out = english_lead(_fake_result(ans, en, ["es"] * 3), min_prob=0.01)["es"]
     assert out["n"] == 3 and out["ever"]["k"] == 2  # entry 0 is below the floor
-    assert out["first_layer"]["mean"] == pytest.approx(1.5)  # first layers 2 and 1
+    assert out["first_layer"]["estimate"] == pytest.approx(1.5)  # first layers 2 and 1
     assert [w["k"] for w in out["share_by_layer"]] == [0, 1, 2, 1]
     assert out["range"]["layers"] == [] or set(out["range"]["layers"]) <= {1, 2, 3}
     cmp = DecoderComparison({"logit": _fake_result(ans, en, ["es"] * 3)})

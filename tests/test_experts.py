@@ -219,7 +219,7 @@ def test_k_curve_runs(tiny, experts):
     for r in kc.rows:  # Wilson interval of the BOS hits; ratios against the no-clamp row
         assert r["n_bos"] == 4 == len(r["bos_hits"]) and r["target_bos"] == sum(r["bos_hits"])
         w = wilson(r["target_bos"], 4)
-        assert (r["target_rate_bos_lo"], r["target_rate_bos_hi"]) == (w["lo"], w["hi"])
+        assert (r["target_rate_bos_lo"], r["target_rate_bos_hi"]) == (w.lo, w.hi)
         for lg in ("en", "es", "fr"):
             assert r[f"ppl_{lg}_lo"] <= r[f"ppl_{lg}"] <= r[f"ppl_{lg}_hi"]
             want = r[f"ppl_{lg}"] / kc.rows[0][f"ppl_{lg}"]
@@ -376,14 +376,14 @@ def test_cli_experts_then_align(tmp_path, tiny_dir):
     assert set(iv["metrics"]) == want
     for m in want:
         assert set(iv["metrics"][m]) == {"pre", "post", "control"}
-        pre, post = iv["metrics"][m]["pre"]["mean"], iv["metrics"][m]["post"]["mean"]
+        pre, post = iv["metrics"][m]["pre"]["estimate"], iv["metrics"][m]["post"]["estimate"]
         g = iv["gains"][m]
         assert set(g) == {"post_vs_pre", "post_vs_control", "control_vs_pre"}
-        assert g["post_vs_pre"]["gain"] == pytest.approx(post - pre, abs=1e-6)
+        assert g["post_vs_pre"]["estimate"] == pytest.approx(post - pre, abs=1e-6)
     mean_pre = sum(s["retrieval_top1"]["pre"].values()) / 6
-    assert iv["metrics"]["retrieval"]["pre"]["mean"] == pytest.approx(mean_pre, abs=1e-6)
+    assert iv["metrics"]["retrieval"]["pre"]["estimate"] == pytest.approx(mean_pre, abs=1e-6)
     d = s["distance"]["control"]["between_languages"]
-    assert iv["metrics"]["between_languages"]["control"]["mean"] == pytest.approx(d, abs=1e-5)
+    assert iv["metrics"]["between_languages"]["control"]["estimate"] == pytest.approx(d, abs=1e-5)
     assert iv["pairs"]["post"]["es->en"]["n"] == 4
     # side effects of the chosen clamp against its random-neuron control
     rc = main(["align", "--model", str(tiny_dir), "--clamp", str(edir), "--parallel", str(data),

@@ -408,7 +408,7 @@ def test_quoted_tsv_cells_are_read(facts, tmp_path):
     from mechlingo.data import FIELDS, read_tsv
     from mechlingo.data.facts import fact_from_mapping
 
-    rows = [f.to_dict() for f in facts]
+    rows = [f.to_json() for f in facts]
     rows[0]["prompt"] = 'He said "the capital\tof\nFrance" is'
     rows[0]["subject_span"] = [
         rows[0]["prompt"].index("France"),

@@ -294,10 +294,10 @@ def test_clc_is_the_jaccard_overlap_with_english():
     recs += [{"id": i, "lang": "fr", "correct": i in "bcd"} for i in "abcde"]
     recs += [{"id": i, "lang": "de", "correct": False} for i in "abcdf"]
     out = clc(recs)
-    assert out["fr"]["value"] == pytest.approx(2 / 4) and out["fr"]["n"] == 5
+    assert out["fr"]["estimate"] == pytest.approx(2 / 4) and out["fr"]["n"] == 5
     assert out["fr"]["lo"] <= 0.5 <= out["fr"]["hi"]
-    assert out["en"]["value"] == 1.0
-    assert out["de"]["value"] == 0.0 and out["de"]["n"] == 4  # ids scored in both only
+    assert out["en"]["estimate"] == 1.0
+    assert out["de"]["estimate"] == 0.0 and out["de"]["n"] == 4  # ids scored in both only
 
 
 # --------------------------------------------------------------------------------------
@@ -327,8 +327,8 @@ def test_rankc_on_a_small_table_matches_the_papers_formula():
         {"id": "f4", "lang": "en", "ranking": [0, 1]},  # no fr ranking: not counted
     ]
     out = rankc(recs)["en|fr"]
-    assert out["n"] == 3 and out["value"] == pytest.approx(sum(expected) / 3)
-    assert out["lo"] <= out["value"] <= out["hi"]
+    assert out["n"] == 3 and out["estimate"] == pytest.approx(sum(expected) / 3)
+    assert out["lo"] <= out["estimate"] <= out["hi"]
 
 
 # --------------------------------------------------------------------------------------
@@ -337,7 +337,7 @@ def test_rankc_on_a_small_table_matches_the_papers_formula():
 
 
 def _cloze_jsonl(path, facts):
-    path.write_text("".join(json.dumps(f.to_dict(), ensure_ascii=False) + "\n" for f in facts))
+    path.write_text("".join(json.dumps(f.to_json(), ensure_ascii=False) + "\n" for f in facts))
     return path
 
 
@@ -446,12 +446,12 @@ def test_eval_rank_and_klar_on_the_embedded_model(tmp_path, gemma, monkeypatch):
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["metric"]["metric"] == "rank" and s["skipped"] == {}
     assert s["accuracy_ci"]["en"]["n"] == 3 and s["rankc"]["en|fr"]["n"] == 3
-    assert s["p_at_1"]["en"]["p"] >= 2 / 3  # the embedded model ranks these capitals right
+    assert s["p_at_1"]["en"]["estimate"] >= 2 / 3  # the embedded model ranks these capitals right
     assert "RankC" in (tmp_path / "r" / "report.html").read_text()
     assert main([*common, "--metric", "klar", "--out", str(tmp_path / "k")]) == 0
     s = json.loads((tmp_path / "k" / "summary.json").read_text())
     assert s["skipped"] == {SKIP_NO_STEM: 2} and s["accuracy_ci"]["fr"]["n"] == 2
-    assert set(s["clc"]) == {"en", "fr"} and s["clc"]["en"]["value"] in (0.0, 1.0)
+    assert set(s["clc"]) == {"en", "fr"} and s["clc"]["en"]["estimate"] in (0.0, 1.0)
     recs = [json.loads(x) for x in (tmp_path / "k" / "generations.jsonl").read_text().split("\n")
             if x]  # fmt: skip
     assert all(r["shots"] == 1 and r["prompt"].count("\n") == 1 for r in recs)
@@ -500,7 +500,7 @@ def test_trace_adds_the_gold_rank_per_class(tiny):
         for c, stats in classes.items():
             ranks = [r["gold_rank"] for r in tr.records
                      if r["lang"] == lg and r["class"] == c and r["gold_rank"] is not None]  # fmt: skip
-            assert stats["n"] == len(ranks) and stats["mean"] == pytest.approx(np.mean(ranks))
+            assert stats["n"] == len(ranks) and stats["estimate"] == pytest.approx(np.mean(ranks))
 
 
 def test_eval_cli_counts_skips_and_refuses_a_metric_that_scores_nothing(tiny_dir, tmp_path):

@@ -15,6 +15,7 @@ from mechlingo.kernels.significance import (
     Test,
     bootstrap_mean,
     bootstrap_perplexity,
+    bootstrap_ratio,
     correlation_test,
     holm,
     mcnemar,
@@ -43,19 +44,23 @@ def _wilson_by_hand(k: int, n: int, z: float = 1.959963984540054) -> tuple[float
 def test_wilson_matches_hand_formula(k, n):
     w = wilson(k, n)
     lo, hi = _wilson_by_hand(k, n)
-    assert w["k"] == k and w["n"] == n and w["p"] == pytest.approx(k / n)
-    assert w["lo"] == pytest.approx(max(lo, 0.0), abs=1e-12)
-    assert w["hi"] == pytest.approx(min(hi, 1.0), abs=1e-12)
+    assert isinstance(w, Interval) and w.extra["k"] == k and w.n == n
+    assert w.estimate == pytest.approx(k / n)
+    assert w.lo == pytest.approx(max(lo, 0.0), abs=1e-12)
+    assert w.hi == pytest.approx(min(hi, 1.0), abs=1e-12)
 
 
 def test_wilson_known_value_and_empty():
     # 3 of 10: Wilson 95% interval (0.1078, 0.6032), the textbook value
     w = wilson(3, 10)
-    assert (round(w["lo"], 4), round(w["hi"], 4)) == (0.1078, 0.6032)
-    assert wilson(0, 0) == {"k": 0, "n": 0, "p": None, "lo": None, "hi": None}
+    assert (round(w.lo, 4), round(w.hi, 4)) == (0.1078, 0.6032)
+    assert w.to_json() == {"estimate": 0.3, "lo": w.lo, "hi": w.hi, "n": 10,
+                           "confidence": 0.95, "k": 3}  # fmt: skip
+    assert Interval.from_json(w.to_json()) == w
+    assert wilson(0, 0) == Interval(None, None, None, 0, extra={"k": 0})
     t = wilson_table({"orig": {"es": [True, False, False], "fr": [1, 1]}})
-    assert t["orig"]["es"]["k"] == 1 and t["orig"]["es"]["n"] == 3
-    assert t["orig"]["fr"]["p"] == 1.0
+    assert t["orig"]["es"].extra["k"] == 1 and t["orig"]["es"].n == 3
+    assert t["orig"]["fr"].estimate == 1.0
 
 
 def _mcnemar_by_hand(fixed: int, broken: int) -> float:
@@ -88,23 +93,30 @@ def test_mcnemar_known_values_and_errors():
 
 def test_paired_gain_hand_examples():
     g = paired_gain([0, 0, 1, 1], [1, 1, 1, 0])
-    assert g["n"] == 4 and g["base"] == 0.5 and g["new"] == 0.75
-    assert g["gain"] == pytest.approx(0.25) and g["relative"] == pytest.approx(0.5)
-    assert g["lo"] <= 0.25 <= g["hi"] and -1 <= g["lo"] and g["hi"] <= 1
+    assert isinstance(g, Interval)
+    assert g.n == 4 and g.extra["base"] == 0.5 and g.extra["new"] == 0.75
+    assert g.estimate == pytest.approx(0.25) and g.extra["relative"].estimate == pytest.approx(0.5)
+    assert g.lo <= 0.25 <= g.hi and -1 <= g.lo and g.hi <= 1
     big = paired_gain([0, 0, 1, 1] * 10, [1, 1, 1, 0] * 10)  # same rates, 40 pairs
-    assert big["relative"] == pytest.approx(0.5)
-    assert big["relative_lo"] <= 0.5 <= big["relative_hi"]
-    assert big["lo"] <= 0.25 <= big["hi"] and big["hi"] - big["lo"] < g["hi"] - g["lo"]
+    rel = big.extra["relative"]
+    assert rel.estimate == pytest.approx(0.5) and rel.n == 40
+    assert rel.lo <= 0.5 <= rel.hi
+    assert big.lo <= 0.25 <= big.hi and big.hi - big.lo < g.hi - g.lo
     same = paired_gain([1, 0, 1], [1, 0, 1])  # no discordant pairs: exact 0
-    assert (same["gain"], same["lo"], same["hi"]) == (0.0, 0.0, 0.0)
-    assert (same["relative_lo"], same["relative_hi"]) == (0.0, 0.0)
+    assert (same.estimate, same.lo, same.hi) == (0.0, 0.0, 0.0)
+    assert (same.extra["relative"].lo, same.extra["relative"].hi) == (0.0, 0.0)
     shift = paired_gain([0.25, 0.5, 0.75], [0.75, 1.0, 1.25])  # every difference 0.5
-    assert shift["lo"] == shift["hi"] == pytest.approx(0.5)
+    assert shift.lo == shift.hi == pytest.approx(0.5)
     zero = paired_gain([0, 0, 0, 0], [1, 0, 1, 0])  # base 0: no relative gain
-    assert zero["relative"] is None and zero["gain"] == 0.5
-    assert paired_gain([], [])["gain"] is None
+    assert zero.extra["relative"] is None and zero.estimate == 0.5
+    empty = paired_gain([], [])
+    assert empty.estimate is None and empty.n == 0 and empty.extra["base"] is None
     # all 10 items fixed over a 0 baseline: every resample has gain 1
-    assert paired_gain([0] * 10, [1] * 10)["lo"] == 1.0
+    assert paired_gain([0] * 10, [1] * 10).lo == 1.0
+    # JSON: the relative gain nests as its own interval, and reads back
+    js = big.to_json()
+    assert js["estimate"] == big.estimate and js["relative"]["estimate"] == rel.estimate
+    assert Interval.from_json(js).extra["relative"] == rel.to_json()
 
 
 def test_paired_gain_equals_scipy_bootstrap_of_differences():
@@ -114,8 +126,8 @@ def test_paired_gain_equals_scipy_bootstrap_of_differences():
     g = paired_gain(a, b, seed=7)
     gen = np.random.default_rng(7)
     res = sps.bootstrap((b - a,), np.mean, n_resamples=2000, method="BCa", random_state=gen)
-    assert g["lo"] == pytest.approx(res.confidence_interval.low)
-    assert g["hi"] == pytest.approx(res.confidence_interval.high)
+    assert g.lo == pytest.approx(res.confidence_interval.low)
+    assert g.hi == pytest.approx(res.confidence_interval.high)
 
 
 def test_bootstrap_mean_equals_scipy_and_edge_cases():
@@ -123,30 +135,40 @@ def test_bootstrap_mean_equals_scipy_and_edge_cases():
     b = bootstrap_mean(x, seed=1)
     res = sps.bootstrap((x,), np.mean, n_resamples=2000, method="BCa",
                         random_state=np.random.default_rng(1))  # fmt: skip
-    assert b["n"] == 7 and b["mean"] == pytest.approx(x.mean())
-    assert b["lo"] == pytest.approx(res.confidence_interval.low)
-    assert b["hi"] == pytest.approx(res.confidence_interval.high)
-    assert x.min() <= b["lo"] < b["mean"] < b["hi"] <= x.max()
-    assert bootstrap_mean([2.0, 2.0]) == {"n": 2, "mean": 2.0, "lo": 2.0, "hi": 2.0}
-    assert bootstrap_mean([])["mean"] is None
+    assert b.n == 7 and b.estimate == pytest.approx(x.mean())
+    assert b.lo == pytest.approx(res.confidence_interval.low)
+    assert b.hi == pytest.approx(res.confidence_interval.high)
+    assert x.min() <= b.lo < b.estimate < b.hi <= x.max()
+    assert bootstrap_mean([2.0, 2.0]) == Interval(2.0, 2.0, 2.0, 2)
+    assert bootstrap_mean([]) == Interval(None, None, None, 0)
+
+
+def test_bootstrap_ratio_is_the_ratio_of_sums_with_paired_resamples():
+    num, den = [1.0, 0.0, 2.0, 1.0, 3.0], [2.0, 1.0, 2.0, 2.0, 4.0]
+    r = bootstrap_ratio(num, den, seed=2)
+    assert isinstance(r, Interval) and r.n == 5 and r.estimate == pytest.approx(7 / 11)
+    # every item's own ratio bounds any resample's ratio of sums
+    assert 0.0 <= r.lo <= r.estimate <= r.hi <= 1.0
+    assert bootstrap_ratio([1.0], [2.0]) == Interval(0.5, None, None, 1)
+    assert bootstrap_ratio([], []) == Interval(None, None, None, 0)
 
 
 def test_bootstrap_perplexity_and_ratio():
     nll = np.array([10.0, 20.0, 15.0, 12.0, 30.0])
     cnt = np.array([5, 8, 6, 5, 10])
     p = bootstrap_perplexity(nll, cnt)
-    assert p["ppl"] == pytest.approx(math.exp(87 / 34))
-    assert p["n_lines"] == 5 and p["n_tokens"] == 34
+    assert p.estimate == pytest.approx(math.exp(87 / 34))
+    assert p.n == 5 and p.extra == {"n_tokens": 34}
     # every line's own perplexity bounds any resample's
     per_line = np.exp(nll / cnt)
-    assert per_line.min() <= p["lo"] <= p["ppl"] <= p["hi"] <= per_line.max()
-    assert bootstrap_perplexity([3.0], [2])["lo"] is None
+    assert per_line.min() <= p.lo <= p.estimate <= p.hi <= per_line.max()
+    assert bootstrap_perplexity([3.0], [2]).lo is None
     r = perplexity_ratio(nll, nll * 1.5, cnt)  # NLL 1.5x: ppl ratio exp(0.5 * 87 / 34)
-    assert r["ratio"] == pytest.approx(math.exp(0.5 * 87 / 34))
-    assert r["lo"] <= r["ratio"] <= r["hi"]
+    assert r.estimate == pytest.approx(math.exp(0.5 * 87 / 34)) and r.n == 5
+    assert r.lo <= r.estimate <= r.hi
     same = perplexity_ratio(nll, nll, cnt)
-    assert same["ratio"] == pytest.approx(1.0)
-    assert same["lo"] == pytest.approx(1.0) and same["hi"] == pytest.approx(1.0)
+    assert same.estimate == pytest.approx(1.0)
+    assert same.lo == pytest.approx(1.0) and same.hi == pytest.approx(1.0)
     with pytest.raises(ValueError):
         bootstrap_perplexity([1.0, 2.0], [1])
 

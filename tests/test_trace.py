@@ -123,7 +123,7 @@ def test_trace_cli(tiny_dir, tmp_path):
     for lg, counts in summary["classification"].items():  # Wilson interval per class
         assert sum(counts.values()) == 3
         for c, n in counts.items():
-            assert summary["classification_ci"][lg][c] == wilson(n, 3)
+            assert summary["classification_ci"][lg][c] == wilson(n, 3).to_json()
     trace = json.loads((out / "trace.json").read_text())
     assert len(trace) == 6 and {"class", "generation", "first_en_layer"} <= set(trace[0])
     patching = json.loads((out / "patching.json").read_text())

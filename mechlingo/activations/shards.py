@@ -51,6 +51,7 @@ from mechlingo.activations.distributed import (
     is_distributed,
     shard_bounds,
 )
+from mechlingo.core.artifacts import atomic_file
 from mechlingo.core.errors import DataError, InputError
 from mechlingo.kernels.grouped import grouped_auroc_and_average_precision
 
@@ -219,14 +220,14 @@ class ShardWriter:
         if self._fill == 0:
             return
         stem = self.directory / f"{self.prefix}-{self.n_shards:06d}"
-        tmp = stem.with_suffix(".f32.part")
-        with open(tmp, "wb") as f:
+        with atomic_file(stem.with_suffix(".rows.npy")) as tmp, open(tmp, "wb") as f:
+            np.save(f, self._ids[: self._fill].copy())
+        # the .f32 file last: a shard is complete or absent
+        with atomic_file(stem.with_suffix(".f32")) as tmp, open(tmp, "wb") as f:
             # feature-major: one feature's rows of this shard are contiguous on disk
             for j0 in range(0, self.n_features, 4096):
                 block = self._buf[: self._fill, j0 : j0 + 4096]
                 f.write(np.ascontiguousarray(block.T).astype("<f4", copy=False).tobytes())
-        np.save(stem.with_suffix(".rows.npy"), self._ids[: self._fill].copy())
-        os.replace(tmp, stem.with_suffix(".f32"))  # a shard is complete or absent
         self.n_rows += self._fill
         self.n_shards += 1
         self._fill = 0

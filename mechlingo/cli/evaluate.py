@@ -55,7 +55,7 @@ def cmd_eval(args: Any) -> int:
     )
 
     summary = {
-        "metric": scorer.to_dict(),
+        "metric": scorer.to_json(),
         "accuracy": result.accuracy(),
         "accuracy_ci": _accuracy_ci(result.records),
         "answered_in_english": result.english_rate(),
@@ -87,9 +87,11 @@ def cmd_eval(args: Any) -> int:
     return 0
 
 
-def _accuracy_ci(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Wilson 95% interval of the accuracy of each language (``p``, ``lo``, ``hi``)."""
+def _accuracy_ci(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Wilson 95% interval of the accuracy of each language, as JSON (``estimate``, ``lo``,
+    ``hi``, ``n``, ``confidence``, ``k``)."""
     by_lang: dict[str, list[bool]] = {}
     for r in records:
         by_lang.setdefault(r["lang"], []).append(bool(r["correct"]))
-    return wilson_table({"accuracy": dict(sorted(by_lang.items()))})["accuracy"]
+    table = wilson_table({"accuracy": dict(sorted(by_lang.items()))})["accuracy"]
+    return {lg: iv.to_json() for lg, iv in table.items()}

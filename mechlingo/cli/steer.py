@@ -464,7 +464,7 @@ def _print_summary(summary: dict) -> None:
     g = summary["non_english_gain"].get(sel, {})
     print(
         f"dev effect: {summary['dev_effect']} (selected {sel}); non-English gain of {sel}: "
-        f"{_pct(g.get('gain'))} points [{_pct(g.get('lo'))}, {_pct(g.get('hi'))}], McNemar p "
+        f"{_pct(g.get('estimate'))} points [{_pct(g.get('lo'))}, {_pct(g.get('hi'))}], McNemar p "
         f"= {summary['mcnemar_vs_orig'].get(sel, {}).get('p', float('nan')):.3g}"
     )
     head = summary.get("headline", {})
@@ -476,8 +476,9 @@ def _print_summary(summary: dict) -> None:
         parts = []
         for cond, g in ((both, h.get("both")), (single, h.get("best_single"))):
             g = g or {}
-            rel = "n/a (orig 0)" if g.get("relative") is None else f"{g['relative']:+.2f}"
-            parts.append(f"{cond} {_pct(g.get('gain'))} [{_pct(g.get('lo'))}, "
+            r = g.get("relative")
+            rel = "n/a (orig 0)" if r is None else f"{r['estimate']:+.2f}"
+            parts.append(f"{cond} {_pct(g.get('estimate'))} [{_pct(g.get('lo'))}, "
                          f"{_pct(g.get('hi'))}] points, relative {rel}")  # fmt: skip
         print(f"lowest language, {label} (fixed on dev): {h['language']}: " + "; ".join(parts))
     if summary.get("lowest_language_excluded"):

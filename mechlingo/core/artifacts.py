@@ -31,9 +31,17 @@ from typing import Any
 
 from mechlingo.core.errors import OutputError
 from mechlingo.core.faults import FULL_ERRNOS, disk_error
+from mechlingo.core.jsonable import jsonable
 from mechlingo.core.version import SUMMARY_FORMAT_VERSION
 
-__all__ = ["atomic_folder", "cleanup_stale", "kill_point", "publish_folder", "write_files"]
+__all__ = [
+    "atomic_file",
+    "atomic_folder",
+    "cleanup_stale",
+    "kill_point",
+    "publish_folder",
+    "write_files",
+]
 
 #: Environment variable for kill tests: a comma-separated list of points
 #: (``fill``, ``publish``, ``cache``) at which the process SIGKILLs itself.
@@ -117,6 +125,32 @@ def _link_or_copy(src: str | Path, dst: str | Path) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Write one file in one step: the block writes a temporary file beside ``path``
+    (``.NAME.PID.tmp`` in the same folder, so the rename never crosses file systems), which is
+    flushed to the disk (``fsync``) and moved onto ``path`` with one ``os.replace`` only when the
+    block succeeds. A kill or an error inside the block leaves the old file (or none), never
+    half of a new one; the temporary file is removed on an error.
+
+    >>> with atomic_file("shard.f32") as tmp:
+    ...     tmp.write_bytes(data)
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -220,18 +254,6 @@ def cleanup_stale(
     return removed
 
 
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "tolist") and getattr(obj, "ndim", 0) > 0:  # a tensor or an array
-        return obj.tolist()
-    if hasattr(obj, "item"):
-        return obj.item()
-    if isinstance(obj, (set, tuple)):
-        return list(obj)
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"cannot write {type(obj).__name__} to JSON")
-
-
 def write_files(
     out: str | os.PathLike[str], files: Mapping[str, Any], *, keep_others: bool = True
 ) -> Path:
@@ -263,7 +285,7 @@ def write_files(
                 path.write_text(content, encoding="utf-8")
             else:
                 path.write_text(
-                    json.dumps(content, indent=2, ensure_ascii=False, default=_json_default),
+                    json.dumps(jsonable(content), indent=2, ensure_ascii=False, allow_nan=False),
                     encoding="utf-8",
                 )
     return out

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -30,8 +29,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mechlingo.core.artifacts import cleanup_stale, kill_point
+from mechlingo.core.artifacts import atomic_file, cleanup_stale, kill_point
 from mechlingo.core.errors import ArtifactError, OutputError
+from mechlingo.core.jsonable import jsonable
 from mechlingo.core.untrusted import read_json
 from mechlingo.core.version import __version__
 
@@ -47,22 +47,9 @@ KILL_STAGE_ENV = "MECHLINGO_TEST_KILL_STAGE"
 _FIX = "delete the work folder (or rerun with --fresh) to recompute it"
 
 
-def _plain(x: Any) -> Any:
-    """JSON-ready copy: non-finite floats become ``None`` (JSON has no NaN)."""
-    if isinstance(x, Mapping):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
-        return _plain(x.item())
-    return x
-
-
 def key_hash(key: Mapping[str, Any]) -> str:
     """A short stable hash of a JSON-able key (sorted keys, so order does not matter)."""
-    text = json.dumps(_plain(key), sort_keys=True, ensure_ascii=True)
+    text = json.dumps(jsonable(key), sort_keys=True, ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -89,7 +76,7 @@ class Stages:
         *,
         agree: Callable[[bool], bool] | None = None,
     ) -> None:
-        self.key = _plain({**dict(key), "mechlingo_version": __version__})
+        self.key = jsonable({**dict(key), "mechlingo_version": __version__})
         self.root = Path(folder).expanduser().absolute()
         self.folder = self.root / key_hash(self.key)
         self.agree = agree
@@ -149,7 +136,7 @@ class Stages:
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.building-{os.getpid()}-", dir=self.folder))
         try:
             value = fn(tmp) if folder else fn()
-            text = json.dumps(_plain(value), indent=1, ensure_ascii=False, allow_nan=False)
+            text = json.dumps(jsonable(value), indent=1, ensure_ascii=False, allow_nan=False)
             (tmp / _RESULT).write_text(text, encoding="utf-8")
             self.computed += 1
             kill_point("stage")
@@ -169,9 +156,10 @@ class Stages:
             self.folder.mkdir(parents=True, exist_ok=True)
             key_file = self.folder / _KEY
             if not key_file.is_file():
-                part = key_file.with_name(f".key.json.{os.getpid()}")
-                part.write_text(json.dumps(self.key, indent=1, sort_keys=True), encoding="utf-8")
-                os.replace(part, key_file)
+                with atomic_file(key_file) as part:
+                    part.write_text(
+                        json.dumps(self.key, indent=1, sort_keys=True), encoding="utf-8"
+                    )
         except OSError as err:
             raise OutputError(
                 f"cannot write the stage folder {self.folder}: {err.strerror or err}",

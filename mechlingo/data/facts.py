@@ -124,7 +124,7 @@ class Fact:
             return candidate + self.suffix
         return complete(self.prompt, candidate, self.lang) + self.suffix
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict with the fields in :data:`FIELDS` order, then those of
         :data:`CLOZE_FIELDS` that are set."""
         out = {

@@ -203,7 +203,7 @@ def write_jsonl(facts: Iterable[Fact], path: PathLike) -> None:
     """Write facts as JSONL (UTF-8, one compact object per line, fields in a fixed order)."""
     with open(path, "w", encoding="utf-8", newline="\n") as handle:
         for fact in facts:
-            handle.write(json.dumps(fact.to_dict(), ensure_ascii=False, separators=(",", ":")))
+            handle.write(json.dumps(fact.to_json(), ensure_ascii=False, separators=(",", ":")))
             handle.write("\n")
 
 
@@ -331,7 +331,7 @@ def write_tsv(facts: Iterable[Fact], path: PathLike) -> None:
     with open(path, "w", encoding="utf-8", newline="\n") as handle:
         handle.write("\t".join(names) + "\n")
         for fact in facts:
-            row = fact.to_dict()
+            row = fact.to_json()
             row["aliases"] = "|".join(fact.aliases)
             row["candidates"] = "|".join(fact.candidates)
             row["subject_span"] = f"{fact.subject_span[0]},{fact.subject_span[1]}"
@@ -354,7 +354,7 @@ def to_dataset(facts: Iterable[Fact]) -> datasets.Dataset:
     (``aliases`` a list of strings, ``subject_span`` a list of two ints)."""
     import datasets
 
-    rows = [fact.to_dict() for fact in facts]
+    rows = [fact.to_json() for fact in facts]
     features = datasets.Features(
         {
             **{name: datasets.Value("string") for name in FIELDS},

@@ -43,10 +43,8 @@ block 0, a steering-vectors export that mixes layer types.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +57,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from mechlingo.core.artifacts import atomic_file
 from mechlingo.core.errors import ArtifactError, InterventionError, MissingArtifactError
 from mechlingo.core.families import SUPPORTED_ARCHITECTURES
 from mechlingo.core.types import Model
@@ -110,10 +109,10 @@ class VectorExport:
         if self.format == "steering-vectors":
             tensors = {f"layer_activations.{k}": v.contiguous() for k, v in self.vectors.items()}
             header = {"format": self.format, "layer_type": self.layer_type, **self._doc()}
-            with atomic_write(path) as tmp:
+            with atomic_file(path) as tmp:
                 save_file(tensors, str(tmp), metadata={_META_KEY: json.dumps(header)})
             return path
-        with atomic_write(path) as tmp:
+        with atomic_file(path) as tmp:
             _write_gguf(self, Path(tmp))
         return path
 
@@ -150,19 +149,6 @@ class VectorExport:
         if not parts:
             raise InterventionError(f"this {self.format} export holds no vectors")
         return parts[0] if len(parts) == 1 else Compose(parts, meta=self.meta)
-
-
-@contextlib.contextmanager
-def atomic_write(path: Path) -> Iterator[Path]:
-    """A temporary file beside ``path``, moved onto it only when the block succeeds: a kill
-    or an error leaves the old file (or none), never half of a new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _steering_vectors() -> Any:

@@ -1,25 +1,21 @@
 """Confidence intervals and paired tests for accuracies, through ``scipy.stats``.
 
 Every accuracy mechlingo reports is a proportion of n items, and every comparison between two
-conditions is paired (the same items under both). So:
+conditions is paired (the same items under both). Every interval function returns one
+:class:`Interval` (``estimate``, ``lo``, ``hi``, ``n``, ``confidence`` and function-specific
+``extra``):
 
-* :func:`wilson` -- the Wilson score 95% interval of a proportion
-  (``scipy.stats.binomtest(...).proportion_ci(method="wilson")``);
-* :func:`mcnemar` -- the exact McNemar test of two paired outcome vectors: a two-sided
-  binomial test of the *fixed* (wrong -> right) against the *broken* (right -> wrong) items;
+* :func:`wilson` -- a proportion with its Wilson score interval (``scipy.stats.binomtest``);
 * :func:`paired_gain` -- the mean gain of one condition over another with a paired bootstrap
-  95% interval (``scipy.stats.bootstrap``, BCa, over items), and the relative gain with its
-  own interval where the baseline is above 0;
-* :func:`bootstrap_mean` -- the mean of per-item values (a per-sentence distance, a
-  per-query retrieval hit rate) with a bootstrap 95% interval over items;
-* :func:`bootstrap_ratio` -- a ratio of sums over items (``sum(num) / sum(den)``, e.g. a
-  Jaccard overlap of two correct sets) with a percentile bootstrap interval over items;
-* :func:`paired_bootstrap` -- any statistic of paired per-item samples (a difference of
-  means, a relative change of perplexity) with a percentile bootstrap interval over items, as
-  an :class:`Interval`;
-* :func:`bootstrap_perplexity` and :func:`perplexity_ratio` -- a perplexity
-  ``exp(sum NLL / sum tokens)`` over lines, and the ratio of two perplexities of the same lines,
-  with percentile bootstrap intervals over lines (a line keeps its token count).
+  interval (BCa, over items), and the relative gain with its own interval;
+* :func:`bootstrap_mean` -- the mean of per-item values with a bootstrap interval over items;
+* :func:`bootstrap_ratio` -- a ratio of sums over items (a Jaccard overlap of two correct sets);
+* :func:`paired_bootstrap` -- any statistic of paired per-item samples (percentile bootstrap);
+* :func:`bootstrap_perplexity` and :func:`perplexity_ratio` -- a perplexity over lines and the
+  ratio of two perplexities of the same lines (a line keeps its token count).
+
+:func:`mcnemar` is the exact McNemar test of two paired 0/1 outcome vectors; the card's
+clustered tests (:class:`Test`) follow below.
 """
 
 from __future__ import annotations
@@ -65,9 +61,12 @@ N_RESAMPLES = 2000
 class Interval:
     """An estimate over ``n`` items with its ``confidence`` interval ``[lo, hi]``.
 
-    The one vocabulary for every interval mechlingo reports: a proportion (Wilson), a paired
-    gain or a mean (bootstrap). ``estimate``, ``lo`` and ``hi`` are ``None`` when ``n`` is too
-    small to give them (no items, or one item for a bootstrap).
+    The one vocabulary for every interval mechlingo reports: a proportion (:func:`wilson`), a
+    paired gain, a mean, a ratio or a perplexity (the bootstrap functions). ``estimate``,
+    ``lo`` and ``hi`` are ``None`` when ``n`` is too small to give them (no items, or one item
+    for a bootstrap). ``extra`` holds what a function knows beyond that (``k`` of a Wilson
+    interval; ``base``, ``new`` and the ``relative`` gain of :func:`paired_gain`; ``n_tokens``
+    of a perplexity); it is written beside the other keys by :meth:`to_json`.
     """
 
     estimate: float | None
@@ -75,6 +74,7 @@ class Interval:
     hi: float | None
     n: int
     confidence: float = CONFIDENCE
+    extra: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     @property
     def defined(self) -> bool:
@@ -94,14 +94,20 @@ class Interval:
         return self.above(value) or self.below(value)
 
     def to_json(self) -> dict[str, Any]:
-        """``{"estimate", "lo", "hi", "n", "confidence"}``, JSON-ready."""
-        return {"estimate": self.estimate, "lo": self.lo, "hi": self.hi, "n": self.n,
-                "confidence": self.confidence}  # fmt: skip
+        """``{"estimate", "lo", "hi", "n", "confidence", **extra}``, JSON-ready (an
+        :class:`Interval` in ``extra`` as its own ``to_json``)."""
+        out = {"estimate": self.estimate, "lo": self.lo, "hi": self.hi, "n": self.n,
+               "confidence": self.confidence}  # fmt: skip
+        for k, v in self.extra.items():
+            out[k] = v.to_json() if isinstance(v, Interval) else v
+        return out
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Interval:
-        """The inverse of :meth:`to_json`."""
-        return cls(d["estimate"], d["lo"], d["hi"], int(d["n"]), d.get("confidence", CONFIDENCE))
+    def from_json(cls, d: Mapping[str, Any]) -> Interval:
+        """The inverse of :meth:`to_json` (an extra interval comes back as its dict)."""
+        extra = {k: v for k, v in d.items() if k not in _FIELDS}
+        return cls(d["estimate"], d["lo"], d["hi"], int(d["n"]),
+                   d.get("confidence", CONFIDENCE), extra)  # fmt: skip
 
     def format(self, digits: int = 3, signed: bool = False) -> str:
         """``"0.833 [0.700, 0.910] (n=48)"``; ``signed`` puts ``+`` on positive numbers."""
@@ -116,19 +122,22 @@ class Interval:
         return self.format()
 
 
-def wilson(k: int, n: int, confidence: float = CONFIDENCE) -> dict[str, Any]:
-    """``{"k", "n", "p", "lo", "hi"}``: ``k`` successes of ``n`` with the Wilson score
-    interval (``p``, ``lo``, ``hi`` are ``None`` when ``n`` is 0)."""
+_FIELDS = ("estimate", "lo", "hi", "n", "confidence")
+
+
+def wilson(k: int, n: int, confidence: float = CONFIDENCE) -> Interval:
+    """The share ``k / n`` of ``k`` successes in ``n`` items with its Wilson score interval;
+    ``extra = {"k": k}``. ``estimate``, ``lo``, ``hi`` are ``None`` when ``n`` is 0."""
     k, n = int(k), int(n)
     if n == 0:
-        return {"k": 0, "n": 0, "p": None, "lo": None, "hi": None}
+        return Interval(None, None, None, 0, confidence, {"k": 0})
     ci = sps.binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
-    return {"k": k, "n": n, "p": k / n, "lo": float(ci.low), "hi": float(ci.high)}
+    return Interval(k / n, float(ci.low), float(ci.high), n, confidence, {"k": k})
 
 
 def wilson_table(
     outcomes: dict[str, dict[str, Sequence[bool]]],
-) -> dict[str, dict[str, dict[str, Any]]]:
+) -> dict[str, dict[str, Interval]]:
     """Wilson intervals for ``{condition: {lang: [correct, ...]}}``."""
     return {
         c: {lg: wilson(sum(map(bool, v)), len(v)) for lg, v in by_lang.items()}
@@ -177,10 +186,11 @@ def paired_gain(
     *,
     seed: int = 0,
     confidence: float = CONFIDENCE,
-) -> dict[str, Any]:
-    """Mean gain ``mean(new) - mean(base)`` over paired items with a bootstrap interval, and
-    the relative gain ``gain / mean(base)`` with its own interval (``None`` when the base
-    mean is 0, where a relative gain is undefined).
+) -> Interval:
+    """Mean gain ``mean(new) - mean(base)`` over ``n`` paired items with a bootstrap interval.
+    ``extra``: the two means ``base`` and ``new``, and the relative gain
+    ``gain / mean(base)`` as its own :class:`Interval` under ``relative`` (``None`` when the
+    base mean is 0, where a relative gain is undefined). No items: every number ``None``.
 
     The bootstrap resamples items (pairs) with ``scipy.stats.bootstrap`` (BCa; percentile
     when every resample gives the same value, e.g. no discordant pairs)."""
@@ -189,52 +199,57 @@ def paired_gain(
     if a.shape != b.shape or a.ndim != 1:
         raise InputError(f"paired outcomes of different shapes: {a.shape} and {b.shape}")
     n = len(a)
-    out: dict[str, Any] = {"n": n, "base": None, "new": None, "gain": None, "lo": None}
-    out |= {"hi": None, "relative": None, "relative_lo": None, "relative_hi": None}
     if n == 0:
-        return out
-    out |= {"base": float(a.mean()), "new": float(b.mean()), "gain": float(b.mean() - a.mean())}
+        return Interval(
+            None, None, None, 0, confidence, {"base": None, "new": None, "relative": None}
+        )
+    gain = float(b.mean() - a.mean())
     rng = np.random.default_rng(seed)
     d = b - a
     if np.all(d == d[0]):
-        out["lo"] = out["hi"] = float(d[0])
+        lo = hi = float(d[0])
     else:
-        out["lo"], out["hi"] = _mean_interval(d, confidence, rng)
+        lo, hi = _mean_interval(d, confidence, rng)
+    relative = None
     if a.mean() > 0:
 
         def rel(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
             mx = x.mean(axis=axis)
             return np.where(mx > 0, (y.mean(axis=axis) - mx) / np.where(mx > 0, mx, 1), np.nan)
 
-        out["relative"] = float((b.mean() - a.mean()) / a.mean())
+        r_lo: float | None
+        r_hi: float | None
         if np.all(d == 0):
-            out["relative_lo"] = out["relative_hi"] = 0.0
+            r_lo = r_hi = 0.0
         else:
             res = sps.bootstrap((a, b), rel, paired=True, vectorized=True,
                                 confidence_level=confidence, n_resamples=N_RESAMPLES,
                                 method="percentile", random_state=rng)  # fmt: skip
-            out["relative_lo"], out["relative_hi"] = _interval(res)
-    return out
+            r_lo, r_hi = _interval(res)
+        relative = Interval(float((b.mean() - a.mean()) / a.mean()), r_lo, r_hi, n, confidence)
+    extra = {"base": float(a.mean()), "new": float(b.mean()), "relative": relative}
+    return Interval(gain, lo, hi, n, confidence, extra)
 
 
 def bootstrap_mean(
     values: Sequence[float], *, seed: int = 0, confidence: float = CONFIDENCE
-) -> dict[str, Any]:
-    """``{"n", "mean", "lo", "hi"}``: the mean of per-item values with a bootstrap interval
-    over items (``scipy.stats.bootstrap``, BCa; ``lo == hi == mean`` when every value is the
-    same, ``None`` bounds for no items; the percentile interval where BCa is undefined). The items are the independent units (sentences),
-    so the interval says how much the mean would move on another sample of sentences."""
+) -> Interval:
+    """The mean of ``n`` per-item values with a bootstrap interval over items
+    (``scipy.stats.bootstrap``, BCa; ``lo == hi == estimate`` when every value is the same,
+    ``None`` everywhere for no items; the percentile interval where BCa is undefined). The
+    items are the independent units (sentences), so the interval says how much the mean
+    would move on another sample of sentences."""
     x = np.asarray(values, dtype=float)
     if x.ndim != 1:
         raise InputError(f"bootstrap_mean takes a 1-D sequence, got shape {x.shape}")
     n = len(x)
     if n == 0:
-        return {"n": 0, "mean": None, "lo": None, "hi": None}
+        return Interval(None, None, None, 0, confidence)
     m = float(x.mean())
     if np.all(x == x[0]):
-        return {"n": n, "mean": m, "lo": m, "hi": m}
+        return Interval(m, m, m, n, confidence)
     lo, hi = _mean_interval(x, confidence, np.random.default_rng(seed))
-    return {"n": n, "mean": m, "lo": lo, "hi": hi}
+    return Interval(m, lo, hi, n, confidence)
 
 
 def _ratio(num: np.ndarray, den: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -248,30 +263,26 @@ def bootstrap_ratio(
     *,
     seed: int = 0,
     confidence: float = CONFIDENCE,
-) -> dict[str, Any]:
-    """``{"n", "value", "lo", "hi"}``: ``sum(num) / sum(den)`` over items (0 when
-    ``sum(den)`` is 0) with a paired percentile bootstrap interval over items (an item keeps
-    its numerator and denominator). A Jaccard overlap of two sets over a common universe is
-    ``num = in both``, ``den = in either``."""
+) -> Interval:
+    """``sum(num) / sum(den)`` over ``n`` items (0 when ``sum(den)`` is 0) with a paired
+    percentile bootstrap interval over items (an item keeps its numerator and denominator;
+    no bounds for one item, none at all for no items). A Jaccard overlap of two sets over a
+    common universe is ``num = in both``, ``den = in either``."""
     a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise InputError(f"need matching 1-D numerators and denominators, got {a.shape}, {b.shape}")
     n = len(a)
     if n == 0:
-        return {"n": 0, "value": None, "lo": None, "hi": None}
+        return Interval(None, None, None, 0, confidence)
     value = float(_ratio(a, b))
     if n < 2 or (np.all(a == a[0]) and np.all(b == b[0])):
-        return {
-            "n": n,
-            "value": value,
-            "lo": value if n > 1 else None,
-            "hi": value if n > 1 else None,
-        }
+        bound = value if n > 1 else None
+        return Interval(value, bound, bound, n, confidence)
     res = sps.bootstrap((a, b), _ratio, paired=True, vectorized=True, confidence_level=confidence,
                         n_resamples=N_RESAMPLES, method="percentile",
                         random_state=np.random.default_rng(seed))  # fmt: skip
     lo, hi = _interval(res)
-    return {"n": n, "value": value, "lo": lo, "hi": hi}
+    return Interval(value, lo, hi, n, confidence)
 
 
 def paired_bootstrap(
@@ -324,23 +335,23 @@ def bootstrap_perplexity(
     *,
     seed: int = 0,
     confidence: float = CONFIDENCE,
-) -> dict[str, Any]:
-    """``{"n_lines", "n_tokens", "ppl", "lo", "hi"}``: perplexity ``exp(sum(nll) /
-    sum(counts))`` of lines with summed next-token NLL ``nll[i]`` over ``counts[i]`` tokens,
-    and a percentile bootstrap interval over lines (``scipy.stats.bootstrap``, lines resampled
-    with their token counts)."""
+) -> Interval:
+    """The perplexity ``exp(sum(nll) / sum(counts))`` of ``n`` lines with summed next-token
+    NLL ``nll[i]`` over ``counts[i]`` tokens, and a percentile bootstrap interval over lines
+    (``scipy.stats.bootstrap``, lines resampled with their token counts; no bounds for one
+    line). ``extra = {"n_tokens": sum(counts)}``."""
     a = np.asarray(nll, dtype=float)
     c = np.asarray(counts, dtype=float)
     if a.shape != c.shape or a.ndim != 1 or len(a) == 0:
         raise InputError(f"need matching non-empty 1-D nll and counts, got {a.shape}, {c.shape}")
-    out: dict[str, Any] = {"n_lines": len(a), "n_tokens": int(c.sum()), "ppl": float(_ppl(a, c))}
+    ppl, extra = float(_ppl(a, c)), {"n_tokens": int(c.sum())}
     if len(a) < 2:
-        return out | {"lo": None, "hi": None}
+        return Interval(ppl, None, None, len(a), confidence, extra)
     res = sps.bootstrap((a, c), _ppl, paired=True, vectorized=True, confidence_level=confidence,
                         n_resamples=N_RESAMPLES, method="percentile",
                         random_state=np.random.default_rng(seed))  # fmt: skip
     lo, hi = _interval(res)
-    return out | {"lo": lo, "hi": hi}
+    return Interval(ppl, lo, hi, len(a), confidence, extra)
 
 
 def perplexity_ratio(
@@ -350,10 +361,10 @@ def perplexity_ratio(
     *,
     seed: int = 0,
     confidence: float = CONFIDENCE,
-) -> dict[str, Any]:
-    """``{"ratio", "lo", "hi"}``: perplexity of the same lines under a new condition divided
-    by their perplexity under the base condition (1 = no change; 2 = twice as perplexed),
-    with a paired percentile bootstrap interval over lines."""
+) -> Interval:
+    """The perplexity of the same ``n`` lines under a new condition divided by their
+    perplexity under the base condition (1 = no change; 2 = twice as perplexed), with a
+    paired percentile bootstrap interval over lines (no bounds for one line)."""
     a, b = np.asarray(nll_base, dtype=float), np.asarray(nll_new, dtype=float)
     c = np.asarray(counts, dtype=float)
     if not (a.shape == b.shape == c.shape) or a.ndim != 1 or len(a) == 0:
@@ -362,14 +373,14 @@ def perplexity_ratio(
     def ratio(x: np.ndarray, y: np.ndarray, n: np.ndarray, axis: int = -1) -> np.ndarray:
         return _ppl(y, n, axis) / _ppl(x, n, axis)
 
-    out: dict[str, Any] = {"ratio": float(ratio(a, b, c))}
+    est = float(ratio(a, b, c))
     if len(a) < 2:
-        return out | {"lo": None, "hi": None}
+        return Interval(est, None, None, len(a), confidence)
     res = sps.bootstrap((a, b, c), ratio, paired=True, vectorized=True,
                         confidence_level=confidence, n_resamples=N_RESAMPLES,
                         method="percentile", random_state=np.random.default_rng(seed))  # fmt: skip
     lo, hi = _interval(res)
-    return out | {"lo": lo, "hi": hi}
+    return Interval(est, lo, hi, len(a), confidence)
 
 
 # --------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ def eval_report(records: list[Mapping[str, Any]], summary: Mapping[str, Any]) ->
 
     ``records`` are the per-prompt records of
     :func:`mechlingo.scoring.evaluate.evaluate_facts`; ``summary`` has ``accuracy``,
-    ``accuracy_ci`` (per language: ``p``, ``lo``, ``hi``) and ``meta``.
+    ``accuracy_ci`` (per language: ``estimate``, ``lo``, ``hi``, ``n``) and ``meta``.
     """
     ci = summary["accuracy_ci"]
     metric = summary.get("metric", {}).get("metric", "generate")
@@ -69,10 +69,15 @@ def add_eval_headline(report: Report, summary: Mapping[str, Any]) -> None:
     ci = summary["accuracy_ci"]
     n = sum(int(c.get("n") or 0) for c in ci.values())
     report.add_headline("Queries", f"{n} in {len(ci)} languages")
-    for lg in sorted(ci, key=lambda k: (ci[k].get("p") is None, ci[k].get("p") or 0.0))[:6]:
+
+    def low_first(lg: str) -> tuple[bool, float]:
+        est = ci[lg].get("estimate")
+        return est is None, est or 0.0
+
+    for lg in sorted(ci, key=low_first)[:6]:
         c = ci[lg]
-        report.add_headline(f"Accuracy, {lg}", fmt_interval(c.get("p"), c.get("lo"), c.get("hi"),
-                                                             c.get("n")))  # fmt: skip
+        report.add_headline(f"Accuracy, {lg}", fmt_interval(c.get("estimate"), c.get("lo"),
+                                                             c.get("hi"), c.get("n")))  # fmt: skip
     en = summary.get("answered_in_english") or {}
     if isinstance(en, Mapping) and en:
         report.add_headline("Answered in English (per language)",

@@ -164,8 +164,8 @@ def align_report(
     return report
 
 
-def _mean_ci(c: Mapping[str, Any], key: str = "mean") -> str:
-    v, lo, hi = c.get(key), c.get("lo"), c.get("hi")
+def _mean_ci(c: Mapping[str, Any]) -> str:
+    v, lo, hi = c.get("estimate"), c.get("lo"), c.get("hi")
     if v is None:
         return ""
     return f"{v:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")
@@ -177,7 +177,7 @@ def interval_rows(iv: Mapping[str, Any]) -> list[dict[str, Any]]:
     for m, per in iv["metrics"].items():
         row: dict[str, Any] = {"metric": m}
         row |= {arm: _mean_ci(c) for arm, c in per.items()}
-        row |= {name: _mean_ci(g, "gain") for name, g in iv["gains"].get(m, {}).items()}
+        row |= {name: _mean_ci(g) for name, g in iv["gains"].get(m, {}).items()}
         rows.append(row)
     return rows
 
@@ -224,4 +224,4 @@ def add_align_headline(report: Report, summary: Mapping[str, Any]) -> None:
                         ("control_vs_pre", "Control: random clamp vs none")):  # fmt: skip
         g = iv["gains"].get("retrieval", {}).get(name)
         if g is not None:
-            report.add_headline(f"{label}, retrieval gain", _mean_ci(g, "gain"))
+            report.add_headline(f"{label}, retrieval gain", _mean_ci(g))

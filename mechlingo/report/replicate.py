@@ -132,9 +132,7 @@ def _experts_sections(report: Report, data: Mapping[str, Any]) -> None:
         return
     a = data["auroc"]
     e, r = a["experts"]["estimate"], a["random"]["estimate"]
-    metrics = {f"median AUROC, top {a['k']}": {
-        "experts": {"mean": e["estimate"], "lo": e["lo"], "hi": e["hi"]},
-        "random neurons": {"mean": r["estimate"], "lo": r["lo"], "hi": r["hi"]}}}  # fmt: skip
+    metrics = {f"median AUROC, top {a['k']}": {"experts": e, "random neurons": r}}
     report.add_figure(interval_bars_figure(
         metrics, "Held-out AUROC (95% CI, sentences and their translations resampled together)"))  # fmt: skip
     ov = data["overlap"]

@@ -116,10 +116,9 @@ def _method_note(summary: Mapping[str, Any]) -> str:
 
 
 def _points(g: Mapping[str, Any] | None, n: int | None = None) -> str:
-    """A gain ``{"gain"|"estimate", "lo", "hi"}`` in accuracy points with its interval."""
+    """A gain ``{"estimate", "lo", "hi"}`` (an interval as JSON) in accuracy points."""
     g = g or {}
-    est = g.get("gain", g.get("estimate"))
-    return fmt_interval(est, g.get("lo"), g.get("hi"), n, scale=100, digits=1, signed=True,
+    return fmt_interval(g.get("estimate"), g.get("lo"), g.get("hi"), n, scale=100, digits=1, signed=True,
                         unit="points")  # fmt: skip
 
 
@@ -137,7 +136,7 @@ def add_repair_headline(report: Report, summary: Mapping[str, Any]) -> None:
                             f"{m['p']:.3g} ({m['fixed']} fixed, {m['broken']} broken)")  # fmt: skip
     randoms = [c for c in gains if c.startswith("random_s")]
     if randoms:
-        est = [gains[c]["gain"] for c in randoms if gains[c].get("gain") is not None]
+        est = [gains[c]["estimate"] for c in randoms if gains[c].get("estimate") is not None]
         mean = f"{100 * sum(est) / len(est):+.1f} points" if est else "n/a"
         ps = [v["p"] for v in summary.get("mcnemar_vs_random", {}).get(sel, {}).values()]
         vs = f"; {sel} vs random: McNemar p <= {max(ps):.3g}" if ps else ""

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mechlingo.analyses.recall.trace import CLASSES, LanguagePatching, TraceResult
-from mechlingo.core.jsonable import finite_or_none
+from mechlingo.core.jsonable import jsonable
 from mechlingo.kernels.significance import wilson
 from mechlingo.report.page import Report, fmt_interval
 from mechlingo.viz.evaluate import accuracy_bars
@@ -58,7 +58,7 @@ def trace_report(
     cls_ci = summary["classification_ci"]
     report.add_figure(
         accuracy_bars(
-            {c: {lg: v[c]["p"] for lg, v in cls_ci.items()} for c in CLASSES},
+            {c: {lg: v[c]["estimate"] for lg, v in cls_ci.items()} for c in CLASSES},
             "Class fractions per language (Wilson 95% intervals)",
             {c: {lg: v[c] for lg, v in cls_ci.items()} for c in CLASSES},
             y_title="fraction of queries",
@@ -91,12 +91,10 @@ def add_patching(report: Report, p: LanguagePatching) -> None:
     if p.comparison is not None:
         seconds = {f"seconds_{k}": t for k, t in (p.seconds or {}).items()}
         report.add_heading(f"AtP vs exact patching ({p.lang})")
-        report.add_table(
-            finite_or_none([{"site": s, **v, **seconds} for s, v in p.comparison.items()])
-        )
+        report.add_table(jsonable([{"site": s, **v, **seconds} for s, v in p.comparison.items()]))
     if p.verified_heads is not None:
         report.add_heading(f"Top heads by AtP, verified exactly ({p.lang})")
-        report.add_table(finite_or_none(p.verified_heads))
+        report.add_table(jsonable(p.verified_heads))
     report.add_heading(f"Patching heatmaps ({p.lang})")
     report.add_figure(p.sweep.fig_heatmap())
     if p.separate_atp:
@@ -117,4 +115,4 @@ def add_trace_headline(report: Report, summary: Mapping[str, Any]) -> None:
                        ("recall_failure", "Recall failure")):  # fmt: skip
         k = sum(c.get(cls, 0) for c in counts.values())
         w = wilson(k, n)
-        report.add_headline(f"{label} (all languages)", fmt_interval(w["p"], w["lo"], w["hi"], n))
+        report.add_headline(f"{label} (all languages)", fmt_interval(w.estimate, w.lo, w.hi, n))

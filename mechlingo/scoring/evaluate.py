@@ -494,7 +494,7 @@ def _evaluate(
         if prompts is not None:
             texts = [prompts[i] for i in keep]
         per, path = _generate_records(model, sub, texts, ivs, max_new_tokens=max_new_tokens, **kw)
-    meta = {"max_new_tokens": max_new_tokens, "metric": scorer.to_dict()}
+    meta = {"max_new_tokens": max_new_tokens, "metric": scorer.to_json()}
     if kw["shared"]:  # evaluate_conditions says which path it took
         meta["path"] = path
     return {n: EvalResult(r, dict(meta), dict(skipped)) for n, r in zip(names, per, strict=True)}

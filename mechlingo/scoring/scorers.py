@@ -25,7 +25,6 @@ metric cannot use is skipped for that metric only and counted by reason
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -89,7 +88,8 @@ class Scorer:
         if self.klar_shots < 0:
             raise InputError(f"klar_shots must be >= 0, got {self.klar_shots}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
+        """The scorer as JSON: ``metric`` and the settings that metric uses."""
         out: dict[str, Any] = {"metric": self.metric}
         if self.metric == "rank":
             out["rank_tokens"] = self.rank_tokens
@@ -211,7 +211,8 @@ def clc(records: Sequence[Mapping[str, Any]], reference: str = "en") -> dict[str
     """KLAR's cross-lingual consistency per language: the Jaccard overlap of the fact ids it
     answers correctly with those ``reference`` (English) answers correctly, over the ids
     scored in both, with a percentile bootstrap interval over those ids
-    (``{lang: {"value", "lo", "hi", "n", "both", "either"}}``; 0 when neither gets any
+    (``{lang: {"estimate", "lo", "hi", "n", "confidence", "both", "either"}}``: an
+    :class:`~mechlingo.kernels.significance.Interval` as JSON; 0 when neither gets any
     right, as in the reference code). Empty without reference records."""
     by_lang: dict[str, dict[str, bool]] = {}
     for r in records:
@@ -225,7 +226,7 @@ def clc(records: Sequence[Mapping[str, Any]], reference: str = "en") -> dict[str
         both = [float(got[i] and ref[i]) for i in ids]
         either = [float(got[i] or ref[i]) for i in ids]
         stats = bootstrap_ratio(both, either)
-        out[lg] = {**stats, "both": int(sum(both)), "either": int(sum(either))}
+        out[lg] = {**stats.to_json(), "both": int(sum(both)), "either": int(sum(either))}
     return out
 
 
@@ -258,8 +259,9 @@ def rankc_fact(ranking_a: Sequence[int], ranking_b: Sequence[int]) -> float:
 def rankc(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """RankC (Qi et al. 2023) for every pair of languages: the mean over the facts ranked in
     both (same id, same number of candidates) of :func:`rankc_fact`, with a bootstrap
-    interval over those facts. Keys ``"a|b"`` with ``a < b``; each value has ``value``,
-    ``lo``, ``hi``, ``n``."""
+    interval over those facts. Keys ``"a|b"`` with ``a < b``; each value an
+    :class:`~mechlingo.kernels.significance.Interval` as JSON (``estimate``, ``lo``, ``hi``,
+    ``n``, ``confidence``)."""
     by_lang: dict[str, dict[str, list[int]]] = {}
     for r in records:
         if r.get("ranking") is not None:
@@ -274,8 +276,7 @@ def rankc(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
                 if len(by_lang[a][k]) == len(by_lang[b][k])
             ]
             vals = [rankc_fact(by_lang[a][k], by_lang[b][k]) for k in ids]
-            m = bootstrap_mean(vals)
-            out[f"{a}|{b}"] = {"value": m["mean"], "lo": m["lo"], "hi": m["hi"], "n": m["n"]}
+            out[f"{a}|{b}"] = bootstrap_mean(vals).to_json()
     return out
 
 
@@ -297,17 +298,17 @@ def metric_summary(records: Sequence[Mapping[str, Any]], scorer: Scorer) -> dict
     pair; for ``klar``, CLC per language against English. Empty for ``generate``."""
     if scorer.metric == "rank":
         p1 = {
-            lg: wilson(sum(map(bool, v)), len(v)) for lg, v in _by_lang(records, "correct").items()
+            lg: wilson(sum(map(bool, v)), len(v)).to_json()
+            for lg, v in _by_lang(records, "correct").items()
         }
-        ranks = {lg: bootstrap_mean(v) for lg, v in _by_lang(records, "gold_rank").items()}
+        ranks = {
+            lg: bootstrap_mean(v).to_json() for lg, v in _by_lang(records, "gold_rank").items()
+        }
         return {"p_at_1": p1, "gold_rank": ranks, "rankc": rankc(records)}
     if scorer.metric == "klar":
         values = clc(records)
-        non_en = [v["value"] for lg, v in values.items() if lg != "en" and v["value"] is not None]
+        non_en = [
+            v["estimate"] for lg, v in values.items() if lg != "en" and v["estimate"] is not None
+        ]
         return {"clc": values, "clc_mean_non_english": float(np.mean(non_en)) if non_en else None}
     return {}
-
-
-def finite(x: float) -> float | None:
-    """``x``, or ``None`` when it is not finite."""
-    return x if math.isfinite(x) else None

@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 from mechlingo.activations.likelihood import line_nll
 from mechlingo.core.errors import InputError
 from mechlingo.core.faults import derive_seed
+from mechlingo.core.jsonable import jsonable
 from mechlingo.core.sites import resolve_site, site_map
 from mechlingo.core.types import Model
 from mechlingo.data.langid import identify_languages
@@ -212,7 +213,7 @@ class SideEffects:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (NaN as ``None``): ``langs``, ``metrics``, ``rows``, ``meta``
         and ``examples`` -- what ``summary.json["side_effects"]`` holds."""
-        return _finite(
+        return jsonable(
             {
                 "langs": self.langs,
                 "metrics": list(METRICS),
@@ -239,18 +240,6 @@ class SideEffects:
     def _repr_html_(self) -> str:
         m = self.matrix()
         return "<b>SideEffects</b> (intervention, change)" + m.to_html(float_format="%.3f")
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, Mapping):
-        return {str(k): _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, (np.floating, np.integer)):
-        return _finite(obj.item())
-    return obj
 
 
 # --------------------------------------------------------------------------------------
@@ -286,7 +275,7 @@ def _share_row(
     n = len(base)
     lo, hi = _boot_ci((base, new), _mean_diff, **opts)
     w = wilson(int(new.sum()), n, confidence=opts["level"])
-    vlo, vhi = _nan(w["lo"]), _nan(w["hi"])
+    vlo, vhi = _nan(w.lo), _nan(w.hi)
     return {
         "arm": arm,
         "lang": lang,

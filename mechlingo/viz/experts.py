@@ -167,7 +167,7 @@ def k_curve_figure(
 def interval_bars_figure(
     metrics: Mapping[str, Mapping[str, Mapping[str, Any]]], title: str
 ) -> go.Figure:
-    """Grouped bars ``metrics[metric][arm]["mean"]`` (one group per metric, one colour per
+    """Grouped bars ``metrics[metric][arm]["estimate"]`` (one group per metric, one colour per
     arm) with their 95% intervals (``lo``/``hi``) as error bars."""
     import plotly.graph_objects as go
 
@@ -176,7 +176,7 @@ def interval_bars_figure(
     for arm in arms:
         names = [m for m in metrics if arm in metrics[m]]
         cells = [metrics[m][arm] for m in names]
-        y = [c["mean"] for c in cells]
+        y = [c["estimate"] for c in cells]
         fig.add_bar(
             x=names,
             y=y,
@@ -185,8 +185,10 @@ def interval_bars_figure(
             error_y={
                 "type": "data",
                 "symmetric": False,
-                "array": [(c["hi"] - c["mean"]) if c["hi"] is not None else 0 for c in cells],
-                "arrayminus": [(c["mean"] - c["lo"]) if c["lo"] is not None else 0 for c in cells],
+                "array": [(c["hi"] - c["estimate"]) if c["hi"] is not None else 0 for c in cells],
+                "arrayminus": [
+                    (c["estimate"] - c["lo"]) if c["lo"] is not None else 0 for c in cells
+                ],
             },
         )
     fig.update_layout(title=title, barmode="group", template="plotly_white")

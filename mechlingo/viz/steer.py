@@ -64,14 +64,14 @@ def ci_bars(
     langs: Sequence[str],
     condition: str | None = None,
 ) -> None:
-    """Add one bar trace ``name`` to ``fig``: ``cells[lang]["p"]`` per language with error
+    """Add one bar trace ``name`` to ``fig``: ``cells[lang]["estimate"]`` per language with error
     bars to ``lo`` and ``hi`` (none where they are ``None``), in the palette colour of
     ``condition`` (default: ``name``)."""
     import plotly.graph_objects as go
 
-    ps = [cells.get(lg, {}).get("p") for lg in langs]
-    up = [None if c.get("hi") is None else c["hi"] - c["p"] for c in map(cells.get, langs)]
-    down = [None if c.get("lo") is None else c["p"] - c["lo"] for c in map(cells.get, langs)]
+    ps = [cells.get(lg, {}).get("estimate") for lg in langs]
+    up = [None if c.get("hi") is None else c["hi"] - c["estimate"] for c in map(cells.get, langs)]
+    down = [None if c.get("lo") is None else c["estimate"] - c["lo"] for c in map(cells.get, langs)]
     fig.add_trace(
         go.Bar(
             name=name,
@@ -85,7 +85,7 @@ def ci_bars(
 
 def accuracy_ci_figure(intervals: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> go.Figure:
     """Grouped bars of accuracy per language and condition with Wilson error bars
-    (``intervals[condition][lang]``: dicts with ``p``, ``lo``, ``hi``, as in the protocol's
+    (``intervals[condition][lang]``: dicts with ``estimate``, ``lo``, ``hi``, as in the protocol's
     summary)."""
     import plotly.graph_objects as go
 

@@ -53,8 +53,8 @@ def _lead_range(
     for li, entry in enumerate(layers):
         ci = bootstrap_mean(diff[li].tolist(), seed=seed)
         per_entry.append({"layer": entry, "p_en": float(p_en[li].mean()),
-                          "p_answer": float(p_ans[li].mean()), **ci})  # fmt: skip
-        if ci["lo"] is not None and ci["lo"] > 0 and float(p_en[li].mean()) >= min_prob:
+                          "p_answer": float(p_ans[li].mean()), **ci.to_json()})  # fmt: skip
+        if ci.above(0.0) and float(p_en[li].mean()) >= min_prob:
             leading.append(entry)
     span = [min(leading), max(leading)] if leading else None
     return {"layers": leading, "span": span, "mean_diff": per_entry}
@@ -99,11 +99,11 @@ def english_lead(
         first = [layers[int(lg_lead[:, j].float().argmax())] for j in range(len(idx)) if ever[j]]
         out[lg] = {
             "n": len(idx),
-            "ever": wilson(int(ever.sum()), len(idx)),
-            "first_layer": bootstrap_mean(first, seed=seed),
+            "ever": wilson(int(ever.sum()), len(idx)).to_json(),
+            "first_layer": bootstrap_mean(first, seed=seed).to_json(),
             "first_layer_median": float(torch.tensor(first).float().median()) if first else None,
             "share_by_layer": [
-                wilson(int(lg_lead[li].sum()), len(idx)) for li in range(len(layers))
+                wilson(int(lg_lead[li].sum()), len(idx)).to_json() for li in range(len(layers))
             ],
             "range": _lead_range(p_en[:, sel], p_ans[:, sel], layers, min_prob, seed),
         }
@@ -134,8 +134,8 @@ class DecoderComparison:
                     rows.append({"decoder": name, "lang": lg, "n": 0})
                     continue
                 ev, fl = d["ever"], d["first_layer"]
-                rows.append({"decoder": name, "lang": lg, "n": d["n"], "ever": ev["p"],
-                             "ever_lo": ev["lo"], "ever_hi": ev["hi"], "first_layer": fl["mean"],
+                rows.append({"decoder": name, "lang": lg, "n": d["n"], "ever": ev["estimate"],
+                             "ever_lo": ev["lo"], "ever_hi": ev["hi"], "first_layer": fl["estimate"],
                              "first_lo": fl["lo"], "first_hi": fl["hi"], "n_first": fl["n"],
                              "first_median": d["first_layer_median"],
                              "range": d["range"]["span"], "range_layers": d["range"]["layers"]})  # fmt: skip

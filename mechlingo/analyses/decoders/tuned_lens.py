@@ -676,6 +676,6 @@ def lens_divergence(
     for name, sums in per_text.items():
         means = (sums[ok] / n_tok[ok, None]).T  # [entry, text]
         cis = [bootstrap_mean(m.tolist(), seed=seed) for m in means]
-        out["decoders"][name] = {k: [c[k] for c in cis] for k in ("mean", "lo", "hi")}
-        out["decoders"][name]["kl"] = out["decoders"][name].pop("mean")
+        out["decoders"][name] = {"kl": [c.estimate for c in cis], "lo": [c.lo for c in cis],
+                                 "hi": [c.hi for c in cis]}  # fmt: skip
     return out

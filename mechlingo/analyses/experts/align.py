@@ -427,7 +427,9 @@ class AlignmentComparison:
         ``retrieval_to_target``) with its interval. ``gains[m]``: paired differences over the
         same sentences (:func:`mechlingo.kernels.significance.paired_gain`): ``post_vs_pre``,
         ``post_vs_control`` and ``control_vs_pre`` (for distances a negative gain means closer).
-        ``pairs[arm][a->b]``: Wilson interval of each ordered pair's top-1.
+        ``pairs[arm][a->b]``: Wilson interval of each ordered pair's top-1. Every interval is
+        an :class:`~mechlingo.kernels.significance.Interval` as JSON (``estimate``, ``lo``,
+        ``hi``, ``n``, ``confidence``; a gain also ``base``, ``new``, ``relative``).
 
         Retrieval intervals resample the query sentences with the candidate pool fixed; the
         medoid is fixed per arm. They say how much the numbers would move on another sample
@@ -444,20 +446,24 @@ class AlignmentComparison:
             vals[arm] = per_sentence(x, self.langs, target=self.target, centre=self.centre)
             hits = retrieval_hits(x, centre=self.centre)
             pairs[arm] = {
-                f"{a}->{b}": wilson(int(hits[i, j].sum()), int(hits.shape[-1]))
+                f"{a}->{b}": wilson(int(hits[i, j].sum()), int(hits.shape[-1])).to_json()
                 for i, a in enumerate(self.langs)
                 for j, b in enumerate(self.langs)
                 if i != j
             }
         metrics = {
-            m: {arm: bootstrap_mean(vals[arm][m].cpu().numpy(), seed=seed) for arm in arms}
+            m: {
+                arm: bootstrap_mean(vals[arm][m].cpu().numpy(), seed=seed).to_json() for arm in arms
+            }
             for m in vals["pre"]
         }
         comparisons = [("post_vs_pre", "pre", "post"), ("post_vs_control", "control", "post")]
         comparisons.append(("control_vs_pre", "pre", "control"))
         gains = {
             m: {
-                name: paired_gain(vals[a][m].cpu().numpy(), vals[b][m].cpu().numpy(), seed=seed)
+                name: paired_gain(
+                    vals[a][m].cpu().numpy(), vals[b][m].cpu().numpy(), seed=seed
+                ).to_json()
                 for name, a, b in comparisons
                 if a in vals and b in vals
             }

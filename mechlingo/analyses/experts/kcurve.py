@@ -254,9 +254,9 @@ def _generation_rates(
     return {
         "n_bos": len(hits),
         "target_bos": sum(hits),
-        "target_rate_bos": w["p"],
-        "target_rate_bos_lo": w["lo"],
-        "target_rate_bos_hi": w["hi"],
+        "target_rate_bos": w.estimate,
+        "target_rate_bos_lo": w.lo,
+        "target_rate_bos_hi": w.hi,
         "target_rate_prompt": (
             sum(x == lang for x in ids_prompt) / len(ids_prompt) if ids_prompt else float("nan")
         ),
@@ -294,14 +294,14 @@ def _heldout_perplexities(
         nll, cnt = nll[keep], cnt[keep]
         nlls[hl] = nll
         pp = bootstrap_perplexity(nll.numpy(), cnt.numpy(), seed=seed)
-        row[f"ppl_{hl}"], row[f"ppl_{hl}_lo"], row[f"ppl_{hl}_hi"] = pp["ppl"], pp["lo"], pp["hi"]
+        row[f"ppl_{hl}"], row[f"ppl_{hl}_lo"], row[f"ppl_{hl}_hi"] = pp.estimate, pp.lo, pp.hi
         if base_nll is None:
             for end in ("", "_lo", "_hi"):
                 row[f"ppl_ratio_{hl}{end}"] = 1.0
         else:
             pr = perplexity_ratio(base_nll[hl].numpy(), nll.numpy(), cnt.numpy(), seed=seed)
-            row[f"ppl_ratio_{hl}"] = pr["ratio"]
-            row[f"ppl_ratio_{hl}_lo"], row[f"ppl_ratio_{hl}_hi"] = pr["lo"], pr["hi"]
+            row[f"ppl_ratio_{hl}"] = pr.estimate
+            row[f"ppl_ratio_{hl}_lo"], row[f"ppl_ratio_{hl}_hi"] = pr.lo, pr.hi
     return row, nlls
 
 

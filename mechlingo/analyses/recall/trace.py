@@ -50,7 +50,7 @@ from mechlingo.analyses.recall.patching import (
 )
 from mechlingo.analyses.results import WritesFolder
 from mechlingo.core.errors import InputError
-from mechlingo.core.jsonable import finite_or_none
+from mechlingo.core.jsonable import jsonable
 from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import encode, prepends_bos
 from mechlingo.core.types import Model
@@ -187,12 +187,16 @@ class TraceResult:
 
     def gold_rank_by_class(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Per language and class, the gold candidate's mean rank under candidate ranking
-        (1 = best) with a bootstrap interval and ``n`` (facts with candidates only)."""
+        (1 = best) with a bootstrap interval and ``n`` (facts with candidates only), as
+        :meth:`~mechlingo.kernels.significance.Interval.to_json` dicts."""
         out: dict[str, dict[str, list[int]]] = {}
         for r in self.records:
             if r.get("gold_rank") is not None:
                 out.setdefault(r["lang"], {}).setdefault(r["class"], []).append(r["gold_rank"])
-        return {lg: {c: bootstrap_mean(v) for c, v in by.items()} for lg, by in sorted(out.items())}
+        return {
+            lg: {c: bootstrap_mean(v).to_json() for c, v in by.items()}
+            for lg, by in sorted(out.items())
+        }
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per query (the records)."""
@@ -513,7 +517,7 @@ class LanguagePatching:
 
     def to_json(self) -> dict[str, Any]:
         """The language's record of ``patching.json`` (NaN left as is: see
-        :func:`mechlingo.core.jsonable.finite_or_none`)."""
+        :func:`mechlingo.core.jsonable.jsonable`)."""
         out: dict[str, Any] = {
             "method": self.method,
             "sweep": self.sweep.summary(),
@@ -655,7 +659,7 @@ class TraceRun(WritesFolder):
         (``classification_ci``) and ``meta`` (when given) last: ``summary.json``."""
         summary = self.trace.summary()
         summary["classification_ci"] = {
-            lg: {c: wilson(n, sum(cnt.values())) for c, n in cnt.items()}
+            lg: {c: wilson(n, sum(cnt.values())).to_json() for c, n in cnt.items()}
             for lg, cnt in summary["classification"].items()
         }
         if meta is not None:
@@ -671,8 +675,8 @@ class TraceRun(WritesFolder):
         writes them (NaN written as ``null``)."""
         return {
             "trace.json": [{k: r[k] for k in TRACE_FIELDS} for r in self.trace.records],
-            "patching.json": finite_or_none(self.patching()),
-            "summary.json": finite_or_none(self.summary(meta)),
+            "patching.json": jsonable(self.patching()),
+            "summary.json": jsonable(self.summary(meta)),
         }
 
 
