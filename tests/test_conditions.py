@@ -8,6 +8,7 @@ import torch
 from mechlingo.activations import prefix as prefix_mod
 from mechlingo.activations.decoding import decode_cached, kv_cache_path
 from mechlingo.activations.prefix import cache_upto, decode_conditions, record_head
+from mechlingo.analyses.scoring import evaluate as ev
 from mechlingo.analyses.scoring.evaluate import (
     evaluate_conditions,
     evaluate_facts,
@@ -16,7 +17,6 @@ from mechlingo.analyses.scoring.evaluate import (
     greedy_generate,
 )
 from mechlingo.analyses.scoring.rank import score_candidates
-from mechlingo.analyses.scoring import evaluate as ev
 from mechlingo.core.tokens import TokenBatch, encode
 from mechlingo.data import load_facts
 from mechlingo.interventions.base import Intervention

@@ -10,14 +10,12 @@ import math
 import pytest
 from scipy import stats as sps
 
+import mechlingo.analyses.recall.dev_grid as dev_grid
+import mechlingo.analyses.recall.headroom as headroom
 import mechlingo.analyses.recall.steer_eval as protocol
 import mechlingo.analyses.recall.steering as steering
-from mechlingo.analyses.recall.steer_eval import (
-    LeakError,
-    check_disjoint,
-    default_layers,
-    lowest_language_dev,
-)
+from mechlingo.analyses.recall.dev_grid import default_layers
+from mechlingo.analyses.recall.headroom import LeakError, check_disjoint, lowest_language_dev
 from mechlingo.analyses.scoring.evaluate import decided, evaluate_facts, is_correct
 from mechlingo.data import LANGS, RELATIONS, load_facts, natural_templates
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
@@ -164,8 +162,8 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
     from mechlingo.cli import main
 
     seen: dict[str, set[str]] = {"build": set(), "choose": set(), "test": set()}
-    real_build, real_sweep = steering.build_steering_vectors, protocol.choose_on_dev
-    real_test, real_few = protocol.evaluate_test, protocol.few_shot_prompt
+    real_build, real_sweep = steering.build_steering_vectors, dev_grid.choose_on_dev
+    real_test, real_few = protocol.evaluate_test, headroom.few_shot_prompt
 
     def build(model, facts, *a, pool=None, **kw):
         seen["build"] |= {f.id for f in facts} | {f.id for f in (pool or [])}
@@ -184,9 +182,9 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
         return real_test(model, vectors, choice, test_facts, *a, **kw)
 
     monkeypatch.setattr(steering, "build_steering_vectors", build)
-    monkeypatch.setattr(protocol, "choose_on_dev", sweep)
+    monkeypatch.setattr(dev_grid, "choose_on_dev", sweep)
     monkeypatch.setattr(protocol, "evaluate_test", test)
-    monkeypatch.setattr(protocol, "few_shot_prompt", few)
+    monkeypatch.setattr(headroom, "few_shot_prompt", few)
     common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "30", "--quiet"]
     vdir, out = tmp_path / "v", tmp_path / "e"
     assert main(["steer", "build", *common, "--k-shot", "2", "--out", str(vdir)]) == 0

@@ -135,7 +135,7 @@ def test_vectors_without_a_unit_are_refused(tiny, tiny_dir, tiny_vectors, tmp_pa
 
 
 def test_sweep_and_evaluate_plumbing(tiny, tiny_facts, tiny_vectors):
-    from mechlingo.analyses.recall.steer_eval import choose_on_dev
+    from mechlingo.analyses.recall.dev_grid import choose_on_dev
 
     dev = take_per_lang(split_facts(tiny_facts)["dev"], 2)
     res = choose_on_dev(

@@ -8,8 +8,8 @@ import pytest
 import scipy.stats as sps
 import torch
 
-from mechlingo.analyses.recall import steer_eval, transfer
-from mechlingo.analyses.recall.steer_eval import LeakError, lowest_language_rule
+from mechlingo.analyses.recall import dev_grid, headroom, pooled, transfer
+from mechlingo.analyses.recall.headroom import LeakError, lowest_language_rule
 from mechlingo.analyses.recall.steering import SteeringPair, build_steering_vectors
 from mechlingo.data import RELATIONS, load_facts
 from mechlingo.data.splits import split_facts
@@ -79,11 +79,11 @@ def test_headroom_rule_on_hand_made_tables():
 
 def test_pooled_vectors_equal_building_on_the_pooled_facts(tiny, facts):
     build = split_facts(facts)["build"]
-    stats = transfer.group_stats(tiny, build, k_shot=2, translation_shots=0)
+    stats = pooled.group_stats(tiny, build, k_shot=2, translation_shots=0)
     for rels in (RELS, ["currency"]):
         sel = [f for f in build if f.relation in rels]
         ref = build_steering_vectors(tiny, sel, k_shot=2, translation_shots=0)
-        got = transfer.pooled_vectors(stats, relations=rels, model=tiny)
+        got = pooled.pooled_vectors(stats, relations=rels, model=tiny)
         for name in ("few_shot", "zero_shot", "translation"):
             torch.testing.assert_close(got.means[name], ref.means[name], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got.task.vector, ref.task.vector, rtol=1e-4, atol=1e-4)
@@ -91,16 +91,16 @@ def test_pooled_vectors_equal_building_on_the_pooled_facts(tiny, facts):
         assert got.build["n_prompts"] == ref.build["n_prompts"]
         assert got.build["fact_ids"] == ref.build["fact_ids"]
         assert got.relations == [r for r in RELATIONS if r in rels]
-    no_fr = transfer.pooled_vectors(stats, langs=["en", "de"])
+    no_fr = pooled.pooled_vectors(stats, langs=["en", "de"])
     assert no_fr.build["langs"] == ["de", "en"]
     assert no_fr.build["n_prompts"]["zero_shot"] == sum(f.lang != "fr" for f in build)
 
 
 def test_balance_relations_same_ids_per_relation(facts):
-    out = transfer.balance_relations(facts)
+    out = pooled.balance_relations(facts)
     per = {r: {f.id for f in out if f.relation == r} for r in RELS}
     assert {len(v) for v in per.values()} == {24}
-    three = transfer.balance_relations(facts, 3)
+    three = pooled.balance_relations(facts, 3)
     assert len(three) == 3 * 3 * 3 and {f.lang for f in three} == {"en", "fr", "de"}
 
 
@@ -120,13 +120,13 @@ def test_old_vector_artifacts_load_without_relations(tiny, facts, tmp_path):
 def _watch(monkeypatch):
     seen = {"pooled": [], "sweep": [], "test": [], "kw": []}
     real_pool, real_sweep, real_score = (
-        transfer.pooled_vectors,
-        steer_eval.choose_on_dev,
-        steer_eval._score,
+        pooled.pooled_vectors,
+        dev_grid.choose_on_dev,
+        headroom.score,
     )
     real_row_score = transfer._Run.score
 
-    def pooled(stats, **kw):
+    def pooled_fn(stats, **kw):
         v = real_pool(stats, **kw)
         seen["pooled"].append((kw.get("relations"), kw.get("langs"), set(v.build["fact_ids"])))
         return v
@@ -143,9 +143,9 @@ def _watch(monkeypatch):
         seen["test"].append(list(facts))
         return real_row_score(self, facts, iv)
 
-    monkeypatch.setattr(transfer, "pooled_vectors", pooled)
-    monkeypatch.setattr(steer_eval, "choose_on_dev", sweep)
-    monkeypatch.setattr(steer_eval, "_score", score)
+    monkeypatch.setattr(pooled, "pooled_vectors", pooled_fn)
+    monkeypatch.setattr(dev_grid, "choose_on_dev", sweep)
+    monkeypatch.setattr(headroom, "score", score)
     monkeypatch.setattr(transfer._Run, "score", row_score)
     return seen
 
@@ -219,12 +219,12 @@ def test_matrix_by_language_never_sees_the_held_out_language(tiny, facts, monkey
 
 
 def test_a_build_step_that_sees_the_held_out_relation_is_refused(tiny, facts, monkeypatch):
-    real = transfer.pooled_vectors
+    real = pooled.pooled_vectors
 
     def leaky(stats, **kw):  # ignores the selection: builds on every relation
         return real(stats, **{**kw, "relations": None})
 
-    monkeypatch.setattr(transfer, "pooled_vectors", leaky)
+    monkeypatch.setattr(pooled, "pooled_vectors", leaky)
     with pytest.raises(LeakError, match="all_but_capital"):
         transfer.transfer_matrix(tiny, facts, by="relation", held_out=["capital"], **SMALL)
 

@@ -33,7 +33,7 @@ import torch
 
 from mechlingo.analyses.decoders.lens import lens_facts
 from mechlingo.analyses.decoders.tuned_lens import load_tuned_lens
-from mechlingo.analyses.recall import steer_eval, steering
+from mechlingo.analyses.recall import dev_grid, steer_eval, steering
 from mechlingo.analyses.recall.patching import patch_activations
 from mechlingo.analyses.recall.patching.metrics import fact_metrics
 from mechlingo.analyses.recall.steering import SteeringConfig
@@ -509,10 +509,10 @@ def rows_conversion(data: Mapping[str, Any]) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------------------
 
 
-def choice_from(sweep: Mapping[str, Any]) -> steer_eval.Choice:
+def choice_from(sweep: Mapping[str, Any]) -> dev_grid.Choice:
     """The dev choice stored in the repair stage's ``sweep``."""
     pair = None if sweep.get("pair") is None else SteeringConfig(**sweep["pair"])
-    return steer_eval.Choice(SteeringConfig(**sweep["config"]), sweep["selected"],
+    return dev_grid.Choice(SteeringConfig(**sweep["config"]), sweep["selected"],
                            sweep["dev_effect"], sweep["dev_test"], sweep["dev_score"], pair,
                            sweep.get("best_single"))  # fmt: skip
 

@@ -6,10 +6,10 @@ through their Python APIs, in stages:
 * ``trace`` (:func:`mechlingo.analyses.recall.trace.trace_recall`: greedy answers and the logit
   lens of every query): the latent-English and the recall-failure claims;
 * ``repair`` (:func:`mechlingo.analyses.recall.steering.build_steering_vectors` on the build split,
-  :func:`mechlingo.analyses.recall.steer_eval.choose_on_dev` on dev, :func:`mechlingo.analyses.recall.steer_eval.evaluate_test`
+  :func:`mechlingo.analyses.recall.dev_grid.choose_on_dev` on dev, :func:`mechlingo.analyses.recall.steer_eval.evaluate_test`
   on test with norm-matched random controls): the two vectors, the lowest language (the
   headroom rule, :func:`mechlingo.card.rules.headroom_lowest_language`, beside the literal
-  :func:`mechlingo.analyses.recall.steer_eval.lowest_language_dev`) and the random vector;
+  :func:`mechlingo.analyses.recall.headroom.lowest_language_dev`) and the random vector;
 * ``transfer_relation`` and ``transfer_lang``
   (``mechlingo.analyses.recall.transfer.transfer_matrix``): independence of relations and languages;
 * ``experts`` (:func:`mechlingo.analyses.experts.find_experts`, :func:`~mechlingo.analyses.experts.k_curve`
@@ -49,7 +49,7 @@ from tqdm.auto import tqdm
 from mechlingo.activations.distributed import dist_info
 from mechlingo.analyses.experts import collect_neuron_stats, find_experts, k_curve
 from mechlingo.analyses.experts.align import compare_alignment, per_sentence
-from mechlingo.analyses.recall import steer_eval, steering
+from mechlingo.analyses.recall import dev_grid, steer_eval, steering
 from mechlingo.analyses.recall.trace import trace_recall
 from mechlingo.card import lu, sundar
 from mechlingo.card.rows import (
@@ -276,7 +276,7 @@ def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progr
         batch_size=cfg.get("batch_size", 16), progress=progress,
     )  # fmt: skip
     layers = _layers(r["layer_fractions"], int(model.cfg.n_layers))
-    sw = steer_eval.choose_on_dev(
+    sw = dev_grid.choose_on_dev(
         model, vectors, dev, pool=build, k_shot=r["k_shot"], test_ids=test,
         task_layers=layers, diff_layers=layers, task_alphas=r["alphas"], diff_alphas=r["alphas"],
         top_k=r["top_k"], screen_ids=r["screen_ids"], **kw,

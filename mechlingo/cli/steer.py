@@ -35,8 +35,8 @@ from typing import Any
 # call.
 from mechlingo.activations.distributed import sharded_scoring
 from mechlingo.analyses.recall import steer_eval, steering, transfer
+from mechlingo.analyses.recall.pooled import balance_relations
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
-from mechlingo.analyses.recall.transfer import balance_relations
 from mechlingo.cli.common import (
     UsageError,
     add_data_args,
@@ -67,7 +67,7 @@ from mechlingo.report import write_outputs
 from mechlingo.report.steer import repair_report, transfer_report
 
 ALL_LANGS = "en,de,fr,es,it,pt,ru,zh,ja,ko,ar,hi"
-#: mechlingo.analyses.recall.steer_eval.ALPHA_GRID as flag text (kept here so that `--help` imports no torch)
+#: mechlingo.analyses.recall.dev_grid.ALPHA_GRID as flag text (kept here so that `--help` imports no torch)
 ALPHAS = "0.03,0.063,0.13,0.28,0.6"
 
 
