@@ -14,8 +14,8 @@ import mechlingo.analyses.recall.dev_grid as dev_grid
 import mechlingo.analyses.recall.headroom as headroom
 import mechlingo.analyses.recall.steer_eval as protocol
 import mechlingo.analyses.recall.steering as steering
-from mechlingo.analyses.recall.dev_grid import default_layers
 from mechlingo.analyses.recall.headroom import LeakError, check_disjoint, lowest_language_dev
+from mechlingo.analyses.recall.settings import every_second_layer, layers_at, matrix_layers
 from mechlingo.analyses.scoring.evaluate import decided, evaluate_facts, is_correct
 from mechlingo.data import LANGS, RELATIONS, load_facts, natural_templates
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
@@ -133,10 +133,19 @@ def test_natural_templates_cover_every_relation_and_language():
     assert natural[0].prompt == "The capital of Afghanistan is" != tuned[0].prompt
 
 
-def test_default_layers_every_second_from_20_to_90_percent():
-    assert default_layers(18) == [4, 6, 8, 10, 12, 14, 16]
-    assert default_layers(2) == [0]
-    assert default_layers(32) == [6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28]
+def test_every_second_layer_from_20_to_90_percent():
+    assert every_second_layer(18) == [4, 6, 8, 10, 12, 14, 16]
+    assert every_second_layer(2) == [0]
+    assert every_second_layer(32) == [6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28]
+
+
+def test_layers_at_fractions_by_hand():
+    # round(f * n) clamped to the model, sorted, each once
+    assert layers_at([0.5, 0.67], 18) == [9, 12]
+    assert layers_at([0.33, 0.5, 0.67, 0.83], 18) == [6, 9, 12, 15]
+    assert layers_at([0.0, 0.99, 1.5, -0.2], 18) == [0, 17]
+    assert layers_at([0.5, 0.52], 18) == [9]
+    assert matrix_layers(18) == [6, 10, 14] and matrix_layers(2) == [1]
 
 
 def test_lowest_language_is_fixed_on_dev_and_never_english():

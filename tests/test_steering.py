@@ -14,9 +14,9 @@ from mechlingo.analyses.recall.steering import (
     SteeringPair,
     build_steering_vectors,
     conditions,
-    evaluate_conditions,
-    lowest_language,
+    lowest_above_zero,
     relative_gain,
+    score_at_config,
     vectors_from_means,
 )
 from mechlingo.analyses.scoring.evaluate import greedy_generate
@@ -160,7 +160,7 @@ def test_sweep_and_evaluate_plumbing(tiny, tiny_facts, tiny_vectors):
     ]
     assert res.best.task_layer == 0 and res.best.diff_layer == 1
     assert res.fig_heatmap("task").data
-    out = evaluate_conditions(tiny, tiny_vectors, res.best, dev, max_new_tokens=2)
+    out = score_at_config(tiny, tiny_vectors, res.best, dev, max_new_tokens=2)
     s = out.summary()
     assert set(s["accuracy"]) == {"orig", "task", "diff", "both", "random"}
     assert set(s["accuracy"]["orig"]) == {"en", "fr"}
@@ -175,8 +175,8 @@ def test_relative_gain():
     assert relative_gain(0.45, 0.3) == pytest.approx(0.5)
     assert relative_gain(0.0, 0.0) == 0.0 and relative_gain(0.1, 0.0) == float("inf")
     # the lowest language is the lowest one above 0 (a gain over 0 is undefined)
-    assert lowest_language({"en": 0.8, "hi": 0.0, "ja": 0.2, "ko": 0.2}) == "ja"
-    assert lowest_language({"en": 0.0, "hi": 0.0}) is None
+    assert lowest_above_zero({"en": 0.8, "hi": 0.0, "ja": 0.2, "ko": 0.2}) == "ja"
+    assert lowest_above_zero({"en": 0.0, "hi": 0.0}) is None
 
 
 def test_cli_build_and_eval_on_tiny(tiny_dir, tmp_path):
@@ -271,23 +271,6 @@ def test_padded_batched_generation_equals_one_by_one(tiny):
         ref = [greedy_generate(tiny, [p], max_new_tokens=4, intervention=iv)[0] for p in prompts]
         assert got == ref
     assert count_hooks(tiny) == 0
-
-
-def test_transfer_builds_without_the_held_out_language(tiny, tiny_facts):
-    from mechlingo.analyses.recall.steering import transfer
-
-    sp = split_facts(tiny_facts)
-    out = transfer(
-        tiny,
-        sp["build"],
-        take_per_lang(sp["test"], 2),
-        SteeringConfig(0, 1.0, 1, 1.0),
-        holdout_lang="en",
-        k_shot=2,
-        max_new_tokens=2,
-    )
-    assert out["built_on"]["langs"] == ["fr"] and out["tested_on"]["langs"] == ["en"]
-    assert set(out["accuracy"]) == {"orig", "both"}
 
 
 def test_steer_eval_layer_out_of_range_is_a_usage_error(tiny_dir, tmp_path, capsys):

@@ -50,6 +50,7 @@ from mechlingo.activations.distributed import dist_info
 from mechlingo.analyses.experts import collect_neuron_stats, find_experts, k_curve
 from mechlingo.analyses.experts.align import compare_alignment, per_sentence
 from mechlingo.analyses.recall import dev_grid, steer_eval, steering
+from mechlingo.analyses.recall.settings import layers_at
 from mechlingo.analyses.recall.trace import trace_recall
 from mechlingo.card import lu, sundar
 from mechlingo.card.rows import (
@@ -233,12 +234,6 @@ def _stage_trace(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progre
     }
 
 
-def _layers(fractions: Sequence[float] | None, n_layers: int) -> list[int] | None:
-    if fractions is None:
-        return None
-    return sorted({min(n_layers - 1, max(0, round(f * n_layers))) for f in fractions})
-
-
 def _items(results: Mapping[str, Any]) -> tuple[dict[str, dict[str, list[bool]]], dict]:
     """Per condition and language, correctness in (lang, id) order, and the fact ids of that
     order (one list for every condition: they score the same test items).
@@ -275,7 +270,7 @@ def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progr
         model, build, k_shot=r["k_shot"], translation_shots=r["translation_shots"],
         batch_size=cfg.get("batch_size", 16), progress=progress,
     )  # fmt: skip
-    layers = _layers(r["layer_fractions"], int(model.cfg.n_layers))
+    layers = layers_at(r["layer_fractions"], int(model.cfg.n_layers))
     sw = dev_grid.choose_on_dev(
         model, vectors, dev, pool=build, k_shot=r["k_shot"], test_ids=test,
         task_layers=layers, diff_layers=layers, task_alphas=r["alphas"], diff_alphas=r["alphas"],
@@ -317,7 +312,7 @@ def _stage_transfer(
     t = cfg["transfer"]
     m = dict(t.get("matrix", {}))
     if "layer_fractions" in m:
-        m["layers"] = _layers(m.pop("layer_fractions"), int(model.cfg.n_layers))
+        m["layers"] = layers_at(m.pop("layer_fractions"), int(model.cfg.n_layers))
     tm = mod.transfer_matrix(
         model, facts, by=by, seed=0, progress=progress, max_new_tokens=t["max_new_tokens"],
         batch_size=cfg.get("batch_size", 64), stats=built.get("stats"),

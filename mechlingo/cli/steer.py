@@ -67,7 +67,7 @@ from mechlingo.report import write_outputs
 from mechlingo.report.steer import repair_report, transfer_report
 
 ALL_LANGS = "en,de,fr,es,it,pt,ru,zh,ja,ko,ar,hi"
-#: mechlingo.analyses.recall.dev_grid.ALPHA_GRID as flag text (kept here so that `--help` imports no torch)
+#: mechlingo.analyses.recall.settings.ALPHA_GRID as flag text (kept here so that `--help` imports no torch)
 ALPHAS = "0.03,0.063,0.13,0.28,0.6"
 
 

@@ -1,8 +1,8 @@
 """The dev grid of the steering evaluation: every setting scored on dev, one chosen.
 
 :func:`choose_on_dev` scores both vectors at every second layer from about 20% to about 90%
-of the depth (:func:`default_layers`), alpha on a log grid from 0.03 to 0.6 (residual-norm
-units, :data:`ALPHA_GRID`), on a *screen* subset of the dev facts; the best few settings of
+of the depth (:func:`mechlingo.analyses.recall.settings.every_second_layer`), alpha on a log grid from 0.03 to 0.6 (residual-norm
+units, :data:`mechlingo.analyses.recall.settings.ALPHA_GRID`), on a *screen* subset of the dev facts; the best few settings of
 each vector are re-scored on the whole dev split, and the best few task x diff pairs are
 combined. The objective is the mean accuracy over the non-English languages; English is a
 constraint (it may not drop by more than ``en_tolerance``). "No intervention" is a
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mechlingo.analyses.recall import headroom as hm
+from mechlingo.analyses.recall.settings import ALPHA_GRID, every_second_layer
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
 from mechlingo.analyses.scoring.evaluate import EvalResult
 from mechlingo.analyses.scoring.scorers import Scorer, as_scorer
@@ -32,18 +33,7 @@ from mechlingo.viz.steer import sweep_heatmap
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-__all__ = ["ALPHA_GRID", "Choice", "DevSearch", "choose_on_dev", "default_layers"]
-
-#: alpha grid in residual-norm units: a log scale from 0.03 to 0.6
-ALPHA_GRID = (0.03, 0.063, 0.13, 0.28, 0.6)
-
-
-def default_layers(n_layers: int) -> list[int]:
-    """Every second layer from about 20% to about 90% of the depth (4, 6, ..., 16 of 18)."""
-    lo, hi = round(0.2 * n_layers), round(0.9 * n_layers)
-    layers = list(range(lo, min(hi, n_layers - 1) + 1, 2))
-    return layers or [n_layers // 2]
-
+__all__ = ["Choice", "DevSearch", "choose_on_dev"]
 
 # Dev sweep
 # --------------------------------------------------------------------------------------
@@ -186,7 +176,7 @@ def choose_on_dev(
         dev_facts: every selected language, English included (its accuracy is the
             constraint).
         task_layers, diff_layers, task_alphas, diff_alphas: the grid of each vector (default
-            for both: :func:`default_layers` and :data:`ALPHA_GRID`).
+            for both: :func:`~mechlingo.analyses.recall.settings.every_second_layer` and :data:`~mechlingo.analyses.recall.settings.ALPHA_GRID`).
         top_k: settings of each vector re-scored on the whole dev split; their best
             ``top_k`` x ``top_k`` pairs are scored as ``both``.
         screen_ids: fact ids (x every language) of the screen subset that scores the whole
@@ -208,8 +198,8 @@ def choose_on_dev(
           **score_kw}  # fmt: skip
     n_layers = int(model.cfg.n_layers)
     grid = {
-        "task": (list(task_layers or default_layers(n_layers)), list(task_alphas)),
-        "diff": (list(diff_layers or default_layers(n_layers)), list(diff_alphas)),
+        "task": (list(task_layers or every_second_layer(n_layers)), list(task_alphas)),
+        "diff": (list(diff_layers or every_second_layer(n_layers)), list(diff_alphas)),
     }
     screen = _screen_subset(dev_facts, screen_ids) if screen_ids else dev_facts
     sw = _DevSearch(model, {**kw, **hm.metric_options(scorer, pool)}, en_tolerance)

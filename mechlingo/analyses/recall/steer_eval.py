@@ -54,7 +54,8 @@ import numpy as np
 
 from mechlingo.analyses.recall import dev_grid, steering
 from mechlingo.analyses.recall import headroom as hm
-from mechlingo.analyses.recall.dev_grid import ALPHA_GRID, Choice, DevSearch
+from mechlingo.analyses.recall.dev_grid import Choice, DevSearch
+from mechlingo.analyses.recall.settings import ALPHA_GRID
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
 from mechlingo.analyses.results import WritesFolder
 from mechlingo.analyses.scoring.evaluate import EvalResult

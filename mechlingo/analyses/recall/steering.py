@@ -21,7 +21,7 @@ is recorded in ``build["unit"]``, in every saved vector's metadata and in the su
 The protocol that chooses layers and scales on dev and reports test accuracy with
 confidence intervals is :mod:`mechlingo.analyses.recall.steer_eval` (what ``mechlingo steer eval`` runs); this
 module builds the vectors and scores fixed
-conditions (:func:`evaluate_conditions`, used for quick looks and for transfer); the facts are
+conditions at one given config (:func:`score_at_config`, a quick look); the facts are
 split by id with :func:`mechlingo.data.splits.split_facts`.
 """
 
@@ -70,12 +70,11 @@ __all__ = [
     "build_steering_vectors",
     "score_facts",
     "conditions",
-    "evaluate_conditions",
+    "score_at_config",
     "last_token_norms",
-    "lowest_language",
+    "lowest_above_zero",
     "relative_gain",
     "vectors_from_means",
-    "transfer",
 ]
 
 CONDITIONS = ("orig", "task", "diff", "both", "random")
@@ -453,12 +452,20 @@ def relative_gain(new: float, old: float) -> float:
     return (new - old) / old
 
 
-def lowest_language(orig: dict[str, float]) -> str | None:
+def lowest_above_zero(orig: dict[str, float]) -> str | None:
     """The language with the lowest ``orig`` accuracy *among those above 0* (ties: the first
     in sorted order); ``None`` if every language is at 0.
 
     Languages at 0 are left out because a relative gain over 0 is undefined (and any single
     correct answer would be an "infinite" gain); their absolute gains are reported instead.
+
+    This is *not* the card's lowest-language rule
+    (:func:`mechlingo.analyses.recall.headroom.lowest_language_rule`), and answers another
+    question: "on which of the scored languages is a relative gain defined and smallest",
+    a description of one set of scored facts for :func:`score_at_config`'s quick look. The
+    card's rule is fixed on dev (headroom: paired zero-shot and few-shot outcomes, ties
+    pooled, never English) before test is scored; this one reads the accuracies it reports
+    on, so it must not back a claim.
     """
     live = [lg for lg in sorted(orig) if orig[lg] > 0]
     return min(live, key=lambda lg: orig[lg]) if live else None
@@ -470,7 +477,7 @@ class ConditionResults:
 
     ``accuracy[condition][lang]``, ``english_rate[condition][lang]`` (answered with the
     English answer instead of the target-language one), ``lowest_language`` (lowest ``orig``
-    accuracy among languages with ``orig`` > 0, see :func:`lowest_language`; ``None`` when
+    accuracy among languages with ``orig`` > 0, see :func:`lowest_above_zero`; ``None`` when
     all are 0), ``relative_gain[condition]`` on that language, ``results`` (the raw
     :class:`~mechlingo.analyses.scoring.evaluate.EvalResult` per condition), ``unit``: what the config's
     alphas are measured in (see :func:`build_steering_vectors`).
@@ -532,7 +539,7 @@ class ConditionResults:
         return accuracy_bars(self.accuracy, title)
 
 
-def evaluate_conditions(
+def score_at_config(
     model: Model,
     vectors: SteeringPair,
     config: SteeringConfig,
@@ -545,7 +552,7 @@ def evaluate_conditions(
     progress: bool = False,
 ) -> ConditionResults:
     """Greedy accuracy on ``test_facts`` per language for each condition (see
-    :func:`conditions`); ``lowest_language`` is chosen by :func:`lowest_language` on the
+    :func:`conditions`); ``lowest_language`` is chosen by :func:`lowest_above_zero` on the
     ``orig`` accuracies and ``relative_gain`` is each condition's relative change there (0
     everywhere when no language is above 0)."""
     conds = conditions(vectors, config, seed=seed)
@@ -563,90 +570,12 @@ def evaluate_conditions(
     accuracy = {c: r.accuracy() for c, r in results.items()}
     english = {c: r.english_rate() for c, r in results.items()}
     orig = accuracy.get("orig") or next(iter(accuracy.values()))
-    lowest = lowest_language(orig)
+    lowest = lowest_above_zero(orig)
     gains = {
         c: (0.0 if lowest is None else relative_gain(a[lowest], orig[lowest]))
         for c, a in accuracy.items()
     }
     return ConditionResults(accuracy, english, lowest, gains, results, config, vectors.unit)
-
-
-# --------------------------------------------------------------------------------------
-# Transfer
-# --------------------------------------------------------------------------------------
-
-
-def transfer(
-    model: Model,
-    build_facts: Sequence[Fact],
-    test_facts: Sequence[Fact],
-    config: SteeringConfig,
-    *,
-    build_relations: Sequence[str] | None = None,
-    test_relations: Sequence[str] | None = None,
-    holdout_lang: str | None = None,
-    k_shot: int = 3,
-    subtract_zero_shot: bool = True,
-    unit: str = "resid",
-    max_new_tokens: int = 6,
-    batch_size: int = 32,
-    progress: bool = False,
-) -> dict[str, Any]:
-    """Language/dataset independence: build on some facts, apply to others.
-
-    Vectors are built from ``build_facts`` restricted to ``build_relations`` and without
-    ``holdout_lang``, then applied (with ``config``) to ``test_facts`` restricted to
-    ``test_relations`` (and to ``holdout_lang`` when given). Returns the test accuracy per
-    language of ``orig`` and ``both`` with those transferred vectors, and the build/test
-    selections, so e.g. "built on capital, tested on currency" or "built without Hindi,
-    tested on Hindi" can be read off. Build with the same ``subtract_zero_shot``/``unit`` as
-    the vectors ``config`` was chosen for, or its alphas mean something else.
-    """
-    bf = [
-        f
-        for f in build_facts
-        if (build_relations is None or f.relation in build_relations)
-        and (holdout_lang is None or f.lang != holdout_lang)
-    ]
-    tf = [
-        f
-        for f in test_facts
-        if (test_relations is None or f.relation in test_relations)
-        and (holdout_lang is None or f.lang == holdout_lang)
-    ]
-    if not bf or not tf:
-        raise InputError("the transfer selection leaves no build facts or no test facts")
-    vectors = build_steering_vectors(
-        model,
-        bf,
-        k_shot=k_shot,
-        subtract_zero_shot=subtract_zero_shot,
-        unit=unit,
-        batch_size=batch_size,
-    )
-    res = evaluate_conditions(
-        model,
-        vectors,
-        config,
-        tf,
-        names=("orig", "both"),
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        progress=progress,
-    )
-    return {
-        "built_on": {
-            "relations": sorted({f.relation for f in bf}),
-            "langs": sorted({f.lang for f in bf}),
-        },
-        "tested_on": {
-            "relations": sorted({f.relation for f in tf}),
-            "langs": sorted({f.lang for f in tf}),
-        },
-        "accuracy": res.accuracy,
-        "mean": {c: _mean(a.values()) for c, a in res.accuracy.items()},
-        "answered_in_english": res.english_rate,
-    }
 
 
 def stack_norm(v: Float[Tensor, "layer d_model"]) -> list[float]:

@@ -51,6 +51,7 @@ from mechlingo.analyses.recall import dev_grid, pooled
 from mechlingo.analyses.recall import headroom as hm
 from mechlingo.analyses.recall.headroom import LeakError, check_disjoint
 from mechlingo.analyses.recall.pooled import GroupStats, balance_relations, group_stats, spread
+from mechlingo.analyses.recall.settings import MATRIX_ALPHAS, matrix_layers
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
 from mechlingo.analyses.scoring.evaluate import EvalResult
 from mechlingo.analyses.scoring.scorers import Scorer
@@ -67,25 +68,10 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 __all__ = [
-    "MATRIX_ALPHAS",
     "TransferMatrix",
-    "matrix_layers",
     "transfer_matrices",
     "transfer_matrix",
 ]
-
-#: alphas the matrix's dev choice tries (residual-norm units): the upper half of
-#: :data:`mechlingo.analyses.recall.dev_grid.ALPHA_GRID`
-MATRIX_ALPHAS = (0.13, 0.28, 0.6)
-
-
-def matrix_layers(n_layers: int) -> list[int]:
-    """The layers the matrix's dev choice tries: about 35%, 55% and 75% of the depth
-    (6, 10, 14 of 18): the middle layers where the paper injects the task vector and the
-    late ones of the back-translation vector, in three points to keep the choice cheap."""
-    out = sorted({min(n_layers - 1, max(0, round(f * n_layers))) for f in (0.35, 0.55, 0.75)})
-    return out
-
 
 # --------------------------------------------------------------------------------------
 # The result
@@ -387,8 +373,9 @@ def transfer_matrix(
         screen_ids, dev_ids: fact ids (x every build language) of each row's dev screen and
             dev split, spread evenly over the row's relations.
         test_ids: test fact ids per column relation (x every non-English test language).
-        layers, alphas: the dev grid of both vectors (default :func:`matrix_layers`,
-            :data:`MATRIX_ALPHAS`); ``top_k``: settings of each re-scored on the dev split.
+        layers, alphas: the dev grid of both vectors (default
+            :func:`~mechlingo.analyses.recall.settings.matrix_layers`,
+            :data:`~mechlingo.analyses.recall.settings.MATRIX_ALPHAS`); ``top_k``: settings of each re-scored on the dev split.
         seed: seed of the random control and of the bootstrap.
         on_cell: called with each cell as soon as it is measured (e.g. to save progress).
         stats: the build statistics of an earlier call on the same facts and split
