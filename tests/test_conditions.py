@@ -241,17 +241,37 @@ def _per_condition(monkeypatch) -> None:
 
 def test_protocol_and_transfer_equal_the_per_condition_path(tiny, monkeypatch):
     from mechlingo.analyses.recall import steer_eval, steering, transfer
+    from mechlingo.analyses.recall.settings import (
+        BuildSettings,
+        DevGrid,
+        MatrixSettings,
+        ScoringOptions,
+    )
     from mechlingo.data.splits import split_facts
 
     facts = load_facts(langs=["en", "fr", "de"], relations=["capital", "language"], limit=24,
                        templates="natural")  # fmt: skip
     build = split_facts(facts, (0.4, 0.2, 0.4))["build"]
-    vectors = steering.build_steering_vectors(tiny, build, k_shot=2)
-    kw = {"task_layers": [0, 1], "diff_layers": [1], "task_alphas": [0.5, 2.0],
-          "diff_alphas": [1.0, 4.0], "top_k": 2, "screen_ids": 3, "seeds": [0, 1],
-          "max_new_tokens": 3}  # fmt: skip
-    tkw = {"build_ids": 3, "screen_ids": 2, "dev_ids": 2, "test_ids": 2, "layers": [0, 1],
-           "alphas": [0.5, 2.0], "k_shot": 2, "max_new_tokens": 2}  # fmt: skip
+    vectors = steering.build_steering_vectors(
+        tiny, build, BuildSettings(k_shot=2, translation_shots=0)
+    )
+    grid = DevGrid(
+        task_layers=(0, 1),
+        diff_layers=(1,),
+        task_alphas=(0.5, 2.0),
+        diff_alphas=(1.0, 4.0),
+        top_k=2,
+        screen_ids=3,
+    )
+    kw = {"grid": grid, "seeds": [0, 1], "scoring": ScoringOptions(max_new_tokens=3)}
+    matrix = MatrixSettings(
+        build_ids=3, screen_ids=2, dev_ids=2, test_ids=2, layers=(0, 1), alphas=(0.5, 2.0)
+    )
+    tkw = {
+        "matrix": matrix,
+        "build": BuildSettings(k_shot=2),
+        "scoring": ScoringOptions(max_new_tokens=2),
+    }
     res = steer_eval.run_steer_eval(tiny, facts, vectors, **kw)
     assert {r.meta["path"] for r in res.test.results.values()} == {"shared-prefix"}
     shared = res.summary()

@@ -74,10 +74,15 @@ def _fake_transfer(fail: str | None = None):
             raise RuntimeError(fail)
         return TM(by)
 
-    mod = types.ModuleType("mechlingo.analyses.recall.transfer")
-    mod.transfer_matrix = transfer_matrix
-    mod.calls = calls
-    return mod
+    fake = types.SimpleNamespace(transfer_matrix=transfer_matrix, calls=calls)
+    return fake
+
+
+def _use(monkeypatch, fake):
+    """The card's transfer stages call ``fake.transfer_matrix`` (set on the module they
+    import, :mod:`mechlingo.analyses.recall.transfer`)."""
+    monkeypatch.setattr(rep.transfer, "transfer_matrix", fake.transfer_matrix)
+    return fake
 
 
 # --------------------------------------------------------------------------------------
@@ -133,8 +138,7 @@ def test_a_killed_stage_leaves_nothing_half_written(tmp_path):
 
 
 def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
-    fake = _fake_transfer(fail="transfer exploded")
-    monkeypatch.setitem(sys.modules, "mechlingo.analyses.recall.transfer", fake)
+    fake = _use(monkeypatch, _fake_transfer(fail="transfer exploded"))
     card = rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path)
     assert list(dict.fromkeys(r["id"] for r in card.rows)) == [c.id for c in CLAIMS]
     assert [r.get("variant") for r in card.rows if r["id"] == "lowest_language"] == [
@@ -161,7 +165,7 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
     assert list(df["id"]) == [r["id"] for r in card.rows] and "p_adjusted" in df
     assert "<table" in card._repr_html_() and "claims card" in card.to_markdown().lower()
     # the stage that failed is tried again next time; the others are read back
-    monkeypatch.setitem(sys.modules, "mechlingo.analyses.recall.transfer", _fake_transfer())
+    fake = _use(monkeypatch, _fake_transfer())
     again = rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path)
     cached = {n: t["cached"] for n, t in again.meta["stages"].items()}
     assert cached == {"trace": True, "repair": True, "transfer_relation": False,
@@ -175,9 +179,7 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
     assert share["value"]["estimate"]["estimate"] == pytest.approx(6 / 8)  # only a has an all cell
     assert again.meta["rules_hash"] == RULES_HASH and again.meta["budgets_hash"]
     # the language matrix reuses the relation matrix's build statistics within a run
-    stats_kw = {
-        c[0]: c[2].get("stats") for c in sys.modules["mechlingo.analyses.recall.transfer"].calls
-    }
+    stats_kw = {c[0]: c[2].get("stats") for c in fake.calls}
     assert stats_kw == {"relation": None, "lang": "stats built by the relation matrix"}
     # the other rows' tests are read back unchanged; their adjusted p (and so possibly a
     # verdict) moves, since Holm's family now has the transfer rows too
@@ -193,7 +195,7 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
 
 
 def test_a_stopped_run_resumes_to_the_same_card(tiny, tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "mechlingo.analyses.recall.transfer", _fake_transfer())
+    _use(monkeypatch, _fake_transfer())
     full = rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path / "a")
     real = rep._stage_transfer
 
@@ -214,7 +216,7 @@ def test_a_stopped_run_resumes_to_the_same_card(tiny, tmp_path, monkeypatch):
 def test_cli_writes_the_card(tiny_dir, tmp_path, monkeypatch):
     from mechlingo.cli import main
 
-    monkeypatch.setitem(sys.modules, "mechlingo.analyses.recall.transfer", _fake_transfer())
+    _use(monkeypatch, _fake_transfer())
     data = tmp_path / "par"
     data.mkdir()
     for lg, lines in _parallel().items():
@@ -259,7 +261,7 @@ def test_facts_folder(tmp_path):
 def test_embedded_model_small_configuration(gemma, tmp_path, monkeypatch):
     """A smaller configuration than --budget quick on the embedded model (the quick and full
     budgets are `make replicate`): every row is produced, with intervals."""
-    monkeypatch.setitem(sys.modules, "mechlingo.analyses.recall.transfer", _fake_transfer())
+    _use(monkeypatch, _fake_transfer())
     small = {
         "lu_langs": ["en", "fr"],
         "trace": {"limit": 6},

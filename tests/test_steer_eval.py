@@ -15,7 +15,14 @@ import mechlingo.analyses.recall.headroom as headroom
 import mechlingo.analyses.recall.steer_eval as protocol
 import mechlingo.analyses.recall.steering as steering
 from mechlingo.analyses.recall.headroom import LeakError, check_disjoint, lowest_language_dev
-from mechlingo.analyses.recall.settings import every_second_layer, layers_at, matrix_layers
+from mechlingo.analyses.recall.settings import (
+    BuildSettings,
+    DevGrid,
+    ScoringOptions,
+    every_second_layer,
+    layers_at,
+    matrix_layers,
+)
 from mechlingo.analyses.scoring.evaluate import decided, evaluate_facts, is_correct
 from mechlingo.data import LANGS, RELATIONS, load_facts, natural_templates
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
@@ -259,11 +266,23 @@ def test_steer_eval_cli_writes_what_run_protocol_writes(tiny, tiny_dir, tmp_path
                  "--repeats", "2", "--max-new-tokens", "2", "--out", str(cli)]) == 0  # fmt: skip
     facts = load_facts(langs=["en", "fr", "de"], relations=["capital"], limit=30,
                        templates="natural")  # fmt: skip
+    grid = DevGrid(
+        task_layers=(0,),
+        diff_layers=(1,),
+        task_alphas=(0.1, 0.5),
+        diff_alphas=(0.5,),
+        top_k=1,
+        screen_ids=2,
+    )
     res = protocol.run_steer_eval(
-        tiny, facts, SteeringPair.load(vdir, tiny), task_layers=[0], diff_layers=[1],
-        task_alphas=[0.1, 0.5], diff_alphas=[0.5], top_k=1, screen_ids=2, seeds=[0, 1],
-        repeats=2, max_new_tokens=2,
-    )  # fmt: skip
+        tiny,
+        facts,
+        SteeringPair.load(vdir, tiny),
+        grid=grid,
+        scoring=ScoringOptions(max_new_tokens=2),
+        seeds=[0, 1],
+        repeats=2,
+    )
     res.write(py)
     a, b = (json.loads((d / "summary.json").read_text()) for d in (cli, py))
     assert "meta" in a and "meta" not in b
@@ -282,19 +301,37 @@ def test_repeats_rebuild_with_the_given_vectors_build_settings(tiny, monkeypatch
     facts = load_facts(langs=["en", "fr", "de"], relations=["capital"], limit=30,
                        templates="natural")  # fmt: skip
     build = split_facts(facts, (0.4, 0.2, 0.4))["build"]
-    given = steering.build_steering_vectors(tiny, build, k_shot=2, translation_shots=1)
+    given = steering.build_steering_vectors(
+        tiny, build, BuildSettings(k_shot=2, translation_shots=1)
+    )
     seen = []
     real = steering.build_steering_vectors
 
-    def spy(*args, **kwargs):
-        seen.append(kwargs)
-        return real(*args, **kwargs)
+    def spy(model, facts, settings, **kwargs):
+        seen.append(settings)
+        return real(model, facts, settings, **kwargs)
 
     monkeypatch.setattr(steering, "build_steering_vectors", spy)
     config = steering.SteeringConfig(0, 0.1, 1, 0.1)
-    res = protocol.run_steer_eval(tiny, facts, given, repeats=2, config=config, seeds=[0],
-                                max_new_tokens=2)  # fmt: skip
+    res = protocol.run_steer_eval(
+        tiny,
+        facts,
+        given,
+        repeats=2,
+        config=config,
+        seeds=[0],
+        scoring=ScoringOptions(max_new_tokens=2),
+    )
     assert len(seen) == 1  # the first split uses the given vectors, the re-split rebuilds
-    assert seen[0]["k_shot"] == 2 and seen[0]["translation_shots"] == 1
-    assert seen[0]["unit"] == given.build["unit"]
+    rebuilt = seen[0]
+    assert rebuilt.k_shot == 2 and rebuilt.translation_shots == 1
+    assert rebuilt.unit == given.build["unit"]
     assert res.summary()["repeats"]["n"] == 2
+
+
+def test_build_settings_default_and_the_recorded_ones():
+    # one default for the CLI, the library, the transfer matrix and a re-split's rebuild
+    assert BuildSettings().translation_shots == 2 and BuildSettings().k_shot == 3
+    assert BuildSettings.of({}) == BuildSettings()  # vectors that record nothing
+    got = BuildSettings.of({"k_shot": 2, "translation_shots": 0, "unit": "raw"})
+    assert (got.k_shot, got.translation_shots, got.unit) == (2, 0, "raw")

@@ -9,6 +9,7 @@ import torch
 
 from mechlingo.activations.means import last_token_means
 from mechlingo.activations.runs import collect
+from mechlingo.analyses.recall.settings import BuildSettings, DevGrid, ScoringOptions
 from mechlingo.analyses.recall.steering import (
     SteeringConfig,
     SteeringPair,
@@ -65,7 +66,9 @@ def tiny_facts():
 
 @pytest.fixture(scope="module")
 def tiny_vectors(tiny, tiny_facts):
-    return build_steering_vectors(tiny, split_facts(tiny_facts)["build"], k_shot=2)
+    return build_steering_vectors(
+        tiny, split_facts(tiny_facts)["build"], BuildSettings(k_shot=2, translation_shots=0)
+    )
 
 
 def test_build_vectors_on_tiny(tiny, tiny_vectors):
@@ -142,13 +145,15 @@ def test_sweep_and_evaluate_plumbing(tiny, tiny_facts, tiny_vectors):
         tiny,
         tiny_vectors,
         dev,
-        task_layers=[0],
-        task_alphas=[0.5, 1.0],
-        diff_layers=[1],
-        diff_alphas=[1.0],
-        top_k=1,
-        screen_ids=None,
-        max_new_tokens=2,
+        grid=DevGrid(
+            task_layers=(0,),
+            task_alphas=(0.5, 1.0),
+            diff_layers=(1,),
+            diff_alphas=(1.0,),
+            top_k=1,
+            screen_ids=None,
+        ),
+        scoring=ScoringOptions(max_new_tokens=2),
     )
     assert [(r["stage"], r["vector"]) for r in res.rows] == [
         ("screen", "task"),
@@ -252,7 +257,9 @@ def test_cli_build_and_eval_on_tiny(tiny_dir, tmp_path):
 @pytest.mark.slow
 def test_gemma_vectors_change_generations(gemma):
     facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=4)
-    vectors = build_steering_vectors(gemma, facts, k_shot=2, batch_size=8)
+    vectors = build_steering_vectors(
+        gemma, facts, BuildSettings(k_shot=2, translation_shots=0, batch_size=8)
+    )
     for stack in (vectors.task.vector, vectors.diff.vector):
         assert stack.shape == (18, 640) and torch.isfinite(stack).all()
     prompts = [f.prompt for f in facts if f.lang != "en"][:3]

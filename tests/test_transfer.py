@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import scipy.stats as sps
@@ -10,13 +11,19 @@ import torch
 
 from mechlingo.analyses.recall import dev_grid, headroom, pooled, transfer
 from mechlingo.analyses.recall.headroom import LeakError, lowest_language_rule
+from mechlingo.analyses.recall.settings import BuildSettings, MatrixSettings, ScoringOptions
 from mechlingo.analyses.recall.steering import SteeringPair, build_steering_vectors
 from mechlingo.data import RELATIONS, load_facts
 from mechlingo.data.splits import split_facts
 
 RELS = ["capital", "language", "currency"]  # in RELATIONS order
-SMALL = {"build_ids": 3, "screen_ids": 2, "dev_ids": 2, "test_ids": 2, "layers": [0, 1],
-         "alphas": [0.5], "k_shot": 2, "max_new_tokens": 2}  # fmt: skip
+SMALL = {
+    "matrix": MatrixSettings(
+        build_ids=3, screen_ids=2, dev_ids=2, test_ids=2, layers=(0, 1), alphas=(0.5,)
+    ),
+    "build": BuildSettings(k_shot=2),
+    "scoring": ScoringOptions(max_new_tokens=2),
+}
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +89,7 @@ def test_pooled_vectors_equal_building_on_the_pooled_facts(tiny, facts):
     stats = pooled.group_stats(tiny, build, k_shot=2, translation_shots=0)
     for rels in (RELS, ["currency"]):
         sel = [f for f in build if f.relation in rels]
-        ref = build_steering_vectors(tiny, sel, k_shot=2, translation_shots=0)
+        ref = build_steering_vectors(tiny, sel, BuildSettings(k_shot=2, translation_shots=0))
         got = pooled.pooled_vectors(stats, relations=rels, model=tiny)
         for name in ("few_shot", "zero_shot", "translation"):
             torch.testing.assert_close(got.means[name], ref.means[name], rtol=1e-5, atol=1e-5)
@@ -105,7 +112,9 @@ def test_balance_relations_same_ids_per_relation(facts):
 
 
 def test_old_vector_artifacts_load_without_relations(tiny, facts, tmp_path):
-    v = build_steering_vectors(tiny, split_facts(facts)["build"][:24], k_shot=1)
+    v = build_steering_vectors(
+        tiny, split_facts(facts)["build"][:24], BuildSettings(k_shot=1, translation_shots=0)
+    )
     v.build.pop("relations")
     v.save(tmp_path / "v", tiny)
     back = SteeringPair.load(tmp_path / "v", tiny)
@@ -188,8 +197,13 @@ def test_matrix_by_relation_cells_and_no_leak(tiny, facts, monkeypatch):
     doc = json.loads(json.dumps(m.to_json()))
     assert doc["summary"]["all_but"]["cells"] == 3 and doc["summary"]["only_other"]["cells"] == 6
     assert "<table>" in m._repr_html_() and len(m.fig_transfer().data) == 1
-    diag = transfer.transfer_matrix(tiny, facts, by="relation", cells="diagonal",
-                                  held_out=["capital"], **SMALL)  # fmt: skip
+    diag = transfer.transfer_matrix(
+        tiny,
+        facts,
+        by="relation",
+        held_out=["capital"],
+        **{**SMALL, "matrix": replace(SMALL["matrix"], cells="diagonal")},
+    )
     assert [(c["row"], c["col"]) for c in diag.cells] == [
         ("all", "capital"), ("all_but_capital", "capital"), ("only_capital", "capital")
     ]  # fmt: skip
@@ -215,7 +229,13 @@ def test_matrix_by_language_never_sees_the_held_out_language(tiny, facts, monkey
     again = transfer.transfer_matrix(tiny, facts, by="lang", stats=m.stats, **SMALL)
     assert again.cells == m.cells
     with pytest.raises(ValueError, match="other facts"):
-        transfer.transfer_matrix(tiny, facts, by="lang", stats=m.stats, **{**SMALL, "build_ids": 4})
+        transfer.transfer_matrix(
+            tiny,
+            facts,
+            by="lang",
+            stats=m.stats,
+            **{**SMALL, "matrix": replace(SMALL["matrix"], build_ids=4)},
+        )
 
 
 def test_a_build_step_that_sees_the_held_out_relation_is_refused(tiny, facts, monkeypatch):
@@ -235,7 +255,9 @@ def test_matrix_bad_arguments(tiny, facts):
     with pytest.raises(ValueError, match="not among"):
         transfer.transfer_matrix(tiny, facts, held_out=["continent"])
     with pytest.raises(ValueError, match="build fact ids per relation"):
-        transfer.transfer_matrix(tiny, facts, build_ids=2, k_shot=2)
+        transfer.transfer_matrix(
+            tiny, facts, matrix=MatrixSettings(build_ids=2), build=BuildSettings(k_shot=2)
+        )
     with pytest.raises(ValueError, match="at least two relations"):
         transfer.transfer_matrix(tiny, [f for f in facts if f.relation == "capital"])
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import importlib
 import json
 import shutil
 import tempfile
@@ -49,8 +48,8 @@ from tqdm.auto import tqdm
 from mechlingo.activations.distributed import dist_info
 from mechlingo.analyses.experts import collect_neuron_stats, find_experts, k_curve
 from mechlingo.analyses.experts.align import compare_alignment, per_sentence
-from mechlingo.analyses.recall import dev_grid, steer_eval, steering
-from mechlingo.analyses.recall.settings import layers_at
+from mechlingo.analyses.recall import dev_grid, steer_eval, steering, transfer
+from mechlingo.analyses.recall.settings import ScoringOptions
 from mechlingo.analyses.recall.trace import trace_recall
 from mechlingo.card import lu, sundar
 from mechlingo.card.rows import (
@@ -264,22 +263,30 @@ def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progr
     if not (build and dev and test):
         raise InputError("a split of the repair facts is empty (build, dev or test)",
                          fix="give more facts (a larger budget or more ids per relation)")  # fmt: skip
-    kw = {"max_new_tokens": r["max_new_tokens"], "batch_size": cfg.get("batch_size", 64),
-          "progress": progress, "metric": lu.metric_of(cfg)}  # fmt: skip
-    vectors = steering.build_steering_vectors(
-        model, build, k_shot=r["k_shot"], translation_shots=r["translation_shots"],
-        batch_size=cfg.get("batch_size", 16), progress=progress,
-    )  # fmt: skip
-    layers = layers_at(r["layer_fractions"], int(model.cfg.n_layers))
+    build_settings, grid, scoring = lu.repair_settings(cfg, int(model.cfg.n_layers), progress)
+    vectors = steering.build_steering_vectors(model, build, build_settings, progress=progress)
     sw = dev_grid.choose_on_dev(
-        model, vectors, dev, pool=build, k_shot=r["k_shot"], test_ids=test,
-        task_layers=layers, diff_layers=layers, task_alphas=r["alphas"], diff_alphas=r["alphas"],
-        top_k=r["top_k"], screen_ids=r["screen_ids"], **kw,
-    )  # fmt: skip
+        model,
+        vectors,
+        dev,
+        grid=grid,
+        scoring=scoring,
+        pool=build,
+        k_shot=build_settings.k_shot,
+        test_ids=test,
+    )
     res = steer_eval.evaluate_test(
-        model, vectors, sw.choice, test, lowest_language=sw.lowest_language,
-        lowest_rule=sw.lowest_rule, pool=build, k_shot=r["k_shot"], seeds=r["seeds"], **kw,
-    )  # fmt: skip
+        model,
+        vectors,
+        sw.choice,
+        test,
+        lowest_language=sw.lowest_language,
+        lowest_rule=sw.lowest_rule,
+        pool=build,
+        k_shot=build_settings.k_shot,
+        seeds=r["seeds"],
+        scoring=scoring,
+    )
     sweep = sw.to_dict()
     outcomes, ids = _items(res.results)
     return {
@@ -303,21 +310,25 @@ def _stage_transfer(
     progress: bool,
     built: dict[str, Any],
 ) -> dict:
-    """The transfer matrix (``mechlingo.analyses.recall.transfer``, loaded when the stage runs).
+    """The transfer matrix (:func:`mechlingo.analyses.recall.transfer.transfer_matrix`).
 
     ``built`` carries the build statistics from one matrix to the other within a run (the
     same facts and split give the same statistics, so the second matrix does not rebuild
     them); a resumed run that has only one of the two rebuilds."""
-    mod = importlib.import_module("mechlingo.analyses.recall.transfer")
     t = cfg["transfer"]
-    m = dict(t.get("matrix", {}))
-    if "layer_fractions" in m:
-        m["layers"] = layers_at(m.pop("layer_fractions"), int(model.cfg.n_layers))
-    tm = mod.transfer_matrix(
-        model, facts, by=by, seed=0, progress=progress, max_new_tokens=t["max_new_tokens"],
-        batch_size=cfg.get("batch_size", 64), stats=built.get("stats"),
-        metric=lu.metric_of(cfg), **m,
-    )  # fmt: skip
+    tm = transfer.transfer_matrix(
+        model,
+        facts,
+        by=by,
+        matrix=lu.matrix_settings(t.get("matrix", {}), int(model.cfg.n_layers)),
+        scoring=ScoringOptions(
+            metric=lu.metric_of(cfg),
+            max_new_tokens=t["max_new_tokens"],
+            batch_size=cfg.get("batch_size", 64),
+            progress=progress,
+        ),
+        stats=built.get("stats"),
+    )
     built["stats"] = tm.stats
     out = tm.to_json()
     out = json.loads(out) if isinstance(out, str) else out

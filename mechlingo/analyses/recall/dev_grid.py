@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mechlingo.analyses.recall import headroom as hm
-from mechlingo.analyses.recall.settings import ALPHA_GRID, every_second_layer
+from mechlingo.analyses.recall.settings import DevGrid, ScoringOptions
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
 from mechlingo.analyses.scoring.evaluate import EvalResult
-from mechlingo.analyses.scoring.scorers import Scorer, as_scorer
+from mechlingo.analyses.scoring.scorers import as_scorer
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 from mechlingo.data.splits import hash_fraction
@@ -112,15 +112,27 @@ class DevSearch:
         """The inverse of :meth:`to_dict` (``unit``: the vectors' unit, not stored there)."""
         pair = None if d.get("pair") is None else SteeringConfig(**d["pair"])
         choice = Choice(
-            SteeringConfig(**d["config"]), d["selected"], d["dev_effect"], d["dev_test"],
-            d["dev_score"], pair, d.get("best_single"),
-        )  # fmt: skip
+            SteeringConfig(**d["config"]),
+            d["selected"],
+            d["dev_effect"],
+            d["dev_test"],
+            d["dev_score"],
+            pair,
+            d.get("best_single"),
+        )
         return cls(
-            rows=list(d["rows"]), baseline=d["dev_baseline"], choice=choice,
-            lowest_language=d["lowest_language"], headroom=d["headroom"], unit=unit,
-            n_dev=d["n_dev_items"], n_screen=d["n_screen_items"], metric=d["metric"],
-            skipped=d["skipped"], lowest_rule=d.get("lowest_language_rule") or {},
-        )  # fmt: skip
+            rows=list(d["rows"]),
+            baseline=d["dev_baseline"],
+            choice=choice,
+            lowest_language=d["lowest_language"],
+            headroom=d["headroom"],
+            unit=unit,
+            n_dev=d["n_dev_items"],
+            n_screen=d["n_screen_items"],
+            metric=d["metric"],
+            skipped=d["skipped"],
+            lowest_rule=d.get("lowest_language_rule") or {},
+        )
 
     def fig_heatmap(self, vector: str) -> go.Figure:
         """Screen-stage mean non-English accuracy over layer x alpha for one vector alone
@@ -153,21 +165,11 @@ def choose_on_dev(
     vectors: SteeringPair,
     dev_facts: Sequence[Fact],
     *,
-    task_layers: Sequence[int] | None = None,
-    diff_layers: Sequence[int] | None = None,
-    task_alphas: Sequence[float] = ALPHA_GRID,
-    diff_alphas: Sequence[float] = ALPHA_GRID,
-    top_k: int = 3,
-    screen_ids: int | None = 8,
-    en_tolerance: float = 0.05,
-    p_threshold: float = 0.1,
+    grid: DevGrid | None = None,
+    scoring: ScoringOptions | None = None,
     pool: Sequence[Fact] | None = None,
     k_shot: int = 3,
     test_ids: Sequence[Fact] = (),
-    max_new_tokens: int = 6,
-    batch_size: int = 64,
-    progress: bool = False,
-    metric: str | Scorer = "generate",
     **score_kw: Any,
 ) -> DevSearch:
     """The dev stage of the protocol (see the module docstring).
@@ -175,35 +177,34 @@ def choose_on_dev(
     Args:
         dev_facts: every selected language, English included (its accuracy is the
             constraint).
-        task_layers, diff_layers, task_alphas, diff_alphas: the grid of each vector (default
-            for both: :func:`~mechlingo.analyses.recall.settings.every_second_layer` and :data:`~mechlingo.analyses.recall.settings.ALPHA_GRID`).
-        top_k: settings of each vector re-scored on the whole dev split; their best
-            ``top_k`` x ``top_k`` pairs are scored as ``both``.
-        screen_ids: fact ids (x every language) of the screen subset that scores the whole
-            grid (``None``: the whole dev split).
-        en_tolerance: largest allowed drop of English accuracy against no intervention.
-        p_threshold: a candidate is chosen only if it beats no intervention with exact
-            McNemar ``p`` below this, on the dev non-English items.
+        grid: what is tried and how it is decided
+            (:class:`~mechlingo.analyses.recall.settings.DevGrid`: the layers and alphas of
+            each vector, ``top_k``, ``screen_ids``, ``en_tolerance``, ``p_threshold``).
+        scoring: how every setting is scored
+            (:class:`~mechlingo.analyses.recall.settings.ScoringOptions`; see the module
+            docstring for the metrics); under ``klar`` the demonstrations come from ``pool``
+            (the dev facts themselves without one).
         pool: the build split, for the few-shot headroom on dev (and the tie-break of the
             lowest language); ``None`` skips it.
+        k_shot: demonstrations of the few-shot headroom.
         test_ids: the test facts, only to check that none is used here.
-        metric: how every setting is scored (see the module docstring); under ``klar`` the
-            demonstrations come from ``pool`` (the dev facts themselves without one).
         **score_kw: passed to every scoring call.
     """
+    grid = grid or DevGrid()
+    scoring = scoring or ScoringOptions()
     dev_facts = list(dev_facts)
     hm.check_disjoint("the dev sweep", dev_facts, test_ids)
-    scorer = as_scorer(metric)
-    kw = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "progress": progress,
-          **score_kw}  # fmt: skip
-    n_layers = int(model.cfg.n_layers)
-    grid = {
-        "task": (list(task_layers or every_second_layer(n_layers)), list(task_alphas)),
-        "diff": (list(diff_layers or every_second_layer(n_layers)), list(diff_alphas)),
+    scorer = as_scorer(scoring.metric)
+    kw = {**scoring.kw(), **score_kw}
+    task_layers, diff_layers = grid.layers(int(model.cfg.n_layers))
+    search_grid = {
+        "task": (task_layers, list(grid.task_alphas)),
+        "diff": (diff_layers, list(grid.diff_alphas)),
     }
+    screen_ids, top_k, p_threshold = grid.screen_ids, grid.top_k, grid.p_threshold
     screen = _screen_subset(dev_facts, screen_ids) if screen_ids else dev_facts
-    sw = _DevSearch(model, {**kw, **hm.metric_options(scorer, pool)}, en_tolerance)
-    base_screen = sw.screen(vectors, grid, screen)
+    sw = _DevSearch(model, {**kw, **hm.metric_options(scorer, pool)}, grid.en_tolerance)
+    base_screen = sw.screen(vectors, search_grid, screen)
     results, finalists, base = sw.finalists(
         vectors, dev_facts, base_screen if screen is dev_facts else None, top_k
     )
@@ -384,10 +385,17 @@ def _choose(
     found = test["p"] < p_threshold and test["fixed"] > test["broken"] and bool(best_row["en_ok"])
     pair = None
     if pair_row is not None:
-        pair = SteeringConfig(pair_row["task_layer"], pair_row["task_alpha"],
-                              pair_row["diff_layer"], pair_row["diff_alpha"])  # fmt: skip
-    single = min((v for v in ("task", "diff") if finalists.get(v)),
-                 key=lambda v: _rank(finalists[v][0]), default=None)  # fmt: skip
+        pair = SteeringConfig(
+            pair_row["task_layer"],
+            pair_row["task_alpha"],
+            pair_row["diff_layer"],
+            pair_row["diff_alpha"],
+        )
+    single = min(
+        (v for v in ("task", "diff") if finalists.get(v)),
+        key=lambda v: _rank(finalists[v][0]),
+        default=None,
+    )
     return Choice(
         cfg,
         best_row["vector"],

@@ -264,8 +264,13 @@ def lowest_language_rule(
             raise InputError(f"{lg}: zero-shot and few-shot outcomes must be paired and non-empty")
         m = mcnemar(z, f)
         ok = m["fixed"] > m["broken"] and m["p"] < p_threshold
-        tests[lg] = {"zero_shot": sum(z) / len(z), "few_shot": sum(f) / len(f), "k": sum(z),
-                     **m, "headroom": ok}  # fmt: skip
+        tests[lg] = {
+            "zero_shot": sum(z) / len(z),
+            "few_shot": sum(f) / len(f),
+            "k": sum(z),
+            **m,
+            "headroom": ok,
+        }
     counts = {lg: (t["k"], t["n"]) for lg, t in tests.items()}
     fs = {lg: t["few_shot"] for lg, t in tests.items()}
     literal = _tied_lowest(counts)

@@ -186,8 +186,14 @@ def group_stats(
     sums, counts = {}, {}
     norm_sums = None
     for name in PROMPT_SETS:
-        s, c, n = _group_sums(model, prompts[name], len(groups), batch_size=batch_size,
-                              norms=name == "zero_shot", progress=progress)  # fmt: skip
+        s, c, n = _group_sums(
+            model,
+            prompts[name],
+            len(groups),
+            batch_size=batch_size,
+            norms=name == "zero_shot",
+            progress=progress,
+        )
         sums[name], counts[name] = s, c
         if n is not None:
             norm_sums = n
@@ -227,8 +233,10 @@ def pooled_vectors(
     for name in PROMPT_SETS:
         n = int(stats.counts[name][idx].sum())
         if n == 0:
-            raise InputError(f"no {name} prompt in the selected build groups: they need "
-                             "more build facts (k_shot + 1 per relation and language)")  # fmt: skip
+            raise InputError(
+                f"no {name} prompt in the selected build groups: they need "
+                "more build facts (k_shot + 1 per relation and language)"
+            )
         means[name] = stats.sums[name][idx].sum(0) / n
         n_prompts[name] = n
     resid_norm = stats.norm_sums[idx].sum(0) / n_prompts["zero_shot"]
@@ -246,5 +254,11 @@ def pooled_vectors(
         "positions": "last",
         **stats.options,
     }
-    return vectors_from_means(means, resid_norm, subtract_zero_shot=subtract_zero_shot,
-                              unit=unit, model=model, build=build)  # fmt: skip
+    return vectors_from_means(
+        means,
+        resid_norm,
+        subtract_zero_shot=subtract_zero_shot,
+        unit=unit,
+        model=model,
+        build=build,
+    )

@@ -46,7 +46,7 @@ import json
 import math
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,11 +55,16 @@ import numpy as np
 from mechlingo.analyses.recall import dev_grid, steering
 from mechlingo.analyses.recall import headroom as hm
 from mechlingo.analyses.recall.dev_grid import Choice, DevSearch
-from mechlingo.analyses.recall.settings import ALPHA_GRID
+from mechlingo.analyses.recall.settings import (
+    BuildSettings,
+    DevGrid,
+    ScoringOptions,
+    SplitSettings,
+)
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
 from mechlingo.analyses.results import WritesFolder
 from mechlingo.analyses.scoring.evaluate import EvalResult
-from mechlingo.analyses.scoring.scorers import Scorer, as_scorer
+from mechlingo.analyses.scoring.scorers import as_scorer
 from mechlingo.analyses.scoring.side_effects import SideEffects, side_effects
 from mechlingo.core.errors import InputError
 from mechlingo.core.faults import derive_seed
@@ -225,8 +230,12 @@ class SteerTestResult:
         head: dict[str, Any] = {"both_condition": both, "best_single": single}
         for name, langs in (("headroom_rule", lows), ("literal_rule", lits)):
             g = self._gains_in(langs)
-            head[name] = {"language": "+".join(langs) or None, "languages": langs,
-                          "both": g.get(both), "best_single": g.get(single)}  # fmt: skip
+            head[name] = {
+                "language": "+".join(langs) or None,
+                "languages": langs,
+                "both": g.get(both),
+                "best_single": g.get(single),
+            }
         if low is None and rule:
             head["note"] = "no non-English language has headroom on dev: the claim is untestable"
         out["headline"] = head
@@ -244,16 +253,15 @@ def evaluate_test(
     pool: Sequence[Fact] | None = None,
     k_shot: int = 3,
     seeds: Sequence[int] = (0, 1, 2),
-    max_new_tokens: int = 6,
-    batch_size: int = 64,
-    progress: bool = False,
-    metric: str | Scorer = "generate",
+    scoring: ScoringOptions | None = None,
     cache: Callable[[str, Callable[[], Any]], Any] | None = None,
     **score_kw: Any,
 ) -> SteerTestResult:
     """Score every condition on ``test_facts`` with ``metric`` (see the module docstring),
     and the test headroom (zero-shot vs k-shot with demonstrations from ``pool``).
-    ``lowest_rule`` is :func:`lowest_language_rule` on dev (its literal-rule language is
+    ``scoring``: how every item is scored
+    (:class:`~mechlingo.analyses.recall.settings.ScoringOptions`). ``lowest_rule`` is
+    :func:`~mechlingo.analyses.recall.headroom.lowest_language_rule` on dev (its literal-rule language is
     reported too); when dev chose a pair other than ``choice.config``, ``both_pair`` scores
     both vectors at that pair (the headline condition).
 
@@ -264,15 +272,15 @@ def evaluate_test(
     Raises:
         InputError: no seed, or ``klar`` without a ``pool`` (its demonstrations would be
             test facts)."""
+    scoring = scoring or ScoringOptions()
     if len(seeds) < 1:
         raise InputError("give at least one random-control seed")
-    scorer = as_scorer(metric)
+    scorer = as_scorer(scoring.metric)
     if scorer.metric == "klar" and pool is None:
         raise InputError(
             "klar on test needs pool= (the build split): its demonstrations may not be test facts"
         )
-    kw = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "progress": progress,
-          **score_kw}  # fmt: skip
+    kw = {**scoring.kw(), **score_kw}
     cfg = choice.config
     task = vectors.task.at(cfg.task_layer, cfg.task_alpha)
     diff = vectors.diff.at(cfg.diff_layer, cfg.diff_alpha)
@@ -291,15 +299,25 @@ def evaluate_test(
         conds[f"random_s{s}"] = _random_of(vectors, cfg, sel, int(s))
     mkw = hm.metric_options(scorer, pool)
     results = _score_conditions(
-        cache or (lambda name, fn: fn()), conds, lambda todo: hm.score_all(
-            model, test_facts, todo, **kw, **mkw)
-    )  # fmt: skip
+        cache or (lambda name, fn: fn()),
+        conds,
+        lambda todo: hm.score_all(model, test_facts, todo, **kw, **mkw),
+    )
     run = cache or (lambda name, fn: fn())
     hr: dict[str, Any] = {}
     if pool is not None:
-        hr = run("headroom", lambda: hm.headroom(
-            model, test_facts, pool, k_shot=k_shot, zero_shot=results["orig"], metric=scorer, **kw
-        ))  # fmt: skip
+        hr = run(
+            "headroom",
+            lambda: hm.headroom(
+                model,
+                test_facts,
+                pool,
+                k_shot=k_shot,
+                zero_shot=results["orig"],
+                metric=scorer,
+                **kw,
+            ),
+        )
     return SteerTestResult(
         results,
         choice,
@@ -500,8 +518,16 @@ class SteerEvalResult(WritesFolder):
         ]
 
         def measure() -> dict[str, Any]:
-            return side_effects(model, iv, test.facts, lines, control="random", seed=0,
-                                batch_size=batch_size, progress=progress).to_json()  # fmt: skip
+            return side_effects(
+                model,
+                iv,
+                test.facts,
+                lines,
+                control="random",
+                seed=0,
+                batch_size=batch_size,
+                progress=progress,
+            ).to_json()
 
         with _stages_or_temp(stages) as st:
             d = st.run("side-effects", measure)
@@ -561,13 +587,11 @@ def _staged_vectors(
 class _Settings:
     """The settings of :func:`run_steer_eval` every split shares."""
 
-    dev_per_lang: int | None
-    test_per_lang: int | None
+    split: SplitSettings
+    grid: DevGrid
+    scoring: ScoringOptions
     config: SteeringConfig | None
-    grid: dict[str, Any]
-    p_threshold: float
     seeds: list[int]
-    score: dict[str, Any]
 
 
 def run_steer_eval(
@@ -575,38 +599,28 @@ def run_steer_eval(
     facts: Sequence[Fact],
     vectors: SteeringPair,
     *,
-    fractions: Sequence[float] = (0.4, 0.2, 0.4),
-    salt: str = "",
-    repeats: int = 1,
-    dev_per_lang: int | None = None,
-    test_per_lang: int | None = None,
+    split: SplitSettings | None = None,
+    grid: DevGrid | None = None,
+    scoring: ScoringOptions | None = None,
     config: SteeringConfig | None = None,
-    task_layers: Sequence[int] | None = None,
-    diff_layers: Sequence[int] | None = None,
-    task_alphas: Sequence[float] = ALPHA_GRID,
-    diff_alphas: Sequence[float] = ALPHA_GRID,
-    top_k: int = 3,
-    screen_ids: int | None = 8,
-    en_tolerance: float = 0.05,
-    p_threshold: float = 0.1,
     seeds: Sequence[int] = (0, 1, 2),
-    max_new_tokens: int = 6,
-    batch_size: int = 64,
-    progress: bool = False,
-    metric: str | Scorer = "generate",
+    repeats: int = 1,
     stages: Stages | None = None,
 ) -> SteerEvalResult:
     """The repair protocol end to end, as ``mechlingo steer eval`` runs it.
 
-    The facts are split by id (:func:`mechlingo.data.splits.split_facts` with ``fractions``
-    and ``salt``; at most ``dev_per_lang``/``test_per_lang`` ids per relation on dev and
-    test). On dev, :func:`choose_on_dev` searches the grid (``task_layers`` ... ``top_k``,
-    ``screen_ids``: see there) and fixes the lowest language; with ``config`` the search is
-    skipped (labelled as not chosen on dev) and only the dev headroom fixes the lowest
-    language. On test, :func:`evaluate_test` scores every condition with random controls of
-    ``seeds``. ``repeats`` > 1 re-splits with the salts ``{salt}#repeat{r}`` and rebuilds the
-    vectors each time, with ``vectors``' build settings (``vectors`` themselves serve the first
-    split only).
+    The facts are split by id (``split``,
+    :class:`~mechlingo.analyses.recall.settings.SplitSettings`:
+    :func:`mechlingo.data.splits.split_facts` with its ``fractions`` and ``salt``; at most
+    ``dev_per_lang``/``test_per_lang`` ids per relation on dev and test). On dev,
+    :func:`~mechlingo.analyses.recall.dev_grid.choose_on_dev` searches ``grid``
+    (:class:`~mechlingo.analyses.recall.settings.DevGrid`) and fixes the lowest language;
+    with ``config`` the search is skipped (labelled as not chosen on dev) and only the dev
+    headroom fixes the lowest language. On test, :func:`evaluate_test` scores every
+    condition with random controls of ``seeds``. Every stage scores with ``scoring``
+    (:class:`~mechlingo.analyses.recall.settings.ScoringOptions`). ``repeats`` > 1 re-splits
+    with the salts ``{salt}#repeat{r}`` and rebuilds the vectors each time, with
+    ``vectors``' build settings (``vectors`` themselves serve the first split only).
 
     ``stages`` (:class:`mechlingo.core.stages.Stages`) keeps every finished step so that a
     stopped run resumes (the CLI's ``--work``/``--resume``); without it they are kept in a
@@ -618,52 +632,58 @@ def run_steer_eval(
         InputError: ``repeats`` < 1, no seed, or a split that is empty.
         LeakError: the vectors' recorded build ids overlap dev or test.
     """
+    split = split or SplitSettings()
+    grid = grid or DevGrid()
+    scoring = scoring or ScoringOptions()
     if repeats < 1:
         raise InputError(f"repeats must be at least 1, got {repeats}")
     if not seeds:
         raise InputError("give at least one random-control seed (3 or more advised)")
-    grid = {"task_layers": task_layers, "diff_layers": diff_layers, "task_alphas": task_alphas,
-            "diff_alphas": diff_alphas, "top_k": top_k, "screen_ids": screen_ids or None,
-            "en_tolerance": en_tolerance}  # fmt: skip
-    score = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "progress": progress,
-             "metric": as_scorer(metric)}  # fmt: skip
-    settings = _Settings(dev_per_lang, test_per_lang, config, grid, p_threshold,
-                         [int(s) for s in seeds], score)  # fmt: skip
+    grid = replace(grid, screen_ids=grid.screen_ids or None)
+    scoring = replace(scoring, metric=as_scorer(scoring.metric))
+    settings = _Settings(split, grid, scoring, config, [int(s) for s in seeds])
     splits = []
     with _stages_or_temp(stages) as st:
         for r in range(repeats):
-            split_salt = salt if r == 0 else f"{salt}#repeat{r}"
-            splits.append(_one_split(model, facts, tuple(fractions), split_salt, vectors,
-                                     r > 0, settings, st, f"r{r}-"))  # fmt: skip
+            salt = split.salt if r == 0 else f"{split.salt}#repeat{r}"
+            splits.append(_one_split(model, facts, salt, vectors, r > 0, settings, st, f"r{r}-"))
     return SteerEvalResult(splits)
 
 
 def _one_split(
-    model: Model, facts: Sequence[Fact], fractions: tuple, salt: str,
-    given: SteeringPair, rebuild: bool, opt: _Settings, stages: Stages, prefix: str,
-) -> SplitResult:  # fmt: skip
-    """Choose on dev and score on test for one split of the facts, with the ``given``
-    vectors or (``rebuild``: a re-split) vectors rebuilt on this split's build facts with the
-    given vectors' build settings (k-shot, unit, zero-shot subtraction, translation shots);
-    each step a stage named ``{prefix}build``, ``{prefix}sweep``... of ``stages``."""
-
+    model: Model,
+    facts: Sequence[Fact],
+    salt: str,
+    given: SteeringPair,
+    rebuild: bool,
+    opt: _Settings,
+    stages: Stages,
+    prefix: str,
+) -> SplitResult:
+    """Choose on dev and score on test for one split of the facts (``salt``), with the
+    ``given`` vectors or (``rebuild``: a re-split) vectors rebuilt on this split's build facts
+    with the given vectors' build settings (k-shot, unit, zero-shot subtraction, translation
+    shots); each step a stage named ``{prefix}build``, ``{prefix}sweep``... of ``stages``."""
+    fractions = tuple(opt.split.fractions)
     parts = split_facts(facts, fractions, salt=salt)
     build = parts["build"]
-    dev = take_per_lang(parts["dev"], opt.dev_per_lang)
-    test = take_per_lang(parts["test"], opt.test_per_lang)
+    dev = take_per_lang(parts["dev"], opt.split.dev_per_lang)
+    test = take_per_lang(parts["test"], opt.split.test_per_lang)
     if not test or not dev or not build:
-        raise InputError("a split is empty (build, dev or test)",
-                         fix="use more facts (--limit) or other fractions (--split)")  # fmt: skip
-    built = given.build
-    k_shot = int(built.get("k_shot", 3))
+        raise InputError(
+            "a split is empty (build, dev or test)",
+            fix="use more facts (--limit) or other fractions (--split)",
+        )
+    built = replace(BuildSettings.of(given.build), batch_size=opt.scoring.batch_size)
+    k_shot = built.k_shot
     vectors = given
     if rebuild:
-        vectors = _staged_vectors(stages, f"{prefix}build", lambda: steering.build_steering_vectors(
-            model, build, k_shot=k_shot, unit=str(built.get("unit", "resid")),
-            subtract_zero_shot=bool(built.get("subtract_zero_shot", True)),
-            translation_shots=int(built.get("translation_shots", 0)),
-            batch_size=opt.score["batch_size"],
-        ), model)  # fmt: skip
+        vectors = _staged_vectors(
+            stages,
+            f"{prefix}build",
+            lambda: steering.build_steering_vectors(model, build, built),
+            model,
+        )
     notes = []
     if "fact_ids" in vectors.build:
         hm.check_disjoint("building the vectors", vectors.build["fact_ids"], test)
@@ -673,30 +693,75 @@ def _one_split(
             "the vectors record no build fact ids: their disjointness from test is unchecked"
         )
     hm.check_disjoint("the few-shot demonstrations", build, test)
-    search, searched = None, None
-    if opt.config is not None:
-        rule = stages.run(f"{prefix}dev-headroom", lambda: hm.lowest_language_rule(
-            *hm.headroom_pairs(hm.headroom(model, dev, build, k_shot=k_shot, **opt.score)),
-            p_threshold=opt.p_threshold,
-        ))  # fmt: skip
-        lowest = rule["language"]
-        choice = Choice(opt.config, "both", "not measured (--config)", {}, {})
-    else:
-        searched = stages.run(f"{prefix}sweep", lambda: dev_grid.choose_on_dev(
-            model, vectors, dev, pool=build, k_shot=k_shot, test_ids=test, **opt.grid,
-            p_threshold=opt.p_threshold, **opt.score,
-        ).to_dict())  # fmt: skip
-        search = DevSearch.from_dict(searched, vectors.unit)
-        choice, lowest, rule = search.choice, search.lowest_language, search.lowest_rule
+    choice, lowest, rule, searched = _dev_step(
+        model, vectors, dev, build, test, k_shot, opt, stages, prefix
+    )
+    search = None if searched is None else DevSearch.from_dict(searched, vectors.unit)
     test_res = evaluate_test(
-        model, vectors, choice, test, lowest_language=lowest, lowest_rule=rule, pool=build,
-        k_shot=k_shot, seeds=opt.seeds, cache=stage_cache(stages, f"{prefix}test-"), **opt.score,
-    )  # fmt: skip
+        model,
+        vectors,
+        choice,
+        test,
+        lowest_language=lowest,
+        lowest_rule=rule,
+        pool=build,
+        k_shot=k_shot,
+        seeds=opt.seeds,
+        scoring=opt.scoring,
+        cache=stage_cache(stages, f"{prefix}test-"),
+    )
     summary = test_res.summary()
     summary["warnings"] = summary.get("warnings", []) + notes
-    summary["split"] = {"fractions": list(fractions), "salt": salt,
-                        "n_ids": {k: len({f.id for f in v}) for k, v in
-                                  (("build", build), ("dev", dev), ("test", test))}}  # fmt: skip
+    summary["split"] = {
+        "fractions": list(fractions),
+        "salt": salt,
+        "n_ids": {
+            k: len({f.id for f in v}) for k, v in (("build", build), ("dev", dev), ("test", test))
+        },
+    }
     if searched is not None:
         summary["sweep"] = searched
     return SplitResult(summary, test_res, search)
+
+
+def _dev_step(
+    model: Model,
+    vectors: SteeringPair,
+    dev: list[Fact],
+    build: list[Fact],
+    test: list[Fact],
+    k_shot: int,
+    opt: _Settings,
+    stages: Stages,
+    prefix: str,
+) -> tuple[Choice, str | None, dict[str, Any], dict[str, Any] | None]:
+    """The dev step of one split: the search (stage ``{prefix}sweep``; its JSON returned
+    last) or, with a fixed ``config``, only the dev headroom that fixes the lowest language
+    (stage ``{prefix}dev-headroom``; ``None`` last). Returns the choice, the lowest
+    language, the lowest-language rule and the search's JSON."""
+    if opt.config is not None:
+        score_kw = {**opt.scoring.kw(), "metric": opt.scoring.metric}
+        rule = stages.run(
+            f"{prefix}dev-headroom",
+            lambda: hm.lowest_language_rule(
+                *hm.headroom_pairs(hm.headroom(model, dev, build, k_shot=k_shot, **score_kw)),
+                p_threshold=opt.grid.p_threshold,
+            ),
+        )
+        choice = Choice(opt.config, "both", "not measured (--config)", {}, {})
+        return choice, rule["language"], rule, None
+    searched = stages.run(
+        f"{prefix}sweep",
+        lambda: dev_grid.choose_on_dev(
+            model,
+            vectors,
+            dev,
+            grid=opt.grid,
+            scoring=opt.scoring,
+            pool=build,
+            k_shot=k_shot,
+            test_ids=test,
+        ).to_dict(),
+    )
+    search = DevSearch.from_dict(searched, vectors.unit)
+    return search.choice, search.lowest_language, search.lowest_rule, searched

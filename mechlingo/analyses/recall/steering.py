@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 
 from mechlingo.activations.means import last_token_means
 from mechlingo.activations.runs import collect
+from mechlingo.analyses.recall.settings import BuildSettings
 from mechlingo.analyses.scoring.evaluate import EvalResult, evaluate_facts
 from mechlingo.core.errors import ArtifactError, InputError
 from mechlingo.core.faults import derive_seed
@@ -192,8 +193,10 @@ class SteeringPair:
         build_path = folder / "build.json"
         build = read_json(build_path, ArtifactError, root=folder) if build_path.is_file() else {}
         if not isinstance(build, dict):
-            raise ArtifactError(f"{build_path} does not hold a JSON object",
-                                fix=f"rebuild it with `mechlingo steer build --out {folder}`")  # fmt: skip
+            raise ArtifactError(
+                f"{build_path} does not hold a JSON object",
+                fix=f"rebuild it with `mechlingo steer build --out {folder}`",
+            )
         if "unit" not in build:
             raise ArtifactError(
                 f"{folder} records no unit for its vectors (what alpha is measured in): it "
@@ -286,46 +289,45 @@ def vectors_from_means(
 def build_steering_vectors(
     model: Model,
     facts: Sequence[Fact],
+    settings: BuildSettings | None = None,
     *,
     pool: Sequence[Fact] | None = None,
-    k_shot: int = 3,
-    subtract_zero_shot: bool = True,
-    unit: str = "resid",
-    batch_size: int = 16,
     progress: bool = False,
-    translation_shots: int = 0,
 ) -> SteeringPair:
     """Build both vector stacks from ``facts`` (one streaming pass per prompt set, plus one
-    pass for the residual norms).
+    pass for the residual norms), with ``settings``
+    (:class:`~mechlingo.analyses.recall.settings.BuildSettings`: ``k_shot``,
+    ``translation_shots``, ``subtract_zero_shot``, ``unit``, ``batch_size``).
 
     Args:
         facts: the build facts (their languages and relations are what the vectors are
             "built from"; apply them to others to test transfer).
+        settings: how to build. ``subtract_zero_shot`` (default): task vector = few-shot
+            mean minus zero-shot mean instead of the plain few-shot mean. Chosen on dev on
+            the embedded gemma-3-270m (capital, en/fr/ru/ja/hi x 8 dev facts, alpha in
+            residual-norm units; see docs/methods/repair-vectors.md): the plain few-shot mean
+            has cosine 0.94-1.0 with the zero-shot mean at every layer, i.e. it is ~ the mean
+            residual itself (norm ~20 at layer 0 to ~32,000 at layer 17, a few dominant
+            dimensions), so adding it mostly rescales the stream; over layers 4-10 x alphas
+            0.03-0.3 it never beat no intervention on dev (best 0.35 = baseline), while the
+            difference reached 0.375. The difference isolates what the demonstrations
+            change, and a norm-matched random direction at the same place is a fair control
+            for it. ``unit="resid"`` (default): each row is the vector's direction scaled to
+            the mean last-token residual norm at that layer, so ``alpha`` is a fraction of
+            the typical residual norm there; ``"raw"``: the raw mean/difference.
+            ``translation_shots``: solved translation pairs (other facts of ``pool``) before
+            each translation prompt of the diff vector.
         pool: facts to draw few-shot demonstrations from (default ``facts``).
-        k_shot: demonstrations per few-shot prompt.
-        subtract_zero_shot: task vector = few-shot mean minus zero-shot mean (default) instead
-            of the plain few-shot mean. Chosen on dev on the embedded gemma-3-270m (capital,
-            en/fr/ru/ja/hi x 8 dev facts, alpha in residual-norm units; see
-            docs/methods/repair-vectors.md): the plain few-shot mean has cosine 0.94-1.0 with
-            the zero-shot mean at every layer, i.e. it is ~ the mean residual itself (norm ~20
-            at layer 0 to ~32,000 at layer 17, a few dominant dimensions), so adding it mostly
-            rescales the stream; over layers 4-10 x alphas 0.03-0.3 it never beat no
-            intervention on dev (best 0.35 = baseline), while the difference reached 0.375.
-            The difference isolates what the demonstrations change, and a norm-matched random
-            direction at the same place is a fair control for it.
-        unit: ``"resid"`` (default): each row is the vector's direction scaled to the mean
-            last-token residual norm at that layer, so ``alpha`` is a fraction of the
-            typical residual norm there; ``"raw"``: the raw mean/difference.
-        translation_shots: solved translation pairs (other facts of ``pool``) before each
-            translation prompt of the diff vector (``mechlingo steer build`` uses 2).
 
     Returns:
         :class:`SteeringPair`; ``task.vector`` and ``diff.vector`` are ``[n_layers, d_model]``,
         ``build`` records options, prompt counts, ``raw_norms`` and ``resid_norm``.
     """
+    settings = settings or BuildSettings()
     facts = list(facts)
     t0 = time.time()
-    prompts = steering_prompts(facts, pool=pool, k_shot=k_shot, translation_shots=translation_shots)
+    k_shot, shots, batch_size = settings.k_shot, settings.translation_shots, settings.batch_size
+    prompts = steering_prompts(facts, pool=pool, k_shot=k_shot, translation_shots=shots)
     means = {
         name: last_token_means(model, ps, batch_size=batch_size, progress=progress).mean
         for name, ps in prompts.items()
@@ -337,7 +339,7 @@ def build_steering_vectors(
         "relations": sorted({f.relation for f in facts}),
         "n_facts": len({f.id for f in facts}),
         "k_shot": k_shot,
-        "translation_shots": translation_shots,
+        "translation_shots": shots,
         "fact_ids": sorted({f.id for f in facts}),
         "site": "resid_pre",
         "positions": "last",
@@ -345,8 +347,8 @@ def build_steering_vectors(
     out = vectors_from_means(
         means,
         resid_norm,
-        subtract_zero_shot=subtract_zero_shot,
-        unit=unit,
+        subtract_zero_shot=settings.subtract_zero_shot,
+        unit=settings.unit,
         model=model,
         build=build,
     )

@@ -41,8 +41,8 @@ from __future__ import annotations
 import html
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
@@ -51,10 +51,17 @@ from mechlingo.analyses.recall import dev_grid, pooled
 from mechlingo.analyses.recall import headroom as hm
 from mechlingo.analyses.recall.headroom import LeakError, check_disjoint
 from mechlingo.analyses.recall.pooled import GroupStats, balance_relations, group_stats, spread
-from mechlingo.analyses.recall.settings import MATRIX_ALPHAS, matrix_layers
+from mechlingo.analyses.recall.settings import (
+    BuildSettings,
+    DevGrid,
+    MatrixSettings,
+    ScoringOptions,
+    SplitSettings,
+    matrix_layers,
+)
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
+from mechlingo.analyses.results import WritesFolder
 from mechlingo.analyses.scoring.evaluate import EvalResult
-from mechlingo.analyses.scoring.scorers import Scorer
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 from mechlingo.data import RELATIONS, Fact
@@ -68,6 +75,7 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 __all__ = [
+    "TransferMatrices",
     "TransferMatrix",
     "transfer_matrices",
     "transfer_matrix",
@@ -117,9 +125,16 @@ class TransferMatrix:
     def to_json(self) -> dict[str, Any]:
         """Everything, JSON-ready."""
         return _json_safe(
-            {"by": self.by, "rows": self.rows, "cols": self.cols, "cells": self.cells,
-             "choices": self.choices, "meta": self.meta, "summary": self.summary()}
-        )  # fmt: skip
+            {
+                "by": self.by,
+                "rows": self.rows,
+                "cols": self.cols,
+                "cells": self.cells,
+                "choices": self.choices,
+                "meta": self.meta,
+                "summary": self.summary(),
+            }
+        )
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per cell, the intervals flattened (``gain``, ``gain_lo``, ``gain_hi``...)."""
@@ -243,8 +258,11 @@ def _held_out_check(
 ) -> None:
     """Raise :class:`LeakError` if a build or choice step of ``row`` received a fact of a
     relation or language outside the row's own (so never the held-out one)."""
-    bad = [f"{f.id}:{f.lang}" for f in facts if f.relation not in row.relations
-           or f.lang not in row.langs]  # fmt: skip
+    bad = [
+        f"{f.id}:{f.lang}"
+        for f in facts
+        if f.relation not in row.relations or f.lang not in row.langs
+    ]
     rel = relation_of or {}
     bad += [i for i in ids if rel.get(i, i.split("/")[0]) not in row.relations]
     bad += [f"language {x}" for x in langs if x not in row.langs]
@@ -295,36 +313,50 @@ def _cell_stats(orig: EvalResult, steered: EvalResult, control: EvalResult, seed
         "control_gain": _g(paired_gain(o, c, seed=seed)),
         "control_p": mc["p"],
         "vs_control_p": mcnemar(c, s)["p"],
-        "accuracy": {k: sum(v) / len(v) if v else None
-                     for k, v in (("orig", o), ("steered", s), ("control", c))},
-        "items": {"ids": [r["id"] for r in sorted(orig.records, key=lambda r: (r["id"], r["lang"]))
-                          if r["lang"] != "en"], "orig": o, "steered": s, "control": c},
-    }  # fmt: skip
+        "accuracy": {
+            k: sum(v) / len(v) if v else None
+            for k, v in (("orig", o), ("steered", s), ("control", c))
+        },
+        "items": {
+            "ids": [
+                r["id"]
+                for r in sorted(orig.records, key=lambda r: (r["id"], r["lang"]))
+                if r["lang"] != "en"
+            ],
+            "orig": o,
+            "steered": s,
+            "control": c,
+        },
+    }
 
 
-@dataclass
-class _Budget:
-    build_ids: int
-    screen_ids: int
-    dev_ids: int
-    test_ids: int
-    layers: list[int]
-    alphas: list[float]
-    top_k: int
-    en_tolerance: float
-    p_threshold: float
-
-
-def _choose(model: Model, vectors: SteeringPair, dev: list[Fact], test: list[Fact],
-            b: _Budget, kw: dict[str, Any]) -> dev_grid.Choice:  # fmt: skip
-    """The protocol's dev sweep on the row's dev facts with the matrix's grid."""
-    res = dev_grid.choose_on_dev(
-        model, vectors, dev, task_layers=b.layers, diff_layers=b.layers,
-        task_alphas=b.alphas, diff_alphas=b.alphas, top_k=b.top_k,
-        screen_ids=b.screen_ids, en_tolerance=b.en_tolerance, p_threshold=b.p_threshold,
-        test_ids=test, **kw,
-    )  # fmt: skip
-    return res.choice
+def _choose(
+    model: Model,
+    vectors: SteeringPair,
+    dev: list[Fact],
+    test: list[Fact],
+    m: MatrixSettings,
+    kw: dict[str, Any],
+) -> dev_grid.Choice:
+    """The protocol's dev sweep on the row's dev facts with the matrix's grid (``m.layers``
+    already resolved)."""
+    grid = DevGrid(
+        task_layers=m.layers,
+        diff_layers=m.layers,
+        task_alphas=m.alphas,
+        diff_alphas=m.alphas,
+        top_k=m.top_k,
+        screen_ids=m.screen_ids,
+        en_tolerance=m.en_tolerance,
+        p_threshold=m.p_threshold,
+    )
+    kw = dict(kw)
+    scoring = ScoringOptions(
+        kw.pop("metric", "generate"), kw.pop("max_new_tokens"), kw.pop("batch_size")
+    )
+    return dev_grid.choose_on_dev(
+        model, vectors, dev, grid=grid, scoring=scoring, test_ids=test, **kw
+    ).choice
 
 
 def transfer_matrix(
@@ -333,26 +365,10 @@ def transfer_matrix(
     *,
     by: str = "relation",
     held_out: Sequence[str] | None = None,
-    cells: str = "full",
-    build_ids: int | None = 16,
-    screen_ids: int = 4,
-    dev_ids: int = 12,
-    test_ids: int = 8,
-    layers: Sequence[int] | None = None,
-    alphas: Sequence[float] = MATRIX_ALPHAS,
-    top_k: int = 1,
-    k_shot: int = 3,
-    translation_shots: int = 2,
-    subtract_zero_shot: bool = True,
-    unit: str = "resid",
-    fractions: Sequence[float] = (0.4, 0.2, 0.4),
-    salt: str = "",
-    en_tolerance: float = 0.05,
-    p_threshold: float = 0.1,
-    seed: int = 0,
-    max_new_tokens: int = 6,
-    batch_size: int = 64,
-    progress: bool = False,
+    matrix: MatrixSettings | None = None,
+    build: BuildSettings | None = None,
+    split: SplitSettings | None = None,
+    scoring: ScoringOptions | None = None,
     on_cell: Callable[[dict[str, Any]], None] | None = None,
     stats: GroupStats | None = None,
     **score_kw: Any,
@@ -361,22 +377,21 @@ def transfer_matrix(
 
     Args:
         facts: every relation and language to use, English included (it is the dev
-            constraint: English may not drop by more than ``en_tolerance``); split by id
-            into build/dev/test with ``fractions`` and ``salt``.
+            constraint: English may not drop by more than ``matrix.en_tolerance``); split by
+            id into build/dev/test with ``split.fractions`` and ``split.salt``.
         by: ``"relation"`` (rows all / all_but_R / only_A, columns the test relation) or
             ``"lang"`` (rows all / all_but_L, columns the non-English test language).
         held_out: the columns (default: every relation, or every non-English language).
-        cells: ``"full"`` (default; ``only_A`` on every column) or ``"diagonal"``
-            (``only_R`` on R only).
-        build_ids: build fact ids per relation (the same in every relation; ``None``: as
-            many as the smallest relation has).
-        screen_ids, dev_ids: fact ids (x every build language) of each row's dev screen and
-            dev split, spread evenly over the row's relations.
-        test_ids: test fact ids per column relation (x every non-English test language).
-        layers, alphas: the dev grid of both vectors (default
-            :func:`~mechlingo.analyses.recall.settings.matrix_layers`,
-            :data:`~mechlingo.analyses.recall.settings.MATRIX_ALPHAS`); ``top_k``: settings of each re-scored on the dev split.
-        seed: seed of the random control and of the bootstrap.
+        matrix: the sizes and the dev grid
+            (:class:`~mechlingo.analyses.recall.settings.MatrixSettings`: ``cells``,
+            ``build_ids``, ``screen_ids``, ``dev_ids``, ``test_ids``, ``layers`` (default
+            :func:`~mechlingo.analyses.recall.settings.matrix_layers`), ``alphas``,
+            ``top_k``, ``en_tolerance``, ``p_threshold``, ``seed`` of the random control and
+            the bootstrap).
+        build: how each row's vectors are built
+            (:class:`~mechlingo.analyses.recall.settings.BuildSettings`).
+        scoring: how every item is scored
+            (:class:`~mechlingo.analyses.recall.settings.ScoringOptions`).
         on_cell: called with each cell as soon as it is measured (e.g. to save progress).
         stats: the build statistics of an earlier call on the same facts and split
             (``TransferMatrix.stats``), to run the other ``by`` without building again;
@@ -386,47 +401,122 @@ def transfer_matrix(
     Returns:
         :class:`TransferMatrix`.
     """
+    matrix = matrix or MatrixSettings()
+    build = build or BuildSettings()
+    split = split or SplitSettings()
+    scoring = scoring or ScoringOptions()
     t0 = time.time()
     facts = list(facts)
-    relations, langs, held = _axes(facts, by, held_out, cells)
+    relations, langs, held = _axes(facts, by, held_out, matrix.cells)
+    k_shot, build_ids = build.k_shot, matrix.build_ids
     if build_ids is not None and build_ids <= k_shot:
-        raise InputError(f"build_ids={build_ids}: few-shot prompts of k_shot={k_shot} need at "
-                         f"least {k_shot + 1} build fact ids per relation")  # fmt: skip
-    b = _Budget(build_ids or 0, screen_ids, dev_ids, test_ids,
-                list(layers or matrix_layers(int(model.cfg.n_layers))), list(alphas), top_k,
-                en_tolerance, p_threshold)  # fmt: skip
-    splits = split_facts(facts, fractions, salt=salt)
-    build = balance_relations(splits["build"], build_ids)
+        raise InputError(
+            f"build_ids={build_ids}: few-shot prompts of k_shot={k_shot} need at "
+            f"least {k_shot + 1} build fact ids per relation"
+        )
+    m = replace(matrix, layers=tuple(matrix.layers or matrix_layers(int(model.cfg.n_layers))))
+    splits = split_facts(facts, split.fractions, salt=split.salt)
+    built = balance_relations(splits["build"], build_ids)
     if stats is None:
-        stats = group_stats(model, build, k_shot=k_shot, translation_shots=translation_shots,
-                            batch_size=16, progress=progress)  # fmt: skip
+        stats = group_stats(
+            model,
+            built,
+            k_shot=k_shot,
+            translation_shots=build.translation_shots,
+            batch_size=build.batch_size,
+            progress=scoring.progress,
+        )
     else:
-        _check_stats(stats, build, k_shot, translation_shots)
-    run = _Run(model, by, b, {"max_new_tokens": max_new_tokens, "batch_size": batch_size,
-                              **score_kw}, seed, on_cell)  # fmt: skip
+        _check_stats(stats, built, k_shot, build.translation_shots)
+    kw = {
+        "max_new_tokens": scoring.max_new_tokens,
+        "batch_size": scoring.batch_size,
+        "metric": scoring.metric,
+        **score_kw,
+    }
+    run = _Run(model, by, m, kw, on_cell)
     run.relation_of = {f.id: f.relation for f in facts}
     run.dev = splits["dev"]
-    run.tests = {c: _column_test(splits["test"], by, c, test_ids) for c in held}
-    rows = _rows(by, relations, langs, held, cells)
-    for row in tqdm(rows, desc="transfer rows", disable=not progress):
-        vectors = pooled.pooled_vectors(stats, relations=row.relations, langs=row.langs,
-                                 subtract_zero_shot=subtract_zero_shot, unit=unit,
-                                 model=model)  # fmt: skip
+    run.tests = {c: _column_test(splits["test"], by, c, m.test_ids) for c in held}
+    rows = _rows(by, relations, langs, held, m.cells)
+    for row in tqdm(rows, desc="transfer rows", disable=not scoring.progress):
+        vectors = pooled.pooled_vectors(
+            stats,
+            relations=row.relations,
+            langs=row.langs,
+            subtract_zero_shot=build.subtract_zero_shot,
+            unit=build.unit,
+            model=model,
+        )
         run.row(row, vectors)
-    meta = {
-        "by": by, "held_out": held, "cells": cells, "relations": relations, "langs": langs,
-        "build_ids_per_relation": len({f.id for f in build}) // max(1, len(relations)),
-        "screen_ids": screen_ids, "dev_ids": dev_ids, "test_ids": test_ids,
-        "layers": b.layers, "alphas": b.alphas, "top_k": top_k, "k_shot": k_shot,
-        "translation_shots": translation_shots, "unit": unit, "fractions": list(fractions),
-        "salt": salt, "seed": seed, "max_new_tokens": max_new_tokens,
-        "score_kw": {k: repr(v) for k, v in score_kw.items()},
-        "test_items": "non-English test items of the column",
-        "seconds": round(time.time() - t0, 1),
-    }  # fmt: skip
+    axes = {"by": by, "held_out": held, "cells": m.cells, "relations": relations, "langs": langs}
+    meta = _matrix_meta(axes, len({f.id for f in built}), m, build, split, scoring, score_kw)
+    meta["seconds"] = round(time.time() - t0, 1)
     out = TransferMatrix(by, run.cells, [r.name for r in rows], held, run.choices, meta)
     out.stats = stats
     return out
+
+
+def _matrix_meta(
+    axes: dict[str, Any],
+    n_build_ids: int,
+    m: MatrixSettings,
+    build: BuildSettings,
+    split: SplitSettings,
+    scoring: ScoringOptions,
+    score_kw: dict[str, Any],
+) -> dict[str, Any]:
+    """The ``meta`` of a :class:`TransferMatrix`: its axes and every setting it ran with."""
+    return {
+        **axes,
+        "build_ids_per_relation": n_build_ids // max(1, len(axes["relations"])),
+        "screen_ids": m.screen_ids,
+        "dev_ids": m.dev_ids,
+        "test_ids": m.test_ids,
+        "layers": list(m.layers or ()),
+        "alphas": list(m.alphas),
+        "top_k": m.top_k,
+        "k_shot": build.k_shot,
+        "translation_shots": build.translation_shots,
+        "unit": build.unit,
+        "fractions": list(split.fractions),
+        "salt": split.salt,
+        "seed": m.seed,
+        "max_new_tokens": scoring.max_new_tokens,
+        "score_kw": {k: repr(v) for k, v in _given(scoring, score_kw).items()},
+        "test_items": "non-English test items of the column",
+    }
+
+
+def _given(scoring: ScoringOptions, score_kw: dict[str, Any]) -> dict[str, Any]:
+    """The scoring keywords a caller gave (the metric when it is not the default name)."""
+    given = {} if scoring.metric == ScoringOptions.metric else {"metric": scoring.metric}
+    return {**given, **score_kw}
+
+
+@dataclass
+class TransferMatrices(WritesFolder):
+    """The transfer matrices of ``steer eval --transfer`` (:func:`transfer_matrices`): one
+    :class:`TransferMatrix` per kind (``"relation"``, ``"lang"``), and ``notes`` for a kind
+    the facts cannot give."""
+
+    matrices: dict[str, TransferMatrix]
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """``{"notes": [...], "relation": matrix JSON, "lang": matrix JSON}`` (each
+        :meth:`TransferMatrix.to_json`): what ``summary.json`` holds under ``"transfer"``."""
+        out: dict[str, Any] = {"notes": list(self.notes)}
+        for kind, m in self.matrices.items():
+            out[kind] = m.to_json()
+        return out
+
+    def files(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``{"summary.json": {"transfer": summary, "meta": meta}}`` (``meta`` when given)."""
+        doc: dict[str, Any] = {"transfer": self.summary()}
+        if meta is not None:
+            doc["meta"] = meta
+        return {"summary.json": doc}
 
 
 def transfer_matrices(
@@ -434,53 +524,48 @@ def transfer_matrices(
     facts: Sequence[Fact],
     *,
     by: str = "both",
-    cells: str = "full",
-    ids: Sequence[int] = (16, 4, 12, 8),
-    built: dict[str, Any] | None = None,
-    fractions: Sequence[float] = (0.4, 0.2, 0.4),
-    salt: str = "",
-    en_tolerance: float = 0.05,
-    p_threshold: float = 0.1,
-    max_new_tokens: int = 6,
-    batch_size: int = 64,
-    progress: bool = False,
-    metric: str | Scorer = "generate",
-) -> dict[str, Any]:
+    matrix: MatrixSettings | None = None,
+    built: Mapping[str, Any] | None = None,
+    split: SplitSettings | None = None,
+    scoring: ScoringOptions | None = None,
+) -> TransferMatrices:
     """The transfer matrices of ``steer eval --transfer``: ``by`` relation, language or
-    ``"both"`` (one :func:`transfer_matrix` each, the build statistics shared), each as its
-    :meth:`TransferMatrix.to_json` under ``"relation"``/``"lang"``, and ``"notes"`` for a
-    matrix the facts cannot give (one relation; fewer than two languages besides English).
+    ``"both"`` (one :func:`transfer_matrix` each with ``matrix``, ``split`` and ``scoring``,
+    the build statistics shared), with a note for a matrix the facts cannot give (one
+    relation; fewer than two languages besides English).
 
-    ``ids``: build ids per relation, dev screen ids, dev ids and test ids per relation of a
-    column. ``built``: the ``build`` record of the vectors being evaluated (their
-    ``k_shot``, ``translation_shots``, ``subtract_zero_shot`` and ``unit`` are used; the
-    defaults without one). ``metric``: a metric name or a
-    :class:`~mechlingo.analyses.scoring.scorers.Scorer`.
+    ``built``: the ``build`` record of the vectors being evaluated (their build settings,
+    :meth:`~mechlingo.analyses.recall.settings.BuildSettings.of`, are used; the defaults
+    without one).
     """
-    built = built or {}
+    matrix = matrix or MatrixSettings()
+    split = split or SplitSettings()
+    scoring = scoring or ScoringOptions()
+    settings = BuildSettings.of(built or {})
     kinds = ["relation", "lang"] if by == "both" else [by]
-    out: dict[str, Any] = {"notes": []}
+    out = TransferMatrices({})
     stats = None  # built once, shared by both matrices
     for kind in kinds:
         if kind == "relation" and len({f.relation for f in facts}) < 2:
-            out["notes"].append("by relation: skipped, the facts have one relation (add "
-                                "--relation all)")  # fmt: skip
+            out.notes.append(
+                "by relation: skipped, the facts have one relation (add --relation all)"
+            )
             continue
         if kind == "lang" and len({f.lang for f in facts} - {"en"}) < 2:
-            out["notes"].append("by language: skipped, it needs English and 2+ other languages")
+            out.notes.append("by language: skipped, it needs English and 2+ other languages")
             continue
-        matrix = transfer_matrix(
-            model, facts, by=kind, cells=cells, build_ids=ids[0], screen_ids=ids[1],
-            dev_ids=ids[2], test_ids=ids[3], k_shot=int(built.get("k_shot", 3)),
-            translation_shots=int(built.get("translation_shots", 2)),
-            subtract_zero_shot=bool(built.get("subtract_zero_shot", True)),
-            unit=str(built.get("unit", "resid")), fractions=fractions, salt=salt,
-            en_tolerance=en_tolerance, p_threshold=p_threshold,
-            max_new_tokens=max_new_tokens, batch_size=batch_size,
-            progress=progress, stats=stats, metric=metric,
-        )  # fmt: skip
-        stats = matrix.stats
-        out[kind] = matrix.to_json()
+        m = transfer_matrix(
+            model,
+            facts,
+            by=kind,
+            matrix=matrix,
+            build=settings,
+            split=split,
+            scoring=scoring,
+            stats=stats,
+        )
+        stats = m.stats
+        out.matrices[kind] = m
     return out
 
 
@@ -522,10 +607,16 @@ def _axes(
 class _Run:
     """The rows of one matrix: each row's checks, dev choice and test cells."""
 
-    def __init__(self, model: Model, by: str, budget: _Budget, kw: dict[str, Any], seed: int,
-                 on_cell: Callable[[dict[str, Any]], None] | None) -> None:  # fmt: skip
-        self.model, self.by, self.budget, self.kw = model, by, budget, kw
-        self.seed, self.on_cell = seed, on_cell
+    def __init__(
+        self,
+        model: Model,
+        by: str,
+        matrix: MatrixSettings,
+        kw: dict[str, Any],
+        on_cell: Callable[[dict[str, Any]], None] | None,
+    ) -> None:
+        self.model, self.by, self.budget, self.kw = model, by, matrix, kw
+        self.seed, self.on_cell = matrix.seed, on_cell
         self.relation_of: dict[str, str] = {}
         self.dev: list[Fact] = []
         self.tests: dict[str, list[Fact]] = {}
@@ -544,19 +635,27 @@ class _Run:
         """Check what the row was built on, choose on its dev facts, score its cells."""
         all_test = [f for t in self.tests.values() for f in t]
         col_test = [f for c in row.cols for f in self.tests[c]]
-        check_disjoint(f"building the vectors of row {row.name}", vectors.build["fact_ids"],
-                       all_test)  # fmt: skip
-        _held_out_check("building", row, ids=vectors.build["fact_ids"],
-                        langs=vectors.build["langs"], relation_of=self.relation_of)  # fmt: skip
+        check_disjoint(
+            f"building the vectors of row {row.name}", vectors.build["fact_ids"], all_test
+        )
+        _held_out_check(
+            "building",
+            row,
+            ids=vectors.build["fact_ids"],
+            langs=vectors.build["langs"],
+            relation_of=self.relation_of,
+        )
         dev = _row_dev(self.dev, row, self.budget.dev_ids)
         _held_out_check("the dev choice", row, facts=dev)
         check_disjoint(f"the dev choice of row {row.name}", dev, all_test)
         choice = _choose(self.model, vectors, dev, col_test, self.budget, self.kw)
         self.choices[row.name] = {
-            "relations": list(row.relations), "langs": list(row.langs),
-            "n_build_facts": vectors.build["n_facts"], "n_dev_items": len(dev),
+            "relations": list(row.relations),
+            "langs": list(row.langs),
+            "n_build_facts": vectors.build["n_facts"],
+            "n_dev_items": len(dev),
             **choice.to_dict(),
-        }  # fmt: skip
+        }
         steered = _steered(vectors, choice.config, choice.selected)
         control = _control(vectors, choice.config, choice.selected, self.seed)
         for c in row.cols:
@@ -567,9 +666,13 @@ class _Run:
             self.orig.setdefault(c, got.get("orig"))  # type: ignore[arg-type]
             s, r = got["steered"], got["control"]
             cell = {"row": row.name, "col": c, **_cell_stats(self.orig[c], s, r, self.seed)}
-            cell |= {"selected": choice.selected, "dev_effect": choice.dev_effect,
-                     "config": choice.config.to_dict(), **_place(choice.config, choice.selected),
-                     "built_on": list(row.relations if self.by == "relation" else row.langs)}  # fmt: skip
+            cell |= {
+                "selected": choice.selected,
+                "dev_effect": choice.dev_effect,
+                "config": choice.config.to_dict(),
+                **_place(choice.config, choice.selected),
+                "built_on": list(row.relations if self.by == "relation" else row.langs),
+            }
             self.cells.append(cell)
             if self.on_cell is not None:
                 self.on_cell(_json_safe(cell))
