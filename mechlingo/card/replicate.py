@@ -48,8 +48,8 @@ from tqdm.auto import tqdm
 from mechlingo.activations.distributed import dist_info
 from mechlingo.analyses.experts import collect_neuron_stats, find_experts, k_curve
 from mechlingo.analyses.experts.align import compare_alignment, per_sentence
-from mechlingo.analyses.recall import dev_grid, steer_eval, steering, transfer
-from mechlingo.analyses.recall.settings import ScoringOptions
+from mechlingo.analyses.recall import steer_eval, steering, transfer
+from mechlingo.analyses.recall.settings import ScoringOptions, SplitSettings
 from mechlingo.analyses.recall.trace import trace_recall
 from mechlingo.card import lu, sundar
 from mechlingo.card.rows import (
@@ -74,7 +74,7 @@ from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.core.version import __version__
 from mechlingo.data import LANGS, Fact, load_facts
-from mechlingo.data.splits import split_facts, take_per_lang
+from mechlingo.data.splits import take_per_lang
 from mechlingo.interventions import load_intervention
 from mechlingo.kernels.ranking import auroc_and_average_precision
 from mechlingo.kernels.significance import Interval, Test, mde
@@ -255,40 +255,29 @@ def _items(results: Mapping[str, Any]) -> tuple[dict[str, dict[str, list[bool]]]
 
 
 def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progress: bool) -> dict:
+    """``steer build`` + ``steer eval`` on the repair facts: the vectors built on the build
+    split with the budget's build settings, then
+    :func:`mechlingo.analyses.recall.steer_eval.run_steer_eval` (the call of ``steer eval``)
+    with its split, dev grid and scoring (:func:`mechlingo.card.lu.repair_settings`)."""
     r = cfg["repair"]
-    splits = split_facts(facts, r["split"])
-    build = splits["build"]
-    dev = take_per_lang(splits["dev"], r["dev_per_lang"])
-    test = take_per_lang(splits["test"], r["test_per_lang"])
+    build, dev, test = lu.repair_split(facts, cfg)
     if not (build and dev and test):
-        raise InputError("a split of the repair facts is empty (build, dev or test)",
-                         fix="give more facts (a larger budget or more ids per relation)")  # fmt: skip
+        raise InputError(
+            "a split of the repair facts is empty (build, dev or test)",
+            fix="give more facts (a larger budget or more ids per relation)",
+        )
     build_settings, grid, scoring = lu.repair_settings(cfg, int(model.cfg.n_layers), progress)
     vectors = steering.build_steering_vectors(model, build, build_settings, progress=progress)
-    sw = dev_grid.choose_on_dev(
-        model,
-        vectors,
-        dev,
-        grid=grid,
-        scoring=scoring,
-        pool=build,
-        k_shot=build_settings.k_shot,
-        test_ids=test,
+    split = SplitSettings(tuple(r["split"]), "", r["dev_per_lang"], r["test_per_lang"])
+    run = steer_eval.run_steer_eval(
+        model, facts, vectors, split=split, grid=grid, scoring=scoring, seeds=r["seeds"]
     )
-    res = steer_eval.evaluate_test(
-        model,
-        vectors,
-        sw.choice,
-        test,
-        lowest_language=sw.lowest_language,
-        lowest_rule=sw.lowest_rule,
-        pool=build,
-        k_shot=build_settings.k_shot,
-        seeds=r["seeds"],
-        scoring=scoring,
-    )
+    res, sw = run.test, run.search
+    if sw is None:  # a dev search runs whenever no config is fixed
+        raise RuntimeError("the repair stage ran no dev search")
     sweep = sw.to_dict()
     outcomes, ids = _items(res.results)
+    n_ids = {k: len({f.id for f in v}) for k, v in (("build", build), ("dev", dev), ("test", test))}
     return {
         "summary": res.summary(),
         "sweep": {k: v for k, v in sweep.items() if k != "rows"},
@@ -297,9 +286,8 @@ def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progr
         "outcomes": outcomes,
         "ids": ids,
         "items": lu.item_records(res.results),
-        "n_ids": {k: len({f.id for f in v}) for k, v in (("build", build), ("dev", dev),
-                                                          ("test", test))},
-    }  # fmt: skip
+        "n_ids": n_ids,
+    }
 
 
 def _stage_transfer(
