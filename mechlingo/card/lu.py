@@ -580,9 +580,15 @@ def choice_from(sweep: Mapping[str, Any]) -> dev_grid.Choice:
                            sweep.get("best_single"))  # fmt: skip
 
 
-def stage_external(model: Model, bundled: list[Fact], external: list[Fact], metric: str,
-                   repair_data: Mapping[str, Any], cfg: Mapping[str, Any],
-                   progress: bool) -> dict[str, Any]:  # fmt: skip
+def stage_external(
+    model: Model,
+    bundled: list[Fact],
+    external: list[Fact],
+    metric: str,
+    repair_data: Mapping[str, Any],
+    cfg: Mapping[str, Any],
+    progress: bool,
+) -> dict[str, Any]:
     """Rebuild the repair vectors on the bundled build split (the same facts and settings give
     the same vectors), take the configuration dev chose, and score ``external`` under every
     condition with the benchmark's ``metric``."""
@@ -596,9 +602,11 @@ def stage_external(model: Model, bundled: list[Fact], external: list[Fact], metr
         scored = {f.id for f in facts}
         pool = [f for f in external if f.id not in scored]
         if not pool:
-            raise InputError("klar needs demonstrations that are not scored: the benchmark "
-                             "has no facts beyond external.per_lang ids per language",
-                             fix="lower external.per_lang in --settings")  # fmt: skip
+            raise InputError(
+                "klar needs demonstrations that are not scored: the benchmark "
+                "has no facts beyond external.per_lang ids per language",
+                fix="lower external.per_lang in --settings",
+            )
     res = steer_eval.evaluate_test(
         model,
         vectors,
@@ -609,8 +617,12 @@ def stage_external(model: Model, bundled: list[Fact], external: list[Fact], metr
         seeds=r["seeds"],
         scoring=replace(scoring, metric=metric),
     )
-    return {"metric": metric, "items": item_records(res.results),
-            "config": repair_data["sweep"]["config"], "n_facts": len(facts)}  # fmt: skip
+    return {
+        "metric": metric,
+        "items": item_records(res.results),
+        "config": repair_data["sweep"]["config"],
+        "n_facts": len(facts),
+    }
 
 
 def rows_external(data: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -5,13 +5,14 @@ through their Python APIs, in stages:
 
 * ``trace`` (:func:`mechlingo.analyses.recall.trace.trace_recall`: greedy answers and the logit
   lens of every query): the latent-English and the recall-failure claims;
-* ``repair`` (:func:`mechlingo.analyses.recall.steering.build_steering_vectors` on the build split,
-  :func:`mechlingo.analyses.recall.dev_grid.choose_on_dev` on dev, :func:`mechlingo.analyses.recall.steer_eval.evaluate_test`
-  on test with norm-matched random controls): the two vectors, the lowest language (the
+* ``repair`` (:func:`mechlingo.analyses.recall.steering.build_steering_vectors` on the build
+  split, then :func:`mechlingo.analyses.recall.steer_eval.run_steer_eval`, the call of ``steer
+  eval``: the dev search, and test with norm-matched random controls; the budget's settings
+  as :func:`mechlingo.card.lu.repair_settings`): the two vectors, the lowest language (the
   headroom rule, :func:`mechlingo.card.rules.headroom_lowest_language`, beside the literal
   :func:`mechlingo.analyses.recall.headroom.lowest_language_dev`) and the random vector;
 * ``transfer_relation`` and ``transfer_lang``
-  (``mechlingo.analyses.recall.transfer.transfer_matrix``): independence of relations and languages;
+  (:func:`mechlingo.analyses.recall.transfer.transfer_matrix`): independence of relations and languages;
 * ``experts`` (:func:`mechlingo.analyses.experts.find_experts`, :func:`~mechlingo.analyses.experts.k_curve`
   and the k rules, held-out AUROC, overlap): the expert claims and the clamp of the k that
   the papers' rule picks (target-language rate against the target's perplexity; the stricter
