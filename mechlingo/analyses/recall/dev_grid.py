@@ -179,7 +179,8 @@ def choose_on_dev(
             constraint).
         grid: what is tried and how it is decided
             (:class:`~mechlingo.analyses.recall.settings.DevGrid`: the layers and alphas of
-            each vector, ``top_k``, ``screen_ids``, ``en_tolerance``, ``p_threshold``).
+            each vector, ``top_k``, ``screen_ids``, ``en_tolerance``, ``p_threshold``; ``None``: its
+            defaults).
         scoring: how every setting is scored
             (:class:`~mechlingo.analyses.recall.settings.ScoringOptions`; see the module
             docstring for the metrics); under ``klar`` the demonstrations come from ``pool``

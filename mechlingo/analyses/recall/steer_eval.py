@@ -628,6 +628,8 @@ def run_steer_eval(
     matrix are added afterwards (:meth:`SteerEvalResult.add_side_effects`,
     :func:`mechlingo.analyses.recall.transfer.transfer_matrices`).
 
+    A settings object left out (``None``) takes its class's defaults.
+
     Raises:
         InputError: ``repeats`` < 1, no seed, or a split that is empty.
         LeakError: the vectors' recorded build ids overlap dev or test.

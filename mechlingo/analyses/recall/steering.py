@@ -302,7 +302,8 @@ def build_steering_vectors(
     Args:
         facts: the build facts (their languages and relations are what the vectors are
             "built from"; apply them to others to test transfer).
-        settings: how to build. ``subtract_zero_shot`` (default): task vector = few-shot
+        settings: how to build (``None``: the defaults of
+            :class:`~mechlingo.analyses.recall.settings.BuildSettings`). ``subtract_zero_shot`` (default): task vector = few-shot
             mean minus zero-shot mean instead of the plain few-shot mean. Chosen on dev on
             the embedded gemma-3-270m (capital, en/fr/ru/ja/hi x 8 dev facts, alpha in
             residual-norm units; see docs/methods/repair-vectors.md): the plain few-shot mean

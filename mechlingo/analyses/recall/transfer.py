@@ -398,6 +398,8 @@ def transfer_matrix(
             checked to hold exactly this call's build fact ids.
         **score_kw: passed to every scoring call (the protocol's scoring function).
 
+    A settings object left out (``None``) takes its class's defaults.
+
     Returns:
         :class:`TransferMatrix`.
     """
