@@ -209,7 +209,7 @@ def test_matrix_by_relation_cells_and_no_leak(tiny, facts, monkeypatch):
     ]  # fmt: skip
 
 
-def test_matrix_by_language_never_sees_the_held_out_language(tiny, facts, monkeypatch):
+def test_matrix_by_language_never_sees_the_held_out_language(tiny, facts, monkeypatch, tmp_path):
     seen = _watch(monkeypatch)
     m = transfer.transfer_matrix(tiny, facts, by="lang", **SMALL)
     assert m.rows == ["all", "all_but_de", "all_but_fr"] and m.cols == ["de", "fr"]
@@ -225,6 +225,13 @@ def test_matrix_by_language_never_sees_the_held_out_language(tiny, facts, monkey
             held = row[len("all_but_") :]
             assert held not in langs and held not in dev_langs and "en" in dev_langs
     assert m.choices["all_but_fr"]["langs"] == ["en", "de"]
+    # the result of steer eval --transfer: summary() is the JSON, write() a summary.json
+    both = transfer.TransferMatrices({"lang": m}, ["by relation: skipped"])
+    assert both.summary() == {"notes": ["by relation: skipped"], "lang": m.to_json()}
+    out = both.write(tmp_path / "t", meta={"x": 1})
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc["transfer"]["lang"]["cells"] == json.loads(json.dumps(m.to_json()))["cells"]
+    assert doc["meta"] == {"x": 1}
     # the build statistics of one call serve another (built once); other facts are refused
     again = transfer.transfer_matrix(tiny, facts, by="lang", stats=m.stats, **SMALL)
     assert again.cells == m.cells
