@@ -204,10 +204,34 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
     common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "30", "--quiet"]
     vdir, out = tmp_path / "v", tmp_path / "e"
     assert main(["steer", "build", *common, "--k-shot", "2", "--out", str(vdir)]) == 0
-    grid = ["--task-layers", "0", "--diff-layers", "1", "--task-alphas", "0.1,0.5",
-            "--diff-alphas", "0.5", "--top-k", "1", "--screen-ids", "2"]  # fmt: skip
-    rc = main(["steer", "eval", *common, "--vectors", str(vdir), *grid, "--max-new-tokens",
-               "2", "--out", str(out)])  # fmt: skip
+    grid = [
+        "--task-layers",
+        "0",
+        "--diff-layers",
+        "1",
+        "--task-alphas",
+        "0.1,0.5",
+        "--diff-alphas",
+        "0.5",
+        "--top-k",
+        "1",
+        "--screen-ids",
+        "2",
+    ]
+    rc = main(
+        [
+            "steer",
+            "eval",
+            *common,
+            "--vectors",
+            str(vdir),
+            *grid,
+            "--max-new-tokens",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     assert seen["test"] and seen["build"] and seen["choose"]
     assert not (seen["test"] & seen["build"]), "a test id reached building"
@@ -226,17 +250,51 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
     # side effects of the selected condition, against a random control, on NTREX-style lines
     lines = tmp_path / "lines"
     lines.mkdir()
-    for lg, text in {"en": "The cat sat on the mat", "fr": "Le chat est sur le tapis",
-                     "de": "Die Katze sitzt auf der Matte"}.items():  # fmt: skip
+    for lg, text in {
+        "en": "The cat sat on the mat",
+        "fr": "Le chat est sur le tapis",
+        "de": "Die Katze sitzt auf der Matte",
+    }.items():
         (lines / f"{lg}.txt").write_text(f"{text}\n{text} again\n", "utf-8")
-    rc = main(["steer", "eval", *common, "--vectors", str(vdir), "--config", "0,0.1,1,0.1",
-               "--max-new-tokens", "2", "--side-effects", str(lines), "--side-effects-lines",
-               "2", "--out", str(tmp_path / "se")])  # fmt: skip
+    rc = main(
+        [
+            "steer",
+            "eval",
+            *common,
+            "--vectors",
+            str(vdir),
+            "--config",
+            "0,0.1,1,0.1",
+            "--max-new-tokens",
+            "2",
+            "--side-effects",
+            str(lines),
+            "--side-effects-lines",
+            "2",
+            "--out",
+            str(tmp_path / "se"),
+        ]
+    )
     s = json.loads((tmp_path / "se" / "summary.json").read_text())
     assert rc == 0 and "side_effects" in s
     # re-splits: vectors rebuilt per salt, mean and sd over splits
-    rc = main(["steer", "eval", *common, "--vectors", str(vdir), "--config", "0,0.1,1,0.1",
-               "--max-new-tokens", "2", "--repeats", "2", "--out", str(tmp_path / "r")])  # fmt: skip
+    rc = main(
+        [
+            "steer",
+            "eval",
+            *common,
+            "--vectors",
+            str(vdir),
+            "--config",
+            "0,0.1,1,0.1",
+            "--max-new-tokens",
+            "2",
+            "--repeats",
+            "2",
+            "--out",
+            str(tmp_path / "r"),
+        ]
+    )
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert rc == 0 and s["repeats"]["n"] == 2
     assert len(s["repeats"]["non_english_mean"]["orig"]["values"]) == 2
@@ -245,8 +303,21 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
     doc = json.loads(build_json.read_text())
     doc["fact_ids"] = sorted(seen["test"])
     build_json.write_text(json.dumps(doc))
-    rc = main(["steer", "eval", *common, "--vectors", str(vdir), "--config", "0,0.1,1,0.1",
-               "--max-new-tokens", "2", "--out", str(tmp_path / "leak")])  # fmt: skip
+    rc = main(
+        [
+            "steer",
+            "eval",
+            *common,
+            "--vectors",
+            str(vdir),
+            "--config",
+            "0,0.1,1,0.1",
+            "--max-new-tokens",
+            "2",
+            "--out",
+            str(tmp_path / "leak"),
+        ]
+    )
     assert rc == 2 and not (tmp_path / "leak").exists()
 
 
@@ -260,12 +331,44 @@ def test_steer_eval_cli_writes_what_run_protocol_writes(tiny, tiny_dir, tmp_path
     common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "30", "--quiet"]
     vdir, cli, py = tmp_path / "v", tmp_path / "cli", tmp_path / "py"
     assert main(["steer", "build", *common, "--k-shot", "2", "--out", str(vdir)]) == 0
-    grid = ["--task-layers", "0", "--diff-layers", "1", "--task-alphas", "0.1,0.5",
-            "--diff-alphas", "0.5", "--top-k", "1", "--screen-ids", "2"]  # fmt: skip
-    assert main(["steer", "eval", *common, "--vectors", str(vdir), *grid, "--seeds", "0,1",
-                 "--repeats", "2", "--max-new-tokens", "2", "--out", str(cli)]) == 0  # fmt: skip
-    facts = load_facts(langs=["en", "fr", "de"], relations=["capital"], limit=30,
-                       templates="natural")  # fmt: skip
+    grid = [
+        "--task-layers",
+        "0",
+        "--diff-layers",
+        "1",
+        "--task-alphas",
+        "0.1,0.5",
+        "--diff-alphas",
+        "0.5",
+        "--top-k",
+        "1",
+        "--screen-ids",
+        "2",
+    ]
+    assert (
+        main(
+            [
+                "steer",
+                "eval",
+                *common,
+                "--vectors",
+                str(vdir),
+                *grid,
+                "--seeds",
+                "0,1",
+                "--repeats",
+                "2",
+                "--max-new-tokens",
+                "2",
+                "--out",
+                str(cli),
+            ]
+        )
+        == 0
+    )
+    facts = load_facts(
+        langs=["en", "fr", "de"], relations=["capital"], limit=30, templates="natural"
+    )
     grid = DevGrid(
         task_layers=(0,),
         diff_layers=(1,),
@@ -298,8 +401,9 @@ def test_repeats_rebuild_with_the_given_vectors_build_settings(tiny, monkeypatch
     were built with (here k_shot=2 and one translation shot), not the library defaults."""
     from mechlingo.data.splits import split_facts
 
-    facts = load_facts(langs=["en", "fr", "de"], relations=["capital"], limit=30,
-                       templates="natural")  # fmt: skip
+    facts = load_facts(
+        langs=["en", "fr", "de"], relations=["capital"], limit=30, templates="natural"
+    )
     build = split_facts(facts, (0.4, 0.2, 0.4))["build"]
     given = steering.build_steering_vectors(
         tiny, build, BuildSettings(k_shot=2, translation_shots=1)

@@ -131,8 +131,19 @@ def test_vectors_without_a_unit_are_refused(tiny, tiny_dir, tiny_vectors, tmp_pa
     from mechlingo.cli import main
 
     out = tmp_path / "e"
-    rc = main(["steer", "eval", "--model", str(tiny_dir), "--vectors", str(folder), "--quiet",
-               "--out", str(out)])  # fmt: skip
+    rc = main(
+        [
+            "steer",
+            "eval",
+            "--model",
+            str(tiny_dir),
+            "--vectors",
+            str(folder),
+            "--quiet",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 2 and not out.exists()
     assert "records no unit" in capsys.readouterr().err
 
@@ -283,11 +294,31 @@ def test_padded_batched_generation_equals_one_by_one(tiny):
 def test_steer_eval_layer_out_of_range_is_a_usage_error(tiny_dir, tmp_path, capsys):
     from mechlingo.cli import main
 
-    common = ["--model", str(tiny_dir), "--langs", "en,fr", "--relation", "capital",
-              "--limit", "24", "--quiet"]  # fmt: skip
+    common = [
+        "--model",
+        str(tiny_dir),
+        "--langs",
+        "en,fr",
+        "--relation",
+        "capital",
+        "--limit",
+        "24",
+        "--quiet",
+    ]
     assert main(["steer", "build", *common, "--k-shot", "2", "--out", str(tmp_path / "v")]) == 0
     out = tmp_path / "eval"
-    rc = main(["steer", "eval", *common, "--vectors", str(tmp_path / "v"), "--config",
-               "7,0.1,1,0.1", "--out", str(out)])  # fmt: skip
+    rc = main(
+        [
+            "steer",
+            "eval",
+            *common,
+            "--vectors",
+            str(tmp_path / "v"),
+            "--config",
+            "7,0.1,1,0.1",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 2 and "out of range" in capsys.readouterr().err
     assert not out.exists()

@@ -72,8 +72,9 @@ def test_headroom_rule_on_hand_made_tables():
     assert not out["tests"]["it"]["headroom"] and out["tests"]["en"]["headroom"]
     strict = lowest_language_rule(zero, few, p_threshold=0.01)
     assert strict["language"] == "ru" and "es" in strict["excluded"]
-    none = lowest_language_rule({"en": [True, False], "ko": [False] * 4}, {"en": [True, True],
-                                "ko": [False] * 4})  # fmt: skip
+    none = lowest_language_rule(
+        {"en": [True, False], "ko": [False] * 4}, {"en": [True, True], "ko": [False] * 4}
+    )
     assert none["language"] is None and none["literal"] == "ko" and none["excluded"] == ["ko"]
     with pytest.raises(ValueError, match="paired"):
         lowest_language_rule({"fr": [True]}, {"fr": [True, False]})
@@ -205,8 +206,10 @@ def test_matrix_by_relation_cells_and_no_leak(tiny, facts, monkeypatch):
         **{**SMALL, "matrix": replace(SMALL["matrix"], cells="diagonal")},
     )
     assert [(c["row"], c["col"]) for c in diag.cells] == [
-        ("all", "capital"), ("all_but_capital", "capital"), ("only_capital", "capital")
-    ]  # fmt: skip
+        ("all", "capital"),
+        ("all_but_capital", "capital"),
+        ("only_capital", "capital"),
+    ]
 
 
 def test_matrix_by_language_never_sees_the_held_out_language(tiny, facts, monkeypatch, tmp_path):
@@ -214,8 +217,11 @@ def test_matrix_by_language_never_sees_the_held_out_language(tiny, facts, monkey
     m = transfer.transfer_matrix(tiny, facts, by="lang", **SMALL)
     assert m.rows == ["all", "all_but_de", "all_but_fr"] and m.cols == ["de", "fr"]
     assert [(c["row"], c["col"]) for c in m.cells] == [
-        ("all", "de"), ("all", "fr"), ("all_but_de", "de"), ("all_but_fr", "fr")
-    ]  # fmt: skip
+        ("all", "de"),
+        ("all", "fr"),
+        ("all_but_de", "de"),
+        ("all_but_fr", "fr"),
+    ]
     _check_cells(m)
     for row, (_, langs, _), dev in zip(m.rows, seen["pooled"], seen["sweep"], strict=True):
         dev_langs = {f.lang for f in dev}
@@ -274,19 +280,39 @@ def test_cli_transfer_only_and_pooled_build(tiny_dir, tmp_path):
 
     common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "16", "--quiet"]
     out = tmp_path / "t"
-    rc = main(["steer", "eval", *common, "--relation", "capital,currency", "--transfer-only",
-               "--transfer", "lang", "--transfer-ids", "4,2,2,2", "--task-layers", "0",
-               "--max-new-tokens", "2", "--out", str(out)])  # fmt: skip
+    rc = main(
+        [
+            "steer",
+            "eval",
+            *common,
+            "--relation",
+            "capital,currency",
+            "--transfer-only",
+            "--transfer",
+            "lang",
+            "--transfer-ids",
+            "4,2,2,2",
+            "--task-layers",
+            "0",
+            "--max-new-tokens",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     s = json.loads((out / "summary.json").read_text())
     assert set(s["transfer"]) == {"lang", "notes"}
-    assert {c["row"] for c in s["transfer"]["lang"]["cells"]} == {"all", "all_but_de",
-                                                                  "all_but_fr"}  # fmt: skip
+    assert {c["row"] for c in s["transfer"]["lang"]["cells"]} == {"all", "all_but_de", "all_but_fr"}
     assert "Transfer matrix by lang" in (out / "report.html").read_text()
     assert main(["steer", "eval", *common, "--out", str(tmp_path / "x")]) == 2  # no --vectors
     vdir = tmp_path / "v"
-    assert main(["steer", "build", *common, "--k-shot", "2", "--per-relation", "3",
-                 "--out", str(vdir)]) == 0  # fmt: skip
+    assert (
+        main(
+            ["steer", "build", *common, "--k-shot", "2", "--per-relation", "3", "--out", str(vdir)]
+        )
+        == 0
+    )
     build = json.loads((vdir / "build.json").read_text())
     assert set(build["relations"]) == set(RELATIONS) == set(build["ids_per_relation"])
     assert set(build["ids_per_relation"].values()) == {3}
