@@ -8,9 +8,9 @@ there; random directions stand in for built vectors: the cost does not depend on
 direction). Scored on ``--facts`` facts per language with the eval rule, three ways in one
 process:
 
-* **one at a time**: :func:`~mechlingo.analyses.scoring.evaluate.evaluate_facts` per condition (the
+* **one at a time**: :func:`~mechlingo.scoring.evaluate.evaluate_facts` per condition (the
   path every condition took before shared prefixes);
-* **shared prefix**: :func:`~mechlingo.analyses.scoring.evaluate.evaluate_conditions` (each batch's
+* **shared prefix**: :func:`~mechlingo.scoring.evaluate.evaluate_conditions` (each batch's
   prompt positions before the last run once; the conditions decode from that cache, stacked);
 * **floor**: the same prefix passes once plus the same stacked decoding with no hook at all
   (no intervention's edit, no row routing): what sharing the prefix cannot go below.
@@ -38,11 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mechlingo.activations.prefix import decode_conditions, record_head  # noqa: E402
 from mechlingo.analyses.recall.settings import ALPHA_GRID, every_second_layer  # noqa: E402
-from mechlingo.analyses.scoring.evaluate import decided, evaluate_conditions, evaluate_facts  # noqa: E402
 from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.core.tokens import encode, sorted_batches  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
 from mechlingo.interventions import SteeringVector  # noqa: E402
+from mechlingo.scoring.evaluate import decided, evaluate_conditions, evaluate_facts  # noqa: E402
 
 # CPU seconds of this process on a CPU (one thread: the work done, however busy the machine
 # is); set to wall seconds when the model is on a GPU

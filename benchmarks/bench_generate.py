@@ -3,7 +3,7 @@
 One process, the same prompts (``--n`` mixed-language prompts from the bundled facts, eight
 languages) and ``--new`` new tokens, three ways:
 
-* ``mechlingo cached`` -- :func:`mechlingo.analyses.scoring.evaluate.greedy_generate` (default ``cache=True``):
+* ``mechlingo cached`` -- :func:`mechlingo.scoring.evaluate.greedy_generate` (default ``cache=True``):
   one prompt pass per batch, then one token per row per step over the transformers cache,
   through the TransformerLens bridge with its hooks in place;
 * ``mechlingo uncached`` -- the same call with ``cache=False``: the whole prefix is recomputed
@@ -36,10 +36,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mechlingo.activations.decoding import kv_cache_path  # noqa: E402
-from mechlingo.analyses.scoring.evaluate import greedy_generate  # noqa: E402
 from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
 from mechlingo.kernels.readout import screening  # noqa: E402
+from mechlingo.scoring.evaluate import greedy_generate  # noqa: E402
 
 LANGS = ["en", "fr", "de", "es", "ru", "ja", "zh", "ar"]
 
@@ -62,24 +62,30 @@ def plain_hf_model(name: str | None):
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
-def hf_generate(hf, tok, prompts: list[str], new: int, batch_size: int) -> list[str]:
-    """transformers ``generate``, greedy, left-padded."""
+def left_padded(tok, prompts: list[str], batch_size: int):
+    """The tokenizer's encodings of ``prompts``, ``batch_size`` at a time, left-padded (as
+    transformers generates); the tokenizer's padding side is restored afterwards."""
     side = tok.padding_side
     tok.padding_side = "left"
-    out = []
     try:
         for i in range(0, len(prompts), batch_size):
-            enc = tok(prompts[i : i + batch_size], return_tensors="pt", padding=True)
-            gen = hf.generate(
-                **enc,
-                max_new_tokens=new,
-                min_new_tokens=new,
-                do_sample=False,
-                pad_token_id=tok.pad_token_id,
-            )
-            out += tok.batch_decode(gen[:, enc["input_ids"].shape[1] :])
+            yield tok(prompts[i : i + batch_size], return_tensors="pt", padding=True)
     finally:
         tok.padding_side = side
+
+
+def hf_generate(hf, tok, prompts: list[str], new: int, batch_size: int) -> list[str]:
+    """transformers ``generate``, greedy, left-padded."""
+    out = []
+    for enc in left_padded(tok, prompts, batch_size):
+        gen = hf.generate(
+            **enc,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+        )
+        out += tok.batch_decode(gen[:, enc["input_ids"].shape[1] :])
     return out
 
 
@@ -153,27 +159,21 @@ def bare_steps(hf, tok, prompts: list[str], new: int, batch_size: int) -> list[s
     """The floor of greedy decoding: per batch one prompt forward, then ``new - 1`` bare
     one-token forward steps over the transformers KV cache and an arg-max (no hooks, no
     ``generate`` bookkeeping, no stopping rule)."""
-    side = tok.padding_side
-    tok.padding_side = "left"
     out = []
-    try:
-        for i in range(0, len(prompts), batch_size):
-            enc = tok(prompts[i : i + batch_size], return_tensors="pt", padding=True)
-            mask = enc["attention_mask"]
-            pos = (mask.cumsum(-1) - 1).clamp_min(0)
-            res = hf(**enc, position_ids=pos, use_cache=True)
+    for enc in left_padded(tok, prompts, batch_size):
+        mask = enc["attention_mask"]
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)
+        res = hf(**enc, position_ids=pos, use_cache=True)
+        nxt = res.logits[:, -1].argmax(-1, keepdim=True)
+        toks = [nxt]
+        for _ in range(new - 1):
+            mask = torch.cat([mask, torch.ones_like(nxt)], -1)
+            pos = pos[:, -1:] + 1
+            res = hf(input_ids=nxt, attention_mask=mask, position_ids=pos,
+                     past_key_values=res.past_key_values, use_cache=True)  # fmt: skip
             nxt = res.logits[:, -1].argmax(-1, keepdim=True)
-            toks = [nxt]
-            for _ in range(new - 1):
-                mask = torch.cat([mask, torch.ones_like(nxt)], -1)
-                pos = pos[:, -1:] + 1
-                res = hf(input_ids=nxt, attention_mask=mask, position_ids=pos,
-                         past_key_values=res.past_key_values, use_cache=True)  # fmt: skip
-                nxt = res.logits[:, -1].argmax(-1, keepdim=True)
-                toks.append(nxt)
-            out += tok.batch_decode(torch.cat(toks, -1))
-    finally:
-        tok.padding_side = side
+            toks.append(nxt)
+        out += tok.batch_decode(torch.cat(toks, -1))
     return out
 
 

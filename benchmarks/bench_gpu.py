@@ -14,10 +14,10 @@ fill the device, and for each workload its throughput, the ratio to the same cod
 4. neuron scoring: ``kernels.ranking.auroc_and_average_precision`` on synthetic activations of
    32 x 11,008 neurons (a 7B model's MLPs) over several thousand sentences vs scikit-learn's
    per-feature loop timed on a subset and extrapolated;
-5. steering conditions: ``mechlingo.analyses.scoring.evaluate.evaluate_conditions`` (one shared prefix
+5. steering conditions: ``mechlingo.scoring.evaluate.evaluate_conditions`` (one shared prefix
    pass per batch, the conditions decoded stacked) vs ``evaluate_facts`` one condition at a
    time, on ``orig`` + 8 ``"last"`` steering settings (the records checked equal);
-6. candidate ranking: ``mechlingo.analyses.scoring.rank.score_candidates`` (batched) vs each filled
+6. candidate ranking: ``mechlingo.scoring.rank.score_candidates`` (batched) vs each filled
    sentence alone with a full ``log_softmax`` (``benchmarks/bench_rank.py``'s reference).
 
 Without CUDA it runs small CPU sizes on the tiny random model (or ``--model``) and says so.
@@ -38,8 +38,6 @@ import torch
 
 from mechlingo.activations.runs import collect
 from mechlingo.analyses.decoders.lens import logit_lens
-from mechlingo.analyses.scoring.evaluate import evaluate_conditions, evaluate_facts
-from mechlingo.analyses.scoring.rank import score_candidates
 from mechlingo.core.models import load_model
 from mechlingo.core.sites import hook_name
 from mechlingo.core.tokens import answer_tokens, encode, sorted_batches
@@ -47,6 +45,8 @@ from mechlingo.data import load_facts
 from mechlingo.interventions import SteeringVector
 from mechlingo.kernels.ranking import auroc_and_average_precision
 from mechlingo.kernels.streaming import StreamingMean
+from mechlingo.scoring.evaluate import evaluate_conditions, evaluate_facts
+from mechlingo.scoring.rank import score_candidates
 from mechlingo.testing import tiny_model
 
 

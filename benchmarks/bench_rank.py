@@ -4,7 +4,7 @@
 answer and other capitals of the same language, each filled in before the suffix ``"."``),
 scored two ways in one process:
 
-* shared stems (the default): :func:`mechlingo.analyses.scoring.rank.score_candidates` runs each
+* shared stems (the default): :func:`mechlingo.scoring.rank.score_candidates` runs each
   fact's shared tokens once (one row per fact, into a key-value cache) and then only each
   candidate's own tokens and the suffix against that cache; only the scored positions are
   read, as target logit minus a streamed logsumexp;
@@ -37,10 +37,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mechlingo.activations.prefix import cache_upto, run_reads  # noqa: E402
-from mechlingo.analyses.scoring.rank import score_candidates  # noqa: E402
 from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
 from mechlingo.kernels.readout import token_logprobs  # noqa: E402
+from mechlingo.scoring.rank import score_candidates  # noqa: E402
 
 
 def cloze_facts(n: int, c: int) -> list:
@@ -78,7 +78,7 @@ def floor(model, facts, batch_size: int, clock=time.perf_counter) -> tuple[float
     """The shared-stem passes with no hook (one row per fact, then the candidates' tails)
     and the reads (each scored token's log-probability: a logsumexp over the vocabulary),
     for the same batches: the seconds, and those of the reads alone."""
-    from mechlingo.analyses.scoring import rank
+    from mechlingo.scoring import rank
 
     layouts = [[rank.candidate_layout(model, f, c) for c in f.candidates] for f in facts]
     reads_s = 0.0

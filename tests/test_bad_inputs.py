@@ -183,7 +183,7 @@ def P(tiny_dir, tmp_path_factory) -> dict[str, str]:
     assert main(["steer", "build", "--model", T, "--langs", "en,fr", "--limit", "16",
                  "--out", str(p["V"]), "--quiet", "--split", "0.6,0.2,0.2"]) == 0  # fmt: skip
     p["E"] = a / "experts"
-    assert main(["experts", "--model", T, "--langs", "en,es,fr", "--lang", "es", "--limit",
+    assert main(["experts", "--model", T, "--langs", "en,es,fr", "--target", "es", "--lines",
                  "8", "--k", "5", "--no-curve", "--out", str(p["E"]), "--quiet"]) == 0  # fmt: skip
     p["C"] = p["E"] / "es-k5"
     from mechlingo.testing import build_tiny_folder
@@ -193,8 +193,8 @@ def P(tiny_dir, tmp_path_factory) -> dict[str, str]:
     assert main(["steer", "build", "--model", str(p["T_B"]), "--langs", "en,fr", "--limit",
                  "16", "--out", str(p["V_B"]), "--quiet", "--split", "0.6,0.2,0.2"]) == 0  # fmt: skip
     p["C_B"] = a / "clamp_b"
-    assert main(["experts", "--model", str(p["T_B"]), "--langs", "en,es,fr", "--lang", "es",
-                 "--limit", "8", "--k", "5", "--no-curve", "--out", str(a / "eb"), "--quiet"]) == 0  # fmt: skip
+    assert main(["experts", "--model", str(p["T_B"]), "--langs", "en,es,fr", "--target", "es",
+                 "--lines", "8", "--k", "5", "--no-curve", "--out", str(a / "eb"), "--quiet"]) == 0  # fmt: skip
     shutil.copytree(a / "eb" / "es-k5", p["C_B"])
 
     def clamp(name: str, fn: Any) -> None:
@@ -306,8 +306,8 @@ BASE = {
     "build": "steer build --model {T} --langs en,fr --limit 16 --quiet --split 0.6,0.2,0.2",
     "steer-eval": "steer eval --model {T} --vectors {V} --langs en,fr --limit 16 --quiet "
     "--split 0.6,0.2,0.2 --config 0,0.1,1,0.1 --max-new-tokens 2",
-    "experts": "experts --model {T} --langs en,es,fr --lang es --limit 8 --k 5 --no-curve --quiet",
-    "align": "align --model {T} --langs en,es,fr --limit 8 --quiet --clamp {C}",
+    "experts": "experts --model {T} --langs en,es,fr --target es --lines 8 --k 5 --no-curve --quiet",
+    "align": "align --model {T} --langs en,es,fr --lines 8 --quiet --clamp {C}",
 }
 
 
@@ -337,7 +337,7 @@ CASES: list[Case] = [
     Case(
         "issue14-relation-comma", "{eval} --relation ,", 2, "--relation ',' has an empty relation"
     ),
-    Case("issue14-experts-lang-comma", "{experts} --lang ,", 2, "--lang ',' has an empty"),
+    Case("issue14-experts-lang-comma", "{experts} --target ,", 2, "--target ',' has an empty"),
     Case("issue14-dtype-nn", "{eval} --dtype nn", 2, "'nn' is not a floating-point torch dtype"),
     Case(
         "issue14-align-target-xx",
@@ -347,20 +347,20 @@ CASES: list[Case] = [
     ),
     Case(
         "issue14-context-671",
-        "{eval} --data {long} --langs en,fr",
+        "{eval} --facts {long} --langs en,fr",
         2,
         "more than the model's context of 512",
     ),
     Case(
         "issue14-context-39k",
-        "{lens} --data {huge} --langs en,fr",
+        "{lens} --facts {huge} --langs en,fr",
         2,
         "more than the model's context",
     ),
     # ---- issue 14: tracebacks
     Case(
         "issue14-data-dir-named-jsonl",
-        "{eval} --data {dir_jsonl}",
+        "{eval} --facts {dir_jsonl}",
         2,
         "is a folder, not a facts file",
     ),
@@ -387,27 +387,30 @@ CASES: list[Case] = [
     # ---- issue 14: unclear messages and defaults
     Case(
         "issue14-data-default-relation",
-        "{eval} --data {klar}",
+        "{eval} --facts {klar}",
         0,
         "",
         ok_outputs=("summary.json", "report.html"),
     ),
     Case("issue14-langs-repeated", "{eval} --langs en,en", 2, "'en' more than once"),
     Case(
-        "issue14-empty-jsonl", "{eval} --data {empty_jsonl}", 2, "line 1: the file holds no facts"
+        "issue14-empty-jsonl", "{eval} --facts {empty_jsonl}", 2, "line 1: the file holds no facts"
     ),
     Case(
         "issue14-header-only-tsv",
-        "{eval} --data {header_tsv}",
+        "{eval} --facts {header_tsv}",
         2,
         "line 2: the file has a header line but no facts",
     ),
     Case(
-        "issue14-latin1-facts", "{eval} --data {latin1_jsonl}", 2, "latin1.jsonl, line 3: byte 0xe9"
+        "issue14-latin1-facts",
+        "{eval} --facts {latin1_jsonl}",
+        2,
+        "latin1.jsonl, line 3: byte 0xe9",
     ),
     Case(
         "issue14-latin1-experts-text",
-        "{experts} --data {par_latin1}",
+        "{experts} --parallel {par_latin1}",
         2,
         "es.txt, line 4: byte 0xe9",
     ),
@@ -447,20 +450,20 @@ CASES: list[Case] = [
     Case("issue14-clamp-other-model", "{align} --clamp {C_B}", 2, "unembed_fingerprint"),
     # ---- each command runs (the table's baselines are valid)
     *[Case(f"ok-{name}", f"{{{name}}}", 0, "", ok_outputs=("summary.json",)) for name in BASE],
-    Case("ok-tsv", "{eval} --data {good_tsv}", 0, "", ok_outputs=("generations.jsonl",)),
+    Case("ok-tsv", "{eval} --facts {good_tsv}", 0, "", ok_outputs=("generations.jsonl",)),
     Case(
         "ok-relation-all-data",
-        "{eval} --data {klar} --relation all",
+        "{eval} --facts {klar} --relation all",
         0,
         "",
         ok_outputs=("summary.json",),
     ),
     Case("ok-align-target", "{align} --target fr", 0, "", ok_outputs=("summary.json",)),
     Case("ok-out-new-nested", "{eval} --out new/deeper/o", 0, "", ok_outputs=()),
-    Case("ok-experts-text-dir", "{experts} --data {par}", 0, "", ok_outputs=("es-k5",)),
+    Case("ok-experts-text-dir", "{experts} --parallel {par}", 0, "", ok_outputs=("es-k5",)),
     Case(
         "ok-experts-max-tokens",
-        "{experts} --data {par_long} --max-tokens 16",
+        "{experts} --parallel {par_long} --max-tokens 16",
         0,
         "",
         ok_outputs=("es-k5",),
@@ -482,23 +485,30 @@ CASES: list[Case] = [
     Case("langs-comma-experts", "{experts} --langs ,", 2, "empty language"),
     Case("langs-unknown-experts", "{experts} --langs en,es,xx", 2, "unknown language(s) ['xx']"),
     Case("langs-repeated-align", "{align} --langs en,en,fr", 2, "'en' more than once"),
-    Case("langs-not-in-data", "{eval} --data {klar} --langs de", 2, "no facts in"),
+    Case("langs-not-in-data", "{eval} --facts {klar} --langs de", 2, "no facts in"),
     Case("relation-unknown", "{eval} --relation weather", 2, "unknown relation(s) ['weather']"),
     Case("relation-repeated", "{eval} --relation capital,capital", 2, "'capital' more than once"),
     Case("relation-empty", "{eval} --relation=", 2, "--relation is empty"),
     Case(
         "relation-not-in-data",
-        "{eval} --data {klar} --relation capital",
+        "{eval} --facts {klar} --relation capital",
         2,
         "valid relations are ['klar']",
     ),
     Case("relation-trailing-comma", "{lens} --relation capital,", 2, "empty relation"),
     Case("track-unknown", "{lens} --track xx", 2, "unknown language(s) ['xx'] in --track"),
     Case("track-comma", "{lens} --track ,", 2, "empty language"),
-    Case("seeds-not-ints", "{steer-eval} --seeds 0,x", 2, "--seeds takes comma-separated integers"),
-    Case("experts-lang-unknown", "{experts} --lang xx", 2, "unknown language(s) ['xx'] in --lang"),
-    Case("experts-lang-not-in-langs", "{experts} --lang de", 2, "not among --langs"),
-    Case("experts-lang-repeated", "{experts} --lang es,es", 2, "'es' more than once"),
+    Case(
+        "seeds-not-ints",
+        "{steer-eval} --control-seeds 0,x",
+        2,
+        "--control-seeds takes comma-separated integers",
+    ),
+    Case(
+        "experts-lang-unknown", "{experts} --target xx", 2, "unknown language(s) ['xx'] in --target"
+    ),
+    Case("experts-lang-not-in-langs", "{experts} --target de", 2, "not among --langs"),
+    Case("experts-lang-repeated", "{experts} --target es,es", 2, "'es' more than once"),
     Case("align-target-not-in-langs", "{align} --target de", 2, "not among --langs"),
     Case("align-target-comma", "{align} --target ,", 2, "empty language"),
     # ---- sizes
@@ -555,10 +565,12 @@ CASES: list[Case] = [
     Case("offset-neg", "{experts} --offset -1", 2, "--offset must be 0 or more"),
     Case("max-tokens-zero", "{experts} --max-tokens 0", 2, "--max-tokens must be at least 1"),
     Case("samples-zero", "{experts} --samples 0", 2, "--samples must be at least 1"),
-    Case("new-tokens-zero", "{experts} --new-tokens 0", 2, "--new-tokens must be at least 1"),
+    Case(
+        "new-tokens-zero", "{experts} --max-new-tokens 0", 2, "--max-new-tokens must be at least 1"
+    ),
     Case("heldout-zero", "{experts} --heldout 0", 2, "--heldout must be at least 1"),
     Case("ok-seed-neg", "{experts} --seed -1", 0, "", ok_outputs=("es-k5",)),
-    Case("limit-zero-align", "{align} --limit 0", 2, "--limit must be at least 1"),
+    Case("limit-zero-align", "{align} --lines 0", 2, "--lines must be at least 1"),
     Case("offset-past-end", "{align} --offset 100000", 2, "no sentences left"),
     Case("split-bad", "{build} --split 0.5,0.5", 2, "--split takes three fractions"),
     Case("split-negative", "{build} --split 1.2,-0.1,-0.1", 2, "--split takes three fractions"),
@@ -567,13 +579,13 @@ CASES: list[Case] = [
     Case("k-neg", "{experts} --k 5,-1", 2, "--k needs positive integers"),
     Case("k-comma", "{experts} --k ,", 2, "empty number"),
     Case("k-text", "{experts} --k many", 2, "--k takes comma-separated integers"),
-    Case("k-too-large-layer", "{experts} --layer 0 --k 200", 2, "more than the 128 mlp neurons"),
-    Case("experts-layer-99", "{experts} --layer 0,99", 2, "--layer 99 is out of range"),
-    Case("experts-layer-neg-99", "{experts} --layer -3", 2, "--layer -3 is out of range"),
+    Case("k-too-large-layer", "{experts} --layers 0 --k 200", 2, "more than the 128 mlp neurons"),
+    Case("experts-layer-99", "{experts} --layers 0,99", 2, "--layers 99 is out of range"),
+    Case("experts-layer-neg-99", "{experts} --layers -3", 2, "--layers -3 is out of range"),
     Case(
-        "experts-layer-text", "{experts} --layer one", 2, "--layer takes comma-separated integers"
+        "experts-layer-text", "{experts} --layers one", 2, "--layers takes comma-separated integers"
     ),
-    Case("experts-layer-comma", "{experts} --layer ,", 2, "empty number"),
+    Case("experts-layer-comma", "{experts} --layers ,", 2, "empty number"),
     Case("align-layer-neg", "{align} --layer -3", 2, "--layer -3 is out of range"),
     Case(
         "task-layers-99",
@@ -650,43 +662,43 @@ CASES: list[Case] = [
         "non-empty folder that mechlingo did not write",
     ),
     # ---- facts files
-    Case("data-missing", "{eval} --data {missing}", 2, "does not exist"),
-    Case("data-csv", "{eval} --data {csv}", 2, "unknown facts file extension '.csv'"),
-    Case("data-bad-json", "{eval} --data {badjson}", 2, "line 2: invalid json"),
-    Case("data-missing-field", "{eval} --data {nofield}", 2, "line 1: field 'answer' is missing"),
-    Case("data-unknown-lang", "{eval} --data {badlang}", 2, "unknown language 'xx'"),
-    Case("data-duplicate", "{eval} --data {dup}", 2, "line 2: field 'id' repeats"),
-    Case("data-trailing-space", "{eval} --data {trailing}", 2, "ends with whitespace"),
-    Case("data-not-object", "{eval} --data {notobj}", 2, "expected an object"),
-    Case("data-blank-lines", "{eval} --data {blank_jsonl}", 2, "holds no facts"),
-    Case("data-latin1-tsv", "{lens} --data {latin1_tsv}", 2, "latin1.tsv, line 3: byte 0xe9"),
-    Case("data-empty-flag", "{eval} --data=", 2, "--data is empty"),
-    Case("data-dir-trace", "{trace} --data {dir_jsonl}", 2, "is a folder"),
-    Case("data-empty-build", "{build} --data {empty_jsonl}", 2, "holds no facts"),
+    Case("data-missing", "{eval} --facts {missing}", 2, "does not exist"),
+    Case("data-csv", "{eval} --facts {csv}", 2, "unknown facts file extension '.csv'"),
+    Case("data-bad-json", "{eval} --facts {badjson}", 2, "line 2: invalid json"),
+    Case("data-missing-field", "{eval} --facts {nofield}", 2, "line 1: field 'answer' is missing"),
+    Case("data-unknown-lang", "{eval} --facts {badlang}", 2, "unknown language 'xx'"),
+    Case("data-duplicate", "{eval} --facts {dup}", 2, "line 2: field 'id' repeats"),
+    Case("data-trailing-space", "{eval} --facts {trailing}", 2, "ends with whitespace"),
+    Case("data-not-object", "{eval} --facts {notobj}", 2, "expected an object"),
+    Case("data-blank-lines", "{eval} --facts {blank_jsonl}", 2, "holds no facts"),
+    Case("data-latin1-tsv", "{lens} --facts {latin1_tsv}", 2, "latin1.tsv, line 3: byte 0xe9"),
+    Case("data-empty-flag", "{eval} --facts=", 2, "--facts is empty"),
+    Case("data-dir-trace", "{trace} --facts {dir_jsonl}", 2, "is a folder"),
+    Case("data-empty-build", "{build} --facts {empty_jsonl}", 2, "holds no facts"),
     Case(
-        "context-trace", "{trace} --data {long} --langs en,fr", 2, "more than the model's context"
+        "context-trace", "{trace} --facts {long} --langs en,fr", 2, "more than the model's context"
     ),
-    Case("context-names-fact", "{eval} --data {long} --langs en,fr", 2, "in "),
+    Case("context-names-fact", "{eval} --facts {long} --langs en,fr", 2, "in "),
     Case("context-max-new-tokens", "{eval} --max-new-tokens 600", 2, "new tokens"),
     # ---- text folders (experts, align)
-    Case("text-misaligned", "{experts} --data {par_misaligned}", 2, "not line-aligned"),
-    Case("text-empty-dir", "{experts} --data {par_empty}", 2, "no file for language(s)"),
+    Case("text-misaligned", "{experts} --parallel {par_misaligned}", 2, "not line-aligned"),
+    Case("text-empty-dir", "{experts} --parallel {par_empty}", 2, "no file for language(s)"),
     Case(
         "text-file-not-dir",
-        "{experts} --data {par_file}",
+        "{experts} --parallel {par_file}",
         2,
-        "is a file; experts and align read a folder",
+        "is a file; --parallel takes a folder",
     ),
-    Case("text-missing-dir", "{align} --data {missing}", 2, "does not exist"),
+    Case("text-missing-dir", "{align} --parallel {missing}", 2, "does not exist"),
     Case(
         "text-missing-lang",
-        "{align} --data {par} --langs en,de",
+        "{align} --parallel {par} --langs en,de",
         2,
         "no file for language(s) ['de']",
     ),
-    Case("text-latin1-align", "{align} --data {par_latin1}", 2, "es.txt, line 4: byte 0xe9"),
-    Case("text-context", "{align} --data {par_long}", 2, "more than the model's context"),
-    Case("text-context-experts", "{experts} --data {par_long}", 2, "sentence 1 of"),
+    Case("text-latin1-align", "{align} --parallel {par_latin1}", 2, "es.txt, line 4: byte 0xe9"),
+    Case("text-context", "{align} --parallel {par_long}", 2, "more than the model's context"),
+    Case("text-context-experts", "{experts} --parallel {par_long}", 2, "sentence 1 of"),
     Case("text-max-tokens-over-ctx", "{experts} --max-tokens 600", 2, "--max-tokens 600 + bos"),
     # ---- saved artifacts
     Case("clamp-missing", "{align} --clamp {C_missing}", 2, "does not exist"),

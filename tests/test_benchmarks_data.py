@@ -363,23 +363,23 @@ def test_flores_errors(tmp_path):
 def test_cli_malformed_benchmark_is_one_line_exit_2(tmp_path, tiny_dir, capsys):
     folder = write_fixture("bmlama_bad", tmp_path / "b")
     out = tmp_path / "o"
-    args = ["eval", "--model", str(tiny_dir), "--data", str(folder), "--out", str(out)]
+    args = ["eval", "--model", str(tiny_dir), "--facts", str(folder), "--out", str(out)]
     assert main([*args, "--langs", "en,de"]) == 2
     err = capsys.readouterr().err.strip()
     assert "de.tsv, line 3" in err and len(err.splitlines()) == 1
     assert not out.exists()
     (tmp_path / "empty").mkdir()
-    assert main(["eval", "--data", str(tmp_path / "empty"), "--out", str(out)]) == 2
+    assert main(["eval", "--facts", str(tmp_path / "empty"), "--out", str(out)]) == 2
     assert "no benchmark layout was recognised" in capsys.readouterr().err
     flores = write_fixture("flores_classic", tmp_path / "f")
-    assert main(["eval", "--data", str(flores), "--langs", "en", "--out", str(out)]) == 2
+    assert main(["eval", "--facts", str(flores), "--langs", "en", "--out", str(out)]) == 2
     assert "parallel text" in capsys.readouterr().err
 
 
 def test_cli_eval_on_bmlama_records_skips(tmp_path, tiny_dir, capsys):
     folder = write_fixture("bmlama", tmp_path / "b")
     out = tmp_path / "o"
-    rc = main(["eval", "--model", str(tiny_dir), "--data", str(folder), "--langs", "en,fr,zh",
+    rc = main(["eval", "--model", str(tiny_dir), "--facts", str(folder), "--langs", "en,fr,zh",
                "--relation", "the_capital_of_x_is_y,x_is_located_in_y_today",
                "--max-new-tokens", "2", "--out", str(out), "--quiet"])  # fmt: skip
     assert rc == 0
@@ -395,22 +395,22 @@ def test_cli_eval_on_bmlama_records_skips(tmp_path, tiny_dir, capsys):
 def test_cli_experts_and_align_on_flores_parquet(tmp_path, tiny_dir):
     data = write_fixture("flores_parquet", tmp_path / "flores")
     edir = tmp_path / "edir"
-    rc = main(["experts", "--model", str(tiny_dir), "--lang", "es", "--k", "3", "--data",
-               str(data), "--langs", "en,fr,es", "--limit", "4", "--heldout", "2",
-               "--samples", "2", "--new-tokens", "2", "--ppl-budget", "1000",
+    rc = main(["experts", "--model", str(tiny_dir), "--target", "es", "--k", "3", "--parallel",
+               str(data), "--langs", "en,fr,es", "--lines", "4", "--heldout", "2",
+               "--samples", "2", "--max-new-tokens", "2", "--ppl-budget", "1000",
                "--out", str(edir), "--quiet"])  # fmt: skip
     assert rc == 0
     summ = json.loads((edir / "summary.json").read_text())
     assert summ["meta"]["langs"] == ["en", "fr", "es"]
     assert summ["meta"]["sentences_per_lang"] == 4
     out = tmp_path / "align"
-    rc = main(["align", "--model", str(tiny_dir), "--clamp", str(edir), "--data", str(data),
-               "--langs", "en,fr,es", "--split", "devtest", "--offset", "2", "--limit", "4",
+    rc = main(["align", "--model", str(tiny_dir), "--clamp", str(edir), "--parallel", str(data),
+               "--langs", "en,fr,es", "--flores-split", "devtest", "--offset", "2", "--lines", "4",
                "--out", str(out), "--quiet"])  # fmt: skip
     assert rc == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["intervals"]["n_sentences"] == 4 and "es->en" in s["retrieval_top1"]["pre"]
     # the dev split has 3 lines: an --offset past them is refused before the model loads
-    rc = main(["align", "--model", str(tiny_dir), "--clamp", str(edir), "--data", str(data),
-               "--split", "dev", "--offset", "5", "--out", str(tmp_path / "a2"), "--quiet"])  # fmt: skip
+    rc = main(["align", "--model", str(tiny_dir), "--clamp", str(edir), "--parallel", str(data),
+               "--flores-split", "dev", "--offset", "5", "--out", str(tmp_path / "a2"), "--quiet"])  # fmt: skip
     assert rc == 2

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import scipy.stats as sps
 
-from mechlingo.analyses.scoring.scorers import rankc_fact
 from mechlingo.card import lu, sundar
 from mechlingo.card.rules import CLAIMS, NOT_TESTABLE
 from mechlingo.card.stats import cluster_bootstrap, group_difference_test
@@ -28,6 +27,7 @@ from mechlingo.data.natural_parallel import (
     split_by_documents,
 )
 from mechlingo.report.card_extra import config_sentence
+from mechlingo.scoring.scorers import rankc_fact
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bmlama_invented"
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mechlingo.cli import main
+from mechlingo.cli import build_parser, main
 
 
 def test_help_lists_commands(capsys):
@@ -39,7 +39,7 @@ def test_bad_data_file(tmp_path, capsys):
     bad = tmp_path / "facts.jsonl"
     bad.write_text('{"id": "x", "relation": "capital", "lang": "en"}\n')
     assert (
-        main(["eval", "--data", str(bad), "--relation", "all", "--out", str(tmp_path / "o")]) == 2
+        main(["eval", "--facts", str(bad), "--relation", "all", "--out", str(tmp_path / "o")]) == 2
     )
     err = capsys.readouterr().err
     assert "line 1" in err
@@ -135,3 +135,75 @@ def test_report_page_opens_with_headline_then_provenance_then_collapsed_config()
     assert not config.startswith(" open") and "fact_ids" in config
     assert fmt_interval(0.5, 0.2, 0.8) == "0.500 [0.200, 0.800]"
     assert fmt_interval(None, None, None, 3) == "n/a"
+
+
+def _english_facts(path):
+    from mechlingo.data import load_facts
+
+    lines = [json.dumps({k: v for k, v in vars(f).items() if not k.startswith("_")})
+             for f in load_facts(langs=["en"], relations=["capital"], limit=3)]  # fmt: skip
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_facts_file_without_langs_is_read_in_its_own_languages(tmp_path):
+    """`eval --facts FILE` with a file of English facts and no --langs scores English (the
+    file's languages), where it used to refuse the file for lacking en,fr,de,es,ja."""
+    from mechlingo.cli.common import load_selected_facts
+    from mechlingo.core.errors import InputError
+
+    data = _english_facts(tmp_path / "en.jsonl")
+    args = build_parser().parse_args(["eval", "--facts", str(data), "--out", str(tmp_path / "o")])
+    facts = load_selected_facts(args)
+    assert {f.lang for f in facts} == {"en"} and len(facts) == 3
+    bundled = build_parser().parse_args(["eval", "--out", str(tmp_path / "o")])
+    assert {f.lang for f in load_selected_facts(bundled)} == {"en", "fr", "de", "es", "ja"}
+    trace = build_parser().parse_args(["trace", "--limit", "2", "--out", str(tmp_path / "o")])
+    assert {f.lang for f in load_selected_facts(trace)} == {"en", "fr", "de", "es"}
+    with_langs = build_parser().parse_args(
+        ["eval", "--facts", str(data), "--langs", "en,fr", "--out", str(tmp_path / "o")]
+    )
+    with pytest.raises(InputError, match="the file has languages \\['en'\\]"):
+        load_selected_facts(with_langs)  # asked for French, which the file lacks
+
+
+def test_steer_build_defaults_to_every_relation_and_says_so(tmp_path):
+    from mechlingo.cli.common import load_selected_facts
+    from mechlingo.data import RELATIONS
+
+    parser = build_parser()
+    args = parser.parse_args(["steer", "build", "--limit", "2", "--out", str(tmp_path / "v")])
+    assert {f.relation for f in load_selected_facts(args)} == set(RELATIONS)
+    ev = parser.parse_args(["steer", "eval", "--limit", "2", "--out", str(tmp_path / "v")])
+    assert {f.relation for f in load_selected_facts(ev)} == {"capital"}
+    steer = next(a for a in parser._actions if a.dest == "command").choices["steer"]
+    build = next(a for a in steer._actions if a.dest == "steer_command").choices["build"]
+    rel = next(a for a in build._actions if "--relation" in a.option_strings)
+    assert "every bundled relation" in rel.help and "capital" not in rel.help
+
+
+def test_top_level_help_names_what_each_command_writes(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "except `steer build`" in out and "`replicate` (claims.json" in out
+
+
+def test_tuned_lens_batch_size_reaches_the_heldout_kl(tmp_path, tiny_dir, monkeypatch):
+    from mechlingo.cli import tuned_lens as cli_tl
+
+    seen = []
+    real = cli_tl.lens_divergence
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("batch_size"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cli_tl, "lens_divergence", spy)
+    argv = ["tuned-lens", "--model", str(tiny_dir), "--langs", "en", "--steps", "1",
+            "--texts-per-step", "2", "--max-tokens", "8", "--lines", "6", "--heldout", "3",
+            "--batch-size", "2", "--quiet", "--out", str(tmp_path / "tl")]  # fmt: skip
+    assert main(argv) == 0
+    assert seen == [2]
+    held = json.loads((tmp_path / "tl" / "summary.json").read_text())["heldout_kl"]
+    assert held["n_texts"] == 3

@@ -8,20 +8,19 @@ import torch
 from mechlingo.activations import prefix as prefix_mod
 from mechlingo.activations.decoding import decode_cached, kv_cache_path
 from mechlingo.activations.prefix import cache_upto, decode_conditions, record_head
-from mechlingo.analyses.scoring import evaluate as ev
-from mechlingo.analyses.scoring.evaluate import (
+from mechlingo.core.tokens import TokenBatch, encode
+from mechlingo.data import load_facts
+from mechlingo.interventions.base import Gated, Intervention
+from mechlingo.interventions.steering import SteeringVector
+from mechlingo.scoring import evaluate as ev
+from mechlingo.scoring.evaluate import (
     evaluate_conditions,
     evaluate_facts,
     first_edit,
     generate_conditions,
     greedy_generate,
 )
-from mechlingo.analyses.scoring.rank import score_candidates
-from mechlingo.core.tokens import TokenBatch, encode
-from mechlingo.data import load_facts
-from mechlingo.interventions.base import Intervention
-from mechlingo.interventions.gate import Gated
-from mechlingo.interventions.steering import SteeringVector
+from mechlingo.scoring.rank import score_candidates
 
 from .conftest import count_hooks
 from .test_scoring import FACTS

@@ -369,7 +369,7 @@ def test_cli_trains_a_lens_and_reads_with_every_decoder(tiny_dir, tmp_path):
     text.write_text("\n".join(TEXTS), encoding="utf-8")
     lens_dir = tmp_path / "lens"
     args = ["tuned-lens", "--model", str(tiny_dir), "--text-file", str(text), "--steps", "2",
-            "--texts-per-step", "4", "--lines", "0:12", "--heldout", "12:18", "--quiet",
+            "--texts-per-step", "4", "--lines", "12", "--heldout", "6", "--quiet",
             "--out", str(lens_dir)]  # fmt: skip
     assert main(args) == 0
     held = json.loads((lens_dir / "summary.json").read_text())["heldout_kl"]

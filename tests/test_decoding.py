@@ -8,10 +8,10 @@ import torch
 
 import mechlingo.activations.decoding as decoding
 from mechlingo.activations.decoding import decode, kv_cache_path, sample_from_bos
-from mechlingo.analyses.scoring.evaluate import greedy_generate
 from mechlingo.core.tokens import current_columns, encode
 from mechlingo.data import load_facts
 from mechlingo.interventions import Ablation, InterventionError, NeuronClamp, SteeringVector
+from mechlingo.scoring.evaluate import greedy_generate
 
 from .conftest import count_hooks
 
@@ -200,6 +200,12 @@ def test_bad_lengths_refused(tiny):
     with pytest.raises(ValueError, match="batch_size"):
         greedy_generate(tiny, ["ab"], batch_size=0)
     assert decode(tiny, encode(tiny, ["ab"]), max_new_tokens=0) == [[]]
+    # the decoding rule's keywords are checked as named arguments are: a misspelt or a
+    # missing one is a TypeError, not silently a default
+    with pytest.raises(TypeError, match="max_new_tokens"):
+        decode(tiny, encode(tiny, ["ab"]), max_new_tokens=2, fwd_hook=[])
+    with pytest.raises(TypeError, match="max_new_tokens"):
+        decode(tiny, encode(tiny, ["ab"]))
 
 
 def test_plain_padded_run_needs_the_batch(tiny):

@@ -276,7 +276,7 @@ def test_experts_command_under_torchrun_equals_one_process(tiny_dir, tmp_path):
         "fr": ["La capitale de l'Italie est Rome.", "Il pleut.", "Rome est ancienne.", "Salut."],
     }.items():
         (data / f"{lang}.txt").write_text("\n".join(lines) + "\n")
-    args = ["experts", "--model", str(tiny_dir), "--lang", "es", "--k", "4", "--data",
+    args = ["experts", "--model", str(tiny_dir), "--target", "es", "--k", "4", "--parallel",
             str(data), "--langs", "en,es,fr", "--no-curve", "--quiet"]  # fmt: skip
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -298,13 +298,13 @@ SCORING_WORKER = textwrap.dedent(
     """
     import json, sys, torch
     from mechlingo.activations.distributed import process_group, sharded_scoring
-    from mechlingo.analyses.scoring.evaluate import evaluate_conditions, evaluate_facts
+    from mechlingo.scoring.evaluate import evaluate_conditions, evaluate_facts
     from mechlingo.core.models import load_model
     from mechlingo.data import load_facts
     from mechlingo.interventions import SteeringVector
     from tests.test_distributed import scoring_inputs
 
-    import mechlingo.analyses.scoring.evaluate as ev
+    import mechlingo.scoring.evaluate as ev
 
     torch.set_grad_enabled(False)
     model_dir, out_dir = sys.argv[1], sys.argv[2]
@@ -344,7 +344,7 @@ def test_two_processes_score_like_one(tiny, tiny_dir, tmp_path):
     one-process records, on every rank."""
     import json
 
-    from mechlingo.analyses.scoring.evaluate import evaluate_conditions, evaluate_facts
+    from mechlingo.scoring.evaluate import evaluate_conditions, evaluate_facts
 
     script = tmp_path / "worker.py"
     script.write_text(SCORING_WORKER)

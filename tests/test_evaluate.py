@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechlingo.analyses.scoring.evaluate import (
+from mechlingo.scoring.evaluate import (
     evaluate_facts,
     greedy_generate,
     is_correct,

@@ -316,8 +316,8 @@ def test_cli_experts_then_align(tmp_path, tiny_dir):
     data = _write_data(tmp_path / "data")
     edir = tmp_path / "edir"
     rc = main(
-        ["experts", "--model", str(tiny_dir), "--lang", "es", "--k", "3,5", "--data", str(data),
-         "--limit", "4", "--heldout", "2", "--samples", "3", "--new-tokens", "3",
+        ["experts", "--model", str(tiny_dir), "--target", "es", "--k", "3,5", "--parallel", str(data),
+         "--lines", "4", "--heldout", "2", "--samples", "3", "--max-new-tokens", "3",
          "--ppl-budget", "1000", "--out", str(edir), "--quiet"]
     )  # fmt: skip
     assert rc == 0
@@ -352,11 +352,11 @@ def test_cli_experts_then_align(tmp_path, tiny_dir):
             str(tiny_dir),
             "--clamp",
             str(edir),
-            "--data",
+            "--parallel",
             str(data),
             "--offset",
             "2",
-            "--limit",
+            "--lines",
             "4",
             "--out",
             str(out),
@@ -386,8 +386,8 @@ def test_cli_experts_then_align(tmp_path, tiny_dir):
     assert iv["metrics"]["between_languages"]["control"]["mean"] == pytest.approx(d, abs=1e-5)
     assert iv["pairs"]["post"]["es->en"]["n"] == 4
     # side effects of the chosen clamp against its random-neuron control
-    rc = main(["align", "--model", str(tiny_dir), "--clamp", str(edir), "--data", str(data),
-               "--offset", "2", "--limit", "4", "--side-effects", "2", "--out",
+    rc = main(["align", "--model", str(tiny_dir), "--clamp", str(edir), "--parallel", str(data),
+               "--offset", "2", "--lines", "4", "--side-effects", "--side-effects-lines", "2", "--out",
                str(tmp_path / "align-se"), "--quiet"])  # fmt: skip
     se = json.loads((tmp_path / "align-se" / "summary.json").read_text())["side_effects"]
     assert rc == 0 and {r["arm"] for r in se["rows"]} == {"intervention", "control"}
@@ -397,8 +397,8 @@ def test_cli_experts_then_align(tmp_path, tiny_dir):
     (edir / "summary.json").write_text(json.dumps(summ))
     out2 = tmp_path / "align2"
     rc = main(
-        ["align", "--model", str(tiny_dir), "--clamp", str(edir), "--data", str(data),
-         "--offset", "2", "--limit", "4", "--out", str(out2), "--quiet"]
+        ["align", "--model", str(tiny_dir), "--clamp", str(edir), "--parallel", str(data),
+         "--offset", "2", "--lines", "4", "--out", str(out2), "--quiet"]
     )  # fmt: skip
     assert rc == 2 and not out2.exists()
 
@@ -414,11 +414,11 @@ def test_cli_errors_leave_nothing(tmp_path, tiny_dir, capsys):
                 "experts",
                 "--model",
                 str(tiny_dir),
-                "--lang",
+                "--target",
                 "de",
                 "--k",
                 "10",
-                "--data",
+                "--parallel",
                 str(data),
                 "--out",
                 str(out),
@@ -433,11 +433,11 @@ def test_cli_errors_leave_nothing(tmp_path, tiny_dir, capsys):
                 "experts",
                 "--model",
                 str(tiny_dir),
-                "--lang",
+                "--target",
                 "es",
                 "--k",
                 "x",
-                "--data",
+                "--parallel",
                 str(data),
                 "--out",
                 str(out),
@@ -453,7 +453,7 @@ def test_cli_errors_leave_nothing(tmp_path, tiny_dir, capsys):
                 str(tiny_dir),
                 "--clamp",
                 str(tmp_path / "nope"),
-                "--data",
+                "--parallel",
                 str(data),
                 "--out",
                 str(out),

@@ -487,11 +487,11 @@ def test_utf16_data_file_on_the_command_line(work, tiny_dir, facts, capsys):
     write_jsonl(facts, work / "f.jsonl")
     (work / "f16.jsonl").write_bytes((work / "f.jsonl").read_text("utf-8").encode("utf-16"))
     old = _tree(work / "out")
-    status, err = _cli(_lens(tiny_dir, "--data", "f16.jsonl"), capsys)
+    status, err = _cli(_lens(tiny_dir, "--facts", "f16.jsonl"), capsys)
     assert status == 2 and "UTF-16" in _one_line(err) and "iconv" in err, err
     assert _tree(work / "out") == old
     (work / "fbom.jsonl").write_bytes(_as_other_tool((work / "f.jsonl").read_text("utf-8")))
-    status, err = _cli(_lens(tiny_dir, "--data", "fbom.jsonl"), capsys)
+    status, err = _cli(_lens(tiny_dir, "--facts", "fbom.jsonl"), capsys)
     assert status == 0, err[-3000:]
 
 
@@ -513,9 +513,9 @@ def _commands(T: str) -> list[list[str]]:
          "--split", "0.6,0.2,0.2", "--out", "vec"],
         ["steer", "eval", *common, "--vectors", "vec", "--langs", "en,fr", "--limit", "16",
          "--split", "0.6,0.2,0.2", "--config", "0,4,1,4", "--max-new-tokens", "3",
-         "--seeds", "0,1", "--out", "steer"],
-        ["experts", *common, "--langs", "en,es,fr", "--lang", "es", "--limit", "8",
-         "--k", "5,10", "--heldout", "4", "--samples", "4", "--new-tokens", "3",
+         "--control-seeds", "0,1", "--out", "steer"],
+        ["experts", *common, "--langs", "en,es,fr", "--target", "es", "--lines", "8",
+         "--k", "5,10", "--heldout", "4", "--samples", "4", "--max-new-tokens", "3",
          "--out", "experts"],
     ]  # fmt: skip
 
@@ -616,13 +616,13 @@ def test_k_numbers_do_not_depend_on_the_other_ks(reruns, monkeypatch):
 
 
 def test_random_control_seed_does_not_depend_on_the_other_seeds(reruns, monkeypatch):
-    """``steer eval --seeds 0,1`` and ``--seeds 1,2``: every number and every generation of
+    """``steer eval --control-seeds 0,1`` and ``--control-seeds 1,2``: every number and every generation of
     ``random_s1`` (and of the other conditions) is identical; at this alpha the two seeds'
     generations differ, so the comparison can fail."""
     here, _, T = reruns
     monkeypatch.chdir(here)
     argv = _commands(T)[3]
-    argv[argv.index("--seeds") + 1] = "1,2"
+    argv[argv.index("--control-seeds") + 1] = "1,2"
     argv[argv.index("--out") + 1] = "steer12"
     assert main(argv) == 0
     a = json.loads((here / "steer" / "summary.json").read_text())
@@ -669,9 +669,9 @@ def test_streams_do_not_collide(tiny):
     used to be ``seed`` and ``seed + 1``: the diff control of seed 0 was the task control of
     seed 1), and a neuron clamp's random control picks each layer's neurons from that
     layer's own stream."""
-    from mechlingo.analyses.scoring.side_effects import random_control
     from mechlingo.core.faults import derive_seed
     from mechlingo.interventions import Compose, NeuronClamp, SteeringVector, random_like
+    from mechlingo.scoring.side_effects import random_control
 
     v = torch.randn(64, generator=torch.Generator().manual_seed(0))
     keys = [derive_seed(s, role) for s in range(50) for role in ("task", "diff")]

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from mechlingo.activations.runs import run_batch
-from mechlingo.analyses.scoring.evaluate import greedy_generate
 from mechlingo.core.tokens import encode
 from mechlingo.data import LANGS, few_shot_prompt, load_facts
 from mechlingo.data.langid import identify_language
@@ -17,6 +16,7 @@ from mechlingo.interventions import (
     SteeringVector,
     load_intervention,
 )
+from mechlingo.scoring.evaluate import greedy_generate
 
 from .conftest import count_hooks
 

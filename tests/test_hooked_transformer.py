@@ -224,7 +224,7 @@ def test_generation_recomputes_the_prefix_on_a_hooked_transformer(ht):
     """A HookedTransformer has no transformers cache to drive: decoding takes the uncached
     path, and a mixed-length batch still equals one prompt at a time."""
     from mechlingo.activations.decoding import kv_cache_path
-    from mechlingo.analyses.scoring.evaluate import greedy_generate
+    from mechlingo.scoring.evaluate import greedy_generate
 
     assert kv_cache_path(ht) == "none"
     batched = greedy_generate(ht, PROMPTS, max_new_tokens=3, stop_at_newline=False)

@@ -540,7 +540,7 @@ def _cli_refuses(argv: list[str], tmp_path: Path, capsys, fragment: str) -> None
 def test_cli_hostile_facts_file(tiny_dir, tmp_path, capsys):
     f = tmp_path / "facts.jsonl"
     f.write_text("[" * 100_000 + "]" * 100_000 + "\n")
-    _cli_refuses(["eval", "--model", str(tiny_dir), "--data", str(f), "--quiet"], tmp_path,
+    _cli_refuses(["eval", "--model", str(tiny_dir), "--facts", str(f), "--quiet"], tmp_path,
                  capsys, "deeper than")  # fmt: skip
 
 
@@ -555,7 +555,7 @@ def test_cli_hostile_clamp(tiny_dir, tiny, tmp_path, capsys):
     c = NeuronClamp({0: [1, 2]}, 3.0).save(tmp_path / "clamp", tiny)
     (c / "intervention.json").unlink()
     (c / "intervention.json").symlink_to("/etc/hostname")
-    _cli_refuses(["align", "--model", str(tiny_dir), "--langs", "en,es", "--limit", "4",
+    _cli_refuses(["align", "--model", str(tiny_dir), "--langs", "en,es", "--lines", "4",
                   "--clamp", str(c), "--quiet"], tmp_path, capsys, "points outside")  # fmt: skip
 
 

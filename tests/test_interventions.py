@@ -9,18 +9,20 @@ import torch
 
 import mechlingo
 from mechlingo.activations.runs import run_batch
-from mechlingo.analyses.scoring.evaluate import greedy_generate
 from mechlingo.core.tokens import encode
 from mechlingo.interventions import (
     Ablation,
     Compose,
+    Gated,
     InterventionError,
     ModelMismatchError,
     NeuronClamp,
     SteeringVector,
+    intervention_hooks,
     load_intervention,
     model_info,
 )
+from mechlingo.scoring.evaluate import greedy_generate
 
 from .conftest import count_hooks
 
@@ -351,3 +353,46 @@ def test_an_intervention_saved_before_the_base_loads_and_acts_the_same(tiny):
         torch.arange(2), batch.lengths - 1
     ]
     assert not torch.allclose(last, clean)  # the fixture really intervenes
+
+
+def test_plus_and_only_for_build_the_classes_without_the_registry(monkeypatch, tmp_path):
+    """``+`` and ``only_for`` name Compose and Gated directly: with the saved-kind registry
+    emptied they still build them, while restoring a saved kind (the registry's one use)
+    then fails."""
+    from mechlingo.interventions import base
+
+    a = SteeringVector(torch.ones(8), 0, 1.0)
+    b = SteeringVector(torch.zeros(8), 1, 2.0)
+    saved = (a + b).save(tmp_path / "ab")
+    monkeypatch.setattr(base, "_REGISTRY", {})
+    both = a + b
+    assert type(both) is Compose and both.parts == [a, b]
+    gated = both.only_for({"fr"}, exclude=True)
+    assert type(gated) is Gated and gated.inner is both and gated.exclude
+    assert gated.langs == frozenset({"fr"})
+    with pytest.raises(InterventionError, match="unknown intervention"):
+        load_intervention(saved)
+
+
+def test_intervention_hooks_order_and_effect(tiny, toks):
+    """The intervention's hooks come first, then the extra hooks, which therefore read the
+    steered activation; without an intervention the extra hooks alone, in a new list."""
+    v = torch.randn(tiny.cfg.d_model, generator=torch.Generator().manual_seed(3))
+    sv = SteeringVector(v, 1, 2.0, positions="all")
+    name = "blocks.1.hook_resid_pre"
+    seen = {}
+
+    def grab(t, hook):
+        seen["x"] = t.detach().clone()
+
+    extra = [(name, grab)]
+    hooks = intervention_hooks(tiny, sv, extra)
+    assert [n for n, _ in hooks] == [n for n, _ in sv.fwd_hooks(tiny)] + [name]
+    assert hooks[-1][1] is grab
+    tiny.run_with_hooks(toks, fwd_hooks=hooks)
+    clean = _read(tiny, name, tokens=toks)
+    diff = (seen["x"] - clean)[:, 1:]  # "all" leaves the BOS token alone
+    torch.testing.assert_close(diff, (2.0 * v).expand_as(diff), rtol=1e-5, atol=1e-5)
+    alone = intervention_hooks(tiny, None, extra)
+    assert alone == extra and alone is not extra
+    assert intervention_hooks(tiny, None) == []

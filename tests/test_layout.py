@@ -1,6 +1,6 @@
 """The tiered package: the architecture contract holds and catches violations (upward
 imports, cycles, imports inside functions, long functions, eager plotly imports below the
-report layer); figures are plain function calls (no string registry: a result's ``fig_*``
+report layer, modules over 800 lines, modules imported by a run-time name); figures are plain function calls (no string registry: a result's ``fig_*``
 method calls :mod:`mechlingo.viz` directly, viz imports no higher layer and plotly only when it
 draws); and the entry points (console script, ``python -m``) run. What each figure draws is
 checked against its result's arrays in ``test_viz.py``."""
@@ -38,15 +38,95 @@ def test_top_level_names():
         assert getattr(mechlingo, name) is not None, name
 
 
+# Offenders of the two rules added in issue 37 that other branches of that round remove (the
+# four modules are being split; card/replicate's import_module is replaced). Until they are
+# merged this test tolerates exactly these, and no other; delete the set at the merge.
+IN_FLIGHT = {
+    "long modules": {
+        "mechlingo.analyses.recall.attribution",
+        "mechlingo.analyses.recall.steer_eval",
+        "mechlingo.analyses.recall.transfer",
+        "mechlingo.data.benchmarks",
+    },
+    "dynamic imports": {"mechlingo.card.replicate"},
+}
+
+
 def test_contract_holds_on_the_package():
     found = check_layers.problems(check_layers.scan())
+    for kind, modules in IN_FLIGHT.items():
+        left = [f for f in found[kind] if f.split(" ")[0].split(":")[0] not in modules]
+        assert left == [], kind
+        found[kind] = []
     assert found == {
         "upward": [],
         "cycles": [],
         "function imports": [],
         "long": [],
         "eager imports": [],
+        "long modules": [],
+        "dynamic imports": [],
     }
+
+
+def test_contract_limits_a_module_to_800_lines(tmp_path):
+    root = _fake_package(
+        tmp_path,
+        {
+            "core/__init__.py": "",
+            "core/ok.py": "x = 1\n" * 800,
+            "core/big.py": "x = 1\n" * 801,
+        },
+    )
+    found = check_layers.problems(check_layers.scan(root))
+    assert found["long modules"] == ["mechlingo.core.big has 801 lines (max 800)"]
+    assert check_layers.main(["--root", str(root)]) == 1
+    (root / "core" / "big.py").write_text("x = 1\n" * 800)
+    assert check_layers.main(["--root", str(root)]) == 0
+
+
+def test_contract_refuses_a_mechlingo_module_imported_by_a_run_time_name(tmp_path):
+    root = _fake_package(
+        tmp_path,
+        {
+            "core/__init__.py": "",
+            "core/x.py": "y = 1\n",
+            "core/a.py": 'import importlib\n\nm = importlib.import_module("mechlingo.core.x")\n',
+            "core/b.py": "from importlib import import_module\n\n\ndef f(name):\n"
+            "    return import_module(name)\n",
+            "core/c.py": 'm = __import__("mechlingo.core.x")\n',
+            "core/d.py": 'import importlib\n\nm = importlib.import_module(".x", "mechlingo.core")\n',
+            "core/ok.py": 'import importlib\n\nj = importlib.import_module("json")\n',
+        },
+    )
+    found = check_layers.problems(check_layers.scan(root))
+    assert [f.split(" by ")[0] for f in found["dynamic imports"]] == [
+        "mechlingo.core.a:3 imports 'mechlingo.core.x'",
+        "mechlingo.core.b:5 imports a name computed at run time",
+        "mechlingo.core.c:1 imports 'mechlingo.core.x'",
+        "mechlingo.core.d:3 imports '.x'",
+    ]
+    assert check_layers.main(["--root", str(root)]) == 1
+
+
+def test_contract_lets_only_the_package_init_load_mechlingo_modules_lazily(tmp_path):
+    """``mechlingo/__init__.py`` may import mechlingo modules inside functions (its PEP 562
+    loaders); those imports still count for the layers and cycles; no other module may."""
+    loader = "\n\ndef _x():\n    from mechlingo.core import x\n\n    return x\n"
+    root = _fake_package(
+        tmp_path,
+        {
+            "__init__.py": loader,
+            "core/__init__.py": "",
+            "core/x.py": "y = 1\n",
+            "data/__init__.py": "",
+            "data/late.py": loader,
+        },
+    )
+    scans = check_layers.scan(root)
+    found = check_layers.problems(scans)
+    assert found["function imports"] == ["mechlingo.data.late:4 imports mechlingo.core.x"]
+    assert "mechlingo.core.x" in check_layers.graph(scans)["mechlingo"]
 
 
 def _fake_package(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -181,7 +261,7 @@ def test_import_stays_light_and_plotly_loads_on_first_figure():
         "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
         "        importlib.import_module(m.name)\n"
         "assert 'plotly' not in sys.modules, 'plotly loaded before any figure was drawn'\n"
-        "from mechlingo.analyses.scoring.evaluate import EvalResult\n"
+        "from mechlingo.scoring.evaluate import EvalResult\n"
         "EvalResult([{'lang': 'en', 'correct': True}]).fig_accuracy()\n"
         "assert 'plotly' in sys.modules\n"
         "print('ok')\n"

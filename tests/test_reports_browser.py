@@ -47,10 +47,10 @@ def reports(tiny_dir, tmp_path_factory) -> dict[str, Path]:
         "steer": ["steer", "eval", *model, *facts, "--limit", "24", "--vectors",
                   str(root / "vectors"), "--config", "0,1,1,1", "--test-per-lang", "2",
                   "--max-new-tokens", "2"],
-        "experts": ["experts", *model, "--lang", "es", "--k", "3", "--data", str(data),
-                    "--limit", "4", "--heldout", "2", "--samples", "2", "--new-tokens", "3"],
-        "align": ["align", *model, "--clamp", str(root / "experts" / "es-k3"), "--data",
-                  str(data), "--offset", "2", "--limit", "4"],
+        "experts": ["experts", *model, "--target", "es", "--k", "3", "--parallel", str(data),
+                    "--lines", "4", "--heldout", "2", "--samples", "2", "--max-new-tokens", "3"],
+        "align": ["align", *model, "--clamp", str(root / "experts" / "es-k3"), "--parallel",
+                  str(data), "--offset", "2", "--lines", "4"],
     }  # fmt: skip
     for name, args in runs.items():
         assert main([*args, "--out", str(root / name)]) == 0, name

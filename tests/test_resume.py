@@ -119,8 +119,8 @@ def test_steer_eval_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch,
         (lines / f"{lg}.txt").write_text(f"{text}\n{text} again\n", "utf-8")
     grid = ["--task-layers", "0", "--diff-layers", "1", "--task-alphas", "0.1,0.5",
             "--diff-alphas", "0.5", "--top-k", "1", "--screen-ids", "2", "--max-new-tokens",
-            "2", "--seeds", "0,1", "--repeats", "2", "--side-effects", str(lines),
-            "--side-effects-lines", "2"]  # fmt: skip
+            "2", "--control-seeds", "0,1", "--repeats", "2", "--side-effects", "--parallel",
+            str(lines), "--side-effects-lines", "2"]  # fmt: skip
 
     def run(out: str, *extra: str) -> int:
         return main(["steer", "eval", *common, "--vectors", str(vdir), *grid, *extra,
@@ -177,9 +177,9 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
     data = _write_data(tmp_path / "data")
 
     def run(out: str, *extra: str) -> int:
-        return main(["experts", "--model", str(tiny_dir), "--lang", "es", "--k", "3,5",
-                     "--data", str(data), "--limit", "4", "--heldout", "2", "--samples", "3",
-                     "--new-tokens", "3", "--ppl-budget", "1000", "--quiet", *extra,
+        return main(["experts", "--model", str(tiny_dir), "--target", "es", "--k", "3,5",
+                     "--parallel", str(data), "--lines", "4", "--heldout", "2", "--samples", "3",
+                     "--max-new-tokens", "3", "--ppl-budget", "1000", "--quiet", *extra,
                      "--out", str(tmp_path / out)])  # fmt: skip
 
     assert run("full", "--resume") == 0  # --resume with no work folder just runs
@@ -324,7 +324,7 @@ def vectors(tiny_dir, tmp_path_factory) -> Path:
 
 _EVAL = ["--langs", "en,fr,de", "--limit", "30", "--quiet", "--task-layers", "0",
          "--diff-layers", "1", "--task-alphas", "0.5", "--diff-alphas", "0.5", "--top-k", "1",
-         "--screen-ids", "2", "--max-new-tokens", "2", "--seeds", "0,1"]  # fmt: skip
+         "--screen-ids", "2", "--max-new-tokens", "2", "--control-seeds", "0,1"]  # fmt: skip
 
 
 def test_kill_steer_eval(tiny_dir, vectors, tmp_path, monkeypatch):
@@ -342,8 +342,8 @@ def test_kill_steer_eval_transfer(tiny_dir, vectors, tmp_path, monkeypatch):
 
 def test_kill_experts(tiny_dir, tmp_path, monkeypatch):
     data = _lines(tmp_path / "data")
-    argv = ["experts", "--model", str(tiny_dir), "--lang", "es", "--k", "3,5", "--data",
-            str(data), "--limit", "4", "--heldout", "2", "--samples", "3", "--new-tokens", "3",
+    argv = ["experts", "--model", str(tiny_dir), "--target", "es", "--k", "3,5", "--parallel",
+            str(data), "--lines", "4", "--heldout", "2", "--samples", "3", "--max-new-tokens", "3",
             "--ppl-budget", "1000", "--quiet"]  # fmt: skip
     _kill_and_rerun(argv, tmp_path, monkeypatch, "experts")
 
@@ -353,14 +353,15 @@ def test_kill_align(tiny_dir, tiny, tmp_path, monkeypatch):
 
     data = _lines(tmp_path / "data")
     clamp = NeuronClamp({0: [1, 2]}, 3.0).save(tmp_path / "clamp", tiny)
-    argv = ["align", "--model", str(tiny_dir), "--data", str(data), "--limit", "6",
+    argv = ["align", "--model", str(tiny_dir), "--parallel", str(data), "--lines", "6",
             "--clamp", str(clamp), "--quiet"]  # fmt: skip
     _kill_and_rerun(argv, tmp_path, monkeypatch, "align")
 
 
 def test_kill_tuned_lens(tiny_dir, tmp_path, monkeypatch):
     argv = ["tuned-lens", "--model", str(tiny_dir), "--langs", "en,fr", "--steps", "3",
-            "--texts-per-step", "2", "--max-tokens", "8", "--heldout", "0:4", "--quiet"]  # fmt: skip
+            "--texts-per-step", "2", "--max-tokens", "8", "--lines", "8", "--heldout", "4",
+            "--quiet"]  # fmt: skip
     _kill_and_rerun(argv, tmp_path, monkeypatch, "tuned-lens")
 
 
@@ -388,8 +389,8 @@ def test_kill_experts_under_torchrun(tiny_dir, tmp_path, monkeypatch):
     from tests.test_distributed import _free_port
 
     data = _lines(tmp_path / "data")
-    argv = ["experts", "--model", str(tiny_dir), "--lang", "es", "--k", "3,5", "--data",
-            str(data), "--limit", "4", "--heldout", "2", "--samples", "3", "--new-tokens", "3",
+    argv = ["experts", "--model", str(tiny_dir), "--target", "es", "--k", "3,5", "--parallel",
+            str(data), "--lines", "4", "--heldout", "2", "--samples", "3", "--max-new-tokens", "3",
             "--ppl-budget", "1000", "--quiet"]  # fmt: skip
     monkeypatch.setenv("MECHLINGO_STAGE_LOG", str(tmp_path / "one.log"))
     assert main([*argv, "--out", str(tmp_path / "one")]) == 0

@@ -16,9 +16,14 @@ import pytest
 import torch
 
 from mechlingo.analyses.recall import headroom
-from mechlingo.analyses.scoring.evaluate import evaluate_facts
-from mechlingo.analyses.scoring.rank import candidate_layout, score_candidates
-from mechlingo.analyses.scoring.scorers import (
+from mechlingo.core.errors import InputError
+from mechlingo.core.sites import resolve_site
+from mechlingo.data import Fact, load_facts
+from mechlingo.data.splits import split_facts
+from mechlingo.interventions import Ablation, Compose, NeuronClamp, SteeringVector
+from mechlingo.scoring.evaluate import evaluate_facts
+from mechlingo.scoring.rank import candidate_layout, score_candidates
+from mechlingo.scoring.scorers import (
     SKIP_GOLD_MISSING,
     SKIP_NO_CANDIDATES,
     SKIP_NO_STEM,
@@ -30,11 +35,6 @@ from mechlingo.analyses.scoring.scorers import (
     rankc,
     rankc_fact,
 )
-from mechlingo.core.errors import InputError
-from mechlingo.core.sites import resolve_site
-from mechlingo.data import Fact, load_facts
-from mechlingo.data.splits import split_facts
-from mechlingo.interventions import Ablation, Compose, NeuronClamp, SteeringVector
 from tests.conftest import count_hooks
 
 
@@ -363,7 +363,7 @@ def test_steer_eval_under_rank_on_tiny(tiny_dir, tmp_path):
     facts = _with_candidates(load_facts(langs=["en", "fr", "de"], relations=["capital"],
                                         limit=24, templates="natural"))  # fmt: skip
     data = _cloze_jsonl(tmp_path / "cloze.jsonl", facts)
-    common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--data", str(data), "--quiet"]
+    common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--facts", str(data), "--quiet"]
     vdir, out = tmp_path / "v", tmp_path / "e"
     assert main(["steer", "build", *common, "--k-shot", "2", "--out", str(vdir)]) == 0
     grid = ["--task-layers", "0", "--diff-layers", "1", "--task-alphas", "0.5",
@@ -441,7 +441,7 @@ def test_eval_rank_and_klar_on_the_embedded_model(tmp_path, gemma, monkeypatch):
         ),
     ]
     data = _cloze_jsonl(tmp_path / "cloze.jsonl", facts)
-    common = ["eval", "--data", str(data), "--langs", "en,fr", "--quiet"]
+    common = ["eval", "--facts", str(data), "--langs", "en,fr", "--quiet"]
     assert main([*common, "--metric", "rank", "--out", str(tmp_path / "r")]) == 0
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["metric"]["metric"] == "rank" and s["skipped"] == {}
@@ -459,7 +459,7 @@ def test_eval_rank_and_klar_on_the_embedded_model(tmp_path, gemma, monkeypatch):
 
 @pytest.mark.slow
 def test_eval_on_benchmark_fixture_folders(tmp_path, gemma, monkeypatch):
-    """`eval --data BMLAMA_DIR --metric rank` and `eval --data KLAR_DIR --metric klar` read the
+    """`eval --facts BMLAMA_DIR --metric rank` and `eval --facts KLAR_DIR --metric klar` read the
     benchmark layouts (hand-written fixtures, tests/bench_fixtures.py) and write a report."""
     from mechlingo.cli import evaluate, main
     from mechlingo.cli.validate import check_after_load
@@ -471,14 +471,14 @@ def test_eval_on_benchmark_fixture_folders(tmp_path, gemma, monkeypatch):
 
     monkeypatch.setattr(evaluate, "load_cli_model", session_model)
     bm = write_fixture("bmlama", tmp_path / "bm")
-    assert main(["eval", "--data", str(bm), "--langs", "en,ja", "--metric", "rank",
+    assert main(["eval", "--facts", str(bm), "--langs", "en,ja", "--metric", "rank",
                  "--quiet", "--out", str(tmp_path / "r")]) == 0  # fmt: skip
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["metric"]["metric"] == "rank" and s["meta"]["data_format"] == "bmlama"
     assert s["accuracy_ci"]["en"]["n"] == s["accuracy_ci"]["ja"]["n"] > 0
     assert "en|ja" in s["rankc"] and (tmp_path / "r" / "report.html").is_file()
     klar = write_fixture("klar", tmp_path / "klar")
-    assert main(["eval", "--data", str(klar), "--langs", "en,fr", "--metric", "klar",
+    assert main(["eval", "--facts", str(klar), "--langs", "en,fr", "--metric", "klar",
                  "--quiet", "--out", str(tmp_path / "k")]) == 0  # fmt: skip
     s = json.loads((tmp_path / "k" / "summary.json").read_text())
     assert s["metric"]["metric"] == "klar" and s["meta"]["data_format"] == "klar"
@@ -509,7 +509,7 @@ def test_eval_cli_counts_skips_and_refuses_a_metric_that_scores_nothing(tiny_dir
     plain = Fact("capital/9", "capital", "en", "The", "The capital of Peru is", "Lima",
                  subject_span=(0, 3))  # fmt: skip
     data = _cloze_jsonl(tmp_path / "mixed.jsonl", [*FACTS[:2], plain])
-    common = ["eval", "--model", str(tiny_dir), "--data", str(data), "--langs", "en"]
+    common = ["eval", "--model", str(tiny_dir), "--facts", str(data), "--langs", "en"]
     out = tmp_path / "r"
     assert main([*common, "--metric", "rank", "--quiet", "--out", str(out)]) == 0
     s = json.loads((out / "summary.json").read_text())
@@ -518,6 +518,6 @@ def test_eval_cli_counts_skips_and_refuses_a_metric_that_scores_nothing(tiny_dir
     assert s["p_at_1"]["en"]["n"] == 2 and "Skipped under rank" in (out / "report.html").read_text()
     only_plain = _cloze_jsonl(tmp_path / "plain.jsonl", [plain])
     bad = tmp_path / "bad"
-    args = ["eval", "--model", str(tiny_dir), "--data", str(only_plain), "--langs", "en"]
+    args = ["eval", "--model", str(tiny_dir), "--facts", str(only_plain), "--langs", "en"]
     assert main([*args, "--metric", "rank", "--quiet", "--out", str(bad)]) == 2
     assert not bad.exists()

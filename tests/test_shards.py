@@ -182,7 +182,7 @@ def test_cli_out_of_core_equals_in_memory(tiny_dir, tmp_path, capsys):
     from mechlingo.cli import main
 
     data = _data(tmp_path / "data")
-    args = ["experts", "--model", str(tiny_dir), "--lang", "es", "--k", "4", "--data",
+    args = ["experts", "--model", str(tiny_dir), "--target", "es", "--k", "4", "--parallel",
             str(data), "--no-curve", "--quiet"]  # fmt: skip
     assert main([*args, "--out", str(tmp_path / "mem")]) == 0
     shards = tmp_path / "shards"
@@ -202,7 +202,7 @@ def test_cli_out_of_core_under_torchrun_equals_one_process(tiny_dir, tmp_path):
     from mechlingo.cli import main
 
     data = _data(tmp_path / "data")
-    args = ["experts", "--model", str(tiny_dir), "--lang", "es", "--k", "4", "--data",
+    args = ["experts", "--model", str(tiny_dir), "--target", "es", "--k", "4", "--parallel",
             str(data), "--no-curve", "--quiet"]  # fmt: skip
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
     with socket.socket() as s:

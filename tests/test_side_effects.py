@@ -12,13 +12,6 @@ import pytest
 import torch
 
 from mechlingo.activations.likelihood import line_nll, perplexity
-from mechlingo.analyses.scoring.evaluate import evaluate_facts, greedy_generate
-from mechlingo.analyses.scoring.side_effects import (
-    SideEffectsError,
-    line_prefix,
-    random_control,
-    side_effects,
-)
 from mechlingo.data import load_facts
 from mechlingo.data.langid import identify_languages
 from mechlingo.interventions import (
@@ -28,6 +21,13 @@ from mechlingo.interventions import (
     SteeringVector,
     intervene,
     load_intervention,
+)
+from mechlingo.scoring.evaluate import evaluate_facts, greedy_generate
+from mechlingo.scoring.side_effects import (
+    SideEffectsError,
+    line_prefix,
+    random_control,
+    side_effects,
 )
 from tests.conftest import NTREX, count_hooks
 

@@ -23,9 +23,9 @@ from mechlingo.analyses.recall.settings import (
     layers_at,
     matrix_layers,
 )
-from mechlingo.analyses.scoring.evaluate import decided, evaluate_facts, is_correct
 from mechlingo.data import LANGS, RELATIONS, load_facts, natural_templates
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
+from mechlingo.scoring.evaluate import decided, evaluate_facts, is_correct
 
 # --------------------------------------------------------------------------------------
 # Statistics
@@ -268,6 +268,7 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
             "--max-new-tokens",
             "2",
             "--side-effects",
+            "--parallel",
             str(lines),
             "--side-effects-lines",
             "2",
@@ -354,7 +355,7 @@ def test_steer_eval_cli_writes_what_run_protocol_writes(tiny, tiny_dir, tmp_path
                 "--vectors",
                 str(vdir),
                 *grid,
-                "--seeds",
+                "--control-seeds",
                 "0,1",
                 "--repeats",
                 "2",

@@ -20,12 +20,12 @@ from mechlingo.analyses.recall.steering import (
     score_at_config,
     vectors_from_means,
 )
-from mechlingo.analyses.scoring.evaluate import greedy_generate
 from mechlingo.core.errors import ArtifactError
 from mechlingo.core.tokens import encode
 from mechlingo.data import load_facts
 from mechlingo.data.splits import split_facts, take_per_lang
 from mechlingo.interventions import SteeringVector
+from mechlingo.scoring.evaluate import greedy_generate
 
 from .conftest import count_hooks
 

@@ -19,11 +19,11 @@ from mechlingo.analyses.recall.steer_eval import fig_accuracy_ci, fig_headroom
 from mechlingo.analyses.recall.steering import ConditionResults, SteeringConfig
 from mechlingo.analyses.recall.trace import CLASSES, trace_recall
 from mechlingo.analyses.recall.transfer import TransferMatrix
-from mechlingo.analyses.scoring.evaluate import EvalResult
 from mechlingo.core.errors import InputError
 from mechlingo.data import load_facts
+from mechlingo.scoring.evaluate import EvalResult
 from mechlingo.viz.lens import lens_kl_figure
-from mechlingo.viz.trace import CLASS_COLORS
+from mechlingo.viz.palette import CLASS
 
 
 def close(a, b, tol=1e-6):
@@ -100,7 +100,7 @@ def trace(tiny, facts):
 
 
 def test_trace_figures_draw_counts_and_median_ranks(trace):
-    assert list(CLASS_COLORS) == list(CLASSES)
+    assert list(CLASS) == list(CLASSES)
     counts = trace.counts()
     fig = trace.fig_class_fractions()
     assert [tr.name for tr in fig.data] == [c.replace("_", " ") for c in CLASSES]

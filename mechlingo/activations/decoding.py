@@ -61,7 +61,7 @@ import logging
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Required, TypedDict, Unpack
 
 import torch
 from jaxtyping import Float, Int
@@ -84,6 +84,35 @@ log = logging.getLogger(__name__)
 KVPath = Literal["native", "adapter", "none"]
 ChooseFn = Callable[[Float[Tensor, "batch vocab"]], Int[Tensor, " batch"]]
 StopFn = Callable[[int, list[int]], bool]
+
+
+class DecodeArgs(TypedDict, total=False):
+    """The decoding rule every decoder here takes as keywords: ``max_new_tokens`` (required)
+    new tokens per row, ``fwd_hooks`` during every pass (default none), ``choose`` (logits to
+    token ids; default the greedy arg-max), ``stop(row, ids)`` (a row stops once true;
+    default never) and ``eos`` (a row stops before this token; default none)."""
+
+    max_new_tokens: Required[int]
+    fwd_hooks: FwdHooks
+    choose: ChooseFn | None
+    stop: StopFn | None
+    eos: int | None
+
+
+def _rule(
+    rule: DecodeArgs,
+) -> tuple[int, FwdHooks, ChooseFn | None, StopFn | None, int | None]:
+    """The fields of ``rule`` with their defaults; a ``TypeError`` for a keyword that is not
+    one (as a misspelt keyword argument raises)."""
+    unknown = sorted(set(rule) - set(DecodeArgs.__annotations__))
+    if unknown or "max_new_tokens" not in rule:
+        raise TypeError(
+            f"decoding takes max_new_tokens (required), fwd_hooks, choose, stop and eos; got "
+            f"{sorted(rule)}"
+        )
+    got = rule.get
+    return rule["max_new_tokens"], got("fwd_hooks", ()), got("choose"), got("stop"), got("eos")
+
 
 _PATHS: weakref.WeakKeyDictionary[Any, KVPath] = weakref.WeakKeyDictionary()
 _PROBE_TOLERANCE = 1e-3
@@ -281,14 +310,10 @@ def decode_cached(
     model: Model,
     batch: TokenBatch,
     *,
-    max_new_tokens: int,
-    fwd_hooks: FwdHooks = (),
-    choose: ChooseFn | None = None,
-    stop: StopFn | None = None,
-    eos: int | None = None,
     path: KVPath = "adapter",
     prefix: tuple[Any, int] | None = None,
     on_keep: Callable[[Tensor], None] | None = None,
+    **rule: Unpack[DecodeArgs],
 ) -> list[list[int]]:
     """Decode ``max_new_tokens`` tokens after each row of a right-padded ``batch`` with a KV
     cache (one prefill, then one token per row per step). Returns each row's new token ids,
@@ -304,7 +329,8 @@ def decode_cached(
     positions only, with those positions as its columns: the padding of shorter rows stays
     in the cache as a gap the attention mask hides, as in every later step.
     ``on_keep(idx)`` is called with the indices (into the rows still decoding) of the rows
-    that go on, whenever some leave the batch."""
+    that go on, whenever some leave the batch. The rule's keywords: :class:`DecodeArgs`."""
+    max_new_tokens, fwd_hooks, choose, stop, eos = _rule(rule)
     stop, dev, b, out = _start(model, batch, stop)
     tokens, lengths, plen = b.tokens, b.lengths.clone(), b.prompt_lengths
     active = torch.arange(b.batch_size, device=dev)
@@ -346,20 +372,12 @@ def decode_cached(
     return out
 
 
-def decode_uncached(
-    model: Model,
-    batch: TokenBatch,
-    *,
-    max_new_tokens: int,
-    fwd_hooks: FwdHooks = (),
-    choose: ChooseFn | None = None,
-    stop: StopFn | None = None,
-    eos: int | None = None,
-) -> list[list[int]]:
+def decode_uncached(model: Model, batch: TokenBatch, **rule: Unpack[DecodeArgs]) -> list[list[int]]:
     """The reference decoder: the whole prefix is recomputed at every step (every row stays
     in the batch until all have stopped). Same arguments and result as
     :func:`decode_cached`, except that ``choose=None`` takes the plain arg-max of the full
     float32 logits, so comparing the two also checks the screened arg-max."""
+    max_new_tokens, fwd_hooks, choose, stop, eos = _rule(rule)
     stop, dev, b, out = _start(model, batch, stop)
     tokens, lengths, plen = b.tokens, b.lengths.clone(), b.prompt_lengths
     going = [True] * b.batch_size
@@ -385,32 +403,20 @@ def _fits_window(model: Model, batch: TokenBatch, max_new_tokens: int) -> bool:
 
 
 def decode(
-    model: Model,
-    batch: TokenBatch,
-    *,
-    max_new_tokens: int,
-    fwd_hooks: FwdHooks = (),
-    choose: ChooseFn | None = None,
-    stop: StopFn | None = None,
-    eos: int | None = None,
-    cache: bool = True,
+    model: Model, batch: TokenBatch, *, cache: bool = True, **rule: Unpack[DecodeArgs]
 ) -> list[list[int]]:
-    """Decode after each row of ``batch``: cached when ``cache`` and the model supports it
-    (:func:`kv_cache_path`), else by recomputing the prefix; both give the same tokens."""
+    """Decode after each row of ``batch`` by the rule's keywords (:class:`DecodeArgs`):
+    cached when ``cache`` and the model supports it (:func:`kv_cache_path`), else by
+    recomputing the prefix; both give the same tokens."""
+    max_new_tokens = _rule(rule)[0]
     if max_new_tokens < 0:
         raise InputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if max_new_tokens == 0:
         return [[] for _ in range(batch.batch_size)]
-    args: dict[str, Any] = {
-        "max_new_tokens": max_new_tokens,
-        "fwd_hooks": fwd_hooks,
-        "choose": choose,
-        "stop": stop,
-    }
     path = kv_cache_path(model) if cache else "none"
     if path != "none" and _fits_window(model, batch, max_new_tokens):
-        return decode_cached(model, batch, eos=eos, path=path, **args)
-    return decode_uncached(model, batch, eos=eos, **args)
+        return decode_cached(model, batch, path=path, **rule)
+    return decode_uncached(model, batch, **rule)
 
 
 def sample_from_bos(

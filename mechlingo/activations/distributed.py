@@ -290,7 +290,7 @@ _SHARDED_SCORING: ContextVar[bool] = ContextVar("mechlingo_sharded_scoring", def
 @contextlib.contextmanager
 def sharded_scoring(enabled: bool = True) -> Iterator[None]:
     """Inside the block, under ``torchrun`` with more than one process, mechlingo's scoring
-    (greedy generation, :func:`mechlingo.analyses.scoring.evaluate.evaluate_conditions`, candidate
+    (greedy generation, :func:`mechlingo.scoring.evaluate.evaluate_conditions`, candidate
     ranking) gives each rank a contiguous share of its batches and gathers the per-item
     outcomes back in order on every rank, so every rank holds the whole result and goes on
     identically. Every rank must make the same scoring calls with the same inputs (as

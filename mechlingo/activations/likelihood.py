@@ -12,7 +12,7 @@ matrix both score held-out lines with these.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import torch
 from jaxtyping import Float, Int
@@ -25,7 +25,17 @@ from mechlingo.core.tokens import sorted_batches
 from mechlingo.core.types import FwdHooks, Model
 from mechlingo.kernels.readout import final_logits
 
-__all__ = ["line_nll", "perplexity"]
+__all__ = ["LineArgs", "line_nll", "perplexity"]
+
+
+class LineArgs(TypedDict, total=False):
+    """The keywords of :func:`line_nll` after the texts, which :func:`perplexity` passes on
+    (their defaults are :func:`line_nll`'s)."""
+
+    fwd_hooks: FwdHooks
+    batch_size: int
+    max_tokens: int | None
+    chunk_rows: int
 
 
 def line_nll(
@@ -78,30 +88,15 @@ def line_nll(
     return nll, counts
 
 
-def perplexity(
-    model: Model,
-    texts: Sequence[str],
-    *,
-    fwd_hooks: FwdHooks = (),
-    batch_size: int = 16,
-    max_tokens: int | None = None,
-    chunk_rows: int = 128,
-) -> float:
+def perplexity(model: Model, texts: Sequence[str], **options: Unpack[LineArgs]) -> float:
     """Perplexity of the model on ``texts``: exp of the mean next-token NLL over every real
-    token after BOS, all texts pooled (see :func:`line_nll`).
+    token after BOS, all texts pooled; ``options`` as :func:`line_nll` takes them.
 
     Raises:
         InputError: no texts, an empty text, or no token to score (every text is a single
             token).
     """
-    nll, counts = line_nll(
-        model,
-        texts,
-        fwd_hooks=fwd_hooks,
-        batch_size=batch_size,
-        max_tokens=max_tokens,
-        chunk_rows=chunk_rows,
-    )
+    nll, counts = line_nll(model, texts, **options)
     if int(counts.sum()) == 0:
         raise InputError("no tokens to score: every text is a single token")
     return float(torch.exp(nll.sum() / counts.sum()))

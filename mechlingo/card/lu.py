@@ -46,7 +46,6 @@ from mechlingo.analyses.recall.settings import (
     layers_at,
 )
 from mechlingo.analyses.recall.steering import SteeringConfig
-from mechlingo.analyses.scoring.scorers import rankc_fact
 from mechlingo.card.rules import Claim, claim_by_id, make_row
 from mechlingo.card.stats import cluster_bootstrap, group_difference_test
 from mechlingo.core.errors import InputError
@@ -56,6 +55,7 @@ from mechlingo.data import Fact
 from mechlingo.data.candidates import with_candidates
 from mechlingo.data.splits import split_facts, take_per_lang
 from mechlingo.kernels.significance import Test, mean_test, paired_test, pool_controls
+from mechlingo.scoring.scorers import rankc_fact
 
 __all__ = [
     "DECODERS",

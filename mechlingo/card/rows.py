@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-from mechlingo.analyses.scoring.evaluate import normalize
 from mechlingo.card.rules import CLAIMS, RETAINED_SHARE, Claim, make_row
 from mechlingo.kernels.significance import (
     Interval,
@@ -35,6 +34,7 @@ from mechlingo.kernels.significance import (
     ratio_test,
     relative_test,
 )
+from mechlingo.scoring.evaluate import normalize
 
 __all__ = [
     "RETAINED_SHARE",

@@ -9,14 +9,21 @@ from collections.abc import Callable
 from typing import Any
 
 from mechlingo.activations.distributed import dist_info
-from mechlingo.analyses.scoring.scorers import Scorer
 from mechlingo.cli.validate import check_after_load
 from mechlingo.core.chat import CHAT_MODES, chat_enabled, use_chat
 from mechlingo.core.errors import InputError, MechlingoError
 from mechlingo.core.models import load_model, model_name, weight_mode
 from mechlingo.core.types import Model
 from mechlingo.core.version import __version__, library_versions
-from mechlingo.data import RELATIONS, benchmark_format, load_benchmark, load_facts
+from mechlingo.data import (
+    LANGS,
+    RELATIONS,
+    benchmark_format,
+    load_benchmark,
+    load_facts,
+    read_facts,
+)
+from mechlingo.scoring.scorers import Scorer
 
 # Registered subcommands: name -> (add_args, run), filled by @command.
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[Any], int]]] = {}
@@ -73,37 +80,55 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+#: The bundled languages the fact commands read when neither ``--langs`` nor ``--facts``
+#: says otherwise (a ``--facts`` file without ``--langs`` is read in all its languages).
+DEFAULT_LANGS = "en,fr,de,es,ja"
+
+
 def add_data_args(
     p: argparse.ArgumentParser,
     *,
-    default_langs: str = "en,fr,de,es,ja",
+    default_langs: str = DEFAULT_LANGS,
+    langs_reason: str = "",
     default_templates: str = "tuned",
+    templates_reason: str = "",
     default_limit: int | None = 50,
+    default_relation: str = "capital",
 ) -> None:
-    """``--langs``, ``--relation``, ``--limit``, ``--data`` (facts), ``--templates``."""
+    """``--langs``, ``--relation``, ``--limit``, ``--facts``, ``--templates``; a command whose
+    default differs from the shared one says why (``langs_reason``, ``templates_reason``)."""
     g = p.add_argument_group("data")
     g.add_argument(
         "--templates",
         choices=["natural", "tuned"],
         default=None,
-        help=f"prompt family of the bundled facts (default {default_templates}): natural = "
-        "plain fact-completion stems never tuned on a model ('The capital of France is'); "
-        "tuned = the stems measured best zero-shot on the embedded model (docs/data.md). "
-        "--data files keep their own prompts",
+        help=f"prompt family of the bundled facts (default {default_templates}"
+        + (f": {templates_reason}" if templates_reason else "")
+        + "): natural = plain fact-completion stems never tuned on a model ('The capital of "
+        "France is'); tuned = the stems measured best zero-shot on the embedded model "
+        "(docs/data.md). --facts files keep their own prompts",
     )
-    p.set_defaults(_templates_default=default_templates)
+    p.set_defaults(_templates_default=default_templates, _langs_default=default_langs)
     g.add_argument(
         "--langs",
-        default=default_langs,
-        help=f"comma-separated language codes (default {default_langs}); bundled data has "
-        "en de fr es it pt ru zh ja ko ar hi",
+        default=None,
+        help=f"comma-separated language codes (default: {default_langs} of the bundled facts"
+        + (f", {langs_reason}" if langs_reason else "")
+        + "; every language of the --facts file); bundled data has en de fr es it pt ru zh "
+        "ja ko ar hi",
+    )
+    relation_default = (
+        "every bundled relation, the same number of facts from each"
+        if default_relation == "all"
+        else f"{default_relation} for the bundled data"
     )
     g.add_argument(
         "--relation",
         default=None,
-        help="comma-separated relations, or 'all' (default: capital for the bundled data, "
-        "every relation in the file with --data)",
+        help=f"comma-separated relations, or 'all' (default: {relation_default}; every "
+        "relation in the file with --facts)",
     )
+    p.set_defaults(_relation_default=default_relation)
     g.add_argument(
         "--limit",
         type=int,
@@ -113,8 +138,9 @@ def add_data_args(
         + ")",
     )
     g.add_argument(
-        "--data",
+        "--facts",
         default=None,
+        metavar="FILE|DIR",
         help="your own facts as .jsonl or .tsv (same schema as the bundled data; see "
         "docs/data.md), or a benchmark folder/file (BMLAMA, KLAR, mLAMA, mParaRel; the format "
         "is detected, see docs/benchmarks.md)",
@@ -143,56 +169,70 @@ def add_metric_args(p: argparse.ArgumentParser) -> None:
 
 
 def scorer_from_args(args: Any) -> Any:
-    """The :class:`~mechlingo.analyses.scoring.scorers.Scorer` of ``--metric``/``--rank-tokens``."""
+    """The :class:`~mechlingo.scoring.scorers.Scorer` of ``--metric``/``--rank-tokens``."""
     return Scorer(getattr(args, "metric", "generate"), getattr(args, "rank_tokens", "sentence"))
 
 
-def add_batch_size_arg(p: argparse.ArgumentParser, default: int = 16) -> None:
-    """``--batch-size`` (prompts per forward pass), with the command's default."""
+#: The shared ``--batch-size`` default; a command with another one says why.
+BATCH_SIZE = 16
+
+
+def add_batch_size_arg(
+    p: argparse.ArgumentParser, default: int = BATCH_SIZE, reason: str = ""
+) -> None:
+    """``--batch-size`` (prompts per forward pass), with the command's default and, when it
+    is not :data:`BATCH_SIZE`, the reason."""
+    why = f": {reason}" if reason else ""
     p.add_argument(
         "--batch-size",
         type=int,
         default=default,
-        help=f"prompts per forward pass (default {default})",
+        help=f"prompts per forward pass (default {default}{why})",
     )
 
 
-def add_out_arg(p: argparse.ArgumentParser, *, batch_size: int = 16) -> None:
-    """``--out``, ``--batch-size`` (default ``batch_size``), ``--quiet``."""
+def add_out_arg(
+    p: argparse.ArgumentParser, *, batch_size: int = BATCH_SIZE, batch_reason: str = ""
+) -> None:
+    """``--out``, ``--batch-size`` (default ``batch_size``, with ``batch_reason`` when it is
+    not the shared default), ``--quiet``."""
     p.add_argument("--out", required=True, help="output folder (created; files in it replaced)")
-    add_batch_size_arg(p, batch_size)
+    add_batch_size_arg(p, batch_size, batch_reason)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def load_selected_facts(args: Any) -> list[Any]:
-    """The facts selected by ``--data/--langs/--relation/--limit`` (remembered on ``args``
-    for the context-length check after the model loads)."""
+    """The facts selected by ``--facts/--langs/--relation/--limit`` (remembered on ``args``
+    for the context-length check after the model loads). Without ``--langs`` the bundled
+    facts are read in the command's default languages and a ``--facts`` file in all of its
+    own."""
 
     rel = split_list(args.relation)
+    if rel is None and args.facts is None:
+        rel = split_list(getattr(args, "_relation_default", "capital"))
     if rel == ["all"]:
-        rel = list(RELATIONS) if args.data is None else None
-    elif rel is None:
-        rel = ["capital"] if args.data is None else None  # with --data: every relation in it
+        rel = list(RELATIONS) if args.facts is None else None
+    # with --facts and no --relation: every relation in the file
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be at least 1")
     templates = getattr(args, "templates", None)
-    if templates == "natural" and args.data is not None:
+    if templates == "natural" and args.facts is not None:
         raise UsageError(
-            "--templates natural re-renders the bundled facts; a --data file keeps its own "
+            "--templates natural re-renders the bundled facts; a --facts file keeps its own "
             "prompts (drop --templates)"
         )
     if templates is None:
-        templates = getattr(args, "_templates_default", "tuned") if args.data is None else "tuned"
-    args.templates_used = "file" if args.data is not None else templates
+        templates = getattr(args, "_templates_default", "tuned") if args.facts is None else "tuned"
+    args.templates_used = "file" if args.facts is not None else templates
     try:
-        if args.data is not None and benchmark_format(args.data) is not None:
+        if args.facts is not None and benchmark_format(args.facts) is not None:
             facts = _load_benchmark_facts(args, rel)
         else:
             facts = load_facts(
-                langs=split_list(args.langs),
+                langs=selected_langs(args),
                 relations=rel,
                 limit=args.limit,
-                path=args.data,
+                path=args.facts,
                 templates=templates,
             )
     except MechlingoError:
@@ -203,23 +243,38 @@ def load_selected_facts(args: Any) -> list[Any]:
     return facts
 
 
+def selected_langs(args: Any) -> list[str] | None:
+    """The languages of ``--langs``; without it the command's default languages for the
+    bundled facts, and every language of the file with ``--facts`` (``None`` for a
+    benchmark: all of its languages)."""
+    langs = split_list(args.langs)
+    if langs is not None:
+        return langs
+    if getattr(args, "facts", None) is None:
+        return split_list(getattr(args, "_langs_default", DEFAULT_LANGS))
+    if benchmark_format(args.facts) is not None:
+        return None  # a benchmark is read in all its languages
+    present = {f.lang for f in read_facts(args.facts)}
+    return [lg for lg in LANGS if lg in present] + sorted(present - set(LANGS))
+
+
 def _load_benchmark_facts(args: Any, relations: list[str] | None) -> list[Any]:
-    """Facts of a benchmark given with ``--data``; the records skipped, by reason, are printed
+    """Facts of a benchmark given with ``--facts``; the records skipped, by reason, are printed
     and kept on ``args`` for the summary's ``meta`` (:func:`run_meta`)."""
     bench = load_benchmark(
-        args.data, langs=split_list(args.langs), relations=relations, limit=args.limit
+        args.facts, langs=selected_langs(args), relations=relations, limit=args.limit
     )
     if bench.texts is not None:
         raise UsageError(
-            f"--data {args.data} is parallel text ({bench.format}), not facts; experts and "
-            "align read it"
+            f"--facts {args.facts} is parallel text ({bench.format}), not facts; experts, "
+            "align and tuned-lens read it with --parallel"
         )
     args.data_format = bench.format
     args.data_skipped = dict(sorted(bench.skipped.items()))
     if bench.skipped:
         counts = ", ".join(f"{k} {v}" for k, v in args.data_skipped.items())
         print(
-            f"{args.data}: skipped {sum(bench.skipped.values())} records ({counts})",
+            f"{args.facts}: skipped {sum(bench.skipped.values())} records ({counts})",
             file=sys.stderr,
         )
     return bench.facts
@@ -263,7 +318,7 @@ def run_meta(model: Model, args: Any, **extra: Any) -> dict[str, Any]:
 
 
 def run_seeds(args: Any) -> dict[str, Any]:
-    """Every seed a command drew with: its ``--seed``/``--seeds`` and the fixed seed 0 of
+    """Every seed a command drew with: its ``--seed``/``--control-seeds`` and the fixed seed 0 of
     the bootstrap intervals that no flag sets. Each arm, k, condition and role draws from a
     generator of its own, seeded from these (:func:`mechlingo.core.faults.derive_seed`), so
     adding or removing one leaves the others' numbers as they were."""

@@ -2,7 +2,7 @@
 
 The flags are added to ``mechlingo lens`` (:mod:`mechlingo.cli.lens`); with only the
 default ``--decoder logit`` the command writes exactly what it always wrote. With several
-decoders the outputs gain a ``decoder`` column (``lens.csv``), a summary and an
+decoders it is one call, :func:`mechlingo.analyses.decoders.run.run_lens_decoders`; the outputs gain a ``decoder`` column (``lens.csv``), a summary and an
 English-lead table per decoder (``summary.json``) and the side-by-side curves
 (``report.html``).
 """
@@ -14,19 +14,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mechlingo.analyses.decoders.compare import compare_decoders
 from mechlingo.analyses.decoders.patchscope import Patchscope
+from mechlingo.analyses.decoders.run import run_lens_decoders
 from mechlingo.analyses.decoders.tuned_lens import load_tuned_lens
 from mechlingo.cli.common import UsageError, run_meta, split_list
 from mechlingo.core.types import Model
-from mechlingo.report import write_outputs
 from mechlingo.report.decoders import decoders_report
 
 __all__ = ["add_decoder_args", "parse_decoders", "run_decoders"]
 
 
 def add_decoder_args(p: argparse.ArgumentParser) -> None:
-    """``--decoder``, ``--tuned-lens``, ``--patchscope-target``, ``--patchscope-tokens``."""
+    """``--decoder``, ``--tuned-lens``, ``--patchscope-target``, ``--max-new-tokens``."""
     g = p.add_argument_group("decoders")
     g.add_argument("--decoder", default="logit", help="comma-separated decoders to read every "
                    "layer with: logit (default), tuned, patchscope; several are drawn side by "
@@ -35,8 +34,9 @@ def add_decoder_args(p: argparse.ArgumentParser) -> None:
                    "tuned-lens`, or NAME=DIR,NAME=DIR for several (decoders tuned-NAME)")  # fmt: skip
     g.add_argument("--patchscope-target", default=None, help="language of the identity target "
                    "prompt for every prompt (default: each prompt's own language)")  # fmt: skip
-    g.add_argument("--patchscope-tokens", type=int, default=0, help="greedy tokens the "
-                   "patchscope generates per layer (default 0)")  # fmt: skip
+    g.add_argument("--max-new-tokens", type=int, default=0, help="greedy tokens generated "
+                   "per prompt: the patchscope's continuation per layer, with --decoder "
+                   "patchscope (default 0: its first token only)")  # fmt: skip
 
 
 def _tuned_paths(text: str | None) -> dict[str, Path]:
@@ -66,8 +66,12 @@ def parse_decoders(args: Any) -> list[str]:
         raise UsageError("--decoder tuned needs --tuned-lens DIR")
     if tuned and "tuned" not in names:
         raise UsageError("--tuned-lens is given but --decoder does not include tuned")
-    if getattr(args, "patchscope_tokens", 0) < 0:
-        raise UsageError("--patchscope-tokens must be >= 0")
+    if getattr(args, "max_new_tokens", 0) < 0:
+        raise UsageError("--max-new-tokens must be >= 0")
+    if getattr(args, "max_new_tokens", 0) and "patchscope" not in names:
+        raise UsageError("lens --max-new-tokens is the patchscope's continuation length",
+                         where="--max-new-tokens",
+                         fix="add --decoder patchscope, or drop --max-new-tokens")  # fmt: skip
     args._tuned_paths = tuned
     out = []
     for n in names:
@@ -78,8 +82,9 @@ def parse_decoders(args: Any) -> list[str]:
 def run_decoders(
     args: Any, model: Model, facts: list[Any], decoders: list[str], track: list[str]
 ) -> int:
-    """The lens under several decoders: ``summary.json`` (per decoder: the lens summary and
-    where English leads), ``lens.csv`` (with a ``decoder`` column) and ``report.html``."""
+    """The lens under several decoders (:func:`~mechlingo.analyses.decoders.run.run_lens_decoders`):
+    ``summary.json`` (per decoder: the lens summary and where English leads), ``lens.csv``
+    (with a ``decoder`` column) and ``report.html``."""
     t0 = time.time()
     spec: dict[str, Any] = {}
     for label in decoders:
@@ -87,31 +92,14 @@ def run_decoders(
             spec[label] = load_tuned_lens(args._tuned_paths[label], model)
         elif label == "patchscope":
             spec[label] = Patchscope(target=args.patchscope_target,
-                                     max_new_tokens=args.patchscope_tokens)  # fmt: skip
+                                     max_new_tokens=args.max_new_tokens)  # fmt: skip
         else:
             spec[label] = label
-    cmp = compare_decoders(model, facts, spec, track_langs=track, batch_size=args.batch_size,
-                           progress=not args.quiet)  # fmt: skip
-    summary: dict[str, Any] = {"decoders": {}}
-    for label, res in cmp.results.items():
-        summary["decoders"][label] = res.summary(max_rank=args.max_rank)
-    if "en" in track:
-        summary["english_lead"] = cmp.pivot_table()
-    summary["meta"] = run_meta(model, args, n_facts=len(facts), decoders=decoders,
-                               seconds=round(time.time() - t0, 1))  # fmt: skip
-    frames = [res.to_dataframe().assign(decoder=label) for label, res in cmp.results.items()]
-    csv = pd_concat(frames).to_csv(index=False)
-    files = {"summary.json": summary, "lens.csv": csv,
-             "report.html": decoders_report(cmp, summary)}  # fmt: skip
-    if args.patchscope_tokens and "patchscope" in cmp.results:
-        files["patchscope.json"] = cmp.results["patchscope"].meta.get("continuations")
-    write_outputs(args.out, files)
+    run = run_lens_decoders(model, facts, spec, track_langs=track, max_rank=args.max_rank,
+                            batch_size=args.batch_size, progress=not args.quiet)  # fmt: skip
+    meta = run_meta(model, args, n_facts=len(facts), decoders=decoders,
+                    seconds=round(time.time() - t0, 1))  # fmt: skip
+    summary = run.summary(meta)
+    run.write(args.out, meta=meta, extra={"report.html": decoders_report(run.comparison, summary)})
     print(f"wrote {args.out}/summary.json, lens.csv and report.html ({', '.join(decoders)})")
     return 0
-
-
-def pd_concat(frames: list[Any]) -> Any:
-    """The frames one under the other."""
-    import pandas as pd
-
-    return pd.concat(frames, ignore_index=True)

@@ -8,7 +8,6 @@ import json
 import time
 from typing import Any
 
-from mechlingo.analyses.scoring.evaluate import evaluate_facts
 from mechlingo.cli.common import (
     add_data_args,
     add_metric_args,
@@ -23,6 +22,7 @@ from mechlingo.cli.common import (
 from mechlingo.kernels.significance import wilson_table
 from mechlingo.report import write_outputs
 from mechlingo.report.evaluate import eval_report
+from mechlingo.scoring.evaluate import evaluate_facts
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:

@@ -1,7 +1,7 @@
 """``mechlingo experts`` and ``mechlingo align`` (expert neurons, cross-lingual alignment).
 
-``mechlingo experts --lang es --k 50,100,200,500,1000,2000 --data DIR --out EDIR`` finds the
-expert neurons of ``es`` on the first ``--limit`` sentences of every language, saves the clamps
+``mechlingo experts --target es --k 50,100,200,500,1000,2000 --parallel DIR --out EDIR`` finds the
+expert neurons of ``es`` on the first ``--lines`` sentences of every language, saves the clamps
 as ``EDIR/es-k100`` ... (and the random-neuron controls as ``EDIR/es-k100-random`` ...), the
 top neurons (``experts.csv``), the k curve (``kcurve.csv``: BOS target-language rate with
 Wilson intervals and held-out perplexity of every language with bootstrap intervals, for the
@@ -15,7 +15,7 @@ kept in ``.EDIR.work`` (or ``--work``) until ``EDIR`` is written; the same comma
 again after a stop goes on from them, ``--fresh`` starts over (:mod:`mechlingo.cli.work`);
 ``align`` keeps its comparison the same way.
 
-``mechlingo align --clamp EDIR --data DIR --out DIR`` (or ``--clamp EDIR/es-k500``) measures
+``mechlingo align --clamp EDIR --parallel DIR --out DIR`` (or ``--clamp EDIR/es-k500``) measures
 retrieval and cosine distances before and after the clamp the rule chose (and after the
 random control of the same k when it sits next to the clamp), per layer, and writes
 ``summary.json`` (``retrieval_top1`` and ``distance``, each ``pre``/``post``/``control``;
@@ -50,7 +50,7 @@ from mechlingo.analyses.experts.align import (
     compare_alignment,
     drop_empty_lines,
 )
-from mechlingo.analyses.scoring.side_effects import side_effects
+from mechlingo.analyses.experts.run import ExpertsRun
 from mechlingo.cli.common import (
     UsageError,
     add_model_args,
@@ -60,7 +60,7 @@ from mechlingo.cli.common import (
     run_meta,
     split_list,
 )
-from mechlingo.cli.flags import parse_ints
+from mechlingo.cli.flags import line_count, parse_ints
 from mechlingo.cli.work import (
     add_work_args,
     data_key,
@@ -81,38 +81,44 @@ from mechlingo.data import LANGS, load_facts, parallel_sentences, read_parallel
 from mechlingo.interventions import InterventionError, load_intervention
 from mechlingo.report import write_outputs
 from mechlingo.report.experts import align_report, experts_report, interval_rows
+from mechlingo.scoring.side_effects import side_effects
 
 
-def _data_args(p: argparse.ArgumentParser, default_limit: int) -> None:
+def _data_args(p: argparse.ArgumentParser, default_lines: int) -> None:
     g = p.add_argument_group("data")
     g.add_argument(
-        "--data",
+        "--parallel",
         default=None,
+        metavar="DIR",
         help="folder of line-aligned <lang>.txt files (e.g. NTREX), or a FLORES+ "
         "(<split>/<lang_Script>.parquet) or FLORES-200 (<split>/<lang_Script>.<split>) folder; "
         "default: the bundled parallel sentences",
     )
     g.add_argument(
-        "--split",
+        "--flores-split",
         choices=("dev", "devtest"),
         default="devtest",
-        help="FLORES split to read from a FLORES --data folder (default devtest)",
+        help="FLORES split to read from a FLORES --parallel folder (default devtest)",
     )
     g.add_argument(
         "--langs",
         default=None,
-        help="comma-separated languages (default: every language with data)",
+        help="comma-separated languages (default: every language with data: a language's "
+        "experts are scored against all the others, and alignment is measured between every "
+        "pair)",
     )
     g.add_argument(
-        "--limit",
-        type=int,
-        default=default_limit,
-        help=f"sentences per language (default {default_limit})",
+        "--lines",
+        type=line_count,
+        default=default_lines,
+        metavar="N",
+        help=f"parallel lines (sentences) per language, after --offset (default {default_lines})",
     )
     g.add_argument(
         "--offset",
-        type=int,
+        type=line_count,
         default=0,
+        metavar="N",
         help="skip this many lines first (keep expert-finding and evaluation sentences apart)",
     )
     g.add_argument(
@@ -124,20 +130,20 @@ def _data_args(p: argparse.ArgumentParser, default_limit: int) -> None:
 
 
 def load_parallel(args: Any, *, offset: int | None = None, limit: int | None = None) -> dict:
-    """The parallel sentences selected by ``--data/--langs/--offset/--limit`` (lines that are
-    empty in some language are dropped in all)."""
+    """The parallel sentences selected by ``--parallel/--langs/--offset/--lines`` (lines that
+    are empty in some language are dropped in all)."""
 
     langs = split_list(args.langs)
     main_call = offset is None and limit is None
     offset = args.offset if offset is None else offset
-    limit = args.limit if limit is None else limit
+    limit = args.lines if limit is None else limit
     if limit is not None and limit < 1:
-        raise UsageError("--limit must be at least 1")
+        raise UsageError("--lines must be at least 1")
     if offset < 0:
         raise UsageError("--offset must be >= 0")
     try:
-        if args.data:
-            texts = read_parallel(args.data, langs, getattr(args, "split", "devtest"))
+        if args.parallel:
+            texts = read_parallel(args.parallel, langs, getattr(args, "flores_split", "devtest"))
         else:
             texts = parallel_sentences(langs or list(LANGS))
     except ValueError as err:
@@ -155,19 +161,16 @@ def load_parallel(args: Any, *, offset: int | None = None, limit: int | None = N
     return out
 
 
-def _folder_files(folder: Path, prefix: str) -> dict[str, bytes]:
-    return {f"{prefix}/{p.name}": p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
-
-
 # --------------------------------------------------------------------------------------
 
 
 def _experts_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
-    _data_args(p, default_limit=300)
+    _data_args(p, default_lines=300)
     add_out_arg(p)
     g = p.add_argument_group("experts")
-    g.add_argument("--lang", required=True, help="target language(s), comma-separated")
+    g.add_argument("--target", required=True, help="target language(s) of the expert "
+                   "neurons, comma-separated")  # fmt: skip
     g.add_argument(
         "--k", default="50,100,200,500,1000,2000", help="expert counts to save and compare"
     )
@@ -178,17 +181,20 @@ def _experts_args(p: argparse.ArgumentParser) -> None:
                    "(activation-probability entropy)")  # fmt: skip
     g.add_argument("--value", choices=("mean", "median"), default="mean", help="clamp value")
     g.add_argument(
-        "--layer", default=None, help="comma-separated layers to search (default all layers)"
+        "--layers", default=None, help="comma-separated layers to search (default all layers)"
     )
     g.add_argument("--seed", type=int, default=0, help="seed of the random control and sampling")
     g.add_argument("--no-curve", action="store_true", help="skip the k curve (generation)")
     g.add_argument("--samples", type=int, default=32, help="samples from BOS per k (default 32)")
-    g.add_argument("--new-tokens", type=int, default=20, help="tokens per generation")
+    g.add_argument("--max-new-tokens", type=int, default=20,
+                   help="greedy tokens generated per BOS sample (default 20)")  # fmt: skip
     g.add_argument(
         "--heldout",
-        type=int,
+        type=line_count,
         default=16,
-        help="held-out sentences per language for perplexity (default 16)",
+        metavar="N",
+        help="held-out lines per language right after the --lines used, never fitted on "
+        "(the k curve's perplexity; default 16)",
     )
     g.add_argument(
         "--ppl-budget",
@@ -257,7 +263,7 @@ def _store_for(model: Model, texts: dict, args: Any) -> Path | None:
     if getattr(args, "shard_store", None) is None:
         return None
     n_rows = sum(len(v) for v in texts.values())
-    n_layers = len(parse_ints(args.layer, "--layer") or range(model.cfg.n_layers))
+    n_layers = len(parse_ints(args.layers, "--layers") or range(model.cfg.n_layers))
     need = 4 * n_rows * n_layers * int(model.cfg.d_mlp or 0)
     return args.shard_store if args.shard_dir or need > args.max_memory_bytes // 2 else None
 
@@ -280,40 +286,21 @@ def _cmd_experts(args: Any) -> int:
     curves = {}
     if heldout is not None:
         curves = {t: _k_curve(model, res, t, ks, heldout, args, stages) for t in targets}
-    choices = {t: c.choose(args.ppl_budget, args.ppl_others) for t, c in curves.items()}
-    k_show = min(ks[0], res.stats.n_features)
-    summary = res.summary(k_show)
-    summary["targets"] = targets
-    summary["clamps"] = sorted(clamps)
-    summary["k_curve"] = {t: c.records() for t, c in curves.items()}
-    summary["k_choice"] = choices
-    if args.ppl_others == "none":  # the stricter rule beside the papers'
-        summary["k_choice_stricter"] = {
-            t: c.choose(args.ppl_budget, "geomean") for t, c in curves.items()
-        }
-    summary["chosen_k"] = {t: ch["k"] for t, ch in choices.items()}
-    summary["k_tests"] = {t: c.tests() for t, c in curves.items()}
-    summary["meta"] = run_meta(
+    run = ExpertsRun(res, targets, ks, clamps, curves, args.ppl_budget, args.ppl_others)
+    meta = run_meta(
         model,
         args,
         langs=list(texts),
         sentences_per_lang=len(next(iter(texts.values()))),
         seconds=round(time.time() - t0, 1),
     )
-    files: dict[str, Any] = {
-        "summary.json": summary,
-        "experts.csv": res.to_dataframe(max(ks)).to_csv(index=False),
-        "report.html": experts_report(
-            res, summary, curves, choices, k_show=k_show, score=args.score
-        ),
-    }
-    if curves:
-        files["kcurve.csv"] = _kcurve_csv(curves)
-    for name, folder in clamps.items():
-        files.update(_folder_files(folder, name))
-    write_outputs(args.out, files, keep_others=False)  # one step, no stale clamps
+    summary = run.summary(meta)
+    report = experts_report(
+        res, summary, curves, summary["k_choice"], k_show=run.k_show, score=args.score
+    )
+    run.write(args.out, meta=meta, extra={"report.html": report})
     finish_stages(stages)
-    for t, ch in choices.items():
+    for t, ch in summary["k_choice"].items():
         print(f"{t}: the k rule chose k = {ch['k']} ({ch['rule']})")
     print(f"wrote {args.out}: summary.json, experts.csv, report.html, clamps {sorted(clamps)}")
     return 0
@@ -322,7 +309,7 @@ def _cmd_experts(args: Any) -> int:
 def _experts_flags(args: Any) -> tuple[list[str], list[int]]:
     """The targets and the sorted distinct ``--k`` values, after the checks of the k rule's
     flags."""
-    targets = split_list(args.lang) or []
+    targets = split_list(args.target) or []
     ks = sorted(set(parse_ints(args.k, "--k", positive=True) or []))
     if not ks:
         raise UsageError(f"--k needs positive integers, got {args.k!r}")
@@ -334,13 +321,13 @@ def _experts_flags(args: Any) -> tuple[list[str], list[int]]:
 
 
 def _heldout(args: Any) -> dict:
-    """The ``--heldout`` sentences after the first ``--limit`` (the k curve's perplexity)."""
+    """The ``--heldout`` sentences after the first ``--lines`` (the k curve's perplexity)."""
     try:
-        return load_parallel(args, offset=args.offset + args.limit, limit=args.heldout)
+        return load_parallel(args, offset=args.offset + args.lines, limit=args.heldout)
     except UsageError as err:
         raise UsageError(
-            f"no held-out sentences for the k curve after the first {args.limit}: {err}; "
-            "lower --limit or pass --no-curve"
+            f"no held-out sentences for the k curve after the first {args.lines}: {err}; "
+            "lower --lines or pass --no-curve"
         ) from err
 
 
@@ -348,7 +335,7 @@ def _experts_stages(args: Any, model: Model, texts: dict, heldout: dict | None) 
     """The resumable stages of ``experts`` (:mod:`mechlingo.cli.work`): keyed by the model,
     the sentences, the held-out lines and every flag that changes a number (the targets and
     the k are in the stage names; the k rule's flags change no stored number)."""
-    skip = ("lang", "k", "no_curve", "ppl_budget", "ppl_others", "max_memory",
+    skip = ("target", "k", "no_curve", "ppl_budget", "ppl_others", "max_memory",
             "max_memory_bytes", "shard_dir")  # fmt: skip
     return open_stages(args, model, data_key(texts=texts, heldout=heldout), skip=skip)
 
@@ -361,7 +348,7 @@ def _staged_experts(model: Model, texts: dict, args: Any, stages: Stages) -> Exp
 
     def collect() -> Any:
         return collect_neuron_stats(
-            model, texts, pool=args.pool, layers=parse_ints(args.layer, "--layer"),
+            model, texts, pool=args.pool, layers=parse_ints(args.layers, "--layers"),
             batch_size=args.batch_size, max_tokens=args.max_tokens, progress=not args.quiet,
             store=store, max_memory=mem,
         )  # fmt: skip
@@ -410,20 +397,13 @@ def _k_curve(
         ks,
         heldout,
         n_samples=args.samples,
-        max_new_tokens=args.new_tokens,
+        max_new_tokens=args.max_new_tokens,
         value=args.value,
         seed=args.seed,
         max_tokens=args.max_tokens or 64,
         progress=not args.quiet,
         cache=kcurve_cache(stages, f"kcurve-{target}-"),
     )
-
-
-def _kcurve_csv(curves: dict[str, Any]) -> str:
-    import pandas as pd
-
-    frames = [c.to_dataframe().assign(lang=t) for t, c in curves.items()]
-    return pd.concat(frames).to_csv(index=False)
 
 
 # --------------------------------------------------------------------------------------
@@ -457,7 +437,7 @@ def _resolve_clamp(path: str, target: str | None) -> str:
 
 def _align_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
-    _data_args(p, default_limit=200)
+    _data_args(p, default_lines=200)
     add_out_arg(p)
     g = p.add_argument_group("alignment")
     g.add_argument(
@@ -475,25 +455,27 @@ def _align_args(p: argparse.ArgumentParser) -> None:
         "--layer", type=int, default=None, help="layer of the headline numbers (default last)"
     )
     g.add_argument("--centre", action="store_true", help="subtract the mean embedding first")
-    g.add_argument("--target", default=None, help="target language (default: from the clamp)")
+    g.add_argument("--target", default=None, help="target language of the clamp's expert "
+                   "neurons (default: from the clamp)")  # fmt: skip
     g.add_argument(
         "--side-effects",
-        type=int,
-        default=0,
-        metavar="N",
+        action="store_true",
         help="also measure the clamp's side effects in every language against the control "
-        "(mechlingo.analyses.scoring.side_effects): accuracy on N bundled capitals per language (natural "
-        "templates), perplexity and output language on the last N lines of each language "
-        "(default 0: off)",
+        "(mechlingo.scoring.side_effects): accuracy on --side-effects-lines bundled "
+        "capitals per language (natural templates), perplexity and output language on the "
+        "last --side-effects-lines lines of each language",
     )
+    g.add_argument("--side-effects-lines", type=int, default=20, metavar="N",
+                   help="parallel lines per language that --side-effects measures perplexity "
+                   "and output language on (default 20)")  # fmt: skip
     add_work_args(p)
 
 
 def _align_side_effects(model: Model, iv: Any, control: Any, texts: dict, args: Any) -> Any:
-    """The clamp's side effects (:func:`mechlingo.analyses.scoring.side_effects.side_effects`) on bundled
-    capitals (natural templates) and the last ``--side-effects`` lines of each language."""
+    """The clamp's side effects (:func:`mechlingo.scoring.side_effects.side_effects`) on bundled
+    capitals (natural templates) and the last ``--side-effects-lines`` lines of each language."""
 
-    n = args.side_effects
+    n = args.side_effects_lines
     langs = [lg for lg in texts if lg in LANGS]
     facts = load_facts(langs=langs, relations=["capital"], limit=n, templates="natural")
     lines = {lg: texts[lg][-n:] for lg in langs}

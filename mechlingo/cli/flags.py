@@ -1,5 +1,5 @@
 """Parsers of comma-separated flag values: the one place where ``--langs``, ``--k``,
-``--seeds``, ``--task-alphas``, ``--split``, ``--mid-layers``, ``--config`` ... are split
+``--control-seeds``, ``--task-alphas``, ``--split``, ``--mid-layers``, ``--config`` ... are split
 and converted.
 
 Every parser names the flag in its error (an :class:`~mechlingo.core.errors.InputError`,
@@ -25,6 +25,7 @@ __all__ = [
     "parse_int_range",
     "parse_ints",
     "parse_list",
+    "line_count",
 ]
 
 
@@ -51,10 +52,13 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
 class HelpParser(argparse.ArgumentParser):
     """An :class:`argparse.ArgumentParser` whose help shows defaults
-    (:class:`DefaultsHelpFormatter`); subcommand parsers made from it are of the same kind."""
+    (:class:`DefaultsHelpFormatter`) and that takes flags by their whole name only (no
+    abbreviations: ``--lang`` must not quietly become ``--langs``); subcommand parsers made
+    from it are of the same kind."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
 
@@ -116,7 +120,7 @@ def parse_ints(
     at least 1; ``""`` is ``[]`` with ``allow_empty``.
 
     Raises:
-        InputError: ``--seeds takes comma-separated integers, got '0,x'``, ``--k needs
+        InputError: ``--control-seeds takes comma-separated integers, got '0,x'``, ``--k needs
             positive integers, got '5,-1'``, or an empty item.
     """
     items = parse_list(text, flag, what="number", unique=False, allow_empty=allow_empty)
@@ -131,6 +135,20 @@ def parse_ints(
     if positive and vals and min(vals) < 1:
         raise InputError(f"{flag} needs positive integers, got {text!r}", where=flag)
     return vals
+
+
+def line_count(text: str) -> int:
+    """A number of lines (``--lines``, ``--heldout``, ``--offset``); the ``START:STOP`` form
+    of older releases is refused with what to write instead (an argparse type)."""
+    if ":" in text:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: lines are counted now, --offset START --lines N (and --heldout N "
+            "for the N lines after them)"
+        )
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
 
 
 def check_finite(values: Iterable[float], flag: str) -> None:

@@ -28,6 +28,7 @@ from mechlingo.activations.distributed import process_group
 from mechlingo.cli import evaluate, experts, lens, replicate, steer, trace, tuned_lens  # noqa: F401
 from mechlingo.cli.common import COMMANDS
 from mechlingo.cli.flags import HelpParser
+from mechlingo.cli.glossary import RETIRED, retired_hints
 from mechlingo.cli.validate import validate_args
 from mechlingo.core.artifacts import cleanup_stale
 from mechlingo.core.errors import MechlingoError, format_error
@@ -44,11 +45,35 @@ from mechlingo.core.version import __version__
 HELP_ORDER = ("lens", "eval", "experts", "align", "tuned-lens", "replicate", "steer", "trace")
 
 
+class MainParser(HelpParser):
+    """The ``mechlingo`` parser: an unknown flag that is a name of an earlier release is
+    refused with the flag that replaced it (:data:`mechlingo.cli.glossary.RETIRED`)."""
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        argv = list(sys.argv[1:] if args is None else args)
+        command = next((a for a in argv if a in COMMANDS), None)
+        old = [
+            a
+            for a in argv
+            if a.startswith("--") and a.split("=", 1)[0] in RETIRED.get(command or "", {})
+        ]
+        if old:  # before the subcommand's own errors (a required flag under its new name)
+            self.error("; ".join(retired_hints(command, argv, old)))
+        parsed, unknown = self.parse_known_args(argv, namespace)
+        if unknown:
+            hints = retired_hints(getattr(parsed, "command", None), argv, unknown)
+            msg = f"unrecognized arguments: {' '.join(unknown)}"
+            self.error(msg + ("; " + "; ".join(hints) if hints else ""))
+        return parsed
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = HelpParser(
+    parser = MainParser(
         prog="mechlingo",
         description="Mechanistic interpretability of multilingual language models "
-        "(TransformerLens). Each command writes OUT/summary.json and OUT/report.html.",
+        "(TransformerLens). Each command writes its results into --out: summary.json and "
+        "report.html, except `steer build` (the vectors, build.json and summary.json) and "
+        "`replicate` (claims.json, claims.md and report.html). Flag names: docs/glossary.md.",
         epilog="Exit status: 0 done; 2 bad input or a fault you can fix (one line on stderr, "
         "--out untouched); 3 `replicate --strict` with a failed stage (the card is written); "
         "1 a bug (with its traceback); 128+N stopped by signal N.",

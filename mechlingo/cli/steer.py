@@ -88,10 +88,22 @@ def _fractions(text: str) -> tuple[float, float, float]:
 DEFAULT_SPLIT = "0.4,0.2,0.4"
 
 
-def _common(p: argparse.ArgumentParser, default_langs: str) -> None:
+def _common(p: argparse.ArgumentParser, default_relation: str) -> None:
     add_model_args(p)
-    add_data_args(p, default_langs=default_langs, default_templates="natural", default_limit=None)
-    add_out_arg(p, batch_size=64)
+    add_data_args(
+        p,
+        default_langs=ALL_LANGS,
+        langs_reason="every bundled language, among which the lowest-language rule picks",
+        default_templates="natural",
+        templates_reason="the papers' setting, where recall is under-engaged",
+        default_limit=None,
+        default_relation=default_relation,
+    )
+    add_out_arg(
+        p,
+        batch_size=64,
+        batch_reason="the steering prompts are short and every condition scores all of them",
+    )
     p.add_argument(
         "--split",
         default=DEFAULT_SPLIT,
@@ -106,12 +118,11 @@ def _common(p: argparse.ArgumentParser, default_langs: str) -> None:
 def _steer_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="steer_command", metavar="{build,eval}")
     b = sub.add_parser("build", help="build the task and diff vector stacks from the build split")
-    _common(b, ALL_LANGS)
     # steer build pools every bundled relation by default (balanced per relation)
-    b.set_defaults(relation="all")
+    _common(b, "all")
     _build_args(b)
     e = sub.add_parser("eval", help="sweep on dev, report orig/task/diff/both/random on test")
-    _common(e, ALL_LANGS)
+    _common(e, "capital")
     e.add_argument("--vectors", default=None,
                    help="folder written by `steer build` (required unless --transfer-only)")  # fmt: skip
     e.add_argument("--dev-per-lang", type=int, default=None, help="dev fact ids per relation")
@@ -126,10 +137,8 @@ def _build_args(b: argparse.ArgumentParser) -> None:
     """``steer build``: how the two vectors are made."""
     b.add_argument("--k-shot", type=int, default=3, help="demonstrations per few-shot prompt")
     b.add_argument("--per-relation", type=int, default=None, metavar="N",
-                   help="build fact ids per relation (steer build uses every bundled relation "
-                   "with natural templates unless --relation says otherwise; default: as "
-                   "many as the smallest relation's build split has, so each relation weighs "
-                   "the same)")  # fmt: skip
+                   help="build fact ids per relation (default: as many as the smallest "
+                   "relation's build split has, so each relation weighs the same)")  # fmt: skip
     b.add_argument(
         "--translation-shots",
         type=int,
@@ -197,7 +206,9 @@ def _sweep_args(e: argparse.ArgumentParser) -> None:
 
 def _test_args(e: argparse.ArgumentParser) -> None:
     """``steer eval``: what is measured on test (controls, repeats, side effects, transfer)."""
-    e.add_argument("--seeds", default="0,1,2", help="random-control seeds (at least 3 advised)")
+    e.add_argument("--control-seeds", dest="seeds", default="0,1,2", metavar="S,S,...",
+                   help="seeds of the norm-matched random controls, one control per seed "
+                   "(at least 3 advised)")  # fmt: skip
     e.add_argument(
         "--repeats",
         type=int,
@@ -207,14 +218,19 @@ def _test_args(e: argparse.ArgumentParser) -> None:
     )
     e.add_argument(
         "--side-effects",
-        default=None,
-        metavar="DIR",
+        dest="side_effects_on",
+        action="store_true",
         help="also measure the selected intervention's side effects in every language "
-        "(accuracy, perplexity on the lines of DIR/<lang>.txt, e.g. NTREX, and the language of "
-        "continuations) against a norm-matched random control (mechlingo.analyses.scoring.side_effects)",
+        "(accuracy, perplexity on the lines of --parallel DIR, and the language of "
+        "continuations) against a norm-matched random control "
+        "(mechlingo.scoring.side_effects)",
     )
-    e.add_argument("--side-effects-lines", type=int, default=20,
-                   help="lines per language for --side-effects (default 20)")  # fmt: skip
+    e.add_argument("--parallel", dest="side_effects", default=None, metavar="DIR",
+                   help="folder of line-aligned <lang>.txt files (e.g. NTREX) that "
+                   "--side-effects measures perplexity on")  # fmt: skip
+    e.add_argument("--side-effects-lines", type=int, default=20, metavar="N",
+                   help="parallel lines per language that --side-effects measures perplexity "
+                   "and output language on (default 20)")  # fmt: skip
     e.add_argument(
         "--transfer",
         nargs="?",
@@ -236,7 +252,8 @@ def _test_args(e: argparse.ArgumentParser) -> None:
                    "diagonal: only R on R")  # fmt: skip
     e.add_argument("--transfer-only", action="store_true",
                    help="run only the transfer matrix (no --vectors needed)")  # fmt: skip
-    e.add_argument("--max-new-tokens", type=int, default=6, help="greedy tokens (default 6)")
+    e.add_argument("--max-new-tokens", type=int, default=6,
+                   help="greedy tokens generated per prompt (default 6)")  # fmt: skip
 
 
 @command("steer", "build and evaluate the two repair steering vectors", _steer_args)
@@ -366,7 +383,7 @@ def _eval_stages(args: Any, model: Model, facts: list) -> Any:
     number (the seeds, repeats and --transfer name or add stages instead)."""
     data = data_key(facts=[dataclasses.asdict(f) for f in facts])
     data.update(vectors=hash_files(args.vectors), side_effects=hash_files(args.side_effects))
-    skip = ("seeds", "repeats", "transfer", "vectors", "side_effects")
+    skip = ("seeds", "repeats", "transfer", "vectors", "side_effects", "side_effects_on")
     return open_stages(args, model, data, skip=skip)
 
 
@@ -379,12 +396,12 @@ def _load_vectors(folder: str, model: Model) -> SteeringPair:
 
 
 def _side_effect_lines(args: Any, langs: list[str]) -> dict[str, list[str]]:
-    """The first ``--side-effects-lines`` lines of ``--side-effects DIR/<lang>.txt`` for
+    """The first ``--side-effects-lines`` lines of ``--parallel DIR/<lang>.txt`` for
     every test language."""
     try:
         lines = read_parallel_dir(args.side_effects, langs)
     except ValueError as err:
-        raise UsageError(f"--side-effects: {err}") from err
+        raise UsageError(f"--parallel: {err}") from err
     return {lg: v[: args.side_effects_lines] for lg, v in lines.items()}
 
 

@@ -44,7 +44,11 @@ from mechlingo.report.trace import trace_report
 
 def _trace_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
-    add_data_args(p, default_langs="en,fr,de,es")
+    add_data_args(
+        p,
+        default_langs="en,fr,de,es",
+        langs_reason="four: the patching and knockout run per language",
+    )
     add_out_arg(p)
     p.add_argument(
         "--max-rank",

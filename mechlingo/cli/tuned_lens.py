@@ -4,7 +4,7 @@ Under ``torchrun --nproc_per_node N -m mechlingo.cli tuned-lens ...`` the traini
 data-parallel (gradients all-reduced); rank 0 writes the folder. The folder holds the lens
 (``translators.safetensors``, ``tuned_lens.json``: the model fingerprint and the training
 settings), ``loss.csv`` (the loss curve), ``summary.json`` and ``report.html`` (the loss
-curve figure and, with ``--heldout``, the held-out KL per layer against the logit lens).
+curve figure and, with ``--heldout N``, the held-out KL per layer against the logit lens).
 Use it with ``mechlingo lens --decoder tuned --tuned-lens DIR``. The training and the
 held-out KL are stages kept in ``.OUT.work`` until ``OUT`` is written: the same command run
 again after a stop goes on from them (:mod:`mechlingo.cli.work`).
@@ -36,6 +36,7 @@ from mechlingo.cli.common import (
     run_meta,
     split_list,
 )
+from mechlingo.cli.flags import line_count
 from mechlingo.cli.work import add_work_args, data_key, finish_stages, open_stages, work_folder
 from mechlingo.core.stages import Stages
 from mechlingo.data import LANGS
@@ -45,33 +46,44 @@ from mechlingo.report import Report, write_outputs
 from mechlingo.viz.lens import lens_kl_figure
 
 
-def _span(text: str | None, flag: str) -> slice:
-    """``START:STOP`` line range (either side may be empty)."""
-    if text is None:
-        return slice(None)
-    parts = text.split(":")
-    try:
-        if len(parts) != 2:
-            raise ValueError
-        a, b = (int(p) if p.strip() else None for p in parts)
-    except ValueError:
-        raise UsageError(f"{flag} {text!r} is not START:STOP", fix=f"e.g. {flag} 0:800") from None
-    return slice(a, b)
+def _spans(args: Any) -> tuple[slice, slice | None]:
+    """The training lines (``--offset``, ``--lines``) and the held-out lines right after
+    them (``--heldout``; ``None`` without it)."""
+    start = args.offset
+    stop = None if args.lines is None else start + args.lines
+    if args.heldout is None:
+        return slice(start, stop), None
+    if stop is None:
+        raise UsageError(
+            "--heldout takes the lines after the training lines, but no --lines says where "
+            "they end",
+            where="--heldout",
+            fix="add --lines N (e.g. --lines 800 --heldout 100)",
+        )
+    return slice(start, stop), slice(stop, stop + args.heldout)
 
 
 def _tuned_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
-    add_out_arg(p, batch_size=8)
+    add_out_arg(p, batch_size=8, batch_reason="texts per forward pass of the held-out KL; "
+                "training texts are longer than fact prompts")  # fmt: skip
     g = p.add_argument_group("training text")
-    g.add_argument("--text", default=None, help="folder of line-aligned <lang>.txt files "
-                   "(e.g. NTREX or FLORES); default: the bundled fact sentences")  # fmt: skip
+    g.add_argument("--parallel", default=None, metavar="DIR", help="folder of line-aligned "
+                   "<lang>.txt files (e.g. NTREX or FLORES); default: the bundled fact "
+                   "sentences")  # fmt: skip
     g.add_argument("--text-file", default=None, help="your own text, one training text a line "
-                   "(instead of --text)")  # fmt: skip
-    g.add_argument("--langs", default="en", help="languages to train on (default en); several "
-                   "= a language-balanced mix, 'all' = every language of --text")  # fmt: skip
-    g.add_argument("--lines", default=None, help="START:STOP lines of each file to train on")
-    g.add_argument("--heldout", default=None, help="START:STOP lines to report the held-out "
-                   "KL per layer on, against the logit lens (not trained on)")  # fmt: skip
+                   "(instead of --parallel)")  # fmt: skip
+    g.add_argument("--langs", default="en", help="languages to train on (default en: a lens "
+                   "of one language unless a mix is asked for); several = a language-balanced "
+                   "mix, 'all' = every language of --parallel")  # fmt: skip
+    g.add_argument("--offset", type=line_count, default=0, metavar="N",
+                   help="skip this many lines of each file first (default 0)")  # fmt: skip
+    g.add_argument("--lines", type=line_count, default=None, metavar="N",
+                   help="parallel lines (sentences) per language to train on, after --offset "
+                   "(default: all)")  # fmt: skip
+    g.add_argument("--heldout", type=line_count, default=None, metavar="N",
+                   help="held-out lines per language right after the --lines used, never "
+                   "fitted on: the held-out KL per layer against the logit lens")  # fmt: skip
     t = p.add_argument_group("training")
     t.add_argument("--steps", type=int, default=60, help="optimizer steps (default 60)")
     t.add_argument("--max-seconds", type=float, default=None, help="stop after this long")
@@ -93,10 +105,18 @@ def _texts(args: Any) -> tuple[dict[str, list[str]], str]:
         lines = [x for x in read_text(path, "text file").split("\n") if x.strip()]
         return {"text": lines}, str(path)
     langs = split_list(args.langs) or ["en"]
-    if args.text:
-        by_lang = read_parallel_dir(args.text, None if langs == ["all"] else langs)
-        return by_lang, str(args.text)
+    if args.parallel:
+        by_lang = read_parallel_dir(args.parallel, None if langs == ["all"] else langs)
+        return by_lang, str(args.parallel)
     return parallel_sentences(list(LANGS) if langs == ["all"] else langs), "bundled facts"
+
+
+def _span_text(span: slice) -> str | None:
+    """``START:STOP`` of the training lines (as the lens's meta recorded them before the
+    flags were counts), ``None`` for all lines."""
+    if span.start == 0 and span.stop is None:
+        return None
+    return f"{span.start}:{'' if span.stop is None else span.stop}"
 
 
 def _vocab_sample(text: str) -> int | str | None:
@@ -111,13 +131,13 @@ def _vocab_sample(text: str) -> int | str | None:
 @command("tuned-lens", "train a tuned lens (one language or a balanced mix)", _tuned_args)
 def cmd_tuned_lens(args: Any) -> int:
 
-    if args.text and args.text_file:
-        raise UsageError("give --text or --text-file, not both")
-    train_span, held_span = _span(args.lines, "--lines"), _span(args.heldout, "--heldout")
+    if args.parallel and args.text_file:
+        raise UsageError("give --parallel or --text-file, not both")
+    train_span, held_span = _spans(args)
     sample = _vocab_sample(args.vocab_sample)
     by_lang, source = _texts(args)
     train = mix_texts({lg: v[train_span] for lg, v in by_lang.items()})
-    held = mix_texts({lg: v[held_span] for lg, v in by_lang.items()}) if args.heldout else []
+    held = mix_texts({lg: v[held_span] for lg, v in by_lang.items()}) if held_span else []
     work_folder(args)  # --work is checked before the model loads
     model = load_cli_model(args)
     stages = open_stages(args, model, data_key(train=train, held=held))
@@ -127,11 +147,11 @@ def cmd_tuned_lens(args: Any) -> int:
           "vocab_sample": sample, "seed": args.seed, "progress": not args.quiet}  # fmt: skip
     training = _staged_training(stages, model, train, kw)
     lens = training.lens
-    lens.meta |= {"text": source, "langs": list(by_lang), "lines": args.lines}
+    lens.meta |= {"text": source, "langs": list(by_lang), "lines": _span_text(train_span)}
     summary = {"training": training.summary(), "langs": list(by_lang), "text": source}
     if held:
         div = stages.run("heldout", lambda: lens_divergence(
-            model, held, {"logit": None, "tuned": lens}))  # fmt: skip
+            model, held, {"logit": None, "tuned": lens}, batch_size=args.batch_size))  # fmt: skip
         summary["heldout_kl"] = div
     summary["meta"] = run_meta(model, args, seconds=round(time.time() - t0, 1))
     report = Report("mechlingo: tuned lens training", summary["meta"])

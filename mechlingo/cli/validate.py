@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from mechlingo.analyses.scoring.scorers import KLAR_MAX_NEW_TOKENS, klar_prompt
 from mechlingo.cli.flags import check_finite, parse_config, parse_floats, parse_ints, parse_list
 from mechlingo.core.checks import check_gguf_file, check_model_folder
 from mechlingo.core.errors import (
@@ -37,6 +36,7 @@ from mechlingo.core.sites import canonical_site
 from mechlingo.core.types import Model
 from mechlingo.data import LANGS, RELATIONS, benchmark_format, few_shot_prompt, read_facts
 from mechlingo.interventions import load_intervention
+from mechlingo.scoring.scorers import KLAR_MAX_NEW_TOKENS, klar_prompt
 
 __all__ = [
     "ModelShape",
@@ -68,15 +68,19 @@ POSITIVE_INTS = (
     "top_k",
     "max_tokens",
     "samples",
-    "new_tokens",
     "heldout",
     "repeats",
+    "lines",
+    "side_effects_lines",
 )
 #: Integer flags that must be at least 0 when given.
 NON_NEGATIVE_INTS = ("offset", "patch_prompts", "translation_shots")
+#: Commands where a flag of POSITIVE_INTS may be 0 (``lens --max-new-tokens 0``: the
+#: patchscope reads its first token without generating).
+ZERO_ALLOWED = {"lens": ("max_new_tokens",)}
 
 _FACT_COMMANDS = ("lens", "eval", "trace", "steer")
-_TEXT_COMMANDS = ("experts", "align")
+_TEXT_COMMANDS = ("experts", "align")  # tuned-lens checks its own --parallel
 
 
 def _flag(name: str) -> str:
@@ -247,8 +251,8 @@ def check_out(text: str | None, flag: str = "--out", *, artifact: bool = False) 
 # --------------------------------------------------------------------------------------
 
 
-def check_data_file(text: str | None, flag: str = "--data") -> list[Any] | None:
-    """Read a facts file (``.jsonl``/``.tsv``) given with ``--data`` and return its facts.
+def check_data_file(text: str | None, flag: str = "--facts") -> list[Any] | None:
+    """Read a facts file (``.jsonl``/``.tsv``) given with ``--facts`` and return its facts.
 
     Raises:
         DataError: missing, a folder, unknown extension, not UTF-8 (file and line), empty or
@@ -274,8 +278,9 @@ def check_data_file(text: str | None, flag: str = "--data") -> list[Any] | None:
         raise DataError(f"{flag} {text} is not readable", where=flag) from None
 
 
-def check_text_dir(text: str | None, langs: list[str] | None, flag: str = "--data") -> None:
-    """Check a folder of ``<lang>.txt`` files given with ``--data`` (experts, align)."""
+def check_text_dir(text: str | None, langs: list[str] | None, flag: str = "--parallel") -> None:
+    """Check a folder of ``<lang>.txt`` files given with ``--parallel`` (experts, align,
+    tuned-lens, steer eval)."""
     if text is None:
         return
     path = Path(text).expanduser()
@@ -285,7 +290,7 @@ def check_text_dir(text: str | None, langs: list[str] | None, flag: str = "--dat
         raise DataError(f"{flag} {text} does not exist", where=flag)
     if not path.is_dir():
         raise DataError(
-            f"{flag} {text} is a file; experts and align read a folder of <lang>.txt files",
+            f"{flag} {text} is a file; {flag} takes a folder of <lang>.txt files",
             where=flag,
             fix="pass the folder (e.g. an NTREX export)",
         )
@@ -355,9 +360,9 @@ def _check_shape(args: Any, shape: ModelShape) -> None:
     if cmd == "align" and getattr(args, "layer", None) is not None:
         check_layers([args.layer], n, "--layer")
     if cmd == "experts":
-        layers = parse_ints(getattr(args, "layer", None), "--layer")
+        layers = parse_ints(getattr(args, "layers", None), "--layers")
         if layers:
-            check_layers(layers, n, "--layer")
+            check_layers(layers, n, "--layers")
         ks = parse_ints(getattr(args, "k", None), "--k") or []
         if shape.d_mlp and ks:
             searched = len({x % n for x in layers}) if layers else n
@@ -438,7 +443,7 @@ def check_after_load(model: Model, args: Any) -> None:
     facts = getattr(args, "_facts", None)
     if facts:
         new = int(getattr(args, "max_new_tokens", 0) or 0)
-        labelled = [(_fact_label(f, args.data), f.prompt) for f in facts]
+        labelled = [(_fact_label(f, args.facts), f.prompt) for f in facts]
         check_context(model, labelled, new_tokens=new, flag="--max-new-tokens" if new else None)
         k_shot = getattr(args, "k_shot", None)
         if k_shot:
@@ -449,7 +454,7 @@ def check_after_load(model: Model, args: Any) -> None:
                     text = few_shot_prompt(f, facts, k_shot)
                 except ValueError:  # too few demonstrations: reported by the command itself
                     continue
-                shots.append((_fact_label(f, args.data) + f" as a {k_shot}-shot prompt", text))
+                shots.append((_fact_label(f, args.facts) + f" as a {k_shot}-shot prompt", text))
             check_context(model, shots, flag="--k-shot")
         _check_metric_context(model, args, facts)
     texts = getattr(args, "_texts", None)
@@ -463,7 +468,7 @@ def check_after_load(model: Model, args: Any) -> None:
                 fix=f"use --max-tokens {int(n_ctx) - 1} or less",
             )
         if not max_tokens:
-            src = args.data or "the bundled sentences"
+            src = getattr(args, "parallel", None) or "the bundled sentences"
             labelled = [
                 (f"{lg} sentence {i + 1} of {src}", s)
                 for lg, sents in texts.items()
@@ -479,13 +484,13 @@ def _check_metric_context(model: Model, args: Any, facts: Sequence[Any]) -> None
     if metric == "klar":
         longest = sorted(facts, key=lambda f: len(f.prompt), reverse=True)[:5]
         labelled = [
-            (_fact_label(f, args.data) + " as a KLAR prompt", klar_prompt(f, facts))
+            (_fact_label(f, args.facts) + " as a KLAR prompt", klar_prompt(f, facts))
             for f in longest
         ]
         check_context(model, labelled, new_tokens=KLAR_MAX_NEW_TOKENS, flag="--metric")
     elif metric == "rank":
         filled = [
-            (_fact_label(f, args.data) + f" filled with {c!r}", f.filled(c))
+            (_fact_label(f, args.facts) + f" filled with {c!r}", f.filled(c))
             for f in facts
             for c in f.candidates
         ]
@@ -541,15 +546,19 @@ def _check_artifact_dir(path_text: str | None, flag: str, *, pair: bool = False)
 
 
 def _check_counts(args: Any) -> None:
-    """Integer flags: ``POSITIVE_INTS`` at least 1, ``NON_NEGATIVE_INTS`` at least 0."""
-    for names, low, fix in (
-        (POSITIVE_INTS, 1, "give a positive number"),
-        (NON_NEGATIVE_INTS, 0, "give 0 or a positive number"),
-    ):
+    """Integer flags: ``POSITIVE_INTS`` at least 1 (0 where :data:`ZERO_ALLOWED` says so),
+    ``NON_NEGATIVE_INTS`` at least 0."""
+    zero_ok = ZERO_ALLOWED.get(getattr(args, "command", ""), ())
+    for names, low in ((POSITIVE_INTS, 1), (NON_NEGATIVE_INTS, 0)):
         for name in names:
             v = getattr(args, name, None)
-            if isinstance(v, int) and not isinstance(v, bool) and v < low:
-                need = "at least 1" if low == 1 else "0 or more"
+            least = 0 if name in zero_ok else low
+            if isinstance(v, int) and not isinstance(v, bool) and v < least:
+                need, fix = (
+                    ("at least 1", "give a positive number")
+                    if least == 1
+                    else ("0 or more", "give 0 or a positive number")
+                )
                 raise InputError(
                     f"{_flag(name)} must be {need}, got {v}", where=_flag(name), fix=fix
                 )
@@ -558,7 +567,7 @@ def _check_counts(args: Any) -> None:
 def _check_fact_flags(args: Any) -> None:
     """Flags of the commands that read facts (lens, eval, trace, steer)."""
     parse_list(getattr(args, "langs", None), "--langs", known=LANGS, what="language")
-    data = getattr(args, "data", None)
+    data = getattr(args, "facts", None)
     bench = data is not None and data.strip() != "" and benchmark_format(data) is not None
     facts = None if bench else check_data_file(data)  # a benchmark is read with the facts
     rel = getattr(args, "relation", None)
@@ -579,22 +588,48 @@ def _check_fact_flags(args: Any) -> None:
     if getattr(args, "steer_command", "") == "eval":
         if getattr(args, "config", None) is not None:
             parse_config(args.config)
-        parse_ints(args.seeds, "--seeds", allow_empty=True)
+        if not parse_ints(args.seeds, "--control-seeds", allow_empty=True):
+            raise InputError(
+                "--control-seeds needs at least one seed",
+                where="--control-seeds",
+                fix="give 3 or more, e.g. --control-seeds 0,1,2",
+            )
+        _check_side_effect_flags(args)
     if hasattr(args, "vectors"):
         _check_artifact_dir(args.vectors, "--vectors", pair=True)
 
 
+def _check_side_effect_flags(args: Any) -> None:
+    """``steer eval``: ``--side-effects`` measures on the lines of ``--parallel DIR``; one
+    without the other is refused."""
+    switch, folder = getattr(args, "side_effects_on", False), getattr(args, "side_effects", None)
+    if switch and not folder:
+        raise InputError(
+            "steer eval --side-effects measures on parallel lines but no --parallel DIR is given",
+            where="--side-effects",
+            fix="add --parallel DIR (a folder of line-aligned <lang>.txt files, e.g. NTREX)",
+        )
+    if folder and not switch:
+        raise InputError(
+            "steer eval reads --parallel only for --side-effects",
+            where="--parallel",
+            fix="add --side-effects, or drop --parallel",
+        )
+    if folder:
+        check_text_dir(folder, None, "--parallel")
+
+
 def _check_experts_flags(args: Any, langs: list[str] | None, known: Sequence[str] | None) -> None:
-    targets = parse_list(args.lang, "--lang", known=known, what="language")
+    targets = parse_list(args.target, "--target", known=known, what="language")
     if langs is not None and targets is not None:
         missing = [t for t in targets if t not in langs]
         if missing:
             raise InputError(
-                f"--lang {missing} not among --langs {langs}",
-                where="--lang",
+                f"--target {missing} not among --langs {langs}",
+                where="--target",
                 fix="add the target to --langs",
             )
-    parse_ints(args.layer, "--layer")
+    parse_ints(args.layers, "--layers")
     parse_ints(args.k, "--k", positive=True)
 
 
@@ -619,9 +654,9 @@ def _check_align_flags(args: Any, langs: list[str] | None, known: Sequence[str] 
 
 def _check_text_flags(args: Any) -> None:
     """Flags of the commands that read parallel sentences (experts, align)."""
-    known = None if getattr(args, "data", None) else LANGS
+    known = None if getattr(args, "parallel", None) else LANGS
     langs = parse_list(getattr(args, "langs", None), "--langs", known=known, what="language")
-    check_text_dir(getattr(args, "data", None), langs)
+    check_text_dir(getattr(args, "parallel", None), langs, "--parallel")
     if args.command == "experts":
         _check_experts_flags(args, langs, known)
     if args.command == "align":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 from mechlingo.core.errors import InputError, MechlingoError
 
@@ -165,7 +165,7 @@ _ARABIC_MARKS: dict[int, None] = {c: None for c in [*range(0x064B, 0x0653), 0x06
 def answer_key(text: str) -> str:
     """A loose comparison form of an answer, used to drop duplicate aliases: NFKC,
     casefolded, punctuation and symbols removed, Arabic vowel marks removed, whitespace
-    collapsed. (Scoring generations is :func:`mechlingo.analyses.scoring.evaluate.is_correct`.)"""
+    collapsed. (Scoring generations is :func:`mechlingo.scoring.evaluate.is_correct`.)"""
     text = unicodedata.normalize("NFKC", text).casefold().translate(_ARABIC_MARKS)
     text = "".join(ch for ch in text if unicodedata.category(ch)[0] not in "PS")
     return " ".join(text.split())
@@ -312,20 +312,23 @@ def _string_list(raw: Any, field: str, fail: Callable[[str, str], RecordError]) 
     return tuple(raw)
 
 
-def fact_from_cloze(
-    *,
-    id: str,
-    relation: str,
-    lang: str,
-    template: str,
-    subject: str,
-    answer: str,
-    answer_en: str = "",
-    aliases: Iterable[str] = (),
-    subject_en: str = "",
-) -> Fact:
+class FactFields(TypedDict, total=False):
+    """The fields besides the template that :func:`make_fact` and :func:`fact_from_cloze`
+    take (optional ones default to empty)."""
+
+    id: Required[str]
+    relation: Required[str]
+    lang: Required[str]
+    subject: Required[str]
+    answer: Required[str]
+    answer_en: str
+    aliases: Iterable[str]
+    subject_en: str
+
+
+def fact_from_cloze(*, template: str, **fields: Unpack[FactFields]) -> Fact:
     """A Fact from a LAMA-style cloze template (``"[X] is the capital of [Y] ."``) as used by
-    mLAMA, BMLAMA, X-FACTR or KLAR exports.
+    mLAMA, BMLAMA, X-FACTR or KLAR exports; ``fields`` as :func:`make_fact` takes them.
 
     ``[X]`` is replaced by the subject; ``[Y]`` must come last, up to punctuation and
     spaces, which are dropped (a causal LM can only complete a stem whose answer is at the
@@ -340,17 +343,20 @@ def fact_from_cloze(
             f"cloze template {template!r} has text after [Y]; a completion prompt needs the "
             "answer last, so rephrase it (e.g. '[X] is the capital of' -> '[Y]')"
         )
-    return make_fact(
-        id=id,
-        relation=relation,
-        lang=lang,
-        template=head.rstrip().replace("[X]", "{s}"),
-        subject=subject,
-        answer=answer,
-        answer_en=answer_en,
-        aliases=aliases,
-        subject_en=subject_en,
-    )
+    return make_fact(template=head.rstrip().replace("[X]", "{s}"), **fields)
+
+
+def distinct_aliases(answer: str, aliases: Iterable[str]) -> list[str]:
+    """``aliases`` without those that normalize (:func:`answer_key`) to nothing, to the
+    answer or to an earlier alias, in their order."""
+    seen = {answer_key(answer)}
+    out = []
+    for alias in aliases:
+        key = answer_key(alias)
+        if key and key not in seen:
+            seen.add(key)
+            out.append(alias)
+    return out
 
 
 def make_fact(
@@ -374,13 +380,7 @@ def make_fact(
         raise InputError(f"template {template!r} must contain exactly one '{{s}}'")
     start = template.index("{s}")
     prompt = template[:start] + subject + template[start + 3 :]
-    seen = {answer_key(answer)}
-    kept = []
-    for alias in aliases:
-        key = answer_key(alias)
-        if key and key not in seen:
-            seen.add(key)
-            kept.append(alias)
+    kept = distinct_aliases(answer, aliases)
     return fact_from_mapping(
         {
             "id": id,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -164,6 +164,21 @@ def _check_unique(facts: Sequence[Fact], source: str, lines: Sequence[int]) -> N
         seen[key] = line
 
 
+def _facts_of(records: Iterable[tuple[int, Any]], source: str, empty: DataError) -> list[Fact]:
+    """The checked facts of ``(line, record)`` pairs, read in order (each record's error
+    names its line); ``empty`` is raised when there are none, and a repeated (id, lang) pair
+    is an error naming both lines."""
+    facts: list[Fact] = []
+    lines: list[int] = []
+    for number, record in records:
+        facts.append(fact_from_mapping(record, source, number))
+        lines.append(number)
+    if not facts:
+        raise empty
+    _check_unique(facts, source, lines)
+    return facts
+
+
 def read_jsonl(path: PathLike) -> list[Fact]:
     """Read facts from a JSONL file, one record per line.
 
@@ -172,21 +187,16 @@ def read_jsonl(path: PathLike) -> list[Fact]:
             repeated (id, lang) pair, naming the file, the line number and the field.
     """
     source = str(path)
-    facts: list[Fact] = []
-    lines: list[int] = []
-    for number, text in enumerate(read_text(path, "facts file").split("\n"), start=1):
-        if not text.strip():
-            continue
-        record = json_record(text, f"{source}, line {number}")
-        facts.append(fact_from_mapping(record, source, number))
-        lines.append(number)
-    if not facts:
-        raise DataError(
-            f"{source}, line 1: the file holds no facts (empty)",
-            fix="add one JSON object per line (see docs/data.md)",
-        )
-    _check_unique(facts, source, lines)
-    return facts
+    records = (
+        (number, json_record(text, f"{source}, line {number}"))
+        for number, text in enumerate(read_text(path, "facts file").split("\n"), start=1)
+        if text.strip()
+    )
+    empty = DataError(
+        f"{source}, line 1: the file holds no facts (empty)",
+        fix="add one JSON object per line (see docs/data.md)",
+    )
+    return _facts_of(records, source, empty)
 
 
 def write_jsonl(facts: Iterable[Fact], path: PathLike) -> None:
@@ -292,27 +302,26 @@ def read_tsv(path: PathLike) -> list[Fact]:
     if not rows or rows[0][0] != 1:
         raise RecordError(f"{source}, line 1: missing header line (column names)")
     header = [name.strip() for name in rows[0][1]]
-    facts: list[Fact] = []
-    lines: list[int] = []
-    for number, cells, quoted in rows[1:]:
-        if len(cells) != len(header):
-            raise RecordError(
-                f"{source}, line {number}: has {len(cells)} columns, the header has {len(header)}"
-            )
-        record: dict[str, Any] = {}
-        for name, cell, q in zip(header, cells, quoted, strict=True):
-            if cell == "" and name not in ("answer_en", "subject_en", "aliases"):
-                continue  # an empty required cell is reported as missing
-            record[name] = cell if q else _unescape(cell, source, number, name)
-        facts.append(fact_from_mapping(record, source, number))
-        lines.append(number)
-    if not facts:
-        raise DataError(
-            f"{source}, line 2: the file has a header line but no facts",
-            fix="add one tab-separated record per line after the header",
-        )
-    _check_unique(facts, source, lines)
-    return facts
+
+    def records() -> Iterator[tuple[int, dict[str, Any]]]:
+        for number, cells, quoted in rows[1:]:
+            if len(cells) != len(header):
+                raise RecordError(
+                    f"{source}, line {number}: has {len(cells)} columns, the header has "
+                    f"{len(header)}"
+                )
+            record: dict[str, Any] = {}
+            for name, cell, q in zip(header, cells, quoted, strict=True):
+                if cell == "" and name not in ("answer_en", "subject_en", "aliases"):
+                    continue  # an empty required cell is reported as missing
+                record[name] = cell if q else _unescape(cell, source, number, name)
+            yield number, record
+
+    empty = DataError(
+        f"{source}, line 2: the file has a header line but no facts",
+        fix="add one tab-separated record per line after the header",
+    )
+    return _facts_of(records(), source, empty)
 
 
 def write_tsv(facts: Iterable[Fact], path: PathLike) -> None:

@@ -99,7 +99,7 @@ def parallel_layout(path: PathLike, split: str = "devtest") -> tuple[str, Path]:
     ):
         raise DataError(
             f"{folder} holds no parallel text for split {split!r}, only for {other!r}",
-            fix=f"pass split {other!r} (--split {other})",
+            fix=f"pass split {other!r} (--flores-split {other})",
         )
     return "txt", folder  # read_parallel_dir reports what is missing
 

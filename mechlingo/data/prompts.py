@@ -8,7 +8,7 @@ space, for the other languages after one space, see :func:`answer_separator`).
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from mechlingo.core.chat import ChatPrompt
 from mechlingo.core.errors import InputError
@@ -43,6 +43,19 @@ def _pick(candidates: Sequence[Fact], k: int, seed: int, key: str) -> list[Fact]
     return rng.sample(list(candidates), k)
 
 
+def _demo_pool(pool: Iterable[Fact], keep: Callable[[Fact], bool], k: int, what: str) -> list[Fact]:
+    """The facts of ``pool`` that ``keep`` accepts, the first of each id, sorted by id; an
+    :class:`InputError` when fewer than ``k`` (``what`` says which facts were sought)."""
+    by_id: dict[str, Fact] = {}
+    for other in pool:
+        if keep(other):
+            by_id.setdefault(other.id, other)
+    out = [by_id[i] for i in sorted(by_id)]
+    if len(out) < k:
+        raise InputError(f"the pool has {len(out)} {what}; {k} demonstrations were asked for")
+    return out
+
+
 def few_shot_prompt(
     fact: Fact, pool: Iterable[Fact], k: int = 3, seed: int = 0, sep: str = "\n"
 ) -> str:
@@ -58,16 +71,12 @@ def few_shot_prompt(
     """
     if k < 0:
         raise InputError(f"k must be >= 0, got {k}")
-    by_id: dict[str, Fact] = {}
-    for other in pool:
-        if other.relation == fact.relation and other.lang == fact.lang and other.id != fact.id:
-            by_id.setdefault(other.id, other)
-    candidates = [by_id[i] for i in sorted(by_id)]
-    if len(candidates) < k:
-        raise InputError(
-            f"the pool has {len(candidates)} facts of relation {fact.relation!r} in language "
-            f"{fact.lang!r} other than {fact.id!r}; {k} demonstrations were asked for"
-        )
+    candidates = _demo_pool(
+        pool,
+        lambda o: o.relation == fact.relation and o.lang == fact.lang and o.id != fact.id,
+        k,
+        f"facts of relation {fact.relation!r} in language {fact.lang!r} other than {fact.id!r}",
+    )
     demos = _pick(candidates, k, seed, fact.id)
     text = sep.join([d.sentence for d in demos] + [fact.prompt])
     return ChatPrompt(text, query=fact.prompt, demos=[(d.prompt, d.sentence) for d in demos])
@@ -134,20 +143,12 @@ def translation_prompt(
         if pool_list is None:
             raise InputError("translation_prompt with k > 0 needs a pool of demonstrations")
         answer_key = fact.answer.casefold()
-        by_id: dict[str, Fact] = {}
-        for other in pool_list:
-            if (
-                other.lang == fact.lang
-                and other.id != fact.id
-                and other.answer.casefold() != answer_key
-            ):
-                by_id.setdefault(other.id, other)
-        candidates = [by_id[i] for i in sorted(by_id)]
-        if len(candidates) < k:
-            raise InputError(
-                f"the pool has {len(candidates)} facts in {fact.lang!r} with another answer "
-                f"than {fact.id!r}; {k} demonstrations were asked for"
-            )
+        candidates = _demo_pool(
+            pool_list,
+            lambda o: o.lang == fact.lang and o.id != fact.id and o.answer.casefold() != answer_key,
+            k,
+            f"facts in {fact.lang!r} with another answer than {fact.id!r}",
+        )
         translated = [
             d
             for d in candidates

@@ -49,19 +49,24 @@ the model they were built for). Type an optional intervention as ``Intervention 
 (``docs/interop.md``).
 
 Modules: :mod:`~.base` (the interface, the where, saving and loading), :mod:`~.steering`,
-:mod:`~.clamp`, :mod:`~.ablation`, :mod:`~.compose`, :mod:`~.gate`, :mod:`~.apply`
-(:func:`intervene`), :mod:`~.hf`, :mod:`~.export`.
+:mod:`~.clamp`, :mod:`~.ablation`, :mod:`~.gate` (the rows a language gate passes), :mod:`~.apply`
+(:func:`intervene`, :func:`intervention_hooks`), :mod:`~.hf`, :mod:`~.export`.
 """
 
 from mechlingo.core.describe import check_model, model_info, model_info_name
 from mechlingo.core.errors import InterventionError, ModelMismatchError
 from mechlingo.interventions.ablation import Ablation
-from mechlingo.interventions.apply import intervene
-from mechlingo.interventions.base import FORMAT_VERSION, Intervention, SiteEdit, load_intervention
+from mechlingo.interventions.apply import intervene, intervention_hooks
+from mechlingo.interventions.base import (
+    FORMAT_VERSION,
+    Compose,
+    Gated,
+    Intervention,
+    SiteEdit,
+    load_intervention,
+)
 from mechlingo.interventions.clamp import NeuronClamp
-from mechlingo.interventions.compose import Compose
 from mechlingo.interventions.export import VectorExport, export, read_export
-from mechlingo.interventions.gate import Gated
 from mechlingo.interventions.hf import HFHandle
 from mechlingo.interventions.steering import SteeringVector, random_like
 
@@ -81,6 +86,7 @@ __all__ = [
     "check_model",
     "export",
     "intervene",
+    "intervention_hooks",
     "load_intervention",
     "model_info",
     "model_info_name",

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 from mechlingo.activations.runs import hooked
 from mechlingo.core.tokens import TokenBatch
-from mechlingo.core.types import HookFn, Model
+from mechlingo.core.types import FwdHooks, HookFn, Model
 from mechlingo.interventions.base import Intervention
 
 
@@ -43,7 +43,7 @@ def intervene(
         intervention: any intervention, or ``None``.
         batch: the padded batch (:func:`mechlingo.core.tokens.encode`) the block runs, when it
             runs one of several rows: position rules then use each row's real tokens, and a
-            language gate (:class:`~mechlingo.interventions.gate.Gated`) each row's prompt.
+            language gate (:class:`~mechlingo.interventions.base.Gated`) each row's prompt.
             Without it, a multi-row run is refused for every rule but ``"all"`` (see
             :func:`~mechlingo.interventions.base.mask_for`).
 
@@ -59,3 +59,16 @@ def intervene(
         fwd_hooks = intervention.fwd_hooks(model)
     with hooked(model, fwd_hooks):
         yield model
+
+
+def intervention_hooks(
+    model: Model, intervention: Intervention | None, fwd_hooks: FwdHooks = ()
+) -> list:
+    """The hook list of a run with ``intervention`` and extra ``fwd_hooks``: the
+    intervention's hooks (:meth:`Intervention.fwd_hooks`, every row) first, then
+    ``fwd_hooks`` in their order, so the extra hooks see the intervened activations. With
+    ``intervention=None``, ``fwd_hooks`` alone (a new list)."""
+    hooks = list(fwd_hooks)
+    if intervention is not None:
+        hooks = list(intervention.fwd_hooks(model)) + hooks
+    return hooks

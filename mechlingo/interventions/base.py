@@ -1,12 +1,12 @@
-"""The base of every intervention.
+"""The base of every intervention, and the two that combine others.
 
-Two classes, after the split between *where* and *what* that pyvene and steering-vectors make:
+After the split between *where* and *what* that pyvene and steering-vectors make:
 
 * :class:`Intervention` -- the interface every intervention has: ``fwd_hooks(model)`` (checked
   against the model, TransformerLens ``(hook_name, fn)`` pairs), ``fwd_hooks_for(model,
-  batch)``, ``attach(hf_model)``, ``+`` (:class:`~mechlingo.interventions.compose.Compose`),
-  ``only_for(langs)`` (:class:`~mechlingo.interventions.gate.Gated`), ``save`` and
-  :func:`load_intervention`. Type an optional intervention as ``Intervention | None``.
+  batch)``, ``attach(hf_model)``, ``+`` (:class:`Compose`), ``only_for(langs)``
+  (:class:`Gated`), ``save`` and :func:`load_intervention`. Type an optional intervention as
+  ``Intervention | None``.
 * :class:`SiteEdit` -- the *where* of the kinds that edit one site: the site, the layer(s),
   the positions rule (a mask over the sequence), the model check, the width check of the
   resolved site, and the ``site``/``layer``/``positions`` fields of the saved config. A kind
@@ -15,7 +15,14 @@ Two classes, after the split between *where* and *what* that pyvene and steering
   :class:`~mechlingo.interventions.ablation.Ablation`) implements only its *edit*:
   :meth:`SiteEdit.edit` returns ``fn(activation, mask) -> activation`` for one resolved
   site, and the kind saves only its own fields.
+* :class:`Compose` and :class:`Gated` -- an intervention made of others: several applied in
+  order, or one applied only to the prompts of some languages. They live here, beside the
+  interface, because the interface's ``+`` and ``only_for`` build them: ``Intervention``
+  names the two classes directly, with no lookup by name and no import cycle between modules.
+  Which language a row is in (the gate's part that reads tokens) is
+  :mod:`mechlingo.interventions.gate`.
 
+``_REGISTRY`` maps a saved ``kind`` to its class, for :func:`load_intervention` only.
 See :mod:`mechlingo.interventions` for the kinds and how to apply them (:func:`intervene`).
 """
 
@@ -25,7 +32,7 @@ import abc
 import html
 import json
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -41,7 +48,14 @@ from mechlingo.core.errors import (
     MechlingoError,
     MissingArtifactError,
 )
-from mechlingo.core.sites import Site, SiteError, canonical_site, edit_hooks, resolve_site
+from mechlingo.core.sites import (
+    Site,
+    SiteError,
+    canonical_site,
+    carries_first,
+    edit_hooks,
+    resolve_site,
+)
 from mechlingo.core.tokens import (
     PositionSpec,
     TokenBatch,
@@ -54,6 +68,8 @@ from mechlingo.core.tokens import (
 from mechlingo.core.types import HookFn, Model
 from mechlingo.core.untrusted import inside, load_tensors, read_json
 from mechlingo.core.version import __version__
+from mechlingo.data.facts import Fact
+from mechlingo.interventions.gate import UNKNOWN_RULES, RowLanguages, gated_hook
 from mechlingo.interventions.hf import HFHandle, attach
 
 FORMAT_VERSION = 1
@@ -214,13 +230,12 @@ class Intervention(abc.ABC):
     def __add__(self, other: Intervention) -> Intervention:
         if not isinstance(other, Intervention):
             return NotImplemented
-        return _REGISTRY["Compose"]([self, other])  # type: ignore[call-arg]
+        return Compose([self, other])
 
     def only_for(self, langs: Iterable[str], **kw: Any) -> Intervention:
         """This intervention applied only to prompts in ``langs``
-        (:class:`~mechlingo.interventions.gate.Gated`; ``exclude=True`` for every language
-        but those)."""
-        return _REGISTRY["Gated"](self, langs, **kw)  # type: ignore[call-arg]
+        (:class:`Gated`; ``exclude=True`` for every language but those)."""
+        return Gated(self, langs, **kw)
 
     # -- serialization ----------------------------------------------------------------
 
@@ -411,6 +426,8 @@ def _bound(fn: HookFn, batch: TokenBatch) -> HookFn:
     return hook
 
 
+#: The class of each saved ``kind``, filled by :func:`register_kind`; used only to restore a
+#: saved intervention (:func:`restore_any`), never to build one.
 _REGISTRY: dict[str, type[Intervention]] = {}
 
 
@@ -488,3 +505,174 @@ def restore_any(kind: str, tensors: dict[str, Tensor], config: dict[str, Any]) -
     if kind not in _REGISTRY:
         raise InterventionError(f"unknown intervention kind {kind!r}; known: {sorted(_REGISTRY)}")
     return _REGISTRY[kind]._restore(tensors, config)
+
+
+# --------------------------------------------------------------------------------------
+# interventions made of others (built by ``+`` and ``only_for`` above)
+# --------------------------------------------------------------------------------------
+
+
+@register_kind
+class Compose(Intervention):
+    """Several interventions applied together, as one.
+
+    Hooks are returned in list order; at a shared hook point TransformerLens runs them in
+    that order, so each one sees the result of those before it. Nested compositions are
+    flattened (``(a + b) + c == Compose([a, b, c])``).
+    """
+
+    kind = "Compose"
+
+    def __init__(
+        self, parts: Sequence[Intervention], *, meta: Mapping[str, Any] | None = None
+    ) -> None:
+        flat: list[Intervention] = []
+        for p in parts:
+            if not isinstance(p, Intervention):
+                raise InterventionError(f"Compose takes interventions, got a {type(p).__name__}")
+            flat.extend(p.parts if isinstance(p, Compose) else [p])
+        self.parts: list[Intervention] = flat
+        self.meta = dict(meta or {})
+
+    def fwd_hooks(self, model: Model) -> list[tuple[str, HookFn]]:
+        check_model(self.meta.get("model"), model, what="this Compose")
+        hooks: list[tuple[str, HookFn]] = []
+        for p in self.parts:
+            hooks.extend(p.fwd_hooks(model))
+        return carries_first(hooks)
+
+    def _tensors(self) -> dict[str, Tensor]:
+        out = {}
+        for i, p in enumerate(self.parts):
+            out.update({f"{i}.{k}": v for k, v in p._tensors().items()})
+        return out
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "parts": [{"kind": p.kind, "config": p._config(), "meta": p.meta} for p in self.parts]
+        }
+
+    @classmethod
+    def _restore(cls, tensors: dict[str, Tensor], config: dict[str, Any]) -> Compose:
+        parts = []
+        for i, spec in enumerate(config["parts"]):
+            prefix = f"{i}."
+            sub = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+            part = restore_any(spec["kind"], sub, spec["config"])
+            part.meta = dict(spec.get("meta") or {})
+            parts.append(part)
+        return cls(parts)
+
+    def save(self, path: str | Path, model: Model | None = None) -> Path:
+        if model is None and "model" not in self.meta:
+            infos = [p.meta.get("model") for p in self.parts if p.meta.get("model")]
+            if infos:
+                self.meta["model"] = infos[0]
+        return super().save(path, model)
+
+    def __repr__(self) -> str:
+        return " + ".join(repr(p) for p in self.parts) if self.parts else "Compose([])"
+
+    def _repr_html_(self) -> str:
+        inner = "".join(f"<li>{p._repr_html_()}</li>" for p in self.parts)
+        return f"<b>Compose</b> (applied in this order)<ol>{inner}</ol>"
+
+
+@register_kind
+class Gated(Intervention):
+    """``inner`` applied only to the rows whose prompt language is in ``langs`` (or, with
+    ``exclude``, not in it), row by row of the running batch, after CAST (Lee et al. 2024):
+    how a row's language is found, and why the gate needs mechlingo's runs, is
+    :mod:`mechlingo.interventions.gate`.
+
+    Args:
+        inner: any intervention (a steering vector, a clamp, an ablation, a composition).
+        langs: language codes.
+        exclude: apply to every language *but* ``langs`` (``Gated(iv, {"en"},
+            exclude=True)`` = non-English only).
+        declared: ``{prompt: language}``; these prompts get the declared language.
+        identify: identify undeclared prompts from their text (default); ``False`` leaves
+            them unknown.
+        unknown: what a row of unknown language gets: ``"skip"`` (untouched, default) or
+            ``"apply"``.
+        meta: saved metadata (see :class:`Intervention`).
+    """
+
+    kind = "Gated"
+
+    def __init__(
+        self,
+        inner: Intervention,
+        langs: Iterable[str],
+        *,
+        exclude: bool = False,
+        declared: Mapping[str, str] | None = None,
+        identify: bool = True,
+        unknown: str = "skip",
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(inner, Intervention):
+            raise InterventionError(f"Gated wraps an intervention, got a {type(inner).__name__}")
+        if isinstance(langs, str):
+            langs = [langs]
+        self.langs = frozenset(str(x) for x in langs)
+        if not self.langs:
+            raise InterventionError("Gated needs at least one language code")
+        if unknown not in UNKNOWN_RULES:
+            raise InterventionError(f"unknown must be one of {UNKNOWN_RULES}, got {unknown!r}")
+        self.inner = inner
+        self.exclude = bool(exclude)
+        self.declared = {str(k): str(v) for k, v in (declared or {}).items()}
+        self.identify = bool(identify)
+        self.unknown = unknown
+        self.meta = dict(meta or {})
+
+    @classmethod
+    def for_facts(cls, inner: Intervention, langs: Iterable[str], facts: Sequence[Fact],
+                  prompts: Sequence[str] | None = None, **kw: Any) -> Gated:  # fmt: skip
+        """A gate whose languages are declared by ``facts`` (each fact's ``lang`` for its
+        ``prompt``, or for the matching entry of ``prompts``, e.g. few-shot prompts)."""
+        texts = list(prompts) if prompts is not None else [f.prompt for f in facts]
+        if len(texts) != len(facts):
+            raise InterventionError(f"{len(texts)} prompts for {len(facts)} facts")
+        return cls(
+            inner, langs, declared={p: f.lang for p, f in zip(texts, facts, strict=True)}, **kw
+        )
+
+    def passes(self, lang: str | None) -> bool:
+        """Whether a row of language ``lang`` (``None``: unknown) gets the intervention."""
+        if lang is None:
+            return self.unknown == "apply"
+        return (lang not in self.langs) if self.exclude else (lang in self.langs)
+
+    def fwd_hooks(self, model: Model) -> list[tuple[str, HookFn]]:
+        rows = RowLanguages(model, self.declared, identify=self.identify, passes=self.passes)
+        return [(name, gated_hook(fn, rows)) for name, fn in self.inner.fwd_hooks(model)]
+
+    def _tensors(self) -> dict[str, Tensor]:
+        return {f"inner.{k}": v for k, v in self.inner._tensors().items()}
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "langs": sorted(self.langs),
+            "exclude": self.exclude,
+            "declared": self.declared,
+            "identify": self.identify,
+            "unknown": self.unknown,
+            "inner": {"kind": self.inner.kind, "config": self.inner._config(),
+                      "meta": self.inner.meta},
+        }  # fmt: skip
+
+    @classmethod
+    def _restore(cls, tensors: dict[str, Tensor], config: dict[str, Any]) -> Gated:
+        spec = config["inner"]
+        sub = {k[len("inner.") :]: v for k, v in tensors.items() if k.startswith("inner.")}
+        inner = restore_any(spec["kind"], sub, spec["config"])
+        inner.meta = dict(spec.get("meta") or {})
+        return cls(inner, config["langs"], exclude=config["exclude"],
+                   declared=config.get("declared"), identify=config["identify"],
+                   unknown=config["unknown"])  # fmt: skip
+
+    def _fields(self) -> dict[str, str]:
+        which = ("all but " if self.exclude else "") + ",".join(sorted(self.langs))
+        return {"langs": which, "inner": repr(self.inner), "unknown": self.unknown}

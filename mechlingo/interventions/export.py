@@ -44,10 +44,9 @@ block 0, a steering-vectors export that mixes layer types.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,8 +69,7 @@ from mechlingo.core.untrusted import (
     loads,
     safetensors_header,
 )
-from mechlingo.interventions.base import Intervention, positions_text
-from mechlingo.interventions.compose import Compose
+from mechlingo.interventions.base import Compose, Intervention, positions_text
 from mechlingo.interventions.hf import LAYOUTS
 from mechlingo.interventions.steering import SteeringVector
 
@@ -127,12 +125,12 @@ class VectorExport:
         ``repeng.ControlVector`` (each needs its package installed; llama.cpp reads the
         file, use :meth:`save`)."""
         if self.format == "steering-vectors":
-            sv = _optional("steering_vectors", "steering-vectors")
+            sv = _optional("steering-vectors")
             return sv.SteeringVector(
                 layer_activations=dict(self.vectors), layer_type=self.layer_type
             )
         if self.format == "repeng":
-            rp = _optional("repeng", "repeng")
+            rp = _optional("repeng")
             directions = {k: v.numpy() for k, v in self.vectors.items()}
             return rp.ControlVector(model_type=self.model_hint, directions=directions)
         raise InterventionError(
@@ -167,9 +165,33 @@ def atomic_write(path: Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-def _optional(module: str, package: str) -> Any:
+def _steering_vectors() -> Any:
+    import steering_vectors
+
+    return steering_vectors
+
+
+def _repeng() -> Any:
+    import repeng
+
+    return repeng
+
+
+#: The optional packages :meth:`VectorExport.to_library` may load: the pip name and a
+#: loader (a plain import) per export format. A fixed list: the format (which a file names)
+#: picks a loader here, never a module by a name taken from the file.
+_LIBRARIES: dict[str, tuple[str, Callable[[], Any]]] = {
+    "steering-vectors": ("steering-vectors", _steering_vectors),
+    "repeng": ("repeng", _repeng),
+}
+
+
+def _optional(fmt: str) -> Any:
+    """The package of export format ``fmt`` (one of ``_LIBRARIES``), or a one-line error
+    that says how to install it."""
+    package, load = _LIBRARIES[fmt]
     try:
-        return importlib.import_module(module)
+        return load()
     except ImportError as err:
         raise InterventionError(
             f"{package} is not installed ({err})",

@@ -1,4 +1,6 @@
-"""Language-gated interventions: apply one only to prompts in some languages.
+"""Language gating, the row side: which language each row of a batch is in, and the hook
+that keeps an edit on the rows that pass (the :class:`~mechlingo.interventions.base.Gated`
+intervention is built from these).
 
 After CAST (Lee et al. 2024, "Programming Refusal with Conditional Activation Steering"),
 where a steering vector is applied only when a condition on the input holds. Here the
@@ -18,7 +20,7 @@ prompt pass and every decoding step see the same rows).
 **Which language a row is in**, by its *prompt* (the tokens before generation began):
 
 1. ``declared``: a ``{prompt text: language}`` mapping (e.g. ``{f.prompt: f.lang for f in
-   facts}``, :meth:`Gated.for_facts`); a row whose prompt tokens equal a declared prompt's
+   facts}``, :meth:`~mechlingo.interventions.base.Gated.for_facts`); a row whose prompt tokens equal a declared prompt's
    tokens gets that language;
 2. otherwise, with ``identify=True`` (the default), the prompt text is identified by
    :func:`mechlingo.data.langid.identify_language` (script first, then function words);
@@ -32,7 +34,7 @@ batch is refused with an error that says so.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -41,119 +43,30 @@ from torch import Tensor
 from mechlingo.core.errors import InterventionError
 from mechlingo.core.tokens import TokenBatch, current_batch
 from mechlingo.core.types import HookFn, Model
-from mechlingo.data.facts import Fact
 from mechlingo.data.langid import identify_language
-from mechlingo.interventions.base import Intervention, register_kind, restore_any
 
-__all__ = ["Gated"]
+__all__ = ["UNKNOWN_RULES", "RowLanguages", "gated_hook"]
 
+#: What a row of unknown language gets: left untouched (``"skip"``) or the edit (``"apply"``).
 UNKNOWN_RULES = ("skip", "apply")
 
 
-@register_kind
-class Gated(Intervention):
-    """``inner`` applied only to the rows whose prompt language is in ``langs`` (or, with
-    ``exclude``, not in it).
+class RowLanguages:
+    """Each row's prompt language in the current batch, remembered per prompt.
 
     Args:
-        inner: any intervention (a steering vector, a clamp, an ablation, a composition).
-        langs: language codes.
-        exclude: apply to every language *but* ``langs`` (``Gated(iv, {"en"},
-            exclude=True)`` = non-English only).
-        declared: ``{prompt: language}``; these prompts get the declared language.
-        identify: identify undeclared prompts from their text (default); ``False`` leaves
-            them unknown.
-        unknown: what a row of unknown language gets: ``"skip"`` (untouched, default) or
-            ``"apply"``.
-        meta: saved metadata (see :class:`Intervention`).
+        model: the model whose tokenizer turns the declared prompts into tokens.
+        declared: ``{prompt: language}`` (rule 1 of the module docstring).
+        identify: identify an undeclared prompt from its text (rule 2).
+        passes: whether a row of a language (``None``: unknown) gets the intervention.
     """
 
-    kind = "Gated"
-
-    def __init__(
-        self,
-        inner: Intervention,
-        langs: Iterable[str],
-        *,
-        exclude: bool = False,
-        declared: Mapping[str, str] | None = None,
-        identify: bool = True,
-        unknown: str = "skip",
-        meta: Mapping[str, Any] | None = None,
-    ) -> None:
-        if not isinstance(inner, Intervention):
-            raise InterventionError(f"Gated wraps an intervention, got a {type(inner).__name__}")
-        if isinstance(langs, str):
-            langs = [langs]
-        self.langs = frozenset(str(x) for x in langs)
-        if not self.langs:
-            raise InterventionError("Gated needs at least one language code")
-        if unknown not in UNKNOWN_RULES:
-            raise InterventionError(f"unknown must be one of {UNKNOWN_RULES}, got {unknown!r}")
-        self.inner = inner
-        self.exclude = bool(exclude)
-        self.declared = {str(k): str(v) for k, v in (declared or {}).items()}
-        self.identify = bool(identify)
-        self.unknown = unknown
-        self.meta = dict(meta or {})
-
-    @classmethod
-    def for_facts(cls, inner: Intervention, langs: Iterable[str], facts: Sequence[Fact],
-                  prompts: Sequence[str] | None = None, **kw: Any) -> Gated:  # fmt: skip
-        """A gate whose languages are declared by ``facts`` (each fact's ``lang`` for its
-        ``prompt``, or for the matching entry of ``prompts``, e.g. few-shot prompts)."""
-        texts = list(prompts) if prompts is not None else [f.prompt for f in facts]
-        if len(texts) != len(facts):
-            raise InterventionError(f"{len(texts)} prompts for {len(facts)} facts")
-        return cls(
-            inner, langs, declared={p: f.lang for p, f in zip(texts, facts, strict=True)}, **kw
-        )
-
-    def passes(self, lang: str | None) -> bool:
-        """Whether a row of language ``lang`` (``None``: unknown) gets the intervention."""
-        if lang is None:
-            return self.unknown == "apply"
-        return (lang not in self.langs) if self.exclude else (lang in self.langs)
-
-    def fwd_hooks(self, model: Model) -> list[tuple[str, HookFn]]:
-        rows = _RowLanguages(self, model)
-        return [(name, _gated(fn, rows)) for name, fn in self.inner.fwd_hooks(model)]
-
-    def _tensors(self) -> dict[str, Tensor]:
-        return {f"inner.{k}": v for k, v in self.inner._tensors().items()}
-
-    def _config(self) -> dict[str, Any]:
-        return {
-            "langs": sorted(self.langs),
-            "exclude": self.exclude,
-            "declared": self.declared,
-            "identify": self.identify,
-            "unknown": self.unknown,
-            "inner": {"kind": self.inner.kind, "config": self.inner._config(),
-                      "meta": self.inner.meta},
-        }  # fmt: skip
-
-    @classmethod
-    def _restore(cls, tensors: dict[str, Tensor], config: dict[str, Any]) -> Gated:
-        spec = config["inner"]
-        sub = {k[len("inner.") :]: v for k, v in tensors.items() if k.startswith("inner.")}
-        inner = restore_any(spec["kind"], sub, spec["config"])
-        inner.meta = dict(spec.get("meta") or {})
-        return cls(inner, config["langs"], exclude=config["exclude"],
-                   declared=config.get("declared"), identify=config["identify"],
-                   unknown=config["unknown"])  # fmt: skip
-
-    def _fields(self) -> dict[str, str]:
-        which = ("all but " if self.exclude else "") + ",".join(sorted(self.langs))
-        return {"langs": which, "inner": repr(self.inner), "unknown": self.unknown}
-
-
-class _RowLanguages:
-    """Each row's prompt language in the current batch, remembered per prompt."""
-
-    def __init__(self, gate: Gated, model: Model) -> None:
-        self.gate = gate
+    def __init__(self, model: Model, declared: Mapping[str, str], *, identify: bool,
+                 passes: Callable[[str | None], bool]) -> None:  # fmt: skip
         self.model = model
+        self.prompts = dict(declared)
+        self.identify = identify
+        self.passes = passes
         self.seen: dict[tuple[int, ...], str | None] = {}
         self.declared: dict[bool, dict[tuple[int, ...], str]] = {}
 
@@ -161,15 +74,15 @@ class _RowLanguages:
         if bos not in self.declared:
             self.declared[bos] = {
                 tuple(int(i) for i in self.model.to_tokens(p, prepend_bos=bos, truncate=False)[0]):
-                lang for p, lang in self.gate.declared.items()
+                lang for p, lang in self.prompts.items()
             }  # fmt: skip
         return self.declared[bos]
 
     def lang(self, ids: tuple[int, ...], has_bos: bool) -> str | None:
         if ids in self.seen:
             return self.seen[ids]
-        lang = self._declared(has_bos).get(ids) if self.gate.declared else None
-        if lang is None and self.gate.identify:
+        lang = self._declared(has_bos).get(ids) if self.prompts else None
+        if lang is None and self.identify:
             body = ids[1:] if has_bos else ids
             lang = identify_language(self.model.tokenizer.decode(list(body)))
         self.seen[ids] = lang
@@ -180,12 +93,15 @@ class _RowLanguages:
         tokens = batch.tokens.tolist()
         plen = batch.prompt_lengths.tolist()
         return [
-            self.gate.passes(self.lang(tuple(row[: int(n)]), batch.has_bos))
+            self.passes(self.lang(tuple(row[: int(n)]), batch.has_bos))
             for row, n in zip(tokens, plen, strict=True)
         ]
 
 
-def _gated(fn: HookFn, rows: _RowLanguages) -> HookFn:
+def gated_hook(fn: HookFn, rows: RowLanguages) -> HookFn:
+    """``fn`` on the rows of the current batch that ``rows`` passes; the other rows keep the
+    untouched activation."""
+
     def hook(t: Tensor, hook: Any) -> Tensor | None:
         batch = current_batch()
         if batch is None:

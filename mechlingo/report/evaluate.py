@@ -29,7 +29,7 @@ def eval_report(records: list[Mapping[str, Any]], summary: Mapping[str, Any]) ->
     and the first generations.
 
     ``records`` are the per-prompt records of
-    :func:`mechlingo.analyses.scoring.evaluate.evaluate_facts`; ``summary`` has ``accuracy``,
+    :func:`mechlingo.scoring.evaluate.evaluate_facts`; ``summary`` has ``accuracy``,
     ``accuracy_ci`` (per language: ``p``, ``lo``, ``hi``) and ``meta``.
     """
     ci = summary["accuracy_ci"]

@@ -125,7 +125,7 @@ def align_report(
 
     ``comp`` is a :class:`mechlingo.analyses.experts.align.AlignmentComparison`; ``summary`` its
     ``summary(layer)`` with ``intervals`` (``comp.intervals(layer)``) and ``meta`` added;
-    ``side`` a :func:`mechlingo.analyses.scoring.side_effects.side_effects` result or ``None``;
+    ``side`` a :func:`mechlingo.scoring.side_effects.side_effects` result or ``None``;
     ``layer`` the layer of the matrix and PCA figures (``--layer``; default the last).
     """
     report = Report("mechlingo: cross-lingual alignment", summary["meta"])

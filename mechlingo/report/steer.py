@@ -8,8 +8,8 @@ from typing import Any
 from mechlingo.analyses.recall.dev_grid import DevSearch
 from mechlingo.analyses.recall.steer_eval import fig_accuracy_ci, fig_headroom, gain_rows
 from mechlingo.analyses.recall.transfer import TransferMatrix, cell_text
-from mechlingo.analyses.scoring.side_effects import SideEffects
 from mechlingo.report.page import Report, fmt_interval
+from mechlingo.scoring.side_effects import SideEffects
 
 
 def repair_report(
@@ -21,7 +21,7 @@ def repair_report(
 
     ``summary`` is :meth:`mechlingo.analyses.recall.steer_eval.SteerEvalResult.summary` with ``meta``;
     ``search`` the :func:`mechlingo.analyses.recall.dev_grid.choose_on_dev` result or ``None``
-    (``--config``); ``side`` a :func:`mechlingo.analyses.scoring.side_effects.side_effects` result or
+    (``--config``); ``side`` a :func:`mechlingo.scoring.side_effects.side_effects` result or
     ``None``.
     """
     report = Report("mechlingo: repair steering vectors", summary["meta"])

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from jaxtyping import Float
 from torch import Tensor
 
-from mechlingo.viz.experts import PALETTE
+from mechlingo.viz.palette import language_color, series_color
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -67,7 +67,11 @@ def retrieval_per_layer_figure(per_layer: Mapping[str, Mapping[str, float]]) -> 
     fig = go.Figure()
     for which, vals in per_layer.items():
         fig.add_scatter(
-            x=[int(k) for k in vals], y=list(vals.values()), mode="lines+markers", name=which
+            x=[int(k) for k in vals],
+            y=list(vals.values()),
+            mode="lines+markers",
+            name=which,
+            line={"color": series_color(which)},
         )
     fig.update_layout(
         title="Mean cross-language top-1 retrieval per layer",
@@ -101,7 +105,7 @@ def pca_figure(
                 name=lang,
                 legendgroup=lang,
                 showlegend=c == 1,
-                marker={"color": PALETTE[i % 12], "size": 5, "opacity": 0.7},
+                marker={"color": language_color(lang), "size": 5, "opacity": 0.7},
                 row=1,
                 col=c,
             )

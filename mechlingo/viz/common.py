@@ -1,4 +1,5 @@
-"""Helpers shared by the figure modules: the colour palette, ``rgba`` and the shaded band."""
+"""Helpers shared by the figure modules: ``rgba`` and the shaded band (the colours are in
+:mod:`mechlingo.viz.palette`)."""
 
 from __future__ import annotations
 
@@ -8,22 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-__all__ = ["PALETTE", "band", "rgba"]
-
-PALETTE = [
-    "#1f77b4",
-    "#d62728",
-    "#2ca02c",
-    "#ff7f0e",
-    "#9467bd",
-    "#8c564b",
-    "#e377c2",
-    "#7f7f7f",
-    "#bcbd22",
-    "#17becf",
-    "#393b79",
-    "#637939",
-]
+__all__ = ["band", "rgba"]
 
 
 def rgba(hex_color: str, alpha: float) -> str:

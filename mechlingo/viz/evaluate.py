@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from mechlingo.viz.common import PALETTE
+from mechlingo.viz.palette import series_color
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -20,13 +20,14 @@ def accuracy_bars(
     *,
     y_title: str = "accuracy",
 ) -> go.Figure:
-    """Grouped bars: ``accuracy[condition][lang]`` (a proportion); with
+    """Grouped bars: ``accuracy[condition][lang]`` (a proportion; a condition, or a trace
+    class, takes its palette colour: :func:`mechlingo.viz.palette.series_color`); with
     ``intervals[condition][lang]`` (dicts with ``lo`` and ``hi``, e.g.
     :func:`mechlingo.kernels.significance.wilson`), 95% error bars."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    for j, (cond, per_lang) in enumerate(accuracy.items()):
+    for cond, per_lang in accuracy.items():
         langs = list(per_lang)
         y = [per_lang[lg] for lg in langs]
         err = None
@@ -50,7 +51,7 @@ def accuracy_bars(
                 x=langs,
                 y=y,
                 name=cond,
-                marker_color=PALETTE[j % len(PALETTE)],
+                marker_color=series_color(cond),
                 error_y=err,
             )
         )

@@ -10,22 +10,17 @@ from typing import TYPE_CHECKING, Any
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mechlingo.viz.palette import condition_color, language_color, series_color
+
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 __all__ = [
-    "PALETTE",
     "experts_per_layer_figure",
     "interval_bars_figure",
     "k_curve_figure",
     "overlap_figure",
 ]
-
-#: Trace colours of the expert and alignment figures (12, by language or arm index).
-PALETTE = (
-    "#1f77b4 #ff7f0e #2ca02c #d62728 #9467bd #8c564b #e377c2 #7f7f7f #bcbd22 #17becf "
-    "#393b79 #637939"
-).split()
 
 
 def experts_per_layer_figure(
@@ -37,7 +32,7 @@ def experts_per_layer_figure(
     fig = go.Figure()
     c = counts.cpu()
     for i, lang in enumerate(langs):
-        fig.add_bar(x=list(layers), y=c[i].tolist(), name=lang, marker_color=PALETTE[i % 12])
+        fig.add_bar(x=list(layers), y=c[i].tolist(), name=lang, marker_color=language_color(lang))
     fig.update_layout(
         title=f"Top-{k} expert neurons per layer",
         xaxis_title="layer",
@@ -119,25 +114,28 @@ def k_curve_figure(
         d = df[df.arm == arm].sort_values("k")
         if d.empty:
             continue
-        for col, name in (("target_rate_bos", "from BOS"), ("target_rate_prompt", "from prompts")):
+        sources = (("target_rate_bos", "from BOS", "circle"),
+                   ("target_rate_prompt", "from prompts", "square"))  # fmt: skip
+        for col, name, symbol in sources:
             fig.add_scatter(
                 x=d.k,
                 y=d[col],
                 error_y=_err(d, col),
                 mode="lines+markers",
                 name=f"{arm}, {name}",
-                line={"dash": dash},
+                line={"dash": dash, "color": condition_color(arm)},
+                marker={"symbol": symbol},
                 row=1,
                 col=1,
             )
-        for i, col in enumerate(ppl_cols):
+        for col in ppl_cols:
             fig.add_scatter(
                 x=d.k,
                 y=d[col],
                 error_y=_err(d, col),
                 mode="lines+markers",
                 name=f"{arm} {col[4:]}",
-                line={"dash": dash, "color": PALETTE[i % 12]},
+                line={"dash": dash, "color": language_color(col[4:])},
                 legendgroup=col,
                 showlegend=arm == "experts",
                 row=1,
@@ -175,7 +173,7 @@ def interval_bars_figure(
 
     arms = list(dict.fromkeys(a for per in metrics.values() for a in per))
     fig = go.Figure()
-    for i, arm in enumerate(arms):
+    for arm in arms:
         names = [m for m in metrics if arm in metrics[m]]
         cells = [metrics[m][arm] for m in names]
         y = [c["mean"] for c in cells]
@@ -183,7 +181,7 @@ def interval_bars_figure(
             x=names,
             y=y,
             name=arm,
-            marker_color=PALETTE[i % 12],
+            marker_color=series_color(arm),
             error_y={
                 "type": "data",
                 "symmetric": False,

@@ -14,7 +14,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mechlingo.core.errors import InputError
-from mechlingo.viz.common import PALETTE, band
+from mechlingo.viz.common import band
+from mechlingo.viz.palette import SEQUENCE, decoder_color, track_color
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -53,11 +54,11 @@ def latent_curves_figure(
     )
     for i, lg in enumerate(langs):
         r, c = i // cols + 1, i % cols + 1
-        for j, track in enumerate(tracks):
+        for track in tracks:
             d = curves[(curves["lang"] == lg) & (curves["track"] == track)].sort_values("layer")
             if d.empty:
                 continue
-            color = PALETTE[j % len(PALETTE)]
+            color = track_color(track)
             label = f"answer in {lg}" if track == "answer" else f"answer in {track}"
             lo = (d["mean"] - d["std"]).clip(lower=0)
             hi = (d["mean"] + d["std"]).clip(upper=1)
@@ -166,7 +167,7 @@ def tuned_lens_loss_figure(
                 y=loss[:, e].tolist(),
                 mode="lines",
                 name=f"entry {e}",
-                line={"width": 1, "color": PALETTE[e % len(PALETTE)]},
+                line={"width": 1, "color": SEQUENCE[e % len(SEQUENCE)]},
             )  # fmt: skip
         )
     fig.add_trace(go.Scatter(x=steps, y=loss.mean(1).tolist(), mode="lines", name="mean",
@@ -188,8 +189,8 @@ def lens_kl_figure(div: Mapping[str, Any]) -> go.Figure:
 
     fig = go.Figure()
     x = list(div["entries"])
-    for j, (name, d) in enumerate(div["decoders"].items()):
-        color = PALETTE[j % len(PALETTE)]
+    for name, d in div["decoders"].items():
+        color = decoder_color(name)
         lo = [v if v is not None else m for v, m in zip(d["lo"], d["kl"], strict=True)]
         hi = [v if v is not None else m for v, m in zip(d["hi"], d["kl"], strict=True)]
         fig.add_trace(band(x, lo, hi, color))
@@ -260,7 +261,6 @@ def decoder_curves_figure(
     fig = make_subplots(rows=len(_ROWS), cols=len(names), shared_xaxes=True,
                         shared_yaxes="rows", subplot_titles=names,
                         vertical_spacing=0.05, horizontal_spacing=0.03)  # fmt: skip
-    colors = {"answer": PALETTE[0], "en": PALETTE[1], "entropy": PALETTE[2], "energy": PALETTE[3]}
     for c, name in enumerate(names, start=1):
         panel = panels[name]
         x = list(panel.layers)
@@ -273,9 +273,9 @@ def decoder_curves_figure(
                 label = {"answer": "prompt-language answer", "en": "English answer"}.get(
                     track, track
                 )
-                fig.add_trace(band(x, lo, hi, colors[track]), row=r, col=c)
+                fig.add_trace(band(x, lo, hi, track_color(track)), row=r, col=c)
                 fig.add_trace(go.Scatter(x=x, y=m, mode="lines+markers", marker={"size": 3},
-                                         line={"color": colors[track]}, name=label,
+                                         line={"color": track_color(track)}, name=label,
                                          legendgroup=track, showlegend=c == 1 and r != 2),
                               row=r, col=c)  # fmt: skip
     for r, row in enumerate(_ROWS, start=1):

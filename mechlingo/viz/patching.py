@@ -12,21 +12,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mechlingo.viz.common import PALETTE, rgba
+from mechlingo.viz.common import rgba
+from mechlingo.viz.palette import SEQUENCE, site_color
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-__all__ = ["SITE_COLORS", "Component", "circuit_figure", "knockout_figure", "patching_heatmaps"]
-
-SITE_COLORS = {
-    "mlp_out": "#1f77b4",
-    "attn_out": "#d62728",
-    "resid_pre": "#7f7f7f",
-    "resid_mid": "#8c564b",
-    "resid_post": "#bcbd22",
-    "head": "#9467bd",
-}
+__all__ = ["Component", "circuit_figure", "knockout_figure", "patching_heatmaps"]
 
 
 class Component(NamedTuple):
@@ -186,7 +178,7 @@ def _add_stages(fig: go.Figure, stages: Mapping[str, tuple[float, float]], n_pos
             x1=n_pos - 0.5,
             y0=a - 0.45,
             y1=b + 0.45,
-            fillcolor=rgba(PALETTE[(k + 3) % len(PALETTE)], 0.12),
+            fillcolor=rgba(SEQUENCE[(k + 3) % len(SEQUENCE)], 0.12),
             line={"width": 0},
             layer="below",
         )
@@ -241,7 +233,7 @@ def _add_nodes(
                 name=site,
                 marker={
                     "size": [10 + 30 * abs(v) / biggest for _, v in pts],
-                    "color": SITE_COLORS.get(site, "#333"),
+                    "color": site_color(site),
                     "line": {"width": 1, "color": "white"},
                 },
                 customdata=[

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mechlingo.core.errors import InputError
+from mechlingo.viz.palette import series_color
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -57,10 +58,15 @@ def sweep_heatmap(rows: Sequence[Mapping[str, Any]], *, vector: str, unit: str) 
 
 
 def ci_bars(
-    fig: go.Figure, name: str, cells: Mapping[str, Mapping[str, Any]], langs: Sequence[str]
+    fig: go.Figure,
+    name: str,
+    cells: Mapping[str, Mapping[str, Any]],
+    langs: Sequence[str],
+    condition: str | None = None,
 ) -> None:
     """Add one bar trace ``name`` to ``fig``: ``cells[lang]["p"]`` per language with error
-    bars to ``lo`` and ``hi`` (none where they are ``None``)."""
+    bars to ``lo`` and ``hi`` (none where they are ``None``), in the palette colour of
+    ``condition`` (default: ``name``)."""
     import plotly.graph_objects as go
 
     ps = [cells.get(lg, {}).get("p") for lg in langs]
@@ -72,6 +78,7 @@ def ci_bars(
             x=langs,
             y=ps,
             error_y={"type": "data", "array": up, "arrayminus": down, "visible": True},
+            marker_color=series_color(condition or name),
         )
     )
 
@@ -99,7 +106,7 @@ def headroom_figure(hr: Mapping[str, Any]) -> go.Figure:
     langs = sorted(hr.get("zero_shot", {}))
     for name in ("zero_shot", "k_shot"):
         label = f"{hr.get('k', '?')}-shot" if name == "k_shot" else "zero-shot"
-        ci_bars(fig, label, hr.get(name, {}), langs)
+        ci_bars(fig, label, hr.get(name, {}), langs, condition=name)
     fig.update_layout(barmode="group", yaxis={"range": [0, 1], "title": "accuracy"}, height=340)
     return fig
 

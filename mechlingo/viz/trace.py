@@ -12,22 +12,13 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from mechlingo.viz.common import PALETTE, band
+from mechlingo.viz.common import band
+from mechlingo.viz.palette import CLASS, class_color, track_color
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-__all__ = ["CLASS_COLORS", "class_fractions_figure", "class_profiles_figure"]
-
-#: The trace's classes, in the order they are drawn, with their colours (the same classes,
-#: in the same order, as :data:`mechlingo.analyses.recall.trace.CLASSES`).
-CLASS_COLORS = {
-    "correct": "#2ca02c",
-    "wrong_language": "#9467bd",
-    "translation_failure": "#ff7f0e",
-    "recall_failure": "#d62728",
-    "other": "#7f7f7f",
-}
+__all__ = ["class_fractions_figure", "class_profiles_figure"]
 
 
 def class_fractions_figure(counts: Mapping[str, Mapping[str, int]]) -> go.Figure:
@@ -37,7 +28,7 @@ def class_fractions_figure(counts: Mapping[str, Mapping[str, int]]) -> go.Figure
 
     langs = list(counts)
     fig = go.Figure()
-    for c in CLASS_COLORS:
+    for c in CLASS:  # the palette lists the classes in the trace's order
         totals = [max(1, sum(counts[lg].values())) for lg in langs]
         ys = [counts[lg].get(c, 0) / t for lg, t in zip(langs, totals, strict=True)]
         fig.add_trace(
@@ -45,7 +36,7 @@ def class_fractions_figure(counts: Mapping[str, Mapping[str, int]]) -> go.Figure
                 x=langs,
                 y=ys,
                 name=c.replace("_", " "),
-                marker_color=CLASS_COLORS[c],
+                marker_color=class_color(c),
                 customdata=[counts[lg].get(c, 0) for lg in langs],
                 hovertemplate="%{x}: %{y:.0%} (%{customdata})<extra>" + c + "</extra>",
             )
@@ -86,7 +77,7 @@ def class_profiles_figure(
     keep = set(langs)
     present = [
         c
-        for c in CLASS_COLORS
+        for c in CLASS
         if any(k == c and lg in keep for k, lg in zip(classes, prompt_langs, strict=True))
     ]
     if not present:
@@ -107,10 +98,10 @@ def class_profiles_figure(
                 if x == c and lg in keep
             ]
         )
-        for j, (track, ranks) in enumerate((("en", en_rank), ("answer", answer_rank))):
+        for track, ranks in (("en", en_rank), ("answer", answer_rank)):
             rank = ranks[:, idx].float() + 1
             q = torch.quantile(rank, torch.tensor([0.25, 0.5, 0.75]), dim=1)
-            color = PALETTE[j]
+            color = track_color(track)
             x = list(layers)
             fig.add_trace(band(x, q[0].tolist(), q[2].tolist(), color), row=r, col=col)
             fig.add_trace(

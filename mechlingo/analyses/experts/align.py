@@ -34,7 +34,7 @@ from mechlingo.activations.pooled import check_texts, encode_sentences, pool_act
 from mechlingo.core.errors import MechlingoError
 from mechlingo.core.sites import hook_name, resolve_layers
 from mechlingo.core.types import Model
-from mechlingo.interventions import Intervention
+from mechlingo.interventions import Intervention, intervention_hooks
 from mechlingo.kernels.significance import bootstrap_mean, paired_gain, wilson
 from mechlingo.viz.align import pca_figure, retrieval_heatmaps, retrieval_per_layer_figure
 
@@ -129,7 +129,7 @@ def embed_parallel(
     names = [hook_name(model, "resid_post", layer) for layer in layer_list]
     sentences = [s for lang in langs for s in texts[lang]]
     batch = encode_sentences(model, sentences, max_tokens=max_tokens, error=AlignmentError)
-    extra = list(intervention.fwd_hooks(model)) if intervention is not None else []
+    extra = intervention_hooks(model, intervention)
     out = pool_activations(
         model,
         batch,

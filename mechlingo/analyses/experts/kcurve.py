@@ -27,12 +27,12 @@ from mechlingo.activations.decoding import sample_from_bos
 from mechlingo.activations.likelihood import line_nll
 from mechlingo.activations.pooled import check_texts
 from mechlingo.analyses.experts.selection import ExpertResult
-from mechlingo.analyses.scoring.evaluate import greedy_generate
 from mechlingo.core.errors import ExpertError
 from mechlingo.core.types import FwdHooks, Model
 from mechlingo.data.langid import identify_languages
-from mechlingo.interventions import Intervention
+from mechlingo.interventions import Intervention, intervention_hooks
 from mechlingo.kernels.significance import bootstrap_perplexity, mcnemar, perplexity_ratio, wilson
+from mechlingo.scoring.evaluate import greedy_generate
 from mechlingo.viz.experts import k_curve_figure
 
 if TYPE_CHECKING:
@@ -193,7 +193,7 @@ class KCurve:
 
 def _fwd_hooks(model: Model, intervention: Intervention | None) -> FwdHooks:
     """The hooks of ``intervention`` on ``model`` (none without one)."""
-    return list(intervention.fwd_hooks(model)) if intervention is not None else []
+    return intervention_hooks(model, intervention)
 
 
 def _k_arms(

@@ -35,7 +35,7 @@ from mechlingo.core.errors import ExpertError
 from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import TokenBatch
 from mechlingo.core.types import Model
-from mechlingo.interventions import Intervention
+from mechlingo.interventions import Intervention, intervention_hooks
 from mechlingo.kernels.grouped import grouped_auroc_and_average_precision
 from mechlingo.kernels.ranking import lape
 
@@ -111,7 +111,7 @@ def collect_neuron_stats(
     if not sm.available["mlp_post"]:
         why = sm.why_unavailable.get("mlp_post", "it has no blocks.{l}.mlp.hook_post hooks")
         raise ExpertError(f"this model has no MLP neuron site (mlp_post): {why}")
-    extra = list(intervention.fwd_hooks(model)) if intervention is not None else []
+    extra = intervention_hooks(model, intervention)
     try:
         acts = pooled_neuron_acts(
             model,

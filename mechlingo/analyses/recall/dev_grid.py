@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 from mechlingo.analyses.recall import headroom as hm
 from mechlingo.analyses.recall.settings import DevGrid, ScoringOptions
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
-from mechlingo.analyses.scoring.evaluate import EvalResult
-from mechlingo.analyses.scoring.scorers import as_scorer
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 from mechlingo.data.splits import hash_fraction
 from mechlingo.interventions import Intervention
 from mechlingo.kernels.significance import mcnemar
+from mechlingo.scoring.evaluate import EvalResult
+from mechlingo.scoring.scorers import as_scorer
 from mechlingo.viz.steer import sweep_heatmap
 
 if TYPE_CHECKING:

@@ -20,13 +20,13 @@ from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
-from mechlingo.analyses.scoring.evaluate import EvalResult, evaluate_conditions, evaluate_facts
-from mechlingo.analyses.scoring.scorers import Scorer, as_scorer
 from mechlingo.core.errors import InputError, MechlingoError
 from mechlingo.core.types import Model
 from mechlingo.data import Fact, few_shot_prompt
 from mechlingo.interventions import Intervention
 from mechlingo.kernels.significance import mcnemar, wilson
+from mechlingo.scoring.evaluate import EvalResult, evaluate_conditions, evaluate_facts
+from mechlingo.scoring.scorers import Scorer, as_scorer
 
 __all__ = [
     "HEADROOM_RULE",
@@ -92,10 +92,10 @@ def score(
     **kw: Any,
 ) -> Any:
     """Score ``facts`` under ``iv`` with ``metric``: the one scoring call of every stage
-    (:func:`mechlingo.analyses.scoring.evaluate.evaluate_facts`; ``kw`` are its options). Given a
+    (:func:`mechlingo.scoring.evaluate.evaluate_facts`; ``kw`` are its options). Given a
     mapping ``{name: intervention or None}``, every condition at once: ``{name:
     EvalResult}``, each equal to scoring that condition alone
-    (:func:`mechlingo.analyses.scoring.evaluate.evaluate_conditions`: one shared prefix pass per batch
+    (:func:`mechlingo.scoring.evaluate.evaluate_conditions`: one shared prefix pass per batch
     of prompts)."""
     if isinstance(iv, Mapping):
         return evaluate_conditions(model, list(facts), dict(iv), metric=metric, **kw)

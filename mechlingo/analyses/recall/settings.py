@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mechlingo.analyses.scoring.scorers import Scorer
+from mechlingo.scoring.scorers import Scorer
 
 __all__ = [
     "ALPHA_GRID",
@@ -154,7 +154,7 @@ class ScoringOptions:
 
     Attributes:
         metric: ``"generate"`` (greedy generation by the eval rule), ``"rank"``, ``"klar"``
-            or a :class:`~mechlingo.analyses.scoring.scorers.Scorer`.
+            or a :class:`~mechlingo.scoring.scorers.Scorer`.
         max_new_tokens: greedy tokens per item under ``generate``.
         batch_size: prompts per forward pass.
         progress: show progress bars.

@@ -28,7 +28,7 @@ This is what ``mechlingo steer eval`` runs (and what a notebook can call step by
    non-English mean gain and of the lowest language's gain (relative where its ``orig`` > 0).
 
 **Metrics.** Every stage scores with the same ``metric`` (``generate``, the default; ``rank``
-or ``klar``, see :mod:`mechlingo.analyses.scoring.scorers`), passed to :func:`mechlingo.analyses.recall.headroom.score`. Under ``rank``
+or ``klar``, see :mod:`mechlingo.scoring.scorers`), passed to :func:`mechlingo.analyses.recall.headroom.score`. Under ``rank``
 the k-shot headroom condition puts the demonstrations before the filled query sentence and
 scores the query's tokens only; under ``klar``, whose prompts already carry demonstrations
 (drawn from the build split, never from dev or test), headroom compares KLAR's rule with 0
@@ -63,9 +63,6 @@ from mechlingo.analyses.recall.settings import (
 )
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
 from mechlingo.analyses.results import WritesFolder
-from mechlingo.analyses.scoring.evaluate import EvalResult
-from mechlingo.analyses.scoring.scorers import as_scorer
-from mechlingo.analyses.scoring.side_effects import SideEffects, side_effects
 from mechlingo.core.errors import InputError
 from mechlingo.core.faults import derive_seed
 from mechlingo.core.stages import Stages
@@ -74,6 +71,9 @@ from mechlingo.data import Fact
 from mechlingo.data.splits import split_facts, take_per_lang
 from mechlingo.interventions import Compose, Intervention, SteeringVector, random_like
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
+from mechlingo.scoring.evaluate import EvalResult
+from mechlingo.scoring.scorers import as_scorer
+from mechlingo.scoring.side_effects import SideEffects, side_effects
 from mechlingo.viz.steer import accuracy_ci_figure, headroom_figure
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def _random_of(
 class SteerTestResult:
     """Test accuracies of every condition, with the statistics of the protocol.
 
-    ``results[condition]`` is the :class:`~mechlingo.analyses.scoring.evaluate.EvalResult`; conditions are
+    ``results[condition]`` is the :class:`~mechlingo.scoring.evaluate.EvalResult`; conditions are
     ``orig``, ``task``, ``diff``, ``both`` and ``random_s<seed>`` (norm-matched random
     directions at the places of ``choice.selected``)."""
 
@@ -510,7 +510,7 @@ class SteerEvalResult(WritesFolder):
     ) -> SideEffects:
         """Side effects of the selected test condition (``both`` when none was chosen) on its
         test facts and ``lines`` (per language), against a norm-matched random control
-        (:func:`mechlingo.analyses.scoring.side_effects.side_effects`, seed 0); the stage
+        (:func:`mechlingo.scoring.side_effects.side_effects`, seed 0); the stage
         ``side-effects`` of ``stages``. Sets and returns :attr:`side_effects`."""
         test = self.test
         iv = condition_interventions(test)[

@@ -42,7 +42,6 @@ from tqdm.auto import tqdm
 from mechlingo.activations.means import last_token_means
 from mechlingo.activations.runs import collect
 from mechlingo.analyses.recall.settings import BuildSettings
-from mechlingo.analyses.scoring.evaluate import EvalResult, evaluate_facts
 from mechlingo.core.errors import ArtifactError, InputError
 from mechlingo.core.faults import derive_seed
 from mechlingo.core.jsonable import finite_or_none
@@ -59,6 +58,7 @@ from mechlingo.interventions import (
     model_info,
     random_like,
 )
+from mechlingo.scoring.evaluate import EvalResult, evaluate_facts
 from mechlingo.viz.evaluate import accuracy_bars
 
 if TYPE_CHECKING:
@@ -425,8 +425,8 @@ def score_facts(
     metric: Any = "generate",
 ) -> EvalResult:
     """Accuracy on ``facts`` under ``metric`` (greedy generation by the eval rule by default;
-    ``"rank"``, ``"klar"`` or a :class:`~mechlingo.analyses.scoring.scorers.Scorer`), through
-    :func:`mechlingo.analyses.scoring.evaluate.evaluate_facts`."""
+    ``"rank"``, ``"klar"`` or a :class:`~mechlingo.scoring.scorers.Scorer`), through
+    :func:`mechlingo.scoring.evaluate.evaluate_facts`."""
     return evaluate_facts(
         model,
         list(facts),
@@ -482,7 +482,7 @@ class ConditionResults:
     English answer instead of the target-language one), ``lowest_language`` (lowest ``orig``
     accuracy among languages with ``orig`` > 0, see :func:`lowest_above_zero`; ``None`` when
     all are 0), ``relative_gain[condition]`` on that language, ``results`` (the raw
-    :class:`~mechlingo.analyses.scoring.evaluate.EvalResult` per condition), ``unit``: what the config's
+    :class:`~mechlingo.scoring.evaluate.EvalResult` per condition), ``unit``: what the config's
     alphas are measured in (see :func:`build_steering_vectors`).
     """
 

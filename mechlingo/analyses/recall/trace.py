@@ -4,7 +4,7 @@ Lu et al. (2025) describe multilingual factual recall as a pipeline: the query i
 fact is recalled with the English mechanism (the *English* answer becomes decodable by the
 logit lens in the middle layers), and the last layers convert it into the prompt's language.
 :func:`trace_recall` puts every query into one of five classes by combining the greedy answer
-(:func:`mechlingo.analyses.scoring.evaluate.evaluate_facts`, the eval rule) with the logit lens on the same
+(:func:`mechlingo.scoring.evaluate.evaluate_facts`, the eval rule) with the logit lens on the same
 prompt (:func:`mechlingo.analyses.decoders.lens.lens_facts`):
 
 * ``correct``: the greedy answer is right.
@@ -49,8 +49,6 @@ from mechlingo.analyses.recall.patching import (
     patch_activations,
 )
 from mechlingo.analyses.results import WritesFolder
-from mechlingo.analyses.scoring.evaluate import EvalResult, evaluate_facts, is_correct, normalize
-from mechlingo.analyses.scoring.scorers import skip_reason, split_usable
 from mechlingo.core.errors import InputError
 from mechlingo.core.jsonable import finite_or_none
 from mechlingo.core.sites import site_map
@@ -58,6 +56,8 @@ from mechlingo.core.tokens import encode, prepends_bos
 from mechlingo.core.types import Model
 from mechlingo.data import load_facts
 from mechlingo.kernels.significance import bootstrap_mean, wilson
+from mechlingo.scoring.evaluate import EvalResult, evaluate_facts, is_correct, normalize
+from mechlingo.scoring.scorers import skip_reason, split_usable
 from mechlingo.viz.trace import class_fractions_figure, class_profiles_figure
 
 if TYPE_CHECKING:

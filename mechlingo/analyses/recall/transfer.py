@@ -61,13 +61,13 @@ from mechlingo.analyses.recall.settings import (
 )
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
 from mechlingo.analyses.results import WritesFolder
-from mechlingo.analyses.scoring.evaluate import EvalResult
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 from mechlingo.data import RELATIONS, Fact
 from mechlingo.data.splits import split_facts
 from mechlingo.interventions import Compose, Intervention, SteeringVector, random_like
 from mechlingo.kernels.significance import Interval, mcnemar, paired_gain
+from mechlingo.scoring.evaluate import EvalResult
 from mechlingo.viz.steer import transfer_heatmap
 
 if TYPE_CHECKING:

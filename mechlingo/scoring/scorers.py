@@ -1,7 +1,7 @@
 """The three scorers behind ``--metric``, their rules, and the statistics of each.
 
 * ``generate`` (the default): mechlingo's greedy prefix rule
-  (:mod:`mechlingo.analyses.scoring.evaluate`): the greedy continuation of the prompt, cut at its first
+  (:mod:`mechlingo.scoring.evaluate`): the greedy continuation of the prompt, cut at its first
   line break, starts with the answer or an alias after normalisation, at a word boundary.
 * ``klar``: the rule of the KLAR benchmark's reference code (Wang et al. 2025;
   ``cisnlp/multilingual-fact-tracing``): three solved demonstrations of the same relation and
@@ -13,11 +13,11 @@
   gets right with those English gets right (:func:`clc`).
 * ``rank``: candidate ranking (Qi et al. 2023, BMLAMA; ``Betswish/Cross-Lingual-Consistency``):
   every candidate filled in at the mask, scored by the filled sentence's mean token
-  cross-entropy (:mod:`mechlingo.analyses.scoring.rank`); correct when a gold candidate scores best
+  cross-entropy (:mod:`mechlingo.scoring.rank`); correct when a gold candidate scores best
   (P@1). Consistency between two languages is RankC (:func:`rankc`).
 
 Every scorer is chosen with a :class:`Scorer` (or its name) passed as ``metric=`` to
-:func:`mechlingo.analyses.scoring.evaluate.evaluate_facts`, which every caller (``eval``,
+:func:`mechlingo.scoring.evaluate.evaluate_facts`, which every caller (``eval``,
 ``steer eval``'s sweep, headroom and test, the repair helpers) goes through. A record a
 metric cannot use is skipped for that metric only and counted by reason
 (:func:`skip_reason`); ``docs/methods/scoring.md`` has the details.

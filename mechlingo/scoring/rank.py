@@ -41,7 +41,7 @@ built-in rule does). Batched scores equal scoring each sentence alone (tested).
 
 **Shared stems.** The candidates of a fact share their leading tokens (BOS, demonstrations,
 the text before the mask), and a causal model computes those positions alike in every row,
-before any position an intervention edits (:func:`mechlingo.analyses.scoring.edits.first_edit`: the
+before any position an intervention edits (:func:`mechlingo.scoring.edits.first_edit`: the
 token before the mask under ``"last"``). By default each fact's shared tokens run once, in a
 pass over one row per fact that records their keys and values (and reads the stem's scored
 positions); each candidate row then runs only its last tokens against that cache (a shorter
@@ -66,13 +66,14 @@ from tqdm.auto import tqdm
 from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard
 from mechlingo.activations.prefix import cache_upto, prefix_reuse_supported, run_reads
 from mechlingo.activations.runs import StopForward, final_resid_name, run_batch
-from mechlingo.analyses.scoring.edits import first_edit
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, prepends_bos
 from mechlingo.core.types import FwdHooks, Model
 from mechlingo.data import Fact
+from mechlingo.interventions.apply import intervention_hooks
 from mechlingo.interventions.base import Intervention
 from mechlingo.kernels.readout import token_logprobs
+from mechlingo.scoring.edits import first_edit
 
 __all__ = ["RANK_TOKENS", "CandidateScores", "candidate_layout", "score_candidates"]
 
@@ -333,13 +334,6 @@ def _sums(
     return own_sum, own_n, sh_sum, sh_n
 
 
-def _hooks(model: Model, intervention: Intervention | None, fwd_hooks: FwdHooks) -> list:
-    hooks = list(fwd_hooks)
-    if intervention is not None:
-        hooks = list(intervention.fwd_hooks(model)) + hooks
-    return hooks
-
-
 def score_candidates(
     model: Model,
     facts: Sequence[Fact],
@@ -396,7 +390,7 @@ def score_candidates(
             raise InputError(f"fact {f.id!r} ({f.lang}) has no candidates to rank")
         stem = _ids(model, p + f.prompt, prepends_bos(model))
         layouts.append([candidate_layout(model, f, c, p, stem_ids=stem) for c in cs])
-    hooks = _hooks(model, intervention, fwd_hooks)
+    hooks = intervention_hooks(model, intervention, fwd_hooks)
     order = sorted(range(len(facts)), key=lambda i: (max(len(x.ids) for x in layouts[i]), i))
     ce: list[list[float]] = [[] for _ in facts]
     counts: list[list[int]] = [[] for _ in facts]

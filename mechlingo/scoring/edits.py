@@ -2,7 +2,7 @@
 
 A causal model computes every position before the first one an intervention edits exactly as
 it does without the intervention; shared-prefix scoring
-(:func:`mechlingo.analyses.scoring.evaluate.evaluate_conditions`, candidate ranking) computes those
+(:func:`mechlingo.scoring.evaluate.evaluate_conditions`, candidate ranking) computes those
 positions once for every condition and candidate. :func:`first_edit` says where that prefix
 ends for each row of a batch.
 """
@@ -14,9 +14,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from mechlingo.core.tokens import PositionSpec, TokenBatch
-from mechlingo.interventions.base import Intervention, SiteEdit
-from mechlingo.interventions.compose import Compose
-from mechlingo.interventions.gate import Gated
+from mechlingo.interventions.base import Compose, Gated, Intervention, SiteEdit
 
 __all__ = ["first_edit"]
 

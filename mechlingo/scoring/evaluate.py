@@ -17,7 +17,7 @@ batches, only each row's newest position is unembedded, and finished rows leave 
 **Other metrics.** :func:`evaluate_facts` is the one function every caller scores facts
 through; ``metric=`` chooses the rule: ``"generate"`` (the eval rule above, the default),
 ``"klar"`` (the KLAR benchmark's 3-shot prefix rule) or ``"rank"`` (BMLAMA's candidate
-ranking by cross-entropy), see :mod:`mechlingo.analyses.scoring.scorers`. Records a metric cannot use
+ranking by cross-entropy), see :mod:`mechlingo.scoring.scorers`. Records a metric cannot use
 are skipped and counted by reason in :attr:`EvalResult.skipped`.
 """
 
@@ -39,9 +39,14 @@ from mechlingo.activations.prefix import (
     record_head,
     shared_decoding_supported,
 )
-from mechlingo.analyses.scoring.edits import first_edit
-from mechlingo.analyses.scoring.rank import score_candidates
-from mechlingo.analyses.scoring.scorers import (
+from mechlingo.core.errors import InputError
+from mechlingo.core.tokens import TokenBatch, encode, prepends_bos, sorted_batches
+from mechlingo.core.types import FwdHooks, Model
+from mechlingo.interventions.apply import intervention_hooks
+from mechlingo.interventions.base import Intervention
+from mechlingo.scoring.edits import first_edit
+from mechlingo.scoring.rank import score_candidates
+from mechlingo.scoring.scorers import (
     KLAR_MAX_NEW_TOKENS,
     Scorer,
     as_scorer,
@@ -52,10 +57,6 @@ from mechlingo.analyses.scoring.scorers import (
     metric_summary,
     split_usable,
 )
-from mechlingo.core.errors import InputError
-from mechlingo.core.tokens import TokenBatch, encode, prepends_bos, sorted_batches
-from mechlingo.core.types import FwdHooks, Model
-from mechlingo.interventions.base import Intervention
 from mechlingo.viz.evaluate import accuracy_bars
 
 if TYPE_CHECKING:
@@ -130,13 +131,6 @@ def decided(
     if "open" in gold:
         return False
     return not english or _status(gen, normalize(english), "en") != "open"
-
-
-def _hooks_of(model: Model, intervention: Intervention | None, fwd_hooks: FwdHooks) -> list:
-    hooks = list(fwd_hooks)
-    if intervention is not None:
-        hooks = list(intervention.fwd_hooks(model)) + hooks
-    return hooks
 
 
 def greedy_generate(
@@ -271,7 +265,7 @@ def generate_conditions(
     if max_new_tokens < 0:
         raise InputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     ivs = list(interventions)
-    hooks = [_hooks_of(model, iv, fwd_hooks) for iv in ivs]
+    hooks = [intervention_hooks(model, iv, fwd_hooks) for iv in ivs]
     batch = encode(model, prompts)
     opts = {"max_new_tokens": max_new_tokens, "eos": getattr(model.tokenizer, "eos_token_id", None),
             "cache": cache, "shared": shared and cache and not fwd_hooks,
@@ -337,7 +331,7 @@ class EvalResult:
 
     def metric_summary(self) -> dict[str, Any]:
         """The metric's own statistics (rank: P@1, gold rank, RankC; klar: CLC), see
-        :func:`mechlingo.analyses.scoring.scorers.metric_summary`."""
+        :func:`mechlingo.scoring.scorers.metric_summary`."""
         return metric_summary(self.records, self.scorer)
 
     def accuracy(self) -> dict[str, float]:
@@ -389,7 +383,7 @@ def evaluate_facts(
 
     Args:
         metric: ``"generate"``, ``"klar"``, ``"rank"`` or a
-            :class:`~mechlingo.analyses.scoring.scorers.Scorer` with options.
+            :class:`~mechlingo.scoring.scorers.Scorer` with options.
         prompts: (``generate`` only) prompts to use instead of each fact's zero-shot
             ``prompt`` (e.g. few-shot prompts); the answers are still the facts' answers.
         prefixes: text placed before each fact's query (few-shot demonstrations ending with
@@ -404,7 +398,7 @@ def evaluate_facts(
             together).
         cache: decode with a key-value cache (see :func:`greedy_generate`).
         early_stop: stop decoding a fact as soon as its verdict is final (:func:`decided`,
-            :func:`~mechlingo.analyses.scoring.scorers.klar_decided`): the same ``correct`` and
+            :func:`~mechlingo.scoring.scorers.klar_decided`): the same ``correct`` and
             ``in_english`` as decoding every token, in less time; ``generation`` then holds
             the decided prefix.
 

@@ -6,7 +6,7 @@ language, three things with and without the intervention, in one run, against a
 norm-matched random control of the same shape:
 
 * ``accuracy``: greedy accuracy on the facts of that language (the eval rule of
-  :mod:`mechlingo.analyses.scoring.evaluate`). Change = accuracy with - accuracy without (a fraction).
+  :mod:`mechlingo.scoring.evaluate`). Change = accuracy with - accuracy without (a fraction).
 * ``perplexity``: perplexity on text lines of that language (e.g. NTREX), from the summed
   next-token NLL over every real token after BOS. Change = ``ppl_with / ppl_without - 1``
   (relative: 0.10 = 10% higher perplexity).
@@ -42,7 +42,6 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from mechlingo.activations.likelihood import line_nll
-from mechlingo.analyses.scoring.evaluate import evaluate_facts, greedy_generate
 from mechlingo.core.errors import InputError
 from mechlingo.core.faults import derive_seed
 from mechlingo.core.sites import resolve_site, site_map
@@ -54,9 +53,11 @@ from mechlingo.interventions import (
     Intervention,
     NeuronClamp,
     SteeringVector,
+    intervention_hooks,
     random_like,
 )
 from mechlingo.kernels.significance import paired_bootstrap, wilson
+from mechlingo.scoring.evaluate import evaluate_facts, greedy_generate
 from mechlingo.viz.side_effects import side_effects_heatmap
 
 if TYPE_CHECKING:
@@ -391,7 +392,7 @@ def _measure_arm(
             intervention=intervention,
         )
         out["correct"] = np.array([bool(r["correct"]) for r in ev.records], dtype=float)
-    hooks = list(intervention.fwd_hooks(model)) if intervention is not None else []
+    hooks = intervention_hooks(model, intervention)
     for lg, v in lines.items():
         s, c = line_nll(model, v, fwd_hooks=hooks, batch_size=batch_size, max_tokens=max_tokens)
         out["nll"][lg] = s.numpy()

@@ -1,0 +1,163 @@
+"""The command line's vocabulary: one flag per concept, one meaning per flag.
+
+:data:`FLAGS` maps every flag of every ``mechlingo`` command to the concept it sets and a
+one-line meaning; ``docs/glossary.md`` prints the same table, and ``tests/test_glossary.py``
+checks the three against each other (every flag of every parser is here and in the page,
+nothing here is missing from the parsers, a flag has the same kind - switch, number, choice,
+metavar - in every command that takes it, and no two flags name one concept).
+:data:`RETIRED` lists the flag names of earlier releases and what replaced them: the
+``mechlingo`` command refuses an old name with one line naming the new flag (there are no
+aliases). This module imports nothing, so ``--help`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["FLAGS", "RETIRED", "retired_hints"]
+
+#: flag -> (concept, meaning). A concept is named by one flag only.
+FLAGS: dict[str, tuple[str, str]] = {
+    # model and run
+    "--model": ("model", "the model to load: the embedded default, a hub id, a folder or a .gguf file"),
+    "--device": ("device", "where the model runs: cpu, cuda, cuda:N or mps"),
+    "--dtype": ("dtype", "floating-point type of the weights"),
+    "--chat": ("chat template", "wrap prompts in the tokenizer's chat template: on, off or auto"),
+    "--compat": ("layer-norm folding", "fold layer norms (TransformerLens compatibility mode)"),
+    "--out": ("output folder", "folder the command writes (replaced as a whole)"),
+    "--batch-size": ("batch size", "prompts (or texts) per forward pass"),
+    "--quiet": ("progress bars", "no progress bars"),
+    "--work": ("work folder", "where finished stages are kept until --out is written"),
+    "--fresh": ("start over", "remove the run's finished stages first"),
+    "--resume": ("go on", "go on from finished stages (the default)"),
+    # data
+    "--facts": ("fact file", "your facts (.jsonl/.tsv, or a folder of them) or a benchmark folder"),
+    "--parallel": ("parallel-text folder", "folder of line-aligned <lang>.txt files (NTREX, FLORES)"),
+    "--flores-split": ("FLORES split", "which FLORES split a --parallel FLORES folder is read from"),
+    "--text-file": ("training text file", "your own text, one training text a line"),
+    "--langs": ("languages", "comma-separated language codes to read"),
+    "--target": ("target language", "the language of the expert neurons (clamped, aligned, replicated)"),
+    "--relation": ("relations", "comma-separated fact relations, or 'all'"),
+    "--limit": ("facts per relation", "at most this many facts per relation, the same facts in every language"),
+    "--templates": ("template family", "prompt family of the bundled facts: natural or tuned"),
+    "--offset": ("line offset", "parallel lines skipped first"),
+    "--lines": ("lines per language", "parallel lines (sentences) per language, after --offset"),
+    "--heldout": ("held-out lines", "held-out parallel lines per language right after the --lines used"),
+    "--max-tokens": ("tokens per text", "keep only the first N tokens of each sentence or text"),
+    "--split": ("split fractions", "build,dev,test fractions of fact ids"),
+    "--salt": ("split salt", "salt of the fact-id hash that splits facts"),
+    # scoring and generation
+    "--metric": ("metric", "how facts are scored: generate, klar or rank"),
+    "--rank-tokens": ("rank tokens", "with --metric rank: cross-entropy over the sentence or the candidate"),
+    "--max-new-tokens": ("generation length", "greedy tokens generated per prompt"),
+    "--max-rank": ("decodable rank", "rank at or below which an answer counts as decodable"),
+    "--seed": ("seed", "the seed of the run's random draws (controls, samples, text order)"),
+    "--control-seeds": ("random-control seeds", "seeds of the norm-matched random controls, one control per seed"),
+    # lens and decoders
+    "--track": ("tracked languages", "languages whose answers the lens tracks besides the prompt's"),
+    "--decoder": ("decoders", "comma-separated decoders: logit, tuned, patchscope"),
+    "--tuned-lens": ("tuned-lens folder", "folder of a lens from `mechlingo tuned-lens` (or NAME=DIR,...)"),
+    "--patchscope-target": ("patchscope prompt language", "language of the patchscope's identity target prompt"),
+    # trace
+    "--mid-layers": ("mid-network layers", "lens entries counted as mid-network, A-B or a list"),
+    "--patch-prompts": ("patched prompts", "prompts per language for patching and knockout"),
+    "--patch-sites": ("patch sites", "sites of the corrupted-subject patching sweep"),
+    "--cells-per-batch": ("cells per batch", "patched copies per forward pass"),
+    "--method": ("patching method", "exact activation patching, attribution patching (atp) or both"),
+    "--verify-heads": ("verified heads", "top AtP heads verified by exact head patching"),
+    # experts and alignment
+    "--k": ("expert counts", "numbers of expert neurons to save and compare"),
+    "--pool": ("token pooling", "pooling of activations over a sentence's tokens"),
+    "--score": ("expert score", "how neurons are ranked as experts: auroc, ap or lape"),
+    "--value": ("clamp value", "value the clamp holds experts at: mean or median"),
+    "--layers": ("searched layers", "comma-separated layers searched for expert neurons"),
+    "--no-curve": ("skip k curve", "skip the k curve (its generation)"),
+    "--samples": ("BOS samples", "samples generated from BOS per k"),
+    "--ppl-budget": ("perplexity budget", "k rule: the most a clamp may raise the target's perplexity"),
+    "--ppl-others": ("other languages' budget", "k rule: how other languages' perplexity ratios enter"),
+    "--max-memory": ("memory cap", "cap on the memory of the neuron statistics"),
+    "--shard-dir": ("shard folder", "folder keeping the neuron statistics out of core"),
+    "--clamp": ("clamp folder", "a saved clamp, or an experts folder (the chosen k's clamp)"),
+    "--control": ("control folder", "the control intervention folder"),
+    "--layer": ("headline layer", "the one layer of the headline numbers"),
+    "--centre": ("centring", "subtract the mean embedding first"),
+    "--side-effects": ("side effects", "also measure the intervention's side effects against a control"),
+    "--side-effects-lines": ("side-effect lines", "parallel lines per language the side effects are measured on"),
+    # tuned lens
+    "--steps": ("optimizer steps", "optimizer steps of the tuned-lens training"),
+    "--max-seconds": ("time cap", "stop the training after this long"),
+    "--texts-per-step": ("texts per step", "training texts per optimizer step"),
+    "--lr": ("learning rate", "Adam learning rate"),
+    "--vocab-sample": ("vocabulary sample", "exact, an int (sampled remainder) or auto"),
+    # steering
+    "--k-shot": ("demonstrations", "solved demonstrations per few-shot prompt"),
+    "--per-relation": ("build ids per relation", "build fact ids per relation"),
+    "--translation-shots": ("translation shots", "solved translation pairs before each translation prompt"),
+    "--plain-task": ("plain task vector", "task vector = plain few-shot mean"),
+    "--unit": ("vector unit", "resid (fractions of the residual norm) or raw"),
+    "--vectors": ("vector folder", "folder written by `steer build`"),
+    "--dev-per-lang": ("dev ids", "dev fact ids per relation"),
+    "--test-per-lang": ("test ids", "test fact ids per relation"),
+    "--task-layers": ("task layers", "layers tried for the task vector"),
+    "--task-alphas": ("task scales", "scales tried for the task vector"),
+    "--diff-layers": ("diff layers", "layers tried for the diff vector"),
+    "--diff-alphas": ("diff scales", "scales tried for the diff vector"),
+    "--top-k": ("re-scored settings", "settings of each vector re-scored on all of dev"),
+    "--screen-ids": ("screen ids", "dev fact ids that score the whole grid first"),
+    "--en-tolerance": ("English tolerance", "largest allowed drop of English dev accuracy"),
+    "--p-threshold": ("dev p threshold", "McNemar p a setting must beat no intervention by on dev"),
+    "--config": ("fixed setting", "task_layer,task_alpha,diff_layer,diff_alpha instead of the sweep"),
+    "--repeats": ("re-splits", "re-split this many times with other salts"),
+    "--transfer": ("transfer matrix", "also measure the transfer matrix: by relation, lang or both"),
+    "--transfer-ids": ("transfer sizes", "transfer matrix sizes B,S,D,T"),
+    "--transfer-cells": ("transfer cells", "full matrix or only its diagonal"),
+    "--transfer-only": ("transfer only", "run only the transfer matrix"),
+    # replicate
+    "--paper": ("paper", "whose claims: lu2025, sundar2025 or all"),
+    "--budget": ("budget", "sample sizes of the claims: quick or full"),
+    "--settings": ("settings overrides", "overrides of the budget's settings (JSON or a .json file)"),
+    "--strict": ("strict exit", "exit with status 3 when a stage failed"),
+}  # fmt: skip
+
+#: command -> {old flag: the flag that replaced it}.
+RETIRED: dict[str, dict[str, str]] = {
+    "lens": {"--data": "--facts", "--patchscope-tokens": "--max-new-tokens"},
+    "eval": {"--data": "--facts"},
+    "trace": {"--data": "--facts"},
+    "steer": {"--data": "--facts", "--seeds": "--control-seeds"},
+    "experts": {
+        "--data": "--parallel",
+        "--lang": "--target",
+        "--layer": "--layers",
+        "--limit": "--lines",
+        "--new-tokens": "--max-new-tokens",
+        "--split": "--flores-split",
+    },
+    "align": {"--data": "--parallel", "--limit": "--lines", "--split": "--flores-split"},
+    "tuned-lens": {"--text": "--parallel"},
+}
+
+#: flags that were given a value before and are switches now
+_NOW_SWITCHES = {
+    ("steer", "--side-effects"): "--side-effects takes no folder now: add --parallel DIR",
+    ("align", "--side-effects"): "--side-effects takes no number now: use --side-effects-lines N",
+}
+
+
+def retired_hints(command: str | None, argv: Sequence[str], unknown: Sequence[str]) -> list[str]:
+    """What to write instead of the old flag names in ``unknown`` (the arguments argparse
+    did not recognise) for ``command``, e.g. ``--data is now --parallel``."""
+    table = RETIRED.get(command or "", {})
+    hints = []
+    for item in unknown:
+        name = item.split("=", 1)[0]
+        if name in table:
+            hints.append(f"{name} is now {table[name]}")
+    args = list(argv)
+    for (cmd, flag), hint in _NOW_SWITCHES.items():
+        if cmd != command or flag not in args:
+            continue
+        i = args.index(flag)
+        if i + 1 < len(args) and args[i + 1] in unknown:
+            hints.append(hint)
+    return hints

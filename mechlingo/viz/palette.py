@@ -1,0 +1,210 @@
+"""One colour per concept, the same in every figure.
+
+A reader who has learned that "recall failure" is red in one figure, or that French is red in
+the latent-language curves, should find the same colour for it in the next figure. So no figure
+picks colours by the position of a series in its own legend; each asks this module for the
+colour of *what* the series is:
+
+* :func:`class_color` -- a class of the recall-pipeline trace (``"correct"``,
+  ``"recall_failure"``, ``"translation_failure"``, ...);
+* :func:`language_color` -- a language code (``"en"``, ``"fr"``, ...);
+* :func:`decoder_color` -- a decoder (logit lens, tuned lens, patchscope; any spelling:
+  ``"logit"``, ``"logit_lens"``, ``"logit lens"``);
+* :func:`condition_color` -- a condition or arm (``"orig"``, ``"task"``, ``"diff"``,
+  ``"both"``, ``"random"``, ``"experts"``, ``"zero_shot"``, ...);
+* :func:`track_color` -- a lens track: the prompt-language answer (``"answer"``), the answer
+  in a language (its language colour), or a decoder measure (``"entropy"``, ``"energy"``);
+* :func:`series_color` -- a series that may be any of the above (grouped bars take classes
+  from the trace report, conditions from steering, arms from the experts): the names of the
+  concepts do not overlap, so the name decides.
+
+A name this module does not list gets a colour derived from the name itself (a CRC of it into
+:data:`SPARE`), never from its position: two figures still agree. :data:`SEQUENCE` colours
+series that are an order and no concept (the lens entries of a training-loss plot).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+
+__all__ = [
+    "CLASS",
+    "CONDITION",
+    "DECODER",
+    "LANGUAGE",
+    "SEQUENCE",
+    "SITE",
+    "SPARE",
+    "TRACK",
+    "class_color",
+    "condition_color",
+    "decoder_color",
+    "language_color",
+    "series_color",
+    "site_color",
+    "track_color",
+]
+
+#: The trace's classes, in the order they are drawn (the order of
+#: :data:`mechlingo.analyses.recall.trace.CLASSES`): green is right, red is the failure the
+#: recall pipeline is about, orange the one after it.
+CLASS: Mapping[str, str] = {
+    "correct": "#2ca02c",
+    "wrong_language": "#9467bd",
+    "translation_failure": "#ff7f0e",
+    "recall_failure": "#d62728",
+    "other": "#7f7f7f",
+}
+
+#: A colour per language code; English keeps blue everywhere.
+LANGUAGE: Mapping[str, str] = {
+    "en": "#1f77b4",
+    "fr": "#d62728",
+    "de": "#2ca02c",
+    "es": "#ff7f0e",
+    "ja": "#9467bd",
+    "zh": "#8c564b",
+    "ru": "#e377c2",
+    "it": "#bcbd22",
+    "pt": "#17becf",
+    "ko": "#393b79",
+    "ar": "#637939",
+    "hi": "#8c6d31",
+    "nl": "#843c39",
+    "pl": "#7b4173",
+    "tr": "#3182bd",
+    "sv": "#e6550d",
+    "fi": "#31a354",
+    "vi": "#756bb1",
+    "id": "#636363",
+    "uk": "#ad494a",
+    "cs": "#a55194",
+    "el": "#6baed6",
+    "he": "#fd8d3c",
+    "th": "#74c476",
+}
+
+#: The decoders, by their canonical name (see :func:`decoder_color` for the spellings).
+DECODER: Mapping[str, str] = {
+    "logit": "#1f77b4",
+    "tuned": "#d62728",
+    "patchscope": "#2ca02c",
+}
+
+#: Conditions of an evaluation and arms of a comparison. The baselines (``orig``, the plain
+#: ``accuracy`` of one evaluation, ``zero_shot``, ``pre``) are dark grey; a random control is
+#: olive whatever it controls for.
+CONDITION: Mapping[str, str] = {
+    "orig": "#555555",
+    "accuracy": "#555555",
+    "zero_shot": "#555555",
+    "pre": "#555555",
+    "task": "#1f77b4",
+    "diff": "#ff7f0e",
+    "both": "#9467bd",
+    "k_shot": "#1f77b4",
+    "experts": "#d62728",
+    "post": "#d62728",
+    "random": "#bcbd22",
+    "control": "#bcbd22",
+}
+
+#: Lens tracks that are no language: the answer in the prompt's own language, and the
+#: measures a decoder figure draws beside the answers.
+TRACK: Mapping[str, str] = {
+    "answer": "#222222",
+    "entropy": "#8c564b",
+    "energy": "#e377c2",
+}
+
+#: The sites of a patching figure.
+SITE: Mapping[str, str] = {
+    "mlp_out": "#1f77b4",
+    "attn_out": "#d62728",
+    "resid_pre": "#7f7f7f",
+    "resid_mid": "#8c564b",
+    "resid_post": "#bcbd22",
+    "head": "#9467bd",
+}
+
+#: Colours for series that are only an order (entry 0, 1, 2, ...), no concept.
+SEQUENCE = (
+    "#1f77b4 #d62728 #2ca02c #ff7f0e #9467bd #8c564b #e377c2 #7f7f7f #bcbd22 #17becf "
+    "#393b79 #637939"
+).split()
+
+#: Where a name none of the maps lists takes its colour from (by a CRC of the name).
+SPARE = (
+    "#5254a3 #8ca252 #bd9e39 #ad494a #a55194 #6b6ecf #b5cf6b #e7ba52 #d6616b #ce6dbd "
+    "#9c9ede #cedb9c"
+).split()
+
+
+def _spare(name: str) -> str:
+    return SPARE[zlib.crc32(name.encode()) % len(SPARE)]
+
+
+def class_color(name: str) -> str:
+    """The colour of a trace class (``"recall_failure"`` or ``"recall failure"``)."""
+    return CLASS.get(name.replace(" ", "_")) or _spare(name)
+
+
+def language_color(code: str) -> str:
+    """The colour of a language code (case-insensitive; a region tag is ignored:
+    ``"pt-BR"`` is Portuguese)."""
+    base = code.lower().replace("_", "-").split("-")[0]
+    return LANGUAGE.get(base) or _spare(base)
+
+
+def _decoder_key(name: str) -> str:
+    words = name.lower().replace("_", " ").replace("-", " ").split()
+    if words[-1:] == ["lens"] and len(words) > 1:
+        words = words[:-1]
+    return " ".join(words)
+
+
+def decoder_color(name: str) -> str:
+    """The colour of a decoder: ``"logit"``, ``"logit_lens"``, ``"logit lens"`` and
+    ``"Logit lens"`` are one decoder; so are ``"tuned"``/``"tuned_lens"``."""
+    key = _decoder_key(name)
+    return DECODER.get(key) or _spare(key)
+
+
+def condition_color(name: str) -> str:
+    """The colour of a condition or arm; ``"random_3"`` or ``"random task"`` (a random
+    control, however numbered) is ``"random"``; ``"2-shot"`` is ``"k_shot"``."""
+    key = name.lower().replace("-", "_").replace(" ", "_")
+    if key in CONDITION:
+        return CONDITION[key]
+    if key.startswith("random"):
+        return CONDITION["random"]
+    if key.endswith("_shot") and key[:-5].isdigit():
+        return CONDITION["zero_shot" if key[:-5] == "0" else "k_shot"]
+    return _spare(key)
+
+
+def track_color(track: str) -> str:
+    """The colour of a lens track: ``"answer"`` (the prompt-language answer), a language code
+    (the answer in that language), ``"entropy"`` or ``"energy"``."""
+    return TRACK.get(track) or language_color(track)
+
+
+def site_color(site: str) -> str:
+    """The colour of a patching site (``"mlp_out"``, ``"attn_out"``, ...)."""
+    return SITE.get(site) or _spare(site)
+
+
+def series_color(name: str) -> str:
+    """The colour of a series that may be a class, a condition, a decoder or a language: the
+    first of those maps that knows the name decides (their names do not overlap; a test says
+    so), else a colour from the name."""
+    key = name.replace(" ", "_")
+    if key in CLASS:
+        return CLASS[key]
+    cond = name.lower().replace("-", "_").replace(" ", "_")
+    if cond in CONDITION or cond.startswith("random") or cond.endswith("_shot"):
+        return condition_color(name)
+    if _decoder_key(name) in DECODER:
+        return decoder_color(name)
+    return language_color(name) if name.lower().split("-")[0] in LANGUAGE else _spare(name)

@@ -1,0 +1,257 @@
+"""One colour per concept: every figure of :mod:`mechlingo.viz` that draws trace classes,
+languages, decoders or conditions takes the colour of each from :mod:`mechlingo.viz.palette`,
+so a concept has one colour across figures (the trace report once drew "recall failure" red
+in one class figure and orange in the next)."""
+
+from __future__ import annotations
+
+import zlib
+from collections import defaultdict
+from typing import Any
+
+import pandas as pd
+import pytest
+import torch
+
+from mechlingo.analyses.recall.trace import CLASSES
+from mechlingo.viz import palette
+from mechlingo.viz.align import pca_figure, retrieval_per_layer_figure
+from mechlingo.viz.evaluate import accuracy_bars
+from mechlingo.viz.experts import experts_per_layer_figure, interval_bars_figure, k_curve_figure
+from mechlingo.viz.lens import (
+    DecoderPanel,
+    decoder_curves_figure,
+    latent_curves_figure,
+    lens_kl_figure,
+)
+from mechlingo.viz.steer import accuracy_ci_figure, headroom_figure
+from mechlingo.viz.trace import class_fractions_figure, class_profiles_figure
+
+LANGS = ["en", "fr", "de"]
+CELL = {"p": 0.5, "lo": 0.4, "hi": 0.6}
+
+
+def _colour(trace: Any) -> str | None:
+    """A trace's drawn colour: its marker colour (bars, scatter markers) or line colour."""
+    marker = getattr(trace, "marker", None)
+    if marker is not None and isinstance(marker.color, str):
+        return marker.color
+    line = getattr(trace, "line", None)
+    return line.color if line is not None else None
+
+
+def _figures() -> dict[str, list[tuple[str, str, Any]]]:
+    """``{figure name: [(concept, name, figure), ...]}``: each figure with the concept its
+    traces are named by, and a function from a trace to that concept's name (None: skip)."""
+    counts = {lg: {c: i + 1 for i, c in enumerate(CLASSES)} for lg in LANGS}
+    ranks = torch.randint(0, 50, (4, 6))
+    curves = pd.DataFrame(
+        [{"lang": lg, "track": t, "layer": k, "mean": 0.3, "std": 0.1}
+         for lg in LANGS for t in ("answer", "en", "fr") for k in range(3)]
+    )  # fmt: skip
+    panel = DecoderPanel(
+        layers=[0, 1, 2],
+        logprob={"answer": torch.rand(3, 4).log(), "en": torch.rand(3, 4).log()},
+        rank={"answer": torch.randint(0, 9, (3, 4)), "en": torch.randint(0, 9, (3, 4))},
+        entropy=torch.rand(3, 4),
+        energy=torch.rand(3, 4),
+    )
+    kl = {"kl": [1.0, 0.5], "lo": [0.9, 0.4], "hi": [1.1, 0.6]}
+    k_rows = [
+        {"k": k, "arm": arm, "target_rate_bos": 0.2, "target_rate_prompt": 0.3,
+         "ppl_en": 10.0, "ppl_fr": 12.0, "ppl_ratio_fr": 1.2}
+        for k in (1, 10) for arm in ("experts", "random")
+    ] + [{"k": 0, "arm": "none", "target_rate_bos": 0.1, "target_rate_prompt": 0.1,
+          "ppl_en": 10.0, "ppl_fr": 12.0, "ppl_ratio_fr": 1.0}]  # fmt: skip
+    per_lang = {c: dict.fromkeys(LANGS, 0.5) for c in ("orig", "task", "diff", "both", "random")}
+    return {
+        "class fractions": [("class", class_fractions_figure(counts))],
+        "class bars": [
+            ("class", accuracy_bars({c: dict.fromkeys(LANGS, 0.2) for c in CLASSES}, "classes"))
+        ],  # fmt: skip
+        "profiles": [
+            (
+                "track",
+                class_profiles_figure(
+                    ranks,
+                    ranks,
+                    classes=["correct", "recall_failure"] * 3,
+                    prompt_langs=["fr", "de", "fr"] * 2,
+                    layers=[0, 1, 2, 3],
+                    langs=["fr", "de"],
+                    max_rank=10,
+                ),
+            )
+        ],  # fmt: skip
+        "latent curves": [("track", latent_curves_figure(curves))],
+        "decoder curves": [
+            (
+                "track",
+                decoder_curves_figure({"logit": panel, "tuned": panel}, langs=["fr"], n_prompts=4),
+            )
+        ],  # fmt: skip
+        "lens kl": [
+            (
+                "decoder",
+                lens_kl_figure(
+                    {
+                        "entries": [0, 1],
+                        "n_texts": 3,
+                        "n_tokens": 9,
+                        "decoders": {"logit lens": kl, "tuned_lens": kl, "patchscope": kl},
+                    }
+                ),
+            )
+        ],  # fmt: skip
+        "accuracy bars": [("condition", accuracy_bars(per_lang, "steering"))],
+        "accuracy ci": [
+            (
+                "condition",
+                accuracy_ci_figure(
+                    {c: dict.fromkeys(LANGS, CELL) for c in ("orig", "task", "random")}
+                ),
+            )
+        ],  # fmt: skip
+        "headroom": [
+            (
+                "condition",
+                headroom_figure(
+                    {
+                        "k": 2,
+                        "zero_shot": dict.fromkeys(LANGS, CELL),
+                        "k_shot": dict.fromkeys(LANGS, CELL),
+                    }
+                ),
+            )
+        ],  # fmt: skip
+        "interval bars": [
+            (
+                "condition",
+                interval_bars_figure(
+                    {
+                        "m": {
+                            a: {"mean": 0.5, "lo": 0.4, "hi": 0.6}
+                            for a in ("pre", "post", "control")
+                        }
+                    },
+                    "arms",
+                ),
+            )
+        ],  # fmt: skip
+        "retrieval per layer": [
+            ("condition", retrieval_per_layer_figure({"pre": {"0": 0.2}, "post": {"0": 0.4}}))
+        ],  # fmt: skip
+        "experts per layer": [
+            (
+                "language",
+                experts_per_layer_figure(torch.ones(3, 2, dtype=torch.long), LANGS, [0, 1], 5),
+            )
+        ],  # fmt: skip
+        "pca": [("language", pca_figure(torch.rand(3, 4, 2), torch.rand(3, 4, 2), LANGS, 1))],
+        "k curve": [("k curve", k_curve_figure(k_rows, "fr"))],
+    }
+
+
+_ANSWER_NAMES = {"prompt-language answer": "answer", "answer (prompt language)": "answer",
+                 "English answer": "en"}  # fmt: skip
+_CLASS_NAMES = {c.replace("_", " "): c for c in CLASSES}
+
+
+def _concept_of(kind: str, trace: Any) -> tuple[str, str] | None:
+    """``(concept, name)`` a trace stands for, from its legend name (None: not a series)."""
+    name = trace.name
+    if name is None:
+        return None
+    if kind == "class":
+        return ("class", _CLASS_NAMES.get(name, name))
+    if kind == "track":
+        if name in _ANSWER_NAMES:
+            return ("track", _ANSWER_NAMES[name])
+        if name.startswith("answer in "):
+            return ("track", name.removeprefix("answer in "))
+        return ("track", name) if name in ("entropy", "energy") else None
+    if kind == "k curve":
+        arm = name.split(",")[0].split(" ")[0]
+        if "," in name:
+            return ("condition", arm)
+        return ("language", name.split(" ")[1])
+    if kind == "condition" and name.endswith("-shot"):
+        return ("condition", "zero_shot" if name == "zero-shot" else "k_shot")
+    return (kind, name)
+
+
+def _expected(concept: str, name: str) -> str:
+    return {
+        "class": palette.class_color,
+        "track": palette.track_color,
+        "decoder": palette.decoder_color,
+        "condition": palette.condition_color,
+        "language": palette.language_color,
+    }[concept](name)
+
+
+def test_every_figure_draws_a_concept_in_its_palette_colour():
+    seen: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for figure, entries in _figures().items():
+        for kind, fig in entries:
+            drawn = 0
+            for trace in fig.data:
+                concept = _concept_of(kind, trace)
+                if concept is None or trace.name in (None, "mean") or "chosen" in trace.name:
+                    continue
+                colour = _colour(trace)
+                assert colour == _expected(*concept), (figure, trace.name, colour)
+                seen[concept].add(colour)
+                drawn += 1
+            assert drawn >= 2, figure  # the figure drew series the test could name
+    # one concept, one colour, across every figure that draws it
+    assert {k: v for k, v in seen.items() if len(v) != 1} == {}
+    # the concepts the issue names are all drawn by two figures or more
+    assert {("class", "recall_failure"), ("track", "en"), ("condition", "random")} <= set(seen)
+    assert seen[("class", "recall_failure")] == {"#d62728"}
+
+
+def test_recall_failure_has_one_colour_in_both_class_figures_of_the_trace_report():
+    counts = {lg: {c: 1 for c in CLASSES} for lg in LANGS}
+    stacked = class_fractions_figure(counts)
+    bars = accuracy_bars({c: dict.fromkeys(LANGS, 0.2) for c in CLASSES}, "classes")
+    for c in CLASSES:
+        a = next(t for t in stacked.data if t.name == c.replace("_", " "))
+        b = next(t for t in bars.data if t.name == c)
+        assert a.marker.color == b.marker.color == palette.CLASS[c]
+
+
+def test_the_concepts_names_do_not_overlap_and_series_color_finds_each():
+    maps = {"class": palette.CLASS, "condition": palette.CONDITION,
+            "decoder": palette.DECODER, "language": palette.LANGUAGE}  # fmt: skip
+    names = [n for m in maps.values() for n in m]
+    assert len(names) == len(set(names))
+    for concept, m in maps.items():
+        for name in m:
+            assert palette.series_color(name) == _expected(concept, name), (concept, name)
+
+
+@pytest.mark.parametrize(
+    ("fn", "a", "b"),
+    [
+        (palette.decoder_color, "logit", "Logit lens"),
+        (palette.decoder_color, "tuned", "tuned_lens"),
+        (palette.condition_color, "random", "random_3"),
+        (palette.condition_color, "k_shot", "2-shot"),
+        (palette.condition_color, "zero_shot", "zero-shot"),
+        (palette.class_color, "recall_failure", "recall failure"),
+        (palette.language_color, "pt", "pt-BR"),
+    ],
+)
+def test_spellings_of_one_concept_share_its_colour(fn, a, b):
+    assert fn(a) == fn(b)
+
+
+def test_an_unlisted_name_gets_a_colour_from_the_name_not_from_its_position():
+    assert "xx" not in palette.LANGUAGE
+    one = experts_per_layer_figure(torch.ones(2, 1, dtype=torch.long), ["xx", "en"], [0], 1)
+    two = experts_per_layer_figure(torch.ones(2, 1, dtype=torch.long), ["en", "xx"], [0], 1)
+    colour = {t.name: t.marker.color for t in one.data}
+    assert colour == {t.name: t.marker.color for t in two.data}
+    assert colour["xx"] in palette.SPARE and colour["en"] == palette.LANGUAGE["en"]
+    assert palette.language_color("xx") == palette.SPARE[zlib.crc32(b"xx") % len(palette.SPARE)]
