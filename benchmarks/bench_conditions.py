@@ -1,7 +1,7 @@
 """Benchmark: the dev sweep's conditions scored together on shared prefixes vs one at a time.
 
-The conditions are those of ``steer eval``'s default screen (:func:`mechlingo.analyses.
-protocol.default_layers` x :data:`~mechlingo.analyses.recall.steer_eval.ALPHA_GRID` for the two
+The conditions are those of ``steer eval``'s default screen (:func:`mechlingo.analyses.recall.settings.every_second_layer` x
+:data:`~mechlingo.analyses.recall.settings.ALPHA_GRID` for the two
 vectors, plus no intervention), steering at ``positions="last"`` with vectors of the
 protocol's ``resid`` unit (each layer's direction scaled to the mean last-token residual norm
 there; random directions stand in for built vectors: the cost does not depend on the
@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mechlingo.activations.prefix import decode_conditions, record_head  # noqa: E402
-from mechlingo.analyses.recall.steer_eval import ALPHA_GRID, default_layers  # noqa: E402
+from mechlingo.analyses.recall.settings import ALPHA_GRID, every_second_layer  # noqa: E402
 from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.core.tokens import encode, sorted_batches  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
@@ -71,7 +71,7 @@ def stacks(model, norms: torch.Tensor) -> dict[str, SteeringVector]:
 
 def conditions(model, norms: torch.Tensor, n: int | None) -> dict[str, SteeringVector | None]:
     grid = [(name, layer, alpha) for name in ("task", "diff")
-            for layer in default_layers(int(model.cfg.n_layers)) for alpha in ALPHA_GRID]  # fmt: skip
+            for layer in every_second_layer(int(model.cfg.n_layers)) for alpha in ALPHA_GRID]  # fmt: skip
     if n is not None and n < len(grid):
         grid = [grid[round(i * (len(grid) - 1) / max(1, n - 1))] for i in range(n)]
     st = stacks(model, norms)

@@ -2,7 +2,7 @@
 
 The same model (the embedded gemma-3-270m), the same prompts, in one run:
 
-* mechlingo: ``build_steering_vectors(facts, unit="raw")`` (the task vector = mean few-shot
+* mechlingo: ``build_steering_vectors(facts, BuildSettings(translation_shots=0, unit="raw"))`` (the task vector = mean few-shot
   minus mean zero-shot last-token ``resid_pre``, the diff vector = mean translation prompt
   minus mean zero-shot, every layer; plus one pass for the residual norms), then the task
   vector of ``--layer`` added at every position (BOS included, as steering-vectors does)
@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mechlingo.activations.runs import collect, final_resid_name  # noqa: E402
+from mechlingo.analyses.recall.settings import BuildSettings  # noqa: E402
 from mechlingo.analyses.recall.steering import build_steering_vectors, steering_prompts  # noqa: E402
 from mechlingo.core.models import ensure_default_model, load_model  # noqa: E402
 from mechlingo.core.tokens import encode  # noqa: E402
@@ -83,9 +84,11 @@ def main() -> None:
     print(f"{len(build)} build facts ({counts}), {len(held)} prompts to steer, layer "
           f"{args.layer}, alpha {args.alpha}")  # fmt: skip
     apply = [f.prompt for f in held]
-    build_steering_vectors(model, build[:2], pool=build, batch_size=args.batch_size)  # warm-up
+    # the prompts of steering_prompts(build): no translation shots, as steering-vectors gets
+    raw = BuildSettings(translation_shots=0, unit="raw", batch_size=args.batch_size)
+    build_steering_vectors(model, build[:2], raw, pool=build)  # warm-up
     t0 = time.perf_counter()
-    rv = build_steering_vectors(model, build, unit="raw", batch_size=args.batch_size)
+    rv = build_steering_vectors(model, build, raw)
     t_build = time.perf_counter() - t0
     vec = SteeringVector(
         rv.task.vector, layer=args.layer, alpha=args.alpha, positions="all_with_bos"

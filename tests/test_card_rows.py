@@ -108,11 +108,15 @@ def _f(fid, lang, answer, aliases=()):
 
 def test_candidates_are_aligned_by_fact_id_and_distinct():
     facts = [
-        _f("c/A", "en", "Aa"), _f("c/A", "fr", "Aa-fr"),
-        _f("c/B", "en", "Bb"), _f("c/B", "fr", "Aa-fr"),  # same French name as A's answer
-        _f("c/C", "en", "Cc"), _f("c/C", "fr", "Cc-fr"),
-        _f("c/D", "en", "Dd"), _f("c/D", "fr", "Dd-fr"),
-    ]  # fmt: skip
+        _f("c/A", "en", "Aa"),
+        _f("c/A", "fr", "Aa-fr"),
+        _f("c/B", "en", "Bb"),
+        _f("c/B", "fr", "Aa-fr"),  # same French name as A's answer
+        _f("c/C", "en", "Cc"),
+        _f("c/C", "fr", "Cc-fr"),
+        _f("c/D", "en", "Dd"),
+        _f("c/D", "fr", "Dd-fr"),
+    ]
     out = {(f.id, f.lang): f for f in with_candidates(facts, 3)}
     a_en, a_fr = out[("c/A", "en")].candidates, out[("c/A", "fr")].candidates
     # B collides with A's answer in French, so A's distractors are C and D, ordered by id
@@ -126,8 +130,13 @@ def test_candidates_are_aligned_by_fact_id_and_distinct():
 
 
 def test_gold_logshare_by_hand():
-    rec = {"scores": [1.0, 2.0, 3.0], "candidates": ["x", "y", "z"], "answer": "y",
-           "ranking": [0, 1, 2], "gold_rank": 2}  # fmt: skip
+    rec = {
+        "scores": [1.0, 2.0, 3.0],
+        "candidates": ["x", "y", "z"],
+        "answer": "y",
+        "ranking": [0, 1, 2],
+        "gold_rank": 2,
+    }
     expect = -2.0 - math.log(math.exp(-1) + math.exp(-2) + math.exp(-3))
     assert lu._gold_logshare(rec) == pytest.approx(expect)
 
@@ -141,10 +150,15 @@ def _items(cond_correct, ranking=None):
     """``{cond: [{id, lang, correct}]}`` from ``{cond: {(id, lang): 0/1}}``."""
     out = {}
     for cond, d in cond_correct.items():
-        out[cond] = [{"id": i, "lang": lg, "correct": bool(v),
-                      **({"ranking": ranking[cond][(i, lg)], "logshare": -1.0 + v}
-                         if ranking else {})}
-                     for (i, lg), v in sorted(d.items(), key=lambda kv: (kv[0][1], kv[0][0]))]  # fmt: skip
+        out[cond] = [
+            {
+                "id": i,
+                "lang": lg,
+                "correct": bool(v),
+                **({"ranking": ranking[cond][(i, lg)], "logshare": -1.0 + v} if ranking else {}),
+            }
+            for (i, lg), v in sorted(d.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+        ]
     return out
 
 
@@ -163,8 +177,11 @@ TASK = _cond([1] * 8, [1, 1, 1, 0, 0, 1, 0, 0], [1, 0, 0, 0, 1, 0, 0, 0])
 DIFF = _cond([1] * 8, [0, 0, 1, 1, 0, 1, 0, 0], [0, 0, 0, 0, 1, 0, 0, 1])
 BOTH = _cond([1] * 8, [1, 1, 1, 1, 0, 1, 1, 0], [1, 0, 1, 0, 1, 0, 0, 1])
 RND = _cond([1] * 8, [0, 0, 1, 0, 0, 1, 0, 0], [0, 0, 0, 0, 1, 0, 0, 0])
-CLASSES = {f"{i}|{lg}": ("recall_failure" if k < 4 else "translation_failure")
-           for k, i in enumerate(IDS) for lg in ("fr", "es")}  # fmt: skip
+CLASSES = {
+    f"{i}|{lg}": ("recall_failure" if k < 4 else "translation_failure")
+    for k, i in enumerate(IDS)
+    for lg in ("fr", "es")
+}
 
 
 def _repair_data():
@@ -174,8 +191,13 @@ def _repair_data():
 
 def test_repair_extra_rows_by_hand():
     rows = {r["id"]: r for r in lu.rows_repair_extra(_repair_data())}
-    assert set(rows) == {"english_gap", "consistency", "task_repairs_recall",
-                         "diff_repairs_translation", "both_beat_single"}  # fmt: skip
+    assert set(rows) == {
+        "english_gap",
+        "consistency",
+        "task_repairs_recall",
+        "diff_repairs_translation",
+        "both_beat_single",
+    }
     # gap: mean over the 16 (fact, L) pairs of en - L
     gap = np.mean([ORIG[(i, "en")] - ORIG[(i, lg)] for i in IDS for lg in ("fr", "es")])
     assert rows["english_gap"]["value"]["estimate"]["estimate"] == pytest.approx(gap)
@@ -206,14 +228,22 @@ def test_repair_extra_rows_by_hand():
 
 
 def test_consistency_is_rankc_under_rank():
-    rank = {c: {k: ([0, 1, 2] if v else [1, 0, 2]) for k, v in d.items()}
-            for c, d in (("orig", ORIG), ("both", BOTH))}  # fmt: skip
+    rank = {
+        c: {k: ([0, 1, 2] if v else [1, 0, 2]) for k, v in d.items()}
+        for c, d in (("orig", ORIG), ("both", BOTH))
+    }
     items = _items({"orig": ORIG, "both": BOTH}, rank)
     row = lu._row_consistency(items, "both")
-    pre = [rankc_fact(rank["orig"][(i, "en")], rank["orig"][(i, lg)]) for i in IDS
-           for lg in ("es", "fr")]  # fmt: skip
-    post = [rankc_fact(rank["both"][(i, "en")], rank["both"][(i, lg)]) for i in IDS
-            for lg in ("es", "fr")]  # fmt: skip
+    pre = [
+        rankc_fact(rank["orig"][(i, "en")], rank["orig"][(i, lg)])
+        for i in IDS
+        for lg in ("es", "fr")
+    ]
+    post = [
+        rankc_fact(rank["both"][(i, "en")], rank["both"][(i, lg)])
+        for i in IDS
+        for lg in ("es", "fr")
+    ]
     assert row["value"]["estimate"]["estimate"] == pytest.approx(np.mean(post) - np.mean(pre))
     assert row["consistency"] == "RankC"
     lp = lu.logprob_gain(items, "both")  # logshare = correct - 1
@@ -233,8 +263,11 @@ def test_attach_logprob_adds_the_gain_to_accuracy_rows():
     rank = {c: {k: [0, 1] for k in d} for c, d in (("orig", ORIG), ("task", TASK))}
     rank["both"] = rank["task"]
     items = _items({"orig": ORIG, "task": TASK, "both": BOTH}, rank)
-    rows = [{"id": "task_vector", "details": "x"}, {"id": "lowest_language"},
-            {"id": "lowest_language", "langs": ["fr"]}]  # fmt: skip
+    rows = [
+        {"id": "task_vector", "details": "x"},
+        {"id": "lowest_language"},
+        {"id": "lowest_language", "langs": ["fr"]},
+    ]
     lu.attach_logprob(rows, {"items": items})
     gain = np.mean([TASK[k] - ORIG[k] for k in TASK if k[1] != "en"])
     assert rows[0]["logprob_gain"]["estimate"]["estimate"] == pytest.approx(gain)
@@ -245,8 +278,13 @@ def test_attach_logprob_adds_the_gain_to_accuracy_rows():
 
 def test_decoder_rows_by_hand():
     items = [{"id": f"f{k}", "lang": "fr", "en_first": k < 6} for k in range(8)]
-    data = {"decoders": {"logit": {"items": items}, "tuned": {"untestable": "no lens"},
-                         "patchscope": {"items": []}}}  # fmt: skip
+    data = {
+        "decoders": {
+            "logit": {"items": items},
+            "tuned": {"untestable": "no lens"},
+            "patchscope": {"items": []},
+        }
+    }
     rows = {r["id"]: r for r in lu.rows_decoders(data)}
     assert rows["latent_english_logit"]["value"]["estimate"]["estimate"] == pytest.approx(6 / 8)
     assert rows["latent_english_logit"]["per_lang"] == {"fr": [6, 8]}
@@ -255,15 +293,28 @@ def test_decoder_rows_by_hand():
 
 
 def test_conversion_band_and_row_by_hand():
-    trace = {"n_layers": 10, "records": [
-        {"lang": "fr", "first_answer_layer": 7}, {"lang": "fr", "first_answer_layer": 9},
-        {"lang": "fr", "first_answer_layer": -1}, {"lang": "ja", "first_answer_layer": -1}]}  # fmt: skip
+    trace = {
+        "n_layers": 10,
+        "records": [
+            {"lang": "fr", "first_answer_layer": 7},
+            {"lang": "fr", "first_answer_layer": 9},
+            {"lang": "fr", "first_answer_layer": -1},
+            {"lang": "ja", "first_answer_layer": -1},
+        ],
+    }
     assert lu.conversion_band(trace, "fr") == [7, 8, 9]  # median 8, minus one
     assert lu.conversion_band(trace, "ja") is None
-    data = {"langs": {
-        "fr": {"band": [7, 8, 9], "ids": ["a", "b", "c"], "band_effect": [1.0, 2.0, 0.5],
-               "control_effect": [0.1, 0.0, 0.2]},
-        "ja": {"untestable": "no conversion band"}}}  # fmt: skip
+    data = {
+        "langs": {
+            "fr": {
+                "band": [7, 8, 9],
+                "ids": ["a", "b", "c"],
+                "band_effect": [1.0, 2.0, 0.5],
+                "control_effect": [0.1, 0.0, 0.2],
+            },
+            "ja": {"untestable": "no conversion band"},
+        }
+    }
     (row,) = lu.rows_conversion(data)
     assert row["value"]["estimate"]["estimate"] == pytest.approx(3.5 / 3)
     assert row["vs_control"]["estimate"]["estimate"] == pytest.approx((3.5 - 0.3) / 3)
@@ -271,8 +322,16 @@ def test_conversion_band_and_row_by_hand():
 
 
 def test_external_rows_by_hand():
-    items = _items({"orig": ORIG, "task": TASK, "diff": DIFF, "both": BOTH, "random_s0": RND,
-                    "random_s1": ORIG})  # fmt: skip
+    items = _items(
+        {
+            "orig": ORIG,
+            "task": TASK,
+            "diff": DIFF,
+            "both": BOTH,
+            "random_s0": RND,
+            "random_s1": ORIG,
+        }
+    )
     rows = {r["id"]: r for r in lu.rows_external({"items": items, "metric": "rank"})}
     ne = [k for k in ORIG if k[1] != "en"]
     ctl = np.mean([(RND[k] + ORIG[k]) / 2 - ORIG[k] for k in ne])
@@ -295,10 +354,16 @@ def _align_details():
     pre_d = rng.random((6, 8))
     post_d = pre_d - 0.1 * (post_h - pre_h) - 0.01
     d = {"pairs": pairs, "docs": ["a", "a", "b", "b", "c", "c", "d", "d"]}
-    for arm, h, dist in (("pre", pre_h, pre_d), ("post", post_h, post_d),
-                         ("control", ctl_h, pre_d)):  # fmt: skip
-        d[arm] = {"hits": h.tolist(), "dist": dist.tolist(),
-                  "ratio_centred": (dist.mean(0) + 0.5).tolist()}  # fmt: skip
+    for arm, h, dist in (
+        ("pre", pre_h, pre_d),
+        ("post", post_h, post_d),
+        ("control", ctl_h, pre_d),
+    ):
+        d[arm] = {
+            "hits": h.tolist(),
+            "dist": dist.tolist(),
+            "ratio_centred": (dist.mean(0) + 0.5).tolist(),
+        }
     return d, pre_h, post_h, pre_d, post_d
 
 
@@ -319,8 +384,9 @@ def test_align_extra_rows_by_hand():
     closer = rows["clamp_closer_centred"]["value"]
     assert closer["estimate"]["estimate"] == pytest.approx(np.mean(post_d.mean(0) - pre_d.mean(0)))
     assert closer["n_clusters"] == 4
-    assert all(r["verdict"] == NOT_TESTABLE for r in sundar.rows_align_extra(
-        {"untestable": "no clamp"}))  # fmt: skip
+    assert all(
+        r["verdict"] == NOT_TESTABLE for r in sundar.rows_align_extra({"untestable": "no clamp"})
+    )
 
 
 def test_sentence_values_against_a_direct_computation():
@@ -353,12 +419,12 @@ def test_sentence_values_against_a_direct_computation():
 
 def test_cluster_bootstrap_and_group_difference():
     data = np.array([[1.0], [1.0], [0.0], [0.0], [1.0], [0.0]])
-    t = cluster_bootstrap(data, ["a", "a", "b", "b", "c", "c"], lambda m: float(m.mean()),
-                          null=0.5)  # fmt: skip
+    t = cluster_bootstrap(data, ["a", "a", "b", "b", "c", "c"], lambda m: float(m.mean()), null=0.5)
     assert t.estimate.estimate == pytest.approx(0.5) and t.n_clusters == 3
     assert 0 <= t.estimate.lo <= 0.5 <= t.estimate.hi <= 1
-    gd = group_difference_test([1, 1, 0, 0, 5], ["a", "a", "b", "b", "z"], [1, 2, 3, 4, 5],
-                               "a", "b")  # fmt: skip
+    gd = group_difference_test(
+        [1, 1, 0, 0, 5], ["a", "a", "b", "b", "z"], [1, 2, 3, 4, 5], "a", "b"
+    )
     assert gd.estimate.estimate == pytest.approx(1.0) and gd.estimate.n == 4
 
 
@@ -385,8 +451,20 @@ def test_facts_dir_benchmark_adds_external_rows(tiny_dir, tmp_path, monkeypatch)
         "conversion": {"langs": ["fr"], "n_prompts": 2},
     }
     out = tmp_path / "out"
-    args = ["replicate", "--model", str(tiny_dir), "--paper", "lu2025", "--facts", str(FIXTURE),
-            "--settings", json.dumps(settings), "--out", str(out), "--quiet"]  # fmt: skip
+    args = [
+        "replicate",
+        "--model",
+        str(tiny_dir),
+        "--paper",
+        "lu2025",
+        "--facts",
+        str(FIXTURE),
+        "--settings",
+        json.dumps(settings),
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     assert main(args) == 0
     card = json.loads((out / "claims.json").read_text())
     rows = {r["id"]: r for r in card["claims"]}
@@ -409,9 +487,13 @@ def test_facts_dir_benchmark_adds_external_rows(tiny_dir, tmp_path, monkeypatch)
 
 
 def test_config_sentence():
-    s = {"config": {"task_layer": 12, "task_alpha": 0.28, "diff_layer": 6, "diff_alpha": 0.13},
-         "selected": "both", "dev_effect": "beats no intervention", "alpha_unit": "resid",
-         "metric": {"metric": "rank"}}  # fmt: skip
+    s = {
+        "config": {"task_layer": 12, "task_alpha": 0.28, "diff_layer": 6, "diff_alpha": 0.13},
+        "selected": "both",
+        "dev_effect": "beats no intervention",
+        "alpha_unit": "resid",
+        "metric": {"metric": "rank"},
+    }
     text = config_sentence(s, {"build": 40, "dev": 10, "test": 24})
     assert text == (
         "Dev chose both vectors together (beats no intervention on dev): the task vector at "

@@ -75,8 +75,14 @@ def test_first_edit_follows_the_position_rules(tiny):
     b = encode(tiny, PROMPTS)
     n = b.lengths
     vec = _vec(tiny, 0, 1.0)
-    want = {"last": n - 1, "generated": n, "last+generated": n - 1, 2: torch.full_like(n, 2),
-            -2: n - 2, "all": torch.zeros_like(n)}  # fmt: skip
+    want = {
+        "last": n - 1,
+        "generated": n,
+        "last+generated": n - 1,
+        2: torch.full_like(n, 2),
+        -2: n - 2,
+        "all": torch.zeros_like(n),
+    }
     for rule, w in want.items():
         assert torch.equal(first_edit(SteeringVector(vec, 1, positions=rule), b), w), rule
     assert torch.equal(first_edit(None, b), n)
@@ -90,8 +96,10 @@ def test_decode_conditions_equals_each_condition_alone(tiny):
     b = encode(tiny, PROMPTS)  # right-padded rows of three lengths
     conds = [iv for iv in _conditions(tiny, 1, 4.0).values() if iv is not None]
     hooks = [[], *[iv.fwd_hooks(tiny) for iv in conds]]
-    alone = [decode_cached(tiny, b, max_new_tokens=6, fwd_hooks=h, path=kv_cache_path(tiny))
-             for h in hooks]  # fmt: skip
+    alone = [
+        decode_cached(tiny, b, max_new_tokens=6, fwd_hooks=h, path=kv_cache_path(tiny))
+        for h in hooks
+    ]
     assert len({str(a) for a in alone}) > 3  # the conditions differ, so equality can fail
     for d in (0, 1, 2, int(b.lengths.min()) - 1):
         kept = [c for c, iv in enumerate([None, *conds]) if d == 0 or _safe(iv, b, d)]
@@ -114,12 +122,14 @@ def test_evaluate_conditions_equals_evaluate_facts(tiny, metric):
     assert set(got) == set(conds)
     gens = set()
     for name, iv in conds.items():
-        want = evaluate_facts(tiny, facts, intervention=iv, metric=metric, max_new_tokens=5,
-                              batch_size=4)  # fmt: skip
+        want = evaluate_facts(
+            tiny, facts, intervention=iv, metric=metric, max_new_tokens=5, batch_size=4
+        )
         assert got[name].records == want.records, name
         # klar's prompts outgrow the tiny model's 64-token sliding window: decoded alone
-        assert got[name].meta["path"] == ("shared-prefix" if metric == "generate" else
-                                          "per-condition")  # fmt: skip
+        assert got[name].meta["path"] == (
+            "shared-prefix" if metric == "generate" else "per-condition"
+        )
         gens.add(tuple(r["generation"] for r in want.records))
     assert len(gens) > 3
     assert count_hooks(tiny) == 0
@@ -152,8 +162,13 @@ def test_refused_cache_falls_back_and_says_so(tiny, monkeypatch):
     for name in conds:
         assert old[name].meta["path"] == "per-condition"
         assert old[name].records == shared[name].records
-    hooks = evaluate_conditions(tiny, facts, conds, max_new_tokens=4, fwd_hooks=[
-        ("blocks.0.hook_resid_pre", lambda t, hook: None)])  # fmt: skip
+    hooks = evaluate_conditions(
+        tiny,
+        facts,
+        conds,
+        max_new_tokens=4,
+        fwd_hooks=[("blocks.0.hook_resid_pre", lambda t, hook: None)],
+    )
     assert hooks["orig"].meta["path"] == "per-condition"
 
 
@@ -194,13 +209,20 @@ def test_shared_prefix_logprobs_match_on_gemma(gemma):
 
     hooks = iv.fwd_hooks(gemma)
     path = kv_cache_path(gemma)
-    full = decode_cached(gemma, b, max_new_tokens=3, fwd_hooks=hooks, choose=grab("full"),
-                         path=path)  # fmt: skip
+    full = decode_cached(
+        gemma, b, max_new_tokens=3, fwd_hooks=hooks, choose=grab("full"), path=path
+    )
     rec = record_head(gemma, b, 1)  # every row but its last token, right-padded
     cache = cache_upto(gemma, rec, torch.arange(b.batch_size), b.tokens.shape[1] - 1)
-    shared = decode_cached(gemma, TokenBatch(b.tokens, b.lengths, b.pad_id, b.has_bos),
-                           max_new_tokens=3, fwd_hooks=hooks, choose=grab("shared"), path=path,
-                           prefix=(cache, 1))  # fmt: skip
+    shared = decode_cached(
+        gemma,
+        TokenBatch(b.tokens, b.lengths, b.pad_id, b.has_bos),
+        max_new_tokens=3,
+        fwd_hooks=hooks,
+        choose=grab("shared"),
+        path=path,
+        prefix=(cache, 1),
+    )
     assert shared == full
     for a, c in zip(seen["full"], seen["shared"], strict=True):
         assert float((a - c).abs().max()) < 1e-4
@@ -214,8 +236,12 @@ def test_default_protocol_conditions_equal_on_gemma(gemma):
     scale = 30.0
     task = SteeringVector(_vec(gemma, 1, scale), 9, 1.0)
     diff = SteeringVector(_vec(gemma, 2, scale), 12, 1.0)
-    conds: dict[str, Intervention | None] = {"orig": None, "task": task, "diff": diff,
-                                             "both": task + diff}  # fmt: skip
+    conds: dict[str, Intervention | None] = {
+        "orig": None,
+        "task": task,
+        "diff": diff,
+        "both": task + diff,
+    }
     for s in range(3):
         conds[f"random_s{s}"] = SteeringVector(_vec(gemma, 20 + s, scale), 9) + SteeringVector(
             _vec(gemma, 30 + s, scale), 12
@@ -240,17 +266,38 @@ def _per_condition(monkeypatch) -> None:
 
 def test_protocol_and_transfer_equal_the_per_condition_path(tiny, monkeypatch):
     from mechlingo.analyses.recall import steer_eval, steering, transfer
+    from mechlingo.analyses.recall.settings import (
+        BuildSettings,
+        DevGrid,
+        MatrixSettings,
+        ScoringOptions,
+    )
     from mechlingo.data.splits import split_facts
 
-    facts = load_facts(langs=["en", "fr", "de"], relations=["capital", "language"], limit=24,
-                       templates="natural")  # fmt: skip
+    facts = load_facts(
+        langs=["en", "fr", "de"], relations=["capital", "language"], limit=24, templates="natural"
+    )
     build = split_facts(facts, (0.4, 0.2, 0.4))["build"]
-    vectors = steering.build_steering_vectors(tiny, build, k_shot=2)
-    kw = {"task_layers": [0, 1], "diff_layers": [1], "task_alphas": [0.5, 2.0],
-          "diff_alphas": [1.0, 4.0], "top_k": 2, "screen_ids": 3, "seeds": [0, 1],
-          "max_new_tokens": 3}  # fmt: skip
-    tkw = {"build_ids": 3, "screen_ids": 2, "dev_ids": 2, "test_ids": 2, "layers": [0, 1],
-           "alphas": [0.5, 2.0], "k_shot": 2, "max_new_tokens": 2}  # fmt: skip
+    vectors = steering.build_steering_vectors(
+        tiny, build, BuildSettings(k_shot=2, translation_shots=0)
+    )
+    grid = DevGrid(
+        task_layers=(0, 1),
+        diff_layers=(1,),
+        task_alphas=(0.5, 2.0),
+        diff_alphas=(1.0, 4.0),
+        top_k=2,
+        screen_ids=3,
+    )
+    kw = {"grid": grid, "seeds": [0, 1], "scoring": ScoringOptions(max_new_tokens=3)}
+    matrix = MatrixSettings(
+        build_ids=3, screen_ids=2, dev_ids=2, test_ids=2, layers=(0, 1), alphas=(0.5, 2.0)
+    )
+    tkw = {
+        "matrix": matrix,
+        "build": BuildSettings(k_shot=2),
+        "scoring": ScoringOptions(max_new_tokens=2),
+    }
     res = steer_eval.run_steer_eval(tiny, facts, vectors, **kw)
     assert {r.meta["path"] for r in res.test.results.values()} == {"shared-prefix"}
     shared = res.summary()

@@ -27,15 +27,40 @@ from mechlingo.data import parallel_sentences
 TINY = {
     "lu_langs": ["en", "fr", "es"],
     "trace": {"limit": 6, "max_new_tokens": 3},
-    "repair": {"dev_per_lang": 4, "test_per_lang": 6, "layer_fractions": [0.5],
-               "alphas": [0.28], "top_k": 1, "screen_ids": 2, "seeds": [0, 1],
-               "max_new_tokens": 3},
-    "transfer": {"limit": 20, "langs": ["en", "fr", "es"], "max_new_tokens": 3,
-                 "matrix": {"cells": "diagonal", "build_ids": 5, "dev_ids": 2, "test_ids": 3,
-                            "screen_ids": 1}},
-    "experts": {"n_find": 6, "n_heldout": 2, "ks": [3, 5], "samples": 3, "new_tokens": 3,
-                "max_tokens": 8, "n_eval": 6, "n_boot": 20, "ppl_budget": 1000.0},
-}  # fmt: skip
+    "repair": {
+        "dev_per_lang": 4,
+        "test_per_lang": 6,
+        "layer_fractions": [0.5],
+        "alphas": [0.28],
+        "top_k": 1,
+        "screen_ids": 2,
+        "seeds": [0, 1],
+        "max_new_tokens": 3,
+    },
+    "transfer": {
+        "limit": 20,
+        "langs": ["en", "fr", "es"],
+        "max_new_tokens": 3,
+        "matrix": {
+            "cells": "diagonal",
+            "build_ids": 5,
+            "dev_ids": 2,
+            "test_ids": 3,
+            "screen_ids": 1,
+        },
+    },
+    "experts": {
+        "n_find": 6,
+        "n_heldout": 2,
+        "ks": [3, 5],
+        "samples": 3,
+        "new_tokens": 3,
+        "max_tokens": 8,
+        "n_eval": 6,
+        "n_boot": 20,
+        "ppl_budget": 1000.0,
+    },
+}
 
 
 def _parallel():
@@ -53,17 +78,39 @@ def _fake_transfer(fail: str | None = None):
             self.stats = f"stats built by the {by} matrix"
             o = [0] * 10
             self.cells = [
-                {"row": f"all_but_{c}", "col": c, "n": 10, "p": 0.01,
-                 "gain": {"estimate": g / 10, "lo": 0.0, "hi": 0.5},
-                 "control_gain": {"estimate": 0.0, "lo": -0.05, "hi": 0.05}, "control_p": 1.0,
-                 "items": {"ids": [f"{c}/{i}" for i in range(10)], "orig": o,
-                           "steered": [1] * g + [0] * (10 - g), "control": o}}
+                {
+                    "row": f"all_but_{c}",
+                    "col": c,
+                    "n": 10,
+                    "p": 0.01,
+                    "gain": {"estimate": g / 10, "lo": 0.0, "hi": 0.5},
+                    "control_gain": {"estimate": 0.0, "lo": -0.05, "hi": 0.05},
+                    "control_p": 1.0,
+                    "items": {
+                        "ids": [f"{c}/{i}" for i in range(10)],
+                        "orig": o,
+                        "steered": [1] * g + [0] * (10 - g),
+                        "control": o,
+                    },
+                }
                 for c, g in (("a", 6), ("b", 5), ("c", 4))
-            ] + [{"row": "all", "col": "a", "n": 10, "p": 0.01,
-                  "gain": {"estimate": 0.8, "lo": 0.5, "hi": 1.0},
-                  "control_gain": None, "control_p": None,
-                  "items": {"ids": [f"a/{i}" for i in range(10)], "orig": o,
-                            "steered": [1] * 8 + [0] * 2, "control": o}}]  # fmt: skip
+            ] + [
+                {
+                    "row": "all",
+                    "col": "a",
+                    "n": 10,
+                    "p": 0.01,
+                    "gain": {"estimate": 0.8, "lo": 0.5, "hi": 1.0},
+                    "control_gain": None,
+                    "control_p": None,
+                    "items": {
+                        "ids": [f"a/{i}" for i in range(10)],
+                        "orig": o,
+                        "steered": [1] * 8 + [0] * 2,
+                        "control": o,
+                    },
+                }
+            ]
 
         def to_json(self):
             return {"by": self.by, "cells": self.cells}
@@ -74,10 +121,15 @@ def _fake_transfer(fail: str | None = None):
             raise RuntimeError(fail)
         return TM(by)
 
-    mod = types.ModuleType("mechlingo.analyses.recall.transfer")
-    mod.transfer_matrix = transfer_matrix
-    mod.calls = calls
-    return mod
+    fake = types.SimpleNamespace(transfer_matrix=transfer_matrix, calls=calls)
+    return fake
+
+
+def _use(monkeypatch, fake):
+    """The card's transfer stages call ``fake.transfer_matrix`` (set on the module they
+    import, :mod:`mechlingo.analyses.recall.transfer`)."""
+    monkeypatch.setattr(rep.transfer, "transfer_matrix", fake.transfer_matrix)
+    return fake
 
 
 # --------------------------------------------------------------------------------------
@@ -133,13 +185,15 @@ def test_a_killed_stage_leaves_nothing_half_written(tmp_path):
 
 
 def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
-    fake = _fake_transfer(fail="transfer exploded")
-    monkeypatch.setitem(sys.modules, "mechlingo.analyses.recall.transfer", fake)
+    fake = _use(monkeypatch, _fake_transfer(fail="transfer exploded"))
     card = rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path)
     assert list(dict.fromkeys(r["id"] for r in card.rows)) == [c.id for c in CLAIMS]
     assert [r.get("variant") for r in card.rows if r["id"] == "lowest_language"] == [
-        "literal rule, relative", "literal rule, points", "headroom rule, relative",
-        "headroom rule, points"]  # fmt: skip
+        "literal rule, relative",
+        "literal rule, points",
+        "headroom rule, relative",
+        "headroom rule, points",
+    ]
     for r in card.rows:
         assert r["verdict"] in (HOLDS, NOT_HOLDS, INCONCLUSIVE, NOT_TESTABLE, "error")
         assert r["figure"].startswith("fig-") and r["paper_number"]
@@ -161,12 +215,20 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
     assert list(df["id"]) == [r["id"] for r in card.rows] and "p_adjusted" in df
     assert "<table" in card._repr_html_() and "claims card" in card.to_markdown().lower()
     # the stage that failed is tried again next time; the others are read back
-    monkeypatch.setitem(sys.modules, "mechlingo.analyses.recall.transfer", _fake_transfer())
+    fake = _use(monkeypatch, _fake_transfer())
     again = rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path)
     cached = {n: t["cached"] for n, t in again.meta["stages"].items()}
-    assert cached == {"trace": True, "repair": True, "transfer_relation": False,
-                      "transfer_lang": False, "decoders": True, "conversion": True,
-                      "external": True, "experts": True, "align": True}  # fmt: skip
+    assert cached == {
+        "trace": True,
+        "repair": True,
+        "transfer_relation": False,
+        "transfer_lang": False,
+        "decoders": True,
+        "conversion": True,
+        "external": True,
+        "experts": True,
+        "align": True,
+    }
     rows = {(r["id"], r.get("variant")): r for r in again.rows}
     gain = rows[("independent_relations", "held-out gain")]
     assert gain["value"]["estimate"]["estimate"] == pytest.approx(15 / 30)  # 6+5+4 of 30
@@ -175,9 +237,7 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
     assert share["value"]["estimate"]["estimate"] == pytest.approx(6 / 8)  # only a has an all cell
     assert again.meta["rules_hash"] == RULES_HASH and again.meta["budgets_hash"]
     # the language matrix reuses the relation matrix's build statistics within a run
-    stats_kw = {
-        c[0]: c[2].get("stats") for c in sys.modules["mechlingo.analyses.recall.transfer"].calls
-    }
+    stats_kw = {c[0]: c[2].get("stats") for c in fake.calls}
     assert stats_kw == {"relation": None, "lang": "stats built by the relation matrix"}
     # the other rows' tests are read back unchanged; their adjusted p (and so possibly a
     # verdict) moves, since Holm's family now has the transfer rows too
@@ -186,14 +246,18 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
     assert same == [
         {k: r[k] for k in keep} for r in card.rows if not r["stage"].startswith("transfer")
     ]
-    assert all(a["p_adjusted"] >= b["p_adjusted"] for a, b in zip(
-        [r for r in again.rows if not r["stage"].startswith("transfer") and r["p"] is not None],
-        [r for r in card.rows if not r["stage"].startswith("transfer") and r["p"] is not None],
-        strict=True))  # fmt: skip
+    assert all(
+        a["p_adjusted"] >= b["p_adjusted"]
+        for a, b in zip(
+            [r for r in again.rows if not r["stage"].startswith("transfer") and r["p"] is not None],
+            [r for r in card.rows if not r["stage"].startswith("transfer") and r["p"] is not None],
+            strict=True,
+        )
+    )
 
 
 def test_a_stopped_run_resumes_to_the_same_card(tiny, tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "mechlingo.analyses.recall.transfer", _fake_transfer())
+    _use(monkeypatch, _fake_transfer())
     full = rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path / "a")
     real = rep._stage_transfer
 
@@ -214,14 +278,26 @@ def test_a_stopped_run_resumes_to_the_same_card(tiny, tmp_path, monkeypatch):
 def test_cli_writes_the_card(tiny_dir, tmp_path, monkeypatch):
     from mechlingo.cli import main
 
-    monkeypatch.setitem(sys.modules, "mechlingo.analyses.recall.transfer", _fake_transfer())
+    _use(monkeypatch, _fake_transfer())
     data = tmp_path / "par"
     data.mkdir()
     for lg, lines in _parallel().items():
         (data / f"{lg}.txt").write_text("\n".join(lines[:20]) + "\n", encoding="utf-8")
     out = tmp_path / "out"
-    args = ["replicate", "--model", str(tiny_dir), "--paper", "sundar2025", "--parallel",
-            str(data), "--settings", json.dumps(TINY), "--out", str(out), "--quiet"]  # fmt: skip
+    args = [
+        "replicate",
+        "--model",
+        str(tiny_dir),
+        "--paper",
+        "sundar2025",
+        "--parallel",
+        str(data),
+        "--settings",
+        json.dumps(TINY),
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     assert main(args) == 0
     card = json.loads((out / "claims.json").read_text())
     ids = [c.id for c in CLAIMS if c.paper == "sundar2025"]
@@ -236,8 +312,16 @@ def test_cli_writes_the_card(tiny_dir, tmp_path, monkeypatch):
     # the stages were kept in .out.work until out was written, then removed (the rule of
     # every long command; a stopped run resumes: tests/test_resume.py::test_kill_replicate)
     assert not (tmp_path / ".out.work").exists() and not (out / "stages").exists()
-    bad = ["replicate", "--model", str(tiny_dir), "--facts", str(tmp_path / "none.jsonl"),
-           "--out", str(tmp_path / "bad"), "--quiet"]  # fmt: skip
+    bad = [
+        "replicate",
+        "--model",
+        str(tiny_dir),
+        "--facts",
+        str(tmp_path / "none.jsonl"),
+        "--out",
+        str(tmp_path / "bad"),
+        "--quiet",
+    ]
     assert main(bad) == 2 and not (tmp_path / "bad").exists()
 
 
@@ -259,16 +343,31 @@ def test_facts_folder(tmp_path):
 def test_embedded_model_small_configuration(gemma, tmp_path, monkeypatch):
     """A smaller configuration than --budget quick on the embedded model (the quick and full
     budgets are `make replicate`): every row is produced, with intervals."""
-    monkeypatch.setitem(sys.modules, "mechlingo.analyses.recall.transfer", _fake_transfer())
+    _use(monkeypatch, _fake_transfer())
     small = {
         "lu_langs": ["en", "fr"],
         "trace": {"limit": 6},
-        "repair": {"dev_per_lang": 4, "test_per_lang": 6, "layer_fractions": [0.5],
-                   "alphas": [0.28], "top_k": 1, "screen_ids": 2, "seeds": [0]},
+        "repair": {
+            "dev_per_lang": 4,
+            "test_per_lang": 6,
+            "layer_fractions": [0.5],
+            "alphas": [0.28],
+            "top_k": 1,
+            "screen_ids": 2,
+            "seeds": [0],
+        },
         "transfer": {"limit": 2, "langs": ["en", "fr"]},
-        "experts": {"n_find": 8, "n_heldout": 2, "ks": [50], "samples": 4, "new_tokens": 6,
-                    "max_tokens": 12, "n_eval": 6, "n_boot": 50},
-    }  # fmt: skip
+        "experts": {
+            "n_find": 8,
+            "n_heldout": 2,
+            "ks": [50],
+            "samples": 4,
+            "new_tokens": 6,
+            "max_tokens": 12,
+            "n_eval": 6,
+            "n_boot": 50,
+        },
+    }
     par = parallel_sentences(["en", "fr", "es", "de"])
     card = rep.replicate(gemma, settings=small, parallel=par, work=tmp_path)
     assert list(dict.fromkeys(r["id"] for r in card.rows)) == [c.id for c in CLAIMS]

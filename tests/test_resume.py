@@ -16,6 +16,8 @@ import pytest
 import torch
 
 import mechlingo.analyses.experts.kcurve as experts_mod
+import mechlingo.analyses.recall.dev_grid as dev_grid
+import mechlingo.analyses.recall.headroom as headroom_mod
 import mechlingo.analyses.recall.steer_eval as protocol
 import mechlingo.analyses.recall.steering as repair
 import mechlingo.cli.experts as cli_experts
@@ -140,8 +142,8 @@ def test_steer_eval_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch,
     assert "side-effects" not in done
 
     monkeypatch.undo()
-    for mod, name in ((repair, "build_steering_vectors"), (protocol, "choose_on_dev"),
-                      (protocol, "_score"), (protocol, "headroom"),
+    for mod, name in ((repair, "build_steering_vectors"), (dev_grid, "choose_on_dev"),
+                      (headroom_mod, "score"), (headroom_mod, "headroom"),
                       (protocol, "side_effects")):  # fmt: skip
         _count(monkeypatch, mod, name, calls)
     calls.clear()
@@ -157,7 +159,7 @@ def test_steer_eval_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch,
     _count(monkeypatch, protocol, "side_effects", {}, stop_when=lambda *a, **kw: True)
     assert run("c") == 130
     monkeypatch.undo()
-    for mod, name in ((protocol, "choose_on_dev"), (repair, "build_steering_vectors")):
+    for mod, name in ((dev_grid, "choose_on_dev"), (repair, "build_steering_vectors")):
         _count(monkeypatch, mod, name, calls)
     calls.clear()
     assert run("c", "--max-new-tokens", "3") == 0

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from mechlingo.analyses.recall import steer_eval
+from mechlingo.analyses.recall import headroom
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import resolve_site
 from mechlingo.data import Fact, load_facts
@@ -214,9 +214,9 @@ def test_every_intervention_kind_applies_under_every_metric(tiny, metric):
 
 
 def test_protocol_score_takes_the_metric(tiny):
-    res = steer_eval._score(tiny, FACTS, None, metric="rank", batch_size=2)
+    res = headroom.score(tiny, FACTS, None, metric="rank", batch_size=2)
     assert res.meta["metric"]["metric"] == "rank" and len(res.records) == len(FACTS)
-    res = steer_eval._score(tiny, FACTS, None, metric=Scorer("rank", rank_tokens="candidate"))
+    res = headroom.score(tiny, FACTS, None, metric=Scorer("rank", rank_tokens="candidate"))
     assert res.meta["metric"] == {"metric": "rank", "rank_tokens": "candidate"}
 
 

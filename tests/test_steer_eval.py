@@ -10,13 +10,18 @@ import math
 import pytest
 from scipy import stats as sps
 
+import mechlingo.analyses.recall.dev_grid as dev_grid
+import mechlingo.analyses.recall.headroom as headroom
 import mechlingo.analyses.recall.steer_eval as protocol
 import mechlingo.analyses.recall.steering as steering
-from mechlingo.analyses.recall.steer_eval import (
-    LeakError,
-    check_disjoint,
-    default_layers,
-    lowest_language_dev,
+from mechlingo.analyses.recall.headroom import LeakError, check_disjoint, lowest_language_dev
+from mechlingo.analyses.recall.settings import (
+    BuildSettings,
+    DevGrid,
+    ScoringOptions,
+    every_second_layer,
+    layers_at,
+    matrix_layers,
 )
 from mechlingo.data import LANGS, RELATIONS, load_facts, natural_templates
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
@@ -135,10 +140,19 @@ def test_natural_templates_cover_every_relation_and_language():
     assert natural[0].prompt == "The capital of Afghanistan is" != tuned[0].prompt
 
 
-def test_default_layers_every_second_from_20_to_90_percent():
-    assert default_layers(18) == [4, 6, 8, 10, 12, 14, 16]
-    assert default_layers(2) == [0]
-    assert default_layers(32) == [6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28]
+def test_every_second_layer_from_20_to_90_percent():
+    assert every_second_layer(18) == [4, 6, 8, 10, 12, 14, 16]
+    assert every_second_layer(2) == [0]
+    assert every_second_layer(32) == [6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28]
+
+
+def test_layers_at_fractions_by_hand():
+    # round(f * n) clamped to the model, sorted, each once
+    assert layers_at([0.5, 0.67], 18) == [9, 12]
+    assert layers_at([0.33, 0.5, 0.67, 0.83], 18) == [6, 9, 12, 15]
+    assert layers_at([0.0, 0.99, 1.5, -0.2], 18) == [0, 17]
+    assert layers_at([0.5, 0.52], 18) == [9]
+    assert matrix_layers(18) == [6, 10, 14] and matrix_layers(2) == [1]
 
 
 def test_lowest_language_is_fixed_on_dev_and_never_english():
@@ -164,8 +178,8 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
     from mechlingo.cli import main
 
     seen: dict[str, set[str]] = {"build": set(), "choose": set(), "test": set()}
-    real_build, real_sweep = steering.build_steering_vectors, protocol.choose_on_dev
-    real_test, real_few = protocol.evaluate_test, protocol.few_shot_prompt
+    real_build, real_sweep = steering.build_steering_vectors, dev_grid.choose_on_dev
+    real_test, real_few = protocol.evaluate_test, headroom.few_shot_prompt
 
     def build(model, facts, *a, pool=None, **kw):
         seen["build"] |= {f.id for f in facts} | {f.id for f in (pool or [])}
@@ -184,16 +198,40 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
         return real_test(model, vectors, choice, test_facts, *a, **kw)
 
     monkeypatch.setattr(steering, "build_steering_vectors", build)
-    monkeypatch.setattr(protocol, "choose_on_dev", sweep)
+    monkeypatch.setattr(dev_grid, "choose_on_dev", sweep)
     monkeypatch.setattr(protocol, "evaluate_test", test)
-    monkeypatch.setattr(protocol, "few_shot_prompt", few)
+    monkeypatch.setattr(headroom, "few_shot_prompt", few)
     common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "30", "--quiet"]
     vdir, out = tmp_path / "v", tmp_path / "e"
     assert main(["steer", "build", *common, "--k-shot", "2", "--out", str(vdir)]) == 0
-    grid = ["--task-layers", "0", "--diff-layers", "1", "--task-alphas", "0.1,0.5",
-            "--diff-alphas", "0.5", "--top-k", "1", "--screen-ids", "2"]  # fmt: skip
-    rc = main(["steer", "eval", *common, "--vectors", str(vdir), *grid, "--max-new-tokens",
-               "2", "--out", str(out)])  # fmt: skip
+    grid = [
+        "--task-layers",
+        "0",
+        "--diff-layers",
+        "1",
+        "--task-alphas",
+        "0.1,0.5",
+        "--diff-alphas",
+        "0.5",
+        "--top-k",
+        "1",
+        "--screen-ids",
+        "2",
+    ]
+    rc = main(
+        [
+            "steer",
+            "eval",
+            *common,
+            "--vectors",
+            str(vdir),
+            *grid,
+            "--max-new-tokens",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     assert seen["test"] and seen["build"] and seen["choose"]
     assert not (seen["test"] & seen["build"]), "a test id reached building"
@@ -212,17 +250,52 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
     # side effects of the selected condition, against a random control, on NTREX-style lines
     lines = tmp_path / "lines"
     lines.mkdir()
-    for lg, text in {"en": "The cat sat on the mat", "fr": "Le chat est sur le tapis",
-                     "de": "Die Katze sitzt auf der Matte"}.items():  # fmt: skip
+    for lg, text in {
+        "en": "The cat sat on the mat",
+        "fr": "Le chat est sur le tapis",
+        "de": "Die Katze sitzt auf der Matte",
+    }.items():
         (lines / f"{lg}.txt").write_text(f"{text}\n{text} again\n", "utf-8")
-    rc = main(["steer", "eval", *common, "--vectors", str(vdir), "--config", "0,0.1,1,0.1",
-               "--max-new-tokens", "2", "--side-effects", "--parallel", str(lines), "--side-effects-lines",
-               "2", "--out", str(tmp_path / "se")])  # fmt: skip
+    rc = main(
+        [
+            "steer",
+            "eval",
+            *common,
+            "--vectors",
+            str(vdir),
+            "--config",
+            "0,0.1,1,0.1",
+            "--max-new-tokens",
+            "2",
+            "--side-effects",
+            "--parallel",
+            str(lines),
+            "--side-effects-lines",
+            "2",
+            "--out",
+            str(tmp_path / "se"),
+        ]
+    )
     s = json.loads((tmp_path / "se" / "summary.json").read_text())
     assert rc == 0 and "side_effects" in s
     # re-splits: vectors rebuilt per salt, mean and sd over splits
-    rc = main(["steer", "eval", *common, "--vectors", str(vdir), "--config", "0,0.1,1,0.1",
-               "--max-new-tokens", "2", "--repeats", "2", "--out", str(tmp_path / "r")])  # fmt: skip
+    rc = main(
+        [
+            "steer",
+            "eval",
+            *common,
+            "--vectors",
+            str(vdir),
+            "--config",
+            "0,0.1,1,0.1",
+            "--max-new-tokens",
+            "2",
+            "--repeats",
+            "2",
+            "--out",
+            str(tmp_path / "r"),
+        ]
+    )
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert rc == 0 and s["repeats"]["n"] == 2
     assert len(s["repeats"]["non_english_mean"]["orig"]["values"]) == 2
@@ -231,8 +304,21 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
     doc = json.loads(build_json.read_text())
     doc["fact_ids"] = sorted(seen["test"])
     build_json.write_text(json.dumps(doc))
-    rc = main(["steer", "eval", *common, "--vectors", str(vdir), "--config", "0,0.1,1,0.1",
-               "--max-new-tokens", "2", "--out", str(tmp_path / "leak")])  # fmt: skip
+    rc = main(
+        [
+            "steer",
+            "eval",
+            *common,
+            "--vectors",
+            str(vdir),
+            "--config",
+            "0,0.1,1,0.1",
+            "--max-new-tokens",
+            "2",
+            "--out",
+            str(tmp_path / "leak"),
+        ]
+    )
     assert rc == 2 and not (tmp_path / "leak").exists()
 
 
@@ -246,17 +332,61 @@ def test_steer_eval_cli_writes_what_run_protocol_writes(tiny, tiny_dir, tmp_path
     common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "30", "--quiet"]
     vdir, cli, py = tmp_path / "v", tmp_path / "cli", tmp_path / "py"
     assert main(["steer", "build", *common, "--k-shot", "2", "--out", str(vdir)]) == 0
-    grid = ["--task-layers", "0", "--diff-layers", "1", "--task-alphas", "0.1,0.5",
-            "--diff-alphas", "0.5", "--top-k", "1", "--screen-ids", "2"]  # fmt: skip
-    assert main(["steer", "eval", *common, "--vectors", str(vdir), *grid, "--control-seeds", "0,1",
-                 "--repeats", "2", "--max-new-tokens", "2", "--out", str(cli)]) == 0  # fmt: skip
-    facts = load_facts(langs=["en", "fr", "de"], relations=["capital"], limit=30,
-                       templates="natural")  # fmt: skip
+    grid = [
+        "--task-layers",
+        "0",
+        "--diff-layers",
+        "1",
+        "--task-alphas",
+        "0.1,0.5",
+        "--diff-alphas",
+        "0.5",
+        "--top-k",
+        "1",
+        "--screen-ids",
+        "2",
+    ]
+    assert (
+        main(
+            [
+                "steer",
+                "eval",
+                *common,
+                "--vectors",
+                str(vdir),
+                *grid,
+                "--control-seeds",
+                "0,1",
+                "--repeats",
+                "2",
+                "--max-new-tokens",
+                "2",
+                "--out",
+                str(cli),
+            ]
+        )
+        == 0
+    )
+    facts = load_facts(
+        langs=["en", "fr", "de"], relations=["capital"], limit=30, templates="natural"
+    )
+    grid = DevGrid(
+        task_layers=(0,),
+        diff_layers=(1,),
+        task_alphas=(0.1, 0.5),
+        diff_alphas=(0.5,),
+        top_k=1,
+        screen_ids=2,
+    )
     res = protocol.run_steer_eval(
-        tiny, facts, SteeringPair.load(vdir, tiny), task_layers=[0], diff_layers=[1],
-        task_alphas=[0.1, 0.5], diff_alphas=[0.5], top_k=1, screen_ids=2, seeds=[0, 1],
-        repeats=2, max_new_tokens=2,
-    )  # fmt: skip
+        tiny,
+        facts,
+        SteeringPair.load(vdir, tiny),
+        grid=grid,
+        scoring=ScoringOptions(max_new_tokens=2),
+        seeds=[0, 1],
+        repeats=2,
+    )
     res.write(py)
     a, b = (json.loads((d / "summary.json").read_text()) for d in (cli, py))
     assert "meta" in a and "meta" not in b
@@ -272,22 +402,41 @@ def test_repeats_rebuild_with_the_given_vectors_build_settings(tiny, monkeypatch
     were built with (here k_shot=2 and one translation shot), not the library defaults."""
     from mechlingo.data.splits import split_facts
 
-    facts = load_facts(langs=["en", "fr", "de"], relations=["capital"], limit=30,
-                       templates="natural")  # fmt: skip
+    facts = load_facts(
+        langs=["en", "fr", "de"], relations=["capital"], limit=30, templates="natural"
+    )
     build = split_facts(facts, (0.4, 0.2, 0.4))["build"]
-    given = steering.build_steering_vectors(tiny, build, k_shot=2, translation_shots=1)
+    given = steering.build_steering_vectors(
+        tiny, build, BuildSettings(k_shot=2, translation_shots=1)
+    )
     seen = []
     real = steering.build_steering_vectors
 
-    def spy(*args, **kwargs):
-        seen.append(kwargs)
-        return real(*args, **kwargs)
+    def spy(model, facts, settings, **kwargs):
+        seen.append(settings)
+        return real(model, facts, settings, **kwargs)
 
     monkeypatch.setattr(steering, "build_steering_vectors", spy)
     config = steering.SteeringConfig(0, 0.1, 1, 0.1)
-    res = protocol.run_steer_eval(tiny, facts, given, repeats=2, config=config, seeds=[0],
-                                max_new_tokens=2)  # fmt: skip
+    res = protocol.run_steer_eval(
+        tiny,
+        facts,
+        given,
+        repeats=2,
+        config=config,
+        seeds=[0],
+        scoring=ScoringOptions(max_new_tokens=2),
+    )
     assert len(seen) == 1  # the first split uses the given vectors, the re-split rebuilds
-    assert seen[0]["k_shot"] == 2 and seen[0]["translation_shots"] == 1
-    assert seen[0]["unit"] == given.build["unit"]
+    rebuilt = seen[0]
+    assert rebuilt.k_shot == 2 and rebuilt.translation_shots == 1
+    assert rebuilt.unit == given.build["unit"]
     assert res.summary()["repeats"]["n"] == 2
+
+
+def test_build_settings_default_and_the_recorded_ones():
+    # one default for the CLI, the library, the transfer matrix and a re-split's rebuild
+    assert BuildSettings().translation_shots == 2 and BuildSettings().k_shot == 3
+    assert BuildSettings.of({}) == BuildSettings()  # vectors that record nothing
+    got = BuildSettings.of({"k_shot": 2, "translation_shots": 0, "unit": "raw"})
+    assert (got.k_shot, got.translation_shots, got.unit) == (2, 0, "raw")

@@ -9,14 +9,15 @@ import torch
 
 from mechlingo.activations.means import last_token_means
 from mechlingo.activations.runs import collect
+from mechlingo.analyses.recall.settings import BuildSettings, DevGrid, ScoringOptions
 from mechlingo.analyses.recall.steering import (
     SteeringConfig,
     SteeringPair,
     build_steering_vectors,
     conditions,
-    evaluate_conditions,
-    lowest_language,
+    lowest_above_zero,
     relative_gain,
+    score_at_config,
     vectors_from_means,
 )
 from mechlingo.core.errors import ArtifactError
@@ -65,7 +66,9 @@ def tiny_facts():
 
 @pytest.fixture(scope="module")
 def tiny_vectors(tiny, tiny_facts):
-    return build_steering_vectors(tiny, split_facts(tiny_facts)["build"], k_shot=2)
+    return build_steering_vectors(
+        tiny, split_facts(tiny_facts)["build"], BuildSettings(k_shot=2, translation_shots=0)
+    )
 
 
 def test_build_vectors_on_tiny(tiny, tiny_vectors):
@@ -128,27 +131,40 @@ def test_vectors_without_a_unit_are_refused(tiny, tiny_dir, tiny_vectors, tmp_pa
     from mechlingo.cli import main
 
     out = tmp_path / "e"
-    rc = main(["steer", "eval", "--model", str(tiny_dir), "--vectors", str(folder), "--quiet",
-               "--out", str(out)])  # fmt: skip
+    rc = main(
+        [
+            "steer",
+            "eval",
+            "--model",
+            str(tiny_dir),
+            "--vectors",
+            str(folder),
+            "--quiet",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 2 and not out.exists()
     assert "records no unit" in capsys.readouterr().err
 
 
 def test_sweep_and_evaluate_plumbing(tiny, tiny_facts, tiny_vectors):
-    from mechlingo.analyses.recall.steer_eval import choose_on_dev
+    from mechlingo.analyses.recall.dev_grid import choose_on_dev
 
     dev = take_per_lang(split_facts(tiny_facts)["dev"], 2)
     res = choose_on_dev(
         tiny,
         tiny_vectors,
         dev,
-        task_layers=[0],
-        task_alphas=[0.5, 1.0],
-        diff_layers=[1],
-        diff_alphas=[1.0],
-        top_k=1,
-        screen_ids=None,
-        max_new_tokens=2,
+        grid=DevGrid(
+            task_layers=(0,),
+            task_alphas=(0.5, 1.0),
+            diff_layers=(1,),
+            diff_alphas=(1.0,),
+            top_k=1,
+            screen_ids=None,
+        ),
+        scoring=ScoringOptions(max_new_tokens=2),
     )
     assert [(r["stage"], r["vector"]) for r in res.rows] == [
         ("screen", "task"),
@@ -160,7 +176,7 @@ def test_sweep_and_evaluate_plumbing(tiny, tiny_facts, tiny_vectors):
     ]
     assert res.best.task_layer == 0 and res.best.diff_layer == 1
     assert res.fig_heatmap("task").data
-    out = evaluate_conditions(tiny, tiny_vectors, res.best, dev, max_new_tokens=2)
+    out = score_at_config(tiny, tiny_vectors, res.best, dev, max_new_tokens=2)
     s = out.summary()
     assert set(s["accuracy"]) == {"orig", "task", "diff", "both", "random"}
     assert set(s["accuracy"]["orig"]) == {"en", "fr"}
@@ -175,8 +191,8 @@ def test_relative_gain():
     assert relative_gain(0.45, 0.3) == pytest.approx(0.5)
     assert relative_gain(0.0, 0.0) == 0.0 and relative_gain(0.1, 0.0) == float("inf")
     # the lowest language is the lowest one above 0 (a gain over 0 is undefined)
-    assert lowest_language({"en": 0.8, "hi": 0.0, "ja": 0.2, "ko": 0.2}) == "ja"
-    assert lowest_language({"en": 0.0, "hi": 0.0}) is None
+    assert lowest_above_zero({"en": 0.8, "hi": 0.0, "ja": 0.2, "ko": 0.2}) == "ja"
+    assert lowest_above_zero({"en": 0.0, "hi": 0.0}) is None
 
 
 def test_cli_build_and_eval_on_tiny(tiny_dir, tmp_path):
@@ -252,7 +268,9 @@ def test_cli_build_and_eval_on_tiny(tiny_dir, tmp_path):
 @pytest.mark.slow
 def test_gemma_vectors_change_generations(gemma):
     facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=4)
-    vectors = build_steering_vectors(gemma, facts, k_shot=2, batch_size=8)
+    vectors = build_steering_vectors(
+        gemma, facts, BuildSettings(k_shot=2, translation_shots=0, batch_size=8)
+    )
     for stack in (vectors.task.vector, vectors.diff.vector):
         assert stack.shape == (18, 640) and torch.isfinite(stack).all()
     prompts = [f.prompt for f in facts if f.lang != "en"][:3]
@@ -273,31 +291,34 @@ def test_padded_batched_generation_equals_one_by_one(tiny):
     assert count_hooks(tiny) == 0
 
 
-def test_transfer_builds_without_the_held_out_language(tiny, tiny_facts):
-    from mechlingo.analyses.recall.steering import transfer
-
-    sp = split_facts(tiny_facts)
-    out = transfer(
-        tiny,
-        sp["build"],
-        take_per_lang(sp["test"], 2),
-        SteeringConfig(0, 1.0, 1, 1.0),
-        holdout_lang="en",
-        k_shot=2,
-        max_new_tokens=2,
-    )
-    assert out["built_on"]["langs"] == ["fr"] and out["tested_on"]["langs"] == ["en"]
-    assert set(out["accuracy"]) == {"orig", "both"}
-
-
 def test_steer_eval_layer_out_of_range_is_a_usage_error(tiny_dir, tmp_path, capsys):
     from mechlingo.cli import main
 
-    common = ["--model", str(tiny_dir), "--langs", "en,fr", "--relation", "capital",
-              "--limit", "24", "--quiet"]  # fmt: skip
+    common = [
+        "--model",
+        str(tiny_dir),
+        "--langs",
+        "en,fr",
+        "--relation",
+        "capital",
+        "--limit",
+        "24",
+        "--quiet",
+    ]
     assert main(["steer", "build", *common, "--k-shot", "2", "--out", str(tmp_path / "v")]) == 0
     out = tmp_path / "eval"
-    rc = main(["steer", "eval", *common, "--vectors", str(tmp_path / "v"), "--config",
-               "7,0.1,1,0.1", "--out", str(out)])  # fmt: skip
+    rc = main(
+        [
+            "steer",
+            "eval",
+            *common,
+            "--vectors",
+            str(tmp_path / "v"),
+            "--config",
+            "7,0.1,1,0.1",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 2 and "out of range" in capsys.readouterr().err
     assert not out.exists()

@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import scipy.stats as sps
 import torch
 
-from mechlingo.analyses.recall import steer_eval, transfer
-from mechlingo.analyses.recall.steer_eval import LeakError, lowest_language_rule
+from mechlingo.analyses.recall import dev_grid, headroom, pooled, transfer
+from mechlingo.analyses.recall.headroom import LeakError, lowest_language_rule
+from mechlingo.analyses.recall.settings import BuildSettings, MatrixSettings, ScoringOptions
 from mechlingo.analyses.recall.steering import SteeringPair, build_steering_vectors
 from mechlingo.data import RELATIONS, load_facts
 from mechlingo.data.splits import split_facts
 
 RELS = ["capital", "language", "currency"]  # in RELATIONS order
-SMALL = {"build_ids": 3, "screen_ids": 2, "dev_ids": 2, "test_ids": 2, "layers": [0, 1],
-         "alphas": [0.5], "k_shot": 2, "max_new_tokens": 2}  # fmt: skip
+SMALL = {
+    "matrix": MatrixSettings(
+        build_ids=3, screen_ids=2, dev_ids=2, test_ids=2, layers=(0, 1), alphas=(0.5,)
+    ),
+    "build": BuildSettings(k_shot=2),
+    "scoring": ScoringOptions(max_new_tokens=2),
+}
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +72,9 @@ def test_headroom_rule_on_hand_made_tables():
     assert not out["tests"]["it"]["headroom"] and out["tests"]["en"]["headroom"]
     strict = lowest_language_rule(zero, few, p_threshold=0.01)
     assert strict["language"] == "ru" and "es" in strict["excluded"]
-    none = lowest_language_rule({"en": [True, False], "ko": [False] * 4}, {"en": [True, True],
-                                "ko": [False] * 4})  # fmt: skip
+    none = lowest_language_rule(
+        {"en": [True, False], "ko": [False] * 4}, {"en": [True, True], "ko": [False] * 4}
+    )
     assert none["language"] is None and none["literal"] == "ko" and none["excluded"] == ["ko"]
     with pytest.raises(ValueError, match="paired"):
         lowest_language_rule({"fr": [True]}, {"fr": [True, False]})
@@ -79,11 +87,11 @@ def test_headroom_rule_on_hand_made_tables():
 
 def test_pooled_vectors_equal_building_on_the_pooled_facts(tiny, facts):
     build = split_facts(facts)["build"]
-    stats = transfer.group_stats(tiny, build, k_shot=2, translation_shots=0)
+    stats = pooled.group_stats(tiny, build, k_shot=2, translation_shots=0)
     for rels in (RELS, ["currency"]):
         sel = [f for f in build if f.relation in rels]
-        ref = build_steering_vectors(tiny, sel, k_shot=2, translation_shots=0)
-        got = transfer.pooled_vectors(stats, relations=rels, model=tiny)
+        ref = build_steering_vectors(tiny, sel, BuildSettings(k_shot=2, translation_shots=0))
+        got = pooled.pooled_vectors(stats, relations=rels, model=tiny)
         for name in ("few_shot", "zero_shot", "translation"):
             torch.testing.assert_close(got.means[name], ref.means[name], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got.task.vector, ref.task.vector, rtol=1e-4, atol=1e-4)
@@ -91,21 +99,23 @@ def test_pooled_vectors_equal_building_on_the_pooled_facts(tiny, facts):
         assert got.build["n_prompts"] == ref.build["n_prompts"]
         assert got.build["fact_ids"] == ref.build["fact_ids"]
         assert got.relations == [r for r in RELATIONS if r in rels]
-    no_fr = transfer.pooled_vectors(stats, langs=["en", "de"])
+    no_fr = pooled.pooled_vectors(stats, langs=["en", "de"])
     assert no_fr.build["langs"] == ["de", "en"]
     assert no_fr.build["n_prompts"]["zero_shot"] == sum(f.lang != "fr" for f in build)
 
 
 def test_balance_relations_same_ids_per_relation(facts):
-    out = transfer.balance_relations(facts)
+    out = pooled.balance_relations(facts)
     per = {r: {f.id for f in out if f.relation == r} for r in RELS}
     assert {len(v) for v in per.values()} == {24}
-    three = transfer.balance_relations(facts, 3)
+    three = pooled.balance_relations(facts, 3)
     assert len(three) == 3 * 3 * 3 and {f.lang for f in three} == {"en", "fr", "de"}
 
 
 def test_old_vector_artifacts_load_without_relations(tiny, facts, tmp_path):
-    v = build_steering_vectors(tiny, split_facts(facts)["build"][:24], k_shot=1)
+    v = build_steering_vectors(
+        tiny, split_facts(facts)["build"][:24], BuildSettings(k_shot=1, translation_shots=0)
+    )
     v.build.pop("relations")
     v.save(tmp_path / "v", tiny)
     back = SteeringPair.load(tmp_path / "v", tiny)
@@ -120,13 +130,13 @@ def test_old_vector_artifacts_load_without_relations(tiny, facts, tmp_path):
 def _watch(monkeypatch):
     seen = {"pooled": [], "sweep": [], "test": [], "kw": []}
     real_pool, real_sweep, real_score = (
-        transfer.pooled_vectors,
-        steer_eval.choose_on_dev,
-        steer_eval._score,
+        pooled.pooled_vectors,
+        dev_grid.choose_on_dev,
+        headroom.score,
     )
     real_row_score = transfer._Run.score
 
-    def pooled(stats, **kw):
+    def pooled_fn(stats, **kw):
         v = real_pool(stats, **kw)
         seen["pooled"].append((kw.get("relations"), kw.get("langs"), set(v.build["fact_ids"])))
         return v
@@ -143,9 +153,9 @@ def _watch(monkeypatch):
         seen["test"].append(list(facts))
         return real_row_score(self, facts, iv)
 
-    monkeypatch.setattr(transfer, "pooled_vectors", pooled)
-    monkeypatch.setattr(steer_eval, "choose_on_dev", sweep)
-    monkeypatch.setattr(steer_eval, "_score", score)
+    monkeypatch.setattr(pooled, "pooled_vectors", pooled_fn)
+    monkeypatch.setattr(dev_grid, "choose_on_dev", sweep)
+    monkeypatch.setattr(headroom, "score", score)
     monkeypatch.setattr(transfer._Run, "score", row_score)
     return seen
 
@@ -188,20 +198,30 @@ def test_matrix_by_relation_cells_and_no_leak(tiny, facts, monkeypatch):
     doc = json.loads(json.dumps(m.to_json()))
     assert doc["summary"]["all_but"]["cells"] == 3 and doc["summary"]["only_other"]["cells"] == 6
     assert "<table>" in m._repr_html_() and len(m.fig_transfer().data) == 1
-    diag = transfer.transfer_matrix(tiny, facts, by="relation", cells="diagonal",
-                                  held_out=["capital"], **SMALL)  # fmt: skip
+    diag = transfer.transfer_matrix(
+        tiny,
+        facts,
+        by="relation",
+        held_out=["capital"],
+        **{**SMALL, "matrix": replace(SMALL["matrix"], cells="diagonal")},
+    )
     assert [(c["row"], c["col"]) for c in diag.cells] == [
-        ("all", "capital"), ("all_but_capital", "capital"), ("only_capital", "capital")
-    ]  # fmt: skip
+        ("all", "capital"),
+        ("all_but_capital", "capital"),
+        ("only_capital", "capital"),
+    ]
 
 
-def test_matrix_by_language_never_sees_the_held_out_language(tiny, facts, monkeypatch):
+def test_matrix_by_language_never_sees_the_held_out_language(tiny, facts, monkeypatch, tmp_path):
     seen = _watch(monkeypatch)
     m = transfer.transfer_matrix(tiny, facts, by="lang", **SMALL)
     assert m.rows == ["all", "all_but_de", "all_but_fr"] and m.cols == ["de", "fr"]
     assert [(c["row"], c["col"]) for c in m.cells] == [
-        ("all", "de"), ("all", "fr"), ("all_but_de", "de"), ("all_but_fr", "fr")
-    ]  # fmt: skip
+        ("all", "de"),
+        ("all", "fr"),
+        ("all_but_de", "de"),
+        ("all_but_fr", "fr"),
+    ]
     _check_cells(m)
     for row, (_, langs, _), dev in zip(m.rows, seen["pooled"], seen["sweep"], strict=True):
         dev_langs = {f.lang for f in dev}
@@ -211,20 +231,33 @@ def test_matrix_by_language_never_sees_the_held_out_language(tiny, facts, monkey
             held = row[len("all_but_") :]
             assert held not in langs and held not in dev_langs and "en" in dev_langs
     assert m.choices["all_but_fr"]["langs"] == ["en", "de"]
+    # the result of steer eval --transfer: summary() is the JSON, write() a summary.json
+    both = transfer.TransferMatrices({"lang": m}, ["by relation: skipped"])
+    assert both.summary() == {"notes": ["by relation: skipped"], "lang": m.to_json()}
+    out = both.write(tmp_path / "t", meta={"x": 1})
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc["transfer"]["lang"]["cells"] == json.loads(json.dumps(m.to_json()))["cells"]
+    assert doc["meta"] == {"x": 1}
     # the build statistics of one call serve another (built once); other facts are refused
     again = transfer.transfer_matrix(tiny, facts, by="lang", stats=m.stats, **SMALL)
     assert again.cells == m.cells
     with pytest.raises(ValueError, match="other facts"):
-        transfer.transfer_matrix(tiny, facts, by="lang", stats=m.stats, **{**SMALL, "build_ids": 4})
+        transfer.transfer_matrix(
+            tiny,
+            facts,
+            by="lang",
+            stats=m.stats,
+            **{**SMALL, "matrix": replace(SMALL["matrix"], build_ids=4)},
+        )
 
 
 def test_a_build_step_that_sees_the_held_out_relation_is_refused(tiny, facts, monkeypatch):
-    real = transfer.pooled_vectors
+    real = pooled.pooled_vectors
 
     def leaky(stats, **kw):  # ignores the selection: builds on every relation
         return real(stats, **{**kw, "relations": None})
 
-    monkeypatch.setattr(transfer, "pooled_vectors", leaky)
+    monkeypatch.setattr(pooled, "pooled_vectors", leaky)
     with pytest.raises(LeakError, match="all_but_capital"):
         transfer.transfer_matrix(tiny, facts, by="relation", held_out=["capital"], **SMALL)
 
@@ -235,7 +268,9 @@ def test_matrix_bad_arguments(tiny, facts):
     with pytest.raises(ValueError, match="not among"):
         transfer.transfer_matrix(tiny, facts, held_out=["continent"])
     with pytest.raises(ValueError, match="build fact ids per relation"):
-        transfer.transfer_matrix(tiny, facts, build_ids=2, k_shot=2)
+        transfer.transfer_matrix(
+            tiny, facts, matrix=MatrixSettings(build_ids=2), build=BuildSettings(k_shot=2)
+        )
     with pytest.raises(ValueError, match="at least two relations"):
         transfer.transfer_matrix(tiny, [f for f in facts if f.relation == "capital"])
 
@@ -245,19 +280,39 @@ def test_cli_transfer_only_and_pooled_build(tiny_dir, tmp_path):
 
     common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "16", "--quiet"]
     out = tmp_path / "t"
-    rc = main(["steer", "eval", *common, "--relation", "capital,currency", "--transfer-only",
-               "--transfer", "lang", "--transfer-ids", "4,2,2,2", "--task-layers", "0",
-               "--max-new-tokens", "2", "--out", str(out)])  # fmt: skip
+    rc = main(
+        [
+            "steer",
+            "eval",
+            *common,
+            "--relation",
+            "capital,currency",
+            "--transfer-only",
+            "--transfer",
+            "lang",
+            "--transfer-ids",
+            "4,2,2,2",
+            "--task-layers",
+            "0",
+            "--max-new-tokens",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     s = json.loads((out / "summary.json").read_text())
     assert set(s["transfer"]) == {"lang", "notes"}
-    assert {c["row"] for c in s["transfer"]["lang"]["cells"]} == {"all", "all_but_de",
-                                                                  "all_but_fr"}  # fmt: skip
+    assert {c["row"] for c in s["transfer"]["lang"]["cells"]} == {"all", "all_but_de", "all_but_fr"}
     assert "Transfer matrix by lang" in (out / "report.html").read_text()
     assert main(["steer", "eval", *common, "--out", str(tmp_path / "x")]) == 2  # no --vectors
     vdir = tmp_path / "v"
-    assert main(["steer", "build", *common, "--k-shot", "2", "--per-relation", "3",
-                 "--out", str(vdir)]) == 0  # fmt: skip
+    assert (
+        main(
+            ["steer", "build", *common, "--k-shot", "2", "--per-relation", "3", "--out", str(vdir)]
+        )
+        == 0
+    )
     build = json.loads((vdir / "build.json").read_text())
     assert set(build["relations"]) == set(RELATIONS) == set(build["ids_per_relation"])
     assert set(build["ids_per_relation"].values()) == {3}

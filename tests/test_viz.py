@@ -13,8 +13,9 @@ import torch
 from mechlingo.analyses.decoders.compare import compare_decoders
 from mechlingo.analyses.decoders.lens import lens_facts
 from mechlingo.analyses.decoders.tuned_lens import TunedLensTraining
+from mechlingo.analyses.recall.dev_grid import DevSearch
 from mechlingo.analyses.recall.patching import attention_knockout, fact_metrics, patch_activations
-from mechlingo.analyses.recall.steer_eval import DevSearch, fig_accuracy_ci, fig_headroom
+from mechlingo.analyses.recall.steer_eval import fig_accuracy_ci, fig_headroom
 from mechlingo.analyses.recall.steering import ConditionResults, SteeringConfig
 from mechlingo.analyses.recall.trace import CLASSES, trace_recall
 from mechlingo.analyses.recall.transfer import TransferMatrix

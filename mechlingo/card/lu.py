@@ -23,9 +23,11 @@ and each ``rows_*`` function reads only stored JSON, so a resumed card equals a 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -33,9 +35,16 @@ import torch
 
 from mechlingo.analyses.decoders.lens import lens_facts
 from mechlingo.analyses.decoders.tuned_lens import load_tuned_lens
-from mechlingo.analyses.recall import steer_eval, steering
+from mechlingo.analyses.recall import dev_grid, steer_eval, steering
 from mechlingo.analyses.recall.patching import patch_activations
 from mechlingo.analyses.recall.patching.metrics import fact_metrics
+from mechlingo.analyses.recall.settings import (
+    BuildSettings,
+    DevGrid,
+    MatrixSettings,
+    ScoringOptions,
+    layers_at,
+)
 from mechlingo.analyses.recall.steering import SteeringConfig
 from mechlingo.card.rules import Claim, claim_by_id, make_row
 from mechlingo.card.stats import cluster_bootstrap, group_difference_test
@@ -51,6 +60,8 @@ from mechlingo.scoring.scorers import rankc_fact
 __all__ = [
     "DECODERS",
     "item_records",
+    "matrix_settings",
+    "repair_settings",
     "prepare_facts",
     "repair_split",
     "rows_conversion",
@@ -68,6 +79,58 @@ DECODERS = ("logit", "tuned", "patchscope")
 def metric_of(cfg: Mapping[str, Any]) -> str:
     """The card's metric (``generate``, ``rank`` or ``klar``)."""
     return str(cfg.get("metric", "generate"))
+
+
+def repair_settings(
+    cfg: Mapping[str, Any], n_layers: int, progress: bool = False
+) -> tuple[BuildSettings, DevGrid, ScoringOptions]:
+    """The repair stage's settings from a budget (:data:`mechlingo.card.replicate.BUDGETS`,
+    section ``repair``) for a model of ``n_layers``: how the vectors are built, the dev grid
+    (the budget's ``layer_fractions`` as layers,
+    :func:`~mechlingo.analyses.recall.settings.layers_at`, for both vectors) and how items
+    are scored; what a budget leaves out takes the settings classes' defaults."""
+    r = cfg["repair"]
+    build = BuildSettings(
+        k_shot=r["k_shot"],
+        translation_shots=r["translation_shots"],
+        batch_size=cfg.get("batch_size", BuildSettings.batch_size),
+    )
+    fractions = r.get("layer_fractions")
+    layers = None if fractions is None else tuple(layers_at(fractions, n_layers))
+    grid = DevGrid(
+        task_layers=layers,
+        diff_layers=layers,
+        task_alphas=tuple(r["alphas"]),
+        diff_alphas=tuple(r["alphas"]),
+        top_k=r["top_k"],
+        screen_ids=r["screen_ids"],
+    )
+    scoring = ScoringOptions(
+        metric=metric_of(cfg),
+        max_new_tokens=r["max_new_tokens"],
+        batch_size=cfg.get("batch_size", ScoringOptions.batch_size),
+        progress=progress,
+    )
+    return build, grid, scoring
+
+
+def matrix_settings(m: Mapping[str, Any], n_layers: int) -> MatrixSettings:
+    """A budget's ``transfer.matrix`` section as
+    :class:`~mechlingo.analyses.recall.settings.MatrixSettings` (``layer_fractions`` as
+    layers, :func:`~mechlingo.analyses.recall.settings.layers_at`)."""
+    d = dict(m)
+    fractions = d.pop("layer_fractions", None)
+    if fractions is not None:
+        d["layers"] = tuple(layers_at(fractions, n_layers))
+    if "alphas" in d:
+        d["alphas"] = tuple(d["alphas"])
+    known = {f.name for f in dataclasses.fields(MatrixSettings)}
+    if set(d) - known:
+        raise InputError(
+            f"transfer.matrix: unknown setting(s) {sorted(set(d) - known)}",
+            fix=f"use {sorted(known | {'layer_fractions'})}",
+        )
+    return MatrixSettings(**d)
 
 
 def prepare_facts(facts: list[Fact], cfg: Mapping[str, Any]) -> list[Fact]:
@@ -509,42 +572,57 @@ def rows_conversion(data: Mapping[str, Any]) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------------------
 
 
-def choice_from(sweep: Mapping[str, Any]) -> steer_eval.Choice:
+def choice_from(sweep: Mapping[str, Any]) -> dev_grid.Choice:
     """The dev choice stored in the repair stage's ``sweep``."""
     pair = None if sweep.get("pair") is None else SteeringConfig(**sweep["pair"])
-    return steer_eval.Choice(SteeringConfig(**sweep["config"]), sweep["selected"],
+    return dev_grid.Choice(SteeringConfig(**sweep["config"]), sweep["selected"],
                            sweep["dev_effect"], sweep["dev_test"], sweep["dev_score"], pair,
                            sweep.get("best_single"))  # fmt: skip
 
 
-def stage_external(model: Model, bundled: list[Fact], external: list[Fact], metric: str,
-                   repair_data: Mapping[str, Any], cfg: Mapping[str, Any],
-                   progress: bool) -> dict[str, Any]:  # fmt: skip
+def stage_external(
+    model: Model,
+    bundled: list[Fact],
+    external: list[Fact],
+    metric: str,
+    repair_data: Mapping[str, Any],
+    cfg: Mapping[str, Any],
+    progress: bool,
+) -> dict[str, Any]:
     """Rebuild the repair vectors on the bundled build split (the same facts and settings give
     the same vectors), take the configuration dev chose, and score ``external`` under every
     condition with the benchmark's ``metric``."""
     r = cfg["repair"]
     build, _, _ = repair_split(bundled, cfg)
-    vectors = steering.build_steering_vectors(model, build, k_shot=r["k_shot"],
-                                          translation_shots=r["translation_shots"],
-                                          batch_size=cfg.get("batch_size", 16),
-                                          progress=progress)  # fmt: skip
+    settings, _, scoring = repair_settings(cfg, int(model.cfg.n_layers), progress)
+    vectors = steering.build_steering_vectors(model, build, settings, progress=progress)
     facts = take_per_lang(list(external), cfg.get("external", {}).get("per_lang"))
     pool = None
     if metric == "klar":  # KLAR's demonstrations: the benchmark's facts that are not scored
         scored = {f.id for f in facts}
         pool = [f for f in external if f.id not in scored]
         if not pool:
-            raise InputError("klar needs demonstrations that are not scored: the benchmark "
-                             "has no facts beyond external.per_lang ids per language",
-                             fix="lower external.per_lang in --settings")  # fmt: skip
+            raise InputError(
+                "klar needs demonstrations that are not scored: the benchmark "
+                "has no facts beyond external.per_lang ids per language",
+                fix="lower external.per_lang in --settings",
+            )
     res = steer_eval.evaluate_test(
-        model, vectors, choice_from(repair_data["sweep"]), facts, lowest_language=None,
-        pool=pool, seeds=r["seeds"], metric=metric, max_new_tokens=r["max_new_tokens"],
-        batch_size=cfg.get("batch_size", 64), progress=progress,
-    )  # fmt: skip
-    return {"metric": metric, "items": item_records(res.results),
-            "config": repair_data["sweep"]["config"], "n_facts": len(facts)}  # fmt: skip
+        model,
+        vectors,
+        choice_from(repair_data["sweep"]),
+        facts,
+        lowest_language=None,
+        pool=pool,
+        seeds=r["seeds"],
+        scoring=replace(scoring, metric=metric),
+    )
+    return {
+        "metric": metric,
+        "items": item_records(res.results),
+        "config": repair_data["sweep"]["config"],
+        "n_facts": len(facts),
+    }
 
 
 def rows_external(data: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -5,13 +5,14 @@ through their Python APIs, in stages:
 
 * ``trace`` (:func:`mechlingo.analyses.recall.trace.trace_recall`: greedy answers and the logit
   lens of every query): the latent-English and the recall-failure claims;
-* ``repair`` (:func:`mechlingo.analyses.recall.steering.build_steering_vectors` on the build split,
-  :func:`mechlingo.analyses.recall.steer_eval.choose_on_dev` on dev, :func:`mechlingo.analyses.recall.steer_eval.evaluate_test`
-  on test with norm-matched random controls): the two vectors, the lowest language (the
+* ``repair`` (:func:`mechlingo.analyses.recall.steering.build_steering_vectors` on the build
+  split, then :func:`mechlingo.analyses.recall.steer_eval.run_steer_eval`, the call of ``steer
+  eval``: the dev search, and test with norm-matched random controls; the budget's settings
+  as :func:`mechlingo.card.lu.repair_settings`): the two vectors, the lowest language (the
   headroom rule, :func:`mechlingo.card.rules.headroom_lowest_language`, beside the literal
-  :func:`mechlingo.analyses.recall.steer_eval.lowest_language_dev`) and the random vector;
+  :func:`mechlingo.analyses.recall.headroom.lowest_language_dev`) and the random vector;
 * ``transfer_relation`` and ``transfer_lang``
-  (``mechlingo.analyses.recall.transfer.transfer_matrix``): independence of relations and languages;
+  (:func:`mechlingo.analyses.recall.transfer.transfer_matrix`): independence of relations and languages;
 * ``experts`` (:func:`mechlingo.analyses.experts.find_experts`, :func:`~mechlingo.analyses.experts.k_curve`
   and the k rules, held-out AUROC, overlap): the expert claims and the clamp of the k that
   the papers' rule picks (target-language rate against the target's perplexity; the stricter
@@ -32,7 +33,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import importlib
 import json
 import shutil
 import tempfile
@@ -49,7 +49,8 @@ from tqdm.auto import tqdm
 from mechlingo.activations.distributed import dist_info
 from mechlingo.analyses.experts import collect_neuron_stats, find_experts, k_curve
 from mechlingo.analyses.experts.align import compare_alignment, per_sentence
-from mechlingo.analyses.recall import steer_eval, steering
+from mechlingo.analyses.recall import steer_eval, steering, transfer
+from mechlingo.analyses.recall.settings import ScoringOptions, SplitSettings
 from mechlingo.analyses.recall.trace import trace_recall
 from mechlingo.card import lu, sundar
 from mechlingo.card.rows import (
@@ -74,7 +75,7 @@ from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.core.version import __version__
 from mechlingo.data import LANGS, Fact, load_facts
-from mechlingo.data.splits import split_facts, take_per_lang
+from mechlingo.data.splits import take_per_lang
 from mechlingo.interventions import load_intervention
 from mechlingo.kernels.ranking import auroc_and_average_precision
 from mechlingo.kernels.significance import Interval, Test, mde
@@ -233,12 +234,6 @@ def _stage_trace(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progre
     }
 
 
-def _layers(fractions: Sequence[float] | None, n_layers: int) -> list[int] | None:
-    if fractions is None:
-        return None
-    return sorted({min(n_layers - 1, max(0, round(f * n_layers))) for f in fractions})
-
-
 def _items(results: Mapping[str, Any]) -> tuple[dict[str, dict[str, list[bool]]], dict]:
     """Per condition and language, correctness in (lang, id) order, and the fact ids of that
     order (one list for every condition: they score the same test items).
@@ -261,32 +256,29 @@ def _items(results: Mapping[str, Any]) -> tuple[dict[str, dict[str, list[bool]]]
 
 
 def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progress: bool) -> dict:
+    """``steer build`` + ``steer eval`` on the repair facts: the vectors built on the build
+    split with the budget's build settings, then
+    :func:`mechlingo.analyses.recall.steer_eval.run_steer_eval` (the call of ``steer eval``)
+    with its split, dev grid and scoring (:func:`mechlingo.card.lu.repair_settings`)."""
     r = cfg["repair"]
-    splits = split_facts(facts, r["split"])
-    build = splits["build"]
-    dev = take_per_lang(splits["dev"], r["dev_per_lang"])
-    test = take_per_lang(splits["test"], r["test_per_lang"])
+    build, dev, test = lu.repair_split(facts, cfg)
     if not (build and dev and test):
-        raise InputError("a split of the repair facts is empty (build, dev or test)",
-                         fix="give more facts (a larger budget or more ids per relation)")  # fmt: skip
-    kw = {"max_new_tokens": r["max_new_tokens"], "batch_size": cfg.get("batch_size", 64),
-          "progress": progress, "metric": lu.metric_of(cfg)}  # fmt: skip
-    vectors = steering.build_steering_vectors(
-        model, build, k_shot=r["k_shot"], translation_shots=r["translation_shots"],
-        batch_size=cfg.get("batch_size", 16), progress=progress,
-    )  # fmt: skip
-    layers = _layers(r["layer_fractions"], int(model.cfg.n_layers))
-    sw = steer_eval.choose_on_dev(
-        model, vectors, dev, pool=build, k_shot=r["k_shot"], test_ids=test,
-        task_layers=layers, diff_layers=layers, task_alphas=r["alphas"], diff_alphas=r["alphas"],
-        top_k=r["top_k"], screen_ids=r["screen_ids"], **kw,
-    )  # fmt: skip
-    res = steer_eval.evaluate_test(
-        model, vectors, sw.choice, test, lowest_language=sw.lowest_language,
-        lowest_rule=sw.lowest_rule, pool=build, k_shot=r["k_shot"], seeds=r["seeds"], **kw,
-    )  # fmt: skip
+        raise InputError(
+            "a split of the repair facts is empty (build, dev or test)",
+            fix="give more facts (a larger budget or more ids per relation)",
+        )
+    build_settings, grid, scoring = lu.repair_settings(cfg, int(model.cfg.n_layers), progress)
+    vectors = steering.build_steering_vectors(model, build, build_settings, progress=progress)
+    split = SplitSettings(tuple(r["split"]), "", r["dev_per_lang"], r["test_per_lang"])
+    run = steer_eval.run_steer_eval(
+        model, facts, vectors, split=split, grid=grid, scoring=scoring, seeds=r["seeds"]
+    )
+    res, sw = run.test, run.search
+    if sw is None:  # a dev search runs whenever no config is fixed
+        raise RuntimeError("the repair stage ran no dev search")
     sweep = sw.to_dict()
     outcomes, ids = _items(res.results)
+    n_ids = {k: len({f.id for f in v}) for k, v in (("build", build), ("dev", dev), ("test", test))}
     return {
         "summary": res.summary(),
         "sweep": {k: v for k, v in sweep.items() if k != "rows"},
@@ -295,9 +287,8 @@ def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progr
         "outcomes": outcomes,
         "ids": ids,
         "items": lu.item_records(res.results),
-        "n_ids": {k: len({f.id for f in v}) for k, v in (("build", build), ("dev", dev),
-                                                          ("test", test))},
-    }  # fmt: skip
+        "n_ids": n_ids,
+    }
 
 
 def _stage_transfer(
@@ -308,21 +299,25 @@ def _stage_transfer(
     progress: bool,
     built: dict[str, Any],
 ) -> dict:
-    """The transfer matrix (``mechlingo.analyses.recall.transfer``, loaded when the stage runs).
+    """The transfer matrix (:func:`mechlingo.analyses.recall.transfer.transfer_matrix`).
 
     ``built`` carries the build statistics from one matrix to the other within a run (the
     same facts and split give the same statistics, so the second matrix does not rebuild
     them); a resumed run that has only one of the two rebuilds."""
-    mod = importlib.import_module("mechlingo.analyses.recall.transfer")
     t = cfg["transfer"]
-    m = dict(t.get("matrix", {}))
-    if "layer_fractions" in m:
-        m["layers"] = _layers(m.pop("layer_fractions"), int(model.cfg.n_layers))
-    tm = mod.transfer_matrix(
-        model, facts, by=by, seed=0, progress=progress, max_new_tokens=t["max_new_tokens"],
-        batch_size=cfg.get("batch_size", 64), stats=built.get("stats"),
-        metric=lu.metric_of(cfg), **m,
-    )  # fmt: skip
+    tm = transfer.transfer_matrix(
+        model,
+        facts,
+        by=by,
+        matrix=lu.matrix_settings(t.get("matrix", {}), int(model.cfg.n_layers)),
+        scoring=ScoringOptions(
+            metric=lu.metric_of(cfg),
+            max_new_tokens=t["max_new_tokens"],
+            batch_size=cfg.get("batch_size", 64),
+            progress=progress,
+        ),
+        stats=built.get("stats"),
+    )
     built["stats"] = tm.stats
     out = tm.to_json()
     out = json.loads(out) if isinstance(out, str) else out

@@ -35,8 +35,15 @@ from typing import Any
 # call.
 from mechlingo.activations.distributed import sharded_scoring
 from mechlingo.analyses.recall import steer_eval, steering, transfer
+from mechlingo.analyses.recall.pooled import balance_relations
+from mechlingo.analyses.recall.settings import (
+    BuildSettings,
+    DevGrid,
+    MatrixSettings,
+    ScoringOptions,
+    SplitSettings,
+)
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
-from mechlingo.analyses.recall.transfer import balance_relations
 from mechlingo.cli.common import (
     UsageError,
     add_data_args,
@@ -67,7 +74,7 @@ from mechlingo.report import write_outputs
 from mechlingo.report.steer import repair_report, transfer_report
 
 ALL_LANGS = "en,de,fr,es,it,pt,ru,zh,ja,ko,ar,hi"
-#: mechlingo.analyses.recall.steer_eval.ALPHA_GRID as flag text (kept here so that `--help` imports no torch)
+#: mechlingo.analyses.recall.settings.ALPHA_GRID as flag text (kept here so that `--help` imports no torch)
 ALPHAS = "0.03,0.063,0.13,0.28,0.6"
 
 
@@ -277,14 +284,7 @@ def _build(args: Any) -> int:
     t0 = time.time()
     try:
         vectors = steering.build_steering_vectors(
-            model,
-            build,
-            k_shot=args.k_shot,
-            subtract_zero_shot=not args.plain_task,
-            unit=args.unit,
-            batch_size=args.batch_size,
-            progress=not args.quiet,
-            translation_shots=args.translation_shots,
+            model, build, _build_settings(args), progress=not args.quiet
         )
     except ValueError as err:
         raise UsageError(str(err)) from err
@@ -336,29 +336,33 @@ def _eval(args: Any) -> int:
     stages = _eval_stages(args, model, facts)
     t0 = time.time()
     result = steer_eval.run_steer_eval(
-        model, facts, vectors, fractions=fractions, salt=args.salt, repeats=args.repeats,
-        dev_per_lang=args.dev_per_lang, test_per_lang=args.test_per_lang,
+        model,
+        facts,
+        vectors,
+        split=SplitSettings(fractions, args.salt, args.dev_per_lang, args.test_per_lang),
+        grid=_dev_grid(args),
+        scoring=_scoring(args),
         config=SteeringConfig(*parse_config(args.config)) if args.config else None,
-        task_layers=parse_ints(args.task_layers, "--task-layers"),
-        diff_layers=parse_ints(args.diff_layers, "--diff-layers"),
-        task_alphas=parse_floats(args.task_alphas, "--task-alphas") or [],
-        diff_alphas=parse_floats(args.diff_alphas, "--diff-alphas") or [],
-        top_k=args.top_k, screen_ids=args.screen_ids, en_tolerance=args.en_tolerance,
-        p_threshold=args.p_threshold, seeds=seeds, max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size, progress=not args.quiet, metric=scorer_from_args(args),
+        seeds=seeds,
+        repeats=args.repeats,
         stages=stages,
-    )  # fmt: skip
+    )
     if args.transfer:  # a stage of its own (named by --transfer, which the key skips)
-        result.transfer = stages.run(f"transfer-{args.transfer}", lambda: transfer.transfer_matrices(
-            model, facts, **_transfer_kw(args, fractions, ids), built=vectors.build))  # fmt: skip
+        result.transfer = stages.run(
+            f"transfer-{args.transfer}",
+            lambda: _transfer(args, model, facts, fractions, ids, vectors.build).summary(),
+        )
     if args.side_effects:
         lines = _side_effect_lines(args, result.test_langs())
         result.add_side_effects(model, lines, batch_size=args.batch_size,
                                 progress=not args.quiet, stages=stages)  # fmt: skip
     meta = run_meta(
-        model, args, vectors=str(args.vectors), build=vectors.build,
+        model,
+        args,
+        vectors=str(args.vectors),
+        build=vectors.build,
         seconds=round(time.time() - t0, 1),
-    )  # fmt: skip
+    )
     summary = result.summary(meta)
     result.write(
         args.out,
@@ -412,13 +416,65 @@ def _transfer_ids(args: Any) -> list[int]:
     return ids
 
 
-def _transfer_kw(args: Any, fractions: tuple, ids: list[int]) -> dict[str, Any]:
-    """The settings of :func:`mechlingo.analyses.recall.transfer.transfer_matrices` from the flags."""
-    return {"by": args.transfer, "cells": args.transfer_cells, "ids": ids,
-            "fractions": fractions, "salt": args.salt, "en_tolerance": args.en_tolerance,
-            "p_threshold": args.p_threshold, "max_new_tokens": args.max_new_tokens,
-            "batch_size": args.batch_size, "progress": not args.quiet,
-            "metric": scorer_from_args(args)}  # fmt: skip
+def _build_settings(args: Any) -> BuildSettings:
+    """``steer build``'s flags as :class:`~mechlingo.analyses.recall.settings.BuildSettings`."""
+    return BuildSettings(
+        k_shot=args.k_shot,
+        translation_shots=args.translation_shots,
+        subtract_zero_shot=not args.plain_task,
+        unit=args.unit,
+        batch_size=args.batch_size,
+    )
+
+
+def _dev_grid(args: Any) -> DevGrid:
+    """``steer eval``'s dev-search flags as :class:`~mechlingo.analyses.recall.settings.DevGrid`."""
+    task_layers = parse_ints(args.task_layers, "--task-layers")
+    diff_layers = parse_ints(args.diff_layers, "--diff-layers")
+    return DevGrid(
+        task_layers=None if task_layers is None else tuple(task_layers),
+        diff_layers=None if diff_layers is None else tuple(diff_layers),
+        task_alphas=tuple(parse_floats(args.task_alphas, "--task-alphas") or []),
+        diff_alphas=tuple(parse_floats(args.diff_alphas, "--diff-alphas") or []),
+        top_k=args.top_k,
+        screen_ids=args.screen_ids,
+        en_tolerance=args.en_tolerance,
+        p_threshold=args.p_threshold,
+    )
+
+
+def _scoring(args: Any) -> ScoringOptions:
+    """The scoring flags as :class:`~mechlingo.analyses.recall.settings.ScoringOptions`."""
+    return ScoringOptions(
+        metric=scorer_from_args(args),
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        progress=not args.quiet,
+    )
+
+
+def _transfer(
+    args: Any, model: Model, facts: list, fractions: tuple, ids: list[int], built: dict | None
+) -> transfer.TransferMatrices:
+    """:func:`mechlingo.analyses.recall.transfer.transfer_matrices` with the flags' settings."""
+    matrix = MatrixSettings(
+        cells=args.transfer_cells,
+        build_ids=ids[0],
+        screen_ids=ids[1],
+        dev_ids=ids[2],
+        test_ids=ids[3],
+        en_tolerance=args.en_tolerance,
+        p_threshold=args.p_threshold,
+    )
+    return transfer.transfer_matrices(
+        model,
+        facts,
+        by=args.transfer,
+        matrix=matrix,
+        built=built,
+        split=SplitSettings(fractions, args.salt),
+        scoring=_scoring(args),
+    )
 
 
 def _transfer_only(args: Any, facts: list, fractions: tuple, ids: list[int]) -> int:
@@ -429,8 +485,10 @@ def _transfer_only(args: Any, facts: list, fractions: tuple, ids: list[int]) -> 
     stages = open_stages(args, model, data, skip=("seeds", "repeats", "transfer", "vectors",
                                                   "side_effects"))  # fmt: skip
     t0 = time.time()
-    matrices = stages.run(f"transfer-{args.transfer}", lambda: transfer.transfer_matrices(
-        model, facts, **_transfer_kw(args, fractions, ids)))  # fmt: skip
+    matrices = stages.run(
+        f"transfer-{args.transfer}",
+        lambda: _transfer(args, model, facts, fractions, ids, None).summary(),
+    )
     summary: dict[str, Any] = {"transfer": matrices}
     summary["meta"] = run_meta(model, args, seconds=round(time.time() - t0, 1))
     write_outputs(args.out, {"summary.json": summary,

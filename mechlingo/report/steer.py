@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mechlingo.analyses.recall.steer_eval import DevSearch, fig_accuracy_ci, fig_headroom, gain_rows
+from mechlingo.analyses.recall.dev_grid import DevSearch
+from mechlingo.analyses.recall.steer_eval import fig_accuracy_ci, fig_headroom, gain_rows
 from mechlingo.analyses.recall.transfer import TransferMatrix, cell_text
 from mechlingo.report.page import Report, fmt_interval
 from mechlingo.scoring.side_effects import SideEffects
@@ -19,7 +20,7 @@ def repair_report(
     measured).
 
     ``summary`` is :meth:`mechlingo.analyses.recall.steer_eval.SteerEvalResult.summary` with ``meta``;
-    ``search`` the :func:`mechlingo.analyses.recall.steer_eval.choose_on_dev` result or ``None``
+    ``search`` the :func:`mechlingo.analyses.recall.dev_grid.choose_on_dev` result or ``None``
     (``--config``); ``side`` a :func:`mechlingo.scoring.side_effects.side_effects` result or
     ``None``.
     """

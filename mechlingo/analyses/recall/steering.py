@@ -21,7 +21,7 @@ is recorded in ``build["unit"]``, in every saved vector's metadata and in the su
 The protocol that chooses layers and scales on dev and reports test accuracy with
 confidence intervals is :mod:`mechlingo.analyses.recall.steer_eval` (what ``mechlingo steer eval`` runs); this
 module builds the vectors and scores fixed
-conditions (:func:`evaluate_conditions`, used for quick looks and for transfer); the facts are
+conditions at one given config (:func:`score_at_config`, a quick look); the facts are
 split by id with :func:`mechlingo.data.splits.split_facts`.
 """
 
@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 
 from mechlingo.activations.means import last_token_means
 from mechlingo.activations.runs import collect
+from mechlingo.analyses.recall.settings import BuildSettings
 from mechlingo.core.errors import ArtifactError, InputError
 from mechlingo.core.faults import derive_seed
 from mechlingo.core.jsonable import finite_or_none
@@ -70,12 +71,11 @@ __all__ = [
     "build_steering_vectors",
     "score_facts",
     "conditions",
-    "evaluate_conditions",
+    "score_at_config",
     "last_token_norms",
-    "lowest_language",
+    "lowest_above_zero",
     "relative_gain",
     "vectors_from_means",
-    "transfer",
 ]
 
 CONDITIONS = ("orig", "task", "diff", "both", "random")
@@ -193,8 +193,10 @@ class SteeringPair:
         build_path = folder / "build.json"
         build = read_json(build_path, ArtifactError, root=folder) if build_path.is_file() else {}
         if not isinstance(build, dict):
-            raise ArtifactError(f"{build_path} does not hold a JSON object",
-                                fix=f"rebuild it with `mechlingo steer build --out {folder}`")  # fmt: skip
+            raise ArtifactError(
+                f"{build_path} does not hold a JSON object",
+                fix=f"rebuild it with `mechlingo steer build --out {folder}`",
+            )
         if "unit" not in build:
             raise ArtifactError(
                 f"{folder} records no unit for its vectors (what alpha is measured in): it "
@@ -287,46 +289,46 @@ def vectors_from_means(
 def build_steering_vectors(
     model: Model,
     facts: Sequence[Fact],
+    settings: BuildSettings | None = None,
     *,
     pool: Sequence[Fact] | None = None,
-    k_shot: int = 3,
-    subtract_zero_shot: bool = True,
-    unit: str = "resid",
-    batch_size: int = 16,
     progress: bool = False,
-    translation_shots: int = 0,
 ) -> SteeringPair:
     """Build both vector stacks from ``facts`` (one streaming pass per prompt set, plus one
-    pass for the residual norms).
+    pass for the residual norms), with ``settings``
+    (:class:`~mechlingo.analyses.recall.settings.BuildSettings`: ``k_shot``,
+    ``translation_shots``, ``subtract_zero_shot``, ``unit``, ``batch_size``).
 
     Args:
         facts: the build facts (their languages and relations are what the vectors are
             "built from"; apply them to others to test transfer).
+        settings: how to build (``None``: the defaults of
+            :class:`~mechlingo.analyses.recall.settings.BuildSettings`). ``subtract_zero_shot`` (default): task vector = few-shot
+            mean minus zero-shot mean instead of the plain few-shot mean. Chosen on dev on
+            the embedded gemma-3-270m (capital, en/fr/ru/ja/hi x 8 dev facts, alpha in
+            residual-norm units; see docs/methods/repair-vectors.md): the plain few-shot mean
+            has cosine 0.94-1.0 with the zero-shot mean at every layer, i.e. it is ~ the mean
+            residual itself (norm ~20 at layer 0 to ~32,000 at layer 17, a few dominant
+            dimensions), so adding it mostly rescales the stream; over layers 4-10 x alphas
+            0.03-0.3 it never beat no intervention on dev (best 0.35 = baseline), while the
+            difference reached 0.375. The difference isolates what the demonstrations
+            change, and a norm-matched random direction at the same place is a fair control
+            for it. ``unit="resid"`` (default): each row is the vector's direction scaled to
+            the mean last-token residual norm at that layer, so ``alpha`` is a fraction of
+            the typical residual norm there; ``"raw"``: the raw mean/difference.
+            ``translation_shots``: solved translation pairs (other facts of ``pool``) before
+            each translation prompt of the diff vector.
         pool: facts to draw few-shot demonstrations from (default ``facts``).
-        k_shot: demonstrations per few-shot prompt.
-        subtract_zero_shot: task vector = few-shot mean minus zero-shot mean (default) instead
-            of the plain few-shot mean. Chosen on dev on the embedded gemma-3-270m (capital,
-            en/fr/ru/ja/hi x 8 dev facts, alpha in residual-norm units; see
-            docs/methods/repair-vectors.md): the plain few-shot mean has cosine 0.94-1.0 with
-            the zero-shot mean at every layer, i.e. it is ~ the mean residual itself (norm ~20
-            at layer 0 to ~32,000 at layer 17, a few dominant dimensions), so adding it mostly
-            rescales the stream; over layers 4-10 x alphas 0.03-0.3 it never beat no
-            intervention on dev (best 0.35 = baseline), while the difference reached 0.375.
-            The difference isolates what the demonstrations change, and a norm-matched random
-            direction at the same place is a fair control for it.
-        unit: ``"resid"`` (default): each row is the vector's direction scaled to the mean
-            last-token residual norm at that layer, so ``alpha`` is a fraction of the
-            typical residual norm there; ``"raw"``: the raw mean/difference.
-        translation_shots: solved translation pairs (other facts of ``pool``) before each
-            translation prompt of the diff vector (``mechlingo steer build`` uses 2).
 
     Returns:
         :class:`SteeringPair`; ``task.vector`` and ``diff.vector`` are ``[n_layers, d_model]``,
         ``build`` records options, prompt counts, ``raw_norms`` and ``resid_norm``.
     """
+    settings = settings or BuildSettings()
     facts = list(facts)
     t0 = time.time()
-    prompts = steering_prompts(facts, pool=pool, k_shot=k_shot, translation_shots=translation_shots)
+    k_shot, shots, batch_size = settings.k_shot, settings.translation_shots, settings.batch_size
+    prompts = steering_prompts(facts, pool=pool, k_shot=k_shot, translation_shots=shots)
     means = {
         name: last_token_means(model, ps, batch_size=batch_size, progress=progress).mean
         for name, ps in prompts.items()
@@ -338,7 +340,7 @@ def build_steering_vectors(
         "relations": sorted({f.relation for f in facts}),
         "n_facts": len({f.id for f in facts}),
         "k_shot": k_shot,
-        "translation_shots": translation_shots,
+        "translation_shots": shots,
         "fact_ids": sorted({f.id for f in facts}),
         "site": "resid_pre",
         "positions": "last",
@@ -346,8 +348,8 @@ def build_steering_vectors(
     out = vectors_from_means(
         means,
         resid_norm,
-        subtract_zero_shot=subtract_zero_shot,
-        unit=unit,
+        subtract_zero_shot=settings.subtract_zero_shot,
+        unit=settings.unit,
         model=model,
         build=build,
     )
@@ -453,12 +455,20 @@ def relative_gain(new: float, old: float) -> float:
     return (new - old) / old
 
 
-def lowest_language(orig: dict[str, float]) -> str | None:
+def lowest_above_zero(orig: dict[str, float]) -> str | None:
     """The language with the lowest ``orig`` accuracy *among those above 0* (ties: the first
     in sorted order); ``None`` if every language is at 0.
 
     Languages at 0 are left out because a relative gain over 0 is undefined (and any single
     correct answer would be an "infinite" gain); their absolute gains are reported instead.
+
+    This is *not* the card's lowest-language rule
+    (:func:`mechlingo.analyses.recall.headroom.lowest_language_rule`), and answers another
+    question: "on which of the scored languages is a relative gain defined and smallest",
+    a description of one set of scored facts for :func:`score_at_config`'s quick look. The
+    card's rule is fixed on dev (headroom: paired zero-shot and few-shot outcomes, ties
+    pooled, never English) before test is scored; this one reads the accuracies it reports
+    on, so it must not back a claim.
     """
     live = [lg for lg in sorted(orig) if orig[lg] > 0]
     return min(live, key=lambda lg: orig[lg]) if live else None
@@ -470,7 +480,7 @@ class ConditionResults:
 
     ``accuracy[condition][lang]``, ``english_rate[condition][lang]`` (answered with the
     English answer instead of the target-language one), ``lowest_language`` (lowest ``orig``
-    accuracy among languages with ``orig`` > 0, see :func:`lowest_language`; ``None`` when
+    accuracy among languages with ``orig`` > 0, see :func:`lowest_above_zero`; ``None`` when
     all are 0), ``relative_gain[condition]`` on that language, ``results`` (the raw
     :class:`~mechlingo.scoring.evaluate.EvalResult` per condition), ``unit``: what the config's
     alphas are measured in (see :func:`build_steering_vectors`).
@@ -532,7 +542,7 @@ class ConditionResults:
         return accuracy_bars(self.accuracy, title)
 
 
-def evaluate_conditions(
+def score_at_config(
     model: Model,
     vectors: SteeringPair,
     config: SteeringConfig,
@@ -545,7 +555,7 @@ def evaluate_conditions(
     progress: bool = False,
 ) -> ConditionResults:
     """Greedy accuracy on ``test_facts`` per language for each condition (see
-    :func:`conditions`); ``lowest_language`` is chosen by :func:`lowest_language` on the
+    :func:`conditions`); ``lowest_language`` is chosen by :func:`lowest_above_zero` on the
     ``orig`` accuracies and ``relative_gain`` is each condition's relative change there (0
     everywhere when no language is above 0)."""
     conds = conditions(vectors, config, seed=seed)
@@ -563,90 +573,12 @@ def evaluate_conditions(
     accuracy = {c: r.accuracy() for c, r in results.items()}
     english = {c: r.english_rate() for c, r in results.items()}
     orig = accuracy.get("orig") or next(iter(accuracy.values()))
-    lowest = lowest_language(orig)
+    lowest = lowest_above_zero(orig)
     gains = {
         c: (0.0 if lowest is None else relative_gain(a[lowest], orig[lowest]))
         for c, a in accuracy.items()
     }
     return ConditionResults(accuracy, english, lowest, gains, results, config, vectors.unit)
-
-
-# --------------------------------------------------------------------------------------
-# Transfer
-# --------------------------------------------------------------------------------------
-
-
-def transfer(
-    model: Model,
-    build_facts: Sequence[Fact],
-    test_facts: Sequence[Fact],
-    config: SteeringConfig,
-    *,
-    build_relations: Sequence[str] | None = None,
-    test_relations: Sequence[str] | None = None,
-    holdout_lang: str | None = None,
-    k_shot: int = 3,
-    subtract_zero_shot: bool = True,
-    unit: str = "resid",
-    max_new_tokens: int = 6,
-    batch_size: int = 32,
-    progress: bool = False,
-) -> dict[str, Any]:
-    """Language/dataset independence: build on some facts, apply to others.
-
-    Vectors are built from ``build_facts`` restricted to ``build_relations`` and without
-    ``holdout_lang``, then applied (with ``config``) to ``test_facts`` restricted to
-    ``test_relations`` (and to ``holdout_lang`` when given). Returns the test accuracy per
-    language of ``orig`` and ``both`` with those transferred vectors, and the build/test
-    selections, so e.g. "built on capital, tested on currency" or "built without Hindi,
-    tested on Hindi" can be read off. Build with the same ``subtract_zero_shot``/``unit`` as
-    the vectors ``config`` was chosen for, or its alphas mean something else.
-    """
-    bf = [
-        f
-        for f in build_facts
-        if (build_relations is None or f.relation in build_relations)
-        and (holdout_lang is None or f.lang != holdout_lang)
-    ]
-    tf = [
-        f
-        for f in test_facts
-        if (test_relations is None or f.relation in test_relations)
-        and (holdout_lang is None or f.lang == holdout_lang)
-    ]
-    if not bf or not tf:
-        raise InputError("the transfer selection leaves no build facts or no test facts")
-    vectors = build_steering_vectors(
-        model,
-        bf,
-        k_shot=k_shot,
-        subtract_zero_shot=subtract_zero_shot,
-        unit=unit,
-        batch_size=batch_size,
-    )
-    res = evaluate_conditions(
-        model,
-        vectors,
-        config,
-        tf,
-        names=("orig", "both"),
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        progress=progress,
-    )
-    return {
-        "built_on": {
-            "relations": sorted({f.relation for f in bf}),
-            "langs": sorted({f.lang for f in bf}),
-        },
-        "tested_on": {
-            "relations": sorted({f.relation for f in tf}),
-            "langs": sorted({f.lang for f in tf}),
-        },
-        "accuracy": res.accuracy,
-        "mean": {c: _mean(a.values()) for c, a in res.accuracy.items()},
-        "answered_in_english": res.english_rate,
-    }
 
 
 def stack_norm(v: Float[Tensor, "layer d_model"]) -> list[float]:

@@ -80,7 +80,11 @@ def default_mid_layers(n_layers: int) -> list[int]:
     """Lens entries ``n // 3 .. n - 2`` (entry ``l`` = after ``l`` blocks): from the end of the
     first third (before it the lens reads mostly the input tokens) up to the entry that still
     has the last two blocks ahead of it (the last blocks do the conversion to the output
-    language, so decoding there is not "mid-network"). For an 18-layer model: 6..16."""
+    language, so decoding there is not "mid-network"). For an 18-layer model: 6..16.
+
+    Not a steering grid: the layers the steering vectors are tried at are
+    :func:`mechlingo.analyses.recall.settings.every_second_layer` (``steer eval``) and
+    :func:`~mechlingo.analyses.recall.settings.layers_at` (the transfer matrix, the card)."""
     return list(range(n_layers // 3, n_layers - 1))
 
 

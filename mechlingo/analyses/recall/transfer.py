@@ -13,7 +13,7 @@ module measures that claim, cell by cell:
   or from every language but L (``"all_but_L"``), chosen on dev without L, and tested on L.
 
 **Layer and alpha are chosen on the dev split of the build relations (languages) only**, by
-the protocol's dev sweep (:func:`mechlingo.analyses.recall.steer_eval.choose_on_dev`: "no intervention" is a
+the protocol's dev sweep (:func:`mechlingo.analyses.recall.dev_grid.choose_on_dev`: "no intervention" is a
 candidate that an exact McNemar test must beat), never on the test relation or language.
 Each cell then scores, on the test split of its column (non-English items only):
 
@@ -25,8 +25,8 @@ Each cell then scores, on the test split of its column (non-English items only):
 * ``vs_control_p``: exact McNemar of the intervention against the control.
 
 **Building once.** The vectors of every row are means over prompt sets, so the build facts
-are run once, per (relation, language) group (:func:`group_stats`), and each row's vectors
-are the pooled means of its groups (:func:`pooled_vectors`): exactly what
+are run once, per (relation, language) group (:func:`mechlingo.analyses.recall.pooled.group_stats`), and each row's vectors
+are the pooled means of its groups (:func:`mechlingo.analyses.recall.pooled.pooled_vectors`): exactly what
 :func:`mechlingo.analyses.recall.steering.build_steering_vectors` gives on the same facts (tested), at
 the cost of one build instead of one per row. Demonstrations (few-shot and translation) are
 drawn from the same relation's build facts only, so a group's prompts never contain another
@@ -38,37 +38,36 @@ it unchanged (e.g. a ``metric=``).
 
 from __future__ import annotations
 
-import hashlib
 import html
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-import torch
-from jaxtyping import Float, Int
-from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.runs import collect
-from mechlingo.analyses.recall import steer_eval
-from mechlingo.analyses.recall.steer_eval import LeakError, check_disjoint
-from mechlingo.analyses.recall.steering import (
-    SteeringConfig,
-    SteeringPair,
-    vectors_from_means,
+from mechlingo.analyses.recall import dev_grid, pooled
+from mechlingo.analyses.recall import headroom as hm
+from mechlingo.analyses.recall.headroom import LeakError, check_disjoint
+from mechlingo.analyses.recall.pooled import GroupStats, balance_relations, group_stats, spread
+from mechlingo.analyses.recall.settings import (
+    BuildSettings,
+    DevGrid,
+    MatrixSettings,
+    ScoringOptions,
+    SplitSettings,
+    matrix_layers,
 )
+from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
+from mechlingo.analyses.results import WritesFolder
 from mechlingo.core.errors import InputError
-from mechlingo.core.sites import resolve_layers, resolve_site
-from mechlingo.core.tokens import encode, sorted_batches
 from mechlingo.core.types import Model
-from mechlingo.data import RELATIONS, Fact, few_shot_prompt, translation_prompt
+from mechlingo.data import RELATIONS, Fact
 from mechlingo.data.splits import split_facts
 from mechlingo.interventions import Compose, Intervention, SteeringVector, random_like
 from mechlingo.kernels.significance import Interval, mcnemar, paired_gain
 from mechlingo.scoring.evaluate import EvalResult
-from mechlingo.scoring.scorers import Scorer
 from mechlingo.viz.steer import transfer_heatmap
 
 if TYPE_CHECKING:
@@ -76,246 +75,11 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 __all__ = [
-    "MATRIX_ALPHAS",
-    "GroupStats",
+    "TransferMatrices",
     "TransferMatrix",
-    "balance_relations",
-    "group_stats",
-    "matrix_layers",
-    "pooled_vectors",
     "transfer_matrices",
     "transfer_matrix",
 ]
-
-#: alphas the matrix's dev choice tries (residual-norm units): the upper half of
-#: :data:`mechlingo.analyses.recall.steer_eval.ALPHA_GRID`
-MATRIX_ALPHAS = (0.13, 0.28, 0.6)
-PROMPT_SETS = ("few_shot", "zero_shot", "translation")
-
-
-def _rank(key: str) -> float:
-    h = hashlib.sha256(key.encode("utf-8")).digest()
-    return int.from_bytes(h[:8], "big") / 2**64
-
-
-def matrix_layers(n_layers: int) -> list[int]:
-    """The layers the matrix's dev choice tries: about 35%, 55% and 75% of the depth
-    (6, 10, 14 of 18): the middle layers where the paper injects the task vector and the
-    late ones of the back-translation vector, in three points to keep the choice cheap."""
-    out = sorted({min(n_layers - 1, max(0, round(f * n_layers))) for f in (0.35, 0.55, 0.75)})
-    return out
-
-
-# --------------------------------------------------------------------------------------
-# Balanced selections
-# --------------------------------------------------------------------------------------
-
-
-def _ids_by_relation(facts: Iterable[Fact]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for f in facts:
-        ids = out.setdefault(f.relation, [])
-        if f.id not in ids:
-            ids.append(f.id)
-    return {r: sorted(ids, key=lambda i: _rank(f"matrix|{i}")) for r, ids in out.items()}
-
-
-def balance_relations(facts: Sequence[Fact], n: int | None = None) -> list[Fact]:
-    """The same number of fact ids from every relation: ``n`` each, or (``None``) as many
-    as the smallest relation has; the same ids in every language (ids picked by a hash)."""
-    by_rel = _ids_by_relation(facts)
-    if not by_rel:
-        return []
-    k = min(len(v) for v in by_rel.values()) if n is None else int(n)
-    if k < 1:
-        raise InputError(f"at least one fact id per relation is needed, got {k}")
-    keep = {i for ids in by_rel.values() for i in ids[:k]}
-    return [f for f in facts if f.id in keep]
-
-
-def _spread(facts: Sequence[Fact], n_ids: int) -> list[Fact]:
-    """``n_ids`` fact ids in all, spread evenly over the relations (round robin)."""
-    by_rel = _ids_by_relation(facts)
-    order = [by_rel[r] for r in sorted(by_rel)]
-    keep: list[str] = []
-    depth = 0
-    while len(keep) < n_ids and any(depth < len(ids) for ids in order):
-        for ids in order:
-            if depth < len(ids) and len(keep) < n_ids:
-                keep.append(ids[depth])
-        depth += 1
-    chosen = set(keep)
-    return [f for f in facts if f.id in chosen]
-
-
-# --------------------------------------------------------------------------------------
-# Building once: per-(relation, language) sums of the three prompt sets
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class GroupStats:
-    """Sums of last-token ``resid_pre`` per (relation, language) group and prompt set.
-
-    Attributes:
-        groups: the ``(relation, lang)`` keys, in row order of the tensors.
-        sums: ``{set: [group, layer, d_model]}`` float64 sums (``few_shot``, ``zero_shot``,
-            ``translation``).
-        counts: ``{set: [group]}`` prompt counts.
-        norm_sums: ``[group, layer]`` sums of the zero-shot residual norms (the unit).
-        fact_ids: the build fact ids of each group.
-        options: ``k_shot`` and ``translation_shots``.
-    """
-
-    groups: list[tuple[str, str]]
-    sums: dict[str, Float[Tensor, "group layer d_model"]]
-    counts: dict[str, Int[Tensor, " group"]]
-    norm_sums: Float[Tensor, "group layer"]
-    fact_ids: dict[tuple[str, str], list[str]]
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-def _group_prompts(
-    facts: Sequence[Fact], k_shot: int, translation_shots: int
-) -> dict[str, list[tuple[str, int]]]:
-    """``{set: [(prompt, group index)]}``; demonstrations from the same relation only."""
-    groups = sorted({(f.relation, f.lang) for f in facts})
-    index = {g: i for i, g in enumerate(groups)}
-    pools: dict[str, list[Fact]] = {}
-    for f in facts:
-        pools.setdefault(f.relation, []).append(f)
-    out: dict[str, list[tuple[str, int]]] = {s: [] for s in PROMPT_SETS}
-    for f in facts:
-        g = index[(f.relation, f.lang)]
-        pool = pools[f.relation]
-        out["zero_shot"].append((f.prompt, g))
-        try:
-            out["few_shot"].append((few_shot_prompt(f, pool, k=k_shot, seed=0), g))
-        except ValueError:
-            pass  # too few demonstrations of this relation and language
-        if f.lang != "en" and f.answer_en:
-            try:
-                p = translation_prompt(f, src="en", k=translation_shots, pool=pool, seed=0)
-                out["translation"].append((p, g))
-            except ValueError:
-                pass
-    return out
-
-
-def _group_sums(
-    model: Model,
-    items: Sequence[tuple[str, int]],
-    n_groups: int,
-    *,
-    batch_size: int,
-    norms: bool = False,
-    progress: bool = False,
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Per-group float64 sums of the last-token ``resid_pre`` at every layer, the counts,
-    and (``norms``) the per-group sums of their L2 norms."""
-    names = [resolve_site(model, "resid_pre", i).hook_name for i in resolve_layers(model, None)]
-    d = int(model.cfg.d_model)
-    sums = torch.zeros(n_groups, len(names), d, dtype=torch.float64)
-    counts = torch.zeros(n_groups, dtype=torch.long)
-    nsum = torch.zeros(n_groups, len(names), dtype=torch.float64) if norms else None
-    if not items:
-        return sums, counts, nsum
-    batch = encode(model, [p for p, _ in items])
-    gidx = torch.tensor([g for _, g in items], dtype=torch.long)
-    for rows in tqdm(sorted_batches(batch.lengths, batch_size), disable=not progress):
-        acts = collect(model, batch.select(rows), names)
-        x = torch.stack([acts[n].double().cpu() for n in names], dim=1)  # [b, layer, d]
-        g = gidx[rows]
-        sums.index_add_(0, g, x)
-        counts.index_add_(0, g, torch.ones_like(g))
-        if nsum is not None:
-            nsum.index_add_(0, g, x.norm(dim=-1))
-    return sums, counts, nsum
-
-
-def group_stats(
-    model: Model,
-    facts: Sequence[Fact],
-    *,
-    k_shot: int = 3,
-    translation_shots: int = 2,
-    batch_size: int = 16,
-    progress: bool = False,
-) -> GroupStats:
-    """Run the build facts once: per (relation, language) sums of the three prompt sets'
-    last-token residuals and of the zero-shot norms, from which :func:`pooled_vectors`
-    makes the vectors of any selection of relations and languages."""
-    facts = list(facts)
-    if not facts:
-        raise InputError("no build facts")
-    groups = sorted({(f.relation, f.lang) for f in facts})
-    prompts = _group_prompts(facts, k_shot, translation_shots)
-    sums, counts = {}, {}
-    norm_sums = None
-    for name in PROMPT_SETS:
-        s, c, n = _group_sums(model, prompts[name], len(groups), batch_size=batch_size,
-                              norms=name == "zero_shot", progress=progress)  # fmt: skip
-        sums[name], counts[name] = s, c
-        if n is not None:
-            norm_sums = n
-    assert norm_sums is not None
-    ids: dict[tuple[str, str], list[str]] = {g: [] for g in groups}
-    for f in facts:
-        ids[(f.relation, f.lang)].append(f.id)
-    opts = {"k_shot": k_shot, "translation_shots": translation_shots}
-    return GroupStats(groups, sums, counts, norm_sums, ids, opts)
-
-
-def pooled_vectors(
-    stats: GroupStats,
-    *,
-    relations: Iterable[str] | None = None,
-    langs: Iterable[str] | None = None,
-    subtract_zero_shot: bool = True,
-    unit: str = "resid",
-    model: Model | None = None,
-) -> SteeringPair:
-    """The two vector stacks built from the groups of ``relations`` x ``langs`` only (every
-    one by default): the pooled means of their prompt sets, as
-    :func:`~mechlingo.analyses.recall.steering.build_steering_vectors` would build them from those facts
-    (with demonstrations from the same relation). ``build["fact_ids"]``,
-    ``build["relations"]`` and ``build["langs"]`` record what went in."""
-    rel = None if relations is None else set(relations)
-    lg = None if langs is None else set(langs)
-    sel = [
-        i
-        for i, (r, la) in enumerate(stats.groups)
-        if (rel is None or r in rel) and (lg is None or la in lg)
-    ]
-    if not sel:
-        raise InputError(f"no build group for relations {rel} and languages {lg}")
-    idx = torch.tensor(sel, dtype=torch.long)
-    means, n_prompts = {}, {}
-    for name in PROMPT_SETS:
-        n = int(stats.counts[name][idx].sum())
-        if n == 0:
-            raise InputError(f"no {name} prompt in the selected build groups: they need "
-                             "more build facts (k_shot + 1 per relation and language)")  # fmt: skip
-        means[name] = stats.sums[name][idx].sum(0) / n
-        n_prompts[name] = n
-    resid_norm = stats.norm_sums[idx].sum(0) / n_prompts["zero_shot"]
-    keys = [stats.groups[i] for i in sel]
-    build = {
-        "n_prompts": n_prompts,
-        "langs": sorted({la for _, la in keys}),
-        "relations": [r for r in RELATIONS if r in {r for r, _ in keys}]
-        + sorted({r for r, _ in keys} - set(RELATIONS)),
-        "n_facts": len({i for k in keys for i in stats.fact_ids[k]}),
-        "fact_ids": sorted({i for k in keys for i in stats.fact_ids[k]}),
-        "balanced": "same number of fact ids per relation",
-        "demonstrations": "same relation (few-shot: same relation and language)",
-        "site": "resid_pre",
-        "positions": "last",
-        **stats.options,
-    }
-    return vectors_from_means(means, resid_norm, subtract_zero_shot=subtract_zero_shot,
-                              unit=unit, model=model, build=build)  # fmt: skip
-
 
 # --------------------------------------------------------------------------------------
 # The result
@@ -361,9 +125,16 @@ class TransferMatrix:
     def to_json(self) -> dict[str, Any]:
         """Everything, JSON-ready."""
         return _json_safe(
-            {"by": self.by, "rows": self.rows, "cols": self.cols, "cells": self.cells,
-             "choices": self.choices, "meta": self.meta, "summary": self.summary()}
-        )  # fmt: skip
+            {
+                "by": self.by,
+                "rows": self.rows,
+                "cols": self.cols,
+                "cells": self.cells,
+                "choices": self.choices,
+                "meta": self.meta,
+                "summary": self.summary(),
+            }
+        )
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per cell, the intervals flattened (``gain``, ``gain_lo``, ``gain_hi``...)."""
@@ -487,8 +258,11 @@ def _held_out_check(
 ) -> None:
     """Raise :class:`LeakError` if a build or choice step of ``row`` received a fact of a
     relation or language outside the row's own (so never the held-out one)."""
-    bad = [f"{f.id}:{f.lang}" for f in facts if f.relation not in row.relations
-           or f.lang not in row.langs]  # fmt: skip
+    bad = [
+        f"{f.id}:{f.lang}"
+        for f in facts
+        if f.relation not in row.relations or f.lang not in row.langs
+    ]
     rel = relation_of or {}
     bad += [i for i in ids if rel.get(i, i.split("/")[0]) not in row.relations]
     bad += [f"language {x}" for x in langs if x not in row.langs]
@@ -539,36 +313,50 @@ def _cell_stats(orig: EvalResult, steered: EvalResult, control: EvalResult, seed
         "control_gain": _g(paired_gain(o, c, seed=seed)),
         "control_p": mc["p"],
         "vs_control_p": mcnemar(c, s)["p"],
-        "accuracy": {k: sum(v) / len(v) if v else None
-                     for k, v in (("orig", o), ("steered", s), ("control", c))},
-        "items": {"ids": [r["id"] for r in sorted(orig.records, key=lambda r: (r["id"], r["lang"]))
-                          if r["lang"] != "en"], "orig": o, "steered": s, "control": c},
-    }  # fmt: skip
+        "accuracy": {
+            k: sum(v) / len(v) if v else None
+            for k, v in (("orig", o), ("steered", s), ("control", c))
+        },
+        "items": {
+            "ids": [
+                r["id"]
+                for r in sorted(orig.records, key=lambda r: (r["id"], r["lang"]))
+                if r["lang"] != "en"
+            ],
+            "orig": o,
+            "steered": s,
+            "control": c,
+        },
+    }
 
 
-@dataclass
-class _Budget:
-    build_ids: int
-    screen_ids: int
-    dev_ids: int
-    test_ids: int
-    layers: list[int]
-    alphas: list[float]
-    top_k: int
-    en_tolerance: float
-    p_threshold: float
-
-
-def _choose(model: Model, vectors: SteeringPair, dev: list[Fact], test: list[Fact],
-            b: _Budget, kw: dict[str, Any]) -> steer_eval.Choice:  # fmt: skip
-    """The protocol's dev sweep on the row's dev facts with the matrix's grid."""
-    res = steer_eval.choose_on_dev(
-        model, vectors, dev, task_layers=b.layers, diff_layers=b.layers,
-        task_alphas=b.alphas, diff_alphas=b.alphas, top_k=b.top_k,
-        screen_ids=b.screen_ids, en_tolerance=b.en_tolerance, p_threshold=b.p_threshold,
-        test_ids=test, **kw,
-    )  # fmt: skip
-    return res.choice
+def _choose(
+    model: Model,
+    vectors: SteeringPair,
+    dev: list[Fact],
+    test: list[Fact],
+    m: MatrixSettings,
+    kw: dict[str, Any],
+) -> dev_grid.Choice:
+    """The protocol's dev sweep on the row's dev facts with the matrix's grid (``m.layers``
+    already resolved)."""
+    grid = DevGrid(
+        task_layers=m.layers,
+        diff_layers=m.layers,
+        task_alphas=m.alphas,
+        diff_alphas=m.alphas,
+        top_k=m.top_k,
+        screen_ids=m.screen_ids,
+        en_tolerance=m.en_tolerance,
+        p_threshold=m.p_threshold,
+    )
+    kw = dict(kw)
+    scoring = ScoringOptions(
+        kw.pop("metric", "generate"), kw.pop("max_new_tokens"), kw.pop("batch_size")
+    )
+    return dev_grid.choose_on_dev(
+        model, vectors, dev, grid=grid, scoring=scoring, test_ids=test, **kw
+    ).choice
 
 
 def transfer_matrix(
@@ -577,26 +365,10 @@ def transfer_matrix(
     *,
     by: str = "relation",
     held_out: Sequence[str] | None = None,
-    cells: str = "full",
-    build_ids: int | None = 16,
-    screen_ids: int = 4,
-    dev_ids: int = 12,
-    test_ids: int = 8,
-    layers: Sequence[int] | None = None,
-    alphas: Sequence[float] = MATRIX_ALPHAS,
-    top_k: int = 1,
-    k_shot: int = 3,
-    translation_shots: int = 2,
-    subtract_zero_shot: bool = True,
-    unit: str = "resid",
-    fractions: Sequence[float] = (0.4, 0.2, 0.4),
-    salt: str = "",
-    en_tolerance: float = 0.05,
-    p_threshold: float = 0.1,
-    seed: int = 0,
-    max_new_tokens: int = 6,
-    batch_size: int = 64,
-    progress: bool = False,
+    matrix: MatrixSettings | None = None,
+    build: BuildSettings | None = None,
+    split: SplitSettings | None = None,
+    scoring: ScoringOptions | None = None,
     on_cell: Callable[[dict[str, Any]], None] | None = None,
     stats: GroupStats | None = None,
     **score_kw: Any,
@@ -605,71 +377,148 @@ def transfer_matrix(
 
     Args:
         facts: every relation and language to use, English included (it is the dev
-            constraint: English may not drop by more than ``en_tolerance``); split by id
-            into build/dev/test with ``fractions`` and ``salt``.
+            constraint: English may not drop by more than ``matrix.en_tolerance``); split by
+            id into build/dev/test with ``split.fractions`` and ``split.salt``.
         by: ``"relation"`` (rows all / all_but_R / only_A, columns the test relation) or
             ``"lang"`` (rows all / all_but_L, columns the non-English test language).
         held_out: the columns (default: every relation, or every non-English language).
-        cells: ``"full"`` (default; ``only_A`` on every column) or ``"diagonal"``
-            (``only_R`` on R only).
-        build_ids: build fact ids per relation (the same in every relation; ``None``: as
-            many as the smallest relation has).
-        screen_ids, dev_ids: fact ids (x every build language) of each row's dev screen and
-            dev split, spread evenly over the row's relations.
-        test_ids: test fact ids per column relation (x every non-English test language).
-        layers, alphas: the dev grid of both vectors (default :func:`matrix_layers`,
-            :data:`MATRIX_ALPHAS`); ``top_k``: settings of each re-scored on the dev split.
-        seed: seed of the random control and of the bootstrap.
+        matrix: the sizes and the dev grid
+            (:class:`~mechlingo.analyses.recall.settings.MatrixSettings`: ``cells``,
+            ``build_ids``, ``screen_ids``, ``dev_ids``, ``test_ids``, ``layers`` (default
+            :func:`~mechlingo.analyses.recall.settings.matrix_layers`), ``alphas``,
+            ``top_k``, ``en_tolerance``, ``p_threshold``, ``seed`` of the random control and
+            the bootstrap).
+        build: how each row's vectors are built
+            (:class:`~mechlingo.analyses.recall.settings.BuildSettings`).
+        scoring: how every item is scored
+            (:class:`~mechlingo.analyses.recall.settings.ScoringOptions`).
         on_cell: called with each cell as soon as it is measured (e.g. to save progress).
         stats: the build statistics of an earlier call on the same facts and split
             (``TransferMatrix.stats``), to run the other ``by`` without building again;
             checked to hold exactly this call's build fact ids.
         **score_kw: passed to every scoring call (the protocol's scoring function).
 
+    A settings object left out (``None``) takes its class's defaults.
+
     Returns:
         :class:`TransferMatrix`.
     """
+    matrix = matrix or MatrixSettings()
+    build = build or BuildSettings()
+    split = split or SplitSettings()
+    scoring = scoring or ScoringOptions()
     t0 = time.time()
     facts = list(facts)
-    relations, langs, held = _axes(facts, by, held_out, cells)
+    relations, langs, held = _axes(facts, by, held_out, matrix.cells)
+    k_shot, build_ids = build.k_shot, matrix.build_ids
     if build_ids is not None and build_ids <= k_shot:
-        raise InputError(f"build_ids={build_ids}: few-shot prompts of k_shot={k_shot} need at "
-                         f"least {k_shot + 1} build fact ids per relation")  # fmt: skip
-    b = _Budget(build_ids or 0, screen_ids, dev_ids, test_ids,
-                list(layers or matrix_layers(int(model.cfg.n_layers))), list(alphas), top_k,
-                en_tolerance, p_threshold)  # fmt: skip
-    splits = split_facts(facts, fractions, salt=salt)
-    build = balance_relations(splits["build"], build_ids)
+        raise InputError(
+            f"build_ids={build_ids}: few-shot prompts of k_shot={k_shot} need at "
+            f"least {k_shot + 1} build fact ids per relation"
+        )
+    m = replace(matrix, layers=tuple(matrix.layers or matrix_layers(int(model.cfg.n_layers))))
+    splits = split_facts(facts, split.fractions, salt=split.salt)
+    built = balance_relations(splits["build"], build_ids)
     if stats is None:
-        stats = group_stats(model, build, k_shot=k_shot, translation_shots=translation_shots,
-                            batch_size=16, progress=progress)  # fmt: skip
+        stats = group_stats(
+            model,
+            built,
+            k_shot=k_shot,
+            translation_shots=build.translation_shots,
+            batch_size=build.batch_size,
+            progress=scoring.progress,
+        )
     else:
-        _check_stats(stats, build, k_shot, translation_shots)
-    run = _Run(model, by, b, {"max_new_tokens": max_new_tokens, "batch_size": batch_size,
-                              **score_kw}, seed, on_cell)  # fmt: skip
+        _check_stats(stats, built, k_shot, build.translation_shots)
+    kw = {
+        "max_new_tokens": scoring.max_new_tokens,
+        "batch_size": scoring.batch_size,
+        "metric": scoring.metric,
+        **score_kw,
+    }
+    run = _Run(model, by, m, kw, on_cell)
     run.relation_of = {f.id: f.relation for f in facts}
     run.dev = splits["dev"]
-    run.tests = {c: _column_test(splits["test"], by, c, test_ids) for c in held}
-    rows = _rows(by, relations, langs, held, cells)
-    for row in tqdm(rows, desc="transfer rows", disable=not progress):
-        vectors = pooled_vectors(stats, relations=row.relations, langs=row.langs,
-                                 subtract_zero_shot=subtract_zero_shot, unit=unit,
-                                 model=model)  # fmt: skip
+    run.tests = {c: _column_test(splits["test"], by, c, m.test_ids) for c in held}
+    rows = _rows(by, relations, langs, held, m.cells)
+    for row in tqdm(rows, desc="transfer rows", disable=not scoring.progress):
+        vectors = pooled.pooled_vectors(
+            stats,
+            relations=row.relations,
+            langs=row.langs,
+            subtract_zero_shot=build.subtract_zero_shot,
+            unit=build.unit,
+            model=model,
+        )
         run.row(row, vectors)
-    meta = {
-        "by": by, "held_out": held, "cells": cells, "relations": relations, "langs": langs,
-        "build_ids_per_relation": len({f.id for f in build}) // max(1, len(relations)),
-        "screen_ids": screen_ids, "dev_ids": dev_ids, "test_ids": test_ids,
-        "layers": b.layers, "alphas": b.alphas, "top_k": top_k, "k_shot": k_shot,
-        "translation_shots": translation_shots, "unit": unit, "fractions": list(fractions),
-        "salt": salt, "seed": seed, "max_new_tokens": max_new_tokens,
-        "score_kw": {k: repr(v) for k, v in score_kw.items()},
-        "test_items": "non-English test items of the column",
-        "seconds": round(time.time() - t0, 1),
-    }  # fmt: skip
+    axes = {"by": by, "held_out": held, "cells": m.cells, "relations": relations, "langs": langs}
+    meta = _matrix_meta(axes, len({f.id for f in built}), m, build, split, scoring, score_kw)
+    meta["seconds"] = round(time.time() - t0, 1)
     out = TransferMatrix(by, run.cells, [r.name for r in rows], held, run.choices, meta)
     out.stats = stats
     return out
+
+
+def _matrix_meta(
+    axes: dict[str, Any],
+    n_build_ids: int,
+    m: MatrixSettings,
+    build: BuildSettings,
+    split: SplitSettings,
+    scoring: ScoringOptions,
+    score_kw: dict[str, Any],
+) -> dict[str, Any]:
+    """The ``meta`` of a :class:`TransferMatrix`: its axes and every setting it ran with."""
+    return {
+        **axes,
+        "build_ids_per_relation": n_build_ids // max(1, len(axes["relations"])),
+        "screen_ids": m.screen_ids,
+        "dev_ids": m.dev_ids,
+        "test_ids": m.test_ids,
+        "layers": list(m.layers or ()),
+        "alphas": list(m.alphas),
+        "top_k": m.top_k,
+        "k_shot": build.k_shot,
+        "translation_shots": build.translation_shots,
+        "unit": build.unit,
+        "fractions": list(split.fractions),
+        "salt": split.salt,
+        "seed": m.seed,
+        "max_new_tokens": scoring.max_new_tokens,
+        "score_kw": {k: repr(v) for k, v in _given(scoring, score_kw).items()},
+        "test_items": "non-English test items of the column",
+    }
+
+
+def _given(scoring: ScoringOptions, score_kw: dict[str, Any]) -> dict[str, Any]:
+    """The scoring keywords a caller gave (the metric when it is not the default name)."""
+    given = {} if scoring.metric == ScoringOptions.metric else {"metric": scoring.metric}
+    return {**given, **score_kw}
+
+
+@dataclass
+class TransferMatrices(WritesFolder):
+    """The transfer matrices of ``steer eval --transfer`` (:func:`transfer_matrices`): one
+    :class:`TransferMatrix` per kind (``"relation"``, ``"lang"``), and ``notes`` for a kind
+    the facts cannot give."""
+
+    matrices: dict[str, TransferMatrix]
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """``{"notes": [...], "relation": matrix JSON, "lang": matrix JSON}`` (each
+        :meth:`TransferMatrix.to_json`): what ``summary.json`` holds under ``"transfer"``."""
+        out: dict[str, Any] = {"notes": list(self.notes)}
+        for kind, m in self.matrices.items():
+            out[kind] = m.to_json()
+        return out
+
+    def files(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``{"summary.json": {"transfer": summary, "meta": meta}}`` (``meta`` when given)."""
+        doc: dict[str, Any] = {"transfer": self.summary()}
+        if meta is not None:
+            doc["meta"] = meta
+        return {"summary.json": doc}
 
 
 def transfer_matrices(
@@ -677,53 +526,48 @@ def transfer_matrices(
     facts: Sequence[Fact],
     *,
     by: str = "both",
-    cells: str = "full",
-    ids: Sequence[int] = (16, 4, 12, 8),
-    built: dict[str, Any] | None = None,
-    fractions: Sequence[float] = (0.4, 0.2, 0.4),
-    salt: str = "",
-    en_tolerance: float = 0.05,
-    p_threshold: float = 0.1,
-    max_new_tokens: int = 6,
-    batch_size: int = 64,
-    progress: bool = False,
-    metric: str | Scorer = "generate",
-) -> dict[str, Any]:
+    matrix: MatrixSettings | None = None,
+    built: Mapping[str, Any] | None = None,
+    split: SplitSettings | None = None,
+    scoring: ScoringOptions | None = None,
+) -> TransferMatrices:
     """The transfer matrices of ``steer eval --transfer``: ``by`` relation, language or
-    ``"both"`` (one :func:`transfer_matrix` each, the build statistics shared), each as its
-    :meth:`TransferMatrix.to_json` under ``"relation"``/``"lang"``, and ``"notes"`` for a
-    matrix the facts cannot give (one relation; fewer than two languages besides English).
+    ``"both"`` (one :func:`transfer_matrix` each with ``matrix``, ``split`` and ``scoring``,
+    the build statistics shared), with a note for a matrix the facts cannot give (one
+    relation; fewer than two languages besides English).
 
-    ``ids``: build ids per relation, dev screen ids, dev ids and test ids per relation of a
-    column. ``built``: the ``build`` record of the vectors being evaluated (their
-    ``k_shot``, ``translation_shots``, ``subtract_zero_shot`` and ``unit`` are used; the
-    defaults without one). ``metric``: a metric name or a
-    :class:`~mechlingo.scoring.scorers.Scorer`.
+    ``built``: the ``build`` record of the vectors being evaluated (their build settings,
+    :meth:`~mechlingo.analyses.recall.settings.BuildSettings.of`, are used; the defaults
+    without one).
     """
-    built = built or {}
+    matrix = matrix or MatrixSettings()
+    split = split or SplitSettings()
+    scoring = scoring or ScoringOptions()
+    settings = BuildSettings.of(built or {})
     kinds = ["relation", "lang"] if by == "both" else [by]
-    out: dict[str, Any] = {"notes": []}
+    out = TransferMatrices({})
     stats = None  # built once, shared by both matrices
     for kind in kinds:
         if kind == "relation" and len({f.relation for f in facts}) < 2:
-            out["notes"].append("by relation: skipped, the facts have one relation (add "
-                                "--relation all)")  # fmt: skip
+            out.notes.append(
+                "by relation: skipped, the facts have one relation (add --relation all)"
+            )
             continue
         if kind == "lang" and len({f.lang for f in facts} - {"en"}) < 2:
-            out["notes"].append("by language: skipped, it needs English and 2+ other languages")
+            out.notes.append("by language: skipped, it needs English and 2+ other languages")
             continue
-        matrix = transfer_matrix(
-            model, facts, by=kind, cells=cells, build_ids=ids[0], screen_ids=ids[1],
-            dev_ids=ids[2], test_ids=ids[3], k_shot=int(built.get("k_shot", 3)),
-            translation_shots=int(built.get("translation_shots", 2)),
-            subtract_zero_shot=bool(built.get("subtract_zero_shot", True)),
-            unit=str(built.get("unit", "resid")), fractions=fractions, salt=salt,
-            en_tolerance=en_tolerance, p_threshold=p_threshold,
-            max_new_tokens=max_new_tokens, batch_size=batch_size,
-            progress=progress, stats=stats, metric=metric,
-        )  # fmt: skip
-        stats = matrix.stats
-        out[kind] = matrix.to_json()
+        m = transfer_matrix(
+            model,
+            facts,
+            by=kind,
+            matrix=matrix,
+            build=settings,
+            split=split,
+            scoring=scoring,
+            stats=stats,
+        )
+        stats = m.stats
+        out.matrices[kind] = m
     return out
 
 
@@ -765,10 +609,16 @@ def _axes(
 class _Run:
     """The rows of one matrix: each row's checks, dev choice and test cells."""
 
-    def __init__(self, model: Model, by: str, budget: _Budget, kw: dict[str, Any], seed: int,
-                 on_cell: Callable[[dict[str, Any]], None] | None) -> None:  # fmt: skip
-        self.model, self.by, self.budget, self.kw = model, by, budget, kw
-        self.seed, self.on_cell = seed, on_cell
+    def __init__(
+        self,
+        model: Model,
+        by: str,
+        matrix: MatrixSettings,
+        kw: dict[str, Any],
+        on_cell: Callable[[dict[str, Any]], None] | None,
+    ) -> None:
+        self.model, self.by, self.budget, self.kw = model, by, matrix, kw
+        self.seed, self.on_cell = matrix.seed, on_cell
         self.relation_of: dict[str, str] = {}
         self.dev: list[Fact] = []
         self.tests: dict[str, list[Fact]] = {}
@@ -780,26 +630,34 @@ class _Run:
         self, facts: Sequence[Fact], iv: Intervention | None | dict[str, Intervention | None]
     ) -> Any:
         """``facts`` scored under ``iv``, or under every condition of a mapping at once
-        (:func:`mechlingo.analyses.recall.steer_eval._score`)."""
-        return steer_eval._score(self.model, facts, iv, **self.kw)
+        (:func:`mechlingo.analyses.recall.headroom.score`)."""
+        return hm.score(self.model, facts, iv, **self.kw)
 
     def row(self, row: _Row, vectors: SteeringPair) -> None:
         """Check what the row was built on, choose on its dev facts, score its cells."""
         all_test = [f for t in self.tests.values() for f in t]
         col_test = [f for c in row.cols for f in self.tests[c]]
-        check_disjoint(f"building the vectors of row {row.name}", vectors.build["fact_ids"],
-                       all_test)  # fmt: skip
-        _held_out_check("building", row, ids=vectors.build["fact_ids"],
-                        langs=vectors.build["langs"], relation_of=self.relation_of)  # fmt: skip
+        check_disjoint(
+            f"building the vectors of row {row.name}", vectors.build["fact_ids"], all_test
+        )
+        _held_out_check(
+            "building",
+            row,
+            ids=vectors.build["fact_ids"],
+            langs=vectors.build["langs"],
+            relation_of=self.relation_of,
+        )
         dev = _row_dev(self.dev, row, self.budget.dev_ids)
         _held_out_check("the dev choice", row, facts=dev)
         check_disjoint(f"the dev choice of row {row.name}", dev, all_test)
         choice = _choose(self.model, vectors, dev, col_test, self.budget, self.kw)
         self.choices[row.name] = {
-            "relations": list(row.relations), "langs": list(row.langs),
-            "n_build_facts": vectors.build["n_facts"], "n_dev_items": len(dev),
+            "relations": list(row.relations),
+            "langs": list(row.langs),
+            "n_build_facts": vectors.build["n_facts"],
+            "n_dev_items": len(dev),
             **choice.to_dict(),
-        }  # fmt: skip
+        }
         steered = _steered(vectors, choice.config, choice.selected)
         control = _control(vectors, choice.config, choice.selected, self.seed)
         for c in row.cols:
@@ -810,9 +668,13 @@ class _Run:
             self.orig.setdefault(c, got.get("orig"))  # type: ignore[arg-type]
             s, r = got["steered"], got["control"]
             cell = {"row": row.name, "col": c, **_cell_stats(self.orig[c], s, r, self.seed)}
-            cell |= {"selected": choice.selected, "dev_effect": choice.dev_effect,
-                     "config": choice.config.to_dict(), **_place(choice.config, choice.selected),
-                     "built_on": list(row.relations if self.by == "relation" else row.langs)}  # fmt: skip
+            cell |= {
+                "selected": choice.selected,
+                "dev_effect": choice.dev_effect,
+                "config": choice.config.to_dict(),
+                **_place(choice.config, choice.selected),
+                "built_on": list(row.relations if self.by == "relation" else row.langs),
+            }
             self.cells.append(cell)
             if self.on_cell is not None:
                 self.on_cell(_json_safe(cell))
@@ -832,7 +694,7 @@ def _column_test(test: Sequence[Fact], by: str, col: str, n_ids: int) -> list[Fa
 
 def _row_dev(dev: Sequence[Fact], row: _Row, n_ids: int) -> list[Fact]:
     sel = [f for f in dev if f.relation in row.relations and f.lang in row.langs]
-    sel = _spread(sel, n_ids)
+    sel = spread(sel, n_ids)
     if not sel:
         raise InputError(f"row {row.name}: no dev facts of its build relations and languages")
     return sel

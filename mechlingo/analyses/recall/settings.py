@@ -1,0 +1,224 @@
+"""The settings of the steering pipeline, each default written once, and its layer rules.
+
+What travels together is one frozen dataclass: :class:`BuildSettings` (how the two vectors
+are built), :class:`DevGrid` (what the dev search tries and how it decides),
+:class:`ScoringOptions` (how every item is scored), :class:`SplitSettings` (how the facts are
+split by id) and :class:`MatrixSettings` (the sizes and grid of the transfer matrix).
+:func:`mechlingo.analyses.recall.steering.build_steering_vectors`,
+:func:`mechlingo.analyses.recall.dev_grid.choose_on_dev`,
+:func:`mechlingo.analyses.recall.steer_eval.run_steer_eval`,
+:func:`mechlingo.analyses.recall.transfer.transfer_matrix`, the CLI (``mechlingo steer``) and the
+card's budgets (:mod:`mechlingo.card.replicate`) all take these objects, so a default is
+written here and nowhere else.
+
+**Layer rules.** Two different rules pick layers, and their names say which:
+
+* :func:`every_second_layer` -- the dense dev grid of ``steer eval``: every second layer from
+  about 20% to about 90% of the depth (4, 6, ..., 16 of 18).
+* :func:`layers_at` -- layers at given fractions of the depth (each fraction rounded, clamped
+  to the model); :func:`matrix_layers` is it at :data:`MATRIX_LAYER_FRACTIONS` (three points,
+  to keep the matrix's per-row choice cheap), and the card's budgets give their own fractions.
+
+(The lens's "mid-network" entries of ``mechlingo trace``,
+:func:`mechlingo.analyses.recall.trace.default_mid_layers`, are a third thing: a contiguous
+range of *lens entries* to read the latent language from, not places to steer.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mechlingo.scoring.scorers import Scorer
+
+__all__ = [
+    "ALPHA_GRID",
+    "MATRIX_ALPHAS",
+    "MATRIX_LAYER_FRACTIONS",
+    "BuildSettings",
+    "DevGrid",
+    "MatrixSettings",
+    "ScoringOptions",
+    "SplitSettings",
+    "every_second_layer",
+    "layers_at",
+    "matrix_layers",
+]
+
+#: alpha grid in residual-norm units: a log scale from 0.03 to 0.6
+ALPHA_GRID = (0.03, 0.063, 0.13, 0.28, 0.6)
+#: alphas the transfer matrix's dev choice tries: the upper half of :data:`ALPHA_GRID`
+MATRIX_ALPHAS = (0.13, 0.28, 0.6)
+#: fractions of the depth the transfer matrix's dev choice tries (6, 10, 14 of 18): the
+#: middle layers where the paper injects the task vector and the late ones of the
+#: back-translation vector, in three points
+MATRIX_LAYER_FRACTIONS = (0.35, 0.55, 0.75)
+
+
+def every_second_layer(n_layers: int) -> list[int]:
+    """Every second layer from about 20% to about 90% of the depth (4, 6, ..., 16 of 18):
+    the default dev grid of ``steer eval``; ``[n_layers // 2]`` when that band is empty."""
+    lo, hi = round(0.2 * n_layers), round(0.9 * n_layers)
+    layers = list(range(lo, min(hi, n_layers - 1) + 1, 2))
+    return layers or [n_layers // 2]
+
+
+def layers_at(fractions: Sequence[float], n_layers: int) -> list[int]:
+    """The layers at ``fractions`` of the depth: ``round(f * n_layers)`` clamped to
+    ``0 .. n_layers - 1``, sorted, each once (0.5 and 0.67 of 18: 9, 12)."""
+    return sorted({min(n_layers - 1, max(0, round(f * n_layers))) for f in fractions})
+
+
+def matrix_layers(n_layers: int) -> list[int]:
+    """The layers the transfer matrix's dev choice tries: :func:`layers_at` the
+    :data:`MATRIX_LAYER_FRACTIONS` (6, 10, 14 of 18)."""
+    return layers_at(MATRIX_LAYER_FRACTIONS, n_layers)
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """How the two steering vectors are built (``mechlingo steer build``).
+
+    Attributes:
+        k_shot: solved demonstrations before each few-shot prompt of the task vector (and the
+            few-shot headroom of the evaluation).
+        translation_shots: solved translation pairs (other build facts) before each
+            translation prompt of the back-translation (diff) vector.
+        subtract_zero_shot: task vector = few-shot mean minus zero-shot mean (the default;
+            see :func:`~mechlingo.analyses.recall.steering.build_steering_vectors`) instead of
+            the plain few-shot mean.
+        unit: ``"resid"`` (alpha is a fraction of the mean residual norm at the layer) or
+            ``"raw"`` (the raw mean difference).
+        batch_size: prompts per forward pass while building.
+    """
+
+    k_shot: int = 3
+    translation_shots: int = 2
+    subtract_zero_shot: bool = True
+    unit: str = "resid"
+    batch_size: int = 16
+
+    @classmethod
+    def of(cls, build: Mapping[str, Any]) -> BuildSettings:
+        """The settings recorded in a :class:`~mechlingo.analyses.recall.steering.SteeringPair`'s
+        ``build`` record (this class's defaults for keys it lacks, e.g. older vectors)."""
+        d = cls()
+        return cls(
+            k_shot=int(build.get("k_shot", d.k_shot)),
+            translation_shots=int(build.get("translation_shots", d.translation_shots)),
+            subtract_zero_shot=bool(build.get("subtract_zero_shot", d.subtract_zero_shot)),
+            unit=str(build.get("unit", d.unit)),
+            batch_size=int(build.get("batch_size", d.batch_size)),
+        )
+
+
+@dataclass(frozen=True)
+class DevGrid:
+    """What the dev search tries and how it decides
+    (:func:`~mechlingo.analyses.recall.dev_grid.choose_on_dev`).
+
+    Attributes:
+        task_layers, diff_layers: the layers of each vector (``None``:
+            :func:`every_second_layer`).
+        task_alphas, diff_alphas: the scales of each vector (residual-norm units with
+            ``unit="resid"``).
+        top_k: settings of each vector re-scored on the whole dev split; their best
+            ``top_k`` x ``top_k`` pairs are scored with both vectors.
+        screen_ids: fact ids (x every language) of the screen subset that scores the whole
+            grid (``None``: the whole dev split).
+        en_tolerance: largest allowed drop of English dev accuracy against no intervention.
+        p_threshold: a setting is chosen only if it beats no intervention on the dev
+            non-English items with exact McNemar ``p`` below this (also the headroom test of
+            the lowest-language rule).
+    """
+
+    task_layers: tuple[int, ...] | None = None
+    diff_layers: tuple[int, ...] | None = None
+    task_alphas: tuple[float, ...] = ALPHA_GRID
+    diff_alphas: tuple[float, ...] = ALPHA_GRID
+    top_k: int = 3
+    screen_ids: int | None = 8
+    en_tolerance: float = 0.05
+    p_threshold: float = 0.1
+
+    def layers(self, n_layers: int) -> tuple[list[int], list[int]]:
+        """The task and diff layers for a model of ``n_layers`` (the defaults filled in)."""
+        task = list(self.task_layers or every_second_layer(n_layers))
+        return task, list(self.diff_layers or every_second_layer(n_layers))
+
+
+@dataclass(frozen=True)
+class ScoringOptions:
+    """How every item of every stage is scored.
+
+    Attributes:
+        metric: ``"generate"`` (greedy generation by the eval rule), ``"rank"``, ``"klar"``
+            or a :class:`~mechlingo.scoring.scorers.Scorer`.
+        max_new_tokens: greedy tokens per item under ``generate``.
+        batch_size: prompts per forward pass.
+        progress: show progress bars.
+    """
+
+    metric: str | Scorer = "generate"
+    max_new_tokens: int = 6
+    batch_size: int = 64
+    progress: bool = False
+
+    def kw(self) -> dict[str, Any]:
+        """The keyword arguments of a scoring call, the metric excluded."""
+        return {
+            "max_new_tokens": self.max_new_tokens,
+            "batch_size": self.batch_size,
+            "progress": self.progress,
+        }
+
+
+@dataclass(frozen=True)
+class SplitSettings:
+    """How the facts are split by id into build, dev and test
+    (:func:`mechlingo.data.splits.split_facts`).
+
+    Attributes:
+        fractions: the build, dev and test fractions of the fact ids.
+        salt: changes the hash split (re-splits use ``{salt}#repeat{r}``).
+        dev_per_lang, test_per_lang: at most this many ids per relation on dev and test
+            (``None``: all).
+    """
+
+    fractions: tuple[float, ...] = (0.4, 0.2, 0.4)
+    salt: str = ""
+    dev_per_lang: int | None = None
+    test_per_lang: int | None = None
+
+
+@dataclass(frozen=True)
+class MatrixSettings:
+    """The sizes and grid of one transfer matrix
+    (:func:`~mechlingo.analyses.recall.transfer.transfer_matrix`).
+
+    Attributes:
+        cells: ``"full"`` (every single-relation row on every column) or ``"diagonal"``
+            (``only_R`` on R only).
+        build_ids: build fact ids per relation (``None``: as many as the smallest has).
+        screen_ids, dev_ids: fact ids of each row's dev screen and dev split, spread evenly
+            over the row's relations.
+        test_ids: test fact ids per column relation (x every non-English test language).
+        layers, alphas: the dev grid of both vectors (``layers`` ``None``:
+            :func:`matrix_layers`).
+        top_k: settings of each vector re-scored on the dev split.
+        en_tolerance, p_threshold: as in :class:`DevGrid`.
+        seed: seed of the random control and of the bootstrap.
+    """
+
+    cells: str = "full"
+    build_ids: int | None = 16
+    screen_ids: int = 4
+    dev_ids: int = 12
+    test_ids: int = 8
+    layers: tuple[int, ...] | None = None
+    alphas: tuple[float, ...] = MATRIX_ALPHAS
+    top_k: int = 1
+    en_tolerance: float = 0.05
+    p_threshold: float = 0.1
+    seed: int = 0
