@@ -38,26 +38,8 @@ def test_top_level_names():
         assert getattr(mechlingo, name) is not None, name
 
 
-# Offenders of the two rules added in issue 37 that other branches of that round remove (the
-# four modules are being split; card/replicate's import_module is replaced). Until they are
-# merged this test tolerates exactly these, and no other; delete the set at the merge.
-IN_FLIGHT = {
-    "long modules": {
-        "mechlingo.analyses.recall.attribution",
-        "mechlingo.analyses.recall.steer_eval",
-        "mechlingo.analyses.recall.transfer",
-        "mechlingo.data.benchmarks",
-    },
-    "dynamic imports": {"mechlingo.card.replicate"},
-}
-
-
 def test_contract_holds_on_the_package():
     found = check_layers.problems(check_layers.scan())
-    for kind, modules in IN_FLIGHT.items():
-        left = [f for f in found[kind] if f.split(" ")[0].split(":")[0] not in modules]
-        assert left == [], kind
-        found[kind] = []
     assert found == {
         "upward": [],
         "cycles": [],

@@ -276,7 +276,7 @@ def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progr
     res, sw = run.test, run.search
     if sw is None:  # a dev search runs whenever no config is fixed
         raise RuntimeError("the repair stage ran no dev search")
-    sweep = sw.to_dict()
+    sweep = sw.to_json()
     outcomes, ids = _items(res.results)
     n_ids = {k: len({f.id for f in v}) for k, v in (("build", build), ("dev", dev), ("test", test))}
     return {

@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["finite_or_none", "jsonable"]
+__all__ = ["jsonable"]
 
 
 def jsonable(obj: Any) -> Any:
@@ -59,8 +59,3 @@ def jsonable(obj: Any) -> Any:
     if hasattr(obj, "item") and not isinstance(obj, (bytes, bytearray)):  # a 0-d scalar
         return jsonable(obj.item())
     return obj
-
-
-#: The former name, kept only while ``analyses/recall/steering.py`` (not edited in this
-#: change) imports it; the merge replaces that import with :func:`jsonable` and drops this.
-finite_or_none = jsonable

@@ -53,14 +53,14 @@ class Choice:
     pair: SteeringConfig | None = None
     best_single: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
-            "config": self.config.to_dict(),
+            "config": self.config.to_json(),
             "selected": self.selected,
             "dev_effect": self.dev_effect,
             "dev_test": self.dev_test,
             "dev_score": self.dev_score,
-            "pair": None if self.pair is None else self.pair.to_dict(),
+            "pair": None if self.pair is None else self.pair.to_json(),
             "best_single": self.best_single,
         }
 
@@ -92,7 +92,7 @@ class DevSearch:
     def best(self) -> SteeringConfig:
         return self.choice.config
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         hr = {k: v for k, v in self.headroom.items() if k != "results"}
         return {
             "rows": self.rows,
@@ -104,12 +104,12 @@ class DevSearch:
             "headroom": hr,
             "metric": self.metric,
             "skipped": self.skipped,
-            **self.choice.to_dict(),
+            **self.choice.to_json(),
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], unit: str) -> DevSearch:
-        """The inverse of :meth:`to_dict` (``unit``: the vectors' unit, not stored there)."""
+    def from_json(cls, d: dict[str, Any], unit: str) -> DevSearch:
+        """The inverse of :meth:`to_json` (``unit``: the vectors' unit, not stored there)."""
         pair = None if d.get("pair") is None else SteeringConfig(**d["pair"])
         choice = Choice(
             SteeringConfig(**d["config"]),
@@ -225,7 +225,7 @@ def choose_on_dev(
         vectors.unit,
         n_dev=len(dev_facts),
         n_screen=len(screen),
-        metric=scorer.to_dict(),
+        metric=scorer.to_json(),
         skipped=base.skipped,
         lowest_rule=rule,
     )
@@ -343,7 +343,7 @@ class _DevSearch:
         got = self.score_all(facts, conds) if conds else {}
         results: dict[str, tuple[dict, EvalResult]] = {}
         for i, cfg in enumerate(cfgs):
-            r = self.row("dev", {"vector": "both", **cfg.to_dict()}, got[i], base)
+            r = self.row("dev", {"vector": "both", **cfg.to_json()}, got[i], base)
             results[f"both:{cfg}"] = (r, got[i])
         return results
 

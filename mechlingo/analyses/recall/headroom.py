@@ -156,8 +156,8 @@ def headroom(
             few = evaluate_facts(model, kept, prompts=prompts, **kw)
     return {
         "k": k_shot,
-        "zero_shot": {lg: wilson(sum(v), len(v)) for lg, v in by_lang(zero).items()},
-        "k_shot": {lg: wilson(sum(v), len(v)) for lg, v in by_lang(few).items()},
+        "zero_shot": {lg: wilson(sum(v), len(v)).to_json() for lg, v in by_lang(zero).items()},
+        "k_shot": {lg: wilson(sum(v), len(v)).to_json() for lg, v in by_lang(few).items()},
         "results": {"zero_shot": zero, "k_shot": few},
     }
 
@@ -205,7 +205,7 @@ def lowest_language_dev(zero: dict[str, dict], few: dict[str, dict]) -> str | No
     few-shot accuracy, then the code; :func:`lowest_language_rule` gives the whole tie).
     ``None`` when there is no non-English language. Never English, never chosen on test."""
     tied = _tied_lowest({lg: (int(w["k"]), int(w["n"])) for lg, w in zero.items()})
-    return _representative(tied, {lg: few.get(lg, {}).get("p") for lg in tied})
+    return _representative(tied, {lg: few.get(lg, {}).get("estimate") for lg in tied})
 
 
 HEADROOM_RULE = (

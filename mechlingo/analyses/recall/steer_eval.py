@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -65,6 +64,7 @@ from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
 from mechlingo.analyses.results import WritesFolder
 from mechlingo.core.errors import InputError
 from mechlingo.core.faults import derive_seed
+from mechlingo.core.jsonable import jsonable
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
@@ -150,13 +150,13 @@ class SteerTestResult:
         out: dict[str, Any] = {
             "accuracy": self.accuracy(),
             "intervals": {
-                c: {lg: wilson(sum(v), len(v)) for lg, v in hm.by_lang(r).items()}
+                c: {lg: wilson(sum(v), len(v)).to_json() for lg, v in hm.by_lang(r).items()}
                 for c, r in self.results.items()
             },
             "non_english_mean": {c: hm.non_english_mean(r) for c, r in self.results.items()},
             "selected": sel,
             "dev_effect": self.choice.dev_effect,
-            "config": self.choice.config.to_dict(),
+            "config": self.choice.config.to_json(),
             "alpha_unit": self.unit,
             "random_seeds": self.seeds,
             "metric": orig.meta.get("metric", {"metric": "generate"}),
@@ -171,7 +171,7 @@ class SteerTestResult:
                 continue
             o = hm.outcomes(r)
             vs_orig[c] = mcnemar(o_all, o)
-            gains[c] = paired_gain(o_all, o)
+            gains[c] = paired_gain(o_all, o).to_json()
             if not c.startswith("random_s"):
                 vs_random[c] = {rc: mcnemar(hm.outcomes(self.results[rc]), o) for rc in randoms}
         out["mcnemar_vs_orig"] = vs_orig
@@ -187,7 +187,7 @@ class SteerTestResult:
             for lg, k in n.items()
             if k < MIN_TEST_FACTS
         ]
-        return _json_safe(out)
+        return jsonable(out)
 
     def _gains_in(self, langs: str | Sequence[str] | None) -> dict[str, Any]:
         """Per condition, the paired gain over ``orig`` on the pooled items of ``langs``."""
@@ -197,7 +197,7 @@ class SteerTestResult:
         by = {c: hm.by_lang(r) for c, r in self.results.items()}
         base = [x for lg in langs for x in by["orig"].get(lg, [])]
         return {
-            c: paired_gain(base, [x for lg in langs for x in v.get(lg, [])])
+            c: paired_gain(base, [x for lg in langs for x in v.get(lg, [])]).to_json()
             for c, v in by.items()
             if c != "orig"
         }
@@ -358,18 +358,6 @@ def condition_interventions(result: SteerTestResult) -> dict[str, Intervention |
     return dict(result.interventions)
 
 
-def _json_safe(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, np.generic):
-        return _json_safe(x.item())
-    return x
-
-
 def repeat_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Mean and sd over re-split repeats of the non-English mean per condition and of the
     selected condition's gain."""
@@ -417,11 +405,11 @@ def gain_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
             {
                 "condition": c,
                 "non-en mean": _r(summary["non_english_mean"].get(c)),
-                "gain": _r(g.get("gain")),
+                "gain": _r(g.get("estimate")),
                 "95% CI": f"[{_r(g.get('lo'))}, {_r(g.get('hi'))}]",
                 "fixed/broken": f"{m['fixed']}/{m['broken']}",
                 "McNemar p": f"{m['p']:.3g}",
-                f"gain in {low}": _r(lg.get("gain")),
+                f"gain in {low}": _r(lg.get("estimate")),
                 f"{low} CI": f"[{_r(lg.get('lo'))}, {_r(lg.get('hi'))}]",
             }
         )
@@ -698,7 +686,7 @@ def _one_split(
     choice, lowest, rule, searched = _dev_step(
         model, vectors, dev, build, test, k_shot, opt, stages, prefix
     )
-    search = None if searched is None else DevSearch.from_dict(searched, vectors.unit)
+    search = None if searched is None else DevSearch.from_json(searched, vectors.unit)
     test_res = evaluate_test(
         model,
         vectors,
@@ -763,7 +751,7 @@ def _dev_step(
             pool=build,
             k_shot=k_shot,
             test_ids=test,
-        ).to_dict(),
+        ).to_json(),
     )
-    search = DevSearch.from_dict(searched, vectors.unit)
+    search = DevSearch.from_json(searched, vectors.unit)
     return search.choice, search.lowest_language, search.lowest_rule, searched

@@ -44,7 +44,7 @@ from mechlingo.activations.runs import collect
 from mechlingo.analyses.recall.settings import BuildSettings
 from mechlingo.core.errors import ArtifactError, InputError
 from mechlingo.core.faults import derive_seed
-from mechlingo.core.jsonable import finite_or_none
+from mechlingo.core.jsonable import jsonable
 from mechlingo.core.sites import resolve_layers, resolve_site
 from mechlingo.core.tokens import encode, sorted_batches
 from mechlingo.core.types import Model
@@ -371,7 +371,7 @@ class SteeringConfig:
     diff_layer: int
     diff_alpha: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "task_layer": self.task_layer,
             "task_alpha": self.task_alpha,
@@ -524,15 +524,15 @@ class ConditionResults:
             "lowest_language": self.lowest_language,
             "lowest_language_rule": "lowest orig accuracy among languages with orig > 0",
             "zero_orig_languages": sorted(lg for lg, x in orig.items() if x == 0),
-            "relative_gain_lowest": finite_or_none(self.relative_gain.get("both", 0.0)),
+            "relative_gain_lowest": jsonable(self.relative_gain.get("both", 0.0)),
             "relative_gain_lowest_by_condition": {
-                c: finite_or_none(g) for c, g in self.relative_gain.items()
+                c: jsonable(g) for c, g in self.relative_gain.items()
             },
             "absolute_gain": gains,
             "mean_absolute_gain": {c: _mean(g.values()) for c, g in gains.items()},
             "english_effect": {c: g["en"] for c, g in gains.items() if "en" in g},
             "mean_accuracy": {c: _mean(a.values()) for c, a in self.accuracy.items()},
-            "config": self.config.to_dict(),
+            "config": self.config.to_json(),
             "alpha_unit": self.unit,
             "alpha_unit_text": UNIT_TEXT.get(self.unit, ""),
         }

@@ -62,6 +62,7 @@ from mechlingo.analyses.recall.settings import (
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
 from mechlingo.analyses.results import WritesFolder
 from mechlingo.core.errors import InputError
+from mechlingo.core.jsonable import jsonable
 from mechlingo.core.types import Model
 from mechlingo.data import RELATIONS, Fact
 from mechlingo.data.splits import split_facts
@@ -86,8 +87,8 @@ __all__ = [
 # --------------------------------------------------------------------------------------
 
 
-def _g(d: dict[str, Any]) -> dict[str, Any]:
-    return {"estimate": d.get("gain"), "lo": d.get("lo"), "hi": d.get("hi")}
+def _g(iv: Interval) -> dict[str, Any]:
+    return {"estimate": iv.estimate, "lo": iv.lo, "hi": iv.hi}
 
 
 @dataclass
@@ -124,7 +125,7 @@ class TransferMatrix:
 
     def to_json(self) -> dict[str, Any]:
         """Everything, JSON-ready."""
-        return _json_safe(
+        return jsonable(
             {
                 "by": self.by,
                 "rows": self.rows,
@@ -656,7 +657,7 @@ class _Run:
             "langs": list(row.langs),
             "n_build_facts": vectors.build["n_facts"],
             "n_dev_items": len(dev),
-            **choice.to_dict(),
+            **choice.to_json(),
         }
         steered = _steered(vectors, choice.config, choice.selected)
         control = _control(vectors, choice.config, choice.selected, self.seed)
@@ -671,13 +672,13 @@ class _Run:
             cell |= {
                 "selected": choice.selected,
                 "dev_effect": choice.dev_effect,
-                "config": choice.config.to_dict(),
+                "config": choice.config.to_json(),
                 **_place(choice.config, choice.selected),
                 "built_on": list(row.relations if self.by == "relation" else row.langs),
             }
             self.cells.append(cell)
             if self.on_cell is not None:
-                self.on_cell(_json_safe(cell))
+                self.on_cell(jsonable(cell))
 
 
 def _column_test(test: Sequence[Fact], by: str, col: str, n_ids: int) -> list[Fact]:
@@ -698,16 +699,6 @@ def _row_dev(dev: Sequence[Fact], row: _Row, n_ids: int) -> list[Fact]:
     if not sel:
         raise InputError(f"row {row.name}: no dev facts of its build relations and languages")
     return sel
-
-
-def _json_safe(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    if isinstance(x, float) and x != x:
-        return None
-    return x
 
 
 def save_json(matrix: TransferMatrix) -> str:
