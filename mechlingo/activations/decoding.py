@@ -61,7 +61,7 @@ import logging
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Required, TypedDict, Unpack
+from typing import Any, Literal, Required, TypedDict, Unpack, cast
 
 import torch
 from jaxtyping import Float, Int
@@ -111,7 +111,13 @@ def _rule(
             f"{sorted(rule)}"
         )
     got = rule.get
-    return rule["max_new_tokens"], got("fwd_hooks", ()), got("choose"), got("stop"), got("eos")
+    return (
+        int(rule["max_new_tokens"]),
+        cast("FwdHooks", got("fwd_hooks", ())),
+        cast("ChooseFn | None", got("choose")),
+        cast("StopFn | None", got("stop")),
+        cast("int | None", got("eos")),
+    )
 
 
 _PATHS: weakref.WeakKeyDictionary[Any, KVPath] = weakref.WeakKeyDictionary()

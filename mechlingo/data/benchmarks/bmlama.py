@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 
 from mechlingo.core.errors import DataError
@@ -49,6 +50,11 @@ def _bmlama_rows(path: Path) -> list[tuple[int, list[str]]]:
     if not header_seen:
         raise RecordError(f"{path}, line 1: empty file (no header)")
     return rows
+
+
+def _bmlama_count(path: Path) -> int:
+    """How many records the file holds (read only when its language is asked about)."""
+    return len(_bmlama_rows(path))
 
 
 def _bmlama_relations(path: Path, rows: list[tuple[int, list[str]]]) -> list[str | None]:
@@ -96,9 +102,7 @@ def load_bmlama(path: PathLike, langs: Iterable[str] | None = None) -> Benchmark
     for code, file in files.items():
         if path.is_file() and code != path.stem:
             continue
-        lang = common.lang_selected(
-            bench, code, wanted, str(file), lambda f=file: len(_bmlama_rows(f))
-        )  # type: ignore[misc]
+        lang = common.lang_selected(bench, code, wanted, str(file), partial(_bmlama_count, file))
         if lang is None:
             continue
         rows = en_rows if code == "en" else _bmlama_rows(file)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,11 @@ def _klar_json(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return data["samples"], templates
 
 
+def _klar_count(path: Path) -> int:
+    """How many records the file holds (read only when its language is asked about)."""
+    return len(_klar_json(path)[0])
+
+
 def load_klar(path: PathLike, langs: Iterable[str] | None = None) -> Benchmark:
     """Read ``klar_source/<lang>/<relation>.json`` files (the folder, ``klar_source`` itself
     or one file). The prompt is the first template up to ``<mask>`` with the subject filled
@@ -64,9 +70,7 @@ def load_klar(path: PathLike, langs: Iterable[str] | None = None) -> Benchmark:
     english: dict[str, tuple[str, str]] = {}
     for file in files:
         code, relation = file.parent.name, file.stem
-        lang = common.lang_selected(
-            bench, code, wanted, str(file), lambda f=file: len(_klar_json(f)[0])
-        )  # type: ignore[misc]
+        lang = common.lang_selected(bench, code, wanted, str(file), partial(_klar_count, file))
         if lang is None:
             continue
         samples, templates = _klar_json(file)
