@@ -28,7 +28,7 @@ from mechlingo.viz.steer import accuracy_ci_figure, headroom_figure
 from mechlingo.viz.trace import class_fractions_figure, class_profiles_figure
 
 LANGS = ["en", "fr", "de"]
-CELL = {"p": 0.5, "lo": 0.4, "hi": 0.6}
+CELL = {"estimate": 0.5, "lo": 0.4, "hi": 0.6}
 
 
 def _colour(trace: Any) -> str | None:
