@@ -228,7 +228,10 @@ def test_accuracy_figures_draw_the_proportions():
     cond = ConditionResults(acc, {}, "fr", {}, {}, SteeringConfig(1, 1.0, 1, 1.0))
     assert [list(b.y) for b in cond.fig_accuracy().data] == [[0.5, 0.25], [0.75, 0.5]]
     iv = {
-        "orig": {"fr": {"p": 0.25, "lo": 0.1, "hi": 0.5}, "en": {"p": 0.5, "lo": None, "hi": 0.8}}
+        "orig": {
+            "fr": {"estimate": 0.25, "lo": 0.1, "hi": 0.5},
+            "en": {"estimate": 0.5, "lo": None, "hi": 0.8},
+        }
     }
     (bar,) = fig_accuracy_ci(iv).data
     assert list(bar.x) == ["en", "fr"] and list(bar.y) == [0.5, 0.25]
