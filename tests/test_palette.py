@@ -130,7 +130,7 @@ def _figures() -> dict[str, list[tuple[str, str, Any]]]:
                 interval_bars_figure(
                     {
                         "m": {
-                            a: {"mean": 0.5, "lo": 0.4, "hi": 0.6}
+                            a: {"estimate": 0.5, "lo": 0.4, "hi": 0.6}
                             for a in ("pre", "post", "control")
                         }
                     },
