@@ -38,10 +38,10 @@ def test_wilson_matches_the_formula():
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
     w = wilson(k, n)
-    assert w["p"] == pytest.approx(0.35)
-    assert w["lo"] == pytest.approx(centre - half, abs=1e-9)
-    assert w["hi"] == pytest.approx(centre + half, abs=1e-9)
-    assert wilson(0, 0)["p"] is None and wilson(0, 10)["lo"] == pytest.approx(0.0, abs=1e-12)
+    assert w.estimate == pytest.approx(0.35)
+    assert w.lo == pytest.approx(centre - half, abs=1e-9)
+    assert w.hi == pytest.approx(centre + half, abs=1e-9)
+    assert wilson(0, 0).estimate is None and wilson(0, 10).lo == pytest.approx(0.0, abs=1e-12)
 
 
 def test_mcnemar_is_an_exact_binomial_on_discordant_pairs():
@@ -60,14 +60,15 @@ def test_paired_gain_point_values_and_intervals():
     base = [0] * 30 + [1] * 10
     new = [1] * 20 + [0] * 10 + [1] * 10
     g = paired_gain(base, new)
-    assert g["base"] == pytest.approx(0.25) and g["new"] == pytest.approx(0.75)
-    assert g["gain"] == pytest.approx(0.5)
-    assert g["lo"] < 0.5 < g["hi"] and g["lo"] > 0.3
-    assert g["relative"] == pytest.approx(2.0) and g["relative_lo"] < 2.0 < g["relative_hi"]
+    assert g.extra["base"] == pytest.approx(0.25) and g.extra["new"] == pytest.approx(0.75)
+    assert g.estimate == pytest.approx(0.5)
+    assert g.lo < 0.5 < g.hi and g.lo > 0.3
+    rel = g.extra["relative"]
+    assert rel.estimate == pytest.approx(2.0) and rel.lo < 2.0 < rel.hi
     zero = paired_gain([0, 0, 0], [1, 0, 0])
-    assert zero["relative"] is None and zero["gain"] == pytest.approx(1 / 3)
+    assert zero.extra["relative"] is None and zero.estimate == pytest.approx(1 / 3)
     same = paired_gain([1, 0], [1, 0])
-    assert same["lo"] == same["hi"] == 0.0
+    assert same.lo == same.hi == 0.0
 
 
 # --------------------------------------------------------------------------------------
@@ -156,10 +157,10 @@ def test_layers_at_fractions_by_hand():
 
 
 def test_lowest_language_is_fixed_on_dev_and_never_english():
-    zero = {lg: wilson(k, 10) for lg, k in {"en": 0, "fr": 0, "ja": 0, "de": 3}.items()}
-    few = {lg: wilson(k, 10) for lg, k in {"en": 9, "fr": 6, "ja": 2, "de": 7}.items()}
+    zero = {lg: wilson(k, 10).to_json() for lg, k in {"en": 0, "fr": 0, "ja": 0, "de": 3}.items()}
+    few = {lg: wilson(k, 10).to_json() for lg, k in {"en": 9, "fr": 6, "ja": 2, "de": 7}.items()}
     assert lowest_language_dev(zero, few) == "ja"  # tie at 0 broken by few-shot
-    assert lowest_language_dev({"en": wilson(0, 4)}, {}) is None
+    assert lowest_language_dev({"en": wilson(0, 4).to_json()}, {}) is None
 
 
 def test_check_disjoint_names_the_stage():
