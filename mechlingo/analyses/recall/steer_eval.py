@@ -95,24 +95,15 @@ def _random_of(
     vectors: SteeringPair, cfg: SteeringConfig, selected: str, seed: int
 ) -> Intervention:
     parts = []
-    if selected in ("task", "both"):
-        v = vectors.task.at(cfg.task_layer, cfg.task_alpha)
-        parts.append(
-            SteeringVector(
-                random_like(v.direction(), derive_seed(seed, "task")),
-                cfg.task_layer,
-                cfg.task_alpha,
+    for name, stack, layer, alpha in (
+        ("task", vectors.task, cfg.task_layer, cfg.task_alpha),
+        ("diff", vectors.diff, cfg.diff_layer, cfg.diff_alpha),
+    ):
+        if selected in (name, "both"):
+            direction = stack.at(layer, alpha).direction()
+            parts.append(
+                SteeringVector(random_like(direction, derive_seed(seed, name)), layer, alpha)
             )
-        )
-    if selected in ("diff", "both"):
-        v = vectors.diff.at(cfg.diff_layer, cfg.diff_alpha)
-        parts.append(
-            SteeringVector(
-                random_like(v.direction(), derive_seed(seed, "diff")),
-                cfg.diff_layer,
-                cfg.diff_alpha,
-            )
-        )
     return Compose(parts)
 
 
