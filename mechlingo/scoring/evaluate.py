@@ -42,9 +42,8 @@ from mechlingo.activations.prefix import (
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, encode, prepends_bos, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
-from mechlingo.interventions.apply import intervention_hooks
+from mechlingo.interventions.apply import first_edit, intervention_hooks
 from mechlingo.interventions.base import Intervention
-from mechlingo.scoring.edits import first_edit
 from mechlingo.scoring.rank import score_candidates
 from mechlingo.scoring.scorers import (
     KLAR_MAX_NEW_TOKENS,

@@ -41,7 +41,7 @@ built-in rule does). Batched scores equal scoring each sentence alone (tested).
 
 **Shared stems.** The candidates of a fact share their leading tokens (BOS, demonstrations,
 the text before the mask), and a causal model computes those positions alike in every row,
-before any position an intervention edits (:func:`mechlingo.scoring.edits.first_edit`: the
+before any position an intervention edits (:func:`mechlingo.interventions.apply.first_edit`: the
 token before the mask under ``"last"``). By default each fact's shared tokens run once, in a
 pass over one row per fact that records their keys and values (and reads the stem's scored
 positions); each candidate row then runs only its last tokens against that cache (a shorter
@@ -70,10 +70,9 @@ from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, prepends_bos
 from mechlingo.core.types import FwdHooks, Model
 from mechlingo.data import Fact
-from mechlingo.interventions.apply import intervention_hooks
+from mechlingo.interventions.apply import first_edit, intervention_hooks
 from mechlingo.interventions.base import Intervention
 from mechlingo.kernels.readout import token_logprobs
-from mechlingo.scoring.edits import first_edit
 
 __all__ = ["RANK_TOKENS", "CandidateScores", "candidate_layout", "score_candidates"]
 
