@@ -160,7 +160,7 @@ def test_cli_chat_flag(chat_dir, tmp_path):
 def test_steering_vector_build_reads_the_chat_prompts(chat_model):
     """The repair vectors' build means are taken at the last token of the chat-wrapped
     prompts: equal to a hand computation on the wrapped token ids."""
-    from mechlingo.activations.means import last_token_means
+    from mechlingo.activations.runs import last_token_means
     from mechlingo.analyses.recall.steering import steering_prompts
 
     facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=5)

@@ -39,8 +39,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.means import last_token_means
-from mechlingo.activations.runs import collect
+from mechlingo.activations.runs import collect, last_token_means
 from mechlingo.analyses.recall.settings import BuildSettings
 from mechlingo.core.errors import ArtifactError, InputError
 from mechlingo.core.faults import derive_seed
