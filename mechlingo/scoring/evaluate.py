@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm.auto import tqdm
 
-from mechlingo.activations.decoding import decode
-from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard
-from mechlingo.activations.prefix import (
+from mechlingo.activations.decoding import (
+    decode,
     decode_conditions,
     record_head,
     shared_decoding_supported,
 )
+from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, encode, prepends_bos, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
@@ -246,7 +246,7 @@ def generate_conditions(
     intervention): ``gens[c][i]`` is what :func:`greedy_generate` gives prompt ``i`` under
     intervention ``c`` (the same tokens; tested), and the path they took.
 
-    With ``shared`` (and a cache that can grow, :func:`mechlingo.activations.prefix.
+    With ``shared`` (and a cache that can grow, :func:`mechlingo.activations.decoding.
     shared_decoding_supported`), each batch of prompts runs the positions before the first
     one any condition edits (:func:`first_edit`) once, and the conditions continue from that
     cache stacked in batches of at most ``max_rows`` rows (default ``max(batch_size,

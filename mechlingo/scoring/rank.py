@@ -63,8 +63,8 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from mechlingo.activations.decoding import cache_upto, prefix_reuse_supported, run_reads
 from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard
-from mechlingo.activations.prefix import cache_upto, prefix_reuse_supported, run_reads
 from mechlingo.activations.runs import StopForward, final_resid_name, run_batch
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, prepends_bos
