@@ -42,7 +42,8 @@ from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.core.tokens import encode, sorted_batches  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
 from mechlingo.interventions import SteeringVector  # noqa: E402
-from mechlingo.scoring.evaluate import decided, evaluate_conditions, evaluate_facts  # noqa: E402
+from mechlingo.scoring.evaluate import evaluate_conditions, evaluate_facts  # noqa: E402
+from mechlingo.scoring.scorers import decided  # noqa: E402
 
 # CPU seconds of this process on a CPU (one thread: the work done, however busy the machine
 # is); set to wall seconds when the model is on a GPU

@@ -24,7 +24,8 @@ from mechlingo.analyses.recall.settings import (
 )
 from mechlingo.data import LANGS, RELATIONS, load_facts, natural_templates
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
-from mechlingo.scoring.evaluate import decided, evaluate_facts, is_correct
+from mechlingo.scoring.evaluate import evaluate_facts
+from mechlingo.scoring.scorers import decided, is_correct
 
 # --------------------------------------------------------------------------------------
 # Statistics

@@ -1,12 +1,8 @@
-"""Greedy generation and the accuracy rule every intervention is measured against.
+"""Greedy generation, and facts scored under many conditions at once.
 
-**The eval rule.** The model continues the prompt greedily for ``max_new_tokens`` tokens; the
-continuation is cut at its first line break; it is *correct* when, after normalisation, it
-starts with the answer or one of its aliases. Normalisation: Unicode NFKC, case-folding,
-leading whitespace and punctuation (quotes, colons, dashes, brackets) removed, runs of
-whitespace collapsed to one space. In languages written with spaces the match must end at a
-word boundary ("Rom" does not match "Romania"); in Chinese, Japanese and Korean, where
-particles attach to the word, it need not.
+The model continues the prompt greedily for ``max_new_tokens`` tokens and the continuation is
+judged by the eval rule (:func:`mechlingo.scoring.scorers.is_correct`: its first line starts
+with the answer or one of its aliases, after normalisation, at a word boundary).
 
 Generation decodes with a key-value cache (:mod:`mechlingo.activations.decoding`: the transformers
 model's own cache driven through the bridge, with an adapter for TransformerLens 4.3 on
@@ -23,8 +19,6 @@ are skipped and counted by reason in :attr:`EvalResult.skipped`.
 
 from __future__ import annotations
 
-import re
-import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,15 +38,16 @@ from mechlingo.core.tokens import TokenBatch, encode, prepends_bos, sorted_batch
 from mechlingo.core.types import FwdHooks, Model
 from mechlingo.interventions.apply import first_edit, intervention_hooks
 from mechlingo.interventions.base import Intervention
-from mechlingo.scoring.rank import score_candidates
+from mechlingo.scoring.rank import rank_record, score_candidates
 from mechlingo.scoring.scorers import (
     KLAR_MAX_NEW_TOKENS,
     Scorer,
     as_scorer,
-    gold_indices,
+    decided,
+    generate_record,
     klar_decided,
-    klar_match,
     klar_prompt,
+    klar_record,
     metric_summary,
     split_usable,
 )
@@ -63,73 +58,6 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
     from mechlingo.data import Fact
-
-BOUNDARY_FREE_LANGS = frozenset({"zh", "ja", "ko"})
-_LEADING_JUNK = re.compile(r"^[\s\"'`“”‘’«»„‚「」『』（）()\[\]{}:：;；,，.。、\-–—*_#]+")
-_WS = re.compile(r"\s+")
-
-
-def normalize(text: str) -> str:
-    """The eval rule's normalisation (see the module docstring)."""
-    text = unicodedata.normalize("NFKC", text).casefold()
-    text = _LEADING_JUNK.sub("", text)
-    return _WS.sub(" ", text).strip()
-
-
-def is_correct(generation: str, answers: Sequence[str], lang: str | None = None) -> bool:
-    """Whether ``generation`` (the continuation) starts with one of ``answers``."""
-    gen = normalize(generation.split("\n")[0] if generation.strip() else generation.strip())
-    for ans in answers:
-        a = normalize(ans)
-        if not a or not gen.startswith(a):
-            continue
-        if lang in BOUNDARY_FREE_LANGS or len(gen) == len(a):
-            return True
-        nxt = gen[len(a)]
-        if not (nxt.isalnum() or unicodedata.category(nxt).startswith("M")):
-            return True
-    return False
-
-
-def _status(gen: str, answer: str, lang: str | None) -> str:
-    """``"match"``, ``"fail"`` or ``"open"`` for a normalised partial generation against one
-    normalised answer under the eval rule."""
-    if not answer:
-        return "fail"
-    if gen.startswith(answer):
-        if lang in BOUNDARY_FREE_LANGS:
-            return "match"
-        if len(gen) == len(answer):
-            return "open"  # the next character decides the word boundary
-        nxt = gen[len(answer)]
-        ok = not (nxt.isalnum() or unicodedata.category(nxt).startswith("M"))
-        return "match" if ok else "fail"
-    return "open" if answer.startswith(gen) else "fail"
-
-
-def decided(
-    generation: str, answers: Sequence[str], lang: str | None = None, english: str = ""
-) -> bool:
-    """Whether the eval rule's verdicts on a *partial* greedy generation are already final:
-    it is correct whatever follows, or it can no longer match any answer (nor ``english``,
-    the English answer, whose match :class:`EvalResult` records as ``in_english``).
-
-    A line break also decides (the rule reads the first line). Used to stop decoding a row
-    early; the verdicts equal those on the full generation (tested)."""
-    line = generation.split("\n")[0]
-    finished = "\n" in generation and bool(generation.strip())
-    text = line.rstrip("\ufffd")  # an incomplete multi-byte character is not text yet
-    gen = normalize(text)
-    if finished:
-        return True
-    if not gen or text != line:
-        return False
-    gold = [_status(gen, normalize(a), lang) for a in answers]
-    if "match" in gold:
-        return True
-    if "open" in gold:
-        return False
-    return not english or _status(gen, normalize(english), "en") != "open"
 
 
 def greedy_generate(
@@ -166,7 +94,8 @@ def greedy_generate(
         cache: decode with a key-value cache where the model supports it
             (:func:`mechlingo.activations.decoding.kv_cache_path`).
         stop: ``stop(i, text)`` -> whether prompt ``i`` may stop with its continuation
-            ``text`` so far (e.g. once the eval rule's verdict is final, :func:`decided`).
+            ``text`` so far (e.g. once the eval rule's verdict is final,
+            :func:`~mechlingo.scoring.scorers.decided`).
 
     Returns:
         One string per prompt, in input order.
@@ -396,7 +325,8 @@ def evaluate_facts(
         batch_size: prompts per pass (``rank``: facts per pass, all their candidates
             together).
         cache: decode with a key-value cache (see :func:`greedy_generate`).
-        early_stop: stop decoding a fact as soon as its verdict is final (:func:`decided`,
+        early_stop: stop decoding a fact as soon as its verdict is final
+            (:func:`~mechlingo.scoring.scorers.decided`,
             :func:`~mechlingo.scoring.scorers.klar_decided`): the same ``correct`` and
             ``in_english`` as decoding every token, in less time; ``generation`` then holds
             the decided prefix.
@@ -499,18 +429,6 @@ def _evaluate(
     return {n: EvalResult(r, dict(meta), dict(skipped)) for n, r in zip(names, per, strict=True)}
 
 
-def _in_english(f: Fact, correct: bool, said: str, match: Callable[[str, str], bool]) -> bool:
-    """Whether a wrong answer ``said`` is the fact's English answer instead (``match``
-    decides, e.g. the eval rule)."""
-    return (
-        f.lang != "en"
-        and not correct
-        and bool(f.answer_en)
-        and normalize(f.answer_en) != normalize(f.answer)
-        and match(said, f.answer_en)
-    )
-
-
 def _generate_records(
     model: Model,
     facts: list[Fact],
@@ -533,30 +451,8 @@ def _generate_records(
         ),
         **kw,
     )
-    out = []
-    for per in gens:
-        records = []
-        for f, text, gen in zip(facts, texts, per, strict=True):
-            first_line = gen.strip().split("\n")[0] if gen.strip() else ""
-            correct = is_correct(gen, f.answers, f.lang)
-            in_en = _in_english(f, correct, gen, lambda g, a: is_correct(g, [a], "en"))
-            records.append(_record(f, text, first_line, correct, in_en))
-        out.append(records)
-    return out, path
-
-
-def _record(f: Fact, prompt: str, generation: str, correct: bool, in_en: bool) -> dict[str, Any]:
-    """One fact's record of a generation metric (see :class:`EvalResult`)."""
-    return {
-        "id": f.id,
-        "relation": f.relation,
-        "lang": f.lang,
-        "prompt": prompt,
-        "answer": f.answer,
-        "generation": generation,
-        "correct": correct,
-        "in_english": in_en,
-    }
+    records = [[generate_record(*x) for x in zip(facts, texts, per, strict=True)] for per in gens]
+    return records, path
 
 
 def _klar_records(
@@ -582,15 +478,8 @@ def _klar_records(
         stop=(lambda i, text: klar_decided(text, targets[i])) if early_stop else None,
         **kw,
     )
-    out = []
-    for per in gens:
-        records = []
-        for f, text, gen in zip(facts, texts, per, strict=True):
-            correct = any(klar_match(gen, a) for a in f.answers)
-            rec = _record(f, text, gen.strip(), correct, _in_english(f, correct, gen, klar_match))
-            records.append({**rec, "shots": text.count("\n")})
-        out.append(records)
-    return out, path
+    records = [[klar_record(*x) for x in zip(facts, texts, per, strict=True)] for per in gens]
+    return records, path
 
 
 def _rank_records(
@@ -603,30 +492,9 @@ def _rank_records(
     """Candidate ranking's records: every candidate's mean cross-entropy, the ranking, the
     gold candidate's rank and whether it is first."""
     scores = score_candidates(model, facts, prefixes=prefixes, tokens=scorer.rank_tokens, **kw)
-    records = []
-    for i, f in enumerate(facts):
-        ce = scores.ce[i]
-        ranking = sorted(range(len(ce)), key=lambda j: (ce[j], j))
-        golds = set(gold_indices(f))
-        gold_rank = 1 + min(ranking.index(g) for g in golds)
-        best = f.candidates[ranking[0]]
-        correct = ranking[0] in golds
-        in_en = _in_english(f, correct, best, lambda c, a: normalize(c) == normalize(a))
-        records.append(
-            {
-                "id": f.id,
-                "relation": f.relation,
-                "lang": f.lang,
-                "prompt": (prefixes[i] if prefixes else "") + f.prompt,
-                "answer": f.answer,
-                "generation": best,
-                "correct": correct,
-                "in_english": in_en,
-                "candidates": list(f.candidates),
-                "scores": [round(x, 6) for x in ce],
-                "ranking": ranking,
-                "gold_rank": gold_rank,
-                "n_tokens": scores.n_tokens[i],
-            }
+    return [
+        rank_record(
+            f, (prefixes[i] if prefixes else "") + f.prompt, scores.ce[i], scores.n_tokens[i]
         )
-    return records
+        for i, f in enumerate(facts)
+    ]
