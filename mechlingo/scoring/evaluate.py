@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import torch
 from tqdm.auto import tqdm
@@ -60,20 +60,47 @@ if TYPE_CHECKING:
     from mechlingo.data import Fact
 
 
+class GenerateArgs(TypedDict, total=False):
+    """The keywords of :func:`generate_conditions` that :func:`greedy_generate` passes on
+    (their defaults are :func:`generate_conditions`'s): ``max_new_tokens`` (8),
+    ``batch_size`` (16), ``fwd_hooks``, ``stop_at_newline`` (``True``), ``progress``,
+    ``cache`` (``True``) and ``stop``."""
+
+    max_new_tokens: int
+    batch_size: int
+    fwd_hooks: FwdHooks
+    stop_at_newline: bool
+    progress: bool
+    cache: bool
+    stop: Callable[[int, str], bool] | None
+
+
+class EvalArgs(TypedDict, total=False):
+    """The keywords of :func:`evaluate_conditions` that :func:`evaluate_facts` passes on
+    (their defaults are :func:`evaluate_conditions`'s; their meaning:
+    :func:`evaluate_facts`)."""
+
+    metric: str | Scorer
+    prompts: Sequence[str] | None
+    prefixes: Sequence[str] | None
+    pool: Sequence[Fact] | None
+    max_new_tokens: int
+    batch_size: int
+    fwd_hooks: FwdHooks
+    progress: bool
+    cache: bool
+    early_stop: bool
+
+
 def greedy_generate(
     model: Model,
     prompts: Sequence[str],
     *,
-    max_new_tokens: int = 8,
-    batch_size: int = 16,
     intervention: Intervention | None = None,
-    fwd_hooks: FwdHooks = (),
-    stop_at_newline: bool = True,
-    progress: bool = False,
-    cache: bool = True,
-    stop: Callable[[int, str], bool] | None = None,
+    **options: Unpack[GenerateArgs],
 ) -> list[str]:
-    """Greedy continuations of ``prompts`` (the generated text only).
+    """Greedy continuations of ``prompts`` (the generated text only); the options
+    (:class:`GenerateArgs`) are those of :func:`generate_conditions`.
 
     Prompts of similar lengths share right-padded batches (sorted by length). With ``cache``
     (the default) each batch runs its prompts once and then one new token per row per step
@@ -87,6 +114,8 @@ def greedy_generate(
             every step. Its ``"last"`` positions mean the prompt's last token (acted on once,
             in the prompt pass, and attended to afterwards), ``"generated"`` the tokens
             generated so far, ``"all"`` every token.
+        max_new_tokens: new tokens per prompt at most (default 8).
+        batch_size: prompts per pass (default 16).
         fwd_hooks: extra plain TransformerLens hooks, applied at every pass. Under the cache
             they see ``[batch, 1, ...]`` activations after the prompt pass (see
             :mod:`mechlingo.activations.decoding` for hooks that index positions).
@@ -100,11 +129,7 @@ def greedy_generate(
     Returns:
         One string per prompt, in input order.
     """
-    gens, _ = generate_conditions(
-        model, prompts, [intervention], max_new_tokens=max_new_tokens, batch_size=batch_size,
-        fwd_hooks=fwd_hooks, stop_at_newline=stop_at_newline, progress=progress, cache=cache,
-        stop=stop, shared=False,
-    )  # fmt: skip
+    gens, _ = generate_conditions(model, prompts, [intervention], shared=False, **options)
     return gens[0]
 
 
@@ -295,19 +320,12 @@ def evaluate_facts(
     model: Model,
     facts: Sequence[Fact],
     *,
-    metric: str | Scorer = "generate",
-    prompts: Sequence[str] | None = None,
-    prefixes: Sequence[str] | None = None,
-    pool: Sequence[Fact] | None = None,
-    max_new_tokens: int = 8,
-    batch_size: int = 16,
     intervention: Intervention | None = None,
-    fwd_hooks: FwdHooks = (),
-    progress: bool = False,
-    cache: bool = True,
-    early_stop: bool = True,
+    **options: Unpack[EvalArgs],
 ) -> EvalResult:
-    """Score the model on facts with ``metric`` (the eval rule by default).
+    """Score the model on facts with ``metric`` (the eval rule by default), under
+    ``intervention`` (default none); the options (:class:`EvalArgs`) are those of
+    :func:`evaluate_conditions`.
 
     Args:
         metric: ``"generate"``, ``"klar"``, ``"rank"`` or a
@@ -320,10 +338,12 @@ def evaluate_facts(
             draws its own demonstrations.
         pool: (``klar``) the facts demonstrations are drawn from (default: ``facts``
             themselves, other ids, as the benchmark's reference code does).
-        max_new_tokens: tokens of the ``generate`` rule (``klar`` always decodes the
-            benchmark's 10).
-        batch_size: prompts per pass (``rank``: facts per pass, all their candidates
-            together).
+        max_new_tokens: tokens of the ``generate`` rule (default 8; ``klar`` always decodes
+            the benchmark's 10).
+        batch_size: prompts per pass (default 16; ``rank``: facts per pass, all their
+            candidates together).
+        fwd_hooks: extra plain TransformerLens hooks, applied at every pass.
+        progress: show a progress bar.
         cache: decode with a key-value cache (see :func:`greedy_generate`).
         early_stop: stop decoding a fact as soon as its verdict is final
             (:func:`~mechlingo.scoring.scorers.decided`,
@@ -335,10 +355,7 @@ def evaluate_facts(
         InputError: no facts, every fact skipped by the metric, or options that do not go
             with the metric.
     """
-    return _evaluate(model, facts, {"": intervention}, metric=metric, prompts=prompts,
-                     prefixes=prefixes, pool=pool, max_new_tokens=max_new_tokens,
-                     batch_size=batch_size, fwd_hooks=fwd_hooks, progress=progress,
-                     cache=cache, early_stop=early_stop, shared=False)[""]  # fmt: skip
+    return evaluate_conditions(model, facts, {"": intervention}, shared=False, **options)[""]
 
 
 def evaluate_conditions(
@@ -440,19 +457,12 @@ def _generate_records(
 ) -> tuple[list[list[dict[str, Any]]], str]:
     """The eval rule's records under every condition (greedy generation, prefix match at a
     word boundary), and the path they took."""
-    gens, path = generate_conditions(
-        model,
-        texts,
-        ivs,
-        stop=(
-            (lambda i, text: decided(text, facts[i].answers, facts[i].lang, facts[i].answer_en))
-            if early_stop
-            else None
-        ),
-        **kw,
+    stop = (
+        (lambda i, text: decided(text, facts[i].answers, facts[i].lang, facts[i].answer_en))
+        if early_stop
+        else None
     )
-    records = [[generate_record(*x) for x in zip(facts, texts, per, strict=True)] for per in gens]
-    return records, path
+    return _records_of(generate_record, model, facts, texts, ivs, stop, **kw)
 
 
 def _klar_records(
@@ -469,17 +479,25 @@ def _klar_records(
     two-way prefix rule; and the path they took."""
     texts = [klar_prompt(f, pool, scorer.klar_shots) for f in facts]
     targets = [[*f.answers, *([f.answer_en] if f.answer_en else [])] for f in facts]
-    gens, path = generate_conditions(
-        model,
-        texts,
-        ivs,
-        max_new_tokens=KLAR_MAX_NEW_TOKENS,
-        stop_at_newline=False,
-        stop=(lambda i, text: klar_decided(text, targets[i])) if early_stop else None,
-        **kw,
-    )
-    records = [[klar_record(*x) for x in zip(facts, texts, per, strict=True)] for per in gens]
-    return records, path
+    stop = (lambda i, text: klar_decided(text, targets[i])) if early_stop else None
+    return _records_of(klar_record, model, facts, texts, ivs, stop,
+                       max_new_tokens=KLAR_MAX_NEW_TOKENS, stop_at_newline=False, **kw)  # fmt: skip
+
+
+def _records_of(
+    record: Callable[[Fact, str, str], dict[str, Any]],
+    model: Model,
+    facts: list[Fact],
+    texts: list[str],
+    ivs: list[Intervention | None],
+    stop: Callable[[int, str], bool] | None,
+    **kw: Any,
+) -> tuple[list[list[dict[str, Any]]], str]:
+    """Every condition's records of a generation metric: ``record(fact, prompt,
+    generation)`` of each fact's continuation of its text (:func:`generate_conditions`
+    with ``stop`` and ``kw``), and the path they took."""
+    gens, path = generate_conditions(model, texts, ivs, stop=stop, **kw)
+    return [[record(*x) for x in zip(facts, texts, per, strict=True)] for per in gens], path
 
 
 def _rank_records(
