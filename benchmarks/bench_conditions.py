@@ -36,13 +36,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechlingo.activations.prefix import decode_conditions, record_head  # noqa: E402
+from mechlingo.activations.decoding import decode_conditions, record_head  # noqa: E402
 from mechlingo.analyses.recall.settings import ALPHA_GRID, every_second_layer  # noqa: E402
 from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.core.tokens import encode, sorted_batches  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
 from mechlingo.interventions import SteeringVector  # noqa: E402
-from mechlingo.scoring.evaluate import decided, evaluate_conditions, evaluate_facts  # noqa: E402
+from mechlingo.scoring.evaluate import evaluate_conditions, evaluate_facts  # noqa: E402
+from mechlingo.scoring.scorers import decided  # noqa: E402
 
 # CPU seconds of this process on a CPU (one thread: the work done, however busy the machine
 # is); set to wall seconds when the model is on a GPU

@@ -9,8 +9,7 @@ fill the device, and for each workload its throughput, the ratio to the same cod
 2. activation patching: ``mechlingo.analyses.recall.patching.patch_activations`` over every layer of
    ``resid_pre`` at the last token (skipped with a message when the module is missing);
 3. vector building: streaming float64 means of the last-token residual stream of every layer
-   (``mechlingo.activations.means.last_token_means``; ``runs.collect`` + ``StreamingMean`` when
-   that module is missing);
+   (``mechlingo.activations.runs.last_token_means``);
 4. neuron scoring: ``kernels.ranking.auroc_and_average_precision`` on synthetic activations of
    32 x 11,008 neurons (a 7B model's MLPs) over several thousand sentences vs scikit-learn's
    per-feature loop timed on a subset and extrapolated;
@@ -36,15 +35,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from mechlingo.activations.runs import collect
+from mechlingo.activations.runs import collect, last_token_means
 from mechlingo.analyses.decoders.lens import logit_lens
 from mechlingo.core.models import load_model
 from mechlingo.core.sites import hook_name
-from mechlingo.core.tokens import answer_tokens, encode, sorted_batches
+from mechlingo.core.tokens import answer_tokens, encode
 from mechlingo.data import load_facts
 from mechlingo.interventions import SteeringVector
 from mechlingo.kernels.ranking import auroc_and_average_precision
-from mechlingo.kernels.streaming import StreamingMean
 from mechlingo.scoring.evaluate import evaluate_conditions, evaluate_facts
 from mechlingo.scoring.rank import score_candidates
 from mechlingo.testing import tiny_model
@@ -149,17 +147,7 @@ def bench_vectors(model: Any, cpu_model: Any | None, n: int, batch: int) -> None
     prompts, _, _ = prompts_and_answers(n)
 
     def ours(m: Any, k: int) -> Any:
-        if importlib.util.find_spec("mechlingo.activations.means") is not None:
-            from mechlingo.activations.means import last_token_means
-
-            return last_token_means(m, prompts[:k], batch_size=batch).mean
-        names = [hook_name(m, "resid_pre", layer) for layer in range(int(m.cfg.n_layers))]
-        tb = encode(m, prompts[:k])
-        acc = StreamingMean()
-        for rows in sorted_batches(tb.lengths, batch):
-            acts = collect(m, tb.select(rows), names)
-            acc.update(torch.stack([acts[nm] for nm in names], dim=1))
-        return acc.mean
+        return last_token_means(m, prompts[:k], batch_size=batch).mean
 
     t, mean = timed(lambda: ours(model, n))
     assert mean.dtype == torch.float64

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from mechlingo.core.chat import use_chat
 from mechlingo.core.models import DEFAULT_MODEL, load_model
 from mechlingo.core.sites import hook_name, resolve_site
+from mechlingo.core.tokens import use_chat
 from mechlingo.core.version import __version__
 from mechlingo.data import load_facts
 from mechlingo.interventions import intervene

@@ -1,4 +1,4 @@
-"""Chat-model prompts (:mod:`mechlingo.core.chat`): the modes, the token ids against the
+"""Chat-model prompts (the chat part of :mod:`mechlingo.core.tokens`): the modes, the token ids against the
 tokenizer's own rendering of the template, few-shot demonstrations as turns, and the
 positions interventions and subject spans use, on a tiny model whose tokenizer has a chat
 template."""
@@ -11,17 +11,17 @@ import pytest
 import torch
 
 import mechlingo
-from mechlingo.core.chat import (
+from mechlingo.core.errors import InputError
+from mechlingo.core.models import load_model
+from mechlingo.core.tokens import (
     ChatPrompt,
     chat_enabled,
     chat_messages,
     chat_prefix_length,
+    encode,
     looks_chat_tuned,
     use_chat,
 )
-from mechlingo.core.errors import InputError
-from mechlingo.core.models import load_model
-from mechlingo.core.tokens import encode
 from mechlingo.data import load_facts
 from mechlingo.data.prompts import few_shot_prompt, translation_prompt
 from mechlingo.interventions import SteeringVector
@@ -160,7 +160,7 @@ def test_cli_chat_flag(chat_dir, tmp_path):
 def test_steering_vector_build_reads_the_chat_prompts(chat_model):
     """The repair vectors' build means are taken at the last token of the chat-wrapped
     prompts: equal to a hand computation on the wrapped token ids."""
-    from mechlingo.activations.means import last_token_means
+    from mechlingo.activations.runs import last_token_means
     from mechlingo.analyses.recall.steering import steering_prompts
 
     facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=5)

@@ -1,5 +1,5 @@
 """The card's rows (mechlingo.card.rows) and the lowest-language rules
-(mechlingo.analyses.recall.headroom.lowest_language_rule) on hand-made stage results."""
+(mechlingo.analyses.recall.dev_grid.lowest_language_rule) on hand-made stage results."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy import stats as sps
 
-from mechlingo.analyses.recall.headroom import lowest_language_dev, lowest_language_rule
+from mechlingo.analyses.recall.dev_grid import lowest_language_dev, lowest_language_rule
 from mechlingo.card import replicate as rep
 from mechlingo.card import rows as cr
 from mechlingo.card.rules import HOLDS, INCONCLUSIVE, NOT_HOLDS, NOT_TESTABLE, finalize

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import mechlingo.activations.decoding as decoding
-from mechlingo.activations.decoding import decode, kv_cache_path, sample_from_bos
+from mechlingo.activations.decoding import decode, kv_cache_path
+from mechlingo.activations.likelihood import sample_from_bos
 from mechlingo.core.tokens import current_columns, encode
 from mechlingo.data import load_facts
 from mechlingo.interventions import Ablation, InterventionError, NeuronClamp, SteeringVector

@@ -23,8 +23,8 @@ from mechlingo.activations.distributed import (
     shard,
     shard_bounds,
 )
-from mechlingo.activations.means import last_token_means
 from mechlingo.activations.pooled import pooled_neuron_acts
+from mechlingo.activations.runs import last_token_means
 
 PROMPTS = [
     "The capital of Italy is",
@@ -44,7 +44,7 @@ TEXTS = {
 WORKER = textwrap.dedent(
     """
     import sys, torch
-    from mechlingo.activations.means import last_token_means
+    from mechlingo.activations.runs import last_token_means
     from mechlingo.activations.distributed import (
         all_gather_rows, all_reduce_state, dist_info, is_main, process_group, shard,
     )

@@ -206,8 +206,8 @@ def test_resid_mid_is_the_residual_on_a_hooked_transformer(ht):
 
 
 def test_distributed_building_blocks_single_process(ht):
-    from mechlingo.activations.means import last_token_means
     from mechlingo.activations.pooled import pooled_neuron_acts
+    from mechlingo.activations.runs import last_token_means
 
     means = last_token_means(ht, PROMPTS, layers=[0, 1])
     batch = encode(ht, PROMPTS)

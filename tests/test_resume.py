@@ -17,7 +17,6 @@ import torch
 
 import mechlingo.analyses.experts.kcurve as experts_mod
 import mechlingo.analyses.recall.dev_grid as dev_grid
-import mechlingo.analyses.recall.headroom as headroom_mod
 import mechlingo.analyses.recall.steer_eval as protocol
 import mechlingo.analyses.recall.steering as repair
 import mechlingo.cli.experts as cli_experts
@@ -143,7 +142,7 @@ def test_steer_eval_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch,
 
     monkeypatch.undo()
     for mod, name in ((repair, "build_steering_vectors"), (dev_grid, "choose_on_dev"),
-                      (headroom_mod, "score"), (headroom_mod, "headroom"),
+                      (dev_grid, "score"), (dev_grid, "headroom"),
                       (protocol, "side_effects")):  # fmt: skip
         _count(monkeypatch, mod, name, calls)
     calls.clear()

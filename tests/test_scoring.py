@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from mechlingo.analyses.recall import headroom
+from mechlingo.analyses.recall import dev_grid
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import resolve_site
 from mechlingo.data import Fact, load_facts
@@ -214,9 +214,9 @@ def test_every_intervention_kind_applies_under_every_metric(tiny, metric):
 
 
 def test_protocol_score_takes_the_metric(tiny):
-    res = headroom.score(tiny, FACTS, None, metric="rank", batch_size=2)
+    res = dev_grid.score(tiny, FACTS, None, metric="rank", batch_size=2)
     assert res.meta["metric"]["metric"] == "rank" and len(res.records) == len(FACTS)
-    res = headroom.score(tiny, FACTS, None, metric=Scorer("rank", rank_tokens="candidate"))
+    res = dev_grid.score(tiny, FACTS, None, metric=Scorer("rank", rank_tokens="candidate"))
     assert res.meta["metric"] == {"metric": "rank", "rank_tokens": "candidate"}
 
 

@@ -11,10 +11,9 @@ import pytest
 from scipy import stats as sps
 
 import mechlingo.analyses.recall.dev_grid as dev_grid
-import mechlingo.analyses.recall.headroom as headroom
 import mechlingo.analyses.recall.steer_eval as protocol
 import mechlingo.analyses.recall.steering as steering
-from mechlingo.analyses.recall.headroom import LeakError, check_disjoint, lowest_language_dev
+from mechlingo.analyses.recall.dev_grid import LeakError, check_disjoint, lowest_language_dev
 from mechlingo.analyses.recall.settings import (
     BuildSettings,
     DevGrid,
@@ -25,7 +24,8 @@ from mechlingo.analyses.recall.settings import (
 )
 from mechlingo.data import LANGS, RELATIONS, load_facts, natural_templates
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
-from mechlingo.scoring.evaluate import decided, evaluate_facts, is_correct
+from mechlingo.scoring.evaluate import evaluate_facts
+from mechlingo.scoring.scorers import decided, is_correct
 
 # --------------------------------------------------------------------------------------
 # Statistics
@@ -180,7 +180,7 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
 
     seen: dict[str, set[str]] = {"build": set(), "choose": set(), "test": set()}
     real_build, real_sweep = steering.build_steering_vectors, dev_grid.choose_on_dev
-    real_test, real_few = protocol.evaluate_test, headroom.few_shot_prompt
+    real_test, real_few = protocol.evaluate_test, dev_grid.few_shot_prompt
 
     def build(model, facts, *a, pool=None, **kw):
         seen["build"] |= {f.id for f in facts} | {f.id for f in (pool or [])}
@@ -201,7 +201,7 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
     monkeypatch.setattr(steering, "build_steering_vectors", build)
     monkeypatch.setattr(dev_grid, "choose_on_dev", sweep)
     monkeypatch.setattr(protocol, "evaluate_test", test)
-    monkeypatch.setattr(headroom, "few_shot_prompt", few)
+    monkeypatch.setattr(dev_grid, "few_shot_prompt", few)
     common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "30", "--quiet"]
     vdir, out = tmp_path / "v", tmp_path / "e"
     assert main(["steer", "build", *common, "--k-shot", "2", "--out", str(vdir)]) == 0

@@ -7,8 +7,7 @@ import json
 import pytest
 import torch
 
-from mechlingo.activations.means import last_token_means
-from mechlingo.activations.runs import collect
+from mechlingo.activations.runs import collect, last_token_means
 from mechlingo.analyses.recall.settings import BuildSettings, DevGrid, ScoringOptions
 from mechlingo.analyses.recall.steering import (
     SteeringConfig,

@@ -9,8 +9,8 @@ import pytest
 import scipy.stats as sps
 import torch
 
-from mechlingo.analyses.recall import dev_grid, headroom, pooled, transfer
-from mechlingo.analyses.recall.headroom import LeakError, lowest_language_rule
+from mechlingo.analyses.recall import dev_grid, pooled, transfer
+from mechlingo.analyses.recall.dev_grid import LeakError, lowest_language_rule
 from mechlingo.analyses.recall.settings import BuildSettings, MatrixSettings, ScoringOptions
 from mechlingo.analyses.recall.steering import SteeringPair, build_steering_vectors
 from mechlingo.data import RELATIONS, load_facts
@@ -132,7 +132,7 @@ def _watch(monkeypatch):
     real_pool, real_sweep, real_score = (
         pooled.pooled_vectors,
         dev_grid.choose_on_dev,
-        headroom.score,
+        dev_grid.score,
     )
     real_row_score = transfer._Run.score
 
@@ -155,7 +155,7 @@ def _watch(monkeypatch):
 
     monkeypatch.setattr(pooled, "pooled_vectors", pooled_fn)
     monkeypatch.setattr(dev_grid, "choose_on_dev", sweep)
-    monkeypatch.setattr(headroom, "score", score)
+    monkeypatch.setattr(dev_grid, "score", score)
     monkeypatch.setattr(transfer._Run, "score", row_score)
     return seen
 

@@ -1,6 +1,7 @@
-"""Running the model and collecting what it computes: hooked runs
+"""Running the model and collecting what it computes: hooked runs and streaming class means
 (:mod:`~mechlingo.activations.runs`), pooled neuron statistics
-(:mod:`~mechlingo.activations.pooled`), class means (:mod:`~mechlingo.activations.means`),
-KV-cached decoding (:mod:`~mechlingo.activations.decoding`) and runs split over processes under
-torchrun (:mod:`~mechlingo.activations.distributed`).
+(:mod:`~mechlingo.activations.pooled`), KV-cached decoding and the passes that reuse a cached
+prefix (:mod:`~mechlingo.activations.decoding`), line likelihoods and samples
+(:mod:`~mechlingo.activations.likelihood`) and runs split over processes under torchrun
+(:mod:`~mechlingo.activations.distributed`).
 """

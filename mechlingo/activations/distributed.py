@@ -18,7 +18,7 @@ Building blocks:
 * :func:`all_reduce_state` -- sums of a state dict over all ranks;
 * :func:`all_gather_rows` -- rows of every rank, in rank order.
 
-They serve :func:`mechlingo.activations.means.last_token_means` (streaming last-token
+They serve :func:`mechlingo.activations.runs.last_token_means` (streaming last-token
 means: what ``mechlingo steer build`` computes per prompt set) and
 :func:`mechlingo.activations.pooled.pooled_neuron_acts` (pooled ``mlp_post`` activations and
 per-language firing rates: what ``mechlingo experts`` runs).

@@ -1,4 +1,4 @@
-"""Language-model likelihoods of text: per-line next-token NLL and perplexity.
+"""Language-model likelihoods of text (per-line next-token NLL and perplexity), and samples.
 
 :func:`line_nll` gives, for every text, the summed next-token negative log-likelihood (nats)
 over every real token after BOS and the number of tokens it covers; :func:`perplexity` is
@@ -6,7 +6,8 @@ over every real token after BOS and the number of tokens it covers; :func:`perpl
 (the forward stops there) and the unembedding runs on the real positions in chunks, so no
 ``[batch, pos, vocab]`` tensor exists. An intervention enters as its ``fwd_hooks``
 (``intervention.fwd_hooks(model)``); the k curve of the expert neurons and the side-effects
-matrix both score held-out lines with these.
+matrix both score held-out lines with these. :func:`sample_from_bos` draws text from a bare
+BOS prompt (what the k curve identifies the language of).
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mechlingo.activations.decoding import decode
 from mechlingo.activations.pooled import encode_sentences
 from mechlingo.activations.runs import StopForward, final_resid_name, run_batch
 from mechlingo.core.errors import InputError
-from mechlingo.core.tokens import sorted_batches
+from mechlingo.core.tokens import TokenBatch, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
 from mechlingo.kernels.readout import final_logits
 
-__all__ = ["LineArgs", "line_nll", "perplexity"]
+__all__ = ["LineArgs", "line_nll", "perplexity", "sample_from_bos"]
 
 
 class LineArgs(TypedDict, total=False):
@@ -100,3 +102,46 @@ def perplexity(model: Model, texts: Sequence[str], **options: Unpack[LineArgs]) 
     if int(counts.sum()) == 0:
         raise InputError("no tokens to score: every text is a single token")
     return float(torch.exp(nll.sum() / counts.sum()))
+
+
+def sample_from_bos(
+    model: Model,
+    n: int,
+    *,
+    max_new_tokens: int = 20,
+    fwd_hooks: FwdHooks = (),
+    seed: int = 0,
+    temperature: float = 1.0,
+    cache: bool = True,
+) -> list[str]:
+    """``n`` samples (temperature sampling, fixed seed) from a bare BOS prompt, with
+    ``fwd_hooks`` (an intervention's ``fwd_hooks(model)``) applied at every step. Greedy
+    decoding from BOS gives one string only, hence sampling. Decoded with a key-value cache
+    where the model supports it (:func:`decode`); ``cache=False`` recomputes the prefix (the
+    same draws). Each sample stops at EOS and is decoded without special tokens.
+
+    Raises:
+        InputError: the tokenizer has no BOS token.
+    """
+    bos = getattr(model.tokenizer, "bos_token_id", None)
+    if bos is None:
+        raise InputError("the model's tokenizer has no BOS token to start from")
+    dev = model.W_U.device
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    tokens = torch.full((n, 1), int(bos), dtype=torch.long, device=dev)
+    eos = getattr(model.tokenizer, "eos_token_id", None)
+
+    def draw(logits: Tensor) -> Tensor:
+        probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
+        return torch.multinomial(probs, 1, generator=gen).squeeze(1)
+
+    batch = TokenBatch(tokens, torch.ones(n, dtype=torch.long, device=dev), 0, True)
+    rows = decode(
+        model, batch, max_new_tokens=max_new_tokens, fwd_hooks=fwd_hooks, choose=draw, cache=cache
+    )
+    out = []
+    for row in rows:
+        if eos is not None and eos in row:
+            row = row[: row.index(eos)]
+        out.append(model.tokenizer.decode(row, skip_special_tokens=True))
+    return out

@@ -10,7 +10,7 @@ through their Python APIs, in stages:
   eval``: the dev search, and test with norm-matched random controls; the budget's settings
   as :func:`mechlingo.card.lu.repair_settings`): the two vectors, the lowest language (the
   headroom rule, :func:`mechlingo.card.rules.headroom_lowest_language`, beside the literal
-  :func:`mechlingo.analyses.recall.headroom.lowest_language_dev`) and the random vector;
+  :func:`mechlingo.analyses.recall.dev_grid.lowest_language_dev`) and the random vector;
 * ``transfer_relation`` and ``transfer_lang``
   (:func:`mechlingo.analyses.recall.transfer.transfer_matrix`): independence of relations and languages;
 * ``experts`` (:func:`mechlingo.analyses.experts.find_experts`, :func:`~mechlingo.analyses.experts.k_curve`

@@ -34,7 +34,7 @@ from mechlingo.kernels.significance import (
     ratio_test,
     relative_test,
 )
-from mechlingo.scoring.evaluate import normalize
+from mechlingo.scoring.scorers import normalize
 
 __all__ = [
     "RETAINED_SHARE",

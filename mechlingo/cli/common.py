@@ -10,9 +10,9 @@ from typing import Any
 
 from mechlingo.activations.distributed import dist_info
 from mechlingo.cli.validate import check_after_load
-from mechlingo.core.chat import CHAT_MODES, chat_enabled, use_chat
 from mechlingo.core.errors import InputError, MechlingoError
 from mechlingo.core.models import load_model, model_name, weight_mode
+from mechlingo.core.tokens import CHAT_MODES, chat_enabled, use_chat
 from mechlingo.core.types import Model
 from mechlingo.core.version import __version__, library_versions
 from mechlingo.data import (
@@ -72,7 +72,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chat", choices=CHAT_MODES, default="auto",
                    help="wrap prompts (facts, few-shot demonstrations, steering-vector build "
                    "prompts) in the tokenizer's chat template: on, off, or auto = on for a "
-                   "chat-tuned model with a template (mechlingo.core.chat)")  # fmt: skip
+                   "chat-tuned model with a template (mechlingo.core.tokens)")  # fmt: skip
     g.add_argument(
         "--compat",
         action="store_true",

@@ -70,7 +70,7 @@ def template_info() -> dict[str, Any]:
     {"template": str, "accuracy": float | None, "n": int, "candidates": {template:
     accuracy}}}}}`` as written by ``scripts/generate_data.py``; ``accuracy`` is the share
     of the ``n`` sampled facts whose greedy continuation is correct under the toolkit's eval
-    rule (:func:`mechlingo.scoring.evaluate.is_correct`), ``None`` where unmeasured.
+    rule (:func:`mechlingo.scoring.scorers.is_correct`), ``None`` where unmeasured.
     """
 
     text = resources.files("mechlingo.data").joinpath("templates.json").read_text("utf-8")

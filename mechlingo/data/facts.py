@@ -165,7 +165,7 @@ _ARABIC_MARKS: dict[int, None] = {c: None for c in [*range(0x064B, 0x0653), 0x06
 def answer_key(text: str) -> str:
     """A loose comparison form of an answer, used to drop duplicate aliases: NFKC,
     casefolded, punctuation and symbols removed, Arabic vowel marks removed, whitespace
-    collapsed. (Scoring generations is :func:`mechlingo.scoring.evaluate.is_correct`.)"""
+    collapsed. (Scoring generations is :func:`mechlingo.scoring.scorers.is_correct`.)"""
     text = unicodedata.normalize("NFKC", text).casefold().translate(_ARABIC_MARKS)
     text = "".join(ch for ch in text if unicodedata.category(ch)[0] not in "PS")
     return " ".join(text.split())

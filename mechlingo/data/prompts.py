@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable, Sequence
 
-from mechlingo.core.chat import ChatPrompt
 from mechlingo.core.errors import InputError
+from mechlingo.core.tokens import ChatPrompt
 from mechlingo.data.facts import LANG_NAMES, Fact, check_langs
 from mechlingo.data.io import load_facts
 

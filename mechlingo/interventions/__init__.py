@@ -50,13 +50,14 @@ the model they were built for). Type an optional intervention as ``Intervention 
 
 Modules: :mod:`~.base` (the interface, the where, saving and loading), :mod:`~.steering`,
 :mod:`~.clamp`, :mod:`~.ablation`, :mod:`~.gate` (the rows a language gate passes), :mod:`~.apply`
-(:func:`intervene`, :func:`intervention_hooks`), :mod:`~.hf`, :mod:`~.export`.
+(:func:`intervene`, :func:`intervention_hooks`, :func:`first_edit`: the first position an
+intervention edits), :mod:`~.hf`, :mod:`~.export`.
 """
 
 from mechlingo.core.describe import check_model, model_info, model_info_name
 from mechlingo.core.errors import InterventionError, ModelMismatchError
 from mechlingo.interventions.ablation import Ablation
-from mechlingo.interventions.apply import intervene, intervention_hooks
+from mechlingo.interventions.apply import first_edit, intervene, intervention_hooks
 from mechlingo.interventions.base import (
     FORMAT_VERSION,
     Compose,
@@ -85,6 +86,7 @@ __all__ = [
     "VectorExport",
     "check_model",
     "export",
+    "first_edit",
     "intervene",
     "intervention_hooks",
     "load_intervention",

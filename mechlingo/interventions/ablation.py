@@ -37,7 +37,7 @@ class Ablation(SiteEdit):
         layer: block index.
         mode: ``"zero"`` (default) or ``"mean"``; stored as ``.mode``.
         mean: the replacement for ``mode="mean"``: ``[width]`` (e.g. a mean last-token
-            activation from :func:`mechlingo.activations.means.last_token_means`).
+            activation from :func:`mechlingo.activations.runs.last_token_means`).
         positions: default ``"all"``.
     """
 

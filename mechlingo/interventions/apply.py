@@ -1,5 +1,5 @@
 """Applying an intervention: :func:`intervene`, the one way to apply one to a TransformerLens
-model.
+model, and :func:`first_edit`, where it first edits a sequence.
 
 ``with intervene(model, iv, batch=b): model(...)`` applies ``iv`` to every forward pass inside
 the block and removes its hooks after it. The analyses take ``intervention=`` and apply it the
@@ -9,6 +9,12 @@ same way. Two escape hatches, for what ``intervene`` does not cover:
   fwd_hooks=iv.fwd_hooks_for(model, b))`` (:meth:`Intervention.fwd_hooks_for`);
 * a plain transformers model: ``with iv.attach(hf_model): ...``
   (:meth:`Intervention.attach`, :mod:`~mechlingo.interventions.hf`).
+
+A causal model computes every position before the first one an intervention edits exactly as
+it does without the intervention; shared-prefix scoring
+(:func:`mechlingo.scoring.evaluate.evaluate_conditions`, candidate ranking) computes those
+positions once for every condition and candidate. :func:`first_edit` says where that prefix
+ends for each row of a batch, from the intervention's position rules.
 """
 
 from __future__ import annotations
@@ -16,10 +22,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
 from mechlingo.activations.runs import hooked
-from mechlingo.core.tokens import TokenBatch
+from mechlingo.core.tokens import PositionSpec, TokenBatch
 from mechlingo.core.types import FwdHooks, HookFn, Model
-from mechlingo.interventions.base import Intervention
+from mechlingo.interventions.base import Compose, Gated, Intervention, SiteEdit
+
+__all__ = ["first_edit", "intervene", "intervention_hooks"]
 
 
 @contextlib.contextmanager
@@ -72,3 +84,35 @@ def intervention_hooks(
     if intervention is not None:
         hooks = list(intervention.fwd_hooks(model)) + hooks
     return hooks
+
+
+def _first_of_rule(positions: PositionSpec, batch: TokenBatch) -> Int[Tensor, " batch"]:
+    """The first prompt position of each row a positions rule edits (its length where
+    none); 0 for a rule that may edit anything (``"all"``, callables)."""
+    plen = batch.prompt_lengths
+    if isinstance(positions, str):
+        first = {"last": plen - 1, "last+generated": plen - 1, "generated": plen}
+        return first.get(positions, torch.zeros_like(plen))
+    if callable(positions):
+        return torch.zeros_like(plen)
+    idx = [positions] if isinstance(positions, int) else [int(p) for p in positions]
+    at = [plen + p if p < 0 else torch.full_like(plen, p) for p in idx]
+    return torch.stack(at).min(0).values.clamp_min(0)
+
+
+def first_edit(iv: Intervention | None, batch: TokenBatch) -> Int[Tensor, " batch"]:
+    """The first position of each row of ``batch`` that ``iv`` may edit, from its position
+    rules (no intervention: the row's length). A composition takes the earliest of its
+    parts, a gate its inner intervention's; a kind whose positions are not known (not a
+    :class:`~mechlingo.interventions.base.SiteEdit`) may edit every position: 0. Every
+    position before it computes what it computes without ``iv`` (causal attention)."""
+    if iv is None:
+        return batch.lengths.clone()
+    if isinstance(iv, Compose):
+        parts = [first_edit(p, batch) for p in iv.parts]
+        return torch.stack(parts).min(0).values if parts else batch.lengths.clone()
+    if isinstance(iv, Gated):
+        return first_edit(iv.inner, batch)
+    if isinstance(iv, SiteEdit):
+        return _first_of_rule(iv.positions, batch)
+    return torch.zeros_like(batch.lengths)

@@ -5,7 +5,6 @@ A layer of its own, between :mod:`mechlingo.interventions` and :mod:`mechlingo.a
 :mod:`~mechlingo.scoring.evaluate` (greedy generation, the prefix rule, per-item
 outcomes of many conditions on shared prefixes), :mod:`~mechlingo.scoring.rank`
 (candidate ranking), :mod:`~mechlingo.scoring.scorers` (``generate``, ``rank`` and
-``klar``, their rules and statistics), :mod:`~mechlingo.scoring.edits` (the first
-position an intervention edits) and :mod:`~mechlingo.scoring.side_effects` (what an
+``klar``, their rules and statistics) and :mod:`~mechlingo.scoring.side_effects` (what an
 intervention changes in every language). Both papers' pipelines and the card score through it.
 """

@@ -1,12 +1,8 @@
-"""Greedy generation and the accuracy rule every intervention is measured against.
+"""Greedy generation, and facts scored under many conditions at once.
 
-**The eval rule.** The model continues the prompt greedily for ``max_new_tokens`` tokens; the
-continuation is cut at its first line break; it is *correct* when, after normalisation, it
-starts with the answer or one of its aliases. Normalisation: Unicode NFKC, case-folding,
-leading whitespace and punctuation (quotes, colons, dashes, brackets) removed, runs of
-whitespace collapsed to one space. In languages written with spaces the match must end at a
-word boundary ("Rom" does not match "Romania"); in Chinese, Japanese and Korean, where
-particles attach to the word, it need not.
+The model continues the prompt greedily for ``max_new_tokens`` tokens and the continuation is
+judged by the eval rule (:func:`mechlingo.scoring.scorers.is_correct`: its first line starts
+with the answer or one of its aliases, after normalisation, at a word boundary).
 
 Generation decodes with a key-value cache (:mod:`mechlingo.activations.decoding`: the transformers
 model's own cache driven through the bridge, with an adapter for TransformerLens 4.3 on
@@ -23,37 +19,35 @@ are skipped and counted by reason in :attr:`EvalResult.skipped`.
 
 from __future__ import annotations
 
-import re
-import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import torch
 from tqdm.auto import tqdm
 
-from mechlingo.activations.decoding import decode
-from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard
-from mechlingo.activations.prefix import (
+from mechlingo.activations.decoding import (
+    decode,
     decode_conditions,
     record_head,
     shared_decoding_supported,
 )
+from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, encode, prepends_bos, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
-from mechlingo.interventions.apply import intervention_hooks
+from mechlingo.interventions.apply import first_edit, intervention_hooks
 from mechlingo.interventions.base import Intervention
-from mechlingo.scoring.edits import first_edit
-from mechlingo.scoring.rank import score_candidates
+from mechlingo.scoring.rank import rank_record, score_candidates
 from mechlingo.scoring.scorers import (
     KLAR_MAX_NEW_TOKENS,
     Scorer,
     as_scorer,
-    gold_indices,
+    decided,
+    generate_record,
     klar_decided,
-    klar_match,
     klar_prompt,
+    klar_record,
     metric_summary,
     split_usable,
 )
@@ -65,88 +59,48 @@ if TYPE_CHECKING:
 
     from mechlingo.data import Fact
 
-BOUNDARY_FREE_LANGS = frozenset({"zh", "ja", "ko"})
-_LEADING_JUNK = re.compile(r"^[\s\"'`“”‘’«»„‚「」『』（）()\[\]{}:：;；,，.。、\-–—*_#]+")
-_WS = re.compile(r"\s+")
+
+class GenerateArgs(TypedDict, total=False):
+    """The keywords of :func:`generate_conditions` that :func:`greedy_generate` passes on
+    (their defaults are :func:`generate_conditions`'s): ``max_new_tokens`` (8),
+    ``batch_size`` (16), ``fwd_hooks``, ``stop_at_newline`` (``True``), ``progress``,
+    ``cache`` (``True``) and ``stop``."""
+
+    max_new_tokens: int
+    batch_size: int
+    fwd_hooks: FwdHooks
+    stop_at_newline: bool
+    progress: bool
+    cache: bool
+    stop: Callable[[int, str], bool] | None
 
 
-def normalize(text: str) -> str:
-    """The eval rule's normalisation (see the module docstring)."""
-    text = unicodedata.normalize("NFKC", text).casefold()
-    text = _LEADING_JUNK.sub("", text)
-    return _WS.sub(" ", text).strip()
+class EvalArgs(TypedDict, total=False):
+    """The keywords of :func:`evaluate_conditions` that :func:`evaluate_facts` passes on
+    (their defaults are :func:`evaluate_conditions`'s; their meaning:
+    :func:`evaluate_facts`)."""
 
-
-def is_correct(generation: str, answers: Sequence[str], lang: str | None = None) -> bool:
-    """Whether ``generation`` (the continuation) starts with one of ``answers``."""
-    gen = normalize(generation.split("\n")[0] if generation.strip() else generation.strip())
-    for ans in answers:
-        a = normalize(ans)
-        if not a or not gen.startswith(a):
-            continue
-        if lang in BOUNDARY_FREE_LANGS or len(gen) == len(a):
-            return True
-        nxt = gen[len(a)]
-        if not (nxt.isalnum() or unicodedata.category(nxt).startswith("M")):
-            return True
-    return False
-
-
-def _status(gen: str, answer: str, lang: str | None) -> str:
-    """``"match"``, ``"fail"`` or ``"open"`` for a normalised partial generation against one
-    normalised answer under the eval rule."""
-    if not answer:
-        return "fail"
-    if gen.startswith(answer):
-        if lang in BOUNDARY_FREE_LANGS:
-            return "match"
-        if len(gen) == len(answer):
-            return "open"  # the next character decides the word boundary
-        nxt = gen[len(answer)]
-        ok = not (nxt.isalnum() or unicodedata.category(nxt).startswith("M"))
-        return "match" if ok else "fail"
-    return "open" if answer.startswith(gen) else "fail"
-
-
-def decided(
-    generation: str, answers: Sequence[str], lang: str | None = None, english: str = ""
-) -> bool:
-    """Whether the eval rule's verdicts on a *partial* greedy generation are already final:
-    it is correct whatever follows, or it can no longer match any answer (nor ``english``,
-    the English answer, whose match :class:`EvalResult` records as ``in_english``).
-
-    A line break also decides (the rule reads the first line). Used to stop decoding a row
-    early; the verdicts equal those on the full generation (tested)."""
-    line = generation.split("\n")[0]
-    finished = "\n" in generation and bool(generation.strip())
-    text = line.rstrip("\ufffd")  # an incomplete multi-byte character is not text yet
-    gen = normalize(text)
-    if finished:
-        return True
-    if not gen or text != line:
-        return False
-    gold = [_status(gen, normalize(a), lang) for a in answers]
-    if "match" in gold:
-        return True
-    if "open" in gold:
-        return False
-    return not english or _status(gen, normalize(english), "en") != "open"
+    metric: str | Scorer
+    prompts: Sequence[str] | None
+    prefixes: Sequence[str] | None
+    pool: Sequence[Fact] | None
+    max_new_tokens: int
+    batch_size: int
+    fwd_hooks: FwdHooks
+    progress: bool
+    cache: bool
+    early_stop: bool
 
 
 def greedy_generate(
     model: Model,
     prompts: Sequence[str],
     *,
-    max_new_tokens: int = 8,
-    batch_size: int = 16,
     intervention: Intervention | None = None,
-    fwd_hooks: FwdHooks = (),
-    stop_at_newline: bool = True,
-    progress: bool = False,
-    cache: bool = True,
-    stop: Callable[[int, str], bool] | None = None,
+    **options: Unpack[GenerateArgs],
 ) -> list[str]:
-    """Greedy continuations of ``prompts`` (the generated text only).
+    """Greedy continuations of ``prompts`` (the generated text only); the options
+    (:class:`GenerateArgs`) are those of :func:`generate_conditions`.
 
     Prompts of similar lengths share right-padded batches (sorted by length). With ``cache``
     (the default) each batch runs its prompts once and then one new token per row per step
@@ -160,6 +114,8 @@ def greedy_generate(
             every step. Its ``"last"`` positions mean the prompt's last token (acted on once,
             in the prompt pass, and attended to afterwards), ``"generated"`` the tokens
             generated so far, ``"all"`` every token.
+        max_new_tokens: new tokens per prompt at most (default 8).
+        batch_size: prompts per pass (default 16).
         fwd_hooks: extra plain TransformerLens hooks, applied at every pass. Under the cache
             they see ``[batch, 1, ...]`` activations after the prompt pass (see
             :mod:`mechlingo.activations.decoding` for hooks that index positions).
@@ -167,16 +123,13 @@ def greedy_generate(
         cache: decode with a key-value cache where the model supports it
             (:func:`mechlingo.activations.decoding.kv_cache_path`).
         stop: ``stop(i, text)`` -> whether prompt ``i`` may stop with its continuation
-            ``text`` so far (e.g. once the eval rule's verdict is final, :func:`decided`).
+            ``text`` so far (e.g. once the eval rule's verdict is final,
+            :func:`~mechlingo.scoring.scorers.decided`).
 
     Returns:
         One string per prompt, in input order.
     """
-    gens, _ = generate_conditions(
-        model, prompts, [intervention], max_new_tokens=max_new_tokens, batch_size=batch_size,
-        fwd_hooks=fwd_hooks, stop_at_newline=stop_at_newline, progress=progress, cache=cache,
-        stop=stop, shared=False,
-    )  # fmt: skip
+    gens, _ = generate_conditions(model, prompts, [intervention], shared=False, **options)
     return gens[0]
 
 
@@ -247,7 +200,7 @@ def generate_conditions(
     intervention): ``gens[c][i]`` is what :func:`greedy_generate` gives prompt ``i`` under
     intervention ``c`` (the same tokens; tested), and the path they took.
 
-    With ``shared`` (and a cache that can grow, :func:`mechlingo.activations.prefix.
+    With ``shared`` (and a cache that can grow, :func:`mechlingo.activations.decoding.
     shared_decoding_supported`), each batch of prompts runs the positions before the first
     one any condition edits (:func:`first_edit`) once, and the conditions continue from that
     cache stacked in batches of at most ``max_rows`` rows (default ``max(batch_size,
@@ -367,19 +320,12 @@ def evaluate_facts(
     model: Model,
     facts: Sequence[Fact],
     *,
-    metric: str | Scorer = "generate",
-    prompts: Sequence[str] | None = None,
-    prefixes: Sequence[str] | None = None,
-    pool: Sequence[Fact] | None = None,
-    max_new_tokens: int = 8,
-    batch_size: int = 16,
     intervention: Intervention | None = None,
-    fwd_hooks: FwdHooks = (),
-    progress: bool = False,
-    cache: bool = True,
-    early_stop: bool = True,
+    **options: Unpack[EvalArgs],
 ) -> EvalResult:
-    """Score the model on facts with ``metric`` (the eval rule by default).
+    """Score the model on facts with ``metric`` (the eval rule by default), under
+    ``intervention`` (default none); the options (:class:`EvalArgs`) are those of
+    :func:`evaluate_conditions`.
 
     Args:
         metric: ``"generate"``, ``"klar"``, ``"rank"`` or a
@@ -392,12 +338,15 @@ def evaluate_facts(
             draws its own demonstrations.
         pool: (``klar``) the facts demonstrations are drawn from (default: ``facts``
             themselves, other ids, as the benchmark's reference code does).
-        max_new_tokens: tokens of the ``generate`` rule (``klar`` always decodes the
-            benchmark's 10).
-        batch_size: prompts per pass (``rank``: facts per pass, all their candidates
-            together).
+        max_new_tokens: tokens of the ``generate`` rule (default 8; ``klar`` always decodes
+            the benchmark's 10).
+        batch_size: prompts per pass (default 16; ``rank``: facts per pass, all their
+            candidates together).
+        fwd_hooks: extra plain TransformerLens hooks, applied at every pass.
+        progress: show a progress bar.
         cache: decode with a key-value cache (see :func:`greedy_generate`).
-        early_stop: stop decoding a fact as soon as its verdict is final (:func:`decided`,
+        early_stop: stop decoding a fact as soon as its verdict is final
+            (:func:`~mechlingo.scoring.scorers.decided`,
             :func:`~mechlingo.scoring.scorers.klar_decided`): the same ``correct`` and
             ``in_english`` as decoding every token, in less time; ``generation`` then holds
             the decided prefix.
@@ -406,10 +355,7 @@ def evaluate_facts(
         InputError: no facts, every fact skipped by the metric, or options that do not go
             with the metric.
     """
-    return _evaluate(model, facts, {"": intervention}, metric=metric, prompts=prompts,
-                     prefixes=prefixes, pool=pool, max_new_tokens=max_new_tokens,
-                     batch_size=batch_size, fwd_hooks=fwd_hooks, progress=progress,
-                     cache=cache, early_stop=early_stop, shared=False)[""]  # fmt: skip
+    return evaluate_conditions(model, facts, {"": intervention}, shared=False, **options)[""]
 
 
 def evaluate_conditions(
@@ -500,18 +446,6 @@ def _evaluate(
     return {n: EvalResult(r, dict(meta), dict(skipped)) for n, r in zip(names, per, strict=True)}
 
 
-def _in_english(f: Fact, correct: bool, said: str, match: Callable[[str, str], bool]) -> bool:
-    """Whether a wrong answer ``said`` is the fact's English answer instead (``match``
-    decides, e.g. the eval rule)."""
-    return (
-        f.lang != "en"
-        and not correct
-        and bool(f.answer_en)
-        and normalize(f.answer_en) != normalize(f.answer)
-        and match(said, f.answer_en)
-    )
-
-
 def _generate_records(
     model: Model,
     facts: list[Fact],
@@ -523,41 +457,12 @@ def _generate_records(
 ) -> tuple[list[list[dict[str, Any]]], str]:
     """The eval rule's records under every condition (greedy generation, prefix match at a
     word boundary), and the path they took."""
-    gens, path = generate_conditions(
-        model,
-        texts,
-        ivs,
-        stop=(
-            (lambda i, text: decided(text, facts[i].answers, facts[i].lang, facts[i].answer_en))
-            if early_stop
-            else None
-        ),
-        **kw,
+    stop = (
+        (lambda i, text: decided(text, facts[i].answers, facts[i].lang, facts[i].answer_en))
+        if early_stop
+        else None
     )
-    out = []
-    for per in gens:
-        records = []
-        for f, text, gen in zip(facts, texts, per, strict=True):
-            first_line = gen.strip().split("\n")[0] if gen.strip() else ""
-            correct = is_correct(gen, f.answers, f.lang)
-            in_en = _in_english(f, correct, gen, lambda g, a: is_correct(g, [a], "en"))
-            records.append(_record(f, text, first_line, correct, in_en))
-        out.append(records)
-    return out, path
-
-
-def _record(f: Fact, prompt: str, generation: str, correct: bool, in_en: bool) -> dict[str, Any]:
-    """One fact's record of a generation metric (see :class:`EvalResult`)."""
-    return {
-        "id": f.id,
-        "relation": f.relation,
-        "lang": f.lang,
-        "prompt": prompt,
-        "answer": f.answer,
-        "generation": generation,
-        "correct": correct,
-        "in_english": in_en,
-    }
+    return _records_of(generate_record, model, facts, texts, ivs, stop, **kw)
 
 
 def _klar_records(
@@ -574,24 +479,25 @@ def _klar_records(
     two-way prefix rule; and the path they took."""
     texts = [klar_prompt(f, pool, scorer.klar_shots) for f in facts]
     targets = [[*f.answers, *([f.answer_en] if f.answer_en else [])] for f in facts]
-    gens, path = generate_conditions(
-        model,
-        texts,
-        ivs,
-        max_new_tokens=KLAR_MAX_NEW_TOKENS,
-        stop_at_newline=False,
-        stop=(lambda i, text: klar_decided(text, targets[i])) if early_stop else None,
-        **kw,
-    )
-    out = []
-    for per in gens:
-        records = []
-        for f, text, gen in zip(facts, texts, per, strict=True):
-            correct = any(klar_match(gen, a) for a in f.answers)
-            rec = _record(f, text, gen.strip(), correct, _in_english(f, correct, gen, klar_match))
-            records.append({**rec, "shots": text.count("\n")})
-        out.append(records)
-    return out, path
+    stop = (lambda i, text: klar_decided(text, targets[i])) if early_stop else None
+    return _records_of(klar_record, model, facts, texts, ivs, stop,
+                       max_new_tokens=KLAR_MAX_NEW_TOKENS, stop_at_newline=False, **kw)  # fmt: skip
+
+
+def _records_of(
+    record: Callable[[Fact, str, str], dict[str, Any]],
+    model: Model,
+    facts: list[Fact],
+    texts: list[str],
+    ivs: list[Intervention | None],
+    stop: Callable[[int, str], bool] | None,
+    **kw: Any,
+) -> tuple[list[list[dict[str, Any]]], str]:
+    """Every condition's records of a generation metric: ``record(fact, prompt,
+    generation)`` of each fact's continuation of its text (:func:`generate_conditions`
+    with ``stop`` and ``kw``), and the path they took."""
+    gens, path = generate_conditions(model, texts, ivs, stop=stop, **kw)
+    return [[record(*x) for x in zip(facts, texts, per, strict=True)] for per in gens], path
 
 
 def _rank_records(
@@ -604,30 +510,9 @@ def _rank_records(
     """Candidate ranking's records: every candidate's mean cross-entropy, the ranking, the
     gold candidate's rank and whether it is first."""
     scores = score_candidates(model, facts, prefixes=prefixes, tokens=scorer.rank_tokens, **kw)
-    records = []
-    for i, f in enumerate(facts):
-        ce = scores.ce[i]
-        ranking = sorted(range(len(ce)), key=lambda j: (ce[j], j))
-        golds = set(gold_indices(f))
-        gold_rank = 1 + min(ranking.index(g) for g in golds)
-        best = f.candidates[ranking[0]]
-        correct = ranking[0] in golds
-        in_en = _in_english(f, correct, best, lambda c, a: normalize(c) == normalize(a))
-        records.append(
-            {
-                "id": f.id,
-                "relation": f.relation,
-                "lang": f.lang,
-                "prompt": (prefixes[i] if prefixes else "") + f.prompt,
-                "answer": f.answer,
-                "generation": best,
-                "correct": correct,
-                "in_english": in_en,
-                "candidates": list(f.candidates),
-                "scores": [round(x, 6) for x in ce],
-                "ranking": ranking,
-                "gold_rank": gold_rank,
-                "n_tokens": scores.n_tokens[i],
-            }
+    return [
+        rank_record(
+            f, (prefixes[i] if prefixes else "") + f.prompt, scores.ce[i], scores.n_tokens[i]
         )
-    return records
+        for i, f in enumerate(facts)
+    ]

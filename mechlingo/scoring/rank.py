@@ -41,7 +41,7 @@ built-in rule does). Batched scores equal scoring each sentence alone (tested).
 
 **Shared stems.** The candidates of a fact share their leading tokens (BOS, demonstrations,
 the text before the mask), and a causal model computes those positions alike in every row,
-before any position an intervention edits (:func:`mechlingo.scoring.edits.first_edit`: the
+before any position an intervention edits (:func:`mechlingo.interventions.apply.first_edit`: the
 token before the mask under ``"last"``). By default each fact's shared tokens run once, in a
 pass over one row per fact that records their keys and values (and reads the stem's scored
 positions); each candidate row then runs only its last tokens against that cache (a shorter
@@ -50,6 +50,10 @@ whose cache cannot be reused, an intervention editing the whole stem) every row 
 the scores agree to float rounding (within 1e-4 nats, tested). Inside
 :func:`mechlingo.activations.distributed.sharded_scoring` under torchrun the passes are shared
 out among the ranks and the scores gathered in order.
+
+**The record.** :func:`rank_record` turns a fact's scores into its record under ``rank``:
+the ranking, the gold candidate's rank, and whether a gold candidate
+(:func:`mechlingo.scoring.scorers.gold_indices`) scored best.
 """
 
 from __future__ import annotations
@@ -63,19 +67,19 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from mechlingo.activations.decoding import cache_upto, prefix_reuse_supported, run_reads
 from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard
-from mechlingo.activations.prefix import cache_upto, prefix_reuse_supported, run_reads
 from mechlingo.activations.runs import StopForward, final_resid_name, run_batch
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, prepends_bos
 from mechlingo.core.types import FwdHooks, Model
 from mechlingo.data import Fact
-from mechlingo.interventions.apply import intervention_hooks
+from mechlingo.interventions.apply import first_edit, intervention_hooks
 from mechlingo.interventions.base import Intervention
 from mechlingo.kernels.readout import token_logprobs
-from mechlingo.scoring.edits import first_edit
+from mechlingo.scoring.scorers import fact_record, gold_indices, in_english, normalize
 
-__all__ = ["RANK_TOKENS", "CandidateScores", "candidate_layout", "score_candidates"]
+__all__ = ["RANK_TOKENS", "CandidateScores", "candidate_layout", "rank_record", "score_candidates"]
 
 #: What the mean cross-entropy runs over: the whole (query) sentence, or the candidate only.
 RANK_TOKENS = ("sentence", "candidate")
@@ -416,3 +420,22 @@ def score_candidates(
     path = paths.pop() if len(paths) == 1 else ("mixed" if paths else "none")
     return CandidateScores(ce, counts, [lays[0].stem_end for lays in layouts], tokens,
                            {"path": path})  # fmt: skip
+
+
+def rank_record(f: Fact, prompt: str, ce: Sequence[float], n_tokens: Any) -> dict[str, Any]:
+    """``f``'s record under candidate ranking, from every candidate's mean cross-entropy
+    ``ce`` (nats, in candidate order): the ranking (best first, ties by index), the best
+    gold candidate's rank (1 = first) and whether a gold candidate is first."""
+    ranking = sorted(range(len(ce)), key=lambda j: (ce[j], j))
+    golds = set(gold_indices(f))
+    best = f.candidates[ranking[0]]
+    correct = ranking[0] in golds
+    in_en = in_english(f, correct, best, lambda c, a: normalize(c) == normalize(a))
+    return {
+        **fact_record(f, prompt, best, correct, in_en),
+        "candidates": list(f.candidates),
+        "scores": [round(x, 6) for x in ce],
+        "ranking": ranking,
+        "gold_rank": 1 + min(ranking.index(g) for g in golds),
+        "n_tokens": n_tokens,
+    }

@@ -1,8 +1,9 @@
 """The three scorers behind ``--metric``, their rules, and the statistics of each.
 
-* ``generate`` (the default): mechlingo's greedy prefix rule
-  (:mod:`mechlingo.scoring.evaluate`): the greedy continuation of the prompt, cut at its first
-  line break, starts with the answer or an alias after normalisation, at a word boundary.
+* ``generate`` (the default): mechlingo's greedy prefix rule, the *eval rule*
+  (:func:`is_correct`; generation in :mod:`mechlingo.scoring.evaluate`): the greedy
+  continuation of the prompt, cut at its first line break, starts with the answer or an
+  alias after normalisation, at a word boundary (below).
 * ``klar``: the rule of the KLAR benchmark's reference code (Wang et al. 2025;
   ``cisnlp/multilingual-fact-tracing``): three solved demonstrations of the same relation and
   language, each written ``prompt + " " + answer`` and followed by a line break, then the
@@ -21,12 +22,28 @@ Every scorer is chosen with a :class:`Scorer` (or its name) passed as ``metric=`
 ``steer eval``'s sweep, headroom and test, the repair helpers) goes through. A record a
 metric cannot use is skipped for that metric only and counted by reason
 (:func:`skip_reason`); ``docs/methods/scoring.md`` has the details.
+
+**The eval rule.** The model continues the prompt greedily for ``max_new_tokens`` tokens; the
+continuation is cut at its first line break; it is *correct* when, after normalisation, it
+starts with the answer or one of its aliases. Normalisation: Unicode NFKC, case-folding,
+leading whitespace and punctuation (quotes, colons, dashes, brackets) removed, runs of
+whitespace collapsed to one space. In languages written with spaces the match must end at a
+word boundary ("Rom" does not match "Romania"); in Chinese, Japanese and Korean, where
+particles attach to the word, it need not.
+
+This module holds the rules of what counts as correct (:func:`is_correct`, :func:`decided`,
+:func:`klar_match`, :func:`klar_decided`, :func:`in_english`) and usable
+(:func:`skip_reason`, :func:`split_usable`), and a fact's record under ``generate`` and
+``klar`` (:func:`generate_record`, :func:`klar_record`; under ``rank``:
+:func:`mechlingo.scoring.rank.rank_record`).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping, Sequence
+import re
+import unicodedata
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,18 +54,28 @@ from mechlingo.data import Fact
 from mechlingo.kernels.significance import bootstrap_mean, bootstrap_ratio, wilson
 
 __all__ = [
+    "BOUNDARY_FREE_LANGS",
     "KLAR_MAX_NEW_TOKENS",
     "METRICS",
     "Scorer",
     "as_scorer",
     "clc",
+    "decided",
+    "fact_record",
+    "generate_record",
+    "gold_indices",
+    "in_english",
+    "is_correct",
     "klar_decided",
     "klar_match",
     "klar_prompt",
+    "klar_record",
     "metric_summary",
+    "normalize",
     "rankc",
     "rankc_fact",
     "skip_reason",
+    "split_usable",
 ]
 
 METRICS: tuple[str, ...] = ("generate", "klar", "rank")
@@ -147,6 +174,133 @@ def split_usable(
             "need a prompt before the answer",
         )
     return keep, skipped
+
+
+# --------------------------------------------------------------------------------------
+# The eval rule (generate), and an answer given in English
+# --------------------------------------------------------------------------------------
+
+
+BOUNDARY_FREE_LANGS = frozenset({"zh", "ja", "ko"})
+_LEADING_JUNK = re.compile(r"^[\s\"'`“”‘’«»„‚「」『』（）()\[\]{}:：;；,，.。、\-–—*_#]+")
+_WS = re.compile(r"\s+")
+
+
+def normalize(text: str) -> str:
+    """The eval rule's normalisation (see the module docstring)."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    text = _LEADING_JUNK.sub("", text)
+    return _WS.sub(" ", text).strip()
+
+
+def is_correct(generation: str, answers: Sequence[str], lang: str | None = None) -> bool:
+    """Whether ``generation`` (the continuation) starts with one of ``answers``."""
+    gen = normalize(generation.split("\n")[0] if generation.strip() else generation.strip())
+    for ans in answers:
+        a = normalize(ans)
+        if not a or not gen.startswith(a):
+            continue
+        if lang in BOUNDARY_FREE_LANGS or len(gen) == len(a):
+            return True
+        nxt = gen[len(a)]
+        if not (nxt.isalnum() or unicodedata.category(nxt).startswith("M")):
+            return True
+    return False
+
+
+def _status(gen: str, answer: str, lang: str | None) -> str:
+    """``"match"``, ``"fail"`` or ``"open"`` for a normalised partial generation against one
+    normalised answer under the eval rule."""
+    if not answer:
+        return "fail"
+    if gen.startswith(answer):
+        if lang in BOUNDARY_FREE_LANGS:
+            return "match"
+        if len(gen) == len(answer):
+            return "open"  # the next character decides the word boundary
+        nxt = gen[len(answer)]
+        ok = not (nxt.isalnum() or unicodedata.category(nxt).startswith("M"))
+        return "match" if ok else "fail"
+    return "open" if answer.startswith(gen) else "fail"
+
+
+def decided(
+    generation: str, answers: Sequence[str], lang: str | None = None, english: str = ""
+) -> bool:
+    """Whether the eval rule's verdicts on a *partial* greedy generation are already final:
+    it is correct whatever follows, or it can no longer match any answer (nor ``english``,
+    the English answer, whose match :class:`~mechlingo.scoring.evaluate.EvalResult` records
+    as ``in_english``).
+
+    A line break also decides (the rule reads the first line). Used to stop decoding a row
+    early; the verdicts equal those on the full generation (tested)."""
+    line = generation.split("\n")[0]
+    finished = "\n" in generation and bool(generation.strip())
+    text = line.rstrip("\ufffd")  # an incomplete multi-byte character is not text yet
+    gen = normalize(text)
+    if finished:
+        return True
+    if not gen or text != line:
+        return False
+    gold = [_status(gen, normalize(a), lang) for a in answers]
+    if "match" in gold:
+        return True
+    if "open" in gold:
+        return False
+    return not english or _status(gen, normalize(english), "en") != "open"
+
+
+def in_english(f: Fact, correct: bool, said: str, match: Callable[[str, str], bool]) -> bool:
+    """Whether a wrong answer ``said`` is the fact's English answer instead (``match``
+    decides, e.g. the eval rule)."""
+    return (
+        f.lang != "en"
+        and not correct
+        and bool(f.answer_en)
+        and normalize(f.answer_en) != normalize(f.answer)
+        and match(said, f.answer_en)
+    )
+
+
+# --------------------------------------------------------------------------------------
+# One fact's record under each metric (the keys: mechlingo.scoring.evaluate.EvalResult)
+# --------------------------------------------------------------------------------------
+
+
+def fact_record(
+    f: Fact, prompt: str, generation: str, correct: bool, in_en: bool
+) -> dict[str, Any]:
+    """The keys every metric's record of ``f`` has, in their order (see
+    :class:`~mechlingo.scoring.evaluate.EvalResult`)."""
+    return {
+        "id": f.id,
+        "relation": f.relation,
+        "lang": f.lang,
+        "prompt": prompt,
+        "answer": f.answer,
+        "generation": generation,
+        "correct": correct,
+        "in_english": in_en,
+    }
+
+
+def generate_record(f: Fact, prompt: str, generation: str) -> dict[str, Any]:
+    """``f``'s record under the eval rule, from its greedy continuation of ``prompt``: the
+    first line as ``generation``, whether it is correct (:func:`is_correct`) and whether a
+    wrong one is the English answer (:func:`in_english`)."""
+    first_line = generation.strip().split("\n")[0] if generation.strip() else ""
+    correct = is_correct(generation, f.answers, f.lang)
+    in_en = in_english(f, correct, generation, lambda g, a: is_correct(g, [a], "en"))
+    return fact_record(f, prompt, first_line, correct, in_en)
+
+
+def klar_record(f: Fact, prompt: str, generation: str) -> dict[str, Any]:
+    """``f``'s record under KLAR's rule (:func:`klar_match` against each answer), from its
+    continuation of the few-shot ``prompt``; ``shots`` counts the prompt's demonstrations."""
+    correct = any(klar_match(generation, a) for a in f.answers)
+    in_en = in_english(f, correct, generation, klar_match)
+    rec = fact_record(f, prompt, generation.strip(), correct, in_en)
+    return {**rec, "shots": prompt.count("\n")}
 
 
 # --------------------------------------------------------------------------------------

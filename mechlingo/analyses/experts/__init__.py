@@ -31,7 +31,7 @@ models have no single neuron layer and are refused.
 
 The language-model helpers the k curve uses live with the other general helpers:
 :func:`mechlingo.activations.likelihood.line_nll` and ``perplexity``,
-:func:`mechlingo.activations.decoding.sample_from_bos` and
+:func:`mechlingo.activations.likelihood.sample_from_bos` and
 :func:`mechlingo.data.langid.identify_languages`.
 """
 

@@ -23,8 +23,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.decoding import sample_from_bos
-from mechlingo.activations.likelihood import line_nll
+from mechlingo.activations.likelihood import line_nll, sample_from_bos
 from mechlingo.activations.pooled import check_texts
 from mechlingo.analyses.experts.selection import ExpertResult
 from mechlingo.core.errors import ExpertError

@@ -1,41 +1,326 @@
-"""The dev grid of the steering evaluation: every setting scored on dev, one chosen.
+"""The choices the steering evaluation makes on dev data, and what all its stages share.
 
-:func:`choose_on_dev` scores both vectors at every second layer from about 20% to about 90%
-of the depth (:func:`mechlingo.analyses.recall.settings.every_second_layer`), alpha on a log grid from 0.03 to 0.6 (residual-norm
-units, :data:`mechlingo.analyses.recall.settings.ALPHA_GRID`), on a *screen* subset of the dev facts; the best few settings of
-each vector are re-scored on the whole dev split, and the best few task x diff pairs are
-combined. The objective is the mean accuracy over the non-English languages; English is a
-constraint (it may not drop by more than ``en_tolerance``). "No intervention" is a
-candidate: a setting is *chosen* only if it beats it on the dev non-English items by an
-exact McNemar test at ``p < 0.1``; otherwise ``dev_effect`` is ``"none found"`` and test
-still scores the best candidate, labelled as such. The lowest language is fixed here too,
-on dev (:func:`mechlingo.analyses.recall.headroom.lowest_language_rule`).
+* :func:`check_disjoint` (:class:`LeakError`): no test fact id is ever used to build a vector,
+  to draw a demonstration or to choose a setting; called before every stage.
+* :func:`score`: the one scoring call of the dev grid, the test conditions and the transfer
+  matrix (one condition, or many at once through one shared-prefix pass).
+* :func:`headroom`: per language, zero-shot accuracy (the floor) and k-shot accuracy (what
+  engaging recall can reach: the same queries after ``k`` solved demonstrations from the build
+  split), each with a Wilson interval. A repair effect can only be as large as that room.
+* :func:`lowest_language_rule`: the lowest-performing language by the headroom rule and by
+  the literal rule (ties pooled), the one rule the steering evaluation, ``mechlingo
+  replicate`` and the reports use.
+* :func:`choose_on_dev`: the dev grid, every setting scored on dev and one chosen.
+
+**The dev grid.** :func:`choose_on_dev` scores both vectors at every second layer from about
+20% to about 90% of the depth (:func:`mechlingo.analyses.recall.settings.every_second_layer`),
+alpha on a log grid from 0.03 to 0.6 (residual-norm units,
+:data:`mechlingo.analyses.recall.settings.ALPHA_GRID`), on a *screen* subset of the dev facts;
+the best few settings of each vector are re-scored on the whole dev split, and the best few
+task x diff pairs are combined. The objective is the mean accuracy over the non-English
+languages; English is a constraint (it may not drop by more than ``en_tolerance``). "No
+intervention" is a candidate: a setting is *chosen* only if it beats it on the dev
+non-English items by an exact McNemar test at ``p < 0.1``; otherwise ``dev_effect`` is
+``"none found"`` and test still scores the best candidate, labelled as such. The lowest
+language is fixed here too, on dev (:func:`lowest_language_rule`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from mechlingo.analyses.recall import headroom as hm
 from mechlingo.analyses.recall.settings import DevGrid, ScoringOptions
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
+from mechlingo.core.errors import InputError, MechlingoError
 from mechlingo.core.types import Model
-from mechlingo.data import Fact
+from mechlingo.data import Fact, few_shot_prompt
 from mechlingo.data.splits import hash_fraction
 from mechlingo.interventions import Intervention
-from mechlingo.kernels.significance import mcnemar
-from mechlingo.scoring.evaluate import EvalResult
-from mechlingo.scoring.scorers import as_scorer
+from mechlingo.kernels.significance import mcnemar, wilson
+from mechlingo.scoring.evaluate import EvalResult, evaluate_conditions, evaluate_facts
+from mechlingo.scoring.scorers import Scorer, as_scorer
 from mechlingo.viz.steer import sweep_heatmap
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-__all__ = ["Choice", "DevSearch", "choose_on_dev"]
+__all__ = [
+    "HEADROOM_RULE",
+    "LITERAL_RULE",
+    "Choice",
+    "DevSearch",
+    "LeakError",
+    "by_lang",
+    "check_disjoint",
+    "choose_on_dev",
+    "few_shot_prefix",
+    "headroom",
+    "headroom_pairs",
+    "lowest_language_dev",
+    "lowest_language_rule",
+    "metric_options",
+    "non_english_mean",
+    "outcomes",
+    "score",
+    "score_all",
+]
 
-# Dev sweep
+
+class LeakError(MechlingoError, AssertionError):
+    """A test fact id reached building, demonstrations or choosing."""
+
+
+def check_disjoint(
+    stage: str, used: Sequence[Fact] | Sequence[str], test: Sequence[Fact] | Sequence[str]
+) -> None:
+    """Raise :class:`LeakError` when a fact id of ``test`` is among ``used`` (facts or ids)."""
+    leaked = {getattr(f, "id", f) for f in used} & {getattr(f, "id", f) for f in test}
+    if leaked:
+        raise LeakError(f"{len(leaked)} test fact id(s) reached {stage}: {sorted(leaked)[:5]}")
+
+
+def _key(r: dict[str, Any]) -> tuple[str, str]:
+    return (r["id"], r["lang"])
+
+
+def outcomes(res: EvalResult, non_english: bool = True) -> list[bool]:
+    """Correctness per item in a fixed (id, lang) order, non-English items only by default."""
+    rows = sorted(res.records, key=_key)
+    return [bool(r["correct"]) for r in rows if not non_english or r["lang"] != "en"]
+
+
+def by_lang(res: EvalResult) -> dict[str, list[bool]]:
+    out: dict[str, list[bool]] = {}
+    for r in sorted(res.records, key=_key):
+        out.setdefault(r["lang"], []).append(bool(r["correct"]))
+    return out
+
+
+def non_english_mean(res: EvalResult) -> float:
+    """Mean over non-English languages of the per-language accuracy (``nan`` if none)."""
+    acc = {lg: x for lg, x in res.accuracy().items() if lg != "en"}
+    return sum(acc.values()) / len(acc) if acc else float("nan")
+
+
+def score(
+    model: Model,
+    facts: Sequence[Fact],
+    iv: Intervention | None | Mapping[str, Intervention | None],
+    *,
+    metric: str | Scorer = "generate",
+    **kw: Any,
+) -> Any:
+    """Score ``facts`` under ``iv`` with ``metric``: the one scoring call of every stage
+    (:func:`mechlingo.scoring.evaluate.evaluate_facts`; ``kw`` are its options). Given a
+    mapping ``{name: intervention or None}``, every condition at once: ``{name:
+    EvalResult}``, each equal to scoring that condition alone
+    (:func:`mechlingo.scoring.evaluate.evaluate_conditions`: one shared prefix pass per batch
+    of prompts)."""
+    if isinstance(iv, Mapping):
+        return evaluate_conditions(model, list(facts), dict(iv), metric=metric, **kw)
+    return evaluate_facts(model, list(facts), intervention=iv, metric=metric, **kw)
+
+
+def score_all(
+    model: Model, facts: Sequence[Fact], conds: Mapping[str, Intervention | None], **kw: Any
+) -> dict[str, EvalResult]:
+    """Every condition of ``conds`` on ``facts`` at once (:func:`score` with a mapping)."""
+    return score(model, facts, dict(conds), **kw)
+
+
+def few_shot_prefix(fact: Fact, pool: Sequence[Fact], k: int) -> str:
+    """The demonstrations of :func:`~mechlingo.data.few_shot_prompt` without the query: the
+    text placed before the query (its prompt, or under ``rank`` its filled sentence)."""
+    text = few_shot_prompt(fact, pool, k=k)
+    return text[: len(text) - len(fact.prompt)] if fact.prompt else text
+
+
+def headroom(
+    model: Model,
+    facts: Sequence[Fact],
+    pool: Sequence[Fact],
+    *,
+    k_shot: int = 3,
+    zero_shot: EvalResult | None = None,
+    metric: str | Scorer = "generate",
+    **kw: Any,
+) -> dict[str, Any]:
+    """Zero-shot and ``k_shot``-shot accuracy per language with Wilson intervals, under
+    ``metric`` (see the module docstring for ``rank`` and ``klar``).
+
+    Demonstrations come from ``pool`` (the build split), never from ``facts``. Returns
+    ``{"zero_shot": {lang: wilson}, "k_shot": {lang: wilson}, "k": k_shot, "results":
+    {"zero_shot": EvalResult, "k_shot": EvalResult}}`` (``results`` is not JSON)."""
+    facts = list(facts)
+    scorer = as_scorer(metric)
+    check_disjoint("few-shot demonstrations", pool, facts)
+    if scorer.metric == "klar":
+        zero, few = _klar_headroom(model, facts, pool, scorer, k_shot, zero_shot, kw)
+    else:
+        kept, texts = [], []
+        for f in facts:
+            try:
+                texts.append(few_shot_prefix(f, pool, k_shot))
+                kept.append(f)
+            except ValueError:
+                continue
+        zero = (
+            zero_shot if zero_shot is not None else score(model, facts, None, metric=scorer, **kw)
+        )
+        few = EvalResult([])
+        if kept and scorer.metric == "rank":
+            few = score(model, kept, None, metric=scorer, prefixes=texts, **kw)
+        elif kept:
+            prompts = [t + f.prompt for t, f in zip(texts, kept, strict=True)]
+            few = evaluate_facts(model, kept, prompts=prompts, **kw)
+    return {
+        "k": k_shot,
+        "zero_shot": {lg: wilson(sum(v), len(v)).to_json() for lg, v in by_lang(zero).items()},
+        "k_shot": {lg: wilson(sum(v), len(v)).to_json() for lg, v in by_lang(few).items()},
+        "results": {"zero_shot": zero, "k_shot": few},
+    }
+
+
+def _klar_headroom(
+    model: Model,
+    facts: list[Fact],
+    pool: Sequence[Fact],
+    scorer: Scorer,
+    k_shot: int,
+    scored: EvalResult | None,
+    kw: dict[str, Any],
+) -> tuple[EvalResult, EvalResult]:
+    """KLAR's rule with no demonstrations and with ``k_shot`` from ``pool`` (``scored``, the
+    objective's baseline, is reused when it has ``k_shot`` demonstrations)."""
+    kw = {k: v for k, v in kw.items() if k != "pool"}
+    zero = score(model, facts, None, metric=replace(scorer, klar_shots=0), **kw)
+    if scored is not None and scorer.klar_shots == k_shot:
+        return zero, scored
+    few_scorer = replace(scorer, klar_shots=k_shot)
+    return zero, score(model, facts, None, metric=few_scorer, pool=list(pool), **kw)
+
+
+def _tied_lowest(acc: Mapping[str, tuple[int, int]]) -> list[str]:
+    """The languages whose accuracy ``k / n`` is the lowest of ``acc`` (exact ties: every
+    language at that accuracy), sorted by code; English and empty languages never count."""
+    langs = [lg for lg, (_, n) in acc.items() if lg != "en" and n]
+    if not langs:
+        return []
+    low = min(Fraction(acc[lg][0], acc[lg][1]) for lg in langs)
+    return sorted(lg for lg in langs if Fraction(acc[lg][0], acc[lg][1]) == low)
+
+
+def _representative(tied: Sequence[str], few: Mapping[str, float | None]) -> str | None:
+    """One language of a tie, for display only (the lower few-shot accuracy, then the code):
+    the claim is judged on every tied language's pooled items."""
+    if not tied:
+        return None
+    return min(tied, key=lambda lg: (2.0 if few.get(lg) is None else few[lg], lg))  # type: ignore[operator]
+
+
+def lowest_language_dev(zero: dict[str, dict], few: dict[str, dict]) -> str | None:
+    """The literal rule on Wilson dicts (``{lang: {"k", "n", "p"}}``): the non-English
+    language with the lowest dev zero-shot accuracy (of a tie, the one with the lower dev
+    few-shot accuracy, then the code; :func:`lowest_language_rule` gives the whole tie).
+    ``None`` when there is no non-English language. Never English, never chosen on test."""
+    tied = _tied_lowest({lg: (int(w["k"]), int(w["n"])) for lg, w in zero.items()})
+    return _representative(tied, {lg: few.get(lg, {}).get("estimate") for lg in tied})
+
+
+HEADROOM_RULE = (
+    "headroom rule, fixed on dev: among the non-English languages whose dev few-shot accuracy "
+    "beats their zero-shot accuracy (exact McNemar, p < {p:g}, more fixed than broken), those "
+    "with the lowest dev zero-shot accuracy (a tie keeps every tied language; the claim is "
+    "judged on their pooled test items)"
+)
+LITERAL_RULE = (
+    "literal rule, fixed on dev: the non-English languages with the lowest dev zero-shot "
+    "accuracy (a tie keeps every tied language; the claim is judged on their pooled test items)"
+)
+
+
+def headroom_pairs(hr: dict[str, Any]) -> tuple[dict[str, list[bool]], dict[str, list[bool]]]:
+    """Paired per-language outcomes ``(zero_shot, few_shot)`` of a :func:`headroom` result:
+    the items scored both ways, in (id, lang) order."""
+    res = hr["results"]
+    zero = {_key(r): bool(r["correct"]) for r in res["zero_shot"].records}
+    few = {_key(r): bool(r["correct"]) for r in res["k_shot"].records}
+    z: dict[str, list[bool]] = {}
+    f: dict[str, list[bool]] = {}
+    for k in sorted(set(zero) & set(few)):
+        z.setdefault(k[1], []).append(zero[k])
+        f.setdefault(k[1], []).append(few[k])
+    return z, f
+
+
+def lowest_language_rule(
+    zero: dict[str, Sequence[bool]], few: dict[str, Sequence[bool]], *, p_threshold: float = 0.1
+) -> dict[str, Any]:
+    """The lowest-performing language by the two rules of the card, each written once here
+    and used by the protocol, ``mechlingo replicate`` and the reports.
+
+    ``zero[lang]`` and ``few[lang]`` are paired dev outcomes (the same items zero-shot and
+    few-shot). A language has *headroom* when its few-shot accuracy beats its zero-shot
+    accuracy by an exact McNemar test (more fixed than broken, ``p < p_threshold``): only
+    there can a vector that does what the demonstrations do show a gain.
+
+    Returns ``languages`` (the headroom rule: the non-English languages with headroom and
+    the lowest dev zero-shot accuracy; several when tied, empty when none has headroom),
+    ``literal_languages`` (the literal rule, the paper's wording: the non-English languages
+    with the lowest dev zero-shot accuracy), ``language`` and ``literal`` (one of each tie
+    for display: the lower few-shot accuracy, then the code; ``None`` when empty),
+    ``excluded`` (the non-English languages without headroom), ``tests`` (per language:
+    zero-shot and few-shot accuracy, n, fixed, broken, p, ``headroom``), ``rule`` and
+    ``literal_rule`` (the rules in words).
+
+    Raises:
+        InputError: outcomes that are not paired or empty.
+    """
+    tests: dict[str, dict[str, Any]] = {}
+    for lg in sorted(zero):
+        z, f = list(zero[lg]), list(few.get(lg, []))
+        if not z or len(z) != len(f):
+            raise InputError(f"{lg}: zero-shot and few-shot outcomes must be paired and non-empty")
+        m = mcnemar(z, f)
+        ok = m["fixed"] > m["broken"] and m["p"] < p_threshold
+        tests[lg] = {
+            "zero_shot": sum(z) / len(z),
+            "few_shot": sum(f) / len(f),
+            "k": sum(z),
+            **m,
+            "headroom": ok,
+        }
+    counts = {lg: (t["k"], t["n"]) for lg, t in tests.items()}
+    fs = {lg: t["few_shot"] for lg, t in tests.items()}
+    literal = _tied_lowest(counts)
+    head = _tied_lowest({lg: c for lg, c in counts.items() if tests[lg]["headroom"]})
+    return {
+        "language": _representative(head, fs),
+        "languages": head,
+        "literal": _representative(literal, fs),
+        "literal_languages": literal,
+        "excluded": [lg for lg in tests if lg != "en" and not tests[lg]["headroom"]],
+        "tests": tests,
+        "p_threshold": p_threshold,
+        "rule": HEADROOM_RULE.format(p=p_threshold),
+        "literal_rule": LITERAL_RULE,
+    }
+
+
+def metric_options(scorer: Scorer, pool: Sequence[Fact] | None) -> dict[str, Any]:
+    """The scoring options of every stage: the metric, and under ``klar`` the pool its
+    demonstrations come from (the build split)."""
+    out: dict[str, Any] = {"metric": scorer}
+    if scorer.metric == "klar" and pool is not None:
+        out["pool"] = list(pool)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# The dev grid
 # --------------------------------------------------------------------------------------
 
 
@@ -74,7 +359,7 @@ class DevSearch:
     ``score`` (mean non-English accuracy), ``en`` (English accuracy or ``None``), ``n``
     (items), ``en_ok`` (English within tolerance of no intervention). ``baseline``: dev
     accuracy per language without intervention; ``choice``: the :class:`Choice`;
-    ``lowest_language``: fixed on dev (:func:`mechlingo.analyses.recall.headroom.lowest_language_rule`)."""
+    ``lowest_language``: fixed on dev (:func:`lowest_language_rule`)."""
 
     rows: list[dict[str, Any]]
     baseline: dict[str, float]
@@ -194,7 +479,7 @@ def choose_on_dev(
     grid = grid or DevGrid()
     scoring = scoring or ScoringOptions()
     dev_facts = list(dev_facts)
-    hm.check_disjoint("the dev sweep", dev_facts, test_ids)
+    check_disjoint("the dev sweep", dev_facts, test_ids)
     scorer = as_scorer(scoring.metric)
     kw = {**scoring.kw(), **score_kw}
     task_layers, diff_layers = grid.layers(int(model.cfg.n_layers))
@@ -204,7 +489,7 @@ def choose_on_dev(
     }
     screen_ids, top_k, p_threshold = grid.screen_ids, grid.top_k, grid.p_threshold
     screen = _screen_subset(dev_facts, screen_ids) if screen_ids else dev_facts
-    sw = _DevSearch(model, {**kw, **hm.metric_options(scorer, pool)}, grid.en_tolerance)
+    sw = _DevSearch(model, {**kw, **metric_options(scorer, pool)}, grid.en_tolerance)
     base_screen = sw.screen(vectors, search_grid, screen)
     results, finalists, base = sw.finalists(
         vectors, dev_facts, base_screen if screen is dev_facts else None, top_k
@@ -214,8 +499,8 @@ def choose_on_dev(
     hr: dict[str, Any] = {}
     rule: dict[str, Any] = {}
     if pool is not None:
-        hr = hm.headroom(model, dev_facts, pool, k_shot=k_shot, zero_shot=base, metric=scorer, **kw)
-        rule = hm.lowest_language_rule(*hm.headroom_pairs(hr), p_threshold=p_threshold)
+        hr = headroom(model, dev_facts, pool, k_shot=k_shot, zero_shot=base, metric=scorer, **kw)
+        rule = lowest_language_rule(*headroom_pairs(hr), p_threshold=p_threshold)
     return DevSearch(
         sw.rows,
         base.accuracy(),
@@ -247,21 +532,21 @@ class _DevSearch:
         self.rows: list[dict[str, Any]] = []
 
     def score(self, facts: Sequence[Fact], iv: Intervention | None) -> EvalResult:
-        return hm.score(self.model, facts, iv, **self.kw)
+        return score(self.model, facts, iv, **self.kw)
 
     def score_all(
         self, facts: Sequence[Fact], conds: dict[Any, Intervention | None]
     ) -> dict[Any, EvalResult]:
-        """Every condition of ``conds`` on ``facts`` at once (:func:`mechlingo.analyses.recall.headroom.score_all`)."""
+        """Every condition of ``conds`` on ``facts`` at once (:func:`score_all`)."""
         named = {str(i): iv for i, iv in enumerate(conds.values())}
-        got = hm.score_all(self.model, facts, named, **self.kw)
+        got = score_all(self.model, facts, named, **self.kw)
         return {key: got[str(i)] for i, key in enumerate(conds)}
 
     def row(self, stage: str, setting: dict[str, Any], res: EvalResult, ref: EvalResult) -> dict:
         """Record one setting's scores (``en_ok``: English within tolerance of ``ref``)."""
         en, en0 = _en(res), _en(ref)
         ok = en is None or en0 is None or en >= en0 - self.en_tolerance - 1e-9
-        r = {"stage": stage, **setting, "score": hm.non_english_mean(res), "en": en, "en_ok": ok}
+        r = {"stage": stage, **setting, "score": non_english_mean(res), "en": en, "en_ok": ok}
         r["n"] = len(res.records)
         self.rows.append(r)
         return r
@@ -348,6 +633,13 @@ class _DevSearch:
         return results
 
 
+def _pair_config(row: dict[str, Any]) -> SteeringConfig:
+    """The setting of a ``"both"`` sweep row (both vectors' layer and alpha)."""
+    return SteeringConfig(
+        row["task_layer"], row["task_alpha"], row["diff_layer"], row["diff_alpha"]
+    )
+
+
 def _choose(
     results: dict[str, tuple[dict, EvalResult]],
     finalists: dict[str, list[dict]],
@@ -362,36 +654,19 @@ def _choose(
     both = [(k, v) for k, v in results.items() if k.startswith("both:")]
     pair_row = min(both, key=rank)[1][0] if both else None
     t, d = finalists["task"][0], finalists["diff"][0]
+    pair = None if pair_row is None else _pair_config(pair_row)
     if best_row["vector"] == "both":
-        cfg = SteeringConfig(
-            best_row["task_layer"],
-            best_row["task_alpha"],
-            best_row["diff_layer"],
-            best_row["diff_alpha"],
-        )
-    elif pair_row is not None:
-        cfg = SteeringConfig(
-            pair_row["task_layer"],
-            pair_row["task_alpha"],
-            pair_row["diff_layer"],
-            pair_row["diff_alpha"],
-        )
+        cfg = _pair_config(best_row)
+    elif pair is not None:
+        cfg = pair
     else:
         cfg = SteeringConfig(t["layer"], t["alpha"], d["layer"], d["alpha"])
     if best_row["vector"] == "task":
         cfg = SteeringConfig(best_row["layer"], best_row["alpha"], cfg.diff_layer, cfg.diff_alpha)
     elif best_row["vector"] == "diff":
         cfg = SteeringConfig(cfg.task_layer, cfg.task_alpha, best_row["layer"], best_row["alpha"])
-    test = mcnemar(hm.outcomes(base), hm.outcomes(best_res))
+    test = mcnemar(outcomes(base), outcomes(best_res))
     found = test["p"] < p_threshold and test["fixed"] > test["broken"] and bool(best_row["en_ok"])
-    pair = None
-    if pair_row is not None:
-        pair = SteeringConfig(
-            pair_row["task_layer"],
-            pair_row["task_alpha"],
-            pair_row["diff_layer"],
-            pair_row["diff_alpha"],
-        )
     single = min(
         (v for v in ("task", "diff") if finalists.get(v)),
         key=lambda v: _rank(finalists[v][0]),
@@ -402,12 +677,7 @@ def _choose(
         best_row["vector"],
         "found" if found else "none found",
         {**test, "threshold": p_threshold, "candidate": best_key},
-        {"none": hm.non_english_mean(base), "selected": best_row["score"]},
+        {"none": non_english_mean(base), "selected": best_row["score"]},
         pair,
         single,
     )
-
-
-# --------------------------------------------------------------------------------------
-# Test
-# --------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 This is what ``mechlingo steer eval`` runs (and what a notebook can call step by step):
 
-1. **Headroom** (:func:`mechlingo.analyses.recall.headroom.headroom`): per language, zero-shot accuracy (the floor) and k-shot
+1. **Headroom** (:func:`mechlingo.analyses.recall.dev_grid.headroom`): per language, zero-shot accuracy (the floor) and k-shot
    accuracy (what engaging recall can reach: the same queries after ``k`` solved
    demonstrations from the build split), each with a Wilson interval. A prompt family that
    already engages recall (tuned templates) leaves little room between the two, and a repair
@@ -16,7 +16,7 @@ This is what ``mechlingo steer eval`` runs (and what a notebook can call step by
    if it beats it on the dev non-English items by an exact McNemar test at ``p < 0.1``;
    otherwise ``dev_effect`` is ``"none found"`` and test still scores the best candidate,
    labelled as such. The lowest language is fixed here, on dev, by the headroom rule
-   (:func:`mechlingo.analyses.recall.headroom.lowest_language_rule`): among the non-English languages whose few-shot accuracy
+   (:func:`mechlingo.analyses.recall.dev_grid.lowest_language_rule`): among the non-English languages whose few-shot accuracy
    beats their zero-shot accuracy (exact McNemar, ``p < 0.1``), those with the lowest
    zero-shot accuracy; the literal rule (the lowest zero-shot accuracy over the non-English
    languages) is reported next to it, with the languages excluded for lack of headroom.
@@ -28,7 +28,7 @@ This is what ``mechlingo steer eval`` runs (and what a notebook can call step by
    non-English mean gain and of the lowest language's gain (relative where its ``orig`` > 0).
 
 **Metrics.** Every stage scores with the same ``metric`` (``generate``, the default; ``rank``
-or ``klar``, see :mod:`mechlingo.scoring.scorers`), passed to :func:`mechlingo.analyses.recall.headroom.score`. Under ``rank``
+or ``klar``, see :mod:`mechlingo.scoring.scorers`), passed to :func:`mechlingo.analyses.recall.dev_grid.score`. Under ``rank``
 the k-shot headroom condition puts the demonstrations before the filled query sentence and
 scores the query's tokens only; under ``klar``, whose prompts already carry demonstrations
 (drawn from the build split, never from dev or test), headroom compares KLAR's rule with 0
@@ -36,7 +36,7 @@ demonstrations (``zero_shot``) and with ``k`` (``k_shot``).
 
 Fact ids are split once by a hash (:func:`mechlingo.data.splits.split_facts`): no test id is
 ever used to build a vector, to draw a demonstration or to choose a setting
-(:func:`mechlingo.analyses.recall.headroom.check_disjoint` is called before every stage; a test fails if one leaks).
+(:func:`mechlingo.analyses.recall.dev_grid.check_disjoint` is called before every stage; a test fails if one leaks).
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mechlingo.analyses.recall import dev_grid, steering
-from mechlingo.analyses.recall import headroom as hm
 from mechlingo.analyses.recall.dev_grid import Choice, DevSearch
 from mechlingo.analyses.recall.settings import (
     BuildSettings,
@@ -136,15 +135,15 @@ class SteerTestResult:
     def summary(self) -> dict[str, Any]:
         """JSON-ready statistics (see the module docstring)."""
         orig = self.results["orig"]
-        o_all = hm.outcomes(orig)
+        o_all = dev_grid.outcomes(orig)
         sel = self.choice.selected if self.choice.selected in self.results else "both"
         out: dict[str, Any] = {
             "accuracy": self.accuracy(),
             "intervals": {
-                c: {lg: wilson(sum(v), len(v)).to_json() for lg, v in hm.by_lang(r).items()}
+                c: {lg: wilson(sum(v), len(v)).to_json() for lg, v in dev_grid.by_lang(r).items()}
                 for c, r in self.results.items()
             },
-            "non_english_mean": {c: hm.non_english_mean(r) for c, r in self.results.items()},
+            "non_english_mean": {c: dev_grid.non_english_mean(r) for c, r in self.results.items()},
             "selected": sel,
             "dev_effect": self.choice.dev_effect,
             "config": self.choice.config.to_json(),
@@ -160,18 +159,20 @@ class SteerTestResult:
         for c, r in self.results.items():
             if c == "orig":
                 continue
-            o = hm.outcomes(r)
+            o = dev_grid.outcomes(r)
             vs_orig[c] = mcnemar(o_all, o)
             gains[c] = paired_gain(o_all, o).to_json()
             if not c.startswith("random_s"):
-                vs_random[c] = {rc: mcnemar(hm.outcomes(self.results[rc]), o) for rc in randoms}
+                vs_random[c] = {
+                    rc: mcnemar(dev_grid.outcomes(self.results[rc]), o) for rc in randoms
+                }
         out["mcnemar_vs_orig"] = vs_orig
         out["mcnemar_vs_random"] = vs_random
         out["non_english_gain"] = gains
         out.update(self._lowest_summary())
         hr = {k: v for k, v in self.headroom.items() if k != "results"}
         out["headroom"] = hr
-        n = {lg: len(v) for lg, v in hm.by_lang(orig).items()}
+        n = {lg: len(v) for lg, v in dev_grid.by_lang(orig).items()}
         out["n_test_facts"] = n
         out["warnings"] = [
             f"{lg}: only {k} test facts (fewer than {MIN_TEST_FACTS}); intervals are wide"
@@ -185,7 +186,7 @@ class SteerTestResult:
         langs = [langs] if isinstance(langs, str) else list(langs or [])
         if not langs:
             return {}
-        by = {c: hm.by_lang(r) for c, r in self.results.items()}
+        by = {c: dev_grid.by_lang(r) for c, r in self.results.items()}
         base = [x for lg in langs for x in by["orig"].get(lg, [])]
         return {
             c: paired_gain(base, [x for lg in langs for x in v.get(lg, [])]).to_json()
@@ -252,7 +253,7 @@ def evaluate_test(
     and the test headroom (zero-shot vs k-shot with demonstrations from ``pool``).
     ``scoring``: how every item is scored
     (:class:`~mechlingo.analyses.recall.settings.ScoringOptions`). ``lowest_rule`` is
-    :func:`~mechlingo.analyses.recall.headroom.lowest_language_rule` on dev (its literal-rule language is
+    :func:`~mechlingo.analyses.recall.dev_grid.lowest_language_rule` on dev (its literal-rule language is
     reported too); when dev chose a pair other than ``choice.config``, ``both_pair`` scores
     both vectors at that pair (the headline condition).
 
@@ -288,18 +289,18 @@ def evaluate_test(
     sel = choice.selected if choice.selected in ("task", "diff", "both") else "both"
     for s in seeds:
         conds[f"random_s{s}"] = _random_of(vectors, cfg, sel, int(s))
-    mkw = hm.metric_options(scorer, pool)
+    mkw = dev_grid.metric_options(scorer, pool)
     results = _score_conditions(
         cache or (lambda name, fn: fn()),
         conds,
-        lambda todo: hm.score_all(model, test_facts, todo, **kw, **mkw),
+        lambda todo: dev_grid.score_all(model, test_facts, todo, **kw, **mkw),
     )
     run = cache or (lambda name, fn: fn())
     hr: dict[str, Any] = {}
     if pool is not None:
         hr = run(
             "headroom",
-            lambda: hm.headroom(
+            lambda: dev_grid.headroom(
                 model,
                 test_facts,
                 pool,
@@ -667,13 +668,13 @@ def _one_split(
         )
     notes = []
     if "fact_ids" in vectors.build:
-        hm.check_disjoint("building the vectors", vectors.build["fact_ids"], test)
-        hm.check_disjoint("building the vectors", vectors.build["fact_ids"], dev)
+        dev_grid.check_disjoint("building the vectors", vectors.build["fact_ids"], test)
+        dev_grid.check_disjoint("building the vectors", vectors.build["fact_ids"], dev)
     else:
         notes.append(
             "the vectors record no build fact ids: their disjointness from test is unchecked"
         )
-    hm.check_disjoint("the few-shot demonstrations", build, test)
+    dev_grid.check_disjoint("the few-shot demonstrations", build, test)
     choice, lowest, rule, searched = _dev_step(
         model, vectors, dev, build, test, k_shot, opt, stages, prefix
     )
@@ -724,8 +725,10 @@ def _dev_step(
         score_kw = {**opt.scoring.kw(), "metric": opt.scoring.metric}
         rule = stages.run(
             f"{prefix}dev-headroom",
-            lambda: hm.lowest_language_rule(
-                *hm.headroom_pairs(hm.headroom(model, dev, build, k_shot=k_shot, **score_kw)),
+            lambda: dev_grid.lowest_language_rule(
+                *dev_grid.headroom_pairs(
+                    dev_grid.headroom(model, dev, build, k_shot=k_shot, **score_kw)
+                ),
                 p_threshold=opt.grid.p_threshold,
             ),
         )

@@ -39,8 +39,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.means import last_token_means
-from mechlingo.activations.runs import collect
+from mechlingo.activations.runs import collect, last_token_means
 from mechlingo.analyses.recall.settings import BuildSettings
 from mechlingo.core.errors import ArtifactError, InputError
 from mechlingo.core.faults import derive_seed
@@ -463,7 +462,7 @@ def lowest_above_zero(orig: dict[str, float]) -> str | None:
     correct answer would be an "infinite" gain); their absolute gains are reported instead.
 
     This is *not* the card's lowest-language rule
-    (:func:`mechlingo.analyses.recall.headroom.lowest_language_rule`), and answers another
+    (:func:`mechlingo.analyses.recall.dev_grid.lowest_language_rule`), and answers another
     question: "on which of the scored languages is a relative gain defined and smallest",
     a description of one set of scored facts for :func:`score_at_config`'s quick look. The
     card's rule is fixed on dev (headroom: paired zero-shot and few-shot outcomes, ties

@@ -56,8 +56,8 @@ from mechlingo.core.tokens import encode, prepends_bos
 from mechlingo.core.types import Model
 from mechlingo.data import load_facts
 from mechlingo.kernels.significance import bootstrap_mean, wilson
-from mechlingo.scoring.evaluate import EvalResult, evaluate_facts, is_correct, normalize
-from mechlingo.scoring.scorers import skip_reason, split_usable
+from mechlingo.scoring.evaluate import EvalResult, evaluate_facts
+from mechlingo.scoring.scorers import is_correct, normalize, skip_reason, split_usable
 from mechlingo.viz.trace import class_fractions_figure, class_profiles_figure
 
 if TYPE_CHECKING:

@@ -48,8 +48,7 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from mechlingo.analyses.recall import dev_grid, pooled
-from mechlingo.analyses.recall import headroom as hm
-from mechlingo.analyses.recall.headroom import LeakError, check_disjoint
+from mechlingo.analyses.recall.dev_grid import LeakError, check_disjoint
 from mechlingo.analyses.recall.pooled import GroupStats, balance_relations, group_stats, spread
 from mechlingo.analyses.recall.settings import (
     BuildSettings,
@@ -631,8 +630,8 @@ class _Run:
         self, facts: Sequence[Fact], iv: Intervention | None | dict[str, Intervention | None]
     ) -> Any:
         """``facts`` scored under ``iv``, or under every condition of a mapping at once
-        (:func:`mechlingo.analyses.recall.headroom.score`)."""
-        return hm.score(self.model, facts, iv, **self.kw)
+        (:func:`mechlingo.analyses.recall.dev_grid.score`)."""
+        return dev_grid.score(self.model, facts, iv, **self.kw)
 
     def row(self, row: _Row, vectors: SteeringPair) -> None:
         """Check what the row was built on, choose on its dev facts, score its cells."""

@@ -21,8 +21,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from mechlingo.analyses.recall.patching.errors import PatchingError
-from mechlingo.core.chat import chat_prefix_length
-from mechlingo.core.tokens import TokenBatch, encode
+from mechlingo.core.tokens import TokenBatch, chat_prefix_length, encode
 from mechlingo.core.types import Model
 
 __all__ = [
