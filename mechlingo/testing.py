@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -191,13 +192,24 @@ def _special_ids(tok: Any) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class Sizes:
-    """The sizes of a tiny model."""
+    """The sizes of a tiny model (and the two that follow from them: ``n_kv_heads``,
+    ``head_dim``)."""
 
     n_layers: int = 2
     d_model: int = 32
     d_mlp: int = 64
     n_heads: int = 4
     n_ctx: int = 128
+
+    @property
+    def n_kv_heads(self) -> int:
+        """Key-value heads of grouped-query attention: half the query heads."""
+        return self.n_heads // 2
+
+    @property
+    def head_dim(self) -> int:
+        """The width of one head: ``d_model / n_heads``."""
+        return self.d_model // self.n_heads
 
 
 def _alternating(n_layers: int) -> list[str]:
@@ -217,7 +229,7 @@ def _test_gemma3(v: int, ids: dict[str, Any], s: Sizes) -> Any:
         num_hidden_layers=s.n_layers,
         num_attention_heads=s.n_heads,
         num_key_value_heads=max(1, s.n_heads // 2),
-        head_dim=s.d_model // s.n_heads,
+        head_dim=s.head_dim,
         max_position_embeddings=s.n_ctx,
         sliding_window=64,
         layer_types=["full_attention"] * s.n_layers,
@@ -225,182 +237,62 @@ def _test_gemma3(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     )
 
 
-def _rope_kw(v: int, ids: dict[str, Any], s: Sizes, **extra: Any) -> dict[str, Any]:
-    kw = dict(
-        vocab_size=v,
-        hidden_size=s.d_model,
-        intermediate_size=s.d_mlp,
-        num_hidden_layers=s.n_layers,
-        num_attention_heads=s.n_heads,
-        num_key_value_heads=s.n_heads // 2,
-        max_position_embeddings=s.n_ctx,
-        **ids,
-    )
-    kw.update(extra)
-    return kw
+#: The names most configs (Llama's and its descendants') give the sizes, ``{size: key}``.
+_LLAMA_NAMES: Mapping[str, str] = MappingProxyType(
+    {
+        "d_model": "hidden_size",
+        "d_mlp": "intermediate_size",
+        "n_layers": "num_hidden_layers",
+        "n_heads": "num_attention_heads",
+        "n_ctx": "max_position_embeddings",
+    }
+)
+#: With grouped-query attention (the default), and also with a head width of its own.
+_GQA = MappingProxyType({**_LLAMA_NAMES, "n_kv_heads": "num_key_value_heads"})
+_GQA_HEAD_DIM = MappingProxyType({**_GQA, "head_dim": "head_dim"})
+#: The families that name the sizes their own way.
+_BLOOM = MappingProxyType({"d_model": "hidden_size", "n_layers": "n_layer", "n_heads": "n_head"})
+_GPT2 = MappingProxyType(
+    {"d_model": "n_embd", "n_layers": "n_layer", "n_heads": "n_head", "n_ctx": "n_positions"}
+)
+_XGLM = MappingProxyType(
+    {"d_model": "d_model", "d_mlp": "ffn_dim", "n_layers": "num_layers",
+     "n_heads": "attention_heads", "n_ctx": "max_position_embeddings"}
+)  # fmt: skip
+_FALCON = MappingProxyType(
+    {"d_model": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads"}
+)
 
 
-def _llama(v: int, ids: dict[str, Any], s: Sizes) -> Any:
-    from transformers import LlamaConfig
+@dataclass(frozen=True)
+class _Config:
+    """A tiny model's transformers config: the class ``name`` built from the vocabulary
+    size, the tokenizer's special ids and the sizes under the config's ``names`` for them
+    (``{size: config key}``, a size being a :class:`Sizes` attribute), plus ``extra``; with
+    ``sliding``, sliding-window and full attention layers in turn, with a window of 4 tokens
+    (shorter than the test prompts: the local layers really slide)."""
 
-    return LlamaConfig(**_rope_kw(v, ids, s, tie_word_embeddings=False))
+    name: str
+    names: Mapping[str, str]
+    extra: Mapping[str, Any]
+    sliding: bool
 
+    def __call__(self, v: int, ids: dict[str, Any], s: Sizes) -> Any:
+        import transformers
 
-def _mistral(v: int, ids: dict[str, Any], s: Sizes) -> Any:
-    from transformers import MistralConfig
-
-    return MistralConfig(**_rope_kw(v, ids, s, sliding_window=None, tie_word_embeddings=False))
-
-
-def _qwen2(v: int, ids: dict[str, Any], s: Sizes) -> Any:
-    from transformers import Qwen2Config
-
-    return Qwen2Config(**_rope_kw(v, ids, s, tie_word_embeddings=True))
-
-
-def _qwen3(v: int, ids: dict[str, Any], s: Sizes) -> Any:
-    from transformers import Qwen3Config
-
-    return Qwen3Config(
-        **_rope_kw(v, ids, s, head_dim=s.d_model // s.n_heads, tie_word_embeddings=True)
-    )
+        kw: dict[str, Any] = {"vocab_size": v}
+        kw |= {key: getattr(s, size) for size, key in self.names.items()}
+        if self.sliding:
+            kw |= {"sliding_window": 4, "layer_types": _alternating(s.n_layers)}
+        return getattr(transformers, self.name)(**(kw | dict(ids) | dict(self.extra)))
 
 
-def _gemma(v: int, ids: dict[str, Any], s: Sizes) -> Any:
-    from transformers import GemmaConfig
-
-    return GemmaConfig(
-        **_rope_kw(v, ids, s, num_key_value_heads=1, head_dim=s.d_model // s.n_heads)
-    )
-
-
-def _gemma2(v: int, ids: dict[str, Any], s: Sizes) -> Any:
-    from transformers import Gemma2Config
-
-    return Gemma2Config(
-        **_rope_kw(
-            v,
-            ids,
-            s,
-            head_dim=s.d_model // s.n_heads,
-            sliding_window=4,  # shorter than the test prompts: the local layer really slides
-            layer_types=_alternating(s.n_layers),
-            final_logit_softcapping=3.0,  # small, so the cap really bends the logits
-            attn_logit_softcapping=5.0,
-        )
-    )
-
-
-def _gemma3(v: int, ids: dict[str, Any], s: Sizes) -> Any:
-    from transformers import Gemma3TextConfig
-
-    return Gemma3TextConfig(
-        **_rope_kw(
-            v,
-            ids,
-            s,
-            head_dim=s.d_model // s.n_heads,
-            sliding_window=4,
-            layer_types=_alternating(s.n_layers),
-        )
-    )
-
-
-def _bloom(v: int, ids: dict[str, Any], s: Sizes) -> Any:
-    from transformers import BloomConfig
-
-    return BloomConfig(
-        vocab_size=v, hidden_size=s.d_model, n_layer=s.n_layers, n_head=s.n_heads, **ids
-    )
-
-
-def _cohere(v: int, ids: dict[str, Any], s: Sizes) -> Any:
-    from transformers import CohereConfig
-
-    return CohereConfig(**_rope_kw(v, ids, s, logit_scale=0.5, tie_word_embeddings=True))
-
-
-def _gpt2(v: int, ids: dict[str, Any], s: Sizes) -> Any:
-    from transformers import GPT2Config
-
-    return GPT2Config(
-        vocab_size=v,
-        n_embd=s.d_model,
-        n_layer=s.n_layers,
-        n_head=s.n_heads,
-        n_positions=s.n_ctx,
-        **ids,
-    )
-
-
-def _neox(v: int, ids: dict[str, Any], s: Sizes) -> Any:
-    from transformers import GPTNeoXConfig
-
-    kw = _rope_kw(v, ids, s, rotary_pct=0.5, tie_word_embeddings=False)
-    kw.pop("num_key_value_heads")
-    return GPTNeoXConfig(**kw)
-
-
-def _xglm(v: int, ids: dict[str, Any], s: Sizes) -> Any:
-    from transformers import XGLMConfig
-
-    return XGLMConfig(
-        vocab_size=v,
-        d_model=s.d_model,
-        ffn_dim=s.d_mlp,
-        num_layers=s.n_layers,
-        attention_heads=s.n_heads,
-        max_position_embeddings=s.n_ctx,
-        **ids,
-    )
-
-
-def _phi3(v: int, ids: dict[str, Any], s: Sizes) -> Any:
-    from transformers import Phi3Config
-
-    return Phi3Config(**_rope_kw(v, ids, s, tie_word_embeddings=False))
-
-
-def _olmo2(v: int, ids: dict[str, Any], s: Sizes) -> Any:
-    from transformers import Olmo2Config
-
-    return Olmo2Config(**_rope_kw(v, ids, s, tie_word_embeddings=False))
-
-
-def _falcon(v: int, ids: dict[str, Any], s: Sizes) -> Any:
-    from transformers import FalconConfig
-
-    return FalconConfig(
-        vocab_size=v,
-        hidden_size=s.d_model,
-        num_hidden_layers=s.n_layers,
-        num_attention_heads=s.n_heads,
-        **ids,
-    )
-
-
-def _cohere2(v: int, ids: dict[str, Any], s: Sizes) -> Any:
-    from transformers import Cohere2Config
-
-    return Cohere2Config(
-        **_rope_kw(
-            v,
-            ids,
-            s,
-            logit_scale=0.5,
-            sliding_window=4,
-            layer_types=_alternating(s.n_layers),
-            tie_word_embeddings=True,
-        )
-    )
-
-
-def _stablelm(v: int, ids: dict[str, Any], s: Sizes) -> Any:
-    from transformers import StableLmConfig
-
-    return StableLmConfig(
-        **_rope_kw(v, ids, s, partial_rotary_factor=0.5, tie_word_embeddings=False)
-    )
+def _config(
+    name: str, names: Mapping[str, str] = _GQA, *, sliding: bool = False, **extra: Any
+) -> _Config:
+    """The :class:`_Config` of the transformers class ``name``: the sizes under ``names``
+    (default: Llama's, with grouped-query attention), ``sliding`` and the ``extra`` keys."""
+    return _Config(name, names, extra, sliding)
 
 
 # --------------------------------------------------------------------------------------
@@ -458,25 +350,31 @@ class TinySpec:
     init: Callable[[torch.nn.Module, int], None] = _randomize
 
 
-_CONFIGS: dict[str, tuple[TokenizerKind, Callable[[int, dict[str, int], Sizes], Any]]] = {
-    "gemma3": ("bytelevel", _gemma3),
-    "gemma2": ("metaspace", _gemma2),
-    "gemma": ("metaspace", _gemma),
-    "llama": ("metaspace", _llama),
-    "mistral": ("metaspace", _mistral),
-    "qwen2": ("qwen", _qwen2),
-    "qwen3": ("qwen", _qwen3),
-    "bloom": ("bytelevel", _bloom),
-    "cohere": ("bytelevel", _cohere),
-    "cohere2": ("bytelevel", _cohere2),
-    "gpt2": ("gpt2", _gpt2),
-    "gpt_neox": ("nospace", _neox),
-    "xglm": ("xglm", _xglm),
-    "phi3": ("metaspace", _phi3),
-    "olmo2": ("bytelevel", _olmo2),
-    "stablelm": ("gpt2", _stablelm),
-    "falcon": ("spacetoken", _falcon),
-}
+_CONFIGS: dict[str, tuple[TokenizerKind, _Config]] = {
+    "gemma3": ("bytelevel", _config("Gemma3TextConfig", _GQA_HEAD_DIM, sliding=True)),
+    # small caps, so that they really bend the logits
+    "gemma2": ("metaspace", _config("Gemma2Config", _GQA_HEAD_DIM, sliding=True,
+                                    final_logit_softcapping=3.0, attn_logit_softcapping=5.0)),
+    "gemma": ("metaspace", _config("GemmaConfig", _GQA_HEAD_DIM, num_key_value_heads=1)),
+    "llama": ("metaspace", _config("LlamaConfig", tie_word_embeddings=False)),
+    "mistral": ("metaspace", _config("MistralConfig", sliding_window=None,
+                                     tie_word_embeddings=False)),
+    "qwen2": ("qwen", _config("Qwen2Config", tie_word_embeddings=True)),
+    "qwen3": ("qwen", _config("Qwen3Config", _GQA_HEAD_DIM, tie_word_embeddings=True)),
+    "bloom": ("bytelevel", _config("BloomConfig", _BLOOM)),
+    "cohere": ("bytelevel", _config("CohereConfig", logit_scale=0.5, tie_word_embeddings=True)),
+    "cohere2": ("bytelevel", _config("Cohere2Config", sliding=True, logit_scale=0.5,
+                                     tie_word_embeddings=True)),
+    "gpt2": ("gpt2", _config("GPT2Config", _GPT2)),
+    "gpt_neox": ("nospace", _config("GPTNeoXConfig", _LLAMA_NAMES, rotary_pct=0.5,
+                                    tie_word_embeddings=False)),
+    "xglm": ("xglm", _config("XGLMConfig", _XGLM)),
+    "phi3": ("metaspace", _config("Phi3Config", tie_word_embeddings=False)),
+    "olmo2": ("bytelevel", _config("Olmo2Config", tie_word_embeddings=False)),
+    "stablelm": ("gpt2", _config("StableLmConfig", partial_rotary_factor=0.5,
+                                 tie_word_embeddings=False)),
+    "falcon": ("spacetoken", _config("FalconConfig", _FALCON)),
+}  # fmt: skip
 
 TINY: dict[str | None, TinySpec] = {
     None: TinySpec(

@@ -5,8 +5,8 @@ calls these after its own sections; each section carries the anchor its rows lin
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -46,24 +46,23 @@ def _section(report: Report, anchor: str, title: str) -> None:
     report.parts.append(f"<h2 id='{html.escape(anchor)}'>{html.escape(title)}</h2>")
 
 
-def _skip(report: Report, data: Mapping[str, Any] | None, name: str) -> bool:
+def _has_data(
+    report: Report, data: Mapping[str, Any] | None, name: str
+) -> TypeGuard[Mapping[str, Any]]:
+    """Whether the stage ``name`` left data to show; when not, a note says why."""
     if data is None:
         report.add_text(f"The {name} stage did not run.", note=True)
-        return True
+        return False
     if "error" in data:
         report.add_text(f"The {name} stage failed: {data['error']}", note=True)
-        return True
+        return False
     if "untestable" in data:
         report.add_text(str(data["untestable"]), note=True)
-        return True
-    return False
+        return False
+    return True
 
 
-def _decoders(report: Report, data: Mapping[str, Any] | None) -> None:
-    _section(report, "fig-decoders", "The latent-English order under each decoder")
-    if _skip(report, data, "decoders"):
-        return
-    assert data is not None
+def _decoders(report: Report, data: Mapping[str, Any]) -> None:
     rows = []
     for name, d in data["decoders"].items():
         if "untestable" in d:
@@ -82,11 +81,7 @@ def _decoders(report: Report, data: Mapping[str, Any] | None) -> None:
     report.add_table(rows)
 
 
-def _conversion(report: Report, data: Mapping[str, Any] | None) -> None:
-    _section(report, "fig-conversion", "Patching the conversion band (last token)")
-    if _skip(report, data, "conversion"):
-        return
-    assert data is not None
+def _conversion(report: Report, data: Mapping[str, Any]) -> None:
     rows = []
     for lg, d in sorted(data["langs"].items()):
         if "untestable" in d:
@@ -105,11 +100,7 @@ def _conversion(report: Report, data: Mapping[str, Any] | None) -> None:
     report.add_table(rows)
 
 
-def _external(report: Report, data: Mapping[str, Any] | None) -> None:
-    _section(report, "fig-external", "External transfer: the bundled data's vectors on a benchmark")
-    if _skip(report, data, "external"):
-        return
-    assert data is not None
+def _external(report: Report, data: Mapping[str, Any]) -> None:
     acc = []
     for cond, items in data["items"].items():
         ne = [x["correct"] for x in items if x["lang"] != "en"]
@@ -123,9 +114,21 @@ def _external(report: Report, data: Mapping[str, Any] | None) -> None:
     report.add_table(acc)
 
 
+#: The sections: the stage each shows, its anchor, its title and what it writes of the
+#: stage's data (when the stage ran and has some).
+_SECTIONS: tuple[tuple[str, str, str, Callable[[Report, Mapping[str, Any]], None]], ...] = (
+    ("decoders", "fig-decoders", "The latent-English order under each decoder", _decoders),
+    ("conversion", "fig-conversion", "Patching the conversion band (last token)", _conversion),
+    ("external", "fig-external", "External transfer: the bundled data's vectors on a benchmark",
+     _external),
+)  # fmt: skip
+
+
 def extra_sections(report: Report, stages: Mapping[str, Any]) -> None:
     """The decoders, conversion and external sections (each says why when it has nothing)."""
-    for key, fn in (("decoders", _decoders), ("conversion", _conversion),
-                    ("external", _external)):  # fmt: skip
+    for key, anchor, title, write in _SECTIONS:
         if key in stages:
-            fn(report, stages.get(key))
+            _section(report, anchor, title)
+            data = stages.get(key)
+            if _has_data(report, data, key):
+                write(report, data)

@@ -31,7 +31,9 @@ def experts_report(
     ``choose(...)`` records; ``score`` the neuron score (``auroc``, ``ap``, ``lape``).
     """
     report = Report("mechlingo: expert neurons", summary["meta"])
-    add_experts_headline(report, summary, curves, choices, score=score)
+    add_experts_headline(report, summary, score=score)
+    for target, curve in curves.items():
+        add_k_headline(report, curve, choices[target])
     report.add_text(
         "Each MLP neuron's activation is pooled over each sentence's real tokens and scored "
         f"by {score.upper()} as a detector of one language against the others. The top "
@@ -182,17 +184,8 @@ def interval_rows(iv: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def add_experts_headline(
-    report: Report,
-    summary: Mapping[str, Any],
-    curves: Mapping[str, Any],
-    choices: Mapping[str, Mapping[str, Any]],
-    *,
-    score: str,
-) -> None:
-    """The best neuron's AUROC per language, the mean overlap of the top sets and, per
-    target, the chosen k with the rate in the target language of the experts' clamp against
-    the random-neuron control (Wilson intervals)."""
+def add_experts_headline(report: Report, summary: Mapping[str, Any], *, score: str) -> None:
+    """The best neuron's AUROC per language and the mean overlap of the top sets."""
     per = summary["per_lang"]
     report.add_headline(f"Best neuron's AUROC per language (scored by {score})",
                         ", ".join(f"{lg} {v['auroc_top1']:.3f}" for lg, v in per.items()))  # fmt: skip
@@ -200,16 +193,20 @@ def add_experts_headline(
     if isinstance(ov, float) and ov == ov:
         report.add_headline(f"Mean overlap of the top {summary['k']} between languages",
                             f"{ov:.3f}")  # fmt: skip
-    for target, curve in curves.items():
-        k = choices[target]["k"]
-        if k is None:
-            report.add_headline(f"k for {curve.lang}", "none within the budget")
-            continue
-        by = {(r["k"], r["arm"]): r for r in curve.rows}
-        e, ctl = by.get((k, "experts")), by.get((k, "random"))
-        rate = _with_ci(e, "target_rate_bos") if e else "n/a"
-        ctrl = f"; control {_with_ci(ctl, 'target_rate_bos')}" if ctl else ""
-        report.add_headline(f"k = {k} for {curve.lang}: rate in {curve.lang}", rate + ctrl)
+
+
+def add_k_headline(report: Report, curve: Any, choice: Mapping[str, Any]) -> None:
+    """The k chosen for one target, with the rate in the target language of the experts'
+    clamp against the random-neuron control (Wilson intervals)."""
+    k = choice["k"]
+    if k is None:
+        report.add_headline(f"k for {curve.lang}", "none within the budget")
+        return
+    by = {(r["k"], r["arm"]): r for r in curve.rows}
+    e, ctl = by.get((k, "experts")), by.get((k, "random"))
+    rate = _with_ci(e, "target_rate_bos") if e else "n/a"
+    ctrl = f"; control {_with_ci(ctl, 'target_rate_bos')}" if ctl else ""
+    report.add_headline(f"k = {k} for {curve.lang}: rate in {curve.lang}", rate + ctrl)
 
 
 def add_align_headline(report: Report, summary: Mapping[str, Any]) -> None:

@@ -82,6 +82,13 @@ def _err(d: Any, col: str) -> dict[str, Any] | None:
     }
 
 
+def _add_k_line(fig: go.Figure, d: Any, col: str, panel: int, **style: Any) -> None:
+    """One arm's column ``col`` against k (the rows ``d``) in the ``panel``-th panel, with
+    its interval as error bars; ``style``: the trace's name, line, marker and legend."""
+    fig.add_scatter(x=d.k, y=d[col], error_y=_err(d, col), mode="lines+markers", row=1,
+                    col=panel, **style)  # fmt: skip
+
+
 def k_curve_figure(
     rows: Sequence[Mapping[str, Any]], lang: str, chosen: int | None = None
 ) -> go.Figure:
@@ -117,30 +124,12 @@ def k_curve_figure(
         sources = (("target_rate_bos", "from BOS", "circle"),
                    ("target_rate_prompt", "from prompts", "square"))  # fmt: skip
         for col, name, symbol in sources:
-            fig.add_scatter(
-                x=d.k,
-                y=d[col],
-                error_y=_err(d, col),
-                mode="lines+markers",
-                name=f"{arm}, {name}",
-                line={"dash": dash, "color": condition_color(arm)},
-                marker={"symbol": symbol},
-                row=1,
-                col=1,
-            )
+            line = {"dash": dash, "color": condition_color(arm)}
+            _add_k_line(fig, d, col, 1, name=f"{arm}, {name}", line=line, marker={"symbol": symbol})
         for col in ppl_cols:
-            fig.add_scatter(
-                x=d.k,
-                y=d[col],
-                error_y=_err(d, col),
-                mode="lines+markers",
-                name=f"{arm} {col[4:]}",
-                line={"dash": dash, "color": language_color(col[4:])},
-                legendgroup=col,
-                showlegend=arm == "experts",
-                row=1,
-                col=2,
-            )
+            line = {"dash": dash, "color": language_color(col[4:])}
+            _add_k_line(fig, d, col, 2, name=f"{arm} {col[4:]}", line=line, legendgroup=col,
+                        showlegend=arm == "experts")  # fmt: skip
     if not base.empty:
         fig.add_hline(y=float(base.target_rate_bos.iloc[0]), line_dash="dash", row=1, col=1)
     if chosen is not None:  # a trace, not add_vline: shapes on log axes take log10(x)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import torch
 from jaxtyping import Float
@@ -18,7 +18,13 @@ from mechlingo.viz.palette import SEQUENCE, site_color
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-__all__ = ["Component", "circuit_figure", "knockout_figure", "patching_heatmaps"]
+__all__ = [
+    "CircuitOptions",
+    "Component",
+    "circuit_figure",
+    "knockout_figure",
+    "patching_heatmaps",
+]
 
 
 class Component(NamedTuple):
@@ -243,6 +249,19 @@ def _add_nodes(
                 "%{customdata[0]:.3f}%{customdata[2]}<extra>" + site + "</extra>",
             )
         )
+
+
+class CircuitOptions(TypedDict, total=False):
+    """The keywords of :func:`circuit_figure` after the sweep's data and axes, which
+    :meth:`~mechlingo.analyses.recall.patching.PatchingResult.fig_circuit` passes on (their
+    defaults and meaning are :func:`circuit_figure`'s)."""
+
+    top_k: int
+    stages: Mapping[str, tuple[float, float]] | None
+    token_labels: Sequence[str] | None
+    title: str | None
+    heads: bool
+    verified: Sequence[Mapping[str, Any]] | None
 
 
 def circuit_figure(

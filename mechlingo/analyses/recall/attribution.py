@@ -72,7 +72,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 import torch
 from jaxtyping import Float
@@ -86,14 +86,19 @@ from mechlingo.analyses.recall.gradients import (
 )
 from mechlingo.analyses.recall.patching import (
     Cell,
-    Metric,
     PatchingError,
     PatchingResult,
     PositionLabel,
-    metric_index,
     patch_activations,
 )
-from mechlingo.analyses.recall.patching.grid import PatchingSetup, check_sites, resolve_grid
+from mechlingo.analyses.recall.patching.grid import (
+    GridArgs,
+    PatchingSetup,
+    SiteGridArgs,
+    check_sites,
+    resolve_grid,
+)
+from mechlingo.analyses.recall.patching.result import PatchingBaselines
 from mechlingo.core.sites import resolve_site
 from mechlingo.core.types import Model
 
@@ -181,24 +186,19 @@ def attribution_patch(
     source: Any,
     target: Any,
     sites: Sequence[str] | str = ("resid_pre",),
-    layers: Any = None,
-    positions: Sequence[PositionLabel] | None = None,
-    metric: Metric | Sequence[Metric] | None = None,
     *,
-    alignment: str | Mapping[int, int] | None = None,
-    heads: Sequence[int] | None = None,
-    source_subject: Sequence[tuple[int, int]] | None = None,
-    target_subject: Sequence[tuple[int, int]] | None = None,
     method: Literal["atp", "ig"] = "atp",
     steps: int = IG_STEPS,
     qk_fix: bool | None = None,
     scale: float = 1.0,
+    **grid: Unpack[SiteGridArgs],
 ) -> PatchingResult:
     """Estimate a whole :func:`~mechlingo.analyses.recall.patching.patch_activations` grid by attribution
     patching.
 
-    Arguments are those of ``patch_activations`` (same sites, including ``"head"``; same positions,
-    alignments, subject spans and metrics, resolved by the same code), plus:
+    Arguments are those of ``patch_activations`` (same sites, including ``"head"``; the same
+    grid keywords, :class:`~mechlingo.analyses.recall.patching.grid.SiteGridArgs`: layers,
+    positions, alignments, heads, subject spans and metrics, resolved by the same code), plus:
 
     Args:
         method: ``"atp"`` (default): the gradient of the target run (one forward and one
@@ -230,19 +230,7 @@ def attribution_patch(
     """
     t0 = time.perf_counter()
     alphas = _alphas(method, steps, qk_fix)
-    setup = resolve_grid(
-        model,
-        source,
-        target,
-        check_sites(sites),
-        layers,
-        positions,
-        metric,
-        alignment=alignment,
-        heads=heads,
-        source_subject=source_subject,
-        target_subject=target_subject,
-    )
+    setup = resolve_grid(model, source, target, check_sites(sites), **grid)
     names = setup.hook_names(model)
     if method == "ig":
         check_interpolable(model, setup.src, setup.tgt)
@@ -316,26 +304,18 @@ def _qk_corrections(
 
 
 @dataclass
-class NeuronAttribution:
-    """Attribution-patching estimates for every MLP neuron (``mlp_post``) of a grid.
+class NeuronAttribution(PatchingBaselines):
+    """Attribution-patching estimates for every MLP neuron (``mlp_post``) of a grid: the
+    measured baselines and axes of
+    :class:`~mechlingo.analyses.recall.patching.result.PatchingBaselines`, and
 
     Attributes:
         values: ``[metric, layer, position, neuron, example]`` estimated change of the metric
             when that one neuron of the target run takes its source value (first order).
-        clean, corrupted: ``[metric, example]`` measured baselines.
-        metric_names, layers, position_labels: the axes.
     """
 
     values: Float[Tensor, "metric layer position neuron example"]
-    clean: Float[Tensor, "metric example"]
-    corrupted: Float[Tensor, "metric example"]
-    metric_names: list[str]
-    layers: list[int]
-    position_labels: list[str]
     meta: dict[str, Any] = field(default_factory=dict)
-
-    def metric_index(self, metric: str | int = 0) -> int:
-        return metric_index(self.metric_names, metric)
 
     def effect(self, metric: str | int = 0) -> Float[Tensor, "layer position neuron"]:
         """Mean estimated change of the metric over examples, in the metric's units."""
@@ -381,35 +361,20 @@ def neuron_attribution(
     model: Model,
     source: Any,
     target: Any,
-    layers: Any = None,
-    positions: Sequence[PositionLabel] | None = None,
-    metric: Metric | Sequence[Metric] | None = None,
     *,
-    alignment: str | Mapping[int, int] | None = None,
-    source_subject: Sequence[tuple[int, int]] | None = None,
-    target_subject: Sequence[tuple[int, int]] | None = None,
     method: Literal["atp", "ig"] = "atp",
     steps: int = IG_STEPS,
+    **grid: Unpack[GridArgs],
 ) -> NeuronAttribution:
     """Attribution patching of every MLP neuron (``mlp_post``) at every layer and position:
     ``(a_source - a_target) * d metric / d a`` per neuron, with the inputs, positions and
-    metrics of :func:`attribution_patch` / ``patch_activations``. ``method``/``steps`` as there
-    (``"ig"``: the gradient averaged along the input interpolation; no QK fix: neurons feed
-    no softmax directly)."""
+    metrics of :func:`attribution_patch` / ``patch_activations`` (the grid keywords of
+    :class:`~mechlingo.analyses.recall.patching.grid.GridArgs`: no sites, so no ``heads``).
+    ``method``/``steps`` as there (``"ig"``: the gradient averaged along the input
+    interpolation; no QK fix: neurons feed no softmax directly)."""
     t0 = time.perf_counter()
     alphas = _alphas(method, steps, None)
-    setup = resolve_grid(
-        model,
-        source,
-        target,
-        [],
-        layers,
-        positions,
-        metric,
-        alignment=alignment,
-        source_subject=source_subject,
-        target_subject=target_subject,
-    )
+    setup = resolve_grid(model, source, target, [], **grid)
     if method == "ig":
         check_interpolable(model, setup.src, setup.tgt)
     names = {layer: resolve_site(model, "mlp_post", layer).hook_name for layer in setup.layers}

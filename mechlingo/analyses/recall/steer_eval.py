@@ -59,16 +59,15 @@ from mechlingo.analyses.recall.settings import (
     ScoringOptions,
     SplitSettings,
 )
-from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
+from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair, random_steering
 from mechlingo.analyses.results import WritesFolder
 from mechlingo.core.errors import InputError
-from mechlingo.core.faults import derive_seed
 from mechlingo.core.jsonable import jsonable
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 from mechlingo.data.splits import split_facts, take_per_lang
-from mechlingo.interventions import Compose, Intervention, SteeringVector, random_like
+from mechlingo.interventions import Intervention
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
 from mechlingo.scoring.evaluate import EvalResult
 from mechlingo.scoring.scorers import as_scorer
@@ -88,22 +87,6 @@ __all__ = [
 ]
 
 MIN_TEST_FACTS = 30
-
-
-def _random_of(
-    vectors: SteeringPair, cfg: SteeringConfig, selected: str, seed: int
-) -> Intervention:
-    parts = []
-    for name, stack, layer, alpha in (
-        ("task", vectors.task, cfg.task_layer, cfg.task_alpha),
-        ("diff", vectors.diff, cfg.diff_layer, cfg.diff_alpha),
-    ):
-        if selected in (name, "both"):
-            direction = stack.at(layer, alpha).direction()
-            parts.append(
-                SteeringVector(random_like(direction, derive_seed(seed, name)), layer, alpha)
-            )
-    return Compose(parts)
 
 
 @dataclass
@@ -288,7 +271,7 @@ def evaluate_test(
         )
     sel = choice.selected if choice.selected in ("task", "diff", "both") else "both"
     for s in seeds:
-        conds[f"random_s{s}"] = _random_of(vectors, cfg, sel, int(s))
+        conds[f"random_s{s}"] = random_steering(vectors, cfg, seed=int(s), selected=sel)
     mkw = dev_grid.metric_options(scorer, pool)
     results = _score_conditions(
         cache or (lambda name, fn: fn()),

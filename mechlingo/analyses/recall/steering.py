@@ -70,6 +70,7 @@ __all__ = [
     "build_steering_vectors",
     "score_facts",
     "conditions",
+    "random_steering",
     "score_at_config",
     "last_token_norms",
     "lowest_above_zero",
@@ -387,25 +388,33 @@ def conditions(
     scales, applied together: the control for "any push of this size")."""
     task = vectors.task.at(config.task_layer, config.task_alpha, positions=positions)
     diff = vectors.diff.at(config.diff_layer, config.diff_alpha, positions=positions)
-    rand = Compose(
-        [
-            SteeringVector(
-                random_like(task.direction(), derive_seed(seed, "task")),
-                config.task_layer,
-                config.task_alpha,
-                positions=positions,
-                meta={"name": "random(task)"},
-            ),
-            SteeringVector(
-                random_like(diff.direction(), derive_seed(seed, "diff")),
-                config.diff_layer,
-                config.diff_alpha,
-                positions=positions,
-                meta={"name": "random(diff)"},
-            ),
-        ]
-    )
+    rand = random_steering(vectors, config, seed=seed, positions=positions)
     return {"orig": None, "task": task, "diff": diff, "both": task + diff, "random": rand}
+
+
+def random_steering(
+    vectors: SteeringPair,
+    config: SteeringConfig,
+    *,
+    seed: int = 0,
+    selected: str = "both",
+    positions: Any = "last",
+) -> Compose:
+    """The norm-matched random control of the ``selected`` vectors (``"task"``, ``"diff"`` or
+    ``"both"``): for each, a random direction with the norm of its direction at its layer
+    (:func:`~mechlingo.interventions.random_like`, seeded by ``seed`` and the vector's name),
+    applied at the same layer and scale, all together (named ``random(task)``,
+    ``random(diff)``)."""
+    parts = []
+    for name, stack, layer, alpha in (
+        ("task", vectors.task, config.task_layer, config.task_alpha),
+        ("diff", vectors.diff, config.diff_layer, config.diff_alpha),
+    ):
+        if selected in (name, "both"):
+            direction = random_like(stack.at(layer, alpha).direction(), derive_seed(seed, name))
+            meta = {"name": f"random({name})"}
+            parts.append(SteeringVector(direction, layer, alpha, positions=positions, meta=meta))
+    return Compose(parts)
 
 
 # --------------------------------------------------------------------------------------

@@ -39,8 +39,8 @@ are looked up here (``_writer``, ``_brancher``) when it starts, so a test can re
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any, Literal, Unpack
 
 import torch
 
@@ -49,6 +49,7 @@ from mechlingo.analyses.recall.patching.errors import PatchingError
 from mechlingo.analyses.recall.patching.grid import (
     PATCH_SITES,
     PatchingSetup,
+    SiteGridArgs,
     check_sites,
     resolve_grid,
 )
@@ -171,17 +172,11 @@ def patch_activations(
     source: Any,
     target: Any,
     sites: Sequence[str] | str = ("resid_pre",),
-    layers: Any = None,
-    positions: Sequence[PositionLabel] | None = None,
-    metric: Metric | Sequence[Metric] | None = None,
     *,
-    alignment: str | Mapping[int, int] | None = None,
-    heads: Sequence[int] | None = None,
-    source_subject: Sequence[tuple[int, int]] | None = None,
-    target_subject: Sequence[tuple[int, int]] | None = None,
     cells_per_batch: int | None = None,
     batching: Literal["grow", "stack"] = "grow",
     reuse_prefix: bool | None = None,
+    **grid: Unpack[SiteGridArgs],
 ) -> PatchingResult:
     """Patch source activations into the target run, cell by cell, in batched passes.
 
@@ -192,17 +187,9 @@ def patch_activations(
         target: the run that is patched ("corrupted"), same number of rows as ``source``.
         sites: any of :data:`PATCH_SITES`; ``"head"`` patches one head's ``attn_z`` and adds
             the head axis (``heads``, default all).
-        layers: layers to patch (default all; negatives from the end).
-        positions: grid positions: ints (non-negative = absolute token index; negative =
-            counted back from each row's last real token), ``"last"``, ``"subject_first"``,
-            ``"subject_last"``. Default: every position for same-shape inputs, ``[-1]`` under
-            ``alignment="last"``, subject first/last and the last token under ``"subject"``.
-        metric: a :class:`Metric` or several (all read from the same patched passes); default
-            when the source is Facts: :func:`fact_metrics` of the source facts (their answer and
-            English answer). For cross-language patching pass the metric of the target facts.
-        alignment: ``None`` (same shapes), ``"last"``, ``"subject"``, or ``{target: source}``.
-        source_subject, target_subject: inclusive subject token spans per row when the inputs
-            are not Facts.
+        grid: the grid's ``layers``, ``positions``, ``metric``, ``alignment``, ``heads`` and
+            subject spans (``source_subject``, ``target_subject``), as
+            :class:`~mechlingo.analyses.recall.patching.grid.SiteGridArgs` describes them.
         cells_per_batch: patched copies per forward pass (memory grows with it). Default:
             256 with ``batching="grow"`` (a pass holds one example), 32 with ``"stack"`` (a
             pass holds every example that many times).
@@ -230,17 +217,5 @@ def patch_activations(
             batch grown mid-pass (the message says to use ``batching="stack"``).
     """
     mode, per_pass = _batching(batching, cells_per_batch, model)
-    setup = resolve_grid(
-        model,
-        source,
-        target,
-        check_sites(sites),
-        layers,
-        positions,
-        metric,
-        alignment=alignment,
-        heads=heads,
-        source_subject=source_subject,
-        target_subject=target_subject,
-    )
+    setup = resolve_grid(model, source, target, check_sites(sites), **grid)
     return _run_passes(model, setup, mode, per_pass, reuse_prefix)

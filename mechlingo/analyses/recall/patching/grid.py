@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from torch import Tensor
 
@@ -31,10 +31,52 @@ from mechlingo.core.sites import RESIDUAL_SITES, resolve_layers, site_map
 from mechlingo.core.tokens import TokenBatch
 from mechlingo.core.types import Model
 
-__all__ = ["PATCH_SITES", "PatchingSetup", "check_sites", "resolve_grid"]
+__all__ = [
+    "PATCH_SITES",
+    "GridArgs",
+    "PatchingSetup",
+    "SiteGridArgs",
+    "check_sites",
+    "resolve_grid",
+]
 
 #: Sites that patching can patch: the residual-shaped sites and ``"head"`` (one head's ``attn_z``).
 PATCH_SITES: tuple[str, ...] = (*RESIDUAL_SITES, "head")
+
+
+class GridArgs(TypedDict, total=False):
+    """The keywords of :func:`resolve_grid` after the sites, which every patching function
+    passes on (their defaults are :func:`resolve_grid`'s): the grid's layers, positions and
+    metrics.
+
+    * ``layers``: layers to patch (default all; negatives from the end).
+    * ``positions``: grid positions: ints (non-negative = absolute token index; negative =
+      counted back from each row's last real token), ``"last"``, ``"subject_first"``,
+      ``"subject_last"``. Default: every position for same-shape inputs, ``[-1]`` under
+      ``alignment="last"``, subject first/last and the last token under ``"subject"``.
+    * ``metric``: a :class:`~mechlingo.analyses.recall.patching.metrics.Metric` or several
+      (all read from the same patched passes); default when the source is Facts:
+      :func:`~mechlingo.analyses.recall.patching.metrics.fact_metrics` of the source facts
+      (their answer and English answer). For cross-language patching pass the metric of the
+      target facts.
+    * ``alignment``: ``None`` (same shapes), ``"last"``, ``"subject"``, or ``{target: source}``.
+    * ``source_subject``, ``target_subject``: inclusive subject token spans per row when the
+      inputs are not Facts.
+    """
+
+    layers: Any
+    positions: Sequence[PositionLabel] | None
+    metric: Metric | Sequence[Metric] | None
+    alignment: str | Mapping[int, int] | None
+    source_subject: Sequence[tuple[int, int]] | None
+    target_subject: Sequence[tuple[int, int]] | None
+
+
+class SiteGridArgs(GridArgs, total=False):
+    """:class:`GridArgs` of a grid of sites, plus ``heads``: the heads of the ``"head"`` site
+    (default all)."""
+
+    heads: Sequence[int] | None
 
 
 def check_sites(sites: Sequence[str] | str) -> list[str]:
@@ -128,17 +170,18 @@ def resolve_grid(
     source: Any,
     target: Any,
     sites: list[str],
-    layers: Any,
-    positions: Sequence[PositionLabel] | None,
-    metric: Metric | Sequence[Metric] | None,
+    layers: Any = None,
+    positions: Sequence[PositionLabel] | None = None,
+    metric: Metric | Sequence[Metric] | None = None,
     *,
     alignment: str | Mapping[int, int] | None = None,
     heads: Sequence[int] | None = None,
     source_subject: Sequence[tuple[int, int]] | None = None,
     target_subject: Sequence[tuple[int, int]] | None = None,
 ) -> PatchingSetup:
-    """Resolve a grid's arguments (those of ``patch_activations``; ``sites`` already checked by
-    :func:`check_sites`, possibly empty for a grid without sites) into a :class:`PatchingSetup`.
+    """Resolve a grid's arguments (``sites`` already checked by :func:`check_sites`, possibly
+    empty for a grid without sites; the others as :class:`SiteGridArgs` describes them) into a
+    :class:`PatchingSetup`.
 
     Raises:
         PatchingError: mismatched rows, bad subject spans, heads or positions, or no metric

@@ -8,21 +8,28 @@ Per-example values are kept, and bootstrap 95% intervals resample examples
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mechlingo.viz.patching import circuit_figure, patching_heatmaps
+from mechlingo.viz.patching import CircuitOptions, circuit_figure, patching_heatmaps
 
 if TYPE_CHECKING:
     import pandas as pd
     import plotly.graph_objects as go
 
-__all__ = ["Cell", "PatchingResult", "bootstrap_interval", "metric_index", "normalized_effect"]
+__all__ = [
+    "Cell",
+    "PatchingBaselines",
+    "PatchingResult",
+    "bootstrap_interval",
+    "metric_index",
+    "normalized_effect",
+]
 
 
 @dataclass(frozen=True)
@@ -81,37 +88,52 @@ def bootstrap_interval(
 
 
 @dataclass
-class PatchingResult:
-    """The result of :func:`patch_activations`.
+class PatchingBaselines:
+    """What every patching result holds besides its values: the metrics, their measured
+    baselines and the grid's layer and position axes (exact patching's
+    :class:`PatchingResult` and attribution patching's
+    :class:`~mechlingo.analyses.recall.attribution.NeuronAttribution`).
+
+    Attributes:
+        metric_names: names of the metrics (first axis of the values and baselines).
+        clean: ``[metric, example]`` metric of the source ("clean") run.
+        corrupted: ``[metric, example]`` metric of the unpatched target ("corrupted") run.
+        layers: the grid's layers.
+        position_labels: label of each position of the grid (``"-1"`` = last token, ...).
+    """
+
+    metric_names: list[str]
+    clean: Float[Tensor, "metric example"]
+    corrupted: Float[Tensor, "metric example"]
+    layers: list[int]
+    position_labels: list[str]
+
+    def metric_index(self, metric: str | int = 0) -> int:
+        """Position of ``metric`` (a name or an index) among :attr:`metric_names`."""
+        return metric_index(self.metric_names, metric)
+
+
+@dataclass
+class PatchingResult(PatchingBaselines):
+    """The result of :func:`patch_activations`: the baselines and axes of
+    :class:`PatchingBaselines`, and
 
     Attributes:
         cells: the patched cells, in the order of ``values``' cell axis.
-        metric_names: names of the metrics (first axis of ``values``).
         values: ``[metric, cell, example]`` metric of each patched target run.
-        clean: ``[metric, example]`` metric of the source ("clean") run.
-        corrupted: ``[metric, example]`` metric of the unpatched target ("corrupted") run.
-        sites, layers, heads: the grid axes (``heads`` empty without head sites).
-        position_labels: label of each position of the grid (``"-1"`` = last token, ...).
+        sites, heads: the grid's other axes (``heads`` empty without head sites).
         target_positions, source_positions: ``[position, example]`` resolved token positions.
         alignment: how positions were aligned (``"same"``, ``"last"``, ``"subject"``, ``"map"``).
     """
 
     cells: list[Cell]
-    metric_names: list[str]
     values: Float[Tensor, "metric cell example"]
-    clean: Float[Tensor, "metric example"]
-    corrupted: Float[Tensor, "metric example"]
     sites: list[str]
-    layers: list[int]
     heads: list[int]
-    position_labels: list[str]
     target_positions: Int[Tensor, "position example"]
     source_positions: Int[Tensor, "position example"]
     alignment: str
     meta: dict[str, Any] = field(default_factory=dict)
-
-    def metric_index(self, metric: str | int = 0) -> int:
-        return metric_index(self.metric_names, metric)
 
     def mean(self, metric: str | int = 0) -> Float[Tensor, " cell"]:
         """Mean over examples of the patched metric per cell."""
@@ -258,21 +280,12 @@ class PatchingResult:
             value=value,
         )
 
-    def fig_circuit(
-        self,
-        metric: str | int = 0,
-        *,
-        top_k: int = 12,
-        stages: Mapping[str, tuple[float, float]] | None = None,
-        token_labels: Sequence[str] | None = None,
-        title: str | None = None,
-        heads: bool = False,
-        verified: Sequence[Mapping[str, Any]] | None = None,
-    ) -> go.Figure:
+    def fig_circuit(self, metric: str | int = 0, **options: Unpack[CircuitOptions]) -> go.Figure:
         """The circuit diagram: the ``top_k`` cells by absolute normalised effect on a
         token-position x layer grid, joined along the residual stream and by attention,
-        over the ``stages`` layer bands (see
-        :func:`mechlingo.viz.patching.circuit_figure` for the arguments)."""
+        over the ``stages`` layer bands (``options``: ``top_k``, ``stages``,
+        ``token_labels``, ``title``, ``heads``, ``verified``, as
+        :func:`mechlingo.viz.patching.circuit_figure` takes them)."""
         m = self.metric_index(metric)
         return circuit_figure(
             [(c.site, c.layer, c.position, c.head) for c in self.cells],
@@ -280,10 +293,5 @@ class PatchingResult:
             layers=self.layers,
             position_labels=self.position_labels,
             metric_name=self.metric_names[m],
-            top_k=top_k,
-            stages=stages,
-            token_labels=token_labels,
-            title=title,
-            heads=heads,
-            verified=verified,
+            **options,
         )
