@@ -77,14 +77,14 @@ def main() -> None:
         build += mine[: args.n]
         held += mine[args.n :]
     held = held[: args.apply]
-    prompts = steering_prompts(build)
+    prompts = steering_prompts(build, translation_shots=0)
     counts = {k: len(v) for k, v in prompts.items()}
     if len(set(counts.values())) != 1:
         raise SystemExit(f"unpaired prompt sets {counts}: the mean difference needs pairs")
     print(f"{len(build)} build facts ({counts}), {len(held)} prompts to steer, layer "
           f"{args.layer}, alpha {args.alpha}")  # fmt: skip
     apply = [f.prompt for f in held]
-    # the prompts of steering_prompts(build): no translation shots, as steering-vectors gets
+    # the prompts of steering_prompts(build, translation_shots=0), as steering-vectors gets
     raw = BuildSettings(translation_shots=0, unit="raw", batch_size=args.batch_size)
     build_steering_vectors(model, build[:2], raw, pool=build)  # warm-up
     t0 = time.perf_counter()

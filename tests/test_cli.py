@@ -190,16 +190,16 @@ def test_top_level_help_names_what_each_command_writes(capsys):
 
 
 def test_tuned_lens_batch_size_reaches_the_heldout_kl(tmp_path, tiny_dir, monkeypatch):
-    from mechlingo.cli import tuned_lens as cli_tl
+    from mechlingo.analyses.decoders import run as decoders_run
 
     seen = []
-    real = cli_tl.lens_divergence
+    real = decoders_run.lens_divergence
 
     def spy(*args, **kwargs):
         seen.append(kwargs.get("batch_size"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cli_tl, "lens_divergence", spy)
+    monkeypatch.setattr(decoders_run, "lens_divergence", spy)
     argv = ["tuned-lens", "--model", str(tiny_dir), "--langs", "en", "--steps", "1",
             "--texts-per-step", "2", "--max-tokens", "8", "--lines", "6", "--heldout", "3",
             "--batch-size", "2", "--quiet", "--out", str(tmp_path / "tl")]  # fmt: skip
@@ -207,3 +207,52 @@ def test_tuned_lens_batch_size_reaches_the_heldout_kl(tmp_path, tiny_dir, monkey
     assert seen == [2]
     held = json.loads((tmp_path / "tl" / "summary.json").read_text())["heldout_kl"]
     assert held["n_texts"] == 3
+
+
+def _without(x, drop=("meta", "format_version", "seconds")):
+    """``x`` as JSON without the run's ``meta`` and the fields that measure time."""
+    from mechlingo.core.jsonable import jsonable
+
+    x = json.loads(json.dumps(jsonable(x)))
+    if isinstance(x, dict):
+        return {k: _without(v, drop) for k, v in x.items() if k not in drop}
+    if isinstance(x, list):
+        return [_without(v, drop) for v in x]
+    return x
+
+
+def test_run_eval_and_run_tuned_lens_are_what_the_commands_write(tmp_path, tiny_dir, tiny):
+    """The library calls behind ``eval`` and ``tuned-lens`` give what the commands write."""
+    from mechlingo.analyses.decoders.run import run_tuned_lens
+    from mechlingo.analyses.decoders.tuned_lens import mix_texts
+    from mechlingo.data import load_facts
+    from mechlingo.data.prompts import parallel_sentences
+    from mechlingo.scoring.accuracy import accuracy_intervals, run_eval
+    from mechlingo.scoring.scorers import Scorer
+
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(tiny_dir), "--langs", "en,fr", "--limit", "4",
+                 "--max-new-tokens", "2", "--quiet", "--out", str(out)]) == 0  # fmt: skip
+    facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=4, templates="tuned")
+    run = run_eval(tiny, facts, Scorer("generate", "sentence"), max_new_tokens=2)
+    assert _without(run.summary()) == _without(json.loads((out / "summary.json").read_text()))
+    assert run.generations() == (out / "generations.jsonl").read_text()
+    assert accuracy_intervals([]) == {}
+
+    tl = tmp_path / "tl"
+    assert main(["tuned-lens", "--model", str(tiny_dir), "--langs", "en", "--steps", "2",
+                 "--texts-per-step", "2", "--max-tokens", "8", "--lines", "6", "--heldout", "3",
+                 "--batch-size", "2", "--quiet", "--out", str(tl)]) == 0  # fmt: skip
+    en = parallel_sentences(["en"])["en"]
+    kw = {"steps": 2, "max_seconds": None, "lr": 1e-3, "texts_per_step": 2, "max_tokens": 8,
+          "vocab_sample": "auto", "seed": 0, "progress": False}  # fmt: skip
+    lens = run_tuned_lens(tiny, mix_texts({"en": en[:6]}), mix_texts({"en": en[6:9]}),
+                          langs=["en"], text="bundled facts", lines="0:6", training=kw,
+                          batch_size=2)  # fmt: skip
+    assert _without(lens.summary()) == _without(json.loads((tl / "summary.json").read_text()))
+    assert lens.loss_csv() == (tl / "loss.csv").read_text()
+    assert [label for label, _ in lens.headline()][-1].startswith("Held-out KL")
+    assert [heading for heading, _ in lens.figures()] == [
+        "Loss curve", "Held-out KL(final || lens) per layer"
+    ]  # fmt: skip
+    assert lens.lens.meta["lines"] == "0:6" and lens.lens.meta["langs"] == ["en"]

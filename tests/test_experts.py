@@ -483,3 +483,52 @@ def test_gemma_spanish_experts_and_retrieval(gemma):
     s = comp.summary()
     assert 0 <= s["retrieval_top1"]["post"]["es->en"] <= 1
     assert s["distance"]["post"]["target"] == "es"
+
+
+def _plain(summary):
+    """A summary as the JSON a command writes, without the run's ``meta``."""
+    from mechlingo.core.jsonable import jsonable
+
+    out = json.loads(json.dumps(jsonable(summary)))
+    out.pop("meta", None)
+    out.pop("format_version", None)
+    return out
+
+
+def test_run_experts_and_run_alignment_are_what_the_commands_write(tmp_path, tiny_dir, tiny):
+    """The library calls behind ``experts`` and ``align``, without stages, give the numbers
+    the commands write (their stages only keep what the calls compute)."""
+    from mechlingo.analyses.experts.align_run import load_clamp_pair, run_alignment
+    from mechlingo.analyses.experts.run import ExpertSettings, run_experts
+    from mechlingo.cli import main
+    from mechlingo.data import read_parallel
+
+    data = _write_data(tmp_path / "data")
+    edir, adir = tmp_path / "edir", tmp_path / "adir"
+    assert main(["experts", "--model", str(tiny_dir), "--target", "es", "--k", "3,5",
+                 "--parallel", str(data), "--lines", "4", "--heldout", "2", "--samples", "3",
+                 "--max-new-tokens", "3", "--ppl-budget", "1000", "--out", str(edir),
+                 "--quiet"]) == 0  # fmt: skip
+    texts = read_parallel(data)
+    settings = ExpertSettings(samples=3, max_new_tokens=3, ppl_budget=1000)
+    run = run_experts(tiny, {lg: v[:4] for lg, v in texts.items()}, ["es"], [5, 3, 5],
+                      heldout={lg: v[4:6] for lg, v in texts.items()}, settings=settings)  # fmt: skip
+    assert run.ks == [3, 5] and sorted(run.clamps) == ["es-k3", "es-k3-random", "es-k5",
+                                                       "es-k5-random"]  # fmt: skip
+    assert _plain(run.summary()) == _plain(json.loads((edir / "summary.json").read_text()))
+    run.write(tmp_path / "lib")
+    for name in ("experts.csv", "kcurve.csv"):
+        assert (tmp_path / "lib" / name).read_text() == (edir / name).read_text()
+    assert (tmp_path / "lib" / "es-k5-random" / "intervention.safetensors").read_bytes() == (
+        edir / "es-k5-random" / "intervention.safetensors"
+    ).read_bytes()
+
+    assert main(["align", "--model", str(tiny_dir), "--clamp", str(edir / "es-k3"),
+                 "--parallel", str(data), "--offset", "2", "--lines", "4", "--out", str(adir),
+                 "--quiet"]) == 0  # fmt: skip
+    clamp, control = load_clamp_pair(edir / "es-k3", None, tiny)
+    assert clamp is not None and control is not None  # es-k3-random, beside the clamp
+    align = run_alignment(tiny, {lg: v[2:6] for lg, v in texts.items()}, clamp, control)
+    assert _plain(align.summary()) == _plain(json.loads((adir / "summary.json").read_text()))
+    assert align.files()["retrieval.csv"] == (adir / "retrieval.csv").read_text()
+    assert load_clamp_pair(None, None, tiny) == (None, None)

@@ -360,7 +360,7 @@ def test_stage_folder_of_another_key_is_recomputed(tmp_path, field):
 
 def test_stage_tensors_declaring_400_gb(tmp_path, monkeypatch):
     from mechlingo.analyses.experts import NeuronScores
-    from mechlingo.cli.work import staged_scores
+    from mechlingo.analyses.experts.run import staged_scores
 
     s = Stages(tmp_path / "work", {"k": 1})
     staged_scores(

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import mechlingo.analyses.experts.kcurve as experts_mod
+import mechlingo.analyses.experts.run as experts_run
 import mechlingo.analyses.recall.dev_grid as dev_grid
 import mechlingo.analyses.recall.steer_eval as protocol
 import mechlingo.analyses.recall.steering as repair
-import mechlingo.cli.experts as cli_experts
 from mechlingo.cli import main
 from mechlingo.cli.common import UsageError
 from mechlingo.cli.work import settings_key, work_folder
@@ -192,7 +192,7 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
     assert not (tmp_path / "b").exists()
 
     monkeypatch.undo()
-    for mod, name in ((cli_experts, "collect_neuron_stats"), (cli_experts, "score_neurons"),
+    for mod, name in ((experts_run, "collect_neuron_stats"), (experts_run, "score_neurons"),
                       (experts_mod, "_k_arm")):  # fmt: skip
         _count(monkeypatch, mod, name, calls)
     calls.clear()
@@ -207,7 +207,7 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
     _count(monkeypatch, experts_mod, "_k_arm", {}, stop_when=lambda *a, **kw: a[2] == 5)
     assert run("c") == 130
     monkeypatch.undo()
-    for mod, name in ((cli_experts, "collect_neuron_stats"), (experts_mod, "_k_arm")):
+    for mod, name in ((experts_run, "collect_neuron_stats"), (experts_mod, "_k_arm")):
         _count(monkeypatch, mod, name, calls)
     calls.clear()
     assert run("c", "--fresh") == 0
@@ -218,7 +218,7 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
     _count(monkeypatch, experts_mod, "_k_arm", {}, stop_when=lambda *a, **kw: a[2] == 5)
     assert run("d") == 130
     monkeypatch.undo()
-    for mod, name in ((cli_experts, "collect_neuron_stats"), (experts_mod, "_k_arm")):
+    for mod, name in ((experts_run, "collect_neuron_stats"), (experts_mod, "_k_arm")):
         _count(monkeypatch, mod, name, calls)
     calls.clear()
     assert run("d", "--seed", "1") == 0

@@ -407,14 +407,14 @@ def test_steer_eval_under_rank_on_tiny(tiny_dir, tmp_path):
 
 @pytest.mark.slow
 def test_eval_rank_and_klar_on_the_embedded_model(tmp_path, gemma, monkeypatch):
-    from mechlingo.cli import evaluate, main
+    from mechlingo.cli import common, main
     from mechlingo.cli.validate import check_after_load
 
     def session_model(args):  # the session's embedded model, checked as the CLI checks it
         check_after_load(gemma, args)
         return gemma
 
-    monkeypatch.setattr(evaluate, "load_cli_model", session_model)
+    monkeypatch.setattr(common, "load_cli_model", session_model)
 
     facts = [
         _fact(1, "en", "The capital of France is", "Paris", ["Rome", "Paris", "Oslo"], "."),
@@ -461,7 +461,7 @@ def test_eval_rank_and_klar_on_the_embedded_model(tmp_path, gemma, monkeypatch):
 def test_eval_on_benchmark_fixture_folders(tmp_path, gemma, monkeypatch):
     """`eval --facts BMLAMA_DIR --metric rank` and `eval --facts KLAR_DIR --metric klar` read the
     benchmark layouts (hand-written fixtures, tests/bench_fixtures.py) and write a report."""
-    from mechlingo.cli import evaluate, main
+    from mechlingo.cli import common, main
     from mechlingo.cli.validate import check_after_load
     from tests.bench_fixtures import write_fixture
 
@@ -469,7 +469,7 @@ def test_eval_on_benchmark_fixture_folders(tmp_path, gemma, monkeypatch):
         check_after_load(gemma, args)
         return gemma
 
-    monkeypatch.setattr(evaluate, "load_cli_model", session_model)
+    monkeypatch.setattr(common, "load_cli_model", session_model)
     bm = write_fixture("bmlama", tmp_path / "bm")
     assert main(["eval", "--facts", str(bm), "--langs", "en,ja", "--metric", "rank",
                  "--quiet", "--out", str(tmp_path / "r")]) == 0  # fmt: skip

@@ -4,8 +4,9 @@ flags every command takes, loading the model and facts they select, and run meta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from mechlingo.activations.distributed import dist_info
@@ -31,6 +32,16 @@ COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[A
 
 class UsageError(InputError):
     """Bad input on the command line; printed as one line, exit status 2."""
+
+
+@contextlib.contextmanager
+def usage_errors(*errors: type[Exception]) -> Iterator[None]:
+    """Inside the block, ``errors`` (an analysis refusing its input) are raised again as a
+    :class:`UsageError` with the same message."""
+    try:
+        yield
+    except errors as err:
+        raise UsageError(str(err)) from err
 
 
 def command(
@@ -147,6 +158,12 @@ def add_data_args(
     )
 
 
+def add_parallel_arg(g: Any, help_text: str, **kw: Any) -> None:
+    """``--parallel DIR``: a folder of parallel text (``None`` when omitted), with the
+    command's ``help_text`` (and argparse's ``kw``, e.g. another ``dest``)."""
+    g.add_argument("--parallel", default=None, metavar="DIR", help=help_text, **kw)
+
+
 def add_metric_args(p: argparse.ArgumentParser) -> None:
     """``--metric`` (generate, klar, rank) and ``--rank-tokens``."""
     g = p.add_argument_group("scoring")
@@ -166,6 +183,24 @@ def add_metric_args(p: argparse.ArgumentParser) -> None:
         help="with --metric rank: average the cross-entropy over the whole sentence (default, "
         "as the benchmark) or over the candidate's tokens only",
     )
+
+
+#: the rank at or below which ``lens`` and ``trace`` count an answer as decodable
+MAX_RANK = 10
+
+
+def add_max_rank_arg(p: argparse.ArgumentParser, help_text: str) -> None:
+    """``--max-rank`` (default :data:`MAX_RANK`), with the command's ``help_text``."""
+    p.add_argument("--max-rank", type=int, default=MAX_RANK,
+                   help=f"{help_text} (default {MAX_RANK})")  # fmt: skip
+
+
+def add_max_new_tokens_arg(p: argparse.ArgumentParser, default: int = 8, note: str = "") -> None:
+    """``--max-new-tokens`` of the commands that score facts by greedy generation, with the
+    command's default and ``note`` (what else decides the length) in its help."""
+    extra = f"; {note}" if note else ""
+    p.add_argument("--max-new-tokens", type=int, default=default,
+                   help=f"greedy tokens to generate (default {default}{extra})")  # fmt: skip
 
 
 def scorer_from_args(args: Any) -> Any:

@@ -7,58 +7,43 @@ import time
 from typing import Any
 
 from mechlingo.analyses.decoders.lens import lens_facts
-from mechlingo.cli.common import (
-    UsageError,
-    add_data_args,
-    add_model_args,
-    add_out_arg,
-    command,
-    load_cli_model,
-    load_selected_facts,
-    run_meta,
-    split_list,
-)
+from mechlingo.cli import common
 from mechlingo.cli.decoders import add_decoder_args, parse_decoders, run_decoders
 from mechlingo.report import write_outputs
 from mechlingo.report.lens import lens_report
 
 
 def _lens_args(p: argparse.ArgumentParser) -> None:
-    add_model_args(p)
-    add_data_args(p)
-    add_out_arg(p)
+    common.add_model_args(p)
+    common.add_data_args(p)
+    common.add_out_arg(p)
     p.add_argument(
         "--track",
         default="en",
         help="extra languages whose answers to track besides the prompt's own (default en)",
     )
-    p.add_argument(
-        "--max-rank",
-        type=int,
-        default=10,
-        help="rank counted as 'decodable' in the summary (default 10)",
-    )
+    common.add_max_rank_arg(p, "rank counted as 'decodable' in the summary")
     add_decoder_args(p)
 
 
-@command("lens", "per-language logit lens and latent-language curves", _lens_args)
+@common.command("lens", "per-language logit lens and latent-language curves", _lens_args)
 def cmd_lens(args: Any) -> int:
 
     decoders = parse_decoders(args)
-    facts = load_selected_facts(args)
-    model = load_cli_model(args)
-    track = split_list(args.track) or []
+    facts = common.load_selected_facts(args)
+    model = common.load_cli_model(args)
+    track = common.split_list(args.track) or []
     if decoders != ["logit"]:
         return run_decoders(args, model, facts, decoders, track)
     t0 = time.time()
-    try:
+    with common.usage_errors(ValueError):
         result = lens_facts(
             model, facts, track_langs=track, batch_size=args.batch_size, progress=not args.quiet
         )
-    except ValueError as err:
-        raise UsageError(str(err)) from err
     summary = result.summary(max_rank=args.max_rank)
-    summary["meta"] = run_meta(model, args, n_facts=len(facts), seconds=round(time.time() - t0, 1))
+    summary["meta"] = common.run_meta(
+        model, args, n_facts=len(facts), seconds=round(time.time() - t0, 1)
+    )
     report = lens_report(result, summary, max_rank=args.max_rank)
     df = result.to_dataframe()
     write_outputs(

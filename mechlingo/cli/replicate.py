@@ -24,6 +24,7 @@ from mechlingo.card.replicate import BUDGETS, METRICS, PAPERS, replicate
 from mechlingo.cli.common import (
     UsageError,
     add_model_args,
+    add_parallel_arg,
     command,
     load_cli_model,
 )
@@ -56,9 +57,8 @@ def _replicate_args(p: argparse.ArgumentParser) -> None:
         "the bundled natural fact-completion stems); a BMLAMA or KLAR folder instead adds the "
         "external-transfer rows (vectors chosen on the bundled data, scored by its metric)",
     )  # fmt: skip
-    p.add_argument(
-        "--parallel", default=None, metavar="DIR",
-        help="folder of line-aligned <lang>.txt files (e.g. FLORES, NTREX) for the sundar2025 "
+    add_parallel_arg(
+        p, "folder of line-aligned <lang>.txt files (e.g. FLORES, NTREX) for the sundar2025 "
         "claims (default: the bundled parallel sentences)",
     )  # fmt: skip
     p.add_argument(

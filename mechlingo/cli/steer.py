@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from collections.abc import Sequence
 from typing import Any
 
 # build_steering_vectors, run_steer_eval and transfer_matrices are called through their modules, so
@@ -44,18 +45,7 @@ from mechlingo.analyses.recall.settings import (
     SplitSettings,
 )
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
-from mechlingo.cli.common import (
-    UsageError,
-    add_data_args,
-    add_metric_args,
-    add_model_args,
-    add_out_arg,
-    command,
-    load_cli_model,
-    load_selected_facts,
-    run_meta,
-    scorer_from_args,
-)
+from mechlingo.cli import common
 from mechlingo.cli.flags import parse_config, parse_floats, parse_ints
 from mechlingo.cli.work import (
     add_work_args,
@@ -74,23 +64,31 @@ from mechlingo.report import write_outputs
 from mechlingo.report.steer import repair_report, transfer_report
 
 ALL_LANGS = "en,de,fr,es,it,pt,ru,zh,ja,ko,ar,hi"
-#: mechlingo.analyses.recall.settings.ALPHA_GRID as flag text (kept here so that `--help` imports no torch)
-ALPHAS = "0.03,0.063,0.13,0.28,0.6"
+# The flags' defaults are the settings classes' (each default written once, there).
+_BUILD, _GRID, _SCORING = BuildSettings(), DevGrid(), ScoringOptions()
+_SPLIT, _MATRIX = SplitSettings(), MatrixSettings()
+
+
+def _flag_text(values: Sequence[object]) -> str:
+    """A default tuple as the comma-separated text of its flag."""
+    return ",".join(map(str, values))
 
 
 def _fractions(text: str) -> tuple[float, float, float]:
     vals = parse_floats(text, "--split") or []
     if len(vals) != 3 or abs(sum(vals) - 1) > 1e-6 or min(vals) < 0:
-        raise UsageError(f"--split takes three fractions summing to 1 (build,dev,test), got {text}")
+        raise common.UsageError(
+            f"--split takes three fractions summing to 1 (build,dev,test), got {text}"
+        )
     return vals[0], vals[1], vals[2]
 
 
-DEFAULT_SPLIT = "0.4,0.2,0.4"
+DEFAULT_SPLIT = _flag_text(_SPLIT.fractions)
 
 
 def _common(p: argparse.ArgumentParser, default_relation: str) -> None:
-    add_model_args(p)
-    add_data_args(
+    common.add_model_args(p)
+    common.add_data_args(
         p,
         default_langs=ALL_LANGS,
         langs_reason="every bundled language, among which the lowest-language rule picks",
@@ -99,9 +97,9 @@ def _common(p: argparse.ArgumentParser, default_relation: str) -> None:
         default_limit=None,
         default_relation=default_relation,
     )
-    add_out_arg(
+    common.add_out_arg(
         p,
-        batch_size=64,
+        batch_size=_SCORING.batch_size,
         batch_reason="the steering prompts are short and every condition scores all of them",
     )
     p.add_argument(
@@ -111,7 +109,7 @@ def _common(p: argparse.ArgumentParser, default_relation: str) -> None:
         f"{DEFAULT_SPLIT}: 127 capitals give ~25 dev and ~50 test facts per language)",
     )
     p.add_argument(
-        "--salt", default="", help="salt of the id hash (another split of the same facts)"
+        "--salt", default=_SPLIT.salt, help="salt of the id hash (another split of the same facts)"
     )
 
 
@@ -125,26 +123,29 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
     _common(e, "capital")
     e.add_argument("--vectors", default=None,
                    help="folder written by `steer build` (required unless --transfer-only)")  # fmt: skip
-    e.add_argument("--dev-per-lang", type=int, default=None, help="dev fact ids per relation")
-    e.add_argument("--test-per-lang", type=int, default=None, help="test fact ids per relation")
+    e.add_argument("--dev-per-lang", type=int, default=_SPLIT.dev_per_lang,
+                   help="dev fact ids per relation")  # fmt: skip
+    e.add_argument("--test-per-lang", type=int, default=_SPLIT.test_per_lang,
+                   help="test fact ids per relation")  # fmt: skip
     _sweep_args(e)
     _test_args(e)
-    add_metric_args(e)
+    common.add_metric_args(e)
     add_work_args(e)
 
 
 def _build_args(b: argparse.ArgumentParser) -> None:
     """``steer build``: how the two vectors are made."""
-    b.add_argument("--k-shot", type=int, default=3, help="demonstrations per few-shot prompt")
+    b.add_argument("--k-shot", type=int, default=_BUILD.k_shot,
+                   help="demonstrations per few-shot prompt")  # fmt: skip
     b.add_argument("--per-relation", type=int, default=None, metavar="N",
                    help="build fact ids per relation (default: as many as the smallest "
                    "relation's build split has, so each relation weighs the same)")  # fmt: skip
     b.add_argument(
         "--translation-shots",
         type=int,
-        default=2,
+        default=_BUILD.translation_shots,
         help="solved translation pairs before each translation prompt of the diff vector "
-        "(default 2)",
+        f"(default {_BUILD.translation_shots})",
     )
     b.add_argument(
         "--plain-task",
@@ -155,7 +156,7 @@ def _build_args(b: argparse.ArgumentParser) -> None:
     b.add_argument(
         "--unit",
         choices=["resid", "raw"],
-        default="resid",
+        default=_BUILD.unit,
         help="resid (default): each layer's vector is its direction scaled to the mean "
         "last-token residual norm there, so alpha is a fraction of that norm; raw: the raw "
         "mean/difference",
@@ -172,7 +173,7 @@ def _sweep_args(e: argparse.ArgumentParser) -> None:
     )
     e.add_argument(
         "--task-alphas",
-        default=ALPHAS,
+        default=_flag_text(_GRID.task_alphas),
         help="scales tried for the task vector, in the vectors' unit (default: a log grid "
         "0.03-0.6; unit 'resid': fractions of the mean residual norm at the layer)",
     )
@@ -180,22 +181,25 @@ def _sweep_args(e: argparse.ArgumentParser) -> None:
                    "(default: as --task-layers)")  # fmt: skip
     e.add_argument(
         "--diff-alphas",
-        default=ALPHAS,
+        default=_flag_text(_GRID.diff_alphas),
         help="scales tried for the diff vector (default as --task-alphas)",
     )
-    e.add_argument("--top-k", type=int, default=3, help="settings of each vector re-scored on "
-                   "the whole dev split; their best pairs are combined (default 3)")  # fmt: skip
+    e.add_argument("--top-k", type=int, default=_GRID.top_k, help="settings of each vector "
+                   "re-scored on the whole dev split; their best pairs are combined (default "
+                   f"{_GRID.top_k})")  # fmt: skip
     e.add_argument(
         "--screen-ids",
         type=int,
-        default=8,
+        default=_GRID.screen_ids,
         help="dev fact ids (x every language) that score the whole grid before the top "
-        "settings are re-scored on all of dev (default 8; 0 = all of dev)",
+        f"settings are re-scored on all of dev (default {_GRID.screen_ids}; 0 = all of dev)",
     )
-    e.add_argument("--en-tolerance", type=float, default=0.05,
-                   help="largest allowed drop of English dev accuracy (default 0.05)")  # fmt: skip
-    e.add_argument("--p-threshold", type=float, default=0.1, help="a setting is chosen only "
-                   "if it beats no intervention on dev with McNemar p below this")  # fmt: skip
+    e.add_argument("--en-tolerance", type=float, default=_GRID.en_tolerance,
+                   help="largest allowed drop of English dev accuracy (default "
+                   f"{_GRID.en_tolerance})")  # fmt: skip
+    e.add_argument("--p-threshold", type=float, default=_GRID.p_threshold, help="a setting is "
+                   "chosen only if it beats no intervention on dev with McNemar p below "
+                   "this")  # fmt: skip
     e.add_argument(
         "--config",
         default=None,
@@ -225,9 +229,8 @@ def _test_args(e: argparse.ArgumentParser) -> None:
         "continuations) against a norm-matched random control "
         "(mechlingo.scoring.side_effects)",
     )
-    e.add_argument("--parallel", dest="side_effects", default=None, metavar="DIR",
-                   help="folder of line-aligned <lang>.txt files (e.g. NTREX) that "
-                   "--side-effects measures perplexity on")  # fmt: skip
+    common.add_parallel_arg(e, "folder of line-aligned <lang>.txt files (e.g. NTREX) that "
+                            "--side-effects measures perplexity on", dest="side_effects")  # fmt: skip
     e.add_argument("--side-effects-lines", type=int, default=20, metavar="N",
                    help="parallel lines per language that --side-effects measures perplexity "
                    "and output language on (default 20)")  # fmt: skip
@@ -243,20 +246,23 @@ def _test_args(e: argparse.ArgumentParser) -> None:
         "on the build relations'/languages' dev split only; gains with bootstrap intervals, "
         "McNemar p and a norm-matched random control per cell (default when given: both)",
     )
-    e.add_argument("--transfer-ids", default="16,4,12,8", metavar="B,S,D,T",
+    m = _MATRIX
+    ids = _flag_text((m.build_ids, m.screen_ids, m.dev_ids, m.test_ids))
+    e.add_argument("--transfer-ids", default=ids, metavar="B,S,D,T",
                    help="transfer matrix sizes: build ids per relation, dev screen ids, dev "
                    "ids (each spread over a row's relations), test ids per relation of a "
-                   "column (default 16,4,12,8)")  # fmt: skip
-    e.add_argument("--transfer-cells", choices=["full", "diagonal"], default="full",
+                   f"column (default {ids})")  # fmt: skip
+    e.add_argument("--transfer-cells", choices=["full", "diagonal"], default=m.cells,
                    help="full (default): every single-relation row on every column; "
                    "diagonal: only R on R")  # fmt: skip
     e.add_argument("--transfer-only", action="store_true",
                    help="run only the transfer matrix (no --vectors needed)")  # fmt: skip
-    e.add_argument("--max-new-tokens", type=int, default=6,
-                   help="greedy tokens generated per prompt (default 6)")  # fmt: skip
+    e.add_argument("--max-new-tokens", type=int, default=_SCORING.max_new_tokens,
+                   help="greedy tokens generated per prompt (default "
+                   f"{_SCORING.max_new_tokens})")  # fmt: skip
 
 
-@command("steer", "build and evaluate the two repair steering vectors", _steer_args)
+@common.command("steer", "build and evaluate the two repair steering vectors", _steer_args)
 def cmd_steer(args: Any) -> int:
     which = getattr(args, "steer_command", None)
     if which == "build":
@@ -265,29 +271,27 @@ def cmd_steer(args: Any) -> int:
         # under torchrun every rank scores its share of each batch list (gathered in order)
         with sharded_scoring():
             return _eval(args)
-    raise UsageError("use `mechlingo steer build --out VDIR` or `mechlingo steer eval ...`")
+    raise common.UsageError("use `mechlingo steer build --out VDIR` or `mechlingo steer eval ...`")
 
 
 def _build(args: Any) -> int:
 
     if args.k_shot < 1:
-        raise UsageError("--k-shot must be at least 1")
-    facts = load_selected_facts(args)
+        raise common.UsageError("--k-shot must be at least 1")
+    facts = common.load_selected_facts(args)
     fractions = _fractions(args.split)
     splits = split_facts(facts, fractions, salt=args.salt)
     if not splits["build"]:
-        raise UsageError("the build split is empty; raise --limit or the build fraction")
+        raise common.UsageError("the build split is empty; raise --limit or the build fraction")
     if args.per_relation is not None and args.per_relation < 1:
-        raise UsageError("--per-relation must be at least 1")
+        raise common.UsageError("--per-relation must be at least 1")
     build = balance_relations(splits["build"], args.per_relation)
-    model = load_cli_model(args)
+    model = common.load_cli_model(args)
     t0 = time.time()
-    try:
+    with common.usage_errors(ValueError):
         vectors = steering.build_steering_vectors(
             model, build, _build_settings(args), progress=not args.quiet
         )
-    except ValueError as err:
-        raise UsageError(str(err)) from err
     vectors.build["ids_per_relation"] = {
         r: len({f.id for f in build if f.relation == r}) for r in vectors.build["relations"]
     }
@@ -297,7 +301,7 @@ def _build(args: Any) -> int:
     summary = {
         "build": vectors.build,
         "norms": vectors.norms(),
-        "meta": run_meta(model, args, seconds=round(time.time() - t0, 1)),
+        "meta": common.run_meta(model, args, seconds=round(time.time() - t0, 1)),
     }
 
     # Built beside --out and renamed in one step: never task/ of one run next to another's.
@@ -310,17 +314,17 @@ def _build(args: Any) -> int:
 
 def _eval(args: Any) -> int:
 
-    facts = load_selected_facts(args)
+    facts = common.load_selected_facts(args)
     fractions = _fractions(args.split)
     seeds = parse_ints(args.seeds, "--seeds", allow_empty=True)
     if not seeds:
-        raise UsageError("--seeds needs at least one seed (3 or more advised)")
+        raise common.UsageError("--seeds needs at least one seed (3 or more advised)")
     if args.repeats < 1:
-        raise UsageError("--repeats must be at least 1")
+        raise common.UsageError("--repeats must be at least 1")
     if args.side_effects and args.side_effects_lines < 1:
-        raise UsageError("--side-effects-lines must be at least 1")
-    if args.transfer and scorer_from_args(args).metric == "klar":
-        raise UsageError(
+        raise common.UsageError("--side-effects-lines must be at least 1")
+    if args.transfer and common.scorer_from_args(args).metric == "klar":
+        raise common.UsageError(
             "--transfer scores with --metric generate or rank; klar's demonstrations are not "
             "yet drawn per transfer row (drop --transfer, or use --metric rank)"
         )
@@ -328,10 +332,11 @@ def _eval(args: Any) -> int:
     if args.transfer_only:
         return _transfer_only(args, facts, fractions, ids)
     if not args.vectors:
-        raise UsageError("steer eval needs --vectors VDIR (a `steer build` folder), or "
-                         "--transfer-only")  # fmt: skip
+        raise common.UsageError(
+            "steer eval needs --vectors VDIR (a `steer build` folder), or --transfer-only"
+        )
     work_folder(args)  # --work is checked before the model loads
-    model = load_cli_model(args)
+    model = common.load_cli_model(args)
     vectors = _load_vectors(args.vectors, model)
     stages = _eval_stages(args, model, facts)
     t0 = time.time()
@@ -356,7 +361,7 @@ def _eval(args: Any) -> int:
         lines = _side_effect_lines(args, result.test_langs())
         result.add_side_effects(model, lines, batch_size=args.batch_size,
                                 progress=not args.quiet, stages=stages)  # fmt: skip
-    meta = run_meta(
+    meta = common.run_meta(
         model,
         args,
         vectors=str(args.vectors),
@@ -389,10 +394,8 @@ def _eval_stages(args: Any, model: Model, facts: list) -> Any:
 
 def _load_vectors(folder: str, model: Model) -> SteeringPair:
 
-    try:
+    with common.usage_errors(FileNotFoundError, ModelMismatchError, ValueError):
         return SteeringPair.load(folder, model)
-    except (FileNotFoundError, ModelMismatchError, ValueError) as err:
-        raise UsageError(str(err)) from err
 
 
 def _side_effect_lines(args: Any, langs: list[str]) -> dict[str, list[str]]:
@@ -401,14 +404,14 @@ def _side_effect_lines(args: Any, langs: list[str]) -> dict[str, list[str]]:
     try:
         lines = read_parallel_dir(args.side_effects, langs)
     except ValueError as err:
-        raise UsageError(f"--parallel: {err}") from err
+        raise common.UsageError(f"--parallel: {err}") from err
     return {lg: v[: args.side_effects_lines] for lg, v in lines.items()}
 
 
 def _transfer_ids(args: Any) -> list[int]:
     ids = parse_ints(args.transfer_ids, "--transfer-ids") or []
     if len(ids) != 4 or min(ids) < 1:
-        raise UsageError(
+        raise common.UsageError(
             f"--transfer-ids takes four positive numbers B,S,D,T, got {args.transfer_ids}"
         )
     if args.transfer_only and not args.transfer:
@@ -446,7 +449,7 @@ def _dev_grid(args: Any) -> DevGrid:
 def _scoring(args: Any) -> ScoringOptions:
     """The scoring flags as :class:`~mechlingo.analyses.recall.settings.ScoringOptions`."""
     return ScoringOptions(
-        metric=scorer_from_args(args),
+        metric=common.scorer_from_args(args),
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
         progress=not args.quiet,
@@ -480,7 +483,7 @@ def _transfer(
 def _transfer_only(args: Any, facts: list, fractions: tuple, ids: list[int]) -> int:
     """``steer eval --transfer-only``: the transfer matrices alone (one stage)."""
     work_folder(args)
-    model = load_cli_model(args)
+    model = common.load_cli_model(args)
     data = data_key(facts=[dataclasses.asdict(f) for f in facts])
     stages = open_stages(args, model, data, skip=("seeds", "repeats", "transfer", "vectors",
                                                   "side_effects"))  # fmt: skip
@@ -490,7 +493,7 @@ def _transfer_only(args: Any, facts: list, fractions: tuple, ids: list[int]) -> 
         lambda: _transfer(args, model, facts, fractions, ids, None).summary(),
     )
     summary: dict[str, Any] = {"transfer": matrices}
-    summary["meta"] = run_meta(model, args, seconds=round(time.time() - t0, 1))
+    summary["meta"] = common.run_meta(model, args, seconds=round(time.time() - t0, 1))
     write_outputs(args.out, {"summary.json": summary,
                              "report.html": transfer_report(summary)})  # fmt: skip
     finish_stages(stages)

@@ -27,43 +27,26 @@ from typing import Any
 # run_trace is called through its module, so that a wrapper set on the module (a test's
 # monkeypatch, a user's instrumentation) sees every call.
 from mechlingo.analyses.recall import trace
-from mechlingo.cli.common import (
-    UsageError,
-    add_data_args,
-    add_model_args,
-    add_out_arg,
-    command,
-    load_cli_model,
-    load_selected_facts,
-    run_meta,
-    split_list,
-)
+from mechlingo.cli import common
 from mechlingo.cli.flags import parse_int_range
 from mechlingo.report.trace import trace_report
 
 
 def _trace_args(p: argparse.ArgumentParser) -> None:
-    add_model_args(p)
-    add_data_args(
+    common.add_model_args(p)
+    common.add_data_args(
         p,
         default_langs="en,fr,de,es",
         langs_reason="four: the patching and knockout run per language",
     )
-    add_out_arg(p)
-    p.add_argument(
-        "--max-rank",
-        type=int,
-        default=10,
-        help="rank at or below which an answer counts as decodable by the lens (default 10)",
-    )
+    common.add_out_arg(p)
+    common.add_max_rank_arg(p, "rank at or below which an answer counts as decodable by the lens")
     p.add_argument(
         "--mid-layers",
         default=None,
         help="lens entries counted as mid-network, 'A-B' inclusive (default: n/3 .. n-2)",
     )
-    p.add_argument(
-        "--max-new-tokens", type=int, default=8, help="greedy tokens to generate (default 8)"
-    )
+    common.add_max_new_tokens_arg(p)
     p.add_argument(
         "--patch-prompts",
         type=int,
@@ -99,27 +82,27 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-@command("trace", "recall pipeline tracer: correct / translation / recall failures", _trace_args)
+@common.command(
+    "trace", "recall pipeline tracer: correct / translation / recall failures", _trace_args
+)
 def cmd_trace(args: Any) -> int:
 
     if args.patch_prompts < 0:
-        raise UsageError("--patch-prompts must be >= 0")
-    facts = load_selected_facts(args)
+        raise common.UsageError("--patch-prompts must be >= 0")
+    facts = common.load_selected_facts(args)
     mid = parse_int_range(args.mid_layers, "--mid-layers")
-    model = load_cli_model(args)
+    model = common.load_cli_model(args)
     t0 = time.time()
-    try:
+    with common.usage_errors(ValueError):  # a PatchingError names the language
         run = trace.run_trace(
             model, facts, max_rank=args.max_rank, mid_layers=mid,
             max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
             patch_prompts=args.patch_prompts,
-            patch_sites=split_list(args.patch_sites) or ["resid_pre"],
+            patch_sites=common.split_list(args.patch_sites) or ["resid_pre"],
             cells_per_batch=args.cells_per_batch, method=getattr(args, "method", "exact"),
             verify_heads=args.verify_heads, progress=not args.quiet,
         )  # fmt: skip
-    except ValueError as err:  # a PatchingError names the language
-        raise UsageError(str(err)) from err
-    meta = run_meta(
+    meta = common.run_meta(
         model,
         args,
         n_facts=len(facts),

@@ -17,45 +17,39 @@ another version, model, data or setting are never reused (they are recomputed).
   agree on each stage before it is read back: a stage is reused only when every rank has it,
   otherwise all ranks recompute it (so their collective steps stay in step).
 
-The helpers here turn the stored JSON back into the objects of the expert analyses (neuron
-statistics and scores, saved interventions); the repair protocol keeps its own stages
-(:func:`mechlingo.analyses.recall.steer_eval.run_steer_eval`).
+The analyses keep their own stages, given the :class:`~mechlingo.core.stages.Stages` made
+here: :func:`mechlingo.analyses.experts.run.run_experts` (neuron statistics, scores, clamps,
+the k curve), :func:`mechlingo.analyses.experts.align_run.run_alignment`,
+:func:`mechlingo.analyses.decoders.run.run_tuned_lens` and
+:func:`mechlingo.analyses.recall.steer_eval.run_steer_eval`.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import re
 import shutil
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from mechlingo.activations.distributed import all_reduce_state, dist_info
-from mechlingo.analyses.experts import NeuronScores, NeuronStats
 from mechlingo.card.replicate import weights_fingerprint
 from mechlingo.cli.common import UsageError
 from mechlingo.core.describe import model_info
-from mechlingo.core.errors import ArtifactError
 from mechlingo.core.stages import Stages, key_hash
 from mechlingo.core.types import Model
-from mechlingo.core.untrusted import inside, load_tensors
 
 __all__ = [
     "add_work_args",
     "all_ranks_have",
+    "data_key",
     "finish_stages",
     "hash_files",
-    "kcurve_cache",
     "open_stages",
-    "staged_scores",
-    "staged_stats",
-    "staged_folder",
     "work_folder",
 ]
 
@@ -193,72 +187,6 @@ def stage_names(stages: Stages) -> list[str]:
     )
 
 
-# --------------------------------------------------------------------------------------
-# Stored results back into objects
-# --------------------------------------------------------------------------------------
-
-
 def data_key(**parts: Any) -> dict[str, str | None]:
     """``{name: short hash}`` of JSON-able data (facts as dicts, texts)."""
     return {k: None if v is None else key_hash({"v": v}) for k, v in parts.items()}
-
-
-def staged_stats(stages: Stages, name: str, collect: Callable[[], NeuronStats]) -> NeuronStats:
-    """In-memory neuron statistics as stage ``name`` (the tensors in a safetensors file)."""
-
-    def fn(tmp: Path) -> dict[str, Any]:
-        st = collect()
-        tensors = {"pooled": st.pooled, "lang_ids": st.lang_ids, "prob_active": st.prob_active}
-        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
-                  str(tmp / "stats.safetensors"))  # fmt: skip
-        return {"langs": st.langs, "layers": st.layers, "d_mlp": st.d_mlp, "pool": st.pool,
-                "meta": st.meta, "device": str(st.prob_active.device)}  # fmt: skip
-
-    d = stages.run(name, fn, folder=True)
-    t = _stage_tensors(stages, name, "stats.safetensors", d)
-    return NeuronStats(d["langs"], t["pooled"], t["lang_ids"], t["prob_active"], d["layers"],
-                       d["d_mlp"], d["pool"], d["meta"])  # fmt: skip
-
-
-def staged_scores(stages: Stages, name: str, score: Callable[[], NeuronScores]) -> NeuronScores:
-    """Neuron scores as stage ``name`` (the tensors in a safetensors file)."""
-
-    def fn(tmp: Path) -> dict[str, Any]:
-        sc = score()
-        tensors = {"auroc": sc.auroc, "ap": sc.ap, "lape": sc.lape}
-        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
-                  str(tmp / "scores.safetensors"))  # fmt: skip
-        return {"device": str(sc.auroc.device)}
-
-    d = stages.run(name, fn, folder=True)
-    t = _stage_tensors(stages, name, "scores.safetensors", d)
-    return NeuronScores(t["auroc"], t["ap"], t["lape"])
-
-
-def _stage_tensors(stages: Stages, name: str, file: str, d: Mapping[str, Any]) -> dict:
-    """The tensors a stage stored, read with the checks of any file from a stranger (the
-    header against the file's size, no link out of the stage folder); the device the
-    stage recorded when it is a plain device name."""
-    device = str(d.get("device", "cpu"))
-    if not re.fullmatch(r"(cpu|cuda|mps)(:\d{1,3})?", device):
-        device = "cpu"
-    path = inside(stages.folder, stages.path(name) / file, ArtifactError)
-    return load_tensors(path, ArtifactError, finite=False, device=device,
-                        fix="delete the work folder (or rerun with --fresh)")  # fmt: skip
-
-
-def staged_folder(stages: Stages, name: str, save: Callable[[Path], Any]) -> Path:
-    """A saved artifact (``save(folder)``, e.g. a clamp) as stage ``name``; its folder."""
-
-    def fn(tmp: Path) -> dict[str, Any]:
-        save(tmp / "saved")
-        return {"saved": "saved"}
-
-    stages.run(name, fn, folder=True)
-    return stages.path(name) / "saved"
-
-
-def kcurve_cache(stages: Stages, prefix: str) -> Callable[[str, Callable[[], dict]], dict]:
-    """The ``cache`` of :func:`mechlingo.analyses.experts.k_curve`: each arm the stage
-    ``{prefix}{arm}``."""
-    return lambda name, fn: stages.run(f"{prefix}{name}", fn)

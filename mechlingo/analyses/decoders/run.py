@@ -8,20 +8,45 @@ summary of every decoder (and, when English is tracked, where the English answer
 :meth:`~LensDecodersRun.write` puts the files into a folder in one step. The command line
 only parses its flags into the decoders (a loaded tuned lens, a
 :class:`~mechlingo.analyses.decoders.patchscope.Patchscope`) and adds the report.
+
+``mechlingo tuned-lens`` likewise: :func:`run_tuned_lens` trains the lens and measures its
+held-out KL (each a resumable stage) and returns a :class:`TunedLensRun`, whose
+:meth:`~TunedLensRun.summary`, :meth:`~TunedLensRun.headline` and :meth:`~TunedLensRun.write`
+say what the training gave and put the lens folder together.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import torch
+
+from mechlingo.activations.distributed import is_main
 from mechlingo.analyses.decoders.compare import DecoderComparison, compare_decoders
 from mechlingo.analyses.decoders.patchscope import Patchscope
+from mechlingo.analyses.decoders.tuned_lens import (
+    TunedLens,
+    TunedLensTraining,
+    lens_divergence,
+    load_tuned_lens,
+    train_tuned_lens,
+)
 from mechlingo.analyses.results import WritesFolder
+from mechlingo.core.artifacts import write_files
+from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
+from mechlingo.viz.lens import lens_kl_figure
 
-__all__ = ["LensDecodersRun", "run_lens_decoders"]
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+__all__ = ["LensDecodersRun", "TunedLensRun", "run_lens_decoders", "run_tuned_lens"]
 
 
 @dataclass
@@ -111,3 +136,157 @@ def run_lens_decoders(
     )
     generates = any(isinstance(d, Patchscope) and d.max_new_tokens for d in decoders.values())
     return LensDecodersRun(cmp, list(track_langs), max_rank, generates)
+
+
+# --------------------------------------------------------------------------------------
+# mechlingo tuned-lens
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class TunedLensRun:
+    """A tuned lens trained on some text, with its held-out KL against the logit lens.
+
+    Attributes:
+        training: the trained lens and its loss curve
+            (:class:`~mechlingo.analyses.decoders.tuned_lens.TunedLensTraining`).
+        langs: the languages of the training text (``["text"]`` for a text file).
+        text: where the text came from (a folder, a file, ``"bundled facts"``).
+        heldout_kl: :func:`~mechlingo.analyses.decoders.tuned_lens.lens_divergence` of the
+            logit and the tuned lens on the held-out texts (``None`` without them).
+    """
+
+    training: TunedLensTraining
+    langs: list[str]
+    text: str
+    heldout_kl: dict[str, Any] | None = None
+
+    @property
+    def lens(self) -> TunedLens:
+        """The trained lens."""
+        return self.training.lens
+
+    def summary(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``training`` (steps, tokens, time, the first and last steps' mean loss per entry,
+        the settings), ``langs``, ``text``, ``heldout_kl`` (with held-out texts) and ``meta``
+        as given."""
+        out: dict[str, Any] = {
+            "training": self.training.summary(),
+            "langs": self.langs,
+            "text": self.text,
+        }
+        if self.heldout_kl is not None:
+            out["heldout_kl"] = self.heldout_kl
+        if meta is not None:
+            out["meta"] = meta
+        return out
+
+    def headline(self) -> list[tuple[str, str]]:
+        """``(label, value)`` rows: steps and tokens, the mean loss over the entries at the
+        start and at the end, and the held-out KL of each decoder (mean over the entries)."""
+        t = self.training.summary()
+        rows = [
+            ("Training", f"{t['steps']} steps, {t['tokens']} tokens, {len(self.langs)} language(s)"),
+            ("Mean KL per entry, first -> last steps",
+             f"{_mean(t['loss_first_steps']):.3f} -> {_mean(t['loss_last_steps']):.3f}"),
+        ]  # fmt: skip
+        kl = (self.heldout_kl or {}).get("decoders", {})
+        if kl:
+            rows.append(("Held-out KL(final || lens), mean over entries",
+                         ", ".join(f"{d} {_mean(v['kl']):.3f}" for d, v in kl.items())))  # fmt: skip
+        return rows
+
+    def figures(self) -> list[tuple[str, go.Figure]]:
+        """``(heading, figure)``: the loss curve and, with held-out texts, the held-out KL
+        per layer."""
+        figs = [("Loss curve", self.training.fig_loss())]
+        if self.heldout_kl is not None:
+            figs.append(("Held-out KL(final || lens) per layer", lens_kl_figure(self.heldout_kl)))
+        return figs
+
+    def loss_csv(self) -> str:
+        """``step,entry,kl,tokens`` rows of the loss curve."""
+        tr = self.training
+        rows = ["step,entry,kl,tokens"]
+        for s, row in enumerate(tr.loss.tolist()):
+            rows += [f"{s},{e},{v:.6g},{tr.tokens[s]}" for e, v in enumerate(row)]
+        return "\n".join(rows) + "\n"
+
+    def files(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The lens (``translators.safetensors``, ``tuned_lens.json``), ``summary.json`` and
+        ``loss.csv``."""
+        return self.lens.files() | {"summary.json": self.summary(meta), "loss.csv": self.loss_csv()}
+
+    def write(
+        self, out: str | Path, *, meta: dict[str, Any] | None = None, extra: dict | None = None
+    ) -> Path:
+        """Write :meth:`files` (and ``extra`` ones, e.g. the report) into ``out`` in one
+        step, dropping whatever else was there; under torchrun on rank 0 only. Returns the
+        folder."""
+        if not is_main():
+            return Path(out)
+        return write_files(out, {**self.files(meta), **(extra or {})}, keep_others=False)
+
+
+def _mean(xs: Sequence[float | None]) -> float:
+    vals = [x for x in xs if x is not None]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
+def run_tuned_lens(
+    model: Model,
+    train: Sequence[str],
+    heldout: Sequence[str] = (),
+    *,
+    langs: Sequence[str],
+    text: str,
+    lines: str | None = None,
+    training: Mapping[str, Any] | None = None,
+    batch_size: int = 8,
+    stages: Stages | None = None,
+) -> TunedLensRun:
+    """Train a tuned lens on ``train`` and, with ``heldout`` texts, measure its held-out KL
+    against the logit lens, as ``mechlingo tuned-lens`` does.
+
+    ``training`` holds the keyword arguments of
+    :func:`~mechlingo.analyses.decoders.tuned_lens.train_tuned_lens` (steps, lr, seed, ...);
+    ``batch_size`` is the texts per forward pass of the held-out KL. ``langs``, ``text``
+    (where the text came from) and ``lines`` (``START:STOP`` of the training lines, ``None``
+    for all) are recorded in the lens's ``meta``. The training (the lens saved, read back
+    through :func:`~mechlingo.analyses.decoders.tuned_lens.load_tuned_lens` and its checks)
+    and the held-out KL are the stages ``train`` and ``heldout`` of ``stages``; without
+    ``stages`` they go through a temporary folder, so the numbers are the command's.
+    """
+    with contextlib.ExitStack() as stack:
+        if stages is None:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="mechlingo-lens-"))
+            stages = Stages(tmp, {"temporary": True})
+        tr = _staged_training(stages, model, train, dict(training or {}))
+        tr.lens.meta |= {"text": text, "langs": list(langs), "lines": lines}
+        div = None
+        if heldout:
+            div = stages.run("heldout", lambda: lens_divergence(
+                model, list(heldout), {"logit": None, "tuned": tr.lens},
+                batch_size=batch_size))  # fmt: skip
+    return TunedLensRun(tr, list(langs), text, div)
+
+
+def _staged_training(
+    stages: Stages, model: Model, train: Sequence[str], kw: dict[str, Any]
+) -> TunedLensTraining:
+    """The training as stage ``train`` (the lens saved in the stage folder, the loss curve
+    in its result), read back through :func:`load_tuned_lens` and its checks."""
+
+    def fn(tmp: Path) -> dict[str, Any]:
+        tr = train_tuned_lens(model, train, **kw)
+        tr.lens.save(tmp / "lens")
+        return {"loss": tr.loss.tolist(), "tokens": tr.tokens, "seconds": tr.seconds,
+                "world_size": tr.world_size, "config": tr.config}  # fmt: skip
+
+    d = stages.run("train", fn, folder=True)
+    lens = load_tuned_lens(stages.path("train") / "lens", model)
+    loss = torch.tensor(
+        [[math.nan if v is None else v for v in row] for row in d["loss"]], dtype=torch.float32
+    )
+    return TunedLensTraining(lens, loss, list(d["tokens"]), float(d["seconds"]),
+                             int(d["world_size"]), dict(d["config"]))  # fmt: skip

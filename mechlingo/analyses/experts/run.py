@@ -1,27 +1,98 @@
-"""``mechlingo experts`` as one result: the expert neurons, their clamps and controls, the k
+"""``mechlingo experts`` as one call: the expert neurons, their clamps and controls, the k
 curve of every target and the k its rule chose, with what ``summary.json``, ``experts.csv``,
 ``kcurve.csv`` and the clamp folders hold.
 
-:class:`ExpertsRun` is built from the pieces the command computes (the scored neurons, the
-saved clamps, the k curves; the command keeps each as a resumable stage) and says what they
-mean: :meth:`~ExpertsRun.choices` applies the k rule
+:func:`run_experts` is the command's analysis (the card's expert stages call the same
+pieces: :func:`~mechlingo.analyses.experts.selection.find_experts`,
+:func:`~mechlingo.analyses.experts.kcurve.k_curve`): it pools and scores every neuron, saves
+the clamp of every target and k with its random-neuron control, and measures the k curves,
+each step a resumable stage of a :class:`~mechlingo.core.stages.Stages` (the CLI's
+``--work``). It returns an :class:`ExpertsRun`, which says what the pieces mean:
+:meth:`~ExpertsRun.choices` applies the k rule
 (:meth:`~mechlingo.analyses.experts.kcurve.KCurve.choose`), :meth:`~ExpertsRun.summary` is
 the headline record, :meth:`~ExpertsRun.write` puts every file into a folder in one step.
+:class:`ExpertSettings` holds every setting that changes a number, each default written once
+(the CLI's flags read them).
+
+The stored forms of the neuron statistics and scores (:func:`staged_stats`,
+:func:`staged_scores`) and of a saved clamp (:func:`staged_folder`) live here too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from safetensors.torch import save_file
 
 from mechlingo.activations.distributed import is_main
-from mechlingo.analyses.experts.kcurve import PPL_BUDGET, KCurve, OthersRule
+from mechlingo.activations.pooled import NeuronStats
+from mechlingo.analyses.experts.kcurve import PPL_BUDGET, KCurve, OthersRule, k_curve
 from mechlingo.analyses.experts.selection import ExpertResult
+from mechlingo.analyses.experts.stats import (
+    NeuronScores,
+    Pool,
+    ScoreName,
+    collect_neuron_stats,
+    score_neurons,
+)
 from mechlingo.core.artifacts import write_files
+from mechlingo.core.errors import ArtifactError, ExpertError
+from mechlingo.core.stages import Stages
+from mechlingo.core.types import Model
+from mechlingo.core.untrusted import inside, load_tensors
 
-__all__ = ["ExpertsRun"]
+__all__ = [
+    "ExpertSettings",
+    "ExpertsRun",
+    "kcurve_cache",
+    "pooled_store",
+    "run_experts",
+    "staged_folder",
+    "staged_scores",
+    "staged_stats",
+]
+
+#: the tokens per held-out line of the k curve's perplexity when ``max_tokens`` is unset
+KCURVE_MAX_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class ExpertSettings:
+    """How :func:`run_experts` finds, clamps and measures the expert neurons.
+
+    Attributes:
+        pool: pooling of each neuron over a sentence's real tokens (``"mean"``, ``"max"``).
+        score: how neurons are ranked as experts (``"auroc"``, ``"ap"``, ``"lape"``).
+        value: the clamp value, the ``"mean"`` or ``"median"`` pooled activation.
+        layers: the layers searched (``None``: all).
+        seed: seed of the random-neuron control and of the sampling.
+        samples: samples from a bare BOS per k of the k curve.
+        max_new_tokens: greedy tokens generated per BOS sample.
+        max_tokens: keep only the first N tokens of each sentence (``None``: all; the k
+            curve's perplexity then reads :data:`KCURVE_MAX_TOKENS`).
+        ppl_budget: the k rule's bound on the target's held-out perplexity ratio.
+        ppl_others: how the other languages' perplexity ratios enter the rule.
+        batch_size: sentences per forward pass.
+        progress: show progress bars.
+    """
+
+    pool: Pool = "mean"
+    score: ScoreName = "auroc"
+    value: Literal["mean", "median"] = "mean"
+    layers: tuple[int, ...] | None = None
+    seed: int = 0
+    samples: int = 32
+    max_new_tokens: int = 20
+    max_tokens: int | None = None
+    ppl_budget: float = PPL_BUDGET
+    ppl_others: OthersRule = "none"
+    batch_size: int = 16
+    progress: bool = False
 
 
 @dataclass
@@ -37,6 +108,8 @@ class ExpertsRun:
         curves: ``{target: KCurve}`` (empty when the k curve was skipped).
         ppl_budget: the k rule's bound on the target's held-out perplexity ratio.
         ppl_others: how the other languages' perplexity ratios enter the rule.
+        scratch: the temporary folder that holds the clamps when :func:`run_experts` was
+            given no stages (removed with the run).
     """
 
     experts: ExpertResult
@@ -46,6 +119,7 @@ class ExpertsRun:
     curves: Mapping[str, KCurve] = field(default_factory=dict)
     ppl_budget: float = PPL_BUDGET
     ppl_others: OthersRule = "none"
+    scratch: Any = field(default=None, repr=False, compare=False)
 
     @property
     def k_show(self) -> int:
@@ -114,3 +188,217 @@ class ExpertsRun:
         if not is_main():
             return Path(out)
         return write_files(out, {**self.files(meta), **(extra or {})}, keep_others=False)
+
+
+def run_experts(
+    model: Model,
+    texts: Mapping[str, Sequence[str]],
+    targets: Sequence[str],
+    ks: Sequence[int],
+    *,
+    heldout: Mapping[str, Sequence[str]] | None = None,
+    settings: ExpertSettings | None = None,
+    stages: Stages | None = None,
+    shard_dir: str | Path | None = None,
+    shard_always: bool = False,
+    max_memory: int | None = None,
+) -> ExpertsRun:
+    """The expert neurons of every target and k, as ``mechlingo experts`` finds them.
+
+    Every neuron is pooled over ``texts`` (``{lang: sentences}``) and scored one language
+    against the rest; for each target and k the clamp ``{target}-k{k}`` and its random-neuron
+    control ``{target}-k{k}-random`` are saved; with ``heldout`` (the lines after those, never
+    fitted on) the k curve of every target is measured. Each step is a stage of ``stages``
+    (``stats``, ``scores``, ``clamp-NAME``, ``kcurve-TARGET-ARM``), so a stopped run goes on
+    from the finished ones; without ``stages`` they are kept in a temporary folder that
+    lives as long as the returned run. The pooled activations stream to ``shard_dir`` when
+    ``shard_always`` or when they would take more than half of ``max_memory`` bytes
+    (:func:`pooled_store`; out of core the statistics are not a stage).
+
+    Raises:
+        ExpertError: fewer than two languages, an unknown target, a k larger than the
+            neurons searched, no held-out tokens.
+    """
+    opt = settings or ExpertSettings()
+    ks = sorted(set(ks))
+    scratch = None
+    if stages is None:
+        scratch = tempfile.TemporaryDirectory(prefix="mechlingo-experts-")
+        stages = Stages(scratch.name, {"temporary": True})
+    store = pooled_store(model, texts, opt.layers, shard_dir, max_memory, always=shard_always)
+    try:
+        res = _staged_experts(model, texts, opt, stages, store, max_memory)
+        clamps = _saved_clamps(model, res, targets, ks, opt, stages)
+    except ExpertError:
+        raise
+    except ValueError as err:
+        raise ExpertError(str(err)) from err
+    curves: dict[str, KCurve] = {}
+    if heldout is not None:
+        curves = {t: _k_curve(model, res, t, ks, heldout, opt, stages) for t in targets}
+    return ExpertsRun(
+        res, list(targets), ks, clamps, curves, opt.ppl_budget, opt.ppl_others, scratch
+    )
+
+
+def pooled_store(
+    model: Model,
+    texts: Mapping[str, Sequence[str]],
+    layers: Sequence[int] | None,
+    folder: str | Path | None,
+    max_memory: int | None,
+    *,
+    always: bool = False,
+) -> Path | None:
+    """Where the pooled activations of ``texts`` go: ``folder`` when ``always`` or when they
+    would take more than half of ``max_memory`` bytes (4 bytes per sentence, layer and
+    neuron), else ``None`` (memory). ``None`` without a folder."""
+    if folder is None:
+        return None
+    n_rows = sum(len(v) for v in texts.values())
+    n_layers = len(layers or range(model.cfg.n_layers))
+    need = 4 * n_rows * n_layers * int(model.cfg.d_mlp or 0)
+    big = max_memory is not None and need > max_memory // 2
+    return Path(folder) if always or big else None
+
+
+def _staged_experts(
+    model: Model,
+    texts: Mapping[str, Sequence[str]],
+    opt: ExpertSettings,
+    stages: Stages,
+    store: Path | None,
+    mem: int | None,
+) -> ExpertResult:
+    """The pooled statistics (stage ``stats``; out of core they are recomputed: they live in
+    the shard folder) and the scores (stage ``scores``) of every neuron."""
+
+    def collect() -> NeuronStats:
+        return collect_neuron_stats(
+            model, texts, pool=opt.pool, layers=None if opt.layers is None else list(opt.layers),
+            batch_size=opt.batch_size, max_tokens=opt.max_tokens, progress=opt.progress,
+            store=store, max_memory=mem,
+        )  # fmt: skip
+
+    stats = collect() if store is not None else staged_stats(stages, "stats", collect)
+    scores = staged_scores(stages, "scores", lambda: score_neurons(stats, max_memory=mem))
+    return ExpertResult(stats, scores, opt.score)
+
+
+def _saved_clamps(
+    model: Model,
+    res: ExpertResult,
+    targets: Sequence[str],
+    ks: Sequence[int],
+    opt: ExpertSettings,
+    stages: Stages,
+) -> dict[str, Path]:
+    """The saved clamps ``{target}-k{k}`` and their random controls ``{target}-k{k}-random``
+    of every target and k (each a stage ``clamp-NAME``): ``{name: folder}``."""
+    arms: tuple[tuple[str, Callable[..., Any], dict[str, Any]], ...] = (
+        ("", res.clamp, {}),
+        ("-random", res.random_clamp, {"seed": opt.seed}),
+    )
+    return {
+        f"{t}-k{k}{suffix}": staged_folder(
+            stages,
+            f"clamp-{t}-k{k}{suffix}",
+            lambda dest, t=t, k=k, fn=fn, kw=kw: fn(t, k, value=opt.value, **kw).save(dest, model),
+        )  # fmt: skip
+        for t in targets
+        for k in ks
+        for suffix, fn, kw in arms
+    }
+
+
+def _k_curve(
+    model: Model,
+    res: ExpertResult,
+    target: str,
+    ks: Sequence[int],
+    heldout: Mapping[str, Sequence[str]],
+    opt: ExpertSettings,
+    stages: Stages,
+) -> KCurve:
+    """The k curve of one target (BOS language rate and held-out perplexity per k; each arm
+    of each k a stage ``kcurve-TARGET-ARM``)."""
+    return k_curve(
+        model,
+        res,
+        target,
+        ks,
+        heldout,
+        n_samples=opt.samples,
+        max_new_tokens=opt.max_new_tokens,
+        value=opt.value,
+        seed=opt.seed,
+        max_tokens=opt.max_tokens or KCURVE_MAX_TOKENS,
+        progress=opt.progress,
+        cache=kcurve_cache(stages, f"kcurve-{target}-"),
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Stored results back into objects
+# --------------------------------------------------------------------------------------
+
+
+def staged_stats(stages: Stages, name: str, collect: Callable[[], NeuronStats]) -> NeuronStats:
+    """In-memory neuron statistics as stage ``name`` (the tensors in a safetensors file)."""
+
+    def fn(tmp: Path) -> dict[str, Any]:
+        st = collect()
+        tensors = {"pooled": st.pooled, "lang_ids": st.lang_ids, "prob_active": st.prob_active}
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+                  str(tmp / "stats.safetensors"))  # fmt: skip
+        return {"langs": st.langs, "layers": st.layers, "d_mlp": st.d_mlp, "pool": st.pool,
+                "meta": st.meta, "device": str(st.prob_active.device)}  # fmt: skip
+
+    d = stages.run(name, fn, folder=True)
+    t = _stage_tensors(stages, name, "stats.safetensors", d)
+    return NeuronStats(d["langs"], t["pooled"], t["lang_ids"], t["prob_active"], d["layers"],
+                       d["d_mlp"], d["pool"], d["meta"])  # fmt: skip
+
+
+def staged_scores(stages: Stages, name: str, score: Callable[[], NeuronScores]) -> NeuronScores:
+    """Neuron scores as stage ``name`` (the tensors in a safetensors file)."""
+
+    def fn(tmp: Path) -> dict[str, Any]:
+        sc = score()
+        tensors = {"auroc": sc.auroc, "ap": sc.ap, "lape": sc.lape}
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+                  str(tmp / "scores.safetensors"))  # fmt: skip
+        return {"device": str(sc.auroc.device)}
+
+    d = stages.run(name, fn, folder=True)
+    t = _stage_tensors(stages, name, "scores.safetensors", d)
+    return NeuronScores(t["auroc"], t["ap"], t["lape"])
+
+
+def _stage_tensors(stages: Stages, name: str, file: str, d: Mapping[str, Any]) -> dict:
+    """The tensors a stage stored, read with the checks of any file from a stranger (the
+    header against the file's size, no link out of the stage folder); the device the
+    stage recorded when it is a plain device name."""
+    device = str(d.get("device", "cpu"))
+    if not re.fullmatch(r"(cpu|cuda|mps)(:\d{1,3})?", device):
+        device = "cpu"
+    path = inside(stages.folder, stages.path(name) / file, ArtifactError)
+    return load_tensors(path, ArtifactError, finite=False, device=device,
+                        fix="delete the work folder (or rerun with --fresh)")  # fmt: skip
+
+
+def staged_folder(stages: Stages, name: str, save: Callable[[Path], Any]) -> Path:
+    """A saved artifact (``save(folder)``, e.g. a clamp) as stage ``name``; its folder."""
+
+    def fn(tmp: Path) -> dict[str, Any]:
+        save(tmp / "saved")
+        return {"saved": "saved"}
+
+    stages.run(name, fn, folder=True)
+    return stages.path(name) / "saved"
+
+
+def kcurve_cache(stages: Stages, prefix: str) -> Callable[[str, Callable[[], dict]], dict]:
+    """The ``cache`` of :func:`mechlingo.analyses.experts.kcurve.k_curve`: each arm the stage
+    ``{prefix}{arm}``."""
+    return lambda name, fn: stages.run(f"{prefix}{name}", fn)

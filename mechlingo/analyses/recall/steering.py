@@ -90,11 +90,13 @@ def steering_prompts(
     facts: Sequence[Fact],
     *,
     pool: Sequence[Fact] | None = None,
-    k_shot: int = 3,
+    k_shot: int = BuildSettings.k_shot,
     seed: int = 0,
-    translation_shots: int = 0,
+    translation_shots: int = BuildSettings.translation_shots,
 ) -> dict[str, list[str]]:
-    """The three prompt sets the vectors are built from.
+    """The three prompt sets the vectors are built from (``k_shot`` and
+    ``translation_shots`` default to :class:`~mechlingo.analyses.recall.settings.BuildSettings`',
+    the settings ``mechlingo steer build`` uses).
 
     * ``few_shot``: ``k_shot`` solved demonstrations (same relation and language, from
       ``pool``) then the query;
