@@ -646,7 +646,9 @@ def _on_rows(fn: HookFn, cond: int, owners: _RowOwners) -> HookFn:
     return hook
 
 
-def rows_hooks(hook_sets: Sequence[FwdHooks], owners: _RowOwners) -> list[tuple[str, HookFn]]:
+def rows_hooks(
+    hook_sets: Sequence[FwdHooks], owners: _RowOwners
+) -> list[tuple[str | Callable[[str], bool], HookFn]]:
     """The hooks of every condition, each acting on its condition's rows of a stacked batch
     only, with those rows (and their columns) as the current batch while it runs: a hook
     sees exactly the rows, positions and batch it would see if its condition ran alone."""
