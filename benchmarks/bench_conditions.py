@@ -1,6 +1,6 @@
 """Benchmark: the dev sweep's conditions scored together on shared prefixes vs one at a time.
 
-The conditions are those of ``steer eval``'s default screen (:func:`mechlingo.analyses.recall.settings.every_second_layer` x
+The conditions are those of ``steer eval``'s default screen (:func:`mechlingo.core.sites.every_second_layer` x
 :data:`~mechlingo.analyses.recall.settings.ALPHA_GRID` for the two
 vectors, plus no intervention), steering at ``positions="last"`` with vectors of the
 protocol's ``resid`` unit (each layer's direction scaled to the mean last-token residual norm
@@ -37,8 +37,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mechlingo.activations.decoding import decode_conditions, record_head  # noqa: E402
-from mechlingo.analyses.recall.settings import ALPHA_GRID, every_second_layer  # noqa: E402
+from mechlingo.analyses.recall.settings import ALPHA_GRID  # noqa: E402
 from mechlingo.core.models import load_model  # noqa: E402
+from mechlingo.core.sites import every_second_layer  # noqa: E402
 from mechlingo.core.tokens import encode, sorted_batches  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
 from mechlingo.interventions import SteeringVector  # noqa: E402

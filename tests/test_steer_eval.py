@@ -18,10 +18,9 @@ from mechlingo.analyses.recall.settings import (
     BuildSettings,
     DevGrid,
     ScoringOptions,
-    every_second_layer,
-    layers_at,
     matrix_layers,
 )
+from mechlingo.core.sites import every_second_layer, layers_at
 from mechlingo.data import LANGS, RELATIONS, load_facts, natural_templates
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
 from mechlingo.scoring.evaluate import evaluate_facts

@@ -43,12 +43,12 @@ from mechlingo.analyses.recall.settings import (
     DevGrid,
     MatrixSettings,
     ScoringOptions,
-    layers_at,
 )
 from mechlingo.analyses.recall.steering import SteeringConfig
 from mechlingo.card.rules import Claim, claim_by_id, make_row
 from mechlingo.card.stats import cluster_bootstrap, group_difference_test
 from mechlingo.core.errors import InputError
+from mechlingo.core.sites import layers_at
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
@@ -87,7 +87,7 @@ def repair_settings(
     """The repair stage's settings from a budget (:data:`mechlingo.card.replicate.BUDGETS`,
     section ``repair``) for a model of ``n_layers``: how the vectors are built, the dev grid
     (the budget's ``layer_fractions`` as layers,
-    :func:`~mechlingo.analyses.recall.settings.layers_at`, for both vectors) and how items
+    :func:`~mechlingo.core.sites.layers_at`, for both vectors) and how items
     are scored; what a budget leaves out takes the settings classes' defaults."""
     r = cfg["repair"]
     build = BuildSettings(
@@ -117,7 +117,7 @@ def repair_settings(
 def matrix_settings(m: Mapping[str, Any], n_layers: int) -> MatrixSettings:
     """A budget's ``transfer.matrix`` section as
     :class:`~mechlingo.analyses.recall.settings.MatrixSettings` (``layer_fractions`` as
-    layers, :func:`~mechlingo.analyses.recall.settings.layers_at`)."""
+    layers, :func:`~mechlingo.core.sites.layers_at`)."""
     d = dict(m)
     fractions = d.pop("layer_fractions", None)
     if fractions is not None:

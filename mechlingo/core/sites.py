@@ -283,3 +283,22 @@ def resolve_layers(model: Model, layers: Any = None) -> list[int]:
     if not out:
         raise SiteError("the layer selection is empty")
     return sorted(set(out))
+
+
+# Two rules that pick layers to steer at, and their names say which (the steering settings,
+# mechlingo.analyses.recall.settings, use them; the lens's "mid-network" entries of
+# ``mechlingo trace`` are a third thing: lens entries to read, not places to steer).
+
+
+def every_second_layer(n_layers: int) -> list[int]:
+    """Every second layer from about 20% to about 90% of the depth (4, 6, ..., 16 of 18):
+    the default dev grid of ``steer eval``; ``[n_layers // 2]`` when that band is empty."""
+    lo, hi = round(0.2 * n_layers), round(0.9 * n_layers)
+    layers = list(range(lo, min(hi, n_layers - 1) + 1, 2))
+    return layers or [n_layers // 2]
+
+
+def layers_at(fractions: Sequence[float], n_layers: int) -> list[int]:
+    """The layers at ``fractions`` of the depth: ``round(f * n_layers)`` clamped to
+    ``0 .. n_layers - 1``, sorted, each once (0.5 and 0.67 of 18: 9, 12)."""
+    return sorted({min(n_layers - 1, max(0, round(f * n_layers))) for f in fractions})

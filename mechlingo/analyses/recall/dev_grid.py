@@ -13,7 +13,7 @@
 * :func:`choose_on_dev`: the dev grid, every setting scored on dev and one chosen.
 
 **The dev grid.** :func:`choose_on_dev` scores both vectors at every second layer from about
-20% to about 90% of the depth (:func:`mechlingo.analyses.recall.settings.every_second_layer`),
+20% to about 90% of the depth (:func:`mechlingo.core.sites.every_second_layer`),
 alpha on a log grid from 0.03 to 0.6 (residual-norm units,
 :data:`mechlingo.analyses.recall.settings.ALPHA_GRID`), on a *screen* subset of the dev facts;
 the best few settings of each vector are re-scored on the whole dev split, and the best few

@@ -1,4 +1,4 @@
-"""The settings of the steering pipeline, each default written once, and its layer rules.
+"""The settings of the steering pipeline, each default written once.
 
 What travels together is one frozen dataclass: :class:`BuildSettings` (how the two vectors
 are built), :class:`DevGrid` (what the dev search tries and how it decides),
@@ -11,13 +11,10 @@ split by id) and :class:`MatrixSettings` (the sizes and grid of the transfer mat
 card's budgets (:mod:`mechlingo.card.replicate`) all take these objects, so a default is
 written here and nowhere else.
 
-**Layer rules.** Two different rules pick layers, and their names say which:
-
-* :func:`every_second_layer` -- the dense dev grid of ``steer eval``: every second layer from
-  about 20% to about 90% of the depth (4, 6, ..., 16 of 18).
-* :func:`layers_at` -- layers at given fractions of the depth (each fraction rounded, clamped
-  to the model); :func:`matrix_layers` is it at :data:`MATRIX_LAYER_FRACTIONS` (three points,
-  to keep the matrix's per-row choice cheap), and the card's budgets give their own fractions.
+**Layer rules** (in :mod:`mechlingo.core.sites`, beside the other layer resolution):
+:func:`~mechlingo.core.sites.every_second_layer` is the dense dev grid of ``steer eval``,
+:func:`~mechlingo.core.sites.layers_at` the layers at given fractions of the depth;
+:func:`matrix_layers` is the latter at :data:`MATRIX_LAYER_FRACTIONS`.
 
 (The lens's "mid-network" entries of ``mechlingo trace``,
 :func:`mechlingo.analyses.recall.trace.default_mid_layers`, are a third thing: a contiguous
@@ -26,10 +23,11 @@ range of *lens entries* to read the latent language from, not places to steer.)
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mechlingo.core.sites import every_second_layer, layers_at
 from mechlingo.scoring.scorers import Scorer
 
 __all__ = [
@@ -41,8 +39,6 @@ __all__ = [
     "MatrixSettings",
     "ScoringOptions",
     "SplitSettings",
-    "every_second_layer",
-    "layers_at",
     "matrix_layers",
 ]
 
@@ -54,20 +50,6 @@ MATRIX_ALPHAS = (0.13, 0.28, 0.6)
 #: middle layers where the paper injects the task vector and the late ones of the
 #: back-translation vector, in three points
 MATRIX_LAYER_FRACTIONS = (0.35, 0.55, 0.75)
-
-
-def every_second_layer(n_layers: int) -> list[int]:
-    """Every second layer from about 20% to about 90% of the depth (4, 6, ..., 16 of 18):
-    the default dev grid of ``steer eval``; ``[n_layers // 2]`` when that band is empty."""
-    lo, hi = round(0.2 * n_layers), round(0.9 * n_layers)
-    layers = list(range(lo, min(hi, n_layers - 1) + 1, 2))
-    return layers or [n_layers // 2]
-
-
-def layers_at(fractions: Sequence[float], n_layers: int) -> list[int]:
-    """The layers at ``fractions`` of the depth: ``round(f * n_layers)`` clamped to
-    ``0 .. n_layers - 1``, sorted, each once (0.5 and 0.67 of 18: 9, 12)."""
-    return sorted({min(n_layers - 1, max(0, round(f * n_layers))) for f in fractions})
 
 
 def matrix_layers(n_layers: int) -> list[int]:
@@ -120,7 +102,7 @@ class DevGrid:
 
     Attributes:
         task_layers, diff_layers: the layers of each vector (``None``:
-            :func:`every_second_layer`).
+            :func:`~mechlingo.core.sites.every_second_layer`).
         task_alphas, diff_alphas: the scales of each vector (residual-norm units with
             ``unit="resid"``).
         top_k: settings of each vector re-scored on the whole dev split; their best

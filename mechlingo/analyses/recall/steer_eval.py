@@ -271,7 +271,7 @@ def evaluate_test(
         )
     sel = choice.selected if choice.selected in ("task", "diff", "both") else "both"
     for s in seeds:
-        conds[f"random_s{s}"] = random_steering(vectors, cfg, seed=int(s), selected=sel)
+        conds[f"random_s{s}"] = random_steering(vectors, cfg, selected=sel, seed=int(s))
     mkw = dev_grid.metric_options(scorer, pool)
     results = _score_conditions(
         cache or (lambda name, fn: fn()),

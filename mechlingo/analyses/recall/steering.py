@@ -408,12 +408,13 @@ def random_steering(
     applied at the same layer and scale, all together (named ``random(task)``,
     ``random(diff)``)."""
     parts = []
+    streams = {name: derive_seed(seed, name) for name in ("task", "diff")}
     for name, stack, layer, alpha in (
         ("task", vectors.task, config.task_layer, config.task_alpha),
         ("diff", vectors.diff, config.diff_layer, config.diff_alpha),
     ):
         if selected in (name, "both"):
-            direction = random_like(stack.at(layer, alpha).direction(), derive_seed(seed, name))
+            direction = random_like(stack.at(layer, alpha).direction(), streams[name])
             meta = {"name": f"random({name})"}
             parts.append(SteeringVector(direction, layer, alpha, positions=positions, meta=meta))
     return Compose(parts)

@@ -83,8 +83,8 @@ def default_mid_layers(n_layers: int) -> list[int]:
     language, so decoding there is not "mid-network"). For an 18-layer model: 6..16.
 
     Not a steering grid: the layers the steering vectors are tried at are
-    :func:`mechlingo.analyses.recall.settings.every_second_layer` (``steer eval``) and
-    :func:`~mechlingo.analyses.recall.settings.layers_at` (the transfer matrix, the card)."""
+    :func:`mechlingo.core.sites.every_second_layer` (``steer eval``) and
+    :func:`~mechlingo.core.sites.layers_at` (the transfer matrix, the card)."""
     return list(range(n_layers // 3, n_layers - 1))
 
 
