@@ -102,6 +102,35 @@ def test_readout_matches_full_softmax(tiny):
         assert torch.equal(r.top_ids[row], top.indices)
 
 
+@pytest.mark.parametrize("top_k", [1, 4])
+def test_read_logits_fused_pass_across_vocabulary_blocks(tiny, monkeypatch, top_k):
+    # the fused pass after the GEMM (normalizer, entropy, set ranks) in blocks of 7 columns,
+    # so that every block edge is crossed, against one full float64 log-softmax; top_k=1
+    # takes the one max pass, top_k=4 the top-k
+    import mechlingo.kernels.readout as readout
+
+    monkeypatch.setattr(readout, "_STATS_BLOCK", 7)
+    g = torch.Generator().manual_seed(5)
+    resid = torch.randn(9, tiny.cfg.d_model, generator=g) * 2
+    sets = [[answer_tokens(tiny, "Rome"), answer_tokens(tiny, "Paris")] for _ in range(9)]
+    ids, primary = pack_token_sets(sets)
+    r = read_logits(tiny, resid, ids, primary, top_k=top_k, chunk_rows=4)
+    logits = final_logits(tiny, resid)
+    lse = torch.logsumexp(logits.double(), -1)
+    ent = lse - (torch.softmax(logits.double(), -1) * logits.double()).sum(-1)
+    torch.testing.assert_close(r.logsumexp.double(), lse, rtol=0, atol=1e-5)
+    torch.testing.assert_close(r.entropy.double(), ent, rtol=0, atol=1e-5)
+    top = torch.topk(logits, top_k, dim=-1)
+    assert torch.equal(r.top_ids, top.indices)
+    torch.testing.assert_close(
+        r.top_logprobs.double(), top.values.double() - lse[:, None], rtol=0, atol=1e-5
+    )
+    for row in range(9):
+        for s in range(2):
+            best = logits[row, [i for i in ids[row, s].tolist() if i >= 0]].max()
+            assert int(r.set_rank[row, s]) == int((logits[row] > best).sum())
+
+
 @pytest.mark.parametrize("soft_cap", [None, 5.0])
 def test_read_logits_streamed_normalizer_equals_full_logits(tiny, monkeypatch, soft_cap):
     # top_k=0, ranks=False streams the vocabulary in blocks (here 7 tokens, to cross many

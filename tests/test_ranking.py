@@ -157,15 +157,17 @@ def test_sort_kernel_equals_search_kernel_on_large_blocks(continuous):
 
 @pytest.mark.parametrize("pos_rate", [1 / 12, 0.7])
 def test_accelerator_path_equals_host_path(pos_rate):
-    # the all-torch path (what runs on CUDA: torch.sort, scatter, searchsorted on every row)
-    # run on CPU must give the numbers of the numpy path
-    from mechlingo.kernels.ranking import _sorted_statistics
+    # the all-torch path (what runs on CUDA: torch.sort of label-packed keys, scatter,
+    # searchsorted on every row) run on CPU must give the numbers of the numpy path (sorted
+    # negatives and positives apart, one binary search per positive)
+    from mechlingo.kernels.ranking import _device_statistics, _host_sorted, _host_statistics
 
     scores, labels = _data(90, 40, pos_rate, torch.float32, seed=13)
     scores = torch.cat([scores, torch.randn(90, 30)], dim=1)
     n_pos = int(labels.sum())
-    host = _sorted_statistics(scores, labels, n_pos, 90 - n_pos, host=True)
-    torch_only = _sorted_statistics(scores, labels, n_pos, 90 - n_pos, host=False)
+    split = _host_sorted(scores, (~labels).nonzero().flatten(), labels.nonzero().flatten())
+    host = _host_statistics(*split)
+    torch_only = _device_statistics(scores, labels, n_pos, 90 - n_pos)
     assert torch.equal(host[0], torch_only[0]) and torch.equal(host[1], torch_only[1])
     ref_auc, ref_ap = _sklearn_scores(scores, labels)
     np.testing.assert_allclose(torch_only[0].numpy(), ref_auc, atol=1e-12, rtol=0)

@@ -27,12 +27,24 @@ division, so it is exact up to float64 rounding whatever the input dtype. Averag
 accumulates float64 precisions. Ties are detected on the input dtype itself (sorting does not
 need an up-cast), so a float32 input is ranked exactly as scikit-learn ranks the same float32
 array.
+
+Kernels
+-------
+Floats and integers of up to 32 bits on CPU: each feature's negatives and positives are
+sorted apart (float32 or int32 rows, numpy's SIMD sort) and the smaller side is located in
+the larger one by binary search; the second search that ties need runs on tied rows only
+(:func:`_host_sorted`, :func:`_host_statistics`). On accelerators: one ``torch.sort`` of
+int64 keys that carry the label in their low bit, then searches on every row, with no host
+round trip (:func:`_device_statistics`). float64 and int64 inputs: ``torch.sort`` and binary
+searches of the negatives among the positives (:func:`_rank_statistics`). All three count the
+same pairs exactly.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -53,15 +65,17 @@ __all__ = [
 ]
 
 # Elements (n_samples * features) processed at once by the rank kernels when ``chunk_size`` is
-# not given. Peak extra memory is roughly 40 bytes per element (a copy of the block, int64
-# sort keys or search results and a few working arrays): ~10 MB on CPU, where blocks that stay
-# in cache run fastest (measured: 2,000 samples x 128 features is ~1.5x faster than x 512),
-# ~320 MB on accelerators, where larger blocks amortise kernel launches.
-_DEFAULT_CHUNK_ELEMENTS = {"cpu": 1 << 18, "other": 1 << 23}
+# not given. Peak extra memory on CPU is roughly 12 bytes per element (the gathered block,
+# its sorted float32 copy, search results for the positives): ~12 MB (measured, 2,000 samples,
+# one thread: 2,000 x 524 features is ~1.1x faster than x 131, the best size before the
+# kernel sorted the negatives and positives apart); on accelerators about 40 bytes per
+# element (int64 sort keys and working arrays), ~320 MB, where larger blocks amortise kernel
+# launches.
+_DEFAULT_CHUNK_ELEMENTS = {"cpu": 1 << 20, "other": 1 << 23}
 
-# dtypes whose values map exactly and order-preservingly into an int64 sort key with one spare
-# low bit for the label (floats up to 32 bits via their IEEE bit pattern, integers up to 32
-# bits directly). float64 and int64 inputs use the binary-search kernel instead.
+# dtypes whose values are exactly float32 or int32 values (the rows the CPU kernel sorts) and
+# map order-preservingly into an int64 sort key with one spare low bit for the label (the
+# accelerator kernel). float64 and int64 inputs use the binary-search kernel instead.
 _KEY_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _KEY_INTS = (torch.uint8, torch.int8, torch.int16, torch.int32)
 
@@ -71,8 +85,21 @@ _KEY_INTS = (torch.uint8, torch.int8, torch.int16, torch.int32)
 # --------------------------------------------------------------------------------------------
 
 
-def _check_scores_labels(scores: Tensor, labels: Tensor) -> tuple[Tensor, int, int]:
-    """Validate inputs of the separation scores; return labels on the scores' device."""
+def _nan_error(scores: Tensor) -> InputError:
+    n_bad_cols = int(torch.isnan(scores).any(dim=0).sum())
+    return InputError(
+        f"scores contain NaN in {n_bad_cols} of {scores.shape[1]} features; the ranking is "
+        "undefined. Check the activations (e.g. pooling over an all-padding row) or drop "
+        "those columns"
+    )
+
+
+def _check_scores_labels(
+    scores: Tensor, labels: Tensor, check_nan: bool = True
+) -> tuple[Tensor, int, int]:
+    """Validate inputs of the separation scores; return labels on the scores' device. With
+    ``check_nan=False`` the caller checks for NaN itself (the host kernel reads it off its
+    sorted rows, where NaN sorts last, instead of a pass over the whole input)."""
     if not isinstance(scores, Tensor) or not isinstance(labels, Tensor):
         raise TypeError(
             f"scores and labels must be torch tensors, got {type(scores).__name__} and "
@@ -99,13 +126,8 @@ def _check_scores_labels(scores: Tensor, labels: Tensor) -> tuple[Tensor, int, i
                 "other than 0 and 1; pass e.g. `labels == target_language_id`"
             )
         labels = labels != 0
-    if scores.is_floating_point() and bool(torch.isnan(scores).any()):
-        n_bad_cols = int(torch.isnan(scores).any(dim=0).sum())
-        raise InputError(
-            f"scores contain NaN in {n_bad_cols} of {scores.shape[1]} features; the ranking is "
-            "undefined. Check the activations (e.g. pooling over an all-padding row) or drop "
-            "those columns"
-        )
+    if check_nan and scores.is_floating_point() and bool(torch.isnan(scores).any()):
+        raise _nan_error(scores)
     n_pos = int(labels.sum())
     n_neg = labels.shape[0] - n_pos
     if n_pos == 0:
@@ -167,111 +189,141 @@ def _sort_pool(n_threads: int) -> ThreadPoolExecutor:
         return _SORT_POOL
 
 
-def _sort_and_locate(
-    block: Tensor, labels: Tensor, n_pos: int, host: bool
-) -> tuple[Tensor, Tensor]:
-    """Sorted keys ``[c, n_samples]`` (see :func:`_sort_keys`) and the sorted positions of the
-    positives in each row ``[c, n_pos]`` (ascending).
-
-    On accelerators: ``torch.sort``, ``cumsum`` and ``scatter`` (no host round trip). On CPU
-    the same computation runs in numpy, with the rows split over ``torch.get_num_threads()``
-    threads (numpy releases the GIL): numpy >= 2 sorts integers with SIMD sorting networks,
-    ~10x faster than ``torch.sort`` on the same rows. A sort of integers is unique, so both
-    paths give identical results.
-    """
-    c, n = block.shape[1], block.shape[0]
-    if not host:
-        srt = torch.sort(_sort_keys(block, labels), dim=-1).values
-        is_pos = srt & 1
-        # exactly n_pos positives per row: the j-th goes to column j, negatives to a spare
-        # column that is dropped (no data-dependent shape, so no host round trip)
-        col = torch.where(is_pos.bool(), is_pos.cumsum(dim=-1) - 1, n_pos)
-        where = torch.arange(n, device=srt.device).expand(c, n)
-        pos_at = torch.zeros(c, n_pos + 1, dtype=torch.int64, device=srt.device)
-        pos_at.scatter_(1, col, where)
-        return srt, pos_at[:, :n_pos]
-    is_float = block.dtype in _KEY_FLOATS
-    # A column slice of a wide matrix: copying it row-contiguous first and transposing the
-    # small copy is ~8x faster than transposing the strided slice directly (TLB misses).
-    x = block.contiguous().T.to(torch.float32 if is_float else torch.int64).contiguous().numpy()
-    lab = labels.numpy().astype(np.int64)
-    srt = np.empty((c, n), dtype=np.int64)
-    is_pos = np.empty((c, n), dtype=np.bool_)
-
-    def work(i0: int, i1: int) -> None:
-        s = srt[i0:i1]
-        if is_float:
-            bits = (x[i0:i1] + np.float32(0.0)).view(np.int32)  # -0.0 + 0.0 = +0.0
-            s[...] = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-        else:
-            s[...] = x[i0:i1]
-        s <<= 1
-        s |= lab
-        s.sort(axis=-1)
-        np.bitwise_and(s, 1, out=is_pos[i0:i1], casting="unsafe")
-
+def _run_rows(work: Callable[[int, int], None], c: int, n: int) -> None:
+    """``work(i0, i1)`` over the rows ``0 .. c`` of a block, split over
+    ``torch.get_num_threads()`` threads (numpy's sorts release the GIL)."""
     n_threads = min(torch.get_num_threads(), c)
     if n_threads <= 1 or c * n < 1 << 15:
         work(0, c)
-    else:
-        bounds = np.linspace(0, c, n_threads + 1).astype(int)
-        pool = _sort_pool(n_threads)
-        futures = [pool.submit(work, int(bounds[i]), int(bounds[i + 1])) for i in range(n_threads)]
-        for f in futures:
-            f.result()
-    # exactly n_pos positives per row; row-major order = ascending positions in a row
-    pos = torch.nonzero(torch.from_numpy(is_pos))[:, 1].view(c, n_pos)
-    return torch.from_numpy(srt), pos
+        return
+    bounds = np.linspace(0, c, n_threads + 1).astype(int)
+    pool = _sort_pool(n_threads)
+    futures = [pool.submit(work, int(bounds[i]), int(bounds[i + 1])) for i in range(n_threads)]
+    for f in futures:
+        f.result()
 
 
-def _sorted_statistics(
-    block: Tensor, labels: Tensor, n_pos: int, n_neg: int, host: bool | None = None
+def _host_sorted(block: Tensor, neg_idx: Tensor, pos_idx: Tensor) -> tuple[Tensor, Tensor]:
+    """Each feature's negatives ``[c, n_neg]`` and positives ``[c, n_pos]``, one feature per
+    row, each row sorted ascending (float32 for floats of up to 32 bits, int32 for integers of
+    up to 32 bits: both exact images of the values, so ties are those of the input dtype).
+
+    The rows are gathered from the row-contiguous samples (``index_select`` of the column
+    slice, then a transposed copy of that small block: ~8x faster than transposing the
+    strided slice, whose rows are far apart) and sorted by ``numpy``'s SIMD sorting networks
+    (numpy >= 2; ~10x faster than ``torch.sort`` on the same rows)."""
+    dt = torch.float32 if block.dtype in _KEY_FLOATS else torch.int32
+    c = block.shape[1]
+    neg = torch.empty((c, neg_idx.numel()), dtype=dt)
+    neg.copy_(block.index_select(0, neg_idx).T)
+    pos = torch.empty((c, pos_idx.numel()), dtype=dt)
+    pos.copy_(block.index_select(0, pos_idx).T)
+    neg_np, pos_np = neg.numpy(), pos.numpy()
+
+    def work(i0: int, i1: int) -> None:
+        neg_np[i0:i1].sort(axis=-1)
+        pos_np[i0:i1].sort(axis=-1)
+
+    _run_rows(work, c, block.shape[0])
+    return neg, pos
+
+
+def _host_statistics(neg: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+    """AUROC and AP of one block from its sorted negatives and positives (see
+    :func:`_host_sorted`), with the counts of :func:`_negatives_below` and, for each positive
+    ``v_k`` (the k-th, 0-based, ascending), ``#{positives < v_k}``: ``k`` unless ``v_k`` is
+    tied with another positive (a binary search in those rows only)."""
+    c, n_pos = pos.shape
+    neg_lt, neg_le = _negatives_below(neg, pos)
+    pos_lt = torch.arange(n_pos).expand(c, n_pos)
+    tied = (pos[:, 1:] == pos[:, :-1]).any(dim=-1).nonzero().flatten()
+    if tied.numel():
+        pos_lt = pos_lt.clone()
+        pos_lt[tied] = torch.searchsorted(pos[tied], pos[tied])
+    return _auc_ap(neg_lt, neg_le, pos_lt, n_pos, neg.shape[1])
+
+
+def _negatives_below(neg: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+    """``#{negatives < v_k}`` and ``#{negatives <= v_k}`` ``[c, n_pos]`` for each sorted
+    positive ``v_k``, by binary searches of the smaller side in the larger one.
+
+    Fewer positives: ``#{negatives < v_k}`` is ``v_k``'s left insertion point among the
+    negatives. Fewer negatives: each negative ``y`` is located among the positives, and since
+    ``y < v_k`` iff ``k >= #{positives <= y}``, the counts are cumulative sums of a per-row
+    histogram of those insertion points. The two counts differ only where a positive ties
+    with a negative; the second search runs on those rows only (continuous activations: a
+    few % of rows)."""
+    n_neg, n_pos = neg.shape[1], pos.shape[1]
+    if n_pos <= n_neg:
+        lt = torch.searchsorted(neg, pos)
+        # lt == n_neg reads the largest negative, which is then below v_k: no false tie
+        tied = (neg.gather(1, lt.clamp(max=n_neg - 1)) == pos).any(dim=-1).nonzero().flatten()
+        le = lt
+        if tied.numel():
+            le = lt.clone()
+            le[tied] = torch.searchsorted(neg[tied], pos[tied], right=True)
+        return lt, le
+    up = torch.searchsorted(pos, neg, right=True)  # #{positives <= y}
+    # up == 0 reads the smallest positive, which is then above y: no false tie
+    tied = (pos.gather(1, (up - 1).clamp(min=0)) == neg).any(dim=-1).nonzero().flatten()
+    lo = up
+    if tied.numel():
+        lo = up.clone()
+        lo[tied] = torch.searchsorted(pos[tied], neg[tied])  # #{positives < y}
+    lt = _count_at_most(up, n_pos)
+    return lt, (lt if lo is up else _count_at_most(lo, n_pos))
+
+
+def _count_at_most(r: Tensor, n_pos: int) -> Tensor:
+    """``[c, n_pos]``: for each ``k``, how many entries of each row of ``r`` are ``<= k``."""
+    hist = torch.zeros(r.shape[0], n_pos + 1, dtype=torch.int64, device=r.device)
+    hist.scatter_add_(1, r, torch.ones_like(r))
+    return hist[:, :n_pos].cumsum(dim=-1)
+
+
+def _auc_ap(
+    neg_lt: Tensor, neg_le: Tensor, pos_lt: Tensor, n_pos: int, n_neg: int
 ) -> tuple[Tensor, Tensor]:
-    """AUROC and AP for one block ``[n_samples, c]`` by one sort of each feature's samples.
-
-    Each feature's samples are sorted by ``2 * key(value) + label`` (see :func:`_sort_keys`):
-    by value, negatives before positives among equal values. For the k-th positive
-    (0-based, ascending) at sorted position ``i_k`` with value ``v_k``:
-
-    * ``#{negatives <= v_k} = i_k - k`` (everything before it that is not a positive);
-    * ``s_k`` = the first position holding ``v_k`` (= ``i_k`` unless ``v_k`` is tied), so
-      ``#{samples < v_k} = s_k``, ``#{positives < v_k} = p_k`` (the first positive with that
-      value) and ``#{negatives < v_k} = s_k - p_k``.
+    """AUROC and AP of each row from the exact counts of each positive ``v_k`` (``[c, n_pos]``,
+    ascending): ``#{negatives < v_k}``, ``#{negatives <= v_k}`` and ``#{positives < v_k}``.
 
     AUROC (ties count one half) ``= sum_k (#neg < v_k + #neg <= v_k) / (2 n_pos n_neg)``; AP
     (one threshold ``score >= v`` per distinct value, as scikit-learn) ``= mean_k of
-    (n_pos - p_k) / (n - s_k)``, the precision at each positive's own threshold. All counts
-    are exact int64; only the final ratios are float64.
-    """
+    (n_pos - #pos < v_k) / (n - #samples < v_k)``, the precision at each positive's own
+    threshold. All counts are exact int64; only the final ratios are float64."""
     n = n_pos + n_neg
-    if host is None:  # CPU tensors: numpy sort and host-side shortcuts; else all torch
-        host = block.device.type == "cpu"
-    srt, pos_at = _sort_and_locate(block, labels, n_pos, host)
-    c = srt.shape[0]
-    k = torch.arange(n_pos, device=srt.device)
-    neg_le = pos_at - k
-    vals = srt.gather(1, pos_at) >> 1
-    if host:
-        # A positive is tied with something iff the sample just before it has its value. Only
-        # the rows with such a tie need the binary searches (continuous activations: a few %).
-        prev = srt.gather(1, (pos_at - 1).clamp_(min=0)) >> 1
-        tied_rows = ((pos_at > 0) & (prev == vals)).any(dim=-1).nonzero().flatten()
-        first, pos_first = pos_at, k.expand(c, n_pos).clone()
-        if tied_rows.numel():
-            tv = vals[tied_rows]
-            first = first.index_copy(
-                0, tied_rows, torch.searchsorted(srt[tied_rows], tv << 1, side="left")
-            )
-            pos_first[tied_rows] = torch.searchsorted(tv, tv, side="left")
-    else:
-        # no host round trip on accelerators: the general path for every row
-        first = torch.searchsorted(srt, vals << 1, side="left")  # s_k
-        pos_first = torch.searchsorted(vals, vals, side="left")  # p_k
-    neg_lt = first - pos_first
     auc = (neg_lt.sum(dim=-1) + neg_le.sum(dim=-1)).to(torch.float64) / (2.0 * n_pos * n_neg)
-    precision = (n_pos - pos_first).to(torch.float64) / (n - first).to(torch.float64)
-    ap = precision.sum(dim=-1) / n_pos
-    return auc, ap
+    precision = (n_pos - pos_lt).to(torch.float64) / (n - neg_lt - pos_lt).to(torch.float64)
+    return auc, precision.sum(dim=-1) / n_pos
+
+
+def _device_statistics(
+    block: Tensor, labels: Tensor, n_pos: int, n_neg: int
+) -> tuple[Tensor, Tensor]:
+    """AUROC and AP of one block ``[n_samples, c]`` in torch alone, with no host round trip
+    (the accelerator path): one sort of each feature's keys ``2 * key(value) + label`` (see
+    :func:`_sort_keys`): by value, negatives before positives among equal values.
+
+    For the k-th positive (0-based, ascending) at sorted position ``i_k`` with value ``v_k``,
+    ``#{negatives <= v_k} = i_k - k``; the first position holding ``v_k`` is
+    ``#{samples < v_k}`` and the first positive with that value ``#{positives < v_k}`` (two
+    binary searches on every row), see :func:`_auc_ap`.
+    """
+    c, n = block.shape[1], block.shape[0]
+    srt = torch.sort(_sort_keys(block, labels), dim=-1).values
+    is_pos = srt & 1
+    # exactly n_pos positives per row: the j-th goes to column j, negatives to a spare
+    # column that is dropped (no data-dependent shape, so no host round trip)
+    col = torch.where(is_pos.bool(), is_pos.cumsum(dim=-1) - 1, n_pos)
+    where = torch.arange(n, device=srt.device).expand(c, n)
+    pos_at = torch.zeros(c, n_pos + 1, dtype=torch.int64, device=srt.device)
+    pos_at.scatter_(1, col, where)
+    pos_at = pos_at[:, :n_pos]
+    vals = srt.gather(1, pos_at) >> 1
+    first = torch.searchsorted(srt, vals << 1, side="left")  # #samples < v_k
+    pos_lt = torch.searchsorted(vals, vals, side="left")  # #positives < v_k
+    k = torch.arange(n_pos, device=srt.device)
+    return _auc_ap(first - pos_lt, pos_at - k, pos_lt, n_pos, n_neg)
 
 
 def _rank_statistics(
@@ -279,7 +331,8 @@ def _rank_statistics(
 ) -> tuple[Tensor | None, Tensor | None]:
     """AUROC and/or AP for one block of features, given as ``pos`` [c, n_pos] (scores of the
     positive samples, one feature per row) and ``neg`` [c, n_neg]. Used for float64 and int64
-    scores, which do not fit the sort keys of :func:`_sorted_statistics`.
+    scores, which do not fit the float32 / int32 rows of :func:`_host_sorted` or the sort keys
+    of :func:`_device_statistics`.
 
     The positives are sorted and every negative is located among them by binary search:
     ``r(y) = #{positives <= y}`` and ``l(y) = #{positives < y}``. Then, exactly:
@@ -342,22 +395,31 @@ def _chunked_scores(
     want_auroc: bool,
     want_ap: bool,
 ) -> tuple[Tensor, Tensor]:
-    labels, n_pos, n_neg = _check_scores_labels(scores, labels)
     if scores.dtype == torch.bool:
         scores = scores.to(torch.uint8)
+    use_keys = scores.dtype in _KEY_FLOATS + _KEY_INTS
+    host = use_keys and scores.device.type == "cpu"
+    labels, n_pos, n_neg = _check_scores_labels(scores, labels, check_nan=not host)
     n_samples, n_features = scores.shape
     chunk = _resolve_chunk(chunk_size, n_samples, n_features, scores.device)
     pos_idx = labels.nonzero().flatten()
     neg_idx = (~labels).nonzero().flatten()
     out_auc = torch.empty(n_features, dtype=torch.float64, device=scores.device)
     out_ap = torch.empty(n_features, dtype=torch.float64, device=scores.device)
-    use_keys = scores.dtype in _KEY_FLOATS + _KEY_INTS
     for j0 in range(0, n_features, chunk):
         j1 = min(j0 + chunk, n_features)
         block = scores[:, j0:j1]
+        # one sort per feature gives both metrics; computing both costs no more than one
+        if host:
+            neg, pos = _host_sorted(block, neg_idx, pos_idx)
+            if neg.is_floating_point() and bool(
+                neg[:, -1].isnan().any() | pos[:, -1].isnan().any()
+            ):
+                raise _nan_error(scores)  # NaN sorts last
+            out_auc[j0:j1], out_ap[j0:j1] = _host_statistics(neg, pos)
+            continue
         if use_keys:
-            # one sort per feature gives both metrics; computing both costs no more than one
-            out_auc[j0:j1], out_ap[j0:j1] = _sorted_statistics(block, labels, n_pos, n_neg)
+            out_auc[j0:j1], out_ap[j0:j1] = _device_statistics(block, labels, n_pos, n_neg)
             continue
         # one feature per row, contiguous along samples (what sort/searchsorted want)
         pos = block.index_select(0, pos_idx).T.contiguous()
@@ -391,8 +453,8 @@ def auroc(
         labels: True for positives (e.g. sentences of the target language). 0/1 integer
             tensors are accepted too.
         chunk_size: features processed at once; memory is O(n_samples * chunk_size) (about
-            40 bytes per element). Default: ~1M elements per block on CPU, ~8M on GPU. The
-            result does not depend on it.
+            12 bytes per element on CPU, 40 on GPU). Default: ~1M elements per block on CPU,
+            ~8M on GPU. The result does not depend on it.
 
     Returns:
         float64 tensor [n_features] on ``scores.device``.

@@ -33,6 +33,29 @@ __all__ = [
 ]
 
 
+_State = tuple[Tensor | None, Tensor | None]
+
+
+def _merged(mine: _State, theirs: _State) -> _State:
+    """Two accumulators' ``(values, counts)`` states added up: ``theirs`` added into ``mine``
+    in place; ``mine`` unchanged when ``theirs`` is empty (``None`` in it), a copy of
+    ``theirs`` when ``mine`` is.
+
+    Raises:
+        InputError: the values have different shapes.
+    """
+    (a, n), (b, m) = mine, theirs
+    if b is None or m is None:
+        return mine
+    if a is None or n is None:
+        return b.clone(), m.clone()
+    if b.shape != a.shape:
+        raise InputError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
+    a += b.to(a.device)
+    n += m.to(n.device)
+    return a, n
+
+
 class ActivationProbability:
     """Streaming per-language activation probability: the fraction of real (non-padding)
     tokens of each language on which each feature's activation exceeds ``threshold`` (0 by
@@ -132,17 +155,7 @@ class ActivationProbability:
         """Add another accumulator's counts into this one (in place); returns self."""
         if other.n_langs != self.n_langs:
             raise InputError(f"n_langs differ: {self.n_langs} vs {other.n_langs}")
-        if other.active is None or other.tokens is None:
-            return self
-        if self.active is None or self.tokens is None:
-            self.active, self.tokens = other.active.clone(), other.tokens.clone()
-            return self
-        if other.active.shape != self.active.shape:
-            raise InputError(
-                f"shapes differ: {tuple(self.active.shape)} vs {tuple(other.active.shape)}"
-            )
-        self.active += other.active.to(self.active.device)
-        self.tokens += other.tokens.to(self.tokens.device)
+        self.active, self.tokens = _merged((self.active, self.tokens), (other.active, other.tokens))
         return self
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -309,17 +322,7 @@ class StreamingMean:
     def merge(self, other: StreamingMean) -> StreamingMean:
         """Fold another accumulator into this one (in place); returns self. The result equals
         one accumulator fed both streams."""
-        if other._sum is None or other._count is None:
-            return self
-        if self._sum is None or self._count is None:
-            self._sum, self._count = other._sum.clone(), other._count.clone()
-            return self
-        if other._sum.shape != self._sum.shape:
-            raise InputError(
-                f"shapes differ: {tuple(self._sum.shape)} vs {tuple(other._sum.shape)}"
-            )
-        self._sum += other._sum.to(self._sum.device)
-        self._count += other._count.to(self._count.device)
+        self._sum, self._count = _merged((self._sum, self._count), (other._sum, other._count))
         return self
 
     def state_dict(self) -> dict[str, Tensor]:
