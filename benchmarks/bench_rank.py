@@ -17,10 +17,14 @@ scored two ways in one process:
 * one by one: each filled sentence alone through the model's full forward pass and a
   ``log_softmax`` over the vocabulary at every position (what the reference code does).
 
-All give the same scores (checked). The last lines are ``bench_rank_floor: N.Nx`` (shared
+With ``--shots N`` every query follows the same ``N`` demonstrations of its language, which
+the shared-stem path runs once per language and pass (one demonstration row, then each
+fact's own stem tokens against it); it is also timed with each fact's stem run whole, the
+path before that. All give the same scores (checked). The last lines are ``bench_rank_floor: N.Nx`` (shared
 stems / floor) and ``bench_rank: N.Nx`` (batched / shared stems).
 
     python benchmarks/bench_rank.py                      # 16 facts x 8 candidates
+    python benchmarks/bench_rank.py --shots 5            # 5 demonstrations per language
     python benchmarks/bench_rank.py --facts 32 --candidates 10 --device cuda
 """
 
@@ -74,13 +78,34 @@ def one_by_one(model, facts) -> list[list[float]]:
     return out
 
 
-def floor(model, facts, batch_size: int, clock=time.perf_counter) -> tuple[float, float]:
-    """The shared-stem passes with no hook (one row per fact, then the candidates' tails)
-    and the reads (each scored token's log-probability: a logsumexp over the vocabulary),
-    for the same batches: the seconds, and those of the reads alone."""
+def demonstrations(facts: list, shots: int) -> list[str]:
+    """Per fact, ``shots`` demonstrations of its language (the same for every fact of the
+    language: bundled capitals not among the benchmark's facts), each ``prompt answer.``
+    on its own line."""
+    used = {f.id for f in facts}
+    pool = [f for f in load_facts(langs=["en", "fr"], relations=["capital"], templates="natural")
+            if f.id not in used]  # fmt: skip
+    text = {lg: "".join(f"{d.prompt} {d.answer}.\n" for d in [f for f in pool if f.lang == lg][:shots])
+            for lg in ("en", "fr")}  # fmt: skip
+    return [text[f.lang] if shots else "" for f in facts]
+
+
+def floor(
+    model, facts, batch_size: int, clock=time.perf_counter, prefixes=None
+) -> tuple[float, float]:
+    """The shared-stem passes with no hook (the demonstrations once per language and pass,
+    one row per fact, then the candidates' tails) and the reads (each scored token's
+    log-probability: a logsumexp over the vocabulary), for the same batches: the seconds,
+    and those of the reads alone."""
     from mechlingo.scoring import rank
 
-    layouts = [[rank.candidate_layout(model, f, c) for c in f.candidates] for f in facts]
+    pre = prefixes or [""] * len(facts)
+    layouts = [[rank.candidate_layout(model, f, c, p) for c in f.candidates]
+               for f, p in zip(facts, pre, strict=True)]  # fmt: skip
+    order = sorted(
+        range(len(facts)), key=lambda i: (pre[i], max(len(x.ids) for x in layouts[i]), i)
+    )
+    layouts = [layouts[i] for i in order]
     reads_s = 0.0
     t0 = clock()
     for k in range(0, len(facts), batch_size):
@@ -96,7 +121,13 @@ def floor(model, facts, batch_size: int, clock=time.perf_counter) -> tuple[float
         r_idx, q_idx = torch.tensor(reads.row), torch.tensor(reads.pos)
         inside = q_idx < p_row[r_idx]
         stem_batch = rank.TokenBatch(stem_tok, torch.tensor(stems), pad, batch.has_bos)
-        rec, a = run_reads(model, stem_batch, fact_of[r_idx[inside]], q_idx[inside])
+        demos = rank._demo_groups(rows, spans, stems)
+        if demos is not None:
+            rec, a = rank._stems_on_demos(
+                model, stem_batch, demos, fact_of[r_idx[inside]], q_idx[inside]
+            )
+        else:
+            rec, a = run_reads(model, stem_batch, fact_of[r_idx[inside]], q_idx[inside])
         cache = cache_upto(model, rec, fact_of, max(stems))
         _, b = run_reads(model, batch, r_idx[~inside], q_idx[~inside], prefix=(cache, p_row))
         t1 = clock()
@@ -112,6 +143,8 @@ def main() -> None:
     ap.add_argument("--facts", type=int, default=16, help="facts (default 16)")
     ap.add_argument("--candidates", type=int, default=8, help="candidates per fact (default 8)")
     ap.add_argument("--batch-size", type=int, default=16, help="facts per batched pass")
+    ap.add_argument("--shots", type=int, default=0,
+                    help="demonstrations before every query, the same per language (default 0)")  # fmt: skip
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     model = load_model(args.model, device=args.device)
@@ -135,32 +168,57 @@ def main() -> None:
     if worst > 1e-3:
         raise SystemExit("batched and one-by-one scores differ")
 
+    pre = demonstrations(facts, args.shots)
+    kw = {"batch_size": args.batch_size, "prefixes": pre}
     sync()
     t0 = clock()
-    batched = score_candidates(model, facts, batch_size=args.batch_size, shared=False)
+    batched = score_candidates(model, facts, shared=False, **kw)
     sync()
     t_batched = clock() - t0
     t0 = clock()
-    shared = score_candidates(model, facts, batch_size=args.batch_size)
+    shared = score_candidates(model, facts, **kw)
     sync()
     t_shared = clock() - t0
-    t_floor, t_reads = floor(model, facts, args.batch_size, clock)
+    t_whole = None
+    if args.shots:  # the shared-stem path before demonstrations were shared across facts
+        from mechlingo.scoring import rank
+
+        real, rank._demo_groups = rank._demo_groups, lambda *a: None
+        try:
+            t0 = clock()
+            whole = score_candidates(model, facts, **kw)
+            sync()
+            t_whole = clock() - t0
+        finally:
+            rank._demo_groups = real
+        gap_w = max(abs(a - b) for r, g in zip(whole.ce, shared.ce, strict=True)
+                    for a, b in zip(r, g, strict=True))  # fmt: skip
+        if gap_w > 1e-4:
+            raise SystemExit("shared demonstrations and whole stems give different scores")
+    t_floor, t_reads = floor(model, facts, args.batch_size, clock, pre)
     gap = max(abs(a - b) for r, g in zip(batched.ce, shared.ce, strict=True)
               for a, b in zip(r, g, strict=True))  # fmt: skip
-    t0 = clock()
-    alone = one_by_one(model, facts)
-    sync()
-    t_alone = clock() - t0
-    worst = max(
-        abs(a - b)
-        for r, g in zip(alone, batched.ce, strict=True)
-        for a, b in zip(r, g, strict=True)
-    )
-    print(
-        f"{len(facts)} facts x {args.candidates} candidates = {n_sent} sentences on {dev}: "
-        f"batched {t_batched:.2f} s, one by one {t_alone:.2f} s (max |difference| {worst:.1e})"
-    )
-    print(f"rank batched vs one-by-one: {t_alone / t_batched:.1f}x")
+    if not args.shots:
+        t0 = clock()
+        alone = one_by_one(model, facts)
+        sync()
+        t_alone = clock() - t0
+        worst = max(
+            abs(a - b)
+            for r, g in zip(alone, batched.ce, strict=True)
+            for a, b in zip(r, g, strict=True)
+        )
+        print(
+            f"{len(facts)} facts x {args.candidates} candidates = {n_sent} sentences on {dev}: "
+            f"batched {t_batched:.2f} s, one by one {t_alone:.2f} s (max |difference| {worst:.1e})"
+        )
+        print(f"rank batched vs one-by-one: {t_alone / t_batched:.1f}x")
+    else:
+        print(f"{len(facts)} facts x {args.candidates} candidates = {n_sent} sentences on {dev}, "
+              f"{args.shots} demonstrations per language before each query: batched "
+              f"{t_batched:.2f} s; each fact's stem whole (demonstrations included) "
+              f"{t_whole:.2f} s")  # fmt: skip
+        print(f"rank shared demonstrations vs whole stems: {t_whole / t_shared:.1f}x")
     print(f"shared stems ({shared.meta['path']}): {t_shared:.2f} s (max |difference| to "
           f"batched {gap:.1e}); floor {t_floor:.2f} s, of which the reads {t_reads:.2f} s "
           f"(any stem sharing is at most {t_batched / t_floor:.1f}x the batched path)")  # fmt: skip

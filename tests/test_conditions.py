@@ -363,6 +363,79 @@ def test_rank_shared_stems_on_gemma(gemma):
             assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-4
 
 
+DEMOS = {
+    "en": "The capital of Spain is Madrid.\nThe capital of Peru is Lima.\n",
+    "fr": "La capitale du Japon est Tokyo.\n",
+    "de": "Die Hauptstadt von Chile ist Santiago.\n",
+    "ja": "ペルーの首都はリマです。\n",
+}
+
+
+def _demo_facts():
+    """FACTS twice (other ids), so every language's demonstrations precede 2+ queries."""
+    from dataclasses import replace
+
+    return [*FACTS, *(replace(f, id=f"{f.id}b") for f in FACTS)]
+
+
+def _count_demo_passes(monkeypatch) -> list[int]:
+    from mechlingo.scoring import rank
+
+    calls: list[int] = []
+    real = rank._stems_on_demos
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(rank, "_stems_on_demos", counted)
+    return calls
+
+
+@pytest.mark.parametrize("tokens", ["sentence", "candidate"])
+def test_rank_demonstrations_run_once_per_pass(tiny, tokens, monkeypatch):
+    """Facts whose queries follow the same demonstrations (one prefix per language) share
+    them: one demonstration row per language per pass, each stem's own tokens against it.
+    Scores within 1e-4 nats of every row whole, under no intervention, ``last``, an int
+    position and a gate; a fact with no text before the mask (ja) included."""
+    facts = _demo_facts()
+    pre = [DEMOS[f.lang] for f in facts]
+    calls = _count_demo_passes(monkeypatch)
+    vec = _vec(tiny, 1, 4.0)
+    ivs = [None, SteeringVector(vec, 1), SteeringVector(vec, 1, positions=-1),
+           Gated(SteeringVector(vec, 1), {"fr", "en"})]  # fmt: skip
+    for iv in ivs:
+        kw = {"intervention": iv, "tokens": tokens, "prefixes": pre, "batch_size": 4}
+        n = len(calls)
+        got = score_candidates(tiny, facts, **kw)
+        want = score_candidates(tiny, facts, shared=False, **kw)
+        assert len(calls) > n, "the demonstrations were not shared"
+        assert got.meta["path"] == "shared-stem" and got.n_tokens == want.n_tokens
+        for a, b in zip(got.ce, want.ce, strict=True):
+            assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-4
+    assert count_hooks(tiny) == 0
+
+
+def test_rank_demonstrations_not_shared_without_a_common_prefix(tiny, monkeypatch):
+    """No prefix: every stem runs whole, as before (the demonstration pass never runs)."""
+    calls = _count_demo_passes(monkeypatch)
+    got = score_candidates(tiny, _demo_facts())
+    assert got.meta["path"] == "shared-stem" and not calls
+
+
+@pytest.mark.slow
+def test_rank_demonstrations_on_gemma(gemma, monkeypatch):
+    facts = _demo_facts()
+    pre = [DEMOS[f.lang] for f in facts]
+    calls = _count_demo_passes(monkeypatch)
+    for i in (None, SteeringVector(_vec(gemma, 0, 20.0), 6)):
+        got = score_candidates(gemma, facts, intervention=i, prefixes=pre)
+        want = score_candidates(gemma, facts, intervention=i, prefixes=pre, shared=False)
+        for a, b in zip(got.ce, want.ce, strict=True):
+            assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-4
+    assert calls
+
+
 def test_greedy_next_in_row_chunks_is_the_plain_argmax(tiny):
     """More rows than one screened arg-max chunk (stacked conditions): every row's token is
     the float32 arg-max of its logits."""

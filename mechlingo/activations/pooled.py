@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import torch
 from einops import rearrange
@@ -307,11 +307,29 @@ def pool_activations(
 # --------------------------------------------------------------------------------------
 
 
+class PoolArgs(TypedDict, total=False):
+    """How sentences become pooled neuron activations: the keywords of
+    :func:`pooled_neuron_acts` that the expert-neuron calls pass on unchanged
+    (:func:`~mechlingo.analyses.experts.stats.collect_neuron_stats`,
+    :func:`~mechlingo.analyses.experts.selection.find_experts`). Their defaults and meaning
+    are :func:`pooled_neuron_acts`'s: ``layers`` (all), ``pool`` (``"mean"``),
+    ``batch_size`` (16), ``max_tokens`` (every token), ``progress``, ``store`` (in memory)
+    and ``max_memory``."""
+
+    layers: int | Sequence[int] | None
+    pool: Literal["mean", "max"]
+    batch_size: int
+    max_tokens: int | None
+    progress: bool
+    store: str | Path | None
+    max_memory: int | str | None
+
+
 def pooled_neuron_acts(
     model: Model,
     texts: Mapping[str, Sequence[str]],
     *,
-    layers: Any = None,
+    layers: int | Sequence[int] | None = None,
     pool: Literal["mean", "max"] = "mean",
     batch_size: int = 16,
     max_tokens: int | None = None,

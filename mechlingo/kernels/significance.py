@@ -222,9 +222,13 @@ def paired_gain(
         if np.all(d == 0):
             r_lo = r_hi = 0.0
         else:
-            res = sps.bootstrap((a, b), rel, paired=True, vectorized=True,
-                                confidence_level=confidence, n_resamples=N_RESAMPLES,
-                                method="percentile", random_state=rng)  # fmt: skip
+            # resamples whose base mean is 0 have no relative gain (NaN): scipy warns and
+            # gives NaN bounds, which come back as None (an undefined interval, said so)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", sps.DegenerateDataWarning)
+                res = sps.bootstrap((a, b), rel, paired=True, vectorized=True,
+                                    confidence_level=confidence, n_resamples=N_RESAMPLES,
+                                    method="percentile", random_state=rng)  # fmt: skip
             r_lo, r_hi = _interval(res)
         relative = Interval(float((b.mean() - a.mean()) / a.mean()), r_lo, r_hi, n, confidence)
     extra = {"base": float(a.mean()), "new": float(b.mean()), "relative": relative}

@@ -45,9 +45,11 @@ before any position an intervention edits (:func:`mechlingo.interventions.apply.
 token before the mask under ``"last"``). By default each fact's shared tokens run once, in a
 pass over one row per fact that records their keys and values (and reads the stem's scored
 positions); each candidate row then runs only its last tokens against that cache (a shorter
-row's padding stays in the cache as a gap the mask hides). Where that cannot run (a model
-whose cache cannot be reused, an intervention editing the whole stem) every row runs whole;
-the scores agree to float rounding (within 1e-4 nats, tested). Inside
+row's padding stays in the cache as a gap the mask hides). Facts whose queries follow the
+same prefix tokens (one ``prefixes`` text per language, say) are batched together, and that
+prefix runs once per pass, as one row, before each fact's own stem tokens. Where that
+cannot run (a model whose cache cannot be reused, an intervention editing the whole stem,
+rows too wide for a sliding window) every row runs whole; the scores agree to float rounding (within 1e-4 nats, tested). Inside
 :func:`mechlingo.activations.distributed.sharded_scoring` under torchrun the passes are shared
 out among the ranks and the scores gathered in order.
 
@@ -67,7 +69,12 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.decoding import cache_upto, prefix_reuse_supported, run_reads
+from mechlingo.activations.decoding import (
+    PrefixRecord,
+    cache_upto,
+    prefix_reuse_supported,
+    run_reads,
+)
 from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard
 from mechlingo.activations.runs import StopForward, final_resid_name, run_batch
 from mechlingo.core.errors import InputError
@@ -260,6 +267,77 @@ def _stem_lengths(rows: list[Layout], spans: list[range], first: Tensor) -> list
     return out
 
 
+@dataclass(frozen=True)
+class _Demos:
+    """The demonstrations the facts of one pass share: ``tokens`` (one row per group of
+    facts whose query follows the same prefix tokens, right-padded), each group's shared
+    length ``length`` and each fact's group ``of``."""
+
+    tokens: Tensor
+    length: Tensor
+    of: Tensor
+
+
+def _demo_groups(rows: list[Layout], spans: list[range], stems: list[int]) -> _Demos | None:
+    """The facts of a pass grouped by the prefix before their query (few-shot
+    demonstrations: a layout's tokens before ``query_start``), each group's shared length
+    cut to leave every member at least one stem token of its own; ``None`` when no group of
+    two or more facts shares more than one token (nothing to gain: every fact's stem runs
+    whole, as before)."""
+    keys: dict[tuple[int, ...], list[int]] = {}
+    for g, span in enumerate(spans):
+        lay = rows[span[0]]
+        keys.setdefault(lay.ids[: lay.query_start], []).append(g)
+    length = [max(1, min(len(k), *(stems[g] - 1 for g in gs))) for k, gs in keys.items()]
+    if not any(n > 1 and len(gs) > 1 for n, gs in zip(length, keys.values(), strict=True)):
+        return None
+    of = torch.empty(len(spans), dtype=torch.long)
+    tokens = torch.zeros((len(keys), max(length)), dtype=torch.long)
+    for i, (key, gs) in enumerate(keys.items()):
+        of[gs] = i
+        tokens[i, : length[i]] = torch.tensor(key[: length[i]])
+    return _Demos(tokens, torch.tensor(length), of)
+
+
+def _demo_width(demos: _Demos | None, stems: list[int]) -> int:
+    """The columns of the stem pass's cache on top of the demonstrations (0: none)."""
+    if demos is None:
+        return 0
+    return int(demos.length.max()) + int((torch.tensor(stems) - demos.length[demos.of]).max())
+
+
+def _stems_on_demos(
+    model: Model, stems: TokenBatch, demos: _Demos, rows: Tensor, pos: Tensor
+) -> tuple[PrefixRecord, Float[Tensor, "read d_model"]]:
+    """:func:`run_reads` of the stem rows (``rows``, ``pos``: the reads) with each group's
+    shared demonstrations run once: one pass over the demonstration rows, then every stem's
+    own tokens against its group's cached demonstrations. Returns the stems' keys and
+    values position by position (as one pass over the stems records them) and the reads'
+    residuals in the reads' order."""
+    c = demos.length[demos.of]  # per fact: the positions its demonstrations cover
+    in_demo = pos < c[rows]
+    demo_batch = TokenBatch(demos.tokens, demos.length, stems.pad_id, stems.has_bos)
+    rec_d, resid_d = run_reads(model, demo_batch, demos.of[rows[in_demo]], pos[in_demo])
+    cache = cache_upto(model, rec_d, demos.of, int(demos.length.max()))
+    rec_s, resid_s = run_reads(model, stems, rows[~in_demo], pos[~in_demo], prefix=(cache, c))
+    # column of fact g's position j in the grown cache: j inside its demonstrations, after
+    # every group's demonstration columns for the rest
+    j = torch.arange(int(stems.tokens.shape[1]))
+    col = torch.where(j < c[:, None], j, int(demos.length.max()) + j - c[:, None])
+    col = col.clamp(max=int(rec_s.keys[0].shape[-2]) - 1)
+
+    def aligned(t: Tensor) -> Tensor:
+        idx = col.to(t.device)[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[-1])
+        return t.gather(2, idx)
+
+    rec = PrefixRecord(tuple(map(aligned, rec_s.keys)), tuple(map(aligned, rec_s.values)),
+                       rec_s.final)  # fmt: skip
+    resid = torch.empty(len(rows), resid_s.shape[-1], dtype=resid_s.dtype, device=resid_s.device)
+    resid[in_demo.to(resid.device)] = resid_d.to(resid.dtype)
+    resid[~in_demo.to(resid.device)] = resid_s
+    return rec, resid
+
+
 def _shared_pass(
     model: Model, rows: list[Layout], reads: _Reads, spans: list[range],
     intervention: Intervention | None, hooks: FwdHooks,
@@ -278,7 +356,9 @@ def _shared_pass(
     fact_of = torch.tensor([g for g, span in enumerate(spans) for _ in span])
     p_row = torch.tensor(stems)[fact_of]
     tail = int((batch.lengths - p_row).max())
-    if not prefix_reuse_supported(model, max(stems) + tail):  # the tail pass's cache width
+    groups = _demo_groups(rows, spans, stems)
+    widest = max(stems) + tail  # the tail pass's cache (and the stems' on demonstrations)
+    if not prefix_reuse_supported(model, max(widest, _demo_width(groups, stems))):
         return None
     r_idx, q_idx = torch.tensor(reads.row), torch.tensor(reads.pos)
     in_stem = q_idx < p_row[r_idx]
@@ -287,9 +367,12 @@ def _shared_pass(
     for g, (span, n) in enumerate(zip(spans, stems, strict=True)):
         stem_tok[g, :n] = torch.tensor(rows[span[0]].ids[:n])
     stem_batch = TokenBatch(stem_tok, torch.tensor(stems), pad, batch.has_bos)
-    rec, stem_resid = run_reads(model, stem_batch, fact_of[r_idx[in_stem]], q_idx[in_stem])
-    if rec is None:
-        raise RuntimeError("the stem pass recorded no cache")
+    if groups is not None:
+        rec, stem_resid = _stems_on_demos(
+            model, stem_batch, groups, fact_of[r_idx[in_stem]], q_idx[in_stem]
+        )
+    else:
+        rec, stem_resid = run_reads(model, stem_batch, fact_of[r_idx[in_stem]], q_idx[in_stem])
     cache = cache_upto(model, rec, fact_of, max(stems))
     _, tail_resid = run_reads(model, batch, r_idx[~in_stem], q_idx[~in_stem],
                               prefix=(cache, p_row), fwd_hooks=hooks)  # fmt: skip
@@ -395,7 +478,10 @@ def score_candidates(
         stem = _ids(model, p + f.prompt, prepends_bos(model))
         layouts.append([candidate_layout(model, f, c, p, stem_ids=stem) for c in cs])
     hooks = intervention_hooks(model, intervention, fwd_hooks)
-    order = sorted(range(len(facts)), key=lambda i: (max(len(x.ids) for x in layouts[i]), i))
+    # facts with the same prefix share passes (and their demonstrations, once per pass)
+    order = sorted(
+        range(len(facts)), key=lambda i: (pre[i], max(len(x.ids) for x in layouts[i]), i)
+    )
     ce: list[list[float]] = [[] for _ in facts]
     counts: list[list[int]] = [[] for _ in facts]
     passes = [order[k : k + batch_size] for k in range(0, len(order), batch_size)]

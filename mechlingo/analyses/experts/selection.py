@@ -17,16 +17,15 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mechlingo.activations.pooled import NeuronStats, check_texts
+from mechlingo.activations.pooled import NeuronStats, PoolArgs, check_texts
 from mechlingo.analyses.experts.stats import (
     NeuronScores,
-    Pool,
     ScoreName,
     collect_neuron_stats,
     score_neurons,
@@ -272,28 +271,13 @@ def find_experts(
     model: Model,
     texts: Mapping[str, Sequence[str]],
     *,
-    pool: Pool = "mean",
     by: ScoreName = "auroc",
-    layers: int | Sequence[int] | None = None,
-    batch_size: int = 16,
-    max_tokens: int | None = None,
-    progress: bool = False,
-    store: str | Path | None = None,
-    max_memory: int | str | None = None,
+    **options: Unpack[PoolArgs],
 ) -> ExpertResult:
-    """Collect statistics (:func:`collect_neuron_stats`) and score every neuron
+    """Collect statistics (:func:`collect_neuron_stats`, which takes the same ``options``:
+    :class:`~mechlingo.activations.pooled.PoolArgs`) and score every neuron by ``by``
     (:func:`score_neurons`); select with :meth:`ExpertResult.clamp`. With ``store`` the
     statistics stay on disk under ``max_memory`` (see :func:`collect_neuron_stats`)."""
     check_texts(texts, 2, error=ExpertError)
-    stats = collect_neuron_stats(
-        model,
-        texts,
-        pool=pool,
-        layers=layers,
-        batch_size=batch_size,
-        max_tokens=max_tokens,
-        progress=progress,
-        store=store,
-        max_memory=max_memory,
-    )
-    return ExpertResult(stats, score_neurons(stats, max_memory=max_memory), by)
+    stats = collect_neuron_stats(model, texts, **options)
+    return ExpertResult(stats, score_neurons(stats, max_memory=options.get("max_memory")), by)

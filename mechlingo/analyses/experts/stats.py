@@ -17,15 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal
+from typing import Literal, Unpack
 
 from jaxtyping import Float
 from torch import Tensor
 
 from mechlingo.activations.pooled import (
     NeuronStats,
-    check_pool_args,
+    PoolArgs,
     check_texts,
     pooled_neuron_acts,
 )
@@ -69,14 +68,8 @@ def collect_neuron_stats(
     model: Model,
     texts: Mapping[str, Sequence[str]],
     *,
-    pool: Pool = "mean",
-    layers: int | Sequence[int] | None = None,
-    batch_size: int = 16,
-    max_tokens: int | None = None,
     intervention: Intervention | None = None,
-    progress: bool = False,
-    store: str | Path | None = None,
-    max_memory: int | str | None = None,
+    **options: Unpack[PoolArgs],
 ) -> NeuronStats:
     """Pooled activations of every MLP neuron over every sentence, in one pass.
 
@@ -89,12 +82,15 @@ def collect_neuron_stats(
         texts: ``{lang: [sentence, ...]}``; sentences of one language are the positives of
             that language and negatives of every other. At least two languages are needed
             to score neurons later.
+        intervention: optional intervention applied during the runs.
+        **options: how sentences are pooled (:class:`~mechlingo.activations.pooled.PoolArgs`,
+            defaults those of :func:`~mechlingo.activations.pooled.pooled_neuron_acts`):
         pool: ``"mean"`` (Kojima et al.) or ``"max"`` (Suau et al.) over the sentence's real
             tokens, BOS and padding excluded.
         layers: layers to record (default all).
         batch_size: sentences per forward pass (sentences are sorted by length first).
         max_tokens: keep only the first ``max_tokens`` tokens of each sentence.
-        intervention: optional intervention applied during the runs.
+        progress: progress bars.
         store: out of core: an empty folder (the same on every rank) where the pooled rows
             stream to disk shards, so memory does not grow with the number of sentences;
             scores, clamps and tables read them from there with the same values
@@ -106,7 +102,6 @@ def collect_neuron_stats(
         :class:`NeuronStats` on the model's device.
     """
     langs = check_texts(texts, 1, error=ExpertError)
-    check_pool_args(pool, batch_size, error=ExpertError)
     sm = site_map(model)
     if not sm.available["mlp_post"]:
         why = sm.why_unavailable.get("mlp_post", "it has no blocks.{l}.mlp.hook_post hooks")
@@ -114,18 +109,9 @@ def collect_neuron_stats(
     extra = intervention_hooks(model, intervention)
     try:
         acts = pooled_neuron_acts(
-            model,
-            {lang: texts[lang] for lang in langs},
-            layers=layers,
-            pool=pool,
-            batch_size=batch_size,
-            max_tokens=max_tokens,
-            fwd_hooks=extra,
-            progress=progress,
-            store=store,
-            max_memory=max_memory,
+            model, {lang: texts[lang] for lang in langs}, fwd_hooks=extra, **options
         )
-    except ValueError as err:
+    except ValueError as err:  # a bad pool, batch size or layer, as an ExpertError
         raise ExpertError(str(err)) from err
     return acts
 
