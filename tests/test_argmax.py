@@ -83,6 +83,26 @@ def test_greedy_next_equals_final_logits_argmax(tiny, monkeypatch):
     assert readout._SCREENS.get(tiny) is not None
 
 
+def test_greedy_next_with_a_zero_and_a_real_bias(tiny, monkeypatch):
+    """An all-zero ``b_U`` is skipped (no float32 pass), a non-zero one is added: both give
+    the plain float32 arg-max."""
+    monkeypatch.setattr(readout, "bf16_supported", lambda device: True)
+    resid = torch.randn(11, tiny.cfg.d_model, generator=torch.Generator().manual_seed(3)) * 3
+    b = getattr(tiny, "b_U", None)
+    if b is None:
+        pytest.skip("this model has no b_U")
+    saved = b.detach().clone()
+    try:
+        for fill in (torch.zeros_like(saved), torch.randn(saved.shape) * 2):
+            with torch.no_grad():
+                b.copy_(fill)
+            ref = readout.final_logits(tiny, resid).argmax(-1)
+            assert torch.equal(readout.greedy_next(tiny, resid), ref)
+    finally:
+        with torch.no_grad():
+            b.copy_(saved)
+
+
 def test_screen_follows_edited_weights(tiny, monkeypatch):
     """Editing W_U in place (a new tensor version) rebuilds the screen."""
     monkeypatch.setattr(readout, "bf16_supported", lambda device: True)

@@ -93,10 +93,13 @@ def kept_columns(
     if b is not None:
         approx = approx.float() + b.float()
     radius = screen.eps * x.float().norm(dim=1, keepdim=True)  # [row, 1]
-    top = approx.argmax(dim=1, keepdim=True)
-    tau = approx.gather(1, top).float() - radius * screen.col_norm[top.squeeze(1)].unsqueeze(1)
+    # any column's lower bound is a lower bound of the row's maximum; the largest approximate
+    # logit's is the tightest. ``max`` gives value and index in one pass (a bfloat16
+    # ``argmax`` is 4x slower on CPU: 0.235 s against 0.060 s for 256 x 262,144)
+    top_val, top = approx.max(dim=1, keepdim=True)
+    tau = top_val.float() - radius * screen.col_norm[top.squeeze(1)].unsqueeze(1)
     if b is not None:  # float32 round-off of the bias addition
-        tau = tau - 2.0**-22 * (approx.gather(1, top).abs() + b.float().abs().max())
+        tau = tau - 2.0**-22 * (top_val.abs() + b.float().abs().max())
     loose = tau - radius * screen.col_norm.max()
     if approx.dtype != loose.dtype:  # round the threshold down, never up
         loose = (loose - loose.abs() * 2.0**-6).to(approx.dtype)
