@@ -50,8 +50,8 @@ window would be counted in columns, not in real positions).
 **The next token.** Once the cache is in place, the largest cost of a step on a CPU is the
 unembedding over Gemma 3's 262,144 tokens. The cached decoder takes the greedy token with a
 bfloat16-screened arg-max (:mod:`mechlingo.kernels.argmax`): exact in float32, 3x
-cheaper on one CPU thread with native bfloat16 (256 rows). The uncached reference keeps the plain float32
-arg-max, so the equality tests check the screen too.
+cheaper on one CPU thread with native bfloat16 (256 rows). The uncached reference keeps the
+plain float32 arg-max, so the equality tests check the screen too.
 
 **Prefix reuse.** A patch at token position ``p`` cannot change what a causal model computes
 at positions before ``p``: their residual streams, and so the keys and values every later

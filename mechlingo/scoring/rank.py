@@ -49,7 +49,8 @@ row's padding stays in the cache as a gap the mask hides). Facts whose queries f
 same prefix tokens (one ``prefixes`` text per language, say) are batched together, and that
 prefix runs once per pass, as one row, before each fact's own stem tokens. Where that
 cannot run (a model whose cache cannot be reused, an intervention editing the whole stem,
-rows too wide for a sliding window) every row runs whole; the scores agree to float rounding (within 1e-4 nats, tested). Inside
+rows too wide for a sliding window) every row runs whole; the scores agree to float
+rounding (within 1e-4 nats, tested). Inside
 :func:`mechlingo.activations.distributed.sharded_scoring` under torchrun the passes are shared
 out among the ranks and the scores gathered in order.
 
