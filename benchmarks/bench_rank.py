@@ -102,9 +102,7 @@ def floor(
     pre = prefixes or [""] * len(facts)
     layouts = [[rank.candidate_layout(model, f, c, p) for c in f.candidates]
                for f, p in zip(facts, pre, strict=True)]  # fmt: skip
-    order = sorted(
-        range(len(facts)), key=lambda i: (pre[i], max(len(x.ids) for x in layouts[i]), i)
-    )
+    order = rank.batch_order(pre, layouts)  # the batches score_candidates runs
     layouts = [layouts[i] for i in order]
     reads_s = 0.0
     t0 = clock()

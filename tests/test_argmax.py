@@ -20,15 +20,40 @@ def _heavy(shape, seed, scale=1.0):
     return x
 
 
-def test_error_bound_holds_elementwise():
+@pytest.mark.parametrize("bias", [False, True])
+def test_error_bound_holds_elementwise(bias):
     W = _heavy((256, 5000), 0, 0.05)
     x = _heavy((64, 256), 1)
-    approx = torch.nn.functional.linear(x.bfloat16(), W.T.contiguous().bfloat16()).float()
-    exact = x.double() @ W.double()
-    err = (approx.double() - exact).abs()
-    bound = error_bound(256) * x.double().norm(dim=1, keepdim=True) * W.double().norm(dim=0)
+    b = torch.randn(5000, generator=torch.Generator().manual_seed(2)) * 3 if bias else None
+    scr = build_screen(W)
+    approx = torch.nn.functional.linear(x.bfloat16(), scr.W_bf16)
+    if b is not None:
+        approx = approx.float() + b
+    exact = x @ W + (0 if b is None else b)  # the float32 logits the screen stands for
+    err = (approx.double() - exact.double()).abs()
+    bound = error_bound(x, scr, approx, b).double()
     assert bool((err <= bound).all())
-    assert float((err / bound).max()) < 0.5  # the Cauchy-Schwarz bound is not tight
+    assert float((err / bound).max()) < 0.6  # Cauchy-Schwarz: not tight
+    # the measured rounding norms make it far tighter than 2.5 u ||x|| ||W_j||
+    old = 2.5 * 2.0**-8 * x.norm(dim=1, keepdim=True) * W.norm(dim=0)
+    assert float((bound / old).median()) < 0.5
+
+
+def test_kept_columns_threshold_keeps_every_column_the_exact_bound_keeps():
+    """The first pass (one compare against the row's widest slack) drops no column that
+    the elementwise bound would keep, with and without a bias."""
+    W = _heavy((96, 4000), 7, 0.05)
+    x = _heavy((40, 96), 8)
+    scr = build_screen(W)
+    for b in (None, torch.randn(4000, generator=torch.Generator().manual_seed(9)) * 5):
+        approx = torch.nn.functional.linear(x.bfloat16(), scr.W_bf16)
+        if b is not None:
+            approx = approx.float() + b
+        bound = error_bound(x, scr, approx, b)
+        top = approx.float().argmax(-1, keepdim=True)
+        tau = approx.float().gather(1, top) - bound.gather(1, top)
+        want = ((approx.float() + bound) >= tau).any(dim=0).nonzero().squeeze(1)
+        assert kept_columns(x, scr, b).tolist() == want.tolist()
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -135,3 +160,34 @@ def test_screen_off_where_it_does_not_apply(tiny, monkeypatch):
     )
     assert readout._screen(tiny, tiny.W_U) is None  # a soft-cap: plain arg-max
     assert readout.greedy_next(tiny, resid).shape == (3,)
+
+
+@pytest.mark.slow
+def test_bound_and_arg_max_on_the_embedded_models_decoding_rows(gemma):
+    """Real final-layer rows of the embedded model (262,144 tokens), unsteered and pushed
+    by a large random steering vector at layer 6: the bound holds on every logit, the
+    screen keeps few columns, and the greedy token is the float32 arg-max."""
+    from mechlingo.activations.runs import collect, final_resid_name
+    from mechlingo.core.tokens import encode
+    from mechlingo.interventions.steering import SteeringVector
+
+    prompts = ["The capital of France is", "La capitale du Japon est", "日本の首都は",
+               "Die Hauptstadt von Spanien ist", "A moeda do Brasil é o"]  # fmt: skip
+    batch = encode(gemma, prompts)
+    name = final_resid_name(gemma)
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(int(gemma.cfg.d_model), generator=g)
+    rows = [collect(gemma, batch, [name])[name]]
+    for scale in (20.0, 80.0):
+        hooks = SteeringVector(v / v.norm() * scale, 6).fwd_hooks(gemma)
+        rows.append(collect(gemma, batch, [name], fwd_hooks=hooks)[name])
+    with torch.no_grad():
+        x = readout.apply_final_norm(gemma, torch.cat(rows))
+        W = gemma.W_U.detach()
+        scr = build_screen(W)
+        approx = torch.nn.functional.linear(x.bfloat16(), scr.W_bf16)
+        err = (approx.double() - (x @ W.float()).double()).abs()
+        assert bool((err <= error_bound(x, scr, approx).double()).all())
+        assert kept_columns(x, scr).numel() < 2000  # of 262,144
+        want = readout.final_logits(gemma, torch.cat(rows)).argmax(-1)
+        assert torch.equal(screened_argmax(x, W, scr), want)

@@ -444,3 +444,35 @@ def test_greedy_next_in_row_chunks_is_the_plain_argmax(tiny):
     g = torch.Generator().manual_seed(0)
     resid = torch.randn(2 * _ARGMAX_ROWS + 7, int(tiny.cfg.d_model), generator=g)
     assert torch.equal(greedy_next(tiny, resid), final_logits(tiny, resid).argmax(-1))
+
+
+def test_prefix_memo_reuses_passes_and_changes_no_outcome(tiny):
+    """Scoring the same prompts again inside ``reusing_prefixes`` takes every prefix pass
+    from the memo, under other interventions too, with the outcomes of scoring without it;
+    edited weights miss, a memo of 0 bytes keeps nothing, and the block always closes."""
+    from mechlingo.activations.memo import PrefixMemo, current_memo, reusing_prefixes
+
+    facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=4)
+    first, other = _conditions(tiny, 1, 4.0), _conditions(tiny, 0, 2.0)
+    want = [evaluate_conditions(tiny, facts, c, max_new_tokens=4) for c in (first, other)]
+    memo = PrefixMemo()
+    with reusing_prefixes(memo):
+        got = [evaluate_conditions(tiny, facts, c, max_new_tokens=4) for c in (first, other)]
+    assert memo.misses > 0 and memo.hits == memo.misses  # the second call ran none
+    for g, w in zip(got, want, strict=True):
+        assert {n: r.records for n, r in g.items()} == {n: r.records for n, r in w.items()}
+    W = tiny.W_U
+    with torch.no_grad():
+        W.mul_(1.0)  # a new version of the same weights
+    before = memo.misses
+    with reusing_prefixes(memo):
+        evaluate_conditions(tiny, facts, first, max_new_tokens=4)
+    assert memo.misses == 2 * before
+    empty = PrefixMemo(max_bytes=0)
+    with reusing_prefixes(empty):
+        again = evaluate_conditions(tiny, facts, first, max_new_tokens=4)
+    assert empty.stats()["records"] == 0 and empty.hits == 0
+    assert {n: r.records for n, r in again.items()} == {n: r.records for n, r in want[0].items()}
+    with pytest.raises(RuntimeError, match="boom"), reusing_prefixes(memo):
+        evaluate_conditions(tiny, facts, {"orig": None, "boom": _Boom()}, max_new_tokens=3)
+    assert current_memo() is None and count_hooks(tiny) == 0

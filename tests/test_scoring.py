@@ -22,7 +22,7 @@ from mechlingo.data import Fact, load_facts
 from mechlingo.data.splits import split_facts
 from mechlingo.interventions import Ablation, Compose, NeuronClamp, SteeringVector
 from mechlingo.scoring.evaluate import evaluate_facts
-from mechlingo.scoring.rank import candidate_layout, score_candidates
+from mechlingo.scoring.rank import batch_order, candidate_layout, score_candidates
 from mechlingo.scoring.scorers import (
     SKIP_GOLD_MISSING,
     SKIP_NO_CANDIDATES,
@@ -179,6 +179,20 @@ def test_last_token_steering_under_rank_acts_before_the_mask(tiny):
         wrong, _ = _hand_logprobs(tiny, f.filled(c), [(name, add_at(len(ids) - 1))])
         assert abs(float(-wrong.mean()) - steered.ce[0][j]) > 1e-3
     assert count_hooks(tiny) == 0
+
+
+def test_batch_order_groups_facts_by_prefix_then_longest_row(tiny):
+    facts = [FACTS[0], FACTS[1], FACTS[0], FACTS[1]]
+    pre = ["B. ", "A. ", "A. ", "B. "]
+    layouts = [[candidate_layout(tiny, f, c, p) for c in f.candidates]
+               for f, p in zip(facts, pre, strict=True)]  # fmt: skip
+    order = batch_order(pre, layouts)
+    longest = [max(len(x.ids) for x in layouts[i]) for i in order]
+    assert sorted(order) == [0, 1, 2, 3]
+    assert [pre[i] for i in order] == ["A. ", "A. ", "B. ", "B. "]  # one prefix per run
+    assert longest[:2] == sorted(longest[:2]) and longest[2:] == sorted(longest[2:])
+    same = [[candidate_layout(tiny, FACTS[0], c) for c in FACTS[0].candidates]] * 3
+    assert batch_order([""] * 3, same) == [0, 1, 2]  # ties keep the given order
 
 
 @pytest.mark.parametrize("metric", ["generate", "klar", "rank"])

@@ -3,18 +3,29 @@
 Greedy decoding needs only the arg-max of ``x @ W_U + b_U``, but the float32 product over a
 262,144-token vocabulary is the largest single cost of a decoding step on a CPU (0.22 s for
 32 rows on 2 cores). With bfloat16 matrix units (AVX512-BF16 / AMX on CPUs, any recent GPU)
-the same product in bfloat16 takes about a fifth of that (measured: 0.046 s vs 0.22 s). This module uses the bfloat16
-product only to *screen*: every column whose logit could still be the maximum is kept, and
-the kept columns are scored again in float32, so the answer is the float32 arg-max.
+the same product in bfloat16 takes about a fifth of that (measured: 0.046 s vs 0.22 s).
+This module uses the bfloat16 product only to *screen*: every column whose logit could still
+be the maximum is kept, and the kept columns are scored again in float32, so the answer is
+the float32 arg-max.
 
-The screen is rigorous. With ``u = 2**-8`` the unit round-off of bfloat16 and float32
-accumulation, each approximate logit differs from the float32 one by at most
-``(2u + u**2 + 640 * 2**-24) * sum_i |x_i| |W_ij|``, which is at most
-``eps * ||x|| * ||W_j||`` by Cauchy--Schwarz; ``eps = 0.01`` leaves a margin over the
-0.008 this gives at ``d_model = 640`` (the accumulation term grows with ``d_model`` and is
-included in :func:`error_bound`). A column is dropped only when its upper bound lies below
-the best lower bound of its row, so the true arg-max is never dropped. Ties between kept
-columns resolve to the lowest index, as :func:`torch.argmax` does over the whole vocabulary.
+The screen is rigorous. Write ``bx`` and ``bW`` for ``x`` and ``W`` rounded to bfloat16 and
+``u = 2**-8`` for its unit round-off. The products ``bx_i * bW_ij`` are exact in float32, so
+the screened logit ``a_j`` (the float32 sum of them, rounded to bfloat16) and the float32
+logit ``e_j`` differ by at most
+
+    ||x|| ||W_j - bW_j|| + ||x - bx|| ||bW_j||          (rounding the two factors)
+    + g (||bx|| ||bW_j|| + ||x|| ||W_j||)               (both float32 sums, g = gamma_d)
+    + u / (1 - u) |a_j|                                 (rounding the sum to bfloat16)
+
+(Cauchy--Schwarz on ``x.W_j - bx.bW_j = x.(W_j - bW_j) + (x - bx).bW_j``). The rounding
+norms are measured, not bounded by ``u``: for Gemma 3's unembedding ``||W_j - bW_j||`` is
+0.0014 ``||W_j||`` on average, so this slack is about a quarter of the bound ``2.5 u ||x||
+||W_j||`` the screen used before. That one kept so many columns on real decoding rows that
+the full float32 product it then fell back to was a fifth of the transfer matrix's time
+(a profile, this project's ``docs/scaling.md``). A column is dropped only
+when its upper bound lies below the best lower bound of its row, so the true arg-max is
+never dropped. Ties between kept columns resolve to the lowest index, as
+:func:`torch.argmax` does over the whole vocabulary.
 """
 
 from __future__ import annotations
@@ -27,43 +38,141 @@ from torch import Tensor
 
 # Above this many kept columns (over the whole batch) the float32 recheck costs more than a
 # plain product; the caller then falls back to the full float32 arg-max.
-MAX_KEPT = 8192
+MAX_KEPT = 16384
+
+U_BF16 = 2.0**-8  # unit round-off of bfloat16 (8 significant bits)
+_MARGIN = 1.0 + 2.0**-10  # covers the float32 round-off of the norms themselves
+_FLOOR = 2.0**-80  # covers products and sums flushed to zero (denormals, 2**-126 each)
 
 
-def error_bound(d_model: int) -> float:
-    """Relative error bound ``eps`` of a bfloat16 dot product over ``d_model`` terms:
-    rounding both factors to bfloat16, summing in float32, and rounding the result to
-    bfloat16, with a 20% margin. Each approximate logit is within ``eps * ||x|| * ||W_j||``
-    of the exact one."""
-    u = 2.0**-8
-    product = (2 * u + u * u) + d_model * 2.0**-24 * (1 + u) ** 2
-    return 1.2 * (product + u * (1 + product))
+def accumulation_bound(d_model: int) -> float:
+    """``gamma_d = d u32 / (1 - d u32)`` with ``u32 = 2**-24``: a float32 sum of ``d_model``
+    products, in any order, is within ``gamma_d * sum_i |x_i| |W_ij|`` of the exact one."""
+    n = d_model * 2.0**-24
+    return n / (1.0 - n)
 
 
 @dataclass
 class Screen:
-    """The bfloat16 copy of an unembedding and its column norms.
+    """The bfloat16 copy of an unembedding and the column norms of its error bound.
 
     Attributes:
         W_bf16: ``W_U`` transposed to ``[vocab, d_model]`` in bfloat16 (row-major, the
             layout :func:`torch.nn.functional.linear` wants).
         col_norm: float32 Euclidean norm of each column of ``W_U``.
-        eps: the relative error bound of :func:`error_bound`.
+        bf_norm: norm of each column rounded to bfloat16.
+        round_norm: norm of each column's rounding error ``W_j - bW_j``.
+        gamma: :func:`accumulation_bound` of ``d_model``.
     """
 
     W_bf16: Float[Tensor, "vocab d_model"]
     col_norm: Float[Tensor, " vocab"]
-    eps: float
+    bf_norm: Float[Tensor, " vocab"]
+    round_norm: Float[Tensor, " vocab"]
+    gamma: float
 
 
 def build_screen(W: Float[Tensor, "d_model vocab"]) -> Screen:
     """The :class:`Screen` of an unembedding matrix (``d_model x vocab``)."""
     Wf = W.detach().float()
+    Wb = Wf.T.contiguous().to(torch.bfloat16)
+    back = Wb.float()
     return Screen(
-        W_bf16=Wf.T.contiguous().to(torch.bfloat16),
+        W_bf16=Wb,
         col_norm=Wf.norm(dim=0),
-        eps=error_bound(W.shape[0]),
+        bf_norm=back.norm(dim=1),
+        round_norm=(Wf.T - back).norm(dim=1),
+        gamma=accumulation_bound(W.shape[0]),
     )
+
+
+def _row_terms(x: Float[Tensor, "row d_model"], screen: Screen) -> tuple[Tensor, Tensor, Tensor]:
+    """Per row, the factors of the column norms in the slack: ``(p, q, s)`` with slack
+    ``p ||W_j - bW_j|| + q ||bW_j|| + s ||W_j||`` (before the output rounding term)."""
+    xf = x.float()
+    bx = xf.to(torch.bfloat16).float()
+    nx = xf.norm(dim=1, keepdim=True)
+    p = _MARGIN * nx
+    q = _MARGIN * (
+        (xf - bx).norm(dim=1, keepdim=True) + screen.gamma * bx.norm(dim=1, keepdim=True)
+    )
+    s = _MARGIN * screen.gamma * nx
+    return p, q, s
+
+
+def _rel(b: Tensor | None) -> float:
+    """The relative slack on ``|a_j| + |b_j|``: the bfloat16 rounding of the sum, and with a
+    bias the float32 additions of it (screened and exact)."""
+    return U_BF16 / (1.0 - U_BF16) + (0.0 if b is None else 2.0**-22)
+
+
+def error_bound(
+    x: Float[Tensor, "row d_model"],
+    screen: Screen,
+    approx: Float[Tensor, "row vocab"],
+    b: Float[Tensor, " vocab"] | None = None,
+) -> Float[Tensor, "row vocab"]:
+    """The bound of the module docstring for every row and column: how far a screened logit
+    ``approx`` (the bfloat16 product, plus ``b`` in float32 if given) may lie from the
+    float32 logit ``x @ W + b``. Elementwise over the whole block (for tests and checks;
+    :func:`kept_columns` evaluates it on the few columns that need it)."""
+    cols = (screen.round_norm, screen.bf_norm, screen.col_norm)
+    return _bound(_row_terms(x, screen), cols, approx, b)
+
+
+def _bound(
+    terms: tuple[Tensor, Tensor, Tensor],
+    cols: tuple[Tensor, Tensor, Tensor],
+    approx: Tensor,
+    b: Tensor | None,
+) -> Tensor:
+    """:func:`error_bound` from the rows' factors (:func:`_row_terms`) and the columns'
+    norms ``(||W_j - bW_j||, ||bW_j||, ||W_j||)`` of the block's columns."""
+    (p, q, s), (rn, bn, cn) = terms, cols
+    a = approx.float().abs() + (0.0 if b is None else b.float().abs())
+    return p * rn + q * bn + s * cn + _rel(b) * a + _FLOOR
+
+
+def kept_columns(
+    x: Float[Tensor, "row d_model"], screen: Screen, b: Float[Tensor, " vocab"] | None = None
+) -> Int[Tensor, " kept"]:
+    """Sorted ids of the columns that may hold some row's maximum logit.
+
+    Per row, the column with the largest approximate logit gives a lower bound ``tau`` on
+    the true maximum; a column is kept when its upper bound (its logit plus
+    :func:`error_bound`) reaches ``tau``. Two passes over the vocabulary: a compare against
+    ``tau`` minus the largest slack any column of the row can have, then the exact
+    per-column bound on the few columns that pass."""
+    approx = torch.nn.functional.linear(x.to(torch.bfloat16), screen.W_bf16)
+    if b is not None:
+        approx = approx.float() + b.float()
+    p, q, s = _row_terms(x, screen)
+    rel, tiny = _rel(b), _FLOOR
+    # ``max`` gives value and index in one pass (a bfloat16 ``argmax`` is 4x slower on CPU:
+    # 0.235 s against 0.060 s for 256 x 262,144)
+    top_val, top = approx.max(dim=1, keepdim=True)
+    top_val, top = top_val.float(), top.squeeze(1)
+    bmax = 0.0 if b is None else float(b.float().abs().max())
+    at_top = tuple(
+        c[top].unsqueeze(1) for c in (screen.round_norm, screen.bf_norm, screen.col_norm)
+    )
+    b_top = None if b is None else b.float()[top].unsqueeze(1)
+    slack_top = _bound((p, q, s), at_top, top_val, b_top)  # type: ignore[arg-type]
+    tau = top_val - slack_top  # below the row's true maximum
+    # a column j that passes has a_j >= t - rel * |a_j| (t below: tau less the widest column
+    # slack); so |a_j| is at most the top's when a_j >= 0, and |t| / (1 - rel) when a_j < 0,
+    # and every passing column clears ``loose``
+    widest = (p * screen.round_norm.max() + q * screen.bf_norm.max()
+              + s * screen.col_norm.max())  # fmt: skip
+    t = tau - widest - rel * bmax - tiny
+    loose = t - rel * torch.maximum(top_val.abs(), t.abs() / (1.0 - rel))
+    if approx.dtype != loose.dtype:  # round the threshold down, never up
+        loose = (loose - loose.abs() * 2.0**-6).to(approx.dtype)
+    cand = (approx >= loose).any(dim=0).nonzero().squeeze(1)
+    sub = approx[:, cand].float()
+    cols = (screen.round_norm[cand], screen.bf_norm[cand], screen.col_norm[cand])
+    bound = _bound((p, q, s), cols, sub, None if b is None else b.float()[cand])
+    return cand[(sub + bound >= tau).any(dim=0)]
 
 
 def bf16_supported(device: torch.device) -> bool:
@@ -78,36 +187,6 @@ def bf16_supported(device: torch.device) -> bool:
         except (AttributeError, RuntimeError):
             return False
     return False
-
-
-def kept_columns(
-    x: Float[Tensor, "row d_model"], screen: Screen, b: Float[Tensor, " vocab"] | None = None
-) -> Int[Tensor, " kept"]:
-    """Sorted ids of the columns that may hold some row's maximum logit.
-
-    Per row, the column with the largest approximate logit gives a lower bound ``tau`` on
-    the true maximum; a column is kept when its upper bound reaches ``tau``. Two passes
-    over the vocabulary: a compare against ``tau - slack_max`` (the largest slack of the
-    row), then the exact per-column bound on the few columns that pass."""
-    approx = torch.nn.functional.linear(x.to(torch.bfloat16), screen.W_bf16)
-    if b is not None:
-        approx = approx.float() + b.float()
-    radius = screen.eps * x.float().norm(dim=1, keepdim=True)  # [row, 1]
-    # any column's lower bound is a lower bound of the row's maximum; the largest approximate
-    # logit's is the tightest. ``max`` gives value and index in one pass (a bfloat16
-    # ``argmax`` is 4x slower on CPU: 0.235 s against 0.060 s for 256 x 262,144)
-    top_val, top = approx.max(dim=1, keepdim=True)
-    tau = top_val.float() - radius * screen.col_norm[top.squeeze(1)].unsqueeze(1)
-    if b is not None:  # float32 round-off of the bias addition
-        tau = tau - 2.0**-22 * (top_val.abs() + b.float().abs().max())
-    loose = tau - radius * screen.col_norm.max()
-    if approx.dtype != loose.dtype:  # round the threshold down, never up
-        loose = (loose - loose.abs() * 2.0**-6).to(approx.dtype)
-    cand = (approx >= loose).any(dim=0).nonzero().squeeze(1)
-    upper = approx[:, cand].float() + radius * screen.col_norm[cand]
-    if b is not None:
-        upper = upper + 2.0**-22 * (upper.abs() + b.float()[cand].abs())
-    return cand[(upper >= tau).any(dim=0)]
 
 
 def screened_argmax(

@@ -33,6 +33,7 @@ from mechlingo.activations.decoding import (
     shared_decoding_supported,
 )
 from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard
+from mechlingo.activations.memo import current_memo
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, encode, prepends_bos, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
@@ -169,7 +170,10 @@ def _decode_batch(
     outs: list[list[list[int]]] = [[] for _ in ivs]
     groups = _shared_groups(model, sub, ivs, opts["max_rows"])
     d_max = max(d for d, _ in groups)
-    rec = record_head(model, sub, d_max) if d_max > 0 else None
+    memo = current_memo()  # a caller that scores these prompts again keeps the pass
+    rec = None
+    if d_max > 0:
+        rec = memo.record(model, sub, d_max) if memo else record_head(model, sub, d_max)
     for d, conds in groups:
         got = decode_conditions(
             model, sub, [hooks[c] for c in conds], d, max_new_tokens=n_new, eos=eos,

@@ -87,7 +87,14 @@ from mechlingo.interventions.base import Intervention
 from mechlingo.kernels.readout import token_logprobs
 from mechlingo.scoring.scorers import fact_record, gold_indices, in_english, normalize
 
-__all__ = ["RANK_TOKENS", "CandidateScores", "candidate_layout", "rank_record", "score_candidates"]
+__all__ = [
+    "RANK_TOKENS",
+    "CandidateScores",
+    "batch_order",
+    "candidate_layout",
+    "rank_record",
+    "score_candidates",
+]
 
 #: What the mean cross-entropy runs over: the whole (query) sentence, or the candidate only.
 RANK_TOKENS = ("sentence", "candidate")
@@ -422,6 +429,16 @@ def _sums(
     return own_sum, own_n, sh_sum, sh_n
 
 
+def batch_order(prefixes: Sequence[str], layouts: Sequence[Sequence[Layout]]) -> list[int]:
+    """The order in which :func:`score_candidates` batches facts: by prefix (facts with the
+    same demonstrations share passes), then by their longest candidate row (less padding),
+    then by index. ``layouts[i]``: fact ``i``'s :func:`candidate_layout` of each candidate."""
+    return sorted(
+        range(len(layouts)),
+        key=lambda i: (prefixes[i], max(len(x.ids) for x in layouts[i]), i),
+    )
+
+
 def score_candidates(
     model: Model,
     facts: Sequence[Fact],
@@ -480,9 +497,7 @@ def score_candidates(
         layouts.append([candidate_layout(model, f, c, p, stem_ids=stem) for c in cs])
     hooks = intervention_hooks(model, intervention, fwd_hooks)
     # facts with the same prefix share passes (and their demonstrations, once per pass)
-    order = sorted(
-        range(len(facts)), key=lambda i: (pre[i], max(len(x.ids) for x in layouts[i]), i)
-    )
+    order = batch_order(pre, layouts)
     ce: list[list[float]] = [[] for _ in facts]
     counts: list[list[int]] = [[] for _ in facts]
     passes = [order[k : k + batch_size] for k in range(0, len(order), batch_size)]

@@ -530,6 +530,8 @@ class _DevSearch:
         self.kw = kw
         self.en_tolerance = en_tolerance
         self.rows: list[dict[str, Any]] = []
+        self.pair_results: dict[SteeringConfig, EvalResult] = {}
+        self.pairs_on: list[Fact] = []  # the facts pair_results were scored on
 
     def score(self, facts: Sequence[Fact], iv: Intervention | None) -> EvalResult:
         return score(self.model, facts, iv, **self.kw)
@@ -592,7 +594,15 @@ class _DevSearch:
         for name, rows in cand.items():
             for j, c in enumerate(rows):
                 conds[(name, j)] = stacks[name].at(c["layer"], c["alpha"])
+        # the pairs stage tries every task x diff pair of these settings whatever their dev
+        # order, so its conditions join this call: one prefix pass over the dev split
+        for t in cand["task"]:
+            for d in cand["diff"]:
+                cfg = SteeringConfig(t["layer"], t["alpha"], d["layer"], d["alpha"])
+                conds[("both", cfg)] = _both(vectors, cfg)
         got = self.score_all(facts, conds)
+        self.pair_results = {k[1]: v for k, v in got.items() if k[0] == "both"}
+        self.pairs_on = list(facts)
         base = base if base is not None else got["base"]
         results: dict[str, tuple[dict, EvalResult]] = {}
         finalists: dict[str, list[dict]] = {}
@@ -620,17 +630,23 @@ class _DevSearch:
             for t in finalists["task"]
             for d in finalists["diff"]
         ]
-        conds: dict[Any, Intervention | None] = {
-            i: vectors.task.at(cfg.task_layer, cfg.task_alpha)
-            + vectors.diff.at(cfg.diff_layer, cfg.diff_alpha)
-            for i, cfg in enumerate(cfgs)
-        }
-        got = self.score_all(facts, conds) if conds else {}
+        same = self.pairs_on == list(facts)
+        have = self.pair_results if same else {}  # scored with the finalists, same facts
+        missing = {i: _both(vectors, cfg) for i, cfg in enumerate(cfgs) if cfg not in have}
+        extra = self.score_all(facts, missing) if missing else {}
+        got = {i: have[cfg] if cfg in have else extra[i] for i, cfg in enumerate(cfgs)}
         results: dict[str, tuple[dict, EvalResult]] = {}
         for i, cfg in enumerate(cfgs):
             r = self.row("dev", {"vector": "both", **cfg.to_json()}, got[i], base)
             results[f"both:{cfg}"] = (r, got[i])
         return results
+
+
+def _both(vectors: SteeringPair, cfg: SteeringConfig) -> Intervention:
+    """Both vectors at their settings of ``cfg``."""
+    return vectors.task.at(cfg.task_layer, cfg.task_alpha) + vectors.diff.at(
+        cfg.diff_layer, cfg.diff_alpha
+    )
 
 
 def _pair_config(row: dict[str, Any]) -> SteeringConfig:

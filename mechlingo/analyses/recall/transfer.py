@@ -32,6 +32,10 @@ the cost of one build instead of one per row. Demonstrations (few-shot and trans
 drawn from the same relation's build facts only, so a group's prompts never contain another
 relation's facts. The build facts are balanced: the same number of fact ids per relation.
 
+**Scoring the test facts once per row.** Every row scores the same test prompts of its
+columns under its own vectors, so their unpatched prefix passes are kept across rows
+(:mod:`mechlingo.activations.memo`, at most 1 GiB; the outcomes are those without it).
+
 Every scoring call goes through the protocol's scoring function, and ``**score_kw`` reaches
 it unchanged (e.g. a ``metric=``).
 """
@@ -47,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
+from mechlingo.activations.memo import PrefixMemo, reusing_prefixes
 from mechlingo.analyses.recall import dev_grid, pooled
 from mechlingo.analyses.recall.dev_grid import LeakError, check_disjoint
 from mechlingo.analyses.recall.pooled import GroupStats, balance_relations, group_stats, spread
@@ -625,6 +630,7 @@ class _Run:
         self.orig: dict[str, EvalResult] = {}
         self.cells: list[dict[str, Any]] = []
         self.choices: dict[str, dict[str, Any]] = {}
+        self.memo = PrefixMemo()
 
     def score(
         self, facts: Sequence[Fact], iv: Intervention | None | dict[str, Intervention | None]
@@ -664,7 +670,8 @@ class _Run:
             conds = {"steered": steered, "control": control}
             if c not in self.orig:
                 conds["orig"] = None
-            got = self.score(self.tests[c], conds)
+            with reusing_prefixes(self.memo):  # every row scores the same test prompts
+                got = self.score(self.tests[c], conds)
             self.orig.setdefault(c, got.get("orig"))  # type: ignore[arg-type]
             s, r = got["steered"], got["control"]
             cell = {"row": row.name, "col": c, **_cell_stats(self.orig[c], s, r, self.seed)}
