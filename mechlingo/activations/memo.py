@@ -50,7 +50,9 @@ class PrefixMemo:
     @staticmethod
     def _key(model: Model, batch: TokenBatch, d: int) -> tuple:
         t, n = batch.tokens.detach().cpu(), batch.lengths.detach().cpu()
-        w = model.W_U  # a new or edited unembedding means other weights: no hit
+        # the unembedding's storage and version guard against a reloaded or edited model
+        # (edits to other weights inside the block are not seen: keep the block to one run)
+        w = model.W_U
         return (id(model), w.data_ptr(), w._version, d, batch.pad_id, batch.has_bos,
                 tuple(t.shape), t.numpy().tobytes(), n.numpy().tobytes())  # fmt: skip
 

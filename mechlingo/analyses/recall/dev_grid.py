@@ -491,10 +491,10 @@ def choose_on_dev(
     screen = _screen_subset(dev_facts, screen_ids) if screen_ids else dev_facts
     sw = _DevSearch(model, {**kw, **metric_options(scorer, pool)}, grid.en_tolerance)
     base_screen = sw.screen(vectors, search_grid, screen)
-    results, finalists, base = sw.finalists(
+    results, finalists, base, both = sw.finalists(
         vectors, dev_facts, base_screen if screen is dev_facts else None, top_k
     )
-    results.update(sw.pairs(vectors, finalists, dev_facts, base))
+    results.update(sw.pairs(finalists, both, base))
     choice = _choose(results, finalists, base, p_threshold)
     hr: dict[str, Any] = {}
     rule: dict[str, Any] = {}
@@ -530,8 +530,6 @@ class _DevSearch:
         self.kw = kw
         self.en_tolerance = en_tolerance
         self.rows: list[dict[str, Any]] = []
-        self.pair_results: dict[SteeringConfig, EvalResult] = {}
-        self.pairs_on: list[Fact] = []  # the facts pair_results were scored on
 
     def score(self, facts: Sequence[Fact], iv: Intervention | None) -> EvalResult:
         return score(self.model, facts, iv, **self.kw)
@@ -581,10 +579,17 @@ class _DevSearch:
         facts: Sequence[Fact],
         base: EvalResult | None,
         top_k: int,
-    ) -> tuple[dict[str, tuple[dict, EvalResult]], dict[str, list[dict]], EvalResult]:
+    ) -> tuple[
+        dict[str, tuple[dict, EvalResult]],
+        dict[str, list[dict]],
+        EvalResult,
+        dict[SteeringConfig, EvalResult],
+    ]:
         """The best ``top_k`` screen settings of each vector re-scored on the whole dev split
         (with no intervention, unless ``base`` already holds it): ``{key: (row, result)}``,
-        each vector's re-scored rows, best first, and the no-intervention result."""
+        each vector's re-scored rows, best first, the no-intervention result, and every task
+        x diff pair of those settings, both vectors applied (scored in the same call, for
+        :meth:`pairs`)."""
         stacks = {"task": vectors.task, "diff": vectors.diff}
         cand = {
             name: sorted((r for r in self.rows if r["vector"] == name), key=_rank)[:top_k]
@@ -601,8 +606,6 @@ class _DevSearch:
                 cfg = SteeringConfig(t["layer"], t["alpha"], d["layer"], d["alpha"])
                 conds[("both", cfg)] = _both(vectors, cfg)
         got = self.score_all(facts, conds)
-        self.pair_results = {k[1]: v for k, v in got.items() if k[0] == "both"}
-        self.pairs_on = list(facts)
         base = base if base is not None else got["base"]
         results: dict[str, tuple[dict, EvalResult]] = {}
         finalists: dict[str, list[dict]] = {}
@@ -615,30 +618,23 @@ class _DevSearch:
                 results[f"{name}:{c['layer']}:{c['alpha']}"] = (r, res)
                 scored.append(r)
             finalists[name] = sorted(scored, key=_rank)
-        return results, finalists, base
+        both = {k[1]: v for k, v in got.items() if k[0] == "both"}
+        return results, finalists, base, both
 
     def pairs(
         self,
-        vectors: SteeringPair,
         finalists: dict[str, list[dict]],
-        facts: Sequence[Fact],
+        both: dict[SteeringConfig, EvalResult],
         base: EvalResult,
     ) -> dict[str, tuple[dict, EvalResult]]:
-        """Every task x diff pair of finalists, both vectors applied, on the whole dev split."""
-        cfgs = [
-            SteeringConfig(t["layer"], t["alpha"], d["layer"], d["alpha"])
-            for t in finalists["task"]
-            for d in finalists["diff"]
-        ]
-        same = self.pairs_on == list(facts)
-        have = self.pair_results if same else {}  # scored with the finalists, same facts
-        missing = {i: _both(vectors, cfg) for i, cfg in enumerate(cfgs) if cfg not in have}
-        extra = self.score_all(facts, missing) if missing else {}
-        got = {i: have[cfg] if cfg in have else extra[i] for i, cfg in enumerate(cfgs)}
+        """The rows of every task x diff pair of finalists (``both``: their results from
+        :meth:`finalists`), in the finalists' dev order."""
         results: dict[str, tuple[dict, EvalResult]] = {}
-        for i, cfg in enumerate(cfgs):
-            r = self.row("dev", {"vector": "both", **cfg.to_json()}, got[i], base)
-            results[f"both:{cfg}"] = (r, got[i])
+        for t in finalists["task"]:
+            for d in finalists["diff"]:
+                cfg = SteeringConfig(t["layer"], t["alpha"], d["layer"], d["alpha"])
+                r = self.row("dev", {"vector": "both", **cfg.to_json()}, both[cfg], base)
+                results[f"both:{cfg}"] = (r, both[cfg])
         return results
 
 
