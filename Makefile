@@ -43,8 +43,10 @@ lint: setup
 	$(BIN)/ruff check mechlingo tests benchmarks scripts
 	@# The type checker on the public API (the module list and why: [tool.mypy] in pyproject.toml).
 	$(BIN)/mypy
-	@# The layers (core -> kernels/data -> activations -> interventions -> analyses -> viz ->
-	@# report -> cli): no upward import, no cycle, no import inside a function but of an
+	@# The tiers (scripts/check_layers.py --order):
+	@# core -> kernels -> data -> viz -> activations -> interventions -> scoring -> analyses ->
+	@# card -> report -> __main__ | cli -> __init__ | testing
+	@# No upward import, no cycle, no import inside a function but of an
 	@# optional heavy dependency, no function over 80 lines.
 	$(BIN)/python scripts/check_layers.py
 

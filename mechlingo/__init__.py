@@ -3,12 +3,11 @@
 Start with :func:`load_model` (the embedded default is google/gemma-3-270m), bundled facts
 from :mod:`mechlingo.data`, and :func:`lens_facts` for the per-language logit lens.
 
-The package is built in tiers; each folder imports only from those before it in this list:
-``core`` (model, sites, tokens, errors) -> ``kernels`` (readout, ranking, statistics) |
-``data`` -> ``viz`` (figures from plain data) -> ``activations`` (runs, pooled statistics,
-decoding) -> ``interventions`` -> ``analyses`` (the methods: ``scoring``, ``decoders``,
-``recall``, ``experts``) -> ``card`` (the papers' claims) -> ``report`` (HTML pages) -> ``cli``
-(``docs/architecture.md``).
+The package is built in tiers; each folder imports only from those before it
+(``scripts/check_layers.py --order``; ``docs/architecture.md`` says why each sits where it does):
+
+    core -> kernels -> data -> viz -> activations -> interventions -> scoring -> analyses ->
+    card -> report -> __main__ | cli -> __init__ | testing
 """
 
 from __future__ import annotations

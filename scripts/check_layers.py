@@ -19,10 +19,14 @@ including imports inside functions and ``if TYPE_CHECKING:`` blocks, and fails o
   there it belongs inside the function that uses it (type hints under ``if TYPE_CHECKING:``),
   so that importing an analysis or a figure module does not load plotly.
 
-``--counts`` prints the numbers without failing (used for before/after comparisons).
+``--counts`` prints the numbers without failing (used for before/after comparisons);
+``--order`` prints the tier order (:func:`order_text`), the one line that every other statement
+of it (the Makefile, ``mechlingo/__init__.py``, ``docs/architecture.md``) quotes verbatim, as a
+test checks.
 
     python scripts/check_layers.py            # the contract (make lint)
     python scripts/check_layers.py --counts   # the numbers
+    python scripts/check_layers.py --order    # the tier order, as the docs quote it
 """
 
 from __future__ import annotations
@@ -75,6 +79,11 @@ HEAVY = {
 # ``LAZY_FROM``: the figures and the analyses load them when they draw or tabulate.
 LAZY = {"plotly", "pandas"}
 LAZY_FROM = "report"
+
+
+def order_text(layers: list[set[str]] = LAYERS) -> str:
+    """The tier order, lowest first, as one line: ``core -> kernels -> ... -> cli``."""
+    return " -> ".join(" | ".join(sorted(names)) for names in layers)
 
 
 def heavy(target: str, names: set[str] = HEAVY) -> bool:
@@ -323,10 +332,14 @@ def problems(scans: dict[str, Scan]) -> dict[str, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--counts", action="store_true", help="print the counts; never fail")
+    ap.add_argument("--order", action="store_true", help="print the tier order and exit")
     ap.add_argument(
         "--root", type=Path, default=ROOT, help="the package folder (default: mechlingo)"
     )
     args = ap.parse_args(argv)
+    if args.order:
+        print(order_text())
+        return 0
     found = problems(scan(args.root))
     if args.counts:
         for kind, items in found.items():

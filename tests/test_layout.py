@@ -279,3 +279,35 @@ def test_every_fig_method_is_drawn_by_a_test():
     called = set(re.findall(r"\b(fig_\w+)\(", tests))
     untested = {m: path for m, path in methods.items() if m.split(".")[-1] not in called}
     assert untested == {}
+
+
+def _words(path: Path) -> str:
+    """A file's text with comment markers dropped and whitespace collapsed."""
+    text = path.read_text(encoding="utf-8").replace("@#", " ")
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("where", ["Makefile", "mechlingo/__init__.py", "docs/architecture.md"])
+def test_the_tier_order_is_quoted_from_the_contract(where: str) -> None:
+    # The order is stated once (check_layers.LAYERS); every other statement quotes it.
+    top = Path(__file__).resolve().parents[1]
+    assert check_layers.order_text() in _words(top / where), where
+    assert check_layers.order_text().startswith("core -> kernels -> data")
+
+
+def test_no_private_function_is_unreferenced() -> None:
+    # Dead code: a module-level private function or class that nothing in the package names
+    # (only its own definition) is deleted, not kept "in case".
+    top = Path(__file__).resolve().parents[1] / "mechlingo"
+    texts = {p: p.read_text(encoding="utf-8") for p in top.rglob("*.py")}
+    everything = "\n".join(texts.values())
+    dead = []
+    for path, text in texts.items():
+        for node in ast.parse(text).body:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            name = node.name
+            if name.startswith("_") and not name.startswith("__"):
+                if len(re.findall(rf"\b{re.escape(name)}\b", everything)) <= 1:
+                    dead.append(f"{path.relative_to(top.parent)}:{node.lineno} {name}")
+    assert not dead, f"unreferenced private definitions: {dead}"

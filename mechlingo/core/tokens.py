@@ -56,7 +56,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from jaxtyping import Bool, Int
@@ -474,7 +474,6 @@ def pack_token_sets(
 # Chat templates (see the module docstring)
 # --------------------------------------------------------------------------------------
 
-ChatMode = Literal["auto", "on", "off"]
 CHAT_MODES: tuple[str, ...] = ("auto", "on", "off")
 
 _ATTR = "_mechlingo_chat"

@@ -43,7 +43,6 @@ it unchanged (e.g. a ``metric=``).
 from __future__ import annotations
 
 import html
-import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -705,8 +704,3 @@ def _row_dev(dev: Sequence[Fact], row: _Row, n_ids: int) -> list[Fact]:
     if not sel:
         raise InputError(f"row {row.name}: no dev facts of its build relations and languages")
     return sel
-
-
-def save_json(matrix: TransferMatrix) -> str:
-    """The matrix as JSON text."""
-    return json.dumps(matrix.to_json(), indent=2, ensure_ascii=False)
