@@ -16,7 +16,7 @@ import scipy.stats as sps
 
 from mechlingo.card import lu, sundar
 from mechlingo.card.rules import CLAIMS, NOT_TESTABLE
-from mechlingo.card.stats import cluster_bootstrap, group_difference_test
+from mechlingo.card.statistics import cluster_bootstrap, group_difference_test
 from mechlingo.core.errors import InputError
 from mechlingo.data import LANGS, Fact, parallel_sentences
 from mechlingo.data.candidates import with_candidates

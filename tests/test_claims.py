@@ -17,7 +17,8 @@ from mechlingo.card.rules import (
     make_row,
     rules_hash,
 )
-from mechlingo.kernels.significance import Interval, Test, paired_test, pool_controls
+from mechlingo.card.statistics import Test, paired_test, pool_controls
+from mechlingo.kernels.significance import Interval
 
 UP = Claim("up", "p", "x", "", "", "s", "f")
 DOWN = Claim("down", "p", "x", "", "", "s", "f", direction=-1, threshold=0.1)

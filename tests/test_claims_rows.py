@@ -15,7 +15,8 @@ from mechlingo.analyses.recall.dev_grid import lowest_language_dev, lowest_langu
 from mechlingo.card import replicate as rep
 from mechlingo.card import rows as cr
 from mechlingo.card.rules import HOLDS, INCONCLUSIVE, NOT_HOLDS, NOT_TESTABLE, finalize
-from mechlingo.kernels.significance import Test, paired_test, wilson
+from mechlingo.card.statistics import Test, paired_test
+from mechlingo.kernels.significance import wilson
 
 Y, N = True, False
 

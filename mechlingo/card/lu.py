@@ -46,7 +46,14 @@ from mechlingo.analyses.recall.settings import (
 )
 from mechlingo.analyses.recall.steering import SteeringConfig
 from mechlingo.card.rules import Claim, claim_by_id, make_row
-from mechlingo.card.stats import cluster_bootstrap, group_difference_test
+from mechlingo.card.statistics import (
+    Test,
+    cluster_bootstrap,
+    group_difference_test,
+    mean_test,
+    paired_test,
+    pool_controls,
+)
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import layers_at
 from mechlingo.core.stages import Stages
@@ -54,7 +61,6 @@ from mechlingo.core.types import Model
 from mechlingo.data import Fact
 from mechlingo.data.candidates import with_candidates
 from mechlingo.data.splits import split_facts, take_per_lang
-from mechlingo.kernels.significance import Test, mean_test, paired_test, pool_controls
 from mechlingo.scoring.scorers import rankc_fact
 
 __all__ = [

@@ -69,6 +69,7 @@ from mechlingo.card.rules import (
     error_row,
     finalize,
 )
+from mechlingo.card.statistics import Test, mde
 from mechlingo.core.describe import model_info
 from mechlingo.core.errors import InputError
 from mechlingo.core.stages import Stages
@@ -78,7 +79,7 @@ from mechlingo.data import LANGS, Fact, load_facts
 from mechlingo.data.splits import take_per_lang
 from mechlingo.interventions import load_intervention
 from mechlingo.kernels.ranking import auroc_and_average_precision
-from mechlingo.kernels.significance import Interval, Test, mde
+from mechlingo.kernels.significance import Interval
 
 __all__ = [
     "BUDGETS",

@@ -24,8 +24,7 @@ import numpy as np
 from scipy import stats as sps
 
 from mechlingo.card.rules import CLAIMS, RETAINED_SHARE, Claim, make_row
-from mechlingo.kernels.significance import (
-    Interval,
+from mechlingo.card.statistics import (
     Test,
     mde,
     mean_test,
@@ -34,6 +33,7 @@ from mechlingo.kernels.significance import (
     ratio_test,
     relative_test,
 )
+from mechlingo.kernels.significance import Interval
 from mechlingo.scoring.scorers import normalize
 
 __all__ = [

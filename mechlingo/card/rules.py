@@ -33,7 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from mechlingo.kernels.significance import Interval, Test, holm
+from mechlingo.card.statistics import Test, holm
+from mechlingo.kernels.significance import Interval
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -29,11 +29,10 @@ from torch import Tensor
 
 from mechlingo.analyses.experts.align import drop_empty_lines
 from mechlingo.card.rules import claim_by_id, make_row
-from mechlingo.card.stats import cluster_bootstrap
+from mechlingo.card.statistics import cluster_bootstrap, paired_test
 from mechlingo.core.errors import InputError
 from mechlingo.data import LANGS
 from mechlingo.data.natural_parallel import bundled_documents, bundled_parallel, split_by_documents
-from mechlingo.kernels.significance import paired_test
 
 __all__ = ["align_details", "parallel_parts", "rows_align_extra", "sentence_values"]
 
