@@ -282,14 +282,20 @@ def test_decoder_rows_by_hand():
         "decoders": {
             "logit": {"items": items},
             "tuned": {"untestable": "no lens"},
-            "patchscope": {"items": []},
+            "patchscope": {"items": items},
         }
     }
     rows = {r["id"]: r for r in lu.rows_decoders(data)}
-    assert rows["latent_english_logit"]["value"]["estimate"]["estimate"] == pytest.approx(6 / 8)
-    assert rows["latent_english_logit"]["per_lang"] == {"fr": [6, 8]}
+    # the logit lens re-reads latent_english's trace records: no second row of it
+    assert set(rows) == {"latent_english_tuned", "latent_english_patchscope"}
+    assert rows["latent_english_patchscope"]["value"]["estimate"]["estimate"] == pytest.approx(
+        6 / 8
+    )
+    assert rows["latent_english_patchscope"]["per_lang"] == {"fr": [6, 8]}
     assert rows["latent_english_tuned"]["verdict"] == NOT_TESTABLE
-    assert rows["latent_english_patchscope"]["verdict"] == NOT_TESTABLE
+    data["decoders"]["patchscope"] = {"items": []}
+    (_, empty) = lu.rows_decoders(data)
+    assert empty["verdict"] == NOT_TESTABLE
 
 
 def test_conversion_band_and_row_by_hand():
@@ -477,7 +483,7 @@ def test_facts_dir_benchmark_adds_external_rows(tiny_dir, tmp_path, monkeypatch)
         assert r["value"]["estimate"]["n"] == 16 and r["value"]["n_clusters"] == 8
         assert r["control"] is not None and r["vs_control"] is not None
         assert "metric rank" in r["details"]
-    for cid in ("latent_english_logit", "latent_english_patchscope", "conversion_causal"):
+    for cid in ("latent_english", "latent_english_patchscope", "conversion_causal"):
         assert rows[cid]["verdict"] != "error", rows[cid]
     assert rows["latent_english_tuned"]["verdict"] == NOT_TESTABLE
     page = (out / "report.html").read_text()

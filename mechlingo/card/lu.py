@@ -455,7 +455,7 @@ def rows_decoders(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One latent-English row per decoder: the share of ordered prompts where English comes
     first, clustered by fact, against 0.5."""
     rows = []
-    for name in DECODERS:
+    for name in DECODERS[1:]:  # the logit lens is latent_english's own measurement: no row
         claim = _claim(f"latent_english_{name}")
         d = data["decoders"].get(name) or {"untestable": "the decoder did not run"}
         if "untestable" in d:

@@ -500,7 +500,7 @@ def claim_rows(stages: Mapping[str, Any], papers: Sequence[str]) -> list[dict[st
     """Every claim's rows of ``papers`` from the stages' stored results (``{"error": ...}``
     for a failed stage), in the order of :data:`~mechlingo.card.rules.CLAIMS` (a claim
     judged in several readings has one row per reading, each with its ``variant``), after
-    :func:`~mechlingo.card.rules.finalize` (Holm over the card, then the verdicts). A
+    :func:`~mechlingo.card.rules.finalize` (each family adjusted, then the verdicts). A
     row builder that fails on a result also becomes an error row."""
     built: dict[str, list[dict[str, Any]]] = {}
     for name, fn in _ROWS:
