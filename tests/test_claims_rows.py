@@ -250,6 +250,11 @@ def test_clamp_row_uses_the_measurement_samples():
     many = {r["id"]: r for r in finalize(cr.rows_experts(_experts_data(draws=99)))}
     assert many["clamp_steers"]["vs_control"]["p"] == pytest.approx(0.01)
     assert many["clamp_steers"]["verdict"] == HOLDS
+    d = _experts_data()
+    d["auroc"]["random_draws"] = [0.5] * 98 + [1.0]  # 99 random sets, one ties the experts
+    (ex,) = [r for r in cr.rows_experts(d) if r["id"] == "experts_exist"]
+    assert ex["vs_control"]["p"] == pytest.approx(2 / 100)
+    assert ex["vs_control"]["estimate"]["estimate"] == pytest.approx(1.0 - (49 + 1) / 99)
     dis = rows["experts_disjoint"]
     excess = np.mean([0.01, 0.02, 0.015, 0.03, 0.02, 0.01]) - 0.01  # over chance k/N = 0.01
     assert dis["value"]["estimate"]["estimate"] == pytest.approx(excess)

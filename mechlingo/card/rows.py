@@ -45,6 +45,7 @@ from mechlingo.scoring.scorers import normalize
 __all__ = [
     "RETAINED_SHARE",
     "chance_overlap",
+    "rank_test",
     "overlap_test",
     "repair_floor",
     "rows_align",
@@ -341,13 +342,44 @@ def chance_overlap(matrix: Sequence[Sequence[float]], k: int, n_neurons: int) ->
                 extra)  # fmt: skip
 
 
+def rank_test(effect: float | None, draws: Sequence[float], direction: int = 1) -> Test:
+    """A statistic of the effect against the same statistic of m random draws (the largest
+    per-pair ratio against the random clamps' own maxima; a median AUROC against random
+    neuron sets'). ``p``: the exact one-sided permutation p ``(1 + #{draws at least as far in
+    direction}) / (m + 1)`` (floor ``1/(m + 1)``: 0.5 for one draw); the estimate is effect -
+    mean of the draws with a t interval from the draws' spread (a new draw's; undefined for
+    one draw)."""
+    x = np.asarray([v for v in draws if np.isfinite(v)], dtype=float)
+    m = len(x)
+    if effect is None or m == 0:
+        return Test(Interval(None, None, None, m), None, None, m, "no random-clamp maximum")
+    est = float(effect - x.mean())
+    p = (1 + int((direction * (x - effect) >= -1e-12).sum())) / (m + 1)
+    p_opp = (1 + int((direction * (effect - x) >= -1e-12).sum())) / (m + 1)
+    lo = hi = se = None
+    if m >= 2:
+        se = float(x.std(ddof=1) * np.sqrt(1 + 1 / m))
+        half = float(sps.t.ppf(0.975, m - 1)) * se
+        lo, hi = est - half, est + half
+    extra = {"one_sided": True, "direction": direction, "p_opposite": p_opp, "draws": m,
+             "p_floor": 1 / (m + 1), "draw_stats": x.tolist(), "se": se, "df": m - 1,
+             "interval": "t"}  # fmt: skip
+    method = (
+        f"effect vs {m} random draws' statistic; p: its rank (exact permutation, floor 1/{m + 1})"
+    )
+    return Test(Interval(est, lo, hi, m), p, None, m, method, extra)
+
+
 def rows_experts(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     """``experts_exist`` (held-out AUROC at the clamp's k against random neurons),
     ``experts_disjoint`` (overlap, languages as units) and ``clamp_steers`` (on BOS samples
     that did not choose k)."""
     a = data["auroc"]
-    rows = [make_row(_claim("experts_exist"), Test.from_json(a["experts"]),
-                     Test.from_json(a["random"]), vs_control=Test.from_json(a["vs_random"]),
+    eff = Test.from_json(a["experts"])
+    vs = Test.from_json(a["vs_random"])
+    if a.get("random_draws"):  # a population of random neuron sets: the experts' rank
+        vs = rank_test(eff.estimate.estimate, [float(x) for x in a["random_draws"]])
+    rows = [make_row(_claim("experts_exist"), eff, Test.from_json(a["random"]), vs_control=vs,
                      details=f"top {a['k']} {data['target']} experts (the clamp's k: "
                      f"{a['k_rule']}); {a['n_pos']} of {a['n']} held-out sentences in "
                      f"{data['target']}, {a['n_clusters']} sentence clusters")]  # fmt: skip

@@ -29,12 +29,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mechlingo.analyses.experts.align import drop_empty_lines
+from mechlingo.card.rows import rank_test
 from mechlingo.card.rules import claim_by_id, make_row
-from mechlingo.card.statistics import Test, cluster_bootstrap, paired_test, population_test
+from mechlingo.card.statistics import cluster_bootstrap, paired_test, population_test
 from mechlingo.core.errors import InputError
 from mechlingo.data import LANGS
 from mechlingo.data.natural_parallel import bundled_documents, bundled_parallel, split_by_documents
-from mechlingo.kernels.significance import Interval
 
 __all__ = ["align_details", "parallel_parts", "rows_align_extra", "sentence_values"]
 
@@ -173,7 +173,7 @@ def _row_ratio(d: Mapping[str, Any], which: str) -> dict[str, Any]:
     if has_ctl:
         ctl = cluster_bootstrap(m, d["docs"], stat(2), null=null, method=f"{which}, random clamp")
         if which == "max":  # the clamp's maximum against the random clamps' own maxima
-            vs = max_rank_test(eff.estimate.estimate, _draw_maxima(d, p))
+            vs = rank_test(eff.estimate.estimate, _draw_maxima(d, p))
         else:
             vs = cluster_bootstrap(m, d["docs"], lambda r: stat(1)(r) - stat(2)(r),
                                    method=f"{which}: clamp - random clamp")  # fmt: skip
@@ -194,32 +194,6 @@ def _draw_maxima(d: Mapping[str, Any], n_pairs: int) -> list[float]:
         r = np.where(pre > 0, new / np.where(pre > 0, pre, 1), np.nan)
         out.append(float(np.nanmax(r)) if np.isfinite(r).any() else float("nan"))
     return out
-
-
-def max_rank_test(effect: float | None, draws: Sequence[float]) -> Test:
-    """The clamp's largest per-pair ratio against the random clamps' own maxima (the "up to
-    2x" row: a maximum of many noisy ratios is large by chance). ``p``: the exact one-sided
-    permutation p ``(1 + #{draw max >= effect}) / (m + 1)`` (floor ``1/(m + 1)``: 0.5 for one
-    draw); the estimate is effect - mean of the draws' maxima with a t interval from the
-    draws' spread (a new draw's; undefined for one draw)."""
-    x = np.asarray([v for v in draws if np.isfinite(v)], dtype=float)
-    m = len(x)
-    if effect is None or m == 0:
-        return Test(Interval(None, None, None, m), None, None, m, "no random-clamp maximum")
-    est = float(effect - x.mean())
-    p = (1 + int((x >= effect - 1e-12).sum())) / (m + 1)
-    p_opp = (1 + int((x <= effect + 1e-12).sum())) / (m + 1)
-    lo = hi = se = None
-    if m >= 2:
-        se = float(x.std(ddof=1) * np.sqrt(1 + 1 / m))
-        half = float(sps.t.ppf(0.975, m - 1)) * se
-        lo, hi = est - half, est + half
-    extra = {"one_sided": True, "direction": 1, "p_opposite": p_opp, "draws": m,
-             "p_floor": 1 / (m + 1), "draw_stats": x.tolist(), "se": se, "df": m - 1,
-             "interval": "t"}  # fmt: skip
-    method = (f"largest ratio vs the {m} random clamps' own maxima; p: its rank (exact "
-              f"permutation, floor 1/{m + 1})")  # fmt: skip
-    return Test(Interval(est, lo, hi, m), p, None, m, method, extra)
 
 
 def _row_predicts(d: Mapping[str, Any]) -> dict[str, Any]:
