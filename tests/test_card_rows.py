@@ -15,8 +15,8 @@ import pytest
 import scipy.stats as sps
 
 from mechlingo.card import lu, sundar
-from mechlingo.card.rules import CLAIMS, NOT_TESTABLE
-from mechlingo.card.stats import cluster_bootstrap, group_difference_test
+from mechlingo.card.rules import CLAIMS, INCONCLUSIVE, NOT_TESTABLE
+from mechlingo.card.statistics import cluster_bootstrap, group_difference_test
 from mechlingo.core.errors import InputError
 from mechlingo.data import LANGS, Fact, parallel_sentences
 from mechlingo.data.candidates import with_candidates
@@ -195,34 +195,41 @@ def test_repair_extra_rows_by_hand():
         "english_gap",
         "consistency",
         "task_repairs_recall",
-        "diff_repairs_translation",
         "both_beat_single",
     }
     # gap: mean over the 16 (fact, L) pairs of en - L
     gap = np.mean([ORIG[(i, "en")] - ORIG[(i, lg)] for i in IDS for lg in ("fr", "es")])
     assert rows["english_gap"]["value"]["estimate"]["estimate"] == pytest.approx(gap)
     assert rows["english_gap"]["value"]["n_clusters"] == 8
-    # task gain on recall-failure items (f0-f3) minus on translation failures (f4-f7)
-    g = {k: TASK[k] - ORIG[k] for k in TASK if k[1] != "en"}
+    # a difference in differences: (task - diff) on recall failures (f0-f3) minus on
+    # translation failures (f4-f7); the diff vector's own-class contrast is the same number,
+    # so it has no row of its own
+    g = {k: TASK[k] - DIFF[k] for k in TASK if k[1] != "en"}
     rf = np.mean([v for (i, _), v in g.items() if IDS.index(i) < 4])
     tf = np.mean([v for (i, _), v in g.items() if IDS.index(i) >= 4])
     assert rows["task_repairs_recall"]["value"]["estimate"]["estimate"] == pytest.approx(rf - tf)
-    gd = {k: DIFF[k] - ORIG[k] for k in DIFF if k[1] != "en"}
-    tf2 = np.mean([v for (i, _), v in gd.items() if IDS.index(i) >= 4])
-    rf2 = np.mean([v for (i, _), v in gd.items() if IDS.index(i) < 4])
-    est = rows["diff_repairs_translation"]["value"]["estimate"]["estimate"]
-    assert est == pytest.approx(tf2 - rf2)
+    assert rows["task_repairs_recall"]["value"]["n_clusters"] == 8
+    assert "difference in differences" in rows["task_repairs_recall"]["details"]
     # both vs the dev-better single vector (task)
     bb = np.mean([BOTH[k] - TASK[k] for k in BOTH if k[1] != "en"])
     assert rows["both_beat_single"]["value"]["estimate"]["estimate"] == pytest.approx(bb)
 
-    # consistency (no rankings): CLC = |both right| / |either right| with English, after - before
+    # consistency (no rankings): CLC = |both right| / |either right| with English, after -
+    # before, minus the change that independent answers at the same accuracies would give
     def clc(c):
         pairs = [(c[(i, lg)], c[(i, "en")]) for i in IDS for lg in ("fr", "es")]
         return sum(a and b for a, b in pairs) / sum(a or b for a, b in pairs)
 
+    def null(c):  # per language: p_L p_en / (p_L + p_en - p_L p_en), items weighted
+        num = den = 0.0
+        for lg in ("fr", "es"):
+            pl = np.mean([c[(i, lg)] for i in IDS])
+            pe = np.mean([c[(i, "en")] for i in IDS])
+            num, den = num + 8 * pl * pe, den + 8 * (pl + pe - pl * pe)
+        return num / den
+
     assert rows["consistency"]["value"]["estimate"]["estimate"] == pytest.approx(
-        clc(BOTH) - clc(ORIG)
+        clc(BOTH) - clc(ORIG) - (null(BOTH) - null(ORIG))
     )
     assert rows["consistency"]["consistency"] == "CLC"
 
@@ -282,14 +289,20 @@ def test_decoder_rows_by_hand():
         "decoders": {
             "logit": {"items": items},
             "tuned": {"untestable": "no lens"},
-            "patchscope": {"items": []},
+            "patchscope": {"items": items},
         }
     }
     rows = {r["id"]: r for r in lu.rows_decoders(data)}
-    assert rows["latent_english_logit"]["value"]["estimate"]["estimate"] == pytest.approx(6 / 8)
-    assert rows["latent_english_logit"]["per_lang"] == {"fr": [6, 8]}
+    # the logit lens re-reads latent_english's trace records: no second row of it
+    assert set(rows) == {"latent_english_tuned", "latent_english_patchscope"}
+    assert rows["latent_english_patchscope"]["value"]["estimate"]["estimate"] == pytest.approx(
+        6 / 8
+    )
+    assert rows["latent_english_patchscope"]["per_lang"] == {"fr": [6, 8]}
     assert rows["latent_english_tuned"]["verdict"] == NOT_TESTABLE
-    assert rows["latent_english_patchscope"]["verdict"] == NOT_TESTABLE
+    data["decoders"]["patchscope"] = {"items": []}
+    (_, empty) = lu.rows_decoders(data)
+    assert empty["verdict"] == NOT_TESTABLE
 
 
 def test_conversion_band_and_row_by_hand():
@@ -376,6 +389,18 @@ def test_align_extra_rows_by_hand():
         np.median(ratio) - 1
     )
     assert rows["retrieval_gain_max"]["control"]["estimate"]["estimate"] == pytest.approx(1.0)
+    # against the random clamp's own maximum (here 1.0): one draw, the permutation floor 1/2
+    vs = rows["retrieval_gain_max"]["vs_control"]
+    assert vs["p"] == 0.5 and vs["estimate"]["estimate"] == pytest.approx(ratio.max() - 1.0)
+    assert rows["retrieval_gain_max"]["verdict"] == INCONCLUSIVE
+    # a population of random clamps, one of them with a larger maximum than the clamp's
+    big = {**d["control"], "hits": np.clip(pre_h * 0 + 1, 0, 1).tolist()}
+    d2 = {**d, "controls": [d["control"]] * 3 + [big]}
+    vs2 = {r["id"]: r for r in sundar.rows_align_extra({"details": d2})}["retrieval_gain_max"]
+    draw_max = max((1 / pre_h.mean(1)).max(), 1.0)
+    want = (1 + sum(x >= ratio.max() for x in [1.0, 1.0, 1.0, draw_max])) / 5
+    assert vs2["vs_control"]["p"] == pytest.approx(want)
+    assert vs2["vs_control"]["extra"]["draws"] == 4
     rho = sps.spearmanr(post_d.mean(1) - pre_d.mean(1), post_h.mean(1) - pre_h.mean(1))
     assert rows["distance_predicts_retrieval"]["value"]["estimate"]["estimate"] == (
         pytest.approx(rho.statistic)
@@ -477,7 +502,7 @@ def test_facts_dir_benchmark_adds_external_rows(tiny_dir, tmp_path, monkeypatch)
         assert r["value"]["estimate"]["n"] == 16 and r["value"]["n_clusters"] == 8
         assert r["control"] is not None and r["vs_control"] is not None
         assert "metric rank" in r["details"]
-    for cid in ("latent_english_logit", "latent_english_patchscope", "conversion_causal"):
+    for cid in ("latent_english", "latent_english_patchscope", "conversion_causal"):
         assert rows[cid]["verdict"] != "error", rows[cid]
     assert rows["latent_english_tuned"]["verdict"] == NOT_TESTABLE
     page = (out / "report.html").read_text()

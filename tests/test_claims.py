@@ -1,23 +1,28 @@
-"""The card's rules (mechlingo.card.rules): four verdicts on hand-made tests, Holm over
-the card, the frozen-rules hash."""
+"""The card's rules (mechlingo.card.rules): the verdicts on hand-made tests, the families'
+adjustments (Holm in a primary family, Benjamini-Hochberg for the rest), the frozen-rules hash."""
 
 from __future__ import annotations
 
 import pytest
 
+from mechlingo.card.claims import row_family
 from mechlingo.card.rules import (
     CLAIMS,
+    FLOOR,
     HOLDS,
     INCONCLUSIVE,
     NOT_HOLDS,
     NOT_TESTABLE,
+    PRIMARY,
+    RULES,
     RULES_HASH,
     Claim,
     finalize,
     make_row,
     rules_hash,
 )
-from mechlingo.kernels.significance import Interval, Test, paired_test, pool_controls
+from mechlingo.card.statistics import Test, paired_test, pool_controls, population_test
+from mechlingo.kernels.significance import Interval
 
 UP = Claim("up", "p", "x", "", "", "s", "f")
 DOWN = Claim("down", "p", "x", "", "", "s", "f", direction=-1, threshold=0.1)
@@ -27,6 +32,16 @@ REL = Claim("rel", "p", "x", "", "", "s", "f", threshold=0.35)
 
 def T(est, lo, hi, p=0.001, n=40):  # noqa: N802
     return Test(Interval(est, lo, hi, n), p, 0.1, n, "hand")
+
+
+PRIMARY_UP = Claim("pup", "p", "x", "", "", "s", "f", family="primary")
+PRIMARY_NULL = Claim("pnull", "p", "x", "", "", "s", "f", kind="null", margin=0.05,
+                     family="primary")  # fmt: skip
+
+
+def _family(claim, tests):
+    """finalize over a family of rows of ``claim`` (one per effect test)."""
+    return finalize([make_row(claim, t) for t in tests])
 
 
 @pytest.mark.parametrize(
@@ -44,8 +59,9 @@ def T(est, lo, hi, p=0.001, n=40):  # noqa: N802
         (DOWN, T(0.2, 0.12, 0.3), None, NOT_HOLDS),
         (NULL, T(0.01, -0.03, 0.04, p=0.001), None, HOLDS),  # short of +0.05, equivalence p
         (NULL, T(0.01, -0.05, 0.07, p=0.3), None, INCONCLUSIVE),  # reaches the margin
-        (NULL, T(0.1, 0.02, 0.2), None, NOT_HOLDS),  # a rise
-        (NULL, T(-0.1, -0.2, -0.02, p=1e-4), None, HOLDS),  # a fall is not a rise
+        (NULL, T(0.1, 0.06, 0.2), None, NOT_HOLDS),  # a rise beyond the margin
+        (NULL, T(0.1, 0.02, 0.2), None, INCONCLUSIVE),  # a rise that reaches into the margin
+        (NULL, T(-0.1, -0.2, -0.06), None, NOT_HOLDS),  # equivalence: a fall is an effect too
         (REL, T(0.5, 0.36, 0.7), None, HOLDS),
         (REL, T(0.5, 0.30, 0.7, p=0.2), None, INCONCLUSIVE),  # > 0 but not surely > 35%
         (REL, T(0.1, 0.0, 0.3), None, NOT_HOLDS),  # surely below 35%
@@ -80,7 +96,7 @@ def test_an_effect_equal_to_its_control_does_not_hold():
 
 
 def test_holm_over_the_card_changes_a_verdict():
-    rows = [make_row(UP, T(0.2, 0.05, 0.35, p=0.02)) for _ in range(3)]
+    rows = [make_row(PRIMARY_UP, T(0.2, 0.05, 0.35, p=0.02)) for _ in range(3)]
     assert all(r["verdict"] == HOLDS for r in rows)  # each alone, raw p 0.02
     done = finalize(rows + [make_row(UP, None, untestable="no headroom")])
     assert [r["p_adjusted"] for r in done[:3]] == pytest.approx([0.06] * 3)
@@ -101,3 +117,90 @@ def test_rules_hash_is_frozen_and_sees_a_threshold():
              for c in CLAIMS]  # fmt: skip
     assert rules_hash(moved) != RULES_HASH
     assert all(c.margin is not None for c in CLAIMS if c.kind == "null")
+    fam = [Claim(c.id, c.paper, c.text, c.paper_number, c.measure, c.stage, c.figure, c.kind,
+                 c.direction, c.threshold, c.control_threshold, c.margin, family="secondary")
+           for c in CLAIMS]  # fmt: skip
+    assert rules_hash(fam) != RULES_HASH  # the families are part of the frozen rules
+
+
+def test_mirror_images_get_mirror_verdicts_at_the_adjusted_level():
+    """+x and -x with the same p in families of the same size: "holds" and "does not hold"
+    at the same adjusted level; a refutation that holds at 95% alone does not survive Holm."""
+    other = [T(0.0, -0.3, 0.3, p=0.9)] * 2
+    up = _family(PRIMARY_UP, [T(0.2, 0.1, 0.3, p=0.001)] + other)[0]
+    down = _family(PRIMARY_UP, [T(-0.2, -0.3, -0.1, p=0.001)] + other)[0]
+    assert (up["verdict"], down["verdict"]) == (HOLDS, NOT_HOLDS)
+    assert up["p_adjusted"] == down["p_adjusted"] == pytest.approx(0.003)
+    assert up["adjustment"]["level"] == down["adjustment"]["level"] == pytest.approx(1 - 0.05 / 3)
+    weak = T(-0.1, -0.19, -0.01, p=0.03)  # below 0 at 95%, p = 0.03
+    (alone,) = finalize([make_row(PRIMARY_UP, weak)])
+    assert alone["verdict"] == NOT_HOLDS
+    fam = _family(PRIMARY_UP, [weak, *other])
+    assert fam[0]["verdict"] == INCONCLUSIVE  # 98.3% interval reaches 0; 3 x 0.03 > 0.05
+    assert fam[0]["value_adjusted"]["hi"] > 0 and fam[0]["mde"] > 0.1  # MDE at 98.3%
+    mirror = _family(PRIMARY_UP, [T(0.1, 0.01, 0.19, p=0.03), *other])
+    assert mirror[0]["verdict"] == INCONCLUSIVE
+
+
+def test_equivalence_inside_the_margin_holds():
+    """+0.015 [0.010, 0.021] with margin 0.05 is "holds" (inside), not "does not hold"."""
+    t = Test(Interval(0.015, 0.010, 0.021, 40), 1e-6, 0.008, 40, "hand",
+             {"se": 0.0027, "df": 39, "interval": "t"})  # fmt: skip
+    (row,) = finalize([make_row(PRIMARY_NULL, t)])
+    assert row["verdict"] == HOLDS and row["p"] < 1e-10
+    beyond = Test(Interval(0.09, 0.07, 0.11, 40), 1e-9, 0.01, 40, "hand",
+                  {"se": 0.01, "df": 39, "interval": "t"})  # fmt: skip
+    (row,) = finalize([make_row(PRIMARY_NULL, beyond)])
+    assert row["verdict"] == NOT_HOLDS and row["p"] == pytest.approx(1.0, abs=1e-3)
+    edge = Test(Interval(0.04, 0.0, 0.08, 40), 0.05, 0.05, 40, "hand",
+                {"se": 0.02, "df": 39, "interval": "t"})  # fmt: skip
+    (row,) = finalize([make_row(PRIMARY_NULL, edge)])
+    assert row["verdict"] == INCONCLUSIVE
+
+
+def test_floor_and_missing_control_never_hold():
+    strong = T(0.5, 0.4, 0.6, p=1e-6)
+    (row,) = finalize([make_row(PRIMARY_UP, strong, floor="orig, task and every random draw "
+                                "score 0 of 40")])  # fmt: skip
+    assert row["verdict"] == FLOOR and "0 of 40" in row["reason"] and row["p"] is None
+    (row,) = finalize([make_row(PRIMARY_UP, strong, missing_control="no mismatched-fact layers")])
+    assert row["verdict"] == INCONCLUSIVE and "control is missing" in row["reason"]
+
+
+def test_one_random_draw_cannot_support_holds():
+    base, new = [0] * 30 + [1] * 10, [1] * 40
+    draw = [0] * 30 + [1] * 10
+    vs = population_test(new, [draw], list(range(40)), base=base)
+    (row,) = finalize([make_row(PRIMARY_UP, paired_test(base, new), vs_control=vs)])
+    assert vs.p == 0.5 and row["verdict"] == INCONCLUSIVE and "at least 0.5" in row["reason"]
+    draws = [draw] * 19  # 19 draws that all do worse: p = 1/20 < 0.05
+    vs = population_test(new, draws, list(range(40)), base=base)
+    (row,) = finalize([make_row(PRIMARY_UP, paired_test(base, new), vs_control=vs)])
+    assert vs.p == pytest.approx(0.05) and row["verdict"] == INCONCLUSIVE  # p = 0.05, not < 0.05
+
+
+def test_secondary_rows_do_not_change_primary_verdicts():
+    prim = [make_row(PRIMARY_UP, T(0.2, 0.05, 0.35, p=p)) for p in (0.004, 0.01, 0.02)]
+    alone = finalize(prim)
+    sec = [make_row(UP, T(0.1, 0.0, 0.2, p=p)) for p in (0.001, 0.3, 0.04, 0.5, 0.01) * 4]
+    both = finalize(sec[:10] + prim + sec[10:])
+    got = [r for r in both if r["family"] == "primary"]
+    assert [r["verdict"] for r in got] == [r["verdict"] for r in alone]
+    assert [r["p_adjusted"] for r in got] == [r["p_adjusted"] for r in alone]
+    assert all("Holm over the 3 primary rows" in r["adjustment"]["method"] for r in got)
+    assert all("exploratory" in r["adjustment"]["method"] for r in both if r["family"] ==
+               "secondary")  # fmt: skip
+
+
+def test_the_papers_primary_families():
+    assert PRIMARY == {
+        "lu2025": ("latent_english", "recall_failures", "task_vector", "diff_vector",
+                   "lowest_language"),
+        "sundar2025": ("experts_exist", "experts_disjoint", "clamp_steers", "clamp_closer",
+                       "retrieval_improves", "random_neurons"),
+    }  # fmt: skip
+    assert "latent_english_logit" not in {c.id for c in CLAIMS}  # one measurement, one row
+    low = next(c for c in CLAIMS if c.id == "lowest_language")
+    assert row_family(low, "headroom rule, relative") == "primary"
+    assert row_family(low, "literal rule, points") == "secondary"
+    assert "headroom" in RULES["families"]

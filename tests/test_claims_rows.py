@@ -14,8 +14,9 @@ from scipy import stats as sps
 from mechlingo.analyses.recall.dev_grid import lowest_language_dev, lowest_language_rule
 from mechlingo.card import replicate as rep
 from mechlingo.card import rows as cr
-from mechlingo.card.rules import HOLDS, INCONCLUSIVE, NOT_HOLDS, NOT_TESTABLE, finalize
-from mechlingo.kernels.significance import Test, paired_test, wilson
+from mechlingo.card.rules import FLOOR, HOLDS, INCONCLUSIVE, NOT_HOLDS, NOT_TESTABLE, finalize
+from mechlingo.card.statistics import Test, paired_test
+from mechlingo.kernels.significance import wilson
 
 Y, N = True, False
 
@@ -100,7 +101,9 @@ def test_repair_rows_cluster_by_fact_and_pool_the_seeds():
     assert task["vs_control"]["estimate"]["estimate"] == pytest.approx(
         want.estimate.estimate - 0.5 / 30
     )
-    assert task["verdict"] == HOLDS and task["p_adjusted"] < 0.05
+    # two random draws: the effect's rank among them can give p = 1/3 at best
+    assert task["vs_control"]["p"] == pytest.approx(1 / 3) and task["verdict"] == INCONCLUSIVE
+    assert "at least 0.333" in task["reason"]
     assert rows[("diff_vector", None)]["verdict"] != HOLDS  # no change at all
     # the lowest language: literal ru (baseline 0: the relative reading is untestable, with
     # its reason, and the points reading is judged), headroom es+fr pooled (20 items)
@@ -112,7 +115,29 @@ def test_repair_rows_cluster_by_fact_and_pool_the_seeds():
     head = rows[("lowest_language", "headroom rule, relative")]
     assert head["value"]["estimate"]["n"] == 20 and head["langs"] == ["es", "fr"]
     assert head["value"]["estimate"]["estimate"] == pytest.approx(19 / 4 - 1)
+    assert head["family"] == "primary" and pts["family"] == "secondary"
     assert all(math.isfinite(head["value"]["estimate"][k]) for k in ("lo", "hi"))
+
+
+def test_a_population_of_99_draws_lets_the_task_vector_hold():
+    d = _repair_data()
+    for i in range(2, 99):  # 99 draws, none as good as the task vector: p = 1/100
+        d["outcomes"][f"random_s{i}"] = d["outcomes"]["random_s1"]
+    rows = {(r["id"], r.get("variant")): r for r in finalize(cr.rows_repair(d))}
+    task = rows[("task_vector", None)]
+    assert task["vs_control"]["p"] == pytest.approx(0.01) and task["verdict"] == HOLDS
+    assert task["adjustment"]["method"].startswith("Holm over the")
+
+
+def test_repair_rows_at_the_floor():
+    d = _repair_data()
+    d["outcomes"] = {c: {lg: [N] * 10 for lg in v} for c, v in d["outcomes"].items()}
+    rows = finalize(cr.rows_repair(d))
+    assert {r["verdict"] for r in rows if r["id"] in ("task_vector", "random_vector")} == {FLOOR}
+    assert all(r["verdict"] != HOLDS for r in rows)
+    d = _repair_data()
+    d["floor"] = "dev accuracy 0.00 under generate, below the floor 0.05"
+    assert {r["verdict"] for r in finalize(cr.rows_repair(d))} == {FLOOR}
 
 
 def test_no_headroom_is_not_testable_with_its_reason():
@@ -195,17 +220,23 @@ def test_auroc_tests_cluster_by_sentence():
     assert v.estimate.lo > 0 and e.estimate.lo <= e.estimate.estimate <= e.estimate.hi
 
 
-def _experts_data(k=50):
+OVERLAP = [[1.0, 0.01, 0.02, 0.015], [0.01, 1.0, 0.03, 0.02], [0.02, 0.03, 1.0, 0.01],
+           [0.015, 0.02, 0.01, 1.0]]  # fmt: skip
+
+
+def _experts_data(k=50, draws=1):
     test = Test.from_json(paired_test([0] * 10, [1] * 10).to_json()).to_json()
-    bos = {"none": [0] * 16, "experts": [1] * 12 + [0] * 4, "random": [0] * 15 + [1]}
+    bos = {"none": [0] * 16, "experts": [1] * 12 + [0] * 4}
     curve = [{"arm": a, "k": 0 if a == "none" else k, "bos_hits": h,
               "target_rate_bos": sum(h) / 16} for a, h in bos.items()]  # fmt: skip
+    curve += [{"arm": "random", "k": k, "bos_hits": [0] * 15 + [1], "target_rate_bos": 1 / 16,
+               "draw": i} for i in range(draws)]  # fmt: skip
     return {
         "target": "es", "measure_curve": curve, "measure_seed": 1,
         "choice_papers": {"k": k, "ppl_budget": 2.0}, "choice_strict": {"k": None},
         "auroc": {"experts": test, "random": test, "vs_random": test, "k": k, "n": 40,
                   "n_pos": 4, "n_clusters": 4, "k_rule": "the papers' rule"},
-        "overlap": {"k": k, "matrix": (np.eye(4) + 0.01).tolist(), "chance": 0.01},
+        "overlap": {"k": k, "matrix": OVERLAP, "chance": 0.01},
     }  # fmt: skip
 
 
@@ -214,8 +245,25 @@ def test_clamp_row_uses_the_measurement_samples():
     st = rows["clamp_steers"]
     assert st["value"]["extra"]["fixed"] == 12 and st["value"]["p"] == pytest.approx(2 * 0.5**12)
     assert st["vs_control"]["estimate"]["estimate"] == pytest.approx(11 / 16)
-    assert st["verdict"] == HOLDS and "fresh BOS samples" in st["details"]
-    assert rows["experts_disjoint"]["verdict"] == HOLDS  # 0.01 overlap, 4 languages
+    assert st["verdict"] == INCONCLUSIVE and "fresh BOS samples" in st["details"]
+    assert st["vs_control"]["extra"]["p_floor"] == 0.5  # one random draw
+    many = {r["id"]: r for r in finalize(cr.rows_experts(_experts_data(draws=99)))}
+    assert many["clamp_steers"]["vs_control"]["p"] == pytest.approx(0.01)
+    assert many["clamp_steers"]["verdict"] == HOLDS
+    d = _experts_data()
+    d["auroc"]["random_draws"] = [0.5] * 98 + [1.0]  # 99 random sets, one ties the experts
+    (ex,) = [r for r in cr.rows_experts(d) if r["id"] == "experts_exist"]
+    assert ex["vs_control"]["p"] == pytest.approx(2 / 100)
+    assert ex["vs_control"]["estimate"]["estimate"] == pytest.approx(1.0 - (49 + 1) / 99)
+    dis = rows["experts_disjoint"]
+    excess = np.mean([0.01, 0.02, 0.015, 0.03, 0.02, 0.01]) - 0.01  # over chance k/N = 0.01
+    assert dis["value"]["estimate"]["estimate"] == pytest.approx(excess)
+    assert dis["verdict"] == HOLDS and dis["p"] > 0
+    assert dis["control"]["estimate"]["estimate"] == pytest.approx(0.01)
+    # the pair sharing 0.03 of 50 (2 neurons) of N = 5000: exact hypergeometric p
+    assert min(dis["control"]["extra"]["pair_p"]) == pytest.approx(
+        sps.hypergeom.sf(1, 5000, 50, 50)
+    )
     d = _experts_data()
     d["choice_papers"]["k"], d["measure_curve"] = None, []
     (st,) = [r for r in cr.rows_experts(d) if r["id"] == "clamp_steers"]
@@ -239,8 +287,15 @@ def test_align_rows_by_hand():
         np.mean(post["between_languages"]) - 0.7
     )
     assert closer["value"]["p"] == pytest.approx(2 / 64)  # 6 sentences, all closer: exact 2 / 2^6
-    assert ret["vs_control"]["p"] == pytest.approx(2 / 64)
-    assert null["rule"]["kind"] == "null" and null["value"]["extra"]["null"] == pytest.approx(0.05)
+    assert ret["vs_control"]["p"] == pytest.approx(0.5)  # one random draw: the floor
+    assert ret["vs_control"]["extra"]["p_floor"] == 0.5 and ret["verdict"] == INCONCLUSIVE
+    assert null["rule"]["kind"] == "null" and null["value"]["extra"]["null"] == 0.0
+    assert ret["value"]["n_clusters"] == 6  # no documents given: every sentence a unit
+    data["docs"] = ["d0", "d0", "d1", "d1", "d2", "d2"]
+    data["per_sentence_controls"] = [ctl] * 3
+    _, ret3, _ = finalize(cr.rows_align(data))
+    assert ret3["value"]["n_clusters"] == 3 and ret3["vs_control"]["extra"]["draws"] == 3
+    assert ret3["vs_control"]["p"] == pytest.approx(0.25)
     assert {closer["verdict"], ret["verdict"]} <= {HOLDS, INCONCLUSIVE}  # Holm over 3 rows
     assert null["verdict"] in (HOLDS, INCONCLUSIVE) and null["verdict"] != NOT_HOLDS
 
@@ -265,4 +320,13 @@ def test_trace_rows_by_hand():
     assert r1["value"]["estimate"]["estimate"] == pytest.approx(3 / 4)
     assert r1["value"]["p"] == pytest.approx(sps.binomtest(3, 4).pvalue)
     assert r2["value"]["estimate"]["n"] == 3 and r2["value"]["p"] == pytest.approx(1.0)
+    assert r1["rule"]["missing_control"] and r1["vs_control"] is None
+    # with the mismatched-fact control: another fact's English answer, same decoder
+    for r, m in zip(records, [8, -1, -1, 7, 3, 2, -1, -1, 5, -1], strict=True):
+        r["first_mismatch_en_layer"] = m
+    r1, _ = finalize(cr.rows_trace({"records": records}))
+    # the 4 ordered queries: mismatch first at (5,9)? 8 < 9 yes; (6,-1) no; (-1,8) no; (4,-1) yes
+    assert r1["control"]["estimate"]["estimate"] == pytest.approx(2 / 4)
+    assert r1["vs_control"]["estimate"]["estimate"] == pytest.approx(3 / 4 - 2 / 4)
+    assert not r1["rule"]["missing_control"]
     assert r1["verdict"] == r2["verdict"] == INCONCLUSIVE  # n too small: not "does not hold"

@@ -14,6 +14,7 @@ import pytest
 from mechlingo.card import replicate as rep
 from mechlingo.card.rules import (
     CLAIMS,
+    FLOOR,
     HOLDS,
     INCONCLUSIVE,
     NOT_HOLDS,
@@ -195,7 +196,8 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
         "headroom rule, points",
     ]
     for r in card.rows:
-        assert r["verdict"] in (HOLDS, NOT_HOLDS, INCONCLUSIVE, NOT_TESTABLE, "error")
+        assert r["verdict"] in (HOLDS, NOT_HOLDS, INCONCLUSIVE, NOT_TESTABLE, FLOOR, "error")
+        assert r["family"] in ("primary", "secondary")
         assert r["figure"].startswith("fig-") and r["paper_number"]
         if r["stage"].startswith("transfer"):
             assert r["verdict"] == "error" and "transfer exploded" in r["error"]
@@ -240,7 +242,7 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
     stats_kw = {c[0]: c[2].get("stats") for c in fake.calls}
     assert stats_kw == {"relation": None, "lang": "stats built by the relation matrix"}
     # the other rows' tests are read back unchanged; their adjusted p (and so possibly a
-    # verdict) moves, since Holm's family now has the transfer rows too
+    # verdict) moves, since the secondary family now has the transfer rows too
     keep = ("value", "control", "vs_control", "p", "details")
     same = [{k: r[k] for k in keep} for r in again.rows if not r["stage"].startswith("transfer")]
     assert same == [
@@ -302,7 +304,7 @@ def test_cli_writes_the_card(tiny_dir, tmp_path, monkeypatch):
     card = json.loads((out / "claims.json").read_text())
     ids = [c.id for c in CLAIMS if c.paper == "sundar2025"]
     assert list(dict.fromkeys(r["id"] for r in card["claims"])) == ids
-    assert card["rules"]["holds"].startswith("Holm-adjusted p < 0.05")
+    assert card["rules"]["holds"].startswith("adjusted p < 0.05") and "families" in card["rules"]
     assert card["rules_hash"] == RULES_HASH and card["meta"]["budgets_hash"] == rep.BUDGETS_HASH
     page = (out / "report.html").read_text()
     assert page.index("<table class='claims'>") < page.index("id='fig-experts'")

@@ -9,25 +9,27 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from mechlingo.core.errors import InputError
-from mechlingo.kernels.significance import (
-    Interval,
+from mechlingo.card.statistics import (
     Test,
-    bootstrap_mean,
-    bootstrap_perplexity,
-    bootstrap_ratio,
     correlation_test,
     holm,
-    mcnemar,
     mde,
     mean_test,
-    paired_bootstrap,
-    paired_gain,
     paired_test,
-    perplexity_ratio,
     pool_controls,
     ratio_test,
     relative_test,
+)
+from mechlingo.core.errors import InputError
+from mechlingo.kernels.significance import (
+    Interval,
+    bootstrap_mean,
+    bootstrap_perplexity,
+    bootstrap_ratio,
+    mcnemar,
+    paired_bootstrap,
+    paired_gain,
+    perplexity_ratio,
     wilson,
     wilson_table,
 )
@@ -268,7 +270,10 @@ def test_cluster_robust_se_matches_statsmodels():
     fit = sm.OLS(d, np.ones((120, 1))).fit(cov_type="cluster", cov_kwds={"groups": cl})
     t = mean_test(d, cl)
     assert t.extra["se"] == pytest.approx(float(fit.bse[0]), rel=1e-9)
-    assert t.mde == pytest.approx(mde(t.extra["se"])) and mde(1.0) == pytest.approx(2.8015852)
+    assert t.mde == pytest.approx(mde(t.extra["se"], df=29)) and mde(1.0) == pytest.approx(
+        2.8015852
+    )
+    assert mde(1.0, df=7) == pytest.approx(sps.t.ppf(0.975, 7) + sps.t.ppf(0.8, 7))
 
 
 def test_clustered_interval_is_wider_than_the_naive_one():
@@ -290,12 +295,13 @@ def test_relative_gain_defined_for_any_positive_baseline():
     rel = tiny.extra["relative"]
     assert rel["estimate"] == pytest.approx(9.0)
     assert all(math.isfinite(rel[k]) for k in ("lo", "hi")) and rel["lo"] < 9 < rel["hi"]
-    # the delta-method interval of the log ratio of two means, unclustered, by hand
+    # the delta-method interval of the log ratio of two means, unclustered, by hand: CR2 of
+    # single items is the leverage factor 1 / (1 - 1/40), and t on 39 df
     a, b = np.array([1] + [0] * 39, float), np.array([1] * 10 + [0] * 30, float)
     u = (b - b.mean()) / (40 * b.mean()) - (a - a.mean()) / (40 * a.mean())
-    se = math.sqrt(40 / 39 * float((u**2).sum()))
-    assert rel["lo"] == pytest.approx(math.exp(math.log(10) - 1.959964 * se) - 1, rel=1e-5)
-    assert rel["hi"] == pytest.approx(math.exp(math.log(10) + 1.959964 * se) - 1, rel=1e-5)
+    se, q = math.sqrt(40 / 39 * float((u**2).sum())), sps.t.ppf(0.975, 39)
+    assert rel["lo"] == pytest.approx(math.exp(math.log(10) - q * se) - 1, rel=1e-5)
+    assert rel["hi"] == pytest.approx(math.exp(math.log(10) + q * se) - 1, rel=1e-5)
     gone = paired_test([1] * 4 + [0] * 36, [0] * 40).extra["relative"]
     assert gone["estimate"] == -1.0 and gone["lo"] == -1.0 and math.isfinite(gone["hi"])
 

@@ -46,7 +46,16 @@ from mechlingo.analyses.recall.settings import (
 )
 from mechlingo.analyses.recall.steering import SteeringConfig
 from mechlingo.card.rules import Claim, claim_by_id, make_row
-from mechlingo.card.stats import cluster_bootstrap, group_difference_test
+from mechlingo.card.statistics import (
+    Test,
+    cluster_bootstrap,
+    group_difference_test,
+    mean_test,
+    paired_test,
+    pool_controls,
+    population_gain_test,
+    population_test,
+)
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import layers_at
 from mechlingo.core.stages import Stages
@@ -54,7 +63,6 @@ from mechlingo.core.types import Model
 from mechlingo.data import Fact
 from mechlingo.data.candidates import with_candidates
 from mechlingo.data.splits import split_facts, take_per_lang
-from mechlingo.kernels.significance import Test, mean_test, paired_test, pool_controls
 from mechlingo.scoring.scorers import rankc_fact
 
 __all__ = [
@@ -273,6 +281,47 @@ def _consistency_values(items: Mapping[str, list[dict]], cond: str) -> tuple[dic
     return out, "RankC" if ranked else "CLC"
 
 
+def _clc(m: np.ndarray) -> float:
+    """CLC of ``[item, (both right, either right)]`` rows: a ratio of sums."""
+    s = m.sum(0)
+    return float(s[0] / max(s[1], 1e-12))
+
+
+def _clc_null(m: np.ndarray, arm: int) -> float:
+    """The CLC that independent correctness gives at the rows' per-language accuracies
+    (columns 4 + 2 arm: the L item right, 5 + 2 arm: English right, 8: the language code):
+    sum of p_L p_en over the sum of p_L + p_en - p_L p_en."""
+    num = den = 0.0
+    for lg in np.unique(m[:, 8]):
+        sub = m[m[:, 8] == lg]
+        pl, pe = float(sub[:, 4 + 2 * arm].mean()), float(sub[:, 5 + 2 * arm].mean())
+        num += len(sub) * pl * pe
+        den += len(sub) * (pl + pe - pl * pe)
+    return num / den if den > 0 else 0.0
+
+
+def clc_excess(m: np.ndarray) -> float:
+    """The CLC gain (post - pre) minus the gain that the accuracies alone give (a null model
+    of independent correctness at the observed per-language accuracies before and after)."""
+    return _clc(m[:, 2:4]) - _clc(m[:, :2]) - (_clc_null(m, 1) - _clc_null(m, 0))
+
+
+def _clc_table(items: Mapping[str, list[dict]], both: str, keys: Sequence[tuple]) -> np.ndarray:
+    """``[item, 9]``: (both right, either right) before and after, the L item and English
+    right before and after, and the language's code, for the (fact, language) ``keys``."""
+
+    def right(cond: str) -> dict[tuple[str, str], float]:
+        return {(r["id"], r["lang"]): float(r["correct"]) for r in items[cond]}
+
+    pre, post = right("orig"), right(both)
+    codes = {lg: i for i, lg in enumerate(sorted({k[1] for k in keys}))}
+    rows = []
+    for fid, lg in keys:
+        a, b, ea, eb = pre[(fid, lg)], post[(fid, lg)], pre[(fid, "en")], post[(fid, "en")]
+        rows.append([a * ea, max(a, ea), b * eb, max(b, eb), a, ea, b, eb, codes[lg]])
+    return np.array(rows, dtype=float)
+
+
 def _row_consistency(items: Mapping[str, list[dict]], both: str) -> dict[str, Any]:
     claim = _claim("consistency")
     pre, name = _consistency_values(items, "orig")
@@ -287,40 +336,48 @@ def _row_consistency(items: Mapping[str, list[dict]], both: str) -> dict[str, An
         txt = f"RankC with English {np.mean([pre[k] for k in keys]):.3f} -> " \
               f"{np.mean([post[k] for k in keys]):.3f}"  # fmt: skip
     else:
-        a = np.array([[*pre[k], *post[k]] for k in keys])
-
-        def clc_gain(m: np.ndarray) -> float:
-            num = m.sum(0)
-            return float(num[2] / max(num[3], 1e-12) - num[0] / max(num[1], 1e-12))
-
-        t = cluster_bootstrap(a, ids, clc_gain, method="CLC (Jaccard with English) after "
-                              "minus before")  # fmt: skip
-        txt = "CLC (Jaccard of the right answers with English's)"
+        a = _clc_table(items, both, keys)
+        t = cluster_bootstrap(a, ids, clc_excess, method="CLC (Jaccard with English) after "
+                              "minus before, minus the change accuracy alone gives")  # fmt: skip
+        txt = (f"CLC (Jaccard of the right answers with English's) change "
+               f"{_clc(a[:, 2:4]) - _clc(a[:, :2]):+.3f}, of which accuracy "
+               f"alone (independent answers) {_clc_null(a, 1) - _clc_null(a, 0):+.3f}")  # fmt: skip
     return make_row(claim, t, details=f"{name}: {txt}; 'both' vs no intervention on "
                     f"{len(set(ids))} test facts", extra={"consistency": name})  # fmt: skip
 
 
 def _row_own_failure(items: Mapping[str, list[dict]], classes: Mapping[str, str] | None,
-                     cid: str, cond: str, own: str, other: str) -> dict[str, Any]:  # fmt: skip
-    """The gain of ``cond`` on items of the ``own`` failure class minus its gain on items of the
-    ``other`` class (classes from the tracer on the unsteered model, test items)."""
+                     cid: str, cond: str, rival: str, own: str,
+                     other: str) -> dict[str, Any]:  # fmt: skip
+    """A difference in differences: ``cond``'s gain minus the ``rival`` vector's gain on the
+    ``own`` failure class, minus the same on the ``other`` class (classes from the tracer on
+    the unsteered model, test items; CR2 by fact). A class that every vector fixes alike
+    (the fixable items) shows no difference."""
     claim = _claim(cid)
     if not classes:
         return make_row(claim, None, untestable="no tracer classes of the test items (the "
                         "trace stage did not run on them)")  # fmt: skip
     langs: list[str] = []
     base, new, ids = _paired(items, "orig", cond, langs=langs)
+    _, rv, rid = _paired(items, "orig", rival)
+    if rid != ids:
+        return make_row(claim, None, untestable=f"'{cond}' and '{rival}' are not scored on the "
+                        "same test items")  # fmt: skip
     groups = [classes.get(f"{i}|{lg}") for i, lg in zip(ids, langs, strict=True)]
     n_own, n_other = groups.count(own), groups.count(other)
     if n_own < 2 or n_other < 2:
         return make_row(claim, None, untestable=f"too few test items of each class ({own}: "
                         f"{n_own}, {other}: {n_other}; at least 2 each)")  # fmt: skip
-    gain = [b - a for a, b in zip(base, new, strict=True)]
-    t = group_difference_test(gain, groups, ids, own, other)
-    g_own = np.mean([g for g, c in zip(gain, groups, strict=True) if c == own])
-    g_oth = np.mean([g for g, c in zip(gain, groups, strict=True) if c == other])
-    return make_row(claim, t, details=f"gain of {cond} on {n_own} {own} items {g_own:+.3f}, "
-                    f"on {n_other} {other} items {g_oth:+.3f}")  # fmt: skip
+    diff = [a - b for a, b in zip(new, rv, strict=True)]  # cond's gain minus the rival's
+    t = group_difference_test(diff, groups, ids, own, other)
+
+    def gain(x: Sequence[float], cls: str) -> float:
+        return float(np.mean([b - a for a, b, c in zip(base, x, groups, strict=True) if c == cls]))
+
+    return make_row(claim, t, details=f"gain on {n_own} {own} items: {cond} "
+                    f"{gain(new, own):+.3f}, {rival} {gain(rv, own):+.3f}; on {n_other} {other} "
+                    f"items: {cond} {gain(new, other):+.3f}, {rival} {gain(rv, other):+.3f}; "
+                    "difference in differences, clustered by fact")  # fmt: skip
 
 
 def _row_both_better(items: Mapping[str, list[dict]], best_single: str | None,
@@ -355,10 +412,8 @@ def rows_repair_extra(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [
         _row_gap(items),
         _row_consistency(items, both),
-        _row_own_failure(items, classes, "task_repairs_recall", "task", "recall_failure",
-                         "translation_failure"),
-        _row_own_failure(items, classes, "diff_repairs_translation", "diff",
-                         "translation_failure", "recall_failure"),
+        _row_own_failure(items, classes, "task_repairs_recall", "task", "diff",
+                         "recall_failure", "translation_failure"),
         _row_both_better(items, sweep.get("best_single"), both),
     ]  # fmt: skip
 
@@ -449,7 +504,7 @@ def rows_decoders(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One latent-English row per decoder: the share of ordered prompts where English comes
     first, clustered by fact, against 0.5."""
     rows = []
-    for name in DECODERS:
+    for name in DECODERS[1:]:  # the logit lens is latent_english's own measurement: no row
         claim = _claim(f"latent_english_{name}")
         d = data["decoders"].get(name) or {"untestable": "the decoder did not run"}
         if "untestable" in d:
@@ -640,10 +695,10 @@ def rows_external(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         if not base or not runs:
             rows.append(make_row(claim, None, untestable="no benchmark items scored"))
             continue
-        ctl_vals = pool_controls([x[1] for x in runs])
+        draws = [x[1] for x in runs]
         rows.append(make_row(
-            claim, paired_test(base, new, ids), control=paired_test(base, ctl_vals, ids),
-            vs_control=paired_test(ctl_vals, new, ids),
+            claim, paired_test(base, new, ids), control=population_gain_test(base, draws, ids),
+            vs_control=population_test(new, draws, ids, base=base, direction=claim.direction),
             details=f"{len(set(ids))} benchmark facts, metric {data['metric']}; vectors and "
             "configuration from the bundled data", extra=_lp_extra(logprob_gain(items, cond)),
         ))  # fmt: skip

@@ -69,6 +69,7 @@ from mechlingo.card.rules import (
     error_row,
     finalize,
 )
+from mechlingo.card.statistics import Test, mde
 from mechlingo.core.describe import model_info
 from mechlingo.core.errors import InputError
 from mechlingo.core.stages import Stages
@@ -78,7 +79,7 @@ from mechlingo.data import LANGS, Fact, load_facts
 from mechlingo.data.splits import take_per_lang
 from mechlingo.interventions import load_intervention
 from mechlingo.kernels.ranking import auroc_and_average_precision
-from mechlingo.kernels.significance import Interval, Test, mde
+from mechlingo.kernels.significance import Interval
 
 __all__ = [
     "BUDGETS",
@@ -499,7 +500,7 @@ def claim_rows(stages: Mapping[str, Any], papers: Sequence[str]) -> list[dict[st
     """Every claim's rows of ``papers`` from the stages' stored results (``{"error": ...}``
     for a failed stage), in the order of :data:`~mechlingo.card.rules.CLAIMS` (a claim
     judged in several readings has one row per reading, each with its ``variant``), after
-    :func:`~mechlingo.card.rules.finalize` (Holm over the card, then the verdicts). A
+    :func:`~mechlingo.card.rules.finalize` (each family adjusted, then the verdicts). A
     row builder that fails on a result also becomes an error row."""
     built: dict[str, list[dict[str, Any]]] = {}
     for name, fn in _ROWS:

@@ -1,24 +1,23 @@
-"""The papers' claims, the frozen rules that turn measurements into verdicts, and the card.
+"""The frozen rules that turn the claims' measurements into verdicts, and the card.
 
-Every claim of Lu et al. (EMNLP 2025) and Sundar et al. (ACL 2025) that mechlingo checks is a
-:class:`Claim`; :func:`mechlingo.card.replicate.replicate` measures each on a model, makes
-its row with :func:`make_row` from :class:`~mechlingo.kernels.significance.Test` objects
-(clustered intervals, exact paired p-values, minimum detectable effects) and calls
-:func:`finalize` once on all rows: Holm's correction over the card, then each row's verdict
-by :data:`RULES` with its adjusted p. There are four verdicts:
+:func:`mechlingo.card.replicate.replicate` measures each :class:`~mechlingo.card.claims.Claim`
+on a model, makes its row with :func:`make_row` from
+:class:`~mechlingo.card.statistics.Test` objects and calls :func:`finalize` once on all rows:
+each paper's pre-registered primary family is adjusted by Holm, every other row (secondary,
+exploratory) by Benjamini-Hochberg, and each row's verdict is given by :data:`RULES` at its
+adjusted level ``alpha / k`` (``k`` its multiplier in its family):
 
-* ``holds``: the adjusted p < 0.05, the 95% interval lies beyond the claim's threshold in the
-  paper's direction, and (where there is a control) the effect - control interval lies
-  beyond 0 in that direction. For a null claim ("a random vector does not raise accuracy"):
-  the interval lies short of the margin's edge (``threshold + direction * margin``) and the
-  equivalence test at that edge has adjusted p < 0.05.
-* ``does not hold``: the interval lies on the other side of the threshold (an effect claim),
-  or the effect lies on the other side of its control; for a null claim, the interval lies
-  beyond the threshold (there is an effect).
-* ``inconclusive``: anything in between (the interval straddles the threshold, or the
-  adjusted p is not below 0.05); the row gives the minimum detectable effect.
-* ``not testable here``: the measurement cannot be made (the reason is given); ``error``: the
-  stage failed.
+* ``holds``: the adjusted p < 0.05, the interval at the adjusted level beyond the threshold in
+  the paper's direction and (where there is a control) the effect - control interval at that
+  level beyond 0. A null claim: the adjusted-level interval inside threshold +/- margin
+  (equivalence, two one-sided tests).
+* ``does not hold``: the same at the same level on the other side: the adjusted p of the
+  opposite side < 0.05 and the adjusted-level interval short of the threshold (or the effect
+  short of its control). A null claim: the interval wholly beyond the margin.
+* ``inconclusive``: neither; the row gives the minimum detectable effect at its level.
+* ``not testable here``: the measurement cannot be made (the reason is given);
+  ``not testable here (floor)``: the outcome sits at its floor (nothing to move); neither can
+  become ``holds``. ``error``: the stage failed.
 
 The rules and every claim's parameters are hashed (:data:`RULES_HASH`) into ``claims.json``;
 a change after a card was seen is logged in ``docs/replicate.md``.
@@ -31,9 +30,13 @@ import html
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from mechlingo.kernels.significance import Interval, Test, holm
+from scipy import stats as sps
+
+from mechlingo.card.claims import CLAIMS, LU, PRIMARY, SUNDAR, Claim, claim_by_id, row_family
+from mechlingo.card.statistics import Test, adjust, p_floor
+from mechlingo.kernels.significance import Interval
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -41,13 +44,17 @@ if TYPE_CHECKING:
 __all__ = [
     "ALPHA",
     "CLAIMS",
+    "FLOOR",
     "HOLDS",
     "INCONCLUSIVE",
+    "LU",
     "NOT_HOLDS",
     "NOT_TESTABLE",
+    "PRIMARY",
     "RULES",
     "RETAINED_SHARE",
     "RULES_HASH",
+    "SUNDAR",
     "VERDICTS",
     "Claim",
     "ClaimsCard",
@@ -63,32 +70,56 @@ HOLDS = "holds"
 NOT_HOLDS = "does not hold"
 INCONCLUSIVE = "inconclusive"
 NOT_TESTABLE = "not testable here"
+FLOOR = "not testable here (floor)"
 ERROR = "error"
-VERDICTS = (HOLDS, NOT_HOLDS, INCONCLUSIVE, NOT_TESTABLE)
-#: The level of every row's test, after Holm's correction over the card.
+VERDICTS = (HOLDS, NOT_HOLDS, INCONCLUSIVE, NOT_TESTABLE, FLOOR)
+#: The family-wise level (primary) and false-discovery rate (secondary) of the card.
 ALPHA = 0.05
 #: The independence claims' second reading: vectors built without R keep more than this
 #: share of the in-pool gain on R (mechlingo's reading; the paper gives no number).
 RETAINED_SHARE = 0.5
 
+
+def _families_text() -> str:
+    names = "; ".join(f"{paper}: {', '.join(ids)}" for paper, ids in PRIMARY.items())
+    return (f"one primary family per paper ({names}), Holm inside each; the lowest-language "
+            "claim's primary reading is the relative gain in the headroom rule's lowest "
+            "language(s) (the paper's '>35%' is relative, and the headroom language is one the "
+            "vectors can move); every other row is secondary, Benjamini-Hochberg over each "
+            "paper's secondary rows, and marked exploratory; one measurement has one row")  # fmt: skip
+
+
 #: The verdict rules in words (written into claims.json and the report; hashed).
 RULES = {
-    "holds": "Holm-adjusted p < 0.05, the effect's 95% interval beyond the threshold in the "
-    "paper's direction, and the effect - control 95% interval beyond 0 in that direction "
-    "(where there is a control)",
-    "does not hold": "the effect's 95% interval lies on the other side of the threshold, or "
-    "the effect - control interval on the other side of 0",
-    "inconclusive": "neither: the interval straddles the threshold or the adjusted p is not "
-    "below 0.05; the row gives the minimum detectable effect (80% power, alpha 0.05)",
-    "null claims": "holds when the interval lies short of threshold + direction * margin and "
-    "the two-sided test of H0 effect = that edge has adjusted p < 0.05 (equivalence); does not "
-    "hold when the interval lies beyond the threshold; inconclusive otherwise",
-    "p-values": "cluster sign-flip permutation tests (exact McNemar for unclustered 0/1 pairs) "
-    "of H0 effect = threshold; with a control, the larger of the effect's p and the "
-    "effect - control p (both must hold)",
-    "Holm": "Holm's step-down correction over every row of the card that has a p",
-    "clusters": "items of one fact (its languages) or one sentence are resampled and "
-    "sign-flipped together; controls are pooled over seeds per item",
+    "families": _families_text(),
+    "adjusted level": "a row with multiplier k in its family (Holm: adjusted p over raw p, "
+    "or where capped at 1 its step; BH: likewise) is judged at level 0.05 / k: its intervals "
+    "and its minimum detectable effect are given at confidence 1 - 0.05 / k",
+    "holds": "adjusted p < 0.05 on the claim's side, the adjusted-level interval beyond the "
+    "threshold in the paper's direction, and the effect - control adjusted-level interval "
+    "beyond 0 in that direction (where there is a control)",
+    "does not hold": "the same rule on the other side: the adjusted p of the opposite side "
+    "< 0.05 and the adjusted-level interval short of the threshold, or the effect - control "
+    "interval short of 0 with its opposite-side adjusted p < 0.05",
+    "inconclusive": "neither; the row gives the minimum detectable effect (80% power) at its "
+    "adjusted level",
+    "null claims": "equivalence (two one-sided t tests at threshold +/- margin): holds when "
+    "the adjusted-level interval lies inside the margin and the larger one-sided p, "
+    "adjusted, is < 0.05; does not hold when the interval lies wholly beyond the margin "
+    "(either side) with adjusted p < 0.05; inconclusive otherwise",
+    "p-values": "cluster sign-flip permutation tests where H0 makes cluster totals symmetric "
+    "(exact McNemar for unclustered 0/1 pairs), CR2 t tests on G - 1 df otherwise; a random "
+    "population's exact permutation p (1 + #draws at least as far) / (m + 1), one-sided, "
+    "floor 1 / (m + 1); with a control, the claim's side p is the larger of the effect's p "
+    "and the effect - control p; no p is 0 (a zero-variance estimate gets 1 / 2^(G-1))",
+    "intervals": "CR2 cluster-robust standard errors with Student's t on G - 1 df (valid "
+    "with few clusters); effect - control against a population adds the between-draw "
+    "variance; rank statistics and medians: cluster bootstrap percentile intervals",
+    "clusters": "items of one fact (its languages) or the sentences of one document move together",
+    "floor": "not testable here (floor): the outcome sits at its floor (e.g. the baseline and "
+    "every condition at 0 successes, or an accuracy below the stated floor under the card's "
+    "metric); never holds",
+    "missing control": "a row whose control is missing (named in the row) cannot hold",
     "independence": "two rows per claim: the pooled held-out (all_but_R on R) gain, clustered "
     "by fact, against its random control; and the retained share, held-out gain over the "
     "in-pool (all) gain on the same items, above 0.5 (not testable when the in-pool gain is "
@@ -103,378 +134,54 @@ RULES = {
 }
 
 
-@dataclass(frozen=True)
-class Claim:
-    """One claim: what the paper says, what mechlingo measures, and the rule's parameters.
-
-    ``direction`` +1: the effect must be above ``threshold`` (-1: below). ``margin``: for a
-    null claim, how far in ``direction`` an effect may go and still count as none. ``figure``
-    is the anchor of the report section that shows it.
-    """
-
-    id: str
-    paper: str
-    text: str
-    paper_number: str
-    measure: str
-    stage: str
-    figure: str
-    kind: Literal["effect", "null"] = "effect"
-    direction: int = 1
-    threshold: float = 0.0
-    control_threshold: float = 0.0
-    margin: float | None = None
-
-    @property
-    def null_value(self) -> float:
-        """The value of H0 that the effect's p tests: the threshold (an effect claim) or the
-        margin's edge ``threshold + direction * margin`` (a null claim)."""
-        if self.kind == "null":
-            return self.threshold + self.direction * (self.margin or 0.0)
-        return self.threshold
-
-
-LU = "lu2025"
-SUNDAR = "sundar2025"
-
-CLAIMS: tuple[Claim, ...] = (
-    Claim(
-        "latent_english",
-        LU,
-        "The English answer is decodable in the middle layers before the target-language "
-        "answer (latent-language curves).",
-        "qualitative: English is the latent language of recall (Fig. 2-3)",
-        "share of non-English queries (English answer != L answer, one of them reaches rank "
-        "<= 10 before the output) whose English answer reaches it at an earlier layer; "
-        "clustered by fact; threshold 0.5",
-        "trace",
-        "fig-latent",
-        threshold=0.5,
-    ),
-    Claim(
-        "recall_failures",
-        LU,
-        "Most errors are recall failures rather than translation failures (the tracer).",
-        "recall failures are the majority of errors",
-        "recall failures / (recall + translation failures) over the non-English errors of the "
-        "tracer; clustered by fact; threshold 0.5",
-        "trace",
-        "fig-classes",
-        threshold=0.5,
-    ),
-    Claim(
-        "task_vector",
-        LU,
-        "The recall-engagement vector raises accuracy.",
-        "raises recall accuracy (task vector, mid layers)",
-        "test gain of 'task' over 'orig' on the non-English items, clustered by fact; "
-        "control: the norm-matched random vectors pooled over seeds; judged against it",
-        "repair",
-        "fig-repair",
-    ),
-    Claim(
-        "diff_vector",
-        LU,
-        "The back-translation vector raises accuracy.",
-        "raises recall accuracy (translation difference vector, late layers)",
-        "test gain of 'diff' over 'orig' on the non-English items, clustered by fact; "
-        "control: the norm-matched random vectors pooled over seeds; judged against it",
-        "repair",
-        "fig-repair",
-    ),
-    Claim(
-        "lowest_language",
-        LU,
-        "Both together raise the lowest-performing language by more than 35%.",
-        "> +35%, lowest-performing language",
-        "test gain of 'both' over 'orig' in the lowest language(s) of the literal rule (lowest "
-        "dev zero-shot accuracy, non-English) and of the headroom rule (the same among those "
-        "whose dev few-shot beats zero-shot, McNemar p < 0.1), tied languages pooled; each "
-        "relative (clustered log ratio, when the baseline is above 0) and in points; "
-        "threshold 0.35; control: random vectors, judged against it",
-        "repair",
-        "fig-headroom",
-        threshold=0.35,
-    ),
-    Claim(
-        "independent_relations",
-        LU,
-        "The vectors are independent of relations (the transfer matrix, by relation).",
-        "independent of language and dataset",
-        "gain of vectors built without relation R, tested on R (rows all_but_<R>), pooled over "
-        "the held-out cells and clustered by fact, against the random control; and the share "
-        "of the in-pool (all) gain on R that they keep (> 0.5)",
-        "transfer_relation",
-        "fig-transfer",
-    ),
-    Claim(
-        "independent_languages",
-        LU,
-        "The vectors are independent of languages (the transfer matrix, by language).",
-        "independent of language and dataset",
-        "gain of vectors built without language L, tested on L (rows all_but_<L>), pooled and "
-        "clustered by fact, against the random control; and the retained share (> 0.5)",
-        "transfer_lang",
-        "fig-transfer",
-    ),
-    Claim(
-        "random_vector",
-        LU,
-        "A norm-matched random vector does not raise accuracy.",
-        "no gain (control)",
-        "test gain of the random vectors (seeds pooled per item, paired with orig) on the "
-        "non-English items, clustered by fact; holds when it lies below +0.05 (the margin)",
-        "repair",
-        "fig-repair",
-        kind="null",
-        margin=0.05,
-    ),
-    Claim(
-        "experts_exist",
-        SUNDAR,
-        "Expert neurons exist: AUROC well above 0.5.",
-        "AUROC > 0.5 qualifies; top experts near 1",
-        "held-out AUROC (sentences not used to select) of the target's top-k experts at the "
-        "clamp's k, median over the k neurons; sentences (all translations) resampled "
-        "together, permutation p; threshold 0.5; control: k random neurons, judged against it",
-        "experts",
-        "fig-experts",
-        threshold=0.5,
-        control_threshold=0.5,
-    ),
-    Claim(
-        "experts_disjoint",
-        SUNDAR,
-        "The expert sets of different languages barely overlap.",
-        "barely overlap",
-        "mean share of shared neurons between the top-k sets (the clamp's k) of two languages "
-        "(all pairs); delete-one-language jackknife t interval (languages are the units); "
-        "holds below 0.10",
-        "experts",
-        "fig-overlap",
-        direction=-1,
-        threshold=0.10,
-    ),
-    Claim(
-        "clamp_steers",
-        SUNDAR,
-        "At the k that the papers' rule picks, the clamp steers generation into the target "
-        "language.",
-        "k chosen by target-language rate against perplexity (k = 100-2000)",
-        "gain of the target-language rate of bare-BOS samples, clamp vs no clamp at the k of "
-        "the papers' rule (target rate, target perplexity <= 2x), measured on fresh BOS "
-        "samples (not those that chose k), exact paired test; control: the random-neuron "
-        "clamp of the same k, judged against it",
-        "experts",
-        "fig-kcurve",
-    ),
-    Claim(
-        "clamp_closer",
-        SUNDAR,
-        "The clamp brings languages closer (distances before and after; same-sentence / "
-        "different-sentence ratio).",
-        "cosine distance between languages 0.72 -> 0.19 (Aya-23-8B), 0.72 -> 0.17 (BLOOM-7B)",
-        "change of the mean cosine distance between languages (same sentence), post - pre, "
-        "paired per sentence (sign-flip p, bootstrap CI); direction: down; control: the "
-        "random clamp, judged against it",
-        "align",
-        "fig-align",
-        direction=-1,
-    ),
-    Claim(
-        "retrieval_improves",
-        SUNDAR,
-        "Retrieval improves: before, after, and the random control.",
-        "median top-1 gain +32% (Aya), +14% (BLOOM)",
-        "change of mean top-1 retrieval over all ordered language pairs, post - pre, paired "
-        "per sentence; control: the random clamp, judged against it",
-        "align",
-        "fig-align",
-    ),
-    Claim(
-        "random_neurons",
-        SUNDAR,
-        "The same values written into random neurons do not help.",
-        "no gain (control)",
-        "change of mean top-1 retrieval, random clamp - pre, paired per sentence; holds when "
-        "it lies below +0.05 (the margin)",
-        "align",
-        "fig-align",
-        kind="null",
-        margin=0.05,
-    ),
-    # ---- issue 33: the claims the first card left out (mechlingo.card.lu/_sundar)
-    Claim(
-        "english_gap",
-        LU,
-        "English is answered more accurately than the other languages (the baseline gap).",
-        "English accuracy well above the other languages' (Fig. 1)",
-        "test accuracy (P@1 under --metric rank) of English minus that of each other language "
-        "on the same facts, no intervention; paired, clustered by fact",
-        "repair",
-        "fig-repair",
-    ),
-    *(
-        Claim(
-            f"latent_english_{dec}",
-            LU,
-            f"Under the {label}, the English answer is decodable before the target-language "
-            "answer.",
-            "English is the latent language (logit lens); docs/methods/logit-lens.md: the "
-            "pivot does not survive the patchscope for ru/zh/ja",
-            f"share of non-English test prompts (distinct English and L answers, one of them "
-            f"reaching rank <= 10) whose English answer does so at an earlier entry of the "
-            f"{label}; clustered by fact; threshold 0.5",
-            "decoders",
-            "fig-decoders",
-            threshold=0.5,
-        )
-        for dec, label in (
-            ("logit", "logit lens"),
-            ("tuned", "tuned lens"),
-            ("patchscope", "patchscope"),
-        )
-    ),
-    Claim(
-        "consistency",
-        LU,
-        "The interventions raise factual consistency across languages.",
-        "more consistent answers across languages",
-        "gain of consistency with English under 'both' (RankC per fact and language under "
-        "--metric rank; CLC, the Jaccard of the right answers, otherwise) on test; clustered "
-        "by fact",
-        "repair",
-        "fig-repair",
-    ),
-    Claim(
-        "task_repairs_recall",
-        LU,
-        "The task vector repairs recall failures: its gain is concentrated on them.",
-        "the recall-engagement vector fixes recall",
-        "gain of 'task' on test items the tracer classed as recall failures (unsteered model) "
-        "minus its gain on translation failures; cluster bootstrap by fact",
-        "repair",
-        "fig-repair",
-    ),
-    Claim(
-        "diff_repairs_translation",
-        LU,
-        "The back-translation vector repairs translation failures: its gain is concentrated "
-        "on them.",
-        "the translation vector fixes the last step",
-        "gain of 'diff' on test items classed as translation failures minus its gain on "
-        "recall failures; cluster bootstrap by fact",
-        "repair",
-        "fig-repair",
-    ),
-    Claim(
-        "both_beat_single",
-        LU,
-        "The two vectors together beat the better one alone.",
-        "both > either alone",
-        "test gain of 'both' over the single vector that dev found better, non-English items; "
-        "paired, clustered by fact",
-        "repair",
-        "fig-repair",
-    ),
-    Claim(
-        "conversion_causal",
-        LU,
-        "The late conversion step is causal: patching the late MLP/attention outputs the "
-        "tracer names restores the answer.",
-        "late layers convert the English answer into the target language",
-        "restored log-probability of the L answer (patched - corrupted, nats) from patching "
-        "clean mlp_out/attn_out at the last token in the tracer's conversion band, against "
-        "as many random sites outside it; clustered by fact",
-        "conversion",
-        "fig-conversion",
-    ),
-    *(
-        Claim(
-            f"external_{cond}",
-            LU,
-            f"The '{cond}' intervention chosen on the bundled data transfers to another dataset.",
-            "independent of language and dataset",
-            f"gain of '{cond}' over no intervention on the --facts benchmark's facts, scored by "
-            "its own metric, with the vectors and layer/scale chosen on the bundled data only; "
-            "clustered by fact; control: the norm-matched random vectors (pooled)",
-            "external",
-            "fig-external",
-        )
-        for cond in ("task", "diff", "both")
-    ),
-    Claim(
-        "clamp_closer_centred",
-        SUNDAR,
-        "The clamp brings translations closer than unrelated sentences (centred distances).",
-        "cosine distance between languages 0.72 -> 0.19 (Aya-23-8B)",
-        "change of the per-sentence same-sentence / different-sentence distance ratio after "
-        "centring, post - pre; clustered by document; control: the random clamp",
-        "align",
-        "fig-align",
-        direction=-1,
-    ),
-    Claim(
-        "retrieval_gain_max",
-        SUNDAR,
-        "The clamp raises top-1 retrieval up to 2x for some language pair.",
-        "up to 2x top-1",
-        "largest per-pair ratio of top-1 post / pre (pairs with a pre hit); cluster bootstrap "
-        "by document; threshold 1; control: the same statistic of the random clamp",
-        "align",
-        "fig-align",
-        threshold=1.0,
-    ),
-    Claim(
-        "retrieval_gain_median",
-        SUNDAR,
-        "The median relative retrieval gain over language pairs is positive.",
-        "median top-1 gain +32% (Aya), +14% (BLOOM)",
-        "median over pairs of top-1 post / pre - 1; cluster bootstrap by document; control: "
-        "the random clamp",
-        "align",
-        "fig-align",
-    ),
-    Claim(
-        "distance_predicts_retrieval",
-        SUNDAR,
-        "The pairs whose distance falls most gain most in retrieval.",
-        "distance and retrieval change together",
-        "Spearman correlation over ordered language pairs of the change in distance with the "
-        "change in top-1 (clamp - none); cluster bootstrap by document; direction: negative",
-        "align",
-        "fig-align",
-        direction=-1,
-    ),
-)
-
-
-def claim_by_id(cid: str) -> Claim:
-    """The :class:`Claim` with id ``cid``."""
-    for c in CLAIMS:
-        if c.id == cid:
-            return c
-    raise KeyError(cid)
-
-
 # --------------------------------------------------------------------------------------
-# The rules: a row from its tests, Holm over the card, the verdict
+# The rules: a row from its tests, the families' adjustments, the verdict
 # --------------------------------------------------------------------------------------
 
 
-def _rule_p(claim: Claim, effect: Test, vs_control: Test | None) -> tuple[float | None, str]:
-    """The row's p and how it was made (see :data:`RULES`, "p-values")."""
-    if effect.p is None:
-        return None, "no p-value"
+def _side_p(t: Test, side: int) -> float | None:
+    """The p of ``t`` on the claim's side (``side`` +1) or the other (-1): a one-sided
+    population test's ``p`` or ``p_opposite``; a two-sided test's ``p`` either way."""
+    if t.extra.get("one_sided"):
+        return t.p if side > 0 else t.extra.get("p_opposite")
+    return t.p
+
+
+def _tost(claim: Claim, t: Test) -> tuple[float | None, float | None]:
+    """The equivalence p (the larger of the two one-sided t tests that the effect lies inside
+    threshold +/- margin) and the p that it lies beyond the margin (twice the smaller one-sided
+    p of the two edges), from the test's SE and df; without them the test's own p where the
+    estimate lies inside (equivalence) or outside (beyond), 1 elsewhere."""
+    est, m, c = t.estimate.estimate, claim.margin or 0.0, claim.threshold
+    if est is None:
+        return None, None
+    se, df = t.extra.get("se"), t.extra.get("df")
+    inside = abs(est - c) < m
+    if se is None or df is None:
+        return (t.p, 1.0) if inside else (1.0, t.p)
+    if se == 0:
+        floor = p_floor(t.n_clusters)
+        return (floor, 1.0) if inside else (1.0, floor)
+    lo, hi = float(sps.t.sf((est - (c - m)) / se, df)), float(sps.t.sf((c + m - est) / se, df))
+    beyond = min(1.0, 2 * min(float(sps.t.sf((est - c - m) / se, df)),
+                              float(sps.t.sf((c - m - est) / se, df))))  # fmt: skip
+    return max(lo, hi), beyond
+
+
+def _rule_p(claim: Claim, effect: Test, vs_control: Test | None) -> tuple[float | None, float | None, str]:  # fmt: skip
+    """The row's p on the claim's side, its p on the other side, and how (:data:`RULES`)."""
     if claim.kind == "null":
-        est, edge = effect.estimate.estimate, claim.null_value
-        short = est is not None and (est - edge) * claim.direction < 0
-        return (effect.p if short else 1.0), f"equivalence at {edge:+g}"
+        p, against = _tost(claim, effect)
+        return p, against, f"equivalence at {claim.threshold:g} +/- {claim.margin:g}"
+    pe, ae = _side_p(effect, 1), _side_p(effect, -1)
+    if pe is None:
+        return None, None, "no p-value"
     if vs_control is None:
-        return effect.p, f"effect vs {claim.threshold:g}"
-    if vs_control.p is None:
-        return None, "no p-value for the effect vs its control"
-    return max(effect.p, vs_control.p), "max(effect, effect vs control)"
+        return pe, ae, f"effect vs {claim.threshold:g}"
+    pv, av = _side_p(vs_control, 1), _side_p(vs_control, -1)
+    if pv is None or av is None:
+        return None, None, "no p-value for the effect vs its control"
+    return max(pe, pv), min(ae or 1.0, av), "max(effect, effect vs control)"
 
 
 def _beyond(iv: Interval, t: float, d: int) -> bool:
@@ -485,50 +192,88 @@ def _short(iv: Interval, t: float, d: int) -> bool:
     return iv.below(t) if d > 0 else iv.above(t)
 
 
+def _mde_at(t: Test, level: float) -> float | None:
+    """The test's minimum detectable effect (80% power) at two-sided level ``level``, from
+    its 0.05 one by the ratio of the quantile sums (t on the test's df where it has one)."""
+    if t.mde is None:
+        return None
+    base = 1 - t.estimate.confidence
+    df = t.extra.get("df")
+    q = lambda a: float(sps.t.ppf(1 - a / 2, df) if df else sps.norm.ppf(1 - a / 2))  # noqa: E731
+    z8 = float(sps.t.ppf(0.8, df) if df else sps.norm.ppf(0.8))
+    return t.mde * (q(level) + z8) / (q(base) + z8)
+
+
 def verdict(
     claim: Claim,
     effect: Test | None,
     vs_control: Test | None = None,
-    p: float | None = None,
+    multiplier: float = 1.0,
     *,
     untestable: str | None = None,
+    floor: str | None = None,
+    missing_control: str | None = None,
 ) -> tuple[str, str]:
-    """The verdict of ``claim`` and its reason, by the frozen :data:`RULES`, with the row's
-    (Holm-adjusted, on a finished card) p-value ``p``."""
+    """The verdict of ``claim`` and its reason by the frozen :data:`RULES`, at the row's
+    adjusted level ``ALPHA / multiplier`` (1 for a row alone): both sides' p-values are
+    scaled by ``multiplier`` and the intervals taken at confidence ``1 - ALPHA / multiplier``."""
+    if floor:
+        return FLOOR, floor
     if untestable:
         return NOT_TESTABLE, untestable
     if effect is None or not effect.estimate.defined:
+        if effect is not None and effect.extra.get("undefined"):
+            return INCONCLUSIVE, str(effect.extra["undefined"])
         n = 0 if effect is None else effect.estimate.n
-        return NOT_TESTABLE, f"no 95% interval: {n} items, fewer than two independent units"
-    iv, d, t = effect.estimate, claim.direction, claim.threshold
-    side, other = ("above", "below") if d > 0 else ("below", "above")
-    ptxt = "no p" if p is None else f"adjusted p = {p:.3g}"
-    mde = "" if effect.mde is None else f"; minimum detectable effect {effect.mde:.3f}"
+        return NOT_TESTABLE, f"no interval: {n} items, fewer than two independent units"
+    k = max(1.0, float(multiplier))
+    level = 1 - ALPHA / k
+    iv, d, t = effect.at_level(level), claim.direction, claim.threshold
+    vs = None if vs_control is None else vs_control.at_level(level)
+    pct = f"{100 * level:.3g}%"
+    p, against, _ = _rule_p(claim, effect, vs_control)
+    padj = None if p is None else min(1.0, p * k)
+    aadj = None if against is None else min(1.0, against * k)
+    ptxt = "no p" if padj is None else f"adjusted p = {padj:.3g}"
+    md = _mde_at(effect, ALPHA / k)
+    mdt = "" if md is None else f"; minimum detectable effect {md:.3f} at the adjusted level"
     if claim.kind == "null":
-        edge = claim.null_value
-        if _beyond(iv, t, d):
-            return NOT_HOLDS, f"the 95% interval lies {side} {t:g}: there is an effect"
-        if _short(iv, edge, d) and p is not None and p < ALPHA:
-            return HOLDS, f"the 95% interval lies {other} the margin {edge:+g} ({ptxt})"
-        return INCONCLUSIVE, (f"the 95% interval reaches the margin {edge:+g} without "
-                              f"lying {side} {t:g} ({ptxt}){mde}")  # fmt: skip
-    if _short(iv, t, d):
-        return NOT_HOLDS, f"the 95% interval lies {other} {t:g}"
-    if vs_control is not None and _short(vs_control.estimate, 0.0, d):
-        return NOT_HOLDS, f"the effect lies {other} its control (effect - control interval)"
+        lo_e, hi_e = t - (claim.margin or 0.0), t + (claim.margin or 0.0)
+        inside = iv.defined and iv.lo > lo_e and iv.hi < hi_e  # type: ignore[operator]
+        if inside and padj is not None and padj < ALPHA:
+            return HOLDS, f"the {pct} interval lies inside {t:g} +/- {claim.margin:g} ({ptxt})"
+        if (iv.above(hi_e) or iv.below(lo_e)) and aadj is not None and aadj < ALPHA:
+            return NOT_HOLDS, (f"the {pct} interval lies beyond the margin {t:g} +/- "
+                               f"{claim.margin:g} (adjusted p = {aadj:.3g}): there is an effect")  # fmt: skip
+        return INCONCLUSIVE, (f"the {pct} interval neither lies inside nor wholly beyond "
+                              f"{t:g} +/- {claim.margin:g} ({ptxt}){mdt}")  # fmt: skip
+    side, other = ("above", "below") if d > 0 else ("below", "above")
+    e_against = _side_p(effect, -1)
+    if _short(iv, t, d) and e_against is not None and min(1.0, e_against * k) < ALPHA:
+        return NOT_HOLDS, (f"the {pct} interval lies {other} {t:g} (adjusted p = "
+                           f"{min(1.0, e_against * k):.3g})")  # fmt: skip
+    v_against = None if vs_control is None else _side_p(vs_control, -1)
+    if vs is not None and _short(vs, 0.0, d) and v_against is not None and v_against * k < ALPHA:
+        return NOT_HOLDS, (f"the effect lies {other} its control ({pct} effect - control "
+                           f"interval, adjusted p = {min(1.0, v_against * k):.3g})")  # fmt: skip
     beyond = _beyond(iv, t, d)
-    ctl_ok = vs_control is None or _beyond(vs_control.estimate, 0.0, d)
-    if beyond and ctl_ok and p is not None and p < ALPHA:
-        tail = "" if vs_control is None else " and beyond its control"
-        return HOLDS, f"the 95% interval lies {side} {t:g}{tail} ({ptxt})"
+    ctl_ok = vs is None or _beyond(vs, 0.0, d)
+    if beyond and ctl_ok and padj is not None and padj < ALPHA:
+        if missing_control:
+            return INCONCLUSIVE, f"the control is missing: {missing_control} ({ptxt})"
+        tail = "" if vs is None else " and beyond its control"
+        return HOLDS, f"the {pct} interval lies {side} {t:g}{tail} ({ptxt})"
     why = []
     if not beyond:
-        why.append(f"the 95% interval straddles {t:g}")
+        why.append(f"the {pct} interval straddles {t:g}")
     if not ctl_ok:
-        why.append("the effect - control interval straddles 0")
-    if p is None or p >= ALPHA:
-        why.append(ptxt if p is None else f"{ptxt} >= {ALPHA:g}")
-    return INCONCLUSIVE, "; ".join(why) + mde
+        why.append(f"the {pct} effect - control interval straddles 0")
+    if padj is None or padj >= ALPHA:
+        why.append(ptxt if padj is None else f"{ptxt} >= {ALPHA:g}")
+    if vs_control is not None and vs_control.extra.get("p_floor", 0) >= ALPHA:
+        why.append(f"{vs_control.extra['draws']} control draw(s): the permutation p is at "
+                   f"least {vs_control.extra['p_floor']:.3g}")  # fmt: skip
+    return INCONCLUSIVE, "; ".join(why) + mdt
 
 
 def _as_test(x: Test | Interval | None) -> Test | None:
@@ -552,39 +297,48 @@ def make_row(
     *,
     vs_control: Test | None = None,
     untestable: str | None = None,
+    floor: str | None = None,
+    missing_control: str | None = None,
     details: str = "",
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A card row: the claim, the paper's number, mechlingo's tests and a provisional verdict.
 
     Args:
-        claim: the claim (its rule's parameters).
-        effect: the effect's :class:`Test`, whose ``p`` tests H0 "effect == ``claim.null_value``"
-            (the threshold; for a null claim the margin's edge).
+        claim: the claim (its rule's parameters and family).
+        effect: the effect's :class:`Test`, whose ``p`` tests H0 "effect == ``claim.null_value``".
         control: the control's own test (shown; not judged).
-        vs_control: effect minus control, its own paired test (judged: the effect must lie
-            beyond its control).
+        vs_control: effect minus control (judged: the effect must lie beyond its control), a
+            paired test or a :func:`~mechlingo.card.statistics.population_test`.
         untestable: why the measurement cannot be made (then ``not testable here``).
+        floor: why the outcome sits at its floor (then ``not testable here (floor)``).
+        missing_control: the control the claim needs and the data lacks (then never ``holds``).
         extra: more fields of the row (``lang``, ``reading``, ``variant`` ...).
 
-    The verdict uses the raw p; :func:`finalize` replaces it by the Holm-adjusted one.
+    The row's ``family`` is the claim's (:func:`~mechlingo.card.claims.row_family`); the
+    verdict here is the row alone at level 0.05; :func:`finalize` judges it in its family.
     """
     eff, ctl = _as_test(effect), _as_test(control)
-    p, how = (None, "") if eff is None or untestable else _rule_p(claim, eff, vs_control)
-    v, reason = verdict(claim, eff, vs_control, p, untestable=untestable)
+    p, against, how = (None, None, "") if eff is None or untestable or floor else _rule_p(
+        claim, eff, vs_control)  # fmt: skip
+    v, reason = verdict(claim, eff, vs_control, untestable=untestable, floor=floor,
+                        missing_control=missing_control)  # fmt: skip
+    ex = dict(extra or {})
     return {
         "id": claim.id, "paper": claim.paper, "claim": claim.text,
         "paper_number": claim.paper_number, "measure": claim.measure,
         "rule": {"kind": claim.kind, "direction": claim.direction, "threshold": claim.threshold,
-                 "margin": claim.margin, "untestable": untestable},
+                 "margin": claim.margin, "untestable": untestable, "floor": floor,
+                 "missing_control": missing_control},
+        "family": row_family(claim, ex.get("variant")),
         "value": None if eff is None else eff.to_json(), "value_text": _text(eff) or "n/a",
         "control": None if ctl is None else ctl.to_json(), "control_text": _text(ctl),
         "vs_control": None if vs_control is None else vs_control.to_json(),
         "vs_control_text": _text(vs_control),
-        "p": p, "p_rule": how, "p_adjusted": None,
+        "p": p, "p_against": against, "p_rule": how, "p_adjusted": None, "adjustment": None,
         "mde": None if eff is None else eff.mde,
         "verdict": v, "reason": reason, "details": details, "figure": claim.figure,
-        "stage": claim.stage, "error": None, **dict(extra or {}),
+        "stage": claim.stage, "error": None, **ex,
     }  # fmt: skip
 
 
@@ -595,25 +349,53 @@ def _claim_of(row: Mapping[str, Any]) -> Claim:
                  threshold=r["threshold"], margin=r["margin"])  # fmt: skip
 
 
+def _decision_p(row: Mapping[str, Any]) -> float | None:
+    """The row's p in its family: the smaller of its two sides' (the verdict's evidence)."""
+    if row.get("verdict") == ERROR or row.get("p") is None:
+        return None
+    return min(row["p"], row.get("p_against") if row.get("p_against") is not None else 1.0)
+
+
 def finalize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The card's rows with Holm's correction over every row that has a p (``p`` raw,
-    ``p_adjusted``), and each row's verdict by the rules with its adjusted p. Error and
-    untestable rows keep theirs. Call it once, on all the rows of a card."""
+    """The card's rows, each adjusted in its family (Holm inside each paper's primary family,
+    Benjamini-Hochberg over each paper's secondary rows) and judged at its adjusted level:
+    ``p`` raw, ``p_adjusted``, ``adjustment`` (the procedure, the family's size, the level).
+    Error, untestable and floor rows keep theirs. Call it once, on all the rows of a card."""
     out = [dict(r) for r in rows]
-    adjusted = holm([r.get("p") if r.get("verdict") != ERROR else None for r in out])
-    for r, pa in zip(out, adjusted, strict=True):
-        r["p_adjusted"] = pa
-        if r.get("verdict") == ERROR or "rule" not in r:
-            continue
-        head = f"({r['variant']}) " if r.get("variant") else ""
-        tail = "" if pa is None else f", adjusted p = {pa:.3g}"
-        r["value_text"] = head + (_text(_as_test(None if r.get("value") is None else
-                                               Test.from_json(r["value"]))) or "n/a") + tail  # fmt: skip
-        eff = None if r.get("value") is None else Test.from_json(r["value"])
-        vs = None if r.get("vs_control") is None else Test.from_json(r["vs_control"])
-        r["verdict"], r["reason"] = verdict(_claim_of(r), eff, vs, pa,
-                                            untestable=r["rule"].get("untestable"))  # fmt: skip
+    fams: dict[tuple[str, str], list[int]] = {}
+    for i, r in enumerate(out):
+        fams.setdefault((r.get("paper", ""), r.get("family", "secondary")), []).append(i)
+    for (paper, fam), idx in fams.items():
+        method = "holm" if fam == "primary" else "bh"
+        adj = adjust([_decision_p(out[i]) for i in idx], method)
+        size = sum(_decision_p(out[i]) is not None for i in idx)
+        for i, (pa, k) in zip(idx, adj, strict=True):
+            _judge(out[i], pa, k, f"{'Holm' if fam == 'primary' else 'Benjamini-Hochberg'} "
+                   f"over the {size} {fam} rows of {paper}" + ("" if fam == "primary" else
+                   " (exploratory)"))  # fmt: skip
     return out
+
+
+def _judge(r: dict[str, Any], pa: float | None, k: float, how: str) -> None:
+    """Row ``r`` in its family: adjusted p ``pa``, multiplier ``k``, verdict at its level."""
+    r["p_adjusted"] = None if r.get("p") is None else min(1.0, r["p"] * k)
+    level = 1 - ALPHA / max(1.0, k)
+    r["adjustment"] = {"method": how, "multiplier": k, "level": level, "p_decision": pa}
+    if r.get("verdict") == ERROR or "rule" not in r:
+        return
+    head = f"({r['variant']}) " if r.get("variant") else ""
+    eff = None if r.get("value") is None else Test.from_json(r["value"])
+    vs = None if r.get("vs_control") is None else Test.from_json(r["vs_control"])
+    tail = "" if r["p_adjusted"] is None else f", adjusted p = {r['p_adjusted']:.3g}"
+    r["value_text"] = head + (_text(eff) or "n/a") + tail
+    if eff is not None:
+        r["value_adjusted"] = eff.at_level(level).to_json()
+        r["mde"] = _mde_at(eff, ALPHA / max(1.0, k))
+    rule = r["rule"]
+    r["verdict"], r["reason"] = verdict(_claim_of(r), eff, vs, k,
+                                        untestable=rule.get("untestable"),
+                                        floor=rule.get("floor"),
+                                        missing_control=rule.get("missing_control"))  # fmt: skip
 
 
 def error_row(claim: Claim, error: str) -> dict[str, Any]:
@@ -625,8 +407,8 @@ def error_row(claim: Claim, error: str) -> dict[str, Any]:
 
 def rules_hash(claims: Sequence[Claim] = ()) -> str:
     """sha256 (16 hex digits) of :data:`RULES` and of every claim's rule parameters."""
-    params = [(c.id, c.kind, c.direction, c.threshold, c.control_threshold, c.margin)
-              for c in claims]  # fmt: skip
+    params = [(c.id, c.kind, c.direction, c.threshold, c.control_threshold, c.margin,
+               c.family, c.primary_variant) for c in claims]  # fmt: skip
     text = json.dumps({"rules": RULES, "alpha": ALPHA, "retained_share": RETAINED_SHARE,
                        "claims": params}, sort_keys=True)  # fmt: skip
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -641,7 +423,7 @@ RULES_HASH = rules_hash(CLAIMS)
 # --------------------------------------------------------------------------------------
 
 _VERDICT_COLOUR = {HOLDS: "#2a7", NOT_HOLDS: "#c33", INCONCLUSIVE: "#a70", NOT_TESTABLE: "#888",
-                   ERROR: "#d80"}  # fmt: skip
+                   FLOOR: "#888", ERROR: "#d80"}  # fmt: skip
 
 
 @dataclass
@@ -680,6 +462,7 @@ class ClaimsCard:
                     "id": r["id"],
                     "variant": r.get("variant", ""),
                     "paper": r["paper"],
+                    "family": r.get("family", "secondary"),
                     "claim": r["claim"],
                     "paper_number": r["paper_number"],
                     "estimate": v.get("estimate"),
@@ -762,7 +545,8 @@ def _ptext(row: Mapping[str, Any]) -> str:
 
 def _label(row: Mapping[str, Any]) -> str:
     v = row.get("variant")
-    return row["claim"] + (f" [{v}]" if v else "")
+    tag = " (exploratory)" if row.get("family") == "secondary" else ""
+    return row["claim"] + (f" [{v}]" if v else "") + tag
 
 
 def _md(x: Any) -> str:

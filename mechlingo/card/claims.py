@@ -1,0 +1,398 @@
+"""The papers' claims that the card checks, each with its rule's parameters and its family.
+
+Every claim of Lu et al. (EMNLP 2025) and Sundar et al. (ACL 2025) that mechlingo checks is a
+:class:`Claim`. Each paper has one pre-registered primary family (:data:`PRIMARY`: its
+headline claims, one reading each); every other row is secondary (exploratory). The rules
+that turn a claim's tests into a verdict are in :mod:`mechlingo.card.rules`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["CLAIMS", "LU", "PRIMARY", "SUNDAR", "Claim", "claim_by_id", "row_family"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim: what the paper says, what mechlingo measures, and the rule's parameters.
+
+    ``direction`` +1: the effect must be above ``threshold`` (-1: below). ``margin``: for a
+    null claim, how far either side of ``threshold`` an effect may lie and still count as none
+    (an equivalence test). ``figure`` is the anchor of the report section that shows it.
+    ``family``: ``primary`` (the paper's pre-registered headline claims, Holm inside the
+    paper's family) or ``secondary`` (exploratory, Benjamini-Hochberg). ``primary_variant``:
+    for a primary claim judged in several readings, the one reading in the primary family
+    (the others are secondary).
+    """
+
+    id: str
+    paper: str
+    text: str
+    paper_number: str
+    measure: str
+    stage: str
+    figure: str
+    kind: Literal["effect", "null"] = "effect"
+    direction: int = 1
+    threshold: float = 0.0
+    control_threshold: float = 0.0
+    margin: float | None = None
+    family: Literal["primary", "secondary"] = "secondary"
+    primary_variant: str | None = None
+
+    @property
+    def null_value(self) -> float:
+        """The value of H0 that the effect's p tests: the threshold (for a null claim the
+        centre of the equivalence margin; the rules test both of its edges)."""
+        return self.threshold
+
+
+def row_family(claim: Claim, variant: str | None = None) -> Literal["primary", "secondary"]:
+    """The family of a row of ``claim`` in reading ``variant``: the claim's, except that a
+    primary claim's readings other than its ``primary_variant`` are secondary."""
+    if claim.family == "primary" and claim.primary_variant and variant != claim.primary_variant:
+        return "secondary"
+    return claim.family
+
+
+LU = "lu2025"
+SUNDAR = "sundar2025"
+#: The primary reading of the lowest-language claim (">35%"): the relative gain in the
+#: lowest language(s) of the headroom rule. The paper's lowest language is one the
+#: interventions can move; the literal rule's lowest language may sit at a floor where no
+#: vector can act, and ">35%" is a relative number.
+PRIMARY_LOWEST = "headroom rule, relative"
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim(
+        "latent_english",
+        LU,
+        "The English answer is decodable in the middle layers before the target-language "
+        "answer (latent-language curves).",
+        "qualitative: English is the latent language of recall (Fig. 2-3)",
+        "share of non-English queries (English answer != L answer, one of them reaches rank "
+        "<= 10 before the output) whose English answer reaches it at an earlier layer; "
+        "clustered by fact; threshold 0.5",
+        "trace",
+        "fig-latent",
+        threshold=0.5,
+        family="primary",
+    ),
+    Claim(
+        "recall_failures",
+        LU,
+        "Most errors are recall failures rather than translation failures (the tracer).",
+        "recall failures are the majority of errors",
+        "recall failures / (recall + translation failures) over the non-English errors of the "
+        "tracer; clustered by fact; threshold 0.5",
+        "trace",
+        "fig-classes",
+        threshold=0.5,
+        family="primary",
+    ),
+    Claim(
+        "task_vector",
+        LU,
+        "The recall-engagement vector raises accuracy.",
+        "raises recall accuracy (task vector, mid layers)",
+        "test gain of 'task' over 'orig' on the non-English items, clustered by fact; "
+        "control: the norm-matched random vectors pooled over seeds; judged against it",
+        "repair",
+        "fig-repair",
+        family="primary",
+    ),
+    Claim(
+        "diff_vector",
+        LU,
+        "The back-translation vector raises accuracy.",
+        "raises recall accuracy (translation difference vector, late layers)",
+        "test gain of 'diff' over 'orig' on the non-English items, clustered by fact; "
+        "control: the norm-matched random vectors pooled over seeds; judged against it",
+        "repair",
+        "fig-repair",
+        family="primary",
+    ),
+    Claim(
+        "lowest_language",
+        LU,
+        "Both together raise the lowest-performing language by more than 35%.",
+        "> +35%, lowest-performing language",
+        "test gain of 'both' over 'orig' in the lowest language(s) of the literal rule (lowest "
+        "dev zero-shot accuracy, non-English) and of the headroom rule (the same among those "
+        "whose dev few-shot beats zero-shot, McNemar p < 0.1), tied languages pooled; each "
+        "relative (clustered log ratio, when the baseline is above 0) and in points; "
+        "threshold 0.35; control: random vectors, judged against it",
+        "repair",
+        "fig-headroom",
+        threshold=0.35,
+        family="primary",
+        primary_variant=PRIMARY_LOWEST,
+    ),
+    Claim(
+        "independent_relations",
+        LU,
+        "The vectors are independent of relations (the transfer matrix, by relation).",
+        "independent of language and dataset",
+        "gain of vectors built without relation R, tested on R (rows all_but_<R>), pooled over "
+        "the held-out cells and clustered by fact, against the random control; and the share "
+        "of the in-pool (all) gain on R that they keep (> 0.5)",
+        "transfer_relation",
+        "fig-transfer",
+    ),
+    Claim(
+        "independent_languages",
+        LU,
+        "The vectors are independent of languages (the transfer matrix, by language).",
+        "independent of language and dataset",
+        "gain of vectors built without language L, tested on L (rows all_but_<L>), pooled and "
+        "clustered by fact, against the random control; and the retained share (> 0.5)",
+        "transfer_lang",
+        "fig-transfer",
+    ),
+    Claim(
+        "random_vector",
+        LU,
+        "A norm-matched random vector does not raise accuracy.",
+        "no gain (control)",
+        "test gain of the random vectors (seeds pooled per item, paired with orig) on the "
+        "non-English items, clustered by fact; holds when it lies below +0.05 (the margin)",
+        "repair",
+        "fig-repair",
+        kind="null",
+        margin=0.05,
+    ),
+    Claim(
+        "experts_exist",
+        SUNDAR,
+        "Expert neurons exist: AUROC well above 0.5.",
+        "AUROC > 0.5 qualifies; top experts near 1",
+        "held-out AUROC (sentences not used to select) of the target's top-k experts at the "
+        "clamp's k, median over the k neurons; sentences (all translations) resampled "
+        "together, permutation p; threshold 0.5; control: k random neurons, judged against it",
+        "experts",
+        "fig-experts",
+        threshold=0.5,
+        control_threshold=0.5,
+        family="primary",
+    ),
+    Claim(
+        "experts_disjoint",
+        SUNDAR,
+        "The expert sets of different languages barely overlap.",
+        "barely overlap",
+        "mean share of shared neurons between the top-k sets (the clamp's k) of two languages "
+        "(all pairs) minus the chance share k/N (N MLP neurons, the hypergeometric "
+        "expectation); delete-one-language jackknife t interval (languages are the units); "
+        "holds when the excess over chance is below 0.10; control: the chance overlap with "
+        "its exact hypergeometric p",
+        "experts",
+        "fig-overlap",
+        direction=-1,
+        threshold=0.10,
+        family="primary",
+    ),
+    Claim(
+        "clamp_steers",
+        SUNDAR,
+        "At the k that the papers' rule picks, the clamp steers generation into the target "
+        "language.",
+        "k chosen by target-language rate against perplexity (k = 100-2000)",
+        "gain of the target-language rate of bare-BOS samples, clamp vs no clamp at the k of "
+        "the papers' rule (target rate, target perplexity <= 2x), measured on fresh BOS "
+        "samples (not those that chose k), exact paired test; control: the random-neuron "
+        "clamp of the same k, judged against it",
+        "experts",
+        "fig-kcurve",
+        family="primary",
+    ),
+    Claim(
+        "clamp_closer",
+        SUNDAR,
+        "The clamp brings languages closer (distances before and after; same-sentence / "
+        "different-sentence ratio).",
+        "cosine distance between languages 0.72 -> 0.19 (Aya-23-8B), 0.72 -> 0.17 (BLOOM-7B)",
+        "change of the mean cosine distance between languages (same sentence), post - pre, "
+        "paired per sentence (sign-flip p, bootstrap CI); direction: down; control: the "
+        "random clamp, judged against it",
+        "align",
+        "fig-align",
+        direction=-1,
+        family="primary",
+    ),
+    Claim(
+        "retrieval_improves",
+        SUNDAR,
+        "Retrieval improves: before, after, and the random control.",
+        "median top-1 gain +32% (Aya), +14% (BLOOM)",
+        "change of mean top-1 retrieval over all ordered language pairs, post - pre, paired "
+        "per sentence; control: the random clamp, judged against it",
+        "align",
+        "fig-align",
+        family="primary",
+    ),
+    Claim(
+        "random_neurons",
+        SUNDAR,
+        "The same values written into random neurons do not help.",
+        "no gain (control)",
+        "change of mean top-1 retrieval, random clamp - pre, paired per sentence; holds when "
+        "it lies below +0.05 (the margin)",
+        "align",
+        "fig-align",
+        kind="null",
+        margin=0.05,
+        family="primary",
+    ),
+    # ---- the secondary claims: further readings and the papers' other numbers
+    Claim(
+        "english_gap",
+        LU,
+        "English is answered more accurately than the other languages (the baseline gap).",
+        "English accuracy well above the other languages' (Fig. 1)",
+        "test accuracy (P@1 under --metric rank) of English minus that of each other language "
+        "on the same facts, no intervention; paired, clustered by fact",
+        "repair",
+        "fig-repair",
+    ),
+    *(
+        Claim(
+            f"latent_english_{dec}",
+            LU,
+            f"Under the {label}, the English answer is decodable before the target-language "
+            "answer.",
+            "English is the latent language (logit lens); docs/methods/logit-lens.md: the "
+            "pivot does not survive the patchscope for ru/zh/ja",
+            f"share of non-English test prompts (distinct English and L answers, one of them "
+            f"reaching rank <= 10) whose English answer does so at an earlier entry of the "
+            f"{label}; clustered by fact; threshold 0.5",
+            "decoders",
+            "fig-decoders",
+            threshold=0.5,
+        )
+        # the logit lens is latent_english's own measurement (the trace records): no row
+        for dec, label in (
+            ("tuned", "tuned lens"),
+            ("patchscope", "patchscope"),
+        )
+    ),
+    Claim(
+        "consistency",
+        LU,
+        "The interventions raise factual consistency across languages.",
+        "more consistent answers across languages",
+        "gain of consistency with English under 'both' (RankC per fact and language under "
+        "--metric rank; CLC, the Jaccard of the right answers, otherwise) on test; clustered "
+        "by fact",
+        "repair",
+        "fig-repair",
+    ),
+    Claim(
+        "task_repairs_recall",
+        LU,
+        "Each vector repairs its own failure class: the recall-engagement vector recall "
+        "failures, the back-translation vector translation failures.",
+        "the recall-engagement vector fixes recall; the translation vector the last step",
+        "difference in differences: the gain of 'task' minus that of 'diff' on test items the "
+        "tracer classed as recall failures (unsteered model), minus the same on translation "
+        "failures (one contrast reads both halves of the claim: one row); CR2 by fact",
+        "repair",
+        "fig-repair",
+    ),
+    Claim(
+        "both_beat_single",
+        LU,
+        "The two vectors together beat the better one alone.",
+        "both > either alone",
+        "test gain of 'both' over the single vector that dev found better, non-English items; "
+        "paired, clustered by fact",
+        "repair",
+        "fig-repair",
+    ),
+    Claim(
+        "conversion_causal",
+        LU,
+        "The late conversion step is causal: patching the late MLP/attention outputs the "
+        "tracer names restores the answer.",
+        "late layers convert the English answer into the target language",
+        "restored log-probability of the L answer (patched - corrupted, nats) from patching "
+        "clean mlp_out/attn_out at the last token in the tracer's conversion band, against "
+        "as many random sites outside it; clustered by fact",
+        "conversion",
+        "fig-conversion",
+    ),
+    *(
+        Claim(
+            f"external_{cond}",
+            LU,
+            f"The '{cond}' intervention chosen on the bundled data transfers to another dataset.",
+            "independent of language and dataset",
+            f"gain of '{cond}' over no intervention on the --facts benchmark's facts, scored by "
+            "its own metric, with the vectors and layer/scale chosen on the bundled data only; "
+            "clustered by fact; control: the norm-matched random vectors (pooled)",
+            "external",
+            "fig-external",
+        )
+        for cond in ("task", "diff", "both")
+    ),
+    Claim(
+        "clamp_closer_centred",
+        SUNDAR,
+        "The clamp brings translations closer than unrelated sentences (centred distances).",
+        "cosine distance between languages 0.72 -> 0.19 (Aya-23-8B)",
+        "change of the per-sentence same-sentence / different-sentence distance ratio after "
+        "centring, post - pre; clustered by document; control: the random clamp",
+        "align",
+        "fig-align",
+        direction=-1,
+    ),
+    Claim(
+        "retrieval_gain_max",
+        SUNDAR,
+        "The clamp raises top-1 retrieval up to 2x for some language pair.",
+        "up to 2x top-1",
+        "largest per-pair ratio of top-1 post / pre (pairs with a pre hit); cluster bootstrap "
+        "by document; threshold 1; judged against the random clamps' own maxima (its rank "
+        "among them: exact permutation p, floor 1/(m + 1))",
+        "align",
+        "fig-align",
+        threshold=1.0,
+    ),
+    Claim(
+        "retrieval_gain_median",
+        SUNDAR,
+        "The median relative retrieval gain over language pairs is positive.",
+        "median top-1 gain +32% (Aya), +14% (BLOOM)",
+        "median over pairs of top-1 post / pre - 1; cluster bootstrap by document; control: "
+        "the random clamp",
+        "align",
+        "fig-align",
+    ),
+    Claim(
+        "distance_predicts_retrieval",
+        SUNDAR,
+        "The pairs whose distance falls most gain most in retrieval.",
+        "distance and retrieval change together",
+        "Spearman correlation over ordered language pairs of the change in distance with the "
+        "change in top-1 (clamp - none); cluster bootstrap by document; direction: negative",
+        "align",
+        "fig-align",
+        direction=-1,
+    ),
+)
+
+
+def claim_by_id(cid: str) -> Claim:
+    """The :class:`Claim` with id ``cid``."""
+    for c in CLAIMS:
+        if c.id == cid:
+            return c
+    raise KeyError(cid)
+
+
+#: Each paper's pre-registered primary family: its headline claims (ids), Holm inside each.
+PRIMARY: dict[str, tuple[str, ...]] = {
+    paper: tuple(c.id for c in CLAIMS if c.paper == paper and c.family == "primary")
+    for paper in (LU, SUNDAR)
+}
