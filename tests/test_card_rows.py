@@ -399,7 +399,7 @@ def test_align_extra_rows_by_hand():
     vs2 = {r["id"]: r for r in sundar.rows_align_extra({"details": d2})}["retrieval_gain_max"]
     draw_max = max((1 / pre_h.mean(1)).max(), 1.0)
     want = (1 + sum(x >= ratio.max() for x in [1.0, 1.0, 1.0, draw_max])) / 5
-    assert vs2["vs_control"]["p"] == pytest.approx(want)
+    assert vs2["vs_control"]["extra"]["p_rank"] == pytest.approx(want)
     assert vs2["vs_control"]["extra"]["draws"] == 4
     rho = sps.spearmanr(post_d.mean(1) - pre_d.mean(1), post_h.mean(1) - pre_h.mean(1))
     assert rows["distance_predicts_retrieval"]["value"]["estimate"]["estimate"] == (

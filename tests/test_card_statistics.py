@@ -113,15 +113,20 @@ def test_population_permutation_p_is_the_effect_rank():
     above, below = int((gains >= eff - 1e-12).sum()), int((gains <= eff + 1e-12).sum())
     assert 0 < above < 19  # the effect is neither the best nor the worst: a real rank
     t = population_test(effect, draws, ids, base=base)
-    assert t.p == pytest.approx((1 + above) / 20) and t.extra["p_floor"] == pytest.approx(0.05)
-    assert t.extra["p_opposite"] == pytest.approx((1 + below) / 20)
+    assert t.extra["p_rank"] == pytest.approx((1 + above) / 20)
+    assert t.extra["p_floor"] == pytest.approx(0.05)
+    assert t.extra["p_rank_opposite"] == pytest.approx((1 + below) / 20)
+    # the verdict's p: two-sided t of effect - population mean, by hand from its SE and df
+    se, df = t.extra["se"], t.extra["df"]
+    hand = 2 * sps.t.sf(abs(t.estimate.estimate) / se, df)
+    assert t.p == pytest.approx(hand) and not t.extra.get("one_sided")
     assert t.estimate.estimate == pytest.approx(effect.mean() - draws.mean())
     # the between-draw variance widens the interval beyond the cluster part alone
     assert t.extra["se"] > t.extra["se_clusters"] and t.estimate.lo < t.estimate.estimate
     # direction -1: the same ranks counted the other way
-    assert population_test(effect, draws, ids, base=base, direction=-1).p == pytest.approx(
-        t.extra["p_opposite"]
-    )
+    flipped = population_test(effect, draws, ids, base=base, direction=-1)
+    assert flipped.extra["p_rank"] == pytest.approx(t.extra["p_rank_opposite"])
+    assert flipped.p == pytest.approx(t.p)  # two-sided
 
 
 def test_one_draw_has_a_permutation_floor_of_one_half():

@@ -356,18 +356,25 @@ def rank_test(effect: float | None, draws: Sequence[float], direction: int = 1) 
     est = float(effect - x.mean())
     p = (1 + int((direction * (x - effect) >= -1e-12).sum())) / (m + 1)
     p_opp = (1 + int((direction * (effect - x) >= -1e-12).sum())) / (m + 1)
-    lo = hi = se = None
+    lo = hi = se = p_t = None
     if m >= 2:
         se = float(x.std(ddof=1) * np.sqrt(1 + 1 / m))
         half = float(sps.t.ppf(0.975, m - 1)) * se
         lo, hi = est - half, est + half
-    extra = {"one_sided": True, "direction": direction, "p_opposite": p_opp, "draws": m,
+        if se > 0:
+            p_t = max(float(2 * sps.t.sf(abs(est) / se, m - 1)), 1e-300)
+    extra = {"direction": direction, "draws": m, "p_rank": p, "p_rank_opposite": p_opp,
              "p_floor": 1 / (m + 1), "draw_stats": x.tolist(), "se": se, "df": m - 1,
              "interval": "t"}  # fmt: skip
+    if p_t is None:  # one draw or draws all equal: only the rank p
+        extra.update(one_sided=True, p_opposite=p_opp)
     method = (
-        f"effect vs {m} random draws' statistic; p: its rank (exact permutation, floor 1/{m + 1})"
-    )
-    return Test(Interval(est, lo, hi, m), p, None, m, method, extra)
+        f"effect vs {m} random draws' statistic; p: "
+        + ("its rank (exact permutation" if p_t is None else
+           f"two-sided t of effect - draws' mean (prediction SE), rank p {p:.3g} (floor")
+        + f" 1/{m + 1})"
+    )  # fmt: skip
+    return Test(Interval(est, lo, hi, m), p if p_t is None else p_t, None, m, method, extra)
 
 
 def rows_experts(data: Mapping[str, Any]) -> list[dict[str, Any]]:

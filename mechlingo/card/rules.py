@@ -108,9 +108,11 @@ RULES = {
     "adjusted, is < 0.05; does not hold when the interval lies wholly beyond the margin "
     "(either side) with adjusted p < 0.05; inconclusive otherwise",
     "p-values": "cluster sign-flip permutation tests where H0 makes cluster totals symmetric "
-    "(exact McNemar for unclustered 0/1 pairs), CR2 t tests on G - 1 df otherwise; a random "
-    "population's exact permutation p (1 + #draws at least as far) / (m + 1), one-sided, "
-    "floor 1 / (m + 1); with a control, the claim's side p is the larger of the effect's p "
+    "(exact McNemar for unclustered 0/1 pairs), CR2 t tests on G - 1 df otherwise; against a random "
+    "population of m >= 2 draws, the two-sided t test of effect - population mean (SE with "
+    "the between-draw variance, Satterthwaite df), the exact permutation rank p (1 + #draws "
+    "at least as far) / (m + 1) reported beside it; one draw: the rank p alone (floor 0.5, "
+    "never enough); with a control, the claim's side p is the larger of the effect's p "
     "and the effect - control p; no p is 0 (a zero-variance estimate gets 1 / 2^(G-1))",
     "intervals": "CR2 cluster-robust standard errors with Student's t on G - 1 df (valid "
     "with few clusters); effect - control against a population adds the between-draw "
@@ -270,7 +272,11 @@ def verdict(
         why.append(f"the {pct} effect - control interval straddles 0")
     if padj is None or padj >= ALPHA:
         why.append(ptxt if padj is None else f"{ptxt} >= {ALPHA:g}")
-    if vs_control is not None and vs_control.extra.get("p_floor", 0) >= ALPHA:
+    if (
+        vs_control is not None
+        and vs_control.extra.get("one_sided")
+        and vs_control.extra.get("p_floor", 0) >= ALPHA
+    ):
         why.append(f"{vs_control.extra['draws']} control draw(s): the permutation p is at "
                    f"least {vs_control.extra['p_floor']:.3g}")  # fmt: skip
     return INCONCLUSIVE, "; ".join(why) + mdt

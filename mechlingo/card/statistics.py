@@ -23,10 +23,12 @@ estimate away from its null gets the smallest p the sign-flip test of G clusters
 ``1 / 2^(G-1)`` (1.0 when it equals the null); Monte Carlo p-values are ``(1 + hits) / (1 +
 n)``; a population's permutation p is at least ``1 / (m + 1)`` for m draws.
 
-**Controls are populations** (:func:`population_test`): the effect's rank among m random
-draws gives the exact one-sided permutation p ``(1 + #{draw >= effect}) / (m + 1)``, and
-effect - control uses the population mean with a standard error that adds the between-draw
-variance to the cluster one.
+**Controls are populations** (:func:`population_test`): effect - control uses the population
+mean with a standard error that adds the between-draw variance to the cluster one, and its
+two-sided t p is the verdict's; the effect's rank among the m draws, the exact one-sided
+permutation p ``(1 + #{draw >= effect}) / (m + 1)``, is reported beside it (floor 1/(m + 1):
+at the card's sizes it cannot reach a Holm-adjusted level, hence the t p). With one draw only
+the rank p exists, so one draw never supports a verdict.
 
 **Families.** :func:`holm` inside a pre-registered primary family, :func:`benjamini_hochberg`
 over the exploratory rows; :func:`adjust` gives each row its multiplier, so
@@ -747,16 +749,34 @@ def population_test(
     if se is not None:
         half = _crit(CONFIDENCE, df) * se
         lo, hi = mu - half, mu + half
-    extra = {"one_sided": True, "direction": direction, "p_opposite": p_opp, "draws": m,
+    extra = {"direction": direction, "draws": m, "p_rank": p, "p_rank_opposite": p_opp,
              "p_floor": 1 / (m + 1), "effect_stat": stat_e,
              "draw_stats": [float(x) for x in stat_d], "se": se, "df": df, "interval": "t",
              **fields}  # fmt: skip
+    p_t = _population_t_p(mu, se, df, g, m)
+    if p_t is None:  # one draw (or no SE): only the rank p, whose floor is 1 / (m + 1)
+        extra.update(one_sided=True, p_opposite=p_opp)
     between = "between-draw variance included" if m >= 2 else "one draw: no between-draw variance"
-    method = (f"effect - population of {m} random draws; p: the effect's rank among them "
-              f"(exact permutation, floor 1/{m + 1}); interval: CR2 ({g} clusters) + "
-              f"{between}, t({df:.1f})")  # fmt: skip
-    return Test(Interval(mu, lo, hi, len(e)), p, None if se is None else mde(se, df=df), g,
-                method, extra)  # fmt: skip
+    how_p = (
+        "the rank p"
+        if p_t is None
+        else f"two-sided t on effect - population mean; rank p {p:.3g} (floor 1/{m + 1})"
+    )
+    method = (f"effect - population of {m} random draws; p: {how_p}; interval: CR2 "
+              f"({g} clusters) + {between}, t({df:.1f})")  # fmt: skip
+    return Test(Interval(mu, lo, hi, len(e)), p if p_t is None else p_t,
+                None if se is None else mde(se, df=df), g, method, extra)  # fmt: skip
+
+
+def _population_t_p(mu: float, se: float | None, df: float, g: int, m: int) -> float | None:
+    """The two-sided t p of H0 "effect - population mean = 0" (SE with the between-draw
+    variance, Satterthwaite df); ``None`` with fewer than two draws (no between-draw variance
+    to judge by: the rank p, floor 0.5, stands alone). Never 0."""
+    if m < 2 or se is None:
+        return None
+    if se == 0:
+        return 1.0 if math.isclose(mu, 0.0, abs_tol=1e-12) else p_floor(g)
+    return max(float(2 * sps.t.sf(abs(mu) / se, df)), _TINY)
 
 
 def population_gain_test(
