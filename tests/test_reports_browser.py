@@ -41,7 +41,7 @@ def reports(tiny_dir, tmp_path_factory) -> dict[str, Path]:
     runs = {
         "lens": ["lens", *model, *facts, "--limit", "4"],
         "eval": ["eval", *model, *facts, "--limit", "4", "--max-new-tokens", "3"],
-        "trace": ["trace", *model, *facts, "--limit", "4", "--patch-prompts", "2",
+        "trace": ["trace", *model, *facts, "--limit", "4", "--patch-prompts", "2", "--patch-unanswered",
                   "--max-new-tokens", "3"],
         "vectors": ["steer", "build", *model, *facts, "--limit", "24", "--k-shot", "2"],
         "steer": ["steer", "eval", *model, *facts, "--limit", "24", "--vectors",

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-__all__ = ["band", "rgba"]
+__all__ = ["VALUE_LABELS", "band", "metric_label", "rank_axis", "rgba", "track_label"]
 
 
 def rgba(hex_color: str, alpha: float) -> str:
@@ -35,4 +36,60 @@ def band(
         hoverinfo="skip",
         showlegend=False,
         **kw,
+    )
+
+
+#: What a lens track is called in figure text: the answer in the prompt's own language, or
+#: the answer in a named language (``"en"`` -> "English answer").
+_LANGUAGE_NAMES = {
+    "en": "English", "fr": "French", "de": "German", "es": "Spanish", "it": "Italian",
+    "pt": "Portuguese", "ja": "Japanese", "zh": "Chinese", "ko": "Korean", "ru": "Russian",
+    "ar": "Arabic", "hi": "Hindi",
+}  # fmt: skip
+
+
+def track_label(track: str) -> str:
+    """A lens track in words: ``"answer"`` -> "prompt-language answer", ``"en"`` -> "English
+    answer", an unlisted code -> "answer in xx"."""
+    if track == "answer":
+        return "prompt-language answer"
+    name = _LANGUAGE_NAMES.get(track)
+    return f"{name} answer" if name else f"answer in {track}"
+
+
+#: How the patching metrics read in figure text.
+_METRIC_NAMES = {
+    "answer_logprob": "log-probability of the prompt-language answer",
+    "en_logprob": "log-probability of the English answer",
+}
+
+
+def metric_label(name: str) -> str:
+    """A patching metric in words (``"answer_logprob"`` -> "log-probability of the
+    prompt-language answer"); an unlisted name is returned with its underscores as spaces."""
+    return _METRIC_NAMES.get(name, name.replace("_", " "))
+
+
+#: How a patching grid's value reads in figure text.
+VALUE_LABELS = {
+    "normalized": "normalised effect",
+    "effect": "effect (patched - corrupted)",
+    "mean": "mean patched value",
+}
+
+
+def rank_axis(fig: go.Figure, max_rank: float, *, title: str = "rank + 1", **where: Any) -> None:
+    """Make the y axes ``where`` selects (``row=``, ``col=``; every one by default) rank axes:
+    log scale, reversed (rank 1 at the top), one shared range from 1 to ``max_rank`` and one
+    tick per decade, each titled."""
+    top = math.log10(max(2.0, float(max_rank)) * 1.2)
+    fig.update_yaxes(
+        type="log",
+        range=[top, math.log10(0.8)],
+        autorange=False,
+        dtick=1,
+        minor={"showgrid": False, "ticks": ""},
+        title_text=title,
+        showticklabels=True,
+        **where,
     )

@@ -170,12 +170,14 @@ class LensResult:
         return pd.DataFrame(rows)
 
     def latent_curves(self) -> pd.DataFrame:
-        """Mean, standard deviation and count of each track's probability per prompt language
-        and entry: the latent-language curves."""
+        """Mean, standard deviation, median, quartiles (``q25``, ``q75``) and count of each
+        track's probability per prompt language and entry: the latent-language curves."""
         df = self.to_dataframe()
         g = df.groupby(["lang", "track", "layer"])["prob"]
-        out = g.agg(["mean", "std", "count"]).reset_index()
-        return out.fillna({"std": 0.0})
+        out = g.agg(["mean", "std", "median", "count"])
+        out["q25"] = g.quantile(0.25)
+        out["q75"] = g.quantile(0.75)
+        return out.reset_index().fillna({"std": 0.0})
 
     def summary(self, *, max_rank: int = 10) -> dict[str, Any]:
         """Headline numbers per prompt language: the share of prompts whose output top token

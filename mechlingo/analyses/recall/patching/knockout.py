@@ -110,6 +110,7 @@ class KnockoutResult:
             windows=self.windows,
             keys=self.keys,
             metric_name=self.metric_name,
+            n_examples=int(self.values.shape[-1]),
         )
 
 

@@ -278,6 +278,7 @@ class PatchingResult(PatchingBaselines):
             metric_name=self.metric_names[m],
             alignment=self.alignment,
             value=value,
+            n_examples=int(self.values.shape[-1]),
         )
 
     def fig_circuit(self, metric: str | int = 0, **options: Unpack[CircuitOptions]) -> go.Figure:
@@ -287,6 +288,7 @@ class PatchingResult(PatchingBaselines):
         ``token_labels``, ``title``, ``heads``, ``verified``, as
         :func:`mechlingo.viz.patching.circuit_figure` takes them)."""
         m = self.metric_index(metric)
+        options.setdefault("n_examples", int(self.values.shape[-1]))
         return circuit_figure(
             [(c.site, c.layer, c.position, c.head) for c in self.cells],
             self.normalized(m),
