@@ -10,7 +10,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-__all__ = ["VALUE_LABELS", "band", "metric_label", "rank_axis", "rgba", "track_label"]
+__all__ = [
+    "VALUE_LABELS",
+    "band",
+    "metric_label",
+    "n_text",
+    "rank_axis",
+    "rgba",
+    "track_label",
+    "with_n",
+]
 
 
 def rgba(hex_color: str, alpha: float) -> str:
@@ -39,22 +48,12 @@ def band(
     )
 
 
-#: What a lens track is called in figure text: the answer in the prompt's own language, or
-#: the answer in a named language (``"en"`` -> "English answer").
-_LANGUAGE_NAMES = {
-    "en": "English", "fr": "French", "de": "German", "es": "Spanish", "it": "Italian",
-    "pt": "Portuguese", "ja": "Japanese", "zh": "Chinese", "ko": "Korean", "ru": "Russian",
-    "ar": "Arabic", "hi": "Hindi",
-}  # fmt: skip
-
-
 def track_label(track: str) -> str:
     """A lens track in words: ``"answer"`` -> "prompt-language answer", ``"en"`` -> "English
-    answer", an unlisted code -> "answer in xx"."""
+    answer" (the pivot), another code -> "answer in xx"."""
     if track == "answer":
         return "prompt-language answer"
-    name = _LANGUAGE_NAMES.get(track)
-    return f"{name} answer" if name else f"answer in {track}"
+    return "English answer" if track == "en" else f"answer in {track}"
 
 
 #: How the patching metrics read in figure text.
@@ -93,3 +92,20 @@ def rank_axis(fig: go.Figure, max_rank: float, *, title: str = "rank + 1", **whe
         showticklabels=True,
         **where,
     )
+
+
+def n_text(ns: Any, what: str = "") -> str:
+    """``"n = 12 facts"`` from the counts ``ns`` (one int or several: ``"n = 8-12 facts"``
+    for unequal ones); ``""`` when no count is known."""
+    vals = [int(v) for v in ([ns] if isinstance(ns, (int, float)) else list(ns or [])) if v]
+    if not vals:
+        return ""
+    lo, hi = min(vals), max(vals)
+    span = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    return f"n = {span}" + (f" {what}" if what else "")
+
+
+def with_n(title: str, ns: Any, what: str = "") -> str:
+    """``title`` with ``(n = ...)`` appended (unchanged when no count is known)."""
+    n = n_text(ns, what)
+    return f"{title} ({n})" if n else title

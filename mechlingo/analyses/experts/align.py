@@ -501,11 +501,14 @@ class AlignmentComparison:
         difference."""
         s = self.pre.layer_slot(layer)
         post = None if self.retrieval_post is None else self.retrieval_post[s]
-        return retrieval_heatmaps(self.retrieval_pre[s], post, self.langs, self.layers[s])
+        n = int(self.pre.emb.shape[2])
+        return retrieval_heatmaps(self.retrieval_pre[s], post, self.langs, self.layers[s], n)
 
     def fig_layers(self) -> go.Figure:
         """Mean cross-language top-1 retrieval per layer, per arm."""
-        return retrieval_per_layer_figure(self.summary()["retrieval_mean_per_layer"])
+        return retrieval_per_layer_figure(
+            self.summary()["retrieval_mean_per_layer"], int(self.pre.emb.shape[2])
+        )
 
     def fig_pca(self, layer: int | None = None) -> go.Figure:
         """Sentence embeddings at ``layer`` on their first two principal components, before

@@ -549,8 +549,14 @@ class ConditionResults:
         }
 
     def fig_accuracy(self, title: str = "Test accuracy per language and condition") -> go.Figure:
-        """Grouped bars of the test accuracy per language, one colour per condition."""
-        return accuracy_bars(self.accuracy, title)
+        """Grouped bars of the test accuracy per language, one colour per condition (the
+        title gives the test facts per language when the raw results are held)."""
+        n = [
+            sum(r["lang"] == lg for r in res.records)
+            for res in self.results.values()
+            for lg in {r["lang"] for r in res.records}
+        ]
+        return accuracy_bars(self.accuracy, title, n=n or None)
 
 
 def score_at_config(
