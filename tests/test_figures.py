@@ -171,7 +171,7 @@ CELL = {"estimate": 0.5, "lo": 0.4, "hi": 0.6}
 @pytest.fixture(scope="module")
 def ctx(tiny):
     """What the builders share: the tiny model, facts, a lens and a trace."""
-    from mechlingo.analyses.decoders.lens import lens_facts
+    from mechlingo.analyses.decoders.lens import lens_facts, logit_lens
     from mechlingo.analyses.recall.trace import trace_recall
     from mechlingo.data import load_facts
 
@@ -181,6 +181,7 @@ def ctx(tiny):
         "facts": facts,
         "lens": lens_facts(tiny, facts, track_langs=["en"]),
         "trace": trace_recall(tiny, facts, max_new_tokens=2),
+        "tokens": logit_lens(tiny, ["The capital of France is", "東京は日本の首都"]),
     }
 
 
@@ -318,6 +319,9 @@ BUILDERS: dict[str, Builder] = {
         c["lens"].fig_heatmap("en", "rank"),
         c["lens"].fig_heatmap("answer", "prob"),
     ],
+    "LensResult.fig_tokens": lambda c: [
+        c["tokens"].fig_tokens(p, color) for p in (0, 1) for color in ("prob", "lang")
+    ],
     "TraceResult.fig_class_fractions": lambda c: [c["trace"].fig_class_fractions()],
     "TraceResult.fig_profiles": lambda c: [
         c["trace"].fig_profiles(),
@@ -367,7 +371,7 @@ def test_figure_is_correct_by_construction(name, ctx):
 
 def test_trace_and_lens_report_figures(ctx):
     from mechlingo.analyses.recall.trace import run_trace
-    from mechlingo.report.lens import lens_report
+    from mechlingo.report.lens import lens_report, token_lens_report
     from mechlingo.report.trace import trace_report
 
     facts = [f for f in ctx["facts"] if f.lang in ("en", "fr")]
@@ -378,6 +382,7 @@ def test_trace_and_lens_report_figures(ctx):
     reports = {
         "trace": report,
         "lens": lens_report(lens, {**lens.summary(), "meta": {}}, max_rank=10),
+        "token lens": token_lens_report(ctx["tokens"], {}),
     }
     for name, rep in reports.items():
         assert rep.figures, name

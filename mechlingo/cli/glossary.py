@@ -54,6 +54,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--seed": ("seed", "the seed of the run's random draws (controls, samples, text order)"),
     "--control-seeds": ("random-control seeds", "seeds of the norm-matched random controls, one control per seed"),
     # lens and decoders
+    "--prompt": ("prompt text", "a text read at every position by the token-level lens"),
     "--track": ("tracked languages", "languages whose answers the lens tracks besides the prompt's"),
     "--decoder": ("decoders", "comma-separated decoders: logit, tuned, patchscope"),
     "--tuned-lens": ("tuned-lens folder", "folder of a lens from `mechlingo tuned-lens` (or NAME=DIR,...)"),

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from mechlingo.core.errors import InputError
 from mechlingo.viz.common import band, rank_axis, track_label
-from mechlingo.viz.palette import SEQUENCE, decoder_color, track_color
+from mechlingo.viz.palette import SEQUENCE, decoder_color, language_color, track_color
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -27,6 +27,7 @@ __all__ = [
     "latent_curves_figure",
     "lens_heatmap",
     "lens_kl_figure",
+    "token_grid_figure",
     "tuned_lens_loss_figure",
 ]
 
@@ -311,5 +312,96 @@ def decoder_curves_figure(
         f"{n_prompts}; median, interquartile band)",
         height=220 * len(_ROWS) + 120,
         legend={"orientation": "h", "y": -0.08},
+    )
+    return fig
+
+
+#: The colour of a token no language owns in the token grid coloured by language.
+NO_LANGUAGE = "#e8e8e8"
+
+
+def _cell_label(token: str, width: int = 7) -> str:
+    """A top token as a cell's text: spaces shown as ``·``, newlines as ``⏎``, cut to
+    ``width`` characters."""
+    t = token.replace(" ", "\u00b7").replace("\n", "\u23ce")
+    return t if len(t) <= width else t[: width - 1] + "\u2026"
+
+
+def _hover(tokens: Sequence[str], probs: Sequence[float], langs: Sequence[str | None]) -> str:
+    return "<br>".join(
+        f"{t!r} {p:.3f} ({lg or '?'})" for t, p, lg in zip(tokens, probs, langs, strict=True)
+    )
+
+
+def token_grid_figure(
+    tokens: Sequence[str],
+    top_tokens: Sequence[Sequence[Sequence[str]]],
+    top_probs: Float[Tensor, "entry position k"],
+    top_langs: Sequence[Sequence[Sequence[str | None]]],
+    *,
+    layers: Sequence[int],
+    color: str = "prob",
+    decoder: str = "logit",
+    prompt_lang: str | None = None,
+) -> go.Figure:
+    """The token-level lens of one prompt as a heatmap: input positions (x, labelled with
+    their tokens) by lens entries (y); each cell shows the entry's top next token there.
+
+    Args:
+        tokens: the prompt's input tokens.
+        top_tokens, top_probs, top_langs: ``[entry][position][k]`` the top tokens, their
+            probabilities and their languages (``None``: none).
+        layers: the entries (y axis).
+        color: ``"prob"`` (the top token's probability, 0..1) or ``"lang"`` (its language,
+            in the palette's language colour; grey: no language).
+        decoder, prompt_lang: for the title.
+    """
+    import plotly.graph_objects as go
+
+    if color not in ("prob", "lang"):
+        raise InputError("color must be 'prob' or 'lang'")
+    n_e, n_pos = len(layers), len(tokens)
+    x = [f"{i}: {t!r}" for i, t in enumerate(tokens)]
+    probs = top_probs.tolist()
+    text = [[_cell_label(top_tokens[e][i][0]) for i in range(n_pos)] for e in range(n_e)]
+    hover = [[_hover(top_tokens[e][i], probs[e][i], top_langs[e][i]) for i in range(n_pos)]
+             for e in range(n_e)]  # fmt: skip
+    if color == "prob":
+        z: list[list[Any]] = [[probs[e][i][0] for i in range(n_pos)] for e in range(n_e)]
+        heat = {"colorscale": "Blues", "zmin": 0, "zmax": 1,
+                "colorbar": {"title": {"text": "probability of<br>the top token"}}}  # fmt: skip
+    else:
+        names = sorted({lg for row in top_langs for cell in row if (lg := cell[0])})
+        codes = {lg: k + 1 for k, lg in enumerate(names)}
+        z = [[codes.get(top_langs[e][i][0] or "", 0) for i in range(n_pos)] for e in range(n_e)]
+        colours = [NO_LANGUAGE] + [language_color(lg) for lg in names]
+        n = len(colours)
+        scale = [[b / n, c] for k, c in enumerate(colours) for b in (k, k + 1)]
+        heat = {"colorscale": scale, "zmin": -0.5, "zmax": n - 0.5,
+                "colorbar": {"title": {"text": "language of<br>the top token"},
+                             "tickvals": list(range(n)), "ticktext": ["none", *names]}}  # fmt: skip
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=x,
+            y=list(layers),
+            text=text,
+            texttemplate="%{text}",
+            customdata=hover,
+            hovertemplate="layer %{y}, after %{x}<br>%{customdata}<extra></extra>",
+            xgap=1,
+            ygap=1,
+            **heat,
+        )  # fmt: skip
+    )
+    what = "probability" if color == "prob" else "language"
+    lang = f" ({prompt_lang} prompt)" if prompt_lang else ""
+    fig.update_layout(
+        title=f"{decoder.capitalize()} lens{lang}: top next token per layer and position, "
+        f"coloured by its {what} (n = {n_pos} positions x {n_e} layers)",
+        xaxis={"title": "input position: token", "tickangle": -45},
+        yaxis={"title": "layer (blocks applied)", "dtick": 1},
+        height=max(360, 24 * n_e + 200),
+        width=max(600, 70 * n_pos + 200),
     )
     return fig
