@@ -451,3 +451,63 @@ def test_latent_curve_bands_are_quantiles(ctx):
 
     band = latent_curves_figure(old).data[0]
     assert max(band.y) <= 1 and min(band.y) >= 0
+
+
+# ----------------------------------------------------------------------------- displays
+
+
+def test_results_show_themselves_without_tensors(ctx):
+    """Every result a notebook displays has a short ``__repr__`` and an ``_repr_html_``
+    table with its n, and neither prints a tensor."""
+    from mechlingo.analyses.decoders.compare import compare_decoders
+    from mechlingo.analyses.decoders.tuned_lens import TunedLensTraining
+    from mechlingo.analyses.experts import KCurve
+    from mechlingo.analyses.recall.patching import attention_knockout
+    from mechlingo.analyses.recall.steering import build_steering_vectors
+    from mechlingo.data import load_facts
+
+    m = ctx["model"]
+    loss = torch.tensor([[3.0, 2.0], [1.5, 1.0]])
+    k_rows = [{"k": 1, "arm": "experts", "target_rate_bos": 0.5, "target_rate_bos_lo": 0.2,
+               "target_rate_bos_hi": 0.8, "n_bos": 10}]  # fmt: skip
+    results = {
+        "PatchingResult": _patched(ctx),
+        "KnockoutResult": attention_knockout(m, ctx["facts"][:4], [(0, 0), (1, 1)]),
+        "SteeringPair": build_steering_vectors(
+            m, load_facts(langs=["en", "fr"], relations=["capital"], limit=6)
+        ),
+        "ExpertResult": _experts(ctx),
+        "KCurve": KCurve("fr", k_rows),
+        "AlignmentComparison": _align(ctx),
+        "DecoderComparison": compare_decoders(m, ctx["facts"][:4], ["logit", "patchscope"]),
+        "TunedLensTraining": TunedLensTraining(None, loss, [10, 12], 7.2, 1),
+        "LensResult": ctx["tokens"],
+    }
+    for name, res in results.items():
+        text, page = repr(res), res._repr_html_()
+        assert text.startswith(name) and len(text) < 300, text
+        for shown in (text, page):
+            assert "tensor(" not in shown, (name, shown[:200])
+        assert "<b>" in page, name
+        if name not in ("LensResult", "TunedLensTraining", "SteeringPair", "ExpertResult"):
+            assert "<th>n</th>" in page or "sentences per language" in page, (name, page)
+    assert "[" in results["PatchingResult"]._repr_html_().split("top cells")[1]  # intervals
+    assert "0.2, 0.8" in results["KCurve"]._repr_html_()
+
+
+def test_patching_shows_progress_and_gives_the_same_numbers(ctx, capsys):
+    from mechlingo.analyses.recall.patching import fact_metrics, patch_activations
+    from mechlingo.data import load_facts
+
+    fr = load_facts(langs=["fr"], relations=["capital"], limit=3)
+    kw = {
+        "positions": [-1],
+        "metric": fact_metrics(ctx["model"], fr[:2]),
+        "cells_per_batch": 2,
+        "alignment": "last",
+    }
+    quiet = patch_activations(ctx["model"], fr[:2], fr[1:3], ["mlp_out"], **kw)
+    capsys.readouterr()
+    shown = patch_activations(ctx["model"], fr[:2], fr[1:3], ["mlp_out"], progress=True, **kw)
+    assert "patching" in capsys.readouterr().err
+    assert torch.equal(quiet.values, shown.values)

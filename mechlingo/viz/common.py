@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import html
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -13,6 +14,8 @@ if TYPE_CHECKING:
 __all__ = [
     "VALUE_LABELS",
     "band",
+    "html_summary",
+    "interval_text",
     "metric_label",
     "n_text",
     "rank_axis",
@@ -109,3 +112,34 @@ def with_n(title: str, ns: Any, what: str = "") -> str:
     """``title`` with ``(n = ...)`` appended (unchanged when no count is known)."""
     n = n_text(ns, what)
     return f"{title} ({n})" if n else title
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return "n/a" if math.isnan(v) else f"{v:.3g}"
+    return html.escape(str(v))
+
+
+def html_summary(title: str, rows: Sequence[Mapping[str, Any]], note: str = "") -> str:
+    """A result's notebook display: a bold title, a table of ``rows`` (floats to three
+    significant digits, NaN as n/a) and a note; plain HTML, no tensors."""
+    head = f"<b>{html.escape(title)}</b>"
+    if note:
+        head += f" <span style='color:#666'>{html.escape(note)}</span>"
+    if not rows:
+        return head
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    th = "".join(f"<th>{html.escape(str(c))}</th>" for c in cols)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_cell(r.get(c, ''))}</td>" for c in cols) + "</tr>" for r in rows
+    )
+    return f"{head}<table><tr>{th}</tr>{body}</table>"
+
+
+def interval_text(est: float | None, lo: float | None, hi: float | None) -> str:
+    """``"0.42 [0.31, 0.55]"`` (``n/a`` for a missing bound)."""
+
+    def f(v: float | None) -> str:
+        return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3g}"
+
+    return f"{f(est)} [{f(lo)}, {f(hi)}]"

@@ -37,6 +37,7 @@ from mechlingo.core.types import Model
 from mechlingo.interventions import Intervention, intervention_hooks
 from mechlingo.kernels.significance import bootstrap_mean, paired_gain, wilson
 from mechlingo.viz.align import pca_figure, retrieval_heatmaps, retrieval_per_layer_figure
+from mechlingo.viz.common import html_summary
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -495,6 +496,22 @@ class AlignmentComparison:
                         row[f"top1_{arm}"] = float(r[s, i, j])
                     rows.append(row)
         return pd.DataFrame(rows)
+
+    def __repr__(self) -> str:
+        arms = ["pre"] + (["post"] if self.post is not None else [])
+        arms += ["control"] if self.control is not None else []
+        return (
+            f"AlignmentComparison({len(self.langs)} languages, {int(self.pre.emb.shape[2])} "
+            f"sentences each, {len(self.layers)} layers, arms {arms})"
+        )
+
+    def _repr_html_(self) -> str:
+        """Per arm the mean cross-language top-1 retrieval at the last layer, with n."""
+        per = self.summary()["retrieval_mean_per_layer"]
+        n = int(self.pre.emb.shape[2])
+        rows = [{"arm": arm, "layer": max(v, key=int), "mean top-1 retrieval": v[max(v, key=int)],
+                 "sentences per language": n} for arm, v in per.items()]  # fmt: skip
+        return html_summary(repr(self), rows)
 
     def fig_retrieval(self, layer: int | None = None) -> go.Figure:
         """Top-1 retrieval heatmaps at ``layer`` (default the last): before, after and their

@@ -591,6 +591,7 @@ def measure_patching(
     method: str = "exact",
     cells_per_batch: int | None = None,
     verify_heads: int = 5,
+    progress: bool = False,
 ) -> tuple[PatchingResult | None, PatchingResult | None, dict[str, Any]]:
     """The corrupted-subject sweep(s) of ``method`` at :data:`PATCH_POSITIONS`:
     ``(exact or None, atp or None, extras)``; the extras are AtP's ``comparison`` with exact
@@ -605,7 +606,7 @@ def measure_patching(
         # with both methods, the exact grid has the heads too (compared per site)
         grid = list(dict.fromkeys([*sites, "head"])) if method == "both" else sites
         sweep = patch_activations(
-            model, clean, corrupt, grid, cells_per_batch=cells_per_batch, **kw
+            model, clean, corrupt, grid, cells_per_batch=cells_per_batch, progress=progress, **kw
         )
         sweep.meta["seconds"] = round(time.perf_counter() - t0, 4)
     extra: dict[str, Any] = {}
@@ -633,6 +634,7 @@ def patch_language(
     cells_per_batch: int | None = None,
     verify_heads: int = 5,
     unanswered: bool = False,
+    progress: bool = False,
 ) -> LanguagePatching | None:
     """Corrupted-subject patching (:func:`corrupted_pairs`, :func:`measure_patching`) and
     attention knockout for one language, from correctly answered clean prompts only
@@ -646,7 +648,7 @@ def patch_language(
     n_wrong = sum(f.id not in correct for f in clean)
     sweep, atp, extra = measure_patching(model, clean, corrupt, sites=sites, method=method,
                                          cells_per_batch=cells_per_batch,
-                                         verify_heads=verify_heads)  # fmt: skip
+                                         verify_heads=verify_heads, progress=progress)  # fmt: skip
     for sw in (sweep, atp):
         if sw is not None:
             sw.meta.update({"clean": [f.prompt for f in clean],
@@ -762,7 +764,8 @@ def run_trace(
             res = patch_language(model, trace, facts, lang, n_prompts=patch_prompts,
                                  sites=patch_sites, method=method,
                                  cells_per_batch=cells_per_batch,
-                                 verify_heads=verify_heads, unanswered=unanswered)  # fmt: skip
+                                 verify_heads=verify_heads, unanswered=unanswered,
+                                 progress=progress)  # fmt: skip
         except PatchingError as err:
             raise PatchingError(f"patching {lang}: {err}") from err
         if res is not None:

@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mechlingo.viz.common import html_summary, interval_text
 from mechlingo.viz.patching import CircuitOptions, circuit_figure, patching_heatmaps
 
 if TYPE_CHECKING:
@@ -264,6 +265,35 @@ class PatchingResult(PatchingBaselines):
             "top_cells": self.top_cells(10),
             **self.meta,
         }
+
+    def __repr__(self) -> str:
+        return (
+            f"PatchingResult({len(self.cells)} cells over sites {self.sites}, layers "
+            f"{self.layers[0]}..{self.layers[-1]}, {self.values.shape[-1]} examples, "
+            f"{self.alignment} alignment, metrics {self.metric_names})"
+        )
+
+    def _repr_html_(self) -> str:
+        """Per metric the clean and corrupted means; the top cells of the first metric with
+        their normalised effect and its 95% bootstrap interval."""
+        n = int(self.values.shape[-1])
+        rows: list[dict[str, Any]] = [
+            {"metric": name, "clean": float(self.clean[m].mean()),
+             "corrupted": float(self.corrupted[m].mean()), "n": n}
+            for m, name in enumerate(self.metric_names)
+        ]  # fmt: skip
+        vals = self.normalized(0)
+        lo, hi = self.bootstrap_ci(0, n_boot=400)
+        order = torch.argsort(torch.nan_to_num(vals.abs(), nan=-1.0), descending=True)[:8]
+        top = [
+            {**self.cell_dict(self.cells[int(i)]),
+             "normalised effect [95% CI]": interval_text(float(vals[i]), float(lo[i]),
+                                                         float(hi[i])), "n": n}
+            for i in order
+        ]  # fmt: skip
+        return html_summary(repr(self), rows) + html_summary(
+            f"top cells by |normalised effect| on {self.metric_names[0]}", top
+        )
 
     def fig_heatmap(self, metric: str | int = 0, value: str = "normalized") -> go.Figure:
         """Layer-by-position heatmaps, one panel per site (heads: averaged over positions as a
