@@ -86,6 +86,9 @@ def _concept_colours() -> dict[str, str]:
         out[c] = palette.condition_color(c)
     for d in palette.DECODER:
         out[d] = palette.decoder_color(d)
+    for v in palette.VERDICT:
+        out[v.replace("_", " ")] = palette.verdict_color(v)
+    out["control"] = palette.condition_color("control")
     return out
 
 
@@ -511,3 +514,53 @@ def test_patching_shows_progress_and_gives_the_same_numbers(ctx, capsys):
     shown = patch_activations(ctx["model"], fr[:2], fr[1:3], ["mlp_out"], progress=True, **kw)
     assert "patching" in capsys.readouterr().err
     assert torch.equal(quiet.values, shown.values)
+
+
+# ----------------------------------------------------------------------------- claims report
+
+
+def _claim(cid: str, verdict: str, est: float, family: str | None, **kw: Any) -> dict:
+    value = {"estimate": {"estimate": est, "lo": est - 0.1, "hi": est + 0.1, "n": 40}}
+    row = {"id": cid, "paper": "Lu et al. 2025", "claim": f"claim {cid}", "paper_number": "x",
+           "verdict": verdict, "reason": "r", "error": None, "figure": "fig-forest",
+           "value": value, "rule": {"threshold": 0.0}, "family": family, **kw}  # fmt: skip
+    return {k: v for k, v in row.items() if v is not None or k == "error"}
+
+
+def test_claims_report_opens_with_decisions_then_the_forest_plot():
+    from mechlingo.card.rules import ClaimsCard
+    from mechlingo.report.replicate import replicate_report
+    from mechlingo.viz.claims import forest_figure, forest_rows
+
+    rows = [
+        _claim("b", "does not hold", -0.2, "secondary"),
+        _claim("a", "holds", 0.4, "primary", control={"estimate": {"estimate": 0.05}}),
+        _claim("c", "inconclusive", 0.1, None),
+        {**_claim("d", "not testable here", 0.0, "primary"), "value": None},
+    ]
+    drawn = forest_rows(rows)
+    assert [r["label"] for r in drawn] == ["a", "b", "c"]  # primary first; d has no value
+    fig = forest_figure(rows)
+    check_figure(fig, "forest")
+    by_name = {tr.name: tr for tr in fig.data}
+    assert by_name["holds"].marker.color == palette.verdict_color("holds")
+    assert list(by_name["holds"].x) == [0.4] and list(by_name["control"].x) == [0.05]
+    assert list(by_name["threshold"].y) == ["a (primary)", "b (secondary)", "c"]
+    assert close(by_name["does not hold"].error_x.array, [0.1])
+    meta = {"model": "tiny", "metric_decision": "generate: the answers are single words",
+            "plan": {"budget": "quick", "stages": ["trace"]}}  # fmt: skip
+    report = replicate_report(ClaimsCard(rows, {}, meta))
+    page = report.render()
+    order = [page.index(f"<h2 id='{a}'>") for a in ("metric-decision", "families", "plan",
+                                                    "fig-forest")]  # fmt: skip
+    order.append(page.index("<table class='claims'>"))
+    assert order == sorted(order)
+    assert "generate: the answers are single words" in page and "quick" in page
+    assert report.figures and report.figures[0] is not None
+    bare = replicate_report(ClaimsCard([_claim("a", "holds", 0.4, None)], {}, {})).render()
+    assert "id='metric-decision'" not in bare and "id='plan'" not in bare
+    assert "id='families'" not in bare and "id='fig-forest'" in bare
+
+
+def close(a: Any, b: Any, tol: float = 1e-9) -> bool:
+    return all(abs(x - y) <= tol for x, y in zip(list(a), list(b), strict=True))

@@ -138,13 +138,14 @@ EFFECT: Mapping[str, str] = {
     "knockout": "#000080",
 }
 
-#: The verdict of a claim in the claims report (the card's verdict words).
+#: The verdict of a claim in the claims report (the card's verdict words; the same colours
+#: as the verdict column of the card's table).
 VERDICT: Mapping[str, str] = {
-    "holds": "#1a9850",
-    "does_not_hold": "#c51b7d",
-    "inconclusive": "#a6761d",
-    "not_testable_here": "#999999",
-    "error": "#000000",
+    "holds": "#22aa77",
+    "does_not_hold": "#cc3333",
+    "inconclusive": "#aa7700",
+    "not_testable_here": "#888888",
+    "error": "#dd8800",
 }
 
 #: Colours for series that are only an order (entry 0, 1, 2, ...), no concept.
