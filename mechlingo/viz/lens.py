@@ -397,11 +397,11 @@ def token_grid_figure(
     what = "probability" if color == "prob" else "language"
     lang = f" ({prompt_lang} prompt)" if prompt_lang else ""
     fig.update_layout(
-        title=f"{decoder.capitalize()} lens{lang}: top next token per layer and position, "
+        title=f"{decoder.capitalize()} lens{lang}: top next token per layer and position<br>"
         f"coloured by its {what} (n = {n_pos} positions x {n_e} layers)",
         xaxis={"title": "input position: token", "tickangle": -45},
         yaxis={"title": "layer (blocks applied)", "dtick": 1},
         height=max(360, 24 * n_e + 200),
-        width=max(600, 70 * n_pos + 200),
+        width=max(700, 70 * n_pos + 220),
     )
     return fig
