@@ -53,7 +53,7 @@ def accuracy_bars(
             go.Bar(
                 x=langs,
                 y=y,
-                name=cond,
+                name=cond.replace("_", " "),
                 marker_color=series_color(cond),
                 error_y=err,
             )
