@@ -23,7 +23,7 @@ $(BIN)/python:
 setup: $(BIN)/python chromium
 	@# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q "torch==2.13.0"
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,data-gen]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,lint,docs,data-gen]"
 	$(BIN)/python -c "from mechlingo.core.models import ensure_default_model; ensure_default_model()"
 
 demo: setup

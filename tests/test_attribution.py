@@ -462,7 +462,16 @@ def test_trace_cli_both_methods(tiny_dir, tmp_path, capsys):
 
     out = tmp_path / "out"
     args = ["trace", "--model", str(tiny_dir), "--langs", "fr", "--limit", "3"]
-    args += ["--max-new-tokens", "2", "--patch-prompts", "2", "--quiet", "--out", str(out)]
+    args += [
+        "--max-new-tokens",
+        "2",
+        "--patch-prompts",
+        "2",
+        "--patch-unanswered",
+        "--quiet",
+        "--out",
+        str(out),
+    ]
     assert main([*args, "--method", "both", "--verify-heads", "2"]) == 0
     fr = json.loads((out / "patching.json").read_text())["fr"]
     assert fr["method"] == "both"

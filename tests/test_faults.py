@@ -507,7 +507,7 @@ def _commands(T: str) -> list[list[str]]:
     return [
         ["eval", *common, "--langs", "en,fr", "--limit", "3", "--max-new-tokens", "2",
          "--out", "eval"],
-        ["trace", *common, "--langs", "en,fr", "--limit", "2", "--patch-prompts", "2",
+        ["trace", *common, "--langs", "en,fr", "--limit", "2", "--patch-prompts", "2", "--patch-unanswered",
          "--max-new-tokens", "2", "--out", "trace"],
         ["steer", "build", *common, "--langs", "en,fr", "--limit", "16",
          "--split", "0.6,0.2,0.2", "--out", "vec"],

@@ -217,7 +217,7 @@ def test_recall_failure_has_one_colour_in_both_class_figures_of_the_trace_report
     bars = accuracy_bars({c: dict.fromkeys(LANGS, 0.2) for c in CLASSES}, "classes")
     for c in CLASSES:
         a = next(t for t in stacked.data if t.name == c.replace("_", " "))
-        b = next(t for t in bars.data if t.name == c)
+        b = next(t for t in bars.data if t.name == c.replace("_", " "))  # the same label
         assert a.marker.color == b.marker.color == palette.CLASS[c]
 
 

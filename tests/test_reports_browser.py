@@ -16,7 +16,7 @@ from mechlingo.cli import main
 from .browser import check_report, chromium
 
 SHOTS = Path(__file__).resolve().parents[1] / "test-output" / "screenshots"
-COMMANDS = ["lens", "eval", "trace", "steer", "experts", "align"]
+COMMANDS = ["lens", "tokens", "eval", "trace", "steer", "experts", "align"]
 
 pytestmark = pytest.mark.skipif(
     chromium() is None and not os.environ.get("CI"),
@@ -40,8 +40,9 @@ def reports(tiny_dir, tmp_path_factory) -> dict[str, Path]:
         (data / f"{lang}.txt").write_text("\n".join(f"{words} {i}." for i in range(6)) + "\n")
     runs = {
         "lens": ["lens", *model, *facts, "--limit", "4"],
+        "tokens": ["lens", *model, "--prompt", "The capital of France is", "--prompt", "東京"],
         "eval": ["eval", *model, *facts, "--limit", "4", "--max-new-tokens", "3"],
-        "trace": ["trace", *model, *facts, "--limit", "4", "--patch-prompts", "2",
+        "trace": ["trace", *model, *facts, "--limit", "4", "--patch-prompts", "2", "--patch-unanswered",
                   "--max-new-tokens", "3"],
         "vectors": ["steer", "build", *model, *facts, "--limit", "24", "--k-shot", "2"],
         "steer": ["steer", "eval", *model, *facts, "--limit", "24", "--vectors",

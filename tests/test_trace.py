@@ -108,6 +108,7 @@ def test_trace_cli(tiny_dir, tmp_path):
             "2",
             "--patch-prompts",
             "2",
+            "--patch-unanswered",
             "--patch-sites",
             "resid_pre,mlp_out",
             "--quiet",
@@ -165,10 +166,11 @@ def test_trace_cli_writes_what_run_trace_writes(tiny, tiny_dir, tmp_path):
     cli, py = tmp_path / "cli", tmp_path / "py"
     assert main(["trace", "--model", str(tiny_dir), "--langs", "en,fr", "--limit", "4",
                  "--max-new-tokens", "2", "--patch-prompts", "2", "--method", "both",
-                 "--verify-heads", "2", "--quiet", "--out", str(cli)]) == 0  # fmt: skip
+                 "--verify-heads", "2", "--patch-unanswered", "--quiet",
+                 "--out", str(cli)]) == 0  # fmt: skip
     facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=4)
     run = trace_mod.run_trace(tiny, facts, max_new_tokens=2, patch_prompts=2, method="both",
-                              verify_heads=2)  # fmt: skip
+                              verify_heads=2, unanswered=True)  # fmt: skip
     run.write(py)
     a, b = (json.loads((d / "summary.json").read_text()) for d in (cli, py))
     assert "meta" in a and "meta" not in b

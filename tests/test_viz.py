@@ -52,7 +52,11 @@ def test_lens_heatmap_draws_rank_and_probability(lens):
     assert list(hm.x) == lens.layers
     assert list(hm.y) == [f"{i}:{lg} {lens.answers['en'][i]}" for i, lg in enumerate(lens.langs)]
     assert f"rank {int(lens.rank[-1, 0, t])}" in hm.hovertext[0][-1]
-    assert fig.layout.title.text == "Logit lens: rank of the 'en' answer per layer and prompt"
+    n = len(lens.prompts)
+    assert (
+        fig.layout.title.text
+        == f"Logit lens: rank of the English answer per layer and prompt (n = {n})"
+    )
     (hm,) = lens.fig_heatmap("answer", "prob").data
     a = lens.track_index("answer")
     assert torch.allclose(torch.tensor(hm.z), lens.logprob[:, :, a].exp().T)
@@ -62,7 +66,12 @@ def test_lens_heatmap_draws_rank_and_probability(lens):
         lens.fig_heatmap("xx")
 
 
-def test_latent_curves_draw_the_mean_probability(lens):
+def _median(v: torch.Tensor) -> list[float]:
+    """The median over the last axis as numpy/pandas take it (mean of the middle two)."""
+    return torch.quantile(v.double(), 0.5, dim=-1).tolist()
+
+
+def test_latent_curves_draw_the_median_probability(lens):
     fig = lens.fig_latent_curves()
     lines = [tr for tr in fig.data if tr.mode == "lines+markers"]
     assert len(lines) == len(set(lens.langs)) * len(lens.tracks)
@@ -71,8 +80,8 @@ def test_latent_curves_draw_the_mean_probability(lens):
         lg = sorted(set(lens.langs))[k // len(lens.tracks)]
         track = lens.tracks[k % len(lens.tracks)]
         idx = [i for i, x in enumerate(lens.langs) if x == lg]
-        ref = lens.logprob[:, idx, lens.track_index(track)].exp().mean(1)
-        assert close(tr.y, ref.tolist(), 1e-6) and list(tr.x) == lens.layers
+        ref = _median(lens.logprob[:, idx, lens.track_index(track)].exp())
+        assert close(tr.y, ref, 1e-6) and list(tr.x) == lens.layers
 
 
 def test_decoder_curves_draw_each_decoder(tiny):
@@ -86,10 +95,10 @@ def test_decoder_curves_draw_each_decoder(tiny):
         idx = [i for i, lg in enumerate(res.langs) if lg == "fr"]
         mine = lines[6 * c : 6 * (c + 1)]
         a, e = res.track_index("answer"), res.track_index("en")
-        assert close(mine[0].y, res.logprob[:, idx, a].exp().mean(1).tolist())
-        assert close(mine[1].y, res.logprob[:, idx, e].exp().mean(1).tolist())
-        assert close(mine[3].y, torch.log10(res.rank[:, idx, e].float() + 1).mean(1).tolist())
-        assert close(mine[4].y, res.entropy[:, idx].mean(1).tolist(), 1e-5)
+        assert close(mine[0].y, _median(res.logprob[:, idx, a].exp()))
+        assert close(mine[1].y, _median(res.logprob[:, idx, e].exp()))
+        assert close(mine[3].y, _median(res.rank[:, idx, e].float() + 1))
+        assert close(mine[4].y, _median(res.entropy[:, idx]), 1e-5)
         assert fig.layout.annotations[c].text == name
     assert f"prompts in fr; n = {len(idx)};" in fig.layout.title.text
 
@@ -118,7 +127,7 @@ def test_trace_figures_draw_counts_and_median_ranks(trace):
         s = (trace.lens.rank[:, first, trace.lens.track_index(track)].float() + 1).sort(1).values
         n = s.shape[1]
         assert close(tr.y, ((s[:, (n - 1) // 2] + s[:, n // 2]) / 2).tolist())
-    assert fig.layout.title.text.startswith("Latent-language curves per class (fr, ja)")
+    assert fig.layout.title.text.startswith("Latent-language curves per class (fr, ja; n = 6 ")
     assert trace.fig_profiles(langs=["de"]).layout.title.text.startswith("no queries")
 
 
@@ -149,7 +158,11 @@ def test_patching_heatmaps_draw_the_grids(patched):
                 assert list(tr.x) == patched.position_labels
             assert torch.allclose(torch.tensor(tr.z, dtype=torch.float), g, equal_nan=True)
             assert list(tr.y) == patched.layers
-        assert f"{value} of {patched.metric_names[0]}" in fig.layout.title.text
+        what = {"normalized": "normalised effect", "effect": "effect (patched - corrupted)"}
+        assert f"{what[value]} on the log-probability of the prompt-language answer" in (
+            fig.layout.title.text
+        )
+        assert "n = 2 clean prompts" in fig.layout.title.text
 
 
 def test_circuit_nodes_are_the_largest_effects(patched):
@@ -164,7 +177,7 @@ def test_circuit_nodes_are_the_largest_effects(patched):
             cell = patched.cells[i]
             off = {"attn_out": -0.15, "mlp_out": 0.15, "head": -0.3}[cell.site]
             assert (x, y) == (cell.position + off, float(cell.layer)) and tr.name == cell.site
-    assert fig.layout.title.text == "t"
+    assert fig.layout.title.text == "t (n = 2 clean prompts)"
     default = patched.fig_circuit(top_k=3)
     assert "head" not in {tr.name for tr in default.data}
     assert default.layout.title.text.startswith("Circuit: top 3 components")
@@ -186,7 +199,7 @@ def test_loss_and_kl_figures():
     fig = training.fig_loss()
     assert [list(tr.y) for tr in fig.data] == [[3.0, 1.5, 0.5], [2.0, 1.0, 0.25],
                                                [2.5, 1.25, 0.375]]  # fmt: skip
-    assert "(31 tokens, 7 s, 2 process(es))" in fig.layout.title.text
+    assert "(n = 31 tokens, 7 s, 2 process(es))" in fig.layout.title.text
     div = {"entries": [0, 1], "n_texts": 4, "n_tokens": 30,
            "decoders": {"logit": {"kl": [2.0, 1.0], "lo": [1.5, None], "hi": [2.5, None]}}}  # fmt: skip
     band, line = lens_kl_figure(div).data

@@ -54,6 +54,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--seed": ("seed", "the seed of the run's random draws (controls, samples, text order)"),
     "--control-seeds": ("random-control seeds", "seeds of the norm-matched random controls, one control per seed"),
     # lens and decoders
+    "--prompt": ("prompt text", "a text read at every position by the token-level lens"),
     "--track": ("tracked languages", "languages whose answers the lens tracks besides the prompt's"),
     "--decoder": ("decoders", "comma-separated decoders: logit, tuned, patchscope"),
     "--tuned-lens": ("tuned-lens folder", "folder of a lens from `mechlingo tuned-lens` (or NAME=DIR,...)"),
@@ -61,6 +62,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     # trace
     "--mid-layers": ("mid-network layers", "lens entries counted as mid-network, A-B or a list"),
     "--patch-prompts": ("patched prompts", "prompts per language for patching and knockout"),
+    "--patch-unanswered": ("patch unanswered prompts", "also patch clean prompts the model answers wrongly"),
     "--patch-sites": ("patch sites", "sites of the corrupted-subject patching sweep"),
     "--cells-per-batch": ("cells per batch", "patched copies per forward pass"),
     "--method": ("patching method", "exact activation patching, attribution patching (atp) or both"),

@@ -1,4 +1,5 @@
-"""``mechlingo lens``: the per-language logit lens (``--decoder`` for the other decoders)."""
+"""``mechlingo lens``: the per-language logit lens (``--decoder`` for the other decoders);
+with ``--prompt TEXT`` the token-level lens of any prompt (every position, every layer)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ import argparse
 import time
 from typing import Any
 
-from mechlingo.analyses.decoders.lens import lens_facts
+from mechlingo.analyses.decoders.lens import lens_facts, logit_lens
+from mechlingo.analyses.decoders.patchscope import Patchscope
+from mechlingo.analyses.decoders.tuned_lens import load_tuned_lens
 from mechlingo.cli import common
 from mechlingo.cli.decoders import add_decoder_args, parse_decoders, run_decoders
+from mechlingo.data.langid import identify_language
 from mechlingo.report import write_outputs
-from mechlingo.report.lens import lens_report
+from mechlingo.report.lens import lens_report, token_lens_report
 
 
 def _lens_args(p: argparse.ArgumentParser) -> None:
@@ -23,6 +27,14 @@ def _lens_args(p: argparse.ArgumentParser) -> None:
         help="extra languages whose answers to track besides the prompt's own (default en)",
     )
     common.add_max_rank_arg(p, "rank counted as 'decodable' in the summary")
+    p.add_argument(
+        "--prompt",
+        action="append",
+        default=None,
+        help="read this text instead of the facts, at every position (repeat for several): "
+        "the top tokens of every layer, their probabilities and languages (tokens.json and "
+        "the grid in report.html); --langs, --relation and --track are then unused",
+    )
     add_decoder_args(p)
 
 
@@ -30,6 +42,8 @@ def _lens_args(p: argparse.ArgumentParser) -> None:
 def cmd_lens(args: Any) -> int:
 
     decoders = parse_decoders(args)
+    if args.prompt:
+        return _token_lens(args, decoders)
     facts = common.load_selected_facts(args)
     model = common.load_cli_model(args)
     track = common.split_list(args.track) or []
@@ -55,4 +69,39 @@ def cmd_lens(args: Any) -> int:
         },
     )
     print(f"wrote {args.out}/summary.json, lens.csv and report.html")
+    return 0
+
+
+def _token_lens(args: Any, decoders: list[str]) -> int:
+    """``--prompt``: the token-level lens of each prompt under one decoder: ``tokens.json``
+    (per prompt, per layer and position, the top tokens with probabilities and languages),
+    ``summary.json`` and ``report.html`` (the grids)."""
+    if len(decoders) != 1:
+        raise common.UsageError("--prompt reads one decoder at a time", where="--decoder",
+                                fix="give one of logit, tuned, patchscope")  # fmt: skip
+    if any(not p.strip() for p in args.prompt):
+        raise common.UsageError("--prompt is empty", fix="give the text to read")
+    model = common.load_cli_model(args)
+    label = decoders[0]
+    decoder: Any = None
+    if label.startswith("tuned"):
+        decoder = load_tuned_lens(args._tuned_paths[label], model)
+    elif label == "patchscope":
+        decoder = Patchscope(target=args.patchscope_target)
+    langs = [identify_language(p) or "en" for p in args.prompt]
+    t0 = time.time()
+    with common.usage_errors(ValueError):
+        result = logit_lens(model, args.prompt, langs=langs, decoder=decoder,
+                            batch_size=args.batch_size, progress=not args.quiet)  # fmt: skip
+    assert result.tokens is not None
+    meta = common.run_meta(model, args, n_prompts=len(args.prompt), decoder=label,
+                           seconds=round(time.time() - t0, 1))  # fmt: skip
+    summary = {"prompts": args.prompt, "langs": langs, "layers": result.layers,
+               "top1": [result.tokens.top1(p) for p in range(len(args.prompt))], "meta": meta}  # fmt: skip
+    write_outputs(
+        args.out,
+        {"summary.json": summary, "tokens.json": result.tokens.to_json(),
+         "report.html": token_lens_report(result, meta)},
+    )  # fmt: skip
+    print(f"wrote {args.out}/summary.json, tokens.json and report.html")
     return 0

@@ -109,7 +109,10 @@ def _common(p: argparse.ArgumentParser, default_relation: str) -> None:
         f"{DEFAULT_SPLIT}: 127 capitals give ~25 dev and ~50 test facts per language)",
     )
     p.add_argument(
-        "--salt", default=_SPLIT.salt, help="salt of the id hash (another split of the same facts)"
+        "--salt",
+        default=_SPLIT.salt,
+        help="salt of the id hash; any text gives another split of the same facts (default: "
+        "none, the empty salt)",
     )
 
 

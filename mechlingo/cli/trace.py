@@ -54,6 +54,12 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
         help="prompts per language for patching and knockout (default 3; 0 = skip both)",
     )
     p.add_argument(
+        "--patch-unanswered",
+        action="store_true",
+        help="also patch clean prompts the model answers wrongly (default: correctly answered "
+        "ones only; a language without one gets a note instead of a circuit)",
+    )
+    p.add_argument(
         "--patch-sites",
         default="attn_out,mlp_out",
         help="sites of the corrupted-subject sweep (default attn_out,mlp_out, the circuit "
@@ -101,6 +107,7 @@ def cmd_trace(args: Any) -> int:
             patch_sites=common.split_list(args.patch_sites) or ["resid_pre"],
             cells_per_batch=args.cells_per_batch, method=getattr(args, "method", "exact"),
             verify_heads=args.verify_heads, progress=not args.quiet,
+            unanswered=args.patch_unanswered,
         )  # fmt: skip
     meta = common.run_meta(
         model,
@@ -110,7 +117,9 @@ def cmd_trace(args: Any) -> int:
         seconds=round(time.time() - t0, 1),
     )
     summary = run.summary(meta)
-    report = trace_report(run.trace, summary, run.patched, max_rank=args.max_rank)
+    report = trace_report(
+        run.trace, summary, run.patched, max_rank=args.max_rank, unpatched=run.unpatched
+    )
     run.write(args.out, meta=meta, extra={"report.html": report})
     _print_trace(summary, run.patching())
     print(f"wrote {args.out}/trace.json, patching.json, summary.json and report.html")

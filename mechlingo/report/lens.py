@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mechlingo.analyses.decoders.lens import LensResult
+from mechlingo.core.errors import InputError
 from mechlingo.report.page import Report
 
 
@@ -58,4 +59,32 @@ def lens_report(result: LensResult, summary: Mapping[str, Any], *, max_rank: int
         report.add_figure(result.fig_heatmap("en", "rank"))
     report.add_heading("Prompt-language answer rank per layer and prompt")
     report.add_figure(result.fig_heatmap("answer", "rank"))
+    return report
+
+
+def token_lens_report(result: LensResult, meta: Mapping[str, Any]) -> Report:
+    """The token-level lens of each prompt (``result`` read without answers, or with
+    ``tokens=True``): per prompt its grid coloured by the top token's probability and by its
+    language."""
+    report = Report(f"mechlingo: token-level {result.decoder} lens", meta)
+    grid = result.tokens
+    if grid is None:
+        raise InputError(
+            "the lens did not read every position", fix="call logit_lens(..., tokens=True)"
+        )
+    report.add_headline(
+        "Prompts", f"{len(result.prompts)}; layers {grid.layers[0]}..{grid.layers[-1]}"
+    )
+    report.add_text(
+        "Each cell is the most likely next token when the residual stream after that many "
+        "blocks, at that position, is decoded through the final norm and the unembedding "
+        "(or the chosen decoder). Hover a cell for the top tokens, their probabilities and "
+        "the language each looks like (none: a word piece no language owns). The last row "
+        "is the model's own prediction.",
+        note=True,
+    )
+    for p, prompt in enumerate(result.prompts):
+        report.add_heading(f"Prompt {p + 1} ({result.langs[p]}): {prompt[:80]}")
+        report.add_figure(result.fig_tokens(p, "prob"))
+        report.add_figure(result.fig_tokens(p, "lang"))
     return report

@@ -71,6 +71,7 @@ class Report:
         self.headline: list[tuple[str, str]] = []
         self.parts: list[str] = []
         self.n_figures = 0
+        self.figures: list[go.Figure] = []  # what add_figure drew, for tests of the figures
 
     def add_headline(self, label: str, value: Any) -> None:
         """One line of the headline block (``label``: ``value``, both plain text)."""
@@ -92,6 +93,7 @@ class Report:
 
     def add_figure(self, fig: go.Figure) -> None:
         self.n_figures += 1
+        self.figures.append(fig)
         div = fig.to_html(
             full_html=False,
             include_plotlyjs=False,

@@ -4,6 +4,7 @@ figure (each row of the table links to its section by anchor)."""
 from __future__ import annotations
 
 import html
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,6 +15,7 @@ from mechlingo.card.rules import RULES, RULES_HASH, ClaimsCard
 from mechlingo.report.card_extra import config_sentence, extra_sections
 from mechlingo.report.page import Report, fmt_interval
 from mechlingo.viz.align import retrieval_per_layer_figure
+from mechlingo.viz.claims import forest_figure, forest_rows
 from mechlingo.viz.experts import interval_bars_figure, k_curve_figure, overlap_figure
 from mechlingo.viz.lens import latent_curves_figure
 from mechlingo.viz.steer import accuracy_ci_figure, headroom_figure
@@ -53,6 +55,10 @@ def replicate_report(card: ClaimsCard) -> Report:
             est += f", adjusted p = {r['p_adjusted']:.3g}"
         report.add_headline(f"{r['id']}: {r['verdict']}", est)
     report.parts.append(f"<style>{_CSS}</style>")
+    _decision_sections(report, card)
+    if forest_rows(card.rows):
+        _section(report, "fig-forest", "Every claim against its threshold and control")
+        report.add_figure(forest_figure(card.rows))
     report.parts.append(card.table_html())
     report.add_text(
         f"Verdict rules (frozen, hash {RULES_HASH}; budgets hash "
@@ -74,6 +80,51 @@ def replicate_report(card: ClaimsCard) -> Report:
         _align_section(report, st["align"])
     _timing_section(report, card.meta.get("stages", {}))
     return report
+
+
+def _card_key(card: ClaimsCard, key: str) -> Any:
+    """``key`` of the claims file: an attribute of the card, else its ``meta`` entry
+    (``None`` when absent)."""
+    value = getattr(card, key, None)
+    return value if value is not None else card.meta.get(key)
+
+
+def _show(report: Report, value: Any) -> None:
+    """A decision record as the report shows it: text as a note, a mapping as a table of
+    its entries, a list of mappings as a table."""
+    if isinstance(value, str):
+        report.add_text(value, note=True)
+    elif isinstance(value, Mapping):
+        report.add_table([{"key": k, "value": v if not isinstance(v, (dict, list)) else
+                           json.dumps(v, default=str)} for k, v in value.items()])  # fmt: skip
+    elif isinstance(value, list) and all(isinstance(v, Mapping) for v in value):
+        report.add_table(value)
+    else:
+        report.add_text(json.dumps(value, default=str), note=True)
+
+
+def _decision_sections(report: Report, card: ClaimsCard) -> None:
+    """What was decided before the verdicts, when the claims file records it: the metric
+    decision, the families of claims (primary and secondary rows) and the planner's output.
+    Nothing is shown for an absent key."""
+    decision = _card_key(card, "metric_decision")
+    if decision is not None:
+        _section(report, "metric-decision", "Metric decision")
+        _show(report, decision)
+    families: dict[str, list[str]] = {}
+    for r in card.rows:
+        if r.get("family"):
+            families.setdefault(r["family"], []).append(
+                r["id"] + (f"/{r['variant']}" if r.get("variant") else "")
+            )
+    if families:
+        _section(report, "families", "Families of claims")
+        report.add_table([{"family": f, "n": len(ids), "claims": ", ".join(ids)}
+                          for f, ids in sorted(families.items())])  # fmt: skip
+    plan = _card_key(card, "plan")
+    if plan is not None:
+        _section(report, "plan", "Plan")
+        _show(report, plan)
 
 
 def _trace_sections(report: Report, data: Mapping[str, Any]) -> None:

@@ -31,6 +31,7 @@ def trace_report(
     patched: Sequence[LanguagePatching] = (),
     *,
     max_rank: int,
+    unpatched: Mapping[str, str] | None = None,
 ) -> Report:
     """The trace report: class fractions per language (with Wilson intervals), the
     lens layers, latent-language curves per class, each language's patching sections and
@@ -38,7 +39,8 @@ def trace_report(
 
     ``trace`` is the trace of a :class:`mechlingo.analyses.recall.trace.TraceRun`; ``summary`` the
     run's ``summary(meta)``; ``max_rank`` the rank
-    counted as decodable (``--max-rank``).
+    counted as decodable (``--max-rank``); ``unpatched`` the run's languages without
+    patching and why (each gets a note where its circuit would be).
     """
     report = Report("mechlingo: recall pipeline tracer", summary["meta"])
     add_trace_headline(report, summary)
@@ -64,14 +66,31 @@ def trace_report(
             y_title="fraction of queries",
         )
     )
-    report.add_table([{"lang": lg, **v} for lg, v in summary["layers"].items()])
+    report.add_table([{"lang": lg, **layer_cells(v)} for lg, v in summary["layers"].items()])
     report.add_heading("Latent-language curves per class")
     report.add_figure(trace.fig_profiles())
     for p in patched:
         add_patching(report, p)
+    for lg, why in (unpatched or {}).items():
+        report.add_heading(f"Circuit ({lg})")
+        report.add_text(f"No circuit for {lg}: {why}.", note=True)
     report.add_heading("Queries")
-    report.add_table(trace.records[:MAX_ROWS], QUERY_COLUMNS)
+    report.add_table([layer_cells(r) for r in trace.records[:MAX_ROWS]], QUERY_COLUMNS)
     return report
+
+
+def layer_cells(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A table row with its layer columns (names containing ``layer``) readable: a whole
+    layer as an integer, ``-1`` or ``None`` as "never", a median between layers as is."""
+    out = dict(row)
+    for k, v in row.items():
+        if "layer" not in k or isinstance(v, bool):
+            continue
+        if v is None or (isinstance(v, (int, float)) and v < 0):
+            out[k] = "never"
+        elif isinstance(v, float) and v.is_integer():
+            out[k] = int(v)
+    return out
 
 
 def add_patching(report: Report, p: LanguagePatching) -> None:
@@ -79,13 +98,23 @@ def add_patching(report: Report, p: LanguagePatching) -> None:
     and the verified heads (when measured), the heatmaps and the attention knockout."""
     how = "attribution patching, heads shown" if p.atp is not None else "patching"
     report.add_heading(f"Circuit ({p.lang})")
+    wrong = ""
+    if p.n_unanswered:
+        wrong = f"; {p.n_unanswered} answered wrongly"
+        report.add_text(
+            f"{p.n_unanswered} of the clean {p.lang} prompts below are answered wrongly by the "
+            "model (asked for with --patch-unanswered): their effects restore a wrong run, and "
+            "normalised effects can leave [-1, 1].",
+            note=True,
+        )
     report.add_figure(
         (p.atp if p.atp is not None else p.sweep).fig_circuit(
             stages=p.stages,
             token_labels=p.token_labels,
             heads=p.atp is not None,
             verified=p.verified_heads,
-            title=f"{p.lang}: components that restore the clean answer (corrupted-subject {how})",
+            title=f"{p.lang}: components that restore the clean answer (corrupted-subject "
+            f"{how}{wrong})",
         )
     )
     if p.comparison is not None:
@@ -111,8 +140,15 @@ def add_trace_headline(report: Report, summary: Mapping[str, Any]) -> None:
     counts = summary["classification"]
     n = sum(sum(c.values()) for c in counts.values())
     report.add_headline("Queries", f"{n} in {len(counts)} languages ({', '.join(counts)})")
+    # English is the pivot the others are read against: never pooled with them
+    groups = [(f"non-English ({', '.join(lg for lg in counts if lg != 'en')})",
+               [c for lg, c in counts.items() if lg != "en"]),
+              ("English", [counts["en"]] if "en" in counts else [])]  # fmt: skip
     for cls, label in (("correct", "Correct"), ("translation_failure", "Translation failure"),
                        ("recall_failure", "Recall failure")):  # fmt: skip
-        k = sum(c.get(cls, 0) for c in counts.values())
-        w = wilson(k, n)
-        report.add_headline(f"{label} (all languages)", fmt_interval(w.estimate, w.lo, w.hi, n))
+        for where, cs in groups:
+            m = sum(sum(c.values()) for c in cs)
+            if not m or (cls == "translation_failure" and where == "English"):
+                continue
+            w = wilson(sum(c.get(cls, 0) for c in cs), m)
+            report.add_headline(f"{label}, {where}", fmt_interval(w.estimate, w.lo, w.hi, m))

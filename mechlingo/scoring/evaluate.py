@@ -311,8 +311,11 @@ class EvalResult:
         return pd.DataFrame(self.records)
 
     def fig_accuracy(self, title: str = "Greedy accuracy per language") -> go.Figure:
-        """Bars of :meth:`accuracy` per language."""
-        return accuracy_bars({"accuracy": self.accuracy()}, title)
+        """Bars of :meth:`accuracy` per language (the title gives the facts per language)."""
+        per_lang: dict[str, int] = {}
+        for r in self.records:
+            per_lang[r["lang"]] = per_lang.get(r["lang"], 0) + 1
+        return accuracy_bars({"accuracy": self.accuracy()}, title, n=list(per_lang.values()))
 
     def _repr_html_(self) -> str:
         acc = self.accuracy()

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from jaxtyping import Float
 from torch import Tensor
 
+from mechlingo.viz.common import with_n
 from mechlingo.viz.palette import language_color, series_color
 
 if TYPE_CHECKING:
@@ -23,9 +24,10 @@ def retrieval_heatmaps(
     post: Float[Tensor, "lang lang"] | None,
     langs: Sequence[str],
     layer: int,
+    n: int | None = None,
 ) -> go.Figure:
     """Top-1 retrieval (row = query language, column = candidate language), before and after
-    (and their difference)."""
+    (and their difference); ``n``: sentences per language (the title)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -48,20 +50,29 @@ def retrieval_heatmaps(
                 text=[[f"{v:.2f}" for v in row] for row in z],
                 texttemplate="%{text}",
                 showscale=c == len(mats),
+                colorbar={"title": "top-1 retrieval"},
             ),
             row=1,
             col=c,
         )
-        fig.update_yaxes(autorange="reversed", row=1, col=c)
+        fig.update_yaxes(autorange="reversed", title_text="query language", row=1, col=c)
+        fig.update_xaxes(title_text="candidate language", row=1, col=c)
     fig.update_layout(
-        title=f"Top-1 retrieval, layer {layer} (row: query, column: candidates)",
+        title=with_n(
+            f"Top-1 retrieval, layer {layer} (row: query, column: candidates)",
+            n,
+            "sentences per language",
+        ),  # fmt: skip
         template="plotly_white",
     )
     return fig
 
 
-def retrieval_per_layer_figure(per_layer: Mapping[str, Mapping[str, float]]) -> go.Figure:
-    """Mean off-diagonal top-1 retrieval per layer, before and after."""
+def retrieval_per_layer_figure(
+    per_layer: Mapping[str, Mapping[str, float]], n: int | None = None
+) -> go.Figure:
+    """Mean off-diagonal top-1 retrieval per layer, before and after (``n``: sentences per
+    language, for the title)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -74,7 +85,7 @@ def retrieval_per_layer_figure(per_layer: Mapping[str, Mapping[str, float]]) -> 
             line={"color": series_color(which)},
         )
     fig.update_layout(
-        title="Mean cross-language top-1 retrieval per layer",
+        title=with_n("Mean cross-language top-1 retrieval per layer", n, "sentences per language"),
         xaxis_title="layer",
         yaxis_title="top-1",
         yaxis_range=[0, 1],
@@ -90,7 +101,7 @@ def pca_figure(
     layer: int,
 ) -> go.Figure:
     """Sentence embeddings on their first two principal components, coloured by language;
-    before and after side by side (each with its own PCA)."""
+    before and after side by side (each with its own PCA; n = sentences per language)."""
     from plotly.subplots import make_subplots
 
     panels = [("before", pre)] + ([("after", post)] if post is not None else [])
@@ -109,5 +120,10 @@ def pca_figure(
                 row=1,
                 col=c,
             )
-    fig.update_layout(title=f"Sentence embeddings, layer {layer} (PCA)", template="plotly_white")
+    fig.update_xaxes(title_text="PC 1")
+    fig.update_yaxes(title_text="PC 2")
+    fig.update_layout(
+        title=f"Sentence embeddings, layer {layer} (PCA; n = {pre.shape[1]} per language)",
+        template="plotly_white",
+    )
     return fig

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from mechlingo.viz.common import with_n
 from mechlingo.viz.palette import series_color
 
 if TYPE_CHECKING:
@@ -19,11 +20,13 @@ def accuracy_bars(
     intervals: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
     *,
     y_title: str = "accuracy",
+    n: Any = None,
 ) -> go.Figure:
     """Grouped bars: ``accuracy[condition][lang]`` (a proportion; a condition, or a trace
     class, takes its palette colour: :func:`mechlingo.viz.palette.series_color`); with
     ``intervals[condition][lang]`` (dicts with ``lo`` and ``hi``, e.g.
-    :func:`mechlingo.kernels.significance.wilson`), 95% error bars."""
+    :func:`mechlingo.kernels.significance.wilson`), 95% error bars. The title gets the n of
+    ``n`` (an int or a list of counts) or else of the intervals' ``n``."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -50,12 +53,18 @@ def accuracy_bars(
             go.Bar(
                 x=langs,
                 y=y,
-                name=cond,
+                name=cond.replace("_", " "),
                 marker_color=series_color(cond),
                 error_y=err,
             )
         )
+    if n is None and intervals:
+        n = [c.get("n") for per in intervals.values() for c in per.values()]
     fig.update_layout(
-        title=title, yaxis={"range": [0, 1], "title": y_title}, barmode="group", height=380
+        title=with_n(title, n, "per bar" if not isinstance(n, int) else ""),
+        yaxis={"range": [0, 1], "title": y_title},
+        xaxis={"title": "prompt language"},
+        barmode="group",
+        height=380,
     )
     return fig

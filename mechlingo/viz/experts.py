@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mechlingo.viz.common import with_n
 from mechlingo.viz.palette import condition_color, language_color, series_color
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ def experts_per_layer_figure(
     for i, lang in enumerate(langs):
         fig.add_bar(x=list(layers), y=c[i].tolist(), name=lang, marker_color=language_color(lang))
     fig.update_layout(
-        title=f"Top-{k} expert neurons per layer",
+        title=f"Top-{k} expert neurons per layer (n = {k} per language)",
         xaxis_title="layer",
         yaxis_title="experts",
         barmode="group",
@@ -56,13 +57,16 @@ def overlap_figure(overlap: Float[Tensor, "lang lang"], langs: Sequence[str], k:
             zmin=0,
             zmax=1,
             colorscale="Blues",
+            colorbar={"title": "shared fraction"},
             text=[[f"{v:.2f}" for v in row] for row in z],
             texttemplate="%{text}",
         )
     )
     fig.update_layout(
-        title=f"Overlap of top-{k} expert sets (|A∩B|/k)",
+        title=f"Overlap of top-{k} expert sets (|A∩B|/k; n = {k} per language)",
         yaxis_autorange="reversed",
+        xaxis_title="language B",
+        yaxis_title="language A",
         template="plotly_white",
     )
     return fig
@@ -143,9 +147,10 @@ def k_curve_figure(
             col=1,
         )
     fig.update_xaxes(type="log", title_text="k")
-    fig.update_yaxes(range=[-0.02, 1.02], row=1, col=1)
-    fig.update_yaxes(type="log", row=1, col=2)
-    title = f"Choosing k for {lang}"
+    fig.update_yaxes(range=[-0.02, 1.02], title_text=f"fraction in {lang}", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="perplexity", row=1, col=2)
+    n_bos = [r.get("n_bos") for r in rows]
+    title = f"Choosing k for {lang}" + (f" (n = {max(n_bos)} BOS samples)" if any(n_bos) else "")
     fig.update_layout(
         template="plotly_white",
         title=title + (f" (rule chose k = {chosen})" if chosen is not None else ""),
@@ -180,5 +185,9 @@ def interval_bars_figure(
                 ],
             },
         )
-    fig.update_layout(title=title, barmode="group", template="plotly_white")
+    ns = [c.get("n") for per in metrics.values() for c in per.values()]
+    fig.update_layout(
+        title=with_n(title, ns), barmode="group", template="plotly_white",
+        xaxis_title="measure", yaxis_title="estimate (95% interval)",
+    )  # fmt: skip
     return fig

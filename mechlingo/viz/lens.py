@@ -14,8 +14,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mechlingo.core.errors import InputError
-from mechlingo.viz.common import band
-from mechlingo.viz.palette import SEQUENCE, decoder_color, track_color
+from mechlingo.viz.common import band, rank_axis, track_label
+from mechlingo.viz.palette import SEQUENCE, decoder_color, language_color, track_color
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -27,16 +27,29 @@ __all__ = [
     "latent_curves_figure",
     "lens_heatmap",
     "lens_kl_figure",
+    "token_grid_figure",
     "tuned_lens_loss_figure",
 ]
+
+
+def _curve_band(d: pd.DataFrame) -> tuple[Any, Any, Any, str]:
+    """A track's line and band: the median and interquartile range when ``d`` has them
+    (inside [0, 1] by construction), else the mean and mean ± s.d. clipped to [0, 1]."""
+    if {"median", "q25", "q75"} <= set(d.columns):
+        return d["median"], d["q25"], d["q75"], "median, interquartile band"
+    lo = (d["mean"] - d["std"]).clip(lower=0, upper=1)
+    hi = (d["mean"] + d["std"]).clip(lower=0, upper=1)
+    return d["mean"], lo, hi, "mean ± s.d., clipped to [0, 1]"
 
 
 def latent_curves_figure(
     curves: pd.DataFrame, *, tracks: Sequence[str] | None = None, n_layers: int | None = None
 ) -> go.Figure:
-    """One panel per prompt language; per track the mean probability over prompts per lens
-    entry with a ±1 s.d. band (clipped to [0, 1]). ``curves`` has the columns ``lang``,
-    ``track``, ``layer``, ``mean`` and ``std`` (:meth:`LensResult.latent_curves`)."""
+    """One panel per prompt language; per track the median probability over prompts per
+    lens entry with its interquartile band. ``curves`` has the columns ``lang``, ``track``,
+    ``layer`` and ``median``, ``q25``, ``q75`` (:meth:`LensResult.latent_curves`; older
+    tables with only ``mean`` and ``std`` draw the mean ± s.d. clipped to [0, 1]) and
+    ``count`` (the n of each panel's title, when present)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -44,14 +57,20 @@ def latent_curves_figure(
     tracks = list(tracks) if tracks else list(dict.fromkeys(curves["track"]))
     cols = min(4, len(langs))
     rows = math.ceil(len(langs) / cols)
+
+    def n_of(lg: str) -> str:
+        if "count" not in curves.columns:
+            return ""
+        return f" (n = {int(curves[curves['lang'] == lg]['count'].max())})"
+
     fig = make_subplots(
         rows=rows,
         cols=cols,
-        subplot_titles=[f"prompts in {lg}" for lg in langs],
-        shared_yaxes=True,
-        horizontal_spacing=0.04,
-        vertical_spacing=0.12 if rows > 1 else 0.08,
+        subplot_titles=[f"prompts in {lg}{n_of(lg)}" for lg in langs],
+        horizontal_spacing=0.05,
+        vertical_spacing=0.14 if rows > 1 else 0.08,
     )
+    how = "median, interquartile band"
     for i, lg in enumerate(langs):
         r, c = i // cols + 1, i % cols + 1
         for track in tracks:
@@ -59,16 +78,14 @@ def latent_curves_figure(
             if d.empty:
                 continue
             color = track_color(track)
-            label = f"answer in {lg}" if track == "answer" else f"answer in {track}"
-            lo = (d["mean"] - d["std"]).clip(lower=0)
-            hi = (d["mean"] + d["std"]).clip(upper=1)
+            mid, lo, hi, how = _curve_band(d)
             fig.add_trace(band(d["layer"], lo, hi, color, legendgroup=track), row=r, col=c)
             fig.add_trace(
                 go.Scatter(
                     x=d["layer"],
-                    y=d["mean"],
+                    y=mid,
                     mode="lines+markers",
-                    name="answer (prompt language)" if track == "answer" else label,
+                    name=track_label(track),
                     line={"color": color},
                     marker={"size": 4},
                     legendgroup=track,
@@ -77,10 +94,13 @@ def latent_curves_figure(
                 row=r,
                 col=c,
             )
-    fig.update_yaxes(range=[0, 1], title_text="probability", col=1)
-    fig.update_xaxes(title_text="layer (blocks applied)", row=rows)
+    fig.update_yaxes(range=[0, 1], title_text="probability")
+    fig.update_xaxes(title_text="layer (blocks applied)")
+    n = ""
+    if "count" in curves.columns:
+        n = f"; n = {sum(int(curves[curves['lang'] == lg]['count'].max()) for lg in langs)} prompts"
     fig.update_layout(
-        title="Latent-language curves: probability of the answer per layer (mean ± s.d.)",
+        title=f"Latent-language curves: probability of the answer per layer ({how}{n})",
         height=300 * rows + 80,
         margin={"t": 80, "l": 60, "r": 20, "b": 50},
         legend={"orientation": "h", "y": -0.3 if rows == 1 else -0.1},
@@ -111,13 +131,14 @@ def lens_heatmap(
     """
     import plotly.graph_objects as go
 
+    what = track_label(track)
     if value == "rank":
         z = torch.log10(rank.float() + 1).T
-        colorbar = "log10(rank+1)"
+        colorbar = f"rank of the {what}<br>(log10 of rank + 1)"
         scale = "Viridis_r"
     elif value == "prob":
         z = logprob.exp().T
-        colorbar = "probability"
+        colorbar = f"probability of the<br>{what}"
         scale = "Viridis"
     else:
         raise InputError("value must be 'rank' or 'prob'")
@@ -141,9 +162,11 @@ def lens_heatmap(
             hoverinfo="text+z",
         )
     )
+    word = "rank" if value == "rank" else "probability"
     fig.update_layout(
-        title=f"Logit lens: {value} of the {track!r} answer per layer and prompt",
+        title=f"Logit lens: {word} of the {what} per layer and prompt (n = {len(prompts)})",
         xaxis={"title": "layer (blocks applied)", "dtick": 1},
+        yaxis={"title": "prompt (index: language, answer)"},
         height=max(300, 14 * len(labels) + 120),
         margin={"l": 220},
     )
@@ -173,7 +196,7 @@ def tuned_lens_loss_figure(
     fig.add_trace(go.Scatter(x=steps, y=loss.mean(1).tolist(), mode="lines", name="mean",
                              line={"width": 3, "color": "black"}))  # fmt: skip
     fig.update_layout(
-        title=f"Tuned lens training: KL(final || lens) per step ({n_tokens} tokens, "
+        title=f"Tuned lens training: KL(final || lens) per step (n = {n_tokens} tokens, "
         f"{seconds:.0f} s, {world_size} process(es))",
         xaxis={"title": "step"},
         yaxis={"title": "KL (nats), training batch", "type": "log"},
@@ -226,24 +249,24 @@ class DecoderPanel:
     energy: Float[Tensor, "layer prompt"]
 
     def values(self, row: str, track: str) -> Float[Tensor, "layer prompt"]:
-        """What panel ``row`` draws for ``track``: the probability, ``log10(rank + 1)``, the
-        entropy or the energy."""
+        """What panel ``row`` draws for ``track``: the probability, ``rank + 1`` (drawn on a
+        reversed log axis), the entropy or the energy."""
         if row == "probability":
             return self.logprob[track].exp()
         if row == "rank":
-            return torch.log10(self.rank[track].float() + 1)
+            return self.rank[track].float() + 1
         return self.entropy if row == "entropy" else self.energy
 
 
-def _mean_band(v: torch.Tensor) -> tuple[list[float], list[float], list[float]]:
-    """Mean over prompts per entry with a normal-approximation 95% band."""
-    m = v.mean(1)
-    se = v.std(1) / max(1, v.shape[1]) ** 0.5 if v.shape[1] > 1 else torch.zeros_like(m)
-    return m.tolist(), (m - 1.96 * se).tolist(), (m + 1.96 * se).tolist()
+def _median_band(v: torch.Tensor) -> tuple[list[float], list[float], list[float]]:
+    """Median over prompts per entry with the interquartile band (NaN entries ignored), so a
+    band of probabilities stays in [0, 1] and one of ranks stays positive."""
+    q = torch.nanquantile(v.double(), torch.tensor([0.5, 0.25, 0.75], dtype=torch.float64), dim=1)
+    return q[0].tolist(), q[1].tolist(), q[2].tolist()
 
 
 _ROWS = ("probability", "rank", "entropy", "energy")
-_Y_TITLES = {"probability": "probability", "rank": "log10(rank + 1)",
+_Y_TITLES = {"probability": "probability", "rank": "rank + 1",
              "entropy": "entropy (nats)", "energy": "token energy"}  # fmt: skip
 
 
@@ -252,7 +275,7 @@ def decoder_curves_figure(
 ) -> go.Figure:
     """The latent-language curves of every decoder side by side: one column per decoder
     (``panels``, in order); rows: probability and rank of the answer in the prompt language
-    and in English (mean over prompts, 95% band), then the decoder's entropy and token
+    and in English (median over prompts, interquartile band), then the decoder's entropy and token
     energy per layer. ``langs`` and ``n_prompts`` (the pooled prompts) go into the title."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -269,24 +292,116 @@ def decoder_curves_figure(
             for track in tracks:
                 if track in ("answer", "en") and track not in panel.logprob:
                     continue
-                m, lo, hi = _mean_band(panel.values(row, track))
-                label = {"answer": "prompt-language answer", "en": "English answer"}.get(
-                    track, track
-                )
+                m, lo, hi = _median_band(panel.values(row, track))
+                label = track_label(track) if track in ("answer", "en") else track
                 fig.add_trace(band(x, lo, hi, track_color(track)), row=r, col=c)
                 fig.add_trace(go.Scatter(x=x, y=m, mode="lines+markers", marker={"size": 3},
                                          line={"color": track_color(track)}, name=label,
                                          legendgroup=track, showlegend=c == 1 and r != 2),
                               row=r, col=c)  # fmt: skip
+    worst = max((float(p.rank[t].max()) + 1 for p in panels.values() for t in p.rank), default=2)
     for r, row in enumerate(_ROWS, start=1):
-        fig.update_yaxes(title_text=_Y_TITLES[row], row=r, col=1)
+        fig.update_yaxes(title_text=_Y_TITLES[row], row=r)
         if row == "rank":
-            fig.update_yaxes(autorange="reversed", row=r)
-    fig.update_xaxes(title_text="layer (blocks applied)", row=len(_ROWS))
+            rank_axis(fig, worst, title=_Y_TITLES[row], row=r)
+        if row == "probability":
+            fig.update_yaxes(range=[0, 1], row=r)
+    fig.update_xaxes(title_text="layer (blocks applied)")
     fig.update_layout(
         title=f"Latent-language curves per decoder (prompts in {', '.join(langs)}; n = "
-        f"{n_prompts}; mean, 95% band)",
+        f"{n_prompts}; median, interquartile band)",
         height=220 * len(_ROWS) + 120,
         legend={"orientation": "h", "y": -0.08},
+    )
+    return fig
+
+
+#: The colour of a token no language owns in the token grid coloured by language.
+NO_LANGUAGE = "#e8e8e8"
+
+
+def _cell_label(token: str, width: int = 7) -> str:
+    """A top token as a cell's text: spaces shown as ``·``, newlines as ``⏎``, cut to
+    ``width`` characters."""
+    t = token.replace(" ", "\u00b7").replace("\n", "\u23ce")
+    return t if len(t) <= width else t[: width - 1] + "\u2026"
+
+
+def _hover(tokens: Sequence[str], probs: Sequence[float], langs: Sequence[str | None]) -> str:
+    return "<br>".join(
+        f"{t!r} {p:.3f} ({lg or '?'})" for t, p, lg in zip(tokens, probs, langs, strict=True)
+    )
+
+
+def token_grid_figure(
+    tokens: Sequence[str],
+    top_tokens: Sequence[Sequence[Sequence[str]]],
+    top_probs: Float[Tensor, "entry position k"],
+    top_langs: Sequence[Sequence[Sequence[str | None]]],
+    *,
+    layers: Sequence[int],
+    color: str = "prob",
+    decoder: str = "logit",
+    prompt_lang: str | None = None,
+) -> go.Figure:
+    """The token-level lens of one prompt as a heatmap: input positions (x, labelled with
+    their tokens) by lens entries (y); each cell shows the entry's top next token there.
+
+    Args:
+        tokens: the prompt's input tokens.
+        top_tokens, top_probs, top_langs: ``[entry][position][k]`` the top tokens, their
+            probabilities and their languages (``None``: none).
+        layers: the entries (y axis).
+        color: ``"prob"`` (the top token's probability, 0..1) or ``"lang"`` (its language,
+            in the palette's language colour; grey: no language).
+        decoder, prompt_lang: for the title.
+    """
+    import plotly.graph_objects as go
+
+    if color not in ("prob", "lang"):
+        raise InputError("color must be 'prob' or 'lang'")
+    n_e, n_pos = len(layers), len(tokens)
+    x = [f"{i}: {t!r}" for i, t in enumerate(tokens)]
+    probs = top_probs.tolist()
+    text = [[_cell_label(top_tokens[e][i][0]) for i in range(n_pos)] for e in range(n_e)]
+    hover = [[_hover(top_tokens[e][i], probs[e][i], top_langs[e][i]) for i in range(n_pos)]
+             for e in range(n_e)]  # fmt: skip
+    if color == "prob":
+        z: list[list[Any]] = [[probs[e][i][0] for i in range(n_pos)] for e in range(n_e)]
+        heat = {"colorscale": "Blues", "zmin": 0, "zmax": 1,
+                "colorbar": {"title": {"text": "probability of<br>the top token"}}}  # fmt: skip
+    else:
+        names = sorted({lg for row in top_langs for cell in row if (lg := cell[0])})
+        codes = {lg: k + 1 for k, lg in enumerate(names)}
+        z = [[codes.get(top_langs[e][i][0] or "", 0) for i in range(n_pos)] for e in range(n_e)]
+        colours = [NO_LANGUAGE] + [language_color(lg) for lg in names]
+        n = len(colours)
+        scale = [[b / n, c] for k, c in enumerate(colours) for b in (k, k + 1)]
+        heat = {"colorscale": scale, "zmin": -0.5, "zmax": n - 0.5,
+                "colorbar": {"title": {"text": "language of<br>the top token"},
+                             "tickvals": list(range(n)), "ticktext": ["none", *names]}}  # fmt: skip
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=x,
+            y=list(layers),
+            text=text,
+            texttemplate="%{text}",
+            customdata=hover,
+            hovertemplate="layer %{y}, after %{x}<br>%{customdata}<extra></extra>",
+            xgap=1,
+            ygap=1,
+            **heat,
+        )  # fmt: skip
+    )
+    what = "probability" if color == "prob" else "language"
+    lang = f" ({prompt_lang} prompt)" if prompt_lang else ""
+    fig.update_layout(
+        title=f"{decoder.capitalize()} lens{lang}: top next token per layer and position<br>"
+        f"coloured by its {what} (n = {n_pos} positions x {n_e} layers)",
+        xaxis={"title": "input position: token", "tickangle": -45},
+        yaxis={"title": "layer (blocks applied)", "dtick": 1},
+        height=max(360, 24 * n_e + 200),
+        width=max(700, 70 * n_pos + 220),
     )
     return fig

@@ -32,18 +32,22 @@ __all__ = [
     "CLASS",
     "CONDITION",
     "DECODER",
+    "EFFECT",
     "LANGUAGE",
     "SEQUENCE",
     "SITE",
     "SPARE",
     "TRACK",
+    "VERDICT",
     "class_color",
     "condition_color",
     "decoder_color",
+    "effect_color",
     "language_color",
     "series_color",
     "site_color",
     "track_color",
+    "verdict_color",
 ]
 
 #: The trace's classes, in the order they are drawn (the order of
@@ -118,14 +122,30 @@ TRACK: Mapping[str, str] = {
     "energy": "#e377c2",
 }
 
-#: The sites of a patching figure.
+#: The sites of a patching figure: colours no class, language, answer track or condition
+#: uses (a test says so), so a circuit's attention node is never read as a recall failure.
 SITE: Mapping[str, str] = {
-    "mlp_out": "#1f77b4",
-    "attn_out": "#d62728",
-    "resid_pre": "#7f7f7f",
-    "resid_mid": "#8c564b",
-    "resid_post": "#bcbd22",
-    "head": "#9467bd",
+    "attn_out": "#008b8b",
+    "mlp_out": "#b8860b",
+    "head": "#2f6f4f",
+    "resid_pre": "#a0a0a0",
+    "resid_mid": "#6b4423",
+    "resid_post": "#708090",
+}
+
+#: Lines of an intervention's effect that are no condition: the attention-knockout curve.
+EFFECT: Mapping[str, str] = {
+    "knockout": "#000080",
+}
+
+#: The verdict of a claim in the claims report (the card's verdict words; the same colours
+#: as the verdict column of the card's table).
+VERDICT: Mapping[str, str] = {
+    "holds": "#22aa77",
+    "does_not_hold": "#cc3333",
+    "inconclusive": "#aa7700",
+    "not_testable_here": "#888888",
+    "error": "#dd8800",
 }
 
 #: Colours for series that are only an order (entry 0, 1, 2, ...), no concept.
@@ -193,6 +213,17 @@ def track_color(track: str) -> str:
 def site_color(site: str) -> str:
     """The colour of a patching site (``"mlp_out"``, ``"attn_out"``, ...)."""
     return SITE.get(site) or _spare(site)
+
+
+def effect_color(name: str) -> str:
+    """The colour of an effect line (``"knockout"``)."""
+    return EFFECT.get(name) or _spare(name)
+
+
+def verdict_color(verdict: str) -> str:
+    """The colour of a claim's verdict (``"holds"``, ``"does not hold"``, ...)."""
+    key = verdict.lower().replace(" ", "_").replace("-", "_")
+    return VERDICT.get(key) or _spare(key)
 
 
 def series_color(name: str) -> str:

@@ -12,8 +12,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mechlingo.viz.common import rgba
-from mechlingo.viz.palette import SEQUENCE, site_color
+from mechlingo.viz.common import VALUE_LABELS, metric_label, rgba
+from mechlingo.viz.palette import SEQUENCE, effect_color, site_color
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -46,11 +46,13 @@ def patching_heatmaps(
     metric_name: str,
     alignment: str,
     value: str = "normalized",
+    n_examples: int | None = None,
 ) -> go.Figure:
     """One layer-by-position heatmap per site (``grids[site]``, in order; ``value`` names
     what the grids hold: normalised effect, effect or mean of the patched metric, for the
-    title); a ``head`` grid (``[layer, position, head]``) is shown layer-by-head, averaged
-    over positions."""
+    title and the colour bar); a ``head`` grid (``[layer, position, head]``) is shown
+    layer-by-head, averaged over positions. ``n_examples`` (the clean prompts averaged)
+    goes into the title."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -80,10 +82,15 @@ def patching_heatmaps(
             row=1,
             col=k + 1,
         )
-    fig.update_yaxes(title_text="layer", col=1)
+    what = VALUE_LABELS.get(value, value)
+    fig.update_yaxes(title_text="layer")
+    for k, s in enumerate(sites):
+        fig.update_xaxes(title_text="head" if s == "head" else "token position", col=k + 1)
+    n = f"; n = {n_examples} clean prompts" if n_examples is not None else ""
     fig.update_layout(
-        title=f"Activation patching ({alignment} alignment): {value} of {metric_name}",
-        coloraxis={"colorscale": "RdBu", "cmid": 0},
+        title=f"Activation patching ({alignment} alignment{n}): {what} on the "
+        f"{metric_label(metric_name)}",
+        coloraxis={"colorscale": "RdBu", "cmid": 0, "colorbar": {"title": {"text": what}}},
         height=460,
     )
     return fig
@@ -97,10 +104,11 @@ def knockout_figure(
     windows: Sequence[tuple[int, int]],
     keys: str,
     metric_name: str,
+    n_examples: int | None = None,
 ) -> go.Figure:
     """Relative change of the answer metric when attention from the last token to the
     ``keys`` positions is blocked in each layer window (``(first, last)``), with its 95%
-    interval ``[lo, hi]`` as error bars."""
+    interval ``[lo, hi]`` as error bars; ``n_examples`` (the prompts) goes into the title."""
     import plotly.graph_objects as go
 
     x = [f"{a}-{b}" for a, b in windows]
@@ -116,11 +124,15 @@ def knockout_figure(
                 "arrayminus": (relative_change - lo).tolist(),
             },
             name=f"blocked last -> {keys}",
+            line={"color": effect_color("knockout")},
+            marker={"color": effect_color("knockout")},
         )
     )
     fig.add_hline(y=0, line={"color": "#999"})
+    n = f" (n = {n_examples} prompts)" if n_examples is not None else ""
     fig.update_layout(
-        title=f"Attention knockout (last token -> {keys}): change of {metric_name}",
+        title=f"Attention knockout (last token -> {keys}): change of the "
+        f"{metric_label(metric_name)}{n}",
         xaxis={"title": "blocked layer window", "type": "category"},
         yaxis={"title": "relative change", "tickformat": ".0%"},
         height=380,
@@ -175,8 +187,20 @@ def _circuit_edges(position_labels: Sequence[Any], nodes: Sequence[Node]) -> lis
     return edges
 
 
+def _label_heights(stages: Mapping[str, tuple[float, float]], gap: float) -> list[float]:
+    """Heights of the stage labels: each at its band's middle, moved up just enough to sit
+    ``gap`` layers above the label below it, so that no two labels overlap."""
+    mids = [(a + b) / 2 for a, b in stages.values()]
+    order = sorted(range(len(mids)), key=lambda i: mids[i])
+    out = list(mids)
+    for prev, cur in zip(order, order[1:], strict=False):
+        out[cur] = max(out[cur], out[prev] + gap)
+    return out
+
+
 def _add_stages(fig: go.Figure, stages: Mapping[str, tuple[float, float]], n_pos: int) -> None:
-    """Shaded layer bands, one per stage, labelled on the right."""
+    """Shaded layer bands, one per stage, labelled on the right (labels kept apart)."""
+    heights = _label_heights(stages, gap=1.0)
     for k, (name, (a, b)) in enumerate(stages.items()):
         fig.add_shape(
             type="rect",
@@ -190,7 +214,7 @@ def _add_stages(fig: go.Figure, stages: Mapping[str, tuple[float, float]], n_pos
         )
         fig.add_annotation(
             x=n_pos - 0.5,
-            y=(a + b) / 2,
+            y=heights[k],
             text=name,
             showarrow=False,
             xanchor="left",
@@ -199,7 +223,9 @@ def _add_stages(fig: go.Figure, stages: Mapping[str, tuple[float, float]], n_pos
 
 
 def _add_edges(fig: go.Figure, edges: Sequence[Edge]) -> None:
-    """Arrows: grey for the residual stream, red (wider) for attention edges."""
+    """Arrows: grey for the residual stream, the attention site's colour (wider) for
+    attention edges."""
+    attn = rgba(site_color("attn_out"), 0.55)
     for (x0, y0), (x1, y1), w in edges:
         fig.add_annotation(
             x=x1,
@@ -214,7 +240,7 @@ def _add_edges(fig: go.Figure, edges: Sequence[Edge]) -> None:
             arrowhead=2,
             arrowsize=1,
             arrowwidth=w,
-            arrowcolor="rgba(80,80,80,0.5)" if w < 2 else "rgba(214,39,40,0.55)",
+            arrowcolor="rgba(80,80,80,0.5)" if w < 2 else attn,
         )
 
 
@@ -262,6 +288,7 @@ class CircuitOptions(TypedDict, total=False):
     title: str | None
     heads: bool
     verified: Sequence[Mapping[str, Any]] | None
+    n_examples: int | None
 
 
 def circuit_figure(
@@ -277,8 +304,10 @@ def circuit_figure(
     title: str | None = None,
     heads: bool = False,
     verified: Sequence[Mapping[str, Any]] | None = None,
+    n_examples: int | None = None,
 ) -> go.Figure:
-    """A circuit diagram drawn from measured patching effects.
+    """A circuit diagram drawn from measured patching effects (``n_examples``: the clean
+    prompts averaged, appended to the title).
 
     ``cells`` are the sweep's patched places (:class:`Component`: site, layer, position
     index, head) and ``effects`` their normalised effects on ``metric_name``; ``layers``
@@ -318,8 +347,14 @@ def circuit_figure(
         title="token position",
     )
     fig.update_yaxes(range=[lo_layer - 0.8, hi_layer + 0.8], title="layer", dtick=1)
+    head = title or (
+        f"Circuit: top {len(nodes)} components by patching effect on the "
+        f"{metric_label(metric_name)}"
+    )
+    if n_examples is not None:
+        head += f" (n = {n_examples} clean prompts)"
     fig.update_layout(
-        title=title or f"Circuit: top {len(nodes)} components by patching effect on {metric_name}",
+        title=head,
         height=max(420, 28 * (hi_layer - lo_layer + 1) + 120),
         showlegend=True,
     )

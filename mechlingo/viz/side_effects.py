@@ -106,10 +106,13 @@ def side_effects_heatmap(
             row=1,
             col=k + 1,
         )
-    fig.update_yaxes(autorange="reversed")
+    fig.update_yaxes(autorange="reversed", title_text="language")
+    fig.update_xaxes(title_text="metric")
+    ns = [r.get("n") for r in rows]
+    n = f"; n = {min(v for v in ns if v)}-{max(v for v in ns if v)} per cell" if any(ns) else ""
     fig.update_layout(
-        title=f"Side effects of {intervention} ({confidence:.0%} intervals)",
-        coloraxis={"colorscale": "RdBu_r", "cmid": 0},
+        title=f"Side effects of {intervention} ({confidence:.0%} intervals{n})",
+        coloraxis={"colorscale": "RdBu_r", "cmid": 0, "colorbar": {"title": {"text": "change"}}},
         height=max(320, 34 * len(langs) + 160),
     )
     return fig

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mechlingo.core.errors import InputError
+from mechlingo.viz.common import n_text, with_n
 from mechlingo.viz.palette import series_color
 
 if TYPE_CHECKING:
@@ -45,11 +46,15 @@ def sweep_heatmap(rows: Sequence[Mapping[str, Any]], *, vector: str, unit: str) 
             zmin=0,
             text=[[("" if v is None else f"{v:.2f}") for v in row] for row in grid],
             texttemplate="%{text}",
-            colorbar={"title": "non-en acc"},
+            colorbar={"title": "mean non-English<br>accuracy"},
         )
     )
     fig.update_layout(
-        title=f"{vector} vector alone: dev screen, mean non-English accuracy",
+        title=with_n(
+            f"{vector} vector alone: dev screen, mean non-English accuracy",
+            [r.get("n") for r in rows],
+            "items per setting",
+        ),  # fmt: skip
         xaxis_title="layer",
         yaxis_title=f"alpha ({unit})",
         height=360,
@@ -93,7 +98,14 @@ def accuracy_ci_figure(intervals: Mapping[str, Mapping[str, Mapping[str, Any]]])
     langs = sorted({lg for cells in intervals.values() for lg in cells})
     for cond, cells in intervals.items():
         ci_bars(fig, cond, cells, langs)
-    fig.update_layout(barmode="group", yaxis={"range": [0, 1], "title": "accuracy"}, height=380)
+    ns = [c.get("n") for cells in intervals.values() for c in cells.values()]
+    fig.update_layout(
+        title=with_n("Test accuracy per language and condition (Wilson 95%)", ns, "per bar"),
+        barmode="group",
+        yaxis={"range": [0, 1], "title": "accuracy"},
+        xaxis={"title": "prompt language"},
+        height=380,
+    )
     return fig
 
 
@@ -107,7 +119,14 @@ def headroom_figure(hr: Mapping[str, Any]) -> go.Figure:
     for name in ("zero_shot", "k_shot"):
         label = f"{hr.get('k', '?')}-shot" if name == "k_shot" else "zero-shot"
         ci_bars(fig, label, hr.get(name, {}), langs, condition=name)
-    fig.update_layout(barmode="group", yaxis={"range": [0, 1], "title": "accuracy"}, height=340)
+    ns = [c.get("n") for name in ("zero_shot", "k_shot") for c in hr.get(name, {}).values()]
+    fig.update_layout(
+        title=with_n("Headroom: zero-shot and k-shot accuracy (Wilson 95%)", ns, "per bar"),
+        barmode="group",
+        yaxis={"range": [0, 1], "title": "accuracy"},
+        xaxis={"title": "prompt language"},
+        height=340,
+    )
     return fig
 
 
@@ -153,12 +172,13 @@ def transfer_heatmap(
         go.Heatmap(
             z=z, x=list(cols), y=list(rows), text=text, texttemplate="%{text}",
             colorscale="RdBu", zmid=0, zmin=-top, zmax=top,
-            colorbar={"title": "points"},
+            colorbar={"title": "gain over orig<br>(accuracy points)"},
         )
     )  # fmt: skip
     what = "norm-matched random control" if value == "control_gain" else "repair vectors"
+    ns = n_text([c.get("n") for c in cells], "per cell")
     fig.update_layout(
-        title=f"Transfer by {by}: test gain over orig, {what} (95% CI)",
+        title=f"Transfer by {by}: test gain over orig, {what} (95% CI; {ns or 'n unknown'})",
         xaxis_title=f"test {by}",
         yaxis_title="built on",
         yaxis={"autorange": "reversed"},

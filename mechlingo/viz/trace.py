@@ -12,7 +12,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from mechlingo.viz.common import band
+from mechlingo.viz.common import band, rank_axis, track_label
 from mechlingo.viz.palette import CLASS, class_color, track_color
 
 if TYPE_CHECKING:
@@ -41,9 +41,10 @@ def class_fractions_figure(counts: Mapping[str, Mapping[str, int]]) -> go.Figure
                 hovertemplate="%{x}: %{y:.0%} (%{customdata})<extra>" + c + "</extra>",
             )
         )
+    n = sum(sum(c.values()) for c in counts.values())
     fig.update_layout(
         barmode="stack",
-        title="Recall pipeline: class of each query per language",
+        title=f"Recall pipeline: class of each query per language (n = {n} queries)",
         yaxis={"title": "fraction of queries", "tickformat": ".0%", "range": [0, 1]},
         xaxis={"title": "prompt language"},
         height=420,
@@ -88,7 +89,7 @@ def class_profiles_figure(
     for c in present:
         n = sum(1 for k, lg in zip(classes, prompt_langs, strict=True) if k == c and lg in keep)
         titles.append(f"{c.replace('_', ' ')} (n={n})")
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, shared_yaxes=True)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles)
     for k, c in enumerate(present):
         r, col = k // cols + 1, k % cols + 1
         idx = torch.tensor(
@@ -111,7 +112,7 @@ def class_profiles_figure(
                     mode="lines+markers",
                     marker={"size": 4},
                     line={"color": color},
-                    name="English answer" if track == "en" else "prompt-language answer",
+                    name=track_label(track),
                     legendgroup=track,
                     showlegend=k == 0,
                 ),
@@ -119,10 +120,13 @@ def class_profiles_figure(
                 col=col,
             )
         fig.add_hline(y=max_rank + 1, line={"dash": "dot", "color": "#999"}, row=r, col=col)
-    fig.update_yaxes(type="log", autorange="reversed", title_text="rank + 1 (median, IQR)", col=1)
-    fig.update_xaxes(title_text="lens entry (blocks applied)", row=rows)
+    total = sum(1 for lg in prompt_langs if lg in keep)
+    worst = max(int(en_rank.max()), int(answer_rank.max()), max_rank) + 1
+    rank_axis(fig, worst, title="rank + 1 (median, IQR)")  # every panel, one range
+    fig.update_xaxes(title_text="lens entry (blocks applied)")
     fig.update_layout(
-        title=f"Latent-language curves per class ({', '.join(langs)}); dotted: rank {max_rank}",
+        title=f"Latent-language curves per class ({', '.join(langs)}; n = {total} queries); "
+        f"dotted: rank {max_rank}",
         height=320 * rows + 100,
     )
     return fig

@@ -28,6 +28,7 @@ from mechlingo.analyses.decoders.lens import LensResult, lens_facts
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 from mechlingo.kernels.significance import bootstrap_mean, wilson
+from mechlingo.viz.common import html_summary, interval_text
 from mechlingo.viz.lens import DecoderPanel, decoder_curves_figure
 
 if TYPE_CHECKING:
@@ -140,6 +141,21 @@ class DecoderComparison:
                              "first_median": d["first_layer_median"],
                              "range": d["range"]["span"], "range_layers": d["range"]["layers"]})  # fmt: skip
         return rows
+
+    def __repr__(self) -> str:
+        first = next(iter(self.results.values()))
+        return f"DecoderComparison({list(self.results)}, {len(first.prompts)} prompts)"
+
+    def _repr_html_(self) -> str:
+        """Per decoder and language: n, the share of prompts where English ever leads (Wilson
+        95%) and the mean first leading layer (bootstrap 95%)."""
+        rows = [{"decoder": r["decoder"], "lang": r["lang"], "n": r["n"],
+                 "English ever leads [95% CI]": interval_text(r.get("ever"), r.get("ever_lo"),
+                                                              r.get("ever_hi")),
+                 "first leading layer [95% CI]": interval_text(
+                     r.get("first_layer"), r.get("first_lo"), r.get("first_hi"))}
+                for r in self.pivot_table()]  # fmt: skip
+        return html_summary(repr(self), rows)
 
     def fig_curves(self, langs: Sequence[str] | None = None) -> go.Figure:
         """Latent-language curves, entropy and energy of every decoder side by side, pooled

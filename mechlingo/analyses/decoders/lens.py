@@ -17,6 +17,7 @@ output. This is the stack TransformerLens's ``logit_lens`` reads, in the same or
 
 from __future__ import annotations
 
+import html
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from tqdm.auto import tqdm
 from mechlingo.activations.runs import collect
 from mechlingo.analyses.decoders.entries import lens_hook_names, resolve_entries
 from mechlingo.analyses.decoders.patchscope import Patchscope
+from mechlingo.analyses.decoders.tokens import TokenGrid, token_grid
 from mechlingo.analyses.decoders.tuned_lens import TunedLens, load_tuned_lens
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import site_map
@@ -37,7 +39,7 @@ from mechlingo.core.tokens import answer_tokens, encode, pack_token_sets, sorted
 from mechlingo.core.types import Model
 from mechlingo.data import load_facts
 from mechlingo.kernels.readout import Readout, apply_final_norm, read_logits
-from mechlingo.viz.lens import latent_curves_figure, lens_heatmap
+from mechlingo.viz.lens import latent_curves_figure, lens_heatmap, token_grid_figure
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -88,6 +90,9 @@ class LensResult:
             the directions the unembedding reads).
         decoder: the decoder that read the entries (``"logit"``, ``"tuned"``,
             ``"patchscope"``).
+        tokens: the token-level lens (the top tokens of every entry at every position of
+            every prompt: :class:`~mechlingo.analyses.decoders.tokens.TokenGrid`), when
+            computed (always without answer tracks; :meth:`fig_tokens` draws it).
     """
 
     prompts: list[str]
@@ -108,6 +113,7 @@ class LensResult:
     entropy: Float[Tensor, "layer prompt"] | None = None
     energy: Float[Tensor, "layer prompt"] | None = None
     decoder: str = "logit"
+    tokens: TokenGrid | None = None
 
     # ------------------------------------------------------------------ accessors
     def track_index(self, track: str) -> int:
@@ -170,19 +176,22 @@ class LensResult:
         return pd.DataFrame(rows)
 
     def latent_curves(self) -> pd.DataFrame:
-        """Mean, standard deviation and count of each track's probability per prompt language
-        and entry: the latent-language curves."""
+        """Mean, standard deviation, median, quartiles (``q25``, ``q75``) and count of each
+        track's probability per prompt language and entry: the latent-language curves."""
         df = self.to_dataframe()
         g = df.groupby(["lang", "track", "layer"])["prob"]
-        out = g.agg(["mean", "std", "count"]).reset_index()
-        return out.fillna({"std": 0.0})
+        out = g.agg(["mean", "std", "median", "count"])
+        out["q25"] = g.quantile(0.25)
+        out["q75"] = g.quantile(0.75)
+        return out.reset_index().fillna({"std": 0.0})
 
     def summary(self, *, max_rank: int = 10) -> dict[str, Any]:
         """Headline numbers per prompt language: the share of prompts whose output top token
         is the answer (final-layer accuracy), and the share whose English answer reaches
         rank <= ``max_rank`` at some entry before the output."""
         out: dict[str, Any] = {"final_layer_accuracy": {}, "english_decodable_before_last": {}}
-        top1 = self.final_top1("answer") if self.layers[-1] == self.n_layers else None
+        final = self.layers[-1] == self.n_layers and "answer" in self.tracks
+        top1 = self.final_top1("answer") if final else None
         en = (
             self.first_layer_within("en", max_rank, before_last=True)
             if "en" in self.tracks
@@ -200,9 +209,10 @@ class LensResult:
 
     # ------------------------------------------------------------------ figures
     def fig_latent_curves(self, tracks: Sequence[str] | None = None) -> go.Figure:
-        """Latent-language curves: one panel per prompt language, mean probability of each
-        track per entry with a ±1 s.d. band."""
-
+        """Latent-language curves: one panel per prompt language, median probability of each
+        track per entry with its interquartile band."""
+        if not self.tracks:
+            raise InputError("no answer tracks: this lens read tokens only; draw fig_tokens()")
         return latent_curves_figure(self.latent_curves(), tracks=tracks, n_layers=self.n_layers)
 
     def fig_heatmap(self, track: str = "en", value: str = "rank") -> go.Figure:
@@ -221,7 +231,46 @@ class LensResult:
             value=value,
         )
 
+    def fig_tokens(self, prompt: int = 0, color: str = "prob") -> go.Figure:
+        """The token-level lens of one prompt: positions (x) by entries (y), each cell the
+        top token there; ``color`` ``"prob"`` (its probability) or ``"lang"`` (its
+        language); hover: the top tokens with probabilities and languages.
+
+        Raises:
+            InputError: the lens did not read every position (call :func:`logit_lens`
+                without answers, or with ``tokens=True``), or ``prompt`` is out of range.
+        """
+        g = self.tokens
+        if g is None:
+            raise InputError(
+                "this lens read the last token only",
+                fix="call logit_lens(model, prompts) without answers, or with tokens=True",
+            )
+        if not 0 <= prompt < len(g.tokens):
+            raise InputError(f"prompt {prompt} out of range: the lens read {len(g.tokens)}")
+        return token_grid_figure(
+            g.tokens[prompt],
+            g.top_tokens[prompt],
+            g.top_logprobs[prompt].exp(),
+            g.top_langs[prompt],
+            layers=g.layers,
+            color=color,
+            decoder=self.decoder,
+            prompt_lang=self.langs[prompt],
+        )
+
+    def __repr__(self) -> str:
+        what = f"tracks {self.tracks}" if self.tracks else "tokens at every position"
+        return (
+            f"LensResult({self.decoder} lens, {len(self.prompts)} prompts, entries "
+            f"{self.layers[0]}..{self.layers[-1]}, {what})"
+        )
+
     def _repr_html_(self) -> str:
+        if not self.tracks:
+            return f"<b>{html.escape(repr(self))}</b>" + (
+                "<p>draw <code>fig_tokens(i)</code> for prompt i</p>"
+            )
         s = self.summary()
         rows = "".join(
             f"<tr><td>{lg}</td><td>{s['n_prompts'][lg]}</td>"
@@ -242,8 +291,6 @@ def _checked_langs(
     """The language of each prompt (default English), after checking the inputs' sizes."""
     if not prompts:
         raise InputError("no prompts given to the logit lens")
-    if not answers:
-        raise InputError("give at least one answer track, e.g. {'answer': [...]}")
     langs = list(langs) if langs is not None else ["en"] * len(prompts)
     for name, words in answers.items():
         if len(words) != len(prompts):
@@ -342,7 +389,7 @@ def token_energy(model: Model, rows: Float[Tensor, "row d_model"]) -> Float[Tens
 def logit_lens(
     model: Model,
     prompts: Sequence[str],
-    answers: Mapping[str, Sequence[str]],
+    answers: Mapping[str, Sequence[str]] | None = None,
     *,
     langs: Sequence[str] | None = None,
     layers: Any = None,
@@ -352,16 +399,18 @@ def logit_lens(
     ids: Sequence[str] | None = None,
     progress: bool = False,
     decoder: TunedLens | Patchscope | None = None,
+    tokens: bool | None = None,
 ) -> LensResult:
     """Run the per-language logit lens (or another decoder over the same entries).
 
     Args:
         model: a TransformerLens model.
         prompts: prompts of any lengths and languages; each is read at its own last real token.
-        answers: ``{track: [word per prompt]}``, e.g. ``{"answer": [...], "en": [...]}``.
+        answers: ``{track: [word per prompt]}``, e.g. ``{"answer": [...], "en": [...]}``;
+            none (or empty) reads the prompts without answers: the token-level lens.
         langs: language of each prompt (decides whether answers continue with a space).
         layers: lens entries to read (default all, ``0..n_layers``).
-        top_k: top tokens to keep per entry.
+        top_k: top tokens to keep per entry (and per position for the token-level lens).
         batch_size: prompts per forward pass.
         chunk_rows: rows per unembedding matmul (the unembedding is read once per chunk;
             memory about two ``chunk_rows x vocab`` float32 arrays: 0.5 GB for 256 x 262,144).
@@ -370,21 +419,95 @@ def logit_lens(
             (translators applied before the readout) or a
             :class:`~mechlingo.analyses.decoders.patchscope.Patchscope` (the states are patched into
             target prompts and the target's next-token distribution is read).
+        tokens: read every position too (the result's ``tokens``,
+            :meth:`LensResult.fig_tokens`); default: only when there are no answers.
 
     Returns:
-        A :class:`LensResult`.
+        A :class:`LensResult`; without answers its tracks are empty and its last-token
+        arrays (``top_ids``, ``entropy``, ...) are the token grid's last position.
 
     Raises:
-        InputError: no prompts or tracks, answers or languages not one per prompt, or an
-            entry out of range.
+        InputError: no prompts, answers or languages not one per prompt, or an entry out
+            of range.
         ModelMismatchError: a tuned lens trained on another model.
     """
     prompts = list(prompts)
+    answers = dict(answers or {})
     langs = _checked_langs(prompts, answers, langs)
     entries = resolve_entries(model, layers)
     names = lens_hook_names(model, entries)
     if isinstance(decoder, TunedLens):
         decoder.check(model)
+    grid = None
+    if tokens or (tokens is None and not answers):
+        grid = token_grid(model, prompts, entries, names, langs=langs, decoder=decoder,
+                          top_k=top_k, batch_size=batch_size, chunk_rows=chunk_rows,
+                          progress=progress)  # fmt: skip
+    if answers:
+        reads, n_tokens, continuations = _last_token_reads(
+            model, prompts, answers, langs, entries, names, decoder,
+            top_k=top_k, batch_size=batch_size, chunk_rows=chunk_rows, progress=progress,
+        )  # fmt: skip
+    else:
+        assert grid is not None
+        reads, n_tokens, continuations = _grid_last(grid), None, None
+    result = LensResult(
+        prompts=prompts,
+        langs=langs,
+        tracks=list(answers),
+        answers={t: list(answers[t]) for t in answers},
+        layers=entries,
+        logprob=reads.logprob,
+        primary_logprob=reads.primary,
+        rank=reads.rank,
+        top_ids=reads.top_ids,
+        top_logprobs=reads.top_lp,
+        top_tokens=_top_tokens(model, reads.top_ids),
+        n_answer_tokens=n_tokens
+        if n_tokens is not None
+        else torch.zeros(len(prompts), 0, dtype=torch.long),
+        n_layers=site_map(model).n_layers,
+        ids=list(ids) if ids is not None else None,
+        entropy=reads.entropy,
+        energy=reads.energy,
+        decoder=_decoder_name(decoder),
+        tokens=grid,
+    )
+    if continuations is not None:
+        result.meta["continuations"] = continuations
+    return result
+
+
+def _grid_last(grid: TokenGrid) -> _LensReads:
+    """The last-token arrays of a lens without answers: the token grid's last position
+    (no tracks; the token energy is not measured there: NaN)."""
+    n_e, n_p = len(grid.layers), len(grid.tokens)
+    k = grid.top_ids[0].shape[-1]
+    reads = _LensReads.empty(n_e, n_p, 0, k, torch.device("cpu"))
+    for p in range(n_p):
+        reads.top_ids[:, p] = grid.top_ids[p][:, -1]
+        reads.top_lp[:, p] = grid.top_logprobs[p][:, -1]
+        reads.entropy[:, p] = grid.entropy[p][:, -1]
+    reads.energy.fill_(float("nan"))
+    return reads
+
+
+def _last_token_reads(
+    model: Model,
+    prompts: list[str],
+    answers: Mapping[str, Sequence[str]],
+    langs: list[str],
+    entries: list[int],
+    names: list[str],
+    decoder: TunedLens | Patchscope | None,
+    *,
+    top_k: int,
+    batch_size: int,
+    chunk_rows: int,
+    progress: bool,
+) -> tuple[_LensReads, Tensor, list[list[str]] | None]:
+    """The tracks' reads at each prompt's last token (:func:`logit_lens` with answers), the
+    tokens per answer, and a patchscope's continuations (``None`` without)."""
     tracks = list(answers)
     sets = [
         [answer_tokens(model, answers[t][i], lang=langs[i]) for t in tracks]
@@ -397,6 +520,7 @@ def logit_lens(
     continuations: list[list[str]] = [[""] * len(prompts) for _ in entries]
     groups = sorted_batches(batch.lengths, batch_size)
     name = "logit lens" if decoder is None else getattr(decoder, "name", "tuned lens")
+    generate = isinstance(decoder, Patchscope) and decoder.max_new_tokens > 0
     for rows in tqdm(groups, desc=name, disable=not progress):
         acts = collect(model, batch.select(rows), names)
         stack = torch.stack([acts[nm] for nm in names])  # [entry, b, d_model]
@@ -409,34 +533,14 @@ def logit_lens(
         prim_rows = all_primary[rows].repeat(n_e, 1)
         r = read_logits(model, flat, ids_rows, prim_rows, top_k=top_k, chunk_rows=chunk_rows)
         reads.put(rows, r, token_energy(model, flat))
-        if isinstance(decoder, Patchscope) and decoder.max_new_tokens > 0:
+        if generate:
+            assert isinstance(decoder, Patchscope)
             gen = decoder.generate(model, entries, stack, [langs[i] for i in rows])
             for e in range(n_e):
                 for j, i in enumerate(rows):
                     continuations[e][i] = gen[e][j]
-    reads = reads.cpu()
-    result = LensResult(
-        prompts=prompts,
-        langs=langs,
-        tracks=tracks,
-        answers={t: list(answers[t]) for t in tracks},
-        layers=entries,
-        logprob=reads.logprob,
-        primary_logprob=reads.primary,
-        rank=reads.rank,
-        top_ids=reads.top_ids,
-        top_logprobs=reads.top_lp,
-        top_tokens=_top_tokens(model, reads.top_ids),
-        n_answer_tokens=torch.tensor([[a.n_tokens for a in row] for row in sets]),
-        n_layers=site_map(model).n_layers,
-        ids=list(ids) if ids is not None else None,
-        entropy=reads.entropy,
-        energy=reads.energy,
-        decoder=_decoder_name(decoder),
-    )
-    if isinstance(decoder, Patchscope) and decoder.max_new_tokens > 0:
-        result.meta["continuations"] = continuations
-    return result
+    n_tokens = torch.tensor([[a.n_tokens for a in row] for row in sets])
+    return reads.cpu(), n_tokens, continuations if generate else None
 
 
 def _decoder_name(decoder: Any) -> str:

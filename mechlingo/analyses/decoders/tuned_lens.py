@@ -56,6 +56,7 @@ from mechlingo.core.untrusted import check_links, load_tensors, read_json, safet
 from mechlingo.core.version import __version__
 from mechlingo.kernels.readout import apply_final_norm, output_transform, unembed
 from mechlingo.kernels.significance import bootstrap_mean
+from mechlingo.viz.common import html_summary
 from mechlingo.viz.lens import tuned_lens_loss_figure
 
 if TYPE_CHECKING:
@@ -428,6 +429,19 @@ class TunedLensTraining:
     seconds: float
     world_size: int
     config: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return (
+            f"TunedLensTraining({self.loss.shape[0]} steps, {sum(self.tokens)} tokens, "
+            f"{self.seconds:.0f} s, {self.world_size} process(es))"
+        )
+
+    def _repr_html_(self) -> str:
+        """Mean training KL over entries at the first and the last step, with the tokens."""
+        m = self.loss.mean(1)
+        rows = [{"step": s + 1, "mean KL (nats)": float(m[s]), "tokens": self.tokens[s]}
+                for s in sorted({0, self.loss.shape[0] - 1})]  # fmt: skip
+        return html_summary(repr(self), rows)
 
     def summary(self) -> dict[str, Any]:
         """Steps, tokens, time, and the first and last steps' mean loss per entry."""

@@ -37,6 +37,7 @@ from mechlingo.core.types import Model
 from mechlingo.interventions import Intervention, intervention_hooks
 from mechlingo.kernels.significance import bootstrap_mean, paired_gain, wilson
 from mechlingo.viz.align import pca_figure, retrieval_heatmaps, retrieval_per_layer_figure
+from mechlingo.viz.common import html_summary
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -496,16 +497,35 @@ class AlignmentComparison:
                     rows.append(row)
         return pd.DataFrame(rows)
 
+    def __repr__(self) -> str:
+        arms = ["pre"] + (["post"] if self.post is not None else [])
+        arms += ["control"] if self.control is not None else []
+        return (
+            f"AlignmentComparison({len(self.langs)} languages, {int(self.pre.emb.shape[2])} "
+            f"sentences each, {len(self.layers)} layers, arms {arms})"
+        )
+
+    def _repr_html_(self) -> str:
+        """Per arm the mean cross-language top-1 retrieval at the last layer, with n."""
+        per = self.summary()["retrieval_mean_per_layer"]
+        n = int(self.pre.emb.shape[2])
+        rows = [{"arm": arm, "layer": max(v, key=int), "mean top-1 retrieval": v[max(v, key=int)],
+                 "sentences per language": n} for arm, v in per.items()]  # fmt: skip
+        return html_summary(repr(self), rows)
+
     def fig_retrieval(self, layer: int | None = None) -> go.Figure:
         """Top-1 retrieval heatmaps at ``layer`` (default the last): before, after and their
         difference."""
         s = self.pre.layer_slot(layer)
         post = None if self.retrieval_post is None else self.retrieval_post[s]
-        return retrieval_heatmaps(self.retrieval_pre[s], post, self.langs, self.layers[s])
+        n = int(self.pre.emb.shape[2])
+        return retrieval_heatmaps(self.retrieval_pre[s], post, self.langs, self.layers[s], n)
 
     def fig_layers(self) -> go.Figure:
         """Mean cross-language top-1 retrieval per layer, per arm."""
-        return retrieval_per_layer_figure(self.summary()["retrieval_mean_per_layer"])
+        return retrieval_per_layer_figure(
+            self.summary()["retrieval_mean_per_layer"], int(self.pre.emb.shape[2])
+        )
 
     def fig_pca(self, layer: int | None = None) -> go.Figure:
         """Sentence embeddings at ``layer`` on their first two principal components, before

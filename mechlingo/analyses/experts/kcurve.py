@@ -32,6 +32,7 @@ from mechlingo.data.langid import identify_languages
 from mechlingo.interventions import Intervention, intervention_hooks
 from mechlingo.kernels.significance import bootstrap_perplexity, mcnemar, perplexity_ratio, wilson
 from mechlingo.scoring.evaluate import greedy_generate
+from mechlingo.viz.common import html_summary, interval_text
 from mechlingo.viz.experts import k_curve_figure
 
 if TYPE_CHECKING:
@@ -183,6 +184,21 @@ class KCurve:
     def records(self) -> list[dict[str, Any]]:
         """JSON-ready rows (without the generations)."""
         return [{k: v for k, v in r.items() if k != "examples"} for r in self.rows]
+
+    def __repr__(self) -> str:
+        ks = sorted({r["k"] for r in self.rows})
+        return f"KCurve({self.lang}, k in {ks}, {len(self.rows)} rows)"
+
+    def _repr_html_(self) -> str:
+        """Per (k, arm) the share of BOS samples in the target language with its Wilson
+        95% interval and n."""
+        rows = [{"k": r["k"], "arm": r["arm"],
+                 f"BOS samples in {self.lang} [95% CI]": interval_text(
+                     r.get("target_rate_bos"), r.get("target_rate_bos_lo"),
+                     r.get("target_rate_bos_hi")),
+                 "n": r.get("n_bos")}
+                for r in sorted(self.rows, key=lambda r: (r["k"], r["arm"]))]  # fmt: skip
+        return html_summary(repr(self), rows)
 
     def fig_k_curve(self, chosen: int | None = None) -> go.Figure:
         """Target-language rate and held-out perplexity against ``k`` (experts, random

@@ -34,6 +34,7 @@ from mechlingo.core.errors import ExpertError
 from mechlingo.core.types import Model
 from mechlingo.interventions import Intervention, NeuronClamp, load_intervention
 from mechlingo.kernels.ranking import feature_mean, feature_median, top_k_per_language
+from mechlingo.viz.common import html_summary
 from mechlingo.viz.experts import experts_per_layer_figure, overlap_figure
 
 if TYPE_CHECKING:
@@ -257,6 +258,20 @@ class ExpertResult:
         off = ov[~torch.eye(n, dtype=torch.bool, device=ov.device)]
         out["mean_overlap_between_langs"] = float(off.mean()) if off.numel() else float("nan")
         return out
+
+    def __repr__(self) -> str:
+        n = int(self.neuron_scores.auroc.shape[-1])
+        return f"ExpertResult({len(self.langs)} languages {self.langs}, {n} neurons, by {self.by})"
+
+    def _repr_html_(self) -> str:
+        """Per language the best and the 10th AUROC and AP of its experts, and how many
+        neurons pass AUROC 0.9."""
+        s = self.summary(10)
+        rows = [{"lang": lg, **v} for lg, v in s["per_lang"].items()]
+        note = (
+            f"mean overlap of top-10 sets between languages {s['mean_overlap_between_langs']:.3g}"
+        )
+        return html_summary(repr(self), rows, note)
 
     def fig_layers(self, k: int = 100) -> go.Figure:
         """Grouped bars: how many of each language's top-``k`` experts sit in each layer."""

@@ -58,6 +58,7 @@ from mechlingo.interventions import (
     random_like,
 )
 from mechlingo.scoring.evaluate import EvalResult, evaluate_facts
+from mechlingo.viz.common import html_summary, interval_text
 from mechlingo.viz.evaluate import accuracy_bars
 
 if TYPE_CHECKING:
@@ -146,6 +147,27 @@ class SteeringPair:
     diff: SteeringVector
     means: dict[str, Tensor] = field(default_factory=dict)
     build: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        n_layers = int(self.task.vector.shape[0]) if self.task.vector.ndim == 2 else 1
+        return (
+            f"SteeringPair(task and diff stacks over {n_layers} layers, "
+            f"{self.build.get('n_facts', '?')} facts in {self.build.get('langs', '?')}, "
+            f"unit {self.build.get('unit', '?')})"
+        )
+
+    def _repr_html_(self) -> str:
+        """Per vector its norm per layer (median and range over layers) and the prompts it
+        was built from."""
+        rows = []
+        for name, sv in (("task", self.task), ("diff", self.diff)):
+            norms = sv.vector.float().reshape(-1, sv.vector.shape[-1]).norm(dim=-1)
+            q = torch.quantile(norms, torch.tensor([0.0, 0.5, 1.0]))
+            rows.append({"vector": name, "layers": int(norms.numel()),
+                         "norm: median [min, max]": interval_text(*(float(v) for v in q))})  # fmt: skip
+        counts = self.build.get("n_prompts", {})
+        note = ", ".join(f"{k}: {v} prompts" for k, v in counts.items())
+        return html_summary(repr(self), rows, note)
 
     @property
     def relations(self) -> list[str] | None:
@@ -549,8 +571,14 @@ class ConditionResults:
         }
 
     def fig_accuracy(self, title: str = "Test accuracy per language and condition") -> go.Figure:
-        """Grouped bars of the test accuracy per language, one colour per condition."""
-        return accuracy_bars(self.accuracy, title)
+        """Grouped bars of the test accuracy per language, one colour per condition (the
+        title gives the test facts per language when the raw results are held)."""
+        n = [
+            sum(r["lang"] == lg for r in res.records)
+            for res in self.results.values()
+            for lg in {r["lang"] for r in res.records}
+        ]
+        return accuracy_bars(self.accuracy, title, n=n or None)
 
 
 def score_at_config(

@@ -500,7 +500,8 @@ class LanguagePatching:
     when one ran (methods ``atp`` and ``both``). ``comparison`` (AtP against exact, per
     site), ``seconds`` (of each method) and ``verified_heads`` (the top AtP heads patched
     exactly) are ``None`` when not measured. ``stages`` are the pipeline stages drawn on
-    the circuit, ``token_labels`` the grid positions' labels.
+    the circuit, ``token_labels`` the grid positions' labels; ``n_unanswered`` counts the
+    clean prompts the model answers wrongly (0 unless asked for: :func:`corrupted_pairs`).
     """
 
     lang: str
@@ -513,6 +514,7 @@ class LanguagePatching:
     comparison: dict[str, Any] | None = None
     seconds: dict[str, float] | None = None
     verified_heads: list[dict[str, Any]] | None = None
+    n_unanswered: int = 0
 
     @property
     def separate_atp(self) -> bool:
@@ -539,23 +541,45 @@ class LanguagePatching:
 
 
 def corrupted_pairs(
-    trace: TraceResult, facts: Sequence[Fact], lang: str, n: int
+    trace: TraceResult, facts: Sequence[Fact], lang: str, n: int, *, unanswered: bool = False
 ) -> tuple[list[Fact], list[Fact]] | None:
-    """Up to ``n`` clean facts of ``lang`` (correctly answered ones first, in trace order)
+    """Up to ``n`` clean facts of ``lang`` that the model answers correctly (in trace order)
     and, for each, a corrupted fact: another subject with another answer (the ``7 k``-th
-    such fact of the language, cyclically). ``None`` with fewer than two facts."""
+    such fact of the language, cyclically). ``None`` when no fact of the language is
+    answered correctly or it has fewer than two facts: a circuit is only drawn from
+    prompts whose clean run gives the answer (:func:`unpatched_reason` says why not).
+
+    With ``unanswered`` the wrongly answered facts fill the ``n`` after the correct ones (an
+    explicit choice, e.g. for a model that answers nothing; :func:`patch_language` counts
+    them into the result's ``n_unanswered`` and the report says so)."""
+    if unpatched_reason(trace, lang, unanswered=unanswered) is not None:
+        return None
     by_id = {f.id: f for f in facts if f.lang == lang}
     recs = [r for r in trace.records if r["lang"] == lang]
-    ordered = [r["id"] for r in recs if r["correct"]] + [r["id"] for r in recs if not r["correct"]]
-    if len(ordered) < 2:
-        return None
-    clean = [by_id[i] for i in ordered[:n]]
+    order = [r for r in recs if r["correct"]]
+    if unanswered:
+        order += [r for r in recs if not r["correct"]]
+    clean = [by_id[r["id"]] for r in order][:n]
     pool = [by_id[r["id"]] for r in recs]
     corrupt = []
     for k, f in enumerate(clean):
         others = [g for g in pool if g.answer != f.answer and g.id != f.id]
         corrupt.append(others[(k * 7) % len(others)] if others else pool[(k + 1) % len(pool)])
     return clean, corrupt
+
+
+def unpatched_reason(trace: TraceResult, lang: str, *, unanswered: bool = False) -> str | None:
+    """Why ``lang`` gets no patching (``None``: it does): fewer than two facts, or none the
+    model answers correctly (unless ``unanswered``)."""
+    recs = [r for r in trace.records if r["lang"] == lang]
+    if len(recs) < 2:
+        return f"{len(recs)} fact(s) in {lang}: a corrupted-subject pair needs two"
+    if not unanswered and not any(r["correct"] for r in recs):
+        return (
+            f"none of the {len(recs)} {lang} prompts is answered correctly, so there is no "
+            "clean run to restore: no circuit or heatmap is drawn"
+        )
+    return None
 
 
 def measure_patching(
@@ -567,6 +591,7 @@ def measure_patching(
     method: str = "exact",
     cells_per_batch: int | None = None,
     verify_heads: int = 5,
+    progress: bool = False,
 ) -> tuple[PatchingResult | None, PatchingResult | None, dict[str, Any]]:
     """The corrupted-subject sweep(s) of ``method`` at :data:`PATCH_POSITIONS`:
     ``(exact or None, atp or None, extras)``; the extras are AtP's ``comparison`` with exact
@@ -581,7 +606,7 @@ def measure_patching(
         # with both methods, the exact grid has the heads too (compared per site)
         grid = list(dict.fromkeys([*sites, "head"])) if method == "both" else sites
         sweep = patch_activations(
-            model, clean, corrupt, grid, cells_per_batch=cells_per_batch, **kw
+            model, clean, corrupt, grid, cells_per_batch=cells_per_batch, progress=progress, **kw
         )
         sweep.meta["seconds"] = round(time.perf_counter() - t0, 4)
     extra: dict[str, Any] = {}
@@ -608,22 +633,28 @@ def patch_language(
     method: str = "exact",
     cells_per_batch: int | None = None,
     verify_heads: int = 5,
+    unanswered: bool = False,
+    progress: bool = False,
 ) -> LanguagePatching | None:
     """Corrupted-subject patching (:func:`corrupted_pairs`, :func:`measure_patching`) and
-    attention knockout for one language (``None`` with fewer than two facts)."""
+    attention knockout for one language, from correctly answered clean prompts only
+    (``None`` when there is none, or fewer than two facts: :func:`unpatched_reason`)."""
 
-    pairs = corrupted_pairs(trace, facts, lang, n_prompts)
+    pairs = corrupted_pairs(trace, facts, lang, n_prompts, unanswered=unanswered)
     if pairs is None:
         return None
     clean, corrupt = pairs
+    correct = {r["id"] for r in trace.records if r["lang"] == lang and r["correct"]}
+    n_wrong = sum(f.id not in correct for f in clean)
     sweep, atp, extra = measure_patching(model, clean, corrupt, sites=sites, method=method,
                                          cells_per_batch=cells_per_batch,
-                                         verify_heads=verify_heads)  # fmt: skip
+                                         verify_heads=verify_heads, progress=progress)  # fmt: skip
     for sw in (sweep, atp):
         if sw is not None:
             sw.meta.update({"clean": [f.prompt for f in clean],
                             "corrupted": [f.prompt for f in corrupt],
-                            "answers": [f.answer for f in clean]})  # fmt: skip
+                            "answers": [f.answer for f in clean],
+                            "n_unanswered": n_wrong})  # fmt: skip
     main = sweep if sweep is not None else atp
     assert main is not None  # method is exact, atp or both
     return LanguagePatching(
@@ -634,6 +665,7 @@ def patch_language(
         stages=pipeline_stages(main, trace, lang),
         token_labels=_token_labels(model, atp if atp is not None else main, clean),
         atp=atp,
+        n_unanswered=n_wrong,
         **extra,
     )
 
@@ -652,11 +684,13 @@ def _token_labels(model: Model, sweep: PatchingResult, clean: Sequence[Fact]) ->
 @dataclass
 class TraceRun(WritesFolder):
     """What ``mechlingo trace`` computes (:func:`run_trace`): the ``trace`` of every fact,
-    the ``patched`` languages, and ``seconds_trace`` (the seconds of the trace alone)."""
+    the ``patched`` languages, ``unpatched`` (``{lang: why no patching}``) and
+    ``seconds_trace`` (the seconds of the trace alone)."""
 
     trace: TraceResult
     patched: list[LanguagePatching] = field(default_factory=list)
     seconds_trace: float = 0.0
+    unpatched: dict[str, str] = field(default_factory=dict)
 
     def summary(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
         """The trace's summary with the Wilson 95% interval of each class's fraction
@@ -671,8 +705,11 @@ class TraceRun(WritesFolder):
         return summary
 
     def patching(self) -> dict[str, Any]:
-        """``{lang: LanguagePatching.to_json()}``: ``patching.json`` (NaN left as is)."""
-        return {p.lang: p.to_json() for p in self.patched}
+        """``{lang: LanguagePatching.to_json()}``: ``patching.json`` (NaN left as is); a
+        language without patching has ``{"unpatched": reason}``."""
+        out: dict[str, Any] = {p.lang: p.to_json() for p in self.patched}
+        out.update({lg: {"unpatched": why} for lg, why in self.unpatched.items()})
+        return out
 
     def files(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
         """``trace.json``, ``patching.json`` and ``summary.json`` as ``mechlingo trace``
@@ -698,11 +735,14 @@ def run_trace(
     method: str = "exact",
     verify_heads: int = 5,
     progress: bool = False,
+    unanswered: bool = False,
 ) -> TraceRun:
     """The recall trace of every fact (:func:`trace_recall`) and, for each language, the
     corrupted-subject patching of ``patch_prompts`` prompts at ``patch_sites`` with
     ``method`` (``"exact"``, ``"atp"`` or ``"both"``) and the attention knockout
     (:func:`patch_language`; ``patch_prompts=0`` skips both), as ``mechlingo trace`` runs it.
+    Patching uses correctly answered clean prompts only, unless ``unanswered``; a language
+    without one is listed in the run's ``unpatched`` with the reason.
 
     Raises:
         InputError: ``patch_prompts`` < 0 or an unknown ``method``.
@@ -724,9 +764,12 @@ def run_trace(
             res = patch_language(model, trace, facts, lang, n_prompts=patch_prompts,
                                  sites=patch_sites, method=method,
                                  cells_per_batch=cells_per_batch,
-                                 verify_heads=verify_heads)  # fmt: skip
+                                 verify_heads=verify_heads, unanswered=unanswered,
+                                 progress=progress)  # fmt: skip
         except PatchingError as err:
             raise PatchingError(f"patching {lang}: {err}") from err
         if res is not None:
             run.patched.append(res)
+        else:
+            run.unpatched[lang] = unpatched_reason(trace, lang, unanswered=unanswered) or "none"
     return run

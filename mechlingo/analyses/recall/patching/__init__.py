@@ -137,6 +137,7 @@ def _run_passes(
     batching: str,
     cells_per_batch: int,
     reuse_prefix: bool | None = None,
+    progress: bool = False,
 ) -> PatchingResult:
     """Read the source once, then run the patched passes of every cell."""
     names = setup.hook_names(model)
@@ -157,6 +158,7 @@ def _run_passes(
         cells_per_batch=cells_per_batch,
         writer=_writer,  # looked up here at call time: tests replace them on this module
         brancher=_brancher,
+        progress=progress,
     )
     if _reuses_prefix(model, setup, batching, reuse_prefix):
         values, corrupted = shared_prefix_passes(plan)
@@ -176,6 +178,7 @@ def patch_activations(
     cells_per_batch: int | None = None,
     batching: Literal["grow", "stack"] = "grow",
     reuse_prefix: bool | None = None,
+    progress: bool = False,
     **grid: Unpack[SiteGridArgs],
 ) -> PatchingResult:
     """Patch source activations into the target run, cell by cell, in batched passes.
@@ -207,6 +210,7 @@ def patch_activations(
             the model supports it (:func:`mechlingo.activations.decoding.prefix_reuse_supported`:
             TransformerLens bridges whose cached decoding agrees with uncached decoding);
             ``False``: every copy computes every position. Same numbers either way.
+        progress: a progress bar over the groups of cells (``tqdm.auto``).
 
     Returns:
         A :class:`PatchingResult` with per-example values and the clean/corrupted baselines.
@@ -218,4 +222,4 @@ def patch_activations(
     """
     mode, per_pass = _batching(batching, cells_per_batch, model)
     setup = resolve_grid(model, source, target, check_sites(sites), **grid)
-    return _run_passes(model, setup, mode, per_pass, reuse_prefix)
+    return _run_passes(model, setup, mode, per_pass, reuse_prefix, progress)

@@ -31,6 +31,7 @@ from mechlingo.analyses.recall.patching.runs import read_run, repeat_batch
 from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import TokenBatch
 from mechlingo.core.types import Model
+from mechlingo.viz.common import html_summary, interval_text
 from mechlingo.viz.patching import knockout_figure
 
 if TYPE_CHECKING:
@@ -100,6 +101,23 @@ class KnockoutResult:
             ]
         )
 
+    def __repr__(self) -> str:
+        return (
+            f"KnockoutResult(last token -> {self.keys}, {len(self.windows)} layer windows, "
+            f"{self.values.shape[-1]} examples, metric {self.metric_name})"
+        )
+
+    def _repr_html_(self) -> str:
+        """Per layer window the relative change of the metric with its 95% interval."""
+        rel = self.relative_change()
+        lo, hi = self.bootstrap_ci()
+        n = int(self.values.shape[-1])
+        rows = [{"layers": f"{a}-{b}",
+                 "relative change [95% CI]": interval_text(float(rel[i]), float(lo[i]),
+                                                           float(hi[i])), "n": n}
+                for i, (a, b) in enumerate(self.windows)]  # fmt: skip
+        return html_summary(repr(self), rows, f"base mean {float(self.base.mean()):.3g}")
+
     def fig_knockout(self) -> go.Figure:
         """Relative change of the metric per layer window (with the 95% interval)."""
         lo, hi = self.bootstrap_ci()
@@ -110,6 +128,7 @@ class KnockoutResult:
             windows=self.windows,
             keys=self.keys,
             metric_name=self.metric_name,
+            n_examples=int(self.values.shape[-1]),
         )
 
 

@@ -26,6 +26,7 @@ import torch
 from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from mechlingo.activations.decoding import (
     PrefixRecord,
@@ -111,6 +112,13 @@ class Plan(NamedTuple):
     cells_per_batch: int
     writer: Callable[..., Callable]
     brancher: Callable[[Tensor], Callable]
+    progress: bool = False
+
+    def groups(self, n: int) -> Any:
+        """The start of each group of ``cells_per_batch`` cells, under a progress bar
+        (``tqdm.auto``: a widget in Jupyter) when ``progress``."""
+        starts = range(0, n, self.cells_per_batch)
+        return tqdm(starts, desc="patching", unit="group", disable=not self.progress)
 
 
 def _cell_values(
@@ -146,7 +154,7 @@ def stacked_passes(plan: Plan) -> tuple[Tensor, Tensor]:
     rows = torch.arange(B)
     values = torch.empty(len(metrics), len(cells), B)
     corrupted = torch.empty(len(metrics), B)
-    for start in range(0, len(cells), plan.cells_per_batch):
+    for start in plan.groups(len(cells)):
         chunk = cells[start : start + plan.cells_per_batch]
         by_hook: dict[str, list[tuple[int, Cell]]] = {}
         for j, cell in enumerate(chunk):
@@ -208,7 +216,7 @@ def grown_passes(plan: Plan) -> tuple[Tensor, Tensor]:
     corrupted = torch.empty(len(metrics), B)
     order = sorted(range(len(cells)), key=lambda i: cells[i].layer)  # stable
     branch = {layer: site_hook(model, "resid_pre", layer) for layer in {c.layer for c in cells}}
-    for g, start in enumerate(range(0, len(order), plan.cells_per_batch)):
+    for g, start in enumerate(plan.groups(len(order))):
         group = order[start : start + plan.cells_per_batch]
         finals = []
         for b in range(B):
@@ -394,7 +402,7 @@ def shared_prefix_passes(plan: Plan) -> tuple[Tensor, Tensor]:
     order = sorted(range(len(cells)), key=lambda i: cells[i].layer)  # stable
     branch = {layer: site_hook(model, "resid_pre", layer) for layer in {c.layer for c in cells}}
     n = int(model.cfg.n_layers)
-    for start in range(0, len(order), plan.cells_per_batch):
+    for start in plan.groups(len(order)):
         group = order[start : start + plan.cells_per_batch]
         finals, where = [], []
         labels = torch.tensor([cells[i].position for i in group])

@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mechlingo.viz.common import html_summary, interval_text
 from mechlingo.viz.patching import CircuitOptions, circuit_figure, patching_heatmaps
 
 if TYPE_CHECKING:
@@ -265,6 +266,35 @@ class PatchingResult(PatchingBaselines):
             **self.meta,
         }
 
+    def __repr__(self) -> str:
+        return (
+            f"PatchingResult({len(self.cells)} cells over sites {self.sites}, layers "
+            f"{self.layers[0]}..{self.layers[-1]}, {self.values.shape[-1]} examples, "
+            f"{self.alignment} alignment, metrics {self.metric_names})"
+        )
+
+    def _repr_html_(self) -> str:
+        """Per metric the clean and corrupted means; the top cells of the first metric with
+        their normalised effect and its 95% bootstrap interval."""
+        n = int(self.values.shape[-1])
+        rows: list[dict[str, Any]] = [
+            {"metric": name, "clean": float(self.clean[m].mean()),
+             "corrupted": float(self.corrupted[m].mean()), "n": n}
+            for m, name in enumerate(self.metric_names)
+        ]  # fmt: skip
+        vals = self.normalized(0)
+        lo, hi = self.bootstrap_ci(0, n_boot=400)
+        order = torch.argsort(torch.nan_to_num(vals.abs(), nan=-1.0), descending=True)[:8]
+        top = [
+            {**self.cell_dict(self.cells[int(i)]),
+             "normalised effect [95% CI]": interval_text(float(vals[i]), float(lo[i]),
+                                                         float(hi[i])), "n": n}
+            for i in order
+        ]  # fmt: skip
+        return html_summary(repr(self), rows) + html_summary(
+            f"top cells by |normalised effect| on {self.metric_names[0]}", top
+        )
+
     def fig_heatmap(self, metric: str | int = 0, value: str = "normalized") -> go.Figure:
         """Layer-by-position heatmaps, one panel per site (heads: averaged over positions as a
         layer-by-head panel)."""
@@ -278,6 +308,7 @@ class PatchingResult(PatchingBaselines):
             metric_name=self.metric_names[m],
             alignment=self.alignment,
             value=value,
+            n_examples=int(self.values.shape[-1]),
         )
 
     def fig_circuit(self, metric: str | int = 0, **options: Unpack[CircuitOptions]) -> go.Figure:
@@ -287,6 +318,7 @@ class PatchingResult(PatchingBaselines):
         ``token_labels``, ``title``, ``heads``, ``verified``, as
         :func:`mechlingo.viz.patching.circuit_figure` takes them)."""
         m = self.metric_index(metric)
+        options.setdefault("n_examples", int(self.values.shape[-1]))
         return circuit_figure(
             [(c.site, c.layer, c.position, c.head) for c in self.cells],
             self.normalized(m),
