@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mechlingo.core.errors import DataError, InputError
-from mechlingo.core.untrusted import check_depth, check_links
+from mechlingo.core.untrusted import check_depth, check_links, refuse_special
 from mechlingo.data.facts import (
     CLOZE_FIELDS,
     FIELDS,
@@ -65,8 +65,10 @@ def read_text(path: PathLike, what: str = "file") -> str:
     that converts it.
 
     Raises:
-        DataError: the file is missing, a folder, or not UTF-8 (see above).
+        DataError: the file is missing, a folder, a named pipe, socket or device (refused
+            before it is opened: a pipe would block), or not UTF-8 (see above).
     """
+    refuse_special(path, DataError, fix=f"give a regular {what}")
     try:
         size = Path(path).stat().st_size
         if size > MAX_TEXT_BYTES and not Path(path).is_dir():
@@ -426,6 +428,7 @@ def load_facts(
             "prompts (leave templates at 'tuned')"
         )
     source = bundled_path() if path is None else Path(path)
+    refuse_special(source, DataError, fix="give a regular .jsonl or .tsv facts file")
     if not source.is_file():
         raise DataError(
             f"{source} "
@@ -512,6 +515,8 @@ def read_parallel_dir(path: PathLike, langs: Iterable[str] | None = None) -> dic
     if not folder.is_dir():
         raise DataError(f"{folder} is not a folder of <lang>.txt files")
     check_links(folder, DataError)
+    for lang in LANGS if langs is None else ((langs,) if isinstance(langs, str) else langs):
+        refuse_special(folder / f"{lang}.txt", DataError, fix="give regular <lang>.txt files")
     if langs is None:
         wanted = [lang for lang in LANGS if (folder / f"{lang}.txt").is_file()]
         if not wanted:

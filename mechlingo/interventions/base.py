@@ -66,7 +66,7 @@ from mechlingo.core.tokens import (
     prepends_bos,
 )
 from mechlingo.core.types import HookFn, Model
-from mechlingo.core.untrusted import inside, load_tensors, read_json
+from mechlingo.core.untrusted import inside, load_tensors, read_json, refuse_special
 from mechlingo.core.version import __version__
 from mechlingo.data.facts import Fact
 from mechlingo.interventions.gate import UNKNOWN_RULES, RowLanguages, gated_hook
@@ -449,6 +449,8 @@ def load_intervention(path: str | Path, model: Model | None = None) -> Intervent
 
     path = Path(path)
     meta_path, tensor_path = path / _META_FILE, path / _TENSORS_FILE
+    for p in (path, meta_path, tensor_path):
+        refuse_special(p, ArtifactError, fix="give the folder a saved intervention was written to")
     if not meta_path.is_file() or not tensor_path.is_file():
         raise MissingArtifactError(
             f"{path} holds no saved intervention ({_META_FILE} + {_TENSORS_FILE} expected)"
