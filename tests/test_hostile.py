@@ -339,14 +339,20 @@ def test_stage_result_linked_out_of_the_folder(tmp_path):
     (s.path("a") / "result.json").unlink()
     (s.path("a") / "result.json").symlink_to(secret)
     with pytest.raises(ArtifactError, match="points outside"):
-        Stages(tmp_path / "work", {"model": "m", "settings": {"k": 1}}).run("a", lambda: {})
+        Stages(tmp_path / "work", {"model": "m", "settings": {"k": 1}}).load("a")
+    # run(): the unreadable stage is never reused; it is removed and computed again
+    again = Stages(tmp_path / "work", {"model": "m", "settings": {"k": 1}})
+    assert again.run("a", lambda: {"v": 2}) == {"v": 2}
+    assert secret.read_text() == '{"v": 666}'  # the link's target is left as it was
 
 
 def test_stage_result_nested_deep(tmp_path):
     s, _ = _stage(tmp_path)
     (s.path("a") / "result.json").write_text("[" * 500_000 + "]" * 500_000)
     with pytest.raises(ArtifactError, match="deeper than"):
-        Stages(tmp_path / "work", {"model": "m", "settings": {"k": 1}}).run("a", lambda: {})
+        Stages(tmp_path / "work", {"model": "m", "settings": {"k": 1}}).load("a")
+    again = Stages(tmp_path / "work", {"model": "m", "settings": {"k": 1}})
+    assert again.run("a", lambda: {"v": 2}) == {"v": 2}  # recomputed, not reused
 
 
 @pytest.mark.parametrize("field", ["mechlingo_version", "model", "settings"])

@@ -23,6 +23,7 @@ from mechlingo.cli.flags import check_finite, parse_config, parse_floats, parse_
 from mechlingo.cli.paths import check_paths, check_repeats
 from mechlingo.core.artifacts import output_target
 from mechlingo.core.checks import check_gguf_file, check_model_folder
+from mechlingo.core.describe import missing_fields
 from mechlingo.core.errors import (
     ArtifactError,
     ContextLengthError,
@@ -535,6 +536,16 @@ def _check_artifact_dir(path_text: str | None, flag: str, *, pair: bool = False)
                 "cannot check that it fits --model",
                 where=flag,
                 fix="re-save it with intervention.save(path, model)",
+            )
+        missing = (
+            missing_fields(iv.meta["model"]) if isinstance(iv.meta["model"], dict) else ["all"]
+        )
+        if missing:
+            raise ArtifactError(
+                f"the intervention in {folder} records its model without {', '.join(missing)}, "
+                "so mechlingo cannot check that it fits --model",
+                where=flag,
+                fix="re-save it with intervention.save(path, model) on the model it was built on",
             )
     if pair:
         build = path / "build.json"

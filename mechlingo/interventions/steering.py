@@ -105,6 +105,11 @@ class SteeringVector(SiteEdit):
                 f"has width {site.width} (d_model={int(model.cfg.d_model)})"
             )
         delta_cpu = (self.alpha * v.double()).float()
+        if not bool(torch.isfinite(delta_cpu).all()):
+            raise InterventionError(
+                f"alpha {self.alpha:g} times this vector overflows float32 (a value beyond 3.4e38)",
+                fix="give a smaller alpha",
+            )
         cache: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
         def steer(t: Tensor, mask: Tensor) -> Tensor:
