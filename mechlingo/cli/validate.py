@@ -243,7 +243,10 @@ def check_out(text: str | None, flag: str = "--out", *, artifact: bool = False) 
                 fix="choose an --out in a folder you can write",
             )
     if artifact and path.is_dir() and any(path.iterdir()):
-        ours = any((path / f).exists() for f in ("summary.json", "build.json"))
+        ours = any(
+            (path / f).exists()
+            for f in ("summary.json", "build.json", "intervention.json", "task/intervention.json")
+        )
         if not ours:
             raise OutputError(
                 f"{flag} {text} is a non-empty folder that mechlingo did not write; an "
