@@ -434,7 +434,8 @@ def test_every_reader_refuses_special_files(reader, special, tmp_path, saved, ti
     make(where)
     err = _no_hang(lambda: call(where_for_call), [where])
     assert isinstance(err, MechlingoError), repr(err)
-    assert words in str(err), str(err)
+    # a device is linked here: a reader that refuses links out of its folder may say so first
+    assert words in str(err) or (kind == "device" and "points outside" in str(err)), str(err)
 
 
 @pytest.mark.parametrize("command", COMMANDS)

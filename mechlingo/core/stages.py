@@ -34,7 +34,7 @@ from typing import Any
 from mechlingo.core.artifacts import atomic_file, cleanup_stale, kill_point
 from mechlingo.core.errors import ArtifactError, OutputError
 from mechlingo.core.jsonable import jsonable
-from mechlingo.core.untrusted import load_tensors, read_json
+from mechlingo.core.untrusted import load_tensors, read_json, refuse_special
 from mechlingo.core.version import __version__
 
 __all__ = ["STAGE_LOG_ENV", "Stages", "key_hash"]
@@ -102,6 +102,7 @@ class Stages:
         64 MiB and of a sane nesting depth (:mod:`mechlingo.core.untrusted`); an
         :class:`~mechlingo.core.errors.ArtifactError` otherwise."""
         p = self.path(name) / _RESULT
+        refuse_special(p, ArtifactError, fix=_FIX)
         if not p.is_file():
             raise KeyError(name)
         return read_json(p, ArtifactError, fix=_FIX, root=self.folder)

@@ -128,6 +128,8 @@ def load_package_lens(
         ModelMismatchError: the lens is for a model of other sizes or another unembedding.
     """
     folder = Path(path)
+    for name in (PACKAGE_CONFIG, PACKAGE_PARAMS, _SAFE_PARAMS):
+        refuse_special(folder / name, ArtifactError, fix=_FIX)
     if not (folder / PACKAGE_CONFIG).is_file() or not (
         (folder / PACKAGE_PARAMS).is_file() or (folder / _SAFE_PARAMS).is_file()
     ):
