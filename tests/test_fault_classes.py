@@ -499,9 +499,9 @@ JSON_ALLOWED = {
     ("mechlingo/data/io.py", "json_record"): "check_depth runs first (a facts line)",
     ("mechlingo/data/benchmarks/klar.py", "_klar_json"): "check_depth runs first",
     ("mechlingo/data/io.py", "natural_templates"): "a file of the mechlingo package",
-    ("mechlingo/data/__init__.py", "_templates"): "a file of the mechlingo package",
+    ("mechlingo/data/__init__.py", "template_info"): "a file of the mechlingo package",
     ("mechlingo/core/models.py", "_cache_is_valid"): "the manifest mechlingo wrote in its cache",
-    ("mechlingo/card/replicate.py", "_transfer_row"): "a string mechlingo made (to_json)",
+    ("mechlingo/card/replicate.py", "_stage_transfer"): "a string mechlingo made (to_json)",
 }
 
 
@@ -581,6 +581,7 @@ def test_deep_json_in_every_json_reader(reader, tmp_path, saved, tiny):
     else:
         (tmp_path / "x").mkdir()
         _deep(tmp_path / "x" / "config.json")
+        (tmp_path / "x" / "params.pt").write_bytes(b"x")
         call = lambda: load_package_lens(tmp_path / "x")  # noqa: E731
     with pytest.raises(MechlingoError, match="deeper than"):
         call()
