@@ -682,8 +682,14 @@ def test_alpha_that_overflows_float32_is_refused_with_the_model(saved, tmp_path,
     folder = tmp_path / "task"
     shutil.copytree(saved["root"] / "vec" / "task", folder)
     _edit_json(folder / "intervention.json", lambda doc: doc["config"].update(layer=0, alpha=1e300))
-    with pytest.raises(MechlingoError, match="overflows float32"):
+    with pytest.raises(MechlingoError, match="overflows float32|NaN or infinite"):
         load_intervention(folder, tiny)
+    from mechlingo.interventions import SteeringVector
+
+    # a finite alpha whose product with the vector is beyond float32: refused at the hooks
+    big = SteeringVector(torch.full((int(tiny.cfg.d_model),), 10.0), 0, 3e38)
+    with pytest.raises(MechlingoError, match="overflows float32"):
+        big.fwd_hooks(tiny)
 
 
 def _numeric_flags(command: str) -> list[tuple[str, str, str]]:
@@ -725,7 +731,7 @@ def test_every_numeric_flag_is_checked_at_parse(command, option, value, says, d,
 
 def test_nan_learning_rate_refused_at_parse(d, tmp_path, capsys, no_model):
     for lr in ("nan", "0", "-1e-3", "inf"):
-        _refused(_argv("tuned-lens", d, "--out", str(tmp_path / "o"), "--lr", lr), capsys,
+        _refused(_argv("tuned-lens", d, "--out", str(tmp_path / "o"), f"--lr={lr}"), capsys,
                  no_model, "--lr")  # fmt: skip
 
 

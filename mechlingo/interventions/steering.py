@@ -129,6 +129,9 @@ class SteeringVector(SiteEdit):
 
     @classmethod
     def _restore(cls, tensors: dict[str, Tensor], config: dict[str, Any]) -> SteeringVector:
+        alpha = config["alpha"]
+        if isinstance(alpha, bool) or not isinstance(alpha, int | float):
+            raise InterventionError(f"the saved alpha is {alpha!r}, not a number")
         return cls(tensors["vector"], config["layer"], config["alpha"], **cls._where(config))
 
     def _fields(self) -> dict[str, str]:
