@@ -7,8 +7,8 @@ returns the stored result of ``name`` under that key when there is one, and othe
 temporary file, then one rename), so a run stopped at any moment (Ctrl-C, SIGTERM, a killed
 job) leaves every finished stage whole and no half-written one; the next run with the same
 key resumes after the last finished stage. A stage that raises stores nothing: it is tried
-again next time. A stage whose result holds a NaN or an infinity, or whose files hold
-non-finite tensors, raises (an :class:`~mechlingo.core.errors.ArtifactError`) and stores
+again next time. A stage whose saved artifacts (interventions, tuned lenses) hold
+non-finite tensors raises (an :class:`~mechlingo.core.errors.ArtifactError`) and stores
 nothing; a stored stage that cannot be read back is removed and computed again.
 
 >>> stages = Stages("work", {"model": fingerprint, "data": data_hash, "settings": cfg})
@@ -147,13 +147,7 @@ class Stages:
         try:
             value = fn(tmp) if folder else fn()
             _check_stage_files(tmp, name)
-            try:
-                text = json.dumps(jsonable(value), indent=1, ensure_ascii=False, allow_nan=False)
-            except ValueError as err:  # a NaN or infinity in the result
-                raise ArtifactError(
-                    f"stage {name!r} computed a non-finite number ({err}); it is not kept",
-                    fix="check the settings that feed it (a learning rate, a scale) and run again",
-                ) from None
+            text = json.dumps(jsonable(value), indent=1, ensure_ascii=False, allow_nan=False)
             (tmp / _RESULT).write_text(text, encoding="utf-8")
             self.computed += 1
             kill_point("stage")
