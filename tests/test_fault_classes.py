@@ -980,3 +980,16 @@ def test_fresh_fix_leads_on(tmp_path):
               folder=True)  # fmt: skip
     assert torch.equal(load_tensors(again.path("s") / "t.safetensors", ArtifactError)["x"],
                        torch.ones(2))  # fmt: skip
+
+
+@pytest.mark.parametrize("k", [10**12, -5, 2.5, "500", True])
+def test_experts_folder_chosen_k_is_checked(k, tmp_path):
+    from mechlingo.cli.experts import _resolve_clamp
+
+    edir = tmp_path / "edir"
+    edir.mkdir()
+    (edir / "summary.json").write_text(json.dumps({"chosen_k": {"es": 500}}))
+    assert _resolve_clamp(str(edir), "es") == str(edir / "es-k500")
+    (edir / "summary.json").write_text(json.dumps({"chosen_k": {"es": k}}))
+    with pytest.raises(ArtifactError, match="chosen_k"):
+        _resolve_clamp(str(edir), "es")

@@ -335,6 +335,15 @@ def _resolve_clamp(path: str, target: str | None) -> str:
         return path  # a clamp folder (or missing: load_intervention says so)
     doc = read_json(p / "summary.json", ArtifactError, root=p, fix="pass a clamp folder")
     chosen = (doc.get("chosen_k") if isinstance(doc, dict) else None) or {}
+    if not isinstance(chosen, dict) or not all(
+        k is None or (isinstance(k, int) and not isinstance(k, bool) and 1 <= k < 2**31)
+        for k in chosen.values()
+    ):
+        raise ArtifactError(
+            f"{p / 'summary.json'}: chosen_k is not a map of languages to positive counts",
+            where="--clamp",
+            fix="pass a clamp folder such as EDIR/es-k500, or run `experts` again",
+        )
     if target is None and len(chosen) == 1:
         target = next(iter(chosen))
     if target not in chosen:
