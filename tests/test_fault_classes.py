@@ -993,3 +993,16 @@ def test_experts_folder_chosen_k_is_checked(k, tmp_path):
     (edir / "summary.json").write_text(json.dumps({"chosen_k": {"es": k}}))
     with pytest.raises(ArtifactError, match="chosen_k"):
         _resolve_clamp(str(edir), "es")
+
+
+def test_python_readers_refuse_repeated_names(saved):
+    from mechlingo.core.errors import InputError
+    from mechlingo.data import load_facts, read_parallel_dir
+
+    with pytest.raises(InputError, match="more than once"):
+        load_facts(langs=["en", "fr", "en"], relations=["capital"], limit=2)
+    with pytest.raises(InputError, match="more than once"):
+        load_facts(langs=["en"], relations=["capital", "capital"], limit=2)
+    with pytest.raises(InputError, match="more than once"):
+        read_parallel_dir(saved["root"] / "par", langs=["en", "en"])
+    assert len(read_parallel_dir(saved["root"] / "par", langs=["en", "es"])["es"]) == 8

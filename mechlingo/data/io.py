@@ -116,6 +116,18 @@ def _refuse_long_lines(data: bytes, path: PathLike) -> None:
         start, line = end + 1, line + 1
 
 
+def _refuse_repeats(items: Iterable[str], what: str) -> None:
+    """An :class:`InputError` for a list that names one item twice (``langs=["en", "en"]``):
+    a repeat would be read, scored and counted twice."""
+    seen: set[str] = set()
+    for item in items if not isinstance(items, str) else (items,):
+        if item in seen:
+            raise InputError(
+                f"{what} names {item!r} more than once", fix=f"give each of {what} once"
+            )
+        seen.add(item)
+
+
 def json_record(text: str, where: str) -> Any:
     """One JSON record of a data file (``where``: the file and line): refused with a
     :class:`RecordError` when it is not valid JSON or nests deeper than
@@ -420,6 +432,8 @@ def load_facts(
             selection that matches nothing.
     """
     lang_sel = check_langs(langs)
+    _refuse_repeats(lang_sel, "langs")
+    _refuse_repeats(relations or (), "relations")
     if templates not in TEMPLATE_FAMILIES:
         raise InputError(f"templates must be one of {TEMPLATE_FAMILIES}, got {templates!r}")
     if templates == "natural" and path is not None:
@@ -523,6 +537,7 @@ def read_parallel_dir(path: PathLike, langs: Iterable[str] | None = None) -> dic
             raise DataError(f"{folder} has no <lang>.txt file for any of {list(LANGS)}")
     else:
         wanted = list((langs,) if isinstance(langs, str) else langs)
+        _refuse_repeats(wanted, "langs")
         missing = [lang for lang in wanted if not (folder / f"{lang}.txt").is_file()]
         if missing:
             raise DataError(f"{folder}: no file for language(s) {missing} (expected <lang>.txt)")
