@@ -189,7 +189,7 @@ def test_intervention_non_finite_alpha(vec, alpha):
     doc = json.loads(text)
     doc["config"]["alpha"] = 12345.5
     (vec / "intervention.json").write_text(json.dumps(doc).replace("12345.5", alpha))
-    with pytest.raises(MechlingoError, match="alpha has NaN or infinite"):
+    with pytest.raises(MechlingoError, match="alpha (has NaN or infinite|is (inf|-inf|nan);)"):
         load_intervention(vec)
 
 
@@ -339,14 +339,20 @@ def test_stage_result_linked_out_of_the_folder(tmp_path):
     (s.path("a") / "result.json").unlink()
     (s.path("a") / "result.json").symlink_to(secret)
     with pytest.raises(ArtifactError, match="points outside"):
-        Stages(tmp_path / "work", {"model": "m", "settings": {"k": 1}}).run("a", lambda: {})
+        Stages(tmp_path / "work", {"model": "m", "settings": {"k": 1}}).load("a")
+    # run(): the unreadable stage is never reused; it is removed and computed again
+    again = Stages(tmp_path / "work", {"model": "m", "settings": {"k": 1}})
+    assert again.run("a", lambda: {"v": 2}) == {"v": 2}
+    assert secret.read_text() == '{"v": 666}'  # the link's target is left as it was
 
 
 def test_stage_result_nested_deep(tmp_path):
     s, _ = _stage(tmp_path)
     (s.path("a") / "result.json").write_text("[" * 500_000 + "]" * 500_000)
     with pytest.raises(ArtifactError, match="deeper than"):
-        Stages(tmp_path / "work", {"model": "m", "settings": {"k": 1}}).run("a", lambda: {})
+        Stages(tmp_path / "work", {"model": "m", "settings": {"k": 1}}).load("a")
+    again = Stages(tmp_path / "work", {"model": "m", "settings": {"k": 1}})
+    assert again.run("a", lambda: {"v": 2}) == {"v": 2}  # recomputed, not reused
 
 
 @pytest.mark.parametrize("field", ["mechlingo_version", "model", "settings"])

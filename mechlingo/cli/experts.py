@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,9 +39,10 @@ from mechlingo.analyses.experts.align_run import load_clamp_pair, run_alignment
 from mechlingo.analyses.experts.run import ExpertSettings, run_experts
 from mechlingo.cli import common, work
 from mechlingo.cli.flags import line_count, parse_ints
-from mechlingo.core.errors import InputError, InterventionError
+from mechlingo.core.errors import ArtifactError, InputError, InterventionError
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
+from mechlingo.core.untrusted import read_json
 from mechlingo.data import LANGS, parallel_sentences, read_parallel
 from mechlingo.report.experts import align_report, experts_report, interval_rows
 
@@ -333,7 +333,17 @@ def _resolve_clamp(path: str, target: str | None) -> str:
     p = Path(path)
     if (p / "intervention.json").is_file() or not (p / "summary.json").is_file():
         return path  # a clamp folder (or missing: load_intervention says so)
-    chosen = json.loads((p / "summary.json").read_text()).get("chosen_k") or {}
+    doc = read_json(p / "summary.json", ArtifactError, root=p, fix="pass a clamp folder")
+    chosen = (doc.get("chosen_k") if isinstance(doc, dict) else None) or {}
+    if not isinstance(chosen, dict) or not all(
+        k is None or (isinstance(k, int) and not isinstance(k, bool) and 1 <= k < 2**31)
+        for k in chosen.values()
+    ):
+        raise ArtifactError(
+            f"{p / 'summary.json'}: chosen_k is not a map of languages to positive counts",
+            where="--clamp",
+            fix="pass a clamp folder such as EDIR/es-k500, or run `experts` again",
+        )
     if target is None and len(chosen) == 1:
         target = next(iter(chosen))
     if target not in chosen:

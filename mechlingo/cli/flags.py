@@ -16,6 +16,11 @@ from collections.abc import Iterable, Sequence
 
 from mechlingo.core.errors import InputError
 
+#: the largest integer of a comma-separated flag (layers, counts, seeds)
+MAX_LIST_INT = 2**32 - 1
+#: the most values an ``A-B`` range may span
+MAX_RANGE = 4096
+
 __all__ = [
     "DefaultsHelpFormatter",
     "HelpParser",
@@ -134,6 +139,9 @@ def parse_ints(
         ) from None
     if positive and vals and min(vals) < 1:
         raise InputError(f"{flag} needs positive integers, got {text!r}", where=flag)
+    if vals and max(abs(v) for v in vals) > MAX_LIST_INT:
+        raise InputError(f"{flag} {text!r} holds a number beyond {MAX_LIST_INT:,}", where=flag,
+                         fix="give realistic numbers")  # fmt: skip
     return vals
 
 
@@ -195,6 +203,9 @@ def parse_int_range(text: str | None, flag: str) -> list[int] | None:
         lo, _, hi = (x.strip() for x in text.partition("-"))
         if not (lo.isdigit() and hi.isdigit()):
             raise bad
+        if int(hi) - int(lo) > MAX_RANGE:
+            raise InputError(f"{flag} {text!r} spans more than {MAX_RANGE:,} values", where=flag,
+                             fix="give a realistic range of layers")  # fmt: skip
         return list(range(int(lo), int(hi) + 1))
     try:
         return parse_ints(text, flag)

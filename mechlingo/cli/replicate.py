@@ -15,7 +15,6 @@ The claims are measured by :func:`mechlingo.card.replicate.replicate`.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from mechlingo.cli.common import (
 from mechlingo.cli.work import add_work_args, all_ranks_have, finish_stages, work_folder
 from mechlingo.core.errors import MechlingoError
 from mechlingo.core.stages import Stages
+from mechlingo.core.untrusted import loads
 from mechlingo.data import detect_format, load_benchmark, read_facts, read_parallel_dir
 from mechlingo.data.natural_parallel import read_documents
 from mechlingo.report import write_outputs
@@ -129,7 +129,7 @@ def _settings_arg(text: str | None) -> dict[str, Any]:
         return {}
     try:
         src = Path(text).read_text(encoding="utf-8") if text.strip().endswith(".json") else text
-        value = json.loads(src)
+        value = loads(src, UsageError, "--settings")
     except (ValueError, OSError) as err:
         raise UsageError(f"--settings is not valid JSON: {err}", where="--settings") from err
     if not isinstance(value, dict):

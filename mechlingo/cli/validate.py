@@ -10,7 +10,7 @@ code and notebooks can reuse them.
 
 from __future__ import annotations
 
-import json
+import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -20,7 +20,10 @@ from typing import Any
 import torch
 
 from mechlingo.cli.flags import check_finite, parse_config, parse_floats, parse_ints, parse_list
+from mechlingo.cli.paths import check_paths, check_repeats
+from mechlingo.core.artifacts import output_target
 from mechlingo.core.checks import check_gguf_file, check_model_folder
+from mechlingo.core.describe import missing_fields
 from mechlingo.core.errors import (
     ArtifactError,
     ContextLengthError,
@@ -34,6 +37,7 @@ from mechlingo.core.errors import (
 from mechlingo.core.models import default_model_dir
 from mechlingo.core.sites import canonical_site
 from mechlingo.core.types import Model
+from mechlingo.core.untrusted import read_json, refuse_special
 from mechlingo.data import LANGS, RELATIONS, benchmark_format, few_shot_prompt, read_facts
 from mechlingo.interventions import load_intervention
 from mechlingo.scoring.scorers import KLAR_MAX_NEW_TOKENS, klar_prompt
@@ -204,7 +208,10 @@ def check_out(text: str | None, flag: str = "--out", *, artifact: bool = False) 
             where=flag,
             fix="name an output folder, e.g. --out results",
         )
-    path = Path(text).expanduser().absolute()
+    try:
+        path = output_target(text)  # a symlink to a folder: that folder is written
+    except OutputError as err:
+        raise OutputError(f"{flag} {err.message}", where=flag, fix=err.fix) from None
     if path.exists() and not path.is_dir():
         raise OutputError(
             f"{flag} {text} is an existing file", where=flag, fix="name a folder instead"
@@ -236,7 +243,10 @@ def check_out(text: str | None, flag: str = "--out", *, artifact: bool = False) 
                 fix="choose an --out in a folder you can write",
             )
     if artifact and path.is_dir() and any(path.iterdir()):
-        ours = any((path / f).exists() for f in ("summary.json", "build.json"))
+        ours = any(
+            (path / f).exists()
+            for f in ("summary.json", "build.json", "intervention.json", "task/intervention.json")
+        )
         if not ours:
             raise OutputError(
                 f"{flag} {text} is a non-empty folder that mechlingo did not write; an "
@@ -326,8 +336,10 @@ class ModelShape:
         else:
             folder = Path(model_arg).expanduser()
         try:
-            cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            cfg = read_json(folder / "config.json", ModelLoadError, numbers=False)
+        except ModelLoadError:
+            return None
+        if not isinstance(cfg, dict):
             return None
         cfg = cfg.get("text_config", cfg) | {
             k: v for k, v in cfg.items() if k not in cfg.get("text_config", {})
@@ -528,14 +540,22 @@ def _check_artifact_dir(path_text: str | None, flag: str, *, pair: bool = False)
                 where=flag,
                 fix="re-save it with intervention.save(path, model)",
             )
+        missing = (
+            missing_fields(iv.meta["model"]) if isinstance(iv.meta["model"], dict) else ["all"]
+        )
+        if missing:
+            raise ArtifactError(
+                f"the intervention in {folder} records its model without {', '.join(missing)}, "
+                "so mechlingo cannot check that it fits --model",
+                where=flag,
+                fix="re-save it with intervention.save(path, model) on the model it was built on",
+            )
     if pair:
         build = path / "build.json"
         doc: Any = {}
+        refuse_special(build, ArtifactError)
         if build.is_file():
-            try:
-                doc = json.loads(build.read_text(encoding="utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as err:
-                raise ArtifactError(f"{build} is not valid JSON ({err})", where=flag) from None
+            doc = read_json(build, ArtifactError, root=path)
         if not isinstance(doc, dict) or "unit" not in doc:
             raise ArtifactError(
                 f"{flag} {path_text} records no unit for its vectors (what alpha is measured "
@@ -663,6 +683,43 @@ def _check_text_flags(args: Any) -> None:
         _check_align_flags(args, langs, known)
 
 
+#: the largest integer flag value (counts, layers, sizes): a signed 32-bit integer
+MAX_FLAG_INT = 2**31 - 1
+#: float flags and the range each must lie in (``(low, high, low_open)``), besides finite
+FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
+    "lr": (0.0, 10.0, True),
+    "max_seconds": (0.0, math.inf, True),
+    "ppl_budget": (0.0, math.inf, False),
+    "en_tolerance": (0.0, 1.0, False),
+    "p_threshold": (0.0, 1.0, True),
+}
+
+
+def _check_numbers(args: Any) -> None:
+    """Every numeric flag: finite, an integer within ``±MAX_FLAG_INT`` (a seed within
+    64 bits), a float of :data:`FLOAT_RANGES` within its range."""
+    for name, v in sorted(vars(args).items()):
+        if name.startswith("_") or isinstance(v, bool) or not isinstance(v, int | float):
+            continue
+        flag = _flag(name)
+        if isinstance(v, float):
+            check_finite([v], flag)
+            low, high, low_open = FLOAT_RANGES.get(name, (-math.inf, math.inf, False))
+            if v < low or v > high or (low_open and v == low):
+                bound = f"above {low:g}" if low_open else f"at least {low:g}"
+                top = "" if math.isinf(high) else f" and at most {high:g}"
+                raise InputError(f"{flag} must be {bound}{top}, got {v!r}", where=flag,
+                                 fix=f"give a number {bound}{top}")  # fmt: skip
+        elif name == "seed" and not -(2**63) <= v < 2**63:
+            raise InputError(f"--seed {v} is not a 64-bit integer", where=flag,
+                             fix="give a smaller seed")  # fmt: skip
+        elif name == "seed":
+            continue
+        elif abs(v) > MAX_FLAG_INT:
+            raise InputError(f"{flag} {v} is out of range (at most {MAX_FLAG_INT:,})",
+                             where=flag, fix="give a realistic number")  # fmt: skip
+
+
 def validate_args(args: Any) -> None:
     """Check every flag of a parsed ``mechlingo`` command line before any model loads.
 
@@ -671,6 +728,9 @@ def validate_args(args: Any) -> None:
     """
 
     cmd = getattr(args, "command", None)
+    check_paths(args)
+    check_repeats(args)
+    _check_numbers(args)
     _check_counts(args)
     check_device(getattr(args, "device", None))
     check_dtype(getattr(args, "dtype", None))

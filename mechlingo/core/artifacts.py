@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -39,6 +40,7 @@ __all__ = [
     "atomic_folder",
     "cleanup_stale",
     "kill_point",
+    "output_target",
     "publish_folder",
     "write_files",
 ]
@@ -165,10 +167,16 @@ def atomic_folder(out: str | os.PathLike[str], *, keep_others: bool = True) -> I
     Yields:
         The temporary folder to fill. If the block raises, ``out`` is left as it was.
 
+    A symlink at ``out`` that points to a folder is followed: the folder it points to is
+    written (the link stays as it was); a symlink to anything else is refused. The new folder
+    gets the mode (setgid and group bits included), group and owner of the folder it replaces
+    (for a new folder: the umask's mode, and the parent's setgid bit and group).
+
     Raises:
-        OutputError: ``out`` is an existing file or its parent cannot be created or written.
+        OutputError: ``out`` is an existing file, a symlink to no folder, or its parent
+            cannot be created or written.
     """
-    out = Path(out).expanduser().absolute()
+    out = output_target(out)
     if out.exists() and not out.is_dir():
         raise OutputError(f"{out} is an existing file, not a folder", fix="choose another --out")
     try:
@@ -191,6 +199,7 @@ def atomic_folder(out: str | os.PathLike[str], *, keep_others: bool = True) -> I
                 target = tmp / entry.name
                 if not target.exists() and not target.is_symlink():
                     _carry(entry, target)
+        _match_mode(tmp, out)
         publish_folder(tmp, out)
     except OSError as err:  # a full or read-only disk: one line, the old folder kept
         found = disk_error(err, what=f"writing {out}", fix=_disk_fix(err))
@@ -199,6 +208,56 @@ def atomic_folder(out: str | os.PathLike[str], *, keep_others: bool = True) -> I
         raise found from err
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def output_target(out: str | os.PathLike[str]) -> Path:
+    """The folder that writing ``out`` writes: ``out`` made absolute, or, when ``out`` is a
+    symlink, the folder it points to (links followed to the end).
+
+    Raises:
+        OutputError: ``out`` is a symlink to something that is not a folder (a file, a
+            missing path, a loop).
+    """
+    path = Path(out).expanduser().absolute()
+    if not path.is_symlink():
+        return path
+    try:
+        target = path.resolve(strict=True)
+    except (OSError, RuntimeError):
+        target = None
+    if target is None or not target.is_dir():
+        raise OutputError(
+            f"{path} is a symlink to {os.readlink(path)!r}, which is not a folder; mechlingo "
+            "writes into the folder a symlinked output points to",
+            fix="create the folder it points to, or remove the link",
+        )
+    return target
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _match_mode(tmp: Path, out: Path) -> None:
+    """Give the finished ``tmp`` the mode, group and owner of the folder it replaces (a new
+    folder: the umask's mode, with the parent's setgid bit)."""
+    try:
+        old = out.stat() if out.is_dir() else None
+    except OSError:
+        old = None
+    if old is None:
+        parent = out.parent.stat().st_mode
+        os.chmod(tmp, (0o777 & ~_umask()) | (parent & stat.S_ISGID))
+        return
+    now = tmp.stat()
+    if (now.st_uid, now.st_gid) != (old.st_uid, old.st_gid):
+        with contextlib.suppress(OSError):  # another owner: only root may give it away
+            os.chown(tmp, old.st_uid, old.st_gid)
+        with contextlib.suppress(OSError):  # at least the group (a group this user is in)
+            os.chown(tmp, -1, old.st_gid)
+    os.chmod(tmp, stat.S_IMODE(old.st_mode))
 
 
 def _disk_fix(err: OSError) -> str:

@@ -6,11 +6,11 @@ deep library traceback a bad file would otherwise give.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from mechlingo.core.errors import ModelLoadError
+from mechlingo.core.untrusted import loads, read_json, refuse_special
 
 _WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.safetensors.index.json")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
@@ -25,15 +25,13 @@ def check_model_folder(path: str | os.PathLike[str]) -> None:
     """
 
     folder = Path(path)
+    refuse_special(folder / "config.json", ModelLoadError)
     if not (folder / "config.json").is_file():
         raise ModelLoadError(
             f"{folder} is a folder without config.json; a local model must be a transformers "
             "folder (config.json, weights, tokenizer files)"
         )
-    try:
-        json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ModelLoadError(f"{folder / 'config.json'} is not valid JSON ({err})") from None
+    read_json(folder / "config.json", ModelLoadError, numbers=False)
     if not any(any(folder.glob(g)) for g in _WEIGHT_GLOBS):
         raise ModelLoadError(
             f"{folder} has config.json but no weights (*.safetensors or *.bin)",
@@ -45,12 +43,14 @@ def check_model_folder(path: str | os.PathLike[str]) -> None:
             fix="save the tokenizer into the same folder with tokenizer.save_pretrained()",
         )
     for f in folder.glob("*.safetensors"):
+        refuse_special(f, ModelLoadError)
         check_safetensors_header(f, ModelLoadError)
 
 
 def check_safetensors_header(path: Path, error: type[Exception]) -> None:
     """A safetensors file starts with an 8-byte header length and a JSON header whose data
     offsets must fit in the file; catches empty, zeroed and truncated files cheaply."""
+    refuse_special(path, error)
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
@@ -58,12 +58,19 @@ def check_safetensors_header(path: Path, error: type[Exception]) -> None:
             n = int.from_bytes(head, "little") if len(head) == 8 else 0
             if len(head) < 8 or n <= 0 or n > min(size - 8, 100_000_000):
                 raise error(f"{path} is not a valid safetensors file (empty, zeroed or truncated)")
-            header = json.loads(f.read(n))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            raw = f.read(n)
+    except OSError:
         raise error(f"{path} is not a valid safetensors file (unreadable header)") from None
-    end = max(
-        (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0
-    )
+    header = loads(raw, error, f"the header of {path}", max_depth=4)
+    if not isinstance(header, dict):
+        raise error(f"{path} is not a valid safetensors file (its header is not an object)")
+    try:
+        end = max(
+            (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
+            default=0,
+        )
+    except (KeyError, TypeError, ValueError, IndexError):
+        raise error(f"{path} is not a valid safetensors file (malformed data_offsets)") from None
     if 8 + n + end > size:
         raise error(
             f"{path} is truncated: its header needs {8 + n + end} bytes, the file has {size}"
@@ -78,6 +85,7 @@ def check_gguf_file(path: str | os.PathLike[str]) -> None:
     """
 
     path = Path(path)
+    refuse_special(path, ModelLoadError)
     if path.is_dir():
         raise ModelLoadError(f"{path} is a folder, not a .gguf file")
     size = path.stat().st_size

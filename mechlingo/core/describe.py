@@ -33,13 +33,39 @@ def model_info(model: Model) -> dict[str, Any]:
     return info
 
 
+def missing_fields(info: Mapping[str, Any], *, fingerprint: bool = True) -> list[str]:
+    """The fields of a recorded model description that :func:`check_model` compares and
+    ``info`` lacks (or holds as something that is not a plain value: a width that is not
+    a non-negative integer, a fingerprint that is not a string)."""
+    missing = []
+    for key in _STRICT_KEYS:
+        if key == "unembed_fingerprint" and not fingerprint:
+            continue
+        v = info.get(key)
+        if key in ("d_model", "n_layers", "d_mlp"):
+            ok = isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
+        else:
+            ok = isinstance(v, str) and bool(v)
+        if not ok:
+            missing.append(key)
+    return missing
+
+
 def check_model(
     info: Mapping[str, Any] | None, model: Model, *, fingerprint: bool = True, what: str = ""
 ) -> None:
     """Raise :class:`ModelMismatchError` when ``model`` differs from the recorded ``info`` in
-    size, weight mode or (with ``fingerprint``) unembedding fingerprint."""
+    size, weight mode or (with ``fingerprint``) unembedding fingerprint, or when ``info``
+    lacks one of those fields (a partial description cannot show that the model fits)."""
     if not info:
         return
+    missing = missing_fields(info, fingerprint=fingerprint)
+    if missing:
+        raise ModelMismatchError(
+            f"{what or 'this intervention'} records the model {info.get('model_name')!r} "
+            f"without {', '.join(missing)}, so mechlingo cannot check that it fits this model",
+            fix="re-save it with intervention.save(path, model) on the model it was built on",
+        )
 
     now = _shape(model)
     if fingerprint:

@@ -39,7 +39,7 @@ from mechlingo.core.families import REFUSED, SUPPORTED_ARCHITECTURES, family_of
 from mechlingo.core.faults import FULL_ERRNOS, disk_error, file_lock
 from mechlingo.core.sites import mlp_width
 from mechlingo.core.types import Model
-from mechlingo.core.untrusted import gguf_header
+from mechlingo.core.untrusted import gguf_header, read_json
 
 DEFAULT_MODEL = "google/gemma-3-270m"
 _MANIFEST = "mechlingo-cache.json"
@@ -531,8 +531,8 @@ def check_family(folder: str | os.PathLike[str], *, name: str | None = None) -> 
 
     label = name or str(folder)
     try:
-        cfg = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        cfg = read_json(Path(folder) / "config.json", ModelLoadError, numbers=False)
+    except ModelLoadError:
         return None  # the folder check reports it
     archs = cfg.get("architectures") or [] if isinstance(cfg, dict) else []
     if not archs:

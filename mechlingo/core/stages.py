@@ -7,7 +7,9 @@ returns the stored result of ``name`` under that key when there is one, and othe
 temporary file, then one rename), so a run stopped at any moment (Ctrl-C, SIGTERM, a killed
 job) leaves every finished stage whole and no half-written one; the next run with the same
 key resumes after the last finished stage. A stage that raises stores nothing: it is tried
-again next time.
+again next time. A stage whose saved artifacts (interventions, tuned lenses) hold
+non-finite tensors raises (an :class:`~mechlingo.core.errors.ArtifactError`) and stores
+nothing; a stored stage that cannot be read back is removed and computed again.
 
 >>> stages = Stages("work", {"model": fingerprint, "data": data_hash, "settings": cfg})
 >>> trace = stages.run("trace", lambda: compute_trace())          # computed once
@@ -32,7 +34,7 @@ from typing import Any
 from mechlingo.core.artifacts import atomic_file, cleanup_stale, kill_point
 from mechlingo.core.errors import ArtifactError, OutputError
 from mechlingo.core.jsonable import jsonable
-from mechlingo.core.untrusted import read_json
+from mechlingo.core.untrusted import load_tensors, read_json, refuse_special
 from mechlingo.core.version import __version__
 
 __all__ = ["STAGE_LOG_ENV", "Stages", "key_hash"]
@@ -100,6 +102,7 @@ class Stages:
         64 MiB and of a sane nesting depth (:mod:`mechlingo.core.untrusted`); an
         :class:`~mechlingo.core.errors.ArtifactError` otherwise."""
         p = self.path(name) / _RESULT
+        refuse_special(p, ArtifactError, fix=_FIX)
         if not p.is_file():
             raise KeyError(name)
         return read_json(p, ArtifactError, fix=_FIX, root=self.folder)
@@ -130,12 +133,20 @@ class Stages:
         if self.agree is not None:
             done = self.agree(done)
         if done:
-            _log("reused", name)
-            return self.load(name)
+            try:
+                value = self.load(name)
+            except ArtifactError:  # unreadable: never reused, recomputed below
+                if self.agree is not None:
+                    raise
+                self.discard(name)
+            else:
+                _log("reused", name)
+                return value
         self._prepare()
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.building-{os.getpid()}-", dir=self.folder))
         try:
             value = fn(tmp) if folder else fn()
+            _check_stage_files(tmp, name)
             text = json.dumps(jsonable(value), indent=1, ensure_ascii=False, allow_nan=False)
             (tmp / _RESULT).write_text(text, encoding="utf-8")
             self.computed += 1
@@ -170,6 +181,32 @@ class Stages:
     def clear(self) -> None:
         """Forget every stored stage of this key."""
         shutil.rmtree(self.folder, ignore_errors=True)
+
+    def discard(self, name: str) -> None:
+        """Forget the stored stage ``name`` (its result and files): the next run computes
+        it again. Callers use it when what a stage left turns out unusable."""
+        shutil.rmtree(self.path(name), ignore_errors=True)
+
+
+#: description files of the artifacts whose loaders refuse non-finite tensors
+_ARTIFACT_DESCRIPTIONS = ("intervention.json", "tuned_lens.json")
+
+
+def _check_stage_files(tmp: Path, name: str) -> None:
+    """The tensors of a saved artifact a stage left (an intervention, a tuned lens: the
+    folders whose loaders refuse NaN) must be finite: a stage whose weights came out NaN (a
+    diverged training) raises here and stores nothing, so no later run reuses it. Other
+    stage tensors may hold NaN on purpose (an undefined statistic)."""
+    for path in sorted(tmp.rglob("*.safetensors")):
+        if not any((path.parent / d).is_file() for d in _ARTIFACT_DESCRIPTIONS):
+            continue
+        try:
+            load_tensors(path, ArtifactError)
+        except ArtifactError as err:
+            raise ArtifactError(
+                f"stage {name!r} left unusable tensors ({err.message}); it is not kept",
+                fix="check the settings that feed it (a learning rate, a scale) and run again",
+            ) from None
 
 
 def _log(what: str, name: str) -> None:

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import re
+import stat
 import struct
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -46,13 +47,16 @@ __all__ = [
     "check_depth",
     "check_finite_tensors",
     "check_links",
+    "check_numbers",
     "gguf_header",
     "inside",
     "json_depth",
     "load_tensors",
     "loads",
     "read_json",
+    "refuse_special",
     "safetensors_header",
+    "special_kind",
 ]
 
 #: the largest JSON description mechlingo reads from an artifact (its tensors are separate)
@@ -68,9 +72,76 @@ MAX_GGUF_NAME = 65536
 #: the most entries walked under a folder when looking for escaping links
 MAX_ENTRIES = 1_000_000
 
+#: the largest integer an artifact's description may hold (a signed 64-bit integer)
+MAX_JSON_INT = 2**63 - 1
+
 _ST_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2,
               "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8,
               "F64": 8}  # fmt: skip
+
+
+_SPECIAL = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def special_kind(path: str | os.PathLike[str]) -> str | None:
+    """What ``path`` is when it is neither a regular file nor a folder (``"a named pipe
+    (FIFO)"``, ``"a socket"``, ``"a character device"``, ``"a block device"``), symlinks
+    followed; ``None`` for a regular file, a folder or a path that does not exist. Only
+    ``os.stat`` is called: nothing is opened, so a pipe never blocks."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return next((name for test, name in _SPECIAL if test(mode)), "not a regular file")
+
+
+def refuse_special(
+    path: str | os.PathLike[str],
+    error: type[Exception],
+    *,
+    what: str | None = None,
+    fix: str | None = None,
+) -> None:
+    """Refuse a named pipe, socket or device before it is opened (reading a pipe with no
+    writer blocks forever; a device can be endless). ``what`` names the path in the message
+    (default: the path itself)."""
+    kind = special_kind(path)
+    if kind is not None:
+        raise _err(error, f"{what or path} is {kind}, not a regular file: mechlingo reads only "
+                   "regular files and folders", fix or "give the path of a regular file (copy "
+                   "the data into one)")  # fmt: skip
+
+
+def check_numbers(
+    doc: Any,
+    error: type[Exception],
+    what: str,
+    *,
+    fix: str | None = None,
+    max_int: int = MAX_JSON_INT,
+) -> None:
+    """Refuse a NaN or infinite number (``NaN``, ``Infinity`` parse in Python) or an integer
+    beyond ``±max_int`` anywhere in a parsed JSON document (iteratively: no recursion)."""
+    stack: list[tuple[Any, str]] = [(doc, "")]
+    while stack:
+        x, at = stack.pop()
+        if isinstance(x, dict):
+            stack.extend((v, f"{at}.{str(k)[:40]}") for k, v in x.items())
+        elif isinstance(x, list):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(x))
+        elif isinstance(x, float) and not math.isfinite(x):
+            raise _err(error, f"{what}: {at.lstrip('.') or 'the value'} is {x!r}; mechlingo "
+                       "reads only finite numbers", fix)  # fmt: skip
+        elif isinstance(x, int) and not isinstance(x, bool) and abs(x) > max_int:
+            raise _err(error, f"{what}: {at.lstrip('.') or 'the value'} is an integer of "
+                       f"{len(str(abs(x)))} digits, beyond {max_int:,}", fix)  # fmt: skip
 
 
 _JSON_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
@@ -130,12 +201,16 @@ def read_json(
     fix: str | None = None,
     max_bytes: int = MAX_JSON_BYTES,
     root: str | os.PathLike[str] | None = None,
+    numbers: bool = True,
 ) -> Any:
-    """The JSON document in ``path`` (UTF-8), read only when its size is at most
-    ``max_bytes``; with ``root``, only when ``path`` resolves inside ``root``."""
+    """The JSON document in ``path`` (UTF-8), read only when it is a regular file of at most
+    ``max_bytes`` (a pipe, socket or device is refused before it is opened); with ``root``,
+    only when ``path`` resolves inside ``root``; with ``numbers``, refused when it holds a
+    NaN, an infinity or an integer beyond 64 bits (:func:`check_numbers`)."""
     p = Path(path)
     if root is not None:
         inside(root, p, error, fix=fix)
+    refuse_special(p, error, fix=fix)
     try:
         size = p.stat().st_size
         if size > max_bytes:
@@ -148,7 +223,10 @@ def read_json(
         data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise _err(error, f"{p} is not valid JSON (not UTF-8: {err.reason})", fix) from None
-    return loads(data, error, str(p), fix=fix)
+    doc = loads(data, error, str(p), fix=fix)
+    if numbers:
+        check_numbers(doc, error, str(p), fix=fix)
+    return doc
 
 
 def inside(
@@ -208,6 +286,7 @@ def safetensors_header(
     def bad(why: str) -> Exception:
         return _err(error, f"{p} is not a valid safetensors file ({why})", fix)
 
+    refuse_special(p, error, fix=fix)
     try:
         size = p.stat().st_size
         with p.open("rb") as f:
@@ -396,6 +475,7 @@ def gguf_header(
     wanted = set(keep)
     strings: dict[str, str] = {}
     tensors: list[tuple[str, tuple[int, ...], int]] = []
+    refuse_special(p, error, fix=fix)
     try:
         size = p.stat().st_size
         with p.open("rb") as f:

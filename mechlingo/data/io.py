@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mechlingo.core.errors import DataError, InputError
-from mechlingo.core.untrusted import check_depth, check_links
+from mechlingo.core.untrusted import check_depth, check_links, refuse_special
 from mechlingo.data.facts import (
     CLOZE_FIELDS,
     FIELDS,
@@ -65,8 +65,10 @@ def read_text(path: PathLike, what: str = "file") -> str:
     that converts it.
 
     Raises:
-        DataError: the file is missing, a folder, or not UTF-8 (see above).
+        DataError: the file is missing, a folder, a named pipe, socket or device (refused
+            before it is opened: a pipe would block), or not UTF-8 (see above).
     """
+    refuse_special(path, DataError, fix=f"give a regular {what}")
     try:
         size = Path(path).stat().st_size
         if size > MAX_TEXT_BYTES and not Path(path).is_dir():
@@ -112,6 +114,18 @@ def _refuse_long_lines(data: bytes, path: PathLike) -> None:
                 fix="check that this is the file you meant (one record per line)",
             )
         start, line = end + 1, line + 1
+
+
+def _refuse_repeats(items: Iterable[str], what: str) -> None:
+    """An :class:`InputError` for a list that names one item twice (``langs=["en", "en"]``):
+    a repeat would be read, scored and counted twice."""
+    seen: set[str] = set()
+    for item in items if not isinstance(items, str) else (items,):
+        if item in seen:
+            raise InputError(
+                f"{what} names {item!r} more than once", fix=f"give each of {what} once"
+            )
+        seen.add(item)
 
 
 def json_record(text: str, where: str) -> Any:
@@ -418,6 +432,8 @@ def load_facts(
             selection that matches nothing.
     """
     lang_sel = check_langs(langs)
+    _refuse_repeats(lang_sel, "langs")
+    _refuse_repeats(relations or (), "relations")
     if templates not in TEMPLATE_FAMILIES:
         raise InputError(f"templates must be one of {TEMPLATE_FAMILIES}, got {templates!r}")
     if templates == "natural" and path is not None:
@@ -426,6 +442,7 @@ def load_facts(
             "prompts (leave templates at 'tuned')"
         )
     source = bundled_path() if path is None else Path(path)
+    refuse_special(source, DataError, fix="give a regular .jsonl or .tsv facts file")
     if not source.is_file():
         raise DataError(
             f"{source} "
@@ -512,12 +529,15 @@ def read_parallel_dir(path: PathLike, langs: Iterable[str] | None = None) -> dic
     if not folder.is_dir():
         raise DataError(f"{folder} is not a folder of <lang>.txt files")
     check_links(folder, DataError)
+    for lang in LANGS if langs is None else ((langs,) if isinstance(langs, str) else langs):
+        refuse_special(folder / f"{lang}.txt", DataError, fix="give regular <lang>.txt files")
     if langs is None:
         wanted = [lang for lang in LANGS if (folder / f"{lang}.txt").is_file()]
         if not wanted:
             raise DataError(f"{folder} has no <lang>.txt file for any of {list(LANGS)}")
     else:
         wanted = list((langs,) if isinstance(langs, str) else langs)
+        _refuse_repeats(wanted, "langs")
         missing = [lang for lang in wanted if not (folder / f"{lang}.txt").is_file()]
         if missing:
             raise DataError(f"{folder}: no file for language(s) {missing} (expected <lang>.txt)")

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from mechlingo.core.errors import DataError, InputError
+from mechlingo.core.untrusted import refuse_special
 from mechlingo.data.facts import LANGS
 from mechlingo.data.io import read_parallel_dir, read_text
 
@@ -119,6 +120,7 @@ def parallel_languages(path: PathLike, split: str = "devtest") -> dict[str, str 
 def _read_parquet(path: Path) -> list[str]:
     import pandas as pd
 
+    refuse_special(path, DataError, fix="give a regular parquet file")
     try:
         frame = pd.read_parquet(path)
     except Exception as err:  # pyarrow raises several types for a broken file

@@ -66,7 +66,7 @@ from mechlingo.core.tokens import (
     prepends_bos,
 )
 from mechlingo.core.types import HookFn, Model
-from mechlingo.core.untrusted import inside, load_tensors, read_json
+from mechlingo.core.untrusted import inside, load_tensors, read_json, refuse_special
 from mechlingo.core.version import __version__
 from mechlingo.data.facts import Fact
 from mechlingo.interventions.gate import UNKNOWN_RULES, RowLanguages, gated_hook
@@ -93,6 +93,7 @@ def check_positions(positions: object) -> PositionSpec:
     if isinstance(positions, bool):
         raise InterventionError(f"positions must be a rule, ints or a callable, got {positions!r}")
     if isinstance(positions, int):
+        check_index(positions, MAX_POSITION, "a position")
         return positions
     if callable(positions):
         return positions
@@ -105,7 +106,25 @@ def check_positions(positions: object) -> PositionSpec:
         ) from err
     if not idx:
         raise InterventionError("an empty list of positions")
+    for p in idx:
+        check_index(p, MAX_POSITION, "a position")
     return idx
+
+
+#: the largest position (counted from either end) an intervention may name
+MAX_POSITION = 2**31 - 1
+#: the largest layer (counted from either end) an intervention may name
+MAX_LAYER = 4096
+
+
+def check_index(value: int, most: int, what: str) -> None:
+    """Refuse an integer beyond ``±most`` (a layer or a position no model has) when it is
+    built or loaded, not at the first forward pass."""
+    if abs(value) > most:
+        raise InterventionError(
+            f"{what} of {value} is beyond any model (at most {most:,} either way)",
+            fix="give a layer or position the model has",
+        )
 
 
 def positions_to_json(positions: PositionSpec, owner: str) -> str | int | list[int]:
@@ -348,6 +367,8 @@ class SiteEdit(Intervention):
             if bad and not (layer is None and self.optional_layer):
                 allowed = "an int or None" if self.optional_layer else "an int"
                 raise InterventionError(f"layer must be {allowed}, got {layer!r}")
+            if layer is not None:
+                check_index(layer, MAX_LAYER, "a layer")
             self.layer = layer
         self.site = canonical_site(site)
         refuse_pattern(self.site, self.kind)
@@ -449,6 +470,8 @@ def load_intervention(path: str | Path, model: Model | None = None) -> Intervent
 
     path = Path(path)
     meta_path, tensor_path = path / _META_FILE, path / _TENSORS_FILE
+    for p in (path, meta_path, tensor_path):
+        refuse_special(p, ArtifactError, fix="give the folder a saved intervention was written to")
     if not meta_path.is_file() or not tensor_path.is_file():
         raise MissingArtifactError(
             f"{path} holds no saved intervention ({_META_FILE} + {_TENSORS_FILE} expected)"

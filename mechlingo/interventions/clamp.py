@@ -18,7 +18,14 @@ from mechlingo.core.errors import InterventionError
 from mechlingo.core.sites import Site
 from mechlingo.core.tokens import PositionSpec
 from mechlingo.core.types import Model
-from mechlingo.interventions.base import EditFn, SiteEdit, check_finite, register_kind
+from mechlingo.interventions.base import (
+    MAX_LAYER,
+    EditFn,
+    SiteEdit,
+    check_finite,
+    check_index,
+    register_kind,
+)
 
 _CLAMP_MODES = ("set", "scale", "add")
 
@@ -82,6 +89,9 @@ class NeuronClamp(SiteEdit):
                 )
         offset = 0
         for layer, idx in neurons.items():
+            if isinstance(layer, bool) or not hasattr(layer, "__index__"):
+                raise InterventionError(f"NeuronClamp layers are ints, got {layer!r}")
+            check_index(int(layer), MAX_LAYER, "a layer")
             ids = _neuron_ids(layer, idx)
             self.neurons[layer] = ids
             if flat is not None:

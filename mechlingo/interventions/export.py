@@ -66,6 +66,7 @@ from mechlingo.core.untrusted import (
     gguf_header,
     load_tensors,
     loads,
+    refuse_special,
     safetensors_header,
 )
 from mechlingo.interventions.base import Compose, Intervention, positions_text
@@ -468,6 +469,7 @@ def read_export(path: str | Path) -> VectorExport:
     vectors, layer type, model hint, ``dropped`` and ``meta``. Every tensor must be
     ``layer_activations.<k>`` (``k`` at most :data:`MAX_EXPORT_LAYER`), 1-D and finite."""
     path = Path(path)
+    refuse_special(path, ArtifactError, fix=_FIX)
     if not path.is_file():
         raise MissingArtifactError(f"{path} does not exist")
     with path.open("rb") as fh:

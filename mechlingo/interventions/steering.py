@@ -105,6 +105,11 @@ class SteeringVector(SiteEdit):
                 f"has width {site.width} (d_model={int(model.cfg.d_model)})"
             )
         delta_cpu = (self.alpha * v.double()).float()
+        if not bool(torch.isfinite(delta_cpu).all()):
+            raise InterventionError(
+                f"alpha {self.alpha:g} times this vector overflows float32 (a value beyond 3.4e38)",
+                fix="give a smaller alpha",
+            )
         cache: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
         def steer(t: Tensor, mask: Tensor) -> Tensor:
@@ -124,6 +129,9 @@ class SteeringVector(SiteEdit):
 
     @classmethod
     def _restore(cls, tensors: dict[str, Tensor], config: dict[str, Any]) -> SteeringVector:
+        alpha = config["alpha"]
+        if isinstance(alpha, bool) or not isinstance(alpha, int | float):
+            raise InterventionError(f"the saved alpha is {alpha!r}, not a number")
         return cls(tensors["vector"], config["layer"], config["alpha"], **cls._where(config))
 
     def _fields(self) -> dict[str, str]:

@@ -52,7 +52,13 @@ from mechlingo.core.errors import ArtifactError, InputError, MissingArtifactErro
 from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import TokenBatch, encode
 from mechlingo.core.types import Model
-from mechlingo.core.untrusted import check_links, load_tensors, read_json, safetensors_header
+from mechlingo.core.untrusted import (
+    check_links,
+    load_tensors,
+    read_json,
+    refuse_special,
+    safetensors_header,
+)
 from mechlingo.core.version import __version__
 from mechlingo.kernels.readout import apply_final_norm, output_transform, unembed
 from mechlingo.kernels.significance import bootstrap_mean
@@ -192,6 +198,8 @@ def load_tuned_lens(path: str | Path, model: Model | None = None) -> TunedLens:
     path = Path(path)
     meta_path, tensor_path = path / _META_FILE, path / _TENSORS_FILE
     fix = "train it again with `mechlingo tuned-lens --out DIR`"
+    for p in (path, meta_path, tensor_path):
+        refuse_special(p, ArtifactError, fix=fix)
     if not meta_path.is_file() or not tensor_path.is_file():
         raise MissingArtifactError(
             f"{path} holds no tuned lens ({_META_FILE} + {_TENSORS_FILE} expected)", fix=fix

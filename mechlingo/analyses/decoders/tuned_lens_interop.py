@@ -30,17 +30,16 @@ from typing import Any
 import numpy as np
 import torch
 from jaxtyping import Float
-from safetensors.torch import load_file
 from torch import Tensor
 
 from mechlingo.analyses.decoders.tuned_lens import TunedLens
 from mechlingo.core.artifacts import atomic_folder
-from mechlingo.core.checks import check_safetensors_header
 from mechlingo.core.describe import model_info
 from mechlingo.core.errors import ArtifactError, MissingArtifactError, ModelMismatchError
 from mechlingo.core.models import model_name
 from mechlingo.core.sites import site_map
 from mechlingo.core.types import Model
+from mechlingo.core.untrusted import load_tensors, read_json, refuse_special
 
 __all__ = [
     "PACKAGE_CONFIG",
@@ -66,10 +65,11 @@ def unembedding_hash(model: Model) -> str:
 
 def _read_state(folder: Path) -> dict[str, Tensor]:
     safe = folder / _SAFE_PARAMS
+    refuse_special(safe, ArtifactError, fix=_FIX)
     if safe.is_file():
-        check_safetensors_header(safe, ArtifactError)
-        return load_file(str(safe))
+        return load_tensors(safe, ArtifactError, fix=_FIX)
     path = folder / PACKAGE_PARAMS
+    refuse_special(path, ArtifactError, fix=_FIX)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError) as err:
@@ -95,10 +95,7 @@ def _read_state(folder: Path) -> dict[str, Tensor]:
 
 def _read_config(folder: Path) -> dict[str, Any]:
     path = folder / PACKAGE_CONFIG
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ArtifactError(f"{path} is not valid JSON ({err})", fix=_FIX) from None
+    config = read_json(path, ArtifactError, fix=_FIX, root=folder)
     if not isinstance(config, dict):
         raise ArtifactError(f"{path} is not a tuned-lens config", fix=_FIX)
     kind = config.get("lens_type", "linear_tuned_lens")
@@ -131,6 +128,8 @@ def load_package_lens(
         ModelMismatchError: the lens is for a model of other sizes or another unembedding.
     """
     folder = Path(path)
+    for name in (PACKAGE_CONFIG, PACKAGE_PARAMS, _SAFE_PARAMS):
+        refuse_special(folder / name, ArtifactError, fix=_FIX)
     if not (folder / PACKAGE_CONFIG).is_file() or not (
         (folder / PACKAGE_PARAMS).is_file() or (folder / _SAFE_PARAMS).is_file()
     ):

@@ -47,7 +47,7 @@ from mechlingo.core.jsonable import jsonable
 from mechlingo.core.sites import resolve_layers, resolve_site
 from mechlingo.core.tokens import encode, sorted_batches
 from mechlingo.core.types import Model
-from mechlingo.core.untrusted import check_links, read_json
+from mechlingo.core.untrusted import check_links, read_json, refuse_special
 from mechlingo.data import Fact, few_shot_prompt, translation_prompt
 from mechlingo.interventions import (
     Compose,
@@ -215,6 +215,7 @@ class SteeringPair:
         if not isinstance(task, SteeringVector) or not isinstance(diff, SteeringVector):
             raise ArtifactError(f"{folder} does not hold two steering vectors")
         build_path = folder / "build.json"
+        refuse_special(build_path, ArtifactError)
         build = read_json(build_path, ArtifactError, root=folder) if build_path.is_file() else {}
         if not isinstance(build, dict):
             raise ArtifactError(

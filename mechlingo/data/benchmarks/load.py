@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mechlingo.core.errors import DataError, InputError
-from mechlingo.core.untrusted import check_links
+from mechlingo.core.untrusted import check_links, refuse_special
 from mechlingo.data.benchmarks.bmlama import load_bmlama
 from mechlingo.data.benchmarks.common import FORMATS, Benchmark, PathLike
 from mechlingo.data.benchmarks.klar import (
@@ -71,6 +71,7 @@ def detect_format(path: PathLike) -> str:
         DataError: the path does not exist or matches no layout.
     """
     path = Path(path)
+    refuse_special(path, DataError, fix="give a regular file or a folder")
     if path.is_file():
         found = _file_format(path)
         if found is None:
