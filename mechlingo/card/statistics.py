@@ -5,16 +5,11 @@ Every card statistic is a :class:`Test` (an estimate with its interval, a p-valu
 detectable effect, the number of independent units and the method in words). Items of one
 cluster (a fact asked in several languages, the sentences of one document) move together.
 
-**Intervals: CR2 with t(G - 1).** Means, paired gains, log ratios (relative gains), ratios of
-sums and two-group differences get the CR2 (Bell-McCaffrey) cluster-robust standard error and
-Student's t on G - 1 degrees of freedom. Chosen over the wild cluster bootstrap because the
-card's statistics are all linear or delta-method estimates where CR2 has a closed form: with
-balanced clusters it is exactly the t interval of the cluster means (exact for normal cluster
-totals, whatever the within-cluster correlation), it is deterministic (no resampling seed can
-move a verdict) and costs nothing per row, while the Rademacher wild bootstrap has only
-2^(G-1) distinct draws at G = 8 and its interval needs a test inversion per row. The suite's
-simulation (8 documents, strong document effects) gives CR2 0.95 coverage where resampling
-sentences gives far less.
+**Intervals: CR2 with t(G - 1)** (Bell-McCaffrey) for means, paired gains, log ratios, ratios
+of sums and group differences: closed form for every card statistic, deterministic, and with
+balanced clusters exactly the t interval of the cluster means; a Rademacher wild bootstrap has
+only 2^(G-1) distinct draws at G = 8 (``docs/replicate.md`` gives the reasons and the suite's
+coverage simulation).
 
 **p-values.** Where H0 makes each cluster's total symmetric (a paired difference against 0,
 a 0/1 share against 1/2) the cluster sign-flip permutation test (exact enumeration up to
@@ -23,12 +18,9 @@ estimate away from its null gets the smallest p the sign-flip test of G clusters
 ``1 / 2^(G-1)`` (1.0 when it equals the null); Monte Carlo p-values are ``(1 + hits) / (1 +
 n)``; a population's permutation p is at least ``1 / (m + 1)`` for m draws.
 
-**Controls are populations** (:func:`population_test`): effect - control uses the population
-mean with a standard error that adds the between-draw variance to the cluster one, and its
-two-sided t p is the verdict's; the effect's rank among the m draws, the exact one-sided
-permutation p ``(1 + #{draw >= effect}) / (m + 1)``, is reported beside it (floor 1/(m + 1):
-at the card's sizes it cannot reach a Holm-adjusted level, hence the t p). With one draw only
-the rank p exists, so one draw never supports a verdict.
+**Controls are populations** (:func:`population_test`): the verdict's p is the t test of
+effect - population mean (SE with the between-draw variance); the exact rank p among the m
+draws, floor 1/(m + 1), is reported beside it. One draw: the rank p alone (never enough).
 
 **Families.** :func:`holm` inside a pre-registered primary family, :func:`benjamini_hochberg`
 over the exploratory rows; :func:`adjust` gives each row its multiplier, so
