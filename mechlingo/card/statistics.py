@@ -14,18 +14,16 @@ coverage simulation).
 **p-values.** Where H0 makes each cluster's total symmetric (a paired difference against 0,
 a 0/1 share against 1/2) the cluster sign-flip permutation test (exact enumeration up to
 :data:`EXACT_CLUSTERS` clusters); otherwise the CR2 t test. No p is ever 0: a zero-variance
-estimate away from its null gets the smallest p the sign-flip test of G clusters can give,
-``1 / 2^(G-1)`` (1.0 when it equals the null); Monte Carlo p-values are ``(1 + hits) / (1 +
-n)``; a population's permutation p is at least ``1 / (m + 1)`` for m draws.
+estimate away from its null gets ``1 / 2^(G-1)``, the least p of a sign flip over G clusters
+(1.0 at the null); Monte Carlo p-values are ``(1 + hits) / (1 + n)``.
 
 **Controls are populations** (:func:`population_test`): the verdict's p is the t test of
 effect - population mean (SE with the between-draw variance); the exact rank p among the m
 draws, floor 1/(m + 1), is reported beside it. One draw: the rank p alone (never enough).
 
 **Families.** :func:`holm` inside a pre-registered primary family, :func:`benjamini_hochberg`
-over the exploratory rows; :func:`adjust` gives each row its multiplier, so
-an interval and a minimum detectable effect can be given at the row's adjusted level
-(:meth:`Test.at_level`).
+over the exploratory rows; :func:`adjust` gives each row its multiplier (intervals and
+minimum detectable effects at that level: :meth:`Test.at_level`).
 """
 
 from __future__ import annotations
