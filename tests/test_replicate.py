@@ -219,6 +219,7 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
     again = rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path)
     cached = {n: t["cached"] for n, t in again.meta["stages"].items()}
     assert cached == {
+        "metric": True,
         "trace": True,
         "repair": True,
         "transfer_relation": False,

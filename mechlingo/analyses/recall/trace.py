@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mechlingo.analyses.decoders.lens import LensResult, lens_facts
+from mechlingo.analyses.decoders.lens import LensResult, fact_answers, logit_lens
 from mechlingo.analyses.recall.attribution import (
     attribution_patch,
     compare_patching,
@@ -309,6 +309,30 @@ def _answered_in(gen: str, fact: Fact, answers: dict[str, str]) -> str | None:
     return None
 
 
+def _usable(model: Model, facts: Sequence[Fact], langs: Sequence[str] | None, max_rank: int,
+            metric: str) -> tuple[list[Fact], dict[str, int]]:  # fmt: skip
+    """The facts :func:`trace_recall` scores (of ``langs``, usable by ``metric``) and the
+    skipped ones counted by reason.
+
+    Raises:
+        InputError: no fact left, a negative ``max_rank`` or an unknown ``metric``."""
+    facts = [f for f in facts if langs is None or f.lang in set(langs)]
+    if not facts:
+        raise InputError(
+            "no facts to trace" + (f" in languages {list(langs)}" if langs is not None else "")
+        )
+    if max_rank < 0:
+        raise InputError("max_rank must be >= 0")
+    if metric not in ("generate", "rank"):
+        raise InputError(f"trace metric must be 'generate' or 'rank', got {metric!r}")
+    keep, skipped = split_usable(facts, metric, bos=prepends_bos(model))
+    facts = [facts[i] for i in keep]
+    if not facts:
+        raise InputError(f"no fact can be scored with {metric!r}", fix="give facts with "
+                         "candidates for rank (mechlingo.data.candidates.with_candidates)")  # fmt: skip
+    return facts, skipped
+
+
 def trace_recall(
     model: Model,
     facts: Sequence[Fact],
@@ -320,6 +344,7 @@ def trace_recall(
     batch_size: int = 16,
     pool: Sequence[Fact] | None = None,
     progress: bool = False,
+    metric: str = "generate",
 ) -> TraceResult:
     """Classify each query into the recall-pipeline classes (see the module docstring).
 
@@ -338,30 +363,31 @@ def trace_recall(
         max_new_tokens: greedy tokens for the eval rule.
         pool: more facts (other languages of the same ids) used to recognise answers given in
             the wrong language; the bundled data is used as well when the ids come from it.
+        metric: what makes a query ``correct``: ``"generate"`` (the greedy answer matches) or
+            ``"rank"`` (a gold candidate ranks first; every fact needs candidates, and no
+            query is ``wrong_language``: the candidates are in L). The classes of the wrong
+            queries keep the lens rule either way.
 
     Returns:
-        A :class:`TraceResult`.
+        A :class:`TraceResult`; each record also has ``first_mismatch_en_layer``: the first
+        lens entry where *another* fact's English answer (the next id of the same relation,
+        :func:`mismatched_english`) reaches rank <= ``max_rank`` before the output, -1 never
+        or when the relation has no other fact with a distinct English answer: the control
+        of ``first_en_layer`` (a lens that surfaces any English city name is no evidence).
     """
-    facts = [f for f in facts if langs is None or f.lang in set(langs)]
-    if not facts:
-        raise InputError(
-            "no facts to trace" + (f" in languages {list(langs)}" if langs is not None else "")
-        )
-    if max_rank < 0:
-        raise InputError("max_rank must be >= 0")
-    keep, skipped = split_usable(facts, "generate")
-    facts = [facts[i] for i in keep]
+    facts, skipped = _usable(model, facts, langs, max_rank, metric)
     n = site_map(model).n_layers
     mid = default_mid_layers(n) if mid_layers is None else sorted({int(x) for x in mid_layers})
     if not mid or any(not 0 <= x <= n for x in mid):
         raise InputError(f"mid_layers must be a non-empty subset of lens entries 0..{n}")
-    ev = evaluate_facts(
-        model, facts, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress
-    )
-    lens = lens_facts(
-        model, facts, track_langs=("en",), pool=pool, batch_size=batch_size, progress=progress
-    )
-    gold_rank = _gold_ranks(model, facts, batch_size, progress)
+    ev = evaluate_facts(model, facts, metric=metric, max_new_tokens=max_new_tokens,
+                        batch_size=batch_size, progress=progress)  # fmt: skip
+    lens, mismatch = _lens_with_mismatch(model, facts, pool, batch_size, progress)
+    if metric == "rank":
+        gold_rank = {(r["id"], r["lang"]): int(r["gold_rank"]) for r in ev.records}
+    else:
+        gold_rank = _gold_ranks(model, facts, batch_size, progress)
+    first_mis = lens.first_layer_within("mismatch_en", max_rank, before_last=True)
     others = _other_answers(facts, pool)
     en_t, l_t = lens.track_index("en"), lens.track_index("answer")
     entries = torch.tensor(lens.layers)
@@ -382,9 +408,10 @@ def trace_recall(
             "generation": r["generation"],
             "correct": bool(r["correct"]),
             "answered_in": None
-            if r["correct"]
+            if r["correct"] or metric == "rank"
             else _answered_in(r["generation"], f, others.get(f.id, {})),
             "first_en_layer": int(first_en[i]),
+            "first_mismatch_en_layer": -1 if mismatch[i] is None else int(first_mis[i]),
             "first_answer_layer": int(first_l[i]),
             "en_decodable_mid": bool((en_mid <= max_rank).any()),
             "answer_decodable_mid": bool((l_rank[in_mid, i] <= max_rank).any()),
@@ -402,8 +429,49 @@ def trace_recall(
         max_rank=max_rank,
         mid_layers=mid,
         n_layers=n,
-        meta={"max_new_tokens": max_new_tokens, **({"skipped": skipped} if skipped else {})},
+        meta={
+            "max_new_tokens": max_new_tokens,
+            "metric": metric,
+            **({"skipped": skipped} if skipped else {}),
+        },  # fmt: skip
     )
+
+
+def _lens_with_mismatch(
+    model: Model, facts: list[Fact], pool: Sequence[Fact] | None, batch_size: int, progress: bool
+) -> tuple[LensResult, list[str | None]]:
+    """The logit lens tracking each fact's answer, its English answer and (track
+    ``mismatch_en``) another fact's English answer (:func:`mismatched_english`; the fact's own
+    where there is none), with the mismatched words."""
+    answers = fact_answers(facts, ("en",), pool)
+    mismatch = mismatched_english(facts, answers["en"])
+    answers["mismatch_en"] = [m if m is not None else e for m, e in zip(mismatch, answers["en"],
+                                                                        strict=True)]  # fmt: skip
+    lens = logit_lens(model, [f.prompt for f in facts], answers, langs=[f.lang for f in facts],
+                      ids=[f.id for f in facts], batch_size=batch_size, progress=progress)  # fmt: skip
+    return lens, mismatch
+
+
+def mismatched_english(facts: Sequence[Fact], english: Sequence[str]) -> list[str | None]:
+    """Per fact, the English answer of another fact of its relation: the ids of a relation
+    sorted, each takes the answer of the next id (cyclically) whose English answer differs
+    from its own (a fixed derangement, the same in every language); ``None`` when the
+    relation has no such id. ``english``: each fact's English answer, in order."""
+    by_rel: dict[str, dict[str, str]] = {}
+    for f, e in zip(facts, english, strict=True):
+        by_rel.setdefault(f.relation, {}).setdefault(f.id, e)
+    out: list[str | None] = []
+    for f, e in zip(facts, english, strict=True):
+        ids = sorted(by_rel[f.relation])
+        start = ids.index(f.id)
+        other = None
+        for step in range(1, len(ids)):
+            cand = by_rel[f.relation][ids[(start + step) % len(ids)]]
+            if normalize(cand) != normalize(e):
+                other = cand
+                break
+        out.append(other)
+    return out
 
 
 def _gold_ranks(
