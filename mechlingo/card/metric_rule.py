@@ -38,7 +38,7 @@ METRIC_RULE = (
     "Before any test item is scored, the repair stage's dev split (no intervention) is scored "
     "with greedy generation and with candidate ranking (BMLAMA-style candidates, "
     f"{CANDIDATES} per fact when the facts bring none: chance 1/{CANDIDATES}). If "
-    "generation's accuracy pooled over the non-English dev items is above "
+    "generation's accuracy pooled over the non-English dev items is above the floor "
     f"{METRIC_FLOOR:g}, the card scores with 'generate', otherwise with 'rank'. English is "
     "reported beside it and does not decide. A metric given to the card overrides the rule "
     "and the card says so."

@@ -737,9 +737,9 @@ def _data_available(facts: Sequence[Fact] | None, parallel: Mapping[str, Sequenc
 def _embed_cost(model: Model, parallel: Mapping[str, Sequence[str]] | None,
                 documents: Sequence[str] | None, cfg: Mapping[str, Any]) -> dict[str, float]:  # fmt: skip
     """``{"embed": CPU seconds per sentence and language}`` of one embedding pass over the
-    first two held-out lines (no intervention): the planner's per-item cost of alignment."""
-    texts = sundar.parallel_parts(parallel, cfg, documents)["heldout"]
-    lines = {lg: v[:2] for lg, v in texts.items()}
+    first 8 evaluation lines (no intervention): the planner's per-item cost of alignment."""
+    texts = sundar.parallel_parts(parallel, cfg, documents)["eval"]
+    lines = {lg: v[:8] for lg, v in texts.items()}
     c0 = time.process_time()
     embed_parallel(model, lines, layers="all", batch_size=cfg.get("batch_size", 16),
                    max_tokens=cfg["experts"]["max_tokens"])  # fmt: skip
