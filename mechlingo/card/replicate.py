@@ -319,7 +319,8 @@ def _stage_transfer(
     out = tm.to_json()
     out = json.loads(out) if isinstance(out, str) else out
     cells = list(out.get("cells", tm.cells))
-    return {"by": by, "matrix": {k: v for k, v in out.items() if k != "cells"}, "cells": cells}
+    return {"by": by, "matrix": {k: v for k, v in out.items() if k != "cells"}, "cells": cells,
+            "subjects": lu.subject_keys(facts)}  # fmt: skip
 
 
 def _overlap(res: Any, k: int) -> dict[str, Any]:
