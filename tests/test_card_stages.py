@@ -171,3 +171,26 @@ def test_plan_scores_no_test_item(tiny, tmp_path, capsys):
     done = sorted(p.name for p in next(tmp_path.iterdir()).iterdir() if p.is_dir())
     assert done == ["embed_cost", "metric"]  # the dev split and one embedding pass only
     assert plan.inputs["available"]["langs"] == 3 and plan.card_minutes > 0
+
+
+def test_ranking_under_stacked_conditions_equals_one_call_each(tiny):
+    from mechlingo.interventions import SteeringVector
+    from mechlingo.scoring.evaluate import evaluate_conditions, evaluate_facts
+    from tests.test_conditions import _conditions
+
+    facts = with_candidates(load_facts(langs=["en", "fr"], relations=["capital"], limit=5), 4)
+    d = int(tiny.cfg.d_model)
+    pop = {f"random_s{s}": SteeringVector(
+        torch.randn(d, generator=torch.Generator().manual_seed(s)) * 4.0, 1) for s in range(3)}  # fmt: skip
+    for conds in ({"orig": None, **pop}, _conditions(tiny, 1, 4.0)):
+        got = evaluate_conditions(tiny, facts, conds, metric="rank", batch_size=3)
+        for name, iv in conds.items():
+            want = evaluate_facts(tiny, facts, intervention=iv, metric="rank", batch_size=3)
+            assert got[name].records == want.records, name  # the same computation
+    # a condition that edits every position has no stem: its rows run whole, the others'
+    # stems are shared
+    assert got["orig"].meta["path"] == "mixed"
+    # "last"-position steering and no intervention share the stems: one stem pass per batch
+    shared = evaluate_conditions(tiny, facts, {"orig": None, **pop}, metric="rank")
+    assert shared["random_s0"].meta["path"] == "shared-stem"
+    assert len({tuple(r["scores"]) for r in shared["random_s1"].records}) > 1

@@ -693,10 +693,15 @@ def _decide(model: Model, stages: Stages, facts: Sequence[Fact] | None, cfg: dic
         return out
 
     data, secs, cached = _run_stage(stages, "metric", run, False)
-    if "error" in data:  # the rule cannot run: the card cannot choose its metric
-        raise InputError(f"the metric rule's dev scoring failed: {data['error']}",
-                         fix="pass --metric to choose the metric yourself")  # fmt: skip
-    secs = {**secs, "cached": cached, "error": None}
+    secs = {**secs, "cached": cached, "error": data.get("error")}
+    if "error" in data:  # the rule cannot run: only a given metric lets the card go on
+        if given is None:
+            raise InputError(f"the metric rule's dev scoring failed: {data['error']}",
+                             fix="pass --metric to choose the metric yourself")  # fmt: skip
+        decision = {"metric": given, "ruled": None, "overridden": True, "given": given,
+                    "why": f"the rule could not run ({data['error']}): the given metric"}  # fmt: skip
+        cfg["metric"] = given
+        return data, secs, decision
     decision = decide_metric(data, given)
     cfg["metric"] = decision["metric"]
     return data, secs, decision
