@@ -132,10 +132,14 @@ class Plan:
     inputs: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        """JSON: rows (with ``decidable``), levels, card minutes and inputs."""
+        """JSON: rows (with ``decidable``), levels, inputs, and under ``seconds`` what was
+        measured (the per-item costs and the card's estimate: they vary from run to run)."""
         rows = [{**asdict(r), "decidable": r.decidable} for r in self.rows]
-        return {"rows": rows, "alpha": self.alpha, "power": POWER,
-                "card_minutes": round(self.card_minutes, 2), "inputs": self.inputs}  # fmt: skip
+        inputs = {k: v for k, v in self.inputs.items() if k != "cost_seconds_per_item"}
+        seconds = {"card": round(60 * self.card_minutes, 1),
+                   "per_item": self.inputs.get("cost_seconds_per_item", {})}  # fmt: skip
+        return {"rows": rows, "alpha": self.alpha, "power": POWER, "inputs": inputs,
+                "seconds": seconds}  # fmt: skip
 
     def __str__(self) -> str:
         head = (f"{'row':<20} {'unit':<10} {'effect':>7} {'sd':>6} {'deff':>5} {'need':>6} "
