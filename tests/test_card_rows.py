@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import scipy.stats as sps
 
-from mechlingo.card import lu, sundar
+from mechlingo.card import lu, repair_items, sundar
 from mechlingo.card.rules import CLAIMS, INCONCLUSIVE, NOT_TESTABLE
 from mechlingo.card.statistics import cluster_bootstrap, group_difference_test
 from mechlingo.core.errors import InputError
@@ -57,7 +57,8 @@ def test_no_default_parallel_line_is_a_key_value_template():
 
 def test_bundled_ntrex_is_aligned_attributed_and_licensed():
     texts, docs = bundled_parallel(), bundled_documents()
-    assert {len(v) for v in texts.values()} == {len(docs)} and len(docs) <= 300
+    assert {len(v) for v in texts.values()} == {len(docs)} == {1005}
+    assert len(set(docs)) == 63  # the development split shipped whole
     assert all(s.strip() for v in texts.values() for s in v)
     assert texts["en"][0] == "Welsh AMs worried about 'looking like muppets'"
     folder = Path(sundar.__file__).parents[1] / "data" / "ntrex"
@@ -66,7 +67,8 @@ def test_bundled_ntrex_is_aligned_attributed_and_licensed():
     assert "https://creativecommons.org/licenses/by-sa/4.0/" in notice
     assert "CC BY-SA 4.0" in readme and "Federmann" in readme and "8561f6a" in readme
     # whole documents only: the last line ends its document in the source's numbering
-    assert docs[-1] == "reuters.218888" and docs.count("reuters.218888") == 19
+    assert docs[-1] == "rt.com.91335" and docs.count("rt.com.91335") == 17
+    assert docs.count("reuters.218888") == 19  # the old subset's last document, whole
 
 
 def test_split_by_documents_never_shares_a_document():
@@ -138,7 +140,7 @@ def test_gold_logshare_by_hand():
         "gold_rank": 2,
     }
     expect = -2.0 - math.log(math.exp(-1) + math.exp(-2) + math.exp(-3))
-    assert lu._gold_logshare(rec) == pytest.approx(expect)
+    assert repair_items._gold_logshare(rec) == pytest.approx(expect)
 
 
 # --------------------------------------------------------------------------------------

@@ -213,6 +213,32 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
             assert r["p_adjusted"] < 0.05 and "adjusted p" in r["reason"]
     assert {c[0] for c in fake.calls} == {"relation", "lang"}
     assert card.meta["stages"]["transfer_lang"]["error"].endswith("transfer exploded")
+    # the metric rule decided on dev, stored with its inputs; claims.json opens with it
+    js = card.to_json()
+    assert js["metric_decision"]["metric"] == card.meta["settings"]["metric"] == "rank"
+    assert js["metric_decision"]["ruled"] == "rank" and "floor" in js["metric_rule"]
+    assert [r["id"] for r in js["plan"]["rows"]][:2] == ["latent_english", "recall_failures"]
+    # the repair stage's per-item outcomes, all in (lang, id) order, one per random draw
+    rep_ = card.stages["repair"]
+    seeds = TINY["repair"]["seeds"]
+    assert sorted(c for c in rep_["outcomes"] if c.startswith("random_s")) == [
+        f"random_s{s}" for s in seeds]  # fmt: skip
+    assert rep_["p_floor"] == pytest.approx(1 / (len(seeds) + 1))
+    for key in ("share", "lenient"):
+        assert {lg: len(v) for lg, v in rep_[key]["orig"].items()} == {
+            lg: len(v) for lg, v in rep_["ids"].items()}  # fmt: skip
+    assert all(0 < x < 1 for v in rep_["share"]["task"].values() for x in v)
+    assert all("first_mismatch_en_layer" in r for r in card.stages["trace"]["records"])
+    # the random-neuron population: per sentence in align, medians in the AUROC
+    al, au = card.stages["align"], card.stages["experts"]["auroc"]
+    draws = rep.budget_settings("quick", TINY)["experts"]["random_sets"]
+    assert al["random_draws"] == draws == len(au["random_population"])
+    assert al["per_sentence"]["random_s0"] == al["per_sentence"]["control"]
+    n = len(al["per_sentence"]["pre"]["retrieval"])
+    assert (
+        len(al["docs"]) == n and len(al["per_sentence"][f"random_s{draws - 1}"]["retrieval"]) == n
+    )
+    assert au["n_clusters"] == len(set(au["docs"])) and len(au["docs"]) == au["n_sentences"]
     df = card.to_dataframe()
     assert list(df["id"]) == [r["id"] for r in card.rows] and "p_adjusted" in df
     assert "<table" in card._repr_html_() and "claims card" in card.to_markdown().lower()
@@ -221,6 +247,7 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
     again = rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path)
     cached = {n: t["cached"] for n, t in again.meta["stages"].items()}
     assert cached == {
+        "metric": True,
         "trace": True,
         "repair": True,
         "transfer_relation": False,

@@ -24,7 +24,6 @@ and each ``rows_*`` function reads only stored JSON, so a resumed card equals a 
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -45,6 +44,13 @@ from mechlingo.analyses.recall.settings import (
     ScoringOptions,
 )
 from mechlingo.analyses.recall.steering import SteeringConfig
+from mechlingo.card.repair_items import (
+    condition_outcomes,
+    gold_share,
+    item_records,
+    lenient_match,
+    subject_keys,
+)
 from mechlingo.card.rules import Claim, claim_by_id, make_row
 from mechlingo.card.statistics import (
     Test,
@@ -67,6 +73,10 @@ from mechlingo.scoring.scorers import rankc_fact
 
 __all__ = [
     "DECODERS",
+    "condition_outcomes",
+    "gold_share",
+    "lenient_match",
+    "subject_keys",
     "item_records",
     "matrix_settings",
     "repair_settings",
@@ -154,42 +164,6 @@ def repair_split(facts: list[Fact], cfg: Mapping[str, Any]) -> tuple[list, list,
     splits = split_facts(facts, r["split"])
     dev = take_per_lang(splits["dev"], r["dev_per_lang"])
     return splits["build"], dev, take_per_lang(splits["test"], r["test_per_lang"])
-
-
-def _gold_logshare(rec: Mapping[str, Any]) -> float | None:
-    """``log p(gold)`` among the candidates: the log-softmax of the candidates' mean token
-    log-probabilities (``-scores``), summed over the gold candidates."""
-    scores = rec.get("scores")
-    if not scores:
-        return None
-    x = -np.asarray(scores, dtype=float)
-    gold = str(rec.get("answer", "")).strip()
-    idx = {i for i, c in enumerate(rec.get("candidates") or []) if c.strip() == gold}
-    if rec.get("gold_rank") and rec.get("ranking"):  # the best gold (an alias counts too)
-        idx.add(int(rec["ranking"][int(rec["gold_rank"]) - 1]))
-    idx = sorted(idx)
-    if not idx:
-        return None
-    top = x.max()
-    norm = top + math.log(float(np.exp(x - top).sum()))
-    g = x[idx].max() + math.log(float(np.exp(x[idx] - x[idx].max()).sum()))
-    return float(g - norm)
-
-
-def item_records(results: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """Per condition, one record per scored item: ``id`` (the cluster), ``lang``,
-    ``correct``, and under ``rank`` ``logshare`` and ``ranking``."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    for cond, res in results.items():
-        rows = []
-        for r in sorted(res.records, key=lambda r: (r["lang"], r["id"])):
-            item = {"id": r["id"], "lang": r["lang"], "correct": bool(r["correct"])}
-            if r.get("ranking") is not None:
-                item["ranking"] = list(r["ranking"])
-                item["logshare"] = _gold_logshare(r)
-            rows.append(item)
-        out[cond] = rows
-    return out
 
 
 # --------------------------------------------------------------------------------------

@@ -42,17 +42,17 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 from tqdm.auto import tqdm
 
 from mechlingo.activations.distributed import dist_info
 from mechlingo.analyses.experts import collect_neuron_stats, find_experts, k_curve
-from mechlingo.analyses.experts.align import compare_alignment, per_sentence
+from mechlingo.analyses.experts.align import compare_alignment, embed_parallel, per_sentence
 from mechlingo.analyses.recall import steer_eval, steering, transfer
 from mechlingo.analyses.recall.settings import ScoringOptions, SplitSettings
 from mechlingo.analyses.recall.trace import trace_recall
-from mechlingo.card import lu, sundar
+from mechlingo.card import lu, repair_items, sundar
+from mechlingo.card.metric_rule import METRIC_RULE, decide_metric, dev_accuracies
+from mechlingo.card.plan import Plan, plan_card
 from mechlingo.card.rows import (
     rows_align,
     rows_experts,
@@ -69,17 +69,15 @@ from mechlingo.card.rules import (
     error_row,
     finalize,
 )
-from mechlingo.card.statistics import Test, mde
 from mechlingo.core.describe import model_info
 from mechlingo.core.errors import InputError
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.core.version import __version__
 from mechlingo.data import LANGS, Fact, load_facts
+from mechlingo.data.natural_parallel import split_by_documents
 from mechlingo.data.splits import take_per_lang
 from mechlingo.interventions import load_intervention
-from mechlingo.kernels.ranking import auroc_and_average_precision
-from mechlingo.kernels.significance import Interval
 
 __all__ = [
     "BUDGETS",
@@ -94,7 +92,7 @@ __all__ = [
 #: Bumped when a stage computes something different: old stored results are not reused.
 #: 2 (issue 32): fact ids per outcome, per-item transfer outcomes, the clamp measured on
 #: fresh samples, AUROC tests at the clamp's k, per-sentence alignment values.
-STAGE_VERSION = 2
+STAGE_VERSION = 3
 #: The seed of the BOS samples that measure the chosen clamp (seed 0 chose k).
 MEASURE_SEED = 1
 
@@ -106,12 +104,12 @@ METRICS = ("generate", "rank", "klar")
 STAGES = (*PAPERS[LU], *PAPERS[SUNDAR])
 
 _QUICK: dict[str, Any] = {
-    "lu_langs": ["en", "fr", "es", "ru", "ja", "hi"],
+    "lu_langs": ["en", "fr", "es", "ru", "ja", "hi"], "max_ids_per_lang": 128,
     "trace": {"limit": 24, "max_new_tokens": 8, "max_rank": 10},
     "repair": {
         "split": [0.4, 0.2, 0.4], "dev_per_lang": 10, "test_per_lang": 24, "k_shot": 3,
         "translation_shots": 2, "layer_fractions": [0.5, 0.67],
-        "alphas": [0.13, 0.28], "top_k": 2, "screen_ids": 4, "seeds": [0],
+        "alphas": [0.13, 0.28], "top_k": 2, "screen_ids": 4, "seeds": [0, 1, 2, 3, 4],
         "max_new_tokens": 6,
     },
     "transfer": {"relations": ["capital", "currency", "language"], "limit": 24,
@@ -121,17 +119,17 @@ _QUICK: dict[str, Any] = {
                             "alphas": [0.28, 0.6]}},
     "experts": {"target": "es", "n_find": 32, "n_heldout": 4, "ks": [50, 500],
                 "samples": 16, "new_tokens": 12, "max_tokens": 24, "n_eval": 32,
-                "ppl_budget": 2.0, "n_boot": 200, "eval_per_doc": 4},
+                "ppl_budget": 2.0, "n_boot": 200, "eval_per_doc": 4, "random_sets": 5},
     "candidates": 4, "decoders": {"per_lang": 6, "tuned_lens": None},
     "conversion": {"langs": ["fr", "ru", "ja"], "n_prompts": 6}, "external": {"per_lang": 24},
 }  # fmt: skip
 _FULL: dict[str, Any] = {
-    "lu_langs": list(LANGS),
+    "lu_langs": list(LANGS), "max_ids_per_lang": 256,
     "trace": {"limit": 60, "max_new_tokens": 8, "max_rank": 10},
     "repair": {
         "split": [0.4, 0.2, 0.4], "dev_per_lang": 16, "test_per_lang": 40, "k_shot": 3,
         "translation_shots": 2, "layer_fractions": [0.33, 0.5, 0.67, 0.83],
-        "alphas": [0.13, 0.28], "top_k": 2, "screen_ids": 6, "seeds": [0, 1, 2],
+        "alphas": [0.13, 0.28], "top_k": 2, "screen_ids": 6, "seeds": list(range(20)),
         "max_new_tokens": 6,
     },
     "transfer": {"relations": ["capital", "currency", "language"], "limit": 40,
@@ -141,7 +139,7 @@ _FULL: dict[str, Any] = {
                             "alphas": [0.28, 0.6]}},
     "experts": {"target": "es", "n_find": 60, "n_heldout": 6, "ks": [50, 200, 500, 2000],
                 "samples": 24, "new_tokens": 16, "max_tokens": 24, "n_eval": 60,
-                "ppl_budget": 2.0, "n_boot": 500, "eval_per_doc": 5},
+                "ppl_budget": 2.0, "n_boot": 500, "eval_per_doc": 5, "random_sets": 20},
     "candidates": 4, "decoders": {"per_lang": 12, "tuned_lens": None},
     "conversion": {"langs": ["fr", "es", "ru", "ja", "hi"], "n_prompts": 8}, "external": {"per_lang": 40},
 }  # fmt: skip
@@ -203,26 +201,41 @@ def _lu_facts(facts: Sequence[Fact] | None, cfg: Mapping[str, Any], section: str
         return lu.repair_split(_lu_facts(facts, cfg, "repair"), cfg)[2]
     sec = cfg.get(section, {})
     if facts is not None:
-        return lu.prepare_facts(take_per_lang(list(facts), sec.get("limit")), cfg)
+        return lu.prepare_facts(cap_facts(take_per_lang(list(facts), sec.get("limit")), cfg), cfg)
     langs = sec.get("langs") or cfg["lu_langs"]
     rels = sec.get("relations") or ["capital"]
     loaded = load_facts(langs=langs, relations=rels, limit=sec.get("limit"), templates="natural")
     return lu.prepare_facts(loaded, cfg)
 
 
+def cap_facts(facts: Sequence[Fact], cfg: Mapping[str, Any]) -> list[Fact]:
+    """At most ``max_ids_per_lang`` fact ids per language, shared evenly by the relations
+    (each relation keeps ``max(4, cap // relations)`` ids, the same in every language,
+    :func:`~mechlingo.data.splits.take_per_lang`): a user's facts file of many relations
+    costs the card what the bundled one does. ``None`` keeps all."""
+    cap = cfg.get("max_ids_per_lang")
+    facts = list(facts)
+    if cap is None or not facts:
+        return facts
+    n_rel = len({f.relation for f in facts})
+    return take_per_lang(facts, max(4, int(cap) // n_rel))
+
+
 # --------------------------------------------------------------------------------------
 # Stages (each returns a JSON-able result)
 # --------------------------------------------------------------------------------------
 
-_TRACE_FIELDS = ("id", "lang", "answer", "answer_en", "correct", "class",
-                 "first_en_layer", "first_answer_layer")  # fmt: skip
+_TRACE_FIELDS = ("id", "lang", "relation", "answer", "answer_en", "correct", "class",
+                 "first_en_layer", "first_answer_layer", "first_mismatch_en_layer",
+                 "gold_rank")  # fmt: skip
 
 
 def _stage_trace(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progress: bool) -> dict:
     t = cfg["trace"]
+    metric = "rank" if lu.metric_of(cfg) == "rank" else "generate"
     tr = trace_recall(
         model, facts, max_rank=t["max_rank"], max_new_tokens=t["max_new_tokens"],
-        batch_size=cfg.get("batch_size", 16), progress=progress,
+        batch_size=cfg.get("batch_size", 16), progress=progress, metric=metric,
     )  # fmt: skip
     curves = tr.lens.latent_curves()
     return {
@@ -232,28 +245,9 @@ def _stage_trace(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progre
         "n_layers": tr.n_layers,
         "max_rank": tr.max_rank,
         "mid_layers": tr.mid_layers,
+        "metric": metric,
+        "mismatch_rule": "another fact's English answer: the next id of the same relation",
     }
-
-
-def _items(results: Mapping[str, Any]) -> tuple[dict[str, dict[str, list[bool]]], dict]:
-    """Per condition and language, correctness in (lang, id) order, and the fact ids of that
-    order (one list for every condition: they score the same test items).
-
-    Raises:
-        RuntimeError: conditions that scored different items (a bug upstream)."""
-    outcomes: dict[str, dict[str, list[bool]]] = {}
-    ids: dict[str, list[str]] | None = None
-    for c, res in results.items():
-        by: dict[str, list[bool]] = {}
-        keys: dict[str, list[str]] = {}
-        for r in sorted(res.records, key=lambda r: (r["lang"], r["id"])):
-            by.setdefault(r["lang"], []).append(bool(r["correct"]))
-            keys.setdefault(r["lang"], []).append(r["id"])
-        if ids is not None and keys != ids:
-            raise RuntimeError(f"condition {c} scored other test items than orig")
-        ids = keys
-        outcomes[c] = by
-    return outcomes, ids or {}
 
 
 def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progress: bool) -> dict:
@@ -278,16 +272,18 @@ def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progr
     if sw is None:  # a dev search runs whenever no config is fixed
         raise RuntimeError("the repair stage ran no dev search")
     sweep = sw.to_json()
-    outcomes, ids = _items(res.results)
+    per = repair_items.condition_outcomes(res.results, facts)
     n_ids = {k: len({f.id for f in v}) for k, v in (("build", build), ("dev", dev), ("test", test))}
     return {
         "summary": res.summary(),
         "sweep": {k: v for k, v in sweep.items() if k != "rows"},
         "sweep_rows": [x for x in sweep["rows"] if x["stage"] == "dev"],
         "lowest": sw.lowest_rule,
-        "outcomes": outcomes,
-        "ids": ids,
-        "items": lu.item_records(res.results),
+        **per,
+        "random_draws": len(r["seeds"]),
+        "p_floor": 1 / (len(r["seeds"]) + 1),
+        "subjects": repair_items.subject_keys(facts),
+        "items": repair_items.item_records(res.results),
         "n_ids": n_ids,
     }
 
@@ -323,73 +319,8 @@ def _stage_transfer(
     out = tm.to_json()
     out = json.loads(out) if isinstance(out, str) else out
     cells = list(out.get("cells", tm.cells))
-    return {"by": by, "matrix": {k: v for k, v in out.items() if k != "cells"}, "cells": cells}
-
-
-def _median_auroc(x: torch.Tensor, y: torch.Tensor) -> float:
-    return float(auroc_and_average_precision(x, y)[0].median())
-
-
-def _auroc_tests(
-    stats: Any, target: str, feats: torch.Tensor, rnd: torch.Tensor, n_boot: int, seed: int
-) -> dict[str, Any]:
-    """Median AUROC over ``feats`` (and over the random neurons ``rnd``) on held-out
-    sentences, as :class:`~mechlingo.kernels.significance.Test` JSON: a cluster bootstrap over
-    sentences (the translations of one sentence resampled together) for the intervals, and a
-    permutation test of H0 "AUROC = 0.5" that shuffles which translation of each sentence
-    carries the target label (999 permutations, the same for the experts, the random neurons
-    and their difference)."""
-    y = (stats.lang_ids == stats.lang_index(target)).cpu()
-    lang = stats.lang_ids.cpu()
-    sent = torch.zeros_like(lang)
-    for li in lang.unique():
-        rows = (lang == li).nonzero().flatten()
-        sent[rows] = torch.arange(len(rows))
-    xe = stats.pooled[:, feats.to(stats.pooled.device)].float().cpu()
-    xr = stats.pooled[:, rnd.to(stats.pooled.device)].float().cpu()
-    est = {"experts": _median_auroc(xe, y), "random": _median_auroc(xr, y)}
-    est["vs_random"] = est["experts"] - est["random"]
-    gen = torch.Generator().manual_seed(seed)
-    members = [(sent == i).nonzero().flatten() for i in range(int(sent.max()) + 1)]
-    boots: dict[str, list[float]] = {k: [] for k in est}
-    for _ in range(n_boot):
-        pick = torch.randint(len(members), (len(members),), generator=gen)
-        idx = torch.cat([members[int(i)] for i in pick])
-        if y[idx].all() or not y[idx].any():
-            continue
-        e, r = _median_auroc(xe[idx], y[idx]), _median_auroc(xr[idx], y[idx])
-        boots["experts"].append(e)
-        boots["random"].append(r)
-        boots["vs_random"].append(e - r)
-    hits = dict.fromkeys(est, 0)
-    n_perm = 999
-    for _ in range(n_perm):
-        yp = y.clone()
-        for m in members:
-            yp[m] = y[m[torch.randperm(len(m), generator=gen)]]
-        e, r = _median_auroc(xe, yp), _median_auroc(xr, yp)
-        for k, v, null in (("experts", e, 0.5), ("random", r, 0.5), ("vs_random", e - r, 0.0)):
-            hits[k] += abs(v - null) >= abs(est[k] - (0.0 if k == "vs_random" else 0.5)) - 1e-12
-    out: dict[str, Any] = {"k": int(len(feats)), "n": int(len(y)), "n_pos": int(y.sum()),
-                           "n_clusters": len(members)}  # fmt: skip
-    for k, v in est.items():
-        b = np.asarray(boots[k])
-        lo, hi = np.quantile(b, [0.025, 0.975]) if len(b) > 1 else (None, None)
-        se = float(b.std(ddof=1)) if len(b) > 1 else None
-        iv = Interval(v, None if lo is None else float(lo), None if hi is None else float(hi),
-                      int(len(y)))  # fmt: skip
-        out[k] = Test(iv, (1 + hits[k]) / (1 + n_perm), None if se is None else mde(se),
-                      len(members), "median AUROC; cluster bootstrap over sentences "
-                      "(percentile); p: permutation of the target label within each sentence "
-                      f"({n_perm})", {"null": 0.0 if k == "vs_random" else 0.5, "se": se}).to_json()  # fmt: skip
-    return out
-
-
-def _random_features(n: int, exclude: torch.Tensor, k: int, seed: int) -> torch.Tensor:
-    mask = torch.ones(n, dtype=torch.bool)
-    mask[exclude.cpu()] = False
-    pool = mask.nonzero().flatten()
-    return pool[torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))[:k]]
+    return {"by": by, "matrix": {k: v for k, v in out.items() if k != "cells"}, "cells": cells,
+            "subjects": repair_items.subject_keys(facts)}  # fmt: skip
 
 
 def _overlap(res: Any, k: int) -> dict[str, Any]:
@@ -425,13 +356,17 @@ def _stage_experts(
     if papers["k"] is not None:
         lines = {lg: v[: max(2, e["n_heldout"])] for lg, v in texts["eval"].items()}
         measure = k_curve(model, res, target, [k], lines, seed=MEASURE_SEED, **kw).records()
+    draws = max(1, int(e.get("random_sets", 1)))
+    if papers["k"] is not None:
         res.clamp(target, k).save(tmp / "clamp", model)
-        res.random_clamp(target, k, seed=0).save(tmp / "control", model)
+        for i in range(draws):  # draw 0 is also the paired control
+            res.random_clamp(target, k, seed=i, layer_matched=True).save(
+                tmp / ("control" if i == 0 else f"control_s{i}"), model)  # fmt: skip
     ev = collect_neuron_stats(model, texts["eval"], max_tokens=e["max_tokens"],
                               batch_size=cfg.get("batch_size", 16), progress=progress)  # fmt: skip
     top = res.top(target, k)
-    auroc = _auroc_tests(ev, target, top, _random_features(n_feat, top, k, seed=0),
-                         e["n_boot"], 0)  # fmt: skip
+    rnd = [res.random_features(target, k, seed=i, layer_matched=True) for i in range(draws)]
+    auroc = sundar.auroc_tests(ev, target, top, rnd, e["n_boot"], 0, texts["docs"]["eval"])
     auroc["k_rule"] = "the papers' rule" if papers["k"] is not None else "none chosen: smallest k"
     return {
         "target": target, "ks": ks, "n_features": n_feat, "langs": res.langs,
@@ -458,14 +393,41 @@ def _stage_align(
     summary["intervals"] = comp.intervals()
     summary["k"] = iv.meta.get("build", {}).get("k") if hasattr(iv, "meta") else None
     per: dict[str, dict[str, list[float]]] = {}
-    for arm in comp.arms():
-        emb = {"pre": comp.pre, "post": comp.post, "control": comp.control}[arm]
+
+    def values(emb: Any) -> dict[str, list[float]]:
         vals = per_sentence(emb.emb[emb.layer_slot(None)], comp.langs, target=e["target"],
                             centre=comp.centre)  # fmt: skip
-        per[arm] = {m: vals[m].cpu().tolist() for m in ("retrieval", "between_languages")}
+        return {m: vals[m].cpu().tolist() for m in ("retrieval", "between_languages")}
+
+    for arm in comp.arms():
+        per[arm] = values({"pre": comp.pre, "post": comp.post, "control": comp.control}[arm])
+    per.update(_random_arms(model, texts["eval"], experts_dir, cfg, values, progress))
+    if "control" in per:
+        per["random_s0"] = per["control"]
     summary["per_sentence"] = per
-    summary["details"] = sundar.align_details(comp, texts.get("docs", {}).get("eval"))
+    summary["random_draws"] = sum(k.startswith("random_s") for k in per)
+    summary["p_floor"] = 1 / (summary["random_draws"] + 1)
+    docs = texts.get("docs", {}).get("eval")
+    summary["details"] = sundar.align_details(comp, docs)
+    summary["docs"] = summary["details"]["docs"]
     return summary
+
+
+def _random_arms(model: Model, texts: Mapping[str, Sequence[str]], experts_dir: Path,
+                 cfg: Mapping[str, Any], values: Callable[[Any], dict[str, list[float]]],
+                 progress: bool) -> dict[str, dict[str, list[float]]]:  # fmt: skip
+    """``{"random_s<i>": per-sentence values}`` of the random-neuron population beyond draw 0
+    (the experts stage saved ``control_s<i>``): one embedding pass each, no shared state."""
+    e, out = cfg["experts"], {}
+    for i in range(1, int(e.get("random_sets", 1))):
+        folder = experts_dir / f"control_s{i}"
+        if not folder.is_dir():
+            break
+        emb = embed_parallel(model, texts, intervention=load_intervention(folder, model),
+                             layers="all", batch_size=cfg.get("batch_size", 16),
+                             max_tokens=e["max_tokens"], progress=progress)  # fmt: skip
+        out[f"random_s{i}"] = values(emb)
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -604,11 +566,12 @@ def replicate(
     progress: bool = False,
     fresh: bool = False,
     agree: Callable[[bool], bool] | None = None,
-    metric: str = "generate",
+    metric: str | None = None,
     external: Sequence[Fact] | None = None,
     external_metric: str = "rank",
     documents: Sequence[str] | None = None,
-) -> ClaimsCard:
+    plan: bool = False,
+) -> ClaimsCard | Plan:
     """Check the papers' claims on ``model``: one row per claim with the paper's number,
     mechlingo's number (n, 95% interval), a verdict by a fixed rule and the figure.
 
@@ -628,23 +591,28 @@ def replicate(
         fresh: remove the stored stages of this key first (start over).
         agree: under torchrun, how the ranks agree that a stage is finished everywhere
             (:func:`mechlingo.cli.work.all_ranks_have`); each rank then keeps its own stages.
-        metric: how the Lu stages score facts: ``"generate"`` (the default: greedy
-            generation, the papers' scorer), ``"rank"`` (P@1 of candidate ranking; bundled
-            facts get BMLAMA-style candidates; the metric with signal on the embedded model,
-            measured on dev data, at about twice the CPU time, see ``docs/replicate.md``) or
-            ``"klar"``.
+        metric: how the Lu stages score facts: ``None`` (the default): the metric rule
+            decides on dev before any test item is scored
+            (:mod:`mechlingo.card.metric_rule`: greedy generation above its floor, candidate
+            ranking otherwise); ``"generate"``, ``"rank"`` (P@1 of candidate ranking;
+            bundled facts get BMLAMA-style candidates) or ``"klar"`` override the rule, and
+            the card says so (``claims.json["metric_decision"]``).
         external: a benchmark's facts for the external-transfer rows (vectors and settings
             chosen on the bundled data, applied unchanged), scored with ``external_metric``.
         documents: the document id of every ``parallel`` line (the split never cuts a
             document; alignment rows resample documents).
+        plan: only plan (:func:`mechlingo.card.plan.plan_card`): score the dev split, print
+            and return the :class:`~mechlingo.card.plan.Plan` (the data and draws each
+            primary row needs, the CPU time); no test item is scored. A normal run prints the
+            plan's time estimate before it starts and stores the plan in the card.
 
     Returns:
-        A :class:`~mechlingo.card.rules.ClaimsCard`.
+        A :class:`ReplicationCard` (``plan=False``) or a :class:`~mechlingo.card.plan.Plan`.
     """
     papers = _papers(paper)
-    if metric not in METRICS:
+    if metric is not None and metric not in METRICS:
         raise InputError(f"metric must be one of {list(METRICS)}, got {metric!r}")
-    cfg = budget_settings(budget, {**dict(settings or {}), "metric": metric})
+    cfg = budget_settings(budget, {**dict(settings or {}), "metric": metric or "rule"})
     key = {
         "model": {**model_info(model), "weights_fingerprint": weights_fingerprint(model)},
         "data": {"facts": _facts_hash(facts), "parallel": None if parallel is None else
@@ -660,11 +628,28 @@ def replicate(
     if fresh:
         stages.clear()
     try:
+        results: dict[str, Any] = {}
+        timing: dict[str, Any] = {}
+        decision = None
+        if LU in papers:
+            results["metric"], timing["metric"], decision = _decide(
+                model, stages, facts, cfg, metric)  # fmt: skip
+        cost = {}
+        if SUNDAR in papers:
+            cost = stages.run("embed_cost", lambda: _embed_cost(model, parallel, documents, cfg))
+        if "metric" in results:  # measured seconds: the plan's, not a result (they vary)
+            results["metric"] = dict(results["metric"])
+            cost = {**results["metric"].pop("seconds_per_item", {}), **cost}
+        the_plan = plan_card(cfg, papers, results.get("metric"),
+                             _data_available(facts, parallel, documents, cfg, papers), cost)  # fmt: skip
+        if plan:
+            print(the_plan)
+            return the_plan
+        print(f"replicate: the planner's estimate for this card: {the_plan.card_minutes:.1f} "
+              "CPU-minutes (see the plan in claims.json)")  # fmt: skip
         ext = None if external is None else (list(external), external_metric)
         fns = _stage_fns(model, facts, parallel, cfg, stages, progress, ext, documents)
         names = [s for p in papers for s in PAPERS[p]]
-        results: dict[str, Any] = {}
-        timing: dict[str, Any] = {}
         bar = tqdm(names, desc="replicate", disable=not progress, unit="stage")
         for name in bar:
             bar.set_postfix_str(name)
@@ -678,5 +663,96 @@ def replicate(
     meta = {"model": key["model"]["model_name"], "budget": budget, "papers": papers,
             "rules_hash": RULES_HASH, "budgets_hash": BUDGETS_HASH,
             "mechlingo": __version__, "settings": cfg, "stages": timing,
-            "work": None if work is None else str(stages.folder)}  # fmt: skip
-    return ClaimsCard(rows, results, meta)
+            "work": None if work is None else str(stages.folder),
+            "metric_rule": METRIC_RULE, "metric_decision": decision,
+            "plan": the_plan.to_json()}  # fmt: skip
+    return ReplicationCard(rows, results, meta)
+
+
+class ReplicationCard(ClaimsCard):
+    """A :class:`~mechlingo.card.rules.ClaimsCard` whose ``claims.json`` also opens with the
+    metric rule, its decision (with its inputs) and the power plan (from ``meta``)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """``claims.json``: the metric rule and decision, the plan, then the card's JSON."""
+        top = {k: self.meta[k] for k in ("metric_rule", "metric_decision", "plan")
+               if self.meta.get(k) is not None}  # fmt: skip
+        return {**top, **super().to_json()}
+
+
+def _decide(model: Model, stages: Stages, facts: Sequence[Fact] | None, cfg: dict[str, Any],
+            given: str | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """The metric stage (dev scored both ways, stored like any stage) and the rule's decision;
+    ``cfg["metric"]`` becomes the card's metric."""
+
+    def run() -> dict[str, Any]:
+        dev = _dev_facts(facts, cfg)
+        out = dev_accuracies(model, dev, max_new_tokens=cfg["repair"]["max_new_tokens"],
+                             batch_size=cfg.get("batch_size", 16))  # fmt: skip
+        out["n_dev_ids"] = len({f.id for f in dev})
+        return out
+
+    data, secs, cached = _run_stage(stages, "metric", run, False)
+    secs = {**secs, "cached": cached, "error": data.get("error")}
+    if "error" in data:  # the rule cannot run: only a given metric lets the card go on
+        if given is None:
+            raise InputError(f"the metric rule's dev scoring failed: {data['error']}",
+                             fix="pass --metric to choose the metric yourself")  # fmt: skip
+        decision = {"metric": given, "ruled": None, "overridden": True, "given": given,
+                    "why": f"the rule could not run ({data['error']}): the given metric"}  # fmt: skip
+        cfg["metric"] = given
+        return data, secs, decision
+    decision = decide_metric(data, given)
+    cfg["metric"] = decision["metric"]
+    return data, secs, decision
+
+
+def _data_available(facts: Sequence[Fact] | None, parallel: Mapping[str, Sequence[str]] | None,
+                    documents: Sequence[str] | None, cfg: Mapping[str, Any],
+                    papers: Sequence[str]) -> dict[str, Any]:  # fmt: skip
+    """The sizes the planner compares with what a row needs: test and dev fact ids per
+    language (the fewest of the non-English languages, before the budget's caps), the
+    documents left for evaluation after the finding and held-out lines, the languages."""
+    out: dict[str, Any] = {}
+    if LU in papers:
+        all_facts = _lu_facts(facts, {**cfg, "metric": "generate"}, "repair")
+        r = cfg["repair"]
+        uncapped = {**cfg, "repair": {**r, "dev_per_lang": None, "test_per_lang": None}}
+        _, dev, test = lu.repair_split(all_facts, uncapped)
+        for name, part in (("dev_ids", dev), ("test_ids", test)):
+            per: dict[str, set[str]] = {}
+            for f in part:
+                per.setdefault(f.lang, set()).add(f.id)
+            out[name] = min((len(v) for lg, v in per.items() if lg != "en"), default=0)
+    if SUNDAR in papers:
+        texts, docs = (sundar.bundled_texts() if parallel is None
+                       else (dict(parallel), documents))  # fmt: skip
+        n = len(next(iter(texts.values()), []))
+        docs = list(docs) if docs is not None and len(docs) == n else [str(i) for i in range(n)]
+        e = cfg["experts"]
+        try:
+            parts = split_by_documents(docs, [e["n_find"], e["n_heldout"], n],
+                                       [None, None, e.get("eval_per_doc")])  # fmt: skip
+            out["eval_docs"] = len({docs[i] for i in parts[2]})
+        except InputError:
+            out["eval_docs"] = 0
+        out["langs"] = len(texts)
+    return out
+
+
+def _embed_cost(model: Model, parallel: Mapping[str, Sequence[str]] | None,
+                documents: Sequence[str] | None, cfg: Mapping[str, Any]) -> dict[str, float]:  # fmt: skip
+    """``{"embed": CPU seconds per sentence and language}`` of one embedding pass over the
+    first 8 evaluation lines (no intervention): the planner's per-item cost of alignment."""
+    texts = sundar.parallel_parts(parallel, cfg, documents)["eval"]
+    lines = {lg: v[:8] for lg, v in texts.items()}
+    c0 = time.process_time()
+    embed_parallel(model, lines, layers="all", batch_size=cfg.get("batch_size", 16),
+                   max_tokens=cfg["experts"]["max_tokens"])  # fmt: skip
+    n = sum(len(v) for v in lines.values())
+    return {"embed": round((time.process_time() - c0) / max(1, n), 4)}
+
+
+def _dev_facts(facts: Sequence[Fact] | None, cfg: Mapping[str, Any]) -> list[Fact]:
+    """The repair stage's dev split with candidates (the split ignores them)."""
+    return lu.repair_split(_lu_facts(facts, {**cfg, "metric": "rank"}, "repair"), cfg)[1]

@@ -377,6 +377,12 @@ def rank_test(effect: float | None, draws: Sequence[float], direction: int = 1) 
     return Test(Interval(est, lo, hi, m), p if p_t is None else p_t, None, m, method, extra)
 
 
+def _draw_index(key: str) -> int:
+    """``random_s12`` -> 12 (draws in their seed order; other keys first)."""
+    tail = key.removeprefix("random_s")
+    return int(tail) if tail.isdigit() else -1
+
+
 def rows_experts(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     """``experts_exist`` (held-out AUROC at the clamp's k against random neurons),
     ``experts_disjoint`` (overlap, languages as units) and ``clamp_steers`` (on BOS samples
@@ -454,7 +460,8 @@ def rows_align(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     docs = _documents(data, len(v["pre"]["retrieval"]))
     at += f", {len(set(docs))} documents" if docs is not None else ", no documents: sentences"
     # the random clamp as a population: ``controls`` (one per draw) or the one ``control``
-    ctl = list(data.get("per_sentence_controls") or [v["control"]])
+    drawn = [v[k] for k in sorted(v, key=_draw_index) if k.startswith("random_s")]
+    ctl = list(data.get("per_sentence_controls") or drawn or [v["control"]])
     dbl, drt = [c["between_languages"] for c in ctl], [c["retrieval"] for c in ctl]
     at += f"; {len(ctl)} random-neuron draw(s) (permutation p floor 1/{len(ctl) + 1})"
     closer, null = _claim("clamp_closer"), _claim("random_neurons")

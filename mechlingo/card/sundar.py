@@ -31,14 +31,27 @@ from torch import Tensor
 from mechlingo.analyses.experts.align import drop_empty_lines
 from mechlingo.card.rows import rank_test
 from mechlingo.card.rules import claim_by_id, make_row
-from mechlingo.card.statistics import cluster_bootstrap, paired_test, population_test
+from mechlingo.card.statistics import Test, cluster_bootstrap, mde, paired_test, population_test
 from mechlingo.core.errors import InputError
 from mechlingo.data import LANGS
 from mechlingo.data.natural_parallel import bundled_documents, bundled_parallel, split_by_documents
+from mechlingo.kernels.ranking import auroc_and_average_precision
+from mechlingo.kernels.significance import Interval
 
-__all__ = ["align_details", "parallel_parts", "rows_align_extra", "sentence_values"]
+__all__ = [
+    "align_details",
+    "bundled_texts",
+    "parallel_parts",
+    "rows_align_extra",
+    "sentence_values",
+]
 
 ARMS = ("pre", "post", "control")
+
+
+def bundled_texts() -> tuple[dict[str, list[str]], list[str]]:
+    """The bundled parallel lines of every language and their document ids."""
+    return bundled_parallel(list(LANGS)), bundled_documents()
 
 
 def parallel_parts(
@@ -227,3 +240,87 @@ def rows_align_extra(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         return [make_row(claim_by_id(c), None, untestable="the align result has no "
                          "per-sentence details (an old stage result)") for c in ids]  # fmt: skip
     return [_row_closer(d), _row_ratio(d, "max"), _row_ratio(d, "median"), _row_predicts(d)]
+
+
+# --------------------------------------------------------------------------------------
+# The experts' held-out AUROC (the experts stage)
+# --------------------------------------------------------------------------------------
+
+
+def _median_auroc(x: torch.Tensor, y: torch.Tensor) -> float:
+    return float(auroc_and_average_precision(x, y)[0].median())
+
+
+def auroc_tests(
+    stats: Any,
+    target: str,
+    feats: torch.Tensor,
+    rnd: Sequence[torch.Tensor],
+    n_boot: int,
+    seed: int,
+    docs: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Median AUROC over ``feats`` (and over each random neuron set of ``rnd``, draw 0 the
+    paired control) on held-out sentences, as :class:`~mechlingo.kernels.significance.Test`
+    JSON: a cluster bootstrap over documents (every translation of every sentence of a
+    document resampled together; ``docs``: each sentence's document, ``None``: each its
+    own) for the intervals, and a permutation test of H0 "AUROC = 0.5" that shuffles which
+    translation of each sentence carries the target label (999 permutations). The random
+    population's medians (``random_population``) give the experts' exact rank p among the
+    draws, ``(1 + #{draw >= experts}) / (m + 1)``."""
+    y = (stats.lang_ids == stats.lang_index(target)).cpu()
+    lang = stats.lang_ids.cpu()
+    sent = torch.zeros_like(lang)
+    for li in lang.unique():
+        rows = (lang == li).nonzero().flatten()
+        sent[rows] = torch.arange(len(rows))
+    n_sent = int(sent.max()) + 1
+    doc_of = (
+        list(docs) if docs is not None and len(docs) == n_sent else [str(i) for i in range(n_sent)]
+    )
+    xe = stats.pooled[:, feats.to(stats.pooled.device)].float().cpu()
+    xr = stats.pooled[:, rnd[0].to(stats.pooled.device)].float().cpu()
+    est = {"experts": _median_auroc(xe, y), "random": _median_auroc(xr, y)}
+    est["vs_random"] = est["experts"] - est["random"]
+    population = [_median_auroc(stats.pooled[:, r.to(stats.pooled.device)].float().cpu(), y)
+                  for r in rnd]  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    members = [(sent == i).nonzero().flatten() for i in range(n_sent)]
+    names = list(dict.fromkeys(doc_of))
+    clusters = [torch.cat([members[i] for i in range(n_sent) if doc_of[i] == d]) for d in names]
+    boots: dict[str, list[float]] = {k: [] for k in est}
+    for _ in range(n_boot):
+        pick = torch.randint(len(clusters), (len(clusters),), generator=gen)
+        idx = torch.cat([clusters[int(i)] for i in pick])
+        if y[idx].all() or not y[idx].any():
+            continue
+        e, r = _median_auroc(xe[idx], y[idx]), _median_auroc(xr[idx], y[idx])
+        boots["experts"].append(e)
+        boots["random"].append(r)
+        boots["vs_random"].append(e - r)
+    hits = dict.fromkeys(est, 0)
+    n_perm = 999
+    for _ in range(n_perm):
+        yp = y.clone()
+        for m in members:
+            yp[m] = y[m[torch.randperm(len(m), generator=gen)]]
+        e, r = _median_auroc(xe, yp), _median_auroc(xr, yp)
+        for k, v, null in (("experts", e, 0.5), ("random", r, 0.5), ("vs_random", e - r, 0.0)):
+            hits[k] += abs(v - null) >= abs(est[k] - (0.0 if k == "vs_random" else 0.5)) - 1e-12
+    out: dict[str, Any] = {"k": int(len(feats)), "n": int(len(y)), "n_pos": int(y.sum()),
+                           "n_clusters": len(clusters), "n_sentences": n_sent, "docs": doc_of,
+                           "random_population": population, "random_draws": population,
+                           "population_rank_p": (1 + sum(v >= est["experts"] for v in population))
+                           / (len(population) + 1),
+                           "p_floor": 1 / (len(population) + 1)}  # fmt: skip
+    for k, v in est.items():
+        b = np.asarray(boots[k])
+        lo, hi = np.quantile(b, [0.025, 0.975]) if len(b) > 1 else (None, None)
+        se = float(b.std(ddof=1)) if len(b) > 1 else None
+        iv = Interval(v, None if lo is None else float(lo), None if hi is None else float(hi),
+                      int(len(y)))  # fmt: skip
+        out[k] = Test(iv, (1 + hits[k]) / (1 + n_perm), None if se is None else mde(se),
+                      len(clusters), "median AUROC; cluster bootstrap over documents "
+                      "(percentile); p: permutation of the target label within each sentence "
+                      f"({n_perm})", {"null": 0.0 if k == "vs_random" else 0.5, "se": se}).to_json()  # fmt: skip
+    return out

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mechlingo.activations.distributed import dist_info, sharded_scoring
+from mechlingo.card.plan import Plan
 from mechlingo.card.replicate import BUDGETS, METRICS, PAPERS, replicate
 from mechlingo.cli.common import (
     UsageError,
@@ -62,12 +63,16 @@ def _replicate_args(p: argparse.ArgumentParser) -> None:
         "claims (default: the bundled parallel sentences)",
     )  # fmt: skip
     p.add_argument(
-        "--metric", choices=list(METRICS), default="generate",
-        help="how the lu2025 rows score facts: generate (default: greedy generation, the "
-        "papers' scorer), rank (P@1 of candidate ranking, BMLAMA-style candidates for the "
-        "bundled facts, rows also give the gold log-probability gain: the metric with signal "
-        "on the embedded model, at about twice the CPU time) or klar (see docs/replicate.md)",
+        "--metric", choices=list(METRICS), default=None,
+        help="how the lu2025 rows score facts; default: the metric rule decides on dev data "
+        "before any test item is scored (greedy generation when it answers above the floor, "
+        "candidate ranking otherwise; claims.json gives its inputs and decision). generate, "
+        "rank or klar override the rule, and the card says so",
     )  # fmt: skip
+    p.add_argument("--plan", action="store_true", help="only plan: score the dev split and "
+                   "print, per primary row, the facts, documents and random draws needed for "
+                   "80%% power at the family level and the CPU time; writes OUT/plan.json and "
+                   "scores no test item")  # fmt: skip
     p.add_argument("--target", default=None, help="target language of the expert neurons "
                    "(default es, the papers' Spanish intervention)")  # fmt: skip
     p.add_argument("--settings", default=None, metavar="JSON|FILE",
@@ -165,11 +170,15 @@ def cmd_replicate(args: Any) -> int:
             model, paper=args.paper, budget=args.budget, facts=facts, parallel=parallel,
             work=work, settings=settings, progress=not args.quiet, fresh=args.fresh,
             agree=agree, metric=args.metric, external=external, external_metric=ext_metric,
-            documents=documents,
+            documents=documents, plan=args.plan,
         )  # fmt: skip
+    if isinstance(card, Plan):
+        write_outputs(args.out, {"plan.json": card.to_json()})
+        print(f"wrote {args.out}/plan.json")
+        return 0
     card.meta["facts"] = args.facts or "bundled (natural templates)"
     card.meta["parallel"] = args.parallel or "bundled NTREX-128 subset (CC BY-SA 4.0)"
-    card.meta["metric"] = args.metric
+    card.meta["metric"] = card.meta["settings"].get("metric", args.metric)
     write_outputs(
         args.out,
         {"claims.json": card.to_json(), "claims.md": card.to_markdown(),

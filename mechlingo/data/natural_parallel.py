@@ -1,6 +1,6 @@
 """The bundled natural parallel text (an NTREX-128 subset) and document-aware line splits.
 
-``mechlingo/data/ntrex/`` holds the first 297 lines (19 whole news documents) of the NTREX-128
+``mechlingo/data/ntrex/`` holds the first 1005 lines (63 whole news documents) of the NTREX-128
 references in the twelve languages of :data:`~mechlingo.data.LANGS`, under CC BY-SA 4.0 (its
 ``README.md`` and ``LICENSE.md`` give the attribution and the licence). Line ``i`` of every
 language is the same sentence; ``DOCUMENT_IDS.tsv`` names each line's document.
@@ -46,7 +46,7 @@ def _lines(path: Path, what: str) -> list[str]:
 
 
 def bundled_parallel(langs: Iterable[str] | str | None = None) -> dict[str, list[str]]:
-    """The bundled NTREX-128 lines, ``{lang: [sentence, ...]}`` line-aligned (297 lines each).
+    """The bundled NTREX-128 lines, ``{lang: [sentence, ...]}`` line-aligned (1005 lines each).
 
     Args:
         langs: languages (``None``: all twelve of :data:`~mechlingo.data.LANGS`).

@@ -39,7 +39,7 @@ from mechlingo.core.tokens import TokenBatch, encode, prepends_bos, sorted_batch
 from mechlingo.core.types import FwdHooks, Model
 from mechlingo.interventions.apply import first_edit, intervention_hooks
 from mechlingo.interventions.base import Intervention
-from mechlingo.scoring.rank import rank_record, score_candidates
+from mechlingo.scoring.rank import rank_record, score_candidates, score_candidates_conditions
 from mechlingo.scoring.scorers import (
     KLAR_MAX_NEW_TOKENS,
     Scorer,
@@ -394,8 +394,10 @@ def evaluate_conditions(
     (:func:`generate_conditions`). Where the model's cache cannot grow a batch, with plain
     ``fwd_hooks``, ``cache=False`` or ``shared=False``, every condition runs alone. Each
     result's ``meta["path"]`` says which: ``"shared-prefix"``, ``"per-condition"`` or
-    ``"mixed"`` (batches differed). ``rank`` scores condition by condition. The options are
-    those of :func:`evaluate_facts`.
+    ``"mixed"`` (batches differed). ``rank`` runs each batch's candidate stems once for
+    every condition (cut before the earliest position any condition edits) and each
+    condition's candidate tails on them (``"shared-stem"``). The options are those of
+    :func:`evaluate_facts`.
 
     Raises:
         InputError: no conditions, or what :func:`evaluate_facts` raises.
@@ -438,8 +440,12 @@ def _evaluate(
     if scorer.metric == "rank":
         pre = [prefixes[i] for i in keep] if prefixes is not None else None
         rkw = {k: kw[k] for k in ("batch_size", "fwd_hooks", "progress")}
-        per = [_rank_records(model, sub, scorer, pre, intervention=iv, **rkw) for iv in ivs]
-        path = "per-condition"
+        if len(ivs) > 1 and not kw["fwd_hooks"] and kw["shared"] and kw["cache"]:
+            per, path = _rank_conditions(model, sub, scorer, pre, ivs, kw["batch_size"],
+                                         kw["progress"])  # fmt: skip
+        else:
+            per = [_rank_records(model, sub, scorer, pre, intervention=iv, **rkw) for iv in ivs]
+            path = "per-condition"
     elif scorer.metric == "klar":
         per, path = _klar_records(model, sub, scorer, facts if pool is None else pool, ivs, **kw)
     else:
@@ -505,6 +511,31 @@ def _records_of(
     with ``stop`` and ``kw``), and the path they took."""
     gens, path = generate_conditions(model, texts, ivs, stop=stop, **kw)
     return [[record(*x) for x in zip(facts, texts, per, strict=True)] for per in gens], path
+
+
+def _rank_conditions(
+    model: Model,
+    facts: list[Fact],
+    scorer: Scorer,
+    prefixes: list[str] | None,
+    ivs: list[Intervention | None],
+    batch_size: int,
+    progress: bool,
+) -> tuple[list[list[dict[str, Any]]], str]:
+    """Candidate ranking's records under every condition, the stems shared
+    (:func:`~mechlingo.scoring.rank.score_candidates_conditions`), and the path:
+    ``"shared-stem"`` (every batch ran its stems once for all conditions), else
+    ``"per-condition"`` (a condition edits the stems: every row ran whole) or ``"mixed"``."""
+    got = score_candidates_conditions(model, facts, ivs, prefixes=prefixes,
+                                      tokens=scorer.rank_tokens, batch_size=batch_size,
+                                      progress=progress)  # fmt: skip
+    recs = [
+        [rank_record(f, (prefixes[i] if prefixes else "") + f.prompt, sc.ce[i], sc.n_tokens[i])
+         for i, f in enumerate(facts)]
+        for sc in got
+    ]  # fmt: skip
+    path = {"shared-stem": "shared-stem", "full": "per-condition"}.get(got[0].meta["path"], "mixed")
+    return recs, path
 
 
 def _rank_records(

@@ -94,6 +94,7 @@ __all__ = [
     "candidate_layout",
     "rank_record",
     "score_candidates",
+    "score_candidates_conditions",
 ]
 
 #: What the mean cross-entropy runs over: the whole (query) sentence, or the candidate only.
@@ -354,10 +355,38 @@ def _shared_pass(
     one pass over the stems (unedited, into a cache), then each candidate row's last
     positions against its fact's cached stem (``None`` where that cannot run: the model's
     cache, an intervention that edits the stem, rows too short)."""
+    return _shared_conditions(model, rows, reads, spans, [intervention], [hooks])[0]
+
+
+def _shared_conditions(
+    model: Model, rows: list[Layout], reads: _Reads, spans: list[range],
+    interventions: Sequence[Intervention | None], hooks_of: Sequence[FwdHooks],
+) -> list[Float[Tensor, " read"] | None]:  # fmt: skip
+    """:func:`_shared_pass` of several conditions at once: the conditions whose first edits
+    agree share one stem pass (the same computation as each alone: the same records), then
+    each runs its tail pass against a fresh copy of the stems' cache; ``None`` for a
+    condition where that cannot run (what stops :func:`_shared_pass`)."""
     batch = _rows_batch(model, rows)
+    out: list[Float[Tensor, " read"] | None] = [None] * len(interventions)
     if not prefix_reuse_supported(model, int(batch.tokens.shape[1])):
-        return None
-    first = first_edit(intervention, batch)
+        return out
+    firsts = [first_edit(iv, batch) for iv in interventions]
+    same: dict[tuple[int, ...], list[int]] = {}
+    for c, f in enumerate(firsts):
+        same.setdefault(tuple(int(x) for x in f), []).append(c)
+    for members in same.values():
+        got = _stem_and_tails(model, batch, rows, reads, spans, firsts[members[0]],
+                              [hooks_of[c] for c in members])  # fmt: skip
+        for c, lp in zip(members, got or [None] * len(members), strict=True):
+            out[c] = lp
+    return out
+
+
+def _stem_and_tails(
+    model: Model, batch: TokenBatch, rows: list[Layout], reads: _Reads, spans: list[range],
+    first: Tensor, hooks_of: Sequence[FwdHooks],
+) -> list[Float[Tensor, " read"]] | None:  # fmt: skip
+    """The stems before ``first`` run once, then one tail pass per hooks of ``hooks_of``."""
     stems = _stem_lengths(rows, spans, first)
     if stems is None:
         return None
@@ -381,15 +410,18 @@ def _shared_pass(
         )
     else:
         rec, stem_resid = run_reads(model, stem_batch, fact_of[r_idx[in_stem]], q_idx[in_stem])
-    cache = cache_upto(model, rec, fact_of, max(stems))
-    _, tail_resid = run_reads(model, batch, r_idx[~in_stem], q_idx[~in_stem],
-                              prefix=(cache, p_row), fwd_hooks=hooks)  # fmt: skip
     targets = torch.tensor(reads.target)
     a = token_logprobs(model, stem_resid, targets[in_stem]).cpu()
-    b = token_logprobs(model, tail_resid, targets[~in_stem]).cpu()
-    lp = torch.empty(len(reads.row), dtype=b.dtype)
-    lp[in_stem], lp[~in_stem] = a.to(b.dtype), b
-    return lp
+    out = []
+    for hooks in hooks_of:  # a fresh cache each: a tail pass grows the one it is given
+        cache = cache_upto(model, rec, fact_of, max(stems))
+        _, tail_resid = run_reads(model, batch, r_idx[~in_stem], q_idx[~in_stem],
+                                  prefix=(cache, p_row), fwd_hooks=hooks)  # fmt: skip
+        b = token_logprobs(model, tail_resid, targets[~in_stem]).cpu()
+        lp = torch.empty(len(reads.row), dtype=b.dtype)
+        lp[in_stem], lp[~in_stem] = a.to(b.dtype), b
+        out.append(lp)
+    return out
 
 
 def _pass(
@@ -495,33 +527,83 @@ def score_candidates(
             raise InputError(f"fact {f.id!r} ({f.lang}) has no candidates to rank")
         stem = _ids(model, p + f.prompt, prepends_bos(model))
         layouts.append([candidate_layout(model, f, c, p, stem_ids=stem) for c in cs])
-    hooks = intervention_hooks(model, intervention, fwd_hooks)
+    return _score_conditions(model, layouts, pre, [intervention], tokens=tokens,
+                             fwd_hooks=fwd_hooks, batch_size=batch_size, progress=progress,
+                             shared=shared)[0]  # fmt: skip
+
+
+def score_candidates_conditions(
+    model: Model,
+    facts: Sequence[Fact],
+    interventions: Sequence[Intervention | None],
+    *,
+    prefixes: Sequence[str] | None = None,
+    tokens: str = "sentence",
+    batch_size: int = 16,
+    progress: bool = False,
+) -> list[CandidateScores]:
+    """:func:`score_candidates` under every intervention of ``interventions`` (one result
+    each, equal to its own call to float rounding; tested), with each batch's stems run once
+    for all of them (cut before the earliest position any of them edits) and only the
+    candidates' last tokens run per condition: a population of random vectors costs a tail
+    pass per draw, not a whole ranking.
+
+    Raises:
+        InputError: no interventions, or what :func:`score_candidates` raises."""
+    if not interventions:
+        raise InputError("no conditions to rank candidates under")
+    facts = list(facts)
+    if not facts:
+        raise InputError("no facts to rank candidates for")
+    pre = list(prefixes) if prefixes is not None else [""] * len(facts)
+    layouts = []
+    for f, p in zip(facts, pre, strict=True):
+        if not f.candidates:
+            raise InputError(f"fact {f.id!r} ({f.lang}) has no candidates to rank")
+        stem = _ids(model, p + f.prompt, prepends_bos(model))
+        layouts.append([candidate_layout(model, f, c, p, stem_ids=stem) for c in f.candidates])
+    return _score_conditions(model, layouts, pre, list(interventions), tokens=tokens,
+                             fwd_hooks=(), batch_size=batch_size, progress=progress,
+                             shared=True)  # fmt: skip
+
+
+def _score_conditions(
+    model: Model, layouts: list[list[Layout]], pre: list[str],
+    interventions: list[Intervention | None], *, tokens: str, fwd_hooks: FwdHooks,
+    batch_size: int, progress: bool, shared: bool,
+) -> list[CandidateScores]:  # fmt: skip
+    """The batches of :func:`score_candidates` under each condition (see there)."""
+    hooks_of = [intervention_hooks(model, iv, fwd_hooks) for iv in interventions]
     # facts with the same prefix share passes (and their demonstrations, once per pass)
     order = batch_order(pre, layouts)
-    ce: list[list[float]] = [[] for _ in facts]
-    counts: list[list[int]] = [[] for _ in facts]
     passes = [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
     mine = shard(passes) if scoring_sharded() else passes
-    local = []
+    local: list[list[tuple[int, list[float], list[int]]]] = [[] for _ in interventions]
     paths: set[str] = set()
     for group in tqdm(mine, desc="ranking", disable=not progress):
         rows, reads, spans = _plan([layouts[i] for i in group], tokens)
-        lp = None
+        lps: list[Tensor | None] = [None] * len(interventions)
         if shared and not fwd_hooks:
-            lp = _shared_pass(model, rows, reads, spans, intervention, hooks)
-        paths.add("shared-stem" if lp is not None else "full")
-        if lp is None:
-            lp = _pass(model, rows, reads, hooks)
-        own_sum, own_n, sh_sum, sh_n = _sums(lp, reads, len(rows), len(group))
-        for g, i in enumerate(group):
-            total = own_sum[spans[g]] + sh_sum[g]
-            n = own_n[spans[g]] + sh_n[g]
-            local.append((i, (-total / n.clamp_min(1)).tolist(), n.tolist()))
-    for i, scores, n in gather_lists(local) if scoring_sharded() else local:
-        ce[i], counts[i] = scores, n
+            lps = _shared_conditions(model, rows, reads, spans, interventions, hooks_of)
+        for c, lp in enumerate(lps):
+            paths.add("shared-stem" if lp is not None else "full")
+            if lp is None:
+                lp = _pass(model, rows, reads, hooks_of[c])
+            own_sum, own_n, sh_sum, sh_n = _sums(lp, reads, len(rows), len(group))
+            for g, i in enumerate(group):
+                total = own_sum[spans[g]] + sh_sum[g]
+                n = own_n[spans[g]] + sh_n[g]
+                local[c].append((i, (-total / n.clamp_min(1)).tolist(), n.tolist()))
     path = paths.pop() if len(paths) == 1 else ("mixed" if paths else "none")
-    return CandidateScores(ce, counts, [lays[0].stem_end for lays in layouts], tokens,
-                           {"path": path})  # fmt: skip
+    out = []
+    for got in local:
+        ce: list[list[float]] = [[] for _ in layouts]
+        counts: list[list[int]] = [[] for _ in layouts]
+        for i, scores, n in gather_lists(got) if scoring_sharded() else got:
+            ce[i], counts[i] = scores, n
+        out.append(CandidateScores(ce, counts, [lays[0].stem_end for lays in layouts], tokens,
+                                   {"path": path}))  # fmt: skip
+    return out
 
 
 def rank_record(f: Fact, prompt: str, ce: Sequence[float], n_tokens: Any) -> dict[str, Any]:

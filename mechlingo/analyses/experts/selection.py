@@ -171,22 +171,54 @@ class ExpertResult:
         seed: int = 0,
         by: ScoreName | None = None,
         positions: str = "all_with_bos",
+        layer_matched: bool = False,
     ) -> NeuronClamp:
         """Control: the values of :meth:`clamp` written to ``k`` random neurons that are not
-        among the ``k`` experts (same size, same values)."""
+        among the ``k`` experts (same size, same values; :meth:`random_features`)."""
         feats = self.top(lang, k, by)
+        vals = self.clamp_values(lang, feats, value)
+        pick = self.random_features(lang, k, seed=seed, by=by, layer_matched=layer_matched)
+        layers, neurons = self.stats.locate(pick)
+        meta = self._meta(lang, k, value, control=True, seed=seed, layer_matched=layer_matched)
+        return make_clamp(layers, neurons, vals, meta, positions)
+
+    def random_features(
+        self,
+        lang: str,
+        k: int,
+        *,
+        seed: int = 0,
+        by: ScoreName | None = None,
+        layer_matched: bool = False,
+    ) -> Int[Tensor, " k"]:
+        """``k`` random non-expert neurons (feature indices, seeded): uniform over the model,
+        or with ``layer_matched`` as many in each layer as the top-``k`` experts of ``lang``
+        have there (the i-th expert's layer gives the i-th draw's, so values written in
+        :meth:`random_clamp` go to the same layers).
+
+        Raises:
+            ExpertError: too few non-expert neurons (in a layer, when matched)."""
+        feats = self.top(lang, k, by).cpu()
         n = self.stats.n_features
         if 2 * k > n:
             raise ExpertError(f"k={k} leaves too few non-expert neurons ({n - k}) for a control")
-        vals = self.clamp_values(lang, feats, value)
         gen = torch.Generator().manual_seed(seed)
         is_expert = torch.zeros(n, dtype=torch.bool)
-        is_expert[feats.cpu()] = True
-        pool_idx = (~is_expert).nonzero().flatten()
-        pick = pool_idx[torch.randperm(pool_idx.numel(), generator=gen)[:k]]
-        layers, neurons = self.stats.locate(pick)
-        meta = self._meta(lang, k, value, control=True, seed=seed)
-        return make_clamp(layers, neurons, vals, meta, positions)
+        is_expert[feats] = True
+        if not layer_matched:
+            pool_idx = (~is_expert).nonzero().flatten()
+            return pool_idx[torch.randperm(pool_idx.numel(), generator=gen)[:k]]
+        layer_of = torch.as_tensor(self.stats.locate(torch.arange(n))[0])
+        want = torch.as_tensor(self.stats.locate(feats)[0])
+        pick = torch.empty(len(feats), dtype=torch.long)
+        for layer in want.unique():
+            slots = (want == layer).nonzero().flatten()
+            pool_idx = ((layer_of == layer) & ~is_expert).nonzero().flatten()
+            if pool_idx.numel() < len(slots):
+                raise ExpertError(f"layer {int(layer)} has too few non-expert neurons for a "
+                                  "layer-matched control", fix="use a smaller k")  # fmt: skip
+            pick[slots] = pool_idx[torch.randperm(pool_idx.numel(), generator=gen)[: len(slots)]]
+        return pick
 
     def overlap(self, k: int, by: ScoreName | None = None) -> Float[Tensor, "lang lang"]:
         """Fraction of shared neurons between the top-``k`` sets of every pair of languages

@@ -36,7 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mechlingo.analyses.decoders.lens import LensResult, lens_facts
+from mechlingo.analyses.decoders.lens import LensResult
+from mechlingo.analyses.recall.answers import (
+    gold_ranks,
+    lens_with_mismatch,
+    other_answers,
+)
 from mechlingo.analyses.recall.attribution import (
     attribution_patch,
     compare_patching,
@@ -54,10 +59,9 @@ from mechlingo.core.jsonable import jsonable
 from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import encode, prepends_bos
 from mechlingo.core.types import Model
-from mechlingo.data import load_facts
 from mechlingo.kernels.significance import bootstrap_mean, wilson
 from mechlingo.scoring.evaluate import EvalResult, evaluate_facts
-from mechlingo.scoring.scorers import is_correct, normalize, skip_reason, split_usable
+from mechlingo.scoring.scorers import is_correct, normalize, split_usable
 from mechlingo.viz.trace import class_fractions_figure, class_profiles_figure
 
 if TYPE_CHECKING:
@@ -86,23 +90,6 @@ def default_mid_layers(n_layers: int) -> list[int]:
     :func:`mechlingo.core.sites.every_second_layer` (``steer eval``) and
     :func:`~mechlingo.core.sites.layers_at` (the transfer matrix, the card)."""
     return list(range(n_layers // 3, n_layers - 1))
-
-
-def _other_answers(facts: Sequence[Fact], pool: Sequence[Fact] | None) -> dict[str, dict[str, str]]:
-    """``{fact id: {lang: answer}}`` from the facts, the pool and (when they come from it) the
-    bundled data; used to detect answers given in another language."""
-    out: dict[str, dict[str, str]] = {}
-    for f in list(pool or []) + list(facts):
-        out.setdefault(f.id, {})[f.lang] = f.answer
-    relations = sorted({f.relation for f in facts})
-    try:
-        ids = {f.id for f in facts}
-        for g in load_facts(relations=relations):
-            if g.id in ids:
-                out.setdefault(g.id, {}).setdefault(g.lang, g.answer)
-    except (ValueError, FileNotFoundError):  # custom relations: only the given facts
-        pass
-    return out
 
 
 @dataclass
@@ -309,6 +296,30 @@ def _answered_in(gen: str, fact: Fact, answers: dict[str, str]) -> str | None:
     return None
 
 
+def _usable(model: Model, facts: Sequence[Fact], langs: Sequence[str] | None, max_rank: int,
+            metric: str) -> tuple[list[Fact], dict[str, int]]:  # fmt: skip
+    """The facts :func:`trace_recall` scores (of ``langs``, usable by ``metric``) and the
+    skipped ones counted by reason.
+
+    Raises:
+        InputError: no fact left, a negative ``max_rank`` or an unknown ``metric``."""
+    facts = [f for f in facts if langs is None or f.lang in set(langs)]
+    if not facts:
+        raise InputError(
+            "no facts to trace" + (f" in languages {list(langs)}" if langs is not None else "")
+        )
+    if max_rank < 0:
+        raise InputError("max_rank must be >= 0")
+    if metric not in ("generate", "rank"):
+        raise InputError(f"trace metric must be 'generate' or 'rank', got {metric!r}")
+    keep, skipped = split_usable(facts, metric, bos=prepends_bos(model))
+    facts = [facts[i] for i in keep]
+    if not facts:
+        raise InputError(f"no fact can be scored with {metric!r}", fix="give facts with "
+                         "candidates for rank (mechlingo.data.candidates.with_candidates)")  # fmt: skip
+    return facts, skipped
+
+
 def trace_recall(
     model: Model,
     facts: Sequence[Fact],
@@ -320,6 +331,7 @@ def trace_recall(
     batch_size: int = 16,
     pool: Sequence[Fact] | None = None,
     progress: bool = False,
+    metric: str = "generate",
 ) -> TraceResult:
     """Classify each query into the recall-pipeline classes (see the module docstring).
 
@@ -338,31 +350,32 @@ def trace_recall(
         max_new_tokens: greedy tokens for the eval rule.
         pool: more facts (other languages of the same ids) used to recognise answers given in
             the wrong language; the bundled data is used as well when the ids come from it.
+        metric: what makes a query ``correct``: ``"generate"`` (the greedy answer matches) or
+            ``"rank"`` (a gold candidate ranks first; every fact needs candidates, and no
+            query is ``wrong_language``: the candidates are in L). The classes of the wrong
+            queries keep the lens rule either way.
 
     Returns:
-        A :class:`TraceResult`.
+        A :class:`TraceResult`; each record also has ``first_mismatch_en_layer``: the first
+        lens entry where *another* fact's English answer (the next id of the same relation,
+        :func:`mismatched_english`) reaches rank <= ``max_rank`` before the output, -1 never
+        or when the relation has no other fact with a distinct English answer: the control
+        of ``first_en_layer`` (a lens that surfaces any English city name is no evidence).
     """
-    facts = [f for f in facts if langs is None or f.lang in set(langs)]
-    if not facts:
-        raise InputError(
-            "no facts to trace" + (f" in languages {list(langs)}" if langs is not None else "")
-        )
-    if max_rank < 0:
-        raise InputError("max_rank must be >= 0")
-    keep, skipped = split_usable(facts, "generate")
-    facts = [facts[i] for i in keep]
+    facts, skipped = _usable(model, facts, langs, max_rank, metric)
     n = site_map(model).n_layers
     mid = default_mid_layers(n) if mid_layers is None else sorted({int(x) for x in mid_layers})
     if not mid or any(not 0 <= x <= n for x in mid):
         raise InputError(f"mid_layers must be a non-empty subset of lens entries 0..{n}")
-    ev = evaluate_facts(
-        model, facts, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress
-    )
-    lens = lens_facts(
-        model, facts, track_langs=("en",), pool=pool, batch_size=batch_size, progress=progress
-    )
-    gold_rank = _gold_ranks(model, facts, batch_size, progress)
-    others = _other_answers(facts, pool)
+    ev = evaluate_facts(model, facts, metric=metric, max_new_tokens=max_new_tokens,
+                        batch_size=batch_size, progress=progress)  # fmt: skip
+    lens, mismatch = lens_with_mismatch(model, facts, pool, batch_size, progress)
+    if metric == "rank":
+        gold_rank = {(r["id"], r["lang"]): int(r["gold_rank"]) for r in ev.records}
+    else:
+        gold_rank = gold_ranks(model, facts, batch_size, progress)
+    first_mis = lens.first_layer_within("mismatch_en", max_rank, before_last=True)
+    others = other_answers(facts, pool)
     en_t, l_t = lens.track_index("en"), lens.track_index("answer")
     entries = torch.tensor(lens.layers)
     in_mid = torch.tensor([e in set(mid) for e in lens.layers])
@@ -382,9 +395,10 @@ def trace_recall(
             "generation": r["generation"],
             "correct": bool(r["correct"]),
             "answered_in": None
-            if r["correct"]
+            if r["correct"] or metric == "rank"
             else _answered_in(r["generation"], f, others.get(f.id, {})),
             "first_en_layer": int(first_en[i]),
+            "first_mismatch_en_layer": -1 if mismatch[i] is None else int(first_mis[i]),
             "first_answer_layer": int(first_l[i]),
             "en_decodable_mid": bool((en_mid <= max_rank).any()),
             "answer_decodable_mid": bool((l_rank[in_mid, i] <= max_rank).any()),
@@ -402,21 +416,12 @@ def trace_recall(
         max_rank=max_rank,
         mid_layers=mid,
         n_layers=n,
-        meta={"max_new_tokens": max_new_tokens, **({"skipped": skipped} if skipped else {})},
+        meta={
+            "max_new_tokens": max_new_tokens,
+            "metric": metric,
+            **({"skipped": skipped} if skipped else {}),
+        },  # fmt: skip
     )
-
-
-def _gold_ranks(
-    model: Model, facts: Sequence[Fact], batch_size: int, progress: bool
-) -> dict[tuple[str, str], int]:
-    """The gold candidate's rank under candidate ranking of every fact that has candidates
-    (``{(id, lang): rank}``; empty when none has)."""
-    bos = prepends_bos(model)
-    ranked = [f for f in facts if skip_reason(f, "rank", bos=bos) is None]
-    if not ranked:
-        return {}
-    res = evaluate_facts(model, ranked, metric="rank", batch_size=batch_size, progress=progress)
-    return {(r["id"], r["lang"]): int(r["gold_rank"]) for r in res.records}
 
 
 def pipeline_stages(

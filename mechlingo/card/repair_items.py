@@ -1,0 +1,132 @@
+"""Each repair test item's outcomes under a condition: strict and lenient (format-control)
+correctness, the gold answer's log-probability share, and the keys that cluster items (the
+fact id; the subject shared across relations).
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from mechlingo.data import Fact
+from mechlingo.scoring.scorers import normalize
+
+__all__ = ["condition_outcomes", "gold_share", "item_records", "lenient_match", "subject_keys"]
+
+
+def _gold_logshare(rec: Mapping[str, Any]) -> float | None:
+    """``log p(gold)`` among the candidates: the log-softmax of the candidates' mean token
+    log-probabilities (``-scores``), summed over the gold candidates."""
+    scores = rec.get("scores")
+    if not scores:
+        return None
+    x = -np.asarray(scores, dtype=float)
+    gold = str(rec.get("answer", "")).strip()
+    idx = {i for i, c in enumerate(rec.get("candidates") or []) if c.strip() == gold}
+    if rec.get("gold_rank") and rec.get("ranking"):  # the best gold (an alias counts too)
+        idx.add(int(rec["ranking"][int(rec["gold_rank"]) - 1]))
+    idx = sorted(idx)
+    if not idx:
+        return None
+    top = x.max()
+    norm = top + math.log(float(np.exp(x - top).sum()))
+    g = x[idx].max() + math.log(float(np.exp(x[idx] - x[idx].max()).sum()))
+    return float(g - norm)
+
+
+def _loose(text: str) -> str:
+    """:func:`~mechlingo.scoring.scorers.normalize`, then accents and every character that is
+    not a letter or digit removed (``"São Tomé!"`` -> ``"saotome"``)."""
+    t = unicodedata.normalize("NFD", normalize(text))
+    return "".join(ch for ch in t if ch.isalnum() and not unicodedata.combining(ch))
+
+
+def lenient_match(generation: str, answers: Sequence[str]) -> bool:
+    """The format control: the answer counts when, after :func:`_loose` normalisation, one of
+    ``answers`` (the gold and its aliases) occurs anywhere in the first line of
+    ``generation``, or that line (at least 3 characters) is the start of one (an answer cut
+    by the token budget). A vector that only changes the answer's form (quotes, case,
+    accents, a leading article, a cut word) moves the strict accuracy but not this one."""
+    lines = generation.strip().split("\n")
+    gen = _loose(lines[0] if lines else "")
+    for a in answers:
+        ans = _loose(a)
+        if ans and (ans in gen or (len(gen) >= 3 and ans.startswith(gen))):
+            return True
+    return False
+
+
+def gold_share(rec: Mapping[str, Any]) -> float | None:
+    """The repair rows' continuous outcome: the gold answer's probability share among the
+    candidates, ``p(gold) / sum_c p(c)`` with ``p(c) = exp(mean token log-probability of
+    c)`` (the numbers candidate ranking ranks by; aliases among the candidates add to the
+    gold): 1 when the model puts all its candidate mass on the gold, 1/candidates when it
+    cannot tell them apart. ``None`` for a record without candidate scores (``generate``)."""
+    lg = _gold_logshare(rec)
+    return None if lg is None else float(math.exp(lg))
+
+
+def condition_outcomes(results: Mapping[str, Any], facts: Sequence[Fact]) -> dict[str, Any]:
+    """Per condition and language, in (lang, id) order: ``outcomes`` (0/1 under the card's
+    metric), ``share`` (:func:`gold_share`; ``None`` entries under ``generate``) and
+    ``lenient`` (:func:`lenient_match`), and ``ids`` (one list for every condition).
+
+    Raises:
+        RuntimeError: conditions that scored different items (a bug upstream)."""
+    answers = {(f.id, f.lang): f.answers for f in facts}
+    out: dict[str, Any] = {"outcomes": {}, "share": {}, "lenient": {}}
+    ids: dict[str, list[str]] | None = None
+    for c, res in results.items():
+        keys: dict[str, list[str]] = {}
+        acc: dict[str, list[bool]] = {}
+        share: dict[str, list[float | None]] = {}
+        loose: dict[str, list[bool]] = {}
+        for r in sorted(res.records, key=lambda r: (r["lang"], r["id"])):
+            lg = r["lang"]
+            keys.setdefault(lg, []).append(r["id"])
+            acc.setdefault(lg, []).append(bool(r["correct"]))
+            share.setdefault(lg, []).append(gold_share(r))
+            golds = answers.get((r["id"], lg), (r.get("answer", ""),))
+            loose.setdefault(lg, []).append(lenient_match(str(r.get("generation", "")), golds))
+        if ids is not None and keys != ids:
+            raise RuntimeError(f"condition {c} scored other test items than orig")
+        ids = keys
+        out["outcomes"][c], out["share"][c], out["lenient"][c] = acc, share, loose
+    out["ids"] = ids or {}
+    return out
+
+
+def subject_keys(facts: Sequence[Fact]) -> dict[str, str]:
+    """``{fact id: subject key}`` when facts of several relations share a subject (the unit
+    that clusters them: the id's key after the relation, ``capital/IT`` -> ``IT``, else the
+    English subject); ``{}`` when no subject is shared across relations."""
+
+    def key(f: Fact) -> str:
+        return f.id.split("/", 1)[1] if "/" in f.id else (f.subject_en or f.id)
+
+    rels: dict[str, set[str]] = {}
+    for f in facts:
+        rels.setdefault(key(f), set()).add(f.relation)
+    if not any(len(v) > 1 for v in rels.values()):
+        return {}
+    return {f.id: key(f) for f in facts}
+
+
+def item_records(results: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per condition, one record per scored item: ``id`` (the cluster), ``lang``,
+    ``correct``, and under ``rank`` ``logshare`` and ``ranking``."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for cond, res in results.items():
+        rows = []
+        for r in sorted(res.records, key=lambda r: (r["lang"], r["id"])):
+            item = {"id": r["id"], "lang": r["lang"], "correct": bool(r["correct"])}
+            if r.get("ranking") is not None:
+                item["ranking"] = list(r["ranking"])
+                item["logshare"] = _gold_logshare(r)
+            rows.append(item)
+        out[cond] = rows
+    return out
