@@ -90,7 +90,8 @@ __all__ = [
 ]
 
 #: Bumped when a stage computes something different: old stored results are not reused.
-#: 2 (issue 32): fact ids per outcome, per-item transfer outcomes, the clamp measured on
+#: 3: the metric stage, gold share and lenient outcomes, random populations, documents;
+#: 2: fact ids per outcome, per-item transfer outcomes, the clamp measured on
 #: fresh samples, AUROC tests at the clamp's k, per-sentence alignment values.
 STAGE_VERSION = 3
 #: The seed of the BOS samples that measure the chosen clamp (seed 0 chose k).
