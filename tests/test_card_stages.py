@@ -14,7 +14,7 @@ from mechlingo.analyses.recall.answers import mismatched_english
 from mechlingo.analyses.recall.trace import trace_recall
 from mechlingo.card import repair_items
 from mechlingo.card.metric_rule import METRIC_FLOOR, METRIC_RULE, decide_metric
-from mechlingo.card.plan import PRIMARY, dev_icc, plan_card, units_needed
+from mechlingo.card.plan import MIN_DRAWS, PRIMARY, dev_icc, plan_card, units_needed
 from mechlingo.card.replicate import budget_settings, cap_facts
 from mechlingo.core.errors import InputError
 from mechlingo.data import Fact, load_facts, parallel_sentences
@@ -147,10 +147,15 @@ def test_plan_names_the_limit_and_what_to_pass():
     rows = {r.id: r for r in plan.rows}
     assert list(rows) == [*PRIMARY["lu2025"], *PRIMARY["sundar2025"]]
     assert plan.alpha == {"lu2025": pytest.approx(0.01), "sundar2025": pytest.approx(0.05 / 6)}
-    # enough facts, but 5 random draws cannot give an exact p below 0.01: 99 are needed
+    # enough facts and the 5 draws the between-draw variance needs: decidable
     tv = rows["task_vector"]
-    assert tv.needed <= 1000 and tv.draws == 5 and tv.draws_needed == 99
-    assert not tv.decidable and "99 random draws" in tv.limit and '"seeds"' in tv.fix
+    assert tv.needed <= 1000 and tv.draws == 5 and tv.draws_needed == MIN_DRAWS == 5
+    assert tv.decidable
+    # with 2 draws the same row names the draws as its limit and what to pass
+    cfg2 = {**cfg, "repair": {**cfg["repair"], "seeds": [0, 1]}}
+    plan2 = plan_card(cfg2, ["lu2025"], {"items": {"rank": items}}, avail, {"rank": 0.1})
+    tv2 = {r.id: r for r in plan2.rows}["task_vector"]
+    assert not tv2.decidable and "5 random draws" in tv2.limit and '"seeds"' in tv2.fix
     assert rows["latent_english"].decidable  # no population, enough facts
     ce = rows["clamp_closer"]  # 5 documents against the 49 a paired d of 0.5 needs
     assert ce.needed == units_needed(0.5, 1.0, 0.05 / 6) and ce.available == 5

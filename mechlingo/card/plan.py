@@ -17,8 +17,9 @@ conservative end of Holm), 80% power, and a standard deviation per unit:
 
 The number of units is the normal approximation ``n = ((z_{1 - a/2} + z_{0.8}) sd / effect)^2``
 times the design effect; documents count as single units (their sentences fully correlated:
-conservative). A row judged against a random population also needs ``ceil(1 / a) - 1`` draws
-for an exact permutation p to reach the level ``a`` (the floor ``1 / (m + 1)``). The CPU time
+conservative). A row judged against a random population also needs at least
+:data:`MIN_DRAWS` draws: its verdict's p is the t test of effect - population mean, whose SE
+holds the between-draw variance (estimated on m - 1 df). The CPU time
 is the measured per-item cost of the metric stage (or of one embedding pass) times the items
 and conditions the row's stage scores. Each row says whether the data the card was given
 allows it, and if not, which limit prevents it and what to pass.
@@ -58,10 +59,12 @@ EFFECTS: dict[str, tuple[float, str]] = {
     "random_neurons": (0.5, "equivalence margin as paired d = 0.5"),
     "experts_disjoint": (0.05, "smallest effect of interest: overlap 0.05 above chance k/N"),
 }
-#: Rows judged against a random population (they need draws for an exact permutation p).
+#: Rows judged against a random population (they need draws for the between-draw variance).
 POPULATION_ROWS = ("task_vector", "diff_vector", "lowest_language", "experts_exist",
                    "clamp_closer", "retrieval_improves", "random_neurons")  # fmt: skip
 ALPHA = 0.05
+#: The fewest random draws a population row needs: the between-draw variance on 4 df.
+MIN_DRAWS = 5
 POWER = 0.8
 
 
@@ -180,7 +183,7 @@ def _lu_rows(cfg: Mapping[str, Any], inp: Mapping[str, Any], avail: Mapping[str,
     m = max(1, len([lg for lg in cfg["lu_langs"] if lg != "en"]))
     deff = 1 + (m - 1) * inp["icc"]
     draws = len(cfg["repair"]["seeds"])
-    need_draws = math.ceil(1 / alpha) - 1
+    need_draws = MIN_DRAWS
     conds = 4 + draws
     s_item = cost.get(str(cfg.get("metric")), cost.get("rank", 0.0))
     test_ids = int(avail.get("test_ids", 0))
@@ -225,8 +228,8 @@ def _limits(row: PlanRow, fix_data: str, fix_draws: str) -> None:
         row.limit, row.fix = (f"needs {row.needed} {row.unit}, the data has {row.available}",
                               fix_data)  # fmt: skip
     elif row.draws_needed is not None and (row.draws or 0) < row.draws_needed:
-        row.limit = (f"needs {row.draws_needed} random draws for an exact permutation p at "
-                     f"the family level, the budget has {row.draws}")  # fmt: skip
+        row.limit = (f"needs {row.draws_needed} random draws for the between-draw variance, "
+                     f"the budget has {row.draws}")  # fmt: skip
         row.fix = fix_draws
 
 
@@ -234,7 +237,7 @@ def _sundar_rows(cfg: Mapping[str, Any], avail: Mapping[str, Any], cost: Mapping
                  alpha: float) -> list[PlanRow]:  # fmt: skip
     e = cfg["experts"]
     draws = int(e.get("random_sets", 1))
-    need_draws = math.ceil(1 / alpha) - 1
+    need_draws = MIN_DRAWS
     n_langs = int(avail.get("langs", 12))
     docs = int(avail.get("eval_docs", 0))
     per_doc = int(e.get("eval_per_doc") or 1)
