@@ -1006,3 +1006,20 @@ def test_python_readers_refuse_repeated_names(saved):
     with pytest.raises(InputError, match="more than once"):
         read_parallel_dir(saved["root"] / "par", langs=["en", "en"])
     assert len(read_parallel_dir(saved["root"] / "par", langs=["en", "es"])["es"]) == 8
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda p: __import__("mechlingo.core.stages", fromlist=["Stages"]).Stages(p, {}),
+        lambda p: __import__("mechlingo.core.models", fromlist=["load_model"]).load_model(p),
+        lambda p: __import__("mechlingo.data.benchmarks.load", fromlist=["x"]).load_benchmark(p),
+    ],
+    ids=["Stages", "load_model", "load_benchmark"],
+)
+def test_python_entry_points_refuse_an_unexpandable_path(call) -> None:
+    # class 4 from Python: a MechlingoError with one line, never a RuntimeError or KeyError
+    from mechlingo.core.errors import InputError
+
+    with pytest.raises(InputError, match="cannot be expanded"):
+        call("~mechlingo-no-such-user/x")

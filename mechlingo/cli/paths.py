@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mechlingo.core.errors import DataError, InputError, OutputError
-from mechlingo.core.untrusted import refuse_special
+from mechlingo.core.untrusted import expand_path, refuse_special
 
 __all__ = [
     "INPUT_FLAGS",
@@ -66,24 +66,6 @@ LIST_FLAGS = {
     "decoder": "--decoder",
     "tuned_lens": "--tuned-lens",
 }
-
-
-def expand_path(text: str, flag: str) -> Path:
-    """``text`` with ``~``/``~user`` expanded (not resolved).
-
-    Raises:
-        InputError: a ``~user`` that does not exist or a ``~`` with no home directory.
-    """
-    try:
-        return Path(text).expanduser()
-    except (RuntimeError, KeyError):
-        head = text.split("/", 1)[0]
-        why = "no home directory is known" if head == "~" else f"there is no user {head[1:]!r}"
-        raise InputError(
-            f"{flag} {text}: {head} cannot be expanded ({why})",
-            where=flag,
-            fix="write the path in full (or set HOME)",
-        ) from None
 
 
 def _items(name: str, text: str) -> list[str]:

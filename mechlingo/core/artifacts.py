@@ -33,6 +33,7 @@ from typing import Any
 from mechlingo.core.errors import OutputError
 from mechlingo.core.faults import FULL_ERRNOS, disk_error
 from mechlingo.core.jsonable import jsonable
+from mechlingo.core.untrusted import expand_path
 from mechlingo.core.version import SUMMARY_FORMAT_VERSION
 
 __all__ = [
@@ -218,7 +219,7 @@ def output_target(out: str | os.PathLike[str]) -> Path:
         OutputError: ``out`` is a symlink to something that is not a folder (a file, a
             missing path, a loop).
     """
-    path = Path(out).expanduser().absolute()
+    path = expand_path(out, "output folder").absolute()
     if not path.is_symlink():
         return path
     try:

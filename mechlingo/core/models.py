@@ -29,9 +29,6 @@ from typing import Any
 import torch
 from huggingface_hub import snapshot_download
 
-# Imported where used, not here: TransformerLens 4's bridge (``transformer_lens.model_bridge``
-# takes ~3 s to import and does not exist in TransformerLens 3) and the embedded model's
-# weight package (a dependency that the TransformerLens 3 check does not install).
 from mechlingo.core.artifacts import cleanup_stale, kill_point
 from mechlingo.core.checks import check_gguf_file, check_model_folder
 from mechlingo.core.errors import MechlingoError, ModelLoadError, ResourceError
@@ -39,7 +36,11 @@ from mechlingo.core.families import REFUSED, SUPPORTED_ARCHITECTURES, family_of
 from mechlingo.core.faults import FULL_ERRNOS, disk_error, file_lock
 from mechlingo.core.sites import mlp_width
 from mechlingo.core.types import Model
-from mechlingo.core.untrusted import gguf_header, read_json
+
+# Imported where used, not here: TransformerLens 4's bridge (``transformer_lens.model_bridge``
+# takes ~3 s to import and does not exist in TransformerLens 3) and the embedded model's
+# weight package (a dependency that the TransformerLens 3 check does not install).
+from mechlingo.core.untrusted import expand_path, gguf_header, read_json
 
 DEFAULT_MODEL = "google/gemma-3-270m"
 _MANIFEST = "mechlingo-cache.json"
@@ -405,7 +406,7 @@ def _load_named(
     offload_folder: Any,
 ) -> Any:
     """A model named by a path (a ``.gguf`` file or a transformers folder) or a hub id."""
-    path = Path(name).expanduser()
+    path = expand_path(name, "model")
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelLoadError(f"GGUF file {path} does not exist")

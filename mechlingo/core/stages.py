@@ -34,7 +34,7 @@ from typing import Any
 from mechlingo.core.artifacts import atomic_file, cleanup_stale, kill_point
 from mechlingo.core.errors import ArtifactError, OutputError
 from mechlingo.core.jsonable import jsonable
-from mechlingo.core.untrusted import load_tensors, read_json, refuse_special
+from mechlingo.core.untrusted import expand_path, load_tensors, read_json, refuse_special
 from mechlingo.core.version import __version__
 
 __all__ = ["STAGE_LOG_ENV", "Stages", "key_hash"]
@@ -79,7 +79,7 @@ class Stages:
         agree: Callable[[bool], bool] | None = None,
     ) -> None:
         self.key = jsonable({**dict(key), "mechlingo_version": __version__})
-        self.root = Path(folder).expanduser().absolute()
+        self.root = expand_path(folder, "work folder").absolute()
         self.folder = self.root / key_hash(self.key)
         self.agree = agree
         self.computed = 0

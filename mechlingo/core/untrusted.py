@@ -41,6 +41,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from safetensors.torch import load_file
 from torch import Tensor
 
+from mechlingo.core.errors import InputError
+
 __all__ = [
     "MAX_JSON_BYTES",
     "MAX_JSON_DEPTH",
@@ -48,6 +50,7 @@ __all__ = [
     "check_finite_tensors",
     "check_links",
     "check_numbers",
+    "expand_path",
     "gguf_header",
     "inside",
     "json_depth",
@@ -86,6 +89,24 @@ _SPECIAL = (
     (stat.S_ISCHR, "a character device"),
     (stat.S_ISBLK, "a block device"),
 )
+
+
+def expand_path(text: str | os.PathLike[str], what: str = "path") -> Path:
+    """``text`` with ``~``/``~user`` expanded (not resolved); ``what`` names it in the error.
+
+    Raises:
+        InputError: a ``~user`` that does not exist or a ``~`` with no home directory.
+    """
+    try:
+        return Path(text).expanduser()
+    except (RuntimeError, KeyError):
+        head = str(text).split("/", 1)[0]
+        why = "no home directory is known" if head == "~" else f"there is no user {head[1:]!r}"
+        raise InputError(
+            f"{what} {text}: {head} cannot be expanded ({why})",
+            where=what,
+            fix="write the path in full (or set HOME)",
+        ) from None
 
 
 def special_kind(path: str | os.PathLike[str]) -> str | None:

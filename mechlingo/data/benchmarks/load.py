@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mechlingo.core.errors import DataError, InputError
-from mechlingo.core.untrusted import check_links, refuse_special
+from mechlingo.core.untrusted import check_links, expand_path, refuse_special
 from mechlingo.data.benchmarks.bmlama import load_bmlama
 from mechlingo.data.benchmarks.common import FORMATS, Benchmark, PathLike
 from mechlingo.data.benchmarks.klar import (
@@ -195,7 +195,7 @@ def benchmark_format(text: str) -> str | None:
     Raises:
         DataError: a folder that matches no layout.
     """
-    path = Path(text).expanduser()
+    path = expand_path(text, "facts")
     if not path.exists():
         return "mlama_rows" if is_hub_id(text) else None
     if path.is_file() and _file_format(path) is None:
@@ -275,7 +275,7 @@ def load_benchmark(
         raise InputError(f"format must be one of {FORMATS}, got {format!r}")
     wanted = None if langs is None else check_langs(langs)
     if isinstance(source, str | os.PathLike):
-        path = Path(source).expanduser()
+        path = expand_path(source, "facts")
         if not path.exists() and is_hub_id(str(source)):
             records = _hub_records(str(source), hub_config, hub_split)
             return _from_records(
