@@ -33,7 +33,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "bmlama_invented"
 
 #: A key-value template line: two or more "Label: value" pairs ("País: Afganistán Capital:
 #: Kabul"), the shape of the bundled tuned prompts joined into one line.
-KEY_VALUE = re.compile(r"^\s*(?:[^\s:：][^:：]{0,30}[:：]\s*[^:：]{1,60}?\s*){2,}$")
+KEY_VALUE = re.compile(r"^\s*(?:[^\s:：\d][^:：\d]{0,30}[:：]\s*[^:：]{1,60}?\s*){2,}$")
 
 
 # --------------------------------------------------------------------------------------
@@ -496,7 +496,8 @@ def test_facts_dir_benchmark_adds_external_rows(tiny_dir, tmp_path, monkeypatch)
     card = json.loads((out / "claims.json").read_text())
     rows = {r["id"]: r for r in card["claims"]}
     ext = card["meta"]["settings"]
-    assert ext["metric"] == "generate"
+    # the bundled stages' metric is the metric rule's decision on dev (no --metric given)
+    assert ext["metric"] == card["metric_decision"]["metric"] in ("generate", "rank")
     for cid in ("external_task", "external_diff", "external_both"):
         r = rows[cid]
         assert r["verdict"] != "error" and r["verdict"] != NOT_TESTABLE, r

@@ -12,8 +12,8 @@ import torch
 from scipy import stats as sps
 
 from mechlingo.analyses.recall.dev_grid import lowest_language_dev, lowest_language_rule
-from mechlingo.card import replicate as rep
 from mechlingo.card import rows as cr
+from mechlingo.card import sundar
 from mechlingo.card.rules import FLOOR, HOLDS, INCONCLUSIVE, NOT_HOLDS, NOT_TESTABLE, finalize
 from mechlingo.card.statistics import Test, paired_test
 from mechlingo.kernels.significance import wilson
@@ -214,7 +214,7 @@ def test_auroc_tests_cluster_by_sentence():
     pooled = torch.randn(langs * n_sent, 20, generator=gen)
     pooled[lang_ids == 1, :5] += 3.0  # features 0-4 fire on language 1
     stats = types.SimpleNamespace(lang_ids=lang_ids, pooled=pooled, lang_index=lambda lg: 1)
-    out = rep._auroc_tests(stats, "x", torch.arange(5), torch.arange(10, 15), 100, 0)
+    out = sundar.auroc_tests(stats, "x", torch.arange(5), [torch.arange(10, 15)], 100, 0)
     e, r, v = (Test.from_json(out[k]) for k in ("experts", "random", "vs_random"))
     assert out["n_clusters"] == n_sent and out["n_pos"] == n_sent and out["n"] == 36
     assert e.estimate.estimate > 0.95 and e.p == pytest.approx(1 / 1000)  # every permutation below

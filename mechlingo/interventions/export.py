@@ -149,7 +149,13 @@ class VectorExport:
         ]
         if not parts:
             raise InterventionError(f"this {self.format} export holds no vectors")
-        return parts[0] if len(parts) == 1 else Compose(parts, meta=self.meta)
+        # An external format records no full model description (no weights mode or
+        # unembedding fingerprint): what it knows is kept as ``exported_for``, not as the
+        # ``model`` the load-time fit check would refuse as partial.
+        meta = {k: v for k, v in self.meta.items() if k != "model"}
+        if self.meta.get("model"):
+            meta["exported_for"] = self.meta["model"]
+        return parts[0] if len(parts) == 1 else Compose(parts, meta=meta)
 
 
 def _steering_vectors() -> Any:
