@@ -275,14 +275,14 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
     assert same == [
         {k: r[k] for k in keep} for r in card.rows if not r["stage"].startswith("transfer")
     ]
-    assert all(
-        a["p_adjusted"] >= b["p_adjusted"]
-        for a, b in zip(
-            [r for r in again.rows if not r["stage"].startswith("transfer") and r["p"] is not None],
-            [r for r in card.rows if not r["stage"].startswith("transfer") and r["p"] is not None],
-            strict=True,
-        )
-    )
+
+    # the transfer rows are secondary: every primary row keeps its Holm-adjusted p exactly;
+    # the secondary rows' Benjamini-Hochberg values may move either way (a step-up procedure)
+    def primary(rows):
+        return [(r["id"], r.get("variant"), r["p_adjusted"]) for r in rows
+                if r["family"] == "primary" and not r["stage"].startswith("transfer")]  # fmt: skip
+
+    assert primary(again.rows) == primary(card.rows) and primary(card.rows)
 
 
 def test_a_stopped_run_resumes_to_the_same_card(tiny, tmp_path, monkeypatch):

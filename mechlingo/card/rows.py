@@ -220,6 +220,9 @@ def _lowest_row(data: Mapping[str, Any], claim: Claim, langs: list[str], rule: s
                f"{len(base)}): a relative gain is undefined; the points reading is judged")  # fmt: skip
         return make_row(claim, None, untestable=why, details=details, extra=extra)
     eff = relative_test(base, both, ids, null=claim.threshold)
+    if eff.p is None and eff.extra.get("undefined"):  # e.g. the successes in one fact
+        why = f"the relative gain is undefined here: {eff.extra['undefined']}"
+        return make_row(claim, None, untestable=why, details=details, extra=extra)
     return make_row(claim, eff, relative_test(base, ctl, ids), vs_control=vs,
                     details=details + "; relative gain", extra=extra)  # fmt: skip
 
