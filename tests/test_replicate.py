@@ -385,6 +385,8 @@ def test_embedded_model_small_configuration(gemma, tmp_path, monkeypatch):
             "screen_ids": 2,
             "seeds": [0],
         },
+        # 2 facts per relation have 2 distinct objects: 2 candidates under the rank metric
+        "candidates": 2,
         "transfer": {"limit": 2, "langs": ["en", "fr"]},
         "experts": {
             "n_find": 8,
@@ -400,7 +402,8 @@ def test_embedded_model_small_configuration(gemma, tmp_path, monkeypatch):
     par = parallel_sentences(["en", "fr", "es", "de"])
     card = rep.replicate(gemma, settings=small, parallel=par, work=tmp_path)
     assert list(dict.fromkeys(r["id"] for r in card.rows)) == [c.id for c in CLAIMS]
-    assert not [r for r in card.rows if r["verdict"] == "error"]
+    errors = [(r["id"], r.get("error")) for r in card.rows if r["verdict"] == "error"]
+    assert not errors, errors
     rows = {r["id"]: r for r in card.rows}
     assert rows["experts_exist"]["value"]["estimate"]["n"] == 24  # 6 held-out lines x 4 languages
     assert rows["experts_exist"]["value"]["n_clusters"] == 6  # a sentence and its translations
