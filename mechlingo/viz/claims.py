@@ -68,20 +68,16 @@ def forest_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
             customdata=[r["n"] for _, r in pts],
             hovertemplate="%{y}: %{x:.3g} (n=%{customdata})<extra>" + verdict + "</extra>",
         ))  # fmt: skip
-    thr = [(lab, r["threshold"]) for lab, r in zip(labels, drawn, strict=True)
-           if r["threshold"] is not None]  # fmt: skip
-    if thr:
-        fig.add_trace(go.Scatter(x=[t for _, t in thr], y=[lab for lab, _ in thr],
-                                 mode="markers", name="threshold",
-                                 marker={"symbol": "line-ns-open", "size": 18,
-                                         "color": "#777777", "line": {"width": 2}}))  # fmt: skip
-    ctl = [(lab, r["control"]) for lab, r in zip(labels, drawn, strict=True)
-           if r["control"] is not None]  # fmt: skip
-    if ctl:
-        fig.add_trace(go.Scatter(x=[c for _, c in ctl], y=[lab for lab, _ in ctl],
-                                 mode="markers", name="control",
-                                 marker={"symbol": "diamond-open", "size": 10,
-                                         "color": condition_color("control")}))  # fmt: skip
+    marks = {
+        "threshold": {"symbol": "line-ns-open", "size": 18, "color": "#777777",
+                      "line": {"width": 2}},
+        "control": {"symbol": "diamond-open", "size": 10, "color": condition_color("control")},
+    }  # fmt: skip
+    for key, marker in marks.items():  # each row's threshold and control beside its estimate
+        at = [(lab, r[key]) for lab, r in zip(labels, drawn, strict=True) if r[key] is not None]
+        if at:
+            fig.add_trace(go.Scatter(x=[v for _, v in at], y=[lab for lab, _ in at],
+                                     mode="markers", name=key, marker=marker))  # fmt: skip
     fig.update_layout(
         title=f"Claims: estimate and 95% interval against threshold and control "
         f"(n = {len(drawn)} claims; primary family first)",
