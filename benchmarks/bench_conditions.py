@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechlingo.activations.decoding import decode_conditions, record_head  # noqa: E402
+from mechlingo.activations.prefix import decode_conditions, record_head  # noqa: E402
 from mechlingo.analyses.recall.settings import ALPHA_GRID  # noqa: E402
 from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.core.sites import every_second_layer  # noqa: E402

@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechlingo.activations.decoding import cache_upto, run_reads  # noqa: E402
+from mechlingo.activations.prefix import cache_upto, run_reads  # noqa: E402
 from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
 from mechlingo.kernels.readout import token_logprobs  # noqa: E402

@@ -5,14 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechlingo.activations import decoding
-from mechlingo.activations.decoding import (
-    cache_upto,
-    decode_cached,
-    decode_conditions,
-    kv_cache_path,
-    record_head,
-)
+from mechlingo.activations import prefix
+from mechlingo.activations.decoding import decode_cached, kv_cache_path
+from mechlingo.activations.prefix import cache_upto, decode_conditions, record_head
 from mechlingo.core.tokens import TokenBatch, encode
 from mechlingo.data import load_facts
 from mechlingo.interventions.apply import first_edit
@@ -161,8 +156,8 @@ def test_refused_cache_falls_back_and_says_so(tiny, monkeypatch):
     facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=3)
     conds = _conditions(tiny, 1, 4.0)
     shared = evaluate_conditions(tiny, facts, conds, max_new_tokens=4)
-    monkeypatch.setattr(decoding, "prefix_reuse_supported", lambda model, length: False)
-    monkeypatch.setattr(ev, "shared_decoding_supported", decoding.shared_decoding_supported)
+    monkeypatch.setattr(prefix, "prefix_reuse_supported", lambda model, length: False)
+    monkeypatch.setattr(ev, "shared_decoding_supported", prefix.shared_decoding_supported)
     old = evaluate_conditions(tiny, facts, conds, max_new_tokens=4)
     for name in conds:
         assert old[name].meta["path"] == "per-condition"

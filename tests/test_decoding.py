@@ -183,8 +183,8 @@ def test_sliding_window_too_short_decodes_uncached(tiny, monkeypatch):
     batch = encode(tiny, PROMPTS)
     cfg = tiny.original_model.config
     monkeypatch.setattr(cfg, "sliding_window", batch.tokens.shape[1] + 2, raising=False)
-    assert decoding._fits_window(tiny, batch, 2)
-    assert not decoding._fits_window(tiny, batch, 3)
+    assert decoding.fits_window(tiny, batch, 2)
+    assert not decoding.fits_window(tiny, batch, 3)
 
 
 def test_sampling_from_bos_same_draws(tiny):

@@ -180,7 +180,7 @@ def test_prefix_parts_is_the_cheapest_split():
 def test_suffix_pass_on_the_recorded_prefix_equals_the_whole_pass(tiny):
     # cached == uncached: positions p.. of each row against the recorded prefix give the
     # recorded final residual stream, for rows of different lengths, at every p
-    from mechlingo.activations.decoding import cache_upto, record_prefix, run_on_cache
+    from mechlingo.activations.prefix import cache_upto, record_prefix, run_on_cache
 
     batch = encode(tiny, ["The cat sat on the mat", "A dog", "Birds fly south in winter"])
     record = record_prefix(tiny, batch)

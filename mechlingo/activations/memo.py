@@ -1,7 +1,7 @@
 """Unpatched prefix passes kept across scoring calls that score the same prompts again.
 
 The shared-prefix scorer (:func:`mechlingo.scoring.evaluate.generate_conditions`) runs each
-batch's unedited positions once per call (:func:`mechlingo.activations.decoding.record_head`)
+batch's unedited positions once per call (:func:`mechlingo.activations.prefix.record_head`)
 and decodes every condition from there. A caller that scores the *same* prompts in several
 calls, under other interventions each time, repeats that pass: the transfer matrix scores
 each column's test facts once per row (13 rows by relation, 12 by language). Inside
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
 
-from mechlingo.activations.decoding import PrefixRecord, record_head
+from mechlingo.activations.prefix import PrefixRecord, record_head
 from mechlingo.core.tokens import TokenBatch
 from mechlingo.core.types import Model
 
@@ -57,7 +57,7 @@ class PrefixMemo:
                 tuple(t.shape), t.numpy().tobytes(), n.numpy().tobytes())  # fmt: skip
 
     def record(self, model: Model, batch: TokenBatch, d: int) -> PrefixRecord:
-        """:func:`~mechlingo.activations.decoding.record_head` of ``batch`` at ``d``, from
+        """:func:`~mechlingo.activations.prefix.record_head` of ``batch`` at ``d``, from
         the memo when the same model already ran the same batch."""
         key = self._key(model, batch, d)
         hit = self._records.get(key)

@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 import torch
 from tqdm.auto import tqdm
 
-from mechlingo.activations.decoding import (
-    decode,
+from mechlingo.activations.decoding import decode
+from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard
+from mechlingo.activations.memo import current_memo
+from mechlingo.activations.prefix import (
     decode_conditions,
     record_head,
     shared_decoding_supported,
 )
-from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard
-from mechlingo.activations.memo import current_memo
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, encode, prepends_bos, sorted_batches
 from mechlingo.core.types import FwdHooks, Model

@@ -70,13 +70,13 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.decoding import (
+from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard
+from mechlingo.activations.prefix import (
     PrefixRecord,
     cache_upto,
     prefix_reuse_supported,
     run_reads,
 )
-from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard
 from mechlingo.activations.runs import StopForward, final_resid_name, run_batch
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, prepends_bos

@@ -44,7 +44,7 @@ from typing import Any, Literal, Unpack
 
 import torch
 
-from mechlingo.activations.decoding import prefix_reuse_supported
+from mechlingo.activations.prefix import prefix_reuse_supported
 from mechlingo.analyses.recall.patching.errors import PatchingError
 from mechlingo.analyses.recall.patching.grid import (
     PATCH_SITES,
@@ -113,7 +113,7 @@ def _batching(batching: str, cells_per_batch: int | None, model: Model) -> tuple
 
 def _reuses_prefix(model: Model, setup: PatchingSetup, batching: str, wanted: bool | None) -> bool:
     """Whether grown passes reuse the unpatched prefix's keys and values: where the model
-    supports it (:func:`mechlingo.activations.decoding.prefix_reuse_supported`), unless
+    supports it (:func:`mechlingo.activations.prefix.prefix_reuse_supported`), unless
     ``wanted`` is ``False``; ``True`` where it cannot is an error."""
     if wanted is False:
         return False
@@ -207,7 +207,7 @@ def patch_activations(
             positions ``p`` onwards, attending to the unpatched target's cached keys and
             values before ``p`` (a causal model's positions before a patch are unchanged by
             it), one pass per target position of a group's cells. ``None`` (default): where
-            the model supports it (:func:`mechlingo.activations.decoding.prefix_reuse_supported`:
+            the model supports it (:func:`mechlingo.activations.prefix.prefix_reuse_supported`:
             TransformerLens bridges whose cached decoding agrees with uncached decoding);
             ``False``: every copy computes every position. Same numbers either way.
         progress: a progress bar over the groups of cells (``tqdm.auto``).

@@ -28,7 +28,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.decoding import (
+from mechlingo.activations.prefix import (
     PrefixRecord,
     cache_grower,
     cache_upto,
@@ -384,7 +384,7 @@ def shared_prefix_passes(plan: Plan) -> tuple[Tensor, Tensor]:
     """Grown passes that share the unpatched prefix too, over several examples at once.
 
     The target batch runs once, unpatched, with a key-value cache
-    (:func:`mechlingo.activations.decoding.record_prefix`): its final residual stream gives the
+    (:func:`mechlingo.activations.prefix.record_prefix`): its final residual stream gives the
     corrupted baseline, and its keys and values are kept. Then, per group of cells (in layer
     order) and chunk of examples (as many as keep the copies within ``cells_per_batch``), the
     group is split by patched position (:func:`prefix_parts`) and each part runs one pass
