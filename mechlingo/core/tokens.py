@@ -1,53 +1,17 @@
-"""Tokens: padding- and BOS-safe batches, positions, and answer token sets.
+"""Tokens: padding- and BOS-safe batches, positions, answer token sets and chat prompts.
 
-Batches are **right-padded**: every prompt starts at position 0 (so rotary/absolute positions
-are the same as when it runs alone), and with causal attention a real token never sees the
-padding after it. A prompt's last real token sits at ``lengths[i] - 1``; reading position
-``-1`` of a padded batch would read padding, which is why every analysis here takes its
-positions from a :class:`TokenBatch`.
+* :class:`TokenBatch` and :func:`encode` -- right-padded batches (every prompt starts at
+  position 0; a row's last real token is at ``lengths[i] - 1``, never read ``-1`` of a padded
+  batch); :func:`batch_context` sets the current batch that interventions read;
+* :func:`position_mask` -- the position rules (``"last"``, ``"all"``, ``"generated"``, ...);
+* :func:`answer_tokens` -- an answer's token set (primary token, spacing variant, prefixes)
+  and ``n_tokens``; an answer that tokenizes to nothing is an error;
+* :func:`use_chat`, :class:`ChatPrompt`, :func:`chat_prefix_length` -- chat mode: the stem
+  is the user's turn and opens the assistant's turn, so answers, last positions and stem
+  tokens are those of the plain prompt (``"off"`` in the Python API, ``"auto"`` on the
+  command line).
 
-Answer token sets (the rule, also in ``docs/concepts.md``):
-
-* the *primary* token is the first token of the answer as it continues the prompt: with a
-  leading space in languages written with spaces, without one in Chinese and Japanese; a
-  tokenizer that writes the space as a token of its own (no leading-space marker) gives the
-  word's first token after it, never the space;
-* the set adds the first token of the other spacing variant, and every vocabulary token that
-  (ignoring one leading space) is a prefix of the answer word at least ``min(3, len(word))``
-  characters long (1 character for Chinese and Japanese, whose tokens are often single
-  characters); these catch a word the tokenizer splits;
-* ``n_tokens`` counts how many tokens the answer continuation takes, so multi-token answers
-  are visible, and an answer that tokenizes to nothing is an error.
-
-**Chat (instruction-tuned) models.** :func:`encode` puts every prompt in the tokenizer's chat
-template when chat mode is on for the model. mechlingo's prompts are completion stems ("La
-capitale de l'Italie est") whose continuation is the answer. A chat model is asked the same
-way in its own format: the stem is the user's turn, and the assistant's turn is *opened with
-the stem itself* and left open (the template's ``continue_final_message``), so that
-
-* the answer still continues the stem, token for token as without the template (the answer
-  token sets, the eval rule and the benchmarks' scoring are unchanged);
-* the prompt's last real token is still the stem's last token: interventions at ``"last"``,
-  the lens readout and the repair vectors' build positions land where they do for a base
-  model;
-* the stem's tokens are exactly its tokens without the template (the template part and the
-  stem are tokenized separately and joined), so subject spans only shift by the template's
-  length (:func:`chat_prefix_length`).
-
-Few-shot prompts and translation prompts carry their solved demonstrations
-(:class:`ChatPrompt`, made by :func:`mechlingo.data.prompts.few_shot_prompt` and
-``translation_prompt``); in chat form each demonstration is a user turn (its stem) and a
-closed assistant turn (the stem and its answer), then the query as above.
-
-The mode is set per model (:func:`use_chat`, ``--chat`` on the command line):
-
-* ``"off"``: plain prompts (the default for the Python API);
-* ``"on"``: wrap every prompt; refused for a tokenizer without a chat template;
-* ``"auto"`` (the command line's default): on when the tokenizer has a chat template *and*
-  the model's name says it is chat-tuned (``-it``, ``instruct``, ``chat``, ``sft``, ``dpo``,
-  ``rlhf``), since many base models ship a template they were never trained on (the
-  embedded gemma-3-270m has none, so nothing changes for it).
-"""
+The rules in full: ``docs/concepts.md`` (positions, answer token sets, chat models)."""
 
 from __future__ import annotations
 

@@ -1,45 +1,16 @@
 """Steering vectors for other tools: steering-vectors, repeng and llama.cpp control vectors.
 
-:func:`export` turns a mechlingo :class:`SteeringVector` (or a :class:`Compose` of them) into
-what another tool applies, as a :class:`VectorExport`: one raw vector per layer in *that
-tool's* layer index, the layer type, a model hint, the list of what does not carry over
-(``dropped``) and mechlingo's provenance (``meta``). ``save`` writes it, :func:`read_export`
-reads it back (same tensors, same metadata), ``to_library()`` builds the tool's own object
-where the tool is installed, and ``to_intervention()`` turns it back into a mechlingo
-intervention with the tool's semantics.
+:func:`export` turns a mechlingo :class:`SteeringVector` (or a :class:`Compose` of them) into a
+:class:`VectorExport`: one raw vector (``alpha * direction``) per layer in *that tool's* layer
+index (``resid_pre`` l exports as ``l - 1``, ``resid_post`` l as ``l``), the layer type, a
+model hint, what does not carry over (``dropped``: position rules, alpha units) and
+mechlingo's provenance (``meta``). ``save`` writes it, :func:`read_export` reads it back,
+``to_library()`` builds the tool's own object where it is installed, and ``to_intervention()``
+turns it back into a mechlingo intervention with the tool's semantics.
 
-Formats (``docs/interop.md`` has the table):
-
-* ``"steering-vectors"`` -- ``steering_vectors.SteeringVector(layer_activations, layer_type)``.
-  ``decoder_block`` layer k adds to the output of decoder layer k (= mechlingo resid_post k =
-  resid_pre k+1); ``"self_attn"`` / ``"mlp"`` add to those modules' outputs, which are
-  mechlingo's attn_out / mlp_out only where the family has no norm after them (not Gemma 2/3
-  or OLMo 2). Saved as safetensors (steering-vectors has no file format of its own).
-* ``"repeng"`` -- ``repeng.ControlVector(model_type, directions)``: ``directions[k]`` is added
-  to the output of ``model.model.layers[k]`` (resid_post k). Saved as repeng's GGUF.
-* ``"llama.cpp"`` -- a control-vector GGUF for ``--control-vector``: architecture
-  ``controlvector``, keys ``controlvector.model_hint`` and ``controlvector.layer_count``, one
-  1-D F32 tensor ``direction.{k}`` per layer, added by llama.cpp to the output of block k
-  (0-based), at every token. llama.cpp refuses ``direction.0``, so block 0's output
-  (resid_post 0 = resid_pre 1) cannot be steered, and resid_pre 0 never can.
-
-**Layer indexing.** mechlingo's ``resid_pre`` l is the input of block l, i.e. the output of
-block l-1: it exports as index ``l - 1``; ``resid_post`` l exports as ``l``. The same vector
-added at either name is the same edit.
-
-**What does not carry over** (recorded in ``dropped`` and in the file):
-
-* position rules: every target adds at every token of every pass (prompt, BOS, padding and
-  generated tokens; steering-vectors takes ``min_token_index`` / ``token_indices`` per call);
-* alpha: the exported vector is ``alpha * direction`` in raw residual units, so the tool's
-  multiplier/strength 1.0 is mechlingo's edit; a vector whose alpha was in units of the mean
-  residual norm (repair vectors' ``unit="resid"``) keeps that unit only in ``meta``;
-* neuron clamps and ablations have no form in any of these formats: refused.
-
-Refused, with the reason: clamps, ablations, sites a format has no place for (mlp_post,
-attn_z, resid_mid; attn_out/mlp_out outside steering-vectors), resid_pre 0, llama.cpp's
-block 0, a steering-vectors export that mixes layer types.
-"""
+Refused, with the reason: clamps, ablations, sites a format has no place for, ``resid_pre`` 0,
+llama.cpp's block 0, and a steering-vectors export that mixes layer types. The formats, the
+layer indexing and what is lost: ``docs/interop.md``."""
 
 from __future__ import annotations
 

@@ -148,8 +148,8 @@ def kept_columns(
         approx = approx.float() + b.float()
     p, q, s = _row_terms(x, screen)
     rel = _rel(b)
-    # ``max`` gives value and index in one pass (a bfloat16 ``argmax`` is 4x slower on CPU:
-    # 0.235 s against 0.060 s for 256 x 262,144)
+    # ``max`` gives value and index in one pass (a bfloat16 ``argmax`` is much slower on CPU:
+    # docs/benchmarks.md)
     top_val, top = approx.max(dim=1, keepdim=True)
     top_val, top = top_val.float(), top.squeeze(1)
     bmax = 0.0 if b is None else float(b.float().abs().max())

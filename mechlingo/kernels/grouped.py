@@ -1,29 +1,14 @@
 """AUROC and average precision of every feature for every group at once, from one sort.
 
 Expert neurons are scored one language against the rest for every language
-(``mechlingo.analyses.experts.score_neurons``). Calling
-:func:`mechlingo.kernels.ranking.auroc_and_average_precision` once per language sorts every
-neuron's samples once per language; the order of a neuron's samples does not depend on the
-language, so :func:`grouped_auroc_and_average_precision` sorts once and reads every language
-off the same order:
-
-1. each feature's samples are sorted by value (an int64 key: the float's order-preserving
-   bit pattern in the high half, the sample's index in the low half, so ``numpy.sort``'s
-   SIMD sorting network does it);
-2. the sorted samples' groups are sorted again, stably (a radix sort of small integers):
-   this lists, for every group, the sorted positions of its samples, ascending, in a fixed
-   column range of the group (groups have the same size in every feature);
-3. for the ``k``-th sample (0-based) of a group at sorted position ``p`` with value ``v``:
-   ``#{others < v} = first(v) - #{own < v}`` and ``#{others <= v} = last(v) + 1 - #{own <= v}``
-   (``first``/``last``: the first and last sorted position holding ``v``); without ties
-   both are ``p - k``. AUROC ``= sum (#others < v + #others <= v) / (2 n_own n_others)`` and
-   AP ``= mean of (n_own - #{own < v}) / (n - first(v))``, exactly the definitions of
-   :mod:`mechlingo.kernels.ranking` (scikit-learn's, ties included).
-
-Counts are exact int64, AUROC one float64 division (identical to the one-group kernel), AP a
-float64 mean (equal to it up to the order of a float64 sum, ~1e-16). On accelerators the
-one-group kernel runs once per group (no host round trip).
-"""
+(:func:`mechlingo.analyses.experts.score_neurons`). The order of a neuron's samples does not
+depend on the language, so :func:`grouped_auroc_and_average_precision` sorts each feature
+once (an int64 key: the float's order-preserving bits high, the sample index low), sorts the
+sorted samples' groups again, stably (every group's sorted positions in a fixed column range),
+and reads every group's counts off that order. The values are those of
+:mod:`mechlingo.kernels.ranking`: AUROC identical, AP equal up to the order of a float64 sum
+(~1e-16). On accelerators the one-group kernel runs once per group. The counting identities:
+``docs/methods/expert-neurons.md``."""
 
 from __future__ import annotations
 

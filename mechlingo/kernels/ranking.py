@@ -1,44 +1,18 @@
 """Pure-torch rank metrics for neuron-level analyses: separation scores of every feature
 (column) at once, language specificity, and the selection of the best features.
 
-Everything here works on tensors only (no model, no scikit-learn) and runs on whatever device
-the inputs live on: CPU or CUDA, unchanged. Hot paths never call ``.item()`` or ``.cpu()``;
-the only host synchronisations are the one-off input checks (NaN scan, label counts, empty
-masks), which are needed to raise a clear error.
-
-Contents
---------
-* :func:`auroc` -- area under the ROC curve, rank-based (Mann-Whitney U, average ranks for
-  ties); matches ``sklearn.metrics.roc_auc_score`` to ~1e-15.
-* :func:`average_precision` -- matches ``sklearn.metrics.average_precision_score`` (tied
-  scores form one threshold).
-* :func:`auroc_and_average_precision` -- both from one sort (the cost of one call).
-* :func:`lape` -- language activation probability entropy (Tang et al. 2024): entropy of each
-  neuron's activation probability across languages (the probabilities come from
-  :class:`mechlingo.kernels.streaming.ActivationProbability`).
+* :func:`auroc`, :func:`average_precision` and :func:`auroc_and_average_precision` (both
+  from one sort) -- equal to scikit-learn's, ties included;
+* :func:`lape` -- language activation probability entropy (Tang et al. 2024), from
+  :class:`mechlingo.kernels.streaming.ActivationProbability`;
 * :func:`top_k_per_language`, :func:`feature_mean`, :func:`feature_median` -- the best ``k``
   features of each language and the per-feature mean or median over a subset of rows (the
   value an expert neuron is clamped to).
 
-Numerical choices
------------------
-AUROC is computed with exact integer arithmetic (int64 pair counts) and one final float64
-division, so it is exact up to float64 rounding whatever the input dtype. Average precision
-accumulates float64 precisions. Ties are detected on the input dtype itself (sorting does not
-need an up-cast), so a float32 input is ranked exactly as scikit-learn ranks the same float32
-array.
-
-Kernels
--------
-Floats and integers of up to 32 bits on CPU: each feature's negatives and positives are
-sorted apart (float32 or int32 rows, numpy's SIMD sort) and the smaller side is located in
-the larger one by binary search; the second search that ties need runs on tied rows only
-(:func:`_host_sorted`, :func:`_host_statistics`). On accelerators: one ``torch.sort`` of
-int64 keys that carry the label in their low bit, then searches on every row, with no host
-round trip (:func:`_device_statistics`). float64 and int64 inputs: ``torch.sort`` and binary
-searches of the negatives among the positives (:func:`_rank_statistics`). All three count the
-same pairs exactly.
-"""
+Tensors only, on the inputs' device. Three kernels count the same pairs exactly: sorted
+halves and binary search on CPU (:func:`_host_sorted`), one int64-key sort on accelerators
+(:func:`_device_statistics`), binary search for float64/int64 (:func:`_rank_statistics`).
+Exactness and speed: ``docs/methods/expert-neurons.md``."""
 
 from __future__ import annotations
 
@@ -66,9 +40,8 @@ __all__ = [
 
 # Elements (n_samples * features) processed at once by the rank kernels when ``chunk_size`` is
 # not given. Peak extra memory on CPU is roughly 12 bytes per element (the gathered block,
-# its sorted float32 copy, search results for the positives): ~12 MB (measured, 2,000 samples,
-# one thread: 2,000 x 524 features is ~1.1x faster than x 131, the best size before the
-# kernel sorted the negatives and positives apart); on accelerators about 40 bytes per
+# its sorted float32 copy, search results for the positives): ~12 MB (the size was timed:
+# docs/benchmarks.md); on accelerators about 40 bytes per
 # element (int64 sort keys and working arrays), ~320 MB, where larger blocks amortise kernel
 # launches.
 _DEFAULT_CHUNK_ELEMENTS = {"cpu": 1 << 20, "other": 1 << 23}
@@ -209,9 +182,9 @@ def _host_sorted(block: Tensor, neg_idx: Tensor, pos_idx: Tensor) -> tuple[Tenso
     up to 32 bits: both exact images of the values, so ties are those of the input dtype).
 
     The rows are gathered from the row-contiguous samples (``index_select`` of the column
-    slice, then a transposed copy of that small block: ~8x faster than transposing the
-    strided slice, whose rows are far apart) and sorted by ``numpy``'s SIMD sorting networks
-    (numpy >= 2; ~10x faster than ``torch.sort`` on the same rows)."""
+    slice, then a transposed copy of that small block, rather than transposing the strided
+    slice, whose rows are far apart) and sorted by ``numpy``'s SIMD sorting networks (numpy
+    >= 2, faster than ``torch.sort`` on the same rows; timings in ``docs/benchmarks.md``)."""
     dt = torch.float32 if block.dtype in _KEY_FLOATS else torch.int32
     c = block.shape[1]
     neg = torch.empty((c, neg_idx.numel()), dtype=dt)

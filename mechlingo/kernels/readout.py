@@ -1,43 +1,16 @@
 """Reading residual-stream vectors through the final norm and the unembedding, in chunks.
 
-The cost of a logit-lens readout is the unembedding, ``rows x d_model x vocab``; with a
-262,144-token vocabulary a full ``[layers, batch, vocab]`` tensor of 19 x 32 rows is already
-600 MB. :func:`read_logits` therefore works through the rows in chunks and keeps only what
-the analyses need from each chunk: the softmax normalizer, the top-k tokens, and for each
-requested token set its log-probability mass, the log-probability of its primary token and
-the rank of its best token. It runs on the device of ``W_U`` (CUDA when the model is there)
-and computes in float32 whatever the model's dtype.
+A full ``[layers, batch, vocab]`` logit tensor is too large to keep (262,144 tokens), so
+:func:`read_logits` works through the rows in chunks and keeps only what the analyses read:
+the softmax normalizer, the top-k tokens, and for each token set its log-probability mass, the
+log-probability of its primary token and the rank of its best token (one fused pass per chunk,
+:func:`_softmax_stats`). It runs on the device of ``W_U`` and computes in float32 whatever the
+model's dtype. :func:`token_logprobs` reads chosen tokens' log-probabilities,
+:func:`final_logits` the logits of final-layer rows, and :func:`greedy_next` the exact greedy
+next token (screened in bfloat16, :mod:`mechlingo.kernels.argmax`).
 
-**Why not TransformerLens's ``logit_readout``.** TransformerLens 4.3's
-``transformer_lens.tools.analysis.logit_lens.logit_readout`` does the same chunked
-``ln_final -> W_U -> transform`` pass and gives the same numbers on the same rows (checked in
-``benchmarks/bench_lens.py``), but it lacks what the analyses read:
-
-* token-set mass: its targets are single tokens (shared, or one per row), so the probability
-  mass of an answer set (spacing variants and prefixes,
-  :func:`mechlingo.core.tokens.answer_tokens`) needs a ``vocab=`` call over every set's tokens
-  and a gather afterwards;
-* set ranks and more than one thing per pass: it takes one selector per call (``top_k``,
-  ``targets`` or ``vocab``), and ranks only its targets, so the top-k, the set masses and the
-  rank of each set's best token take 2 + (number of tracks) passes over ``W_U`` where
-  :func:`read_logits` takes one; each of its passes also computes a full-vocabulary
-  ``log_softmax`` and entropy;
-* a streamed normalizer: patching metrics need only the normalizer and a few token logits,
-  which :func:`read_logits` gets without materialising ``[rows, vocab]`` logits;
-* float32 logits on bfloat16 models: it multiplies in ``W_U``'s dtype, so a bfloat16
-  model's logits (and the ranks read from them) are bfloat16;
-* TransformerLens 3.x: mechlingo also runs on a 3.9 ``HookedTransformer``
-  (``scripts/check_hooked_transformer.sh``), whose ``tools.analysis`` has no logit lens.
-
-``benchmarks/bench_lens.py`` measures both on the same rows (its last line:
-``mechlingo readout vs TransformerLens logit_readout: N.Nx``). On the lens rows of 8 prompts
-x 19 entries of the embedded Gemma 3 270M (262,144 tokens, 2 tracks of up to 5 tokens, CPU,
-one thread, CPU clock, other jobs running): the same numbers take 1.42 s here and 8.43 s
-through ``logit_readout`` (5.9x; the same top-5, set masses to 6e-5 and the same set ranks);
-a top-5 alone costs about the same either way (1.90 s and 2.24 s). Past the unembedding GEMM
-a full readout makes one top-k pass and one fused pass over the vocabulary
-(:func:`_softmax_stats`).
-"""
+Why not TransformerLens's ``logit_readout``, and the measured comparison
+(``benchmarks/bench_lens.py``): ``docs/methods/logit-lens.md`` and ``docs/benchmarks.md``."""
 
 from __future__ import annotations
 
@@ -124,7 +97,7 @@ def unembed(
 
 
 # Vocabulary columns per step of the streamed normalizer: a [rows, 4096] float32 block stays
-# in cache; measured on 2 CPU cores, 296 rows x 262,144 tokens: 0.51 s vs 0.75 s unchunked.
+# in cache (timing in docs/benchmarks.md).
 _VOCAB_CHUNK = 4096
 
 
@@ -206,10 +179,8 @@ def _screen(model: Model, W: Tensor) -> Screen | None:
 def greedy_next(model: Model, resid: Float[Tensor, "row d_model"]) -> Int[Tensor, " row"]:
     """The greedy next token of each final-layer residual row: the float32 arg-max of the
     model's logits, found with the bfloat16 screen of :mod:`mechlingo.kernels.argmax` on
-    CPUs with native bfloat16 (3.3x faster than the float32 unembedding and arg-max over
-    1,469 decoding rows of Gemma 3, steered and not, on one thread of an AMD EPYC with
-    avx512_bf16; the screen keeps a bfloat16 copy of ``W_U``, 335 MB), else the plain
-    arg-max of :func:`final_logits`."""
+    CPUs with native bfloat16 (the screen keeps a bfloat16 copy of ``W_U``; timing in
+    ``docs/benchmarks.md``), else the plain arg-max of :func:`final_logits`."""
     dev = model.W_U.device
     with torch.no_grad():
         W = model.W_U
@@ -262,7 +233,7 @@ def _read_streamed(
     model: Model, x: Tensor, W: Tensor, ids: Tensor, primary: Tensor, out: Readout, rows: slice
 ) -> None:
     """Normalizers and the set tokens' logits only: stream over the vocabulary (the
-    ``[c, vocab]`` logits never exist; ~1.4x faster on CPU) and read the set tokens' logits
+    ``[c, vocab]`` logits never exist) and read the set tokens' logits
     from their own unembedding columns. Ranks are ``-1``."""
     norm = _streamed_logsumexp(model, x, W)
     out.logsumexp[rows] = norm
@@ -278,7 +249,7 @@ def _read_streamed(
 
 # Vocabulary columns per step of the fused softmax pass of :func:`_read_full`: the block of
 # logits and its exponentials stay in cache, so the pass reads each logit once from memory
-# (measured on [256, 262,144] logits, one thread: 1,024 columns 1.5x faster than 2,048).
+# (the block size was timed: docs/benchmarks.md).
 _STATS_BLOCK = 1024
 
 

@@ -1,63 +1,16 @@
 """Candidate ranking (Qi et al. 2023, BMLAMA): each candidate filled in at the mask and the
-filled sentence scored by the model's mean token cross-entropy.
+filled sentence scored by the model's mean token cross-entropy (nats; lower is better).
 
-**What is scored.** For a fact and a candidate ``c`` the filled sentence is
-``fact.filled(c)`` (the text before the mask, the language's separator, ``c``, the text after
-the mask). It is tokenized as a whole, as the model reads it (with BOS when the model adds
-one), and scored by the mean over its tokens of ``-log p(token | tokens before it)`` in nats
-(every token after the first: with a BOS, every token of the sentence). With
-``tokens="candidate"`` only the candidate's own tokens are averaged. With a ``prefix``
-(few-shot demonstrations), the prefix comes first and only the query sentence's tokens are
-scored. Lower is better; the candidate with the lowest score is the prediction.
+* :func:`candidate_layout` -- where a filled sentence's tokens split into stem, candidate and
+  suffix (the stem is each row's prompt length, so ``"last"`` is the token before the mask);
+* :func:`score_candidates` / :func:`score_candidates_conditions` -- every candidate of a batch
+  of facts scored, by default with each fact's shared tokens run once (within 1e-4 nats of
+  running every row whole);
+* :func:`rank_record` -- a fact's record under ``rank``: the ranking, the gold candidate's
+  rank and whether a gold candidate scored best.
 
-**Token boundaries.** Where the sentence's tokens split into stem, candidate and suffix is
-found by comparing tokenizations: the *stem* is the longest run of leading tokens the filled
-sentence shares with the tokenization of ``prefix + prompt`` (so every stem token lies wholly
-before the mask); the candidate's tokens run from there to the end of the leading run shared
-with ``prefix + prompt + separator + candidate``, plus the token that straddles the
-candidate's end when the suffix merges into it. In languages written with spaces the
-stem is the prompt's own tokens.
-
-**Where interventions act.** The pass runs with the filled sentences as the current batch
-(:func:`mechlingo.core.tokens.batch_context`) and each row's *prompt length* set to its stem
-length. So the position rules mean, under ranking:
-
-* ``"last"``: the stem's last token, the token before the mask (the position whose output
-  predicts the candidate's first token); never the last token of the filled sentence;
-* ``"generated"``: the candidate's tokens and the text after them; ``"last+generated"``
-  both;
-* ``"all"``: every token but BOS (demonstrations included);
-* negative integers count back from the stem's last token, as they count back from a
-  prompt's last token in generation.
-
-**Batching.** Every candidate of a batch of facts is a row of one right-padded forward pass
-that stops after the last block (the model's own ``[rows, pos, vocab]`` logits are never
-computed); only the positions that predict a scored token are read, through the final norm,
-as ``target logit - logsumexp`` (:func:`mechlingo.kernels.readout.token_logprobs`). A fact's
-stem tokens are the same in all its rows and, with causal attention, so are their
-log-probabilities: they are read once per fact, from its first row, when every candidate has
-the same stem (which needs a positions rule that treats the stem alike in every row, as every
-built-in rule does). Batched scores equal scoring each sentence alone (tested).
-
-**Shared stems.** The candidates of a fact share their leading tokens (BOS, demonstrations,
-the text before the mask), and a causal model computes those positions alike in every row,
-before any position an intervention edits (:func:`mechlingo.interventions.apply.first_edit`: the
-token before the mask under ``"last"``). By default each fact's shared tokens run once, in a
-pass over one row per fact that records their keys and values (and reads the stem's scored
-positions); each candidate row then runs only its last tokens against that cache (a shorter
-row's padding stays in the cache as a gap the mask hides). Facts whose queries follow the
-same prefix tokens (one ``prefixes`` text per language, say) are batched together, and that
-prefix runs once per pass, as one row, before each fact's own stem tokens. Where that
-cannot run (a model whose cache cannot be reused, an intervention editing the whole stem,
-rows too wide for a sliding window) every row runs whole; the scores agree to float
-rounding (within 1e-4 nats, tested). Inside
-:func:`mechlingo.activations.distributed.sharded_scoring` under torchrun the passes are shared
-out among the ranks and the scores gathered in order.
-
-**The record.** :func:`rank_record` turns a fact's scores into its record under ``rank``:
-the ranking, the gold candidate's rank, and whether a gold candidate
-(:func:`mechlingo.scoring.scorers.gold_indices`) scored best.
-"""
+The rule, the token boundaries and where interventions act: ``docs/methods/scoring.md``;
+shared stems and demonstrations across facts: ``docs/scaling.md``."""
 
 from __future__ import annotations
 

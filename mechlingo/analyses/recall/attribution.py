@@ -1,70 +1,18 @@
 """Attribution patching (AtP): every cell of a patching grid from one forward and one
-backward pass.
+backward pass, ``metric(patched) ~= metric(target) + (a_source - a_target) . d metric / d a``.
 
-**What it estimates.** Exact activation patching (:func:`mechlingo.analyses.recall.patching.patch_activations`)
-runs the target ("corrupted") prompt once per *cell* -- a site, a layer, a token position
-and, for heads, a head -- with that activation replaced by the source ("clean") run's, and
-reads a metric at the target's last real token. Attribution patching (Nanda 2023; Syed et
-al. 2023) replaces each of those runs by a first-order Taylor expansion around the target
-run::
+* :func:`attribution_patch` takes the arguments of
+  :func:`mechlingo.analyses.recall.patching.patch_activations` (resolved by the same code,
+  :mod:`mechlingo.analyses.recall.patching.grid`) and returns the same
+  :class:`~mechlingo.analyses.recall.patching.PatchingResult`, whose ``values`` are the
+  *estimated* patched metric and ``clean``/``corrupted`` the measured baselines;
+* :func:`neuron_attribution`: the same estimate for every MLP neuron (``mlp_post``);
+* :func:`verify_top_cells` and :func:`compare_patching`: the top cells patched exactly, and
+  the agreement with exact patching (verify the cells you report).
 
-    metric(patched cell) ~= metric(target) + (a_source - a_target) . d metric / d a
-
-where ``a`` is the activation at the cell (a ``d_model`` vector for residual, attention and
-MLP outputs, one head's ``hook_z`` row of ``d_head`` values for a head, one number for an MLP
-neuron) and the gradient is taken on the target run. One backward pass per metric gives the
-gradient at every hook and position at once, so the whole grid -- every layer, position,
-head and neuron -- costs about one forward and one backward pass of the target batch, plus
-one forward of the source batch, instead of one forward per cell.
-
-:func:`attribution_patch` takes exactly the arguments of ``patch_activations`` (sources, targets,
-sites, layers, positions, metrics, ``alignment``, subject spans) and resolves them with the
-same code (:mod:`mechlingo.analyses.recall.patching.grid`), so cross-language pairs, the subject/last
-alignment and the metrics mean the same thing. It returns the same
-:class:`~mechlingo.analyses.recall.patching.PatchingResult`: ``values`` holds the *estimated* patched metric
-(``corrupted + estimate``), ``clean`` and ``corrupted`` the measured baselines, so
-``normalized()``, ``grid()``, ``to_dataframe()``, ``fig_heatmap()`` and the circuit diagram
-work unchanged. :func:`neuron_attribution` gives the same estimate for every MLP neuron
-(``mlp_post``), which exact patching does not patch.
-
-**AtP* corrections (Kramar et al. 2024): what is implemented.**
-
-* *QK fix* (attention saturation), for ``resid_pre`` cells: a ``resid_pre`` patch at layer
-  ``l`` enters layer ``l``'s attention softmax directly (through the queries of its position
-  and the keys of its position). The linear estimate of that path is replaced by the exact
-  change of layer ``l``'s attention pattern, linearised only from the pattern onward::
-
-      estimate = g . d  -  (dA/dx)^T g_A . d  +  sum g_A * (A_patched - A_target)
-
-  with ``d`` the activation difference, ``g_A`` the gradient with respect to layer ``l``'s
-  attention pattern, and ``A_patched`` computed by a cheap partial pass (the target grows by
-  one patched copy per position at layer ``l``'s block input; the copies run layer ``l``'s
-  attention only and are dropped again before its MLP). On by default
-  (``qk_fix=True``).
-* The QK fix does *not* apply to the other sites of a grid: a head's ``hook_z`` and the
-  ``attn_out``/``mlp_out``/``resid_mid``/``resid_post`` outputs reach the next softmax only
-  through at least one more nonlinearity (a norm or an MLP), and AtP* does not correct those
-  downstream softmaxes either; for these cells the estimate is plain AtP.
-* *GradDrop* (cancellation between direct and indirect paths) is **not** implemented: it
-  estimates magnitudes only (``mean_l |AtP with layer l's gradient dropped|``), which cannot
-  be compared with signed patching effects, and it costs one more backward pass per layer.
-* The AtP* false-negative diagnostic (subsampled exact verification) is replaced by explicit
-  verification: :func:`verify_top_cells` patches the top cells exactly, and
-  :func:`compare_patching` gives the rank correlation and top-k agreement against exact
-  patching.
-
-**When it is accurate.** The estimate is exact to first order: for a small patch (a target
-activation moved by ``eps`` towards the source) it equals the exact effect up to
-``O(eps^2)`` (tested). For whole patches it is a ranking tool: measured on gemma-3-270m
-(``benchmarks/bench_attribution.py``) its Spearman correlation with exact patching is high
-for ``attn_out``/``mlp_out`` and lower for single heads; verify the cells you report.
-
-The gradient pass itself (one forward and one backward pass, integrated gradients' copies,
-the QK fix's pattern pass) is :mod:`mechlingo.analyses.recall.gradients`. Gradients are
-enabled locally (``torch.enable_grad()``) and never reach the model's parameters (only
-activation gradients are computed, with ``torch.autograd.grad``); every hook is removed when
-a pass ends, also after an error.
-"""
+The AtP* QK fix is on by default for ``resid_pre`` cells (``qk_fix=True``); GradDrop is not
+implemented. The method, its accuracy and its cost: ``docs/methods/recall-pipeline.md``. The
+gradient passes are :mod:`mechlingo.analyses.recall.gradients`."""
 
 from __future__ import annotations
 

@@ -268,9 +268,9 @@ def _grown_final(
 
 PASS_COST_POSITIONS = 32
 """What one forward pass costs before it computes anything, in row-positions through the
-whole model: on 2 CPU cores a pass of the embedded model costs about 70 ms of fixed work
-(hooks, kernel calls, every weight read once) and about 2 ms per row and position computed
-through all 18 layers. :func:`prefix_parts` weighs an extra pass against the positions it
+whole model: the fixed work of a pass (hooks, kernel calls, every weight read once) over the
+cost of one row-position through every layer, as measured on the embedded model
+(``docs/benchmarks.md``). :func:`prefix_parts` weighs an extra pass against the positions it
 saves."""
 
 
