@@ -1,32 +1,12 @@
 """Exact greedy argmax over a large vocabulary, screened by a bfloat16 unembedding.
 
-Greedy decoding needs only the arg-max of ``x @ W_U + b_U``, but the float32 product over a
-262,144-token vocabulary is the largest single cost of a decoding step on a CPU (0.22 s for
-32 rows on 2 cores). With bfloat16 matrix units (AVX512-BF16 / AMX on CPUs, any recent GPU)
-the same product in bfloat16 takes about a fifth of that (measured: 0.046 s vs 0.22 s).
-This module uses the bfloat16 product only to *screen*: every column whose logit could still
-be the maximum is kept, and the kept columns are scored again in float32, so the answer is
-the float32 arg-max.
-
-The screen is rigorous. Write ``bx`` and ``bW`` for ``x`` and ``W`` rounded to bfloat16 and
-``u = 2**-8`` for its unit round-off. The products ``bx_i * bW_ij`` are exact in float32, so
-the screened logit ``a_j`` (the float32 sum of them, rounded to bfloat16) and the float32
-logit ``e_j`` differ by at most
-
-    ||x|| ||W_j - bW_j|| + ||x - bx|| ||bW_j||          (rounding the two factors)
-    + g (||bx|| ||bW_j|| + ||x|| ||W_j||)               (both float32 sums, g = gamma_d)
-    + u / (1 - u) |a_j|                                 (rounding the sum to bfloat16)
-
-(Cauchy--Schwarz on ``x.W_j - bx.bW_j = x.(W_j - bW_j) + (x - bx).bW_j``). The rounding
-norms are measured, not bounded by ``u``: for Gemma 3's unembedding ``||W_j - bW_j||`` is
-0.0014 ``||W_j||`` on average, so this slack is about a quarter of the bound ``2.5 u ||x||
-||W_j||`` the screen used before. That one kept so many columns on real decoding rows that
-the full float32 product it then fell back to was a fifth of the transfer matrix's time
-(a profile, this project's ``docs/scaling.md``). A column is dropped only
-when its upper bound lies below the best lower bound of its row, so the true arg-max is
-never dropped. Ties between kept columns resolve to the lowest index, as
-:func:`torch.argmax` does over the whole vocabulary.
-"""
+The bfloat16 product ``x @ W_U`` is only a *screen*: every column whose logit could still be
+the maximum (its upper error bound, :func:`error_bound`, reaches the row's best lower bound)
+is kept by :func:`kept_columns` and scored again in float32, so :func:`screened_argmax` returns
+the float32 arg-max (ties to the lowest index, as :func:`torch.argmax`). :func:`build_screen`
+makes the bfloat16 copy of ``W_U`` and its measured rounding norms; :func:`bf16_supported`
+says where bfloat16 matrix units make it pay. The bound and why it is rigorous:
+``docs/scaling.md``; timings: ``docs/benchmarks.md``."""
 
 from __future__ import annotations
 

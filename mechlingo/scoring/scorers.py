@@ -1,42 +1,18 @@
 """The three scorers behind ``--metric``, their rules, and the statistics of each.
 
-* ``generate`` (the default): mechlingo's greedy prefix rule, the *eval rule*
-  (:func:`is_correct`; generation in :mod:`mechlingo.scoring.evaluate`): the greedy
-  continuation of the prompt, cut at its first line break, starts with the answer or an
-  alias after normalisation, at a word boundary (below).
-* ``klar``: the rule of the KLAR benchmark's reference code (Wang et al. 2025;
-  ``cisnlp/multilingual-fact-tracing``): three solved demonstrations of the same relation and
-  language, each written ``prompt + " " + answer`` and followed by a line break, then the
-  query prompt; greedy decoding of at most 10 new tokens (to EOS, not cut at a line break);
-  the prediction is the whole continuation lower-cased and stripped, and it is correct when
-  it is a non-empty prefix of the lower-cased, stripped target or the target is a prefix of
-  it (:func:`klar_match`). Consistency (CLC) per language is the Jaccard overlap of the ids it
-  gets right with those English gets right (:func:`clc`).
-* ``rank``: candidate ranking (Qi et al. 2023, BMLAMA; ``Betswish/Cross-Lingual-Consistency``):
-  every candidate filled in at the mask, scored by the filled sentence's mean token
-  cross-entropy (:mod:`mechlingo.scoring.rank`); correct when a gold candidate scores best
-  (P@1). Consistency between two languages is RankC (:func:`rankc`).
+* ``generate`` (the default): the *eval rule* (:func:`is_correct`): the greedy continuation,
+  cut at its first line break, starts with the answer or an alias after normalisation, at a
+  word boundary in languages written with spaces;
+* ``klar``: the KLAR benchmark's reference rule (:func:`klar_match`), consistency by CLC
+  (:func:`clc`);
+* ``rank``: candidate ranking by cross-entropy (:mod:`mechlingo.scoring.rank`), P@1,
+  consistency by RankC (:func:`rankc`).
 
-Every scorer is chosen with a :class:`Scorer` (or its name) passed as ``metric=`` to
-:func:`mechlingo.scoring.evaluate.evaluate_facts`, which every caller (``eval``,
-``steer eval``'s sweep, headroom and test, the repair helpers) goes through. A record a
-metric cannot use is skipped for that metric only and counted by reason
-(:func:`skip_reason`); ``docs/methods/scoring.md`` has the details.
-
-**The eval rule.** The model continues the prompt greedily for ``max_new_tokens`` tokens; the
-continuation is cut at its first line break; it is *correct* when, after normalisation, it
-starts with the answer or one of its aliases. Normalisation: Unicode NFKC, case-folding,
-leading whitespace and punctuation (quotes, colons, dashes, brackets) removed, runs of
-whitespace collapsed to one space. In languages written with spaces the match must end at a
-word boundary ("Rom" does not match "Romania"); in Chinese, Japanese and Korean, where
-particles attach to the word, it need not.
-
-This module holds the rules of what counts as correct (:func:`is_correct`, :func:`decided`,
-:func:`klar_match`, :func:`klar_decided`, :func:`in_english`) and usable
-(:func:`skip_reason`, :func:`split_usable`), and a fact's record under ``generate`` and
-``klar`` (:func:`generate_record`, :func:`klar_record`; under ``rank``:
-:func:`mechlingo.scoring.rank.rank_record`).
-"""
+A :class:`Scorer` (or its name) is passed as ``metric=`` to
+:func:`mechlingo.scoring.evaluate.evaluate_facts`. This module holds what counts as correct
+and usable (:func:`decided`, :func:`klar_decided`, :func:`in_english`, :func:`skip_reason`,
+:func:`split_usable`) and a fact's record (:func:`generate_record`, :func:`klar_record`).
+Every rule in full: ``docs/methods/scoring.md``."""
 
 from __future__ import annotations
 

@@ -5,25 +5,13 @@
 * :func:`score`: the one scoring call of the dev grid, the test conditions and the transfer
   matrix (one condition, or many at once through one shared-prefix pass).
 * :func:`headroom`: per language, zero-shot accuracy (the floor) and k-shot accuracy (what
-  engaging recall can reach: the same queries after ``k`` solved demonstrations from the build
-  split), each with a Wilson interval. A repair effect can only be as large as that room.
+  engaging recall can reach), each with a Wilson interval.
 * :func:`lowest_language_rule`: the lowest-performing language by the headroom rule and by
-  the literal rule (ties pooled), the one rule the steering evaluation, ``mechlingo
-  replicate`` and the reports use.
-* :func:`choose_on_dev`: the dev grid, every setting scored on dev and one chosen.
-
-**The dev grid.** :func:`choose_on_dev` scores both vectors at every second layer from about
-20% to about 90% of the depth (:func:`mechlingo.core.sites.every_second_layer`),
-alpha on a log grid from 0.03 to 0.6 (residual-norm units,
-:data:`mechlingo.analyses.recall.settings.ALPHA_GRID`), on a *screen* subset of the dev facts;
-the best few settings of each vector are re-scored on the whole dev split, and the best few
-task x diff pairs are combined. The objective is the mean accuracy over the non-English
-languages; English is a constraint (it may not drop by more than ``en_tolerance``). "No
-intervention" is a candidate: a setting is *chosen* only if it beats it on the dev
-non-English items by an exact McNemar test at ``p < 0.1``; otherwise ``dev_effect`` is
-``"none found"`` and test still scores the best candidate, labelled as such. The lowest
-language is fixed here too, on dev (:func:`lowest_language_rule`).
-"""
+  the literal rule (ties pooled), the one rule ``steer eval``, ``replicate`` and the reports use.
+* :func:`choose_on_dev` (:class:`DevSearch`, :class:`Choice`): the dev grid (both vectors,
+  every second layer, a log grid of alphas; :class:`~mechlingo.analyses.recall.settings.DevGrid`)
+  scored on dev and one setting chosen only if it beats "no intervention" by an exact McNemar
+  test. The grid and the rules: ``docs/methods/repair-vectors.md``."""
 
 from __future__ import annotations
 

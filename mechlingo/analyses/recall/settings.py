@@ -3,23 +3,16 @@
 What travels together is one frozen dataclass: :class:`BuildSettings` (how the two vectors
 are built), :class:`DevGrid` (what the dev search tries and how it decides),
 :class:`ScoringOptions` (how every item is scored), :class:`SplitSettings` (how the facts are
-split by id) and :class:`MatrixSettings` (the sizes and grid of the transfer matrix).
-:func:`mechlingo.analyses.recall.steering.build_steering_vectors`,
-:func:`mechlingo.analyses.recall.dev_grid.choose_on_dev`,
-:func:`mechlingo.analyses.recall.steer_eval.run_steer_eval`,
-:func:`mechlingo.analyses.recall.transfer.transfer_matrix`, the CLI (``mechlingo steer``) and the
-card's budgets (:mod:`mechlingo.card.replicate`) all take these objects, so a default is
-written here and nowhere else.
+split by id) and :class:`MatrixSettings` (the sizes and grid of the transfer matrix). The
+builders, the dev search, ``run_steer_eval``, ``transfer_matrix``, the CLI (``mechlingo
+steer``) and the card's budgets all take these objects, so a default is written here and
+nowhere else.
 
-**Layer rules** (in :mod:`mechlingo.core.sites`, beside the other layer resolution):
-:func:`~mechlingo.core.sites.every_second_layer` is the dense dev grid of ``steer eval``,
-:func:`~mechlingo.core.sites.layers_at` the layers at given fractions of the depth;
-:func:`matrix_layers` is the latter at :data:`MATRIX_LAYER_FRACTIONS`.
-
-(The lens's "mid-network" entries of ``mechlingo trace``,
-:func:`mechlingo.analyses.recall.trace.default_mid_layers`, are a third thing: a contiguous
-range of *lens entries* to read the latent language from, not places to steer.)
-"""
+Layer rules: :func:`~mechlingo.core.sites.every_second_layer` (the dense dev grid) and
+:func:`~mechlingo.core.sites.layers_at` (layers at fractions of the depth) live in
+:mod:`mechlingo.core.sites`; :func:`matrix_layers` is the latter at
+:data:`MATRIX_LAYER_FRACTIONS` (the tracer's ``default_mid_layers`` are lens entries, not
+places to steer)."""
 
 from __future__ import annotations
 

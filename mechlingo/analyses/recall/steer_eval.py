@@ -1,43 +1,17 @@
 """The repair-vector protocol: choose on dev, report on test, say how sure it is.
 
-This is what ``mechlingo steer eval`` runs (and what a notebook can call step by step):
+:func:`run_steer_eval` is what ``mechlingo steer eval`` runs (:class:`SteerEvalResult`); a
+notebook can call its steps one by one: headroom
+(:func:`mechlingo.analyses.recall.dev_grid.headroom`: zero-shot and k-shot accuracy per
+language), the dev sweep (:func:`mechlingo.analyses.recall.dev_grid.choose_on_dev`, which also
+fixes the lowest language), and test (:func:`evaluate_test`, :class:`SteerTestResult`:
+``orig``, ``task``, ``diff``, ``both`` and norm-matched ``random`` over at least 3 seeds, with
+Wilson intervals, exact McNemar tests and paired bootstrap intervals of the gains).
 
-1. **Headroom** (:func:`mechlingo.analyses.recall.dev_grid.headroom`): per language, zero-shot accuracy (the floor) and k-shot
-   accuracy (what engaging recall can reach: the same queries after ``k`` solved
-   demonstrations from the build split), each with a Wilson interval. A prompt family that
-   already engages recall (tuned templates) leaves little room between the two, and a repair
-   effect can only be as large as that room.
-2. **Dev sweep** (:func:`mechlingo.analyses.recall.dev_grid.choose_on_dev`): both vectors at every second layer from about 20% to about
-   90% of the depth, alpha on a log grid from 0.03 to 0.6 (residual-norm units), on a
-   *screen* subset of the dev facts; the best few settings of each vector are re-scored on
-   the whole dev split, and the best few task x diff pairs are combined. The objective is the
-   mean accuracy over the non-English languages; English is a constraint (it may not drop by
-   more than ``en_tolerance``). "No intervention" is a candidate: a setting is *chosen* only
-   if it beats it on the dev non-English items by an exact McNemar test at ``p < 0.1``;
-   otherwise ``dev_effect`` is ``"none found"`` and test still scores the best candidate,
-   labelled as such. The lowest language is fixed here, on dev, by the headroom rule
-   (:func:`mechlingo.analyses.recall.dev_grid.lowest_language_rule`): among the non-English languages whose few-shot accuracy
-   beats their zero-shot accuracy (exact McNemar, ``p < 0.1``), those with the lowest
-   zero-shot accuracy; the literal rule (the lowest zero-shot accuracy over the non-English
-   languages) is reported next to it, with the languages excluded for lack of headroom.
-   Tied languages are kept together and their test items pooled.
-3. **Test** (:func:`evaluate_test`): ``orig``, ``task``, ``diff``, ``both`` and ``random``
-   (norm-matched random directions at the selected candidate's places, one per seed, at least
-   3 seeds); Wilson intervals per language and condition; fixed/broken counts with exact
-   McNemar p against ``orig`` and against each random seed; paired bootstrap intervals of the
-   non-English mean gain and of the lowest language's gain (relative where its ``orig`` > 0).
-
-**Metrics.** Every stage scores with the same ``metric`` (``generate``, the default; ``rank``
-or ``klar``, see :mod:`mechlingo.scoring.scorers`), passed to :func:`mechlingo.analyses.recall.dev_grid.score`. Under ``rank``
-the k-shot headroom condition puts the demonstrations before the filled query sentence and
-scores the query's tokens only; under ``klar``, whose prompts already carry demonstrations
-(drawn from the build split, never from dev or test), headroom compares KLAR's rule with 0
-demonstrations (``zero_shot``) and with ``k`` (``k_shot``).
-
-Fact ids are split once by a hash (:func:`mechlingo.data.splits.split_facts`): no test id is
-ever used to build a vector, to draw a demonstration or to choose a setting
-(:func:`mechlingo.analyses.recall.dev_grid.check_disjoint` is called before every stage; a test fails if one leaks).
-"""
+Every stage scores with the same ``metric``; fact ids are split once by a hash and
+:func:`mechlingo.analyses.recall.dev_grid.check_disjoint` runs before every stage, so no test
+id builds a vector, draws a demonstration or chooses a setting. The protocol in full:
+``docs/methods/repair-vectors.md`` (``docs/methods/scoring.md`` for the metrics)."""
 
 from __future__ import annotations
 

@@ -1,29 +1,17 @@
-"""The two repair vectors of Lu et al. (2025) and their sweep/evaluation.
+"""The two repair vectors of Lu et al. (2025): building them and scoring fixed conditions.
 
-* **Recall-engagement (task) vector**: the mean last-token ``resid_pre`` over few-shot recall
-  prompts minus the zero-shot mean (default; ``subtract_zero_shot=False`` keeps the plain
-  few-shot mean), for every layer. Added in middle layers at the last prompt token, it pushes
-  the model into "recall the fact" mode.
-* **Back-translation (difference) vector**: mean last-token ``resid_pre`` over explicit
-  translation prompts ("English: Rome\\nFrench:") minus the mean over zero-shot recall
-  prompts, for every layer. Added in late layers, it pushes the model into "say it in the
-  target language" mode.
+* **task** (recall engagement): the mean last-token ``resid_pre`` over few-shot recall prompts
+  minus the zero-shot mean (``subtract_zero_shot=False`` keeps the plain few-shot mean);
+* **diff** (back-translation): the mean over explicit translation prompts ("English:
+  Rome\nFrench:") minus the zero-shot mean.
 
-Both are ``[n_layers, d_model]`` stacks (:class:`~mechlingo.interventions.SteeringVector`
-with no layer); applying one picks a layer and a scale with ``.at(layer, alpha)``.
-
-**Units.** By default (``unit="resid"``) each row is the vector's *direction* scaled to the
-mean last-token residual norm at that layer (measured on the zero-shot build prompts), so
-``alpha`` is "a fraction of a typical residual there" and one alpha grid fits every layer
-(the raw norms span three orders of magnitude across the layers of gemma-3-270m). The unit
-is recorded in ``build["unit"]``, in every saved vector's metadata and in the summary.
-
-The protocol that chooses layers and scales on dev and reports test accuracy with
-confidence intervals is :mod:`mechlingo.analyses.recall.steer_eval` (what ``mechlingo steer eval`` runs); this
-module builds the vectors and scores fixed
-conditions at one given config (:func:`score_at_config`, a quick look); the facts are
-split by id with :func:`mechlingo.data.splits.split_facts`.
-"""
+:func:`build_steering_vectors` gives both as ``[n_layers, d_model]`` stacks
+(:class:`SteeringPair` of :class:`~mechlingo.interventions.SteeringVector`; place one with
+``.at(layer, alpha)``). By default (``unit="resid"``) each row is scaled to the mean last-token
+residual norm at its layer, so ``alpha`` is a fraction of a typical residual there; the unit is
+recorded in ``build["unit"]``, every saved vector and the summary. :func:`score_at_config`
+scores fixed conditions at one config (a quick look); the protocol that chooses on dev is
+:mod:`mechlingo.analyses.recall.steer_eval`. The method: ``docs/methods/repair-vectors.md``."""
 
 from __future__ import annotations
 

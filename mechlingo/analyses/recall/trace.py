@@ -1,29 +1,16 @@
 """The recall pipeline tracer: where does factual recall in language L succeed or fail?
 
 Lu et al. (2025) describe multilingual factual recall as a pipeline: the query is read, the
-fact is recalled with the English mechanism (the *English* answer becomes decodable by the
-logit lens in the middle layers), and the last layers convert it into the prompt's language.
-:func:`trace_recall` puts every query into one of five classes by combining the greedy answer
-(:func:`mechlingo.scoring.evaluate.evaluate_facts`, the eval rule) with the logit lens on the same
-prompt (:func:`mechlingo.analyses.decoders.lens.lens_facts`):
-
-* ``correct``: the greedy answer is right.
-* ``wrong_language``: the greedy answer is the right answer but in English (or in another
-  bundled language), not in the prompt's language.
-* ``translation_failure``: wrong, but the English answer reached rank <= ``max_rank`` at some
-  lens entry of the middle window: the fact was recalled, the conversion to L failed.
-* ``recall_failure``: wrong, and neither the English nor the L answer reached rank <=
-  ``max_rank`` anywhere in the middle window: recall was never engaged.
-* ``other``: wrong, with only the L answer decodable mid-network (or, for English prompts,
-  the answer decodable mid-network but lost at the end).
-
-For English prompts the English and L answers coincide, so ``translation_failure`` does not
-apply to them.
-
-:func:`pipeline_stages` reads the layer bands of the three stages (subject enrichment,
-English recall, conversion to L) from a patching sweep and a trace; the circuit diagram
-(:meth:`mechlingo.analyses.recall.patching.PatchingResult.fig_circuit`) shades them.
-"""
+fact is recalled with the English mechanism (the English answer becomes decodable by the logit
+lens in the middle layers), and the last layers convert it into the prompt's language.
+:func:`trace_recall` puts every query into one of five classes (``correct``,
+``wrong_language``, ``translation_failure``, ``recall_failure``, ``other``) by combining the
+greedy answer (:func:`mechlingo.scoring.evaluate.evaluate_facts`) with the logit lens on the
+same prompt (:func:`mechlingo.analyses.decoders.lens.lens_facts`), as a :class:`TraceResult`.
+:func:`pipeline_stages` reads the layer bands of the three stages from a patching sweep and a
+trace; :func:`measure_patching` and :func:`patch_language` run the per-language patching, and
+:func:`run_trace` is the whole ``mechlingo trace`` (:class:`TraceRun`). The classes and what
+the embedded model shows: ``docs/methods/recall-pipeline.md``."""
 
 from __future__ import annotations
 

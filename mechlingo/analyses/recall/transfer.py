@@ -1,44 +1,18 @@
 """Are the repair vectors independent of dataset and language? The transfer matrix.
 
-Lu et al. (2025) call their two repair vectors "independent of languages and datasets". This
-module measures that claim, cell by cell:
+Lu et al. (2025) call their two repair vectors "independent of languages and datasets".
+:func:`transfer_matrix` measures that claim cell by cell, ``by="relation"`` (rows ``all``,
+``all_but_R``, ``only_A``; columns the test relation R, so ``all_but_R`` x R is the transfer
+test proper) or ``by="lang"`` (rows ``all`` and ``all_but_L``, tested on L);
+:func:`transfer_matrices` runs both, as ``mechlingo steer eval --transfer`` does. Each row's
+layer and alpha are chosen on the dev split of its build relations (languages) only, by
+:func:`mechlingo.analyses.recall.dev_grid.choose_on_dev`; each cell reports the gain over
+``orig`` with a paired bootstrap interval and an exact McNemar p, the same for a norm-matched
+random control, and the vectors against the control (:class:`TransferMatrix`).
 
-* **by relation** (``by="relation"``): the rows say how the vectors were built -- from every
-  relation (``"all"``), from every relation but the test relation R (``"all_but_R"``), or
-  from one relation A alone (``"only_A"``); the columns are the test relation R. The cell
-  ``all_but_R`` x R is the transfer test proper (R never seen); ``only_R`` x R is the
-  in-domain reference; ``only_A`` x R (A != R) shows what a single-relation vector does to
-  another relation.
-* **by language** (``by="lang"``): the vectors are built from every language (``"all"``)
-  or from every language but L (``"all_but_L"``), chosen on dev without L, and tested on L.
-
-**Layer and alpha are chosen on the dev split of the build relations (languages) only**, by
-the protocol's dev sweep (:func:`mechlingo.analyses.recall.dev_grid.choose_on_dev`: "no intervention" is a
-candidate that an exact McNemar test must beat), never on the test relation or language.
-Each cell then scores, on the test split of its column (non-English items only):
-
-* ``gain``: accuracy of the dev-selected condition (``task``, ``diff`` or ``both``) minus
-  ``orig``, with a paired bootstrap 95% interval, and ``p``, the exact McNemar p against
-  ``orig``;
-* ``control_gain`` / ``control_p``: the same for a norm-matched random control (random
-  directions with the selected vectors' norms, at the same layers and scales);
-* ``vs_control_p``: exact McNemar of the intervention against the control.
-
-**Building once.** The vectors of every row are means over prompt sets, so the build facts
-are run once, per (relation, language) group (:func:`mechlingo.analyses.recall.pooled.group_stats`), and each row's vectors
-are the pooled means of its groups (:func:`mechlingo.analyses.recall.pooled.pooled_vectors`): exactly what
-:func:`mechlingo.analyses.recall.steering.build_steering_vectors` gives on the same facts (tested), at
-the cost of one build instead of one per row. Demonstrations (few-shot and translation) are
-drawn from the same relation's build facts only, so a group's prompts never contain another
-relation's facts. The build facts are balanced: the same number of fact ids per relation.
-
-**Scoring the test facts once per row.** Every row scores the same test prompts of its
-columns under its own vectors, so their unpatched prefix passes are kept across rows
-(:mod:`mechlingo.activations.memo`, at most 1 GiB; the outcomes are those without it).
-
-Every scoring call goes through the protocol's scoring function, and ``**score_kw`` reaches
-it unchanged (e.g. a ``metric=``).
-"""
+The build facts run once per (relation, language) group and each row's vectors are pooled
+from its groups (:mod:`mechlingo.analyses.recall.pooled`); ``**score_kw`` reaches the scoring
+call unchanged. The protocol and the measured matrices: ``docs/methods/repair-vectors.md``."""
 
 from __future__ import annotations
 

@@ -1,41 +1,18 @@
 """Activation patching over a grid of cells (batched), cross-language patching and attention
 knockout.
 
-**Activation patching.** Two runs: the *source* (TransformerLens calls it "clean") and the
-*target* ("corrupted"). For one *cell* -- a site (``resid_pre``, ``resid_post``, ``resid_mid``,
-``attn_out``, ``mlp_out``, or one attention ``head``'s output ``attn_z``), a layer and a token
-position -- the target run is repeated with its activation at that cell replaced by the
-source run's, and a metric is read at the target's last real token. A large effect says that
-the information carried by that activation is enough to move the target towards the source's
-behaviour. :func:`patch_activations` does this for a whole grid of cells:
+:func:`patch_activations` repeats the *target* ("corrupted") run with its activation at one
+*cell* (a site, a layer, a token position, optionally a head) replaced by the *source*
+("clean") run's, for a whole grid of cells, and reads a metric at the target's last real token:
+the source activations are read once, many patched copies share one forward pass
+(:mod:`~mechlingo.analyses.recall.patching.passes`), and each row's last token is unembedded
+in one batched readout. For same-shape inputs the values equal ``transformer_lens.patching``'s.
 
-* the source activations are read once, and only at the hooks and positions the grid needs;
-* many patched copies of the target share one forward pass, each copy carrying the patch of one
-  cell; by default (``batching="grow"``) the batch grows mid-pass so the work below a cell's
-  layer is shared (:mod:`~mechlingo.analyses.recall.patching.passes`);
-* each pass stops at the final residual stream, and the last real token of every row is
-  unembedded in one batched readout.
-
-For same-shape inputs the values equal TransformerLens's ``transformer_lens.patching``
-functions (``get_act_patch_resid_pre`` ...), per example.
-
-The package's modules, lowest first:
-
-* :mod:`~mechlingo.analyses.recall.patching.metrics` -- :class:`Metric`: log-probability (or
-  probability) of an answer token set, or the logit difference between two answers;
-* :mod:`~mechlingo.analyses.recall.patching.positions` -- inputs, subject spans and the alignment of
-  positions across prompts of different lengths (cross-language patching);
-* :mod:`~mechlingo.analyses.recall.patching.runs` -- the source and target passes;
-* :mod:`~mechlingo.analyses.recall.patching.result` -- :class:`PatchingResult` (normalised effects,
-  bootstrap intervals, tables, figures);
-* :mod:`~mechlingo.analyses.recall.patching.grid` -- a grid's arguments resolved (shared with
-  :mod:`mechlingo.analyses.recall.attribution`);
-* :mod:`~mechlingo.analyses.recall.patching.passes` -- the patched passes (``"grow"`` and ``"stack"``);
-* :mod:`~mechlingo.analyses.recall.patching.knockout` -- attention knockout (Geva et al. 2023).
-
-This module holds :func:`patch_activations` itself, and the hook factories its passes use
-are looked up here (``_writer``, ``_brancher``) when it starts, so a test can replace them.
-"""
+Modules, lowest first: ``metrics`` (:class:`Metric`), ``positions`` (alignment across prompts
+of different lengths), ``runs``, ``result`` (:class:`PatchingResult`), ``grid`` (shared with
+:mod:`mechlingo.analyses.recall.attribution`), ``passes``, ``knockout`` (Geva et al. 2023).
+The hook factories (``_writer``, ``_brancher``) are looked up here when a grid starts, so a test
+can replace them. The method: ``docs/methods/recall-pipeline.md``."""
 
 from __future__ import annotations
 

@@ -1,21 +1,14 @@
 """The patched passes of activation patching: two strategies that give the same numbers.
 
 Many patched copies of the target share one forward pass, each copy carrying the patch of one
-cell. :func:`grown_passes` (``batching="grow"``) runs one example per pass: it starts as the
-unpatched target alone, and at each layer's block input the batch grows by one copy of the
-unpatched row per cell of that layer, so the work below a cell's layer is done once and a copy
-patched at layer ``l`` only computes layers ``l`` and above (over all layers, about half the
-work of running every copy through the whole model). :func:`stacked_passes`
-(``batching="stack"``) runs every copy of every example through the whole model instead (for
-models that cannot grow a batch mid-pass). Each pass stops at the final residual stream, and
-the last real token of every row is unembedded in one batched readout (the unembedding
-dominates the cost on large vocabularies).
-
-The hooks that write a patch and grow the batch are made by :func:`writer` and
-:func:`brancher`; a :class:`Plan` carries the factories to use, so
-:func:`mechlingo.analyses.recall.patching.patch_activations` can hand in the ones its package exposes
-(tests replace them there to inject failures).
-"""
+cell. :func:`grown_passes` (``batching="grow"``) starts each pass as the unpatched target
+alone and, at each layer's block input, grows the batch by one copy per cell of that layer, so
+a copy patched at layer ``l`` computes only layers ``l`` and above (about half the work of
+running every copy whole). :func:`stacked_passes` (``batching="stack"``) runs every copy
+through the whole model, for models that cannot grow a batch mid-pass. :func:`writer` and
+:func:`brancher` make the hooks; a :class:`Plan` carries the factories to use, so
+:func:`mechlingo.analyses.recall.patching.patch_activations` can hand in the ones its package
+exposes (tests replace them there to inject failures)."""
 
 from __future__ import annotations
 
