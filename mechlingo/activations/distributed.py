@@ -1,30 +1,18 @@
 """Distributed statistics over several processes (``torchrun``), CPU or GPU.
 
-Launch any script that uses these helpers with ``torchrun --nproc_per_node N script.py``:
-``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and
-``MASTER_PORT``, and :func:`process_group` turns them into a process group (``nccl`` when
-CUDA is present, ``gloo`` otherwise). Run without ``torchrun`` the same code is a single
-process: every helper here then does nothing more than the one-process computation, so a
-script needs no separate code path.
-
-The statistics that mechlingo builds (steering vectors = streaming means; expert neurons =
-pooled activations plus firing counts) are sums, so data parallelism is exact up to float
-rounding: each rank streams a contiguous shard of the data, then the sums and counts are
-all-reduced and the pooled rows gathered back in the original order.
-
-Building blocks:
+Launch a script that uses these helpers with ``torchrun --nproc_per_node N script.py``;
+:func:`process_group` turns ``torchrun``'s environment into a process group (``nccl`` with
+CUDA, ``gloo`` otherwise). Without ``torchrun`` every helper is the one-process computation,
+so a script needs no separate code path. mechlingo's statistics are sums (streaming means,
+pooled activations and firing counts), so data parallelism is exact up to float rounding:
 
 * :func:`shard_bounds` / :func:`shard` -- this rank's contiguous share of the data;
 * :func:`all_reduce_state` -- sums of a state dict over all ranks;
-* :func:`all_gather_rows` -- rows of every rank, in rank order.
-
-They serve :func:`mechlingo.activations.runs.last_token_means` (streaming last-token
-means: what ``mechlingo steer build`` computes per prompt set) and
-:func:`mechlingo.activations.pooled.pooled_neuron_acts` (pooled ``mlp_post`` activations and
-per-language firing rates: what ``mechlingo experts`` runs).
+* :func:`all_gather_rows` -- rows of every rank, in rank order;
+* :func:`sharded_scoring` -- scoring passes shared out among the ranks, gathered in order.
 
 Each returns the global result on every rank; write artifacts only where :func:`is_main`.
-"""
+Usage: ``docs/scaling.md`` ("Several processes")."""
 
 from __future__ import annotations
 

@@ -1,19 +1,13 @@
 """Pooled activations of sentences: each sentence's activation at a hook, pooled over its
-real tokens, in one forward pass per batch.
+real tokens (BOS and padding excluded), in one forward pass per batch.
 
-The one implementation of what expert neurons (:mod:`mechlingo.analyses.experts`) and
-sentence embeddings (:mod:`mechlingo.analyses.experts.align`) share:
-
-* :func:`check_texts` -- a corpus ``{lang: [sentence, ...]}`` is usable (optionally
-  parallel: the same number of lines in every language);
-* :func:`encode_sentences` and :func:`truncate` -- tokenize, keeping the first
-  ``max_tokens`` real tokens of each sentence;
-* :func:`pool_activations` -- the hooked pass: each hook pools its activation over every
-  row's real tokens (BOS and padding excluded) and the pass stops after the last hook.
-
-:func:`pooled_neuron_acts` builds MLP-neuron statistics on them (:class:`NeuronStats`:
-pooled ``mlp_post`` rows and per-language firing rates), distributed under torchrun (each
-rank pools its shard, rows are gathered back in order, counts all-reduced)."""
+What expert neurons (:mod:`mechlingo.analyses.experts`) and sentence embeddings
+(:mod:`mechlingo.analyses.experts.align`) share: :func:`check_texts` (a corpus
+``{lang: [sentence, ...]}`` is usable, optionally parallel), :func:`encode_sentences` and
+:func:`truncate` (the first ``max_tokens`` real tokens of each sentence), and
+:func:`pool_activations` (the hooked pass, stopped after the last hook).
+:func:`pooled_neuron_acts` builds MLP-neuron statistics on them (:class:`NeuronStats`: pooled
+``mlp_post`` rows and per-language firing rates), data-parallel under ``torchrun``."""
 
 from __future__ import annotations
 

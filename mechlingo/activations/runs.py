@@ -1,29 +1,18 @@
 """Forward passes that read only what they need.
 
-Three helpers every analysis uses:
-
 * :func:`collect` runs a padded batch and keeps, for each requested hook, only the rows at the
-  requested positions (usually each prompt's last real token), then stops the forward pass as
-  soon as the last requested hook has fired, so the full-sequence unembedding is never paid
-  for.
-* :func:`next_token_logits` gives the model's next-token logits at each row's last real token
-  (through the final norm and unembedding of that row only), with optional extra hooks.
-* :func:`last_token_means` streams the mean activation at each prompt's last real token for
-  every layer at once (below).
+  requested positions (usually each prompt's last real token), stopping the pass after the
+  last requested hook, so the full-sequence unembedding is never paid for;
+* :func:`next_token_logits` -- the next-token logits at each row's last real token;
+* :func:`last_token_means` -- the mean activation at each prompt's last real token for every
+  layer at once, streamed into a float64 running sum
+  (:class:`mechlingo.kernels.streaming.StreamingMean`): memory independent of the number of
+  prompts, and under ``torchrun`` each rank's sums all-reduced
+  (:mod:`mechlingo.activations.distributed`).
 
-They set the current :class:`~mechlingo.core.tokens.TokenBatch` (see
-:func:`mechlingo.core.tokens.batch_context`) so that interventions applied during the run know
-where each row's last token is, and they remove every hook they add, also on error.
-
-**Streaming means.** :func:`last_token_means` runs each batch of prompts once, reads the
-activation at each prompt's last real token for all requested layers in the same forward pass
-(stopping the pass after the last layer read, so the unembedding is never paid for), and adds
-them to a float64 running sum (:class:`mechlingo.kernels.streaming.StreamingMean`). Memory is
-independent of the number of prompts: one ``[n_layers, width]`` float64 sum. Device-agnostic:
-the sum lives on the device of the unembedding. Launched under ``torchrun`` (see
-:mod:`mechlingo.activations.distributed`), each rank streams its shard of the prompts and the
-sums are all-reduced, so every rank gets the mean over all prompts.
-"""
+They set the current :class:`~mechlingo.core.tokens.TokenBatch`
+(:func:`mechlingo.core.tokens.batch_context`), so interventions applied during the run know
+where each row's last token is, and they remove every hook they add, also on error."""
 
 from __future__ import annotations
 

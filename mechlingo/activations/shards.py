@@ -1,31 +1,18 @@
 """Out-of-core pooled activations: rows stream to disk shards, read back in feature blocks.
 
-The expert statistics are one pooled row per sentence and per neuron: FLORES-200 devtest in
-22 languages (22,264 sentences) on a 7B model (32 x 11,008 MLP neurons) is 3.1e10 bytes of
-float32, more than one GPU or most hosts hold. Scoring needs every sentence of a neuron
-together, never every neuron of a sentence, so the rows go to disk as they are pooled and
-the scores read one block of neurons at a time:
+Scoring needs every sentence of a neuron together, never every neuron of a sentence, so the
+pooled rows go to disk as they are pooled and are read one block of neurons at a time:
 
-* :class:`ShardWriter` -- buffers pooled rows (at most ``max_memory / 4`` bytes) and writes
-  each full buffer as one *shard*: the rows transposed, feature-major ``[n_features, rows]``
-  float32, so that any block of neurons is one contiguous read per shard;
-* :class:`PooledShards` -- the ``[n_sentences, n_features]`` matrix of all shards of a folder
-  (every rank's, under ``torchrun``), read as feature blocks (:meth:`PooledShards.blocks`) or
-  as the columns of a few neurons in sentence order (``shards[:, features]``, what the clamp
-  values and the expert table need);
-* :func:`shard_scores` -- AUROC and AP of every neuron and language from the shards, a block
-  of neurons at a time (distributed over neurons under ``torchrun``);
-* :func:`memory_budget` and :func:`parse_memory` -- the cap (``--max-memory``; default a
-  quarter of the memory available to this process, shared by the ranks of this machine);
-* :func:`shared_directory` -- one temporary folder seen by every rank, removed afterwards.
+* :class:`ShardWriter` -- buffers pooled rows and writes each full buffer as one
+  feature-major *shard*;
+* :class:`PooledShards` -- the ``[n_sentences, n_features]`` matrix of a folder's shards
+  (every rank's), read as feature blocks (:meth:`PooledShards.blocks`) or as a few neurons'
+  columns (``shards[:, features]``);
+* :func:`shard_scores` -- AUROC and AP of every neuron and language, equal to the in-memory
+  path exactly; :func:`memory_budget` and :func:`parse_memory` -- the ``--max-memory`` cap;
+  :func:`shared_directory` -- one temporary folder seen by every rank.
 
-Values are written and read as the same float32 numbers the in-memory path keeps, so every
-statistic computed from the shards equals the in-memory one exactly (tested).
-
-A shard ``r{rank}-{i}`` is two files: ``.f32`` (raw little-endian float32, feature-major) and
-``.rows.npy`` (int64 ``[rows, 2]``: each row's sentence index and language index). Under
-``torchrun`` the folder must be visible to every rank (one machine, or a shared filesystem).
-"""
+The design, the file layout and the defaults: ``docs/scaling.md`` ("out of core")."""
 
 from __future__ import annotations
 

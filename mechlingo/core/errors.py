@@ -1,40 +1,18 @@
 """One error hierarchy for everything a user can get wrong.
 
-Every error mechlingo raises on bad input is a :class:`MechlingoError`. Each subclass also
-keeps the builtin base it had before (``ValueError``, ``RuntimeError``, ``OSError``), so code
-written as ``except ValueError`` keeps working. The ``mechlingo`` command turns a
-:class:`MechlingoError` into one line on stderr and exit status 2::
+Every error mechlingo raises on bad input is a :class:`MechlingoError`; each subclass also
+keeps its builtin base (``ValueError``, ``RuntimeError``, ``OSError``), so ``except
+ValueError`` keeps working. The ``mechlingo`` command turns one into a single line on stderr
+and exit status 2 (what is wrong, where, and what to do)::
 
     mechlingo eval: error: --batch-size must be at least 1, got 0 -> give a positive number
-    mechlingo eval: error: DataError: facts.jsonl, line 3: byte 0xe9 at column 41 is not
-    UTF-8 -> save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)
 
-(what is wrong, where: a file and line or a flag, and what to do). Anything else is a bug in
-mechlingo and is reported with its traceback and exit status 1.
-
-The classes (see ``docs/gotchas.md`` for when each is raised):
-
-- ``MechlingoError``: the base class.
-- ``InputError``: a bad argument or flag value (a ``ValueError``).
-- ``DataError``: a malformed data file; the message names the file and the line.
-- ``OutputError``: ``--out`` cannot be written.
-- ``ArtifactError``: a saved vector or clamp folder is corrupt or incomplete;
-  ``MissingArtifactError`` (also a ``FileNotFoundError``) when it is missing.
-- ``ContextLengthError``: a prompt is longer than the model's context (``n_ctx``).
-- ``DeviceError``: an unknown or unavailable device, or an unknown dtype.
-- ``ResourceError`` (also an ``OSError``): the machine refused a write: no space left on the
-  device, a read-only file system, a denied write, a model cache that cannot be created.
-- ``DeviceMemoryError`` (also a ``MemoryError``): the GPU (or CPU) ran out of memory; the
-  message names the batch-size flag and a value to try.
-- Defined next to their code: ``UsageError`` (``mechlingo.cli``), ``ModelLoadError``
-  (``mechlingo.core.models``, a ``RuntimeError``), ``RecordError`` (``mechlingo.data``),
-  ``SiteError`` (``mechlingo.core.sites``), ``TokenizationError`` (``mechlingo.core.tokens``),
-  ``InterventionError`` and ``ModelMismatchError`` (``mechlingo.interventions``),
-  ``PatchingError``, ``ExpertError``, ``AlignmentError``, and ``DistributedError``
-  (``mechlingo.activations.distributed``, a ``RuntimeError``).
-
-This module imports nothing from mechlingo, so every module can import it.
-"""
+Anything else is a bug, reported with its traceback and exit status 1. Here:
+:class:`InputError`, :class:`DataError`, :class:`OutputError`, :class:`ArtifactError`,
+:class:`MissingArtifactError`, :class:`ContextLengthError`, :class:`DeviceError`,
+:class:`ResourceError`, :class:`DeviceMemoryError`; the others live next to their code. Every
+class and when it is raised: ``docs/gotchas.md`` ("Error classes"). This module imports
+nothing from mechlingo, so every module can import it."""
 
 from __future__ import annotations
 

@@ -1,28 +1,12 @@
 """A small, deterministic language identifier for prompts: script first, then words.
 
-What it is for: telling which of the twelve bundled languages a *prompt* is in, so that an
-intervention can be gated by language (:class:`mechlingo.interventions.Gated`) when the
-language is not declared. It is not a general identifier: for generated text mechlingo uses
-py3langid, :func:`identify_languages` (below).
-
-The rule:
-
-1. **Script.** Letters are counted by Unicode block: Hangul -> ``ko``; Hiragana or Katakana
-   -> ``ja`` (Japanese mixes kana with Han); Han without kana -> ``zh``; Arabic -> ``ar``;
-   Devanagari -> ``hi``; Cyrillic -> ``ru``. The script with the most letters wins, with
-   kana counted for Japanese ahead of Han.
-2. **Latin script** (en, de, fr, es, it, pt): each word is looked up in a short list of
-   function words and relation words per language (:data:`LATIN_WORDS`); the language with
-   the most hits wins. Letters only one of them uses (ß ä ö ü; ç è ê; ñ ¿ ¡; ã õ; ì ò) break
-   ties.
-3. No letters, or a tie that the letters do not break: ``None`` (unknown).
-
-On the bundled facts it identifies every ``natural`` prompt, zero-shot and 3-shot, correctly
-(tested). Of the ``tuned`` prompts about 4% stay ambiguous: Spanish and Portuguese
-"País: X\nCapital:" with no letter of its own (``None``), and Japanese "国：X\n公用語：",
-which has no kana and reads as Chinese. Declare the language where that matters; on other
-text it is a heuristic.
-"""
+:func:`identify_language` tells which of the twelve bundled languages a *prompt* is in (the
+Unicode script of its letters, then, for Latin script, hits in short per-language word lists,
+:data:`LATIN_WORDS`; ``None`` when unsure), so that an intervention can be gated by language
+(:class:`mechlingo.interventions.Gated`) when the language is not declared.
+:func:`identify_languages` identifies generated text with py3langid among given languages.
+It is a heuristic outside the bundled prompts (about 4% of the ``tuned`` prompts stay
+ambiguous); the rule and its limits: ``docs/data.md``."""
 
 from __future__ import annotations
 

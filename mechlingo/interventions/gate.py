@@ -1,36 +1,17 @@
 """Language gating, the row side: which language each row of a batch is in, and the hook
 that keeps an edit on the rows that pass (the :class:`~mechlingo.interventions.base.Gated`
-intervention is built from these).
+intervention, after CAST, Lee et al. 2024, is built from these).
 
-After CAST (Lee et al. 2024, "Programming Refusal with Conditional Activation Steering"),
-where a steering vector is applied only when a condition on the input holds. Here the
-condition is the prompt's language: a repair vector meant for non-English queries
-(:mod:`mechlingo.analyses.recall.steering`) can be gated to leave English queries untouched::
+* :class:`RowLanguages` -- each row's language, by its *prompt* tokens: a declared
+  ``{prompt: language}`` first, else (``identify=True``) the language identified from the text
+  by :func:`mechlingo.data.langid.identify_language`, else ``None`` (left untouched unless
+  ``unknown="apply"``);
+* :func:`gated_hook` -- the wrapped hook's result on the rows that pass, the untouched
+  activation on the others (exactly, with padding and under KV-cached decoding).
 
-    gated = Gated(task + diff, langs={"en"}, exclude=True)   # every language but English
-    gated = (task + diff).only_for({"fr", "de"})             # French and German only
-
-**Per row.** The gate decides row by row of the running batch. Each hook of the wrapped
-intervention computes its result on the whole batch, and the gate keeps it on the rows whose
-language passes and the untouched activation on the others, so in a mixed batch the English
-rows are exactly what they are without the intervention and the other rows exactly what the
-ungated intervention gives them (tested, with padding and under KV-cached decoding, where the
-prompt pass and every decoding step see the same rows).
-
-**Which language a row is in**, by its *prompt* (the tokens before generation began):
-
-1. ``declared``: a ``{prompt text: language}`` mapping (e.g. ``{f.prompt: f.lang for f in
-   facts}``, :meth:`~mechlingo.interventions.base.Gated.for_facts`); a row whose prompt tokens equal a declared prompt's
-   tokens gets that language;
-2. otherwise, with ``identify=True`` (the default), the prompt text is identified by
-   :func:`mechlingo.data.langid.identify_language` (script first, then function words);
-3. a row with no language (``None``) is left untouched unless ``unknown="apply"``.
-
-The gate needs each row's tokens, so it acts inside mechlingo runs (``evaluate_facts``,
-``greedy_generate``, ``collect``), in ``intervene(model, iv, batch=b)`` and through
-``iv.fwd_hooks_for(model, b)``; a plain ``run_with_hooks`` with ``fwd_hooks(model)`` and no
-batch is refused with an error that says so.
-"""
+The gate needs each row's tokens, so it acts inside mechlingo runs, ``intervene(model, iv,
+batch=b)`` and ``iv.fwd_hooks_for(model, b)``; a bare ``run_with_hooks`` is refused. Usage and
+guarantees: ``docs/methods/repair-vectors.md`` ("Language-gated interventions")."""
 
 from __future__ import annotations
 

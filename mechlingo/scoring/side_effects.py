@@ -2,32 +2,12 @@
 
 A steering vector that raises Spanish recall, or a Spanish expert clamp that aligns
 embeddings, can also change the other languages. :func:`side_effects` measures, for every
-language, three things with and without the intervention, in one run, against a
-norm-matched random control of the same shape:
-
-* ``accuracy``: greedy accuracy on the facts of that language (the eval rule of
-  :mod:`mechlingo.scoring.evaluate`). Change = accuracy with - accuracy without (a fraction).
-* ``perplexity``: perplexity on text lines of that language (e.g. NTREX), from the summed
-  next-token NLL over every real token after BOS. Change = ``ppl_with / ppl_without - 1``
-  (relative: 0.10 = 10% higher perplexity).
-* ``output_lang``: the share of greedy continuations of the lines' first words that py3langid
-  identifies as the line's own language (among every language of the facts and lines given;
-  the identification of :func:`mechlingo.data.langid.identify_languages`; not measured when only
-  one language is given). Change = share with - share without.
-
-Every change comes with a bootstrap confidence interval
-(:func:`mechlingo.kernels.significance.paired_bootstrap`: percentile method, paired: facts or
-lines are resampled together in both runs), and the accuracy and output-language shares with
-Wilson intervals (:func:`mechlingo.kernels.significance.wilson`).
-
-**The control** (:func:`random_control`) has the intervention's shape and size but no
-direction learnt from data: a steering vector is replaced by a random vector of the same
-norm (same layer, site, scale and positions); a neuron clamp writes the same values, in the
-same mode, to as many random other neurons of the same layers; a mean ablation writes a
-random vector of the mean's norm; a zero ablation zeroes the same site at another random
-layer; a composition takes the control of each part. A change that the control also shows is
-the price of any push of that size, not of the learnt direction.
-"""
+language, with and without the intervention in one run, the change in ``accuracy`` (greedy,
+on facts), ``perplexity`` (relative, on text lines) and ``output_lang`` (the share of
+continuations identified as the line's own language), each with a paired bootstrap interval,
+against :func:`random_control`: the intervention's shape and size with no learnt direction.
+A change that the control also shows is the price of any push of that size. Definitions and
+the control of each kind: ``docs/methods/repair-vectors.md`` ("Side effects")."""
 
 from __future__ import annotations
 

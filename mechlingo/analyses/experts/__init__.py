@@ -1,39 +1,18 @@
-"""Expert (language-specific) MLP neurons: statistics, selection and the k curve.
-
-Method (Sundar et al., ACL 2025, after Suau et al. and Kojima et al.; the method page is
-``docs/methods/expert-neurons.md``), in three modules:
+"""Expert (language-specific) MLP neurons: statistics, selection and the k curve (Sundar et al.,
+ACL 2025, after Suau et al. and Kojima et al.), in three modules:
 
 1. :mod:`~mechlingo.analyses.experts.stats` -- :func:`collect_neuron_stats` pools every
-   ``mlp_post`` neuron over the real tokens of sentences of every language (mean or max; BOS
-   and padding excluded) in one pass, and :func:`score_neurons` scores every neuron at once,
-   one language against the rest: AUROC, average precision and LAPE.
-2. :mod:`~mechlingo.analyses.experts.selection` -- :class:`ExpertResult` chooses the top
-   ``k`` neurons of a language (:meth:`~ExpertResult.top`), their overlap between languages
-   and count per layer, and the clamp: an intervention that sets each of them, at every
-   position, to its mean (or median) pooled activation over that language's sentences, with
-   :meth:`~ExpertResult.random_clamp` (the same values on ``k`` random other neurons) as the
-   control. :func:`find_experts` runs 1 and 2 in one call.
-3. :mod:`~mechlingo.analyses.experts.kcurve` -- :func:`k_curve` measures, for each ``k``, how
-   often text sampled from a bare BOS prompt is in the target language with the clamp on, and
-   the held-out perplexity of every language, against the random control and no clamp;
-   :func:`choose_k` picks ``k`` by the papers' rule (the highest target rate within a
-   perplexity budget, :data:`PPL_BUDGET`); never by retrieval.
+   ``mlp_post`` neuron over each sentence's real tokens; :func:`score_neurons` scores every
+   neuron, one language against the rest (AUROC, average precision, LAPE);
+2. :mod:`~mechlingo.analyses.experts.selection` -- :class:`ExpertResult`: the top ``k``
+   neurons of a language, their overlaps, and the clamp to their mean (or median) pooled
+   activation (:meth:`~ExpertResult.random_clamp`: the control); :func:`find_experts` does 1-2;
+3. :mod:`~mechlingo.analyses.experts.kcurve` -- :func:`k_curve` (target-language rate of text
+   sampled from BOS and held-out perplexity per ``k``) and :func:`choose_k` (the papers' rule
+   within :data:`PPL_BUDGET`).
 
-A feature index ``f`` of the flattened neuron axis is neuron ``f % d_mlp`` of layer
-``layers[f // d_mlp]``.
-
-For gated MLPs (Llama, Gemma, Qwen, Cohere, ...) the neuron is the input of the down
-projection, ``act(gate(x)) * up(x)``, not the gate alone: it is what multiplies the neuron's
-row of the down projection, so a clamp on it sets exactly that neuron's contribution to the
-residual stream, and it is the same place as a plain MLP's ``act(in(x))``. The ``> 0`` firing
-rate behind LAPE is then the sign of the product (``docs/models.md``). Mixture-of-experts
-models have no single neuron layer and are refused.
-
-The language-model helpers the k curve uses live with the other general helpers:
-:func:`mechlingo.activations.likelihood.line_nll` and ``perplexity``,
-:func:`mechlingo.activations.likelihood.sample_from_bos` and
-:func:`mechlingo.data.langid.identify_languages`.
-"""
+For gated MLPs the neuron is the down projection's input (``docs/models.md``); mixture-of-experts
+models are refused. The method: ``docs/methods/expert-neurons.md``."""
 
 from mechlingo.activations.pooled import NeuronStats
 from mechlingo.analyses.experts.kcurve import (
