@@ -1,22 +1,17 @@
 """Faults of the machine and of the run, turned into errors that say what to do.
 
-- :func:`disk_error`: an ``OSError`` of a full disk (``ENOSPC``, ``EDQUOT``, ``EFBIG``), a
-  read-only file system (``EROFS``) or a denied write (``EACCES``, ``EPERM``) as a
+- :func:`disk_error`: a full disk, a read-only file system or a denied write as a
   :class:`~mechlingo.core.errors.ResourceError` naming the path and what to do.
-- :func:`memory_error`: a GPU (or CPU) out-of-memory error as a
-  :class:`~mechlingo.core.errors.DeviceMemoryError` naming ``--batch-size`` and a value to
-  try.
+- :func:`memory_error`: an out-of-memory error as a
+  :class:`~mechlingo.core.errors.DeviceMemoryError` naming ``--batch-size`` and a value to try.
 - :func:`stop_on_signals`: SIGTERM (and SIGHUP) raise :class:`Stopped`, as SIGINT raises
-  ``KeyboardInterrupt``, so that a stopped command unwinds (temporary folders removed,
-  ``--out`` untouched) and exits with ``128 + signal number`` (130, 143).
-- :func:`file_lock`: an exclusive advisory lock on a file (two processes converting the
-  default model into one cache take turns).
-- :func:`derive_seed`: the seed of one stream (an arm, a k, a condition, a role) from the
-  user's seed and the stream's name, so that streams never share draws and adding or removing
-  one changes no other.
+  ``KeyboardInterrupt``, so a stopped command unwinds and exits with ``128 + signal number``.
+- :func:`file_lock`: an exclusive advisory lock on a file.
+- :func:`derive_seed`: the seed of one stream (an arm, a k, a condition) from the user's seed
+  and the stream's name, so streams never share draws and adding one changes no other.
 
-This module imports only :mod:`mechlingo.core.errors` from mechlingo.
-"""
+This module imports only :mod:`mechlingo.core.errors` from mechlingo; what each fault looks
+like to a user: ``docs/gotchas.md``."""
 
 from __future__ import annotations
 

@@ -1,24 +1,17 @@
 """Resumable stages: a long run split into named steps whose results are kept on disk.
 
-A :class:`Stages` folder holds one subfolder per *key* (a JSON-able description of what
-the results depend on: the model's fingerprint, the data, the settings). ``run(name, fn)``
-returns the stored result of ``name`` under that key when there is one, and otherwise calls
-``fn()``, stores its JSON-able result and returns it. Results are written atomically (a
-temporary file, then one rename), so a run stopped at any moment (Ctrl-C, SIGTERM, a killed
-job) leaves every finished stage whole and no half-written one; the next run with the same
-key resumes after the last finished stage. A stage that raises stores nothing: it is tried
-again next time. A stage whose saved artifacts (interventions, tuned lenses) hold
-non-finite tensors raises (an :class:`~mechlingo.core.errors.ArtifactError`) and stores
-nothing; a stored stage that cannot be read back is removed and computed again.
+A :class:`Stages` folder holds one subfolder per *key* (a JSON-able description of what the
+results depend on: the model's fingerprint, the data, the settings). ``run(name, fn)`` returns
+the stored result of ``name`` under that key when there is one, and otherwise calls ``fn()``,
+stores its JSON-able result atomically and returns it, so a run stopped at any moment leaves
+every finished stage whole and the next run with the same key resumes after it::
 
->>> stages = Stages("work", {"model": fingerprint, "data": data_hash, "settings": cfg})
->>> trace = stages.run("trace", lambda: compute_trace())          # computed once
->>> trace = stages.run("trace", lambda: compute_trace())          # read back
+    stages = Stages("work", {"model": fingerprint, "data": data_hash, "settings": cfg})
+    trace = stages.run("trace", lambda: compute_trace())   # computed once, then read back
 
-``run(name, fn, folder=True)`` is for stages that also leave files (saved interventions):
-``fn(tmp)`` fills a temporary folder, which is put at ``stages.path(name)`` in one rename
-together with the result.
-"""
+``run(name, fn, folder=True)`` is for stages that also leave files: ``fn(tmp)`` fills a
+temporary folder, put at ``stages.path(name)`` in one rename together with the result. What
+a failed, non-finite or unreadable stage does: ``docs/gotchas.md`` ("Going on after a stop")."""
 
 from __future__ import annotations
 

@@ -1,27 +1,18 @@
 """Reading files that may have been made to cause harm (see ``docs/security.md``).
 
-Every artifact mechlingo reads (saved interventions and vectors folders, tuned lenses, stage
-caches, GGUF models and control vectors, benchmark folders, facts files) can come from a
-stranger. The helpers here are the checks the loaders share, each made *before* anything
-large is allocated or anything outside the given folder is touched:
-
-- :func:`read_json` / :func:`loads`: JSON with a size limit and a nesting-depth limit
-  (checked by a linear scan before parsing: a ``[[[[...`` of a million brackets never
-  reaches the recursive parser), and nothing but JSON (no pickle, no code);
-- :func:`inside`: a name inside an artifact resolved under its folder; ``../``, absolute
-  names and symlinks pointing out of the folder are refused;
-- :func:`check_links`: no symlink anywhere under a folder points outside it;
-- :func:`safetensors_header` and :func:`load_tensors`: a safetensors header fully checked
-  (dtypes, shapes, offsets, sizes) against the file's real size, expected names and shapes,
-  then the tensors read and refused when NaN or infinite;
-- :func:`gguf_header`: a GGUF header walked without allocating what it declares: every
-  count and string length is checked against the bytes left in the file, every tensor's
-  data against the file's size.
+Every artifact mechlingo reads can come from a stranger. These are the checks the loaders
+share, each made *before* anything large is allocated or anything outside the given folder is
+touched: :func:`read_json` / :func:`loads` (JSON only, with size and nesting-depth limits
+checked by a linear scan before parsing), :func:`inside` (a name resolved under its folder;
+``../``, absolute names and escaping symlinks refused), :func:`check_links` (no symlink under
+a folder points outside it), :func:`safetensors_header` and :func:`load_tensors` (a header
+fully checked against the file's real size and the expected names and shapes; NaN and
+infinite tensors refused), and :func:`gguf_header` (a GGUF header walked without allocating
+what it declares).
 
 Each raises the error class the caller gives (an :class:`~mechlingo.core.errors.ArtifactError`
 for artifacts, a :class:`~mechlingo.core.errors.DataError` for data files), one line that says
-what is wrong and what to do.
-"""
+what is wrong and what to do."""
 
 from __future__ import annotations
 

@@ -1,20 +1,13 @@
 """Parallel text in the layouts public corpora ship it in, mapped to mechlingo's languages.
 
-Three folder layouts are read, and :func:`read_parallel` tells them apart:
-
-- **txt**: line-aligned ``<lang>.txt`` files (:func:`~mechlingo.data.io.read_parallel_dir`);
-  the files may also be named by FLORES codes (``fra_Latn.txt``, as in KLAR's parallel
-  variant).
-- **parquet** (FLORES+ as the Hugging Face ``datasets`` hub stores it):
-  ``<split>/<lang_Script>.parquet`` with a ``text`` column (rows ordered by ``id`` when
-  there is one); the folder may also be the split folder itself.
-- **classic** (FLORES-200 as released): ``<split>/<lang_Script>.<split>``, one sentence a
-  line, possibly under a ``flores200_dataset/`` folder.
-
-FLORES codes map to mechlingo's codes by :data:`SCRIPT_CODES` (``fra_Latn`` -> ``fr``,
-``cmn_Hans``/``zho_Hans`` -> ``zh``). Files in other languages are skipped (see
-:func:`parallel_languages`) unless asked for by their own code in ``langs``.
-"""
+:func:`read_parallel` tells three folder layouts apart: line-aligned ``<lang>.txt`` files
+(:func:`~mechlingo.data.io.read_parallel_dir`; FLORES codes such as ``fra_Latn.txt`` too),
+FLORES+ as the hub stores it (``<split>/<lang_Script>.parquet`` with a ``text`` column, the
+folder or the split folder itself), and FLORES-200 as released
+(``<split>/<lang_Script>.<split>``, possibly under ``flores200_dataset/``). FLORES codes map
+to mechlingo's by :data:`SCRIPT_CODES`; files in other languages are skipped (see
+:func:`parallel_languages`) unless asked for by their own code in ``langs``. The layouts:
+``docs/benchmarks.md`` ("FLORES-200 / FLORES+")."""
 
 from __future__ import annotations
 

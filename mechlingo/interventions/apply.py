@@ -2,20 +2,15 @@
 model, and :func:`first_edit`, where it first edits a sequence.
 
 ``with intervene(model, iv, batch=b): model(...)`` applies ``iv`` to every forward pass inside
-the block and removes its hooks after it. The analyses take ``intervention=`` and apply it the
-same way. Two escape hatches, for what ``intervene`` does not cover:
-
-* raw TransformerLens calls: ``model.run_with_hooks(b.tokens, attention_mask=...,
-  fwd_hooks=iv.fwd_hooks_for(model, b))`` (:meth:`Intervention.fwd_hooks_for`);
-* a plain transformers model: ``with iv.attach(hf_model): ...``
-  (:meth:`Intervention.attach`, :mod:`~mechlingo.interventions.hf`).
+the block and removes its hooks after it; :func:`intervention_hooks` gives the hooks
+themselves. For what ``intervene`` does not cover: ``iv.fwd_hooks_for(model, b)`` for a raw
+``run_with_hooks`` (:meth:`Intervention.fwd_hooks_for`), and ``with iv.attach(hf_model):``
+for a plain transformers model (:mod:`~mechlingo.interventions.hf`).
 
 A causal model computes every position before the first one an intervention edits exactly as
-it does without the intervention; shared-prefix scoring
-(:func:`mechlingo.scoring.evaluate.evaluate_conditions`, candidate ranking) computes those
-positions once for every condition and candidate. :func:`first_edit` says where that prefix
-ends for each row of a batch, from the intervention's position rules.
-"""
+without it, so shared-prefix scoring (:func:`mechlingo.scoring.evaluate.evaluate_conditions`,
+candidate ranking) computes those positions once for every condition and candidate;
+:func:`first_edit` says where that prefix ends for each row, from the position rules."""
 
 from __future__ import annotations
 

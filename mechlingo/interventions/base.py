@@ -1,30 +1,18 @@
-"""The base of every intervention, and the two that combine others.
+"""The base of every intervention, and the two that combine others (the *where* / *what* split
+of pyvene and steering-vectors):
 
-After the split between *where* and *what* that pyvene and steering-vectors make:
+* :class:`Intervention` -- the interface: ``fwd_hooks(model)`` (checked against the model),
+  ``fwd_hooks_for(model, batch)``, ``attach(hf_model)``, ``+``, ``only_for(langs)``, ``save``
+  and :func:`load_intervention`. Type an optional intervention ``Intervention | None``.
+* :class:`SiteEdit` -- the *where* of the kinds that edit one site (site, layer(s), positions
+  rule, the model and width checks, the saved where); a kind implements only
+  :meth:`SiteEdit.edit`, ``fn(activation, mask) -> activation``, and saves only its own fields.
+* :class:`Compose` and :class:`Gated` -- several applied in order, or one applied only to the
+  prompts of some languages (the row side is :mod:`mechlingo.interventions.gate`). They live
+  here because the interface's ``+`` and ``only_for`` build them, with no import cycle.
 
-* :class:`Intervention` -- the interface every intervention has: ``fwd_hooks(model)`` (checked
-  against the model, TransformerLens ``(hook_name, fn)`` pairs), ``fwd_hooks_for(model,
-  batch)``, ``attach(hf_model)``, ``+`` (:class:`Compose`), ``only_for(langs)``
-  (:class:`Gated`), ``save`` and :func:`load_intervention`. Type an optional intervention as
-  ``Intervention | None``.
-* :class:`SiteEdit` -- the *where* of the kinds that edit one site: the site, the layer(s),
-  the positions rule (a mask over the sequence), the model check, the width check of the
-  resolved site, and the ``site``/``layer``/``positions`` fields of the saved config. A kind
-  (:class:`~mechlingo.interventions.steering.SteeringVector`,
-  :class:`~mechlingo.interventions.clamp.NeuronClamp`,
-  :class:`~mechlingo.interventions.ablation.Ablation`) implements only its *edit*:
-  :meth:`SiteEdit.edit` returns ``fn(activation, mask) -> activation`` for one resolved
-  site, and the kind saves only its own fields.
-* :class:`Compose` and :class:`Gated` -- an intervention made of others: several applied in
-  order, or one applied only to the prompts of some languages. They live here, beside the
-  interface, because the interface's ``+`` and ``only_for`` build them: ``Intervention``
-  names the two classes directly, with no lookup by name and no import cycle between modules.
-  Which language a row is in (the gate's part that reads tokens) is
-  :mod:`mechlingo.interventions.gate`.
-
-``_REGISTRY`` maps a saved ``kind`` to its class, for :func:`load_intervention` only.
-See :mod:`mechlingo.interventions` for the kinds and how to apply them (:func:`intervene`).
-"""
+``_REGISTRY`` maps a saved ``kind`` to its class, for :func:`load_intervention` only. The kinds
+and how to apply them: :mod:`mechlingo.interventions` and ``docs/interventions.md``."""
 
 from __future__ import annotations
 

@@ -2,21 +2,13 @@
 
 Every accuracy mechlingo reports is a proportion of n items, and every comparison between two
 conditions is paired (the same items under both). Every interval function returns one
-:class:`Interval` (``estimate``, ``lo``, ``hi``, ``n``, ``confidence`` and function-specific
-``extra``):
-
-* :func:`wilson` -- a proportion with its Wilson score interval (``scipy.stats.binomtest``);
-* :func:`paired_gain` -- the mean gain of one condition over another with a paired bootstrap
-  interval (BCa, over items), and the relative gain with its own interval;
-* :func:`bootstrap_mean` -- the mean of per-item values with a bootstrap interval over items;
-* :func:`bootstrap_ratio` -- a ratio of sums over items (a Jaccard overlap of two correct sets);
-* :func:`paired_bootstrap` -- any statistic of paired per-item samples (percentile bootstrap);
-* :func:`bootstrap_perplexity` and :func:`perplexity_ratio` -- a perplexity over lines and the
-  ratio of two perplexities of the same lines (a line keeps its token count).
-
+:class:`Interval` (``estimate``, ``lo``, ``hi``, ``n``, ``confidence``, ``extra``):
+:func:`wilson` (a proportion, Wilson score), :func:`paired_gain` (a mean gain with a paired
+BCa bootstrap, and the relative gain), :func:`bootstrap_mean`, :func:`bootstrap_ratio` (a
+ratio of sums, e.g. a Jaccard overlap), :func:`paired_bootstrap` (any statistic of paired
+samples, percentile), :func:`bootstrap_perplexity` and :func:`perplexity_ratio`.
 :func:`mcnemar` is the exact McNemar test of two paired 0/1 outcome vectors. The claims card's
-clustered tests live in :mod:`mechlingo.card.statistics`.
-"""
+clustered tests live in :mod:`mechlingo.card.statistics`."""
 
 from __future__ import annotations
 

@@ -1,21 +1,14 @@
 """Greedy generation, and facts scored under many conditions at once.
 
-The model continues the prompt greedily for ``max_new_tokens`` tokens and the continuation is
-judged by the eval rule (:func:`mechlingo.scoring.scorers.is_correct`: its first line starts
-with the answer or one of its aliases, after normalisation, at a word boundary).
-
-Generation decodes with a key-value cache (:mod:`mechlingo.activations.decoding`: the transformers
-model's own cache driven through the bridge, with an adapter for TransformerLens 4.3 on
-transformers 5, whose bridge cache is broken). Prompts of similar lengths share right-padded
-batches, only each row's newest position is unembedded, and finished rows leave the batch.
-``cache=False`` recomputes the prefix at each step and gives the same tokens.
-
-**Other metrics.** :func:`evaluate_facts` is the one function every caller scores facts
-through; ``metric=`` chooses the rule: ``"generate"`` (the eval rule above, the default),
-``"klar"`` (the KLAR benchmark's 3-shot prefix rule) or ``"rank"`` (BMLAMA's candidate
-ranking by cross-entropy), see :mod:`mechlingo.scoring.scorers`. Records a metric cannot use
-are skipped and counted by reason in :attr:`EvalResult.skipped`.
-"""
+:func:`evaluate_facts` is the one function every caller scores facts through; ``metric=``
+chooses the rule (``"generate"``, the default: the greedy continuation judged by the eval
+rule, :func:`mechlingo.scoring.scorers.is_correct`; ``"klar"``; ``"rank"``; see
+:mod:`mechlingo.scoring.scorers`). Records a metric cannot use are skipped and counted by
+reason in ``EvalResult.skipped``. :func:`evaluate_conditions` scores many conditions sharing
+one prefix pass. Generation decodes with a key-value cache (:mod:`mechlingo.activations.decoding`);
+prompts of similar lengths share right-padded batches, only each row's newest position is
+unembedded, finished rows leave the batch, and ``cache=False`` gives the same tokens
+(``docs/concepts.md``, "Generation and the KV cache")."""
 
 from __future__ import annotations
 

@@ -1,23 +1,17 @@
 """Sentence embeddings, cross-lingual distances and retrieval (Sundar et al., ACL 2025).
 
-A sentence embedding is the mean of a layer's residual stream (``resid_post``) over the
-sentence's real tokens, BOS and padding excluded. :func:`embed_parallel` computes it for every
-layer at once (one forward per batch, hooks on the chosen layers, stopped after the last one)
-on parallel sentences (line ``i`` is the same sentence in every language).
+A sentence embedding is the mean of a layer's ``resid_post`` over the sentence's real tokens
+(BOS and padding excluded); :func:`embed_parallel` computes it for every chosen layer in one
+forward per batch, on parallel sentences (line ``i`` is the same sentence in every language).
+On cosine similarity, batched over languages and layers:
 
-Measurements (all on cosine similarity, batched over languages and layers):
-
-* :func:`distances` -- mean cosine distance (``1 - cos``) between the same sentence in two
-  languages, from each language to the medoid of all embeddings, to a target language, and
-  the same-sentence vs different-sentence distance (is the space organised by meaning or by
-  something shared by every sentence?). On this model a few residual dimensions dominate, so
-  raw cosines are all close to 1; ``centre=True`` subtracts the mean embedding first.
-* :func:`retrieval` -- for every ordered language pair ``a -> b``, the fraction of sentences
-  of ``a`` whose nearest neighbour (cosine) among the sentences of ``b`` is its translation.
-  Chance is ``1 / n_sentences``.
-* :func:`compare_alignment` -- both, before and after an intervention (e.g. an expert clamp),
-  per layer.
-"""
+* :func:`distances` -- mean cosine distance between translations, to the medoid, to a target
+  language, and same- vs different-sentence (``centre=True`` subtracts the mean embedding
+  first: on this model a few residual dimensions make every raw cosine close to 1);
+* :func:`retrieval` -- for every ordered language pair, the share of sentences whose nearest
+  neighbour in the other language is its translation (chance ``1 / n_sentences``);
+* :func:`compare_alignment` -- both, before and after an intervention (an expert clamp), per
+  layer. The method and results: ``docs/methods/expert-neurons.md``."""
 
 from __future__ import annotations
 

@@ -1,22 +1,16 @@
 """``mechlingo experts`` as one call: the expert neurons, their clamps and controls, the k
-curve of every target and the k its rule chose, with what ``summary.json``, ``experts.csv``,
-``kcurve.csv`` and the clamp folders hold.
+curve of every target and the k its rule chose.
 
-:func:`run_experts` is the command's analysis (the card's expert stages call the same
-pieces: :func:`~mechlingo.analyses.experts.selection.find_experts`,
-:func:`~mechlingo.analyses.experts.kcurve.k_curve`): it pools and scores every neuron, saves
-the clamp of every target and k with its random-neuron control, and measures the k curves,
-each step a resumable stage of a :class:`~mechlingo.core.stages.Stages` (the CLI's
-``--work``). It returns an :class:`ExpertsRun`, which says what the pieces mean:
-:meth:`~ExpertsRun.choices` applies the k rule
-(:meth:`~mechlingo.analyses.experts.kcurve.KCurve.choose`), :meth:`~ExpertsRun.summary` is
-the headline record, :meth:`~ExpertsRun.write` puts every file into a folder in one step.
-:class:`ExpertSettings` holds every setting that changes a number, each default written once
-(the CLI's flags read them).
-
-The stored forms of the neuron statistics and scores (:func:`staged_stats`,
-:func:`staged_scores`) and of a saved clamp (:func:`staged_folder`) live here too.
-"""
+:func:`run_experts` is the command's analysis (the card's expert stages call the same pieces:
+:func:`~mechlingo.analyses.experts.selection.find_experts`,
+:func:`~mechlingo.analyses.experts.kcurve.k_curve`), each step a resumable stage of a
+:class:`~mechlingo.core.stages.Stages` (the CLI's ``--work``). It returns an
+:class:`ExpertsRun`: :meth:`~ExpertsRun.choices` applies the k rule,
+:meth:`~ExpertsRun.summary` is the headline record, :meth:`~ExpertsRun.write` puts
+``summary.json``, ``experts.csv``, ``kcurve.csv`` and the clamp folders into a folder in one
+step. :class:`ExpertSettings` holds every setting that changes a number, each default written
+once. The stored forms of the statistics, scores and clamps: :func:`staged_stats`,
+:func:`staged_scores`, :func:`staged_folder`."""
 
 from __future__ import annotations
 
