@@ -55,10 +55,18 @@ STALE_ALLOWED = frozenset(
     }
 )
 
+#: Files that still cite the issue tracker by number, all owned by other work at present.
+ISSUE_NUMBER_ALLOWED = frozenset({"mechlingo/card/lu.py", "mechlingo/report/card_extra.py"})
+
 #: Dotted strings that look like references but name something else: the metadata key of an
 #: exported steering vector, and the placeholder in the layer contract's help text.
 NOT_REFERENCES = frozenset({"mechlingo.export", "mechlingo.x"})
 
+_ISSUE = re.compile(
+    r"\bissues? ?#?\d+|\bissue-\d+|\(#\d+\)|\b(?:this|last|earlier|previous) round\b"
+    r"|\bround (?:one|two|three|four|five|six|seven|eight|nine|ten)\b",
+    re.IGNORECASE,
+)
 _DOTTED = re.compile(r"\bmechlingo(?:\.[A-Za-z_]\w*)+")
 _ROLE = re.compile(r":(?:func|meth|class|mod|attr|data|obj|exc):`~?([A-Za-z_][\w.]*)`")
 
@@ -232,7 +240,9 @@ def _prose_files() -> list[Path]:
 def test_module_docstrings_are_short():
     long = long_module_docstrings()
     over = {f: n for f, n in long.items() if f not in LONG_DOCSTRING_ALLOWED}
-    assert not over, f"module docstrings over {MAX_MODULE_DOCSTRING} lines (move the why to docs/): {over}"
+    assert not over, (
+        f"module docstrings over {MAX_MODULE_DOCSTRING} lines (move the why to docs/): {over}"
+    )
     fixed = sorted(LONG_DOCSTRING_ALLOWED - set(long))
     assert not fixed, f"now short, remove from LONG_DOCSTRING_ALLOWED: {fixed}"
 
@@ -245,8 +255,34 @@ def test_cited_names_exist():
     assert not fixed, f"now resolved, remove from STALE_ALLOWED: {fixed}"
 
 
+def issue_numbers(files: list[Path]) -> list[tuple[str, int, str]]:
+    """(file, line, text) for every citation of the issue tracker (name the concept instead)."""
+    out = []
+    for path in files:
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            out += [
+                (path.relative_to(ROOT).as_posix(), lineno, m.group(0))
+                for m in _ISSUE.finditer(line)
+            ]
+    return out
+
+
+def test_no_issue_numbers():
+    files = [p for p in _prose_files() if p.name != "replicate.md" or p.parent.name != "docs"]
+    found = issue_numbers(files)
+    new = [f for f in found if f[0] not in ISSUE_NUMBER_ALLOWED]
+    assert not new, "prose cites the issue tracker; name the concept instead:\n" + "\n".join(
+        map(str, new)
+    )
+    fixed = sorted(ISSUE_NUMBER_ALLOWED - {f[0] for f in found})
+    assert not fixed, f"no longer cites an issue, remove from ISSUE_NUMBER_ALLOWED: {fixed}"
+
+
 def test_checks_catch_a_planted_violation():
-    assert docstring_lines('"""one\n' + "line\n" * MAX_MODULE_DOCSTRING + '"""\nx = 1\n') > MAX_MODULE_DOCSTRING
+    assert (
+        docstring_lines('"""one\n' + "line\n" * MAX_MODULE_DOCSTRING + '"""\nx = 1\n')
+        > MAX_MODULE_DOCSTRING
+    )
     assert resolves("mechlingo.core.errors.DataError")
     assert not resolves("mechlingo.core.errors.NoSuchError")
     assert not resolves("mechlingo.no_such_module")
@@ -255,3 +291,11 @@ def test_checks_catch_a_planted_violation():
     assert resolves_in("DataError", errors, source)
     assert resolves_in("ValueError", errors, source)
     assert not resolves_in("no_such_function", errors, source)
+    planted = "Since issue 36 the readout, as in round three (#33), keeps issue-25's target."
+    assert [m.group(0) for m in _ISSUE.finditer(planted)] == [
+        "issue 36",
+        "round three",
+        "(#33)",
+        "issue-25",
+    ]
+    assert not _ISSUE.findall("colour #222, 36 issues of the journal, a round trip")
