@@ -278,7 +278,26 @@ def test_no_issue_numbers():
     assert not fixed, f"no longer cites an issue, remove from ISSUE_NUMBER_ALLOWED: {fixed}"
 
 
-def test_checks_catch_a_planted_violation():
+_DOC_PATH = re.compile(r"(?<![\w/.])docs/[\w/.-]+?\.md\b")
+
+
+def missing_doc_pages(files: list[Path]) -> list[tuple[str, int, str]]:
+    """(file, line, path) for every ``docs/....md`` a file names that does not exist."""
+    out = []
+    for path in files:
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            for m in _DOC_PATH.finditer(line):
+                if not (ROOT / m.group(0)).is_file():
+                    out.append((path.as_posix(), lineno, m.group(0)))
+    return out
+
+
+def test_named_doc_pages_exist():
+    missing = missing_doc_pages([p for p in _prose_files() if p.suffix == ".py"])
+    assert not missing, "prose names docs pages that do not exist:\n" + "\n".join(map(str, missing))
+
+
+def test_checks_catch_a_planted_violation(tmp_path):
     assert (
         docstring_lines('"""one\n' + "line\n" * MAX_MODULE_DOCSTRING + '"""\nx = 1\n')
         > MAX_MODULE_DOCSTRING
@@ -299,3 +318,6 @@ def test_checks_catch_a_planted_violation():
         "issue-25",
     ]
     assert not _ISSUE.findall("colour #222, 36 issues of the journal, a round trip")
+    planted_file = tmp_path / "planted.py"
+    planted_file.write_text("# see docs/patching.md and docs/scaling.md\n")
+    assert [m[2] for m in missing_doc_pages([planted_file])] == ["docs/patching.md"]

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 #: Interpolation steps of ``method="ig"`` by default, chosen on dev prompts
-#: (``benchmarks/bench_attribution.py``; see ``docs/patching.md``).
+#: (``benchmarks/bench_attribution.py``; see ``docs/methods/recall-pipeline.md``).
 IG_STEPS = 2
 
 __all__ = [
@@ -149,16 +149,13 @@ def attribution_patch(
     positions, alignments, heads, subject spans and metrics, resolved by the same code), plus:
 
     Args:
-        method: ``"atp"`` (default): the gradient of the target run (one forward and one
-            backward pass). ``"ig"``: integrated gradients along the straight line from the
-            target's input embeddings to the source's (EAP-IG, Hanna et al. 2024): the
-            gradient is averaged over ``steps`` runs at ``alpha = 0, 1/steps, ...,
-            (steps - 1)/steps`` (the left Riemann sum; ``steps=1`` is plain AtP), all in one
-            forward and one backward pass of ``steps`` copies of the target batch. Needs source
-            and target rows of equal token length.
-        steps: interpolation steps of ``method="ig"`` (default chosen on dev prompts, see
-            ``docs/patching.md``).
-        qk_fix: apply AtP*'s QK fix to ``resid_pre`` cells (see the module docstring);
+        method: ``"atp"`` (default): the gradient of the target run. ``"ig"``: integrated
+            gradients from the target's input embeddings to the source's (EAP-IG, Hanna et
+            al. 2024; the left Riemann sum over ``steps``, ``steps=1`` is plain AtP), in one
+            pass of ``steps`` copies; needs source and target rows of equal token length.
+        steps: interpolation steps of ``method="ig"`` (the default was chosen on dev prompts,
+            ``docs/methods/recall-pipeline.md``).
+        qk_fix: apply AtP*'s QK fix to ``resid_pre`` cells (``docs/methods/recall-pipeline.md``);
             default on for ``"atp"``; not available with ``"ig"``.
         scale: patch ``target + scale * (source - target)`` instead of the source activation
             (``1`` = a full patch; a small value gives the first-order regime, where the

@@ -173,20 +173,13 @@ def patch_activations(
         cells_per_batch: patched copies per forward pass (memory grows with it). Default:
             256 with ``batching="grow"`` (a pass holds one example), 32 with ``"stack"`` (a
             pass holds every example that many times).
-        batching: ``"grow"`` (default): one pass per example; the target's activations below
-            a cell's layer are computed once and the batch grows by that layer's patched
-            copies at its block input, so a copy patched at layer ``l`` only computes layers
-            ``l`` and above (about half the work of ``"stack"`` over all layers). ``"stack"``:
-            every copy runs the whole model, all examples together (for models whose attention
-            masks or position embeddings do not broadcast over a batch that grows mid-pass).
-            Both give the same numbers.
-        reuse_prefix: with ``batching="grow"``, a copy patched at position ``p`` computes only
-            positions ``p`` onwards, attending to the unpatched target's cached keys and
-            values before ``p`` (a causal model's positions before a patch are unchanged by
-            it), one pass per target position of a group's cells. ``None`` (default): where
-            the model supports it (:func:`mechlingo.activations.prefix.prefix_reuse_supported`:
-            TransformerLens bridges whose cached decoding agrees with uncached decoding);
-            ``False``: every copy computes every position. Same numbers either way.
+        batching: ``"grow"`` (default: the batch grows by each layer's patched copies at its
+            block input, :mod:`~mechlingo.analyses.recall.patching.passes`) or ``"stack"``
+            (every copy runs the whole model); the same numbers.
+        reuse_prefix: with ``"grow"``, a copy patched at position ``p`` computes only
+            positions ``p`` onwards against the target's cached keys and values. ``None``
+            (default): where :func:`mechlingo.activations.prefix.prefix_reuse_supported`;
+            ``False``: every position. The same numbers either way.
         progress: a progress bar over the groups of cells (``tqdm.auto``).
 
     Returns:
