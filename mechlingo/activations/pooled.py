@@ -335,11 +335,9 @@ def pooled_neuron_acts(
 ) -> NeuronStats:
     """Pooled ``mlp_post`` activations of every sentence over all ranks.
 
-    The sentences (``texts`` flattened language by language, in order) are split into
-    contiguous shards; each rank pools its shard's activations over real tokens (BOS and
-    padding excluded; the first ``max_tokens`` real tokens when given) and counts how often
-    each neuron fires per language. Pooled rows are gathered back in the original order and
-    the counts all-reduced, so every rank returns what one process computes on all sentences.
+    Each rank pools its contiguous shard of the sentences (over real tokens, BOS and padding
+    excluded) and counts firings per language; rows are gathered back in order and counts
+    all-reduced, so every rank returns what one process computes on all sentences.
 
     Args:
         model: the model.
@@ -351,11 +349,9 @@ def pooled_neuron_acts(
         threshold: a neuron "fires" on a token where its activation exceeds this.
         fwd_hooks: (name, fn) hook pairs applied during the runs (e.g. an intervention's
             ``fwd_hooks(model)``).
-        store: out of core: a folder (empty, the same on every rank) where the pooled rows
-            are streamed as disk shards (:mod:`mechlingo.activations.shards`) instead of
-            being kept; ``pooled`` is then a :class:`~mechlingo.activations.shards.
-            PooledShards` over them, with the same values. The folder must outlive the
-            statistics.
+        store: out of core: an empty folder (the same on every rank) the pooled rows stream
+            to (:mod:`mechlingo.activations.shards`); ``pooled`` is then a ``PooledShards``
+            with the same values. The folder must outlive the statistics.
         max_memory: with ``store``, the memory cap in bytes or as ``"2G"`` (default: from
             the machine, :func:`~mechlingo.activations.shards.memory_budget`).
 

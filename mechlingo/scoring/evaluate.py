@@ -96,18 +96,12 @@ def greedy_generate(
     """Greedy continuations of ``prompts`` (the generated text only); the options
     (:class:`GenerateArgs`) are those of :func:`generate_conditions`.
 
-    Prompts of similar lengths share right-padded batches (sorted by length). With ``cache``
-    (the default) each batch runs its prompts once and then one new token per row per step
-    over a key-value cache, and rows that finish leave the batch
-    (:mod:`mechlingo.activations.decoding`); with ``cache=False`` the whole prefix is recomputed at every
-    step. Both give the same tokens, and a mixed-length batch gives the same tokens as each
-    prompt alone (tested).
+    With or without the key-value cache, batched or alone, the tokens are the same
+    (``docs/concepts.md``, "Generation and the KV cache").
 
     Args:
-        intervention: anything with ``fwd_hooks(model)`` (a mechlingo intervention); applied at
-            every step. Its ``"last"`` positions mean the prompt's last token (acted on once,
-            in the prompt pass, and attended to afterwards), ``"generated"`` the tokens
-            generated so far, ``"all"`` every token.
+        intervention: applied at every step; ``"last"`` is the prompt's last token (acted on
+            in the prompt pass), ``"generated"`` the tokens generated so far.
         max_new_tokens: new tokens per prompt at most (default 8).
         batch_size: prompts per pass (default 16).
         fwd_hooks: extra plain TransformerLens hooks, applied at every pass. Under the cache
@@ -332,10 +326,9 @@ def evaluate_facts(
             :class:`~mechlingo.scoring.scorers.Scorer` with options.
         prompts: (``generate`` only) prompts to use instead of each fact's zero-shot
             ``prompt`` (e.g. few-shot prompts); the answers are still the facts' answers.
-        prefixes: text placed before each fact's query (few-shot demonstrations ending with
-            their separator): ``generate`` continues ``prefix + prompt``; ``rank`` scores the
-            filled query sentence after the prefix, its tokens only. Not for ``klar``, which
-            draws its own demonstrations.
+        prefixes: text before each fact's query (few-shot demonstrations): ``generate``
+            continues ``prefix + prompt``; ``rank`` scores the query's tokens only. Not for
+            ``klar``, which draws its own demonstrations.
         pool: (``klar``) the facts demonstrations are drawn from (default: ``facts``
             themselves, other ids, as the benchmark's reference code does).
         max_new_tokens: tokens of the ``generate`` rule (default 8; ``klar`` always decodes
@@ -345,11 +338,9 @@ def evaluate_facts(
         fwd_hooks: extra plain TransformerLens hooks, applied at every pass.
         progress: show a progress bar.
         cache: decode with a key-value cache (see :func:`greedy_generate`).
-        early_stop: stop decoding a fact as soon as its verdict is final
-            (:func:`~mechlingo.scoring.scorers.decided`,
-            :func:`~mechlingo.scoring.scorers.klar_decided`): the same ``correct`` and
-            ``in_english`` as decoding every token, in less time; ``generation`` then holds
-            the decided prefix.
+        early_stop: stop decoding a fact once its verdict is final
+            (:func:`~mechlingo.scoring.scorers.decided`): the same verdicts, in less time;
+            ``generation`` then holds the decided prefix.
 
     Raises:
         InputError: no facts, every fact skipped by the metric, or options that do not go

@@ -73,9 +73,7 @@ def collect_neuron_stats(
 ) -> NeuronStats:
     """Pooled activations of every MLP neuron over every sentence, in one pass.
 
-    Under ``torchrun`` each rank pools its shard of the sentences and the rows are gathered
-    back in order (:func:`mechlingo.activations.pooled.pooled_neuron_acts`); in a single
-    process it is the one-process computation.
+    Under ``torchrun`` every rank returns what one process computes on all sentences.
 
     Args:
         model: a TransformerLens model.
@@ -83,20 +81,10 @@ def collect_neuron_stats(
             that language and negatives of every other. At least two languages are needed
             to score neurons later.
         intervention: optional intervention applied during the runs.
-        **options: how sentences are pooled (:class:`~mechlingo.activations.pooled.PoolArgs`,
-            defaults those of :func:`~mechlingo.activations.pooled.pooled_neuron_acts`):
-        pool: ``"mean"`` (Kojima et al.) or ``"max"`` (Suau et al.) over the sentence's real
-            tokens, BOS and padding excluded.
-        layers: layers to record (default all).
-        batch_size: sentences per forward pass (sentences are sorted by length first).
-        max_tokens: keep only the first ``max_tokens`` tokens of each sentence.
-        progress: progress bars.
-        store: out of core: an empty folder (the same on every rank) where the pooled rows
-            stream to disk shards, so memory does not grow with the number of sentences;
-            scores, clamps and tables read them from there with the same values
-            (``docs/scaling.md``).
-        max_memory: with ``store``, the cap in bytes or as ``"2G"`` (default: from the
-            machine, :func:`mechlingo.activations.shards.memory_budget`).
+        **options: how sentences are pooled (:class:`~mechlingo.activations.pooled.PoolArgs`:
+            ``pool``, ``layers``, ``batch_size``, ``max_tokens``, ``progress``, and out of core
+            ``store`` and ``max_memory``), as :func:`~mechlingo.activations.pooled.pooled_neuron_acts`
+            takes and describes them.
 
     Returns:
         :class:`NeuronStats` on the model's device.

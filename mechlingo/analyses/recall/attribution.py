@@ -141,12 +141,8 @@ def attribution_patch(
     scale: float = 1.0,
     **grid: Unpack[SiteGridArgs],
 ) -> PatchingResult:
-    """Estimate a whole :func:`~mechlingo.analyses.recall.patching.patch_activations` grid by attribution
-    patching.
-
-    Arguments are those of ``patch_activations`` (same sites, including ``"head"``; the same
-    grid keywords, :class:`~mechlingo.analyses.recall.patching.grid.SiteGridArgs`: layers,
-    positions, alignments, heads, subject spans and metrics, resolved by the same code), plus:
+    """Estimate a whole :func:`~mechlingo.analyses.recall.patching.patch_activations` grid by
+    attribution patching; the sites and grid keywords are those of ``patch_activations``, plus:
 
     Args:
         method: ``"atp"`` (default): the gradient of the target run. ``"ig"``: integrated
@@ -167,7 +163,6 @@ def attribution_patch(
         ``clean``/``corrupted`` are the measured baselines; ``meta["method"]`` is ``"atp"``
         (``"atp*"`` when the QK fix changed some cell) or ``"ig"`` (with ``meta["steps"]``),
         and ``meta["seconds"]`` the wall time.
-        Normalised effects, heatmaps and tables read it exactly as an exact result.
 
     Raises:
         PatchingError: the input errors of ``patch_activations``; an unknown ``method``, ``steps <

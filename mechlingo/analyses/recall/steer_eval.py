@@ -544,28 +544,23 @@ def run_steer_eval(
     repeats: int = 1,
     stages: Stages | None = None,
 ) -> SteerEvalResult:
-    """The repair protocol end to end, as ``mechlingo steer eval`` runs it.
+    """The repair protocol end to end, as ``mechlingo steer eval`` runs it: split by id, choose
+    on dev, score every condition on test (:class:`SteerEvalResult`).
 
-    The facts are split by id (``split``,
-    :class:`~mechlingo.analyses.recall.settings.SplitSettings`:
-    :func:`mechlingo.data.splits.split_facts` with its ``fractions`` and ``salt``; at most
-    ``dev_per_lang``/``test_per_lang`` ids per relation on dev and test). On dev,
-    :func:`~mechlingo.analyses.recall.dev_grid.choose_on_dev` searches ``grid``
-    (:class:`~mechlingo.analyses.recall.settings.DevGrid`) and fixes the lowest language;
-    with ``config`` the search is skipped (labelled as not chosen on dev) and only the dev
-    headroom fixes the lowest language. On test, :func:`evaluate_test` scores every
-    condition with random controls of ``seeds``. Every stage scores with ``scoring``
-    (:class:`~mechlingo.analyses.recall.settings.ScoringOptions`). ``repeats`` > 1 re-splits
-    with the salts ``{salt}#repeat{r}`` and rebuilds the vectors each time, with
-    ``vectors``' build settings (``vectors`` themselves serve the first split only).
+    Args:
+        split, grid, scoring: the id split, the dev search and how every item is scored
+            (:mod:`mechlingo.analyses.recall.settings`; ``None`` takes the defaults).
+        config: a fixed setting instead of the dev search (labelled as not chosen on dev;
+            the dev headroom still fixes the lowest language).
+        seeds: the random controls' seeds on test.
+        repeats: > 1 re-splits with the salts ``{salt}#repeat{r}`` and rebuilds the vectors
+            with ``vectors``' build settings (``vectors`` serve the first split only).
+        stages: keeps every finished step so a stopped run resumes (the CLI's ``--work``);
+            without it a temporary folder, so the numbers are those of the CLI.
 
-    ``stages`` (:class:`mechlingo.core.stages.Stages`) keeps every finished step so that a
-    stopped run resumes (the CLI's ``--work``/``--resume``); without it they are kept in a
-    temporary folder, so the numbers are those of the CLI. Side effects and the transfer
-    matrix are added afterwards (:meth:`SteerEvalResult.add_side_effects`,
+    Side effects and the transfer matrix are added afterwards
+    (:meth:`SteerEvalResult.add_side_effects`,
     :func:`mechlingo.analyses.recall.transfer.transfer_matrices`).
-
-    A settings object left out (``None``) takes its class's defaults.
 
     Raises:
         InputError: ``repeats`` < 1, no seed, or a split that is empty.

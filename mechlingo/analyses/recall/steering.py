@@ -315,20 +315,11 @@ def build_steering_vectors(
     Args:
         facts: the build facts (their languages and relations are what the vectors are
             "built from"; apply them to others to test transfer).
-        settings: how to build (``None``: the defaults of
-            :class:`~mechlingo.analyses.recall.settings.BuildSettings`). ``subtract_zero_shot`` (default): task vector = few-shot
-            mean minus zero-shot mean instead of the plain few-shot mean. Chosen on dev on
-            the embedded gemma-3-270m (capital, en/fr/ru/ja/hi x 8 dev facts, alpha in
-            residual-norm units; see docs/methods/repair-vectors.md): the plain few-shot mean
-            has cosine 0.94-1.0 with the zero-shot mean at every layer, i.e. it is ~ the mean
-            residual itself (norm ~20 at layer 0 to ~32,000 at layer 17, a few dominant
-            dimensions), so adding it mostly rescales the stream; over layers 4-10 x alphas
-            0.03-0.3 it never beat no intervention on dev (best 0.35 = baseline), while the
-            difference reached 0.375. The difference isolates what the demonstrations
-            change, and a norm-matched random direction at the same place is a fair control
-            for it. ``unit="resid"`` (default): each row is the vector's direction scaled to
-            the mean last-token residual norm at that layer, so ``alpha`` is a fraction of
-            the typical residual norm there; ``"raw"``: the raw mean/difference.
+        settings: how to build (``None``: the defaults). ``subtract_zero_shot`` (default):
+            task = few-shot mean minus zero-shot mean, not the plain few-shot mean (which is
+            about the mean residual itself; the dev comparison is in
+            ``docs/methods/repair-vectors.md``). ``unit="resid"`` (default): each row scaled to
+            the mean last-token residual norm at its layer; ``"raw"``: the raw difference.
             ``translation_shots``: solved translation pairs (other facts of ``pool``) before
             each translation prompt of the diff vector.
         pool: facts to draw few-shot demonstrations from (default ``facts``).

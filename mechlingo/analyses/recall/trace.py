@@ -320,17 +320,15 @@ def trace_recall(
     progress: bool = False,
     metric: str = "generate",
 ) -> TraceResult:
-    """Classify each query into the recall-pipeline classes (see the module docstring).
+    """Classify each query into the recall-pipeline classes (``correct``, ``wrong_language``,
+    ``translation_failure``, ``recall_failure``, ``other``).
 
     Args:
         model: a TransformerLens model.
         facts: the queries.
         langs: keep only facts in these languages (default all given).
         max_rank: an answer counts as *decodable* at a lens entry when its best token has rank
-            <= ``max_rank`` (0 = top-1). 10 by default: on a 262k vocabulary rank 10 is far
-            above chance, while demanding top-1 mid-network misses most recalls, because the
-            intermediate layers of small models spread mass over the many surface forms of a
-            word; Wendler et al. and Lu et al. read the lens in the same spirit.
+            <= ``max_rank`` (0 = top-1; why 10: ``docs/methods/recall-pipeline.md``).
         mid_layers: the lens entries that count as "mid-network" (default
             :func:`default_mid_layers`: the middle third up to the entry before the last two
             blocks).

@@ -351,7 +351,7 @@ def transfer_matrix(
     stats: GroupStats | None = None,
     **score_kw: Any,
 ) -> TransferMatrix:
-    """The transfer matrix of the two repair vectors (see the module docstring).
+    """The transfer matrix of the two repair vectors, one cell per (build row, test column).
 
     Args:
         facts: every relation and language to use, English included (it is the dev
@@ -360,23 +360,14 @@ def transfer_matrix(
         by: ``"relation"`` (rows all / all_but_R / only_A, columns the test relation) or
             ``"lang"`` (rows all / all_but_L, columns the non-English test language).
         held_out: the columns (default: every relation, or every non-English language).
-        matrix: the sizes and the dev grid
-            (:class:`~mechlingo.analyses.recall.settings.MatrixSettings`: ``cells``,
-            ``build_ids``, ``screen_ids``, ``dev_ids``, ``test_ids``, ``layers`` (default
-            :func:`~mechlingo.analyses.recall.settings.matrix_layers`), ``alphas``,
-            ``top_k``, ``en_tolerance``, ``p_threshold``, ``seed`` of the random control and
-            the bootstrap).
-        build: how each row's vectors are built
-            (:class:`~mechlingo.analyses.recall.settings.BuildSettings`).
-        scoring: how every item is scored
-            (:class:`~mechlingo.analyses.recall.settings.ScoringOptions`).
+        matrix, build, scoring: the sizes and dev grid, how each row's vectors are built, and
+            how every item is scored (:class:`~mechlingo.analyses.recall.settings.MatrixSettings`,
+            ``BuildSettings``, ``ScoringOptions``; ``None`` takes the class's defaults).
         on_cell: called with each cell as soon as it is measured (e.g. to save progress).
         stats: the build statistics of an earlier call on the same facts and split
             (``TransferMatrix.stats``), to run the other ``by`` without building again;
             checked to hold exactly this call's build fact ids.
         **score_kw: passed to every scoring call (the protocol's scoring function).
-
-    A settings object left out (``None``) takes its class's defaults.
 
     Returns:
         :class:`TransferMatrix`.
