@@ -128,6 +128,12 @@ def resolves(dotted: str) -> bool:
 
 def _imported_names(module: ModuleType, source: str) -> dict[str, str]:
     """Names a module imports anywhere (``TYPE_CHECKING`` blocks included), to their dotted path."""
+    return _imports_of(module.__name__, source)
+
+
+@functools.cache
+def _imports_of(name: str, source: str) -> dict[str, str]:
+    module = importlib.import_module(name)
     out = {}
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom):
