@@ -37,7 +37,8 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
     common.add_data_args(
         p,
         default_langs="en,fr,de,es",
-        langs_reason="four: the patching and knockout run per language",
+        langs_reason="the patching and knockout run once per language, so one language "
+        "fewer than eval",
     )
     common.add_out_arg(p)
     common.add_max_rank_arg(p, "rank at or below which an answer counts as decodable by the lens")
