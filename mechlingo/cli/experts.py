@@ -37,7 +37,7 @@ from mechlingo.analyses.experts import ExpertError
 from mechlingo.analyses.experts.align import AlignmentError, drop_empty_lines
 from mechlingo.analyses.experts.align_run import load_clamp_pair, run_alignment
 from mechlingo.analyses.experts.run import ExpertSettings, run_experts
-from mechlingo.cli import common, work
+from mechlingo.cli import common, cost, work
 from mechlingo.cli.flags import line_count, parse_ints
 from mechlingo.core.errors import ArtifactError, InputError, InterventionError
 from mechlingo.core.stages import Stages
@@ -164,6 +164,7 @@ def _experts_args(p: argparse.ArgumentParser) -> None:
     _k_rule_args(g)
     _shard_args(g)
     work.add_work_args(p)
+    cost.add_dry_run_arg(p)
 
 
 def _k_rule_args(g: Any) -> None:
@@ -256,6 +257,11 @@ def _cmd_experts(args: Any) -> int:
         raise common.UsageError("experts need at least two languages (the target and others)")
     heldout = None if args.no_curve else _heldout(args)  # checked before the expensive part
     work.work_folder(args)  # --work is checked before the model loads
+    n_held = None if heldout is None else len(next(iter(heldout.values()), []))
+    plan = cost.plan_experts(texts, targets, ks, heldout=n_held, samples=args.samples,
+                             max_new_tokens=args.max_new_tokens, model=args.model)  # fmt: skip
+    if cost.announce(plan, args):
+        return 0
     model = common.load_cli_model(args)
     stages = _experts_stages(args, model, texts, heldout)
     t0 = time.time()
@@ -401,6 +407,7 @@ def _align_args(p: argparse.ArgumentParser) -> None:
                    help="parallel lines per language that --side-effects measures perplexity "
                    "and output language on (default 20)")  # fmt: skip
     work.add_work_args(p)
+    cost.add_dry_run_arg(p)
 
 
 @common.command("align", "cross-lingual retrieval and distances before/after a clamp", _align_args)
@@ -417,6 +424,8 @@ def cmd_align(args: Any) -> int:
         )
     clamp_path = _resolve_clamp(args.clamp, args.target) if args.clamp else None
     work.work_folder(args)  # --work is checked before the model loads
+    if cost.announce(cost.plan_align(texts, clamp_path is not None, args.model), args):
+        return 0
     model = common.load_cli_model(args)
     with common.usage_errors(FileNotFoundError, InterventionError):
         iv, control = load_clamp_pair(clamp_path, args.control, model)

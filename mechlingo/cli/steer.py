@@ -45,7 +45,7 @@ from mechlingo.analyses.recall.settings import (
     SplitSettings,
 )
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
-from mechlingo.cli import common
+from mechlingo.cli import common, cost
 from mechlingo.cli.flags import parse_config, parse_floats, parse_ints
 from mechlingo.cli.work import (
     add_work_args,
@@ -58,7 +58,7 @@ from mechlingo.cli.work import (
 from mechlingo.core.artifacts import atomic_folder
 from mechlingo.core.types import Model
 from mechlingo.data import read_parallel_dir
-from mechlingo.data.splits import split_facts
+from mechlingo.data.splits import split_facts, take_per_lang
 from mechlingo.interventions import ModelMismatchError
 from mechlingo.report import write_outputs
 from mechlingo.report.steer import repair_report, transfer_report
@@ -138,6 +138,7 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--test-per-lang", type=int, default=_SPLIT.test_per_lang,
                    help="test fact ids per relation")  # fmt: skip
     _sweep_args(e)
+    cost.add_dry_run_arg(e)
     _test_args(e)
     common.add_metric_args(e)
     add_work_args(e)
@@ -348,6 +349,8 @@ def _eval(args: Any) -> int:
             "steer eval needs --vectors VDIR (a `steer build` folder), or --transfer-only"
         )
     work_folder(args)  # --work is checked before the model loads
+    if cost.announce(_eval_plan(args, facts, fractions, len(seeds)), args):
+        return 0
     model = common.load_cli_model(args)
     vectors = _load_vectors(args.vectors, model)
     stages = _eval_stages(args, model, facts)
@@ -392,6 +395,16 @@ def _eval(args: Any) -> int:
         _print_transfer(summary["transfer"])
     print(f"wrote {args.out}/summary.json, generations.jsonl and report.html")
     return 0
+
+
+def _eval_plan(args: Any, facts: list, fractions: tuple, seeds: int) -> cost.Plan:
+    """The plan and estimate of ``steer eval`` from its flags (no model)."""
+    splits = split_facts(facts, fractions, salt=args.salt)
+    splits["dev"] = take_per_lang(splits["dev"], args.dev_per_lang)
+    splits["test"] = take_per_lang(splits["test"], args.test_per_lang)
+    return cost.plan_steer_eval(splits, grid=_dev_grid(args), seeds=seeds, repeats=args.repeats,
+                                max_new_tokens=args.max_new_tokens, transfer=args.transfer,
+                                sweep=not args.config, model=args.model)  # fmt: skip
 
 
 def _eval_stages(args: Any, model: Model, facts: list) -> Any:

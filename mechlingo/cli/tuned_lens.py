@@ -19,7 +19,7 @@ from typing import Any
 
 from mechlingo.analyses.decoders.run import run_tuned_lens
 from mechlingo.analyses.decoders.tuned_lens import mix_texts
-from mechlingo.cli import common, work
+from mechlingo.cli import common, cost, work
 from mechlingo.cli.flags import line_count
 from mechlingo.data import LANGS
 from mechlingo.data.io import read_parallel_dir, read_text
@@ -82,6 +82,7 @@ def _tuned_args(p: argparse.ArgumentParser) -> None:
                    "int (sampled remainder) or 'auto' (exact up to 32,768 tokens)")  # fmt: skip
     t.add_argument("--seed", type=int, default=0, help="text order and samples (default 0)")
     work.add_work_args(p)
+    cost.add_dry_run_arg(p)
 
 
 def _texts(args: Any) -> tuple[dict[str, list[str]], str]:
@@ -129,6 +130,9 @@ def cmd_tuned_lens(args: Any) -> int:
     train = mix_texts({lg: v[train_span] for lg, v in by_lang.items()})
     held = mix_texts({lg: v[held_span] for lg, v in by_lang.items()}) if held_span else []
     work.work_folder(args)  # --work is checked before the model loads
+    plan = cost.plan_tuned_lens(args.steps, args.texts_per_step, len(held), args.model)
+    if cost.announce(plan, args):
+        return 0
     model = common.load_cli_model(args)
     stages = work.open_stages(args, model, work.data_key(train=train, held=held))
     t0 = time.time()
