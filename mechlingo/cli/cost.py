@@ -85,7 +85,7 @@ def _langs_text(counts: Mapping[str, int]) -> str:
 
 def plan_eval(facts: Sequence[Any], metric: str, max_new_tokens: int, model: str | None) -> Plan:
     """``eval``: one prompt pass per fact and its generated tokens (``klar``: 10)."""
-    shape, notes = model_shape(model), []
+    shape, notes = model_shape(model), list[str]()
     n = len(facts)
     tokens = 10 if metric == "klar" else max_new_tokens
     if metric == "rank":
@@ -110,7 +110,7 @@ def plan_trace(
     """``trace``: the lens and a generation per fact, then per language ``patch_prompts``
     prompts patched at every layer x :data:`PATCH_POSITIONS` x site (exact) and knocked out
     at every layer."""
-    shape, notes = model_shape(model), []
+    shape, notes = model_shape(model), list[str]()
     n_layers = _layers(shape, notes)
     langs = _by_lang(facts)
     patched = len(langs) * patch_prompts
@@ -132,7 +132,7 @@ def plan_experts(
 ) -> Plan:  # fmt: skip
     """``experts``: one statistics pass per sentence, then per target and k two arms (experts,
     random) of ``samples`` BOS samples and the held-out perplexity in every language."""
-    shape, notes = model_shape(model), []
+    shape, notes = model_shape(model), list[str]()
     sents = sum(len(v) for v in texts.values())
     arms = len(targets) * (1 + 2 * len(ks)) if heldout is not None else 0
     held = arms * heldout * len(texts) if heldout is not None else 0
@@ -160,7 +160,7 @@ def plan_align(texts: Mapping[str, Sequence[str]], clamp: bool, model: str | Non
 
 def plan_tuned_lens(steps: int, texts_per_step: int, heldout: int, model: str | None) -> Plan:
     """``tuned-lens``: ``steps`` optimizer steps and one held-out pass per held-out text."""
-    shape, notes = model_shape(model), []
+    shape, notes = model_shape(model), list[str]()
     if texts_per_step != 8:
         notes.append(f"a step was measured with 8 texts; counted x{texts_per_step / 8:.2f}")
     counts = {"lens_step": steps * texts_per_step / 8, "sentence": float(heldout)}
@@ -177,7 +177,7 @@ def plan_steer_eval(
     pairs on dev) and the test conditions (``orig``, ``task``, ``diff``, ``both`` and one
     random control per seed; without ``sweep``, ``--config``, only the test); every scored
     prompt is one prompt pass and its tokens."""
-    shape, notes = model_shape(model), []
+    shape, notes = model_shape(model), list[str]()
     n_layers = _layers(shape, notes)
     task_layers, diff_layers = grid.layers(n_layers)
     dev, test = len(splits.get("dev", [])), len(splits.get("test", []))

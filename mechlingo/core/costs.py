@@ -76,11 +76,12 @@ def config_params(cfg: Mapping[str, Any]) -> int | None:
     """The parameter count of a transformers ``config.json`` (attention, MLP and the
     embedding; norms left out), or ``None`` when a size it needs is missing."""
     c = dict(cfg.get("text_config") or cfg)
-    d, layers = c.get("hidden_size"), c.get("num_hidden_layers")
-    m, vocab = c.get("intermediate_size"), c.get("vocab_size")
-    heads = c.get("num_attention_heads")
-    if not all(isinstance(x, int) and x > 0 for x in (d, layers, m, vocab, heads)):
+    keys = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size",
+            "num_attention_heads")  # fmt: skip
+    sizes = [c.get(k) for k in keys]
+    if not all(isinstance(x, int) and x > 0 for x in sizes):
         return None
+    d, layers, m, vocab, heads = (int(x) for x in sizes)  # type: ignore[arg-type]
     head_dim = int(c.get("head_dim") or d // heads)
     kv = int(c.get("num_key_value_heads") or heads)
     attn = 2 * d * heads * head_dim + 2 * d * kv * head_dim
@@ -140,7 +141,7 @@ class Estimate:
     def __str__(self) -> str:
         items = ", ".join(f"{v:,.0f} x {k}" for k, v in self.counts.items() if v)
         where = (f"per-item costs measured on the embedded model on {MEASURED_ON.get('date')}, "
-                 f"{MEASURED_ON.get('machine')}, {MEASURED_ON.get('threads')} threads")  # fmt: skip
+                 f"{MEASURED_ON.get('machine')}, {MEASURED_ON.get('threads')} thread(s)")  # fmt: skip
         if self.seconds is None:
             head = "estimated CPU time: cannot know (the model's size is unknown: " + where + ")"
         else:
