@@ -165,3 +165,67 @@ def test_a_flag_is_never_taken_by_a_prefix(tmp_path, capsys):
             main([*argv, "--out", str(tmp_path / "o")])
         assert exc.value.code == 2
         assert f"unrecognized arguments: {unknown}" in capsys.readouterr().err
+
+
+#: flags whose default the parser keeps elsewhere (``None`` on the flag: the command's own
+#: default is applied when the facts are read)
+_EFFECTIVE = {"--langs": "_langs_default", "--templates": "_templates_default",
+              "--relation": "_relation_default"}  # fmt: skip
+#: ``(default X: reason)`` or ``(default: X: reason)`` in a help
+_REASONED = re.compile(r"default:? [^()]*?: \w")
+
+
+def _defaults(parsers: dict) -> dict[str, dict[str, tuple[object, str]]]:
+    """``{flag: {command: (effective default, help)}}`` of the flags several commands take."""
+    table: dict[str, dict[str, tuple[object, str]]] = {}
+    for cmd, p in parsers.items():
+        for action in p._actions:
+            for opt in action.option_strings:
+                if opt.startswith("--") and opt not in _BUILTIN:
+                    value = action.default
+                    if value is None and opt in _EFFECTIVE:
+                        value = p.get_default(_EFFECTIVE[opt])
+                    table.setdefault(opt, {})[cmd] = (value, action.help or "")
+    return {f: by for f, by in table.items() if len(by) > 1}
+
+
+def unexplained_defaults(parsers: dict) -> dict[str, list[str]]:
+    """``{flag: [commands]}``: a shared flag whose defaults differ, in the commands that do not
+    say theirs with its reason. The shared default is the one of a strict majority of the
+    commands (they need no reason); without a majority every command must give one."""
+    bad: dict[str, list[str]] = {}
+    for flag, by in _defaults(parsers).items():
+        values = [repr(v) for v, _ in by.values()]
+        if len(set(values)) == 1:
+            continue
+        top = max(set(values), key=values.count)
+        shared = top if values.count(top) * 2 > len(values) else None
+        for cmd, (value, text) in by.items():
+            if repr(value) == shared:
+                continue
+            stated = value is None or str(value) in text
+            if not (stated and _REASONED.search(text)):
+                bad.setdefault(flag, []).append(cmd)
+    return bad
+
+
+def test_the_default_checker_finds_an_unexplained_default():
+    a, b, c = argparse.ArgumentParser(), argparse.ArgumentParser(), argparse.ArgumentParser()
+    for p in (a, b):
+        p.add_argument("--limit", type=int, default=50, help="facts (default 50)")
+    c.add_argument("--limit", type=int, default=10, help="facts (default 10)")
+    assert unexplained_defaults({"a": a, "b": b, "c": c}) == {"--limit": ["c"]}
+    c._actions[-1].help = "facts (default 10: each costs a minute)"
+    assert unexplained_defaults({"a": a, "b": b, "c": c}) == {}
+    # no majority: every command states its reason
+    assert unexplained_defaults({"a": a, "c": c}) == {"--limit": ["a"]}
+
+
+def test_every_shared_flag_has_one_default_or_each_command_says_why():
+    assert unexplained_defaults(COMMANDS) == {}
+
+
+def test_no_help_shows_an_empty_default(capsys):
+    for cmd, p in COMMANDS.items():
+        text = p.format_help()
+        assert "(default: )" not in text and "default: ," not in text, cmd

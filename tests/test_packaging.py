@@ -225,3 +225,42 @@ def test_shape_annotations_are_checked_at_run_time_in_the_tests():
     with pytest.raises(Exception) as err:  # the kernel's own message, not the shape check's
         auroc(torch.rand(6, 3), torch.tensor([True, False, True, False, True]))
     assert not isinstance(err.value, TypeError), err.value
+
+
+def _pyproject() -> dict:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def test_every_runtime_dependency_is_bounded_above_and_the_installed_version_fits():
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+
+    for text in _pyproject()["project"]["dependencies"]:
+        req = Requirement(text)
+        assert any(s.operator in ("<", "<=", "==", "~=") for s in req.specifier), (
+            f"{req.name} has no upper bound"
+        )
+        installed = version(req.name).split("+")[0]
+        assert req.specifier.contains(installed, prereleases=True), (req.name, installed)
+
+
+def test_citation_release_date_follows_the_changelog():
+    import re
+
+    head = re.search(rf"^## {re.escape(__version__)} — (.+)$",
+                     (ROOT / "CHANGELOG.md").read_text(encoding="utf-8"), re.M)  # fmt: skip
+    assert head, f"CHANGELOG.md has no section for {__version__}"
+    cff = (ROOT / "CITATION.cff").read_text(encoding="utf-8")
+    released = re.search(r"^date-released: ['\"]?([\d-]+)", cff, re.M)
+    if head.group(1).strip() == "unreleased":
+        assert released is None, "CITATION.cff gives a release date for an unreleased version"
+    else:
+        assert released and released.group(1) == head.group(1).strip()
+
+
+def test_project_urls_are_addresses():
+    for name, url in _pyproject()["project"].get("urls", {}).items():
+        assert url.startswith("https://"), (name, url)

@@ -94,13 +94,36 @@ def test_torchrun_keeps_stages_per_rank_and_resumes(tmp_path, monkeypatch, tiny)
     seen: list[bool] = []
     monkeypatch.setattr(work, "dist_info", lambda: DistInfo(1, 2, 1, None, torch.device("cpu")))
     monkeypatch.setattr(work, "all_ranks_have", lambda done: seen.append(done) or done)
-    ns = argparse.Namespace(out=str(tmp_path / "o"), work=None, resume=True, fresh=False,
+    ns = argparse.Namespace(out=str(tmp_path / "o"), work=None, resume=False, fresh=False,
                             quiet=True, command="experts", seed=0)  # fmt: skip
-    st = work.open_stages(ns, tiny, {"d": "x"})  # --resume under torchrun: no longer refused
+    st = work.open_stages(ns, tiny, {"d": "x"})
     assert st.key["rank"] == [1, 2]
     st.run("a", lambda: {"v": 1})
+    ns.resume = True  # --resume under torchrun: this rank's stages are there
     work.open_stages(ns, tiny, {"d": "x"}).run("a", lambda: {"v": 2})
     assert seen == [False, True]  # the ranks were asked both times; the second reused
+
+
+def test_resume_refuses_when_there_is_nothing_to_go_on_from(tmp_path, tiny):
+    import mechlingo.cli.work as work
+
+    ns = argparse.Namespace(out=str(tmp_path / "o"), work=None, resume=True, fresh=False,
+                            quiet=True, command="experts", seed=0)  # fmt: skip
+    with pytest.raises(UsageError, match="--resume: no finished stage"):
+        work.open_stages(ns, tiny, {"d": "x"})
+    with pytest.raises(UsageError, match="--resume: no finished stage"):
+        work.require_finished(ns, tmp_path / ".o.work")
+    ns.resume = False
+    work.open_stages(ns, tiny, {"d": "x"}).run("a", lambda: {"v": 1})
+    ns.resume = True
+    assert work.open_stages(ns, tiny, {"d": "x"}).run("a", lambda: {"v": 2}) == {"v": 1}
+    work.require_finished(ns, tmp_path / ".o.work")  # a finished stage: goes on
+    ns.seed = 1  # another setting: another key, nothing of it finished
+    with pytest.raises(UsageError, match="--resume: no finished stage"):
+        work.open_stages(ns, tiny, {"d": "x"})
+    ns.fresh = True
+    with pytest.raises(UsageError, match="contradict"):
+        work.open_stages(ns, tiny, {"d": "x"})
 
 
 # --------------------------------------------------------------------------------------
@@ -181,7 +204,11 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
                      "--max-new-tokens", "3", "--ppl-budget", "1000", "--quiet", *extra,
                      "--out", str(tmp_path / out)])  # fmt: skip
 
-    assert run("full", "--resume") == 0  # --resume with no work folder just runs
+    # --resume with nothing to go on from is refused before any computation
+    assert run("full", "--resume") == 2
+    assert "--resume: no finished stage" in capsys.readouterr().err
+    assert not (tmp_path / "full").exists()
+    assert run("full") == 0
     full = _summary(tmp_path / "full")
 
     calls: dict = {}

@@ -7,7 +7,7 @@ import argparse
 import time
 from typing import Any
 
-from mechlingo.cli import common
+from mechlingo.cli import common, cost
 from mechlingo.report.evaluate import eval_report
 from mechlingo.scoring.accuracy import run_eval
 
@@ -18,6 +18,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     common.add_out_arg(p)
     common.add_max_new_tokens_arg(p, note="--metric klar always decodes 10")
     common.add_metric_args(p)
+    cost.add_dry_run_arg(p)
 
 
 @common.command(
@@ -27,6 +28,9 @@ def cmd_eval(args: Any) -> int:
 
     facts = common.load_selected_facts(args)
     scorer = common.scorer_from_args(args)
+    plan = cost.plan_eval(facts, scorer.metric, args.max_new_tokens, args.model)
+    if cost.announce(plan, args):
+        return 0
     model = common.load_cli_model(args)
     t0 = time.time()
     run = run_eval(

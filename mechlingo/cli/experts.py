@@ -37,7 +37,7 @@ from mechlingo.analyses.experts import ExpertError
 from mechlingo.analyses.experts.align import AlignmentError, drop_empty_lines
 from mechlingo.analyses.experts.align_run import load_clamp_pair, run_alignment
 from mechlingo.analyses.experts.run import ExpertSettings, run_experts
-from mechlingo.cli import common, work
+from mechlingo.cli import common, cost, work
 from mechlingo.cli.flags import line_count, parse_ints
 from mechlingo.core.errors import ArtifactError, InputError, InterventionError
 from mechlingo.core.stages import Stages
@@ -53,7 +53,7 @@ _SETTINGS_FLAGS = ("pool", "score", "value", "seed", "samples", "max_new_tokens"
                    "ppl_budget", "ppl_others", "batch_size")  # fmt: skip
 
 
-def _data_args(p: argparse.ArgumentParser, default_lines: int) -> None:
+def _data_args(p: argparse.ArgumentParser, default_lines: int, lines_reason: str) -> None:
     g = p.add_argument_group("data")
     common.add_parallel_arg(
         g,
@@ -79,7 +79,8 @@ def _data_args(p: argparse.ArgumentParser, default_lines: int) -> None:
         type=line_count,
         default=default_lines,
         metavar="N",
-        help=f"parallel lines (sentences) per language, after --offset (default {default_lines})",
+        help=f"parallel lines (sentences) per language, after --offset (default {default_lines}: "
+        f"{lines_reason})",
     )
     g.add_argument(
         "--offset",
@@ -131,7 +132,8 @@ def load_parallel(args: Any, *, offset: int | None = None, limit: int | None = N
 
 def _experts_args(p: argparse.ArgumentParser) -> None:
     common.add_model_args(p)
-    _data_args(p, default_lines=300)
+    _data_args(p, default_lines=300, lines_reason="the sentences neurons are ranked on; their "
+               "pooled statistics take ~0.5 GB in 12 languages on the embedded model")  # fmt: skip
     common.add_out_arg(p)
     g = p.add_argument_group("experts")
     g.add_argument("--target", required=True, help="target language(s) of the expert "
@@ -157,10 +159,12 @@ def _experts_args(p: argparse.ArgumentParser) -> None:
                    help=f"samples from BOS per k (default {_DEFAULTS.samples})")  # fmt: skip
     g.add_argument("--max-new-tokens", type=int, default=_DEFAULTS.max_new_tokens,
                    help="greedy tokens generated per BOS sample (default "
-                   f"{_DEFAULTS.max_new_tokens})")  # fmt: skip
+                   f"{_DEFAULTS.max_new_tokens}: a sample is free text whose language is "
+                   "identified, not a short answer)")  # fmt: skip
     _k_rule_args(g)
     _shard_args(g)
     work.add_work_args(p)
+    cost.add_dry_run_arg(p)
 
 
 def _k_rule_args(g: Any) -> None:
@@ -171,7 +175,8 @@ def _k_rule_args(g: Any) -> None:
         default=16,
         metavar="N",
         help="held-out lines per language right after the --lines used, never fitted on "
-        "(the k curve's perplexity; default 16)",
+        "(default 16: the k curve's perplexity is measured on them, for every k, with and "
+        "without the clamp)",
     )
     g.add_argument(
         "--ppl-budget",
@@ -252,6 +257,11 @@ def _cmd_experts(args: Any) -> int:
         raise common.UsageError("experts need at least two languages (the target and others)")
     heldout = None if args.no_curve else _heldout(args)  # checked before the expensive part
     work.work_folder(args)  # --work is checked before the model loads
+    n_held = None if heldout is None else len(next(iter(heldout.values()), []))
+    plan = cost.plan_experts(texts, targets, ks, heldout=n_held, samples=args.samples,
+                             max_new_tokens=args.max_new_tokens, model=args.model)  # fmt: skip
+    if cost.announce(plan, args):
+        return 0
     model = common.load_cli_model(args)
     stages = _experts_stages(args, model, texts, heldout)
     t0 = time.time()
@@ -364,7 +374,8 @@ def _resolve_clamp(path: str, target: str | None) -> str:
 
 def _align_args(p: argparse.ArgumentParser) -> None:
     common.add_model_args(p)
-    _data_args(p, default_lines=200)
+    _data_args(p, default_lines=200, lines_reason="retrieval among 200 candidates per language "
+               "pair; every line is embedded in every language, with and without the clamp")  # fmt: skip
     common.add_out_arg(p)
     g = p.add_argument_group("alignment")
     g.add_argument(
@@ -396,6 +407,7 @@ def _align_args(p: argparse.ArgumentParser) -> None:
                    help="parallel lines per language that --side-effects measures perplexity "
                    "and output language on (default 20)")  # fmt: skip
     work.add_work_args(p)
+    cost.add_dry_run_arg(p)
 
 
 @common.command("align", "cross-lingual retrieval and distances before/after a clamp", _align_args)
@@ -412,6 +424,8 @@ def cmd_align(args: Any) -> int:
         )
     clamp_path = _resolve_clamp(args.clamp, args.target) if args.clamp else None
     work.work_folder(args)  # --work is checked before the model loads
+    if cost.announce(cost.plan_align(texts, clamp_path is not None, args.model), args):
+        return 0
     model = common.load_cli_model(args)
     with common.usage_errors(FileNotFoundError, InterventionError):
         iv, control = load_clamp_pair(clamp_path, args.control, model)

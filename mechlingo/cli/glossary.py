@@ -29,7 +29,8 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--quiet": ("progress bars", "no progress bars"),
     "--work": ("work folder", "where finished stages are kept until --out is written"),
     "--fresh": ("start over", "remove the run's finished stages first"),
-    "--resume": ("go on", "go on from finished stages (the default)"),
+    "--resume": ("go on", "only go on from finished stages: refuse when there are none"),
+    "--dry-run": ("dry run", "print the plan and the estimated CPU time, load no model, write nothing"),
     "--plan": ("power plan", "print the power planner's table from the dev split and stop"),
     # data
     "--facts": ("fact file", "your facts (.jsonl/.tsv, or a folder of them) or a benchmark folder"),

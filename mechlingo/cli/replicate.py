@@ -28,7 +28,13 @@ from mechlingo.cli.common import (
     command,
     load_cli_model,
 )
-from mechlingo.cli.work import add_work_args, all_ranks_have, finish_stages, work_folder
+from mechlingo.cli.work import (
+    add_work_args,
+    all_ranks_have,
+    finish_stages,
+    require_finished,
+    work_folder,
+)
 from mechlingo.core.errors import MechlingoError
 from mechlingo.core.stages import Stages
 from mechlingo.core.untrusted import loads
@@ -64,10 +70,10 @@ def _replicate_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument(
         "--metric", choices=list(METRICS), default=None,
-        help="how the lu2025 rows score facts; default: the metric rule decides on dev data "
-        "before any test item is scored (greedy generation when it answers above the floor, "
-        "candidate ranking otherwise; claims.json gives its inputs and decision). generate, "
-        "rank or klar override the rule, and the card says so",
+        help="how the lu2025 rows score facts (default: the metric rule: it decides on dev "
+        "data before any test item is scored, greedy generation when it answers above the "
+        "floor and candidate ranking otherwise; claims.json gives its inputs and decision). "
+        "generate, rank or klar override the rule, and the card says so",
     )  # fmt: skip
     p.add_argument("--plan", action="store_true", help="only plan: score the dev split and "
                    "print, per primary row, the facts, documents and random draws needed for "
@@ -158,6 +164,7 @@ def cmd_replicate(args: Any) -> int:
         except (ValueError, OSError) as err:
             raise UsageError(str(err), where="--parallel") from err
     settings = _settings_arg(args.settings)
+    require_finished(args, work_folder(args))
     model = load_cli_model(args)
     settings.setdefault("batch_size", args.batch_size)
     if args.target:

@@ -45,7 +45,7 @@ from mechlingo.analyses.recall.settings import (
     SplitSettings,
 )
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
-from mechlingo.cli import common
+from mechlingo.cli import common, cost
 from mechlingo.cli.flags import parse_config, parse_floats, parse_ints
 from mechlingo.cli.work import (
     add_work_args,
@@ -58,7 +58,7 @@ from mechlingo.cli.work import (
 from mechlingo.core.artifacts import atomic_folder
 from mechlingo.core.types import Model
 from mechlingo.data import read_parallel_dir
-from mechlingo.data.splits import split_facts
+from mechlingo.data.splits import split_facts, take_per_lang
 from mechlingo.interventions import ModelMismatchError
 from mechlingo.report import write_outputs
 from mechlingo.report.steer import repair_report, transfer_report
@@ -84,6 +84,10 @@ def _fractions(text: str) -> tuple[float, float, float]:
 
 
 DEFAULT_SPLIT = _flag_text(_SPLIT.fractions)
+#: why a steer subcommand's default relations differ from the other commands' capitals
+_RELATION_REASONS = {
+    "all": "the vectors should engage recall in general, not one relation's answers",
+}
 
 
 def _common(p: argparse.ArgumentParser, default_relation: str) -> None:
@@ -95,7 +99,10 @@ def _common(p: argparse.ArgumentParser, default_relation: str) -> None:
         default_templates="natural",
         templates_reason="the papers' setting, where recall is under-engaged",
         default_limit=None,
+        limit_reason="the split by fact id needs them all to give ~25 dev and ~50 test "
+        "capitals per language",
         default_relation=default_relation,
+        relation_reason=_RELATION_REASONS.get(default_relation, ""),
     )
     common.add_out_arg(
         p,
@@ -131,6 +138,7 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--test-per-lang", type=int, default=_SPLIT.test_per_lang,
                    help="test fact ids per relation")  # fmt: skip
     _sweep_args(e)
+    cost.add_dry_run_arg(e)
     _test_args(e)
     common.add_metric_args(e)
     add_work_args(e)
@@ -262,7 +270,9 @@ def _test_args(e: argparse.ArgumentParser) -> None:
                    help="run only the transfer matrix (no --vectors needed)")  # fmt: skip
     e.add_argument("--max-new-tokens", type=int, default=_SCORING.max_new_tokens,
                    help="greedy tokens generated per prompt (default "
-                   f"{_SCORING.max_new_tokens})")  # fmt: skip
+                   f"{_SCORING.max_new_tokens}: 99%% of the bundled capitals take at most 6 tokens "
+                   "of the embedded model, and every condition, seed and sweep setting "
+                   "generates for every prompt)")  # fmt: skip
 
 
 @common.command("steer", "build and evaluate the two repair steering vectors", _steer_args)
@@ -339,6 +349,8 @@ def _eval(args: Any) -> int:
             "steer eval needs --vectors VDIR (a `steer build` folder), or --transfer-only"
         )
     work_folder(args)  # --work is checked before the model loads
+    if cost.announce(_eval_plan(args, facts, fractions, len(seeds)), args):
+        return 0
     model = common.load_cli_model(args)
     vectors = _load_vectors(args.vectors, model)
     stages = _eval_stages(args, model, facts)
@@ -383,6 +395,16 @@ def _eval(args: Any) -> int:
         _print_transfer(summary["transfer"])
     print(f"wrote {args.out}/summary.json, generations.jsonl and report.html")
     return 0
+
+
+def _eval_plan(args: Any, facts: list, fractions: tuple, seeds: int) -> cost.Plan:
+    """The plan and estimate of ``steer eval`` from its flags (no model)."""
+    splits = split_facts(facts, fractions, salt=args.salt)
+    splits["dev"] = take_per_lang(splits["dev"], args.dev_per_lang)
+    splits["test"] = take_per_lang(splits["test"], args.test_per_lang)
+    return cost.plan_steer_eval(splits, grid=_dev_grid(args), seeds=seeds, repeats=args.repeats,
+                                max_new_tokens=args.max_new_tokens, transfer=args.transfer,
+                                sweep=not args.config, model=args.model)  # fmt: skip
 
 
 def _eval_stages(args: Any, model: Model, facts: list) -> Any:

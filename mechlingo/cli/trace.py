@@ -27,7 +27,7 @@ from typing import Any
 # run_trace is called through its module, so that a wrapper set on the module (a test's
 # monkeypatch, a user's instrumentation) sees every call.
 from mechlingo.analyses.recall import trace
-from mechlingo.cli import common
+from mechlingo.cli import common, cost
 from mechlingo.cli.flags import parse_int_range
 from mechlingo.report.trace import trace_report
 
@@ -37,7 +37,8 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
     common.add_data_args(
         p,
         default_langs="en,fr,de,es",
-        langs_reason="four: the patching and knockout run per language",
+        langs_reason="the patching and knockout run once per language, so one language "
+        "fewer than eval",
     )
     common.add_out_arg(p)
     common.add_max_rank_arg(p, "rank at or below which an answer counts as decodable by the lens")
@@ -86,6 +87,7 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
         help="with --method atp/both: the top heads (by AtP) verified by exact head patching "
         "(default 5; 0 = none)",
     )
+    cost.add_dry_run_arg(p)
 
 
 @common.command(
@@ -97,6 +99,12 @@ def cmd_trace(args: Any) -> int:
         raise common.UsageError("--patch-prompts must be >= 0")
     facts = common.load_selected_facts(args)
     mid = parse_int_range(args.mid_layers, "--mid-layers")
+    sites = common.split_list(args.patch_sites) or ["resid_pre"]
+    plan = cost.plan_trace(facts, max_new_tokens=args.max_new_tokens,
+                           patch_prompts=args.patch_prompts, sites=sites,
+                           method=getattr(args, "method", "exact"), model=args.model)  # fmt: skip
+    if cost.announce(plan, args):
+        return 0
     model = common.load_cli_model(args)
     t0 = time.time()
     with common.usage_errors(ValueError):  # a PatchingError names the language
@@ -104,7 +112,7 @@ def cmd_trace(args: Any) -> int:
             model, facts, max_rank=args.max_rank, mid_layers=mid,
             max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
             patch_prompts=args.patch_prompts,
-            patch_sites=common.split_list(args.patch_sites) or ["resid_pre"],
+            patch_sites=sites,
             cells_per_batch=args.cells_per_batch, method=getattr(args, "method", "exact"),
             verify_heads=args.verify_heads, progress=not args.quiet,
             unanswered=args.patch_unanswered,

@@ -19,7 +19,7 @@ from typing import Any
 
 from mechlingo.analyses.decoders.run import run_tuned_lens
 from mechlingo.analyses.decoders.tuned_lens import mix_texts
-from mechlingo.cli import common, work
+from mechlingo.cli import common, cost, work
 from mechlingo.cli.flags import line_count
 from mechlingo.data import LANGS
 from mechlingo.data.io import read_parallel_dir, read_text
@@ -60,20 +60,29 @@ def _tuned_args(p: argparse.ArgumentParser) -> None:
                    help="skip this many lines of each file first (default 0)")  # fmt: skip
     g.add_argument("--lines", type=line_count, default=None, metavar="N",
                    help="parallel lines (sentences) per language to train on, after --offset "
-                   "(default: all)")  # fmt: skip
+                   "(default: all: the training draws --steps x --texts-per-step texts from "
+                   "them)")  # fmt: skip
     g.add_argument("--heldout", type=line_count, default=None, metavar="N",
                    help="held-out lines per language right after the --lines used, never "
-                   "fitted on: the held-out KL per layer against the logit lens")  # fmt: skip
+                   "fitted on: the held-out KL per layer against the logit lens (default "
+                   "none: no held-out KL, which costs a pass per layer)")  # fmt: skip
     t = p.add_argument_group("training")
     t.add_argument("--steps", type=int, default=60, help="optimizer steps (default 60)")
     t.add_argument("--max-seconds", type=float, default=None, help="stop after this long")
     t.add_argument("--texts-per-step", type=int, default=8, help="texts per step (default 8)")
     t.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
-    t.add_argument("--max-tokens", type=int, default=48, help="tokens per text (default 48)")
+    t.add_argument(
+        "--max-tokens",
+        type=int,
+        default=48,
+        help="tokens per text (default 48: "
+        "a training text is a whole line; 48 tokens bound a step's cost)",
+    )
     t.add_argument("--vocab-sample", default="auto", help="'exact' (whole vocabulary), an "
                    "int (sampled remainder) or 'auto' (exact up to 32,768 tokens)")  # fmt: skip
     t.add_argument("--seed", type=int, default=0, help="text order and samples (default 0)")
     work.add_work_args(p)
+    cost.add_dry_run_arg(p)
 
 
 def _texts(args: Any) -> tuple[dict[str, list[str]], str]:
@@ -121,6 +130,9 @@ def cmd_tuned_lens(args: Any) -> int:
     train = mix_texts({lg: v[train_span] for lg, v in by_lang.items()})
     held = mix_texts({lg: v[held_span] for lg, v in by_lang.items()}) if held_span else []
     work.work_folder(args)  # --work is checked before the model loads
+    plan = cost.plan_tuned_lens(args.steps, args.texts_per_step, len(held), args.model)
+    if cost.announce(plan, args):
+        return 0
     model = common.load_cli_model(args)
     stages = work.open_stages(args, model, work.data_key(train=train, held=held))
     t0 = time.time()

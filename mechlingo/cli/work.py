@@ -9,8 +9,10 @@ fingerprint, a hash of the data and every setting that changes a number, so the 
 another version, model, data or setting are never reused (they are recomputed).
 
 - **A rerun of the same command goes on from the finished stages** (no flag needed): after
-  Ctrl-C, SIGTERM, a SIGKILL or a crash, run the same command again. ``--resume`` is
-  accepted and means the same (the default).
+  Ctrl-C, SIGTERM, a SIGKILL or a crash, run the same command again.
+- ``--resume`` insists on going on: it refuses (exit 2, before any computation) when this
+  run's key has no finished stage, so that a changed setting, model, data or version cannot
+  quietly start an hour-long run over.
 - ``--fresh`` starts over: the stored stages of this run's key are removed first.
 - After ``--out`` is written the run's stages are removed (the work folder too when empty).
 - Under ``torchrun`` every rank keeps its own stages (the rank is in the key) and the ranks
@@ -50,6 +52,7 @@ __all__ = [
     "finish_stages",
     "hash_files",
     "open_stages",
+    "require_finished",
     "work_folder",
 ]
 
@@ -61,7 +64,8 @@ _NOT_NUMBERS = frozenset({"out", "quiet", "work", "resume", "fresh", "command", 
 
 
 def add_work_args(p: argparse.ArgumentParser) -> None:
-    """``--work DIR``, ``--fresh`` and ``--resume`` (the default)."""
+    """``--work DIR``, ``--fresh`` and ``--resume`` (go on, and refuse when there is nothing
+    to go on from)."""
     g = p.add_argument_group("interrupted runs")
     g.add_argument(
         "--work",
@@ -79,8 +83,10 @@ def add_work_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--resume",
         action="store_true",
-        help="go on from the finished stages of an interrupted run (the default; kept for "
-        "older scripts). Stages of another version, model, data or setting are recomputed",
+        help="only go on: refuse (exit 2, nothing computed) when this run has no finished "
+        "stages, e.g. because a setting, the model, the data or the mechlingo version changed "
+        "since the interrupted run. Without it a rerun also goes on from its stages, and "
+        "starts over when there are none",
     )
 
 
@@ -146,15 +152,39 @@ def open_stages(
         key["rank"] = [info.rank, info.world_size]
         agree = all_ranks_have
     stages = Stages(folder, key, agree=agree)
+    if getattr(args, "fresh", False) and getattr(args, "resume", False):
+        raise UsageError("--fresh and --resume contradict each other", where="--resume",
+                         fix="give one: --fresh starts over, --resume only goes on")  # fmt: skip
     if getattr(args, "fresh", False):
         stages.clear()
     else:
         done = stage_names(stages)
+        if not done and getattr(args, "resume", False):
+            raise UsageError(
+                f"--resume: no finished stage of this run in {folder} (another setting, "
+                "model, data or mechlingo version than the interrupted run's)",
+                where="--resume",
+                fix="rerun the interrupted command exactly as it was, or drop --resume to start",
+            )
         if done and info.rank == 0 and not getattr(args, "quiet", False):
             print(f"going on from {len(done)} finished stage(s) in {folder} (--fresh to start "
                   "over)", file=sys.stderr)  # fmt: skip
     args._work = str(folder)
     return stages
+
+
+def require_finished(args: Any, folder: Path) -> None:
+    """``--resume`` of a command whose stages are keyed elsewhere (``replicate``): refuse
+    when ``folder`` holds no finished stage of any key (a :class:`UsageError`)."""
+    if getattr(args, "fresh", False) and getattr(args, "resume", False):
+        raise UsageError("--fresh and --resume contradict each other", where="--resume",
+                         fix="give one: --fresh starts over, --resume only goes on")  # fmt: skip
+    if getattr(args, "resume", False) and not any(folder.glob("*/*/result.json")):
+        raise UsageError(
+            f"--resume: no finished stage in {folder}",
+            where="--resume",
+            fix="rerun the interrupted command exactly as it was, or drop --resume to start",
+        )
 
 
 def all_ranks_have(done: bool) -> bool:
