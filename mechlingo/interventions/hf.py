@@ -109,7 +109,7 @@ def hf_family(hf_model: torch.nn.Module) -> str:
     names = [type(hf_model).__name__, *(getattr(config, "architectures", None) or [])]
     for name in names:
         fam = SUPPORTED_ARCHITECTURES.get(name)
-        if fam in LAYOUTS:
+        if fam is not None and fam in LAYOUTS:
             return fam
     raise InterventionError(
         f"no module map for a plain transformers {names[0]}: attach() knows the families "

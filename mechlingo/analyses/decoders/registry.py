@@ -56,7 +56,8 @@ class Decoder(Protocol):
     ``generate(model, entries, acts, langs) -> [entry][row] strings`` and a positive
     ``max_new_tokens`` (:func:`generates`)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def check(self, model: Model) -> None: ...
 
