@@ -15,18 +15,17 @@ it exercises the real loading path. Their outputs mean nothing.
   checks every family on.
 
 Sizes (``n_layers``, ``d_model``, ``d_mlp``, ``n_heads``) override the defaults of either.
-:data:`TINY` says how each family's tiny model is built; :mod:`mechlingo.core.families` is the
-registry of what each family is.
+:data:`TINY` says how each tiny model is built, read from each family's
+:attr:`~mechlingo.core.families.Family.tiny` record in :mod:`mechlingo.core.families`.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -237,33 +236,6 @@ def _test_gemma3(v: int, ids: dict[str, Any], s: Sizes) -> Any:
     )
 
 
-#: The names most configs (Llama's and its descendants') give the sizes, ``{size: key}``.
-_LLAMA_NAMES: Mapping[str, str] = MappingProxyType(
-    {
-        "d_model": "hidden_size",
-        "d_mlp": "intermediate_size",
-        "n_layers": "num_hidden_layers",
-        "n_heads": "num_attention_heads",
-        "n_ctx": "max_position_embeddings",
-    }
-)
-#: With grouped-query attention (the default), and also with a head width of its own.
-_GQA = MappingProxyType({**_LLAMA_NAMES, "n_kv_heads": "num_key_value_heads"})
-_GQA_HEAD_DIM = MappingProxyType({**_GQA, "head_dim": "head_dim"})
-#: The families that name the sizes their own way.
-_BLOOM = MappingProxyType({"d_model": "hidden_size", "n_layers": "n_layer", "n_heads": "n_head"})
-_GPT2 = MappingProxyType(
-    {"d_model": "n_embd", "n_layers": "n_layer", "n_heads": "n_head", "n_ctx": "n_positions"}
-)
-_XGLM = MappingProxyType(
-    {"d_model": "d_model", "d_mlp": "ffn_dim", "n_layers": "num_layers",
-     "n_heads": "attention_heads", "n_ctx": "max_position_embeddings"}
-)  # fmt: skip
-_FALCON = MappingProxyType(
-    {"d_model": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads"}
-)
-
-
 @dataclass(frozen=True)
 class _Config:
     """A tiny model's transformers config: the class ``name`` built from the vocabulary
@@ -285,14 +257,6 @@ class _Config:
         if self.sliding:
             kw |= {"sliding_window": 4, "layer_types": _alternating(s.n_layers)}
         return getattr(transformers, self.name)(**(kw | dict(ids) | dict(self.extra)))
-
-
-def _config(
-    name: str, names: Mapping[str, str] = _GQA, *, sliding: bool = False, **extra: Any
-) -> _Config:
-    """The :class:`_Config` of the transformers class ``name``: the sizes under ``names``
-    (default: Llama's, with grouped-query attention), ``sliding`` and the ``extra`` keys."""
-    return _Config(name, names, extra, sliding)
 
 
 # --------------------------------------------------------------------------------------
@@ -350,49 +314,62 @@ class TinySpec:
     init: Callable[[torch.nn.Module, int], None] = _randomize
 
 
-_CONFIGS: dict[str, tuple[TokenizerKind, _Config]] = {
-    "gemma3": ("bytelevel", _config("Gemma3TextConfig", _GQA_HEAD_DIM, sliding=True)),
-    # small caps, so that they really bend the logits
-    "gemma2": ("metaspace", _config("Gemma2Config", _GQA_HEAD_DIM, sliding=True,
-                                    final_logit_softcapping=3.0, attn_logit_softcapping=5.0)),
-    "gemma": ("metaspace", _config("GemmaConfig", _GQA_HEAD_DIM, num_key_value_heads=1)),
-    "llama": ("metaspace", _config("LlamaConfig", tie_word_embeddings=False)),
-    "mistral": ("metaspace", _config("MistralConfig", sliding_window=None,
-                                     tie_word_embeddings=False)),
-    "qwen2": ("qwen", _config("Qwen2Config", tie_word_embeddings=True)),
-    "qwen3": ("qwen", _config("Qwen3Config", _GQA_HEAD_DIM, tie_word_embeddings=True)),
-    "bloom": ("bytelevel", _config("BloomConfig", _BLOOM)),
-    "cohere": ("bytelevel", _config("CohereConfig", logit_scale=0.5, tie_word_embeddings=True)),
-    "cohere2": ("bytelevel", _config("Cohere2Config", sliding=True, logit_scale=0.5,
-                                     tie_word_embeddings=True)),
-    "gpt2": ("gpt2", _config("GPT2Config", _GPT2)),
-    "gpt_neox": ("nospace", _config("GPTNeoXConfig", _LLAMA_NAMES, rotary_pct=0.5,
-                                    tie_word_embeddings=False)),
-    "xglm": ("xglm", _config("XGLMConfig", _XGLM)),
-    "phi3": ("metaspace", _config("Phi3Config", tie_word_embeddings=False)),
-    "olmo2": ("bytelevel", _config("Olmo2Config", tie_word_embeddings=False)),
-    "stablelm": ("gpt2", _config("StableLmConfig", partial_rotary_factor=0.5,
-                                 tie_word_embeddings=False)),
-    "falcon": ("spacetoken", _config("FalconConfig", _FALCON)),
-}  # fmt: skip
+_DEFAULT = TinySpec(
+    tokenizer="bytelevel",
+    config=_test_gemma3,
+    architecture="Gemma3ForCausalLM",
+    sizes=Sizes(n_layers=2, d_model=64, d_mlp=128, n_heads=4, n_ctx=512),
+    vocab_size=420,
+    corpus=_TEST_CORPUS,
+    init=_spread,
+)
 
-TINY: dict[str | None, TinySpec] = {
-    None: TinySpec(
-        tokenizer="bytelevel",
-        config=_test_gemma3,
-        architecture="Gemma3ForCausalLM",
-        sizes=Sizes(n_layers=2, d_model=64, d_mlp=128, n_heads=4, n_ctx=512),
-        vocab_size=420,
-        corpus=_TEST_CORPUS,
-        init=_spread,
-    ),
-    **{
-        name: TinySpec(tokenizer=kind, config=config, architecture=FAMILIES[name].architecture)
-        for name, (kind, config) in _CONFIGS.items()
-    },
-}
+
+def _family_spec(name: str) -> TinySpec:
+    """The tiny model of a registered family, from its :attr:`Family.tiny` record."""
+    family = FAMILIES[name]
+    if family.tiny is None:
+        raise KeyError(name)
+    t = family.tiny
+    config = _Config(t.config, t.names, t.extra, t.sliding)
+    return TinySpec(tokenizer=t.tokenizer, config=config,  # type: ignore[arg-type]
+                    architecture=family.architecture)  # fmt: skip
+
+
+class _Configs(Mapping[str, tuple[TokenizerKind, _Config]]):
+    """Family -> (tokenizer kind, config): a view of the family registry."""
+
+    def __getitem__(self, name: str) -> tuple[TokenizerKind, _Config]:
+        spec = _family_spec(name)
+        return spec.tokenizer, spec.config  # type: ignore[return-value]
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, f in FAMILIES.items() if f.tiny is not None)
+
+    def __len__(self) -> int:
+        return sum(f.tiny is not None for f in FAMILIES.values())
+
+
+class _Tiny(Mapping[str | None, TinySpec]):
+    """``None`` -> the tests' default model, family name -> its tiny model (read from the
+    family registry on every lookup)."""
+
+    def __getitem__(self, name: str | None) -> TinySpec:
+        return _DEFAULT if name is None else _family_spec(name)
+
+    def __iter__(self) -> Iterator[str | None]:
+        return iter([None, *_CONFIGS])
+
+    def __len__(self) -> int:
+        return 1 + len(_CONFIGS)
+
+
+_CONFIGS: Mapping[str, tuple[TokenizerKind, _Config]] = _Configs()
+
+TINY: Mapping[str | None, TinySpec] = _Tiny()
 """How each tiny model is built: ``None`` is the tests' default model, the other keys are
-the families of :data:`mechlingo.core.families.FAMILIES` (every one has an entry)."""
+the families of :data:`mechlingo.core.families.FAMILIES` with a
+:attr:`~mechlingo.core.families.Family.tiny` record."""
 
 
 #: A chat template in the style of Gemma's turn markers, for tiny test models

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from mechlingo.analyses.decoders.lens import lens_facts
+from mechlingo.analyses.decoders.registry import BUILTIN_DECODERS
 from mechlingo.analyses.decoders.tuned_lens import load_tuned_lens
 from mechlingo.analyses.recall import dev_grid, steer_eval, steering
 from mechlingo.analyses.recall.patching import patch_activations
@@ -91,7 +92,7 @@ __all__ = [
     "stage_external",
 ]
 
-DECODERS = ("logit", "tuned", "patchscope")
+DECODERS = BUILTIN_DECODERS  # the decoders the card's claims name
 
 
 def metric_of(cfg: Mapping[str, Any]) -> str:
@@ -459,7 +460,7 @@ def stage_decoders(model: Model, facts: list[Fact], trace: Mapping[str, Any] | N
     else:
         out["decoders"]["logit"] = {"untestable": "the trace stage did not finish"}
     sub = take_per_lang([f for f in facts if f.lang != "en"], d.get("per_lang"))
-    for name in ("tuned", "patchscope"):
+    for name in DECODERS[1:]:
         dec: Any = name
         if name == "tuned":
             if not d.get("tuned_lens"):

@@ -1,4 +1,5 @@
-"""``mechlingo lens --decoder logit,tuned,patchscope``: the lens under several decoders.
+"""``mechlingo lens --decoder logit,tuned,patchscope``: the lens under several decoders (any
+registered in :mod:`mechlingo.analyses.decoders.registry`).
 
 The flags are added to ``mechlingo lens`` (:mod:`mechlingo.cli.lens`); with only the
 default ``--decoder logit`` the command writes exactly what it always wrote. With several
@@ -14,9 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mechlingo.analyses.decoders.patchscope import Patchscope
+from mechlingo.analyses.decoders.registry import decoder_entry, decoder_names, get_decoder
 from mechlingo.analyses.decoders.run import run_lens_decoders
-from mechlingo.analyses.decoders.tuned_lens import load_tuned_lens
 from mechlingo.cli.common import UsageError, run_meta, split_list
 from mechlingo.core.types import Model
 from mechlingo.report.decoders import decoders_report
@@ -27,9 +27,10 @@ __all__ = ["add_decoder_args", "parse_decoders", "run_decoders"]
 def add_decoder_args(p: argparse.ArgumentParser) -> None:
     """``--decoder``, ``--tuned-lens``, ``--patchscope-target``, ``--max-new-tokens``."""
     g = p.add_argument_group("decoders")
+    listed = "; ".join(f"{n} ({decoder_entry(n).help})" if decoder_entry(n).help else n
+                       for n in decoder_names())  # fmt: skip
     g.add_argument("--decoder", default="logit", help="comma-separated decoders to read every "
-                   "layer with: logit (default), tuned, patchscope; several are drawn side by "
-                   "side")  # fmt: skip
+                   f"layer with (default logit): {listed}; several are drawn side by side")  # fmt: skip
     g.add_argument("--tuned-lens", default=None, help="folder of a lens from `mechlingo "
                    "tuned-lens`, or NAME=DIR,NAME=DIR for several (decoders tuned-NAME)")  # fmt: skip
     g.add_argument("--patchscope-target", default=None, help="language of the identity target "
@@ -57,10 +58,11 @@ def parse_decoders(args: Any) -> list[str]:
     """The decoder labels of ``--decoder`` (``tuned`` expands to one per ``--tuned-lens``),
     checked before the model loads."""
     names = split_list(getattr(args, "decoder", None)) or ["logit"]
-    bad = [n for n in names if n not in ("logit", "tuned", "patchscope")]
+    known = decoder_names()
+    bad = [n for n in names if n not in known]
     if bad or len(set(names)) != len(names):
-        raise UsageError(f"--decoder {args.decoder!r}: choose distinct names from logit, tuned, "
-                         "patchscope")  # fmt: skip
+        raise UsageError(f"--decoder {args.decoder!r}: choose distinct names from "
+                         f"{', '.join(known)}")  # fmt: skip
     tuned = _tuned_paths(getattr(args, "tuned_lens", None))
     if "tuned" in names and not tuned:
         raise UsageError("--decoder tuned needs --tuned-lens DIR")
@@ -88,13 +90,10 @@ def run_decoders(
     t0 = time.time()
     spec: dict[str, Any] = {}
     for label in decoders:
-        if label.startswith("tuned"):
-            spec[label] = load_tuned_lens(args._tuned_paths[label], model)
-        elif label == "patchscope":
-            spec[label] = Patchscope(target=args.patchscope_target,
-                                     max_new_tokens=args.max_new_tokens)  # fmt: skip
-        else:
-            spec[label] = label
+        name = "tuned" if label in args._tuned_paths else label
+        spec[label] = get_decoder(name, model, tuned_lens=args._tuned_paths.get(label),
+                                  target=args.patchscope_target,
+                                  max_new_tokens=args.max_new_tokens)  # fmt: skip
     run = run_lens_decoders(model, facts, spec, track_langs=track, max_rank=args.max_rank,
                             batch_size=args.batch_size, progress=not args.quiet)  # fmt: skip
     meta = run_meta(model, args, n_facts=len(facts), decoders=decoders,

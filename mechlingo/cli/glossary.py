@@ -7,12 +7,14 @@ nothing here is missing from the parsers, a flag has the same kind - switch, num
 metavar - in every command that takes it, and no two flags name one concept).
 :data:`RETIRED` lists the flag names of earlier releases and what replaced them: the
 ``mechlingo`` command refuses an old name with one line naming the new flag (there are no
-aliases). This module imports nothing, so ``--help`` stays cheap.
+aliases). The decoder names come from the decoder registry.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from mechlingo.analyses.decoders.registry import decoder_names
 
 __all__ = ["FLAGS", "RETIRED", "retired_hints"]
 
@@ -58,7 +60,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     # lens and decoders
     "--prompt": ("prompt text", "a text read at every position by the token-level lens"),
     "--track": ("tracked languages", "languages whose answers the lens tracks besides the prompt's"),
-    "--decoder": ("decoders", "comma-separated decoders: logit, tuned, patchscope"),
+    "--decoder": ("decoders", f"comma-separated decoders: {', '.join(decoder_names())}"),
     "--tuned-lens": ("tuned-lens folder", "folder of a lens from `mechlingo tuned-lens` (or NAME=DIR,...)"),
     "--patchscope-target": ("patchscope prompt language", "language of the patchscope's identity target prompt"),
     # trace

@@ -30,7 +30,7 @@ the edit's change to the block's output (``hook_resid_post``), so that after an 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,18 +38,12 @@ import torch
 from torch import Tensor
 
 from mechlingo.core.errors import MechlingoError
+from mechlingo.core.families import STANDARD_HOOKS, family_of
 from mechlingo.core.types import HookFn, Model
 
-SITE_HOOKS: dict[str, str] = {
-    "resid_pre": "blocks.{layer}.hook_resid_pre",
-    "resid_mid": "blocks.{layer}.hook_resid_mid",
-    "resid_post": "blocks.{layer}.hook_resid_post",
-    "attn_out": "blocks.{layer}.hook_attn_out",
-    "mlp_out": "blocks.{layer}.hook_mlp_out",
-    "mlp_post": "blocks.{layer}.mlp.hook_post",
-    "attn_z": "blocks.{layer}.attn.hook_z",
-    "attn_pattern": "blocks.{layer}.attn.hook_pattern",
-}
+#: The hook of each site in every supported family (a family may give its own:
+#: :attr:`mechlingo.core.families.Family.hooks`, which :class:`SiteMap` reads).
+SITE_HOOKS: Mapping[str, str] = STANDARD_HOOKS
 SITE_ALIASES: dict[str, str] = {"neurons": "mlp_post", "mlp_neurons": "mlp_post", "z": "attn_z"}
 RESIDUAL_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 
@@ -85,13 +79,23 @@ class SiteMap:
         self.d_mlp = mlp_width(model)
         self.n_heads = int(getattr(cfg, "n_heads", 0) or 0)
         self.d_head = int(getattr(cfg, "d_head", 0) or 0)
+        family = family_of(str(getattr(cfg, "architecture", "") or ""))
+        self.family = family.name if family is not None else None
+        self.hooks: Mapping[str, str] = family.hooks if family is not None else SITE_HOOKS
         names = set(model.hook_dict.keys())
         self.available: dict[str, bool] = {}
-        for site, pattern in SITE_HOOKS.items():
+        for site, pattern in self.hooks.items():
             self.available[site] = all(
                 pattern.format(layer=layer) in names for layer in range(self.n_layers)
             )
         self.why_unavailable: dict[str, str] = {}
+        if family is not None and family.parallel:
+            self.available["resid_mid"] = False  # a bridge may alias a hook there: no residual
+        if family is not None and family.final_norm and getattr(model, "ln_final", None) is None:
+            raise SiteError(
+                f"this {family.name} model has no ln_final, but the family reads through "
+                f"{family.final_norm}: the lens would skip it; load it with mechlingo.load_model"
+            )
         n_experts = int(getattr(cfg, "num_experts", 0) or 0)
         if n_experts > 1:
             # blocks.{l}.mlp.hook_post of a TransformerLens MoE block is the mixed output
@@ -135,11 +139,11 @@ class SiteMap:
         if not self.available[canonical]:
             why = self.why_unavailable.get(canonical, "it is not a hook of this model")
             raise SiteError(
-                f"site {canonical!r} ({SITE_HOOKS[canonical]}) is not available: {why}; "
+                f"site {canonical!r} ({self.hooks[canonical]}) is not available: {why}; "
                 f"available: {[s for s, ok in self.available.items() if ok]}"
             )
         return Site(
-            canonical, index, SITE_HOOKS[canonical].format(layer=index), self.width(canonical)
+            canonical, index, self.hooks[canonical].format(layer=index), self.width(canonical)
         )
 
 

@@ -11,7 +11,7 @@ steering vectors, neuron clamps, ablations, compositions -- means exactly what i
 TransformerLens bridge (tested: logits and greedy ``generate()`` tokens equal the bridge run,
 on every family).
 
-Where the sites are (:data:`LAYOUTS`, one entry per family):
+Where the sites are (:data:`LAYOUTS`, each family's :class:`~mechlingo.core.families.Layout`):
 
 ==============  ===========================================================================
 site            transformers module
@@ -52,7 +52,7 @@ token ids, 4-D attention masks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace, TracebackType
 from typing import Any, Protocol, runtime_checkable
@@ -62,7 +62,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from mechlingo.core.errors import InterventionError
-from mechlingo.core.families import SUPPORTED_ARCHITECTURES
+from mechlingo.core.families import FAMILIES, SUPPORTED_ARCHITECTURES, Layout
 from mechlingo.core.sites import SITE_HOOKS
 from mechlingo.core.tokens import TokenBatch, batch_context
 from mechlingo.core.types import HookFn
@@ -77,74 +77,25 @@ class HasHooks(Protocol):
     def fwd_hooks(self, model: HFView) -> list[tuple[str, HookFn]]: ...
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Where mechlingo's sites are in one family's transformers modules.
+class _Layouts(Mapping[str, Layout]):
+    """Family name -> :class:`~mechlingo.core.families.Layout`, read from the family registry
+    on every lookup (a family registered later is there too)."""
 
-    Attributes:
-        layers: path of the decoder layer list in the model (``"model.layers"``).
-        attn_out: module (inside a layer) whose output is ``attn_out``.
-        mlp_out: module (inside a layer) whose output is ``mlp_out``.
-        down: module whose input is ``mlp_post`` (the MLP's down projection).
-        o_proj: module whose input is ``attn_z`` (heads concatenated).
-        mid: module whose output *is* ``resid_mid`` (BLOOM), ``""`` when ``resid_mid`` is
-            resid_pre + attn_out and is edited through attn_out, ``None`` when there is none
-            (parallel attention and MLP).
-    """
+    def __getitem__(self, name: str) -> Layout:
+        family = FAMILIES.get(name)
+        if family is None or family.layout is None:
+            raise KeyError(name)
+        return family.layout
 
-    layers: str
-    attn_out: str
-    mlp_out: str
-    down: str
-    o_proj: str
-    mid: str | None = ""
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, f in FAMILIES.items() if f.layout is not None)
+
+    def __len__(self) -> int:
+        return sum(f.layout is not None for f in FAMILIES.values())
 
 
-_LLAMA = Layout("model.layers", "self_attn", "mlp", "mlp.down_proj", "self_attn.o_proj")
-_POSTNORM = Layout(
-    "model.layers",
-    "post_attention_layernorm",
-    "post_feedforward_layernorm",
-    "mlp.down_proj",
-    "self_attn.o_proj",
-)
-_PARALLEL = Layout("model.layers", "self_attn", "mlp", "mlp.down_proj", "self_attn.o_proj", None)
-
-LAYOUTS: dict[str, Layout] = {
-    "gemma3": _POSTNORM,
-    "gemma2": _POSTNORM,
-    "olmo2": _POSTNORM,
-    "gemma": _LLAMA,
-    "llama": _LLAMA,
-    "mistral": _LLAMA,
-    "qwen2": _LLAMA,
-    "qwen3": _LLAMA,
-    "phi3": _LLAMA,
-    "stablelm": _LLAMA,
-    "cohere": _PARALLEL,
-    "cohere2": _PARALLEL,
-    "gpt2": Layout("transformer.h", "attn", "mlp", "mlp.c_proj", "attn.c_proj"),
-    "gpt_neox": Layout(
-        "gpt_neox.layers", "attention", "mlp", "mlp.dense_4h_to_h", "attention.dense", None
-    ),
-    "bloom": Layout(
-        "transformer.h",
-        "self_attention.dense",
-        "mlp.dense_4h_to_h",
-        "mlp.dense_4h_to_h",
-        "self_attention.dense",
-        "self_attention",
-    ),
-    "falcon": Layout(
-        "transformer.h",
-        "self_attention",
-        "mlp",
-        "mlp.dense_4h_to_h",
-        "self_attention.dense",
-        None,
-    ),
-    "xglm": Layout("model.layers", "self_attn", "fc2", "fc2", "self_attn.out_proj"),
-}
+#: Where the sites are in each family's transformers modules (a view of the registry).
+LAYOUTS: Mapping[str, Layout] = _Layouts()
 
 # Where several sites share one module, the one TransformerLens computes first is hooked first.
 _SITE_ORDER = {s: i for i, s in enumerate(SITE_HOOKS)}
@@ -158,7 +109,7 @@ def hf_family(hf_model: torch.nn.Module) -> str:
     names = [type(hf_model).__name__, *(getattr(config, "architectures", None) or [])]
     for name in names:
         fam = SUPPORTED_ARCHITECTURES.get(name)
-        if fam in LAYOUTS:
+        if fam is not None and fam in LAYOUTS:
             return fam
     raise InterventionError(
         f"no module map for a plain transformers {names[0]}: attach() knows the families "
@@ -408,7 +359,7 @@ def _register_mid(
     view: HFView, state: _State, block: Any, layer: int, run: Callable[[Tensor], Tensor]
 ) -> list[Any]:
     lay = view.layout
-    if lay.mid is None:
+    if FAMILIES[view.family].parallel:
         raise InterventionError(
             f"resid_mid at layer {layer} has no module in a plain transformers {view.family} "
             "model: its attention and MLP read the same residual in parallel, so there is no "

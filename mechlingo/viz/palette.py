@@ -9,7 +9,8 @@ colour of *what* the series is:
   ``"recall_failure"``, ``"translation_failure"``, ...);
 * :func:`language_color` -- a language code (``"en"``, ``"fr"``, ...);
 * :func:`decoder_color` -- a decoder (logit lens, tuned lens, patchscope; any spelling:
-  ``"logit"``, ``"logit_lens"``, ``"logit lens"``);
+  ``"logit"``, ``"logit_lens"``, ``"logit lens"``); a decoder registered later takes its
+  colour from :func:`register_decoder_color`;
 * :func:`condition_color` -- a condition or arm (``"orig"``, ``"task"``, ``"diff"``,
   ``"both"``, ``"random"``, ``"experts"``, ``"zero_shot"``, ...);
 * :func:`track_color` -- a lens track: the prompt-language answer (``"answer"``), the answer
@@ -32,6 +33,7 @@ __all__ = [
     "CLASS",
     "CONDITION",
     "DECODER",
+    "DECODER_FALLBACK",
     "EFFECT",
     "LANGUAGE",
     "SEQUENCE",
@@ -44,6 +46,7 @@ __all__ = [
     "decoder_color",
     "effect_color",
     "language_color",
+    "register_decoder_color",
     "series_color",
     "site_color",
     "track_color",
@@ -89,12 +92,16 @@ LANGUAGE: Mapping[str, str] = {
     "th": "#74c476",
 }
 
-#: The decoders, by their canonical name (see :func:`decoder_color` for the spellings).
-DECODER: Mapping[str, str] = {
+#: The decoders, by their canonical name (see :func:`decoder_color` for the spellings); the
+#: decoder registry adds each decoder it registers (:func:`register_decoder_color`).
+DECODER: dict[str, str] = {
     "logit": "#1f77b4",
     "tuned": "#d62728",
     "patchscope": "#2ca02c",
 }
+
+#: The colours a registered decoder without one of its own takes, the first unused first.
+DECODER_FALLBACK = ("#9467bd #ff7f0e #8c564b #17becf #e377c2 #bcbd22 #393b79 #637939").split()
 
 #: Conditions of an evaluation and arms of a comparison. The baselines (``orig``, the plain
 #: ``accuracy`` of one evaluation, ``zero_shot``, ``pre``) are dark grey; a random control is
@@ -189,6 +196,21 @@ def decoder_color(name: str) -> str:
     ``"Logit lens"`` are one decoder; so are ``"tuned"``/``"tuned_lens"``."""
     key = _decoder_key(name)
     return DECODER.get(key) or _spare(key)
+
+
+def register_decoder_color(name: str, color: str | None = None) -> str:
+    """Give decoder ``name`` a colour and return it: ``color`` when given, the one it has,
+    else the first of :data:`DECODER_FALLBACK` no decoder uses (cycling when all are used,
+    by the number of decoders): the same registrations give the same colours."""
+    key = _decoder_key(name)
+    if color is None:
+        if key in DECODER:
+            return DECODER[key]
+        used = set(DECODER.values())
+        free = [c for c in DECODER_FALLBACK if c not in used]
+        color = free[0] if free else DECODER_FALLBACK[len(DECODER) % len(DECODER_FALLBACK)]
+    DECODER[key] = color
+    return color
 
 
 def condition_color(name: str) -> str:

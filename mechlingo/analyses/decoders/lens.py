@@ -31,8 +31,9 @@ from tqdm.auto import tqdm
 from mechlingo.activations.runs import collect
 from mechlingo.analyses.decoders.entries import lens_hook_names, resolve_entries
 from mechlingo.analyses.decoders.patchscope import Patchscope
+from mechlingo.analyses.decoders.registry import Decoder, as_decoder, generates
 from mechlingo.analyses.decoders.tokens import TokenGrid, token_grid
-from mechlingo.analyses.decoders.tuned_lens import TunedLens, load_tuned_lens
+from mechlingo.analyses.decoders.tuned_lens import TunedLens
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import answer_tokens, encode, pack_token_sets, sorted_batches
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
 
 
 __all__ = [
-    "DECODERS",
     "LensResult",
     "fact_answers",
     "lens_facts",
@@ -58,10 +58,6 @@ __all__ = [
     "resolve_decoder",
     "token_energy",
 ]
-
-#: The decoders :func:`lens_facts` knows by name.
-DECODERS = ("logit", "tuned", "patchscope")
-_resolve_entries = resolve_entries  # the old private name
 
 
 @dataclass
@@ -88,8 +84,8 @@ class LensResult:
         energy: ``[layer, prompt]`` token energy of the decoded vector (see
             :func:`token_energy`: 1 = as much as a random direction, higher = closer to
             the directions the unembedding reads).
-        decoder: the decoder that read the entries (``"logit"``, ``"tuned"``,
-            ``"patchscope"``).
+        decoder: the name of the decoder that read the entries (``"logit"``, ``"tuned"``,
+            ``"patchscope"`` or a registered one).
         tokens: the token-level lens (the top tokens of every entry at every position of
             every prompt: :class:`~mechlingo.analyses.decoders.tokens.TokenGrid`), when
             computed (always without answer tracks; :meth:`fig_tokens` draws it).
@@ -398,7 +394,7 @@ def logit_lens(
     chunk_rows: int = 256,
     ids: Sequence[str] | None = None,
     progress: bool = False,
-    decoder: TunedLens | Patchscope | None = None,
+    decoder: Decoder | None = None,
     tokens: bool | None = None,
 ) -> LensResult:
     """Run the per-language logit lens (or another decoder over the same entries).
@@ -415,10 +411,11 @@ def logit_lens(
         chunk_rows: rows per unembedding matmul (the unembedding is read once per chunk;
             memory about two ``chunk_rows x vocab`` float32 arrays: 0.5 GB for 256 x 262,144).
         ids: optional fact ids, carried into the result.
-        decoder: ``None`` for the logit lens; a :class:`~mechlingo.analyses.decoders.tuned_lens.TunedLens`
+        decoder: a :class:`~mechlingo.analyses.decoders.registry.Decoder` (``None``: the
+            logit lens), e.g. a :class:`~mechlingo.analyses.decoders.tuned_lens.TunedLens`
             (translators applied before the readout) or a
-            :class:`~mechlingo.analyses.decoders.patchscope.Patchscope` (the states are patched into
-            target prompts and the target's next-token distribution is read).
+            :class:`~mechlingo.analyses.decoders.patchscope.Patchscope` (the states are patched
+            into target prompts and the target's next-token distribution is read).
         tokens: read every position too (the result's ``tokens``,
             :meth:`LensResult.fig_tokens`); default: only when there are no answers.
 
@@ -431,21 +428,20 @@ def logit_lens(
             of range.
         ModelMismatchError: a tuned lens trained on another model.
     """
+    dec = as_decoder(decoder, model)
     prompts = list(prompts)
     answers = dict(answers or {})
     langs = _checked_langs(prompts, answers, langs)
     entries = resolve_entries(model, layers)
     names = lens_hook_names(model, entries)
-    if isinstance(decoder, TunedLens):
-        decoder.check(model)
     grid = None
     if tokens or (tokens is None and not answers):
-        grid = token_grid(model, prompts, entries, names, langs=langs, decoder=decoder,
+        grid = token_grid(model, prompts, entries, names, langs=langs, decoder=dec,
                           top_k=top_k, batch_size=batch_size, chunk_rows=chunk_rows,
                           progress=progress)  # fmt: skip
     if answers:
         reads, n_tokens, continuations = _last_token_reads(
-            model, prompts, answers, langs, entries, names, decoder,
+            model, prompts, answers, langs, entries, names, dec,
             top_k=top_k, batch_size=batch_size, chunk_rows=chunk_rows, progress=progress,
         )  # fmt: skip
     else:
@@ -470,7 +466,7 @@ def logit_lens(
         ids=list(ids) if ids is not None else None,
         entropy=reads.entropy,
         energy=reads.energy,
-        decoder=_decoder_name(decoder),
+        decoder=dec.name,
         tokens=grid,
     )
     if continuations is not None:
@@ -499,7 +495,7 @@ def _last_token_reads(
     langs: list[str],
     entries: list[int],
     names: list[str],
-    decoder: TunedLens | Patchscope | None,
+    decoder: Decoder,
     *,
     top_k: int,
     batch_size: int,
@@ -519,34 +515,24 @@ def _last_token_reads(
     reads = _LensReads.empty(n_e, len(prompts), len(tracks), top_k, model.W_U.device)
     continuations: list[list[str]] = [[""] * len(prompts) for _ in entries]
     groups = sorted_batches(batch.lengths, batch_size)
-    name = "logit lens" if decoder is None else getattr(decoder, "name", "tuned lens")
-    generate = isinstance(decoder, Patchscope) and decoder.max_new_tokens > 0
-    for rows in tqdm(groups, desc=name, disable=not progress):
+    generate = generates(decoder)
+    for rows in tqdm(groups, desc=f"{decoder.name} lens", disable=not progress):
         acts = collect(model, batch.select(rows), names)
         stack = torch.stack([acts[nm] for nm in names])  # [entry, b, d_model]
-        if decoder is not None:
-            decoded = decoder.decode(model, entries, stack, [langs[i] for i in rows])
-        else:
-            decoded = stack
+        decoded = decoder.decode(model, entries, stack, [langs[i] for i in rows])
         flat = decoded.flatten(0, 1)  # [entry * b, d_model]
         ids_rows = all_ids[rows].repeat(n_e, 1, 1)
         prim_rows = all_primary[rows].repeat(n_e, 1)
         r = read_logits(model, flat, ids_rows, prim_rows, top_k=top_k, chunk_rows=chunk_rows)
         reads.put(rows, r, token_energy(model, flat))
         if generate:
-            assert isinstance(decoder, Patchscope)
-            gen = decoder.generate(model, entries, stack, [langs[i] for i in rows])
+            langs_b = [langs[i] for i in rows]
+            gen = decoder.generate(model, entries, stack, langs_b)  # type: ignore[attr-defined]
             for e in range(n_e):
                 for j, i in enumerate(rows):
                     continuations[e][i] = gen[e][j]
     n_tokens = torch.tensor([[a.n_tokens for a in row] for row in sets])
     return reads.cpu(), n_tokens, continuations if generate else None
-
-
-def _decoder_name(decoder: Any) -> str:
-    if decoder is None:
-        return "logit"
-    return "tuned" if isinstance(decoder, TunedLens) else "patchscope"
 
 
 def fact_answers(
@@ -583,39 +569,22 @@ def fact_answers(
 
 def resolve_decoder(
     model: Model,
-    decoder: str | TunedLens | Patchscope | None,
+    decoder: str | Decoder | None,
     *,
     tuned_lens: TunedLens | str | Path | None = None,
     patchscope: Patchscope | None = None,
-) -> TunedLens | Patchscope | None:
-    """The decoder object for a name: ``"logit"`` -> ``None``; ``"tuned"`` -> ``tuned_lens``
-    (a :class:`TunedLens` or the folder of a saved one, checked against ``model``);
-    ``"patchscope"`` -> ``patchscope`` (default :class:`Patchscope` with the per-language
-    identity prompts). Objects pass through.
+) -> Decoder:
+    """The decoder object for a registered name (:func:`~mechlingo.analyses.decoders.registry.get_decoder`):
+    ``"logit"`` (or ``None``) -> the identity :class:`~mechlingo.analyses.decoders.registry.LogitLens`;
+    ``"tuned"`` -> ``tuned_lens`` (a :class:`TunedLens` or the folder of a saved one, checked
+    against ``model``); ``"patchscope"`` -> ``patchscope`` (default :class:`Patchscope` with
+    the per-language identity prompts). Objects are checked and pass through.
 
     Raises:
         InputError: an unknown name, or ``"tuned"`` without a lens.
         ModelMismatchError: the tuned lens belongs to another model.
     """
-    if decoder is None or decoder == "logit":
-        return None
-    if isinstance(decoder, (TunedLens, Patchscope)):
-        return decoder
-    if decoder == "tuned":
-        if tuned_lens is None:
-            raise InputError(
-                "decoder 'tuned' needs a tuned lens",
-                fix="pass tuned_lens= (a TunedLens or a saved folder; train one with "
-                "`mechlingo tuned-lens --out DIR`)",
-            )
-        lens = (
-            tuned_lens if isinstance(tuned_lens, TunedLens) else load_tuned_lens(tuned_lens, model)
-        )
-        lens.check(model)
-        return lens
-    if decoder == "patchscope":
-        return patchscope if patchscope is not None else Patchscope()
-    raise InputError(f"unknown decoder {decoder!r}; choose from {list(DECODERS)}")
+    return as_decoder(decoder, model, tuned_lens=tuned_lens, patchscope=patchscope)
 
 
 def lens_facts(
@@ -624,7 +593,7 @@ def lens_facts(
     *,
     track_langs: Sequence[str] = ("en",),
     pool: Sequence[Fact] | None = None,
-    decoder: str | TunedLens | Patchscope | None = "logit",
+    decoder: str | Decoder | None = "logit",
     tuned_lens: TunedLens | str | Path | None = None,
     patchscope: Patchscope | None = None,
     **kwargs: Any,
@@ -632,9 +601,10 @@ def lens_facts(
     """A lens over fact prompts, tracking each fact's own answer and its answer in
     ``track_langs`` (English by default).
 
-    ``decoder`` chooses how each entry is read: ``"logit"`` (final norm + unembedding),
-    ``"tuned"`` (a tuned lens's translator first; give ``tuned_lens``) or ``"patchscope"``
-    (patched into an identity target prompt; ``patchscope`` sets its prompts). Every decoder
+    ``decoder`` chooses how each entry is read: a registered name (``"logit"``: final norm +
+    unembedding; ``"tuned"``: a tuned lens's translator first, give ``tuned_lens``;
+    ``"patchscope"``: patched into an identity target prompt, ``patchscope`` sets its prompts)
+    or a decoder object. Every decoder
     gives a :class:`LensResult` over the same entries, prompts and tracks. Other keyword
     arguments go to :func:`logit_lens`."""
     facts = list(facts)

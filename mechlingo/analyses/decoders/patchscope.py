@@ -102,6 +102,14 @@ class Patchscope:
     max_new_tokens: int = 0
     name: str = "patchscope"
 
+    def check(self, model: Model) -> None:
+        """Raise :class:`~mechlingo.core.errors.InputError` when ``model`` cannot run the
+        target prompts (no tokenizer) or has no lens entries (a ``SiteError``)."""
+        lens_hook_names(model, [0])
+        if getattr(model, "tokenizer", None) is None:
+            raise InputError("the patchscope needs a model with a tokenizer for its target prompts",
+                             fix="load the model with mechlingo.load_model")  # fmt: skip
+
     def target_prompt(self, lang: str) -> str:
         """The target prompt for a source prompt in ``lang``."""
         key = self.target if self.target is not None else lang

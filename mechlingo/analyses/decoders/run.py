@@ -29,7 +29,7 @@ import torch
 
 from mechlingo.activations.distributed import is_main
 from mechlingo.analyses.decoders.compare import DecoderComparison, compare_decoders
-from mechlingo.analyses.decoders.patchscope import Patchscope
+from mechlingo.analyses.decoders.registry import generates
 from mechlingo.analyses.decoders.tuned_lens import (
     TunedLens,
     TunedLensTraining,
@@ -134,8 +134,8 @@ def run_lens_decoders(
         batch_size=batch_size,
         progress=progress,
     )
-    generates = any(isinstance(d, Patchscope) and d.max_new_tokens for d in decoders.values())
-    return LensDecodersRun(cmp, list(track_langs), max_rank, generates)
+    writes = any(not isinstance(d, str) and generates(d) for d in decoders.values())
+    return LensDecodersRun(cmp, list(track_langs), max_rank, writes)
 
 
 # --------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from mechlingo.activations.runs import StopForward, run_batch
+from mechlingo.analyses.decoders.registry import Decoder, as_decoder
 from mechlingo.core.tokens import TokenBatch, encode, sorted_batches
 from mechlingo.core.types import Model
 from mechlingo.data.langid import identify_language
@@ -114,15 +115,6 @@ def _grid_acts(model: Model, batch: TokenBatch, names: Sequence[str]) -> dict[st
     return out
 
 
-def _decode_prompt(
-    model: Model, stack: Tensor, entries: Sequence[int], decoder: Any, lang: str
-) -> Tensor:
-    """The ``[entry, position, d]`` rows of one prompt as its decoder reads them."""
-    if decoder is None:
-        return stack
-    return decoder.decode(model, entries, stack, [lang] * stack.shape[1])
-
-
 def token_grid(
     model: Model,
     prompts: Sequence[str],
@@ -130,7 +122,7 @@ def token_grid(
     names: Sequence[str],
     *,
     langs: Sequence[str],
-    decoder: Any = None,
+    decoder: Decoder | None = None,
     top_k: int = 5,
     batch_size: int = 16,
     chunk_rows: int = 256,
@@ -139,6 +131,7 @@ def token_grid(
     """The top ``top_k`` tokens of each lens entry (``entries``, read at the hooks
     ``names``) at every position of every prompt, through ``decoder`` (``None``: the logit
     lens) and :func:`mechlingo.kernels.readout.read_logits`."""
+    dec = as_decoder(decoder, model)
     batch = encode(model, list(prompts))
     n_e = len(entries)
     ids: list[Tensor] = [torch.empty(0)] * len(prompts)
@@ -151,7 +144,7 @@ def token_grid(
         full = torch.stack([acts[nm] for nm in names])  # [entry, b, pos, d]
         for j, p in enumerate(rows):
             n_pos = int(sub.lengths[j])
-            stack = _decode_prompt(model, full[:, j, :n_pos], entries, decoder, langs[p])
+            stack = dec.decode(model, entries, full[:, j, :n_pos], [langs[p]] * n_pos)
             r = read_logits(model, stack.reshape(n_e * n_pos, -1), top_k=top_k,
                             chunk_rows=chunk_rows, ranks=False)  # fmt: skip
             k = r.top_ids.shape[-1]

@@ -96,6 +96,9 @@ class TunedLens(torch.nn.Module):
         meta: how it was trained (data, steps, tokens, loss), carried into the saved file.
     """
 
+    #: The decoder's name (:class:`~mechlingo.analyses.decoders.registry.Decoder`).
+    name: str = "tuned"
+
     def __init__(
         self,
         n_layers: int,
