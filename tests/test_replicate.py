@@ -21,6 +21,7 @@ from mechlingo.card.rules import (
     NOT_TESTABLE,
     RULES_HASH,
 )
+from mechlingo.card.stages import transfer as transfer_stage
 from mechlingo.core.stages import Stages
 from mechlingo.data import parallel_sentences
 
@@ -129,7 +130,7 @@ def _fake_transfer(fail: str | None = None):
 def _use(monkeypatch, fake):
     """The card's transfer stages call ``fake.transfer_matrix`` (set on the module they
     import, :mod:`mechlingo.analyses.recall.transfer`)."""
-    monkeypatch.setattr(rep.transfer, "transfer_matrix", fake.transfer_matrix)
+    monkeypatch.setattr(transfer_stage.transfer, "transfer_matrix", fake.transfer_matrix)
     return fake
 
 
@@ -288,15 +289,15 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
 def test_a_stopped_run_resumes_to_the_same_card(tiny, tmp_path, monkeypatch):
     _use(monkeypatch, _fake_transfer())
     full = rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path / "a")
-    real = rep._stage_transfer
+    real = transfer_stage.stage_transfer
 
     def stop(*a, **kw):  # Ctrl-C in the third stage
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(rep, "_stage_transfer", stop)
+    monkeypatch.setattr(transfer_stage, "stage_transfer", stop)
     with pytest.raises(KeyboardInterrupt):
         rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path / "b")
-    monkeypatch.setattr(rep, "_stage_transfer", real)
+    monkeypatch.setattr(transfer_stage, "stage_transfer", real)
     resumed = rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path / "b")
     cached = {n: t["cached"] for n, t in resumed.meta["stages"].items()}
     assert cached["trace"] and cached["repair"] and not cached["transfer_relation"]
