@@ -1,4 +1,4 @@
-"""The card's rows (mechlingo.card.rows) and the lowest-language rules
+"""The card's rows (the row builders of mechlingo.card.stages) and the lowest-language rules
 (mechlingo.analyses.recall.dev_grid.lowest_language_rule) on hand-made stage results."""
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ MEASURE_SEED = 1
 
 def _overlap(res: Any, k: int) -> dict[str, Any]:
     """The languages' pairwise overlap matrix of the top-``k`` expert sets (the row judges it
-    with the languages as units, :func:`mechlingo.card.rows.overlap_test`)."""
+    with the languages as units, :func:`overlap_test`)."""
     ov = res.overlap(k).cpu()
     return {"k": k, "langs": res.langs, "matrix": ov.tolist(), "chance": k / res.stats.n_features}
 

@@ -60,7 +60,7 @@ from mechlingo.viz.steer import accuracy_ci_figure, headroom_figure
 def repair_settings(
     cfg: Mapping[str, Any], n_layers: int, progress: bool = False
 ) -> tuple[BuildSettings, DevGrid, ScoringOptions]:
-    """The repair stage's settings from a budget (:data:`mechlingo.card.replicate.BUDGETS`,
+    """The repair stage's settings from a budget (:data:`mechlingo.card.stages.BUDGETS`,
     section ``repair``) for a model of ``n_layers``: how the vectors are built, the dev grid
     (the budget's ``layer_fractions`` as layers,
     :func:`~mechlingo.core.sites.layers_at`, for both vectors) and how items
@@ -371,6 +371,8 @@ def _clc_table(items: Mapping[str, list[dict]], both: str, keys: Sequence[tuple]
 
 
 def row_consistency(items: Mapping[str, list[dict]], both: str) -> dict[str, Any]:
+    """The consistency row: the gain of consistency with English under ``both`` (RankC per
+    fact and language under ``rank``, else the CLC change beyond what accuracy alone gives)."""
     claim = C.CONSISTENCY
     pre, name = _consistency_values(items, "orig")
     post, _ = _consistency_values(items, both)
