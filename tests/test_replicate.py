@@ -298,24 +298,24 @@ _STATIC = {"claim", "measure", "paper_number", "rule", "paper", "figure", "stage
            "control_text", "value_text", "vs_control_text"}  # fmt: skip
 
 
-def _mismatches(got, want, path="rows"):
-    """Where ``got`` differs from ``want`` (floats to 1e-9 relative, NaN equal to NaN)."""
+def _mismatches(got, want, path="rows", rel=1e-9):
+    """Where ``got`` differs from ``want`` (floats to ``rel`` relative, NaN equal to NaN)."""
     if isinstance(want, float) or isinstance(got, float):
         ok = isinstance(got, (int, float)) and isinstance(want, (int, float)) and (
-            math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12)
+            math.isclose(got, want, rel_tol=rel, abs_tol=rel * 1e-3)
             or (math.isnan(got) and math.isnan(want)))  # fmt: skip
         return [] if ok else [f"{path}: {got!r} != {want!r}"]
     if isinstance(want, dict) and isinstance(got, dict):
         if set(got) != set(want):
             return [f"{path}: keys {sorted(set(got) ^ set(want))}"]
-        return [m for k in want for m in _mismatches(got[k], want[k], f"{path}.{k}")]
+        return [m for k in want for m in _mismatches(got[k], want[k], f"{path}.{k}", rel)]
     if isinstance(want, list) and isinstance(got, list):
         if len(got) != len(want):
             return [f"{path}: {len(got)} items != {len(want)}"]
         return [
             m
             for i, (a, b) in enumerate(zip(got, want, strict=True))
-            for m in _mismatches(a, b, f"{path}[{i}]")
+            for m in _mismatches(a, b, f"{path}[{i}]", rel)
         ]
     return [] if got == want else [f"{path}: {got!r} != {want!r}"]
 
@@ -515,5 +515,10 @@ def test_the_card_under_torchrun_writes_the_same_claims(tiny_dir, tmp_path):
 
     one_card, two_card = card(tmp_path / "one"), card(tmp_path / "two")
     assert one_card["claims"] and len(one_card["claims"]) == len(two_card["claims"])
-    bad = _mismatches(two_card, one_card, "claims.json")
+    # the verdicts, n and every text exactly; the continuous numbers to 1e-3 relative (a rank
+    # scores batches of other sizes: the log-probabilities move in the 5th digit, measured)
+    key = ("id", "variant", "verdict", "family", "reason")
+    assert [[r.get(k) for k in key] for r in two_card["claims"]] == [
+        [r.get(k) for k in key] for r in one_card["claims"]]  # fmt: skip
+    bad = _mismatches(two_card, one_card, "claims.json", rel=1e-3)
     assert not bad, bad[:10]
