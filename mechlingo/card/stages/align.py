@@ -65,7 +65,8 @@ def stage_align(
 
     for arm in comp.arms():
         per[arm] = values({"pre": comp.pre, "post": comp.post, "control": comp.control}[arm])
-    per.update(_random_arms(model, texts["eval"], experts_dir, cfg, values, progress))
+    extra = _random_arms(model, texts["eval"], experts_dir, cfg, values, progress)
+    per.update({k: v for k, (v, _) in extra.items()})
     if "control" in per:
         per["random_s0"] = per["control"]
     summary["per_sentence"] = per
@@ -73,15 +74,20 @@ def stage_align(
     summary["p_floor"] = 1 / (summary["random_draws"] + 1)
     docs = texts.get("docs", {}).get("eval")
     summary["details"] = align_details(comp, docs)
+    if "control" in summary["details"]:  # the population, draw 0 first (the paired control)
+        summary["details"]["controls"] = [summary["details"]["control"],
+                                          *(d for _, d in extra.values())]  # fmt: skip
     summary["docs"] = summary["details"]["docs"]
     return summary
 
 
 def _random_arms(model: Model, texts: Mapping[str, Sequence[str]], experts_dir: Path,
                  cfg: Mapping[str, Any], values: Callable[[Any], dict[str, list[float]]],
-                 progress: bool) -> dict[str, dict[str, list[float]]]:  # fmt: skip
-    """``{"random_s<i>": per-sentence values}`` of the random-neuron population beyond draw 0
-    (the experts stage saved ``control_s<i>``): one embedding pass each, no shared state."""
+                 progress: bool) -> dict[str, tuple[dict[str, list[float]], dict[str, Any]]]:  # fmt: skip
+    """``{"random_s<i>": (per-sentence values, sentence_values at the last layer)}`` of the
+    random-neuron population beyond draw 0 (the experts stage saved ``control_s<i>``): one
+    embedding pass each, no shared state; the second item is what the further alignment
+    rows compare the clamp with (:func:`align_details`' arms)."""
     e, out = cfg["experts"], {}
     for i in range(1, int(e.get("random_sets", 1))):
         folder = experts_dir / f"control_s{i}"
@@ -90,7 +96,7 @@ def _random_arms(model: Model, texts: Mapping[str, Sequence[str]], experts_dir: 
         emb = embed_parallel(model, texts, intervention=load_intervention(folder, model),
                              layers="all", batch_size=cfg.get("batch_size", 16),
                              max_tokens=e["max_tokens"], progress=progress)  # fmt: skip
-        out[f"random_s{i}"] = values(emb)
+        out[f"random_s{i}"] = (values(emb), sentence_values(emb.emb[emb.layer_slot(None)].cpu()))
     return out
 
 
@@ -202,13 +208,16 @@ def _row_closer(d: Mapping[str, Any]) -> dict[str, Any]:
     draws = [
         a["ratio_centred"] for a in d.get("controls") or ([] if ctl is None else [d["control"]])
     ]
-    c = None if ctl is None else paired_test(pre, ctl, docs)
+    if d.get("controls"):  # the population's gain, with the between-draw variance
+        c = population_gain_test(pre, draws, docs)
+    else:  # a stored align result without the population: its one control draw
+        c = None if ctl is None else paired_test(pre, ctl, docs)
     vs = None if not draws else population_test(post, draws, docs, base=pre,
                                                 direction=claim.direction)  # fmt: skip
     txt = " -> ".join(f"{np.mean(v):.3f}" for v in (pre, post, ctl) if v is not None)
     return make_row(claim, eff, control=c, vs_control=vs,
                     details=f"centred same/different-sentence ratio pre -> post -> control "
-                    f"{txt}; {len(set(docs))} documents")  # fmt: skip
+                    f"{txt}; {len(set(docs))} documents; {len(draws)} random-neuron draw(s)")  # fmt: skip
 
 
 def _row_ratio(d: Mapping[str, Any], which: str) -> dict[str, Any]:
