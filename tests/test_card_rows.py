@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 import scipy.stats as sps
 
-from mechlingo.card import lu, repair_items, sundar
+from mechlingo.card import repair_items
 from mechlingo.card.rules import CLAIMS, INCONCLUSIVE, NOT_TESTABLE
+from mechlingo.card.stages import align, conversion, data, decoders, external, repair
+from mechlingo.card.stages.repair import config_sentence
 from mechlingo.card.statistics import cluster_bootstrap, group_difference_test
 from mechlingo.core.errors import InputError
 from mechlingo.data import LANGS, Fact, parallel_sentences
@@ -26,7 +28,6 @@ from mechlingo.data.natural_parallel import (
     document_clusters,
     split_by_documents,
 )
-from mechlingo.report.card_extra import config_sentence
 from mechlingo.scoring.scorers import rankc_fact
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bmlama_invented"
@@ -61,7 +62,7 @@ def test_bundled_ntrex_is_aligned_attributed_and_licensed():
     assert len(set(docs)) == 63  # the development split shipped whole
     assert all(s.strip() for v in texts.values() for s in v)
     assert texts["en"][0] == "Welsh AMs worried about 'looking like muppets'"
-    folder = Path(sundar.__file__).parents[1] / "data" / "ntrex"
+    folder = Path(data.__file__).parents[2] / "data" / "ntrex"
     notice = (folder / "LICENSE.md").read_text()
     readme = (folder / "README.md").read_text()
     assert "https://creativecommons.org/licenses/by-sa/4.0/" in notice
@@ -89,7 +90,7 @@ def test_parallel_parts_of_the_budgets():
 
     for budget in ("quick", "full"):
         cfg = budget_settings(budget)
-        parts = sundar.parallel_parts(None, cfg)
+        parts = data.parallel_parts(None, cfg)
         e = cfg["experts"]
         assert len(parts["find"]["en"]) == e["n_find"] and len(parts["eval"]["es"]) >= 30
         docs = parts["docs"]
@@ -192,7 +193,7 @@ def _repair_data():
 
 
 def test_repair_extra_rows_by_hand():
-    rows = {r["id"]: r for r in lu.rows_repair_extra(_repair_data())}
+    rows = {r["id"]: r for r in repair.rows_repair_extra(_repair_data())}
     assert set(rows) == {
         "english_gap",
         "consistency",
@@ -242,7 +243,7 @@ def test_consistency_is_rankc_under_rank():
         for c, d in (("orig", ORIG), ("both", BOTH))
     }
     items = _items({"orig": ORIG, "both": BOTH}, rank)
-    row = lu._row_consistency(items, "both")
+    row = repair.row_consistency(items, "both")
     pre = [
         rankc_fact(rank["orig"][(i, "en")], rank["orig"][(i, lg)])
         for i in IDS
@@ -255,7 +256,7 @@ def test_consistency_is_rankc_under_rank():
     ]
     assert row["value"]["estimate"]["estimate"] == pytest.approx(np.mean(post) - np.mean(pre))
     assert row["consistency"] == "RankC"
-    lp = lu.logprob_gain(items, "both")  # logshare = correct - 1
+    lp = repair.logprob_gain(items, "both")  # logshare = correct - 1
     assert lp.estimate.estimate == pytest.approx(
         np.mean([BOTH[k] - ORIG[k] for k in BOTH if k[1] != "en"])
     )
@@ -264,7 +265,7 @@ def test_consistency_is_rankc_under_rank():
 def test_own_failure_is_not_testable_without_classes():
     data = _repair_data()
     data["classes"] = None
-    rows = {r["id"]: r for r in lu.rows_repair_extra(data)}
+    rows = {r["id"]: r for r in repair.rows_repair_extra(data)}
     assert rows["task_repairs_recall"]["verdict"] == NOT_TESTABLE
 
 
@@ -277,7 +278,7 @@ def test_attach_logprob_adds_the_gain_to_accuracy_rows():
         {"id": "lowest_language"},
         {"id": "lowest_language", "langs": ["fr"]},
     ]
-    lu.attach_logprob(rows, {"items": items})
+    repair.attach_logprob(rows, {"items": items})
     gain = np.mean([TASK[k] - ORIG[k] for k in TASK if k[1] != "en"])
     assert rows[0]["logprob_gain"]["estimate"]["estimate"] == pytest.approx(gain)
     assert "gold log-share" in rows[0]["details"] and "logprob_gain" not in rows[1]
@@ -294,7 +295,7 @@ def test_decoder_rows_by_hand():
             "patchscope": {"items": items},
         }
     }
-    rows = {r["id"]: r for r in lu.rows_decoders(data)}
+    rows = {r["id"]: r for r in decoders.rows_decoders(data)}
     # the logit lens re-reads latent_english's trace records: no second row of it
     assert set(rows) == {"latent_english_tuned", "latent_english_patchscope"}
     assert rows["latent_english_patchscope"]["value"]["estimate"]["estimate"] == pytest.approx(
@@ -303,7 +304,7 @@ def test_decoder_rows_by_hand():
     assert rows["latent_english_patchscope"]["per_lang"] == {"fr": [6, 8]}
     assert rows["latent_english_tuned"]["verdict"] == NOT_TESTABLE
     data["decoders"]["patchscope"] = {"items": []}
-    (_, empty) = lu.rows_decoders(data)
+    (_, empty) = decoders.rows_decoders(data)
     assert empty["verdict"] == NOT_TESTABLE
 
 
@@ -317,8 +318,8 @@ def test_conversion_band_and_row_by_hand():
             {"lang": "ja", "first_answer_layer": -1},
         ],
     }
-    assert lu.conversion_band(trace, "fr") == [7, 8, 9]  # median 8, minus one
-    assert lu.conversion_band(trace, "ja") is None
+    assert conversion.conversion_band(trace, "fr") == [7, 8, 9]  # median 8, minus one
+    assert conversion.conversion_band(trace, "ja") is None
     data = {
         "langs": {
             "fr": {
@@ -330,7 +331,7 @@ def test_conversion_band_and_row_by_hand():
             "ja": {"untestable": "no conversion band"},
         }
     }
-    (row,) = lu.rows_conversion(data)
+    (row,) = conversion.rows_conversion(data)
     assert row["value"]["estimate"]["estimate"] == pytest.approx(3.5 / 3)
     assert row["vs_control"]["estimate"]["estimate"] == pytest.approx((3.5 - 0.3) / 3)
     assert "ja: no conversion band" in row["details"]
@@ -347,14 +348,14 @@ def test_external_rows_by_hand():
             "random_s1": ORIG,
         }
     )
-    rows = {r["id"]: r for r in lu.rows_external({"items": items, "metric": "rank"})}
+    rows = {r["id"]: r for r in external.rows_external({"items": items, "metric": "rank"})}
     ne = [k for k in ORIG if k[1] != "en"]
     ctl = np.mean([(RND[k] + ORIG[k]) / 2 - ORIG[k] for k in ne])
     assert rows["external_both"]["value"]["estimate"]["estimate"] == pytest.approx(
         np.mean([BOTH[k] - ORIG[k] for k in ne])
     )
     assert rows["external_both"]["control"]["estimate"]["estimate"] == pytest.approx(ctl)
-    none = lu.rows_external({"untestable": "no benchmark"})
+    none = external.rows_external({"untestable": "no benchmark"})
     assert [r["verdict"] for r in none] == [NOT_TESTABLE] * 3
 
 
@@ -384,7 +385,7 @@ def _align_details():
 
 def test_align_extra_rows_by_hand():
     d, pre_h, post_h, pre_d, post_d = _align_details()
-    rows = {r["id"]: r for r in sundar.rows_align_extra({"details": d})}
+    rows = {r["id"]: r for r in align.rows_align_extra({"details": d})}
     ratio = post_h.mean(1) / pre_h.mean(1)
     assert rows["retrieval_gain_max"]["value"]["estimate"]["estimate"] == pytest.approx(ratio.max())
     assert rows["retrieval_gain_median"]["value"]["estimate"]["estimate"] == pytest.approx(
@@ -398,7 +399,7 @@ def test_align_extra_rows_by_hand():
     # a population of random clamps, one of them with a larger maximum than the clamp's
     big = {**d["control"], "hits": np.clip(pre_h * 0 + 1, 0, 1).tolist()}
     d2 = {**d, "controls": [d["control"]] * 3 + [big]}
-    vs2 = {r["id"]: r for r in sundar.rows_align_extra({"details": d2})}["retrieval_gain_max"]
+    vs2 = {r["id"]: r for r in align.rows_align_extra({"details": d2})}["retrieval_gain_max"]
     draw_max = max((1 / pre_h.mean(1)).max(), 1.0)
     want = (1 + sum(x >= ratio.max() for x in [1.0, 1.0, 1.0, draw_max])) / 5
     assert vs2["vs_control"]["extra"]["p_rank"] == pytest.approx(want)
@@ -412,7 +413,7 @@ def test_align_extra_rows_by_hand():
     assert closer["estimate"]["estimate"] == pytest.approx(np.mean(post_d.mean(0) - pre_d.mean(0)))
     assert closer["n_clusters"] == 4
     assert all(
-        r["verdict"] == NOT_TESTABLE for r in sundar.rows_align_extra({"untestable": "no clamp"})
+        r["verdict"] == NOT_TESTABLE for r in align.rows_align_extra({"untestable": "no clamp"})
     )
 
 
@@ -421,7 +422,7 @@ def test_sentence_values_against_a_direct_computation():
 
     g = torch.Generator().manual_seed(0)
     emb = torch.randn(3, 5, 4, generator=g)
-    v = sundar.sentence_values(emb)
+    v = align.sentence_values(emb)
     x = torch.nn.functional.normalize(emb.double(), dim=-1)
     cos01 = (x[0] * x[1]).sum(-1)
     assert np.allclose(v["dist"][0], (1 - cos01).tolist())  # pair x->y is (0, 1)

@@ -200,3 +200,86 @@ def test_ranking_under_stacked_conditions_equals_one_call_each(tiny):
     shared = evaluate_conditions(tiny, facts, {"orig": None, **pop}, metric="rank")
     assert shared["random_s0"].meta["path"] == "shared-stem"
     assert len({tuple(r["scores"]) for r in shared["random_s1"].records}) > 1
+
+
+# --------------------------------------------------------------------------------------
+# The card by stage: typed budgets, their hash, the run order
+# --------------------------------------------------------------------------------------
+
+
+def test_budgets_hash_is_computed_from_the_dataclasses_and_unchanged():
+    import hashlib
+    import json
+
+    from mechlingo.card import stages
+    from mechlingo.card.replicate import BUDGETS_HASH, STAGE_VERSION
+
+    # the hash of every card seen so far: a change makes the users' stored stages unused
+    assert BUDGETS_HASH == stages.BUDGETS_HASH == "a935c9dae176c880"
+    assert STAGE_VERSION == 3
+    plain = {"quick": stages.QUICK.to_dict(), "full": stages.FULL.to_dict()}
+    text = json.dumps(plain, sort_keys=True).encode()
+    assert hashlib.sha256(text).hexdigest()[:16] == BUDGETS_HASH
+    # a budget read back from its plain form is the same frozen object
+    assert stages.CardBudget.from_mapping(plain["full"], "settings") == stages.FULL
+    assert stages.QUICK.repair.seeds == (0, 1, 2, 3, 4) and stages.FULL.experts.random_sets == 20
+    with pytest.raises(Exception, match="frozen|cannot assign"):
+        stages.QUICK.repair.top_k = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"repair": {"sedes": [0]}}, r"repair: unknown setting\(s\) \['sedes'\]"),
+        ({"transfer": {"matrix": {"cell": "full"}}}, r"transfer.matrix: unknown setting"),
+        ({"colour": 1}, r"settings: unknown setting\(s\) \['colour'\]"),
+        ({"repair": {"split": [0.5, 0.5, 0.5]}}, "sum to 1"),
+        ({"experts": {"ks": []}}, "experts.ks"),
+        ({"batch_size": 0}, "batch_size"),
+    ],
+)
+def test_settings_overrides_are_checked(override, message):
+    with pytest.raises(InputError, match=message) as err:
+        budget_settings("quick", override)
+    assert "\n" not in str(err.value).strip()  # one line
+
+
+def test_settings_overrides_still_merge_one_level_deep():
+    cfg = budget_settings("quick", {"experts": {"ks": [3, 5]}, "transfer": {"matrix": {
+        "cells": "full", "test_ids": 2}}, "batch_size": 4})  # fmt: skip
+    assert cfg["experts"]["ks"] == [3, 5] and cfg["experts"]["n_find"] == 32
+    assert cfg["transfer"]["matrix"] == {"cells": "full", "test_ids": 2}  # a section replaced
+    assert cfg["budget"] == "quick" and cfg["batch_size"] == 4
+
+
+def test_run_order_follows_the_declared_needs():
+    from mechlingo.card.stages import BY_NAME, PAPERS
+    from mechlingo.card.stages.base import Stage, run_order
+
+    # the order every stored card was computed in
+    assert PAPERS["lu2025"] == ("trace", "repair", "transfer_relation", "transfer_lang",
+                                "decoders", "conversion", "external")  # fmt: skip
+    assert PAPERS["sundar2025"] == ("experts", "align")
+    assert run_order(BY_NAME, ["align", "external", "experts", "repair", "trace"]) == [
+        "experts", "align", "trace", "repair", "external"]  # fmt: skip
+
+    def stage(name, *needs):
+        return Stage(name, "x", needs, lambda ctx: {})
+
+    reg = {"a": stage("a", "c"), "b": stage("b"), "c": stage("c", "b")}
+    assert run_order(reg, ["a", "b", "c"]) == ["b", "c", "a"]
+    with pytest.raises(InputError, match="unknown stage 'd'"):
+        run_order(reg, ["a", "d"])
+    with pytest.raises(InputError, match="needs an unknown stage 'z'"):
+        run_order({**reg, "e": stage("e", "z")}, ["e"])
+    loop = {"a": stage("a", "b"), "b": stage("b", "a")}
+    with pytest.raises(InputError, match="cycle"):
+        run_order(loop, ["a", "b"])
+
+
+def test_every_claim_has_its_stage_and_every_stage_its_claims():
+    from mechlingo.card.rules import CLAIMS
+    from mechlingo.card.stages import STAGES
+
+    assert sorted(c.id for s in STAGES for c in s.claims) == sorted(c.id for c in CLAIMS)
+    assert all(s.rows and s.report for s in STAGES)

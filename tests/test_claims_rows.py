@@ -1,4 +1,4 @@
-"""The card's rows (mechlingo.card.rows) and the lowest-language rules
+"""The card's rows (the row builders of mechlingo.card.stages) and the lowest-language rules
 (mechlingo.analyses.recall.dev_grid.lowest_language_rule) on hand-made stage results."""
 
 from __future__ import annotations
@@ -12,9 +12,17 @@ import torch
 from scipy import stats as sps
 
 from mechlingo.analyses.recall.dev_grid import lowest_language_dev, lowest_language_rule
-from mechlingo.card import rows as cr
-from mechlingo.card import sundar
-from mechlingo.card.rules import FLOOR, HOLDS, INCONCLUSIVE, NOT_HOLDS, NOT_TESTABLE, finalize
+from mechlingo.card import claims
+from mechlingo.card.rules import (
+    FLOOR,
+    HOLDS,
+    INCONCLUSIVE,
+    NOT_HOLDS,
+    NOT_TESTABLE,
+    RETAINED_SHARE,
+    finalize,
+)
+from mechlingo.card.stages import align, experts, repair, trace, transfer
 from mechlingo.card.statistics import Test, paired_test
 from mechlingo.kernels.significance import wilson
 
@@ -85,7 +93,7 @@ def _repair_data():
 
 
 def test_repair_rows_cluster_by_fact_and_pool_the_seeds():
-    rows = {(r["id"], r.get("variant")): r for r in finalize(cr.rows_repair(_repair_data()))}
+    rows = {(r["id"], r.get("variant")): r for r in finalize(repair.rows_repair(_repair_data()))}
     rnd = rows[("random_vector", None)]
     assert rnd["value"]["estimate"]["n"] == 30  # items, not items x seeds
     assert rnd["value"]["n_clusters"] == 10  # one fact in three languages is one unit
@@ -124,7 +132,7 @@ def test_a_population_of_99_draws_lets_the_task_vector_hold():
     d = _repair_data()
     for i in range(2, 99):  # 99 draws, none as good as the task vector: p = 1/100
         d["outcomes"][f"random_s{i}"] = d["outcomes"]["random_s1"]
-    rows = {(r["id"], r.get("variant")): r for r in finalize(cr.rows_repair(d))}
+    rows = {(r["id"], r.get("variant")): r for r in finalize(repair.rows_repair(d))}
     task = rows[("task_vector", None)]
     assert task["vs_control"]["extra"]["p_rank"] == pytest.approx(0.01)
     assert task["verdict"] == HOLDS
@@ -134,18 +142,18 @@ def test_a_population_of_99_draws_lets_the_task_vector_hold():
 def test_repair_rows_at_the_floor():
     d = _repair_data()
     d["outcomes"] = {c: {lg: [N] * 10 for lg in v} for c, v in d["outcomes"].items()}
-    rows = finalize(cr.rows_repair(d))
+    rows = finalize(repair.rows_repair(d))
     assert {r["verdict"] for r in rows if r["id"] in ("task_vector", "random_vector")} == {FLOOR}
     assert all(r["verdict"] != HOLDS for r in rows)
     d = _repair_data()
     d["floor"] = "dev accuracy 0.00 under generate, below the floor 0.05"
-    assert {r["verdict"] for r in finalize(cr.rows_repair(d))} == {FLOOR}
+    assert {r["verdict"] for r in finalize(repair.rows_repair(d))} == {FLOOR}
 
 
 def test_no_headroom_is_not_testable_with_its_reason():
     d = _repair_data()
     d["lowest"]["languages"] = []
-    rows = [r for r in cr.rows_repair(d) if r.get("variant", "").startswith("headroom")]
+    rows = [r for r in repair.rows_repair(d) if r.get("variant", "").startswith("headroom")]
     assert [r["verdict"] for r in rows] == [NOT_TESTABLE] * 2
     assert all("no headroom" in r["reason"] for r in rows)
 
@@ -169,18 +177,20 @@ def test_independence_pooled_gain_and_retained_share():
         _cell("all", "b", o, [1] * 10 + [0] * 2, o),
         _cell("all_but_b", "b", o, [1] * 4 + [0] * 8, [1] + [0] * 11),
     ]
-    gain, share = finalize(cr.rows_transfer("independent_relations", {"cells": cells}))
+    gain, share = finalize(transfer.rows_transfer(claims.INDEPENDENT_RELATIONS, {"cells": cells}))
     assert gain["variant"] == "held-out gain" and gain["value"]["estimate"]["n"] == 24
     assert gain["value"]["estimate"]["estimate"] == pytest.approx(10 / 24)
     assert gain["vs_control"]["estimate"]["estimate"] == pytest.approx(9 / 24)
     assert gain["verdict"] == HOLDS
     assert share["value"]["estimate"]["estimate"] == pytest.approx(10 / 18)  # (6+4) / (8+10)
-    assert share["rule"]["threshold"] == cr.RETAINED_SHARE
+    assert share["rule"]["threshold"] == RETAINED_SHARE
     assert share["verdict"] == INCONCLUSIVE  # 0.56 of the gain kept: not surely above 0.5
     flat = [_cell("all", "a", o, o, o), _cell("all_but_a", "a", o, [1] * 5 + [0] * 7, o)]
-    _, none = cr.rows_transfer("independent_relations", {"cells": flat})
+    _, none = transfer.rows_transfer(claims.INDEPENDENT_RELATIONS, {"cells": flat})
     assert none["verdict"] == NOT_TESTABLE and "no gain to retain" in none["reason"]
-    empty = cr.rows_transfer("independent_languages", {"cells": [_cell("all", "a", o, o, o)]})
+    empty = transfer.rows_transfer(
+        claims.INDEPENDENT_LANGUAGES, {"cells": [_cell("all", "a", o, o, o)]}
+    )
     assert [r["verdict"] for r in empty] == [NOT_TESTABLE] * 2
 
 
@@ -195,7 +205,7 @@ def test_overlap_treats_languages_as_the_units():
     m = (m + m.T) / 2
     m[2, :] = m[:, 2] = 0.3  # one language shares a lot with every other
     np.fill_diagonal(m, 1.0)
-    t = cr.overlap_test(m, 0.10)
+    t = experts.overlap_test(m, 0.10)
     iu = np.triu_indices(6, 1)
     assert t.estimate.estimate == pytest.approx(m[iu].mean())
     loo = [np.delete(np.delete(m, i, 0), i, 1)[np.triu_indices(5, 1)].mean() for i in range(6)]
@@ -214,7 +224,7 @@ def test_auroc_tests_cluster_by_sentence():
     pooled = torch.randn(langs * n_sent, 20, generator=gen)
     pooled[lang_ids == 1, :5] += 3.0  # features 0-4 fire on language 1
     stats = types.SimpleNamespace(lang_ids=lang_ids, pooled=pooled, lang_index=lambda lg: 1)
-    out = sundar.auroc_tests(stats, "x", torch.arange(5), [torch.arange(10, 15)], 100, 0)
+    out = experts.auroc_tests(stats, "x", torch.arange(5), [torch.arange(10, 15)], 100, 0)
     e, r, v = (Test.from_json(out[k]) for k in ("experts", "random", "vs_random"))
     assert out["n_clusters"] == n_sent and out["n_pos"] == n_sent and out["n"] == 36
     assert e.estimate.estimate > 0.95 and e.p == pytest.approx(1 / 1000)  # every permutation below
@@ -243,18 +253,18 @@ def _experts_data(k=50, draws=1):
 
 
 def test_clamp_row_uses_the_measurement_samples():
-    rows = {r["id"]: r for r in finalize(cr.rows_experts(_experts_data()))}
+    rows = {r["id"]: r for r in finalize(experts.rows_experts(_experts_data()))}
     st = rows["clamp_steers"]
     assert st["value"]["extra"]["fixed"] == 12 and st["value"]["p"] == pytest.approx(2 * 0.5**12)
     assert st["vs_control"]["estimate"]["estimate"] == pytest.approx(11 / 16)
     assert st["verdict"] == INCONCLUSIVE and "fresh BOS samples" in st["details"]
     assert st["vs_control"]["extra"]["p_floor"] == 0.5  # one random draw
-    many = {r["id"]: r for r in finalize(cr.rows_experts(_experts_data(draws=99)))}
+    many = {r["id"]: r for r in finalize(experts.rows_experts(_experts_data(draws=99)))}
     assert many["clamp_steers"]["vs_control"]["extra"]["p_rank"] == pytest.approx(0.01)
     assert many["clamp_steers"]["verdict"] == HOLDS
     d = _experts_data()
     d["auroc"]["random_draws"] = [0.5] * 98 + [1.0]  # 99 random sets, one ties the experts
-    (ex,) = [r for r in cr.rows_experts(d) if r["id"] == "experts_exist"]
+    (ex,) = [r for r in experts.rows_experts(d) if r["id"] == "experts_exist"]
     assert ex["vs_control"]["extra"]["p_rank"] == pytest.approx(2 / 100)
     assert ex["vs_control"]["estimate"]["estimate"] == pytest.approx(1.0 - (49 + 1) / 99)
     dis = rows["experts_disjoint"]
@@ -268,7 +278,7 @@ def test_clamp_row_uses_the_measurement_samples():
     )
     d = _experts_data()
     d["choice_papers"]["k"], d["measure_curve"] = None, []
-    (st,) = [r for r in cr.rows_experts(d) if r["id"] == "clamp_steers"]
+    (st,) = [r for r in experts.rows_experts(d) if r["id"] == "clamp_steers"]
     assert st["verdict"] == NOT_TESTABLE and "chose no k" in st["reason"]
 
 
@@ -284,7 +294,7 @@ def test_align_rows_by_hand():
     }
     data = {"per_sentence": {"pre": pre, "post": post, "control": ctl}, "layer": 5, "k": 50,
             "distance": {a: {"ratio": 1.0, "between_languages": 0.5} for a in ("pre", "post", "control")}}  # fmt: skip
-    closer, ret, null = finalize(cr.rows_align(data))
+    closer, ret, null = finalize(align.rows_align(data))
     assert closer["value"]["estimate"]["estimate"] == pytest.approx(
         np.mean(post["between_languages"]) - 0.7
     )
@@ -295,7 +305,7 @@ def test_align_rows_by_hand():
     assert ret["value"]["n_clusters"] == 6  # no documents given: every sentence a unit
     data["docs"] = ["d0", "d0", "d1", "d1", "d2", "d2"]
     data["per_sentence_controls"] = [ctl] * 3
-    _, ret3, _ = finalize(cr.rows_align(data))
+    _, ret3, _ = finalize(align.rows_align(data))
     assert ret3["value"]["n_clusters"] == 3 and ret3["vs_control"]["extra"]["draws"] == 3
     assert ret3["vs_control"]["extra"]["p_rank"] == pytest.approx(0.25)
     assert {closer["verdict"], ret["verdict"]} <= {HOLDS, INCONCLUSIVE}  # Holm over 3 rows
@@ -316,7 +326,7 @@ def test_trace_rows_by_hand():
         rec("fr", -1, -1, "recall_failure", False, fid="r2"),
         rec("fr", 4, -1, "translation_failure", False), rec("fr", -1, -1, "other", False),
     ]  # fmt: skip
-    r1, r2 = finalize(cr.rows_trace({"records": records}))
+    r1, r2 = finalize(trace.rows_trace({"records": records}))
     # strictly ordered, distinct words: (5,9) en, (6,-1) en, (-1,8) L, translation (4,-1) en
     assert r1["value"]["estimate"]["n"] == 4
     assert r1["value"]["estimate"]["estimate"] == pytest.approx(3 / 4)
@@ -326,7 +336,7 @@ def test_trace_rows_by_hand():
     # with the mismatched-fact control: another fact's English answer, same decoder
     for r, m in zip(records, [8, -1, -1, 7, 3, 2, -1, -1, 5, -1], strict=True):
         r["first_mismatch_en_layer"] = m
-    r1, _ = finalize(cr.rows_trace({"records": records}))
+    r1, _ = finalize(trace.rows_trace({"records": records}))
     # the 4 ordered queries: mismatch first at (5,9)? 8 < 9 yes; (6,-1) no; (-1,8) no; (4,-1) yes
     assert r1["control"]["estimate"]["estimate"] == pytest.approx(2 / 4)
     assert r1["vs_control"]["estimate"]["estimate"] == pytest.approx(3 / 4 - 2 / 4)

@@ -4,10 +4,12 @@ model, a failing stage, and a stopped run resumed."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,7 @@ from mechlingo.card.rules import (
     NOT_TESTABLE,
     RULES_HASH,
 )
+from mechlingo.card.stages import transfer as transfer_stage
 from mechlingo.core.stages import Stages
 from mechlingo.data import parallel_sentences
 
@@ -129,7 +132,7 @@ def _fake_transfer(fail: str | None = None):
 def _use(monkeypatch, fake):
     """The card's transfer stages call ``fake.transfer_matrix`` (set on the module they
     import, :mod:`mechlingo.analyses.recall.transfer`)."""
-    monkeypatch.setattr(rep.transfer, "transfer_matrix", fake.transfer_matrix)
+    monkeypatch.setattr(transfer_stage.transfer, "transfer_matrix", fake.transfer_matrix)
     return fake
 
 
@@ -285,18 +288,61 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
     assert primary(again.rows) == primary(card.rows) and primary(card.rows)
 
 
+# --------------------------------------------------------------------------------------
+# The card built by stage gives the rows computed before the split (pinned)
+# --------------------------------------------------------------------------------------
+
+PINNED = Path(__file__).parent / "fixtures" / "card"
+#: The claims' static texts (from ``CLAIMS``) and the texts formatted from the values.
+_STATIC = {"claim", "measure", "paper_number", "rule", "paper", "figure", "stage", "p_rule",
+           "control_text", "value_text", "vs_control_text"}  # fmt: skip
+
+
+def _mismatches(got, want, path="rows", rel=1e-9):
+    """Where ``got`` differs from ``want`` (floats to ``rel`` relative, NaN equal to NaN)."""
+    if isinstance(want, float) or isinstance(got, float):
+        ok = isinstance(got, (int, float)) and isinstance(want, (int, float)) and (
+            math.isclose(got, want, rel_tol=rel, abs_tol=rel * 1e-3)
+            or (math.isnan(got) and math.isnan(want)))  # fmt: skip
+        return [] if ok else [f"{path}: {got!r} != {want!r}"]
+    if isinstance(want, dict) and isinstance(got, dict):
+        if set(got) != set(want):
+            return [f"{path}: keys {sorted(set(got) ^ set(want))}"]
+        return [m for k in want for m in _mismatches(got[k], want[k], f"{path}.{k}", rel)]
+    if isinstance(want, list) and isinstance(got, list):
+        if len(got) != len(want):
+            return [f"{path}: {len(got)} items != {len(want)}"]
+        return [
+            m
+            for i, (a, b) in enumerate(zip(got, want, strict=True))
+            for m in _mismatches(a, b, f"{path}[{i}]", rel)
+        ]
+    return [] if got == want else [f"{path}: {got!r} != {want!r}"]
+
+
+def _check_pinned(card, work, name):
+    """The card's rows equal the pinned ones, and its stages sit in the pinned stage folder
+    (the same key: a user's finished stages are reused)."""
+    pinned = json.loads((PINNED / name).read_text())
+    rows = [{k: v for k, v in r.items() if k not in _STATIC} for r in card.to_json()["claims"]]
+    assert sorted(p.name for p in Path(work).iterdir()) == [pinned["stage_folder"]]
+    bad = _mismatches(rows, pinned["claims"])
+    assert not bad, bad[:10]
+
+
 def test_a_stopped_run_resumes_to_the_same_card(tiny, tmp_path, monkeypatch):
     _use(monkeypatch, _fake_transfer())
     full = rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path / "a")
-    real = rep._stage_transfer
+    _check_pinned(full, tmp_path / "a", "tiny_rows.json")  # the rows before the stage split
+    real = transfer_stage.stage_transfer
 
     def stop(*a, **kw):  # Ctrl-C in the third stage
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(rep, "_stage_transfer", stop)
+    monkeypatch.setattr(transfer_stage, "stage_transfer", stop)
     with pytest.raises(KeyboardInterrupt):
         rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path / "b")
-    monkeypatch.setattr(rep, "_stage_transfer", real)
+    monkeypatch.setattr(transfer_stage, "stage_transfer", real)
     resumed = rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path / "b")
     cached = {n: t["cached"] for n, t in resumed.meta["stages"].items()}
     assert cached["trace"] and cached["repair"] and not cached["transfer_relation"]
@@ -408,6 +454,7 @@ def test_embedded_model_small_configuration(gemma, tmp_path, monkeypatch):
     assert rows["experts_exist"]["value"]["estimate"]["n"] == 24  # 6 held-out lines x 4 languages
     assert rows["experts_exist"]["value"]["n_clusters"] == 6  # a sentence and its translations
     assert rows["experts_exist"]["verdict"] == HOLDS  # real experts, even from 8 sentences
+    _check_pinned(card, tmp_path, "small_embedded_rows.json")  # the rows before the stage split
 
 
 def test_weights_fingerprint_sees_a_block_change(tiny):
@@ -424,3 +471,54 @@ def test_weights_fingerprint_sees_a_block_change(tiny):
         finally:
             p.view(-1)[0] = old
     assert rep.weights_fingerprint(tiny) == before
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="torchrun with gloo on CPU")
+def test_the_card_under_torchrun_writes_the_same_claims(tiny_dir, tmp_path):
+    """`torchrun --nproc_per_node 2 -m mechlingo.cli replicate ...` (gloo, CPU; each rank
+    scores its share of every batch) writes the claims.json of one process (the measured
+    seconds aside). Skipped when torchrun cannot start."""
+    import socket
+
+    import torch
+
+    if not torch.distributed.is_available():
+        pytest.skip("no torch.distributed")
+    data = tmp_path / "par"
+    data.mkdir()
+    for lg, lines in _parallel().items():
+        (data / f"{lg}.txt").write_text("\n".join(lines[:40]) + "\n", encoding="utf-8")
+    args = ["-m", "mechlingo.cli", "replicate", "--model", str(tiny_dir), "--parallel", str(data),
+            "--settings", json.dumps(TINY), "--quiet"]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("WORLD_SIZE", None)
+    one = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], env=env,
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert one.returncode == 0, one.stderr[-3000:]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(port), *args,
+           "--out", str(tmp_path / "two")]  # fmt: skip
+    two = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if two.returncode != 0 and "rendezvous" in (two.stderr + two.stdout).lower():
+        pytest.skip("torchrun could not start: " + two.stderr[-300:])
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+
+    def card(folder):
+        js = json.loads((folder / "claims.json").read_text())
+        js.pop("plan")  # measured seconds per item
+        for k in ("stages", "work", "plan"):
+            js["meta"].pop(k, None)
+        return js
+
+    one_card, two_card = card(tmp_path / "one"), card(tmp_path / "two")
+    assert one_card["claims"] and len(one_card["claims"]) == len(two_card["claims"])
+    # the verdicts, n and every text exactly; the continuous numbers to 1e-3 relative (a rank
+    # scores batches of other sizes: the log-probabilities move in the 5th digit, measured)
+    key = ("id", "variant", "verdict", "family", "reason")
+    assert [[r.get(k) for k in key] for r in two_card["claims"]] == [
+        [r.get(k) for k in key] for r in one_card["claims"]]  # fmt: skip
+    bad = _mismatches(two_card, one_card, "claims.json", rel=1e-3)
+    assert not bad, bad[:10]

@@ -11,7 +11,43 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["CLAIMS", "LU", "PRIMARY", "SUNDAR", "Claim", "claim_by_id", "row_family"]
+__all__ = [
+    "CLAIMS",
+    "LU",
+    "PRIMARY",
+    "SUNDAR",
+    "Claim",
+    "claim_by_id",
+    "row_family",
+    "LATENT_ENGLISH",
+    "RECALL_FAILURES",
+    "TASK_VECTOR",
+    "DIFF_VECTOR",
+    "LOWEST_LANGUAGE",
+    "INDEPENDENT_RELATIONS",
+    "INDEPENDENT_LANGUAGES",
+    "RANDOM_VECTOR",
+    "EXPERTS_EXIST",
+    "EXPERTS_DISJOINT",
+    "CLAMP_STEERS",
+    "CLAMP_CLOSER",
+    "RETRIEVAL_IMPROVES",
+    "RANDOM_NEURONS",
+    "ENGLISH_GAP",
+    "LATENT_ENGLISH_TUNED",
+    "LATENT_ENGLISH_PATCHSCOPE",
+    "CONSISTENCY",
+    "TASK_REPAIRS_RECALL",
+    "BOTH_BEAT_SINGLE",
+    "CONVERSION_CAUSAL",
+    "EXTERNAL_TASK",
+    "EXTERNAL_DIFF",
+    "EXTERNAL_BOTH",
+    "CLAMP_CLOSER_CENTRED",
+    "RETRIEVAL_GAIN_MAX",
+    "RETRIEVAL_GAIN_MEDIAN",
+    "DISTANCE_PREDICTS_RETRIEVAL",
+]
 
 
 @dataclass(frozen=True)
@@ -381,6 +417,38 @@ CLAIMS: tuple[Claim, ...] = (
         direction=-1,
     ),
 )
+
+
+#: Each claim by name: the row builders refer to these objects (not to id strings).
+_BY_ID = {c.id: c for c in CLAIMS}
+LATENT_ENGLISH = _BY_ID["latent_english"]
+RECALL_FAILURES = _BY_ID["recall_failures"]
+TASK_VECTOR = _BY_ID["task_vector"]
+DIFF_VECTOR = _BY_ID["diff_vector"]
+LOWEST_LANGUAGE = _BY_ID["lowest_language"]
+INDEPENDENT_RELATIONS = _BY_ID["independent_relations"]
+INDEPENDENT_LANGUAGES = _BY_ID["independent_languages"]
+RANDOM_VECTOR = _BY_ID["random_vector"]
+EXPERTS_EXIST = _BY_ID["experts_exist"]
+EXPERTS_DISJOINT = _BY_ID["experts_disjoint"]
+CLAMP_STEERS = _BY_ID["clamp_steers"]
+CLAMP_CLOSER = _BY_ID["clamp_closer"]
+RETRIEVAL_IMPROVES = _BY_ID["retrieval_improves"]
+RANDOM_NEURONS = _BY_ID["random_neurons"]
+ENGLISH_GAP = _BY_ID["english_gap"]
+LATENT_ENGLISH_TUNED = _BY_ID["latent_english_tuned"]
+LATENT_ENGLISH_PATCHSCOPE = _BY_ID["latent_english_patchscope"]
+CONSISTENCY = _BY_ID["consistency"]
+TASK_REPAIRS_RECALL = _BY_ID["task_repairs_recall"]
+BOTH_BEAT_SINGLE = _BY_ID["both_beat_single"]
+CONVERSION_CAUSAL = _BY_ID["conversion_causal"]
+EXTERNAL_TASK = _BY_ID["external_task"]
+EXTERNAL_DIFF = _BY_ID["external_diff"]
+EXTERNAL_BOTH = _BY_ID["external_both"]
+CLAMP_CLOSER_CENTRED = _BY_ID["clamp_closer_centred"]
+RETRIEVAL_GAIN_MAX = _BY_ID["retrieval_gain_max"]
+RETRIEVAL_GAIN_MEDIAN = _BY_ID["retrieval_gain_median"]
+DISTANCE_PREDICTS_RETRIEVAL = _BY_ID["distance_predicts_retrieval"]
 
 
 def claim_by_id(cid: str) -> Claim:

@@ -1,24 +1,10 @@
 """``replicate``: the papers' claims checked on one model, in one call.
 
-:func:`replicate` runs the analyses behind every claim of :data:`mechlingo.card.rules.CLAIMS`
-through their Python APIs, in stages:
-
-* ``trace`` (:func:`mechlingo.analyses.recall.trace.trace_recall`: greedy answers and the logit
-  lens of every query): the latent-English and the recall-failure claims;
-* ``repair`` (:func:`mechlingo.analyses.recall.steering.build_steering_vectors` on the build
-  split, then :func:`mechlingo.analyses.recall.steer_eval.run_steer_eval`, the call of ``steer
-  eval``: the dev search, and test with norm-matched random controls; the budget's settings
-  as :func:`mechlingo.card.lu.repair_settings`): the two vectors, the lowest language (the
-  headroom rule, :func:`mechlingo.card.rules.headroom_lowest_language`, beside the literal
-  :func:`mechlingo.analyses.recall.dev_grid.lowest_language_dev`) and the random vector;
-* ``transfer_relation`` and ``transfer_lang``
-  (:func:`mechlingo.analyses.recall.transfer.transfer_matrix`): independence of relations and languages;
-* ``experts`` (:func:`mechlingo.analyses.experts.find_experts`, :func:`~mechlingo.analyses.experts.k_curve`
-  and the k rules, held-out AUROC, overlap): the expert claims and the clamp of the k that
-  the papers' rule picks (target-language rate against the target's perplexity; the stricter
-  rule that also bounds every other language is reported beside it);
-* ``align`` (:func:`mechlingo.analyses.experts.align.compare_alignment` with that clamp and its
-  random-neuron control): distances and retrieval.
+:func:`replicate` runs the stages of :mod:`mechlingo.card.stages` (one module per stage:
+trace, repair, the two transfer matrices, decoders, conversion, external, experts and align,
+each with its typed budget section, its row builders and its report section), in the order
+their declared needs give, after the metric stage (the metric rule decides on dev) and the
+planner.
 
 Each stage's result is stored (JSON, atomically) in a work folder under a key made of the
 model's fingerprint, the data and the settings (:class:`mechlingo.core.stages.Stages`): a rerun
@@ -30,7 +16,6 @@ an uninterrupted one.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
@@ -45,21 +30,10 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from mechlingo.activations.distributed import dist_info
-from mechlingo.analyses.experts import collect_neuron_stats, find_experts, k_curve
-from mechlingo.analyses.experts.align import compare_alignment, embed_parallel, per_sentence
-from mechlingo.analyses.recall import steer_eval, steering, transfer
-from mechlingo.analyses.recall.settings import ScoringOptions, SplitSettings
-from mechlingo.analyses.recall.trace import trace_recall
-from mechlingo.card import lu, repair_items, sundar
-from mechlingo.card.metric_rule import METRIC_RULE, decide_metric, dev_accuracies
+from mechlingo.analyses.experts.align import embed_parallel
+from mechlingo.card import stages as card_stages
+from mechlingo.card.metric_rule import METRIC_RULE
 from mechlingo.card.plan import Plan, plan_card
-from mechlingo.card.rows import (
-    rows_align,
-    rows_experts,
-    rows_repair,
-    rows_trace,
-    rows_transfer,
-)
 from mechlingo.card.rules import (
     CLAIMS,
     LU,
@@ -69,15 +43,22 @@ from mechlingo.card.rules import (
     error_row,
     finalize,
 )
+from mechlingo.card.stages import BUDGETS, BUDGETS_HASH, BY_NAME, PAPERS, budget_settings
+from mechlingo.card.stages.base import Context, Stage, run_order
+from mechlingo.card.stages.data import (
+    bundled_texts,
+    cap_facts,
+    lu_facts,
+    parallel_parts,
+    repair_split,
+)
 from mechlingo.core.describe import model_info
 from mechlingo.core.errors import InputError
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.core.version import __version__
-from mechlingo.data import LANGS, Fact, load_facts
+from mechlingo.data import Fact
 from mechlingo.data.natural_parallel import split_by_documents
-from mechlingo.data.splits import take_per_lang
-from mechlingo.interventions import load_intervention
 
 __all__ = [
     "BUDGETS",
@@ -85,6 +66,7 @@ __all__ = [
     "PAPERS",
     "STAGES",
     "budget_settings",
+    "cap_facts",
     "claim_rows",
     "replicate",
 ]
@@ -94,81 +76,10 @@ __all__ = [
 #: 2: fact ids per outcome, per-item transfer outcomes, the clamp measured on
 #: fresh samples, AUROC tests at the clamp's k, per-sentence alignment values.
 STAGE_VERSION = 3
-#: The seed of the BOS samples that measure the chosen clamp (seed 0 chose k).
-MEASURE_SEED = 1
-
-PAPERS = {LU: ("trace", "repair", "transfer_relation", "transfer_lang", "decoders",
-               "conversion", "external"),
-          SUNDAR: ("experts", "align")}  # fmt: skip
 #: ``replicate(metric=...)``: how the Lu stages score facts (see ``docs/replicate.md``).
 METRICS = ("generate", "rank", "klar")
+#: Every row stage's name, each paper's in run order.
 STAGES = (*PAPERS[LU], *PAPERS[SUNDAR])
-
-_QUICK: dict[str, Any] = {
-    "lu_langs": ["en", "fr", "es", "ru", "ja", "hi"], "max_ids_per_lang": 128,
-    "trace": {"limit": 24, "max_new_tokens": 8, "max_rank": 10},
-    "repair": {
-        "split": [0.4, 0.2, 0.4], "dev_per_lang": 10, "test_per_lang": 24, "k_shot": 3,
-        "translation_shots": 2, "layer_fractions": [0.5, 0.67],
-        "alphas": [0.13, 0.28], "top_k": 2, "screen_ids": 4, "seeds": [0, 1, 2, 3, 4],
-        "max_new_tokens": 6,
-    },
-    "transfer": {"relations": ["capital", "currency", "language"], "limit": 24,
-                 "langs": ["en", "fr", "es", "ru"], "max_new_tokens": 6,
-                 "matrix": {"cells": "diagonal", "build_ids": 6, "dev_ids": 4,
-                            "test_ids": 8, "screen_ids": 2, "layer_fractions": [0.55],
-                            "alphas": [0.28, 0.6]}},
-    "experts": {"target": "es", "n_find": 32, "n_heldout": 4, "ks": [50, 500],
-                "samples": 16, "new_tokens": 12, "max_tokens": 24, "n_eval": 32,
-                "ppl_budget": 2.0, "n_boot": 200, "eval_per_doc": 4, "random_sets": 5},
-    "candidates": 4, "decoders": {"per_lang": 6, "tuned_lens": None},
-    "conversion": {"langs": ["fr", "ru", "ja"], "n_prompts": 6}, "external": {"per_lang": 24},
-}  # fmt: skip
-_FULL: dict[str, Any] = {
-    "lu_langs": list(LANGS), "max_ids_per_lang": 256,
-    "trace": {"limit": 60, "max_new_tokens": 8, "max_rank": 10},
-    "repair": {
-        "split": [0.4, 0.2, 0.4], "dev_per_lang": 16, "test_per_lang": 40, "k_shot": 3,
-        "translation_shots": 2, "layer_fractions": [0.33, 0.5, 0.67, 0.83],
-        "alphas": [0.13, 0.28], "top_k": 2, "screen_ids": 6, "seeds": list(range(20)),
-        "max_new_tokens": 6,
-    },
-    "transfer": {"relations": ["capital", "currency", "language"], "limit": 40,
-                 "langs": ["en", "fr", "es", "ru", "ja", "hi"], "max_new_tokens": 6,
-                 "matrix": {"cells": "diagonal", "build_ids": 12, "dev_ids": 8,
-                            "test_ids": 12, "screen_ids": 3, "layer_fractions": [0.35, 0.55],
-                            "alphas": [0.28, 0.6]}},
-    "experts": {"target": "es", "n_find": 60, "n_heldout": 6, "ks": [50, 200, 500, 2000],
-                "samples": 24, "new_tokens": 16, "max_tokens": 24, "n_eval": 60,
-                "ppl_budget": 2.0, "n_boot": 500, "eval_per_doc": 5, "random_sets": 20},
-    "candidates": 4, "decoders": {"per_lang": 12, "tuned_lens": None},
-    "conversion": {"langs": ["fr", "es", "ru", "ja", "hi"], "n_prompts": 8}, "external": {"per_lang": 40},
-}  # fmt: skip
-#: The settings of each budget (see ``docs/replicate.md`` for the measured run times).
-BUDGETS: dict[str, dict[str, Any]] = {"quick": _QUICK, "full": _FULL}
-#: sha256 (16 hex digits) of :data:`BUDGETS`, written into ``claims.json`` beside the rules'
-#: hash: a change of either after a card was seen is logged in ``docs/replicate.md``.
-BUDGETS_HASH = hashlib.sha256(json.dumps(BUDGETS, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def budget_settings(budget: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The settings of ``budget`` (``quick`` or ``full``) with ``overrides`` merged in (one
-    level deep per section: ``{"experts": {"ks": [3, 5]}}`` changes only ``ks``)."""
-    if budget not in BUDGETS:
-        raise InputError(f"budget must be one of {sorted(BUDGETS)}, got {budget!r}")
-    cfg = copy.deepcopy(BUDGETS[budget])
-    for k, v in (overrides or {}).items():
-        if isinstance(v, Mapping) and isinstance(cfg.get(k), dict):
-            cfg[k].update(v)
-        else:
-            cfg[k] = v
-    cfg["budget"] = budget
-    return cfg
-
-
-# --------------------------------------------------------------------------------------
-# Data
-# --------------------------------------------------------------------------------------
 
 
 def _hash(obj: Any) -> str:
@@ -194,289 +105,26 @@ def _facts_hash(facts: Sequence[Fact] | None) -> str | None:
     return None if facts is None else _hash([dataclasses.asdict(f) for f in facts])
 
 
-def _lu_facts(facts: Sequence[Fact] | None, cfg: Mapping[str, Any], section: str) -> list[Fact]:
-    """The facts of one Lu stage: the user's (every language and relation, at most
-    ``limit`` ids per relation when the section has one) or the bundled natural stems, with
-    BMLAMA-style candidates under ``metric = "rank"``; the trace reads the repair test items."""
-    if section == "trace":  # the tracer reads the repair stage's test items (their classes)
-        return lu.repair_split(_lu_facts(facts, cfg, "repair"), cfg)[2]
-    sec = cfg.get(section, {})
-    if facts is not None:
-        return lu.prepare_facts(cap_facts(take_per_lang(list(facts), sec.get("limit")), cfg), cfg)
-    langs = sec.get("langs") or cfg["lu_langs"]
-    rels = sec.get("relations") or ["capital"]
-    loaded = load_facts(langs=langs, relations=rels, limit=sec.get("limit"), templates="natural")
-    return lu.prepare_facts(loaded, cfg)
-
-
-def cap_facts(facts: Sequence[Fact], cfg: Mapping[str, Any]) -> list[Fact]:
-    """At most ``max_ids_per_lang`` fact ids per language, shared evenly by the relations
-    (each relation keeps ``max(4, cap // relations)`` ids, the same in every language,
-    :func:`~mechlingo.data.splits.take_per_lang`): a user's facts file of many relations
-    costs the card what the bundled one does. ``None`` keeps all."""
-    cap = cfg.get("max_ids_per_lang")
-    facts = list(facts)
-    if cap is None or not facts:
-        return facts
-    n_rel = len({f.relation for f in facts})
-    return take_per_lang(facts, max(4, int(cap) // n_rel))
-
-
-# --------------------------------------------------------------------------------------
-# Stages (each returns a JSON-able result)
-# --------------------------------------------------------------------------------------
-
-_TRACE_FIELDS = ("id", "lang", "relation", "answer", "answer_en", "correct", "class",
-                 "first_en_layer", "first_answer_layer", "first_mismatch_en_layer",
-                 "gold_rank")  # fmt: skip
-
-
-def _stage_trace(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progress: bool) -> dict:
-    t = cfg["trace"]
-    metric = "rank" if lu.metric_of(cfg) == "rank" else "generate"
-    tr = trace_recall(
-        model, facts, max_rank=t["max_rank"], max_new_tokens=t["max_new_tokens"],
-        batch_size=cfg.get("batch_size", 16), progress=progress, metric=metric,
-    )  # fmt: skip
-    curves = tr.lens.latent_curves()
-    return {
-        "records": [{k: r[k] for k in _TRACE_FIELDS} for r in tr.records],
-        "counts": tr.counts(),
-        "latent_curves": curves.to_dict("records"),
-        "n_layers": tr.n_layers,
-        "max_rank": tr.max_rank,
-        "mid_layers": tr.mid_layers,
-        "metric": metric,
-        "mismatch_rule": "another fact's English answer: the next id of the same relation",
-    }
-
-
-def _stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progress: bool) -> dict:
-    """``steer build`` + ``steer eval`` on the repair facts: the vectors built on the build
-    split with the budget's build settings, then
-    :func:`mechlingo.analyses.recall.steer_eval.run_steer_eval` (the call of ``steer eval``)
-    with its split, dev grid and scoring (:func:`mechlingo.card.lu.repair_settings`)."""
-    r = cfg["repair"]
-    build, dev, test = lu.repair_split(facts, cfg)
-    if not (build and dev and test):
-        raise InputError(
-            "a split of the repair facts is empty (build, dev or test)",
-            fix="give more facts (a larger budget or more ids per relation)",
-        )
-    build_settings, grid, scoring = lu.repair_settings(cfg, int(model.cfg.n_layers), progress)
-    vectors = steering.build_steering_vectors(model, build, build_settings, progress=progress)
-    split = SplitSettings(tuple(r["split"]), "", r["dev_per_lang"], r["test_per_lang"])
-    run = steer_eval.run_steer_eval(
-        model, facts, vectors, split=split, grid=grid, scoring=scoring, seeds=r["seeds"]
-    )
-    res, sw = run.test, run.search
-    if sw is None:  # a dev search runs whenever no config is fixed
-        raise RuntimeError("the repair stage ran no dev search")
-    sweep = sw.to_json()
-    per = repair_items.condition_outcomes(res.results, facts)
-    n_ids = {k: len({f.id for f in v}) for k, v in (("build", build), ("dev", dev), ("test", test))}
-    return {
-        "summary": res.summary(),
-        "sweep": {k: v for k, v in sweep.items() if k != "rows"},
-        "sweep_rows": [x for x in sweep["rows"] if x["stage"] == "dev"],
-        "lowest": sw.lowest_rule,
-        **per,
-        "random_draws": len(r["seeds"]),
-        "p_floor": 1 / (len(r["seeds"]) + 1),
-        "subjects": repair_items.subject_keys(facts),
-        "items": repair_items.item_records(res.results),
-        "n_ids": n_ids,
-    }
-
-
-def _stage_transfer(
-    model: Model,
-    facts: list[Fact],
-    cfg: Mapping[str, Any],
-    by: str,
-    progress: bool,
-    built: dict[str, Any],
-) -> dict:
-    """The transfer matrix (:func:`mechlingo.analyses.recall.transfer.transfer_matrix`).
-
-    ``built`` carries the build statistics from one matrix to the other within a run (the
-    same facts and split give the same statistics, so the second matrix does not rebuild
-    them); a resumed run that has only one of the two rebuilds."""
-    t = cfg["transfer"]
-    tm = transfer.transfer_matrix(
-        model,
-        facts,
-        by=by,
-        matrix=lu.matrix_settings(t.get("matrix", {}), int(model.cfg.n_layers)),
-        scoring=ScoringOptions(
-            metric=lu.metric_of(cfg),
-            max_new_tokens=t["max_new_tokens"],
-            batch_size=cfg.get("batch_size", 64),
-            progress=progress,
-        ),
-        stats=built.get("stats"),
-    )
-    built["stats"] = tm.stats
-    out = tm.to_json()
-    out = json.loads(out) if isinstance(out, str) else out
-    cells = list(out.get("cells", tm.cells))
-    return {"by": by, "matrix": {k: v for k, v in out.items() if k != "cells"}, "cells": cells,
-            "subjects": repair_items.subject_keys(facts)}  # fmt: skip
-
-
-def _overlap(res: Any, k: int) -> dict[str, Any]:
-    """The languages' pairwise overlap matrix of the top-``k`` expert sets (the row judges it
-    with the languages as units, :func:`mechlingo.card.rows.overlap_test`)."""
-    ov = res.overlap(k).cpu()
-    return {"k": k, "langs": res.langs, "matrix": ov.tolist(), "chance": k / res.stats.n_features}
-
-
-def _stage_experts(
-    model: Model, texts: dict, cfg: Mapping[str, Any], progress: bool, tmp: Path
-) -> dict:
-    """The experts, k chosen on the held-out lines' perplexity and BOS samples of seed 0,
-    and everything that judges the chosen clamp measured elsewhere: its steering on fresh BOS
-    samples (seed 1) with perplexity on evaluation lines, the AUROC at its k on the
-    evaluation lines, the overlap at its k (the smallest k when the rule chose none)."""
-    e = cfg["experts"]
-    target = e["target"]
-    if target not in texts["find"]:
-        raise InputError(f"the experts' target {target!r} has no parallel sentences",
-                         fix=f"give <{target}>.txt or another target")  # fmt: skip
-    res = find_experts(model, texts["find"], max_tokens=e["max_tokens"],
-                       batch_size=cfg.get("batch_size", 16), progress=progress)  # fmt: skip
-    n_feat = res.stats.n_features
-    ks = sorted({k for k in e["ks"] if 2 * k <= n_feat}) or [max(1, n_feat // 4)]
-    kw = {"n_samples": e["samples"], "max_new_tokens": e["new_tokens"],
-          "max_tokens": e["max_tokens"], "progress": progress}  # fmt: skip
-    curve = k_curve(model, res, target, ks, texts["heldout"], seed=0, **kw)
-    papers = curve.choose(e["ppl_budget"], "none")
-    strict = curve.choose(e["ppl_budget"], "geomean")
-    k = papers["k"] if papers["k"] is not None else ks[0]
-    measure = []
-    if papers["k"] is not None:
-        lines = {lg: v[: max(2, e["n_heldout"])] for lg, v in texts["eval"].items()}
-        measure = k_curve(model, res, target, [k], lines, seed=MEASURE_SEED, **kw).records()
-    draws = max(1, int(e.get("random_sets", 1)))
-    if papers["k"] is not None:
-        res.clamp(target, k).save(tmp / "clamp", model)
-        for i in range(draws):  # draw 0 is also the paired control
-            res.random_clamp(target, k, seed=i, layer_matched=True).save(
-                tmp / ("control" if i == 0 else f"control_s{i}"), model)  # fmt: skip
-    ev = collect_neuron_stats(model, texts["eval"], max_tokens=e["max_tokens"],
-                              batch_size=cfg.get("batch_size", 16), progress=progress)  # fmt: skip
-    top = res.top(target, k)
-    rnd = [res.random_features(target, k, seed=i, layer_matched=True) for i in range(draws)]
-    auroc = sundar.auroc_tests(ev, target, top, rnd, e["n_boot"], 0, texts["docs"]["eval"])
-    auroc["k_rule"] = "the papers' rule" if papers["k"] is not None else "none chosen: smallest k"
-    return {
-        "target": target, "ks": ks, "n_features": n_feat, "langs": res.langs,
-        "curve": curve.records(), "tests": curve.tests(), "measure_curve": measure,
-        "measure_seed": MEASURE_SEED, "choice_papers": papers, "choice_strict": strict,
-        "auroc": auroc, "overlap": _overlap(res, k), "summary": res.summary(k),
-    }  # fmt: skip
-
-
-def _stage_align(
-    model: Model, texts: dict, cfg: Mapping[str, Any], experts_dir: Path, progress: bool
-) -> dict:
-    if not (experts_dir / "clamp").is_dir():
-        return {"untestable": "the papers' k rule chose no k (none within the perplexity "
-                "budget), so there is no clamp to align with"}  # fmt: skip
-    iv = load_intervention(experts_dir / "clamp", model)
-    ctl = load_intervention(experts_dir / "control", model)
-    e = cfg["experts"]
-    comp = compare_alignment(
-        model, texts["eval"], iv, control=ctl, layers="all", target=e["target"],
-        batch_size=cfg.get("batch_size", 16), max_tokens=e["max_tokens"], progress=progress,
-    )  # fmt: skip
-    summary = comp.summary()
-    summary["intervals"] = comp.intervals()
-    summary["k"] = iv.meta.get("build", {}).get("k") if hasattr(iv, "meta") else None
-    per: dict[str, dict[str, list[float]]] = {}
-
-    def values(emb: Any) -> dict[str, list[float]]:
-        vals = per_sentence(emb.emb[emb.layer_slot(None)], comp.langs, target=e["target"],
-                            centre=comp.centre)  # fmt: skip
-        return {m: vals[m].cpu().tolist() for m in ("retrieval", "between_languages")}
-
-    for arm in comp.arms():
-        per[arm] = values({"pre": comp.pre, "post": comp.post, "control": comp.control}[arm])
-    per.update(_random_arms(model, texts["eval"], experts_dir, cfg, values, progress))
-    if "control" in per:
-        per["random_s0"] = per["control"]
-    summary["per_sentence"] = per
-    summary["random_draws"] = sum(k.startswith("random_s") for k in per)
-    summary["p_floor"] = 1 / (summary["random_draws"] + 1)
-    docs = texts.get("docs", {}).get("eval")
-    summary["details"] = sundar.align_details(comp, docs)
-    summary["docs"] = summary["details"]["docs"]
-    return summary
-
-
-def _random_arms(model: Model, texts: Mapping[str, Sequence[str]], experts_dir: Path,
-                 cfg: Mapping[str, Any], values: Callable[[Any], dict[str, list[float]]],
-                 progress: bool) -> dict[str, dict[str, list[float]]]:  # fmt: skip
-    """``{"random_s<i>": per-sentence values}`` of the random-neuron population beyond draw 0
-    (the experts stage saved ``control_s<i>``): one embedding pass each, no shared state."""
-    e, out = cfg["experts"], {}
-    for i in range(1, int(e.get("random_sets", 1))):
-        folder = experts_dir / f"control_s{i}"
-        if not folder.is_dir():
-            break
-        emb = embed_parallel(model, texts, intervention=load_intervention(folder, model),
-                             layers="all", batch_size=cfg.get("batch_size", 16),
-                             max_tokens=e["max_tokens"], progress=progress)  # fmt: skip
-        out[f"random_s{i}"] = values(emb)
-    return out
-
-
-# --------------------------------------------------------------------------------------
-# Rows: from stored stage results to verdicts (mechlingo.card.rows)
-# --------------------------------------------------------------------------------------
-
-
-def _rows_repair_all(data: Mapping[str, Any]) -> list[dict[str, Any]]:
-    rows = rows_repair(data)
-    lu.attach_logprob(rows, data)
-    return rows
-
-
-#: ``(stage, row builder)``; a builder that fails turns its stage's rows not yet built into
-#: error rows (the other builders of the stage keep theirs).
-_ROWS: tuple[tuple[str, Callable[[Mapping[str, Any]], list[dict[str, Any]]]], ...] = (
-    ("trace", rows_trace),
-    ("repair", _rows_repair_all),
-    ("repair", lu.rows_repair_extra),
-    ("transfer_relation", lambda d: rows_transfer("independent_relations", d)),
-    ("transfer_lang", lambda d: rows_transfer("independent_languages", d)),
-    ("decoders", lu.rows_decoders),
-    ("conversion", lu.rows_conversion),
-    ("external", lu.rows_external),
-    ("experts", rows_experts),
-    ("align", rows_align),
-    ("align", sundar.rows_align_extra),
-)
-
-
 def claim_rows(stages: Mapping[str, Any], papers: Sequence[str]) -> list[dict[str, Any]]:
     """Every claim's rows of ``papers`` from the stages' stored results (``{"error": ...}``
     for a failed stage), in the order of :data:`~mechlingo.card.rules.CLAIMS` (a claim
     judged in several readings has one row per reading, each with its ``variant``), after
     :func:`~mechlingo.card.rules.finalize` (each family adjusted, then the verdicts). A
-    row builder that fails on a result also becomes an error row."""
+    row builder that fails on a result also becomes an error row (the claims of its stage
+    not built yet; the other builders of the stage keep theirs)."""
     built: dict[str, list[dict[str, Any]]] = {}
-    for name, fn in _ROWS:
-        data = stages.get(name)
+    for stage in card_stages.STAGES:
+        data = stages.get(stage.name)
         if data is None or "error" in data:
             continue
-        try:
-            for row in fn(data):
-                built.setdefault(row["id"], []).append(row)
-        except Exception as err:  # a result this code cannot read: the rows say so
-            for c in CLAIMS:
-                if c.stage == name and c.id not in built:
-                    built[c.id] = [error_row(c, f"reading the {name} result: {err!r}")]
+        for fn in stage.rows:
+            try:
+                for row in fn(data):
+                    built.setdefault(row["id"], []).append(row)
+            except Exception as err:  # a result this code cannot read: the rows say so
+                for c in stage.claims:
+                    if c.id not in built:
+                        built[c.id] = [error_row(c, f"reading the {stage.name} result: {err!r}")]
     rows = []
     for c in CLAIMS:
         if c.paper not in papers:
@@ -502,51 +150,15 @@ def _papers(paper: str) -> list[str]:
     return [paper]
 
 
-def _stage_fns(
-    model: Model,
-    facts: Sequence[Fact] | None,
-    parallel: Mapping[str, Sequence[str]] | None,
-    cfg: Mapping[str, Any],
-    stages: Stages,
-    progress: bool,
-    external: tuple[Sequence[Fact], str] | None = None,
-    documents: Sequence[str] | None = None,
-) -> dict[str, tuple[Callable[..., Any], bool]]:
-    """``{stage: (fn, takes a folder)}``; the data of each stage is loaded when it runs."""
-    texts: dict[str, Any] = {}
-    built: dict[str, Any] = {}
-
-    def par() -> dict:
-        if not texts:
-            texts.update(sundar.parallel_parts(parallel, cfg, documents))
-        return texts
-
-    extra = lu.stage_fns(model, lambda s: _lu_facts(facts, cfg, s), par, cfg, stages,
-                              external, progress)  # fmt: skip
-
-    return {
-        "trace": (lambda: _stage_trace(model, _lu_facts(facts, cfg, "trace"), cfg, progress),
-                  False),
-        "repair": (lambda: {**_stage_repair(model, _lu_facts(facts, cfg, "repair"), cfg,
-                                            progress), **lu.trace_classes(stages)}, False),
-        "transfer_relation": (lambda: _stage_transfer(
-            model, _lu_facts(facts, cfg, "transfer"), cfg, "relation", progress, built), False),
-        "transfer_lang": (lambda: _stage_transfer(
-            model, _lu_facts(facts, cfg, "transfer"), cfg, "lang", progress, built), False),
-        "experts": (lambda tmp: _stage_experts(model, par(), cfg, progress, tmp), True),
-        "align": (lambda: _stage_align(model, par(), cfg, stages.path("experts"), progress),
-                  False),
-        **extra,
-    }  # fmt: skip
-
-
-def _run_stage(stages: Stages, name: str, fn: Callable[..., Any], folder: bool) -> tuple:
+def _run_stage(stages: Stages, stage: Stage, ctx: Context) -> tuple:
     """``(result or {"error": ...}, {"seconds", "cpu_seconds"}, cached)``; only ``Exception`` is caught (Ctrl-C
     and SIGTERM stop the run; finished stages stay stored)."""
-    cached = stages.done(name)
+    cached = stages.done(stage.name)
     t0, c0 = time.perf_counter(), time.process_time()
+    fn: Callable[..., Any] = (lambda tmp: stage.run(ctx, tmp)) if stage.folder else (
+        lambda: stage.run(ctx))  # fmt: skip
     try:
-        data = stages.run(name, fn, folder=folder)
+        data = stages.run(stage.name, fn, folder=stage.folder)
     except Exception as err:
         tb = traceback.format_exception_only(type(err), err)[-1].strip()
         data = {"error": tb}
@@ -628,13 +240,14 @@ def replicate(
     stages = Stages(work if work is not None else tmp, key, agree=agree)  # type: ignore[arg-type]
     if fresh:
         stages.clear()
+    ext = None if external is None else (list(external), external_metric)
+    ctx = Context(model, facts, parallel, cfg, stages, progress, ext, documents)
     try:
         results: dict[str, Any] = {}
         timing: dict[str, Any] = {}
         decision = None
         if LU in papers:
-            results["metric"], timing["metric"], decision = _decide(
-                model, stages, facts, cfg, metric)  # fmt: skip
+            results["metric"], timing["metric"], decision = _decide(stages, ctx, cfg, metric)
         cost = {}
         if SUNDAR in papers:
             cost = stages.run("embed_cost", lambda: _embed_cost(model, parallel, documents, cfg))
@@ -648,14 +261,11 @@ def replicate(
             return the_plan
         print(f"replicate: the planner's estimate for this card: {the_plan.card_minutes:.1f} "
               "CPU-minutes (see the plan in claims.json)")  # fmt: skip
-        ext = None if external is None else (list(external), external_metric)
-        fns = _stage_fns(model, facts, parallel, cfg, stages, progress, ext, documents)
-        names = [s for p in papers for s in PAPERS[p]]
+        names = run_order(BY_NAME, [s for p in papers for s in PAPERS[p]])
         bar = tqdm(names, desc="replicate", disable=not progress, unit="stage")
         for name in bar:
             bar.set_postfix_str(name)
-            fn, folder = fns[name]
-            results[name], secs, cached = _run_stage(stages, name, fn, folder)
+            results[name], secs, cached = _run_stage(stages, BY_NAME[name], ctx)
             timing[name] = {**secs, "cached": cached, "error": results[name].get("error")}
         rows = claim_rows(results, papers)
     finally:
@@ -681,29 +291,13 @@ class ReplicationCard(ClaimsCard):
         return {**top, **super().to_json()}
 
 
-def _decide(model: Model, stages: Stages, facts: Sequence[Fact] | None, cfg: dict[str, Any],
+def _decide(stages: Stages, ctx: Context, cfg: dict[str, Any],
             given: str | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:  # fmt: skip
     """The metric stage (dev scored both ways, stored like any stage) and the rule's decision;
     ``cfg["metric"]`` becomes the card's metric."""
-
-    def run() -> dict[str, Any]:
-        dev = _dev_facts(facts, cfg)
-        out = dev_accuracies(model, dev, max_new_tokens=cfg["repair"]["max_new_tokens"],
-                             batch_size=cfg.get("batch_size", 16))  # fmt: skip
-        out["n_dev_ids"] = len({f.id for f in dev})
-        return out
-
-    data, secs, cached = _run_stage(stages, "metric", run, False)
+    data, secs, cached = _run_stage(stages, card_stages.metric.STAGE, ctx)
     secs = {**secs, "cached": cached, "error": data.get("error")}
-    if "error" in data:  # the rule cannot run: only a given metric lets the card go on
-        if given is None:
-            raise InputError(f"the metric rule's dev scoring failed: {data['error']}",
-                             fix="pass --metric to choose the metric yourself")  # fmt: skip
-        decision = {"metric": given, "ruled": None, "overridden": True, "given": given,
-                    "why": f"the rule could not run ({data['error']}): the given metric"}  # fmt: skip
-        cfg["metric"] = given
-        return data, secs, decision
-    decision = decide_metric(data, given)
+    decision = card_stages.metric.decision(data, given)
     cfg["metric"] = decision["metric"]
     return data, secs, decision
 
@@ -716,17 +310,17 @@ def _data_available(facts: Sequence[Fact] | None, parallel: Mapping[str, Sequenc
     documents left for evaluation after the finding and held-out lines, the languages."""
     out: dict[str, Any] = {}
     if LU in papers:
-        all_facts = _lu_facts(facts, {**cfg, "metric": "generate"}, "repair")
+        all_facts = lu_facts(facts, {**cfg, "metric": "generate"}, "repair")
         r = cfg["repair"]
         uncapped = {**cfg, "repair": {**r, "dev_per_lang": None, "test_per_lang": None}}
-        _, dev, test = lu.repair_split(all_facts, uncapped)
+        _, dev, test = repair_split(all_facts, uncapped)
         for name, part in (("dev_ids", dev), ("test_ids", test)):
             per: dict[str, set[str]] = {}
             for f in part:
                 per.setdefault(f.lang, set()).add(f.id)
             out[name] = min((len(v) for lg, v in per.items() if lg != "en"), default=0)
     if SUNDAR in papers:
-        texts, docs = (sundar.bundled_texts() if parallel is None
+        texts, docs = (bundled_texts() if parallel is None
                        else (dict(parallel), documents))  # fmt: skip
         n = len(next(iter(texts.values()), []))
         docs = list(docs) if docs is not None and len(docs) == n else [str(i) for i in range(n)]
@@ -745,15 +339,10 @@ def _embed_cost(model: Model, parallel: Mapping[str, Sequence[str]] | None,
                 documents: Sequence[str] | None, cfg: Mapping[str, Any]) -> dict[str, float]:  # fmt: skip
     """``{"embed": CPU seconds per sentence and language}`` of one embedding pass over the
     first 8 evaluation lines (no intervention): the planner's per-item cost of alignment."""
-    texts = sundar.parallel_parts(parallel, cfg, documents)["eval"]
+    texts = parallel_parts(parallel, cfg, documents)["eval"]
     lines = {lg: v[:8] for lg, v in texts.items()}
     c0 = time.process_time()
     embed_parallel(model, lines, layers="all", batch_size=cfg.get("batch_size", 16),
                    max_tokens=cfg["experts"]["max_tokens"])  # fmt: skip
     n = sum(len(v) for v in lines.values())
     return {"embed": round((time.process_time() - c0) / max(1, n), 4)}
-
-
-def _dev_facts(facts: Sequence[Fact] | None, cfg: Mapping[str, Any]) -> list[Fact]:
-    """The repair stage's dev split with candidates (the split ignores them)."""
-    return lu.repair_split(_lu_facts(facts, {**cfg, "metric": "rank"}, "repair"), cfg)[1]

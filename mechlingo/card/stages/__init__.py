@@ -1,0 +1,153 @@
+"""The claims card built by stage: one module per stage, each declaring its name, the stages
+it needs, its typed budget section (quick and full instances), its run function, its row
+builders and its report section (:class:`~mechlingo.card.stages.base.Stage`).
+
+:data:`STAGES` lists every row stage in declaration order; :data:`PAPERS` the stages of each
+paper; :func:`~mechlingo.card.stages.base.run_order` orders a selection from the declared
+needs. :class:`CardBudget` holds a whole budget (the shared Lu settings and every section);
+:data:`BUDGETS` and :data:`BUDGETS_HASH` are computed from its quick and full instances, and
+:func:`budget_settings` merges ``--settings`` overrides into a budget and checks the result.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from mechlingo.card.claims import LU, SUNDAR
+from mechlingo.card.stages import (
+    align,
+    conversion,
+    decoders,
+    experts,
+    external,
+    metric,
+    repair,
+    trace,
+    transfer,
+)
+from mechlingo.card.stages.base import Budget, Stage, check, run_order
+from mechlingo.core.errors import InputError
+from mechlingo.data import LANGS
+
+__all__ = [
+    "BUDGETS",
+    "BUDGETS_HASH",
+    "BY_NAME",
+    "FULL",
+    "PAPERS",
+    "QUICK",
+    "STAGES",
+    "CardBudget",
+    "budget_settings",
+    "metric",
+    "run_order",
+]
+
+#: Every row stage, in the order the card declares (and, their needs allowing, runs) them.
+STAGES: tuple[Stage, ...] = (
+    trace.STAGE,
+    repair.STAGE,
+    transfer.STAGE_RELATION,
+    transfer.STAGE_LANG,
+    decoders.STAGE,
+    conversion.STAGE,
+    external.STAGE,
+    experts.STAGE,
+    align.STAGE,
+)
+BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}
+#: Each paper's stages in run order.
+PAPERS: dict[str, tuple[str, ...]] = {
+    p: tuple(run_order(BY_NAME, [s.name for s in STAGES if s.paper == p])) for p in (LU, SUNDAR)
+}
+
+#: Keys of the settings that are options of the run, not of a budget: the card's metric
+#: (set by ``replicate``), the budget's name and the batch size of every analysis.
+RUN_KEYS = ("budget", "metric", "batch_size")
+
+
+@dataclass(frozen=True)
+class CardBudget(Budget):
+    """A whole budget: the Lu stages' languages (``lu_langs``), the cap of fact ids per
+    language of a user's facts (``max_ids_per_lang``, shared by the relations), the
+    candidates per fact under ``rank`` and one section per stage (the transfer stages share
+    ``transfer``, the Sundar stages ``experts``)."""
+
+    lu_langs: tuple[str, ...]
+    max_ids_per_lang: int | None
+    candidates: int
+    trace: trace.TraceBudget
+    repair: repair.RepairBudget
+    transfer: transfer.TransferBudget
+    experts: experts.ExpertsBudget
+    decoders: decoders.DecodersBudget
+    conversion: conversion.ConversionBudget
+    external: external.ExternalBudget
+
+    NESTED: ClassVar[Mapping[str, type[Budget]]] = {
+        "trace": trace.TraceBudget,
+        "repair": repair.RepairBudget,
+        "transfer": transfer.TransferBudget,
+        "experts": experts.ExpertsBudget,
+        "decoders": decoders.DecodersBudget,
+        "conversion": conversion.ConversionBudget,
+        "external": external.ExternalBudget,
+    }
+
+    def __post_init__(self) -> None:
+        check(len(self.lu_langs) > 0 and all(lg in LANGS for lg in self.lu_langs),
+              "lu_langs", f"must be languages of {list(LANGS)}")  # fmt: skip
+        check(self.max_ids_per_lang is None or self.max_ids_per_lang >= 4, "max_ids_per_lang",
+              "must be at least 4 (or null)")  # fmt: skip
+        check(self.candidates >= 2, "candidates", "must be at least 2")
+
+
+def _budget(which: str) -> CardBudget:
+    """The quick or the full budget from each stage module's instances."""
+
+    def pick(mod: Any) -> Any:
+        return getattr(mod, which.upper())
+
+    return CardBudget(
+        lu_langs=("en", "fr", "es", "ru", "ja", "hi") if which == "quick" else tuple(LANGS),
+        max_ids_per_lang=128 if which == "quick" else 256, candidates=4,
+        trace=pick(trace), repair=pick(repair), transfer=pick(transfer),
+        experts=pick(experts), decoders=pick(decoders), conversion=pick(conversion),
+        external=pick(external),
+    )  # fmt: skip
+
+
+QUICK = _budget("quick")
+FULL = _budget("full")
+#: The settings of each budget as the stages read them (see ``docs/replicate.md`` for the
+#: measured run times).
+BUDGETS: dict[str, dict[str, Any]] = {"quick": QUICK.to_dict(), "full": FULL.to_dict()}
+#: sha256 (16 hex digits) of :data:`BUDGETS`, written into ``claims.json`` beside the rules'
+#: hash: a change of either after a card was seen is logged in ``docs/replicate.md``.
+BUDGETS_HASH = hashlib.sha256(json.dumps(BUDGETS, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def budget_settings(budget: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The settings of ``budget`` (``quick`` or ``full``) with ``overrides`` merged in (one
+    level deep per section: ``{"experts": {"ks": [3, 5]}}`` changes only ``ks``), checked by
+    :class:`CardBudget` (an unknown key or a bad value is a one-line
+    :class:`~mechlingo.core.errors.InputError`). The result is the plain dict that the
+    stages read and that enters the stage key."""
+    if budget not in BUDGETS:
+        raise InputError(f"budget must be one of {sorted(BUDGETS)}, got {budget!r}")
+    cfg = copy.deepcopy(BUDGETS[budget])
+    for k, v in (overrides or {}).items():
+        if isinstance(v, Mapping) and isinstance(cfg.get(k), dict):
+            cfg[k].update(v)
+        else:
+            cfg[k] = v
+    bs = cfg.get("batch_size")
+    check(bs is None or (isinstance(bs, int) and bs >= 1), "batch_size", "must be at least 1")
+    CardBudget.from_mapping({k: v for k, v in cfg.items() if k not in RUN_KEYS}, "settings")
+    cfg["budget"] = budget
+    return cfg

@@ -1,0 +1,115 @@
+"""The data of the card's stages: the facts of each Lu stage (the user's or the bundled natural
+stems, capped per language, with candidates under ``rank``), the repair split, and the parallel
+sentences of the Sundar stages split by document."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mechlingo.analyses.experts.align import drop_empty_lines
+from mechlingo.core.errors import InputError
+from mechlingo.data import LANGS, Fact, load_facts
+from mechlingo.data.candidates import with_candidates
+from mechlingo.data.natural_parallel import bundled_documents, bundled_parallel, split_by_documents
+from mechlingo.data.splits import split_facts, take_per_lang
+
+__all__ = [
+    "bundled_texts",
+    "cap_facts",
+    "lu_facts",
+    "metric_of",
+    "parallel_parts",
+    "prepare_facts",
+    "repair_split",
+]
+
+
+def metric_of(cfg: Mapping[str, Any]) -> str:
+    """The card's metric (``generate``, ``rank`` or ``klar``)."""
+    return str(cfg.get("metric", "generate"))
+
+
+def prepare_facts(facts: list[Fact], cfg: Mapping[str, Any]) -> list[Fact]:
+    """Under ``rank``, facts without candidates get ``cfg["candidates"]`` (default 4) of them."""
+    if metric_of(cfg) != "rank" or all(f.candidates for f in facts):
+        return facts
+    return with_candidates(facts, int(cfg.get("candidates", 4)))
+
+
+def repair_split(facts: list[Fact], cfg: Mapping[str, Any]) -> tuple[list, list, list]:
+    """``(build, dev, test)`` of the repair stage (the same hash split and per-language caps)."""
+    r = cfg["repair"]
+    splits = split_facts(facts, r["split"])
+    dev = take_per_lang(splits["dev"], r["dev_per_lang"])
+    return splits["build"], dev, take_per_lang(splits["test"], r["test_per_lang"])
+
+
+def lu_facts(facts: Sequence[Fact] | None, cfg: Mapping[str, Any], section: str) -> list[Fact]:
+    """The facts of one Lu stage: the user's (every language and relation, at most
+    ``limit`` ids per relation when the section has one) or the bundled natural stems, with
+    BMLAMA-style candidates under ``metric = "rank"``; the trace reads the repair test items."""
+    if section == "trace":  # the tracer reads the repair stage's test items (their classes)
+        return repair_split(lu_facts(facts, cfg, "repair"), cfg)[2]
+    sec = cfg.get(section, {})
+    if facts is not None:
+        return prepare_facts(cap_facts(take_per_lang(list(facts), sec.get("limit")), cfg), cfg)
+    langs = sec.get("langs") or cfg["lu_langs"]
+    rels = sec.get("relations") or ["capital"]
+    loaded = load_facts(langs=langs, relations=rels, limit=sec.get("limit"), templates="natural")
+    return prepare_facts(loaded, cfg)
+
+
+def cap_facts(facts: Sequence[Fact], cfg: Mapping[str, Any]) -> list[Fact]:
+    """At most ``max_ids_per_lang`` fact ids per language, shared evenly by the relations
+    (each relation keeps ``max(4, cap // relations)`` ids, the same in every language,
+    :func:`~mechlingo.data.splits.take_per_lang`): a user's facts file of many relations
+    costs the card what the bundled one does. ``None`` keeps all."""
+    cap = cfg.get("max_ids_per_lang")
+    facts = list(facts)
+    if cap is None or not facts:
+        return facts
+    n_rel = len({f.relation for f in facts})
+    return take_per_lang(facts, max(4, int(cap) // n_rel))
+
+
+def bundled_texts() -> tuple[dict[str, list[str]], list[str]]:
+    """The bundled parallel lines of every language and their document ids."""
+    return bundled_parallel(list(LANGS)), bundled_documents()
+
+
+def parallel_parts(
+    parallel: Mapping[str, Sequence[str]] | None,
+    cfg: Mapping[str, Any],
+    docs: Sequence[str] | None = None,
+) -> dict:
+    """The parallel sentences of the Sundar stages, split into the lines that find the
+    experts, the held-out lines of the k curve, and the evaluation lines (alignment and the
+    held-out AUROC), in this order, never overlapping and never sharing a document
+    (:func:`mechlingo.data.natural_parallel.split_by_documents`; the evaluation part takes at
+    most ``experts.eval_per_doc`` lines per document, so that it spans more documents). Default: the bundled natural
+    NTREX-128 lines with their document ids; a user's ``parallel`` without ``docs``: every
+    line its own document. ``"docs"`` holds each part's document ids."""
+    e = cfg["experts"]
+    if parallel is None:
+        parallel, docs = bundled_parallel(list(LANGS)), bundled_documents()
+    texts = drop_empty_lines(parallel)
+    n = len(next(iter(texts.values()), []))
+    if docs is None or len(docs) != n:  # no ids, or empty lines were dropped
+        docs = [str(i) for i in range(n)]
+    if e["n_find"] < 2:
+        raise InputError(f"the experts need at least 2 finding lines, got {e['n_find']}")
+    sizes = [e["n_find"], e["n_heldout"], e["n_eval"]]
+    parts = split_by_documents(list(docs), sizes, [None, None, e.get("eval_per_doc")])
+    if len(parts[2]) < 2:
+        raise InputError(
+            f"the parallel data has {n} lines; the experts need {sizes[0]} + {sizes[1]} + at "
+            "least 2 evaluation lines per language, in separate documents",
+            fix="pass more lines with --parallel, or a smaller budget",
+        )
+    out: dict[str, Any] = {}
+    for part, idx in zip(("find", "heldout", "eval"), parts, strict=True):
+        out[part] = {lg: [s[i] for i in idx] for lg, s in texts.items()}
+    out["docs"] = {part: [docs[i] for i in idx]
+                   for part, idx in zip(("find", "heldout", "eval"), parts, strict=True)}  # fmt: skip
+    return out

@@ -1,0 +1,170 @@
+"""The external stage: the repair stage's vectors and the configuration dev chose on the
+bundled data, applied unchanged to a benchmark's facts and scored by the benchmark's own
+metric; its rows (each vector's gain against the random population)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from mechlingo.analyses.recall import dev_grid, steer_eval, steering
+from mechlingo.analyses.recall.steering import SteeringConfig
+from mechlingo.card import claims as C
+from mechlingo.card.claims import LU
+from mechlingo.card.repair_items import (
+    item_records,
+)
+from mechlingo.card.rules import make_row
+from mechlingo.card.stages.base import (
+    Budget,
+    Context,
+    ReportLike,
+    Stage,
+    check,
+    has_data,
+    heading,
+)
+from mechlingo.card.stages.data import repair_split
+from mechlingo.card.stages.repair import logprob_extra, logprob_gain, paired_values, repair_settings
+from mechlingo.card.statistics import (
+    paired_test,
+    population_gain_test,
+    population_test,
+)
+from mechlingo.core.errors import InputError
+from mechlingo.core.types import Model
+from mechlingo.data import Fact
+from mechlingo.data.splits import take_per_lang
+
+
+def choice_from(sweep: Mapping[str, Any]) -> dev_grid.Choice:
+    """The dev choice stored in the repair stage's ``sweep``."""
+    pair = None if sweep.get("pair") is None else SteeringConfig(**sweep["pair"])
+    return dev_grid.Choice(SteeringConfig(**sweep["config"]), sweep["selected"],
+                           sweep["dev_effect"], sweep["dev_test"], sweep["dev_score"], pair,
+                           sweep.get("best_single"))  # fmt: skip
+
+
+def stage_external(
+    model: Model,
+    bundled: list[Fact],
+    external: list[Fact],
+    metric: str,
+    repair_data: Mapping[str, Any],
+    cfg: Mapping[str, Any],
+    progress: bool,
+) -> dict[str, Any]:
+    """Rebuild the repair vectors on the bundled build split (the same facts and settings give
+    the same vectors), take the configuration dev chose, and score ``external`` under every
+    condition with the benchmark's ``metric``."""
+    r = cfg["repair"]
+    build, _, _ = repair_split(bundled, cfg)
+    settings, _, scoring = repair_settings(cfg, int(model.cfg.n_layers), progress)
+    vectors = steering.build_steering_vectors(model, build, settings, progress=progress)
+    facts = take_per_lang(list(external), cfg.get("external", {}).get("per_lang"))
+    pool = None
+    if metric == "klar":  # KLAR's demonstrations: the benchmark's facts that are not scored
+        scored = {f.id for f in facts}
+        pool = [f for f in external if f.id not in scored]
+        if not pool:
+            raise InputError(
+                "klar needs demonstrations that are not scored: the benchmark "
+                "has no facts beyond external.per_lang ids per language",
+                fix="lower external.per_lang in --settings",
+            )
+    res = steer_eval.evaluate_test(
+        model,
+        vectors,
+        choice_from(repair_data["sweep"]),
+        facts,
+        lowest_language=None,
+        pool=pool,
+        seeds=r["seeds"],
+        scoring=replace(scoring, metric=metric),
+    )
+    return {
+        "metric": metric,
+        "items": item_records(res.results),
+        "config": repair_data["sweep"]["config"],
+        "n_facts": len(facts),
+    }
+
+
+def rows_external(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    if "untestable" in data:
+        return [make_row(c, None, untestable=data["untestable"])
+                for c in (C.EXTERNAL_TASK, C.EXTERNAL_DIFF, C.EXTERNAL_BOTH)]  # fmt: skip
+    items = data["items"]
+    seeds = [c for c in items if c.startswith("random_s")]
+    runs = [paired_values(items, "orig", s) for s in seeds]
+    rows = []
+    for claim, cond in ((C.EXTERNAL_TASK, "task"), (C.EXTERNAL_DIFF, "diff"),
+                        (C.EXTERNAL_BOTH, "both")):  # fmt: skip
+        base, new, ids = paired_values(items, "orig", cond)
+        if not base or not runs:
+            rows.append(make_row(claim, None, untestable="no benchmark items scored"))
+            continue
+        draws = [x[1] for x in runs]
+        rows.append(make_row(
+            claim, paired_test(base, new, ids), control=population_gain_test(base, draws, ids),
+            vs_control=population_test(new, draws, ids, base=base, direction=claim.direction),
+            details=f"{len(set(ids))} benchmark facts, metric {data['metric']}; vectors and "
+            "configuration from the bundled data", extra=logprob_extra(logprob_gain(items, cond)),
+        ))  # fmt: skip
+    return rows
+
+
+def _external(report: ReportLike, data: Mapping[str, Any]) -> None:
+    acc = []
+    for cond, items in data["items"].items():
+        ne = [x["correct"] for x in items if x["lang"] != "en"]
+        acc.append({"condition": cond, "non-English accuracy": round(float(np.mean(ne)), 3)
+                    if ne else None, "items": len(ne)})  # fmt: skip
+    c = data.get("config") or {}
+    report.add_text(f"{data.get('n_facts')} benchmark facts scored by {data['metric']}, with the "
+                    f"configuration chosen on the bundled data (task layer {c.get('task_layer')} "
+                    f"x {c.get('task_alpha')}, diff layer {c.get('diff_layer')} x "
+                    f"{c.get('diff_alpha')}).")  # fmt: skip
+    report.add_table(acc)
+
+
+@dataclass(frozen=True)
+class ExternalBudget(Budget):
+    """``per_lang``: benchmark ids per relation and language scored."""
+
+    per_lang: int | None
+
+    def __post_init__(self) -> None:
+        check(self.per_lang is None or self.per_lang >= 1, "external.per_lang",
+              "must be at least 1")  # fmt: skip
+
+
+QUICK = ExternalBudget(per_lang=24)
+FULL = ExternalBudget(per_lang=40)
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    """The external stage's result (``{"untestable": ...}`` without a benchmark)."""
+    if ctx.external is None:
+        return {"untestable": "no benchmark given (--facts DIR with a BMLAMA or KLAR "
+                "folder adds these rows)"}  # fmt: skip
+    if not ctx.stages.done("repair"):
+        raise InputError("the repair stage did not finish: its choice is what transfers")
+    return stage_external(ctx.model, ctx.lu_facts("repair"), list(ctx.external[0]),
+                          ctx.external[1], ctx.stages.load("repair"), ctx.cfg, ctx.progress)  # fmt: skip
+
+
+def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
+    """Accuracy per condition on the benchmark."""
+    if "external" in results:
+        heading(rep, "fig-external", "External transfer: the bundled data's vectors on a benchmark")
+        data = results["external"]
+        if has_data(rep, data, "external"):
+            _external(rep, data)
+
+
+STAGE = Stage("external", LU, ("repair",), run, (rows_external,), report, "external",
+              ExternalBudget)  # fmt: skip

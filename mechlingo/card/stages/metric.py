@@ -1,0 +1,47 @@
+"""The metric stage: the repair stage's dev split scored both ways (greedy generation and
+candidate ranking) before any test item is scored, and the metric rule's decision
+(:mod:`mechlingo.card.metric_rule`); the card's metric becomes the rule's choice (or the
+given one). It runs before the planner, so it is not one of the row stages."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mechlingo.card.claims import LU
+from mechlingo.card.metric_rule import decide_metric, dev_accuracies
+from mechlingo.card.stages.base import Context, Stage
+from mechlingo.card.stages.data import lu_facts, repair_split
+from mechlingo.core.errors import InputError
+from mechlingo.data import Fact
+
+__all__ = ["STAGE", "decision", "dev_facts", "run"]
+
+
+def dev_facts(facts: Sequence[Fact] | None, cfg: Mapping[str, Any]) -> list[Fact]:
+    """The repair stage's dev split with candidates (the split ignores them)."""
+    return repair_split(lu_facts(facts, {**cfg, "metric": "rank"}, "repair"), cfg)[1]
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    """Dev accuracies under both metrics (with the measured seconds per item)."""
+    dev = dev_facts(ctx.facts, ctx.cfg)
+    out = dev_accuracies(ctx.model, dev, max_new_tokens=ctx.cfg["repair"]["max_new_tokens"],
+                         batch_size=ctx.cfg.get("batch_size", 16))  # fmt: skip
+    out["n_dev_ids"] = len({f.id for f in dev})
+    return out
+
+
+def decision(data: Mapping[str, Any], given: str | None) -> dict[str, Any]:
+    """The metric rule's decision on the stage's result (``{"error": ...}`` when it failed:
+    then only a ``given`` metric lets the card go on)."""
+    if "error" in data:
+        if given is None:
+            raise InputError(f"the metric rule's dev scoring failed: {data['error']}",
+                             fix="pass --metric to choose the metric yourself")  # fmt: skip
+        return {"metric": given, "ruled": None, "overridden": True, "given": given,
+                "why": f"the rule could not run ({data['error']}): the given metric"}  # fmt: skip
+    return decide_metric(data, given)
+
+
+STAGE = Stage("metric", LU, (), run, section="repair")

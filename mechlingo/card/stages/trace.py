@@ -1,0 +1,145 @@
+"""The trace stage: greedy (or ranked) answers and the logit lens of every repair test item
+(:func:`mechlingo.analyses.recall.trace.trace_recall`), the latent-English and the
+recall-failure rows, and the latent curves and pipeline classes of the report."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mechlingo.analyses.recall.trace import trace_recall
+from mechlingo.card import claims as C
+from mechlingo.card.claims import LU
+from mechlingo.card.rules import make_row
+from mechlingo.card.stages.base import (
+    Budget,
+    Context,
+    ReportLike,
+    Stage,
+    check,
+    failed,
+    heading,
+)
+from mechlingo.card.stages.data import metric_of
+from mechlingo.card.statistics import (
+    mean_test,
+    paired_test,
+)
+from mechlingo.core.types import Model
+from mechlingo.data import Fact
+from mechlingo.scoring.scorers import normalize
+from mechlingo.viz.lens import latent_curves_figure
+from mechlingo.viz.trace import class_fractions_figure
+
+_TRACE_FIELDS = ("id", "lang", "relation", "answer", "answer_en", "correct", "class",
+                 "first_en_layer", "first_answer_layer", "first_mismatch_en_layer",
+                 "gold_rank")  # fmt: skip
+
+
+def stage_trace(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progress: bool) -> dict:
+    t = cfg["trace"]
+    metric = "rank" if metric_of(cfg) == "rank" else "generate"
+    tr = trace_recall(
+        model, facts, max_rank=t["max_rank"], max_new_tokens=t["max_new_tokens"],
+        batch_size=cfg.get("batch_size", 16), progress=progress, metric=metric,
+    )  # fmt: skip
+    curves = tr.lens.latent_curves()
+    return {
+        "records": [{k: r[k] for k in _TRACE_FIELDS} for r in tr.records],
+        "counts": tr.counts(),
+        "latent_curves": curves.to_dict("records"),
+        "n_layers": tr.n_layers,
+        "max_rank": tr.max_rank,
+        "mid_layers": tr.mid_layers,
+        "metric": metric,
+        "mismatch_rule": "another fact's English answer: the next id of the same relation",
+    }
+
+
+def rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``latent_english`` and ``recall_failures``: 0/1 shares against 1/2, clustered by fact."""
+    recs = [r for r in data["records"] if r["lang"] != "en"]
+    order, ctl, ids = [], [], []
+    has_ctl = bool(recs) and all("first_mismatch_en_layer" in r for r in recs)
+    for r in recs:
+        if r["answer_en"] and normalize(r["answer_en"]) == normalize(r["answer"]):
+            continue  # the English and the L answer are the same word: no order to see
+        e, a = r["first_en_layer"], r["first_answer_layer"]
+        if (e >= 0 or a >= 0) and e != a:
+            order.append(float(e >= 0 and (a < 0 or e < a)))
+            ids.append(r["id"])
+            if has_ctl:
+                m = r["first_mismatch_en_layer"]
+                ctl.append(float(m >= 0 and (a < 0 or m < a)))
+    c1 = C.LATENT_ENGLISH
+    t1 = mean_test(order, ids, null=c1.null_value) if order else None
+    vs = c = None
+    missing = ("the trace records have no first_mismatch_en_layer: the mismatched-fact control "
+               "(another fact's English answer under the same decoder) is missing")  # fmt: skip
+    if has_ctl and order:
+        c, vs, missing = mean_test(ctl, ids, null=c1.null_value), paired_test(ctl, order, ids), ""
+    row1 = make_row(
+        c1, t1, c, vs_control=vs, missing_control=missing or None,
+        untestable=None if order else "no non-English query whose English or L answer "
+        "becomes decodable (rank <= max_rank) with distinct words",
+        details=f"{int(sum(order))} of {len(order)} queries: English first"
+        + (f"; mismatched-fact English first: {int(sum(ctl))}" if vs is not None else "")
+        + "; clustered by fact",
+    )  # fmt: skip
+    fails = [r for r in recs if r["class"] in ("recall_failure", "translation_failure")]
+    rf = [float(r["class"] == "recall_failure") for r in fails]
+    errors = sum(not r["correct"] for r in recs)
+    c2 = C.RECALL_FAILURES
+    t2 = mean_test(rf, [r["id"] for r in fails], null=c2.null_value) if fails else None
+    row2 = make_row(
+        c2, t2, untestable=None if fails else "no recall or translation failures among the "
+        "non-English queries",
+        details=f"of {errors} non-English errors: {int(sum(rf))} recall failures, "
+        f"{len(rf) - int(sum(rf))} translation failures, {errors - len(rf)} other (wrong "
+        "language or L-only); clustered by fact",
+    )  # fmt: skip
+    return [row1, row2]
+
+
+@dataclass(frozen=True)
+class TraceBudget(Budget):
+    """``limit``: fact ids per relation read for the tracer's facts (the trace reads the
+    repair test items); ``max_new_tokens`` of the greedy answer; ``max_rank``: the lens rank
+    at which an answer counts as decodable."""
+
+    limit: int | None
+    max_new_tokens: int
+    max_rank: int
+
+    def __post_init__(self) -> None:
+        check(self.limit is None or self.limit >= 1, "trace.limit", "must be at least 1")
+        check(self.max_new_tokens >= 1, "trace.max_new_tokens", "must be at least 1")
+        check(self.max_rank >= 1, "trace.max_rank", "must be at least 1")
+
+
+QUICK = TraceBudget(limit=24, max_new_tokens=8, max_rank=10)
+FULL = TraceBudget(limit=60, max_new_tokens=8, max_rank=10)
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    """The trace stage's result (the records, class counts and latent curves)."""
+    return stage_trace(ctx.model, ctx.lu_facts("trace"), ctx.cfg, ctx.progress)
+
+
+def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
+    """The latent-language curves and the tracer's classes per language."""
+    import pandas as pd
+
+    data = results.get("trace")
+    heading(rep, "fig-latent", "Latent-language curves (logit lens)")
+    if data is None or failed(rep, data, "trace"):
+        return
+    rep.add_figure(
+        latent_curves_figure(pd.DataFrame(data["latent_curves"]), n_layers=data["n_layers"])
+    )
+    heading(rep, "fig-classes", "Recall pipeline classes per language (the tracer)")
+    rep.add_figure(class_fractions_figure(data["counts"]))
+
+
+STAGE = Stage("trace", LU, (), run, (rows_trace,), report, "trace", TraceBudget)

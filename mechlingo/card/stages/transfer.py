@@ -1,0 +1,280 @@
+"""The transfer stages (``transfer_relation`` and ``transfer_lang``): the transfer matrix by
+relation and by language (:func:`mechlingo.analyses.recall.transfer.transfer_matrix`), and the
+independence rows: the pooled held-out gain of vectors built without R, tested on R, and the
+share of the in-pool gain that they retain."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+import numpy as np
+
+from mechlingo.analyses.recall import transfer
+from mechlingo.analyses.recall.settings import (
+    MatrixSettings,
+    ScoringOptions,
+)
+from mechlingo.card import claims as C
+from mechlingo.card.claims import LU, Claim
+from mechlingo.card.repair_items import (
+    subject_keys,
+)
+from mechlingo.card.rules import RETAINED_SHARE, make_row
+from mechlingo.card.stages.base import (
+    Budget,
+    Context,
+    ReportLike,
+    Stage,
+    check,
+    failed,
+    heading,
+)
+from mechlingo.card.stages.data import metric_of
+from mechlingo.card.statistics import (
+    paired_test,
+    ratio_test,
+)
+from mechlingo.core.errors import InputError
+from mechlingo.core.sites import layers_at
+from mechlingo.core.types import Model
+from mechlingo.data import Fact
+
+
+def matrix_settings(m: Mapping[str, Any], n_layers: int) -> MatrixSettings:
+    """A budget's ``transfer.matrix`` section as
+    :class:`~mechlingo.analyses.recall.settings.MatrixSettings` (``layer_fractions`` as
+    layers, :func:`~mechlingo.core.sites.layers_at`)."""
+    d = dict(m)
+    fractions = d.pop("layer_fractions", None)
+    if fractions is not None:
+        d["layers"] = tuple(layers_at(fractions, n_layers))
+    if "alphas" in d:
+        d["alphas"] = tuple(d["alphas"])
+    known = {f.name for f in dataclasses.fields(MatrixSettings)}
+    if set(d) - known:
+        raise InputError(
+            f"transfer.matrix: unknown setting(s) {sorted(set(d) - known)}",
+            fix=f"use {sorted(known | {'layer_fractions'})}",
+        )
+    return MatrixSettings(**d)
+
+
+def stage_transfer(
+    model: Model,
+    facts: list[Fact],
+    cfg: Mapping[str, Any],
+    by: str,
+    progress: bool,
+    built: dict[str, Any],
+) -> dict:
+    """The transfer matrix (:func:`mechlingo.analyses.recall.transfer.transfer_matrix`).
+
+    ``built`` carries the build statistics from one matrix to the other within a run (the
+    same facts and split give the same statistics, so the second matrix does not rebuild
+    them); a resumed run that has only one of the two rebuilds."""
+    t = cfg["transfer"]
+    tm = transfer.transfer_matrix(
+        model,
+        facts,
+        by=by,
+        matrix=matrix_settings(t.get("matrix", {}), int(model.cfg.n_layers)),
+        scoring=ScoringOptions(
+            metric=metric_of(cfg),
+            max_new_tokens=t["max_new_tokens"],
+            batch_size=cfg.get("batch_size", 64),
+            progress=progress,
+        ),
+        stats=built.get("stats"),
+    )
+    built["stats"] = tm.stats
+    out = tm.to_json()
+    out = json.loads(out) if isinstance(out, str) else out
+    cells = list(out.get("cells", tm.cells))
+    return {"by": by, "matrix": {k: v for k, v in out.items() if k != "cells"}, "cells": cells,
+            "subjects": subject_keys(facts)}  # fmt: skip
+
+
+def _items(cell: Mapping[str, Any], key: str) -> list[float]:
+    return [float(x) for x in cell["items"][key]]
+
+
+def rows_transfer(claim: Claim, data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Independence in two readings: the pooled held-out gain (every ``all_but_R`` cell's
+    items on R, clustered by fact id, against its random control) and the retained share
+    (the held-out gain over the in-pool ``all`` gain on the same items, > 0.5)."""
+    held = [c for c in data["cells"] if str(c.get("row", "")).startswith("all_but_")
+            and c.get("items")]  # fmt: skip
+    if not held:
+        why = ("the transfer matrix has no held-out (all_but_R) cell with per-item outcomes "
+               "(too few relations or languages)")  # fmt: skip
+        return [make_row(claim, None, untestable=why, extra={"variant": v})
+                for v in ("held-out gain", "retained share")]  # fmt: skip
+    ids = [i for c in held for i in c["items"]["ids"]]
+    orig = [x for c in held for x in _items(c, "orig")]
+    new = [x for c in held for x in _items(c, "steered")]
+    ctl = [x for c in held for x in _items(c, "control")]
+    per = "; ".join(f"{c['col']}: {paired_test(_items(c, 'orig'), _items(c, 'steered')).estimate.format(2)}"
+                    for c in held)  # fmt: skip
+    row1 = make_row(claim, paired_test(orig, new, ids), paired_test(orig, ctl, ids),
+                    vs_control=paired_test(ctl, new, ids), extra={"variant": "held-out gain"},
+                    details=f"{len(held)} held-out cells pooled, clustered by fact id ({per})")  # fmt: skip
+    return [row1, _retained_row(claim, data["cells"], held)]
+
+
+def _retained_row(claim: Claim, cells: Sequence[Mapping[str, Any]],
+                  held: Sequence[Mapping[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    share = replace(claim, threshold=RETAINED_SHARE)
+    extra = {"variant": "retained share"}
+    num, den, ids, per = [], [], [], []
+    for c in held:
+        full = next((a for a in cells if a.get("row") == "all" and a.get("col") == c["col"]
+                     and a.get("items")), None)  # fmt: skip
+        if full is None or full["items"]["ids"] != c["items"]["ids"]:
+            continue
+        o = np.array(_items(c, "orig"))
+        dn, dd = np.array(_items(c, "steered")) - o, np.array(_items(full, "steered")) - o
+        num += list(dn)
+        den += list(dd)
+        ids += c["items"]["ids"]
+        r = ratio_test(dn, dd, c["items"]["ids"])
+        per.append(
+            f"{c['col']}: {r.estimate.format(2) if r.estimate.estimate is not None else 'n/a'}"
+        )
+    if not num:
+        why = "no held-out column also has an in-pool (all) cell on the same items"
+        return make_row(share, None, untestable=why, extra=extra)
+    gain_all = paired_test([0.0] * len(den), den, ids)
+    details = (f"share of the in-pool gain kept without R, pooled over {len(per)} columns "
+               f"({'; '.join(per)}); in-pool gain {gain_all.estimate.format(3)}, p = "
+               f"{gain_all.p:.3g}; rule: > {RETAINED_SHARE:g}")  # fmt: skip
+    if not (gain_all.estimate.above(0.0) and gain_all.p is not None and gain_all.p < 0.05):
+        why = ("the in-pool (all) gain on the held-out columns is not above 0: there is no gain "
+               "to retain")  # fmt: skip
+        return make_row(share, None, untestable=why, details=details, extra=extra)
+    return make_row(share, ratio_test(num, den, ids, null=RETAINED_SHARE), details=details,
+                    extra=extra)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MatrixBudget(Budget):
+    """The transfer matrix's settings
+    (:class:`~mechlingo.analyses.recall.settings.MatrixSettings`; ``layer_fractions`` of the
+    model's depth as its layers); a setting left out takes the settings class's default."""
+
+    cells: str | None = None
+    build_ids: int | None = None
+    dev_ids: int | None = None
+    test_ids: int | None = None
+    screen_ids: int | None = None
+    layer_fractions: tuple[float, ...] | None = None
+    alphas: tuple[float, ...] | None = None
+    top_k: int | None = None
+    en_tolerance: float | None = None
+    p_threshold: float | None = None
+    seed: int | None = None
+    layers: tuple[int, ...] | None = None
+
+    #: Settings that a budget leaves out unless given (they are not in the budgets' hash).
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("top_k", "en_tolerance", "p_threshold", "seed",
+                                            "layers")  # fmt: skip
+
+    def __post_init__(self) -> None:
+        check(self.cells in (None, "full", "diagonal"), "transfer.matrix.cells",
+              "must be 'full' or 'diagonal'")  # fmt: skip
+        for name in ("build_ids", "dev_ids", "test_ids", "screen_ids", "top_k"):
+            v = getattr(self, name)
+            check(v is None or v >= 1, f"transfer.matrix.{name}", "must be at least 1")
+        check(self.layer_fractions is None or all(0 <= x <= 1 for x in self.layer_fractions),
+              "transfer.matrix.layer_fractions", "must lie in [0, 1]")  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings given (the optional ones only when set)."""
+        out = super().to_dict()
+        return {k: v for k, v in out.items() if not (k in self.OPTIONAL and v is None)}
+
+
+@dataclass(frozen=True)
+class TransferBudget(Budget):
+    """The relations and languages of the transfer facts, ``limit`` ids per relation, the
+    answers' ``max_new_tokens`` and the matrix's settings."""
+
+    relations: tuple[str, ...]
+    limit: int | None
+    langs: tuple[str, ...]
+    max_new_tokens: int
+    matrix: MatrixBudget
+
+    NESTED: ClassVar[Mapping[str, type[Budget]]] = {"matrix": MatrixBudget}
+
+    def __post_init__(self) -> None:
+        check(len(self.relations) > 0, "transfer.relations", "must not be empty")
+        check(len(self.langs) > 0, "transfer.langs", "must not be empty")
+        check(self.limit is None or self.limit >= 1, "transfer.limit", "must be at least 1")
+        check(self.max_new_tokens >= 1, "transfer.max_new_tokens", "must be at least 1")
+
+
+QUICK = TransferBudget(
+    relations=("capital", "currency", "language"), limit=24, langs=("en", "fr", "es", "ru"),
+    max_new_tokens=6,
+    matrix=MatrixBudget(cells="diagonal", build_ids=6, dev_ids=4, test_ids=8, screen_ids=2,
+                        layer_fractions=(0.55,), alphas=(0.28, 0.6)),
+)  # fmt: skip
+FULL = TransferBudget(
+    relations=("capital", "currency", "language"), limit=40,
+    langs=("en", "fr", "es", "ru", "ja", "hi"), max_new_tokens=6,
+    matrix=MatrixBudget(cells="diagonal", build_ids=12, dev_ids=8, test_ids=12, screen_ids=3,
+                        layer_fractions=(0.35, 0.55), alphas=(0.28, 0.6)),
+)  # fmt: skip
+
+
+def _run(ctx: Context, by: str) -> dict[str, Any]:
+    built = ctx.shared.setdefault("transfer_stats", {})
+    return stage_transfer(ctx.model, ctx.lu_facts("transfer"), ctx.cfg, by, ctx.progress, built)
+
+
+def run_relation(ctx: Context) -> dict[str, Any]:
+    """The transfer matrix by relation."""
+    return _run(ctx, "relation")
+
+
+def run_lang(ctx: Context) -> dict[str, Any]:
+    """The transfer matrix by language (the relation matrix's build statistics reused)."""
+    return _run(ctx, "lang")
+
+
+def rows_relations(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Independence of relations."""
+    return rows_transfer(C.INDEPENDENT_RELATIONS, data)
+
+
+def rows_languages(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Independence of languages."""
+    return rows_transfer(C.INDEPENDENT_LANGUAGES, data)
+
+
+def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
+    """Both transfer matrices, one table row per cell."""
+    heading(rep, "fig-transfer", "Transfer matrix (vectors built with / without R)")
+    for name in ("transfer_relation", "transfer_lang"):
+        data = results.get(name)
+        if data is None or failed(rep, data, name):
+            continue
+        rows = []
+        for c in data["cells"]:
+            g = c.get("gain") or {}
+            rows.append({"by": data["by"], "row": c.get("row"), "col": c.get("col"),
+                         "n": c.get("n"), "gain": g.get("estimate"), "lo": g.get("lo"),
+                         "hi": g.get("hi"), "p": c.get("p"),
+                         "control gain": (c.get("control_gain") or {}).get("estimate"),
+                         "control p": c.get("control_p")})  # fmt: skip
+        rep.add_table(rows)
+
+
+STAGE_RELATION = Stage("transfer_relation", LU, (), run_relation, (rows_relations,), report,
+                       "transfer", TransferBudget)  # fmt: skip
+STAGE_LANG = Stage("transfer_lang", LU, (), run_lang, (rows_languages,), report, "transfer",
+                   TransferBudget)  # fmt: skip
