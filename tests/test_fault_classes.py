@@ -934,6 +934,8 @@ def test_every_fix_that_names_a_command_leads_on(tiny_dir, saved, tmp_path, caps
         "holds no tuned lens",
     )
     scenarios["delete the work folder (or rerun with --fresh)"] = (fresh_cmd, None, "")  # type: ignore[assignment]
+    # --resume with --fresh: dropping one flag is the fix (tests/test_resume.py follows it)
+    scenarios["give one: --fresh starts over, --resume only goes on"] = (fresh_cmd, None, "")  # type: ignore[assignment]
     found = _fix_strings()
     assert found == set(scenarios), f"a fix string without a scenario: {found - set(scenarios)}"
 

@@ -27,13 +27,9 @@ LONG_DOCSTRING_ALLOWED = frozenset(
         "mechlingo/analyses/decoders/tuned_lens_interop.py",
         "mechlingo/analyses/decoders/patchscope.py",
         "mechlingo/analyses/decoders/compare.py",
-        "mechlingo/card/lu.py",
         "mechlingo/card/plan.py",
-        "mechlingo/card/replicate.py",
-        "mechlingo/card/rows.py",
         "mechlingo/card/rules.py",
         "mechlingo/card/statistics.py",
-        "mechlingo/card/sundar.py",
         "mechlingo/cli/experts.py",
         "mechlingo/cli/steer.py",
         "mechlingo/cli/trace.py",
@@ -47,16 +43,10 @@ LONG_DOCSTRING_ALLOWED = frozenset(
 )
 
 #: Cited names that no longer resolve, all in files other work owns at present (file, name).
-STALE_ALLOWED = frozenset(
-    {
-        ("mechlingo/card/sundar.py", "mechlingo.kernels.significance.Test"),
-        ("mechlingo/card/rows.py", "mechlingo.kernels.significance.Test"),
-        ("mechlingo/card/replicate.py", "mechlingo.card.rules.headroom_lowest_language"),
-    }
-)
+STALE_ALLOWED = frozenset({})
 
 #: Files that still cite the issue tracker by number, all owned by other work at present.
-ISSUE_NUMBER_ALLOWED = frozenset({"mechlingo/card/lu.py", "mechlingo/report/card_extra.py"})
+ISSUE_NUMBER_ALLOWED: frozenset[str] = frozenset()
 
 #: Dotted strings that look like references but name something else: the metadata key of an
 #: exported steering vector, and the placeholder in the layer contract's help text.

@@ -14,7 +14,6 @@ count or a GPU changes them.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import try_to_load_from_cache
+
+from mechlingo.core.errors import InputError
+from mechlingo.core.untrusted import read_json
 
 __all__ = [
     "MEASURED_ON",
@@ -94,8 +96,10 @@ def config_params(cfg: Mapping[str, Any]) -> int | None:
 
 def _read_config(path: Path) -> ModelShape | None:
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        cfg = read_json(path, InputError)
     except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
         return None
     c = cfg.get("text_config") or cfg
     layers = c.get("num_hidden_layers")
@@ -120,7 +124,10 @@ def model_shape(model: str | None) -> ModelShape:
         return _read_config(path / "config.json") or ModelShape(None, None, str(path))
     if path.suffix == ".gguf":
         return ModelShape(None, None, f"{model} (a .gguf file: no config to read)")
-    hit = try_to_load_from_cache(model, "config.json")
+    try:
+        hit = try_to_load_from_cache(model, "config.json")
+    except Exception:  # not a hub id (a path that does not exist): the loader says why
+        return ModelShape(None, None, model)
     if isinstance(hit, str):
         return _read_config(Path(hit)) or ModelShape(None, None, model)
     return ModelShape(None, None, f"{model} (not in the local hub cache)")

@@ -49,7 +49,7 @@ class Decoder(Protocol):
 
     ``name`` labels its results; ``check(model)`` raises
     :class:`~mechlingo.core.errors.InputError` (or a
-    :class:`~mechlingo.core.errors.ModelError`) when the decoder does not fit ``model``;
+    :class:`~mechlingo.core.errors.ModelMismatchError`) when the decoder does not fit ``model``;
     ``decode(model, entries, acts, langs)`` maps the ``[entry, row, d_model]`` residuals read
     at ``entries`` (rows in the languages ``langs``) to rows of the same shape, read next
     through the final norm and unembedding. A decoder that also writes continuations has

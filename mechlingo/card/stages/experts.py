@@ -114,7 +114,7 @@ def auroc_tests(
     docs: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Median AUROC over ``feats`` (and over each random neuron set of ``rnd``, draw 0 the
-    paired control) on held-out sentences, as :class:`~mechlingo.kernels.significance.Test`
+    paired control) on held-out sentences, as :class:`~mechlingo.card.statistics.Test`
     JSON: a cluster bootstrap over documents (every translation of every sentence of a
     document resampled together; ``docs``: each sentence's document, ``None``: each its
     own) for the intervals, and a permutation test of H0 "AUROC = 0.5" that shuffles which

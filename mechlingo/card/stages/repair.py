@@ -94,7 +94,7 @@ def stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progre
     """``steer build`` + ``steer eval`` on the repair facts: the vectors built on the build
     split with the budget's build settings, then
     :func:`mechlingo.analyses.recall.steer_eval.run_steer_eval` (the call of ``steer eval``)
-    with its split, dev grid and scoring (:func:`mechlingo.card.repair_settings`)."""
+    with its split, dev grid and scoring (:func:`repair_settings`)."""
     r = cfg["repair"]
     build, dev, test = repair_split(facts, cfg)
     if not (build and dev and test):
