@@ -28,6 +28,7 @@ __all__ = [
     "ReportLike",
     "Stage",
     "check",
+    "data_section",
     "failed",
     "heading",
     "run_order",
@@ -226,3 +227,17 @@ def has_data(report: ReportLike, data: Mapping[str, Any] | None, name: str) -> b
         report.add_text(str(data["untestable"]), note=True)
         return False
     return True
+
+
+def data_section(key: str, anchor: str, title: str, draw: SectionWriter) -> SectionWriter:
+    """A stage's report section: when the results hold ``key``, a heading (``anchor``,
+    ``title``), then ``draw`` of that stage's data, or the note :func:`has_data` writes."""
+
+    def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
+        if key in results:
+            heading(rep, anchor, title)
+            data = results[key]
+            if has_data(rep, data, key):
+                draw(rep, data)
+
+    return report

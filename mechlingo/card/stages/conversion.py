@@ -22,8 +22,7 @@ from mechlingo.card.stages.base import (
     ReportLike,
     Stage,
     check,
-    has_data,
-    heading,
+    data_section,
 )
 from mechlingo.card.statistics import (
     mean_test,
@@ -166,13 +165,10 @@ def run(ctx: Context) -> dict[str, Any]:
     return stage_conversion(ctx.model, ctx.lu_facts("trace"), _trace(ctx.stages), ctx.cfg)
 
 
-def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
-    """The band's effect against random sites, per language."""
-    if "conversion" in results:
-        heading(rep, "fig-conversion", "Patching the conversion band (last token)")
-        data = results["conversion"]
-        if has_data(rep, data, "conversion"):
-            _conversion(rep, data)
+#: The band's effect against random sites, per language.
+report = data_section(
+    "conversion", "fig-conversion", "Patching the conversion band (last token)", _conversion
+)
 
 
 STAGE = Stage("conversion", LU, ("trace",), run, (rows_conversion,), report, "conversion",

@@ -21,8 +21,7 @@ from mechlingo.card.stages.base import (
     ReportLike,
     Stage,
     check,
-    has_data,
-    heading,
+    data_section,
 )
 from mechlingo.card.statistics import (
     mean_test,
@@ -171,13 +170,10 @@ def run(ctx: Context) -> dict[str, Any]:
                           ctx.cfg, ctx.progress)  # fmt: skip
 
 
-def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
-    """The latent-English order per decoder and language."""
-    if "decoders" in results:
-        heading(rep, "fig-decoders", "The latent-English order under each decoder")
-        data = results["decoders"]
-        if has_data(rep, data, "decoders"):
-            _decoders(rep, data)
+#: The latent-English order per decoder and language.
+report = data_section(
+    "decoders", "fig-decoders", "The latent-English order under each decoder", _decoders
+)
 
 
 STAGE = Stage("decoders", LU, ("trace",), run, (rows_decoders,), report, "decoders",

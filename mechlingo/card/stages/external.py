@@ -24,8 +24,7 @@ from mechlingo.card.stages.base import (
     ReportLike,
     Stage,
     check,
-    has_data,
-    heading,
+    data_section,
 )
 from mechlingo.card.stages.data import repair_split
 from mechlingo.card.stages.repair import logprob_extra, logprob_gain, paired_values, repair_settings
@@ -157,13 +156,13 @@ def run(ctx: Context) -> dict[str, Any]:
                           ctx.external[1], ctx.stages.load("repair"), ctx.cfg, ctx.progress)  # fmt: skip
 
 
-def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
-    """Accuracy per condition on the benchmark."""
-    if "external" in results:
-        heading(rep, "fig-external", "External transfer: the bundled data's vectors on a benchmark")
-        data = results["external"]
-        if has_data(rep, data, "external"):
-            _external(rep, data)
+#: Accuracy per condition on the benchmark.
+report = data_section(
+    "external",
+    "fig-external",
+    "External transfer: the bundled data's vectors on a benchmark",
+    _external,
+)
 
 
 STAGE = Stage("external", LU, ("repair",), run, (rows_external,), report, "external",
