@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 OUT ?= out/demo
 
-.PHONY: setup demo test lint docs clean chromium bench-peers replicate replicate-full
+.PHONY: setup demo test lint docs notebooks clean chromium bench-peers replicate replicate-full
 
 # Headless Chromium for the report tests (Debian package; needs root, as on CI machines).
 chromium:
@@ -60,8 +60,14 @@ test: setup lint
 bench-peers:
 	bash scripts/build_peer_envs.sh
 
+# The five notebooks re-executed on the embedded model and committed with their outputs,
+# stripped of what changes per run (scripts/notebook_outputs.py; MECHLINGO_NB_LIMIT=6).
+notebooks: setup
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python scripts/notebook_outputs.py
+
 # The docs site: the API reference (site/api) and the five notebooks executed on the embedded
-# model with their outputs and figures (site/notebooks; ~10 min on 2 CPU cores).
+# model with their outputs and figures (site/notebooks); the same run refreshes notebooks/
+# as `make notebooks` does.
 docs: setup
 	$(BIN)/python scripts/build_docs.py site/api
 	$(BIN)/python scripts/build_docs.py --notebooks site/notebooks

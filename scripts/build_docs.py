@@ -8,9 +8,10 @@ Usage:
 Every module of the package gets a page; any pdoc warning (a module that fails to import, a
 duplicate, a broken reference it detects) fails the build. Each notebook of ``notebooks/``
 is executed top to bottom in a fresh kernel (nbclient; ``MECHLINGO_NB_LIMIT`` sets its data
-limits, 20 by default as in the notebooks themselves) and written as one HTML page with its
-outputs; plotly figures are embedded as interactive figures with plotly.js inline, so the
-pages work offline. The committed notebooks stay without outputs.
+limits, by default those of the committed outputs, ``scripts/notebook_outputs.py``) and
+written as one HTML page with its outputs; plotly figures are embedded as interactive figures
+with plotly.js inline, so the pages work offline. The same run is committed back into
+``notebooks/``, stripped (``notebook_outputs.commit``), so pages and notebooks agree.
 """
 
 from __future__ import annotations
@@ -91,17 +92,26 @@ def notebook_html(nb) -> str:
     return body
 
 
-def render_notebooks(out: Path, paths: list[Path] | None = None) -> list[Path]:
-    """Execute each notebook and write ``out/<name>.html`` and an index page; the pages."""
+def render_notebooks(
+    out: Path, paths: list[Path] | None = None, write_back: bool = True
+) -> list[Path]:
+    """Execute each notebook and write ``out/<name>.html`` and an index page; the pages.
+    With ``write_back`` the executed notebook also replaces ``path``, stripped."""
     import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import notebook_outputs
 
     out.mkdir(parents=True, exist_ok=True)
     pages = []
     for path in paths or sorted(NOTEBOOKS.glob("*.ipynb")):
         with tempfile.TemporaryDirectory() as work:
+            os.environ["MECHLINGO_NB_OUT"] = work
             nb = execute_notebook(path, Path(work))
-        page = out / f"{path.stem}.html"
-        page.write_text(notebook_html(nb), encoding="utf-8")
+            page = out / f"{path.stem}.html"
+            page.write_text(notebook_html(nb), encoding="utf-8")
+            if write_back:
+                notebook_outputs.commit(nb, path, work)
         pages.append(page)
         print(f"rendered {path.name} -> {page}")
     items = "\n".join(
@@ -120,9 +130,14 @@ def render_notebooks(out: Path, paths: list[Path] | None = None) -> list[Path]:
 if __name__ == "__main__":
     args = sys.argv[1:]
     if args[:1] == ["--notebooks"]:
-        os.environ.setdefault("MECHLINGO_NB_LIMIT", "20")
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from notebook_outputs import LIMIT
+
+        limit = os.environ.setdefault("MECHLINGO_NB_LIMIT", LIMIT)
         target = Path(args[1]) if len(args) > 1 else Path("site/notebooks")
-        pages = render_notebooks(target)
+        if limit != LIMIT:  # the notebooks' markdown cites the numbers of LIMIT
+            print(f"MECHLINGO_NB_LIMIT={limit}: notebooks/ is left as committed (at {LIMIT})")
+        pages = render_notebooks(target, write_back=limit == LIMIT)
         print(f"{len(pages)} notebooks rendered in {target}")
     else:
         target = Path(args[0]) if args else Path("site/api")

@@ -1,6 +1,9 @@
 """Every notebook runs top to bottom on the embedded model (small limits via
 MECHLINGO_NB_LIMIT), renders to the HTML page ``make docs`` publishes (outputs and figures
-included), and is committed without outputs; the notebooks use the public API."""
+included), and is committed with the outputs of such a run: a re-execution gives the same
+output types and figure titles per cell (numbers excluded: they are masked in the titles, and
+text outputs are compared by type only). The notebooks use the public API; what the
+committed outputs may hold: tests/test_notebook_outputs.py."""
 
 from __future__ import annotations
 
@@ -16,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
-def _build_docs():
-    spec = importlib.util.spec_from_file_location("build_docs", ROOT / "scripts" / "build_docs.py")
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -29,13 +32,14 @@ def _code(path: Path) -> str:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_committed_without_outputs(path):
+def test_committed_with_outputs(path):
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            assert not cell.outputs and cell.execution_count is None, path.name
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.execution_count is not None for c in code), path.name
+    assert code[-1].outputs, f"{path.name}: run scripts/notebook_outputs.py"
+    assert not [o for c in code for o in c.outputs if o.output_type == "error"]
 
 
 def test_notebooks_use_the_public_api():
@@ -53,8 +57,10 @@ def test_notebooks_use_the_public_api():
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs_and_renders(path, monkeypatch, tmp_path):
-    docs = _build_docs()
-    monkeypatch.setenv("MECHLINGO_NB_LIMIT", os.environ.get("MECHLINGO_NB_LIMIT", "6"))
+    import nbformat
+
+    docs, outputs = _script("build_docs"), _script("notebook_outputs")
+    monkeypatch.setenv("MECHLINGO_NB_LIMIT", os.environ.get("MECHLINGO_NB_LIMIT", outputs.LIMIT))
     monkeypatch.setenv("MECHLINGO_NB_OUT", str(tmp_path))
     nb = docs.execute_notebook(path, tmp_path, timeout=900)  # raises naming a failing cell
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
@@ -65,3 +71,5 @@ def test_notebook_runs_and_renders(path, monkeypatch, tmp_path):
     assert len(page) > 20_000 and "<html" in page
     if figures:  # the figures are in the page with plotly.js, not only as JSON
         assert "plotly-graph-div" in page and "Plotly.newPlot" in page
+    committed = nbformat.read(path, as_version=4)
+    assert outputs.signature(outputs.strip(nb, str(tmp_path))) == outputs.signature(committed)
