@@ -74,7 +74,7 @@ def strip(nb: Any, workdir: str | None = None) -> Any:
     """``nb`` (an executed notebook, changed in place and returned) without volatile bits:
     execution counts 1, 2, ... over the code cells, no per-cell metadata but tags, notebook
     metadata the kernelspec and language name only, no progress bars or plotly.js loader,
-    plotly outputs with their JSON and text only, addresses and ``workdir`` masked."""
+    plotly outputs with their JSON, PNG and text only, paths and addresses masked."""
     nb.metadata = {
         "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
         "language_info": {"name": "python"},

@@ -59,8 +59,8 @@ def test_notebooks_use_the_public_api():
 def test_notebook_runs_and_renders(path, monkeypatch, tmp_path):
     import nbformat
 
-    docs, outputs = _script("build_docs"), _script("notebook_outputs")
-    monkeypatch.setenv("MECHLINGO_NB_LIMIT", os.environ.get("MECHLINGO_NB_LIMIT", outputs.LIMIT))
+    docs, nbo = _script("build_docs"), _script("notebook_outputs")
+    monkeypatch.setenv("MECHLINGO_NB_LIMIT", os.environ.get("MECHLINGO_NB_LIMIT", nbo.LIMIT))
     monkeypatch.setenv("MECHLINGO_NB_OUT", str(tmp_path))
     nb = docs.execute_notebook(path, tmp_path, timeout=900)  # raises naming a failing cell
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
@@ -72,4 +72,4 @@ def test_notebook_runs_and_renders(path, monkeypatch, tmp_path):
     if figures:  # the figures are in the page with plotly.js, not only as JSON
         assert "plotly-graph-div" in page and "Plotly.newPlot" in page
     committed = nbformat.read(path, as_version=4)
-    assert outputs.signature(outputs.strip(nb, str(tmp_path))) == outputs.signature(committed)
+    assert nbo.signature(nbo.strip(nb, str(tmp_path))) == nbo.signature(committed)
