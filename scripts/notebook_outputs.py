@@ -37,6 +37,8 @@ FIGURE_KEEP = (PLOTLY, "image/png", "text/plain")
 ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
 #: an installed package's folder (in warnings): the same on every machine once masked
 SITE = re.compile(r"/[^\s'\"]*/(?:site|dist)-packages/")
+#: a recorded duration (a vector's build metadata shows ``"seconds": 9.0``)
+SECONDS = re.compile(r"((?:&quot;|\")seconds(?:&quot;|\"): )\d+(?:\.\d+)?")
 #: a stderr line of tqdm: a bar (carriage return, ``NN%|``) or its no-widgets warning
 PROGRESS = re.compile(r"\r|\d+%\||TqdmWarning|from \.autonotebook import")
 #: the PNG's size when the figure sets none
@@ -61,7 +63,7 @@ def _clean_text(text: Any, workdir: str | None) -> Any:
         text = text.replace(workdir, "$MECHLINGO_NB_OUT")
     text = text.replace(str(ROOT), "<repo>").replace(str(Path.home()), "~")
     text = SITE.sub("<site-packages>/", text)
-    return ADDRESS.sub("0x...", text)
+    return SECONDS.sub(r"\1...", ADDRESS.sub("0x...", text))
 
 
 def _is_plotly_init(out: dict[str, Any]) -> bool:
