@@ -31,7 +31,7 @@ def cmd_eval(args: Any) -> int:
     plan = cost.plan_eval(facts, scorer.metric, args.max_new_tokens, args.model)
     if cost.announce(plan, args):
         return 0
-    model = common.load_cli_model(args)
+    model = common.load_cli_model(args, facts=facts)
     t0 = time.time()
     run = run_eval(
         model,

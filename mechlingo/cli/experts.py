@@ -102,7 +102,6 @@ def load_parallel(args: Any, *, offset: int | None = None, limit: int | None = N
     are empty in some language are dropped in all)."""
 
     langs = common.split_list(args.langs)
-    main_call = offset is None and limit is None
     offset = args.offset if offset is None else offset
     limit = args.lines if limit is None else limit
     if limit is not None and limit < 1:
@@ -116,8 +115,6 @@ def load_parallel(args: Any, *, offset: int | None = None, limit: int | None = N
             texts = parallel_sentences(langs or list(LANGS))
     texts = drop_empty_lines(texts)
     out = {lg: s[offset : offset + limit if limit else None] for lg, s in texts.items()}
-    if main_call:
-        args._texts = out  # for the context-length check after the model loads
     short = [lg for lg, s in out.items() if not s]
     if short:
         raise common.UsageError(
@@ -262,7 +259,7 @@ def _cmd_experts(args: Any) -> int:
                              max_new_tokens=args.max_new_tokens, model=args.model)  # fmt: skip
     if cost.announce(plan, args):
         return 0
-    model = common.load_cli_model(args)
+    model = common.load_cli_model(args, texts=texts)
     stages = _experts_stages(args, model, texts, heldout)
     t0 = time.time()
     with common.usage_errors(ExpertError):
@@ -426,7 +423,7 @@ def cmd_align(args: Any) -> int:
     work.work_folder(args)  # --work is checked before the model loads
     if cost.announce(cost.plan_align(texts, clamp_path is not None, args.model), args):
         return 0
-    model = common.load_cli_model(args)
+    model = common.load_cli_model(args, texts=texts)
     with common.usage_errors(FileNotFoundError, InterventionError):
         iv, control = load_clamp_pair(clamp_path, args.control, model)
     data = work.data_key(texts=texts)

@@ -169,8 +169,7 @@ def cmd_replicate(args: Any) -> int:
     settings.setdefault("batch_size", args.batch_size)
     if args.target:
         settings.setdefault("experts", {})["target"] = args.target
-    work = work_folder(args)
-    args._work = str(work)  # named by the message of a stopped run
+    work = work_folder(args)  # the message of a stopped run names it (cli.main)
     agree = all_ranks_have if dist_info().world_size > 1 else None
     with sharded_scoring():  # under torchrun each rank scores its share of every batch
         card = replicate(

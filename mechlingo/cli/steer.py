@@ -56,6 +56,7 @@ from mechlingo.cli.work import (
     work_folder,
 )
 from mechlingo.core.artifacts import atomic_folder
+from mechlingo.core.defaults import check_seeds
 from mechlingo.core.types import Model
 from mechlingo.data import read_parallel_dir
 from mechlingo.data.splits import split_facts, take_per_lang
@@ -84,6 +85,8 @@ def _fractions(text: str) -> tuple[float, float, float]:
 
 
 DEFAULT_SPLIT = _flag_text(_SPLIT.fractions)
+#: why ``steer eval``'s batch is not the shared one (:data:`mechlingo.core.defaults.STEER_BATCH_SIZE`)
+STEER_BATCH_REASON = "the steering prompts are short and every condition scores all of them"
 #: why a steer subcommand's default relations differ from the other commands' capitals
 _RELATION_REASONS = {
     "all": "the vectors should engage recall in general, not one relation's answers",
@@ -104,11 +107,10 @@ def _common(p: argparse.ArgumentParser, default_relation: str) -> None:
         default_relation=default_relation,
         relation_reason=_RELATION_REASONS.get(default_relation, ""),
     )
-    common.add_out_arg(
-        p,
-        batch_size=_SCORING.batch_size,
-        batch_reason="the steering prompts are short and every condition scores all of them",
-    )
+    if default_relation == "all":  # steer build: BuildSettings' batch, the shared one
+        common.add_out_arg(p, batch_size=_BUILD.batch_size)
+    else:
+        common.add_out_arg(p, batch_size=_SCORING.batch_size, batch_reason=STEER_BATCH_REASON)
     p.add_argument(
         "--split",
         default=DEFAULT_SPLIT,
@@ -129,6 +131,7 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
     # steer build pools every bundled relation by default (balanced per relation)
     _common(b, "all")
     _build_args(b)
+    cost.add_dry_run_arg(b)
     e = sub.add_parser("eval", help="sweep on dev, report orig/task/diff/both/random on test")
     _common(e, "capital")
     e.add_argument("--vectors", default=None,
@@ -299,12 +302,15 @@ def _build(args: Any) -> int:
     if args.per_relation is not None and args.per_relation < 1:
         raise common.UsageError("--per-relation must be at least 1")
     build = balance_relations(splits["build"], args.per_relation)
-    model = common.load_cli_model(args)
+    settings = _build_settings(args)
+    prompt_sets = steering.steering_prompts(build, k_shot=settings.k_shot,
+                                            translation_shots=settings.translation_shots)  # fmt: skip
+    if cost.announce(cost.plan_steer_build(prompt_sets, args.model), args):
+        return 0
+    model = common.load_cli_model(args, facts=facts)
     t0 = time.time()
     with common.usage_errors(ValueError):
-        vectors = steering.build_steering_vectors(
-            model, build, _build_settings(args), progress=not args.quiet
-        )
+        vectors = steering.build_steering_vectors(model, build, settings, progress=not args.quiet)
     vectors.build["ids_per_relation"] = {
         r: len({f.id for f in build if f.relation == r}) for r in vectors.build["relations"]
     }
@@ -329,9 +335,8 @@ def _eval(args: Any) -> int:
 
     facts = common.load_selected_facts(args)
     fractions = _fractions(args.split)
-    seeds = parse_ints(args.seeds, "--seeds", allow_empty=True)
-    if not seeds:
-        raise common.UsageError("--seeds needs at least one seed (3 or more advised)")
+    seeds = check_seeds(parse_ints(args.seeds, "--control-seeds", allow_empty=True) or [],
+                        what="--control-seeds")  # fmt: skip
     if args.repeats < 1:
         raise common.UsageError("--repeats must be at least 1")
     if args.side_effects and args.side_effects_lines < 1:
@@ -351,7 +356,7 @@ def _eval(args: Any) -> int:
     work_folder(args)  # --work is checked before the model loads
     if cost.announce(_eval_plan(args, facts, fractions, len(seeds)), args):
         return 0
-    model = common.load_cli_model(args)
+    model = common.load_cli_model(args, facts=facts)
     vectors = _load_vectors(args.vectors, model)
     stages = _eval_stages(args, model, facts)
     t0 = time.time()
@@ -508,7 +513,7 @@ def _transfer(
 def _transfer_only(args: Any, facts: list, fractions: tuple, ids: list[int]) -> int:
     """``steer eval --transfer-only``: the transfer matrices alone (one stage)."""
     work_folder(args)
-    model = common.load_cli_model(args)
+    model = common.load_cli_model(args, facts=facts)
     data = data_key(facts=[dataclasses.asdict(f) for f in facts])
     stages = open_stages(args, model, data, skip=("seeds", "repeats", "transfer", "vectors",
                                                   "side_effects"))  # fmt: skip

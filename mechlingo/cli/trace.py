@@ -105,7 +105,7 @@ def cmd_trace(args: Any) -> int:
                            method=getattr(args, "method", "exact"), model=args.model)  # fmt: skip
     if cost.announce(plan, args):
         return 0
-    model = common.load_cli_model(args)
+    model = common.load_cli_model(args, facts=facts)
     t0 = time.time()
     with common.usage_errors(ValueError):  # a PatchingError names the language
         run = trace.run_trace(

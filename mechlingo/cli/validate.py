@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from mechlingo.cli.flags import check_finite, parse_config, parse_floats, parse_
 from mechlingo.cli.paths import check_paths, check_repeats
 from mechlingo.core.artifacts import output_target
 from mechlingo.core.checks import check_gguf_file, check_model_folder
+from mechlingo.core.defaults import check_seeds
 from mechlingo.core.describe import missing_fields
 from mechlingo.core.errors import (
     ArtifactError,
@@ -443,16 +444,21 @@ def _fact_label(fact: Any, data: str | None) -> str:
     return f"fact {fact.id!r} ({fact.lang}, {fact.relation}){where}"
 
 
-def check_after_load(model: Model, args: Any) -> None:
+def check_after_load(
+    model: Model,
+    args: Any,
+    *,
+    facts: Sequence[Any] = (),
+    texts: Mapping[str, Sequence[str]] | None = None,
+) -> None:
     """The checks that need the loaded model, run before any computation: layer and
-    neuron counts, and every prompt's length against the context (``n_ctx``), naming the
-    fact or sentence that does not fit.
+    neuron counts, and the length of every prompt of ``facts`` and sentence of ``texts``
+    (the command's data) against the context (``n_ctx``), naming the one that does not fit.
 
     Raises:
         InputError / ContextLengthError: see :func:`validate_args`.
     """
     _check_shape(args, ModelShape.from_model(model))
-    facts = getattr(args, "_facts", None)
     if facts:
         new = int(getattr(args, "max_new_tokens", 0) or 0)
         labelled = [(_fact_label(f, args.facts), f.prompt) for f in facts]
@@ -469,7 +475,6 @@ def check_after_load(model: Model, args: Any) -> None:
                 shots.append((_fact_label(f, args.facts) + f" as a {k_shot}-shot prompt", text))
             check_context(model, shots, flag="--k-shot")
         _check_metric_context(model, args, facts)
-    texts = getattr(args, "_texts", None)
     if texts:
         max_tokens = getattr(args, "max_tokens", None)
         n_ctx = getattr(model.cfg, "n_ctx", None)
@@ -608,12 +613,8 @@ def _check_fact_flags(args: Any) -> None:
     if getattr(args, "steer_command", "") == "eval":
         if getattr(args, "config", None) is not None:
             parse_config(args.config)
-        if not parse_ints(args.seeds, "--control-seeds", allow_empty=True):
-            raise InputError(
-                "--control-seeds needs at least one seed",
-                where="--control-seeds",
-                fix="give 3 or more, e.g. --control-seeds 0,1,2",
-            )
+        check_seeds(parse_ints(args.seeds, "--control-seeds", allow_empty=True) or [],
+                    what="--control-seeds")  # fmt: skip
         _check_side_effect_flags(args)
     if hasattr(args, "vectors"):
         _check_artifact_dir(args.vectors, "--vectors", pair=True)

@@ -136,8 +136,7 @@ def open_stages(
 ) -> Stages:
     """The stages of this run: keyed by the model, ``data`` (hashes of what was read) and
     :func:`settings_key`. With ``--fresh`` the stages of this key are removed first;
-    otherwise the finished ones are reused (a note on stderr says how many). Sets
-    ``args._work`` (the message of a stopped run names it)."""
+    otherwise the finished ones are reused (a note on stderr says how many)."""
     folder = work_folder(args)
     key = {
         "command": " ".join(x for x in (args.command, getattr(args, "steer_command", None)) if x),
@@ -169,7 +168,6 @@ def open_stages(
         if done and info.rank == 0 and not getattr(args, "quiet", False):
             print(f"going on from {len(done)} finished stage(s) in {folder} (--fresh to start "
                   "over)", file=sys.stderr)  # fmt: skip
-    args._work = str(folder)
     return stages
 
 

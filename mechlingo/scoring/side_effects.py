@@ -22,6 +22,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from mechlingo.activations.likelihood import line_nll
+from mechlingo.core.defaults import BATCH_SIZE, MAX_NEW_TOKENS
 from mechlingo.core.errors import InputError
 from mechlingo.core.faults import derive_seed
 from mechlingo.core.jsonable import jsonable
@@ -427,11 +428,11 @@ def side_effects(
     control: Intervention | str | None = "random",
     langs: Sequence[str] | None = None,
     seed: int = 0,
-    max_new_tokens: int = 8,
+    max_new_tokens: int = MAX_NEW_TOKENS,
     continuation_tokens: int = 16,
     prefix_words: int = 6,
     max_tokens: int | None = 48,
-    batch_size: int = 16,
+    batch_size: int = BATCH_SIZE,
     n_boot: int = 1000,
     confidence: float = 0.95,
     n_examples: int = 3,

@@ -41,6 +41,7 @@ from mechlingo.analyses.recall.patching import (
     patch_activations,
 )
 from mechlingo.analyses.results import WritesFolder
+from mechlingo.core.defaults import BATCH_SIZE, MAX_NEW_TOKENS
 from mechlingo.core.errors import InputError
 from mechlingo.core.jsonable import jsonable
 from mechlingo.core.sites import site_map
@@ -314,8 +315,8 @@ def trace_recall(
     *,
     max_rank: int = 10,
     mid_layers: Sequence[int] | None = None,
-    max_new_tokens: int = 8,
-    batch_size: int = 16,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    batch_size: int = BATCH_SIZE,
     pool: Sequence[Fact] | None = None,
     progress: bool = False,
     metric: str = "generate",
@@ -717,8 +718,8 @@ def run_trace(
     *,
     max_rank: int = 10,
     mid_layers: Sequence[int] | None = None,
-    max_new_tokens: int = 8,
-    batch_size: int = 16,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    batch_size: int = BATCH_SIZE,
     patch_prompts: int = 3,
     patch_sites: Sequence[str] = ("attn_out", "mlp_out"),
     cells_per_batch: int | None = None,
