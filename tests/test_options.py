@@ -18,6 +18,8 @@ from mechlingo.analyses.decoders.options import TrainingOptions
 from mechlingo.analyses.decoders.tuned_lens import HELDOUT_BATCH_SIZE
 from mechlingo.analyses.experts.run import ExpertSettings
 from mechlingo.analyses.recall.settings import BuildSettings, ScoringOptions
+from mechlingo.analyses.recall.trace import run_trace
+from mechlingo.analyses.recall.trace_options import TraceOptions
 from mechlingo.cli import build_parser
 from mechlingo.core import defaults as D
 from mechlingo.core.errors import InputError, MechlingoError
@@ -185,6 +187,9 @@ def test_steer_build_batch_is_build_settings_and_steer_eval_the_protocols():
         (lambda: TrainingOptions(lr=0), "lr (--lr) must be above 0"),
         (lambda: TrainingOptions(vocab_sample="some"), "pass None (exact), 'auto'"),
         (lambda: TrainingOptions.of({"step": 3}), "unknown tuned-lens settings ['step']"),
+        (lambda: TraceOptions(method="fast"), "pass one of exact, atp, both"),
+        (lambda: TraceOptions(patch_prompts=-1), "patch_prompts (--patch-prompts)"),
+        (lambda: TraceOptions(patch_sites=()), "pass at least one site (--patch-sites)"),
         (lambda: D.check_seeds([]), "seeds needs at least one seed"),
         (lambda: D.check_seeds((), what="--control-seeds"), "--control-seeds needs at least one"),
     ],
@@ -203,6 +208,9 @@ def test_scoring_options_pass_the_kv_cache_and_early_stop_on():
     assert TrainingOptions.of(None) == TrainingOptions()
     assert TrainingOptions.of({"steps": 3}).kw()["steps"] == 3
     assert D.check_seeds(("1", 2)) == [1, 2]
+    # run_trace's defaults are TraceOptions' (written once)
+    params = inspect.signature(run_trace).parameters
+    assert {k: params[k].default for k in TraceOptions().kw()} == TraceOptions().kw()
 
 
 def test_the_templates_family_tuned_is_now_measured_and_the_old_name_warns(capsys, tmp_path):

@@ -221,7 +221,7 @@ def add_max_new_tokens_arg(
                    help=f"greedy tokens to generate (default {default}{why}{extra})")  # fmt: skip
 
 
-def scorer_from_args(args: Any) -> Any:
+def scorer_from_args(args: argparse.Namespace) -> Any:
     """The :class:`~mechlingo.scoring.scorers.Scorer` of ``--metric``/``--rank-tokens``."""
     return Scorer(getattr(args, "metric", "generate"), getattr(args, "rank_tokens", "sentence"))
 
@@ -255,7 +255,7 @@ def add_out_arg(
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def load_selected_facts(args: Any) -> list[Any]:
+def load_selected_facts(args: argparse.Namespace) -> list[Any]:
     """The facts selected by ``--facts/--langs/--relation/--limit`` (pass them to
     :func:`load_cli_model` for the context-length check). Without ``--langs`` the bundled
     facts are read in the command's default languages and a ``--facts`` file in all of its
@@ -302,7 +302,7 @@ def load_selected_facts(args: Any) -> list[Any]:
     return facts
 
 
-def selected_langs(args: Any) -> list[str] | None:
+def selected_langs(args: argparse.Namespace) -> list[str] | None:
     """The languages of ``--langs``; without it the command's default languages for the
     bundled facts, and every language of the file with ``--facts`` (``None`` for a
     benchmark: all of its languages)."""
@@ -317,7 +317,7 @@ def selected_langs(args: Any) -> list[str] | None:
     return [lg for lg in LANGS if lg in present] + sorted(present - set(LANGS))
 
 
-def _load_benchmark_facts(args: Any, relations: list[str] | None) -> list[Any]:
+def _load_benchmark_facts(args: argparse.Namespace, relations: list[str] | None) -> list[Any]:
     """Facts of a benchmark given with ``--facts``; the records skipped, by reason, are printed
     and kept on ``args`` for the summary's ``meta`` (:func:`run_meta`)."""
     bench = load_benchmark(
@@ -340,7 +340,10 @@ def _load_benchmark_facts(args: Any, relations: list[str] | None) -> list[Any]:
 
 
 def load_cli_model(
-    args: Any, *, facts: Sequence[Any] = (), texts: Mapping[str, Sequence[str]] | None = None
+    args: argparse.Namespace,
+    *,
+    facts: Sequence[Any] = (),
+    texts: Mapping[str, Sequence[str]] | None = None,
 ) -> Model:
     """Load ``--model`` on ``--device``/``--dtype``, then run the checks that need it
     (:func:`mechlingo.cli.validate.check_after_load`: the command's ``facts`` or parallel
@@ -356,7 +359,7 @@ def load_cli_model(
     return model
 
 
-def run_meta(model: Model, args: Any, **extra: Any) -> dict[str, Any]:
+def run_meta(model: Model, args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
     """The ``meta`` record of a command's summary: model, weights, device, the seeds
     (:func:`run_seeds`) and the library versions (mechlingo, Python, torch, transformers,
     transformer-lens, numpy, scipy), so that a number can be traced to what made it."""
@@ -379,7 +382,7 @@ def run_meta(model: Model, args: Any, **extra: Any) -> dict[str, Any]:
     }
 
 
-def run_seeds(args: Any) -> dict[str, Any]:
+def run_seeds(args: argparse.Namespace) -> dict[str, Any]:
     """Every seed a command drew with: its ``--seed``/``--control-seeds`` and the fixed seed 0 of
     the bootstrap intervals that no flag sets. Each arm, k, condition and role draws from a
     generator of its own, seeded from these (:func:`mechlingo.core.faults.derive_seed`), so

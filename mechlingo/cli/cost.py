@@ -57,7 +57,7 @@ def add_dry_run_arg(p: argparse.ArgumentParser) -> None:
                    "nothing is written")  # fmt: skip
 
 
-def announce(plan: Plan, args: Any) -> bool:
+def announce(plan: Plan, args: argparse.Namespace) -> bool:
     """Print ``plan`` on stderr (unless ``--quiet`` without ``--dry-run``); returns whether
     the command stops here (``--dry-run``)."""
     dry = bool(getattr(args, "dry_run", False))

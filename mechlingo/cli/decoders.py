@@ -64,12 +64,12 @@ class DecoderChoice:
     tuned_paths: dict[str, Path] = field(default_factory=dict)
 
 
-def parse_decoders(args: Any) -> list[str]:
+def parse_decoders(args: argparse.Namespace) -> list[str]:
     """The decoder labels of ``--decoder`` (:attr:`DecoderChoice.labels`)."""
     return decoder_choice(args).labels
 
 
-def decoder_choice(args: Any) -> DecoderChoice:
+def decoder_choice(args: argparse.Namespace) -> DecoderChoice:
     """The decoders of ``--decoder`` and ``--tuned-lens``, checked before the model loads."""
     names = split_list(getattr(args, "decoder", None)) or ["logit"]
     known = decoder_names()
@@ -95,7 +95,11 @@ def decoder_choice(args: Any) -> DecoderChoice:
 
 
 def run_decoders(
-    args: Any, model: Model, facts: list[Any], choice: DecoderChoice, track: list[str]
+    args: argparse.Namespace,
+    model: Model,
+    facts: list[Any],
+    choice: DecoderChoice,
+    track: list[str],
 ) -> int:
     """The lens under several decoders (:func:`~mechlingo.analyses.decoders.run.run_lens_decoders`):
     ``summary.json`` (per decoder: the lens summary and where English leads), ``lens.csv``

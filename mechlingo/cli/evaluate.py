@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
 
 from mechlingo.cli import common, cost
 from mechlingo.report.evaluate import eval_report
@@ -24,7 +23,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 @common.command(
     "eval", "accuracy per language: greedy (default), klar or candidate rank", _eval_args
 )
-def cmd_eval(args: Any) -> int:
+def cmd_eval(args: argparse.Namespace) -> int:
 
     facts = common.load_selected_facts(args)
     scorer = common.scorer_from_args(args)

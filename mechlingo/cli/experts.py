@@ -97,7 +97,9 @@ def _data_args(p: argparse.ArgumentParser, default_lines: int, lines_reason: str
     )
 
 
-def load_parallel(args: Any, *, offset: int | None = None, limit: int | None = None) -> dict:
+def load_parallel(
+    args: argparse.Namespace, *, offset: int | None = None, limit: int | None = None
+) -> dict:
     """The parallel sentences selected by ``--parallel/--langs/--offset/--lines`` (lines that
     are empty in some language are dropped in all)."""
 
@@ -217,7 +219,7 @@ def _shard_args(g: Any) -> None:
 @common.command(
     "experts", "expert (language-specific) neurons, clamps and the k curve", _experts_args
 )
-def cmd_experts(args: Any) -> int:
+def cmd_experts(args: argparse.Namespace) -> int:
     """``mechlingo experts``, with the out-of-core shard folder (if one is used) kept for the
     whole command and removed afterwards."""
     with _shard_folder(args):
@@ -225,7 +227,7 @@ def cmd_experts(args: Any) -> int:
 
 
 @contextlib.contextmanager
-def _shard_folder(args: Any) -> Iterator[None]:
+def _shard_folder(args: argparse.Namespace) -> Iterator[None]:
     """Sets ``args.max_memory_bytes`` (the ``--max-memory`` cap) and ``args.shard_store``:
     ``--shard-dir``, or a temporary folder shared by the ranks (removed at the end), where
     :func:`~mechlingo.analyses.experts.run.run_experts` streams the statistics when they
@@ -243,7 +245,7 @@ def _shard_folder(args: Any) -> Iterator[None]:
         yield
 
 
-def _cmd_experts(args: Any) -> int:
+def _cmd_experts(args: argparse.Namespace) -> int:
 
     targets, ks = _experts_flags(args)
     texts = load_parallel(args)
@@ -287,7 +289,7 @@ def _cmd_experts(args: Any) -> int:
     return 0
 
 
-def _experts_flags(args: Any) -> tuple[list[str], list[int]]:
+def _experts_flags(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     """The targets and the sorted distinct ``--k`` values, after the checks of the k rule's
     flags."""
     targets = common.split_list(args.target) or []
@@ -301,7 +303,7 @@ def _experts_flags(args: Any) -> tuple[list[str], list[int]]:
     return targets, ks
 
 
-def _expert_settings(args: Any) -> ExpertSettings:
+def _expert_settings(args: argparse.Namespace) -> ExpertSettings:
     """``experts``' flags as :class:`~mechlingo.analyses.experts.run.ExpertSettings`."""
     layers = parse_ints(args.layers, "--layers")
     same = {name: getattr(args, name) for name in _SETTINGS_FLAGS}
@@ -310,7 +312,7 @@ def _expert_settings(args: Any) -> ExpertSettings:
     )
 
 
-def _heldout(args: Any) -> dict:
+def _heldout(args: argparse.Namespace) -> dict:
     """The ``--heldout`` sentences after the first ``--lines`` (the k curve's perplexity)."""
     try:
         return load_parallel(args, offset=args.offset + args.lines, limit=args.heldout)
@@ -321,7 +323,9 @@ def _heldout(args: Any) -> dict:
         ) from err
 
 
-def _experts_stages(args: Any, model: Model, texts: dict, heldout: dict | None) -> Stages:
+def _experts_stages(
+    args: argparse.Namespace, model: Model, texts: dict, heldout: dict | None
+) -> Stages:
     """The resumable stages of ``experts`` (:mod:`mechlingo.cli.work`): keyed by the model,
     the sentences, the held-out lines and every flag that changes a number (the targets and
     the k are in the stage names; the k rule's flags change no stored number)."""
@@ -408,7 +412,7 @@ def _align_args(p: argparse.ArgumentParser) -> None:
 
 
 @common.command("align", "cross-lingual retrieval and distances before/after a clamp", _align_args)
-def cmd_align(args: Any) -> int:
+def cmd_align(args: argparse.Namespace) -> int:
 
     texts = load_parallel(args)
     if len(texts) < 2:

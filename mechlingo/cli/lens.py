@@ -40,7 +40,7 @@ def _lens_args(p: argparse.ArgumentParser) -> None:
 
 
 @common.command("lens", "per-language logit lens and latent-language curves", _lens_args)
-def cmd_lens(args: Any) -> int:
+def cmd_lens(args: argparse.Namespace) -> int:
 
     choice = decoder_choice(args)
     if args.prompt:
@@ -77,7 +77,7 @@ def cmd_lens(args: Any) -> int:
     return 0
 
 
-def _token_lens(args: Any, choice: DecoderChoice) -> int:
+def _token_lens(args: argparse.Namespace, choice: DecoderChoice) -> int:
     """``--prompt``: the token-level lens of each prompt under one decoder: ``tokens.json``
     (per prompt, per layer and position, the top tokens with probabilities and languages),
     ``summary.json`` and ``report.html`` (the grids)."""

@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _cleanup_at_start(args: Any) -> None:
+def _cleanup_at_start(args: argparse.Namespace) -> None:
     """Remove leftovers of killed runs: temporary siblings of ``--out`` and the model
     cache's unfinished conversions."""
 
@@ -167,7 +167,7 @@ def _work_of(args: argparse.Namespace) -> Path | None:
         return None
 
 
-def _user_fault(err: Exception, args: Any) -> MechlingoError | None:
+def _user_fault(err: Exception, args: argparse.Namespace) -> MechlingoError | None:
     """``err`` as an error the user can fix: a :class:`MechlingoError` as it is, a disk
     fault (:func:`mechlingo.core.faults.disk_error`) or running out of memory
     (:func:`mechlingo.core.faults.memory_error`, naming ``--batch-size``); else ``None``."""

@@ -150,7 +150,7 @@ def _settings_arg(text: str | None) -> dict[str, Any]:
 
 
 @command("replicate", "the papers' claims checked on a model: claims.json, claims.md, report", _replicate_args)  # fmt: skip
-def cmd_replicate(args: Any) -> int:
+def cmd_replicate(args: argparse.Namespace) -> int:
     facts, external, ext_metric = (
         _facts_or_benchmark(args.facts) if args.facts else (None, None, "rank")
     )

@@ -279,7 +279,7 @@ def _test_args(e: argparse.ArgumentParser) -> None:
 
 
 @common.command("steer", "build and evaluate the two repair steering vectors", _steer_args)
-def cmd_steer(args: Any) -> int:
+def cmd_steer(args: argparse.Namespace) -> int:
     which = getattr(args, "steer_command", None)
     if which == "build":
         return _build(args)
@@ -290,7 +290,7 @@ def cmd_steer(args: Any) -> int:
     raise common.UsageError("use `mechlingo steer build --out VDIR` or `mechlingo steer eval ...`")
 
 
-def _build(args: Any) -> int:
+def _build(args: argparse.Namespace) -> int:
 
     if args.k_shot < 1:
         raise common.UsageError("--k-shot must be at least 1")
@@ -331,7 +331,7 @@ def _build(args: Any) -> int:
     return 0
 
 
-def _eval(args: Any) -> int:
+def _eval(args: argparse.Namespace) -> int:
 
     facts = common.load_selected_facts(args)
     fractions = _fractions(args.split)
@@ -402,7 +402,7 @@ def _eval(args: Any) -> int:
     return 0
 
 
-def _eval_plan(args: Any, facts: list, fractions: tuple, seeds: int) -> cost.Plan:
+def _eval_plan(args: argparse.Namespace, facts: list, fractions: tuple, seeds: int) -> cost.Plan:
     """The plan and estimate of ``steer eval`` from its flags (no model)."""
     splits = split_facts(facts, fractions, salt=args.salt)
     splits["dev"] = take_per_lang(splits["dev"], args.dev_per_lang)
@@ -412,7 +412,7 @@ def _eval_plan(args: Any, facts: list, fractions: tuple, seeds: int) -> cost.Pla
                                 sweep=not args.config, model=args.model)  # fmt: skip
 
 
-def _eval_stages(args: Any, model: Model, facts: list) -> Any:
+def _eval_stages(args: argparse.Namespace, model: Model, facts: list) -> Any:
     """The resumable stages of ``steer eval`` (:mod:`mechlingo.cli.work`): keyed by the model,
     the facts, the vectors' files, the side-effect lines and every flag that changes a
     number (the seeds, repeats and --transfer name or add stages instead)."""
@@ -428,7 +428,7 @@ def _load_vectors(folder: str, model: Model) -> SteeringPair:
         return SteeringPair.load(folder, model)
 
 
-def _side_effect_lines(args: Any, langs: list[str]) -> dict[str, list[str]]:
+def _side_effect_lines(args: argparse.Namespace, langs: list[str]) -> dict[str, list[str]]:
     """The first ``--side-effects-lines`` lines of ``--parallel DIR/<lang>.txt`` for
     every test language."""
     try:
@@ -438,7 +438,7 @@ def _side_effect_lines(args: Any, langs: list[str]) -> dict[str, list[str]]:
     return {lg: v[: args.side_effects_lines] for lg, v in lines.items()}
 
 
-def _transfer_ids(args: Any) -> list[int]:
+def _transfer_ids(args: argparse.Namespace) -> list[int]:
     ids = parse_ints(args.transfer_ids, "--transfer-ids") or []
     if len(ids) != 4 or min(ids) < 1:
         raise common.UsageError(
@@ -449,7 +449,7 @@ def _transfer_ids(args: Any) -> list[int]:
     return ids
 
 
-def _build_settings(args: Any) -> BuildSettings:
+def _build_settings(args: argparse.Namespace) -> BuildSettings:
     """``steer build``'s flags as :class:`~mechlingo.analyses.recall.settings.BuildSettings`."""
     return BuildSettings(
         k_shot=args.k_shot,
@@ -460,7 +460,7 @@ def _build_settings(args: Any) -> BuildSettings:
     )
 
 
-def _dev_grid(args: Any) -> DevGrid:
+def _dev_grid(args: argparse.Namespace) -> DevGrid:
     """``steer eval``'s dev-search flags as :class:`~mechlingo.analyses.recall.settings.DevGrid`."""
     task_layers = parse_ints(args.task_layers, "--task-layers")
     diff_layers = parse_ints(args.diff_layers, "--diff-layers")
@@ -476,7 +476,7 @@ def _dev_grid(args: Any) -> DevGrid:
     )
 
 
-def _scoring(args: Any) -> ScoringOptions:
+def _scoring(args: argparse.Namespace) -> ScoringOptions:
     """The scoring flags as :class:`~mechlingo.analyses.recall.settings.ScoringOptions`."""
     return ScoringOptions(
         metric=common.scorer_from_args(args),
@@ -487,7 +487,12 @@ def _scoring(args: Any) -> ScoringOptions:
 
 
 def _transfer(
-    args: Any, model: Model, facts: list, fractions: tuple, ids: list[int], built: dict | None
+    args: argparse.Namespace,
+    model: Model,
+    facts: list,
+    fractions: tuple,
+    ids: list[int],
+    built: dict | None,
 ) -> transfer.TransferMatrices:
     """:func:`mechlingo.analyses.recall.transfer.transfer_matrices` with the flags' settings."""
     matrix = MatrixSettings(
@@ -510,7 +515,7 @@ def _transfer(
     )
 
 
-def _transfer_only(args: Any, facts: list, fractions: tuple, ids: list[int]) -> int:
+def _transfer_only(args: argparse.Namespace, facts: list, fractions: tuple, ids: list[int]) -> int:
     """``steer eval --transfer-only``: the transfer matrices alone (one stage)."""
     work_folder(args)
     model = common.load_cli_model(args, facts=facts)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
 
 from mechlingo.analyses.decoders.options import TrainingOptions
 from mechlingo.analyses.decoders.run import run_tuned_lens
@@ -28,7 +27,7 @@ from mechlingo.data.prompts import parallel_sentences
 from mechlingo.report import Report
 
 
-def _spans(args: Any) -> tuple[slice, slice | None]:
+def _spans(args: argparse.Namespace) -> tuple[slice, slice | None]:
     """The training lines (``--offset``, ``--lines``) and the held-out lines right after
     them (``--heldout``; ``None`` without it)."""
     start = args.offset
@@ -86,7 +85,7 @@ def _tuned_args(p: argparse.ArgumentParser) -> None:
     cost.add_dry_run_arg(p)
 
 
-def _texts(args: Any) -> tuple[dict[str, list[str]], str]:
+def _texts(args: argparse.Namespace) -> tuple[dict[str, list[str]], str]:
     """``{lang: lines}`` of the training text and a description of where it came from."""
     if args.text_file:
         path = Path(args.text_file)
@@ -131,7 +130,7 @@ def options_from_args(args: argparse.Namespace) -> TrainingOptions:
 
 
 @common.command("tuned-lens", "train a tuned lens (one language or a balanced mix)", _tuned_args)
-def cmd_tuned_lens(args: Any) -> int:
+def cmd_tuned_lens(args: argparse.Namespace) -> int:
 
     if args.parallel and args.text_file:
         raise common.UsageError("give --parallel or --text-file, not both")

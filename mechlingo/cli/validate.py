@@ -10,6 +10,7 @@ code and notebooks can reuse them.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -367,7 +368,7 @@ def check_layers(layers: Iterable[int], n_layers: int, flag: str) -> None:
             )
 
 
-def _check_shape(args: Any, shape: ModelShape) -> None:
+def _check_shape(args: argparse.Namespace, shape: ModelShape) -> None:
     cmd = getattr(args, "command", None)
     n = shape.n_layers
     if cmd == "align" and getattr(args, "layer", None) is not None:
@@ -446,7 +447,7 @@ def _fact_label(fact: Any, data: str | None) -> str:
 
 def check_after_load(
     model: Model,
-    args: Any,
+    args: argparse.Namespace,
     *,
     facts: Sequence[Any] = (),
     texts: Mapping[str, Sequence[str]] | None = None,
@@ -494,7 +495,7 @@ def check_after_load(
             check_context(model, labelled, flag="--max-tokens")
 
 
-def _check_metric_context(model: Model, args: Any, facts: Sequence[Any]) -> None:
+def _check_metric_context(model: Model, args: argparse.Namespace, facts: Sequence[Any]) -> None:
     """What ``--metric klar`` (its 3-shot prompts and 10 new tokens) and ``--metric rank``
     (the filled sentences, suffix included) give the model must fit its context too."""
     metric = getattr(args, "metric", "generate")
@@ -570,7 +571,7 @@ def _check_artifact_dir(path_text: str | None, flag: str, *, pair: bool = False)
             )
 
 
-def _check_counts(args: Any) -> None:
+def _check_counts(args: argparse.Namespace) -> None:
     """Integer flags: ``POSITIVE_INTS`` at least 1 (0 where :data:`ZERO_ALLOWED` says so),
     ``NON_NEGATIVE_INTS`` at least 0."""
     zero_ok = ZERO_ALLOWED.get(getattr(args, "command", ""), ())
@@ -589,7 +590,7 @@ def _check_counts(args: Any) -> None:
                 )
 
 
-def _check_fact_flags(args: Any) -> None:
+def _check_fact_flags(args: argparse.Namespace) -> None:
     """Flags of the commands that read facts (lens, eval, trace, steer)."""
     parse_list(getattr(args, "langs", None), "--langs", known=LANGS, what="language")
     data = getattr(args, "facts", None)
@@ -620,7 +621,7 @@ def _check_fact_flags(args: Any) -> None:
         _check_artifact_dir(args.vectors, "--vectors", pair=True)
 
 
-def _check_side_effect_flags(args: Any) -> None:
+def _check_side_effect_flags(args: argparse.Namespace) -> None:
     """``steer eval``: ``--side-effects`` measures on the lines of ``--parallel DIR``; one
     without the other is refused."""
     switch, folder = getattr(args, "side_effects_on", False), getattr(args, "side_effects", None)
@@ -640,7 +641,9 @@ def _check_side_effect_flags(args: Any) -> None:
         check_text_dir(folder, None, "--parallel")
 
 
-def _check_experts_flags(args: Any, langs: list[str] | None, known: Sequence[str] | None) -> None:
+def _check_experts_flags(
+    args: argparse.Namespace, langs: list[str] | None, known: Sequence[str] | None
+) -> None:
     targets = parse_list(args.target, "--target", known=known, what="language")
     if langs is not None and targets is not None:
         missing = [t for t in targets if t not in langs]
@@ -654,7 +657,9 @@ def _check_experts_flags(args: Any, langs: list[str] | None, known: Sequence[str
     parse_ints(args.k, "--k", positive=True)
 
 
-def _check_align_flags(args: Any, langs: list[str] | None, known: Sequence[str] | None) -> None:
+def _check_align_flags(
+    args: argparse.Namespace, langs: list[str] | None, known: Sequence[str] | None
+) -> None:
     if args.target is not None:
         parse_list(args.target, "--target", known=known, what="language")
         if langs is not None and args.target not in langs:
@@ -673,7 +678,7 @@ def _check_align_flags(args: Any, langs: list[str] | None, known: Sequence[str] 
     _check_artifact_dir(args.control, "--control")
 
 
-def _check_text_flags(args: Any) -> None:
+def _check_text_flags(args: argparse.Namespace) -> None:
     """Flags of the commands that read parallel sentences (experts, align)."""
     known = None if getattr(args, "parallel", None) else LANGS
     langs = parse_list(getattr(args, "langs", None), "--langs", known=known, what="language")
@@ -696,7 +701,7 @@ FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
 }
 
 
-def _check_numbers(args: Any) -> None:
+def _check_numbers(args: argparse.Namespace) -> None:
     """Every numeric flag: finite, an integer within ``±MAX_FLAG_INT`` (a seed within
     64 bits), a float of :data:`FLOAT_RANGES` within its range."""
     for name, v in sorted(vars(args).items()):
@@ -721,7 +726,7 @@ def _check_numbers(args: Any) -> None:
                              where=flag, fix="give a realistic number")  # fmt: skip
 
 
-def validate_args(args: Any) -> None:
+def validate_args(args: argparse.Namespace) -> None:
     """Check every flag of a parsed ``mechlingo`` command line before any model loads.
 
     Raises:

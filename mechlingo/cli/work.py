@@ -90,7 +90,7 @@ def add_work_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def work_folder(args: Any) -> Path:
+def work_folder(args: argparse.Namespace) -> Path:
     """The work folder of ``args`` (``--work``, or ``.OUT.work`` beside ``--out``); a
     :class:`UsageError` when it is ``--out`` or inside it."""
     out = Path(args.out).expanduser().absolute()
@@ -119,7 +119,7 @@ def hash_files(folder: str | Path | None) -> str | None:
     return h.hexdigest()[:16]
 
 
-def settings_key(args: Any, skip: Iterable[str] = ()) -> dict[str, Any]:
+def settings_key(args: argparse.Namespace, skip: Iterable[str] = ()) -> dict[str, Any]:
     """Every plain flag value of ``args`` but those that change no number (and ``skip``:
     flags whose effect is in the stage names, such as the list of k)."""
     drop = _NOT_NUMBERS | set(skip)
@@ -132,7 +132,7 @@ def settings_key(args: Any, skip: Iterable[str] = ()) -> dict[str, Any]:
 
 
 def open_stages(
-    args: Any, model: Model, data: Mapping[str, Any], *, skip: Iterable[str] = ()
+    args: argparse.Namespace, model: Model, data: Mapping[str, Any], *, skip: Iterable[str] = ()
 ) -> Stages:
     """The stages of this run: keyed by the model, ``data`` (hashes of what was read) and
     :func:`settings_key`. With ``--fresh`` the stages of this key are removed first;
@@ -171,7 +171,7 @@ def open_stages(
     return stages
 
 
-def require_finished(args: Any, folder: Path) -> None:
+def require_finished(args: argparse.Namespace, folder: Path) -> None:
     """``--resume`` of a command whose stages are keyed elsewhere (``replicate``): refuse
     when ``folder`` holds no finished stage of any key (a :class:`UsageError`)."""
     if getattr(args, "fresh", False) and getattr(args, "resume", False):

@@ -40,6 +40,7 @@ from mechlingo.analyses.recall.patching import (
     fact_metrics,
     patch_activations,
 )
+from mechlingo.analyses.recall.trace_options import TraceOptions
 from mechlingo.analyses.results import WritesFolder
 from mechlingo.core.defaults import BATCH_SIZE, MAX_NEW_TOKENS
 from mechlingo.core.errors import InputError
@@ -716,17 +717,17 @@ def run_trace(
     model: Model,
     facts: Sequence[Fact],
     *,
-    max_rank: int = 10,
-    mid_layers: Sequence[int] | None = None,
-    max_new_tokens: int = MAX_NEW_TOKENS,
-    batch_size: int = BATCH_SIZE,
-    patch_prompts: int = 3,
-    patch_sites: Sequence[str] = ("attn_out", "mlp_out"),
-    cells_per_batch: int | None = None,
-    method: str = "exact",
-    verify_heads: int = 5,
-    progress: bool = False,
-    unanswered: bool = False,
+    max_rank: int = TraceOptions.max_rank,
+    mid_layers: Sequence[int] | None = TraceOptions.mid_layers,
+    max_new_tokens: int = TraceOptions.max_new_tokens,
+    batch_size: int = TraceOptions.batch_size,
+    patch_prompts: int = TraceOptions.patch_prompts,
+    patch_sites: Sequence[str] = TraceOptions.patch_sites,
+    cells_per_batch: int | None = TraceOptions.cells_per_batch,
+    method: str = TraceOptions.method,
+    verify_heads: int = TraceOptions.verify_heads,
+    progress: bool = TraceOptions.progress,
+    unanswered: bool = TraceOptions.unanswered,
 ) -> TraceRun:
     """The recall trace of every fact (:func:`trace_recall`) and, for each language, the
     corrupted-subject patching of ``patch_prompts`` prompts at ``patch_sites`` with
