@@ -12,6 +12,7 @@ import pkgutil
 from typing import Any
 
 import pytest
+import torch
 
 import mechlingo
 from mechlingo.analyses.decoders.options import TrainingOptions
@@ -260,3 +261,24 @@ def test_no_settings_lookup_falls_back_to_a_literal_batch_or_length():
     found = [f"{p.relative_to(root)}: {m.group(0)}" for p in sorted(root.rglob("*.py"))
              for m in pattern.finditer(p.read_text(encoding="utf-8"))]  # fmt: skip
     assert found == []
+
+
+def test_the_patching_readout_has_its_own_name_and_metric_still_works(tiny):
+    from mechlingo.analyses.recall.patching import attention_knockout, patch_activations
+    from mechlingo.analyses.recall.patching.metrics import fact_metrics
+    from mechlingo.data import load_facts
+
+    facts = load_facts(langs=["en"], relations=["capital"], limit=2)
+    readout = fact_metrics(tiny, facts)
+    kw = {"layers": [0], "positions": [-1]}
+    new = patch_activations(tiny, facts, facts, "resid_pre", readout=readout, **kw)
+    with pytest.warns(DeprecationWarning, match="now readout="):
+        old = patch_activations(tiny, facts, facts, "resid_pre", metric=readout, **kw)
+    assert torch.equal(new.values, old.values)
+    with pytest.warns(DeprecationWarning, match="now readout="):
+        attention_knockout(tiny, facts, [(0, 0)], metric=readout[0])
+    with (
+        pytest.raises(MechlingoError, match="pass readout= only"),
+        pytest.warns(DeprecationWarning),
+    ):
+        patch_activations(tiny, facts, facts, "resid_pre", readout=readout, metric=readout, **kw)

@@ -138,6 +138,10 @@ CODE_NAMES: dict[str, list[tuple[str, str]]] = {
         ("the template family measured best on the embedded model", "mechlingo.data.io:TEMPLATE_FAMILIES"),
         ("a chat (instruction-following) model", "mechlingo.core.tokens:looks_chat_model"),
     ],
+    "metric": [
+        ("the scoring rule of facts (generate, klar, rank)", "mechlingo.scoring.evaluate:evaluate_conditions:metric"),
+        ("what a patched run is read out as", "mechlingo.analyses.recall.patching.grid:resolve_grid:readout"),
+    ],
 }  # fmt: skip
 
 #: command -> {old flag: the flag that replaced it}.

@@ -590,7 +590,7 @@ def measure_patching(
     and ``seconds`` (method ``both``), and ``verified_heads`` (the top ``verify_heads`` AtP
     heads patched exactly)."""
     sites = list(sites) or ["resid_pre"]
-    kw = {"positions": PATCH_POSITIONS, "metric": fact_metrics(model, list(clean)),
+    kw = {"positions": PATCH_POSITIONS, "readout": fact_metrics(model, list(clean)),
           "alignment": "subject"}  # fmt: skip
     sweep = atp = None
     if method in ("exact", "both"):
