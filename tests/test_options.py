@@ -282,3 +282,17 @@ def test_the_patching_readout_has_its_own_name_and_metric_still_works(tiny):
         pytest.warns(DeprecationWarning),
     ):
         patch_activations(tiny, facts, facts, "resid_pre", readout=readout, metric=readout, **kw)
+
+
+def test_the_stop_message_finds_the_work_folder_without_a_private_attribute(tmp_path):
+    cli_main = importlib.import_module("mechlingo.cli.main")
+
+    ns = argparse.Namespace(out=str(tmp_path / "o"), work=None)
+    assert cli_main._work_of(ns) == tmp_path / ".o.work"
+    ns = argparse.Namespace(out=str(tmp_path / "o"), work=str(tmp_path / "w"))
+    assert cli_main._work_of(ns) == tmp_path / "w"
+    assert cli_main._work_of(argparse.Namespace(out=str(tmp_path / "o"))) is None  # no --work
+    inside = argparse.Namespace(out=str(tmp_path / "o"), work=str(tmp_path / "o" / "w"))
+    assert cli_main._work_of(inside) is None  # refused by --work's own check
+    assert not [k for k in vars(cli_main.build_parser().parse_args(["eval", "--out", "x"]))
+                if k.startswith("_run")]  # fmt: skip

@@ -93,7 +93,9 @@ _RELATION_REASONS = {
 }
 
 
-def _common(p: argparse.ArgumentParser, default_relation: str) -> None:
+def _common(
+    p: argparse.ArgumentParser, default_relation: str, batch_size: int, batch_reason: str = ""
+) -> None:
     common.add_model_args(p)
     common.add_data_args(
         p,
@@ -107,10 +109,7 @@ def _common(p: argparse.ArgumentParser, default_relation: str) -> None:
         default_relation=default_relation,
         relation_reason=_RELATION_REASONS.get(default_relation, ""),
     )
-    if default_relation == "all":  # steer build: BuildSettings' batch, the shared one
-        common.add_out_arg(p, batch_size=_BUILD.batch_size)
-    else:
-        common.add_out_arg(p, batch_size=_SCORING.batch_size, batch_reason=STEER_BATCH_REASON)
+    common.add_out_arg(p, batch_size=batch_size, batch_reason=batch_reason)
     p.add_argument(
         "--split",
         default=DEFAULT_SPLIT,
@@ -129,11 +128,11 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="steer_command", metavar="{build,eval}")
     b = sub.add_parser("build", help="build the task and diff vector stacks from the build split")
     # steer build pools every bundled relation by default (balanced per relation)
-    _common(b, "all")
+    _common(b, "all", _BUILD.batch_size)  # BuildSettings' batch: the shared one
     _build_args(b)
     cost.add_dry_run_arg(b)
     e = sub.add_parser("eval", help="sweep on dev, report orig/task/diff/both/random on test")
-    _common(e, "capital")
+    _common(e, "capital", _SCORING.batch_size, STEER_BATCH_REASON)
     e.add_argument("--vectors", default=None,
                    help="folder written by `steer build` (required unless --transfer-only)")  # fmt: skip
     e.add_argument("--dev-per-lang", type=int, default=_SPLIT.dev_per_lang,
