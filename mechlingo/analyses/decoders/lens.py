@@ -397,10 +397,17 @@ class LensArgs(TypedDict, total=False):
     tokens: bool | None
 
 
-class LensFactsArgs(LensArgs, total=False):
+class LensFactsArgs(TypedDict, total=False):
     """The keywords of :func:`lens_facts` besides the decoder (what
-    :func:`~mechlingo.analyses.decoders.compare.compare_decoders` passes to every call)."""
+    :func:`~mechlingo.analyses.decoders.compare.compare_decoders` passes to every call):
+    :class:`LensArgs` and the fact-side ones."""
 
+    layers: Any
+    top_k: int
+    batch_size: int
+    chunk_rows: int
+    progress: bool
+    tokens: bool | None
     track_langs: Sequence[str]
     pool: Sequence[Fact] | None
     tuned_lens: TunedLens | str | Path | None
