@@ -30,7 +30,7 @@ from mechlingo.core.defaults import (
 )
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import every_second_layer, layers_at
-from mechlingo.scoring.scorers import Scorer
+from mechlingo.scoring.scorers import METRICS, Scorer
 
 __all__ = [
     "ALPHA_GRID",
@@ -173,7 +173,7 @@ class ScoringOptions:
     def __post_init__(self) -> None:
         _at_least(self.max_new_tokens, 1, "max_new_tokens (--max-new-tokens)")
         _at_least(self.batch_size, 1, "batch_size (--batch-size)")
-        if isinstance(self.metric, str) and self.metric not in ("generate", "rank", "klar"):
+        if isinstance(self.metric, str) and self.metric not in METRICS:
             raise InputError(
                 f"metric {self.metric!r}: pass 'generate', 'rank', 'klar' or a Scorer (--metric)"
             )
