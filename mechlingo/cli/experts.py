@@ -266,7 +266,7 @@ def _cmd_experts(args: argparse.Namespace) -> int:
     t0 = time.time()
     with common.usage_errors(ExpertError):
         run = run_experts(
-            model, texts, targets, ks, heldout=heldout, settings=_expert_settings(args),
+            model, texts, targets, ks, heldout=heldout, settings=options_from_args(args),
             stages=stages, shard_dir=args.shard_store, shard_always=bool(args.shard_dir),
             max_memory=args.max_memory_bytes,
         )  # fmt: skip
@@ -303,7 +303,7 @@ def _experts_flags(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     return targets, ks
 
 
-def _expert_settings(args: argparse.Namespace) -> ExpertSettings:
+def options_from_args(args: argparse.Namespace) -> ExpertSettings:
     """``experts``' flags as :class:`~mechlingo.analyses.experts.run.ExpertSettings`."""
     layers = parse_ints(args.layers, "--layers")
     same = {name: getattr(args, name) for name in _SETTINGS_FLAGS}
