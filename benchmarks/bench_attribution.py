@@ -154,7 +154,7 @@ def main() -> None:
     clean, corrupt = make_pairs(model, args.lang, args.split, args.pairs, args.pairing)
     k = len(clean)
     metric = fact_metrics(model, clean)[0]
-    kw = {"positions": POSITIONS, "metric": metric, "alignment": "subject"}
+    kw = {"positions": POSITIONS, "readout": metric, "alignment": "subject"}
     n = int(model.cfg.n_layers)
     load = os.getloadavg()
     print(
@@ -243,8 +243,8 @@ def _report(est, exact, t_est, t_exact, methods, grids, k) -> None:
 
 def _one(kw: dict) -> dict:
     """The sweep arguments for the first pair only (warm-up)."""
-    m = kw["metric"]
-    return {**kw, "metric": m.__class__(m.name, m.kind, m.sets[:1])}
+    m = kw["readout"]
+    return {**kw, "readout": m.__class__(m.name, m.kind, m.sets[:1])}
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ def bench_patching(model: Any, n: int) -> None:
 
     def run(batching: str) -> Any:
         return patch_activations(
-            model, src, tgt, "resid_pre", alignment="last", metric=metric, batching=batching
+            model, src, tgt, "resid_pre", alignment="last", readout=metric, batching=batching
         )
 
     # grow: one example per pass (shared prefix); stack: all examples per pass. On a GPU the

@@ -93,7 +93,7 @@ def main() -> None:
         f"{k} pairs of {width} tokens, device {dev}"
     )
     patch_activations(
-        model, src, tgt, "resid_pre", layers=layers[:1], positions=positions[:1], metric=metric
+        model, src, tgt, "resid_pre", layers=layers[:1], positions=positions[:1], readout=metric
     )  # warm-up
 
     def ours(batching: str, reuse_prefix: bool | None = None):
@@ -106,7 +106,7 @@ def main() -> None:
             "resid_pre",
             layers=layers,
             positions=positions,
-            metric=metric,
+            readout=metric,
             cells_per_batch=args.cells_per_batch,
             batching=batching,
             reuse_prefix=reuse_prefix,

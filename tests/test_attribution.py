@@ -110,7 +110,7 @@ def test_first_order_equals_exact_patching(tiny, pair, metric, qk_fix):
     # central differences of the exact patch remove the eps^2 term of the reference too
     src, tgt = pair
     eps = 1e-2
-    kw = dict(metric=metric, positions=[1, 2, 4, -1], qk_fix=qk_fix)  # token 2 is corrupted
+    kw = dict(readout=metric, positions=[1, 2, 4, -1], qk_fix=qk_fix)  # token 2 is corrupted
     sites = SITES if not qk_fix else ["resid_pre", "mlp_out"]
     at = attribution_patch(tiny, src, tgt, sites, **kw)
     plus = _exact_interpolated(tiny, src, tgt, at, metric, eps)
@@ -131,8 +131,8 @@ def test_first_order_equals_exact_patching(tiny, pair, metric, qk_fix):
 
 def test_baselines_and_result_type_match_exact(tiny, pair, metric):
     src, tgt = pair
-    at = attribution_patch(tiny, src, tgt, SITES, metric=metric)
-    ex = patch_activations(tiny, src, tgt, SITES, metric=metric)
+    at = attribution_patch(tiny, src, tgt, SITES, readout=metric)
+    ex = patch_activations(tiny, src, tgt, SITES, readout=metric)
     assert at.cells == ex.cells and at.position_labels == ex.position_labels
     assert torch.allclose(at.clean, ex.clean, atol=1e-5)
     assert torch.allclose(at.corrupted, ex.corrupted, atol=1e-5)
@@ -142,20 +142,20 @@ def test_baselines_and_result_type_match_exact(tiny, pair, metric):
     assert at.grid("head").shape == ex.grid("head").shape
     assert len(at.to_dataframe()) == len(ex.to_dataframe())
     # source == target: every estimate is zero
-    same = attribution_patch(tiny, src, src, SITES, metric=metric)
+    same = attribution_patch(tiny, src, src, SITES, readout=metric)
     assert torch.allclose(same.values, same.corrupted[:, None, :].expand_as(same.values))
 
 
 def test_qk_fix_only_changes_resid_pre(tiny, pair, metric):
     src, tgt = pair
-    a = attribution_patch(tiny, src, tgt, SITES, metric=metric, qk_fix=False)
-    b = attribution_patch(tiny, src, tgt, SITES, metric=metric, qk_fix=True)
+    a = attribution_patch(tiny, src, tgt, SITES, readout=metric, qk_fix=False)
+    b = attribution_patch(tiny, src, tgt, SITES, readout=metric, qk_fix=True)
     pre = torch.tensor([c.site == "resid_pre" for c in a.cells])
     assert torch.equal(a.values[:, ~pre], b.values[:, ~pre])
     assert not torch.allclose(a.values[:, pre], b.values[:, pre])
     # a cell at the last position of the last layer's resid_pre feeds its own attention:
     # with the pattern change computed exactly the estimate is closer to exact patching
-    ex = patch_activations(tiny, src, tgt, "resid_pre", metric=metric)
+    ex = patch_activations(tiny, src, tgt, "resid_pre", readout=metric)
     err_a = (a.values[:, pre] - ex.values).abs().mean()
     err_b = (b.values[:, pre] - ex.values).abs().mean()
     assert err_b < err_a
@@ -165,7 +165,7 @@ def test_cross_language_alignment_same_cells_as_patch_activations(tiny):
     en = load_facts(langs=["en"], relations=["capital"], limit=3)
     ja = load_facts(langs=["ja"], relations=["capital"], limit=3)
     metrics = fact_metrics(tiny, ja)
-    kw = dict(metric=metrics, alignment="subject")
+    kw = dict(readout=metrics, alignment="subject")
     at = attribution_patch(tiny, en, ja, ["resid_pre", "mlp_out", "head"], **kw)
     ex = patch_activations(tiny, en, ja, ["resid_pre", "mlp_out", "head"], **kw)
     assert at.cells == ex.cells
@@ -182,9 +182,9 @@ def test_cross_language_alignment_same_cells_as_patch_activations(tiny):
 
 def test_verify_top_cells_are_exact(tiny, pair, metric):
     src, tgt = pair
-    at = attribution_patch(tiny, src, tgt, ["head"], metric=metric)
-    rows = verify_top_cells(tiny, src, tgt, at, k=3, by=0, metric=metric)
-    ex = patch_activations(tiny, src, tgt, "head", metric=metric)
+    at = attribution_patch(tiny, src, tgt, ["head"], readout=metric)
+    rows = verify_top_cells(tiny, src, tgt, at, k=3, by=0, readout=metric)
+    ex = patch_activations(tiny, src, tgt, "head", readout=metric)
     nrm = ex.normalized()
     for r in rows:
         i = next(
@@ -202,7 +202,7 @@ def test_verify_top_cells_are_exact(tiny, pair, metric):
 
 def test_neurons_first_order(tiny, pair, metric):
     src, tgt = pair
-    na = neuron_attribution(tiny, src, tgt, metric=metric)
+    na = neuron_attribution(tiny, src, tgt, readout=metric)
     L, P = tiny.cfg.n_layers, len(na.position_labels)
     assert na.values.shape == (1, L, P, tiny.cfg.d_mlp, 2)
     ids = [list(s[0].ids) for s in metric.sets]
@@ -235,7 +235,7 @@ def test_hooks_removed_and_no_gradient_leak(tiny, pair, metric, monkeypatch):
 
     src, tgt = pair
     assert not torch.is_grad_enabled()
-    attribution_patch(tiny, src, tgt, SITES, metric=metric)
+    attribution_patch(tiny, src, tgt, SITES, readout=metric)
     assert not torch.is_grad_enabled()
     assert all(p.grad is None for p in tiny.parameters())
     assert count_hooks(tiny) == 0
@@ -248,7 +248,7 @@ def test_hooks_removed_and_no_gradient_leak(tiny, pair, metric, monkeypatch):
 
     monkeypatch.setattr(gradients, "_metric_values", boom)
     with pytest.raises(Boom):
-        attribution_patch(tiny, src, tgt, SITES, metric=metric)
+        attribution_patch(tiny, src, tgt, SITES, readout=metric)
     assert count_hooks(tiny) == 0 and not torch.is_grad_enabled()
     monkeypatch.undo()
     # an exception raised by a hook in the middle of the gradient pass, after layer 0's
@@ -263,7 +263,7 @@ def test_hooks_removed_and_no_gradient_leak(tiny, pair, metric, monkeypatch):
 
     monkeypatch.setattr(gradients, "hooked", hooked_with_raiser)
     with pytest.raises(Boom):
-        attribution_patch(tiny, src, tgt, "resid_pre", metric=metric)
+        attribution_patch(tiny, src, tgt, "resid_pre", readout=metric)
     assert count_hooks(tiny) == 0 and not torch.is_grad_enabled()
 
 
@@ -314,8 +314,8 @@ IG_SITES = ["resid_pre", "resid_post", "attn_out", "mlp_out", "head"]
 
 def test_ig_one_step_is_plain_atp(tiny, pair, metric):
     src, tgt = pair
-    atp = attribution_patch(tiny, src, tgt, SITES, metric=metric, qk_fix=False)
-    ig = attribution_patch(tiny, src, tgt, SITES, metric=metric, method="ig", steps=1)
+    atp = attribution_patch(tiny, src, tgt, SITES, readout=metric, qk_fix=False)
+    ig = attribution_patch(tiny, src, tgt, SITES, readout=metric, method="ig", steps=1)
     assert torch.equal(atp.values, ig.values) and torch.equal(atp.corrupted, ig.corrupted)
     assert ig.meta["method"] == "ig" and ig.meta["steps"] == 1
 
@@ -323,7 +323,7 @@ def test_ig_one_step_is_plain_atp(tiny, pair, metric):
 @pytest.mark.parametrize("steps", [2, 3])
 def test_ig_equals_hand_computation(tiny, pair, metric, steps):
     src, tgt = pair
-    kw = dict(metric=metric, positions=[1, 2, -1], layers=[0, 1])
+    kw = dict(readout=metric, positions=[1, 2, -1], layers=[0, 1])
     ig = attribution_patch(tiny, src, tgt, IG_SITES, method="ig", steps=steps, **kw)
     ref = _ig_reference(tiny, src, tgt, ig, metric, [j / steps for j in range(steps)])
     est = (ig.values[0] - ig.corrupted[0]).double()
@@ -341,7 +341,7 @@ def test_ig_converges_to_exact_patching_at_the_input(tiny, pair, metric):
     # layer 0, position 2 moves on the straight line from target to source and nothing else
     # moves: the integral of the gradient is the exact patching effect of that cell
     src, tgt = pair
-    kw = dict(metric=metric, positions=[2], layers=[0])
+    kw = dict(readout=metric, positions=[2], layers=[0])
     ex = patch_activations(tiny, src, tgt, "resid_pre", **kw)
     gap = (ex.values - ex.corrupted[:, None]).abs().max()
     errors = []
@@ -355,11 +355,11 @@ def test_ig_converges_to_exact_patching_at_the_input(tiny, pair, metric):
 
 def test_ig_batched_equals_one_by_one(tiny, pair, metric):
     src, tgt = pair
-    both = attribution_patch(tiny, src, tgt, IG_SITES, metric=metric, method="ig", steps=3)
+    both = attribution_patch(tiny, src, tgt, IG_SITES, readout=metric, method="ig", steps=3)
     for b in range(src.batch_size):
         one_metric = metric.__class__(metric.name, metric.kind, metric.sets[b : b + 1])
         one = attribution_patch(
-            tiny, src.select([b]), tgt.select([b]), IG_SITES, metric=one_metric, method="ig",
+            tiny, src.select([b]), tgt.select([b]), IG_SITES, readout=one_metric, method="ig",
             steps=3,
         )  # fmt: skip
         assert torch.allclose(one.values[:, :, 0], both.values[:, :, b], atol=1e-5)
@@ -367,9 +367,9 @@ def test_ig_batched_equals_one_by_one(tiny, pair, metric):
 
 def test_ig_neurons_one_step_is_atp_and_two_differ(tiny, pair, metric):
     src, tgt = pair
-    a = neuron_attribution(tiny, src, tgt, metric=metric)
-    b = neuron_attribution(tiny, src, tgt, metric=metric, method="ig", steps=1)
-    c = neuron_attribution(tiny, src, tgt, metric=metric, method="ig", steps=2)
+    a = neuron_attribution(tiny, src, tgt, readout=metric)
+    b = neuron_attribution(tiny, src, tgt, readout=metric, method="ig", steps=1)
+    c = neuron_attribution(tiny, src, tgt, readout=metric, method="ig", steps=2)
     assert torch.equal(a.values, b.values)
     assert not torch.allclose(a.values, c.values) and c.meta["steps"] == 2
 
@@ -379,16 +379,16 @@ def test_ig_bad_input_and_hooks_removed(tiny, pair, metric, monkeypatch):
 
     src, tgt = pair
     with pytest.raises(PatchingError, match="method"):
-        attribution_patch(tiny, src, tgt, metric=metric, method="eap")
+        attribution_patch(tiny, src, tgt, readout=metric, method="eap")
     with pytest.raises(PatchingError, match="steps"):
-        attribution_patch(tiny, src, tgt, metric=metric, method="ig", steps=0)
+        attribution_patch(tiny, src, tgt, readout=metric, method="ig", steps=0)
     with pytest.raises(PatchingError, match="QK fix"):
-        attribution_patch(tiny, src, tgt, metric=metric, method="ig", qk_fix=True)
+        attribution_patch(tiny, src, tgt, readout=metric, method="ig", qk_fix=True)
     en = load_facts(langs=["en"], relations=["capital"], limit=2)
     ja = load_facts(langs=["ja"], relations=["capital"], limit=2)
     with pytest.raises(PatchingError, match="token length"):
         attribution_patch(
-            tiny, en, ja, "mlp_out", metric=fact_metrics(tiny, ja), alignment="subject",
+            tiny, en, ja, "mlp_out", readout=fact_metrics(tiny, ja), alignment="subject",
             method="ig",
         )  # fmt: skip
 
@@ -400,22 +400,22 @@ def test_ig_bad_input_and_hooks_removed(tiny, pair, metric, monkeypatch):
 
     monkeypatch.setattr(gradients, "_metric_values", boom)
     with pytest.raises(Boom):
-        attribution_patch(tiny, src, tgt, IG_SITES, metric=metric, method="ig", steps=3)
+        attribution_patch(tiny, src, tgt, IG_SITES, readout=metric, method="ig", steps=3)
     assert count_hooks(tiny) == 0 and not torch.is_grad_enabled()
 
 
 def test_bad_input(tiny, pair, metric):
     src, tgt = pair
     with pytest.raises(PatchingError, match="unknown patching site"):
-        attribution_patch(tiny, src, tgt, "resid_pree", metric=metric)
+        attribution_patch(tiny, src, tgt, "resid_pree", readout=metric)
     with pytest.raises(PatchingError, match="rows"):
-        attribution_patch(tiny, src, tgt.select([0]), metric=metric)
+        attribution_patch(tiny, src, tgt.select([0]), readout=metric)
     with pytest.raises(PatchingError, match="alignment"):
         en = load_facts(langs=["en"], relations=["capital"], limit=2)
         fr = load_facts(langs=["fr"], relations=["capital"], limit=2)
-        attribution_patch(tiny, en, fr, metric=fact_metrics(tiny, fr))
+        attribution_patch(tiny, en, fr, readout=fact_metrics(tiny, fr))
     with pytest.raises(PatchingError, match="heads"):
-        attribution_patch(tiny, src, tgt, "head", metric=metric, heads=[99])
+        attribution_patch(tiny, src, tgt, "head", readout=metric, heads=[99])
     assert count_hooks(tiny) == 0
 
 
@@ -427,7 +427,7 @@ def test_gemma_first_order(gemma):
     met = answer_logprob(gemma, ["Rome", "Madrid"])
     sites = ["resid_pre", "attn_out", "mlp_out", "head"]
     at = attribution_patch(
-        gemma, src, tgt, sites, layers=[2, 16], positions=[3, -1], metric=met, qk_fix=False
+        gemma, src, tgt, sites, layers=[2, 16], positions=[3, -1], readout=met, qk_fix=False
     )
     eps = 1e-2
     plus = _exact_interpolated(gemma, src, tgt, at, met, eps, early=True)
@@ -445,7 +445,7 @@ def test_gemma_ranks_like_exact_patching(gemma):
     clean, corrupt = fr[:3], fr[3:6]
     kw = dict(
         positions=["subject_first", "subject_last", -2, -1],
-        metric=fact_metrics(gemma, clean),
+        readout=fact_metrics(gemma, clean),
         alignment="subject",
     )
     sites = ["attn_out", "mlp_out"]

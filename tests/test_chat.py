@@ -19,7 +19,7 @@ from mechlingo.core.tokens import (
     chat_messages,
     chat_prefix_length,
     encode,
-    looks_chat_tuned,
+    looks_chat_model,
     use_chat,
 )
 from mechlingo.data import load_facts
@@ -60,7 +60,7 @@ def test_modes(chat_model, tiny):
     for name, tuned in [("google/gemma-3-1b-it", True), ("Qwen/Qwen2.5-0.5B-Instruct", True),
                         ("meta-llama/Llama-2-7b-chat-hf", True), ("google/gemma-3-270m", False),
                         ("bigscience/bloom-560m", False), ("gpt2", False)]:  # fmt: skip
-        assert looks_chat_tuned(name) is tuned, name
+        assert looks_chat_model(name) is tuned, name
 
 
 def test_tokens_are_the_template_then_the_plain_stem(chat_model):

@@ -233,7 +233,7 @@ def test_run_eval_and_run_tuned_lens_are_what_the_commands_write(tmp_path, tiny_
     out = tmp_path / "eval"
     assert main(["eval", "--model", str(tiny_dir), "--langs", "en,fr", "--limit", "4",
                  "--max-new-tokens", "2", "--quiet", "--out", str(out)]) == 0  # fmt: skip
-    facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=4, templates="tuned")
+    facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=4, templates="measured")
     run = run_eval(tiny, facts, Scorer("generate", "sentence"), max_new_tokens=2)
     assert _without(run.summary()) == _without(json.loads((out / "summary.json").read_text()))
     assert run.generations() == (out / "generations.jsonl").read_text()

@@ -57,6 +57,9 @@ def no_model(monkeypatch) -> list[str]:
 
 DRY = {
     "eval": ["eval", "--langs", "en,fr"],
+    "lens": ["lens", "--langs", "en,fr"],
+    "lens --prompt": ["lens", "--prompt", "The capital of France is"],
+    "steer build": ["steer", "build", "--langs", "en,fr", "--relation", "capital"],
     "trace": ["trace", "--langs", "en,fr", "--patch-prompts", "2"],
     "steer eval": ["steer", "eval", "--langs", "en,fr", "--vectors", "{d}/vec"],
     "experts": ["experts", "--parallel", "{d}/par", "--target", "es", "--lines", "20",
@@ -75,12 +78,33 @@ def test_dry_run_never_loads_the_model(command, inputs, tiny_dir, no_model, tmp_
     assert no_model == []
     assert not out.exists() and not (tmp_path / ".o.work").exists()
     text = capsys.readouterr().out
-    assert text.startswith(f"plan of mechlingo {command}:")
+    assert text.startswith(f"plan of mechlingo {command.split(' --')[0]}:")
     assert "estimated CPU time: " in text and "items: " in text
 
 
 def _embedded_facts() -> list:
     return load_facts(langs=["en", "fr", "ja"], relations=["capital"], limit=10)
+
+
+def test_lens_estimate_counts_a_pass_per_decoder_and_the_patchscope_layers():
+    facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=3)
+    logit = plans.plan_lens(facts, ["logit"], model=None)
+    assert logit.estimate.counts == {"prompt": 6.0, "token": 0.0}
+    scope = plans.plan_lens(facts, ["logit", "patchscope"], max_new_tokens=2, model=None)
+    n_layers = costs.EMBEDDED_LAYERS
+    assert scope.estimate.counts == {"prompt": 6.0 * 2 + 6 * n_layers, "token": 6.0 * n_layers * 2}
+    assert scope.estimate.seconds == pytest.approx(
+        (12 + 6 * n_layers) * S["prompt"] + 12 * n_layers * S["token"]
+    )
+    prompts = plans.plan_lens([], ["logit"], prompts=["a", "b", "c"], model=None)
+    assert prompts.estimate.counts["prompt"] == 3.0 and "prompts: 3" in str(prompts)
+
+
+def test_steer_build_estimate_counts_every_prompt_set_and_the_norm_pass():
+    sets = {"few_shot": ["x"] * 5, "zero_shot": ["y"] * 6, "translation": ["z"] * 4}
+    plan = plans.plan_steer_build(sets, model=None)
+    assert plan.estimate.counts == {"prompt": 5.0 + 6 + 4 + 6}
+    assert plan.estimate.seconds == pytest.approx(21 * S["prompt"])
 
 
 def test_eval_estimate_is_the_hand_computation():

@@ -315,9 +315,9 @@ def test_patching_grow_equals_stack_equals_transformer_lens(fam):
     sites = ["resid_pre", "resid_post", "attn_out", "mlp_out", "head"]
     if not fam.spec.parallel:
         sites.insert(1, "resid_mid")
-    stack = patch_activations(model, src, tgt, sites, metric=metric, batching="stack")
+    stack = patch_activations(model, src, tgt, sites, readout=metric, batching="stack")
     grow = patch_activations(
-        model, src, tgt, sites, metric=metric, batching="grow", cells_per_batch=7
+        model, src, tgt, sites, readout=metric, batching="grow", cells_per_batch=7
     )
     assert stack.cells == grow.cells
     assert (stack.values - grow.values).abs().max() < 1e-4
@@ -337,7 +337,7 @@ def test_patching_grow_equals_stack_equals_transformer_lens(fam):
     # patching the last block's output at the last position reproduces the source
     n = int(model.cfg.n_layers)
     last = patch_activations(
-        model, src, tgt, "resid_post", layers=[n - 1], positions=[-1], metric=metric
+        model, src, tgt, "resid_post", layers=[n - 1], positions=[-1], readout=metric
     )
     torch.testing.assert_close(last.values[:, 0], last.clean, atol=1e-4, rtol=0)
     assert count_hooks(model) == fam.hooks0
@@ -500,7 +500,7 @@ def test_patching_resid_mid_equals_a_hand_patched_residual(fam):
             "resid_mid",
             layers=[layer],
             positions=[pos],
-            metric=metric,
+            readout=metric,
             batching=batching,
         )
         mid = f"blocks.{layer}.hook_resid_mid"
@@ -563,7 +563,7 @@ def test_hooks_removed_after_error(fam, monkeypatch):
     for batching in ("grow", "stack"):
         with pytest.raises(Boom):
             patch_activations(
-                model, src, tgt, ["resid_pre", "head"], metric=metric, batching=batching
+                model, src, tgt, ["resid_pre", "head"], readout=metric, batching=batching
             )
         assert count_hooks(model) == fam.hooks0
     # nothing left behind: the same numbers as before the errors

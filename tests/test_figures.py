@@ -197,7 +197,7 @@ def _patched(c: dict[str, Any]) -> Any:
         c["patched"] = patch_activations(
             c["model"], fr[:2], fr[1:3], ["attn_out", "mlp_out", "head"],
             positions=["subject_first", "subject_last", -1],
-            metric=fact_metrics(c["model"], fr[:2]), alignment="subject",
+            readout=fact_metrics(c["model"], fr[:2]), alignment="subject",
         )  # fmt: skip
     return c["patched"]
 
@@ -505,7 +505,7 @@ def test_patching_shows_progress_and_gives_the_same_numbers(ctx, capsys):
     fr = load_facts(langs=["fr"], relations=["capital"], limit=3)
     kw = {
         "positions": [-1],
-        "metric": fact_metrics(ctx["model"], fr[:2]),
+        "readout": fact_metrics(ctx["model"], fr[:2]),
         "cells_per_batch": 2,
         "alignment": "last",
     }

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mechlingo.cli import build_parser, main
-from mechlingo.cli.glossary import FLAGS, RETIRED
+from mechlingo.cli.glossary import CODE_NAMES, FLAGS, RETIRED
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "glossary.md"
 #: flags argparse adds itself
@@ -115,6 +115,25 @@ def test_docs_table_is_the_glossary_both_ways():
         shown = rows[flag][2]
         expected = "every command" if len(cmds) == len(COMMANDS) else None
         assert shown == expected or sorted(shown.split(", ")) == cmds, (flag, shown, cmds)
+
+
+def test_every_code_word_has_one_name_per_meaning_in_the_code_and_the_page():
+    import importlib
+    import inspect
+
+    text = DOC.read_text()
+    for word, meanings in CODE_NAMES.items():
+        assert len({m for m, _ in meanings}) == len(meanings) > 1, word
+        for meaning, where in meanings:
+            assert f"| {word} | {meaning} |" in text, (word, meaning)
+            module, name, *param = where.split(":")
+            obj = getattr(importlib.import_module(module), name)
+            if param:
+                assert param[0] in inspect.signature(obj).parameters, where
+    # the stage-store meaning no longer shares the KV cache's name
+    from mechlingo.analyses.experts.kcurve import k_curve
+
+    assert "cache" not in inspect.signature(k_curve).parameters
 
 
 def test_retired_names_are_gone_and_their_replacements_exist():

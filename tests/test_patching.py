@@ -43,7 +43,7 @@ def _tl_metric(met):
 
 def test_source_equals_target_changes_nothing(tiny, pair, metric):
     src, _ = pair
-    sw = patch_activations(tiny, src, src, ["resid_pre", "mlp_out", "head"], metric=metric)
+    sw = patch_activations(tiny, src, src, ["resid_pre", "mlp_out", "head"], readout=metric)
     assert torch.allclose(sw.clean, sw.corrupted)
     assert torch.allclose(sw.values, sw.corrupted[:, None, :].expand_as(sw.values), atol=1e-5)
 
@@ -52,7 +52,7 @@ def test_last_layer_resid_patch_reproduces_source(tiny, pair, metric):
     src, tgt = pair
     n = tiny.cfg.n_layers
     sw = patch_activations(
-        tiny, src, tgt, "resid_post", layers=[n - 1], positions=[-1], metric=metric
+        tiny, src, tgt, "resid_post", layers=[n - 1], positions=[-1], readout=metric
     )
     assert not torch.allclose(sw.clean, sw.corrupted)
     assert torch.allclose(sw.values[:, 0], sw.clean, atol=1e-5)
@@ -62,8 +62,8 @@ def test_last_layer_resid_patch_reproduces_source(tiny, pair, metric):
 def test_batched_equals_one_cell_at_a_time(tiny, pair, metric):
     src, tgt = pair
     sites = ["resid_pre", "attn_out", "mlp_out", "head"]
-    a = patch_activations(tiny, src, tgt, sites, metric=metric, cells_per_batch=1)
-    b = patch_activations(tiny, src, tgt, sites, metric=metric, cells_per_batch=64)
+    a = patch_activations(tiny, src, tgt, sites, readout=metric, cells_per_batch=1)
+    b = patch_activations(tiny, src, tgt, sites, readout=metric, cells_per_batch=64)
     assert a.cells == b.cells
     assert torch.allclose(a.values, b.values, atol=1e-5)
 
@@ -75,10 +75,10 @@ def test_grown_batch_equals_stacked_batch(tiny, pair, metric, cells_per_batch):
     src, tgt = pair
     sites = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "head"]
     a = patch_activations(
-        tiny, src, tgt, sites, metric=metric, batching="stack", cells_per_batch=64
+        tiny, src, tgt, sites, readout=metric, batching="stack", cells_per_batch=64
     )
     b = patch_activations(
-        tiny, src, tgt, sites, metric=metric, batching="grow", cells_per_batch=cells_per_batch
+        tiny, src, tgt, sites, readout=metric, batching="grow", cells_per_batch=cells_per_batch
     )
     assert a.cells == b.cells
     assert (a.values - b.values).abs().max() < 1e-5
@@ -92,7 +92,7 @@ def test_grown_batch_cross_language_rows_of_different_lengths(tiny):
     ja = load_facts(langs=["ja"], relations=["capital"], limit=3)
     assert len({len(encode(tiny, [f.prompt]).tokens[0]) for f in ja}) > 1
     metrics = fact_metrics(tiny, ja)
-    kw = dict(metric=metrics, alignment="subject")
+    kw = dict(readout=metrics, alignment="subject")
     a = patch_activations(tiny, en, ja, ["resid_pre", "mlp_out"], batching="stack", **kw)
     b = patch_activations(tiny, en, ja, ["resid_pre", "mlp_out"], batching="grow", **kw)
     assert (a.values - b.values).abs().max() < 1e-5
@@ -106,7 +106,7 @@ def test_shared_prefix_equals_every_position(tiny, pair, metric, cells_per_batch
     # position (reuse_prefix=False) and of "stack", at every site
     src, tgt = pair
     sites = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "head"]
-    kw = dict(metric=metric, positions=positions)  # same-shape pair: no alignment
+    kw = dict(readout=metric, positions=positions)  # same-shape pair: no alignment
     full = patch_activations(tiny, src, tgt, sites, batching="stack", **kw)
     reused = patch_activations(
         tiny, src, tgt, sites, reuse_prefix=True, cells_per_batch=cells_per_batch, **kw
@@ -123,7 +123,7 @@ def test_shared_prefix_rows_of_different_lengths(tiny):
     # aligned by subject: equal to one example at a time without prefix reuse
     en = load_facts(langs=["en"], relations=["capital"], limit=3)
     ja = load_facts(langs=["ja"], relations=["capital"], limit=3)
-    kw = dict(metric=fact_metrics(tiny, ja), alignment="subject")
+    kw = dict(readout=fact_metrics(tiny, ja), alignment="subject")
     sites = ["resid_pre", "mlp_out", "head"]
     a = patch_activations(tiny, en, ja, sites, reuse_prefix=False, **kw)
     b = patch_activations(tiny, en, ja, sites, reuse_prefix=True, **kw)
@@ -133,7 +133,7 @@ def test_shared_prefix_rows_of_different_lengths(tiny):
 def test_reuse_prefix_refused_where_it_cannot_apply(tiny, pair, metric):
     src, tgt = pair
     with pytest.raises(PatchingError, match="batching='grow'"):
-        patch_activations(tiny, src, tgt, metric=metric, batching="stack", reuse_prefix=True)
+        patch_activations(tiny, src, tgt, readout=metric, batching="stack", reuse_prefix=True)
 
 
 def _brute_parts(starts, weights, base, length):
@@ -197,7 +197,7 @@ def test_grown_batch_hooks_removed_after_error(tiny, pair, metric, monkeypatch, 
     import mechlingo.analyses.recall.patching as patching
 
     src, tgt = pair
-    kw = dict(metric=metric, batching="grow", reuse_prefix=reuse_prefix)
+    kw = dict(readout=metric, batching="grow", reuse_prefix=reuse_prefix)
 
     class Boom(Exception):
         pass
@@ -227,7 +227,7 @@ def test_grown_batch_hooks_removed_after_error(tiny, pair, metric, monkeypatch, 
         patch_activations(tiny, src, tgt, "resid_pre", **kw)
     assert count_hooks(tiny) == 0
     with pytest.raises(PatchingError, match="batching"):
-        patch_activations(tiny, src, tgt, metric=metric, batching="tiles")
+        patch_activations(tiny, src, tgt, readout=metric, batching="tiles")
 
 
 @pytest.mark.parametrize(
@@ -241,7 +241,7 @@ def test_grown_batch_hooks_removed_after_error(tiny, pair, metric, monkeypatch, 
 )
 def test_equals_transformer_lens(tiny, pair, metric, site, fn):
     src, tgt = pair
-    sw = patch_activations(tiny, src, tgt, site, metric=metric, cells_per_batch=13)
+    sw = patch_activations(tiny, src, tgt, site, readout=metric, cells_per_batch=13)
     _, cache = tiny.run_with_cache(src.tokens)
     ref = fn(tiny, tgt.tokens, cache, _tl_metric(metric), reduce="none").values
     ours = sw.values[0]
@@ -253,7 +253,9 @@ def test_equals_transformer_lens(tiny, pair, metric, site, fn):
 def test_result_tables_and_figure(tiny, pair, metric):
     src, tgt = pair
     diff = logit_diff(tiny, ["mat", "the"], ["dog", "cat"], name="diff")
-    sw = patch_activations(tiny, src, tgt, ["resid_pre", "head"], layers=[0], metric=[metric, diff])
+    sw = patch_activations(
+        tiny, src, tgt, ["resid_pre", "head"], layers=[0], readout=[metric, diff]
+    )
     df = sw.to_dataframe()
     assert set(df["metric"]) == {"lp", "diff"}
     assert {"normalized", "ci_low", "ci_high"} <= set(df.columns)
@@ -282,14 +284,14 @@ def test_cross_language_alignment(tiny):
     fr = load_facts(langs=["fr"], relations=["capital"], limit=3)
     metrics = fact_metrics(tiny, fr)
     with pytest.raises(PatchingError, match="alignment"):
-        patch_activations(tiny, en, fr, "resid_pre", metric=metrics)
+        patch_activations(tiny, en, fr, "resid_pre", readout=metrics)
     sw = patch_activations(
-        tiny, en, fr, "resid_pre", metric=metrics, alignment="last", positions=[-1, -2]
+        tiny, en, fr, "resid_pre", readout=metrics, alignment="last", positions=[-1, -2]
     )
     tb, sb = encode(tiny, [f.prompt for f in fr]), encode(tiny, [f.prompt for f in en])
     assert torch.equal(sw.target_positions[0], tb.last_index)
     assert torch.equal(sw.source_positions[1], sb.last_index - 1)
-    sw = patch_activations(tiny, en, fr, ["mlp_out"], metric=metrics, alignment="subject")
+    sw = patch_activations(tiny, en, fr, ["mlp_out"], readout=metrics, alignment="subject")
     assert sw.position_labels == ["subject_first", "subject_last", "-1"]
     for i, (e, f) in enumerate(zip(en, fr, strict=True)):
         assert tuple(sw.source_positions[:2, i].tolist()) == subject_token_span(
@@ -298,7 +300,7 @@ def test_cross_language_alignment(tiny):
         assert tuple(sw.target_positions[:2, i].tolist()) == subject_token_span(
             tiny, f.prompt, f.subject_span
         )
-    sw = patch_activations(tiny, en, fr, "resid_pre", metric=metrics, alignment={3: 2, -1: -1})
+    sw = patch_activations(tiny, en, fr, "resid_pre", readout=metrics, alignment={3: 2, -1: -1})
     assert sw.target_positions[0].tolist() == [3, 3, 3]
     assert sw.source_positions[0].tolist() == [2, 2, 2]
 
@@ -306,21 +308,21 @@ def test_cross_language_alignment(tiny):
 def test_bad_input(tiny, pair, metric):
     src, tgt = pair
     with pytest.raises(PatchingError, match="rows"):
-        patch_activations(tiny, src, tgt.select([0]), metric=metric)
+        patch_activations(tiny, src, tgt.select([0]), readout=metric)
     with pytest.raises(PatchingError, match="out of range"):
-        patch_activations(tiny, src, tgt, positions=[99], metric=metric)
+        patch_activations(tiny, src, tgt, positions=[99], readout=metric)
     with pytest.raises(PatchingError, match="out of range"):
-        patch_activations(tiny, src, tgt, positions=[-99], metric=metric)
+        patch_activations(tiny, src, tgt, positions=[-99], readout=metric)
     with pytest.raises(PatchingError, match="unknown patching site"):
-        patch_activations(tiny, src, tgt, "resid_pree", metric=metric)
+        patch_activations(tiny, src, tgt, "resid_pree", readout=metric)
     with pytest.raises(PatchingError, match="subject"):
-        patch_activations(tiny, src, tgt, positions=["subject_last"], metric=metric)
+        patch_activations(tiny, src, tgt, positions=["subject_last"], readout=metric)
     with pytest.raises(PatchingError, match="empty"):
         subject_token_span(tiny, "The capital of", (4, 4))
     with pytest.raises(PatchingError, match="subject token span"):
-        patch_activations(tiny, src, tgt, metric=metric, target_subject=[(3, 1), (1, 2)])
+        patch_activations(tiny, src, tgt, readout=metric, target_subject=[(3, 1), (1, 2)])
     with pytest.raises(PatchingError, match="examples"):
-        patch_activations(tiny, src, tgt, metric=answer_logprob(tiny, ["a", "b", "c"]))
+        patch_activations(tiny, src, tgt, readout=answer_logprob(tiny, ["a", "b", "c"]))
     assert count_hooks(tiny) == 0
 
 
@@ -339,7 +341,7 @@ def test_knockout(tiny):
     with pytest.raises(PatchingError, match="out of range"):
         attention_knockout(tiny, facts, [(0, n + 3)])
     with pytest.raises(PatchingError, match="subject"):
-        attention_knockout(tiny, ["a b c"], [(0, 0)], metric=answer_logprob(tiny, ["x"]))
+        attention_knockout(tiny, ["a b c"], [(0, 0)], readout=answer_logprob(tiny, ["x"]))
     assert count_hooks(tiny) == 0
 
 
@@ -351,7 +353,7 @@ def test_gemma_matches_transformer_lens(gemma):
     met = answer_logprob(gemma, ["Rome", "Madrid"])
     layers = [0, 8, 17]
     sw = patch_activations(
-        gemma, src, tgt, "resid_pre", layers=layers, positions=[1, 2, 3], metric=met
+        gemma, src, tgt, "resid_pre", layers=layers, positions=[1, 2, 3], readout=met
     )
     _, cache = gemma.run_with_cache(src.tokens, names_filter=lambda n: n.endswith("resid_pre"))
     import pandas as pd

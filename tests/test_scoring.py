@@ -424,8 +424,8 @@ def test_eval_rank_and_klar_on_the_embedded_model(tmp_path, gemma, monkeypatch):
     from mechlingo.cli import common, main
     from mechlingo.cli.validate import check_after_load
 
-    def session_model(args):  # the session's embedded model, checked as the CLI checks it
-        check_after_load(gemma, args)
+    def session_model(args, **data):  # the session's embedded model, checked as the CLI does
+        check_after_load(gemma, args, **data)
         return gemma
 
     monkeypatch.setattr(common, "load_cli_model", session_model)
@@ -479,8 +479,8 @@ def test_eval_on_benchmark_fixture_folders(tmp_path, gemma, monkeypatch):
     from mechlingo.cli.validate import check_after_load
     from tests.bench_fixtures import write_fixture
 
-    def session_model(args):
-        check_after_load(gemma, args)
+    def session_model(args, **data):
+        check_after_load(gemma, args, **data)
         return gemma
 
     monkeypatch.setattr(common, "load_cli_model", session_model)

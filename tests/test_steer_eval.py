@@ -111,7 +111,7 @@ def test_early_stop_same_verdicts_on_tiny(tiny):
 @pytest.mark.slow
 def test_early_stop_same_verdicts_on_gemma(gemma):
     facts = []
-    for tpl in ("natural", "tuned"):
+    for tpl in ("natural", "measured"):
         facts += load_facts(langs=LANGS, relations=["capital"], limit=4, templates=tpl)
     a = evaluate_facts(gemma, facts, max_new_tokens=6, batch_size=48, early_stop=True)
     b = evaluate_facts(gemma, facts, max_new_tokens=6, batch_size=48, early_stop=False)

@@ -82,7 +82,7 @@ def test_circuit_and_stages(tiny, tiny_trace):
         fr[1:3],
         ["attn_out", "mlp_out"],
         positions=["subject_first", "subject_last", -1],
-        metric=fact_metrics(tiny, fr[:2]),
+        readout=fact_metrics(tiny, fr[:2]),
         alignment="subject",
     )
     stages = pipeline_stages(sw, tiny_trace, "fr")

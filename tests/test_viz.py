@@ -140,7 +140,7 @@ def patched(tiny):
         fr[1:3],
         ["attn_out", "mlp_out", "head"],
         positions=["subject_first", "subject_last", -1],
-        metric=fact_metrics(tiny, fr[:2]),
+        readout=fact_metrics(tiny, fr[:2]),
         alignment="subject",
     )
 

@@ -22,6 +22,7 @@ from torch import Tensor
 from mechlingo.activations.decoding import decode
 from mechlingo.activations.pooled import encode_sentences
 from mechlingo.activations.runs import StopForward, final_resid_name, run_batch
+from mechlingo.core.defaults import BATCH_SIZE, SAMPLE_NEW_TOKENS
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
@@ -45,7 +46,7 @@ def line_nll(
     texts: Sequence[str],
     *,
     fwd_hooks: FwdHooks = (),
-    batch_size: int = 16,
+    batch_size: int = BATCH_SIZE,
     max_tokens: int | None = None,
     chunk_rows: int = 128,
 ) -> tuple[Float[Tensor, " text"], Int[Tensor, " text"]]:
@@ -108,7 +109,7 @@ def sample_from_bos(
     model: Model,
     n: int,
     *,
-    max_new_tokens: int = 20,
+    max_new_tokens: int = SAMPLE_NEW_TOKENS,
     fwd_hooks: FwdHooks = (),
     seed: int = 0,
     temperature: float = 1.0,

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mechlingo.card.repair_items import gold_share
+from mechlingo.core.defaults import BATCH_SIZE, STEER_MAX_NEW_TOKENS
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 from mechlingo.data.candidates import with_candidates
@@ -46,7 +47,11 @@ METRIC_RULE = (
 
 
 def dev_accuracies(
-    model: Model, dev: Sequence[Fact], *, max_new_tokens: int = 6, batch_size: int = 16
+    model: Model,
+    dev: Sequence[Fact],
+    *,
+    max_new_tokens: int = STEER_MAX_NEW_TOKENS,
+    batch_size: int = BATCH_SIZE,
 ) -> dict[str, Any]:
     """The rule's inputs: per metric (``generate``, ``rank``) and language the number of
     correct dev items and ``n`` (``counts``: ``{metric: {lang: [correct, n]}}``), the

@@ -52,6 +52,7 @@ from mechlingo.card.stages.data import (
     parallel_parts,
     repair_split,
 )
+from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.describe import model_info
 from mechlingo.core.errors import InputError
 from mechlingo.core.stages import Stages
@@ -342,7 +343,7 @@ def _embed_cost(model: Model, parallel: Mapping[str, Sequence[str]] | None,
     texts = parallel_parts(parallel, cfg, documents)["eval"]
     lines = {lg: v[:8] for lg, v in texts.items()}
     c0 = time.process_time()
-    embed_parallel(model, lines, layers="all", batch_size=cfg.get("batch_size", 16),
+    embed_parallel(model, lines, layers="all", batch_size=cfg.get("batch_size", BATCH_SIZE),
                    max_tokens=cfg["experts"]["max_tokens"])  # fmt: skip
     n = sum(len(v) for v in lines.values())
     return {"embed": round((time.process_time() - c0) / max(1, n), 4)}

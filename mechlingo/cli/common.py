@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from mechlingo.activations.distributed import dist_info
 from mechlingo.cli.validate import check_after_load
+from mechlingo.core import defaults
 from mechlingo.core.errors import InputError, MechlingoError
 from mechlingo.core.models import load_model, model_name, weight_mode
 from mechlingo.core.tokens import CHAT_MODES, chat_enabled, use_chat
@@ -24,6 +25,7 @@ from mechlingo.data import (
     load_facts,
     read_facts,
 )
+from mechlingo.data.io import RETIRED_TEMPLATES
 from mechlingo.scoring.scorers import Scorer
 
 # Registered subcommands: name -> (add_args, run), filled by @command.
@@ -101,7 +103,7 @@ def add_data_args(
     *,
     default_langs: str = DEFAULT_LANGS,
     langs_reason: str = "English and four others, one in another script: minutes on a CPU",
-    default_templates: str = "tuned",
+    default_templates: str = "measured",
     templates_reason: str = "",
     default_limit: int | None = 50,
     limit_reason: str = "",
@@ -115,13 +117,14 @@ def add_data_args(
     g = p.add_argument_group("data")
     g.add_argument(
         "--templates",
-        choices=["natural", "tuned"],
+        choices=["natural", "measured", "tuned"],
         default=None,
         help=f"prompt family of the bundled facts (default {default_templates}"
         + (f": {templates_reason}" if templates_reason else "")
-        + "): natural = plain fact-completion stems never tuned on a model ('The capital of "
-        "France is'); tuned = the stems measured best zero-shot on the embedded model "
-        "(docs/data.md). --facts files keep their own prompts",
+        + "): natural = plain fact-completion stems never chosen on a model ('The capital of "
+        "France is'); measured = the stems measured best zero-shot on the embedded model "
+        "(docs/data.md; 'tuned' is its deprecated old name). --facts files keep their own "
+        "prompts",
     )
     p.set_defaults(_templates_default=default_templates, _langs_default=default_langs)
     g.add_argument(
@@ -200,27 +203,32 @@ def add_max_rank_arg(p: argparse.ArgumentParser, help_text: str) -> None:
                    help=f"{help_text} (default {MAX_RANK})")  # fmt: skip
 
 
+#: greedy tokens of fact scoring (:data:`mechlingo.core.defaults.MAX_NEW_TOKENS`)
+MAX_NEW_TOKENS = defaults.MAX_NEW_TOKENS
 #: why fact scoring generates 8 tokens (measured on the embedded tokenizer, the answers with a
 #: leading space: 99.4% of the 12,960 bundled facts take at most 8 tokens)
 MAX_NEW_TOKENS_REASON = "99% of the bundled answers take at most 8 tokens of the embedded model"
 
 
-def add_max_new_tokens_arg(p: argparse.ArgumentParser, default: int = 8, note: str = "") -> None:
+def add_max_new_tokens_arg(
+    p: argparse.ArgumentParser, default: int = MAX_NEW_TOKENS, note: str = ""
+) -> None:
     """``--max-new-tokens`` of the commands that score facts by greedy generation, with the
     command's default, its reason and ``note`` (what else decides the length) in its help."""
     extra = f"; {note}" if note else ""
-    why = f": {MAX_NEW_TOKENS_REASON}".replace("%", "%%") if default == 8 else ""
+    why = f": {MAX_NEW_TOKENS_REASON}".replace("%", "%%") if default == MAX_NEW_TOKENS else ""
     p.add_argument("--max-new-tokens", type=int, default=default,
                    help=f"greedy tokens to generate (default {default}{why}{extra})")  # fmt: skip
 
 
-def scorer_from_args(args: Any) -> Any:
+def scorer_from_args(args: argparse.Namespace) -> Any:
     """The :class:`~mechlingo.scoring.scorers.Scorer` of ``--metric``/``--rank-tokens``."""
     return Scorer(getattr(args, "metric", "generate"), getattr(args, "rank_tokens", "sentence"))
 
 
-#: The shared ``--batch-size`` default; a command with another one says why.
-BATCH_SIZE = 16
+#: The shared ``--batch-size`` default (:data:`mechlingo.core.defaults.BATCH_SIZE`); a
+#: command with another one says why.
+BATCH_SIZE = defaults.BATCH_SIZE
 
 
 def add_batch_size_arg(
@@ -247,9 +255,9 @@ def add_out_arg(
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def load_selected_facts(args: Any) -> list[Any]:
-    """The facts selected by ``--facts/--langs/--relation/--limit`` (remembered on ``args``
-    for the context-length check after the model loads). Without ``--langs`` the bundled
+def load_selected_facts(args: argparse.Namespace) -> list[Any]:
+    """The facts selected by ``--facts/--langs/--relation/--limit`` (pass them to
+    :func:`load_cli_model` for the context-length check). Without ``--langs`` the bundled
     facts are read in the command's default languages and a ``--facts`` file in all of its
     own."""
 
@@ -262,13 +270,19 @@ def load_selected_facts(args: Any) -> list[Any]:
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be at least 1")
     templates = getattr(args, "templates", None)
+    if templates in RETIRED_TEMPLATES:
+        print(f"warning: --templates {templates} is now --templates "
+              f"{RETIRED_TEMPLATES[templates]}; the old name will be removed", file=sys.stderr)  # fmt: skip
+        templates = RETIRED_TEMPLATES[templates]
     if templates == "natural" and args.facts is not None:
         raise UsageError(
             "--templates natural re-renders the bundled facts; a --facts file keeps its own "
             "prompts (drop --templates)"
         )
     if templates is None:
-        templates = getattr(args, "_templates_default", "tuned") if args.facts is None else "tuned"
+        templates = (
+            getattr(args, "_templates_default", "measured") if args.facts is None else "measured"
+        )
     args.templates_used = "file" if args.facts is not None else templates
     try:
         if args.facts is not None and benchmark_format(args.facts) is not None:
@@ -285,11 +299,10 @@ def load_selected_facts(args: Any) -> list[Any]:
         raise
     except (ValueError, OSError) as err:
         raise UsageError(str(err)) from err
-    args._facts = facts
     return facts
 
 
-def selected_langs(args: Any) -> list[str] | None:
+def selected_langs(args: argparse.Namespace) -> list[str] | None:
     """The languages of ``--langs``; without it the command's default languages for the
     bundled facts, and every language of the file with ``--facts`` (``None`` for a
     benchmark: all of its languages)."""
@@ -304,7 +317,7 @@ def selected_langs(args: Any) -> list[str] | None:
     return [lg for lg in LANGS if lg in present] + sorted(present - set(LANGS))
 
 
-def _load_benchmark_facts(args: Any, relations: list[str] | None) -> list[Any]:
+def _load_benchmark_facts(args: argparse.Namespace, relations: list[str] | None) -> list[Any]:
     """Facts of a benchmark given with ``--facts``; the records skipped, by reason, are printed
     and kept on ``args`` for the summary's ``meta`` (:func:`run_meta`)."""
     bench = load_benchmark(
@@ -326,9 +339,15 @@ def _load_benchmark_facts(args: Any, relations: list[str] | None) -> list[Any]:
     return bench.facts
 
 
-def load_cli_model(args: Any) -> Model:
+def load_cli_model(
+    args: argparse.Namespace,
+    *,
+    facts: Sequence[Any] = (),
+    texts: Mapping[str, Sequence[str]] | None = None,
+) -> Model:
     """Load ``--model`` on ``--device``/``--dtype``, then run the checks that need it
-    (:func:`mechlingo.cli.validate.check_after_load`) before any computation."""
+    (:func:`mechlingo.cli.validate.check_after_load`: the command's ``facts`` or parallel
+    ``texts`` against the context) before any computation."""
 
     device = args.device
     info = dist_info()
@@ -336,11 +355,11 @@ def load_cli_model(args: Any) -> Model:
         device = str(info.device)  # under torchrun: this rank's GPU, or the CPU
     model = load_model(args.model, device=device, dtype=args.dtype, compat=args.compat)
     use_chat(model, getattr(args, "chat", "off"))
-    check_after_load(model, args)
+    check_after_load(model, args, facts=facts, texts=texts)
     return model
 
 
-def run_meta(model: Model, args: Any, **extra: Any) -> dict[str, Any]:
+def run_meta(model: Model, args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
     """The ``meta`` record of a command's summary: model, weights, device, the seeds
     (:func:`run_seeds`) and the library versions (mechlingo, Python, torch, transformers,
     transformer-lens, numpy, scipy), so that a number can be traced to what made it."""
@@ -363,7 +382,7 @@ def run_meta(model: Model, args: Any, **extra: Any) -> dict[str, Any]:
     }
 
 
-def run_seeds(args: Any) -> dict[str, Any]:
+def run_seeds(args: argparse.Namespace) -> dict[str, Any]:
     """Every seed a command drew with: its ``--seed``/``--control-seeds`` and the fixed seed 0 of
     the bootstrap intervals that no flag sets. Each arm, k, condition and role draws from a
     generator of its own, seeded from these (:func:`mechlingo.core.faults.derive_seed`), so

@@ -25,6 +25,8 @@ __all__ = [
     "plan_align",
     "plan_eval",
     "plan_experts",
+    "plan_lens",
+    "plan_steer_build",
     "plan_steer_eval",
     "plan_trace",
     "plan_tuned_lens",
@@ -55,7 +57,7 @@ def add_dry_run_arg(p: argparse.ArgumentParser) -> None:
                    "nothing is written")  # fmt: skip
 
 
-def announce(plan: Plan, args: Any) -> bool:
+def announce(plan: Plan, args: argparse.Namespace) -> bool:
     """Print ``plan`` on stderr (unless ``--quiet`` without ``--dry-run``); returns whether
     the command stops here (``--dry-run``)."""
     dry = bool(getattr(args, "dry_run", False))
@@ -201,3 +203,36 @@ def plan_steer_eval(
              f"test conditions: orig, task, diff, both and {seeds} random control(s)",
              "scored prompts per repeat: " + ", ".join(f"{k} {v:,}" for k, v in per_repeat.items())]  # fmt: skip
     return Plan("steer eval", lines, estimate(counts, shape, notes))
+
+
+def plan_lens(
+    facts: Sequence[Any], decoders: Sequence[str], *, prompts: Sequence[str] = (),
+    max_new_tokens: int = 0, model: str | None,
+) -> Plan:  # fmt: skip
+    """``lens``: one prompt pass per fact (or ``--prompt`` text) per decoder; the
+    ``patchscope`` decoder one more pass per layer and prompt (and its continuation's
+    ``max_new_tokens`` tokens at each layer)."""
+    shape, notes = model_shape(model), list[str]()
+    n_layers = _layers(shape, notes)
+    n = len(prompts) if prompts else len(facts)
+    scope = "patchscope" in decoders
+    passes = n * len(decoders) + (n * n_layers if scope else 0)
+    counts = {
+        "prompt": float(passes),
+        "token": float(n * n_layers * max_new_tokens if scope else 0),
+    }
+    what = f"prompts: {n} (--prompt)" if prompts else f"facts: {n} ({_langs_text(_by_lang(facts))})"
+    lines = [what, f"decoders: {', '.join(decoders)}"
+             + (f"; patchscope: one target pass per layer ({n_layers})" if scope else "")]  # fmt: skip
+    return Plan("lens", lines, estimate(counts, shape, notes))
+
+
+def plan_steer_build(prompt_sets: Mapping[str, Sequence[str]], model: str | None) -> Plan:
+    """``steer build``: one pass per prompt of each set (few-shot, zero-shot, translation)
+    and one more over the zero-shot prompts for the residual norms."""
+    shape = model_shape(model)
+    sizes = {k: len(v) for k, v in prompt_sets.items()}
+    passes = sum(sizes.values()) + sizes.get("zero_shot", 0)
+    lines = ["build prompts: " + ", ".join(f"{k} {v}" for k, v in sizes.items()),
+             f"plus {sizes.get('zero_shot', 0)} zero-shot passes for the residual norms"]  # fmt: skip
+    return Plan("steer build", lines, estimate({"prompt": float(passes)}, shape))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from mechlingo.cli.common import UsageError, run_meta, split_list
 from mechlingo.core.types import Model
 from mechlingo.report.decoders import decoders_report
 
-__all__ = ["add_decoder_args", "parse_decoders", "run_decoders"]
+__all__ = ["DecoderChoice", "add_decoder_args", "decoder_choice", "parse_decoders", "run_decoders"]
 
 
 def add_decoder_args(p: argparse.ArgumentParser) -> None:
@@ -54,9 +55,22 @@ def _tuned_paths(text: str | None) -> dict[str, Path]:
     return out
 
 
-def parse_decoders(args: Any) -> list[str]:
-    """The decoder labels of ``--decoder`` (``tuned`` expands to one per ``--tuned-lens``),
-    checked before the model loads."""
+@dataclass(frozen=True)
+class DecoderChoice:
+    """The decoders of ``mechlingo lens``: ``labels`` in order (``tuned`` expanded to one per
+    ``--tuned-lens``) and ``tuned_paths``, the lens folder of each ``tuned`` label."""
+
+    labels: list[str]
+    tuned_paths: dict[str, Path] = field(default_factory=dict)
+
+
+def parse_decoders(args: argparse.Namespace) -> list[str]:
+    """The decoder labels of ``--decoder`` (:attr:`DecoderChoice.labels`)."""
+    return decoder_choice(args).labels
+
+
+def decoder_choice(args: argparse.Namespace) -> DecoderChoice:
+    """The decoders of ``--decoder`` and ``--tuned-lens``, checked before the model loads."""
     names = split_list(getattr(args, "decoder", None)) or ["logit"]
     known = decoder_names()
     bad = [n for n in names if n not in known]
@@ -74,24 +88,28 @@ def parse_decoders(args: Any) -> list[str]:
         raise UsageError("lens --max-new-tokens is the patchscope's continuation length",
                          where="--max-new-tokens",
                          fix="add --decoder patchscope, or drop --max-new-tokens")  # fmt: skip
-    args._tuned_paths = tuned
     out = []
     for n in names:
         out += list(tuned) if n == "tuned" else [n]
-    return out
+    return DecoderChoice(out, tuned)
 
 
 def run_decoders(
-    args: Any, model: Model, facts: list[Any], decoders: list[str], track: list[str]
+    args: argparse.Namespace,
+    model: Model,
+    facts: list[Any],
+    choice: DecoderChoice,
+    track: list[str],
 ) -> int:
     """The lens under several decoders (:func:`~mechlingo.analyses.decoders.run.run_lens_decoders`):
     ``summary.json`` (per decoder: the lens summary and where English leads), ``lens.csv``
     (with a ``decoder`` column) and ``report.html``."""
     t0 = time.time()
     spec: dict[str, Any] = {}
+    decoders = choice.labels
     for label in decoders:
-        name = "tuned" if label in args._tuned_paths else label
-        spec[label] = get_decoder(name, model, tuned_lens=args._tuned_paths.get(label),
+        name = "tuned" if label in choice.tuned_paths else label
+        spec[label] = get_decoder(name, model, tuned_lens=choice.tuned_paths.get(label),
                                   target=args.patchscope_target,
                                   max_new_tokens=args.max_new_tokens)  # fmt: skip
     run = run_lens_decoders(model, facts, spec, track_langs=track, max_rank=args.max_rank,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
 
 from mechlingo.cli import common, cost
 from mechlingo.report.evaluate import eval_report
@@ -24,14 +23,14 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 @common.command(
     "eval", "accuracy per language: greedy (default), klar or candidate rank", _eval_args
 )
-def cmd_eval(args: Any) -> int:
+def cmd_eval(args: argparse.Namespace) -> int:
 
     facts = common.load_selected_facts(args)
     scorer = common.scorer_from_args(args)
     plan = cost.plan_eval(facts, scorer.metric, args.max_new_tokens, args.model)
     if cost.announce(plan, args):
         return 0
-    model = common.load_cli_model(args)
+    model = common.load_cli_model(args, facts=facts)
     t0 = time.time()
     run = run_eval(
         model,

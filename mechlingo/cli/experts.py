@@ -97,12 +97,13 @@ def _data_args(p: argparse.ArgumentParser, default_lines: int, lines_reason: str
     )
 
 
-def load_parallel(args: Any, *, offset: int | None = None, limit: int | None = None) -> dict:
+def load_parallel(
+    args: argparse.Namespace, *, offset: int | None = None, limit: int | None = None
+) -> dict:
     """The parallel sentences selected by ``--parallel/--langs/--offset/--lines`` (lines that
     are empty in some language are dropped in all)."""
 
     langs = common.split_list(args.langs)
-    main_call = offset is None and limit is None
     offset = args.offset if offset is None else offset
     limit = args.lines if limit is None else limit
     if limit is not None and limit < 1:
@@ -116,8 +117,6 @@ def load_parallel(args: Any, *, offset: int | None = None, limit: int | None = N
             texts = parallel_sentences(langs or list(LANGS))
     texts = drop_empty_lines(texts)
     out = {lg: s[offset : offset + limit if limit else None] for lg, s in texts.items()}
-    if main_call:
-        args._texts = out  # for the context-length check after the model loads
     short = [lg for lg, s in out.items() if not s]
     if short:
         raise common.UsageError(
@@ -220,7 +219,7 @@ def _shard_args(g: Any) -> None:
 @common.command(
     "experts", "expert (language-specific) neurons, clamps and the k curve", _experts_args
 )
-def cmd_experts(args: Any) -> int:
+def cmd_experts(args: argparse.Namespace) -> int:
     """``mechlingo experts``, with the out-of-core shard folder (if one is used) kept for the
     whole command and removed afterwards."""
     with _shard_folder(args):
@@ -228,7 +227,7 @@ def cmd_experts(args: Any) -> int:
 
 
 @contextlib.contextmanager
-def _shard_folder(args: Any) -> Iterator[None]:
+def _shard_folder(args: argparse.Namespace) -> Iterator[None]:
     """Sets ``args.max_memory_bytes`` (the ``--max-memory`` cap) and ``args.shard_store``:
     ``--shard-dir``, or a temporary folder shared by the ranks (removed at the end), where
     :func:`~mechlingo.analyses.experts.run.run_experts` streams the statistics when they
@@ -246,7 +245,7 @@ def _shard_folder(args: Any) -> Iterator[None]:
         yield
 
 
-def _cmd_experts(args: Any) -> int:
+def _cmd_experts(args: argparse.Namespace) -> int:
 
     targets, ks = _experts_flags(args)
     texts = load_parallel(args)
@@ -262,12 +261,12 @@ def _cmd_experts(args: Any) -> int:
                              max_new_tokens=args.max_new_tokens, model=args.model)  # fmt: skip
     if cost.announce(plan, args):
         return 0
-    model = common.load_cli_model(args)
+    model = common.load_cli_model(args, texts=texts)
     stages = _experts_stages(args, model, texts, heldout)
     t0 = time.time()
     with common.usage_errors(ExpertError):
         run = run_experts(
-            model, texts, targets, ks, heldout=heldout, settings=_expert_settings(args),
+            model, texts, targets, ks, heldout=heldout, settings=options_from_args(args),
             stages=stages, shard_dir=args.shard_store, shard_always=bool(args.shard_dir),
             max_memory=args.max_memory_bytes,
         )  # fmt: skip
@@ -290,7 +289,7 @@ def _cmd_experts(args: Any) -> int:
     return 0
 
 
-def _experts_flags(args: Any) -> tuple[list[str], list[int]]:
+def _experts_flags(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     """The targets and the sorted distinct ``--k`` values, after the checks of the k rule's
     flags."""
     targets = common.split_list(args.target) or []
@@ -304,7 +303,7 @@ def _experts_flags(args: Any) -> tuple[list[str], list[int]]:
     return targets, ks
 
 
-def _expert_settings(args: Any) -> ExpertSettings:
+def options_from_args(args: argparse.Namespace) -> ExpertSettings:
     """``experts``' flags as :class:`~mechlingo.analyses.experts.run.ExpertSettings`."""
     layers = parse_ints(args.layers, "--layers")
     same = {name: getattr(args, name) for name in _SETTINGS_FLAGS}
@@ -313,7 +312,7 @@ def _expert_settings(args: Any) -> ExpertSettings:
     )
 
 
-def _heldout(args: Any) -> dict:
+def _heldout(args: argparse.Namespace) -> dict:
     """The ``--heldout`` sentences after the first ``--lines`` (the k curve's perplexity)."""
     try:
         return load_parallel(args, offset=args.offset + args.lines, limit=args.heldout)
@@ -324,7 +323,9 @@ def _heldout(args: Any) -> dict:
         ) from err
 
 
-def _experts_stages(args: Any, model: Model, texts: dict, heldout: dict | None) -> Stages:
+def _experts_stages(
+    args: argparse.Namespace, model: Model, texts: dict, heldout: dict | None
+) -> Stages:
     """The resumable stages of ``experts`` (:mod:`mechlingo.cli.work`): keyed by the model,
     the sentences, the held-out lines and every flag that changes a number (the targets and
     the k are in the stage names; the k rule's flags change no stored number)."""
@@ -411,7 +412,7 @@ def _align_args(p: argparse.ArgumentParser) -> None:
 
 
 @common.command("align", "cross-lingual retrieval and distances before/after a clamp", _align_args)
-def cmd_align(args: Any) -> int:
+def cmd_align(args: argparse.Namespace) -> int:
 
     texts = load_parallel(args)
     if len(texts) < 2:
@@ -426,7 +427,7 @@ def cmd_align(args: Any) -> int:
     work.work_folder(args)  # --work is checked before the model loads
     if cost.announce(cost.plan_align(texts, clamp_path is not None, args.model), args):
         return 0
-    model = common.load_cli_model(args)
+    model = common.load_cli_model(args, texts=texts)
     with common.usage_errors(FileNotFoundError, InterventionError):
         iv, control = load_clamp_pair(clamp_path, args.control, model)
     data = work.data_key(texts=texts)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from mechlingo.analyses.decoders.registry import decoder_names
 
-__all__ = ["FLAGS", "RETIRED", "retired_hints"]
+__all__ = ["CODE_NAMES", "FLAGS", "RETIRED", "retired_hints"]
 
 #: flag -> (concept, meaning). A concept is named by one flag only.
 FLAGS: dict[str, tuple[str, str]] = {
@@ -43,7 +43,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--target": ("target language", "the language of the expert neurons (clamped, aligned, replicated)"),
     "--relation": ("relations", "comma-separated fact relations, or 'all'"),
     "--limit": ("facts per relation", "at most this many facts per relation, the same facts in every language"),
-    "--templates": ("template family", "prompt family of the bundled facts: natural or tuned"),
+    "--templates": ("template family", "prompt family of the bundled facts: natural or measured"),
     "--offset": ("line offset", "parallel lines skipped first"),
     "--lines": ("lines per language", "parallel lines (sentences) per language, after --offset"),
     "--heldout": ("held-out lines", "held-out parallel lines per language right after the --lines used"),
@@ -123,6 +123,25 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--budget": ("budget", "sample sizes of the claims: quick or full"),
     "--settings": ("settings overrides", "overrides of the budget's settings (JSON or a .json file)"),
     "--strict": ("strict exit", "exit with status 3 when a stage failed"),
+}  # fmt: skip
+
+#: Words that meant several things in the code, each meaning with its own name now:
+#: word -> [(meaning, "module:function:parameter" or "module:name" that carries it)].
+CODE_NAMES: dict[str, list[tuple[str, str]]] = {
+    "cache": [
+        ("key-value cache of decoding", "mechlingo.scoring.evaluate:evaluate_conditions:cache"),
+        ("finished stages of a resumable run", "mechlingo.analyses.recall.steer_eval:evaluate_test:stage_store"),
+        ("the model cache folder", "mechlingo.core.artifacts:cleanup_stale:model_cache"),
+    ],
+    "tuned": [
+        ("the tuned lens (decoder `tuned`, --tuned-lens)", "mechlingo.analyses.decoders.tuned_lens:TunedLens"),
+        ("the template family measured best on the embedded model", "mechlingo.data.io:TEMPLATE_FAMILIES"),
+        ("a chat (instruction-following) model", "mechlingo.core.tokens:looks_chat_model"),
+    ],
+    "metric": [
+        ("the scoring rule of facts (generate, klar, rank)", "mechlingo.scoring.evaluate:evaluate_conditions:metric"),
+        ("what a patched run is read out as", "mechlingo.analyses.recall.patching.grid:resolve_grid:readout"),
+    ],
 }  # fmt: skip
 
 #: command -> {old flag: the flag that replaced it}.

@@ -10,8 +10,8 @@ from typing import Any
 from mechlingo.analyses.decoders.lens import lens_facts, logit_lens
 from mechlingo.analyses.decoders.patchscope import Patchscope
 from mechlingo.analyses.decoders.tuned_lens import load_tuned_lens
-from mechlingo.cli import common
-from mechlingo.cli.decoders import add_decoder_args, parse_decoders, run_decoders
+from mechlingo.cli import common, cost
+from mechlingo.cli.decoders import DecoderChoice, add_decoder_args, decoder_choice, run_decoders
 from mechlingo.data.langid import identify_language
 from mechlingo.report import write_outputs
 from mechlingo.report.lens import lens_report, token_lens_report
@@ -36,19 +36,24 @@ def _lens_args(p: argparse.ArgumentParser) -> None:
         "the grid in report.html); --langs, --relation and --track are then unused",
     )
     add_decoder_args(p)
+    cost.add_dry_run_arg(p)
 
 
 @common.command("lens", "per-language logit lens and latent-language curves", _lens_args)
-def cmd_lens(args: Any) -> int:
+def cmd_lens(args: argparse.Namespace) -> int:
 
-    decoders = parse_decoders(args)
+    choice = decoder_choice(args)
     if args.prompt:
-        return _token_lens(args, decoders)
+        return _token_lens(args, choice)
     facts = common.load_selected_facts(args)
-    model = common.load_cli_model(args)
+    plan = cost.plan_lens(facts, choice.labels, max_new_tokens=args.max_new_tokens,
+                          model=args.model)  # fmt: skip
+    if cost.announce(plan, args):
+        return 0
+    model = common.load_cli_model(args, facts=facts)
     track = common.split_list(args.track) or []
-    if decoders != ["logit"]:
-        return run_decoders(args, model, facts, decoders, track)
+    if choice.labels != ["logit"]:
+        return run_decoders(args, model, facts, choice, track)
     t0 = time.time()
     with common.usage_errors(ValueError):
         result = lens_facts(
@@ -72,20 +77,25 @@ def cmd_lens(args: Any) -> int:
     return 0
 
 
-def _token_lens(args: Any, decoders: list[str]) -> int:
+def _token_lens(args: argparse.Namespace, choice: DecoderChoice) -> int:
     """``--prompt``: the token-level lens of each prompt under one decoder: ``tokens.json``
     (per prompt, per layer and position, the top tokens with probabilities and languages),
     ``summary.json`` and ``report.html`` (the grids)."""
+    decoders = choice.labels
     if len(decoders) != 1:
         raise common.UsageError("--prompt reads one decoder at a time", where="--decoder",
                                 fix="give one of logit, tuned, patchscope")  # fmt: skip
     if any(not p.strip() for p in args.prompt):
         raise common.UsageError("--prompt is empty", fix="give the text to read")
+    plan = cost.plan_lens([], decoders, prompts=args.prompt,
+                          max_new_tokens=args.max_new_tokens, model=args.model)  # fmt: skip
+    if cost.announce(plan, args):
+        return 0
     model = common.load_cli_model(args)
     label = decoders[0]
     decoder: Any = None
     if label.startswith("tuned"):
-        decoder = load_tuned_lens(args._tuned_paths[label], model)
+        decoder = load_tuned_lens(choice.tuned_paths[label], model)
     elif label == "patchscope":
         decoder = Patchscope(target=args.patchscope_target)
     langs = [identify_language(p) or "en" for p in args.prompt]

@@ -30,6 +30,7 @@ from mechlingo.cli.common import COMMANDS
 from mechlingo.cli.flags import HelpParser
 from mechlingo.cli.glossary import RETIRED, retired_hints
 from mechlingo.cli.validate import validate_args
+from mechlingo.cli.work import work_folder
 from mechlingo.core.artifacts import cleanup_stale
 from mechlingo.core.errors import MechlingoError, format_error
 from mechlingo.core.faults import (
@@ -87,11 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
             name, help=getattr(fn, "help_text", ""), description=getattr(fn, "help_text", "")
         )
         add_args(sp)
-        sp.set_defaults(_run=fn)
     return parser
 
 
-def _cleanup_at_start(args: Any) -> None:
+def _cleanup_at_start(args: argparse.Namespace) -> None:
     """Remove leftovers of killed runs: temporary siblings of ``--out`` and the model
     cache's unfinished conversions."""
 
@@ -99,7 +99,7 @@ def _cleanup_at_start(args: Any) -> None:
     if isinstance(out, str) and out.strip():
         path = Path(out).expanduser().absolute()
         cleanup_stale(path.parent, path.name)
-    cleanup_stale(cache_dir(), cache=True)
+    cleanup_stale(cache_dir(), model_cache=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,9 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "_run", None):
+    if getattr(args, "command", None) not in COMMANDS:
         parser.print_help()
         return 2
+    run = COMMANDS[args.command][1]
 
     name = args.command + (f" {args.steer_command}" if getattr(args, "steer_command", None) else "")
     try:
@@ -127,14 +128,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             # data-parallel (each rank streams its shard; sums are all-reduced) and only rank
             # 0 writes outputs.
             with process_group():
-                return int(args._run(args) or 0)
+                return int(run(args) or 0)
     except (KeyboardInterrupt, Stopped) as err:
         signum = err.signum if isinstance(err, Stopped) else int(signal.SIGINT)
         out = getattr(args, "out", None)
         left = f"{out} was left as it was" if isinstance(out, str) else "nothing was written"
         sig = signal.Signals(signum).name
-        work = getattr(args, "_work", None)
-        if isinstance(work, str) and Path(work).is_dir():
+        work = _work_of(args)
+        if work is not None and work.is_dir():
             left += f"; the finished stages are kept in {work}: run the same command again to go on"
         print(f"mechlingo {name}: stopped by {sig}; {left}", file=sys.stderr)
         return 128 + signum
@@ -155,7 +156,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def _user_fault(err: Exception, args: Any) -> MechlingoError | None:
+def _work_of(args: argparse.Namespace) -> Path | None:
+    """The work folder of a command with ``--work`` (named by the message of a stopped
+    run), ``None`` for the others or when ``--out``/``--work`` give none."""
+    if not hasattr(args, "work") or not isinstance(getattr(args, "out", None), str):
+        return None
+    try:
+        return work_folder(args)
+    except MechlingoError:
+        return None
+
+
+def _user_fault(err: Exception, args: argparse.Namespace) -> MechlingoError | None:
     """``err`` as an error the user can fix: a :class:`MechlingoError` as it is, a disk
     fault (:func:`mechlingo.core.faults.disk_error`) or running out of memory
     (:func:`mechlingo.core.faults.memory_error`, naming ``--batch-size``); else ``None``."""

@@ -15,10 +15,10 @@ The rules are listed in ``docs/security.md``.
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from mechlingo.core.errors import DataError, InputError, OutputError
 from mechlingo.core.untrusted import expand_path, refuse_special
@@ -77,7 +77,7 @@ def _items(name: str, text: str) -> list[str]:
     return [text] if text.strip() else []
 
 
-def input_paths(args: Any) -> Iterator[tuple[str, Path]]:
+def input_paths(args: argparse.Namespace) -> Iterator[tuple[str, Path]]:
     """``(flag, path)`` of every existing file or folder the command line reads (expanded,
     not resolved); names that are not local paths (a hub id, the embedded model) are
     skipped."""
@@ -91,7 +91,7 @@ def input_paths(args: Any) -> Iterator[tuple[str, Path]]:
                 yield flag, path
 
 
-def _writes(args: Any) -> Iterator[tuple[str, Path]]:
+def _writes(args: argparse.Namespace) -> Iterator[tuple[str, Path]]:
     """``(flag, path)`` of every folder the command writes or removes: ``--out``, ``--work``
     (or the default ``.OUT.work`` beside ``--out``), ``--shard-dir``."""
     for name, flag in OUTPUT_FLAGS.items():
@@ -104,7 +104,7 @@ def _writes(args: Any) -> Iterator[tuple[str, Path]]:
         yield "--out", path.parent / f".{path.name}.work"
 
 
-def check_paths(args: Any) -> None:
+def check_paths(args: argparse.Namespace) -> None:
     """The path rules above, for one parsed command line, before any work.
 
     Raises:
@@ -148,7 +148,7 @@ def _norm(item: str) -> str | int | float:
     return item
 
 
-def check_repeats(args: Any) -> None:
+def check_repeats(args: argparse.Namespace) -> None:
     """Refuse a list-valued flag that names one item twice (``--langs en,fr,en``, ``--k
     50,050``, ``--tuned-lens a=X,a=Y``: the same name with two lenses).
 

@@ -150,7 +150,7 @@ def _settings_arg(text: str | None) -> dict[str, Any]:
 
 
 @command("replicate", "the papers' claims checked on a model: claims.json, claims.md, report", _replicate_args)  # fmt: skip
-def cmd_replicate(args: Any) -> int:
+def cmd_replicate(args: argparse.Namespace) -> int:
     facts, external, ext_metric = (
         _facts_or_benchmark(args.facts) if args.facts else (None, None, "rank")
     )
@@ -169,8 +169,7 @@ def cmd_replicate(args: Any) -> int:
     settings.setdefault("batch_size", args.batch_size)
     if args.target:
         settings.setdefault("experts", {})["target"] = args.target
-    work = work_folder(args)
-    args._work = str(work)  # named by the message of a stopped run
+    work = work_folder(args)  # the message of a stopped run names it (cli.main)
     agree = all_ranks_have if dist_info().world_size > 1 else None
     with sharded_scoring():  # under torchrun each rank scores its share of every batch
         card = replicate(

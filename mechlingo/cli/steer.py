@@ -56,6 +56,7 @@ from mechlingo.cli.work import (
     work_folder,
 )
 from mechlingo.core.artifacts import atomic_folder
+from mechlingo.core.defaults import check_seeds
 from mechlingo.core.types import Model
 from mechlingo.data import read_parallel_dir
 from mechlingo.data.splits import split_facts, take_per_lang
@@ -84,13 +85,17 @@ def _fractions(text: str) -> tuple[float, float, float]:
 
 
 DEFAULT_SPLIT = _flag_text(_SPLIT.fractions)
+#: why ``steer eval``'s batch is not the shared one (:data:`mechlingo.core.defaults.STEER_BATCH_SIZE`)
+STEER_BATCH_REASON = "the steering prompts are short and every condition scores all of them"
 #: why a steer subcommand's default relations differ from the other commands' capitals
 _RELATION_REASONS = {
     "all": "the vectors should engage recall in general, not one relation's answers",
 }
 
 
-def _common(p: argparse.ArgumentParser, default_relation: str) -> None:
+def _common(
+    p: argparse.ArgumentParser, default_relation: str, batch_size: int, batch_reason: str = ""
+) -> None:
     common.add_model_args(p)
     common.add_data_args(
         p,
@@ -104,11 +109,7 @@ def _common(p: argparse.ArgumentParser, default_relation: str) -> None:
         default_relation=default_relation,
         relation_reason=_RELATION_REASONS.get(default_relation, ""),
     )
-    common.add_out_arg(
-        p,
-        batch_size=_SCORING.batch_size,
-        batch_reason="the steering prompts are short and every condition scores all of them",
-    )
+    common.add_out_arg(p, batch_size=batch_size, batch_reason=batch_reason)
     p.add_argument(
         "--split",
         default=DEFAULT_SPLIT,
@@ -127,10 +128,11 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="steer_command", metavar="{build,eval}")
     b = sub.add_parser("build", help="build the task and diff vector stacks from the build split")
     # steer build pools every bundled relation by default (balanced per relation)
-    _common(b, "all")
+    _common(b, "all", _BUILD.batch_size)  # BuildSettings' batch: the shared one
     _build_args(b)
+    cost.add_dry_run_arg(b)
     e = sub.add_parser("eval", help="sweep on dev, report orig/task/diff/both/random on test")
-    _common(e, "capital")
+    _common(e, "capital", _SCORING.batch_size, STEER_BATCH_REASON)
     e.add_argument("--vectors", default=None,
                    help="folder written by `steer build` (required unless --transfer-only)")  # fmt: skip
     e.add_argument("--dev-per-lang", type=int, default=_SPLIT.dev_per_lang,
@@ -276,7 +278,7 @@ def _test_args(e: argparse.ArgumentParser) -> None:
 
 
 @common.command("steer", "build and evaluate the two repair steering vectors", _steer_args)
-def cmd_steer(args: Any) -> int:
+def cmd_steer(args: argparse.Namespace) -> int:
     which = getattr(args, "steer_command", None)
     if which == "build":
         return _build(args)
@@ -287,7 +289,7 @@ def cmd_steer(args: Any) -> int:
     raise common.UsageError("use `mechlingo steer build --out VDIR` or `mechlingo steer eval ...`")
 
 
-def _build(args: Any) -> int:
+def _build(args: argparse.Namespace) -> int:
 
     if args.k_shot < 1:
         raise common.UsageError("--k-shot must be at least 1")
@@ -299,12 +301,15 @@ def _build(args: Any) -> int:
     if args.per_relation is not None and args.per_relation < 1:
         raise common.UsageError("--per-relation must be at least 1")
     build = balance_relations(splits["build"], args.per_relation)
-    model = common.load_cli_model(args)
+    settings = _build_settings(args)
+    prompt_sets = steering.steering_prompts(build, k_shot=settings.k_shot,
+                                            translation_shots=settings.translation_shots)  # fmt: skip
+    if cost.announce(cost.plan_steer_build(prompt_sets, args.model), args):
+        return 0
+    model = common.load_cli_model(args, facts=facts)
     t0 = time.time()
     with common.usage_errors(ValueError):
-        vectors = steering.build_steering_vectors(
-            model, build, _build_settings(args), progress=not args.quiet
-        )
+        vectors = steering.build_steering_vectors(model, build, settings, progress=not args.quiet)
     vectors.build["ids_per_relation"] = {
         r: len({f.id for f in build if f.relation == r}) for r in vectors.build["relations"]
     }
@@ -325,13 +330,12 @@ def _build(args: Any) -> int:
     return 0
 
 
-def _eval(args: Any) -> int:
+def _eval(args: argparse.Namespace) -> int:
 
     facts = common.load_selected_facts(args)
     fractions = _fractions(args.split)
-    seeds = parse_ints(args.seeds, "--seeds", allow_empty=True)
-    if not seeds:
-        raise common.UsageError("--seeds needs at least one seed (3 or more advised)")
+    seeds = check_seeds(parse_ints(args.seeds, "--control-seeds", allow_empty=True) or [],
+                        what="--control-seeds")  # fmt: skip
     if args.repeats < 1:
         raise common.UsageError("--repeats must be at least 1")
     if args.side_effects and args.side_effects_lines < 1:
@@ -351,7 +355,7 @@ def _eval(args: Any) -> int:
     work_folder(args)  # --work is checked before the model loads
     if cost.announce(_eval_plan(args, facts, fractions, len(seeds)), args):
         return 0
-    model = common.load_cli_model(args)
+    model = common.load_cli_model(args, facts=facts)
     vectors = _load_vectors(args.vectors, model)
     stages = _eval_stages(args, model, facts)
     t0 = time.time()
@@ -397,7 +401,7 @@ def _eval(args: Any) -> int:
     return 0
 
 
-def _eval_plan(args: Any, facts: list, fractions: tuple, seeds: int) -> cost.Plan:
+def _eval_plan(args: argparse.Namespace, facts: list, fractions: tuple, seeds: int) -> cost.Plan:
     """The plan and estimate of ``steer eval`` from its flags (no model)."""
     splits = split_facts(facts, fractions, salt=args.salt)
     splits["dev"] = take_per_lang(splits["dev"], args.dev_per_lang)
@@ -407,7 +411,7 @@ def _eval_plan(args: Any, facts: list, fractions: tuple, seeds: int) -> cost.Pla
                                 sweep=not args.config, model=args.model)  # fmt: skip
 
 
-def _eval_stages(args: Any, model: Model, facts: list) -> Any:
+def _eval_stages(args: argparse.Namespace, model: Model, facts: list) -> Any:
     """The resumable stages of ``steer eval`` (:mod:`mechlingo.cli.work`): keyed by the model,
     the facts, the vectors' files, the side-effect lines and every flag that changes a
     number (the seeds, repeats and --transfer name or add stages instead)."""
@@ -423,7 +427,7 @@ def _load_vectors(folder: str, model: Model) -> SteeringPair:
         return SteeringPair.load(folder, model)
 
 
-def _side_effect_lines(args: Any, langs: list[str]) -> dict[str, list[str]]:
+def _side_effect_lines(args: argparse.Namespace, langs: list[str]) -> dict[str, list[str]]:
     """The first ``--side-effects-lines`` lines of ``--parallel DIR/<lang>.txt`` for
     every test language."""
     try:
@@ -433,7 +437,7 @@ def _side_effect_lines(args: Any, langs: list[str]) -> dict[str, list[str]]:
     return {lg: v[: args.side_effects_lines] for lg, v in lines.items()}
 
 
-def _transfer_ids(args: Any) -> list[int]:
+def _transfer_ids(args: argparse.Namespace) -> list[int]:
     ids = parse_ints(args.transfer_ids, "--transfer-ids") or []
     if len(ids) != 4 or min(ids) < 1:
         raise common.UsageError(
@@ -444,7 +448,7 @@ def _transfer_ids(args: Any) -> list[int]:
     return ids
 
 
-def _build_settings(args: Any) -> BuildSettings:
+def _build_settings(args: argparse.Namespace) -> BuildSettings:
     """``steer build``'s flags as :class:`~mechlingo.analyses.recall.settings.BuildSettings`."""
     return BuildSettings(
         k_shot=args.k_shot,
@@ -455,7 +459,7 @@ def _build_settings(args: Any) -> BuildSettings:
     )
 
 
-def _dev_grid(args: Any) -> DevGrid:
+def _dev_grid(args: argparse.Namespace) -> DevGrid:
     """``steer eval``'s dev-search flags as :class:`~mechlingo.analyses.recall.settings.DevGrid`."""
     task_layers = parse_ints(args.task_layers, "--task-layers")
     diff_layers = parse_ints(args.diff_layers, "--diff-layers")
@@ -471,7 +475,7 @@ def _dev_grid(args: Any) -> DevGrid:
     )
 
 
-def _scoring(args: Any) -> ScoringOptions:
+def _scoring(args: argparse.Namespace) -> ScoringOptions:
     """The scoring flags as :class:`~mechlingo.analyses.recall.settings.ScoringOptions`."""
     return ScoringOptions(
         metric=common.scorer_from_args(args),
@@ -482,7 +486,12 @@ def _scoring(args: Any) -> ScoringOptions:
 
 
 def _transfer(
-    args: Any, model: Model, facts: list, fractions: tuple, ids: list[int], built: dict | None
+    args: argparse.Namespace,
+    model: Model,
+    facts: list,
+    fractions: tuple,
+    ids: list[int],
+    built: dict | None,
 ) -> transfer.TransferMatrices:
     """:func:`mechlingo.analyses.recall.transfer.transfer_matrices` with the flags' settings."""
     matrix = MatrixSettings(
@@ -505,10 +514,10 @@ def _transfer(
     )
 
 
-def _transfer_only(args: Any, facts: list, fractions: tuple, ids: list[int]) -> int:
+def _transfer_only(args: argparse.Namespace, facts: list, fractions: tuple, ids: list[int]) -> int:
     """``steer eval --transfer-only``: the transfer matrices alone (one stage)."""
     work_folder(args)
-    model = common.load_cli_model(args)
+    model = common.load_cli_model(args, facts=facts)
     data = data_key(facts=[dataclasses.asdict(f) for f in facts])
     stages = open_stages(args, model, data, skip=("seeds", "repeats", "transfer", "vectors",
                                                   "side_effects"))  # fmt: skip

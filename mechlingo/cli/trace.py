@@ -24,9 +24,11 @@ import argparse
 import time
 from typing import Any
 
+from mechlingo.analyses.recall import trace
+
 # run_trace is called through its module, so that a wrapper set on the module (a test's
 # monkeypatch, a user's instrumentation) sees every call.
-from mechlingo.analyses.recall import trace
+from mechlingo.analyses.recall.trace_options import TraceOptions
 from mechlingo.cli import common, cost
 from mechlingo.cli.flags import parse_int_range
 from mechlingo.report.trace import trace_report
@@ -90,33 +92,39 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
     cost.add_dry_run_arg(p)
 
 
+def options_from_args(args: argparse.Namespace) -> TraceOptions:
+    """``trace``'s flags as :class:`~mechlingo.analyses.recall.trace_options.TraceOptions`
+    (checked there)."""
+    mid = parse_int_range(args.mid_layers, "--mid-layers")
+    return TraceOptions(
+        max_rank=args.max_rank, mid_layers=None if mid is None else tuple(mid),
+        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+        patch_prompts=args.patch_prompts,
+        patch_sites=tuple(common.split_list(args.patch_sites) or ["resid_pre"]),
+        cells_per_batch=args.cells_per_batch, method=getattr(args, "method", "exact"),
+        verify_heads=args.verify_heads, progress=not args.quiet,
+        unanswered=args.patch_unanswered,
+    )  # fmt: skip
+
+
 @common.command(
     "trace", "recall pipeline tracer: correct / translation / recall failures", _trace_args
 )
-def cmd_trace(args: Any) -> int:
+def cmd_trace(args: argparse.Namespace) -> int:
 
     if args.patch_prompts < 0:
         raise common.UsageError("--patch-prompts must be >= 0")
     facts = common.load_selected_facts(args)
-    mid = parse_int_range(args.mid_layers, "--mid-layers")
-    sites = common.split_list(args.patch_sites) or ["resid_pre"]
-    plan = cost.plan_trace(facts, max_new_tokens=args.max_new_tokens,
-                           patch_prompts=args.patch_prompts, sites=sites,
-                           method=getattr(args, "method", "exact"), model=args.model)  # fmt: skip
+    opts = options_from_args(args)
+    plan = cost.plan_trace(facts, max_new_tokens=opts.max_new_tokens,
+                           patch_prompts=opts.patch_prompts, sites=opts.patch_sites,
+                           method=opts.method, model=args.model)  # fmt: skip
     if cost.announce(plan, args):
         return 0
-    model = common.load_cli_model(args)
+    model = common.load_cli_model(args, facts=facts)
     t0 = time.time()
     with common.usage_errors(ValueError):  # a PatchingError names the language
-        run = trace.run_trace(
-            model, facts, max_rank=args.max_rank, mid_layers=mid,
-            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-            patch_prompts=args.patch_prompts,
-            patch_sites=sites,
-            cells_per_batch=args.cells_per_batch, method=getattr(args, "method", "exact"),
-            verify_heads=args.verify_heads, progress=not args.quiet,
-            unanswered=args.patch_unanswered,
-        )  # fmt: skip
+        run = trace.run_trace(model, facts, **opts.kw())
     meta = common.run_meta(
         model,
         args,

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
 
+from mechlingo.analyses.decoders.options import TrainingOptions
 from mechlingo.analyses.decoders.run import run_tuned_lens
 from mechlingo.analyses.decoders.tuned_lens import mix_texts
 from mechlingo.cli import common, cost, work
@@ -27,7 +27,7 @@ from mechlingo.data.prompts import parallel_sentences
 from mechlingo.report import Report
 
 
-def _spans(args: Any) -> tuple[slice, slice | None]:
+def _spans(args: argparse.Namespace) -> tuple[slice, slice | None]:
     """The training lines (``--offset``, ``--lines``) and the held-out lines right after
     them (``--heldout``; ``None`` without it)."""
     start = args.offset
@@ -85,7 +85,7 @@ def _tuned_args(p: argparse.ArgumentParser) -> None:
     cost.add_dry_run_arg(p)
 
 
-def _texts(args: Any) -> tuple[dict[str, list[str]], str]:
+def _texts(args: argparse.Namespace) -> tuple[dict[str, list[str]], str]:
     """``{lang: lines}`` of the training text and a description of where it came from."""
     if args.text_file:
         path = Path(args.text_file)
@@ -119,13 +119,23 @@ def _vocab_sample(text: str) -> int | str | None:
         ) from None
 
 
+def options_from_args(args: argparse.Namespace) -> TrainingOptions:
+    """``tuned-lens``' training flags as
+    :class:`~mechlingo.analyses.decoders.options.TrainingOptions` (checked there)."""
+    return TrainingOptions(
+        steps=args.steps, max_seconds=args.max_seconds, lr=args.lr,
+        texts_per_step=args.texts_per_step, max_tokens=args.max_tokens,
+        vocab_sample=_vocab_sample(args.vocab_sample), seed=args.seed, progress=not args.quiet,
+    )  # fmt: skip
+
+
 @common.command("tuned-lens", "train a tuned lens (one language or a balanced mix)", _tuned_args)
-def cmd_tuned_lens(args: Any) -> int:
+def cmd_tuned_lens(args: argparse.Namespace) -> int:
 
     if args.parallel and args.text_file:
         raise common.UsageError("give --parallel or --text-file, not both")
     train_span, held_span = _spans(args)
-    sample = _vocab_sample(args.vocab_sample)
+    training = options_from_args(args)
     by_lang, source = _texts(args)
     train = mix_texts({lg: v[train_span] for lg, v in by_lang.items()})
     held = mix_texts({lg: v[held_span] for lg, v in by_lang.items()}) if held_span else []
@@ -136,12 +146,9 @@ def cmd_tuned_lens(args: Any) -> int:
     model = common.load_cli_model(args)
     stages = work.open_stages(args, model, work.data_key(train=train, held=held))
     t0 = time.time()
-    kw = {"steps": args.steps, "max_seconds": args.max_seconds, "lr": args.lr,
-          "texts_per_step": args.texts_per_step, "max_tokens": args.max_tokens,
-          "vocab_sample": sample, "seed": args.seed, "progress": not args.quiet}  # fmt: skip
     run = run_tuned_lens(
         model, train, held, langs=list(by_lang), text=source, lines=_span_text(train_span),
-        training=kw, batch_size=args.batch_size, stages=stages,
+        training=training, batch_size=args.batch_size, stages=stages,
     )  # fmt: skip
     meta = common.run_meta(model, args, seconds=round(time.time() - t0, 1))
     report = Report("mechlingo: tuned lens training", meta)

@@ -10,9 +10,10 @@ code and notebooks can reuse them.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from mechlingo.cli.flags import check_finite, parse_config, parse_floats, parse_
 from mechlingo.cli.paths import check_paths, check_repeats
 from mechlingo.core.artifacts import output_target
 from mechlingo.core.checks import check_gguf_file, check_model_folder
+from mechlingo.core.defaults import check_seeds
 from mechlingo.core.describe import missing_fields
 from mechlingo.core.errors import (
     ArtifactError,
@@ -366,7 +368,7 @@ def check_layers(layers: Iterable[int], n_layers: int, flag: str) -> None:
             )
 
 
-def _check_shape(args: Any, shape: ModelShape) -> None:
+def _check_shape(args: argparse.Namespace, shape: ModelShape) -> None:
     cmd = getattr(args, "command", None)
     n = shape.n_layers
     if cmd == "align" and getattr(args, "layer", None) is not None:
@@ -443,16 +445,21 @@ def _fact_label(fact: Any, data: str | None) -> str:
     return f"fact {fact.id!r} ({fact.lang}, {fact.relation}){where}"
 
 
-def check_after_load(model: Model, args: Any) -> None:
+def check_after_load(
+    model: Model,
+    args: argparse.Namespace,
+    *,
+    facts: Sequence[Any] = (),
+    texts: Mapping[str, Sequence[str]] | None = None,
+) -> None:
     """The checks that need the loaded model, run before any computation: layer and
-    neuron counts, and every prompt's length against the context (``n_ctx``), naming the
-    fact or sentence that does not fit.
+    neuron counts, and the length of every prompt of ``facts`` and sentence of ``texts``
+    (the command's data) against the context (``n_ctx``), naming the one that does not fit.
 
     Raises:
         InputError / ContextLengthError: see :func:`validate_args`.
     """
     _check_shape(args, ModelShape.from_model(model))
-    facts = getattr(args, "_facts", None)
     if facts:
         new = int(getattr(args, "max_new_tokens", 0) or 0)
         labelled = [(_fact_label(f, args.facts), f.prompt) for f in facts]
@@ -469,7 +476,6 @@ def check_after_load(model: Model, args: Any) -> None:
                 shots.append((_fact_label(f, args.facts) + f" as a {k_shot}-shot prompt", text))
             check_context(model, shots, flag="--k-shot")
         _check_metric_context(model, args, facts)
-    texts = getattr(args, "_texts", None)
     if texts:
         max_tokens = getattr(args, "max_tokens", None)
         n_ctx = getattr(model.cfg, "n_ctx", None)
@@ -489,7 +495,7 @@ def check_after_load(model: Model, args: Any) -> None:
             check_context(model, labelled, flag="--max-tokens")
 
 
-def _check_metric_context(model: Model, args: Any, facts: Sequence[Any]) -> None:
+def _check_metric_context(model: Model, args: argparse.Namespace, facts: Sequence[Any]) -> None:
     """What ``--metric klar`` (its 3-shot prompts and 10 new tokens) and ``--metric rank``
     (the filled sentences, suffix included) give the model must fit its context too."""
     metric = getattr(args, "metric", "generate")
@@ -565,7 +571,7 @@ def _check_artifact_dir(path_text: str | None, flag: str, *, pair: bool = False)
             )
 
 
-def _check_counts(args: Any) -> None:
+def _check_counts(args: argparse.Namespace) -> None:
     """Integer flags: ``POSITIVE_INTS`` at least 1 (0 where :data:`ZERO_ALLOWED` says so),
     ``NON_NEGATIVE_INTS`` at least 0."""
     zero_ok = ZERO_ALLOWED.get(getattr(args, "command", ""), ())
@@ -584,7 +590,7 @@ def _check_counts(args: Any) -> None:
                 )
 
 
-def _check_fact_flags(args: Any) -> None:
+def _check_fact_flags(args: argparse.Namespace) -> None:
     """Flags of the commands that read facts (lens, eval, trace, steer)."""
     parse_list(getattr(args, "langs", None), "--langs", known=LANGS, what="language")
     data = getattr(args, "facts", None)
@@ -608,18 +614,14 @@ def _check_fact_flags(args: Any) -> None:
     if getattr(args, "steer_command", "") == "eval":
         if getattr(args, "config", None) is not None:
             parse_config(args.config)
-        if not parse_ints(args.seeds, "--control-seeds", allow_empty=True):
-            raise InputError(
-                "--control-seeds needs at least one seed",
-                where="--control-seeds",
-                fix="give 3 or more, e.g. --control-seeds 0,1,2",
-            )
+        check_seeds(parse_ints(args.seeds, "--control-seeds", allow_empty=True) or [],
+                    what="--control-seeds")  # fmt: skip
         _check_side_effect_flags(args)
     if hasattr(args, "vectors"):
         _check_artifact_dir(args.vectors, "--vectors", pair=True)
 
 
-def _check_side_effect_flags(args: Any) -> None:
+def _check_side_effect_flags(args: argparse.Namespace) -> None:
     """``steer eval``: ``--side-effects`` measures on the lines of ``--parallel DIR``; one
     without the other is refused."""
     switch, folder = getattr(args, "side_effects_on", False), getattr(args, "side_effects", None)
@@ -639,7 +641,9 @@ def _check_side_effect_flags(args: Any) -> None:
         check_text_dir(folder, None, "--parallel")
 
 
-def _check_experts_flags(args: Any, langs: list[str] | None, known: Sequence[str] | None) -> None:
+def _check_experts_flags(
+    args: argparse.Namespace, langs: list[str] | None, known: Sequence[str] | None
+) -> None:
     targets = parse_list(args.target, "--target", known=known, what="language")
     if langs is not None and targets is not None:
         missing = [t for t in targets if t not in langs]
@@ -653,7 +657,9 @@ def _check_experts_flags(args: Any, langs: list[str] | None, known: Sequence[str
     parse_ints(args.k, "--k", positive=True)
 
 
-def _check_align_flags(args: Any, langs: list[str] | None, known: Sequence[str] | None) -> None:
+def _check_align_flags(
+    args: argparse.Namespace, langs: list[str] | None, known: Sequence[str] | None
+) -> None:
     if args.target is not None:
         parse_list(args.target, "--target", known=known, what="language")
         if langs is not None and args.target not in langs:
@@ -672,7 +678,7 @@ def _check_align_flags(args: Any, langs: list[str] | None, known: Sequence[str] 
     _check_artifact_dir(args.control, "--control")
 
 
-def _check_text_flags(args: Any) -> None:
+def _check_text_flags(args: argparse.Namespace) -> None:
     """Flags of the commands that read parallel sentences (experts, align)."""
     known = None if getattr(args, "parallel", None) else LANGS
     langs = parse_list(getattr(args, "langs", None), "--langs", known=known, what="language")
@@ -695,7 +701,7 @@ FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
 }
 
 
-def _check_numbers(args: Any) -> None:
+def _check_numbers(args: argparse.Namespace) -> None:
     """Every numeric flag: finite, an integer within ``±MAX_FLAG_INT`` (a seed within
     64 bits), a float of :data:`FLOAT_RANGES` within its range."""
     for name, v in sorted(vars(args).items()):
@@ -720,7 +726,7 @@ def _check_numbers(args: Any) -> None:
                              where=flag, fix="give a realistic number")  # fmt: skip
 
 
-def validate_args(args: Any) -> None:
+def validate_args(args: argparse.Namespace) -> None:
     """Check every flag of a parsed ``mechlingo`` command line before any model loads.
 
     Raises:

@@ -90,7 +90,7 @@ def add_work_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def work_folder(args: Any) -> Path:
+def work_folder(args: argparse.Namespace) -> Path:
     """The work folder of ``args`` (``--work``, or ``.OUT.work`` beside ``--out``); a
     :class:`UsageError` when it is ``--out`` or inside it."""
     out = Path(args.out).expanduser().absolute()
@@ -119,7 +119,7 @@ def hash_files(folder: str | Path | None) -> str | None:
     return h.hexdigest()[:16]
 
 
-def settings_key(args: Any, skip: Iterable[str] = ()) -> dict[str, Any]:
+def settings_key(args: argparse.Namespace, skip: Iterable[str] = ()) -> dict[str, Any]:
     """Every plain flag value of ``args`` but those that change no number (and ``skip``:
     flags whose effect is in the stage names, such as the list of k)."""
     drop = _NOT_NUMBERS | set(skip)
@@ -132,12 +132,11 @@ def settings_key(args: Any, skip: Iterable[str] = ()) -> dict[str, Any]:
 
 
 def open_stages(
-    args: Any, model: Model, data: Mapping[str, Any], *, skip: Iterable[str] = ()
+    args: argparse.Namespace, model: Model, data: Mapping[str, Any], *, skip: Iterable[str] = ()
 ) -> Stages:
     """The stages of this run: keyed by the model, ``data`` (hashes of what was read) and
     :func:`settings_key`. With ``--fresh`` the stages of this key are removed first;
-    otherwise the finished ones are reused (a note on stderr says how many). Sets
-    ``args._work`` (the message of a stopped run names it)."""
+    otherwise the finished ones are reused (a note on stderr says how many)."""
     folder = work_folder(args)
     key = {
         "command": " ".join(x for x in (args.command, getattr(args, "steer_command", None)) if x),
@@ -169,11 +168,10 @@ def open_stages(
         if done and info.rank == 0 and not getattr(args, "quiet", False):
             print(f"going on from {len(done)} finished stage(s) in {folder} (--fresh to start "
                   "over)", file=sys.stderr)  # fmt: skip
-    args._work = str(folder)
     return stages
 
 
-def require_finished(args: Any, folder: Path) -> None:
+def require_finished(args: argparse.Namespace, folder: Path) -> None:
     """``--resume`` of a command whose stages are keyed elsewhere (``replicate``): refuse
     when ``folder`` holds no finished stage of any key (a :class:`UsageError`)."""
     if getattr(args, "fresh", False) and getattr(args, "resume", False):

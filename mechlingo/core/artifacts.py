@@ -268,12 +268,12 @@ def _disk_fix(err: OSError) -> str:
 
 
 def cleanup_stale(
-    parent: str | os.PathLike[str], name: str | None = None, *, cache: bool = False
+    parent: str | os.PathLike[str], name: str | None = None, *, model_cache: bool = False
 ) -> list[Path]:
     """Remove leftovers of killed writes in ``parent`` (for the folder ``name``, or all):
     ``.NAME.building-PID-*`` of dead processes, and ``.NAME.old-PID-*`` (put back at
     ``NAME`` when ``NAME`` is missing, i.e. the process died between two renames). With
-    ``cache`` (the model cache folder), also the cache's ``.building-*`` and ``*.stale-PID``
+    ``model_cache`` (``parent`` is the model cache folder), also the cache's ``.building-*`` and ``*.stale-PID``
     folders of dead processes (or, without a process id in the name, older than six hours).
     Returns what was removed."""
     parent = Path(parent)
@@ -298,7 +298,7 @@ def cleanup_stale(
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
             continue
-        c = _CACHE_STALE.match(entry.name) if cache else None
+        c = _CACHE_STALE.match(entry.name) if model_cache else None
         if c and entry.is_dir():
             pid = c["pid"] or c["spid"]
             if pid is not None and _pid_alive(int(pid)):

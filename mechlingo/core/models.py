@@ -212,7 +212,7 @@ def _build_locked(pkg: Any, folder: Path, *, force: bool) -> Path:
     """Under the cache lock: check the folder again (another process may have built it
     while this one waited), else build it in a temporary folder and rename it into place."""
     expected = pkg.EXPECTED_SHA256
-    cleanup_stale(folder.parent, cache=True)  # leftovers of a killed conversion
+    cleanup_stale(folder.parent, model_cache=True)  # leftovers of a killed conversion
     if folder.exists() and not force:
         ok, why = _cache_is_valid(folder, expected)
         if ok:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -441,7 +442,9 @@ def pack_token_sets(
 CHAT_MODES: tuple[str, ...] = ("auto", "on", "off")
 
 _ATTR = "_mechlingo_chat"
-_TUNED = re.compile(r"(?:^|[-_./ ])(?:it|instruct|chat|sft|dpo|rlhf)(?:$|[-_./ \d])", re.I)
+_CHAT_MODEL_NAME = re.compile(
+    r"(?:^|[-_./ ])(?:it|instruct|chat|sft|dpo|rlhf)(?:$|[-_./ \d])", re.I
+)
 
 
 class ChatPrompt(str):
@@ -466,10 +469,16 @@ def has_chat_template(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
+def looks_chat_model(name: str) -> bool:
+    """Whether a model name says it is a chat (instruction-following) model
+    (``gemma-3-1b-it``, ``Qwen2.5-0.5B-Instruct``, ``...-chat``, ``...-sft``)."""
+    return bool(_CHAT_MODEL_NAME.search(name or ""))
+
+
 def looks_chat_tuned(name: str) -> bool:
-    """Whether a model name says the model is chat/instruction-tuned (``gemma-3-1b-it``,
-    ``Qwen2.5-0.5B-Instruct``, ``...-chat``, ``...-sft``)."""
-    return bool(_TUNED.search(name or ""))
+    """Deprecated name of :func:`looks_chat_model` ("tuned" is the tuned lens's word)."""
+    warnings.warn("looks_chat_tuned is now looks_chat_model", DeprecationWarning, stacklevel=2)
+    return looks_chat_model(name)
 
 
 def use_chat(model: Model, mode: str = "auto") -> bool:
@@ -493,7 +502,7 @@ def use_chat(model: Model, mode: str = "auto") -> bool:
             fix="use --chat off (or auto) for a base model, or load the chat model's tokenizer",
         )
     name = str(getattr(model.cfg, "model_name", "") or getattr(tok, "name_or_path", "") or "")
-    on = mode == "on" or (mode == "auto" and template and looks_chat_tuned(name))
+    on = mode == "on" or (mode == "auto" and template and looks_chat_model(name))
     setattr(model, _ATTR, bool(on))
     return bool(on)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from functools import lru_cache
 from importlib import resources
@@ -407,7 +408,7 @@ def load_facts(
     relations: Iterable[str] | str | None = None,
     limit: int | None = None,
     path: PathLike | None = None,
-    templates: str = "tuned",
+    templates: str = "measured",
 ) -> list[Fact]:
     """Load facts from the bundled data (or from ``path``, a ``.jsonl``/``.tsv`` file).
 
@@ -418,11 +419,12 @@ def load_facts(
             sorted order among those present in *every* requested language, so the result
             stays aligned across languages (same ids in each).
         path: a user file instead of the bundled data.
-        templates: which prompts the bundled facts get: ``"tuned"`` (the stems chosen per
+        templates: which prompts the bundled facts get: ``"measured"`` (the stems chosen per
             language for the highest zero-shot accuracy on the embedded model, see
             ``docs/data.md``) or ``"natural"`` (plain fact-completion stems written once and
             never measured on a model, :func:`natural_templates`). A user file keeps its own
-            prompts and takes only ``"tuned"`` (meaning "as written").
+            prompts and takes only ``"measured"`` (meaning "as written"). The family's old
+            name ``"tuned"`` still works, with a :class:`DeprecationWarning`.
 
     Returns:
         Facts sorted by relation (bundled order), id, then language (order of ``langs``).
@@ -434,12 +436,13 @@ def load_facts(
     lang_sel = check_langs(langs)
     _refuse_repeats(lang_sel, "langs")
     _refuse_repeats(relations or (), "relations")
+    templates = template_family(templates)
     if templates not in TEMPLATE_FAMILIES:
         raise InputError(f"templates must be one of {TEMPLATE_FAMILIES}, got {templates!r}")
     if templates == "natural" and path is not None:
         raise InputError(
             "templates='natural' re-renders the bundled facts; a facts file keeps its own "
-            "prompts (leave templates at 'tuned')"
+            "prompts (leave templates at 'measured')"
         )
     source = bundled_path() if path is None else Path(path)
     refuse_special(source, DataError, fix="give a regular .jsonl or .tsv facts file")
@@ -487,7 +490,20 @@ def load_facts(
     return facts
 
 
-TEMPLATE_FAMILIES = ("tuned", "natural")
+TEMPLATE_FAMILIES = ("measured", "natural")
+#: old names of template families (``"tuned"`` was also the tuned lens's name)
+RETIRED_TEMPLATES = {"tuned": "measured"}
+
+
+def template_family(name: str) -> str:
+    """``name`` of a template family, an old name (:data:`RETIRED_TEMPLATES`) replaced by
+    its new one with a :class:`DeprecationWarning`."""
+    new = RETIRED_TEMPLATES.get(name)
+    if new is None:
+        return name
+    warnings.warn(f"templates={name!r} is now {new!r} (the stems measured best on the embedded "
+                  f"model); {name!r} will be removed", DeprecationWarning, stacklevel=3)  # fmt: skip
+    return new
 
 
 @lru_cache(maxsize=1)

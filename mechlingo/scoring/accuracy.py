@@ -18,6 +18,7 @@ from typing import Any
 
 from mechlingo.activations.distributed import is_main
 from mechlingo.core.artifacts import write_files
+from mechlingo.core.defaults import BATCH_SIZE, MAX_NEW_TOKENS
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 from mechlingo.kernels.significance import wilson_table
@@ -90,8 +91,8 @@ def run_eval(
     facts: Sequence[Fact],
     scorer: Scorer,
     *,
-    max_new_tokens: int = 8,
-    batch_size: int = 16,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    batch_size: int = BATCH_SIZE,
     progress: bool = False,
 ) -> EvalRun:
     """Score ``facts`` with ``scorer`` (greedy generation of ``max_new_tokens``, KLAR's rule

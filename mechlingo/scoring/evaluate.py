@@ -27,6 +27,7 @@ from mechlingo.activations.prefix import (
     record_head,
     shared_decoding_supported,
 )
+from mechlingo.core.defaults import BATCH_SIZE, EARLY_STOP, KV_CACHE, MAX_NEW_TOKENS, PROGRESS
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, encode, prepends_bos, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
@@ -177,12 +178,12 @@ def generate_conditions(
     prompts: Sequence[str],
     interventions: Sequence[Intervention | None],
     *,
-    max_new_tokens: int = 8,
-    batch_size: int = 16,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    batch_size: int = BATCH_SIZE,
     fwd_hooks: FwdHooks = (),
     stop_at_newline: bool = True,
-    progress: bool = False,
-    cache: bool = True,
+    progress: bool = PROGRESS,
+    cache: bool = KV_CACHE,
     stop: Callable[[int, str], bool] | None = None,
     shared: bool = True,
     max_rows: int | None = None,
@@ -358,12 +359,12 @@ def evaluate_conditions(
     prompts: Sequence[str] | None = None,
     prefixes: Sequence[str] | None = None,
     pool: Sequence[Fact] | None = None,
-    max_new_tokens: int = 8,
-    batch_size: int = 16,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    batch_size: int = BATCH_SIZE,
     fwd_hooks: FwdHooks = (),
-    progress: bool = False,
-    cache: bool = True,
-    early_stop: bool = True,
+    progress: bool = PROGRESS,
+    cache: bool = KV_CACHE,
+    early_stop: bool = EARLY_STOP,
     shared: bool = True,
 ) -> dict[str, EvalResult]:
     """Score ``facts`` under every condition of ``conditions`` (``{name: intervention or

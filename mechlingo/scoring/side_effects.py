@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,6 +22,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from mechlingo.activations.likelihood import line_nll
+from mechlingo.core.defaults import BATCH_SIZE, MAX_NEW_TOKENS, PROGRESS, SEED
 from mechlingo.core.errors import InputError
 from mechlingo.core.faults import derive_seed
 from mechlingo.core.jsonable import jsonable
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "METRICS",
+    "SideEffectOptions",
     "SideEffects",
     "SideEffectsError",
     "random_control",
@@ -418,6 +420,46 @@ def _effect_rows(
     return rows
 
 
+@dataclass(frozen=True)
+class SideEffectOptions:
+    """The settings of :func:`side_effects` (its defaults are these; their meaning is in its
+    docstring), checked when made; ``side_effects(..., **options.kw())`` applies them."""
+
+    seed: int = SEED
+    max_new_tokens: int = MAX_NEW_TOKENS
+    continuation_tokens: int = 16
+    prefix_words: int = 6
+    max_tokens: int | None = 48
+    batch_size: int = BATCH_SIZE
+    n_boot: int = 1000
+    confidence: float = 0.95
+    n_examples: int = 3
+    progress: bool = PROGRESS
+
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "continuation_tokens", "prefix_words", "batch_size",
+                     "n_boot"):  # fmt: skip
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise SideEffectsError(
+                    f"side effects: {name} must be an integer of at least 1, got {v!r}"
+                )
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise SideEffectsError(
+                f"side effects: max_tokens must be at least 1 (or None), got {self.max_tokens}"
+            )
+        if not 0 < self.confidence < 1:
+            raise SideEffectsError(
+                f"side effects: confidence must be between 0 and 1, got {self.confidence}"
+            )
+        if self.n_examples < 0:
+            raise SideEffectsError(f"side effects: n_examples must be >= 0, got {self.n_examples}")
+
+    def kw(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`side_effects`."""
+        return asdict(self)
+
+
 def side_effects(
     model: Model,
     intervention: Intervention,
@@ -426,16 +468,16 @@ def side_effects(
     *,
     control: Intervention | str | None = "random",
     langs: Sequence[str] | None = None,
-    seed: int = 0,
-    max_new_tokens: int = 8,
-    continuation_tokens: int = 16,
-    prefix_words: int = 6,
-    max_tokens: int | None = 48,
-    batch_size: int = 16,
-    n_boot: int = 1000,
-    confidence: float = 0.95,
-    n_examples: int = 3,
-    progress: bool = False,
+    seed: int = SideEffectOptions.seed,
+    max_new_tokens: int = SideEffectOptions.max_new_tokens,
+    continuation_tokens: int = SideEffectOptions.continuation_tokens,
+    prefix_words: int = SideEffectOptions.prefix_words,
+    max_tokens: int | None = SideEffectOptions.max_tokens,
+    batch_size: int = SideEffectOptions.batch_size,
+    n_boot: int = SideEffectOptions.n_boot,
+    confidence: float = SideEffectOptions.confidence,
+    n_examples: int = SideEffectOptions.n_examples,
+    progress: bool = SideEffectOptions.progress,
 ) -> SideEffects:
     """Measure what ``intervention`` changes in every language (see the module docstring).
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import torch
 
-from mechlingo.analyses.decoders.lens import LensResult, lens_facts
+from mechlingo.analyses.decoders.lens import LensFactsArgs, LensResult, lens_facts
+from mechlingo.core.defaults import SEED
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 from mechlingo.kernels.significance import bootstrap_mean, wilson
@@ -121,15 +122,23 @@ class DecoderComparison:
 
     results: dict[str, LensResult]
 
-    def english_lead(self, **kwargs: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    def english_lead(
+        self, *, langs: Sequence[str] | None = None, min_prob: float = 0.01, seed: int = SEED
+    ) -> dict[str, dict[str, dict[str, Any]]]:
         """:func:`english_lead` of every decoder: ``{decoder: {lang: ...}}``."""
-        return {name: english_lead(r, **kwargs) for name, r in self.results.items()}
+        return {
+            name: english_lead(r, langs=langs, min_prob=min_prob, seed=seed)
+            for name, r in self.results.items()
+        }
 
-    def pivot_table(self, **kwargs: Any) -> list[dict[str, Any]]:
+    def pivot_table(
+        self, *, langs: Sequence[str] | None = None, min_prob: float = 0.01, seed: int = SEED
+    ) -> list[dict[str, Any]]:
         """One row per (decoder, language): n, the share of prompts where English ever leads
-        (Wilson 95%), the mean first leading layer (bootstrap 95%) and the leading range."""
+        (Wilson 95%), the mean first leading layer (bootstrap 95%) and the leading range
+        (the options of :func:`english_lead`)."""
         rows = []
-        for name, by_lang in self.english_lead(**kwargs).items():
+        for name, by_lang in self.english_lead(langs=langs, min_prob=min_prob, seed=seed).items():
             for lg, d in by_lang.items():
                 if not d["n"]:
                     rows.append({"decoder": name, "lang": lg, "n": 0})
@@ -193,7 +202,7 @@ def compare_decoders(
     model: Model,
     facts: Sequence[Fact],
     decoders: Mapping[str, Any] | Sequence[str] = ("logit", "patchscope"),
-    **kwargs: Any,
+    **kwargs: Unpack[LensFactsArgs],
 ) -> DecoderComparison:
     """Run :func:`~mechlingo.analyses.decoders.lens.lens_facts` with each decoder on the same facts.
 

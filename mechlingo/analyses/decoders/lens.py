@@ -21,7 +21,7 @@ import html
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import torch
 from jaxtyping import Float, Int
@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "LensArgs",
+    "LensFactsArgs",
     "LensResult",
     "fact_answers",
     "lens_facts",
@@ -382,6 +384,36 @@ def token_energy(model: Model, rows: Float[Tensor, "row d_model"]) -> Float[Tens
         return ((x @ G) * x).sum(-1) / (x * x).sum(-1).clamp_min(1e-30)
 
 
+class LensArgs(TypedDict, total=False):
+    """The keywords of :func:`logit_lens` that :func:`lens_facts` (and
+    :func:`~mechlingo.analyses.decoders.compare.compare_decoders`) pass on; their meaning and
+    defaults are :func:`logit_lens`'s."""
+
+    layers: Any
+    top_k: int
+    batch_size: int
+    chunk_rows: int
+    progress: bool
+    tokens: bool | None
+
+
+class LensFactsArgs(TypedDict, total=False):
+    """The keywords of :func:`lens_facts` besides the decoder (what
+    :func:`~mechlingo.analyses.decoders.compare.compare_decoders` passes to every call):
+    :class:`LensArgs` and the fact-side ones."""
+
+    layers: Any
+    top_k: int
+    batch_size: int
+    chunk_rows: int
+    progress: bool
+    tokens: bool | None
+    track_langs: Sequence[str]
+    pool: Sequence[Fact] | None
+    tuned_lens: TunedLens | str | Path | None
+    patchscope: Patchscope | None
+
+
 def logit_lens(
     model: Model,
     prompts: Sequence[str],
@@ -596,7 +628,7 @@ def lens_facts(
     decoder: str | Decoder | None = "logit",
     tuned_lens: TunedLens | str | Path | None = None,
     patchscope: Patchscope | None = None,
-    **kwargs: Any,
+    **kwargs: Unpack[LensArgs],
 ) -> LensResult:
     """A lens over fact prompts, tracking each fact's own answer and its answer in
     ``track_langs`` (English by default).

@@ -29,8 +29,10 @@ import torch
 
 from mechlingo.activations.distributed import is_main
 from mechlingo.analyses.decoders.compare import DecoderComparison, compare_decoders
+from mechlingo.analyses.decoders.options import TrainingOptions
 from mechlingo.analyses.decoders.registry import generates
 from mechlingo.analyses.decoders.tuned_lens import (
+    HELDOUT_BATCH_SIZE,
     TunedLens,
     TunedLensTraining,
     lens_divergence,
@@ -120,7 +122,7 @@ def run_lens_decoders(
     track_langs: Sequence[str] = (),
     max_rank: int = 10,
     batch_size: int = 16,
-    progress: bool = True,
+    progress: bool = False,
 ) -> LensDecodersRun:
     """Read every layer of ``facts`` with each of ``decoders`` (label -> ``"logit"``, a
     :class:`~mechlingo.analyses.decoders.tuned_lens.TunedLens` or a
@@ -241,15 +243,16 @@ def run_tuned_lens(
     langs: Sequence[str],
     text: str,
     lines: str | None = None,
-    training: Mapping[str, Any] | None = None,
-    batch_size: int = 8,
+    training: TrainingOptions | Mapping[str, Any] | None = None,
+    batch_size: int = HELDOUT_BATCH_SIZE,
     stages: Stages | None = None,
 ) -> TunedLensRun:
     """Train a tuned lens on ``train`` and, with ``heldout`` texts, measure its held-out KL
     against the logit lens, as ``mechlingo tuned-lens`` does.
 
-    ``training`` holds the keyword arguments of
-    :func:`~mechlingo.analyses.decoders.tuned_lens.train_tuned_lens` (steps, lr, seed, ...);
+    ``training``: how the lens is trained
+    (:class:`~mechlingo.analyses.decoders.options.TrainingOptions`, or a mapping of its
+    fields);
     ``batch_size`` is the texts per forward pass of the held-out KL. ``langs``, ``text``
     (where the text came from) and ``lines`` (``START:STOP`` of the training lines, ``None``
     for all) are recorded in the lens's ``meta``. The training (the lens saved, read back
@@ -261,7 +264,7 @@ def run_tuned_lens(
         if stages is None:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="mechlingo-lens-"))
             stages = Stages(tmp, {"temporary": True})
-        tr = _staged_training(stages, model, train, dict(training or {}))
+        tr = _staged_training(stages, model, train, TrainingOptions.of(training).kw())
         tr.lens.meta |= {"text": text, "langs": list(langs), "lines": lines}
         div = None
         if heldout:

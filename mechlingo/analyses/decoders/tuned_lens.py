@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 from mechlingo.activations.distributed import all_reduce_state, dist_info, shard
 from mechlingo.activations.runs import StopForward, run_batch
 from mechlingo.analyses.decoders.entries import lens_hook_names
+from mechlingo.analyses.decoders.options import TrainingOptions
 from mechlingo.core.artifacts import atomic_folder
 from mechlingo.core.describe import check_model, model_info
 from mechlingo.core.errors import ArtifactError, InputError, MissingArtifactError
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 __all__ = [
+    "HELDOUT_BATCH_SIZE",
     "TunedLens",
     "TunedLensTraining",
     "lens_divergence",
@@ -80,6 +82,8 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
+#: texts per forward pass of the held-out KL (whole lines, longer than fact prompts)
+HELDOUT_BATCH_SIZE = 8
 _META_FILE = "tuned_lens.json"
 _TENSORS_FILE = "translators.safetensors"
 
@@ -552,18 +556,18 @@ def train_tuned_lens(
     model: Model,
     texts: Sequence[str],
     *,
-    steps: int = 40,
-    max_seconds: float | None = None,
-    texts_per_step: int = 8,
-    lr: float = 1e-3,
-    warmup: int = 4,
-    max_tokens: int = 64,
-    vocab_sample: int | str | None = "auto",
-    target_top_k: int = 64,
-    chunk_rows: int = 32,
-    seed: int = 0,
+    steps: int = TrainingOptions.steps,
+    max_seconds: float | None = TrainingOptions.max_seconds,
+    texts_per_step: int = TrainingOptions.texts_per_step,
+    lr: float = TrainingOptions.lr,
+    warmup: int = TrainingOptions.warmup,
+    max_tokens: int = TrainingOptions.max_tokens,
+    vocab_sample: int | str | None = TrainingOptions.vocab_sample,
+    target_top_k: int = TrainingOptions.target_top_k,
+    chunk_rows: int = TrainingOptions.chunk_rows,
+    seed: int = TrainingOptions.seed,
     init: TunedLens | None = None,
-    progress: bool = False,
+    progress: bool = TrainingOptions.progress,
 ) -> TunedLensTraining:
     """Train a tuned lens on ``texts`` (every real token of every text is a training token).
 
@@ -660,7 +664,7 @@ def lens_divergence(
     *,
     max_tokens: int = 64,
     positions_per_text: int | None = 8,
-    batch_size: int = 8,
+    batch_size: int = HELDOUT_BATCH_SIZE,
     seed: int = 0,
 ) -> dict[str, Any]:
     """Held-out ``KL(p_final || p_decoder)`` per lens entry for each decoder (``None`` = the

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from mechlingo.activations.likelihood import line_nll, sample_from_bos
 from mechlingo.activations.pooled import check_texts
 from mechlingo.analyses.experts.selection import ExpertResult
+from mechlingo.core.defaults import SAMPLE_NEW_TOKENS
 from mechlingo.core.errors import ExpertError
 from mechlingo.core.types import FwdHooks, Model
 from mechlingo.data.langid import identify_languages
@@ -328,14 +329,14 @@ def k_curve(
     heldout: Mapping[str, Sequence[str]],
     *,
     n_samples: int = 32,
-    max_new_tokens: int = 20,
+    max_new_tokens: int = SAMPLE_NEW_TOKENS,
     prompts: Sequence[str] = NEUTRAL_PROMPTS,
     value: Literal["mean", "median"] = "mean",
     seed: int = 0,
     control: bool = True,
     max_tokens: int | None = 32,
     progress: bool = False,
-    cache: Callable[[str, Callable[[], dict]], dict] | None = None,
+    stage_store: Callable[[str, Callable[[], dict]], dict] | None = None,
 ) -> KCurve:
     """For each ``k``: language of generations with the clamp on and held-out perplexity of
     every language, for the experts, the random control, and no clamp (``k = 0``), with
@@ -345,7 +346,7 @@ def k_curve(
     ``heldout`` and ``experts.langs``; generations with no letters count as not in the target.
     Choose ``k`` from the result with :meth:`KCurve.choose` (the papers' rule).
 
-    ``cache(name, fn)``, when given, runs each arm (``name``: ``"none"``, ``"k50-experts"``,
+    ``stage_store(name, fn)``, when given, runs each arm (``name``: ``"none"``, ``"k50-experts"``,
     ``"k50-random"``...) and returns ``fn()`` (a JSON-able dict) or a stored equal result (a
     resumable stage, :class:`mechlingo.core.stages.Stages`; ``experts --resume``). Every arm
     draws with ``seed`` alone, so an arm's row does not depend on the other ``ks``.
@@ -360,7 +361,7 @@ def k_curve(
     rows = []
     base_nll: dict[str, Tensor] | None = None
     arms = _k_arms(experts, lang, ks, value, seed, control)
-    run = cache or (lambda name, fn: fn())
+    run = stage_store or (lambda name, fn: fn())
     opts = {"n_samples": n_samples, "max_new_tokens": max_new_tokens, "prompts": prompts,
             "seed": seed, "max_tokens": max_tokens}  # fmt: skip
     for k, arm, iv in tqdm(arms, desc="k curve", disable=not progress):

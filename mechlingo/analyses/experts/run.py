@@ -35,6 +35,7 @@ from mechlingo.analyses.experts.stats import (
     score_neurons,
 )
 from mechlingo.core.artifacts import write_files
+from mechlingo.core.defaults import BATCH_SIZE, PROGRESS, SAMPLE_NEW_TOKENS
 from mechlingo.core.errors import ArtifactError, ExpertError
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
@@ -43,7 +44,7 @@ from mechlingo.core.untrusted import inside, load_tensors
 __all__ = [
     "ExpertSettings",
     "ExpertsRun",
-    "kcurve_cache",
+    "kcurve_store",
     "pooled_store",
     "run_experts",
     "staged_folder",
@@ -81,12 +82,31 @@ class ExpertSettings:
     layers: tuple[int, ...] | None = None
     seed: int = 0
     samples: int = 32
-    max_new_tokens: int = 20
+    max_new_tokens: int = SAMPLE_NEW_TOKENS
     max_tokens: int | None = None
     ppl_budget: float = PPL_BUDGET
     ppl_others: OthersRule = "none"
-    batch_size: int = 16
-    progress: bool = False
+    batch_size: int = BATCH_SIZE
+    progress: bool = PROGRESS
+
+    def __post_init__(self) -> None:
+        choices = {"pool": ("mean", "max"), "score": ("auroc", "ap", "lape"),
+                   "value": ("mean", "median"), "ppl_others": ("geomean", "max", "none")}  # fmt: skip
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ExpertError(
+                    f"{name} {getattr(self, name)!r}: pass one of {', '.join(allowed)}"
+                )
+        for name in ("samples", "max_new_tokens", "batch_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ExpertError(f"{name} must be an integer of at least 1, got {v!r}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ExpertError(
+                f"max_tokens must be at least 1 (or None: all), got {self.max_tokens}"
+            )
+        if not self.ppl_budget > 0:
+            raise ExpertError(f"ppl_budget must be above 0, got {self.ppl_budget}")
 
 
 @dataclass
@@ -328,7 +348,7 @@ def _k_curve(
         seed=opt.seed,
         max_tokens=opt.max_tokens or KCURVE_MAX_TOKENS,
         progress=opt.progress,
-        cache=kcurve_cache(stages, f"kcurve-{target}-"),
+        stage_store=kcurve_store(stages, f"kcurve-{target}-"),
     )
 
 
@@ -392,7 +412,7 @@ def staged_folder(stages: Stages, name: str, save: Callable[[Path], Any]) -> Pat
     return stages.path(name) / "saved"
 
 
-def kcurve_cache(stages: Stages, prefix: str) -> Callable[[str, Callable[[], dict]], dict]:
-    """The ``cache`` of :func:`mechlingo.analyses.experts.kcurve.k_curve`: each arm the stage
+def kcurve_store(stages: Stages, prefix: str) -> Callable[[str, Callable[[], dict]], dict]:
+    """The ``stage_store`` of :func:`mechlingo.analyses.experts.kcurve.k_curve`: each arm the stage
     ``{prefix}{arm}``."""
     return lambda name, fn: stages.run(f"{prefix}{name}", fn)

@@ -409,7 +409,7 @@ def verify_top_cells(
     Runs :func:`~mechlingo.analyses.recall.patching.patch_activations` on the smallest grid holding those cells
     (their layers x the grid's positions x their heads) with the same source, target,
     ``positions`` (the position specs the estimate was made with) and ``patch_kwargs``
-    (``metric=``, ``alignment=``, ...), and returns, per top cell (ranked by the metric
+    (``readout=``, ``alignment=``, ...), and returns, per top cell (ranked by the metric
     ``by``), its ``estimate`` and its ``exact`` normalised effect (and the effects in metric
     units).
     """

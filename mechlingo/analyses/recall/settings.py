@@ -20,8 +20,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mechlingo.core.defaults import (
+    BATCH_SIZE,
+    EARLY_STOP,
+    KV_CACHE,
+    PROGRESS,
+    STEER_BATCH_SIZE,
+    STEER_MAX_NEW_TOKENS,
+)
+from mechlingo.core.errors import InputError
 from mechlingo.core.sites import every_second_layer, layers_at
-from mechlingo.scoring.scorers import Scorer
+from mechlingo.scoring.scorers import METRICS, Scorer
 
 __all__ = [
     "ALPHA_GRID",
@@ -43,6 +52,12 @@ MATRIX_ALPHAS = (0.13, 0.28, 0.6)
 #: middle layers where the paper injects the task vector and the late ones of the
 #: back-translation vector, in three points
 MATRIX_LAYER_FRACTIONS = (0.35, 0.55, 0.75)
+
+
+def _at_least(value: int, low: int, name: str) -> None:
+    """A one-line :class:`InputError` when ``value`` is below ``low``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise InputError(f"{name} must be an integer of at least {low}, got {value!r}")
 
 
 def matrix_layers(n_layers: int) -> list[int]:
@@ -72,7 +87,14 @@ class BuildSettings:
     translation_shots: int = 2
     subtract_zero_shot: bool = True
     unit: str = "resid"
-    batch_size: int = 16
+    batch_size: int = BATCH_SIZE
+
+    def __post_init__(self) -> None:
+        _at_least(self.k_shot, 1, "k_shot (--k-shot)")
+        _at_least(self.translation_shots, 0, "translation_shots (--translation-shots)")
+        _at_least(self.batch_size, 1, "batch_size (--batch-size)")
+        if self.unit not in ("resid", "raw"):
+            raise InputError(f"unit {self.unit!r}: pass 'resid' or 'raw' (--unit)")
 
     @classmethod
     def of(cls, build: Mapping[str, Any]) -> BuildSettings:
@@ -125,27 +147,46 @@ class DevGrid:
 
 @dataclass(frozen=True)
 class ScoringOptions:
-    """How every item of every stage is scored.
+    """How every item of every stage of the steering protocol is scored (the defaults are
+    the protocol's, :data:`~mechlingo.core.defaults.STEER_MAX_NEW_TOKENS` and
+    :data:`~mechlingo.core.defaults.STEER_BATCH_SIZE`, as ``mechlingo steer eval --help``
+    says).
 
     Attributes:
-        metric: ``"generate"`` (greedy generation by the eval rule), ``"rank"``, ``"klar"``
-            or a :class:`~mechlingo.scoring.scorers.Scorer`.
+        metric: the scoring rule: ``"generate"`` (greedy generation by the eval rule),
+            ``"rank"``, ``"klar"`` or a :class:`~mechlingo.scoring.scorers.Scorer`.
         max_new_tokens: greedy tokens per item under ``generate``.
         batch_size: prompts per forward pass.
         progress: show progress bars.
+        cache: decode with a key-value cache (the same tokens; ``False`` recomputes the
+            prefix at every step).
+        early_stop: stop decoding an item once its verdict is final (the same verdicts).
     """
 
     metric: str | Scorer = "generate"
-    max_new_tokens: int = 6
-    batch_size: int = 64
-    progress: bool = False
+    max_new_tokens: int = STEER_MAX_NEW_TOKENS
+    batch_size: int = STEER_BATCH_SIZE
+    progress: bool = PROGRESS
+    cache: bool = KV_CACHE
+    early_stop: bool = EARLY_STOP
+
+    def __post_init__(self) -> None:
+        _at_least(self.max_new_tokens, 1, "max_new_tokens (--max-new-tokens)")
+        _at_least(self.batch_size, 1, "batch_size (--batch-size)")
+        if isinstance(self.metric, str) and self.metric not in METRICS:
+            raise InputError(
+                f"metric {self.metric!r}: pass 'generate', 'rank', 'klar' or a Scorer (--metric)"
+            )
 
     def kw(self) -> dict[str, Any]:
-        """The keyword arguments of a scoring call, the metric excluded."""
+        """The keyword arguments of a scoring call
+        (:func:`~mechlingo.scoring.evaluate.evaluate_facts`), the metric excluded."""
         return {
             "max_new_tokens": self.max_new_tokens,
             "batch_size": self.batch_size,
             "progress": self.progress,
+            "cache": self.cache,
+            "early_stop": self.early_stop,
         }
 
 

@@ -35,6 +35,7 @@ from mechlingo.analyses.recall.settings import (
 )
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair, random_steering
 from mechlingo.analyses.results import WritesFolder
+from mechlingo.core.defaults import STEER_BATCH_SIZE, check_seeds
 from mechlingo.core.errors import InputError
 from mechlingo.core.jsonable import jsonable
 from mechlingo.core.stages import Stages
@@ -57,7 +58,7 @@ __all__ = [
     "SteerEvalResult",
     "SplitResult",
     "run_steer_eval",
-    "stage_cache",
+    "stage_store",
 ]
 
 MIN_TEST_FACTS = 30
@@ -203,7 +204,7 @@ def evaluate_test(
     k_shot: int = 3,
     seeds: Sequence[int] = (0, 1, 2),
     scoring: ScoringOptions | None = None,
-    cache: Callable[[str, Callable[[], Any]], Any] | None = None,
+    stage_store: Callable[[str, Callable[[], Any]], Any] | None = None,
     **score_kw: Any,
 ) -> SteerTestResult:
     """Score every condition on ``test_facts`` with ``metric`` (see the module docstring),
@@ -214,7 +215,7 @@ def evaluate_test(
     reported too); when dev chose a pair other than ``choice.config``, ``both_pair`` scores
     both vectors at that pair (the headline condition).
 
-    ``cache(name, fn)``, when given, runs each condition's scoring (``name`` = the condition)
+    ``stage_store(name, fn)``, when given, runs each condition's scoring (``name`` = the condition)
     and the headroom (``"headroom"``) and returns ``fn()`` or a stored equal result (a
     resumable stage, :class:`mechlingo.core.stages.Stages`; the CLI's ``--resume``).
 
@@ -222,8 +223,7 @@ def evaluate_test(
         InputError: no seed, or ``klar`` without a ``pool`` (its demonstrations would be
             test facts)."""
     scoring = scoring or ScoringOptions()
-    if len(seeds) < 1:
-        raise InputError("give at least one random-control seed")
+    seeds = check_seeds(seeds)
     scorer = as_scorer(scoring.metric)
     if scorer.metric == "klar" and pool is None:
         raise InputError(
@@ -248,11 +248,11 @@ def evaluate_test(
         conds[f"random_s{s}"] = random_steering(vectors, cfg, selected=sel, seed=int(s))
     mkw = dev_grid.metric_options(scorer, pool)
     results = _score_conditions(
-        cache or (lambda name, fn: fn()),
+        stage_store or (lambda name, fn: fn()),
         conds,
         lambda todo: dev_grid.score_all(model, test_facts, todo, **kw, **mkw),
     )
-    run = cache or (lambda name, fn: fn())
+    run = stage_store or (lambda name, fn: fn())
     hr: dict[str, Any] = {}
     if pool is not None:
         hr = run(
@@ -285,7 +285,7 @@ def _score_conditions(
     conds: dict[str, Intervention | None],
     score_all: Callable[[dict[str, Intervention | None]], dict[str, EvalResult]],
 ) -> dict[str, EvalResult]:
-    """Every condition through the stage cache ``run``: the first condition that is not
+    """Every condition through the stage store ``run``: the first condition that is not
     stored scores itself and every later one at once (``score_all``), so a fresh run makes
     one shared-prefix call and a resumed one loads what is stored."""
     done: dict[str, EvalResult] = {}
@@ -441,7 +441,7 @@ class SteerEvalResult(WritesFolder):
         model: Model,
         lines: Mapping[str, Sequence[str]],
         *,
-        batch_size: int = 64,
+        batch_size: int = STEER_BATCH_SIZE,
         progress: bool = False,
         stages: Stages | None = None,
     ) -> SideEffects:
@@ -497,8 +497,8 @@ def _eval_from_json(data: Mapping[str, Any]) -> Any:
     return data["dict"]
 
 
-def stage_cache(stages: Stages, prefix: str) -> Callable[[str, Callable[[], Any]], Any]:
-    """The ``cache`` of :func:`evaluate_test`: each test condition (and the test headroom)
+def stage_store(stages: Stages, prefix: str) -> Callable[[str, Callable[[], Any]], Any]:
+    """The ``stage_store`` of :func:`evaluate_test`: each test condition (and the test headroom)
     is the stage ``{prefix}{name}`` of ``stages``."""
 
     def run(name: str, fn: Callable[[], Any]) -> Any:
@@ -571,11 +571,9 @@ def run_steer_eval(
     scoring = scoring or ScoringOptions()
     if repeats < 1:
         raise InputError(f"repeats must be at least 1, got {repeats}")
-    if not seeds:
-        raise InputError("give at least one random-control seed (3 or more advised)")
     grid = replace(grid, screen_ids=grid.screen_ids or None)
     scoring = replace(scoring, metric=as_scorer(scoring.metric))
-    settings = _Settings(split, grid, scoring, config, [int(s) for s in seeds])
+    settings = _Settings(split, grid, scoring, config, check_seeds(seeds))
     splits = []
     with _stages_or_temp(stages) as st:
         for r in range(repeats):
@@ -642,7 +640,7 @@ def _one_split(
         k_shot=k_shot,
         seeds=opt.seeds,
         scoring=opt.scoring,
-        cache=stage_cache(stages, f"{prefix}test-"),
+        stage_store=stage_store(stages, f"{prefix}test-"),
     )
     summary = test_res.summary()
     summary["warnings"] = summary.get("warnings", []) + notes

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from mechlingo.activations.runs import collect, last_token_means
 from mechlingo.analyses.recall.settings import BuildSettings
+from mechlingo.core.defaults import STEER_BATCH_SIZE, STEER_MAX_NEW_TOKENS
 from mechlingo.core.errors import ArtifactError, InputError
 from mechlingo.core.faults import derive_seed
 from mechlingo.core.jsonable import jsonable
@@ -432,8 +433,8 @@ def score_facts(
     facts: Sequence[Fact],
     *,
     intervention: Intervention | None = None,
-    max_new_tokens: int = 6,
-    batch_size: int = 32,
+    max_new_tokens: int = STEER_MAX_NEW_TOKENS,
+    batch_size: int = STEER_BATCH_SIZE,
     progress: bool = False,
     metric: Any = "generate",
 ) -> EvalResult:
@@ -569,8 +570,8 @@ def score_at_config(
     *,
     names: Sequence[str] = CONDITIONS,
     seed: int = 0,
-    max_new_tokens: int = 6,
-    batch_size: int = 32,
+    max_new_tokens: int = STEER_MAX_NEW_TOKENS,
+    batch_size: int = STEER_BATCH_SIZE,
     progress: bool = False,
 ) -> ConditionResults:
     """Greedy accuracy on ``test_facts`` per language for each condition (see

@@ -40,7 +40,9 @@ from mechlingo.analyses.recall.patching import (
     fact_metrics,
     patch_activations,
 )
+from mechlingo.analyses.recall.trace_options import TraceOptions
 from mechlingo.analyses.results import WritesFolder
+from mechlingo.core.defaults import BATCH_SIZE, MAX_NEW_TOKENS
 from mechlingo.core.errors import InputError
 from mechlingo.core.jsonable import jsonable
 from mechlingo.core.sites import site_map
@@ -314,8 +316,8 @@ def trace_recall(
     *,
     max_rank: int = 10,
     mid_layers: Sequence[int] | None = None,
-    max_new_tokens: int = 8,
-    batch_size: int = 16,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    batch_size: int = BATCH_SIZE,
     pool: Sequence[Fact] | None = None,
     progress: bool = False,
     metric: str = "generate",
@@ -588,7 +590,7 @@ def measure_patching(
     and ``seconds`` (method ``both``), and ``verified_heads`` (the top ``verify_heads`` AtP
     heads patched exactly)."""
     sites = list(sites) or ["resid_pre"]
-    kw = {"positions": PATCH_POSITIONS, "metric": fact_metrics(model, list(clean)),
+    kw = {"positions": PATCH_POSITIONS, "readout": fact_metrics(model, list(clean)),
           "alignment": "subject"}  # fmt: skip
     sweep = atp = None
     if method in ("exact", "both"):
@@ -715,17 +717,17 @@ def run_trace(
     model: Model,
     facts: Sequence[Fact],
     *,
-    max_rank: int = 10,
-    mid_layers: Sequence[int] | None = None,
-    max_new_tokens: int = 8,
-    batch_size: int = 16,
-    patch_prompts: int = 3,
-    patch_sites: Sequence[str] = ("attn_out", "mlp_out"),
-    cells_per_batch: int | None = None,
-    method: str = "exact",
-    verify_heads: int = 5,
-    progress: bool = False,
-    unanswered: bool = False,
+    max_rank: int = TraceOptions.max_rank,
+    mid_layers: Sequence[int] | None = TraceOptions.mid_layers,
+    max_new_tokens: int = TraceOptions.max_new_tokens,
+    batch_size: int = TraceOptions.batch_size,
+    patch_prompts: int = TraceOptions.patch_prompts,
+    patch_sites: Sequence[str] = TraceOptions.patch_sites,
+    cells_per_batch: int | None = TraceOptions.cells_per_batch,
+    method: str = TraceOptions.method,
+    verify_heads: int = TraceOptions.verify_heads,
+    progress: bool = TraceOptions.progress,
+    unanswered: bool = TraceOptions.unanswered,
 ) -> TraceRun:
     """The recall trace of every fact (:func:`trace_recall`) and, for each language, the
     corrupted-subject patching of ``patch_prompts`` prompts at ``patch_sites`` with

@@ -34,6 +34,7 @@ from mechlingo.card.statistics import (
     population_gain_test,
     population_test,
 )
+from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.types import Model
 from mechlingo.interventions import load_intervention
 from mechlingo.viz.align import retrieval_per_layer_figure
@@ -51,7 +52,7 @@ def stage_align(
     e = cfg["experts"]
     comp = compare_alignment(
         model, texts["eval"], iv, control=ctl, layers="all", target=e["target"],
-        batch_size=cfg.get("batch_size", 16), max_tokens=e["max_tokens"], progress=progress,
+        batch_size=cfg.get("batch_size", BATCH_SIZE), max_tokens=e["max_tokens"], progress=progress,
     )  # fmt: skip
     summary = comp.summary()
     summary["intervals"] = comp.intervals()
@@ -94,7 +95,7 @@ def _random_arms(model: Model, texts: Mapping[str, Sequence[str]], experts_dir: 
         if not folder.is_dir():
             break
         emb = embed_parallel(model, texts, intervention=load_intervention(folder, model),
-                             layers="all", batch_size=cfg.get("batch_size", 16),
+                             layers="all", batch_size=cfg.get("batch_size", BATCH_SIZE),
                              max_tokens=e["max_tokens"], progress=progress)  # fmt: skip
         out[f"random_s{i}"] = (values(emb), sentence_values(emb.emb[emb.layer_slot(None)].cpu()))
     return out

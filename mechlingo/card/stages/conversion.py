@@ -81,7 +81,7 @@ def stage_conversion(model: Model, facts: list[Fact], trace: Mapping[str, Any],
             out["langs"][lang] = {"untestable": "fewer than 2 prompt pairs"}
             continue
         res = patch_activations(model, clean, corrupt, sites, positions=[-1],
-                                metric=fact_metrics(model, clean), alignment="last")  # fmt: skip
+                                readout=fact_metrics(model, clean), alignment="last")  # fmt: skip
         delta = (res.values[0] - res.corrupted[0]).cpu()  # [cell, example]
         in_band = [i for i, cell in enumerate(res.cells) if cell.layer in band]
         outside = [i for i, cell in enumerate(res.cells) if cell.layer not in band]

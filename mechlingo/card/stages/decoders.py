@@ -26,6 +26,7 @@ from mechlingo.card.stages.base import (
 from mechlingo.card.statistics import (
     mean_test,
 )
+from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
@@ -83,7 +84,7 @@ def stage_decoders(model: Model, facts: list[Fact], trace: Mapping[str, Any] | N
                 out["decoders"][name] = {"untestable": NO_TUNED_LENS}
                 continue
             dec = load_tuned_lens(d["tuned_lens"], model)
-        res = lens_facts(model, sub, decoder=dec, batch_size=cfg.get("batch_size", 16),
+        res = lens_facts(model, sub, decoder=dec, batch_size=cfg.get("batch_size", BATCH_SIZE),
                          progress=progress)  # fmt: skip
         first_en = res.first_layer_within("en", max_rank, before_last=True)
         first_l = res.first_layer_within("answer", max_rank)

@@ -37,6 +37,7 @@ from mechlingo.card.statistics import (
     population_gain_test,
     population_test,
 )
+from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 from mechlingo.kernels.ranking import auroc_and_average_precision
@@ -67,7 +68,7 @@ def stage_experts(
         raise InputError(f"the experts' target {target!r} has no parallel sentences",
                          fix=f"give <{target}>.txt or another target")  # fmt: skip
     res = find_experts(model, texts["find"], max_tokens=e["max_tokens"],
-                       batch_size=cfg.get("batch_size", 16), progress=progress)  # fmt: skip
+                       batch_size=cfg.get("batch_size", BATCH_SIZE), progress=progress)  # fmt: skip
     n_feat = res.stats.n_features
     ks = sorted({k for k in e["ks"] if 2 * k <= n_feat}) or [max(1, n_feat // 4)]
     kw = {"n_samples": e["samples"], "max_new_tokens": e["new_tokens"],
@@ -87,7 +88,7 @@ def stage_experts(
             res.random_clamp(target, k, seed=i, layer_matched=True).save(
                 tmp / ("control" if i == 0 else f"control_s{i}"), model)  # fmt: skip
     ev = collect_neuron_stats(model, texts["eval"], max_tokens=e["max_tokens"],
-                              batch_size=cfg.get("batch_size", 16), progress=progress)  # fmt: skip
+                              batch_size=cfg.get("batch_size", BATCH_SIZE), progress=progress)  # fmt: skip
     top = res.top(target, k)
     rnd = [res.random_features(target, k, seed=i, layer_matched=True) for i in range(draws)]
     auroc = auroc_tests(ev, target, top, rnd, e["n_boot"], 0, texts["docs"]["eval"])

@@ -12,6 +12,7 @@ from mechlingo.card.claims import LU
 from mechlingo.card.metric_rule import decide_metric, dev_accuracies
 from mechlingo.card.stages.base import Context, Stage
 from mechlingo.card.stages.data import lu_facts, repair_split
+from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.errors import InputError
 from mechlingo.data import Fact
 
@@ -27,7 +28,7 @@ def run(ctx: Context) -> dict[str, Any]:
     """Dev accuracies under both metrics (with the measured seconds per item)."""
     dev = dev_facts(ctx.facts, ctx.cfg)
     out = dev_accuracies(ctx.model, dev, max_new_tokens=ctx.cfg["repair"]["max_new_tokens"],
-                         batch_size=ctx.cfg.get("batch_size", 16))  # fmt: skip
+                         batch_size=ctx.cfg.get("batch_size", BATCH_SIZE))  # fmt: skip
     out["n_dev_ids"] = len({f.id for f in dev})
     return out
 

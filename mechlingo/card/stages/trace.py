@@ -26,6 +26,7 @@ from mechlingo.card.statistics import (
     mean_test,
     paired_test,
 )
+from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 from mechlingo.scoring.scorers import normalize
@@ -42,7 +43,7 @@ def stage_trace(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progres
     metric = "rank" if metric_of(cfg) == "rank" else "generate"
     tr = trace_recall(
         model, facts, max_rank=t["max_rank"], max_new_tokens=t["max_new_tokens"],
-        batch_size=cfg.get("batch_size", 16), progress=progress, metric=metric,
+        batch_size=cfg.get("batch_size", BATCH_SIZE), progress=progress, metric=metric,
     )  # fmt: skip
     curves = tr.lens.latent_curves()
     return {

@@ -85,7 +85,7 @@ def stage_transfer(
         scoring=ScoringOptions(
             metric=metric_of(cfg),
             max_new_tokens=t["max_new_tokens"],
-            batch_size=cfg.get("batch_size", 64),
+            batch_size=cfg.get("batch_size", ScoringOptions.batch_size),
             progress=progress,
         ),
         stats=built.get("stats"),

@@ -167,7 +167,7 @@ def patch_activations(
         target: the run that is patched ("corrupted"), same number of rows as ``source``.
         sites: any of :data:`PATCH_SITES`; ``"head"`` patches one head's ``attn_z`` and adds
             the head axis (``heads``, default all).
-        grid: the grid's ``layers``, ``positions``, ``metric``, ``alignment``, ``heads`` and
+        grid: the grid's ``layers``, ``positions``, ``readout``, ``alignment``, ``heads`` and
             subject spans (``source_subject``, ``target_subject``), as
             :class:`~mechlingo.analyses.recall.patching.grid.SiteGridArgs` describes them.
         cells_per_batch: patched copies per forward pass (memory grows with it). Default:

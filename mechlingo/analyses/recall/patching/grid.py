@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
@@ -54,11 +55,13 @@ class GridArgs(TypedDict, total=False):
       counted back from each row's last real token), ``"last"``, ``"subject_first"``,
       ``"subject_last"``. Default: every position for same-shape inputs, ``[-1]`` under
       ``alignment="last"``, subject first/last and the last token under ``"subject"``.
-    * ``metric``: a :class:`~mechlingo.analyses.recall.patching.metrics.Metric` or several
-      (all read from the same patched passes); default when the source is Facts:
+    * ``readout``: what each patched run is read out as, a
+      :class:`~mechlingo.analyses.recall.patching.metrics.Metric` or several (all read from
+      the same patched passes); default when the source is Facts:
       :func:`~mechlingo.analyses.recall.patching.metrics.fact_metrics` of the source facts
-      (their answer and English answer). For cross-language patching pass the metric of the
-      target facts.
+      (their answer and English answer). For cross-language patching pass the readout of
+      the target facts. Its old name ``metric`` (also the scoring rule's name) still works,
+      with a :class:`DeprecationWarning`.
     * ``alignment``: ``None`` (same shapes), ``"last"``, ``"subject"``, or ``{target: source}``.
     * ``source_subject``, ``target_subject``: inclusive subject token spans per row when the
       inputs are not Facts.
@@ -66,6 +69,7 @@ class GridArgs(TypedDict, total=False):
 
     layers: Any
     positions: Sequence[PositionLabel] | None
+    readout: Metric | Sequence[Metric] | None
     metric: Metric | Sequence[Metric] | None
     alignment: str | Mapping[int, int] | None
     source_subject: Sequence[tuple[int, int]] | None
@@ -161,7 +165,7 @@ def _resolve_metrics(
         if isinstance(source, Sequence) and source and hasattr(source[0], "answer"):
             metric = fact_metrics(model, list(source))
         else:
-            raise PatchingError("pass a metric (e.g. answer_logprob(model, answers, langs))")
+            raise PatchingError("pass readout= (e.g. answer_logprob(model, answers, langs))")
     return [metric] if isinstance(metric, Metric) else list(metric)
 
 
@@ -172,8 +176,9 @@ def resolve_grid(
     sites: list[str],
     layers: Any = None,
     positions: Sequence[PositionLabel] | None = None,
-    metric: Metric | Sequence[Metric] | None = None,
+    readout: Metric | Sequence[Metric] | None = None,
     *,
+    metric: Metric | Sequence[Metric] | None = None,
     alignment: str | Mapping[int, int] | None = None,
     heads: Sequence[int] | None = None,
     source_subject: Sequence[tuple[int, int]] | None = None,
@@ -199,7 +204,13 @@ def resolve_grid(
     layer_list = resolve_layers(model, layers)
     head_list = _resolve_heads(model, heads) if "head" in sites else []
     pos = resolve_positions(positions, alignment, src, tgt, src_spans, tgt_spans)
-    metrics = _resolve_metrics(model, source, metric)
+    if metric is not None:
+        warnings.warn("the patching keyword metric= is now readout= (metric= is the scoring "
+                      "rule's name)", DeprecationWarning, stacklevel=3)  # fmt: skip
+        if readout is not None:
+            raise PatchingError("pass readout= only (metric= is its old name)")
+        readout = metric
+    metrics = _resolve_metrics(model, source, readout)
     packed = pack_metrics(metrics, tgt.batch_size)
     kind = alignment_kind(alignment)
     return PatchingSetup(src, tgt, pos, metrics, packed, sites, layer_list, head_list, kind)

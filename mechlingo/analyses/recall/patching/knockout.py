@@ -9,6 +9,7 @@ batched like the cells of a patching grid.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -206,11 +207,11 @@ def _window_hooks(
     return fwd_hooks
 
 
-def _knockout_metric(model: Model, facts: Any, metric: Metric | None) -> Metric:
-    if metric is not None:
-        return metric
+def _knockout_metric(model: Model, facts: Any, readout: Metric | None) -> Metric:
+    if readout is not None:
+        return readout
     if not (isinstance(facts, Sequence) and facts and hasattr(facts[0], "answer")):
-        raise PatchingError("pass a metric when the inputs are not Facts")
+        raise PatchingError("pass readout= when the inputs are not Facts")
     answers, langs = [f.answer for f in facts], [f.lang for f in facts]
     return answer_logprob(model, answers, langs, name="answer_prob", prob=True)
 
@@ -220,6 +221,7 @@ def attention_knockout(
     facts: Any,
     windows: Sequence[tuple[int, int]] | int | None = None,
     *,
+    readout: Metric | None = None,
     metric: Metric | None = None,
     keys: str = "subject",
     subject: Sequence[tuple[int, int]] | None = None,
@@ -234,7 +236,8 @@ def attention_knockout(
         windows: inclusive ``(first, last)`` layer windows, an int window size (one window
             starting at every layer), or ``None`` (size ``max(1, n_layers // 6)``). An empty
             window ``(l, l - 1)`` blocks nothing.
-        metric: default the probability of each fact's answer set.
+        readout: what each run is read out as (default the probability of each fact's
+            answer set); ``metric`` is its old name (warns).
         keys: ``"subject"`` (the subject tokens) or ``"last"`` (the last token itself).
 
     Returns:
@@ -244,7 +247,11 @@ def attention_knockout(
     spans = check_spans(subject, batch, "knockout") or spans
     windows = _resolve_windows(site_map(model).n_layers, windows)
     key_mask = _key_mask(batch, keys, spans)
-    metric = _knockout_metric(model, facts, metric)
+    if metric is not None:
+        warnings.warn("attention_knockout(metric=) is now readout=", DeprecationWarning,
+                      stacklevel=2)  # fmt: skip
+        readout = metric if readout is None else readout
+    metric = _knockout_metric(model, facts, readout)
     packed: PackedMetrics = pack_metrics([metric], batch.batch_size)
     B = batch.batch_size
     rows = torch.arange(B)

@@ -1,0 +1,298 @@
+"""One default per option: every public signature and options dataclass of mechlingo, and
+every command's flags, agree on the shared option names (or differ by a stated reason);
+the options objects refuse bad values with one line saying what to pass."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import inspect
+import pkgutil
+from typing import Any
+
+import pytest
+import torch
+
+import mechlingo
+from mechlingo.analyses.decoders.options import TrainingOptions
+from mechlingo.analyses.decoders.tuned_lens import HELDOUT_BATCH_SIZE
+from mechlingo.analyses.experts.run import ExpertSettings
+from mechlingo.analyses.recall.settings import BuildSettings, ScoringOptions
+from mechlingo.analyses.recall.trace import run_trace
+from mechlingo.analyses.recall.trace_options import TraceOptions
+from mechlingo.cli import build_parser
+from mechlingo.core import defaults as D
+from mechlingo.core.errors import InputError, MechlingoError
+
+#: the shared option names and the one default each takes
+SHARED: dict[str, Any] = {
+    "batch_size": D.BATCH_SIZE,
+    "max_new_tokens": D.MAX_NEW_TOKENS,
+    "cache": D.KV_CACHE,
+    "kv_cache": D.KV_CACHE,
+    "early_stop": D.EARLY_STOP,
+    "seed": D.SEED,
+    "progress": D.PROGRESS,
+}
+#: shared names without a constant: every default of the name must be the same one
+SAME: tuple[str, ...] = ("limit", "seeds", "langs")
+
+#: Deliberate differences, each with the constant it must equal and why (a stale entry, a
+#: location that no longer exists or a value that drifted, fails too).
+ALLOWED: dict[str, Any] = {
+    # the steering protocol scores short prompts under many conditions: `steer eval --help`
+    "analyses.recall.settings.ScoringOptions:batch_size": D.STEER_BATCH_SIZE,
+    "analyses.recall.settings.ScoringOptions:max_new_tokens": D.STEER_MAX_NEW_TOKENS,
+    "analyses.recall.steering.score_facts:batch_size": D.STEER_BATCH_SIZE,
+    "analyses.recall.steering.score_facts:max_new_tokens": D.STEER_MAX_NEW_TOKENS,
+    "analyses.recall.steering.score_at_config:batch_size": D.STEER_BATCH_SIZE,
+    "analyses.recall.steering.score_at_config:max_new_tokens": D.STEER_MAX_NEW_TOKENS,
+    "analyses.recall.steer_eval.SteerEvalResult.add_side_effects:batch_size": D.STEER_BATCH_SIZE,
+    # the card's metric rule scores the repair dev split as the steering protocol does
+    "card.metric_rule.dev_accuracies:max_new_tokens": D.STEER_MAX_NEW_TOKENS,
+    # held-out texts are whole lines, longer than fact prompts: `tuned-lens --help`
+    "analyses.decoders.run.run_tuned_lens:batch_size": HELDOUT_BATCH_SIZE,
+    "analyses.decoders.tuned_lens.lens_divergence:batch_size": HELDOUT_BATCH_SIZE,
+    # samples from BOS are free text whose language is identified: `experts --help`
+    "activations.likelihood.sample_from_bos:max_new_tokens": D.SAMPLE_NEW_TOKENS,
+    "analyses.experts.kcurve.k_curve:max_new_tokens": D.SAMPLE_NEW_TOKENS,
+    "analyses.experts.run.ExpertSettings:max_new_tokens": D.SAMPLE_NEW_TOKENS,
+    # the patchscope's rows are one short target prompt per layer; its continuation is off
+    # unless `lens --max-new-tokens` asks for it (`lens --help`)
+    "analyses.decoders.patchscope.Patchscope:batch_size": 64,
+    "analyses.decoders.patchscope.Patchscope:max_new_tokens": 0,
+    "analyses.decoders.patchscope.Patchscope.generate:max_new_tokens": None,
+    # a budget's unset seed means the matrix settings' own
+    "card.stages.transfer.MatrixBudget:seed": None,
+}
+
+#: per command, the flags whose default deliberately differs from the shared one; the
+#: command's --help states the reason as "(default X: reason)"
+CLI_ALLOWED: dict[tuple[str, str], Any] = {
+    ("lens", "--max-new-tokens"): 0,
+    ("experts", "--max-new-tokens"): D.SAMPLE_NEW_TOKENS,
+    ("tuned-lens", "--batch-size"): HELDOUT_BATCH_SIZE,
+    ("steer eval", "--batch-size"): D.STEER_BATCH_SIZE,
+    ("steer eval", "--max-new-tokens"): D.STEER_MAX_NEW_TOKENS,
+}
+
+
+def _public() -> dict[str, Any]:
+    """``{"module.qualname": object}`` of mechlingo's public API outside the CLI: each
+    module's ``__all__`` (else its public names defined there), classes with their public
+    methods."""
+    out: dict[str, Any] = {}
+    infos = [m.name for m in pkgutil.walk_packages(mechlingo.__path__, "mechlingo.")]
+    for name in ["mechlingo", *infos]:
+        if ".cli" in name or name.endswith("__main__"):
+            continue
+        mod = importlib.import_module(name)
+        names = getattr(mod, "__all__", None) or [
+            n for n, o in vars(mod).items()
+            if not n.startswith("_") and getattr(o, "__module__", None) == name
+        ]  # fmt: skip
+        for n in names:
+            obj = getattr(mod, n, None)
+            if not (callable(obj) and getattr(obj, "__module__", "").startswith("mechlingo")):
+                continue
+            where = f"{obj.__module__.removeprefix('mechlingo.')}.{obj.__qualname__}"
+            out[where] = obj
+            for m, f in vars(obj).items() if inspect.isclass(obj) else ():
+                f = getattr(f, "__func__", f)
+                if not m.startswith("_") and inspect.isfunction(f):
+                    out[f"{where}.{m}"] = f
+    return out
+
+
+def _defaults() -> dict[str, dict[str, Any]]:
+    """``{option name: {location: default}}`` for the shared names."""
+    names = set(SHARED) | set(SAME)
+    found: dict[str, dict[str, Any]] = {n: {} for n in names}
+    for where, obj in _public().items():
+        if dataclasses.is_dataclass(obj):
+            for f in dataclasses.fields(obj):
+                if f.name in names and f.default is not dataclasses.MISSING:
+                    found[f.name][f"{where}:{f.name}"] = f.default
+            continue
+        try:
+            sig = inspect.signature(obj)
+        except (TypeError, ValueError):
+            continue
+        for p in sig.parameters.values():
+            if p.name in names and p.default is not inspect.Parameter.empty:
+                found[p.name][f"{where}:{p.name}"] = p.default
+    return found
+
+
+def test_every_public_default_of_a_shared_option_is_the_shared_one():
+    found = _defaults()
+    assert len(found["batch_size"]) > 20 and len(found["max_new_tokens"]) > 8  # the scan works
+    wrong = {
+        loc: v for name, locs in found.items() if name in SHARED for loc, v in locs.items()
+        if loc not in ALLOWED and v != SHARED[name]
+    }  # fmt: skip
+    assert wrong == {}, "defaults that disagree with mechlingo.core.defaults: " + str(wrong)
+    for name in SAME:
+        assert len({repr(v) for v in found[name].values()}) <= 1, (name, found[name])
+    located = {loc: v for locs in found.values() for loc, v in locs.items()}
+    stale = {loc: v for loc, v in ALLOWED.items() if loc not in located or located[loc] != v}
+    assert stale == {}, "ALLOWED entries that no longer match a public default: " + str(stale)
+
+
+def _flags() -> dict[tuple[str, str], argparse.Action]:
+    """``{(command, flag): action}`` of every (sub)command's shared-name flags."""
+    out: dict[tuple[str, str], argparse.Action] = {}
+
+    def walk(parser: argparse.ArgumentParser, name: str) -> None:
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for sub, sp in a.choices.items():
+                    walk(sp, f"{name} {sub}".strip())
+            elif a.dest in SHARED and a.option_strings:
+                out[(name, a.option_strings[0])] = a
+
+    walk(build_parser(), "")
+    return out
+
+
+def test_every_flag_default_is_the_shared_one_or_says_why_in_help():
+    flags = _flags()
+    assert ("eval", "--batch-size") in flags and ("steer eval", "--max-new-tokens") in flags
+    for (cmd, flag), action in flags.items():
+        allowed = CLI_ALLOWED.get((cmd, flag), SHARED[action.dest])
+        assert action.default == allowed, (cmd, flag, action.default)
+        if (cmd, flag) in CLI_ALLOWED:
+            assert f"default {allowed}:" in (action.help or ""), (cmd, flag, action.help)
+    assert set(CLI_ALLOWED) <= set(flags)
+
+
+def test_steer_build_batch_is_build_settings_and_steer_eval_the_protocols():
+    flags = _flags()
+    assert flags[("steer build", "--batch-size")].default == BuildSettings.batch_size == 16
+    assert flags[("steer eval", "--batch-size")].default == ScoringOptions.batch_size == 64
+    assert flags[("eval", "--max-new-tokens")].default == D.MAX_NEW_TOKENS == 8
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda: ScoringOptions(max_new_tokens=0), "max_new_tokens (--max-new-tokens)"),
+        (lambda: ScoringOptions(batch_size=-1), "batch_size (--batch-size)"),
+        (lambda: ScoringOptions(metric="greedy"), "pass 'generate', 'rank', 'klar'"),
+        (lambda: BuildSettings(k_shot=0), "k_shot (--k-shot)"),
+        (lambda: BuildSettings(unit="norm"), "pass 'resid' or 'raw'"),
+        (lambda: ExpertSettings(samples=0), "samples must be an integer of at least 1"),
+        (lambda: ExpertSettings(pool="sum"), "pass one of mean, max"),  # type: ignore[arg-type]
+        (lambda: TrainingOptions(steps=0), "steps (--steps)"),
+        (lambda: TrainingOptions(lr=0), "lr (--lr) must be above 0"),
+        (lambda: TrainingOptions(vocab_sample="some"), "pass None (exact), 'auto'"),
+        (lambda: TrainingOptions.of({"step": 3}), "unknown tuned-lens settings ['step']"),
+        (lambda: TraceOptions(method="fast"), "pass one of exact, atp, both"),
+        (lambda: TraceOptions(patch_prompts=-1), "patch_prompts (--patch-prompts)"),
+        (lambda: TraceOptions(patch_sites=()), "pass at least one site (--patch-sites)"),
+        (lambda: D.check_seeds([]), "seeds needs at least one seed"),
+        (lambda: D.check_seeds((), what="--control-seeds"), "--control-seeds needs at least one"),
+    ],
+)
+def test_options_refuse_bad_values_in_one_line(make, says):
+    with pytest.raises(MechlingoError) as err:
+        make()
+    assert says in str(err.value) and "\n" not in str(err.value)
+    assert isinstance(err.value, InputError) or type(err.value).__name__ == "ExpertError"
+
+
+def test_scoring_options_pass_the_kv_cache_and_early_stop_on():
+    kw = ScoringOptions(cache=False, early_stop=False, max_new_tokens=3).kw()
+    assert kw == {"max_new_tokens": 3, "batch_size": 64, "progress": False, "cache": False,
+                  "early_stop": False}  # fmt: skip
+    assert TrainingOptions.of(None) == TrainingOptions()
+    assert TrainingOptions.of({"steps": 3}).kw()["steps"] == 3
+    assert D.check_seeds(("1", 2)) == [1, 2]
+    # run_trace's defaults are TraceOptions' (written once)
+    params = inspect.signature(run_trace).parameters
+    assert {k: params[k].default for k in TraceOptions().kw()} == TraceOptions().kw()
+
+
+def test_the_templates_family_tuned_is_now_measured_and_the_old_name_warns(capsys, tmp_path):
+    from mechlingo.cli import main
+    from mechlingo.data import load_facts
+
+    measured = load_facts(langs=["fr"], relations=["capital"], limit=2, templates="measured")
+    with pytest.warns(DeprecationWarning, match="is now 'measured'"):
+        old = load_facts(langs=["fr"], relations=["capital"], limit=2, templates="tuned")
+    assert [f.prompt for f in old] == [f.prompt for f in measured]
+    natural = load_facts(langs=["fr"], relations=["capital"], limit=2, templates="natural")
+    assert [f.prompt for f in natural] != [f.prompt for f in measured]
+    assert main(["eval", "--langs", "fr", "--limit", "2", "--templates", "tuned", "--dry-run",
+                 "--out", str(tmp_path / "o")]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "--templates tuned is now --templates measured" in err
+
+
+def test_chat_model_names_have_their_own_word():
+    from mechlingo.core import tokens
+
+    assert tokens.looks_chat_model("google/gemma-3-1b-it") is True
+    assert tokens.looks_chat_model("google/gemma-3-270m") is False
+    with pytest.warns(DeprecationWarning, match="looks_chat_model"):
+        assert tokens.looks_chat_tuned("Qwen2.5-0.5B-Instruct") is True
+
+
+def test_stage_stores_and_the_kv_cache_are_separate_names():
+    from mechlingo.analyses.experts.kcurve import k_curve
+    from mechlingo.analyses.recall.steer_eval import evaluate_test
+    from mechlingo.core.artifacts import cleanup_stale
+    from mechlingo.scoring.evaluate import evaluate_conditions
+
+    assert "stage_store" in inspect.signature(evaluate_test).parameters
+    assert "stage_store" in inspect.signature(k_curve).parameters
+    assert "cache" not in inspect.signature(evaluate_test).parameters
+    assert inspect.signature(evaluate_conditions).parameters["cache"].default is D.KV_CACHE
+    assert "model_cache" in inspect.signature(cleanup_stale).parameters
+
+
+def test_no_settings_lookup_falls_back_to_a_literal_batch_or_length():
+    import re
+    from pathlib import Path
+
+    pattern = re.compile(r"""\.get\(\s*["'](batch_size|max_new_tokens)["']\s*,\s*\d+\s*\)""")
+    root = Path(mechlingo.__file__).parent
+    found = [f"{p.relative_to(root)}: {m.group(0)}" for p in sorted(root.rglob("*.py"))
+             for m in pattern.finditer(p.read_text(encoding="utf-8"))]  # fmt: skip
+    assert found == []
+
+
+def test_the_patching_readout_has_its_own_name_and_metric_still_works(tiny):
+    from mechlingo.analyses.recall.patching import attention_knockout, patch_activations
+    from mechlingo.analyses.recall.patching.metrics import fact_metrics
+    from mechlingo.data import load_facts
+
+    facts = load_facts(langs=["en"], relations=["capital"], limit=2)
+    readout = fact_metrics(tiny, facts)
+    kw = {"layers": [0], "positions": [-1]}
+    new = patch_activations(tiny, facts, facts, "resid_pre", readout=readout, **kw)
+    with pytest.warns(DeprecationWarning, match="now readout="):
+        old = patch_activations(tiny, facts, facts, "resid_pre", metric=readout, **kw)
+    assert torch.equal(new.values, old.values)
+    with pytest.warns(DeprecationWarning, match="now readout="):
+        attention_knockout(tiny, facts, [(0, 0)], metric=readout[0])
+    with (
+        pytest.raises(MechlingoError, match="pass readout= only"),
+        pytest.warns(DeprecationWarning),
+    ):
+        patch_activations(tiny, facts, facts, "resid_pre", readout=readout, metric=readout, **kw)
+
+
+def test_the_stop_message_finds_the_work_folder_without_a_private_attribute(tmp_path):
+    cli_main = importlib.import_module("mechlingo.cli.main")
+
+    ns = argparse.Namespace(out=str(tmp_path / "o"), work=None)
+    assert cli_main._work_of(ns) == tmp_path / ".o.work"
+    ns = argparse.Namespace(out=str(tmp_path / "o"), work=str(tmp_path / "w"))
+    assert cli_main._work_of(ns) == tmp_path / "w"
+    assert cli_main._work_of(argparse.Namespace(out=str(tmp_path / "o"))) is None  # no --work
+    inside = argparse.Namespace(out=str(tmp_path / "o"), work=str(tmp_path / "o" / "w"))
+    assert cli_main._work_of(inside) is None  # refused by --work's own check
+    assert not [k for k in vars(cli_main.build_parser().parse_args(["eval", "--out", "x"]))
+                if k.startswith("_run")]  # fmt: skip
