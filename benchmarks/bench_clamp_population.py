@@ -43,6 +43,7 @@ def main() -> None:
     ap.add_argument("--n-find", type=int, default=8, help="lines per language finding experts")
     ap.add_argument("--samples", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=12)
+    ap.add_argument("--lines", type=int, default=4, help="held-out lines per language")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     model = load_model(args.model)
@@ -50,7 +51,7 @@ def main() -> None:
     texts = parallel_parts(None, cfg, None)
     find = {lg: v[: args.n_find] for lg, v in texts["find"].items()}
     res = find_experts(model, find, max_tokens=24, batch_size=16)
-    lines = {lg: v[:4] for lg, v in texts["eval"].items()}
+    lines = {lg: v[: args.lines] for lg, v in texts["eval"].items()}
     clamps = [res.random_clamp("es", args.k, seed=s, layer_matched=True)
               for s in range(args.draws)]  # fmt: skip
     opts = {"n_samples": args.samples, "max_new_tokens": args.new_tokens,
