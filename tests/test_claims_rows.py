@@ -282,6 +282,28 @@ def test_clamp_row_uses_the_measurement_samples():
     assert st["verdict"] == NOT_TESTABLE and "chose no k" in st["reason"]
 
 
+def test_clamp_row_against_a_population_of_five_random_clamps():
+    d = _experts_data()
+    d["measure_curve"] = d["measure_curve"][:2] + [
+        {"arm": "random", "k": 50, "bos_hits": [1] * i + [0] * (16 - i),
+         "target_rate_bos": i / 16, "control_seed": i} for i in range(5)]  # fmt: skip
+    (st,) = [r for r in experts.rows_experts(d) if r["id"] == "clamp_steers"]
+    # the control: the population's mean gain over no clamp, (0 + 1 + 2 + 3 + 4) / 5 / 16
+    assert st["control"]["estimate"]["estimate"] == pytest.approx(2 / 16)
+    # effect - control against the population: 12/16 - 2/16; above all 5 draws: p = 1/6
+    vs = st["vs_control"]
+    assert vs["estimate"]["estimate"] == pytest.approx(10 / 16)
+    assert vs["extra"]["p_rank"] == pytest.approx(1 / 6) and vs["extra"]["draws"] == 5
+    assert vs["extra"]["p_floor"] == pytest.approx(1 / 6)
+    assert "5 random-neuron clamp(s) at k = 50" in st["details"]
+    assert "exact permutation p among them 0.167 (floor 1/6)" in st["details"]
+    assert "random population's mean 0.12" in st["details"]
+    # one draw ties the clamp: the rank p counts it
+    d["measure_curve"][-1]["bos_hits"] = [1] * 12 + [0] * 4
+    (st,) = [r for r in experts.rows_experts(d) if r["id"] == "clamp_steers"]
+    assert st["vs_control"]["extra"]["p_rank"] == pytest.approx(2 / 6)
+
+
 def test_align_rows_by_hand():
     pre = {"retrieval": [0.2, 0.3, 0.1, 0.4, 0.2, 0.3], "between_languages": [0.7] * 6}
     post = {

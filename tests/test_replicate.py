@@ -298,11 +298,13 @@ _STATIC = {"claim", "measure", "paper_number", "rule", "paper", "figure", "stage
            "control_text", "value_text", "vs_control_text"}  # fmt: skip
 
 
-def _mismatches(got, want, path="rows", rel=1e-9):
-    """Where ``got`` differs from ``want`` (floats to ``rel`` relative, NaN equal to NaN)."""
+def _mismatches(got, want, path="rows", rel=1e-3):
+    """Where ``got`` differs from ``want`` (floats to ``rel`` relative, NaN equal to NaN).
+    float32 scores move by up to ~1e-4 relative between transformers releases (seen from 5.2x
+    to 5.25); a change in what a row computes moves them far more."""
     if isinstance(want, float) or isinstance(got, float):
         ok = isinstance(got, (int, float)) and isinstance(want, (int, float)) and (
-            math.isclose(got, want, rel_tol=rel, abs_tol=rel * 1e-3)
+            math.isclose(got, want, rel_tol=rel, abs_tol=1e-6)
             or (math.isnan(got) and math.isnan(want)))  # fmt: skip
         return [] if ok else [f"{path}: {got!r} != {want!r}"]
     if isinstance(want, dict) and isinstance(got, dict):

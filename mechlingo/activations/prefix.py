@@ -235,6 +235,13 @@ def _on_rows(fn: HookFn, cond: int, owners: _RowOwners) -> HookFn:
     return hook
 
 
+def stacked_owners(k: int, n: int, device: torch.device | str) -> _RowOwners:
+    """The row owners of ``k`` conditions' copies of ``n`` rows stacked condition after
+    condition (rows ``c * n`` to ``c * n + n - 1`` are condition ``c``'s), for
+    :func:`rows_hooks`; pass its ``keep`` as a decoder's ``on_keep``."""
+    return _RowOwners(torch.arange(k).repeat_interleave(n).to(device))
+
+
 def rows_hooks(
     hook_sets: Sequence[FwdHooks], owners: _RowOwners
 ) -> list[tuple[str | Callable[[str], bool], HookFn]]:
@@ -296,7 +303,7 @@ def decode_conditions(
         raise ValueError(f"the shared suffix of {d} tokens is not below every row's length")
     stacked = TokenBatch(batch.tokens.repeat(k, 1), batch.lengths.repeat(k), batch.pad_id,
                          batch.has_bos, batch.prompt_lengths.repeat(k))  # fmt: skip
-    owners = _RowOwners(torch.arange(k).repeat_interleave(n).to(model_input_device(model)))
+    owners = stacked_owners(k, n, model_input_device(model))
     prefix = None
     if d > 0:
         rec = record if record is not None else record_head(model, batch, d)

@@ -26,13 +26,14 @@ from tqdm.auto import tqdm
 from mechlingo.activations.likelihood import line_nll, sample_from_bos
 from mechlingo.activations.pooled import check_texts
 from mechlingo.analyses.experts.selection import ExpertResult
+from mechlingo.analyses.experts.stacked import stacked_bos_samples, stacked_line_nll
 from mechlingo.core.defaults import SAMPLE_NEW_TOKENS
 from mechlingo.core.errors import ExpertError
-from mechlingo.core.types import FwdHooks, Model
+from mechlingo.core.types import Model
 from mechlingo.data.langid import identify_languages
 from mechlingo.interventions import Intervention, intervention_hooks
 from mechlingo.kernels.significance import bootstrap_perplexity, mcnemar, perplexity_ratio, wilson
-from mechlingo.scoring.evaluate import greedy_generate
+from mechlingo.scoring.evaluate import generate_conditions, greedy_generate
 from mechlingo.viz.common import html_summary, interval_text
 from mechlingo.viz.experts import k_curve_figure
 
@@ -207,9 +208,16 @@ class KCurve:
         return k_curve_figure(self.rows, self.lang, chosen)
 
 
-def _fwd_hooks(model: Model, intervention: Intervention | None) -> FwdHooks:
-    """The hooks of ``intervention`` on ``model`` (none without one)."""
-    return intervention_hooks(model, intervention)
+@dataclass(frozen=True)
+class _Arm:
+    """One run of the k curve: its ``k``, ``arm``, intervention, stage-cache ``name`` and,
+    for a random arm, the seed of its neuron set."""
+
+    k: int
+    arm: str
+    iv: Intervention | None
+    name: str
+    control_seed: int | None = None
 
 
 def _k_arms(
@@ -217,98 +225,62 @@ def _k_arms(
     lang: str,
     ks: Sequence[int],
     value: Literal["mean", "median"],
+    control_seeds: Sequence[int] | None,
+    layer_matched: bool,
     seed: int,
-    control: bool,
-) -> list[tuple[int, str, Intervention | None]]:
-    """``(k, arm, intervention)`` of every run of the k curve: no clamp first, then per ``k``
-    the expert clamp and (with ``control``) the random-neuron clamp."""
-    arms: list[tuple[int, str, Intervention | None]] = [(0, "none", None)]
-    for k in ks:
-        arms.append((int(k), "experts", experts.clamp(lang, int(k), value=value)))
-        if control:
-            arms.append(
-                (int(k), "random", experts.random_clamp(lang, int(k), value=value, seed=seed))
-            )
+) -> list[_Arm]:
+    """Every run of the k curve: no clamp first, then per ``k`` the expert clamp and one
+    random-neuron clamp per control seed (``None``: one, of ``seed``; none for ``()``)."""
+    arms = [_Arm(0, "none", None, "none")]
+    seeds = [seed] if control_seeds is None else [int(s) for s in control_seeds]
+    for k in (int(k) for k in ks):
+        arms.append(_Arm(k, "experts", experts.clamp(lang, k, value=value), f"k{k}-experts"))
+        for s in seeds:
+            iv = experts.random_clamp(lang, k, value=value, seed=s, layer_matched=layer_matched)
+            name = f"k{k}-random" if control_seeds is None else f"k{k}-random_s{s}"
+            arms.append(_Arm(k, "random", iv, name, s))
     return arms
 
 
-def _generation_rates(
-    model: Model,
-    lang: str,
-    intervention: Intervention | None,
+def _rates(
+    lang: str, bos_texts: Sequence[str], prompt_texts: Sequence[str], prompts: Sequence[str],
     id_langs: Sequence[str],
-    *,
-    n_samples: int,
-    max_new_tokens: int,
-    prompts: Sequence[str],
-    seed: int,
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # fmt: skip
     """One arm's generations (bare-BOS samples and greedy continuations of ``prompts``) and
     how often they are in ``lang``: the row's rate columns, ``bos_hits`` and ``examples``."""
-    bos_texts = sample_from_bos(
-        model,
-        n_samples,
-        max_new_tokens=max_new_tokens,
-        fwd_hooks=_fwd_hooks(model, intervention),
-        seed=seed,
-    )
-    prompt_texts = (
-        greedy_generate(
-            model,
-            list(prompts),
-            max_new_tokens=max_new_tokens,
-            intervention=intervention,
-            stop_at_newline=False,
-        )
-        if prompts
-        else []
-    )
-    ids_bos = identify_languages(bos_texts, id_langs)
-    ids_prompt = identify_languages(prompt_texts, id_langs)
+    ids_bos = identify_languages(list(bos_texts), id_langs)
+    ids_prompt = identify_languages(list(prompt_texts), id_langs)
     hits = [x == lang for x in ids_bos]
     w = wilson(sum(hits), len(hits))
+    rate_prompt = (sum(x == lang for x in ids_prompt) / len(ids_prompt) if ids_prompt
+                   else float("nan"))  # fmt: skip
     return {
-        "n_bos": len(hits),
-        "target_bos": sum(hits),
-        "target_rate_bos": w.estimate,
-        "target_rate_bos_lo": w.lo,
-        "target_rate_bos_hi": w.hi,
-        "target_rate_prompt": (
-            sum(x == lang for x in ids_prompt) / len(ids_prompt) if ids_prompt else float("nan")
-        ),
-        "bos_hits": hits,
-        "examples": [
-            {"source": "BOS", "text": t, "lang": x} for t, x in zip(bos_texts, ids_bos, strict=True)
-        ]
-        + [
-            {"source": p, "text": t, "lang": x}
-            for p, t, x in zip(prompts, prompt_texts, ids_prompt, strict=True)
-        ],
-    }
+        "n_bos": len(hits), "target_bos": sum(hits), "target_rate_bos": w.estimate,
+        "target_rate_bos_lo": w.lo, "target_rate_bos_hi": w.hi,
+        "target_rate_prompt": rate_prompt, "bos_hits": hits,
+        "examples": [{"source": "BOS", "text": t, "lang": x}
+                     for t, x in zip(bos_texts, ids_bos, strict=True)]
+        + [{"source": p, "text": t, "lang": x}
+           for p, t, x in zip(prompts, prompt_texts, ids_prompt, strict=True)],
+    }  # fmt: skip
 
 
-def _heldout_perplexities(
-    model: Model,
-    heldout: Mapping[str, Sequence[str]],
-    intervention: Intervention | None,
-    base_nll: dict[str, Tensor] | None,
-    *,
-    max_tokens: int | None,
-    seed: int,
-) -> tuple[dict[str, Any], dict[str, Tensor]]:
+def _kept(hl: str, nll: Tensor, cnt: Tensor) -> tuple[Tensor, Tensor]:
+    """The lines of ``hl`` with a token to score (their NLL and token counts)."""
+    keep = cnt > 0
+    if not bool(keep.any()):
+        raise ExpertError(f"no tokens to score in the held-out {hl} lines")
+    return nll[keep], cnt[keep]
+
+
+def _ppl_columns(
+    nlls: Mapping[str, tuple[Tensor, Tensor]], base_nll: dict[str, Tensor] | None, seed: int
+) -> dict[str, Any]:
     """One arm's held-out perplexity of every language with bootstrap intervals over lines,
     and its ratio to the no-clamp arm's (``base_nll``; ``None`` for the no-clamp arm itself,
-    whose ratios are 1). Returns the row's columns and the per-line NLL of each language."""
+    whose ratios are 1)."""
     row: dict[str, Any] = {}
-    nlls: dict[str, Tensor] = {}
-    hooks = _fwd_hooks(model, intervention)
-    for hl, sents in heldout.items():
-        nll, cnt = line_nll(model, sents, fwd_hooks=hooks, max_tokens=max_tokens)
-        keep = cnt > 0
-        if not bool(keep.any()):
-            raise ExpertError(f"no tokens to score in the held-out {hl} lines")
-        nll, cnt = nll[keep], cnt[keep]
-        nlls[hl] = nll
+    for hl, (nll, cnt) in nlls.items():
         pp = bootstrap_perplexity(nll.numpy(), cnt.numpy(), seed=seed)
         row[f"ppl_{hl}"], row[f"ppl_{hl}_lo"], row[f"ppl_{hl}_hi"] = pp.estimate, pp.lo, pp.hi
         if base_nll is None:
@@ -318,7 +290,79 @@ def _heldout_perplexities(
             pr = perplexity_ratio(base_nll[hl].numpy(), nll.numpy(), cnt.numpy(), seed=seed)
             row[f"ppl_ratio_{hl}"] = pr.estimate
             row[f"ppl_ratio_{hl}_lo"], row[f"ppl_ratio_{hl}_hi"] = pr.lo, pr.hi
-    return row, nlls
+    return row
+
+
+#: The most rows of one stacked pass of the k curve (conditions x BOS samples).
+MAX_STACKED_ROWS = 256
+
+
+def _outputs_one(
+    model: Model, iv: Intervention | None, heldout: Mapping[str, Sequence[str]], *,
+    n_samples: int, max_new_tokens: int, prompts: Sequence[str], seed: int,
+    max_tokens: int | None,
+) -> dict[str, Any]:  # fmt: skip
+    """One arm run alone: its BOS samples, prompt continuations and per-line NLL."""
+    hooks = intervention_hooks(model, iv)
+    bos = sample_from_bos(model, n_samples, max_new_tokens=max_new_tokens, fwd_hooks=hooks,
+                          seed=seed)  # fmt: skip
+    gens = (greedy_generate(model, list(prompts), max_new_tokens=max_new_tokens,
+                            intervention=iv, stop_at_newline=False) if prompts else [])  # fmt: skip
+    nll = {hl: _kept(hl, *line_nll(model, s, fwd_hooks=hooks, max_tokens=max_tokens))
+           for hl, s in heldout.items()}  # fmt: skip
+    return {"bos": bos, "prompt": gens, "nll": nll}
+
+
+def _outputs_stacked(
+    model: Model, ivs: Sequence[Intervention | None], heldout: Mapping[str, Sequence[str]], *,
+    n_samples: int, max_new_tokens: int, prompts: Sequence[str], seed: int,
+    max_tokens: int | None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """:func:`_outputs_one` of every arm, the arms stacked in passes of at most
+    :data:`MAX_STACKED_ROWS` BOS rows (:mod:`mechlingo.analyses.experts.stacked`)."""
+    per = max(1, MAX_STACKED_ROWS // n_samples)
+    out: list[dict[str, Any]] = []
+    for i in range(0, len(ivs), per):
+        part = list(ivs[i : i + per])
+        hooks = [intervention_hooks(model, iv) for iv in part]
+        bos = stacked_bos_samples(model, hooks, n_samples, max_new_tokens=max_new_tokens,
+                                  seed=seed)  # fmt: skip
+        gens = (generate_conditions(model, list(prompts), part, max_new_tokens=max_new_tokens,
+                                    stop_at_newline=False)[0] if prompts
+                else [[] for _ in part])  # fmt: skip
+        nll = {hl: stacked_line_nll(model, s, hooks, max_tokens=max_tokens)
+               for hl, s in heldout.items()}  # fmt: skip
+        out += [{"bos": bos[c], "prompt": gens[c],
+                 "nll": {hl: _kept(hl, *v[c]) for hl, v in nll.items()}}
+                for c in range(len(part))]  # fmt: skip
+    return out
+
+
+def _run_arms(
+    model: Model, lang: str, todo: Sequence[_Arm], id_langs: Sequence[str],
+    heldout: Mapping[str, Sequence[str]], base_nll: dict[str, Tensor] | None, stack: bool,
+    opts: dict[str, Any],
+) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """``{arm name: {"row": the KCurve row, "nll": {lang: per-line NLL}}}`` of the arms
+    ``todo``, stacked in one pass (``stack``) or one run each; the ratios are against
+    ``base_nll`` (the no-clamp arm's, from ``todo`` when it is among them)."""
+    if stack and len(todo) > 1:
+        outs = _outputs_stacked(model, [a.iv for a in todo], heldout, **opts)
+    else:
+        outs = [_outputs_one(model, a.iv, heldout, **opts) for a in todo]
+    for a, o in zip(todo, outs, strict=True):
+        if a.arm == "none":
+            base_nll = {hl: v[0].double() for hl, v in o["nll"].items()}
+    res = {}
+    for a, o in zip(todo, outs, strict=True):
+        gen = _rates(lang, o["bos"], o["prompt"], opts["prompts"], id_langs)
+        ppl = _ppl_columns(o["nll"], None if a.arm == "none" else base_nll, opts["seed"])
+        hits, examples = gen.pop("bos_hits"), gen.pop("examples")
+        seed_col = {} if a.control_seed is None else {"control_seed": a.control_seed}
+        row = {"k": a.k, "arm": a.arm, **seed_col, **gen, **ppl, "bos_hits": hits,
+               "examples": examples}  # fmt: skip
+        res[a.name] = {"row": row, "nll": {hl: v[0].tolist() for hl, v in o["nll"].items()}}
+    return res
 
 
 def k_curve(
@@ -334,8 +378,11 @@ def k_curve(
     value: Literal["mean", "median"] = "mean",
     seed: int = 0,
     control: bool = True,
+    control_seeds: Sequence[int] | None = None,
+    layer_matched: bool = False,
     max_tokens: int | None = 32,
     progress: bool = False,
+    stack: bool = True,
     stage_store: Callable[[str, Callable[[], dict]], dict] | None = None,
 ) -> KCurve:
     """For each ``k``: language of generations with the clamp on and held-out perplexity of
@@ -346,10 +393,19 @@ def k_curve(
     ``heldout`` and ``experts.langs``; generations with no letters count as not in the target.
     Choose ``k`` from the result with :meth:`KCurve.choose` (the papers' rule).
 
+    The random control is one random-neuron clamp per ``k`` (its neuron set drawn with
+    ``seed``), or with ``control_seeds`` a population: one clamp per seed, each a row with
+    ``arm == "random"`` and its ``control_seed`` (``layer_matched``: the neurons drawn per
+    layer as the experts lie, :meth:`ExpertResult.random_features`). ``control=False``: no
+    random arm. With ``stack`` every arm runs in one batched pass (each clamp acting on its
+    own copy of the inputs, :mod:`mechlingo.analyses.experts.stacked`: the same numbers as one
+    run per arm up to float rounding); ``stack=False`` runs them one by one.
+
     ``stage_store(name, fn)``, when given, runs each arm (``name``: ``"none"``, ``"k50-experts"``,
-    ``"k50-random"``...) and returns ``fn()`` (a JSON-able dict) or a stored equal result (a
-    resumable stage, :class:`mechlingo.core.stages.Stages`; ``experts --resume``). Every arm
-    draws with ``seed`` alone, so an arm's row does not depend on the other ``ks``.
+    ``"k50-random"``, ``"k50-random_s3"``...) and returns ``fn()`` (a JSON-able dict) or a
+    stored equal result (a resumable stage, :class:`mechlingo.core.stages.Stages`; ``experts
+    --resume``); the first arm not stored computes every later one with it. Every arm draws
+    its samples with ``seed`` alone, so an arm's row does not depend on the other ``ks``.
     """
 
     if not ks:
@@ -358,52 +414,25 @@ def k_curve(
         raise ExpertError(f"n_samples must be >= 1, got {n_samples}")
     id_langs = list(dict.fromkeys([*experts.langs, *heldout]))
     check_texts(heldout, 1, error=ExpertError)
-    rows = []
-    base_nll: dict[str, Tensor] | None = None
-    arms = _k_arms(experts, lang, ks, value, seed, control)
+    seeds = control_seeds if control else ()
+    arms = _k_arms(experts, lang, ks, value, seeds, layer_matched, seed)
     run = stage_store or (lambda name, fn: fn())
     opts = {"n_samples": n_samples, "max_new_tokens": max_new_tokens, "prompts": prompts,
             "seed": seed, "max_tokens": max_tokens}  # fmt: skip
-    for k, arm, iv in tqdm(arms, desc="k curve", disable=not progress):
-        name = "none" if arm == "none" else f"k{k}-{arm}"
-        out = run(name, lambda k=k, arm=arm, iv=iv, base=base_nll: _k_arm(
-            model, lang, k, arm, iv, id_langs, heldout, base, **opts))  # fmt: skip
-        if arm == "none":
-            base_nll = {hl: torch.tensor(v, dtype=torch.float64) for hl, v in out["nll"].items()}
+    stored: dict[str, dict] = {}
+    done: dict[str, dict] = {}
+    base: list[dict[str, Tensor] | None] = [None]
+
+    def compute(a: _Arm) -> dict:
+        if a.name not in done:
+            todo = [b for b in arms if b.name not in stored] if stack else [a]
+            done.update(_run_arms(model, lang, todo, id_langs, heldout, base[0], stack, opts))
+        return done[a.name]
+
+    rows = []
+    for a in tqdm(arms, desc="k curve", disable=not progress):
+        out = stored[a.name] = run(a.name, lambda a=a: compute(a))
+        if a.arm == "none":
+            base[0] = {hl: torch.tensor(v, dtype=torch.float64) for hl, v in out["nll"].items()}
         rows.append(out["row"])
     return KCurve(lang, rows)
-
-
-def _k_arm(
-    model: Model,
-    lang: str,
-    k: int,
-    arm: str,
-    iv: Intervention | None,
-    id_langs: Sequence[str],
-    heldout: Mapping[str, Sequence[str]],
-    base_nll: dict[str, Tensor] | None,
-    *,
-    n_samples: int,
-    max_new_tokens: int,
-    prompts: Sequence[str],
-    seed: int,
-    max_tokens: int | None,
-) -> dict[str, Any]:
-    """One run of the k curve: ``{"row": the KCurve row, "nll": {lang: per-line NLL}}``."""
-    gen = _generation_rates(
-        model,
-        lang,
-        iv,
-        id_langs,
-        n_samples=n_samples,
-        max_new_tokens=max_new_tokens,
-        prompts=prompts,
-        seed=seed,
-    )
-    ppl, nlls = _heldout_perplexities(
-        model, heldout, iv, base_nll, max_tokens=max_tokens, seed=seed
-    )
-    hits, examples = gen.pop("bos_hits"), gen.pop("examples")
-    row = {"k": k, "arm": arm, **gen, **ppl, "bos_hits": hits, "examples": examples}
-    return {"row": row, "nll": {hl: v.tolist() for hl, v in nlls.items()}}

@@ -78,10 +78,11 @@ def stage_experts(
     strict = curve.choose(e["ppl_budget"], "geomean")
     k = papers["k"] if papers["k"] is not None else ks[0]
     measure = []
-    if papers["k"] is not None:
-        lines = {lg: v[: max(2, e["n_heldout"])] for lg, v in texts["eval"].items()}
-        measure = k_curve(model, res, target, [k], lines, seed=MEASURE_SEED, **kw).records()
     draws = max(1, int(e.get("random_sets", 1)))
+    if papers["k"] is not None:  # the random arm: the layer-matched population of the controls
+        lines = {lg: v[: max(2, e["n_heldout"])] for lg, v in texts["eval"].items()}
+        measure = k_curve(model, res, target, [k], lines, seed=MEASURE_SEED,
+                          control_seeds=range(draws), layer_matched=True, **kw).records()  # fmt: skip
     if papers["k"] is not None:
         res.clamp(target, k).save(tmp / "clamp", model)
         for i in range(draws):  # draw 0 is also the paired control
@@ -314,18 +315,20 @@ def _row_steers(data: Mapping[str, Any]) -> dict[str, Any]:
     none = next(r for r in rows if r["arm"] == "none")
     exp = next(r for r in rows if r["arm"] == "experts" and r["k"] == k)
     rnds = [r for r in rows if r["arm"] == "random" and r["k"] == k]  # one row per draw
-    rnd = rnds[0] if rnds else None
     n0, e = [float(x) for x in none["bos_hits"]], [float(x) for x in exp["bos_hits"]]
     draws = [[float(x) for x in r["bos_hits"]] for r in rnds]
+    rate = (f" (random population's mean {np.mean([r['target_rate_bos'] for r in rnds]):.2f})"
+            if rnds else "")  # fmt: skip
     details += (f"; measured on fresh BOS samples (seed {data.get('measure_seed')}) and "
                 f"perplexity lines that did not choose k: target rate "
-                f"{none['target_rate_bos']:.2f} -> {exp['target_rate_bos']:.2f}"
-                + ("" if rnd is None else f" (random {rnd['target_rate_bos']:.2f})"))  # fmt: skip
+                f"{none['target_rate_bos']:.2f} -> {exp['target_rate_bos']:.2f}{rate}")  # fmt: skip
     ctl = vs = None
     if draws:
         ctl = population_gain_test(n0, draws)
         vs = population_test(e, draws, base=n0, direction=claim.direction)
-        details += f"; {len(draws)} random-neuron draw(s), permutation p floor 1/{len(draws) + 1}"
+        details += (f"; control: {len(draws)} random-neuron clamp(s) at k = {k}; the clamp's "
+                    f"exact permutation p among them {vs.extra['p_rank']:.3g} (floor "
+                    f"1/{len(draws) + 1})")  # fmt: skip
     return make_row(claim, paired_test(n0, e), ctl, vs_control=vs, details=details,
                     extra={"k": k, "k_strict": strict["k"]})  # fmt: skip
 
