@@ -13,8 +13,7 @@ from mechlingo.core.tokens import current_columns, encode
 from mechlingo.data import load_facts
 from mechlingo.interventions import Ablation, InterventionError, NeuronClamp, SteeringVector
 from mechlingo.scoring.evaluate import greedy_generate
-
-from .conftest import count_hooks
+from tests.conftest import count_hooks
 
 PROMPTS = [
     "The capital of Italy is",

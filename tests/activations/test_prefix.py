@@ -21,9 +21,8 @@ from mechlingo.scoring.evaluate import (
     greedy_generate,
 )
 from mechlingo.scoring.rank import score_candidates
-
-from .conftest import count_hooks
-from .test_scoring import FACTS
+from tests.conftest import count_hooks
+from tests.scoring.test_scorers import FACTS
 
 PROMPTS = ["The capital of Italy is", "La capitale", "Die Hauptstadt von Frankreich ist die"]
 RULES = ["last", "generated", "last+generated", 2, -2, "all"]

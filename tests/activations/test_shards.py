@@ -25,8 +25,7 @@ from mechlingo.analyses.experts import ExpertError, find_experts
 from mechlingo.core.errors import DataError, InputError
 from mechlingo.kernels.grouped import grouped_auroc_and_average_precision
 from mechlingo.kernels.ranking import auroc_and_average_precision
-
-from .conftest import NTREX
+from tests.conftest import NTREX
 
 TEXTS = {
     "en": ["the cat sat on the mat", "hello world", "a dog", "it is raining today again", "ok"],

@@ -292,7 +292,7 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
 # The card built by stage gives the rows computed before the split (pinned)
 # --------------------------------------------------------------------------------------
 
-PINNED = Path(__file__).parent / "fixtures" / "card"
+PINNED = Path(__file__).parents[1] / "fixtures" / "card"
 #: The claims' static texts (from ``CLAIMS``) and the texts formatted from the values.
 _STATIC = {"claim", "measure", "paper_number", "rule", "paper", "figure", "stage", "p_rule",
            "control_text", "value_text", "vs_control_text"}  # fmt: skip
@@ -385,7 +385,7 @@ def test_cli_writes_the_card(tiny_dir, tmp_path, monkeypatch):
         assert f"href='#{r['figure']}'" in page and f"id='{r['figure']}'" in page
     assert "| p (adjusted) |" in (out / "claims.md").read_text()
     # the stages were kept in .out.work until out was written, then removed (the rule of
-    # every long command; a stopped run resumes: tests/test_resume.py::test_kill_replicate)
+    # every long command; a stopped run resumes: tests/cli/test_work.py::test_kill_replicate)
     assert not (tmp_path / ".out.work").exists() and not (out / "stages").exists()
     bad = [
         "replicate",

@@ -13,7 +13,7 @@ import pytest
 from mechlingo.cli import build_parser, main
 from mechlingo.cli.glossary import FLAGS, RETIRED
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "glossary.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "glossary.md"
 #: flags argparse adds itself
 _BUILTIN = {"--help", "--version"}
 

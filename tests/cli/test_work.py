@@ -194,7 +194,7 @@ def test_steer_eval_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch,
 
 
 def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, capsys):
-    from tests.test_experts import _write_data
+    from tests.analyses.experts.test_stats import _write_data
 
     data = _write_data(tmp_path / "data")
 
@@ -318,7 +318,7 @@ def _kill_and_rerun(argv: list[str], tmp_path: Path, monkeypatch, seed: str) -> 
     n = random.Random(seed).randint(1, len(computed))
     env = {**os.environ, "MECHLINGO_TEST_KILL_STAGE": str(n), "OMP_NUM_THREADS": "1",
            "MECHLINGO_STAGE_LOG": str(tmp_path / "killed.log"),
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # fmt: skip
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # fmt: skip
     proc = subprocess.run([sys.executable, "-m", "mechlingo.cli", *argv, "--out",
                            str(tmp_path / "b")], env=env, capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == -9, proc.stderr[-3000:]
@@ -335,7 +335,7 @@ def _kill_and_rerun(argv: list[str], tmp_path: Path, monkeypatch, seed: str) -> 
 
 
 def _lines(folder: Path, n: int = 6) -> Path:
-    from tests.test_experts import _write_data
+    from tests.analyses.experts.test_stats import _write_data
 
     return _write_data(folder, n)
 
@@ -392,7 +392,7 @@ def test_kill_tuned_lens(tiny_dir, tmp_path, monkeypatch):
 
 
 def test_kill_replicate(tiny_dir, tmp_path, monkeypatch):
-    from tests.test_replicate import TINY, _parallel
+    from tests.card.test_replicate import TINY, _parallel
 
     data = tmp_path / "par"
     data.mkdir()
@@ -412,7 +412,7 @@ def test_kill_experts_under_torchrun(tiny_dir, tmp_path, monkeypatch):
     import subprocess
     import sys
 
-    from tests.test_distributed import _free_port
+    from tests.system.test_distributed import _free_port
 
     data = _lines(tmp_path / "data")
     argv = ["experts", "--model", str(tiny_dir), "--target", "es", "--k", "3,5", "--parallel",
@@ -425,7 +425,7 @@ def test_kill_experts_under_torchrun(tiny_dir, tmp_path, monkeypatch):
 
     def torchrun(log: str, kill: int | None) -> subprocess.CompletedProcess:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MECHLINGO_STAGE_LOG": str(tmp_path / log),
-               "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # fmt: skip
+               "PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # fmt: skip
         env.pop("WORLD_SIZE", None)
         env.pop("MECHLINGO_TEST_KILL_STAGE", None)
         if kill is not None:

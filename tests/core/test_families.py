@@ -32,8 +32,7 @@ from mechlingo.core.sites import SITE_HOOKS, SiteError, resolve_site, site_map
 from mechlingo.core.tokens import TokenBatch, answer_tokens, encode
 from mechlingo.interventions import Ablation, NeuronClamp, SteeringVector
 from mechlingo.testing import TINY, build_tiny_folder, build_tokenizer
-
-from .conftest import count_hooks
+from tests.conftest import count_hooks
 
 PROMPTS = ["The capital of Italy is", "La capitale", "意大利的首都是", "Die Hauptstadt von"]
 LANGS = ["en", "fr", "zh", "de"]
@@ -731,7 +730,7 @@ def test_hub_id_goes_through_the_folder_path(tmp_path, monkeypatch):
 def test_docs_table_lists_every_family():
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
     for spec in FAMILIES.values():
         assert f"`{spec.architecture}`" in text, spec.architecture
     for arch in ("MT5ForConditionalGeneration", "MambaForCausalLM"):

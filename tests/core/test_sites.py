@@ -16,8 +16,7 @@ from mechlingo.core.tokens import (
     sorted_batches,
 )
 from mechlingo.kernels.readout import final_logits, read_logits
-
-from .conftest import count_hooks
+from tests.conftest import count_hooks
 
 PROMPTS = ["The capital of Italy is", "La capitale", "意大利的首都是罗马", "Die Hauptstadt von"]
 

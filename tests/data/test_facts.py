@@ -34,7 +34,7 @@ from mechlingo.data import (
 )
 from mechlingo.data.facts import answer_key
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NTREX = Path("/work/shared/data/ntrex/dev")
 
 

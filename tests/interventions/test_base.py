@@ -23,8 +23,7 @@ from mechlingo.interventions import (
     model_info,
 )
 from mechlingo.scoring.evaluate import greedy_generate
-
-from .conftest import count_hooks
+from tests.conftest import count_hooks
 
 PROMPTS = ["The capital of Italy is", "Rome", "La capitale de la France est"]
 
@@ -325,7 +324,7 @@ def test_zeroing_has_one_owner(tiny, toks):
     assert torch.equal(a, b) and torch.equal(b[0, -1], torch.zeros_like(b[0, -1]))
 
 
-FIXTURE = Path(__file__).parent / "fixtures" / "intervention_v1"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "intervention_v1"
 
 
 def test_an_intervention_saved_before_the_base_loads_and_acts_the_same(tiny):

@@ -17,8 +17,7 @@ from mechlingo.interventions import (
     load_intervention,
 )
 from mechlingo.scoring.evaluate import greedy_generate
-
-from .conftest import count_hooks
+from tests.conftest import count_hooks
 
 # en, fr, de of different lengths: a padded batch
 MIXED = [

@@ -17,8 +17,7 @@ from mechlingo.data import (
     read_parallel,
 )
 from mechlingo.data.parallel_text import parallel_languages
-
-from .bench_fixtures import FLORES_TEXT, write_fixture
+from tests.bench_fixtures import FLORES_TEXT, write_fixture
 
 
 def by_key(facts: list[Fact]) -> dict[tuple[str, str], Fact]:

@@ -302,7 +302,7 @@ SCORING_WORKER = textwrap.dedent(
     from mechlingo.core.models import load_model
     from mechlingo.data import load_facts
     from mechlingo.interventions import SteeringVector
-    from tests.test_distributed import scoring_inputs
+    from tests.system.test_distributed import scoring_inputs
 
     import mechlingo.scoring.evaluate as ev
 
@@ -328,8 +328,7 @@ def scoring_inputs(model):
     """The facts and conditions of the sharded-scoring test (also used by its workers)."""
     from mechlingo.data import load_facts
     from mechlingo.interventions import SteeringVector
-
-    from .test_scoring import FACTS
+    from tests.scoring.test_scorers import FACTS
 
     facts = load_facts(langs=["en", "fr", "de"], relations=["capital"], limit=4)
     g = torch.Generator().manual_seed(0)
@@ -348,7 +347,7 @@ def test_two_processes_score_like_one(tiny, tiny_dir, tmp_path):
 
     script = tmp_path / "worker.py"
     script.write_text(SCORING_WORKER)
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     # MECHLINGO_NO_SHAPE_CHECKS: the workers import tests.conftest (through test_scoring's
     # facts) after mechlingo, outside pytest, where the shape-check hook does not apply
     env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",

@@ -40,7 +40,7 @@ from mechlingo.cli.paths import INPUT_FLAGS, LIST_FLAGS, OUTPUT_FLAGS
 from mechlingo.core.errors import ArtifactError, MechlingoError, ModelMismatchError
 from mechlingo.core.stages import Stages
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: every command with the inputs it reads, all inside the folder ``{d}``
 BASE: dict[str, list[str]] = {
@@ -935,7 +935,7 @@ def test_every_fix_that_names_a_command_leads_on(tiny_dir, saved, tmp_path, caps
         "holds no tuned lens",
     )
     scenarios["delete the work folder (or rerun with --fresh)"] = (fresh_cmd, None, "")  # type: ignore[assignment]
-    # --resume with --fresh: dropping one flag is the fix (tests/test_resume.py follows it)
+    # --resume with --fresh: dropping one flag is the fix (tests/cli/test_work.py follows it)
     scenarios["give one: --fresh starts over, --resume only goes on"] = (fresh_cmd, None, "")  # type: ignore[assignment]
     found = _fix_strings()
     assert found == set(scenarios), f"a fix string without a scenario: {found - set(scenarios)}"

@@ -40,7 +40,7 @@ from mechlingo.core import models
 from mechlingo.core.errors import DataError, DeviceMemoryError, ResourceError
 from mechlingo.testing import build_tiny_folder
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _env(**extra: str) -> dict[str, str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import check_layers  # noqa: E402
 
@@ -275,7 +275,7 @@ def test_every_fig_method_is_drawn_by_a_test():
     methods = _fig_methods()
     assert "LensResult.fig_heatmap" in methods and "PatchingResult.fig_circuit" in methods
     tests = "\n".join(
-        p.read_text() for p in sorted((ROOT / "tests").glob("test_*.py")) if p != Path(__file__)
+        p.read_text() for p in sorted((ROOT / "tests").rglob("test_*.py")) if p != Path(__file__)
     )
     called = set(re.findall(r"\b(fig_\w+)\(", tests))
     untested = {m: path for m, path in methods.items() if m.split(".")[-1] not in called}
@@ -291,7 +291,7 @@ def _words(path: Path) -> str:
 @pytest.mark.parametrize("where", ["Makefile", "mechlingo/__init__.py", "docs/architecture.md"])
 def test_the_tier_order_is_quoted_from_the_contract(where: str) -> None:
     # The order is stated once (check_layers.LAYERS); every other statement quotes it.
-    top = Path(__file__).resolve().parents[1]
+    top = Path(__file__).resolve().parents[2]
     assert check_layers.order_text() in _words(top / where), where
     assert check_layers.order_text().startswith("core -> kernels -> data")
 
@@ -299,7 +299,7 @@ def test_the_tier_order_is_quoted_from_the_contract(where: str) -> None:
 def test_no_private_function_is_unreferenced() -> None:
     # Dead code: a module-level private function or class that nothing in the package names
     # (only its own definition) is deleted, not kept "in case".
-    top = Path(__file__).resolve().parents[1] / "mechlingo"
+    top = Path(__file__).resolve().parents[2] / "mechlingo"
     texts = {p: p.read_text(encoding="utf-8") for p in top.rglob("*.py")}
     # every word of the package counted once: the count of ``name`` is what the search for
     # ``\bname\b`` finds (a name is all word characters, so it must be a whole word)

@@ -69,7 +69,8 @@ def test_fixtures_decide_embedded_and_it_implies_slow():
 
 
 def test_rule_on_tests_of_the_suite():
-    from tests import test_distributed, test_models, test_reports_browser
+    from tests.core import test_models
+    from tests.system import test_distributed, test_reports_browser
 
     # a fake model cache (MECHLINGO_CACHE in tmp_path) is not the embedded model
     for fn in (test_models.test_default_cache_is_checked_and_rebuilt,

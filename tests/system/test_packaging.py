@@ -31,7 +31,7 @@ import mechlingo
 from mechlingo.cli.main import build_parser
 from mechlingo.core.version import __version__
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _clean_env() -> dict[str, str]:

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "mechlingo"
 MAX_MODULE_DOCSTRING = 15
 

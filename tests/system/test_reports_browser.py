@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from mechlingo.cli import main
+from tests.browser import check_report, chromium
 
-from .browser import check_report, chromium
-
-SHOTS = Path(__file__).resolve().parents[1] / "test-output" / "screenshots"
+SHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
 COMMANDS = ["lens", "tokens", "eval", "trace", "steer", "experts", "align"]
 
 pytestmark = pytest.mark.skipif(

@@ -24,7 +24,7 @@ from mechlingo.analyses.decoders.tuned_lens_interop import (
 )
 from mechlingo.core.errors import ArtifactError, MissingArtifactError, ModelMismatchError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _random_lens(model, seed=0):

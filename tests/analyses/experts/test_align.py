@@ -21,8 +21,7 @@ from mechlingo.analyses.experts.align import (
     retrieval_hits,
 )
 from mechlingo.core.tokens import encode
-
-from .conftest import count_hooks
+from tests.conftest import count_hooks
 
 TEXTS = {
     "en": ["the cat sat on the mat", "hello world", "a dog", "it is raining"],

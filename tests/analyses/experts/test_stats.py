@@ -24,8 +24,7 @@ from mechlingo.data.langid import identify_languages
 from mechlingo.interventions import NeuronClamp
 from mechlingo.kernels.ranking import auroc
 from mechlingo.kernels.significance import wilson
-
-from .conftest import NTREX, count_hooks
+from tests.conftest import NTREX, count_hooks
 
 TEXTS = {
     "en": ["the cat sat on the mat", "hello world", "a dog", "it is raining today again"],

@@ -20,9 +20,7 @@ from mechlingo.analyses.recall.patching import (
 )
 from mechlingo.core.sites import resolve_site
 from mechlingo.data import load_facts
-from tests.conftest import count_hooks
-
-from .conftest import corrupted_pair
+from tests.conftest import corrupted_pair, count_hooks
 
 SITES = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "head"]
 

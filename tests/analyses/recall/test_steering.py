@@ -25,8 +25,7 @@ from mechlingo.data import load_facts
 from mechlingo.data.splits import split_facts, take_per_lang
 from mechlingo.interventions import SteeringVector
 from mechlingo.scoring.evaluate import greedy_generate
-
-from .conftest import count_hooks
+from tests.conftest import count_hooks
 
 
 def test_split_is_disjoint_deterministic_and_aligned():

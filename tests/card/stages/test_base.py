@@ -169,7 +169,7 @@ def test_plan_names_the_limit_and_what_to_pass():
 def test_plan_scores_no_test_item(tiny, tmp_path, capsys):
     from mechlingo.card import replicate as rep
     from mechlingo.card.plan import Plan
-    from tests.test_replicate import TINY
+    from tests.card.test_replicate import TINY
 
     plan = rep.replicate(tiny, settings=TINY, parallel=parallel_sentences(["en", "fr", "es"]),
                          work=tmp_path, plan=True)  # fmt: skip
@@ -182,7 +182,7 @@ def test_plan_scores_no_test_item(tiny, tmp_path, capsys):
 def test_ranking_under_stacked_conditions_equals_one_call_each(tiny):
     from mechlingo.interventions import SteeringVector
     from mechlingo.scoring.evaluate import evaluate_conditions, evaluate_facts
-    from tests.test_conditions import _conditions
+    from tests.activations.test_prefix import _conditions
 
     facts = with_candidates(load_facts(langs=["en", "fr"], relations=["capital"], limit=5), 4)
     d = int(tiny.cfg.d_model)

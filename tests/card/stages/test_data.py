@@ -30,7 +30,7 @@ from mechlingo.data.natural_parallel import (
 )
 from mechlingo.scoring.scorers import rankc_fact
 
-FIXTURE = Path(__file__).parent / "fixtures" / "bmlama_invented"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "bmlama_invented"
 
 #: A key-value template line: two or more "Label: value" pairs ("País: Afganistán Capital:
 #: Kabul"), the shape of the bundled tuned prompts joined into one line.
@@ -470,7 +470,7 @@ def test_new_claims_are_appended_with_their_stages():
 
 def test_facts_dir_benchmark_adds_external_rows(tiny_dir, tmp_path, monkeypatch):
     from mechlingo.cli import main
-    from tests.test_replicate import TINY, _fake_transfer
+    from tests.card.test_replicate import TINY, _fake_transfer
 
     monkeypatch.setitem(sys.modules, "mechlingo.analyses.recall.transfer", _fake_transfer())
     settings = {

@@ -17,8 +17,7 @@ from mechlingo.analyses.recall.patching import (
 )
 from mechlingo.core.tokens import encode
 from mechlingo.data import load_facts
-
-from .conftest import corrupted_pair, count_hooks
+from tests.conftest import corrupted_pair, count_hooks
 
 
 @pytest.fixture(scope="module")
