@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 OUT ?= out/demo
 
-.PHONY: setup demo test lint docs notebooks clean chromium bench-peers replicate replicate-full
+.PHONY: setup demo test test-fast lint docs notebooks clean chromium bench-peers replicate replicate-full
 
 # Headless Chromium for the report tests (Debian package; needs root, as on CI machines).
 chromium:
@@ -50,10 +50,20 @@ lint: setup
 	@# optional heavy dependency, no function over 80 lines.
 	$(BIN)/python scripts/check_layers.py
 
+# The suite on 2 worker processes (pytest-xdist; JOBS=auto for one per core). loadscope keeps
+# a test module on one worker, so its module fixtures are built once; the session fixtures
+# (the embedded model, the tiny model) are built once per worker. Marks: tests/marks.py.
+JOBS ?= 2
+FAST := not embedded and not subprocess and not browser and not slow
+
 test: setup lint
-	$(BIN)/python -m pytest -q -ra --durations=15 tests
+	$(BIN)/python -m pytest -q -ra --durations=15 -n $(JOBS) --dist loadscope tests
 	@# TransformerLens 3.9 HookedTransformer compatibility, in its own environment (.venv-tl3)
 	bash scripts/check_hooked_transformer.sh
+
+# The unit tests without the embedded model, child processes, Chromium or slow tests.
+test-fast: setup
+	$(BIN)/python -m pytest -q -ra --durations=15 -n $(JOBS) --dist loadscope -m "$(FAST)" tests
 
 # Benchmarks only (not part of test): the peers' own environments, .venv-nnterp (nnterp +
 # nnsight + transformers 5) and .venv-sv (steering-vectors + transformers < 5).

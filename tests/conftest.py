@@ -3,7 +3,11 @@
 * ``tiny``: a tiny random Gemma-3-architecture model (2 layers, d_model 64) with a byte-level
   tokenizer (:func:`mechlingo.testing.build_tiny_folder`, the one builder of tiny models), for fast unit tests of mechanics (shapes, hooks, positions, equalities).
 * ``gemma``: the embedded default model (google/gemma-3-270m, float32, CPU), for integration
-  tests of what the methods find. Tests using it are marked ``slow``.
+  tests of what the methods find. Tests using it are marked ``embedded`` and ``slow``.
+* ``work_dir``: a fresh folder of this test under /tmp with a short path (AF_UNIX sockets).
+
+Marks (``embedded``, ``subprocess``, ``browser``, ``slow``) are derived from what each test
+uses (:mod:`tests.marks`); a guard fails a test whose behaviour its marks do not say.
 
 Runtime shape checks: before any ``mechlingo`` module is imported, jaxtyping's import hook
 wraps every function and dataclass of the package in ``jaxtyped`` with
@@ -17,7 +21,9 @@ mypy's (``make lint``). ``MECHLINGO_NO_SHAPE_CHECKS=1`` turns the checks off.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 if not os.environ.get("MECHLINGO_NO_SHAPE_CHECKS"):
@@ -32,9 +38,45 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from mechlingo.core.tokens import TokenBatch, encode  # noqa: E402
+from tests import marks  # noqa: E402
 
 SHARED = Path(os.environ.get("MECHLINGO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 NTREX = SHARED / "data" / "ntrex" / "dev"
+
+
+_GUARD = marks.Guard()
+marks.install(_GUARD)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Add each test's derived marks before ``-m`` selects."""
+    for item in items:
+        for name in sorted(marks.marks_for(item)):
+            if item.get_closest_marker(name) is None:
+                item.add_marker(name)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _GUARD.start()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield
+    problems = _GUARD.problems({m.name for m in item.iter_markers()})
+    if problems:
+        pytest.fail(f"{item.nodeid} {'; '.join(problems)}: add the mark (tests/marks.py)")
+    return result
+
+
+@pytest.fixture
+def work_dir():
+    """A fresh folder under /tmp with a short path, removed after the test."""
+    path = Path(tempfile.mkdtemp(prefix="ml-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

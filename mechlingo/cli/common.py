@@ -113,7 +113,7 @@ def add_data_args(
     """``--langs``, ``--relation``, ``--limit``, ``--facts``, ``--templates``; each help says
     its default as ``(default X: reason)`` when the reason is given (``langs_reason``,
     ``templates_reason``, ``limit_reason``, ``relation_reason``): a command whose default
-    differs from the shared one must say why (``tests/test_glossary.py`` checks it)."""
+    differs from the shared one must say why (``tests/cli/test_glossary.py`` checks it)."""
     g = p.add_argument_group("data")
     g.add_argument(
         "--templates",

@@ -1,7 +1,7 @@
 """The command line's vocabulary: one flag per concept, one meaning per flag.
 
 :data:`FLAGS` maps every flag of every ``mechlingo`` command to the concept it sets and a
-one-line meaning; ``docs/glossary.md`` prints the same table, and ``tests/test_glossary.py``
+one-line meaning; ``docs/glossary.md`` prints the same table, and ``tests/cli/test_glossary.py``
 checks the three against each other (every flag of every parser is here and in the page,
 nothing here is missing from the parsers, a flag has the same kind - switch, number, choice,
 metavar - in every command that takes it, and no two flags name one concept).

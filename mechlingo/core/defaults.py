@@ -3,7 +3,7 @@
 A function, an options dataclass or a flag that takes ``batch_size``, ``max_new_tokens``,
 ``cache`` (the key-value cache), ``early_stop``, ``seed`` or ``progress`` defaults to the
 constant here; one that deliberately differs names its own constant (``STEER_*``) and says
-why in its ``--help``. ``tests/test_options.py`` reads every public signature and options
+why in its ``--help``. ``tests/system/test_options.py`` reads every public signature and options
 class and fails on a default that disagrees without a stated reason.
 """
 

@@ -5,7 +5,7 @@ mechlingo makes assumptions about where things sit in a model: the final norm (a
 soft-cap) the logit lens reads through, the residual hooks between blocks, the MLP input of
 the down projection (the "neuron" of the expert statistics), the BOS convention. Those differ
 between families, so every family in :data:`FAMILIES` is checked in CI on a tiny random model
-(``tests/test_families.py``, built by :func:`mechlingo.testing.build_tiny_folder`): sites,
+(``tests/core/test_families.py``, built by :func:`mechlingo.testing.build_tiny_folder`): sites,
 lens against TransformerLens's logit lens and the model's own output, padded batches against
 one-by-one runs, patching against TransformerLens's patching, interventions, hook clean-up,
 expert statistics and alignment embeddings against hooks on the original transformers

@@ -28,6 +28,7 @@ from mechlingo.activations.decoding import (
 from mechlingo.activations.pooled import encode_sentences
 from mechlingo.activations.prefix import rows_hooks, stacked_owners
 from mechlingo.activations.runs import StopForward, final_resid_name, model_input_device, run_batch
+from mechlingo.core.defaults import SAMPLE_NEW_TOKENS
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
@@ -47,7 +48,7 @@ def stacked_bos_samples(
     hook_sets: Sequence[FwdHooks],
     n: int,
     *,
-    max_new_tokens: int = 20,
+    max_new_tokens: int = SAMPLE_NEW_TOKENS,
     seed: int = 0,
     temperature: float = 1.0,
     cache: bool = True,

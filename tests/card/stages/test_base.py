@@ -1,0 +1,285 @@
+"""The claims card's stages: the metric rule, the repair outcomes (gold share, lenient
+matching), the mismatched-fact control, layer-matched random neurons, the facts cap and the
+power planner, by hand cases (the tiny model only where a model is the point)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mechlingo.analyses.experts import find_experts
+from mechlingo.analyses.recall.answers import mismatched_english
+from mechlingo.analyses.recall.trace import trace_recall
+from mechlingo.card import repair_items
+from mechlingo.card.metric_rule import METRIC_FLOOR, METRIC_RULE, decide_metric
+from mechlingo.card.plan import MIN_DRAWS, PRIMARY, dev_icc, plan_card, units_needed
+from mechlingo.card.replicate import budget_settings, cap_facts
+from mechlingo.core.errors import InputError
+from mechlingo.data import Fact, load_facts, parallel_sentences
+from mechlingo.data.candidates import with_candidates
+
+
+def _counts(gen_non_en: tuple[int, int], gen_en=(0, 10), rank=(4, 10)) -> dict:
+    half = gen_non_en[1] // 2
+    k = gen_non_en[0]
+    return {"counts": {
+        "generate": {"en": list(gen_en), "fr": [k - k // 2, half], "ja": [k // 2, half]},
+        "rank": {"en": [10, 10], "fr": list(rank), "ja": list(rank)},
+    }}  # fmt: skip
+
+
+def test_metric_rule_decides_at_the_floor_and_an_override_says_so():
+    assert METRIC_FLOOR == 0.2 and "0.2" in METRIC_RULE
+    # 4 of 20 non-English items = 0.2: not above the floor -> rank (English 10/10 does not count)
+    d = decide_metric(_counts((4, 20), gen_en=(10, 10)))
+    assert (d["metric"], d["ruled"], d["overridden"]) == ("rank", "rank", False)
+    assert d["pooled"]["generate"] == {"non_english": [4, 20], "en": [10, 10]}
+    assert d["generate_accuracy_non_english"] == pytest.approx(0.2)
+    d = decide_metric(_counts((5, 20)))  # 0.25 > 0.2
+    assert d["metric"] == "generate" and "above" in d["why"]
+    d = decide_metric(_counts((0, 20)), override="generate")
+    assert (d["metric"], d["ruled"], d["overridden"], d["given"]) == (
+        "generate", "rank", True, "generate")  # fmt: skip
+    assert decide_metric(_counts((0, 20)), override="rank")["overridden"] is False
+
+
+def test_gold_share_by_hand():
+    # mean cross-entropies 1, 2, 3 nats: p ~ e^-1, e^-2, e^-3; the gold is candidate 0
+    rec = {"scores": [1.0, 2.0, 3.0], "candidates": ["Rome", "Paris", "Oslo"],
+           "answer": "Rome", "ranking": [0, 1, 2], "gold_rank": 1}  # fmt: skip
+    e = [math.exp(-x) for x in (1, 2, 3)]
+    assert repair_items.gold_share(rec) == pytest.approx(e[0] / sum(e))
+    rec2 = {**rec, "answer": "Oslo", "ranking": [0, 1, 2], "gold_rank": 3}
+    assert repair_items.gold_share(rec2) == pytest.approx(e[2] / sum(e))
+    assert repair_items.gold_share({"correct": True, "generation": "Rome"}) is None
+
+
+@pytest.mark.parametrize(
+    ("gen", "answers", "ok"),
+    [
+        ('"Rome".', ["Rome"], True),  # quotes and a full stop: strict rule may miss it
+        ("la ville de São Tomé", ["Sao Tome"], True),  # an article before, accents
+        ("Kuala Lum", ["Kuala Lumpur"], True),  # cut by the token budget
+        ("Ro", ["Rome"], False),  # too short to count as a cut answer
+        ("Paris\nRome", ["Rome"], False),  # only the first line counts
+        ("Wien", ["Vienna", "Wien"], True),  # an alias
+        ("Berlin", ["Rome"], False),
+    ],
+)
+def test_lenient_match(gen, answers, ok):
+    assert repair_items.lenient_match(gen, answers) is ok
+
+
+def _fact(i: str, rel: str, lang: str, en: str) -> Fact:
+    return Fact(f"{rel}/{i}", rel, lang, i, f"{i}:", en, answer_en=en)
+
+
+def test_mismatched_english_is_a_fixed_derangement_within_relations():
+    fs = [_fact("A", "capital", "fr", "Rome"), _fact("B", "capital", "fr", "Rome"),
+          _fact("C", "capital", "fr", "Oslo"), _fact("A", "capital", "ja", "Rome"),
+          _fact("A", "currency", "fr", "Euro")]  # fmt: skip
+    got = mismatched_english(fs, [f.answer_en for f in fs])
+    # A -> next id B has the same English word (Rome): skip to C (Oslo); B -> C; C -> A
+    # (Rome); the same in every language; a relation with one id has no other fact
+    assert got == ["Oslo", "Oslo", "Rome", "Oslo", None]
+
+
+def test_trace_scores_by_the_cards_metric_and_records_the_mismatch_layer(tiny):
+    facts = with_candidates(load_facts(langs=["en", "fr"], relations=["capital"], limit=6), 4)
+    tr = trace_recall(tiny, facts, metric="rank", max_new_tokens=2)
+    assert tr.meta["metric"] == "rank" and len(tr.records) == len(facts)
+    for r in tr.records:
+        assert r["correct"] == (r["gold_rank"] == 1)
+        assert r["answered_in"] is None and r["class"] != "wrong_language"
+        assert isinstance(r["first_mismatch_en_layer"], int)
+        assert -1 <= r["first_mismatch_en_layer"] <= tr.n_layers
+    assert "mismatch_en" in tr.lens.tracks
+    with pytest.raises(InputError, match="trace metric"):
+        trace_recall(tiny, facts, metric="klar")
+
+
+def test_layer_matched_random_neurons(tiny):
+    res = find_experts(tiny, parallel_sentences(["en", "fr", "es"], limit=8), max_tokens=8)
+    k = 6
+    top = res.top("es", k)
+    layer = lambda f: res.stats.locate(f)[0].tolist()  # noqa: E731
+    draws = [res.random_features("es", k, seed=s, layer_matched=True) for s in range(3)]
+    for d in draws:
+        assert layer(d) == layer(top)  # the i-th draw sits in the i-th expert's layer
+        assert not set(d.tolist()) & set(top.tolist()) and len(set(d.tolist())) == k
+    assert len({tuple(d.tolist()) for d in draws}) == 3  # seeds give other sets
+    again = res.random_features("es", k, seed=1, layer_matched=True)
+    assert torch.equal(again, draws[1])
+
+
+def test_cap_facts_shares_the_cap_between_relations():
+    facts = load_facts(langs=["en", "fr"], relations=["capital", "currency"])
+    capped = cap_facts(facts, {"max_ids_per_lang": 20})
+    per = {}
+    for f in capped:
+        per.setdefault((f.relation, f.lang), set()).add(f.id)
+    assert {len(v) for v in per.values()} == {10}  # 20 // 2 relations, every language
+    assert per[("capital", "en")] == per[("capital", "fr")]
+    assert cap_facts(facts, {"max_ids_per_lang": None}) == list(facts)
+
+
+def test_units_needed_and_icc_by_hand():
+    z = 1.959964 + 0.841621  # alpha 0.05 two-sided, power 0.8
+    assert units_needed(0.5, 1.0, 0.05) == math.ceil((z / 0.5) ** 2)  # 32
+    assert units_needed(0.5, 1.0, 0.05, design_effect=2.0) == math.ceil(2 * (z / 0.5) ** 2)
+    same = [{"id": "a", "correct": 1}, {"id": "a", "correct": 1},
+            {"id": "b", "correct": 0}, {"id": "b", "correct": 0}]  # fmt: skip
+    assert dev_icc(same) == pytest.approx(1.0)
+    mixed = [{"id": i, "correct": c} for i in "ab" for c in (0, 1)]
+    assert dev_icc(mixed) == 0.0  # every fact half right: no between-fact variance
+
+
+def test_plan_names_the_limit_and_what_to_pass():
+    cfg = budget_settings("quick")
+    cfg["metric"] = "rank"
+    items = [{"id": f"f{i}", "lang": lg, "correct": i % 2 == 0, "share": 0.2 + 0.1 * (i % 3)}
+             for i in range(20) for lg in ("en", "fr", "ja")]  # fmt: skip
+    avail = {"test_ids": 1000, "dev_ids": 20, "eval_docs": 5, "langs": 12}
+    plan = plan_card(cfg, ["lu2025", "sundar2025"], {"items": {"rank": items}}, avail,
+                     {"rank": 0.1, "embed": 0.05})  # fmt: skip
+    rows = {r.id: r for r in plan.rows}
+    assert list(rows) == [*PRIMARY["lu2025"], *PRIMARY["sundar2025"]]
+    assert plan.alpha == {"lu2025": pytest.approx(0.01), "sundar2025": pytest.approx(0.05 / 6)}
+    # enough facts and the 5 draws the between-draw variance needs: decidable
+    tv = rows["task_vector"]
+    assert tv.needed <= 1000 and tv.draws == 5 and tv.draws_needed == MIN_DRAWS == 5
+    assert tv.decidable
+    # with 2 draws the same row names the draws as its limit and what to pass
+    cfg2 = {**cfg, "repair": {**cfg["repair"], "seeds": [0, 1]}}
+    plan2 = plan_card(cfg2, ["lu2025"], {"items": {"rank": items}}, avail, {"rank": 0.1})
+    tv2 = {r.id: r for r in plan2.rows}["task_vector"]
+    assert not tv2.decidable and "5 random draws" in tv2.limit and '"seeds"' in tv2.fix
+    assert rows["latent_english"].decidable  # no population, enough facts
+    ce = rows["clamp_closer"]  # 5 documents against the 49 a paired d of 0.5 needs
+    assert ce.needed == units_needed(0.5, 1.0, 0.05 / 6) and ce.available == 5
+    assert "--parallel" in ce.fix and not ce.decidable
+    js = plan.to_json()
+    assert js["rows"][0]["id"] == "latent_english" and "decidable" in js["rows"][0]
+    text = str(plan)
+    assert "power plan" in text and "task_vector" in text and "CPU time" in text
+
+
+def test_plan_scores_no_test_item(tiny, tmp_path, capsys):
+    from mechlingo.card import replicate as rep
+    from mechlingo.card.plan import Plan
+    from tests.card.test_replicate import TINY
+
+    plan = rep.replicate(tiny, settings=TINY, parallel=parallel_sentences(["en", "fr", "es"]),
+                         work=tmp_path, plan=True)  # fmt: skip
+    assert isinstance(plan, Plan) and "power plan" in capsys.readouterr().out
+    done = sorted(p.name for p in next(tmp_path.iterdir()).iterdir() if p.is_dir())
+    assert done == ["embed_cost", "metric"]  # the dev split and one embedding pass only
+    assert plan.inputs["available"]["langs"] == 3 and plan.card_minutes > 0
+
+
+def test_ranking_under_stacked_conditions_equals_one_call_each(tiny):
+    from mechlingo.interventions import SteeringVector
+    from mechlingo.scoring.evaluate import evaluate_conditions, evaluate_facts
+    from tests.activations.test_prefix import _conditions
+
+    facts = with_candidates(load_facts(langs=["en", "fr"], relations=["capital"], limit=5), 4)
+    d = int(tiny.cfg.d_model)
+    pop = {f"random_s{s}": SteeringVector(
+        torch.randn(d, generator=torch.Generator().manual_seed(s)) * 4.0, 1) for s in range(3)}  # fmt: skip
+    for conds in ({"orig": None, **pop}, _conditions(tiny, 1, 4.0)):
+        got = evaluate_conditions(tiny, facts, conds, metric="rank", batch_size=3)
+        for name, iv in conds.items():
+            want = evaluate_facts(tiny, facts, intervention=iv, metric="rank", batch_size=3)
+            assert got[name].records == want.records, name  # the same computation
+    # a condition that edits every position has no stem: its rows run whole, the others'
+    # stems are shared
+    assert got["orig"].meta["path"] == "mixed"
+    # "last"-position steering and no intervention share the stems: one stem pass per batch
+    shared = evaluate_conditions(tiny, facts, {"orig": None, **pop}, metric="rank")
+    assert shared["random_s0"].meta["path"] == "shared-stem"
+    assert len({tuple(r["scores"]) for r in shared["random_s1"].records}) > 1
+
+
+# --------------------------------------------------------------------------------------
+# The card by stage: typed budgets, their hash, the run order
+# --------------------------------------------------------------------------------------
+
+
+def test_budgets_hash_is_computed_from_the_dataclasses_and_unchanged():
+    import hashlib
+    import json
+
+    from mechlingo.card import stages
+    from mechlingo.card.replicate import BUDGETS_HASH, STAGE_VERSION
+
+    # the hash of every card seen so far: a change makes the users' stored stages unused
+    assert BUDGETS_HASH == stages.BUDGETS_HASH == "a935c9dae176c880"
+    assert STAGE_VERSION == 4  # 4: clamp_steers' random population, align's draw details
+    plain = {"quick": stages.QUICK.to_dict(), "full": stages.FULL.to_dict()}
+    text = json.dumps(plain, sort_keys=True).encode()
+    assert hashlib.sha256(text).hexdigest()[:16] == BUDGETS_HASH
+    # a budget read back from its plain form is the same frozen object
+    assert stages.CardBudget.from_mapping(plain["full"], "settings") == stages.FULL
+    assert stages.QUICK.repair.seeds == (0, 1, 2, 3, 4) and stages.FULL.experts.random_sets == 20
+    with pytest.raises(Exception, match="frozen|cannot assign"):
+        stages.QUICK.repair.top_k = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"repair": {"sedes": [0]}}, r"repair: unknown setting\(s\) \['sedes'\]"),
+        ({"transfer": {"matrix": {"cell": "full"}}}, r"transfer.matrix: unknown setting"),
+        ({"colour": 1}, r"settings: unknown setting\(s\) \['colour'\]"),
+        ({"repair": {"split": [0.5, 0.5, 0.5]}}, "sum to 1"),
+        ({"experts": {"ks": []}}, "experts.ks"),
+        ({"batch_size": 0}, "batch_size"),
+    ],
+)
+def test_settings_overrides_are_checked(override, message):
+    with pytest.raises(InputError, match=message) as err:
+        budget_settings("quick", override)
+    assert "\n" not in str(err.value).strip()  # one line
+
+
+def test_settings_overrides_still_merge_one_level_deep():
+    cfg = budget_settings("quick", {"experts": {"ks": [3, 5]}, "transfer": {"matrix": {
+        "cells": "full", "test_ids": 2}}, "batch_size": 4})  # fmt: skip
+    assert cfg["experts"]["ks"] == [3, 5] and cfg["experts"]["n_find"] == 32
+    assert cfg["transfer"]["matrix"] == {"cells": "full", "test_ids": 2}  # a section replaced
+    assert cfg["budget"] == "quick" and cfg["batch_size"] == 4
+
+
+def test_run_order_follows_the_declared_needs():
+    from mechlingo.card.stages import BY_NAME, PAPERS
+    from mechlingo.card.stages.base import Stage, run_order
+
+    # the order every stored card was computed in
+    assert PAPERS["lu2025"] == ("trace", "repair", "transfer_relation", "transfer_lang",
+                                "decoders", "conversion", "external")  # fmt: skip
+    assert PAPERS["sundar2025"] == ("experts", "align")
+    assert run_order(BY_NAME, ["align", "external", "experts", "repair", "trace"]) == [
+        "experts", "align", "trace", "repair", "external"]  # fmt: skip
+
+    def stage(name, *needs):
+        return Stage(name, "x", needs, lambda ctx: {})
+
+    reg = {"a": stage("a", "c"), "b": stage("b"), "c": stage("c", "b")}
+    assert run_order(reg, ["a", "b", "c"]) == ["b", "c", "a"]
+    with pytest.raises(InputError, match="unknown stage 'd'"):
+        run_order(reg, ["a", "d"])
+    with pytest.raises(InputError, match="needs an unknown stage 'z'"):
+        run_order({**reg, "e": stage("e", "z")}, ["e"])
+    loop = {"a": stage("a", "b"), "b": stage("b", "a")}
+    with pytest.raises(InputError, match="cycle"):
+        run_order(loop, ["a", "b"])
+
+
+def test_every_claim_has_its_stage_and_every_stage_its_claims():
+    from mechlingo.card.rules import CLAIMS
+    from mechlingo.card.stages import STAGES
+
+    assert sorted(c.id for s in STAGES for c in s.claims) == sorted(c.id for c in CLAIMS)
+    assert all(s.rows and s.report for s in STAGES)

@@ -1,0 +1,375 @@
+"""Distributed statistics: 2 CPU processes (torchrun, gloo) equal one process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mechlingo.activations.distributed import (
+    DistributedError,
+    all_gather_rows,
+    all_reduce_state,
+    dist_info,
+    is_main,
+    process_group,
+    shard,
+    shard_bounds,
+)
+from mechlingo.activations.pooled import pooled_neuron_acts
+from mechlingo.activations.runs import last_token_means
+
+PROMPTS = [
+    "The capital of Italy is",
+    "La capitale de l'Italie est",
+    "Die Hauptstadt von Italien ist",
+    "La capital de Italia es la ciudad de",
+    "イタリアの首都は",
+    "The capital of France is the city of",
+    "Столица Италии —",
+]
+TEXTS = {
+    "en": ["The capital of Italy is Rome.", "Rome is old.", "It rains."],
+    "fr": ["La capitale de l'Italie est Rome.", "Il pleut."],
+    "de": ["Die Hauptstadt von Italien ist Rom.", "Es regnet heute sehr.", "Ja."],
+}
+
+WORKER = textwrap.dedent(
+    """
+    import sys, torch
+    from mechlingo.activations.runs import last_token_means
+    from mechlingo.activations.distributed import (
+        all_gather_rows, all_reduce_state, dist_info, is_main, process_group, shard,
+    )
+    from mechlingo.activations.pooled import pooled_neuron_acts
+    from mechlingo.core.models import load_model
+
+    torch.set_grad_enabled(False)
+    model_dir, out_dir, prompts, texts = sys.argv[1], sys.argv[2], eval(sys.argv[3]), eval(sys.argv[4])
+    with process_group() as info:
+        model = load_model(model_dir, device="cpu")
+        means = last_token_means(model, prompts, batch_size=2)
+        acts = pooled_neuron_acts(model, texts, batch_size=2)
+        # uneven row counts (rank 0: 3 rows, rank 1: 1 row) and an int state
+        rows = torch.full((3 if info.rank == 0 else 1, 2), float(info.rank))
+        gathered = all_gather_rows(rows)
+        state = all_reduce_state({"n": torch.tensor([info.rank + 1], dtype=torch.int64)})
+        torch.save(
+            {
+                "info": (info.rank, info.world_size, info.backend, is_main()),
+                "shard": shard(list(range(5))),
+                "mean": means.mean, "count": means.count,
+                "pooled": acts.pooled, "lang_ids": acts.lang_ids, "prob": acts.prob_active,
+                "gathered": gathered, "state": state["n"],
+            },
+            f"{out_dir}/rank{info.rank}.pt",
+        )
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_shard_bounds_cover_in_order():
+    for n in (0, 1, 5, 7, 16):
+        for world in (1, 2, 3, 4):
+            parts = [shard_bounds(n, r, world) for r in range(world)]
+            flat = [i for p in parts for i in p]
+            assert flat == list(range(n))
+            sizes = [len(p) for p in parts]
+            assert max(sizes) - min(sizes) <= 1
+    assert shard(list("abcde"), 1, 2) == ["c", "d", "e"]
+    assert shard(list("abcde")) == list("abcde")  # single process: everything
+    with pytest.raises(DistributedError):
+        shard_bounds(3, 2, 2)
+
+
+def test_single_process_helpers_are_identity(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with process_group() as info:
+        assert (info.rank, info.world_size, info.backend) == (0, 1, None)
+        assert is_main()
+        x = torch.arange(6.0).reshape(3, 2)
+        assert all_gather_rows(x) is x
+        state = {"sum": torch.ones(2, dtype=torch.float64)}
+        out = all_reduce_state(state)
+        assert torch.equal(out["sum"], state["sum"]) and out["sum"] is not state["sum"]
+
+
+def test_env_errors(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(DistributedError, match="torchrun"), process_group():
+        pass
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(DistributedError, match="not an integer"):
+        dist_info()
+
+
+def test_single_process_equals_core_functions(tiny):
+    """World size 1: the building blocks equal last_token_means / collect_neuron_stats."""
+    ref = last_token_means(tiny, PROMPTS, batch_size=3)
+    got = last_token_means(tiny, PROMPTS, batch_size=2)
+    assert got.layers == ref.layers and got.count == len(PROMPTS)
+    torch.testing.assert_close(got.mean, ref.mean, rtol=1e-5, atol=1e-5)
+
+    from mechlingo.analyses.experts import collect_neuron_stats
+
+    stats = collect_neuron_stats(tiny, TEXTS, batch_size=2)
+    acts = pooled_neuron_acts(tiny, TEXTS, batch_size=3)
+    torch.testing.assert_close(acts.pooled, stats.pooled, rtol=1e-5, atol=1e-6)
+    assert torch.equal(acts.lang_ids.cpu(), stats.lang_ids.cpu())
+    torch.testing.assert_close(acts.prob_active.float(), stats.prob_active.float())
+    ns = acts
+    assert ns.langs == list(TEXTS) and ns.pooled.shape == stats.pooled.shape
+
+
+def test_pooled_acts_errors(tiny):
+    with pytest.raises(ValueError, match="no sentences"):
+        pooled_neuron_acts(tiny, {"en": ["a"], "fr": []})
+    with pytest.raises(ValueError, match="pool"):
+        pooled_neuron_acts(tiny, TEXTS, pool="median")  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+def test_two_processes_equal_one(tiny, tiny_dir, tmp_path):
+    """torchrun --nproc_per_node 2 (gloo, CPU) gives the one-process statistics on every rank."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
+    env.pop("WORLD_SIZE", None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        str(script),
+        str(tiny_dir),
+        str(tmp_path),
+        repr(PROMPTS),
+        repr(TEXTS),
+    ]
+    t0 = time.time()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    elapsed = time.time() - t0
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    print(f"2-process torchrun run: {elapsed:.1f}s")
+
+    ref_means = last_token_means(tiny, PROMPTS, batch_size=4)
+    ref_acts = pooled_neuron_acts(tiny, TEXTS, batch_size=4)
+    for rank in (0, 1):
+        out = torch.load(tmp_path / f"rank{rank}.pt")
+        assert out["info"] == (rank, 2, "gloo", rank == 0)
+        assert out["shard"] == ([0, 1] if rank == 0 else [2, 3, 4])
+        assert out["count"] == len(PROMPTS)
+        torch.testing.assert_close(out["mean"], ref_means.mean, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(out["pooled"], ref_acts.pooled, rtol=1e-4, atol=1e-5)
+        assert torch.equal(out["lang_ids"], ref_acts.lang_ids)
+        torch.testing.assert_close(out["prob"], ref_acts.prob_active)
+        assert out["gathered"].tolist() == [[0.0, 0.0]] * 3 + [[1.0, 1.0]]
+        assert out["state"].tolist() == [3]
+
+
+# --------------------------------------------------------------------------------------
+# Models split over devices (device_map). Only CPU here: an all-CPU map and a map that
+# offloads a block to disk (accelerate's dispatch hooks run, as on a multi-GPU split).
+# --------------------------------------------------------------------------------------
+
+LENS_ANSWERS = {"answer": ["Rome", "Rome", "Rom", "Roma", "ローマ", "Paris", "Рим"]}
+
+
+def _tiny_map(block1: str) -> dict[str, str]:
+    # Gemma ties lm_head to embed_tokens: tied modules must share a device.
+    return {
+        "model.embed_tokens": "cpu",
+        "model.rotary_emb": "cpu",
+        "model.layers.0": "cpu",
+        "model.layers.1": block1,
+        "model.norm": "cpu",
+        "lm_head": "cpu",
+    }
+
+
+def _same_results(ref, model) -> None:
+    from mechlingo.activations.runs import collect
+    from mechlingo.analyses.decoders.lens import logit_lens
+    from mechlingo.core.sites import hook_name
+    from mechlingo.core.tokens import encode
+    from mechlingo.interventions import SteeringVector
+
+    a = logit_lens(ref, PROMPTS, LENS_ANSWERS, batch_size=3)
+    b = logit_lens(model, PROMPTS, LENS_ANSWERS, batch_size=3)
+    torch.testing.assert_close(a.logprob, b.logprob, rtol=1e-5, atol=1e-5)
+    assert torch.equal(a.rank, b.rank)
+    # an intervention's hook on the dispatched block, read at a later hook
+    v = torch.randn(ref.cfg.d_model, generator=torch.Generator().manual_seed(3))
+    sv = SteeringVector(v, layer=1, alpha=3.0)
+    name = hook_name(ref, "resid_post", 1)
+    outs = [
+        collect(m, encode(m, PROMPTS), [name], fwd_hooks=sv.fwd_hooks(m))[name]
+        for m in (ref, model)
+    ]
+    torch.testing.assert_close(outs[0], outs[1].to(outs[0].device), rtol=1e-5, atol=1e-5)
+    m1 = last_token_means(ref, PROMPTS)
+    m2 = last_token_means(model, PROMPTS)
+    torch.testing.assert_close(m1.mean, m2.mean.to(m1.mean.device), rtol=1e-6, atol=1e-6)
+
+
+def test_device_map_all_cpu(tiny, tiny_dir):
+    from mechlingo.core.models import ModelLoadError, load_model
+
+    model = load_model(tiny_dir, device_map=_tiny_map("cpu"))
+    assert str(model.cfg.device) == "cpu"
+    _same_results(tiny, model)
+    with pytest.raises(ModelLoadError, match="either device or device_map"):
+        load_model(tiny_dir, device="cpu", device_map="auto")
+
+
+def test_device_map_disk_offload_block(tiny, tiny_dir, tmp_path):
+    """Block 1 offloaded to disk: accelerate materialises its weights per call, through the
+    same dispatch hooks a multi-GPU split uses; analyses and interventions are unchanged."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from mechlingo.core.models import load_model
+
+    bridge = TransformerBridge.boot_transformers(
+        str(tiny_dir),
+        device_map=_tiny_map("disk"),
+        offload_folder=str(tmp_path / "offload"),
+        dtype=torch.float32,
+    )
+    hf_map = getattr(bridge.original_model, "hf_device_map", {})
+    assert hf_map.get("model.layers.1") == "disk"
+    _same_results(tiny, load_model(bridge))
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+def test_experts_command_under_torchrun_equals_one_process(tiny_dir, tmp_path):
+    """`torchrun --nproc_per_node 2 -m mechlingo.cli experts ...` computes the statistics
+    data-parallel and rank 0 writes the same experts as a single-process run."""
+    import csv
+
+    from mechlingo.cli import main
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for lang, lines in {
+        "en": ["The capital of Italy is Rome.", "Rome is old.", "It rains.", "Hello there."],
+        "es": ["La capital de Italia es Roma.", "Llueve.", "Roma es antigua.", "Hola."],
+        "fr": ["La capitale de l'Italie est Rome.", "Il pleut.", "Rome est ancienne.", "Salut."],
+    }.items():
+        (data / f"{lang}.txt").write_text("\n".join(lines) + "\n")
+    args = ["experts", "--model", str(tiny_dir), "--target", "es", "--k", "4", "--parallel",
+            str(data), "--langs", "en,es,fr", "--no-curve", "--quiet"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("WORLD_SIZE", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+           "-m", "mechlingo.cli", *args, "--out", str(tmp_path / "two")]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    def top(folder):
+        with open(folder / "experts.csv") as f:
+            return [(r["lang"], r["layer"], r["neuron"]) for r in csv.DictReader(f)]
+
+    assert top(tmp_path / "two") == top(tmp_path / "one")
+
+
+SCORING_WORKER = textwrap.dedent(
+    """
+    import json, sys, torch
+    from mechlingo.activations.distributed import process_group, sharded_scoring
+    from mechlingo.scoring.evaluate import evaluate_conditions, evaluate_facts
+    from mechlingo.core.models import load_model
+    from mechlingo.data import load_facts
+    from mechlingo.interventions import SteeringVector
+    from tests.system.test_distributed import scoring_inputs
+
+    import mechlingo.scoring.evaluate as ev
+
+    torch.set_grad_enabled(False)
+    model_dir, out_dir = sys.argv[1], sys.argv[2]
+    calls, real = [], ev._decode_batch
+    ev._decode_batch = lambda *a: calls.append(1) or real(*a)
+    with process_group() as info:
+        model = load_model(model_dir, device="cpu")
+        facts, conds, rank_facts = scoring_inputs(model)
+        with sharded_scoring():
+            got = evaluate_conditions(model, facts, conds, max_new_tokens=4, batch_size=3)
+            ranked = evaluate_facts(model, rank_facts, metric="rank", batch_size=1)
+        out = {"gen": {k: v.records for k, v in got.items()}, "rank": ranked.records,
+               "path": got["orig"].meta["path"], "batches": len(calls)}
+        with open(f"{out_dir}/scores{info.rank}.json", "w") as f:
+            json.dump(out, f)
+    """
+)
+
+
+def scoring_inputs(model):
+    """The facts and conditions of the sharded-scoring test (also used by its workers)."""
+    from mechlingo.data import load_facts
+    from mechlingo.interventions import SteeringVector
+    from tests.scoring.test_scorers import FACTS
+
+    facts = load_facts(langs=["en", "fr", "de"], relations=["capital"], limit=4)
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(int(model.cfg.d_model), generator=g) * 4
+    conds = {"orig": None, "last": SteeringVector(v, 1),
+             "gen": SteeringVector(-v, 0, positions="last+generated")}  # fmt: skip
+    return facts, conds, FACTS
+
+
+def test_two_processes_score_like_one(tiny, tiny_dir, tmp_path):
+    """Scoring sharded by batch over 2 torchrun processes (gloo) gives exactly the
+    one-process records, on every rank."""
+    import json
+
+    from mechlingo.scoring.evaluate import evaluate_conditions, evaluate_facts
+
+    script = tmp_path / "worker.py"
+    script.write_text(SCORING_WORKER)
+    root = str(Path(__file__).resolve().parents[2])
+    # MECHLINGO_NO_SHAPE_CHECKS: the workers import tests.conftest (through test_scoring's
+    # facts) after mechlingo, outside pytest, where the shape-check hook does not apply
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
+               MECHLINGO_NO_SHAPE_CHECKS="1",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))  # fmt: skip
+    env.pop("WORLD_SIZE", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script),
+           str(tiny_dir), str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    facts, conds, rank_facts = scoring_inputs(tiny)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the workers (OMP_NUM_THREADS=1): the same reduction order
+    try:
+        one = evaluate_conditions(tiny, facts, conds, max_new_tokens=4, batch_size=3)
+        ranked = evaluate_facts(tiny, rank_facts, metric="rank", batch_size=1)
+    finally:
+        torch.set_num_threads(threads)
+    want = json.loads(json.dumps({"gen": {k: v.records for k, v in one.items()},
+                                  "rank": ranked.records, "path": "shared-prefix"}))  # fmt: skip
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"scores{rank}.json").read_text())
+        assert got.pop("batches") == 2  # 12 facts in batches of 3: two batches on each rank
+        assert got == want

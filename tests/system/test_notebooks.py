@@ -1,0 +1,75 @@
+"""Every notebook runs top to bottom on the embedded model (small limits via
+MECHLINGO_NB_LIMIT), renders to the HTML page ``make docs`` publishes (outputs and figures
+included), and is committed with the outputs of such a run: a re-execution gives the same
+output types and figure titles per cell (numbers excluded: they are masked in the titles, and
+text outputs are compared by type only). The notebooks use the public API; what the
+committed outputs may hold: tests/system/test_notebook_outputs.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _code(path: Path) -> str:
+    cells = json.loads(path.read_text())["cells"]
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_committed_with_outputs(path):
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.execution_count is not None for c in code), path.name
+    assert code[-1].outputs, f"{path.name}: run scripts/notebook_outputs.py"
+    assert not [o for c in code for o in c.outputs if o.output_type == "error"]
+
+
+def test_notebooks_use_the_public_api():
+    """No private names (``_x``) and no reaching into internals: notebook 02 takes its
+    patching pairs from ``corrupted_pairs``, notebook 05 applies hooks with ``intervene``."""
+    for path in NOTEBOOKS:
+        code = _code(path)
+        private = re.findall(r"(?:import|\.)\s*(_[a-z]\w*)", code)
+        assert not private, (path.name, private)
+        assert "mechlingo.interventions.hf" not in code and "activations.runs" not in code
+    assert "corrupted_pairs(trace, facts" in _code(ROOT / "notebooks/02_recall_pipeline.ipynb")
+    assert "mechlingo.intervene(model, repair" in _code(ROOT / "notebooks/05_reuse_hooks.ipynb")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs_and_renders(path, monkeypatch, tmp_path):
+    import nbformat
+
+    docs, nbo = _script("build_docs"), _script("notebook_outputs")
+    monkeypatch.setenv("MECHLINGO_NB_LIMIT", os.environ.get("MECHLINGO_NB_LIMIT", nbo.LIMIT))
+    monkeypatch.setenv("MECHLINGO_NB_OUT", str(tmp_path))
+    nb = docs.execute_notebook(path, tmp_path, timeout=900)  # raises naming a failing cell
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    figures = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    assert figures or "reuse" in path.name, "expected inline plotly figures"
+    page = docs.notebook_html(nb)
+    assert len(page) > 20_000 and "<html" in page
+    if figures:  # the figures are in the page with plotly.js, not only as JSON
+        assert "plotly-graph-div" in page and "Plotly.newPlot" in page
+    committed = nbformat.read(path, as_version=4)
+    assert nbo.signature(nbo.strip(nb, str(tmp_path))) == nbo.signature(committed)
