@@ -335,7 +335,9 @@ def _k_curve(
     stages: Stages,
 ) -> KCurve:
     """The k curve of one target (BOS language rate and held-out perplexity per k; each arm
-    of each k a stage ``kcurve-TARGET-ARM``)."""
+    of each k a stage ``kcurve-TARGET-ARM``). Each arm runs alone (``stack=False``) so that a
+    resumed run writes the same bytes as an uninterrupted one: a stacked pass over the arms
+    left to compute rounds in the last digits differently."""
     return k_curve(
         model,
         res,
@@ -349,6 +351,7 @@ def _k_curve(
         max_tokens=opt.max_tokens or KCURVE_MAX_TOKENS,
         progress=opt.progress,
         stage_store=kcurve_store(stages, f"kcurve-{target}-"),
+        stack=False,
     )
 
 
