@@ -19,9 +19,9 @@ The number of units is the normal approximation ``n = ((z_{1 - a/2} + z_{0.8}) s
 times the design effect; documents count as single units (their sentences fully correlated:
 conservative). A row judged against a random population also needs at least
 :data:`MIN_DRAWS` draws: its verdict's p is the t test of effect - population mean, whose SE
-holds the between-draw variance (estimated on m - 1 df). The CPU time
+holds the between-draw variance (estimated on m - 1 df). A row's CPU time
 is the measured per-item cost of the metric stage (or of one embedding pass) times the items
-and conditions the row's stage scores. Each row says whether the data the card was given
+and conditions the row's stage scores; the card's is the sum of every stage's cost model. Each row says whether the data the card was given
 allows it, and if not, which limit prevents it and what to pass.
 """
 
@@ -138,9 +138,11 @@ class Plan:
         """JSON: rows (with ``decidable``), levels, inputs, and under ``seconds`` what was
         measured (the per-item costs and the card's estimate: they vary from run to run)."""
         rows = [{**asdict(r), "decidable": r.decidable} for r in self.rows]
-        inputs = {k: v for k, v in self.inputs.items() if k != "cost_seconds_per_item"}
+        measured = ("cost_seconds_per_item", "stage_seconds")
+        inputs = {k: v for k, v in self.inputs.items() if k not in measured}
         seconds = {"card": round(60 * self.card_minutes, 1),
-                   "per_item": self.inputs.get("cost_seconds_per_item", {})}  # fmt: skip
+                   "per_item": self.inputs.get("cost_seconds_per_item", {}),
+                   "stages": self.inputs.get("stage_seconds", {})}  # fmt: skip
         return {"rows": rows, "alpha": self.alpha, "power": POWER, "inputs": inputs,
                 "seconds": seconds}  # fmt: skip
 
@@ -156,6 +158,10 @@ class Plan:
                 f"{r.needed:>6} {r.available:>6} {draws:>9} {r.cpu_seconds / 60:>8.1f}  "
                 + ("yes" if r.decidable else f"no: {r.limit}; pass {r.fix}")
             )
+        per = self.inputs.get("stage_seconds") or {}
+        if per:
+            lines.append("estimated CPU minutes per stage: " + ", ".join(
+                f"{n} {v / 60:.1f}" for n, v in per.items()))  # fmt: skip
         lines.append(f"estimated CPU time of this card as configured: {self.card_minutes:.1f} min")
         return "\n".join(lines)
 
@@ -267,46 +273,29 @@ def _sundar_rows(cfg: Mapping[str, Any], avail: Mapping[str, Any], cost: Mapping
     return out
 
 
-def card_seconds(cfg: Mapping[str, Any], avail: Mapping[str, Any],
-                 cost: Mapping[str, float], papers: Sequence[str]) -> float:  # fmt: skip
-    """The card's scoring CPU seconds as configured, from the measured per-item costs: the
-    repair test (every condition), the dev grid, the trace (metric + lens, the lens taken at
-    twice an item's cost) and the alignment arms (one embedding per sentence and language)."""
-    total = 0.0
-    if LU in papers:
-        s = cost.get(str(cfg.get("metric")), cost.get("rank", 0.0))
-        r = cfg["repair"]
-        langs = len(cfg["lu_langs"])
-        test = min(int(avail.get("test_ids", 0)), int(r["test_per_lang"])) * langs
-        dev = min(int(avail.get("dev_ids", 0)), int(r["dev_per_lang"])) * langs
-        grid = 2 * len(r["layer_fractions"]) * len(r["alphas"]) + 2 * r["top_k"] ** 2
-        total += test * (4 + len(r["seeds"]) + 3) * s + dev * grid * s
-    if SUNDAR in papers:
-        e = cfg["experts"]
-        sent = int(e["n_eval"]) * int(avail.get("langs", 12))
-        total += sent * (2 + int(e.get("random_sets", 1)) + 2) * cost.get("embed", 0.0)
-    return total
-
-
 def plan_card(
     cfg: Mapping[str, Any],
     papers: Sequence[str],
     metric_data: Mapping[str, Any] | None,
     available: Mapping[str, Any],
     cost: Mapping[str, float] | None = None,
+    stage_seconds: Mapping[str, float] | None = None,
 ) -> Plan:
     """The :class:`Plan` of a card with settings ``cfg`` on ``papers``: ``metric_data`` is the
     metric stage's result (dev items and per-item seconds), ``available`` the data's sizes
     (``test_ids``, ``dev_ids``, ``eval_docs``, ``langs``), ``cost`` more per-item seconds
-    (``embed``: one sentence in one language through the model)."""
+    (``embed``: one sentence in one language through the model), ``stage_seconds`` each
+    stage's estimated CPU seconds (:func:`mechlingo.card.stages.estimate_seconds`): their
+    sum is the card's estimate."""
     cost = {**dict((metric_data or {}).get("seconds_per_item", {})), **dict(cost or {})}
     alpha = {p: ALPHA / len(PRIMARY[p]) for p in papers}
     rows: list[PlanRow] = []
-    inputs: dict[str, Any] = {"cost_seconds_per_item": cost, "available": dict(available)}
+    inputs: dict[str, Any] = {"cost_seconds_per_item": cost, "available": dict(available),
+                              "stage_seconds": dict(stage_seconds or {})}  # fmt: skip
     if LU in papers:
         inp = _lu_inputs(metric_data, str(cfg.get("metric")))
         inputs["lu_dev"] = inp
         rows += _lu_rows(cfg, inp, available, cost, alpha[LU])
     if SUNDAR in papers:
         rows += _sundar_rows(cfg, available, cost, alpha[SUNDAR])
-    return Plan(rows, alpha, card_seconds(cfg, available, cost, papers) / 60, inputs)
+    return Plan(rows, alpha, sum((stage_seconds or {}).values()) / 60, inputs)

@@ -43,7 +43,14 @@ from mechlingo.card.rules import (
     error_row,
     finalize,
 )
-from mechlingo.card.stages import BUDGETS, BUDGETS_HASH, BY_NAME, PAPERS, budget_settings
+from mechlingo.card.stages import (
+    BUDGETS,
+    BUDGETS_HASH,
+    BY_NAME,
+    PAPERS,
+    budget_settings,
+    estimate_seconds,
+)
 from mechlingo.card.stages.base import Context, Stage, run_order
 from mechlingo.card.stages.data import (
     bundled_texts,
@@ -60,6 +67,7 @@ from mechlingo.core.types import Model
 from mechlingo.core.version import __version__
 from mechlingo.data import Fact
 from mechlingo.data.natural_parallel import split_by_documents
+from mechlingo.data.splits import take_per_lang
 
 __all__ = [
     "BUDGETS",
@@ -257,8 +265,9 @@ def replicate(
         if "metric" in results:  # measured seconds: the plan's, not a result (they vary)
             results["metric"] = dict(results["metric"])
             cost = {**results["metric"].pop("seconds_per_item", {}), **cost}
-        the_plan = plan_card(cfg, papers, results.get("metric"),
-                             _data_available(facts, parallel, documents, cfg, papers), cost)  # fmt: skip
+        avail = _data_available(facts, parallel, documents, cfg, papers, external)
+        the_plan = plan_card(cfg, papers, results.get("metric"), avail, cost,
+                             estimate_seconds(cfg, papers, avail, cost))  # fmt: skip
         if plan:
             print(the_plan)
             return the_plan
@@ -307,12 +316,18 @@ def _decide(stages: Stages, ctx: Context, cfg: dict[str, Any],
 
 def _data_available(facts: Sequence[Fact] | None, parallel: Mapping[str, Sequence[str]] | None,
                     documents: Sequence[str] | None, cfg: Mapping[str, Any],
-                    papers: Sequence[str]) -> dict[str, Any]:  # fmt: skip
+                    papers: Sequence[str], external: Sequence[Fact] | None = None,
+                    ) -> dict[str, Any]:  # fmt: skip
     """The sizes the planner compares with what a row needs: test and dev fact ids per
     language (the fewest of the non-English languages, before the budget's caps), the
-    documents left for evaluation after the finding and held-out lines, the languages."""
+    documents left for evaluation after the finding and held-out lines, the languages; and
+    the items the trace, transfer and external stages read (their cost models')."""
     out: dict[str, Any] = {}
     if LU in papers:
+        out["trace_items"] = len(lu_facts(facts, cfg, "trace"))
+        out["transfer_items"] = len(lu_facts(facts, cfg, "transfer"))
+        per = cfg.get("external", {}).get("per_lang")
+        out["external_items"] = len(take_per_lang(list(external), per)) if external else 0
         all_facts = lu_facts(facts, {**cfg, "metric": "generate"}, "repair")
         r = cfg["repair"]
         uncapped = {**cfg, "repair": {**r, "dev_per_lang": None, "test_per_lang": None}}

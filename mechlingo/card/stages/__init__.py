@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -44,6 +44,7 @@ __all__ = [
     "STAGES",
     "CardBudget",
     "budget_settings",
+    "estimate_seconds",
     "metric",
     "run_order",
 ]
@@ -151,3 +152,14 @@ def budget_settings(budget: str, overrides: Mapping[str, Any] | None = None) -> 
     CardBudget.from_mapping({k: v for k, v in cfg.items() if k not in RUN_KEYS}, "settings")
     cfg["budget"] = budget
     return cfg
+
+
+def estimate_seconds(cfg: Mapping[str, Any], papers: Sequence[str], sizes: Mapping[str, Any],
+                     unit: Mapping[str, float]) -> dict[str, float]:  # fmt: skip
+    """Each stage's estimated CPU seconds (the metric stage first when a Lu stage runs), from
+    its declared cost model, the data's ``sizes`` and the measured per-item seconds ``unit``
+    (see ``docs/replicate.md`` for the estimate against measured cards)."""
+    names = (["metric"] if LU in papers else []) + [s for p in papers for s in PAPERS[p]]
+    every = {**BY_NAME, "metric": metric.STAGE}
+    return {n: round(float(every[n].cost(cfg, sizes, unit)), 1) if every[n].cost else 0.0
+            for n in names}  # fmt: skip

@@ -321,5 +321,23 @@ def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
     rep.add_figure(retrieval_per_layer_figure(data["retrieval_mean_per_layer"]))
 
 
+#: Measured CPU seconds of the align stage over its embedding passes x the measured seconds.
+ALIGN_FACTOR = 1.09
+
+
+def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+    """CPU seconds: the evaluation lines of every language embedded before and after the
+    clamp and under each random draw (an upper bound: no clamp chosen, no alignment)."""
+    e = cfg["experts"]
+    arms = 2 + int(e.get("random_sets", 1))
+    return (
+        ALIGN_FACTOR
+        * int(e["n_eval"])
+        * int(sizes.get("langs", 12))
+        * arms
+        * unit.get("embed", 0.0)
+    )
+
+
 STAGE = Stage("align", SUNDAR, ("experts",), run, (rows_align, rows_align_extra), report,
-              "experts", ExpertsBudget)  # fmt: skip
+              "experts", ExpertsBudget, cost=cost)  # fmt: skip

@@ -25,6 +25,7 @@ from mechlingo.data import Fact
 __all__ = [
     "Budget",
     "Context",
+    "CostModel",
     "ReportLike",
     "Stage",
     "check",
@@ -157,6 +158,8 @@ class Context:
 
 
 RowBuilder = Callable[[Mapping[str, Any]], list[dict[str, Any]]]
+#: ``(cfg, sizes, unit) -> CPU seconds`` of one stage (see :class:`Stage`).
+CostModel = Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, float]], float]
 SectionWriter = Callable[[ReportLike, Mapping[str, Any]], None]
 
 
@@ -168,7 +171,9 @@ class Stage:
     returns the JSON-able result that is stored under ``name``; ``rows`` read only that
     stored result; ``report(report, results)`` writes the stage's section from every stage's
     result (``None``: the section of another stage shows it). ``budget``: the section of the
-    settings it reads (``section``) as its typed class.
+    settings it reads (``section``) as its typed class. ``cost(cfg, sizes, unit)``: the
+    stage's estimated CPU seconds from the sizes of its data (:func:`stage_sizes`) and the
+    measured per-item seconds ``unit`` (``rank``, ``generate``, ``embed``), for the planner.
     """
 
     name: str
@@ -180,6 +185,7 @@ class Stage:
     section: str | None = None
     budget: type[Budget] | None = None
     folder: bool = False
+    cost: CostModel | None = None
 
     @property
     def claims(self) -> tuple[Claim, ...]:
@@ -241,3 +247,18 @@ def data_section(key: str, anchor: str, title: str, draw: SectionWriter) -> Sect
                 draw(rep, data)
 
     return report
+
+
+def scoring_seconds(cfg: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+    """Measured CPU seconds of scoring one item under the card's metric (``rank`` when the
+    metric has no measurement of its own, e.g. ``klar``)."""
+    return float(unit.get(str(cfg.get("metric")), unit.get("rank", 0.0)))
+
+
+def token_seconds(unit: Mapping[str, float], new_tokens: int) -> float:
+    """Measured CPU seconds of one generated token: a greedy answer's seconds over its
+    ``new_tokens`` (without a generation measurement: 0.3 embedding passes, the ratio on the
+    embedded model)."""
+    if "generate" in unit:
+        return float(unit["generate"]) / max(1, new_tokens)
+    return 0.3 * float(unit.get("embed", 0.0))

@@ -171,5 +171,15 @@ report = data_section(
 )
 
 
+#: One clean/corrupted pair patched at the band and random sites, in items under ``rank``.
+PATCH_PER_PAIR = 2.1
+
+
+def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+    """CPU seconds: ``n_prompts`` pairs patched in every language."""
+    c = cfg["conversion"]
+    return len(c["langs"]) * int(c["n_prompts"]) * PATCH_PER_PAIR * unit.get("rank", 0.0)
+
+
 STAGE = Stage("conversion", LU, ("trace",), run, (rows_conversion,), report, "conversion",
-              ConversionBudget)  # fmt: skip
+              ConversionBudget, cost=cost)  # fmt: skip

@@ -177,5 +177,18 @@ report = data_section(
 )
 
 
+#: One patchscope prompt (every layer decoded), in items scored under ``rank`` (measured).
+PATCHSCOPE_PER_PROMPT = 7.6
+
+
+def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+    """CPU seconds: the patchscope (and a given tuned lens, as much again) on ``per_lang``
+    ids of every non-English language."""
+    d = cfg["decoders"]
+    prompts = int(d["per_lang"] or 0) * len([lg for lg in cfg["lu_langs"] if lg != "en"])
+    decoders = 1 + bool(d.get("tuned_lens"))
+    return decoders * prompts * PATCHSCOPE_PER_PROMPT * unit.get("rank", 0.0)
+
+
 STAGE = Stage("decoders", LU, ("trace",), run, (rows_decoders,), report, "decoders",
-              DecodersBudget)  # fmt: skip
+              DecodersBudget, cost=cost)  # fmt: skip

@@ -28,6 +28,7 @@ from mechlingo.card.stages.base import (
     check,
     failed,
     heading,
+    token_seconds,
 )
 from mechlingo.card.statistics import (
     Test,
@@ -405,5 +406,22 @@ def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
         rep.add_table(ch["candidates"])
 
 
+#: Measured CPU seconds of the experts stage over its modelled passes (below).
+EXPERTS_FACTOR = 2.28
+
+
+def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+    """CPU seconds: one embedding pass over the finding and the evaluation lines of every
+    language, and the BOS samples of the k curve (each k, its random arm, no clamp) and of
+    the measurement (the clamp, every random draw, no clamp), token by token."""
+    e = cfg["experts"]
+    langs = int(sizes.get("langs", 12))
+    lines = (int(e["n_find"]) + int(e["n_eval"])) * langs * unit.get("embed", 0.0)
+    arms = len(e["ks"]) + 2 + 1 + int(e.get("random_sets", 1)) + 1
+    tokens = arms * int(e["samples"]) * int(e["new_tokens"])
+    new = int(cfg["repair"]["max_new_tokens"])
+    return EXPERTS_FACTOR * (lines + tokens * token_seconds(unit, new))
+
+
 STAGE = Stage("experts", SUNDAR, (), run, (rows_experts,), report, "experts", ExpertsBudget,
-              folder=True)  # fmt: skip
+              folder=True, cost=cost)  # fmt: skip

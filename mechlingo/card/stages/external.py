@@ -25,6 +25,7 @@ from mechlingo.card.stages.base import (
     Stage,
     check,
     data_section,
+    scoring_seconds,
 )
 from mechlingo.card.stages.data import repair_split
 from mechlingo.card.stages.repair import logprob_extra, logprob_gain, paired_values, repair_settings
@@ -165,5 +166,11 @@ report = data_section(
 )
 
 
+def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+    """CPU seconds: the benchmark's items (``sizes["external_items"]``, none without a
+    benchmark) under orig, task, diff and both, at the repair stage's per-item cost."""
+    return 4 * int(sizes.get("external_items", 0)) * scoring_seconds(cfg, unit)
+
+
 STAGE = Stage("external", LU, ("repair",), run, (rows_external,), report, "external",
-              ExternalBudget)  # fmt: skip
+              ExternalBudget, cost=cost)  # fmt: skip

@@ -36,6 +36,7 @@ from mechlingo.card.stages.base import (
     check,
     failed,
     heading,
+    scoring_seconds,
 )
 from mechlingo.card.stages.data import metric_of, repair_split
 from mechlingo.card.statistics import (
@@ -597,5 +598,23 @@ def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
         rep.add_figure(headroom_figure(s["headroom"]))
 
 
+#: Measured CPU seconds of the repair stage over its scored items x conditions x the card's
+#: per-item seconds (the shared prompt prefixes make a condition cheaper than an item).
+REPAIR_FACTOR = 0.84
+
+
+def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+    """CPU seconds: the test items under every condition (orig, task, diff, both, each random
+    draw, the format control and the two lenient readings) and the dev items under the grid
+    (both vectors at every layer and scale, then the ``top_k`` pairs)."""
+    r = cfg["repair"]
+    langs = len(cfg["lu_langs"])
+    test = min(int(sizes.get("test_ids", 0)), int(r["test_per_lang"] or 10**9)) * langs
+    dev = min(int(sizes.get("dev_ids", 0)), int(r["dev_per_lang"] or 10**9)) * langs
+    grid = 2 * len(r["layer_fractions"] or (0,)) * len(r["alphas"]) + 2 * r["top_k"] ** 2
+    items = test * (4 + len(r["seeds"]) + 3) + dev * grid
+    return REPAIR_FACTOR * items * scoring_seconds(cfg, unit)
+
+
 STAGE = Stage("repair", LU, ("trace",), run, (rows_repair_all, rows_repair_extra), report,
-              "repair", RepairBudget)  # fmt: skip
+              "repair", RepairBudget, cost=cost)  # fmt: skip

@@ -143,4 +143,15 @@ def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
     rep.add_figure(class_fractions_figure(data["counts"]))
 
 
-STAGE = Stage("trace", LU, (), run, (rows_trace,), report, "trace", TraceBudget)
+#: The logit lens of one item, in items scored under ``rank`` (measured on the embedded model).
+LENS_PER_ITEM = 1.06
+
+
+def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+    """CPU seconds: every trace item scored under the card's metric (``rank``, else greedy)
+    and read by the logit lens."""
+    s = unit.get("rank", 0.0) if metric_of(cfg) == "rank" else unit.get("generate", 0.0)
+    return int(sizes.get("trace_items", 0)) * (s + LENS_PER_ITEM * unit.get("rank", 0.0))
+
+
+STAGE = Stage("trace", LU, (), run, (rows_trace,), report, "trace", TraceBudget, cost=cost)

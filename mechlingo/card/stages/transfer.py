@@ -32,6 +32,7 @@ from mechlingo.card.stages.base import (
     check,
     failed,
     heading,
+    scoring_seconds,
 )
 from mechlingo.card.stages.data import metric_of
 from mechlingo.card.statistics import (
@@ -274,7 +275,27 @@ def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
         rep.add_table(rows)
 
 
+#: Measured CPU seconds of each matrix over its work units x the card's per-item seconds
+#: (the language matrix reuses the relation matrix's build statistics).
+TRANSFER_FACTOR = {"relation": 4.5, "lang": 2.7}
+
+
+def _cost(by: str) -> Any:
+    def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+        """CPU seconds of one matrix: per relation and language, the build, screen (the
+        grid's layers x scales), dev and test ids."""
+        t = cfg["transfer"]
+        m = t["matrix"]
+        per = (int(m["build_ids"] or 16) + int(m["dev_ids"]) + int(m["test_ids"])
+               + int(m["screen_ids"]) * len(m.get("layer_fractions") or (0,))
+               * len(m.get("alphas") or (0, 0)))  # fmt: skip
+        units = per * len(t["relations"]) * len(t["langs"])
+        return TRANSFER_FACTOR[by] * units * scoring_seconds(cfg, unit)
+
+    return cost
+
+
 STAGE_RELATION = Stage("transfer_relation", LU, (), run_relation, (rows_relations,), report,
-                       "transfer", TransferBudget)  # fmt: skip
+                       "transfer", TransferBudget, cost=_cost("relation"))  # fmt: skip
 STAGE_LANG = Stage("transfer_lang", LU, (), run_lang, (rows_languages,), report, "transfer",
-                   TransferBudget)  # fmt: skip
+                   TransferBudget, cost=_cost("lang"))  # fmt: skip

@@ -283,3 +283,56 @@ def test_every_claim_has_its_stage_and_every_stage_its_claims():
 
     assert sorted(c.id for s in STAGES for c in s.claims) == sorted(c.id for c in CLAIMS)
     assert all(s.rows and s.report for s in STAGES)
+
+
+#: The per-item seconds and the stage CPU seconds of the quick card measured on the embedded
+#: model (one thread, 4 December 2026; docs/replicate.md), and its data's sizes.
+QUICK_UNIT = {"rank": 0.1708, "generate": 0.1375, "embed": 0.0605}
+QUICK_SIZES = {"trace_items": 144, "transfer_items": 288, "external_items": 0, "dev_ids": 28,
+               "test_ids": 45, "eval_docs": 59, "langs": 12}  # fmt: skip
+QUICK_MEASURED = {"metric": 18.7, "trace": 50.6, "repair": 385.7, "transfer_relation": 203.7,
+                  "transfer_lang": 122.7, "decoders": 39.0, "conversion": 6.5, "external": 0.0,
+                  "experts": 216.1, "align": 176.7}  # fmt: skip
+
+
+def test_every_stage_declares_a_cost_model_and_the_card_sums_them():
+    from mechlingo.card.stages import BY_NAME, estimate_seconds, metric
+
+    assert all(s.cost is not None for s in (*BY_NAME.values(), metric.STAGE))
+    cfg = {**budget_settings("quick"), "metric": "rank"}
+    est = estimate_seconds(cfg, ["lu2025", "sundar2025"], QUICK_SIZES, QUICK_UNIT)
+    assert list(est) == list(QUICK_MEASURED)  # the metric stage first, then the run order
+    # repair by hand: 24 test ids x 6 languages under 4 + 5 random + 3 conditions, 10 dev ids
+    # x 6 languages under the grid (2 vectors x 2 layers x 2 scales + 2 x top_k^2 = 16)
+    from mechlingo.card.stages.repair import REPAIR_FACTOR
+
+    hand = REPAIR_FACTOR * (24 * 6 * 12 + 10 * 6 * 16) * QUICK_UNIT["rank"]
+    assert est["repair"] == pytest.approx(hand, abs=0.1)
+    # the stage whose cost was missing before: the trace is every item scored and read
+    assert est["trace"] == pytest.approx(144 * 0.1708 * (1 + 1.06), abs=0.1)
+    # against the measured quick card (the models were fitted on it: each stage within 5%)
+    for name, secs in QUICK_MEASURED.items():
+        assert est[name] == pytest.approx(secs, rel=0.05, abs=0.5), name
+    # the items a user's facts give enter where the stage reads them: twice the trace
+    # items, twice the trace's cost; a benchmark's items add the external stage's
+    more = estimate_seconds(cfg, ["lu2025"], {**QUICK_SIZES, "trace_items": 288,
+                                               "external_items": 100}, QUICK_UNIT)  # fmt: skip
+    assert more["trace"] == pytest.approx(2 * est["trace"], abs=0.2)
+    assert more["external"] == pytest.approx(4 * 100 * 0.1708, abs=0.1)
+    assert "experts" not in more  # one paper: only its stages
+    # the full budget costs more in every stage that its settings enlarge
+    full = estimate_seconds({**budget_settings("full"), "metric": "rank"},
+                            ["lu2025", "sundar2025"], QUICK_SIZES, QUICK_UNIT)  # fmt: skip
+    for name in ("repair", "transfer_relation", "decoders", "conversion", "experts", "align"):
+        assert full[name] > est[name], name
+
+
+def test_the_plan_prints_and_stores_the_stage_estimates():
+    cfg = {**budget_settings("quick"), "metric": "rank"}
+    items = [{"id": f"f{i}", "lang": lg, "correct": i % 2 == 0, "share": 0.3}
+             for i in range(10) for lg in ("en", "fr")]  # fmt: skip
+    per = {"trace": 60.0, "repair": 240.0}
+    plan = plan_card(cfg, ["lu2025"], {"items": {"rank": items}}, QUICK_SIZES, QUICK_UNIT, per)
+    assert plan.card_minutes == pytest.approx(5.0)
+    assert "estimated CPU minutes per stage: trace 1.0, repair 4.0" in str(plan)
+    assert plan.to_json()["seconds"]["stages"] == per
