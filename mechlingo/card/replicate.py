@@ -326,8 +326,8 @@ def _data_available(facts: Sequence[Fact] | None, parallel: Mapping[str, Sequenc
     if LU in papers:
         out["trace_items"] = len(lu_facts(facts, cfg, "trace"))
         out["transfer_items"] = len(lu_facts(facts, cfg, "transfer"))
-        per = cfg.get("external", {}).get("per_lang")
-        out["external_items"] = len(take_per_lang(list(external), per)) if external else 0
+        ext_cap = cfg.get("external", {}).get("per_lang")
+        out["external_items"] = len(take_per_lang(list(external), ext_cap)) if external else 0
         all_facts = lu_facts(facts, {**cfg, "metric": "generate"}, "repair")
         r = cfg["repair"]
         uncapped = {**cfg, "repair": {**r, "dev_per_lang": None, "test_per_lang": None}}

@@ -172,7 +172,7 @@ class Stage:
     stored result; ``report(report, results)`` writes the stage's section from every stage's
     result (``None``: the section of another stage shows it). ``budget``: the section of the
     settings it reads (``section``) as its typed class. ``cost(cfg, sizes, unit)``: the
-    stage's estimated CPU seconds from the sizes of its data (:func:`stage_sizes`) and the
+    stage's estimated CPU seconds from the sizes of its data (the planner's) and the
     measured per-item seconds ``unit`` (``rank``, ``generate``, ``embed``), for the planner.
     """
 
