@@ -10,8 +10,8 @@ Marks (``embedded``, ``subprocess``, ``browser``, ``slow``) are derived from wha
 uses (:mod:`tests.marks`); a guard fails a test whose behaviour its marks do not say.
 
 Runtime shape checks: before any ``mechlingo`` module is imported, jaxtyping's import hook
-wraps every function of the package that has an array annotation (and every dataclass) in ``jaxtyped`` with
-:func:`tests.shape_checks.arrays_only` as the checker, so within the tests every call checks
+wraps every function of the package with an array annotation (and every dataclass) in
+``jaxtyped`` with :func:`tests.shape_checks.arrays_only` as the checker, so within the tests every call checks
 its tensor arguments and tensor result against their jaxtyping annotations
 (``Float[Tensor, "batch pos d_model"]``: the dtype, the rank, and each named axis the same
 size everywhere in one call). A mismatch raises at the call. The other annotations are
