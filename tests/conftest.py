@@ -10,8 +10,8 @@ Marks (``embedded``, ``subprocess``, ``browser``, ``slow``) are derived from wha
 uses (:mod:`tests.marks`); a guard fails a test whose behaviour its marks do not say.
 
 Runtime shape checks: before any ``mechlingo`` module is imported, jaxtyping's import hook
-wraps every function and dataclass of the package in ``jaxtyped`` with
-:func:`tests.shape_checks.arrays_only` as the checker, so within the tests every call checks
+wraps every function of the package with an array annotation (and every dataclass) in
+``jaxtyped`` with :func:`tests.shape_checks.arrays_only` as the checker, so within the tests every call checks
 its tensor arguments and tensor result against their jaxtyping annotations
 (``Float[Tensor, "batch pos d_model"]``: the dtype, the rank, and each named axis the same
 size everywhere in one call). A mismatch raises at the call. The other annotations are
@@ -30,8 +30,9 @@ if not os.environ.get("MECHLINGO_NO_SHAPE_CHECKS"):
     assert "mechlingo" not in sys.modules, "mechlingo was imported before the shape-check hook"
     from jaxtyping import install_import_hook
 
-    import tests.shape_checks  # noqa: F401  (the hook finds the checker by its dotted name)
+    import tests.shape_checks  # the hook finds the checker by its dotted name
 
+    tests.shape_checks.skip_unannotated()
     install_import_hook("mechlingo", "tests.shape_checks.arrays_only")
 
 import pytest  # noqa: E402

@@ -24,6 +24,8 @@ import types
 import typing
 from typing import Any
 
+import jaxtyping
+import jaxtyping._decorator as jaxtyping_decorator
 import numpy as np
 import torch
 from jaxtyping import AbstractArray
@@ -108,3 +110,41 @@ def arrays_only(fn: Any) -> Any:
         return out
 
     return checked
+
+
+_ORIGINAL_JAXTYPED = jaxtyping_decorator.jaxtyped
+_SENTINEL = jaxtyping_decorator._sentinel
+# code object -> whether a function with that code has an array annotation
+_HAS_ARRAYS: dict[types.CodeType, bool] = {}
+
+
+def _annotates_arrays(fn: types.FunctionType) -> bool:
+    """Whether a parameter or the return of ``fn`` has a jaxtyping array annotation, the
+    annotations read as jaxtyping reads them (unresolvable ones count as ``Any``)."""
+    code = fn.__code__
+    if code not in _HAS_ARRAYS:
+        hints = [
+            jaxtyping_decorator._destring_annotation(ann, fn.__globals__)
+            for ann in getattr(fn, "__annotations__", {}).values()
+        ]
+        _HAS_ARRAYS[code] = any(_array_hints(h) is not None for h in hints)
+    return _HAS_ARRAYS[code]
+
+
+def _jaxtyped_where_arrays(fn: Any = _SENTINEL, *, typechecker: Any = _SENTINEL) -> Any:
+    """``jaxtyping.jaxtyped``, except that a plain function without array annotations is
+    returned unwrapped: :func:`arrays_only` checks nothing there, and jaxtyping's wrapper
+    costs a signature bind per call and a compile per definition (nested functions are
+    redefined on every call of their parent), which made the suite many times slower."""
+    if fn is _SENTINEL:
+        return functools.partial(_jaxtyped_where_arrays, typechecker=typechecker)
+    if isinstance(fn, types.FunctionType) and not _annotates_arrays(fn):
+        return fn
+    return _ORIGINAL_JAXTYPED(fn, typechecker=typechecker)
+
+
+def skip_unannotated() -> None:
+    """Route the import hook's ``@jaxtyping.jaxtyped`` (and jaxtyping's own recursion into
+    dataclass ``__init__``) through :func:`_jaxtyped_where_arrays`; call before the hook."""
+    jaxtyping.jaxtyped = _jaxtyped_where_arrays
+    jaxtyping_decorator.jaxtyped = _jaxtyped_where_arrays

@@ -227,6 +227,36 @@ def test_shape_annotations_are_checked_at_run_time_in_the_tests():
     assert not isinstance(err.value, TypeError), err.value
 
 
+@pytest.mark.skipif(bool(os.environ.get("MECHLINGO_NO_SHAPE_CHECKS")), reason="checks off")
+def test_only_functions_with_array_annotations_are_wrapped():
+    """The hook leaves a function without array annotations as it is (nothing to check, and
+    jaxtyping's wrapper made the suite slow); one with them keeps the check."""
+    import jaxtyping
+    import torch
+
+    from mechlingo.data import io
+    from mechlingo.kernels import readout
+    from tests import shape_checks
+
+    assert jaxtyping.jaxtyped is shape_checks._jaxtyped_where_arrays
+    assert not hasattr(io.load_facts, "__wrapped__")  # no array annotation
+    assert hasattr(readout.output_transform, "__wrapped__")  # Float[Tensor, ...] in and out
+
+    def plain(x: int, y: str = "a") -> list[str]:
+        return [y] * x
+
+    def arrays(x, /):
+        return int(x.shape[0])
+
+    arrays.__annotations__ = {"x": jaxtyping.Float[torch.Tensor, " n"], "return": int}
+
+    assert shape_checks._jaxtyped_where_arrays(plain, typechecker=None) is plain
+    checked = jaxtyping.jaxtyped(arrays, typechecker=shape_checks.arrays_only)
+    assert checked is not arrays and checked(torch.zeros(3)) == 3
+    with pytest.raises(TypeError, match="arrays"):
+        checked(torch.zeros(3, dtype=torch.long))
+
+
 def _pyproject() -> dict:
     import tomllib
 
