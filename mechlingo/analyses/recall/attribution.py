@@ -20,7 +20,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Unpack
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack
 
 import torch
 from jaxtyping import Float
@@ -34,6 +34,7 @@ from mechlingo.analyses.recall.gradients import (
 )
 from mechlingo.analyses.recall.patching import (
     Cell,
+    Metric,
     PatchingError,
     PatchingResult,
     PositionLabel,
@@ -397,6 +398,22 @@ def compare_patching(
     return out
 
 
+class VerifyArgs(TypedDict, total=False):
+    """The keywords :func:`verify_top_cells` passes on to
+    :func:`~mechlingo.analyses.recall.patching.patch_activations` (the grid's ``layers`` and
+    ``heads`` are the top cells'; ``positions`` is a parameter of its own)."""
+
+    readout: Metric | Sequence[Metric] | None
+    metric: Metric | Sequence[Metric] | None
+    alignment: str | Mapping[int, int] | None
+    source_subject: Sequence[tuple[int, int]] | None
+    target_subject: Sequence[tuple[int, int]] | None
+    cells_per_batch: int | None
+    batching: Literal["grow", "stack"]
+    reuse_prefix: bool | None
+    progress: bool
+
+
 def verify_top_cells(
     model: Model,
     source: Any,
@@ -407,7 +424,7 @@ def verify_top_cells(
     k: int = 5,
     by: str | int = 0,
     positions: Sequence[PositionLabel] | None = None,
-    **patch_kwargs: Any,
+    **patch_kwargs: Unpack[VerifyArgs],
 ) -> list[dict[str, Any]]:
     """Patch the ``k`` cells of ``site`` with the largest absolute estimated effect exactly.
 
