@@ -44,6 +44,7 @@ from mechlingo.analyses.recall.settings import (
     ScoringOptions,
     SplitSettings,
 )
+from mechlingo.analyses.recall.steer_eval import SteerEvalOptions
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
 from mechlingo.cli import common, cost
 from mechlingo.cli.flags import parse_config, parse_floats, parse_ints
@@ -56,7 +57,6 @@ from mechlingo.cli.work import (
     work_folder,
 )
 from mechlingo.core.artifacts import atomic_folder
-from mechlingo.core.defaults import check_seeds
 from mechlingo.core.types import Model
 from mechlingo.data import read_parallel_dir
 from mechlingo.data.splits import split_facts, take_per_lang
@@ -301,7 +301,7 @@ def _build(args: argparse.Namespace) -> int:
     if args.per_relation is not None and args.per_relation < 1:
         raise common.UsageError("--per-relation must be at least 1")
     build = balance_relations(splits["build"], args.per_relation)
-    settings = _build_settings(args)
+    settings = build_options_from_args(args)
     prompt_sets = steering.steering_prompts(build, k_shot=settings.k_shot,
                                             translation_shots=settings.translation_shots)  # fmt: skip
     if cost.announce(cost.plan_steer_build(prompt_sets, args.model), args):
@@ -333,9 +333,6 @@ def _build(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
 
     facts = common.load_selected_facts(args)
-    fractions = _fractions(args.split)
-    seeds = check_seeds(parse_ints(args.seeds, "--control-seeds", allow_empty=True) or [],
-                        what="--control-seeds")  # fmt: skip
     if args.repeats < 1:
         raise common.UsageError("--repeats must be at least 1")
     if args.side_effects and args.side_effects_lines < 1:
@@ -345,36 +342,25 @@ def _eval(args: argparse.Namespace) -> int:
             "--transfer scores with --metric generate or rank; klar's demonstrations are not "
             "yet drawn per transfer row (drop --transfer, or use --metric rank)"
         )
-    ids = _transfer_ids(args)
+    opts = eval_options_from_args(args)
     if args.transfer_only:
-        return _transfer_only(args, facts, fractions, ids)
+        return _transfer_only(args, facts, opts)
     if not args.vectors:
         raise common.UsageError(
             "steer eval needs --vectors VDIR (a `steer build` folder), or --transfer-only"
         )
     work_folder(args)  # --work is checked before the model loads
-    if cost.announce(_eval_plan(args, facts, fractions, len(seeds)), args):
+    if cost.announce(_eval_plan(args, facts, opts), args):
         return 0
     model = common.load_cli_model(args, facts=facts)
     vectors = _load_vectors(args.vectors, model)
     stages = _eval_stages(args, model, facts)
     t0 = time.time()
-    result = steer_eval.run_steer_eval(
-        model,
-        facts,
-        vectors,
-        split=SplitSettings(fractions, args.salt, args.dev_per_lang, args.test_per_lang),
-        grid=_dev_grid(args),
-        scoring=_scoring(args),
-        config=SteeringConfig(*parse_config(args.config)) if args.config else None,
-        seeds=seeds,
-        repeats=args.repeats,
-        stages=stages,
-    )
+    result = steer_eval.run_steer_eval(model, facts, vectors, **opts.kw(), stages=stages)
     if args.transfer:  # a stage of its own (named by --transfer, which the key skips)
         result.transfer = stages.run(
             f"transfer-{args.transfer}",
-            lambda: _transfer(args, model, facts, fractions, ids, vectors.build).summary(),
+            lambda: _transfer(args.transfer, model, facts, opts, vectors.build).summary(),
         )
     if args.side_effects:
         lines = _side_effect_lines(args, result.test_langs())
@@ -401,14 +387,16 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_plan(args: argparse.Namespace, facts: list, fractions: tuple, seeds: int) -> cost.Plan:
+def _eval_plan(args: argparse.Namespace, facts: list, opts: SteerEvalOptions) -> cost.Plan:
     """The plan and estimate of ``steer eval`` from its flags (no model)."""
-    splits = split_facts(facts, fractions, salt=args.salt)
-    splits["dev"] = take_per_lang(splits["dev"], args.dev_per_lang)
-    splits["test"] = take_per_lang(splits["test"], args.test_per_lang)
-    return cost.plan_steer_eval(splits, grid=_dev_grid(args), seeds=seeds, repeats=args.repeats,
-                                max_new_tokens=args.max_new_tokens, transfer=args.transfer,
-                                sweep=not args.config, model=args.model)  # fmt: skip
+    split = opts.split
+    splits = split_facts(facts, split.fractions, salt=split.salt)
+    splits["dev"] = take_per_lang(splits["dev"], split.dev_per_lang)
+    splits["test"] = take_per_lang(splits["test"], split.test_per_lang)
+    return cost.plan_steer_eval(splits, grid=opts.grid, seeds=len(opts.seeds),
+                                repeats=opts.repeats, max_new_tokens=args.max_new_tokens,
+                                transfer=args.transfer, sweep=not args.config,
+                                model=args.model)  # fmt: skip
 
 
 def _eval_stages(args: argparse.Namespace, model: Model, facts: list) -> Any:
@@ -448,7 +436,7 @@ def _transfer_ids(args: argparse.Namespace) -> list[int]:
     return ids
 
 
-def _build_settings(args: argparse.Namespace) -> BuildSettings:
+def build_options_from_args(args: argparse.Namespace) -> BuildSettings:
     """``steer build``'s flags as :class:`~mechlingo.analyses.recall.settings.BuildSettings`."""
     return BuildSettings(
         k_shot=args.k_shot,
@@ -457,6 +445,25 @@ def _build_settings(args: argparse.Namespace) -> BuildSettings:
         unit=args.unit,
         batch_size=args.batch_size,
     )
+
+
+def eval_options_from_args(args: argparse.Namespace) -> SteerEvalOptions:
+    """``steer eval``'s flags as :class:`~mechlingo.analyses.recall.steer_eval.SteerEvalOptions`
+    (checked there): the split, the dev search, the scoring, a fixed setting, the seeds and
+    repeats, and the transfer matrix's sizes."""
+    ids = _transfer_ids(args)
+    return SteerEvalOptions(
+        split=SplitSettings(_fractions(args.split), args.salt, args.dev_per_lang,
+                            args.test_per_lang),
+        grid=_dev_grid(args),
+        scoring=_scoring(args),
+        config=SteeringConfig(*parse_config(args.config)) if args.config else None,
+        seeds=tuple(parse_ints(args.seeds, "--control-seeds", allow_empty=True) or []),
+        repeats=args.repeats,
+        matrix=MatrixSettings(cells=args.transfer_cells, build_ids=ids[0], screen_ids=ids[1],
+                              dev_ids=ids[2], test_ids=ids[3], en_tolerance=args.en_tolerance,
+                              p_threshold=args.p_threshold),
+    )  # fmt: skip
 
 
 def _dev_grid(args: argparse.Namespace) -> DevGrid:
@@ -486,35 +493,16 @@ def _scoring(args: argparse.Namespace) -> ScoringOptions:
 
 
 def _transfer(
-    args: argparse.Namespace,
-    model: Model,
-    facts: list,
-    fractions: tuple,
-    ids: list[int],
-    built: dict | None,
+    by: str, model: Model, facts: list, opts: SteerEvalOptions, built: dict | None
 ) -> transfer.TransferMatrices:
-    """:func:`mechlingo.analyses.recall.transfer.transfer_matrices` with the flags' settings."""
-    matrix = MatrixSettings(
-        cells=args.transfer_cells,
-        build_ids=ids[0],
-        screen_ids=ids[1],
-        dev_ids=ids[2],
-        test_ids=ids[3],
-        en_tolerance=args.en_tolerance,
-        p_threshold=args.p_threshold,
-    )
-    return transfer.transfer_matrices(
-        model,
-        facts,
-        by=args.transfer,
-        matrix=matrix,
-        built=built,
-        split=SplitSettings(fractions, args.salt),
-        scoring=_scoring(args),
-    )
+    """:func:`mechlingo.analyses.recall.transfer.transfer_matrices` by ``by`` with the
+    options' matrix sizes, split and scoring."""
+    split = SplitSettings(opts.split.fractions, opts.split.salt)
+    return transfer.transfer_matrices(model, facts, by=by, matrix=opts.matrix, built=built,
+                                      split=split, scoring=opts.scoring)  # fmt: skip
 
 
-def _transfer_only(args: argparse.Namespace, facts: list, fractions: tuple, ids: list[int]) -> int:
+def _transfer_only(args: argparse.Namespace, facts: list, opts: SteerEvalOptions) -> int:
     """``steer eval --transfer-only``: the transfer matrices alone (one stage)."""
     work_folder(args)
     model = common.load_cli_model(args, facts=facts)
@@ -524,7 +512,7 @@ def _transfer_only(args: argparse.Namespace, facts: list, fractions: tuple, ids:
     t0 = time.time()
     matrices = stages.run(
         f"transfer-{args.transfer}",
-        lambda: _transfer(args, model, facts, fractions, ids, None).summary(),
+        lambda: _transfer(args.transfer, model, facts, opts, None).summary(),
     )
     summary: dict[str, Any] = {"transfer": matrices}
     summary["meta"] = common.run_meta(model, args, seconds=round(time.time() - t0, 1))

@@ -134,6 +134,14 @@ def test_every_code_word_has_one_name_per_meaning_in_the_code_and_the_page():
     from mechlingo.analyses.experts.kcurve import k_curve
 
     assert "cache" not in inspect.signature(k_curve).parameters
+    # nor does the patching readout share the scoring rule's name
+    from mechlingo.analyses.recall.attribution import NeuronAttribution, compare_patching
+    from mechlingo.analyses.recall.patching import PatchingResult
+
+    for fn in (PatchingResult.effect, PatchingResult.grid, PatchingResult.readout_index,
+               NeuronAttribution.top, compare_patching):  # fmt: skip
+        params = inspect.signature(fn).parameters
+        assert "readout" in params and "metric" not in params, fn.__qualname__
 
 
 def test_retired_names_are_gone_and_their_replacements_exist():

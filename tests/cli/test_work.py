@@ -193,13 +193,25 @@ def test_steer_eval_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch,
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.skip(
-    reason="counts the k curve's per-arm runs (_k_arm), which the stacked k curve replaced; to be rewritten for stacked arms"
-)
+def _count_arms(monkeypatch, calls: dict, stop_at_k: int | None = None) -> None:
+    """Record in ``calls["arms"]`` the name of every k-curve arm computed (not read back
+    from a stage), and raise KeyboardInterrupt when an arm of ``stop_at_k`` is about to be."""
+    real = experts_mod._run_arms
+
+    def wrapper(model, lang, todo, *a, **kw):
+        if stop_at_k is not None and any(arm.k == stop_at_k for arm in todo):
+            raise KeyboardInterrupt
+        calls.setdefault("arms", []).extend(arm.name for arm in todo)
+        return real(model, lang, todo, *a, **kw)
+
+    monkeypatch.setattr(experts_mod, "_run_arms", wrapper)
+
+
 def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, capsys):
     from tests.analyses.experts.test_stats import _write_data
 
     data = _write_data(tmp_path / "data")
+    every_arm = ["none", "k3-experts", "k3-random", "k5-experts", "k5-random"]
 
     def run(out: str, *extra: str) -> int:
         return main(["experts", "--model", str(tiny_dir), "--target", "es", "--k", "3,5",
@@ -207,61 +219,66 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
                      "--max-new-tokens", "3", "--ppl-budget", "1000", "--quiet", *extra,
                      "--out", str(tmp_path / out)])  # fmt: skip
 
+    def stopped_in_k5(out: str) -> None:
+        """Run into ``out`` and press Ctrl-C as the k curve's k = 5 arms start."""
+        stopped: dict = {}
+        _count_arms(monkeypatch, stopped, stop_at_k=5)
+        assert run(out) == 130
+        assert stopped["arms"] == every_arm[:3]  # no clamp and k = 3 finished first
+        assert "run the same command again" in capsys.readouterr().err
+        assert not (tmp_path / out).exists()
+        monkeypatch.undo()
+
     # --resume with nothing to go on from is refused before any computation
     assert run("full", "--resume") == 2
     assert "--resume: no finished stage" in capsys.readouterr().err
     assert not (tmp_path / "full").exists()
+    calls: dict = {}
+    _count_arms(monkeypatch, calls)
     assert run("full") == 0
+    assert calls["arms"] == every_arm  # each arm run alone, in order
+    monkeypatch.undo()
     full = _summary(tmp_path / "full")
 
-    calls: dict = {}
     # Ctrl-C in the k curve's second k (the stats, scores, clamps and k = 3 are finished)
-    _count(monkeypatch, experts_mod, "_k_arm", calls, stop_when=lambda *a, **kw: a[2] == 5)
-    assert run("b") == 130
-    assert "run the same command again" in capsys.readouterr().err
-    assert not (tmp_path / "b").exists()
-
-    monkeypatch.undo()
-    for mod, name in ((experts_run, "collect_neuron_stats"), (experts_run, "score_neurons"),
-                      (experts_mod, "_k_arm")):  # fmt: skip
+    stopped_in_k5("b")
+    for mod, name in ((experts_run, "collect_neuron_stats"), (experts_run, "score_neurons")):
         _count(monkeypatch, mod, name, calls)
+    _count_arms(monkeypatch, calls)
     calls.clear()
     assert run("b", "--resume") == 0
-    assert calls == {"_k_arm": 2}  # k = 5: experts and random; nothing before it
+    assert calls == {"arms": ["k5-experts", "k5-random"]}  # nothing before k = 5
     assert _summary(tmp_path / "b") == full
     for name in ("kcurve.csv", "experts.csv", "es-k5/intervention.safetensors",
                  "es-k5-random/intervention.safetensors"):  # fmt: skip
         assert (tmp_path / "b" / name).read_bytes() == (tmp_path / "full" / name).read_bytes()
+    monkeypatch.undo()
 
     # --fresh starts over, even with finished stages of the same settings
-    _count(monkeypatch, experts_mod, "_k_arm", {}, stop_when=lambda *a, **kw: a[2] == 5)
-    assert run("c") == 130
-    monkeypatch.undo()
-    for mod, name in ((experts_run, "collect_neuron_stats"), (experts_mod, "_k_arm")):
-        _count(monkeypatch, mod, name, calls)
+    stopped_in_k5("c")
+    _count(monkeypatch, experts_run, "collect_neuron_stats", calls)
+    _count_arms(monkeypatch, calls)
     calls.clear()
     assert run("c", "--fresh") == 0
-    assert calls == {"collect_neuron_stats": 1, "_k_arm": 5}
+    assert calls == {"collect_neuron_stats": 1, "arms": every_arm}
     assert _summary(tmp_path / "c") == full
-
-    # changed settings (another --seed, another --max-tokens): no stale stage is reused
-    _count(monkeypatch, experts_mod, "_k_arm", {}, stop_when=lambda *a, **kw: a[2] == 5)
-    assert run("d") == 130
     monkeypatch.undo()
-    for mod, name in ((experts_run, "collect_neuron_stats"), (experts_mod, "_k_arm")):
-        _count(monkeypatch, mod, name, calls)
+
+    # changed settings (another --seed): no stale stage is reused
+    stopped_in_k5("d")
+    _count(monkeypatch, experts_run, "collect_neuron_stats", calls)
+    _count_arms(monkeypatch, calls)
     calls.clear()
     assert run("d", "--seed", "1") == 0
-    assert calls == {"collect_neuron_stats": 1, "_k_arm": 5}
-    calls.clear()
-    # adding a k is not another setting: the stages of every other k are reused
-    _count(monkeypatch, experts_mod, "_k_arm", {}, stop_when=lambda *a, **kw: a[2] == 5)
-    assert run("e") == 130
+    assert calls == {"collect_neuron_stats": 1, "arms": every_arm}
     monkeypatch.undo()
-    _count(monkeypatch, experts_mod, "_k_arm", calls)
+
+    # adding a k is not another setting: the stages of every other k are reused
+    stopped_in_k5("e")
+    _count_arms(monkeypatch, calls)
     calls.clear()
     assert run("e", "--k", "2,3,5") == 0
-    assert calls == {"_k_arm": 4}  # k = 2 and k = 5, each experts and random
+    assert calls == {"arms": ["k2-experts", "k2-random", "k5-experts", "k5-random"]}
     rows = {(r["k"], r["arm"]): r for r in json.loads((tmp_path / "e" / "summary.json")
                                                         .read_text())["k_curve"]["es"]}  # fmt: skip
     for r in full["k_curve"]["es"]:

@@ -175,6 +175,29 @@ def test_steer_build_batch_is_build_settings_and_steer_eval_the_protocols():
     assert flags[("eval", "--max-new-tokens")].default == D.MAX_NEW_TOKENS == 8
 
 
+def test_each_steer_command_has_one_adapter_whose_defaults_are_the_options():
+    from mechlingo.analyses.recall.steer_eval import SteerEvalOptions, run_steer_eval
+    from mechlingo.cli.steer import build_options_from_args, eval_options_from_args
+
+    parse = build_parser().parse_args
+    assert build_options_from_args(parse(["steer", "build", "--out", "o"])) == BuildSettings()
+    got = eval_options_from_args(parse(["steer", "eval", "--vectors", "v", "--quiet",
+                                        "--out", "o"]))  # fmt: skip
+    assert dataclasses.replace(got, scoring=ScoringOptions()) == SteerEvalOptions()
+    assert got.scoring.metric.metric == "generate" and got.scoring.progress is False
+    params = inspect.signature(run_steer_eval).parameters
+    assert {k: params[k].default for k in ("seeds", "repeats")} == {"seeds": (0, 1, 2),
+                                                                     "repeats": 1}  # fmt: skip
+    odd = eval_options_from_args(parse(["steer", "eval", "--control-seeds", "4,5", "--repeats",
+                                        "2", "--transfer-ids", "1,2,3,4", "--out", "o"]))  # fmt: skip
+    assert (odd.seeds, odd.repeats, odd.matrix.build_ids, odd.matrix.test_ids) == ((4, 5), 2, 1, 4)
+    assert odd.kw()["seeds"] == (4, 5) and "matrix" not in odd.kw()
+    with pytest.raises(InputError, match="repeats must be at least 1"):
+        SteerEvalOptions(repeats=0)
+    with pytest.raises(InputError, match="--control-seeds needs at least one seed"):
+        SteerEvalOptions(seeds=())
+
+
 @pytest.mark.parametrize(
     ("make", "says"),
     [
@@ -283,6 +306,34 @@ def test_the_patching_readout_has_its_own_name_and_metric_still_works(tiny):
         pytest.warns(DeprecationWarning),
     ):
         patch_activations(tiny, facts, facts, "resid_pre", readout=readout, metric=readout, **kw)
+
+
+def test_the_patching_results_read_a_readout_and_metric_still_works(tiny):
+    from mechlingo.analyses.recall import patching
+    from mechlingo.data import load_facts
+
+    facts = load_facts(langs=["en"], relations=["capital"], limit=2)
+    res = patching.patch_activations(tiny, facts, facts, "resid_pre", layers=[0, 1], positions=[-1])
+    last = len(res.metric_names) - 1
+    assert last >= 1 and res.readout_index(res.metric_names[last]) == last
+    with pytest.raises(KeyError, match="unknown readout 'nope'"):
+        res.readout_index("nope")
+    with pytest.warns(DeprecationWarning, match="metric_index is now readout_index"):
+        assert res.metric_index(res.metric_names[last]) == last
+    with pytest.warns(DeprecationWarning, match="metric_index is now readout_index"):
+        assert patching.metric_index(res.metric_names, res.metric_names[last]) == last
+    want = (res.values[last] - res.corrupted[last]).mean(-1)  # the effect, by hand
+    assert torch.equal(res.effect(readout=res.metric_names[last]), want)
+    with pytest.warns(DeprecationWarning, match=r"PatchingResult.effect\(metric=\) is now"):
+        assert torch.equal(res.effect(metric=res.metric_names[last]), want)
+    with pytest.warns(DeprecationWarning):
+        grid = res.grid("resid_pre", metric=last, value="effect")  # [layer, position]
+    assert torch.equal(grid[:, 0], want)
+    with (
+        pytest.raises(MechlingoError, match="pass readout= only"),
+        pytest.warns(DeprecationWarning),
+    ):
+        res.normalized(readout=0, metric=0)
 
 
 def test_the_stop_message_finds_the_work_folder_without_a_private_attribute(tmp_path):

@@ -20,7 +20,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Unpack
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, Unpack
 
 import torch
 from jaxtyping import Float
@@ -34,6 +34,7 @@ from mechlingo.analyses.recall.gradients import (
 )
 from mechlingo.analyses.recall.patching import (
     Cell,
+    Metric,
     PatchingError,
     PatchingResult,
     PositionLabel,
@@ -46,7 +47,7 @@ from mechlingo.analyses.recall.patching.grid import (
     check_sites,
     resolve_grid,
 )
-from mechlingo.analyses.recall.patching.result import PatchingBaselines
+from mechlingo.analyses.recall.patching.result import PatchingBaselines, old_metric_keyword
 from mechlingo.core.sites import resolve_site
 from mechlingo.core.types import Model
 
@@ -257,21 +258,24 @@ class NeuronAttribution(PatchingBaselines):
     values: Float[Tensor, "metric layer position neuron example"]
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def effect(self, metric: str | int = 0) -> Float[Tensor, "layer position neuron"]:
-        """Mean estimated change of the metric over examples, in the metric's units."""
-        return self.values[self.metric_index(metric)].mean(-1)
+    @old_metric_keyword
+    def effect(self, readout: str | int = 0) -> Float[Tensor, "layer position neuron"]:
+        """Mean estimated change of the readout over examples, in the readout's units."""
+        return self.values[self.readout_index(readout)].mean(-1)
 
-    def normalized(self, metric: str | int = 0) -> Float[Tensor, "layer position neuron"]:
+    @old_metric_keyword
+    def normalized(self, readout: str | int = 0) -> Float[Tensor, "layer position neuron"]:
         """:meth:`effect` divided by ``clean - corrupted`` (the mean gap): the share of the
         gap that patching this neuron alone is estimated to close."""
-        m = self.metric_index(metric)
+        m = self.readout_index(readout)
         gap = float((self.clean[m] - self.corrupted[m]).mean())
         return self.effect(m) / (gap if abs(gap) > 1e-12 else float("nan"))
 
-    def top(self, k: int = 20, metric: str | int = 0) -> list[dict[str, Any]]:
+    @old_metric_keyword
+    def top(self, k: int = 20, readout: str | int = 0) -> list[dict[str, Any]]:
         """The ``k`` neurons with the largest absolute mean estimated effect."""
-        eff = self.effect(metric)
-        nrm = self.normalized(metric)
+        eff = self.effect(readout)
+        nrm = self.normalized(readout)
         flat = torch.nan_to_num(eff.abs(), nan=-1.0).flatten()
         idx = torch.argsort(flat, descending=True)[:k]
         L, P, N = eff.shape
@@ -289,12 +293,13 @@ class NeuronAttribution(PatchingBaselines):
             )
         return out
 
-    def to_dataframe(self, k: int = 100, metric: str | int = 0) -> pd.DataFrame:
+    @old_metric_keyword
+    def to_dataframe(self, k: int = 100, readout: str | int = 0) -> pd.DataFrame:
         """The top ``k`` neurons (see :meth:`top`) as a table."""
         import pandas as pd
 
-        name = self.metric_names[self.metric_index(metric)]
-        return pd.DataFrame([{"metric": name, **r} for r in self.top(k, metric)])
+        name = self.metric_names[self.readout_index(readout)]
+        return pd.DataFrame([{"metric": name, **r} for r in self.top(k, readout)])
 
 
 def neuron_attribution(
@@ -348,8 +353,9 @@ def neuron_attribution(
 # --------------------------------------------------------------------------------------
 
 
+@old_metric_keyword
 def compare_patching(
-    approx: PatchingResult, exact: PatchingResult, *, metric: str | int = 0, k: int = 10
+    approx: PatchingResult, exact: PatchingResult, *, readout: str | int = 0, k: int = 10
 ) -> dict[str, dict[str, float | int]]:
     """Agreement of an attribution estimate with exact patching, per site and over all cells.
 
@@ -361,8 +367,8 @@ def compare_patching(
     """
     from scipy.stats import pearsonr, spearmanr
 
-    a_eff = approx.effect(approx.metric_index(metric))
-    e_eff = exact.effect(exact.metric_index(metric))
+    a_eff = approx.effect(approx.readout_index(readout))
+    e_eff = exact.effect(exact.readout_index(readout))
     index = {c: i for i, c in enumerate(exact.cells)}
     pairs: dict[str, list[tuple[float, float]]] = {}
     for i, c in enumerate(approx.cells):
@@ -392,6 +398,22 @@ def compare_patching(
     return out
 
 
+class VerifyArgs(TypedDict, total=False):
+    """The keywords :func:`verify_top_cells` passes on to
+    :func:`~mechlingo.analyses.recall.patching.patch_activations` (the grid's ``layers`` and
+    ``heads`` are the top cells'; ``positions`` is a parameter of its own)."""
+
+    readout: Metric | Sequence[Metric] | None
+    metric: Metric | Sequence[Metric] | None
+    alignment: str | Mapping[int, int] | None
+    source_subject: Sequence[tuple[int, int]] | None
+    target_subject: Sequence[tuple[int, int]] | None
+    cells_per_batch: int | None
+    batching: Literal["grow", "stack"]
+    reuse_prefix: bool | None
+    progress: bool
+
+
 def verify_top_cells(
     model: Model,
     source: Any,
@@ -402,7 +424,7 @@ def verify_top_cells(
     k: int = 5,
     by: str | int = 0,
     positions: Sequence[PositionLabel] | None = None,
-    **patch_kwargs: Any,
+    **patch_kwargs: Unpack[VerifyArgs],
 ) -> list[dict[str, Any]]:
     """Patch the ``k`` cells of ``site`` with the largest absolute estimated effect exactly.
 
@@ -413,7 +435,7 @@ def verify_top_cells(
     ``by``), its ``estimate`` and its ``exact`` normalised effect (and the effects in metric
     units).
     """
-    m = approx.metric_index(by)
+    m = approx.readout_index(by)
     nrm, eff = approx.normalized(m), approx.effect(m)
     idx = [i for i, c in enumerate(approx.cells) if c.site == site]
     if not idx:

@@ -30,6 +30,7 @@ from mechlingo.analyses.recall.dev_grid import Choice, DevSearch
 from mechlingo.analyses.recall.settings import (
     BuildSettings,
     DevGrid,
+    MatrixSettings,
     ScoringOptions,
     SplitSettings,
 )
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 __all__ = [
+    "SteerEvalOptions",
     "SteerTestResult",
     "evaluate_test",
     "SteerEvalResult",
@@ -529,6 +531,34 @@ class _Settings:
     scoring: ScoringOptions
     config: SteeringConfig | None
     seeds: list[int]
+
+
+@dataclass(frozen=True)
+class SteerEvalOptions:
+    """Every setting of ``mechlingo steer eval`` that changes a number: the keywords of
+    :func:`run_steer_eval` (:meth:`kw`) and the transfer matrix's ``matrix`` sizes.
+
+    Raises:
+        InputError: ``repeats`` < 1 or no seed.
+    """
+
+    split: SplitSettings = SplitSettings()
+    grid: DevGrid = DevGrid()
+    scoring: ScoringOptions = ScoringOptions()
+    config: SteeringConfig | None = None
+    seeds: tuple[int, ...] = (0, 1, 2)
+    repeats: int = 1
+    matrix: MatrixSettings = MatrixSettings()
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise InputError(f"repeats must be at least 1, got {self.repeats}", where="--repeats")
+        object.__setattr__(self, "seeds", tuple(check_seeds(self.seeds, what="--control-seeds")))
+
+    def kw(self) -> dict[str, Any]:
+        """The keywords of :func:`run_steer_eval` (all but ``stages``)."""
+        return {"split": self.split, "grid": self.grid, "scoring": self.scoring,
+                "config": self.config, "seeds": self.seeds, "repeats": self.repeats}  # fmt: skip
 
 
 def run_steer_eval(

@@ -40,6 +40,7 @@ from mechlingo.analyses.recall.patching import (
     fact_metrics,
     patch_activations,
 )
+from mechlingo.analyses.recall.patching.result import old_metric_keyword
 from mechlingo.analyses.recall.trace_options import TraceOptions
 from mechlingo.analyses.results import WritesFolder
 from mechlingo.core.defaults import BATCH_SIZE, MAX_NEW_TOKENS
@@ -411,8 +412,9 @@ def trace_recall(
     )
 
 
+@old_metric_keyword
 def pipeline_stages(
-    sweep: PatchingResult | None, trace: TraceResult | None, lang: str, *, metric: str | int = 0
+    sweep: PatchingResult | None, trace: TraceResult | None, lang: str, *, readout: str | int = 0
 ) -> dict[str, tuple[float, float]]:
     """Layer bands of the three stages, from the data:
 
@@ -428,7 +430,7 @@ def pipeline_stages(
     """
     out: dict[str, tuple[float, float]] = {}
     if sweep is not None:
-        vals = sweep.normalized(metric)
+        vals = sweep.normalized(readout)
         subj = [
             (c.layer, float(vals[i]))
             for i, c in enumerate(sweep.cells)

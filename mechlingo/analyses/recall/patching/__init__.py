@@ -51,7 +51,12 @@ from mechlingo.analyses.recall.patching.passes import (
 from mechlingo.analyses.recall.patching.passes import brancher as _brancher
 from mechlingo.analyses.recall.patching.passes import writer as _writer
 from mechlingo.analyses.recall.patching.positions import PositionLabel, subject_token_span
-from mechlingo.analyses.recall.patching.result import Cell, PatchingResult, metric_index
+from mechlingo.analyses.recall.patching.result import (
+    Cell,
+    PatchingResult,
+    metric_index,
+    readout_index,
+)
 from mechlingo.analyses.recall.patching.runs import read_run
 from mechlingo.core.families import grows_mid_pass
 from mechlingo.core.types import Model
@@ -69,6 +74,7 @@ __all__ = [
     "fact_metrics",
     "logit_diff",
     "metric_index",
+    "readout_index",
     "patch_activations",
     "sliding_windows",
     "subject_token_span",

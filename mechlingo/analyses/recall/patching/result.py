@@ -8,14 +8,17 @@ Per-example values are kept, and bootstrap 95% intervals resample examples
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mechlingo.analyses.recall.patching.errors import PatchingError
 from mechlingo.viz.common import html_summary, interval_text
 from mechlingo.viz.patching import CircuitOptions, circuit_figure, patching_heatmaps
 
@@ -30,7 +33,11 @@ __all__ = [
     "bootstrap_interval",
     "metric_index",
     "normalized_effect",
+    "readout_index",
 ]
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 @dataclass(frozen=True)
@@ -44,13 +51,37 @@ class Cell:
     head: int = -1
 
 
+def readout_index(names: Sequence[str], readout: str | int = 0) -> int:
+    """Position of ``readout`` (a name or an index) among a result's readout ``names``."""
+    if isinstance(readout, int):
+        return readout
+    if readout not in names:
+        raise KeyError(f"unknown readout {readout!r}; pass one of {list(names)}")
+    return list(names).index(readout)
+
+
 def metric_index(names: Sequence[str], metric: str | int = 0) -> int:
-    """Position of ``metric`` (a name or an index) among a result's metric ``names``."""
-    if isinstance(metric, int):
-        return metric
-    if metric not in names:
-        raise KeyError(f"unknown metric {metric!r}; metrics: {list(names)}")
-    return list(names).index(metric)
+    """The old name of :func:`readout_index` (warns)."""
+    warnings.warn("metric_index is now readout_index", DeprecationWarning, stacklevel=2)
+    return readout_index(names, metric)
+
+
+def old_metric_keyword(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``fn`` that also takes its ``readout=`` under the old name ``metric=`` (warns)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if "metric" in kwargs:
+            warnings.warn(f"{fn.__qualname__}(metric=) is now readout=", DeprecationWarning,
+                          stacklevel=2)  # fmt: skip
+            if "readout" in kwargs:
+                raise PatchingError(
+                    f"{fn.__qualname__}: pass readout= only (metric= is its old name)"
+                )
+            kwargs["readout"] = kwargs.pop("metric")
+        return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def normalized_effect(v: Tensor, clean: Tensor, corrupted: Tensor) -> Tensor:
@@ -109,9 +140,14 @@ class PatchingBaselines:
     layers: list[int]
     position_labels: list[str]
 
+    def readout_index(self, readout: str | int = 0) -> int:
+        """Position of ``readout`` (a name or an index) among :attr:`metric_names`."""
+        return readout_index(self.metric_names, readout)
+
     def metric_index(self, metric: str | int = 0) -> int:
-        """Position of ``metric`` (a name or an index) among :attr:`metric_names`."""
-        return metric_index(self.metric_names, metric)
+        """The old name of :meth:`readout_index` (warns)."""
+        warnings.warn("metric_index is now readout_index", DeprecationWarning, stacklevel=2)
+        return self.readout_index(metric)
 
 
 @dataclass
@@ -136,26 +172,30 @@ class PatchingResult(PatchingBaselines):
     alignment: str
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def mean(self, metric: str | int = 0) -> Float[Tensor, " cell"]:
-        """Mean over examples of the patched metric per cell."""
-        return self.values[self.metric_index(metric)].mean(-1)
+    @old_metric_keyword
+    def mean(self, readout: str | int = 0) -> Float[Tensor, " cell"]:
+        """Mean over examples of the patched readout per cell."""
+        return self.values[self.readout_index(readout)].mean(-1)
 
-    def effect(self, metric: str | int = 0) -> Float[Tensor, " cell"]:
-        """Mean of (patched - corrupted) per cell, in the metric's units."""
-        m = self.metric_index(metric)
+    @old_metric_keyword
+    def effect(self, readout: str | int = 0) -> Float[Tensor, " cell"]:
+        """Mean of (patched - corrupted) per cell, in the readout's units."""
+        m = self.readout_index(readout)
         return (self.values[m] - self.corrupted[m]).mean(-1)
 
-    def normalized(self, metric: str | int = 0) -> Float[Tensor, " cell"]:
+    @old_metric_keyword
+    def normalized(self, readout: str | int = 0) -> Float[Tensor, " cell"]:
         """``(patched - corrupted) / (clean - corrupted)`` on the means over examples:
         0 = no effect, 1 = restores the source run (NaN when clean == corrupted)."""
-        m = self.metric_index(metric)
+        m = self.readout_index(readout)
         return normalized_effect(
             self.values[m].mean(-1), self.clean[m].mean(), self.corrupted[m].mean()
         )
 
+    @old_metric_keyword
     def bootstrap_ci(
         self,
-        metric: str | int = 0,
+        readout: str | int = 0,
         *,
         normalized: bool = True,
         n_boot: int = 1000,
@@ -164,7 +204,7 @@ class PatchingResult(PatchingBaselines):
     ) -> tuple[Float[Tensor, " cell"], Float[Tensor, " cell"]]:
         """Bootstrap interval (resampling examples) of :meth:`normalized` or
         :meth:`effect` per cell."""
-        m = self.metric_index(metric)
+        m = self.readout_index(readout)
         v, c, k = self.values[m], self.clean[m], self.corrupted[m]
 
         def stat(idx: Tensor) -> Tensor:  # [cell, boot]
@@ -174,13 +214,14 @@ class PatchingResult(PatchingBaselines):
         n = self.values.shape[-1]
         return bootstrap_interval(stat, n, n_boot=n_boot, seed=seed, level=level)
 
+    @old_metric_keyword
     def grid(
-        self, site: str, metric: str | int = 0, value: str = "normalized"
+        self, site: str, readout: str | int = 0, value: str = "normalized"
     ) -> Float[Tensor, "layer position ..."]:
         """The ``[layer, position]`` (heads: ``[layer, position, head]``) grid of one site:
         ``value`` is ``"normalized"``, ``"effect"`` or ``"mean"``; NaN where not swept."""
         fn = {"normalized": self.normalized, "effect": self.effect, "mean": self.mean}[value]
-        vals = fn(metric)
+        vals = fn(readout)
         shape = [len(self.layers), len(self.position_labels)]
         if site == "head":
             shape.append(max(1, len(self.heads)))
@@ -194,9 +235,10 @@ class PatchingResult(PatchingBaselines):
             out[key] = vals[c]
         return out
 
-    def top_cells(self, k: int = 10, metric: str | int = 0) -> list[dict[str, Any]]:
+    @old_metric_keyword
+    def top_cells(self, k: int = 10, readout: str | int = 0) -> list[dict[str, Any]]:
         """The ``k`` cells with the largest absolute normalised effect."""
-        vals = self.normalized(metric)
+        vals = self.normalized(readout)
         order = torch.argsort(torch.nan_to_num(vals.abs(), nan=-1.0), descending=True)[:k]
         return [
             {**self.cell_dict(self.cells[int(i)]), "normalized": float(vals[int(i)])} for i in order
@@ -295,11 +337,12 @@ class PatchingResult(PatchingBaselines):
             f"top cells by |normalised effect| on {self.metric_names[0]}", top
         )
 
-    def fig_heatmap(self, metric: str | int = 0, value: str = "normalized") -> go.Figure:
+    @old_metric_keyword
+    def fig_heatmap(self, readout: str | int = 0, value: str = "normalized") -> go.Figure:
         """Layer-by-position heatmaps, one panel per site (heads: averaged over positions as a
         layer-by-head panel)."""
 
-        m = self.metric_index(metric)
+        m = self.readout_index(readout)
         return patching_heatmaps(
             {s: self.grid(s, m, value) for s in self.sites},
             layers=self.layers,
@@ -311,13 +354,14 @@ class PatchingResult(PatchingBaselines):
             n_examples=int(self.values.shape[-1]),
         )
 
-    def fig_circuit(self, metric: str | int = 0, **options: Unpack[CircuitOptions]) -> go.Figure:
+    @old_metric_keyword
+    def fig_circuit(self, readout: str | int = 0, **options: Unpack[CircuitOptions]) -> go.Figure:
         """The circuit diagram: the ``top_k`` cells by absolute normalised effect on a
         token-position x layer grid, joined along the residual stream and by attention,
         over the ``stages`` layer bands (``options``: ``top_k``, ``stages``,
         ``token_labels``, ``title``, ``heads``, ``verified``, as
         :func:`mechlingo.viz.patching.circuit_figure` takes them)."""
-        m = self.metric_index(metric)
+        m = self.readout_index(readout)
         options.setdefault("n_examples", int(self.values.shape[-1]))
         return circuit_figure(
             [(c.site, c.layer, c.position, c.head) for c in self.cells],
