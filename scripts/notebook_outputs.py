@@ -4,13 +4,13 @@ Usage:
     python scripts/notebook_outputs.py [NAME.ipynb ...]          re-execute, rewrite notebooks/
     python scripts/notebook_outputs.py --strip [NAME.ipynb ...]  only re-strip what is committed
 
-Each notebook runs top to bottom in a fresh kernel on the embedded model at
-``MECHLINGO_NB_LIMIT`` (:data:`LIMIT` unless set: the limit the notebook test uses, so its
-re-execution gives the committed numbers). :func:`strip` then normalises execution counts,
-drops timing and kernel metadata, progress bars, memory addresses, the run's temp folder and
-plotly.js itself; each plotly figure keeps its JSON (interactive in Jupyter, offline) and
-gets a static PNG drawn by headless Chromium (what GitHub shows). :func:`signature` is what a
-re-execution must reproduce: each cell's output types and figure titles (numbers masked).
+Each notebook runs in a fresh kernel on the embedded model at its own default limit,
+:data:`LIMIT` (what a user who just runs it gets; ``MECHLINGO_NB_LIMIT`` overrides it; the
+notebook test runs at it too). :func:`strip` then normalises execution counts, drops timing
+and kernel metadata, progress bars, memory addresses, the run's temp folder and plotly.js;
+each plotly figure keeps its JSON (interactive in Jupyter, offline) and gets a static PNG
+drawn by headless Chromium (what GitHub shows). :func:`signature` is what a re-execution
+must reproduce: each cell's output types and figure titles (numbers masked).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
-#: the data limit of the committed outputs (the notebook test's default too)
+#: the data limit of the committed outputs: each notebook's default and the notebook test's
 LIMIT = "6"
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
@@ -215,12 +215,11 @@ def commit(nb: Any, path: Path, workdir: str | None = None) -> Any:
 
 
 def refresh(path: Path) -> Any:
-    """Execute ``path`` in a fresh kernel at :data:`LIMIT` (unless ``MECHLINGO_NB_LIMIT`` is
-    set) and :func:`commit` it in place; the committed notebook."""
+    """Execute ``path`` in a fresh kernel at its default limit (:data:`LIMIT`; unless
+    ``MECHLINGO_NB_LIMIT`` is set) and :func:`commit` it in place; the committed notebook."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from build_docs import execute_notebook
 
-    os.environ.setdefault("MECHLINGO_NB_LIMIT", LIMIT)
     with tempfile.TemporaryDirectory() as work:
         os.environ["MECHLINGO_NB_OUT"] = work
         return commit(execute_notebook(path, Path(work)), path, work)

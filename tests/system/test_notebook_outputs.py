@@ -2,7 +2,9 @@
 each committed notebook is a fixed point of the strip, holds no volatile bit (timestamps,
 kernel metadata, progress bars, memory addresses, temp paths, plotly.js), every figure has
 its plotly JSON and a PNG and is followed by a markdown cell with its numbers, and all five
-stay under 3 MB. The strip itself is checked on a hand-made notebook."""
+stay under 3 MB. A notebook run as it is uses the committed limit, and its figures (drawn on
+the embedded model) pass the semantic figure rules. The strip is checked on a hand-made
+notebook."""
 
 from __future__ import annotations
 
@@ -14,7 +16,10 @@ import re
 from pathlib import Path
 
 import nbformat
+import plotly.graph_objects as go
 import pytest
+
+from tests.system.test_figures import check_figure
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -68,6 +73,26 @@ def test_each_figure_has_a_png_and_a_reading(path):
     if n_figures:  # the limits the numbers were taken under are said
         said = "".join(c.source for c in nb.cells if c.cell_type == "markdown")
         assert f"MECHLINGO_NB_LIMIT={NO.LIMIT}" in said, path.name
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_default_limit_is_the_committed_limit(path):
+    """Run without ``MECHLINGO_NB_LIMIT``, a notebook reads as many facts as its committed run
+    did, so its "what to see" numbers are what the user gets."""
+    code = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells
+                     if c.cell_type == "code")  # fmt: skip
+    defaults = re.findall(r"""environ\.get\(\s*["']MECHLINGO_NB_LIMIT["']\s*,\s*["'](\d+)""", code)
+    assert defaults == [NO.LIMIT], (path.name, defaults)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_committed_figures_pass_the_figure_rules(path):
+    """The committed figures come from the embedded model: n in every title, titled axes,
+    log reversed rank axes, probabilities in [0, 1], concept colours from the palette."""
+    figs = NO.figures(nbformat.read(path, as_version=4))
+    for k, fig in enumerate(figs):
+        check_figure(go.Figure(fig), f"{path.name} figure {k}")
+    assert figs or "reuse" in path.name
 
 
 def test_committed_notebooks_fit_in_three_megabytes():
