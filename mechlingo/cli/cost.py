@@ -205,22 +205,33 @@ def plan_steer_eval(
     return Plan("steer eval", lines, estimate(counts, shape, notes))
 
 
+def _positions(text: str) -> int:
+    """A prompt's token count without a tokenizer: BOS plus its words, or one token per 8
+    UTF-8 bytes for text without spaces (Chinese, Japanese), whichever is more."""
+    return 1 + max(len(text.split()), -(-len(text.encode("utf-8")) // 8))
+
+
 def plan_lens(
     facts: Sequence[Any], decoders: Sequence[str], *, prompts: Sequence[str] = (),
     max_new_tokens: int = 0, model: str | None,
 ) -> Plan:  # fmt: skip
-    """``lens``: one prompt pass per fact (or ``--prompt`` text) per decoder; the
-    ``patchscope`` decoder one more pass per layer and prompt (and its continuation's
-    ``max_new_tokens`` tokens at each layer)."""
+    """``lens``: one lens read per fact per decoder (``--prompt``: each position of each
+    text); the ``patchscope`` decoder one more pass per layer and prompt (and its
+    continuation's ``max_new_tokens`` tokens at each layer)."""
     shape, notes = model_shape(model), list[str]()
     n_layers = _layers(shape, notes)
     n = len(prompts) if prompts else len(facts)
     scope = "patchscope" in decoders
-    passes = n * len(decoders) + (n * n_layers if scope else 0)
+    positions = sum(_positions(p) for p in prompts)
     counts = {
-        "prompt": float(passes),
+        "lens_read": float(0 if prompts else n * len(decoders)),
+        "lens_position": float(positions * len(decoders)),
+        "prompt": float(n * n_layers if scope else 0),
         "token": float(n * n_layers * max_new_tokens if scope else 0),
     }
+    if prompts:
+        notes.append(f"positions counted from the text ({positions}: BOS and the words, or "
+                     "a token per 8 bytes), not by the tokenizer")  # fmt: skip
     what = f"prompts: {n} (--prompt)" if prompts else f"facts: {n} ({_langs_text(_by_lang(facts))})"
     lines = [what, f"decoders: {', '.join(decoders)}"
              + (f"; patchscope: one target pass per layer ({n_layers})" if scope else "")]  # fmt: skip

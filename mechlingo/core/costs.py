@@ -44,13 +44,18 @@ LENS_STEP = 24.16
 #: ``token`` one greedily generated token of one prompt (key-value cache); ``patch_cell`` one
 #: patched copy of a prompt (a forward in a batch of 64 copies); ``sentence`` one parallel
 #: sentence's forward pass (~30 tokens: neuron statistics, an embedding, a perplexity);
-#: ``lens_step`` one tuned-lens optimizer step (8 texts of 48 tokens).
+#: ``lens_step`` one tuned-lens optimizer step (8 texts of 48 tokens); ``lens_read`` one fact
+#: prompt read by ``lens_facts`` at every layer (forward, each entry decoded, tracks ranked);
+#: ``lens_position`` one token position of the token-level lens (``logit_lens`` without
+#: answers: top-5 at every layer). The two lens rows: 600 facts and 20 prompts, 2026-12-04.
 SECONDS_PER_ITEM: dict[str, float] = {
     "prompt": 0.1353,
     "token": 0.04,
     "patch_cell": 0.1456,
     "sentence": 0.8866,
     "lens_step": LENS_STEP,
+    "lens_read": 0.1923,
+    "lens_position": 0.1572,
 }
 #: when, where and on what :data:`SECONDS_PER_ITEM` was measured (CPU seconds of one process,
 #: ``time.process_time``, so the other jobs sharing the machine did not inflate them)

@@ -89,15 +89,22 @@ def _embedded_facts() -> list:
 def test_lens_estimate_counts_a_pass_per_decoder_and_the_patchscope_layers():
     facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=3)
     logit = plans.plan_lens(facts, ["logit"], model=None)
-    assert logit.estimate.counts == {"prompt": 6.0, "token": 0.0}
+    assert logit.estimate.counts == {"lens_read": 6.0, "lens_position": 0.0, "prompt": 0.0,
+                                     "token": 0.0}  # fmt: skip
+    assert logit.estimate.seconds == pytest.approx(6 * S["lens_read"])
     scope = plans.plan_lens(facts, ["logit", "patchscope"], max_new_tokens=2, model=None)
     n_layers = costs.EMBEDDED_LAYERS
-    assert scope.estimate.counts == {"prompt": 6.0 * 2 + 6 * n_layers, "token": 6.0 * n_layers * 2}
+    assert scope.estimate.counts == {"lens_read": 12.0, "lens_position": 0.0,
+                                     "prompt": 6.0 * n_layers, "token": 6.0 * n_layers * 2}  # fmt: skip
     assert scope.estimate.seconds == pytest.approx(
-        (12 + 6 * n_layers) * S["prompt"] + 12 * n_layers * S["token"]
+        12 * S["lens_read"] + 6 * n_layers * S["prompt"] + 12 * n_layers * S["token"]
     )
-    prompts = plans.plan_lens([], ["logit"], prompts=["a", "b", "c"], model=None)
-    assert prompts.estimate.counts["prompt"] == 3.0 and "prompts: 3" in str(prompts)
+    # BOS + 5 words; BOS + 24 bytes / 8 (no spaces); the same per decoder
+    texts = ["The capital of France is", "東京は日本の首都"]
+    prompts = plans.plan_lens([], ["logit"], prompts=texts, model=None)
+    assert prompts.estimate.counts["lens_position"] == 6.0 + 4.0 and "prompts: 2" in str(prompts)
+    assert prompts.estimate.counts["lens_read"] == 0.0
+    assert prompts.estimate.seconds == pytest.approx(10 * S["lens_position"])
 
 
 def test_steer_build_estimate_counts_every_prompt_set_and_the_norm_pass():
@@ -174,6 +181,7 @@ def test_config_params_is_the_hand_count():
 
 
 def test_the_table_says_when_and_where_it_was_measured():
-    assert set(S) == {"prompt", "token", "patch_cell", "sentence", "lens_step"}
+    assert set(S) == {"prompt", "token", "patch_cell", "sentence", "lens_step", "lens_read",
+                      "lens_position"}  # fmt: skip
     assert all(v > 0 for v in S.values())
     assert {"date", "machine", "threads", "model"} <= set(costs.MEASURED_ON)
