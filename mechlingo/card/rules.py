@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -111,8 +112,10 @@ RULES = {
     "(exact McNemar for unclustered 0/1 pairs), CR2 t tests on G - 1 df otherwise; against a random "
     "population of m >= 2 draws, the two-sided t test of effect - population mean (SE with "
     "the between-draw variance, Satterthwaite df), the exact permutation rank p (1 + #draws "
-    "at least as far) / (m + 1) reported beside it; one draw: the rank p alone (floor 0.5, "
-    "never enough); with a control, the claim's side p is the larger of the effect's p "
+    "at least as far) / (m + 1) reported beside it; for a maximum over items (the largest "
+    "per-pair retrieval ratio against the random clamps' own maxima) the rank p alone, as "
+    "maxima are far from normal; one draw: the rank p alone (floor 0.5, never enough); "
+    "with a control, the claim's side p is the larger of the effect's p "
     "and the effect - control p; no p is 0 (a zero-variance estimate gets 1 / 2^(G-1))",
     "intervals": "CR2 cluster-robust standard errors with Student's t on G - 1 df (valid "
     "with few clusters); effect - control against a population adds the between-draw "
@@ -275,10 +278,13 @@ def verdict(
     if (
         vs_control is not None
         and vs_control.extra.get("one_sided")
-        and vs_control.extra.get("p_floor", 0) >= ALPHA
-    ):
+        and vs_control.extra.get("p_floor", 0) * k >= ALPHA
+    ):  # the permutation p cannot reach the adjusted level with this many draws
+        need = math.floor(k / ALPHA)  # the fewest m with k / (m + 1) < ALPHA
+        adj = "" if k == 1 else f" ({min(1.0, vs_control.extra['p_floor'] * k):.3g} adjusted)"
         why.append(f"{vs_control.extra['draws']} control draw(s): the permutation p is at "
-                   f"least {vs_control.extra['p_floor']:.3g}")  # fmt: skip
+                   f"least {vs_control.extra['p_floor']:.3g}{adj}; deciding this row needs at "
+                   f"least {need} draws")  # fmt: skip
     return INCONCLUSIVE, "; ".join(why) + mdt
 
 

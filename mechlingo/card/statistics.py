@@ -717,10 +717,11 @@ def population_test(
     Returns:
         A :class:`Test` of effect - control: the estimate is ``mean(effect) - mean over draws
         of mean(draw)`` with a t interval whose SE adds the between-draw variance to the CR2
-        cluster variance; ``p`` is the exact one-sided permutation p of the effect's rank,
-        ``(1 + #{draws at least as far in direction}) / (m + 1)``, never below ``1 / (m + 1)``
-        (``extra["p_floor"]``: with one draw 0.5, so one draw can never support "holds");
-        ``extra["p_opposite"]`` is the same p in the other direction.
+        cluster variance; ``p`` is the two-sided t p of that estimate (Satterthwaite df)
+        when m >= 2, and otherwise the exact one-sided permutation p of the effect's rank,
+        ``(1 + #{draws at least as far in direction}) / (m + 1)`` (``extra["p_floor"]``: with
+        one draw 0.5, so one draw can never support "holds"; ``extra["p_opposite"]`` is the
+        same p in the other direction). The rank p is always in ``extra["p_rank"]``.
 
     Raises:
         InputError: draws that do not match the items.

@@ -180,6 +180,25 @@ def test_one_random_draw_cannot_support_holds():
     assert row["verdict"] == HOLDS  # the t test of effect - population mean decides
 
 
+def test_a_permutation_floor_above_the_adjusted_level_names_the_draws_needed():
+    """Against 20 draws by rank alone the floor is 1/21 = 0.048: below 0.05 alone, above it in
+    a family of two rows where it has the smaller decision p (Holm multiplier 2: 0.095), where the reason says
+    that floor(2 / 0.05) = 40 draws are the fewest that could decide the row."""
+    from mechlingo.card.stages.experts import rank_test
+
+    strong = T(15.0, 7.0, 32.0, p=1e-4)
+    vs = rank_test(15.0, [4.0, 3.0, 5.0] * 6 + [4.0, 2.0], exact=True)
+    assert vs.p == pytest.approx(1 / 21) and vs.extra["p_floor"] == pytest.approx(1 / 21)
+    (alone,) = finalize([make_row(PRIMARY_UP, strong, vs_control=vs)])
+    assert alone["verdict"] == HOLDS and alone["p_adjusted"] == pytest.approx(1 / 21)
+    two = finalize([make_row(PRIMARY_UP, strong, vs_control=vs),
+                    make_row(PRIMARY_UP, T(0.2, 0.1, 0.3, p=0.01))])  # fmt: skip
+    assert two[0]["verdict"] == INCONCLUSIVE
+    assert two[0]["p_adjusted"] == pytest.approx(2 / 21)
+    assert "at least 0.0476 (0.0952 adjusted)" in two[0]["reason"]
+    assert "needs at least 40 draws" in two[0]["reason"]
+
+
 def test_secondary_rows_do_not_change_primary_verdicts():
     prim = [make_row(PRIMARY_UP, T(0.2, 0.05, 0.35, p=p)) for p in (0.004, 0.01, 0.02)]
     alone = finalize(prim)

@@ -245,7 +245,7 @@ def _row_ratio(d: Mapping[str, Any], which: str) -> dict[str, Any]:
     if has_ctl:
         ctl = cluster_bootstrap(m, d["docs"], stat(2), null=null, method=f"{which}, random clamp")
         if which == "max":  # the clamp's maximum against the random clamps' own maxima
-            vs = rank_test(eff.estimate.estimate, _draw_maxima(d, p))
+            vs = rank_test(eff.estimate.estimate, _draw_maxima(d, p), exact=True)
         else:
             vs = cluster_bootstrap(m, d["docs"], lambda r: stat(1)(r) - stat(2)(r),
                                    method=f"{which}: clamp - random clamp")  # fmt: skip

@@ -228,13 +228,15 @@ def chance_overlap(matrix: Sequence[Sequence[float]], k: int, n_neurons: int) ->
                 extra)  # fmt: skip
 
 
-def rank_test(effect: float | None, draws: Sequence[float], direction: int = 1) -> Test:
-    """A statistic of the effect against the same statistic of m random draws (the largest
-    per-pair ratio against the random clamps' own maxima; a median AUROC against random
-    neuron sets'). ``p``: the exact one-sided permutation p ``(1 + #{draws at least as far in
-    direction}) / (m + 1)`` (floor ``1/(m + 1)``: 0.5 for one draw); the estimate is effect -
-    mean of the draws with a t interval from the draws' spread (a new draw's; undefined for
-    one draw)."""
+def rank_test(effect: float | None, draws: Sequence[float], direction: int = 1, *,
+              exact: bool = False) -> Test:  # fmt: skip
+    """A statistic of the effect against the same statistic of m random draws (a median AUROC
+    against random neuron sets'; with ``exact``, the largest per-pair ratio against the random
+    clamps' own maxima). The estimate is effect - mean of the draws with a t interval from the
+    draws' spread (a new draw's; undefined for one draw). ``p``: the two-sided t of that
+    estimate; with ``exact`` (a maximum, far from normal), or with fewer than two distinct
+    draws, the exact one-sided permutation p ``(1 + #{draws at least as far in direction}) /
+    (m + 1)`` alone (floor ``1/(m + 1)``: 0.5 for one draw)."""
     x = np.asarray([v for v in draws if np.isfinite(v)], dtype=float)
     m = len(x)
     if effect is None or m == 0:
@@ -252,7 +254,9 @@ def rank_test(effect: float | None, draws: Sequence[float], direction: int = 1) 
     extra = {"direction": direction, "draws": m, "p_rank": p, "p_rank_opposite": p_opp,
              "p_floor": 1 / (m + 1), "draw_stats": x.tolist(), "se": se, "df": m - 1,
              "interval": "t"}  # fmt: skip
-    if p_t is None:  # one draw or draws all equal: only the rank p
+    if exact:  # the verdict's p is the rank p
+        p_t = None
+    if p_t is None:  # exact, one draw or draws all equal: only the rank p
         extra.update(one_sided=True, p_opposite=p_opp)
     method = (
         f"effect vs {m} random draws' statistic; p: "

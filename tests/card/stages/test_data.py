@@ -17,6 +17,7 @@ import scipy.stats as sps
 from mechlingo.card import repair_items
 from mechlingo.card.rules import CLAIMS, INCONCLUSIVE, NOT_TESTABLE
 from mechlingo.card.stages import align, conversion, data, decoders, external, repair
+from mechlingo.card.stages.experts import rank_test
 from mechlingo.card.stages.repair import config_sentence
 from mechlingo.card.statistics import cluster_bootstrap, group_difference_test
 from mechlingo.core.errors import InputError
@@ -404,10 +405,15 @@ def test_align_extra_rows_by_hand():
     want = (1 + sum(x >= ratio.max() for x in [1.0, 1.0, 1.0, draw_max])) / 5
     assert vs2["vs_control"]["extra"]["p_rank"] == pytest.approx(want)
     assert vs2["vs_control"]["extra"]["draws"] == 4
+    # a maximum is judged by its rank alone (maxima are far from normal), not by a t test
+    assert vs2["vs_control"]["p"] == pytest.approx(want)
+    assert vs2["vs_control"]["extra"]["one_sided"] is True
+    assert vs2["p_against"] is not None and vs2["p"] >= want
     rho = sps.spearmanr(post_d.mean(1) - pre_d.mean(1), post_h.mean(1) - pre_h.mean(1))
     assert rows["distance_predicts_retrieval"]["value"]["estimate"]["estimate"] == (
         pytest.approx(rho.statistic)
     )
+
     assert rows["distance_predicts_retrieval"]["value"]["n_clusters"] == 4
     closer = rows["clamp_closer_centred"]["value"]
     assert closer["estimate"]["estimate"] == pytest.approx(np.mean(post_d.mean(0) - pre_d.mean(0)))
@@ -415,6 +421,23 @@ def test_align_extra_rows_by_hand():
     assert all(
         r["verdict"] == NOT_TESTABLE for r in align.rows_align_extra({"untestable": "no clamp"})
     )
+
+
+def test_rank_test_by_hand():
+    """15 against draws 4, 3, 5, 4: estimate 15 - 4 = 11; rank p (1 + 0) / 5 = 0.2; the t
+    p from the prediction SE sd * sqrt(1 + 1/4) on 3 df; ``exact`` keeps the rank p alone."""
+    draws = [4.0, 3.0, 5.0, 4.0]
+    t = rank_test(15.0, draws)
+    se = np.std(draws, ddof=1) * np.sqrt(1 + 1 / 4)
+    assert t.estimate.estimate == pytest.approx(11.0)
+    assert t.p == pytest.approx(2 * sps.t.sf(11.0 / se, 3))
+    assert t.extra["p_rank"] == pytest.approx(0.2) and t.extra["p_floor"] == pytest.approx(0.2)
+    e = rank_test(15.0, draws, exact=True)
+    assert e.p == pytest.approx(0.2) and e.extra["one_sided"] is True
+    assert e.extra["p_opposite"] == pytest.approx(1.0)
+    assert e.estimate.lo == pytest.approx(t.estimate.lo)  # the same interval
+    # a tie with the effect counts as "at least as far": 4 against 4, 3, 5, 4 -> (1 + 3) / 5
+    assert rank_test(4.0, draws, exact=True).p == pytest.approx(0.8)
 
 
 def test_sentence_values_against_a_direct_computation():
