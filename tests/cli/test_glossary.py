@@ -5,6 +5,7 @@ the name that replaced them."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from pathlib import Path
 
@@ -142,6 +143,8 @@ def test_every_code_word_has_one_name_per_meaning_in_the_code_and_the_page():
                NeuronAttribution.top, compare_patching):  # fmt: skip
         params = inspect.signature(fn).parameters
         assert "readout" in params and "metric" not in params, fn.__qualname__
+    fields = {f.name for f in dataclasses.fields(PatchingResult)}
+    assert "readout_names" in fields and "metric_names" not in fields
 
 
 def test_retired_names_are_gone_and_their_replacements_exist():

@@ -314,18 +314,20 @@ def test_the_patching_results_read_a_readout_and_metric_still_works(tiny):
 
     facts = load_facts(langs=["en"], relations=["capital"], limit=2)
     res = patching.patch_activations(tiny, facts, facts, "resid_pre", layers=[0, 1], positions=[-1])
-    last = len(res.metric_names) - 1
-    assert last >= 1 and res.readout_index(res.metric_names[last]) == last
+    last = len(res.readout_names) - 1
+    assert last >= 1 and res.readout_index(res.readout_names[last]) == last
     with pytest.raises(KeyError, match="unknown readout 'nope'"):
         res.readout_index("nope")
     with pytest.warns(DeprecationWarning, match="metric_index is now readout_index"):
-        assert res.metric_index(res.metric_names[last]) == last
+        assert res.metric_index(res.readout_names[last]) == last
     with pytest.warns(DeprecationWarning, match="metric_index is now readout_index"):
-        assert patching.metric_index(res.metric_names, res.metric_names[last]) == last
+        assert patching.metric_index(res.readout_names, res.readout_names[last]) == last
+    with pytest.warns(DeprecationWarning, match="metric_names is now readout_names"):
+        assert res.metric_names == res.readout_names
     want = (res.values[last] - res.corrupted[last]).mean(-1)  # the effect, by hand
-    assert torch.equal(res.effect(readout=res.metric_names[last]), want)
+    assert torch.equal(res.effect(readout=res.readout_names[last]), want)
     with pytest.warns(DeprecationWarning, match=r"PatchingResult.effect\(metric=\) is now"):
-        assert torch.equal(res.effect(metric=res.metric_names[last]), want)
+        assert torch.equal(res.effect(metric=res.readout_names[last]), want)
     with pytest.warns(DeprecationWarning):
         grid = res.grid("resid_pre", metric=last, value="effect")  # [layer, position]
     assert torch.equal(grid[:, 0], want)

@@ -298,7 +298,7 @@ class NeuronAttribution(PatchingBaselines):
         """The top ``k`` neurons (see :meth:`top`) as a table."""
         import pandas as pd
 
-        name = self.metric_names[self.readout_index(readout)]
+        name = self.readout_names[self.readout_index(readout)]
         return pd.DataFrame([{"metric": name, **r} for r in self.top(k, readout)])
 
 
@@ -337,7 +337,7 @@ def neuron_attribution(
         values=vals,
         clean=g.clean,
         corrupted=g.corrupted,
-        metric_names=[m.name for m in setup.metrics],
+        readout_names=[m.name for m in setup.metrics],
         layers=setup.layers,
         position_labels=setup.pos.labels,
         meta={

@@ -169,7 +169,7 @@ def test_cross_language_alignment_same_cells_as_patch_activations(tiny):
     assert at.cells == ex.cells
     assert torch.equal(at.target_positions, ex.target_positions)
     assert torch.equal(at.source_positions, ex.source_positions)
-    assert at.metric_names == ["answer_logprob", "en_logprob"]
+    assert at.readout_names == ["answer_logprob", "en_logprob"]
     assert torch.allclose(at.corrupted, ex.corrupted, atol=1e-4)
     cmp = compare_patching(at, ex)
     assert set(cmp) == {"resid_pre", "mlp_out", "head", "all"}

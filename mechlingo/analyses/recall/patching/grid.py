@@ -134,7 +134,7 @@ class PatchingSetup:
         """A :class:`PatchingResult` of this grid with the given per-example values."""
         return PatchingResult(
             cells=cells,
-            metric_names=[m.name for m in self.metrics],
+            readout_names=[m.name for m in self.metrics],
             values=values,
             clean=clean,
             corrupted=corrupted,

@@ -127,22 +127,29 @@ class PatchingBaselines:
     :class:`~mechlingo.analyses.recall.attribution.NeuronAttribution`).
 
     Attributes:
-        metric_names: names of the metrics (first axis of the values and baselines).
+        readout_names: names of the readouts, what each patched run is read out as (first
+            axis of the values and baselines; ``metric_names`` is the old name, warns).
         clean: ``[metric, example]`` metric of the source ("clean") run.
         corrupted: ``[metric, example]`` metric of the unpatched target ("corrupted") run.
         layers: the grid's layers.
         position_labels: label of each position of the grid (``"-1"`` = last token, ...).
     """
 
-    metric_names: list[str]
+    readout_names: list[str]
     clean: Float[Tensor, "metric example"]
     corrupted: Float[Tensor, "metric example"]
     layers: list[int]
     position_labels: list[str]
 
     def readout_index(self, readout: str | int = 0) -> int:
-        """Position of ``readout`` (a name or an index) among :attr:`metric_names`."""
-        return readout_index(self.metric_names, readout)
+        """Position of ``readout`` (a name or an index) among :attr:`readout_names`."""
+        return readout_index(self.readout_names, readout)
+
+    @property
+    def metric_names(self) -> list[str]:
+        """The old name of :attr:`readout_names` (warns)."""
+        warnings.warn("metric_names is now readout_names", DeprecationWarning, stacklevel=2)
+        return self.readout_names
 
     def metric_index(self, metric: str | int = 0) -> int:
         """The old name of :meth:`readout_index` (warns)."""
@@ -259,7 +266,7 @@ class PatchingResult(PatchingBaselines):
         import pandas as pd
 
         rows = []
-        for m, name in enumerate(self.metric_names):
+        for m, name in enumerate(self.readout_names):
             if per_example:
                 v = self.values[m].tolist()
                 for c, cell in enumerate(self.cells):
@@ -299,7 +306,7 @@ class PatchingResult(PatchingBaselines):
                     "clean": float(self.clean[m].mean()),
                     "corrupted": float(self.corrupted[m].mean()),
                 }
-                for m, name in enumerate(self.metric_names)
+                for m, name in enumerate(self.readout_names)
             },
             "alignment": self.alignment,
             "n_examples": int(self.values.shape[-1]),
@@ -312,7 +319,7 @@ class PatchingResult(PatchingBaselines):
         return (
             f"PatchingResult({len(self.cells)} cells over sites {self.sites}, layers "
             f"{self.layers[0]}..{self.layers[-1]}, {self.values.shape[-1]} examples, "
-            f"{self.alignment} alignment, metrics {self.metric_names})"
+            f"{self.alignment} alignment, metrics {self.readout_names})"
         )
 
     def _repr_html_(self) -> str:
@@ -322,7 +329,7 @@ class PatchingResult(PatchingBaselines):
         rows: list[dict[str, Any]] = [
             {"metric": name, "clean": float(self.clean[m].mean()),
              "corrupted": float(self.corrupted[m].mean()), "n": n}
-            for m, name in enumerate(self.metric_names)
+            for m, name in enumerate(self.readout_names)
         ]  # fmt: skip
         vals = self.normalized(0)
         lo, hi = self.bootstrap_ci(0, n_boot=400)
@@ -334,7 +341,7 @@ class PatchingResult(PatchingBaselines):
             for i in order
         ]  # fmt: skip
         return html_summary(repr(self), rows) + html_summary(
-            f"top cells by |normalised effect| on {self.metric_names[0]}", top
+            f"top cells by |normalised effect| on {self.readout_names[0]}", top
         )
 
     @old_metric_keyword
@@ -348,7 +355,7 @@ class PatchingResult(PatchingBaselines):
             layers=self.layers,
             position_labels=self.position_labels,
             heads=self.heads,
-            metric_name=self.metric_names[m],
+            metric_name=self.readout_names[m],
             alignment=self.alignment,
             value=value,
             n_examples=int(self.values.shape[-1]),
@@ -368,6 +375,6 @@ class PatchingResult(PatchingBaselines):
             self.normalized(m),
             layers=self.layers,
             position_labels=self.position_labels,
-            metric_name=self.metric_names[m],
+            metric_name=self.readout_names[m],
             **options,
         )
