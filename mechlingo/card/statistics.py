@@ -717,11 +717,10 @@ def population_test(
     Returns:
         A :class:`Test` of effect - control: the estimate is ``mean(effect) - mean over draws
         of mean(draw)`` with a t interval whose SE adds the between-draw variance to the CR2
-        cluster variance; ``p`` is the two-sided t p of that estimate (Satterthwaite df)
-        when m >= 2, and otherwise the exact one-sided permutation p of the effect's rank,
-        ``(1 + #{draws at least as far in direction}) / (m + 1)`` (``extra["p_floor"]``: with
-        one draw 0.5, so one draw can never support "holds"; ``extra["p_opposite"]`` is the
-        same p in the other direction). The rank p is always in ``extra["p_rank"]``.
+        cluster variance; ``p`` is its two-sided t p (Satterthwaite df) when m >= 2, else the
+        exact one-sided rank p ``(1 + #{draws at least as far in direction}) / (m + 1)``
+        (``extra["p_floor"]``: 0.5 for one draw, never enough for "holds"; ``p_opposite``:
+        the other direction's). The rank p is always in ``extra["p_rank"]``.
 
     Raises:
         InputError: draws that do not match the items.
