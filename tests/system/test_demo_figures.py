@@ -2,7 +2,9 @@
 model, every section's figures checked with the semantic figure rules of
 ``tests/system/test_figures.py``. The tiny-model version of this check is there; here the
 numbers are real, so the rank axes, the bands and the circuit or its note are those a
-reader sees. One trace (the demo's five languages, two facts each, one patched prompt) per module."""
+reader sees. One trace (the demo's five languages, two facts each, one patched prompt) per module.
+Then every figure drawn from a model's own run, by the builders of ``test_figures``, on the
+embedded model."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 from mechlingo.analyses.recall.trace import run_trace
 from mechlingo.data import load_facts
 from mechlingo.report.trace import trace_report
-from tests.system.test_figures import check_figure
+from tests.system.test_figures import BUILDERS, check_figure
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +57,48 @@ def test_each_language_is_patched_or_has_a_note(demo):
     assert patched | unpatched == {f.lang for f in demo["facts"]}
     for lang, why in run.unpatched.items():
         assert why and lang in html
+
+
+#: The figures drawn from a model's own run (the other builders of ``test_figures`` draw
+#: hand-made rows, the same on any model).
+FROM_THE_MODEL = (
+    "LensResult.fig_latent_curves", "LensResult.fig_heatmap", "LensResult.fig_tokens",
+    "TraceResult.fig_class_fractions", "TraceResult.fig_profiles",
+    "PatchingResult.fig_heatmap", "PatchingResult.fig_circuit", "KnockoutResult.fig_knockout",
+    "DecoderComparison.fig_curves", "ExpertResult.fig_layers", "ExpertResult.fig_overlap",
+    "AlignmentComparison.fig_retrieval", "AlignmentComparison.fig_layers",
+    "AlignmentComparison.fig_pca",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def embedded_ctx(gemma) -> dict[str, Any]:
+    """What the figure builders share, on the embedded model (as ``ctx`` on the tiny one)."""
+    from mechlingo.analyses.decoders.lens import lens_facts, logit_lens
+    from mechlingo.analyses.recall.trace import trace_recall
+
+    facts = load_facts(langs=["en", "fr", "ja"], relations=["capital"], limit=3)
+    return {
+        "model": gemma,
+        "facts": facts,
+        "lens": lens_facts(gemma, facts, track_langs=["en"]),
+        "trace": trace_recall(gemma, facts, max_new_tokens=2),
+        "tokens": logit_lens(gemma, ["The capital of France is", "東京は日本の首都"]),
+    }
+
+
+def test_the_model_figures_are_every_model_figure():
+    """Every builder not listed here draws hand-made rows only (no model call)."""
+    import inspect
+
+    for name, build in BUILDERS.items():
+        if name not in FROM_THE_MODEL:
+            assert '"model"' not in inspect.getsource(build), name
+
+
+@pytest.mark.parametrize("name", FROM_THE_MODEL)
+def test_every_model_figure_passes_the_figure_rules_on_the_embedded_model(name, embedded_ctx):
+    figs = BUILDERS[name](embedded_ctx)
+    assert figs
+    for k, fig in enumerate(figs):
+        check_figure(fig, f"{name}[{k}] (embedded model)")
