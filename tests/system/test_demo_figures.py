@@ -15,7 +15,7 @@ import pytest
 from mechlingo.analyses.recall.trace import run_trace
 from mechlingo.data import load_facts
 from mechlingo.report.trace import trace_report
-from tests.system.test_figures import BUILDERS, check_figure
+from tests.system.test_figures import BUILDERS, builder_context, check_figure
 
 
 @pytest.fixture(scope="module")
@@ -74,17 +74,7 @@ FROM_THE_MODEL = (
 @pytest.fixture(scope="module")
 def embedded_ctx(gemma) -> dict[str, Any]:
     """What the figure builders share, on the embedded model (as ``ctx`` on the tiny one)."""
-    from mechlingo.analyses.decoders.lens import lens_facts, logit_lens
-    from mechlingo.analyses.recall.trace import trace_recall
-
-    facts = load_facts(langs=["en", "fr", "ja"], relations=["capital"], limit=3)
-    return {
-        "model": gemma,
-        "facts": facts,
-        "lens": lens_facts(gemma, facts, track_langs=["en"]),
-        "trace": trace_recall(gemma, facts, max_new_tokens=2),
-        "tokens": logit_lens(gemma, ["The capital of France is", "東京は日本の首都"]),
-    }
+    return builder_context(gemma)
 
 
 def test_the_model_figures_are_every_model_figure():

@@ -171,21 +171,26 @@ TEXTS = {
 CELL = {"estimate": 0.5, "lo": 0.4, "hi": 0.6}
 
 
-@pytest.fixture(scope="module")
-def ctx(tiny):
-    """What the builders share: the tiny model, facts, a lens and a trace."""
+def builder_context(model: Any) -> dict[str, Any]:
+    """What the builders share on ``model``: facts, a lens, a trace and a token grid."""
     from mechlingo.analyses.decoders.lens import lens_facts, logit_lens
     from mechlingo.analyses.recall.trace import trace_recall
     from mechlingo.data import load_facts
 
     facts = load_facts(langs=["en", "fr", "ja"], relations=["capital"], limit=3)
     return {
-        "model": tiny,
+        "model": model,
         "facts": facts,
-        "lens": lens_facts(tiny, facts, track_langs=["en"]),
-        "trace": trace_recall(tiny, facts, max_new_tokens=2),
-        "tokens": logit_lens(tiny, ["The capital of France is", "東京は日本の首都"]),
+        "lens": lens_facts(model, facts, track_langs=["en"]),
+        "trace": trace_recall(model, facts, max_new_tokens=2),
+        "tokens": logit_lens(model, ["The capital of France is", "東京は日本の首都"]),
     }
+
+
+@pytest.fixture(scope="module")
+def ctx(tiny):
+    """What the builders share, on the tiny model."""
+    return builder_context(tiny)
 
 
 def _patched(c: dict[str, Any]) -> Any:
