@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -32,6 +32,7 @@ from torch import Tensor
 from mechlingo.core.errors import MechlingoError
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 __all__ = [
     "DistInfo",
@@ -44,9 +45,11 @@ __all__ = [
     "is_distributed",
     "is_main",
     "process_group",
+    "map_sharded",
     "scoring_sharded",
     "shard",
     "shard_bounds",
+    "shard_by_cost",
     "sharded_scoring",
 ]
 
@@ -189,6 +192,31 @@ def shard(items: Sequence[T], rank: int | None = None, world_size: int | None = 
     return list(items[bounds.start : bounds.stop])
 
 
+def shard_by_cost(
+    costs: Sequence[float], rank: int | None = None, world_size: int | None = None
+) -> list[int]:
+    """The indices of the items that ``rank`` owns when items of unequal cost are shared out:
+    the costliest first, each to the rank with the least cost so far (ties: the lower rank,
+    then the lower index), so every rank computes the same assignment and the ranks' totals
+    differ by at most one item's cost. The indices come back in increasing order; all of them
+    in a single process. Use it where the results are gathered by index, not by position."""
+    if rank is None or world_size is None:
+        info = dist_info()
+        rank = info.rank if rank is None else rank
+        world_size = info.world_size if world_size is None else world_size
+    r, w = int(rank), int(world_size)
+    if w < 1 or not 0 <= r < w:
+        raise DistributedError(f"rank {r} is not in a world of size {w}")
+    load = [0.0] * w
+    mine: list[int] = []
+    for i in sorted(range(len(costs)), key=lambda i: (-float(costs[i]), i)):
+        owner = min(range(w), key=lambda j: (load[j], j))
+        load[owner] += float(costs[i])
+        if owner == r:
+            mine.append(i)
+    return sorted(mine)
+
+
 def _comm_device() -> torch.device:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
@@ -304,3 +332,20 @@ def gather_lists(items: list[T]) -> list[T]:
     parts: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(parts, items)
     return [x for part in parts for x in part]
+
+
+def map_sharded(
+    fn: Callable[[T], U], items: Sequence[T], costs: Sequence[float] | None = None
+) -> list[U]:
+    """``[fn(x) for x in items]``, in order, with the items shared out among the ranks inside
+    :func:`sharded_scoring` under torchrun (by :func:`shard_by_cost` when ``costs`` are given,
+    else in equal contiguous parts) and the results (picklable) gathered on every rank. Every
+    rank must call it with the same items; in a single process it is the plain loop."""
+    items = list(items)
+    if not scoring_sharded():
+        return [fn(x) for x in items]
+    idx = shard_by_cost(costs) if costs is not None else list(shard_bounds(len(items)))
+    with sharded_scoring(False):  # each rank's own items: no collective inside fn
+        mine = [(i, fn(items[i])) for i in idx]
+    got = dict(gather_lists(mine))
+    return [got[i] for i in range(len(items))]

@@ -272,7 +272,7 @@ def replicate(
             print(the_plan)
             return the_plan
         print(f"replicate: the planner's estimate for this card: {the_plan.card_minutes:.1f} "
-              "CPU-minutes (see the plan in claims.json)")  # fmt: skip
+              f"CPU-minutes{_per_process()} (see the plan in claims.json)")  # fmt: skip
         names = run_order(BY_NAME, [s for p in papers for s in PAPERS[p]])
         bar = tqdm(names, desc="replicate", disable=not progress, unit="stage")
         for name in bar:
@@ -290,6 +290,14 @@ def replicate(
             "metric_rule": METRIC_RULE, "metric_decision": decision,
             "plan": the_plan.to_json()}  # fmt: skip
     return ReplicationCard(rows, results, meta)
+
+
+def _per_process() -> str:
+    """Under torchrun, what the estimate counts: the per-item seconds are measured on this
+    process's share of the metric and embedding passes, and every stage shares its scoring,
+    lens reads, k-curve arms and embedding batches out, so the estimate is per process."""
+    world = dist_info().world_size
+    return f", per process of {world} under torchrun" if world > 1 else ""
 
 
 class ReplicationCard(ClaimsCard):

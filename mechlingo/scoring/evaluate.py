@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mechlingo.activations.decoding import decode
-from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard
+from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard_by_cost
 from mechlingo.activations.memo import current_memo
 from mechlingo.activations.prefix import (
     decode_conditions,
@@ -223,7 +223,14 @@ def generate_conditions(
         return stop is not None and stop(row, text)
 
     chunks = sorted_batches(batch.lengths, batch_size)
-    mine = shard(chunks) if scoring_sharded() else chunks
+    if scoring_sharded():  # batches of unequal length: shared out by cost, gathered by row
+        cost = [
+            len(rows) * (max(int(batch.lengths[r]) for r in rows) + max_new_tokens)
+            for rows in chunks
+        ]
+        mine = [chunks[i] for i in shard_by_cost(cost)]
+    else:
+        mine = chunks
     local = []
     for rows in tqdm(mine, desc="generating", disable=not progress):
         stop_fn = (

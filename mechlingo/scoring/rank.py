@@ -23,7 +23,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard
+from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard_by_cost
 from mechlingo.activations.prefix import (
     PrefixRecord,
     cache_upto,
@@ -530,7 +530,11 @@ def _score_conditions(
     # facts with the same prefix share passes (and their demonstrations, once per pass)
     order = batch_order(pre, layouts)
     passes = [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
-    mine = shard(passes) if scoring_sharded() else passes
+    if scoring_sharded():  # passes of unequal length: shared out by cost, gathered by fact
+        cost = [sum(len(x.ids) for i in group for x in layouts[i]) for group in passes]
+        mine = [passes[i] for i in shard_by_cost(cost)]
+    else:
+        mine = passes
     local: list[list[tuple[int, list[float], list[int]]]] = [[] for _ in interventions]
     paths: set[str] = set()
     for group in tqdm(mine, desc="ranking", disable=not progress):

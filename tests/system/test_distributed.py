@@ -19,9 +19,12 @@ from mechlingo.activations.distributed import (
     all_reduce_state,
     dist_info,
     is_main,
+    map_sharded,
     process_group,
     shard,
     shard_bounds,
+    shard_by_cost,
+    sharded_scoring,
 )
 from mechlingo.activations.pooled import pooled_neuron_acts
 from mechlingo.activations.runs import last_token_means
@@ -93,6 +96,34 @@ def test_shard_bounds_cover_in_order():
     assert shard(list("abcde")) == list("abcde")  # single process: everything
     with pytest.raises(DistributedError):
         shard_bounds(3, 2, 2)
+
+
+def test_shard_by_cost_balances_and_covers_once():
+    """Longest-first to the least-loaded rank: every index once, and the ranks' totals differ
+    by at most the largest cost (by hand: 8 -> r0, 7 -> r1, 5 -> r1 (7 < 8), 4 -> r0, 1 -> r0
+    (12 = 12, the lower rank)."""
+    costs = [4, 8, 1, 7, 5]
+    assert shard_by_cost(costs, 0, 2) == [0, 1, 2]  # 4 + 8 + 1 = 13
+    assert shard_by_cost(costs, 1, 2) == [3, 4]  # 7 + 5 = 12
+    # sorted batches: contiguous halves put the long ones on one rank; by cost they balance
+    lengths = list(range(1, 21))
+    for world in (2, 3):
+        parts = [shard_by_cost(lengths, r, world) for r in range(world)]
+        assert sorted(i for p in parts for i in p) == list(range(20))
+        loads = [sum(lengths[i] for i in p) for p in parts]
+        assert max(loads) - min(loads) <= max(lengths)
+        contiguous = [sum(lengths[i] for i in shard_bounds(20, r, world)) for r in range(world)]
+        assert max(loads) < max(contiguous)
+    assert shard_by_cost([3, 2]) == [0, 1]  # a single process owns everything
+    with pytest.raises(DistributedError):
+        shard_by_cost([1], 2, 2)
+
+
+def test_map_sharded_in_one_process_is_the_loop(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with sharded_scoring():
+        assert map_sharded(lambda x: x * x, [3, 1, 2], costs=[1, 5, 2]) == [9, 1, 4]
+        assert map_sharded(str, []) == []
 
 
 def test_single_process_helpers_are_identity(monkeypatch):
@@ -302,7 +333,7 @@ SCORING_WORKER = textwrap.dedent(
     from mechlingo.core.models import load_model
     from mechlingo.data import load_facts
     from mechlingo.interventions import SteeringVector
-    from tests.system.test_distributed import scoring_inputs
+    from tests.system.test_distributed import lens_and_embeddings, scoring_inputs
 
     import mechlingo.scoring.evaluate as ev
 
@@ -316,8 +347,10 @@ SCORING_WORKER = textwrap.dedent(
         with sharded_scoring():
             got = evaluate_conditions(model, facts, conds, max_new_tokens=4, batch_size=3)
             ranked = evaluate_facts(model, rank_facts, metric="rank", batch_size=1)
+            lens, emb = lens_and_embeddings(model)
         out = {"gen": {k: v.records for k, v in got.items()}, "rank": ranked.records,
-               "path": got["orig"].meta["path"], "batches": len(calls)}
+               "path": got["orig"].meta["path"], "batches": len(calls), "lens": lens,
+               "emb": emb}
         with open(f"{out_dir}/scores{info.rank}.json", "w") as f:
             json.dump(out, f)
     """
@@ -336,6 +369,25 @@ def scoring_inputs(model):
     conds = {"orig": None, "last": SteeringVector(v, 1),
              "gen": SteeringVector(-v, 0, positions="last+generated")}  # fmt: skip
     return facts, conds, FACTS
+
+
+def lens_and_embeddings(model):
+    """The logit lens's ranks and log-probabilities (facts of unequal lengths in batches of 2)
+    and the mean-pooled embeddings of every layer (batches of 2) that the workers compare
+    with one process: JSON lists."""
+    from mechlingo.analyses.decoders.lens import lens_facts
+    from mechlingo.analyses.experts.align import embed_parallel
+    from mechlingo.data import load_facts
+
+    facts = load_facts(langs=["en", "fr", "de"], relations=["capital"], limit=3)
+    lens = lens_facts(model, facts, batch_size=2)
+    texts = {
+        "en": ["A cat.", "The weather is very fine today.", "Yes.", "We went home late"],
+        "fr": ["Un chat.", "Il fait très beau aujourd'hui.", "Oui.", "Nous sommes rentrés"],
+    }
+    emb = embed_parallel(model, texts, layers="all", batch_size=2)
+    return ({"rank": lens.rank.tolist(), "logprob": lens.logprob.tolist()},
+            emb.emb.tolist())  # fmt: skip
 
 
 def test_two_processes_score_like_one(tiny, tiny_dir, tmp_path):
@@ -365,6 +417,7 @@ def test_two_processes_score_like_one(tiny, tiny_dir, tmp_path):
     try:
         one = evaluate_conditions(tiny, facts, conds, max_new_tokens=4, batch_size=3)
         ranked = evaluate_facts(tiny, rank_facts, metric="rank", batch_size=1)
+        lens, emb = lens_and_embeddings(tiny)
     finally:
         torch.set_num_threads(threads)
     want = json.loads(json.dumps({"gen": {k: v.records for k, v in one.items()},
@@ -372,4 +425,8 @@ def test_two_processes_score_like_one(tiny, tiny_dir, tmp_path):
     for rank in (0, 1):
         got = json.loads((tmp_path / f"scores{rank}.json").read_text())
         assert got.pop("batches") == 2  # 12 facts in batches of 3: two batches on each rank
+        # the lens runs the one-process batches (shared by cost): exactly its reads
+        assert got.pop("lens") == json.loads(json.dumps(lens))
+        # each rank pools its share of the batches, regrouped: equal to float rounding
+        torch.testing.assert_close(torch.tensor(got.pop("emb")), torch.tensor(emb))
         assert got == want

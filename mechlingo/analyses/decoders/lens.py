@@ -28,6 +28,12 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from mechlingo.activations.distributed import (
+    gather_lists,
+    scoring_sharded,
+    shard_by_cost,
+    sharded_scoring,
+)
 from mechlingo.activations.runs import collect
 from mechlingo.analyses.decoders.entries import lens_hook_names, resolve_entries
 from mechlingo.analyses.decoders.patchscope import Patchscope
@@ -548,21 +554,30 @@ def _last_token_reads(
     continuations: list[list[str]] = [[""] * len(prompts) for _ in entries]
     groups = sorted_batches(batch.lengths, batch_size)
     generate = generates(decoder)
-    for rows in tqdm(groups, desc=f"{decoder.name} lens", disable=not progress):
-        acts = collect(model, batch.select(rows), names)
-        stack = torch.stack([acts[nm] for nm in names])  # [entry, b, d_model]
-        decoded = decoder.decode(model, entries, stack, [langs[i] for i in rows])
-        flat = decoded.flatten(0, 1)  # [entry * b, d_model]
-        ids_rows = all_ids[rows].repeat(n_e, 1, 1)
-        prim_rows = all_primary[rows].repeat(n_e, 1)
-        r = read_logits(model, flat, ids_rows, prim_rows, top_k=top_k, chunk_rows=chunk_rows)
-        reads.put(rows, r, token_energy(model, flat))
-        if generate:
+    sharded = scoring_sharded()  # under torchrun each rank reads its share of the batches
+    if sharded:
+        cost = [len(g) * max(int(batch.lengths[i]) for i in g) for g in groups]
+        groups = [groups[i] for i in shard_by_cost(cost)]
+    done = []
+    with sharded_scoring(False):  # a rank's own batches: no collective inside
+        for rows in tqdm(groups, desc=f"{decoder.name} lens", disable=not progress):
+            acts = collect(model, batch.select(rows), names)
+            stack = torch.stack([acts[nm] for nm in names])  # [entry, b, d_model]
+            decoded = decoder.decode(model, entries, stack, [langs[i] for i in rows])
+            flat = decoded.flatten(0, 1)  # [entry * b, d_model]
+            ids_rows = all_ids[rows].repeat(n_e, 1, 1)
+            prim_rows = all_primary[rows].repeat(n_e, 1)
+            r = read_logits(model, flat, ids_rows, prim_rows, top_k=top_k, chunk_rows=chunk_rows)
             langs_b = [langs[i] for i in rows]
-            gen = decoder.generate(model, entries, stack, langs_b)  # type: ignore[attr-defined]
-            for e in range(n_e):
-                for j, i in enumerate(rows):
-                    continuations[e][i] = gen[e][j]
+            gen = None
+            if generate:
+                gen = decoder.generate(model, entries, stack, langs_b)  # type: ignore[attr-defined]
+            done.append((rows, r, token_energy(model, flat), gen))
+    for rows, r, energy, gen in gather_lists(done) if sharded else done:
+        reads.put(rows, r, energy)
+        for e in range(n_e if gen is not None else 0):
+            for j, i in enumerate(rows):
+                continuations[e][i] = gen[e][j]
     n_tokens = torch.tensor([[a.n_tokens for a in row] for row in sets])
     return reads.cpu(), n_tokens, continuations if generate else None
 

@@ -16,7 +16,7 @@ On cosine similarity, batched over languages and layers:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -24,9 +24,16 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mechlingo.activations.pooled import check_texts, encode_sentences, pool_activations
+from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard_by_cost
+from mechlingo.activations.pooled import (
+    check_texts,
+    encode_sentences,
+    output_device,
+    pool_activations,
+)
 from mechlingo.core.errors import MechlingoError
 from mechlingo.core.sites import hook_name, resolve_layers
+from mechlingo.core.tokens import TokenBatch, sorted_batches
 from mechlingo.core.types import Model
 from mechlingo.interventions import Intervention, intervention_hooks
 from mechlingo.kernels.significance import bootstrap_mean, paired_gain, wilson
@@ -125,20 +132,41 @@ def embed_parallel(
     sentences = [s for lang in langs for s in texts[lang]]
     batch = encode_sentences(model, sentences, max_tokens=max_tokens, error=AlignmentError)
     extra = intervention_hooks(model, intervention)
-    out = pool_activations(
-        model,
-        batch,
-        names,
-        int(model.cfg.d_model),
-        batch_size=batch_size,
-        fwd_hooks=extra,
-        progress=progress,
-        desc="embedding",
-        error=AlignmentError,
-    )
+
+    def pooled(rows: TokenBatch) -> Tensor:
+        return pool_activations(model, rows, names, int(model.cfg.d_model),
+                                batch_size=batch_size, fwd_hooks=extra, progress=progress,
+                                desc="embedding", error=AlignmentError)  # fmt: skip
+
+    if scoring_sharded():
+        out = _pooled_sharded(batch, batch_size, pooled).to(output_device(model))
+    else:
+        out = pooled(batch)
     # [sentence, layer, d] -> [layer, lang, sentence, d]
     emb = out.transpose(0, 1).unflatten(1, (len(langs), len(texts[langs[0]]))).contiguous()
     return Embeddings(emb, langs, layer_list)
+
+
+def _pooled_sharded(
+    batch: TokenBatch, batch_size: int, pooled: Callable[[TokenBatch], Tensor]
+) -> Float[Tensor, "row layer d"]:
+    """``pooled(batch)`` with its batches of similar lengths shared out among the ranks by
+    cost (inside :func:`~mechlingo.activations.distributed.sharded_scoring` under torchrun):
+    each rank pools whole batches of the one-process run and every rank gets every row."""
+    groups = sorted_batches(batch.lengths, batch_size)
+    cost = [len(g) * max(int(batch.lengths[r]) for r in g) for g in groups]
+    rows = sorted(r for i in shard_by_cost(cost) for r in groups[i])
+    part = pooled(batch.select(rows)).cpu() if rows else None
+    out: Tensor | None = None
+    for got_rows, got in gather_lists([(rows, part)]):
+        if got is None:
+            continue
+        if out is None:
+            out = torch.zeros(batch.batch_size, *got.shape[1:], dtype=got.dtype)
+        out[torch.as_tensor(got_rows, dtype=torch.long)] = got
+    if out is None:
+        raise AlignmentError("no sentences to embed")
+    return out
 
 
 def _normed(x: Float[Tensor, "*lead lang n d"], centre: bool) -> Float[Tensor, "*lead lang n d"]:

@@ -23,6 +23,12 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from mechlingo.activations.distributed import (
+    gather_lists,
+    scoring_sharded,
+    shard_bounds,
+    sharded_scoring,
+)
 from mechlingo.activations.likelihood import line_nll, sample_from_bos
 from mechlingo.activations.pooled import check_texts
 from mechlingo.analyses.experts.selection import ExpertResult
@@ -338,6 +344,27 @@ def _outputs_stacked(
     return out
 
 
+def _arm_outputs(
+    model: Model, todo: Sequence[_Arm], heldout: Mapping[str, Sequence[str]], stack: bool,
+    opts: dict[str, Any],
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The outputs of the arms ``todo`` (stacked or one run each); inside
+    :func:`~mechlingo.activations.distributed.sharded_scoring` under torchrun each rank runs
+    an equal contiguous share of the arms and every rank gets all of them, in order."""
+    idx = list(shard_bounds(len(todo))) if scoring_sharded() else list(range(len(todo)))
+    mine = [todo[i] for i in idx]
+    sharded = scoring_sharded()
+    with sharded_scoring(False):  # a rank's own arms: no collective inside
+        if stack and len(mine) > 1:
+            outs = _outputs_stacked(model, [a.iv for a in mine], heldout, **opts)
+        else:
+            outs = [_outputs_one(model, a.iv, heldout, **opts) for a in mine]
+    if not sharded:
+        return outs
+    got = dict(gather_lists(list(zip(idx, outs, strict=True))))
+    return [got[i] for i in range(len(todo))]
+
+
 def _run_arms(
     model: Model, lang: str, todo: Sequence[_Arm], id_langs: Sequence[str],
     heldout: Mapping[str, Sequence[str]], base_nll: dict[str, Tensor] | None, stack: bool,
@@ -346,10 +373,7 @@ def _run_arms(
     """``{arm name: {"row": the KCurve row, "nll": {lang: per-line NLL}}}`` of the arms
     ``todo``, stacked in one pass (``stack``) or one run each; the ratios are against
     ``base_nll`` (the no-clamp arm's, from ``todo`` when it is among them)."""
-    if stack and len(todo) > 1:
-        outs = _outputs_stacked(model, [a.iv for a in todo], heldout, **opts)
-    else:
-        outs = [_outputs_one(model, a.iv, heldout, **opts) for a in todo]
+    outs = _arm_outputs(model, todo, heldout, stack, opts)
     for a, o in zip(todo, outs, strict=True):
         if a.arm == "none":
             base_nll = {hl: v[0].double() for hl, v in o["nll"].items()}

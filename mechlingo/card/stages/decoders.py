@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from mechlingo.activations.distributed import map_sharded
 from mechlingo.analyses.decoders.lens import lens_facts
 from mechlingo.analyses.decoders.tuned_lens import load_tuned_lens
 from mechlingo.card import claims as C
@@ -84,10 +85,19 @@ def stage_decoders(model: Model, facts: list[Fact], trace: Mapping[str, Any] | N
                 out["decoders"][name] = {"untestable": NO_TUNED_LENS}
                 continue
             dec = load_tuned_lens(d["tuned_lens"], model)
-        res = lens_facts(model, sub, decoder=dec, batch_size=cfg.get("batch_size", BATCH_SIZE),
-                         progress=progress)  # fmt: skip
-        first_en = res.first_layer_within("en", max_rank, before_last=True)
-        first_l = res.first_layer_within("answer", max_rank)
+
+        def firsts(part: list[Fact], dec: Any = dec) -> tuple[torch.Tensor, torch.Tensor]:
+            res = lens_facts(model, part, decoder=dec, progress=progress,
+                             batch_size=cfg.get("batch_size", BATCH_SIZE))  # fmt: skip
+            return (res.first_layer_within("en", max_rank, before_last=True),
+                    res.first_layer_within("answer", max_rank))  # fmt: skip
+
+        # one lens run per language, shared out among the ranks under torchrun
+        parts = [[f for f in sub if f.lang == lg] for lg in dict.fromkeys(f.lang for f in sub)]
+        got = map_sharded(firsts, parts, costs=[len(p) for p in parts])
+        sub = [f for p in parts for f in p]
+        first_en, first_l = (torch.cat([g[i] for g in got]) if got else torch.zeros(0)
+                             for i in (0, 1))  # fmt: skip
         out["decoders"][name] = {"items": _order(first_en, first_l, sub), "n_prompts": len(sub)}
     return out
 
