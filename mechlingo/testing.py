@@ -3,20 +3,12 @@
 :func:`build_tiny_folder` writes a transformers folder offline (a small config, random
 weights fixed by a seed, a tokenizer trained on a few multilingual sentences) and
 :func:`tiny_model` builds one and loads it with :func:`mechlingo.core.models.load_model`, so
-it exercises the real loading path. Their outputs mean nothing.
-
-* ``family=None`` (the default): the tests' model, a Gemma 3 architecture with full attention,
-  ``d_model`` 64, ``d_mlp`` 128, two layers, four heads, and a byte-level tokenizer of 420
-  tokens that covers any text (the ``tiny`` fixture of ``tests/conftest.py``,
-  ``mechlingo.tiny_model()``);
-* ``family="llama"`` (a key of :data:`mechlingo.core.families.FAMILIES`): that family's tiny
-  model, ``d_model`` 32, ``d_mlp`` 64, two layers, four heads, and a tokenizer of about 400
-  tokens with the family's convention (:func:`build_tokenizer`), as ``tests/core/test_families.py``
-  checks every family on.
-
-Sizes (``n_layers``, ``d_model``, ``d_mlp``, ``n_heads``) override the defaults of either.
-:data:`TINY` says how each tiny model is built, read from each family's
-:attr:`~mechlingo.core.families.Family.tiny` record in :mod:`mechlingo.core.families`.
+it exercises the real loading path. Their outputs mean nothing. ``family=None`` gives the
+tests' default (Gemma 3, ``d_model`` 64, a byte-level tokenizer); a key of
+:data:`mechlingo.core.families.FAMILIES` gives that family's tiny model with its tokenizer
+convention (:func:`build_tokenizer`). :data:`TINY` says how each is built, read from each
+family's :attr:`~mechlingo.core.families.Family.tiny` record. ``docs/models.md`` ("Building
+the tiny models") has the sizes.
 """
 
 from __future__ import annotations

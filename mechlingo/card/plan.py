@@ -1,28 +1,13 @@
 """The claims card's power planner: what each primary row needs to be decided, before any
 test item is scored.
 
-For each primary row of a paper (:data:`PRIMARY`) the planner takes the effect to detect (the
-paper's, or a stated smallest effect of interest where the paper gives none that this card can
-measure: :data:`EFFECTS`), the level of a family-wise test (``alpha / family size``, the
-conservative end of Holm), 80% power, and a standard deviation per unit:
-
-* from the dev split where it exists before the test (the metric stage's dev items: the
-  accuracy or the gold share under the card's metric, and the intra-class correlation of a
-  fact's outcomes across languages, which gives the design effect ``1 + (m - 1) rho`` of
-  ``m`` languages per fact);
-* else a stated bound: a 0/1 share has variance at most 1/4, a paired 0/1 difference at most
-  ``p0 (1 - p0) + p1 (1 - p1)``; a held-out AUROC per sentence ``1 / (12 n_pos n_neg) *
-  (n + 1)`` (Hanley and McNeil at 0.5); a continuous alignment change has no dev variance
-  before the clamp exists, so its effect is a standardised one (paired d = 0.5).
-
-The number of units is the normal approximation ``n = ((z_{1 - a/2} + z_{0.8}) sd / effect)^2``
-times the design effect; documents count as single units (their sentences fully correlated:
-conservative). A row judged against a random population also needs at least
-:data:`MIN_DRAWS` draws: its verdict's p is the t test of effect - population mean, whose SE
-holds the between-draw variance (estimated on m - 1 df). A row's CPU time
-is the measured per-item cost of the metric stage (or of one embedding pass) times the items
-and conditions the row's stage scores; the card's is the sum of every stage's cost model. Each row says whether the data the card was given
-allows it, and if not, which limit prevents it and what to pass.
+For each primary row of a paper (:data:`PRIMARY`) :func:`plan_card` takes the effect to detect
+(:data:`EFFECTS`: the paper's, or a stated smallest effect of interest), the family-wise level
+and 80% power, and a standard deviation per unit (from the dev split where it exists, else a
+stated bound), and gives the units needed (:func:`units_needed`, with the design effect of
+:func:`dev_icc`), the random draws a population row needs (:data:`MIN_DRAWS`) and the CPU
+time; a :class:`PlanRow` the data cannot decide names its limit and what to pass.
+``docs/replicate.md`` ("Planning a card") has the bounds, the formula and a measured plan.
 """
 
 from __future__ import annotations

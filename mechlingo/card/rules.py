@@ -1,26 +1,13 @@
 """The frozen rules that turn the claims' measurements into verdicts, and the card.
 
-:func:`mechlingo.card.replicate.replicate` measures each :class:`~mechlingo.card.claims.Claim`
-on a model, makes its row with :func:`make_row` from
-:class:`~mechlingo.card.statistics.Test` objects and calls :func:`finalize` once on all rows:
-each paper's pre-registered primary family is adjusted by Holm, every other row (secondary,
-exploratory) by Benjamini-Hochberg, and each row's verdict is given by :data:`RULES` at its
-adjusted level ``alpha / k`` (``k`` its multiplier in its family):
-
-* ``holds``: the adjusted p < 0.05, the interval at the adjusted level beyond the threshold in
-  the paper's direction and (where there is a control) the effect - control interval at that
-  level beyond 0. A null claim: the adjusted-level interval inside threshold +/- margin
-  (equivalence, two one-sided tests).
-* ``does not hold``: the same at the same level on the other side: the adjusted p of the
-  opposite side < 0.05 and the adjusted-level interval short of the threshold (or the effect
-  short of its control). A null claim: the interval wholly beyond the margin.
-* ``inconclusive``: neither; the row gives the minimum detectable effect at its level.
-* ``not testable here``: the measurement cannot be made (the reason is given);
-  ``not testable here (floor)``: the outcome sits at its floor (nothing to move); neither can
-  become ``holds``. ``error``: the stage failed.
-
-The rules and every claim's parameters are hashed (:data:`RULES_HASH`) into ``claims.json``;
-a change after a card was seen is logged in ``docs/replicate.md``.
+:func:`mechlingo.card.replicate.replicate` measures each :class:`~mechlingo.card.claims.Claim`,
+makes its row with :func:`make_row` from :class:`~mechlingo.card.statistics.Test` objects and
+calls :func:`finalize` once on all rows: Holm inside each paper's primary family,
+Benjamini-Hochberg over the other rows, and each row's :func:`verdict` (``holds``, ``does not
+hold``, ``inconclusive``, ``not testable here``, its ``(floor)`` form, or ``error``) by
+:data:`RULES` at its adjusted level. :class:`ClaimsCard` holds the rows. The rules and every
+claim's parameters are hashed (:data:`RULES_HASH`) into ``claims.json``; ``docs/replicate.md``
+("The verdict rules") states each rule and logs every change made after a card was seen.
 """
 
 from __future__ import annotations

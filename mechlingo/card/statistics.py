@@ -2,28 +2,15 @@
 permutation p-values against random-control populations, and the family adjustments.
 
 Every card statistic is a :class:`Test` (an estimate with its interval, a p-value, the minimum
-detectable effect, the number of independent units and the method in words). Items of one
+detectable effect, the number of independent units and the method in words); items of one
 cluster (a fact asked in several languages, the sentences of one document) move together.
-
-**Intervals: CR2 with t(G - 1)** (Bell-McCaffrey) for means, paired gains, log ratios, ratios
-of sums and group differences: closed form for every card statistic, deterministic, and with
-balanced clusters exactly the t interval of the cluster means; a Rademacher wild bootstrap has
-only 2^(G-1) distinct draws at G = 8 (``docs/replicate.md`` gives the reasons and the suite's
-coverage simulation).
-
-**p-values.** Where H0 makes each cluster's total symmetric (a paired difference against 0,
-a 0/1 share against 1/2) the cluster sign-flip permutation test (exact enumeration up to
-:data:`EXACT_CLUSTERS` clusters); otherwise the CR2 t test. No p is ever 0: a zero-variance
-estimate away from its null gets ``1 / 2^(G-1)``, the least p of a sign flip over G clusters
-(1.0 at the null); Monte Carlo p-values are ``(1 + hits) / (1 + n)``.
-
-**Controls are populations** (:func:`population_test`): the verdict's p is the t test of
-effect - population mean (SE with the between-draw variance); the exact rank p among the m
-draws, floor 1/(m + 1), is reported beside it. One draw: the rank p alone (never enough).
-
-**Families.** :func:`holm` inside a pre-registered primary family, :func:`benjamini_hochberg`
-over the exploratory rows; :func:`adjust` gives each row its multiplier (intervals and
-minimum detectable effects at that level: :meth:`Test.at_level`).
+Intervals are CR2 with t(G - 1); p-values a cluster sign-flip permutation test where H0 makes
+cluster totals symmetric, else the CR2 t test, and never 0 (:func:`p_floor`). Entry points:
+:func:`mean_test`, :func:`paired_test`, :func:`relative_test`, :func:`ratio_test`,
+:func:`group_difference_test`, :func:`correlation_test`, :func:`population_test` (a control
+as a population of random draws), :func:`holm`, :func:`benjamini_hochberg` and :func:`adjust`
+(each row's multiplier; :meth:`Test.at_level`). ``docs/replicate.md`` ("The verdict rules")
+gives the reasons, the coverage simulation and every rule in full.
 """
 
 from __future__ import annotations

@@ -1,26 +1,15 @@
 """``mechlingo experts`` and ``mechlingo align`` (expert neurons, cross-lingual alignment).
 
-``mechlingo experts --target es --k 50,100,200,500,1000,2000 --parallel DIR --out EDIR`` finds the
-expert neurons of ``es`` on the first ``--lines`` sentences of every language, saves the clamps
-as ``EDIR/es-k100`` ... (and the random-neuron controls as ``EDIR/es-k100-random`` ...), the
-top neurons (``experts.csv``), the k curve (``kcurve.csv``: BOS target-language rate with
-Wilson intervals and held-out perplexity of every language with bootstrap intervals, for the
-experts and the random control at every k), ``summary.json`` and ``report.html``. The k is
-chosen by the papers' rule on the held-out lines that follow (``experts.choose_k``: highest
-target rate among the k that keep the target's perplexity within ``--ppl-budget``, default
-2x); ``summary.json`` has it under ``chosen_k`` and ``k_choice``, and the stricter rule that
-bounds the other languages' perplexity too (``--ppl-others geomean``) under
-``k_choice_stricter``. Finished stages (statistics, scores, clamps, each arm of each k) are
-kept in ``.EDIR.work`` (or ``--work``) until ``EDIR`` is written; the same command run
-again after a stop goes on from them, ``--fresh`` starts over (:mod:`mechlingo.cli.work`);
-``align`` keeps its comparison the same way.
-
-``mechlingo align --clamp EDIR --parallel DIR --out DIR`` (or ``--clamp EDIR/es-k500``) measures
-retrieval and cosine distances before and after the clamp the rule chose (and after the
-random control of the same k when it sits next to the clamp), per layer, and writes
-``summary.json`` (``retrieval_top1`` and ``distance``, each ``pre``/``post``/``control``;
-``intervals``: bootstrap intervals over sentences and paired gains over pre and over the
-control) and ``report.html``.
+``mechlingo experts --target es --k 50,100,500 --parallel DIR --out EDIR`` finds the expert
+neurons of ``es``, saves their clamps and random-neuron controls (``EDIR/es-k100``,
+``EDIR/es-k100-random``, ...), the k curve and the k the papers' rule chooses (``chosen_k``);
+``mechlingo align --clamp EDIR --parallel DIR --out DIR`` measures retrieval and cosine
+distances before and after that clamp and its control. Entry points: :func:`cmd_experts`,
+:func:`cmd_align`, :func:`options_from_args` and :func:`load_parallel`; the runs are
+:func:`mechlingo.analyses.experts.run.run_experts` and
+:func:`mechlingo.analyses.experts.align_run.run_alignment`, resumable
+(:mod:`mechlingo.cli.work`). ``docs/methods/expert-neurons.md`` has the method, the k rule,
+the files written and measured runs.
 """
 
 from __future__ import annotations

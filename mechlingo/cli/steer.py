@@ -1,26 +1,15 @@
 """``mechlingo steer build`` and ``mechlingo steer eval``: the two repair vectors on the CLI.
 
 ``steer build --out VDIR`` builds the recall-engagement (task) and back-translation (diff)
-vector stacks from the *build* split of the selected facts and saves them.
-
-``steer eval --vectors VDIR --out DIR`` runs the protocol of :mod:`mechlingo.analyses.recall.steer_eval`
-(:func:`~mechlingo.analyses.recall.steer_eval.run_steer_eval`, the same call a notebook makes):
-headroom (zero-shot vs k-shot), the dev sweep (every second layer from ~20% to ~90% of the
-depth x a log alpha grid, the best pairs combined, "no intervention" a candidate that must be
-beaten by an exact McNemar test), the lowest language fixed on dev, and on test ``orig``,
-``task``, ``diff``, ``both`` and norm-matched ``random`` controls with Wilson intervals,
-McNemar tests and bootstrap intervals of the gains. It writes ``DIR/summary.json``,
-``DIR/generations.jsonl`` and ``DIR/report.html``. Finished stages (a repeat's vectors, the
-sweep, each test condition and seed, the side effects) are kept in ``.DIR.work`` (or
-``--work``) until ``DIR`` is written; the same command run again after a stop goes on from
-them, ``--fresh`` starts over (:mod:`mechlingo.cli.work`). ``--transfer`` is one more stage.
-
-Both use the ``natural`` template family (plain fact-completion stems, where recall is
-under-engaged: the papers' setting), split by fact id 0.4/0.2/0.4 into build/dev/test.
-``steer build`` pools every bundled relation by default, the same number of build ids from
-each (``--per-relation``; ``--relation capital`` builds from one relation); ``steer eval``
-defaults to the capitals. ``steer eval --transfer`` adds the transfer matrix
-(:mod:`mechlingo.analyses.recall.transfer`).
+vector stacks from the *build* split of the selected facts (by default every bundled relation,
+balanced) and saves them. ``steer eval --vectors VDIR --out DIR`` runs the protocol of
+:func:`mechlingo.analyses.recall.steer_eval.run_steer_eval` (headroom, the dev sweep, the
+lowest language, the test conditions and their controls; ``--transfer``: the transfer matrix
+of :mod:`mechlingo.analyses.recall.transfer`) and writes ``summary.json``,
+``generations.jsonl`` and ``report.html``, resumable (:mod:`mechlingo.cli.work`). Both use the
+``natural`` templates split by fact id into build/dev/test. Entry points: :func:`cmd_steer`,
+:func:`build_options_from_args`, :func:`eval_options_from_args`.
+``docs/methods/repair-vectors.md`` has the protocol and measured runs.
 """
 
 from __future__ import annotations

@@ -2,20 +2,11 @@
 
 Writes ``OUT/trace.json`` (per query: class, answer, generation, lens layers),
 ``OUT/patching.json`` (per language: a corrupted-subject patching sweep and an attention
-knockout), ``OUT/summary.json`` and ``OUT/report.html``.
-
-The patching is chosen to be cheap on a CPU and still say something: for a few prompts per
-language that the model answers correctly (the *clean* runs), the *corrupted* run is the same
-template with another fact's subject; the clean activations are patched into the corrupted run
-at every layer, at the subject's first and last token and the last two prompt tokens (aligned
-by subject span and from the end), and the clean answer's log-probability is read. Cells that
-restore it carry the fact.
-
-``--method`` chooses how the cells are measured: ``exact`` activation patching (default),
-``atp`` attribution patching (:mod:`mechlingo.analyses.recall.attribution`: every cell and every attention
-head from one forward and one backward pass; the top heads are then verified by exact head
-patching and the circuit diagram shows heads), or ``both`` (exact and AtP on the same grid;
-the report gives their Spearman correlation and top-k agreement per site).
+knockout), ``OUT/summary.json`` and ``OUT/report.html``; ``--method exact|atp|both`` chooses
+how the patching cells are measured. Entry points: :func:`cmd_trace` and
+:func:`options_from_args`; the run is :func:`mechlingo.analyses.recall.trace.run_trace`.
+``docs/methods/recall-pipeline.md`` ("The command and the Python call") has the patching
+design, the methods and measured runs.
 """
 
 from __future__ import annotations

@@ -1,29 +1,17 @@
-"""The one rule of interrupted runs, for every long command: ``--work``, ``--fresh``.
+"""The one rule of interrupted runs, for every long command: ``--work``, ``--fresh``, ``--resume``.
 
-``steer eval`` (with or without ``--transfer``, and ``--transfer-only``), ``experts``,
-``align``, ``tuned-lens`` and ``replicate`` split their run into stages
-(:class:`mechlingo.core.stages.Stages`) and keep every finished stage in a work folder beside
-``--out``: ``.OUT.work/`` (or ``--work DIR``; never inside ``--out``, which is written in one
-step at the end). The stages are keyed by the mechlingo version, the model's weights
-fingerprint, a hash of the data and every setting that changes a number, so the stages of
-another version, model, data or setting are never reused (they are recomputed).
-
-- **A rerun of the same command goes on from the finished stages** (no flag needed): after
-  Ctrl-C, SIGTERM, a SIGKILL or a crash, run the same command again.
-- ``--resume`` insists on going on: it refuses (exit 2, before any computation) when this
-  run's key has no finished stage, so that a changed setting, model, data or version cannot
-  quietly start an hour-long run over.
-- ``--fresh`` starts over: the stored stages of this run's key are removed first.
-- After ``--out`` is written the run's stages are removed (the work folder too when empty).
-- Under ``torchrun`` every rank keeps its own stages (the rank is in the key) and the ranks
-  agree on each stage before it is read back: a stage is reused only when every rank has it,
-  otherwise all ranks recompute it (so their collective steps stay in step).
-
-The analyses keep their own stages, given the :class:`~mechlingo.core.stages.Stages` made
-here: :func:`mechlingo.analyses.experts.run.run_experts` (neuron statistics, scores, clamps,
-the k curve), :func:`mechlingo.analyses.experts.align_run.run_alignment`,
-:func:`mechlingo.analyses.decoders.run.run_tuned_lens` and
-:func:`mechlingo.analyses.recall.steer_eval.run_steer_eval`.
+``steer eval``, ``experts``, ``align``, ``tuned-lens`` and ``replicate`` split their run into
+stages (:class:`mechlingo.core.stages.Stages`) kept in a work folder beside ``--out``
+(``.OUT.work/`` or ``--work DIR``), keyed by the mechlingo version, the model's weights
+fingerprint, the data and every setting that changes a number: a rerun of the same command
+goes on from the finished stages. Entry points: :func:`add_work_args`, :func:`open_stages`,
+:func:`finish_stages`, :func:`data_key`, :func:`settings_key`, :func:`all_ranks_have`. The
+analyses keep their own stages in the ``Stages`` made here
+(:func:`mechlingo.analyses.experts.run.run_experts`,
+:func:`mechlingo.analyses.experts.align_run.run_alignment`,
+:func:`mechlingo.analyses.decoders.run.run_tuned_lens`,
+:func:`mechlingo.analyses.recall.steer_eval.run_steer_eval`). ``docs/gotchas.md`` ("Going on
+after a stop") has the rule for users.
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
 """Model families: the registry of the architectures mechlingo supports, and of those it
 refuses.
 
-mechlingo makes assumptions about where things sit in a model: the final norm (and any logit
-soft-cap) the logit lens reads through, the residual hooks between blocks, the MLP input of
-the down projection (the "neuron" of the expert statistics), the BOS convention. Those differ
-between families, so every family in :data:`FAMILIES` is checked in CI on a tiny random model
-(``tests/core/test_families.py``, built by :func:`mechlingo.testing.build_tiny_folder`): sites,
-lens against TransformerLens's logit lens and the model's own output, padded batches against
-one-by-one runs, patching against TransformerLens's patching, interventions, hook clean-up,
-expert statistics and alignment embeddings against hooks on the original transformers
-modules. ``docs/models.md`` has the table.
-
-:data:`REFUSED` lists architectures that TransformerLens 4 can load but whose numbers would
-mean something else in mechlingo (encoder-decoders, encoders, state-space and hybrid
-models);
-:func:`mechlingo.core.models.load_model` refuses them by name. An architecture in neither list
-loads with a warning that it is unchecked.
+Where things sit in a model (the final norm and any logit soft-cap, the residual hooks, the
+MLP "neuron", the BOS convention) differs between families, so each :class:`Family` in
+:data:`FAMILIES` records it (its hooks, :class:`Layout` of transformers modules and
+:class:`TinyConfig`) and is checked in CI on a tiny random model
+(``tests/core/test_families.py``). :data:`REFUSED` lists architectures whose numbers would mean
+something else (encoder-decoders, encoders, state-space and hybrid models), which
+:func:`mechlingo.core.models.load_model` refuses by name; an architecture in neither list
+loads with a warning. Entry points: :func:`family_of`, :func:`register_family`,
+:func:`grows_mid_pass`. ``docs/models.md`` has the table, what each check covers and how to
+add a family.
 """
 
 from __future__ import annotations

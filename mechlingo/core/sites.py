@@ -3,28 +3,12 @@
 A *site* is a kind of activation (``"resid_pre"``, ``"mlp_post"``, ...) at a layer. Every
 other module addresses the model through sites, so a typo or a layer out of range is caught
 here, once, with a message that lists what exists, instead of a hook that silently never fires.
-
-==============  =================================  ============================================
-site            TransformerLens hook               what it is
-==============  =================================  ============================================
-resid_pre       ``blocks.{l}.hook_resid_pre``      residual stream entering block l
-resid_mid       ``blocks.{l}.hook_resid_mid``      after block l's attention, before its MLP
-resid_post      ``blocks.{l}.hook_resid_post``     residual stream leaving block l
-attn_out        ``blocks.{l}.hook_attn_out``       block l's attention output (all heads)
-mlp_out         ``blocks.{l}.hook_mlp_out``        block l's MLP output
-mlp_post        ``blocks.{l}.mlp.hook_post``       MLP neuron activations (input of the down
-                                                   projection; for gated MLPs act(gate) * up)
-attn_z          ``blocks.{l}.attn.hook_z``         per-head attention outputs before W_O
-attn_pattern    ``blocks.{l}.attn.hook_pattern``   attention probabilities [head, query, key]
-==============  =================================  ============================================
-
-Writing at ``resid_mid`` on a TransformerBridge: the bridge's ``blocks.{l}.hook_resid_mid`` is
-an alias of the input of the norm before the MLP (``ln2.hook_in``; ``mlp.hook_in`` for OLMo 2),
-not of the residual itself, so a value returned there reaches the MLP and nothing else: the
-block still adds the MLP output to the old residual. Reading it is right. Every mechlingo
-writer therefore registers its edit through :func:`edit_hooks`, which on a bridge also adds
-the edit's change to the block's output (``hook_resid_post``), so that after an edit
-``resid_post == resid_mid' + mlp_out`` as on a classic ``HookedTransformer``.
+Entry points: :func:`resolve_site`, :func:`hook_name`, :func:`site_map` (a :class:`SiteMap`:
+the sites a model has), :func:`mlp_width`, :func:`resolve_layers`, :func:`layers_at`, and
+:func:`edit_hooks`, through which every writer registers its edit so that a write at
+``resid_mid`` on a TransformerBridge reaches the residual stream as on a ``HookedTransformer``.
+``docs/concepts.md`` ("Sites") has the table of sites and hooks, ``docs/gotchas.md`` why a
+write at ``resid_mid`` needs :func:`edit_hooks`.
 """
 
 from __future__ import annotations
@@ -217,15 +201,14 @@ def edit_hooks(model: Model, name: str, fn: HookFn) -> list[tuple[str, HookFn]]:
     it edits what the site names.
 
     For every hook but a bridge's ``blocks.{l}.hook_resid_mid`` this is ``[(name, fn)]``. At
-    resid_mid on a bridge the hook point is the MLP's input only (see the module docstring),
-    so the change ``fn`` makes there (its output minus its input, zero where it leaves the
+    resid_mid on a bridge the hook point is the MLP's input only (``docs/gotchas.md``), so
+    the change ``fn`` makes there (its output minus its input, zero where it leaves the
     activation as it is) is also added to the block's output ``blocks.{l}.hook_resid_post``:
     a write of ``x`` at resid_mid then gives ``resid_post = x + mlp(x)``, the same as a write
     at the residual itself. Register the pairs together and before other hooks at that
     layer's resid_post (:func:`carries_first` does it; mechlingo's runs and ``Compose`` call
-    it); hooks that only read
-    (return ``None``) need no care. Writes that change the batch size at resid_mid cannot be
-    carried and raise :class:`SiteError` at the resid_post hook.
+    it); hooks that only read (return ``None``) need no care. Writes that change the batch
+    size at resid_mid cannot be carried and raise :class:`SiteError` at the resid_post hook.
     """
     layer = _mid_layer(name)
     if layer is None or mid_is_residual(model):

@@ -231,7 +231,7 @@ class Intervention(abc.ABC):
         """Apply this intervention to a plain transformers ``AutoModelForCausalLM`` with
         PyTorch hooks on its own modules, until the returned handle's ``remove()`` (or the
         end of its ``with`` block). Same numbers as on the TransformerLens bridge; position
-        rules read the attention mask and the cache (see :mod:`mechlingo.interventions.hf`)."""
+        rules read the attention mask and the cache (``docs/interop.md``)."""
         return attach(self, hf_model, has_bos=has_bos)
 
     def __add__(self, other: Intervention) -> Intervention:

@@ -2,52 +2,14 @@
 
 ``iv.attach(hf_model)`` (:meth:`Intervention.attach`, implemented by :func:`attach` here) is
 *the* way to apply an intervention outside TransformerLens: it registers forward hooks and
-pre-hooks on a plain
-``AutoModelForCausalLM`` of a family in :data:`mechlingo.core.families.FAMILIES` and returns a
-:class:`HFHandle` that removes them (``handle.remove()``, or use it as a context manager: they
-are removed when the block exits, also after an exception). The hooks run the intervention's
-own TransformerLens hook functions (:meth:`Intervention.fwd_hooks`), so every kind --
-steering vectors, neuron clamps, ablations, compositions -- means exactly what it means on the
-TransformerLens bridge (tested: logits and greedy ``generate()`` tokens equal the bridge run,
-on every family).
-
-Where the sites are (:data:`LAYOUTS`, each family's :class:`~mechlingo.core.families.Layout`):
-
-==============  ===========================================================================
-site            transformers module
-==============  ===========================================================================
-resid_pre l     the input of decoder layer l (a forward pre-hook)
-resid_post l    the output of decoder layer l
-attn_out l      the output of the attention module (Gemma 2/3 and OLMo 2: of the norm after
-                attention, whose output is what is added to the residual; BLOOM: of the
-                attention's output projection, since BLOOM's attention adds the residual
-                itself)
-mlp_out l       the output of the MLP (Gemma 2/3, OLMo 2: of the norm after the MLP; BLOOM:
-                the MLP's down projection; XGLM: ``fc2``)
-mlp_post l      the input of the MLP's down projection (the neurons; for gated MLPs
-                ``act(gate) * up``)
-attn_z l        the input of the attention's output projection, viewed ``[head, d_head]``
-resid_mid l     not a module output in most families: it is computed as resid_pre + attn_out
-                and the edit is written back through attn_out (BLOOM: the attention module's
-                output, which is resid_mid). Parallel blocks (Cohere, Falcon, GPT-NeoX) have
-                no resid_mid: refused.
-attn_pattern    refused (attention probabilities are not a module output in transformers)
-==============  ===========================================================================
-
-Positions keep their meaning. A forward pre-hook on the whole model reads ``input_ids`` and
-the 2-D ``attention_mask`` (left or right padding, or gaps) and gives the intervention's hooks
-the batch in mechlingo's right-padded coordinates (:func:`mechlingo.core.tokens.batch_context`):
-position 0 is each row's first real token, ``"last"`` its last *prompt* token, ``"all"`` its
-real tokens after BOS. A pass with a KV cache (``generate()``, or a forward with
-``past_key_values``) continues the sequence of the pass before it: ``"last"`` acts once, in the
-prompt pass, ``"generated"`` on each new token. ``generate(use_cache=False)`` (each step
-recomputes the prefix, with ``use_cache=False`` passed to the forward) is recognised too: a
-pass that extends the previous one by one column continues it. BOS is taken to be there when
-every row's first real token is the model's ``bos_token_id`` (or pass ``has_bos=``).
-
-Not covered: beam search (it reorders rows between steps, so the token history a positions
-callable sees would be another row's), ``inputs_embeds`` with position callables that read
-token ids, 4-D attention masks.
+pre-hooks on a plain ``AutoModelForCausalLM`` of a family in
+:data:`mechlingo.core.families.FAMILIES` and returns an :class:`HFHandle` that removes them
+(``handle.remove()``, or as a context manager, also after an exception). The hooks run the
+intervention's own TransformerLens hook functions at each site's module (:data:`LAYOUTS`), in
+mechlingo's right-padded coordinates of the batch, so every kind means exactly what it means
+on the bridge (tested: logits and greedy ``generate()`` tokens are equal, on every family).
+``docs/interop.md`` ("Plain transformers: ``attach``") has where each site is, how positions
+keep their meaning with padding and the KV cache, and what is not covered.
 """
 
 from __future__ import annotations
@@ -428,7 +390,7 @@ def attach(
 
     Every forward pass of ``hf_model`` (``model(...)``, ``generate()``) runs the intervention
     until the returned handle's ``remove()`` (or the end of its ``with`` block). Position
-    rules read the attention mask and the cache (see :mod:`mechlingo.interventions.hf`).
+    rules read the attention mask and the cache (``docs/interop.md``).
 
     Args:
         intervention: any mechlingo intervention (or anything with ``fwd_hooks(model)`` that

@@ -3,25 +3,12 @@
 A reader who has learned that "recall failure" is red in one figure, or that French is red in
 the latent-language curves, should find the same colour for it in the next figure. So no figure
 picks colours by the position of a series in its own legend; each asks this module for the
-colour of *what* the series is:
-
-* :func:`class_color` -- a class of the recall-pipeline trace (``"correct"``,
-  ``"recall_failure"``, ``"translation_failure"``, ...);
-* :func:`language_color` -- a language code (``"en"``, ``"fr"``, ...);
-* :func:`decoder_color` -- a decoder (logit lens, tuned lens, patchscope; any spelling:
-  ``"logit"``, ``"logit_lens"``, ``"logit lens"``); a decoder registered later takes its
-  colour from :func:`register_decoder_color`;
-* :func:`condition_color` -- a condition or arm (``"orig"``, ``"task"``, ``"diff"``,
-  ``"both"``, ``"random"``, ``"experts"``, ``"zero_shot"``, ...);
-* :func:`track_color` -- a lens track: the prompt-language answer (``"answer"``), the answer
-  in a language (its language colour), or a decoder measure (``"entropy"``, ``"energy"``);
-* :func:`series_color` -- a series that may be any of the above (grouped bars take classes
-  from the trace report, conditions from steering, arms from the experts): the names of the
-  concepts do not overlap, so the name decides.
-
-A name this module does not list gets a colour derived from the name itself (a CRC of it into
-:data:`SPARE`), never from its position: two figures still agree. :data:`SEQUENCE` colours
-series that are an order and no concept (the lens entries of a training-loss plot).
+colour of *what* the series is: :func:`class_color`, :func:`language_color`,
+:func:`decoder_color` (:func:`register_decoder_color` for a new decoder),
+:func:`condition_color`, :func:`track_color`, :func:`site_color`, :func:`verdict_color`, or
+:func:`series_color` when a series may be any of them. A name no map lists gets a colour
+derived from the name (:data:`SPARE`), never from its position. ``docs/architecture.md``
+("Results and figures") says which lookup serves which figure.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Several decoders over the same prompts, and where the English answer leads.
 
-:func:`compare_decoders` runs :func:`mechlingo.analyses.decoders.lens.lens_facts` once per decoder
-(logit lens, tuned lenses, patchscope) on the same facts, so their latent-language curves line
-up entry by entry. :func:`english_lead` asks of each result the question behind the "English
-pivot": at which layers does the English answer lead the prompt-language answer?
-
-Definitions (per prompt whose English and prompt-language answers differ):
-
-* the English answer *leads* at entry ``l`` when its probability mass is above the
-  prompt-language answer's and at least ``min_prob`` (so two negligible probabilities do
-  not count);
-* the *first layer* is the first entry before the output where it leads;
-* the *leading range* is the set of entries where the mean English probability is at least
-  ``min_prob`` and the mean over prompts of ``P(English) - P(prompt language)`` is above 0
-  with its paired 95% bootstrap interval entirely above 0.
+:func:`compare_decoders` runs :func:`mechlingo.analyses.decoders.lens.lens_facts` once per
+decoder (logit lens, tuned lenses, patchscope) on the same facts, so their latent-language
+curves line up entry by entry (a :class:`DecoderComparison`). :func:`english_lead` asks of
+each result the question behind the "English pivot": at which layers does the English answer
+lead the prompt-language answer? (Its docstring has the definitions;
+``docs/methods/logit-lens.md``, "Where the English answer leads", the measured table.)
 """
 
 from __future__ import annotations
@@ -71,13 +63,17 @@ def english_lead(
 ) -> dict[str, dict[str, Any]]:
     """Where the English answer leads the prompt-language answer, per prompt language.
 
-    Only prompts whose two answers differ count (``n``). Entries before the output only.
+    Only prompts whose two answers differ count (``n``), at the entries before the output.
+    English *leads* at an entry when its mass is above the prompt-language answer's and at
+    least ``min_prob``; the *leading range* is the entries where the mean English mass is at
+    least ``min_prob`` and the mean of ``P(English) - P(prompt language)`` is above 0 with its
+    paired 95% bootstrap interval.
 
     Returns:
         ``{lang: {"n", "ever": wilson share of prompts where English leads at some entry,
         "first_layer": bootstrap mean of the first leading entry over those prompts,
         "first_layer_median", "share_by_layer": [wilson per entry], "range": {"layers",
-        "span", "mean_diff"}}}`` (see the module docstring).
+        "span", "mean_diff"}}}``.
 
     Raises:
         InputError: the result does not track English.

@@ -1,21 +1,13 @@
 """Patchscopes (Ghandeharioun et al. 2024): decode a residual state by letting the model
 itself say what it holds.
 
-The source state (the residual stream of a prompt's last token after ``l`` blocks) is
-written into an *identity-style* target prompt, ``"cat -> cat; 1135 -> 1135; hello -> hello;
-?"``, at the same depth (before block ``l``) and at the placeholder's position (the final
-``?``). The target prompt's few-shot pattern asks the model to repeat the token it sees, so
-the next-token distribution at the placeholder -- and a short greedy continuation -- read out
-what the patched state encodes, through all the remaining blocks instead of through the final
-norm and unembedding alone (the logit lens). Patching the output entry (after the last block)
-replaces the target's final state, so there the patchscope equals the model's own output.
-
-Target prompts are given per language (:data:`TARGET_PROMPTS`): a Spanish source prompt is
-decoded in a Spanish identity prompt, so that the decoder does not favour English by its
-own context.
-
-Everything is batched: one target row per (entry, prompt) pair, each row patched at its own
-hook and position, ``batch_size`` rows per forward pass.
+The state after ``l`` blocks of a prompt's last token is written before block ``l`` of an
+identity-style target prompt (``"cat -> cat; 1135 -> 1135; hello -> hello; ?"``, in the
+prompt's own language: :data:`TARGET_PROMPTS`) at its placeholder ``?``, and the model's
+next-token distribution there (and optionally a greedy continuation) is read. Entry points:
+:class:`Patchscope` (``decoder="patchscope"`` of the lens; one target row per entry and
+prompt, batched) and :func:`patch_hooks`. ``docs/methods/logit-lens.md`` compares it with the
+logit and tuned lenses, with its cost.
 """
 
 from __future__ import annotations

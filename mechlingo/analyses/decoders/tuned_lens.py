@@ -1,29 +1,14 @@
 """A tuned lens (Belrose et al. 2023): one learned affine translator per layer.
 
-The logit lens reads the residual stream after ``l`` blocks through the model's final norm
-and unembedding as if it were the last layer's. A tuned lens first maps it with an affine
-*translator* ``h -> h + A_l h + b_l`` (initialised at the identity, ``A_l = 0, b_l = 0``),
-trained so that the lens's next-token distribution matches the model's own final one:
-it minimises ``KL(p_final || p_lens)`` summed over layers and averaged over the tokens of a
-training text, through the frozen final norm and unembedding. The output entry (after the
-last block) needs no translator: there the lens is the identity and reproduces the model.
+Before the final norm and unembedding, the residual state after ``l`` blocks is mapped to
+``h + A_l h + b_l`` (the identity at the start; none at the output entry), trained so that
+the lens's next-token distribution matches the model's own final one.
 
-Why it matters here: the logit lens is biased towards what the last layers predict, and a
-lens trained on English text may be biased towards English. Training one lens on English and
-one on a language-balanced mix (:func:`mix_texts`) and comparing both with the logit lens and
-the patchscope (:mod:`mechlingo.analyses.decoders.patchscope`) shows whether the English pivot of the
-latent-language curves is a property of the model or of the decoder.
-
-Training is data-parallel under ``torchrun``: each rank computes the gradients of its shard
-of every step's sequences, the gradient sums and token counts are all-reduced
-(:func:`mechlingo.activations.distributed.all_reduce_state`), and every rank takes the same
-Adam step, so the translators stay identical on every rank. A lens is saved as a folder
-(``translators.safetensors`` + ``tuned_lens.json``) that records the model's description and
-unembedding fingerprint; :meth:`TunedLens.load` refuses another model.
-
-The cost is the unembedding: every training token costs ``2 x d_model x vocab`` multiply-adds
-per layer (forward and backward), about 0.67 GFLOP per token and layer for Gemma 3's
-262,144-token vocabulary.
+Entry points: :func:`train_tuned_lens` (data-parallel under ``torchrun``) on a text or
+:func:`mix_texts`' language-balanced mix; :class:`TunedLens` (``save``; :func:`load_tuned_lens`
+refuses another model); :func:`lens_divergence` (held-out KL against the logit lens).
+``docs/methods/logit-lens.md`` ("The tuned lens") has the objective, its sampled form, the
+learning rate, the cost and what the lenses show.
 """
 
 from __future__ import annotations
@@ -571,28 +556,21 @@ def train_tuned_lens(
 ) -> TunedLensTraining:
     """Train a tuned lens on ``texts`` (every real token of every text is a training token).
 
-    Under ``torchrun`` every rank takes its shard of each step's texts; gradients, KL sums and
-    token counts are all-reduced, so every rank takes the same step and ends with the same
-    lens (write it on rank 0 only).
+    Under ``torchrun`` every rank takes its shard of each step's texts and the same step, so
+    every rank ends with the same lens (write it on rank 0 only).
 
     Args:
-        model: the model (its weights stay frozen).
-        texts: training text: one language, or :func:`mix_texts` for a balanced mix.
-        steps: optimizer steps (at most).
-        max_seconds: stop earlier, when rank 0 has trained this long (the learning rate
-            decays with whichever budget runs out first).
+        texts: one language, or :func:`mix_texts` for a balanced mix.
+        steps, max_seconds: the budget (at most this many steps; stop earlier when rank 0 has
+            trained this long); the learning rate decays with whichever runs out first.
         texts_per_step: texts per step over all ranks (each cut to ``max_tokens`` tokens).
-        lr: Adam learning rate (linear warm-up over ``warmup`` steps, then linear decay),
-            scaled per entry by ``min(1, KL_0 / median KL_0)`` (``KL_0``: the first step's
-            KL of each entry, i.e. the logit lens's): chosen on NTREX dev lines 800-899,
-            where one rate for all entries made the late entries worse.
-        vocab_sample: ``None``: the exact objective over the whole vocabulary
-            (:func:`translator_kl`); an int ``m``: the sampled objective
-            (:func:`sampled_translator_kl`) over each chunk's target top-``target_top_k``
-            tokens plus a remainder bucket estimated from ``m`` sampled tokens; ``"auto"``:
-            exact up to 32,768 tokens, else ``m = 4096``.
-        chunk_rows: tokens per unembedding pass.
-        seed: the order of the texts and the vocabulary samples.
+        lr: Adam's rate (warm-up over ``warmup`` steps, then linear decay), scaled per entry
+            by ``min(1, KL_0 / median KL_0)`` (``KL_0``: the first step's KL of each entry).
+        vocab_sample: ``None`` the exact objective (:func:`translator_kl`); an int ``m`` the
+            sampled one (:func:`sampled_translator_kl`: each chunk's target
+            top-``target_top_k`` tokens plus a remainder bucket estimated from ``m`` tokens);
+            ``"auto"`` exact up to 32,768 tokens, else ``m = 4096``.
+        chunk_rows: tokens per unembedding pass; seed: the text order and the samples;
         init: a lens to continue from (default the identity).
 
     Returns:

@@ -2,22 +2,13 @@
 ``tuned-lens``): load a lens the package trained or downloaded, and give mechlingo's lenses
 to it.
 
-The package saves a lens as a folder with ``config.json`` (``base_model_name_or_path``,
-``d_model``, ``num_hidden_layers``, ``bias``, ``unembed_hash``, ``lens_type``) and
-``params.pt``, the ``state_dict`` of its translators (``"{i}.weight"`` ``[d_model, d_model]``
-and ``"{i}.bias"`` ``[d_model]`` for each layer ``i``). Its translator of layer ``i`` maps the
-hidden state before block ``i`` to ``h + W_i h + b_i``: the same affine map, at the same
-place (``resid_pre`` of block ``i`` = lens entry ``i``), as
-:class:`mechlingo.analyses.decoders.tuned_lens.TunedLens` with ``weight[i] = W_i`` and
-``bias[i] = b_i``; both read the result through the final norm and the unembedding. So
-conversion copies the tensors; ``scripts/check_tuned_lens_interop.py`` checks, against the
-package in its own environment, that the two give the same logits at every layer.
-
-A checkpoint is untrusted input: ``params.pt`` is read with ``torch.load(...,
-weights_only=True)``, which unpickles tensors and plain containers only; a file that needs
-anything more (arbitrary classes, code) is refused with a message, as is one whose keys or
-shapes are not a tuned lens's. A ``params.safetensors`` beside it is read instead when
-present (no pickle at all).
+Entry points: :func:`load_package_lens` (a package folder as a
+:class:`~mechlingo.analyses.decoders.tuned_lens.TunedLens`) and :func:`export_package_lens`.
+Both formats hold the same affine translators at the same places, so conversion copies the
+tensors; a checkpoint is untrusted input (``params.pt`` is read with
+``torch.load(..., weights_only=True)``, or ``params.safetensors`` when present).
+``docs/methods/logit-lens.md`` ("The tuned lens") has the format, the README the check
+against the package itself.
 """
 
 from __future__ import annotations
