@@ -50,6 +50,7 @@ __all__ = [
     "shard",
     "shard_bounds",
     "shard_by_cost",
+    "share_scoring",
     "sharded_scoring",
 ]
 
@@ -349,3 +350,34 @@ def map_sharded(
         mine = [(i, fn(items[i])) for i in idx]
     got = dict(gather_lists(mine))
     return [got[i] for i in range(len(items))]
+
+
+def share_scoring(costs: Sequence[float], n_conditions: int) -> tuple[list[int], list[int]]:
+    """This rank's share of a scoring call of passes (``costs``, one per pass) under
+    ``n_conditions`` conditions: ``(passes, conditions)`` to run. Outside
+    :func:`sharded_scoring` (or in one process) everything. With at least as many passes as
+    ranks, the passes by :func:`shard_by_cost` under every condition (each pass exactly as in
+    one process); with fewer passes than ranks (a dev screen of a few items under many
+    settings) every pass under an equal contiguous share of the conditions, so no rank waits
+    while another scores the whole call."""
+    everything = (list(range(len(costs))), list(range(n_conditions)))
+    if not scoring_sharded():
+        return everything
+    if len(costs) < dist_info().world_size and n_conditions > 1:
+        return everything[0], list(shard_bounds(n_conditions))
+    return shard_by_cost(costs), everything[1]
+
+
+def gather_conditions(
+    local: Mapping[int, list[T]], n_conditions: int, by_condition: bool
+) -> list[list[T]]:
+    """Each condition's gathered list after :func:`share_scoring`: ``local`` holds this rank's
+    per-condition items; ``by_condition`` says that the conditions were shared out (each
+    rank holds whole lists of its conditions), else the passes were (each rank holds its
+    items of every condition, concatenated in rank order). Outside sharding, ``local`` itself."""
+    if not scoring_sharded():
+        return [local[c] for c in range(n_conditions)]
+    if by_condition:
+        got = dict(gather_lists(list(local.items())))
+        return [got[c] for c in range(n_conditions)]
+    return [gather_lists(local[c]) for c in range(n_conditions)]

@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mechlingo.activations.decoding import decode
-from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard_by_cost
+from mechlingo.activations.distributed import gather_conditions, share_scoring
 from mechlingo.activations.memo import current_memo
 from mechlingo.activations.prefix import (
     decode_conditions,
@@ -223,27 +223,28 @@ def generate_conditions(
         return stop is not None and stop(row, text)
 
     chunks = sorted_batches(batch.lengths, batch_size)
-    if scoring_sharded():  # batches of unequal length: shared out by cost, gathered by row
-        cost = [
-            len(rows) * (max(int(batch.lengths[r]) for r in rows) + max_new_tokens)
-            for rows in chunks
-        ]
-        mine = [chunks[i] for i in shard_by_cost(cost)]
-    else:
-        mine = chunks
-    local = []
-    for rows in tqdm(mine, desc="generating", disable=not progress):
+    # under torchrun: batches shared by cost, or (fewer batches than ranks) the conditions
+    cost = [len(rows) * (max(int(batch.lengths[r]) for r in rows) + max_new_tokens)
+            for rows in chunks]  # fmt: skip
+    mine, conds = share_scoring(cost, len(ivs))
+    by_condition = len(conds) < len(ivs)
+    local: dict[int, list[tuple[list[int], list[list[int]], bool]]] = {c: [] for c in conds}
+    for rows in tqdm([chunks[i] for i in mine] if conds else [], desc="generating",
+                     disable=not progress):  # fmt: skip
         stop_fn = (
             (lambda r, ids, rows=rows: done(rows[r], ids)) if (stop_at_newline or stop) else None
         )
-        outs, was_shared = _decode_batch(model, batch.select(rows), ivs, hooks, stop_fn, opts)
-        local.append((rows, outs, was_shared))
-    got = gather_lists(local) if scoring_sharded() else local
+        sub = [ivs[c] for c in conds], [hooks[c] for c in conds]
+        outs, was_shared = _decode_batch(model, batch.select(rows), *sub, stop_fn, opts)
+        for c, per in zip(conds, outs, strict=True):
+            local[c].append((rows, per, was_shared))
+    per_cond = gather_conditions(local, len(ivs), by_condition)
     gens = [[""] * len(prompts) for _ in ivs]
-    for rows, outs, _ in got:
-        for c, per in enumerate(outs):
+    for c, got in enumerate(per_cond):
+        for rows, per, _ in got:
             for r, ids in zip(rows, per, strict=True):
                 gens[c][r] = model.tokenizer.decode(ids)
+    got = [x for part in per_cond for x in part]
     flags = {was for _, _, was in got}
     path = "mixed" if len(flags) > 1 else ("shared-prefix" if flags == {True} else "per-condition")
     return gens, path

@@ -23,7 +23,12 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard_by_cost
+from mechlingo.activations.distributed import (
+    gather_conditions,
+    gather_lists,
+    scoring_sharded,
+    share_scoring,
+)
 from mechlingo.activations.prefix import (
     PrefixRecord,
     cache_upto,
@@ -530,19 +535,20 @@ def _score_conditions(
     # facts with the same prefix share passes (and their demonstrations, once per pass)
     order = batch_order(pre, layouts)
     passes = [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
-    if scoring_sharded():  # passes of unequal length: shared out by cost, gathered by fact
-        cost = [sum(len(x.ids) for i in group for x in layouts[i]) for group in passes]
-        mine = [passes[i] for i in shard_by_cost(cost)]
-    else:
-        mine = passes
-    local: list[list[tuple[int, list[float], list[int]]]] = [[] for _ in interventions]
+    # under torchrun: passes shared by cost, or (fewer passes than ranks) the conditions
+    cost = [sum(len(x.ids) for i in group for x in layouts[i]) for group in passes]
+    mine_p, conds = share_scoring(cost, len(interventions))
+    by_condition = len(conds) < len(interventions)
+    local: dict[int, list[tuple[int, list[float], list[int]]]] = {c: [] for c in conds}
     paths: set[str] = set()
-    for group in tqdm(mine, desc="ranking", disable=not progress):
+    for group in tqdm([passes[i] for i in mine_p] if conds else [], desc="ranking",
+                      disable=not progress):  # fmt: skip
         rows, reads, spans = _plan([layouts[i] for i in group], tokens)
-        lps: list[Tensor | None] = [None] * len(interventions)
+        lps: list[Tensor | None] = [None] * len(conds)
         if shared and not fwd_hooks:
-            lps = _shared_conditions(model, rows, reads, spans, interventions, hooks_of)
-        for c, lp in enumerate(lps):
+            lps = _shared_conditions(model, rows, reads, spans, [interventions[c] for c in conds],
+                                     [hooks_of[c] for c in conds])  # fmt: skip
+        for c, lp in zip(conds, lps, strict=True):
             paths.add("shared-stem" if lp is not None else "full")
             if lp is None:
                 lp = _pass(model, rows, reads, hooks_of[c])
@@ -551,12 +557,14 @@ def _score_conditions(
                 total = own_sum[spans[g]] + sh_sum[g]
                 n = own_n[spans[g]] + sh_n[g]
                 local[c].append((i, (-total / n.clamp_min(1)).tolist(), n.tolist()))
+    if scoring_sharded():  # every rank reports the same path
+        paths = {p for part in gather_lists([sorted(paths)]) for p in part}
     path = paths.pop() if len(paths) == 1 else ("mixed" if paths else "none")
     out = []
-    for got in local:
+    for got in gather_conditions(local, len(interventions), by_condition):
         ce: list[list[float]] = [[] for _ in layouts]
         counts: list[list[int]] = [[] for _ in layouts]
-        for i, scores, n in gather_lists(got) if scoring_sharded() else got:
+        for i, scores, n in got:
             ce[i], counts[i] = scores, n
         out.append(CandidateScores(ce, counts, [lays[0].stem_end for lays in layouts], tokens,
                                    {"path": path}))  # fmt: skip
