@@ -398,8 +398,9 @@ def token_logprobs(
 ) -> Float[Tensor, " row"]:
     """The log-probability of one target token per final-layer residual row:
     ``logit[target] - logsumexp(logits)``, computed in float32 without materialising a
-    ``[rows, vocab]`` log-softmax: the normalizer is streamed over blocks of the vocabulary
-    and the target logit is read from its own unembedding column.
+    ``[rows, vocab]`` log-softmax: the normalizer is streamed over blocks of the vocabulary,
+    once per distinct row (equal rows asked for different targets share it), and the target
+    logit is read from its own unembedding column.
 
     Args:
         resid: final-layer residual rows (before the final norm unless ``apply_norm`` is
@@ -425,8 +426,14 @@ def token_logprobs(
     if n and (int(tgt.min()) < 0 or int(tgt.max()) >= W_U32.shape[1]):
         raise InputError(f"target ids must be in [0, {W_U32.shape[1]})")
     with torch.no_grad():
+        # rows asked for several targets (the candidates of one prompt, read at its last
+        # token) share one normalizer: the vocabulary pass runs once per distinct row
+        uniq, inverse = torch.unique(resid, dim=0, return_inverse=True)
+        norms = torch.empty(uniq.shape[0], device=dev)
+        for rows, x in _row_chunks(model, uniq, chunk_rows, apply_norm):
+            norms[rows] = _streamed_logsumexp(model, x, W_U32)
+        inverse = inverse.to(dev)
         for rows, x in _row_chunks(model, resid, chunk_rows, apply_norm):
-            norm = _streamed_logsumexp(model, x, W_U32)
             tok = _token_logits(model, x, W_U32, tgt[rows][:, None, None])[:, 0, 0]
-            out[rows] = tok - norm
+            out[rows] = tok - norms[inverse[rows]]
     return out

@@ -347,9 +347,10 @@ SCORING_WORKER = textwrap.dedent(
         with sharded_scoring():
             got = evaluate_conditions(model, facts, conds, max_new_tokens=4, batch_size=3)
             ranked = evaluate_facts(model, rank_facts, metric="rank", batch_size=1)
+            batches = len(calls)
             lens, emb = lens_and_embeddings(model)
         out = {"gen": {k: v.records for k, v in got.items()}, "rank": ranked.records,
-               "path": got["orig"].meta["path"], "batches": len(calls), "lens": lens,
+               "path": got["orig"].meta["path"], "batches": batches, "lens": lens,
                "emb": emb}
         with open(f"{out_dir}/scores{info.rank}.json", "w") as f:
             json.dump(out, f)
@@ -372,9 +373,9 @@ def scoring_inputs(model):
 
 
 def lens_and_embeddings(model):
-    """The logit lens's ranks and log-probabilities (facts of unequal lengths in batches of 2)
-    and the mean-pooled embeddings of every layer (batches of 2) that the workers compare
-    with one process: JSON lists."""
+    """What the workers compare with one process: the logit lens's ranks and
+    log-probabilities (facts of unequal lengths in batches of 2), and the mean-pooled
+    embeddings of every layer (batches of 2) with one batch scored under three conditions."""
     from mechlingo.analyses.decoders.lens import lens_facts
     from mechlingo.analyses.experts.align import embed_parallel
     from mechlingo.data import load_facts
@@ -386,8 +387,18 @@ def lens_and_embeddings(model):
         "fr": ["Un chat.", "Il fait très beau aujourd'hui.", "Oui.", "Nous sommes rentrés"],
     }
     emb = embed_parallel(model, texts, layers="all", batch_size=2)
+    # one batch under three conditions: fewer batches than processes, so each process takes
+    # some of the conditions (a dev screen's shape)
+    from mechlingo.scoring.evaluate import evaluate_conditions
+    from tests.scoring.test_scorers import FACTS
+
+    _, conds, _ = scoring_inputs(model)
+    few = {m: evaluate_conditions(model, facts[:2] if m == "generate" else FACTS[:2], conds,
+                                  metric=m, max_new_tokens=3, batch_size=4)
+           for m in ("generate", "rank")}  # fmt: skip
+    few_json = {m: {k: v.records for k, v in got.items()} for m, got in few.items()}
     return ({"rank": lens.rank.tolist(), "logprob": lens.logprob.tolist()},
-            emb.emb.tolist())  # fmt: skip
+            {"emb": emb.emb.tolist(), "few": few_json})  # fmt: skip
 
 
 def test_two_processes_score_like_one(tiny, tiny_dir, tmp_path):
@@ -418,6 +429,7 @@ def test_two_processes_score_like_one(tiny, tiny_dir, tmp_path):
         one = evaluate_conditions(tiny, facts, conds, max_new_tokens=4, batch_size=3)
         ranked = evaluate_facts(tiny, rank_facts, metric="rank", batch_size=1)
         lens, emb = lens_and_embeddings(tiny)
+        emb = json.loads(json.dumps(emb))
     finally:
         torch.set_num_threads(threads)
     want = json.loads(json.dumps({"gen": {k: v.records for k, v in one.items()},
@@ -428,5 +440,15 @@ def test_two_processes_score_like_one(tiny, tiny_dir, tmp_path):
         # the lens runs the one-process batches (shared by cost): exactly its reads
         assert got.pop("lens") == json.loads(json.dumps(lens))
         # each rank pools its share of the batches, regrouped: equal to float rounding
-        torch.testing.assert_close(torch.tensor(got.pop("emb")), torch.tensor(emb))
+        extra = got.pop("emb")
+        torch.testing.assert_close(torch.tensor(extra["emb"]), torch.tensor(emb["emb"]))
+        # conditions shared out: the same generations, ranking and scores to float rounding
+        for m in ("generate", "rank"):
+            for k, recs in emb["few"][m].items():
+                theirs = extra["few"][m][k]
+                assert [r.get("generation") for r in theirs] == [r.get("generation") for r in recs]
+                if m == "rank":
+                    assert [r["gold_rank"] for r in theirs] == [r["gold_rank"] for r in recs]
+                    torch.testing.assert_close(torch.tensor([r["scores"] for r in theirs]),
+                                               torch.tensor([r["scores"] for r in recs]))  # fmt: skip
         assert got == want
