@@ -29,7 +29,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from mechlingo.activations.distributed import dist_info
+from mechlingo.activations.distributed import dist_info, is_main
 from mechlingo.analyses.experts.align import embed_parallel
 from mechlingo.card import stages as card_stages
 from mechlingo.card.metric_rule import METRIC_RULE
@@ -269,10 +269,12 @@ def replicate(
         the_plan = plan_card(cfg, papers, results.get("metric"), avail, cost,
                              estimate_seconds(cfg, papers, avail, cost))  # fmt: skip
         if plan:
-            print(the_plan)
+            if is_main():  # under torchrun every rank has the plan; one prints it
+                print(f"{the_plan}{_per_process()}")
             return the_plan
-        print(f"replicate: the planner's estimate for this card: {the_plan.card_minutes:.1f} "
-              f"CPU-minutes{_per_process()} (see the plan in claims.json)")  # fmt: skip
+        if is_main():
+            print(f"replicate: the planner's estimate for this card: {the_plan.card_minutes:.1f} "
+                  f"CPU-minutes{_per_process()} (see the plan in claims.json)")  # fmt: skip
         names = run_order(BY_NAME, [s for p in papers for s in PAPERS[p]])
         bar = tqdm(names, desc="replicate", disable=not progress, unit="stage")
         for name in bar:

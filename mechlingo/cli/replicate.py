@@ -18,7 +18,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from mechlingo.activations.distributed import dist_info, sharded_scoring
+from mechlingo.activations.distributed import dist_info, is_main, sharded_scoring
 from mechlingo.card.plan import Plan
 from mechlingo.card.replicate import BUDGETS, METRICS, PAPERS, replicate
 from mechlingo.cli.common import (
@@ -180,7 +180,8 @@ def cmd_replicate(args: argparse.Namespace) -> int:
         )  # fmt: skip
     if isinstance(card, Plan):
         write_outputs(args.out, {"plan.json": card.to_json()})
-        print(f"wrote {args.out}/plan.json")
+        if is_main():  # under torchrun rank 0 writes and speaks
+            print(f"wrote {args.out}/plan.json")
         return 0
     card.meta["facts"] = args.facts or "bundled (natural templates)"
     card.meta["parallel"] = args.parallel or "bundled NTREX-128 subset (CC BY-SA 4.0)"
@@ -191,10 +192,11 @@ def cmd_replicate(args: argparse.Namespace) -> int:
          "report.html": replicate_report(card)},
     )  # fmt: skip
     finish_stages(Stages(work, {}), card.meta["work"])
-    for r in card.rows:
-        print(f"{r['verdict']:>17}  {r['id']}: {r['value_text']}")
-    print(f"wrote {args.out}/claims.json, claims.md and report.html")
     failed = [n for n, t in card.meta["stages"].items() if t.get("error")]
-    if failed:
-        print(f"stages that failed (their rows carry the error): {', '.join(failed)}")
+    if is_main():  # under torchrun rank 0 writes and speaks
+        for r in card.rows:
+            print(f"{r['verdict']:>17}  {r['id']}: {r['value_text']}")
+        print(f"wrote {args.out}/claims.json, claims.md and report.html")
+        if failed:
+            print(f"stages that failed (their rows carry the error): {', '.join(failed)}")
     return 3 if failed and args.strict else 0  # 3: see mechlingo.cli.main.main
