@@ -33,16 +33,12 @@ from mechlingo.core.tokens import TokenBatch, encode, prepends_bos, sorted_batch
 from mechlingo.core.types import FwdHooks, Model
 from mechlingo.interventions.apply import first_edit, intervention_hooks
 from mechlingo.interventions.base import Intervention
-from mechlingo.scoring.rank import rank_record, score_candidates, score_candidates_conditions
+from mechlingo.scoring.rank import rank_records
 from mechlingo.scoring.scorers import (
-    KLAR_MAX_NEW_TOKENS,
+    GenerationRule,
     Scorer,
     as_scorer,
-    decided,
-    generate_record,
-    klar_decided,
-    klar_prompt,
-    klar_record,
+    generation_rule,
     metric_summary,
     split_usable,
 )
@@ -123,7 +119,7 @@ def greedy_generate(
 
 
 def _shared_groups(
-    model: Model, batch: TokenBatch, ivs: Sequence[Intervention | None], max_rows: int
+    batch: TokenBatch, ivs: Sequence[Intervention | None], max_rows: int
 ) -> list[tuple[int, list[int]]]:
     """The conditions of one batch as ``(d, conditions)`` groups that decode together: those
     that leave every row's positions before its last ``d`` unedited (``d`` below every row's
@@ -156,7 +152,7 @@ def _decode_batch(
                        cache=opts["cache"]) for h in hooks]  # fmt: skip
         return outs, False
     outs: list[list[list[int]]] = [[] for _ in ivs]
-    groups = _shared_groups(model, sub, ivs, opts["max_rows"])
+    groups = _shared_groups(sub, ivs, opts["max_rows"])
     d_max = max(d for d, _ in groups)
     memo = current_memo()  # a caller that scores these prompts again keeps the pass
     rec = None
@@ -212,6 +208,7 @@ def generate_conditions(
     ivs = list(interventions)
     hooks = [intervention_hooks(model, iv, fwd_hooks) for iv in ivs]
     batch = encode(model, prompts)
+    chunks = sorted_batches(batch.lengths, batch_size)
     opts = {"max_new_tokens": max_new_tokens, "eos": getattr(model.tokenizer, "eos_token_id", None),
             "cache": cache, "shared": shared and cache and not fwd_hooks,
             "max_rows": max_rows or max(batch_size, 256)}  # fmt: skip
@@ -222,7 +219,6 @@ def generate_conditions(
             return True
         return stop is not None and stop(row, text)
 
-    chunks = sorted_batches(batch.lengths, batch_size)
     # under torchrun: batches shared by cost, or (fewer batches than ranks) the conditions
     cost = [len(rows) * (max(int(batch.lengths[r]) for r in rows) + max_new_tokens)
             for rows in chunks]  # fmt: skip
@@ -432,20 +428,18 @@ def _evaluate(
     names, ivs = list(conditions), list(conditions.values())
     if scorer.metric == "rank":
         pre = [prefixes[i] for i in keep] if prefixes is not None else None
-        rkw = {k: kw[k] for k in ("batch_size", "fwd_hooks", "progress")}
-        if len(ivs) > 1 and not kw["fwd_hooks"] and kw["shared"] and kw["cache"]:
-            per, path = _rank_conditions(model, sub, scorer, pre, ivs, kw["batch_size"],
-                                         kw["progress"])  # fmt: skip
-        else:
-            per = [_rank_records(model, sub, scorer, pre, intervention=iv, **rkw) for iv in ivs]
-            path = "per-condition"
-    elif scorer.metric == "klar":
-        per, path = _klar_records(model, sub, scorer, facts if pool is None else pool, ivs, **kw)
+        per, path = rank_records(model, sub, ivs, prefixes=pre, tokens=scorer.rank_tokens,
+                                 fwd_hooks=kw["fwd_hooks"], batch_size=kw["batch_size"],
+                                 progress=kw["progress"], shared=kw["shared"] and kw["cache"])  # fmt: skip
     else:
         texts = [(prefixes[i] if prefixes else "") + facts[i].prompt for i in keep]
         if prompts is not None:
             texts = [prompts[i] for i in keep]
-        per, path = _generate_records(model, sub, texts, ivs, max_new_tokens=max_new_tokens, **kw)
+        rule = generation_rule(
+            scorer, sub, texts, facts if pool is None else pool,
+            max_new_tokens=max_new_tokens, early_stop=kw.pop("early_stop"),
+        )  # fmt: skip
+        per, path = _generate_records(model, sub, rule, ivs, **kw)
     meta = {"max_new_tokens": max_new_tokens, "metric": scorer.to_json()}
     if kw["shared"]:  # evaluate_conditions says which path it took
         meta["path"] = path
@@ -455,95 +449,17 @@ def _evaluate(
 def _generate_records(
     model: Model,
     facts: list[Fact],
-    texts: list[str],
+    rule: GenerationRule,
     ivs: list[Intervention | None],
-    *,
-    early_stop: bool,
     **kw: Any,
 ) -> tuple[list[list[dict[str, Any]]], str]:
-    """The eval rule's records under every condition (greedy generation, prefix match at a
-    word boundary), and the path they took."""
-    stop = (
-        (lambda i, text: decided(text, facts[i].answers, facts[i].lang, facts[i].answer_en))
-        if early_stop
-        else None
-    )
-    return _records_of(generate_record, model, facts, texts, ivs, stop, **kw)
-
-
-def _klar_records(
-    model: Model,
-    facts: list[Fact],
-    scorer: Scorer,
-    pool: Sequence[Fact],
-    ivs: list[Intervention | None],
-    *,
-    early_stop: bool,
-    **kw: Any,
-) -> tuple[list[list[dict[str, Any]]], str]:
-    """KLAR's records under every condition: its few-shot prompt, 10 greedy tokens, the
-    two-way prefix rule; and the path they took."""
-    texts = [klar_prompt(f, pool, scorer.klar_shots) for f in facts]
-    targets = [[*f.answers, *([f.answer_en] if f.answer_en else [])] for f in facts]
-    stop = (lambda i, text: klar_decided(text, targets[i])) if early_stop else None
-    return _records_of(klar_record, model, facts, texts, ivs, stop,
-                       max_new_tokens=KLAR_MAX_NEW_TOKENS, stop_at_newline=False, **kw)  # fmt: skip
-
-
-def _records_of(
-    record: Callable[[Fact, str, str], dict[str, Any]],
-    model: Model,
-    facts: list[Fact],
-    texts: list[str],
-    ivs: list[Intervention | None],
-    stop: Callable[[int, str], bool] | None,
-    **kw: Any,
-) -> tuple[list[list[dict[str, Any]]], str]:
-    """Every condition's records of a generation metric: ``record(fact, prompt,
-    generation)`` of each fact's continuation of its text (:func:`generate_conditions`
-    with ``stop`` and ``kw``), and the path they took."""
-    gens, path = generate_conditions(model, texts, ivs, stop=stop, **kw)
-    return [[record(*x) for x in zip(facts, texts, per, strict=True)] for per in gens], path
-
-
-def _rank_conditions(
-    model: Model,
-    facts: list[Fact],
-    scorer: Scorer,
-    prefixes: list[str] | None,
-    ivs: list[Intervention | None],
-    batch_size: int,
-    progress: bool,
-) -> tuple[list[list[dict[str, Any]]], str]:
-    """Candidate ranking's records under every condition, the stems shared
-    (:func:`~mechlingo.scoring.rank.score_candidates_conditions`), and the path:
-    ``"shared-stem"`` (every batch ran its stems once for all conditions), else
-    ``"per-condition"`` (a condition edits the stems: every row ran whole) or ``"mixed"``."""
-    got = score_candidates_conditions(model, facts, ivs, prefixes=prefixes,
-                                      tokens=scorer.rank_tokens, batch_size=batch_size,
-                                      progress=progress)  # fmt: skip
-    recs = [
-        [rank_record(f, (prefixes[i] if prefixes else "") + f.prompt, sc.ce[i], sc.n_tokens[i])
-         for i, f in enumerate(facts)]
-        for sc in got
-    ]  # fmt: skip
-    path = {"shared-stem": "shared-stem", "full": "per-condition"}.get(got[0].meta["path"], "mixed")
-    return recs, path
-
-
-def _rank_records(
-    model: Model,
-    facts: list[Fact],
-    scorer: Scorer,
-    prefixes: list[str] | None,
-    **kw: Any,
-) -> list[dict[str, Any]]:
-    """Candidate ranking's records: every candidate's mean cross-entropy, the ranking, the
-    gold candidate's rank and whether it is first."""
-    scores = score_candidates(model, facts, prefixes=prefixes, tokens=scorer.rank_tokens, **kw)
+    """A generation metric's records under every condition: ``rule.record(fact, text,
+    generation)`` of each fact's greedy continuation of its text (:func:`generate_conditions`
+    with the rule's length, line-break and early-stop settings and ``kw``), and the path they
+    took."""
+    gens, path = generate_conditions(model, rule.texts, ivs, max_new_tokens=rule.max_new_tokens,
+                                     stop_at_newline=rule.stop_at_newline, stop=rule.stop,
+                                     **kw)  # fmt: skip
     return [
-        rank_record(
-            f, (prefixes[i] if prefixes else "") + f.prompt, scores.ce[i], scores.n_tokens[i]
-        )
-        for i, f in enumerate(facts)
-    ]
+        [rule.record(*x) for x in zip(facts, rule.texts, per, strict=True)] for per in gens
+    ], path

@@ -7,7 +7,8 @@ filled sentence scored by the model's mean token cross-entropy (nats; lower is b
   of facts scored, by default with each fact's shared tokens run once (within 1e-4 nats of
   running every row whole);
 * :func:`rank_record` -- a fact's record under ``rank``: the ranking, the gold candidate's
-  rank and whether a gold candidate scored best.
+  rank and whether a gold candidate scored best; :func:`rank_records` -- every fact's record
+  under each of several interventions.
 
 The rule, the token boundaries and where interventions act: ``docs/methods/scoring.md``;
 shared stems and demonstrations across facts: ``docs/scaling.md``."""
@@ -51,6 +52,7 @@ __all__ = [
     "batch_order",
     "candidate_layout",
     "rank_record",
+    "rank_records",
     "score_candidates",
     "score_candidates_conditions",
 ]
@@ -588,3 +590,41 @@ def rank_record(f: Fact, prompt: str, ce: Sequence[float], n_tokens: Any) -> dic
         "gold_rank": 1 + min(ranking.index(g) for g in golds),
         "n_tokens": n_tokens,
     }
+
+
+def rank_records(
+    model: Model,
+    facts: list[Fact],
+    interventions: Sequence[Intervention | None],
+    *,
+    prefixes: list[str] | None = None,
+    tokens: str = "sentence",
+    fwd_hooks: FwdHooks = (),
+    batch_size: int = 16,
+    progress: bool = False,
+    shared: bool = True,
+) -> tuple[list[list[dict[str, Any]]], str]:
+    """Every fact's :func:`rank_record` under each of ``interventions``, and the path. With
+    ``shared``, several interventions and no plain ``fwd_hooks``, each batch's stems run once
+    for all of them (:func:`score_candidates_conditions`): ``"shared-stem"``, else
+    ``"per-condition"`` (a condition edits the stems: every row ran whole) or ``"mixed"``;
+    otherwise each intervention is scored on its own (:func:`score_candidates`):
+    ``"per-condition"``."""
+    ivs = list(interventions)
+    if shared and len(ivs) > 1 and not fwd_hooks:
+        got = score_candidates_conditions(model, facts, ivs, prefixes=prefixes, tokens=tokens,
+                                          batch_size=batch_size, progress=progress)  # fmt: skip
+        path = {"shared-stem": "shared-stem", "full": "per-condition"}.get(
+            got[0].meta["path"], "mixed"
+        )
+    else:
+        got = [score_candidates(model, facts, prefixes=prefixes, tokens=tokens, intervention=iv,
+                                fwd_hooks=fwd_hooks, batch_size=batch_size, progress=progress)
+               for iv in ivs]  # fmt: skip
+        path = "per-condition"
+    records = [
+        [rank_record(f, (prefixes[i] if prefixes else "") + f.prompt, sc.ce[i], sc.n_tokens[i])
+         for i, f in enumerate(facts)]
+        for sc in got
+    ]  # fmt: skip
+    return records, path

@@ -11,8 +11,8 @@
 A :class:`Scorer` (or its name) is passed as ``metric=`` to
 :func:`mechlingo.scoring.evaluate.evaluate_facts`. This module holds what counts as correct
 and usable (:func:`decided`, :func:`klar_decided`, :func:`in_english`, :func:`skip_reason`,
-:func:`split_usable`) and a fact's record (:func:`generate_record`, :func:`klar_record`).
-Every rule in full: ``docs/methods/scoring.md``."""
+:func:`split_usable`), a fact's record (:func:`generate_record`, :func:`klar_record`) and what a
+generation metric decodes (:func:`generation_rule`). Every rule: ``docs/methods/scoring.md``."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from mechlingo.kernels.significance import bootstrap_mean, bootstrap_ratio, wils
 __all__ = [
     "BOUNDARY_FREE_LANGS",
     "KLAR_MAX_NEW_TOKENS",
+    "GenerationRule",
     "METRICS",
     "Scorer",
     "as_scorer",
@@ -39,6 +40,7 @@ __all__ = [
     "decided",
     "fact_record",
     "generate_record",
+    "generation_rule",
     "gold_indices",
     "in_english",
     "is_correct",
@@ -358,6 +360,58 @@ def clc(records: Sequence[Mapping[str, Any]], reference: str = "en") -> dict[str
         stats = bootstrap_ratio(both, either)
         out[lg] = {**stats.to_json(), "both": int(sum(both)), "either": int(sum(either))}
     return out
+
+
+# --------------------------------------------------------------------------------------
+# What a generation metric decodes and records
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GenerationRule:
+    """How a generation metric (``generate``, ``klar``) scores facts: each fact's text to
+    continue, the greedy tokens at most and whether a line break ends them, the early-stop
+    test ``stop(i, text)`` (``None``: decode in full) and the record of a fact's
+    continuation, ``record(fact, text, generation)``."""
+
+    texts: list[str]
+    max_new_tokens: int
+    stop_at_newline: bool
+    stop: Callable[[int, str], bool] | None
+    record: Callable[[Fact, str, str], dict[str, Any]]
+
+
+def generation_rule(
+    scorer: Scorer,
+    facts: Sequence[Fact],
+    texts: Sequence[str],
+    pool: Sequence[Fact],
+    *,
+    max_new_tokens: int,
+    early_stop: bool,
+) -> GenerationRule:
+    """The :class:`GenerationRule` of ``scorer`` on ``facts``. ``generate`` continues
+    ``texts`` (one per fact) for ``max_new_tokens`` up to a line break and stops early once
+    :func:`decided`; ``klar`` continues its few-shot prompts (:func:`klar_prompt`, the
+    demonstrations drawn from ``pool``) for :data:`KLAR_MAX_NEW_TOKENS` and stops early once
+    :func:`klar_decided` against the answers and the English answer.
+
+    Raises:
+        InputError: ``scorer`` ranks candidates (it generates nothing)."""
+    if scorer.metric not in ("generate", "klar"):
+        raise InputError(f"{scorer.metric!r} is not a generation metric")
+    facts = list(facts)
+    if scorer.metric == "klar":
+        prompts = [klar_prompt(f, pool, scorer.klar_shots) for f in facts]
+        targets = [[*f.answers, *([f.answer_en] if f.answer_en else [])] for f in facts]
+        klar_stop = (lambda i, text: klar_decided(text, targets[i])) if early_stop else None
+        return GenerationRule(prompts, KLAR_MAX_NEW_TOKENS, False, klar_stop, klar_record)
+    stop = (
+        (lambda i, text: decided(text, facts[i].answers, facts[i].lang, facts[i].answer_en))
+        if early_stop
+        else None
+    )
+    return GenerationRule(list(texts), max_new_tokens, True, stop, generate_record)
 
 
 # --------------------------------------------------------------------------------------

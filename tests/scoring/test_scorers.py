@@ -24,14 +24,18 @@ from mechlingo.interventions import Ablation, Compose, NeuronClamp, SteeringVect
 from mechlingo.scoring.evaluate import evaluate_facts
 from mechlingo.scoring.rank import batch_order, candidate_layout, score_candidates
 from mechlingo.scoring.scorers import (
+    KLAR_MAX_NEW_TOKENS,
     SKIP_GOLD_MISSING,
     SKIP_NO_CANDIDATES,
     SKIP_NO_STEM,
     Scorer,
     clc,
+    generate_record,
+    generation_rule,
     klar_decided,
     klar_match,
     klar_prompt,
+    klar_record,
     rankc,
     rankc_fact,
 )
@@ -301,6 +305,24 @@ def test_klar_prompt_is_three_solved_demonstrations_then_the_query():
         assert i != 0 and line == f"Country {i} has capital C{i}"
     assert klar_prompt(q, pool[:2], 3) == f"{pool[1].prompt} C1\n{q.prompt}"  # fewer, as ref
     assert klar_prompt(q, pool + other, 3) == text  # seeded by the query id
+
+
+def test_generation_rule_holds_each_metrics_prompts_length_and_stop():
+    pool = [_fact(i, "en", f"Country {i} has capital", f"C{i}", []) for i in range(4)]
+    texts = [f"few-shot {f.prompt}" for f in pool[:2]]
+    gen = generation_rule(Scorer("generate"), pool[:2], texts, pool, max_new_tokens=5,
+                          early_stop=True)  # fmt: skip
+    assert (gen.texts, gen.max_new_tokens, gen.stop_at_newline) == (texts, 5, True)
+    assert gen.record is generate_record and gen.stop is not None
+    assert gen.stop(0, " C0 is") and not gen.stop(1, " C")  # decided: right / still open
+    klar = generation_rule(Scorer("klar", klar_shots=2), pool[:2], texts, pool,
+                           max_new_tokens=5, early_stop=False)  # fmt: skip
+    assert klar.texts == [klar_prompt(f, pool, 2) for f in pool[:2]]
+    assert (klar.max_new_tokens, klar.stop_at_newline, klar.stop) == (KLAR_MAX_NEW_TOKENS, False,
+                                                                      None)  # fmt: skip
+    assert klar.record is klar_record
+    with pytest.raises(InputError, match="not a generation metric"):
+        generation_rule(Scorer("rank"), pool, texts, pool, max_new_tokens=5, early_stop=True)
 
 
 def test_clc_is_the_jaccard_overlap_with_english():

@@ -449,6 +449,6 @@ def test_two_processes_score_like_one(tiny, tiny_dir, tmp_path):
                 assert [r.get("generation") for r in theirs] == [r.get("generation") for r in recs]
                 if m == "rank":
                     assert [r["gold_rank"] for r in theirs] == [r["gold_rank"] for r in recs]
-                    torch.testing.assert_close(torch.tensor([r["scores"] for r in theirs]),
-                                               torch.tensor([r["scores"] for r in recs]))  # fmt: skip
+                    flat = [[s for r in x for s in r["scores"]] for x in (theirs, recs)]
+                    torch.testing.assert_close(torch.tensor(flat[0]), torch.tensor(flat[1]))
         assert got == want

@@ -1,11 +1,14 @@
-"""The answers a traced query is read against: the gold candidate's rank, each fact's answers in
-other languages, and the mismatched-fact control (another fact's English answer, tracked by the
-same lens, so latent English can be told from any English word reaching the top).
+"""The answers a traced query is read against, prepared once for the usable facts
+(:func:`trace_answers`): the lens tracks with the mismatched-fact control (another fact's
+English answer, tracked by the same lens, so latent English can be told from any English word
+reaching the top), each fact's answers in other languages (which one a wrong answer gives), and
+the facts whose gold candidate's rank can be measured.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mechlingo.analyses.decoders.lens import LensResult, fact_answers, logit_lens
@@ -13,12 +16,85 @@ from mechlingo.core.tokens import prepends_bos
 from mechlingo.core.types import Model
 from mechlingo.data import load_facts
 from mechlingo.scoring.evaluate import evaluate_facts
-from mechlingo.scoring.scorers import normalize, skip_reason
+from mechlingo.scoring.scorers import is_correct, normalize, skip_reason
 
 if TYPE_CHECKING:
     from mechlingo.data import Fact
 
-__all__ = ["gold_ranks", "lens_with_mismatch", "mismatched_english", "other_answers"]
+__all__ = [
+    "TraceAnswers",
+    "gold_ranks",
+    "lens_with_mismatch",
+    "mismatch_tracks",
+    "mismatched_english",
+    "other_answers",
+    "trace_answers",
+]
+
+
+@dataclass(frozen=True)
+class TraceAnswers:
+    """What :func:`~mechlingo.analyses.recall.trace.trace_recall` reads its usable facts
+    against, one entry per fact in their order (:func:`trace_answers`).
+
+    Attributes:
+        tracks: the lens tracks ``"answer"``, ``"en"`` and ``"mismatch_en"``
+            (:func:`mismatch_tracks`).
+        mismatch: each fact's mismatched English answer (``None``: its relation has none).
+        answered_in: the language whose answer a wrong generation gives (``None``: none, or
+            no generation to place).
+        ranked: the facts candidate ranking can score (their gold candidate's rank).
+    """
+
+    tracks: dict[str, list[str]]
+    mismatch: list[str | None]
+    answered_in: list[str | None]
+    ranked: list[Fact]
+
+
+def trace_answers(
+    facts: Sequence[Fact],
+    wrong: Sequence[str | None],
+    pool: Sequence[Fact] | None,
+    *,
+    bos: bool,
+) -> TraceAnswers:
+    """:class:`TraceAnswers` of ``facts``: ``wrong`` holds each fact's generation where it is
+    wrong (``None`` where it is right or not generated), ``pool`` more facts (other languages
+    of the same ids; the bundled data is used as well when the ids come from it), ``bos``
+    whether the model adds a BOS (a candidate may then open the sentence)."""
+    tracks, mismatch = mismatch_tracks(facts, pool)
+    others = other_answers(facts, pool)
+    answered = [
+        None if gen is None else _answered_in(gen, f, others.get(f.id, {}))
+        for f, gen in zip(facts, wrong, strict=True)
+    ]
+    ranked = [f for f in facts if skip_reason(f, "rank", bos=bos) is None]
+    return TraceAnswers(tracks, mismatch, answered, ranked)
+
+
+def mismatch_tracks(
+    facts: Sequence[Fact], pool: Sequence[Fact] | None
+) -> tuple[dict[str, list[str]], list[str | None]]:
+    """The lens tracks of ``facts``: each fact's answer, its English answer
+    (:func:`~mechlingo.analyses.decoders.lens.fact_answers`) and (track ``mismatch_en``)
+    another fact's English answer (:func:`mismatched_english`; the fact's own where there is
+    none), with the mismatched words."""
+    tracks = fact_answers(facts, ("en",), pool)
+    mismatch = mismatched_english(facts, tracks["en"])
+    tracks["mismatch_en"] = [m if m is not None else e for m, e in zip(mismatch, tracks["en"],
+                                                                       strict=True)]  # fmt: skip
+    return tracks, mismatch
+
+
+def lens_with_mismatch(
+    model: Model, facts: list[Fact], pool: Sequence[Fact] | None, batch_size: int, progress: bool
+) -> tuple[LensResult, list[str | None]]:
+    """The logit lens tracking :func:`mismatch_tracks`, with the mismatched words."""
+    tracks, mismatch = mismatch_tracks(facts, pool)
+    lens = logit_lens(model, [f.prompt for f in facts], tracks, langs=[f.lang for f in facts],
+                      ids=[f.id for f in facts], batch_size=batch_size, progress=progress)  # fmt: skip
+    return lens, mismatch
 
 
 def other_answers(facts: Sequence[Fact], pool: Sequence[Fact] | None) -> dict[str, dict[str, str]]:
@@ -38,19 +114,21 @@ def other_answers(facts: Sequence[Fact], pool: Sequence[Fact] | None) -> dict[st
     return out
 
 
-def lens_with_mismatch(
-    model: Model, facts: list[Fact], pool: Sequence[Fact] | None, batch_size: int, progress: bool
-) -> tuple[LensResult, list[str | None]]:
-    """The logit lens tracking each fact's answer, its English answer and (track
-    ``mismatch_en``) another fact's English answer (:func:`mismatched_english`; the fact's own
-    where there is none), with the mismatched words."""
-    answers = fact_answers(facts, ("en",), pool)
-    mismatch = mismatched_english(facts, answers["en"])
-    answers["mismatch_en"] = [m if m is not None else e for m, e in zip(mismatch, answers["en"],
-                                                                        strict=True)]  # fmt: skip
-    lens = logit_lens(model, [f.prompt for f in facts], answers, langs=[f.lang for f in facts],
-                      ids=[f.id for f in facts], batch_size=batch_size, progress=progress)  # fmt: skip
-    return lens, mismatch
+def _answered_in(gen: str, fact: Fact, answers: dict[str, str]) -> str | None:
+    """The language whose answer (different from the fact's own) the generation gives."""
+
+    own = {normalize(a) for a in (fact.answer, *fact.aliases)}
+    cands = dict(answers)
+    if fact.answer_en:
+        cands.setdefault("en", fact.answer_en)
+    order = ["en"] + sorted(k for k in cands if k != "en")
+    for lg in order:
+        word = cands.get(lg)
+        if lg == fact.lang or not word or normalize(word) in own:
+            continue
+        if is_correct(gen, [word], lg):
+            return lg
+    return None
 
 
 def mismatched_english(facts: Sequence[Fact], english: Sequence[str]) -> list[str | None]:

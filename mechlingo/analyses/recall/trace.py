@@ -23,12 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mechlingo.analyses.decoders.lens import LensResult
-from mechlingo.analyses.recall.answers import (
-    gold_ranks,
-    lens_with_mismatch,
-    other_answers,
-)
+from mechlingo.analyses.decoders.lens import LensResult, logit_lens
+from mechlingo.analyses.recall.answers import trace_answers
 from mechlingo.analyses.recall.attribution import (
     attribution_patch,
     compare_patching,
@@ -51,7 +47,7 @@ from mechlingo.core.tokens import encode, prepends_bos
 from mechlingo.core.types import Model
 from mechlingo.kernels.significance import bootstrap_mean, wilson
 from mechlingo.scoring.evaluate import EvalResult, evaluate_facts
-from mechlingo.scoring.scorers import is_correct, normalize, split_usable
+from mechlingo.scoring.scorers import split_usable
 from mechlingo.viz.trace import class_fractions_figure, class_profiles_figure
 
 if TYPE_CHECKING:
@@ -269,23 +265,6 @@ def _classify(rec: dict[str, Any]) -> str:
     return "other"
 
 
-def _answered_in(gen: str, fact: Fact, answers: dict[str, str]) -> str | None:
-    """The language whose answer (different from the fact's own) the generation gives."""
-
-    own = {normalize(a) for a in (fact.answer, *fact.aliases)}
-    cands = dict(answers)
-    if fact.answer_en:
-        cands.setdefault("en", fact.answer_en)
-    order = ["en"] + sorted(k for k in cands if k != "en")
-    for lg in order:
-        word = cands.get(lg)
-        if lg == fact.lang or not word or normalize(word) in own:
-            continue
-        if is_correct(gen, [word], lg):
-            return lg
-    return None
-
-
 def _usable(model: Model, facts: Sequence[Fact], langs: Sequence[str] | None, max_rank: int,
             metric: str) -> tuple[list[Fact], dict[str, int]]:  # fmt: skip
     """The facts :func:`trace_recall` scores (of ``langs``, usable by ``metric``) and the
@@ -357,13 +336,20 @@ def trace_recall(
         raise InputError(f"mid_layers must be a non-empty subset of lens entries 0..{n}")
     ev = evaluate_facts(model, facts, metric=metric, max_new_tokens=max_new_tokens,
                         batch_size=batch_size, progress=progress)  # fmt: skip
-    lens, mismatch = lens_with_mismatch(model, facts, pool, batch_size, progress)
+    wrong = [None if r["correct"] or metric == "rank" else r["generation"] for r in ev.records]
+    answers = trace_answers(facts, wrong, pool, bos=prepends_bos(model))
+    lens = logit_lens(model, [f.prompt for f in facts], answers.tracks,
+                      langs=[f.lang for f in facts], ids=[f.id for f in facts],
+                      batch_size=batch_size, progress=progress)  # fmt: skip
     if metric == "rank":
-        gold_rank = {(r["id"], r["lang"]): int(r["gold_rank"]) for r in ev.records}
+        ranking = ev.records
+    elif answers.ranked:  # the gold candidate's rank of the facts that have candidates
+        ranking = evaluate_facts(model, answers.ranked, metric="rank", batch_size=batch_size,
+                                 progress=progress).records  # fmt: skip
     else:
-        gold_rank = gold_ranks(model, facts, batch_size, progress)
+        ranking = []
+    gold_rank = {(r["id"], r["lang"]): int(r["gold_rank"]) for r in ranking}
     first_mis = lens.first_layer_within("mismatch_en", max_rank, before_last=True)
-    others = other_answers(facts, pool)
     en_t, l_t = lens.track_index("en"), lens.track_index("answer")
     entries = torch.tensor(lens.layers)
     in_mid = torch.tensor([e in set(mid) for e in lens.layers])
@@ -382,11 +368,9 @@ def trace_recall(
             "answer_en": f.answer_en,
             "generation": r["generation"],
             "correct": bool(r["correct"]),
-            "answered_in": None
-            if r["correct"] or metric == "rank"
-            else _answered_in(r["generation"], f, others.get(f.id, {})),
+            "answered_in": answers.answered_in[i],
             "first_en_layer": int(first_en[i]),
-            "first_mismatch_en_layer": -1 if mismatch[i] is None else int(first_mis[i]),
+            "first_mismatch_en_layer": -1 if answers.mismatch[i] is None else int(first_mis[i]),
             "first_answer_layer": int(first_l[i]),
             "en_decodable_mid": bool((en_mid <= max_rank).any()),
             "answer_decodable_mid": bool((l_rank[in_mid, i] <= max_rank).any()),

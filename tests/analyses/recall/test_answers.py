@@ -1,0 +1,38 @@
+"""What a traced query is read against, prepared once from the usable facts (no model): the lens
+tracks with the mismatched-fact control, the language a wrong answer is given in, and the facts
+whose gold candidate's rank can be measured."""
+
+from __future__ import annotations
+
+from mechlingo.analyses.recall.answers import lens_with_mismatch, mismatch_tracks, trace_answers
+from mechlingo.data import Fact
+
+
+def _fact(key: str, lang: str, answer: str, en: str, cands: tuple[str, ...] = ()) -> Fact:
+    return Fact(f"town/{key}", "town", lang, key, f"{key}:", answer, answer_en=en,
+                candidates=cands)  # fmt: skip
+
+
+FACTS = [_fact("A", "fr", "Londres", "London", ("Paris", "Londres")),
+         _fact("B", "fr", "Pékin", "Beijing")]  # fmt: skip
+
+
+def test_trace_answers_prepares_tracks_mismatch_languages_and_ranked_facts_once():
+    pool = [_fact("B", "de", "Peking", "Beijing")]
+    got = trace_answers(FACTS, [None, "Peking, die Hauptstadt"], pool, bos=True)
+    assert got.tracks == {"answer": ["Londres", "Pékin"], "en": ["London", "Beijing"],
+                          "mismatch_en": ["Beijing", "London"]}  # fmt: skip
+    assert got.mismatch == ["Beijing", "London"]
+    # the wrong answer is the pool's German one; a right (None) generation is not placed
+    assert got.answered_in == [None, "de"]
+    assert got.ranked == [FACTS[0]]  # only A has candidates
+    # without the pool the German answer is unknown: nothing to place it in
+    assert trace_answers(FACTS, [None, "Peking"], None, bos=True).answered_in == [None, None]
+    assert mismatch_tracks(FACTS, pool) == (got.tracks, got.mismatch)
+
+
+def test_lens_with_mismatch_tracks_the_prepared_words(tiny):
+    lens, mismatch = lens_with_mismatch(tiny, FACTS, None, 2, False)
+    tracks, expected = mismatch_tracks(FACTS, None)
+    assert mismatch == expected
+    assert lens.tracks == list(tracks) and lens.answers == tracks
