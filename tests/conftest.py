@@ -103,6 +103,15 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(name)
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` with the longest modules handed out first (tests/schedule.py)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from tests.schedule import LongestFirst
+
+    return LongestFirst(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     _GUARD.start()
