@@ -103,6 +103,7 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(name)
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; the TL3 environment has no xdist
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadscope`` with the longest modules handed out first (tests/schedule.py)."""
     if config.getvalue("dist") != "loadscope":
