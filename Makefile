@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 OUT ?= out/demo
 
-.PHONY: setup demo test test-fast lint docs notebooks clean chromium bench-peers replicate replicate-full
+.PHONY: setup demo test test-fast lint lint-checks side-envs docs notebooks clean chromium bench-peers replicate replicate-full
 
 # Headless Chromium for the report tests (Debian package; needs root, as on CI machines).
 chromium:
@@ -45,6 +45,9 @@ replicate-full: setup
 	$(REPLICATE) --budget full --out out/replicate-full
 
 lint: setup
+	@$(MAKE) --no-print-directory lint-checks
+
+lint-checks:
 	$(BIN)/ruff format --check mechlingo tests benchmarks scripts
 	$(BIN)/ruff check mechlingo tests benchmarks scripts
 	@# The type checker on the public API (the module list and why: [tool.mypy] in pyproject.toml).
@@ -59,13 +62,25 @@ lint: setup
 # The suite on 2 worker processes (pytest-xdist; JOBS=auto for one per core). loadscope keeps
 # a test module on one worker, so its module fixtures are built once; the session fixtures
 # (the embedded model, the tiny model) are built once per worker. Marks: tests/marks.py.
+# Python writes its bytecode caches (__pycache__, git-ignored) during the tests even where
+# PYTHONDONTWRITEBYTECODE is set: every worker and every child process (commands, torchrun,
+# notebooks) would otherwise compile the package and the test modules again.
 JOBS ?= 2
 FAST := not embedded and not subprocess and not browser and not slow
 
-test: setup lint
+test test-fast side-envs: export PYTHONDONTWRITEBYTECODE :=
+
+# lint (one core: mypy) beside the side environments (the other core: pip), then pytest.
+test: setup
+	@$(MAKE) --no-print-directory -j2 --output-sync=target lint-checks side-envs
 	$(BIN)/python -m pytest -q -ra --durations=15 -n $(JOBS) --dist loadscope tests
-	@# TransformerLens 3.9 HookedTransformer compatibility, in its own environment (.venv-tl3)
+
+# TransformerLens 3.9 HookedTransformer compatibility, in its own environment (.venv-tl3),
+# and the tuned-lens package's environment (.venv-tunedlens) that a test compares against;
+# both reuse what .venv has installed (scripts/link_packages.py).
+side-envs:
 	bash scripts/check_hooked_transformer.sh
+	bash scripts/build_tunedlens_env.sh
 
 # The unit tests without the embedded model, child processes, Chromium or slow tests.
 test-fast: setup

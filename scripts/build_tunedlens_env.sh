@@ -8,7 +8,9 @@
 # no longer resolve with current torch. torch is pinned to the CPU build mechlingo's setup
 # uses, transformers to the dev environment's version (the tiny Gemma 3 test model needs
 # transformers >= 4.50). mechlingo itself is NOT installed there: the check exchanges only
-# files. A stamp marks a finished environment. Usage: bash scripts/build_tunedlens_env.sh
+# files. A stamp marks a finished environment. torch, transformers and the rest, in the dev
+# environment's versions, are hard-linked from there (scripts/link_packages.py) instead of
+# being downloaded, unpacked and compiled again. Usage: bash scripts/build_tunedlens_env.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-python3}"
@@ -19,6 +21,11 @@ TF="${TRANSFORMERS_VERSION:-$("${DEV_PY:-.venv/bin/python}" -c 'import transform
 start=$(date +%s)
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 echo '*' > "$VENV/.gitignore"
+DEV="${DEV_PY:-.venv/bin/python}"
+if [[ -x "$DEV" ]]; then
+    "$DEV" scripts/link_packages.py "$VENV" "torch==2.13.0" "transformers==$TF" numpy \
+        huggingface_hub safetensors || true
+fi
 "$VENV/bin/python" -m pip install -q -c constraints.txt "torch==2.13.0"
 "$VENV/bin/python" -m pip install -q -c constraints.txt "transformers==$TF" numpy huggingface_hub safetensors
 "$VENV/bin/python" -m pip install -q --no-deps "tuned-lens==0.2.0"

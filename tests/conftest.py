@@ -3,7 +3,10 @@
 * ``tiny``: a tiny random Gemma-3-architecture model (2 layers, d_model 64) with a byte-level
   tokenizer (:func:`mechlingo.testing.build_tiny_folder`, the one builder of tiny models), for fast unit tests of mechanics (shapes, hooks, positions, equalities).
 * ``gemma``: the embedded default model (google/gemma-3-270m, float32, CPU), for integration
-  tests of what the methods find. Tests using it are marked ``embedded`` and ``slow``.
+  tests of what the methods find. Tests using it are marked ``embedded`` and ``slow``. It is
+  one instance per worker process: a command run in process on the default model (CPU,
+  float32, no ``--compat``) gets the same instance after the cache check, instead of
+  loading the weights again (:func:`share_embedded_model`).
 * ``work_dir``: a fresh folder of this test under /tmp with a short path (AF_UNIX sockets).
 
 Marks (``embedded``, ``subprocess``, ``browser``, ``slow``) are derived from what each test
@@ -48,6 +51,48 @@ NTREX = SHARED / "data" / "ntrex" / "dev"
 _GUARD = marks.Guard()
 marks.install(_GUARD)
 
+#: the worker's embedded model, by the real path of its cache folder (one entry at most)
+_EMBEDDED: dict[str, object] = {}
+
+
+def embedded_model():
+    """The worker's one embedded model (float32, CPU), loaded on first use."""
+    from mechlingo.core import models
+
+    key = os.path.realpath(models.ensure_default_model())
+    if key not in _EMBEDDED:
+        _EMBEDDED.clear()
+        _EMBEDDED[key] = models.load_model(device="cpu")
+    return _EMBEDDED[key]
+
+
+def share_embedded_model() -> None:
+    """Commands run in process (``mechlingo.cli.main``) on the embedded model get the
+    worker's instance: where the command would load the default model on the CPU in float32
+    without ``--compat``, and the cache check (``ensure_default_model``, which the marks
+    guard records) finds the real cache, the weights are not read again. Any other load (a
+    model folder, a test's own cache, another dtype or device) is the command's own."""
+    from mechlingo.cli import common
+    from mechlingo.core import models
+
+    real = common.load_model
+    home = os.path.realpath(models.cache_dir())
+
+    def load_model(name=None, *, device=None, dtype=None, compat=False, **kw):
+        plain = name is None and dtype is None and not compat and not kw
+        if plain and (device or models.default_device()) == "cpu":
+            folder = os.path.realpath(models.ensure_default_model())
+            if folder.startswith(home + os.sep):
+                model = embedded_model()
+                model.eval()
+                return model
+        return real(name, device=device, dtype=dtype, compat=compat, **kw)
+
+    common.load_model = load_model
+
+
+share_embedded_model()
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
@@ -56,6 +101,16 @@ def pytest_collection_modifyitems(config, items):
         for name in sorted(marks.marks_for(item)):
             if item.get_closest_marker(name) is None:
                 item.add_marker(name)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; the TL3 environment has no xdist
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` with the longest modules handed out first (tests/schedule.py)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from tests.schedule import LongestFirst
+
+    return LongestFirst(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -105,9 +160,7 @@ def tiny(tiny_dir):
 
 @pytest.fixture(scope="session")
 def gemma():
-    from mechlingo.core.models import load_model
-
-    return load_model(device="cpu")
+    return embedded_model()
 
 
 def count_hooks(model) -> int:
