@@ -133,20 +133,27 @@ BUDGETS: dict[str, dict[str, Any]] = {"quick": QUICK.to_dict(), "full": FULL.to_
 BUDGETS_HASH = hashlib.sha256(json.dumps(BUDGETS, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _merge(cfg: dict[str, Any], overrides: Mapping[str, Any]) -> None:
+    """``overrides`` merged into ``cfg`` in place, section by section at every depth (a
+    nested section such as ``transfer.matrix`` keeps the keys an override leaves out)."""
+    for k, v in overrides.items():
+        if isinstance(v, Mapping) and isinstance(cfg.get(k), dict):
+            _merge(cfg[k], v)
+        else:
+            cfg[k] = copy.deepcopy(v)
+
+
 def budget_settings(budget: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The settings of ``budget`` (``quick`` or ``full``) with ``overrides`` merged in (one
-    level deep per section: ``{"experts": {"ks": [3, 5]}}`` changes only ``ks``), checked by
+    """The settings of ``budget`` (``quick`` or ``full``) with ``overrides`` merged in (at
+    every depth: ``{"experts": {"ks": [3, 5]}}`` changes only ``ks``, and
+    ``{"transfer": {"matrix": {"test_ids": 6}}}`` only the matrix's ``test_ids``), checked by
     :class:`CardBudget` (an unknown key or a bad value is a one-line
     :class:`~mechlingo.core.errors.InputError`). The result is the plain dict that the
     stages read and that enters the stage key."""
     if budget not in BUDGETS:
         raise InputError(f"budget must be one of {sorted(BUDGETS)}, got {budget!r}")
     cfg = copy.deepcopy(BUDGETS[budget])
-    for k, v in (overrides or {}).items():
-        if isinstance(v, Mapping) and isinstance(cfg.get(k), dict):
-            cfg[k].update(v)
-        else:
-            cfg[k] = v
+    _merge(cfg, overrides or {})
     bs = cfg.get("batch_size")
     check(bs is None or (isinstance(bs, int) and bs >= 1), "batch_size", "must be at least 1")
     CardBudget.from_mapping({k: v for k, v in cfg.items() if k not in RUN_KEYS}, "settings")

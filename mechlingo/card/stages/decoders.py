@@ -172,7 +172,7 @@ class DecodersBudget(Budget):
 
 
 QUICK = DecodersBudget(per_lang=6, tuned_lens=None)
-FULL = DecodersBudget(per_lang=12, tuned_lens=None)
+FULL = DecodersBudget(per_lang=8, tuned_lens=None)
 
 
 def run(ctx: Context) -> dict[str, Any]:

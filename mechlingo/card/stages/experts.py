@@ -374,11 +374,11 @@ class ExpertsBudget(Budget):
 
 QUICK = ExpertsBudget(
     target="es", n_find=32, n_heldout=4, ks=(50, 500), samples=16, new_tokens=12,
-    max_tokens=24, n_eval=32, ppl_budget=2.0, n_boot=200, eval_per_doc=4, random_sets=5,
+    max_tokens=24, n_eval=24, ppl_budget=2.0, n_boot=200, eval_per_doc=3, random_sets=5,
 )  # fmt: skip
 FULL = ExpertsBudget(
     target="es", n_find=60, n_heldout=6, ks=(50, 200, 500, 2000), samples=24, new_tokens=16,
-    max_tokens=24, n_eval=60, ppl_budget=2.0, n_boot=500, eval_per_doc=5, random_sets=20,
+    max_tokens=24, n_eval=48, ppl_budget=2.0, n_boot=500, eval_per_doc=4, random_sets=20,
 )  # fmt: skip
 
 
@@ -411,20 +411,25 @@ def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
 
 
 #: Measured CPU seconds of the experts stage over its modelled passes (below).
-EXPERTS_FACTOR = 2.28
+EXPERTS_FACTOR = 1.03
+#: One held-out line's log-likelihood (the unembedding at every token) in embedding passes.
+NLL_PASSES = 3.0
 
 
 def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
     """CPU seconds: one embedding pass over the finding and the evaluation lines of every
-    language, and the BOS samples of the k curve (each k, its random arm, no clamp) and of
-    the measurement (the clamp, every random draw, no clamp), token by token."""
+    language; and for every arm of the two k curves (the first: each k with its random arm,
+    and no clamp; the measurement: the clamp, every random draw and no clamp) its BOS samples
+    token by token and the log-likelihood of ``n_heldout`` lines of every language."""
     e = cfg["experts"]
     langs = int(sizes.get("langs", 12))
-    lines = (int(e["n_find"]) + int(e["n_eval"])) * langs * unit.get("embed", 0.0)
-    arms = len(e["ks"]) + 2 + 1 + int(e.get("random_sets", 1)) + 1
+    embed = unit.get("embed", 0.0)
+    lines = (int(e["n_find"]) + int(e["n_eval"])) * langs * embed
+    arms = 2 * len(e["ks"]) + 1 + 2 + int(e.get("random_sets", 1))
     tokens = arms * int(e["samples"]) * int(e["new_tokens"])
     new = int(cfg["repair"]["max_new_tokens"])
-    return EXPERTS_FACTOR * (lines + tokens * token_seconds(unit, new))
+    nll = arms * max(2, int(e["n_heldout"])) * langs * NLL_PASSES * embed
+    return EXPERTS_FACTOR * (lines + tokens * token_seconds(unit, new) + nll)
 
 
 STAGE = Stage("experts", SUNDAR, (), run, (rows_experts,), report, "experts", ExpertsBudget,

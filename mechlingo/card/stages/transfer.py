@@ -219,14 +219,13 @@ class TransferBudget(Budget):
 
 
 QUICK = TransferBudget(
-    relations=("capital", "currency", "language"), limit=24, langs=("en", "fr", "es", "ru"),
-    max_new_tokens=6,
-    matrix=MatrixBudget(cells="diagonal", build_ids=6, dev_ids=4, test_ids=8, screen_ids=2,
+    relations=("capital", "currency"), limit=24, langs=("en", "fr", "es"), max_new_tokens=6,
+    matrix=MatrixBudget(cells="diagonal", build_ids=6, dev_ids=4, test_ids=6, screen_ids=2,
                         layer_fractions=(0.55,), alphas=(0.28, 0.6)),
 )  # fmt: skip
 FULL = TransferBudget(
-    relations=("capital", "currency", "language"), limit=40,
-    langs=("en", "fr", "es", "ru", "ja", "hi"), max_new_tokens=6,
+    relations=("capital", "currency", "language"), limit=40, langs=("en", "fr", "es", "ru"),
+    max_new_tokens=6,
     matrix=MatrixBudget(cells="diagonal", build_ids=12, dev_ids=8, test_ids=12, screen_ids=3,
                         layer_fractions=(0.35, 0.55), alphas=(0.28, 0.6)),
 )  # fmt: skip
