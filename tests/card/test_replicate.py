@@ -42,6 +42,7 @@ TINY = {
         "max_new_tokens": 3,
     },
     "transfer": {
+        "relations": ["capital", "currency", "language"],
         "limit": 20,
         "langs": ["en", "fr", "es"],
         "max_new_tokens": 3,
@@ -51,6 +52,9 @@ TINY = {
             "dev_ids": 2,
             "test_ids": 3,
             "screen_ids": 1,
+            # the settings' own defaults, not the quick budget's
+            "layer_fractions": None,
+            "alphas": None,
         },
     },
     "experts": {
@@ -61,6 +65,7 @@ TINY = {
         "new_tokens": 3,
         "max_tokens": 8,
         "n_eval": 6,
+        "eval_per_doc": 4,
         "n_boot": 20,
         "ppl_budget": 1000.0,
     },
@@ -435,7 +440,8 @@ def test_embedded_model_small_configuration(gemma, tmp_path, monkeypatch):
         },
         # 2 facts per relation have 2 distinct objects: 2 candidates under the rank metric
         "candidates": 2,
-        "transfer": {"limit": 2, "langs": ["en", "fr"]},
+        "transfer": {"relations": ["capital", "currency", "language"], "limit": 2,
+                     "langs": ["en", "fr"]},
         "experts": {
             "n_find": 8,
             "n_heldout": 2,
@@ -444,6 +450,7 @@ def test_embedded_model_small_configuration(gemma, tmp_path, monkeypatch):
             "new_tokens": 6,
             "max_tokens": 12,
             "n_eval": 6,
+            "eval_per_doc": 4,
             "n_boot": 50,
         },
     }

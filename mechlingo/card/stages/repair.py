@@ -564,7 +564,7 @@ QUICK = RepairBudget(
     seeds=(0, 1, 2, 3, 4), max_new_tokens=6,
 )  # fmt: skip
 FULL = RepairBudget(
-    split=(0.4, 0.2, 0.4), dev_per_lang=16, test_per_lang=32, k_shot=3, translation_shots=2,
+    split=(0.4, 0.2, 0.4), dev_per_lang=16, test_per_lang=40, k_shot=3, translation_shots=2,
     layer_fractions=(0.33, 0.5, 0.67, 0.83), alphas=(0.13, 0.28), top_k=2, screen_ids=6,
     seeds=tuple(range(20)), max_new_tokens=6,
 )  # fmt: skip

@@ -224,7 +224,7 @@ QUICK = TransferBudget(
                         layer_fractions=(0.55,), alphas=(0.28, 0.6)),
 )  # fmt: skip
 FULL = TransferBudget(
-    relations=("capital", "currency", "language"), limit=40, langs=("en", "fr", "es", "ru"),
+    relations=("capital", "currency", "language"), limit=40, langs=("en", "fr", "es"),
     max_new_tokens=6,
     matrix=MatrixBudget(cells="diagonal", build_ids=12, dev_ids=8, test_ids=12, screen_ids=3,
                         layer_fractions=(0.35, 0.55), alphas=(0.28, 0.6)),
