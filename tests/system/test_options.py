@@ -56,7 +56,7 @@ ALLOWED: dict[str, Any] = {
     "analyses.decoders.tuned_lens.lens_divergence:batch_size": HELDOUT_BATCH_SIZE,
     # samples from BOS are free text whose language is identified: `experts --help`
     "activations.likelihood.sample_from_bos:max_new_tokens": D.SAMPLE_NEW_TOKENS,
-    "analyses.experts.kcurve.k_curve:max_new_tokens": D.SAMPLE_NEW_TOKENS,
+    "analyses.experts.kcurve.KCurveOptions:max_new_tokens": D.SAMPLE_NEW_TOKENS,
     "analyses.experts.stacked.stacked_bos_samples:max_new_tokens": D.SAMPLE_NEW_TOKENS,
     "analyses.experts.run.ExpertSettings:max_new_tokens": D.SAMPLE_NEW_TOKENS,
     # the patchscope's rows are one short target prompt per layer; its continuation is off
