@@ -34,7 +34,7 @@ from mechlingo.core.types import Model
 from mechlingo.core.untrusted import load_tensors
 from mechlingo.data import LANGS, load_facts
 from mechlingo.interventions import Intervention, load_intervention
-from mechlingo.scoring.side_effects import SideEffects, side_effects
+from mechlingo.scoring.side_effects import SideEffectOptions, SideEffects, side_effects
 
 __all__ = ["AlignRun", "align_side_effects", "load_clamp_pair", "run_alignment"]
 
@@ -167,8 +167,8 @@ def align_side_effects(
     langs = [lg for lg in texts if lg in LANGS]
     facts = load_facts(langs=langs, relations=["capital"], limit=n, templates="natural")
     lines = {lg: list(texts[lg][-n:]) for lg in langs}
-    return side_effects(model, clamp, facts, lines, control=control or "random",
-                        batch_size=batch_size, progress=progress)  # fmt: skip
+    opts = SideEffectOptions(batch_size=batch_size, progress=progress)
+    return side_effects(model, clamp, facts, lines, control=control or "random", options=opts)
 
 
 def _staged_comparison(

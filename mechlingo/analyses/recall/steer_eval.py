@@ -47,7 +47,7 @@ from mechlingo.interventions import Intervention
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
 from mechlingo.scoring.evaluate import EvalResult
 from mechlingo.scoring.scorers import as_scorer
-from mechlingo.scoring.side_effects import SideEffects, side_effects
+from mechlingo.scoring.side_effects import SideEffectOptions, SideEffects, side_effects
 from mechlingo.viz.steer import accuracy_ci_figure, headroom_figure
 
 if TYPE_CHECKING:
@@ -463,9 +463,7 @@ class SteerEvalResult(WritesFolder):
                 test.facts,
                 lines,
                 control="random",
-                seed=0,
-                batch_size=batch_size,
-                progress=progress,
+                options=SideEffectOptions(seed=0, batch_size=batch_size, progress=progress),
             ).to_json()
 
         with _stages_or_temp(stages) as st:
