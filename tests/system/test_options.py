@@ -267,12 +267,13 @@ def test_stage_stores_and_the_kv_cache_are_separate_names():
     from mechlingo.analyses.experts.kcurve import k_curve
     from mechlingo.analyses.recall.steer_eval import evaluate_test
     from mechlingo.core.artifacts import cleanup_stale
-    from mechlingo.scoring.evaluate import evaluate_conditions
+    from mechlingo.scoring.evaluate import DecodeOptions, ScoreArgs, evaluate_conditions
 
     assert "stage_store" in inspect.signature(evaluate_test).parameters
     assert "stage_store" in inspect.signature(k_curve).parameters
     assert "cache" not in inspect.signature(evaluate_test).parameters
-    assert inspect.signature(evaluate_conditions).parameters["cache"].default is D.KV_CACHE
+    assert "cache" in ScoreArgs.__annotations__ and DecodeOptions.cache is D.KV_CACHE
+    assert "cache" not in inspect.signature(evaluate_conditions).parameters  # in **decoding
     assert "model_cache" in inspect.signature(cleanup_stale).parameters
 
 
