@@ -15,15 +15,21 @@ import pytest
 import torch
 
 import mechlingo
+from mechlingo.analyses.decoders.lens import LensRunOptions
 from mechlingo.analyses.decoders.options import TrainingOptions
 from mechlingo.analyses.decoders.tuned_lens import HELDOUT_BATCH_SIZE
+from mechlingo.analyses.experts.align_run import AlignOptions
+from mechlingo.analyses.experts.kcurve import KCurveOptions
 from mechlingo.analyses.experts.run import ExpertSettings
 from mechlingo.analyses.recall.settings import BuildSettings, ScoringOptions
 from mechlingo.analyses.recall.trace import run_trace
 from mechlingo.analyses.recall.trace_options import TraceOptions
+from mechlingo.card.replicate import CardData, CardOptions
 from mechlingo.cli import build_parser
 from mechlingo.core import defaults as D
 from mechlingo.core.errors import InputError, MechlingoError
+from mechlingo.scoring.evaluate import DecodeOptions
+from mechlingo.scoring.side_effects import SideEffectOptions
 
 #: the shared option names and the one default each takes
 SHARED: dict[str, Any] = {
@@ -126,6 +132,16 @@ def _defaults() -> dict[str, dict[str, Any]]:
     return found
 
 
+def test_every_options_class_is_scanned():
+    """The options classes of every concern are among the scanned public objects, so their
+    shared option names are compared too."""
+    scanned = {obj for obj in _public().values() if dataclasses.is_dataclass(obj)}
+    classes = {KCurveOptions, AlignOptions, DecodeOptions, LensRunOptions, CardOptions,
+               SideEffectOptions, TrainingOptions, TraceOptions, ScoringOptions, BuildSettings,
+               ExpertSettings}  # fmt: skip
+    assert classes <= scanned, classes - scanned
+
+
 def test_every_public_default_of_a_shared_option_is_the_shared_one():
     found = _defaults()
     assert len(found["batch_size"]) > 20 and len(found["max_new_tokens"]) > 8  # the scan works
@@ -216,6 +232,16 @@ def test_each_steer_command_has_one_adapter_whose_defaults_are_the_options():
         (lambda: TraceOptions(patch_prompts=-1), "patch_prompts (--patch-prompts)"),
         (lambda: TraceOptions(patch_sites=()), "pass at least one site (--patch-sites)"),
         (lambda: D.check_seeds([]), "seeds needs at least one seed"),
+        (lambda: KCurveOptions(n_samples=0), "n_samples must be >= 1"),
+        (lambda: KCurveOptions(value="max"), "pass one of mean, median"),  # type: ignore[arg-type]
+        (lambda: AlignOptions(batch_size=0), "batch_size must be an integer of at least 1"),
+        (lambda: DecodeOptions(batch_size=0), "batch_size must be at least 1"),
+        (lambda: DecodeOptions(max_new_tokens=-1), "max_new_tokens must be >= 0"),
+        (lambda: LensRunOptions(chunk_rows=0), "chunk_rows must be an integer of at least 1"),
+        (lambda: CardOptions(paper="x"), "paper must be one of"),
+        (lambda: CardOptions(metric="x"), "metric must be one of"),
+        (lambda: CardData(external_metric="x"), "external_metric must be one of"),
+        (lambda: SideEffectOptions(n_boot=0), "n_boot must be an integer of at least 1"),
         (lambda: D.check_seeds((), what="--control-seeds"), "--control-seeds needs at least one"),
     ],
 )
@@ -223,7 +249,8 @@ def test_options_refuse_bad_values_in_one_line(make, says):
     with pytest.raises(MechlingoError) as err:
         make()
     assert says in str(err.value) and "\n" not in str(err.value)
-    assert isinstance(err.value, InputError) or type(err.value).__name__ == "ExpertError"
+    assert isinstance(err.value, InputError) or type(err.value).__name__ in (
+        "ExpertError", "AlignmentError", "SideEffectsError")  # fmt: skip
 
 
 def test_scoring_options_pass_the_kv_cache_and_early_stop_on():
