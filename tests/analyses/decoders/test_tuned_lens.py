@@ -152,6 +152,7 @@ WORKER = textwrap.dedent(
     """
     import sys, torch
     from mechlingo.activations.distributed import process_group
+    from mechlingo.analyses.decoders.options import TrainingOptions
     from mechlingo.analyses.decoders.tuned_lens import train_tuned_lens
     from mechlingo.core.models import load_model
 
