@@ -61,10 +61,14 @@ class DecodeArgs(TypedDict, total=False):
     cache: bool
 
 
-class ScoreArgs(DecodeArgs, total=False):
+class ScoreArgs(TypedDict, total=False):
     """The decoding keywords of :func:`evaluate_conditions`: every field of
     :class:`DecodeOptions` (their defaults are its)."""
 
+    max_new_tokens: int
+    batch_size: int
+    progress: bool
+    cache: bool
     early_stop: bool
 
 
