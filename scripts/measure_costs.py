@@ -24,6 +24,7 @@ import torch
 
 import mechlingo.data
 from mechlingo.analyses.decoders.lens import lens_facts, logit_lens
+from mechlingo.analyses.decoders.options import TrainingOptions
 from mechlingo.analyses.decoders.tuned_lens import train_tuned_lens
 from mechlingo.core.models import load_model
 from mechlingo.data import load_facts, read_parallel_dir
@@ -78,7 +79,10 @@ def main() -> None:
         copies = model.to_tokens([prompts[0]] * 64, prepend_bos=True)
         t_cell = _median(lambda: model(copies), args.repeats) / 64
     print(f"patch_cell: {t_cell:.5f}", flush=True)
-    t_step = _median(lambda: train_tuned_lens(model, sents, steps=2, max_tokens=48), 1) / 2
+    t_step = (
+        _median(lambda: train_tuned_lens(model, sents, TrainingOptions(steps=2, max_tokens=48)), 1)
+        / 2
+    )
     t_read, t_pos = _lens_costs(model, args.lens_facts, args.repeats)
     print(f"lens_read/lens_position: {t_read:.4f} {t_pos:.4f}", flush=True)
     table = {

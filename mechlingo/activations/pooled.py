@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, Unpack
 
 import torch
 from einops import rearrange
@@ -32,6 +32,7 @@ from mechlingo.activations.distributed import (
 )
 from mechlingo.activations.runs import StopForward, run_batch
 from mechlingo.activations.shards import PooledShards, ShardWriter, memory_budget
+from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
 from mechlingo.core.describe import model_info
 from mechlingo.core.errors import ExpertError, InputError, MechlingoError
 from mechlingo.core.sites import resolve_layers, resolve_site, site_map
@@ -220,19 +221,33 @@ Observer = Callable[[int, Tensor, Tensor, Tensor], None]
 Sink = Callable[[Tensor, Tensor], None]
 
 
+@dataclass(frozen=True)
+class PoolPass:
+    """How :func:`pool_activations` pools and batches (its defaults are these); checked by
+    :func:`pool_activations` itself, which raises its caller's error type.
+
+    Attributes:
+        pool: ``"mean"`` or ``"max"`` over each row's real tokens.
+        batch_size: rows per forward pass.
+        progress: show a progress bar, named ``desc``.
+    """
+
+    pool: Literal["mean", "max"] = "mean"
+    batch_size: int = BATCH_SIZE
+    progress: bool = PROGRESS
+    desc: str = "pooling"
+
+
 def pool_activations(
     model: Model,
     batch: TokenBatch,
     hook_names: Sequence[str],
     width: int,
+    options: PoolPass | None = None,
     *,
-    pool: Literal["mean", "max"] = "mean",
-    batch_size: int = 16,
     fwd_hooks: FwdHooks = (),
     observe: Observer | None = None,
     sink: Sink | None = None,
-    progress: bool = False,
-    desc: str = "pooling",
     error: type[MechlingoError] = InputError,
 ) -> Float[Tensor, "row hook d"]:
     """Each row's activations at every hook, pooled over its real tokens, in one pass per
@@ -256,6 +271,8 @@ def pool_activations(
     Raises:
         error: a bad ``pool`` or ``batch_size``, or a row that is nothing but BOS.
     """
+    o = PoolPass() if options is None else options
+    pool, batch_size = o.pool, o.batch_size
     check_pool_args(pool, batch_size, error=error)
     dev = output_device(model)
     names = list(hook_names)
@@ -284,7 +301,7 @@ def pool_activations(
 
     fwd_hooks = list(fwd_hooks) + [(name, make(i)) for i, name in enumerate(names)]
     groups = sorted_batches(batch.lengths, batch_size)
-    for rows in tqdm(groups, desc=desc, disable=not progress):
+    for rows in tqdm(groups, desc=o.desc, disable=not o.progress):
         sub = batch.select(rows)
         state["rows"] = torch.as_tensor(rows, dtype=torch.long)
         state["mask"] = sub.real_token_mask(include_bos=False)
@@ -323,15 +340,9 @@ def pooled_neuron_acts(
     model: Model,
     texts: Mapping[str, Sequence[str]],
     *,
-    layers: int | Sequence[int] | None = None,
-    pool: Literal["mean", "max"] = "mean",
-    batch_size: int = 16,
-    max_tokens: int | None = None,
     threshold: float = 0.0,
     fwd_hooks: FwdHooks = (),
-    progress: bool = False,
-    store: str | Path | None = None,
-    max_memory: int | str | None = None,
+    **options: Unpack[PoolArgs],
 ) -> NeuronStats:
     """Pooled ``mlp_post`` activations of every sentence over all ranks.
 
@@ -342,10 +353,12 @@ def pooled_neuron_acts(
     Args:
         model: the model.
         texts: ``{lang: [sentence, ...]}``; identical on every rank.
+        options: :class:`PoolArgs` (each unset one takes its default named here):
         layers: layers to record (default all).
-        pool: ``"mean"`` (Kojima et al.) or ``"max"`` (Suau et al.).
-        batch_size: sentences per forward pass.
-        max_tokens: keep only the first ``max_tokens`` real tokens of each sentence.
+        pool: ``"mean"`` (Kojima et al., the default) or ``"max"`` (Suau et al.).
+        batch_size: sentences per forward pass (default 16).
+        max_tokens: keep only the first ``max_tokens`` real tokens of each sentence
+            (default: every token).
         threshold: a neuron "fires" on a token where its activation exceeds this.
         fwd_hooks: (name, fn) hook pairs applied during the runs (e.g. an intervention's
             ``fwd_hooks(model)``).
@@ -359,6 +372,9 @@ def pooled_neuron_acts(
         :class:`NeuronStats` on the model's output device, the model recorded in ``meta``
         (``prob_active`` is float32: counts are summed exactly as integers first).
     """
+    layers, pool = options.get("layers"), options.get("pool", "mean")
+    batch_size, max_tokens = options.get("batch_size", BATCH_SIZE), options.get("max_tokens")
+    progress, store = options.get("progress", PROGRESS), options.get("store")
     check_pool_args(pool, batch_size)
     langs = check_texts(texts)
     sm = site_map(model)
@@ -375,7 +391,7 @@ def pooled_neuron_acts(
     counters, count = _firing_counters(
         len(langs), len(layer_list), sm.d_mlp, lang_ids, dev, threshold
     )
-    writer = _shard_writer(store, max_memory, len(names) * sm.d_mlp, dev)
+    writer = _shard_writer(store, options.get("max_memory"), len(names) * sm.d_mlp, dev)
     sink = None
     if writer is not None:
 
@@ -390,13 +406,10 @@ def pooled_neuron_acts(
             batch,
             names,
             sm.d_mlp,
-            pool=pool,
-            batch_size=batch_size,
+            PoolPass(pool=pool, batch_size=batch_size, progress=progress, desc="neuron acts"),
             fwd_hooks=fwd_hooks,
             observe=count,
             sink=sink,
-            progress=progress,
-            desc="neuron acts",
         )
     prob = _firing_rates(counters, dev)
     meta = {

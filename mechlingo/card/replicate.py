@@ -24,6 +24,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,8 @@ __all__ = [
     "BUDGETS_HASH",
     "PAPERS",
     "STAGES",
+    "CardData",
+    "CardOptions",
     "budget_settings",
     "cap_facts",
     "claim_rows",
@@ -87,7 +90,7 @@ __all__ = [
 #: 2: fact ids per outcome, per-item transfer outcomes, the clamp measured on
 #: fresh samples, AUROC tests at the clamp's k, per-sentence alignment values.
 STAGE_VERSION = 4
-#: ``replicate(metric=...)``: how the Lu stages score facts (see ``docs/replicate.md``).
+#: ``CardOptions(metric=...)``: how the Lu stages score facts (see ``docs/replicate.md``).
 METRICS = ("generate", "rank", "klar")
 #: Every row stage's name, each paper's in run order.
 STAGES = (*PAPERS[LU], *PAPERS[SUNDAR])
@@ -161,6 +164,61 @@ def _papers(paper: str) -> list[str]:
     return [paper]
 
 
+@dataclass(frozen=True)
+class CardOptions:
+    """What :func:`replicate` checks and how (its defaults are these), checked when made.
+
+    Attributes:
+        paper: ``"lu2025"``, ``"sundar2025"`` or ``"all"``.
+        budget: ``"quick"`` (about 10 minutes on the embedded model on 2 CPU cores) or
+            ``"full"`` (about 45); the sample sizes of :data:`BUDGETS`.
+        settings: overrides of the budget's settings (:func:`budget_settings`).
+        metric: how the Lu stages score facts: ``None`` (the default): the metric rule
+            decides on dev before any test item is scored
+            (:mod:`mechlingo.card.metric_rule`: greedy generation above its floor, candidate
+            ranking otherwise); ``"generate"``, ``"rank"`` (P@1 of candidate ranking;
+            bundled facts get BMLAMA-style candidates) or ``"klar"`` override the rule, and
+            the card says so (``claims.json["metric_decision"]``).
+    """
+
+    paper: str = "all"
+    budget: str = "quick"
+    settings: Mapping[str, Any] | None = None
+    metric: str | None = None
+
+    def __post_init__(self) -> None:
+        _papers(self.paper)
+        if self.metric is not None and self.metric not in METRICS:
+            raise InputError(f"metric must be one of {list(METRICS)}, got {self.metric!r}")
+
+
+@dataclass(frozen=True)
+class CardData:
+    """The data :func:`replicate` checks the claims on (``None``: the bundled data).
+
+    Attributes:
+        facts: the facts of the Lu stages (default: the bundled natural stems).
+        parallel: ``{lang: [sentence, ...]}`` line-aligned, for the Sundar stages (default:
+            the bundled parallel sentences).
+        documents: the document id of every ``parallel`` line (the split never cuts a
+            document; alignment rows resample documents).
+        external: a benchmark's facts for the external-transfer rows (vectors and settings
+            chosen on the bundled data, applied unchanged), scored with ``external_metric``.
+    """
+
+    facts: Sequence[Fact] | None = None
+    parallel: Mapping[str, Sequence[str]] | None = None
+    documents: Sequence[str] | None = None
+    external: Sequence[Fact] | None = None
+    external_metric: str = "rank"
+
+    def __post_init__(self) -> None:
+        if self.external_metric not in METRICS:
+            raise InputError(
+                f"external_metric must be one of {list(METRICS)}, got {self.external_metric!r}"
+            )
+
+
 def _run_stage(stages: Stages, stage: Stage, ctx: Context) -> tuple:
     """``(result or {"error": ...}, {"seconds", "cpu_seconds"}, cached)``; only ``Exception`` is caught (Ctrl-C
     and SIGTERM stop the run; finished stages stay stored)."""
@@ -180,20 +238,13 @@ def _run_stage(stages: Stages, stage: Stage, ctx: Context) -> tuple:
 
 def replicate(
     model: Model,
+    options: CardOptions | None = None,
+    data: CardData | None = None,
     *,
-    paper: str = "all",
-    budget: str = "quick",
-    facts: Sequence[Fact] | None = None,
-    parallel: Mapping[str, Sequence[str]] | None = None,
     work: str | Path | None = None,
-    settings: Mapping[str, Any] | None = None,
     progress: bool = False,
     fresh: bool = False,
     agree: Callable[[bool], bool] | None = None,
-    metric: str | None = None,
-    external: Sequence[Fact] | None = None,
-    external_metric: str = "rank",
-    documents: Sequence[str] | None = None,
     plan: bool = False,
 ) -> ClaimsCard | Plan:
     """Check the papers' claims on ``model``: one row per claim with the paper's number,
@@ -201,30 +252,17 @@ def replicate(
 
     Args:
         model: a TransformerLens model.
-        paper: ``"lu2025"``, ``"sundar2025"`` or ``"all"``.
-        budget: ``"quick"`` (about 10 minutes on the embedded model on 2 CPU cores) or
-            ``"full"`` (about 45); the sample sizes of :data:`BUDGETS`.
-        facts: the facts of the Lu stages (default: the bundled natural stems).
-        parallel: ``{lang: [sentence, ...]}`` line-aligned, for the Sundar stages (default:
-            the bundled parallel sentences).
+        options: the paper, budget, settings and metric (:class:`CardOptions`; its defaults
+            when ``None``).
+        data: the facts, parallel sentences, their documents and an external benchmark
+            (:class:`CardData`; ``None``: the bundled data).
         work: the work folder where finished stages are kept (a rerun with the same model,
             data and settings reuses them; a stopped run resumes). ``None``: a temporary
             folder, removed at the end.
-        settings: overrides of the budget's settings (:func:`budget_settings`).
         progress: show a progress bar over the stages and each analysis's own bars.
         fresh: remove the stored stages of this key first (start over).
         agree: under torchrun, how the ranks agree that a stage is finished everywhere
             (:func:`mechlingo.cli.work.all_ranks_have`); each rank then keeps its own stages.
-        metric: how the Lu stages score facts: ``None`` (the default): the metric rule
-            decides on dev before any test item is scored
-            (:mod:`mechlingo.card.metric_rule`: greedy generation above its floor, candidate
-            ranking otherwise); ``"generate"``, ``"rank"`` (P@1 of candidate ranking;
-            bundled facts get BMLAMA-style candidates) or ``"klar"`` override the rule, and
-            the card says so (``claims.json["metric_decision"]``).
-        external: a benchmark's facts for the external-transfer rows (vectors and settings
-            chosen on the bundled data, applied unchanged), scored with ``external_metric``.
-        documents: the document id of every ``parallel`` line (the split never cuts a
-            document; alignment rows resample documents).
         plan: only plan (:func:`mechlingo.card.plan.plan_card`): score the dev split, print
             and return the :class:`~mechlingo.card.plan.Plan` (the data and draws each
             primary row needs, the CPU time); no test item is scored. A normal run prints the
@@ -233,16 +271,18 @@ def replicate(
     Returns:
         A :class:`ReplicationCard` (``plan=False``) or a :class:`~mechlingo.card.plan.Plan`.
     """
-    papers = _papers(paper)
-    if metric is not None and metric not in METRICS:
-        raise InputError(f"metric must be one of {list(METRICS)}, got {metric!r}")
-    cfg = budget_settings(budget, {**dict(settings or {}), "metric": metric or "rule"})
+    opt = CardOptions() if options is None else options
+    d = CardData() if data is None else data
+    facts, parallel, documents, external = d.facts, d.parallel, d.documents, d.external
+    budget, metric = opt.budget, opt.metric
+    papers = _papers(opt.paper)
+    cfg = budget_settings(budget, {**dict(opt.settings or {}), "metric": metric or "rule"})
     key = {
         "model": {**model_info(model), "weights_fingerprint": weights_fingerprint(model)},
         "data": {"facts": _facts_hash(facts), "parallel": None if parallel is None else
                  _hash([parallel, documents]),
                  "external": None if external is None else [_facts_hash(external),
-                                                            external_metric]},
+                                                            d.external_metric]},
         "settings": cfg, "stage_version": STAGE_VERSION,
     }  # fmt: skip
     tmp = None if work is not None else tempfile.mkdtemp(prefix="mechlingo-replicate-")
@@ -251,7 +291,7 @@ def replicate(
     stages = Stages(work if work is not None else tmp, key, agree=agree)  # type: ignore[arg-type]
     if fresh:
         stages.clear()
-    ext = None if external is None else (list(external), external_metric)
+    ext = None if external is None else (list(external), d.external_metric)
     ctx = Context(model, facts, parallel, cfg, stages, progress, ext, documents)
     try:
         results: dict[str, Any] = {}

@@ -24,7 +24,7 @@ from typing import Any
 from mechlingo.activations.shards import memory_budget, shared_directory
 from mechlingo.analyses.experts import ExpertError
 from mechlingo.analyses.experts.align import AlignmentError, drop_empty_lines
-from mechlingo.analyses.experts.align_run import load_clamp_pair, run_alignment
+from mechlingo.analyses.experts.align_run import AlignOptions, load_clamp_pair, run_alignment
 from mechlingo.analyses.experts.run import ExpertSettings, run_experts
 from mechlingo.cli import common, cost, work
 from mechlingo.cli.flags import line_count, parse_ints
@@ -424,12 +424,13 @@ def cmd_align(args: argparse.Namespace) -> int:
     stages = work.open_stages(args, model, data, skip=("clamp", "control", "layer"))
     t0 = time.time()
     with common.usage_errors(AlignmentError):
-        run = run_alignment(
-            model, texts, iv, control, target=args.target, centre=args.centre,
-            layer=args.layer, batch_size=args.batch_size, max_tokens=args.max_tokens,
+        opts = AlignOptions(
+            target=args.target, centre=args.centre, layer=args.layer,
+            batch_size=args.batch_size, max_tokens=args.max_tokens,
             side_effect_lines=args.side_effects_lines if args.side_effects else None,
-            progress=not args.quiet, stages=stages,
+            progress=not args.quiet,
         )  # fmt: skip
+        run = run_alignment(model, texts, iv, control, opts, stages=stages)
     meta = common.run_meta(
         model,
         args,

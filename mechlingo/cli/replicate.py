@@ -20,7 +20,7 @@ from typing import Any
 
 from mechlingo.activations.distributed import dist_info, is_main, sharded_scoring
 from mechlingo.card.plan import Plan
-from mechlingo.card.replicate import BUDGETS, METRICS, PAPERS, replicate
+from mechlingo.card.replicate import BUDGETS, METRICS, PAPERS, CardData, CardOptions, replicate
 from mechlingo.cli.common import (
     UsageError,
     add_model_args,
@@ -169,14 +169,15 @@ def cmd_replicate(args: argparse.Namespace) -> int:
     settings.setdefault("batch_size", args.batch_size)
     if args.target:
         settings.setdefault("experts", {})["target"] = args.target
+    options = CardOptions(paper=args.paper, budget=args.budget, settings=settings,
+                          metric=args.metric)  # fmt: skip
     work = work_folder(args)  # the message of a stopped run names it (cli.main)
     agree = all_ranks_have if dist_info().world_size > 1 else None
     with sharded_scoring():  # under torchrun each rank scores its share of every batch
         card = replicate(
-            model, paper=args.paper, budget=args.budget, facts=facts, parallel=parallel,
-            work=work, settings=settings, progress=not args.quiet, fresh=args.fresh,
-            agree=agree, metric=args.metric, external=external, external_metric=ext_metric,
-            documents=documents, plan=args.plan,
+            model, options, CardData(facts=facts, parallel=parallel, documents=documents,
+                                     external=external, external_metric=ext_metric),
+            work=work, progress=not args.quiet, fresh=args.fresh, agree=agree, plan=args.plan,
         )  # fmt: skip
     if isinstance(card, Plan):
         write_outputs(args.out, {"plan.json": card.to_json()})

@@ -115,7 +115,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     model = common.load_cli_model(args, facts=facts)
     t0 = time.time()
     with common.usage_errors(ValueError):  # a PatchingError names the language
-        run = trace.run_trace(model, facts, **opts.kw())
+        run = trace.run_trace(model, facts, opts)
     meta = common.run_meta(
         model,
         args,

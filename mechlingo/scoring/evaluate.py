@@ -51,9 +51,58 @@ if TYPE_CHECKING:
     from mechlingo.data import Fact
 
 
+class DecodeArgs(TypedDict, total=False):
+    """The decoding keywords of :func:`generate_conditions`: :class:`DecodeOptions`' fields
+    but ``early_stop`` (their defaults are its)."""
+
+    max_new_tokens: int
+    batch_size: int
+    progress: bool
+    cache: bool
+
+
+class ScoreArgs(TypedDict, total=False):
+    """The decoding keywords of :func:`evaluate_conditions`: every field of
+    :class:`DecodeOptions` (their defaults are its)."""
+
+    max_new_tokens: int
+    batch_size: int
+    progress: bool
+    cache: bool
+    early_stop: bool
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How facts and prompts are decoded (the keywords :class:`ScoreArgs` of
+    :func:`evaluate_conditions` and :class:`DecodeArgs` of :func:`generate_conditions`,
+    whose defaults are these), checked when made.
+
+    Attributes:
+        max_new_tokens: greedy tokens per prompt (the ``generate`` rule's length).
+        batch_size: prompts per pass.
+        progress: show a progress bar.
+        cache: decode with a key-value cache (the same tokens without).
+        early_stop: stop decoding a fact once its verdict is final.
+    """
+
+    max_new_tokens: int = MAX_NEW_TOKENS
+    batch_size: int = BATCH_SIZE
+    progress: bool = PROGRESS
+    cache: bool = KV_CACHE
+    early_stop: bool = EARLY_STOP
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise InputError(f"batch_size must be at least 1, got {self.batch_size}")
+        if self.max_new_tokens < 0:
+            raise InputError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+
+
 class GenerateArgs(TypedDict, total=False):
     """The keywords of :func:`generate_conditions` that :func:`greedy_generate` passes on
-    (their defaults are :func:`generate_conditions`'s): ``max_new_tokens`` (8),
+    (their defaults are :class:`DecodeOptions`' and :func:`generate_conditions`'s):
+    ``max_new_tokens`` (8),
     ``batch_size`` (16), ``fwd_hooks``, ``stop_at_newline`` (``True``), ``progress``,
     ``cache`` (``True``) and ``stop``."""
 
@@ -68,7 +117,8 @@ class GenerateArgs(TypedDict, total=False):
 
 class EvalArgs(TypedDict, total=False):
     """The keywords of :func:`evaluate_conditions` that :func:`evaluate_facts` passes on
-    (their defaults are :func:`evaluate_conditions`'s; their meaning:
+    (their defaults are :func:`evaluate_conditions`'s and :class:`DecodeOptions`'; their
+    meaning:
     :func:`evaluate_facts`)."""
 
     metric: str | Scorer
@@ -174,15 +224,12 @@ def generate_conditions(
     prompts: Sequence[str],
     interventions: Sequence[Intervention | None],
     *,
-    max_new_tokens: int = MAX_NEW_TOKENS,
-    batch_size: int = BATCH_SIZE,
     fwd_hooks: FwdHooks = (),
     stop_at_newline: bool = True,
-    progress: bool = PROGRESS,
-    cache: bool = KV_CACHE,
     stop: Callable[[int, str], bool] | None = None,
     shared: bool = True,
     max_rows: int | None = None,
+    **decoding: Unpack[DecodeArgs],
 ) -> tuple[list[list[str]], str]:
     """Greedy continuations of ``prompts`` under each of ``interventions`` (``None``: no
     intervention): ``gens[c][i]`` is what :func:`greedy_generate` gives prompt ``i`` under
@@ -197,14 +244,19 @@ def generate_conditions(
     alone as in :func:`greedy_generate`: ``"per-condition"`` (``"mixed"`` when batches
     differ). Inside :func:`mechlingo.activations.distributed.sharded_scoring` under torchrun
     the batches are shared out among the ranks and the results gathered in order.
+    ``decoding``: ``max_new_tokens``, ``batch_size``, ``progress`` and ``cache``
+    (:class:`DecodeOptions`, whose defaults they take).
     """
     prompts = list(prompts)
     if not prompts:
         raise InputError("no prompts to generate from")
-    if batch_size < 1:
-        raise InputError(f"batch_size must be at least 1, got {batch_size}")
-    if max_new_tokens < 0:
-        raise InputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    o = DecodeOptions(**decoding)
+    max_new_tokens, batch_size, progress, cache = (
+        o.max_new_tokens,
+        o.batch_size,
+        o.progress,
+        o.cache,
+    )
     ivs = list(interventions)
     hooks = [intervention_hooks(model, iv, fwd_hooks) for iv in ivs]
     batch = encode(model, prompts)
@@ -363,13 +415,9 @@ def evaluate_conditions(
     prompts: Sequence[str] | None = None,
     prefixes: Sequence[str] | None = None,
     pool: Sequence[Fact] | None = None,
-    max_new_tokens: int = MAX_NEW_TOKENS,
-    batch_size: int = BATCH_SIZE,
     fwd_hooks: FwdHooks = (),
-    progress: bool = PROGRESS,
-    cache: bool = KV_CACHE,
-    early_stop: bool = EARLY_STOP,
     shared: bool = True,
+    **decoding: Unpack[ScoreArgs],
 ) -> dict[str, EvalResult]:
     """Score ``facts`` under every condition of ``conditions`` (``{name: intervention or
     None}``, e.g. ``{"orig": None, "task": iv1, "both": iv1 + iv2}``) at once: ``{name:
@@ -386,17 +434,20 @@ def evaluate_conditions(
     ``"mixed"`` (batches differed). ``rank`` runs each batch's candidate stems once for
     every condition (cut before the earliest position any condition edits) and each
     condition's candidate tails on them (``"shared-stem"``). The options are those of
-    :func:`evaluate_facts`.
+    :func:`evaluate_facts`; ``decoding`` (``max_new_tokens``, ``batch_size``,
+    ``progress``, ``cache``, ``early_stop``) are :class:`DecodeOptions`' fields, whose
+    defaults they take.
 
     Raises:
         InputError: no conditions, or what :func:`evaluate_facts` raises.
     """
     if not conditions:
         raise InputError("no conditions to score")
+    o = DecodeOptions(**decoding)
     return _evaluate(model, facts, dict(conditions), metric=metric, prompts=prompts,
-                     prefixes=prefixes, pool=pool, max_new_tokens=max_new_tokens,
-                     batch_size=batch_size, fwd_hooks=fwd_hooks, progress=progress,
-                     cache=cache, early_stop=early_stop, shared=shared)  # fmt: skip
+                     prefixes=prefixes, pool=pool, max_new_tokens=o.max_new_tokens,
+                     batch_size=o.batch_size, fwd_hooks=fwd_hooks, progress=o.progress,
+                     cache=o.cache, early_stop=o.early_stop, shared=shared)  # fmt: skip
 
 
 def _evaluate(

@@ -343,12 +343,7 @@ def _measure_arm(
     lines: Mapping[str, Sequence[str]],
     prompts: Mapping[str, Sequence[str]],
     id_langs: Sequence[str],
-    *,
-    max_new_tokens: int,
-    continuation_tokens: int,
-    max_tokens: int | None,
-    batch_size: int,
-    n_examples: int,
+    opts: SideEffectOptions,
 ) -> dict[str, Any]:
     """One arm's raw measurements: ``correct`` (per fact, or None without facts), per
     language the per-line ``nll`` and token ``counts``, ``own`` (per continuation of
@@ -358,14 +353,16 @@ def _measure_arm(
         ev = evaluate_facts(
             model,
             list(facts),
-            max_new_tokens=max_new_tokens,
-            batch_size=batch_size,
+            max_new_tokens=opts.max_new_tokens,
+            batch_size=opts.batch_size,
             intervention=intervention,
         )
         out["correct"] = np.array([bool(r["correct"]) for r in ev.records], dtype=float)
     hooks = intervention_hooks(model, intervention)
     for lg, v in lines.items():
-        s, c = line_nll(model, v, fwd_hooks=hooks, batch_size=batch_size, max_tokens=max_tokens)
+        s, c = line_nll(
+            model, v, fwd_hooks=hooks, batch_size=opts.batch_size, max_tokens=opts.max_tokens
+        )
         out["nll"][lg] = s.numpy()
         out["counts"][lg] = c.numpy().astype(float)
     flat = [p for lg in prompts for p in prompts[lg]]
@@ -374,8 +371,8 @@ def _measure_arm(
     gens = greedy_generate(
         model,
         flat,
-        max_new_tokens=continuation_tokens,
-        batch_size=batch_size,
+        max_new_tokens=opts.continuation_tokens,
+        batch_size=opts.batch_size,
         intervention=intervention,
         stop_at_newline=False,
     )
@@ -386,7 +383,7 @@ def _measure_arm(
         out["own"][lg] = np.array([x == lg for x in got], dtype=float)
         out["examples"][lg] = [
             {"prompt": p, "continuation": g, "lang": x}
-            for p, g, x in list(zip(ps, cont, got, strict=True))[:n_examples]
+            for p, g, x in list(zip(ps, cont, got, strict=True))[: opts.n_examples]
         ]
         k += len(ps)
     return out
@@ -423,7 +420,7 @@ def _effect_rows(
 @dataclass(frozen=True)
 class SideEffectOptions:
     """The settings of :func:`side_effects` (its defaults are these; their meaning is in its
-    docstring), checked when made; ``side_effects(..., **options.kw())`` applies them."""
+    docstring), checked when made; ``side_effects(..., options=options)`` applies them."""
 
     seed: int = SEED
     max_new_tokens: int = MAX_NEW_TOKENS
@@ -456,7 +453,7 @@ class SideEffectOptions:
             raise SideEffectsError(f"side effects: n_examples must be >= 0, got {self.n_examples}")
 
     def kw(self) -> dict[str, Any]:
-        """The keyword arguments of :func:`side_effects`."""
+        """The settings as a dict (their names are the fields)."""
         return asdict(self)
 
 
@@ -468,16 +465,7 @@ def side_effects(
     *,
     control: Intervention | str | None = "random",
     langs: Sequence[str] | None = None,
-    seed: int = SideEffectOptions.seed,
-    max_new_tokens: int = SideEffectOptions.max_new_tokens,
-    continuation_tokens: int = SideEffectOptions.continuation_tokens,
-    prefix_words: int = SideEffectOptions.prefix_words,
-    max_tokens: int | None = SideEffectOptions.max_tokens,
-    batch_size: int = SideEffectOptions.batch_size,
-    n_boot: int = SideEffectOptions.n_boot,
-    confidence: float = SideEffectOptions.confidence,
-    n_examples: int = SideEffectOptions.n_examples,
-    progress: bool = SideEffectOptions.progress,
+    options: SideEffectOptions | None = None,
 ) -> SideEffects:
     """Measure what ``intervention`` changes in every language (see the module docstring).
 
@@ -492,27 +480,31 @@ def side_effects(
         control: ``"random"`` (:func:`random_control`, seeded by ``seed``), an intervention of
             your own, or ``None`` (no control arm).
         langs: languages to report (default: those of the facts, then of the lines).
+        options: the settings (:class:`SideEffectOptions`; its defaults when ``None``):
+        seed: the control's and the bootstrap's seed.
         max_new_tokens: greedy tokens for the facts' eval rule.
         continuation_tokens: greedy tokens continuing each line's first ``prefix_words`` words.
         max_tokens: tokens per line kept for perplexity (``None`` = all).
         n_boot, confidence: bootstrap resamples and interval level.
+        batch_size, n_examples, progress: texts per pass, continuations kept per language
+            and arm, a progress bar over the arms.
 
     Returns:
         A :class:`SideEffects`: ``.to_dataframe()``, ``.to_json()``, ``.fig_heatmap()``.
     """
-
+    o = SideEffectOptions() if options is None else options
     facts = list(facts)
     order, langs, lines = _languages_and_lines(facts, lines_by_lang, langs)
     facts = [f for f in facts if f.lang in set(langs)]
     if control == "random":
-        control = random_control(intervention, model, seed=seed)
+        control = random_control(intervention, model, seed=o.seed)
     elif isinstance(control, str):
         raise SideEffectsError(f"control must be 'random', an intervention or None: {control!r}")
     arms: list[tuple[str, Intervention | None]] = [("base", None), ("intervention", intervention)]
     if control is not None:
         arms.append(("control", control))
     id_langs = order  # every language given, not only those reported
-    prompts = {lg: [line_prefix(s, lg, words=prefix_words) for s in v] for lg, v in lines.items()}
+    prompts = {lg: [line_prefix(s, lg, words=o.prefix_words) for s in v] for lg, v in lines.items()}
     measured = {
         arm: _measure_arm(
             model,
@@ -521,15 +513,11 @@ def side_effects(
             lines,
             prompts if len(id_langs) > 1 else {},
             id_langs,
-            max_new_tokens=max_new_tokens,
-            continuation_tokens=continuation_tokens,
-            max_tokens=max_tokens,
-            batch_size=batch_size,
-            n_examples=n_examples,
+            o,
         )
-        for arm, iv in tqdm(arms, desc="side effects", disable=not progress)
+        for arm, iv in tqdm(arms, desc="side effects", disable=not o.progress)
     }
-    opts = {"n_boot": n_boot, "level": confidence, "seed": seed}
+    opts = {"n_boot": o.n_boot, "level": o.confidence, "seed": o.seed}
     rows = _effect_rows(measured, langs, [f.lang for f in facts], opts)
     return SideEffects(
         rows=rows,
@@ -537,13 +525,13 @@ def side_effects(
         meta={
             "intervention": repr(intervention),
             "control": None if control is None else repr(control),
-            "seed": seed,
-            "confidence": confidence,
-            "n_boot": n_boot,
-            "max_new_tokens": max_new_tokens,
-            "continuation_tokens": continuation_tokens,
-            "prefix_words": prefix_words,
-            "max_tokens": max_tokens,
+            "seed": o.seed,
+            "confidence": o.confidence,
+            "n_boot": o.n_boot,
+            "max_new_tokens": o.max_new_tokens,
+            "continuation_tokens": o.continuation_tokens,
+            "prefix_words": o.prefix_words,
+            "max_tokens": o.max_tokens,
             "id_langs": id_langs,
         },
         examples={arm: m["examples"] for arm, m in measured.items()},

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, Unpack
 
 import torch
 from jaxtyping import Float
@@ -298,16 +298,12 @@ def circuit_figure(
     layers: Sequence[int],
     position_labels: Sequence[Any],
     metric_name: str,
-    top_k: int = 12,
-    stages: Mapping[str, tuple[float, float]] | None = None,
-    token_labels: Sequence[str] | None = None,
-    title: str | None = None,
-    heads: bool = False,
-    verified: Sequence[Mapping[str, Any]] | None = None,
-    n_examples: int | None = None,
+    **options: Unpack[CircuitOptions],
 ) -> go.Figure:
-    """A circuit diagram drawn from measured patching effects (``n_examples``: the clean
-    prompts averaged, appended to the title).
+    """A circuit diagram drawn from measured patching effects (``options``:
+    :class:`CircuitOptions`, each unset one its default here: ``top_k`` 12, ``heads``
+    ``False``, the others ``None``; ``n_examples``: the clean prompts averaged, appended to
+    the title).
 
     ``cells`` are the sweep's patched places (:class:`Component`: site, layer, position
     index, head) and ``effects`` their normalised effects on ``metric_name``; ``layers``
@@ -330,9 +326,13 @@ def circuit_figure(
     """
     import plotly.graph_objects as go
 
+    top_k, heads = options.get("top_k", 12), options.get("heads", False)
+    stages, token_labels = options.get("stages"), options.get("token_labels")
+    title, n_examples = options.get("title"), options.get("n_examples")
     comps = [Component(*c) for c in cells]
     nodes = _circuit_nodes(comps, effects, heads, top_k)
-    exact = {(r["layer"], str(r["position"]), r["head"]): r["exact"] for r in verified or []}
+    verified = options.get("verified") or []
+    exact = {(r["layer"], str(r["position"]), r["head"]): r["exact"] for r in verified}
     labels = list(token_labels) if token_labels else list(position_labels)
     n_pos = len(position_labels)
     lo_layer, hi_layer = min(layers), max(layers)

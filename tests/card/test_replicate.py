@@ -195,7 +195,9 @@ def test_a_killed_stage_leaves_nothing_half_written(tmp_path):
 
 def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
     fake = _use(monkeypatch, _fake_transfer(fail="transfer exploded"))
-    card = rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path)
+    card = rep.replicate(
+        tiny, rep.CardOptions(settings=TINY), rep.CardData(parallel=_parallel()), work=tmp_path
+    )
     assert list(dict.fromkeys(r["id"] for r in card.rows)) == [c.id for c in CLAIMS]
     assert [r.get("variant") for r in card.rows if r["id"] == "lowest_language"] == [
         "literal rule, relative",
@@ -252,7 +254,9 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
     assert "<table" in card._repr_html_() and "claims card" in card.to_markdown().lower()
     # the stage that failed is tried again next time; the others are read back
     fake = _use(monkeypatch, _fake_transfer())
-    again = rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path)
+    again = rep.replicate(
+        tiny, rep.CardOptions(settings=TINY), rep.CardData(parallel=_parallel()), work=tmp_path
+    )
     cached = {n: t["cached"] for n, t in again.meta["stages"].items()}
     assert cached == {
         "metric": True,
@@ -339,7 +343,12 @@ def _check_pinned(card, work, name):
 
 def test_a_stopped_run_resumes_to_the_same_card(tiny, tmp_path, monkeypatch):
     _use(monkeypatch, _fake_transfer())
-    full = rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path / "a")
+    full = rep.replicate(
+        tiny,
+        rep.CardOptions(settings=TINY),
+        rep.CardData(parallel=_parallel()),
+        work=tmp_path / "a",
+    )
     _check_pinned(full, tmp_path / "a", "tiny_rows.json")  # the rows before the stage split
     real = transfer_stage.stage_transfer
 
@@ -348,9 +357,19 @@ def test_a_stopped_run_resumes_to_the_same_card(tiny, tmp_path, monkeypatch):
 
     monkeypatch.setattr(transfer_stage, "stage_transfer", stop)
     with pytest.raises(KeyboardInterrupt):
-        rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path / "b")
+        rep.replicate(
+            tiny,
+            rep.CardOptions(settings=TINY),
+            rep.CardData(parallel=_parallel()),
+            work=tmp_path / "b",
+        )
     monkeypatch.setattr(transfer_stage, "stage_transfer", real)
-    resumed = rep.replicate(tiny, settings=TINY, parallel=_parallel(), work=tmp_path / "b")
+    resumed = rep.replicate(
+        tiny,
+        rep.CardOptions(settings=TINY),
+        rep.CardData(parallel=_parallel()),
+        work=tmp_path / "b",
+    )
     cached = {n: t["cached"] for n, t in resumed.meta["stages"].items()}
     assert cached["trace"] and cached["repair"] and not cached["transfer_relation"]
     assert resumed.rows == full.rows
@@ -455,7 +474,9 @@ def test_embedded_model_small_configuration(gemma, tmp_path, monkeypatch):
         },
     }
     par = parallel_sentences(["en", "fr", "es", "de"])
-    card = rep.replicate(gemma, settings=small, parallel=par, work=tmp_path)
+    card = rep.replicate(
+        gemma, rep.CardOptions(settings=small), rep.CardData(parallel=par), work=tmp_path
+    )
     assert list(dict.fromkeys(r["id"] for r in card.rows)) == [c.id for c in CLAIMS]
     errors = [(r["id"], r.get("error")) for r in card.rows if r["verdict"] == "error"]
     assert not errors, errors

@@ -24,6 +24,7 @@ from mechlingo.interventions import (
 )
 from mechlingo.scoring.evaluate import evaluate_facts, greedy_generate
 from mechlingo.scoring.side_effects import (
+    SideEffectOptions,
     SideEffectsError,
     line_prefix,
     random_control,
@@ -59,7 +60,11 @@ def vector(tiny):
 @pytest.fixture(scope="module")
 def result(tiny, vector, facts, lines):
     return side_effects(
-        tiny, vector, facts, lines, max_tokens=12, continuation_tokens=5, n_boot=200
+        tiny,
+        vector,
+        facts,
+        lines,
+        options=SideEffectOptions(max_tokens=12, continuation_tokens=5, n_boot=200),
     )
 
 
@@ -171,7 +176,11 @@ def test_saved_intervention_json_and_figure(tiny, vector, facts, lines, result, 
     vector.save(tmp_path / "v", tiny)
     loaded = load_intervention(tmp_path / "v", tiny)
     again = side_effects(
-        tiny, loaded, facts, lines, max_tokens=12, continuation_tokens=5, n_boot=200
+        tiny,
+        loaded,
+        facts,
+        lines,
+        options=SideEffectOptions(max_tokens=12, continuation_tokens=5, n_boot=200),
     )
     assert again.to_dataframe().equals(result.to_dataframe())
     doc = json.loads(json.dumps(result.to_json(), allow_nan=False))
@@ -195,11 +204,23 @@ def test_clamp_composition_and_no_control(tiny, facts, lines):
     clamp = NeuronClamp({0: [1, 2, 3], 1: [4]}, 2.0)
     both = Compose([clamp, SteeringVector(torch.ones(tiny.cfg.d_model), 0, 0.5)])
     small = {lg: v[:3] for lg, v in lines.items()}
-    res = side_effects(tiny, both, facts[:2], small, control=None, max_tokens=8, n_boot=50)
+    res = side_effects(
+        tiny,
+        both,
+        facts[:2],
+        small,
+        control=None,
+        options=SideEffectOptions(max_tokens=8, n_boot=50),
+    )
     assert {r["arm"] for r in res.rows} == {"intervention"}
     assert res.meta["control"] is None and "NeuronClamp" in res.meta["intervention"]
     res = side_effects(
-        tiny, clamp, [], small, langs=["fr"], max_tokens=8, continuation_tokens=3, n_boot=50
+        tiny,
+        clamp,
+        [],
+        small,
+        langs=["fr"],
+        options=SideEffectOptions(max_tokens=8, continuation_tokens=3, n_boot=50),
     )
     assert {(r["arm"], r["metric"]) for r in res.rows} == {
         (a, m) for a in ("intervention", "control") for m in ("perplexity", "output_lang")

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from mechlingo.analyses.recall.trace import run_trace
+from mechlingo.analyses.recall.trace_options import TraceOptions
 from mechlingo.data import load_facts
 from mechlingo.report.trace import trace_report
 from tests.system.test_figures import BUILDERS, builder_context, check_figure
@@ -22,7 +23,7 @@ from tests.system.test_figures import BUILDERS, builder_context, check_figure
 def demo(gemma) -> dict[str, Any]:
     """The demo's trace on a small slice of its facts, as ``cmd_trace`` runs it."""
     facts = load_facts(langs=["en", "fr", "de", "es", "ja"], relations=["capital"], limit=2)
-    run = run_trace(gemma, facts, patch_prompts=1, patch_sites=("resid_pre",), progress=False)
+    run = run_trace(gemma, facts, TraceOptions(patch_prompts=1, patch_sites=("resid_pre",)))
     summary = run.summary({"model": "embedded"})
     report = trace_report(run.trace, summary, run.patched, max_rank=10, unpatched=run.unpatched)
     return {"facts": facts, "run": run, "report": report}

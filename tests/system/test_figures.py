@@ -379,11 +379,14 @@ def test_figure_is_correct_by_construction(name, ctx):
 
 def test_trace_and_lens_report_figures(ctx):
     from mechlingo.analyses.recall.trace import run_trace
+    from mechlingo.analyses.recall.trace_options import TraceOptions
     from mechlingo.report.lens import lens_report, token_lens_report
     from mechlingo.report.trace import trace_report
 
     facts = [f for f in ctx["facts"] if f.lang in ("en", "fr")]
-    run = run_trace(ctx["model"], facts, max_new_tokens=2, patch_prompts=2, unanswered=True)
+    run = run_trace(
+        ctx["model"], facts, TraceOptions(max_new_tokens=2, patch_prompts=2, unanswered=True)
+    )
     summary = run.summary({"model": "tiny"})
     report = trace_report(run.trace, summary, run.patched, max_rank=10)
     lens = ctx["lens"]
@@ -403,6 +406,7 @@ def test_a_language_without_a_correct_answer_gets_a_note_not_a_circuit(ctx):
     in the report and a record in patching.json; with ``unanswered`` the report says how
     many clean prompts are wrong."""
     from mechlingo.analyses.recall.trace import corrupted_pairs, run_trace
+    from mechlingo.analyses.recall.trace_options import TraceOptions
     from mechlingo.report.trace import trace_report
 
     trace, facts = ctx["trace"], ctx["facts"]
@@ -421,13 +425,15 @@ def test_a_language_without_a_correct_answer_gets_a_note_not_a_circuit(ctx):
     finally:
         first["correct"] = False
     fr = [f for f in facts if f.lang == "fr"]
-    run = run_trace(ctx["model"], fr, max_new_tokens=2, patch_prompts=2)
+    run = run_trace(ctx["model"], fr, TraceOptions(max_new_tokens=2, patch_prompts=2))
     assert run.patched == [] and "answered correctly" in run.unpatched["fr"]
     assert run.patching() == {"fr": {"unpatched": run.unpatched["fr"]}}
     html = trace_report(run.trace, run.summary({}), run.patched, max_rank=10,
                         unpatched=run.unpatched).render()  # fmt: skip
     assert "No circuit for fr" in html
-    run = run_trace(ctx["model"], fr, max_new_tokens=2, patch_prompts=2, unanswered=True)
+    run = run_trace(
+        ctx["model"], fr, TraceOptions(max_new_tokens=2, patch_prompts=2, unanswered=True)
+    )
     assert run.patched[0].n_unanswered == 2
     html = trace_report(run.trace, run.summary({}), run.patched, max_rank=10).render()
     assert "2 of the clean fr prompts below are answered wrongly" in html

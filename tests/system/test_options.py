@@ -15,15 +15,21 @@ import pytest
 import torch
 
 import mechlingo
+from mechlingo.analyses.decoders.lens import LensRunOptions
 from mechlingo.analyses.decoders.options import TrainingOptions
 from mechlingo.analyses.decoders.tuned_lens import HELDOUT_BATCH_SIZE
+from mechlingo.analyses.experts.align_run import AlignOptions
+from mechlingo.analyses.experts.kcurve import KCurveOptions
 from mechlingo.analyses.experts.run import ExpertSettings
 from mechlingo.analyses.recall.settings import BuildSettings, ScoringOptions
 from mechlingo.analyses.recall.trace import run_trace
 from mechlingo.analyses.recall.trace_options import TraceOptions
+from mechlingo.card.replicate import CardData, CardOptions
 from mechlingo.cli import build_parser
 from mechlingo.core import defaults as D
 from mechlingo.core.errors import InputError, MechlingoError
+from mechlingo.scoring.evaluate import DecodeOptions
+from mechlingo.scoring.side_effects import SideEffectOptions
 
 #: the shared option names and the one default each takes
 SHARED: dict[str, Any] = {
@@ -56,7 +62,7 @@ ALLOWED: dict[str, Any] = {
     "analyses.decoders.tuned_lens.lens_divergence:batch_size": HELDOUT_BATCH_SIZE,
     # samples from BOS are free text whose language is identified: `experts --help`
     "activations.likelihood.sample_from_bos:max_new_tokens": D.SAMPLE_NEW_TOKENS,
-    "analyses.experts.kcurve.k_curve:max_new_tokens": D.SAMPLE_NEW_TOKENS,
+    "analyses.experts.kcurve.KCurveOptions:max_new_tokens": D.SAMPLE_NEW_TOKENS,
     "analyses.experts.stacked.stacked_bos_samples:max_new_tokens": D.SAMPLE_NEW_TOKENS,
     "analyses.experts.run.ExpertSettings:max_new_tokens": D.SAMPLE_NEW_TOKENS,
     # the patchscope's rows are one short target prompt per layer; its continuation is off
@@ -124,6 +130,16 @@ def _defaults() -> dict[str, dict[str, Any]]:
             if p.name in names and p.default is not inspect.Parameter.empty:
                 found[p.name][f"{where}:{p.name}"] = p.default
     return found
+
+
+def test_every_options_class_is_scanned():
+    """The options classes of every concern are among the scanned public objects, so their
+    shared option names are compared too."""
+    scanned = {obj for obj in _public().values() if dataclasses.is_dataclass(obj)}
+    classes = {KCurveOptions, AlignOptions, DecodeOptions, LensRunOptions, CardOptions,
+               SideEffectOptions, TrainingOptions, TraceOptions, ScoringOptions, BuildSettings,
+               ExpertSettings}  # fmt: skip
+    assert classes <= scanned, classes - scanned
 
 
 def test_every_public_default_of_a_shared_option_is_the_shared_one():
@@ -216,6 +232,16 @@ def test_each_steer_command_has_one_adapter_whose_defaults_are_the_options():
         (lambda: TraceOptions(patch_prompts=-1), "patch_prompts (--patch-prompts)"),
         (lambda: TraceOptions(patch_sites=()), "pass at least one site (--patch-sites)"),
         (lambda: D.check_seeds([]), "seeds needs at least one seed"),
+        (lambda: KCurveOptions(n_samples=0), "n_samples must be >= 1"),
+        (lambda: KCurveOptions(value="max"), "pass one of mean, median"),  # type: ignore[arg-type]
+        (lambda: AlignOptions(batch_size=0), "batch_size must be an integer of at least 1"),
+        (lambda: DecodeOptions(batch_size=0), "batch_size must be at least 1"),
+        (lambda: DecodeOptions(max_new_tokens=-1), "max_new_tokens must be >= 0"),
+        (lambda: LensRunOptions(chunk_rows=0), "chunk_rows must be an integer of at least 1"),
+        (lambda: CardOptions(paper="x"), "paper must be one of"),
+        (lambda: CardOptions(metric="x"), "metric must be one of"),
+        (lambda: CardData(external_metric="x"), "external_metric must be one of"),
+        (lambda: SideEffectOptions(n_boot=0), "n_boot must be an integer of at least 1"),
         (lambda: D.check_seeds((), what="--control-seeds"), "--control-seeds needs at least one"),
     ],
 )
@@ -223,7 +249,8 @@ def test_options_refuse_bad_values_in_one_line(make, says):
     with pytest.raises(MechlingoError) as err:
         make()
     assert says in str(err.value) and "\n" not in str(err.value)
-    assert isinstance(err.value, InputError) or type(err.value).__name__ == "ExpertError"
+    assert isinstance(err.value, InputError) or type(err.value).__name__ in (
+        "ExpertError", "AlignmentError", "SideEffectsError")  # fmt: skip
 
 
 def test_scoring_options_pass_the_kv_cache_and_early_stop_on():
@@ -233,9 +260,9 @@ def test_scoring_options_pass_the_kv_cache_and_early_stop_on():
     assert TrainingOptions.of(None) == TrainingOptions()
     assert TrainingOptions.of({"steps": 3}).kw()["steps"] == 3
     assert D.check_seeds(("1", 2)) == [1, 2]
-    # run_trace's defaults are TraceOptions' (written once)
+    # run_trace takes TraceOptions (its defaults written once, there)
     params = inspect.signature(run_trace).parameters
-    assert {k: params[k].default for k in TraceOptions().kw()} == TraceOptions().kw()
+    assert list(params) == ["model", "facts", "options"] and params["options"].default is None
 
 
 def test_the_templates_family_tuned_is_now_measured_and_the_old_name_warns(capsys, tmp_path):
@@ -267,12 +294,13 @@ def test_stage_stores_and_the_kv_cache_are_separate_names():
     from mechlingo.analyses.experts.kcurve import k_curve
     from mechlingo.analyses.recall.steer_eval import evaluate_test
     from mechlingo.core.artifacts import cleanup_stale
-    from mechlingo.scoring.evaluate import evaluate_conditions
+    from mechlingo.scoring.evaluate import DecodeOptions, ScoreArgs, evaluate_conditions
 
     assert "stage_store" in inspect.signature(evaluate_test).parameters
     assert "stage_store" in inspect.signature(k_curve).parameters
     assert "cache" not in inspect.signature(evaluate_test).parameters
-    assert inspect.signature(evaluate_conditions).parameters["cache"].default is D.KV_CACHE
+    assert "cache" in ScoreArgs.__annotations__ and DecodeOptions.cache is D.KV_CACHE
+    assert "cache" not in inspect.signature(evaluate_conditions).parameters  # in **decoding
     assert "model_cache" in inspect.signature(cleanup_stale).parameters
 
 

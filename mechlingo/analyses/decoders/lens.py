@@ -40,6 +40,7 @@ from mechlingo.analyses.decoders.patchscope import Patchscope
 from mechlingo.analyses.decoders.registry import Decoder, as_decoder, generates
 from mechlingo.analyses.decoders.tokens import TokenGrid, token_grid
 from mechlingo.analyses.decoders.tuned_lens import TunedLens
+from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import answer_tokens, encode, pack_token_sets, sorted_batches
@@ -59,6 +60,8 @@ __all__ = [
     "LensArgs",
     "LensFactsArgs",
     "LensResult",
+    "LensRunArgs",
+    "LensRunOptions",
     "fact_answers",
     "lens_facts",
     "lens_hook_names",
@@ -390,6 +393,38 @@ def token_energy(model: Model, rows: Float[Tensor, "row d_model"]) -> Float[Tens
         return ((x @ G) * x).sum(-1) / (x * x).sum(-1).clamp_min(1e-30)
 
 
+class LensRunArgs(TypedDict, total=False):
+    """How :func:`logit_lens` runs (not what it reads): :class:`LensRunOptions`' fields, whose
+    defaults they take."""
+
+    batch_size: int
+    chunk_rows: int
+    progress: bool
+
+
+@dataclass(frozen=True)
+class LensRunOptions:
+    """How a lens runs (the keywords :class:`LensRunArgs` of :func:`logit_lens`, whose
+    defaults are these), checked when made.
+
+    Attributes:
+        batch_size: prompts per forward pass.
+        chunk_rows: rows per unembedding matmul (the unembedding is read once per chunk;
+            memory about two ``chunk_rows x vocab`` float32 arrays: 0.5 GB for 256 x 262,144).
+        progress: show a progress bar.
+    """
+
+    batch_size: int = BATCH_SIZE
+    chunk_rows: int = 256
+    progress: bool = PROGRESS
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "chunk_rows"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise InputError(f"{name} must be an integer of at least 1, got {v!r}")
+
+
 class LensArgs(TypedDict, total=False):
     """The keywords of :func:`logit_lens` that :func:`lens_facts` (and
     :func:`~mechlingo.analyses.decoders.compare.compare_decoders`) pass on; their meaning and
@@ -428,12 +463,10 @@ def logit_lens(
     langs: Sequence[str] | None = None,
     layers: Any = None,
     top_k: int = 5,
-    batch_size: int = 16,
-    chunk_rows: int = 256,
     ids: Sequence[str] | None = None,
-    progress: bool = False,
     decoder: Decoder | None = None,
     tokens: bool | None = None,
+    **run: Unpack[LensRunArgs],
 ) -> LensResult:
     """Run the per-language logit lens (or another decoder over the same entries).
 
@@ -445,9 +478,8 @@ def logit_lens(
         langs: language of each prompt (decides whether answers continue with a space).
         layers: lens entries to read (default all, ``0..n_layers``).
         top_k: top tokens to keep per entry (and per position for the token-level lens).
-        batch_size: prompts per forward pass.
-        chunk_rows: rows per unembedding matmul (the unembedding is read once per chunk;
-            memory about two ``chunk_rows x vocab`` float32 arrays: 0.5 GB for 256 x 262,144).
+        batch_size, chunk_rows, progress: how it runs (:class:`LensRunOptions`, whose
+            defaults they take): prompts per forward pass, rows per unembedding matmul.
         ids: optional fact ids, carried into the result.
         decoder: a :class:`~mechlingo.analyses.decoders.registry.Decoder` (``None``: the
             logit lens), e.g. a :class:`~mechlingo.analyses.decoders.tuned_lens.TunedLens`
@@ -467,6 +499,7 @@ def logit_lens(
         ModelMismatchError: a tuned lens trained on another model.
     """
     dec = as_decoder(decoder, model)
+    ro = LensRunOptions(**run)
     prompts = list(prompts)
     answers = dict(answers or {})
     langs = _checked_langs(prompts, answers, langs)
@@ -475,12 +508,11 @@ def logit_lens(
     grid = None
     if tokens or (tokens is None and not answers):
         grid = token_grid(model, prompts, entries, names, langs=langs, decoder=dec,
-                          top_k=top_k, batch_size=batch_size, chunk_rows=chunk_rows,
-                          progress=progress)  # fmt: skip
+                          top_k=top_k, batch_size=ro.batch_size, chunk_rows=ro.chunk_rows,
+                          progress=ro.progress)  # fmt: skip
     if answers:
         reads, n_tokens, continuations = _last_token_reads(
-            model, prompts, answers, langs, entries, names, dec,
-            top_k=top_k, batch_size=batch_size, chunk_rows=chunk_rows, progress=progress,
+            model, prompts, answers, langs, entries, names, dec, top_k, ro
         )  # fmt: skip
     else:
         assert grid is not None
@@ -534,11 +566,8 @@ def _last_token_reads(
     entries: list[int],
     names: list[str],
     decoder: Decoder,
-    *,
     top_k: int,
-    batch_size: int,
-    chunk_rows: int,
-    progress: bool,
+    run: LensRunOptions,
 ) -> tuple[_LensReads, Tensor, list[list[str]] | None]:
     """The tracks' reads at each prompt's last token (:func:`logit_lens` with answers), the
     tokens per answer, and a patchscope's continuations (``None`` without)."""
@@ -552,7 +581,7 @@ def _last_token_reads(
     n_e = len(entries)
     reads = _LensReads.empty(n_e, len(prompts), len(tracks), top_k, model.W_U.device)
     continuations: list[list[str]] = [[""] * len(prompts) for _ in entries]
-    groups = sorted_batches(batch.lengths, batch_size)
+    groups = sorted_batches(batch.lengths, run.batch_size)
     generate = generates(decoder)
     sharded = scoring_sharded()  # under torchrun each rank reads its share of the batches
     if sharded:
@@ -560,14 +589,16 @@ def _last_token_reads(
         groups = [groups[i] for i in shard_by_cost(cost)]
     done = []
     with sharded_scoring(False):  # a rank's own batches: no collective inside
-        for rows in tqdm(groups, desc=f"{decoder.name} lens", disable=not progress):
+        for rows in tqdm(groups, desc=f"{decoder.name} lens", disable=not run.progress):
             acts = collect(model, batch.select(rows), names)
             stack = torch.stack([acts[nm] for nm in names])  # [entry, b, d_model]
             decoded = decoder.decode(model, entries, stack, [langs[i] for i in rows])
             flat = decoded.flatten(0, 1)  # [entry * b, d_model]
             ids_rows = all_ids[rows].repeat(n_e, 1, 1)
             prim_rows = all_primary[rows].repeat(n_e, 1)
-            r = read_logits(model, flat, ids_rows, prim_rows, top_k=top_k, chunk_rows=chunk_rows)
+            r = read_logits(
+                model, flat, ids_rows, prim_rows, top_k=top_k, chunk_rows=run.chunk_rows
+            )
             langs_b = [langs[i] for i in rows]
             gen = None
             if generate:

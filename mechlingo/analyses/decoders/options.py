@@ -74,5 +74,5 @@ class TrainingOptions:
         return cls(**dict(given))
 
     def kw(self) -> dict[str, Any]:
-        """The keyword arguments of ``train_tuned_lens``."""
+        """The settings as a dict (their names are the fields)."""
         return asdict(self)

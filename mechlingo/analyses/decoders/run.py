@@ -264,7 +264,7 @@ def run_tuned_lens(
         if stages is None:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="mechlingo-lens-"))
             stages = Stages(tmp, {"temporary": True})
-        tr = _staged_training(stages, model, train, TrainingOptions.of(training).kw())
+        tr = _staged_training(stages, model, train, TrainingOptions.of(training))
         tr.lens.meta |= {"text": text, "langs": list(langs), "lines": lines}
         div = None
         if heldout:
@@ -275,13 +275,13 @@ def run_tuned_lens(
 
 
 def _staged_training(
-    stages: Stages, model: Model, train: Sequence[str], kw: dict[str, Any]
+    stages: Stages, model: Model, train: Sequence[str], options: TrainingOptions
 ) -> TunedLensTraining:
     """The training as stage ``train`` (the lens saved in the stage folder, the loss curve
     in its result), read back through :func:`load_tuned_lens` and its checks."""
 
     def fn(tmp: Path) -> dict[str, Any]:
-        tr = train_tuned_lens(model, train, **kw)
+        tr = train_tuned_lens(model, train, options)
         tr.lens.save(tmp / "lens")
         return {"loss": tr.loss.tolist(), "tokens": tr.tokens, "seconds": tr.seconds,
                 "world_size": tr.world_size, "config": tr.config}  # fmt: skip

@@ -540,19 +540,9 @@ def _rank_step(model: Model, lens: TunedLens, texts: list[str], cfg: dict[str, A
 def train_tuned_lens(
     model: Model,
     texts: Sequence[str],
+    options: TrainingOptions | None = None,
     *,
-    steps: int = TrainingOptions.steps,
-    max_seconds: float | None = TrainingOptions.max_seconds,
-    texts_per_step: int = TrainingOptions.texts_per_step,
-    lr: float = TrainingOptions.lr,
-    warmup: int = TrainingOptions.warmup,
-    max_tokens: int = TrainingOptions.max_tokens,
-    vocab_sample: int | str | None = TrainingOptions.vocab_sample,
-    target_top_k: int = TrainingOptions.target_top_k,
-    chunk_rows: int = TrainingOptions.chunk_rows,
-    seed: int = TrainingOptions.seed,
     init: TunedLens | None = None,
-    progress: bool = TrainingOptions.progress,
 ) -> TunedLensTraining:
     """Train a tuned lens on ``texts`` (every real token of every text is a training token).
 
@@ -561,6 +551,8 @@ def train_tuned_lens(
 
     Args:
         texts: one language, or :func:`mix_texts` for a balanced mix.
+        options: the settings (:class:`~mechlingo.analyses.decoders.options.TrainingOptions`;
+            its defaults when ``None``):
         steps, max_seconds: the budget (at most this many steps; stop earlier when rank 0 has
             trained this long); the learning rate decays with whichever runs out first.
         texts_per_step: texts per step over all ranks (each cut to ``max_tokens`` tokens).
@@ -579,21 +571,21 @@ def train_tuned_lens(
     texts = [t for t in texts if isinstance(t, str) and t.strip()]
     if not texts:
         raise InputError("no training text for the tuned lens", fix="pass non-empty lines")
-    if steps < 1 or texts_per_step < 1 or lr <= 0 or chunk_rows < 1:
-        raise InputError("steps, texts_per_step and chunk_rows must be >= 1 and lr > 0")
+    o = TrainingOptions() if options is None else options
+    steps, max_seconds, lr, warmup, seed = o.steps, o.max_seconds, o.lr, o.warmup, o.seed
     lens = init if init is not None else TunedLens.for_model(model)
     lens.check(model)
     world = dist_info().world_size
     opt = _Adam([lens.weight, lens.bias])
     W = model.W_U.detach().float()
-    sampling = _sampling(model, vocab_sample, target_top_k, seed)
-    cfg = {"steps": steps, "max_seconds": max_seconds, "texts_per_step": texts_per_step,
-           "lr": lr, "warmup": warmup, "max_tokens": max_tokens, "chunk_rows": chunk_rows,
-           "vocab_sample": sampling[1] if sampling else None, "target_top_k": target_top_k,
+    sampling = _sampling(model, o.vocab_sample, o.target_top_k, seed)
+    cfg = {"steps": steps, "max_seconds": max_seconds, "texts_per_step": o.texts_per_step,
+           "lr": lr, "warmup": warmup, "max_tokens": o.max_tokens, "chunk_rows": o.chunk_rows,
+           "vocab_sample": sampling[1] if sampling else None, "target_top_k": o.target_top_k,
            "seed": seed, "n_texts": len(texts)}  # fmt: skip
     losses, counts, t0 = [], [], time.time()
-    bar = tqdm(total=steps, desc="tuned lens", disable=not progress or dist_info().rank != 0)
-    batches = _step_texts(texts, texts_per_step, seed)
+    bar = tqdm(total=steps, desc="tuned lens", disable=not o.progress or dist_info().rank != 0)
+    batches = _step_texts(texts, o.texts_per_step, seed)
     for step in range(steps):
         state = _rank_step(model, lens, next(batches), cfg, W, sampling, t0)
         n_tok, elapsed = float(state["n"]), float(state["t"])

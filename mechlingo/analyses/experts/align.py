@@ -26,6 +26,7 @@ from torch import Tensor
 
 from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard_by_cost
 from mechlingo.activations.pooled import (
+    PoolPass,
     check_texts,
     encode_sentences,
     output_device,
@@ -134,9 +135,9 @@ def embed_parallel(
     extra = intervention_hooks(model, intervention)
 
     def pooled(rows: TokenBatch) -> Tensor:
-        return pool_activations(model, rows, names, int(model.cfg.d_model),
-                                batch_size=batch_size, fwd_hooks=extra, progress=progress,
-                                desc="embedding", error=AlignmentError)  # fmt: skip
+        run = PoolPass(batch_size=batch_size, progress=progress, desc="embedding")
+        return pool_activations(model, rows, names, int(model.cfg.d_model), run,
+                                fwd_hooks=extra, error=AlignmentError)  # fmt: skip
 
     if scoring_sharded():
         out = _pooled_sharded(batch, batch_size, pooled).to(output_device(model))

@@ -28,15 +28,16 @@ from mechlingo.analyses.experts.align import (
     compare_alignment,
 )
 from mechlingo.analyses.results import WritesFolder
+from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
 from mechlingo.core.errors import ArtifactError
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.core.untrusted import load_tensors
 from mechlingo.data import LANGS, load_facts
 from mechlingo.interventions import Intervention, load_intervention
-from mechlingo.scoring.side_effects import SideEffects, side_effects
+from mechlingo.scoring.side_effects import SideEffectOptions, SideEffects, side_effects
 
-__all__ = ["AlignRun", "align_side_effects", "load_clamp_pair", "run_alignment"]
+__all__ = ["AlignOptions", "AlignRun", "align_side_effects", "load_clamp_pair", "run_alignment"]
 
 _ARMS = ("pre", "post", "control")
 
@@ -105,19 +106,47 @@ def load_clamp_pair(
     return iv, None
 
 
+@dataclass(frozen=True)
+class AlignOptions:
+    """How :func:`run_alignment` measures (its defaults are these), checked when made.
+
+    Attributes:
+        target: the clamp's target language (``None``: none).
+        centre: centre each language's embeddings before comparing.
+        layer: the layer of the summary (``None``: the last).
+        batch_size: sentences per forward pass.
+        max_tokens: keep only the first N tokens of each sentence (``None``: all).
+        side_effect_lines: measure the clamp's side effects on this many lines per
+            language (``None``: not measured).
+        progress: show progress bars.
+    """
+
+    target: str | None = None
+    centre: bool = False
+    layer: int | None = None
+    batch_size: int = BATCH_SIZE
+    max_tokens: int | None = None
+    side_effect_lines: int | None = None
+    progress: bool = PROGRESS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise AlignmentError(
+                f"batch_size must be an integer of at least 1, got {self.batch_size!r}"
+            )
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise AlignmentError(
+                f"max_tokens must be at least 1 (or None: all), got {self.max_tokens}"
+            )
+
+
 def run_alignment(
     model: Model,
     texts: Mapping[str, Sequence[str]],
     clamp: Intervention | None = None,
     control: Intervention | None = None,
+    options: AlignOptions | None = None,
     *,
-    target: str | None = None,
-    centre: bool = False,
-    layer: int | None = None,
-    batch_size: int = 16,
-    max_tokens: int | None = None,
-    side_effect_lines: int | None = None,
-    progress: bool = False,
     stages: Stages | None = None,
 ) -> AlignRun:
     """Alignment of ``texts`` (``{lang: parallel sentences}``) before and after ``clamp``
@@ -127,25 +156,28 @@ def run_alignment(
     ``compare`` of ``stages`` when given (its embeddings and retrieval kept in a safetensors
     file). With ``side_effect_lines`` and a clamp, the clamp's side effects are measured too
     (:func:`align_side_effects`). ``layer`` is the layer of the summary (``None``: the last).
+    The settings named here are ``options``' (:class:`AlignOptions`, its defaults when
+    ``None``).
 
     Raises:
         AlignmentError: fewer than two languages, an unknown target or layer.
     """
+    o = AlignOptions() if options is None else options
     try:
         comp = _staged_comparison(stages, lambda: compare_alignment(
-            model, texts, clamp, control=control, layers="all", target=target,
-            centre=centre, batch_size=batch_size, max_tokens=max_tokens,
-            progress=progress))  # fmt: skip
-        run = AlignRun(comp, layer)
+            model, texts, clamp, control=control, layers="all", target=o.target,
+            centre=o.centre, batch_size=o.batch_size, max_tokens=o.max_tokens,
+            progress=o.progress))  # fmt: skip
+        run = AlignRun(comp, o.layer)
         _ = run.record  # a bad layer is refused here, before anything else is measured
     except AlignmentError:
         raise
     except ValueError as err:
         raise AlignmentError(str(err)) from err
-    if side_effect_lines is not None and clamp is not None:
+    if o.side_effect_lines is not None and clamp is not None:
         run.side_effects = align_side_effects(
-            model, clamp, control, texts, side_effect_lines, batch_size=batch_size,
-            progress=progress,
+            model, clamp, control, texts, o.side_effect_lines, batch_size=o.batch_size,
+            progress=o.progress,
         )  # fmt: skip
     return run
 
@@ -167,8 +199,8 @@ def align_side_effects(
     langs = [lg for lg in texts if lg in LANGS]
     facts = load_facts(langs=langs, relations=["capital"], limit=n, templates="natural")
     lines = {lg: list(texts[lg][-n:]) for lg in langs}
-    return side_effects(model, clamp, facts, lines, control=control or "random",
-                        batch_size=batch_size, progress=progress)  # fmt: skip
+    opts = SideEffectOptions(batch_size=batch_size, progress=progress)
+    return side_effects(model, clamp, facts, lines, control=control or "random", options=opts)
 
 
 def _staged_comparison(

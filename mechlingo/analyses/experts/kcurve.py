@@ -47,7 +47,15 @@ if TYPE_CHECKING:
     import pandas as pd
     import plotly.graph_objects as go
 
-__all__ = ["NEUTRAL_PROMPTS", "PPL_BUDGET", "KCurve", "OthersRule", "choose_k", "k_curve"]
+__all__ = [
+    "NEUTRAL_PROMPTS",
+    "PPL_BUDGET",
+    "KCurve",
+    "KCurveOptions",
+    "OthersRule",
+    "choose_k",
+    "k_curve",
+]
 
 #: Neutral prompts whose greedy continuations give the k curve's ``target_rate_prompt``.
 NEUTRAL_PROMPTS = ("1.", "*", "Text:", '"')
@@ -389,24 +397,57 @@ def _run_arms(
     return res
 
 
+@dataclass(frozen=True)
+class KCurveOptions:
+    """How :func:`k_curve` samples, clamps and measures (its defaults are these), checked
+    when made.
+
+    Attributes:
+        n_samples: samples from a bare BOS prompt per arm.
+        max_new_tokens: greedy tokens per BOS sample and per neutral prompt.
+        prompts: the neutral prompts whose greedy continuations give ``target_rate_prompt``.
+        value: the clamp value, the ``"mean"`` or ``"median"`` pooled activation.
+        seed: the seed of the samples and of the random control's neuron set.
+        control: run the random-neuron control arm.
+        control_seeds: a population of random controls, one clamp per seed (``None``: one,
+            of ``seed``).
+        layer_matched: draw the control's neurons per layer as the experts lie.
+        max_tokens: tokens per held-out line kept for perplexity (``None``: all).
+        progress: show a progress bar over the arms.
+        stack: run every arm in one batched pass (``False``: one run per arm).
+    """
+
+    n_samples: int = 32
+    max_new_tokens: int = SAMPLE_NEW_TOKENS
+    prompts: Sequence[str] = NEUTRAL_PROMPTS
+    value: Literal["mean", "median"] = "mean"
+    seed: int = 0
+    control: bool = True
+    control_seeds: Sequence[int] | None = None
+    layer_matched: bool = False
+    max_tokens: int | None = 32
+    progress: bool = False
+    stack: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n_samples, int) or self.n_samples < 1:
+            raise ExpertError(f"n_samples must be >= 1, got {self.n_samples}")
+        if self.value not in ("mean", "median"):
+            raise ExpertError(f"value {self.value!r}: pass one of mean, median")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ExpertError(
+                f"max_tokens must be at least 1 (or None: all), got {self.max_tokens}"
+            )
+
+
 def k_curve(
     model: Model,
     experts: ExpertResult,
     lang: str,
     ks: Sequence[int],
     heldout: Mapping[str, Sequence[str]],
+    options: KCurveOptions | None = None,
     *,
-    n_samples: int = 32,
-    max_new_tokens: int = SAMPLE_NEW_TOKENS,
-    prompts: Sequence[str] = NEUTRAL_PROMPTS,
-    value: Literal["mean", "median"] = "mean",
-    seed: int = 0,
-    control: bool = True,
-    control_seeds: Sequence[int] | None = None,
-    layer_matched: bool = False,
-    max_tokens: int | None = 32,
-    progress: bool = False,
-    stack: bool = True,
     stage_store: Callable[[str, Callable[[], dict]], dict] | None = None,
 ) -> KCurve:
     """For each ``k``: language of generations with the clamp on and held-out perplexity of
@@ -430,31 +471,32 @@ def k_curve(
     stored equal result (a resumable stage, :class:`mechlingo.core.stages.Stages`; ``experts
     --resume``); the first arm not stored computes every later one with it. Every arm draws
     its samples with ``seed`` alone, so an arm's row does not depend on the other ``ks``.
+    The settings named here are ``options``' (:class:`KCurveOptions`, its defaults when
+    ``None``).
     """
 
+    o = KCurveOptions() if options is None else options
     if not ks:
         raise ExpertError("give at least one k")
-    if n_samples < 1:
-        raise ExpertError(f"n_samples must be >= 1, got {n_samples}")
     id_langs = list(dict.fromkeys([*experts.langs, *heldout]))
     check_texts(heldout, 1, error=ExpertError)
-    seeds = control_seeds if control else ()
-    arms = _k_arms(experts, lang, ks, value, seeds, layer_matched, seed)
+    seeds = o.control_seeds if o.control else ()
+    arms = _k_arms(experts, lang, ks, o.value, seeds, o.layer_matched, o.seed)
     run = stage_store or (lambda name, fn: fn())
-    opts = {"n_samples": n_samples, "max_new_tokens": max_new_tokens, "prompts": prompts,
-            "seed": seed, "max_tokens": max_tokens}  # fmt: skip
+    opts = {"n_samples": o.n_samples, "max_new_tokens": o.max_new_tokens, "prompts": o.prompts,
+            "seed": o.seed, "max_tokens": o.max_tokens}  # fmt: skip
     stored: dict[str, dict] = {}
     done: dict[str, dict] = {}
     base: list[dict[str, Tensor] | None] = [None]
 
     def compute(a: _Arm) -> dict:
         if a.name not in done:
-            todo = [b for b in arms if b.name not in stored] if stack else [a]
-            done.update(_run_arms(model, lang, todo, id_langs, heldout, base[0], stack, opts))
+            todo = [b for b in arms if b.name not in stored] if o.stack else [a]
+            done.update(_run_arms(model, lang, todo, id_langs, heldout, base[0], o.stack, opts))
         return done[a.name]
 
     rows = []
-    for a in tqdm(arms, desc="k curve", disable=not progress):
+    for a in tqdm(arms, desc="k curve", disable=not o.progress):
         out = stored[a.name] = run(a.name, lambda a=a: compute(a))
         if a.arm == "none":
             base[0] = {hl: torch.tensor(v, dtype=torch.float64) for hl, v in out["nll"].items()}

@@ -25,7 +25,13 @@ from safetensors.torch import save_file
 
 from mechlingo.activations.distributed import is_main
 from mechlingo.activations.pooled import NeuronStats
-from mechlingo.analyses.experts.kcurve import PPL_BUDGET, KCurve, OthersRule, k_curve
+from mechlingo.analyses.experts.kcurve import (
+    PPL_BUDGET,
+    KCurve,
+    KCurveOptions,
+    OthersRule,
+    k_curve,
+)
 from mechlingo.analyses.experts.selection import ExpertResult
 from mechlingo.analyses.experts.stats import (
     NeuronScores,
@@ -344,14 +350,16 @@ def _k_curve(
         target,
         ks,
         heldout,
-        n_samples=opt.samples,
-        max_new_tokens=opt.max_new_tokens,
-        value=opt.value,
-        seed=opt.seed,
-        max_tokens=opt.max_tokens or KCURVE_MAX_TOKENS,
-        progress=opt.progress,
+        KCurveOptions(
+            n_samples=opt.samples,
+            max_new_tokens=opt.max_new_tokens,
+            value=opt.value,
+            seed=opt.seed,
+            max_tokens=opt.max_tokens or KCURVE_MAX_TOKENS,
+            progress=opt.progress,
+            stack=False,
+        ),
         stage_store=kcurve_store(stages, f"kcurve-{target}-"),
-        stack=False,
     )
 
 

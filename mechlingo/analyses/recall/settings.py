@@ -225,6 +225,7 @@ class MatrixSettings:
         top_k: settings of each vector re-scored on the dev split.
         en_tolerance, p_threshold: as in :class:`DevGrid`.
         seed: seed of the random control and of the bootstrap.
+        held_out: the columns (``None``: every relation, or every non-English language).
     """
 
     cells: str = "full"
@@ -238,3 +239,4 @@ class MatrixSettings:
     en_tolerance: float = 0.05
     p_threshold: float = 0.1
     seed: int = 0
+    held_out: tuple[str, ...] | None = None

@@ -47,7 +47,7 @@ from mechlingo.interventions import Intervention
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
 from mechlingo.scoring.evaluate import EvalResult
 from mechlingo.scoring.scorers import as_scorer
-from mechlingo.scoring.side_effects import SideEffects, side_effects
+from mechlingo.scoring.side_effects import SideEffectOptions, SideEffects, side_effects
 from mechlingo.viz.steer import accuracy_ci_figure, headroom_figure
 
 if TYPE_CHECKING:
@@ -204,15 +204,14 @@ def evaluate_test(
     lowest_rule: dict[str, Any] | None = None,
     pool: Sequence[Fact] | None = None,
     k_shot: int = 3,
-    seeds: Sequence[int] = (0, 1, 2),
-    scoring: ScoringOptions | None = None,
+    options: SteerEvalOptions | None = None,
     stage_store: Callable[[str, Callable[[], Any]], Any] | None = None,
-    **score_kw: Any,
 ) -> SteerTestResult:
     """Score every condition on ``test_facts`` with ``metric`` (see the module docstring),
     and the test headroom (zero-shot vs k-shot with demonstrations from ``pool``).
-    ``scoring``: how every item is scored
-    (:class:`~mechlingo.analyses.recall.settings.ScoringOptions`). ``lowest_rule`` is
+    ``options``: the random controls' ``seeds`` and how every item is ``scoring``ed
+    (:class:`SteerEvalOptions`; its defaults when ``None``; the others of its settings do not
+    enter here). ``lowest_rule`` is
     :func:`~mechlingo.analyses.recall.dev_grid.lowest_language_rule` on dev (its literal-rule language is
     reported too); when dev chose a pair other than ``choice.config``, ``both_pair`` scores
     both vectors at that pair (the headline condition).
@@ -224,14 +223,14 @@ def evaluate_test(
     Raises:
         InputError: no seed, or ``klar`` without a ``pool`` (its demonstrations would be
             test facts)."""
-    scoring = scoring or ScoringOptions()
-    seeds = check_seeds(seeds)
+    opts = SteerEvalOptions() if options is None else options
+    scoring, seeds = opts.scoring, opts.seeds
     scorer = as_scorer(scoring.metric)
     if scorer.metric == "klar" and pool is None:
         raise InputError(
             "klar on test needs pool= (the build split): its demonstrations may not be test facts"
         )
-    kw = {**scoring.kw(), **score_kw}
+    kw = scoring.kw()
     cfg = choice.config
     task = vectors.task.at(cfg.task_layer, cfg.task_alpha)
     diff = vectors.diff.at(cfg.diff_layer, cfg.diff_alpha)
@@ -463,9 +462,7 @@ class SteerEvalResult(WritesFolder):
                 test.facts,
                 lines,
                 control="random",
-                seed=0,
-                batch_size=batch_size,
-                progress=progress,
+                options=SideEffectOptions(seed=0, batch_size=batch_size, progress=progress),
             ).to_json()
 
         with _stages_or_temp(stages) as st:
@@ -668,8 +665,7 @@ def _one_split(
         lowest_rule=rule,
         pool=build,
         k_shot=k_shot,
-        seeds=opt.seeds,
-        scoring=opt.scoring,
+        options=SteerEvalOptions(scoring=opt.scoring, seeds=tuple(opt.seeds)),
         stage_store=stage_store(stages, f"{prefix}test-"),
     )
     summary = test_res.summary()

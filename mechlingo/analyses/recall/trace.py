@@ -605,28 +605,26 @@ def patch_language(
     trace: TraceResult,
     facts: Sequence[Fact],
     lang: str,
-    *,
-    n_prompts: int = 3,
-    sites: Sequence[str] = ("attn_out", "mlp_out"),
-    method: str = "exact",
-    cells_per_batch: int | None = None,
-    verify_heads: int = 5,
-    unanswered: bool = False,
-    progress: bool = False,
+    options: TraceOptions | None = None,
 ) -> LanguagePatching | None:
     """Corrupted-subject patching (:func:`corrupted_pairs`, :func:`measure_patching`) and
     attention knockout for one language, from correctly answered clean prompts only
-    (``None`` when there is none, or fewer than two facts: :func:`unpatched_reason`)."""
-
-    pairs = corrupted_pairs(trace, facts, lang, n_prompts, unanswered=unanswered)
+    (``None`` when there is none, or fewer than two facts: :func:`unpatched_reason`).
+    ``options``: :class:`~mechlingo.analyses.recall.trace_options.TraceOptions` (its
+    ``patch_prompts``, ``patch_sites``, ``method``, ``cells_per_batch``, ``verify_heads``,
+    ``unanswered`` and ``progress``; its defaults when ``None``)."""
+    o = TraceOptions() if options is None else options
+    method = o.method
+    pairs = corrupted_pairs(trace, facts, lang, o.patch_prompts, unanswered=o.unanswered)
     if pairs is None:
         return None
     clean, corrupt = pairs
     correct = {r["id"] for r in trace.records if r["lang"] == lang and r["correct"]}
     n_wrong = sum(f.id not in correct for f in clean)
-    sweep, atp, extra = measure_patching(model, clean, corrupt, sites=sites, method=method,
-                                         cells_per_batch=cells_per_batch,
-                                         verify_heads=verify_heads, progress=progress)  # fmt: skip
+    sweep, atp, extra = measure_patching(model, clean, corrupt, sites=o.patch_sites,
+                                         method=method, cells_per_batch=o.cells_per_batch,
+                                         verify_heads=o.verify_heads,
+                                         progress=o.progress)  # fmt: skip
     for sw in (sweep, atp):
         if sw is not None:
             sw.meta.update({"clean": [f.prompt for f in clean],
@@ -702,52 +700,36 @@ class TraceRun(WritesFolder):
 def run_trace(
     model: Model,
     facts: Sequence[Fact],
-    *,
-    max_rank: int = TraceOptions.max_rank,
-    mid_layers: Sequence[int] | None = TraceOptions.mid_layers,
-    max_new_tokens: int = TraceOptions.max_new_tokens,
-    batch_size: int = TraceOptions.batch_size,
-    patch_prompts: int = TraceOptions.patch_prompts,
-    patch_sites: Sequence[str] = TraceOptions.patch_sites,
-    cells_per_batch: int | None = TraceOptions.cells_per_batch,
-    method: str = TraceOptions.method,
-    verify_heads: int = TraceOptions.verify_heads,
-    progress: bool = TraceOptions.progress,
-    unanswered: bool = TraceOptions.unanswered,
+    options: TraceOptions | None = None,
 ) -> TraceRun:
     """The recall trace of every fact (:func:`trace_recall`) and, for each language, the
     corrupted-subject patching of ``patch_prompts`` prompts at ``patch_sites`` with
     ``method`` (``"exact"``, ``"atp"`` or ``"both"``) and the attention knockout
     (:func:`patch_language`; ``patch_prompts=0`` skips both), as ``mechlingo trace`` runs it.
     Patching uses correctly answered clean prompts only, unless ``unanswered``; a language
-    without one is listed in the run's ``unpatched`` with the reason.
+    without one is listed in the run's ``unpatched`` with the reason. The settings named
+    here are ``options``' (:class:`~mechlingo.analyses.recall.trace_options.TraceOptions`,
+    its defaults when ``None``; the command builds it from its flags).
 
     Raises:
         InputError: ``patch_prompts`` < 0 or an unknown ``method``.
         PatchingError: a language's patching cannot be done (the message names it).
     """
-    if patch_prompts < 0:
-        raise InputError(f"patch_prompts must be >= 0, got {patch_prompts}")
-    if method not in ("exact", "atp", "both"):
-        raise InputError(f"method must be exact, atp or both, got {method!r}")
+    o = TraceOptions() if options is None else options
     t0 = time.time()
-    trace = trace_recall(model, facts, max_rank=max_rank, mid_layers=mid_layers,
-                         max_new_tokens=max_new_tokens, batch_size=batch_size,
-                         progress=progress)  # fmt: skip
+    trace = trace_recall(model, facts, max_rank=o.max_rank, mid_layers=o.mid_layers,
+                         max_new_tokens=o.max_new_tokens, batch_size=o.batch_size,
+                         progress=o.progress)  # fmt: skip
     run = TraceRun(trace, seconds_trace=time.time() - t0)
-    if patch_prompts == 0:
+    if o.patch_prompts == 0:
         return run
     for lang in trace.langs:
         try:
-            res = patch_language(model, trace, facts, lang, n_prompts=patch_prompts,
-                                 sites=patch_sites, method=method,
-                                 cells_per_batch=cells_per_batch,
-                                 verify_heads=verify_heads, unanswered=unanswered,
-                                 progress=progress)  # fmt: skip
+            res = patch_language(model, trace, facts, lang, o)
         except PatchingError as err:
             raise PatchingError(f"patching {lang}: {err}") from err
         if res is not None:
             run.patched.append(res)
         else:
-            run.unpatched[lang] = unpatched_reason(trace, lang, unanswered=unanswered) or "none"
+            run.unpatched[lang] = unpatched_reason(trace, lang, unanswered=o.unanswered) or "none"
     return run

@@ -1,8 +1,8 @@
 """How ``mechlingo trace`` runs, as one frozen options object.
 
-:class:`TraceOptions` holds the keyword arguments of
-:func:`~mechlingo.analyses.recall.trace.run_trace` (whose defaults are these), checked when it
-is made; the command builds it from its flags.
+:class:`TraceOptions` holds the settings of
+:func:`~mechlingo.analyses.recall.trace.run_trace` (``run_trace(model, facts, options)``; its
+defaults are these), checked when it is made; the command builds it from its flags.
 """
 
 from __future__ import annotations
@@ -65,5 +65,5 @@ class TraceOptions:
             raise InputError("patch_sites is empty: pass at least one site (--patch-sites)")
 
     def kw(self) -> dict[str, Any]:
-        """The keyword arguments of ``run_trace``."""
+        """The settings as a dict (their names are the fields)."""
         return asdict(self)

@@ -342,7 +342,6 @@ def transfer_matrix(
     facts: Sequence[Fact],
     *,
     by: str = "relation",
-    held_out: Sequence[str] | None = None,
     matrix: MatrixSettings | None = None,
     build: BuildSettings | None = None,
     split: SplitSettings | None = None,
@@ -359,7 +358,8 @@ def transfer_matrix(
             id into build/dev/test with ``split.fractions`` and ``split.salt``.
         by: ``"relation"`` (rows all / all_but_R / only_A, columns the test relation) or
             ``"lang"`` (rows all / all_but_L, columns the non-English test language).
-        held_out: the columns (default: every relation, or every non-English language).
+        (the columns are ``matrix.held_out``: default every relation, or every non-English
+        language.)
         matrix, build, scoring: the sizes and dev grid, how each row's vectors are built, and
             how every item is scored (:class:`~mechlingo.analyses.recall.settings.MatrixSettings`,
             ``BuildSettings``, ``ScoringOptions``; ``None`` takes the class's defaults).
@@ -378,7 +378,7 @@ def transfer_matrix(
     scoring = scoring or ScoringOptions()
     t0 = time.time()
     facts = list(facts)
-    relations, langs, held = _axes(facts, by, held_out, matrix.cells)
+    relations, langs, held = _axes(facts, by, matrix.held_out, matrix.cells)
     k_shot, build_ids = build.k_shot, matrix.build_ids
     if build_ids is not None and build_ids <= k_shot:
         raise InputError(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,13 @@ import numpy as np
 import scipy.stats as sps
 import torch
 
-from mechlingo.analyses.experts import KCurve, collect_neuron_stats, find_experts, k_curve
+from mechlingo.analyses.experts import (
+    KCurve,
+    KCurveOptions,
+    collect_neuron_stats,
+    find_experts,
+    k_curve,
+)
 from mechlingo.card import claims as C
 from mechlingo.card.claims import SUNDAR
 from mechlingo.card.rules import make_row
@@ -72,9 +78,9 @@ def stage_experts(
                        batch_size=cfg.get("batch_size", BATCH_SIZE), progress=progress)  # fmt: skip
     n_feat = res.stats.n_features
     ks = sorted({k for k in e["ks"] if 2 * k <= n_feat}) or [max(1, n_feat // 4)]
-    kw = {"n_samples": e["samples"], "max_new_tokens": e["new_tokens"],
-          "max_tokens": e["max_tokens"], "progress": progress}  # fmt: skip
-    curve = k_curve(model, res, target, ks, texts["heldout"], seed=0, **kw)
+    opts = KCurveOptions(n_samples=e["samples"], max_new_tokens=e["new_tokens"],
+                         max_tokens=e["max_tokens"], progress=progress, seed=0)  # fmt: skip
+    curve = k_curve(model, res, target, ks, texts["heldout"], opts)
     papers = curve.choose(e["ppl_budget"], "none")
     strict = curve.choose(e["ppl_budget"], "geomean")
     k = papers["k"] if papers["k"] is not None else ks[0]
@@ -82,8 +88,8 @@ def stage_experts(
     draws = max(1, int(e.get("random_sets", 1)))
     if papers["k"] is not None:  # the random arm: the layer-matched population of the controls
         lines = {lg: v[: max(2, e["n_heldout"])] for lg, v in texts["eval"].items()}
-        measure = k_curve(model, res, target, [k], lines, seed=MEASURE_SEED,
-                          control_seeds=range(draws), layer_matched=True, **kw).records()  # fmt: skip
+        again = replace(opts, seed=MEASURE_SEED, control_seeds=range(draws), layer_matched=True)
+        measure = k_curve(model, res, target, [k], lines, again).records()
     if papers["k"] is not None:
         res.clamp(target, k).save(tmp / "clamp", model)
         for i in range(draws):  # draw 0 is also the paired control

@@ -82,8 +82,9 @@ def stage_external(
         facts,
         lowest_language=None,
         pool=pool,
-        seeds=r["seeds"],
-        scoring=replace(scoring, metric=metric),
+        options=steer_eval.SteerEvalOptions(
+            seeds=tuple(r["seeds"]), scoring=replace(scoring, metric=metric)
+        ),
     )
     return {
         "metric": metric,

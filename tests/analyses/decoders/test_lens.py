@@ -126,12 +126,13 @@ def test_token_lens_top1_is_the_hand_readout_at_every_position(tiny):
 def test_token_lens_equals_the_last_token_lens_for_every_decoder(tiny):
     """With answers and ``tokens=True`` the grid's last position holds what the
     last-token readout holds, for the logit lens, a tuned lens and a patchscope."""
+    from mechlingo.analyses.decoders.options import TrainingOptions
     from mechlingo.analyses.decoders.patchscope import Patchscope
     from mechlingo.analyses.decoders.tuned_lens import mix_texts, train_tuned_lens
     from mechlingo.data.prompts import parallel_sentences
 
-    lens = train_tuned_lens(tiny, mix_texts(parallel_sentences(["en", "fr"]), 4), steps=2,
-                            texts_per_step=4, lr=1e-2, seed=1).lens  # fmt: skip
+    lens = train_tuned_lens(tiny, mix_texts(parallel_sentences(["en", "fr"]), 4),
+                            TrainingOptions(steps=2, texts_per_step=4, lr=1e-2, seed=1)).lens  # fmt: skip
     for decoder in (None, lens, Patchscope()):
         r = logit_lens(tiny, PROMPTS[:2], {k: v[:2] for k, v in ANSWERS.items()},
                        langs=LANGS[:2], decoder=decoder, tokens=True, top_k=3)  # fmt: skip

@@ -18,6 +18,7 @@ import torch
 from mechlingo.analyses.decoders.compare import DecoderComparison, compare_decoders, english_lead
 from mechlingo.analyses.decoders.entries import lens_hook_names
 from mechlingo.analyses.decoders.lens import LensResult, lens_facts, logit_lens, token_energy
+from mechlingo.analyses.decoders.options import TrainingOptions
 from mechlingo.analyses.decoders.patchscope import TARGET_PROMPTS, Patchscope
 from mechlingo.analyses.decoders.tuned_lens import (
     TunedLens,
@@ -44,7 +45,9 @@ TEXTS = mix_texts(parallel_sentences(["en", "fr", "de"]), 6)
 @pytest.fixture(scope="module")
 def trained(tiny):
     """A tuned lens on the tiny model, trained enough to move away from the identity."""
-    return train_tuned_lens(tiny, TEXTS, steps=6, texts_per_step=6, lr=1e-2, seed=1)
+    return train_tuned_lens(
+        tiny, TEXTS, TrainingOptions(steps=6, texts_per_step=6, lr=1e-2, seed=1)
+    )
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -140,7 +143,7 @@ def test_training_errors(tiny):
     with pytest.raises(InputError, match="no training text"):
         train_tuned_lens(tiny, ["", "  "])
     with pytest.raises(InputError):
-        train_tuned_lens(tiny, TEXTS, steps=0)
+        train_tuned_lens(tiny, TEXTS, TrainingOptions(steps=0))
     with pytest.raises(InputError, match="no text"):
         mix_texts({"en": ["a"], "fr": []})
 
@@ -149,6 +152,7 @@ WORKER = textwrap.dedent(
     """
     import sys, torch
     from mechlingo.activations.distributed import process_group
+    from mechlingo.analyses.decoders.options import TrainingOptions
     from mechlingo.analyses.decoders.tuned_lens import train_tuned_lens
     from mechlingo.core.models import load_model
 
@@ -156,7 +160,7 @@ WORKER = textwrap.dedent(
     model_dir, out, texts = sys.argv[1], sys.argv[2], eval(sys.argv[3])
     with process_group() as info:
         model = load_model(model_dir, device="cpu")
-        tr = train_tuned_lens(model, texts, steps=3, texts_per_step=4, lr=1e-2)
+        tr = train_tuned_lens(model, texts, TrainingOptions(steps=3, texts_per_step=4, lr=1e-2))
         torch.save({"w": tr.lens.weight.detach(), "b": tr.lens.bias.detach(),
                     "loss": tr.loss, "world": tr.world_size}, f"{out}/rank{info.rank}.pt")
     """
@@ -182,7 +186,7 @@ def test_two_processes_train_the_same_lens_as_one(tiny, tiny_dir, tmp_path):
            str(tmp_path / "worker.py"), str(tiny_dir), str(tmp_path), repr(texts)]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    one = train_tuned_lens(tiny, texts, steps=3, texts_per_step=4, lr=1e-2)
+    one = train_tuned_lens(tiny, texts, TrainingOptions(steps=3, texts_per_step=4, lr=1e-2))
     for rank in (0, 1):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         assert got["world"] == 2

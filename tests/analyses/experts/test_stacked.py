@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mechlingo.activations.likelihood import line_nll, sample_from_bos
-from mechlingo.analyses.experts import find_experts, k_curve
+from mechlingo.analyses.experts import KCurveOptions, find_experts, k_curve
 from mechlingo.analyses.experts.stacked import stacked_bos_samples, stacked_line_nll
 from mechlingo.core.errors import InputError
 from mechlingo.interventions import intervention_hooks
@@ -61,8 +61,8 @@ def test_stacked_bos_samples_equal_one_by_one(tiny, experts):
 def test_k_curve_stacked_equals_one_by_one(tiny, experts):
     kw = {"n_samples": 4, "max_new_tokens": 3, "prompts": ("1.", "*"), "max_tokens": 8,
           "control_seeds": (0, 1, 2), "layer_matched": True}  # fmt: skip
-    one = k_curve(tiny, experts, "es", [2, 3], TEXTS, stack=False, **kw).rows
-    stacked = k_curve(tiny, experts, "es", [2, 3], TEXTS, **kw).rows
+    one = k_curve(tiny, experts, "es", [2, 3], TEXTS, KCurveOptions(stack=False, **kw)).rows
+    stacked = k_curve(tiny, experts, "es", [2, 3], TEXTS, KCurveOptions(**kw)).rows
     assert [(r["k"], r["arm"], r.get("control_seed")) for r in stacked] == [
         (0, "none", None), (2, "experts", None), (2, "random", 0), (2, "random", 1),
         (2, "random", 2), (3, "experts", None), (3, "random", 0), (3, "random", 1),
@@ -91,10 +91,10 @@ def test_k_curve_stacked_resumes_from_stored_arms(tiny, experts):
             store[name] = fn()
         return store[name]
 
-    first = k_curve(tiny, experts, "es", [2], TEXTS, stage_store=cache, **kw).rows
+    first = k_curve(tiny, experts, "es", [2], TEXTS, KCurveOptions(**kw), stage_store=cache).rows
     assert list(store) == ["none", "k2-experts", "k2-random_s0", "k2-random_s1"]
     del store["k2-random_s1"]
-    again = k_curve(tiny, experts, "es", [2], TEXTS, stage_store=cache, **kw).rows
+    again = k_curve(tiny, experts, "es", [2], TEXTS, KCurveOptions(**kw), stage_store=cache).rows
     assert again[:3] == first[:3]  # stored arms are loaded, not recomputed
     assert again[3]["ppl_es"] == pytest.approx(first[3]["ppl_es"], abs=1e-5)
     assert again[3]["ppl_ratio_es"] == pytest.approx(first[3]["ppl_ratio_es"], abs=1e-5)

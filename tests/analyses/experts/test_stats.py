@@ -12,6 +12,7 @@ from mechlingo.activations.likelihood import line_nll, perplexity
 from mechlingo.activations.runs import run_batch
 from mechlingo.analyses.experts import (
     ExpertError,
+    KCurveOptions,
     choose_k,
     collect_neuron_stats,
     find_experts,
@@ -210,7 +211,8 @@ def test_line_nll_is_the_per_sentence_loss(tiny):
 
 
 def test_k_curve_runs(tiny, experts):
-    kc = k_curve(tiny, experts, "es", [2], TEXTS, n_samples=4, max_new_tokens=3, prompts=("1.",))
+    opts = KCurveOptions(n_samples=4, max_new_tokens=3, prompts=("1.",))
+    kc = k_curve(tiny, experts, "es", [2], TEXTS, opts)
     df = kc.to_dataframe()
     assert list(df.arm) == ["none", "experts", "random"] and list(df.k) == [0, 2, 2]
     assert {"ppl_en", "ppl_es", "ppl_fr", "target_rate_bos"} <= set(df.columns)

@@ -161,6 +161,7 @@ def test_trace_cli_writes_what_run_trace_writes(tiny, tiny_dir, tmp_path):
     """`mechlingo trace` and `trace.run_trace(...).write(out)` with the same settings write
     the same summary.json (but its meta), trace.json and patching.json (but timings)."""
     from mechlingo.analyses.recall import trace as trace_mod
+    from mechlingo.analyses.recall.trace_options import TraceOptions
     from mechlingo.cli import main
 
     cli, py = tmp_path / "cli", tmp_path / "py"
@@ -169,8 +170,9 @@ def test_trace_cli_writes_what_run_trace_writes(tiny, tiny_dir, tmp_path):
                  "--verify-heads", "2", "--patch-unanswered", "--quiet",
                  "--out", str(cli)]) == 0  # fmt: skip
     facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=4)
-    run = trace_mod.run_trace(tiny, facts, max_new_tokens=2, patch_prompts=2, method="both",
-                              verify_heads=2, unanswered=True)  # fmt: skip
+    opts = TraceOptions(max_new_tokens=2, patch_prompts=2, method="both", verify_heads=2,
+                        unanswered=True)  # fmt: skip
+    run = trace_mod.run_trace(tiny, facts, opts)
     run.write(py)
     a, b = (json.loads((d / "summary.json").read_text()) for d in (cli, py))
     assert "meta" in a and "meta" not in b

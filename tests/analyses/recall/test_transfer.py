@@ -202,8 +202,7 @@ def test_matrix_by_relation_cells_and_no_leak(tiny, facts, monkeypatch):
         tiny,
         facts,
         by="relation",
-        held_out=["capital"],
-        **{**SMALL, "matrix": replace(SMALL["matrix"], cells="diagonal")},
+        **{**SMALL, "matrix": replace(SMALL["matrix"], cells="diagonal", held_out=("capital",))},
     )
     assert [(c["row"], c["col"]) for c in diag.cells] == [
         ("all", "capital"),
@@ -259,14 +258,19 @@ def test_a_build_step_that_sees_the_held_out_relation_is_refused(tiny, facts, mo
 
     monkeypatch.setattr(pooled, "pooled_vectors", leaky)
     with pytest.raises(LeakError, match="all_but_capital"):
-        transfer.transfer_matrix(tiny, facts, by="relation", held_out=["capital"], **SMALL)
+        transfer.transfer_matrix(
+            tiny,
+            facts,
+            by="relation",
+            **{**SMALL, "matrix": replace(SMALL["matrix"], held_out=("capital",))},
+        )
 
 
 def test_matrix_bad_arguments(tiny, facts):
     with pytest.raises(ValueError, match="by must be"):
         transfer.transfer_matrix(tiny, facts, by="script")
     with pytest.raises(ValueError, match="not among"):
-        transfer.transfer_matrix(tiny, facts, held_out=["continent"])
+        transfer.transfer_matrix(tiny, facts, matrix=MatrixSettings(held_out=("continent",)))
     with pytest.raises(ValueError, match="build fact ids per relation"):
         transfer.transfer_matrix(
             tiny, facts, matrix=MatrixSettings(build_ids=2), build=BuildSettings(k_shot=2)

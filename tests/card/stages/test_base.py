@@ -173,8 +173,8 @@ def test_plan_scores_no_test_item(tiny, tmp_path, capsys):
     from mechlingo.card.plan import Plan
     from tests.card.test_replicate import TINY
 
-    plan = rep.replicate(tiny, settings=TINY, parallel=parallel_sentences(["en", "fr", "es"]),
-                         work=tmp_path, plan=True)  # fmt: skip
+    data = rep.CardData(parallel=parallel_sentences(["en", "fr", "es"]))
+    plan = rep.replicate(tiny, rep.CardOptions(settings=TINY), data, work=tmp_path, plan=True)
     assert isinstance(plan, Plan) and "power plan" in capsys.readouterr().out
     done = sorted(p.name for p in next(tmp_path.iterdir()).iterdir() if p.is_dir())
     assert done == ["embed_cost", "metric"]  # the dev split and one embedding pass only

@@ -7,7 +7,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, TypedDict, Unpack
 
 from torch import Tensor
 
@@ -174,15 +174,7 @@ def resolve_grid(
     source: Any,
     target: Any,
     sites: list[str],
-    layers: Any = None,
-    positions: Sequence[PositionLabel] | None = None,
-    readout: Metric | Sequence[Metric] | None = None,
-    *,
-    metric: Metric | Sequence[Metric] | None = None,
-    alignment: str | Mapping[int, int] | None = None,
-    heads: Sequence[int] | None = None,
-    source_subject: Sequence[tuple[int, int]] | None = None,
-    target_subject: Sequence[tuple[int, int]] | None = None,
+    **grid: Unpack[SiteGridArgs],
 ) -> PatchingSetup:
     """Resolve a grid's arguments (``sites`` already checked by :func:`check_sites`, possibly
     empty for a grid without sites; the others as :class:`SiteGridArgs` describes them) into a
@@ -192,6 +184,9 @@ def resolve_grid(
         PatchingError: mismatched rows, bad subject spans, heads or positions, or no metric
             for inputs that are not Facts.
     """
+    layers, positions, heads = grid.get("layers"), grid.get("positions"), grid.get("heads")
+    readout, metric, alignment = grid.get("readout"), grid.get("metric"), grid.get("alignment")
+    source_subject, target_subject = grid.get("source_subject"), grid.get("target_subject")
     src, src_spans = as_batch(model, source, "source")
     tgt, tgt_spans = as_batch(model, target, "target")
     if src.batch_size != tgt.batch_size:
