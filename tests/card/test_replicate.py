@@ -459,8 +459,11 @@ def test_embedded_model_small_configuration(gemma, tmp_path, monkeypatch):
         },
         # 2 facts per relation have 2 distinct objects: 2 candidates under the rank metric
         "candidates": 2,
-        "transfer": {"relations": ["capital", "currency", "language"], "limit": 2,
-                     "langs": ["en", "fr"]},
+        "transfer": {
+            "relations": ["capital", "currency", "language"],
+            "limit": 2,
+            "langs": ["en", "fr"],
+        },
         "experts": {
             "n_find": 8,
             "n_heldout": 2,
