@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats as sps
 
 from mechlingo.card.rules import LU, SUNDAR
 
@@ -57,6 +56,8 @@ def units_needed(effect: float, sd: float, alpha: float, design_effect: float = 
     """Units for a two-sided test at ``alpha`` with :data:`POWER` to detect ``effect`` when one
     unit's outcome has standard deviation ``sd`` (normal approximation, times the design
     effect); at least 2."""
+    from scipy import stats as sps
+
     if effect <= 0:
         return 10**9
     z = float(sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(POWER))

@@ -20,8 +20,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from scipy import stats as sps
-
 from mechlingo.card.claims import CLAIMS, LU, PRIMARY, SUNDAR, Claim, claim_by_id, row_family
 from mechlingo.card.statistics import Test, adjust, p_floor
 from mechlingo.kernels.significance import Interval
@@ -144,6 +142,8 @@ def _tost(claim: Claim, t: Test) -> tuple[float | None, float | None]:
     threshold +/- margin) and the p that it lies beyond the margin (twice the smaller one-sided
     p of the two edges), from the test's SE and df; without them the test's own p where the
     estimate lies inside (equivalence) or outside (beyond), 1 elsewhere."""
+    from scipy import stats as sps
+
     est, m, c = t.estimate.estimate, claim.margin or 0.0, claim.threshold
     if est is None:
         return None, None
@@ -187,6 +187,8 @@ def _short(iv: Interval, t: float, d: int) -> bool:
 def _mde_at(t: Test, level: float) -> float | None:
     """The test's minimum detectable effect (80% power) at two-sided level ``level``, from
     its 0.05 one by the ratio of the quantile sums (t on the test's df where it has one)."""
+    from scipy import stats as sps
+
     if t.mde is None:
         return None
     base = 1 - t.estimate.confidence

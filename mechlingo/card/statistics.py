@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats as sps
 
 from mechlingo.core.errors import InputError
 from mechlingo.kernels.significance import CONFIDENCE, N_RESAMPLES, Interval, mcnemar
@@ -52,7 +51,6 @@ __all__ = [
 #: :data:`EXACT_CLUSTERS` informative clusters, or when all clusters weigh the same).
 N_PERMUTATIONS = 9999
 EXACT_CLUSTERS = 16
-_Z = float(sps.norm.ppf(0.975))
 #: The least p a test returns where floating point would underflow to 0.
 _TINY = float(np.finfo(float).tiny)
 
@@ -60,6 +58,8 @@ _TINY = float(np.finfo(float).tiny)
 @functools.lru_cache(maxsize=4096)
 def _quantile(q: float, df: float | None) -> float:
     """The ``q`` quantile of Student's t on ``df`` (the normal for ``None`` or inf)."""
+    from scipy import stats as sps
+
     return float(sps.norm.ppf(q) if df is None or not math.isfinite(df) else sps.t.ppf(q, df))
 
 
@@ -231,6 +231,8 @@ def _cr2_se(u: np.ndarray, cnt: np.ndarray) -> float | None:
 def _t_p(m: float, null: float, se: float | None, g: int) -> float | None:
     """Two-sided p of the CR2 t test of ``estimate == null`` on ``g - 1`` df (bounded by
     :func:`p_floor` when ``se`` is 0 and the estimate is away from the null)."""
+    from scipy import stats as sps
+
     if se is None or g < 2:
         return None
     if se == 0:
@@ -242,6 +244,8 @@ def _sign_flip_p(d: np.ndarray, seed: int, n_perm: int = N_PERMUTATIONS) -> tupl
     """Two-sided p of H0 "the cluster totals ``d`` are symmetric about 0" (each cluster's
     sign flipped): exact (binomial) when every informative cluster weighs the same, exact
     enumeration up to :data:`EXACT_CLUSTERS` of them, Monte Carlo ``(1 + hits) / (1 + n)``."""
+    from scipy import stats as sps
+
     scale = max(1.0, float(np.abs(d).max(initial=0.0)))
     d = d[np.abs(d) > 1e-12 * scale]
     if len(d) == 0:
@@ -286,7 +290,7 @@ def _mean_core(
     if np.all(d == d[0]) and binary and g >= 1:
         u = 1 - 0.025 ** (1 / g)
         lo, hi = m - u, m + u
-        se = u / _Z
+        se = u / _quantile(0.975, None)
         fields = {"se": se, "df": g - 1, "interval": "no change", "g": g}
     elif se is None:
         lo = hi = None
@@ -503,6 +507,8 @@ def correlation_test(
     Raises:
         InputError: inputs of different lengths or fewer than 3 items.
     """
+    from scipy import stats as sps
+
     a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if a.shape != b.shape or a.ndim != 1 or len(a) < 3:
         raise InputError(f"need paired 1-D samples of >= 3 items, got {a.shape}, {b.shape}")
@@ -749,6 +755,8 @@ def _population_t_p(mu: float, se: float | None, df: float, g: int, m: int) -> f
     """The two-sided t p of H0 "effect - population mean = 0" (SE with the between-draw
     variance, Satterthwaite df); ``None`` with fewer than two draws (no between-draw variance
     to judge by: the rank p, floor 0.5, stands alone). Never 0."""
+    from scipy import stats as sps
+
     if m < 2 or se is None:
         return None
     if se == 0:
@@ -766,6 +774,8 @@ def population_gain_test(
     """The random population's mean gain over ``base``, ``mean over draws of mean(draw -
     base)``, with the t interval of :func:`population_test` (cluster plus between-draw
     variance) and the two-sided t test of H0 "gain == ``null``" (bounded away from 0)."""
+    from scipy import stats as sps
+
     a = np.asarray(base, dtype=float)
     dr = _draws(len(a), draws)
     codes, g = _codes(clusters, len(a))

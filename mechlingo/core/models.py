@@ -101,6 +101,32 @@ def default_model_dir() -> Path:
     return cache_dir() / "gemma-3-270m"
 
 
+#: The files of a cache this process has checksummed: real path -> (the checksum, the file's
+#: identity then: inode, size, mtime and ctime in ns). :func:`_file_sha256` reads a file
+#: again unless all of these are unchanged. Only files whose times were at least
+#: :data:`_SETTLED_NS` old when read are kept (git's rule for racily clean files): a later
+#: write, even within the file system's timestamp tick, then shows as a new mtime or ctime.
+_CHECKED: dict[str, tuple[str, tuple[int, int, int, int]]] = {}
+_SETTLED_NS = 2_000_000_000
+
+
+def _file_sha256(path: Path) -> str:
+    """The SHA-256 of ``path`` (:func:`_sha256`), read once per process while the file is
+    unchanged (:data:`_CHECKED`)."""
+    key = os.path.realpath(path)
+    st = os.stat(key)
+    ident = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    hit = _CHECKED.get(key)
+    if hit is not None and hit[1] == ident:
+        return hit[0]
+    digest = _sha256(path)
+    if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= _SETTLED_NS:
+        _CHECKED[key] = (digest, ident)
+    else:
+        _CHECKED.pop(key, None)
+    return digest
+
+
 def _cache_is_valid(folder: Path, expected_gguf_sha: str) -> tuple[bool, str]:
     """Check a converted-model folder against its manifest (sizes and checksums)."""
     manifest_path = folder / _MANIFEST
@@ -120,7 +146,7 @@ def _cache_is_valid(folder: Path, expected_gguf_sha: str) -> tuple[bool, str]:
             return False, f"missing {name}"
         if path.stat().st_size != info["size"]:
             return False, f"{name} has the wrong size (truncated?)"
-        if _sha256(path) != info["sha256"]:
+        if _file_sha256(path) != info["sha256"]:
             return False, f"{name} has the wrong checksum (corrupted)"
     if not manifest.get("files"):
         return False, "empty manifest"

@@ -328,11 +328,50 @@ class AnswerTokens:
     n_tokens: int
 
 
+#: The modules of the tokenizer classes whose ``decode`` of one sequence is the Rust
+#: backend's ``decode`` followed by the optional clean-up (transformers 5, and 4's fast
+#: tokenizers): for these, :func:`_decode_each` asks the backend for the whole vocabulary at
+#: once (``decode_batch``: 4x faster than ``batch_decode``'s sequence-by-sequence calls).
+_BACKEND_DECODE_MODULES = (
+    "transformers.tokenization_utils_tokenizers",
+    "transformers.tokenization_utils_fast",
+)
+
+
+def _backend_decodes(tokenizer: Any) -> bool:
+    """Whether ``tokenizer.batch_decode`` of single ids is its backend's ``decode_batch``:
+    a fast tokenizer without clean-up whose decoding methods are transformers' own."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if not getattr(tokenizer, "is_fast", False) or not hasattr(backend, "decode_batch"):
+        return False
+    if getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return False
+    for name in ("_decode", "decode", "batch_decode"):
+        owner = next((c for c in type(tokenizer).__mro__ if name in c.__dict__), None)
+        base = owner is not None and owner.__module__.startswith("transformers.tokenization_utils")
+        if not base or (name == "_decode" and owner.__module__ not in _BACKEND_DECODE_MODULES):
+            return False
+    return True
+
+
+def _decode_each(tokenizer: Any, n: int) -> list[str]:
+    """Each of the ids ``0 .. n-1`` decoded alone: ``tokenizer.batch_decode([[0], [1], ...])``,
+    through the backend's batch decode where that is the same (:func:`_backend_decodes`;
+    checked on the first, middle and last ids)."""
+    ids = [[i] for i in range(n)]
+    if n and _backend_decodes(tokenizer):
+        texts: list[str] = tokenizer._tokenizer.decode_batch(ids, skip_special_tokens=False)
+        probe = sorted({0, n - 1, n // 2})
+        if tokenizer.batch_decode([ids[i] for i in probe]) == [texts[i] for i in probe]:
+            return texts
+    return list(tokenizer.batch_decode(ids))
+
+
 class _VocabIndex:
     """Decoded vocabulary: text with one leading space stripped -> token ids."""
 
     def __init__(self, tokenizer: Any, vocab_size: int) -> None:
-        texts = tokenizer.batch_decode([[i] for i in range(vocab_size)])
+        texts = _decode_each(tokenizer, vocab_size)
         self.by_text: dict[str, list[int]] = {}
         for i, text in enumerate(texts):
             key = text[1:] if text.startswith(" ") else text

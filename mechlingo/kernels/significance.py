@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats as sps
 
 from mechlingo.core.errors import InputError
 
@@ -111,6 +110,8 @@ _FIELDS = ("estimate", "lo", "hi", "n", "confidence")
 def wilson(k: int, n: int, confidence: float = CONFIDENCE) -> Interval:
     """The share ``k / n`` of ``k`` successes in ``n`` items with its Wilson score interval;
     ``extra = {"k": k}``. ``estimate``, ``lo``, ``hi`` are ``None`` when ``n`` is 0."""
+    from scipy import stats as sps
+
     k, n = int(k), int(n)
     if n == 0:
         return Interval(None, None, None, 0, confidence, {"k": 0})
@@ -132,6 +133,8 @@ def mcnemar(base: Sequence[bool], new: Sequence[bool]) -> dict[str, Any]:
     """Exact McNemar test of paired outcomes: ``fixed`` (base wrong, new right), ``broken``
     (base right, new wrong) and the two-sided p-value of a binomial test of ``fixed`` out of
     ``fixed + broken`` at 1/2 (1.0 when there are no discordant pairs)."""
+    from scipy import stats as sps
+
     if len(base) != len(new):
         raise InputError(f"paired outcomes of different lengths: {len(base)} and {len(new)}")
     fixed = sum(1 for a, b in zip(base, new, strict=True) if not a and b)
@@ -150,6 +153,7 @@ def _mean_interval(
 ) -> tuple[float | None, float | None]:
     """BCa bootstrap interval of a mean; the percentile interval where BCa is undefined (a
     sample whose resamples are nearly all equal, e.g. a handful of discordant pairs)."""
+    from scipy import stats as sps
 
     kw = {"confidence_level": confidence, "n_resamples": N_RESAMPLES, "random_state": rng}
     with warnings.catch_warnings():
@@ -177,6 +181,8 @@ def paired_gain(
 
     The bootstrap resamples items (pairs) with ``scipy.stats.bootstrap`` (BCa; percentile
     when every resample gives the same value, e.g. no discordant pairs)."""
+    from scipy import stats as sps
+
     a = np.asarray(base, dtype=float)
     b = np.asarray(new, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
@@ -255,6 +261,8 @@ def bootstrap_ratio(
     percentile bootstrap interval over items (an item keeps its numerator and denominator;
     no bounds for one item, none at all for no items). A Jaccard overlap of two sets over a
     common universe is ``num = in both``, ``den = in either``."""
+    from scipy import stats as sps
+
     a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise InputError(f"need matching 1-D numerators and denominators, got {a.shape}, {b.shape}")
@@ -292,6 +300,8 @@ def paired_bootstrap(
     Raises:
         InputError: no sample, or samples that are not 1-D of one length.
     """
+    from scipy import stats as sps
+
     arrays = tuple(np.asarray(x, dtype=float) for x in samples)
     if not arrays or any(a.ndim != 1 or a.shape != arrays[0].shape for a in arrays):
         raise InputError(f"need 1-D samples of one length, got {[a.shape for a in arrays]}")
@@ -327,6 +337,8 @@ def bootstrap_perplexity(
     NLL ``nll[i]`` over ``counts[i]`` tokens, and a percentile bootstrap interval over lines
     (``scipy.stats.bootstrap``, lines resampled with their token counts; no bounds for one
     line). ``extra = {"n_tokens": sum(counts)}``."""
+    from scipy import stats as sps
+
     a = np.asarray(nll, dtype=float)
     c = np.asarray(counts, dtype=float)
     if a.shape != c.shape or a.ndim != 1 or len(a) == 0:
@@ -352,6 +364,8 @@ def perplexity_ratio(
     """The perplexity of the same ``n`` lines under a new condition divided by their
     perplexity under the base condition (1 = no change; 2 = twice as perplexed), with a
     paired percentile bootstrap interval over lines (no bounds for one line)."""
+    from scipy import stats as sps
+
     a, b = np.asarray(nll_base, dtype=float), np.asarray(nll_new, dtype=float)
     c = np.asarray(counts, dtype=float)
     if not (a.shape == b.shape == c.shape) or a.ndim != 1 or len(a) == 0:

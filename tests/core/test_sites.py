@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from mechlingo.activations.runs import collect, next_token_logits, run_batch
+from mechlingo.core import tokens
 from mechlingo.core.sites import SiteError, hook_name, resolve_layers, resolve_site
 from mechlingo.core.tokens import (
     TokenizationError,
@@ -199,6 +200,12 @@ def test_answer_tokens_rules(tiny):
     assert a.primary in a.ids and a.n_tokens >= 1
     with pytest.raises(TokenizationError, match="empty"):
         answer_tokens(tiny, "  ")
+    # the prefix index decodes the vocabulary through the tokenizer's backend: the same texts
+    n = int(tiny.cfg.d_vocab)
+    assert tokens._backend_decodes(tiny.tokenizer)
+    assert tokens._decode_each(tiny.tokenizer, n) == tiny.tokenizer.batch_decode(
+        [[i] for i in range(n)]
+    )
 
 
 def test_sorted_batches_cover_all_rows():

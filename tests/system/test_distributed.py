@@ -44,19 +44,12 @@ TEXTS = {
     "de": ["Die Hauptstadt von Italien ist Rom.", "Es regnet heute sehr.", "Ja."],
 }
 
-WORKER = textwrap.dedent(
+# One torchrun launch (:func:`two_processes`) runs both workers' checks in one process group,
+# each rank writing ``rank{r}.pt`` (the statistics, STATS_PART) and ``scores{r}.json`` (the
+# sharded scoring, SCORING_PART); the tests assert on their own files.
+STATS_PART = textwrap.dedent(
     """
-    import sys, torch
-    from mechlingo.activations.runs import last_token_means
-    from mechlingo.activations.distributed import (
-        all_gather_rows, all_reduce_state, dist_info, is_main, process_group, shard,
-    )
-    from mechlingo.activations.pooled import pooled_neuron_acts
-    from mechlingo.core.models import load_model
-
-    torch.set_grad_enabled(False)
-    model_dir, out_dir, prompts, texts = sys.argv[1], sys.argv[2], eval(sys.argv[3]), eval(sys.argv[4])
-    with process_group() as info:
+    def stats_part(info, model_dir, out_dir, prompts, texts):
         model = load_model(model_dir, device="cpu")
         means = last_token_means(model, prompts, batch_size=2)
         acts = pooled_neuron_acts(model, texts, batch_size=2)
@@ -174,39 +167,15 @@ def test_pooled_acts_errors(tiny):
         pooled_neuron_acts(tiny, TEXTS, pool="median")  # type: ignore[arg-type]
 
 
-@pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
-def test_two_processes_equal_one(tiny, tiny_dir, tmp_path):
+def test_two_processes_equal_one(tiny, two_processes):
     """torchrun --nproc_per_node 2 (gloo, CPU) gives the one-process statistics on every rank."""
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
-    env.pop("WORLD_SIZE", None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(_free_port()),
-        str(script),
-        str(tiny_dir),
-        str(tmp_path),
-        repr(PROMPTS),
-        repr(TEXTS),
-    ]
-    t0 = time.time()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    elapsed = time.time() - t0
+    out_dir, proc = two_processes
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    print(f"2-process torchrun run: {elapsed:.1f}s")
 
     ref_means = last_token_means(tiny, PROMPTS, batch_size=4)
     ref_acts = pooled_neuron_acts(tiny, TEXTS, batch_size=4)
     for rank in (0, 1):
-        out = torch.load(tmp_path / f"rank{rank}.pt")
+        out = torch.load(out_dir / f"rank{rank}.pt")
         assert out["info"] == (rank, 2, "gloo", rank == 0)
         assert out["shard"] == ([0, 1] if rank == 0 else [2, 3, 4])
         assert out["count"] == len(PROMPTS)
@@ -325,23 +294,11 @@ def test_experts_command_under_torchrun_equals_one_process(tiny_dir, tmp_path):
     assert top(tmp_path / "two") == top(tmp_path / "one")
 
 
-SCORING_WORKER = textwrap.dedent(
+SCORING_PART = textwrap.dedent(
     """
-    import json, sys, torch
-    from mechlingo.activations.distributed import process_group, sharded_scoring
-    from mechlingo.scoring.evaluate import evaluate_conditions, evaluate_facts
-    from mechlingo.core.models import load_model
-    from mechlingo.data import load_facts
-    from mechlingo.interventions import SteeringVector
-    from tests.system.test_distributed import lens_and_embeddings, scoring_inputs
-
-    import mechlingo.scoring.evaluate as ev
-
-    torch.set_grad_enabled(False)
-    model_dir, out_dir = sys.argv[1], sys.argv[2]
-    calls, real = [], ev._decode_batch
-    ev._decode_batch = lambda *a: calls.append(1) or real(*a)
-    with process_group() as info:
+    def scoring_part(info, model_dir, out_dir):
+        calls, real = [], ev._decode_batch
+        ev._decode_batch = lambda *a: calls.append(1) or real(*a)
         model = load_model(model_dir, device="cpu")
         facts, conds, rank_facts = scoring_inputs(model)
         with sharded_scoring():
@@ -349,6 +306,7 @@ SCORING_WORKER = textwrap.dedent(
             ranked = evaluate_facts(model, rank_facts, metric="rank", batch_size=1)
             batches = len(calls)
             lens, emb = lens_and_embeddings(model)
+        ev._decode_batch = real
         out = {"gen": {k: v.records for k, v in got.items()}, "rank": ranked.records,
                "path": got["orig"].meta["path"], "batches": batches, "lens": lens,
                "emb": emb}
@@ -356,6 +314,62 @@ SCORING_WORKER = textwrap.dedent(
             json.dump(out, f)
     """
 )
+
+WORKER = (
+    textwrap.dedent(
+        """
+        import json, sys, torch
+        from mechlingo.activations.runs import last_token_means
+        from mechlingo.activations.distributed import (
+            all_gather_rows, all_reduce_state, dist_info, is_main, process_group, shard,
+            sharded_scoring,
+        )
+        from mechlingo.activations.pooled import pooled_neuron_acts
+        from mechlingo.core.models import load_model
+        from mechlingo.scoring.evaluate import evaluate_conditions, evaluate_facts
+        from tests.system.test_distributed import lens_and_embeddings, scoring_inputs
+
+        import mechlingo.scoring.evaluate as ev
+        """
+    )
+    + SCORING_PART
+    + STATS_PART
+    + textwrap.dedent(
+        """
+        torch.set_grad_enabled(False)
+        model_dir, out_dir, prompts, texts = sys.argv[1], sys.argv[2], eval(sys.argv[3]), eval(sys.argv[4])
+        with process_group() as info:
+            scoring_part(info, model_dir, out_dir)
+            stats_part(info, model_dir, out_dir, prompts, texts)
+        """
+    )
+)
+
+
+@pytest.fixture(scope="module")
+def two_processes(tiny_dir, tmp_path_factory):
+    """The folder of the one ``torchrun --nproc_per_node 2`` run of :data:`WORKER` (gloo, CPU)
+    shared by the module's two-process tests: each rank's ``rank{r}.pt`` and
+    ``scores{r}.json``."""
+    if not torch.distributed.is_available():
+        pytest.skip("no torch.distributed")
+    out = tmp_path_factory.mktemp("torchrun")
+    script = out / "worker.py"
+    script.write_text(WORKER)
+    root = str(Path(__file__).resolve().parents[2])
+    # MECHLINGO_NO_SHAPE_CHECKS: the workers import tests.conftest (through test_scoring's
+    # facts) after mechlingo, outside pytest, where the shape-check hook does not apply
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
+               MECHLINGO_NO_SHAPE_CHECKS="1",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))  # fmt: skip
+    env.pop("WORLD_SIZE", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script),
+           str(tiny_dir), str(out), repr(PROMPTS), repr(TEXTS)]  # fmt: skip
+    t0 = time.time()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400, cwd=root)
+    print(f"2-process torchrun run: {time.time() - t0:.1f}s")
+    return out, proc
 
 
 def scoring_inputs(model):
@@ -401,26 +415,14 @@ def lens_and_embeddings(model):
             {"emb": emb.emb.tolist(), "few": few_json})  # fmt: skip
 
 
-def test_two_processes_score_like_one(tiny, tiny_dir, tmp_path):
+def test_two_processes_score_like_one(tiny, two_processes):
     """Scoring sharded by batch over 2 torchrun processes (gloo) gives exactly the
     one-process records, on every rank."""
     import json
 
     from mechlingo.scoring.evaluate import evaluate_conditions, evaluate_facts
 
-    script = tmp_path / "worker.py"
-    script.write_text(SCORING_WORKER)
-    root = str(Path(__file__).resolve().parents[2])
-    # MECHLINGO_NO_SHAPE_CHECKS: the workers import tests.conftest (through test_scoring's
-    # facts) after mechlingo, outside pytest, where the shape-check hook does not apply
-    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
-               MECHLINGO_NO_SHAPE_CHECKS="1",
-               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))  # fmt: skip
-    env.pop("WORLD_SIZE", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script),
-           str(tiny_dir), str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=root)
+    out_dir, proc = two_processes
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     facts, conds, rank_facts = scoring_inputs(tiny)
     threads = torch.get_num_threads()
@@ -435,7 +437,7 @@ def test_two_processes_score_like_one(tiny, tiny_dir, tmp_path):
     want = json.loads(json.dumps({"gen": {k: v.records for k, v in one.items()},
                                   "rank": ranked.records, "path": "shared-prefix"}))  # fmt: skip
     for rank in (0, 1):
-        got = json.loads((tmp_path / f"scores{rank}.json").read_text())
+        got = json.loads((out_dir / f"scores{rank}.json").read_text())
         assert got.pop("batches") == 2  # 12 facts in batches of 3: two batches on each rank
         # the lens runs the one-process batches (shared by cost): exactly its reads
         assert got.pop("lens") == json.loads(json.dumps(lens))

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import scipy.stats as sps
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -274,6 +273,8 @@ def _row_predicts(d: Mapping[str, Any]) -> dict[str, Any]:
     both = np.concatenate([hits[:, : 2 * p], dist[:, : 2 * p]], axis=1)
 
     def rho(rows: np.ndarray) -> float:
+        from scipy import stats as sps
+
         dh = rows[:, p : 2 * p].mean(0) - rows[:, :p].mean(0)
         dd = rows[:, 3 * p : 4 * p].mean(0) - rows[:, 2 * p : 3 * p].mean(0)
         if np.ptp(dh) == 0 or np.ptp(dd) == 0:

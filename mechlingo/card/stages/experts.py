@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import scipy.stats as sps
 import torch
 
 from mechlingo.analyses.experts import (
@@ -192,6 +191,8 @@ def overlap_test(matrix: Sequence[Sequence[float]], null: float) -> Test:
     """The mean overlap of the language pairs' expert sets, with a delete-one-language
     jackknife standard error (the pairs that share a language are not independent: the
     languages are the units), a t interval and t test of H0 "mean == ``null``" on L - 1 df."""
+    from scipy import stats as sps
+
     m = np.asarray(matrix, dtype=float)
     n = m.shape[0]
     iu = np.triu_indices(n, 1)
@@ -221,6 +222,8 @@ def chance_overlap(matrix: Sequence[Sequence[float]], k: int, n_neurons: int) ->
     ``scipy.stats.hypergeom`` p that the most-shared pair shares as many neurons by chance
     (Bonferroni over the pairs, at most 1). ``extra``: each pair's p, the pairs above chance
     at 0.05."""
+    from scipy import stats as sps
+
     m = np.asarray(matrix, dtype=float)
     iu = np.triu_indices(m.shape[0], 1)
     shared = np.rint(m[iu] * k).astype(int)
@@ -243,6 +246,8 @@ def rank_test(effect: float | None, draws: Sequence[float], direction: int = 1, 
     estimate; with ``exact`` (a maximum, far from normal), or with fewer than two distinct
     draws, the exact one-sided permutation p ``(1 + #{draws at least as far in direction}) /
     (m + 1)`` alone (floor ``1/(m + 1)``: 0.5 for one draw)."""
+    from scipy import stats as sps
+
     x = np.asarray([v for v in draws if np.isfinite(v)], dtype=float)
     m = len(x)
     if effect is None or m == 0:
