@@ -129,7 +129,7 @@ FLAGS: dict[str, tuple[str, str]] = {
 #: word -> [(meaning, "module:function:parameter" or "module:name" that carries it)].
 CODE_NAMES: dict[str, list[tuple[str, str]]] = {
     "cache": [
-        ("key-value cache of decoding", "mechlingo.scoring.evaluate:evaluate_conditions:cache"),
+        ("key-value cache of decoding", "mechlingo.scoring.evaluate:DecodeOptions:cache"),
         ("finished stages of a resumable run", "mechlingo.analyses.recall.steer_eval:evaluate_test:stage_store"),
         ("the model cache folder", "mechlingo.core.artifacts:cleanup_stale:model_cache"),
     ],

@@ -118,6 +118,21 @@ def test_docs_table_is_the_glossary_both_ways():
         assert shown == expected or sorted(shown.split(", ")) == cmds, (flag, shown, cmds)
 
 
+def _keywords(obj) -> set[str]:
+    """The keywords ``obj`` takes: its parameters and the keys of a ``**kw: Unpack[TD]``."""
+    import inspect
+    import typing
+
+    params = inspect.signature(obj).parameters
+    names = set(params)
+    for p in params.values():
+        text = str(p.annotation)  # "Unpack[SiteGridArgs]" (postponed annotations)
+        if p.kind is p.VAR_KEYWORD and text.startswith("Unpack[") and text.endswith("]"):
+            typed = obj.__globals__[text[len("Unpack[") : -1]]
+            names |= set(typing.get_type_hints(typed))
+    return names
+
+
 def test_every_code_word_has_one_name_per_meaning_in_the_code_and_the_page():
     import importlib
     import inspect
@@ -130,7 +145,7 @@ def test_every_code_word_has_one_name_per_meaning_in_the_code_and_the_page():
             module, name, *param = where.split(":")
             obj = getattr(importlib.import_module(module), name)
             if param:
-                assert param[0] in inspect.signature(obj).parameters, where
+                assert param[0] in _keywords(obj), where
     # the stage-store meaning no longer shares the KV cache's name
     from mechlingo.analyses.experts.kcurve import k_curve
 

@@ -80,8 +80,8 @@ def test_rule_on_tests_of_the_suite():
         "embedded",
         "slow",
     }
-    torchrun = test_distributed.test_two_processes_equal_one
-    assert marks.marks_for(Item(torchrun, ["tiny", "tiny_dir", "tmp_path"])) == {"subprocess"}
+    torchrun = test_distributed.test_experts_command_under_torchrun_equals_one_process
+    assert marks.marks_for(Item(torchrun, ["tiny_dir", "tmp_path"])) == {"subprocess"}
     assert marks.marks_for(Item(test_distributed.test_shard_bounds_cover_in_order)) == set()
     page = test_reports_browser.test_report_renders_in_browser
     assert marks.marks_for(Item(page, ["reports"])) == {"browser", "subprocess"}
