@@ -89,7 +89,7 @@ __all__ = [
 #: 3: the metric stage, gold share and lenient outcomes, random populations, documents;
 #: 2: fact ids per outcome, per-item transfer outcomes, the clamp measured on
 #: fresh samples, AUROC tests at the clamp's k, per-sentence alignment values.
-STAGE_VERSION = 4
+STAGE_VERSION = 5
 #: ``CardOptions(metric=...)``: how the Lu stages score facts (see ``docs/replicate.md``).
 METRICS = ("generate", "rank", "klar")
 #: Every row stage's name, each paper's in run order.
@@ -371,7 +371,9 @@ def _data_available(facts: Sequence[Fact] | None, parallel: Mapping[str, Sequenc
     """The sizes the planner compares with what a row needs: test and dev fact ids per
     language (the fewest of the non-English languages, before the budget's caps), the
     documents left for evaluation after the finding and held-out lines, the languages; and
-    the items the trace, transfer and external stages read (their cost models')."""
+    what the stages read (their cost models'): the trace, transfer and external items, the
+    repair stage's dev and test items, the Lu languages, the transfer's relations and
+    languages."""
     out: dict[str, Any] = {}
     if LU in papers:
         out["trace_items"] = len(lu_facts(facts, cfg, "trace"))
@@ -387,6 +389,11 @@ def _data_available(facts: Sequence[Fact] | None, parallel: Mapping[str, Sequenc
             for f in part:
                 per.setdefault(f.lang, set()).add(f.id)
             out[name] = min((len(v) for lg, v in per.items() if lg != "en"), default=0)
+        _, dev, test = repair_split(all_facts, cfg)  # what the repair stage scores
+        out["dev_items"], out["test_items"] = len(dev), len(test)
+        out["lu_langs"] = len({f.lang for f in all_facts})
+        moved = lu_facts(facts, {**cfg, "metric": "generate"}, "transfer")
+        out["transfer_scope"] = [len({f.relation for f in moved}), len({f.lang for f in moved})]
     if SUNDAR in papers:
         texts, docs = (bundled_texts() if parallel is None
                        else (dict(parallel), documents))  # fmt: skip

@@ -15,7 +15,15 @@ from collections.abc import Iterable, Sequence
 from mechlingo.core.errors import InputError
 from mechlingo.data.facts import Fact
 
-__all__ = ["SPLITS", "hash_fraction", "split_facts", "split_of", "take_per_lang"]
+__all__ = [
+    "SPLITS",
+    "hash_fraction",
+    "scope_facts",
+    "split_facts",
+    "split_of",
+    "take_per_lang",
+    "take_shared",
+]
 
 SPLITS = ("build", "dev", "test")
 
@@ -62,3 +70,35 @@ def take_per_lang(facts: Sequence[Fact], n: int | None) -> list[Fact]:
             ids.append(f.id)
     keep = {i for ids in ids_by_rel.values() for i in sorted(ids, key=hash_fraction)[:n]}
     return [f for f in facts if f.id in keep]
+
+
+def take_shared(facts: Sequence[Fact], n: int | None, minimum: int = 1) -> list[Fact]:
+    """At most about ``n`` fact ids per language, shared evenly by the relations: each
+    relation keeps ``max(minimum, ceil(n / relations))`` ids, the same in every language
+    (:func:`take_per_lang`), so a file of many relations costs what one relation does.
+    ``None`` keeps all."""
+    facts = list(facts)
+    if n is None or not facts:
+        return facts
+    n_rel = len({f.relation for f in facts})
+    return take_per_lang(facts, max(minimum, -(-int(n) // n_rel)))
+
+
+def scope_facts(
+    facts: Sequence[Fact], langs: Sequence[str], relations: Sequence[str] | None = None
+) -> list[Fact]:
+    """At most ``len(langs)`` languages (those of ``langs`` first, in its order, then the
+    others in the order they first appear) and, when ``relations`` is given, at most
+    ``len(relations)`` relations chosen the same way: a budget's languages and relations
+    bound what any facts file costs, and a file without them still gets as many of its own."""
+
+    def pick(have: list[str], wanted: Sequence[str]) -> set[str]:
+        order = [x for x in wanted if x in have] + [x for x in have if x not in wanted]
+        return set(order[: len(wanted)])
+
+    facts = list(facts)
+    keep_langs = pick(list(dict.fromkeys(f.lang for f in facts)), langs)
+    keep_rels = (None if relations is None
+                 else pick(list(dict.fromkeys(f.relation for f in facts)), relations))  # fmt: skip
+    return [f for f in facts
+            if f.lang in keep_langs and (keep_rels is None or f.relation in keep_rels)]  # fmt: skip

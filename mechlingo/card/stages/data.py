@@ -12,7 +12,7 @@ from mechlingo.core.errors import InputError
 from mechlingo.data import LANGS, Fact, load_facts
 from mechlingo.data.candidates import with_candidates
 from mechlingo.data.natural_parallel import bundled_documents, bundled_parallel, split_by_documents
-from mechlingo.data.splits import split_facts, take_per_lang
+from mechlingo.data.splits import scope_facts, split_facts, take_per_lang, take_shared
 
 __all__ = [
     "bundled_texts",
@@ -38,39 +38,39 @@ def prepare_facts(facts: list[Fact], cfg: Mapping[str, Any]) -> list[Fact]:
 
 
 def repair_split(facts: list[Fact], cfg: Mapping[str, Any]) -> tuple[list, list, list]:
-    """``(build, dev, test)`` of the repair stage (the same hash split and per-language caps)."""
+    """``(build, dev, test)`` of the repair stage: the hash split, then at most about
+    ``dev_per_lang`` and ``test_per_lang`` ids per language, shared by the relations
+    (:func:`~mechlingo.data.splits.take_shared`)."""
     r = cfg["repair"]
     splits = split_facts(facts, r["split"])
-    dev = take_per_lang(splits["dev"], r["dev_per_lang"])
-    return splits["build"], dev, take_per_lang(splits["test"], r["test_per_lang"])
+    dev = take_shared(splits["dev"], r["dev_per_lang"])
+    return splits["build"], dev, take_shared(splits["test"], r["test_per_lang"])
 
 
 def lu_facts(facts: Sequence[Fact] | None, cfg: Mapping[str, Any], section: str) -> list[Fact]:
-    """The facts of one Lu stage: the user's (every language and relation, at most
-    ``limit`` ids per relation when the section has one) or the bundled natural stems, with
-    BMLAMA-style candidates under ``metric = "rank"``; the trace reads the repair test items."""
+    """The facts of one Lu stage, with BMLAMA-style candidates under ``metric = "rank"``:
+    the bundled natural stems, or the user's scoped to the budget (at most as many languages
+    as the section's ``langs`` or ``lu_langs``, preferring those, and as many relations as a
+    section's ``relations``: :func:`~mechlingo.data.splits.scope_facts`; at most ``limit`` ids
+    per relation; :func:`cap_facts`). The trace reads the repair test items."""
     if section == "trace":  # the tracer reads the repair stage's test items (their classes)
         return repair_split(lu_facts(facts, cfg, "repair"), cfg)[2]
     sec = cfg.get(section, {})
-    if facts is not None:
-        return prepare_facts(cap_facts(take_per_lang(list(facts), sec.get("limit")), cfg), cfg)
     langs = sec.get("langs") or cfg["lu_langs"]
+    if facts is not None:
+        scoped = scope_facts(facts, langs, sec.get("relations"))
+        return prepare_facts(cap_facts(take_per_lang(scoped, sec.get("limit")), cfg), cfg)
     rels = sec.get("relations") or ["capital"]
     loaded = load_facts(langs=langs, relations=rels, limit=sec.get("limit"), templates="natural")
     return prepare_facts(loaded, cfg)
 
 
 def cap_facts(facts: Sequence[Fact], cfg: Mapping[str, Any]) -> list[Fact]:
-    """At most ``max_ids_per_lang`` fact ids per language, shared evenly by the relations
-    (each relation keeps ``max(4, cap // relations)`` ids, the same in every language,
-    :func:`~mechlingo.data.splits.take_per_lang`): a user's facts file of many relations
-    costs the card what the bundled one does. ``None`` keeps all."""
-    cap = cfg.get("max_ids_per_lang")
-    facts = list(facts)
-    if cap is None or not facts:
-        return facts
-    n_rel = len({f.relation for f in facts})
-    return take_per_lang(facts, max(4, int(cap) // n_rel))
+    """At most about ``max_ids_per_lang`` fact ids per language, shared evenly by the
+    relations (each keeps at least 4, :func:`~mechlingo.data.splits.take_shared`): a user's
+    facts file of many relations costs the card what the bundled one does. ``None`` keeps
+    all."""
+    return take_shared(facts, cfg.get("max_ids_per_lang"), minimum=4)
 
 
 def bundled_texts() -> tuple[dict[str, list[str]], list[str]]:

@@ -31,7 +31,7 @@ from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
-from mechlingo.data.splits import take_per_lang
+from mechlingo.data.splits import take_shared
 
 DECODERS = ("logit", "tuned", "patchscope")
 
@@ -77,7 +77,7 @@ def stage_decoders(model: Model, facts: list[Fact], trace: Mapping[str, Any] | N
         out["decoders"]["logit"] = {"items": _order(first_en, first_l, fs), "source": "trace"}
     else:
         out["decoders"]["logit"] = {"untestable": "the trace stage did not finish"}
-    sub = take_per_lang([f for f in facts if f.lang != "en"], d.get("per_lang"))
+    sub = take_shared([f for f in facts if f.lang != "en"], d.get("per_lang"))
     for name in ("tuned", "patchscope"):
         dec: Any = name
         if name == "tuned":
@@ -195,7 +195,8 @@ def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, fl
     """CPU seconds: the patchscope (and a given tuned lens, as much again) on ``per_lang``
     ids of every non-English language."""
     d = cfg["decoders"]
-    prompts = int(d["per_lang"] or 0) * len([lg for lg in cfg["lu_langs"] if lg != "en"])
+    langs = int(sizes.get("lu_langs", len(cfg["lu_langs"])))
+    prompts = int(d["per_lang"] or 0) * max(0, langs - 1)
     decoders = 1 + bool(d.get("tuned_lens"))
     return decoders * prompts * PATCHSCOPE_PER_PROMPT * unit.get("rank", 0.0)
 

@@ -48,7 +48,8 @@ def decision(data: Mapping[str, Any], given: str | None) -> dict[str, Any]:
 def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
     """CPU seconds: the dev items scored both ways (known once the stage has run)."""
     dev = min(int(sizes.get("dev_ids", 0)), int(cfg["repair"]["dev_per_lang"] or 10**9))
-    return dev * len(cfg["lu_langs"]) * (unit.get("rank", 0.0) + unit.get("generate", 0.0))
+    items = int(sizes.get("dev_items", dev * len(cfg["lu_langs"])))
+    return items * (unit.get("rank", 0.0) + unit.get("generate", 0.0))
 
 
 STAGE = Stage("metric", LU, (), run, section="repair", cost=cost)

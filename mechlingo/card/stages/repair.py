@@ -609,8 +609,17 @@ def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, fl
     (both vectors at every layer and scale, then the ``top_k`` pairs)."""
     r = cfg["repair"]
     langs = len(cfg["lu_langs"])
-    test = min(int(sizes.get("test_ids", 0)), int(r["test_per_lang"] or 10**9)) * langs
-    dev = min(int(sizes.get("dev_ids", 0)), int(r["dev_per_lang"] or 10**9)) * langs
+    test = int(
+        sizes.get(
+            "test_items",
+            min(int(sizes.get("test_ids", 0)), int(r["test_per_lang"] or 10**9)) * langs,
+        )
+    )
+    dev = int(
+        sizes.get(
+            "dev_items", min(int(sizes.get("dev_ids", 0)), int(r["dev_per_lang"] or 10**9)) * langs
+        )
+    )
     grid = 2 * len(r["layer_fractions"] or (0,)) * len(r["alphas"]) + 2 * r["top_k"] ** 2
     items = test * (4 + len(r["seeds"]) + 3) + dev * grid
     return REPAIR_FACTOR * items * scoring_seconds(cfg, unit)

@@ -281,14 +281,15 @@ TRANSFER_FACTOR = {"relation": 4.5, "lang": 2.7}
 
 def _cost(by: str) -> Any:
     def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
-        """CPU seconds of one matrix: per relation and language, the build, screen (the
-        grid's layers x scales), dev and test ids."""
+        """CPU seconds of one matrix: per relation and language (those of the data, else
+        the budget's), the build, screen (the grid's layers x scales), dev and test ids."""
         t = cfg["transfer"]
         m = t["matrix"]
         per = (int(m["build_ids"] or 16) + int(m["dev_ids"]) + int(m["test_ids"])
                + int(m["screen_ids"]) * len(m.get("layer_fractions") or (0,))
                * len(m.get("alphas") or (0, 0)))  # fmt: skip
-        units = per * len(t["relations"]) * len(t["langs"])
+        rels, langs = sizes.get("transfer_scope") or (len(t["relations"]), len(t["langs"]))
+        units = per * int(rels) * int(langs)
         return TRANSFER_FACTOR[by] * units * scoring_seconds(cfg, unit)
 
     return cost

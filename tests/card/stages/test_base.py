@@ -19,8 +19,9 @@ from mechlingo.card.plan import MIN_DRAWS, PRIMARY, dev_icc, plan_card, units_ne
 from mechlingo.card.replicate import budget_settings, cap_facts
 from mechlingo.card.stages import BUDGETS
 from mechlingo.core.errors import InputError
-from mechlingo.data import Fact, load_facts, parallel_sentences
+from mechlingo.data import LANGS, Fact, load_facts, parallel_sentences
 from mechlingo.data.candidates import with_candidates
+from mechlingo.data.splits import scope_facts, take_shared
 
 
 def _counts(gen_non_en: tuple[int, int], gen_en=(0, 10), rank=(4, 10)) -> dict:
@@ -125,6 +126,57 @@ def test_cap_facts_shares_the_cap_between_relations():
     assert {len(v) for v in per.values()} == {10}  # 20 // 2 relations, every language
     assert per[("capital", "en")] == per[("capital", "fr")]
     assert cap_facts(facts, {"max_ids_per_lang": None}) == list(facts)
+
+
+def test_scope_facts_prefers_the_budgets_languages_and_keeps_as_many_of_the_files():
+    facts = load_facts(langs=["en", "de", "fr", "it", "ja"], relations=["capital", "currency"])
+    langs = lambda fs: {f.lang for f in fs}  # noqa: E731
+    assert langs(scope_facts(facts, ["en", "fr", "es"])) == {"en", "fr", "de"}  # es: file order
+    assert langs(scope_facts(facts, ["ru", "hi"])) == {"en", "de"}  # none of the budget's
+    assert langs(scope_facts(facts, list(LANGS))) == langs(facts)
+    rels = {f.relation for f in scope_facts(facts, ["en"], ["currency"])}
+    assert rels == {"currency"}
+    assert {f.relation for f in scope_facts(facts, ["en"], ["language"])} == {"capital"}
+
+
+def test_take_shared_splits_the_cap_between_relations_rounding_up():
+    facts = load_facts(langs=["en", "fr"], relations=["capital", "currency", "continent"])
+    per: dict = {}
+    for f in take_shared(facts, 10):
+        per.setdefault((f.relation, f.lang), set()).add(f.id)
+    assert {len(v) for v in per.values()} == {4}  # ceil(10 / 3), every relation and language
+    assert take_shared(facts, None) == list(facts)
+
+
+def test_a_facts_file_of_many_relations_costs_what_the_bundled_card_does():
+    """Any facts file is scoped by the budget: the Lu languages and the transfer's relations
+    and languages are bounded by the budget's, the repair ids per language are shared by the
+    relations, and the planner counts what the stages will read."""
+    from mechlingo.card.replicate import _data_available
+    from mechlingo.card.stages import estimate_seconds
+    from mechlingo.card.stages.data import lu_facts, repair_split
+
+    cfg = {**budget_settings("quick"), "metric": "generate"}
+    rels = ["capital", "currency", "continent", "city_country"]
+    many = load_facts(relations=rels, templates="natural")  # 12 languages, 4 relations
+    assert len({f.lang for f in many}) == 12
+    repair_facts = lu_facts(many, cfg, "repair")
+    assert {f.lang for f in repair_facts} == set(cfg["lu_langs"])
+    _, dev, test = repair_split(repair_facts, cfg)
+    for part, cap in ((dev, cfg["repair"]["dev_per_lang"]), (test, cfg["repair"]["test_per_lang"])):
+        ids = {lg: {f.id for f in part if f.lang == lg} for lg in cfg["lu_langs"]}
+        assert max(len(v) for v in ids.values()) <= -(-cap // 4) * 4  # ceil(cap / 4) each
+    assert lu_facts(many, cfg, "trace") == test
+    moved = lu_facts(many, cfg, "transfer")
+    assert {f.relation for f in moved} == set(cfg["transfer"]["relations"])
+    assert {f.lang for f in moved} == set(cfg["transfer"]["langs"])
+    unit = {"generate": 0.06, "rank": 0.18}
+    mine = _data_available(many, None, None, cfg, ["lu2025"])
+    bundled = _data_available(None, None, None, cfg, ["lu2025"])
+    assert mine["test_items"] == len(test) and mine["lu_langs"] == len(cfg["lu_langs"])
+    est = estimate_seconds(cfg, ["lu2025"], mine, unit)
+    ref = estimate_seconds(cfg, ["lu2025"], bundled, unit)
+    assert sum(est.values()) <= 1.15 * sum(ref.values()), (est, ref)
 
 
 def test_units_needed_and_icc_by_hand():
