@@ -59,6 +59,7 @@ from mechlingo.card.stages.data import (
     lu_facts,
     parallel_parts,
     repair_split,
+    scope_of,
 )
 from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.describe import model_info
@@ -84,6 +85,7 @@ __all__ = [
 ]
 
 #: Bumped when a stage computes something different: old stored results are not reused.
+#: 5: a user's facts scoped by the budget (languages, transfer relations, shared caps);
 #: 4: the clamp measured against a population of random clamps, the align stage's details of
 #: every random-neuron draw;
 #: 3: the metric stage, gold share and lenient outcomes, random populations, documents;
@@ -312,6 +314,13 @@ def replicate(
             if is_main():  # under torchrun every rank has the plan; one prints it
                 print(f"{the_plan}{_per_process()}")
             return the_plan
+        if is_main() and facts is not None and LU in papers:
+            sc = scope_of(facts, cfg)
+            if sc["left_out_langs"]:
+                print(f"replicate: the {budget} budget reads {len(sc['lu_langs'])} of your "
+                      f"facts' {len(sc['lu_langs']) + len(sc['left_out_langs'])} languages "
+                      f"({', '.join(sc['lu_langs'])}); choose them with --settings "
+                      """'{"lu_langs": [...]}'""")  # fmt: skip
         if is_main():
             print(f"replicate: the planner's estimate for this card: {the_plan.card_minutes:.1f} "
                   f"CPU-minutes{_per_process()} (see the plan in claims.json)")  # fmt: skip
@@ -330,7 +339,8 @@ def replicate(
             "mechlingo": __version__, "settings": cfg, "stages": timing,
             "work": None if work is None else str(stages.folder),
             "metric_rule": METRIC_RULE, "metric_decision": decision,
-            "plan": the_plan.to_json()}  # fmt: skip
+            "plan": the_plan.to_json(),
+            "facts_scope": None if facts is None else scope_of(facts, cfg)}  # fmt: skip
     return ReplicationCard(rows, results, meta)
 
 

@@ -48,7 +48,7 @@ from mechlingo.cli.work import (
 from mechlingo.core.artifacts import atomic_folder
 from mechlingo.core.types import Model
 from mechlingo.data import read_parallel_dir
-from mechlingo.data.splits import split_facts, take_per_lang
+from mechlingo.data.splits import split_facts
 from mechlingo.interventions import ModelMismatchError
 from mechlingo.report import write_outputs
 from mechlingo.report.steer import repair_report, transfer_report
@@ -378,10 +378,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _eval_plan(args: argparse.Namespace, facts: list, opts: SteerEvalOptions) -> cost.Plan:
     """The plan and estimate of ``steer eval`` from its flags (no model)."""
-    split = opts.split
-    splits = split_facts(facts, split.fractions, salt=split.salt)
-    splits["dev"] = take_per_lang(splits["dev"], split.dev_per_lang)
-    splits["test"] = take_per_lang(splits["test"], split.test_per_lang)
+    splits = dict(zip(("build", "dev", "test"), opts.split.parts(facts), strict=True))
     return cost.plan_steer_eval(splits, grid=opts.grid, seeds=len(opts.seeds),
                                 repeats=opts.repeats, max_new_tokens=args.max_new_tokens,
                                 transfer=args.transfer, sweep=not args.config,

@@ -416,7 +416,7 @@ def test_steer_eval_under_rank_on_tiny(tiny_dir, tmp_path):
     recs = [json.loads(x) for x in (out / "generations.jsonl").read_text().splitlines()]
     assert {r["condition"] for r in recs} >= {"orig", "task", "diff", "both", "random_s0"}
     assert all("gold_rank" in r for r in recs)
-    # the transfer matrix scores every cell with the same metric (external transfer, issue 21)
+    # the transfer matrix scores every cell with the same metric (external transfer)
     assert main(["steer", "eval", *common, "--vectors", str(vdir), "--metric", "rank",
                  "--transfer", "lang", "--transfer-ids", "3,1,2,2", "--transfer-cells",
                  "diagonal", "--out", str(tmp_path / "t")]) == 0  # fmt: skip

@@ -5,7 +5,7 @@ test model) and bad library calls. Every CLI case asserts the exit status, a fra
 one-line message, no traceback, and that the working folder (``--out`` included) and the model
 cache are byte-for-byte untouched. Kill tests SIGKILL a subprocess in the middle of an artifact
 write and check that the old folder is intact and the leftovers are cleaned up at the next
-start. Issue 14's reproductions are marked ``issue14-`` in their ids.
+start. The reproductions of reported bugs are marked ``reported-`` in their ids.
 """
 
 from __future__ import annotations
@@ -320,134 +320,137 @@ def _ro(monkeypatch: Any, work: Path) -> None:
 
 
 CASES: list[Case] = [
-    # ---- issue 14: silently wrong results
+    # ---- reported: silently wrong results
     Case(
-        "issue14-eval-batch-size-neg",
+        "reported-eval-batch-size-neg",
         "{eval} --batch-size -2",
         2,
         "--batch-size must be at least 1",
     ),
     Case(
-        "issue14-eval-max-new-tokens-neg",
+        "reported-eval-max-new-tokens-neg",
         "{eval} --max-new-tokens -1",
         2,
         "--max-new-tokens must be at least 1",
     ),
-    Case("issue14-langs-comma", "{eval} --langs ,", 2, "--langs ',' has an empty language"),
+    Case("reported-langs-comma", "{eval} --langs ,", 2, "--langs ',' has an empty language"),
     Case(
-        "issue14-relation-comma", "{eval} --relation ,", 2, "--relation ',' has an empty relation"
+        "reported-relation-comma", "{eval} --relation ,", 2, "--relation ',' has an empty relation"
     ),
-    Case("issue14-experts-lang-comma", "{experts} --target ,", 2, "--target ',' has an empty"),
-    Case("issue14-dtype-nn", "{eval} --dtype nn", 2, "'nn' is not a floating-point torch dtype"),
+    Case("reported-experts-lang-comma", "{experts} --target ,", 2, "--target ',' has an empty"),
+    Case("reported-dtype-nn", "{eval} --dtype nn", 2, "'nn' is not a floating-point torch dtype"),
     Case(
-        "issue14-align-target-xx",
+        "reported-align-target-xx",
         "{align} --target xx",
         2,
         "unknown language(s) ['xx'] in --target",
     ),
     Case(
-        "issue14-context-671",
+        "reported-context-671",
         "{eval} --facts {long} --langs en,fr",
         2,
         "more than the model's context of 512",
     ),
     Case(
-        "issue14-context-39k",
+        "reported-context-39k",
         "{lens} --facts {huge} --langs en,fr",
         2,
         "more than the model's context",
     ),
-    # ---- issue 14: tracebacks
+    # ---- reported: tracebacks
     Case(
-        "issue14-data-dir-named-jsonl",
+        "reported-data-dir-named-jsonl",
         "{eval} --facts {dir_jsonl}",
         2,
         "is a folder, not a facts file",
     ),
-    Case("issue14-device-cuda", "{eval} --device cuda", 2, "no cuda device", marks=CPU_ONLY),
-    Case("issue14-device-gpu0", "{eval} --device gpu0", 2, "'gpu0' is not a device"),
-    Case("issue14-model-config-only", "{eval} --model {M_cfg}", 2, "no weights"),
-    Case("issue14-gguf-truncated-header", "{eval} --model {G_trunc}", 2, "truncated header"),
-    Case("issue14-out-existing-file", "{eval} --out {a_file}", 2, "is an existing file"),
+    Case("reported-device-cuda", "{eval} --device cuda", 2, "no cuda device", marks=CPU_ONLY),
+    Case("reported-device-gpu0", "{eval} --device gpu0", 2, "'gpu0' is not a device"),
+    Case("reported-model-config-only", "{eval} --model {M_cfg}", 2, "no weights"),
+    Case("reported-gguf-truncated-header", "{eval} --model {G_trunc}", 2, "truncated header"),
+    Case("reported-out-existing-file", "{eval} --out {a_file}", 2, "is an existing file"),
     Case(
-        "issue14-out-file-sub",
+        "reported-out-file-sub",
         "{eval} --out {a_file}/sub",
         2,
         "is a file, so no folder can be created",
     ),
-    Case("issue14-out-read-only", "{eval} --out ro/o", 2, "is not writable", setup=_ro),
-    Case("issue14-out-empty", "{eval} --out=", 2, "--out is empty"),
-    Case("issue14-vectors-truncated-st", "{steer-eval} --vectors {V_trunc}", 2, "safetensors"),
-    Case("issue14-clamp-truncated-st", "{align} --clamp {C_trunc}", 2, "truncated"),
-    Case("issue14-clamp-zeroed-st", "{align} --clamp {C_zero}", 2, "not a valid safetensors"),
+    Case("reported-out-read-only", "{eval} --out ro/o", 2, "is not writable", setup=_ro),
+    Case("reported-out-empty", "{eval} --out=", 2, "--out is empty"),
+    Case("reported-vectors-truncated-st", "{steer-eval} --vectors {V_trunc}", 2, "safetensors"),
+    Case("reported-clamp-truncated-st", "{align} --clamp {C_trunc}", 2, "truncated"),
+    Case("reported-clamp-zeroed-st", "{align} --clamp {C_zero}", 2, "not a valid safetensors"),
     Case(
-        "issue14-vectors-zeroed-st", "{steer-eval} --vectors {V_zero}", 2, "not a valid safetensors"
+        "reported-vectors-zeroed-st",
+        "{steer-eval} --vectors {V_zero}",
+        2,
+        "not a valid safetensors",
     ),
-    Case("issue14-clamp-no-config-mode", "{align} --clamp {C_nomode}", 2, "'mode'"),
-    # ---- issue 14: unclear messages and defaults
+    Case("reported-clamp-no-config-mode", "{align} --clamp {C_nomode}", 2, "'mode'"),
+    # ---- reported: unclear messages and defaults
     Case(
-        "issue14-data-default-relation",
+        "reported-data-default-relation",
         "{eval} --facts {klar}",
         0,
         "",
         ok_outputs=("summary.json", "report.html"),
     ),
-    Case("issue14-langs-repeated", "{eval} --langs en,en", 2, "'en' more than once"),
+    Case("reported-langs-repeated", "{eval} --langs en,en", 2, "'en' more than once"),
     Case(
-        "issue14-empty-jsonl", "{eval} --facts {empty_jsonl}", 2, "line 1: the file holds no facts"
+        "reported-empty-jsonl", "{eval} --facts {empty_jsonl}", 2, "line 1: the file holds no facts"
     ),
     Case(
-        "issue14-header-only-tsv",
+        "reported-header-only-tsv",
         "{eval} --facts {header_tsv}",
         2,
         "line 2: the file has a header line but no facts",
     ),
     Case(
-        "issue14-latin1-facts",
+        "reported-latin1-facts",
         "{eval} --facts {latin1_jsonl}",
         2,
         "latin1.jsonl, line 3: byte 0xe9",
     ),
     Case(
-        "issue14-latin1-experts-text",
+        "reported-latin1-experts-text",
         "{experts} --parallel {par_latin1}",
         2,
         "es.txt, line 4: byte 0xe9",
     ),
     Case(
-        "issue14-batch-size-zero",
+        "reported-batch-size-zero",
         "{eval} --batch-size 0",
         2,
         "--batch-size must be at least 1, got 0",
     ),
-    Case("issue14-empty-gguf", "{eval} --model {G_empty}", 2, "is empty (0 bytes)"),
+    Case("reported-empty-gguf", "{eval} --model {G_empty}", 2, "is empty (0 bytes)"),
     Case(
-        "issue14-corrupt-intervention-json",
+        "reported-corrupt-intervention-json",
         "{align} --clamp {C_badjson}",
         2,
         "intervention.json is not valid json",
     ),
     Case(
-        "issue14-k-too-large",
+        "reported-k-too-large",
         "{experts} --k 100000",
         2,
         "--k 100000 is more than the 256 mlp neurons",
     ),
     Case(
-        "issue14-align-layer-99",
+        "reported-align-layer-99",
         "{align} --layer 99",
         2,
         "--layer 99 is out of range for a model with 2 layers",
     ),
     Case(
-        "issue14-vectors-without-meta-model",
+        "reported-vectors-without-meta-model",
         "{steer-eval} --vectors {V_nomodel}",
         2,
         "records no model",
     ),
-    Case("issue14-clamp-without-meta-model", "{align} --clamp {C_nomodel}", 2, "records no model"),
-    Case("issue14-vectors-other-model", "{steer-eval} --vectors {V_B}", 2, "unembed_fingerprint"),
-    Case("issue14-clamp-other-model", "{align} --clamp {C_B}", 2, "unembed_fingerprint"),
+    Case("reported-clamp-without-meta-model", "{align} --clamp {C_nomodel}", 2, "records no model"),
+    Case("reported-vectors-other-model", "{steer-eval} --vectors {V_B}", 2, "unembed_fingerprint"),
+    Case("reported-clamp-other-model", "{align} --clamp {C_B}", 2, "unembed_fingerprint"),
     # ---- each command runs (the table's baselines are valid)
     *[Case(f"ok-{name}", f"{{{name}}}", 0, "", ok_outputs=("summary.json",)) for name in BASE],
     Case("ok-tsv", "{eval} --facts {good_tsv}", 0, "", ok_outputs=("generations.jsonl",)),
@@ -776,7 +779,7 @@ def test_cli_case(case: Case, P, sandbox, capsys, monkeypatch):
 
 def test_table_size():
     assert len(CASES) >= 140
-    assert sum(c.id.startswith("issue14-") for c in CASES) >= 36
+    assert sum(c.id.startswith("reported-") for c in CASES) >= 36
 
 
 # --------------------------------------------------------------------------------------
@@ -888,13 +891,13 @@ def _lib_write_onto_file(tiny: Any, tiny_b: Any, P: Any) -> None:
 LIB_CASES: list[tuple[str, Any, str, str]] = [
     # (id, call, error class name, message fragment)
     (
-        "issue14-alpha-nan",
+        "reported-alpha-nan",
         _call("SteeringVector(torch.ones(64), 0, alpha=float('nan'))"),
         "InterventionError",
         "nan",
     ),
     (
-        "issue14-alpha-inf",
+        "reported-alpha-inf",
         _call("SteeringVector(torch.ones(64), 0, alpha=float('inf'))"),
         "InterventionError",
         "infinite",
@@ -918,7 +921,7 @@ LIB_CASES: list[tuple[str, Any, str, str]] = [
         "nan",
     ),
     (
-        "issue14-clamp-nan",
+        "reported-clamp-nan",
         _call("NeuronClamp({0: [1, 2]}, float('nan'))"),
         "InterventionError",
         "nan",
@@ -942,7 +945,7 @@ LIB_CASES: list[tuple[str, Any, str, str]] = [
         "nan",
     ),
     (
-        "issue14-clamp-duplicate-neuron",
+        "reported-clamp-duplicate-neuron",
         _call("NeuronClamp({0: [3, 3]}, [1.0, 100.0])"),
         "InterventionError",
         "neuron 3 appears more than once",
@@ -960,7 +963,7 @@ LIB_CASES: list[tuple[str, Any, str, str]] = [
         "more than once",
     ),
     (
-        "issue14-ablation-mean-nan",
+        "reported-ablation-mean-nan",
         _call("Ablation('resid_pre', 0, 'mean', mean=torch.full((64,), float('nan')))"),
         "InterventionError",
         "nan",
@@ -972,13 +975,13 @@ LIB_CASES: list[tuple[str, Any, str, str]] = [
         "infinite",
     ),
     (
-        "issue14-intervene-other-model",
+        "reported-intervene-other-model",
         _lib_intervene_b,
         "ModelMismatchError",
         "unembed_fingerprint",
     ),
     (
-        "issue14-fwd-hooks-other-model",
+        "reported-fwd-hooks-other-model",
         _lib_run_with_hooks_b,
         "ModelMismatchError",
         "unembed_fingerprint",

@@ -1,4 +1,4 @@
-"""Faults of the machine, files from other tools, reruns and signals (issue 27).
+"""Faults of the machine, files from other tools, reruns and signals.
 
 - Machine faults (a full or read-only disk, a denied write, a model cache that cannot be
   created, a conversion killed halfway, two processes converting at once, a GPU out of

@@ -265,6 +265,23 @@ def test_scoring_options_pass_the_kv_cache_and_early_stop_on():
     assert list(params) == ["model", "facts", "options"] and params["options"].default is None
 
 
+def test_the_scoring_options_are_the_decoding_options_and_a_metric():
+    """One list of decoding options: ``ScoringOptions`` is a ``DecodeOptions`` (its fields,
+    checks and the keywords of ``evaluate_conditions``) with the steering defaults and a
+    metric; the keyword lists typed for ``Unpack`` name exactly those fields."""
+    from mechlingo.scoring.evaluate import ScoreArgs
+
+    decode = [f.name for f in dataclasses.fields(DecodeOptions)]
+    assert issubclass(ScoringOptions, DecodeOptions)
+    assert [f.name for f in dataclasses.fields(ScoringOptions)] == [*decode, "metric"]
+    assert sorted(ScoreArgs.__annotations__) == sorted(decode)
+    opt = ScoringOptions(metric="rank", max_new_tokens=3, cache=False)
+    assert opt.decode() == DecodeOptions(max_new_tokens=3, batch_size=D.STEER_BATCH_SIZE,
+                                         cache=False)  # fmt: skip
+    with pytest.raises(InputError, match="batch_size must be at least 1"):
+        DecodeOptions(batch_size=0)
+
+
 def test_the_templates_family_tuned_is_now_measured_and_the_old_name_warns(capsys, tmp_path):
     from mechlingo.cli import main
     from mechlingo.data import load_facts

@@ -16,20 +16,20 @@ places to steer)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 from mechlingo.core.defaults import (
     BATCH_SIZE,
-    EARLY_STOP,
-    KV_CACHE,
-    PROGRESS,
     STEER_BATCH_SIZE,
     STEER_MAX_NEW_TOKENS,
 )
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import every_second_layer, layers_at
+from mechlingo.data.facts import Fact
+from mechlingo.data.splits import split_facts, take_per_lang, take_shared
+from mechlingo.scoring.evaluate import DecodeOptions
 from mechlingo.scoring.scorers import METRICS, Scorer
 
 __all__ = [
@@ -146,48 +146,41 @@ class DevGrid:
 
 
 @dataclass(frozen=True)
-class ScoringOptions:
-    """How every item of every stage of the steering protocol is scored (the defaults are
-    the protocol's, :data:`~mechlingo.core.defaults.STEER_MAX_NEW_TOKENS` and
+class ScoringOptions(DecodeOptions):
+    """How every item of every stage of the steering protocol is scored: the scoring rule
+    and the decoding options of :class:`~mechlingo.scoring.evaluate.DecodeOptions` (its
+    fields, checks and docs), with the protocol's own defaults for the length and the batch
+    (:data:`~mechlingo.core.defaults.STEER_MAX_NEW_TOKENS` and
     :data:`~mechlingo.core.defaults.STEER_BATCH_SIZE`, as ``mechlingo steer eval --help``
     says).
 
     Attributes:
         metric: the scoring rule: ``"generate"`` (greedy generation by the eval rule),
             ``"rank"``, ``"klar"`` or a :class:`~mechlingo.scoring.scorers.Scorer`.
-        max_new_tokens: greedy tokens per item under ``generate``.
-        batch_size: prompts per forward pass.
-        progress: show progress bars.
-        cache: decode with a key-value cache (the same tokens; ``False`` recomputes the
-            prefix at every step).
-        early_stop: stop decoding an item once its verdict is final (the same verdicts).
     """
 
-    metric: str | Scorer = "generate"
     max_new_tokens: int = STEER_MAX_NEW_TOKENS
     batch_size: int = STEER_BATCH_SIZE
-    progress: bool = PROGRESS
-    cache: bool = KV_CACHE
-    early_stop: bool = EARLY_STOP
+    metric: str | Scorer = "generate"
 
     def __post_init__(self) -> None:
         _at_least(self.max_new_tokens, 1, "max_new_tokens (--max-new-tokens)")
         _at_least(self.batch_size, 1, "batch_size (--batch-size)")
+        super().__post_init__()
         if isinstance(self.metric, str) and self.metric not in METRICS:
             raise InputError(
                 f"metric {self.metric!r}: pass 'generate', 'rank', 'klar' or a Scorer (--metric)"
             )
 
+    def decode(self) -> DecodeOptions:
+        """The decoding options alone (the metric dropped)."""
+        return DecodeOptions(**self.kw())
+
     def kw(self) -> dict[str, Any]:
         """The keyword arguments of a scoring call
-        (:func:`~mechlingo.scoring.evaluate.evaluate_facts`), the metric excluded."""
-        return {
-            "max_new_tokens": self.max_new_tokens,
-            "batch_size": self.batch_size,
-            "progress": self.progress,
-            "cache": self.cache,
-            "early_stop": self.early_stop,
-        }
+        (:func:`~mechlingo.scoring.evaluate.evaluate_facts`): every field of
+        :class:`~mechlingo.scoring.evaluate.DecodeOptions`, the metric excluded."""
+        return {f.name: getattr(self, f.name) for f in fields(DecodeOptions)}
 
 
 @dataclass(frozen=True)
@@ -199,13 +192,31 @@ class SplitSettings:
         fractions: the build, dev and test fractions of the fact ids.
         salt: changes the hash split (re-splits use ``{salt}#repeat{r}``).
         dev_per_lang, test_per_lang: at most this many ids per relation on dev and test
-            (``None``: all).
+            (``None``: all), the same ids in every language.
+        shared: the two caps count ids per language, shared evenly by the relations (each
+            keeps the cap divided by the relations, rounded up:
+            :func:`~mechlingo.data.splits.take_shared`), so that a file of many relations
+            scores what one relation does (the claims card's budgets).
     """
 
     fractions: tuple[float, ...] = (0.4, 0.2, 0.4)
     salt: str = ""
     dev_per_lang: int | None = None
     test_per_lang: int | None = None
+    shared: bool = False
+
+    def parts(
+        self, facts: Sequence[Fact], salt: str | None = None
+    ) -> tuple[list[Fact], list[Fact], list[Fact]]:
+        """``(build, dev, test)``: the hash split of ``facts`` by id (``salt``: this one
+        instead of :attr:`salt`, a re-split), dev and test at most their caps."""
+        split = split_facts(facts, self.fractions, self.salt if salt is None else salt)
+        take = take_shared if self.shared else take_per_lang
+        return (
+            split["build"],
+            take(split["dev"], self.dev_per_lang),
+            take(split["test"], self.test_per_lang),
+        )
 
 
 @dataclass(frozen=True)

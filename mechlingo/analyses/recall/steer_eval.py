@@ -42,7 +42,6 @@ from mechlingo.core.jsonable import jsonable
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
-from mechlingo.data.splits import split_facts, take_per_lang
 from mechlingo.interventions import Intervention
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
 from mechlingo.scoring.evaluate import EvalResult
@@ -623,11 +622,7 @@ def _one_split(
     ``given`` vectors or (``rebuild``: a re-split) vectors rebuilt on this split's build facts
     with the given vectors' build settings (k-shot, unit, zero-shot subtraction, translation
     shots); each step a stage named ``{prefix}build``, ``{prefix}sweep``... of ``stages``."""
-    fractions = tuple(opt.split.fractions)
-    parts = split_facts(facts, fractions, salt=salt)
-    build = parts["build"]
-    dev = take_per_lang(parts["dev"], opt.split.dev_per_lang)
-    test = take_per_lang(parts["test"], opt.split.test_per_lang)
+    build, dev, test = opt.split.parts(facts, salt)
     if not test or not dev or not build:
         raise InputError(
             "a split is empty (build, dev or test)",
@@ -671,7 +666,7 @@ def _one_split(
     summary = test_res.summary()
     summary["warnings"] = summary.get("warnings", []) + notes
     summary["split"] = {
-        "fractions": list(fractions),
+        "fractions": list(opt.split.fractions),
         "salt": salt,
         "n_ids": {
             k: len({f.id for f in v}) for k, v in (("build", build), ("dev", dev), ("test", test))

@@ -8,11 +8,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mechlingo.analyses.experts.align import drop_empty_lines
+from mechlingo.analyses.recall.settings import SplitSettings
 from mechlingo.core.errors import InputError
 from mechlingo.data import LANGS, Fact, load_facts
 from mechlingo.data.candidates import with_candidates
 from mechlingo.data.natural_parallel import bundled_documents, bundled_parallel, split_by_documents
-from mechlingo.data.splits import scope_facts, split_facts, take_per_lang, take_shared
+from mechlingo.data.splits import scope_facts, take_per_lang, take_shared
 
 __all__ = [
     "bundled_texts",
@@ -21,7 +22,9 @@ __all__ = [
     "metric_of",
     "parallel_parts",
     "prepare_facts",
+    "repair_caps",
     "repair_split",
+    "scope_of",
 ]
 
 
@@ -41,10 +44,14 @@ def repair_split(facts: list[Fact], cfg: Mapping[str, Any]) -> tuple[list, list,
     """``(build, dev, test)`` of the repair stage: the hash split, then at most about
     ``dev_per_lang`` and ``test_per_lang`` ids per language, shared by the relations
     (:func:`~mechlingo.data.splits.take_shared`)."""
+    return repair_caps(cfg).parts(facts)
+
+
+def repair_caps(cfg: Mapping[str, Any]) -> SplitSettings:
+    """The repair stage's split settings (its fractions, the caps per language shared by the
+    relations): what :func:`repair_split` and the stage's ``steer eval`` call both use."""
     r = cfg["repair"]
-    splits = split_facts(facts, r["split"])
-    dev = take_shared(splits["dev"], r["dev_per_lang"])
-    return splits["build"], dev, take_shared(splits["test"], r["test_per_lang"])
+    return SplitSettings(tuple(r["split"]), "", r["dev_per_lang"], r["test_per_lang"], shared=True)
 
 
 def lu_facts(facts: Sequence[Fact] | None, cfg: Mapping[str, Any], section: str) -> list[Fact]:
@@ -63,6 +70,24 @@ def lu_facts(facts: Sequence[Fact] | None, cfg: Mapping[str, Any], section: str)
     rels = sec.get("relations") or ["capital"]
     loaded = load_facts(langs=langs, relations=rels, limit=sec.get("limit"), templates="natural")
     return prepare_facts(loaded, cfg)
+
+
+def scope_of(facts: Sequence[Fact], cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What the budget reads of a user's facts (:func:`lu_facts`): the Lu languages, the
+    transfer's relations and languages, and what the file has that they leave out."""
+    file_langs = list(dict.fromkeys(f.lang for f in facts))
+    file_rels = list(dict.fromkeys(f.relation for f in facts))
+    lu = {f.lang for f in scope_facts(facts, cfg["lu_langs"])}
+    t = cfg["transfer"]
+    moved = scope_facts(facts, t.get("langs") or cfg["lu_langs"], t.get("relations"))
+    t_langs, t_rels = {f.lang for f in moved}, {f.relation for f in moved}
+    return {
+        "lu_langs": [lg for lg in file_langs if lg in lu],
+        "left_out_langs": [lg for lg in file_langs if lg not in lu],
+        "transfer_langs": [lg for lg in file_langs if lg in t_langs],
+        "transfer_relations": [r for r in file_rels if r in t_rels],
+        "relations": file_rels,
+    }
 
 
 def cap_facts(facts: Sequence[Fact], cfg: Mapping[str, Any]) -> list[Fact]:

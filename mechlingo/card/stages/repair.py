@@ -18,7 +18,6 @@ from mechlingo.analyses.recall.settings import (
     BuildSettings,
     DevGrid,
     ScoringOptions,
-    SplitSettings,
 )
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU, Claim
@@ -38,7 +37,7 @@ from mechlingo.card.stages.base import (
     heading,
     scoring_seconds,
 )
-from mechlingo.card.stages.data import metric_of, repair_split
+from mechlingo.card.stages.data import metric_of, repair_caps, repair_split
 from mechlingo.card.statistics import (
     Test,
     cluster_bootstrap,
@@ -105,10 +104,10 @@ def stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progre
         )
     build_settings, grid, scoring = repair_settings(cfg, int(model.cfg.n_layers), progress)
     vectors = steering.build_steering_vectors(model, build, build_settings, progress=progress)
-    split = SplitSettings(tuple(r["split"]), "", r["dev_per_lang"], r["test_per_lang"])
     run = steer_eval.run_steer_eval(
-        model, facts, vectors, split=split, grid=grid, scoring=scoring, seeds=r["seeds"]
-    )
+        model, facts, vectors, split=repair_caps(cfg), grid=grid, scoring=scoring,
+        seeds=r["seeds"],
+    )  # fmt: skip
     res, sw = run.test, run.search
     if sw is None:  # a dev search runs whenever no config is fixed
         raise RuntimeError("the repair stage ran no dev search")

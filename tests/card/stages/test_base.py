@@ -154,7 +154,8 @@ def test_a_facts_file_of_many_relations_costs_what_the_bundled_card_does():
     relations, and the planner counts what the stages will read."""
     from mechlingo.card.replicate import _data_available
     from mechlingo.card.stages import estimate_seconds
-    from mechlingo.card.stages.data import lu_facts, repair_split
+    from mechlingo.analyses.recall.settings import SplitSettings
+    from mechlingo.card.stages.data import lu_facts, repair_caps, repair_split, scope_of
 
     cfg = {**budget_settings("quick"), "metric": "generate"}
     rels = ["capital", "currency", "continent", "city_country"]
@@ -162,14 +163,20 @@ def test_a_facts_file_of_many_relations_costs_what_the_bundled_card_does():
     assert len({f.lang for f in many}) == 12
     repair_facts = lu_facts(many, cfg, "repair")
     assert {f.lang for f in repair_facts} == set(cfg["lu_langs"])
-    _, dev, test = repair_split(repair_facts, cfg)
+    build, dev, test = repair_split(repair_facts, cfg)
     for part, cap in ((dev, cfg["repair"]["dev_per_lang"]), (test, cfg["repair"]["test_per_lang"])):
         ids = {lg: {f.id for f in part if f.lang == lg} for lg in cfg["lu_langs"]}
         assert max(len(v) for v in ids.values()) <= -(-cap // 4) * 4  # ceil(cap / 4) each
-    assert lu_facts(many, cfg, "trace") == test
+    assert lu_facts(many, cfg, "trace") == test  # the tracer reads what repair scores
+    assert repair_caps(cfg).parts(repair_facts) == (build, dev, test)  # the steer eval's split
+    per_rel = SplitSettings(dev_per_lang=10, test_per_lang=20).parts(repair_facts)
+    assert len(per_rel[2]) > len(test)  # capped per relation, the file would cost more
     moved = lu_facts(many, cfg, "transfer")
     assert {f.relation for f in moved} == set(cfg["transfer"]["relations"])
     assert {f.lang for f in moved} == set(cfg["transfer"]["langs"])
+    sc = scope_of(many, cfg)  # what the card states (claims.json meta, a printed line)
+    assert set(sc["lu_langs"]) == set(cfg["lu_langs"]) and len(sc["left_out_langs"]) == 6
+    assert sc["transfer_relations"] == list(cfg["transfer"]["relations"])
     unit = {"generate": 0.06, "rank": 0.18}
     mine = _data_available(many, None, None, cfg, ["lu2025"])
     bundled = _data_available(None, None, None, cfg, ["lu2025"])
@@ -271,7 +278,7 @@ def test_budgets_hash_is_computed_from_the_dataclasses_and_unchanged():
     # the hash of the budgets the documented cards ran (a change is logged in
     # docs/replicate.md with the cards before and after; it makes stored stages unused)
     assert BUDGETS_HASH == stages.BUDGETS_HASH == "d9c530ce364e0b1c"
-    assert STAGE_VERSION == 4  # 4: clamp_steers' random population, align's draw details
+    assert STAGE_VERSION == 5  # 5: a user's facts scoped by the budget
     plain = {"quick": stages.QUICK.to_dict(), "full": stages.FULL.to_dict()}
     text = json.dumps(plain, sort_keys=True).encode()
     assert hashlib.sha256(text).hexdigest()[:16] == BUDGETS_HASH

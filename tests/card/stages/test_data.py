@@ -1,4 +1,4 @@
-"""Issue 33's parts of the claims card: the bundled natural parallel text and its split, the
+"""The claims card's data and further rows: the bundled natural parallel text and its split, the
 BMLAMA-style candidates, the new row builders on hand-made stage JSON (values against hand
 computations and scipy), and a ``--facts DIR`` card on an invented BMLAMA-format fixture."""
 
