@@ -10,7 +10,7 @@ on test) and to pick the same ids in every language (:func:`take_per_lang`).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from mechlingo.core.errors import InputError
 from mechlingo.data.facts import Fact
@@ -58,9 +58,10 @@ def split_facts(
     return out
 
 
-def take_per_lang(facts: Sequence[Fact], n: int | None) -> list[Fact]:
+def take_per_lang(facts: Sequence[Fact], n: int | None | Mapping[str, int]) -> list[Fact]:
     """At most ``n`` fact ids per (relation, language), the same ids in every language (those
-    with the smallest :func:`hash_fraction`); ``None`` keeps all."""
+    with the smallest :func:`hash_fraction`); ``n`` a mapping: per relation; ``None`` keeps
+    all."""
     if n is None:
         return list(facts)
     ids_by_rel: dict[str, list[str]] = {}
@@ -68,20 +69,24 @@ def take_per_lang(facts: Sequence[Fact], n: int | None) -> list[Fact]:
         ids = ids_by_rel.setdefault(f.relation, [])
         if f.id not in ids:
             ids.append(f.id)
-    keep = {i for ids in ids_by_rel.values() for i in sorted(ids, key=hash_fraction)[:n]}
+    cap = n if isinstance(n, Mapping) else dict.fromkeys(ids_by_rel, n)
+    keep = {
+        i for r, ids in ids_by_rel.items() for i in sorted(ids, key=hash_fraction)[: cap.get(r, 0)]
+    }
     return [f for f in facts if f.id in keep]
 
 
 def take_shared(facts: Sequence[Fact], n: int | None, minimum: int = 1) -> list[Fact]:
-    """At most about ``n`` fact ids per language, shared evenly by the relations: each
-    relation keeps ``max(minimum, ceil(n / relations))`` ids, the same in every language
-    (:func:`take_per_lang`), so a file of many relations costs what one relation does.
-    ``None`` keeps all."""
+    """At most ``n`` fact ids per language, shared evenly by the relations: each relation
+    keeps ``n // relations`` ids and the first ``n % relations`` of them (by name) one more,
+    at least ``minimum`` each, the same ids in every language (:func:`take_per_lang`), so a
+    file of many relations costs what one relation does. ``None`` keeps all."""
     facts = list(facts)
     if n is None or not facts:
         return facts
-    n_rel = len({f.relation for f in facts})
-    return take_per_lang(facts, max(minimum, -(-int(n) // n_rel)))
+    rels = sorted({f.relation for f in facts})
+    base, extra = divmod(int(n), len(rels))
+    return take_per_lang(facts, {r: max(minimum, base + (i < extra)) for i, r in enumerate(rels)})
 
 
 def scope_facts(

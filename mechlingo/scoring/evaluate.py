@@ -72,7 +72,7 @@ class ScoreArgs(TypedDict, total=False):
     early_stop: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DecodeOptions:
     """How facts and prompts are decoded (the keywords :class:`ScoreArgs` of
     :func:`evaluate_conditions` and :class:`DecodeArgs` of :func:`generate_conditions`,

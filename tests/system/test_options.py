@@ -280,6 +280,8 @@ def test_the_scoring_options_are_the_decoding_options_and_a_metric():
                                          cache=False)  # fmt: skip
     with pytest.raises(InputError, match="batch_size must be at least 1"):
         DecodeOptions(batch_size=0)
+    with pytest.raises(TypeError):  # keywords only: a field order cannot misplace a value
+        ScoringOptions("rank")  # type: ignore[misc]
 
 
 def test_the_templates_family_tuned_is_now_measured_and_the_old_name_warns(capsys, tmp_path):

@@ -145,7 +145,7 @@ class DevGrid:
         return task, list(self.diff_layers or every_second_layer(n_layers))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ScoringOptions(DecodeOptions):
     """How every item of every stage of the steering protocol is scored: the scoring rule
     and the decoding options of :class:`~mechlingo.scoring.evaluate.DecodeOptions` (its
@@ -194,7 +194,7 @@ class SplitSettings:
         dev_per_lang, test_per_lang: at most this many ids per relation on dev and test
             (``None``: all), the same ids in every language.
         shared: the two caps count ids per language, shared evenly by the relations (each
-            keeps the cap divided by the relations, rounded up:
+            keeps its even share of the cap,
             :func:`~mechlingo.data.splits.take_shared`), so that a file of many relations
             scores what one relation does (the claims card's budgets).
     """

@@ -330,7 +330,9 @@ def _choose(
     )
     kw = dict(kw)
     scoring = ScoringOptions(
-        kw.pop("metric", "generate"), kw.pop("max_new_tokens"), kw.pop("batch_size")
+        metric=kw.pop("metric", "generate"),
+        max_new_tokens=kw.pop("max_new_tokens"),
+        batch_size=kw.pop("batch_size"),
     )
     return dev_grid.choose_on_dev(
         model, vectors, dev, grid=grid, scoring=scoring, test_ids=test, **kw

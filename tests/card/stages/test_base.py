@@ -139,22 +139,34 @@ def test_scope_facts_prefers_the_budgets_languages_and_keeps_as_many_of_the_file
     assert {f.relation for f in scope_facts(facts, ["en"], ["language"])} == {"capital"}
 
 
-def test_take_shared_splits_the_cap_between_relations_rounding_up():
+def test_take_shared_splits_the_cap_between_relations_exactly():
     facts = load_facts(langs=["en", "fr"], relations=["capital", "currency", "continent"])
     per: dict = {}
     for f in take_shared(facts, 10):
         per.setdefault((f.relation, f.lang), set()).add(f.id)
-    assert {len(v) for v in per.values()} == {4}  # ceil(10 / 3), every relation and language
+    # 10 = 4 + 3 + 3: the remainder to the first relations by name, the same in each language
+    assert {k: len(v) for k, v in per.items()} == {
+        (r, lg): n for r, n in (("capital", 4), ("continent", 3), ("currency", 3))
+        for lg in ("en", "fr")}  # fmt: skip
+    assert per[("currency", "en")] == per[("currency", "fr")]
+    assert {len(v) for v in _per(take_shared(facts, 2)).values()} == {1}  # at least 1 each
     assert take_shared(facts, None) == list(facts)
+
+
+def _per(facts):
+    out: dict = {}
+    for f in facts:
+        out.setdefault((f.relation, f.lang), set()).add(f.id)
+    return out
 
 
 def test_a_facts_file_of_many_relations_costs_what_the_bundled_card_does():
     """Any facts file is scoped by the budget: the Lu languages and the transfer's relations
     and languages are bounded by the budget's, the repair ids per language are shared by the
     relations, and the planner counts what the stages will read."""
+    from mechlingo.analyses.recall.settings import SplitSettings
     from mechlingo.card.replicate import _data_available
     from mechlingo.card.stages import estimate_seconds
-    from mechlingo.analyses.recall.settings import SplitSettings
     from mechlingo.card.stages.data import lu_facts, repair_caps, repair_split, scope_of
 
     cfg = {**budget_settings("quick"), "metric": "generate"}
@@ -166,7 +178,7 @@ def test_a_facts_file_of_many_relations_costs_what_the_bundled_card_does():
     build, dev, test = repair_split(repair_facts, cfg)
     for part, cap in ((dev, cfg["repair"]["dev_per_lang"]), (test, cfg["repair"]["test_per_lang"])):
         ids = {lg: {f.id for f in part if f.lang == lg} for lg in cfg["lu_langs"]}
-        assert max(len(v) for v in ids.values()) <= -(-cap // 4) * 4  # ceil(cap / 4) each
+        assert {len(v) for v in ids.values()} == {cap}  # shared by the 4 relations
     assert lu_facts(many, cfg, "trace") == test  # the tracer reads what repair scores
     assert repair_caps(cfg).parts(repair_facts) == (build, dev, test)  # the steer eval's split
     per_rel = SplitSettings(dev_per_lang=10, test_per_lang=20).parts(repair_facts)
