@@ -156,7 +156,7 @@ class ConversionBudget(Budget):
         check(self.n_prompts >= 2, "conversion.n_prompts", "must be at least 2")
 
 
-QUICK = ConversionBudget(langs=("fr", "ru", "ja"), n_prompts=6)
+QUICK = ConversionBudget(langs=("fr", "ru", "ja"), n_prompts=4)
 FULL = ConversionBudget(langs=("fr", "es", "ru", "ja", "hi"), n_prompts=8)
 
 

@@ -171,7 +171,7 @@ class DecodersBudget(Budget):
               "must be at least 1")  # fmt: skip
 
 
-QUICK = DecodersBudget(per_lang=6, tuned_lens=None)
+QUICK = DecodersBudget(per_lang=4, tuned_lens=None)
 FULL = DecodersBudget(per_lang=8, tuned_lens=None)
 
 

@@ -559,7 +559,7 @@ class RepairBudget(Budget):
 
 QUICK = RepairBudget(
     split=(0.4, 0.2, 0.4), dev_per_lang=10, test_per_lang=20, k_shot=3, translation_shots=2,
-    layer_fractions=(0.5, 0.67), alphas=(0.13, 0.28), top_k=2, screen_ids=4,
+    layer_fractions=(0.5, 0.67), alphas=(0.13, 0.28), top_k=1, screen_ids=4,
     seeds=(0, 1, 2, 3, 4), max_new_tokens=6,
 )  # fmt: skip
 FULL = RepairBudget(

@@ -220,7 +220,7 @@ class TransferBudget(Budget):
 
 QUICK = TransferBudget(
     relations=("capital", "currency"), limit=24, langs=("en", "fr", "es"), max_new_tokens=6,
-    matrix=MatrixBudget(cells="diagonal", build_ids=6, dev_ids=4, test_ids=6, screen_ids=2,
+    matrix=MatrixBudget(cells="diagonal", build_ids=4, dev_ids=4, test_ids=4, screen_ids=2,
                         layer_fractions=(0.55,), alphas=(0.28, 0.6)),
 )  # fmt: skip
 FULL = TransferBudget(
