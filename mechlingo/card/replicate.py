@@ -56,6 +56,7 @@ from mechlingo.card.stages.base import Context, Stage, run_order
 from mechlingo.card.stages.data import (
     bundled_texts,
     cap_facts,
+    external_facts,
     lu_facts,
     parallel_parts,
     repair_split,
@@ -69,7 +70,6 @@ from mechlingo.core.types import Model
 from mechlingo.core.version import __version__
 from mechlingo.data import Fact
 from mechlingo.data.natural_parallel import split_by_documents
-from mechlingo.data.splits import take_per_lang
 
 __all__ = [
     "BUDGETS",
@@ -388,8 +388,7 @@ def _data_available(facts: Sequence[Fact] | None, parallel: Mapping[str, Sequenc
     if LU in papers:
         out["trace_items"] = len(lu_facts(facts, cfg, "trace"))
         out["transfer_items"] = len(lu_facts(facts, cfg, "transfer"))
-        ext_cap = cfg.get("external", {}).get("per_lang")
-        out["external_items"] = len(take_per_lang(list(external), ext_cap)) if external else 0
+        out["external_items"] = len(external_facts(external, cfg)) if external else 0
         all_facts = lu_facts(facts, {**cfg, "metric": "generate"}, "repair")
         r = cfg["repair"]
         uncapped = {**cfg, "repair": {**r, "dev_per_lang": None, "test_per_lang": None}}

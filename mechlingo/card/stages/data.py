@@ -18,6 +18,7 @@ from mechlingo.data.splits import scope_facts, take_per_lang, take_shared
 __all__ = [
     "bundled_texts",
     "cap_facts",
+    "external_facts",
     "lu_facts",
     "metric_of",
     "parallel_parts",
@@ -70,6 +71,14 @@ def lu_facts(facts: Sequence[Fact] | None, cfg: Mapping[str, Any], section: str)
     rels = sec.get("relations") or ["capital"]
     loaded = load_facts(langs=langs, relations=rels, limit=sec.get("limit"), templates="natural")
     return prepare_facts(loaded, cfg)
+
+
+def external_facts(external: Sequence[Fact], cfg: Mapping[str, Any]) -> list[Fact]:
+    """The benchmark facts the external rows score: at most as many languages as
+    ``lu_langs`` (those first, :func:`~mechlingo.data.splits.scope_facts`) and at most
+    ``external.per_lang`` ids per language, shared by the benchmark's relations."""
+    scoped = scope_facts(external, cfg["lu_langs"])
+    return take_shared(scoped, cfg.get("external", {}).get("per_lang"))
 
 
 def scope_of(facts: Sequence[Fact], cfg: Mapping[str, Any]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from mechlingo.card.stages.base import (
     data_section,
     scoring_seconds,
 )
-from mechlingo.card.stages.data import repair_split
+from mechlingo.card.stages.data import external_facts, repair_split
 from mechlingo.card.stages.repair import logprob_extra, logprob_gain, paired_values, repair_settings
 from mechlingo.card.statistics import (
     paired_test,
@@ -37,7 +37,6 @@ from mechlingo.card.statistics import (
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
-from mechlingo.data.splits import take_per_lang
 
 
 def choice_from(sweep: Mapping[str, Any]) -> dev_grid.Choice:
@@ -64,7 +63,7 @@ def stage_external(
     build, _, _ = repair_split(bundled, cfg)
     settings, _, scoring = repair_settings(cfg, int(model.cfg.n_layers), progress)
     vectors = steering.build_steering_vectors(model, build, settings, progress=progress)
-    facts = take_per_lang(list(external), cfg.get("external", {}).get("per_lang"))
+    facts = external_facts(external, cfg)
     pool = None
     if metric == "klar":  # KLAR's demonstrations: the benchmark's facts that are not scored
         scored = {f.id for f in facts}
@@ -134,7 +133,9 @@ def _external(report: ReportLike, data: Mapping[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class ExternalBudget(Budget):
-    """``per_lang``: benchmark ids per relation and language scored."""
+    """``per_lang``: benchmark ids per language scored, shared by the benchmark's relations,
+    in at most as many languages as ``lu_langs``
+    (:func:`~mechlingo.card.stages.data.external_facts`)."""
 
     per_lang: int | None
 

@@ -167,7 +167,13 @@ def test_a_facts_file_of_many_relations_costs_what_the_bundled_card_does():
     from mechlingo.analyses.recall.settings import SplitSettings
     from mechlingo.card.replicate import _data_available
     from mechlingo.card.stages import estimate_seconds
-    from mechlingo.card.stages.data import lu_facts, repair_caps, repair_split, scope_of
+    from mechlingo.card.stages.data import (
+        external_facts,
+        lu_facts,
+        repair_caps,
+        repair_split,
+        scope_of,
+    )
 
     cfg = {**budget_settings("quick"), "metric": "generate"}
     rels = ["capital", "currency", "continent", "city_country"]
@@ -189,6 +195,10 @@ def test_a_facts_file_of_many_relations_costs_what_the_bundled_card_does():
     sc = scope_of(many, cfg)  # what the card states (claims.json meta, a printed line)
     assert set(sc["lu_langs"]) == set(cfg["lu_langs"]) and len(sc["left_out_langs"]) == 6
     assert sc["transfer_relations"] == list(cfg["transfer"]["relations"])
+    ext = external_facts(many, cfg)  # a benchmark folder is scoped the same way
+    assert {f.lang for f in ext} == set(cfg["lu_langs"])
+    per_lang = {lg: {f.id for f in ext if f.lang == lg} for lg in cfg["lu_langs"]}
+    assert {len(v) for v in per_lang.values()} == {cfg["external"]["per_lang"]}
     unit = {"generate": 0.06, "rank": 0.18}
     mine = _data_available(many, None, None, cfg, ["lu2025"])
     bundled = _data_available(None, None, None, cfg, ["lu2025"])
