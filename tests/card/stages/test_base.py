@@ -299,7 +299,7 @@ def test_budgets_hash_is_computed_from_the_dataclasses_and_unchanged():
 
     # the hash of the budgets the documented cards ran (a change is logged in
     # docs/replicate.md with the cards before and after; it makes stored stages unused)
-    assert BUDGETS_HASH == stages.BUDGETS_HASH == "d9c530ce364e0b1c"
+    assert BUDGETS_HASH == stages.BUDGETS_HASH == "67a6fb7598233e58"
     assert STAGE_VERSION == 5  # 5: a user's facts scoped by the budget
     plain = {"quick": stages.QUICK.to_dict(), "full": stages.FULL.to_dict()}
     text = json.dumps(plain, sort_keys=True).encode()
@@ -400,10 +400,14 @@ QUICK_MEASURED = {"metric": 18.7, "trace": 50.6, "repair": 385.7, "transfer_rela
                   "transfer_lang": 122.7, "decoders": 39.0, "conversion": 6.5, "external": 0.0,
                   "experts": 216.1, "align": 176.7}  # fmt: skip
 
-#: What the resizing of 5 December changed in each budget (docs/replicate.md, the log).
-QUICK_BEFORE = {"repair": {"test_per_lang": 24}, "experts": {"n_eval": 32, "eval_per_doc": 4},
+#: What the resizing and the trim of 5 December changed in each budget (docs/replicate.md,
+#: the log): the budget the measured quick card ran.
+QUICK_BEFORE = {"repair": {"test_per_lang": 24, "top_k": 2},
+                "experts": {"n_eval": 32, "eval_per_doc": 4},
                 "transfer": {"relations": ["capital", "currency", "language"],
-                             "langs": ["en", "fr", "es", "ru"], "matrix": {"test_ids": 8}}}  # fmt: skip
+                             "langs": ["en", "fr", "es", "ru"],
+                             "matrix": {"build_ids": 6, "test_ids": 8}},
+                "decoders": {"per_lang": 6}, "conversion": {"n_prompts": 6}}  # fmt: skip
 FULL_BEFORE = {"experts": {"n_eval": 60, "eval_per_doc": 5},
                "transfer": {"langs": ["en", "fr", "es", "ru", "ja", "hi"]},
                "decoders": {"per_lang": 12}}  # fmt: skip
