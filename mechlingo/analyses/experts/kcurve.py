@@ -24,6 +24,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from mechlingo.activations.distributed import (
+    dist_info,
     gather_lists,
     scoring_sharded,
     shard_bounds,
@@ -354,12 +355,17 @@ def _outputs_stacked(
 
 def _arm_outputs(
     model: Model, todo: Sequence[_Arm], heldout: Mapping[str, Sequence[str]], stack: bool,
-    opts: dict[str, Any],
+    opts: dict[str, Any], turn: int = 0,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """The outputs of the arms ``todo`` (stacked or one run each); inside
     :func:`~mechlingo.activations.distributed.sharded_scoring` under torchrun each rank runs
-    an equal contiguous share of the arms and every rank gets all of them, in order."""
-    idx = list(shard_bounds(len(todo))) if scoring_sharded() else list(range(len(todo)))
+    an equal contiguous share of the arms (rank ``r`` the ``(r + turn) % world``-th share, so
+    the larger shares move with ``turn``) and every rank gets all of them, in order."""
+    if scoring_sharded():
+        info = dist_info()
+        idx = list(shard_bounds(len(todo), (info.rank + turn) % info.world_size, info.world_size))
+    else:
+        idx = list(range(len(todo)))
     mine = [todo[i] for i in idx]
     sharded = scoring_sharded()
     with sharded_scoring(False):  # a rank's own arms: no collective inside
@@ -376,12 +382,12 @@ def _arm_outputs(
 def _run_arms(
     model: Model, lang: str, todo: Sequence[_Arm], id_langs: Sequence[str],
     heldout: Mapping[str, Sequence[str]], base_nll: dict[str, Tensor] | None, stack: bool,
-    opts: dict[str, Any],
+    opts: dict[str, Any], turn: int = 0,
 ) -> dict[str, dict[str, Any]]:  # fmt: skip
     """``{arm name: {"row": the KCurve row, "nll": {lang: per-line NLL}}}`` of the arms
     ``todo``, stacked in one pass (``stack``) or one run each; the ratios are against
     ``base_nll`` (the no-clamp arm's, from ``todo`` when it is among them)."""
-    outs = _arm_outputs(model, todo, heldout, stack, opts)
+    outs = _arm_outputs(model, todo, heldout, stack, opts, turn)
     for a, o in zip(todo, outs, strict=True):
         if a.arm == "none":
             base_nll = {hl: v[0].double() for hl, v in o["nll"].items()}
@@ -415,6 +421,10 @@ class KCurveOptions:
         max_tokens: tokens per held-out line kept for perplexity (``None``: all).
         progress: show a progress bar over the arms.
         stack: run every arm in one batched pass (``False``: one run per arm).
+        shard_turn: under torchrun, rank ``r`` runs the ``(r + shard_turn) % world``-th
+            share of the arms (the later shares are the larger of an uneven split): two curves
+            run with turns 0 and 1 put the odd arm of each on other ranks. The rows do not
+            depend on it.
     """
 
     n_samples: int = 32
@@ -428,6 +438,7 @@ class KCurveOptions:
     max_tokens: int | None = 32
     progress: bool = False
     stack: bool = True
+    shard_turn: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.n_samples, int) or self.n_samples < 1:
@@ -492,7 +503,8 @@ def k_curve(
     def compute(a: _Arm) -> dict:
         if a.name not in done:
             todo = [b for b in arms if b.name not in stored] if o.stack else [a]
-            done.update(_run_arms(model, lang, todo, id_langs, heldout, base[0], o.stack, opts))
+            done.update(_run_arms(model, lang, todo, id_langs, heldout, base[0], o.stack, opts,
+                                  o.shard_turn))  # fmt: skip
         return done[a.name]
 
     rows = []

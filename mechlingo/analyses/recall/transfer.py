@@ -350,6 +350,7 @@ def transfer_matrix(
     scoring: ScoringOptions | None = None,
     on_cell: Callable[[dict[str, Any]], None] | None = None,
     stats: GroupStats | None = None,
+    choices: dict[Any, dev_grid.Choice] | None = None,
     **score_kw: Any,
 ) -> TransferMatrix:
     """The transfer matrix of the two repair vectors, one cell per (build row, test column).
@@ -369,6 +370,11 @@ def transfer_matrix(
         stats: the build statistics of an earlier call on the same facts and split
             (``TransferMatrix.stats``), to run the other ``by`` without building again;
             checked to hold exactly this call's build fact ids.
+        choices: dev choices to reuse and fill, keyed by everything a choice depends on
+            (the row's build relations and languages, its dev facts, the grid, the build and
+            scoring settings): a row whose vectors and dev facts equal an earlier row's (with
+            two relations, ``all_but_A`` is ``only_B``; the ``all`` row of both matrices) is
+            not searched again. Pass the same dict to both matrices of one set of statistics.
         **score_kw: passed to every scoring call (the protocol's scoring function).
 
     Returns:
@@ -408,6 +414,8 @@ def transfer_matrix(
         **score_kw,
     }
     run = _Run(model, by, m, kw, on_cell)
+    run.choice_memo = {} if choices is None else choices
+    run.build_key = _stats_key(stats, build)
     run.relation_of = {f.id: f.relation for f in facts}
     run.dev = splits["dev"]
     run.tests = {c: _column_test(splits["test"], by, c, m.test_ids) for c in held}
@@ -518,6 +526,7 @@ def transfer_matrices(
     kinds = ["relation", "lang"] if by == "both" else [by]
     out = TransferMatrices({})
     stats = None  # built once, shared by both matrices
+    choices: dict[Any, dev_grid.Choice] = {}  # and the dev choices of equal rows
     for kind in kinds:
         if kind == "relation" and len({f.relation for f in facts}) < 2:
             out.notes.append(
@@ -536,6 +545,7 @@ def transfer_matrices(
             split=split,
             scoring=scoring,
             stats=stats,
+            choices=choices,
         )
         stats = m.stats
         out.matrices[kind] = m
@@ -597,6 +607,8 @@ class _Run:
         self.cells: list[dict[str, Any]] = []
         self.choices: dict[str, dict[str, Any]] = {}
         self.memo = PrefixMemo()
+        self.choice_memo: dict[Any, dev_grid.Choice] = {}
+        self.build_key: Any = None
 
     def score(
         self, facts: Sequence[Fact], iv: Intervention | None | dict[str, Intervention | None]
@@ -622,7 +634,12 @@ class _Run:
         dev = _row_dev(self.dev, row, self.budget.dev_ids)
         _held_out_check("the dev choice", row, facts=dev)
         check_disjoint(f"the dev choice of row {row.name}", dev, all_test)
-        choice = _choose(self.model, vectors, dev, col_test, self.budget, self.kw)
+        key = (self.build_key, frozenset(row.relations), frozenset(row.langs), tuple(dev),
+               _grid_key(self.budget), repr(sorted(self.kw.items())))  # fmt: skip
+        choice = self.choice_memo.get(key)
+        if choice is None:  # an equal earlier row (same vectors, same dev facts) chose already
+            choice = _choose(self.model, vectors, dev, col_test, self.budget, self.kw)
+            self.choice_memo[key] = choice
         self.choices[row.name] = {
             "relations": list(row.relations),
             "langs": list(row.langs),
@@ -651,6 +668,18 @@ class _Run:
             self.cells.append(cell)
             if self.on_cell is not None:
                 self.on_cell(jsonable(cell))
+
+
+def _stats_key(stats: GroupStats, build: BuildSettings) -> tuple[Any, ...]:
+    """What a row's vectors depend on besides its relations and languages: the build fact ids
+    of every group, the statistics' options and the build settings."""
+    ids = tuple(sorted((g, tuple(v)) for g, v in stats.fact_ids.items()))
+    return ids, repr(sorted(stats.options.items())), repr(build)
+
+
+def _grid_key(m: MatrixSettings) -> tuple[Any, ...]:
+    """The matrix settings a dev choice reads (:func:`_choose`)."""
+    return (m.layers, m.alphas, m.top_k, m.screen_ids, m.en_tolerance, m.p_threshold)
 
 
 def _column_test(test: Sequence[Fact], by: str, col: str, n_ids: int) -> list[Fact]:

@@ -87,7 +87,8 @@ def stage_experts(
     draws = max(1, int(e.get("random_sets", 1)))
     if papers["k"] is not None:  # the random arm: the layer-matched population of the controls
         lines = {lg: v[: max(2, e["n_heldout"])] for lg, v in texts["eval"].items()}
-        again = replace(opts, seed=MEASURE_SEED, control_seeds=range(draws), layer_matched=True)
+        again = replace(opts, seed=MEASURE_SEED, control_seeds=range(draws), layer_matched=True,
+                        shard_turn=1)  # the odd arm of each curve on another rank  # fmt: skip
         measure = k_curve(model, res, target, [k], lines, again).records()
     if papers["k"] is not None:
         res.clamp(target, k).save(tmp / "clamp", model)

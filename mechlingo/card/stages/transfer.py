@@ -90,6 +90,7 @@ def stage_transfer(
             progress=progress,
         ),
         stats=built.get("stats"),
+        choices=built.setdefault("choices", {}),
     )
     built["stats"] = tm.stats
     out = tm.to_json()
@@ -274,23 +275,54 @@ def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
         rep.add_table(rows)
 
 
-#: Measured CPU seconds of each matrix over its work units x the card's per-item seconds
-#: (the language matrix reuses the relation matrix's build statistics).
-TRANSFER_FACTOR = {"relation": 4.5, "lang": 2.7}
+#: CPU seconds of one scored item under one condition, over the metric's measured unit: the
+#: item-conditions of :func:`matrix_item_conditions` fitted on the measured quick card (1232
+#: and 698 item-conditions: 203.7 and 122.7 CPU-seconds at 0.1708 s per rank item).
+TRANSFER_FACTOR = 1.0
+
+
+def matrix_item_conditions(by: str, m: Mapping[str, Any], rels: int, langs: int, *,
+                           all_row_searched: bool = True) -> int:  # fmt: skip
+    """The items times conditions one transfer matrix scores with ``rels`` relations and
+    ``langs`` languages (English among them): each distinct row's dev search (the screen's
+    ``screen_ids`` ids under no intervention and both vectors at every layer and scale, then
+    ``dev_ids`` ids under no intervention, each vector's ``top_k`` finalists and their pairs)
+    and each cell's test items (steered and control, the unsteered items once per column).
+    Rows equal in vectors and dev facts search once (with two relations ``all_but_A`` is
+    ``only_B``); ``all_row_searched=False``: the ``all`` row's search came from the other
+    matrix of the same run."""
+    top, grid = int(m.get("top_k", 1)), len(m.get("layer_fractions") or (0,)) * len(
+        m.get("alphas") or (0, 0))  # fmt: skip
+    screen, dev, test = int(m["screen_ids"]), int(m["dev_ids"]), int(m["test_ids"])
+    other = langs - 1  # the non-English languages
+
+    def search(row_langs: int) -> int:
+        return row_langs * (screen * (1 + 2 * grid) + dev * (1 + 2 * top + top * top))
+
+    full = m.get("cells", "full") == "full"
+    if by == "relation":
+        singles = rels if rels == 2 else 2 * rels  # all_but_R and only_A rows
+        searches = (1 if all_row_searched else 0) * search(langs) + singles * search(langs)
+        cells = rels + rels + rels * (rels if full else 1)  # all, all_but_R, only_A
+        per_cell = test * other
+    else:
+        searches = (1 if all_row_searched else 0) * search(langs) + other * search(langs - 1)
+        cells = 2 * other
+        per_cell = test * rels
+    cols = rels if by == "relation" else other
+    return searches + 2 * cells * per_cell + cols * per_cell
 
 
 def _cost(by: str) -> Any:
     def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
-        """CPU seconds of one matrix: per relation and language (those of the data, else
-        the budget's), the build, screen (the grid's layers x scales), dev and test ids."""
+        """CPU seconds of one matrix (:func:`matrix_item_conditions` over the relations and
+        languages of the data, else the budget's; the ``all`` row searched by the relation
+        matrix): the build statistics are a few seconds and not counted."""
         t = cfg["transfer"]
-        m = t["matrix"]
-        per = (int(m["build_ids"] or 16) + int(m["dev_ids"]) + int(m["test_ids"])
-               + int(m["screen_ids"]) * len(m.get("layer_fractions") or (0,))
-               * len(m.get("alphas") or (0, 0)))  # fmt: skip
         rels, langs = sizes.get("transfer_scope") or (len(t["relations"]), len(t["langs"]))
-        units = per * int(rels) * int(langs)
-        return TRANSFER_FACTOR[by] * units * scoring_seconds(cfg, unit)
+        n = matrix_item_conditions(by, t["matrix"], int(rels), int(langs),
+                                   all_row_searched=by == "relation")  # fmt: skip
+        return TRANSFER_FACTOR * n * scoring_seconds(cfg, unit)
 
     return cost
 

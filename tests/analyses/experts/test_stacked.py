@@ -98,3 +98,38 @@ def test_k_curve_stacked_resumes_from_stored_arms(tiny, experts):
     assert again[:3] == first[:3]  # stored arms are loaded, not recomputed
     assert again[3]["ppl_es"] == pytest.approx(first[3]["ppl_es"], abs=1e-5)
     assert again[3]["ppl_ratio_es"] == pytest.approx(first[3]["ppl_ratio_es"], abs=1e-5)
+
+
+def test_shard_turn_moves_the_odd_arm_to_another_rank(monkeypatch):
+    """Under torchrun each rank runs a contiguous share of the arms; ``shard_turn`` rotates
+    which share each rank takes, so two curves of 5 and 7 arms with turns 0 and 1 give the
+    two ranks 6 arms each (5/7 with no turn), and every arm runs on exactly one rank."""
+    from types import SimpleNamespace
+
+    from mechlingo.analyses.experts import kcurve
+
+    ran: dict[int, list[str]] = {}
+
+    def fake_one(model, iv, heldout, **kw):
+        ran.setdefault(rank[0], []).append(iv)
+        return {"arm": iv}
+
+    rank = [0]
+    monkeypatch.setattr(kcurve, "scoring_sharded", lambda: True)
+    monkeypatch.setattr(kcurve, "dist_info", lambda: SimpleNamespace(rank=rank[0], world_size=2))
+    monkeypatch.setattr(kcurve, "_outputs_one", fake_one)
+    monkeypatch.setattr(kcurve, "gather_lists", lambda pairs: pairs)  # this rank's own only
+    for turn, n in ((0, 5), (1, 7)):
+        arms = [kcurve._Arm(0, "none", f"t{turn}a{i}", f"a{i}") for i in range(n)]  # type: ignore[arg-type]
+        seen = []
+        for r in (0, 1):
+            rank[0] = r
+            try:
+                kcurve._arm_outputs(None, arms, {}, False, {}, turn)  # type: ignore[arg-type]
+            except KeyError:  # the other rank's arms are missing from the fake gather
+                pass
+        for r in (0, 1):
+            seen += [x for x in ran.get(r, []) if x.startswith(f"t{turn}")]
+        assert sorted(seen) == sorted(a.iv for a in arms)  # each arm once
+    assert [len(ran[r]) for r in (0, 1)] == [6, 6]
+    assert ran[0][:2] == ["t0a0", "t0a1"] and ran[1][:3] == ["t0a2", "t0a3", "t0a4"]

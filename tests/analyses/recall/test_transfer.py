@@ -266,6 +266,37 @@ def test_a_build_step_that_sees_the_held_out_relation_is_refused(tiny, facts, mo
         )
 
 
+def test_equal_rows_reuse_one_dev_choice_and_it_equals_searching_again(tiny, facts, monkeypatch):
+    """With two relations ``all_but_capital`` is ``only_currency`` (same vectors, same dev
+    facts) and the ``all`` row is the same in both matrices: each is searched once, and the
+    reused choice equals the one a matrix without the equal row searches for itself."""
+    two = [f for f in facts if f.relation in ("capital", "currency")]
+    seen = _watch(monkeypatch)
+    memo: dict = {}
+    diag = {**SMALL, "matrix": replace(SMALL["matrix"], cells="diagonal")}
+    rel = transfer.transfer_matrix(tiny, two, by="relation", choices=memo, **diag)
+    assert rel.rows == ["all", "all_but_capital", "all_but_currency", "only_capital",
+                        "only_currency"]  # fmt: skip
+    assert len(seen["sweep"]) == 3 and len(memo) == 3  # all, {currency}, {capital}
+    lang = transfer.transfer_matrix(tiny, two, by="lang", stats=rel.stats, choices=memo, **diag)
+    assert len(seen["sweep"]) == 5  # the lang matrix's all row came from the memo
+    for a, b in (("all_but_capital", "only_currency"), ("all_but_currency", "only_capital")):
+        ca, cb = rel.choices[a], rel.choices[b]
+        assert {k: v for k, v in ca.items() if k != "relations"} == {
+            k: v for k, v in cb.items() if k != "relations"}  # fmt: skip
+    # searched again, without the equal rows: the same choices and the same cells
+    alone = transfer.transfer_matrix(
+        tiny, two, by="relation",
+        **{**diag, "matrix": replace(diag["matrix"], held_out=("currency",))},
+    )  # fmt: skip
+    assert alone.rows == ["all", "all_but_currency", "only_currency"]
+    for name in alone.rows:
+        assert alone.choices[name] == rel.choices[name]
+    assert [c for c in rel.cells if c["col"] == "currency"] == alone.cells
+    fresh = transfer.transfer_matrix(tiny, two, by="lang", stats=rel.stats, **diag)
+    assert fresh.choices == lang.choices and fresh.cells == lang.cells
+
+
 def test_matrix_bad_arguments(tiny, facts):
     with pytest.raises(ValueError, match="by must be"):
         transfer.transfer_matrix(tiny, facts, by="script")

@@ -351,11 +351,11 @@ def test_the_planner_estimates_a_nested_override():
     sizes = {"test_ids": 45, "dev_ids": 20, "langs": 12}
     new = estimate_seconds(cfg, ["lu2025"], sizes, unit)["transfer_relation"]
     old = estimate_seconds(base, ["lu2025"], sizes, unit)["transfer_relation"]
-    # units per relation and language: build + dev + test + screen x layers x scales
-    m = base["transfer"]["matrix"]
-    per = m["build_ids"] + m["dev_ids"] + m["screen_ids"] * len(m["layer_fractions"]) * len(
-        m["alphas"])  # fmt: skip
-    assert new / old == pytest.approx((per + 6) / (per + m["test_ids"]), abs=1e-3)
+    # by hand, 2 relations x 3 languages: 3 distinct rows search (all; with two relations
+    # all_but_A is only_B) 3 languages x (2 screen ids x 5 conditions + 4 dev ids x 4), and 6
+    # diagonal cells score test ids x 2 languages steered and control, unsteered once per
+    # column (2): 234 + 28 x test ids
+    assert old == pytest.approx((234 + 28 * 4) * 0.1) and new == pytest.approx((234 + 28 * 6) * 0.1)
 
 
 def test_run_order_follows_the_declared_needs():
@@ -429,7 +429,17 @@ def test_every_stage_declares_a_cost_model_and_the_card_sums_them():
     assert est["repair"] == pytest.approx(hand, abs=0.1)
     # the stage whose cost was missing before: the trace is every item scored and read
     assert est["trace"] == pytest.approx(144 * 0.1708 * (1 + 1.06), abs=0.1)
-    # against the measured quick card (the models were fitted on it: each stage within 5%)
+    # against the measured quick card (the models were fitted on it: each stage within 5%);
+    # that card searched the all row in both matrices (the run now searches it once)
+    from mechlingo.card.stages.transfer import matrix_item_conditions
+
+    old_m = cfg["transfer"]["matrix"]
+    both = matrix_item_conditions("lang", old_m, 3, 4, all_row_searched=True)
+    assert (matrix_item_conditions("relation", old_m, 3, 4), both) == (1232, 698)
+    assert est["transfer_lang"] == pytest.approx(
+        matrix_item_conditions("lang", old_m, 3, 4, all_row_searched=False) * 0.1708, abs=0.1
+    )
+    est["transfer_lang"] = both * QUICK_UNIT["rank"]
     for name, secs in QUICK_MEASURED.items():
         assert est[name] == pytest.approx(secs, rel=0.05, abs=0.5), name
     # the items a user's facts give enter where the stage reads them: twice the trace
