@@ -43,8 +43,8 @@ def prepare_facts(facts: list[Fact], cfg: Mapping[str, Any]) -> list[Fact]:
 
 def repair_split(facts: list[Fact], cfg: Mapping[str, Any]) -> tuple[list, list, list]:
     """``(build, dev, test)`` of the repair stage: the hash split, then at most about
-    ``dev_per_lang`` and ``test_per_lang`` ids per language, shared by the relations
-    (:func:`~mechlingo.data.splits.take_shared`)."""
+    ``build_per_lang``, ``dev_per_lang`` and ``test_per_lang`` ids per language, shared by the
+    relations (:func:`~mechlingo.data.splits.take_shared`)."""
     return repair_caps(cfg).parts(facts)
 
 
@@ -52,7 +52,8 @@ def repair_caps(cfg: Mapping[str, Any]) -> SplitSettings:
     """The repair stage's split settings (its fractions, the caps per language shared by the
     relations): what :func:`repair_split` and the stage's ``steer eval`` call both use."""
     r = cfg["repair"]
-    return SplitSettings(tuple(r["split"]), "", r["dev_per_lang"], r["test_per_lang"], shared=True)
+    return SplitSettings(tuple(r["split"]), "", r["dev_per_lang"], r["test_per_lang"], shared=True,
+                         build_per_lang=r.get("build_per_lang"))  # fmt: skip
 
 
 def lu_facts(facts: Sequence[Fact] | None, cfg: Mapping[str, Any], section: str) -> list[Fact]:

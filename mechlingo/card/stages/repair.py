@@ -524,7 +524,7 @@ def config_sentence(summary: Mapping[str, Any], n_ids: Mapping[str, Any] | None 
 @dataclass(frozen=True)
 class RepairBudget(Budget):
     """The repair stage's split (build, dev, test fractions of the fact ids), the per-language
-    caps of dev and test, the build settings (``k_shot``, ``translation_shots``), the dev grid
+    caps of dev and test (and of build: ``build_per_lang``, ``None`` for all), the build settings (``k_shot``, ``translation_shots``), the dev grid
     (``layer_fractions`` of the model's depth, ``alphas``, ``top_k``, ``screen_ids``), the
     random population's ``seeds`` (one norm-matched random vector each) and the answers'
     ``max_new_tokens``."""
@@ -540,12 +540,13 @@ class RepairBudget(Budget):
     screen_ids: int
     seeds: tuple[int, ...]
     max_new_tokens: int
+    build_per_lang: int | None = None
 
     def __post_init__(self) -> None:
         check(len(self.split) == 3 and all(x >= 0 for x in self.split)
               and abs(sum(self.split) - 1) < 1e-6, "repair.split",
               "must be three fractions (build, dev, test) that sum to 1")  # fmt: skip
-        for name in ("dev_per_lang", "test_per_lang"):
+        for name in ("dev_per_lang", "test_per_lang", "build_per_lang"):
             v = getattr(self, name)
             check(v is None or v >= 1, f"repair.{name}", "must be at least 1 (or null)")
         check(self.layer_fractions is None or all(0 <= x <= 1 for x in self.layer_fractions),
@@ -560,7 +561,7 @@ class RepairBudget(Budget):
 QUICK = RepairBudget(
     split=(0.4, 0.2, 0.4), dev_per_lang=10, test_per_lang=20, k_shot=3, translation_shots=2,
     layer_fractions=(0.5, 0.67), alphas=(0.13, 0.28), top_k=1, screen_ids=4,
-    seeds=(0, 1, 2, 3, 4), max_new_tokens=6,
+    seeds=(0, 1, 2, 3, 4), max_new_tokens=6, build_per_lang=20,
 )  # fmt: skip
 FULL = RepairBudget(
     split=(0.4, 0.2, 0.4), dev_per_lang=16, test_per_lang=40, k_shot=3, translation_shots=2,
