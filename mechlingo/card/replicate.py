@@ -61,6 +61,7 @@ from mechlingo.card.stages.data import (
     parallel_parts,
     repair_split,
     scope_of,
+    vector_facts,
 )
 from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.describe import model_info
@@ -382,7 +383,7 @@ def _data_available(facts: Sequence[Fact] | None, parallel: Mapping[str, Sequenc
     language (the fewest of the non-English languages, before the budget's caps), the
     documents left for evaluation after the finding and held-out lines, the languages; and
     what the stages read (their cost models'): the trace, transfer and external items, the
-    repair stage's dev and test items, the Lu languages, the transfer's relations and
+    repair stage's build, dev and test items, the Lu languages, the transfer's relations and
     languages."""
     out: dict[str, Any] = {}
     if LU in papers:
@@ -398,7 +399,8 @@ def _data_available(facts: Sequence[Fact] | None, parallel: Mapping[str, Sequenc
             for f in part:
                 per.setdefault(f.lang, set()).add(f.id)
             out[name] = min((len(v) for lg, v in per.items() if lg != "en"), default=0)
-        _, dev, test = repair_split(all_facts, cfg)  # what the repair stage scores
+        build, dev, test = repair_split(all_facts, cfg)  # what the repair stage reads
+        out["build_items"] = len(vector_facts(build, cfg))
         out["dev_items"], out["test_items"] = len(dev), len(test)
         out["lu_langs"] = len({f.lang for f in all_facts})
         moved = lu_facts(facts, {**cfg, "metric": "generate"}, "transfer")

@@ -193,12 +193,10 @@ class SplitSettings:
         salt: changes the hash split (re-splits use ``{salt}#repeat{r}``).
         dev_per_lang, test_per_lang: at most this many ids per relation on dev and test
             (``None``: all), the same ids in every language.
-        shared: the caps count ids per language, shared evenly by the relations (each
+        shared: the two caps count ids per language, shared evenly by the relations (each
             keeps its even share of the cap,
             :func:`~mechlingo.data.splits.take_shared`), so that a file of many relations
             scores what one relation does (the claims card's budgets).
-        build_per_lang: at most this many ids on build, counted as the other caps (``None``:
-            all): the vectors' prompts and the pool of the few-shot demonstrations.
     """
 
     fractions: tuple[float, ...] = (0.4, 0.2, 0.4)
@@ -206,17 +204,16 @@ class SplitSettings:
     dev_per_lang: int | None = None
     test_per_lang: int | None = None
     shared: bool = False
-    build_per_lang: int | None = None
 
     def parts(
         self, facts: Sequence[Fact], salt: str | None = None
     ) -> tuple[list[Fact], list[Fact], list[Fact]]:
         """``(build, dev, test)``: the hash split of ``facts`` by id (``salt``: this one
-        instead of :attr:`salt`, a re-split), each at most its cap."""
+        instead of :attr:`salt`, a re-split), dev and test at most their caps."""
         split = split_facts(facts, self.fractions, self.salt if salt is None else salt)
         take = take_shared if self.shared else take_per_lang
         return (
-            take(split["build"], self.build_per_lang),
+            split["build"],
             take(split["dev"], self.dev_per_lang),
             take(split["test"], self.test_per_lang),
         )

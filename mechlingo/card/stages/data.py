@@ -24,6 +24,7 @@ __all__ = [
     "parallel_parts",
     "prepare_facts",
     "repair_caps",
+    "vector_facts",
     "repair_split",
     "scope_of",
 ]
@@ -43,8 +44,9 @@ def prepare_facts(facts: list[Fact], cfg: Mapping[str, Any]) -> list[Fact]:
 
 def repair_split(facts: list[Fact], cfg: Mapping[str, Any]) -> tuple[list, list, list]:
     """``(build, dev, test)`` of the repair stage: the hash split, then at most about
-    ``build_per_lang``, ``dev_per_lang`` and ``test_per_lang`` ids per language, shared by the
-    relations (:func:`~mechlingo.data.splits.take_shared`)."""
+    ``dev_per_lang`` and ``test_per_lang`` ids per language, shared by the relations
+    (:func:`~mechlingo.data.splits.take_shared`). The whole build part is the pool of the
+    few-shot demonstrations; the vectors are built on :func:`vector_facts` of it."""
     return repair_caps(cfg).parts(facts)
 
 
@@ -52,8 +54,14 @@ def repair_caps(cfg: Mapping[str, Any]) -> SplitSettings:
     """The repair stage's split settings (its fractions, the caps per language shared by the
     relations): what :func:`repair_split` and the stage's ``steer eval`` call both use."""
     r = cfg["repair"]
-    return SplitSettings(tuple(r["split"]), "", r["dev_per_lang"], r["test_per_lang"], shared=True,
-                         build_per_lang=r.get("build_per_lang"))  # fmt: skip
+    return SplitSettings(tuple(r["split"]), "", r["dev_per_lang"], r["test_per_lang"], shared=True)
+
+
+def vector_facts(build: Sequence[Fact], cfg: Mapping[str, Any]) -> list[Fact]:
+    """The build facts the repair stage's vectors are built on: at most about
+    ``repair.build_per_lang`` ids per language, shared by the relations (``None``: all of
+    ``build``); the demonstrations of the few-shot headroom still come from all of ``build``."""
+    return take_shared(build, cfg["repair"].get("build_per_lang"))
 
 
 def lu_facts(facts: Sequence[Fact] | None, cfg: Mapping[str, Any], section: str) -> list[Fact]:

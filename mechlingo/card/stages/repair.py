@@ -37,7 +37,7 @@ from mechlingo.card.stages.base import (
     heading,
     scoring_seconds,
 )
-from mechlingo.card.stages.data import metric_of, repair_caps, repair_split
+from mechlingo.card.stages.data import metric_of, repair_caps, repair_split, vector_facts
 from mechlingo.card.statistics import (
     Test,
     cluster_bootstrap,
@@ -103,7 +103,8 @@ def stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progre
             fix="give more facts (a larger budget or more ids per relation)",
         )
     build_settings, grid, scoring = repair_settings(cfg, int(model.cfg.n_layers), progress)
-    vectors = steering.build_steering_vectors(model, build, build_settings, progress=progress)
+    on = vector_facts(build, cfg)  # the demonstrations' pool stays the whole build part
+    vectors = steering.build_steering_vectors(model, on, build_settings, progress=progress)
     run = steer_eval.run_steer_eval(
         model, facts, vectors, split=repair_caps(cfg), grid=grid, scoring=scoring,
         seeds=r["seeds"],
@@ -113,7 +114,8 @@ def stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progre
         raise RuntimeError("the repair stage ran no dev search")
     sweep = sw.to_json()
     per = condition_outcomes(res.results, facts)
-    n_ids = {k: len({f.id for f in v}) for k, v in (("build", build), ("dev", dev), ("test", test))}
+    n_ids = {k: len({f.id for f in v})
+             for k, v in (("build", on), ("pool", build), ("dev", dev), ("test", test))}  # fmt: skip
     return {
         "summary": res.summary(),
         "sweep": {k: v for k, v in sweep.items() if k != "rows"},
@@ -524,7 +526,8 @@ def config_sentence(summary: Mapping[str, Any], n_ids: Mapping[str, Any] | None 
 @dataclass(frozen=True)
 class RepairBudget(Budget):
     """The repair stage's split (build, dev, test fractions of the fact ids), the per-language
-    caps of dev and test (and of build: ``build_per_lang``, ``None`` for all), the build settings (``k_shot``, ``translation_shots``), the dev grid
+    caps of dev and test, of the build ids the vectors are built on (``build_per_lang``, ``None``:
+    all; the few-shot demonstrations come from every build id), the build settings (``k_shot``, ``translation_shots``), the dev grid
     (``layer_fractions`` of the model's depth, ``alphas``, ``top_k``, ``screen_ids``), the
     random population's ``seeds`` (one norm-matched random vector each) and the answers'
     ``max_new_tokens``."""
@@ -598,31 +601,33 @@ def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
         rep.add_figure(headroom_figure(s["headroom"]))
 
 
-#: Measured CPU seconds of the repair stage over its scored items x conditions x the card's
-#: per-item seconds (the shared prompt prefixes make a condition cheaper than an item).
-REPAIR_FACTOR = 0.84
+#: Measured CPU seconds of the repair stage's scoring over its scored items x conditions x
+#: the card's per-item seconds (the shared prompt prefixes make a condition cheaper than an
+#: item), and of building over its build items x the per-item seconds: fitted on the measured
+#: quick card (385.7 CPU-seconds, 324 build items) with the share of building in a one-process
+#: profile of the stage (21%).
+REPAIR_FACTOR = 0.667
+BUILD_FACTOR = 1.44
 
 
 def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
     """CPU seconds: the test items under every condition (orig, task, diff, both, each random
-    draw, the format control and the two lenient readings) and the dev items under the grid
-    (both vectors at every layer and scale, then the ``top_k`` pairs)."""
+    draw, the format control and the two lenient readings), the dev items under the grid
+    (both vectors at every layer and scale, then the ``top_k`` pairs), and the build items'
+    prompts (few-shot, zero-shot and translation: :data:`BUILD_FACTOR` scored items each)."""
     r = cfg["repair"]
     langs = len(cfg["lu_langs"])
-    test = int(
-        sizes.get(
-            "test_items",
-            min(int(sizes.get("test_ids", 0)), int(r["test_per_lang"] or 10**9)) * langs,
-        )
-    )
-    dev = int(
-        sizes.get(
-            "dev_items", min(int(sizes.get("dev_ids", 0)), int(r["dev_per_lang"] or 10**9)) * langs
-        )
-    )
+
+    def items(key: str, ids: str, cap: int | None) -> int:
+        per = min(int(sizes.get(ids, 0)), int(cap or 10**9))
+        return int(sizes.get(key, per * langs))
+
+    test = items("test_items", "test_ids", r["test_per_lang"])
+    dev = items("dev_items", "dev_ids", r["dev_per_lang"])
+    build = items("build_items", "test_ids", r.get("build_per_lang"))  # build ~ test fraction
     grid = 2 * len(r["layer_fractions"] or (0,)) * len(r["alphas"]) + 2 * r["top_k"] ** 2
-    items = test * (4 + len(r["seeds"]) + 3) + dev * grid
-    return REPAIR_FACTOR * items * scoring_seconds(cfg, unit)
+    scored = test * (4 + len(r["seeds"]) + 3) + dev * grid
+    return (REPAIR_FACTOR * scored + BUILD_FACTOR * build) * scoring_seconds(cfg, unit)
 
 
 STAGE = Stage("repair", LU, ("trace",), run, (rows_repair_all, rows_repair_extra), report,

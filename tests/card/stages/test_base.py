@@ -299,7 +299,7 @@ def test_budgets_hash_is_computed_from_the_dataclasses_and_unchanged():
 
     # the hash of the budgets the documented cards ran (a change is logged in
     # docs/replicate.md with the cards before and after; it makes stored stages unused)
-    assert BUDGETS_HASH == stages.BUDGETS_HASH == "67a6fb7598233e58"
+    assert BUDGETS_HASH == stages.BUDGETS_HASH == "6bc2d2a6f992b39e"
     assert STAGE_VERSION == 5  # 5: a user's facts scoped by the budget
     plain = {"quick": stages.QUICK.to_dict(), "full": stages.FULL.to_dict()}
     text = json.dumps(plain, sort_keys=True).encode()
@@ -307,6 +307,7 @@ def test_budgets_hash_is_computed_from_the_dataclasses_and_unchanged():
     # a budget read back from its plain form is the same frozen object
     assert stages.CardBudget.from_mapping(plain["full"], "settings") == stages.FULL
     assert stages.QUICK.repair.seeds == (0, 1, 2, 3, 4) and stages.FULL.experts.random_sets == 20
+    assert stages.QUICK.repair.build_per_lang == 20 and stages.FULL.repair.build_per_lang is None
     with pytest.raises(Exception, match="frozen|cannot assign"):
         stages.QUICK.repair.top_k = 3  # type: ignore[misc]
 
@@ -395,14 +396,14 @@ def test_every_claim_has_its_stage_and_every_stage_its_claims():
 #: model (one thread, 4 December 2026; docs/replicate.md), and its data's sizes.
 QUICK_UNIT = {"rank": 0.1708, "generate": 0.1375, "embed": 0.0605}
 QUICK_SIZES = {"trace_items": 144, "transfer_items": 288, "external_items": 0, "dev_ids": 28,
-               "test_ids": 45, "eval_docs": 59, "langs": 12}  # fmt: skip
+               "test_ids": 45, "eval_docs": 59, "langs": 12, "build_items": 324}  # fmt: skip
 QUICK_MEASURED = {"metric": 18.7, "trace": 50.6, "repair": 385.7, "transfer_relation": 203.7,
                   "transfer_lang": 122.7, "decoders": 39.0, "conversion": 6.5, "external": 0.0,
                   "experts": 216.1, "align": 176.7}  # fmt: skip
 
 #: What the resizing and the trim of 5 December changed in each budget (docs/replicate.md,
 #: the log): the budget the measured quick card ran.
-QUICK_BEFORE = {"repair": {"test_per_lang": 24, "top_k": 2},
+QUICK_BEFORE = {"repair": {"test_per_lang": 24, "top_k": 2, "build_per_lang": None},
                 "experts": {"n_eval": 32, "eval_per_doc": 4},
                 "transfer": {"relations": ["capital", "currency", "language"],
                              "langs": ["en", "fr", "es", "ru"],
@@ -423,9 +424,10 @@ def test_every_stage_declares_a_cost_model_and_the_card_sums_them():
     assert list(est) == list(QUICK_MEASURED)  # the metric stage first, then the run order
     # repair by hand: 24 test ids x 6 languages under 4 + 5 random + 3 conditions, 10 dev ids
     # x 6 languages under the grid (2 vectors x 2 layers x 2 scales + 2 x top_k^2 = 16)
-    from mechlingo.card.stages.repair import REPAIR_FACTOR
+    from mechlingo.card.stages.repair import BUILD_FACTOR, REPAIR_FACTOR
 
-    hand = REPAIR_FACTOR * (24 * 6 * 12 + 10 * 6 * 16) * QUICK_UNIT["rank"]
+    # and the 324 build items (54 ids x 6 languages: every build id, before build_per_lang)
+    hand = (REPAIR_FACTOR * (24 * 6 * 12 + 10 * 6 * 16) + BUILD_FACTOR * 324) * QUICK_UNIT["rank"]
     assert est["repair"] == pytest.approx(hand, abs=0.1)
     # the stage whose cost was missing before: the trace is every item scored and read
     assert est["trace"] == pytest.approx(144 * 0.1708 * (1 + 1.06), abs=0.1)
