@@ -32,7 +32,7 @@ demo: setup
 	$(BIN)/mechlingo trace --langs en,fr,de,es,ja --relation capital --limit 20 --patch-prompts 1 --out $(OUT)
 	@echo "Open $(OUT)/report.html in a browser."
 
-# The papers' claims on the embedded model (docs/replicate.md): the quick budget (9 min 38 s on
+# The papers' claims on the embedded model (docs/replicate.md): the quick budget (9 min 2 s on
 # 2 idle cores, measured) and the full one. One process per core (NPROC) with one thread each:
 # every stage shares its work out among them, faster than one process with 2 threads.
 # A rerun goes on from the finished stages kept beside OUT (.OUT.work).

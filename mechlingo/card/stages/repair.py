@@ -114,8 +114,9 @@ def stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progre
         raise RuntimeError("the repair stage ran no dev search")
     sweep = sw.to_json()
     per = condition_outcomes(res.results, facts)
+    pool = [("pool", build)] if len(on) < len(build) else []  # the demonstrations' ids
     n_ids = {k: len({f.id for f in v})
-             for k, v in (("build", on), ("pool", build), ("dev", dev), ("test", test))}  # fmt: skip
+             for k, v in (("build", on), *pool, ("dev", dev), ("test", test))}  # fmt: skip
     return {
         "summary": res.summary(),
         "sweep": {k: v for k, v in sweep.items() if k != "rows"},
