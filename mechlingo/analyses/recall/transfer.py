@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 __all__ = [
+    "MatrixShared",
     "TransferMatrices",
     "TransferMatrix",
     "transfer_matrices",
@@ -339,6 +340,18 @@ def _choose(
     ).choice
 
 
+@dataclass
+class MatrixShared:
+    """What the transfer matrices of one run share (pass it as ``stats=`` to each): the build
+    statistics, built by the first matrix, and the dev choices, keyed by everything a choice
+    depends on (the row's build relations and languages, its dev facts, the grid, the build
+    and scoring settings), so that equal rows search once: with two relations ``all_but_A`` is
+    ``only_B``, and the ``all`` row is the same in both matrices."""
+
+    stats: GroupStats | None = None
+    choices: dict[Any, dev_grid.Choice] = field(default_factory=dict)
+
+
 def transfer_matrix(
     model: Model,
     facts: Sequence[Fact],
@@ -349,8 +362,7 @@ def transfer_matrix(
     split: SplitSettings | None = None,
     scoring: ScoringOptions | None = None,
     on_cell: Callable[[dict[str, Any]], None] | None = None,
-    stats: GroupStats | None = None,
-    choices: dict[Any, dev_grid.Choice] | None = None,
+    stats: GroupStats | MatrixShared | None = None,
     **score_kw: Any,
 ) -> TransferMatrix:
     """The transfer matrix of the two repair vectors, one cell per (build row, test column).
@@ -369,12 +381,10 @@ def transfer_matrix(
         on_cell: called with each cell as soon as it is measured (e.g. to save progress).
         stats: the build statistics of an earlier call on the same facts and split
             (``TransferMatrix.stats``), to run the other ``by`` without building again;
-            checked to hold exactly this call's build fact ids.
-        choices: dev choices to reuse and fill, keyed by everything a choice depends on
-            (the row's build relations and languages, its dev facts, the grid, the build and
-            scoring settings): a row whose vectors and dev facts equal an earlier row's (with
-            two relations, ``all_but_A`` is ``only_B``; the ``all`` row of both matrices) is
-            not searched again. Pass the same dict to both matrices of one set of statistics.
+            checked to hold exactly this call's build fact ids. Or a :class:`MatrixShared`
+            that the matrices of one run share: its statistics are built by the first call
+            and its dev choices are reused and filled (a row whose vectors and dev facts equal
+            an earlier row's is not searched again).
         **score_kw: passed to every scoring call (the protocol's scoring function).
 
     Returns:
@@ -396,8 +406,10 @@ def transfer_matrix(
     m = replace(matrix, layers=tuple(matrix.layers or matrix_layers(int(model.cfg.n_layers))))
     splits = split_facts(facts, split.fractions, salt=split.salt)
     built = balance_relations(splits["build"], build_ids)
+    shared = stats if isinstance(stats, MatrixShared) else MatrixShared(stats)
+    stats = shared.stats
     if stats is None:
-        stats = group_stats(
+        stats = shared.stats = group_stats(
             model,
             built,
             k_shot=k_shot,
@@ -414,7 +426,7 @@ def transfer_matrix(
         **score_kw,
     }
     run = _Run(model, by, m, kw, on_cell)
-    run.choice_memo = {} if choices is None else choices
+    run.choice_memo = shared.choices
     run.build_key = _stats_key(stats, build)
     run.relation_of = {f.id: f.relation for f in facts}
     run.dev = splits["dev"]
@@ -525,8 +537,7 @@ def transfer_matrices(
     settings = BuildSettings.of(built or {})
     kinds = ["relation", "lang"] if by == "both" else [by]
     out = TransferMatrices({})
-    stats = None  # built once, shared by both matrices
-    choices: dict[Any, dev_grid.Choice] = {}  # and the dev choices of equal rows
+    shared = MatrixShared()  # the build statistics and the dev choices of equal rows
     for kind in kinds:
         if kind == "relation" and len({f.relation for f in facts}) < 2:
             out.notes.append(
@@ -544,10 +555,8 @@ def transfer_matrices(
             build=settings,
             split=split,
             scoring=scoring,
-            stats=stats,
-            choices=choices,
+            stats=shared,
         )
-        stats = m.stats
         out.matrices[kind] = m
     return out
 

@@ -74,9 +74,10 @@ def stage_transfer(
 ) -> dict:
     """The transfer matrix (:func:`mechlingo.analyses.recall.transfer.transfer_matrix`).
 
-    ``built`` carries the build statistics from one matrix to the other within a run (the
-    same facts and split give the same statistics, so the second matrix does not rebuild
-    them); a resumed run that has only one of the two rebuilds."""
+    ``built`` carries what one matrix shares with the other within a run
+    (:class:`~mechlingo.analyses.recall.transfer.MatrixShared`: the build statistics of the
+    same facts and split, and the dev choices of equal rows); a resumed run that has only one
+    of the two rebuilds."""
     t = cfg["transfer"]
     tm = transfer.transfer_matrix(
         model,
@@ -89,10 +90,8 @@ def stage_transfer(
             batch_size=cfg.get("batch_size", ScoringOptions.batch_size),
             progress=progress,
         ),
-        stats=built.get("stats"),
-        choices=built.setdefault("choices", {}),
+        stats=built.setdefault("shared", transfer.MatrixShared()),
     )
-    built["stats"] = tm.stats
     out = tm.to_json()
     out = json.loads(out) if isinstance(out, str) else out
     cells = list(out.get("cells", tm.cells))

@@ -272,13 +272,15 @@ def test_equal_rows_reuse_one_dev_choice_and_it_equals_searching_again(tiny, fac
     reused choice equals the one a matrix without the equal row searches for itself."""
     two = [f for f in facts if f.relation in ("capital", "currency")]
     seen = _watch(monkeypatch)
-    memo: dict = {}
+    shared = transfer.MatrixShared()
+    memo = shared.choices
     diag = {**SMALL, "matrix": replace(SMALL["matrix"], cells="diagonal")}
-    rel = transfer.transfer_matrix(tiny, two, by="relation", choices=memo, **diag)
+    rel = transfer.transfer_matrix(tiny, two, by="relation", stats=shared, **diag)
     assert rel.rows == ["all", "all_but_capital", "all_but_currency", "only_capital",
                         "only_currency"]  # fmt: skip
     assert len(seen["sweep"]) == 3 and len(memo) == 3  # all, {currency}, {capital}
-    lang = transfer.transfer_matrix(tiny, two, by="lang", stats=rel.stats, choices=memo, **diag)
+    assert shared.stats is rel.stats  # built by the first matrix, for the second
+    lang = transfer.transfer_matrix(tiny, two, by="lang", stats=shared, **diag)
     assert len(seen["sweep"]) == 5  # the lang matrix's all row came from the memo
     for a, b in (("all_but_capital", "only_currency"), ("all_but_currency", "only_capital")):
         ca, cb = rel.choices[a], rel.choices[b]
