@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mechlingo.analyses.recall.transfer import MatrixShared
 from mechlingo.card import replicate as rep
 from mechlingo.card.rules import (
     CLAIMS,
@@ -123,10 +124,15 @@ def _fake_transfer(fail: str | None = None):
             return {"by": self.by, "cells": self.cells}
 
     def transfer_matrix(model, facts, *, by="relation", seed=0, progress=False, **kw):
-        calls.append((by, len(facts), kw))
+        shared = kw.get("stats")  # a MatrixShared: what the run's matrices share
+        got = shared.stats if isinstance(shared, MatrixShared) else shared
+        calls.append((by, len(facts), {**kw, "stats": got}))
         if fail:
             raise RuntimeError(fail)
-        return TM(by)
+        tm = TM(by)
+        if isinstance(shared, MatrixShared) and shared.stats is None:
+            shared.stats = tm.stats  # built by the first matrix, as the real one does
+        return tm
 
     fake = types.SimpleNamespace(transfer_matrix=transfer_matrix, calls=calls)
     return fake
