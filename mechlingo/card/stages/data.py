@@ -24,9 +24,9 @@ __all__ = [
     "parallel_parts",
     "prepare_facts",
     "repair_caps",
-    "vector_facts",
     "repair_split",
     "scope_of",
+    "vector_facts",
 ]
 
 

@@ -527,11 +527,11 @@ def config_sentence(summary: Mapping[str, Any], n_ids: Mapping[str, Any] | None 
 @dataclass(frozen=True)
 class RepairBudget(Budget):
     """The repair stage's split (build, dev, test fractions of the fact ids), the per-language
-    caps of dev and test, of the build ids the vectors are built on (``build_per_lang``, ``None``:
-    all; the few-shot demonstrations come from every build id), the build settings (``k_shot``, ``translation_shots``), the dev grid
-    (``layer_fractions`` of the model's depth, ``alphas``, ``top_k``, ``screen_ids``), the
-    random population's ``seeds`` (one norm-matched random vector each) and the answers'
-    ``max_new_tokens``."""
+    caps of dev and test and of the build ids the vectors are built on (``build_per_lang``,
+    ``None``: all; the few-shot demonstrations come from every build id), the build settings
+    (``k_shot``, ``translation_shots``), the dev grid (``layer_fractions`` of the model's
+    depth, ``alphas``, ``top_k``, ``screen_ids``), the random population's ``seeds`` (one
+    norm-matched random vector each) and the answers' ``max_new_tokens``."""
 
     split: tuple[float, float, float]
     dev_per_lang: int | None
