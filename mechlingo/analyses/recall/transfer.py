@@ -425,9 +425,7 @@ def transfer_matrix(
         "metric": scoring.metric,
         **score_kw,
     }
-    run = _Run(model, by, m, kw, on_cell)
-    run.choice_memo = shared.choices
-    run.build_key = _stats_key(stats, build)
+    run = _Run(model, by, m, kw, on_cell, shared.choices, _stats_key(stats, build))
     run.relation_of = {f.id: f.relation for f in facts}
     run.dev = splits["dev"]
     run.tests = {c: _column_test(splits["test"], by, c, m.test_ids) for c in held}
@@ -606,8 +604,11 @@ class _Run:
         matrix: MatrixSettings,
         kw: dict[str, Any],
         on_cell: Callable[[dict[str, Any]], None] | None,
+        choice_memo: dict[Any, dev_grid.Choice],
+        build_key: Any,
     ) -> None:
         self.model, self.by, self.budget, self.kw = model, by, matrix, kw
+        self.choice_memo, self.build_key = choice_memo, build_key
         self.seed, self.on_cell = matrix.seed, on_cell
         self.relation_of: dict[str, str] = {}
         self.dev: list[Fact] = []
@@ -616,8 +617,6 @@ class _Run:
         self.cells: list[dict[str, Any]] = []
         self.choices: dict[str, dict[str, Any]] = {}
         self.memo = PrefixMemo()
-        self.choice_memo: dict[Any, dev_grid.Choice] = {}
-        self.build_key: Any = None
 
     def score(
         self, facts: Sequence[Fact], iv: Intervention | None | dict[str, Intervention | None]

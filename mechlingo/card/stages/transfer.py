@@ -274,12 +274,6 @@ def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
         rep.add_table(rows)
 
 
-#: CPU seconds of one scored item under one condition, over the metric's measured unit: the
-#: item-conditions of :func:`matrix_item_conditions` fitted on the measured quick card (1232
-#: and 698 item-conditions: 203.7 and 122.7 CPU-seconds at 0.1708 s per rank item).
-TRANSFER_FACTOR = 1.0
-
-
 def matrix_item_conditions(by: str, m: Mapping[str, Any], rels: int, langs: int, *,
                            all_row_searched: bool = True) -> int:  # fmt: skip
     """The items times conditions one transfer matrix scores with ``rels`` relations and
@@ -289,7 +283,9 @@ def matrix_item_conditions(by: str, m: Mapping[str, Any], rels: int, langs: int,
     and each cell's test items (steered and control, the unsteered items once per column).
     Rows equal in vectors and dev facts search once (with two relations ``all_but_A`` is
     ``only_B``); ``all_row_searched=False``: the ``all`` row's search came from the other
-    matrix of the same run."""
+    matrix of the same run. One item-condition costs the metric's measured seconds per item:
+    on the measured quick card 1232 and 698 item-conditions took 203.7 and 122.7 CPU-seconds
+    at 0.1708 s per rank item."""
     top, grid = int(m.get("top_k", 1)), len(m.get("layer_fractions") or (0,)) * len(
         m.get("alphas") or (0, 0))  # fmt: skip
     screen, dev, test = int(m["screen_ids"]), int(m["dev_ids"]), int(m["test_ids"])
@@ -301,11 +297,11 @@ def matrix_item_conditions(by: str, m: Mapping[str, Any], rels: int, langs: int,
     full = m.get("cells", "full") == "full"
     if by == "relation":
         singles = rels if rels == 2 else 2 * rels  # all_but_R and only_A rows
-        searches = (1 if all_row_searched else 0) * search(langs) + singles * search(langs)
+        searches = (all_row_searched + singles) * search(langs)
         cells = rels + rels + rels * (rels if full else 1)  # all, all_but_R, only_A
         per_cell = test * other
     else:
-        searches = (1 if all_row_searched else 0) * search(langs) + other * search(langs - 1)
+        searches = all_row_searched * search(langs) + other * search(langs - 1)
         cells = 2 * other
         per_cell = test * rels
     cols = rels if by == "relation" else other
@@ -321,7 +317,7 @@ def _cost(by: str) -> Any:
         rels, langs = sizes.get("transfer_scope") or (len(t["relations"]), len(t["langs"]))
         n = matrix_item_conditions(by, t["matrix"], int(rels), int(langs),
                                    all_row_searched=by == "relation")  # fmt: skip
-        return TRANSFER_FACTOR * n * scoring_seconds(cfg, unit)
+        return n * scoring_seconds(cfg, unit)
 
     return cost
 
