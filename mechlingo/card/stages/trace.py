@@ -105,22 +105,20 @@ def rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class TraceBudget(Budget):
-    """``limit``: fact ids per relation read for the tracer's facts (the trace reads the
-    repair test items); ``max_new_tokens`` of the greedy answer; ``max_rank``: the lens rank
-    at which an answer counts as decodable."""
+    """``max_new_tokens`` of the greedy answer; ``max_rank``: the lens rank at which an answer
+    counts as decodable. The tracer's facts are the repair stage's test items (their classes
+    split the repair rows), so their number is the repair section's ``test_per_lang``."""
 
-    limit: int | None
     max_new_tokens: int
     max_rank: int
 
     def __post_init__(self) -> None:
-        check(self.limit is None or self.limit >= 1, "trace.limit", "must be at least 1")
         check(self.max_new_tokens >= 1, "trace.max_new_tokens", "must be at least 1")
         check(self.max_rank >= 1, "trace.max_rank", "must be at least 1")
 
 
-QUICK = TraceBudget(limit=24, max_new_tokens=8, max_rank=10)
-FULL = TraceBudget(limit=60, max_new_tokens=8, max_rank=10)
+QUICK = TraceBudget(max_new_tokens=8, max_rank=10)
+FULL = TraceBudget(max_new_tokens=8, max_rank=10)
 
 
 def run(ctx: Context) -> dict[str, Any]:
