@@ -29,6 +29,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tests.workers import one_thread_per_worker
+
+ONE_THREAD = one_thread_per_worker(os.environ)  # before torch is imported
+
 if not os.environ.get("MECHLINGO_NO_SHAPE_CHECKS"):
     assert "mechlingo" not in sys.modules, "mechlingo was imported before the shape-check hook"
     from jaxtyping import install_import_hook
@@ -40,6 +44,9 @@ if not os.environ.get("MECHLINGO_NO_SHAPE_CHECKS"):
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+if ONE_THREAD:  # in case torch was imported before this file
+    torch.set_num_threads(1)
 
 from mechlingo.core.tokens import TokenBatch, encode  # noqa: E402
 from tests import marks  # noqa: E402

@@ -31,7 +31,7 @@ from mechlingo.data import parallel_sentences
 # Small enough for the tiny model (2 layers, d_mlp 128) to run every stage in seconds.
 TINY = {
     "lu_langs": ["en", "fr", "es"],
-    "trace": {"limit": 6, "max_new_tokens": 3},
+    "trace": {"max_new_tokens": 3},
     "repair": {
         "dev_per_lang": 4,
         "test_per_lang": 6,
@@ -444,46 +444,48 @@ def test_facts_folder(tmp_path):
     assert [f.id for f in read_facts_arg(str(tmp_path / "b.jsonl"))] == [f.id for f in b]
 
 
+#: A smaller configuration than ``--budget quick`` for the embedded model's card test.
+SMALL = {
+    "lu_langs": ["en", "fr"],
+    "repair": {
+        "dev_per_lang": 4,
+        "test_per_lang": 6,
+        "layer_fractions": [0.5],
+        "alphas": [0.28],
+        "top_k": 1,
+        "screen_ids": 2,
+        "seeds": [0],
+        "build_per_lang": 8,  # the vectors on 8 build ids per language (rows pinned so)
+    },
+    # 2 facts per relation have 2 distinct objects: 2 candidates under the rank metric
+    "candidates": 2,
+    "transfer": {
+        "relations": ["capital", "currency", "language"],
+        "limit": 2,
+        "langs": ["en", "fr"],
+    },
+    "experts": {
+        "n_find": 8,
+        "n_heldout": 2,
+        "ks": [50],
+        "samples": 4,
+        "new_tokens": 6,
+        "max_tokens": 12,
+        "n_eval": 6,
+        "eval_per_doc": 4,
+        "n_boot": 50,
+    },
+}
+
+
 @pytest.mark.slow
 def test_embedded_model_small_configuration(gemma, tmp_path, monkeypatch):
     """A smaller configuration than --budget quick on the embedded model (the quick and full
     budgets are `make replicate`): every row is produced, with intervals."""
     _use(monkeypatch, _fake_transfer())
-    small = {
-        "lu_langs": ["en", "fr"],
-        "trace": {"limit": 6},
-        "repair": {
-            "dev_per_lang": 4,
-            "test_per_lang": 6,
-            "layer_fractions": [0.5],
-            "alphas": [0.28],
-            "top_k": 1,
-            "screen_ids": 2,
-            "seeds": [0],
-            "build_per_lang": None,  # every build id, as when the pinned rows were computed
-        },
-        # 2 facts per relation have 2 distinct objects: 2 candidates under the rank metric
-        "candidates": 2,
-        "transfer": {
-            "relations": ["capital", "currency", "language"],
-            "limit": 2,
-            "langs": ["en", "fr"],
-        },
-        "experts": {
-            "n_find": 8,
-            "n_heldout": 2,
-            "ks": [50],
-            "samples": 4,
-            "new_tokens": 6,
-            "max_tokens": 12,
-            "n_eval": 6,
-            "eval_per_doc": 4,
-            "n_boot": 50,
-        },
-    }
     par = parallel_sentences(["en", "fr", "es", "de"])
     card = rep.replicate(
-        gemma, rep.CardOptions(settings=small), rep.CardData(parallel=par), work=tmp_path
+        gemma, rep.CardOptions(settings=SMALL), rep.CardData(parallel=par), work=tmp_path
     )
     assert list(dict.fromkeys(r["id"] for r in card.rows)) == [c.id for c in CLAIMS]
     errors = [(r["id"], r.get("error")) for r in card.rows if r["verdict"] == "error"]

@@ -106,3 +106,22 @@ def test_guard_names_what_the_marks_do_not_say():
     assert not guard.active  # nothing is recorded between tests
     guard.audit("os.fork", ())
     assert guard.spawned == ["os.fork os.fork"]
+
+
+def test_one_torch_thread_per_worker_unless_the_user_chose():
+    """Inside an xdist worker with no ``OMP_NUM_THREADS`` the suite sets 1 (its children
+    inherit it); a user's number, or no worker, is left alone. In this run: a worker that
+    set it runs torch on one thread."""
+    import torch
+
+    from tests import conftest
+    from tests.workers import one_thread_per_worker
+
+    env = {"PYTEST_XDIST_WORKER": "gw0"}
+    assert one_thread_per_worker(env) and env["OMP_NUM_THREADS"] == "1"
+    mine = {"PYTEST_XDIST_WORKER": "gw1", "OMP_NUM_THREADS": "3"}
+    assert not one_thread_per_worker(mine) and mine["OMP_NUM_THREADS"] == "3"
+    alone: dict[str, str] = {}
+    assert not one_thread_per_worker(alone) and alone == {}
+    if conftest.ONE_THREAD:
+        assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
