@@ -28,17 +28,16 @@ from mechlingo.card.stages import transfer as transfer_stage
 from mechlingo.core.stages import Stages
 from mechlingo.data import parallel_sentences
 
+#: The repair stage of the test cards: a few dev and test ids, one layer and one scale.
+_REPAIR = {"dev_per_lang": 4, "test_per_lang": 6, "layer_fractions": [0.5], "alphas": [0.28],
+           "top_k": 1, "screen_ids": 2}  # fmt: skip
+
 # Small enough for the tiny model (2 layers, d_mlp 128) to run every stage in seconds.
 TINY = {
     "lu_langs": ["en", "fr", "es"],
     "trace": {"max_new_tokens": 3},
     "repair": {
-        "dev_per_lang": 4,
-        "test_per_lang": 6,
-        "layer_fractions": [0.5],
-        "alphas": [0.28],
-        "top_k": 1,
-        "screen_ids": 2,
+        **_REPAIR,
         "seeds": [0, 1],
         "max_new_tokens": 3,
         "build_per_lang": None,  # every build id, as when the pinned rows were computed
@@ -448,12 +447,7 @@ def test_facts_folder(tmp_path):
 SMALL = {
     "lu_langs": ["en", "fr"],
     "repair": {
-        "dev_per_lang": 4,
-        "test_per_lang": 6,
-        "layer_fractions": [0.5],
-        "alphas": [0.28],
-        "top_k": 1,
-        "screen_ids": 2,
+        **_REPAIR,
         "seeds": [0],
         "build_per_lang": 8,  # the vectors on 8 build ids per language (rows pinned so)
     },
