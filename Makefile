@@ -72,8 +72,8 @@ FAST := not embedded and not subprocess and not browser and not slow
 
 test test-fast side-envs tl3-env tunedlens-env: export PYTHONDONTWRITEBYTECODE :=
 
-# lint (mypy, 48 s of one core) beside the two side environments (42 and 24 s), three jobs
-# on the 2 cores (measured from a fresh clone, 6 December 2026), then pytest.
+# lint beside the two side environments, three jobs on the 2 cores (one after the other the
+# two environments took longer than mypy), then pytest.
 test: setup
 	@$(MAKE) --no-print-directory -j3 --output-sync=target lint-checks tl3-env tunedlens-env
 	$(BIN)/python -m pytest -q -ra --durations=15 -n $(JOBS) --dist loadscope tests
