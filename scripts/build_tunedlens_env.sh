@@ -9,26 +9,21 @@
 # uses, transformers to the dev environment's version (the tiny Gemma 3 test model needs
 # transformers >= 4.50). mechlingo itself is NOT installed there: the check exchanges only
 # files. A stamp marks a finished environment. torch, transformers and the rest, in the dev
-# environment's versions, are hard-linked from there (scripts/link_packages.py) instead of
-# being downloaded, unpacked and compiled again. Usage: bash scripts/build_tunedlens_env.sh
+# environment's versions, are hard-linked from there instead of being downloaded, unpacked and
+# compiled again (scripts/side_env.sh). Usage: bash scripts/build_tunedlens_env.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-python3}"
 VENV="${TUNEDLENS_VENV:-.venv-tunedlens}"
 STAMP="$VENV/.mechlingo-tunedlens-ready"
 [[ -f "$STAMP" ]] && { echo "$VENV is ready"; exit 0; }
-TF="${TRANSFORMERS_VERSION:-$("${DEV_PY:-.venv/bin/python}" -c 'import transformers; print(transformers.__version__)' 2>/dev/null || echo 5.24.0)}"
+# shellcheck source=scripts/side_env.sh
+source scripts/side_env.sh
+TF="${TRANSFORMERS_VERSION:-$("$DEV_PY" -c 'import transformers; print(transformers.__version__)' 2>/dev/null || echo 5.24.0)}"
 start=$(date +%s)
-[[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
-echo '*' > "$VENV/.gitignore"
-DEV="${DEV_PY:-.venv/bin/python}"
-if [[ -x "$DEV" ]]; then
-    "$DEV" scripts/link_packages.py "$VENV" "torch==2.13.0" "transformers==$TF" numpy \
-        huggingface_hub safetensors || true
-fi
-"$VENV/bin/python" -m pip install -q -c constraints.txt "torch==2.13.0"
-"$VENV/bin/python" -m pip install -q -c constraints.txt "transformers==$TF" numpy huggingface_hub safetensors
-"$VENV/bin/python" -m pip install -q --no-deps "tuned-lens==0.2.0"
+side_venv "$VENV" "transformers==$TF" numpy huggingface_hub safetensors
+side_install "$VENV" "transformers==$TF" numpy huggingface_hub safetensors
+side_install "$VENV" --no-deps "tuned-lens==0.2.0"
 "$VENV/bin/python" -c "import tuned_lens, torch, transformers; print('tuned-lens env: torch', torch.__version__, 'transformers', transformers.__version__)"
 touch "$STAMP"
 echo "$VENV built in $(( $(date +%s) - start ))s"

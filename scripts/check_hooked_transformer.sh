@@ -5,8 +5,7 @@
 # torch (CPU build), transformer-lens==3.9.0 and mechlingo installed with --no-deps, then runs
 # tests/system/test_hooked_transformer.py there. The main environment (TransformerLens 4) is untouched.
 # What .venv already has in a version the requirements accept (torch and its dependencies,
-# transformers, scipy, ...) is hard-linked from there (scripts/link_packages.py) instead of
-# being downloaded, unpacked and compiled again; pip installs the rest.
+# transformers, scipy, ...) is hard-linked from there; uv installs the rest (scripts/side_env.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-python3}"
@@ -14,22 +13,15 @@ VENV="${VENV_TL3:-.venv-tl3}"
 BIN="$VENV/bin"
 STAMP="$VENV/.mechlingo-tl3-ready"
 REQ="ci/requirements-tl3.txt"
-DEV_PY="${DEV_PY:-.venv/bin/python}"  # the main environment, whose packages are linked
+# shellcheck source=scripts/side_env.sh
+source scripts/side_env.sh
 start=$(date +%s)
 if [[ ! -f "$STAMP" || "$REQ" -nt "$STAMP" ]]; then
     echo "[tl3] creating $VENV (TransformerLens 3.9)"
-    [[ -x "$BIN/python" ]] || "$PY" -m venv "$VENV"
-    echo '*' > "$VENV/.gitignore"  # never committed, even before .gitignore lists it
-    "$BIN/python" -m pip install -q --upgrade pip
-    if [[ -x "$DEV_PY" ]]; then
-        # shellcheck disable=SC2046  # one requirement per line, none with spaces
-        "$DEV_PY" scripts/link_packages.py "$VENV" "torch==2.13.0" \
-            $(grep -v -e '^#' -e '^transformer-lens' -e '^ *$' "$REQ") || true
-    fi
-    # torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
-    "$BIN/python" -m pip install -q "torch==2.13.0"
-    "$BIN/python" -m pip install -q -r "$REQ"
-    "$BIN/python" -m pip install -q --no-deps -e .
+    # shellcheck disable=SC2046  # one requirement per line, none with spaces
+    side_venv "$VENV" $(grep -v -e '^#' -e '^transformer-lens' -e '^ *$' "$REQ")
+    side_install "$VENV" -r "$REQ"
+    side_install "$VENV" --no-deps -e .
     touch "$STAMP"
 fi
 "$BIN/python" -c "from importlib.metadata import version as v; \

@@ -162,7 +162,7 @@ def _dequantize_gguf(path: Path) -> tuple[Any, Any]:
     hf_model = AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     )
-    hf_model.hf_quantizer = None  # type: ignore[assignment]
+    hf_model.hf_quantizer = None
     if hasattr(hf_model.config, "quantization_config"):
         del hf_model.config.quantization_config
     return hf_model, tokenizer
