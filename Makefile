@@ -103,7 +103,7 @@ side-envs: tl3-env tunedlens-env
 
 tl3-env: export OMP_NUM_THREADS ?= 1
 tl3-env:
-	bash scripts/check_hooked_transformer.sh
+	bash scripts/check_hooked_transformer.sh --build-only
 
 tunedlens-env:
 	bash scripts/build_tunedlens_env.sh

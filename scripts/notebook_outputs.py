@@ -6,7 +6,7 @@ Usage:
 
 Each notebook runs in a fresh kernel on the embedded model at its own default limit,
 :data:`LIMIT` (what a user who just runs it gets; ``MECHLINGO_NB_LIMIT`` overrides it; the
-notebook test runs at it too). :func:`strip` then normalises execution counts, drops timing
+notebook test runs at half of it, tests/system/test_notebooks.py). :func:`strip` then normalises execution counts, drops timing
 and kernel metadata, progress bars, memory addresses, the run's temp folder and plotly.js;
 each plotly figure keeps its JSON (interactive in Jupyter, offline) and gets a static PNG
 drawn by headless Chromium (what GitHub shows). :func:`signature` is what a re-execution
@@ -28,7 +28,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
-#: the data limit of the committed outputs: each notebook's default and the notebook test's
+#: the data limit of the committed outputs: each notebook's default
 LIMIT = "6"
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"

@@ -28,6 +28,7 @@ SECONDS: dict[str, float] = {
     "tests/system/test_demo_figures.py": 45,
     "tests/system/test_distributed.py": 45,
     "tests/system/test_packaging.py": 40,
+    "tests/system/test_transformer_lens_3.py": 16,
     "tests/core/test_families.py": 38,
     "tests/system/test_bad_inputs.py": 33,
     "tests/analyses/recall/test_attribution.py": 33,
