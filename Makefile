@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 OUT ?= out/demo
 
-.PHONY: setup packages model demo test test-fast lint lint-checks side-envs tl3-env tunedlens-env docs notebooks clean chromium bench-peers replicate replicate-full
+.PHONY: setup packages model demo test suite test-fast lint lint-checks side-envs tl3-env tunedlens-env docs notebooks clean chromium bench-peers replicate replicate-full
 
 # Headless Chromium for the report tests (Debian package; needs root, as on CI machines).
 chromium:
@@ -87,13 +87,17 @@ lint-checks:
 JOBS ?= 2
 FAST := not embedded and not subprocess and not browser and not slow
 
-test test-fast side-envs tl3-env tunedlens-env: export PYTHONDONTWRITEBYTECODE :=
+test suite test-fast side-envs tl3-env tunedlens-env: export PYTHONDONTWRITEBYTECODE :=
 
-# The packages beside Chromium, then lint, the model and the two side environments as
-# three jobs on the 2 cores, then pytest.
+# The packages beside Chromium, then pytest beside lint, the model's conversion and the two
+# side environments (a test that needs one waits for its build: scripts/side_env.sh; the
+# workers wait for the model on the cache's lock). A failed lint fails `make test` once pytest
+# has finished.
 test:
 	@$(MAKE) --no-print-directory -j2 --output-sync=target packages chromium
-	@$(MAKE) --no-print-directory -j3 --output-sync=target lint-checks model tl3-env tunedlens-env
+	@$(MAKE) --no-print-directory -j5 --output-sync=line lint-checks model tl3-env tunedlens-env suite
+
+suite:
 	$(BIN)/python -m pytest -q -ra --durations=15 -n $(JOBS) --dist loadscope tests
 
 # TransformerLens 3.9 HookedTransformer compatibility, in its own environment (.venv-tl3),

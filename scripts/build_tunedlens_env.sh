@@ -19,6 +19,8 @@ STAMP="$VENV/.mechlingo-tunedlens-ready"
 [[ -f "$STAMP" ]] && { echo "$VENV is ready"; exit 0; }
 # shellcheck source=scripts/side_env.sh
 source scripts/side_env.sh
+side_lock "$VENV"
+[[ -f "$STAMP" ]] && { echo "$VENV is ready"; exit 0; }  # built while this one waited
 TF="${TRANSFORMERS_VERSION:-$("$DEV_PY" -c 'import transformers; print(transformers.__version__)' 2>/dev/null || echo 5.24.0)}"
 start=$(date +%s)
 side_venv "$VENV" "transformers==$TF" numpy huggingface_hub safetensors

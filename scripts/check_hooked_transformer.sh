@@ -18,6 +18,7 @@ REQ="ci/requirements-tl3.txt"
 # shellcheck source=scripts/side_env.sh
 source scripts/side_env.sh
 start=$(date +%s)
+side_lock "$VENV"
 if [[ ! -f "$STAMP" || "$REQ" -nt "$STAMP" ]]; then
     echo "[tl3] creating $VENV (TransformerLens 3.9)"
     # shellcheck disable=SC2046  # one requirement per line, none with spaces

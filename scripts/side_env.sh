@@ -3,12 +3,19 @@
 #   side_venv VENV SPEC...   create VENV (once), hard-link from .venv the distributions that
 #                            satisfy torch==2.13.0 and SPEC... (scripts/link_packages.py), and
 #                            make sure torch is the CPU build;
+#   side_lock VENV           hold VENV.lock until the script ends: a build that `make test`
+#                            runs beside pytest and a test that needs the environment take turns;
 #   side_install VENV ARG... install into VENV the rest: with uv where .venv has it (the same
 #                            registry, its cache already warm from `make setup`), else with pip.
 # torch always goes through pip: pip takes the CPU build that this machine keeps on disk, while
 # uv, which does not look there, would resolve torch==2.13.0 to PyPI's CUDA build.
 DEV_PY="${DEV_PY:-.venv/bin/python}"
 UV="${UV:-$(dirname "$DEV_PY")/uv}"
+
+side_lock() {
+    exec 9>"${1%/}.lock"
+    flock 9
+}
 
 side_venv() {
     local venv="$1"

@@ -256,13 +256,13 @@ def test_plain_padded_run_needs_the_batch(tiny):
 def test_cached_equals_uncached_gemma(gemma):
     """Cached decoding equals recomputing the prefix on the embedded model, for every kind of
     intervention. The equality holds at any batch size, so one fact per language is
-    enough: five scripts, mixed lengths, and two batches (4 + 1) with a short last one."""
+    enough: three scripts, mixed lengths, and two batches (2 + 1) with a short last one."""
     assert kv_cache_path(gemma) in ("native", "adapter")
-    facts = load_facts(langs=["en", "fr", "ja", "ru", "ar"], relations=["capital"], limit=1)
+    facts = load_facts(langs=["en", "ja", "ar"], relations=["capital"], limit=1)
     prompts = [f.prompt for f in facts]
-    assert len(prompts) == 5 and len({len(p) for p in prompts}) > 1
+    assert len(prompts) == 3 and len({len(p) for p in prompts}) > 1
     for kind, iv in _interventions(gemma).items():
         if kind in ("ablate-ints",):
             continue
-        cached, plain = _both(gemma, prompts, max_new_tokens=5, intervention=iv, batch_size=4)
+        cached, plain = _both(gemma, prompts, max_new_tokens=5, intervention=iv, batch_size=2)
         assert cached == plain, kind
