@@ -21,22 +21,29 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 # uv installs what pip would, from the same registry, in a third of pip's time (41 s against
-# 12 s on 2 cores, measured with its cache empty); pip does it where uv fails.
+# 12 s on 2 cores, measured with its cache empty, torch aside; torch 4 s against 13 from the
+# local wheel); pip does it where uv fails.
 UV := $(BIN)/uv
 $(UV): | $(BIN)/python
 	$(BIN)/python -m pip install -q "uv>=0.5"
 
 EXTRAS := .[test,lint,docs,data-gen]
 
-# The packages (`make -j2 setup` installs them beside Chromium).
+# Where pip takes local wheels (PIP_FIND_LINKS: this machine keeps torch's CPU build there),
+# uv looks too.
+FIND_LINKS := $(foreach d,$(PIP_FIND_LINKS),--find-links $(d))
+
+# The packages (`make -j2 setup` installs them beside Chromium). torch is pinned: an unpinned
+# torch would pull a multi-GB CUDA build. Without local wheels pip installs it first (uv, which
+# does not read pip's settings, would take PyPI's build) and uv keeps it.
+# --no-compile (uv's default): Python compiles a module when it is first imported (and keeps
+# the cache), not every module of every package at install (65 s less on 2 cores, measured).
 packages: $(UV)
-	@# torch first, pinned, and by pip: pip takes the CPU build this machine keeps on disk, where
-	@# an unpinned torch (or uv, which does not look there) would pull a multi-GB CUDA build.
-	@# --no-compile: Python compiles a module when it is first imported (and keeps the cache),
-	@# not every module of every package at install (65 s less on 2 cores, measured).
-	$(BIN)/python -m pip install -q --no-compile "torch==2.13.0"
-	$(UV) pip install -q --python $(BIN)/python -c constraints.txt -e "$(EXTRAS)" \
-	  || $(BIN)/python -m pip install -q --no-compile -c constraints.txt -e "$(EXTRAS)"
+	$(if $(FIND_LINKS),,$(BIN)/python -m pip install -q --no-compile "torch==2.13.0")
+	$(UV) pip install -q --python $(BIN)/python $(FIND_LINKS) -c constraints.txt "torch==2.13.0" \
+	  -e "$(EXTRAS)" \
+	  || { $(BIN)/python -m pip install -q --no-compile "torch==2.13.0" \
+	       && $(BIN)/python -m pip install -q --no-compile -c constraints.txt -e "$(EXTRAS)"; }
 
 # The embedded default model, converted once into the cache (needs the packages).
 model:
@@ -100,12 +107,12 @@ test:
 suite:
 	$(BIN)/python -m pytest -q -ra --durations=15 -n $(JOBS) --dist loadscope tests
 
-# TransformerLens 3.9 HookedTransformer compatibility, in its own environment (.venv-tl3),
-# and the tuned-lens package's environment (.venv-tunedlens) that a test compares against;
-# both reuse what .venv has installed (scripts/link_packages.py).
+# The two side environments the tests use: .venv-tl3 (TransformerLens 3.9, where
+# tests/system/test_transformer_lens_3.py runs the HookedTransformer checks) and
+# .venv-tunedlens (the tuned-lens package, which a test compares against); both reuse what
+# .venv has installed (scripts/side_env.sh).
 side-envs: tl3-env tunedlens-env
 
-tl3-env: export OMP_NUM_THREADS ?= 1
 tl3-env:
 	bash scripts/check_hooked_transformer.sh --build-only
 

@@ -74,8 +74,7 @@ def check_report(html: Path, screenshot: Path, *, budget_ms: int = 15000) -> Pag
     source = html.read_text(encoding="utf-8")
     n_divs = len(re.findall(r'<div class="figure">', source))
     screenshot.parent.mkdir(parents=True, exist_ok=True)
-    # one launch writes both the DOM after the scripts ran and the screenshot (two launches
-    # took 6 s a page, one takes 4)
+    # one launch writes both the DOM after the scripts ran and the screenshot
     with tempfile.TemporaryDirectory() as profile:
         dom = subprocess.run(
             [

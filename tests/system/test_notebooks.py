@@ -18,8 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 #: the limit the test runs each notebook at: half the committed run's (6), where every cell
-#: still gives the committed run's output types and figure titles (notebook 03 takes 42 s
-#: instead of 60)
+#: still gives the committed run's output types and figure titles
 TEST_LIMIT = "3"
 
 
