@@ -99,10 +99,11 @@ test suite test-fast side-envs tl3-env tunedlens-env: export PYTHONDONTWRITEBYTE
 # The packages beside Chromium, then pytest beside lint, the model's conversion and the two
 # side environments (a test that needs one waits for its build: scripts/side_env.sh; the
 # workers wait for the model on the cache's lock). A failed lint fails `make test` once pytest
-# has finished.
+# has finished. Their output is not held back (make's --output-sync would print pytest's only
+# when it ends), so the few lines of lint and the builds come between pytest's.
 test:
 	@$(MAKE) --no-print-directory -j2 --output-sync=target packages chromium
-	@$(MAKE) --no-print-directory -j5 --output-sync=line lint-checks model tl3-env tunedlens-env suite
+	@$(MAKE) --no-print-directory -j5 lint-checks model tl3-env tunedlens-env suite
 
 suite:
 	$(BIN)/python -m pytest -q -ra --durations=15 -n $(JOBS) --dist loadscope tests
