@@ -7,8 +7,8 @@
 #                            runs beside pytest and a test that needs the environment take turns;
 #   side_install VENV ARG... install into VENV the rest: with uv where .venv has it (the same
 #                            registry, its cache already warm from `make setup`), else with pip.
-# torch always goes through pip: pip takes the CPU build that this machine keeps on disk, while
-# uv, which does not look there, would resolve torch==2.13.0 to PyPI's CUDA build.
+# torch always goes through pip (a no-op where it was linked): pip reads this machine's settings,
+# which point it at the CPU build on disk; uv does not read them and would take PyPI's build.
 DEV_PY="${DEV_PY:-.venv/bin/python}"
 UV="${UV:-$(dirname "$DEV_PY")/uv}"
 

@@ -1,7 +1,7 @@
 """mechlingo on a classic TransformerLens 3.9 ``HookedTransformer``: the checks of
 tests/system/test_hooked_transformer.py, run by ``scripts/check_hooked_transformer.sh`` in
-their own environment (.venv-tl3, which ``make test`` builds before pytest and the script
-builds where it is missing)."""
+their own environment (.venv-tl3, which ``make test`` builds beside pytest, this test waiting
+for it on a lock, and the script builds where it is missing)."""
 
 from __future__ import annotations
 
