@@ -40,7 +40,7 @@ if not os.environ.get("MECHLINGO_NO_SHAPE_CHECKS"):
     import tests.shape_checks  # the hook finds the checker by its dotted name
 
     tests.shape_checks.skip_unannotated()
-    install_import_hook("mechlingo", "tests.shape_checks.arrays_only")
+    install_import_hook("mechlingo", tests.shape_checks.HOOK_CHECKER)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

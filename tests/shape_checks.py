@@ -3,7 +3,10 @@ jaxtyping's import hook on the ``mechlingo`` package).
 
 jaxtyping's ``jaxtyped`` calls a *type checker* on a stand-in of each function's parameters
 and return value, inside a context that remembers the size bound to every named axis for
-the duration of one call. This checker checks exactly the jaxtyping annotations there
+the duration of one call. For the package's plain functions, :func:`checked_function` does
+the same checks in one wrapper of its own (jaxtyping's memo, jaxtyping's ``isinstance``),
+a fraction of jaxtyping's cost per call; classes and other callables keep jaxtyping's
+wrapper with :func:`arrays_only`. Both check exactly the jaxtyping annotations there
 (``Float[Tensor, "batch pos d_model"]``, also inside ``X | None`` and other unions): when a
 value is a tensor or an array, it must match one of the array annotations (dtype, rank, and
 the axes consistent across the call's arguments and result). Other annotations (``Model``,
@@ -19,6 +22,7 @@ checks add to the package's own validation, and never replace its messages.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import types
 import typing
@@ -26,10 +30,11 @@ from typing import Any
 
 import jaxtyping
 import jaxtyping._decorator as jaxtyping_decorator
+import jaxtyping._import_hook as jaxtyping_import_hook
 import numpy as np
 import torch
 from jaxtyping import AbstractArray
-from jaxtyping._storage import get_shape_memo
+from jaxtyping._storage import get_shape_memo, pop_shape_memo, push_shape_memo
 
 _DEFERRED = "__mechlingo_deferred_violation__"
 # (module, qualname) -> whether jaxtyping checks the call again after it returns
@@ -131,15 +136,106 @@ def _annotates_arrays(fn: types.FunctionType) -> bool:
     return _HAS_ARRAYS[code]
 
 
+_MISSING = object()
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
+def _hint(fn: types.FunctionType, annotation: Any) -> tuple[type, ...] | None:
+    if annotation is inspect.Signature.empty:
+        return None
+    return _array_hints(jaxtyping_decorator._destring_annotation(annotation, fn.__globals__))
+
+
+def checked_function(fn: types.FunctionType) -> Any:
+    """``fn`` checked as :func:`arrays_only` checks jaxtyping's stand-ins, in one wrapper.
+
+    Each call opens a jaxtyping shape memo (the axes bound by the arguments hold for the
+    result), checks the array-annotated arguments, runs ``fn`` and checks its result; an
+    argument's mismatch is raised once ``fn`` has returned (``fn``'s own error first). It is
+    what ``jaxtyping.jaxtyped(fn, typechecker=arrays_only)`` checks, without that wrapper's
+    three signature binds and two stand-in calls per call."""
+    sig = inspect.signature(fn)
+    checks = []  # (name, position or None, default, allowed)
+    variadic = False
+    for i, (pname, p) in enumerate(sig.parameters.items()):
+        allowed = _hint(fn, p.annotation)
+        if allowed is None:
+            continue
+        variadic = variadic or p.kind in _VARIADIC
+        default = _MISSING if p.default is inspect.Parameter.empty else p.default
+        checks.append((pname, i if p.kind in _POSITIONAL else None, default, allowed))
+    ret = _hint(fn, sig.return_annotation)
+    if not checks and ret is None:
+        return fn
+    name = fn.__qualname__
+
+    def values(args: tuple, kwargs: dict) -> list[tuple[str, Any, tuple[type, ...]]]:
+        if variadic:  # *args or **kwargs annotated: each of their values is checked
+            bound = sig.bind(*args, **kwargs)
+            out = []
+            for pname, _, _, allowed in checks:
+                value = bound.arguments.get(pname, _MISSING)
+                kind = sig.parameters[pname].kind
+                if kind is inspect.Parameter.VAR_POSITIONAL:
+                    out += [(f"{pname}[{j}]", v, allowed) for j, v in enumerate(value or ())]
+                elif kind is inspect.Parameter.VAR_KEYWORD:
+                    out += [(f"{pname}[{k!r}]", v, allowed) for k, v in (value or {}).items()]
+                else:
+                    out.append((pname, value, allowed))
+            return out
+        return [
+            (pname, args[i] if i is not None and i < len(args) else kwargs.get(pname, default),
+             allowed)
+            for pname, i, default, allowed in checks
+        ]  # fmt: skip
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        push_shape_memo({})
+        try:
+            problem = None
+            for pname, value, allowed in values(args, kwargs):
+                found = None
+                if value is not _MISSING:  # every one is checked: each binds its axes
+                    found = _problem(name, f"parameter {pname!r}", value, allowed)
+                problem = problem or found
+            out = fn(*args, **kwargs)
+            if problem is None and ret is not None:
+                problem = _problem(name, "the return value", out, ret)
+            if problem is not None:
+                raise TypeError(problem)
+            return out
+        finally:
+            pop_shape_memo()
+
+    return checked
+
+
+#: the dotted name conftest.py gives jaxtyping's import hook
+HOOK_CHECKER = "tests.shape_checks.arrays_only"
+
+
+def _hook_trampoline() -> Any:
+    """What the import hook passes as the checker for :data:`HOOK_CHECKER`: a function that
+    imports it by name and calls it (``jaxtyping._import_hook.Typechecker``)."""
+    digest = hashlib.md5(HOOK_CHECKER.encode("utf-8")).hexdigest()
+    return jaxtyping_import_hook.Typechecker.lookup.get(digest)
+
+
 def _jaxtyped_where_arrays(fn: Any = _SENTINEL, *, typechecker: Any = _SENTINEL) -> Any:
-    """``jaxtyping.jaxtyped``, except that a plain function without array annotations is
-    returned unwrapped: :func:`arrays_only` checks nothing there, and jaxtyping's wrapper
-    costs a signature bind per call and a compile per definition (nested functions are
-    redefined on every call of their parent), which made the suite many times slower."""
+    """``jaxtyping.jaxtyped``, except for plain functions: one without array annotations is
+    returned unwrapped (:func:`arrays_only` checks nothing there) and one with them is
+    wrapped by :func:`checked_function`. jaxtyping's wrapper costs three signature binds and
+    two stand-in calls per call, and a compile per definition (nested functions are redefined
+    on every call of their parent)."""
     if fn is _SENTINEL:
         return functools.partial(_jaxtyped_where_arrays, typechecker=typechecker)
-    if isinstance(fn, types.FunctionType) and not _annotates_arrays(fn):
-        return fn
+    if isinstance(fn, types.FunctionType):
+        if not _annotates_arrays(fn):
+            return fn
+        if typechecker is arrays_only or typechecker is _hook_trampoline():
+            return checked_function(fn)
     return _ORIGINAL_JAXTYPED(fn, typechecker=typechecker)
 
 

@@ -309,6 +309,7 @@ def _boot_folder(
     name: str | None,
     device_map: Any,
     offload_folder: Any = None,
+    tokenizer: Any = None,
 ) -> Any:
     try:
         from transformer_lens.model_bridge import TransformerBridge
@@ -319,6 +320,8 @@ def _boot_folder(
             fix="upgrade transformer-lens, or pass a HookedTransformer you loaded yourself",
         ) from err
     kwargs = _placement(device, dtype, device_map, offload_folder)
+    if tokenizer is not None:
+        kwargs["tokenizer"] = tokenizer
     bridge = TransformerBridge.boot_transformers(str(folder), **kwargs)
     if name:
         bridge.cfg.model_name = name
@@ -327,6 +330,41 @@ def _boot_folder(
     # projection's real input width is what mlp_post has (docs/models.md)
     bridge.cfg.d_mlp = mlp_width(bridge) or bridge.cfg.d_mlp
     return bridge
+
+
+#: What ``tokenizer_config.json`` records about how the file was written, not how to load it
+_NOT_TOKENIZER_ARGS = ("tokenizer_class", "backend", "is_local", "local_files_only")
+
+
+def _embedded_tokenizer(folder: Path) -> Any:
+    """The embedded model's tokenizer, read from its checksummed ``tokenizer.json``.
+
+    It is what ``AutoTokenizer`` gives (same backend, special tokens, padding side and
+    inputs), built by the Rust backend from the file once. ``GemmaTokenizer`` instead rebuilds
+    that backend from the file's vocabulary and merges in Python. ``None`` (TransformerLens
+    then loads it as usual) where ``tokenizer_config.json`` names a class that is not a
+    transformers fast tokenizer.
+    """
+    import transformers
+
+    backend: Any = getattr(transformers, "TokenizersBackend", None)
+    config = read_json(folder / "tokenizer_config.json", ModelLoadError, numbers=False)
+    if not isinstance(config, dict) or backend is None:
+        return None
+    named = getattr(transformers, str(config.get("tokenizer_class")), None)
+    if not isinstance(named, type) or not issubclass(named, backend):
+        return None
+    cls: Any = named  # its class defaults: padding side, truncation side, input names
+    args = {k: v for k, v in config.items() if k not in _NOT_TOKENIZER_ARGS}
+    return backend(
+        tokenizer_file=str(folder / "tokenizer.json"),
+        name_or_path=str(folder),
+        add_bos_token=True,  # as TransformerLens asks of AutoTokenizer
+        padding_side=cls.padding_side,
+        truncation_side=cls.truncation_side,
+        model_input_names=list(cls.model_input_names),
+        **args,
+    )
 
 
 def _boot_gguf(path: Path, *, device: str, dtype: torch.dtype, device_map: Any) -> Any:
@@ -388,7 +426,10 @@ def load_model(
         model = _adopt_model(name, dev if device is not None else None, dtype)
     elif name is None:
         folder = ensure_default_model()
-        model = _boot_folder(folder, device=dev, dtype=torch_dtype, name=DEFAULT_MODEL, **place)
+        tokenizer = _embedded_tokenizer(folder)
+        model = _boot_folder(
+            folder, device=dev, dtype=torch_dtype, name=DEFAULT_MODEL, tokenizer=tokenizer, **place
+        )
     else:
         model = _load_named(name, dev, torch_dtype, device_map, offload_folder)
     if compat:

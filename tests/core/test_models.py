@@ -118,3 +118,34 @@ def test_default_model_loads_from_cache(gemma):
     assert gemma.cfg.n_layers == 18 and gemma.cfg.d_model == 640 and gemma.cfg.d_mlp == 2048
     assert gemma.cfg.d_vocab == 262144
     assert gemma.cfg.model_name == "google/gemma-3-270m"
+
+
+@pytest.mark.slow
+def test_embedded_tokenizer_is_what_autotokenizer_gives(gemma):
+    """The default model's tokenizer comes from ``tokenizer.json`` directly; it must encode,
+    pad and decode exactly as the ``GemmaTokenizer`` that ``AutoTokenizer`` builds."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from mechlingo.data.io import load_facts
+    from mechlingo.data.natural_parallel import bundled_parallel
+
+    folder = models.ensure_default_model()
+    auto = AutoTokenizer.from_pretrained(str(folder), add_bos_token=True)
+    ours = models._embedded_tokenizer(folder)  # the model's own may carry a test's padding
+    assert type(auto).__name__ == "GemmaTokenizer" and type(gemma.tokenizer) is type(ours)
+    assert ours.backend_tokenizer.to_str() == auto.backend_tokenizer.to_str()
+    for name in ("padding_side", "truncation_side", "model_input_names", "all_special_ids",
+                 "bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "add_bos_token",
+                 "clean_up_tokenization_spaces", "model_max_length"):  # fmt: skip
+        assert getattr(ours, name) == getattr(auto, name), name
+    texts = [f.sentence for f in load_facts()]
+    texts += [line for lines in bundled_parallel().values() for line in lines[::7]]
+    texts += ["<start_of_turn>user\nhi<end_of_turn>", "  two  spaces\n\ttab", "𝔘nïcode é"]
+    assert ours(texts)["input_ids"] == auto(texts)["input_ids"]
+    batch = texts[:5] + texts[-3:]
+    assert ours(batch, padding=True).data == auto(batch, padding=True).data
+    padded = auto(batch, padding=True, return_tensors="pt")["input_ids"]
+    assert torch.equal(gemma.to_tokens(batch), padded)  # left-padded, as GemmaTokenizer pads
+    ids = [[i] for i in range(len(auto))]
+    assert ours.batch_decode(ids) == auto.batch_decode(ids)

@@ -257,6 +257,70 @@ def test_only_functions_with_array_annotations_are_wrapped():
         checked(torch.zeros(3, dtype=torch.long))
 
 
+@pytest.mark.skipif(bool(os.environ.get("MECHLINGO_NO_SHAPE_CHECKS")), reason="checks off")
+def test_the_one_wrapper_checks_what_jaxtypings_wrapper_checks():
+    """:func:`tests.shape_checks.checked_function` against ``jaxtyping.jaxtyped`` with the
+    same checker on the same calls: axes bound across arguments and result, one memo per
+    call (nested calls bind their own), keywords and defaults, ``*args``, and a function's own
+    error before the deferred shape error."""
+    import jaxtyping
+    import torch
+    from jaxtyping import Float, Int
+
+    from tests import shape_checks
+
+    vector = Float[torch.Tensor, " n"]
+
+    def same(z):
+        return z
+
+    def pair(x, y=None, *, k=1):
+        if x.shape[1] == 0:
+            raise ValueError("its own error")
+        shape_checks.checked_function(same)(torch.zeros(7))  # another call, another memo
+        return x.sum(1) if y is None else x.sum(1) + y[: x.shape[0]] * k
+
+    def many(*xs):
+        return len(xs)
+
+    def shrinks(z):
+        return z[1:]
+
+    same.__annotations__ = {"z": vector, "return": vector}
+    pair.__annotations__ = {"x": Float[torch.Tensor, "n d"], "y": vector | None, "k": int,
+                            "return": vector}  # fmt: skip
+    many.__annotations__ = {"xs": Int[torch.Tensor, " m"], "return": int}
+    shrinks.__annotations__ = {"z": vector, "return": vector}
+
+    ours = shape_checks.checked_function(pair)
+    theirs = shape_checks._ORIGINAL_JAXTYPED(pair, typechecker=shape_checks.arrays_only)
+    calls = [
+        ((torch.zeros(3, 2),), {}, None),
+        ((torch.zeros(3, 2), torch.zeros(3)), {}, None),
+        ((torch.zeros(3, 2),), {"y": torch.zeros(3), "k": 2}, None),
+        ((torch.zeros(3, 2), torch.zeros(4)), {}, TypeError),  # n bound to 3, then 4
+        ((torch.zeros(3, 2),), {"y": torch.zeros(4)}, TypeError),
+        ((torch.zeros(3, 2, dtype=torch.long),), {}, TypeError),  # not Float
+        ((torch.zeros(3, 0), torch.zeros(5)), {}, ValueError),  # its own error first
+    ]
+    for args, kwargs, error in calls:
+        for fn in (ours, theirs):
+            if error is None:
+                assert torch.equal(fn(*args, **kwargs), pair(*args, **kwargs))
+            else:
+                with pytest.raises(error):
+                    fn(*args, **kwargs)
+    for fn in (shape_checks.checked_function(shrinks),
+               shape_checks._ORIGINAL_JAXTYPED(shrinks, typechecker=shape_checks.arrays_only)):  # fmt: skip
+        with pytest.raises(TypeError, match="the return value"):
+            fn(torch.zeros(4))
+    longs = [torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long)]
+    assert shape_checks.checked_function(many)(*longs) == 2
+    with pytest.raises(TypeError, match=r"xs\[1\]"):
+        shape_checks.checked_function(many)(longs[0], torch.zeros(3, dtype=torch.long))
+    assert jaxtyping.jaxtyped(shrinks, typechecker=shape_checks.arrays_only).__wrapped__ is shrinks
+
+
 def _pyproject() -> dict:
     import tomllib
 
