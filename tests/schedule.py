@@ -16,32 +16,34 @@ from typing import Any
 from xdist.scheduler import LoadScopeScheduling
 
 #: CPU seconds of the longest modules, measured per test (setup + call + teardown, child
-#: processes included) in one run of the whole suite (2026-12-05), rounded; test_distributed
-#: scaled by its own before/after measurement (one torchrun launch instead of two)
+#: processes included) in two runs of the whole suite (2026-12-06), averaged and rounded
 SECONDS: dict[str, float] = {
-    "tests/system/test_notebooks.py": 175,
-    "tests/card/test_replicate.py": 150,
-    "tests/cli/test_work.py": 120,
-    "tests/activations/test_decoding.py": 50,
-    "tests/system/test_faults.py": 50,
-    "tests/activations/test_prefix.py": 50,
-    "tests/system/test_demo_figures.py": 45,
-    "tests/system/test_distributed.py": 45,
-    "tests/system/test_packaging.py": 40,
-    "tests/system/test_transformer_lens_3.py": 16,
+    "tests/system/test_notebooks.py": 121,
+    "tests/card/test_replicate.py": 116,
+    "tests/cli/test_work.py": 111,
+    "tests/activations/test_prefix.py": 53,
+    "tests/system/test_demo_figures.py": 47,
+    "tests/system/test_faults.py": 41,
+    "tests/system/test_distributed.py": 41,
+    "tests/system/test_docs.py": 39,
     "tests/core/test_families.py": 38,
-    "tests/system/test_bad_inputs.py": 33,
-    "tests/analyses/recall/test_attribution.py": 33,
-    "tests/analyses/decoders/test_tuned_lens.py": 32,
-    "tests/cli/test_main.py": 30,
-    "tests/activations/test_shards.py": 30,
-    "tests/analyses/recall/patching/test_passes.py": 30,
-    "tests/system/test_interop.py": 27,
-    "tests/scoring/test_scorers.py": 27,
-    "tests/analyses/recall/test_steer_eval.py": 26,
-    "tests/analyses/decoders/test_tuned_lens_interop.py": 25,
-    "tests/system/test_reports_browser.py": 25,
-    "tests/system/test_docs.py": 25,
+    "tests/system/test_packaging.py": 34,
+    "tests/analyses/recall/test_attribution.py": 32,
+    "tests/activations/test_decoding.py": 28,
+    "tests/system/test_bad_inputs.py": 28,
+    "tests/analyses/decoders/test_tuned_lens.py": 28,
+    "tests/activations/test_shards.py": 27,
+    "tests/analyses/recall/patching/test_passes.py": 25,
+    "tests/analyses/recall/test_steer_eval.py": 22,
+    "tests/analyses/decoders/test_tuned_lens_interop.py": 21,
+    "tests/scoring/test_scorers.py": 15,
+    "tests/system/test_interop.py": 15,
+    "tests/system/test_reports_browser.py": 14,
+    "tests/cli/test_main.py": 12,
+    "tests/system/test_layout.py": 12,
+    "tests/analyses/recall/test_trace.py": 11,
+    "tests/system/test_transformer_lens_3.py": 11,
+    "tests/core/test_models.py": 9,
 }
 #: the guess for a test of a module not in :data:`SECONDS`
 PER_TEST = 0.15

@@ -321,14 +321,42 @@ def _log(path: Path) -> list[tuple[str, str]]:
     return [tuple(line.split(" ", 1)) for line in path.read_text().splitlines()]
 
 
+def _forked_main(argv: list[str], env: dict[str, str], log: Path) -> int:
+    """``main(argv)`` in a forked child of this process with ``env`` set, its output in
+    ``log``: the child's return code, or minus the signal that ended it. A forked child is
+    killed as a fresh interpreter would be (its files stay as the kill left them) without
+    importing the package and its libraries again."""
+    import traceback
+    import warnings
+
+    with warnings.catch_warnings():  # Python 3.12+ warns of fork in a threaded process
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 70
+        try:
+            os.environ.update(env)
+            fh = open(log, "w", encoding="utf-8")  # noqa: SIM115 - the child ends by _exit
+            os.dup2(fh.fileno(), 1)
+            os.dup2(fh.fileno(), 2)
+            import sys
+
+            sys.stdout = sys.stderr = fh
+            code = main(argv)
+        except BaseException:  # noqa: BLE001 - reported in the log, the code says it failed
+            traceback.print_exc()
+        finally:
+            os._exit(code if isinstance(code, int) else 70)
+    _, status = os.waitpid(pid, 0)
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
 def _kill_and_rerun(argv: list[str], tmp_path: Path, monkeypatch, seed: str) -> dict:
-    """An uninterrupted run (in process), a run SIGKILLed (a subprocess) when it is about to
-    store its N-th computed stage (N drawn at random), and the same command run again:
+    """An uninterrupted run (in process), a run SIGKILLed (a forked child) when it is about
+    to store its N-th computed stage (N drawn at random), and the same command run again:
     equal outputs, and the rerun computes exactly the stages the killed run had not
     stored."""
     import random
-    import subprocess
-    import sys
 
     monkeypatch.setenv("MECHLINGO_STAGE_LOG", str(tmp_path / "full.log"))
     assert main([*argv, "--out", str(tmp_path / "full")]) == 0
@@ -336,12 +364,9 @@ def _kill_and_rerun(argv: list[str], tmp_path: Path, monkeypatch, seed: str) -> 
     assert computed, "the command kept no stage"
     assert not (tmp_path / ".full.work").exists()  # removed once --out is written
     n = random.Random(seed).randint(1, len(computed))
-    env = {**os.environ, "MECHLINGO_TEST_KILL_STAGE": str(n), "OMP_NUM_THREADS": "1",
-           "MECHLINGO_STAGE_LOG": str(tmp_path / "killed.log"),
-           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # fmt: skip
-    proc = subprocess.run([sys.executable, "-m", "mechlingo.cli", *argv, "--out",
-                           str(tmp_path / "b")], env=env, capture_output=True, text=True)  # fmt: skip
-    assert proc.returncode == -9, proc.stderr[-3000:]
+    env = {"MECHLINGO_TEST_KILL_STAGE": str(n), "MECHLINGO_STAGE_LOG": str(tmp_path / "killed.log")}
+    code = _forked_main([*argv, "--out", str(tmp_path / "b")], env, tmp_path / "killed.out")
+    assert code == -9, (tmp_path / "killed.out").read_text()[-3000:]
     assert not (tmp_path / "b").exists()
     stored = [nm for what, nm in _log(tmp_path / "killed.log") if what == "computed"]
     assert stored == computed[: n - 1]
