@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 OUT ?= out/demo
 
-.PHONY: setup packages model demo test suite test-fast lint lint-checks side-envs tl3-env tunedlens-env docs notebooks clean chromium bench-peers replicate replicate-full
+.PHONY: setup packages model demo test suite test-fast lint lint-checks lint-niced side-envs tl3-env tunedlens-env docs notebooks clean chromium bench-peers replicate replicate-full
 
 # Headless Chromium for the report tests (Debian package; needs root, as on CI machines).
 chromium:
@@ -104,7 +104,12 @@ test suite test-fast side-envs tl3-env tunedlens-env: export PYTHONDONTWRITEBYTE
 # when it ends), so the few lines of lint and the builds come between pytest's.
 test:
 	@$(MAKE) --no-print-directory -j2 --output-sync=target packages chromium
-	@$(MAKE) --no-print-directory -j5 lint-checks model tl3-env tunedlens-env suite
+	@$(MAKE) --no-print-directory -j5 lint-niced model tl3-env tunedlens-env suite
+
+# Lint at a lower CPU priority than the tests (nothing waits for it; pytest does not wait for
+# it either): it takes the cores when the tests leave them idle.
+lint-niced:
+	@nice -n 10 $(MAKE) --no-print-directory lint-checks
 
 suite:
 	$(BIN)/python -m pytest -q -ra --durations=15 -n $(JOBS) --dist loadscope tests

@@ -29,11 +29,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.workers import one_thread_per_worker
+from tests.workers import is_xdist_controller, one_thread_per_worker
 
 ONE_THREAD = one_thread_per_worker(os.environ)  # before torch is imported
+#: pytest-xdist's controller runs no test: it imports neither torch nor the package
+CONTROLLER = is_xdist_controller(sys.argv, os.environ)
 
-if not os.environ.get("MECHLINGO_NO_SHAPE_CHECKS"):
+if not os.environ.get("MECHLINGO_NO_SHAPE_CHECKS") and not CONTROLLER:
     assert "mechlingo" not in sys.modules, "mechlingo was imported before the shape-check hook"
     from jaxtyping import install_import_hook
 
@@ -43,12 +45,15 @@ if not os.environ.get("MECHLINGO_NO_SHAPE_CHECKS"):
     install_import_hook("mechlingo", tests.shape_checks.HOOK_CHECKER)
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
-if ONE_THREAD:  # in case torch was imported before this file
-    torch.set_num_threads(1)
+if not CONTROLLER:
+    import torch
 
-from mechlingo.core.tokens import TokenBatch, encode  # noqa: E402
+    if ONE_THREAD:  # in case torch was imported before this file
+        torch.set_num_threads(1)
+
+    from mechlingo.core.tokens import TokenBatch, encode
+
 from tests import marks  # noqa: E402
 
 SHARED = Path(os.environ.get("MECHLINGO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
@@ -56,7 +61,8 @@ NTREX = SHARED / "data" / "ntrex" / "dev"
 
 
 _GUARD = marks.Guard()
-marks.install(_GUARD)
+if not CONTROLLER:
+    marks.install(_GUARD)
 
 #: the worker's embedded model, by the real path of its cache folder (one entry at most)
 _EMBEDDED: dict[str, object] = {}
@@ -98,7 +104,8 @@ def share_embedded_model() -> None:
     common.load_model = load_model
 
 
-share_embedded_model()
+if not CONTROLLER:
+    share_embedded_model()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -125,3 +125,20 @@ def test_one_torch_thread_per_worker_unless_the_user_chose():
     assert not one_thread_per_worker(alone) and alone == {}
     if conftest.ONE_THREAD:
         assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+
+
+def test_only_the_xdist_controller_skips_torch_and_the_package():
+    """The controller (``-n N``, not a worker) runs no test; a worker, a run without ``-n``
+    or with ``-n 0``, and any form not read, import everything. In this run (a process that
+    runs tests) the conftest is no controller's."""
+    from tests import conftest
+    from tests.workers import is_xdist_controller as controller
+
+    run = ["/venv/bin/python -m pytest"]
+    assert controller([*run, "-q", "-n", "2", "--dist", "loadscope", "tests"], {})
+    assert controller([*run, "-n2"], {}) and controller([*run, "--numprocesses=auto"], {})
+    assert controller([*run, "tests"], {"PYTEST_ADDOPTS": "-n 2"})
+    assert not controller([*run, "-n", "2"], {"PYTEST_XDIST_WORKER": "gw0"})
+    assert not controller([*run, "-n", "0"], {}) and not controller([*run, "tests"], {})
+    assert not controller([*run, "-n", "2", "-p", "no:xdist"], {})
+    assert not conftest.CONTROLLER and "mechlingo.core.tokens" in sys.modules
