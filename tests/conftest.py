@@ -35,6 +35,31 @@ ONE_THREAD = one_thread_per_worker(os.environ)  # before torch is imported
 #: pytest-xdist's controller runs no test: it imports neither torch nor the package
 CONTROLLER = is_xdist_controller(sys.argv, os.environ)
 
+
+def _bytecode_is_cold() -> bool:
+    """Whether torch has no bytecode cache yet (a fresh environment), read without importing
+    it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    origin = spec.origin if spec is not None else None
+    return bool(origin) and not os.path.exists(importlib.util.cache_from_source(origin))
+
+
+#: On a fresh environment (as the controller found it, before any worker started) the xdist
+#: workers import and collect one at a time (this file locked until collection ends): the
+#: first compiles the bytecode of torch, the package and the tests, which the others then
+#: read instead of compiling the same files at the same time.
+_SERIAL = "MECHLINGO_TESTS_SERIAL_COLLECTION"
+if CONTROLLER and sys.platform != "win32" and _bytecode_is_cold():
+    os.environ[_SERIAL] = "1"
+_COLLECTING = None
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(_SERIAL) == "1":
+    import fcntl
+
+    _COLLECTING = open(__file__, "rb")  # noqa: SIM115 - held until pytest_collection_finish
+    fcntl.flock(_COLLECTING, fcntl.LOCK_EX)
+
 if not os.environ.get("MECHLINGO_NO_SHAPE_CHECKS") and not CONTROLLER:
     assert "mechlingo" not in sys.modules, "mechlingo was imported before the shape-check hook"
     from jaxtyping import install_import_hook
@@ -106,6 +131,14 @@ def share_embedded_model() -> None:
 
 if not CONTROLLER:
     share_embedded_model()
+
+
+def pytest_collection_finish(session):
+    """Let the next worker import and collect (:data:`_COLLECTING`)."""
+    global _COLLECTING
+    if _COLLECTING is not None:
+        _COLLECTING.close()  # closing the file releases the lock
+        _COLLECTING = None
 
 
 @pytest.hookimpl(tryfirst=True)
