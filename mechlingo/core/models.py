@@ -354,17 +354,17 @@ def _embedded_tokenizer(folder: Path) -> Any:
     named = getattr(transformers, str(config.get("tokenizer_class")), None)
     if not isinstance(named, type) or not issubclass(named, backend):
         return None
-    cls: Any = named  # its class defaults: padding side, truncation side, input names
-    args = {k: v for k, v in config.items() if k not in _NOT_TOKENIZER_ARGS}
-    return backend(
-        tokenizer_file=str(folder / "tokenizer.json"),
-        name_or_path=str(folder),
-        add_bos_token=True,  # as TransformerLens asks of AutoTokenizer
-        padding_side=cls.padding_side,
-        truncation_side=cls.truncation_side,
-        model_input_names=list(cls.model_input_names),
-        **args,
-    )
+    cls: Any = named
+    settings = {  # the class's defaults, then the file's settings, then what is asked here
+        "padding_side": cls.padding_side,
+        "truncation_side": cls.truncation_side,
+        "model_input_names": list(cls.model_input_names),
+        **{k: v for k, v in config.items() if k not in _NOT_TOKENIZER_ARGS},
+        "add_bos_token": True,  # as TransformerLens asks of AutoTokenizer
+        "tokenizer_file": str(folder / "tokenizer.json"),
+        "name_or_path": str(folder),
+    }
+    return backend(**settings)
 
 
 def _boot_gguf(path: Path, *, device: str, dtype: torch.dtype, device_map: Any) -> Any:
