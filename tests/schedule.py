@@ -16,33 +16,35 @@ from typing import Any
 from xdist.scheduler import LoadScopeScheduling
 
 #: CPU seconds of the longest modules, measured per test (setup + call + teardown, child
-#: processes included) in two runs of the whole suite (2026-12-06), averaged and rounded
+#: processes included) in two runs of the whole suite (2026-12-06), averaged and rounded;
+#: the five modules whose torchrun launches are forked (:mod:`tests.forks`) measured again
+#: after that change
 SECONDS: dict[str, float] = {
     "tests/system/test_notebooks.py": 121,
-    "tests/card/test_replicate.py": 116,
-    "tests/cli/test_work.py": 111,
+    "tests/card/test_replicate.py": 98,
     "tests/activations/test_prefix.py": 53,
     "tests/system/test_demo_figures.py": 47,
+    "tests/cli/test_work.py": 41,
     "tests/system/test_faults.py": 41,
-    "tests/system/test_distributed.py": 41,
     "tests/system/test_docs.py": 39,
     "tests/core/test_families.py": 38,
     "tests/system/test_packaging.py": 34,
     "tests/analyses/recall/test_attribution.py": 32,
     "tests/activations/test_decoding.py": 28,
     "tests/system/test_bad_inputs.py": 28,
-    "tests/analyses/decoders/test_tuned_lens.py": 28,
-    "tests/activations/test_shards.py": 27,
     "tests/analyses/recall/patching/test_passes.py": 25,
     "tests/analyses/recall/test_steer_eval.py": 22,
     "tests/analyses/decoders/test_tuned_lens_interop.py": 21,
+    "tests/system/test_distributed.py": 19,
     "tests/scoring/test_scorers.py": 15,
     "tests/system/test_interop.py": 15,
+    "tests/analyses/decoders/test_tuned_lens.py": 14,
     "tests/system/test_reports_browser.py": 14,
     "tests/cli/test_main.py": 12,
     "tests/system/test_layout.py": 12,
     "tests/analyses/recall/test_trace.py": 11,
     "tests/system/test_transformer_lens_3.py": 11,
+    "tests/activations/test_shards.py": 9,
     "tests/core/test_models.py": 9,
 }
 #: the guess for a test of a module not in :data:`SECONDS`

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import csv
-import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -26,6 +22,7 @@ from mechlingo.core.errors import DataError, InputError
 from mechlingo.kernels.grouped import grouped_auroc_and_average_precision
 from mechlingo.kernels.ranking import auroc_and_average_precision
 from tests.conftest import NTREX
+from tests.forks import torchrun
 
 TEXTS = {
     "en": ["the cat sat on the mat", "hello world", "a dog", "it is raining today again", "ok"],
@@ -196,7 +193,7 @@ def test_cli_out_of_core_equals_in_memory(tiny_dir, tmp_path, capsys):
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
 def test_cli_out_of_core_under_torchrun_equals_one_process(tiny_dir, tmp_path):
-    """2 ranks pool half the sentences each into one shard folder, score half the neurons
+    """Under torchrun (forked, :func:`tests.forks.torchrun`) 2 ranks pool half the sentences each into one shard folder, score half the neurons
     each, and rank 0 writes the one-process experts."""
     from mechlingo.cli import main
 
@@ -204,16 +201,10 @@ def test_cli_out_of_core_under_torchrun_equals_one_process(tiny_dir, tmp_path):
     args = ["experts", "--model", str(tiny_dir), "--target", "es", "--k", "4", "--parallel",
             str(data), "--no-curve", "--quiet"]  # fmt: skip
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("WORLD_SIZE", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "mechlingo.cli",
-           *args, "--out", str(tmp_path / "two"), "--shard-dir", str(tmp_path / "shards")]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cmd = ["-m", "mechlingo.cli", *args, "--out", str(tmp_path / "two"),
+           "--shard-dir", str(tmp_path / "shards")]  # fmt: skip
+    proc = torchrun(cmd, tmp_path / "torchrun.log")
+    assert proc.returncode == 0, proc.stdout[-3000:]
     names = sorted(p.name for p in (tmp_path / "shards").glob("*.f32"))
     assert names == ["r00000-000000.f32", "r00001-000000.f32"]
     assert _top(tmp_path / "two") == _top(tmp_path / "one")

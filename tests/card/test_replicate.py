@@ -27,6 +27,7 @@ from mechlingo.card.rules import (
 from mechlingo.card.stages import transfer as transfer_stage
 from mechlingo.core.stages import Stages
 from mechlingo.data import parallel_sentences
+from tests.forks import torchrun
 
 #: The repair stage of the test cards: a few dev and test ids, one layer and one scale.
 _REPAIR = {"dev_per_lang": 4, "test_per_lang": 6, "layer_fractions": [0.5], "alphas": [0.28],
@@ -510,10 +511,9 @@ def test_weights_fingerprint_sees_a_block_change(tiny):
 @pytest.mark.skipif(sys.platform == "win32", reason="torchrun with gloo on CPU")
 def test_the_card_under_torchrun_writes_the_same_claims(tiny_dir, tmp_path):
     """`torchrun --nproc_per_node 2 -m mechlingo.cli replicate ...` (gloo, CPU; each rank
-    scores its share of every batch) writes the claims.json of one process (the measured
+    scores its share of every batch; the launcher and its ranks forked from this process,
+    :func:`tests.forks.torchrun`) writes the claims.json of one process (the measured
     seconds aside). Skipped when torchrun cannot start."""
-    import socket
-
     import torch
 
     if not torch.distributed.is_available():
@@ -526,8 +526,6 @@ def test_the_card_under_torchrun_writes_the_same_claims(tiny_dir, tmp_path):
 
     args = ["-m", "mechlingo.cli", "replicate", "--model", str(tiny_dir), "--parallel", str(data),
             "--settings", json.dumps(TINY), "--quiet"]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("WORLD_SIZE", None)
     # the one-process card in this process (one thread, as each torchrun worker): the same
     # command without a second interpreter's start
     threads = torch.get_num_threads()
@@ -536,16 +534,10 @@ def test_the_card_under_torchrun_writes_the_same_claims(tiny_dir, tmp_path):
         assert main([*args[2:], "--out", str(tmp_path / "one")]) == 0
     finally:
         torch.set_num_threads(threads)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(port), *args,
-           "--out", str(tmp_path / "two")]  # fmt: skip
-    two = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    if two.returncode != 0 and "rendezvous" in (two.stderr + two.stdout).lower():
-        pytest.skip("torchrun could not start: " + two.stderr[-300:])
-    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+    two = torchrun([*args, "--out", str(tmp_path / "two")], tmp_path / "torchrun.log")
+    if two.returncode != 0 and "rendezvous" in two.stdout.lower():
+        pytest.skip("torchrun could not start: " + two.stdout[-300:])
+    assert two.returncode == 0, two.stdout[-3000:]
 
     def card(folder):
         js = json.loads((folder / "claims.json").read_text())

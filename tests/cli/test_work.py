@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ import mechlingo.analyses.recall.steering as repair
 from mechlingo.cli import main
 from mechlingo.cli.common import UsageError
 from mechlingo.cli.work import settings_key, work_folder
+from tests.forks import fork_call, torchrun
 
 
 def _summary(out: Path) -> dict:
@@ -321,36 +321,6 @@ def _log(path: Path) -> list[tuple[str, str]]:
     return [tuple(line.split(" ", 1)) for line in path.read_text().splitlines()]
 
 
-def _forked_main(argv: list[str], env: dict[str, str], log: Path) -> int:
-    """``main(argv)`` in a forked child of this process with ``env`` set, its output in
-    ``log``: the child's return code, or minus the signal that ended it. A forked child is
-    killed as a fresh interpreter would be (its files stay as the kill left them) without
-    importing the package and its libraries again."""
-    import traceback
-    import warnings
-
-    with warnings.catch_warnings():  # Python 3.12+ warns of fork in a threaded process
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 70
-        try:
-            os.environ.update(env)
-            fh = open(log, "w", encoding="utf-8")  # noqa: SIM115 - the child ends by _exit
-            os.dup2(fh.fileno(), 1)
-            os.dup2(fh.fileno(), 2)
-            import sys
-
-            sys.stdout = sys.stderr = fh
-            code = main(argv)
-        except BaseException:  # noqa: BLE001 - reported in the log, the code says it failed
-            traceback.print_exc()
-        finally:
-            os._exit(code if isinstance(code, int) else 70)
-    _, status = os.waitpid(pid, 0)
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-
-
 def _kill_and_rerun(argv: list[str], tmp_path: Path, monkeypatch, seed: str) -> dict:
     """An uninterrupted run (in process), a run SIGKILLed (a forked child) when it is about
     to store its N-th computed stage (N drawn at random), and the same command run again:
@@ -365,7 +335,11 @@ def _kill_and_rerun(argv: list[str], tmp_path: Path, monkeypatch, seed: str) -> 
     assert not (tmp_path / ".full.work").exists()  # removed once --out is written
     n = random.Random(seed).randint(1, len(computed))
     env = {"MECHLINGO_TEST_KILL_STAGE": str(n), "MECHLINGO_STAGE_LOG": str(tmp_path / "killed.log")}
-    code = _forked_main([*argv, "--out", str(tmp_path / "b")], env, tmp_path / "killed.out")
+    # a forked child is killed as a new interpreter would be (its files stay as the kill left
+    # them) without importing the package and its libraries again
+    code = fork_call(
+        lambda: main([*argv, "--out", str(tmp_path / "b")]), tmp_path / "killed.out", env
+    )
     assert code == -9, (tmp_path / "killed.out").read_text()[-3000:]
     assert not (tmp_path / "b").exists()
     stored = [nm for what, nm in _log(tmp_path / "killed.log") if what == "computed"]
@@ -450,14 +424,10 @@ def test_kill_replicate(tiny_dir, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_kill_experts_under_torchrun(tiny_dir, tmp_path, monkeypatch):
-    """``torchrun --nproc_per_node 2``: SIGKILL at a random stage, the same torchrun command
-    again: each rank reuses what every rank had stored, recomputes the rest, and rank 0
-    writes what a one-process run writes."""
+    """``torchrun --nproc_per_node 2`` (forked, :func:`tests.forks.torchrun`): SIGKILL at a
+    random stage, the same torchrun command again: each rank reuses what every rank had
+    stored, recomputes the rest, and rank 0 writes what a one-process run writes."""
     import random
-    import subprocess
-    import sys
-
-    from tests.system.test_distributed import _free_port
 
     data = _lines(tmp_path / "data")
     argv = ["experts", "--model", str(tiny_dir), "--target", "es", "--k", "3,5", "--parallel",
@@ -468,25 +438,19 @@ def test_kill_experts_under_torchrun(tiny_dir, tmp_path, monkeypatch):
     computed = [n for what, n in _log(tmp_path / "one.log") if what == "computed"]
     n = random.Random("torchrun").randint(2, len(computed))
 
-    def torchrun(log: str, kill: int | None) -> subprocess.CompletedProcess:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MECHLINGO_STAGE_LOG": str(tmp_path / log),
-               "PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # fmt: skip
-        env.pop("WORLD_SIZE", None)
-        env.pop("MECHLINGO_TEST_KILL_STAGE", None)
-        if kill is not None:
-            env["MECHLINGO_TEST_KILL_STAGE"] = str(kill)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-               "-m", "mechlingo.cli", *argv, "--out", str(tmp_path / "two")]  # fmt: skip
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    def launch(log: str, kill: int | None):
+        env = {"MECHLINGO_STAGE_LOG": str(tmp_path / log),
+               "MECHLINGO_TEST_KILL_STAGE": None if kill is None else str(kill)}  # fmt: skip
+        cmd = ["-m", "mechlingo.cli", *argv, "--out", str(tmp_path / "two")]
+        return torchrun(cmd, tmp_path / log.replace("-{rank}", ".out"), env)
 
-    assert torchrun("killed-{rank}.log", n).returncode != 0
+    assert launch("killed-{rank}.log", n).returncode != 0
     assert not (tmp_path / "two").exists()
     stored = [[nm for w, nm in _log(tmp_path / f"killed-{r}.log") if w == "computed"]
               for r in (0, 1)]  # fmt: skip
     everywhere = min(len(s) for s in stored)  # the stages every rank had stored
-    proc = torchrun("rerun-{rank}.log", None)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = launch("rerun-{rank}.log", None)
+    assert proc.returncode == 0, proc.stdout[-3000:]
     for r in (0, 1):
         log = _log(tmp_path / f"rerun-{r}.log")
         again = [nm for w, nm in log if w == "computed"]

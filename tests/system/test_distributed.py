@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +26,7 @@ from mechlingo.activations.distributed import (
 )
 from mechlingo.activations.pooled import pooled_neuron_acts
 from mechlingo.activations.runs import last_token_means
+from tests.forks import free_port, torchrun
 
 PROMPTS = [
     "The capital of Italy is",
@@ -69,12 +68,6 @@ STATS_PART = textwrap.dedent(
         )
     """
 )
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_shard_bounds_cover_in_order():
@@ -168,7 +161,8 @@ def test_pooled_acts_errors(tiny):
 
 
 def test_two_processes_equal_one(tiny, two_processes):
-    """torchrun --nproc_per_node 2 (gloo, CPU) gives the one-process statistics on every rank."""
+    """torchrun --nproc_per_node 2 (gloo, CPU; forked ranks) gives the one-process statistics
+    on every rank."""
     out_dir, proc = two_processes
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
@@ -263,7 +257,9 @@ def test_device_map_disk_offload_block(tiny, tiny_dir, tmp_path):
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
 def test_experts_command_under_torchrun_equals_one_process(tiny_dir, tmp_path):
     """`torchrun --nproc_per_node 2 -m mechlingo.cli experts ...` computes the statistics
-    data-parallel and rank 0 writes the same experts as a single-process run."""
+    data-parallel and rank 0 writes the same experts as a single-process run. The one test
+    that runs the launcher as a new interpreter and its ranks as ``python -m mechlingo.cli``,
+    as ``make replicate`` does; the others fork them (:func:`tests.forks.torchrun`)."""
     import csv
 
     from mechlingo.cli import main
@@ -282,7 +278,7 @@ def test_experts_command_under_torchrun_equals_one_process(tiny_dir, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("WORLD_SIZE", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            "-m", "mechlingo.cli", *args, "--out", str(tmp_path / "two")]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -348,26 +344,17 @@ WORKER = (
 
 @pytest.fixture(scope="module")
 def two_processes(tiny_dir, tmp_path_factory):
-    """The folder of the one ``torchrun --nproc_per_node 2`` run of :data:`WORKER` (gloo, CPU)
-    shared by the module's two-process tests: each rank's ``rank{r}.pt`` and
-    ``scores{r}.json``."""
+    """The folder of the one ``torchrun --nproc_per_node 2`` run of :data:`WORKER` (gloo, CPU;
+    the launcher and its ranks forked from this process, :func:`tests.forks.torchrun`) shared
+    by the module's two-process tests: each rank's ``rank{r}.pt`` and ``scores{r}.json``."""
     if not torch.distributed.is_available():
         pytest.skip("no torch.distributed")
     out = tmp_path_factory.mktemp("torchrun")
     script = out / "worker.py"
     script.write_text(WORKER)
-    root = str(Path(__file__).resolve().parents[2])
-    # MECHLINGO_NO_SHAPE_CHECKS: the workers import tests.conftest (through test_scoring's
-    # facts) after mechlingo, outside pytest, where the shape-check hook does not apply
-    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
-               MECHLINGO_NO_SHAPE_CHECKS="1",
-               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))  # fmt: skip
-    env.pop("WORLD_SIZE", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script),
-           str(tiny_dir), str(out), repr(PROMPTS), repr(TEXTS)]  # fmt: skip
+    cmd = [str(script), str(tiny_dir), str(out), repr(PROMPTS), repr(TEXTS)]
     t0 = time.time()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400, cwd=root)
+    proc = torchrun(cmd, out / "torchrun.log")
     print(f"2-process torchrun run: {time.time() - t0:.1f}s")
     return out, proc
 

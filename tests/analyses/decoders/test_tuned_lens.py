@@ -6,10 +6,6 @@ the command line."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -35,6 +31,7 @@ from mechlingo.core.errors import ArtifactError, InputError, ModelMismatchError
 from mechlingo.data import load_facts
 from mechlingo.data.prompts import parallel_sentences
 from mechlingo.kernels.readout import final_logits, read_logits
+from tests.forks import torchrun
 
 PROMPTS = ["The capital of Italy is the city of", "La capitale", "意大利的首都是", "Die Stadt"]
 LANGS = ["en", "fr", "zh", "de"]
@@ -167,25 +164,16 @@ WORKER = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
 def test_two_processes_train_the_same_lens_as_one(tiny, tiny_dir, tmp_path):
-    """torchrun --nproc_per_node 2: each rank trains on its half of every step's texts; the
-    all-reduced gradients give the one-process lens on both ranks."""
+    """torchrun --nproc_per_node 2 (forked, :func:`tests.forks.torchrun`): each rank trains on
+    its half of every step's texts; the all-reduced gradients give the one-process lens on
+    both ranks."""
     texts = TEXTS[:8]
     (tmp_path / "worker.py").write_text(WORKER)
-    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
-    env.pop("WORLD_SIZE", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-           str(tmp_path / "worker.py"), str(tiny_dir), str(tmp_path), repr(texts)]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cmd = [str(tmp_path / "worker.py"), str(tiny_dir), str(tmp_path), repr(texts)]
+    proc = torchrun(cmd, tmp_path / "torchrun.log")
+    assert proc.returncode == 0, proc.stdout[-3000:]
     one = train_tuned_lens(tiny, texts, TrainingOptions(steps=3, texts_per_step=4, lr=1e-2))
     for rank in (0, 1):
         got = torch.load(tmp_path / f"rank{rank}.pt")
