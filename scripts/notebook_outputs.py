@@ -7,9 +7,10 @@ Usage:
 Each notebook runs in a fresh kernel on the embedded model at its own default limit,
 :data:`LIMIT` (what a user who just runs it gets; ``MECHLINGO_NB_LIMIT`` overrides it; the
 notebook test runs at half of it, tests/system/test_notebooks.py). :func:`strip` then
-normalises execution counts, drops timing and kernel metadata, progress bars, memory addresses, the run's temp folder and plotly.js;
-each plotly figure keeps its JSON (interactive in Jupyter, offline) and gets a static PNG
-drawn by headless Chromium (what GitHub shows). :func:`signature` is what a re-execution
+normalises execution counts, drops timing and kernel metadata, progress bars, memory
+addresses, the run's temp folder and plotly.js; each plotly figure keeps its JSON
+(interactive in Jupyter, offline) and gets a static PNG drawn by headless Chromium (what
+GitHub shows). :func:`signature` is what a re-execution
 must reproduce: each cell's output types and figure titles (numbers masked).
 """
 

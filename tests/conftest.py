@@ -1,7 +1,8 @@
 """Shared fixtures.
 
 * ``tiny``: a tiny random Gemma-3-architecture model (2 layers, d_model 64) with a byte-level
-  tokenizer (:func:`mechlingo.testing.build_tiny_folder`, the one builder of tiny models), for fast unit tests of mechanics (shapes, hooks, positions, equalities).
+  tokenizer (:func:`mechlingo.testing.build_tiny_folder`, the one builder of tiny models),
+  for fast unit tests of mechanics (shapes, hooks, positions, equalities).
 * ``gemma``: the embedded default model (google/gemma-3-270m, float32, CPU), for integration
   tests of what the methods find. Tests using it are marked ``embedded`` and ``slow``. It is
   one instance per worker process: a command run in process on the default model (CPU,
@@ -13,8 +14,8 @@ Marks (``embedded``, ``subprocess``, ``browser``, ``slow``) are derived from wha
 uses (:mod:`tests.marks`); a guard fails a test whose behaviour its marks do not say.
 
 Runtime shape checks: before any ``mechlingo`` module is imported, jaxtyping's import hook
-wraps every function of the package with an array annotation (and every dataclass) in
-``jaxtyped`` with :func:`tests.shape_checks.arrays_only` as the checker, so within the tests every call checks
+wraps every function of the package with an array annotation (and every dataclass) in a
+checking wrapper (:mod:`tests.shape_checks`), so within the tests every call checks
 its tensor arguments and tensor result against their jaxtyping annotations
 (``Float[Tensor, "batch pos d_model"]``: the dtype, the rank, and each named axis the same
 size everywhere in one call). A mismatch raises at the call. The other annotations are

@@ -100,8 +100,10 @@ def torchrun(
     args = list(args)
     if args[:2] == ["-m", "mechlingo.cli"]:
         args = [str(CLI_MAIN), *args[2:]]
-    launcher = ["--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
-                "--master_port", str(free_port()), "--start-method", "fork", "--run-path"]  # fmt: skip
+    elif args[:1] == ["-m"]:
+        raise ValueError(f"only -m mechlingo.cli is run by its path, not -m {args[1:2]}")
+    launcher = ["--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1", "--master_port",
+                str(free_port()), "--start-method", "fork", "--run-path"]  # fmt: skip
     outer = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
     full_env: dict[str, str | None] = {**dict.fromkeys(outer), "OMP_NUM_THREADS": "1"}
     full_env.update(env or {})
