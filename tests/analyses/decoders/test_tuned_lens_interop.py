@@ -23,6 +23,7 @@ from mechlingo.analyses.decoders.tuned_lens_interop import (
     unembedding_hash,
 )
 from mechlingo.core.errors import ArtifactError, MissingArtifactError, ModelMismatchError
+from tests.forks import fork_call
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -122,21 +123,46 @@ def test_other_model_and_missing_files(tiny, tmp_path):
         load_package_lens(folder, tiny)
 
 
+def _interop_script():
+    """``scripts/check_tuned_lens_interop.py`` as a module (its helper module beside it)."""
+    import importlib.util
+
+    scripts = str(ROOT / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    spec = importlib.util.spec_from_file_location(
+        "check_tuned_lens_interop", f"{scripts}/check_tuned_lens_interop.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.slow
 def test_agrees_with_the_tuned_lens_package_both_ways(tmp_path):
-    """The reference check in the package's own environment (built once by
-    ``scripts/build_tunedlens_env.sh``; skipped with the reason when it cannot be built)."""
+    """The reference check's three steps (``scripts/check_tuned_lens_interop.py``): ``dump``
+    and ``verify`` in mechlingo's environment (forked children of this process,
+    :func:`tests.forks.fork_call`), ``check`` in the package's own environment (built once
+    by ``scripts/build_tunedlens_env.sh``; skipped with the reason when it cannot be
+    built)."""
     venv = ROOT / ".venv-tunedlens"
     env = {**os.environ, "TUNEDLENS_VENV": str(venv), "DEV_PY": sys.executable}
     build = subprocess.run(["bash", str(ROOT / "scripts" / "build_tunedlens_env.sh")],
                            capture_output=True, text=True, env=env, timeout=1800)  # fmt: skip
     if build.returncode != 0:
         pytest.skip(f"the tuned-lens environment could not be built: {build.stderr[-500:]}")
+    script = _interop_script()
+    assert fork_call(lambda: script.dump(tmp_path), tmp_path / "dump.log") == 0, (
+        tmp_path / "dump.log"
+    ).read_text()[-3000:]
+    env.pop("PYTHONPATH", None)  # the package's environment sees nothing of this one
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "check_tuned_lens_interop.py"), "all",
-         str(tmp_path)],
+        [str(venv / "bin" / "python"), script.__file__, "check", str(tmp_path)],
         capture_output=True, text=True, env=env, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "mechlingo -> tuned-lens: agree within 1e-05" in proc.stdout
-    assert "tuned-lens -> mechlingo: agree within 1e-05" in proc.stdout
+    code = fork_call(lambda: script.verify(tmp_path), tmp_path / "verify.log")
+    verified = (tmp_path / "verify.log").read_text()
+    assert code == 0, verified[-3000:]
+    assert "tuned-lens -> mechlingo: agree within 1e-05" in verified
