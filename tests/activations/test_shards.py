@@ -193,8 +193,9 @@ def test_cli_out_of_core_equals_in_memory(tiny_dir, tmp_path, capsys):
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
 def test_cli_out_of_core_under_torchrun_equals_one_process(tiny_dir, tmp_path):
-    """Under torchrun (forked, :func:`tests.forks.torchrun`) 2 ranks pool half the sentences each into one shard folder, score half the neurons
-    each, and rank 0 writes the one-process experts."""
+    """Under torchrun (forked, :func:`tests.forks.torchrun`) 2 ranks pool half the sentences
+    each into one shard folder, score half the neurons each, and rank 0 writes the
+    one-process experts."""
     from mechlingo.cli import main
 
     data = _data(tmp_path / "data")
