@@ -67,6 +67,10 @@ def fork_call(
         finally:
             sys.stdout.flush()
             os._exit(code)
+    try:
+        os.setpgid(pid, pid)  # here too: the group exists before a timeout can signal it
+    except OSError:
+        pass  # the child set it first
     deadline = time.monotonic() + timeout
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
