@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -33,6 +31,7 @@ from mechlingo.data import (
     zero_shot_prompt,
 )
 from mechlingo.data.facts import answer_key
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 NTREX = Path("/work/shared/data/ntrex/dev")
@@ -349,21 +348,10 @@ def test_read_parallel_dir_ntrex() -> None:
 # --- the generator ----------------------------------------------------------------------
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location(
-        "generate_data", ROOT / "scripts/generate_data.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["generate_data"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_generator_is_deterministic_and_matches_bundle(tmp_path: Path) -> None:
     import babel
 
-    gen = _generator()
+    gen = load_script("generate_data")
     gen.generate(tmp_path / "a")
     gen.generate(tmp_path / "b")
     for name in ("facts.jsonl", "templates.json"):
@@ -376,7 +364,7 @@ def test_generator_is_deterministic_and_matches_bundle(tmp_path: Path) -> None:
 
 
 def test_generator_templates_have_one_subject_slot() -> None:
-    gen = _generator()
+    gen = load_script("generate_data")
     for relation, per_lang in gen.CANDIDATES.items():
         assert set(per_lang) == set(LANGS), relation
         for lang, templates in per_lang.items():

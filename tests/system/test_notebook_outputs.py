@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -19,22 +18,14 @@ import nbformat
 import plotly.graph_objects as go
 import pytest
 
+from tests.scripts import load_script
 from tests.system.test_figures import check_figure
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
-def _outputs_module():
-    spec = importlib.util.spec_from_file_location(
-        "notebook_outputs", ROOT / "scripts" / "notebook_outputs.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-NO = _outputs_module()
+NO = load_script("notebook_outputs")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])

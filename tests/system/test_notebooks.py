@@ -7,7 +7,6 @@ committed outputs may hold: tests/system/test_notebook_outputs.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -15,18 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 #: the limit the test runs each notebook at: half the committed run's (6), where every cell
 #: still gives the committed run's output types and figure titles
 TEST_LIMIT = "3"
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _code(path: Path) -> str:
@@ -62,7 +56,7 @@ def test_notebooks_use_the_public_api():
 def test_notebook_runs_and_renders(path, monkeypatch, tmp_path):
     import nbformat
 
-    docs, nbo = _script("build_docs"), _script("notebook_outputs")
+    docs, nbo = load_script("build_docs"), load_script("notebook_outputs")
     monkeypatch.setenv("MECHLINGO_NB_LIMIT", os.environ.get("MECHLINGO_NB_LIMIT", TEST_LIMIT))
     monkeypatch.setenv("MECHLINGO_NB_OUT", str(tmp_path))
     nb = docs.execute_notebook(path, tmp_path, timeout=900)  # raises naming a failing cell

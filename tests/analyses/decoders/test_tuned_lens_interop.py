@@ -24,6 +24,7 @@ from mechlingo.analyses.decoders.tuned_lens_interop import (
 )
 from mechlingo.core.errors import ArtifactError, MissingArtifactError, ModelMismatchError
 from tests.forks import fork_call
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -123,21 +124,6 @@ def test_other_model_and_missing_files(tiny, tmp_path):
         load_package_lens(folder, tiny)
 
 
-def _interop_script():
-    """``scripts/check_tuned_lens_interop.py`` as a module (its helper module beside it)."""
-    import importlib.util
-
-    scripts = str(ROOT / "scripts")
-    if scripts not in sys.path:
-        sys.path.insert(0, scripts)
-    spec = importlib.util.spec_from_file_location(
-        "check_tuned_lens_interop", f"{scripts}/check_tuned_lens_interop.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
 def test_agrees_with_the_tuned_lens_package_both_ways(tmp_path):
     """The reference check's three steps (``scripts/check_tuned_lens_interop.py``): ``dump``
@@ -151,7 +137,7 @@ def test_agrees_with_the_tuned_lens_package_both_ways(tmp_path):
                            capture_output=True, text=True, env=env, timeout=1800)  # fmt: skip
     if build.returncode != 0:
         pytest.skip(f"the tuned-lens environment could not be built: {build.stderr[-500:]}")
-    script = _interop_script()
+    script = load_script("check_tuned_lens_interop")
     assert fork_call(lambda: script.dump(tmp_path), tmp_path / "dump.log") == 0, (
         tmp_path / "dump.log"
     ).read_text()[-3000:]
