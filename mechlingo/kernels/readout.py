@@ -42,6 +42,8 @@ class Readout:
             (0 = it is the top prediction); ties count only strictly larger logits.
         entropy: entropy of each row's next-token distribution (nats; ``nan`` where the
             readout streamed the vocabulary and never held the logits).
+        energy: token energy of each row (:func:`token_energy`) where ``read_logits`` was
+            asked for it, else ``None``.
     """
 
     logsumexp: Float[Tensor, " row"]
@@ -51,6 +53,7 @@ class Readout:
     primary_logprob: Float[Tensor, "row track"]
     set_rank: Int[Tensor, "row track"]
     entropy: Float[Tensor, " row"] | None = None
+    energy: Float[Tensor, " row"] | None = None
 
 
 def apply_final_norm(model: Model, x: Float[Tensor, "row d_model"]) -> Float[Tensor, "row d_model"]:
@@ -73,6 +76,12 @@ def output_transform(
     if cap > 0:
         return cap * torch.tanh(logits / cap)
     return logits
+
+
+def _plain_transform(model: Model, device: torch.device) -> bool:
+    """Whether the output transform leaves logits as they are (no soft-cap or the like)."""
+    probe = torch.linspace(-50.0, 50.0, 11, device=device)
+    return torch.equal(output_transform(model, probe.clone()), probe)
 
 
 def _live_bias(model: Model) -> Float[Tensor, " vocab"] | None:
@@ -165,10 +174,9 @@ def _screen(model: Model, W: Tensor) -> Screen | None:
     other device); ``None`` where the screen does not apply (see :func:`greedy_next`)."""
     if not _SCREENING["on"] or not bf16_supported(W.device):
         return None
-    probe = torch.linspace(-50.0, 50.0, 11, device=W.device)
-    if not torch.equal(output_transform(model, probe.clone()), probe):
+    if not _plain_transform(model, W.device):
         return None  # a soft-cap or other transform: ties could appear after it
-    key = (W.data_ptr(), W._version, tuple(W.shape), W.dtype, W.device)
+    key = _unembed_key(model)
     hit = _SCREENS.get(model)
     if hit is None or hit[0] != key:
         hit = (key, build_screen(W))
@@ -254,18 +262,21 @@ _STATS_BLOCK = 1024
 
 
 def _softmax_stats(
-    logits: Tensor, top: Tensor, best: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor | None]:
+    logits: Tensor, top: Tensor, best: Tensor | None, mean: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """One pass over the vocabulary, a block of columns at a time: per row ``z = sum(p)`` and
     ``p . logits`` with ``p = exp(logits - top)`` (the unnormalised softmax: logsumexp =
     ``top + log z``, entropy = ``logsumexp - (p . logits) / z``, a dot product, closer to
     float64 than summing softmax * logits), and, if ``best`` ``[row, set]`` is given, the
-    number of logits of each row strictly above each set's best logit (the set ranks). The
-    blocks' float32 sums are added up in float64 (``z`` and ``p . logits`` are float64)."""
+    number of logits of each row strictly above each set's best logit (the set ranks), and, if
+    each row's ``mean`` logit is given, the sum of squared deviations from it (the numerator
+    of the token energy). The blocks' float32 sums are added up in float64 (``z``,
+    ``p . logits`` and the squares are float64)."""
     n, vocab = logits.shape
     z = torch.zeros(n, dtype=torch.float64, device=logits.device)
     dot = torch.zeros(n, dtype=torch.float64, device=logits.device)
     above = None if best is None else torch.zeros(best.shape, dtype=torch.long, device=z.device)
+    sq = None if mean is None else torch.zeros(n, dtype=torch.float64, device=z.device)
     for v0 in range(0, vocab, _STATS_BLOCK):
         block = logits[:, v0 : v0 + _STATS_BLOCK]
         p = torch.sub(block, top).exp_()
@@ -273,7 +284,10 @@ def _softmax_stats(
         dot += torch.linalg.vecdot(p, block)
         if above is not None and best is not None:
             above += (block.unsqueeze(1) > best.unsqueeze(-1)).sum(-1, dtype=torch.int32)
-    return z, dot, above
+        if sq is not None and mean is not None:
+            diff = torch.sub(block, mean.unsqueeze(1))
+            sq += torch.linalg.vecdot(diff, diff)
+    return z, dot, above, sq
 
 
 def _read_full(
@@ -287,10 +301,12 @@ def _read_full(
     *,
     k: int,
     ranks: bool,
+    centre: tuple[Tensor, Tensor] | None = None,
 ) -> None:
-    """The whole ``[c, vocab]`` logits of a chunk: normalizer, top-k, sets and ranks. Past the
-    unembedding GEMM, one pass for the top-k (its first value is the row's maximum) and one
-    fused pass (:func:`_softmax_stats`) for everything else."""
+    """The whole ``[c, vocab]`` logits of a chunk: normalizer, top-k, sets and ranks (and the
+    token energy, given the unembedding's centre, :func:`_vocab_centre`, and plain logits).
+    Past the unembedding GEMM, one pass for the top-k (its first value is the row's maximum)
+    and one fused pass (:func:`_softmax_stats`) for everything else."""
     logits = unembed(model, x, W)  # [c, vocab] float32
     top_ids: Tensor | None = None
     if k == 1:  # one max pass gives the top token and the softmax shift
@@ -307,10 +323,13 @@ def _read_full(
         gathered = torch.gather(logits.unsqueeze(1).expand(-1, n_track, -1), 2, ids.clamp_min(0))
         gathered = gathered.masked_fill(ids < 0, float("-inf"))  # [c, s, m]
         set_best = gathered.max(dim=-1).values if ranks else None
-    z, dot, above = _softmax_stats(logits, top, set_best)
+    mean = None if centre is None else x.float() @ centre[0]  # each row's mean logit
+    z, dot, above, sq = _softmax_stats(logits, top, set_best, mean)
     norm = top[:, 0] + z.log()
     out.logsumexp[rows] = norm
     out.entropy[rows] = norm - dot / z
+    if sq is not None and centre is not None and out.energy is not None:
+        out.energy[rows] = (sq / _sq_norm(x) / centre[1]).float()
     if top_ids is not None:
         out.top_ids[rows] = top_ids
         out.top_logprobs[rows] = top_values - norm[:, None]
@@ -345,6 +364,7 @@ def read_logits(
     chunk_rows: int = 64,
     apply_norm: bool = True,
     ranks: bool = True,
+    energy: bool = False,
 ) -> Readout:
     """Read rows of the residual stream through the final norm and unembedding.
 
@@ -360,6 +380,9 @@ def read_logits(
             reproduce the model).
         ranks: compute ``set_rank`` (a comparison over the whole vocabulary per set); with
             ``False`` it is filled with ``-1``.
+        energy: fill ``Readout.energy`` (:func:`token_energy`): from the logits the readout
+            holds anyway where they are plain (``x W_U``: no bias, no output transform), else
+            from the unembedding's Gram matrix.
 
     Returns:
         A :class:`Readout` on the device of ``W_U``.
@@ -378,14 +401,94 @@ def read_logits(
     k = min(top_k, int(model.W_U.shape[1]))
     out = _empty_readout(n, k, token_sets.shape[1], dev)
     W_U32 = model.W_U.detach().float()  # converted once (a no-op for float32 models)
+    centre = None
+    if energy:
+        out.energy = torch.empty(n, device=dev)
+        if (k or ranks) and _live_bias(model) is None and _plain_transform(model, dev):
+            centre = _vocab_centre(model, W_U32)
     with torch.no_grad():
         for rows, x in _row_chunks(model, resid, chunk_rows, apply_norm):
             if not k and not ranks:
                 _read_streamed(model, x, W_U32, token_sets[rows], primary[rows], out, rows)
             else:
                 args = (model, x, W_U32, token_sets[rows], primary[rows], out, rows)
-                _read_full(*args, k=k, ranks=ranks)
+                _read_full(*args, k=k, ranks=ranks, centre=centre)
+            if energy and centre is None:  # a bias, a transform, or the streamed readout
+                out.energy[rows] = _gram_energy(model, W_U32, x)
     return out
+
+
+# --------------------------------------------------------------------------------------
+# Token energy
+# --------------------------------------------------------------------------------------
+
+#: per model: (the key of its ``W_U``, (mean column, ``||Wc||_F^2 / d_model``))
+_CENTRES: weakref.WeakKeyDictionary[Any, tuple[tuple, tuple[Tensor, Tensor]]] = (
+    weakref.WeakKeyDictionary()
+)
+#: per model: (the key of its ``W_U``, the normalised Gram matrix of :func:`_energy_gram`)
+_GRAMS: weakref.WeakKeyDictionary[Any, tuple[tuple, Tensor]] = weakref.WeakKeyDictionary()
+
+
+def _unembed_key(model: Model) -> tuple:
+    """What identifies the model's ``W_U`` now: storage, in-place version, shape, type, device."""
+    W = model.W_U
+    return (W.data_ptr(), getattr(W, "_version", 0), tuple(W.shape), W.dtype, W.device)
+
+
+def _sq_norm(x: Tensor) -> Tensor:
+    return (x.float() * x.float()).sum(-1).clamp_min(1e-30)
+
+
+def _vocab_centre(model: Model, W: Float[Tensor, "d_model vocab"]) -> tuple[Tensor, Tensor]:
+    """The unembedding's mean column ``mu`` (a row's mean logit is ``x . mu``) and
+    ``||Wc||_F^2 / d_model`` with ``Wc = W - mu`` (the token energy's divisor), from the
+    float32 ``W``; memoised per model while its ``W_U`` is unchanged."""
+    key = _unembed_key(model)
+    hit = _CENTRES.get(model)
+    if hit is None or hit[0] != key:
+        with torch.no_grad():
+            mu = W.mean(dim=1)
+            total = torch.zeros((), dtype=torch.float64, device=W.device)
+            for v0 in range(0, W.shape[1], _VOCAB_CHUNK):
+                total += (
+                    (W[:, v0 : v0 + _VOCAB_CHUNK] - mu[:, None]).pow(2).sum(dtype=torch.float64)
+                )
+        hit = (key, (mu, total / W.shape[0]))
+        _CENTRES[model] = hit
+    return hit[1]
+
+
+def _energy_gram(model: Model, W: Float[Tensor, "d_model vocab"]) -> Tensor:
+    """``Wc Wc^T / (tr(Wc Wc^T) / d)`` with ``Wc`` the float32 unembedding ``W`` centred over
+    the vocabulary; memoised per model while its ``W_U`` is unchanged."""
+    key = _unembed_key(model)
+    hit = _GRAMS.get(model)
+    if hit is None or hit[0] != key:
+        with torch.no_grad():
+            Wc = W - W.mean(dim=1, keepdim=True)
+            G = Wc @ Wc.T
+        hit = (key, G / (torch.trace(G) / G.shape[0]))
+        _GRAMS[model] = hit
+    return hit[1]
+
+
+def _gram_energy(model: Model, W: Tensor, x: Tensor) -> Tensor:
+    """The token energy of already-normalised rows ``x`` from the Gram matrix."""
+    xf = x.float()
+    return ((xf @ _energy_gram(model, W)) * xf).sum(-1) / _sq_norm(xf)
+
+
+def token_energy(model: Model, rows: Float[Tensor, "row d_model"]) -> Float[Tensor, " row"]:
+    """Token energy of decoded rows (after the final norm), in the spirit of Wendler et al.
+    (2024): the squared norm of the row's projection on the vocabulary-centred unembedding,
+    ``||Wc^T x||^2 / ||x||^2``, divided by its expected value for a random direction
+    (``||Wc||_F^2 / d``). 1 = no more aligned with token directions than chance; high =
+    the row points where the unembedding reads tokens. ``read_logits(..., energy=True)``
+    gives the same numbers beside the other readouts, mostly without this Gram matrix."""
+    with torch.no_grad():
+        x = apply_final_norm(model, rows.to(model.W_U.device))
+        return _gram_energy(model, model.W_U.detach().float(), x)
 
 
 def token_logprobs(

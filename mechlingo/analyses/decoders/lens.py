@@ -46,7 +46,7 @@ from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import answer_tokens, encode, pack_token_sets, sorted_batches
 from mechlingo.core.types import Model
 from mechlingo.data import load_facts
-from mechlingo.kernels.readout import Readout, apply_final_norm, read_logits
+from mechlingo.kernels.readout import Readout, read_logits, token_energy
 from mechlingo.viz.lens import latent_curves_figure, lens_heatmap, token_grid_figure
 
 if TYPE_CHECKING:
@@ -332,7 +332,7 @@ class _LensReads:
             torch.empty(n_e, n_p, **f),
         )
 
-    def put(self, rows: list[int], r: Readout, energy: Tensor) -> None:
+    def put(self, rows: list[int], r: Readout) -> None:
         """Store the readout of ``[entry, row]``-ordered rows for prompts ``rows``."""
         n_e, _, n_t = self.logprob.shape
         shape, top = (n_e, len(rows), n_t), (n_e, len(rows), self.top_ids.shape[-1])
@@ -343,7 +343,8 @@ class _LensReads:
         self.top_ids[:, idx] = r.top_ids.reshape(top)
         self.top_lp[:, idx] = r.top_logprobs.reshape(top)
         self.entropy[:, idx] = r.entropy.reshape(n_e, len(rows))
-        self.energy[:, idx] = energy.reshape(n_e, len(rows)).to(self.energy.device)
+        assert r.energy is not None, "the lens reads with energy=True"
+        self.energy[:, idx] = r.energy.reshape(n_e, len(rows))
 
     def cpu(self) -> _LensReads:
         """One copy to the host at the end, not one per batch."""
@@ -359,38 +360,6 @@ def _top_tokens(model: Model, top_ids: Int[Tensor, "entry prompt k"]) -> list[li
         [decoded[(li * n_p + p) * k : (li * n_p + p + 1) * k] for p in range(n_p)]
         for li in range(n_e)
     ]
-
-
-_ENERGY_GRAM: dict[tuple, Tensor] = {}
-
-
-def _energy_gram(model: Model) -> Tensor:
-    """``Wc Wc^T / (tr(Wc Wc^T) / d)`` with ``Wc`` the unembedding centred over the
-    vocabulary, memoised per unembedding storage and version."""
-    W = model.W_U
-    key = (id(model), W.data_ptr(), getattr(W, "_version", 0), tuple(W.shape), str(W.device))
-    hit = _ENERGY_GRAM.get(key)
-    if hit is None:
-        with torch.no_grad():
-            Wc = W.detach().float()
-            Wc = Wc - Wc.mean(dim=1, keepdim=True)
-            G = Wc @ Wc.T
-            hit = G / (torch.trace(G) / G.shape[0])
-        _ENERGY_GRAM.clear()
-        _ENERGY_GRAM[key] = hit
-    return hit
-
-
-def token_energy(model: Model, rows: Float[Tensor, "row d_model"]) -> Float[Tensor, " row"]:
-    """Token energy of decoded rows (after the final norm), in the spirit of Wendler et al.
-    (2024): the squared norm of the row's projection on the vocabulary-centred unembedding,
-    ``||Wc^T x||^2 / ||x||^2``, divided by its expected value for a random direction
-    (``||Wc||_F^2 / d``). 1 = no more aligned with token directions than chance; high =
-    the row points where the unembedding reads tokens."""
-    with torch.no_grad():
-        x = apply_final_norm(model, rows.to(model.W_U.device)).float()
-        G = _energy_gram(model)
-        return ((x @ G) * x).sum(-1) / (x * x).sum(-1).clamp_min(1e-30)
 
 
 class LensRunArgs(TypedDict, total=False):
@@ -596,16 +565,15 @@ def _last_token_reads(
             flat = decoded.flatten(0, 1)  # [entry * b, d_model]
             ids_rows = all_ids[rows].repeat(n_e, 1, 1)
             prim_rows = all_primary[rows].repeat(n_e, 1)
-            r = read_logits(
-                model, flat, ids_rows, prim_rows, top_k=top_k, chunk_rows=run.chunk_rows
-            )
+            r = read_logits(model, flat, ids_rows, prim_rows, top_k=top_k,
+                            chunk_rows=run.chunk_rows, energy=True)  # fmt: skip
             langs_b = [langs[i] for i in rows]
             gen = None
             if generate:
                 gen = decoder.generate(model, entries, stack, langs_b)  # type: ignore[attr-defined]
-            done.append((rows, r, token_energy(model, flat), gen))
-    for rows, r, energy, gen in gather_lists(done) if sharded else done:
-        reads.put(rows, r, energy)
+            done.append((rows, r, gen))
+    for rows, r, gen in gather_lists(done) if sharded else done:
+        reads.put(rows, r)
         for e in range(n_e if gen is not None else 0):
             for j, i in enumerate(rows):
                 continuations[e][i] = gen[e][j]
