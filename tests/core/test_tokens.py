@@ -176,3 +176,24 @@ def test_steering_vector_build_reads_the_chat_prompts(chat_model):
         rows.append(cache["blocks.1.hook_resid_pre"][0, -1].double())
     torch.testing.assert_close(wrapped[-1], torch.stack(rows).mean(0), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(wrapped, plain)
+
+
+def test_gc_pause_restores_the_collector_also_after_an_error():
+    """The vocabulary index is built with the cyclic collector paused; it is on again after
+    the block (also when the block raised), and stays off where the caller had turned it off."""
+    import gc
+
+    from mechlingo.core.tokens import _gc_paused
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), _gc_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("boom")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with _gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
