@@ -40,7 +40,9 @@ def fork_call(
     stdout and stderr written to ``log``. Returns the child's exit code (``fn``'s int, 0 for
     ``None``, 1 for an exception, whose traceback goes to the log) or minus the signal that
     ended it. The child leads its own process group, which is killed, with whatever it
-    started, when it runs past ``timeout`` seconds (then :class:`TimeoutError`)."""
+    started, when it runs past ``timeout`` seconds (then :class:`TimeoutError`). torch, where
+    imported, runs on one thread in the child: a pool of the parent's OpenMP threads would
+    hang it, since those threads do not exist there."""
     with warnings.catch_warnings():  # Python 3.12+ warns of fork in a threaded process
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
@@ -53,6 +55,8 @@ def fork_call(
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
+            if "torch" in sys.modules:  # the parent's OpenMP threads are not forked
+                sys.modules["torch"].set_num_threads(1)
             fh = open(log, "w", encoding="utf-8")  # noqa: SIM115 - the child ends by _exit
             os.dup2(fh.fileno(), 1)
             os.dup2(fh.fileno(), 2)

@@ -3,7 +3,7 @@
 A table of bad command lines (run in-process through :func:`mechlingo.cli.main` on the tiny
 test model) and bad library calls. Every CLI case asserts the exit status, a fragment of the
 one-line message, no traceback, and that the working folder (``--out`` included) and the model
-cache are byte-for-byte untouched. Kill tests SIGKILL a subprocess in the middle of an artifact
+cache are byte-for-byte untouched. Kill tests SIGKILL a forked child in the middle of an artifact
 write and check that the old folder is intact and the leftovers are cleaned up at the next
 start. The reproductions of reported bugs are marked ``reported-`` in their ids.
 """
@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from mechlingo.cli import main
+from tests.forks import fork_call
 
 CPU_ONLY = (pytest.mark.skipif(torch.cuda.is_available(), reason="needs CPU-only torch"),)
 
@@ -1102,15 +1103,19 @@ def test_issue14_steering_last_on_right_padded_batch(tiny):
 # --------------------------------------------------------------------------------------
 
 
-def _killed(code: str, env_kill: str, cwd: Path, extra_env: dict | None = None) -> None:
-    env = dict(
-        os.environ, MECHLINGO_TEST_KILL_AT=env_kill, OMP_NUM_THREADS="1", **(extra_env or {})
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=env, capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+def _killed(code: str, env_kill: str, cwd: Path) -> None:
+    """Run ``code`` as a script in ``cwd`` in a forked child of the test process, which must
+    die by SIGKILL at the kill point ``env_kill``. The child is killed as a new interpreter
+    would be (its files stay as the kill left them), without importing the package and its
+    libraries again; its output goes to a log beside ``cwd``."""
+    log = cwd.parent / f"{cwd.name}-killed.log"
+
+    def run() -> None:
+        os.chdir(cwd)
+        exec(compile(textwrap.dedent(code), "<killed>", "exec"), {"__name__": "__main__"})
+
+    code_ = fork_call(run, log, {"MECHLINGO_TEST_KILL_AT": env_kill}, timeout=300)
+    assert code_ == -signal.SIGKILL, log.read_text()[-3000:]
 
 
 _WRITE = """

@@ -75,6 +75,26 @@ def test_a_timeout_kills_the_child_and_what_it_started(tmp_path):
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+def test_torch_in_a_child_of_a_multithreaded_parent(tmp_path):
+    """A parent that ran torch on two threads (pytest without workers does) forks a child that
+    runs torch again: the child finishes, on one thread, where the parent's thread pool, which
+    does not exist in the child, would hang it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        a = torch.randn(512, 512)
+        (a @ a).sum()  # the parent's pool is started
+
+        def child() -> int:
+            b = torch.randn(512, 512)
+            assert bool(torch.isfinite(b @ b).all())
+            return torch.get_num_threads()
+
+        assert fork_call(child, tmp_path / "log", timeout=60) == 1
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_torchrun_forks_ranks_with_the_launchers_environment(tmp_path):
     """Each rank sees torchrun's variables (its rank, a world of 2, one thread), joins the
     process group and all-reduces; a failing rank fails the launch."""
