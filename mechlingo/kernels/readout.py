@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from jaxtyping import Float, Int
@@ -27,6 +27,8 @@ from torch import Tensor
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 from mechlingo.kernels.argmax import Screen, bf16_supported, build_screen, screened_argmax
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -176,12 +178,7 @@ def _screen(model: Model, W: Tensor) -> Screen | None:
         return None
     if not _plain_transform(model, W.device):
         return None  # a soft-cap or other transform: ties could appear after it
-    key = _unembed_key(model)
-    hit = _SCREENS.get(model)
-    if hit is None or hit[0] != key:
-        hit = (key, build_screen(W))
-        _SCREENS[model] = hit
-    return hit[1]
+    return _per_unembedding(_SCREENS, model, lambda: build_screen(W))
 
 
 def greedy_next(model: Model, resid: Float[Tensor, "row d_model"]) -> Int[Tensor, " row"]:
@@ -436,6 +433,17 @@ def _unembed_key(model: Model) -> tuple:
     return (W.data_ptr(), getattr(W, "_version", 0), tuple(W.shape), W.dtype, W.device)
 
 
+def _per_unembedding(table: weakref.WeakKeyDictionary, model: Model, build: Callable[[], T]) -> T:
+    """``build()``, kept in ``table`` for ``model`` until its ``W_U`` changes (new storage,
+    in-place edit, other device: :func:`_unembed_key`)."""
+    key = _unembed_key(model)
+    hit = table.get(model)
+    if hit is None or hit[0] != key:
+        hit = (key, build())
+        table[model] = hit
+    return hit[1]
+
+
 def _sq_norm(x: Tensor) -> Tensor:
     return (x.float() * x.float()).sum(-1).clamp_min(1e-30)
 
@@ -444,9 +452,8 @@ def _vocab_centre(model: Model, W: Float[Tensor, "d_model vocab"]) -> tuple[Tens
     """The unembedding's mean column ``mu`` (a row's mean logit is ``x . mu``) and
     ``||Wc||_F^2 / d_model`` with ``Wc = W - mu`` (the token energy's divisor), from the
     float32 ``W``; memoised per model while its ``W_U`` is unchanged."""
-    key = _unembed_key(model)
-    hit = _CENTRES.get(model)
-    if hit is None or hit[0] != key:
+
+    def build() -> tuple[Tensor, Tensor]:
         with torch.no_grad():
             mu = W.mean(dim=1)
             total = torch.zeros((), dtype=torch.float64, device=W.device)
@@ -454,23 +461,22 @@ def _vocab_centre(model: Model, W: Float[Tensor, "d_model vocab"]) -> tuple[Tens
                 total += (
                     (W[:, v0 : v0 + _VOCAB_CHUNK] - mu[:, None]).pow(2).sum(dtype=torch.float64)
                 )
-        hit = (key, (mu, total / W.shape[0]))
-        _CENTRES[model] = hit
-    return hit[1]
+        return mu, total / W.shape[0]
+
+    return _per_unembedding(_CENTRES, model, build)
 
 
 def _energy_gram(model: Model, W: Float[Tensor, "d_model vocab"]) -> Tensor:
     """``Wc Wc^T / (tr(Wc Wc^T) / d)`` with ``Wc`` the float32 unembedding ``W`` centred over
     the vocabulary; memoised per model while its ``W_U`` is unchanged."""
-    key = _unembed_key(model)
-    hit = _GRAMS.get(model)
-    if hit is None or hit[0] != key:
+
+    def build() -> Tensor:
         with torch.no_grad():
             Wc = W - W.mean(dim=1, keepdim=True)
             G = Wc @ Wc.T
-        hit = (key, G / (torch.trace(G) / G.shape[0]))
-        _GRAMS[model] = hit
-    return hit[1]
+        return G / (torch.trace(G) / G.shape[0])
+
+    return _per_unembedding(_GRAMS, model, build)
 
 
 def _gram_energy(model: Model, W: Tensor, x: Tensor) -> Tensor:
