@@ -67,18 +67,24 @@ def build(out: Path) -> list[str]:
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
-def execute_notebook(path: Path, workdir: Path, timeout: int = 1800):
+def execute_notebook(path: Path, workdir: Path, timeout: int = 1800, kernel_manager=None):
     """``path`` run top to bottom in a fresh ``python3`` kernel in ``workdir``; the notebook
     with its outputs (raises ``CellExecutionError`` naming the failing cell). Figures come out
-    both as plotly JSON and as HTML (``PLOTLY_RENDERER``), for the tests and the pages."""
+    both as plotly JSON and as HTML (``PLOTLY_RENDERER``), for the tests and the pages.
+    ``kernel_manager``: a jupyter_client kernel manager class other than the default."""
     import nbformat
     from nbclient import NotebookClient
 
     os.environ["PLOTLY_RENDERER"] = "plotly_mimetype+notebook"
     os.environ.setdefault("MECHLINGO_NB_OUT", str(workdir))
     nb = nbformat.read(path, as_version=4)
+    more = {} if kernel_manager is None else {"kernel_manager_class": kernel_manager}
     client = NotebookClient(
-        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(workdir)}}
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(workdir)}},
+        **more,
     )
     client.execute()
     return nb

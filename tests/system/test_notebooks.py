@@ -1,9 +1,10 @@
 """Every notebook runs top to bottom on the embedded model (at :data:`TEST_LIMIT` facts per
-language, half the committed run's limit, via MECHLINGO_NB_LIMIT), renders to the HTML page ``make docs`` publishes (outputs and figures
-included), and is committed with the outputs of such a run: a re-execution gives the same
-output types and figure titles per cell (numbers excluded: they are masked in the titles, and
-text outputs are compared by type only). The notebooks use the public API; what the
-committed outputs may hold: tests/system/test_notebook_outputs.py."""
+language, a third of the committed run's limit, via MECHLINGO_NB_LIMIT) in a kernel forked
+from a warm interpreter (:mod:`tests.notebook_kernels`), renders to the HTML page ``make docs``
+publishes (outputs and figures included), and is committed with the outputs of such a run: a
+re-execution gives the same output types and figure titles per cell (numbers excluded: they
+are masked in the titles, and text outputs are compared by type only). The notebooks use the
+public API; what the committed outputs may hold: tests/system/test_notebook_outputs.py."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.notebook_kernels import ForkedKernelManager
 from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-#: the limit the test runs each notebook at: half the committed run's (6), where every cell
-#: still gives the committed run's output types and figure titles
-TEST_LIMIT = "3"
+#: the limit the test runs each notebook at: a third of the committed run's (6), where every
+#: cell still gives the committed run's output types and figure titles
+TEST_LIMIT = "2"
 
 
 def _code(path: Path) -> str:
@@ -59,7 +61,9 @@ def test_notebook_runs_and_renders(path, monkeypatch, tmp_path):
     docs, nbo = load_script("build_docs"), load_script("notebook_outputs")
     monkeypatch.setenv("MECHLINGO_NB_LIMIT", os.environ.get("MECHLINGO_NB_LIMIT", TEST_LIMIT))
     monkeypatch.setenv("MECHLINGO_NB_OUT", str(tmp_path))
-    nb = docs.execute_notebook(path, tmp_path, timeout=900)  # raises naming a failing cell
+    # a kernel forked from a warm interpreter (tests/notebook_kernels.py); raises naming a
+    # failing cell
+    nb = docs.execute_notebook(path, tmp_path, timeout=900, kernel_manager=ForkedKernelManager)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     figures = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
@@ -70,3 +74,29 @@ def test_notebook_runs_and_renders(path, monkeypatch, tmp_path):
         assert "plotly-graph-div" in page and "Plotly.newPlot" in page
     committed = nbformat.read(path, as_version=4)
     assert nbo.signature(nbo.strip(nb, str(tmp_path))) == nbo.signature(committed)
+
+
+def test_a_forked_kernel_starts_clean(tmp_path, monkeypatch):
+    """The forked kernel has the folder and environment jupyter_client asked for, its own
+    process, torch on the asked thread count and plotly on the asked renderer, and nothing of
+    the test process: no shape-check hook, no test module."""
+    import nbformat
+
+    docs = load_script("build_docs")
+    monkeypatch.setenv("MECHLINGO_KERNEL_PROBE", "yes")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    probe = (
+        "import os, sys, json, torch, plotly.io\n"
+        "print(json.dumps([os.getcwd(), os.environ.get('MECHLINGO_KERNEL_PROBE'), os.getpid(),\n"
+        "    torch.get_num_threads(), plotly.io.renderers.default,\n"
+        "    sorted(m for m in sys.modules if m.startswith('tests')),\n"
+        "    [type(f).__module__ for f in sys.meta_path]]))"
+    )
+    path = tmp_path / "probe.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(probe)]), path)
+    nb = docs.execute_notebook(path, tmp_path, timeout=300, kernel_manager=ForkedKernelManager)
+    cwd, env, pid, threads, renderer, tests, finders = json.loads(nb.cells[0].outputs[0]["text"])
+    assert (cwd, env, threads) == (str(tmp_path), "yes", 1)
+    assert pid != os.getpid() and renderer == "plotly_mimetype+notebook"
+    assert tests in ([], ["tests", "tests.notebook_kernels"]), tests  # the fork's own target
+    assert not [f for f in finders if "jaxtyping" in f], finders
