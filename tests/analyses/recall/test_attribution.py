@@ -54,7 +54,9 @@ def _reference_metric(model, tokens, ids, hooks=(), early=False):
 def _exact_interpolated(model, src, tgt, sweep, metric, eps, early=False):
     """Reference, independent of mechlingo's patching code: for every cell of ``sweep``, run
     the target with the activation at that cell moved to ``target + eps (source - target)``
-    (TransformerLens caches and hooks) and read the metric; ``[cell, example]``."""
+    (TransformerLens caches and hooks) and read the metric; ``[cell, example]``. The cells
+    run as the rows of one batch (cell ``r``, example ``b`` is row ``r * B + b``): rows do not
+    interact, and each hook moves only its own cells' rows."""
     ids = [list(s[0].ids) for s in metric.sets]
     names = {(c.site, c.layer) for c in sweep.cells}
     hook = {
@@ -63,33 +65,41 @@ def _exact_interpolated(model, src, tgt, sweep, metric, eps, early=False):
     want = set(hook.values())
     _, s_cache = model.run_with_cache(src.tokens, names_filter=lambda n: n in want)
     _, t_cache = model.run_with_cache(tgt.tokens, names_filter=lambda n: n in want)
-    out = []
-    for c in sweep.cells:
+    n_ex = tgt.tokens.shape[0]
+    moves: dict[str, list] = {}
+    for r, c in enumerate(sweep.cells):
         name = hook[(c.site, c.layer)]
         p = int(sweep.target_positions[c.position, 0])  # same-shape pair: one position
         s, t = s_cache[name][:, p], t_cache[name][:, p]
-        new = t + eps * (s - t)
-
-        def setter(act, hook, p=p, new=new, h=c.head):
-            act = act.clone()
-            if h >= 0:
-                act[:, p, h] = new[:, h]
-            else:
-                act[:, p] = new
-            return act
-
-        def through_attn_out(act, hook, p=p, d=eps * (s - t)):
-            act = act.clone()
-            act[:, p] += d  # the residual after attention moves by d, the MLP sees it too
-            return act
-
-        # resid_mid is the residual between attention and MLP: on the bridge its hook is only
-        # the MLP's input, so the reference moves the residual through attn_out instead
-        hooks = [(name, setter)]
+        rows = slice(r * n_ex, (r + 1) * n_ex)
         if c.site == "resid_mid":
-            hooks = [(resolve_site(model, "attn_out", c.layer).hook_name, through_attn_out)]
-        out.append(_reference_metric(model, tgt.tokens, ids, hooks, early=early))
-    return torch.stack(out)
+            # resid_mid is the residual between attention and MLP: on the bridge its hook is
+            # only the MLP's input, so the reference moves the residual through attn_out
+            # instead (the MLP sees the move too)
+            at = resolve_site(model, "attn_out", c.layer).hook_name
+            moves.setdefault(at, []).append(("add", rows, p, eps * (s - t), -1))
+        else:
+            moves.setdefault(name, []).append(("set", rows, p, t + eps * (s - t), c.head))
+
+    def mover(todo):
+        def move(act, hook):
+            act = act.clone()
+            for kind, rows, p, value, h in todo:
+                if kind == "add":
+                    act[rows, p] += value
+                elif h >= 0:
+                    act[rows, p, h] = value[:, h]
+                else:
+                    act[rows, p] = value
+            return act
+
+        return move
+
+    hooks = [(name, mover(todo)) for name, todo in moves.items()]
+    n_cells = len(sweep.cells)
+    tokens = tgt.tokens.repeat(n_cells, 1)
+    got = _reference_metric(model, tokens, ids * n_cells, hooks, early=early)
+    return got.view(n_cells, n_ex)
 
 
 @pytest.fixture(scope="module")
