@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -42,7 +43,8 @@ def fork_call(
     ended it. The child leads its own process group, which is killed, with whatever it
     started, when it runs past ``timeout`` seconds (then :class:`TimeoutError`). torch, where
     imported, runs on one thread in the child: a pool of the parent's OpenMP threads would
-    hang it, since those threads do not exist there."""
+    hang it, since those threads do not exist there. Its temporary folder follows its
+    environment (``TMPDIR``), as a new interpreter's would, not the parent's cached one."""
     with warnings.catch_warnings():  # Python 3.12+ warns of fork in a threaded process
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
@@ -55,6 +57,7 @@ def fork_call(
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
+            tempfile.tempdir = None  # read from the environment again
             if "torch" in sys.modules:  # the parent's OpenMP threads are not forked
                 sys.modules["torch"].set_num_threads(1)
             fh = open(log, "w", encoding="utf-8")  # noqa: SIM115 - the child ends by _exit
@@ -101,8 +104,10 @@ def torchrun(
 
     ``args``: what follows the launcher's options, ``["-m", "mechlingo.cli", ...]`` (run as
     the package's ``cli/__main__.py``) or a script's path and its arguments. ``WORLD_SIZE``
-    and the like of an enclosing launch are removed, ``OMP_NUM_THREADS`` is 1 unless ``env``
-    says otherwise. Returns the launcher's exit code and the log as ``stdout``."""
+    and the like of an enclosing launch are removed, ``OMP_NUM_THREADS`` is 1 and ``TMPDIR``
+    a folder beside the log (where the launcher leaves its ``torchelastic_*`` folders and a
+    killed rank its temporary files) unless ``env`` says otherwise. Returns the launcher's
+    exit code and the log as ``stdout``."""
     from torch.distributed import run
 
     args = list(args)
@@ -113,8 +118,10 @@ def torchrun(
     launcher = ["--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1", "--master_port",
                 str(free_port()), "--start-method", "fork", "--run-path"]  # fmt: skip
     outer = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    tmp = log.parent / f"{log.stem}-tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
     full_env: dict[str, str | None] = {**dict.fromkeys(outer), "OMP_NUM_THREADS": "1"}
-    full_env.update(env or {})
+    full_env.update({"TMPDIR": str(tmp), **(env or {})})
 
     def launch() -> None:
         import torch

@@ -334,9 +334,11 @@ def _kill_and_rerun(argv: list[str], tmp_path: Path, monkeypatch, seed: str) -> 
     assert computed, "the command kept no stage"
     assert not (tmp_path / ".full.work").exists()  # removed once --out is written
     n = random.Random(seed).randint(1, len(computed))
-    env = {"MECHLINGO_TEST_KILL_STAGE": str(n), "MECHLINGO_STAGE_LOG": str(tmp_path / "killed.log")}
+    (tmp_path / "tmp").mkdir()
+    env = {"MECHLINGO_TEST_KILL_STAGE": str(n), "MECHLINGO_STAGE_LOG": str(tmp_path / "killed.log"),
+           "TMPDIR": str(tmp_path / "tmp")}  # fmt: skip
     # a forked child is killed as a new interpreter would be (its files stay as the kill left
-    # them) without importing the package and its libraries again
+    # them, its temporary ones in tmp/) without importing the package and its libraries again
     code = fork_call(
         lambda: main([*argv, "--out", str(tmp_path / "b")]), tmp_path / "killed.out", env
     )

@@ -275,7 +275,8 @@ def test_experts_command_under_torchrun_equals_one_process(tiny_dir, tmp_path):
     args = ["experts", "--model", str(tiny_dir), "--target", "es", "--k", "4", "--parallel",
             str(data), "--langs", "en,es,fr", "--no-curve", "--quiet"]  # fmt: skip
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    (tmp_path / "tmp").mkdir()  # where the launcher leaves its torchelastic_* folder
+    env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path / "tmp"))
     env.pop("WORLD_SIZE", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),

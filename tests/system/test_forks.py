@@ -47,6 +47,20 @@ def test_environment_and_output_stay_in_the_child(tmp_path, monkeypatch):
     assert "MECHLINGO_FORK_SET" not in os.environ and os.environ["MECHLINGO_FORK_GONE"] == "here"
 
 
+def test_the_childs_temporary_folder_follows_its_environment(tmp_path):
+    """``TMPDIR`` given to the child is where its ``tempfile`` writes (the parent's folder is
+    cached in ``tempfile.tempdir`` once read), and the parent's stays as it was."""
+    import tempfile
+
+    before = tempfile.gettempdir()
+    mine = tmp_path / "tmp"
+    mine.mkdir()
+    log = tmp_path / "child.log"
+    assert fork_call(lambda: print(tempfile.mkdtemp(prefix="x-")), log, {"TMPDIR": str(mine)}) == 0
+    assert Path(log.read_text().strip()).parent == mine
+    assert tempfile.gettempdir() == before
+
+
 def test_a_timeout_kills_the_child_and_what_it_started(tmp_path):
     """The child and its own child sleep; past the timeout both are gone."""
     pids = tmp_path / "pids"
