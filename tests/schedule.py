@@ -17,11 +17,12 @@ from xdist.scheduler import LoadScopeScheduling
 
 #: CPU seconds of the longest modules, measured per test (setup + call + teardown, child
 #: processes included) in two runs of the whole suite (2026-12-06), averaged and rounded;
-#: the five modules whose torchrun launches are forked (:mod:`tests.forks`) measured again
-#: after that change
+#: the five modules whose torchrun launches are forked (:mod:`tests.forks`), the notebooks
+#: (kernels forked, :mod:`tests.notebook_kernels`) and attribution (its reference batched)
+#: measured again after those changes
 SECONDS: dict[str, float] = {
-    "tests/system/test_notebooks.py": 121,
     "tests/card/test_replicate.py": 98,
+    "tests/system/test_notebooks.py": 95,
     "tests/activations/test_prefix.py": 53,
     "tests/system/test_demo_figures.py": 47,
     "tests/cli/test_work.py": 41,
@@ -29,11 +30,11 @@ SECONDS: dict[str, float] = {
     "tests/system/test_docs.py": 39,
     "tests/core/test_families.py": 38,
     "tests/system/test_packaging.py": 34,
-    "tests/analyses/recall/test_attribution.py": 32,
     "tests/activations/test_decoding.py": 28,
     "tests/system/test_bad_inputs.py": 28,
     "tests/analyses/recall/patching/test_passes.py": 25,
     "tests/analyses/recall/test_steer_eval.py": 22,
+    "tests/analyses/recall/test_attribution.py": 21,
     "tests/analyses/decoders/test_tuned_lens_interop.py": 21,
     "tests/system/test_distributed.py": 19,
     "tests/scoring/test_scorers.py": 15,
