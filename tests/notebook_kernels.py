@@ -5,9 +5,9 @@ torch, TransformerLens and the package before its first cell computes anything. 
 fork server (:mod:`multiprocessing`'s, one per test process) imports them once, in a new
 interpreter that never ran a test (no shape-check hook, no fixture, no patched module), and
 each kernel is a fork of it: the real ipykernel on the connection file jupyter_client wrote,
-with the environment and folder jupyter_client asked for. What a module reads from the
-environment when it is imported is set again in the kernel (plotly's renderer, torch's
-thread count). ``make docs`` and ``make notebooks`` still start plain kernels.
+with the environment, folder and module path (``sys.path``) of a new interpreter. What a
+module reads from the environment when it is imported is set again in the kernel (plotly's
+renderer, torch's thread count, ipykernel's parent). ``make docs`` and ``make notebooks`` still start plain kernels.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import re
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,30 +57,43 @@ def notebook_imports(folder: Path = ROOT / "notebooks") -> list[str]:
 _CONTEXT: list[Any] = []
 
 
-def _context() -> Any:
-    """The fork server's context, its preload list set before it first starts."""
+def _context() -> tuple[Any, list[str]]:
+    """The fork server's context, its preload list set before it first starts, and the
+    module path of a new interpreter (the fork server has the test process's, which pytest
+    extended with the checkout)."""
     if not _CONTEXT:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload([*_PRELOAD, *notebook_imports()])
-        _CONTEXT.append(ctx)
-    return _CONTEXT[0]
+        fresh = subprocess.run(
+            [sys.executable, "-c", "import json, sys; print(json.dumps(sys.path))"],
+            capture_output=True, text=True, check=True, cwd=ROOT.parent,
+        )  # fmt: skip
+        _CONTEXT.extend([ctx, [p for p in json.loads(fresh.stdout) if p]])
+    return _CONTEXT[0], _CONTEXT[1]
 
 
-def _serve(args: list[str], env: dict[str, str], cwd: str) -> None:
-    """In the forked kernel: the environment and folder asked for, then ipykernel's app."""
+def _serve(args: list[str], env: dict[str, str], cwd: str, path: list[str]) -> None:
+    """In the forked kernel: the environment, folder and module path asked for, then
+    ipykernel's app."""
+    os.setsid()  # its own session and process group, as jupyter_client's launcher starts it
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
+    sys.path[:] = path
     torch = sys.modules.get("torch")
     if torch is not None and env.get("OMP_NUM_THREADS", "").isdigit():
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     pio = sys.modules.get("plotly.io")
     if pio is not None and env.get("PLOTLY_RENDERER"):
         pio.renderers.default = env["PLOTLY_RENDERER"]
-    sys.argv = ["ipykernel_launcher", *args]
+    # ipykernel reads its parent's pid from the environment when it is imported
+    parent = (
+        [f"--IPKernelApp.parent_handle={env['JPY_PARENT_PID']}"] if "JPY_PARENT_PID" in env else []
+    )
+    sys.argv = ["ipykernel_launcher", *args, *parent]
     from ipykernel import kernelapp
 
-    kernelapp.launch_new_instance(argv=args)
+    kernelapp.launch_new_instance(argv=[*args, *parent])
 
 
 class _KernelProcess:
@@ -112,16 +126,18 @@ class _KernelProcess:
 class ForkedKernelManager(AsyncKernelManager):
     """An ``AsyncKernelManager`` whose ``ipykernel_launcher`` kernel is forked from the warm
     fork server instead of started as a new interpreter (``NotebookClient``'s
-    ``kernel_manager_class``). Signals go to the kernel alone (it shares the fork server's
-    process group)."""
+    ``kernel_manager_class``). Signals go to the kernel's own process."""
 
     async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
         if "ipykernel_launcher" not in kernel_cmd:
             raise ValueError(f"not an ipykernel command: {kernel_cmd}")
         args = kernel_cmd[kernel_cmd.index("ipykernel_launcher") + 1 :]
         env = {str(k): str(v) for k, v in (kw.get("env") or os.environ).items()}
+        if not kw.get("independent"):  # as jupyter_client's launcher sets it
+            env["JPY_PARENT_PID"] = str(os.getpid())
         cwd = str(kw.get("cwd") or os.getcwd())
-        proc = _context().Process(target=_serve, args=(args, env, cwd), daemon=True)
+        ctx, path = _context()
+        proc = ctx.Process(target=_serve, args=(args, env, cwd, path), daemon=True)
         proc.start()
         prov: Any = self.provisioner
         prov.process = _KernelProcess(proc)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.notebook_kernels import ForkedKernelManager
+from tests.notebook_kernels import ForkedKernelManager, _context
 from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,10 +76,11 @@ def test_notebook_runs_and_renders(path, monkeypatch, tmp_path):
     assert nbo.signature(nbo.strip(nb, str(tmp_path))) == nbo.signature(committed)
 
 
-def test_a_forked_kernel_starts_clean(tmp_path, monkeypatch):
-    """The forked kernel has the folder and environment jupyter_client asked for, its own
-    process, torch on the asked thread count and plotly on the asked renderer, and nothing of
-    the test process: no shape-check hook, no test module."""
+def test_a_forked_kernel_starts_clean(tmp_path, monkeypatch, capfd):
+    """The forked kernel has the folder and environment jupyter_client asked for, a new
+    interpreter's module path (the checkout is not on it: a notebook cannot import tests/ or
+    scripts/), torch on the asked thread count and plotly on the asked renderer, and nothing
+    of the test process: no shape-check hook, no test module."""
     import nbformat
 
     docs = load_script("build_docs")
@@ -90,13 +91,16 @@ def test_a_forked_kernel_starts_clean(tmp_path, monkeypatch):
         "print(json.dumps([os.getcwd(), os.environ.get('MECHLINGO_KERNEL_PROBE'), os.getpid(),\n"
         "    torch.get_num_threads(), plotly.io.renderers.default,\n"
         "    sorted(m for m in sys.modules if m.startswith('tests')),\n"
-        "    [type(f).__module__ for f in sys.meta_path]]))"
+        "    [type(f).__module__ for f in sys.meta_path], sys.path]))"
     )
     path = tmp_path / "probe.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(probe)]), path)
     nb = docs.execute_notebook(path, tmp_path, timeout=300, kernel_manager=ForkedKernelManager)
-    cwd, env, pid, threads, renderer, tests, finders = json.loads(nb.cells[0].outputs[0]["text"])
+    got = json.loads(nb.cells[0].outputs[0]["text"])
+    cwd, env, pid, threads, renderer, tests, finders, path = got
+    assert "Ctrl-C will not work" not in capfd.readouterr().out  # it knows its parent
     assert (cwd, env, threads) == (str(tmp_path), "yes", 1)
     assert pid != os.getpid() and renderer == "plotly_mimetype+notebook"
     assert tests in ([], ["tests", "tests.notebook_kernels"]), tests  # the fork's own target
     assert not [f for f in finders if "jaxtyping" in f], finders
+    assert str(ROOT) not in path and [p for p in path if p] == _context()[1], path
