@@ -91,7 +91,7 @@ def _direct(fn: Callable[..., Any]) -> tuple[frozenset[str], tuple[Callable[...,
     glob = getattr(fn, "__globals__", {})
     calls: list[Callable[..., Any]] = []
     for name in sorted(names & set(glob)):
-        obj = glob[name]
+        obj = getattr(glob[name], "__wrapped__", glob[name])  # through functools.cache & co.
         found |= _effects_of_global(obj, attrs)
         if not str(getattr(obj, "__module__", "") or "").startswith("tests"):
             continue

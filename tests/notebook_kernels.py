@@ -12,6 +12,7 @@ renderer, torch's thread count, ipykernel's parent). ``make docs`` and ``make no
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
@@ -54,22 +55,18 @@ def notebook_imports(folder: Path = ROOT / "notebooks") -> list[str]:
     return list(found)
 
 
-_CONTEXT: list[Any] = []
-
-
+@functools.cache
 def _context() -> tuple[Any, list[str]]:
     """The fork server's context, its preload list set before it first starts, and the
     module path of a new interpreter (the fork server has the test process's, which pytest
     extended with the checkout)."""
-    if not _CONTEXT:
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload([*_PRELOAD, *notebook_imports()])
-        fresh = subprocess.run(
-            [sys.executable, "-c", "import json, sys; print(json.dumps(sys.path))"],
-            capture_output=True, text=True, check=True, cwd=ROOT.parent,
-        )  # fmt: skip
-        _CONTEXT.extend([ctx, [p for p in json.loads(fresh.stdout) if p]])
-    return _CONTEXT[0], _CONTEXT[1]
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([*_PRELOAD, *notebook_imports()])
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import json, sys; print(json.dumps(sys.path))"],
+        capture_output=True, text=True, check=True, cwd=ROOT.parent,
+    )  # fmt: skip
+    return ctx, [p for p in json.loads(fresh.stdout) if p]
 
 
 def _serve(args: list[str], env: dict[str, str], cwd: str, path: list[str]) -> None:

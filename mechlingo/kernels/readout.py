@@ -467,14 +467,15 @@ def _vocab_centre(model: Model, W: Float[Tensor, "d_model vocab"]) -> tuple[Tens
 
 
 def _energy_gram(model: Model, W: Float[Tensor, "d_model vocab"]) -> Tensor:
-    """``Wc Wc^T / (tr(Wc Wc^T) / d)`` with ``Wc`` the float32 unembedding ``W`` centred over
-    the vocabulary; memoised per model while its ``W_U`` is unchanged."""
+    """``Wc Wc^T / (||Wc||_F^2 / d)`` with ``Wc`` the float32 unembedding ``W`` centred over
+    the vocabulary (its centre and divisor: :func:`_vocab_centre`); memoised per model while
+    its ``W_U`` is unchanged."""
 
     def build() -> Tensor:
+        mu, divisor = _vocab_centre(model, W)
         with torch.no_grad():
-            Wc = W - W.mean(dim=1, keepdim=True)
-            G = Wc @ Wc.T
-        return G / (torch.trace(G) / G.shape[0])
+            Wc = W - mu[:, None]
+            return (Wc @ Wc.T) / divisor.float()
 
     return _per_unembedding(_GRAMS, model, build)
 

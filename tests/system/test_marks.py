@@ -3,6 +3,7 @@ functions written here, and the guard that fails a test whose marks are wrong.""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -34,6 +35,16 @@ def _helper_then_spawn() -> None:
     _spawns()
 
 
+@functools.cache
+def _cached_spawn() -> int:
+    _spawns()
+    return 1
+
+
+def _through_a_cache() -> None:
+    _cached_spawn()
+
+
 def _imports_inside() -> None:
     import subprocess as sp
 
@@ -53,6 +64,7 @@ def _pure(x: int) -> int:
     [
         (_spawns, {"subprocess"}),
         (_helper_then_spawn, {"subprocess"}),
+        (_through_a_cache, {"subprocess"}),
         (_imports_inside, {"subprocess"}),
         (_forks, {"subprocess"}),
         (_pure, set()),
