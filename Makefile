@@ -126,8 +126,9 @@ tl3-env:
 tunedlens-env:
 	bash scripts/build_tunedlens_env.sh
 
-# The unit tests without the embedded model, child processes, Chromium or slow tests.
-test-fast: setup
+# The unit tests without the embedded model, child processes, Chromium or slow tests: they
+# need the packages only (no Chromium, no converted model; the tiny models are built offline).
+test-fast: packages
 	$(BIN)/python -m pytest -q -ra --durations=15 -n $(JOBS) --dist loadscope -m "$(FAST)" tests
 
 # Benchmarks only (not part of test): the peers' own environments, .venv-nnterp (nnterp +
