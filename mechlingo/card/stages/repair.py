@@ -426,9 +426,7 @@ def row_consistency(items: Mapping[str, list[dict]], both: str) -> dict[str, Any
                         "language under both conditions")  # fmt: skip
     ids = [k[0] for k in keys]
     if name == "RankC":
-        t = paired_test([pre[k] for k in keys], [post[k] for k in keys], ids)
-        txt = f"RankC with English {np.mean([pre[k] for k in keys]):.3f} -> " \
-              f"{np.mean([post[k] for k in keys]):.3f}"  # fmt: skip
+        return _rankc_net(claim, items, both, keys, pre, post)
     else:
         a = _clc_table(items, both, keys)
         t = cluster_bootstrap(a, ids, clc_excess, method="CLC (Jaccard with English) after "
@@ -438,6 +436,31 @@ def row_consistency(items: Mapping[str, list[dict]], both: str) -> dict[str, Any
                f"alone (independent answers) {_clc_null(a, 1) - _clc_null(a, 0):+.3f}")  # fmt: skip
     return make_row(claim, t, details=f"{name}: {txt}; 'both' vs no intervention on "
                     f"{len(set(ids))} test facts", extra={"consistency": name})  # fmt: skip
+
+
+def _rankc_net(claim: Claim, items: Mapping[str, list[dict]], both: str,
+               keys: Sequence[tuple[str, str]], pre: Mapping[tuple[str, str], float],
+               post: Mapping[tuple[str, str], float]) -> dict[str, Any]:  # fmt: skip
+    """The RankC change net of accuracy: the paired RankC change on the (fact, language)
+    items whose correctness in L and in English is the same before and after (an item that
+    became right moves its ranking toward English's by that alone); the raw change beside."""
+
+    def right(cond: str) -> dict[tuple[str, str], bool]:
+        return {(r["id"], r["lang"]): bool(r["correct"]) for r in items[cond]}
+
+    a, b = right("orig"), right(both)
+    same = [k for k in keys if a.get(k) == b.get(k) and a.get((k[0], "en")) == b.get((k[0], "en"))]  # fmt: skip
+    raw = np.mean([post[k] for k in keys]) - np.mean([pre[k] for k in keys])
+    txt = (f"RankC with English {np.mean([pre[k] for k in keys]):.3f} -> "
+           f"{np.mean([post[k] for k in keys]):.3f} (raw change {raw:+.3f} on {len(keys)} "
+           f"items); net of accuracy: the {len(same)} items whose correctness in L and in "
+           "English does not change")  # fmt: skip
+    extra = {"consistency": "RankC"}
+    if not same:
+        why = "every item's correctness changes: no consistency change net of accuracy"
+        return make_row(claim, None, untestable=why, details=txt, extra=extra)
+    t = paired_test([pre[k] for k in same], [post[k] for k in same], [k[0] for k in same])
+    return make_row(claim, t, details=f"{txt}; 'both' vs no intervention", extra=extra)
 
 
 def _row_own_failure(items: Mapping[str, list[dict]], classes: Mapping[str, str] | None,
