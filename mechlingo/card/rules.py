@@ -139,6 +139,9 @@ RULES = {
     "English or the L answer is decodable; its control (the mismatched fact's English "
     "answer) is compared with it on the same, symmetric item set: the queries where the "
     "English, the mismatched English or the L answer is decodable",
+    "consistency": "net of accuracy under every metric: under rank the RankC change on the "
+    "items whose correctness in L and in English does not change, otherwise the CLC change "
+    "minus the change that the accuracies alone give",
     "relative gains": "a condition that changes no item has a relative gain of exactly 0 with "
     "the exact no-change bound (a testable zero that stays in its family); a baseline of 0 "
     "leaves the ratio undefined (not testable, the points reading is judged)",
