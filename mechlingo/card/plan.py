@@ -224,11 +224,27 @@ def _lu_rows(cfg: Mapping[str, Any], inp: Mapping[str, Any], avail: Mapping[str,
                       need_draws if rid in POPULATION_ROWS else None,
                       draws if rid in POPULATION_ROWS else None,
                       needed * per * n_conds * s_item)  # fmt: skip
-        _limits(row, f"--facts with at least {needed} test facts per language (about "
-                f"{math.ceil(needed / 0.4)} per relation and language before the split)",
-                f'--settings \'{{"repair": {{"seeds": [0, ..., {need_draws - 1}]}}}}\'')  # fmt: skip
+        if rid.startswith("independent_"):
+            _transfer_limits(row, cfg)
+        else:
+            _limits(row, f"--facts with at least {needed} test facts per language (about "
+                    f"{math.ceil(needed / 0.4)} per relation and language before the split)",
+                    f'--settings \'{{"repair": {{"seeds": [0, ..., {need_draws - 1}]}}}}\'')  # fmt: skip
         out.append(row)
     return out
+
+
+def _transfer_limits(row: PlanRow, cfg: Mapping[str, Any]) -> None:
+    """An independence row: its facts are the transfer matrix's held-out test ids (about
+    ``test_ids`` per relation), and its control is one random vector per cell, a population
+    of one draw whose rank p (0.5) no budget setting can lower."""
+    t = cfg.get("transfer") or {}
+    m = t.get("matrix") or {}
+    row.available = int(m.get("test_ids", 0)) * len(t.get("relations") or ())
+    row.draws = 1
+    row.limit = ("its control is one random vector per transfer cell: the rank p is at "
+                 "least 0.5")  # fmt: skip
+    row.fix = "a transfer matrix with a population of random vectors per cell (no budget has it)"
 
 
 def _paired_sd(inp: Mapping[str, Any], p0: float, eff: float) -> float:
