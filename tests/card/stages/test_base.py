@@ -248,6 +248,13 @@ def test_plan_names_the_limit_and_what_to_pass():
     cfg2 = {**cfg, "repair": {**cfg["repair"], "seeds": list(range(140))}}
     plan2 = plan_card(cfg2, ["lu2025"], {"items": {"rank": items}}, avail, {"rank": 0.1})
     assert {r.id: r for r in plan2.rows}["task_vector"].decidable
+    # the independence rows: one random vector per transfer cell, whatever the budget
+    ind = rows["independent_relations"]
+    assert ind.draws == 1 and "one random vector per transfer cell" in ind.limit
+    # lowest_language is planned as the verdict tests it: a relative gain against +35%,
+    # for a true gain of +70% (in points: 0.35 x the lowest language's dev mean)
+    low = rows["lowest_language"]
+    assert low.effect == pytest.approx(0.35 * plan.inputs["lu_dev"]["lowest_mean"])
     assert rows["latent_english"].decidable  # no population, enough facts
     ce = rows["clamp_closer"]  # 5 documents against the 49 a paired d of 0.5 needs
     assert ce.needed == units_needed(0.5, 1.0, 0.05 / 6) and ce.available == 5
