@@ -199,10 +199,14 @@ def test_identical_readings_count_once_inside_benjamini_hochberg():
 def test_the_p_column_shows_the_deciding_p_and_never_0():
     """A row that does not hold shows the p of the other side; an underflowed
     hypergeometric p is shown as "< 1e-k", never 0."""
-    down = Test(Interval(-0.2, -0.3, -0.1, 40), 0.001, 0.05, 40, "hand")
-    (row,) = finalize([make_row(claims.ENGLISH_GAP, down)])
+    zero = Test(Interval(0.001, -0.005, 0.007, 40), 0.8, 0.01, 40, "hand",
+                {"se": 0.003, "df": 39, "interval": "t"})  # fmt: skip
+    (row,) = finalize([make_row(claims.TASK_VECTOR, zero)])
     card = ClaimsCard([row])
-    assert row["verdict"] == NOT_HOLDS
+    assert row["verdict"] == NOT_HOLDS and row["p"] == 0.8  # the claim's side p
+    assert row["p_deciding"] == row["p_against"] < 1e-12  # the precise zero decided
+    line = card.to_markdown().splitlines()[-1]
+    assert "| 0.8 (0.8) |" not in line and "| < 1e-" in line
     ov = {"k": 500, "matrix": [[1.0, 0.95, 0.95], [0.95, 1.0, 0.95], [0.95, 0.95, 1.0]],
           "chance": 0.1}  # fmt: skip
     dis = experts._row_disjoint(ov)
