@@ -6,9 +6,14 @@ place with a single rename. When the folder already exists, the two are swapped 
 (Linux ``renameat2(RENAME_EXCHANGE)``); elsewhere the old folder is renamed aside first and a
 later start puts it back if the process died between the two renames.
 
-Leftovers of killed runs (``.NAME.building-*``, ``.NAME.old-*``) are removed by
-:func:`cleanup_stale`, which every command calls at its start; a folder whose process is
-still alive is left alone.
+Where the folder cannot be swapped (a mount point, a rename refused with EXDEV or EBUSY) the
+files are put into it one by one, each with an atomic rename; a name too long for its
+siblings' names gets a shortened one (:func:`sibling_name`); folders carried over from the old
+``--out`` are moved, never copied. ``docs/security.md`` ("Where outputs land") has the rules.
+
+Leftovers of killed runs (``.NAME.building-*``, ``.NAME.old-*``, ``.NAME.carry-*``) are
+removed (or put back) by :func:`cleanup_stale`, which every command calls at its start; a
+folder whose process is still alive is left alone.
 
 >>> with atomic_folder("results") as tmp:
 ...     (tmp / "summary.json").write_text("{}")
@@ -33,10 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from mechlingo.core.errors import OutputError
-from mechlingo.core.faults import FULL_ERRNOS, disk_error, file_lock
+from mechlingo.core.faults import FULL_ERRNOS, disk_error
 from mechlingo.core.jsonable import jsonable
 from mechlingo.core.untrusted import expand_path
 from mechlingo.core.version import SUMMARY_FORMAT_VERSION
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "atomic_file",
@@ -377,7 +387,7 @@ def atomic_folder(out: str | os.PathLike[str], *, keep_others: bool = True) -> I
     try:
         yield tmp
         kill_point("fill")
-        with file_lock(out if inside else out.parent):
+        with _taking_turns(out if inside else out.parent):
             if was_new and out.is_dir() and any(out.iterdir()):
                 raise _taken(out)
             if inside:
@@ -391,6 +401,26 @@ def atomic_folder(out: str | os.PathLike[str], *, keep_others: bool = True) -> I
         raise found from err
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _taking_turns(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` (``flock`` on the folder itself: no lock file,
+    dropped by the kernel when the process dies) while publishing, so that publishers of one
+    ``--out`` take turns. Where the folder cannot be opened (a parent without read
+    permission) or has no locks, publishing goes on without one."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        if fcntl is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _make_staging(out: Path) -> tuple[Path, bool]:
