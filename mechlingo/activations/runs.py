@@ -84,7 +84,10 @@ def hooked(model: Model, fwd_hooks: FwdHooks) -> Iterator[Any]:
 def _enter(model: Model, me: int, with_hooks: bool) -> None:
     """Record this thread as a user of ``model`` (with hooks or not), or refuse."""
     with _USERS_GUARD:
-        users = _USERS.setdefault(model, {})
+        try:
+            users = _USERS.setdefault(model, {})
+        except TypeError:  # a model object without weak references: not tracked
+            return
         alive = {t.ident for t in threading.enumerate()}
         for ident in [i for i in users if i not in alive]:  # threads that died inside
             del users[ident]
@@ -105,7 +108,10 @@ def _enter(model: Model, me: int, with_hooks: bool) -> None:
 
 def _leave(model: Model, me: int, with_hooks: bool) -> None:
     with _USERS_GUARD:
-        users = _USERS.get(model, {})
+        try:
+            users = _USERS.get(model, {})
+        except TypeError:
+            return
         mine = users.get(me)
         if mine is None:
             return

@@ -112,6 +112,8 @@ class Stages:
             self.root.mkdir(parents=True, exist_ok=True)
             _acquire(path)
         except OSError as err:
+            if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                return  # a folder this run cannot write: it cannot remove a stage either
             raise OutputError(
                 f"cannot lock the work folder {self.root}: {err.strerror or err}",
                 fix="choose a writable work folder (--work)",
