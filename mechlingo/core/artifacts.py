@@ -56,6 +56,7 @@ __all__ = [
     "output_target",
     "publish_folder",
     "sibling_name",
+    "writes_inside",
     "write_files",
 ]
 
@@ -165,6 +166,17 @@ def sibling_name(name: str) -> str:
     digest = hashlib.sha256(raw).hexdigest()[:12]
     head = raw[: 255 - _SIBLING_ROOM - 13]
     return os.fsdecode(head.decode("utf-8", "ignore").encode()) + "~" + digest
+
+
+def writes_inside(out: str | os.PathLike[str]) -> bool:
+    """Whether :func:`atomic_folder` publishes ``out`` file by file inside it rather than by
+    a folder swap: ``out`` is an existing folder that is a mount point (a container volume,
+    a bind mount), or whose parent this process cannot write (only ``out`` itself needs to be
+    writable then)."""
+    path = Path(out)
+    if not path.is_dir():
+        return False
+    return _is_mount(path) or not os.access(path.parent, os.W_OK | os.X_OK)
 
 
 def _is_mount(path: Path) -> bool:
@@ -366,8 +378,9 @@ def atomic_folder(out: str | os.PathLike[str], *, keep_others: bool = True) -> I
     gets the mode (setgid and group bits included), group and owner of the folder it replaces
     (for a new folder: the umask's mode, and the parent's setgid bit and group).
 
-    Where ``out`` cannot be swapped (a mount point, found before the block runs; a rename
-    refused with EXDEV or EBUSY), the block fills a hidden folder inside ``out`` and the
+    Where ``out`` cannot be swapped (:func:`writes_inside`: a mount point or a parent this
+    process cannot write, found before the block runs; a rename refused with EXDEV or EBUSY),
+    the block fills a hidden folder inside ``out`` and the
     files are then put in place one by one, each with an atomic rename
     (:func:`_publish_into`). A name too long for a sibling's name gets a shortened one
     (:func:`sibling_name`). Publishers of one ``out`` take turns (a lock on its parent);
@@ -424,12 +437,12 @@ def _taking_turns(folder: Path) -> Iterator[None]:
 
 
 def _make_staging(out: Path) -> tuple[Path, bool]:
-    """The temporary folder the block fills: a sibling ``.OUT.building-PID-*``, or, when
-    ``out`` is a mount point, a hidden ``.mechlingo-building-PID-*`` inside it (``True``)."""
+    """The temporary folder the block fills: a sibling ``.OUT.building-PID-*``, or, where
+    :func:`writes_inside`, a hidden ``.mechlingo-building-PID-*`` inside ``out`` (``True``)."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         cleanup_stale(out.parent, out.name)
-        inside = out.is_dir() and _is_mount(out)
+        inside = writes_inside(out)
         if inside:
             cleanup_stale(out)
             where, prefix = out, f".mechlingo-building-{os.getpid()}-"

@@ -143,6 +143,30 @@ def test_a_refused_folder_swap_publishes_file_by_file(tmp_path, monkeypatch, cod
     _no_leftovers(tmp_path, out)
 
 
+def test_an_out_in_a_folder_this_user_cannot_write_is_published(tmp_path, monkeypatch):
+    """``--out`` is a folder the user may write inside a parent they may not (a shared
+    project root): no sibling can be made there, so the outputs go in file by file, the
+    user's subfolder stays the same folder, and nothing is left in the parent."""
+    out = tmp_path / "out"
+    notes = _old_out(out)
+    real_access, real_mkdtemp = os.access, artifacts.tempfile.mkdtemp
+
+    def access(path, mode, *a, **k):
+        return False if Path(path) == tmp_path else real_access(path, mode, *a, **k)
+
+    def mkdtemp(*a, dir=None, **k):  # what the kernel says in that parent
+        if dir is not None and Path(dir) == tmp_path:
+            raise PermissionError(errno.EACCES, "Permission denied", str(dir))
+        return real_mkdtemp(*a, dir=dir, **k)
+
+    monkeypatch.setattr(os, "access", access)
+    monkeypatch.setattr(artifacts.tempfile, "mkdtemp", mkdtemp)
+    write_files(out, NEW)
+    _check_new(out)
+    _same_folder(notes, os.stat(out / "notes"))
+    _no_leftovers(tmp_path, out)
+
+
 def test_a_name_near_the_limit_is_published(tmp_path):
     """A legal 250-byte name (multi-byte characters, so a byte cut could split one): the
     temporary sibling gets a shortened name of its own, the swap stays one step."""
