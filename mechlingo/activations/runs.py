@@ -11,13 +11,8 @@
   (:mod:`mechlingo.activations.distributed`).
 
 They set the current :class:`~mechlingo.core.tokens.TokenBatch`
-(:func:`mechlingo.core.tokens.batch_context`), so interventions applied during the run know
-where each row's last token is, and they remove every hook they add, also on error.
-
-TransformerLens hooks belong to the model object, not to a thread: :func:`hooked` (every run
-here, and :func:`mechlingo.intervene`) refuses to put hooks on a model while another thread's
-hooks are on it, or to run a pass there, and a hook it adds acts only on its own thread's
-forward passes."""
+(:func:`mechlingo.core.tokens.batch_context`), so interventions know each row's last token,
+and remove every hook they add, also on error; hooks are one thread's at a time (:func:`hooked`)."""
 
 from __future__ import annotations
 

@@ -6,14 +6,9 @@ place with a single rename. When the folder already exists, the two are swapped 
 (Linux ``renameat2(RENAME_EXCHANGE)``); elsewhere the old folder is renamed aside first and a
 later start puts it back if the process died between the two renames.
 
-Where the folder cannot be swapped (a mount point, a rename refused with EXDEV or EBUSY) the
-files are put into it one by one, each with an atomic rename; a name too long for its
-siblings' names gets a shortened one (:func:`sibling_name`); folders carried over from the old
-``--out`` are moved, never copied. ``docs/security.md`` ("Where outputs land") has the rules.
-
-Leftovers of killed runs (``.NAME.building-*``, ``.NAME.old-*``, ``.NAME.carry-*``) are
-removed (or put back) by :func:`cleanup_stale`, which every command calls at its start; a
-folder whose process is still alive is left alone.
+Where no swap is possible (a mount point: :func:`writes_inside`) files go in one by one, each
+renamed atomically; ``docs/security.md`` ("Where outputs land") has the rules. Leftovers of
+killed runs are removed (or put back) by :func:`cleanup_stale` at every command's start.
 
 >>> with atomic_folder("results") as tmp:
 ...     (tmp / "summary.json").write_text("{}")
