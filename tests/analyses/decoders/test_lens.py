@@ -148,11 +148,13 @@ def test_token_lens_figure_and_result_display(tiny):
     (hm,) = fig.data
     g = r.tokens
     assert torch.allclose(torch.tensor(hm.z), g.top_logprobs[0][:, :, 0].exp(), atol=1e-6)
+    assert fig.layout.title.text.startswith("Logit lens (en prompt)")
     assert list(hm.y) == r.layers and len(hm.x) == len(g.tokens[0])
     hover = hm.customdata[-1][-1]
     assert hover.count("<br>") == 4 and repr(g.top_tokens[0][-1][-1][0]) in hover
-    by_lang = r.fig_tokens(color="lang").data[0]
-    assert "none" in by_lang.colorbar.ticktext
+    by_lang = r.fig_tokens(color="lang")
+    assert by_lang.data[0].coloraxis == "coloraxis"
+    assert {"none", "shared"} <= set(by_lang.layout.coloraxis.colorbar.ticktext)
     assert "tensor" not in repr(r) and "fig_tokens" in r._repr_html_()
     assert r.summary()["n_prompts"] == {"en": 1}
     doc = g.to_json()[0]
@@ -169,7 +171,8 @@ def test_token_language():
     from mechlingo.analyses.decoders.tokens import token_language
 
     assert token_language("ローマ") == "ja" and token_language(" 罗马") == "zh"
-    assert token_language("Москва") == "ru" and token_language("  ") is None
+    assert token_language("Москва") == "ru" and token_language("  ") == "shared"
+    assert token_language(" capitale", ["fr", "en"]) == "fr" and token_language(" bibli") is None
 
 
 def test_lens_cli_reads_a_prompt_at_every_position(tiny_dir, tmp_path):
