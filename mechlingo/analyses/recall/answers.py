@@ -21,6 +21,7 @@ from mechlingo.core.tokens import prepends_bos
 from mechlingo.core.types import Model
 from mechlingo.data import load_facts
 from mechlingo.data.facts import answer_separator
+from mechlingo.data.langid import token_language
 from mechlingo.scoring.evaluate import evaluate_facts
 from mechlingo.scoring.scorers import decided, is_correct, normalize, skip_reason
 
@@ -236,16 +237,20 @@ def decision_prefix(generation: str, fact: Fact) -> str:
 
 def answer_flags(fact: Fact, continuation: str | None) -> dict[str, Any]:
     """The record fields of what ``fact``'s greedy answer did: ``shared_form``,
-    ``continues_prompt``, ``echoes_subject`` and ``decided_at`` (:func:`decision_prefix`)
-    from the raw ``continuation`` (``None``: nothing generated, e.g. candidate ranking: the
-    generation's flags are ``False`` and ``decided_at`` is ``None``)."""
+    ``continues_prompt``, ``echoes_subject``, ``decided_at`` (:func:`decision_prefix`) and
+    ``generation_lang``, the language of the generation's first word for the fact's language
+    and English (:func:`~mechlingo.data.langid.token_language`: a code, ``"shared"`` or
+    ``None``), from the raw ``continuation`` (``None``: nothing generated, e.g. candidate
+    ranking: the flags are ``False``, ``decided_at`` and ``generation_lang`` ``None``)."""
     if continuation is None:
         return {"shared_form": shared_form(fact), "continues_prompt": False,
-                "echoes_subject": False, "decided_at": None}  # fmt: skip
+                "echoes_subject": False, "decided_at": None, "generation_lang": None}  # fmt: skip
     line = continuation.strip().split("\n")[0] if continuation.strip() else ""
+    first = line.split(" ")[0][:40]
     return {
         "shared_form": shared_form(fact),
         "continues_prompt": continues_prompt(fact.prompt, continuation, fact.lang),
         "echoes_subject": echoes_subject(line, fact),
         "decided_at": decision_prefix(line, fact),
+        "generation_lang": token_language(first, (fact.lang, "en")) if first else None,
     }

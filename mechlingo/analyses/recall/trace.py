@@ -93,7 +93,8 @@ class TraceResult:
             candidate's rank under candidate ranking, 1 = best; ``None`` for facts without
             candidates); the answer's flags ``shared_form`` (written as the English answer),
             ``continues_prompt`` (glued onto the prompt's last word), ``echoes_subject``
-            and ``decided_at`` (:func:`~mechlingo.analyses.recall.answers.answer_flags`).
+            ``decided_at`` and ``generation_lang``
+            (:func:`~mechlingo.analyses.recall.answers.answer_flags`).
         lens: the logit lens on the same prompts (tracks ``answer`` and ``en``).
         eval: the greedy evaluation.
         max_rank, mid_layers: the parameters of the classification.
@@ -496,6 +497,7 @@ TRACE_FIELDS = (
     "shared_form",
     "continues_prompt",
     "echoes_subject",
+    "generation_lang",
 )
 
 

@@ -83,10 +83,16 @@ def test_the_decision_point_is_the_shortest_prefix_with_a_final_verdict():
 def test_answer_flags_read_the_raw_continuation():
     got = answer_flags(STADT, "bibliothek\nmore")  # "b" could still be Bern (case is folded)
     assert got == {"shared_form": True, "continues_prompt": True, "echoes_subject": False,
-                   "decided_at": "bi"}  # fmt: skip
+                   "decided_at": "bi", "generation_lang": None}  # fmt: skip
     assert answer_flags(TOKYO, None) == {"shared_form": False, "continues_prompt": False,
-                                         "echoes_subject": False, "decided_at": None}  # fmt: skip
+                                         "echoes_subject": False, "decided_at": None,
+                                         "generation_lang": None}  # fmt: skip
     assert answer_flags(TOKYO, "日本の首都")["echoes_subject"]
+    # the language of the first word, for the fact's language and English
+    assert answer_flags(TIRANA, " Tirana, la capitale")["generation_lang"] == "shared"
+    assert answer_flags(LONDRES, " London is")["generation_lang"] == "en"  # French: Londres
+    assert answer_flags(LONDRES, " the city")["generation_lang"] == "en"
+    assert answer_flags(TOKYO, "東京です")["generation_lang"] == "ja"
 
 
 def _rec(lang="fr", **kw):
