@@ -76,6 +76,7 @@ def trace_report(
         )
     )
     report.add_table([{"lang": lg, **layer_cells(v)} for lg, v in summary["layers"].items()])
+    add_failure_split(report, summary)
     report.add_heading("Latent-language curves per class")
     report.add_figure(trace.fig_profiles())
     for p in patched:
@@ -140,6 +141,28 @@ def add_patching(report: Report, p: LanguagePatching) -> None:
         report.add_figure(p.atp.fig_heatmap())
     report.add_heading(f"Attention knockout ({p.lang})")
     report.add_figure(p.knockout.fig_knockout())
+
+
+def add_failure_split(report: Report, summary: Mapping[str, Any]) -> None:
+    """A table per language (and pooled) of the recall and translation failures and the
+    recall share among them, without and with the flagged answers, and the flag counts."""
+    split = summary.get("failure_split")
+    if not split:
+        return
+    report.add_heading("Recall and translation failures, without and with flagged answers")
+    rows = []
+    for lg in split["without_flagged"]:
+        row: dict[str, Any] = {"lang": lg}
+        for key, tag in (("without_flagged", "without flagged"), ("with_flagged", "with flagged")):
+            v = split[key][lg]
+            row[f"recall / translation ({tag})"] = (
+                f"{v['recall_failure']} / {v['translation_failure']}"
+            )
+            share = v["recall_share"]
+            row[f"recall share ({tag})"] = "n/a" if share is None else round(share, 3)
+        row.update(summary.get("flags", {}).get(lg, {}))
+        rows.append(row)
+    report.add_table(rows)
 
 
 def add_trace_headline(report: Report, summary: Mapping[str, Any]) -> None:

@@ -151,3 +151,27 @@ def test_the_card_row_reads_the_same_records_as_the_trace_headline():
     assert "3 recall failures, 1 translation failures" in row["details"]
     assert "2 flagged (no attempt at the answer) left out" in row["details"]
     assert "1 other (wrong language, shared form or L-only)" in row["details"]
+
+
+def test_the_trace_headline_gives_the_recall_share_of_the_cards_rule():
+    from mechlingo.kernels.significance import wilson
+    from mechlingo.report.page import Report, fmt_interval
+    from mechlingo.report.trace import add_failure_split, add_trace_headline
+
+    counts: dict[str, dict[str, int]] = {}
+    for r in RECORDS:
+        counts.setdefault(r["lang"], dict.fromkeys(CLASSES, 0))[r["class"]] += 1
+    summary = {"classification": counts, "flags": flag_counts(RECORDS),
+               "failure_split": {"without_flagged": failure_split(RECORDS),
+                                 "with_flagged": failure_split(RECORDS, keep_flagged=True)}}  # fmt: skip
+    rep = Report("t")
+    add_trace_headline(rep, summary)
+    head = dict(rep.headline)
+    w = wilson(3, 4)  # a, b, g of a, b, c, g: the card's 3 recall of 4 failures
+    key = "Recall failures among recall + translation failures, non-English"
+    assert head[f"{key} (flagged answers left out)"] == fmt_interval(w.estimate, w.lo, w.hi, 4)
+    w = wilson(4, 6)
+    assert head[f"{key} (flagged answers kept)"] == fmt_interval(w.estimate, w.lo, w.hi, 6)
+    add_failure_split(rep, summary)
+    table = rep.parts[-1]
+    assert "<td>fr</td><td>2 / 1</td><td>0.667</td><td>3 / 1</td><td>0.750</td><td>1</td>" in table
