@@ -91,6 +91,7 @@ def rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     )  # fmt: skip
     fails = failure_records(recs)  # the trace headline's rule: flagged answers left out
     n_flagged = len(failure_records(recs, keep_flagged=True)) - len(fails)
+    n_shared = sum(r["class"] == "shared_form" for r in recs)
     rf = [float(r["class"] == "recall_failure") for r in fails]
     errors = sum(not r["correct"] for r in recs)
     c2 = C.RECALL_FAILURES
@@ -99,8 +100,9 @@ def rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         c2, t2, untestable=None if fails else "no recall or translation failures among the "
         "non-English queries",
         details=f"of {errors} non-English errors: {int(sum(rf))} recall failures, "
-        f"{len(rf) - int(sum(rf))} translation failures, {errors - len(rf) - n_flagged} other "
-        "(wrong language, shared form or L-only)"
+        f"{len(rf) - int(sum(rf))} translation failures, "
+        f"{errors - len(rf) - n_flagged - n_shared} other (wrong language or L-only)"
+        + (f", {n_shared} shared forms (no translation needed)" if n_shared else "")
         + (f", {n_flagged} flagged (no attempt at the answer) left out" if n_flagged else "")
         + "; clustered by fact",
     )  # fmt: skip

@@ -150,7 +150,7 @@ def test_the_card_row_reads_the_same_records_as_the_trace_headline():
     _, row = rows_trace({"records": recs})
     assert "3 recall failures, 1 translation failures" in row["details"]
     assert "2 flagged (no attempt at the answer) left out" in row["details"]
-    assert "1 other (wrong language, shared form or L-only)" in row["details"]
+    assert "0 other (wrong language or L-only), 1 shared forms" in row["details"]
 
 
 def test_the_trace_headline_gives_the_recall_share_of_the_cards_rule():
