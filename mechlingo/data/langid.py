@@ -6,16 +6,10 @@ Unicode script of its letters, then, for Latin script, hits in short per-languag
 (:class:`mechlingo.interventions.Gated`) when the language is not declared.
 :func:`identify_languages` identifies generated text with py3langid among given languages.
 It is a heuristic outside the bundled prompts (about 4% of the ``tuned`` prompts stay
-ambiguous); the rule and its limits: ``docs/data.md``.
-
-:func:`token_language` tags a single token (a lens's top token, a word piece) for the
-languages in use: :data:`SHARED` for a string written the same in several languages (no
-letters: numbers, punctuation, spaces; or a word of several languages' lexicons, such as most
-names), else the language its script names (:func:`char_script`, the Unicode ``Script``
-property; :data:`SCRIPT_LANGUAGE`), else the one language whose lexicon
-(:func:`lexicon`: :data:`LATIN_WORDS` and the bundled templates' and facts' words) has the
-word, the languages in use first; ``None`` ("none") when nothing places it. The rule and its
-limits: ``docs/methods/logit-lens.md``."""
+ambiguous; ``docs/data.md``). :func:`token_language` tags a single token for the languages
+in use: :data:`SHARED`, the language of its script (:func:`char_script`), or of its word in
+the bundled lexicons (:func:`lexicon`); ``None`` when nothing places it
+(``docs/methods/logit-lens.md``)."""
 
 from __future__ import annotations
 
@@ -273,7 +267,7 @@ def _tag(token: str, langs: tuple[str, ...]) -> str | None:
     return SCRIPT_DEFAULT.get(script)
 
 
-def token_language(token: str, langs: Sequence[str] = ()) -> str | None:
+def token_language(token: str, langs: Sequence[str] | None = None) -> str | None:
     """The language a single token looks like, for the languages in use ``langs`` (e.g. the
     prompt's and English; the first ones are preferred where a word is in several lexicons):
 
@@ -289,4 +283,4 @@ def token_language(token: str, langs: Sequence[str] = ()) -> str | None:
       Cyrillic -> ru, Arabic -> ar, Devanagari -> hi);
     * ``None`` ("none") otherwise: a Latin word piece no lexicon has ("bibli", "ipt").
     """
-    return _tag(token.strip(), tuple(langs))
+    return _tag(token.strip(), tuple(langs or ()))

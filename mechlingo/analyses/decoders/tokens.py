@@ -87,7 +87,7 @@ class TokenGrid:
         return out
 
 
-def token_language(token: str, langs: Sequence[str] = ()) -> str | None:
+def token_language(token: str, langs: Sequence[str] | None = None) -> str | None:
     """The language a single token looks like for the languages in use ``langs``
     (:func:`mechlingo.data.langid.token_language`): its script (kana -> ja, Hangul -> ko,
     Greek -> el, ...), else its word in the bundled lexicons; ``"shared"`` for numbers,

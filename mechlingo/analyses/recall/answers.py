@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 #: The flags of a greedy answer that is no attempt at the answer (left out of the recall
-#: share: :func:`mechlingo.analyses.recall.trace.failure_records`).
+#: share: :func:`mechlingo.analyses.recall.classes.failure_records`).
 FLAGS = ("continues_prompt", "echoes_subject")
 
 
