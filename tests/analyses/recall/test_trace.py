@@ -212,3 +212,22 @@ def test_trace_keeps_the_whole_greedy_line_and_the_decision_point_apart(tiny, ti
     fails = sum(s["classification"][lg][c] for lg in ("fr", "ja")
                 for c in ("recall_failure", "translation_failure"))  # fmt: skip
     assert pooled["recall_failure"] + pooled["translation_failure"] == fails
+
+
+def test_gemma_answers_that_are_no_attempt_are_flagged_and_a_shared_form_is_its_class(gemma):
+    """On the embedded model: German "... in der Stadt" is continued as "bibliothek" (glued
+    onto the last word), the Japanese capital prompt of Afghanistan is answered by repeating
+    the subject, and the French Tirana (written as in English) is a shared form."""
+    from mechlingo.data import Fact
+
+    stadt = Fact("capital/CH", "capital", "de", "Bibliothek", "Die Bibliothek steht in der Stadt",
+                 "Bern", answer_en="Bern", subject_span=(4, 14))  # fmt: skip
+    bundled = [f for f in load_facts(langs=["fr", "ja"], relations=["capital"])
+               if (f.lang, f.id) in {("ja", "capital/AF"), ("fr", "capital/AL")}]  # fmt: skip
+    tr = trace_recall(gemma, [stadt, *bundled])
+    by = {(r["lang"], r["id"]): r for r in tr.records}
+    de, ja, fr = by["de", "capital/CH"], by["ja", "capital/AF"], by["fr", "capital/AL"]
+    assert de["continues_prompt"] and de["generation"].startswith("bibliothek"), de
+    assert ja["echoes_subject"] and ja["generation"].startswith("アフガニスタン"), ja
+    assert fr["class"] == "shared_form" and not fr["correct"], fr
+    assert de["generation"].startswith(de["decided_at"]) and len(de["decided_at"]) == 2
