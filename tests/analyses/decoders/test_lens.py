@@ -214,3 +214,13 @@ def test_lens_cli_token_grid_on_the_embedded_model(tmp_path):
     assert " Paris" in [c["token"] for c in last] and 0 < last[0]["prob"] <= 1
     assert sum(row[-1][0]["token"] == " Paris" for row in doc["top"][12:18]) >= 2
     assert all(a["prob"] >= b["prob"] for a, b in zip(last, last[1:], strict=False))
+
+
+def test_a_prompt_without_a_declared_language_is_titled_with_its_own(tiny):
+    """A French few-shot prompt read without langs= is identified as French (the grid said
+    "(en prompt)"); a declared language is kept."""
+    fr = "Pays : Italie\nCapitale : Rome\nPays : Allemagne\nCapitale :"
+    r = logit_lens(tiny, [fr, "Die Hauptstadt von Frankreich ist"], layers=[0, 1])
+    assert r.langs == ["fr", "de"]
+    assert r.fig_tokens(0).layout.title.text.startswith("Logit lens (fr prompt)")
+    assert logit_lens(tiny, [fr], langs=["it"], layers=[0]).langs == ["it"]
