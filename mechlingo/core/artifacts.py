@@ -590,7 +590,8 @@ def write_files(
     """Write ``{name: content}`` into the folder ``out`` all at once.
 
     Content: ``str`` (text), ``bytes``, an object with a ``render()`` method that returns the
-    text (a :class:`mechlingo.report.Report`), or anything JSON-serialisable (tensors and
+    text (a :class:`mechlingo.report.Report`; the files its ``assets()`` names, if it has
+    that method, go beside it), or anything JSON-serialisable (tensors and
     arrays as lists). The new folder is built in a temporary sibling and put at ``out`` in
     one rename (:func:`atomic_folder`), so a kill leaves the old folder or the new one.
     Existing files of the same names are replaced; other files in ``out`` are carried over
@@ -609,6 +610,8 @@ def write_files(
                 content = {"format_version": SUMMARY_FORMAT_VERSION, **content}
             if hasattr(content, "render"):
                 path.write_text(content.render(), encoding="utf-8")
+                for asset, text in getattr(content, "assets", dict)().items():
+                    (path.parent / asset).write_text(text, encoding="utf-8")  # shared: same text
             elif isinstance(content, bytes):
                 path.write_bytes(content)
             elif isinstance(content, str):

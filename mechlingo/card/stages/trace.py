@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mechlingo.analyses.recall.classes import failure_records
 from mechlingo.analyses.recall.trace import trace_recall
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
@@ -35,7 +36,7 @@ from mechlingo.viz.trace import class_fractions_figure
 
 _TRACE_FIELDS = ("id", "lang", "relation", "answer", "answer_en", "correct", "class",
                  "first_en_layer", "first_answer_layer", "first_mismatch_en_layer",
-                 "gold_rank")  # fmt: skip
+                 "gold_rank", "shared_form", "continues_prompt", "echoes_subject")  # fmt: skip
 
 
 def stage_trace(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progress: bool) -> dict:
@@ -106,7 +107,9 @@ def rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
            f"first {int(sum(ctl))}" if vs is not None else "")
         + "; clustered by fact",
     )  # fmt: skip
-    fails = [r for r in recs if r["class"] in ("recall_failure", "translation_failure")]
+    fails = failure_records(recs)  # the trace headline's rule: flagged answers left out
+    n_flagged = len(failure_records(recs, keep_flagged=True)) - len(fails)
+    n_shared = sum(r["class"] == "shared_form" for r in recs)
     rf = [float(r["class"] == "recall_failure") for r in fails]
     errors = sum(not r["correct"] for r in recs)
     c2 = C.RECALL_FAILURES
@@ -115,8 +118,11 @@ def rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         c2, t2, untestable=None if fails else "no recall or translation failures among the "
         "non-English queries",
         details=f"of {errors} non-English errors: {int(sum(rf))} recall failures, "
-        f"{len(rf) - int(sum(rf))} translation failures, {errors - len(rf)} other (wrong "
-        "language or L-only); clustered by fact",
+        f"{len(rf) - int(sum(rf))} translation failures, "
+        f"{errors - len(rf) - n_flagged - n_shared} other (wrong language or L-only)"
+        + (f", {n_shared} shared forms (no translation needed)" if n_shared else "")
+        + (f", {n_flagged} flagged (no attempt at the answer) left out" if n_flagged else "")
+        + "; clustered by fact",
     )  # fmt: skip
     return [row1, row2]
 
