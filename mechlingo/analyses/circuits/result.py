@@ -74,6 +74,7 @@ class CircuitResult(WritesFolder):
     spearman: float
     faithfulness: dict[str, float]
     meta: dict[str, Any] = field(default_factory=dict)
+    pairs: Pairs | None = field(default=None, repr=False)
 
     @property
     def n(self) -> int:
@@ -228,6 +229,7 @@ def find_circuit(
         corrupted=corrupted, ranked=ranked, circuit=circuit, curve=curve, verified=verified,
         spearman=rho, faithfulness={k: best[k] for k in ("faithfulness", "lo", "hi")},
         meta=_meta(method, n_steps, metric, selection, target, pairs, t_scores, t0),
+        pairs=pairs,
     )  # fmt: skip
 
 

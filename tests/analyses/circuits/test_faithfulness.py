@@ -10,6 +10,7 @@ import pytest
 import torch
 from scipy.stats import bootstrap, t
 
+from mechlingo.analyses.circuits.compare import cross_faithfulness, edge_overlap
 from mechlingo.analyses.circuits.faithfulness import (
     edge_intervals,
     greedy_edges,
@@ -69,11 +70,16 @@ def test_top_and_greedy_selection(tiny):
         reached.update(g.receiver_of(s))
 
 
-def test_find_circuit_on_the_tiny_model(tiny):
+@pytest.fixture(scope="module")
+def found(tiny):
     facts = load_facts(langs="en", relations="capital", limit=10)
+    return find_circuit(tiny, facts, steps=2, sizes=(0, 3, 10), verify=4, target=0.5)
+
+
+def test_find_circuit_on_the_tiny_model(tiny, found):
     with pytest.raises(InputError, match="method"):
-        find_circuit(tiny, facts, method="acdc")
-    res = find_circuit(tiny, facts, steps=2, sizes=(0, 3, 10), verify=4, target=0.5)
+        find_circuit(tiny, [], method="acdc")
+    res = found
     assert res.n >= 3 and len(res.facts) == res.clean.shape[0]
     curve = {p["n_edges"]: p["faithfulness"] for p in res.curve}
     n_all = len(res.ranked)
@@ -86,3 +92,23 @@ def test_find_circuit_on_the_tiny_model(tiny):
     assert {e["edge"] for e in data["edges"]} == {res.edge_name(e) for e in res.circuit}
     assert all("exact" in e for e in data["edges"][:4])
     assert drawn_edges(res.figure().to_plotly_json()) == {e["edge"] for e in data["edges"]}
+
+
+def test_cross_faithfulness_of_a_circuit_on_its_own_pairs_is_its_faithfulness(tiny, found):
+    own = cross_faithfulness(tiny, found, found)
+    assert own["n_edges"] == len(found.circuit)
+    assert own["faithfulness"] == pytest.approx(found.faithfulness["faithfulness"], abs=1e-5)
+
+
+def test_edge_overlap_against_random_circuits():
+    universe = list(range(100))
+    same = edge_overlap(universe[:5], universe[:5], universe, n_null=500)
+    assert same["jaccard"] == 1.0 and same["p"] == pytest.approx(1 / 501)
+    # the null of two random 5-edge circuits of 100: E|A & B| = 0.25, Jaccard mostly 0
+    assert same["null_mean"] < 0.05
+    apart = edge_overlap(universe[:5], universe[5:10], universe, n_null=500)
+    assert apart["jaccard"] == 0.0 and apart["p"] == 1.0
+    half = edge_overlap([1, 2, 3, 4], [3, 4, 5, 6], universe, n_null=200)
+    assert half["jaccard"] == pytest.approx(2 / 6)
+    with pytest.raises(InputError, match="universe"):
+        edge_overlap([1000], [1], universe)
