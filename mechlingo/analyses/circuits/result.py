@@ -138,8 +138,8 @@ class CircuitResult(WritesFolder):
 
 
 def _verify(
-    res_scores: Tensor, facts: Sequence[str], patcher: EdgePatcher, ranked: Sequence[Edge],
-    clean: Tensor, k: int, name: Any,
+    res_scores: Tensor, patcher: EdgePatcher, ranked: Sequence[Edge], clean: Tensor, k: int,
+    name: Any,
 ) -> tuple[list[dict[str, Any]], float]:  # fmt: skip
     """The ``k`` top edges patched exactly; Spearman's rho between estimate and exact."""
     from scipy.stats import spearmanr
@@ -220,7 +220,7 @@ def find_circuit(
     def name(e: Edge) -> str:
         return f"{graph.edge_name(e[0], e[1])}@{labels[e[2]]}"
 
-    verified, rho = _verify(scores, ids, patcher, ranked, clean, verify, name)
+    verified, rho = _verify(scores, patcher, ranked, clean, verify, name)
     curve = faithfulness_curve(patcher, ranked, [*sizes, len(ranked)], clean, corrupted, ids)
     best = next((p for p in curve if p["faithfulness"] >= target), curve[-1])
     circuit = ranked[: best["n_edges"]]
