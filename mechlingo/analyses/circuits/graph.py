@@ -1,24 +1,14 @@
-"""The model's computational graph as data: which components write into the residual stream
-(*senders*), which read from it (*receivers*), and which sender reaches which receiver
-directly (an *edge*).
+"""The model's computational graph as data: the components that write into the residual
+stream (*senders*: the embeddings, each attention head where the heads' outputs add up to
+the attention output, else each attention layer, each MLP), those that read it
+(*receivers*: each attention layer's input, each MLP's input, one block input where one norm
+feeds both, the logits) and the *edges* between them.
 
-Senders: the token embeddings (``blocks.0.hook_resid_pre``: the embeddings as the first
-block reads them, positions and embedding norm included), each attention head's output
-(``z_h @ W_O[h]``) where the heads' outputs add up to the attention output, else the whole
-attention layer (``hook_attn_out``; the Gemma 2/3 and OLMo 2 post-attention norms mix the
-heads), and each MLP's output (``hook_mlp_out``). Receivers: each attention layer's input
-(TransformerLens 4's bridge has no per-head query/key/value input hook, so a layer's heads
-share one receiver, as they do under grouped key/value heads), each MLP's input, one *block*
-input where one norm feeds both (Falcon, Cohere), and the logits (the final norm's input).
-
-Edges: a sender writes at a *stage* and a receiver reads at one; an edge joins them when the
-sender writes before the receiver reads. In a sequential block attention at layer ``l``
-reads and writes at ``2l + 1`` and the MLP at ``2l + 2`` (the MLP reads the same layer's
-heads); in a parallel block both read and write at ``l + 1``; the embeddings write at 0 and
-the logits read last. The residual stream is the sum of the senders' outputs (plus constant
-biases), which is what edge attribution and edge patching (:mod:`.scores`,
-:mod:`.patching`) rely on.
-"""
+A sender writes at a *stage* and a receiver reads at one; an edge joins a sender that writes
+before a receiver reads (in a sequential block the MLP reads its own layer's heads, in a
+parallel block it does not). The residual stream is the sum of the senders' outputs (plus
+constant biases), which edge attribution and edge patching rely on. Why each choice:
+``docs/methods/circuits.md``."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from torch import Tensor
 from mechlingo.analyses.circuits.graph import Graph
 from mechlingo.analyses.circuits.runs import Readout, run_graph
 from mechlingo.analyses.circuits.scores import check_pairs, chunks
+from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.tokens import TokenBatch
 from mechlingo.core.types import Model
 
@@ -54,7 +55,7 @@ class EdgePatcher:
         readout: Readout,
         roles: Float[Tensor, "row pos group"],
         *,
-        batch_size: int = 8,
+        batch_size: int = BATCH_SIZE,
     ) -> None:
         check_pairs(clean, corrupted)
         self.model, self.graph, self.readout = model, graph, readout

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import torch
 from torch import Tensor
@@ -27,6 +27,7 @@ from mechlingo.analyses.circuits.patching import EdgePatcher
 from mechlingo.analyses.circuits.runs import metric_readout
 from mechlingo.analyses.circuits.scores import edge_scores
 from mechlingo.analyses.results import WritesFolder
+from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 from mechlingo.viz.circuit import measured_circuit_figure
@@ -36,12 +37,31 @@ if TYPE_CHECKING:
 
     from mechlingo.data import Fact
 
-__all__ = ["SIZES", "CircuitResult", "find_circuit"]
+__all__ = ["SIZES", "CircuitArgs", "CircuitResult", "find_circuit"]
 
 #: Circuit sizes of the faithfulness curve (capped at the number of edges).
 SIZES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 
 Edge = tuple[int, int, int]
+
+
+class CircuitArgs(TypedDict, total=False):
+    """The less often changed keywords of :func:`find_circuit`.
+
+    Attributes:
+        target: the faithfulness the reported circuit must reach (default 0.8).
+        sizes: circuit sizes of the faithfulness curve (default :data:`SIZES`; every edge is
+            always added).
+        verify: top edges re-scored by exact edge patching (default 20).
+        heads: attention senders per head (see :func:`.graph.build_graph`).
+        batch_size: prompt pairs per pass (default the shared ``BATCH_SIZE``).
+    """
+
+    target: float
+    sizes: Sequence[int]
+    verify: int
+    heads: bool | None
+    batch_size: int
 
 
 @dataclass
@@ -168,11 +188,7 @@ def find_circuit(
     selection: str = "top",
     pool: Sequence[Fact] | None = None,
     cross_language: bool = False,
-    target: float = 0.8,
-    sizes: Sequence[int] = SIZES,
-    verify: int = 20,
-    heads: bool | None = None,
-    batch_size: int = 8,
+    **more: Unpack[CircuitArgs],
 ) -> CircuitResult:
     """Score every edge of ``model``'s graph on subject (or cross-language) pairs of
     ``facts``, verify the top ``verify`` edges by exact patching, draw the faithfulness
@@ -185,6 +201,8 @@ def find_circuit(
         positions: ``"roles"`` (edges per position group) or ``"all"`` (position-summed).
         selection: ``"top"`` (largest |score|) or ``"greedy"`` (grown from the logits).
         pool, cross_language: where corrupted partners come from (:func:`.pairs.make_pairs`).
+        more: :class:`CircuitArgs` (target faithfulness, curve sizes, edges to verify,
+            head senders, batch size).
 
     Raises:
         InputError: an unknown method or selection, or facts without partners; before any
@@ -194,8 +212,10 @@ def find_circuit(
         raise InputError(f"method must be 'eap' or 'eap-ig', got {method!r}")
     if selection not in ("top", "greedy"):
         raise InputError(f"selection must be 'top' or 'greedy', got {selection!r}")
+    target, sizes = float(more.get("target", 0.8)), more.get("sizes", SIZES)
+    verify, batch_size = int(more.get("verify", 20)), int(more.get("batch_size", BATCH_SIZE))
     t0 = time.perf_counter()
-    graph = build_graph(model, heads=heads)
+    graph = build_graph(model, heads=more.get("heads"))
     pairs = make_pairs(
         model, facts, pool=pool, cross_language=cross_language, metric=metric, positions=positions
     )

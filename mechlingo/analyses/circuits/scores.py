@@ -26,6 +26,7 @@ from torch import Tensor
 
 from mechlingo.analyses.circuits.graph import Graph
 from mechlingo.analyses.circuits.runs import Readout, run_graph
+from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch
 from mechlingo.core.types import Model
@@ -129,7 +130,7 @@ def edge_scores(
     roles: Float[Tensor, "row pos group"],
     *,
     steps: int = 1,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
 ) -> tuple[Float[Tensor, "row sender receiver group"], Tensor, Tensor]:
     """EAP (``steps=1``) or EAP-IG scores of every edge for every row, ``batch_size`` rows
     (times ``steps`` copies) per pass.
