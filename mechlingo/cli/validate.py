@@ -36,6 +36,7 @@ from mechlingo.core.errors import (
     ModelLoadError,
     OutputError,
 )
+from mechlingo.core.languages import lang_code
 from mechlingo.core.models import default_model_dir
 from mechlingo.core.sites import canonical_site
 from mechlingo.core.types import Model
@@ -590,9 +591,35 @@ def _check_counts(args: argparse.Namespace) -> None:
                 )
 
 
+#: ``args`` attributes that hold comma-separated language codes (``"all"`` allowed in some)
+LANG_FLAGS = ("langs", "track", "target")
+
+
+def canonical_lang_flags(args: argparse.Namespace) -> None:
+    """Check the language flags (:data:`LANG_FLAGS`) and rewrite them in canonical codes, so
+    that ``--langs sv,swh_Latn`` reads the records of ``sv`` and ``sw``: any ISO 639 / BCP 47
+    or FLORES code (:func:`~mechlingo.core.languages.lang_code`).
+
+    Raises:
+        InputError: a code that names no language, or one language named twice.
+    """
+    for name in LANG_FLAGS:
+        flag = _flag(name)
+        items = parse_list(getattr(args, name, None), flag, what="language",
+                           allow_empty=name == "track")  # fmt: skip
+        if items is None:
+            continue
+        canon = [x if x == "all" else lang_code(x, where=flag) for x in items]
+        twice = sorted({c for c in canon if canon.count(c) > 1})
+        if twice:
+            raise InputError(f"{flag} names {twice[0]} more than once (in different codes)",
+                             where=flag, fix="name each language once")  # fmt: skip
+        setattr(args, name, ",".join(canon))
+
+
 def _check_fact_flags(args: argparse.Namespace) -> None:
     """Flags of the commands that read facts (lens, eval, trace, steer)."""
-    parse_list(getattr(args, "langs", None), "--langs", known=LANGS, what="language")
+    parse_list(getattr(args, "langs", None), "--langs", what="language")
     data = getattr(args, "facts", None)
     bench = data is not None and data.strip() != "" and benchmark_format(data) is not None
     facts = None if bench else check_data_file(data)  # a benchmark is read with the facts
@@ -600,8 +627,6 @@ def _check_fact_flags(args: argparse.Namespace) -> None:
     if rel is not None and rel.strip() != "all" and not bench:
         available = RELATIONS if facts is None else sorted({f.relation for f in facts})
         parse_list(rel, "--relation", known=available, what="relation")
-    if hasattr(args, "track"):
-        parse_list(args.track, "--track", known=LANGS, what="language", allow_empty=True)
     if hasattr(args, "patch_sites"):
         for site in parse_list(args.patch_sites, "--patch-sites", what="site") or []:
             canonical_site(site)
@@ -680,7 +705,7 @@ def _check_align_flags(
 
 def _check_text_flags(args: argparse.Namespace) -> None:
     """Flags of the commands that read parallel sentences (experts, align)."""
-    known = None if getattr(args, "parallel", None) else LANGS
+    known = None if getattr(args, "parallel", None) else LANGS  # the bundled facts' own
     langs = parse_list(getattr(args, "langs", None), "--langs", known=known, what="language")
     check_text_dir(getattr(args, "parallel", None), langs, "--parallel")
     if args.command == "experts":
@@ -741,6 +766,7 @@ def validate_args(args: argparse.Namespace) -> None:
     check_device(getattr(args, "device", None))
     check_dtype(getattr(args, "dtype", None))
     check_model_source(getattr(args, "model", None))
+    canonical_lang_flags(args)
     artifact = cmd == "experts" or getattr(args, "steer_command", None) == "build"
     if hasattr(args, "out"):
         check_out(args.out, artifact=artifact)
