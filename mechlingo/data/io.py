@@ -535,9 +535,27 @@ def load_facts(
             + f"; the file has languages {present} for these relations"
         )
     facts.sort(key=lambda f: (_relation_key(f.relation), f.id, lang_rank[f.lang]))
+    if path is not None:
+        facts = with_english_rows(facts, everything)
     if templates == "natural":
         facts = [with_template(f, natural_templates()[f.relation][f.lang]) for f in facts]
     return facts
+
+
+def with_english_rows(facts: Sequence[Fact], pool: Iterable[Fact]) -> list[Fact]:
+    """``facts`` with the English answer and subject of the English row of the same id in
+    ``pool`` wherever a fact has none of its own: a file's English rows still give the
+    English answers when ``langs`` leaves English out."""
+    english = {f.id: f for f in pool if f.lang == "en"}
+
+    def fill(f: Fact) -> Fact:
+        en = english.get(f.id)
+        if en is None or (f.answer_en and f.subject_en):
+            return f
+        return dataclasses.replace(f, answer_en=f.answer_en or en.answer,
+                                   subject_en=f.subject_en or en.subject)  # fmt: skip
+
+    return [fill(f) for f in facts]
 
 
 TEMPLATE_FAMILIES = ("measured", "natural")
