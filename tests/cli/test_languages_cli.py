@@ -9,7 +9,7 @@ import pytest
 
 from mechlingo.cli import common, main
 from mechlingo.core import models
-from tests.data.test_languages import fact_records, write_facts, write_parallel
+from tests.data.test_languages import CAPITALS, fact_records, write_facts, write_parallel
 
 
 @pytest.fixture
@@ -23,12 +23,13 @@ def _summary(out):
 
 def test_eval_in_swedish_and_swahili(tiny_dir, facts_file, tmp_path):
     out = tmp_path / "eval"
-    args = ["eval", "--model", str(tiny_dir), "--facts", facts_file, "--langs", "sv,swh_Latn"]
+    args = ["eval", "--model", str(tiny_dir), "--facts", facts_file, "--langs", "sv,swh_Latn",
+            "--limit", "4"]  # fmt: skip
     assert main([*args, "--max-new-tokens", "2", "--quiet", "--out", str(out)]) == 0
     s = _summary(out)
     assert set(s["accuracy"]) == {"sv", "sw"}  # swh_Latn is read as sw
     rows = [json.loads(x) for x in (out / "generations.jsonl").read_text().splitlines()]
-    assert sorted({r["lang"] for r in rows}) == ["sv", "sw"] and len(rows) == 2 * 20
+    assert sorted({r["lang"] for r in rows}) == ["sv", "sw"] and len(rows) == 2 * 4
 
 
 def test_trace_in_swedish_and_swahili_without_english_in_langs(tiny_dir, tmp_path):
@@ -48,7 +49,11 @@ def test_trace_without_any_english_answer_stops_before_the_model(tmp_path, monke
     for extra in (["--dry-run"], []):
         code = main(["trace", "--facts", facts, "--out", str(tmp_path / "o"), *extra])
         err = capsys.readouterr().err
-        assert code == 2 and "20 fact(s) have no English answer" in err and "answer_en" in err
+        assert (
+            code == 2
+            and f"{len(CAPITALS)} fact(s) have no English answer" in err
+            and "answer_en" in err
+        )
         assert "pool" not in err and "track_langs" not in err  # no Python-API advice
 
 
@@ -128,3 +133,19 @@ def test_every_problem_of_a_facts_file_before_any_model(command, dry_run, tmp_pa
     for needle in ("'answers'", "did you mean 'answer'?", "'alias'", "did you mean 'aliases'?",
                    "has 'xx', not a language code", "ends with whitespace"):  # fmt: skip
         assert needle in err, needle
+
+
+def test_lens_tracks_languages_from_rows_langs_leaves_out(tiny_dir, tmp_path, monkeypatch, capsys):
+    """--langs sv --track sw,en: the file's Swahili and English rows give the tracked answers;
+    a tracked language the file lacks is refused before the model loads, in flags."""
+    facts = write_facts(tmp_path / "f.jsonl", fact_records(answer_en=False))
+    out = tmp_path / "lens"
+    args = ["lens", "--model", str(tiny_dir), "--facts", facts, "--langs", "sv", "--limit", "3"]
+    assert main([*args, "--track", "sw,en", "--quiet", "--out", str(out)]) == 0
+    rows = (out / "lens.csv").read_text().splitlines()
+    assert len(rows) > 1
+    monkeypatch.setattr(common, "load_model", _no_model)
+    assert main([*args, "--track", "fr", "--out", str(tmp_path / "o2")]) == 2
+    err = capsys.readouterr().err
+    assert "--track fr: no fr answer for fact" in err and "add fr rows" in err
+    assert "pool" not in err and "track_langs" not in err

@@ -53,6 +53,8 @@ CAPITALS = [
     ("ET", "Ethiopia", "Etiopien", "Ethiopia", "Addis Ababa", "Addis Abeba", "Addis Ababa"),
     ("RW", "Rwanda", "Rwanda", "Rwanda", "Kigali", "Kigali", "Kigali"),
     ("AT", "Austria", "Österrike", "Austria", "Vienna", "Wien", "Vienna"),
+    ("US", "United States", "USA", "Marekani", "Washington", "Washington", "Washington"),
+    ("BR", "Brazil", "Brasilien", "Brazil", "Brasília", "Brasília", "Brasilia"),
 ]
 STEMS = {
     "en": "The capital of {s} is",
@@ -62,9 +64,12 @@ STEMS = {
 #: a second relation: the continent of each country but Russia (English, Swedish, Swahili)
 CONTINENTS = {
     "Europe": ("Europa", "Ulaya"), "Africa": ("Afrika", "Afrika"), "Asia": ("Asien", "Asia"),
+    "North America": ("Nordamerika", "Amerika Kaskazini"),
+    "South America": ("Sydamerika", "Amerika Kusini"),
 }  # fmt: skip
 CONTINENT_OF = {"KE": "Africa", "TZ": "Africa", "EG": "Africa", "UG": "Africa", "ET": "Africa",
-                "RW": "Africa", "JP": "Asia", "CN": "Asia"}  # fmt: skip
+                "RW": "Africa", "JP": "Asia", "CN": "Asia", "US": "North America",
+                "BR": "South America"}  # fmt: skip
 CONTINENT_STEMS = {"en": "{s} is a country in", "sv": "{s} ligger i",
                    "swh_Latn": "{s} iko katika bara la"}  # fmt: skip
 
@@ -178,7 +183,7 @@ def test_english_rows_of_the_file_give_english_answers_when_langs_leave_en_out(t
     path = write_facts(tmp_path / "f.jsonl", fact_records(answer_en=False))
     sw = load_facts(langs=["sw"], path=path)
     assert [(f.id, f.answer_en, f.subject_en) for f in sw][:2] == [
-        ("capital/AT", "Vienna", "Austria"), ("capital/CN", "Beijing", "China")]  # fmt: skip
+        ("capital/AT", "Vienna", "Austria"), ("capital/BR", "Brasília", "Brazil")]  # fmt: skip
 
 
 def test_every_problem_of_a_file_in_one_error(tmp_path):
