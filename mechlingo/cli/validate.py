@@ -36,7 +36,7 @@ from mechlingo.core.errors import (
     ModelLoadError,
     OutputError,
 )
-from mechlingo.core.languages import lang_code
+from mechlingo.core.languages import is_lang_code, lang_code
 from mechlingo.core.models import default_model_dir
 from mechlingo.core.sites import canonical_site
 from mechlingo.core.types import Model
@@ -609,7 +609,15 @@ def canonical_lang_flags(args: argparse.Namespace) -> None:
                            allow_empty=name == "track")  # fmt: skip
         if items is None:
             continue
-        canon = [x if x == "all" else lang_code(x, where=flag) for x in items]
+        unknown = [x for x in items if x != "all" and not is_lang_code(x)]
+        if unknown:
+            raise InputError(
+                f"unknown language(s) {unknown} in {flag}: not ISO 639 / BCP 47 codes",
+                where=flag,
+                fix="use codes such as sv, sw, zh-Hant or sr-Latn (FLORES swh_Latn works too); "
+                f"the bundled data has {','.join(LANGS)}",
+            )
+        canon = [x if x == "all" else lang_code(x) for x in items]
         twice = sorted({c for c in canon if canon.count(c) > 1})
         if twice:
             raise InputError(f"{flag} names {twice[0]} more than once (in different codes)",

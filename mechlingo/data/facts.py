@@ -259,8 +259,8 @@ def fact_from_mapping(
     except InputError:
         raise fail(
             "lang",
-            f"has {values['lang']!r}, not a language code (use ISO 639 / BCP 47: sv, sw, "
-            "zh-Hant, ...; or FLORES swh_Latn)",
+            f"has unknown language {values['lang']!r} (not an ISO 639 / BCP 47 code: use sv, "
+            "sw, zh-Hant, ...; or FLORES swh_Latn)",
         ) from None
     prompt = values["prompt"]
     if prompt != prompt.rstrip():

@@ -131,7 +131,7 @@ def test_every_problem_of_a_facts_file_before_any_model(command, dry_run, tmp_pa
     assert code == 2 and not out.exists()
     assert "4 problems" in err
     for needle in ("'answers'", "did you mean 'answer'?", "'alias'", "did you mean 'aliases'?",
-                   "has 'xx', not a language code", "ends with whitespace"):  # fmt: skip
+                   "has unknown language 'xx'", "ends with whitespace"):  # fmt: skip
         assert needle in err, needle
 
 

@@ -204,7 +204,7 @@ def test_every_problem_of_a_file_in_one_error(tmp_path):
     text = str(err.value)
     assert text.startswith(f"{path}: 6 problems")
     for needle in ("line 1: field 'answers'", "did you mean 'answer'?", "line 2: field 'alias'",
-                   "did you mean 'aliases'?", "line 3: field 'lang' has 'xx'",
+                   "did you mean 'aliases'?", "line 3: field 'lang' has unknown language 'xx'",
                    "line 4: field 'prompt' ends with whitespace", "line 5: invalid JSON",
                    "line 6: field 'id' repeats"):  # fmt: skip
         assert needle in text, needle
