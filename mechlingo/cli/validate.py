@@ -625,10 +625,25 @@ def canonical_lang_flags(args: argparse.Namespace) -> None:
         setattr(args, name, ",".join(canon))
 
 
+def _check_bundled_langs(langs: list[str] | None, data_flag: str, what: str) -> None:
+    """Without ``data_flag`` the bundled data is read: a language outside it is refused
+    with what to pass instead."""
+    outside = [lg for lg in langs or [] if lg not in LANGS]
+    if outside:
+        raise InputError(
+            f"--langs {','.join(outside)}: the bundled {what} are in {','.join(LANGS)} only",
+            where="--langs",
+            fix=f"for another language pass your own with {data_flag} "
+            "(docs/data.md: languages outside the bundled twelve)",
+        )
+
+
 def _check_fact_flags(args: argparse.Namespace) -> None:
     """Flags of the commands that read facts (lens, eval, trace, steer)."""
-    parse_list(getattr(args, "langs", None), "--langs", what="language")
+    langs = parse_list(getattr(args, "langs", None), "--langs", what="language")
     data = getattr(args, "facts", None)
+    if data is None and not getattr(args, "prompt", None):
+        _check_bundled_langs(langs, "--facts FILE", "facts")
     bench = data is not None and data.strip() != "" and benchmark_format(data) is not None
     facts = None if bench else check_data_file(data)  # a benchmark is read with the facts
     rel = getattr(args, "relation", None)
@@ -714,7 +729,9 @@ def _check_align_flags(
 def _check_text_flags(args: argparse.Namespace) -> None:
     """Flags of the commands that read parallel sentences (experts, align)."""
     known = None if getattr(args, "parallel", None) else LANGS  # the bundled facts' own
-    langs = parse_list(getattr(args, "langs", None), "--langs", known=known, what="language")
+    langs = parse_list(getattr(args, "langs", None), "--langs", what="language")
+    if known is not None:
+        _check_bundled_langs(langs, "--parallel DIR", "sentences")
     check_text_dir(getattr(args, "parallel", None), langs, "--parallel")
     if args.command == "experts":
         _check_experts_flags(args, langs, known)

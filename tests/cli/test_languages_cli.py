@@ -149,3 +149,16 @@ def test_lens_tracks_languages_from_rows_langs_leaves_out(tiny_dir, tmp_path, mo
     err = capsys.readouterr().err
     assert "--track fr: no fr answer for fact" in err and "add fr rows" in err
     assert "pool" not in err and "track_langs" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [(["eval", "--langs", "en,sv"], "--facts FILE"), (["lens", "--langs", "swh_Latn"], "--facts FILE"),
+     (["experts", "--langs", "en,sv", "--target", "en"], "--parallel DIR")],
+)  # fmt: skip
+def test_a_new_language_without_own_data_says_what_to_pass(argv, flag, tmp_path, monkeypatch,
+                                                           capsys):  # fmt: skip
+    monkeypatch.setattr(common, "load_model", _no_model)
+    assert main([*argv, "--out", str(tmp_path / "o"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "the bundled" in err and f"pass your own with {flag}" in err
