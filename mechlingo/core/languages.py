@@ -1,19 +1,16 @@
 """Languages: standard codes, names, scripts and word-boundary rules for any language.
 
-Every language code mechlingo reads (a facts record's ``lang``, ``--langs``, a benchmark's or
-a parallel folder's file names) goes through :func:`lang_code`, which accepts BCP 47 / ISO 639
-tags (``sv``, ``swe``, ``pt-BR``, ``zh-Hans``, ``sr-Latn``) and FLORES-style codes
-(``swh_Latn``, ``zho_Hant``) and returns one canonical form: the shortest tag that means the
-same language and script (CLDR's "remove likely subtags", favouring the script): ``swh_Latn``
--> ``sw``, ``zho_Hans`` -> ``zh``, ``zh-Hant`` stays ``zh-Hant``, ``sr-Latn`` stays
-``sr-Latn``, ``en-US`` -> ``en``, ``pt-PT`` stays ``pt-PT``. Codes are resolved by
-``langcodes`` (IANA subtag registry, CLDR likely subtags), not by a table here.
+:func:`lang_code` accepts BCP 47 / ISO 639 tags (``sv``, ``swe``, ``pt-BR``, ``zh-Hans``,
+``sr-Latn``) and FLORES codes (``swh_Latn``) and returns one canonical form: the shortest tag
+that means the same language and script (CLDR's "remove likely subtags", favouring the
+script): ``swh_Latn`` -> ``sw``, ``zho_Hans`` -> ``zh``, ``en-US`` -> ``en``; ``zh-Hant``,
+``sr-Latn`` and ``pt-PT`` stay. Codes are resolved by ``langcodes``, not by a table here.
 
-What depends on the language is told from its script (:func:`lang_script`, the code's
-script or CLDR's likely one): scripts in :data:`SPACELESS_SCRIPTS` write no space between
-words, so an answer follows its prompt directly and an answer's match needs no word boundary
-after it; Korean writes spaces but attaches particles to a noun, so it also needs no word
-boundary (:func:`needs_word_boundary`).
+What depends on the language is told from its script (:func:`lang_script`): scripts in
+:data:`SPACELESS_SCRIPTS` write no space between words, so an answer follows its prompt
+directly and needs no word boundary after it; Korean writes spaces but attaches particles
+to a noun, so it needs no word boundary either (:func:`needs_word_boundary`). The rules and
+what degrades for a language without bundled data: ``docs/data.md``.
 """
 
 from __future__ import annotations

@@ -243,3 +243,18 @@ def test_benchmark_loader_keeps_every_language(tmp_path):
     assert sorted({f.lang for f in bench.facts}) == ["en", "sv", "sw"]
     assert bench.unsupported_langs == ("qq",)  # qq is no language code
     assert "sv" not in LANGS
+
+
+def test_answer_tokens_follow_the_script(tiny):
+    """Thai continues without a space (like zh/ja), Swedish and Swahili with one: the
+    continuation form's token count tells them apart (the tiny tokenizer writes a space as a
+    token of its own)."""
+    from mechlingo.core.tokens import answer_tokens
+
+    def count(text: str) -> int:
+        return len(tiny.to_tokens(text, prepend_bos=False)[0])
+
+    assert count(" กรุงเทพ") == count("กรุงเทพ") + 1
+    assert answer_tokens(tiny, "กรุงเทพ", lang="th").n_tokens == count("กรุงเทพ")
+    for lang in ("sv", "swh_Latn"):
+        assert answer_tokens(tiny, "Stockholm", lang=lang).n_tokens == count(" Stockholm")
