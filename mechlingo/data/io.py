@@ -626,8 +626,9 @@ def read_parallel_dir(path: PathLike, langs: Iterable[str] | None = None) -> dic
     if not folder.is_dir():
         raise DataError(f"{folder} is not a folder of <lang>.txt files")
     check_links(folder, DataError)
-    for p in folder.glob("*.txt"):
-        refuse_special(p, DataError, fix="give regular <lang>.txt files")
+    for p in folder.glob("*.txt"):  # a pipe or device named like a language: refused
+        if is_lang_code(p.stem):
+            refuse_special(p, DataError, fix="give regular <lang>.txt files")
     present = _txt_files(folder)
     if langs is None:
         stems = present
