@@ -81,7 +81,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--device", default=None, help="cuda or cpu (default: cuda when available, else cpu)"
     )
-    g.add_argument("--dtype", default=None, help="model dtype, e.g. float32 or bfloat16")
+    g.add_argument("--dtype", default=None, help="model dtype, e.g. float32 or bfloat16 "
+                   "(default float32; readouts are computed in float32 whatever the dtype)")  # fmt: skip
     g.add_argument("--chat", choices=CHAT_MODES, default="auto",
                    help="wrap prompts (facts, few-shot demonstrations, steering-vector build "
                    "prompts) in the tokenizer's chat template: on, off, or auto = on for a "

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from mechlingo.analyses.decoders.lens import lens_facts, logit_lens
+from mechlingo.analyses.decoders.lens import fact_answers, lens_facts, logit_lens
 from mechlingo.analyses.decoders.patchscope import Patchscope
 from mechlingo.analyses.decoders.tuned_lens import load_tuned_lens
 from mechlingo.cli import common, cost
 from mechlingo.cli.decoders import DecoderChoice, add_decoder_args, decoder_choice, run_decoders
+from mechlingo.core.errors import InputError
+from mechlingo.data import Fact, benchmark_format, read_facts
 from mechlingo.data.langid import identify_language
 from mechlingo.report import write_outputs
 from mechlingo.report.lens import lens_report, token_lens_report
@@ -39,6 +42,34 @@ def _lens_args(p: argparse.ArgumentParser) -> None:
     cost.add_dry_run_arg(p)
 
 
+def answer_pool(args: argparse.Namespace, facts: list[Fact]) -> list[Fact]:
+    """Where tracked answers are looked up: every row of a ``--facts`` file (also those of
+    languages ``--langs`` leaves out), else the selected facts."""
+    if args.facts is None or benchmark_format(args.facts) is not None:
+        return facts
+    return read_facts(args.facts)
+
+
+def check_track_answers(
+    facts: Sequence[Fact], track: Sequence[str], pool: Sequence[Fact] | None = None
+) -> None:
+    """Every tracked language needs each fact's answer in it (a row of the same id in
+    ``pool`` or the bundled data; English also ``answer_en``): refused before the model
+    loads, in flags."""
+    for lg in track:
+        try:
+            fact_answers(facts, [lg], pool)
+        except InputError as err:
+            raise common.UsageError(
+                f"--track {lg}: {err.message.split(':')[0]} (the lens tracks each fact's "
+                f"answer in {lg})",
+                where="--track",
+                fix=f"add {lg} rows with the same ids to --facts"
+                + (" (or an 'answer_en' field)" if lg == "en" else "")
+                + f", or leave {lg} out of --track (--track '' tracks none)",
+            ) from None
+
+
 @common.command("lens", "per-language logit lens and latent-language curves", _lens_args)
 def cmd_lens(args: argparse.Namespace) -> int:
 
@@ -46,6 +77,8 @@ def cmd_lens(args: argparse.Namespace) -> int:
     if args.prompt:
         return _token_lens(args, choice)
     facts = common.load_selected_facts(args)
+    pool = answer_pool(args, facts) if choice.labels == ["logit"] else facts
+    check_track_answers(facts, common.split_list(args.track) or [], pool)
     plan = cost.plan_lens(facts, choice.labels, max_new_tokens=args.max_new_tokens,
                           model=args.model)  # fmt: skip
     if cost.announce(plan, args):
@@ -57,8 +90,9 @@ def cmd_lens(args: argparse.Namespace) -> int:
     t0 = time.time()
     with common.usage_errors(ValueError):
         result = lens_facts(
-            model, facts, track_langs=track, batch_size=args.batch_size, progress=not args.quiet
-        )
+            model, facts, track_langs=track, batch_size=args.batch_size,
+            progress=not args.quiet, pool=pool,
+        )  # fmt: skip
     summary = result.summary(max_rank=args.max_rank)
     summary["meta"] = common.run_meta(
         model, args, n_facts=len(facts), seconds=round(time.time() - t0, 1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from mechlingo.analyses.recall import trace
@@ -22,6 +23,7 @@ from mechlingo.analyses.recall import trace
 from mechlingo.analyses.recall.trace_options import TraceOptions
 from mechlingo.cli import common, cost
 from mechlingo.cli.flags import parse_int_range
+from mechlingo.data import Fact
 from mechlingo.report.trace import trace_report
 
 
@@ -83,6 +85,23 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
     cost.add_dry_run_arg(p)
 
 
+def check_english_answers(facts: Sequence[Fact], args: argparse.Namespace) -> None:
+    """The trace tracks every fact's English answer: refuse, before the model loads, facts
+    with neither an ``answer_en`` nor an English row of the same id in ``--facts``."""
+    english = {f.id for f in facts if f.lang == "en"}
+    missing = sorted({f.id for f in facts if not f.answer_en and f.id not in english})
+    if missing:
+        shown = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
+        raise common.UsageError(
+            f"--facts {args.facts}: {len(missing)} fact(s) have no English answer, which the "
+            f"trace tracks ({shown})",
+            fix="give their records an 'answer_en' field, or add English rows with the same "
+            "id to the file (they are read even when --langs leaves en out)",
+        )
+
+
 def options_from_args(args: argparse.Namespace) -> TraceOptions:
     """``trace``'s flags as :class:`~mechlingo.analyses.recall.trace_options.TraceOptions`
     (checked there)."""
@@ -106,6 +125,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if args.patch_prompts < 0:
         raise common.UsageError("--patch-prompts must be >= 0")
     facts = common.load_selected_facts(args)
+    check_english_answers(facts, args)
     opts = options_from_args(args)
     plan = cost.plan_trace(facts, max_new_tokens=opts.max_new_tokens,
                            patch_prompts=opts.patch_prompts, sites=opts.patch_sites,

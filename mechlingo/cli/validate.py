@@ -36,6 +36,7 @@ from mechlingo.core.errors import (
     ModelLoadError,
     OutputError,
 )
+from mechlingo.core.languages import is_lang_code, lang_code
 from mechlingo.core.models import default_model_dir
 from mechlingo.core.sites import canonical_site
 from mechlingo.core.types import Model
@@ -590,18 +591,65 @@ def _check_counts(args: argparse.Namespace) -> None:
                 )
 
 
+#: ``args`` attributes that hold comma-separated language codes (``"all"`` allowed in some)
+LANG_FLAGS = ("langs", "track", "target")
+
+
+def canonical_lang_flags(args: argparse.Namespace) -> None:
+    """Check the language flags (:data:`LANG_FLAGS`) and rewrite them in canonical codes, so
+    that ``--langs sv,swh_Latn`` reads the records of ``sv`` and ``sw``: any ISO 639 / BCP 47
+    or FLORES code (:func:`~mechlingo.core.languages.lang_code`).
+
+    Raises:
+        InputError: a code that names no language, or one language named twice.
+    """
+    for name in LANG_FLAGS:
+        flag = _flag(name)
+        items = parse_list(getattr(args, name, None), flag, what="language",
+                           allow_empty=name == "track")  # fmt: skip
+        if items is None:
+            continue
+        unknown = [x for x in items if x != "all" and not is_lang_code(x)]
+        if unknown:
+            raise InputError(
+                f"unknown language(s) {unknown} in {flag}: not ISO 639 / BCP 47 codes",
+                where=flag,
+                fix="use codes such as sv, sw, zh-Hant or sr-Latn (FLORES swh_Latn works too); "
+                f"the bundled data has {','.join(LANGS)}",
+            )
+        canon = [x if x == "all" else lang_code(x) for x in items]
+        twice = sorted({c for c in canon if canon.count(c) > 1})
+        if twice:
+            raise InputError(f"{flag} names {twice[0]} more than once (in different codes)",
+                             where=flag, fix="name each language once")  # fmt: skip
+        setattr(args, name, ",".join(canon))
+
+
+def _check_bundled_langs(langs: list[str] | None, data_flag: str, what: str) -> None:
+    """Without ``data_flag`` the bundled data is read: a language outside it is refused
+    with what to pass instead."""
+    outside = [lg for lg in langs or [] if lg not in LANGS]
+    if outside:
+        raise InputError(
+            f"--langs {','.join(outside)}: the bundled {what} are in {','.join(LANGS)} only",
+            where="--langs",
+            fix=f"for another language pass your own with {data_flag} "
+            "(docs/data.md: languages outside the bundled twelve)",
+        )
+
+
 def _check_fact_flags(args: argparse.Namespace) -> None:
     """Flags of the commands that read facts (lens, eval, trace, steer)."""
-    parse_list(getattr(args, "langs", None), "--langs", known=LANGS, what="language")
+    langs = parse_list(getattr(args, "langs", None), "--langs", what="language")
     data = getattr(args, "facts", None)
+    if data is None and not getattr(args, "prompt", None):
+        _check_bundled_langs(langs, "--facts FILE", "facts")
     bench = data is not None and data.strip() != "" and benchmark_format(data) is not None
     facts = None if bench else check_data_file(data)  # a benchmark is read with the facts
     rel = getattr(args, "relation", None)
     if rel is not None and rel.strip() != "all" and not bench:
         available = RELATIONS if facts is None else sorted({f.relation for f in facts})
         parse_list(rel, "--relation", known=available, what="relation")
-    if hasattr(args, "track"):
-        parse_list(args.track, "--track", known=LANGS, what="language", allow_empty=True)
     if hasattr(args, "patch_sites"):
         for site in parse_list(args.patch_sites, "--patch-sites", what="site") or []:
             canonical_site(site)
@@ -680,8 +728,10 @@ def _check_align_flags(
 
 def _check_text_flags(args: argparse.Namespace) -> None:
     """Flags of the commands that read parallel sentences (experts, align)."""
-    known = None if getattr(args, "parallel", None) else LANGS
-    langs = parse_list(getattr(args, "langs", None), "--langs", known=known, what="language")
+    known = None if getattr(args, "parallel", None) else LANGS  # the bundled facts' own
+    langs = parse_list(getattr(args, "langs", None), "--langs", what="language")
+    if known is not None:
+        _check_bundled_langs(langs, "--parallel DIR", "sentences")
     check_text_dir(getattr(args, "parallel", None), langs, "--parallel")
     if args.command == "experts":
         _check_experts_flags(args, langs, known)
@@ -741,6 +791,7 @@ def validate_args(args: argparse.Namespace) -> None:
     check_device(getattr(args, "device", None))
     check_dtype(getattr(args, "dtype", None))
     check_model_source(getattr(args, "model", None))
+    canonical_lang_flags(args)
     artifact = cmd == "experts" or getattr(args, "steer_command", None) == "build"
     if hasattr(args, "out"):
         check_out(args.out, artifact=artifact)

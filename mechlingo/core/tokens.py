@@ -29,8 +29,11 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from mechlingo.core.errors import InputError, MechlingoError
+from mechlingo.core.languages import writes_spaces
 from mechlingo.core.types import Model
 
+#: The bundled languages whose answers follow without a space (any language:
+#: :func:`mechlingo.core.languages.writes_spaces`, told from its script).
 SPACELESS_LANGS = frozenset({"zh", "ja"})
 
 
@@ -424,8 +427,9 @@ def answer_tokens(
 
     Args:
         word: the answer as written (no leading space).
-        lang: language of the text the answer continues; Chinese and Japanese continue
-            without a space, every other language with one.
+        lang: language of the text the answer continues; languages whose script writes no
+            spaces (Chinese, Japanese, Thai, ...) continue without a space, every other
+            language with one.
         prefixes: also add vocabulary tokens that are prefixes of the word.
 
     Raises:
@@ -435,7 +439,7 @@ def answer_tokens(
     if not word:
         raise TokenizationError("an empty answer has no tokens")
     spaced = " " + word
-    main, other = (word, spaced) if lang in SPACELESS_LANGS else (spaced, word)
+    main, other = (spaced, word) if writes_spaces(lang) else (word, spaced)
     main_ids = _ids(model, main)
     other_ids = _ids(model, other)
     if not main_ids:
@@ -454,7 +458,7 @@ def answer_tokens(
             ids.append(other_ids[0])
     if prefixes:
         index = _vocab_index(model)
-        shortest = 1 if lang in SPACELESS_LANGS else min(3, len(word))
+        shortest = min(3, len(word)) if writes_spaces(lang) else 1
         for k in range(shortest, len(word) + 1):
             for i in index.by_text.get(word[:k], ()):
                 if i not in ids:

@@ -15,6 +15,16 @@ import json
 from importlib import resources
 from typing import Any
 
+from mechlingo.core.languages import (
+    is_lang_code,
+    lang_code,
+    lang_name,
+    lang_script,
+    native_name,
+    needs_word_boundary,
+    order_langs,
+    writes_spaces,
+)
 from mechlingo.data.benchmarks import (
     FORMATS,
     SKIP_REASONS,
@@ -56,6 +66,7 @@ from mechlingo.data.parallel_text import SCRIPT_CODES, read_parallel
 from mechlingo.data.prompts import (
     NATIVE_LANG_NAMES,
     few_shot_prompt,
+    language_label,
     parallel_sentences,
     translation_prompt,
     zero_shot_prompt,
@@ -99,6 +110,15 @@ __all__ = [
     "detect_format",
     "fact_from_cloze",
     "fact_from_mapping",
+    "is_lang_code",
+    "lang_code",
+    "lang_name",
+    "lang_script",
+    "language_label",
+    "native_name",
+    "needs_word_boundary",
+    "order_langs",
+    "writes_spaces",
     "few_shot_prompt",
     "from_dataset",
     "load_benchmark",

@@ -8,31 +8,22 @@ cross-lingual comparisons aligned.
 
 from __future__ import annotations
 
+import difflib
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Required, TypedDict, Unpack
 
 from mechlingo.core.errors import InputError, MechlingoError
+from mechlingo.core.languages import BUNDLED_NAMES, lang_code, writes_spaces
 
-#: The twelve languages of the bundled data, as ISO 639-1 codes.
-LANGS: tuple[str, ...] = ("en", "de", "fr", "es", "it", "pt", "ru", "zh", "ja", "ko", "ar", "hi")
+#: The twelve languages of the bundled data, as ISO 639-1 codes. They are the bundled data's
+#: languages, not the toolkit's: a facts file, a benchmark or parallel text may be in any
+#: language with a standard code (:func:`mechlingo.core.languages.lang_code`).
+LANGS: tuple[str, ...] = tuple(BUNDLED_NAMES)
 
-#: English names of :data:`LANGS` (used in translation prompts and reports).
-LANG_NAMES: dict[str, str] = {
-    "en": "English",
-    "de": "German",
-    "fr": "French",
-    "es": "Spanish",
-    "it": "Italian",
-    "pt": "Portuguese",
-    "ru": "Russian",
-    "zh": "Chinese",
-    "ja": "Japanese",
-    "ko": "Korean",
-    "ar": "Arabic",
-    "hi": "Hindi",
-}
+#: English names of :data:`LANGS` (other languages: :func:`mechlingo.core.languages.lang_name`).
+LANG_NAMES: dict[str, str] = dict(BUNDLED_NAMES)
 
 #: The relations of the bundled data, in a fixed order (also the sort order of loaded facts).
 RELATIONS: tuple[str, ...] = (
@@ -44,8 +35,9 @@ RELATIONS: tuple[str, ...] = (
     "script",
 )
 
-#: Languages written without a space between a prompt and its answer.
-NO_SPACE_LANGS: frozenset[str] = frozenset({"zh", "ja"})
+#: The bundled languages written without a space between a prompt and its answer (any
+#: language: :func:`mechlingo.core.languages.writes_spaces`).
+NO_SPACE_LANGS: frozenset[str] = frozenset(lg for lg in LANGS if not writes_spaces(lg))
 
 #: Fields every record must have; the others have defaults (see :func:`fact_from_mapping`).
 REQUIRED_FIELDS: tuple[str, ...] = ("id", "relation", "lang", "subject", "prompt", "answer")
@@ -67,6 +59,26 @@ FIELDS: tuple[str, ...] = (
 #: Fields written only when set: text after the answer, and a candidate set for ranking.
 CLOZE_FIELDS: tuple[str, ...] = ("suffix", "candidates")
 
+#: The most problems of one facts file reported at once (the rest are counted).
+MAX_PROBLEMS = 20
+
+
+def unknown_field_problems(record: Any, where: str) -> list[str]:
+    """One message per field of ``record`` that a fact does not have, naming the nearest
+    known field (``answers`` -> ``answer``, ``alias`` -> ``aliases``): a misspelt field
+    would otherwise be dropped without a word."""
+    if not isinstance(record, Mapping):
+        return []
+    known = FIELDS + CLOZE_FIELDS
+    out = []
+    for key in record:
+        if key in known:
+            continue
+        near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+        hint = f"did you mean '{near[0]}'?" if near else f"known fields: {', '.join(known)}"
+        out.append(f"{where}: field '{key}' is not a field of a fact ({hint})")
+    return out
+
 
 @dataclass(frozen=True)
 class Fact:
@@ -75,7 +87,8 @@ class Fact:
     Attributes:
         id: fact id shared by all languages, ``"<relation>/<key>"`` (e.g. ``"capital/IT"``).
         relation: relation name (e.g. ``"capital"``).
-        lang: language code of ``prompt`` and ``answer`` (one of :data:`LANGS`).
+        lang: language code of ``prompt`` and ``answer``, canonical
+            (:func:`~mechlingo.core.languages.lang_code`): any language, not only :data:`LANGS`.
         subject: the subject as written inside ``prompt`` (e.g. ``"Italie"``).
         prompt: a completion stem whose greedy continuation should be ``answer``; it has no
             trailing whitespace (the space before the answer belongs to the answer's token).
@@ -147,9 +160,10 @@ class Fact:
 
 
 def answer_separator(lang: str) -> str:
-    """The text between a prompt and its answer when both are written out: ``""`` for
-    Chinese and Japanese, ``" "`` otherwise."""
-    return "" if lang in NO_SPACE_LANGS else " "
+    """The text between a prompt and its answer when both are written out: ``""`` for the
+    languages whose script writes no spaces (Chinese, Japanese, Thai, ...:
+    :func:`~mechlingo.core.languages.writes_spaces`), ``" "`` otherwise."""
+    return " " if writes_spaces(lang) else ""
 
 
 def complete(prompt: str, answer: str, lang: str) -> str:
@@ -172,20 +186,30 @@ def answer_key(text: str) -> str:
 
 
 def check_langs(langs: Iterable[str] | str | None) -> tuple[str, ...]:
-    """Validate language codes; ``None`` means all of :data:`LANGS`.
+    """Language codes in their canonical form (``swh_Latn`` -> ``sw``, ``zh-Hans`` -> ``zh``;
+    :func:`~mechlingo.core.languages.lang_code`); ``None`` means all of :data:`LANGS`.
 
     Raises:
-        InputError: (a ``ValueError``) naming the unknown codes and listing the valid ones.
+        InputError: (a ``ValueError``) naming the codes that are not language codes.
     """
     if langs is None:
         return LANGS
     if isinstance(langs, str):
         langs = (langs,)
     langs = tuple(langs)
-    unknown = [lang for lang in langs if lang not in LANGS]
+    out, unknown = [], []
+    for lang in langs:
+        try:
+            out.append(lang_code(lang))
+        except InputError:
+            unknown.append(lang)
     if unknown:
-        raise InputError(f"unknown language(s) {unknown}; valid languages are {list(LANGS)}")
-    return langs
+        raise InputError(
+            f"unknown language(s) {unknown}: not ISO 639 / BCP 47 language codes",
+            fix="use codes such as sv, sw, zh-Hant or sr-Latn (FLORES swh_Latn works too); "
+            f"the bundled data has {', '.join(LANGS)}",
+        )
+    return tuple(out)
 
 
 class RecordError(MechlingoError, ValueError):
@@ -201,7 +225,8 @@ def fact_from_mapping(
 ) -> Fact:
     """Build a :class:`Fact` from a dict read from a file, checking every field.
 
-    Required: ``id``, ``relation``, ``lang`` (one of :data:`LANGS`), ``subject``, ``prompt``
+    Required: ``id``, ``relation``, ``lang`` (a language code, stored canonical:
+    ``swh_Latn`` -> ``sw``), ``subject``, ``prompt``
     (no trailing whitespace), ``answer``, all non-empty strings. Optional: ``answer_en`` and
     ``subject_en`` (default ``""``), ``aliases`` (a list of strings, or one string with
     ``|`` between aliases; default empty), ``subject_span`` (two ints; when missing it is
@@ -229,8 +254,14 @@ def fact_from_mapping(
         if not isinstance(value, str) or not (value.strip() or empty_ok):
             raise fail(field, f"must be a non-empty string, got {value!r}")
         values[field] = value
-    if values["lang"] not in LANGS:
-        raise fail("lang", f"has unknown language {values['lang']!r}; valid: {list(LANGS)}")
+    try:
+        values["lang"] = lang_code(values["lang"])
+    except InputError:
+        raise fail(
+            "lang",
+            f"has unknown language {values['lang']!r} (not an ISO 639 / BCP 47 code: use sv, "
+            "sw, zh-Hant, ...; or FLORES swh_Latn)",
+        ) from None
     prompt = values["prompt"]
     if prompt != prompt.rstrip():
         raise fail("prompt", "ends with whitespace; remove it (the answer carries its own space)")

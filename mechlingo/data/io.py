@@ -25,16 +25,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mechlingo.core.errors import DataError, InputError
+from mechlingo.core.languages import is_lang_code, lang_code, order_langs
 from mechlingo.core.untrusted import check_depth, check_links, refuse_special
 from mechlingo.data.facts import (
     CLOZE_FIELDS,
     FIELDS,
-    LANGS,
+    MAX_PROBLEMS,
     RELATIONS,
     Fact,
     RecordError,
     check_langs,
     fact_from_mapping,
+    unknown_field_problems,
 )
 
 if TYPE_CHECKING:
@@ -167,30 +169,68 @@ def bundled_path() -> Path:
     return Path(str(resources.files("mechlingo.data").joinpath(BUNDLED_FACTS)))
 
 
-def _check_unique(facts: Sequence[Fact], source: str, lines: Sequence[int]) -> None:
+def _repeat_problems(facts: Sequence[Fact], source: str, lines: Sequence[int]) -> list[str]:
+    """One message per repeated (id, lang) pair, naming both lines."""
     seen: dict[tuple[str, str], int] = {}
+    out = []
     for fact, line in zip(facts, lines, strict=True):
         key = (fact.id, fact.lang)
         if key in seen:
-            raise RecordError(
+            out.append(
                 f"{source}, line {line}: field 'id' repeats {fact.id!r} in language "
                 f"{fact.lang!r} (first on line {seen[key]})"
             )
-        seen[key] = line
+        else:
+            seen[key] = line
+    return out
 
 
-def _facts_of(records: Iterable[tuple[int, Any]], source: str, empty: DataError) -> list[Fact]:
-    """The checked facts of ``(line, record)`` pairs, read in order (each record's error
-    names its line); ``empty`` is raised when there are none, and a repeated (id, lang) pair
-    is an error naming both lines."""
+def _check_unique(facts: Sequence[Fact], source: str, lines: Sequence[int]) -> None:
+    problems = _repeat_problems(facts, source, lines)
+    if problems:
+        raise RecordError(problems[0])
+
+
+def problems_error(problems: Sequence[str], source: str) -> RecordError:
+    """One error for all the problems of a file: the one message when there is one, else a
+    count and the first :data:`~mechlingo.data.facts.MAX_PROBLEMS`, one per line."""
+    if len(problems) == 1:
+        return RecordError(problems[0])
+    shown = list(problems[:MAX_PROBLEMS])
+    more = len(problems) - len(shown)
+    head = f"{source}: {len(problems)} problems" + (
+        f" (the first {len(shown)} listed)" if more else ""
+    )
+    return RecordError(head + "".join(f"\n  {p}" for p in shown))
+
+
+def _facts_of(
+    records: Iterable[tuple[int, Any]], source: str, empty: DataError, strict: bool = True
+) -> list[Fact]:
+    """The checked facts of ``(line, record)`` pairs, read in order; a record may be a
+    :class:`RecordError` (a line that could not be read). Every problem of the file (each
+    record's first bad field, fields a fact lacks when ``strict``, repeated (id, lang) pairs)
+    is reported at once in one :class:`RecordError` (:func:`problems_error`); ``empty`` is
+    raised when there are no records."""
     facts: list[Fact] = []
     lines: list[int] = []
+    problems: list[str] = []
     for number, record in records:
-        facts.append(fact_from_mapping(record, source, number))
-        lines.append(number)
-    if not facts:
+        if isinstance(record, RecordError):
+            problems.append(str(record))
+            continue
+        if strict:
+            problems += unknown_field_problems(record, f"{source}, line {number}")
+        try:
+            facts.append(fact_from_mapping(record, source, number))
+            lines.append(number)
+        except RecordError as err:
+            problems.append(str(err))
+    if not facts and not problems:
         raise empty
-    _check_unique(facts, source, lines)
+    problems += _repeat_problems(facts, source, lines)
+    if problems:
+        raise problems_error(problems, source)
     return facts
 
 
@@ -202,16 +242,20 @@ def read_jsonl(path: PathLike) -> list[Fact]:
             repeated (id, lang) pair, naming the file, the line number and the field.
     """
     source = str(path)
-    records = (
-        (number, json_record(text, f"{source}, line {number}"))
-        for number, text in enumerate(read_text(path, "facts file").split("\n"), start=1)
-        if text.strip()
-    )
+
+    def records() -> Iterator[tuple[int, Any]]:
+        for number, text in enumerate(read_text(path, "facts file").split("\n"), start=1):
+            if text.strip():
+                try:
+                    yield number, json_record(text, f"{source}, line {number}")
+                except RecordError as err:
+                    yield number, err
+
     empty = DataError(
         f"{source}, line 1: the file holds no facts (empty)",
         fix="add one JSON object per line (see docs/data.md)",
     )
-    return _facts_of(records, source, empty)
+    return _facts_of(records(), source, empty)
 
 
 def write_jsonl(facts: Iterable[Fact], path: PathLike) -> None:
@@ -318,19 +362,24 @@ def read_tsv(path: PathLike) -> list[Fact]:
         raise RecordError(f"{source}, line 1: missing header line (column names)")
     header = [name.strip() for name in rows[0][1]]
 
-    def records() -> Iterator[tuple[int, dict[str, Any]]]:
+    def record(number: int, cells: list[str], quoted: list[bool]) -> dict[str, Any]:
+        if len(cells) != len(header):
+            raise RecordError(
+                f"{source}, line {number}: has {len(cells)} columns, the header has {len(header)}"
+            )
+        out: dict[str, Any] = {}
+        for name, cell, q in zip(header, cells, quoted, strict=True):
+            if cell == "" and name not in ("answer_en", "subject_en", "aliases"):
+                continue  # an empty required cell is reported as missing
+            out[name] = cell if q else _unescape(cell, source, number, name)
+        return out
+
+    def records() -> Iterator[tuple[int, Any]]:
         for number, cells, quoted in rows[1:]:
-            if len(cells) != len(header):
-                raise RecordError(
-                    f"{source}, line {number}: has {len(cells)} columns, the header has "
-                    f"{len(header)}"
-                )
-            record: dict[str, Any] = {}
-            for name, cell, q in zip(header, cells, quoted, strict=True):
-                if cell == "" and name not in ("answer_en", "subject_en", "aliases"):
-                    continue  # an empty required cell is reported as missing
-                record[name] = cell if q else _unescape(cell, source, number, name)
-            yield number, record
+            try:
+                yield number, record(number, cells, quoted)
+            except RecordError as err:
+                yield number, err
 
     empty = DataError(
         f"{source}, line 2: the file has a header line but no facts",
@@ -413,7 +462,8 @@ def load_facts(
     """Load facts from the bundled data (or from ``path``, a ``.jsonl``/``.tsv`` file).
 
     Args:
-        langs: language codes to keep (default: all of :data:`LANGS`).
+        langs: language codes to keep (default: all of :data:`LANGS` for the bundled data;
+            a file may hold any language, see :func:`~mechlingo.core.languages.lang_code`).
         relations: relations to keep (default: all in the file).
         limit: at most this many fact ids per relation. The ids are the first ``limit`` in
             sorted order among those present in *every* requested language, so the result
@@ -485,9 +535,27 @@ def load_facts(
             + f"; the file has languages {present} for these relations"
         )
     facts.sort(key=lambda f: (_relation_key(f.relation), f.id, lang_rank[f.lang]))
+    if path is not None:
+        facts = with_english_rows(facts, everything)
     if templates == "natural":
         facts = [with_template(f, natural_templates()[f.relation][f.lang]) for f in facts]
     return facts
+
+
+def with_english_rows(facts: Sequence[Fact], pool: Iterable[Fact]) -> list[Fact]:
+    """``facts`` with the English answer and subject of the English row of the same id in
+    ``pool`` wherever a fact has none of its own: a file's English rows still give the
+    English answers when ``langs`` leaves English out."""
+    english = {f.id: f for f in pool if f.lang == "en"}
+
+    def fill(f: Fact) -> Fact:
+        en = english.get(f.id)
+        if en is None or (f.answer_en and f.subject_en):
+            return f
+        return dataclasses.replace(f, answer_en=f.answer_en or en.answer,
+                                   subject_en=f.subject_en or en.subject)  # fmt: skip
+
+    return [fill(f) for f in facts]
 
 
 TEMPLATE_FAMILIES = ("measured", "natural")
@@ -526,16 +594,29 @@ def with_template(fact: Fact, template: str) -> Fact:
     return dataclasses.replace(fact, prompt=prompt, subject_span=(start, start + len(fact.subject)))
 
 
+def _txt_files(folder: Path) -> dict[str, str]:
+    """``{canonical code: file stem}`` of the ``<lang>.txt`` files of ``folder`` named by a
+    language code (``sv.txt``, ``swh_Latn.txt``), the bundled twelve first."""
+    found: dict[str, str] = {}
+    for p in sorted(folder.glob("*.txt")):
+        if p.is_file() and is_lang_code(p.stem):
+            found.setdefault(lang_code(p.stem), p.stem)
+    return {lang: found[lang] for lang in order_langs(list(found))}
+
+
 def read_parallel_dir(path: PathLike, langs: Iterable[str] | None = None) -> dict[str, list[str]]:
     """Read a folder of line-aligned ``<lang>.txt`` files (line i is the same sentence in
     every language), e.g. an NTREX or FLORES export.
 
     Args:
         path: the folder.
-        langs: languages to read (default: every code of :data:`LANGS` with a file there).
+        langs: languages to read, any code :func:`~mechlingo.core.languages.lang_code` takes
+            (default: every file named by a language code, the bundled twelve first). A file
+            is found by the code as given or by any code of the same language (``sw`` finds
+            ``swh_Latn.txt``).
 
     Returns:
-        ``{lang: [sentence, ...]}`` in the order of ``langs`` (or :data:`LANGS`).
+        ``{lang: [sentence, ...]}`` keyed by canonical codes, in the order of ``langs``.
 
     Raises:
         ValueError: if the folder or a requested language file is missing, no file is
@@ -545,21 +626,33 @@ def read_parallel_dir(path: PathLike, langs: Iterable[str] | None = None) -> dic
     if not folder.is_dir():
         raise DataError(f"{folder} is not a folder of <lang>.txt files")
     check_links(folder, DataError)
-    for lang in LANGS if langs is None else ((langs,) if isinstance(langs, str) else langs):
-        refuse_special(folder / f"{lang}.txt", DataError, fix="give regular <lang>.txt files")
+    for p in folder.glob("*.txt"):  # a pipe or device named like a language: refused
+        if is_lang_code(p.stem):
+            refuse_special(p, DataError, fix="give regular <lang>.txt files")
+    present = _txt_files(folder)
     if langs is None:
-        wanted = [lang for lang in LANGS if (folder / f"{lang}.txt").is_file()]
-        if not wanted:
-            raise DataError(f"{folder} has no <lang>.txt file for any of {list(LANGS)}")
+        stems = present
+        if not stems:
+            raise DataError(f"{folder} has no <lang>.txt file named by a language code",
+                            fix="name each file by its language: en.txt, sv.txt, ...")  # fmt: skip
     else:
-        wanted = list((langs,) if isinstance(langs, str) else langs)
-        _refuse_repeats(wanted, "langs")
-        missing = [lang for lang in wanted if not (folder / f"{lang}.txt").is_file()]
+        asked = list((langs,) if isinstance(langs, str) else langs)
+        _refuse_repeats(asked, "langs")
+        stems = {}
+        missing = []
+        for lang in asked:
+            if (folder / f"{lang}.txt").is_file():
+                stems[lang_code(lang) if is_lang_code(lang) else lang] = lang
+            elif is_lang_code(lang) and lang_code(lang) in present:
+                stems[lang_code(lang)] = present[lang_code(lang)]
+            else:
+                missing.append(lang)
         if missing:
             raise DataError(f"{folder}: no file for language(s) {missing} (expected <lang>.txt)")
+    wanted = list(stems)
     texts: dict[str, list[str]] = {}
     for lang in wanted:
-        content = read_text(folder / f"{lang}.txt", "text file")
+        content = read_text(folder / f"{stems[lang]}.txt", "text file")
         lines = content.split("\n")
         while lines and not lines[-1].strip():  # trailing blank lines (editors add them)
             lines.pop()

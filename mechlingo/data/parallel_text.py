@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from mechlingo.core.errors import DataError, InputError
+from mechlingo.core.languages import is_lang_code, lang_code, order_langs
 from mechlingo.core.untrusted import refuse_special
 from mechlingo.data.facts import LANGS
 from mechlingo.data.io import read_parallel_dir, read_text
@@ -49,11 +50,15 @@ SPLITS = ("dev", "devtest")
 
 
 def lang_of(code: str) -> str | None:
-    """mechlingo's code for a file's language code (``fra_Latn`` -> ``fr``, ``fr`` -> ``fr``),
-    ``None`` for a language mechlingo does not cover."""
+    """mechlingo's canonical code for a file's language code (``fra_Latn`` -> ``fr``,
+    ``swh_Latn`` -> ``sw``, ``fr`` -> ``fr``; any language, see
+    :func:`~mechlingo.core.languages.lang_code`), ``None`` when ``code`` is not a language
+    code (``README``)."""
     if code in LANGS:
         return code
-    return SCRIPT_CODES.get(code)
+    if code in SCRIPT_CODES:
+        return SCRIPT_CODES[code]
+    return lang_code(code) if is_lang_code(code) else None
 
 
 def _split_dir(folder: Path, split: str, ext: str) -> Path | None:
@@ -104,8 +109,8 @@ def _files(layout: str, folder: Path, split: str) -> dict[str, Path]:
 
 
 def parallel_languages(path: PathLike, split: str = "devtest") -> dict[str, str | None]:
-    """Every file's language code in the folder, mapped to mechlingo's code (``None``: a
-    language outside :data:`~mechlingo.data.facts.LANGS`, skipped unless asked for)."""
+    """Every file's language code in the folder, mapped to mechlingo's canonical code
+    (``None``: a file name that is no language code, skipped)."""
     layout, folder = parallel_layout(path, split)
     return {code: lang_of(code) for code in _files(layout, folder, split)}
 
@@ -150,17 +155,18 @@ def _wanted(
     if langs is None:
         if not by_lang:
             raise DataError(
-                f"{folder}: no file in any of mechlingo's languages {list(LANGS)} "
-                f"(files: {sorted(files)[:8]})"
+                f"{folder}: no file named by a language code (files: {sorted(files)[:8]})",
+                fix="name each file by its language: sv.txt, swh_Latn.devtest, ...",
             )
-        return {lang: by_lang[lang] for lang in LANGS if lang in by_lang}
+        return {lang: by_lang[lang] for lang in order_langs(list(by_lang))}
     wanted = [langs] if isinstance(langs, str) else list(langs)
+    wanted = [lang_code(lg) if is_lang_code(lg) else lg for lg in wanted]
     out: dict[str, str] = {}
     missing = []
     for lang in wanted:
         if lang in by_lang:
             out[lang] = by_lang[lang]
-        elif lang in files:  # asked for by the file's own code (a language outside LANGS)
+        elif lang in files:  # asked for by the file's own code
             out[lang] = lang
         else:
             missing.append(lang)
@@ -177,9 +183,9 @@ def read_parallel(
     Args:
         path: the folder (``<lang>.txt`` files, a FLORES+ parquet folder or a FLORES-200
             folder; see the module docstring).
-        langs: mechlingo codes to read (default: every one of
-            :data:`~mechlingo.data.facts.LANGS` with a file); a file in another language is
-            read only when asked for by its own code (``"swh_Latn"``).
+        langs: language codes to read, in any form :func:`~mechlingo.core.languages.lang_code`
+            takes (default: every file named by a language code, the bundled twelve first);
+            the result is keyed by canonical codes (``swh_Latn.devtest`` -> ``"sw"``).
         split: ``"devtest"`` (default) or ``"dev"``, for the FLORES layouts.
 
     Returns:
@@ -190,7 +196,14 @@ def read_parallel(
             lengths (naming the counts).
     """
     layout, folder = parallel_layout(path, split)
-    if layout == "txt" and all(Path(f).stem in LANGS for f in folder.glob("*.txt")):
+    if (
+        layout == "txt"
+        and all(Path(f).stem in LANGS for f in folder.glob("*.txt"))
+        and (
+            langs is None
+            or all(lg in LANGS for lg in ([langs] if isinstance(langs, str) else langs))
+        )
+    ):
         return read_parallel_dir(folder, langs)
     files = _files(layout, folder, split)
     texts: dict[str, list[str]] = {}

@@ -11,6 +11,7 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 
 from mechlingo.core.errors import InputError
+from mechlingo.core.languages import lang_name, native_name
 from mechlingo.core.tokens import ChatPrompt
 from mechlingo.data.facts import LANG_NAMES, Fact, check_langs
 from mechlingo.data.io import load_facts
@@ -82,12 +83,19 @@ def few_shot_prompt(
     return ChatPrompt(text, query=fact.prompt, demos=[(d.prompt, d.sentence) for d in demos])
 
 
-def _label(lang: str, labels: str) -> str:
+def language_label(lang: str, labels: str = "native") -> str:
+    """A language's label in translation prompts: its own name (``labels="native"``:
+    :data:`NATIVE_LANG_NAMES` for the bundled twelve, else CLDR's name of the language in
+    itself, ``sv`` -> ``"Svenska"``; its English name where CLDR has none) or its English
+    name (``labels="en"``: ``"Swedish"``)."""
     if labels == "en":
-        return LANG_NAMES[lang]
+        return LANG_NAMES.get(lang) or lang_name(lang)
     if labels == "native":
-        return NATIVE_LANG_NAMES[lang]
+        return NATIVE_LANG_NAMES.get(lang) or native_name(lang) or lang_name(lang)
     raise InputError(f"labels must be 'en' or 'native', got {labels!r}")
+
+
+_label = language_label
 
 
 def _source_word(fact: Fact, src: str, pool: Sequence[Fact] | None) -> str:
@@ -114,7 +122,8 @@ def translation_prompt(
 
     ``"English: Kabul\nFrançais:"`` for a French fact: the answer in ``src`` after the
     source label, then the label of ``fact.lang``. Labels are each language's own name
-    (:data:`NATIVE_LANG_NAMES`) by default: on the embedded model they beat English labels
+    (:func:`language_label`: :data:`NATIVE_LANG_NAMES`, or CLDR's for other languages) by
+    default: on the embedded model they beat English labels
     ("French:") in every language, most at k=0 (docs/data.md has the table);
     ``labels="en"`` gives ``"English: Kabul\nFrench:"``. With ``k > 0``, ``k``
     demonstrations from ``pool`` come first: other facts of the same language (any relation)
@@ -176,7 +185,9 @@ def parallel_sentences(
     one line.
 
     Args:
-        langs: languages (``None``: all twelve).
+        langs: languages of the bundled data (``None``: all twelve); the bundled facts exist
+            in :data:`~mechlingo.data.LANGS` only (for another language read your own
+            parallel text, :func:`~mechlingo.data.read_parallel`).
         relations: relations to draw from (default all).
         limit: at most this many facts per relation (same ids in every language).
     """

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from mechlingo.core.errors import InputError
+from mechlingo.core.languages import needs_word_boundary
 from mechlingo.data import Fact
 from mechlingo.kernels.significance import bootstrap_mean, bootstrap_ratio, wilson
 
@@ -159,6 +160,8 @@ def split_usable(
 # --------------------------------------------------------------------------------------
 
 
+#: The bundled languages matched without a word boundary after the answer (any language:
+#: :func:`mechlingo.core.languages.needs_word_boundary`, told from its script).
 BOUNDARY_FREE_LANGS = frozenset({"zh", "ja", "ko"})
 _LEADING_JUNK = re.compile(r"^[\s\"'`“”‘’«»„‚「」『』（）()\[\]{}:：;；,，.。、\-–—*_#]+")
 _WS = re.compile(r"\s+")
@@ -178,7 +181,7 @@ def is_correct(generation: str, answers: Sequence[str], lang: str | None = None)
         a = normalize(ans)
         if not a or not gen.startswith(a):
             continue
-        if lang in BOUNDARY_FREE_LANGS or len(gen) == len(a):
+        if not needs_word_boundary(lang) or len(gen) == len(a):
             return True
         nxt = gen[len(a)]
         if not (nxt.isalnum() or unicodedata.category(nxt).startswith("M")):
@@ -192,7 +195,7 @@ def _status(gen: str, answer: str, lang: str | None) -> str:
     if not answer:
         return "fail"
     if gen.startswith(answer):
-        if lang in BOUNDARY_FREE_LANGS:
+        if not needs_word_boundary(lang):
             return "match"
         if len(gen) == len(answer):
             return "open"  # the next character decides the word boundary

@@ -26,6 +26,7 @@ from mechlingo.core.defaults import BATCH_SIZE, MAX_NEW_TOKENS, PROGRESS, SEED
 from mechlingo.core.errors import InputError
 from mechlingo.core.faults import derive_seed
 from mechlingo.core.jsonable import jsonable
+from mechlingo.core.languages import writes_spaces
 from mechlingo.core.sites import resolve_site, site_map
 from mechlingo.core.types import Model
 from mechlingo.data.langid import identify_languages
@@ -59,7 +60,6 @@ __all__ = [
 
 #: The metrics of the matrix, in column order.
 METRICS: tuple[str, ...] = ("accuracy", "perplexity", "output_lang")
-_NO_SPACE_LANGS = frozenset({"zh", "ja"})
 
 
 class SideEffectsError(InputError):
@@ -301,9 +301,10 @@ def _ppl_row(
 
 def line_prefix(line: str, lang: str, *, words: int = 6, chars: int = 12) -> str:
     """The start of a line used as a continuation prompt: its first ``words`` words, or its
-    first ``chars`` characters in languages written without spaces (zh, ja)."""
+    first ``chars`` characters in languages written without spaces (zh, ja, th, ...:
+    :func:`~mechlingo.core.languages.writes_spaces`)."""
     line = line.strip()
-    if lang in _NO_SPACE_LANGS:
+    if not writes_spaces(lang):
         return line[:chars]
     return " ".join(line.split()[:words])
 

@@ -76,14 +76,13 @@ def test_bmlama_skips_counted_by_reason_and_where(tmp_path):
         "gold_not_in_candidates": 1,
         "subject_not_in_prompt": 1,
         "mask_spacing": 1,
-        "unsupported_language": 5,
     }
     assert bench.examples["gold_not_in_candidates"] == ["fr.tsv, line 3"]
     assert bench.examples["subject_not_in_prompt"] == ["fr.tsv, line 4"]
     assert bench.examples["mask_spacing"] == ["zh.tsv, line 5"]
-    assert bench.unsupported_langs == ("nl",)
-    assert len(bench.facts) == 5 * 5 - 3
-    assert {f.lang for f in bench.facts} == {"en", "fr", "ja", "ko", "zh"}
+    assert bench.unsupported_langs == ()  # every language is read (nl too)
+    assert len(bench.facts) == 6 * 5 - 3
+    assert {f.lang for f in bench.facts} == {"en", "fr", "ja", "ko", "zh", "nl"}
     # a language selection reads only those files: nothing counted for the others
     sel = load_benchmark(tmp_path / "b", langs=["en", "ja"])
     assert sel.skipped == {} and len(sel.facts) == 10
@@ -157,10 +156,10 @@ def test_klar_source_facts_and_skips(tmp_path):
     assert (ja.prompt, ja.suffix, ja.subject_en) == ("日本の首都は", "です。", "Japan")
     fr = facts[("capital_of/0", "fr")]
     assert fr.prompt == "La capitale de la France est" and fr.candidates == ()
-    assert bench.skipped == {"empty_subject": 1, "no_mask": 2, "unsupported_language": 3}
-    assert bench.unsupported_langs == ("el",)
+    assert bench.skipped == {"empty_subject": 1, "no_mask": 2}
+    assert bench.unsupported_langs == () and {f.lang for f in bench.facts} >= {"el"}
     assert {f.relation for f in bench.facts} == {"capital_of", "continent"}
-    assert len(bench.facts) == (3 + 2) * 3 + 2  # en ja ko complete, fr: capital 0 and 2
+    assert len([f for f in bench.facts if f.lang != "el"]) == (3 + 2) * 3 + 2  # fr: 0 and 2
     assert ("capital_of/1", "fr") not in facts and ("continent/0", "fr") not in facts
     # klar_source itself and one relation file load too
     assert len(load_benchmark(tmp_path / "k" / "klar_source", langs=["en"]).facts) == 5
@@ -194,9 +193,9 @@ def test_klar_text_variant(tmp_path):
     assert (ko.prompt, ko.answer) == ("일본은 어느 대륙에 있습니까? 답은:", "아시아")
     en = facts[("klar/0", "en")]
     assert (en.prompt, en.answer) == ("What is the capital of France? The answer is:", "Paris")
-    assert bench.skipped == {"empty_answer": 1, "unsupported_language": 3}
+    assert bench.skipped == {"empty_answer": 1}
     assert bench.examples["empty_answer"] == ["fra_Latn.txt, line 3"]
-    assert len(bench.facts) == 3 * 4 - 1
+    assert len([f for f in bench.facts if f.lang in ("en", "fr", "ja", "ko")]) == 3 * 4 - 1
     with pytest.raises(RecordError, match=r"fra_Latn\.txt, line 2: no ':'"):
         load_benchmark(write_fixture("klar_flat_bad", tmp_path / "kfb"))
 
@@ -225,9 +224,9 @@ def test_mlama_templates_candidates_and_skips(tmp_path):
         "Berlin",
         "Germany",
     )
-    assert bench.skipped == {"no_template": 1, "unsupported_language": 1}
+    assert bench.skipped == {"no_template": 1}
     assert bench.examples["no_template"] == ["fr/P30.jsonl, line 1"]
-    assert len(bench.facts) == 5 + 5 + 2
+    assert len([f for f in bench.facts if f.lang in ("en", "ja", "fr")]) == 5 + 5 + 2
     none = load_benchmark(tmp_path / "m", candidates=None, langs=["en"])
     assert all(f.candidates == () for f in none.facts)
     with pytest.raises(RecordError, match=r"en[/\\]P36\.jsonl, line 2: invalid JSON"):
@@ -254,7 +253,7 @@ def test_mlama_rows_file_aliases(tmp_path):
     facts = by_key(bench.facts)
     assert facts[("P36/0", "en")].aliases == ("City of Light",)
     assert facts[("P36/0", "fr")].aliases == ()  # a repeat of the answer is dropped
-    assert bench.skipped == {"unsupported_language": 1}
+    assert bench.skipped == {}  # the row in another language is read
 
 
 def test_hub_path_goes_through_datasets(tmp_path, monkeypatch):
@@ -277,7 +276,7 @@ def test_hub_path_goes_through_datasets(tmp_path, monkeypatch):
     assert len(load_benchmark(ds, langs=["en"]).facts) == 2
     rows = [{"iso_639_3": "fra", "iso_15924": "Latn", "text": "Bonjour."},
             {"iso_639_3": "swh", "iso_15924": "Latn", "text": "Habari."}]  # fmt: skip
-    assert load_benchmark(rows, format="flores").texts == {"fr": ["Bonjour."]}
+    assert load_benchmark(rows, format="flores").texts == {"fr": ["Bonjour."], "sw": ["Habari."]}
 
 
 def test_hub_failure_is_a_data_error(monkeypatch):
@@ -322,16 +321,16 @@ def test_detect_format_of_every_fixture(tmp_path):
 def test_flores_layouts_read_as_parallel_text(tmp_path, kind):
     folder = write_fixture(kind, tmp_path / kind)
     texts = read_parallel(folder)
-    assert list(texts) == ["en", "fr", "es", "zh"]  # swh_Latn is not one of the twelve
+    assert list(texts) == ["en", "fr", "es", "zh", "sw"]  # swh_Latn too, keyed sw
     assert texts["zh"] == [f"devtest: {s}" for s in FLORES_TEXT["zho_Hans"]]  # id order
     assert texts["fr"][2] == "devtest: " + FLORES_TEXT["fra_Latn"][2]
     dev = read_parallel(folder, ["en", "es"], split="dev")
     assert dev == {lg: [f"dev: {s}" for s in FLORES_TEXT[c][:3]]
                    for lg, c in (("en", "eng_Latn"), ("es", "spa_Latn"))}  # fmt: skip
     asked = read_parallel(folder, ["en", "swh_Latn"])  # asked for by its own code
-    assert asked["swh_Latn"][0] == "devtest: Paka analala kwenye sofa."
+    assert asked["sw"][0] == "devtest: Paka analala kwenye sofa."
     langs = parallel_languages(folder)
-    assert langs["swh_Latn"] is None and langs["eng_Latn"] == "en"
+    assert langs["swh_Latn"] == "sw" and langs["eng_Latn"] == "en"
     assert load_benchmark(folder, langs=["en"]).texts == {"en": texts["en"]}
 
 

@@ -45,7 +45,7 @@ from mechlingo.core.errors import InputError
 from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import answer_tokens, encode, pack_token_sets, sorted_batches
 from mechlingo.core.types import Model
-from mechlingo.data import load_facts
+from mechlingo.data import LANGS, load_facts
 from mechlingo.data.langid import identify_language
 from mechlingo.kernels.readout import Readout, read_logits, token_energy
 from mechlingo.viz.lens import latent_curves_figure, lens_heatmap, token_grid_figure
@@ -598,6 +598,7 @@ def fact_answers(
     missing_langs = [
         lg for lg in track_langs if any((f.id, lg) not in by_key for f in facts) and lg != "en"
     ]
+    missing_langs = [lg for lg in missing_langs if lg in LANGS]  # what the bundled data has
     if missing_langs:
         for g in load_facts(langs=missing_langs):
             by_key.setdefault((g.id, g.lang), g.answer)

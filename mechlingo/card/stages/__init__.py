@@ -32,6 +32,7 @@ from mechlingo.card.stages import (
 )
 from mechlingo.card.stages.base import Budget, Stage, check, run_order
 from mechlingo.core.errors import InputError
+from mechlingo.core.languages import is_lang_code
 from mechlingo.data import LANGS
 
 __all__ = [
@@ -101,8 +102,8 @@ class CardBudget(Budget):
     }
 
     def __post_init__(self) -> None:
-        check(len(self.lu_langs) > 0 and all(lg in LANGS for lg in self.lu_langs),
-              "lu_langs", f"must be languages of {list(LANGS)}")  # fmt: skip
+        check(len(self.lu_langs) > 0 and all(is_lang_code(lg) for lg in self.lu_langs),
+              "lu_langs", "must be language codes (en, sv, swh_Latn, ...)")  # fmt: skip
         check(self.max_ids_per_lang is None or self.max_ids_per_lang >= 4, "max_ids_per_lang",
               "must be at least 4 (or null)")  # fmt: skip
         check(self.candidates >= 2, "candidates", "must be at least 2")

@@ -92,7 +92,7 @@ def _bmlama_files(path: Path) -> dict[str, Path]:
 
 def load_bmlama(path: PathLike, langs: Iterable[str] | None = None) -> Benchmark:
     """Read a BMLAMA folder (``<lang>.tsv`` files) or one of its files (see the module
-    docstring). ``langs``: mechlingo codes to keep (default all, unsupported files counted)."""
+    docstring). ``langs``: language codes to keep (default all; every language is read)."""
     path = Path(path)
     wanted = None if langs is None else check_langs(langs)
     bench = Benchmark([], "bmlama", str(path))

@@ -22,7 +22,8 @@ FORMATS = ("bmlama", "klar", "klar_flat", "mlama", "mpararel", "mlama_rows", "fl
 
 #: Why a record was skipped (the keys of :attr:`Benchmark.skipped`).
 SKIP_REASONS: dict[str, str] = {
-    "unsupported_language": "the file's language is not one of mechlingo's twelve",
+    "unsupported_language": "the file's language code is not a language code mechlingo "
+    "can resolve (ISO 639 / BCP 47 or FLORES)",
     "empty_subject": "the subject is empty",
     "empty_answer": "the gold answer is empty",
     "no_mask": "the prompt or template has no answer slot (<mask>, [Y])",
@@ -188,9 +189,10 @@ def lang_selected(
     count: Callable[[], int],
 ) -> str | None:
     """mechlingo's code for a file's language when it is to be read, else ``None``. When
-    every language was asked for (``wanted`` is ``None``), the records of a language outside
-    mechlingo's twelve are counted (``count()``) as ``unsupported_language``."""
-    lang = lang_of(code) or _ZH_CODES.get(code.lower())
+    every language was asked for (``wanted`` is ``None``), the records of a file whose
+    code names no language are counted (``count()``) as ``unsupported_language``; every
+    language is read (canonical codes, :func:`~mechlingo.core.languages.lang_code`)."""
+    lang = _ZH_CODES.get(code.lower()) or lang_of(code)
     if lang is None:
         if wanted is None:
             bench.skip("unsupported_language", where, count())

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mechlingo.core.errors import DataError, InputError
+from mechlingo.core.languages import order_langs
 from mechlingo.core.untrusted import check_links, expand_path, refuse_special
 from mechlingo.data.benchmarks.bmlama import load_bmlama
 from mechlingo.data.benchmarks.common import FORMATS, Benchmark, PathLike
@@ -27,7 +28,7 @@ from mechlingo.data.benchmarks.mlama import (
     mlama_root,
     rows_from_records,
 )
-from mechlingo.data.facts import LANGS, Fact, RecordError, check_langs
+from mechlingo.data.facts import Fact, RecordError, check_langs
 from mechlingo.data.io import json_record, read_text
 from mechlingo.data.parallel_text import SPLITS, lang_of, parallel_layout, read_parallel
 
@@ -124,7 +125,8 @@ def select(
 ) -> list[Fact]:
     """The benchmark's facts for ``relations`` (default all), at most ``limit`` fact ids per
     relation present in every language of ``langs`` (default: the languages read), sorted
-    by relation and id (first appearance) and language (order of ``langs``/``LANGS``).
+    by relation and id (first appearance) and language (order of ``langs``, else the
+    bundled twelve first, then the others by code).
 
     Raises:
         InputError: a language of ``langs`` without facts, an unknown relation, a bad
@@ -135,7 +137,7 @@ def select(
         have = {f.lang for f in facts}
         missing = [lang for lang in langs if lang not in have]
         if missing:
-            has = [lang for lang in LANGS if lang in bench.available_langs]
+            has = order_langs(bench.available_langs)
             raise InputError(
                 f"{bench.source} has no facts in language(s) {missing}; it has files for {has}"
                 + (f" (records skipped: {bench.skipped})" if bench.skipped else ""),
@@ -148,7 +150,7 @@ def select(
         if unknown:
             raise InputError(f"unknown relation(s) {unknown} in {bench.source}; it has {available}")
         facts = [f for f in facts if f.relation in set(rel_sel)]
-    order = langs or tuple(lang for lang in LANGS if any(f.lang == lang for f in facts))
+    order = langs or tuple(order_langs({f.lang for f in facts}))
     if limit is not None:
         if limit < 1:
             raise InputError(f"limit must be a positive number of fact ids, got {limit}")
@@ -256,8 +258,9 @@ def load_benchmark(
             or an iterable of row dicts (a ``datasets.Dataset``). Hub ids and rows take the
             flat formats: ``mlama_rows`` (the default) and ``flores`` (``text`` rows).
         format: one of :data:`FORMATS` (default: detected).
-        langs: mechlingo codes to keep (default: every supported language present; records
-            of files in other languages are counted as ``unsupported_language``).
+        langs: language codes to keep (default: every language present, keyed by canonical
+            codes; only records whose language code names no language are skipped, as
+            ``unsupported_language``).
         relations: relations to keep (default all); ``limit``: fact ids per relation, the
             same ids in every language (as :func:`mechlingo.data.load_facts`).
         split: FLORES split (``dev`` or ``devtest``).
