@@ -12,6 +12,7 @@ from mechlingo.analyses.decoders.patchscope import Patchscope
 from mechlingo.analyses.decoders.tuned_lens import load_tuned_lens
 from mechlingo.cli import common, cost
 from mechlingo.cli.decoders import DecoderChoice, add_decoder_args, decoder_choice, run_decoders
+from mechlingo.core.inert import inert_csv
 from mechlingo.data.langid import identify_language
 from mechlingo.report import write_outputs
 from mechlingo.report.lens import lens_report, token_lens_report
@@ -69,7 +70,7 @@ def cmd_lens(args: argparse.Namespace) -> int:
         args.out,
         {
             "summary.json": summary,
-            "lens.csv": df.to_csv(index=False),
+            "lens.csv": inert_csv(df),
             "report.html": report,
         },
     )

@@ -14,7 +14,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mechlingo.core.errors import InputError
-from mechlingo.viz.common import band, rank_axis, track_label
+from mechlingo.viz.common import band, plain, rank_axis, track_label
 from mechlingo.viz.palette import SEQUENCE, decoder_color, language_color, track_color
 
 if TYPE_CHECKING:
@@ -142,10 +142,10 @@ def lens_heatmap(
         scale = "Viridis"
     else:
         raise InputError("value must be 'rank' or 'prob'")
-    labels = [f"{i}:{langs[i]} {answers[i]}" for i in range(len(prompts))]
+    labels = [plain(f"{i}:{langs[i]} {answers[i]}") for i in range(len(prompts))]
     text = [
         [
-            f"{prompts[p][-40:]!r}<br>top: {(top_tokens[li][p] or [''])[0]!r}"
+            f"{plain(repr(prompts[p][-40:]))}<br>top: {plain(repr((top_tokens[li][p] or [''])[0]))}"
             f"<br>rank {int(rank[li, p])}"
             for li in range(len(layers))
         ]
@@ -324,12 +324,13 @@ def _cell_label(token: str, width: int = 7) -> str:
     """A top token as a cell's text: spaces shown as ``·``, newlines as ``⏎``, cut to
     ``width`` characters."""
     t = token.replace(" ", "\u00b7").replace("\n", "\u23ce")
-    return t if len(t) <= width else t[: width - 1] + "\u2026"
+    return plain(t if len(t) <= width else t[: width - 1] + "\u2026")
 
 
 def _hover(tokens: Sequence[str], probs: Sequence[float], langs: Sequence[str | None]) -> str:
     return "<br>".join(
-        f"{t!r} {p:.3f} ({lg or '?'})" for t, p, lg in zip(tokens, probs, langs, strict=True)
+        f"{plain(repr(t))} {p:.3f} ({lg or '?'})"
+        for t, p, lg in zip(tokens, probs, langs, strict=True)
     )
 
 
@@ -361,7 +362,7 @@ def token_grid_figure(
     if color not in ("prob", "lang"):
         raise InputError("color must be 'prob' or 'lang'")
     n_e, n_pos = len(layers), len(tokens)
-    x = [f"{i}: {t!r}" for i, t in enumerate(tokens)]
+    x = [plain(f"{i}: {t!r}") for i, t in enumerate(tokens)]
     probs = top_probs.tolist()
     text = [[_cell_label(top_tokens[e][i][0]) for i in range(n_pos)] for e in range(n_e)]
     hover = [[_hover(top_tokens[e][i], probs[e][i], top_langs[e][i]) for i in range(n_pos)]
