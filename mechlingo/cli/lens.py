@@ -12,6 +12,7 @@ from mechlingo.analyses.decoders.patchscope import Patchscope
 from mechlingo.analyses.decoders.tuned_lens import load_tuned_lens
 from mechlingo.cli import common, cost
 from mechlingo.cli.decoders import DecoderChoice, add_decoder_args, decoder_choice, run_decoders
+from mechlingo.cli.streams import outputs_written
 from mechlingo.core.inert import inert_csv
 from mechlingo.data.langid import identify_language
 from mechlingo.report import write_outputs
@@ -74,6 +75,7 @@ def cmd_lens(args: argparse.Namespace) -> int:
             "report.html": report,
         },
     )
+    outputs_written()
     print(f"wrote {args.out}/summary.json, lens.csv and report.html")
     return 0
 
@@ -114,5 +116,6 @@ def _token_lens(args: argparse.Namespace, choice: DecoderChoice) -> int:
         {"summary.json": summary, "tokens.json": result.tokens.to_json(),
          "report.html": token_lens_report(result, meta)},
     )  # fmt: skip
+    outputs_written()
     print(f"wrote {args.out}/summary.json, tokens.json and report.html")
     return 0
