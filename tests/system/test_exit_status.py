@@ -139,3 +139,23 @@ def test_ctrl_c_while_importing_is_one_line_and_130(tmp_path):
     assert proc.returncode == 130, err[-3000:]
     assert len(lines) == 1 and "stopped by SIGINT" in lines[0] and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_every_command_says_when_its_outputs_are_written():
+    """A command function that prints what it wrote calls ``outputs_written()`` first, so that
+    a closed stdout from then on cannot turn its finished run into status 141."""
+    import ast
+
+    missing = []
+    for path in sorted((REPO / "mechlingo" / "cli").glob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call)]
+            names = [getattr(c.func, "id", getattr(c.func, "attr", "")) for c in calls]
+            says = [c for c, n in zip(calls, names, strict=True) if n == "print"
+                    and "wrote " in ast.unparse(c)]  # fmt: skip
+            marks = [c.lineno for c, n in zip(calls, names, strict=True) if n == "outputs_written"]
+            if says and not (marks and min(marks) < min(c.lineno for c in says)):
+                missing.append(f"{path.name}:{fn.name}")
+    assert missing == [], missing
