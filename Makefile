@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 OUT ?= out/demo
 
-.PHONY: setup packages model demo test suite test-fast lint lint-checks lint-niced side-envs tl3-env tunedlens-env docs notebooks clean chromium bench-peers replicate replicate-full
+.PHONY: setup packages model demo test suite test-fast release lint lint-checks lint-niced side-envs tl3-env tunedlens-env docs notebooks clean chromium bench-peers replicate replicate-full
 
 # Headless Chromium for the report tests (Debian package; needs root, as on CI machines).
 chromium:
@@ -126,9 +126,17 @@ tl3-env:
 tunedlens-env:
 	bash scripts/build_tunedlens_env.sh
 
-# The unit tests without the embedded model, child processes, Chromium or slow tests.
-test-fast: setup
+# The unit tests without the embedded model, child processes, Chromium or slow tests: they
+# need the packages only (no Chromium, no converted model; the tiny models are built offline).
+test-fast: packages
 	$(BIN)/python -m pytest -q -ra --durations=15 -n $(JOBS) --dist loadscope -m "$(FAST)" tests
+
+# The release files in dist/ (scripts/release.py): the sdist and the wheel built from it
+# (uv build), their metadata checked (twine check --strict, run through uv tool run: nothing is
+# added to .venv), and the wheel installed into a fresh virtual environment outside the
+# checkout, where `mechlingo --version` must run. Needs the packages only.
+release: packages
+	$(BIN)/python scripts/release.py
 
 # Benchmarks only (not part of test): the peers' own environments, .venv-nnterp (nnterp +
 # nnsight + transformers 5) and .venv-sv (steering-vectors + transformers < 5).

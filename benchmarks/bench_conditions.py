@@ -36,9 +36,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from smoke import add_smoke_flag, apply_smoke, bench_model  # noqa: E402
+
 from mechlingo.activations.prefix import decode_conditions, record_head  # noqa: E402
 from mechlingo.analyses.recall.settings import ALPHA_GRID  # noqa: E402
-from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.core.sites import every_second_layer  # noqa: E402
 from mechlingo.core.tokens import encode, sorted_batches  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
@@ -106,7 +107,7 @@ def floor(model, facts, k: int, batch_size: int, max_new_tokens: int, max_rows: 
     return CLOCK() - t0
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="model (default: the embedded gemma-3-270m)")
     ap.add_argument("--device", default=None)
@@ -116,9 +117,12 @@ def main() -> None:
                     help="an even subset of the grid's settings (default: all of them)")  # fmt: skip
     ap.add_argument("--batch-size", type=int, default=64, help="as steer eval (default 64)")
     ap.add_argument("--max-new-tokens", type=int, default=6, help="as steer eval (default 6)")
-    args = ap.parse_args()
+    add_smoke_flag(ap)
+    args = ap.parse_args(argv)
+    apply_smoke(args, {"langs": "en,fr", "facts": 2, "conditions": 3, "batch_size": 4,
+                       "max_new_tokens": 2})  # fmt: skip
     torch.set_grad_enabled(False)
-    model = load_model(args.model, device=args.device)
+    model = bench_model(args, device=args.device)
     global CLOCK
     if model.W_U.device.type != "cpu":
         CLOCK = time.perf_counter

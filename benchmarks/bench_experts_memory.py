@@ -14,9 +14,13 @@ the first ``--max-tokens`` tokens of each. Model: a random Gemma-3-architecture 
 wide MLP (``--layers`` x ``--d-mlp`` neurons, so the statistics dominate memory; its values
 mean nothing, the cost is the point), or ``--model PATH``.
 
-The last lines give the peak RSS ratio of the largest to the smallest size (goal: within
-1.2x out of core) and, from the measured scoring rate and shard I/O, the projected disk size
-and scoring time for FLORES-200 devtest x 22 languages x a 7B model (32 x 11,008 neurons).
+The projection comes first: from the measured scoring rate and shard I/O, the disk size and
+scoring time for FLORES-200 devtest x 22 languages x a 7B model (32 x 11,008 neurons). The
+last lines give the peak RSS ratio of the largest to the smallest size per mode (goal: within
+1.2x out of core), the out-of-core path's time over the in-memory path's (its cost) and,
+last, ``memory_vs_disk_peak_rss_nN: N.Nx``: the in-memory path's peak RSS over the
+out-of-core path's at the largest size (what out of core saves). Under ``--smoke`` the sizes
+run in this process (their peak RSS is then the process's, not each size's own).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_experts_memory.py
     OMP_NUM_THREADS=1 python benchmarks/bench_experts_memory.py --sizes 1000,8000 --modes disk
@@ -35,6 +39,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from smoke import add_smoke_flag, apply_smoke  # noqa: E402
 
 SHARED = Path(os.environ.get("MECHLINGO_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 NTREX = SHARED / "data" / "ntrex" / "dev"
@@ -61,6 +67,13 @@ def sentences(n: int, langs: list[str]) -> dict[str, list[str]]:
 
 
 def child(args: argparse.Namespace) -> None:
+    """One size in this (child) process: its measurements as one JSON line."""
+    print(json.dumps(measure(args)))
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """``find_experts`` on ``args.n`` sentences, ``args.mode`` (disk or memory): sizes, peak
+    RSS (before and after), seconds, bytes on disk and shards."""
     import torch
 
     from mechlingo.analyses.experts import find_experts
@@ -86,11 +99,11 @@ def child(args: argparse.Namespace) -> None:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         n_rows, n_feat = res.stats.pooled.shape
         disk = sum(p.stat().st_size for p in store.glob("*.f32")) if store else 0
-        print(json.dumps({
+        return {
             "n": int(n_rows), "features": int(n_feat), "langs": len(res.langs),
             "peak_rss": peak, "rss_before": base, "seconds": t1 - t0, "disk_bytes": disk,
             "shards": res.stats.meta.get("out_of_core", {}).get("shards", 0),
-        }))  # fmt: skip
+        }  # fmt: skip
 
 
 def score_rate(n: int, features: int, n_langs: int) -> tuple[float, float]:
@@ -117,7 +130,7 @@ def score_rate(n: int, features: int, n_langs: int) -> tuple[float, float]:
     return n * features * n_langs / t_score, 2 * 4 * blocks / t_io
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1000,2000,4000,8000")
     ap.add_argument("--modes", default="disk,memory")
@@ -131,7 +144,10 @@ def main() -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="disk", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    add_smoke_flag(ap)
+    args = ap.parse_args(argv)
+    apply_smoke(args, {"sizes": "24,48", "langs": "en,de", "layers": 1, "d_mlp": 64,
+                       "max_tokens": 4, "batch_size": 16})  # fmt: skip
     if args.child:
         return child(args)
     print(f"load average at start: {os.getloadavg()} on {os.cpu_count()} CPUs; "
@@ -141,15 +157,7 @@ def main() -> None:
     results: dict[str, list[dict]] = {}
     for mode in args.modes.split(","):
         for n in (int(x) for x in args.sizes.split(",")):
-            cmd = [sys.executable, __file__, "--child", "--n", str(n), "--mode", mode]
-            for k in ("langs", "layers", "d_mlp", "max_tokens", "batch_size", "max_memory"):
-                cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
-            if args.model:
-                cmd += ["--model", args.model]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if out.returncode != 0:
-                sys.exit(f"{mode} n={n} failed:\n{out.stderr[-3000:]}")
-            r = json.loads(out.stdout.strip().splitlines()[-1])
+            r = run_size(args, mode, n)
             results.setdefault(mode, []).append(r)
             print(f"{mode:6s} n={r['n']:6d} x {r['features']} neurons: peak RSS "
                   f"{r['peak_rss'] / 2**20:8.1f} MiB (after load {r['rss_before'] / 2**20:7.1f}), "
@@ -173,7 +181,24 @@ def main() -> None:
                   + ("   (goal <= 1.2x)" if mode == "disk" else ""))  # fmt: skip
     if "disk" in results and "memory" in results:
         d, m = results["disk"][-1], results["memory"][-1]
-        print(f"disk_vs_memory_time_n{d['n']}: {d['seconds'] / m['seconds']:.1f}x")
+        print(f"disk_vs_memory_time_n{d['n']}: {d['seconds'] / m['seconds']:.1f}x   (the cost)")
+        print(f"memory_vs_disk_peak_rss_n{d['n']}: {m['peak_rss'] / d['peak_rss']:.2f}x")
+
+
+def run_size(args: argparse.Namespace, mode: str, n: int) -> dict:
+    """One size's measurements: in a fresh process (its own peak RSS), or in this one under
+    ``--smoke``."""
+    if args.smoke:
+        return measure(argparse.Namespace(**{**vars(args), "mode": mode, "n": n}))
+    cmd = [sys.executable, __file__, "--child", "--n", str(n), "--mode", mode]
+    for k in ("langs", "layers", "d_mlp", "max_tokens", "batch_size", "max_memory"):
+        cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
+    if args.model:
+        cmd += ["--model", args.model]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        sys.exit(f"{mode} n={n} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ fill the device, and for each workload its throughput, the ratio to the same cod
    sentence alone with a full ``log_softmax`` (``benchmarks/bench_rank.py``'s reference).
 
 Without CUDA it runs small CPU sizes on the tiny random model (or ``--model``) and says so.
+The last lines are each workload's speed-up over each alternative, ``<workload> vs
+<alternative>: N.Nx``.
 Usage: python benchmarks/bench_gpu.py [--model PATH] [--prompts N] [--samples N]
 """
 
@@ -34,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from smoke import add_smoke_flag, apply_smoke
 
 from mechlingo.activations.runs import collect, last_token_means
 from mechlingo.analyses.decoders.lens import logit_lens
@@ -66,12 +69,17 @@ def timed(fn: Callable[[], Any], repeats: int = 1) -> tuple[float, Any]:
     return best, out
 
 
+#: (workload, alternative, speed-up) of every report line, printed last as ``name: N.Nx``
+SPEEDUPS: list[tuple[str, str, float]] = []
+
+
 def report(name: str, seconds: float, items: int, unit: str, others: dict[str, float]) -> None:
     """One line: time, throughput, then 'Nx faster than X' for each alternative (seconds
-    scaled to the same number of items)."""
+    scaled to the same number of items); the speed-ups are kept for the last lines."""
     line = f"{name:22s} {seconds:8.3f} s  {items / seconds:12.1f} {unit}/s"
     for other, t in others.items():
         line += f"  | {t / seconds:7.1f}x vs {other}"
+        SPEEDUPS.append((name, other, t / seconds))
     print(line, flush=True)
 
 
@@ -228,7 +236,7 @@ def bench_rank(model: Any, n: int, batch: int) -> None:
     report("candidate ranking", t, n * 8, "candidates", {"one by one (extrap.)": t1 * n / k})
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default=None, help="default: embedded model (tiny on CPU)")
     ap.add_argument("--prompts", type=int, default=None)
@@ -238,7 +246,11 @@ def main() -> None:
     ap.add_argument("--sklearn-features", type=int, default=300)
     ap.add_argument("--tl-prompts", type=int, default=16)
     ap.add_argument("--no-cpu-ratio", action="store_true", help="skip the CPU comparisons")
-    args = ap.parse_args()
+    add_smoke_flag(ap)
+    args = ap.parse_args(argv)
+    apply_smoke(args, {"prompts": 4, "batch": 2, "samples": 200, "features": 256,
+                       "sklearn_features": 8, "tl_prompts": 2})  # fmt: skip
+    SPEEDUPS.clear()
     torch.set_grad_enabled(False)
     cuda = torch.cuda.is_available()
     if cuda:
@@ -268,6 +280,9 @@ def main() -> None:
     bench_rank(model, min(n, 64), min(batch, 16))
     if cuda:
         print(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+    print()
+    for name, other, ratio in SPEEDUPS:
+        print(f"{name} vs {other}: {ratio:.1f}x")
 
 
 if __name__ == "__main__":

@@ -36,10 +36,10 @@ import os
 import time
 
 import torch
+from smoke import add_smoke_flag, apply_smoke, bench_model, skipped
 
 from mechlingo.activations.runs import collect
 from mechlingo.analyses.decoders.lens import lens_hook_names, logit_lens
-from mechlingo.core.models import load_model
 from mechlingo.core.tokens import answer_tokens, encode, pack_token_sets
 from mechlingo.data import load_facts
 from mechlingo.kernels.readout import Readout, final_logits, read_logits
@@ -73,7 +73,7 @@ def tl_readout(model, rows: torch.Tensor, ids: torch.Tensor, k: int) -> Readout:
         for t in range(ids.shape[1])
     ]
     return Readout(
-        logsumexp=torch.empty(0),
+        logsumexp=torch.full((rows.shape[0],), float("nan")),  # not given, not compared
         top_ids=top.top_ids,
         top_logprobs=top.values,
         set_logprob=torch.logsumexp(members, -1),
@@ -119,7 +119,7 @@ def readout_comparison(model, facts, repeats: int) -> None:
     print(f"mechlingo readout vs TransformerLens logit_readout: {t_tl / t_ours:.1f}x")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=32)
     ap.add_argument("--device", default=None)
@@ -128,11 +128,11 @@ def main() -> None:
     ap.add_argument("--readout-prompts", type=int, default=8)
     ap.add_argument("--skip-loop", action="store_true", help="leave out the per-layer loop")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="what is timed")
-    args = ap.parse_args()
-    if args.clock == "cpu":
-        _CLOCK["now"] = time.process_time
+    add_smoke_flag(ap)
+    args = apply_smoke(ap.parse_args(argv), {"n": 4, "repeats": 1, "readout_prompts": 2})
+    _CLOCK["now"] = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_grad_enabled(False)
-    model = load_model(args.model, device=args.device)
+    model = bench_model(args, device=args.device)
     langs = ["en", "fr", "de", "es", "ja", "zh", "ru", "ar"]
     facts = load_facts(langs=langs, relations=["capital"], limit=args.n // len(langs) + 1)
     facts = facts[: args.n]
@@ -218,6 +218,8 @@ def peer_nnterp(model, prompts, primary, t_lens: float, ours: torch.Tensor, args
     """nnterp's ``logit_lens`` (on nnsight) over all layers, where nnterp is installed (its
     own environment: ``scripts/build_peer_envs.sh``); its answers' probabilities are checked
     against mechlingo's before the time counts."""
+    if args.smoke:
+        return skipped("nnterp (its own environment)")
     try:
         from nnterp import StandardizedTransformer
         from nnterp.interventions import logit_lens as nn_lens

@@ -35,8 +35,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from smoke import add_smoke_flag, apply_smoke, bench_model, skipped  # noqa: E402
+
 from mechlingo.analyses.recall.patching import answer_logprob, patch_activations  # noqa: E402
-from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.core.tokens import TokenBatch, encode  # noqa: E402
 
 CLEAN = [
@@ -50,7 +51,7 @@ CLEAN = [
 ANSWERS = ["Rome", "Paris", "Tokyo", "Cairo", "Madrid", "Berlin"]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="model (default: the embedded gemma-3-270m)")
     ap.add_argument("--device", default=None)
@@ -61,9 +62,11 @@ def main() -> None:
         "--cells-per-batch", type=int, default=None, help="default: patch_activations's"
     )
     ap.add_argument("--repeats", type=int, default=3, help="mechlingo timings: best of N")
-    args = ap.parse_args()
+    add_smoke_flag(ap)
+    args = ap.parse_args(argv)
+    apply_smoke(args, {"layers": "0,1", "positions": 2, "pairs": 2, "repeats": 1})
     torch.set_grad_enabled(False)
-    model = load_model(args.model, device=args.device)
+    model = bench_model(args, device=args.device)
     n = int(model.cfg.n_layers)
     layers = list(range(n)) if args.layers is None else [int(x) for x in args.layers.split(",")]
     k = max(2, min(args.pairs, len(CLEAN)))
@@ -156,11 +159,11 @@ def main() -> None:
     )
     print(f"load average (1 min) at end: {os.getloadavg()[0]:.1f}")
     print()
-    print(f"patching vs TransformerLens per cell: {t_tl / t_grow:.1f}x")
+    print(f"patching over the unavoidable work (floor): {t_grow / t_floor:.1f}x")
     print(f"prefix reuse vs every position (reuse_prefix=False): {t_every / t_grow:.1f}x")
     if nn is not None:
         print(f"patching vs nnterp (nnsight) per cell: {nn / t_grow:.1f}x")
-    print(f"patching over the unavoidable work (floor): {t_grow / t_floor:.1f}x")
+    print(f"patching vs TransformerLens per cell: {t_tl / t_grow:.1f}x")
 
 
 def _bare(model, batch: TokenBatch) -> float:
@@ -217,6 +220,9 @@ def peer_nnterp(args, src, tgt, layers, positions, ids, ours, k) -> float | None
     """nnterp (on nnsight) per cell: the layer input at (layer, position) of the corrupted run
     set to the clean run's, one trace per cell over all pairs; checked equal to mechlingo's
     values before its time is returned. ``None`` (and a line saying so) without nnterp."""
+    if args.smoke:
+        skipped("nnterp (its own environment)")
+        return None
     try:
         from nnterp import StandardizedTransformer
     except ImportError as err:

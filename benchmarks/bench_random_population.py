@@ -3,9 +3,11 @@
 The claims card judges each repair vector against a population of random directions (the
 budget's ``repair.seeds``: 5 quick, 20 full), scored as stacked conditions of one
 :func:`~mechlingo.scoring.evaluate.evaluate_conditions` call on the test items. This prints
-the CPU seconds of one random condition alone and of the whole population in one call, and,
-last, ``bench_random_population: N.Nx``: the population's cost in units of one condition
-(``m`` would be one run per draw; less is what stacking saves). Random directions at the
+the CPU seconds of one random condition alone, of the ``m`` conditions one call each, and of
+the whole population in one call; then ``bench_random_population_cost: N.Nx``, the
+population's cost in units of one condition (``m`` would be one run per draw), and, last,
+``bench_random_population: N.Nx``: the speed-up of the one call over one call per draw (the
+alternative; their records are checked equal). Random directions at the
 card's steering layer, scaled to the mean last-token residual norm there (the cost does not
 depend on the direction); facts are the bundled capital stems, with candidates under
 ``rank`` (the card's metric on the embedded model).
@@ -25,7 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechlingo.core.models import load_model  # noqa: E402
+from smoke import add_smoke_flag, apply_smoke, bench_model  # noqa: E402
+
 from mechlingo.core.sites import layers_at  # noqa: E402
 from mechlingo.core.tokens import encode  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
@@ -53,7 +56,7 @@ def population(model, facts, layer: int, m: int, alpha: float) -> dict[str, Stee
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="model (default: the embedded gemma-3-270m)")
     ap.add_argument("--metric", default="rank", choices=["rank", "generate"])
@@ -61,9 +64,11 @@ def main() -> None:
     ap.add_argument("--facts", type=int, default=16, help="facts per language (default 16)")
     ap.add_argument("--langs", default="en,fr,es,ru,ja,hi")
     ap.add_argument("--batch-size", type=int, default=16)
-    args = ap.parse_args()
+    add_smoke_flag(ap)
+    args = ap.parse_args(argv)
+    apply_smoke(args, {"draws": 2, "facts": 4, "langs": "en,fr", "batch_size": 4})
     torch.set_grad_enabled(False)
-    model = load_model(args.model)
+    model = bench_model(args)
     facts = load_facts(langs=args.langs.split(","), relations=["capital"], limit=args.facts)
     if args.metric == "rank":
         facts = with_candidates(facts, 4)
@@ -75,14 +80,23 @@ def main() -> None:
     evaluate_conditions(model, facts, {"random_s0": conds["random_s0"]}, **kw)
     one = CLOCK() - t0
     t0 = CLOCK()
+    alone = {c: evaluate_conditions(model, facts, {c: v}, **kw)[c] for c, v in conds.items()}
+    each = CLOCK() - t0
+    t0 = CLOCK()
     res = evaluate_conditions(model, facts, conds, **kw)
     pop = CLOCK() - t0
+    same = all(res[c].records == alone[c].records for c in conds)
     path = next(iter(res.values())).meta.get("path")
     print(f"model {model.cfg.model_name}, metric {args.metric}: {len(facts)} items; layer "
           f"{layer}; {torch.get_num_threads()} thread(s); path {path}")  # fmt: skip
-    print(f"one condition: {one:.1f} CPU-s; {args.draws} draws in one call: {pop:.1f} CPU-s "
-          f"({pop / args.draws:.2f} per draw)")  # fmt: skip
-    print(f"bench_random_population: {pop / one:.1f}x")
+    print(f"one condition: {one:.1f} CPU-s; {args.draws} draws one call each: {each:.1f} CPU-s; "
+          f"{args.draws} draws in one call: {pop:.1f} CPU-s ({pop / args.draws:.2f} per draw); "
+          f"records equal: {same}")  # fmt: skip
+    if not same:
+        raise SystemExit("the population in one call and one call per draw differ")
+    print(f"bench_random_population_cost: {pop / one:.1f}x   (one condition = 1; {args.draws} "
+          "would be one run per draw)")  # fmt: skip
+    print(f"bench_random_population: {each / pop:.1f}x")
 
 
 if __name__ == "__main__":

@@ -40,8 +40,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from smoke import add_smoke_flag, apply_smoke, bench_model  # noqa: E402
+
 from mechlingo.activations.prefix import cache_upto, run_reads  # noqa: E402
-from mechlingo.core.models import load_model  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
 from mechlingo.kernels.readout import token_logprobs  # noqa: E402
 from mechlingo.scoring.rank import score_candidates  # noqa: E402
@@ -134,7 +135,7 @@ def floor(
     return clock() - t0, reads_s
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="model (default: the embedded gemma-3-270m)")
     ap.add_argument("--device", default=None)
@@ -143,9 +144,11 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16, help="facts per batched pass")
     ap.add_argument("--shots", type=int, default=0,
                     help="demonstrations before every query, the same per language (default 0)")  # fmt: skip
-    args = ap.parse_args()
+    add_smoke_flag(ap)
+    args = ap.parse_args(argv)
+    apply_smoke(args, {"facts": 2, "candidates": 3, "batch_size": 2})
     torch.set_grad_enabled(False)
-    model = load_model(args.model, device=args.device)
+    model = bench_model(args, device=args.device)
     facts = cloze_facts(args.facts, args.candidates)
     n_sent = sum(len(f.candidates) for f in facts)
     dev = model.W_U.device

@@ -36,10 +36,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from smoke import add_smoke_flag, apply_smoke, bench_model, skipped  # noqa: E402
+
 from mechlingo.activations.runs import collect, final_resid_name  # noqa: E402
 from mechlingo.analyses.recall.settings import BuildSettings  # noqa: E402
 from mechlingo.analyses.recall.steering import build_steering_vectors, steering_prompts  # noqa: E402
-from mechlingo.core.models import ensure_default_model, load_model  # noqa: E402
+from mechlingo.core.models import ensure_default_model  # noqa: E402
 from mechlingo.core.tokens import encode  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
 from mechlingo.interventions import SteeringVector, intervene  # noqa: E402
@@ -57,7 +59,7 @@ def peer_python(given: str | None) -> Path | None:
     return None
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=8, help="facts per language (build)")
     ap.add_argument("--apply", type=int, default=16, help="held-out prompts to steer")
@@ -65,11 +67,14 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, default=4.0)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--peer", default=None, help="python of the steering-vectors environment")
-    args = ap.parse_args()
+    ap.add_argument("--model", default=None, help="model (default: the embedded gemma-3-270m)")
+    add_smoke_flag(ap)
+    args = ap.parse_args(argv)
+    apply_smoke(args, {"n": 4, "apply": 2, "layer": 1, "batch_size": 4})
     torch.set_grad_enabled(False)
     print(f"load average at start: {os.getloadavg()}; OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS')}")  # fmt: skip
-    model = load_model(device="cpu")
+    model = bench_model(args, device="cpu")
     facts = load_facts(langs=LANGS, relations=["capital"], limit=args.n + args.apply)
     build, held = [], []
     for lg in LANGS:
@@ -105,13 +110,15 @@ def main() -> None:
     ours = steer()
     t_apply = time.perf_counter() - t0
     print(f"mechlingo: build_steering_vectors {t_build:.2f} s, intervene + forward {t_apply:.2f} s")
+    if args.smoke:
+        return skipped("steering-vectors (its own environment), and so every speed-up line")
     py = peer_python(args.peer)
     if py is None:
         print("steering-vectors: not installed (build it with scripts/build_peer_envs.sh sv)")
         return
     with tempfile.TemporaryDirectory() as tmp:
         job = {
-            "folder": str(ensure_default_model()),
+            "folder": str(args.model or ensure_default_model()),
             "task_pairs": list(zip(prompts["few_shot"], prompts["zero_shot"], strict=True)),
             "diff_pairs": list(zip(prompts["translation"], prompts["zero_shot"], strict=True)),
             "hf_layer": args.layer - 1,

@@ -11,12 +11,14 @@
   (:mod:`mechlingo.activations.distributed`).
 
 They set the current :class:`~mechlingo.core.tokens.TokenBatch`
-(:func:`mechlingo.core.tokens.batch_context`), so interventions applied during the run know
-where each row's last token is, and they remove every hook they add, also on error."""
+(:func:`mechlingo.core.tokens.batch_context`), so interventions know each row's last token,
+and remove every hook they add, also on error; hooks are one thread's at a time (:func:`hooked`)."""
 
 from __future__ import annotations
 
 import contextlib
+import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +29,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from mechlingo.activations.distributed import all_reduce_state, shard
-from mechlingo.core.errors import InputError
+from mechlingo.core.errors import InputError, InterventionError
 from mechlingo.core.sites import SiteError, carries_first, resolve_layers, resolve_site
 from mechlingo.core.tokens import TokenBatch, batch_context, encode, sorted_batches
 from mechlingo.core.types import FwdHooks, HookFn, Model
@@ -47,12 +49,82 @@ def model_input_device(model: Model) -> torch.device:
     return model.W_U.device
 
 
+#: the threads running hooked passes on each model: model -> {thread ident: [depth, hooks]}
+_USERS: weakref.WeakKeyDictionary[Any, dict[int, list[int]]] = weakref.WeakKeyDictionary()
+_USERS_GUARD = threading.Lock()
+
+
 @contextlib.contextmanager
 def hooked(model: Model, fwd_hooks: FwdHooks) -> Iterator[Any]:
     """``model.hooks(fwd_hooks=...)`` (every :class:`~mechlingo.core.types.Model` has it): the
-    hooks are removed when the block exits, also after an exception."""
-    with model.hooks(fwd_hooks=carries_first(list(fwd_hooks))):
-        yield model
+    hooks are removed when the block exits, also after an exception.
+
+    One thread at a time may have hooks on a model: hooks while another thread is inside
+    ``hooked`` on the same model, or a pass (no hooks) while another thread's hooks are on,
+    raise an :class:`~mechlingo.core.errors.InterventionError` before anything is attached
+    (TransformerLens hooks are global to the model, and its ``hooks()`` contexts unwind by a
+    level counter the threads would share). The hooks added act only on forward passes of
+    the thread that added them (a plain ``model(...)`` call of another thread is left alone).
+    Nested blocks in one thread work as before."""
+    me = threading.get_ident()
+    hooks = carries_first(list(fwd_hooks))
+    _enter(model, me, bool(hooks))
+    try:
+        with model.hooks(fwd_hooks=[(name, _this_thread(fn, me)) for name, fn in hooks]):
+            yield model
+    finally:
+        _leave(model, me, bool(hooks))
+
+
+def _enter(model: Model, me: int, with_hooks: bool) -> None:
+    """Record this thread as a user of ``model`` (with hooks or not), or refuse."""
+    with _USERS_GUARD:
+        try:
+            users = _USERS.setdefault(model, {})
+        except TypeError:  # a model object without weak references: not tracked
+            return
+        alive = {t.ident for t in threading.enumerate()}
+        for ident in [i for i in users if i not in alive]:  # threads that died inside
+            del users[ident]
+        others = [i for i, (_, hooks) in users.items() if i != me and (hooks or with_hooks)]
+        if others:
+            names = {t.ident: t.name for t in threading.enumerate()}
+            raise InterventionError(
+                f"another thread ({names.get(others[0], others[0])!r}) has hooks on this "
+                f"model, or is running it, right now; TransformerLens hooks belong to the "
+                "model, so each thread's forward passes would run the other's hooks too",
+                fix="give each thread its own model (copy.deepcopy(model)), or run the "
+                "interventions one after the other",
+            )
+        depth_hooks = users.setdefault(me, [0, 0])
+        depth_hooks[0] += 1
+        depth_hooks[1] += int(with_hooks)
+
+
+def _leave(model: Model, me: int, with_hooks: bool) -> None:
+    with _USERS_GUARD:
+        try:
+            users = _USERS.get(model, {})
+        except TypeError:
+            return
+        mine = users.get(me)
+        if mine is None:
+            return
+        mine[0] -= 1
+        mine[1] -= int(with_hooks)
+        if mine[0] <= 0:
+            del users[me]
+
+
+def _this_thread(fn: HookFn, me: int) -> HookFn:
+    """``fn`` acting only in the thread ``me`` (elsewhere: the activation left as it is)."""
+
+    def hook(t: Tensor, hook: Any) -> Tensor | None:
+        if threading.get_ident() != me:
+            return None
+        return fn(t, hook)
+
+    return hook
 
 
 def run_batch(model: Model, batch: TokenBatch, fwd_hooks: FwdHooks = ()) -> Any:

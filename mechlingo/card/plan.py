@@ -19,23 +19,32 @@ from typing import Any
 
 import numpy as np
 
+from mechlingo.card.claims import LOWEST_LANGUAGE, SESOI_GAIN
+from mechlingo.card.claims import PRIMARY as CLAIMS_PRIMARY
+from mechlingo.card.population import draws_needed
 from mechlingo.card.rules import LU, SUNDAR
 
 __all__ = ["EFFECTS", "PRIMARY", "Plan", "PlanRow", "dev_icc", "plan_card", "units_needed"]
 
-#: The primary rows of each paper (one family each).
-PRIMARY: dict[str, tuple[str, ...]] = {
-    LU: ("latent_english", "recall_failures", "task_vector", "diff_vector", "lowest_language"),
-    SUNDAR: ("experts_exist", "clamp_steers", "clamp_closer", "retrieval_improves",
-             "random_neurons", "experts_disjoint"),
-}  # fmt: skip
+#: The primary rows of each paper (one family each): the claims' pre-registered families.
+PRIMARY: dict[str, tuple[str, ...]] = {p: CLAIMS_PRIMARY[p] for p in (LU, SUNDAR)}
+#: The true relative gain the planner plans ``lowest_language`` for: twice the paper's
+#: threshold. The verdict needs the interval above +35%, so a true gain of +35% is found
+#: with probability alpha, never with 80% power; the test's effect is this minus 0.35.
+LOWEST_PLANNED = 2 * LOWEST_LANGUAGE.threshold
 #: ``{row: (effect, where it comes from)}``; ``lowest_language``'s is relative (x baseline).
 EFFECTS: dict[str, tuple[float, str]] = {
     "latent_english": (0.15, "smallest effect of interest: English first in 65% (null 50%)"),
     "recall_failures": (0.15, "smallest effect of interest: 65% of errors (null 50%)"),
-    "task_vector": (0.05, "smallest effect of interest: +0.05 in the primary outcome"),
-    "diff_vector": (0.05, "smallest effect of interest: +0.05 in the primary outcome"),
-    "lowest_language": (0.35, "the paper's: +35% relative in the lowest language"),
+    "task_vector": (SESOI_GAIN, "smallest effect of interest: +0.05 in the gold share"),
+    "diff_vector": (SESOI_GAIN, "smallest effect of interest: +0.05 in the gold share"),
+    "lowest_language": (
+        LOWEST_PLANNED - LOWEST_LANGUAGE.threshold,
+        "a true gain of +70% relative (twice the paper's threshold) against the threshold +35%",
+    ),
+    "independent_relations": (SESOI_GAIN, "smallest effect of interest: +0.05 held out"),
+    "independent_languages": (SESOI_GAIN, "smallest effect of interest: +0.05 held out"),
+    "retrieval_gain_max": (0.5, "standardised: d = 0.5 (a maximum over pairs: no closed form)"),
     "experts_exist": (0.10, "smallest effect of interest: AUROC 0.10 above random neurons"),
     "clamp_steers": (0.10, "smallest effect of interest: +0.10 target-language rate"),
     "clamp_closer": (0.5, "standardised: paired d = 0.5 (no dev variance before the clamp)"),
@@ -43,25 +52,40 @@ EFFECTS: dict[str, tuple[float, str]] = {
     "random_neurons": (0.5, "equivalence margin as paired d = 0.5"),
     "experts_disjoint": (0.05, "smallest effect of interest: overlap 0.05 above chance k/N"),
 }
-#: Rows judged against a random population (they need draws for the between-draw variance).
-POPULATION_ROWS = ("task_vector", "diff_vector", "lowest_language", "experts_exist",
-                   "clamp_closer", "retrieval_improves", "random_neurons")  # fmt: skip
+#: Rows judged against a random population by the effect's rank among the draws.
+POPULATION_ROWS = ("task_vector", "diff_vector", "lowest_language", "independent_relations",
+                   "independent_languages", "experts_exist", "clamp_steers", "clamp_closer",
+                   "retrieval_improves", "retrieval_gain_max")  # fmt: skip
 ALPHA = 0.05
-#: The fewest random draws a population row needs: the between-draw variance on 4 df.
-MIN_DRAWS = 5
+#: The draws a population row of each paper's primary family needs to be decidable at
+#: Holm's first step (:func:`~mechlingo.card.population.draws_needed`: 20 x the family).
+MIN_DRAWS = {p: draws_needed(len(PRIMARY[p]), ALPHA) for p in PRIMARY}
 POWER = 0.8
 
 
-def units_needed(effect: float, sd: float, alpha: float, design_effect: float = 1.0) -> int:
-    """Units for a two-sided test at ``alpha`` with :data:`POWER` to detect ``effect`` when one
-    unit's outcome has standard deviation ``sd`` (normal approximation, times the design
-    effect); at least 2."""
+def units_needed(effect: float, sd: float, alpha: float, design_effect: float = 1.0,
+                 per_cluster: float = 1.0) -> int:  # fmt: skip
+    """Units (items) for a two-sided t test at ``alpha`` with :data:`POWER` to detect
+    ``effect`` when one unit's outcome has standard deviation ``sd``, times the design
+    effect: the quantiles of Student's t on G - 1 df, as the verdict's CR2 intervals use, G
+    the clusters (``per_cluster`` units each); at least 2."""
     from scipy import stats as sps
 
     if effect <= 0:
         return 10**9
-    z = float(sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(POWER))
-    return max(2, math.ceil((z * sd / effect) ** 2 * design_effect))
+
+    def need(df: float | None) -> int:
+        q = (sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(POWER) if df is None
+             else sps.t.ppf(1 - alpha / 2, df) + sps.t.ppf(POWER, df))  # fmt: skip
+        return max(2, math.ceil((float(q) * sd / effect) ** 2 * design_effect))
+
+    n = need(None)  # the normal approximation: a lower bound; t's quantiles only add
+    for _ in range(1000):  # the smallest n that t on its own clusters' df accepts
+        more = need(max(1.0, math.ceil(n / per_cluster) - 1))
+        if more <= n:
+            break
+        n = more
+    return n
 
 
 def dev_icc(items: Sequence[Mapping[str, Any]], key: str = "correct") -> float:
@@ -175,7 +199,7 @@ def _lu_rows(cfg: Mapping[str, Any], inp: Mapping[str, Any], avail: Mapping[str,
     m = max(1, len([lg for lg in cfg["lu_langs"] if lg != "en"]))
     deff = 1 + (m - 1) * inp["icc"]
     draws = len(cfg["repair"]["seeds"])
-    need_draws = MIN_DRAWS
+    need_draws = MIN_DRAWS[LU]
     conds = 4 + draws
     s_item = cost.get(str(cfg.get("metric")), cost.get("rank", 0.0))
     test_ids = int(avail.get("test_ids", 0))
@@ -185,25 +209,42 @@ def _lu_rows(cfg: Mapping[str, Any], inp: Mapping[str, Any], avail: Mapping[str,
         eff, src = EFFECTS[rid]
         if rid in ("latent_english", "recall_failures"):
             sd, share = 0.5, (1.0 if rid == "latent_english" else max(1e-3, 1 - p0))
-            items = units_needed(eff, sd, alpha, deff) / share
+            items = units_needed(eff, sd, alpha, deff, m) / share
             needed, per, n_conds = math.ceil(items / m), m, 1
-        elif rid in ("task_vector", "diff_vector"):
+        elif rid in ("task_vector", "diff_vector", "independent_relations",
+                     "independent_languages"):  # fmt: skip
             sd = _paired_sd(inp, p0, eff)
-            needed, per, n_conds = math.ceil(units_needed(eff, sd, alpha, deff) / m), m, conds
+            needed, per, n_conds = math.ceil(units_needed(eff, sd, alpha, deff, m) / m), m, conds
         else:
             base = inp["lowest_mean"]
             eff = eff * base
-            sd = _paired_sd({**inp, "var": inp["lowest_var"]}, base, eff)
+            sd = _paired_sd({**inp, "var": inp["lowest_var"]}, base, LOWEST_PLANNED * base)
             needed, per, n_conds = units_needed(eff, sd, alpha), 1, conds
         row = PlanRow(LU, rid, "facts", eff, src, sd, deff if per > 1 else 1.0, needed, test_ids,
                       need_draws if rid in POPULATION_ROWS else None,
                       draws if rid in POPULATION_ROWS else None,
                       needed * per * n_conds * s_item)  # fmt: skip
-        _limits(row, f"--facts with at least {needed} test facts per language (about "
-                f"{math.ceil(needed / 0.4)} per relation and language before the split)",
-                f'--settings \'{{"repair": {{"seeds": [0, ..., {need_draws - 1}]}}}}\'')  # fmt: skip
+        if rid.startswith("independent_"):
+            _transfer_limits(row, cfg)
+        else:
+            _limits(row, f"--facts with at least {needed} test facts per language (about "
+                    f"{math.ceil(needed / 0.4)} per relation and language before the split)",
+                    f'--settings \'{{"repair": {{"seeds": [0, ..., {need_draws - 1}]}}}}\'')  # fmt: skip
         out.append(row)
     return out
+
+
+def _transfer_limits(row: PlanRow, cfg: Mapping[str, Any]) -> None:
+    """An independence row: its facts are the transfer matrix's held-out test ids (about
+    ``test_ids`` per relation), and its control is one random vector per cell, a population
+    of one draw whose rank p (0.5) no budget setting can lower."""
+    t = cfg.get("transfer") or {}
+    m = t.get("matrix") or {}
+    row.available = int(m.get("test_ids", 0)) * len(t.get("relations") or ())
+    row.draws = 1
+    row.limit = ("its control is one random vector per transfer cell: the rank p is at "
+                 "least 0.5")  # fmt: skip
+    row.fix = "a transfer matrix with a population of random vectors per cell (no budget has it)"
 
 
 def _paired_sd(inp: Mapping[str, Any], p0: float, eff: float) -> float:
@@ -220,8 +261,8 @@ def _limits(row: PlanRow, fix_data: str, fix_draws: str) -> None:
         row.limit, row.fix = (f"needs {row.needed} {row.unit}, the data has {row.available}",
                               fix_data)  # fmt: skip
     elif row.draws_needed is not None and (row.draws or 0) < row.draws_needed:
-        row.limit = (f"needs {row.draws_needed} random draws for the between-draw variance, "
-                     f"the budget has {row.draws}")  # fmt: skip
+        row.limit = (f"needs {row.draws_needed} random draws for its rank p to reach the "
+                     f"primary family's first Holm step, the budget has {row.draws}")  # fmt: skip
         row.fix = fix_draws
 
 
@@ -229,7 +270,7 @@ def _sundar_rows(cfg: Mapping[str, Any], avail: Mapping[str, Any], cost: Mapping
                  alpha: float) -> list[PlanRow]:  # fmt: skip
     e = cfg["experts"]
     draws = int(e.get("random_sets", 1))
-    need_draws = MIN_DRAWS
+    need_draws = MIN_DRAWS[SUNDAR]
     n_langs = int(avail.get("langs", 12))
     docs = int(avail.get("eval_docs", 0))
     per_doc = int(e.get("eval_per_doc") or 1)

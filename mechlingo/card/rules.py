@@ -12,15 +12,16 @@ claim's parameters are hashed (:data:`RULES_HASH`) into ``claims.json``; ``docs/
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import html
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mechlingo.card.claims import CLAIMS, LU, PRIMARY, SUNDAR, Claim, claim_by_id, row_family
+from mechlingo.card.population import draws_needed, p_text
 from mechlingo.card.statistics import Test, adjust, p_floor
 from mechlingo.kernels.significance import Interval
 
@@ -48,6 +49,7 @@ __all__ = [
     "error_row",
     "finalize",
     "make_row",
+    "preregistration_hash",
     "rules_hash",
     "verdict",
 ]
@@ -68,11 +70,15 @@ RETAINED_SHARE = 0.5
 
 def _families_text() -> str:
     names = "; ".join(f"{paper}: {', '.join(ids)}" for paper, ids in PRIMARY.items())
-    return (f"one primary family per paper ({names}), Holm inside each; the lowest-language "
+    return (f"one primary family per paper ({names}), Holm inside each: the papers' headline "
+            "claims, 'independent of languages and datasets' (the held-out gain) and 'up to 2x' "
+            "among them; no control is a primary row (random_neurons, retrieval_improves' "
+            "control, is secondary); the lowest-language "
             "claim's primary reading is the relative gain in the headroom rule's lowest "
             "language(s) (the paper's '>35%' is relative, and the headroom language is one the "
             "vectors can move); every other row is secondary, Benjamini-Hochberg over each "
-            "paper's secondary rows, and marked exploratory; one measurement has one row")  # fmt: skip
+            "paper's secondary rows, and marked exploratory; one measurement has one row, and "
+            "rows that read the same numbers (identical tests) count once inside a family")  # fmt: skip
 
 
 #: The verdict rules in words (written into claims.json and the report; hashed).
@@ -82,38 +88,63 @@ RULES = {
     "or where capped at 1 its step; BH: likewise) is judged at level 0.05 / k: its intervals "
     "and its minimum detectable effect are given at confidence 1 - 0.05 / k",
     "holds": "adjusted p < 0.05 on the claim's side, the adjusted-level interval beyond the "
-    "threshold in the paper's direction, and the effect - control adjusted-level interval "
-    "beyond 0 in that direction (where there is a control)",
+    "threshold in the paper's direction, and the effect beyond its control (where there is "
+    "one): against a random population by the effect's rank among the draws, otherwise the "
+    "effect - control adjusted-level interval beyond 0 in that direction",
     "does not hold": "the same rule on the other side: the adjusted p of the opposite side "
-    "< 0.05 and the adjusted-level interval short of the threshold, or the effect - control "
-    "interval short of 0 with its opposite-side adjusted p < 0.05",
+    "< 0.05 and the adjusted-level interval short of the threshold, or the effect below its "
+    "control (the opposite rank p, or the effect - control interval short of 0, adjusted "
+    "below 0.05); or, for a claim with a smallest effect of interest (sesoi), a precise zero: "
+    "the adjusted-level interval short of threshold + sesoi and not beyond the threshold, "
+    "with the adjusted one-sided p of H0 'effect = threshold + sesoi' < 0.05",
+    "beating a control": "one definition: the effect's rank among m random draws on the "
+    "same items, the exact permutation p (1 + #draws at least as good) / (m + 1); its floor "
+    "1 / (m + 1) must lie below the row's adjusted level, so a row with Holm multiplier k "
+    "needs at least floor(20 k) draws to be decided (a primary family of K rows: 20 K)",
+    "outcome": "the repair rows (task_vector, diff_vector, lowest_language, random_vector) "
+    "judge the gold answer's probability share among the candidates where the metric gives "
+    "candidate scores for every item (rank), 0/1 correctness otherwise (generate, klar); "
+    "the row says which",
+    "margins": "an equivalence margin is at most half the smallest effect of interest "
+    "(0.05 in the gold share and in mean top-1 retrieval: margin 0.025)",
     "inconclusive": "neither; the row gives the minimum detectable effect (80% power) at its "
     "adjusted level",
-    "null claims": "equivalence (two one-sided t tests at threshold +/- margin): holds when "
+    "null claims": "equivalence (two one-sided t tests at threshold +/- margin, margin "
+    "0.025): holds when "
     "the adjusted-level interval lies inside the margin and the larger one-sided p, "
     "adjusted, is < 0.05; does not hold when the interval lies wholly beyond the margin "
     "(either side) with adjusted p < 0.05; inconclusive otherwise",
     "p-values": "cluster sign-flip permutation tests where H0 makes cluster totals symmetric "
-    "(exact McNemar for unclustered 0/1 pairs), CR2 t tests on G - 1 df otherwise; against a random "
-    "population of m >= 2 draws, the two-sided t test of effect - population mean (SE with "
-    "the between-draw variance, Satterthwaite df), the exact permutation rank p (1 + #draws "
-    "at least as far) / (m + 1) reported beside it; for a maximum over items (the largest "
-    "per-pair retrieval ratio against the random clamps' own maxima) the rank p alone, as "
-    "maxima are far from normal; one draw: the rank p alone (floor 0.5, never enough); "
-    "with a control, the claim's side p is the larger of the effect's p "
-    "and the effect - control p; no p is 0 (a zero-variance estimate gets 1 / 2^(G-1))",
+    "(exact McNemar for unclustered 0/1 pairs), CR2 t tests on G - 1 df otherwise; against a "
+    "random population, the exact permutation rank p (1 + #draws at least as far) / (m + 1) "
+    "(the t test of effect - population mean reported beside it); one draw: floor 0.5, never "
+    "enough; with a control, the claim's side p is the larger of the effect's p "
+    "and the effect - control p; no p is 0 (a zero-variance estimate gets 1 / 2^(G-1)) and "
+    "none is shown as 0 (below 1e-12: '< 1e-k'); the p column shows the p that decided the "
+    "verdict (the claim's side for holds, the other side for does not hold, the smaller "
+    "otherwise) beside its adjusted value",
     "intervals": "CR2 cluster-robust standard errors with Student's t on G - 1 df (valid "
     "with few clusters); effect - control against a population adds the between-draw "
     "variance; rank statistics and medians: cluster bootstrap percentile intervals",
     "clusters": "items of one fact (its languages) or the sentences of one document move together",
-    "floor": "not testable here (floor): the outcome sits at its floor (e.g. the baseline and "
-    "every condition at 0 successes, or an accuracy below the stated floor under the card's "
-    "metric); never holds",
+    "floor": "not testable here (floor): a 0/1 outcome sits at its floor (the baseline and "
+    "every condition at 0 successes on the row's items); never holds",
     "missing control": "a row whose control is missing (named in the row) cannot hold",
     "independence": "two rows per claim: the pooled held-out (all_but_R on R) gain, clustered "
-    "by fact, against its random control; and the retained share, held-out gain over the "
+    "by fact, against its random control by rank (one random draw per cell: a population of "
+    "one, which can never decide; primary); and the retained share, held-out gain over the "
     "in-pool (all) gain on the same items, above 0.5 (not testable when the in-pool gain is "
     "not above 0)",
+    "latent english": "the share of English-first queries is read on the queries where the "
+    "English or the L answer is decodable; its control (the mismatched fact's English "
+    "answer) is compared with it on the same, symmetric item set: the queries where the "
+    "English, the mismatched English or the L answer is decodable",
+    "consistency": "net of accuracy under every metric: under rank the RankC change on the "
+    "items whose correctness in L and in English does not change, otherwise the CLC change "
+    "minus the change that the accuracies alone give",
+    "relative gains": "a condition that changes no item has a relative gain of exactly 0 with "
+    "the exact no-change bound (a testable zero that stays in its family); a baseline of 0 "
+    "leaves the ratio undefined (not testable, the points reading is judged)",
     "lowest language": "the literal rule (lowest dev zero-shot accuracy among non-English "
     "languages) and the headroom rule (the same among those whose dev few-shot beats "
     "zero-shot, McNemar p < 0.1), fixed on dev; tied languages are judged on their pooled "
@@ -160,20 +191,41 @@ def _tost(claim: Claim, t: Test) -> tuple[float | None, float | None]:
     return max(lo, hi), beyond
 
 
+def _sesoi_p(claim: Claim, t: Test) -> float | None:
+    """The one-sided p of H0 "effect = threshold + direction * sesoi" against an effect on
+    the near side of that edge (small when the effect is shown smaller than the smallest
+    effect of interest: a precise zero); ``None`` without a sesoi or the test's SE and df."""
+    from scipy import stats as sps
+
+    se, df, est = t.extra.get("se"), t.extra.get("df"), t.estimate.estimate
+    if claim.sesoi is None or se is None or df is None or est is None:
+        return None
+    edge = claim.threshold + claim.direction * claim.sesoi
+    gap = claim.direction * (edge - est)  # > 0: the estimate lies short of the edge
+    if se == 0:
+        return p_floor(t.n_clusters) if gap > 0 else 1.0
+    return float(sps.t.sf(gap / se, df))
+
+
 def _rule_p(claim: Claim, effect: Test, vs_control: Test | None) -> tuple[float | None, float | None, str]:  # fmt: skip
-    """The row's p on the claim's side, its p on the other side, and how (:data:`RULES`)."""
+    """The row's p on the claim's side, its p on the other side (for a claim with a sesoi,
+    the smaller of the opposite side's and the precise-zero p), and how (:data:`RULES`)."""
     if claim.kind == "null":
         p, against = _tost(claim, effect)
         return p, against, f"equivalence at {claim.threshold:g} +/- {claim.margin:g}"
     pe, ae = _side_p(effect, 1), _side_p(effect, -1)
     if pe is None:
         return None, None, "no p-value"
+    ps = _sesoi_p(claim, effect)
+    if ps is not None:
+        ae = min(ae if ae is not None else 1.0, ps)
     if vs_control is None:
         return pe, ae, f"effect vs {claim.threshold:g}"
     pv, av = _side_p(vs_control, 1), _side_p(vs_control, -1)
     if pv is None or av is None:
         return None, None, "no p-value for the effect vs its control"
-    return max(pe, pv), min(ae or 1.0, av), "max(effect, effect vs control)"
+    how = "rank among the draws" if vs_control.extra.get("decides") == "rank" else "control"
+    return max(pe, pv), min(ae or 1.0, av), f"max(effect, effect vs {how})"
 
 
 def _beyond(iv: Interval, t: float, d: int) -> bool:
@@ -196,6 +248,21 @@ def _mde_at(t: Test, level: float) -> float | None:
     q = lambda a: float(sps.t.ppf(1 - a / 2, df) if df else sps.norm.ppf(1 - a / 2))  # noqa: E731
     z8 = float(sps.t.ppf(0.8, df) if df else sps.norm.ppf(0.8))
     return t.mde * (q(level) + z8) / (q(base) + z8)
+
+
+def _precise_zero(claim: Claim, effect: Test, iv: Interval, k: float) -> str | None:
+    """Why the row is a precise zero (its adjusted-level interval ``iv`` short of threshold +
+    sesoi, the adjusted precise-zero p below 0.05), or ``None``."""
+    ps = _sesoi_p(claim, effect)
+    if claim.sesoi is None or ps is None or ps * k >= ALPHA:
+        return None
+    d = claim.direction
+    edge = claim.threshold + d * claim.sesoi
+    if not _short(iv, edge, d):
+        return None
+    return (f"a precise zero: the {100 * iv.confidence:.3g}% interval lies "
+            f"{'below' if d > 0 else 'above'} {edge:g}, the smallest effect of interest "
+            f"(adjusted p = {p_text(min(1.0, ps * k))})")  # fmt: skip
 
 
 def verdict(
@@ -228,7 +295,7 @@ def verdict(
     p, against, _ = _rule_p(claim, effect, vs_control)
     padj = None if p is None else min(1.0, p * k)
     aadj = None if against is None else min(1.0, against * k)
-    ptxt = "no p" if padj is None else f"adjusted p = {padj:.3g}"
+    ptxt = "no p" if padj is None else f"adjusted p = {p_text(padj)}"
     md = _mde_at(effect, ALPHA / k)
     mdt = "" if md is None else f"; minimum detectable effect {md:.3f} at the adjusted level"
     if claim.kind == "null":
@@ -245,13 +312,19 @@ def verdict(
     e_against = _side_p(effect, -1)
     if _short(iv, t, d) and e_against is not None and min(1.0, e_against * k) < ALPHA:
         return NOT_HOLDS, (f"the {pct} interval lies {other} {t:g} (adjusted p = "
-                           f"{min(1.0, e_against * k):.3g})")  # fmt: skip
+                           f"{p_text(min(1.0, e_against * k))})")  # fmt: skip
     v_against = None if vs_control is None else _side_p(vs_control, -1)
-    if vs is not None and _short(vs, 0.0, d) and v_against is not None and v_against * k < ALPHA:
-        return NOT_HOLDS, (f"the effect lies {other} its control ({pct} effect - control "
-                           f"interval, adjusted p = {min(1.0, v_against * k):.3g})")  # fmt: skip
+    rank = vs_control is not None and vs_control.extra.get("decides") == "rank"
+    if v_against is not None and v_against * k < ALPHA and (rank or (vs is not None and _short(vs, 0.0, d))):  # fmt: skip
+        how = (f"its rank among {vs_control.extra.get('draws')} random draws"  # type: ignore[union-attr]
+               if rank else f"{pct} effect - control interval")  # fmt: skip
+        return NOT_HOLDS, (f"the effect lies {other} its control ({how}, adjusted p = "
+                           f"{p_text(min(1.0, v_against * k))})")  # fmt: skip
     beyond = _beyond(iv, t, d)
-    ctl_ok = vs is None or _beyond(vs, 0.0, d)
+    zero = None if beyond else _precise_zero(claim, effect, iv, k)
+    if zero:
+        return NOT_HOLDS, zero
+    ctl_ok = vs is None or rank or _beyond(vs, 0.0, d)
     if beyond and ctl_ok and padj is not None and padj < ALPHA:
         if missing_control:
             return INCONCLUSIVE, f"the control is missing: {missing_control} ({ptxt})"
@@ -269,7 +342,7 @@ def verdict(
         and vs_control.extra.get("one_sided")
         and vs_control.extra.get("p_floor", 0) * k >= ALPHA
     ):  # the permutation p cannot reach the adjusted level with this many draws
-        need = math.floor(k / ALPHA)  # the fewest m with k / (m + 1) < ALPHA
+        need = draws_needed(k, ALPHA)  # the fewest m with k / (m + 1) < ALPHA
         adj = "" if k == 1 else f" ({min(1.0, vs_control.extra['p_floor'] * k):.3g} adjusted)"
         why.append(f"{vs_control.extra['draws']} control draw(s): the permutation p is at "
                    f"least {vs_control.extra['p_floor']:.3g}{adj}; deciding this row needs at "
@@ -288,7 +361,7 @@ def _text(t: Test | None) -> str:
     if t is None:
         return ""
     s = t.estimate.format(3)
-    return s if t.p is None else f"{s}, p = {t.p:.3g}"
+    return s if t.p is None else f"{s}, p = {p_text(t.p)}"
 
 
 def make_row(
@@ -329,9 +402,10 @@ def make_row(
         "id": claim.id, "paper": claim.paper, "claim": claim.text,
         "paper_number": claim.paper_number, "measure": claim.measure,
         "rule": {"kind": claim.kind, "direction": claim.direction, "threshold": claim.threshold,
-                 "margin": claim.margin, "untestable": untestable, "floor": floor,
-                 "missing_control": missing_control},
+                 "margin": claim.margin, "sesoi": claim.sesoi, "untestable": untestable,
+                 "floor": floor, "missing_control": missing_control},
         "family": row_family(claim, ex.get("variant")),
+        "post_hoc": claim.post_hoc if row_family(claim, ex.get("variant")) == "primary" else None,
         "value": None if eff is None else eff.to_json(), "value_text": _text(eff) or "n/a",
         "control": None if ctl is None else ctl.to_json(), "control_text": _text(ctl),
         "vs_control": None if vs_control is None else vs_control.to_json(),
@@ -347,7 +421,7 @@ def _claim_of(row: Mapping[str, Any]) -> Claim:
     r = row["rule"]
     return Claim(row["id"], row["paper"], row["claim"], row["paper_number"], row["measure"],
                  row["stage"], row["figure"], kind=r["kind"], direction=r["direction"],
-                 threshold=r["threshold"], margin=r["margin"])  # fmt: skip
+                 threshold=r["threshold"], margin=r["margin"], sesoi=r.get("sesoi"))  # fmt: skip
 
 
 def _decision_p(row: Mapping[str, Any]) -> float | None:
@@ -368,12 +442,34 @@ def finalize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         fams.setdefault((r.get("paper", ""), r.get("family", "secondary")), []).append(i)
     for (paper, fam), idx in fams.items():
         method = "holm" if fam == "primary" else "bh"
-        adj = adjust([_decision_p(out[i]) for i in idx], method)
-        size = sum(_decision_p(out[i]) is not None for i in idx)
-        for i, (pa, k) in zip(idx, adj, strict=True):
+        twin = {i: i for i in idx} if fam == "primary" else _twins(out, idx)
+        adj = adjust([None if twin[i] != i else _decision_p(out[i]) for i in idx], method)
+        got = dict(zip(idx, adj, strict=True))
+        size = sum(_decision_p(out[i]) is not None and twin[i] == i for i in idx)
+        for i in idx:
+            pa, k = got[twin[i]]
+            same = "" if twin[i] == i else (f"; the same test as the row "
+                                            f"{_key(out[twin[i]])}: counted once")  # fmt: skip
             _judge(out[i], pa, k, f"{'Holm' if fam == 'primary' else 'Benjamini-Hochberg'} "
                    f"over the {size} {fam} rows of {paper}" + ("" if fam == "primary" else
-                   " (exploratory)"))  # fmt: skip
+                   " (exploratory)") + same)  # fmt: skip
+    return out
+
+
+def _twins(rows: Sequence[Mapping[str, Any]], idx: Sequence[int]) -> dict[int, int]:
+    """``{row: the first row of the family with the same reading}``: rows whose effect,
+    control, effect - control and rule are identical (one measurement read twice, e.g. the
+    literal and headroom rules on the same languages) count once inside their family."""
+    first: dict[str, int] = {}
+    out = {}
+    for i in idx:
+        r = rows[i]
+        if _decision_p(r) is None:
+            out[i] = i
+            continue
+        key = json.dumps([r.get("value"), r.get("control"), r.get("vs_control"), r.get("rule")],
+                         sort_keys=True, default=str)  # fmt: skip
+        out[i] = first.setdefault(key, i)
     return out
 
 
@@ -397,6 +493,21 @@ def _judge(r: dict[str, Any], pa: float | None, k: float, how: str) -> None:
                                         untestable=rule.get("untestable"),
                                         floor=rule.get("floor"),
                                         missing_control=rule.get("missing_control"))  # fmt: skip
+    r["p_deciding"] = _deciding_p(r)
+    r["p_deciding_adjusted"] = (None if r["p_deciding"] is None
+                                else min(1.0, r["p_deciding"] * max(1.0, k)))  # fmt: skip
+
+
+def _deciding_p(row: Mapping[str, Any]) -> float | None:
+    """The p that decided the row's verdict: the claim's side for ``holds``, the other side
+    for ``does not hold``, the smaller of the two otherwise (the row's p in its family)."""
+    if row.get("p") is None:
+        return None
+    if row.get("verdict") == HOLDS:
+        return float(row["p"])
+    if row.get("verdict") == NOT_HOLDS and row.get("p_against") is not None:
+        return float(row["p_against"])
+    return _decision_p(row)
 
 
 def error_row(claim: Claim, error: str) -> dict[str, Any]:
@@ -407,12 +518,18 @@ def error_row(claim: Claim, error: str) -> dict[str, Any]:
 
 
 def rules_hash(claims: Sequence[Claim] = ()) -> str:
-    """sha256 (16 hex digits) of :data:`RULES` and of every claim's rule parameters."""
-    params = [(c.id, c.kind, c.direction, c.threshold, c.control_threshold, c.margin,
-               c.family, c.primary_variant) for c in claims]  # fmt: skip
+    """sha256 (16 hex digits) of :data:`RULES` and of the whole claims table (every field of
+    every claim: its texts, rule parameters, family, sesoi and post-hoc note)."""
+    table = [dataclasses.asdict(c) for c in claims]
     text = json.dumps({"rules": RULES, "alpha": ALPHA, "retained_share": RETAINED_SHARE,
-                       "claims": params}, sort_keys=True)  # fmt: skip
+                       "claims": table}, sort_keys=True)  # fmt: skip
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def preregistration_hash(rules: str, budgets: str) -> str:
+    """sha256 (16 hex digits) of the rules hash and the budgets hash together: the one number
+    a reader compares with the one published before a card was run."""
+    return hashlib.sha256(f"rules {rules}; budgets {budgets}".encode()).hexdigest()[:16]
 
 
 #: The hash of the frozen rules and claims, written into ``claims.json``.
@@ -447,8 +564,16 @@ class ClaimsCard:
         return {_key(r): r["verdict"] for r in self.rows}
 
     def to_json(self) -> dict[str, Any]:
-        """``claims.json``: the rules, the rows and the run's metadata."""
-        return {"meta": self.meta, "rules": RULES, "rules_hash": RULES_HASH, "claims": self.rows}
+        """``claims.json``: the rules, their hash and the budgets' (``preregistration``:
+        the rules and budgets hashed together), the rows and the run's metadata."""
+        return {"meta": self.meta, "rules": RULES, "rules_hash": RULES_HASH,
+                "preregistration": self.preregistration(), "claims": self.rows}  # fmt: skip
+
+    def preregistration(self) -> dict[str, str]:
+        """The frozen rules' and budgets' hashes and :func:`preregistration_hash` of both."""
+        b = str(self.meta.get("budgets_hash", "?"))
+        return {"rules_hash": RULES_HASH, "budgets_hash": b,
+                "hash": preregistration_hash(RULES_HASH, b)}  # fmt: skip
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per claim: paper, claim, paper's number, mechlingo's estimate, lo, hi, n,
@@ -493,7 +618,10 @@ class ClaimsCard:
                      f"**{r['verdict']}** ({why})"]  # fmt: skip
             lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
         meta = ", ".join(f"{k}: {self.meta[k]}" for k in ("model", "budget") if k in self.meta)
-        return f"# Claims card\n\n{meta}; rules {RULES_HASH}\n\n" + head + "\n".join(lines) + "\n"
+        pre = self.preregistration()
+        return (f"# Claims card\n\n{meta}; rules {pre['rules_hash']}, budgets "
+                f"{pre['budgets_hash']} (pre-registration {pre['hash']})\n\n" + head
+                + "\n".join(lines) + "\n")  # fmt: skip
 
     def table_html(self, link: bool = True) -> str:
         """The verdict table as HTML (links to the report's figures with ``link``)."""
@@ -537,17 +665,22 @@ def _key(row: Mapping[str, Any]) -> str:
 
 
 def _ptext(row: Mapping[str, Any]) -> str:
-    """``"0.004 (0.031)"``: the row's raw p and its Holm-adjusted p."""
-    p, pa = row.get("p"), row.get("p_adjusted")
+    """``"0.004 (0.031)"``: the p that decided the row's verdict and its adjusted value
+    (never shown as 0: ``"< 1e-k"``)."""
+    p, pa = row.get("p_deciding"), row.get("p_deciding_adjusted")
+    if p is None:
+        p, pa = row.get("p"), row.get("p_adjusted")
     if p is None:
         return ""
-    return f"{p:.3g}" + ("" if pa is None else f" ({pa:.3g})")
+    return p_text(p) + ("" if pa is None else f" ({p_text(pa)})")
 
 
 def _label(row: Mapping[str, Any]) -> str:
     v = row.get("variant")
     tag = " (exploratory)" if row.get("family") == "secondary" else ""
-    return row["claim"] + (f" [{v}]" if v else "") + tag
+    post = (f" [reading chosen after the data was seen: {row['post_hoc']}]"
+            if row.get("post_hoc") else "")  # fmt: skip
+    return row["claim"] + (f" [{v}]" if v else "") + tag + post
 
 
 def _md(x: Any) -> str:

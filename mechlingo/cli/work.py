@@ -29,8 +29,9 @@ import torch
 from mechlingo.activations.distributed import all_reduce_state, dist_info
 from mechlingo.card.replicate import weights_fingerprint
 from mechlingo.cli.common import UsageError
+from mechlingo.core.artifacts import sibling_name
 from mechlingo.core.describe import model_info
-from mechlingo.core.stages import Stages, key_hash
+from mechlingo.core.stages import Stages, key_hash, release_free_locks
 from mechlingo.core.types import Model
 
 __all__ = [
@@ -79,8 +80,9 @@ def add_work_args(p: argparse.ArgumentParser) -> None:
 
 
 def work_folder(args: argparse.Namespace) -> Path:
-    """The work folder of ``args`` (``--work``, or ``.OUT.work`` beside ``--out``); a
-    :class:`UsageError` when it is ``--out`` or inside it."""
+    """The work folder of ``args`` (``--work``, or ``.OUT.work`` beside ``--out``, with
+    ``OUT`` shortened as :func:`~mechlingo.core.artifacts.sibling_name` does when the name
+    would pass the 255-byte limit); a :class:`UsageError` when it is ``--out`` or inside it."""
     out = Path(args.out).expanduser().absolute()
     if args.work:
         work = Path(args.work).expanduser().absolute()
@@ -92,7 +94,7 @@ def work_folder(args: argparse.Namespace) -> Path:
                 fix="choose a folder outside --out (or drop --work: the default is .OUT.work)",
             )
         return work
-    return out.parent / f".{out.name}.work"
+    return out.parent / f".{sibling_name(out.name)}.work"
 
 
 def hash_files(folder: str | Path | None) -> str | None:
@@ -124,7 +126,9 @@ def open_stages(
 ) -> Stages:
     """The stages of this run: keyed by the model, ``data`` (hashes of what was read) and
     :func:`settings_key`. With ``--fresh`` the stages of this key are removed first;
-    otherwise the finished ones are reused (a note on stderr says how many)."""
+    otherwise the finished ones are reused (a note on stderr says how many). The key's lock is
+    taken first (:meth:`Stages.lock`): a live run of the same key is refused with one line
+    (an :class:`~mechlingo.core.errors.OutputError`) before anything is computed or removed."""
     folder = work_folder(args)
     key = {
         "command": " ".join(x for x in (args.command, getattr(args, "steer_command", None)) if x),
@@ -139,6 +143,7 @@ def open_stages(
         key["rank"] = [info.rank, info.world_size]
         agree = all_ranks_have
     stages = Stages(folder, key, agree=agree)
+    stages.lock()
     if getattr(args, "fresh", False) and getattr(args, "resume", False):
         raise UsageError("--fresh and --resume contradict each other", where="--resume",
                          fix="give one: --fresh starts over, --resume only goes on")  # fmt: skip
@@ -181,11 +186,14 @@ def all_ranks_have(done: bool) -> bool:
 
 def finish_stages(stages: Stages, folder: str | Path | None = None) -> None:
     """After ``--out`` is written: remove the run's stages (``folder``: the key folder, when
-    another object made the stages) and the work folder when it is empty."""
+    another object made the stages), give their lock back (lock files no live run holds are
+    removed too) and remove the work folder when it is empty."""
     if folder is None:
         stages.clear()
     else:
         shutil.rmtree(folder, ignore_errors=True)
+    stages.unlock()
+    release_free_locks(stages.root)
     try:
         stages.root.rmdir()
     except OSError:

@@ -15,11 +15,15 @@ a failed, non-finite or unreadable stage does: ``docs/gotchas.md`` ("Going on af
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+import threading
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +34,12 @@ from mechlingo.core.jsonable import jsonable
 from mechlingo.core.untrusted import expand_path, load_tensors, read_json, refuse_special
 from mechlingo.core.version import __version__
 
-__all__ = ["STAGE_LOG_ENV", "Stages", "key_hash"]
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["STAGE_LOG_ENV", "Stages", "key_hash", "release_free_locks"]
 
 _RESULT = "result.json"
 _KEY = "key.json"
@@ -40,6 +49,9 @@ STAGE_LOG_ENV = "MECHLINGO_STAGE_LOG"
 #: stored (its result computed, not yet renamed into place).
 KILL_STAGE_ENV = "MECHLINGO_TEST_KILL_STAGE"
 _FIX = "delete the work folder (or rerun with --fresh) to recompute it"
+#: the locks of the stage folders this process holds: lock file -> [fd, holders]
+_HELD: dict[Path, list[int]] = {}
+_HELD_GUARD = threading.Lock()
 
 
 def key_hash(key: Mapping[str, Any]) -> str:
@@ -62,6 +74,13 @@ class Stages:
             answer of every rank (true only when all ranks have it): a stage is read back
             only when every rank can read it back, and otherwise recomputed by all of them,
             so that the ranks run the same collective steps.
+
+    One key's stages are used by one process at a time: the first use (or :meth:`lock`)
+    takes an exclusive lock on ``folder/.<key hash>.lock`` (``fcntl.flock``, which the
+    kernel drops when the process dies, so a killed run never leaves it stuck), held while
+    this object lives or until :meth:`unlock`. A second process of the same key is refused
+    with an :class:`~mechlingo.core.errors.OutputError` naming the holder, instead of deleting
+    the other's unfinished stage.
     """
 
     def __init__(
@@ -77,6 +96,36 @@ class Stages:
         self.agree = agree
         self.computed = 0
         self._checked = False
+        self._lock_file: Path | None = None
+
+    def lock(self) -> None:
+        """Take this key's lock (see the class); nothing when this object holds it already.
+
+        Raises:
+            OutputError: a live process (another run of the same command, model, data and
+                settings) holds it.
+        """
+        if self._lock_file is not None:
+            return
+        path = self.root / f".{self.folder.name}.lock"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            _acquire(path)
+        except OSError as err:
+            if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                return  # a folder this run cannot write: it cannot remove a stage either
+            raise OutputError(
+                f"cannot lock the work folder {self.root}: {err.strerror or err}",
+                fix="choose a writable work folder (--work)",
+            ) from err
+        self._lock_file = path
+        self._unlocker = weakref.finalize(self, _release, path)
+
+    def unlock(self) -> None:
+        """Give this key's lock back (another process may then use its stages)."""
+        if self._lock_file is not None:
+            self._unlocker()  # runs _release once, and never again at garbage collection
+            self._lock_file = None
 
     def path(self, name: str) -> Path:
         """The folder of stage ``name`` (its result and any files it left)."""
@@ -104,6 +153,7 @@ class Stages:
         """Once: a folder whose ``key.json`` is not this key is not reused (removed)."""
         if self._checked:
             return
+        self.lock()
         self._checked = True
         key_file = self.folder / _KEY
         if self.folder.is_symlink():
@@ -173,6 +223,7 @@ class Stages:
 
     def clear(self) -> None:
         """Forget every stored stage of this key."""
+        self.lock()
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def discard(self, name: str) -> None:
@@ -210,3 +261,88 @@ def _log(what: str, name: str) -> None:
         target = target.replace("{rank}", os.environ.get("RANK", "0"))
         with open(target, "a", encoding="utf-8") as fh:
             fh.write(f"{what} {name}\n")
+
+
+def _acquire(path: Path) -> None:
+    """Hold the lock file ``path`` for this process (counted: a second holder in this
+    process shares it); an :class:`OutputError` when another live process holds it."""
+    with _HELD_GUARD:
+        held = _HELD.get(path)
+        if held is not None:
+            held[1] += 1
+            return
+        if fcntl is None:  # pragma: no cover - Windows: no lock
+            return
+        for _ in range(10):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as err:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+                os.close(fd)
+                if err.errno == errno.ENOLCK:  # a file system without locks: go on unlocked
+                    return
+                raise _busy(path, holder) from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:  # not a file its last holder removed while we opened it
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(os.getpid()).encode(), 0)
+                _HELD[path] = [fd, 1]
+                return
+            os.close(fd)
+        raise _busy(path, "")
+
+
+def _busy(path: Path, holder: str) -> OutputError:
+    who = f" (process {holder})" if holder.isdigit() else ""
+    return OutputError(
+        f"the work folder {path.parent} is in use by another run{who} of this command with "
+        "the same model, data and settings",
+        fix="wait for that run to finish, or give this one another --work or --out",
+    )
+
+
+def _release(path: Path) -> None:
+    """Drop one holder of ``path``; the last one removes the lock file and unlocks it."""
+    with _HELD_GUARD:
+        held = _HELD.get(path)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] > 0:
+            return
+        del _HELD[path]
+        with contextlib.suppress(OSError):
+            path.unlink()
+        os.close(held[0])
+
+
+def release_free_locks(root: str | os.PathLike[str]) -> None:
+    """Remove the lock files in the work folder ``root`` that no live process holds (those
+    of this process included, which are given back): a finished run leaves no ``.*.lock``
+    behind, and a killed run's lock file goes with the next finish."""
+    root = Path(root)
+    for path in sorted(root.glob(".*.lock")):
+        with _HELD_GUARD:
+            held = _HELD.pop(path, None)
+        if held is not None:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            os.close(held[0])
+            continue
+        if fcntl is None:  # pragma: no cover - Windows
+            continue
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            path.unlink()
+        except OSError:
+            pass
+        finally:
+            os.close(fd)

@@ -6,22 +6,39 @@ Unicode script of its letters, then, for Latin script, hits in short per-languag
 (:class:`mechlingo.interventions.Gated`) when the language is not declared.
 :func:`identify_languages` identifies generated text with py3langid among given languages.
 It is a heuristic outside the bundled prompts (about 4% of the ``tuned`` prompts stay
-ambiguous); the rule and its limits: ``docs/data.md``."""
+ambiguous; ``docs/data.md``). :func:`token_language` tags a single token for the languages
+in use: :data:`SHARED`, the language of its script (:func:`char_script`), or of its word in
+the bundled lexicons (:func:`lexicon`); ``None`` when nothing places it
+(``docs/methods/logit-lens.md``)."""
 
 from __future__ import annotations
 
 import functools
+import json
 import re
 import unicodedata
 from collections import Counter
 from collections.abc import Sequence
+from importlib import resources
 from typing import Any
 
 import py3langid.langid as lid
+import regex
 
 from mechlingo.core.errors import InputError
 
-__all__ = ["LATIN_WORDS", "identify_language", "identify_languages", "script_counts"]
+__all__ = [
+    "LATIN_WORDS",
+    "SCRIPT_LANGUAGE",
+    "SHARED",
+    "SHARED_IN",
+    "char_script",
+    "identify_language",
+    "identify_languages",
+    "lexicon",
+    "script_counts",
+    "token_language",
+]
 
 #: Function words and relation words per Latin-script language (lower case).
 LATIN_WORDS: dict[str, frozenset[str]] = {
@@ -133,3 +150,137 @@ def identify_languages(texts: Sequence[str], langs: Sequence[str]) -> list[str |
         else:
             out.append(ident.classify(t)[0])
     return out
+
+
+# --------------------------------------------------------------------------------------
+# The language of a single token
+# --------------------------------------------------------------------------------------
+
+#: The tag of a string written the same in several languages (numbers, punctuation, spaces,
+#: most names): it tells no language apart.
+SHARED = "shared"
+
+#: Scripts told apart (Unicode ``Script`` names); a letter of any other script is ``"Other"``.
+SCRIPTS = (
+    "Latin Cyrillic Greek Armenian Georgian Hebrew Arabic Syriac Thaana Devanagari Bengali "
+    "Gurmukhi Gujarati Oriya Tamil Telugu Kannada Malayalam Sinhala Thai Lao Tibetan Myanmar "
+    "Khmer Mongolian Ethiopic Hangul Hiragana Katakana Han Tifinagh Cherokee"
+).split()
+
+#: The language a script names on its own (one main language writes it); scripts several
+#: languages share (Latin, Cyrillic, Arabic, Devanagari, Han, ...) are told by words.
+SCRIPT_LANGUAGE: dict[str, str] = {
+    "Greek": "el", "Armenian": "hy", "Georgian": "ka", "Hebrew": "he", "Thaana": "dv",
+    "Bengali": "bn", "Gurmukhi": "pa", "Gujarati": "gu", "Oriya": "or", "Tamil": "ta",
+    "Telugu": "te", "Kannada": "kn", "Malayalam": "ml", "Sinhala": "si", "Thai": "th",
+    "Lao": "lo", "Tibetan": "bo", "Myanmar": "my", "Khmer": "km", "Hangul": "ko",
+    "Hiragana": "ja", "Katakana": "ja", "Cherokee": "chr",
+}  # fmt: skip
+
+#: The language a shared script falls back to when no word places a token and no language
+#: in use writes the script (a Han token alone reads as Chinese).
+SCRIPT_DEFAULT: dict[str, str] = {"Han": "zh", "Cyrillic": "ru", "Arabic": "ar",
+                                  "Devanagari": "hi"}  # fmt: skip
+
+_SCRIPT_RE = regex.compile("|".join(f"(?P<{n}>\\p{{Script_Extensions={n}}})" for n in SCRIPTS))
+
+
+@functools.lru_cache(maxsize=16384)
+def char_script(ch: str) -> str | None:
+    """The Unicode script of one letter (a name of :data:`SCRIPTS`, the first of its
+    ``Script_Extensions``: the prolonged sound mark ー is Hiragana; ``"Other"`` for a script
+    not listed); ``None`` for a character that is not a letter (digits, punctuation,
+    symbols, spaces and combining marks)."""
+    if not (ch.isalpha() or unicodedata.category(ch) == "Lm"):
+        return None
+    m = _SCRIPT_RE.match(ch)
+    return m.lastgroup if m is not None else "Other"
+
+
+_LEX_WORD = regex.compile(r"[\p{L}\p{M}]+(?:['’][\p{L}\p{M}]+)?")
+
+
+def _words(text: str) -> set[str]:
+    return {w.casefold() for w in _LEX_WORD.findall(text)}
+
+
+@functools.lru_cache(maxsize=1)
+def lexicon() -> dict[str, dict[str, frozenset[str]]]:
+    """The words (case-folded) each bundled language is known to write, in two tiers:
+    ``"words"``, its function words (:data:`LATIN_WORDS`) and the words of its bundled
+    prompt templates (``templates.json``, ``natural_templates.json``); and ``"names"``, the
+    words of its facts' subjects and answers (``facts.jsonl``: names, many written the same
+    in several languages, and some kept in English, "Port of Spain")."""
+    words: dict[str, set[str]] = {lg: set(ws) for lg, ws in LATIN_WORDS.items()}
+    root = resources.files("mechlingo.data")
+    for name in ("templates.json", "natural_templates.json"):
+        for by_lang in json.loads((root / name).read_text("utf-8"))["templates"].values():
+            for lg, t in by_lang.items():
+                texts = [t] if isinstance(t, str) else [t["template"], *t.get("candidates", {})]
+                for text in texts:
+                    words.setdefault(lg, set()).update(_words(text.replace("{s}", " ")))
+    names: dict[str, set[str]] = {}
+    for line in (root / "facts.jsonl").read_text("utf-8").splitlines():
+        if line.strip():
+            f = json.loads(line)
+            names.setdefault(f["lang"], set()).update(_words(f"{f['subject']} {f['answer']}"))
+    return {"words": {lg: frozenset(ws) for lg, ws in words.items()},
+            "names": {lg: frozenset(ws) for lg, ws in names.items()}}  # fmt: skip
+
+
+#: A name in the names of at least this many bundled languages is :data:`SHARED` whatever
+#: the languages in use ("Paris" is written so in every Latin-script language).
+SHARED_IN = 3
+
+
+def _word_languages(word: str, langs: Sequence[str]) -> set[str] | None:
+    """The languages ``word`` places a token in (``None``: no lexicon has it; several:
+    shared): the languages whose template and function words have it, else those whose names
+    have it (all of them from :data:`SHARED_IN` on); of these, the ones in use when any is."""
+    lex = lexicon()
+    w = word.casefold()
+    every = {lg for lg, ws in lex["words"].items() if w in ws}
+    if not every:
+        every = {lg for lg, ws in lex["names"].items() if w in ws}
+        if len(every) >= SHARED_IN:
+            return every
+    used = every & set(langs)
+    return (used or every) or None
+
+
+@functools.lru_cache(maxsize=65536)
+def _tag(token: str, langs: tuple[str, ...]) -> str | None:
+    scripts = Counter(s for s in map(char_script, token) if s is not None)
+    if not scripts:
+        return SHARED
+    script = scripts.most_common(1)[0][0]
+    if script in SCRIPT_LANGUAGE:
+        return SCRIPT_LANGUAGE[script]
+    found = [w for w in (_word_languages(w, langs) for w in _LEX_WORD.findall(token)) if w]
+    hits = set().union(*found) if found else set()
+    if len(hits) == 1:
+        return hits.pop()
+    if hits:
+        return SHARED
+    if script == "Han" and "ja" in langs and "zh" not in langs:
+        return "ja"
+    return SCRIPT_DEFAULT.get(script)
+
+
+def token_language(token: str, langs: Sequence[str] | None = None) -> str | None:
+    """The language a single token looks like, for the languages in use ``langs`` (e.g. the
+    prompt's and English; the first ones are preferred where a word is in several lexicons):
+
+    * :data:`SHARED` when it has no letters (numbers, punctuation, spaces);
+    * the language its script names (:data:`SCRIPT_LANGUAGE`: kana -> ja, Hangul -> ko,
+      Greek -> el, Thai -> th, ...);
+    * by its word (:func:`lexicon`): the languages whose template and function words have
+      it, else those whose names have it (:data:`SHARED` when :data:`SHARED_IN` or more do:
+      "Paris", "Tirana"); of these the ones in use when any is ("capitale" or "la" in a
+      French prompt: fr); one language is the tag, several are :data:`SHARED`;
+    * for a shared script with no word found, its default language
+      (:data:`SCRIPT_DEFAULT`: Han -> zh, or ja when Japanese is in use and Chinese is not;
+      Cyrillic -> ru, Arabic -> ar, Devanagari -> hi);
+    * ``None`` ("none") otherwise: a Latin word piece no lexicon has ("bibli", "ipt").
+    """
+    return _tag(token.strip(), tuple(langs or ()))

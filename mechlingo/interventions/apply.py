@@ -15,24 +15,24 @@ candidate ranking) computes those positions once for every condition and candida
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from types import TracebackType
 
 import torch
 from jaxtyping import Int
 from torch import Tensor
 
 from mechlingo.activations.runs import hooked
+from mechlingo.core.errors import InterventionError
 from mechlingo.core.tokens import PositionSpec, TokenBatch
 from mechlingo.core.types import FwdHooks, HookFn, Model
 from mechlingo.interventions.base import Compose, Gated, Intervention, SiteEdit
 
-__all__ = ["first_edit", "intervene", "intervention_hooks"]
+__all__ = ["Intervening", "first_edit", "intervene", "intervention_hooks"]
 
 
-@contextlib.contextmanager
 def intervene(
     model: Model, intervention: Intervention | None, *, batch: TokenBatch | None = None
-) -> Iterator[Model]:
+) -> Intervening:
     """Apply ``intervention`` to every forward pass of ``model`` inside the block; its hooks
     are removed when the block exits, also after an exception. ``None`` applies nothing.
 
@@ -54,18 +54,55 @@ def intervene(
             Without it, a multi-row run is refused for every rule but ``"all"`` (see
             :func:`~mechlingo.interventions.base.mask_for`).
 
-    Yields:
-        ``model``, with the intervention's hooks on.
+    Returns:
+        An :class:`Intervening` block: ``with`` it yields ``model``, with the intervention's
+        hooks on. One block object may be used again after it exits, never inside itself
+        (an :class:`~mechlingo.core.errors.InterventionError`). Hooks belong to the model,
+        not to a thread: while one thread is inside, another thread's ``intervene`` (or any
+        mechlingo run) on the same model is refused with an ``InterventionError``
+        (:func:`mechlingo.activations.runs.hooked`), and these hooks leave other threads'
+        forward passes alone. Different blocks nest in one thread as before.
     """
+    return Intervening(model, intervention, batch)
 
-    if intervention is None:
-        fwd_hooks: list[tuple[str, HookFn]] = []
-    elif batch is not None:
-        fwd_hooks = intervention.fwd_hooks_for(model, batch)
-    else:
-        fwd_hooks = intervention.fwd_hooks(model)
-    with hooked(model, fwd_hooks):
-        yield model
+
+class Intervening:
+    """The block :func:`intervene` returns (a context manager that yields the model)."""
+
+    def __init__(
+        self, model: Model, intervention: Intervention | None, batch: TokenBatch | None
+    ) -> None:
+        self.model, self.intervention, self.batch = model, intervention, batch
+        self._stack: contextlib.ExitStack | None = None
+
+    def __enter__(self) -> Model:
+        if self._stack is not None:
+            raise InterventionError(
+                "this intervene(...) block is already active: one block cannot be entered "
+                "inside itself",
+                fix="use a new block, mechlingo.intervene(model, iv), for a nested one",
+            )
+        iv, model = self.intervention, self.model
+        if iv is None:
+            fwd_hooks: list[tuple[str, HookFn]] = []
+        elif self.batch is not None:
+            fwd_hooks = iv.fwd_hooks_for(model, self.batch)
+        else:
+            fwd_hooks = iv.fwd_hooks(model)
+        stack = contextlib.ExitStack()
+        stack.enter_context(hooked(model, fwd_hooks))
+        self._stack = stack
+        return model
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        err: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.close()
 
 
 def intervention_hooks(

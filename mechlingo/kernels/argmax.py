@@ -5,11 +5,14 @@ the maximum (its upper error bound, :func:`error_bound`, reaches the row's best 
 is kept by :func:`kept_columns` and scored again in float32, so :func:`screened_argmax` returns
 the float32 arg-max (ties to the lowest index, as :func:`torch.argmax`). :func:`build_screen`
 makes the bfloat16 copy of ``W_U`` and its measured rounding norms; :func:`bf16_supported`
-says where bfloat16 matrix units make it pay. The bound and why it is rigorous:
-``docs/scaling.md``; timings: ``docs/benchmarks.md``."""
+says where the bound holds, and :func:`screen_is_faster` measures whether the screen beats
+the plain float32 arg-max on this machine (a CPU that emulates bfloat16 makes it slower).
+The bound and why it is rigorous: ``docs/scaling.md``; timings: ``docs/benchmarks.md``."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -180,9 +183,44 @@ def screened_argmax(
     within float32 round-off (then either may win, as between two float32 kernels)."""
     keep = kept_columns(x, screen, b)
     if keep.numel() > MAX_KEPT:
-        logits = x.float() @ W.float()
-        return (logits if b is None else logits + b.float()).argmax(-1)
+        return plain_argmax(x, W, b)
     exact = x.float() @ W[:, keep].float()
     if b is not None:
         exact = exact + b.float()[keep]
     return keep[exact.argmax(-1)]
+
+
+def plain_argmax(
+    x: Float[Tensor, "row d_model"], W: Float[Tensor, "d_model vocab"],
+    b: Float[Tensor, " vocab"] | None = None,
+) -> Int[Tensor, " row"]:  # fmt: skip
+    """``argmax(x @ W + b)`` per row: the float32 product over the whole vocabulary."""
+    logits = x.float() @ W.float()
+    return (logits if b is None else logits + b.float()).argmax(-1)
+
+
+def _best_seconds(fn: Callable[[], Tensor], repeats: int) -> float:
+    fn()  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def screen_is_faster(
+    x: Float[Tensor, "row d_model"],
+    W: Float[Tensor, "d_model vocab"],
+    screen: Screen,
+    b: Float[Tensor, " vocab"] | None = None,
+    repeats: int = 2,
+) -> bool:
+    """Whether :func:`screened_argmax` takes less wall time than :func:`plain_argmax` on the
+    rows ``x`` here (best of ``repeats`` runs each, after one warm-up). Both give the same
+    arg-max; this only says which is cheaper on this machine: CPUs with bfloat16 matrix
+    units run the screen's product fast, CPUs that emulate bfloat16 (oneDNN still reports
+    support) run it slower than the float32 product."""
+    t_screen = _best_seconds(lambda: screened_argmax(x, W, screen, b), repeats)
+    t_plain = _best_seconds(lambda: plain_argmax(x, W, b), repeats)
+    return t_screen < t_plain

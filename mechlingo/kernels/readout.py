@@ -7,7 +7,8 @@ log-probability of its primary token and the rank of its best token (one fused p
 :func:`_softmax_stats`). It runs on the device of ``W_U`` and computes in float32 whatever the
 model's dtype. :func:`token_logprobs` reads chosen tokens' log-probabilities,
 :func:`final_logits` the logits of final-layer rows, and :func:`greedy_next` the exact greedy
-next token (screened in bfloat16, :mod:`mechlingo.kernels.argmax`).
+next token (screened in bfloat16, :mod:`mechlingo.kernels.argmax`, where a one-off
+measurement finds the screen faster than the plain float32 arg-max).
 
 Why not TransformerLens's ``logit_readout``, and the measured comparison
 (``benchmarks/bench_lens.py``): ``docs/methods/logit-lens.md`` and ``docs/benchmarks.md``."""
@@ -26,7 +27,13 @@ from torch import Tensor
 
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
-from mechlingo.kernels.argmax import Screen, bf16_supported, build_screen, screened_argmax
+from mechlingo.kernels.argmax import (
+    Screen,
+    bf16_supported,
+    build_screen,
+    screen_is_faster,
+    screened_argmax,
+)
 
 T = TypeVar("T")
 
@@ -152,14 +159,18 @@ def final_logits(model: Model, resid: Float[Tensor, "row d_model"]) -> Float[Ten
         return unembed(model, apply_final_norm(model, resid.to(dev)))
 
 
-_SCREENING = {"on": True}
+_SCREENING: dict[str, bool | None] = {"on": None}
 _ARGMAX_ROWS = 256  # rows per screened arg-max: a [256, vocab] bfloat16 block (134 MB for Gemma 3)
+_PROBE_ROWS = 32  # rows of the one-off timing that chooses the screen (a decoding batch)
+#: (device, dtype, d_model, vocab) -> whether the screen measured faster than the plain arg-max
+_SCREEN_PAYS: dict[tuple, bool] = {}
 
 
 @contextlib.contextmanager
-def screening(enabled: bool) -> Iterator[None]:
-    """Turn the bfloat16 screen of :func:`greedy_next` on or off inside the block (to time
-    it, or to rule it out when chasing a discrepancy); it is on by default."""
+def screening(enabled: bool | None) -> Iterator[None]:
+    """Inside the block, :func:`greedy_next` uses the bfloat16 screen always (``True``),
+    never (``False``), or where it measured faster (``None``, the default): to time it, or
+    to rule it out when chasing a discrepancy. The arg-max is the same either way."""
     before = _SCREENING["on"]
     _SCREENING["on"] = enabled
     try:
@@ -174,18 +185,44 @@ _SCREENS: weakref.WeakKeyDictionary[Any, tuple[tuple, Screen]] = weakref.WeakKey
 def _screen(model: Model, W: Tensor) -> Screen | None:
     """The model's bfloat16 screen, rebuilt when ``W_U`` changes (new storage, in-place edit,
     other device); ``None`` where the screen does not apply (see :func:`greedy_next`)."""
-    if not _SCREENING["on"] or not bf16_supported(W.device):
+    if _SCREENING["on"] is False or not bf16_supported(W.device):
         return None
     if not _plain_transform(model, W.device):
         return None  # a soft-cap or other transform: ties could appear after it
     return _per_unembedding(_SCREENS, model, lambda: build_screen(W))
 
 
+def _screen_key(W: Tensor) -> tuple:
+    return (str(W.device), W.dtype, *W.shape)
+
+
+def screen_choice(model: Model) -> bool | None:
+    """Whether :func:`greedy_next` screens in bfloat16 for this model's unembedding shape on
+    this device (its one-off measurement found the screen faster); ``None`` before a call
+    has measured it."""
+    return _SCREEN_PAYS.get(_screen_key(model.W_U))
+
+
+def _screen_pays(x: Tensor, W: Tensor, screen: Screen, b: Tensor | None) -> bool:
+    """The screen's one-off timing against the plain float32 arg-max, per device, dtype and
+    unembedding shape (:data:`_SCREEN_PAYS`), on ``_PROBE_ROWS`` rows of ``x``."""
+    if _SCREENING["on"] is True:
+        return True
+    if x.shape[0] == 0:
+        return False
+    key = _screen_key(W)
+    if key not in _SCREEN_PAYS:
+        probe = x[torch.arange(_PROBE_ROWS, device=x.device) % x.shape[0]]
+        _SCREEN_PAYS[key] = screen_is_faster(probe, W, screen, b)
+    return _SCREEN_PAYS[key]
+
+
 def greedy_next(model: Model, resid: Float[Tensor, "row d_model"]) -> Int[Tensor, " row"]:
     """The greedy next token of each final-layer residual row: the float32 arg-max of the
     model's logits, found with the bfloat16 screen of :mod:`mechlingo.kernels.argmax` on
-    CPUs with native bfloat16 (the screen keeps a bfloat16 copy of ``W_U``; timing in
-    ``docs/benchmarks.md``), else the plain arg-max of :func:`final_logits`."""
+    CPUs where the bound holds and a one-off timing found it faster than the plain arg-max
+    (:func:`screen_choice`; the screen keeps a bfloat16 copy of ``W_U``), else the plain
+    arg-max of :func:`final_logits`. The result is the same either way."""
     dev = model.W_U.device
     with torch.no_grad():
         W = model.W_U
@@ -194,6 +231,8 @@ def greedy_next(model: Model, resid: Float[Tensor, "row d_model"]) -> Int[Tensor
             return final_logits(model, resid).argmax(-1)
         x = apply_final_norm(model, resid.to(dev))
         b = _live_bias(model)  # none or all-zero: no float32 pass over the screen
+        if not _screen_pays(x, W, screen, b):
+            return final_logits(model, resid).argmax(-1)
         # rows in chunks: the screen's [rows, vocab] bfloat16 block stays bounded however many
         # rows a pass decodes (stacked conditions); each row's arg-max is its own
         parts = [screened_argmax(x[i : i + _ARGMAX_ROWS], W, screen, b)

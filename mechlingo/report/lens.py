@@ -78,9 +78,12 @@ def token_lens_report(result: LensResult, meta: Mapping[str, Any]) -> Report:
     report.add_text(
         "Each cell is the most likely next token when the residual stream after that many "
         "blocks, at that position, is decoded through the final norm and the unembedding "
-        "(or the chosen decoder). Hover a cell for the top tokens, their probabilities and "
-        "the language each looks like (none: a word piece no language owns). The last row "
-        "is the model's own prediction.",
+        "(or the chosen decoder). Hover a cell for the top tokens in full, their "
+        "probabilities and the language each looks like for the prompt's language and "
+        "English: its script, else its word in the bundled templates and names; shared: "
+        "written the same in several languages (numbers, punctuation, most names); none: a "
+        "word piece nothing places. A long prompt wraps onto several panels. The last row is "
+        "the model's own prediction.",
         note=True,
     )
     for p, prompt in enumerate(result.prompts):

@@ -1,7 +1,10 @@
 """Self-contained HTML reports and atomic output folders.
 
 A report is one HTML file with plotly's JavaScript inlined once, so it opens offline and
-makes no network request. :func:`write_outputs` writes a command's files into ``--out`` only
+makes no network request. With ``plotlyjs="file"`` (or ``MECHLINGO_PLOTLYJS=file`` in the
+environment) it loads plotly from ``plotly.min.js`` beside it instead, written once into the
+output folder and shared by every report there (a report then weighs kilobytes, not 5 MB);
+the default, ``"inline"``, keeps the self-contained single file. :func:`write_outputs` writes a command's files into ``--out`` only
 after all of them are ready: the new folder is built beside it and put in place in one rename
 (:func:`mechlingo.core.artifacts.atomic_folder`), so a failing or killed command leaves either the
 old folder or the new one, never a mix.
@@ -13,6 +16,7 @@ import datetime as _dt
 import html
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,7 @@ import plotly.graph_objects as go
 
 from mechlingo.activations.distributed import is_main
 from mechlingo.core.artifacts import write_files
+from mechlingo.core.errors import InputError
 from mechlingo.kernels.significance import Interval
 from mechlingo.report.tables import table_html
 
@@ -31,13 +36,33 @@ h1{font-size:1.6em;margin-bottom:0}h2{font-size:1.25em;margin-top:2em;border-bot
 .meta{color:#666;font-size:.9em}table{border-collapse:collapse;margin:8px 0;font-size:.9em}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}th{background:#f4f4f4}
 .note{background:#f8f8f0;border-left:4px solid #cc9;padding:6px 12px;margin:12px 0}
-.figure{margin:12px 0}
+.figure{margin:12px 0;overflow-x:auto}
+h2 a.anchor{color:inherit;text-decoration:none}h2 a.anchor:hover::after{content:" #";color:#999}
 .headline{border:1px solid #ccd;background:#f6f8fc;padding:8px 14px;margin:12px 0}
 .headline dl{display:grid;grid-template-columns:max-content auto;gap:2px 16px;margin:4px 0}
 .headline dt{color:#555}.headline dd{margin:0;font-weight:600}
 details.config{margin:8px 0;font-size:.85em;color:#444}
 details.config pre{white-space:pre-wrap;word-break:break-all;max-height:40em;overflow:auto}
 """
+
+#: The shared plotly.js file beside reports rendered with ``plotlyjs="file"``.
+PLOTLYJS_FILE = "plotly.min.js"
+#: How a report loads plotly.js: inlined (self-contained) or from :data:`PLOTLYJS_FILE`.
+PLOTLYJS_MODES = ("inline", "file")
+
+
+def plotlyjs_mode(mode: str | None = None) -> str:
+    """``mode``, else ``MECHLINGO_PLOTLYJS`` from the environment, else ``"inline"``.
+
+    Raises:
+        InputError: a mode other than :data:`PLOTLYJS_MODES`."""
+    got = mode or os.environ.get("MECHLINGO_PLOTLYJS") or "inline"
+    if got not in PLOTLYJS_MODES:
+        raise InputError(f"plotly.js mode {got!r} (MECHLINGO_PLOTLYJS): use inline or file")
+    return got
+
+
+_SLUG = re.compile(r"[^\w]+", re.UNICODE)
 
 #: The ``meta`` keys named in the provenance line, in this order (with their labels).
 PROVENANCE = (
@@ -65,20 +90,37 @@ class Report:
     a plotly figure, ``add_table`` a list of dict rows.
     """
 
-    def __init__(self, title: str, meta: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, title: str, meta: Mapping[str, Any] | None = None, *, plotlyjs: str | None = None
+    ) -> None:
+        self.plotlyjs = plotlyjs_mode(plotlyjs)
         self.title = title
         self.meta = dict(meta or {})
         self.headline: list[tuple[str, str]] = []
         self.parts: list[str] = []
         self.n_figures = 0
         self.figures: list[go.Figure] = []  # what add_figure drew, for tests of the figures
+        self.anchors: set[str] = {"headline"}  # the ids of the sections (add_heading)
 
     def add_headline(self, label: str, value: Any) -> None:
         """One line of the headline block (``label``: ``value``, both plain text)."""
         self.headline.append((str(label), "n/a" if value is None else str(value)))
 
-    def add_heading(self, text: str) -> None:
-        self.parts.append(f"<h2>{html.escape(text)}</h2>")
+    def add_heading(self, text: str, anchor: str | None = None) -> str:
+        """A section heading with an anchor (``anchor``, else made from the text: lower
+        case, runs of other characters as ``-``; ``-2``, ``-3`` ... when taken), so
+        ``report.html#anchor`` opens at the section. Returns the anchor."""
+        base = anchor or (_SLUG.sub("-", text.casefold()).strip("-")[:60] or "section")
+        slug, k = base, 1
+        while slug in self.anchors:
+            k += 1
+            slug = f"{base}-{k}"
+        self.anchors.add(slug)
+        self.parts.append(
+            f"<h2 id='{html.escape(slug)}'><a href='#{html.escape(slug)}' class='anchor'>"
+            f"{html.escape(text)}</a></h2>"
+        )
+        return slug
 
     def add_text(self, text: str, *, raw: bool = False, note: bool = False) -> None:
         body = text if raw else html.escape(text)
@@ -102,13 +144,28 @@ class Report:
         )
         self.parts.append(f'<div class="figure">{div}</div>')
 
-    def render(self) -> str:
+    def assets(self) -> dict[str, str]:
+        """The files the page loads from beside it: :data:`PLOTLYJS_FILE` when it does not
+        inline plotly.js (written once per output folder by
+        :func:`mechlingo.core.artifacts.write_files`), else none."""
         from plotly.offline import get_plotlyjs
 
+        return {PLOTLYJS_FILE: get_plotlyjs()} if self.plotlyjs == "file" else {}
+
+    def _script(self) -> str:
+        if self.plotlyjs == "file":
+            return f"<script type='text/javascript' src='{PLOTLYJS_FILE}'></script>"
+        from plotly.offline import get_plotlyjs
+
+        return f"<script type='text/javascript'>{get_plotlyjs()}</script>"
+
+    def render(self) -> str:
+        """The page: plotly.js inlined, or loaded from :data:`PLOTLYJS_FILE` beside it
+        (``plotlyjs``)."""
         return (
             "<!DOCTYPE html><html><head><meta charset='utf-8'>"
             f"<title>{html.escape(self.title)}</title><style>{_CSS}</style>"
-            f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>"
+            f"{self._script()}</head><body>"
             f"<h1>{html.escape(self.title)}</h1>{self._headline_html()}"
             f"{self._provenance_html()}{self._config_html()}" + "\n".join(self.parts)
             + "</body></html>"

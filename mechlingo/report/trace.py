@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mechlingo.analyses.recall.classes import NON_ENGLISH
 from mechlingo.analyses.recall.trace import CLASSES, LanguagePatching, TraceResult
 from mechlingo.core.jsonable import jsonable
 from mechlingo.kernels.significance import wilson
@@ -19,7 +20,10 @@ QUERY_COLUMNS = [
     "id",
     "answer",
     "generation",
+    "decided_at",
     "class",
+    "continues_prompt",
+    "echoes_subject",
     "first_en_layer",
     "first_answer_layer",
 ]
@@ -49,7 +53,12 @@ def trace_report(
         "correct; wrong language (the right answer in English or another language); "
         f"translation failure (wrong, but the English answer reached rank <= {max_rank} "
         "mid-network); recall failure (neither the English nor the prompt-language answer did); "
-        f"other. Mid-network = lens entries {summary['mid_layers']}.",
+        "shared form (wrong, and the answer is written as the English one: no translation "
+        f"was needed); other. Mid-network = lens entries {summary['mid_layers']}. Flags: an "
+        "answer that glues onto the prompt's last word (continues_prompt) or starts by "
+        "repeating the subject (echoes_subject) is no attempt at the answer, and the recall "
+        "share of failures is given without and with them. The generation is the whole "
+        "greedy first line; decided_at is the prefix at which its verdict was decided.",
         note=True,
     )
     report.add_heading("Classes per language")
@@ -67,6 +76,7 @@ def trace_report(
         )
     )
     report.add_table([{"lang": lg, **layer_cells(v)} for lg, v in summary["layers"].items()])
+    add_failure_split(report, summary)
     report.add_heading("Latent-language curves per class")
     report.add_figure(trace.fig_profiles())
     for p in patched:
@@ -133,10 +143,34 @@ def add_patching(report: Report, p: LanguagePatching) -> None:
     report.add_figure(p.knockout.fig_knockout())
 
 
+def add_failure_split(report: Report, summary: Mapping[str, Any]) -> None:
+    """A table per language (and pooled) of the recall and translation failures and the
+    recall share among them, without and with the flagged answers, and the flag counts."""
+    split = summary.get("failure_split")
+    if not split:
+        return
+    report.add_heading("Recall and translation failures, without and with flagged answers")
+    rows = []
+    for lg in split["without_flagged"]:
+        row: dict[str, Any] = {"lang": lg}
+        for key, tag in (("without_flagged", "without flagged"), ("with_flagged", "with flagged")):
+            v = split[key][lg]
+            row[f"recall / translation ({tag})"] = (
+                f"{v['recall_failure']} / {v['translation_failure']}"
+            )
+            share = v["recall_share"]
+            row[f"recall share ({tag})"] = "n/a" if share is None else round(share, 3)
+        row.update(summary.get("flags", {}).get(lg, {}))
+        rows.append(row)
+    report.add_table(rows)
+
+
 def add_trace_headline(report: Report, summary: Mapping[str, Any]) -> None:
     """The queries over every language: the fraction answered correctly, translation
     failures (recalled in English, not converted) and recall failures, each with its Wilson
-    interval; the lens layers where English and the answer first appear."""
+    interval; then the recall share of the non-English recall and translation failures
+    without the flagged answers (:func:`mechlingo.analyses.recall.classes.failure_records`,
+    the rule of the card's ``recall_failures`` row) and with them."""
     counts = summary["classification"]
     n = sum(sum(c.values()) for c in counts.values())
     report.add_headline("Queries", f"{n} in {len(counts)} languages ({', '.join(counts)})")
@@ -152,3 +186,15 @@ def add_trace_headline(report: Report, summary: Mapping[str, Any]) -> None:
                 continue
             w = wilson(sum(c.get(cls, 0) for c in cs), m)
             report.add_headline(f"{label}, {where}", fmt_interval(w.estimate, w.lo, w.hi, m))
+    split = summary.get("failure_split", {})
+    for key, how in (("without_flagged", "flagged answers left out"),
+                     ("with_flagged", "flagged answers kept")):  # fmt: skip
+        pooled = split.get(key, {}).get(NON_ENGLISH)
+        if pooled is None:
+            continue
+        k, m = pooled["recall_failure"], pooled["recall_failure"] + pooled["translation_failure"]
+        share = wilson(k, m)  # no failure: n/a
+        report.add_headline(
+            f"Recall failures among recall + translation failures, non-English ({how})",
+            fmt_interval(share.estimate, share.lo, share.hi, m),
+        )

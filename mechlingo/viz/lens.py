@@ -4,6 +4,7 @@ side. Every function takes plain data (tensors, lists, dicts, a data frame)."""
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -316,22 +317,53 @@ def decoder_curves_figure(
     return fig
 
 
-#: The colour of a token no language owns in the token grid coloured by language.
+#: The colour of a token no language can be told for ("none") in the grid coloured by language.
 NO_LANGUAGE = "#e8e8e8"
+#: The colour of a token written the same in several languages ("shared": numbers,
+#: punctuation, most names).
+SHARED_LANGUAGE = "#b8b0a0"
+#: Input positions per panel of the token grid: a longer prompt wraps onto more panels.
+POSITIONS_PER_PANEL = 12
+#: The token grid's width at most (pixels), so its colour bar stays on a report's page.
+MAX_GRID_WIDTH = 1100
 
 
-def _cell_label(token: str, width: int = 7) -> str:
+def _cell_label(token: str, width: int = 8) -> str:
     """A top token as a cell's text: spaces shown as ``·``, newlines as ``⏎``, cut to
-    ``width`` characters."""
+    ``width`` characters (the whole token is in the hover), escaped for plotly's HTML."""
     t = token.replace(" ", "\u00b7").replace("\n", "\u23ce")
-    return plain(t if len(t) <= width else t[: width - 1] + "\u2026")
+    return html.escape(t if len(t) <= width else t[: width - 1] + "\u2026", quote=False)
+
+
+def lang_label(lang: str | None) -> str:
+    """How a token's language reads on the page and in the hover: its code, ``"shared"``,
+    or ``"none"`` (no language can be told)."""
+    return lang or "none"
 
 
 def _hover(tokens: Sequence[str], probs: Sequence[float], langs: Sequence[str | None]) -> str:
+    """The hover of one cell: each top token in full (escaped), its probability and
+    language."""
     return "<br>".join(
-        f"{plain(repr(t))} {p:.3f} ({lg or '?'})"
+        f"{html.escape(repr(t), quote=False)} {p:.3f} ({lang_label(lg)})"
         for t, p, lg in zip(tokens, probs, langs, strict=True)
     )
+
+
+def _lang_colours(
+    top_langs: Sequence[Sequence[Sequence[str | None]]],
+) -> tuple[dict[str, int], dict[str, Any]]:
+    """The codes of the top tokens' languages (none 0, shared 1, then each language) and
+    the colour axis that draws them."""
+    names = sorted({lg for row in top_langs for cell in row if (lg := cell[0])} - {"shared"})
+    codes = {"": 0, "shared": 1, **{lg: k + 2 for k, lg in enumerate(names)}}
+    colours = [NO_LANGUAGE, SHARED_LANGUAGE] + [language_color(lg) for lg in names]
+    n = len(colours)
+    scale = [[b / n, c] for k, c in enumerate(colours) for b in (k, k + 1)]
+    axis = {"colorscale": scale, "cmin": -0.5, "cmax": n - 0.5,
+            "colorbar": {"title": {"text": "language of<br>the top token"},
+                         "tickvals": list(range(n)), "ticktext": ["none", "shared", *names]}}  # fmt: skip
+    return codes, axis
 
 
 def token_grid_figure(
@@ -344,65 +376,76 @@ def token_grid_figure(
     color: str = "prob",
     decoder: str = "logit",
     prompt_lang: str | None = None,
+    per_panel: int = POSITIONS_PER_PANEL,
 ) -> go.Figure:
-    """The token-level lens of one prompt as a heatmap: input positions (x, labelled with
-    their tokens) by lens entries (y); each cell shows the entry's top next token there.
+    """The token-level lens of one prompt as heatmaps: input positions (x, labelled with
+    their tokens) by lens entries (y); each cell shows the entry's top next token there (cut
+    to 8 characters; the hover has every top token in full, its probability and language).
+    A prompt longer than ``per_panel`` positions wraps onto more panels, one under the
+    other, so the figure stays at most :data:`MAX_GRID_WIDTH` pixels wide and its one
+    colour bar (a shared colour axis) stays beside the cells.
 
     Args:
         tokens: the prompt's input tokens.
         top_tokens, top_probs, top_langs: ``[entry][position][k]`` the top tokens, their
-            probabilities and their languages (``None``: none).
+            probabilities and their languages (``"shared"``; ``None``: none).
         layers: the entries (y axis).
         color: ``"prob"`` (the top token's probability, 0..1) or ``"lang"`` (its language,
-            in the palette's language colour; grey: no language).
+            in the palette's language colour; grey: none, beige: shared).
         decoder, prompt_lang: for the title.
+        per_panel: input positions per panel (at least 1).
     """
     import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
     if color not in ("prob", "lang"):
         raise InputError("color must be 'prob' or 'lang'")
+    if per_panel < 1:
+        raise InputError(f"per_panel must be at least 1, got {per_panel}")
     n_e, n_pos = len(layers), len(tokens)
-    x = [plain(f"{i}: {t!r}") for i, t in enumerate(tokens)]
     probs = top_probs.tolist()
-    text = [[_cell_label(top_tokens[e][i][0]) for i in range(n_pos)] for e in range(n_e)]
-    hover = [[_hover(top_tokens[e][i], probs[e][i], top_langs[e][i]) for i in range(n_pos)]
-             for e in range(n_e)]  # fmt: skip
     if color == "prob":
-        z: list[list[Any]] = [[probs[e][i][0] for i in range(n_pos)] for e in range(n_e)]
-        heat = {"colorscale": "Blues", "zmin": 0, "zmax": 1,
-                "colorbar": {"title": {"text": "probability of<br>the top token"}}}  # fmt: skip
+        z = [[probs[e][i][0] for i in range(n_pos)] for e in range(n_e)]
+        axis: dict[str, Any] = {"colorscale": "Blues", "cmin": 0, "cmax": 1,
+                                "colorbar": {"title": {"text": "probability of<br>the top token"}}}  # fmt: skip
     else:
-        names = sorted({lg for row in top_langs for cell in row if (lg := cell[0])})
-        codes = {lg: k + 1 for k, lg in enumerate(names)}
+        codes, axis = _lang_colours(top_langs)
         z = [[codes.get(top_langs[e][i][0] or "", 0) for i in range(n_pos)] for e in range(n_e)]
-        colours = [NO_LANGUAGE] + [language_color(lg) for lg in names]
-        n = len(colours)
-        scale = [[b / n, c] for k, c in enumerate(colours) for b in (k, k + 1)]
-        heat = {"colorscale": scale, "zmin": -0.5, "zmax": n - 0.5,
-                "colorbar": {"title": {"text": "language of<br>the top token"},
-                             "tickvals": list(range(n)), "ticktext": ["none", *names]}}  # fmt: skip
-    fig = go.Figure(
-        go.Heatmap(
-            z=z,
-            x=x,
-            y=list(layers),
-            text=text,
-            texttemplate="%{text}",
-            customdata=hover,
-            hovertemplate="layer %{y}, after %{x}<br>%{customdata}<extra></extra>",
-            xgap=1,
-            ygap=1,
-            **heat,
-        )  # fmt: skip
-    )
+    panels = [list(range(a, min(a + per_panel, n_pos))) for a in range(0, n_pos, per_panel)]
+    fig = make_subplots(rows=len(panels), cols=1, vertical_spacing=min(0.3 / len(panels), 0.12))
+    for r, cols in enumerate(panels, start=1):
+        fig.add_trace(
+            go.Heatmap(
+                z=[[z[e][i] for i in cols] for e in range(n_e)],
+                x=[f"{i}: {_cell_label(tokens[i], 10)}" for i in cols],
+                y=list(layers),
+                text=[[_cell_label(top_tokens[e][i][0]) for i in cols] for e in range(n_e)],
+                texttemplate="%{text}",
+                customdata=[
+                    [_hover(top_tokens[e][i], probs[e][i], top_langs[e][i]) for i in cols]
+                    for e in range(n_e)
+                ],  # fmt: skip
+                hovertemplate="layer %{y}, after %{x}<br>%{customdata}<extra></extra>",
+                coloraxis="coloraxis",
+                xgap=1,
+                ygap=1,
+            ),
+            row=r,
+            col=1,
+        )
     what = "probability" if color == "prob" else "language"
     lang = f" ({prompt_lang} prompt)" if prompt_lang else ""
+    panel_h = 22 * n_e + 110
+    height = max(360, panel_h * len(panels) + 120)
+    axis["colorbar"].update({"lenmode": "pixels", "len": min(300, height - 120), "y": 1,
+                             "yanchor": "top"})  # fmt: skip
+    fig.update_xaxes(title_text="input position: token", tickangle=-45)
+    fig.update_yaxes(title_text="layer (blocks applied)", dtick=1)
     fig.update_layout(
         title=f"{decoder.capitalize()} lens{lang}: top next token per layer and position<br>"
         f"coloured by its {what} (n = {n_pos} positions x {n_e} layers)",
-        xaxis={"title": "input position: token", "tickangle": -45},
-        yaxis={"title": "layer (blocks applied)", "dtick": 1},
-        height=max(360, 24 * n_e + 200),
-        width=max(700, 70 * n_pos + 220),
+        coloraxis=axis,
+        height=height,
+        width=min(MAX_GRID_WIDTH, 80 * min(n_pos, per_panel) + 260),
     )
     return fig

@@ -48,6 +48,7 @@ CLASS: Mapping[str, str] = {
     "wrong_language": "#9467bd",
     "translation_failure": "#ff7f0e",
     "recall_failure": "#d62728",
+    "shared_form": "#17becf",
     "other": "#7f7f7f",
 }
 

@@ -213,14 +213,50 @@ def test_secondary_rows_do_not_change_primary_verdicts():
 
 
 def test_the_papers_primary_families():
+    # the headline claims ("independent of languages and datasets", "up to 2x") are primary;
+    # random_neurons, retrieval_improves' control, is not
     assert PRIMARY == {
         "lu2025": ("latent_english", "recall_failures", "task_vector", "diff_vector",
-                   "lowest_language"),
+                   "lowest_language", "independent_relations", "independent_languages"),
         "sundar2025": ("experts_exist", "experts_disjoint", "clamp_steers", "clamp_closer",
-                       "retrieval_improves", "random_neurons"),
+                       "retrieval_improves", "retrieval_gain_max"),
     }  # fmt: skip
     assert "latent_english_logit" not in {c.id for c in CLAIMS}  # one measurement, one row
     low = next(c for c in CLAIMS if c.id == "lowest_language")
     assert row_family(low, "headroom rule, relative") == "primary"
     assert row_family(low, "literal rule, points") == "secondary"
     assert "headroom" in RULES["families"]
+
+
+def test_draws_needed_and_the_rank_p_by_hand():
+    """A row at Holm multiplier k needs floor(20 k) draws: with m of them the rank p floor
+    1 / (m + 1) lies below 0.05 / k (and with one fewer it does not)."""
+    from mechlingo.card.population import by_rank, draws_needed, p_text, rank_population_test
+
+    for k in (1, 2, 6, 7):
+        m = draws_needed(k)
+        assert 1 / (m + 1) < 0.05 / k <= 1 / m + 1e-12
+    assert (draws_needed(7), draws_needed(6)) == (140, 120)
+    base, new = [0] * 30 + [1] * 10, [1] * 40
+    draws = [[0] * 30 + [1] * 10] * 16 + [[1] * 40] * 4  # 4 of 20 draws as good as the effect
+    t = rank_population_test(new, draws, list(range(40)), base=base)
+    assert t.p == pytest.approx(5 / 21) and t.extra["decides"] == "rank"
+    assert t.extra["p_opposite"] == pytest.approx(21 / 21)
+    assert by_rank(paired_test(base, new)) == paired_test(base, new)  # no rank p: unchanged
+    assert [p_text(x) for x in (0.0123, 3e-15, 0.0)] == ["0.0123", "< 1e-14", "< 1e-12"]
+
+
+def test_a_relative_zero_by_hand():
+    """No item changes on 40 facts with baseline 0.5: the relative gain is 0 with the exact
+    no-change bound u = 1 - 0.025^(1/40) over the baseline, a t interval on 39 df."""
+    from scipy import stats as sps
+
+    from mechlingo.card.population import no_change_relative
+
+    t = no_change_relative([1, 0] * 20, [f"f{i}" for i in range(40)], null=0.35)
+    se = (1 - 0.025 ** (1 / 40)) / sps.norm.ppf(0.975) / 0.5
+    assert t.estimate.estimate == 0.0 and t.extra["se"] == pytest.approx(se)
+    assert t.estimate.hi == pytest.approx(sps.t.ppf(0.975, 39) * se)
+    assert t.p == pytest.approx(2 * sps.t.sf(0.35 / se, 39))
+    (row,) = finalize([make_row(REL, t)])
+    assert row["verdict"] == NOT_HOLDS

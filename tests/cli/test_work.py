@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -459,3 +462,73 @@ def test_kill_experts_under_torchrun(tiny_dir, tmp_path, monkeypatch):
         assert sorted(again) == sorted(computed[everywhere:]), (r, stored, again)
     # equal to the one-process run but for the number of processes each clamp records
     assert _outputs(tmp_path / "two", "world_size") == _outputs(tmp_path / "one", "world_size")
+
+
+# --------------------------------------------------------------------------------------
+# Two runs of one work folder at once; a name near the limit
+# --------------------------------------------------------------------------------------
+
+
+def _hold_stages(ns: argparse.Namespace, model, ready: int) -> None:
+    """In a forked child: open this run's stages, finish one, tell the parent, wait."""
+    import mechlingo.cli.work as work
+
+    try:
+        torch.set_num_threads(1)  # the parent's OpenMP pool does not exist in a fork
+        st = work.open_stages(ns, model, {"d": "x"})  # a live run holds its stages
+        st.run("a", lambda: {"v": 1})
+        os.write(ready, b"ok")
+        time.sleep(120)
+        st.run("b", lambda: {"v": 2})
+    finally:
+        os._exit(0)
+
+
+def test_a_work_folder_in_use_is_refused_and_a_killed_holder_frees_it(tmp_path, tiny):
+    """A second run of the same command while the first is alive is refused with one line
+    naming the first (its finished stage untouched, also under --fresh); once the first is
+    SIGKILLed, the lock is gone with it and the next run goes on from its stage."""
+    import mechlingo.cli.work as work
+    from mechlingo.core.errors import OutputError
+
+    ns = argparse.Namespace(out=str(tmp_path / "o"), work=None, resume=False, fresh=False,
+                            quiet=True, command="experts", seed=0)  # fmt: skip
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        _hold_stages(ns, tiny, write)
+    os.close(write)
+    try:
+        assert os.read(read, 2) == b"ok"
+        for fresh in (False, True):
+            ns.fresh = fresh
+            with pytest.raises(OutputError) as err:
+                work.open_stages(ns, tiny, {"d": "x"})
+            assert f"in use by another run (process {pid})" in str(err.value)
+            assert "\n" not in str(err.value)
+        ns.fresh = False
+        assert len(list((tmp_path / ".o.work").glob("*/a/result.json"))) == 1
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(read)
+    st = work.open_stages(ns, tiny, {"d": "x"})
+    assert st.run("a", lambda: {"v": 2}) == {"v": 1}  # went on from the killed run's stage
+    work.finish_stages(st)
+    assert not (tmp_path / ".o.work").exists()  # no lock file left behind
+
+
+def test_an_out_name_near_the_limit_gets_a_work_folder(tmp_path, tiny):
+    """``--out`` a legal 250-byte name: ``.OUT.work`` would pass the 255-byte limit, so the
+    work folder gets a shortened name, and the stages work and go away at the end."""
+    import mechlingo.cli.work as work
+
+    ns = argparse.Namespace(out=str(tmp_path / ("é" * 125)), work=None, resume=False,
+                            fresh=False, quiet=True, command="experts", seed=0)  # fmt: skip
+    folder = work.work_folder(ns)
+    assert folder.parent == tmp_path and len(os.fsencode(folder.name)) <= 255
+    st = work.open_stages(ns, tiny, {"d": "x"})
+    assert st.run("a", lambda: {"v": 1}) == {"v": 1}
+    assert work.open_stages(ns, tiny, {"d": "x"}).run("a", lambda: {"v": 2}) == {"v": 1}
+    work.finish_stages(st)
+    assert list(tmp_path.iterdir()) == []

@@ -12,6 +12,14 @@ from mechlingo.kernels import readout
 from mechlingo.kernels.argmax import build_screen, error_bound, kept_columns, screened_argmax
 
 
+@pytest.fixture(autouse=True)
+def _screen_always():
+    """These tests check the screen itself: greedy decoding takes it wherever it applies, not
+    only where it measured faster (tests/kernels/test_argmax_choice.py checks the choice)."""
+    with readout.screening(True):
+        yield
+
+
 def _heavy(shape, seed, scale=1.0):
     """Gaussian entries with a few outlier dimensions, as in real residual streams."""
     g = torch.Generator().manual_seed(seed)

@@ -2,7 +2,8 @@
 installed into a fresh virtual environment outside the checkout, and the command line's
 ``--version`` and ``--help`` defaults.
 
-How the fresh environment is made, honestly: to stay fast and offline, the test does not
+How the fresh environment is made (``scripts/release.py``'s ``fresh_venv``, which ``make
+release`` uses too), honestly: to stay fast and offline, the test does not
 download torch, transformers and the other dependencies again. It creates a venv without
 pip, installs the wheel into it with ``--no-deps --no-index`` (the dev environment's pip
 acting on it through ``pip --python``), and gives it the dev environment's site-packages as
@@ -30,6 +31,7 @@ import pytest
 import mechlingo
 from mechlingo.cli.main import build_parser
 from mechlingo.core.version import __version__
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,21 +57,8 @@ def wheel(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def fresh_venv(wheel, tmp_path_factory) -> Path:
-    venv = tmp_path_factory.mktemp("fresh") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    py = venv / "bin" / "python"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
-         "--no-index", str(wheel)],
-        capture_output=True, text=True, timeout=300, env=_clean_env(),
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    site = subprocess.run(
-        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    (Path(site) / "zz_dev_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    return venv
+    """The wheel in a fresh venv, made as ``make release`` makes one (``scripts/release.py``)."""
+    return load_script("release").fresh_venv(wheel, tmp_path_factory.mktemp("fresh") / "venv")
 
 
 def test_wheel_contents_and_metadata(wheel):

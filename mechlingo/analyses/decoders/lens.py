@@ -46,6 +46,7 @@ from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import answer_tokens, encode, pack_token_sets, sorted_batches
 from mechlingo.core.types import Model
 from mechlingo.data import load_facts
+from mechlingo.data.langid import identify_language
 from mechlingo.kernels.readout import Readout, read_logits, token_energy
 from mechlingo.viz.lens import latent_curves_figure, lens_heatmap, token_grid_figure
 
@@ -295,10 +296,12 @@ class LensResult:
 def _checked_langs(
     prompts: list[str], answers: Mapping[str, Sequence[str]], langs: Sequence[str] | None
 ) -> list[str]:
-    """The language of each prompt (default English), after checking the inputs' sizes."""
+    """The language of each prompt (default: identified from its text,
+    :func:`~mechlingo.data.langid.identify_language`, English when unsure), after checking
+    the inputs' sizes."""
     if not prompts:
         raise InputError("no prompts given to the logit lens")
-    langs = list(langs) if langs is not None else ["en"] * len(prompts)
+    langs = list(langs) if langs is not None else [identify_language(p) or "en" for p in prompts]
     for name, words in answers.items():
         if len(words) != len(prompts):
             raise InputError(f"track {name!r} has {len(words)} answers for {len(prompts)} prompts")
@@ -444,7 +447,8 @@ def logit_lens(
         prompts: prompts of any lengths and languages; each is read at its own last real token.
         answers: ``{track: [word per prompt]}``, e.g. ``{"answer": [...], "en": [...]}``;
             none (or empty) reads the prompts without answers: the token-level lens.
-        langs: language of each prompt (decides whether answers continue with a space).
+        langs: language of each prompt (decides whether answers continue with a space;
+            default: identified from the prompt's text, English when unsure).
         layers: lens entries to read (default all, ``0..n_layers``).
         top_k: top tokens to keep per entry (and per position for the token-level lens).
         batch_size, chunk_rows, progress: how it runs (:class:`LensRunOptions`, whose

@@ -16,7 +16,6 @@ position, so it costs ``entries x positions`` forward passes per prompt).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,7 @@ from mechlingo.activations.runs import StopForward, run_batch
 from mechlingo.analyses.decoders.registry import Decoder, as_decoder
 from mechlingo.core.tokens import TokenBatch, encode, sorted_batches
 from mechlingo.core.types import Model
-from mechlingo.data.langid import identify_language
+from mechlingo.data.langid import token_language as _token_language
 from mechlingo.kernels.readout import read_logits
 
 __all__ = ["TokenGrid", "token_grid", "token_language"]
@@ -48,7 +47,9 @@ class TokenGrid:
             log-probabilities.
         top_tokens: per prompt ``[entry][position][k]`` those tokens decoded.
         top_langs: per prompt ``[entry][position][k]`` the language each top token looks
-            like (:func:`token_language`; ``None``: no language can be told).
+            like for the prompt's language and English (:func:`token_language`:
+            ``"shared"``, written the same in several languages; ``None``, shown as "none":
+            no language can be told).
         entropy: per prompt ``[entry, position]`` the entropy (nats) of the decoded
             next-token distribution.
     """
@@ -86,14 +87,13 @@ class TokenGrid:
         return out
 
 
-@functools.lru_cache(maxsize=65536)
-def token_language(token: str) -> str | None:
-    """The language a single token looks like: its script (kana -> ja, Hangul -> ko, Han ->
-    zh, Cyrillic -> ru, ...) or, in Latin script, a function word of one language
-    (:func:`mechlingo.data.langid.identify_language`); ``None`` for most Latin word pieces,
-    numbers and punctuation, which no language owns."""
-    text = token.strip()
-    return identify_language(text) if text else None
+def token_language(token: str, langs: Sequence[str] | None = None) -> str | None:
+    """The language a single token looks like for the languages in use ``langs``
+    (:func:`mechlingo.data.langid.token_language`): its script (kana -> ja, Hangul -> ko,
+    Greek -> el, ...), else its word in the bundled lexicons; ``"shared"`` for numbers,
+    punctuation, spaces and words written the same in several languages (most names);
+    ``None`` for a word piece nothing places."""
+    return _token_language(token, langs)
 
 
 def _grid_acts(model: Model, batch: TokenBatch, names: Sequence[str]) -> dict[str, Tensor]:
@@ -162,5 +162,7 @@ def token_grid(
         grid = [[flat[(e * n_pos + i) * k : (e * n_pos + i + 1) * k] for i in range(n_pos)]
                 for e in range(e_)]  # fmt: skip
         top_tokens.append(grid)
-        top_langs.append([[[token_language(t) for t in cell] for cell in row] for row in grid])
+        in_use = tuple(dict.fromkeys((langs[p], "en")))  # the prompt's language, then English
+        top_langs.append([[[token_language(t, in_use) for t in cell] for cell in row]
+                          for row in grid])  # fmt: skip
     return TokenGrid(list(entries), tokens, ids, lps, top_tokens, top_langs, ents)

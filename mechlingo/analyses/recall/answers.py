@@ -2,34 +2,51 @@
 (:func:`trace_answers`): the lens tracks with the mismatched-fact control (another fact's
 English answer, tracked by the same lens, so latent English can be told from any English word
 reaching the top), each fact's answers in other languages (which one a wrong answer gives), and
-the facts whose gold candidate's rank can be measured.
+the facts whose gold candidate's rank can be measured; and what a greedy answer did
+(:func:`answer_flags`): an answer written the same in English (:func:`shared_form`), a
+continuation that glues onto the prompt's last word (:func:`continues_prompt`), an answer that
+starts by repeating the subject (:func:`echoes_subject`), and the prefix at which the eval
+rule's verdict was decided (:func:`decision_prefix`).
 """
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mechlingo.analyses.decoders.lens import LensResult, fact_answers, logit_lens
 from mechlingo.core.tokens import prepends_bos
 from mechlingo.core.types import Model
 from mechlingo.data import load_facts
+from mechlingo.data.facts import answer_separator
+from mechlingo.data.langid import token_language
 from mechlingo.scoring.evaluate import evaluate_facts
-from mechlingo.scoring.scorers import is_correct, normalize, skip_reason
+from mechlingo.scoring.scorers import decided, is_correct, normalize, skip_reason
 
 if TYPE_CHECKING:
     from mechlingo.data import Fact
 
 __all__ = [
+    "FLAGS",
     "TraceAnswers",
+    "answer_flags",
+    "continues_prompt",
+    "decision_prefix",
+    "echoes_subject",
     "gold_ranks",
     "lens_with_mismatch",
     "mismatch_tracks",
     "mismatched_english",
     "other_answers",
+    "shared_form",
     "trace_answers",
 ]
+
+#: The flags of a greedy answer that is no attempt at the answer (left out of the recall
+#: share: :func:`mechlingo.analyses.recall.classes.failure_records`).
+FLAGS = ("continues_prompt", "echoes_subject")
 
 
 @dataclass(frozen=True)
@@ -164,3 +181,76 @@ def gold_ranks(
         return {}
     res = evaluate_facts(model, ranked, metric="rank", batch_size=batch_size, progress=progress)
     return {(r["id"], r["lang"]): int(r["gold_rank"]) for r in res.records}
+
+
+# --------------------------------------------------------------------------------------
+# What a greedy answer did
+# --------------------------------------------------------------------------------------
+
+
+def shared_form(fact: Fact) -> bool:
+    """Whether a non-English fact's answer is written as its English answer (fr ``Tirana``,
+    de ``Berlin``): no translation is needed, so a wrong answer cannot be a translation
+    failure (the eval rule's normalisation compares them; aliases count)."""
+    if fact.lang == "en" or not fact.answer_en:
+        return False
+    return normalize(fact.answer_en) in {normalize(a) for a in fact.answers}
+
+
+def _word_char(ch: str) -> bool:
+    return ch.isalnum() or unicodedata.category(ch).startswith("M")
+
+
+def continues_prompt(prompt: str, continuation: str, lang: str) -> bool:
+    """Whether the raw greedy ``continuation`` glues onto the prompt's last word: the
+    language writes a space before its answers (:func:`~mechlingo.data.facts.answer_separator`),
+    the prompt ends in a letter or digit and the continuation starts with one, with no space
+    or punctuation between (German ``"... in der Stadt"`` continued as ``"bibliothek"``:
+    the model goes on with the word, it does not answer)."""
+    if not prompt or not continuation or not answer_separator(lang):
+        return False
+    return _word_char(prompt[-1]) and _word_char(continuation[0])
+
+
+def echoes_subject(generation: str, fact: Fact) -> bool:
+    """Whether the greedy answer starts by repeating the subject (the eval rule's match,
+    :func:`~mechlingo.scoring.scorers.is_correct`, of the subject; Japanese
+    ``"日本の首都は…"`` for the subject 日本), unless an answer itself starts with the
+    subject (``Mexico City`` for Mexico)."""
+    subj = normalize(fact.subject)
+    if not subj or any(normalize(a).startswith(subj) for a in fact.answers):
+        return False
+    return is_correct(generation, [fact.subject], fact.lang)
+
+
+def decision_prefix(generation: str, fact: Fact) -> str:
+    """The shortest prefix of ``generation`` on which the eval rule's verdict is final
+    (:func:`~mechlingo.scoring.scorers.decided`: right whatever follows, or no longer able
+    to match an answer or the English answer); the whole generation when only its end (a
+    line break or the token budget) decided it. Early-stopped scoring keeps the first
+    generated tokens that contain this prefix."""
+    for k in range(1, len(generation) + 1):
+        if decided(generation[:k], fact.answers, fact.lang, fact.answer_en):
+            return generation[:k]
+    return generation
+
+
+def answer_flags(fact: Fact, continuation: str | None) -> dict[str, Any]:
+    """The record fields of what ``fact``'s greedy answer did: ``shared_form``,
+    ``continues_prompt``, ``echoes_subject``, ``decided_at`` (:func:`decision_prefix`) and
+    ``generation_lang``, the language of the generation's first word for the fact's language
+    and English (:func:`~mechlingo.data.langid.token_language`: a code, ``"shared"`` or
+    ``None``), from the raw ``continuation`` (``None``: nothing generated, e.g. candidate
+    ranking: the flags are ``False``, ``decided_at`` and ``generation_lang`` ``None``)."""
+    if continuation is None:
+        return {"shared_form": shared_form(fact), "continues_prompt": False,
+                "echoes_subject": False, "decided_at": None, "generation_lang": None}  # fmt: skip
+    line = continuation.strip().split("\n")[0] if continuation.strip() else ""
+    first = line.split(" ")[0][:40]
+    return {
+        "shared_form": shared_form(fact),
+        "continues_prompt": continues_prompt(fact.prompt, continuation, fact.lang),
+        "echoes_subject": echoes_subject(line, fact),
+        "decided_at": decision_prefix(line, fact),
+        "generation_lang": token_language(first, (fact.lang, "en")) if first else None,
+    }

@@ -3,8 +3,10 @@
 Lu et al. (2025) describe multilingual factual recall as a pipeline: the query is read, the
 fact is recalled with the English mechanism (the English answer becomes decodable by the logit
 lens in the middle layers), and the last layers convert it into the prompt's language.
-:func:`trace_recall` puts every query into one of five classes (``correct``,
-``wrong_language``, ``translation_failure``, ``recall_failure``, ``other``) by combining the
+:func:`trace_recall` puts every query into one of six classes (``correct``,
+``wrong_language``, ``translation_failure``, ``recall_failure``, ``shared_form``, ``other``:
+:mod:`mechlingo.analyses.recall.classes`) and flags its answer
+(:func:`~mechlingo.analyses.recall.answers.answer_flags`) by combining the
 greedy answer (:func:`mechlingo.scoring.evaluate.evaluate_facts`) with the logit lens on the
 same prompt (:func:`mechlingo.analyses.decoders.lens.lens_facts`), as a :class:`TraceResult`.
 :func:`pipeline_stages` reads the layer bands of the three stages from a patching sweep and a
@@ -24,11 +26,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mechlingo.analyses.decoders.lens import LensResult, logit_lens
-from mechlingo.analyses.recall.answers import trace_answers
+from mechlingo.analyses.recall.answers import answer_flags, trace_answers
 from mechlingo.analyses.recall.attribution import (
     attribution_patch,
     compare_patching,
     verify_top_cells,
+)
+from mechlingo.analyses.recall.classes import (
+    CLASSES,
+    classify,
+    failure_split,
+    flag_counts,
 )
 from mechlingo.analyses.recall.patching import (
     PatchingError,
@@ -46,8 +54,8 @@ from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import encode, prepends_bos
 from mechlingo.core.types import Model
 from mechlingo.kernels.significance import bootstrap_mean, wilson
-from mechlingo.scoring.evaluate import EvalResult, evaluate_facts
-from mechlingo.scoring.scorers import split_usable
+from mechlingo.scoring.evaluate import EvalResult, evaluate_facts, greedy_generate
+from mechlingo.scoring.scorers import as_scorer, generate_record, split_usable
 from mechlingo.viz.trace import class_fractions_figure, class_profiles_figure
 
 if TYPE_CHECKING:
@@ -56,14 +64,6 @@ if TYPE_CHECKING:
 
     from mechlingo.analyses.recall.patching import KnockoutResult, PatchingResult
     from mechlingo.data import Fact
-
-CLASSES: tuple[str, ...] = (
-    "correct",
-    "wrong_language",
-    "translation_failure",
-    "recall_failure",
-    "other",
-)
 
 
 def default_mid_layers(n_layers: int) -> list[int]:
@@ -91,7 +91,10 @@ class TraceResult:
             ``answer_decodable_mid`` (reached rank <= ``max_rank`` inside the middle window),
             ``best_en_rank_mid``, ``final_answer_rank``, and ``gold_rank`` (the gold
             candidate's rank under candidate ranking, 1 = best; ``None`` for facts without
-            candidates).
+            candidates); the answer's flags ``shared_form`` (written as the English answer),
+            ``continues_prompt`` (glued onto the prompt's last word), ``echoes_subject``
+            ``decided_at`` and ``generation_lang``
+            (:func:`~mechlingo.analyses.recall.answers.answer_flags`).
         lens: the logit lens on the same prompts (tracks ``answer`` and ``en``).
         eval: the greedy evaluation.
         max_rank, mid_layers: the parameters of the classification.
@@ -145,7 +148,10 @@ class TraceResult:
         return out
 
     def summary(self) -> dict[str, Any]:
-        """JSON-ready headline: class counts and fractions per language, headline layers and
+        """JSON-ready headline: class counts and fractions per language, headline layers, the
+        flagged answers per language (``flags``), the recall and translation failures and
+        the recall share among them per language, without and with the flagged answers
+        (``failure_split``, :func:`mechlingo.analyses.recall.classes.failure_split`), and
         the classification parameters."""
         return {
             "classification": self.counts(),
@@ -155,6 +161,11 @@ class TraceResult:
             "mid_layers": [self.mid_layers[0], self.mid_layers[-1]] if self.mid_layers else [],
             "n_layers": self.n_layers,
             "n_queries": {lg: sum(c.values()) for lg, c in self.counts().items()},
+            "flags": flag_counts(self.records),
+            "failure_split": {
+                "without_flagged": failure_split(self.records),
+                "with_flagged": failure_split(self.records, keep_flagged=True),
+            },
             **({"gold_rank_by_class": self.gold_rank_by_class()} if self._ranked() else {}),
             **self.meta,
         }
@@ -253,16 +264,8 @@ class TraceResult:
         return f"<b>TraceResult</b><table><tr><th>lang</th>{head}</tr>{body}</table>"
 
 
-def _classify(rec: dict[str, Any]) -> str:
-    if rec["correct"]:
-        return "correct"
-    if rec["answered_in"]:
-        return "wrong_language"
-    if rec["lang"] != "en" and rec["en_decodable_mid"]:
-        return "translation_failure"
-    if not rec["en_decodable_mid"] and not rec["answer_decodable_mid"]:
-        return "recall_failure"
-    return "other"
+#: The rule of :func:`trace_recall`'s classes (:func:`mechlingo.analyses.recall.classes.classify`).
+_classify = classify
 
 
 def _usable(model: Model, facts: Sequence[Fact], langs: Sequence[str] | None, max_rank: int,
@@ -289,6 +292,26 @@ def _usable(model: Model, facts: Sequence[Fact], langs: Sequence[str] | None, ma
     return facts, skipped
 
 
+def _answers(
+    model: Model, facts: list[Fact], metric: str, max_new_tokens: int, batch_size: int,
+    progress: bool
+) -> tuple[EvalResult, list[str | None]]:  # fmt: skip
+    """The evaluation of the usable ``facts`` under ``metric`` and each fact's raw greedy
+    continuation (``None`` under ``rank``). The greedy text runs to the stop rule (a line
+    break or ``max_new_tokens``), not to the point where the verdict was decided (the
+    record's ``decided_at``): the same verdicts as early-stopped scoring, the whole answer
+    kept."""
+    if metric == "rank":
+        ev = evaluate_facts(model, facts, metric="rank", batch_size=batch_size,
+                            progress=progress)  # fmt: skip
+        return ev, [None] * len(facts)
+    raw = greedy_generate(model, [f.prompt for f in facts], max_new_tokens=max_new_tokens,
+                          batch_size=batch_size, progress=progress)  # fmt: skip
+    records = [generate_record(f, f.prompt, g) for f, g in zip(facts, raw, strict=True)]
+    meta = {"max_new_tokens": max_new_tokens, "metric": as_scorer("generate").to_json()}
+    return EvalResult(records, meta), list(raw)
+
+
 def trace_recall(
     model: Model,
     facts: Sequence[Fact],
@@ -303,7 +326,8 @@ def trace_recall(
     metric: str = "generate",
 ) -> TraceResult:
     """Classify each query into the recall-pipeline classes (``correct``, ``wrong_language``,
-    ``translation_failure``, ``recall_failure``, ``other``).
+    ``translation_failure``, ``recall_failure``, ``shared_form``, ``other``:
+    :func:`mechlingo.analyses.recall.classes.classify`) and flag what its answer did.
 
     Args:
         model: a TransformerLens model.
@@ -327,15 +351,17 @@ def trace_recall(
         lens entry where *another* fact's English answer (the next id of the same relation,
         :func:`mismatched_english`) reaches rank <= ``max_rank`` before the output, -1 never
         or when the relation has no other fact with a distinct English answer: the control
-        of ``first_en_layer`` (a lens that surfaces any English city name is no evidence).
+        of ``first_en_layer`` (a lens that surfaces any English city name is no evidence);
+        and :func:`~mechlingo.analyses.recall.answers.answer_flags`: ``shared_form``,
+        ``continues_prompt``, ``echoes_subject`` and ``decided_at`` (the prefix of
+        ``generation``, the whole greedy first line, at which the verdict was decided).
     """
     facts, skipped = _usable(model, facts, langs, max_rank, metric)
     n = site_map(model).n_layers
     mid = default_mid_layers(n) if mid_layers is None else sorted({int(x) for x in mid_layers})
     if not mid or any(not 0 <= x <= n for x in mid):
         raise InputError(f"mid_layers must be a non-empty subset of lens entries 0..{n}")
-    ev = evaluate_facts(model, facts, metric=metric, max_new_tokens=max_new_tokens,
-                        batch_size=batch_size, progress=progress)  # fmt: skip
+    ev, raw = _answers(model, facts, metric, max_new_tokens, batch_size, progress)
     wrong = [None if r["correct"] or metric == "rank" else r["generation"] for r in ev.records]
     answers = trace_answers(facts, wrong, pool, bos=prepends_bos(model))
     lens = logit_lens(model, [f.prompt for f in facts], answers.tracks,
@@ -378,8 +404,9 @@ def trace_recall(
             "best_en_layer_mid": int(entries[in_mid][int(en_mid.argmin())]),
             "final_answer_rank": int(l_rank[-1, i]),
             "gold_rank": gold_rank.get((f.id, f.lang)),
+            **answer_flags(f, raw[i]),
         }
-        rec["class"] = _classify(rec)
+        rec["class"] = classify(rec)
         records.append(rec)
     return TraceResult(
         records=records,
@@ -466,6 +493,11 @@ TRACE_FIELDS = (
     "best_en_layer_mid",
     "final_answer_rank",
     "gold_rank",
+    "decided_at",
+    "shared_form",
+    "continues_prompt",
+    "echoes_subject",
+    "generation_lang",
 )
 
 

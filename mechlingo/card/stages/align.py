@@ -18,6 +18,7 @@ from torch import Tensor
 from mechlingo.analyses.experts.align import compare_alignment, embed_parallel, per_sentence
 from mechlingo.card import claims as C
 from mechlingo.card.claims import SUNDAR
+from mechlingo.card.population import by_rank, rank_population_test
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Context,
@@ -31,7 +32,6 @@ from mechlingo.card.statistics import (
     cluster_bootstrap,
     paired_test,
     population_gain_test,
-    population_test,
 )
 from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.types import Model
@@ -123,13 +123,13 @@ def rows_align(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [
         make_row(closer, paired_test(bl["pre"], bl["post"], docs),
                  population_gain_test(bl["pre"], dbl, docs),
-                 vs_control=population_test(bl["post"], dbl, docs, base=bl["pre"],
+                 vs_control=rank_population_test(bl["post"], dbl, docs, base=bl["pre"],
                                             direction=closer.direction),
                  details=f"{at}; between languages pre -> post -> control {dist}; "
                  f"same/different-sentence ratio {ratio}"),
         make_row(ret_c, paired_test(rt["pre"], rt["post"], docs),
                  population_gain_test(rt["pre"], drt, docs),
-                 vs_control=population_test(rt["post"], drt, docs, base=rt["pre"],
+                 vs_control=rank_population_test(rt["post"], drt, docs, base=rt["pre"],
                                             direction=ret_c.direction),
                  details=f"{at}; top-1 {ret}"),
         make_row(null, population_gain_test(rt["pre"], drt, docs, null=null.null_value),
@@ -212,8 +212,8 @@ def _row_closer(d: Mapping[str, Any]) -> dict[str, Any]:
         c = population_gain_test(pre, draws, docs)
     else:  # a stored align result without the population: its one control draw
         c = None if ctl is None else paired_test(pre, ctl, docs)
-    vs = None if not draws else population_test(post, draws, docs, base=pre,
-                                                direction=claim.direction)  # fmt: skip
+    vs = None if not draws else rank_population_test(post, draws, docs, base=pre,
+                                                     direction=claim.direction)  # fmt: skip
     txt = " -> ".join(f"{np.mean(v):.3f}" for v in (pre, post, ctl) if v is not None)
     return make_row(claim, eff, control=c, vs_control=vs,
                     details=f"centred same/different-sentence ratio pre -> post -> control "
@@ -235,7 +235,7 @@ def _row_ratio(d: Mapping[str, Any], which: str) -> dict[str, Any]:
 
         return f
 
-    null = 1.0 if which == "max" else 0.0
+    null = claim.threshold if which == "max" else 0.0
     eff = cluster_bootstrap(m, d["docs"], stat(1), null=null, method=f"{which} over pairs")
     if eff.estimate.estimate is None:
         return make_row(claim, None, untestable="no language pair retrieves any sentence "
@@ -244,7 +244,7 @@ def _row_ratio(d: Mapping[str, Any], which: str) -> dict[str, Any]:
     if has_ctl:
         ctl = cluster_bootstrap(m, d["docs"], stat(2), null=null, method=f"{which}, random clamp")
         if which == "max":  # the clamp's maximum against the random clamps' own maxima
-            vs = rank_test(eff.estimate.estimate, _draw_maxima(d, p), exact=True)
+            vs = by_rank(rank_test(eff.estimate.estimate, _draw_maxima(d, p), exact=True))
         else:
             vs = cluster_bootstrap(m, d["docs"], lambda r: stat(1)(r) - stat(2)(r),
                                    method=f"{which}: clamp - random clamp")  # fmt: skip

@@ -24,6 +24,7 @@ from mechlingo.analyses.experts import (
 )
 from mechlingo.card import claims as C
 from mechlingo.card.claims import SUNDAR
+from mechlingo.card.population import by_rank, rank_population_test
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Budget,
@@ -41,7 +42,6 @@ from mechlingo.card.statistics import (
     p_floor,
     paired_test,
     population_gain_test,
-    population_test,
 )
 from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.errors import InputError
@@ -228,7 +228,8 @@ def chance_overlap(matrix: Sequence[Sequence[float]], k: int, n_neurons: int) ->
     m = np.asarray(matrix, dtype=float)
     iu = np.triu_indices(m.shape[0], 1)
     shared = np.rint(m[iu] * k).astype(int)
-    ps = sps.hypergeom.sf(shared - 1, n_neurons, k, k)
+    tiny = float(np.finfo(float).tiny)  # an underflowed p is below this, never 0
+    ps = np.maximum(sps.hypergeom.sf(shared - 1, n_neurons, k, k), tiny)
     chance = k / n_neurons
     p = float(min(1.0, ps.min() * len(ps))) if len(ps) else None
     extra = {"chance": chance, "pair_p": [float(x) for x in ps],
@@ -293,7 +294,7 @@ def rows_experts(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     eff = Test.from_json(a["experts"])
     vs = Test.from_json(a["vs_random"])
     if a.get("random_draws"):  # a population of random neuron sets: the experts' rank
-        vs = rank_test(eff.estimate.estimate, [float(x) for x in a["random_draws"]])
+        vs = by_rank(rank_test(eff.estimate.estimate, [float(x) for x in a["random_draws"]]))
     rows = [make_row(C.EXPERTS_EXIST, eff, Test.from_json(a["random"]), vs_control=vs,
                      details=f"top {a['k']} {data['target']} experts (the clamp's k: "
                      f"{a['k_rule']}); {a['n_pos']} of {a['n']} held-out sentences in "
@@ -342,7 +343,7 @@ def _row_steers(data: Mapping[str, Any]) -> dict[str, Any]:
     ctl = vs = None
     if draws:
         ctl = population_gain_test(n0, draws)
-        vs = population_test(e, draws, base=n0, direction=claim.direction)
+        vs = rank_population_test(e, draws, base=n0, direction=claim.direction)
         details += (f"; control: {len(draws)} random-neuron clamp(s) at k = {k}; the clamp's "
                     f"exact permutation p among them {vs.extra['p_rank']:.3g} (floor "
                     f"1/{len(draws) + 1})")  # fmt: skip

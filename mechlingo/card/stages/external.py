@@ -14,6 +14,7 @@ from mechlingo.analyses.recall import dev_grid, steer_eval, steering
 from mechlingo.analyses.recall.steering import SteeringConfig
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
+from mechlingo.card.population import rank_population_test
 from mechlingo.card.repair_items import (
     item_records,
 )
@@ -32,7 +33,6 @@ from mechlingo.card.stages.repair import logprob_extra, logprob_gain, paired_val
 from mechlingo.card.statistics import (
     paired_test,
     population_gain_test,
-    population_test,
 )
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
@@ -110,7 +110,7 @@ def rows_external(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         draws = [x[1] for x in runs]
         rows.append(make_row(
             claim, paired_test(base, new, ids), control=population_gain_test(base, draws, ids),
-            vs_control=population_test(new, draws, ids, base=base, direction=claim.direction),
+            vs_control=rank_population_test(new, draws, ids, base=base, direction=claim.direction),
             details=f"{len(set(ids))} benchmark facts, metric {data['metric']}; vectors and "
             "configuration from the bundled data", extra=logprob_extra(logprob_gain(items, cond)),
         ))  # fmt: skip

@@ -21,6 +21,7 @@ from mechlingo.analyses.recall.settings import (
 )
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU, Claim
+from mechlingo.card.population import no_change_relative, rank_population_test
 from mechlingo.card.repair_items import (
     condition_outcomes,
     item_records,
@@ -45,7 +46,6 @@ from mechlingo.card.statistics import (
     paired_test,
     pool_controls,
     population_gain_test,
-    population_test,
     relative_test,
 )
 from mechlingo.core.errors import InputError
@@ -140,8 +140,26 @@ def trace_classes(stages: Stages) -> dict[str, Any]:
     return {"classes": {f"{r['id']}|{r['lang']}": r["class"] for r in recs}}
 
 
-def _pooled(data: Mapping[str, Any], langs: Sequence[str], cond: str) -> list[float]:
-    out = data["outcomes"][cond]
+#: The judged outcome of the repair rows, by the stored key it is read from.
+OUTCOME_NAMES = {"share": "gold share", "outcomes": "accuracy"}
+
+
+def outcome_key(data: Mapping[str, Any]) -> str:
+    """The repair rows' judged outcome (:data:`RULES` "outcome"): ``"share"``, the gold
+    answer's probability share among the candidates, where every item of every condition
+    has one (candidate scores: ``rank``); else ``"outcomes"``, 0/1 correctness (``generate``
+    and ``klar`` give no candidate scores)."""
+    share = data.get("share") or {}
+    conds = list(data["outcomes"])
+    ok = bool(share) and all(
+        c in share and all(x is not None for v in share[c].values() for x in v) for c in conds
+    )
+    return "share" if ok else "outcomes"
+
+
+def _pooled(data: Mapping[str, Any], langs: Sequence[str], cond: str, key: str = "outcomes"
+            ) -> list[float]:  # fmt: skip
+    out = data[key][cond]
     return [float(x) for lg in langs for x in out.get(lg, [])]
 
 
@@ -149,18 +167,20 @@ def _ids(data: Mapping[str, Any], langs: Sequence[str]) -> list[str]:
     return [i for lg in langs for i in data["ids"].get(lg, [])]
 
 
-def _draws(data: Mapping[str, Any], langs: Sequence[str]) -> list[list[float]]:
-    """The random population: one outcome list per draw (``outcomes["random_s<i>"]``)."""
+def _draws(data: Mapping[str, Any], langs: Sequence[str], key: str = "outcomes"
+           ) -> list[list[float]]:  # fmt: skip
+    """The random population: one outcome list per draw (``<key>["random_s<i>"]``)."""
     seeds = sorted(c for c in data["outcomes"] if c.startswith("random_s"))
-    return [_pooled(data, langs, c) for c in seeds]
+    return [_pooled(data, langs, c, key) for c in seeds]
 
 
-def repair_floor(data: Mapping[str, Any], langs: Sequence[str]) -> str | None:
-    """Why the repair outcome of ``langs`` sits at its floor, or ``None``: the stage's own
-    ``floor`` reason (the card's metric rule) or every condition (orig, the vectors, every
-    random draw) at 0 successes on these items, where no vector can show anything."""
-    if data.get("floor"):
-        return str(data["floor"])
+def repair_floor(data: Mapping[str, Any], langs: Sequence[str], key: str = "outcomes"
+                 ) -> str | None:  # fmt: skip
+    """Why the 0/1 repair outcome of ``langs`` sits at its floor, or ``None``: every
+    condition (orig, the vectors, every random draw) at 0 successes on these items, where no
+    vector can show anything. A gold share is never at a floor (``None``)."""
+    if key != "outcomes":
+        return None
     conds = list(data["outcomes"])
     if all(not any(_pooled(data, langs, c)) for c in conds):
         n = len(_pooled(data, langs, "orig"))
@@ -174,27 +194,42 @@ def rows_repair(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     its rank, exact permutation p), the lowest language in four readings and the
     random-vector null (the population's gain, equivalence), clustered by fact id."""
     s = data["summary"]
+    key = outcome_key(data)
     langs = sorted(lg for lg in data["outcomes"]["orig"] if lg != "en")
     ids = _ids(data, langs)
-    base, draws = _pooled(data, langs, "orig"), _draws(data, langs)
-    floor = repair_floor(data, langs)
-    note = (f"selected on dev: {s['selected']} ({s['dev_effect']}); config {s['config']}; "
-            f"ids build/dev/test {data['n_ids']}; {len(ids)} items, {len(set(ids))} facts; "
-            f"control: a population of {len(draws)} random vectors (permutation p floor "
-            f"1/{len(draws) + 1})")  # fmt: skip
+    base, draws = _pooled(data, langs, "orig", key), _draws(data, langs, key)
+    floor = repair_floor(data, langs, key)
+    sel = s.get("selected")
+    note = (f"outcome: {OUTCOME_NAMES[key]}; selected on dev: {sel} ({s['dev_effect']}); "
+            f"config {s['config']}; ids build/dev/test {data['n_ids']}; {len(ids)} items, "
+            f"{len(set(ids))} facts; control: a population of {len(draws)} random vectors "
+            f"matched to '{sel}' (rank p floor 1/{len(draws) + 1})")  # fmt: skip
     rows = []
     control = population_gain_test(base, draws, ids)
+    extra = {"outcome": OUTCOME_NAMES[key]}
     for claim, cond in ((C.TASK_VECTOR, "task"), (C.DIFF_VECTOR, "diff")):
-        new = _pooled(data, langs, cond)
-        vs = population_test(new, draws, ids, base=base, direction=claim.direction)
+        new = _pooled(data, langs, cond, key)
+        vs = rank_population_test(new, draws, ids, base=base, direction=claim.direction)
         rows.append(make_row(claim, paired_test(base, new, ids), control, vs_control=vs,
-                             floor=floor, details=note))  # fmt: skip
+                             floor=floor, details=note + _format_control(data, langs, cond),
+                             extra=extra))  # fmt: skip
     rows += rows_lowest(data)
     c = C.RANDOM_VECTOR
     rows.append(make_row(c, population_gain_test(base, draws, ids, null=c.null_value),
-                         floor=floor, details=f"{len(draws)} random vectors: their mean gain, "
-                         "with the between-draw variance (n = items)"))  # fmt: skip
+                         floor=floor, details=f"outcome: {OUTCOME_NAMES[key]}; {len(draws)} "
+                         "random vectors: their mean gain, with the between-draw variance "
+                         "(n = items)", extra=extra))  # fmt: skip
     return rows
+
+
+def _format_control(data: Mapping[str, Any], langs: Sequence[str], cond: str) -> str:
+    """The format control in words: the gain of ``cond`` in lenient accuracy (the answer
+    anywhere in the generation's first line), beside the judged outcome; empty when the
+    stage stored no lenient outcomes."""
+    if not data.get("lenient") or cond not in data["lenient"]:
+        return ""
+    a, b = _pooled(data, langs, "orig", "lenient"), _pooled(data, langs, cond, "lenient")
+    return f"; format control (lenient accuracy) {np.mean(a):.3f} -> {np.mean(b):.3f}"
 
 
 def _both(data: Mapping[str, Any]) -> str:
@@ -224,26 +259,32 @@ def _lowest_row(data: Mapping[str, Any], claim: Claim, langs: list[str], rule: s
         why = ("no headroom: no non-English language's dev few-shot accuracy beats zero-shot "
                f"(McNemar p < {low.get('p_threshold', 0.1):g})")  # fmt: skip
         return make_row(claim, None, untestable=why, details=details, extra=extra)
-    ids = _ids(data, langs)
+    ids, key = _ids(data, langs), outcome_key(data)
     base, both, draws = (
-        _pooled(data, langs, "orig"),
-        _pooled(data, langs, _both(data)),
-        _draws(data, langs),
+        _pooled(data, langs, "orig", key),
+        _pooled(data, langs, _both(data), key),
+        _draws(data, langs, key),
     )
+    extra = {**extra, "outcome": OUTCOME_NAMES[key]}
     ctl = pool_controls(draws)
-    vs = population_test(both, draws, ids, base=base, direction=claim.direction)
-    details += f"; orig {sum(base):g} of {len(base)} correct, {_both(data)} {sum(both):g}"
-    floor = repair_floor(data, langs)
+    vs = rank_population_test(both, draws, ids, base=base, direction=claim.direction)
+    details += (f"; outcome {OUTCOME_NAMES[key]}: orig {sum(base):.3g} of {len(base)}, "
+                f"{_both(data)} {sum(both):.3g}")  # fmt: skip
+    floor = repair_floor(data, langs, key)
     if floor:
         return make_row(claim, None, floor=floor, details=details, extra=extra)
     if reading == "points":
         eff = paired_test(base, both, ids, null=claim.threshold)
         return make_row(claim, eff, population_gain_test(base, draws, ids), vs_control=vs,
-                        details=details + "; gain in accuracy points", extra=extra)  # fmt: skip
+                        details=details + f"; gain in {OUTCOME_NAMES[key]} points", extra=extra)  # fmt: skip
     if sum(base) == 0:
-        why = (f"the test accuracy of {'+'.join(langs)} without intervention is 0 (0 of "
-               f"{len(base)}): a relative gain is undefined; the points reading is judged")  # fmt: skip
+        why = (f"the test {OUTCOME_NAMES[key]} of {'+'.join(langs)} without intervention is 0 "
+               f"(0 of {len(base)}): a relative gain is undefined; the points reading is judged")  # fmt: skip
         return make_row(claim, None, untestable=why, details=details, extra=extra)
+    if np.array_equal(np.asarray(base), np.asarray(both)):  # nothing changes: a testable zero
+        return make_row(claim, no_change_relative(base, ids, null=claim.threshold),
+                        relative_test(base, ctl, ids), vs_control=vs,
+                        details=details + "; relative gain: no item changes", extra=extra)  # fmt: skip
     eff = relative_test(base, both, ids, null=claim.threshold)
     if eff.p is None and eff.extra.get("undefined"):  # e.g. the successes in one fact
         why = f"the relative gain is undefined here: {eff.extra['undefined']}"
@@ -385,9 +426,7 @@ def row_consistency(items: Mapping[str, list[dict]], both: str) -> dict[str, Any
                         "language under both conditions")  # fmt: skip
     ids = [k[0] for k in keys]
     if name == "RankC":
-        t = paired_test([pre[k] for k in keys], [post[k] for k in keys], ids)
-        txt = f"RankC with English {np.mean([pre[k] for k in keys]):.3f} -> " \
-              f"{np.mean([post[k] for k in keys]):.3f}"  # fmt: skip
+        return _rankc_net(claim, items, both, keys, pre, post)
     else:
         a = _clc_table(items, both, keys)
         t = cluster_bootstrap(a, ids, clc_excess, method="CLC (Jaccard with English) after "
@@ -397,6 +436,31 @@ def row_consistency(items: Mapping[str, list[dict]], both: str) -> dict[str, Any
                f"alone (independent answers) {_clc_null(a, 1) - _clc_null(a, 0):+.3f}")  # fmt: skip
     return make_row(claim, t, details=f"{name}: {txt}; 'both' vs no intervention on "
                     f"{len(set(ids))} test facts", extra={"consistency": name})  # fmt: skip
+
+
+def _rankc_net(claim: Claim, items: Mapping[str, list[dict]], both: str,
+               keys: Sequence[tuple[str, str]], pre: Mapping[tuple[str, str], float],
+               post: Mapping[tuple[str, str], float]) -> dict[str, Any]:  # fmt: skip
+    """The RankC change net of accuracy: the paired RankC change on the (fact, language)
+    items whose correctness in L and in English is the same before and after (an item that
+    became right moves its ranking toward English's by that alone); the raw change beside."""
+
+    def right(cond: str) -> dict[tuple[str, str], bool]:
+        return {(r["id"], r["lang"]): bool(r["correct"]) for r in items[cond]}
+
+    a, b = right("orig"), right(both)
+    same = [k for k in keys if a.get(k) == b.get(k) and a.get((k[0], "en")) == b.get((k[0], "en"))]  # fmt: skip
+    raw = np.mean([post[k] for k in keys]) - np.mean([pre[k] for k in keys])
+    txt = (f"RankC with English {np.mean([pre[k] for k in keys]):.3f} -> "
+           f"{np.mean([post[k] for k in keys]):.3f} (raw change {raw:+.3f} on {len(keys)} "
+           f"items); net of accuracy: the {len(same)} items whose correctness in L and in "
+           "English does not change")  # fmt: skip
+    extra = {"consistency": "RankC"}
+    if not same:
+        why = "every item's correctness changes: no consistency change net of accuracy"
+        return make_row(claim, None, untestable=why, details=txt, extra=extra)
+    t = paired_test([pre[k] for k in same], [post[k] for k in same], [k[0] for k in same])
+    return make_row(claim, t, details=f"{txt}; 'both' vs no intervention", extra=extra)
 
 
 def _row_own_failure(items: Mapping[str, list[dict]], classes: Mapping[str, str] | None,

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mechlingo.analyses.recall.classes import failure_records
 from mechlingo.analyses.recall.trace import trace_recall
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
@@ -35,7 +36,7 @@ from mechlingo.viz.trace import class_fractions_figure
 
 _TRACE_FIELDS = ("id", "lang", "relation", "answer", "answer_en", "correct", "class",
                  "first_en_layer", "first_answer_layer", "first_mismatch_en_layer",
-                 "gold_rank")  # fmt: skip
+                 "gold_rank", "shared_form", "continues_prompt", "echoes_subject")  # fmt: skip
 
 
 def stage_trace(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progress: bool) -> dict:
@@ -58,37 +59,57 @@ def stage_trace(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progres
     }
 
 
+def _first(x: int, a: int) -> bool:
+    """Whether an answer first decodable at layer ``x`` (-1: never) comes strictly before
+    the L answer's ``a``."""
+    return x >= 0 and (a < 0 or x < a)
+
+
 def rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """``latent_english`` and ``recall_failures``: 0/1 shares against 1/2, clustered by fact."""
+    """``latent_english`` and ``recall_failures``: 0/1 shares against 1/2, clustered by fact.
+
+    ``latent_english`` reads the English-first share on the queries where the English or the
+    L answer is decodable (distinct words, no tie); its control, the mismatched fact's
+    English answer, is compared with it on one symmetric item set, the queries where the
+    English, the mismatched English or the L answer is decodable (English first and
+    mismatched English first each strictly before the L answer): a filter on the real
+    English answer alone would select against the control."""
     recs = [r for r in data["records"] if r["lang"] != "en"]
-    order, ctl, ids = [], [], []
+    order, ids, real, ctl, pair_ids = [], [], [], [], []
     has_ctl = bool(recs) and all("first_mismatch_en_layer" in r for r in recs)
     for r in recs:
         if r["answer_en"] and normalize(r["answer_en"]) == normalize(r["answer"]):
             continue  # the English and the L answer are the same word: no order to see
         e, a = r["first_en_layer"], r["first_answer_layer"]
         if (e >= 0 or a >= 0) and e != a:
-            order.append(float(e >= 0 and (a < 0 or e < a)))
+            order.append(float(_first(e, a)))
             ids.append(r["id"])
-            if has_ctl:
-                m = r["first_mismatch_en_layer"]
-                ctl.append(float(m >= 0 and (a < 0 or m < a)))
+        m = r.get("first_mismatch_en_layer", -1)
+        if has_ctl and (e >= 0 or m >= 0 or a >= 0):
+            real.append(float(_first(e, a)))
+            ctl.append(float(_first(m, a)))
+            pair_ids.append(r["id"])
     c1 = C.LATENT_ENGLISH
     t1 = mean_test(order, ids, null=c1.null_value) if order else None
     vs = c = None
     missing = ("the trace records have no first_mismatch_en_layer: the mismatched-fact control "
                "(another fact's English answer under the same decoder) is missing")  # fmt: skip
     if has_ctl and order:
-        c, vs, missing = mean_test(ctl, ids, null=c1.null_value), paired_test(ctl, order, ids), ""
+        c = mean_test(ctl, pair_ids, null=c1.null_value)
+        vs, missing = paired_test(ctl, real, pair_ids), ""
     row1 = make_row(
         c1, t1, c, vs_control=vs, missing_control=missing or None,
         untestable=None if order else "no non-English query whose English or L answer "
         "becomes decodable (rank <= max_rank) with distinct words",
         details=f"{int(sum(order))} of {len(order)} queries: English first"
-        + (f"; mismatched-fact English first: {int(sum(ctl))}" if vs is not None else "")
+        + (f"; on the {len(real)} queries where the English, the mismatched English or the L "
+           f"answer is decodable: English first {int(sum(real))}, mismatched-fact English "
+           f"first {int(sum(ctl))}" if vs is not None else "")
         + "; clustered by fact",
     )  # fmt: skip
-    fails = [r for r in recs if r["class"] in ("recall_failure", "translation_failure")]
+    fails = failure_records(recs)  # the trace headline's rule: flagged answers left out
+    n_flagged = len(failure_records(recs, keep_flagged=True)) - len(fails)
+    n_shared = sum(r["class"] == "shared_form" for r in recs)
     rf = [float(r["class"] == "recall_failure") for r in fails]
     errors = sum(not r["correct"] for r in recs)
     c2 = C.RECALL_FAILURES
@@ -97,8 +118,11 @@ def rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         c2, t2, untestable=None if fails else "no recall or translation failures among the "
         "non-English queries",
         details=f"of {errors} non-English errors: {int(sum(rf))} recall failures, "
-        f"{len(rf) - int(sum(rf))} translation failures, {errors - len(rf)} other (wrong "
-        "language or L-only); clustered by fact",
+        f"{len(rf) - int(sum(rf))} translation failures, "
+        f"{errors - len(rf) - n_flagged - n_shared} other (wrong language or L-only)"
+        + (f", {n_shared} shared forms (no translation needed)" if n_shared else "")
+        + (f", {n_flagged} flagged (no attempt at the answer) left out" if n_flagged else "")
+        + "; clustered by fact",
     )  # fmt: skip
     return [row1, row2]
 

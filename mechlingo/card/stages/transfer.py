@@ -20,6 +20,7 @@ from mechlingo.analyses.recall.settings import (
 )
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU, Claim
+from mechlingo.card.population import rank_population_test
 from mechlingo.card.repair_items import (
     subject_keys,
 )
@@ -120,9 +121,13 @@ def rows_transfer(claim: Claim, data: Mapping[str, Any]) -> list[dict[str, Any]]
     ctl = [x for c in held for x in _items(c, "control")]
     per = "; ".join(f"{c['col']}: {paired_test(_items(c, 'orig'), _items(c, 'steered')).estimate.format(2)}"
                     for c in held)  # fmt: skip
+    # each cell has one random draw: a population of one, judged by rank (never decides)
+    vs = rank_population_test(new, [ctl], ids, base=orig, direction=claim.direction)
     row1 = make_row(claim, paired_test(orig, new, ids), paired_test(orig, ctl, ids),
-                    vs_control=paired_test(ctl, new, ids), extra={"variant": "held-out gain"},
-                    details=f"{len(held)} held-out cells pooled, clustered by fact id ({per})")  # fmt: skip
+                    vs_control=vs, extra={"variant": "held-out gain"},
+                    details=f"{len(held)} held-out cells pooled, clustered by fact id ({per}); "
+                    "control: one random vector per cell, a population of one draw (the "
+                    "transfer matrix scores no more)")  # fmt: skip
     return [row1, _retained_row(claim, data["cells"], held)]
 
 

@@ -148,11 +148,13 @@ def test_token_lens_figure_and_result_display(tiny):
     (hm,) = fig.data
     g = r.tokens
     assert torch.allclose(torch.tensor(hm.z), g.top_logprobs[0][:, :, 0].exp(), atol=1e-6)
+    assert fig.layout.title.text.startswith("Logit lens (en prompt)")
     assert list(hm.y) == r.layers and len(hm.x) == len(g.tokens[0])
     hover = hm.customdata[-1][-1]
     assert hover.count("<br>") == 4 and repr(g.top_tokens[0][-1][-1][0]) in hover
-    by_lang = r.fig_tokens(color="lang").data[0]
-    assert "none" in by_lang.colorbar.ticktext
+    by_lang = r.fig_tokens(color="lang")
+    assert by_lang.data[0].coloraxis == "coloraxis"
+    assert {"none", "shared"} <= set(by_lang.layout.coloraxis.colorbar.ticktext)
     assert "tensor" not in repr(r) and "fig_tokens" in r._repr_html_()
     assert r.summary()["n_prompts"] == {"en": 1}
     doc = g.to_json()[0]
@@ -169,7 +171,8 @@ def test_token_language():
     from mechlingo.analyses.decoders.tokens import token_language
 
     assert token_language("ローマ") == "ja" and token_language(" 罗马") == "zh"
-    assert token_language("Москва") == "ru" and token_language("  ") is None
+    assert token_language("Москва") == "ru" and token_language("  ") == "shared"
+    assert token_language(" capitale", ["fr", "en"]) == "fr" and token_language(" bibli") is None
 
 
 def test_lens_cli_reads_a_prompt_at_every_position(tiny_dir, tmp_path):
@@ -211,3 +214,13 @@ def test_lens_cli_token_grid_on_the_embedded_model(tmp_path):
     assert " Paris" in [c["token"] for c in last] and 0 < last[0]["prob"] <= 1
     assert sum(row[-1][0]["token"] == " Paris" for row in doc["top"][12:18]) >= 2
     assert all(a["prob"] >= b["prob"] for a, b in zip(last, last[1:], strict=False))
+
+
+def test_a_prompt_without_a_declared_language_is_titled_with_its_own(tiny):
+    """A French few-shot prompt read without langs= is identified as French (the grid said
+    "(en prompt)"); a declared language is kept."""
+    fr = "Pays : Italie\nCapitale : Rome\nPays : Allemagne\nCapitale :"
+    r = logit_lens(tiny, [fr, "Die Hauptstadt von Frankreich ist"], layers=[0, 1])
+    assert r.langs == ["fr", "de"]
+    assert r.fig_tokens(0).layout.title.text.startswith("Logit lens (fr prompt)")
+    assert logit_lens(tiny, [fr], langs=["it"], layers=[0]).langs == ["it"]

@@ -126,7 +126,14 @@ def test_trace_cli(tiny_dir, tmp_path):
         for c, n in counts.items():
             assert summary["classification_ci"][lg][c] == wilson(n, 3).to_json()
     trace = json.loads((out / "trace.json").read_text())
-    assert len(trace) == 6 and {"class", "generation", "first_en_layer"} <= set(trace[0])
+    assert len(trace) == 6 and {
+        "class",
+        "generation",
+        "first_en_layer",
+        "decided_at",
+        "continues_prompt",
+        "echoes_subject",
+    } <= set(trace[0])
     patching = json.loads((out / "patching.json").read_text())
     assert set(patching) == {"en", "fr"} and patching["fr"]["cells"]
     assert (out / "report.html").read_text().count("plotly") > 1
@@ -182,3 +189,45 @@ def test_trace_cli_writes_what_run_trace_writes(tiny, tiny_dir, tmp_path):
         x, y = (json.loads((d / name).read_text()) for d in (cli, py))
         assert _scrub(x) == _scrub(y) and x
     assert set(json.loads((py / "patching.json").read_text())) == {"en", "fr"}
+
+
+def test_trace_keeps_the_whole_greedy_line_and_the_decision_point_apart(tiny, tiny_trace):
+    """The stored generation is the greedy first line up to the stop rule (what scoring
+    without early stop gives), ``decided_at`` the prefix where the verdict was final, and
+    the flags are those of the raw continuation; the summary splits the failures."""
+    from mechlingo.analyses.recall.answers import answer_flags
+    from mechlingo.scoring.evaluate import evaluate_facts, greedy_generate
+
+    facts = load_facts(langs=["en", "fr", "ja"], relations=["capital"], limit=3)
+    full = evaluate_facts(tiny, facts, max_new_tokens=2, early_stop=False).records
+    raw = greedy_generate(tiny, [f.prompt for f in facts], max_new_tokens=2)
+    for rec, ev, f, g in zip(tiny_trace.records, full, facts, raw, strict=True):
+        assert rec["generation"] == ev["generation"] and rec["correct"] == ev["correct"]
+        assert rec["generation"].startswith(rec["decided_at"])
+        assert {k: rec[k] for k in answer_flags(f, g)} == answer_flags(f, g)
+    s = tiny_trace.summary()
+    assert set(s["failure_split"]) == {"with_flagged", "without_flagged"}
+    assert set(s["flags"]) == {"en", "fr", "ja"}
+    pooled = s["failure_split"]["with_flagged"]["non-English"]
+    fails = sum(s["classification"][lg][c] for lg in ("fr", "ja")
+                for c in ("recall_failure", "translation_failure"))  # fmt: skip
+    assert pooled["recall_failure"] + pooled["translation_failure"] == fails
+
+
+def test_gemma_answers_that_are_no_attempt_are_flagged_and_a_shared_form_is_its_class(gemma):
+    """On the embedded model: German "... in der Stadt" is continued as "bibliothek" (glued
+    onto the last word), the Japanese capital prompt of Afghanistan is answered by repeating
+    the subject, and the French Tirana (written as in English) is a shared form."""
+    from mechlingo.data import Fact
+
+    stadt = Fact("capital/CH", "capital", "de", "Bibliothek", "Die Bibliothek steht in der Stadt",
+                 "Bern", answer_en="Bern", subject_span=(4, 14))  # fmt: skip
+    bundled = [f for f in load_facts(langs=["fr", "ja"], relations=["capital"])
+               if (f.lang, f.id) in {("ja", "capital/AF"), ("fr", "capital/AL")}]  # fmt: skip
+    tr = trace_recall(gemma, [stadt, *bundled])
+    by = {(r["lang"], r["id"]): r for r in tr.records}
+    de, ja, fr = by["de", "capital/CH"], by["ja", "capital/AF"], by["fr", "capital/AL"]
+    assert de["continues_prompt"] and de["generation"].startswith("bibliothek"), de
+    assert ja["echoes_subject"] and ja["generation"].startswith("アフガニスタン"), ja
+    assert fr["class"] == "shared_form" and not fr["correct"], fr
+    assert de["generation"].startswith(de["decided_at"]) and len(de["decided_at"]) == 2

@@ -209,9 +209,19 @@ def test_a_facts_file_of_many_relations_costs_what_the_bundled_card_does():
 
 
 def test_units_needed_and_icc_by_hand():
-    z = 1.959964 + 0.841621  # alpha 0.05 two-sided, power 0.8
-    assert units_needed(0.5, 1.0, 0.05) == math.ceil((z / 0.5) ** 2)  # 32
-    assert units_needed(0.5, 1.0, 0.05, design_effect=2.0) == math.ceil(2 * (z / 0.5) ** 2)
+    """The planner's units for the verdict's test: Student's t on G - 1 df (G clusters), so
+    a few clusters need more units than the normal approximation (32 at d = 0.5)."""
+    from scipy import stats as sps
+
+    def q(g):  # alpha 0.05 two-sided, power 0.8, t on g - 1 df
+        return sps.t.ppf(0.975, g - 1) + sps.t.ppf(0.8, g - 1)
+
+    n = units_needed(0.5, 1.0, 0.05)
+    assert n == 34 and math.ceil((q(n) / 0.5) ** 2) <= n < (q(n - 1) / 0.5) ** 2 + 1
+    n2 = units_needed(0.5, 1.0, 0.05, design_effect=2.0)
+    assert math.ceil(2 * (q(n2) / 0.5) ** 2) <= n2 and n2 > 2 * 32
+    # 3 items per cluster: the df are the clusters' (fewer), so more items
+    assert units_needed(0.5, 1.0, 0.05, per_cluster=3) > n
     same = [{"id": "a", "correct": 1}, {"id": "a", "correct": 1},
             {"id": "b", "correct": 0}, {"id": "b", "correct": 0}]  # fmt: skip
     assert dev_icc(same) == pytest.approx(1.0)
@@ -229,16 +239,22 @@ def test_plan_names_the_limit_and_what_to_pass():
                      {"rank": 0.1, "embed": 0.05})  # fmt: skip
     rows = {r.id: r for r in plan.rows}
     assert list(rows) == [*PRIMARY["lu2025"], *PRIMARY["sundar2025"]]
-    assert plan.alpha == {"lu2025": pytest.approx(0.01), "sundar2025": pytest.approx(0.05 / 6)}
-    # enough facts and the 5 draws the between-draw variance needs: decidable
+    assert plan.alpha == {"lu2025": pytest.approx(0.05 / 7), "sundar2025": pytest.approx(0.05 / 6)}
+    # enough facts, but the rank p of 5 draws cannot reach Holm's first step over the 7
+    # primary rows: 20 x 7 = 140 draws are needed, named with what to pass
     tv = rows["task_vector"]
-    assert tv.needed <= 1000 and tv.draws == 5 and tv.draws_needed == MIN_DRAWS == 5
-    assert tv.decidable
-    # with 2 draws the same row names the draws as its limit and what to pass
-    cfg2 = {**cfg, "repair": {**cfg["repair"], "seeds": [0, 1]}}
+    assert tv.needed <= 1000 and tv.draws == 5 and tv.draws_needed == MIN_DRAWS["lu2025"] == 140
+    assert not tv.decidable and "140 random draws" in tv.limit and '"seeds"' in tv.fix
+    cfg2 = {**cfg, "repair": {**cfg["repair"], "seeds": list(range(140))}}
     plan2 = plan_card(cfg2, ["lu2025"], {"items": {"rank": items}}, avail, {"rank": 0.1})
-    tv2 = {r.id: r for r in plan2.rows}["task_vector"]
-    assert not tv2.decidable and "5 random draws" in tv2.limit and '"seeds"' in tv2.fix
+    assert {r.id: r for r in plan2.rows}["task_vector"].decidable
+    # the independence rows: one random vector per transfer cell, whatever the budget
+    ind = rows["independent_relations"]
+    assert ind.draws == 1 and "one random vector per transfer cell" in ind.limit
+    # lowest_language is planned as the verdict tests it: a relative gain against +35%,
+    # for a true gain of +70% (in points: 0.35 x the lowest language's dev mean)
+    low = rows["lowest_language"]
+    assert low.effect == pytest.approx(0.35 * plan.inputs["lu_dev"]["lowest_mean"])
     assert rows["latent_english"].decidable  # no population, enough facts
     ce = rows["clamp_closer"]  # 5 documents against the 49 a paired d of 0.5 needs
     assert ce.needed == units_needed(0.5, 1.0, 0.05 / 6) and ce.available == 5

@@ -255,8 +255,13 @@ def test_consistency_is_rankc_under_rank():
         for i in IDS
         for lg in ("es", "fr")
     ]
-    assert row["value"]["estimate"]["estimate"] == pytest.approx(np.mean(post) - np.mean(pre))
-    assert row["consistency"] == "RankC"
+    # net of accuracy: only the items whose correctness (L and English) does not change
+    keep = [j for j, (i, lg) in enumerate((i, lg) for i in IDS for lg in ("es", "fr"))
+            if ORIG[(i, lg)] == BOTH[(i, lg)] and ORIG[(i, "en")] == BOTH[(i, "en")]]  # fmt: skip
+    want = np.mean([post[j] for j in keep]) - np.mean([pre[j] for j in keep])
+    assert row["value"]["estimate"]["estimate"] == pytest.approx(want)
+    assert want == 0  # here the rankings follow correctness: no consistency beyond accuracy
+    assert row["consistency"] == "RankC" and "raw change" in row["details"]
     lp = repair.logprob_gain(items, "both")  # logshare = correct - 1
     assert lp.estimate.estimate == pytest.approx(
         np.mean([BOTH[k] - ORIG[k] for k in BOTH if k[1] != "en"])
