@@ -14,15 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mechlingo.core.models import DEFAULT_MODEL, load_model
-from mechlingo.core.sites import hook_name, resolve_site
-from mechlingo.core.tokens import use_chat
 from mechlingo.core.version import __version__
-from mechlingo.data import load_facts
-from mechlingo.interventions import intervene
-from mechlingo.testing import tiny_model
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers
+    from mechlingo.analyses.decoders.lens import LensResult, lens_facts, logit_lens
+    from mechlingo.card.replicate import replicate
+    from mechlingo.card.rules import ClaimsCard
+    from mechlingo.core.models import DEFAULT_MODEL, load_model
+    from mechlingo.core.sites import hook_name, resolve_site
+    from mechlingo.core.tokens import use_chat
+    from mechlingo.data import load_facts
+    from mechlingo.interventions import intervene
+    from mechlingo.scoring.evaluate import EvalResult, evaluate_facts, greedy_generate
+    from mechlingo.testing import tiny_model
 
 __all__ = [
     "ClaimsCard",
@@ -44,9 +50,10 @@ __all__ = [
     "use_chat",
 ]
 
-# The analyses load on first use (PEP 562), so that ``import mechlingo`` stays light: the
-# first ``mechlingo.lens_facts`` calls the loader of its module, one plain ``from ... import``,
-# and keeps the name. Why plain imports in functions and not ``importlib.import_module`` with
+# Every name loads on first use (PEP 562), so that ``import mechlingo`` stays light (no torch:
+# the ``mechlingo`` command installs its Ctrl-C handling before torch loads, see
+# ``mechlingo/__main__.py``): the first ``mechlingo.lens_facts`` calls the loader of its
+# module, one plain ``from ... import``, and keeps the name. Why plain imports in functions and not ``importlib.import_module`` with
 # a module path: a path in a string is a dependency no reader and no checker sees, so it can
 # hide an upward import or a cycle; an import statement is read by ``scripts/check_layers.py``
 # like any other (the layers and cycles are checked), and this module is the one place whose
@@ -78,7 +85,51 @@ def _replicate() -> ModuleType:
     return replicate
 
 
+def _models() -> ModuleType:
+    from mechlingo.core import models
+
+    return models
+
+
+def _sites() -> ModuleType:
+    from mechlingo.core import sites
+
+    return sites
+
+
+def _tokens() -> ModuleType:
+    from mechlingo.core import tokens
+
+    return tokens
+
+
+def _data() -> ModuleType:
+    import mechlingo.data
+
+    return mechlingo.data
+
+
+def _interventions() -> ModuleType:
+    import mechlingo.interventions
+
+    return mechlingo.interventions
+
+
+def _testing() -> ModuleType:
+    from mechlingo import testing
+
+    return testing
+
+
 _LAZY: dict[str, Callable[[], ModuleType]] = {
+    "DEFAULT_MODEL": _models,
+    "load_model": _models,
+    "hook_name": _sites,
+    "resolve_site": _sites,
+    "use_chat": _tokens,
+    "load_facts": _data,
+    "intervene": _interventions,
+    "tiny_model": _testing,
     "EvalResult": _evaluate,
     "evaluate_facts": _evaluate,
     "greedy_generate": _evaluate,

@@ -88,7 +88,7 @@ def _available_bytes() -> int:
     except (ValueError, OSError, AttributeError):
         avail = 8 * 2**30
     try:
-        meminfo = Path("/proc/meminfo").read_text()
+        meminfo = Path("/proc/meminfo").read_text(encoding="utf-8")
         m = re.search(r"MemAvailable:\s+(\d+) kB", meminfo)
         if m:
             avail = int(m.group(1)) * 1024
@@ -102,9 +102,11 @@ def _available_bytes() -> int:
         ),
     ):
         try:
-            raw = Path(limit_file).read_text().strip()
+            raw = Path(limit_file).read_text(encoding="utf-8").strip()
             if raw != "max" and int(raw) < 2**60:
-                avail = min(avail, int(raw) - int(Path(usage_file).read_text().strip()))
+                avail = min(
+                    avail, int(raw) - int(Path(usage_file).read_text(encoding="utf-8").strip())
+                )
             break
         except (OSError, ValueError):
             continue

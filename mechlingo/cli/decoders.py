@@ -19,6 +19,7 @@ from typing import Any
 from mechlingo.analyses.decoders.registry import decoder_entry, decoder_names, get_decoder
 from mechlingo.analyses.decoders.run import run_lens_decoders
 from mechlingo.cli.common import UsageError, run_meta, split_list
+from mechlingo.cli.streams import outputs_written
 from mechlingo.core.types import Model
 from mechlingo.report.decoders import decoders_report
 
@@ -118,5 +119,6 @@ def run_decoders(
                     seconds=round(time.time() - t0, 1))  # fmt: skip
     summary = run.summary(meta)
     run.write(args.out, meta=meta, extra={"report.html": decoders_report(run.comparison, summary)})
+    outputs_written()
     print(f"wrote {args.out}/summary.json, lens.csv and report.html ({', '.join(decoders)})")
     return 0

@@ -7,6 +7,7 @@ import argparse
 import time
 
 from mechlingo.cli import common, cost
+from mechlingo.cli.streams import outputs_written
 from mechlingo.report.evaluate import eval_report
 from mechlingo.scoring.accuracy import run_eval
 
@@ -49,6 +50,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     summary = run.summary(meta)
     run.write(args.out, meta=meta, extra={"report.html": eval_report(run.result.records, summary)})
+    outputs_written()
     ci = summary["accuracy_ci"]
     for lg, x in summary["accuracy"].items():
         print(f"{lg}: {x:.3f} [{ci[lg]['lo']:.3f}, {ci[lg]['hi']:.3f}] (n={ci[lg]['n']})")

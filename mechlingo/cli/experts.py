@@ -28,6 +28,7 @@ from mechlingo.analyses.experts.align_run import AlignOptions, load_clamp_pair, 
 from mechlingo.analyses.experts.run import ExpertSettings, run_experts
 from mechlingo.cli import common, cost, work
 from mechlingo.cli.flags import line_count, parse_ints
+from mechlingo.cli.streams import outputs_written
 from mechlingo.core.errors import ArtifactError, InputError, InterventionError
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
@@ -271,6 +272,7 @@ def _cmd_experts(args: argparse.Namespace) -> int:
         run.experts, summary, run.curves, summary["k_choice"], k_show=run.k_show, score=args.score
     )
     run.write(args.out, meta=meta, extra={"report.html": report})
+    outputs_written()
     work.finish_stages(stages)
     for t, ch in summary["k_choice"].items():
         print(f"{t}: the k rule chose k = {ch['k']} ({ch['rule']})")
@@ -442,6 +444,7 @@ def cmd_align(args: argparse.Namespace) -> int:
     summary = run.summary(meta)
     report = align_report(run.comparison, summary, run.side_effects, layer=args.layer)
     run.write(args.out, meta=meta, extra={"report.html": report})
+    outputs_written()
     work.finish_stages(stages)
     _print_alignment(summary)
     print(f"wrote {args.out}/summary.json, retrieval.csv and report.html")

@@ -22,9 +22,11 @@ MAX_LIST_INT = 2**32 - 1
 MAX_RANGE = 4096
 
 __all__ = [
+    "INT_LIMITS",
     "DefaultsHelpFormatter",
     "HelpParser",
     "check_finite",
+    "check_int_limits",
     "parse_config",
     "parse_floats",
     "parse_int_range",
@@ -32,6 +34,45 @@ __all__ = [
     "parse_list",
     "line_count",
 ]
+
+# Every integer flag's largest value, with what it counts: each is far beyond a real run and
+# still small enough that what the flag sizes (a list of texts, a batch of prompts, a
+# generation) fits a machine's memory, so an absurd value is refused at parse, before
+# anything is allocated (`--texts-per-step 2000000000` would build a list of two billion
+# texts). A new integer flag must be added here (tests/system/test_bad_inputs.py checks
+# every integer flag of the parser). Seeds are exempt (any 64-bit integer is a seed).
+_ITEMS = 2**24  # 16,777,216 facts, lines, ids or steps: a list of pointers of 128 MiB
+_BATCH = 2**16  # prompts, texts or cells in one forward pass
+_TOKENS = 2**21  # tokens of one prompt or generation: more than any model's context
+_LAYERS = 4096  # as the layer bound of a saved intervention
+INT_LIMITS: dict[str, tuple[int, str]] = {
+    "limit": (_ITEMS, "facts per relation; omit --limit for every fact"),
+    "per_relation": (_ITEMS, "fact ids per relation"),
+    "dev_per_lang": (_ITEMS, "fact ids per relation"),
+    "test_per_lang": (_ITEMS, "fact ids per relation"),
+    "screen_ids": (_ITEMS, "fact ids"),
+    "lines": (_ITEMS, "lines per language"),
+    "heldout": (_ITEMS, "lines per language"),
+    "offset": (_ITEMS, "lines skipped"),
+    "side_effects_lines": (_ITEMS, "lines per language"),
+    "steps": (_ITEMS, "optimizer steps"),
+    "samples": (_BATCH, "generated samples per k"),
+    "batch_size": (_BATCH, "prompts in one forward pass"),
+    "texts_per_step": (_BATCH, "texts in one optimizer step"),
+    "cells_per_batch": (_BATCH, "patched copies in one forward pass"),
+    "patch_prompts": (_BATCH, "prompts per language"),
+    "top_k": (_BATCH, "settings re-scored"),
+    "verify_heads": (_BATCH, "heads verified"),
+    "repeats": (_BATCH, "re-splits, each building its vectors again"),
+    "max_rank": (_ITEMS, "a rank within a vocabulary"),
+    "max_new_tokens": (_TOKENS, "tokens generated per prompt"),
+    "max_tokens": (_TOKENS, "tokens per text"),
+    "k_shot": (_LAYERS, "demonstrations in one prompt"),
+    "translation_shots": (_LAYERS, "translation pairs in one prompt"),
+    "layer": (_LAYERS, "a layer index, either sign"),
+}
+#: integer flags with no bound of their own (a seed may be any 64-bit integer)
+UNBOUNDED_INTS = ("seed",)
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
@@ -243,3 +284,19 @@ def _is_int(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def check_int_limits(args: argparse.Namespace) -> None:
+    """Refuse an integer flag beyond its bound in :data:`INT_LIMITS` (either sign), before
+    anything it sizes is allocated.
+
+    Raises:
+        InputError: ``--texts-per-step 2,000,000,000 is more than 65,536 (texts in one
+            optimizer step)``.
+    """
+    for name, (high, what) in INT_LIMITS.items():
+        v = getattr(args, name, None)
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > high:
+            flag = "--" + name.replace("_", "-")
+            raise InputError(f"{flag} {v:,} is more than {high:,} ({what})", where=flag,
+                             fix=f"give at most {high:,}")  # fmt: skip

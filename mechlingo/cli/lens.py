@@ -13,7 +13,9 @@ from mechlingo.analyses.decoders.patchscope import Patchscope
 from mechlingo.analyses.decoders.tuned_lens import load_tuned_lens
 from mechlingo.cli import common, cost
 from mechlingo.cli.decoders import DecoderChoice, add_decoder_args, decoder_choice, run_decoders
+from mechlingo.cli.streams import outputs_written
 from mechlingo.core.errors import InputError
+from mechlingo.core.inert import inert_csv
 from mechlingo.data import Fact, benchmark_format, read_facts
 from mechlingo.data.langid import identify_language
 from mechlingo.report import write_outputs
@@ -103,10 +105,11 @@ def cmd_lens(args: argparse.Namespace) -> int:
         args.out,
         {
             "summary.json": summary,
-            "lens.csv": df.to_csv(index=False),
+            "lens.csv": inert_csv(df),
             "report.html": report,
         },
     )
+    outputs_written()
     print(f"wrote {args.out}/summary.json, lens.csv and report.html")
     return 0
 
@@ -147,5 +150,6 @@ def _token_lens(args: argparse.Namespace, choice: DecoderChoice) -> int:
         {"summary.json": summary, "tokens.json": result.tokens.to_json(),
          "report.html": token_lens_report(result, meta)},
     )  # fmt: skip
+    outputs_written()
     print(f"wrote {args.out}/summary.json, tokens.json and report.html")
     return 0

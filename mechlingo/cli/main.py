@@ -29,6 +29,7 @@ from mechlingo.cli import evaluate, experts, lens, replicate, steer, trace, tune
 from mechlingo.cli.common import COMMANDS
 from mechlingo.cli.flags import HelpParser
 from mechlingo.cli.glossary import RETIRED, retired_hints
+from mechlingo.cli.streams import guarded_stdout
 from mechlingo.cli.validate import validate_args
 from mechlingo.cli.work import work_folder
 from mechlingo.core.artifacts import cleanup_stale
@@ -77,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         "`replicate` (claims.json, claims.md and report.html). Flag names: docs/glossary.md.",
         epilog="Exit status: 0 done; 2 bad input or a fault you can fix (one line on stderr, "
         "--out untouched); 3 `replicate --strict` with a failed stage (the card is written); "
-        "1 a bug (with its traceback); 128+N stopped by signal N.",
+        "1 a bug (with its traceback); 128+N stopped by signal N (141: stdout closed before the "
+        "outputs were written).",
     )
     parser.add_argument("--version", action="version", version=f"mechlingo {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -105,21 +107,34 @@ def _cleanup_at_start(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``mechlingo`` command line; returns the exit status.
 
-    0: done. 2: bad input or a fault the user can fix (a full or read-only disk, a model
-    cache that cannot be written, the GPU out of memory): one line on stderr (what, where,
-    what to do), ``--out`` and the model cache as they were. 3: ``replicate --strict`` when a
-    stage failed (the claim card is still written, the failed rows carry the error). 1: a
-    bug (one line saying so, then the traceback). 130 (SIGINT, Ctrl-C) and 143 (SIGTERM), 129 (SIGHUP): stopped, one
-    line, ``--out`` as it was. ``MECHLINGO_DEBUG=1`` re-raises instead.
+    0: done (whatever happens to stdout after the outputs are written: a closed pipe, an
+    encoding that cannot print a name). 2: bad input or a fault the user can fix (a full or
+    read-only disk, a model cache that cannot be written, the GPU out of memory): one line on
+    stderr (what, where, what to do), ``--out`` and the model cache as they were. 3:
+    ``replicate --strict`` when a stage failed (the claim card is still written, the failed
+    rows carry the error). 1: a bug (one line saying so, then the traceback). 130 (SIGINT,
+    Ctrl-C), 143 (SIGTERM), 129 (SIGHUP), 141 (stdout closed before the outputs were
+    written, as SIGPIPE stops any program): stopped, one line, ``--out`` as it was.
+    ``MECHLINGO_DEBUG=1`` re-raises instead. stdout is a
+    :class:`~mechlingo.cli.streams.GuardedStdout` meanwhile.
     """
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "command", None) not in COMMANDS:
-        parser.print_help()
-        return 2
-    run = COMMANDS[args.command][1]
+    with guarded_stdout():
+        args = argparse.Namespace(command=None)
+        try:
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            if getattr(args, "command", None) not in COMMANDS:
+                parser.print_help()
+                return 2
+            return _run(args)
+        except (KeyboardInterrupt, Stopped) as err:  # while parsing, or Ctrl-C after a run
+            return _stopped(err, args)
 
-    name = args.command + (f" {args.steer_command}" if getattr(args, "steer_command", None) else "")
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the parsed command ``args`` (see :func:`main` for the exit statuses)."""
+    run = COMMANDS[args.command][1]
+    name = _name(args)
     try:
         with stop_on_signals():
             validate_args(args)
@@ -130,15 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with process_group():
                 return int(run(args) or 0)
     except (KeyboardInterrupt, Stopped) as err:
-        signum = err.signum if isinstance(err, Stopped) else int(signal.SIGINT)
-        out = getattr(args, "out", None)
-        left = f"{out} was left as it was" if isinstance(out, str) else "nothing was written"
-        sig = signal.Signals(signum).name
-        work = _work_of(args)
-        if work is not None and work.is_dir():
-            left += f"; the finished stages are kept in {work}: run the same command again to go on"
-        print(f"mechlingo {name}: stopped by {sig}; {left}", file=sys.stderr)
-        return 128 + signum
+        return _stopped(err, args)
     except Exception as err:
         fault = _user_fault(err, args)
         if os.environ.get("MECHLINGO_DEBUG"):
@@ -154,6 +161,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         traceback.print_exc(file=sys.stderr)
         return 1
+
+
+def _name(args: argparse.Namespace) -> str:
+    """The command's name in messages: ``lens``, ``steer build``; ``mechlingo`` alone
+    before one is known."""
+    command = getattr(args, "command", None)
+    if not command:
+        return ""
+    sub = getattr(args, "steer_command", None)
+    return command + (f" {sub}" if sub else "")
+
+
+def _stopped(err: BaseException, args: argparse.Namespace) -> int:
+    """One line for a run stopped by a signal (or a closed stdout) and its status
+    ``128 + signal``: what was left as it was, and where the finished stages are kept."""
+    signum = err.signum if isinstance(err, Stopped) else int(signal.SIGINT)
+    out = getattr(args, "out", None)
+    left = f"{out} was left as it was" if isinstance(out, str) else "nothing was written"
+    sig = signal.Signals(signum).name
+    why = f"by {sig}" if signum != signal.SIGPIPE else "as its output was closed (SIGPIPE)"
+    work = _work_of(args)
+    if work is not None and work.is_dir():
+        left += f"; the finished stages are kept in {work}: run the same command again to go on"
+    name = _name(args)
+    print(f"mechlingo{' ' + name if name else ''}: stopped {why}; {left}", file=sys.stderr)
+    return 128 + signum
 
 
 def _work_of(args: argparse.Namespace) -> Path | None:

@@ -28,6 +28,7 @@ from mechlingo.cli.common import (
     command,
     load_cli_model,
 )
+from mechlingo.cli.streams import outputs_written
 from mechlingo.cli.work import (
     add_work_args,
     all_ranks_have,
@@ -181,6 +182,7 @@ def cmd_replicate(args: argparse.Namespace) -> int:
         )  # fmt: skip
     if isinstance(card, Plan):
         write_outputs(args.out, {"plan.json": card.to_json()})
+        outputs_written()
         if is_main():  # under torchrun rank 0 writes and speaks
             print(f"wrote {args.out}/plan.json")
         return 0
@@ -192,6 +194,7 @@ def cmd_replicate(args: argparse.Namespace) -> int:
         {"claims.json": card.to_json(), "claims.md": card.to_markdown(),
          "report.html": replicate_report(card)},
     )  # fmt: skip
+    outputs_written()
     finish_stages(Stages(work, {}), card.meta["work"])
     failed = [n for n, t in card.meta["stages"].items() if t.get("error")]
     if is_main():  # under torchrun rank 0 writes and speaks

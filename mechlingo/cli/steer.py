@@ -37,6 +37,7 @@ from mechlingo.analyses.recall.steer_eval import SteerEvalOptions
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
 from mechlingo.cli import common, cost
 from mechlingo.cli.flags import parse_config, parse_floats, parse_ints
+from mechlingo.cli.streams import outputs_written
 from mechlingo.cli.work import (
     add_work_args,
     data_key,
@@ -315,6 +316,7 @@ def _build(args: argparse.Namespace) -> int:
     with atomic_folder(args.out, keep_others=False) as tmp:
         vectors.save(tmp, model)
         write_outputs(tmp, {"summary.json": summary})
+    outputs_written()
     print(f"wrote {args.out}/task, {args.out}/diff, build.json and summary.json")
     return 0
 
@@ -368,6 +370,7 @@ def _eval(args: argparse.Namespace) -> int:
         meta=meta,
         extra={"report.html": repair_report(summary, result.search, result.side_effects)},
     )
+    outputs_written()
     finish_stages(stages)
     _print_summary(summary)
     if "transfer" in summary:
@@ -504,6 +507,7 @@ def _transfer_only(args: argparse.Namespace, facts: list, opts: SteerEvalOptions
     summary["meta"] = common.run_meta(model, args, seconds=round(time.time() - t0, 1))
     write_outputs(args.out, {"summary.json": summary,
                              "report.html": transfer_report(summary)})  # fmt: skip
+    outputs_written()
     finish_stages(stages)
     _print_transfer(summary["transfer"])
     print(f"wrote {args.out}/summary.json and report.html")

@@ -23,6 +23,7 @@ from mechlingo.analyses.recall import trace
 from mechlingo.analyses.recall.trace_options import TraceOptions
 from mechlingo.cli import common, cost
 from mechlingo.cli.flags import parse_int_range
+from mechlingo.cli.streams import outputs_written
 from mechlingo.data import Fact
 from mechlingo.report.trace import trace_report
 
@@ -148,6 +149,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
         run.trace, summary, run.patched, max_rank=args.max_rank, unpatched=run.unpatched
     )
     run.write(args.out, meta=meta, extra={"report.html": report})
+    outputs_written()
     _print_trace(summary, run.patching())
     print(f"wrote {args.out}/trace.json, patching.json, summary.json and report.html")
     return 0

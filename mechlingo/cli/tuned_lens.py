@@ -21,6 +21,7 @@ from mechlingo.analyses.decoders.run import run_tuned_lens
 from mechlingo.analyses.decoders.tuned_lens import mix_texts
 from mechlingo.cli import common, cost, work
 from mechlingo.cli.flags import line_count
+from mechlingo.cli.streams import outputs_written
 from mechlingo.data import LANGS
 from mechlingo.data.io import read_parallel_dir, read_text
 from mechlingo.data.prompts import parallel_sentences
@@ -158,6 +159,7 @@ def cmd_tuned_lens(args: argparse.Namespace) -> int:
         report.add_heading(heading)
         report.add_figure(fig)
     run.write(args.out, meta=meta, extra={"report.html": report})
+    outputs_written()
     work.finish_stages(stages)
     tr = run.training
     print(f"trained {len(tr.tokens)} steps, {sum(tr.tokens)} tokens in {tr.seconds:.0f}s on "

@@ -20,7 +20,14 @@ from typing import Any
 
 import torch
 
-from mechlingo.cli.flags import check_finite, parse_config, parse_floats, parse_ints, parse_list
+from mechlingo.cli.flags import (
+    check_finite,
+    check_int_limits,
+    parse_config,
+    parse_floats,
+    parse_ints,
+    parse_list,
+)
 from mechlingo.cli.paths import check_paths, check_repeats
 from mechlingo.core.artifacts import output_target
 from mechlingo.core.checks import check_gguf_file, check_model_folder
@@ -461,6 +468,10 @@ def check_after_load(
         InputError / ContextLengthError: see :func:`validate_args`.
     """
     _check_shape(args, ModelShape.from_model(model))
+    prompts = getattr(args, "prompt", None)  # lens --prompt: read at every position
+    if isinstance(prompts, list) and prompts:
+        labelled = [(f"--prompt {i + 1}", p) for i, p in enumerate(prompts)]
+        check_context(model, labelled, flag="--prompt")
     if facts:
         new = int(getattr(args, "max_new_tokens", 0) or 0)
         labelled = [(_fact_label(f, args.facts), f.prompt) for f in facts]
@@ -787,6 +798,7 @@ def validate_args(args: argparse.Namespace) -> None:
     check_paths(args)
     check_repeats(args)
     _check_numbers(args)
+    check_int_limits(args)
     _check_counts(args)
     check_device(getattr(args, "device", None))
     check_dtype(getattr(args, "dtype", None))

@@ -35,6 +35,7 @@ except ImportError:  # pragma: no cover - Windows
 __all__ = [
     "DISK_ERRNOS",
     "FULL_ERRNOS",
+    "OOM_WORDINGS",
     "Stopped",
     "derive_seed",
     "disk_error",
@@ -89,17 +90,39 @@ def disk_error(
     return ResourceError(f"{reason} while {what}{at} [{name}]{clean}", fix=fix)
 
 
+#: how running out of memory reads, lower case: torch on CUDA, ROCm, MPS and XPU ("CUDA out of
+#: memory", "MPS backend out of memory"), its CPU allocator ("DefaultCPUAllocator: can't
+#: allocate memory", "not enough memory"), cuBLAS and cuDNN ("CUBLAS_STATUS_ALLOC_FAILED"),
+#: C++ (``std::bad_alloc``) and the OS (``ENOMEM``: "Cannot allocate memory")
+OOM_WORDINGS = (
+    "out of memory",
+    "not enough memory",
+    "can't allocate memory",
+    "cannot allocate memory",
+    "failed to allocate",
+    "unable to allocate",
+    "alloc_failed",
+    "bad_alloc",
+)
+
+
 def is_out_of_memory(err: BaseException) -> bool:
-    """Whether ``err`` is an out-of-memory error of torch (CUDA, MPS or the CPU allocator) or
-    Python's ``MemoryError``."""
-    if isinstance(err, MemoryError):
-        return True
-    names = {c.__name__ for c in type(err).__mro__}
-    if "OutOfMemoryError" in names:  # torch.cuda.OutOfMemoryError / torch.OutOfMemoryError
-        return True
-    if isinstance(err, RuntimeError):
-        text = str(err).lower()
-        return "out of memory" in text or "not enough memory" in text
+    """Whether ``err`` (or the error it was raised from, ``raise ... from``) is running out of
+    memory: Python's ``MemoryError``, torch's ``OutOfMemoryError``, an ``OSError`` with
+    ``ENOMEM``, or a ``RuntimeError``/``OSError`` in one of the :data:`OOM_WORDINGS`."""
+    seen: set[int] = set()
+    cur: BaseException | None = err
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, MemoryError) or (isinstance(cur, OSError) and cur.errno == errno.ENOMEM):
+            return True
+        if "OutOfMemoryError" in {c.__name__ for c in type(cur).__mro__}:
+            return True  # torch.cuda.OutOfMemoryError / torch.OutOfMemoryError
+        if isinstance(cur, RuntimeError | OSError):
+            text = str(cur).lower()
+            if any(w in text for w in OOM_WORDINGS):
+                return True
+        cur = cur.__cause__
     return False
 
 

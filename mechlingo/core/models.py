@@ -133,8 +133,8 @@ def _cache_is_valid(folder: Path, expected_gguf_sha: str) -> tuple[bool, str]:
     if not manifest_path.is_file():
         return False, "no manifest"
     try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, json.JSONDecodeError):
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # ValueError: not UTF-8, not JSON
         return False, "unreadable manifest"
     if manifest.get("format") != _CACHE_FORMAT:
         return False, "old cache format"
@@ -262,7 +262,7 @@ def _build_locked(pkg: Any, folder: Path, *, force: bool) -> Path:
             "dtype": "float32",
             "files": files,
         }
-        (out / _MANIFEST).write_text(json.dumps(manifest, indent=2))
+        (out / _MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
         _fsync(out / _MANIFEST)
         if folder.exists():
             stale = folder.with_name(folder.name + f".stale-{os.getpid()}")

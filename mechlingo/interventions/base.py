@@ -285,7 +285,9 @@ class Intervention(abc.ABC):
         path = Path(path)
         with atomic_folder(path) as tmp:  # a kill leaves the old folder or the new one
             save_file(tensors, str(tmp / _TENSORS_FILE))
-            (tmp / _META_FILE).write_text(json.dumps(doc, indent=2, ensure_ascii=False))
+            (tmp / _META_FILE).write_text(
+                json.dumps(doc, indent=2, ensure_ascii=False), encoding="utf-8"
+            )
         return path
 
     @staticmethod

@@ -18,11 +18,19 @@ __all__ = [
     "interval_text",
     "metric_label",
     "n_text",
+    "plain",
     "rank_axis",
     "rgba",
     "track_label",
     "with_n",
 ]
+
+
+def plain(text: Any) -> str:
+    """``text`` shown as it is in a plotly label, hover or cell text: plotly reads a subset of
+    HTML in every string (a token ``<br>`` would break the line, ``<a href>`` would be a
+    link), so ``<``, ``>`` and ``&`` are escaped; plotly shows the escaped text as written."""
+    return html.escape(str(text), quote=False)
 
 
 def rgba(hex_color: str, alpha: float) -> str:

@@ -15,7 +15,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mechlingo.core.errors import InputError
-from mechlingo.viz.common import band, rank_axis, track_label
+from mechlingo.viz.common import band, plain, rank_axis, track_label
 from mechlingo.viz.palette import SEQUENCE, decoder_color, language_color, track_color
 
 if TYPE_CHECKING:
@@ -143,10 +143,10 @@ def lens_heatmap(
         scale = "Viridis"
     else:
         raise InputError("value must be 'rank' or 'prob'")
-    labels = [f"{i}:{langs[i]} {answers[i]}" for i in range(len(prompts))]
+    labels = [plain(f"{i}:{langs[i]} {answers[i]}") for i in range(len(prompts))]
     text = [
         [
-            f"{prompts[p][-40:]!r}<br>top: {(top_tokens[li][p] or [''])[0]!r}"
+            f"{plain(repr(prompts[p][-40:]))}<br>top: {plain(repr((top_tokens[li][p] or [''])[0]))}"
             f"<br>rank {int(rank[li, p])}"
             for li in range(len(layers))
         ]

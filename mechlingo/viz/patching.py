@@ -12,7 +12,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mechlingo.viz.common import VALUE_LABELS, metric_label, rgba
+from mechlingo.viz.common import VALUE_LABELS, metric_label, plain, rgba
 from mechlingo.viz.palette import SEQUENCE, effect_color, site_color
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def patching_heatmaps(
     )
     for k, s in enumerate(sites):
         z = grids[s]
-        x: list[Any] = list(position_labels)
+        x: list[Any] = [plain(p) if isinstance(p, str) else p for p in position_labels]
         if s == "head":
             z = torch.nanmean(z, dim=1)
             x = [f"h{h}" for h in heads]
@@ -333,7 +333,7 @@ def circuit_figure(
     nodes = _circuit_nodes(comps, effects, heads, top_k)
     verified = options.get("verified") or []
     exact = {(r["layer"], str(r["position"]), r["head"]): r["exact"] for r in verified}
-    labels = list(token_labels) if token_labels else list(position_labels)
+    labels = [plain(x) for x in (token_labels or position_labels)]
     n_pos = len(position_labels)
     lo_layer, hi_layer = min(layers), max(layers)
     fig = go.Figure()

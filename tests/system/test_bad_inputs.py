@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -728,6 +729,13 @@ CASES: list[Case] = [
         "intervention.json is not valid json",
     ),
     Case("vectors-is-clamp", "{steer-eval} --vectors {C}", 2, "task holds no saved intervention"),
+    # ---- sizes: a prompt past the context is refused after the model loads, before a pass
+    Case(
+        "lens-prompt-past-context",
+        "lens --model {T} --quiet --prompt 'hi' --prompt '" + "word " * 300 + "'",
+        2,
+        "--prompt 2 is",
+    ),
     # ---- command line shape
     Case("steer-no-subcommand", "steer", 2, "use `mechlingo steer build"),
     Case("unknown-flag", "{eval} --bogus 1", 2, ""),
@@ -1243,3 +1251,71 @@ def test_stale_cache_build_folders_are_removed_at_start(P, sandbox):
     names = sorted(p.name for p in cache.iterdir())
     assert names == sorted(["gemma-3-270m", live.name])
     assert (cache / "gemma-3-270m" / "sentinel").read_text() == "cached"
+
+
+# --------------------------------------------------------------------------------------
+# Every integer flag is bounded before anything it sizes is allocated
+# --------------------------------------------------------------------------------------
+
+
+def _int_flags() -> list[tuple[tuple[str, ...], str, str]]:
+    """``(subcommand path, flag, dest)`` of every integer-typed flag of the parser."""
+    import argparse
+
+    from mechlingo.cli.flags import line_count
+    from mechlingo.cli.main import build_parser
+
+    def walk(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> Any:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from walk(sub, (*path, name))
+            elif action.type in (int, line_count):
+                yield path, action.option_strings[0], action.dest
+
+    return list(walk(build_parser(), ()))
+
+
+@pytest.mark.parametrize("value", [2_000_000_000, 10**12])
+def test_every_integer_flag_is_bounded_before_the_model_loads(value, tiny_dir, sandbox, capsys,
+                                                              monkeypatch):  # fmt: skip
+    from mechlingo.cli import common
+
+    def no_load(*a: Any, **k: Any) -> None:
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(common, "load_model", no_load)
+    flags = _int_flags()
+    assert len(flags) > 40
+    need = {("experts",): ["--target", "es"]}
+    for path, flag, dest in flags:
+        if dest == "seed":
+            continue  # any 64-bit integer is a seed
+        argv = [*path, "--model", str(tiny_dir), *need.get(path, []), flag, str(value),
+                "--out", "out"]  # fmt: skip
+        t0 = time.perf_counter()
+        code = run_cli(argv)
+        err = capsys.readouterr().err
+        assert code == 2, f"{argv}: exit {code}\n{err[-2000:]}"
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert len(lines) == 1 and flag in lines[0] and "Traceback" not in err, err[-2000:]
+        assert time.perf_counter() - t0 < 10, argv
+
+
+def test_every_integer_flag_has_a_bound():
+    from mechlingo.cli.flags import INT_LIMITS, UNBOUNDED_INTS
+
+    assert {d for _, _, d in _int_flags()} <= set(INT_LIMITS) | set(UNBOUNDED_INTS)
+
+
+def test_integer_bounds_are_inclusive():
+    import argparse
+
+    from mechlingo.cli.flags import INT_LIMITS, check_int_limits
+    from mechlingo.core.errors import InputError
+
+    for dest, (high, _) in INT_LIMITS.items():
+        check_int_limits(argparse.Namespace(**{dest: high}))
+        check_int_limits(argparse.Namespace(**{dest: -high}))
+        with pytest.raises(InputError, match=f"more than {high:,}"):
+            check_int_limits(argparse.Namespace(**{dest: high + 1}))

@@ -361,6 +361,36 @@ def test_gpu_out_of_memory_names_the_batch_size(work, tiny_dir, capsys, monkeypa
     assert _tree(work / "out") == old
 
 
+#: out-of-memory errors as torch, cuBLAS, C++ and the OS word them
+OOM_ERRORS = [
+    torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate "
+                 "memory: you tried to allocate 85899345920 bytes. Error code 12 (Cannot "
+                 "allocate memory)"),
+    RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+    RuntimeError("std::bad_alloc"),
+    RuntimeError("MPS backend out of memory (MPS allocated: 17.00 GB)"),
+    OSError(errno.ENOMEM, "Cannot allocate memory"),
+    RuntimeError("forward hook failed"),  # raised from a MemoryError: see __cause__ below
+]  # fmt: skip
+OOM_ERRORS[-1].__cause__ = MemoryError()
+
+
+@pytest.mark.parametrize("err", OOM_ERRORS, ids=lambda e: str(e)[:30])
+def test_every_out_of_memory_wording_is_one_line(work, tiny_dir, capsys, monkeypatch, err):
+    import mechlingo.cli.lens
+
+    def oom(*a: Any, **k: Any) -> None:
+        raise err
+
+    monkeypatch.setattr(mechlingo.cli.lens, "lens_facts", oom)
+    old = _tree(work / "out")
+    status, out = _cli(_lens(tiny_dir, "--batch-size", "4"), capsys)
+    line = _one_line(out)
+    assert status == 2 and "ran out of memory" in line and "try --batch-size 2" in line, out
+    assert _tree(work / "out") == old
+
+
 def test_memory_error_helpers():
     from mechlingo.core.faults import is_out_of_memory, memory_error
 

@@ -41,6 +41,7 @@ from mechlingo.analyses.decoders.tuned_lens import (
 )
 from mechlingo.analyses.results import WritesFolder
 from mechlingo.core.artifacts import write_files
+from mechlingo.core.inert import inert_csv
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.viz.lens import lens_kl_figure
@@ -105,7 +106,7 @@ class LensDecodersRun(WritesFolder):
         ``patchscope.json`` (its continuations per prompt and layer)."""
         files: dict[str, Any] = {
             "summary.json": self.summary(meta),
-            "lens.csv": self.to_dataframe().to_csv(index=False),
+            "lens.csv": inert_csv(self.to_dataframe()),
         }
         if self.continuations and "patchscope" in self.comparison.results:
             files["patchscope.json"] = self.comparison.results["patchscope"].meta.get(

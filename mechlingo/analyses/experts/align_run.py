@@ -30,6 +30,7 @@ from mechlingo.analyses.experts.align import (
 from mechlingo.analyses.results import WritesFolder
 from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
 from mechlingo.core.errors import ArtifactError
+from mechlingo.core.inert import inert_csv
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.core.untrusted import load_tensors
@@ -83,7 +84,7 @@ class AlignRun(WritesFolder):
         pair of languages)."""
         return {
             "summary.json": self.summary(meta),
-            "retrieval.csv": self.comparison.to_dataframe().to_csv(index=False),
+            "retrieval.csv": inert_csv(self.comparison.to_dataframe()),
         }
 
 

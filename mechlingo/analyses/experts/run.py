@@ -43,6 +43,7 @@ from mechlingo.analyses.experts.stats import (
 from mechlingo.core.artifacts import write_files
 from mechlingo.core.defaults import BATCH_SIZE, PROGRESS, SAMPLE_NEW_TOKENS
 from mechlingo.core.errors import ArtifactError, ExpertError
+from mechlingo.core.inert import inert_csv
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.core.untrusted import inside, load_tensors
@@ -177,7 +178,7 @@ class ExpertsRun:
         import pandas as pd
 
         frames = [c.to_dataframe().assign(lang=t) for t, c in self.curves.items()]
-        return pd.concat(frames).to_csv(index=False)
+        return inert_csv(pd.concat(frames))
 
     def files(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
         """``summary.json``, ``experts.csv`` (the top neurons up to the largest k),
@@ -185,7 +186,7 @@ class ExpertsRun:
         (``es-k100/...``)."""
         files: dict[str, Any] = {
             "summary.json": self.summary(meta),
-            "experts.csv": self.experts.to_dataframe(max(self.ks)).to_csv(index=False),
+            "experts.csv": inert_csv(self.experts.to_dataframe(max(self.ks))),
         }
         if self.curves:
             files["kcurve.csv"] = self.kcurve_csv()

@@ -191,7 +191,9 @@ class SteeringPair:
         folder = Path(folder)
         self.task.save(folder / "task", model)
         self.diff.save(folder / "diff", model)
-        (folder / "build.json").write_text(json.dumps(self.build, indent=2, ensure_ascii=False))
+        (folder / "build.json").write_text(
+            json.dumps(self.build, indent=2, ensure_ascii=False), encoding="utf-8"
+        )
         return folder
 
     @classmethod
