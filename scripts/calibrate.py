@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +47,17 @@ def main(argv: list[str] | None = None) -> int:
              for i, r in enumerate(ROW_TYPES) if only is None or r.name in only
              for j in range(len(r.designs))]  # fmt: skip
     start = time.perf_counter()
+    done: dict[int, list[dict[str, Any]]] = {}
     with ProcessPoolExecutor(max(1, a.jobs)) as pool:
-        results = [r for part in pool.map(_task, tasks) for r in part]
+        futures = {pool.submit(_task, t): n for n, t in enumerate(tasks)}
+        for fut in as_completed(futures):
+            done[futures[fut]] = fut.result()
+            if a.json:  # what is finished so far, in the table's order
+                a.json.write_text(json.dumps([r for n in sorted(done) for r in done[n]], indent=1))
+    results = [r for n in sorted(done) for r in done[n]]
     table = table_markdown(results)
     took = time.perf_counter() - start
     note = f"\n{len(tasks)} designs, {took / 60:.1f} min with {a.jobs} process(es), seed {a.seed}\n"
-    if a.json:
-        a.json.write_text(json.dumps(results, indent=1))
     if a.write:
         text = a.write.read_text()
         if BEGIN not in text or END not in text:

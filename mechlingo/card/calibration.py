@@ -300,7 +300,7 @@ _KEPT = 0.9
 def _sim_ratio(rng: np.random.Generator, d: Design, reps: int, truth: bool) -> list[Sample]:
     codes = d.codes
     share = _KEPT if truth else RETAINED_SHARE
-    p = _spread(rng, reps, d.g, _P0, _P_HALF)
+    p = _spread(rng, reps, d.g, 0.35, 0.2)  # at most 0.55 + a gain of 0.4: no clipping
     gain = _spread(rng, reps, d.g, 0.3, _TAU)
     orig, pool, held = _arms(rng, [p[:, codes], (p + gain)[:, codes],
                                    (p + share * gain)[:, codes]])  # fmt: skip
