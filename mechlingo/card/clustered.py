@@ -1,5 +1,5 @@
 """Few-cluster inference for the card: CR2 standard errors with Bell-McCaffrey degrees of
-freedom, the cluster sign-flip permutation p, and the cluster bootstrap (scipy's BCa).
+freedom, the cluster sign-flip permutation p, and the widening of a cluster bootstrap's interval.
 
 Items of one cluster (a fact asked in several languages, the sentences of one document) move
 together. The CR2 (Bell and McCaffrey) variance divides each cluster's residuals by its

@@ -195,8 +195,8 @@ def test_bell_mccaffrey_df_closed_form_and_balanced_case():
     assert 2.0 < bm_df_mean(np.array([40, 20, 10, 5, 3, 1, 1, 1.0])) < 2.7
 
 
-def test_cluster_bootstrap_is_scipys_bca_widened_for_few_clusters():
-    """The interval is scipy.stats.bootstrap's BCa over the clusters (same seed), widened
+def test_cluster_bootstrap_is_scipys_percentile_widened_for_few_clusters():
+    """The interval is scipy.stats.bootstrap's percentile interval over the clusters (same seed), widened
     about the estimate by t_df / z * sqrt(G / (G - 1)); for a balanced mean it is close to
     the t interval of the cluster means."""
     from scipy.stats import bootstrap
@@ -207,11 +207,11 @@ def test_cluster_bootstrap_is_scipys_bca_widened_for_few_clusters():
     t = cluster_bootstrap(y[:, None], cl, lambda r: float(r.mean()), seed=5, n_resamples=4000)
     members = [np.flatnonzero(cl == k) for k in range(8)]
     ref = bootstrap((np.arange(8),), lambda i: float(y[np.concatenate([members[k] for k in i])].mean()),
-                    vectorized=False, n_resamples=4000, rng=np.random.default_rng(5))  # fmt: skip
+                    vectorized=False, n_resamples=4000, method="percentile", rng=np.random.default_rng(5))  # fmt: skip
     f = sps.t.ppf(0.975, 7) / sps.norm.ppf(0.975) * math.sqrt(8 / 7)
     est = float(y.mean())
     assert t.estimate.lo == pytest.approx(est - f * (est - ref.confidence_interval.low))
     assert t.estimate.hi == pytest.approx(est + f * (ref.confidence_interval.high - est))
     lo, hi = sps.ttest_1samp(y.reshape(8, 6).mean(1), 0).confidence_interval(0.95)
     assert t.estimate.hi - t.estimate.lo == pytest.approx(hi - lo, rel=0.15)
-    assert t.extra["df"] == 7 and "BCa" in t.method
+    assert t.extra["df"] == 7 and "percentile" in t.method
