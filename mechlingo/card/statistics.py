@@ -219,7 +219,7 @@ def _mean_core(
     s = sums(d, codes, g)
     m = float(d.mean())
     se = cr2_se((s - cnt * m) / n, cnt)
-    df = bm_df_mean(cnt)
+    df = bm_df_mean(cnt) if g >= 2 else float(g - 1)
     fields: dict[str, Any] = {"se": se, "df": df, "interval": "t"}
     if np.all(d == d[0]) and binary and g >= 1:
         u = 1 - 0.025 ** (1 / g)
