@@ -13,6 +13,7 @@ from mechlingo.card.statistics import (
     Test,
     adjust,
     benjamini_hochberg,
+    cluster_bootstrap,
     correlation_test,
     group_difference_test,
     mean_test,
@@ -55,7 +56,12 @@ def test_cr2_of_single_items_is_hc2():
     t = group_difference_test(y, g, list(range(23)), 1, 0)
     assert t.estimate.estimate == pytest.approx(y[g == 1].mean() - y[g == 0].mean())
     assert t.extra["se"] == pytest.approx(float(fit.bse[1]), rel=1e-9)
-    assert t.p == pytest.approx(2 * sps.t.sf(abs(t.estimate.estimate) / t.extra["se"], 22))
+    # HC2 of a two-group difference is s_a^2/n_a + s_b^2/n_b; its Bell-McCaffrey df under
+    # working independence is Satterthwaite's with equal variances (by hand)
+    n_a, n_b = 14, 9
+    df = (1 / n_a + 1 / n_b) ** 2 / (1 / (n_a**2 * (n_a - 1)) + 1 / (n_b**2 * (n_b - 1)))
+    assert t.extra["df"] == pytest.approx(df, rel=1e-9) and df < 22
+    assert t.p == pytest.approx(2 * sps.t.sf(abs(t.estimate.estimate) / t.extra["se"], df))
 
 
 def test_balanced_cr2_mean_is_the_t_interval_of_cluster_means():
@@ -171,3 +177,41 @@ def test_adjust_multipliers_and_bh_match_statsmodels():
     assert holm[4][1] == pytest.approx(1.0)  # 0.5 * 1 ... capped at 1: its own step, 1
     bh = benjamini_hochberg([0.01, 0.04, 0.03, 0.5])
     assert bh == pytest.approx(list(multipletests([0.01, 0.04, 0.03, 0.5], method="fdr_bh")[1]))
+
+
+def test_bell_mccaffrey_df_closed_form_and_balanced_case():
+    from mechlingo.card.clustered import bm_df, bm_df_mean, cr2_ols
+
+    for sizes in ([5] * 8, [1, 3, 4, 6, 9, 11, 14, 19], [40, 20, 10, 5, 2, 1, 1, 1]):
+        cnt = np.array(sizes, dtype=float)
+        codes = np.repeat(np.arange(len(sizes)), sizes)
+        x = np.ones((len(codes), 1))
+        y = np.random.default_rng(0).normal(size=len(codes))
+        _, _, adj = cr2_ols(y, x, codes, len(sizes))
+        general = bm_df(x, codes, adj, np.array([1.0]))
+        assert bm_df_mean(cnt) == pytest.approx(general, rel=1e-9)
+    assert bm_df_mean(np.full(8, 5.0)) == 7.0
+    # one document holding half of 80 sentences among 8: about 2.3 df, not 7
+    assert 2.0 < bm_df_mean(np.array([40, 20, 10, 5, 3, 1, 1, 1.0])) < 2.7
+
+
+def test_cluster_bootstrap_is_scipys_percentile_widened_for_few_clusters():
+    """The interval is scipy.stats.bootstrap's percentile interval over the clusters (same seed), widened
+    about the estimate by t_df / z * sqrt(G / (G - 1)); for a balanced mean it is close to
+    the t interval of the cluster means."""
+    from scipy.stats import bootstrap
+
+    rng = np.random.default_rng(3)
+    cl = np.repeat(np.arange(8), 6)
+    y = rng.normal(size=8)[cl] + rng.normal(0, 0.5, len(cl))
+    t = cluster_bootstrap(y[:, None], cl, lambda r: float(r.mean()), seed=5, n_resamples=4000)
+    members = [np.flatnonzero(cl == k) for k in range(8)]
+    ref = bootstrap((np.arange(8),), lambda i: float(y[np.concatenate([members[k] for k in i])].mean()),
+                    vectorized=False, n_resamples=4000, method="percentile", rng=np.random.default_rng(5))  # fmt: skip
+    f = sps.t.ppf(0.975, 7) / sps.norm.ppf(0.975) * math.sqrt(8 / 7)
+    est = float(y.mean())
+    assert t.estimate.lo == pytest.approx(est - f * (est - ref.confidence_interval.low))
+    assert t.estimate.hi == pytest.approx(est + f * (ref.confidence_interval.high - est))
+    lo, hi = sps.ttest_1samp(y.reshape(8, 6).mean(1), 0).confidence_interval(0.95)
+    assert t.estimate.hi - t.estimate.lo == pytest.approx(hi - lo, rel=0.15)
+    assert t.extra["df"] == 7 and "percentile" in t.method

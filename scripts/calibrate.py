@@ -1,0 +1,75 @@
+"""The claims card's calibration table (``make calibrate``): every row type's verdict procedure
+on simulated data, under its null and under the claim's truth (:mod:`mechlingo.card.calibration`).
+
+    python scripts/calibrate.py                       # print the table
+    python scripts/calibrate.py --write docs/calibration.md --jobs 2
+
+``--write`` replaces the table between the ``<!-- calibration table -->`` markers of the page
+(and the JSON of every rate beside it, ``--json``). The bootstrap rows resample 2,000 times per
+sample, as the card does, so they get fewer samples (``--boot-reps``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from mechlingo.card.calibration import ROW_TYPES, run_row, table_markdown
+
+BEGIN, END = "<!-- calibration table -->", "<!-- end of the calibration table -->"
+
+
+def _task(args: tuple[int, int, int, tuple[float, ...], int]) -> list[dict[str, Any]]:
+    i, j, reps, ks, seed = args
+    row = ROW_TYPES[i]
+    return run_row(row, row.designs[j], reps, ks, seed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=1000, help="samples per design (null and truth)")
+    ap.add_argument("--boot-reps", type=int, default=200, help="samples of the bootstrap rows")
+    ap.add_argument("--k", default="1,5", help="multipliers (level 0.05 / k), comma-separated")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rows", default=None, help="only these row types (comma-separated)")
+    ap.add_argument("--write", type=Path, default=None, help="the docs page to update")
+    ap.add_argument("--json", type=Path, default=None, help="every rate as JSON")
+    a = ap.parse_args(argv)
+    ks = tuple(float(x) for x in a.k.split(","))
+    only = None if a.rows is None else set(a.rows.split(","))
+    tasks = [(i, j, a.boot_reps if r.name.startswith("bootstrap") else a.reps, ks, a.seed)
+             for i, r in enumerate(ROW_TYPES) if only is None or r.name in only
+             for j in range(len(r.designs))]  # fmt: skip
+    start = time.perf_counter()
+    done: dict[int, list[dict[str, Any]]] = {}
+    with ProcessPoolExecutor(max(1, a.jobs)) as pool:
+        futures = {pool.submit(_task, t): n for n, t in enumerate(tasks)}
+        for fut in as_completed(futures):
+            done[futures[fut]] = fut.result()
+            if a.json:  # what is finished so far, in the table's order
+                a.json.write_text(json.dumps([r for n in sorted(done) for r in done[n]], indent=1))
+    results = [r for n in sorted(done) for r in done[n]]
+    table = table_markdown(results)
+    took = time.perf_counter() - start
+    note = f"\n{len(tasks)} designs, {took / 60:.1f} min with {a.jobs} process(es), seed {a.seed}\n"
+    if a.write:
+        text = a.write.read_text()
+        if BEGIN not in text or END not in text:
+            print(f"{a.write} has no {BEGIN} ... {END} markers", file=sys.stderr)
+            return 2
+        head, rest = text.split(BEGIN, 1)
+        a.write.write_text(
+            head + BEGIN + "\n\n" + table + note + "\n" + END + rest.split(END, 1)[1]
+        )
+    print(table + note)
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
