@@ -117,7 +117,7 @@ MARGIN = SESOI_GAIN / 2
 #: Rows judged against a random population whose decision p moved after a card was seen.
 POST_HOC_POPULATION = (
     "the population p moved from the rank p to a t test after the rank p made rows "
-    "undecidable (log 2026-12-03); since round four it is the rank p again"
+    "undecidable (log 2026-12-03); since the rules of 2026-12-06 it is the rank p again"
 )
 
 CLAIMS: tuple[Claim, ...] = (

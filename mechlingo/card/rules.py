@@ -123,9 +123,11 @@ RULES = {
     "none is shown as 0 (below 1e-12: '< 1e-k'); the p column shows the p that decided the "
     "verdict (the claim's side for holds, the other side for does not hold, the smaller "
     "otherwise) beside its adjusted value",
-    "intervals": "CR2 cluster-robust standard errors with Student's t on G - 1 df (valid "
-    "with few clusters); effect - control against a population adds the between-draw "
-    "variance; rank statistics and medians: cluster bootstrap percentile intervals",
+    "intervals": "CR2 cluster-robust standard errors with Student's t on the Bell-McCaffrey "
+    "degrees of freedom (G - 1 with balanced clusters, fewer with unbalanced ones; calibrated "
+    "by simulation in docs/calibration.md); effect - control against a population adds the "
+    "between-draw variance (Satterthwaite df); rank statistics and medians: cluster bootstrap "
+    "percentile intervals widened by t_df / z * sqrt(G / (G - 1))",
     "clusters": "items of one fact (its languages) or the sentences of one document move together",
     "floor": "not testable here (floor): a 0/1 outcome sits at its floor (the baseline and "
     "every condition at 0 successes on the row's items); never holds",

@@ -20,6 +20,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from mechlingo.core.artifacts import sibling_name
 from mechlingo.core.errors import DataError, InputError, OutputError
 from mechlingo.core.untrusted import expand_path, refuse_special
 
@@ -101,7 +102,7 @@ def _writes(args: argparse.Namespace) -> Iterator[tuple[str, Path]]:
     out = getattr(args, "out", None)
     if isinstance(out, str) and out.strip() and hasattr(args, "work") and not args.work:
         path = expand_path(out, "--out").absolute()
-        yield "--out", path.parent / f".{path.name}.work"
+        yield "--out", path.parent / f".{sibling_name(path.name)}.work"
 
 
 def check_paths(args: argparse.Namespace) -> None:

@@ -29,7 +29,7 @@ from mechlingo.cli.flags import (
     parse_list,
 )
 from mechlingo.cli.paths import check_paths, check_repeats
-from mechlingo.core.artifacts import output_target
+from mechlingo.core.artifacts import output_target, writes_inside
 from mechlingo.core.checks import check_gguf_file, check_model_folder
 from mechlingo.core.defaults import check_seeds
 from mechlingo.core.describe import missing_fields
@@ -204,7 +204,8 @@ def check_out(text: str | None, flag: str = "--out", *, artifact: bool = False) 
 
     Refuses an empty string, an existing file, a path under a file (``file/sub``), a
     read-only folder, the current folder or one of its parents (the output folder is
-    replaced as a whole), and, with ``artifact`` (folders of saved vectors or clamps), a
+    replaced as a whole; an existing --out that is a mount point or whose parent cannot be
+    written needs only itself writable: it is published file by file inside), and, with ``artifact`` (folders of saved vectors or clamps), a
     non-empty folder that mechlingo did not write.
 
     Raises:
@@ -245,6 +246,8 @@ def check_out(text: str | None, flag: str = "--out", *, artifact: bool = False) 
             fix="choose a path whose parents are folders",
         )
     need = path.parent if path.exists() else probe
+    if path.exists() and writes_inside(path):
+        need = path  # published file by file inside it: only --out itself is written
     for folder in {need, path} if path.exists() else {need}:
         if not _writable(folder):
             raise OutputError(

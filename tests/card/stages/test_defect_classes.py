@@ -1,4 +1,4 @@
-"""One hand case per defect class of issue 65 (round four of the claims card), each through
+"""One hand case per defect class of the claims card (the rules of 2026-12-06), each through
 the card's own row builders and verdict code: the judged outcome is the stated one, the
 latent-English control on the same items, one definition of beating a control, margins at
 most half the smallest effect of interest, refutable nulls, "up to 2x" at 2, the families,
