@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mechlingo.core.errors import InputError
-from mechlingo.viz.common import n_text, with_n
+from mechlingo.viz.common import n_text, plain, with_n
 from mechlingo.viz.palette import series_color
 
 if TYPE_CHECKING:
@@ -143,7 +143,8 @@ def transfer_heatmap(
     points over ``orig``), text = estimate, 95% interval, n; cells not measured are blank.
 
     ``cells``: one dict per measured cell with ``row``, ``col``, ``n`` and ``value``
-    (``{"estimate", "lo", "hi"}``, proportions; the first cell of a row and column counts)."""
+    (``{"estimate", "lo", "hi"}``, proportions; the first cell of a row and column counts).
+    Row and column names (relations from a user's facts file) are shown as text, not HTML."""
     import plotly.graph_objects as go
 
     if value not in ("gain", "control_gain"):
@@ -170,7 +171,8 @@ def transfer_heatmap(
     top = max(vals) if vals else 1.0
     fig = go.Figure(
         go.Heatmap(
-            z=z, x=list(cols), y=list(rows), text=text, texttemplate="%{text}",
+            z=z, x=[plain(c) for c in cols], y=[plain(r) for r in rows], text=text,
+            texttemplate="%{text}",
             colorscale="RdBu", zmid=0, zmin=-top, zmax=top,
             colorbar={"title": "gain over orig<br>(accuracy points)"},
         )

@@ -6,7 +6,7 @@
   package goes through :func:`mechlingo.core.inert.inert_csv` (a static check).
 - Figures: tokens holding ``<br>``, ``<script>`` and ``&`` in a prompt are escaped in the token grid's
   labels, cell texts and hovers, and in the lens heatmap's labels and hovers, so plotly shows
-  them as written instead of drawing them.
+  them as written instead of drawing them; so are relation names in the transfer matrix.
 """
 
 from __future__ import annotations
@@ -125,3 +125,14 @@ def test_prompts_and_answers_are_shown_not_drawn_in_the_lens_heatmap():
                        prompts=HOSTILE, langs=["en"] * n, answers=HOSTILE,
                        top_tokens=[[[t] for t in HOSTILE] for _ in range(2)])  # fmt: skip
     _assert_escaped(fig, ("y", "hovertext"))
+
+
+def test_relations_are_shown_not_drawn_in_the_transfer_heatmap():
+    """A facts file's relation names label the transfer matrix's rows and columns."""
+    from mechlingo.viz.steer import transfer_heatmap
+
+    gain = {"estimate": 0.1, "lo": 0.0, "hi": 0.2}
+    cells = [{"row": f"all_but_{r}", "col": r, "n": 4, "gain": gain} for r in HOSTILE]
+    rows = [f"all_but_{r}" for r in HOSTILE]
+    fig = transfer_heatmap(cells, rows=rows, cols=HOSTILE, by="relation")
+    _assert_escaped(fig, ("x", "y"))
