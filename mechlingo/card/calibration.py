@@ -559,9 +559,10 @@ def _coverage(outs: Sequence[Outcome]) -> tuple[float, float]:
 
 def calibrate(reps: int = 1000, ks: Sequence[float] = (1.0,), rows: Sequence[str] | None = None,
               max_clusters: int | None = None, seed: int = 0,
-              progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+              on_design: Callable[[str], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """:func:`run_row` of every row type (``rows``: only those names) on each of its designs
-    (``max_clusters``: only designs with at most that many clusters), ``reps`` samples each.
+    (``max_clusters``: only designs with at most that many clusters), ``reps`` samples each;
+    ``on_design`` is called with a line as each design finishes.
 
     Raises:
         InputError: a row name that is not one of :data:`ROW_TYPES`.
@@ -577,8 +578,8 @@ def calibrate(reps: int = 1000, ks: Sequence[float] = (1.0,), rows: Sequence[str
         for d in row.designs:
             if max_clusters is None or d.g <= max_clusters:
                 out += run_row(row, d, reps, ks, seed)
-                if progress:
-                    progress(f"{row.name}: {d.name} done")
+                if on_design:
+                    on_design(f"{row.name}: {d.name} done")
     return out
 
 

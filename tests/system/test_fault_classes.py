@@ -501,6 +501,7 @@ JSON_ALLOWED = {
     ("mechlingo/data/benchmarks/klar.py", "_klar_json"): "check_depth runs first",
     ("mechlingo/data/io.py", "natural_templates"): "a file of the mechlingo package",
     ("mechlingo/data/__init__.py", "template_info"): "a file of the mechlingo package",
+    ("mechlingo/data/langid.py", "lexicon"): "files of the mechlingo package",
     ("mechlingo/core/models.py", "_cache_is_valid"): "the manifest mechlingo wrote in its cache",
     ("mechlingo/card/stages/transfer.py", "stage_transfer"): "a string mechlingo made (to_json)",
 }
