@@ -141,7 +141,6 @@ def knockout_figure(
 
 
 Node = tuple[Component, float]  # (component, normalised effect)
-Edge = tuple[tuple[float, float], tuple[float, float], float]  # (from, to, width)
 
 
 def _circuit_nodes(cells: Sequence[Component], vals: Tensor, heads: bool, top_k: int) -> list[Node]:
@@ -162,29 +161,6 @@ def _node_xy(cell: Component) -> tuple[float, float]:
     """A node's place: its position (attention left, MLP right of it) and its layer."""
     off = {"attn_out": -0.15, "mlp_out": 0.15, "head": -0.3}.get(cell.site, 0.0)
     return cell.position + off, float(cell.layer)
-
-
-def _circuit_edges(position_labels: Sequence[Any], nodes: Sequence[Node]) -> list[Edge]:
-    """Residual edges up each position (consecutive nodes joined), and attention edges from
-    every subject-position node to the later attention nodes at the last position (or to the
-    lowest later node there when no attention node was selected)."""
-    labels = [str(lab) for lab in position_labels]
-    subj_cols = {j for j, lab in enumerate(labels) if lab.startswith("subject")}
-    last_col = next((j for j, lab in enumerate(labels) if lab in ("-1", "last")), len(labels) - 1)
-    edges: list[Edge] = []
-    for col in range(len(labels)):
-        at = sorted((c for c, _ in nodes if c.position == col), key=lambda c: c.layer)
-        for u, v in zip(at, at[1:], strict=False):
-            edges.append((_node_xy(u), _node_xy(v), 1.0))
-    last_nodes = sorted((c for c, _ in nodes if c.position == last_col), key=lambda c: c.layer)
-    for c, _v in nodes:
-        if c.position not in subj_cols:
-            continue
-        later = [d for d in last_nodes if d.layer > c.layer]
-        targets = [d for d in later if d.site in ("attn_out", "head")] or later[:1]
-        for d in targets:
-            edges.append((_node_xy(c), _node_xy(d), 2.0))
-    return edges
 
 
 def _label_heights(stages: Mapping[str, tuple[float, float]], gap: float) -> list[float]:
@@ -222,28 +198,6 @@ def _add_stages(fig: go.Figure, stages: Mapping[str, tuple[float, float]], n_pos
         )
 
 
-def _add_edges(fig: go.Figure, edges: Sequence[Edge]) -> None:
-    """Arrows: grey for the residual stream, the attention site's colour (wider) for
-    attention edges."""
-    attn = rgba(site_color("attn_out"), 0.55)
-    for (x0, y0), (x1, y1), w in edges:
-        fig.add_annotation(
-            x=x1,
-            y=y1,
-            ax=x0,
-            ay=y0,
-            xref="x",
-            yref="y",
-            axref="x",
-            ayref="y",
-            showarrow=True,
-            arrowhead=2,
-            arrowsize=1,
-            arrowwidth=w,
-            arrowcolor="rgba(80,80,80,0.5)" if w < 2 else attn,
-        )
-
-
 def _add_nodes(
     fig: go.Figure,
     position_labels: Sequence[Any],
@@ -275,6 +229,13 @@ def _add_nodes(
                 "%{customdata[0]:.3f}%{customdata[2]}<extra>" + site + "</extra>",
             )
         )
+
+
+#: The note under a patching circuit diagram: why it draws no edges.
+EDGES_NOTE = (
+    "Nodes: measured patching effects. No edges are drawn: a patching sweep measures "
+    "components, not paths (find_circuit measures edges)."
+)
 
 
 class CircuitOptions(TypedDict, total=False):
@@ -316,11 +277,11 @@ def circuit_figure(
 
     Grid: token positions (x) by layers (y). Nodes: the ``top_k`` component cells (attention
     and MLP outputs when swept, else residual cells) with the largest absolute normalised
-    effect; marker size ~ |effect|, color = site, hover = value. Edges: the residual stream
-    carries information up within a position (consecutive nodes of one position are joined);
-    attention moves it across positions, so every node at a subject position is joined to the
-    attention nodes at the last position in later layers (or to the lowest later node at the
-    last position when no attention node was selected). Stages are shaded layer bands given
+    effect; marker size ~ |effect|, color = site, hover = value. No edges: a patching sweep
+    measures components, not the paths between them, and a line drawn by a rule would read as
+    a measured path (a note under the grid says so; :func:`mechlingo.analyses.circuits.find_circuit`
+    measures edges and :func:`mechlingo.viz.circuit.measured_circuit_figure` draws them).
+    Stages are shaded layer bands given
     by ``stages`` ``{name: (first_layer, last_layer)}`` (see
     :func:`mechlingo.analyses.recall.trace.pipeline_stages`).
     """
@@ -338,7 +299,8 @@ def circuit_figure(
     lo_layer, hi_layer = min(layers), max(layers)
     fig = go.Figure()
     _add_stages(fig, stages or {}, n_pos)
-    _add_edges(fig, _circuit_edges(position_labels, nodes))
+    fig.add_annotation(text=EDGES_NOTE, x=0, y=-0.3, xref="paper", yref="paper",
+                       xanchor="left", yanchor="top", showarrow=False, font={"size": 11})  # fmt: skip
     _add_nodes(fig, position_labels, nodes, labels, exact)
     fig.update_xaxes(
         tickvals=list(range(n_pos)),
@@ -356,6 +318,7 @@ def circuit_figure(
     fig.update_layout(
         title=head,
         height=max(420, 28 * (hi_layer - lo_layer + 1) + 120),
+        margin={"b": 130},
         showlegend=True,
     )
     return fig

@@ -183,6 +183,19 @@ def test_circuit_nodes_are_the_largest_effects(patched):
     assert default.layout.title.text.startswith("Circuit: top 3 components")
 
 
+def test_the_patching_circuit_draws_no_edge_it_did_not_measure(patched):
+    """A patching sweep measures components, not paths: the diagram draws its nodes and no
+    line between them (no arrow, no line shape, no trace in lines mode), and says why."""
+    from mechlingo.viz.patching import EDGES_NOTE
+
+    fig = patched.fig_circuit(top_k=6, heads=True, stages={"a": (0, 1)}).to_plotly_json()
+    layout = fig["layout"]
+    assert not [a for a in layout.get("annotations", []) if a.get("showarrow", True)]
+    assert not [s for s in layout.get("shapes", []) if s.get("type") == "line"]
+    assert all("lines" not in tr.get("mode", "markers") for tr in fig["data"])
+    assert EDGES_NOTE in [a["text"] for a in layout["annotations"]]
+
+
 def test_knockout_draws_relative_change_and_interval(tiny, facts):
     res = attention_knockout(tiny, facts[:4], [(0, -1), (0, 1), (1, 1)])
     (tr,) = res.fig_knockout().data
