@@ -315,7 +315,7 @@ BASE = {
 
 def _ro(monkeypatch: Any, work: Path) -> None:
     (work / "ro").mkdir()
-    import mechlingo.cli.validate as v
+    import mechlingo.cli.places as v
 
     real = v._writable
     monkeypatch.setattr(v, "_writable", lambda f: False if f.name == "ro" else real(f))
