@@ -121,9 +121,10 @@ def check_out(text: str | None, flag: str = "--out", *, artifact: bool = False) 
 
     Refuses an empty string, an existing file, a path under a file (``file/sub``), a
     read-only folder, the current folder or one of its parents (the output folder is
-    replaced as a whole; an existing --out that is a mount point or whose parent cannot be
-    written needs only itself writable: it is published file by file inside), and, with ``artifact`` (folders of saved vectors or clamps), a
-    non-empty folder that mechlingo did not write.
+    replaced as a whole), and, with ``artifact`` (folders of saved vectors or clamps), a
+    non-empty folder that mechlingo did not write. An existing ``--out`` that is a mount
+    point, or whose parent cannot be written, needs only itself writable: its outputs are
+    published file by file inside it.
 
     Raises:
         OutputError: naming the flag and what to do.
