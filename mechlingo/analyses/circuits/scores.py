@@ -26,6 +26,7 @@ from torch import Tensor
 
 from mechlingo.analyses.circuits.graph import Graph
 from mechlingo.analyses.circuits.runs import Readout, run_graph
+from mechlingo.analyses.recall.patching.runs import repeat_batch
 from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch
@@ -62,18 +63,6 @@ def interpolation_hook(target: Tensor, alphas: Tensor) -> tuple[str, Callable]:
     return EMBED_HOOK, hook
 
 
-def _repeat(batch: TokenBatch, k: int) -> TokenBatch:
-    if k == 1:
-        return batch
-    return TokenBatch(
-        batch.tokens.repeat(k, 1),
-        batch.lengths.repeat(k),
-        batch.pad_id,
-        batch.has_bos,
-        batch.prompt_lengths.repeat(k),
-    )
-
-
 def _chunk_scores(
     model: Model,
     graph: Graph,
@@ -96,7 +85,13 @@ def _chunk_scores(
         alphas = torch.arange(steps, dtype=torch.float32) / steps
         first = [interpolation_hook(corr.senders[0], alphas)]
     with torch.enable_grad():
-        run = run_graph(model, graph, _repeat(clean, steps), probes=True, first=first)
+        run = run_graph(
+            model,
+            graph,
+            clean if steps == 1 else repeat_batch(clean, steps),
+            probes=True,
+            first=first,
+        )
         values = readout(run.final, rows.repeat(steps))
         grads = torch.autograd.grad(values.sum(), run.probes, allow_unused=True)
     assert run.senders is not None
