@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import re
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -533,12 +532,6 @@ def looks_chat_model(name: str) -> bool:
     """Whether a model name says it is a chat (instruction-following) model
     (``gemma-3-1b-it``, ``Qwen2.5-0.5B-Instruct``, ``...-chat``, ``...-sft``)."""
     return bool(_CHAT_MODEL_NAME.search(name or ""))
-
-
-def looks_chat_tuned(name: str) -> bool:
-    """Deprecated name of :func:`looks_chat_model` ("tuned" is the tuned lens's word)."""
-    warnings.warn("looks_chat_tuned is now looks_chat_model", DeprecationWarning, stacklevel=2)
-    return looks_chat_model(name)
 
 
 def use_chat(model: Model, mode: str = "auto") -> bool:
