@@ -334,7 +334,8 @@ class AnswerTokens:
 #: The modules of the tokenizer classes whose ``decode`` of one sequence is the Rust
 #: backend's ``decode`` followed by the optional clean-up (transformers 5, and 4's fast
 #: tokenizers): for these, :func:`_decode_each` asks the backend for the whole vocabulary at
-#: once (``decode_batch``: 4x faster than ``batch_decode``'s sequence-by-sequence calls).
+#: once (``decode_batch``, faster than ``batch_decode``'s sequence-by-sequence calls:
+#: docs/benchmarks.md).
 _BACKEND_DECODE_MODULES = (
     "transformers.tokenization_utils_tokenizers",
     "transformers.tokenization_utils_fast",
