@@ -64,7 +64,7 @@ def stage_decoders(model: Model, facts: list[Fact], trace: Mapping[str, Any] | N
     """The latent-English order under each decoder on the repair test items: the logit lens
     from the trace stage's records (the same items), the patchscope and a given tuned lens
     (``decoders.tuned_lens``, a saved lens folder) on at most ``decoders.per_lang`` ids per
-    language (the patchscope costs about 1.5 s per prompt on the embedded model)."""
+    language (the patchscope is the costly decoder: docs/benchmarks.md)."""
     d = cfg.get("decoders", {})
     max_rank = int(cfg["trace"]["max_rank"])
     by_id = {(f.id, f.lang): f for f in facts}
@@ -160,7 +160,7 @@ def _decoders(report: ReportLike, data: Mapping[str, Any]) -> None:
 @dataclass(frozen=True)
 class DecodersBudget(Budget):
     """``per_lang``: test ids per language that the patchscope and the tuned lens read (the
-    patchscope costs about 1.5 s per prompt on the embedded model); ``tuned_lens``: a saved
+    patchscope is the costly decoder); ``tuned_lens``: a saved
     lens folder (``None``: no tuned-lens row)."""
 
     per_lang: int | None
