@@ -47,4 +47,4 @@ def _logit(model: Model, **opts: Any) -> LogitLens:
 
 
 register_decoder(LOGIT, _logit, help="final norm and unembedding (the logit lens)",
-                 color="#1f77b4", default=True)  # fmt: skip
+                 default=True)  # fmt: skip

@@ -204,7 +204,7 @@ def _patchscope(model: Model, *, target: str | None = TARGET,
 
 
 register_decoder(
-    PATCHSCOPE, _patchscope, color="#2ca02c", generates=True, layer_passes=1,
+    PATCHSCOPE, _patchscope, generates=True, layer_passes=1,
     card_cost=CARD_COST, help="patched into an identity target prompt",
     options=[
         DecoderOption("--patchscope-target", "target", str, TARGET,

@@ -97,7 +97,7 @@ class DecoderOption:
         default: the value when not given (a named constant of the decoder's module);
             ``None`` with ``required``: the decoder cannot run without it.
         help: one line for ``--help`` (the decoder and the default are added).
-        minimum: the smallest value allowed (numbers), checked before the model loads.
+        minimum, maximum: the range allowed (numbers), checked before the model loads.
         required: the decoder needs a value (``fix`` says how to get one).
         fix: what to do when a required value is missing.
         missing: why the decoder cannot run without it (the card's reason when its budget
@@ -114,6 +114,7 @@ class DecoderOption:
     default: Any
     help: str
     minimum: float | None = None
+    maximum: float | None = None
     required: bool = False
     fix: str = ""
     missing: str = ""
@@ -137,7 +138,7 @@ class DecoderOption:
         return self.missing or f"no {self.keyword} given: {self.fix or 'pass ' + self.keyword}"
 
     def check(self, value: Any) -> Any:
-        """``value`` checked (``None`` passes when not required): the minimum and
+        """``value`` checked (``None`` passes when not required): the range and
         :attr:`validate`.
 
         Raises:
@@ -147,6 +148,9 @@ class DecoderOption:
             return value
         if self.minimum is not None and not value >= self.minimum:
             raise InputError(f"{self.flag} must be at least {self.minimum:g}, got {value}",
+                             where=self.flag)  # fmt: skip
+        if self.maximum is not None and not value <= self.maximum:
+            raise InputError(f"{self.flag} must be at most {self.maximum:g}, got {value}",
                              where=self.flag)  # fmt: skip
         if self.validate is not None:
             self.validate(value)
@@ -161,7 +165,9 @@ class DecoderSpec:
         name: its name (``--decoder NAME``, ``decoder="NAME"``, the label of its results).
         factory: ``factory(model, **options) -> Decoder``; it receives every declared
             option (its default when not given) and may ignore keywords it does not know.
-        color: its palette colour. help: one line for the command line and the glossary.
+        color: its palette colour (the shipped decoders' are in
+            :data:`mechlingo.viz.palette.DECODER`). help: one line for the command line and
+            the glossary.
         options: its :class:`DecoderOption` list.
         generates: it can write continuations (``max_new_tokens`` of its options, per entry).
         layer_passes: forward passes of its own per prompt and lens entry (the dry-run
