@@ -55,7 +55,8 @@ def add_decoder_args(p: argparse.ArgumentParser) -> None:
                    f"layer with (default {default}): {listed}; several are drawn side by side"
                    .replace("%", "%%"))  # fmt: skip
     for o, owners in _options():
-        shown = "" if o.default is None else f"; default {o.default}"
+        why = f": {o.why_default}" if o.why_default else ""
+        shown = "" if o.default is None else f"; default {o.default}{why}"
         text = f"{o.help} (with --decoder {' or '.join(owners)}{shown})"
         g.add_argument(o.flag, type=str if o.per_label else o.type, default=o.default,
                        help=text.replace("%", "%%"))  # fmt: skip

@@ -212,6 +212,6 @@ register_decoder(
                       "each prompt's own language)"),
         DecoderOption("--max-new-tokens", "max_new_tokens", int, MAX_NEW_TOKENS,
                       "greedy tokens generated per prompt: the patchscope's continuation per "
-                      "layer (0: its first token only)", minimum=0),
+                      "layer", why_default="its first token only", minimum=0),
     ],
 )  # fmt: skip

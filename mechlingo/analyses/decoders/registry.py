@@ -4,18 +4,15 @@ uses (the lens, the command line, the cost estimate, the glossary, the palette, 
 
 A decoder turns the residual stream read at lens entries into rows that the final norm and
 the unembedding read (:func:`mechlingo.kernels.readout.read_logits`). This module names no
-decoder: each one registers itself in its own module (importing
-:mod:`mechlingo.analyses.decoders` registers the shipped ones). A new decoder is one module
-with a class that has ``name``, ``check`` and ``decode`` (``generate`` if it writes
-continuations) and one call that declares its options::
+decoder: each registers itself in its own module (importing :mod:`mechlingo.analyses.decoders`
+registers the shipped ones). A new decoder is one module: a class with ``name``, ``check`` and
+``decode`` (``generate`` if it writes continuations) and one call declaring its options::
 
-    register_decoder("scaled", Scaled, help="the logit lens of the residual times a factor",
-                     options=[DecoderOption("--scale", "scale", float, SCALE, "the factor")])
+    register_decoder("blended", Blended, options=[DecoderOption("--blend", "blend", float,
+                     BLEND, "weight of the last entry", minimum=0, maximum=1)])
 
-``mechlingo lens --decoder scaled --scale 2`` (and ``--prompt``), the dry-run estimate, the
-card's decoders stage and the API (``lens_facts(..., decoder="scaled",
-decoder_options={"scale": 2.0})``) then use it; docs/methods/logit-lens.md walks through it.
-"""
+The command line, the estimate, the card and the API then use it (docs/methods/logit-lens.md,
+"Adding a decoder")."""
 
 from __future__ import annotations
 
@@ -97,6 +94,8 @@ class DecoderOption:
         default: the value when not given (a named constant of the decoder's module);
             ``None`` with ``required``: the decoder cannot run without it.
         help: one line for ``--help`` (the decoder and the default are added).
+        why_default: why the default is what it is, shown after it in ``--help`` (needed
+            where another command's flag of the same name has another default).
         minimum, maximum: the range allowed (numbers), checked before the model loads.
         required: the decoder needs a value (``fix`` says how to get one).
         fix: what to do when a required value is missing.
@@ -113,6 +112,7 @@ class DecoderOption:
     type: Callable[[str], Any]
     default: Any
     help: str
+    why_default: str = ""
     minimum: float | None = None
     maximum: float | None = None
     required: bool = False
