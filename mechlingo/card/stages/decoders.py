@@ -3,15 +3,15 @@ lens entry than the prompt-language answer) under every registered decoder
 (:mod:`mechlingo.analyses.decoders.registry`: the tuned lens when one is given, the
 patchscope, and any decoder registered since), on the repair test items; the default decoder,
 the logit lens, is the trace stage's own measurement. A decoder's options come from the
-budget section by keyword (``{"decoders": {"tuned_lens": "DIR"}}``) or per decoder
-(``{"decoders": {"options": {"NAME": {KEYWORD: VALUE}}}}``); a decoder whose required option
-is not given is reported as not testable, with the reason it declares. A decoder with a
+budget section by keyword (``{"decoders": {"tuned_lens": "DIR"}}``), else their defaults; a
+decoder whose required option is not given is reported as not testable, with the reason it
+declares. A decoder with a
 ``latent_english_NAME`` claim gets its row; the others appear in the table only."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,11 +48,10 @@ def card_decoders() -> list[DecoderSpec]:
 
 
 def decoder_options(spec: DecoderSpec, section: Mapping[str, Any]) -> dict[str, Any]:
-    """``spec``'s option values from the budget section: a key named as one of its option
-    keywords, then ``options[NAME]``; the defaults for the others (checked)."""
+    """``spec``'s option values from the budget section (a setting named as one of its
+    option keywords, such as ``tuned_lens``), the defaults for the others (checked)."""
     given = {o.keyword: section[o.keyword] for o in spec.options
              if section.get(o.keyword) is not None}  # fmt: skip
-    given |= dict((section.get("options") or {}).get(spec.name) or {})
     return spec.option_values(given)
 
 
@@ -177,12 +176,11 @@ def _decoders(report: ReportLike, data: Mapping[str, Any]) -> None:
 class DecodersBudget(Budget):
     """``per_lang``: test ids per language that each decoder reads (the patchscope costs
     about 1.5 s per prompt on the embedded model); ``tuned_lens``: a saved lens folder (the
-    tuned lens's option; ``None``: no tuned-lens row); ``options``: other decoder options,
-    ``{decoder: {keyword: value}}`` (:func:`decoder_options`)."""
+    tuned lens's option; ``None``: no tuned-lens row). Another decoder runs with its
+    defaults."""
 
     per_lang: int | None
     tuned_lens: str | None
-    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check(self.per_lang is None or self.per_lang >= 1, "decoders.per_lang",
