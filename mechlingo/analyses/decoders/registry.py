@@ -29,7 +29,6 @@ from mechlingo.viz.palette import register_decoder_color
 
 __all__ = [
     "Decoder",
-    "DecoderEntry",
     "DecoderOption",
     "DecoderSpec",
     "DecoderUse",
@@ -213,10 +212,6 @@ class DecoderSpec:
         decoder = self.factory(model, **values)
         decoder.check(model)
         return decoder
-
-
-#: Older name of :class:`DecoderSpec`.
-DecoderEntry = DecoderSpec
 
 
 @dataclass(frozen=True)
