@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from mechlingo.core.version import __version__
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers
+    from mechlingo.analyses.circuits import CircuitResult, find_circuit
     from mechlingo.analyses.decoders.lens import LensResult, lens_facts, logit_lens
     from mechlingo.card.replicate import replicate
     from mechlingo.card.rules import ClaimsCard
@@ -31,12 +32,14 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers
     from mechlingo.testing import tiny_model
 
 __all__ = [
+    "CircuitResult",
     "ClaimsCard",
     "DEFAULT_MODEL",
     "EvalResult",
     "LensResult",
     "__version__",
     "evaluate_facts",
+    "find_circuit",
     "greedy_generate",
     "hook_name",
     "intervene",
@@ -71,6 +74,12 @@ def _lens() -> ModuleType:
     from mechlingo.analyses.decoders import lens
 
     return lens
+
+
+def _circuits() -> ModuleType:
+    import mechlingo.analyses.circuits
+
+    return mechlingo.analyses.circuits
 
 
 def _rules() -> ModuleType:
@@ -137,6 +146,8 @@ _LAZY: dict[str, Callable[[], ModuleType]] = {
     "lens_facts": _lens,
     "logit_lens": _lens,
     "ClaimsCard": _rules,
+    "CircuitResult": _circuits,
+    "find_circuit": _circuits,
     "replicate": _replicate,
 }
 
