@@ -23,6 +23,7 @@ __all__ = [
     "add_dry_run_arg",
     "announce",
     "plan_align",
+    "plan_circuit",
     "plan_eval",
     "plan_experts",
     "plan_lens",
@@ -247,3 +248,44 @@ def plan_steer_build(prompt_sets: Mapping[str, Sequence[str]], model: str | None
     lines = ["build prompts: " + ", ".join(f"{k} {v}" for k, v in sizes.items()),
              f"plus {sizes.get('zero_shot', 0)} zero-shot passes for the residual norms"]  # fmt: skip
     return Plan("steer build", lines, estimate({"prompt": float(passes)}, shape))
+
+
+#: sizes of the faithfulness curve (:data:`mechlingo.analyses.circuits.result.SIZES`)
+CURVE_SIZES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+
+
+def graph_edges(n_layers: int) -> int:
+    """Edges of a graph of sequential blocks with one attention and one MLP sender per
+    layer (the embeddings, ``2L`` senders; ``2L + 1`` receivers): ``2L^2 + 3L + 1`` (703
+    for the embedded model's 18 layers)."""
+    return 2 * n_layers**2 + 3 * n_layers + 1
+
+
+def plan_circuit(
+    facts: Sequence[Any], *, prompts: int, steps: int, verify: int, groups: int,
+    max_new_tokens: int, model: str | None,
+) -> Plan:  # fmt: skip
+    """``circuit``: per language a greedy generation per fact (which are answered
+    correctly), then on at most ``prompts`` pairs the edge scores (one corrupted forward,
+    ``steps`` forwards and their backward, counted as two forwards each), exact patching (one
+    corrupted pass, then one patched pass per verified edge and per curve point) and, for
+    every other language, its circuit on these pairs (two passes)."""
+    shape, notes = model_shape(model), list[str]()
+    n_layers = _layers(shape, notes)
+    langs = _by_lang(facts)
+    total = graph_edges(n_layers) * groups
+    points = len({min(n, total) for n in (*CURVE_SIZES, total)})
+    pairs = {lg: min(n, prompts) for lg, n in langs.items()}
+    per_pair = 1 + 3 * steps + 1 + min(verify, total) + points + 2 * (len(langs) - 1)
+    passes = sum(pairs.values()) * per_pair
+    counts = {"prompt": float(len(facts) + passes), "token": float(len(facts) * max_new_tokens)}
+    notes.append("every language counted with all its facts answered correctly (at most "
+                 f"{prompts} pairs each); a patched pass counted as a plain forward pass")  # fmt: skip
+    lines = [f"facts: {len(facts)} ({_langs_text(langs)}), {max_new_tokens} generated tokens "
+             "each to keep the correctly answered ones",
+             f"graph: {graph_edges(n_layers):,} edges x {groups} position group(s) = {total:,} "
+             "(layer-level senders of sequential blocks, from the layer count)",
+             f"per pair: 1 + 3 x {steps} IG step(s) for the scores, 1 + {min(verify, total)} "
+             f"verified edges + {points} curve points of exact patching, "
+             f"{2 * (len(langs) - 1)} for cross-language faithfulness = {per_pair} passes"]  # fmt: skip
+    return Plan("circuit", lines, estimate(counts, shape, notes))
