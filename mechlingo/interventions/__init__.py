@@ -6,12 +6,13 @@ fits (checked before a hook is attached). Apply one with :func:`intervene`
 (``with intervene(model, iv, batch=b): model(...)``); the analyses take ``intervention=``.
 
 Kinds: :class:`SteeringVector`, :class:`NeuronClamp`, :class:`Ablation` (the one owner of
-zeroing), each a :class:`SiteEdit` (the *where*); :class:`Gated` (``iv.only_for(langs)``) and
+zeroing), each a :class:`SiteEdit` (the *where*); :class:`CircuitAblation` (everything but a
+measured circuit ablated, :mod:`~.circuit`); :class:`Gated` (``iv.only_for(langs)``) and
 :class:`Compose` (``a + b``: ``b``'s hook sees ``a``'s result). Save with
 :meth:`Intervention.save`, reload with :func:`load_intervention`; :func:`~.export.export` writes
 steering vectors for other tools.
 
-Modules: :mod:`~.base`, :mod:`~.steering`, :mod:`~.clamp`, :mod:`~.ablation`, :mod:`~.gate`,
+Modules: :mod:`~.base`, :mod:`~.steering`, :mod:`~.clamp`, :mod:`~.ablation`, :mod:`~.circuit`, :mod:`~.gate`,
 :mod:`~.apply`, :mod:`~.hf`, :mod:`~.export`; the guide is ``docs/interventions.md``."""
 
 from mechlingo.core.describe import check_model, model_info, model_info_name
@@ -26,6 +27,7 @@ from mechlingo.interventions.base import (
     SiteEdit,
     load_intervention,
 )
+from mechlingo.interventions.circuit import CircuitAblation
 from mechlingo.interventions.clamp import NeuronClamp
 from mechlingo.interventions.export import VectorExport, export, read_export
 from mechlingo.interventions.hf import HFHandle
@@ -34,6 +36,7 @@ from mechlingo.interventions.steering import SteeringVector, random_like
 __all__ = [
     "FORMAT_VERSION",
     "Ablation",
+    "CircuitAblation",
     "Compose",
     "Gated",
     "HFHandle",

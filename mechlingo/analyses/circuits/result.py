@@ -22,6 +22,7 @@ from mechlingo.activations.distributed import (
     scoring_sharded,
     shard_bounds,
 )
+from mechlingo.activations.runs import model_input_device
 from mechlingo.analyses.circuits.faithfulness import (
     curve_areas,
     edge_intervals,
@@ -38,12 +39,14 @@ from mechlingo.analyses.results import WritesFolder
 from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
+from mechlingo.interventions.circuit import CircuitAblation
 from mechlingo.viz.circuit import measured_circuit_figure
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
     from mechlingo.data import Fact
+    from mechlingo.interventions.circuit import CircuitAblation
 
 __all__ = ["SIZES", "CircuitArgs", "CircuitResult", "find_circuit", "sharded_patcher"]
 
@@ -159,6 +162,35 @@ class CircuitResult(WritesFolder):
             "verified": self.verified,
             "edges": self.edges_table(),
         }
+
+    def intervention(self, model: Model, *, reference: str = "corrupted") -> CircuitAblation:
+        """This circuit as an intervention on its own clean prompts: every edge outside it
+        carries the ``"corrupted"`` prompts' sender outputs, position by position (then
+        applying it to the clean batch gives the faithfulness curve's patched run), or their
+        ``"mean"`` over every real position of the corrupted prompts (the reference set).
+        With position groups it applies to these rows only (``groups``: their roles).
+
+        Raises:
+            InputError: a result without its pairs, or an unknown reference.
+        """
+        if self.pairs is None or reference not in ("corrupted", "mean"):
+            raise InputError("intervention() needs find_circuit's pairs and reference "
+                             f"'corrupted' or 'mean', got {reference!r}")  # fmt: skip
+        S, R = self.graph.mask.shape
+        K = len(self.labels)
+        keep = torch.zeros(S, R, K, dtype=torch.bool)
+        for s, r, k in self.circuit:
+            keep[s, r, k] = True
+        batch = self.pairs.corrupted_batch.to(model_input_device(model))
+        ref = CircuitAblation.reference_of(
+            model, self.graph.senders, batch.tokens, attention_mask=batch.attention_mask(),
+            mean=reference == "mean",
+        )  # fmt: skip
+        meta = {"reference": reference, "circuit": self.meta, "n_edges": len(self.circuit)}
+        return CircuitAblation(
+            self.graph.senders, self.graph.receivers, self.graph.mask, keep, ref,
+            groups=self.pairs.roles if K > 1 else None, meta=meta,
+        )  # fmt: skip
 
     def figure(self, title: str | None = None) -> go.Figure:
         """The circuit drawn from its measured edges only."""
