@@ -67,8 +67,9 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
                    help="what a patched run is read out as: the answer's log-probability, or "
                    "the clean minus the corrupted answer's")  # fmt: skip
     g.add_argument("--circuit-prompts", type=int, default=CIRCUIT_PROMPTS,
-                   help="correctly answered prompts per language a circuit is measured on "
-                   "(the first ones)")  # fmt: skip
+                   help="correctly answered prompts per language a circuit is measured on, "
+                   f"the first ones (default {CIRCUIT_PROMPTS}: at least 20 prompt pairs "
+                   "remain after the equal-length partner rule, and the intervals need them)")  # fmt: skip
     cost.add_dry_run_arg(p)
 
 

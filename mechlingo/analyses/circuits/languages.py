@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from mechlingo.analyses.circuits.compare import cross_faithfulness, edge_overlap
 from mechlingo.analyses.circuits.result import CircuitResult, find_circuit
+from mechlingo.core.defaults import BATCH_SIZE, MAX_NEW_TOKENS
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 from mechlingo.scoring.evaluate import evaluate_facts
@@ -106,7 +107,7 @@ def circuits_by_language(
     facts: Sequence[Fact],
     *,
     prompts: int = 40,
-    max_new_tokens: int = 8,
+    max_new_tokens: int = MAX_NEW_TOKENS,
     n_null: int = 2000,
     **circuit: Any,
 ) -> LanguageCircuits:
@@ -117,7 +118,7 @@ def circuits_by_language(
     A language with fewer than 3 correctly answered facts, or none with a partner, gets no
     circuit (``skipped`` says why); :class:`InputError` when no language has one."""
     progress = bool(circuit.get("progress", False))
-    batch_size = int(circuit.get("batch_size", 16))
+    batch_size = int(circuit.get("batch_size", BATCH_SIZE))
     langs = list(dict.fromkeys(f.lang for f in facts))
     results: dict[str, CircuitResult] = {}
     answered: dict[str, dict[str, int]] = {}
