@@ -30,8 +30,9 @@ def test_dry_run_prints_the_plan_and_loads_no_model(tmp_path, capsys, monkeypatc
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "plan of mechlingo circuit" in text and "estimated CPU time" in text
-    # 703 edges x 5 groups on the embedded model; per pair 1 + 3*3 + 1 + 7 + 12 points + 2
-    assert "3,515" in text and "= 32 passes" in text
+    # 703 edges x 5 groups on the embedded model; per pair 1 + 3*3 for the scores, 3 plain
+    # passes (two corrupted, one other language), 2 x (7 + 12 + 1) patched ones
+    assert "3,515" in text and ": 52 forward passes" in text
     assert not out.exists()
 
 
