@@ -1,31 +1,17 @@
 """A circuit as an intervention: everything but the circuit ablated.
 
-:class:`CircuitAblation` keeps the edges of a circuit (``sender -> receiver``, optionally per
-position group) and makes every other edge of the model's graph carry a *reference* value of
-its sender instead of the sender's output in the run: receiver ``r`` reads ``its input +
-sum over its removed edges (reference of s - output of s in this run)``, the other receivers
-reading the same residual stream unchanged (exact edge patching,
-:mod:`mechlingo.analyses.circuits.patching`, as a hook object). The reference is, per sender,
-either
-
-* a *mean* over a reference set of prompts (every real position of every row averaged:
-  ``[sender, 1, 1, d_model]``, applied at every position of any prompt), or
-* the *corrupted* run's output, position by position (``[sender, row, pos, d_model]``: the
-  rows of a corrupted batch of the same token lengths as the batch it is applied to; whole
-  prompt passes only, not key-value-cached decoding steps).
-
-With every edge kept the run is the model's own; with none kept and the corrupted reference,
-every receiver reads the corrupted residual stream and the run is the corrupted run. What
-is not a sender's output (biases, a steering vector added to the residual stream) reaches
-every receiver in either case, so the intervention composes with the others (``+``).
-
-A circuit of position groups (``keep [sender, receiver, group]`` with ``groups [row, pos,
-group]``) applies to the rows it was found on; a position-summed circuit (one group) to any
-prompt. Built from a measured circuit by
-:meth:`mechlingo.analyses.circuits.CircuitResult.intervention`; saved and loaded like every
-intervention (``intervention.json`` holds the graph's senders and receivers as plain
-fields, the tensors are safetensors: loading runs no code, and every hook name is checked
-against the model before a hook is attached)."""
+:class:`CircuitAblation` keeps a circuit's edges (``sender -> receiver``, optionally per
+position group) and makes every other edge of the model's graph carry a *reference* value
+of its sender: receiver ``r`` reads its input plus, over its removed edges, reference minus
+the sender's output in this run (exact edge patching as a hook object). The reference is a
+corrupted batch's outputs, position by position (``[sender, row, pos, d_model]``), or their
+mean over a reference set (``[sender, 1, 1, d_model]``, any prompt). Every edge kept is the
+model's own run; none kept with the corrupted reference is the corrupted run. What is no
+sender's output (biases, a steering vector) reaches every receiver, so it composes with the
+other interventions. Saved as plain fields and safetensors; every hook name is checked
+against the model before a hook is attached. Built by
+:meth:`mechlingo.analyses.circuits.CircuitResult.intervention`; the method and its checks:
+``docs/methods/circuits.md``."""
 
 from __future__ import annotations
 

@@ -2,23 +2,13 @@
 
 A circuit is a set of edges ``(sender, receiver, position group)``: the ``n`` edges with the
 largest absolute mean score (:func:`top_edges`), or grown greedily from the logits
-(:func:`greedy_edges`: each step adds the highest-scoring edge whose receiver is already in
-the circuit, so every edge leads to the output). Its *faithfulness* is
-
-    (metric with only the circuit's edges clean, every other edge corrupted - corrupted)
-    / (clean - corrupted)
-
-(1: the circuit alone carries the clean behaviour; 0: no more than the corrupted run), the
-ratio of the means over facts, with a 95% bootstrap interval clustered by fact
-(``scipy.stats.bootstrap`` over facts, each fact's rows averaged first).
-
-Over the whole curve (:func:`curve_areas`), MIB's two summaries (Mueller et al. 2025), with
-circuit size as the fraction ``x = n_edges / every edge``: the integrated circuit
-performance ratio ``CPR = integral of f(x) dx`` over ``[0, 1]`` (higher: small circuits
-already carry the behaviour) and the circuit-model distance ``CMD = integral of |1 - f(x)|
-dx`` (lower: closer to the whole model at every size), each by the trapezoid rule over the
-curve's points with ``f(0) = 0`` (no edge clean: the corrupted run) and ``f(1) = 1`` (every
-edge clean: the clean run), with a 95% percentile bootstrap interval over facts.
+(:func:`greedy_edges`: each added edge's receiver is already in the circuit). Its
+*faithfulness* is ``(metric with only its edges clean - corrupted) / (clean - corrupted)``,
+the ratio of means over facts with a 95% bootstrap interval clustered by fact
+(:func:`ratio_interval`). Over the whole curve, MIB's integrated circuit performance ratio
+(CPR, the area under the curve over circuit size as a fraction of the edges) and
+circuit-model distance (CMD, the area between the curve and 1), with intervals over facts:
+:func:`curve_areas`. Definitions and measured numbers: ``docs/methods/circuits.md``.
 """
 
 from __future__ import annotations
