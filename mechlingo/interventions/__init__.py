@@ -6,15 +6,13 @@ fits (checked before a hook is attached). Apply one with :func:`intervene`
 (``with intervene(model, iv, batch=b): model(...)``); the analyses take ``intervention=``.
 
 Kinds: :class:`SteeringVector`, :class:`NeuronClamp`, :class:`Ablation` (the one owner of
-zeroing), each a :class:`SiteEdit` (the *where*); :class:`CircuitAblation` (a circuit);
-:class:`Gated` (``iv.only_for(langs)``) and :class:`Compose` (``a + b``: ``b``'s hook sees
-``a``'s result). Save with
+zeroing), each a :class:`SiteEdit` (the *where*); :class:`Gated` (``iv.only_for(langs)``) and
+:class:`Compose` (``a + b``: ``b``'s hook sees ``a``'s result). Save with
 :meth:`Intervention.save`, reload with :func:`load_intervention`; :func:`~.export.export` writes
 steering vectors for other tools.
 
-Modules: :mod:`~.base`, :mod:`~.steering`, :mod:`~.clamp`, :mod:`~.ablation`,
-:mod:`~.circuit`, :mod:`~.gate`, :mod:`~.apply`, :mod:`~.hf`, :mod:`~.export`; the guide is
-``docs/interventions.md``."""
+Modules: :mod:`~.base`, :mod:`~.steering`, :mod:`~.clamp`, :mod:`~.ablation`, :mod:`~.gate`,
+:mod:`~.apply`, :mod:`~.hf`, :mod:`~.export`, :mod:`~.circuit`; the guide: ``docs/interventions.md``."""
 
 from mechlingo.core.describe import check_model, model_info, model_info_name
 from mechlingo.core.errors import InterventionError, ModelMismatchError
