@@ -115,8 +115,9 @@ def cmd_circuit(args: argparse.Namespace) -> int:
         )  # fmt: skip
     meta = common.run_meta(model, args, n_facts=len(facts), seconds=round(time.time() - t0, 1),
                            **_settings(args, steps))  # fmt: skip
-    if is_main():
-        write_outputs(args.out, _files(lc, meta))
+    if not is_main():  # under torchrun rank 0 writes and prints
+        return 0
+    write_outputs(args.out, _files(lc, meta))
     outputs_written()
     _print(lc)
     print(f"wrote {args.out}/circuits/, curves.json, curves.csv, overlap.json, "
