@@ -74,6 +74,10 @@ class CircuitAblation(Intervention):
             (a corrupted batch's outputs).
         groups: ``[row, pos, group]`` 0/1 position groups, needed with more than one group.
         meta: saved metadata (``meta["reference"]`` says which reference it holds).
+
+    It runs on the TransformerLens bridge (its hooks are the graph's receiver inputs);
+    :meth:`attach` to a plain transformers model and :meth:`only_for` gates are untested
+    with it.
     """
 
     kind = "CircuitAblation"
