@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from mechlingo.core.version import __version__
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers
+    from mechlingo.analyses.circuits import CircuitResult, find_circuit
     from mechlingo.analyses.decoders.lens import LensResult, lens_facts, logit_lens
     from mechlingo.analyses.experts import find_experts
     from mechlingo.analyses.experts.align import compare_alignment
@@ -71,6 +72,7 @@ __all__ = [
     "Ablation",
     "CardData",
     "CardOptions",
+    "CircuitResult",
     "ClaimsCard",
     "DEFAULT_MODEL",
     "DevGrid",
@@ -95,6 +97,7 @@ __all__ = [
     "fact_from_cloze",
     "fact_metrics",
     "few_shot_prompt",
+    "find_circuit",
     "find_experts",
     "greedy_generate",
     "hook_name",
@@ -130,6 +133,12 @@ __all__ = [
 # like any other (the layers and cycles are checked), and this module is the one place whose
 # functions may import mechlingo modules (the script's ``LAZY_LOADER``): the package is the
 # top layer, so a deferred import here can never point upward.
+
+
+def _circuits() -> ModuleType:
+    import mechlingo.analyses.circuits
+
+    return mechlingo.analyses.circuits
 
 
 def _models() -> ModuleType:
@@ -289,6 +298,8 @@ _LAZY: dict[str, Callable[[], ModuleType]] = {
     "ClaimsCard": _rules,
     "CardData": _replicate,
     "CardOptions": _replicate,
+    "CircuitResult": _circuits,
+    "find_circuit": _circuits,
     "replicate": _replicate,
     "tiny_model": _testing,
 }

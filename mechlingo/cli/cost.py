@@ -24,6 +24,7 @@ __all__ = [
     "add_dry_run_arg",
     "announce",
     "plan_align",
+    "plan_circuit",
     "plan_eval",
     "plan_experts",
     "plan_lens",
@@ -255,3 +256,48 @@ def plan_steer_build(prompt_sets: Mapping[str, Sequence[str]], model: str | None
     lines = ["build prompts: " + ", ".join(f"{k} {v}" for k, v in sizes.items()),
              f"plus {sizes.get('zero_shot', 0)} zero-shot passes for the residual norms"]  # fmt: skip
     return Plan("steer build", lines, estimate({"prompt": float(passes)}, shape))
+
+
+#: sizes of the faithfulness curve (:data:`mechlingo.analyses.circuits.result.SIZES`)
+CURVE_SIZES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+
+
+def graph_edges(n_layers: int) -> int:
+    """Edges of a graph of sequential blocks with one attention and one MLP sender per
+    layer (the embeddings, ``2L`` senders; ``2L + 1`` receivers): ``2L^2 + 3L + 1`` (703
+    for the embedded model's 18 layers)."""
+    return 2 * n_layers**2 + 3 * n_layers + 1
+
+
+def plan_circuit(
+    facts: Sequence[Any], *, prompts: int, steps: int, verify: int, groups: int,
+    max_new_tokens: int, model: str | None,
+) -> Plan:  # fmt: skip
+    """``circuit``: per language a greedy generation per fact (which are answered
+    correctly), then on at most ``prompts`` pairs the edge scores (one corrupted forward,
+    ``steps`` forwards and their backward, counted as two forwards each), exact patching (one
+    corrupted pass, then one patched pass per verified edge and per curve point) and, for
+    every other language, its circuit on these pairs (a corrupted and a patched pass). A
+    patched pass is counted as two forwards (measured: 1.7 on the embedded model)."""
+    shape, notes = model_shape(model), list[str]()
+    n_layers = _layers(shape, notes)
+    langs = _by_lang(facts)
+    total = graph_edges(n_layers) * groups
+    points = len({min(n, total) for n in (*CURVE_SIZES, total)})
+    pairs = {lg: min(n, prompts) for lg, n in langs.items()}
+    others = len(langs) - 1
+    patched = min(verify, total) + points + others
+    per_pair = 1 + 3 * steps + 1 + others + 2 * patched
+    passes = sum(pairs.values()) * per_pair
+    counts = {"prompt": float(len(facts) + passes), "token": float(len(facts) * max_new_tokens)}
+    notes.append("every language counted with all its facts answered correctly (at most "
+                 f"{prompts} pairs each)")  # fmt: skip
+    lines = [f"facts: {len(facts)} ({_langs_text(langs)}), {max_new_tokens} generated tokens "
+             "each to keep the correctly answered ones",
+             f"graph: {graph_edges(n_layers):,} edges x {groups} position group(s) = {total:,} "
+             "(layer-level senders of sequential blocks, from the layer count)",
+             f"per pair: 1 + 3 x {steps} IG step(s) for the scores; {2 + others} corrupted "
+             f"passes and {patched} patched ones ({min(verify, total)} verified edges, "
+             f"{points} curve points, {others} other language(s)), a patched pass counted as "
+             f"two: {per_pair} forward passes"]  # fmt: skip
+    return Plan("circuit", lines, estimate(counts, shape, notes))

@@ -71,6 +71,15 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--cells-per-batch": ("cells per batch", "patched copies per forward pass"),
     "--method": ("patching method", "exact activation patching, attribution patching (atp) or both"),
     "--verify-heads": ("verified heads", "top AtP heads verified by exact head patching"),
+    # circuit
+    "--attribution": ("edge attribution method", "how edges are scored: eap or eap-ig (integrated gradients)"),
+    "--ig-steps": ("integrated-gradient steps", "interpolation steps of EAP-IG"),
+    "--faithfulness": ("target faithfulness", "the faithfulness the reported circuit must reach"),
+    "--selection": ("circuit selection", "top (largest scores) or greedy (grown from the logits)"),
+    "--verify-edges": ("verified edges", "top edges re-scored by exact edge patching"),
+    "--positions": ("position split", "edges per position group (roles) or summed over positions (all)"),
+    "--readout": ("readout", "what a patched run is read out as: logprob or logit_diff"),
+    "--circuit-prompts": ("circuit prompts", "correctly answered prompts per language a circuit is measured on"),
     # experts and alignment
     "--k": ("expert counts", "numbers of expert neurons to save and compare"),
     "--pool": ("token pooling", "pooling of activations over a sentence's tokens"),

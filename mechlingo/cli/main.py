@@ -25,7 +25,16 @@ from mechlingo.activations.distributed import process_group
 
 # The command modules register their subcommands when imported; ``--help`` lists them in
 # the order of HELP_ORDER (any other command after them).
-from mechlingo.cli import evaluate, experts, lens, replicate, steer, trace, tuned_lens  # noqa: F401
+from mechlingo.cli import (  # noqa: F401
+    circuit,
+    evaluate,
+    experts,
+    lens,
+    replicate,
+    steer,
+    trace,
+    tuned_lens,
+)
 from mechlingo.cli.common import COMMANDS
 from mechlingo.cli.flags import HelpParser
 from mechlingo.cli.glossary import RETIRED, retired_hints
@@ -44,7 +53,9 @@ from mechlingo.core.faults import (
 from mechlingo.core.models import cache_dir
 from mechlingo.core.version import __version__
 
-HELP_ORDER = ("lens", "eval", "experts", "align", "tuned-lens", "replicate", "steer", "trace")
+HELP_ORDER = (
+    "lens", "eval", "experts", "align", "tuned-lens", "replicate", "steer", "trace", "circuit",
+)  # fmt: skip
 
 
 class MainParser(HelpParser):

@@ -81,14 +81,16 @@ POSITIVE_INTS = (
     "repeats",
     "lines",
     "side_effects_lines",
+    "ig_steps",
+    "circuit_prompts",
 )
 #: Integer flags that must be at least 0 when given.
-NON_NEGATIVE_INTS = ("offset", "patch_prompts", "translation_shots")
+NON_NEGATIVE_INTS = ("offset", "patch_prompts", "translation_shots", "verify_edges")
 #: Commands where a flag of POSITIVE_INTS may be 0 (``lens --max-new-tokens 0``: the
 #: patchscope reads its first token without generating).
 ZERO_ALLOWED = {"lens": ("max_new_tokens",)}
 
-_FACT_COMMANDS = ("lens", "eval", "trace", "steer")
+_FACT_COMMANDS = ("lens", "eval", "trace", "steer", "circuit")
 _TEXT_COMMANDS = ("experts", "align")  # tuned-lens checks its own --parallel
 
 
@@ -590,6 +592,7 @@ FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
     "ppl_budget": (0.0, math.inf, False),
     "en_tolerance": (0.0, 1.0, False),
     "p_threshold": (0.0, 1.0, True),
+    "faithfulness": (0.0, 1.0, True),
 }
 
 

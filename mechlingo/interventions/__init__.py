@@ -12,7 +12,7 @@ zeroing), each a :class:`SiteEdit` (the *where*); :class:`Gated` (``iv.only_for(
 steering vectors for other tools.
 
 Modules: :mod:`~.base`, :mod:`~.steering`, :mod:`~.clamp`, :mod:`~.ablation`, :mod:`~.gate`,
-:mod:`~.apply`, :mod:`~.hf`, :mod:`~.export`; the guide is ``docs/interventions.md``."""
+:mod:`~.apply`, :mod:`~.hf`, :mod:`~.export`, :mod:`~.circuit`; the guide: ``docs/interventions.md``."""
 
 from mechlingo.core.describe import check_model, model_info, model_info_name
 from mechlingo.core.errors import InterventionError, ModelMismatchError
@@ -26,6 +26,7 @@ from mechlingo.interventions.base import (
     SiteEdit,
     load_intervention,
 )
+from mechlingo.interventions.circuit import CircuitAblation
 from mechlingo.interventions.clamp import NeuronClamp
 from mechlingo.interventions.export import VectorExport, export, read_export
 from mechlingo.interventions.hf import HFHandle
@@ -34,6 +35,7 @@ from mechlingo.interventions.steering import SteeringVector, random_like
 __all__ = [
     "FORMAT_VERSION",
     "Ablation",
+    "CircuitAblation",
     "Compose",
     "Gated",
     "HFHandle",

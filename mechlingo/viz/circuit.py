@@ -8,6 +8,11 @@ was verified by exact edge patching. Nodes sit at (position group, layer): atten
 left of the column, the MLP to the right and half a layer up, the embeddings at layer -1,
 the logits on top. An edge joins a sender and a receiver at the same position (the residual
 stream is per position; attention moves information across positions inside a receiver).
+
+Across languages: :func:`faithfulness_curves_figure` (each language's faithfulness against
+circuit size with its 95% interval) and :func:`language_matrix_figure` (a language-by-language
+heatmap: the circuits' edge overlap with its permutation p, or one language's circuit run on
+another's prompts).
 """
 
 from __future__ import annotations
@@ -15,13 +20,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from mechlingo.viz.common import interval_text
-from mechlingo.viz.palette import site_color
+from mechlingo.viz.common import band, interval_text, plain
+from mechlingo.viz.palette import language_color, site_color
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-__all__ = ["measured_circuit_figure", "node_xy"]
+__all__ = [
+    "faithfulness_curves_figure",
+    "language_matrix_figure",
+    "measured_circuit_figure",
+    "node_xy",
+]
 
 
 def node_xy(name: str, position: int, n_layers: int) -> tuple[float, float]:
@@ -107,4 +117,81 @@ def measured_circuit_figure(data: Mapping[str, Any], *, title: str | None = None
     fig.update_yaxes(
         title_text="layer (embeddings -1, logits on top)", range=[-1.5, n_layers + 0.5]
     )
+    return fig
+
+
+def _ns(ns: Mapping[str, int]) -> str:
+    return ", ".join(f"{lg} n = {int(n)}" for lg, n in ns.items())
+
+
+def faithfulness_curves_figure(
+    curves: Mapping[str, Mapping[str, Any]], *, title: str | None = None
+) -> go.Figure:
+    """Each language's faithfulness curve: ``curves[lang]`` holds ``curve`` (points with
+    ``n_edges``, ``faithfulness``, ``lo``, ``hi``), ``n`` (facts) and optionally ``areas``
+    (CPR and CMD, shown in the legend). The x axis is logarithmic (the 0-edge point, the
+    corrupted run, is left out); the shaded band is the 95% interval clustered by fact."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for lg, c in curves.items():
+        pts = [p for p in c["curve"] if int(p["n_edges"]) > 0]
+        x = [int(p["n_edges"]) for p in pts]
+        color = language_color(lg)
+        lo = [p["lo"] if p["lo"] == p["lo"] else p["faithfulness"] for p in pts]
+        hi = [p["hi"] if p["hi"] == p["hi"] else p["faithfulness"] for p in pts]
+        fig.add_trace(band(x, lo, hi, color))
+        areas = c.get("areas") or {}
+        extra = ""
+        if areas.get("cpr"):
+            extra = f" (CPR {areas['cpr']['value']:.2f}, CMD {areas['cmd']['value']:.2f})"
+        fig.add_trace(
+            go.Scatter(
+                x=x, y=[p["faithfulness"] for p in pts], mode="lines+markers",
+                name=f"{plain(lg)}{extra}", line={"color": color},
+                hovertext=[
+                    f"{plain(lg)}, {p['n_edges']} edges: "
+                    f"{interval_text(p['faithfulness'], p['lo'], p['hi'])}, n = {c['n']} facts"
+                    for p in pts
+                ],
+                hoverinfo="text",
+            )
+        )  # fmt: skip
+    ns = {lg: c["n"] for lg, c in curves.items()}
+    fig.update_layout(
+        title=f"{title or 'Faithfulness against circuit size'} ({_ns(ns)} facts; 95% "
+        "intervals clustered by fact)"
+    )
+    fig.update_xaxes(title_text="edges in the circuit (log scale)", type="log")
+    fig.update_yaxes(title_text="faithfulness (0 corrupted run, 1 clean run)")
+    return fig
+
+
+def language_matrix_figure(
+    values: Mapping[str, Mapping[str, float]],
+    ns: Mapping[str, int],
+    *,
+    title: str,
+    colorbar: str,
+    text: Mapping[str, Mapping[str, str]] | None = None,
+    y_title: str = "circuit of language",
+    x_title: str = "language",
+) -> go.Figure:
+    """A language-by-language heatmap of ``values[row][col]`` (a missing cell is blank),
+    with ``text[row][col]`` in each cell and its hover (an interval, a p-value); the title
+    gets each language's n."""
+    import plotly.graph_objects as go
+
+    langs = list(ns)
+    z = [[values.get(a, {}).get(b) for b in langs] for a in langs]
+    cells = [[(text or {}).get(a, {}).get(b, "") for b in langs] for a in langs]
+    fig = go.Figure(
+        go.Heatmap(
+            z=z, x=langs, y=langs, text=cells, texttemplate="%{text}", hoverinfo="text",
+            colorscale="Blues", colorbar={"title": {"text": colorbar}},
+        )
+    )  # fmt: skip
+    fig.update_layout(title=f"{title} ({_ns(ns)} facts)")
+    fig.update_xaxes(title_text=x_title)
+    fig.update_yaxes(title_text=y_title, autorange="reversed")
     return fig

@@ -312,6 +312,61 @@ SCORING_PART = textwrap.dedent(
     """
 )
 
+CIRCUIT_PART = textwrap.dedent(
+    """
+    def circuit_part(info, model_dir, out_dir):
+        import mechlingo.analyses.circuits.result as cr
+
+        model = load_model(model_dir, device="cpu")
+        rows, real = [], cr.edge_scores
+        cr.edge_scores = lambda m, g, clean, *a, **k: rows.append(clean.batch_size) or real(
+            m, g, clean, *a, **k)
+        with sharded_scoring():
+            res = circuit_inputs(model)
+        cr.edge_scores = real
+        torch.save({"scores": res.scores, "clean": res.clean, "curve": res.curve,
+                    "areas": res.areas, "verified": res.verified, "facts": res.facts,
+                    "rows": rows}, f"{out_dir}/circuit{info.rank}.pt")
+    """
+)
+
+
+def circuit_inputs(model):
+    """The circuit both the workers (sharded over prompts) and one process find."""
+    from mechlingo.analyses.circuits import find_circuit
+    from mechlingo.data import load_facts
+
+    facts = load_facts(langs="en", relations="capital", limit=10)
+    return find_circuit(model, facts, steps=2, sizes=(0, 3, 10), verify=3, batch_size=3)
+
+
+def test_two_processes_find_the_circuit_of_one(tiny, two_processes):
+    """find_circuit inside sharded_scoring over 2 torchrun processes: each rank scores and
+    patches its share of the pairs; every rank gets the one-process scores, curve, areas and
+    verified edges (to float rounding)."""
+    out_dir, proc = two_processes
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = circuit_inputs(tiny)
+    finally:
+        torch.set_num_threads(threads)
+    n = len(one.facts)
+    shares = [torch.load(out_dir / f"circuit{r}.pt")["rows"] for r in (0, 1)]
+    assert shares == [[n // 2], [n - n // 2]]  # each rank scored its half of the pairs
+    for rank in (0, 1):
+        got = torch.load(out_dir / f"circuit{rank}.pt")
+        assert got["facts"] == one.facts
+        torch.testing.assert_close(got["scores"], one.scores, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got["clean"], one.clean, atol=1e-5, rtol=1e-5)
+        for a, b in zip(got["curve"], one.curve, strict=True):
+            assert a["n_edges"] == b["n_edges"]
+            assert a["faithfulness"] == pytest.approx(b["faithfulness"], abs=1e-4)
+        assert got["areas"]["cpr"]["value"] == pytest.approx(one.areas["cpr"]["value"], abs=1e-4)
+        assert [v["edge"] for v in got["verified"]] == [v["edge"] for v in one.verified]
+
+
 WORKER = (
     textwrap.dedent(
         """
@@ -324,13 +379,16 @@ WORKER = (
         from mechlingo.activations.pooled import pooled_neuron_acts
         from mechlingo.core.models import load_model
         from mechlingo.scoring.evaluate import evaluate_conditions, evaluate_facts
-        from tests.system.test_distributed import lens_and_embeddings, scoring_inputs
+        from tests.system.test_distributed import (
+            circuit_inputs, lens_and_embeddings, scoring_inputs,
+        )
 
         import mechlingo.scoring.evaluate as ev
         """
     )
     + SCORING_PART
     + STATS_PART
+    + CIRCUIT_PART
     + textwrap.dedent(
         """
         torch.set_grad_enabled(False)
@@ -338,6 +396,7 @@ WORKER = (
         with process_group() as info:
             scoring_part(info, model_dir, out_dir)
             stats_part(info, model_dir, out_dir, prompts, texts)
+            circuit_part(info, model_dir, out_dir)
         """
     )
 )

@@ -47,6 +47,7 @@ BASE: dict[str, list[str]] = {
     "lens": ["lens", "--facts", "{d}/facts.jsonl"],
     "eval": ["eval", "--facts", "{d}/facts.jsonl"],
     "trace": ["trace", "--facts", "{d}/facts.jsonl"],
+    "circuit": ["circuit", "--facts", "{d}/facts.jsonl"],
     "steer build": ["steer", "build", "--facts", "{d}/facts.jsonl"],
     "steer eval": ["steer", "eval", "--facts", "{d}/facts.jsonl", "--vectors", "{d}/vec"],
     "experts": ["experts", "--parallel", "{d}/par", "--langs", "en,es", "--target", "es"],

@@ -17,9 +17,7 @@ from typing import Any
 import numpy as np
 
 from mechlingo.analyses.circuits.faithfulness import faithfulness
-from mechlingo.analyses.circuits.patching import EdgePatcher
-from mechlingo.analyses.circuits.result import CircuitResult
-from mechlingo.analyses.circuits.runs import metric_readout
+from mechlingo.analyses.circuits.result import CircuitResult, sharded_patcher
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 
@@ -63,10 +61,7 @@ def cross_faithfulness(model: Model, circuit: CircuitResult, on: CircuitResult) 
         raise InputError("both results need find_circuit's pairs and the same position groups")
     names = {on.edge_name(e): e for e in on.ranked}
     edges = [names[circuit.edge_name(e)] for e in circuit.circuit]
-    p = on.pairs
-    patcher = EdgePatcher(
-        model, on.graph, p.clean_batch, p.corrupted_batch, metric_readout(model, p.metric), p.roles
-    )
+    patcher = sharded_patcher(model, on.graph, on.pairs)
     out = faithfulness(patcher, edges, on.clean, on.corrupted, on.facts)
     out.pop("metric")
     return out

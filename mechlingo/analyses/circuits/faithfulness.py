@@ -2,15 +2,13 @@
 
 A circuit is a set of edges ``(sender, receiver, position group)``: the ``n`` edges with the
 largest absolute mean score (:func:`top_edges`), or grown greedily from the logits
-(:func:`greedy_edges`: each step adds the highest-scoring edge whose receiver is already in
-the circuit, so every edge leads to the output). Its *faithfulness* is
-
-    (metric with only the circuit's edges clean, every other edge corrupted - corrupted)
-    / (clean - corrupted)
-
-(1: the circuit alone carries the clean behaviour; 0: no more than the corrupted run), the
-ratio of the means over facts, with a 95% bootstrap interval clustered by fact
-(``scipy.stats.bootstrap`` over facts, each fact's rows averaged first).
+(:func:`greedy_edges`: each added edge's receiver is already in the circuit). Its
+*faithfulness* is ``(metric with only its edges clean - corrupted) / (clean - corrupted)``,
+the ratio of means over facts with a 95% bootstrap interval clustered by fact
+(:func:`ratio_interval`). Over the whole curve, MIB's integrated circuit performance ratio
+(CPR, the area under the curve over circuit size as a fraction of the edges) and
+circuit-model distance (CMD, the area between the curve and 1), with intervals over facts:
+:func:`curve_areas`. Definitions and measured numbers: ``docs/methods/circuits.md``.
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ from mechlingo.analyses.circuits.graph import Graph
 from mechlingo.analyses.circuits.patching import EdgePatcher
 
 __all__ = [
+    "curve_areas",
     "edge_intervals",
     "faithfulness",
     "faithfulness_curve",
@@ -130,14 +129,82 @@ def faithfulness_curve(
     clean: Float[Tensor, " row"],
     corrupted: Float[Tensor, " row"],
     facts: Sequence[str],
+    *,
+    keep_metric: bool = False,
 ) -> list[dict[str, Any]]:
     """Faithfulness of the first ``n`` edges of ``ranked`` for each ``n`` of ``sizes``
-    (one patched pass over the rows per size)."""
+    (one patched pass over the rows per size); ``keep_metric``: each point keeps its
+    per-row ``metric`` (for :func:`curve_areas`)."""
     out = []
     for n in sorted({min(int(n), len(ranked)) for n in sizes}):
         point = faithfulness(patcher, ranked[:n], clean, corrupted, facts)
-        point.pop("metric")
+        if not keep_metric:
+            point.pop("metric")
         out.append(point)
+    return out
+
+
+def _areas(x: np.ndarray, num: np.ndarray, den: np.ndarray) -> tuple[float, float]:
+    """``(CPR, CMD)`` of the curve ``f = mean(num) / mean(den)`` (per point, over the rows
+    of ``num [point, fact]`` and ``den [fact]``) at sizes ``x``."""
+    f = num.mean(axis=1) / den.mean()
+    return float(np.trapezoid(f, x)), float(np.trapezoid(np.abs(1.0 - f), x))
+
+
+def curve_areas(
+    metric: Float[Tensor, "point row"],
+    n_edges: Sequence[int],
+    total: int,
+    clean: Float[Tensor, " row"],
+    corrupted: Float[Tensor, " row"],
+    facts: Sequence[str],
+    *,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """MIB's integrated circuit performance ratio and circuit-model distance of a
+    faithfulness curve (see the module docstring): ``{"cpr": {"value", "lo", "hi"}, "cmd":
+    {...}, "n": facts, "points": curve points used}``.
+
+    Args:
+        metric: the per-row metric with only the first ``n_edges[i]`` edges clean.
+        total: the number of edges of the graph (the curve's ``x = n_edges / total``).
+
+    The intervals are 95% percentile bootstrap intervals (``scipy.stats.bootstrap``, 2,000
+    resamples) over facts, each fact's rows averaged first; NaN with fewer than 3 facts.
+    Points at 0 and ``total`` edges are added where the curve lacks them (``f = 0``, ``f =
+    1``: the corrupted and the clean run, exactly).
+    """
+    from scipy.stats import bootstrap
+
+    sizes = [int(n) for n in n_edges]
+    rows = list(metric)
+    if 0 not in sizes:
+        sizes, rows = [0, *sizes], [corrupted, *rows]
+    if total not in sizes:
+        sizes, rows = [*sizes, int(total)], [*rows, clean]
+    order = np.argsort(sizes, kind="stable")
+    x = np.array(sizes, dtype=float)[order] / float(total)
+    num = np.stack([_per_fact(rows[i] - corrupted, facts) for i in order])  # [point, fact]
+    den = _per_fact(clean - corrupted, facts)
+    cpr, cmd = _areas(x, num, den)
+    out: dict[str, Any] = {"cpr": {"value": cpr}, "cmd": {"value": cmd}, "n": len(den)}
+    out["points"] = len(x)
+    if len(den) < 3:
+        for k in ("cpr", "cmd"):
+            out[k].update(lo=float("nan"), hi=float("nan"))
+        return out
+
+    def stat(idx: np.ndarray) -> np.ndarray:
+        i = idx.astype(int)
+        return np.array(_areas(x, num[:, i], den[i]))
+
+    res = bootstrap(
+        (np.arange(len(den)),), stat, vectorized=False, n_resamples=2000, method="percentile",
+        confidence_level=0.95, rng=np.random.default_rng(seed),
+    )  # fmt: skip
+    ci = res.confidence_interval
+    for j, k in enumerate(("cpr", "cmd")):
+        out[k].update(lo=float(ci.low[j]), hi=float(ci.high[j]))
     return out
 
 

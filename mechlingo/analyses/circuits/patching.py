@@ -12,12 +12,13 @@ corrupted residual stream and the run is the corrupted run.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from mechlingo.activations.distributed import all_gather_rows
 from mechlingo.analyses.circuits.graph import Graph
 from mechlingo.analyses.circuits.runs import Readout, run_graph
 from mechlingo.analyses.circuits.scores import check_pairs, chunks
@@ -44,6 +45,9 @@ class EdgePatcher:
         clean, corrupted: row pairs of equal token lengths.
         readout: the metric.
         roles: ``[row, pos, group]`` position groups (as for the scores).
+        gather: under ``torchrun``, every rank's rows of :meth:`metric` gathered in rank order
+            (each rank patches its own shard of the rows).
+        tick: called after each :meth:`metric` pass (a progress bar).
     """
 
     def __init__(
@@ -56,8 +60,11 @@ class EdgePatcher:
         roles: Float[Tensor, "row pos group"],
         *,
         batch_size: int = BATCH_SIZE,
+        gather: bool = False,
+        tick: Callable[[], object] | None = None,
     ) -> None:
         check_pairs(clean, corrupted)
+        self.gather, self.tick = gather, tick
         self.model, self.graph, self.readout = model, graph, readout
         self.chunks = chunks(clean.batch_size, batch_size)
         self.clean = [clean.select(rows) for rows in self.chunks]
@@ -86,7 +93,10 @@ class EdgePatcher:
                 run = run_graph(self.model, self.graph, batch, patch=(corr, w))
                 out.append(self.readout(run.final, torch.tensor(rows)).float().cpu())
         self.n_calls += 1
-        return torch.cat(out)
+        if self.tick is not None:
+            self.tick()
+        rows = torch.cat(out) if out else torch.empty(0)
+        return all_gather_rows(rows) if self.gather else rows
 
     def edge_effects(
         self, edges: Sequence[tuple[int, int, int]], base: Float[Tensor, " row"]

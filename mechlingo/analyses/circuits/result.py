@@ -8,14 +8,23 @@ at a target faithfulness, as JSON and as a figure drawn only from measured edges
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
+from mechlingo.activations.distributed import (
+    all_gather_rows,
+    dist_info,
+    scoring_sharded,
+    shard_bounds,
+)
+from mechlingo.activations.runs import model_input_device
 from mechlingo.analyses.circuits.faithfulness import (
+    curve_areas,
     edge_intervals,
     faithfulness_curve,
     greedy_edges,
@@ -24,20 +33,22 @@ from mechlingo.analyses.circuits.faithfulness import (
 from mechlingo.analyses.circuits.graph import Graph, build_graph
 from mechlingo.analyses.circuits.pairs import Pairs, make_pairs
 from mechlingo.analyses.circuits.patching import EdgePatcher
-from mechlingo.analyses.circuits.runs import metric_readout
+from mechlingo.analyses.circuits.runs import Readout, metric_readout
 from mechlingo.analyses.circuits.scores import edge_scores
 from mechlingo.analyses.results import WritesFolder
-from mechlingo.core.defaults import BATCH_SIZE
+from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
+from mechlingo.interventions.circuit import CircuitAblation
 from mechlingo.viz.circuit import measured_circuit_figure
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
     from mechlingo.data import Fact
+    from mechlingo.interventions.circuit import CircuitAblation
 
-__all__ = ["SIZES", "CircuitArgs", "CircuitResult", "find_circuit"]
+__all__ = ["SIZES", "CircuitArgs", "CircuitResult", "find_circuit", "sharded_patcher"]
 
 #: Circuit sizes of the faithfulness curve (capped at the number of edges).
 SIZES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
@@ -55,6 +66,7 @@ class CircuitArgs(TypedDict, total=False):
         verify: top edges re-scored by exact edge patching (default 20).
         heads: attention senders per head (see :func:`.graph.build_graph`).
         batch_size: prompt pairs per pass (default the shared ``BATCH_SIZE``).
+        progress: progress bars of the edge scores and the exact patching passes.
     """
 
     target: float
@@ -62,6 +74,7 @@ class CircuitArgs(TypedDict, total=False):
     verify: int
     heads: bool | None
     batch_size: int
+    progress: bool
 
 
 @dataclass
@@ -79,6 +92,8 @@ class CircuitResult(WritesFolder):
         verified: the top edges patched exactly (``estimate``, ``exact``: mean effects).
         spearman: rank correlation between estimate and exact effect over ``verified``.
         meta: method, steps, metric, language(s), timings.
+        areas: MIB's summaries of the curve (:func:`.faithfulness.curve_areas`): ``cpr``
+            and ``cmd``, each ``{"value", "lo", "hi"}``, and ``n``.
     """
 
     graph: Graph
@@ -95,6 +110,7 @@ class CircuitResult(WritesFolder):
     faithfulness: dict[str, float]
     meta: dict[str, Any] = field(default_factory=dict)
     pairs: Pairs | None = field(default=None, repr=False)
+    areas: dict[str, Any] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -141,10 +157,40 @@ class CircuitResult(WritesFolder):
             "corrupted_mean": float(self.corrupted.mean()),
             "faithfulness": self.faithfulness,
             "curve": self.curve,
+            "areas": self.areas,
             "spearman": self.spearman,
             "verified": self.verified,
             "edges": self.edges_table(),
         }
+
+    def intervention(self, model: Model, *, reference: str = "corrupted") -> CircuitAblation:
+        """This circuit as an intervention on its own clean prompts: every edge outside it
+        carries the ``"corrupted"`` prompts' sender outputs, position by position (then
+        applying it to the clean batch gives the faithfulness curve's patched run), or their
+        ``"mean"`` over every real position of the corrupted prompts (the reference set).
+        With position groups it applies to these rows only (``groups``: their roles).
+
+        Raises:
+            InputError: a result without its pairs, or an unknown reference.
+        """
+        if self.pairs is None or reference not in ("corrupted", "mean"):
+            raise InputError("intervention() needs find_circuit's pairs and reference "
+                             f"'corrupted' or 'mean', got {reference!r}")  # fmt: skip
+        S, R = self.graph.mask.shape
+        K = len(self.labels)
+        keep = torch.zeros(S, R, K, dtype=torch.bool)
+        for s, r, k in self.circuit:
+            keep[s, r, k] = True
+        batch = self.pairs.corrupted_batch.to(model_input_device(model))
+        ref = CircuitAblation.reference_of(
+            model, self.graph.senders, batch.tokens, attention_mask=batch.attention_mask(),
+            mean=reference == "mean",
+        )  # fmt: skip
+        meta = {"reference": reference, "circuit": self.meta, "n_edges": len(self.circuit)}
+        return CircuitAblation(
+            self.graph.senders, self.graph.receivers, self.graph.mask, keep, ref,
+            groups=self.pairs.roles if K > 1 else None, meta=meta,
+        )  # fmt: skip
 
     def figure(self, title: str | None = None) -> go.Figure:
         """The circuit drawn from its measured edges only."""
@@ -192,8 +238,12 @@ def find_circuit(
 ) -> CircuitResult:
     """Score every edge of ``model``'s graph on subject (or cross-language) pairs of
     ``facts``, verify the top ``verify`` edges by exact patching, draw the faithfulness
-    curve and pick the smallest circuit on it reaching ``target`` faithfulness (else the
-    largest).
+    curve (with MIB's CPR and CMD, :func:`.faithfulness.curve_areas`) and pick the smallest
+    circuit on it reaching ``target`` faithfulness (else the largest).
+
+    Under ``torchrun`` inside :func:`~mechlingo.activations.distributed.sharded_scoring`
+    each rank scores and patches its contiguous share of the pairs and the per-row results
+    are gathered in order, so every rank returns the whole result.
 
     Args:
         method: ``"eap"`` or ``"eap-ig"`` (``steps`` interpolation steps of the embeddings).
@@ -202,7 +252,7 @@ def find_circuit(
         selection: ``"top"`` (largest |score|) or ``"greedy"`` (grown from the logits).
         pool, cross_language: where corrupted partners come from (:func:`.pairs.make_pairs`).
         more: :class:`CircuitArgs` (target faithfulness, curve sizes, edges to verify,
-            head senders, batch size).
+            head senders, batch size, progress bars).
 
     Raises:
         InputError: an unknown method or selection, or facts without partners; before any
@@ -214,42 +264,100 @@ def find_circuit(
         raise InputError(f"selection must be 'top' or 'greedy', got {selection!r}")
     target, sizes = float(more.get("target", 0.8)), more.get("sizes", SIZES)
     verify, batch_size = int(more.get("verify", 20)), int(more.get("batch_size", BATCH_SIZE))
+    progress = bool(more.get("progress", PROGRESS))
     t0 = time.perf_counter()
     graph = build_graph(model, heads=more.get("heads"))
     pairs = make_pairs(
         model, facts, pool=pool, cross_language=cross_language, metric=metric, positions=positions
     )
-    readout = metric_readout(model, pairs.metric)
     n_steps = 1 if method == "eap" else int(steps)
-    scores, clean, corrupted = edge_scores(
-        model, graph, pairs.clean_batch, pairs.corrupted_batch, readout, pairs.roles,
-        steps=n_steps, batch_size=batch_size,
-    )  # fmt: skip
+    scores, clean, corrupted = _scores(model, graph, pairs, n_steps, batch_size, progress)
     t_scores = time.perf_counter() - t0
     ids = pairs.fact_ids
     mean = edge_intervals(scores, ids)[0]
     total = graph.n_edges * len(pairs.labels)
     pick = top_edges if selection == "top" else greedy_edges
     ranked = pick(graph, mean, total)
-    patcher = EdgePatcher(
-        model, graph, pairs.clean_batch, pairs.corrupted_batch, readout, pairs.roles,
-        batch_size=batch_size,
-    )  # fmt: skip
+    points = sorted({min(int(n), total) for n in [*sizes, total]})
+    bar = tqdm(total=min(verify, total) + len(points), desc="exact patching", disable=not progress)
+    patcher = sharded_patcher(model, graph, pairs, batch_size=batch_size, tick=bar.update)
     labels = pairs.labels
 
     def name(e: Edge) -> str:
         return f"{graph.edge_name(e[0], e[1])}@{labels[e[2]]}"
 
     verified, rho = _verify(scores, patcher, ranked, clean, verify, name)
-    curve = faithfulness_curve(patcher, ranked, [*sizes, len(ranked)], clean, corrupted, ids)
+    curve = faithfulness_curve(patcher, ranked, points, clean, corrupted, ids, keep_metric=True)
+    bar.close()
+    metrics = torch.stack([p.pop("metric") for p in curve])
+    areas = curve_areas(metrics, [p["n_edges"] for p in curve], total, clean, corrupted, ids)
     best = next((p for p in curve if p["faithfulness"] >= target), curve[-1])
-    circuit = ranked[: best["n_edges"]]
     return CircuitResult(
         graph=graph, labels=labels, scores=scores, facts=ids, clean=clean,
-        corrupted=corrupted, ranked=ranked, circuit=circuit, curve=curve, verified=verified,
-        spearman=rho, faithfulness={k: best[k] for k in ("faithfulness", "lo", "hi")},
+        corrupted=corrupted, ranked=ranked, circuit=ranked[: best["n_edges"]], curve=curve,
+        verified=verified, spearman=rho,
+        faithfulness={k: best[k] for k in ("faithfulness", "lo", "hi")},
         meta=_meta(method, n_steps, metric, selection, target, pairs, t_scores, t0),
-        pairs=pairs,
+        pairs=pairs, areas=areas,
+    )  # fmt: skip
+
+
+def _shard(pairs: Pairs) -> tuple[list[int], int]:
+    """This rank's contiguous rows of ``pairs`` and their offset (every row outside
+    sharded scoring).
+
+    Raises:
+        InputError: fewer pairs than processes.
+    """
+    n = pairs.clean_batch.batch_size
+    if not scoring_sharded():
+        return list(range(n)), 0
+    world = dist_info().world_size
+    if n < world:
+        raise InputError(
+            f"{n} prompt pairs for {world} processes: give more facts or run fewer processes"
+        )
+    rows = list(shard_bounds(n))
+    return rows, rows[0]
+
+
+def _offset_readout(readout: Readout, offset: int) -> Readout:
+    if offset == 0:
+        return readout
+    return lambda final, rows: readout(final, rows + offset)
+
+
+def _scores(
+    model: Model, graph: Graph, pairs: Pairs, steps: int, batch_size: int, progress: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Edge scores and the clean and corrupted metric of every row (under sharded scoring:
+    this rank's rows, gathered)."""
+    rows, offset = _shard(pairs)
+    readout = _offset_readout(metric_readout(model, pairs.metric), offset)
+    scores, clean, corrupted = edge_scores(
+        model, graph, pairs.clean_batch.select(rows), pairs.corrupted_batch.select(rows),
+        readout, pairs.roles[rows], steps=steps, batch_size=batch_size, progress=progress,
+    )  # fmt: skip
+    if not scoring_sharded():
+        return scores, clean, corrupted
+    return all_gather_rows(scores), all_gather_rows(clean), all_gather_rows(corrupted)
+
+
+def sharded_patcher(
+    model: Model,
+    graph: Graph,
+    pairs: Pairs,
+    *,
+    batch_size: int = BATCH_SIZE,
+    tick: Callable[..., object] | None = None,
+) -> EdgePatcher:
+    """An :class:`EdgePatcher` of ``pairs``; under sharded scoring (``torchrun``) it patches
+    this rank's rows and gathers every rank's metric in order."""
+    rows, offset = _shard(pairs)
+    readout = _offset_readout(metric_readout(model, pairs.metric), offset)
+    return EdgePatcher(
+        model, graph, pairs.clean_batch.select(rows), pairs.corrupted_batch.select(rows),
+        readout, pairs.roles[rows], batch_size=batch_size, gather=scoring_sharded(), tick=tick,
     )  # fmt: skip
 
 

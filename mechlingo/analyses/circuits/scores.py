@@ -23,11 +23,12 @@ from typing import Any
 import torch
 from jaxtyping import Float
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from mechlingo.analyses.circuits.graph import Graph
 from mechlingo.analyses.circuits.runs import Readout, run_graph
 from mechlingo.analyses.recall.patching.runs import repeat_batch
-from mechlingo.core.defaults import BATCH_SIZE
+from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch
 from mechlingo.core.types import Model
@@ -126,6 +127,7 @@ def edge_scores(
     *,
     steps: int = 1,
     batch_size: int = BATCH_SIZE,
+    progress: bool = PROGRESS,
 ) -> tuple[Float[Tensor, "row sender receiver group"], Tensor, Tensor]:
     """EAP (``steps=1``) or EAP-IG scores of every edge for every row, ``batch_size`` rows
     (times ``steps`` copies) per pass.
@@ -136,6 +138,7 @@ def edge_scores(
         roles: ``[row, pos, group]`` 0/1: which positions each position group holds
             (one group of every real token for position-summed edges).
         steps: integrated-gradient steps (``1``: plain EAP).
+        progress: a progress bar over the chunks of rows.
 
     Returns:
         ``(scores [row, sender, receiver, group], clean metric [row], corrupted metric
@@ -146,7 +149,9 @@ def edge_scores(
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise InputError(f"steps must be an integer >= 1, got {steps!r}")
     out, cl, co = [], [], []
-    for rows in chunks(clean.batch_size, batch_size):
+    for rows in tqdm(
+        chunks(clean.batch_size, batch_size), desc="edge scores", disable=not progress
+    ):
         a, b = clean.select(rows), corrupted.select(rows)
         r = torch.tensor(rows)
         k = roles[rows, : a.tokens.shape[1]]

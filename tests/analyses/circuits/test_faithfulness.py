@@ -92,6 +92,14 @@ def test_find_circuit_on_the_tiny_model(tiny, found):
     assert {e["edge"] for e in data["edges"]} == {res.edge_name(e) for e in res.circuit}
     assert all("exact" in e for e in data["edges"][:4])
     assert drawn_edges(res.figure().to_plotly_json()) == {e["edge"] for e in data["edges"]}
+    # MIB's area under the curve, from the curve's own points (0 and every edge among them)
+    x = [p["n_edges"] / n_all for p in res.curve]
+    f = [p["faithfulness"] for p in res.curve]
+    assert data["areas"]["cpr"]["value"] == pytest.approx(np.trapezoid(f, x), rel=1e-5)
+    assert data["areas"]["cmd"]["value"] == pytest.approx(
+        np.trapezoid(np.abs(1 - np.array(f)), x), rel=1e-5
+    )
+    assert data["areas"]["n"] == res.n
 
 
 def test_cross_faithfulness_of_a_circuit_on_its_own_pairs_is_its_faithfulness(tiny, found):
