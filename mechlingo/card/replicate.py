@@ -86,13 +86,15 @@ __all__ = [
 ]
 
 #: Bumped when a stage computes something different: old stored results are not reused.
+#: 6: a random population per condition (repair, external), a population of random draws
+#: per transfer cell, gold shares in the transfer cells;
 #: 5: a user's facts scoped by the budget (languages, transfer relations, shared caps);
 #: 4: the clamp measured against a population of random clamps, the align stage's details of
 #: every random-neuron draw;
 #: 3: the metric stage, gold share and lenient outcomes, random populations, documents;
 #: 2: fact ids per outcome, per-item transfer outcomes, the clamp measured on
 #: fresh samples, AUROC tests at the clamp's k, per-sentence alignment values.
-STAGE_VERSION = 5
+STAGE_VERSION = 6
 #: ``CardOptions(metric=...)``: how the Lu stages score facts (see ``docs/replicate.md``).
 METRICS = ("generate", "rank", "klar")
 #: Every row stage's name, each paper's in run order.
