@@ -412,12 +412,12 @@ CLAIMS: tuple[Claim, ...] = (
         Claim(
             f"external_{cond}",
             LU,
-            f"The '{cond}' intervention chosen on the bundled data transfers to another dataset.",
+            f"The '{cond}' intervention chosen on the card's facts transfers to another dataset.",
             "independent of language and dataset",
             f"gain of '{cond}' over no intervention on the --external benchmark's facts, in the "
             "gold answer's probability share among the candidates under its own metric (0/1 "
             "correctness where that metric gives no candidate scores: KLAR), with the vectors "
-            "and layer/scale chosen on the bundled data only; clustered by fact; control: "
+            "and layer/scale chosen on the card's facts only (the bundled stems or --facts); clustered by fact; control: "
             f"norm-matched random vectors at the layer and scale of '{cond}', judged by the "
             "effect's rank among them",
             "external",

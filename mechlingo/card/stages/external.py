@@ -1,6 +1,7 @@
 """The external stage: the repair stage's vectors and the configuration dev chose on the
-bundled data, applied unchanged to a benchmark's facts and scored by the benchmark's own
-metric; its rows (each vector's gain against the random population)."""
+card's facts, applied unchanged to a benchmark's facts (``--external``) and scored by the
+benchmark's own metric; its rows (each vector's gain in the gold share, or 0/1 without
+candidate scores, against its own condition's random population)."""
 
 from __future__ import annotations
 
@@ -137,7 +138,7 @@ def rows_external(data: Mapping[str, Any]) -> list[dict[str, Any]]:
             claim, paired_test(base, new, ids), control=population_gain_test(base, draws, ids),
             vs_control=rank_population_test(new, draws, ids, base=base, direction=claim.direction),
             details=f"outcome: {name}; {len(set(ids))} benchmark facts, metric {data['metric']}; "
-            f"vectors and configuration from the bundled data; control: {len(pop)} random "
+            f"vectors and configuration from the card's facts; control: {len(pop)} random "
             f"vectors at the layer and scale of '{cond}'",
             extra={"outcome": name, **logprob_extra(logprob_gain(items, cond))},
         ))  # fmt: skip
@@ -152,7 +153,7 @@ def _external(report: ReportLike, data: Mapping[str, Any]) -> None:
                     if ne else None, "items": len(ne)})  # fmt: skip
     c = data.get("config") or {}
     report.add_text(f"{data.get('n_facts')} benchmark facts scored by {data['metric']}, with the "
-                    f"configuration chosen on the bundled data (task layer {c.get('task_layer')} "
+                    f"configuration chosen on the card's facts (task layer {c.get('task_layer')} "
                     f"x {c.get('task_alpha')}, diff layer {c.get('diff_layer')} x "
                     f"{c.get('diff_alpha')}).")  # fmt: skip
     report.add_table(acc)
@@ -178,7 +179,7 @@ FULL = ExternalBudget(per_lang=40)
 def run(ctx: Context) -> dict[str, Any]:
     """The external stage's result (``{"untestable": ...}`` without a benchmark)."""
     if ctx.external is None:
-        return {"untestable": "no benchmark given (--facts DIR with a BMLAMA or KLAR "
+        return {"untestable": "no benchmark given (--external DIR with a BMLAMA or KLAR "
                 "folder adds these rows)"}  # fmt: skip
     if not ctx.stages.done("repair"):
         raise InputError("the repair stage did not finish: its choice is what transfers")

@@ -507,7 +507,9 @@ def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
         return
     s = data["summary"]
     rep.add_text(config_sentence(s, data.get("n_ids")))
-    rep.add_figure(accuracy_ci_figure(s["intervals"]))
+    per_condition = ("random_task_s", "random_diff_s", "random_both_s")  # the rows give them
+    rep.add_figure(accuracy_ci_figure({c: v for c, v in s["intervals"].items()
+                                       if not c.startswith(per_condition)}))  # fmt: skip
     heading(rep, "fig-headroom", "Headroom and the lowest-performing language")
     low = data["lowest"]
     rep.add_text(
