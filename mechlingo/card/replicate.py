@@ -202,13 +202,15 @@ class CardData:
     """The data :func:`replicate` checks the claims on (``None``: the bundled data).
 
     Attributes:
-        facts: the facts of the Lu stages (default: the bundled natural stems).
+        facts: the facts of the Lu stages (default: the bundled natural stems); a
+            benchmark's facts (:func:`mechlingo.data.load_benchmark`) run the same families,
+            with ``CardOptions(metric=...)`` its own metric (what ``--facts DIR`` does).
         parallel: ``{lang: [sentence, ...]}`` line-aligned, for the Sundar stages (default:
             the bundled parallel sentences).
         documents: the document id of every ``parallel`` line (the split never cuts a
             document; alignment rows resample documents).
         external: a benchmark's facts for the external-transfer rows (vectors and settings
-            chosen on the bundled data, applied unchanged), scored with ``external_metric``.
+            chosen on ``facts``, applied unchanged), scored with ``external_metric``.
     """
 
     facts: Sequence[Fact] | None = None

@@ -198,8 +198,10 @@ report = data_section(
 
 def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
     """CPU seconds: the benchmark's items (``sizes["external_items"]``, none without a
-    benchmark) under orig, task, diff and both, at the repair stage's per-item cost."""
-    return 4 * int(sizes.get("external_items", 0)) * scoring_seconds(cfg, unit)
+    benchmark) under orig, task, diff and both and each draw of the three random populations
+    (``repair.seeds`` each), at the repair stage's per-item cost."""
+    conds = 4 + 3 * len(cfg["repair"]["seeds"])
+    return conds * int(sizes.get("external_items", 0)) * scoring_seconds(cfg, unit)
 
 
 STAGE = Stage("external", LU, ("repair",), run, (rows_external,), report, "external",
