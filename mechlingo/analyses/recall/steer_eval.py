@@ -57,6 +57,7 @@ __all__ = [
     "SteerTestResult",
     "evaluate_test",
     "SteerEvalResult",
+    "RandomControls",
     "SplitResult",
     "run_steer_eval",
     "stage_store",
@@ -543,6 +544,24 @@ def _staged_vectors(
 
 
 @dataclass(frozen=True)
+class RandomControls:
+    """The random controls on test: ``seeds`` (one norm-matched random vector per seed and
+    population) and ``per``: ``"selected"`` (one population, matched to the condition dev
+    selected: ``random_s<seed>``) or ``"each"`` (one per condition: random task, random
+    diff, random both, :func:`population_names`).
+
+    Raises:
+        InputError: ``per`` is neither."""
+
+    seeds: tuple[int, ...] = (0, 1, 2)
+    per: str = "selected"
+
+    def __post_init__(self) -> None:
+        if self.per not in CONTROLS:
+            raise InputError(f"controls must be one of {list(CONTROLS)}, got {self.per!r}")
+
+
+@dataclass(frozen=True)
 class _Settings:
     """The settings of :func:`run_steer_eval` every split shares."""
 
@@ -581,9 +600,10 @@ class SteerEvalOptions:
 
     def kw(self) -> dict[str, Any]:
         """The keywords of :func:`run_steer_eval` (all but ``stages``)."""
+        seeds = self.seeds if self.controls == "selected" else RandomControls(
+            self.seeds, self.controls)  # fmt: skip
         return {"split": self.split, "grid": self.grid, "scoring": self.scoring,
-                "config": self.config, "seeds": self.seeds, "repeats": self.repeats,
-                "controls": self.controls}  # fmt: skip
+                "config": self.config, "seeds": seeds, "repeats": self.repeats}  # fmt: skip
 
 
 def run_steer_eval(
@@ -595,10 +615,9 @@ def run_steer_eval(
     grid: DevGrid | None = None,
     scoring: ScoringOptions | None = None,
     config: SteeringConfig | None = None,
-    seeds: Sequence[int] = (0, 1, 2),
+    seeds: Sequence[int] | RandomControls = (0, 1, 2),
     repeats: int = 1,
     stages: Stages | None = None,
-    controls: str = "selected",
 ) -> SteerEvalResult:
     """The repair protocol end to end, as ``mechlingo steer eval`` runs it: split by id, choose
     on dev, score every condition on test (:class:`SteerEvalResult`).
@@ -608,9 +627,9 @@ def run_steer_eval(
             (:mod:`mechlingo.analyses.recall.settings`; ``None`` takes the defaults).
         config: a fixed setting instead of the dev search (labelled as not chosen on dev;
             the dev headroom still fixes the lowest language).
-        seeds: the random controls' seeds on test.
-        controls: ``"selected"`` (one random population, matched to the condition dev
-            selected) or ``"each"`` (one per condition: :func:`population_names`).
+        seeds: the random controls' seeds on test (one population, matched to the condition
+            dev selected), or :class:`RandomControls` (``per="each"``: one population per
+            condition, :func:`population_names`).
         repeats: > 1 re-splits with the salts ``{salt}#repeat{r}`` and rebuilds the vectors
             with ``vectors``' build settings (``vectors`` serve the first split only).
         stages: keeps every finished step so a stopped run resumes (the CLI's ``--work``);
@@ -631,9 +650,8 @@ def run_steer_eval(
         raise InputError(f"repeats must be at least 1, got {repeats}")
     grid = replace(grid, screen_ids=grid.screen_ids or None)
     scoring = replace(scoring, metric=as_scorer(scoring.metric))
-    if controls not in CONTROLS:
-        raise InputError(f"controls must be one of {list(CONTROLS)}, got {controls!r}")
-    settings = _Settings(split, grid, scoring, config, check_seeds(seeds), controls)
+    ctl = seeds if isinstance(seeds, RandomControls) else RandomControls(tuple(seeds))
+    settings = _Settings(split, grid, scoring, config, check_seeds(ctl.seeds), ctl.per)
     splits = []
     with _stages_or_temp(stages) as st:
         for r in range(repeats):

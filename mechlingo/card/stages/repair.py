@@ -111,7 +111,7 @@ def stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progre
     vectors = steering.build_steering_vectors(model, on, build_settings, progress=progress)
     run = steer_eval.run_steer_eval(
         model, facts, vectors, split=repair_caps(cfg), grid=grid, scoring=scoring,
-        seeds=r["seeds"], controls="each",
+        seeds=steer_eval.RandomControls(tuple(r["seeds"]), "each"),
     )  # fmt: skip
     res, sw = run.test, run.search
     if sw is None:  # a dev search runs whenever no config is fixed

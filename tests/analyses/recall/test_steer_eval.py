@@ -456,3 +456,7 @@ def test_a_random_population_per_condition():
     assert population_names("diff", True, "selected") == {"diff": "random_s"}
     with pytest.raises(InputError, match="controls"):
         SteerEvalOptions(controls="all")
+    with pytest.raises(InputError, match="controls"):
+        protocol.RandomControls((0, 1), "all")
+    each = SteerEvalOptions(seeds=(0, 1), controls="each").kw()["seeds"]
+    assert each == protocol.RandomControls((0, 1), "each")
