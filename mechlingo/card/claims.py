@@ -380,7 +380,8 @@ CLAIMS: tuple[Claim, ...] = (
         "Each vector repairs its own failure class: the recall-engagement vector recall "
         "failures, the back-translation vector translation failures.",
         "the recall-engagement vector fixes recall; the translation vector the last step",
-        "difference in differences: the gain of 'task' minus that of 'diff' on test items the "
+        "difference in differences of 0/1 correctness (P@1 under --metric rank): the gain of "
+        "'task' minus that of 'diff' on test items the "
         "tracer classed as recall failures (unsteered model), minus the same on translation "
         "failures (one contrast reads both halves of the claim: one row); CR2 by fact",
         "repair",
@@ -391,7 +392,8 @@ CLAIMS: tuple[Claim, ...] = (
         LU,
         "The two vectors together beat the better one alone.",
         "both > either alone",
-        "test gain of 'both' over the single vector that dev found better, non-English items; "
+        "test gain in 0/1 correctness (P@1 under --metric rank; the gold log-share gain in the "
+        "details) of 'both' over the single vector that dev found better, non-English items; "
         "paired, clustered by fact",
         "repair",
         "fig-repair",
