@@ -203,9 +203,11 @@ CLAIMS: tuple[Claim, ...] = (
         LU,
         "The vectors are independent of relations (the transfer matrix, by relation).",
         "independent of language and dataset",
-        "gain of vectors built without relation R, tested on R (rows all_but_<R>), pooled over "
-        "the held-out cells and clustered by fact, against the random control (its rank); and "
-        "the share of the in-pool (all) gain on R that they keep (> 0.5)",
+        "gain of vectors built without relation R, tested on R (rows all_but_<R>), in the gold "
+        "answer's probability share among the candidates (0/1 correctness where the metric "
+        "gives no candidate scores), pooled over the held-out cells and clustered by fact, "
+        "against a population of norm-matched random vectors per cell (the effect's rank "
+        "among them); and the share of the in-pool (all) gain on R that they keep (> 0.5)",
         "transfer_relation",
         "fig-transfer",
         family="primary",
@@ -217,9 +219,10 @@ CLAIMS: tuple[Claim, ...] = (
         LU,
         "The vectors are independent of languages (the transfer matrix, by language).",
         "independent of language and dataset",
-        "gain of vectors built without language L, tested on L (rows all_but_<L>), pooled and "
-        "clustered by fact, against the random control (its rank); and the retained share "
-        "(> 0.5)",
+        "gain of vectors built without language L, tested on L (rows all_but_<L>), in the gold "
+        "share (0/1 correctness without candidate scores), pooled and clustered by fact, "
+        "against a population of norm-matched random vectors per cell (the effect's rank "
+        "among them); and the retained share (> 0.5)",
         "transfer_lang",
         "fig-transfer",
         family="primary",
@@ -377,7 +380,8 @@ CLAIMS: tuple[Claim, ...] = (
         "Each vector repairs its own failure class: the recall-engagement vector recall "
         "failures, the back-translation vector translation failures.",
         "the recall-engagement vector fixes recall; the translation vector the last step",
-        "difference in differences: the gain of 'task' minus that of 'diff' on test items the "
+        "difference in differences of 0/1 correctness (P@1 under --metric rank): the gain of "
+        "'task' minus that of 'diff' on test items the "
         "tracer classed as recall failures (unsteered model), minus the same on translation "
         "failures (one contrast reads both halves of the claim: one row); CR2 by fact",
         "repair",
@@ -388,7 +392,8 @@ CLAIMS: tuple[Claim, ...] = (
         LU,
         "The two vectors together beat the better one alone.",
         "both > either alone",
-        "test gain of 'both' over the single vector that dev found better, non-English items; "
+        "test gain in 0/1 correctness (P@1 under --metric rank; the gold log-share gain in the "
+        "details) of 'both' over the single vector that dev found better, non-English items; "
         "paired, clustered by fact",
         "repair",
         "fig-repair",
@@ -409,11 +414,14 @@ CLAIMS: tuple[Claim, ...] = (
         Claim(
             f"external_{cond}",
             LU,
-            f"The '{cond}' intervention chosen on the bundled data transfers to another dataset.",
+            f"The '{cond}' intervention chosen on the card's facts transfers to another dataset.",
             "independent of language and dataset",
-            f"gain of '{cond}' over no intervention on the --facts benchmark's facts, scored by "
-            "its own metric, with the vectors and layer/scale chosen on the bundled data only; "
-            "clustered by fact; control: the norm-matched random vectors (pooled)",
+            f"gain of '{cond}' over no intervention on the --external benchmark's facts, in the "
+            "gold answer's probability share among the candidates under its own metric (0/1 "
+            "correctness where that metric gives no candidate scores: KLAR), with the vectors "
+            "and layer/scale chosen on the card's facts only (the bundled stems or --facts); clustered by fact; control: "
+            f"norm-matched random vectors at the layer and scale of '{cond}', judged by the "
+            "effect's rank among them",
             "external",
             "fig-external",
         )

@@ -5,37 +5,16 @@ fact id; the subject shared across relations).
 
 from __future__ import annotations
 
-import math
 import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from mechlingo.data import Fact
 from mechlingo.scoring.scorers import normalize
+from mechlingo.scoring.share import gold_logshare as _gold_logshare
+from mechlingo.scoring.share import gold_share
 
 __all__ = ["condition_outcomes", "gold_share", "item_records", "lenient_match", "subject_keys"]
-
-
-def _gold_logshare(rec: Mapping[str, Any]) -> float | None:
-    """``log p(gold)`` among the candidates: the log-softmax of the candidates' mean token
-    log-probabilities (``-scores``), summed over the gold candidates."""
-    scores = rec.get("scores")
-    if not scores:
-        return None
-    x = -np.asarray(scores, dtype=float)
-    gold = str(rec.get("answer", "")).strip()
-    idx = {i for i, c in enumerate(rec.get("candidates") or []) if c.strip() == gold}
-    if rec.get("gold_rank") and rec.get("ranking"):  # the best gold (an alias counts too)
-        idx.add(int(rec["ranking"][int(rec["gold_rank"]) - 1]))
-    idx = sorted(idx)
-    if not idx:
-        return None
-    top = x.max()
-    norm = top + math.log(float(np.exp(x - top).sum()))
-    g = x[idx].max() + math.log(float(np.exp(x[idx] - x[idx].max()).sum()))
-    return float(g - norm)
 
 
 def _loose(text: str) -> str:
@@ -58,16 +37,6 @@ def lenient_match(generation: str, answers: Sequence[str]) -> bool:
         if ans and (ans in gen or (len(gen) >= 3 and ans.startswith(gen))):
             return True
     return False
-
-
-def gold_share(rec: Mapping[str, Any]) -> float | None:
-    """The repair rows' continuous outcome: the gold answer's probability share among the
-    candidates, ``p(gold) / sum_c p(c)`` with ``p(c) = exp(mean token log-probability of
-    c)`` (the numbers candidate ranking ranks by; aliases among the candidates add to the
-    gold): 1 when the model puts all its candidate mass on the gold, 1/candidates when it
-    cannot tell them apart. ``None`` for a record without candidate scores (``generate``)."""
-    lg = _gold_logshare(rec)
-    return None if lg is None else float(math.exp(lg))
 
 
 def condition_outcomes(results: Mapping[str, Any], facts: Sequence[Fact]) -> dict[str, Any]:
@@ -118,7 +87,8 @@ def subject_keys(facts: Sequence[Fact]) -> dict[str, str]:
 
 def item_records(results: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """Per condition, one record per scored item: ``id`` (the cluster), ``lang``,
-    ``correct``, and under ``rank`` ``logshare`` and ``ranking``."""
+    ``correct``, and under ``rank`` ``logshare``, ``share`` (:func:`gold_share`) and
+    ``ranking``."""
     out: dict[str, list[dict[str, Any]]] = {}
     for cond, res in results.items():
         rows = []
@@ -127,6 +97,7 @@ def item_records(results: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
             if r.get("ranking") is not None:
                 item["ranking"] = list(r["ranking"])
                 item["logshare"] = _gold_logshare(r)
+                item["share"] = gold_share(r)
             rows.append(item)
         out[cond] = rows
     return out

@@ -86,13 +86,15 @@ __all__ = [
 ]
 
 #: Bumped when a stage computes something different: old stored results are not reused.
+#: 6: a random population per condition (repair, external), a population of random draws
+#: per transfer cell, gold shares in the transfer cells;
 #: 5: a user's facts scoped by the budget (languages, transfer relations, shared caps);
 #: 4: the clamp measured against a population of random clamps, the align stage's details of
 #: every random-neuron draw;
 #: 3: the metric stage, gold share and lenient outcomes, random populations, documents;
 #: 2: fact ids per outcome, per-item transfer outcomes, the clamp measured on
 #: fresh samples, AUROC tests at the clamp's k, per-sentence alignment values.
-STAGE_VERSION = 5
+STAGE_VERSION = 6
 #: ``CardOptions(metric=...)``: how the Lu stages score facts (see ``docs/replicate.md``).
 METRICS = ("generate", "rank", "klar")
 #: Every row stage's name, each paper's in run order.
@@ -200,13 +202,15 @@ class CardData:
     """The data :func:`replicate` checks the claims on (``None``: the bundled data).
 
     Attributes:
-        facts: the facts of the Lu stages (default: the bundled natural stems).
+        facts: the facts of the Lu stages (default: the bundled natural stems); a
+            benchmark's facts (:func:`mechlingo.data.load_benchmark`) run the same families,
+            with ``CardOptions(metric=...)`` its own metric (what ``--facts DIR`` does).
         parallel: ``{lang: [sentence, ...]}`` line-aligned, for the Sundar stages (default:
             the bundled parallel sentences).
         documents: the document id of every ``parallel`` line (the split never cuts a
             document; alignment rows resample documents).
         external: a benchmark's facts for the external-transfer rows (vectors and settings
-            chosen on the bundled data, applied unchanged), scored with ``external_metric``.
+            chosen on ``facts``, applied unchanged), scored with ``external_metric``.
     """
 
     facts: Sequence[Fact] | None = None

@@ -100,11 +100,17 @@ RULES = {
     "beating a control": "one definition: the effect's rank among m random draws on the "
     "same items, the exact permutation p (1 + #draws at least as good) / (m + 1); its floor "
     "1 / (m + 1) must lie below the row's adjusted level, so a row with Holm multiplier k "
-    "needs at least floor(20 k) draws to be decided (a primary family of K rows: 20 K)",
-    "outcome": "the repair rows (task_vector, diff_vector, lowest_language, random_vector) "
-    "judge the gold answer's probability share among the candidates where the metric gives "
-    "candidate scores for every item (rank), 0/1 correctness otherwise (generate, klar); "
-    "the row says which",
+    "needs at least floor(20 k) draws to be decided (a primary family of K rows: 20 K); "
+    "each condition is judged against its own population: random task, random diff and "
+    "random both, each random vector norm-matched to the vector it controls at that "
+    "condition's layer and scale (the repair and external rows), and the independence rows "
+    "against a population of random vectors per transfer cell (draw i pooled over the "
+    "held-out cells); a row whose draws cannot decide it says: undecidable at this budget, "
+    "needs N draws",
+    "outcome": "the repair rows (task_vector, diff_vector, lowest_language, random_vector), "
+    "the independence rows and the external rows judge the gold answer's probability share "
+    "among the candidates where the metric gives candidate scores for every item (rank), 0/1 "
+    "correctness otherwise (generate, klar); the row says which",
     "margins": "an equivalence margin is at most half the smallest effect of interest "
     "(0.05 in the gold share and in mean top-1 retrieval: margin 0.025)",
     "inconclusive": "neither; the row gives the minimum detectable effect (80% power) at its "
@@ -346,9 +352,9 @@ def verdict(
     ):  # the permutation p cannot reach the adjusted level with this many draws
         need = draws_needed(k, ALPHA)  # the fewest m with k / (m + 1) < ALPHA
         adj = "" if k == 1 else f" ({min(1.0, vs_control.extra['p_floor'] * k):.3g} adjusted)"
-        why.append(f"{vs_control.extra['draws']} control draw(s): the permutation p is at "
-                   f"least {vs_control.extra['p_floor']:.3g}{adj}; deciding this row needs at "
-                   f"least {need} draws")  # fmt: skip
+        why.append(f"undecidable at this budget: needs {need} draws ({vs_control.extra['draws']} "
+                   f"control draw(s): the permutation p is at least "
+                   f"{vs_control.extra['p_floor']:.3g}{adj})")  # fmt: skip
     return INCONCLUSIVE, "; ".join(why) + mdt
 
 

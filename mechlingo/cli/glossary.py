@@ -36,6 +36,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--plan": ("power plan", "print the power planner's table from the dev split and stop"),
     # data
     "--facts": ("fact file", "your facts (.jsonl/.tsv, or a folder of them) or a benchmark folder"),
+    "--external": ("external benchmark", "a BMLAMA or KLAR folder scored with the vectors chosen on the card's facts"),
     "--parallel": ("parallel-text folder", "folder of line-aligned <lang>.txt files (NTREX, FLORES)"),
     "--flores-split": ("FLORES split", "which FLORES split a --parallel FLORES folder is read from"),
     "--text-file": ("training text file", "your own text, one training text a line"),

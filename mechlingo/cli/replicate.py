@@ -61,9 +61,16 @@ def _replicate_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument(
         "--facts", default=None, metavar="FILE|DIR",
-        help="your facts (.jsonl/.tsv, or a folder of them) for the lu2025 claims (default: "
-        "the bundled natural fact-completion stems); a BMLAMA or KLAR folder instead adds the "
-        "external-transfer rows (vectors chosen on the bundled data, scored by its metric)",
+        help="the facts of the lu2025 claims (default: the bundled natural fact-completion "
+        "stems): your facts (.jsonl/.tsv, or a folder of them), or a BMLAMA or KLAR folder, "
+        "whose facts then run the same families under the benchmark's own metric (BMLAMA: "
+        "rank, KLAR: klar; --metric overrides)",
+    )  # fmt: skip
+    p.add_argument(
+        "--external", default=None, metavar="DIR",
+        help="a BMLAMA or KLAR folder for the external-transfer rows: the vectors and "
+        "layer/scale chosen on the --facts (or bundled) data, scored unchanged on the "
+        "benchmark by its metric",
     )  # fmt: skip
     add_parallel_arg(
         p, "folder of line-aligned <lang>.txt files (e.g. FLORES, NTREX) for the sundar2025 "
@@ -117,9 +124,9 @@ def read_facts_arg(path: str) -> list[Any]:
 _EXTERNAL = {"bmlama": "rank", "klar": "klar", "klar_flat": "klar"}
 
 
-def _facts_or_benchmark(path: str) -> tuple[list[Any] | None, list[Any] | None, str]:
-    """``(facts, external facts, external metric)`` of ``--facts``: a benchmark folder
-    (BMLAMA, KLAR) becomes the external facts; anything else the facts of the Lu stages."""
+def _benchmark(path: str) -> tuple[list[Any], str] | None:
+    """``(facts, metric)`` of a BMLAMA or KLAR folder (the loader's facts and the
+    benchmark's own scoring rule), or ``None`` when ``path`` is not one."""
     p = Path(path)
     fmt = None
     if p.is_dir():
@@ -127,12 +134,29 @@ def _facts_or_benchmark(path: str) -> tuple[list[Any] | None, list[Any] | None, 
             fmt = detect_format(p)
         except (MechlingoError, ValueError, OSError):
             fmt = None
-    if fmt in _EXTERNAL:
-        bench = load_benchmark(p, format=fmt)
-        if not bench.facts:
-            raise UsageError(f"{path}: the {fmt} folder holds no usable facts", where="--facts")
-        return None, bench.facts, _EXTERNAL[fmt]
-    return read_facts_arg(path), None, "rank"
+    if fmt not in _EXTERNAL:
+        return None
+    bench = load_benchmark(p, format=fmt)
+    if not bench.facts:
+        raise UsageError(f"{path}: the {fmt} folder holds no usable facts", where="--facts")
+    return bench.facts, _EXTERNAL[fmt]
+
+
+def _facts_arg(path: str) -> tuple[list[Any], str | None]:
+    """``(facts, metric)`` of ``--facts``: a benchmark folder (BMLAMA, KLAR) gives its facts
+    and its own metric; anything else the facts of a file or folder, and no metric (the
+    metric rule decides)."""
+    got = _benchmark(path)
+    return got if got is not None else (read_facts_arg(path), None)
+
+
+def _external_arg(path: str) -> tuple[list[Any], str]:
+    """``--external``: a benchmark folder's facts and metric."""
+    got = _benchmark(path)
+    if got is None:
+        raise UsageError(f"{path} is not a BMLAMA or KLAR folder", where="--external",
+                         fix="give a folder of BMLAMA <lang>.tsv files or a KLAR folder")  # fmt: skip
+    return got
 
 
 def _settings_arg(text: str | None) -> dict[str, Any]:
@@ -152,9 +176,8 @@ def _settings_arg(text: str | None) -> dict[str, Any]:
 
 @command("replicate", "the papers' claims checked on a model: claims.json, claims.md, report", _replicate_args)  # fmt: skip
 def cmd_replicate(args: argparse.Namespace) -> int:
-    facts, external, ext_metric = (
-        _facts_or_benchmark(args.facts) if args.facts else (None, None, "rank")
-    )
+    facts, bench_metric = _facts_arg(args.facts) if args.facts else (None, None)
+    external, ext_metric = _external_arg(args.external) if args.external else (None, "rank")
     parallel = documents = None
     if args.parallel:
         try:
@@ -171,7 +194,7 @@ def cmd_replicate(args: argparse.Namespace) -> int:
     if args.target:
         settings.setdefault("experts", {})["target"] = args.target
     options = CardOptions(paper=args.paper, budget=args.budget, settings=settings,
-                          metric=args.metric)  # fmt: skip
+                          metric=args.metric or bench_metric)  # fmt: skip
     work = work_folder(args)  # the message of a stopped run names it (cli.main)
     agree = all_ranks_have if dist_info().world_size > 1 else None
     with sharded_scoring():  # under torchrun each rank scores its share of every batch
@@ -187,6 +210,10 @@ def cmd_replicate(args: argparse.Namespace) -> int:
             print(f"wrote {args.out}/plan.json")
         return 0
     card.meta["facts"] = args.facts or "bundled (natural templates)"
+    if bench_metric is not None and args.metric is None:
+        card.meta["facts_metric"] = f"the benchmark's own metric ({bench_metric})"
+    if args.external:
+        card.meta["external"] = args.external
     card.meta["parallel"] = args.parallel or "bundled NTREX-128 subset (CC BY-SA 4.0)"
     card.meta["metric"] = card.meta["settings"].get("metric", args.metric)
     write_outputs(

@@ -238,6 +238,13 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
     assert sorted(c for c in rep_["outcomes"] if c.startswith("random_s")) == [
         f"random_s{s}" for s in seeds]  # fmt: skip
     assert rep_["p_floor"] == pytest.approx(1 / (len(seeds) + 1))
+    # one population per condition (random task, random diff, random both), the one matched
+    # to the selected condition scored once (random_s)
+    pops = rep_["populations"]
+    assert set(pops) == {"task", "diff", "both"} and "random_s" in pops.values()
+    for prefix in pops.values():
+        got = [c for c in rep_["outcomes"] if c.startswith(prefix) and c[len(prefix) :].isdigit()]
+        assert sorted(got) == [f"{prefix}{s}" for s in seeds]
     for key in ("share", "lenient"):
         assert {lg: len(v) for lg, v in rep_[key]["orig"].items()} == {
             lg: len(v) for lg, v in rep_["ids"].items()}  # fmt: skip
@@ -429,6 +436,34 @@ def test_cli_writes_the_card(tiny_dir, tmp_path, monkeypatch):
         "--quiet",
     ]
     assert main(bad) == 2 and not (tmp_path / "bad").exists()
+
+
+def test_a_card_on_a_benchmark_folder(tiny_dir, tmp_path, monkeypatch):
+    """``--facts`` a BMLAMA folder: the Lu families run on the benchmark's facts under its own
+    metric (rank: the gold share judged), each vector against its own condition's random
+    population."""
+    from mechlingo.cli import main
+
+    _use(monkeypatch, _fake_transfer())
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    out = tmp_path / "out"
+    args = ["replicate", "--model", str(tiny_dir), "--paper", "lu2025", "--facts",
+            str(fixtures / "bmlama_card"), "--settings", json.dumps(TINY), "--out", str(out),
+            "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    card = json.loads((out / "claims.json").read_text(encoding="utf-8"))
+    assert card["meta"]["metric"] == "rank" and "benchmark" in card["meta"]["facts_metric"]
+    rows = {(r["id"], r.get("variant")): r for r in card["claims"]}
+    assert {c.id for c in CLAIMS if c.paper == "lu2025"} == {i for i, _ in rows}
+    task, diff = rows[("task_vector", None)], rows[("diff_vector", None)]
+    assert task["outcome"] == diff["outcome"] == "gold share"
+    assert "random_task_s0" in task["details"] + diff["details"] or (
+        "random_diff_s0" in task["details"] + diff["details"])  # fmt: skip
+    assert task["verdict"] != "error"
+    # the benchmark's ids, not the bundled ones: 20 countries in 2 relations, 3 languages
+    assert "x_is_located_in_y" in json.dumps(card["meta"]["facts_scope"]["relations"])
+    # the external rows need --external (tests/card/stages/test_data.py)
+    assert "--external" in rows[("external_task", None)]["reason"]
 
 
 def test_facts_folder(tmp_path):

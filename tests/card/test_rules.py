@@ -196,7 +196,7 @@ def test_a_permutation_floor_above_the_adjusted_level_names_the_draws_needed():
     assert two[0]["verdict"] == INCONCLUSIVE
     assert two[0]["p_adjusted"] == pytest.approx(2 / 21)
     assert "at least 0.0476 (0.0952 adjusted)" in two[0]["reason"]
-    assert "needs at least 40 draws" in two[0]["reason"]
+    assert "undecidable at this budget: needs 40 draws" in two[0]["reason"]
 
 
 def test_secondary_rows_do_not_change_primary_verdicts():

@@ -236,6 +236,8 @@ class MatrixSettings:
         top_k: settings of each vector re-scored on the dev split.
         en_tolerance, p_threshold: as in :class:`DevGrid`.
         seed: seed of the random control and of the bootstrap.
+        controls: random draws per cell (norm-matched random directions at the row's chosen
+            place; 1: one control, as before; more: a population, judged by rank).
         held_out: the columns (``None``: every relation, or every non-English language).
     """
 
@@ -251,3 +253,4 @@ class MatrixSettings:
     p_threshold: float = 0.1
     seed: int = 0
     held_out: tuple[str, ...] | None = None
+    controls: int = 1

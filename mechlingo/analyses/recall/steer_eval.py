@@ -57,6 +57,7 @@ __all__ = [
     "SteerTestResult",
     "evaluate_test",
     "SteerEvalResult",
+    "RandomControls",
     "SplitResult",
     "run_steer_eval",
     "stage_store",
@@ -121,7 +122,7 @@ class SteerTestResult:
             o = dev_grid.outcomes(r)
             vs_orig[c] = mcnemar(o_all, o)
             gains[c] = paired_gain(o_all, o).to_json()
-            if not c.startswith("random_s"):
+            if not c.startswith("random_"):
                 vs_random[c] = {
                     rc: mcnemar(dev_grid.outcomes(self.results[rc]), o) for rc in randoms
                 }
@@ -246,6 +247,11 @@ def evaluate_test(
     sel = choice.selected if choice.selected in ("task", "diff", "both") else "both"
     for s in seeds:
         conds[f"random_s{s}"] = random_steering(vectors, cfg, selected=sel, seed=int(s))
+    pair = "both_pair" in conds
+    for c, prefix in population_names(sel, pair, opts.controls).items():
+        at = choice.pair if (c == "both" and pair and choice.pair is not None) else cfg
+        for s in seeds if prefix != "random_s" else ():
+            conds[f"{prefix}{s}"] = random_steering(vectors, at, selected=c, seed=int(s))
     mkw = dev_grid.metric_options(scorer, pool)
     results = _score_conditions(
         stage_store or (lambda name, fn: fn()),
@@ -278,6 +284,25 @@ def evaluate_test(
         conds,
         dict(lowest_rule or {}),
     )
+
+
+#: ``controls``: a random population for the selected condition only (``"selected"``, the
+#: ``random_s<seed>`` conditions) or for each of task, diff and both (``"each"``).
+CONTROLS = ("selected", "each")
+
+
+def population_names(selected: str, pair: bool, controls: str = "each") -> dict[str, str]:
+    """``{condition: prefix of its random population's conditions}``: with ``controls ==
+    "each"`` one population per condition (``task``, ``diff`` and ``both``: random(task),
+    random(diff) and both together, norm-matched at that condition's layer and scale; ``both``
+    is the headline ``both_pair`` when dev chose a ``pair``), named ``random_<cond>_s<seed>``
+    except the one that ``random_s<seed>`` (matched to ``selected`` at the chosen config)
+    already is; with ``"selected"`` only ``{selected: "random_s"}``."""
+    sel = selected if selected in ("task", "diff", "both") else "both"
+    if controls == "selected":
+        return {sel: "random_s"}
+    return {c: "random_s" if c == sel and not (c == "both" and pair) else f"random_{c}_s"
+            for c in ("task", "diff", "both")}  # fmt: skip
 
 
 def _score_conditions(
@@ -519,6 +544,24 @@ def _staged_vectors(
 
 
 @dataclass(frozen=True)
+class RandomControls:
+    """The random controls on test: ``seeds`` (one norm-matched random vector per seed and
+    population) and ``per``: ``"selected"`` (one population, matched to the condition dev
+    selected: ``random_s<seed>``) or ``"each"`` (one per condition: random task, random
+    diff, random both, :func:`population_names`).
+
+    Raises:
+        InputError: ``per`` is neither."""
+
+    seeds: tuple[int, ...] = (0, 1, 2)
+    per: str = "selected"
+
+    def __post_init__(self) -> None:
+        if self.per not in CONTROLS:
+            raise InputError(f"controls must be one of {list(CONTROLS)}, got {self.per!r}")
+
+
+@dataclass(frozen=True)
 class _Settings:
     """The settings of :func:`run_steer_eval` every split shares."""
 
@@ -527,6 +570,7 @@ class _Settings:
     scoring: ScoringOptions
     config: SteeringConfig | None
     seeds: list[int]
+    controls: str = "selected"
 
 
 @dataclass(frozen=True)
@@ -545,16 +589,21 @@ class SteerEvalOptions:
     seeds: tuple[int, ...] = (0, 1, 2)
     repeats: int = 1
     matrix: MatrixSettings = MatrixSettings()
+    controls: str = "selected"
 
     def __post_init__(self) -> None:
+        if self.controls not in CONTROLS:
+            raise InputError(f"controls must be one of {list(CONTROLS)}, got {self.controls!r}")
         if self.repeats < 1:
             raise InputError(f"repeats must be at least 1, got {self.repeats}", where="--repeats")
         object.__setattr__(self, "seeds", tuple(check_seeds(self.seeds, what="--control-seeds")))
 
     def kw(self) -> dict[str, Any]:
         """The keywords of :func:`run_steer_eval` (all but ``stages``)."""
+        seeds = self.seeds if self.controls == "selected" else RandomControls(
+            self.seeds, self.controls)  # fmt: skip
         return {"split": self.split, "grid": self.grid, "scoring": self.scoring,
-                "config": self.config, "seeds": self.seeds, "repeats": self.repeats}  # fmt: skip
+                "config": self.config, "seeds": seeds, "repeats": self.repeats}  # fmt: skip
 
 
 def run_steer_eval(
@@ -566,7 +615,7 @@ def run_steer_eval(
     grid: DevGrid | None = None,
     scoring: ScoringOptions | None = None,
     config: SteeringConfig | None = None,
-    seeds: Sequence[int] = (0, 1, 2),
+    seeds: Sequence[int] | RandomControls = (0, 1, 2),
     repeats: int = 1,
     stages: Stages | None = None,
 ) -> SteerEvalResult:
@@ -578,7 +627,9 @@ def run_steer_eval(
             (:mod:`mechlingo.analyses.recall.settings`; ``None`` takes the defaults).
         config: a fixed setting instead of the dev search (labelled as not chosen on dev;
             the dev headroom still fixes the lowest language).
-        seeds: the random controls' seeds on test.
+        seeds: the random controls' seeds on test (one population, matched to the condition
+            dev selected), or :class:`RandomControls` (``per="each"``: one population per
+            condition, :func:`population_names`).
         repeats: > 1 re-splits with the salts ``{salt}#repeat{r}`` and rebuilds the vectors
             with ``vectors``' build settings (``vectors`` serve the first split only).
         stages: keeps every finished step so a stopped run resumes (the CLI's ``--work``);
@@ -599,7 +650,8 @@ def run_steer_eval(
         raise InputError(f"repeats must be at least 1, got {repeats}")
     grid = replace(grid, screen_ids=grid.screen_ids or None)
     scoring = replace(scoring, metric=as_scorer(scoring.metric))
-    settings = _Settings(split, grid, scoring, config, check_seeds(seeds))
+    ctl = seeds if isinstance(seeds, RandomControls) else RandomControls(tuple(seeds))
+    settings = _Settings(split, grid, scoring, config, check_seeds(ctl.seeds), ctl.per)
     splits = []
     with _stages_or_temp(stages) as st:
         for r in range(repeats):
@@ -660,7 +712,9 @@ def _one_split(
         lowest_rule=rule,
         pool=build,
         k_shot=k_shot,
-        options=SteerEvalOptions(scoring=opt.scoring, seeds=tuple(opt.seeds)),
+        options=SteerEvalOptions(
+            scoring=opt.scoring, seeds=tuple(opt.seeds), controls=opt.controls
+        ),
         stage_store=stage_store(stages, f"{prefix}test-"),
     )
     summary = test_res.summary()

@@ -46,6 +46,7 @@ from mechlingo.data.splits import split_facts
 from mechlingo.interventions import Compose, Intervention, SteeringVector, random_like
 from mechlingo.kernels.significance import Interval, mcnemar, paired_gain
 from mechlingo.scoring.evaluate import EvalResult
+from mechlingo.scoring.share import gold_share
 from mechlingo.viz.steer import transfer_heatmap
 
 if TYPE_CHECKING:
@@ -249,6 +250,11 @@ def _held_out_check(
         raise LeakError(f"row {row.name}: {len(bad)} held-out fact(s) reached {stage}: {bad[:5]}")
 
 
+#: Seed step between a cell's random draws (draw i: ``seed + CONTROL_SEED_STEP * i``; the
+#: task and diff parts of one draw differ by 1000, so the step keeps draws apart).
+CONTROL_SEED_STEP = 7919
+
+
 def _control(vectors: SteeringPair, cfg: SteeringConfig, selected: str, seed: int) -> Intervention:
     """Random directions with the norms of the selected vector(s), at the same places."""
     parts = []
@@ -275,14 +281,37 @@ def _place(cfg: SteeringConfig, selected: str) -> dict[str, Any]:
     return {"layer": [cfg.task_layer, cfg.diff_layer], "alpha": [cfg.task_alpha, cfg.diff_alpha]}
 
 
-def _outcomes(res: EvalResult) -> list[bool]:
+def _sorted(res: EvalResult) -> list[dict[str, Any]]:
     rows = sorted(res.records, key=lambda r: (r["id"], r["lang"]))
-    return [bool(r["correct"]) for r in rows if r["lang"] != "en"]
+    return [r for r in rows if r["lang"] != "en"]
 
 
-def _cell_stats(orig: EvalResult, steered: EvalResult, control: EvalResult, seed: int) -> dict:
+def _outcomes(res: EvalResult) -> list[bool]:
+    return [bool(r["correct"]) for r in _sorted(res)]
+
+
+def _shares(res: EvalResult) -> list[float] | None:
+    """Each non-English item's gold share among the candidates
+    (:func:`~mechlingo.scoring.share.gold_share`), or ``None`` when an item has none (a
+    metric without candidate scores)."""
+    out = [gold_share(r) for r in _sorted(res)]
+    return None if any(x is None for x in out) else [float(x) for x in out]  # type: ignore[arg-type]
+
+
+def _cell_stats(orig: EvalResult, steered: EvalResult, control: EvalResult, seed: int,
+                more: Sequence[EvalResult] = ()) -> dict:  # fmt: skip
+    """A cell's gains and per-item outcomes; ``more``: the random population's further draws
+    (``items["controls"]``: every draw's outcomes, ``control`` first; ``items["share"]``: the
+    gold shares of orig, steered and each draw where the metric ranks candidates)."""
     o, s, c = _outcomes(orig), _outcomes(steered), _outcomes(control)
     m, mc = mcnemar(o, s), mcnemar(o, c)
+    items: dict[str, Any] = {"ids": [r["id"] for r in _sorted(orig)], "orig": o, "steered": s,
+                             "control": c}  # fmt: skip
+    if more:
+        items["controls"] = [c, *(_outcomes(x) for x in more)]
+    shares = [_shares(x) for x in (orig, steered, control, *more)]
+    if all(x is not None for x in shares):
+        items["share"] = {"orig": shares[0], "steered": shares[1], "controls": shares[2:]}
     return {
         "n": len(o),
         "gain": _g(paired_gain(o, s, seed=seed)),
@@ -296,16 +325,7 @@ def _cell_stats(orig: EvalResult, steered: EvalResult, control: EvalResult, seed
             k: sum(v) / len(v) if v else None
             for k, v in (("orig", o), ("steered", s), ("control", c))
         },
-        "items": {
-            "ids": [
-                r["id"]
-                for r in sorted(orig.records, key=lambda r: (r["id"], r["lang"]))
-                if r["lang"] != "en"
-            ],
-            "orig": o,
-            "steered": s,
-            "control": c,
-        },
+        "items": items,
     }
 
 
@@ -473,6 +493,7 @@ def _matrix_meta(
         "fractions": list(split.fractions),
         "salt": split.salt,
         "seed": m.seed,
+        "controls": m.controls,
         "max_new_tokens": scoring.max_new_tokens,
         "score_kw": {k: repr(v) for k, v in _given(scoring, score_kw).items()},
         "test_items": "non-English test items of the column",
@@ -657,15 +678,19 @@ class _Run:
         }
         steered = _steered(vectors, choice.config, choice.selected)
         control = _control(vectors, choice.config, choice.selected, self.seed)
+        more = {f"control_{i}": _control(vectors, choice.config, choice.selected,
+                                         self.seed + CONTROL_SEED_STEP * i)
+                for i in range(1, self.budget.controls)}  # fmt: skip
         for c in row.cols:
-            conds = {"steered": steered, "control": control}
+            conds = {"steered": steered, "control": control, **more}
             if c not in self.orig:
                 conds["orig"] = None
             with reusing_prefixes(self.memo):  # every row scores the same test prompts
                 got = self.score(self.tests[c], conds)
             self.orig.setdefault(c, got.get("orig"))  # type: ignore[arg-type]
             s, r = got["steered"], got["control"]
-            cell = {"row": row.name, "col": c, **_cell_stats(self.orig[c], s, r, self.seed)}
+            stats = _cell_stats(self.orig[c], s, r, self.seed, [got[k] for k in more])
+            cell = {"row": row.name, "col": c, **stats}
             cell |= {
                 "selected": choice.selected,
                 "dev_effect": choice.dev_effect,

@@ -1,9 +1,11 @@
 """The external stage: the repair stage's vectors and the configuration dev chose on the
-bundled data, applied unchanged to a benchmark's facts and scored by the benchmark's own
-metric; its rows (each vector's gain against the random population)."""
+card's facts, applied unchanged to a benchmark's facts (``--external``) and scored by the
+benchmark's own metric; its rows (each vector's gain in the gold share, or 0/1 without
+candidate scores, against its own condition's random population)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -82,28 +84,52 @@ def stage_external(
         lowest_language=None,
         pool=pool,
         options=steer_eval.SteerEvalOptions(
-            seeds=tuple(r["seeds"]), scoring=replace(scoring, metric=metric)
+            seeds=tuple(r["seeds"]), scoring=replace(scoring, metric=metric), controls="each"
         ),
     )
     return {
         "metric": metric,
+        "populations": steer_eval.population_names(
+            res.choice.selected, "both_pair" in res.results, "each"
+        ),
         "items": item_records(res.results),
         "config": repair_data["sweep"]["config"],
         "n_facts": len(facts),
     }
 
 
+def external_outcome(items: Mapping[str, list[dict]]) -> str:
+    """The external rows' judged outcome, as the repair rows': ``"share"`` (the gold answer's
+    probability share among the candidates) where every item of every condition has one (a
+    ranking metric: BMLAMA), else ``"correct"`` (0/1 under the benchmark's metric: KLAR)."""
+    ok = all(r.get("share") is not None for v in items.values() for r in v)
+    return "share" if ok and any(items.values()) else "correct"
+
+
+def _population(data: Mapping[str, Any], cond: str) -> list[str]:
+    """The conditions of ``cond``'s random population, in seed order (``random_s<seed>`` in a
+    result stored before populations were drawn per condition)."""
+    prefix = (data.get("populations") or {}).get(cond, "random_s")
+    pat = re.compile(re.escape(prefix) + r"(\d+)$")
+    found = [(int(m.group(1)), c) for c in data["items"] if (m := pat.match(c))]
+    return [c for _, c in sorted(found)]
+
+
 def rows_external(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each vector's gain on the benchmark in its judged outcome (:func:`external_outcome`),
+    against its own condition's random population (its rank among the draws)."""
     if "untestable" in data:
         return [make_row(c, None, untestable=data["untestable"])
                 for c in (C.EXTERNAL_TASK, C.EXTERNAL_DIFF, C.EXTERNAL_BOTH)]  # fmt: skip
     items = data["items"]
-    seeds = [c for c in items if c.startswith("random_s")]
-    runs = [paired_values(items, "orig", s) for s in seeds]
+    key = external_outcome(items)
+    name = {"share": "gold share", "correct": "accuracy"}[key]
     rows = []
     for claim, cond in ((C.EXTERNAL_TASK, "task"), (C.EXTERNAL_DIFF, "diff"),
                         (C.EXTERNAL_BOTH, "both")):  # fmt: skip
-        base, new, ids = paired_values(items, "orig", cond)
+        base, new, ids = paired_values(items, "orig", cond, key)
+        pop = _population(data, cond)
+        runs = [paired_values(items, "orig", s, key) for s in pop]
         if not base or not runs:
             rows.append(make_row(claim, None, untestable="no benchmark items scored"))
             continue
@@ -111,8 +137,10 @@ def rows_external(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         rows.append(make_row(
             claim, paired_test(base, new, ids), control=population_gain_test(base, draws, ids),
             vs_control=rank_population_test(new, draws, ids, base=base, direction=claim.direction),
-            details=f"{len(set(ids))} benchmark facts, metric {data['metric']}; vectors and "
-            "configuration from the bundled data", extra=logprob_extra(logprob_gain(items, cond)),
+            details=f"outcome: {name}; {len(set(ids))} benchmark facts, metric {data['metric']}; "
+            f"vectors and configuration from the card's facts; control: {len(pop)} random "
+            f"vectors at the layer and scale of '{cond}'",
+            extra={"outcome": name, **logprob_extra(logprob_gain(items, cond))},
         ))  # fmt: skip
     return rows
 
@@ -125,7 +153,7 @@ def _external(report: ReportLike, data: Mapping[str, Any]) -> None:
                     if ne else None, "items": len(ne)})  # fmt: skip
     c = data.get("config") or {}
     report.add_text(f"{data.get('n_facts')} benchmark facts scored by {data['metric']}, with the "
-                    f"configuration chosen on the bundled data (task layer {c.get('task_layer')} "
+                    f"configuration chosen on the card's facts (task layer {c.get('task_layer')} "
                     f"x {c.get('task_alpha')}, diff layer {c.get('diff_layer')} x "
                     f"{c.get('diff_alpha')}).")  # fmt: skip
     report.add_table(acc)
@@ -151,7 +179,7 @@ FULL = ExternalBudget(per_lang=40)
 def run(ctx: Context) -> dict[str, Any]:
     """The external stage's result (``{"untestable": ...}`` without a benchmark)."""
     if ctx.external is None:
-        return {"untestable": "no benchmark given (--facts DIR with a BMLAMA or KLAR "
+        return {"untestable": "no benchmark given (--external DIR with a BMLAMA or KLAR "
                 "folder adds these rows)"}  # fmt: skip
     if not ctx.stages.done("repair"):
         raise InputError("the repair stage did not finish: its choice is what transfers")
@@ -170,8 +198,10 @@ report = data_section(
 
 def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
     """CPU seconds: the benchmark's items (``sizes["external_items"]``, none without a
-    benchmark) under orig, task, diff and both, at the repair stage's per-item cost."""
-    return 4 * int(sizes.get("external_items", 0)) * scoring_seconds(cfg, unit)
+    benchmark) under orig, task, diff and both and each draw of the three random populations
+    (``repair.seeds`` each), at the repair stage's per-item cost."""
+    conds = 4 + 3 * len(cfg["repair"]["seeds"])
+    return conds * int(sizes.get("external_items", 0)) * scoring_seconds(cfg, unit)
 
 
 STAGE = Stage("external", LU, ("repair",), run, (rows_external,), report, "external",

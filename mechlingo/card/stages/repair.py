@@ -1,6 +1,6 @@
 """The repair stage: the two vectors of Lu et al. built on the build split, then ``steer eval``
-(the dev search, and test with a population of norm-matched random vectors), and the rows
-of its test items: the two vectors, the lowest language (literal and headroom rules), the
+(the dev search, and test with a population of norm-matched random vectors per condition:
+random task, random diff, random both), and the rows of its test items: the two vectors, the lowest language (literal and headroom rules), the
 random-vector null, the English gap, consistency, the own failure class and both against the
 better single vector. Each item stores its cluster id (the fact id: one fact in several
 languages is one cluster); the rows read only the stored result."""
@@ -21,7 +21,6 @@ from mechlingo.analyses.recall.settings import (
 )
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU, Claim
-from mechlingo.card.population import no_change_relative, rank_population_test
 from mechlingo.card.repair_items import (
     condition_outcomes,
     item_records,
@@ -39,14 +38,19 @@ from mechlingo.card.stages.base import (
     scoring_seconds,
 )
 from mechlingo.card.stages.data import metric_of, repair_caps, repair_split, vector_facts
+from mechlingo.card.stages.repair_controls import (  # noqa: F401  (the stage's rows, re-exported)
+    OUTCOME_NAMES,
+    outcome_key,
+    repair_floor,
+    rows_lowest,
+    rows_repair,
+)
 from mechlingo.card.statistics import (
     Test,
     cluster_bootstrap,
     group_difference_test,
     paired_test,
     pool_controls,
-    population_gain_test,
-    relative_test,
 )
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import layers_at
@@ -107,7 +111,7 @@ def stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progre
     vectors = steering.build_steering_vectors(model, on, build_settings, progress=progress)
     run = steer_eval.run_steer_eval(
         model, facts, vectors, split=repair_caps(cfg), grid=grid, scoring=scoring,
-        seeds=r["seeds"],
+        seeds=steer_eval.RandomControls(tuple(r["seeds"]), "each"),
     )  # fmt: skip
     res, sw = run.test, run.search
     if sw is None:  # a dev search runs whenever no config is fixed
@@ -124,6 +128,9 @@ def stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progre
         "lowest": sw.lowest_rule,
         **per,
         "random_draws": len(r["seeds"]),
+        "populations": steer_eval.population_names(
+            res.choice.selected, "both_pair" in res.results, "each"
+        ),
         "p_floor": 1 / (len(r["seeds"]) + 1),
         "subjects": subject_keys(facts),
         "items": item_records(res.results),
@@ -138,159 +145,6 @@ def trace_classes(stages: Stages) -> dict[str, Any]:
         return {}
     recs = stages.load("trace")["records"]
     return {"classes": {f"{r['id']}|{r['lang']}": r["class"] for r in recs}}
-
-
-#: The judged outcome of the repair rows, by the stored key it is read from.
-OUTCOME_NAMES = {"share": "gold share", "outcomes": "accuracy"}
-
-
-def outcome_key(data: Mapping[str, Any]) -> str:
-    """The repair rows' judged outcome (:data:`RULES` "outcome"): ``"share"``, the gold
-    answer's probability share among the candidates, where every item of every condition
-    has one (candidate scores: ``rank``); else ``"outcomes"``, 0/1 correctness (``generate``
-    and ``klar`` give no candidate scores)."""
-    share = data.get("share") or {}
-    conds = list(data["outcomes"])
-    ok = bool(share) and all(
-        c in share and all(x is not None for v in share[c].values() for x in v) for c in conds
-    )
-    return "share" if ok else "outcomes"
-
-
-def _pooled(data: Mapping[str, Any], langs: Sequence[str], cond: str, key: str = "outcomes"
-            ) -> list[float]:  # fmt: skip
-    out = data[key][cond]
-    return [float(x) for lg in langs for x in out.get(lg, [])]
-
-
-def _ids(data: Mapping[str, Any], langs: Sequence[str]) -> list[str]:
-    return [i for lg in langs for i in data["ids"].get(lg, [])]
-
-
-def _draws(data: Mapping[str, Any], langs: Sequence[str], key: str = "outcomes"
-           ) -> list[list[float]]:  # fmt: skip
-    """The random population: one outcome list per draw (``<key>["random_s<i>"]``)."""
-    seeds = sorted(c for c in data["outcomes"] if c.startswith("random_s"))
-    return [_pooled(data, langs, c, key) for c in seeds]
-
-
-def repair_floor(data: Mapping[str, Any], langs: Sequence[str], key: str = "outcomes"
-                 ) -> str | None:  # fmt: skip
-    """Why the 0/1 repair outcome of ``langs`` sits at its floor, or ``None``: every
-    condition (orig, the vectors, every random draw) at 0 successes on these items, where no
-    vector can show anything. A gold share is never at a floor (``None``)."""
-    if key != "outcomes":
-        return None
-    conds = list(data["outcomes"])
-    if all(not any(_pooled(data, langs, c)) for c in conds):
-        n = len(_pooled(data, langs, "orig"))
-        return (f"orig and every condition ({', '.join(sorted(conds))}) score 0 of {n} on "
-                f"{'+'.join(langs)}: the outcome sits at its floor")  # fmt: skip
-    return None
-
-
-def rows_repair(data: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The two vectors (effect; the random population's gain; effect against the population:
-    its rank, exact permutation p), the lowest language in four readings and the
-    random-vector null (the population's gain, equivalence), clustered by fact id."""
-    s = data["summary"]
-    key = outcome_key(data)
-    langs = sorted(lg for lg in data["outcomes"]["orig"] if lg != "en")
-    ids = _ids(data, langs)
-    base, draws = _pooled(data, langs, "orig", key), _draws(data, langs, key)
-    floor = repair_floor(data, langs, key)
-    sel = s.get("selected")
-    note = (f"outcome: {OUTCOME_NAMES[key]}; selected on dev: {sel} ({s['dev_effect']}); "
-            f"config {s['config']}; ids build/dev/test {data['n_ids']}; {len(ids)} items, "
-            f"{len(set(ids))} facts; control: a population of {len(draws)} random vectors "
-            f"matched to '{sel}' (rank p floor 1/{len(draws) + 1})")  # fmt: skip
-    rows = []
-    control = population_gain_test(base, draws, ids)
-    extra = {"outcome": OUTCOME_NAMES[key]}
-    for claim, cond in ((C.TASK_VECTOR, "task"), (C.DIFF_VECTOR, "diff")):
-        new = _pooled(data, langs, cond, key)
-        vs = rank_population_test(new, draws, ids, base=base, direction=claim.direction)
-        rows.append(make_row(claim, paired_test(base, new, ids), control, vs_control=vs,
-                             floor=floor, details=note + _format_control(data, langs, cond),
-                             extra=extra))  # fmt: skip
-    rows += rows_lowest(data)
-    c = C.RANDOM_VECTOR
-    rows.append(make_row(c, population_gain_test(base, draws, ids, null=c.null_value),
-                         floor=floor, details=f"outcome: {OUTCOME_NAMES[key]}; {len(draws)} "
-                         "random vectors: their mean gain, with the between-draw variance "
-                         "(n = items)", extra=extra))  # fmt: skip
-    return rows
-
-
-def _format_control(data: Mapping[str, Any], langs: Sequence[str], cond: str) -> str:
-    """The format control in words: the gain of ``cond`` in lenient accuracy (the answer
-    anywhere in the generation's first line), beside the judged outcome; empty when the
-    stage stored no lenient outcomes."""
-    if not data.get("lenient") or cond not in data["lenient"]:
-        return ""
-    a, b = _pooled(data, langs, "orig", "lenient"), _pooled(data, langs, cond, "lenient")
-    return f"; format control (lenient accuracy) {np.mean(a):.3f} -> {np.mean(b):.3f}"
-
-
-def _both(data: Mapping[str, Any]) -> str:
-    return "both_pair" if "both_pair" in data["outcomes"] else "both"
-
-
-def rows_lowest(data: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """``lowest_language`` judged on the literal and on the headroom rule's languages (a tie:
-    their pooled items), each relative (when the baseline is above 0) and in points."""
-    low, claim = data["lowest"], C.LOWEST_LANGUAGE
-    rows = []
-    for rule, key in (("literal rule", "literal_languages"), ("headroom rule", "languages")):
-        langs = list(low.get(key) or [])
-        for reading in ("relative", "points"):
-            extra = {"variant": f"{rule}, {reading}", "langs": langs}
-            rows.append(_lowest_row(data, claim, langs, rule, reading, extra))
-    return rows
-
-
-def _lowest_row(data: Mapping[str, Any], claim: Claim, langs: list[str], rule: str,
-                reading: str, extra: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    low = data["lowest"]
-    tie = "" if len(langs) < 2 else f" (tied on dev: {len(langs)} languages pooled)"
-    details = (f"{rule}: {'+'.join(langs) or 'none'}{tie}; "
-               f"{low['rule'] if rule.startswith('headroom') else low['literal_rule']}")  # fmt: skip
-    if not langs:
-        why = ("no headroom: no non-English language's dev few-shot accuracy beats zero-shot "
-               f"(McNemar p < {low.get('p_threshold', 0.1):g})")  # fmt: skip
-        return make_row(claim, None, untestable=why, details=details, extra=extra)
-    ids, key = _ids(data, langs), outcome_key(data)
-    base, both, draws = (
-        _pooled(data, langs, "orig", key),
-        _pooled(data, langs, _both(data), key),
-        _draws(data, langs, key),
-    )
-    extra = {**extra, "outcome": OUTCOME_NAMES[key]}
-    ctl = pool_controls(draws)
-    vs = rank_population_test(both, draws, ids, base=base, direction=claim.direction)
-    details += (f"; outcome {OUTCOME_NAMES[key]}: orig {sum(base):.3g} of {len(base)}, "
-                f"{_both(data)} {sum(both):.3g}")  # fmt: skip
-    floor = repair_floor(data, langs, key)
-    if floor:
-        return make_row(claim, None, floor=floor, details=details, extra=extra)
-    if reading == "points":
-        eff = paired_test(base, both, ids, null=claim.threshold)
-        return make_row(claim, eff, population_gain_test(base, draws, ids), vs_control=vs,
-                        details=details + f"; gain in {OUTCOME_NAMES[key]} points", extra=extra)  # fmt: skip
-    if sum(base) == 0:
-        why = (f"the test {OUTCOME_NAMES[key]} of {'+'.join(langs)} without intervention is 0 "
-               f"(0 of {len(base)}): a relative gain is undefined; the points reading is judged")  # fmt: skip
-        return make_row(claim, None, untestable=why, details=details, extra=extra)
-    if np.array_equal(np.asarray(base), np.asarray(both)):  # nothing changes: a testable zero
-        return make_row(claim, no_change_relative(base, ids, null=claim.threshold),
-                        relative_test(base, ctl, ids), vs_control=vs,
-                        details=details + "; relative gain: no item changes", extra=extra)  # fmt: skip
-    eff = relative_test(base, both, ids, null=claim.threshold)
-    if eff.p is None and eff.extra.get("undefined"):  # e.g. the successes in one fact
-        why = f"the relative gain is undefined here: {eff.extra['undefined']}"
-        return make_row(claim, None, untestable=why, details=details, extra=extra)
-    return make_row(claim, eff, relative_test(base, ctl, ids), vs_control=vs,
-                    details=details + "; relative gain", extra=extra)  # fmt: skip
 
 
 def paired_values(items: Mapping[str, list[dict]], a: str, b: str, key: str = "correct",
@@ -653,7 +507,9 @@ def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
         return
     s = data["summary"]
     rep.add_text(config_sentence(s, data.get("n_ids")))
-    rep.add_figure(accuracy_ci_figure(s["intervals"]))
+    per_condition = ("random_task_s", "random_diff_s", "random_both_s")  # the rows give them
+    rep.add_figure(accuracy_ci_figure({c: v for c, v in s["intervals"].items()
+                                       if not c.startswith(per_condition)}))  # fmt: skip
     heading(rep, "fig-headroom", "Headroom and the lowest-performing language")
     low = data["lowest"]
     rep.add_text(
@@ -671,12 +527,15 @@ def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
 #: item), and of building over its build items x the per-item seconds: fitted on a measured
 #: quick card (docs/benchmarks.md, "Timings behind the card's cost model").
 REPAIR_FACTOR = 0.667
+#: Random populations the repair stage scores on test: one per condition (task, diff, both).
+POPULATIONS = 3
 BUILD_FACTOR = 1.44
 
 
 def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
-    """CPU seconds: the test items under every condition (orig, task, diff, both, each random
-    draw, the format control and the two lenient readings), the dev items under the grid
+    """CPU seconds: the test items under every condition (orig, task, diff, both, each draw of
+    the three random populations (task, diff, both), the format control and the two lenient
+    readings), the dev items under the grid
     (both vectors at every layer and scale, then the ``top_k`` pairs), and the build items'
     prompts (few-shot, zero-shot and translation: :data:`BUILD_FACTOR` scored items each)."""
     r = cfg["repair"]
@@ -690,7 +549,7 @@ def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, fl
     dev = items("dev_items", "dev_ids", r["dev_per_lang"])
     build = items("build_items", "test_ids", r.get("build_per_lang"))  # build ~ test fraction
     grid = 2 * len(r["layer_fractions"] or (0,)) * len(r["alphas"]) + 2 * r["top_k"] ** 2
-    scored = test * (4 + len(r["seeds"]) + 3) + dev * grid
+    scored = test * (4 + POPULATIONS * len(r["seeds"]) + 3) + dev * grid
     return (REPAIR_FACTOR * scored + BUILD_FACTOR * build) * scoring_seconds(cfg, unit)
 
 

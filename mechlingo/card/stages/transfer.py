@@ -38,6 +38,7 @@ from mechlingo.card.stages.base import (
 from mechlingo.card.stages.data import metric_of
 from mechlingo.card.statistics import (
     paired_test,
+    population_gain_test,
     ratio_test,
 )
 from mechlingo.core.errors import InputError
@@ -100,14 +101,44 @@ def stage_transfer(
             "subjects": subject_keys(facts)}  # fmt: skip
 
 
-def _items(cell: Mapping[str, Any], key: str) -> list[float]:
+def cell_outcome(cells: Sequence[Mapping[str, Any]]) -> str:
+    """The judged outcome of the transfer rows, as the repair rows': ``"share"`` (the gold
+    answer's probability share among the candidates) where every cell stored one for every
+    item (a ranking metric), else ``"correct"`` (0/1 correctness)."""
+    return "share" if cells and all("share" in c["items"] for c in cells) else "correct"
+
+
+def _items(cell: Mapping[str, Any], key: str, outcome: str = "correct") -> list[float]:
+    if outcome == "share":
+        sh = cell["items"]["share"]
+        return [float(x) for x in (sh["controls"][0] if key == "control" else sh[key])]
     return [float(x) for x in cell["items"][key]]
+
+
+def _cell_draws(cell: Mapping[str, Any], outcome: str) -> list[list[float]]:
+    """A cell's random population: every draw's outcomes (one draw, ``control``, in a cell
+    stored before the matrix drew a population)."""
+    if outcome == "share":
+        return [[float(x) for x in d] for d in cell["items"]["share"]["controls"]]
+    draws = cell["items"].get("controls") or [cell["items"]["control"]]
+    return [[float(x) for x in d] for d in draws]
+
+
+def pooled_draws(held: Sequence[Mapping[str, Any]], outcome: str) -> list[list[float]]:
+    """The held-out cells' populations pooled: draw i is every cell's draw i, concatenated in
+    the order of the cells' items (the population of the pooled gain); as many draws as the
+    smallest cell has."""
+    per = [_cell_draws(c, outcome) for c in held]
+    m = min(len(d) for d in per)
+    return [[x for d in per for x in d[i]] for i in range(m)]
 
 
 def rows_transfer(claim: Claim, data: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Independence in two readings: the pooled held-out gain (every ``all_but_R`` cell's
-    items on R, clustered by fact id, against its random control) and the retained share
-    (the held-out gain over the in-pool ``all`` gain on the same items, > 0.5)."""
+    items on R, clustered by fact id, against its population of random draws, by the
+    effect's rank among them) and the retained share (the held-out gain over the in-pool
+    ``all`` gain on the same items, > 0.5); both in the gold share where every cell has
+    one (:func:`cell_outcome`)."""
     held = [c for c in data["cells"] if str(c.get("row", "")).startswith("all_but_")
             and c.get("items")]  # fmt: skip
     if not held:
@@ -115,34 +146,37 @@ def rows_transfer(claim: Claim, data: Mapping[str, Any]) -> list[dict[str, Any]]
                "(too few relations or languages)")  # fmt: skip
         return [make_row(claim, None, untestable=why, extra={"variant": v})
                 for v in ("held-out gain", "retained share")]  # fmt: skip
+    key = cell_outcome([c for c in data["cells"] if c.get("items")])
+    name = {"share": "gold share", "correct": "accuracy"}[key]
     ids = [i for c in held for i in c["items"]["ids"]]
-    orig = [x for c in held for x in _items(c, "orig")]
-    new = [x for c in held for x in _items(c, "steered")]
-    ctl = [x for c in held for x in _items(c, "control")]
-    per = "; ".join(f"{c['col']}: {paired_test(_items(c, 'orig'), _items(c, 'steered')).estimate.format(2)}"
+    orig = [x for c in held for x in _items(c, "orig", key)]
+    new = [x for c in held for x in _items(c, "steered", key)]
+    draws = pooled_draws(held, key)
+    per = "; ".join(f"{c['col']}: {paired_test(_items(c, 'orig', key), _items(c, 'steered', key)).estimate.format(2)}"
                     for c in held)  # fmt: skip
-    # each cell has one random draw: a population of one, judged by rank (never decides)
-    vs = rank_population_test(new, [ctl], ids, base=orig, direction=claim.direction)
-    row1 = make_row(claim, paired_test(orig, new, ids), paired_test(orig, ctl, ids),
-                    vs_control=vs, extra={"variant": "held-out gain"},
-                    details=f"{len(held)} held-out cells pooled, clustered by fact id ({per}); "
-                    "control: one random vector per cell, a population of one draw (the "
-                    "transfer matrix scores no more)")  # fmt: skip
-    return [row1, _retained_row(claim, data["cells"], held)]
+    vs = rank_population_test(new, draws, ids, base=orig, direction=claim.direction)
+    extra = {"variant": "held-out gain", "outcome": name}
+    row1 = make_row(claim, paired_test(orig, new, ids), population_gain_test(orig, draws, ids),
+                    vs_control=vs, extra=extra,
+                    details=f"outcome: {name}; {len(held)} held-out cells pooled, clustered by "
+                    f"fact id ({per}); control: a population of {len(draws)} norm-matched "
+                    "random vectors per cell at the row's chosen place, judged by the "
+                    "effect's rank among them")  # fmt: skip
+    return [row1, _retained_row(claim, data["cells"], held, key)]
 
 
 def _retained_row(claim: Claim, cells: Sequence[Mapping[str, Any]],
-                  held: Sequence[Mapping[str, Any]]) -> dict[str, Any]:  # fmt: skip
+                  held: Sequence[Mapping[str, Any]], key: str = "correct") -> dict[str, Any]:  # fmt: skip
     share = replace(claim, threshold=RETAINED_SHARE)
-    extra = {"variant": "retained share"}
+    extra = {"variant": "retained share", "outcome": "gold share" if key == "share" else "accuracy"}
     num, den, ids, per = [], [], [], []
     for c in held:
         full = next((a for a in cells if a.get("row") == "all" and a.get("col") == c["col"]
                      and a.get("items")), None)  # fmt: skip
         if full is None or full["items"]["ids"] != c["items"]["ids"]:
             continue
-        o = np.array(_items(c, "orig"))
-        dn, dd = np.array(_items(c, "steered")) - o, np.array(_items(full, "steered")) - o
+        o = np.array(_items(c, "orig", key))
+        dn, dd = np.array(_items(c, "steered", key)) - o, np.array(_items(full, "steered", key)) - o
         num += list(dn)
         den += list(dd)
         ids += c["items"]["ids"]
@@ -183,15 +217,16 @@ class MatrixBudget(Budget):
     p_threshold: float | None = None
     seed: int | None = None
     layers: tuple[int, ...] | None = None
+    controls: int | None = None
 
     #: Settings that a budget leaves out unless given (they are not in the budgets' hash).
     OPTIONAL: ClassVar[tuple[str, ...]] = ("top_k", "en_tolerance", "p_threshold", "seed",
-                                            "layers")  # fmt: skip
+                                            "layers", "controls")  # fmt: skip
 
     def __post_init__(self) -> None:
         check(self.cells in (None, "full", "diagonal"), "transfer.matrix.cells",
               "must be 'full' or 'diagonal'")  # fmt: skip
-        for name in ("build_ids", "dev_ids", "test_ids", "screen_ids", "top_k"):
+        for name in ("build_ids", "dev_ids", "test_ids", "screen_ids", "top_k", "controls"):
             v = getattr(self, name)
             check(v is None or v >= 1, f"transfer.matrix.{name}", "must be at least 1")
         check(self.layer_fractions is None or all(0 <= x <= 1 for x in self.layer_fractions),
@@ -226,13 +261,13 @@ class TransferBudget(Budget):
 QUICK = TransferBudget(
     relations=("capital", "currency"), limit=24, langs=("en", "fr", "es"), max_new_tokens=6,
     matrix=MatrixBudget(cells="diagonal", build_ids=4, dev_ids=4, test_ids=4, screen_ids=2,
-                        layer_fractions=(0.55,), alphas=(0.28, 0.6)),
+                        layer_fractions=(0.55,), alphas=(0.28, 0.6), controls=5),
 )  # fmt: skip
 FULL = TransferBudget(
     relations=("capital", "currency", "language"), limit=40, langs=("en", "fr", "es"),
     max_new_tokens=6,
     matrix=MatrixBudget(cells="diagonal", build_ids=12, dev_ids=8, test_ids=12, screen_ids=3,
-                        layer_fractions=(0.35, 0.55), alphas=(0.28, 0.6)),
+                        layer_fractions=(0.35, 0.55), alphas=(0.28, 0.6), controls=20),
 )  # fmt: skip
 
 
@@ -285,7 +320,8 @@ def matrix_item_conditions(by: str, m: Mapping[str, Any], rels: int, langs: int,
     ``langs`` languages (English among them): each distinct row's dev search (the screen's
     ``screen_ids`` ids under no intervention and both vectors at every layer and scale, then
     ``dev_ids`` ids under no intervention, each vector's ``top_k`` finalists and their pairs)
-    and each cell's test items (steered and control, the unsteered items once per column).
+    and each cell's test items (steered and each of the ``controls`` random draws, the
+    unsteered items once per column).
     Rows equal in vectors and dev facts search once (with two relations ``all_but_A`` is
     ``only_B``); ``all_row_searched=False``: the ``all`` row's search came from the other
     matrix of the same run. One item-condition costs the metric's measured seconds per item
@@ -310,7 +346,8 @@ def matrix_item_conditions(by: str, m: Mapping[str, Any], rels: int, langs: int,
         cells = 2 * other
         per_cell = test * rels
     cols = rels if by == "relation" else other
-    return searches + 2 * cells * per_cell + cols * per_cell
+    draws = int(m.get("controls") or 1)
+    return searches + (1 + draws) * cells * per_cell + cols * per_cell
 
 
 def _cost(by: str) -> Any:

@@ -20,6 +20,7 @@ from mechlingo.analyses.recall.settings import (
     ScoringOptions,
     matrix_layers,
 )
+from mechlingo.core.errors import InputError
 from mechlingo.core.sites import every_second_layer, layers_at
 from mechlingo.data import LANGS, RELATIONS, load_facts, natural_templates
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
@@ -440,3 +441,22 @@ def test_build_settings_default_and_the_recorded_ones():
     assert BuildSettings.of({}) == BuildSettings()  # vectors that record nothing
     got = BuildSettings.of({"k_shot": 2, "translation_shots": 0, "unit": "raw"})
     assert (got.k_shot, got.translation_shots, got.unit) == (2, 0, "raw")
+
+
+def test_a_random_population_per_condition():
+    """With ``controls="each"`` task, diff and both each get their own population; the one
+    that ``random_s`` already is (matched to the selected condition at the chosen config) is
+    not scored twice, and a dev-chosen pair gives 'both' its own population at the pair."""
+    from mechlingo.analyses.recall.steer_eval import SteerEvalOptions, population_names
+
+    assert population_names("both", False, "each") == {
+        "task": "random_task_s", "diff": "random_diff_s", "both": "random_s"}  # fmt: skip
+    assert population_names("task", False, "each")["task"] == "random_s"
+    assert population_names("both", True, "each")["both"] == "random_both_s"
+    assert population_names("diff", True, "selected") == {"diff": "random_s"}
+    with pytest.raises(InputError, match="controls"):
+        SteerEvalOptions(controls="all")
+    with pytest.raises(InputError, match="controls"):
+        protocol.RandomControls((0, 1), "all")
+    each = SteerEvalOptions(seeds=(0, 1), controls="each").kw()["seeds"]
+    assert each == protocol.RandomControls((0, 1), "each")

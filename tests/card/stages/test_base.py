@@ -315,8 +315,8 @@ def test_budgets_hash_is_computed_from_the_dataclasses_and_unchanged():
 
     # the hash of the budgets the documented cards ran (a change is logged in
     # docs/replicate.md with the cards before and after; it makes stored stages unused)
-    assert BUDGETS_HASH == stages.BUDGETS_HASH == "2b4e02ad79b47408"
-    assert STAGE_VERSION == 5  # 5: a user's facts scoped by the budget
+    assert BUDGETS_HASH == stages.BUDGETS_HASH == "ce6bb2303a1c50df"
+    assert STAGE_VERSION == 6  # 6: a random population per condition and per transfer cell
     plain = {"quick": stages.QUICK.to_dict(), "full": stages.FULL.to_dict()}
     text = json.dumps(plain, sort_keys=True).encode()
     assert hashlib.sha256(text).hexdigest()[:16] == BUDGETS_HASH
@@ -370,9 +370,9 @@ def test_the_planner_estimates_a_nested_override():
     old = estimate_seconds(base, ["lu2025"], sizes, unit)["transfer_relation"]
     # by hand, 2 relations x 3 languages: 3 distinct rows search (all; with two relations
     # all_but_A is only_B) 3 languages x (2 screen ids x 5 conditions + 4 dev ids x 4), and 6
-    # diagonal cells score test ids x 2 languages steered and control, unsteered once per
-    # column (2): 234 + 28 x test ids
-    assert old == pytest.approx((234 + 28 * 4) * 0.1) and new == pytest.approx((234 + 28 * 6) * 0.1)
+    # diagonal cells score test ids x 2 languages steered and under the 5 random draws of
+    # the cell's population, unsteered once per column (2): 234 + 76 x test ids
+    assert old == pytest.approx((234 + 76 * 4) * 0.1) and new == pytest.approx((234 + 76 * 6) * 0.1)
 
 
 def test_run_order_follows_the_declared_needs():
@@ -423,7 +423,7 @@ QUICK_BEFORE = {"repair": {"test_per_lang": 24, "top_k": 2, "build_per_lang": No
                 "experts": {"n_eval": 32, "eval_per_doc": 4},
                 "transfer": {"relations": ["capital", "currency", "language"],
                              "langs": ["en", "fr", "es", "ru"],
-                             "matrix": {"build_ids": 6, "test_ids": 8}},
+                             "matrix": {"build_ids": 6, "test_ids": 8, "controls": 1}},
                 "decoders": {"per_lang": 6}, "conversion": {"n_prompts": 6}}  # fmt: skip
 FULL_BEFORE = {"experts": {"n_eval": 60, "eval_per_doc": 5},
                "transfer": {"langs": ["en", "fr", "es", "ru", "ja", "hi"]},
@@ -438,13 +438,16 @@ def test_every_stage_declares_a_cost_model_and_the_card_sums_them():
     cfg = {**budget_settings("quick", QUICK_BEFORE), "metric": "rank"}
     est = estimate_seconds(cfg, ["lu2025", "sundar2025"], QUICK_SIZES, QUICK_UNIT)
     assert list(est) == list(QUICK_MEASURED)  # the metric stage first, then the run order
-    # repair by hand: 24 test ids x 6 languages under 4 + 5 random + 3 conditions, 10 dev ids
-    # x 6 languages under the grid (2 vectors x 2 layers x 2 scales + 2 x top_k^2 = 16)
+    # repair by hand: 24 test ids x 6 languages under 4 + 3 populations x 5 random + 3
+    # conditions, 10 dev ids x 6 languages under the grid (2 vectors x 2 layers x 2 scales +
+    # 2 x top_k^2 = 16)
     from mechlingo.card.stages.repair import BUILD_FACTOR, REPAIR_FACTOR
 
     # and the 324 build items (54 ids x 6 languages: every build id, before build_per_lang)
-    hand = (REPAIR_FACTOR * (24 * 6 * 12 + 10 * 6 * 16) + BUILD_FACTOR * 324) * QUICK_UNIT["rank"]
+    hand = (REPAIR_FACTOR * (24 * 6 * 22 + 10 * 6 * 16) + BUILD_FACTOR * 324) * QUICK_UNIT["rank"]
     assert est["repair"] == pytest.approx(hand, abs=0.1)
+    # the measured card scored one population (the selected condition's): 10 conditions fewer
+    est["repair"] -= REPAIR_FACTOR * 24 * 6 * 10 * QUICK_UNIT["rank"]
     # the stage whose cost was missing before: the trace is every item scored and read
     assert est["trace"] == pytest.approx(144 * 0.1708 * (1 + 1.06), abs=0.1)
     # against the measured quick card (the models were fitted on it: each stage within 5%);
@@ -465,7 +468,8 @@ def test_every_stage_declares_a_cost_model_and_the_card_sums_them():
     more = estimate_seconds(cfg, ["lu2025"], {**QUICK_SIZES, "trace_items": 288,
                                                "external_items": 100}, QUICK_UNIT)  # fmt: skip
     assert more["trace"] == pytest.approx(2 * est["trace"], abs=0.2)
-    assert more["external"] == pytest.approx(4 * 100 * 0.1708, abs=0.1)
+    # (orig, task, diff, both and 3 populations of 5 random vectors: 19 conditions)
+    assert more["external"] == pytest.approx(19 * 100 * 0.1708, abs=0.1)
     assert "experts" not in more  # one paper: only its stages
     # the experts stage of the full card of 4 December (704 CPU-seconds measured, before the
     # resizing; its per-item seconds were not stored, so the quick card's): within 15% (the

@@ -492,11 +492,11 @@ def test_new_claims_are_appended_with_their_stages():
 
 
 # --------------------------------------------------------------------------------------
-# A --facts DIR card on the invented BMLAMA fixture (tiny model, tiny settings)
+# An --external DIR card on the invented BMLAMA fixture (tiny model, tiny settings)
 # --------------------------------------------------------------------------------------
 
 
-def test_facts_dir_benchmark_adds_external_rows(tiny_dir, tmp_path, monkeypatch):
+def test_external_benchmark_adds_external_rows(tiny_dir, tmp_path, monkeypatch):
     from mechlingo.cli import main
     from tests.card.test_replicate import TINY, _fake_transfer
 
@@ -513,7 +513,7 @@ def test_facts_dir_benchmark_adds_external_rows(tiny_dir, tmp_path, monkeypatch)
         str(tiny_dir),
         "--paper",
         "lu2025",
-        "--facts",
+        "--external",
         str(FIXTURE),
         "--settings",
         json.dumps(settings),
@@ -533,7 +533,9 @@ def test_facts_dir_benchmark_adds_external_rows(tiny_dir, tmp_path, monkeypatch)
         # 8 invented facts x 3 languages, non-English items clustered by fact id
         assert r["value"]["estimate"]["n"] == 16 and r["value"]["n_clusters"] == 8
         assert r["control"] is not None and r["vs_control"] is not None
-        assert "metric rank" in r["details"]
+        assert "metric rank" in r["details"] and r["outcome"] == "gold share"
+        # each condition against its own population of the repair stage's random seeds
+        assert r["vs_control"]["extra"]["draws"] == len(TINY["repair"]["seeds"])
     for cid in ("latent_english", "latent_english_patchscope", "conversion_causal"):
         assert rows[cid]["verdict"] != "error", rows[cid]
     assert rows["latent_english_tuned"]["verdict"] == NOT_TESTABLE

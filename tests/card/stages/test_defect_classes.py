@@ -228,3 +228,86 @@ def test_the_card_says_which_readings_were_chosen_after_the_data():
     pre = card.to_json()["preregistration"]
     assert pre["rules_hash"] == RULES_HASH and pre["budgets_hash"] == "abc"
     assert len(pre["hash"]) == 16 and pre["hash"] in card.to_markdown()
+
+
+def test_each_condition_is_judged_against_its_own_population():
+    """Dev selected 'both'; the random population matched to 'both' (``random_s``) does
+    nothing, while the task vector's own population (random task at its layer and scale)
+    does as well as the task vector on every item. The task row is judged against its own
+    population: rank p 1 (5 of 5 draws as good), not 1/6 against the population of 'both'."""
+    n = 12
+    conds = {"task": [1] * n, "diff": [0] * n, "both": [1] * n}
+    conds |= {f"random_s{i}": [0] * n for i in range(5)}  # matched to 'both'
+    conds |= {f"random_task_s{i}": [1] * n for i in range(5)}  # matched to 'task'
+    conds |= {f"random_diff_s{i}": [0] * n for i in range(5)}
+    d = _data(n, [0] * n, conds)
+    d["populations"] = {"task": "random_task_s", "diff": "random_diff_s", "both": "random_s"}
+    rows = _rows(d)
+    task = rows[("task_vector", None)]
+    assert task["vs_control"]["extra"]["p_rank"] == pytest.approx(1.0)
+    assert task["control"]["estimate"]["estimate"] == pytest.approx(1.0)  # its draws' gain
+    assert "random_task_s0" in task["details"] and task["verdict"] != HOLDS
+    both = rows[("lowest_language", "headroom rule, points")]
+    assert both["vs_control"]["extra"]["p_rank"] == pytest.approx(1 / 6)  # against random_s
+
+
+def _external_items(n, share_orig, share_new, conds):
+    """Benchmark items of ``n`` facts in fr (and en): every condition right on every item;
+    the gold share ``share_orig`` under orig and the random draws, ``share_new`` under
+    ``conds``."""
+
+    def recs(share):
+        return [{"id": f"b/{i}", "lang": lg, "correct": True, "logshare": float(np.log(share)),
+                 "share": share, "ranking": [0, 1]} for lg in ("en", "fr") for i in range(n)]  # fmt: skip
+
+    items = {"orig": recs(share_orig)}
+    items |= {c: recs(share_new) for c in conds}
+    items |= {f"random_{c}_s{i}": recs(share_orig) for c in ("task", "diff", "both")
+              for i in range(3)}  # fmt: skip
+    return items
+
+
+def test_the_external_rows_judge_the_gold_share():
+    """A benchmark scored by ranking (BMLAMA): the gold share rises 0.30 -> 0.55 on every item
+    while the top-1 answer (already right) does not move. The external rows state the gold
+    share and read +0.25 against their own conditions' populations (they read 0.000: 0/1)."""
+    from mechlingo.card.stages import external
+
+    data = {"metric": "rank", "n_facts": 10, "config": {},
+            "items": _external_items(10, 0.30, 0.55, ("task", "diff", "both")),
+            "populations": {c: f"random_{c}_s" for c in ("task", "diff", "both")}}  # fmt: skip
+    rows = external.rows_external(data)
+    assert len(rows) == 3
+    for row in rows:
+        assert row["value"]["estimate"]["estimate"] == pytest.approx(0.25)
+        assert row["outcome"] == "gold share" and "gold" in row["measure"]
+        assert row["vs_control"]["extra"]["draws"] == 3
+
+
+def _cell(row, col, n, orig, steered, draws, shares=None):
+    ids = [f"{col}/{i}" for i in range(n)]
+    items = {"ids": ids, "orig": orig, "steered": steered, "control": draws[0],
+             "controls": draws}  # fmt: skip
+    if shares is not None:
+        items["share"] = shares
+    return {"row": row, "col": col, "items": items}
+
+
+def test_the_independence_rows_judge_a_population_of_draws():
+    """Held-out cells with 20 random draws each, all below the held-out vectors: the rank p
+    is 1/21 (the population's floor), not the 0.5 floor of one draw treated as fixed; where
+    the cells carry gold shares (a ranking metric) the row judges the share."""
+    from mechlingo.card.stages import transfer
+
+    n = 10
+    draws = [[0.0] * n for _ in range(20)]
+    cells = [_cell(f"all_but_{c}", c, n, [0.0] * n, [1.0] * n, draws) for c in ("a", "b")]
+    (gain, _) = transfer.rows_transfer(claims.INDEPENDENT_RELATIONS, {"cells": cells})
+    assert gain["vs_control"]["extra"]["draws"] == 20
+    assert gain["vs_control"]["p"] == pytest.approx(1 / 21)
+    assert gain["outcome"] == "accuracy"
+    sh = {"orig": [0.3] * n, "steered": [0.55] * n, "controls": [[0.3] * n] * 20}
+    cells = [_cell(f"all_but_{c}", c, n, [1.0] * n, [1.0] * n, draws, sh) for c in ("a", "b")]
+    (gain, _) = transfer.rows_transfer(claims.INDEPENDENT_RELATIONS, {"cells": cells})
+    assert gain["value"]["estimate"]["estimate"] == pytest.approx(0.25)
+    assert gain["outcome"] == "gold share" and "gold" in gain["measure"]

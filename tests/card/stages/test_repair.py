@@ -114,7 +114,7 @@ def test_repair_rows_cluster_by_fact_and_pool_the_seeds():
     assert task["vs_control"]["extra"]["p_rank"] == pytest.approx(1 / 3)
     assert task["vs_control"]["p"] == pytest.approx(1 / 3)
     assert task["vs_control"]["extra"]["p_t"] < 0.05 and task["vs_control"]["extra"]["draws"] == 2
-    assert task["verdict"] == INCONCLUSIVE and "needs at least" in task["reason"]
+    assert task["verdict"] == INCONCLUSIVE and "undecidable at this budget: needs" in task["reason"]
     assert task["outcome"] == "accuracy"  # no gold shares stored: 0/1 correctness
     assert rows[("diff_vector", None)]["verdict"] != HOLDS  # no change at all
     # the lowest language: literal ru (baseline 0: the relative reading is untestable, with
