@@ -380,7 +380,9 @@ def _achieved_mde(row: Mapping[str, Any], pr: PlanRow) -> tuple[float | None, st
     if row.get("value") is None:
         return None, "no test"
     mde = row.get("mde")
-    return (None if mde is None else round(float(mde), 4)), "from the achieved SE (t on its df)"
+    if mde is None or not math.isfinite(float(mde)):
+        return None, "its achieved SE gives no minimum detectable effect (too few clusters)"
+    return round(float(mde), 4), "from the achieved SE (t on its df)"
 
 
 def plan_scenario(row: PlanRow) -> Scenario:
