@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -383,8 +383,3 @@ def _achieved_mde(row: Mapping[str, Any], pr: PlanRow) -> tuple[float | None, st
     if mde is None or not math.isfinite(float(mde)):
         return None, "its achieved SE gives no minimum detectable effect (too few clusters)"
     return round(float(mde), 4), "from the achieved SE (t on its df)"
-
-
-def plan_scenario(row: PlanRow) -> Scenario:
-    """The :class:`~mechlingo.card.power.Scenario` a plan row was simulated at."""
-    return replace(Scenario(row.id, "share", row.unit, 2), **row.scenario)
