@@ -26,6 +26,7 @@ SECONDS: dict[str, float] = {
     "tests/activations/test_prefix.py": 53,
     "tests/system/test_demo_figures.py": 47,
     "tests/cli/test_work.py": 41,
+    "tests/card/test_power.py": 34,
     "tests/system/test_faults.py": 41,
     "tests/system/test_docs.py": 39,
     "tests/core/test_families.py": 38,

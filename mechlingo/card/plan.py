@@ -1,13 +1,17 @@
-"""The claims card's power planner: what each primary row needs to be decided, before any
-test item is scored.
+"""The claims card's power planner: each primary row's power, simulated through its verdict.
 
-For each primary row of a paper (:data:`PRIMARY`) :func:`plan_card` takes the effect to detect
-(:data:`EFFECTS`: the paper's, or a stated smallest effect of interest), the family-wise level
-and 80% power, and a standard deviation per unit (from the dev split where it exists, else a
-stated bound), and gives the units needed (:func:`units_needed`, with the design effect of
-:func:`dev_icc`), the random draws a population row needs (:data:`MIN_DRAWS`) and the CPU
-time; a :class:`PlanRow` the data cannot decide names its limit and what to pass.
-``docs/replicate.md`` ("Planning a card") has the bounds, the formula and a measured plan.
+For each primary row of a paper (:data:`PRIMARY`) :func:`plan_card` builds a
+:class:`~mechlingo.card.power.Scenario` at the units the configured budget will have after
+every cap (test facts per language x languages, evaluation documents x sentences, BOS
+samples, languages, the random draws of its control), with the outcome's mean, spread and
+intra-cluster correlation from the dev split where it gives them (else stated bounds), and
+:func:`~mechlingo.card.power.simulate_power` runs that row's own tests and verdict at the
+planned effect (:data:`EFFECTS`): the planned power is the rate of ``holds``, with its Monte
+Carlo SE. :func:`~mechlingo.card.power.minimum_detectable` gives the effect that reaches 80%
+at those units, and the clusters the planned effect needs follow from it (an MDE shrinks
+as one over the square root of the clusters); :func:`annotate_rows` adds the plan and the achieved minimum detectable effect to the
+card's rows and marks a row whose achieved MDE exceeds its planned effect.
+``docs/replicate.md`` ("Planning a card") has the bounds, the method and a measured plan.
 """
 
 from __future__ import annotations
@@ -22,70 +26,47 @@ import numpy as np
 from mechlingo.card.claims import LOWEST_LANGUAGE, SESOI_GAIN
 from mechlingo.card.claims import PRIMARY as CLAIMS_PRIMARY
 from mechlingo.card.population import draws_needed
+from mechlingo.card.power import POWER, Scenario, minimum_detectable, simulate_power
 from mechlingo.card.rules import LU, SUNDAR
 
-__all__ = ["EFFECTS", "PRIMARY", "Plan", "PlanRow", "dev_icc", "plan_card", "units_needed"]
+__all__ = ["EFFECTS", "PRIMARY", "Plan", "PlanRow", "annotate_rows", "dev_icc", "plan_card"]
 
 #: The primary rows of each paper (one family each): the claims' pre-registered families.
 PRIMARY: dict[str, tuple[str, ...]] = {p: CLAIMS_PRIMARY[p] for p in (LU, SUNDAR)}
-#: The true relative gain the planner plans ``lowest_language`` for: twice the paper's
-#: threshold. The verdict needs the interval above +35%, so a true gain of +35% is found
-#: with probability alpha, never with 80% power; the test's effect is this minus 0.35.
-LOWEST_PLANNED = 2 * LOWEST_LANGUAGE.threshold
-#: ``{row: (effect, where it comes from)}``; ``lowest_language``'s is relative (x baseline).
+#: ``{row: (effect, where it comes from)}``: the true effect each row is planned for, beyond
+#: its threshold in the claim's direction, in the judged outcome's units.
 EFFECTS: dict[str, tuple[float, str]] = {
-    "latent_english": (0.15, "smallest effect of interest: English first in 65% (null 50%)"),
-    "recall_failures": (0.15, "smallest effect of interest: 65% of errors (null 50%)"),
-    "task_vector": (SESOI_GAIN, "smallest effect of interest: +0.05 in the gold share"),
-    "diff_vector": (SESOI_GAIN, "smallest effect of interest: +0.05 in the gold share"),
+    "latent_english": (0.15, "English first in 65% of the queries (threshold 50%)"),
+    "recall_failures": (0.15, "65% of the errors recall failures (threshold 50%)"),
+    "task_vector": (SESOI_GAIN, "smallest effect of interest: +0.05 in the judged outcome"),
+    "diff_vector": (SESOI_GAIN, "smallest effect of interest: +0.05 in the judged outcome"),
     "lowest_language": (
-        LOWEST_PLANNED - LOWEST_LANGUAGE.threshold,
-        "a true gain of +70% relative (twice the paper's threshold) against the threshold +35%",
+        LOWEST_LANGUAGE.threshold,
+        "a true relative gain of +70% (twice the paper's threshold) against the threshold +35%",
     ),
     "independent_relations": (SESOI_GAIN, "smallest effect of interest: +0.05 held out"),
     "independent_languages": (SESOI_GAIN, "smallest effect of interest: +0.05 held out"),
-    "retrieval_gain_max": (0.5, "standardised: d = 0.5 (a maximum over pairs: no closed form)"),
-    "experts_exist": (0.10, "smallest effect of interest: AUROC 0.10 above random neurons"),
+    "experts_exist": (0.10, "AUROC 0.10 above the random neuron sets' (their SD 0.03)"),
+    "experts_disjoint": (0.05, "excess overlap 0.05 below the threshold 0.10 (pairs' SD 0.05)"),
     "clamp_steers": (0.10, "smallest effect of interest: +0.10 target-language rate"),
     "clamp_closer": (0.5, "standardised: paired d = 0.5 (no dev variance before the clamp)"),
-    "retrieval_improves": (0.5, "standardised: paired d = 0.5 (no dev variance before the clamp)"),
-    "random_neurons": (0.5, "equivalence margin as paired d = 0.5"),
-    "experts_disjoint": (0.05, "smallest effect of interest: overlap 0.05 above chance k/N"),
+    "retrieval_improves": (0.10, "+0.10 mean top-1 (twice the smallest effect of interest)"),
+    "retrieval_gain_max": (2.0, "the clamp's largest ratio 2 SD above the random clamps'"),
 }
-#: Rows judged against a random population by the effect's rank among the draws.
-POPULATION_ROWS = ("task_vector", "diff_vector", "lowest_language", "independent_relations",
-                   "independent_languages", "experts_exist", "clamp_steers", "clamp_closer",
-                   "retrieval_improves", "retrieval_gain_max")  # fmt: skip
+#: Stated bounds where no split measures a row's outcome before the run: the SD of one
+#: unit, the intra-cluster correlation, the baseline.
+BOUNDS: dict[str, dict[str, float]] = {
+    "clamp_steers": {"base": 0.5},
+    "clamp_closer": {"sd": 1.0, "icc": 0.3, "base": 0.0},
+    "retrieval_improves": {"sd": 0.25, "icc": 0.3, "base": 0.5},
+    "experts_exist": {"sd": 0.03},
+    "experts_disjoint": {"sd": 0.05},
+    "retrieval_gain_max": {"sd": 1.0},
+}
 ALPHA = 0.05
 #: The draws a population row of each paper's primary family needs to be decidable at
 #: Holm's first step (:func:`~mechlingo.card.population.draws_needed`: 20 x the family).
 MIN_DRAWS = {p: draws_needed(len(PRIMARY[p]), ALPHA) for p in PRIMARY}
-POWER = 0.8
-
-
-def units_needed(effect: float, sd: float, alpha: float, design_effect: float = 1.0,
-                 per_cluster: float = 1.0) -> int:  # fmt: skip
-    """Units (items) for a two-sided t test at ``alpha`` with :data:`POWER` to detect
-    ``effect`` when one unit's outcome has standard deviation ``sd``, times the design
-    effect: the quantiles of Student's t on G - 1 df, as the verdict's CR2 intervals use, G
-    the clusters (``per_cluster`` units each); at least 2."""
-    from scipy import stats as sps
-
-    if effect <= 0:
-        return 10**9
-
-    def need(df: float | None) -> int:
-        q = (sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(POWER) if df is None
-             else sps.t.ppf(1 - alpha / 2, df) + sps.t.ppf(POWER, df))  # fmt: skip
-        return max(2, math.ceil((float(q) * sd / effect) ** 2 * design_effect))
-
-    n = need(None)  # the normal approximation: a lower bound; t's quantiles only add
-    for _ in range(1000):  # the smallest n that t on its own clusters' df accepts
-        more = need(max(1.0, math.ceil(n / per_cluster) - 1))
-        if more <= n:
-            break
-        n = more
-    return n
 
 
 def dev_icc(items: Sequence[Mapping[str, Any]], key: str = "correct") -> float:
@@ -109,28 +90,37 @@ def dev_icc(items: Sequence[Mapping[str, Any]], key: str = "correct") -> float:
 
 @dataclass
 class PlanRow:
-    """One primary row's plan: ``needed`` units (``unit``: facts, documents, BOS samples or
-    languages) against ``available``, ``draws_needed`` against ``draws``, the CPU seconds at
-    the needed size, and ``limit``/``fix`` when the data given cannot decide it."""
+    """One primary row's plan: the planned ``effect``; the ``available`` clusters (``unit``:
+    facts, documents, BOS samples, languages, random draws) the budget's capped data has, of
+    ``per`` items each; ``draws`` against ``draws_needed``; the simulated ``power`` at the
+    planned effect with its Monte Carlo ``power_se`` over ``power_reps`` rows; ``mde``: the
+    effect with 80% power at these units (``None``: none reaches it); ``needed``: the
+    clusters the planned effect needs (``None``: no number does); the CPU seconds at the
+    planned size; ``limit``/``fix`` when the row is planned below 80%; ``scenario``: what the
+    simulation assumed."""
 
     paper: str
     id: str
     unit: str
     effect: float
     effect_source: str
-    sd: float
-    design_effect: float
-    needed: int
     available: int
-    draws_needed: int | None
+    per: int
     draws: int | None
+    draws_needed: int | None
+    power: float
+    power_se: float
+    power_reps: int
+    mde: float | None
+    needed: int | None
     cpu_seconds: float
+    scenario: dict[str, Any] = field(default_factory=dict)
     limit: str | None = None
     fix: str | None = None
 
     @property
     def decidable(self) -> bool:
-        """Whether the data and draws given reach the planned power."""
+        """Whether the row is planned at 80% power or more."""
         return self.limit is None
 
 
@@ -146,26 +136,29 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         """JSON: rows (with ``decidable``), levels, inputs, and under ``seconds`` what was
-        measured (the per-item costs and the card's estimate: they vary from run to run)."""
+        measured (the per-item CPU costs and the card's estimate: they vary from run to run)."""
         rows = [{**asdict(r), "decidable": r.decidable} for r in self.rows]
         measured = ("cost_seconds_per_item", "stage_seconds")
         inputs = {k: v for k, v in self.inputs.items() if k not in measured}
         seconds = {"card": round(60 * self.card_minutes, 1),
                    "per_item": self.inputs.get("cost_seconds_per_item", {}),
                    "stages": self.inputs.get("stage_seconds", {})}  # fmt: skip
-        return {"rows": rows, "alpha": self.alpha, "power": POWER, "inputs": inputs,
-                "seconds": seconds}  # fmt: skip
+        return {"rows": rows, "alpha": self.alpha, "power": POWER, "method": METHOD,
+                "inputs": inputs, "seconds": seconds}  # fmt: skip
 
     def __str__(self) -> str:
-        head = (f"{'row':<20} {'unit':<10} {'effect':>7} {'sd':>6} {'deff':>5} {'need':>6} "
-                f"{'have':>6} {'draws':>9} {'CPU min':>8}  decidable")  # fmt: skip
-        lines = [f"power plan (power {POWER:g}; levels " + ", ".join(
-            f"{p} {a:.4f}" for p, a in self.alpha.items()) + ")", head]  # fmt: skip
+        head = (f"{'row':<22} {'unit':<12} {'effect':>6} {'have':>9} {'draws':>7} "
+                f"{'power (SE, reps)':>19} {'MDE':>6} {'need':>5} {'CPU min':>7}  decidable")  # fmt: skip
+        lines = [f"power plan (simulated through each row's verdict; power {POWER:g}; levels "
+                 + ", ".join(f"{p} {a:.4f}" for p, a in self.alpha.items()) + ")", head]  # fmt: skip
         for r in self.rows:
             draws = "" if r.draws_needed is None else f"{r.draws}/{r.draws_needed}"
+            have = f"{r.available}x{r.per}" if r.per > 1 else str(r.available)
+            pw = f"{r.power:.2f} ({r.power_se:.2f}, {r.power_reps})"
             lines.append(
-                f"{r.id:<20} {r.unit:<10} {r.effect:>7.3g} {r.sd:>6.3f} {r.design_effect:>5.2f} "
-                f"{r.needed:>6} {r.available:>6} {draws:>9} {r.cpu_seconds / 60:>8.1f}  "
+                f"{r.id:<22} {r.unit:<12} {r.effect:>6.3g} {have:>9} {draws:>7} {pw:>19} "
+                f"{_num(r.mde):>6} {'-' if r.needed is None else r.needed:>5} "
+                f"{r.cpu_seconds / 60:>7.1f}  "
                 + ("yes" if r.decidable else f"no: {r.limit}; pass {r.fix}")
             )
         per = self.inputs.get("stage_seconds") or {}
@@ -176,11 +169,24 @@ class Plan:
         return "\n".join(lines)
 
 
+#: How the plan's numbers are made (stored with the plan).
+METHOD = ("power: the rate of 'holds' of the row's own tests and verdict on simulated data "
+          "at the budget's capped units and the planned effect (Monte Carlo SE at most 0.02); "
+          "mde: the effect reaching 80% by bisection on the same simulation; needed: the "
+          "clusters at which that MDE shrinks to the planned effect (MDE ~ 1 / sqrt(clusters))")  # fmt: skip
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
 def _lu_inputs(metric_data: Mapping[str, Any] | None, metric: str) -> dict[str, Any]:
-    """Dev outcome mean, variance and ICC (non-English items) under the card's metric."""
+    """Dev outcome mean, variance and ICC (non-English items) under the card's metric, the
+    dev accuracy, and the lowest language's mean and variance."""
     items = [r for r in (metric_data or {}).get("items", {}).get(metric, []) if r["lang"] != "en"]
     key = "share" if metric == "rank" and items and items[0].get("share") is not None else "correct"
     vals = np.asarray([float(r[key]) for r in items]) if items else np.asarray([0.0])
+    acc = float(np.mean([float(r["correct"]) for r in items])) if items else 0.0
     by: dict[str, list[float]] = {}
     for r in items:
         by.setdefault(r["lang"], []).append(float(r[key]))
@@ -188,115 +194,123 @@ def _lu_inputs(metric_data: Mapping[str, Any] | None, metric: str) -> dict[str, 
     low = min(lows, key=lambda lg: lows[lg]) if lows else None
     return {"outcome": "gold share" if key == "share" else "accuracy", "key": key,
             "mean": float(vals.mean()), "var": float(vals.var(ddof=1)) if len(vals) > 1 else 0.25,
-            "icc": dev_icc(items, key), "lowest": low,
+            "icc": dev_icc(items, key), "accuracy": acc, "lowest": low,
             "lowest_mean": lows.get(low, 0.0) if low else 0.0,
             "lowest_var": float(np.var(by[low], ddof=1)) if low and len(by[low]) > 1 else 0.25,
             "n_items": len(items)}  # fmt: skip
 
 
+def _planned(paper: str, sc: Scenario, cpu_per_cluster: float, fix_data: str,
+             fix_draws: str) -> PlanRow:  # fmt: skip
+    """A row's simulated plan at ``sc`` (its power, MDE and the clusters it needs)."""
+    eff, src = EFFECTS[sc.row]
+    pw = simulate_power(sc, eff)
+    mde = minimum_detectable(sc)
+    needed = None if mde is None else max(2, math.ceil(sc.g * (mde / eff) ** 2))
+    need_draws = None if sc.draws is None else draws_needed(sc.k, ALPHA)
+    row = PlanRow(paper, sc.row, sc.unit, eff, src, sc.g, sc.per, sc.draws, need_draws,
+                  round(pw["power"], 4), round(pw["se"], 4), int(pw["reps"]),
+                  None if mde is None else round(mde, 4), needed,
+                  round((needed or sc.g) * cpu_per_cluster, 1), sc.to_json())  # fmt: skip
+    if pw["power"] >= POWER:
+        return row
+    if sc.draw_limited:
+        row.limit = (f"needs {need_draws} random draws for its rank p to reach the primary "
+                     f"family's first Holm step, the budget has {sc.draws}")  # fmt: skip
+        row.fix = fix_draws
+    else:
+        more = "" if needed is None else f"; {needed} {sc.unit} reach it"
+        row.limit = f"power {pw['power']:.2f} at the {sc.g} {sc.unit} the budget reads{more}"
+        row.fix = fix_data
+    return row
+
+
 def _lu_rows(cfg: Mapping[str, Any], inp: Mapping[str, Any], avail: Mapping[str, Any],
-             cost: Mapping[str, float], alpha: float) -> list[PlanRow]:  # fmt: skip
+             cost: Mapping[str, float]) -> list[PlanRow]:  # fmt: skip
     m = max(1, len([lg for lg in cfg["lu_langs"] if lg != "en"]))
-    deff = 1 + (m - 1) * inp["icc"]
     draws = len(cfg["repair"]["seeds"])
-    need_draws = MIN_DRAWS[LU]
-    conds = 4 + draws
+    k = float(len(PRIMARY[LU]))
     s_item = cost.get(str(cfg.get("metric")), cost.get("rank", 0.0))
-    test_ids = int(avail.get("test_ids", 0))
+    g = int(avail.get("test_ids", 0))
+    binary = inp["key"] == "correct"
+    sd = math.sqrt(max(inp["var"], 1e-6))
+    common = {"k": k, "binary": binary, "icc": inp["icc"], "base": inp["mean"], "sd": sd}
+    p0 = min(max(inp["accuracy"], 0.0), 0.999)
+    err_facts = max(2, round(g * (1 - p0**m)))
+    err_per = max(1, round(m * (1 - p0) / max(1e-3, 1 - p0**m)))
+    seeds = f'--settings \'{{"repair": {{"seeds": [0, ..., {MIN_DRAWS[LU] - 1}]}}}}\''
+    facts = (
+        f"more test facts: --facts with more facts per language, or --settings "
+        f'\'{{"repair": {{"test_per_lang": N}}}}\' (now {cfg["repair"]["test_per_lang"]})'
+    )
+    # the vectors' conditions, a random population per condition (task, diff, both: each of
+    # ``draws`` vectors) and the population matched to dev's choice, scored in one call
+    conds = 4 + 3 * draws + 3
     out = []
-    p0 = inp["mean"]
     for rid in PRIMARY[LU]:
-        eff, src = EFFECTS[rid]
-        if rid in ("latent_english", "recall_failures"):
-            sd, share = 0.5, (1.0 if rid == "latent_english" else max(1e-3, 1 - p0))
-            items = units_needed(eff, sd, alpha, deff, m) / share
-            needed, per, n_conds = math.ceil(items / m), m, 1
-        elif rid in ("task_vector", "diff_vector", "independent_relations",
-                     "independent_languages"):  # fmt: skip
-            sd = _paired_sd(inp, p0, eff)
-            needed, per, n_conds = math.ceil(units_needed(eff, sd, alpha, deff, m) / m), m, conds
+        if rid == "latent_english":
+            sc = Scenario(rid, "share", "facts", max(2, g), m, None, k, True, 0.5, icc=inp["icc"])
+            per_cluster = m * s_item
+        elif rid == "recall_failures":
+            sc = Scenario(rid, "share", "facts", err_facts, err_per, None, k, True, 0.5,
+                          icc=inp["icc"])  # fmt: skip
+            per_cluster = m * s_item * g / err_facts
+        elif rid == "lowest_language":
+            sd_low = math.sqrt(max(inp["lowest_var"], 1e-6))
+            sc = Scenario(rid, "relative", "facts", max(2, g), 1, draws,
+                          **{**common, "base": inp["lowest_mean"], "sd": sd_low, "icc": 0.0})  # fmt: skip
+            per_cluster = conds * s_item
+        elif rid.startswith("independent_"):
+            t = cfg.get("transfer") or {}
+            mx = t.get("matrix") or {}
+            held = int(mx.get("test_ids", 0)) * len(t.get("relations") or ())
+            cell_draws = int(mx.get("controls") or 1)
+            sc = Scenario(rid, "population", "facts", max(2, held), 1, cell_draws,
+                          **{**common, "icc": 0.0})  # fmt: skip
+            out.append(_planned(LU, sc, (2 + cell_draws) * s_item, facts,
+                                "more random draws per transfer cell: --settings "
+                                '\'{"transfer": {"matrix": {"controls": N}}}\''))  # fmt: skip
+            continue
         else:
-            base = inp["lowest_mean"]
-            eff = eff * base
-            sd = _paired_sd({**inp, "var": inp["lowest_var"]}, base, LOWEST_PLANNED * base)
-            needed, per, n_conds = units_needed(eff, sd, alpha), 1, conds
-        row = PlanRow(LU, rid, "facts", eff, src, sd, deff if per > 1 else 1.0, needed, test_ids,
-                      need_draws if rid in POPULATION_ROWS else None,
-                      draws if rid in POPULATION_ROWS else None,
-                      needed * per * n_conds * s_item)  # fmt: skip
-        if rid.startswith("independent_"):
-            _transfer_limits(row, cfg)
-        else:
-            _limits(row, f"--facts with at least {needed} test facts per language (about "
-                    f"{math.ceil(needed / 0.4)} per relation and language before the split)",
-                    f'--settings \'{{"repair": {{"seeds": [0, ..., {need_draws - 1}]}}}}\'')  # fmt: skip
-        out.append(row)
+            sc = Scenario(rid, "population", "facts", max(2, g), m, draws, **common)
+            per_cluster = m * conds * s_item
+        out.append(_planned(LU, sc, per_cluster, facts, seeds))
     return out
 
 
-def _transfer_limits(row: PlanRow, cfg: Mapping[str, Any]) -> None:
-    """An independence row: its facts are the transfer matrix's held-out test ids (about
-    ``test_ids`` per relation), and its control is one random vector per cell, a population
-    of one draw whose rank p (0.5) no budget setting can lower."""
-    t = cfg.get("transfer") or {}
-    m = t.get("matrix") or {}
-    row.available = int(m.get("test_ids", 0)) * len(t.get("relations") or ())
-    row.draws = 1
-    row.limit = ("its control is one random vector per transfer cell: the rank p is at "
-                 "least 0.5")  # fmt: skip
-    row.fix = "a transfer matrix with a population of random vectors per cell (no budget has it)"
-
-
-def _paired_sd(inp: Mapping[str, Any], p0: float, eff: float) -> float:
-    """A paired difference's SD bound: ``sqrt(2 var)`` of a continuous outcome (correlation
-    >= 0), ``sqrt(p0 (1 - p0) + p1 (1 - p1))`` of a 0/1 one."""
-    if inp["key"] == "share":
-        return math.sqrt(2 * max(inp["var"], 1e-6))
-    p1 = min(1.0, p0 + eff)
-    return math.sqrt(max(p0 * (1 - p0) + p1 * (1 - p1), 1e-6))
-
-
-def _limits(row: PlanRow, fix_data: str, fix_draws: str) -> None:
-    if row.available < row.needed:
-        row.limit, row.fix = (f"needs {row.needed} {row.unit}, the data has {row.available}",
-                              fix_data)  # fmt: skip
-    elif row.draws_needed is not None and (row.draws or 0) < row.draws_needed:
-        row.limit = (f"needs {row.draws_needed} random draws for its rank p to reach the "
-                     f"primary family's first Holm step, the budget has {row.draws}")  # fmt: skip
-        row.fix = fix_draws
-
-
-def _sundar_rows(cfg: Mapping[str, Any], avail: Mapping[str, Any], cost: Mapping[str, float],
-                 alpha: float) -> list[PlanRow]:  # fmt: skip
+def _sundar_rows(cfg: Mapping[str, Any], avail: Mapping[str, Any],
+                 cost: Mapping[str, float]) -> list[PlanRow]:  # fmt: skip
     e = cfg["experts"]
     draws = int(e.get("random_sets", 1))
-    need_draws = MIN_DRAWS[SUNDAR]
+    k = float(len(PRIMARY[SUNDAR]))
     n_langs = int(avail.get("langs", 12))
     docs = int(avail.get("eval_docs", 0))
-    per_doc = int(e.get("eval_per_doc") or 1)
+    per_doc = max(1, int(avail.get("eval_sentences", 0)) // max(1, docs)) if docs else 1
     s_sent = cost.get("embed", 0.0) * n_langs
+    sets = f'--settings \'{{"experts": {{"random_sets": {MIN_DRAWS[SUNDAR]}}}}}\''
+    more_docs = ("--parallel with more documents in the evaluation part, and --settings "
+                 f'\'{{"experts": {{"n_eval": N}}}}\' (now {e["n_eval"]})')  # fmt: skip
     out = []
     for rid in PRIMARY[SUNDAR]:
-        eff, src = EFFECTS[rid]
-        unit, have, sd = "documents", docs, 1.0
+        b = BOUNDS.get(rid, {})
         if rid == "experts_exist":
-            sd = math.sqrt(1 / max(1, n_langs - 1))  # Hanley-McNeil at 0.5, one positive
-        elif rid == "clamp_steers":
-            unit, have, sd = "BOS samples", int(e["samples"]), math.sqrt(0.5)
+            sc = Scenario(rid, "rank", "draws", max(1, draws), 1, draws, k, False, sd=b["sd"])
+            secs, fix = s_sent, sets
         elif rid == "experts_disjoint":
-            unit, have, sd = "languages", n_langs, 0.05  # overlap SD across pairs (a bound)
-        needed = units_needed(eff, sd, alpha)
-        arms = 2 + draws
-        secs = needed * (per_doc * s_sent * arms if unit == "documents" else s_sent)
-        row = PlanRow(SUNDAR, rid, unit, eff, src, sd, 1.0, needed, have,
-                      need_draws if rid in POPULATION_ROWS else None,
-                      draws if rid in POPULATION_ROWS else None, secs)  # fmt: skip
-        fix = {"documents": f"--parallel with at least {needed} documents in the evaluation "
-               f'part, and --settings \'{{"experts": {{"n_eval": {needed * per_doc}}}}}\'',
-               "BOS samples": f'--settings \'{{"experts": {{"samples": {needed}}}}}\'',
-               "languages": f"--parallel with {needed} languages"}[unit]  # fmt: skip
-        _limits(row, fix, f'--settings \'{{"experts": {{"random_sets": {need_draws}}}}}\'')
-        out.append(row)
+            sc = Scenario(rid, "overlap", "languages", n_langs, 1, None, k, False, sd=b["sd"])
+            secs, fix = s_sent, "--parallel with more languages"
+        elif rid == "clamp_steers":
+            sc = Scenario(rid, "population", "BOS samples", int(e["samples"]), 1, draws, k, True,
+                          b["base"], clustered=False)  # fmt: skip
+            secs, fix = s_sent * (2 + draws), '--settings \'{"experts": {"samples": N}}\''
+        elif rid == "retrieval_gain_max":
+            sc = Scenario(rid, "rank", "draws", max(1, draws), 1, draws, k, False, sd=b["sd"])
+            secs, fix = s_sent, sets
+        else:
+            sc = Scenario(rid, "population", "documents", max(2, docs), per_doc, draws, k, False,
+                          b["base"], b["sd"], b["icc"])  # fmt: skip
+            secs, fix = per_doc * s_sent * (2 + draws), more_docs
+        out.append(_planned(SUNDAR, sc, secs, fix, sets))
     return out
 
 
@@ -309,11 +323,12 @@ def plan_card(
     stage_seconds: Mapping[str, float] | None = None,
 ) -> Plan:
     """The :class:`Plan` of a card with settings ``cfg`` on ``papers``: ``metric_data`` is the
-    metric stage's result (dev items and per-item seconds), ``available`` the data's sizes
-    (``test_ids``, ``dev_ids``, ``eval_docs``, ``langs``), ``cost`` more per-item seconds
-    (``embed``: one sentence in one language through the model), ``stage_seconds`` each
-    stage's estimated CPU seconds (:func:`mechlingo.card.stages.estimate_seconds`): their
-    sum is the card's estimate."""
+    metric stage's result (dev items and per-item CPU seconds), ``available`` the capped
+    data's sizes (``test_ids``: test facts per language after the budget's cap, ``eval_docs``
+    and ``eval_sentences`` the evaluation part's, ``langs``), ``cost`` more per-item CPU
+    seconds (``embed``: one sentence in one language through the model), ``stage_seconds``
+    each stage's estimated CPU seconds (:func:`mechlingo.card.stages.estimate_seconds`):
+    their sum is the card's estimate."""
     cost = {**dict((metric_data or {}).get("seconds_per_item", {})), **dict(cost or {})}
     alpha = {p: ALPHA / len(PRIMARY[p]) for p in papers}
     rows: list[PlanRow] = []
@@ -322,7 +337,54 @@ def plan_card(
     if LU in papers:
         inp = _lu_inputs(metric_data, str(cfg.get("metric")))
         inputs["lu_dev"] = inp
-        rows += _lu_rows(cfg, inp, available, cost, alpha[LU])
+        rows += _lu_rows(cfg, inp, available, cost)
     if SUNDAR in papers:
-        rows += _sundar_rows(cfg, available, cost, alpha[SUNDAR])
+        inputs["bounds"] = BOUNDS
+        rows += _sundar_rows(cfg, available, cost)
     return Plan(rows, alpha, sum((stage_seconds or {}).values()) / 60, inputs)
+
+
+def annotate_rows(rows: list[dict[str, Any]], plan: Plan) -> list[dict[str, Any]]:
+    """Each primary row of a finished card gets its plan (``plan``: planned power, its SE
+    and reps, the planned effect and MDE), its achieved minimum detectable effect
+    (``mde_achieved``: from the row's achieved SE, t on its df at its adjusted level, the
+    verdict's own ``mde``; ``None`` when its random draws cannot reach the adjusted level,
+    whatever the effect) and ``underpowered``: a sentence when that MDE exceeds the planned
+    effect (or no effect is detectable), else ``None`` (the card marks such a row).
+    Returns ``rows`` (changed in place)."""
+    by = {(r.paper, r.id): r for r in plan.rows}
+    for row in rows:
+        pr = by.get((row.get("paper", ""), row.get("id", "")))
+        if pr is None or row.get("family") != "primary":
+            continue
+        row["plan"] = {"power": pr.power, "power_se": pr.power_se, "reps": pr.power_reps,
+                       "effect": pr.effect, "mde": pr.mde, "needed": pr.needed}  # fmt: skip
+        mde, how = _achieved_mde(row, pr)
+        row["mde_achieved"], row["mde_how"] = mde, how
+        if row.get("value") is None and mde is None and how == "no test":
+            row["underpowered"] = None
+        elif mde is None or mde > pr.effect:
+            row["underpowered"] = ("no effect is detectable with 80% power: " + how
+                                   if mde is None else f"achieved MDE {mde:.3g} > planned "
+                                   f"effect {pr.effect:.3g}")  # fmt: skip
+        else:
+            row["underpowered"] = None
+    return rows
+
+
+def _achieved_mde(row: Mapping[str, Any], pr: PlanRow) -> tuple[float | None, str]:
+    """The row's achieved MDE and how it was found."""
+    vs = row.get("vs_control") or {}
+    x = vs.get("extra") or {}
+    k = float((row.get("adjustment") or {}).get("multiplier") or 1.0)
+    if x.get("decides") == "rank" and x.get("draws") is not None:
+        m = int(x["draws"])
+        if m < draws_needed(k, ALPHA):
+            return None, (f"its rank p among {m} random draws is at least 1/{m + 1}, above the "
+                          f"adjusted level {ALPHA / k:.3g}")  # fmt: skip
+    if row.get("value") is None:
+        return None, "no test"
+    mde = row.get("mde")
+    if mde is None or not math.isfinite(float(mde)):
+        return None, "its achieved SE gives no minimum detectable effect (too few clusters)"
+    return round(float(mde), 4), "from the achieved SE (t on its df)"

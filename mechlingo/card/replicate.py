@@ -34,7 +34,7 @@ from mechlingo.activations.distributed import dist_info, is_main
 from mechlingo.analyses.experts.align import embed_parallel
 from mechlingo.card import stages as card_stages
 from mechlingo.card.metric_rule import METRIC_RULE
-from mechlingo.card.plan import Plan, plan_card
+from mechlingo.card.plan import Plan, annotate_rows, plan_card
 from mechlingo.card.rules import (
     CLAIMS,
     LU,
@@ -335,7 +335,7 @@ def replicate(
             bar.set_postfix_str(name)
             results[name], secs, cached = _run_stage(stages, BY_NAME[name], ctx)
             timing[name] = {**secs, "cached": cached, "error": results[name].get("error")}
-        rows = claim_rows(results, papers)
+        rows = annotate_rows(claim_rows(results, papers), the_plan)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -383,9 +383,11 @@ def _data_available(facts: Sequence[Fact] | None, parallel: Mapping[str, Sequenc
                     documents: Sequence[str] | None, cfg: Mapping[str, Any],
                     papers: Sequence[str], external: Sequence[Fact] | None = None,
                     ) -> dict[str, Any]:  # fmt: skip
-    """The sizes the planner compares with what a row needs: test and dev fact ids per
-    language (the fewest of the non-English languages, before the budget's caps), the
-    documents left for evaluation after the finding and held-out lines, the languages; and
+    """The sizes the planner simulates each row at: test and dev fact ids per language (the
+    fewest of the non-English languages, after the budget's caps; ``*_uncapped`` before
+    them), the evaluation part's documents and sentences as the stage reads them (at most
+    ``n_eval``; ``*_uncapped``: every line left after the finding and held-out lines), the
+    languages; and
     what the stages read (their cost models'): the trace, transfer and external items, the
     repair stage's build, dev and test items, the Lu languages, the transfer's relations and
     languages."""
@@ -398,12 +400,9 @@ def _data_available(facts: Sequence[Fact] | None, parallel: Mapping[str, Sequenc
         r = cfg["repair"]
         uncapped = {**cfg, "repair": {**r, "dev_per_lang": None, "test_per_lang": None}}
         _, dev, test = repair_split(all_facts, uncapped)
-        for name, part in (("dev_ids", dev), ("test_ids", test)):
-            per: dict[str, set[str]] = {}
-            for f in part:
-                per.setdefault(f.lang, set()).add(f.id)
-            out[name] = min((len(v) for lg, v in per.items() if lg != "en"), default=0)
+        out["dev_ids_uncapped"], out["test_ids_uncapped"] = _fewest(dev), _fewest(test)
         build, dev, test = repair_split(all_facts, cfg)  # what the repair stage reads
+        out["dev_ids"], out["test_ids"] = _fewest(dev), _fewest(test)
         out["build_items"] = len(vector_facts(build, cfg))
         out["dev_items"], out["test_items"] = len(dev), len(test)
         out["lu_langs"] = len({f.lang for f in all_facts})
@@ -416,23 +415,38 @@ def _data_available(facts: Sequence[Fact] | None, parallel: Mapping[str, Sequenc
         docs = list(docs) if docs is not None and len(docs) == n else [str(i) for i in range(n)]
         e = cfg["experts"]
         try:
-            parts = split_by_documents(docs, [e["n_find"], e["n_heldout"], n],
-                                       [None, None, e.get("eval_per_doc")])  # fmt: skip
-            out["eval_docs"] = len({docs[i] for i in parts[2]})
+            for tag, size in (("_uncapped", n), ("", e["n_eval"])):  # what the stage reads
+                parts = split_by_documents(docs, [e["n_find"], e["n_heldout"], size],
+                                           [None, None, e.get("eval_per_doc")])  # fmt: skip
+                out[f"eval_docs{tag}"] = len({docs[i] for i in parts[2]})
+                out[f"eval_sentences{tag}"] = len(parts[2])
         except InputError:
-            out["eval_docs"] = 0
+            out["eval_docs"] = out["eval_sentences"] = 0
         out["langs"] = len(texts)
     return out
+
+
+def _fewest(part: Sequence[Fact]) -> int:
+    """The fewest fact ids of a non-English language in ``part``."""
+    per: dict[str, set[str]] = {}
+    for f in part:
+        per.setdefault(f.lang, set()).add(f.id)
+    return min((len(v) for lg, v in per.items() if lg != "en"), default=0)
 
 
 def _embed_cost(model: Model, parallel: Mapping[str, Sequence[str]] | None,
                 documents: Sequence[str] | None, cfg: Mapping[str, Any]) -> dict[str, float]:  # fmt: skip
     """``{"embed": CPU seconds per sentence and language}`` of one embedding pass over the
-    first 8 evaluation lines (no intervention): the planner's per-item cost of alignment."""
+    first 8 evaluation lines (no intervention), after an untimed pass over one line (the
+    first call's one-time costs are not a per-item cost): the planner's per-item cost of
+    alignment, in process CPU time (every thread of this process; another job on the
+    machine does not add to it)."""
     texts = parallel_parts(parallel, cfg, documents)["eval"]
     lines = {lg: v[:8] for lg, v in texts.items()}
+    kw: dict[str, Any] = {"layers": "all", "batch_size": cfg.get("batch_size", BATCH_SIZE),
+          "max_tokens": cfg["experts"]["max_tokens"]}  # fmt: skip
+    embed_parallel(model, {lg: v[:1] for lg, v in lines.items()}, **kw)  # warm-up: not timed
     c0 = time.process_time()
-    embed_parallel(model, lines, layers="all", batch_size=cfg.get("batch_size", BATCH_SIZE),
-                   max_tokens=cfg["experts"]["max_tokens"])  # fmt: skip
+    embed_parallel(model, lines, **kw)
     n = sum(len(v) for v in lines.values())
     return {"embed": round((time.process_time() - c0) / max(1, n), 4)}

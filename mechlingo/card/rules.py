@@ -688,7 +688,8 @@ def _label(row: Mapping[str, Any]) -> str:
     tag = " (exploratory)" if row.get("family") == "secondary" else ""
     post = (f" [reading chosen after the data was seen: {row['post_hoc']}]"
             if row.get("post_hoc") else "")  # fmt: skip
-    return row["claim"] + (f" [{v}]" if v else "") + tag + post
+    weak = f" [underpowered: {row['underpowered']}]" if row.get("underpowered") else ""
+    return row["claim"] + (f" [{v}]" if v else "") + tag + post + weak
 
 
 def _md(x: Any) -> str:

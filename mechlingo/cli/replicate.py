@@ -84,8 +84,9 @@ def _replicate_args(p: argparse.ArgumentParser) -> None:
         "generate, rank or klar override the rule, and the card says so",
     )  # fmt: skip
     p.add_argument("--plan", action="store_true", help="only plan: score the dev split and "
-                   "print, per primary row, the facts, documents and random draws needed for "
-                   "80%% power at the family level and the CPU time; writes OUT/plan.json and "
+                   "print, per primary row, its power simulated through its own verdict at the "
+                   "budget's units, the minimum detectable effect, the facts, documents and "
+                   "random draws 80%% power needs, and the CPU time; writes OUT/plan.json and "
                    "scores no test item")  # fmt: skip
     p.add_argument("--target", default=None, help="target language of the expert neurons "
                    "(default es, the papers' Spanish intervention)")  # fmt: skip

@@ -15,7 +15,7 @@ from mechlingo.analyses.recall.answers import mismatched_english
 from mechlingo.analyses.recall.trace import trace_recall
 from mechlingo.card import repair_items
 from mechlingo.card.metric_rule import METRIC_FLOOR, METRIC_RULE, decide_metric
-from mechlingo.card.plan import MIN_DRAWS, PRIMARY, dev_icc, plan_card, units_needed
+from mechlingo.card.plan import MIN_DRAWS, PRIMARY, dev_icc, plan_card
 from mechlingo.card.replicate import budget_settings, cap_facts
 from mechlingo.card.stages import BUDGETS
 from mechlingo.core.errors import InputError
@@ -208,20 +208,7 @@ def test_a_facts_file_of_many_relations_costs_what_the_bundled_card_does():
     assert sum(est.values()) <= 1.15 * sum(ref.values()), (est, ref)
 
 
-def test_units_needed_and_icc_by_hand():
-    """The planner's units for the verdict's test: Student's t on G - 1 df (G clusters), so
-    a few clusters need more units than the normal approximation (32 at d = 0.5)."""
-    from scipy import stats as sps
-
-    def q(g):  # alpha 0.05 two-sided, power 0.8, t on g - 1 df
-        return sps.t.ppf(0.975, g - 1) + sps.t.ppf(0.8, g - 1)
-
-    n = units_needed(0.5, 1.0, 0.05)
-    assert n == 34 and math.ceil((q(n) / 0.5) ** 2) <= n < (q(n - 1) / 0.5) ** 2 + 1
-    n2 = units_needed(0.5, 1.0, 0.05, design_effect=2.0)
-    assert math.ceil(2 * (q(n2) / 0.5) ** 2) <= n2 and n2 > 2 * 32
-    # 3 items per cluster: the df are the clusters' (fewer), so more items
-    assert units_needed(0.5, 1.0, 0.05, per_cluster=3) > n
+def test_dev_icc_by_hand():
     same = [{"id": "a", "correct": 1}, {"id": "a", "correct": 1},
             {"id": "b", "correct": 0}, {"id": "b", "correct": 0}]  # fmt: skip
     assert dev_icc(same) == pytest.approx(1.0)
@@ -234,33 +221,32 @@ def test_plan_names_the_limit_and_what_to_pass():
     cfg["metric"] = "rank"
     items = [{"id": f"f{i}", "lang": lg, "correct": i % 2 == 0, "share": 0.2 + 0.1 * (i % 3)}
              for i in range(20) for lg in ("en", "fr", "ja")]  # fmt: skip
-    avail = {"test_ids": 1000, "dev_ids": 20, "eval_docs": 5, "langs": 12}
+    avail = {"test_ids": 60, "dev_ids": 20, "eval_docs": 5, "eval_sentences": 15, "langs": 12}
     plan = plan_card(cfg, ["lu2025", "sundar2025"], {"items": {"rank": items}}, avail,
                      {"rank": 0.1, "embed": 0.05})  # fmt: skip
     rows = {r.id: r for r in plan.rows}
     assert list(rows) == [*PRIMARY["lu2025"], *PRIMARY["sundar2025"]]
     assert plan.alpha == {"lu2025": pytest.approx(0.05 / 7), "sundar2025": pytest.approx(0.05 / 6)}
-    # enough facts, but the rank p of 5 draws cannot reach Holm's first step over the 7
-    # primary rows: 20 x 7 = 140 draws are needed, named with what to pass
+    # the rank p of 5 draws cannot reach Holm's first step over the 7 primary rows: 20 x 7 =
+    # 140 draws are needed, named with what to pass; its simulated power is 0
     tv = rows["task_vector"]
-    assert tv.needed <= 1000 and tv.draws == 5 and tv.draws_needed == MIN_DRAWS["lu2025"] == 140
+    assert tv.draws == 5 and tv.draws_needed == MIN_DRAWS["lu2025"] == 140 and tv.power == 0
     assert not tv.decidable and "140 random draws" in tv.limit and '"seeds"' in tv.fix
-    cfg2 = {**cfg, "repair": {**cfg["repair"], "seeds": list(range(140))}}
-    plan2 = plan_card(cfg2, ["lu2025"], {"items": {"rank": items}}, avail, {"rank": 0.1})
-    assert {r.id: r for r in plan2.rows}["task_vector"].decidable
+    assert tv.available == 60 and tv.per == 5 and tv.mde is None  # 60 facts x 5 languages
     # the independence rows: one random vector per transfer cell, whatever the budget
     ind = rows["independent_relations"]
-    assert ind.draws == 1 and "one random vector per transfer cell" in ind.limit
-    # lowest_language is planned as the verdict tests it: a relative gain against +35%,
-    # for a true gain of +70% (in points: 0.35 x the lowest language's dev mean)
-    low = rows["lowest_language"]
-    assert low.effect == pytest.approx(0.35 * plan.inputs["lu_dev"]["lowest_mean"])
-    assert rows["latent_english"].decidable  # no population, enough facts
-    ce = rows["clamp_closer"]  # 5 documents against the 49 a paired d of 0.5 needs
-    assert ce.needed == units_needed(0.5, 1.0, 0.05 / 6) and ce.available == 5
-    assert "--parallel" in ce.fix and not ce.decidable
+    assert ind.draws == 1 and "random draws" in ind.limit and "transfer matrix" in ind.fix
+    # lowest_language is planned as the verdict tests it: a relative gain of +70% against
+    # the threshold +35%
+    assert rows["lowest_language"].effect == pytest.approx(0.35)
+    ce = rows["clamp_closer"]  # 5 documents of 3 sentences, 5 random clamps
+    assert (ce.available, ce.per, ce.draws) == (5, 3, 5) and not ce.decidable
+    dj = rows["experts_disjoint"]  # 12 languages: no population, planned by simulation
+    assert dj.draws is None and 0 <= dj.power <= 1 and dj.power_reps >= 100
+    assert dj.power_se <= 0.02
     js = plan.to_json()
     assert js["rows"][0]["id"] == "latent_english" and "decidable" in js["rows"][0]
+    assert "power" in js["rows"][0] and js["rows"][0]["scenario"]["g"] == 60
     text = str(plan)
     assert "power plan" in text and "task_vector" in text and "CPU time" in text
 
