@@ -233,9 +233,11 @@ def test_plan_names_the_limit_and_what_to_pass():
     assert tv.draws == 5 and tv.draws_needed == MIN_DRAWS["lu2025"] == 140 and tv.power == 0
     assert not tv.decidable and "140 random draws" in tv.limit and '"seeds"' in tv.fix
     assert tv.available == 60 and tv.per == 5 and tv.mde is None  # 60 facts x 5 languages
-    # the independence rows: one random vector per transfer cell, whatever the budget
+    # the independence rows: the transfer cells' own random draws (the quick budget's 5),
+    # short of the 140 their rank p needs, named with the setting that gives more
     ind = rows["independent_relations"]
-    assert ind.draws == 1 and "random draws" in ind.limit and "transfer matrix" in ind.fix
+    assert ind.draws == cfg["transfer"]["matrix"]["controls"] == 5 and ind.power == 0
+    assert "140 random draws" in ind.limit and '"controls"' in ind.fix
     # lowest_language is planned as the verdict tests it: a relative gain of +70% against
     # the threshold +35%
     assert rows["lowest_language"].effect == pytest.approx(0.35)
