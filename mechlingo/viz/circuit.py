@@ -8,6 +8,8 @@ was verified by exact edge patching. Nodes sit at (position group, layer): atten
 left of the column, the MLP to the right and half a layer up, the embeddings at layer -1,
 the logits on top. An edge joins a sender and a receiver at the same position (the residual
 stream is per position; attention moves information across positions inside a receiver).
+``stages`` (``{name: (first_layer, last_layer)}``, e.g.
+:func:`mechlingo.analyses.recall.trace.pipeline_stages`) are shaded as layer bands.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from mechlingo.viz.common import interval_text
 from mechlingo.viz.palette import site_color
+from mechlingo.viz.patching import add_stages
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -61,9 +64,15 @@ def _hover(e: Mapping[str, Any]) -> str:
     return text
 
 
-def measured_circuit_figure(data: Mapping[str, Any], *, title: str | None = None) -> go.Figure:
+def measured_circuit_figure(
+    data: Mapping[str, Any],
+    *,
+    title: str | None = None,
+    stages: Mapping[str, tuple[float, float]] | None = None,
+) -> go.Figure:
     """The circuit of ``data`` (a ``CircuitResult.to_json()``); see the module docstring.
-    The title gives n and the circuit's faithfulness with its interval."""
+    The title gives n and the circuit's faithfulness with its interval; ``stages`` are
+    shaded layer bands (none by default)."""
     import plotly.graph_objects as go
 
     positions = list(data["positions"])
@@ -107,4 +116,5 @@ def measured_circuit_figure(data: Mapping[str, Any], *, title: str | None = None
     fig.update_yaxes(
         title_text="layer (embeddings -1, logits on top)", range=[-1.5, n_layers + 0.5]
     )
+    add_stages(fig, stages or {}, len(positions))
     return fig
