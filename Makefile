@@ -149,7 +149,7 @@ release: packages
 
 # Benchmarks only (not part of test): the peers' own environments, .venv-nnterp (nnterp +
 # nnsight + transformers 5), .venv-sv (steering-vectors + transformers < 5) and
-# .venv-autocircuit (auto-circuit + TransformerLens 3).
+# .venv-autocircuit (auto-circuit + TransformerLens 2).
 bench-peers:
 	bash scripts/build_peer_envs.sh
 

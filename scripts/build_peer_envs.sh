@@ -7,8 +7,8 @@
 #   $PEER_SV (default .venv-sv): steering-vectors 0.12.2 + transformers < 5; it only runs the
 #       peer side (benchmarks/peer_sv.py), fed and checked by benchmarks/bench_steering.py;
 #   $PEER_AUTOCIRCUIT (default .venv-autocircuit): auto-circuit 1.0.1 (--no-deps) on
-#       TransformerLens 3.9 (it needs the classic HookedTransformer), plus mechlingo (--no-deps),
-#       so benchmarks/peer_autocircuit.py runs both sides on one model.
+#       TransformerLens 2.18 (it needs the classic HookedTransformer); it only runs the peer
+#       side of benchmarks/peer_autocircuit.py, which runs mechlingo's side in the main one.
 # torch is installed first and pinned (an unpinned torch pulls a multi-GB CUDA build). A stamp
 # file marks a finished environment; it is rebuilt when its requirements file is newer.
 # Usage: bash scripts/build_peer_envs.sh [nnterp] [sv] [autocircuit]   (default all three)
@@ -31,9 +31,7 @@ build() {  # build NAME VENV REQ WITH_MECHLINGO [PACKAGES installed --no-deps]
     if [[ -n "$bare" ]]; then
         "$venv/bin/python" -m pip install -q --no-deps $bare
     fi
-    if [[ "$with_pkg" == 1 && -n "$bare" ]]; then
-        "$venv/bin/python" -m pip install -q --no-deps -e .
-    elif [[ "$with_pkg" == 1 ]]; then
+    if [[ "$with_pkg" == 1 ]]; then
         "$venv/bin/python" -m pip install -q -c constraints.txt -e .
     fi
     touch "$stamp"
@@ -46,7 +44,7 @@ for w in "${which[@]}"; do
         nnterp) build nnterp "${PEER_NNTERP:-.venv-nnterp}" ci/requirements-peers-nnterp.txt 1 ;;
         sv) build sv "${PEER_SV:-.venv-sv}" ci/requirements-peers-sv.txt 0 ;;
         autocircuit) build autocircuit "${PEER_AUTOCIRCUIT:-.venv-autocircuit}" \
-            ci/requirements-peers-autocircuit.txt 1 "auto-circuit==1.0.1" ;;
+            ci/requirements-peers-autocircuit.txt 0 "auto-circuit==1.0.1" ;;
         *) echo "unknown peer $w (nnterp, sv, autocircuit)" >&2; exit 2 ;;
     esac
 done

@@ -112,7 +112,7 @@ def plan_trace(
     """``trace``: the lens and a generation per fact, then per language ``patch_prompts``
     prompts patched at every layer x :data:`PATCH_POSITIONS` x site (exact) and knocked out
     at every layer, and up to ``circuit_prompts`` prompts through the measured circuit
-    (``circuit_passes`` passes each: :data:`.trace_circuit.CIRCUIT_PASSES`)."""
+    (each ``circuit_passes`` prompt passes' worth: :data:`.trace_circuit.CIRCUIT_PASSES`)."""
     shape, notes = model_shape(model), list[str]()
     n_layers = _layers(shape, notes)
     langs = _by_lang(facts)
@@ -130,8 +130,8 @@ def plan_trace(
              "copies; the knockout: one pass per layer and prompt"]  # fmt: skip
     if circuit_prompts:
         lines.append(f"measured circuit (EAP-IG): up to {circuit_prompts} correctly answered "
-                     f"prompt(s) per language x {circuit_passes} passes = at most {circ:,} "
-                     "prompt passes (--circuit-prompts 0 skips it)")  # fmt: skip
+                     f"prompt(s) per language, each {circuit_passes} prompt passes' worth = "
+                     f"at most {circ:,} (--circuit-prompts 0 skips it)")  # fmt: skip
     return Plan("trace", lines, estimate(counts, shape, notes))
 
 
