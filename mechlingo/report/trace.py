@@ -88,8 +88,13 @@ def trace_report(
         add_circuit(report, p.lang, circuits.get(p.lang))
         add_patching(report, p)
     for lg, why in (unpatched or {}).items():
-        add_circuit(report, lg, circuits.get(lg))
-        report.add_text(f"No patching for {lg}: {why}.", note=True)
+        c = circuits.get(lg)
+        if isinstance(c, TraceCircuit):
+            add_circuit(report, lg, c)
+            report.add_text(f"No patching for {lg}: {why}.", note=True)
+        else:
+            report.add_heading(f"Circuit ({lg})")
+            report.add_text(f"No circuit for {lg}: {c or why}.", note=True)
     shown = {p.lang for p in patched} | set(unpatched or {})
     for lg, c in circuits.items():
         if lg not in shown:  # patching skipped (--patch-prompts 0)

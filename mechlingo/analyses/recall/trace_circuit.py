@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mechlingo.analyses.circuits import CircuitResult, find_circuit
+from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 from mechlingo.viz.circuit import measured_circuit_figure
@@ -145,7 +146,7 @@ def trace_circuit(
     *,
     unanswered: bool = False,
     stages: Mapping[str, tuple[float, float]] | None = None,
-    batch_size: int | None = None,
+    batch_size: int = BATCH_SIZE,
 ) -> TraceCircuit | str:
     """The measured circuit of ``lang`` from up to ``n`` clean prompts
     (:func:`circuit_facts`), or the reason there is none (a sentence): no correctly
@@ -153,12 +154,9 @@ def trace_circuit(
     clean, pool, available = circuit_facts(trace, facts, lang, n, unanswered=unanswered)
     if not clean:
         return f"none of the {lang} prompts is answered correctly: no measured circuit"
-    more: dict[str, Any] = {"verify": CIRCUIT_VERIFY}
-    if batch_size is not None:
-        more["batch_size"] = batch_size
     try:
         res = find_circuit(model, clean, method=CIRCUIT_METHOD, steps=CIRCUIT_STEPS,
-                           pool=pool, **more)  # fmt: skip
+                           pool=pool, verify=CIRCUIT_VERIFY, batch_size=batch_size)  # fmt: skip
     except InputError as err:
         return f"no measured circuit for {lang}: {err}"
     correct = {r["id"] for r in trace.records if r["lang"] == lang and r["correct"]}
