@@ -147,7 +147,8 @@ release: packages
 	$(BIN)/python scripts/release.py
 
 # Benchmarks only (not part of test): the peers' own environments, .venv-nnterp (nnterp +
-# nnsight + transformers 5) and .venv-sv (steering-vectors + transformers < 5).
+# nnsight + transformers 5), .venv-sv (steering-vectors + transformers < 5) and
+# .venv-autocircuit (auto-circuit + TransformerLens 2).
 bench-peers:
 	bash scripts/build_peer_envs.sh
 

@@ -109,17 +109,20 @@ def plan_eval(facts: Sequence[Any], metric: str, max_new_tokens: int, model: str
 
 def plan_trace(
     facts: Sequence[Any], *, max_new_tokens: int, patch_prompts: int, sites: Sequence[str],
-    method: str, model: str | None,
+    method: str, model: str | None, circuit_prompts: int = 0, circuit_passes: int = 0,
 ) -> Plan:  # fmt: skip
     """``trace``: the lens and a generation per fact, then per language ``patch_prompts``
     prompts patched at every layer x :data:`PATCH_POSITIONS` x site (exact) and knocked out
-    at every layer."""
+    at every layer, and up to ``circuit_prompts`` prompts through the measured circuit
+    (each ``circuit_passes`` prompt passes' worth: :data:`.trace_circuit.CIRCUIT_PASSES`)."""
     shape, notes = model_shape(model), list[str]()
     n_layers = _layers(shape, notes)
     langs = _by_lang(facts)
     patched = len(langs) * patch_prompts
     cells = patched * n_layers * PATCH_POSITIONS * len(sites) if method != "atp" else 0
-    counts = {"prompt": float(len(facts) + patched * (n_layers + (3 if method != "exact" else 0))),
+    circ = sum(min(circuit_prompts, n) for n in langs.values()) * circuit_passes
+    counts = {"prompt": float(len(facts) + patched * (n_layers + (3 if method != "exact" else 0))
+                              + circ),
               "token": float(len(facts) * max_new_tokens), "patch_cell": float(cells)}  # fmt: skip
     if method != "exact":
         notes.append("attribution patching counted as three passes per prompt")
@@ -127,6 +130,10 @@ def plan_trace(
              f"patching ({method}): {patch_prompts} prompt(s) per language x {n_layers} layers "
              f"x {PATCH_POSITIONS} positions x sites {','.join(sites)} = {cells:,} patched "
              "copies; the knockout: one pass per layer and prompt"]  # fmt: skip
+    if circuit_prompts:
+        lines.append(f"measured circuit (EAP-IG): up to {circuit_prompts} correctly answered "
+                     f"prompt(s) per language, each {circuit_passes} prompt passes' worth = "
+                     f"at most {circ:,} (--circuit-prompts 0 skips it)")  # fmt: skip
     return Plan("trace", lines, estimate(counts, shape, notes))
 
 

@@ -67,6 +67,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     # trace
     "--mid-layers": ("mid-network layers", "lens entries counted as mid-network, A-B or a list"),
     "--patch-prompts": ("patched prompts", "prompts per language for patching and knockout"),
+    "--circuit-prompts": ("circuit prompts", "correctly answered prompts per language the measured circuit (EAP-IG edges) is scored on"),
     "--patch-unanswered": ("patch unanswered prompts", "also patch clean prompts the model answers wrongly"),
     "--patch-sites": ("patch sites", "sites of the corrupted-subject patching sweep"),
     "--cells-per-batch": ("cells per batch", "patched copies per forward pass"),

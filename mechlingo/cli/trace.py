@@ -2,7 +2,9 @@
 
 Writes ``OUT/trace.json`` (per query: class, answer, generation, lens layers),
 ``OUT/patching.json`` (per language: a corrupted-subject patching sweep and an attention
-knockout), ``OUT/summary.json`` and ``OUT/report.html``; ``--method exact|atp|both`` chooses
+knockout), ``OUT/circuits.json`` (per language: the measured circuit, EAP-IG edges over
+``--circuit-prompts`` correctly answered prompts), ``OUT/summary.json`` and
+``OUT/report.html``; ``--method exact|atp|both`` chooses
 how the patching cells are measured. Entry points: :func:`cmd_trace` and
 :func:`options_from_args`; the run is :func:`mechlingo.analyses.recall.trace.run_trace`.
 ``docs/methods/recall-pipeline.md`` ("The command and the Python call") has the patching
@@ -16,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from mechlingo.analyses.recall import trace
+from mechlingo.analyses.recall import trace, trace_circuit
 
 # run_trace is called through its module, so that a wrapper set on the module (a test's
 # monkeypatch, a user's instrumentation) sees every call.
@@ -55,6 +57,13 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also patch clean prompts the model answers wrongly (default: correctly answered "
         "ones only; a language without one gets a note instead of a circuit)",
+    )
+    p.add_argument(
+        "--circuit-prompts",
+        type=int,
+        default=10,
+        help="correctly answered prompts per language the measured circuit is scored on "
+        "(EAP-IG edges; default 10; 0 = no measured circuit)",
     )
     p.add_argument(
         "--patch-sites",
@@ -114,7 +123,7 @@ def options_from_args(args: argparse.Namespace) -> TraceOptions:
         patch_sites=tuple(common.split_list(args.patch_sites) or ["resid_pre"]),
         cells_per_batch=args.cells_per_batch, method=getattr(args, "method", "exact"),
         verify_heads=args.verify_heads, progress=not args.quiet,
-        unanswered=args.patch_unanswered,
+        unanswered=args.patch_unanswered, circuit_prompts=args.circuit_prompts,
     )  # fmt: skip
 
 
@@ -130,7 +139,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
     opts = options_from_args(args)
     plan = cost.plan_trace(facts, max_new_tokens=opts.max_new_tokens,
                            patch_prompts=opts.patch_prompts, sites=opts.patch_sites,
-                           method=opts.method, model=args.model)  # fmt: skip
+                           method=opts.method, model=args.model,
+                           circuit_prompts=opts.circuit_prompts,
+                           circuit_passes=trace_circuit.CIRCUIT_PASSES)  # fmt: skip
     if cost.announce(plan, args):
         return 0
     model = common.load_cli_model(args, facts=facts)
@@ -146,12 +157,18 @@ def cmd_trace(args: argparse.Namespace) -> int:
     )
     summary = run.summary(meta)
     report = trace_report(
-        run.trace, summary, run.patched, max_rank=args.max_rank, unpatched=run.unpatched
+        run.trace,
+        summary,
+        run.patched,
+        max_rank=args.max_rank,
+        unpatched=run.unpatched,
+        circuits=run.circuits,
     )
     run.write(args.out, meta=meta, extra={"report.html": report})
     outputs_written()
     _print_trace(summary, run.patching())
-    print(f"wrote {args.out}/trace.json, patching.json, summary.json and report.html")
+    written = "patching.json, summary.json" + (", circuits.json" if run.circuits else "")
+    print(f"wrote {args.out}/trace.json, {written} and report.html")
     return 0
 
 

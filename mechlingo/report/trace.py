@@ -8,6 +8,7 @@ from typing import Any
 
 from mechlingo.analyses.recall.classes import NON_ENGLISH
 from mechlingo.analyses.recall.trace import CLASSES, LanguagePatching, TraceResult
+from mechlingo.analyses.recall.trace_circuit import TraceCircuit
 from mechlingo.core.jsonable import jsonable
 from mechlingo.kernels.significance import wilson
 from mechlingo.report.page import Report, fmt_interval
@@ -36,6 +37,7 @@ def trace_report(
     *,
     max_rank: int,
     unpatched: Mapping[str, str] | None = None,
+    circuits: Mapping[str, TraceCircuit | str] | None = None,
 ) -> Report:
     """The trace report: class fractions per language (with Wilson intervals), the
     lens layers, latent-language curves per class, each language's patching sections and
@@ -44,7 +46,9 @@ def trace_report(
     ``trace`` is the trace of a :class:`mechlingo.analyses.recall.trace.TraceRun`; ``summary`` the
     run's ``summary(meta)``; ``max_rank`` the rank
     counted as decodable (``--max-rank``); ``unpatched`` the run's languages without
-    patching and why (each gets a note where its circuit would be).
+    patching and why (each gets a note where its circuit would be); ``circuits`` the run's
+    measured circuits (``{lang: TraceCircuit or why none}``), each language's "Circuit"
+    section.
     """
     report = Report("mechlingo: recall pipeline tracer", summary["meta"])
     add_trace_headline(report, summary)
@@ -79,11 +83,22 @@ def trace_report(
     add_failure_split(report, summary)
     report.add_heading("Latent-language curves per class")
     report.add_figure(trace.fig_profiles())
+    circuits = circuits or {}
     for p in patched:
+        add_circuit(report, p.lang, circuits.get(p.lang))
         add_patching(report, p)
     for lg, why in (unpatched or {}).items():
-        report.add_heading(f"Circuit ({lg})")
-        report.add_text(f"No circuit for {lg}: {why}.", note=True)
+        c = circuits.get(lg)
+        if isinstance(c, TraceCircuit):
+            add_circuit(report, lg, c)
+            report.add_text(f"No patching for {lg}: {why}.", note=True)
+        else:
+            report.add_heading(f"Circuit ({lg})")
+            report.add_text(f"No circuit for {lg}: {c or why}.", note=True)
+    shown = {p.lang for p in patched} | set(unpatched or {})
+    for lg, c in circuits.items():
+        if lg not in shown:  # patching skipped (--patch-prompts 0)
+            add_circuit(report, lg, c)
     report.add_heading("Queries")
     report.add_table([layer_cells(r) for r in trace.records[:MAX_ROWS]], QUERY_COLUMNS)
     return report
@@ -103,11 +118,38 @@ def layer_cells(row: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def add_circuit(report: Report, lang: str, c: TraceCircuit | str | None) -> None:
+    """One language's "Circuit" section: the measured circuit (every line a measured edge)
+    with its faithfulness curve, a plain note when fewer prompts than asked were scored, or
+    why there is none."""
+    report.add_heading(f"Circuit ({lang})")
+    if c is None:
+        report.add_text(f"No measured circuit for {lang} (--circuit-prompts 0).", note=True)
+        return
+    if isinstance(c, str):
+        report.add_text(f"No measured circuit: {c}.", note=True)
+        return
+    meta = c.result.meta
+    report.add_text(
+        f"Edges scored by {meta['method']} ({meta['steps']} steps) on {c.n} {lang} prompts, "
+        "each against a corrupted prompt with another subject of the same token length; "
+        f"the top {len(c.result.verified)} edges re-scored by exact edge patching (Spearman "
+        f"{c.result.spearman:.2f}); the circuit is the smallest on the curve below reaching "
+        f"faithfulness {meta['target']}. Every line is a measured edge (hover: its score, 95% "
+        "interval, n and exact value); the bands are the pipeline stages."
+        + (f" Note: {c.shortfall()}." if c.shortfall() else ""),
+        note=True,
+    )
+    report.add_figure(c.figure())
+    report.add_table(jsonable(c.result.curve), ["n_edges", "faithfulness", "lo", "hi"])
+
+
 def add_patching(report: Report, p: LanguagePatching) -> None:
-    """One language's patching sections: the circuit diagram, AtP against exact patching
-    and the verified heads (when measured), the heatmaps and the attention knockout."""
+    """One language's patching sections: the components that restore the answer, AtP
+    against exact patching and the verified heads (when measured), the heatmaps and the
+    attention knockout."""
     how = "attribution patching, heads shown" if p.atp is not None else "patching"
-    report.add_heading(f"Circuit ({p.lang})")
+    report.add_heading(f"Components restoring the answer ({p.lang})")
     wrong = ""
     if p.n_unanswered:
         wrong = f"; {p.n_unanswered} answered wrongly"

@@ -13,6 +13,9 @@ Across languages: :func:`faithfulness_curves_figure` (each language's faithfulne
 circuit size with its 95% interval) and :func:`language_matrix_figure` (a language-by-language
 heatmap: the circuits' edge overlap with its permutation p, or one language's circuit run on
 another's prompts).
+
+``stages`` (``{name: (first_layer, last_layer)}``, e.g.
+:func:`mechlingo.analyses.recall.trace.pipeline_stages`) are shaded as layer bands.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from mechlingo.viz.common import band, interval_text, plain
 from mechlingo.viz.palette import language_color, site_color
+from mechlingo.viz.patching import add_stages
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -71,9 +75,15 @@ def _hover(e: Mapping[str, Any]) -> str:
     return text
 
 
-def measured_circuit_figure(data: Mapping[str, Any], *, title: str | None = None) -> go.Figure:
+def measured_circuit_figure(
+    data: Mapping[str, Any],
+    *,
+    title: str | None = None,
+    stages: Mapping[str, tuple[float, float]] | None = None,
+) -> go.Figure:
     """The circuit of ``data`` (a ``CircuitResult.to_json()``); see the module docstring.
-    The title gives n and the circuit's faithfulness with its interval."""
+    The title gives n and the circuit's faithfulness with its interval; ``stages`` are
+    shaded layer bands (none by default)."""
     import plotly.graph_objects as go
 
     positions = list(data["positions"])
@@ -117,6 +127,7 @@ def measured_circuit_figure(data: Mapping[str, Any], *, title: str | None = None
     fig.update_yaxes(
         title_text="layer (embeddings -1, logits on top)", range=[-1.5, n_layers + 0.5]
     )
+    add_stages(fig, stages or {}, len(positions))
     return fig
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "CircuitOptions",
     "Component",
     "circuit_figure",
+    "add_stages",
     "knockout_figure",
     "patching_heatmaps",
 ]
@@ -174,7 +175,7 @@ def _label_heights(stages: Mapping[str, tuple[float, float]], gap: float) -> lis
     return out
 
 
-def _add_stages(fig: go.Figure, stages: Mapping[str, tuple[float, float]], n_pos: int) -> None:
+def add_stages(fig: go.Figure, stages: Mapping[str, tuple[float, float]], n_pos: int) -> None:
     """Shaded layer bands, one per stage, labelled on the right (labels kept apart)."""
     heights = _label_heights(stages, gap=1.0)
     for k, (name, (a, b)) in enumerate(stages.items()):
@@ -298,7 +299,7 @@ def circuit_figure(
     n_pos = len(position_labels)
     lo_layer, hi_layer = min(layers), max(layers)
     fig = go.Figure()
-    _add_stages(fig, stages or {}, n_pos)
+    add_stages(fig, stages or {}, n_pos)
     fig.add_annotation(text=EDGES_NOTE, x=0, y=-0.3, xref="paper", yref="paper",
                        xanchor="left", yanchor="top", showarrow=False, font={"size": 11})  # fmt: skip
     _add_nodes(fig, position_labels, nodes, labels, exact)

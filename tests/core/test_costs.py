@@ -137,6 +137,20 @@ def test_trace_estimate_counts_every_patched_copy():
     assert plan.estimate.seconds == pytest.approx(want)
 
 
+def test_trace_estimate_counts_the_measured_circuit_and_says_how_to_skip_it():
+    """Up to ``circuit_prompts`` prompts per language (fewer where a language has fewer
+    facts), each ``circuit_passes`` prompt items."""
+    facts = _embedded_facts()  # 10 facts in each of 3 languages
+    kw = {"max_new_tokens": 8, "patch_prompts": 0, "sites": ["attn_out"], "method": "exact",
+          "model": None}  # fmt: skip
+    base = plans.plan_trace(facts, **kw)
+    plan = plans.plan_trace(facts, **kw, circuit_prompts=4, circuit_passes=17)
+    assert plan.estimate.counts["prompt"] - base.estimate.counts["prompt"] == 3 * 4 * 17
+    assert "--circuit-prompts 0" in str(plan) and "circuit" not in str(base)
+    many = plans.plan_trace(facts, **kw, circuit_prompts=50, circuit_passes=17)
+    assert many.estimate.counts["prompt"] - base.estimate.counts["prompt"] == 30 * 17
+
+
 def test_steer_eval_estimate_counts_the_protocol():
     from mechlingo.analyses.recall.settings import DevGrid
 

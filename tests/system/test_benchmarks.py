@@ -34,6 +34,11 @@ LAST: dict[str, list[str] | str] = {
         "atp vs exact (resid_pre)",
         "atp vs exact (attn_out+mlp_out+heads in one pass)",
     ],
+    "bench_circuit": [
+        "eap-ig over its floor",
+        "eap-ig batched vs per prompt",
+        "eap-ig vs exact edge patching (extrap.)",
+    ],
     "bench_clamp_population": ["bench_clamp_population_cost", "bench_clamp_population"],
     "bench_conditions": ["bench_conditions_floor", "bench_conditions"],
     "bench_decoders": [

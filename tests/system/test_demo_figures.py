@@ -25,7 +25,8 @@ def demo(gemma) -> dict[str, Any]:
     facts = load_facts(langs=["en", "fr", "de", "es", "ja"], relations=["capital"], limit=2)
     run = run_trace(gemma, facts, TraceOptions(patch_prompts=1, patch_sites=("resid_pre",)))
     summary = run.summary({"model": "embedded"})
-    report = trace_report(run.trace, summary, run.patched, max_rank=10, unpatched=run.unpatched)
+    report = trace_report(run.trace, summary, run.patched, max_rank=10, unpatched=run.unpatched,
+                          circuits=run.circuits)  # fmt: skip
     return {"facts": facts, "run": run, "report": report}
 
 

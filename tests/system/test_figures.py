@@ -388,7 +388,8 @@ def test_trace_and_lens_report_figures(ctx):
         ctx["model"], facts, TraceOptions(max_new_tokens=2, patch_prompts=2, unanswered=True)
     )
     summary = run.summary({"model": "tiny"})
-    report = trace_report(run.trace, summary, run.patched, max_rank=10)
+    report = trace_report(run.trace, summary, run.patched, max_rank=10, circuits=run.circuits)
+    assert run.circuits and "measured circuit" in report.render()
     lens = ctx["lens"]
     reports = {
         "trace": report,

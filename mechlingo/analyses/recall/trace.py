@@ -44,6 +44,7 @@ from mechlingo.analyses.recall.patching import (
     fact_metrics,
     patch_activations,
 )
+from mechlingo.analyses.recall.trace_circuit import TraceCircuit, trace_circuit
 from mechlingo.analyses.recall.trace_options import TraceOptions
 from mechlingo.analyses.results import WritesFolder
 from mechlingo.core.defaults import BATCH_SIZE, MAX_NEW_TOKENS
@@ -690,13 +691,15 @@ def _token_labels(model: Model, sweep: PatchingResult, clean: Sequence[Fact]) ->
 @dataclass
 class TraceRun(WritesFolder):
     """What ``mechlingo trace`` computes (:func:`run_trace`): the ``trace`` of every fact,
-    the ``patched`` languages, ``unpatched`` (``{lang: why no patching}``) and
-    ``seconds_trace`` (the seconds of the trace alone)."""
+    the ``patched`` languages, ``unpatched`` (``{lang: why no patching}``),
+    ``seconds_trace`` (the seconds of the trace alone) and the measured ``circuits``
+    (``{lang: TraceCircuit, or why there is none}``)."""
 
     trace: TraceResult
     patched: list[LanguagePatching] = field(default_factory=list)
     seconds_trace: float = 0.0
     unpatched: dict[str, str] = field(default_factory=dict)
+    circuits: dict[str, TraceCircuit | str] = field(default_factory=dict)
 
     def summary(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
         """The trace's summary with the Wilson 95% interval of each class's fraction
@@ -718,13 +721,18 @@ class TraceRun(WritesFolder):
         return out
 
     def files(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
-        """``trace.json``, ``patching.json`` and ``summary.json`` as ``mechlingo trace``
+        """``trace.json``, ``patching.json``, ``summary.json`` and, with measured circuits,
+        ``circuits.json`` (``{lang: circuit, or {"none": why}}``) as ``mechlingo trace``
         writes them (NaN written as ``null``)."""
-        return {
+        out = {
             "trace.json": [{k: r[k] for k in TRACE_FIELDS} for r in self.trace.records],
             "patching.json": jsonable(self.patching()),
             "summary.json": jsonable(self.summary(meta)),
         }
+        if self.circuits:
+            out["circuits.json"] = jsonable({lg: {"none": c} if isinstance(c, str) else
+                                             c.to_json() for lg, c in self.circuits.items()})  # fmt: skip
+        return out
 
 
 def run_trace(
@@ -735,7 +743,9 @@ def run_trace(
     """The recall trace of every fact (:func:`trace_recall`) and, for each language, the
     corrupted-subject patching of ``patch_prompts`` prompts at ``patch_sites`` with
     ``method`` (``"exact"``, ``"atp"`` or ``"both"``) and the attention knockout
-    (:func:`patch_language`; ``patch_prompts=0`` skips both), as ``mechlingo trace`` runs it.
+    (:func:`patch_language`; ``patch_prompts=0`` skips both), then the measured circuit of
+    ``circuit_prompts`` prompts per language (EAP-IG, :func:`.trace_circuit.trace_circuit`; 0
+    skips it), as ``mechlingo trace`` runs it.
     Patching uses correctly answered clean prompts only, unless ``unanswered``; a language
     without one is listed in the run's ``unpatched`` with the reason. The settings named
     here are ``options``' (:class:`~mechlingo.analyses.recall.trace_options.TraceOptions`,
@@ -751,9 +761,7 @@ def run_trace(
                          max_new_tokens=o.max_new_tokens, batch_size=o.batch_size,
                          progress=o.progress)  # fmt: skip
     run = TraceRun(trace, seconds_trace=time.time() - t0)
-    if o.patch_prompts == 0:
-        return run
-    for lang in trace.langs:
+    for lang in trace.langs if o.patch_prompts else []:
         try:
             res = patch_language(model, trace, facts, lang, o)
         except PatchingError as err:
@@ -762,4 +770,10 @@ def run_trace(
             run.patched.append(res)
         else:
             run.unpatched[lang] = unpatched_reason(trace, lang, unanswered=o.unanswered) or "none"
+    stages = {p.lang: p.stages for p in run.patched}
+    for lang in trace.langs if o.circuit_prompts else []:
+        run.circuits[lang] = trace_circuit(
+            model, trace, facts, lang, o.circuit_prompts, unanswered=o.unanswered,
+            stages=stages.get(lang, pipeline_stages(None, trace, lang)), batch_size=o.batch_size,
+        )  # fmt: skip
     return run

@@ -31,7 +31,10 @@ class TraceOptions:
         patch_prompts: prompts per language patched (0 skips patching and knockout).
         patch_sites: the sites patched. cells_per_batch: patched copies per pass.
         method: one of :data:`TRACE_METHODS`. verify_heads: heads verified exactly.
-        unanswered: patch prompts the model did not answer correctly too.
+        unanswered: patch prompts the model did not answer correctly too (and score the
+            measured circuit on them).
+        circuit_prompts: correctly answered prompts per language the measured circuit's
+            edges are scored on (EAP-IG; 0 skips the measured circuit).
     """
 
     max_rank: int = 10
@@ -45,10 +48,11 @@ class TraceOptions:
     verify_heads: int = 5
     progress: bool = PROGRESS
     unanswered: bool = False
+    circuit_prompts: int = 10
 
     def __post_init__(self) -> None:
         low = {"max_rank": 0, "max_new_tokens": 1, "batch_size": 1, "patch_prompts": 0,
-               "verify_heads": 0}  # fmt: skip
+               "verify_heads": 0, "circuit_prompts": 0}  # fmt: skip
         for name, least in low.items():
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < least:
