@@ -22,13 +22,10 @@ from mechlingo.activations.distributed import is_main, sharded_scoring
 from mechlingo.analyses.circuits import languages
 from mechlingo.cli import common, cost
 from mechlingo.cli.streams import outputs_written
+from mechlingo.core.defaults import CIRCUIT_PROMPTS
 from mechlingo.core.inert import inert_csv
 from mechlingo.report.circuit import circuit_report
 from mechlingo.report.page import write_outputs
-
-#: correctly answered prompts per language a circuit is measured on (the documented runs:
-#: 40, which leaves at least 20 pairs after the equal-length partner rule)
-CIRCUIT_PROMPTS = 40
 
 
 def _circuit_args(p: argparse.ArgumentParser) -> None:
@@ -68,8 +65,8 @@ def _circuit_args(p: argparse.ArgumentParser) -> None:
                    "the clean minus the corrupted answer's")  # fmt: skip
     g.add_argument("--circuit-prompts", type=int, default=CIRCUIT_PROMPTS,
                    help="correctly answered prompts per language a circuit is measured on, "
-                   f"the first ones (default {CIRCUIT_PROMPTS}: at least 20 prompt pairs "
-                   "remain after the equal-length partner rule, and the intervals need them)")  # fmt: skip
+                   f"the first ones (default {CIRCUIT_PROMPTS}; the documented runs pass 40, which leaves "
+                   "at least 20 pairs after the equal-length partner rule)")  # fmt: skip
     cost.add_dry_run_arg(p)
 
 

@@ -81,7 +81,6 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--verify-edges": ("verified edges", "top edges re-scored by exact edge patching"),
     "--positions": ("position split", "edges per position group (roles) or summed over positions (all)"),
     "--readout": ("readout", "what a patched run is read out as: logprob or logit_diff"),
-    "--circuit-prompts": ("circuit prompts", "correctly answered prompts per language a circuit is measured on"),
     # experts and alignment
     "--k": ("expert counts", "numbers of expert neurons to save and compare"),
     "--pool": ("token pooling", "pooling of activations over a sentence's tokens"),

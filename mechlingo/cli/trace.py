@@ -26,6 +26,7 @@ from mechlingo.analyses.recall.trace_options import TraceOptions
 from mechlingo.cli import common, cost
 from mechlingo.cli.flags import parse_int_range
 from mechlingo.cli.streams import outputs_written
+from mechlingo.core.defaults import CIRCUIT_PROMPTS
 from mechlingo.data import Fact
 from mechlingo.report.trace import trace_report
 
@@ -61,9 +62,9 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--circuit-prompts",
         type=int,
-        default=10,
+        default=CIRCUIT_PROMPTS,
         help="correctly answered prompts per language the measured circuit is scored on "
-        "(EAP-IG edges; default 10; 0 = no measured circuit)",
+        f"(EAP-IG edges; default {CIRCUIT_PROMPTS}; 0 = no measured circuit)",
     )
     p.add_argument(
         "--patch-sites",

@@ -15,6 +15,7 @@ from mechlingo.core.errors import InputError
 
 __all__ = [
     "BATCH_SIZE",
+    "CIRCUIT_PROMPTS",
     "EARLY_STOP",
     "KV_CACHE",
     "MAX_NEW_TOKENS",
@@ -28,6 +29,10 @@ __all__ = [
 
 #: prompts per forward pass
 BATCH_SIZE = 16
+#: correctly answered prompts per language a measured circuit is scored on (`mechlingo
+#: circuit`, `mechlingo trace`): the fewest whose fact-clustered intervals the circuit docs
+#: accept; prompts without an equal-length partner drop out and are counted
+CIRCUIT_PROMPTS = 20
 #: greedy tokens of fact scoring: 99.4% of the 12,960 bundled answers (with a leading space)
 #: take at most 8 tokens of the embedded tokenizer
 MAX_NEW_TOKENS = 8

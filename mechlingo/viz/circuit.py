@@ -4,18 +4,14 @@
 :class:`~mechlingo.analyses.circuits.CircuitResult` (``to_json()``): each edge of
 ``edges`` is one line trace (its ``meta`` names the edge), its width the edge's absolute mean
 score, its hover the score with its 95% interval and n, and the exact effect where the edge
-was verified by exact edge patching. Nodes sit at (position group, layer): attention to the
-left of the column, the MLP to the right and half a layer up, the embeddings at layer -1,
-the logits on top. An edge joins a sender and a receiver at the same position (the residual
-stream is per position; attention moves information across positions inside a receiver).
+was verified by exact edge patching. Nodes sit at (position group, layer); an edge joins a
+sender and a receiver at the same position. ``stages`` (``{name: (first_layer,
+last_layer)}``) are shaded as layer bands.
 
 Across languages: :func:`faithfulness_curves_figure` (each language's faithfulness against
 circuit size with its 95% interval) and :func:`language_matrix_figure` (a language-by-language
 heatmap: the circuits' edge overlap with its permutation p, or one language's circuit run on
 another's prompts).
-
-``stages`` (``{name: (first_layer, last_layer)}``, e.g.
-:func:`mechlingo.analyses.recall.trace.pipeline_stages`) are shaded as layer bands.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mechlingo.core.defaults import BATCH_SIZE, MAX_NEW_TOKENS, PROGRESS
+from mechlingo.core.defaults import BATCH_SIZE, CIRCUIT_PROMPTS, MAX_NEW_TOKENS, PROGRESS
 from mechlingo.core.errors import InputError
 
 __all__ = ["TRACE_METHODS", "TraceOptions"]
@@ -48,7 +48,7 @@ class TraceOptions:
     verify_heads: int = 5
     progress: bool = PROGRESS
     unanswered: bool = False
-    circuit_prompts: int = 10
+    circuit_prompts: int = CIRCUIT_PROMPTS
 
     def __post_init__(self) -> None:
         low = {"max_rank": 0, "max_new_tokens": 1, "batch_size": 1, "patch_prompts": 0,
