@@ -271,6 +271,7 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
         "decoders": True,
         "conversion": True,
         "external": True,
+        "circuits": True,
         "experts": True,
         "align": True,
     }

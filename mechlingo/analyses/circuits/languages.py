@@ -103,9 +103,15 @@ def _mean(res: CircuitResult) -> np.ndarray:
 
 
 def _holm(ps: Sequence[float]) -> list[float]:
-    from statsmodels.stats.multitest import multipletests
-
-    return [float(x) for x in multipletests(list(ps), method="holm")[1]] if ps else []
+    """Holm's step-down adjusted p-values (monotone, capped at 1), in the input's order."""
+    m = len(ps)
+    order = sorted(range(m), key=lambda i: ps[i])
+    out = [0.0] * m
+    run = 0.0
+    for rank, i in enumerate(order):
+        run = max(run, min(1.0, (m - rank) * ps[i]))
+        out[i] = run
+    return out
 
 
 def _pair_tables(

@@ -1,12 +1,14 @@
 """The circuits stage: "the model recalls a fact in language L with the same mechanism it
 uses for English", measured with edge circuits (:mod:`mechlingo.analyses.circuits`).
 
-Per language (English and each of ``circuits.langs``), the relation's facts are split by id
-hash as the card splits them (``repair.split``); the first correctly answered dev and test
-facts (greedy answers, at most ``dev_per_lang`` and ``test_per_lang``) are paired with a
-partner of equal token length from the same language and part. On the dev pairs, EAP-IG
-(``steps``) scores every edge and the circuit is the smallest top-n on the
-:data:`SIZES` grid whose dev faithfulness reaches ``target`` (chosen on dev only). On each
+Per language (English and each of ``circuits.langs``), the relation's bundled facts (their
+measured stems) are split by id hash as the card splits them (``repair.split``): the circuits
+are found on the ids outside the test part ("dev" below: the build and dev parts) and judged
+on the test part. The first correctly answered facts of each (greedy answers, at most
+``dev_per_lang`` and ``test_per_lang``) are paired with a partner of equal token length from
+the same language and part. On the dev pairs, EAP-IG (``steps``) scores every edge and the
+circuit is the smallest top-n on the :data:`SIZES` grid whose dev faithfulness reaches
+``target`` (sizes chosen on dev only). On each
 language's *test* pairs the stage stores, per fact, the metric with only the English circuit
 clean (and with only L's own circuit clean), the clean and the corrupted metric. The row
 (:func:`rows_circuits`, one per language) is the English circuit's faithfulness on L's test
@@ -25,6 +27,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from mechlingo.analyses.circuits import find_circuit
+from mechlingo.analyses.circuits.faithfulness import removed_mask
+from mechlingo.analyses.circuits.graph import build_graph
+from mechlingo.analyses.circuits.languages import overlap_null
+from mechlingo.analyses.circuits.pairs import make_pairs
+from mechlingo.analyses.circuits.patching import EdgePatcher
+from mechlingo.analyses.circuits.runs import metric_readout
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
 from mechlingo.card.rules import make_row
@@ -34,9 +43,10 @@ from mechlingo.card.statistics import Test, ratio_test
 from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
-from mechlingo.data import Fact
+from mechlingo.data import Fact, load_facts
 from mechlingo.data.splits import split_facts
 from mechlingo.kernels.significance import Interval
+from mechlingo.scoring.evaluate import evaluate_facts
 
 __all__ = ["FULL", "QUICK", "SIZES", "STAGE", "CircuitsBudget", "jaccard_rank_test"]
 
@@ -91,28 +101,32 @@ FULL = CircuitsBudget(langs=("fr", "de", "es", "ja"), relations=("capital",), de
 
 
 def _correct_first(model: Model, facts: Sequence[Fact], n: int, cfg: Mapping[str, Any]) -> list:
-    """The first ``n`` correctly answered facts among the first ``2 n`` (greedy answers)."""
-    from mechlingo.scoring.evaluate import evaluate_facts
-
-    pool = list(facts)[: 2 * n]
-    if not pool:
-        return []
-    res = evaluate_facts(model, pool, max_new_tokens=cfg["circuits"]["max_new_tokens"],
-                         early_stop=True, batch_size=cfg.get("batch_size", BATCH_SIZE))  # fmt: skip
-    ok = {r["id"] for r in res.records if r["correct"]}
-    return [f for f in pool if f.id in ok][:n]
+    """The first ``n`` correctly answered facts (greedy answers), scored ``n`` at a time
+    until ``n`` are found or the facts run out."""
+    got: list[Fact] = []
+    todo = list(facts)
+    while todo and len(got) < n:
+        chunk, todo = todo[:n], todo[n:]
+        res = evaluate_facts(model, chunk, max_new_tokens=cfg["circuits"]["max_new_tokens"],
+                             early_stop=True, batch_size=cfg.get("batch_size", BATCH_SIZE))  # fmt: skip
+        ok = {r["id"] for r in res.records if r["correct"]}
+        got += [f for f in chunk if f.id in ok]
+    return got[:n]
 
 
 def _parts(model: Model, facts: Sequence[Fact], cfg: Mapping[str, Any]) -> dict[str, Any]:
     """``{lang: {"dev": (clean, pool), "test": (clean, pool)}}``: each part's correctly
-    answered facts and the part's facts they draw partners from."""
+    answered facts and the part's facts they draw partners from. The circuits are found on
+    every id outside the test part (the card's build and dev parts: ids the test never sees)."""
     c = cfg["circuits"]
     split = split_facts(list(facts), tuple(cfg["repair"]["split"]), "")
+    found = [*split["build"], *split["dev"]]
     out: dict[str, Any] = {}
     for lang in ("en", *c["langs"]):
         out[lang] = {}
-        for part, n in (("dev", c["dev_per_lang"]), ("test", c["test_per_lang"])):
-            pool = [f for f in split[part] if f.lang == lang]
+        for part, facts_, n in (("dev", found, c["dev_per_lang"]),
+                                ("test", split["test"], c["test_per_lang"])):  # fmt: skip
+            pool = sorted((f for f in facts_ if f.lang == lang), key=lambda f: f.id)
             out[lang][part] = (_correct_first(model, pool, int(n), cfg), pool)
     return out
 
@@ -121,8 +135,6 @@ def _dev_circuit(model: Model, clean: list[Fact], pool: list[Fact],
                  c: Mapping[str, Any]) -> dict[str, Any]:  # fmt: skip
     """The dev circuit of one language: the smallest top-n of :data:`SIZES` whose dev
     faithfulness reaches the target (else the largest), with its curve and the scored graph."""
-    from mechlingo.analyses.circuits import find_circuit
-
     res = find_circuit(model, clean, method="eap-ig", steps=int(c["steps"]), pool=pool,
                        sizes=SIZES, verify=0, target=float(c["target"]))  # fmt: skip
     return {"edges": [list(e) for e in res.circuit], "curve": res.curve, "n": res.n,
@@ -134,12 +146,6 @@ def _on_test(model: Model, clean: list[Fact], pool: list[Fact],
              circuits: Mapping[str, Sequence[Edge]]) -> dict[str, Any]:  # fmt: skip
     """Per test pair: the clean and corrupted metric and the metric with only each named
     circuit clean (every other edge corrupted)."""
-    from mechlingo.analyses.circuits.faithfulness import removed_mask
-    from mechlingo.analyses.circuits.graph import build_graph
-    from mechlingo.analyses.circuits.pairs import make_pairs
-    from mechlingo.analyses.circuits.patching import EdgePatcher
-    from mechlingo.analyses.circuits.runs import metric_readout
-
     graph = build_graph(model)
     p = make_pairs(model, clean, pool=pool)
     patcher = EdgePatcher(model, graph, p.clean_batch, p.corrupted_batch,
@@ -159,8 +165,6 @@ def _on_test(model: Model, clean: list[Fact], pool: list[Fact],
 def jaccard_draws(n_a: int, n_b: int, universe: int, draws: int, seed: int = 0) -> list[float]:
     """Edge Jaccard indices of ``draws`` pairs of random circuits of sizes ``n_a`` and ``n_b``
     from ``universe`` edges (:func:`mechlingo.analyses.circuits.languages.overlap_null`)."""
-    from mechlingo.analyses.circuits.languages import overlap_null
-
     return [float(x) for x in overlap_null(n_a, n_b, universe, n_null=draws, seed=seed)]
 
 
@@ -339,12 +343,16 @@ def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, fl
 
 
 def _facts(ctx: Context) -> list[Fact]:
-    """English and the section's languages, the section's relations (bundled natural stems,
-    or the user's facts scoped like the other Lu stages)."""
+    """English and the section's languages, the section's relations: the bundled facts with
+    their measured stems (a circuit needs facts the model answers; these stems were chosen
+    per language for the embedded model's accuracy), or the user's scoped like the other Lu
+    stages."""
     c = ctx.cfg["circuits"]
-    sec = {**c, "langs": ["en", *c["langs"]], "relations": list(c["relations"])}
-    return [f for f in lu_facts(ctx.facts, {**ctx.cfg, "circuits": sec, "metric": "generate"},
-                                "circuits")]  # fmt: skip
+    langs, rels = ["en", *c["langs"]], list(c["relations"])
+    if ctx.facts is None:
+        return load_facts(langs=langs, relations=rels, templates="measured")
+    sec = {**c, "langs": langs, "relations": rels}
+    return lu_facts(ctx.facts, {**ctx.cfg, "circuits": sec, "metric": "generate"}, "circuits")
 
 
 def run(ctx: Context) -> dict[str, Any]:

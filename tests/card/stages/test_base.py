@@ -381,7 +381,7 @@ def test_run_order_follows_the_declared_needs():
 
     # the order every stored card was computed in
     assert PAPERS["lu2025"] == ("trace", "repair", "transfer_relation", "transfer_lang",
-                                "decoders", "conversion", "external")  # fmt: skip
+                                "decoders", "conversion", "external", "circuits")  # fmt: skip
     assert PAPERS["sundar2025"] == ("experts", "align")
     assert run_order(BY_NAME, ["align", "external", "experts", "repair", "trace"]) == [
         "experts", "align", "trace", "repair", "external"]  # fmt: skip
