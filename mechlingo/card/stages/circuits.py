@@ -87,7 +87,7 @@ class CircuitsBudget(Budget):
         check(self.max_new_tokens >= 1, "circuits.max_new_tokens", "must be at least 1")
 
 
-QUICK = CircuitsBudget(langs=("fr", "ja"), relations=("capital",), dev_per_lang=8,
+QUICK = CircuitsBudget(langs=("fr", "es"), relations=("capital",), dev_per_lang=8,
                        test_per_lang=12, steps=3, target=0.8, draws=999,
                        max_new_tokens=6)  # fmt: skip
 FULL = CircuitsBudget(langs=("fr", "de", "es", "ja"), relations=("capital",), dev_per_lang=16,
@@ -115,7 +115,8 @@ def _correct_first(model: Model, facts: Sequence[Fact], n: int, cfg: Mapping[str
 
 
 def _parts(model: Model, facts: Sequence[Fact], cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """``{lang: {"dev": (clean, pool), "test": (clean, pool)}}``: each part's correctly
+    """``{lang: {"dev": (clean, pool), "test": (clean, pool)}}`` (English: dev only): each
+    part's correctly
     answered facts and the part's facts they draw partners from. The circuits are found on
     every id outside the test part (the card's build and dev parts: ids the test never sees)."""
     c = cfg["circuits"]
@@ -126,6 +127,8 @@ def _parts(model: Model, facts: Sequence[Fact], cfg: Mapping[str, Any]) -> dict[
         out[lang] = {}
         for part, facts_, n in (("dev", found, c["dev_per_lang"]),
                                 ("test", split["test"], c["test_per_lang"])):  # fmt: skip
+            if lang == "en" and part == "test":  # English is judged on no test pair
+                continue
             pool = sorted((f for f in facts_ if f.lang == lang), key=lambda f: f.id)
             out[lang][part] = (_correct_first(model, pool, int(n), cfg), pool)
     return out
@@ -323,23 +326,22 @@ def _table(report: ReportLike, data: Mapping[str, Any]) -> None:
 #: The English circuit against each language's, on its test prompts.
 report = data_section("circuits", "fig-circuits", "Same circuit as English (EAP-IG)", _table)
 
-#: One fact through the stage (its share of greedy answers, EAP-IG passes and the dev curve's
-#: patched passes), in items scored under ``rank`` (measured on the embedded model).
-PER_DEV_FACT = 6.0
-PER_TEST_FACT = 1.5
+#: One dev fact through the stage at 3 EAP-IG steps (its greedy answer, the EAP-IG passes and
+#: the dev curve's patched passes) and one test fact (its greedy answer, four patched passes),
+#: in items scored under ``rank``: fitted to the quick stage measured on the embedded model
+#: (62.9 CPU-seconds, 7 December 2026).
+PER_DEV_FACT = 12.0
+PER_TEST_FACT = 3.0
 
 
 def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
     """CPU seconds: the dev facts of English and every language (greedy selection, EAP-IG,
-    the dev curve) and their test facts (greedy selection, four patched passes)."""
+    the dev curve; the EAP-IG share scales with ``steps``) and the test facts of every
+    language but English (greedy selection, four patched passes)."""
     c = cfg["circuits"]
-    n = 1 + len(c["langs"])
-    per_dev = PER_DEV_FACT * (int(c["steps"]) + 2) / 7
-    return (
-        n
-        * (c["dev_per_lang"] * per_dev + c["test_per_lang"] * PER_TEST_FACT)
-        * unit.get("rank", 0.0)
-    )
+    n = len(c["langs"])
+    dev = (1 + n) * c["dev_per_lang"] * PER_DEV_FACT * (int(c["steps"]) + 2) / 5
+    return (dev + n * c["test_per_lang"] * PER_TEST_FACT) * unit.get("rank", 0.0)
 
 
 def _facts(ctx: Context) -> list[Fact]:

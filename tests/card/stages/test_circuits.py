@@ -87,7 +87,7 @@ def test_untestable_languages_and_the_rank_test():
 
 
 def test_the_budget_is_checked_and_the_quick_one_is_small():
-    assert QUICK.circuits.langs == ("fr", "ja") and QUICK.circuits.target == 0.8
+    assert QUICK.circuits.langs == ("fr", "es") and QUICK.circuits.target == 0.8
     with pytest.raises(InputError, match="circuits.langs"):
         budget_settings("quick", {"circuits": {"langs": ["en", "fr"]}})
     with pytest.raises(InputError, match="circuits.dev_per_lang"):
