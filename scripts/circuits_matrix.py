@@ -1,22 +1,25 @@
 """Per-language circuits on the embedded model and their cross-language comparison.
 
-Two phases, each resumable (a language already run is read back, not run again):
+Three phases; ``run`` is resumable (a language already run is read back, not run again):
 
 * ``run``: for each language, the relation's bundled facts are scored by the eval rule
-  (greedy generation); the first ``--limit`` correctly answered facts (in id order) are
-  paired with a partner of equal token length among that language's correct facts and
-  ``find_circuit`` (EAP-IG, ``--steps``) scores every edge, verifies the top 20 by exact
-  patching and draws the faithfulness curve; the scores and the curve are saved per language;
+  (greedy generation); the first ``--limit`` correctly answered facts (in id order) that
+  have a partner of equal token length among that language's correct facts are paired so and
+  ``find_circuit`` (EAP-IG, ``--steps``) scores every edge, verifies the top ``--verify``
+  edges by exact patching (default none) and draws the faithfulness curve; the scores and
+  the curve are saved per language;
 * ``matrix``: the circuits at the target faithfulness, their edge-Jaccard and score-weighted
   overlap matrices with permutation p against size-matched random circuits from the same
   scored graph, the cross-language faithfulness matrix (each language's circuit on every
   other language's pairs, 95% intervals clustered by fact), the edges every language's
-  circuit holds and those only the non-English circuits hold; all in ``matrix.json``.
+  circuit holds and those only the non-English circuits hold; all in ``matrix.json``;
+* ``markdown``: the tables of ``matrix.json`` as Markdown.
 
-Usage (one process at a time, the runs take ~10-15 minutes per language on two loaded cores)::
+Usage (one process at a time; a language's run took 1 to 4 minutes on two loaded cores)::
 
     OMP_NUM_THREADS=1 nice -n 5 python scripts/circuits_matrix.py run --out OUT
     OMP_NUM_THREADS=1 nice -n 5 python scripts/circuits_matrix.py matrix --out OUT
+    python scripts/circuits_matrix.py markdown --out OUT
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ def correct_facts(model: Any, lang: str, relation: str) -> tuple[list[Any], int]
 
 def run_language(model: Any, lang: str, args: argparse.Namespace) -> None:
     from mechlingo.analyses.circuits import find_circuit
+    from mechlingo.analyses.circuits.pairs import make_pairs
 
     path = Path(args.out) / f"{lang}.pt"
     if path.exists():
@@ -63,7 +67,8 @@ def run_language(model: Any, lang: str, args: argparse.Namespace) -> None:
         return
     t0 = time.perf_counter()
     good, n_all = correct_facts(model, lang, args.relation)
-    chosen = good[: args.limit]
+    with_partner = set(make_pairs(model, good, pool=good).fact_ids)
+    chosen = [f for f in good if f.id in with_partner][: args.limit]
     _log(f"{lang}: {len(good)} of {n_all} correct; running on {len(chosen)}")
     res = find_circuit(
         model, chosen, method="eap-ig", steps=args.steps, pool=good, sizes=SIZES,
@@ -200,7 +205,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, help="folder for the per-language runs and matrix.json")
     ap.add_argument("--langs", nargs="+", default=list(LANGS))
     ap.add_argument("--relation", default="capital")
-    ap.add_argument("--limit", type=int, default=21, help="correct facts per language (at most)")
+    ap.add_argument(
+        "--limit", type=int, default=21, help="correct facts with a partner per language (at most)"
+    )
     ap.add_argument("--steps", type=int, default=5, help="EAP-IG interpolation steps")
     ap.add_argument("--target", type=float, default=0.8, help="the circuits' faithfulness")
     ap.add_argument("--verify", type=int, default=VERIFY, help="top edges patched exactly")
