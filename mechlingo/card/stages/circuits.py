@@ -1,21 +1,16 @@
 """The circuits stage: "the model recalls a fact in language L with the same mechanism it
 uses for English", measured with edge circuits (:mod:`mechlingo.analyses.circuits`).
 
-Per language (English and each of ``circuits.langs``), the relation's bundled facts (their
-measured stems) are split by id hash as the card splits them (``repair.split``): the circuits
-are found on the ids outside the test part ("dev" below: the build and dev parts) and judged
-on the test part. The first correctly answered facts of each (greedy answers, at most
-``dev_per_lang`` and ``test_per_lang``) are paired with a partner of equal token length from
-the same language and part. On the dev pairs, EAP-IG (``steps``) scores every edge and the
-circuit is the smallest top-n on the :data:`SIZES` grid whose dev faithfulness reaches
-``target`` (sizes chosen on dev only). On each
-language's *test* pairs the stage stores, per fact, the metric with only the English circuit
-clean (and with only L's own circuit clean), the clean and the corrupted metric. The row
-(:func:`rows_circuits`, one per language) is the English circuit's faithfulness on L's test
-pairs (a ratio of sums, CR2 delta-method interval clustered by fact) against
-:data:`~mechlingo.card.claims.SAME_MECHANISM_SHARE`, with the edge Jaccard of the English
-and L dev circuits against ``draws`` pairs of size-matched random circuits from the same
-scored graph as its control (the rank p).
+Per language (English and each of ``circuits.langs``) the bundled facts (measured stems) are
+split by id hash as the card splits them (``repair.split``). On correctly answered facts
+outside the test part ("dev": build and dev parts) EAP-IG scores every edge, and the circuit
+is the smallest top-n of :data:`SIZES` whose dev faithfulness reaches ``target``. On L's
+test pairs the stage stores per fact the metric with only the English circuit clean (and
+only L's own), the clean and the corrupted metric. The row (:func:`rows_circuits`, one per
+language) is the English circuit's faithfulness there (ratio of sums, CR2 delta-method
+interval clustered by fact) against :data:`~mechlingo.card.claims.SAME_MECHANISM_SHARE`, with
+the edge Jaccard of the two dev circuits against ``draws`` size-matched random circuits as
+its control (rank p). The rule and why: ``docs/replicate.md`` ("The verdict rules").
 """
 
 from __future__ import annotations
