@@ -47,6 +47,9 @@ __all__ = ["FULL", "QUICK", "SIZES", "STAGE", "CircuitsBudget", "jaccard_rank_te
 
 #: The circuit sizes tried on dev (the smallest reaching the target is the circuit).
 SIZES = (5, 10, 20, 50, 100, 200, 500, 1000)
+#: At most this many times the facts wanted are scored to find them (a language the model
+#: rarely answers costs a bounded scan).
+SCAN = 4
 #: The fewest pairs a part needs (a clustered interval of fewer says nothing).
 MIN_PAIRS = 3
 
@@ -97,9 +100,9 @@ FULL = CircuitsBudget(langs=("fr", "de", "es", "ja"), relations=("capital",), de
 
 def _correct_first(model: Model, facts: Sequence[Fact], n: int, cfg: Mapping[str, Any]) -> list:
     """The first ``n`` correctly answered facts (greedy answers), scored ``n`` at a time
-    until ``n`` are found or the facts run out."""
+    until ``n`` are found or :data:`SCAN` times ``n`` facts were scored."""
     got: list[Fact] = []
-    todo = list(facts)
+    todo = list(facts)[: SCAN * n]
     while todo and len(got) < n:
         chunk, todo = todo[:n], todo[n:]
         res = evaluate_facts(model, chunk, max_new_tokens=cfg["circuits"]["max_new_tokens"],

@@ -112,3 +112,29 @@ def test_simulated_verdicts_are_calibrated_at_the_threshold():
     assert rates[SAME_MECHANISM_SHARE] <= 0.025 + 2 * (0.025 * 0.975 / 400) ** 0.5
     assert 0.92 <= cover / 400 <= 0.98
     assert rates[0.8] > 0.6
+
+
+def test_correct_facts_are_found_in_order_within_a_bounded_scan(monkeypatch):
+    from types import SimpleNamespace
+
+    facts = [SimpleNamespace(id=f"f{i:02d}") for i in range(40)]
+    scored: list[str] = []
+
+    def fake(model, chunk, **kw):
+        scored.extend(f.id for f in chunk)
+        return SimpleNamespace(records=[{"id": f.id, "correct": int(f.id[1:]) % 3 == 0}
+                                        for f in chunk])  # fmt: skip
+
+    monkeypatch.setattr(S, "evaluate_facts", fake)
+    cfg = {"circuits": {"max_new_tokens": 4}}
+    got = S._correct_first(None, facts, 4, cfg)
+    assert [f.id for f in got] == ["f00", "f03", "f06", "f09"] and len(scored) == 12
+    calls: list[int] = []
+
+    def none(model, chunk, **kw):
+        calls.append(len(chunk))
+        return SimpleNamespace(records=[{"id": f.id, "correct": False} for f in chunk])
+
+    monkeypatch.setattr(S, "evaluate_facts", none)
+    assert S._correct_first(None, facts, 4, cfg) == []
+    assert sum(calls) == S.SCAN * 4  # none correct: a bounded scan, not all 40 facts
