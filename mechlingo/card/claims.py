@@ -47,6 +47,7 @@ __all__ = [
     "RETRIEVAL_GAIN_MAX",
     "RETRIEVAL_GAIN_MEDIAN",
     "DISTANCE_PREDICTS_RETRIEVAL",
+    "SAME_MECHANISM",
 ]
 
 
@@ -100,6 +101,9 @@ def row_family(claim: Claim, variant: str | None = None) -> Literal["primary", "
 
 
 LU = "lu2025"
+#: The share of L's clean-vs-corrupted difference that the English circuit must carry on L's
+#: prompts for "the same mechanism" (fixed before any circuit card was run: more than half).
+SAME_MECHANISM_SHARE = 0.5
 SUNDAR = "sundar2025"
 #: The primary reading of the lowest-language claim (">35%"): the relative gain in the
 #: lowest language(s) of the headroom rule. The paper's lowest language is one the
@@ -472,6 +476,20 @@ CLAIMS: tuple[Claim, ...] = (
         "fig-align",
         direction=-1,
     ),
+    Claim(
+        "same_mechanism",
+        LU,
+        "The model recalls a fact in language L with the same mechanism it uses for English.",
+        "English-centric recall pipeline (the paper's reading of its traces; no circuit number)",
+        "faithfulness of the English circuit (EAP-IG edges chosen on English dev facts at "
+        "faithfulness 0.8) on L's test subject pairs, ratio of sums with a CR2 delta-method "
+        "interval clustered by fact, above 0.5; control: the edge Jaccard of the English and "
+        "L dev circuits against size-matched random circuits from the same scored graph "
+        "(its rank among the draws)",
+        "circuits",
+        "fig-circuits",
+        threshold=SAME_MECHANISM_SHARE,
+    ),
 )
 
 
@@ -505,6 +523,7 @@ CLAMP_CLOSER_CENTRED = _BY_ID["clamp_closer_centred"]
 RETRIEVAL_GAIN_MAX = _BY_ID["retrieval_gain_max"]
 RETRIEVAL_GAIN_MEDIAN = _BY_ID["retrieval_gain_median"]
 DISTANCE_PREDICTS_RETRIEVAL = _BY_ID["distance_predicts_retrieval"]
+SAME_MECHANISM = _BY_ID["same_mechanism"]
 
 
 def claim_by_id(cid: str) -> Claim:

@@ -157,6 +157,11 @@ RULES = {
     "languages) and the headroom rule (the same among those whose dev few-shot beats "
     "zero-shot, McNemar p < 0.1), fixed on dev; tied languages are judged on their pooled "
     "test items",
+    "same mechanism": "per language L: the English EAP-IG circuit (the smallest top-n of "
+    "5, 10, 20, 50, 100, 200, 500, 1000 edges reaching faithfulness 0.8 on English dev facts) "
+    "on L's test subject pairs, the ratio of sums with a CR2 delta-method interval clustered "
+    "by fact, above 0.5; control: the edge Jaccard of the English and L dev circuits, its "
+    "rank among size-matched random circuits from the same scored graph; secondary",
     "not testable here": "the measurement could not be made on this model and data (the "
     "reason is given)",
     "error": "the stage that measures the claim failed; the row carries its error",

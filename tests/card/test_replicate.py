@@ -278,6 +278,7 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
         "decoders": True,
         "conversion": True,
         "external": True,
+        "circuits": True,
         "experts": True,
         "align": True,
     }
@@ -508,6 +509,9 @@ SMALL = {
         "eval_per_doc": 4,
         "n_boot": 50,
     },
+    # the same-mechanism rows on fr only, from few facts (the quick budget's fr and es cost a
+    # CPU-minute)
+    "circuits": {"langs": ["fr"], "dev_per_lang": 4, "test_per_lang": 6, "steps": 1, "draws": 99},
 }
 
 

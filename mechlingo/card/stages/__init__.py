@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 from mechlingo.card.claims import LU, SUNDAR
 from mechlingo.card.stages import (
     align,
+    circuits,
     conversion,
     decoders,
     experts,
@@ -59,6 +60,7 @@ STAGES: tuple[Stage, ...] = (
     decoders.STAGE,
     conversion.STAGE,
     external.STAGE,
+    circuits.STAGE,
     experts.STAGE,
     align.STAGE,
 )
@@ -90,6 +92,7 @@ class CardBudget(Budget):
     decoders: decoders.DecodersBudget
     conversion: conversion.ConversionBudget
     external: external.ExternalBudget
+    circuits: circuits.CircuitsBudget
 
     NESTED: ClassVar[Mapping[str, type[Budget]]] = {
         "trace": trace.TraceBudget,
@@ -99,6 +102,7 @@ class CardBudget(Budget):
         "decoders": decoders.DecodersBudget,
         "conversion": conversion.ConversionBudget,
         "external": external.ExternalBudget,
+        "circuits": circuits.CircuitsBudget,
     }
 
     def __post_init__(self) -> None:
@@ -120,7 +124,7 @@ def _budget(which: str) -> CardBudget:
         max_ids_per_lang=128 if which == "quick" else 256, candidates=4,
         trace=pick(trace), repair=pick(repair), transfer=pick(transfer),
         experts=pick(experts), decoders=pick(decoders), conversion=pick(conversion),
-        external=pick(external),
+        external=pick(external), circuits=pick(circuits),
     )  # fmt: skip
 
 
