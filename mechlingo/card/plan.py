@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from mechlingo.card.claims import PRIMARY as CLAIMS_PRIMARY
 from mechlingo.card.population import draws_needed
 from mechlingo.card.power import POWER, Scenario, minimum_detectable, simulate_power
 from mechlingo.card.rules import LU, SUNDAR
+
+if TYPE_CHECKING:
+    from mechlingo.card.stages import CardSettings
 
 __all__ = ["EFFECTS", "PRIMARY", "Plan", "PlanRow", "annotate_rows", "dev_icc", "plan_card"]
 
@@ -225,12 +228,13 @@ def _planned(paper: str, sc: Scenario, cpu_per_cluster: float, fix_data: str,
     return row
 
 
-def _lu_rows(cfg: Mapping[str, Any], inp: Mapping[str, Any], avail: Mapping[str, Any],
+def _lu_rows(settings: CardSettings, inp: Mapping[str, Any], avail: Mapping[str, Any],
              cost: Mapping[str, float]) -> list[PlanRow]:  # fmt: skip
-    m = max(1, len([lg for lg in cfg["lu_langs"] if lg != "en"]))
-    draws = len(cfg["repair"]["seeds"])
+    b = settings.budget
+    m = max(1, len([lg for lg in b.lu_langs if lg != "en"]))
+    draws = len(b.repair.seeds)
     k = float(len(PRIMARY[LU]))
-    s_item = cost.get(str(cfg.get("metric")), cost.get("rank", 0.0))
+    s_item = cost.get(settings.metric, cost.get("rank", 0.0))
     g = int(avail.get("test_ids", 0))
     binary = inp["key"] == "correct"
     sd = math.sqrt(max(inp["var"], 1e-6))
@@ -241,7 +245,7 @@ def _lu_rows(cfg: Mapping[str, Any], inp: Mapping[str, Any], avail: Mapping[str,
     seeds = f'--settings \'{{"repair": {{"seeds": [0, ..., {MIN_DRAWS[LU] - 1}]}}}}\''
     facts = (
         f"more test facts: --facts with more facts per language, or --settings "
-        f'\'{{"repair": {{"test_per_lang": N}}}}\' (now {cfg["repair"]["test_per_lang"]})'
+        f'\'{{"repair": {{"test_per_lang": N}}}}\' (now {b.repair.test_per_lang})'
     )
     # the vectors' conditions, a random population per condition (task, diff, both: each of
     # ``draws`` vectors) and the population matched to dev's choice, scored in one call
@@ -261,10 +265,9 @@ def _lu_rows(cfg: Mapping[str, Any], inp: Mapping[str, Any], avail: Mapping[str,
                           **{**common, "base": inp["lowest_mean"], "sd": sd_low, "icc": 0.0})  # fmt: skip
             per_cluster = conds * s_item
         elif rid.startswith("independent_"):
-            t = cfg.get("transfer") or {}
-            mx = t.get("matrix") or {}
-            held = int(mx.get("test_ids", 0)) * len(t.get("relations") or ())
-            cell_draws = int(mx.get("controls") or 1)
+            mx = b.transfer.matrix
+            held = int(mx.test_ids or 0) * len(b.transfer.relations)
+            cell_draws = int(mx.controls or 1)
             sc = Scenario(rid, "population", "facts", max(2, held), 1, cell_draws,
                           **{**common, "icc": 0.0})  # fmt: skip
             out.append(_planned(LU, sc, (2 + cell_draws) * s_item, facts,
@@ -278,10 +281,10 @@ def _lu_rows(cfg: Mapping[str, Any], inp: Mapping[str, Any], avail: Mapping[str,
     return out
 
 
-def _sundar_rows(cfg: Mapping[str, Any], avail: Mapping[str, Any],
+def _sundar_rows(settings: CardSettings, avail: Mapping[str, Any],
                  cost: Mapping[str, float]) -> list[PlanRow]:  # fmt: skip
-    e = cfg["experts"]
-    draws = int(e.get("random_sets", 1))
+    e = settings.budget.experts
+    draws = int(e.random_sets)
     k = float(len(PRIMARY[SUNDAR]))
     n_langs = int(avail.get("langs", 12))
     docs = int(avail.get("eval_docs", 0))
@@ -289,7 +292,7 @@ def _sundar_rows(cfg: Mapping[str, Any], avail: Mapping[str, Any],
     s_sent = cost.get("embed", 0.0) * n_langs
     sets = f'--settings \'{{"experts": {{"random_sets": {MIN_DRAWS[SUNDAR]}}}}}\''
     more_docs = ("--parallel with more documents in the evaluation part, and --settings "
-                 f'\'{{"experts": {{"n_eval": N}}}}\' (now {e["n_eval"]})')  # fmt: skip
+                 f'\'{{"experts": {{"n_eval": N}}}}\' (now {e.n_eval})')  # fmt: skip
     out = []
     for rid in PRIMARY[SUNDAR]:
         b = BOUNDS.get(rid, {})
@@ -300,7 +303,7 @@ def _sundar_rows(cfg: Mapping[str, Any], avail: Mapping[str, Any],
             sc = Scenario(rid, "overlap", "languages", n_langs, 1, None, k, False, sd=b["sd"])
             secs, fix = s_sent, "--parallel with more languages"
         elif rid == "clamp_steers":
-            sc = Scenario(rid, "population", "BOS samples", int(e["samples"]), 1, draws, k, True,
+            sc = Scenario(rid, "population", "BOS samples", int(e.samples), 1, draws, k, True,
                           b["base"], clustered=False)  # fmt: skip
             secs, fix = s_sent * (2 + draws), '--settings \'{"experts": {"samples": N}}\''
         elif rid == "retrieval_gain_max":
@@ -315,14 +318,14 @@ def _sundar_rows(cfg: Mapping[str, Any], avail: Mapping[str, Any],
 
 
 def plan_card(
-    cfg: Mapping[str, Any],
+    settings: CardSettings,
     papers: Sequence[str],
     metric_data: Mapping[str, Any] | None,
     available: Mapping[str, Any],
     cost: Mapping[str, float] | None = None,
     stage_seconds: Mapping[str, float] | None = None,
 ) -> Plan:
-    """The :class:`Plan` of a card with settings ``cfg`` on ``papers``: ``metric_data`` is the
+    """The :class:`Plan` of a card with ``settings`` on ``papers``: ``metric_data`` is the
     metric stage's result (dev items and per-item CPU seconds), ``available`` the capped
     data's sizes (``test_ids``: test facts per language after the budget's cap, ``eval_docs``
     and ``eval_sentences`` the evaluation part's, ``langs``), ``cost`` more per-item CPU
@@ -335,12 +338,12 @@ def plan_card(
     inputs: dict[str, Any] = {"cost_seconds_per_item": cost, "available": dict(available),
                               "stage_seconds": dict(stage_seconds or {})}  # fmt: skip
     if LU in papers:
-        inp = _lu_inputs(metric_data, str(cfg.get("metric")))
+        inp = _lu_inputs(metric_data, settings.metric)
         inputs["lu_dev"] = inp
-        rows += _lu_rows(cfg, inp, available, cost)
+        rows += _lu_rows(settings, inp, available, cost)
     if SUNDAR in papers:
         inputs["bounds"] = BOUNDS
-        rows += _sundar_rows(cfg, available, cost)
+        rows += _sundar_rows(settings, available, cost)
     return Plan(rows, alpha, sum((stage_seconds or {}).values()) / 60, inputs)
 
 

@@ -15,7 +15,7 @@ import copy
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from mechlingo.card.claims import LU, SUNDAR
@@ -32,6 +32,7 @@ from mechlingo.card.stages import (
     transfer,
 )
 from mechlingo.card.stages.base import Budget, Stage, check, run_order
+from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.errors import InputError
 from mechlingo.core.languages import is_lang_code
 from mechlingo.data import LANGS
@@ -45,6 +46,7 @@ __all__ = [
     "QUICK",
     "STAGES",
     "CardBudget",
+    "CardSettings",
     "budget_settings",
     "estimate_seconds",
     "metric",
@@ -113,6 +115,36 @@ class CardBudget(Budget):
         check(self.candidates >= 2, "candidates", "must be at least 2")
 
 
+@dataclass(frozen=True)
+class CardSettings:
+    """What a card's stages read, typed: the checked ``budget`` (:class:`CardBudget`), the
+    budget's ``name``, the card's ``metric`` (``generate``, ``rank`` or ``klar``; ``rule``
+    before the metric rule decides) and the ``batch_size`` of every analysis (``None``: each
+    analysis's own default, :meth:`batch`). Built once from
+    the plain settings (:func:`budget_settings`) by :meth:`of`; it travels to every stage."""
+
+    budget: CardBudget
+    name: str = "quick"
+    metric: str = "generate"
+    batch_size: int | None = None
+
+    @classmethod
+    def of(cls, cfg: Mapping[str, Any]) -> CardSettings:
+        """The typed settings of the plain ``cfg`` (checked as :func:`budget_settings` does)."""
+        budget = CardBudget.from_mapping({k: v for k, v in cfg.items() if k not in RUN_KEYS},
+                                         "settings")  # fmt: skip
+        return cls(budget, str(cfg.get("budget", "quick")), str(cfg.get("metric", "generate")),
+                   cfg.get("batch_size"))  # fmt: skip
+
+    def batch(self, default: int = BATCH_SIZE) -> int:
+        """The batch size of an analysis whose own default is ``default``."""
+        return default if self.batch_size is None else int(self.batch_size)
+
+    def with_metric(self, metric: str) -> CardSettings:
+        """These settings under another card metric."""
+        return replace(self, metric=metric)
+
+
 def _budget(which: str) -> CardBudget:
     """The quick or the full budget from each stage module's instances."""
 
@@ -166,12 +198,12 @@ def budget_settings(budget: str, overrides: Mapping[str, Any] | None = None) -> 
     return cfg
 
 
-def estimate_seconds(cfg: Mapping[str, Any], papers: Sequence[str], sizes: Mapping[str, Any],
+def estimate_seconds(settings: CardSettings, papers: Sequence[str], sizes: Mapping[str, Any],
                      unit: Mapping[str, float]) -> dict[str, float]:  # fmt: skip
     """Each stage's estimated CPU seconds (the metric stage first when a Lu stage runs), from
     its declared cost model, the data's ``sizes`` and the measured per-item seconds ``unit``
     (see ``docs/replicate.md`` for the estimate against measured cards)."""
     names = (["metric"] if LU in papers else []) + [s for p in papers for s in PAPERS[p]]
     every = {**BY_NAME, "metric": metric.STAGE}
-    return {n: round(float(every[n].cost(cfg, sizes, unit)), 1) if every[n].cost else 0.0
+    return {n: round(float(every[n].cost(settings, sizes, unit)), 1) if every[n].cost else 0.0
             for n in names}  # fmt: skip
