@@ -96,7 +96,7 @@ __all__ = [
 STAGE_VERSION = 6
 #: ``CardOptions(metric=...)``: how the Lu stages score facts (see ``docs/replicate.md``).
 METRICS = ("generate", "rank", "klar")
-#: Every row stage's name, each paper's in run order.
+#: Every stage's name, each paper's in run order (the metric stage first).
 STAGES = (*PAPERS[LU], *PAPERS[SUNDAR])
 
 
@@ -301,9 +301,9 @@ def replicate(
     try:
         results: dict[str, Any] = {}
         timing: dict[str, Any] = {}
-        decision = None
-        if LU in papers:
-            results["metric"], timing["metric"], decision = _decide(stages, ctx, cfg, metric)
+        decision, order = None, run_order(BY_NAME, [s for p in papers for s in PAPERS[p]])
+        for name in (n for n in order if BY_NAME[n].decides):  # the metric stage: before the plan
+            results[name], timing[name], decision = _decide(stages, BY_NAME[name], ctx, cfg, metric)
         cost = {}
         if SUNDAR in papers:
             cost = stages.run("embed_cost", lambda: _embed_cost(ctx))
@@ -328,7 +328,7 @@ def replicate(
         if is_main():
             print(f"replicate: the planner's estimate for this card: {the_plan.card_minutes:.1f} "
                   f"CPU-minutes{_per_process()} (see the plan in claims.json)")  # fmt: skip
-        names = run_order(BY_NAME, [s for p in papers for s in PAPERS[p]])
+        names = [n for n in order if n not in results]
         bar = tqdm(names, desc="replicate", disable=not progress, unit="stage")
         for name in bar:
             bar.set_postfix_str(name)
@@ -367,13 +367,15 @@ class ReplicationCard(ClaimsCard):
         return {**top, **super().to_json()}
 
 
-def _decide(stages: Stages, ctx: Context, cfg: dict[str, Any],
+def _decide(stages: Stages, stage: Stage, ctx: Context, cfg: dict[str, Any],
             given: str | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:  # fmt: skip
-    """The metric stage (dev scored both ways, stored like any stage) and the rule's decision;
-    ``cfg["metric"]`` (and the context's settings' metric) becomes the card's metric."""
-    data, secs, cached = _run_stage(stages, card_stages.metric.STAGE, ctx)
+    """A stage that ``decides`` (the metric stage: dev scored both ways, stored like any
+    stage) and its decision; ``cfg["metric"]`` (and the context's settings' metric) becomes
+    the card's metric."""
+    data, secs, cached = _run_stage(stages, stage, ctx)
     secs = {**secs, "cached": cached, "error": data.get("error")}
-    decision = card_stages.metric.decision(data, given)
+    assert stage.decides is not None
+    decision = stage.decides(data, given)
     cfg["metric"] = decision["metric"]
     ctx.settings = ctx.settings.with_metric(decision["metric"])
     return data, secs, decision

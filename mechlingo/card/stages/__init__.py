@@ -2,7 +2,8 @@
 it needs, its typed budget section (quick and full instances), its run function, its row
 builders and its report section (:class:`~mechlingo.card.stages.base.Stage`).
 
-:data:`STAGES` lists every row stage in declaration order; :data:`PAPERS` the stages of each
+:data:`STAGES` lists every stage in declaration order (the metric stage first: it
+``decides`` the card's metric before the planner runs); :data:`PAPERS` the stages of each
 paper; :func:`~mechlingo.card.stages.base.run_order` orders a selection from the declared
 needs. :class:`CardBudget` holds a whole budget (the shared Lu settings and every section);
 :data:`BUDGETS` and :data:`BUDGETS_HASH` are computed from its quick and full instances, and
@@ -53,8 +54,9 @@ __all__ = [
     "run_order",
 ]
 
-#: Every row stage, in the order the card declares (and, their needs allowing, runs) them.
+#: Every stage, in the order the card declares (and, their needs allowing, runs) them.
 STAGES: tuple[Stage, ...] = (
+    metric.STAGE,
     trace.STAGE,
     repair.STAGE,
     transfer.STAGE_RELATION,
@@ -200,10 +202,11 @@ def budget_settings(budget: str, overrides: Mapping[str, Any] | None = None) -> 
 
 def estimate_seconds(settings: CardSettings, papers: Sequence[str], sizes: Mapping[str, Any],
                      unit: Mapping[str, float]) -> dict[str, float]:  # fmt: skip
-    """Each stage's estimated CPU seconds (the metric stage first when a Lu stage runs), from
+    """Each stage's estimated CPU seconds (in each paper's run order), from
     its declared cost model, the data's ``sizes`` and the measured per-item seconds ``unit``
     (see ``docs/replicate.md`` for the estimate against measured cards)."""
-    names = (["metric"] if LU in papers else []) + [s for p in papers for s in PAPERS[p]]
-    every = {**BY_NAME, "metric": metric.STAGE}
-    return {n: round(float(every[n].cost(settings, sizes, unit)), 1) if every[n].cost else 0.0
-            for n in names}  # fmt: skip
+    out: dict[str, float] = {}
+    for name in (n for p in papers for n in PAPERS[p]):
+        cost = BY_NAME[name].cost
+        out[name] = round(float(cost(settings, sizes, unit)), 1) if cost else 0.0
+    return out

@@ -340,5 +340,14 @@ def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, fl
     )
 
 
-STAGE = Stage("align", SUNDAR, ("experts",), run, (rows_align, rows_align_extra), report,
-              "experts", ExpertsBudget, cost=cost)  # fmt: skip
+STAGE = Stage(
+    name="align",
+    paper=SUNDAR,
+    needs=("experts",),
+    run=run,
+    rows=(rows_align, rows_align_extra),
+    report=report,
+    section="experts",
+    budget=ExpertsBudget,
+    cost=cost,
+)

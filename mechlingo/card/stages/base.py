@@ -172,9 +172,9 @@ CostModel = Callable[["CardSettings", Mapping[str, Any], Mapping[str, float]], f
 SectionWriter = Callable[[ReportLike, Mapping[str, Any]], None]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Stage:
-    """One stage of the card.
+    """One stage of the card, declared with keywords.
 
     ``run(ctx)`` (``run(ctx, folder)`` with ``folder``: the stage also leaves files there)
     returns the JSON-able result that is stored under ``name``; ``rows`` read only that
@@ -183,11 +183,14 @@ class Stage:
     settings it reads (``section``) as its typed class. ``cost(settings, sizes, unit)``: the
     stage's estimated CPU seconds from the sizes of its data (the planner's) and the
     measured per-item seconds ``unit`` (``rank``, ``generate``, ``embed``), for the planner.
+    ``decides(result, given)``: the stage runs before the planner and its result decides the
+    card's metric (``given``: the user's, or ``None``); it returns the decision, whose
+    ``"metric"`` the later stages read (the metric stage).
     """
 
     name: str
     paper: str
-    needs: tuple[str, ...]
+    needs: tuple[str, ...] = ()
     run: Callable[..., Any]
     rows: tuple[RowBuilder, ...] = ()
     report: SectionWriter | None = None
@@ -195,6 +198,7 @@ class Stage:
     budget: type[Budget] | None = None
     folder: bool = False
     cost: CostModel | None = None
+    decides: Callable[[Mapping[str, Any], str | None], dict[str, Any]] | None = None
 
     @property
     def claims(self) -> tuple[Claim, ...]:

@@ -362,5 +362,13 @@ def run(ctx: Context) -> dict[str, Any]:
     return stage_circuits(ctx.model, _facts(ctx), ctx.settings)
 
 
-STAGE = Stage("circuits", LU, (), run, (rows_circuits,), report, "circuits", CircuitsBudget,
-              cost=cost)  # fmt: skip
+STAGE = Stage(
+    name="circuits",
+    paper=LU,
+    run=run,
+    rows=(rows_circuits,),
+    report=report,
+    section="circuits",
+    budget=CircuitsBudget,
+    cost=cost,
+)

@@ -184,5 +184,14 @@ def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, fl
     return len(c.langs) * int(c.n_prompts) * PATCH_PER_PAIR * unit.get("rank", 0.0)
 
 
-STAGE = Stage("conversion", LU, ("trace",), run, (rows_conversion,), report, "conversion",
-              ConversionBudget, cost=cost)  # fmt: skip
+STAGE = Stage(
+    name="conversion",
+    paper=LU,
+    needs=("trace",),
+    run=run,
+    rows=(rows_conversion,),
+    report=report,
+    section="conversion",
+    budget=ConversionBudget,
+    cost=cost,
+)

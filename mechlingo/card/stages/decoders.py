@@ -49,11 +49,11 @@ def card_decoders() -> list[DecoderSpec]:
     return [s for s in decoder_specs() if s.name != default]
 
 
-def decoder_options(spec: DecoderSpec, section: Mapping[str, Any]) -> dict[str, Any]:
+def decoder_options(spec: DecoderSpec, budget: DecodersBudget) -> dict[str, Any]:
     """``spec``'s option values from the budget section (a setting named as one of its
     option keywords, such as ``tuned_lens``), the defaults for the others (checked)."""
-    given = {o.keyword: section[o.keyword] for o in spec.options
-             if section.get(o.keyword) is not None}  # fmt: skip
+    values = {o.keyword: getattr(budget, o.keyword, None) for o in spec.options}
+    given = {k: v for k, v in values.items() if v is not None}
     return spec.option_values(given)
 
 
@@ -92,7 +92,7 @@ def stage_decoders(model: Model, facts: list[Fact], trace: Mapping[str, Any] | N
         out["decoders"][default] = {"untestable": "the trace stage did not finish"}
     sub = take_shared([f for f in facts if f.lang != "en"], d.per_lang)
     for spec in card_decoders():
-        values = decoder_options(spec, d.to_dict())
+        values = decoder_options(spec, d)
         need = spec.missing(values)
         if need is not None:
             out["decoders"][spec.name] = {"untestable": need.why_missing}
@@ -213,9 +213,18 @@ def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, fl
     langs = int(sizes.get("lu_langs", len(settings.budget.lu_langs)))
     prompts = int(d.per_lang or 0) * max(0, langs - 1)
     per_prompt = sum(s.card_cost for s in card_decoders()
-                     if s.missing(decoder_options(s, d.to_dict())) is None)  # fmt: skip
+                     if s.missing(decoder_options(s, d)) is None)  # fmt: skip
     return per_prompt * prompts * unit.get("rank", 0.0)
 
 
-STAGE = Stage("decoders", LU, ("trace",), run, (rows_decoders,), report, "decoders",
-              DecodersBudget, cost=cost)  # fmt: skip
+STAGE = Stage(
+    name="decoders",
+    paper=LU,
+    needs=("trace",),
+    run=run,
+    rows=(rows_decoders,),
+    report=report,
+    section="decoders",
+    budget=DecodersBudget,
+    cost=cost,
+)

@@ -453,5 +453,14 @@ def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, fl
     return EXPERTS_FACTOR * (lines + tokens * token_seconds(unit, new) + nll)
 
 
-STAGE = Stage("experts", SUNDAR, (), run, (rows_experts,), report, "experts", ExpertsBudget,
-              folder=True, cost=cost)  # fmt: skip
+STAGE = Stage(
+    name="experts",
+    paper=SUNDAR,
+    run=run,
+    rows=(rows_experts,),
+    report=report,
+    section="experts",
+    budget=ExpertsBudget,
+    folder=True,
+    cost=cost,
+)

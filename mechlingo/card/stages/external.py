@@ -207,5 +207,14 @@ def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, fl
     return conds * int(sizes.get("external_items", 0)) * scoring_seconds(settings, unit)
 
 
-STAGE = Stage("external", LU, ("repair",), run, (rows_external,), report, "external",
-              ExternalBudget, cost=cost)  # fmt: skip
+STAGE = Stage(
+    name="external",
+    paper=LU,
+    needs=("repair",),
+    run=run,
+    rows=(rows_external,),
+    report=report,
+    section="external",
+    budget=ExternalBudget,
+    cost=cost,
+)

@@ -1,7 +1,8 @@
 """The metric stage: the repair stage's dev split scored both ways (greedy generation and
 candidate ranking) before any test item is scored, and the metric rule's decision
 (:mod:`mechlingo.card.metric_rule`); the card's metric becomes the rule's choice (or the
-given one). It runs before the planner, so it is not one of the row stages."""
+given one). A stage like the others, declared with ``decides``: the card runs it before the
+planner and the other stages read the metric its result decides."""
 
 from __future__ import annotations
 
@@ -55,4 +56,4 @@ def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, fl
     return items * (unit.get("rank", 0.0) + unit.get("generate", 0.0))
 
 
-STAGE = Stage("metric", LU, (), run, section="repair", cost=cost)
+STAGE = Stage(name="metric", paper=LU, run=run, section="repair", cost=cost, decides=decision)

@@ -562,5 +562,14 @@ def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, fl
     return (REPAIR_FACTOR * scored + BUILD_FACTOR * build) * scoring_seconds(settings, unit)
 
 
-STAGE = Stage("repair", LU, ("trace",), run, (rows_repair_all, rows_repair_extra), report,
-              "repair", RepairBudget, cost=cost)  # fmt: skip
+STAGE = Stage(
+    name="repair",
+    paper=LU,
+    needs=("trace",),
+    run=run,
+    rows=(rows_repair_all, rows_repair_extra),
+    report=report,
+    section="repair",
+    budget=RepairBudget,
+    cost=cost,
+)

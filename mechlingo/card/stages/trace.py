@@ -177,4 +177,13 @@ def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, fl
     return int(sizes.get("trace_items", 0)) * (s + LENS_PER_ITEM * unit.get("rank", 0.0))
 
 
-STAGE = Stage("trace", LU, (), run, (rows_trace,), report, "trace", TraceBudget, cost=cost)
+STAGE = Stage(
+    name="trace",
+    paper=LU,
+    run=run,
+    rows=(rows_trace,),
+    report=report,
+    section="trace",
+    budget=TraceBudget,
+    cost=cost,
+)

@@ -357,7 +357,23 @@ def _cost(by: str) -> Any:
     return cost
 
 
-STAGE_RELATION = Stage("transfer_relation", LU, (), run_relation, (rows_relations,), report,
-                       "transfer", TransferBudget, cost=_cost("relation"))  # fmt: skip
-STAGE_LANG = Stage("transfer_lang", LU, (), run_lang, (rows_languages,), report, "transfer",
-                   TransferBudget, cost=_cost("lang"))  # fmt: skip
+STAGE_RELATION = Stage(
+    name="transfer_relation",
+    paper=LU,
+    run=run_relation,
+    rows=(rows_relations,),
+    report=report,
+    section="transfer",
+    budget=TransferBudget,
+    cost=_cost("relation"),
+)
+STAGE_LANG = Stage(
+    name="transfer_lang",
+    paper=LU,
+    run=run_lang,
+    rows=(rows_languages,),
+    report=report,
+    section="transfer",
+    budget=TransferBudget,
+    cost=_cost("lang"),
+)

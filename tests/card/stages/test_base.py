@@ -377,15 +377,15 @@ def test_run_order_follows_the_declared_needs():
     from mechlingo.card.stages import BY_NAME, PAPERS
     from mechlingo.card.stages.base import Stage, run_order
 
-    # the order every stored card was computed in
-    assert PAPERS["lu2025"] == ("trace", "repair", "transfer_relation", "transfer_lang",
+    # the order every stored card was computed in (the metric stage decides the metric first)
+    assert PAPERS["lu2025"] == ("metric", "trace", "repair", "transfer_relation", "transfer_lang",
                                 "decoders", "conversion", "external", "circuits")  # fmt: skip
     assert PAPERS["sundar2025"] == ("experts", "align")
     assert run_order(BY_NAME, ["align", "external", "experts", "repair", "trace"]) == [
         "experts", "align", "trace", "repair", "external"]  # fmt: skip
 
     def stage(name, *needs):
-        return Stage(name, "x", needs, lambda ctx: {})
+        return Stage(name=name, paper="x", needs=needs, run=lambda ctx: {})
 
     reg = {"a": stage("a", "c"), "b": stage("b"), "c": stage("c", "b")}
     assert run_order(reg, ["a", "b", "c"]) == ["b", "c", "a"]
@@ -403,7 +403,11 @@ def test_every_claim_has_its_stage_and_every_stage_its_claims():
     from mechlingo.card.stages import STAGES
 
     assert sorted(c.id for s in STAGES for c in s.claims) == sorted(c.id for c in CLAIMS)
-    assert all(s.rows and s.report for s in STAGES)
+    # every stage gives rows and a report section, but the one that decides the metric
+    assert all(s.rows and s.report for s in STAGES if s.decides is None)
+    assert [s.name for s in STAGES if s.decides is not None] == ["metric"]
+    with pytest.raises(TypeError):  # declared with keywords only
+        type(STAGES[0])("x", "lu2025", (), lambda ctx: {})  # type: ignore[misc]
 
 
 #: The per-item seconds and the stage CPU seconds of the quick card measured on the embedded
@@ -431,9 +435,9 @@ FULL_BEFORE = {"experts": {"n_eval": 60, "eval_per_doc": 5},
 
 
 def test_every_stage_declares_a_cost_model_and_the_card_sums_them():
-    from mechlingo.card.stages import BY_NAME, estimate_seconds, metric
+    from mechlingo.card.stages import BY_NAME, estimate_seconds
 
-    assert all(s.cost is not None for s in (*BY_NAME.values(), metric.STAGE))
+    assert all(s.cost is not None for s in BY_NAME.values())
     # the quick budget that the measured card ran (before the resizing of 5 December)
     cfg = {**budget_settings("quick", QUICK_BEFORE), "metric": "rank"}
     est = estimate_seconds(CardSettings.of(cfg), ["lu2025", "sundar2025"], QUICK_SIZES, QUICK_UNIT)
