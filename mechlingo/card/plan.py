@@ -333,7 +333,7 @@ def plan_card(
     each stage's estimated CPU seconds (:func:`mechlingo.card.stages.estimate_seconds`):
     their sum is the card's estimate."""
     cost = {**dict((metric_data or {}).get("seconds_per_item", {})), **dict(cost or {})}
-    alpha = {p: ALPHA / len(PRIMARY[p]) for p in papers}
+    alpha = {p: ALPHA / len(PRIMARY[p]) for p in papers if p in PRIMARY}
     rows: list[PlanRow] = []
     inputs: dict[str, Any] = {"cost_seconds_per_item": cost, "available": dict(available),
                               "stage_seconds": dict(stage_seconds or {})}  # fmt: skip

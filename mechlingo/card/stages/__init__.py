@@ -51,7 +51,9 @@ __all__ = [
     "budget_settings",
     "estimate_seconds",
     "metric",
+    "register_stage",
     "run_order",
+    "unregister_stage",
 ]
 
 #: Every stage, in the order the card declares (and, their needs allowing, runs) them.
@@ -73,6 +75,38 @@ BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}
 PAPERS: dict[str, tuple[str, ...]] = {
     p: tuple(run_order(BY_NAME, [s.name for s in STAGES if s.paper == p])) for p in (LU, SUNDAR)
 }
+
+
+def register_stage(stage: Stage) -> None:
+    """Add ``stage`` to the card: a new stage is one module that declares its
+    :class:`~mechlingo.card.stages.base.Stage` and registers it (its paper's run order follows
+    its needs; a new paper is a new ``--paper`` choice of the library call). A name already
+    taken is a one-line :class:`~mechlingo.core.errors.InputError`."""
+    global STAGES
+    if stage.name in BY_NAME:
+        raise InputError(f"a card stage named {stage.name!r} exists", fix="choose another name")
+    STAGES = (*STAGES, stage)
+    BY_NAME[stage.name] = stage
+    _order_paper(stage.paper)
+
+
+def unregister_stage(name: str) -> None:
+    """Remove the stage ``name`` that :func:`register_stage` added (a paper left with no
+    stage is removed too)."""
+    global STAGES
+    stage = BY_NAME.pop(name)
+    STAGES = tuple(s for s in STAGES if s.name != name)
+    _order_paper(stage.paper)
+
+
+def _order_paper(paper: str) -> None:
+    """``PAPERS[paper]`` in run order again (removed when it has no stage)."""
+    names = [s.name for s in STAGES if s.paper == paper]
+    if names:
+        PAPERS[paper] = tuple(run_order(BY_NAME, names))
+    else:
+        PAPERS.pop(paper, None)
+
 
 #: Keys of the settings that are options of the run, not of a budget: the card's metric
 #: (set by ``replicate``), the budget's name and the batch size of every analysis.
