@@ -83,11 +83,11 @@ def lu_facts(facts: Sequence[Fact] | None, settings: CardSettings, section: str)
 
 @dataclass(frozen=True)
 class FactScope:
-    """The facts a Lu stage reads: its ``langs`` (empty: the budget's ``lu_langs``), its
+    """The facts a Lu stage reads: its ``langs`` (``None`` or empty: the budget's ``lu_langs``), its
     ``relations`` (``None``: every relation of a user's facts, the capitals of the bundled
     ones) and at most ``limit`` ids per relation (``None``: all)."""
 
-    langs: tuple[str, ...] = ()
+    langs: tuple[str, ...] | None = None
     relations: tuple[str, ...] | None = None
     limit: int | None = None
 
