@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mechlingo.cli.glossary import about
 from mechlingo.core.costs import EMBEDDED_LAYERS, Estimate, ModelShape, estimate, model_shape
 
 __all__ = [
@@ -52,9 +53,8 @@ class Plan:
 
 def add_dry_run_arg(p: argparse.ArgumentParser) -> None:
     """``--dry-run``: print the plan and the estimate, load no model, write nothing."""
-    p.add_argument("--dry-run", action="store_true", help="print what would be scored and "
-                   "the estimated CPU time, then stop: no model weights are loaded and "
-                   "nothing is written")  # fmt: skip
+    p.add_argument("--dry-run", action="store_true", help=about("--dry-run", "every check "
+                   "that needs no model runs first"))  # fmt: skip
 
 
 def announce(plan: Plan, args: argparse.Namespace) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 from mechlingo.analyses.decoders.registry import decoder_entry, decoder_names, get_decoder
 from mechlingo.analyses.decoders.run import run_lens_decoders
 from mechlingo.cli.common import UsageError, run_meta, split_list
+from mechlingo.cli.glossary import about
 from mechlingo.cli.streams import outputs_written
 from mechlingo.core.types import Model
 from mechlingo.report.decoders import decoders_report
@@ -27,19 +28,18 @@ __all__ = ["DecoderChoice", "add_decoder_args", "decoder_choice", "parse_decoder
 
 
 def add_decoder_args(p: argparse.ArgumentParser) -> None:
-    """``--decoder``, ``--tuned-lens``, ``--patchscope-target``, ``--max-new-tokens``."""
+    """``--decoder``, ``--tuned-lens``, ``--patchscope-target``, ``--patchscope-tokens``."""
     g = p.add_argument_group("decoders")
     listed = "; ".join(f"{n} ({decoder_entry(n).help})" if decoder_entry(n).help else n
                        for n in decoder_names())  # fmt: skip
-    g.add_argument("--decoder", default="logit", help="comma-separated decoders to read every "
-                   f"layer with (default logit): {listed}; several are drawn side by side")  # fmt: skip
-    g.add_argument("--tuned-lens", default=None, help="folder of a lens from `mechlingo "
-                   "tuned-lens`, or NAME=DIR,NAME=DIR for several (decoders tuned-NAME)")  # fmt: skip
-    g.add_argument("--patchscope-target", default=None, help="language of the identity target "
-                   "prompt for every prompt (default: each prompt's own language)")  # fmt: skip
-    g.add_argument("--max-new-tokens", type=int, default=0, help="greedy tokens generated "
-                   "per prompt: the patchscope's continuation per layer, with --decoder "
-                   "patchscope (default 0: its first token only)")  # fmt: skip
+    g.add_argument("--decoder", default="logit", help=about("--decoder", f"{listed}; several "
+                   "are drawn side by side"))  # fmt: skip
+    g.add_argument("--tuned-lens", default=None, help=about("--tuned-lens", "NAME=DIR,NAME=DIR "
+                   "for several (decoders tuned-NAME); default: none"))  # fmt: skip
+    g.add_argument("--patchscope-target", default=None, help=about("--patchscope-target",
+                   "default: each prompt's own language"))  # fmt: skip
+    g.add_argument("--patchscope-tokens", type=int, default=0, help=about("--patchscope-tokens",
+                   "0 = its first token only, no generation; with --decoder patchscope"))  # fmt: skip
 
 
 def _tuned_paths(text: str | None) -> dict[str, Path]:
@@ -83,12 +83,12 @@ def decoder_choice(args: argparse.Namespace) -> DecoderChoice:
         raise UsageError("--decoder tuned needs --tuned-lens DIR")
     if tuned and "tuned" not in names:
         raise UsageError("--tuned-lens is given but --decoder does not include tuned")
-    if getattr(args, "max_new_tokens", 0) < 0:
-        raise UsageError("--max-new-tokens must be >= 0")
-    if getattr(args, "max_new_tokens", 0) and "patchscope" not in names:
-        raise UsageError("lens --max-new-tokens is the patchscope's continuation length",
-                         where="--max-new-tokens",
-                         fix="add --decoder patchscope, or drop --max-new-tokens")  # fmt: skip
+    if getattr(args, "patchscope_tokens", 0) < 0:
+        raise UsageError("--patchscope-tokens must be >= 0")
+    if getattr(args, "patchscope_tokens", 0) and "patchscope" not in names:
+        raise UsageError("--patchscope-tokens is the patchscope's continuation length",
+                         where="--patchscope-tokens",
+                         fix="add --decoder patchscope, or drop --patchscope-tokens")  # fmt: skip
     out = []
     for n in names:
         out += list(tuned) if n == "tuned" else [n]
@@ -112,7 +112,7 @@ def run_decoders(
         name = "tuned" if label in choice.tuned_paths else label
         spec[label] = get_decoder(name, model, tuned_lens=choice.tuned_paths.get(label),
                                   target=args.patchscope_target,
-                                  max_new_tokens=args.max_new_tokens)  # fmt: skip
+                                  max_new_tokens=args.patchscope_tokens)  # fmt: skip
     run = run_lens_decoders(model, facts, spec, track_langs=track, max_rank=args.max_rank,
                             batch_size=args.batch_size, progress=not args.quiet)  # fmt: skip
     meta = run_meta(model, args, n_facts=len(facts), decoders=decoders,

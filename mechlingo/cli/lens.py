@@ -13,6 +13,7 @@ from mechlingo.analyses.decoders.patchscope import Patchscope
 from mechlingo.analyses.decoders.tuned_lens import load_tuned_lens
 from mechlingo.cli import common, cost
 from mechlingo.cli.decoders import DecoderChoice, add_decoder_args, decoder_choice, run_decoders
+from mechlingo.cli.glossary import about
 from mechlingo.cli.streams import outputs_written
 from mechlingo.core.errors import InputError
 from mechlingo.core.inert import inert_csv
@@ -26,20 +27,12 @@ def _lens_args(p: argparse.ArgumentParser) -> None:
     common.add_model_args(p)
     common.add_data_args(p)
     common.add_out_arg(p)
-    p.add_argument(
-        "--track",
-        default="en",
-        help="extra languages whose answers to track besides the prompt's own (default en)",
-    )
-    common.add_max_rank_arg(p, "rank counted as 'decodable' in the summary")
-    p.add_argument(
-        "--prompt",
-        action="append",
-        default=None,
-        help="read this text instead of the facts, at every position (repeat for several): "
-        "the top tokens of every layer, their probabilities and languages (tokens.json and "
-        "the grid in report.html); --langs, --relation and --track are then unused",
-    )
+    p.add_argument("--track", default="en", help=about("--track", "'' tracks none"))
+    common.add_max_rank_arg(p)
+    p.add_argument("--prompt", action="append", default=None, help=about("--prompt", "instead "
+                   "of the facts (default: none, the facts are read); repeat for several: the top tokens of every layer, their "
+                   "probabilities and languages (tokens.json and the grid in report.html); "
+                   "--langs, --relation and --track are then unused"))  # fmt: skip
     add_decoder_args(p)
     cost.add_dry_run_arg(p)
 
@@ -81,7 +74,7 @@ def cmd_lens(args: argparse.Namespace) -> int:
     facts = common.load_selected_facts(args)
     pool = answer_pool(args, facts) if choice.labels == ["logit"] else facts
     check_track_answers(facts, common.split_list(args.track) or [], pool)
-    plan = cost.plan_lens(facts, choice.labels, max_new_tokens=args.max_new_tokens,
+    plan = cost.plan_lens(facts, choice.labels, max_new_tokens=args.patchscope_tokens,
                           model=args.model)  # fmt: skip
     if cost.announce(plan, args):
         return 0
@@ -125,7 +118,7 @@ def _token_lens(args: argparse.Namespace, choice: DecoderChoice) -> int:
     if any(not p.strip() for p in args.prompt):
         raise common.UsageError("--prompt is empty", fix="give the text to read")
     plan = cost.plan_lens([], decoders, prompts=args.prompt,
-                          max_new_tokens=args.max_new_tokens, model=args.model)  # fmt: skip
+                          max_new_tokens=args.patchscope_tokens, model=args.model)  # fmt: skip
     if cost.announce(plan, args):
         return 0
     model = common.load_cli_model(args)

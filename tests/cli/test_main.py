@@ -256,3 +256,21 @@ def test_run_eval_and_run_tuned_lens_are_what_the_commands_write(tmp_path, tiny_
         "Loss curve", "Held-out KL(final || lens) per layer"
     ]  # fmt: skip
     assert lens.lens.meta["lines"] == "0:6" and lens.lens.meta["langs"] == ["en"]
+
+
+def test_plotlyjs_flag_shares_one_plotly_file_beside_the_report(tmp_path, tiny_dir, monkeypatch):
+    from mechlingo.report.page import PLOTLYJS_FILE
+
+    monkeypatch.delenv("MECHLINGO_PLOTLYJS", raising=False)
+    args = ["eval", "--model", str(tiny_dir), "--langs", "en", "--limit", "2",
+            "--max-new-tokens", "1", "--quiet"]  # fmt: skip
+    assert main([*args, "--plotlyjs", "file", "--out", str(tmp_path / "f")]) == 0
+    page = (tmp_path / "f" / "report.html").read_text(encoding="utf-8")
+    assert f"src='{PLOTLYJS_FILE}'" in page and len(page) < 200_000
+    assert (tmp_path / "f" / PLOTLYJS_FILE).stat().st_size > 1_000_000
+    assert main([*args, "--out", str(tmp_path / "i")]) == 0  # the default: one inlined file
+    assert not (tmp_path / "i" / PLOTLYJS_FILE).exists()
+    assert (tmp_path / "i" / "report.html").stat().st_size > 1_000_000
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--plotlyjs", "cdn", "--out", str(tmp_path / "c")])
+    assert exc.value.code == 2

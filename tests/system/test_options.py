@@ -74,16 +74,6 @@ ALLOWED: dict[str, Any] = {
     "card.stages.transfer.MatrixBudget:seed": None,
 }
 
-#: per command, the flags whose default deliberately differs from the shared one; the
-#: command's --help states the reason as "(default X: reason)"
-CLI_ALLOWED: dict[tuple[str, str], Any] = {
-    ("lens", "--max-new-tokens"): 0,
-    ("experts", "--max-new-tokens"): D.SAMPLE_NEW_TOKENS,
-    ("tuned-lens", "--batch-size"): HELDOUT_BATCH_SIZE,
-    ("steer eval", "--batch-size"): D.STEER_BATCH_SIZE,
-    ("steer eval", "--max-new-tokens"): D.STEER_MAX_NEW_TOKENS,
-}
-
 
 def _public() -> dict[str, Any]:
     """``{"module.qualname": object}`` of mechlingo's public API outside the CLI: each
@@ -173,21 +163,20 @@ def _flags() -> dict[tuple[str, str], argparse.Action]:
     return out
 
 
-def test_every_flag_default_is_the_shared_one_or_says_why_in_help():
+def test_every_flag_default_is_the_shared_one():
+    # one default per flag in every command (tests/cli/test_glossary.py checks the same
+    # across commands): the constant of mechlingo.core.defaults
     flags = _flags()
     assert ("eval", "--batch-size") in flags and ("steer eval", "--max-new-tokens") in flags
     for (cmd, flag), action in flags.items():
-        allowed = CLI_ALLOWED.get((cmd, flag), SHARED[action.dest])
-        assert action.default == allowed, (cmd, flag, action.default)
-        if (cmd, flag) in CLI_ALLOWED:
-            assert f"default {allowed}:" in (action.help or ""), (cmd, flag, action.help)
-    assert set(CLI_ALLOWED) <= set(flags)
+        assert action.default == SHARED[action.dest], (cmd, flag, action.default)
 
 
-def test_steer_build_batch_is_build_settings_and_steer_eval_the_protocols():
+def test_steer_commands_take_the_shared_batch_and_answer_length():
     flags = _flags()
     assert flags[("steer build", "--batch-size")].default == BuildSettings.batch_size == 16
-    assert flags[("steer eval", "--batch-size")].default == ScoringOptions.batch_size == 64
+    assert flags[("steer eval", "--batch-size")].default == D.BATCH_SIZE == 16
+    assert flags[("steer eval", "--max-new-tokens")].default == D.MAX_NEW_TOKENS == 8
     assert flags[("eval", "--max-new-tokens")].default == D.MAX_NEW_TOKENS == 8
 
 
@@ -284,7 +273,7 @@ def test_the_scoring_options_are_the_decoding_options_and_a_metric():
         ScoringOptions("rank")  # type: ignore[misc]
 
 
-def test_the_templates_family_tuned_is_now_measured_and_the_old_name_warns(capsys, tmp_path):
+def test_the_templates_family_tuned_is_now_measured_and_the_cli_refuses_it(capsys, tmp_path):
     from mechlingo.cli import main
     from mechlingo.data import load_facts
 
@@ -294,10 +283,12 @@ def test_the_templates_family_tuned_is_now_measured_and_the_old_name_warns(capsy
     assert [f.prompt for f in old] == [f.prompt for f in measured]
     natural = load_facts(langs=["fr"], relations=["capital"], limit=2, templates="natural")
     assert [f.prompt for f in natural] != [f.prompt for f in measured]
-    assert main(["eval", "--langs", "fr", "--limit", "2", "--templates", "tuned", "--dry-run",
-                 "--out", str(tmp_path / "o")]) == 0  # fmt: skip
-    err = capsys.readouterr().err
-    assert "--templates tuned is now --templates measured" in err
+    # the command line has no old names: --templates takes natural or measured only
+    with pytest.raises(SystemExit) as exc:
+        main(["eval", "--langs", "fr", "--limit", "2", "--templates", "tuned", "--dry-run",
+              "--out", str(tmp_path / "o")])  # fmt: skip
+    assert exc.value.code == 2
+    assert "invalid choice: 'tuned'" in capsys.readouterr().err
 
 
 def test_chat_model_names_have_their_own_word():
