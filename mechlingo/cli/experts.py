@@ -62,8 +62,9 @@ def add_line_args(g: Any) -> None:
     g.add_argument("--offset", type=int, default=0, metavar="N", help=about("--offset", "keep "
                    "expert-finding, evaluation and training lines apart"))  # fmt: skip
     g.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N",
-                   help=about("--max-tokens", "longer than almost every bundled or NTREX "
-                   "sentence; it bounds a text's cost"))  # fmt: skip
+                   help=about("--max-tokens", "every bundled sentence fits (at most 33 "
+                   "tokens of the embedded model) and 93%% of the NTREX lines; it bounds a "
+                   "text's cost"))  # fmt: skip
 
 
 def add_heldout_arg(g: Any) -> None:

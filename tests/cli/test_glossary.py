@@ -283,3 +283,63 @@ def test_no_help_shows_an_empty_default(capsys):
     for cmd, p in COMMANDS.items():
         text = p.format_help()
         assert "(default: )" not in text and "default: ," not in text, cmd
+
+
+def test_every_command_reads_the_same_languages_and_limit_by_default():
+    from mechlingo.cli import common
+    from mechlingo.data import LANGS
+
+    parse = build_parser().parse_args
+    five = ["en", "fr", "de", "es", "ja"]
+    for argv in (["lens"], ["eval"], ["trace"], ["steer", "build"], ["steer", "eval"]):
+        args = parse([*argv, "--out", "o"])
+        assert common.selected_langs(args) == five and args.limit == 50, argv
+        assert common.selected_langs(parse([*argv, "--langs", "all", "--out", "o"])) == list(LANGS)
+        assert parse([*argv, "--limit", "all", "--out", "o"]).limit is None
+    assert common.parallel_langs(parse(["tuned-lens", "--out", "o"])) == five
+    assert common.parallel_langs(parse(["align", "--out", "o"])) == five
+    # the experts' target is read besides --langs; a --parallel folder: all its languages
+    args = parse(["experts", "--target", "hi", "--out", "o"])
+    assert common.parallel_langs(args, ["hi"]) == [*five, "hi"]
+    args = parse(["experts", "--target", "hi", "--parallel", "P", "--out", "o"])
+    assert common.parallel_langs(args, ["hi"]) is None
+    args = parse(["experts", "--target", "hi", "--langs", "en,fr", "--parallel", "P", "--out", "o"])
+    assert common.parallel_langs(args, ["hi"]) == ["en", "fr", "hi"]
+
+
+def _documented_commands() -> list[tuple[str, list[str]]]:
+    """``(page, argv)`` of every ``mechlingo COMMAND ...`` line in the fenced code blocks of
+    README.md and docs/ (the replicate log keeps the commands as they were run)."""
+    import shlex
+
+    root = DOC.parents[1]
+    pages = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    found = []
+    for page in pages:
+        if page.name == "replicate-log.md":
+            continue
+        for block in re.findall(r"```[a-z]*\n(.*?)```", page.read_text(encoding="utf-8"), re.S):
+            block = block.replace("\\\n", " ")
+            names = dict(re.findall(r'^(\w+)="([^"]*)"$', block, flags=re.M))
+            for line in block.splitlines():
+                m = re.search(r"(?:^|\s)mechlingo ([\w-]+(?: .*)?)$", line.strip())
+                if not m or m.group(1).split()[0] not in set(COMMANDS) | {"steer"}:
+                    continue
+                if "[" in m.group(1):  # a usage synopsis, [--flag A|B]
+                    continue
+                text = re.sub(r"\$(\w+)", lambda v: names.get(v.group(1), v.group(0)), m.group(1))
+                argv = shlex.split(text.split(" #")[0].split("&&")[0])
+                found.append((page.name, argv + ([] if "--out" in argv else ["--out", "o"])))
+    return found
+
+
+def test_every_documented_command_line_parses(capsys):
+    found = _documented_commands()
+    assert len(found) >= 15  # the scan works
+    parser, bad = build_parser(), []
+    for page, argv in [*found, ("stale", ["replicate", "--metric", "rank", "--out", "o"])]:
+        try:
+            parser.parse_args(argv)
+        except SystemExit:
+            bad.append((page, " ".join(argv), capsys.readouterr().err.strip().splitlines()[-1]))
+    assert [b[0] for b in bad] == ["stale"], bad  # a flag a page names but no parser has fails
