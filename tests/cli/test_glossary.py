@@ -327,7 +327,9 @@ def _documented_commands() -> list[tuple[str, list[str]]]:
                     continue
                 if "[" in m.group(1):  # a usage synopsis, [--flag A|B]
                     continue
-                text = re.sub(r"\$(\w+)", lambda v: names.get(v.group(1), v.group(0)), m.group(1))
+                text = m.group(1)
+                for name, value in names.items():
+                    text = text.replace(f"${name}", value)
                 argv = shlex.split(text.split(" #")[0].split("&&")[0])
                 found.append((page.name, argv + ([] if "--out" in argv else ["--out", "o"])))
     return found
