@@ -21,9 +21,8 @@ chromium:
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
-# uv installs what pip would, from the same registry, in a third of pip's time (41 s against
-# 12 s on 2 cores, measured with its cache empty, torch aside; torch 4 s against 13 from the
-# local wheel); pip does it where uv fails.
+# uv installs what pip would, from the same registry, in a third of pip's time (measured:
+# docs/benchmarks.md, "Timings behind the build"); pip does it where uv fails.
 UV := $(BIN)/uv
 $(UV): | $(BIN)/python
 	$(BIN)/python -m pip install -q "uv>=0.5"
@@ -38,7 +37,7 @@ FIND_LINKS := $(foreach d,$(PIP_FIND_LINKS),--find-links $(d))
 # torch would pull a multi-GB CUDA build. Without local wheels pip installs it first (uv, which
 # does not read pip's settings, would take PyPI's build) and uv keeps it.
 # --no-compile (uv's default): Python compiles a module when it is first imported (and keeps
-# the cache), not every module of every package at install (65 s less on 2 cores, measured).
+# the cache), not every module of every package at install (faster: docs/benchmarks.md).
 packages: $(UV)
 	$(if $(FIND_LINKS),,$(BIN)/python -m pip install -q --no-compile "torch==2.13.0")
 	$(UV) pip install -q --python $(BIN)/python $(FIND_LINKS) -c constraints.txt "torch==2.13.0" \
@@ -57,8 +56,8 @@ demo: setup
 	$(BIN)/mechlingo trace --langs en,fr,de,es,ja --relation capital --limit 20 --patch-prompts 1 --out $(OUT)
 	@echo "Open $(OUT)/report.html in a browser."
 
-# The papers' claims on the embedded model (docs/replicate.md): the quick budget (9 min 2 s on
-# 2 idle cores, measured) and the full one. One process per core (NPROC) with one thread each:
+# The papers' claims on the embedded model (docs/replicate.md): the quick budget and the full
+# one (their times: docs/benchmarks.md). One process per core (NPROC) with one thread each:
 # every stage shares its work out among them, faster than one process with 2 threads.
 # A rerun goes on from the finished stages kept beside OUT (.OUT.work).
 NPROC ?= 2
@@ -74,7 +73,7 @@ replicate-full: setup
 # The card's calibration table in docs/calibration.md: every row type's verdict procedure on
 # simulated data (facts x languages, sentences in documents, 8 to 60 clusters, populations of
 # 20 to 100 draws) under its null and its truth; fails when a bound is not met. 200 samples per
-# design (40 for the bootstrap rows): 15 min on 2 cores busy with other jobs (measured).
+# design (40 for the bootstrap rows; its time: docs/benchmarks.md).
 calibrate: setup
 	@mkdir -p out
 	OMP_NUM_THREADS=1 $(BIN)/python scripts/calibrate.py --reps 200 --boot-reps 40 --k 1,5 \

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mechlingo.analyses.decoders.registry import DecoderUse
 from mechlingo.cli.glossary import about
 from mechlingo.core.costs import EMBEDDED_LAYERS, Estimate, ModelShape, estimate, model_shape
 
@@ -212,29 +213,36 @@ def _positions(text: str) -> int:
 
 
 def plan_lens(
-    facts: Sequence[Any], decoders: Sequence[str], *, prompts: Sequence[str] = (),
-    max_new_tokens: int = 0, model: str | None,
+    facts: Sequence[Any], decoders: Sequence[DecoderUse | str], *, prompts: Sequence[str] = (),
+    model: str | None,
 ) -> Plan:  # fmt: skip
     """``lens``: one lens read per fact per decoder (``--prompt``: each position of each
-    text); the ``patchscope`` decoder one more pass per layer and prompt (and its
-    continuation's ``max_new_tokens`` tokens at each layer)."""
+    text), plus each decoder's own passes from its registered cost model
+    (:class:`~mechlingo.analyses.decoders.registry.DecoderSpec`): ``layer_passes`` forward
+    passes per prompt and layer (the patchscope's target prompt) and, for a decoder that
+    generates, its ``max_new_tokens`` tokens at each layer. A name stands for the decoder
+    with its default options."""
     shape, notes = model_shape(model), list[str]()
     n_layers = _layers(shape, notes)
     n = len(prompts) if prompts else len(facts)
-    scope = "patchscope" in decoders
+    uses = [DecoderUse(d, d) if isinstance(d, str) else d for d in decoders]
+    passes = sum(u.spec.layer_passes for u in uses)
+    tokens = sum(int(u.spec.option_values(u.options).get("max_new_tokens") or 0)
+                 for u in uses if u.spec.generates)  # fmt: skip
     positions = sum(_positions(p) for p in prompts)
     counts = {
-        "lens_read": float(0 if prompts else n * len(decoders)),
-        "lens_position": float(positions * len(decoders)),
-        "prompt": float(n * n_layers if scope else 0),
-        "token": float(n * n_layers * max_new_tokens if scope else 0),
+        "lens_read": float(0 if prompts else n * len(uses)),
+        "lens_position": float(positions * len(uses)),
+        "prompt": float(n * n_layers * passes),
+        "token": float(n * n_layers * tokens),
     }
     if prompts:
         notes.append(f"positions counted from the text ({positions}: BOS and the words, or "
                      "a token per 8 bytes), not by the tokenizer")  # fmt: skip
     what = f"prompts: {n} (--prompt)" if prompts else f"facts: {n} ({_langs_text(_by_lang(facts))})"
-    lines = [what, f"decoders: {', '.join(decoders)}"
-             + (f"; patchscope: one target pass per layer ({n_layers})" if scope else "")]  # fmt: skip
+    own = [f"{u.label}: {u.spec.layer_passes:g} pass(es) of its own per layer ({n_layers})"
+           for u in uses if u.spec.layer_passes]  # fmt: skip
+    lines = [what, f"decoders: {', '.join(u.label for u in uses)}" + "".join(f"; {x}" for x in own)]
     return Plan("lens", lines, estimate(counts, shape, notes))
 
 

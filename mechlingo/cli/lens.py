@@ -6,13 +6,17 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from mechlingo.analyses.decoders.lens import fact_answers, lens_facts, logit_lens
-from mechlingo.analyses.decoders.patchscope import Patchscope
-from mechlingo.analyses.decoders.tuned_lens import load_tuned_lens
+from mechlingo.analyses.decoders.registry import default_decoder
 from mechlingo.cli import common, cost
-from mechlingo.cli.decoders import DecoderChoice, add_decoder_args, decoder_choice, run_decoders
+from mechlingo.cli.decoders import (
+    DecoderChoice,
+    add_decoder_args,
+    build_decoders,
+    decoder_choice,
+    run_decoders,
+)
 from mechlingo.cli.glossary import about
 from mechlingo.cli.streams import outputs_written
 from mechlingo.core.errors import InputError
@@ -72,15 +76,15 @@ def cmd_lens(args: argparse.Namespace) -> int:
     if args.prompt:
         return _token_lens(args, choice)
     facts = common.load_selected_facts(args)
-    pool = answer_pool(args, facts) if choice.labels == ["logit"] else facts
+    alone = choice.labels == [default_decoder()]
+    pool = answer_pool(args, facts) if alone else facts
     check_track_answers(facts, common.split_list(args.track) or [], pool)
-    plan = cost.plan_lens(facts, choice.labels, max_new_tokens=args.patchscope_tokens,
-                          model=args.model)  # fmt: skip
+    plan = cost.plan_lens(facts, choice.uses, model=args.model)
     if cost.announce(plan, args):
         return 0
     model = common.load_cli_model(args, facts=facts)
     track = common.split_list(args.track) or []
-    if choice.labels != ["logit"]:
+    if not alone:
         return run_decoders(args, model, facts, choice, track)
     t0 = time.time()
     with common.usage_errors(ValueError):
@@ -111,23 +115,18 @@ def _token_lens(args: argparse.Namespace, choice: DecoderChoice) -> int:
     """``--prompt``: the token-level lens of each prompt under one decoder: ``tokens.json``
     (per prompt, per layer and position, the top tokens with probabilities and languages),
     ``summary.json`` and ``report.html`` (the grids)."""
-    decoders = choice.labels
-    if len(decoders) != 1:
+    if len(choice.uses) != 1:
         raise common.UsageError("--prompt reads one decoder at a time", where="--decoder",
-                                fix="give one of logit, tuned, patchscope")  # fmt: skip
+                                fix="give one name (one --tuned-lens folder)")  # fmt: skip
     if any(not p.strip() for p in args.prompt):
         raise common.UsageError("--prompt is empty", fix="give the text to read")
-    plan = cost.plan_lens([], decoders, prompts=args.prompt,
-                          max_new_tokens=args.patchscope_tokens, model=args.model)  # fmt: skip
+    plan = cost.plan_lens([], choice.uses, prompts=args.prompt, model=args.model)
     if cost.announce(plan, args):
         return 0
     model = common.load_cli_model(args)
-    label = decoders[0]
-    decoder: Any = None
-    if label.startswith("tuned"):
-        decoder = load_tuned_lens(choice.tuned_paths[label], model)
-    elif label == "patchscope":
-        decoder = Patchscope(target=args.patchscope_target)
+    label = choice.labels[0]
+    # the chosen decoder with its options, built from the registry like the facts' lens
+    decoder = build_decoders(model, choice.uses)[label]
     langs = [identify_language(p) or "en" for p in args.prompt]
     t0 = time.time()
     with common.usage_errors(ValueError):

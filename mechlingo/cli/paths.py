@@ -162,7 +162,7 @@ def check_repeats(args: argparse.Namespace) -> None:
             continue
         items = [x.strip() for x in value.split(",") if x.strip()]
         if name == "tuned_lens":
-            items = [x.partition("=")[0] if "=" in x else "tuned" for x in items]
+            items = [x.partition("=")[0] if "=" in x else "(unnamed)" for x in items]
         seen: dict[str | int | float, str] = {}
         for item in items:
             key = _norm(item)

@@ -38,7 +38,7 @@ from mechlingo.core.sites import mlp_width
 from mechlingo.core.types import Model
 
 # Imported where used, not here: TransformerLens 4's bridge (``transformer_lens.model_bridge``
-# takes ~3 s to import and does not exist in TransformerLens 3) and the embedded model's
+# takes seconds to import and does not exist in TransformerLens 3) and the embedded model's
 # weight package (a dependency that the TransformerLens 3 check does not install).
 from mechlingo.core.untrusted import expand_path, gguf_header, read_json
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import re
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -335,7 +334,8 @@ class AnswerTokens:
 #: The modules of the tokenizer classes whose ``decode`` of one sequence is the Rust
 #: backend's ``decode`` followed by the optional clean-up (transformers 5, and 4's fast
 #: tokenizers): for these, :func:`_decode_each` asks the backend for the whole vocabulary at
-#: once (``decode_batch``: 4x faster than ``batch_decode``'s sequence-by-sequence calls).
+#: once (``decode_batch``, faster than ``batch_decode``'s sequence-by-sequence calls:
+#: docs/benchmarks.md).
 _BACKEND_DECODE_MODULES = (
     "transformers.tokenization_utils_tokenizers",
     "transformers.tokenization_utils_fast",
@@ -533,12 +533,6 @@ def looks_chat_model(name: str) -> bool:
     """Whether a model name says it is a chat (instruction-following) model
     (``gemma-3-1b-it``, ``Qwen2.5-0.5B-Instruct``, ``...-chat``, ``...-sft``)."""
     return bool(_CHAT_MODEL_NAME.search(name or ""))
-
-
-def looks_chat_tuned(name: str) -> bool:
-    """Deprecated name of :func:`looks_chat_model` ("tuned" is the tuned lens's word)."""
-    warnings.warn("looks_chat_tuned is now looks_chat_model", DeprecationWarning, stacklevel=2)
-    return looks_chat_model(name)
 
 
 def use_chat(model: Model, mode: str = "auto") -> bool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from functools import lru_cache
 from importlib import resources
@@ -473,8 +472,7 @@ def load_facts(
             language for the highest zero-shot accuracy on the embedded model, see
             ``docs/data.md``) or ``"natural"`` (plain fact-completion stems written once and
             never measured on a model, :func:`natural_templates`). A user file keeps its own
-            prompts and takes only ``"measured"`` (meaning "as written"). The family's old
-            name ``"tuned"`` still works, with a :class:`DeprecationWarning`.
+            prompts and takes only ``"measured"`` (meaning "as written").
 
     Returns:
         Facts sorted by relation (bundled order), id, then language (order of ``langs``).
@@ -486,7 +484,6 @@ def load_facts(
     lang_sel = check_langs(langs)
     _refuse_repeats(lang_sel, "langs")
     _refuse_repeats(relations or (), "relations")
-    templates = template_family(templates)
     if templates not in TEMPLATE_FAMILIES:
         raise InputError(f"templates must be one of {TEMPLATE_FAMILIES}, got {templates!r}")
     if templates == "natural" and path is not None:
@@ -559,19 +556,9 @@ def with_english_rows(facts: Sequence[Fact], pool: Iterable[Fact]) -> list[Fact]
 
 
 TEMPLATE_FAMILIES = ("measured", "natural")
-#: old names of template families (``"tuned"`` was also the tuned lens's name)
+#: the command line's retired ``--templates`` values, read only there (the Python API takes
+#: :data:`TEMPLATE_FAMILIES`)
 RETIRED_TEMPLATES = {"tuned": "measured"}
-
-
-def template_family(name: str) -> str:
-    """``name`` of a template family, an old name (:data:`RETIRED_TEMPLATES`) replaced by
-    its new one with a :class:`DeprecationWarning`."""
-    new = RETIRED_TEMPLATES.get(name)
-    if new is None:
-        return name
-    warnings.warn(f"templates={name!r} is now {new!r} (the stems measured best on the embedded "
-                  f"model); {name!r} will be removed", DeprecationWarning, stacklevel=3)  # fmt: skip
-    return new
 
 
 @lru_cache(maxsize=1)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from mechlingo.analyses.decoders.registry import DecoderUse
 from mechlingo.cli import cost as plans
 from mechlingo.cli import main
 from mechlingo.core import costs
@@ -92,7 +93,9 @@ def test_lens_estimate_counts_a_pass_per_decoder_and_the_patchscope_layers():
     assert logit.estimate.counts == {"lens_read": 6.0, "lens_position": 0.0, "prompt": 0.0,
                                      "token": 0.0}  # fmt: skip
     assert logit.estimate.seconds == pytest.approx(6 * S["lens_read"])
-    scope = plans.plan_lens(facts, ["logit", "patchscope"], max_new_tokens=2, model=None)
+    scope = plans.plan_lens(
+        facts, ["logit", DecoderUse("patchscope", "patchscope", {"max_new_tokens": 2})], model=None
+    )
     n_layers = costs.EMBEDDED_LAYERS
     assert scope.estimate.counts == {"lens_read": 12.0, "lens_position": 0.0,
                                      "prompt": 6.0 * n_layers, "token": 6.0 * n_layers * 2}  # fmt: skip

@@ -4,6 +4,8 @@ blocks run as written on the embedded model, and its layout and getting-started 
 
 from __future__ import annotations
 
+import ast
+import json
 import re
 import subprocess
 import sys
@@ -117,3 +119,81 @@ def test_getting_started_matches_make_demo():
     assert f"mechlingo {demo.group(1)}" in page
     for block in python_blocks(page):
         compile(block, "getting-started.md", "exec")
+
+
+def imports_of(code: str) -> list[tuple[str, str]]:
+    """``(module, name)`` for every import of a code block (``name`` empty for ``import m``);
+    a block that is not whole Python (a ``...`` placeholder line) is read statement by
+    statement."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        stmts = re.findall(r"^(?:from \S+ import (?:\([^)]*\)|[^\n]*)|import [^\n]*)", code, re.M)
+        tree = ast.parse("\n".join(s.split("#")[0] for s in stmts))
+    out: list[tuple[str, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            out += [(node.module or "", a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(a.name, "") for a in node.names]
+    return out
+
+
+def _notebook_code(path: Path) -> str:
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+def _deep_imports(code: str) -> list[str]:
+    return [f"{m}:{n}" for m, n in imports_of(code) if m.startswith("mechlingo.")]
+
+
+def test_the_readme_getting_started_and_notebooks_import_only_from_mechlingo():
+    """What a newcomer reads first uses the top-level API: ``import mechlingo`` or ``from
+    mechlingo import name``, never a module path, and every name it imports is public."""
+    import mechlingo
+
+    found = {}
+    for page in (ROOT / "README.md", ROOT / "docs" / "getting-started.md"):
+        for block in python_blocks(page.read_text(encoding="utf-8")):
+            found[page.name] = found.get(page.name, []) + _deep_imports(block)
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        code = _notebook_code(path)
+        found[path.name] = _deep_imports(code)
+        names = [n for m, n in imports_of(code) if m == "mechlingo" and n]
+        assert names and set(names) <= set(mechlingo.__all__), path.name
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_the_docs_import_a_top_level_name_from_the_top_level():
+    """A name that ``mechlingo`` exports has one path in the docs: ``from mechlingo import
+    name`` (a page may still import what only a module holds from that module)."""
+    import mechlingo
+
+    public = set(mechlingo.__all__)
+    found = [
+        f"{page.relative_to(ROOT)}: from {m} import {n}"
+        for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+        for block in python_blocks(page.read_text(encoding="utf-8"))
+        for m, n in imports_of(block)
+        if m.startswith("mechlingo.") and n in public
+    ]
+    assert found == []
+
+
+def test_the_import_checks_read_a_planted_block():
+    block = "import mechlingo\nfrom mechlingo.core.tokens import (\n    encode,\n)\n...\nx = 1\n"
+    assert _deep_imports(block) == ["mechlingo.core.tokens:encode"]
+    assert imports_of("from mechlingo import load_facts\n") == [("mechlingo", "load_facts")]
+
+
+def test_import_mechlingo_loads_no_torch_and_lists_its_names():
+    code = (
+        "import sys, mechlingo\n"
+        "assert 'torch' not in sys.modules, 'import mechlingo loaded torch'\n"
+        "assert set(mechlingo.__all__) <= set(dir(mechlingo))\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]

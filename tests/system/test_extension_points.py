@@ -13,8 +13,8 @@ import torch
 
 from mechlingo.analyses.decoders import registry
 from mechlingo.analyses.decoders.lens import lens_facts, logit_lens
+from mechlingo.analyses.decoders.logit import LogitLens
 from mechlingo.analyses.decoders.registry import (
-    LogitLens,
     decoder_names,
     get_decoder,
     register_decoder,

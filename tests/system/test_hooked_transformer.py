@@ -146,7 +146,7 @@ def test_patch_activations_identity(ht):
     patching = pytest.importorskip("mechlingo.analyses.recall.patching")
     src = ["The capital of Italy is", "The capital of Spain is"]
     metric = patching.answer_logprob(ht, ["Rome", "Madrid"], name="lp")
-    sw = patching.patch_activations(ht, src, src, ["resid_pre", "mlp_out"], metric=metric)
+    sw = patching.patch_activations(ht, src, src, ["resid_pre", "mlp_out"], readout=metric)
     # patching a run into itself changes nothing
     torch.testing.assert_close(sw.effect(), torch.zeros_like(sw.effect()), rtol=0, atol=1e-4)
     # a HookedTransformer passes a batch that grows mid-pass through (its masks and rotary

@@ -66,7 +66,7 @@ ALLOWED: dict[str, Any] = {
     "analyses.experts.stacked.stacked_bos_samples:max_new_tokens": D.SAMPLE_NEW_TOKENS,
     "analyses.experts.run.ExpertSettings:max_new_tokens": D.SAMPLE_NEW_TOKENS,
     # the patchscope's rows are one short target prompt per layer; its continuation is off
-    # unless `lens --max-new-tokens` asks for it (`lens --help`)
+    # unless `lens --patchscope-tokens` asks for it (`lens --help`)
     "analyses.decoders.patchscope.Patchscope:batch_size": 64,
     "analyses.decoders.patchscope.Patchscope:max_new_tokens": 0,
     "analyses.decoders.patchscope.Patchscope.generate:max_new_tokens": None,
@@ -273,16 +273,15 @@ def test_the_scoring_options_are_the_decoding_options_and_a_metric():
         ScoringOptions("rank")  # type: ignore[misc]
 
 
-def test_the_templates_family_tuned_is_now_measured_and_the_cli_refuses_it(capsys, tmp_path):
+def test_the_templates_families_are_measured_and_natural_only(capsys, tmp_path):
     from mechlingo.cli import main
     from mechlingo.data import load_facts
 
     measured = load_facts(langs=["fr"], relations=["capital"], limit=2, templates="measured")
-    with pytest.warns(DeprecationWarning, match="is now 'measured'"):
-        old = load_facts(langs=["fr"], relations=["capital"], limit=2, templates="tuned")
-    assert [f.prompt for f in old] == [f.prompt for f in measured]
     natural = load_facts(langs=["fr"], relations=["capital"], limit=2, templates="natural")
     assert [f.prompt for f in natural] != [f.prompt for f in measured]
+    with pytest.raises(InputError, match="templates must be one of"):
+        load_facts(langs=["fr"], relations=["capital"], limit=2, templates="tuned")
     # the command line has no old names: --templates takes natural or measured only
     with pytest.raises(SystemExit) as exc:
         main(["eval", "--langs", "fr", "--limit", "2", "--templates", "tuned", "--dry-run",
@@ -296,8 +295,8 @@ def test_chat_model_names_have_their_own_word():
 
     assert tokens.looks_chat_model("google/gemma-3-1b-it") is True
     assert tokens.looks_chat_model("google/gemma-3-270m") is False
-    with pytest.warns(DeprecationWarning, match="looks_chat_model"):
-        assert tokens.looks_chat_tuned("Qwen2.5-0.5B-Instruct") is True
+    assert tokens.looks_chat_model("Qwen2.5-0.5B-Instruct") is True
+    assert not hasattr(tokens, "looks_chat_tuned")
 
 
 def test_stage_stores_and_the_kv_cache_are_separate_names():
@@ -325,7 +324,7 @@ def test_no_settings_lookup_falls_back_to_a_literal_batch_or_length():
     assert found == []
 
 
-def test_the_patching_readout_has_its_own_name_and_metric_still_works(tiny):
+def test_the_patching_readout_has_its_own_name(tiny):
     from mechlingo.analyses.recall.patching import attention_knockout, patch_activations
     from mechlingo.analyses.recall.patching.metrics import fact_metrics
     from mechlingo.data import load_facts
@@ -334,19 +333,15 @@ def test_the_patching_readout_has_its_own_name_and_metric_still_works(tiny):
     readout = fact_metrics(tiny, facts)
     kw = {"layers": [0], "positions": [-1]}
     new = patch_activations(tiny, facts, facts, "resid_pre", readout=readout, **kw)
-    with pytest.warns(DeprecationWarning, match="now readout="):
-        old = patch_activations(tiny, facts, facts, "resid_pre", metric=readout, **kw)
-    assert torch.equal(new.values, old.values)
-    with pytest.warns(DeprecationWarning, match="now readout="):
-        attention_knockout(tiny, facts, [(0, 0)], metric=readout[0])
-    with (
-        pytest.raises(MechlingoError, match="pass readout= only"),
-        pytest.warns(DeprecationWarning),
-    ):
-        patch_activations(tiny, facts, facts, "resid_pre", readout=readout, metric=readout, **kw)
+    default = patch_activations(tiny, facts, facts, "resid_pre", **kw)  # the same readout
+    assert torch.equal(new.values, default.values)
+    with pytest.raises(MechlingoError, match="unknown patching keyword 'metric'"):
+        patch_activations(tiny, facts, facts, "resid_pre", metric=readout, **kw)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="metric"):
+        attention_knockout(tiny, facts, [(0, 0)], metric=readout[0])  # type: ignore[call-arg]
 
 
-def test_the_patching_results_read_a_readout_and_metric_still_works(tiny):
+def test_the_patching_results_read_a_readout(tiny):
     from mechlingo.analyses.recall import patching
     from mechlingo.data import load_facts
 
@@ -356,24 +351,14 @@ def test_the_patching_results_read_a_readout_and_metric_still_works(tiny):
     assert last >= 1 and res.readout_index(res.readout_names[last]) == last
     with pytest.raises(KeyError, match="unknown readout 'nope'"):
         res.readout_index("nope")
-    with pytest.warns(DeprecationWarning, match="metric_index is now readout_index"):
-        assert res.metric_index(res.readout_names[last]) == last
-    with pytest.warns(DeprecationWarning, match="metric_index is now readout_index"):
-        assert patching.metric_index(res.readout_names, res.readout_names[last]) == last
-    with pytest.warns(DeprecationWarning, match="metric_names is now readout_names"):
-        assert res.metric_names == res.readout_names
+    assert patching.readout_index(res.readout_names, res.readout_names[last]) == last
+    assert not hasattr(res, "metric_index") and not hasattr(patching, "metric_index")
     want = (res.values[last] - res.corrupted[last]).mean(-1)  # the effect, by hand
     assert torch.equal(res.effect(readout=res.readout_names[last]), want)
-    with pytest.warns(DeprecationWarning, match=r"PatchingResult.effect\(metric=\) is now"):
-        assert torch.equal(res.effect(metric=res.readout_names[last]), want)
-    with pytest.warns(DeprecationWarning):
-        grid = res.grid("resid_pre", metric=last, value="effect")  # [layer, position]
+    grid = res.grid("resid_pre", readout=last, value="effect")  # [layer, position]
     assert torch.equal(grid[:, 0], want)
-    with (
-        pytest.raises(MechlingoError, match="pass readout= only"),
-        pytest.warns(DeprecationWarning),
-    ):
-        res.normalized(readout=0, metric=0)
+    with pytest.raises(TypeError, match="metric"):
+        res.effect(metric=0)  # type: ignore[call-arg]
 
 
 def test_the_stop_message_finds_the_work_folder_without_a_private_attribute(tmp_path):

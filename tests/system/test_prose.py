@@ -29,6 +29,10 @@ STALE_ALLOWED = frozenset({})
 #: Files that still cite the issue tracker by number, all owned by other work at present.
 ISSUE_NUMBER_ALLOWED: frozenset[str] = frozenset()
 
+#: The history pages: they record what the package was, so the names they cite may be gone,
+#: and they are the only docs pages that carry dated history.
+HISTORY_PAGES = frozenset({"docs/devlog.md", "docs/replicate-log.md"})
+
 #: Dotted strings that look like references but name something else: the metadata key of an
 #: exported steering vector, and the placeholder in the layer contract's help text.
 NOT_REFERENCES = frozenset({"mechlingo.export", "mechlingo.x"})
@@ -225,7 +229,8 @@ def test_module_docstrings_are_short():
 
 
 def test_cited_names_exist():
-    stale = stale_references(_prose_files())
+    files = [p for p in _prose_files() if p.relative_to(ROOT).as_posix() != "docs/devlog.md"]
+    stale = stale_references(files)
     new = [s for s in stale if (s[0], s[2]) not in STALE_ALLOWED]
     assert not new, "prose cites names the package no longer has:\n" + "\n".join(map(str, new))
     fixed = sorted(STALE_ALLOWED - {(s[0], s[2]) for s in stale})
@@ -300,3 +305,45 @@ def test_checks_catch_a_planted_violation(tmp_path):
     planted_file = tmp_path / "planted.py"
     planted_file.write_text("# see docs/patching.md and docs/scaling.md\n")
     assert [m[2] for m in missing_doc_pages([planted_file])] == ["docs/patching.md"]
+
+
+_DATE = re.compile(
+    r"\b20\d\d-\d\d-\d\d\b|\b\d{1,2} (?:January|February|March|April|May|June|July|August"
+    r"|September|October|November|December) 20\d\d\b"
+)
+#: Pages that may carry dates: the history pages and the benchmark docs (when a timing was
+#: measured is part of the timing).
+DATED_PAGES = HISTORY_PAGES | {"docs/benchmarks.md"}
+#: Dates that are not history: the day the bundled currencies were read at.
+DATE_ALLOWED = frozenset({("docs/data.md", "2025-01-01")})
+
+
+def dated_lines(files: list[Path]) -> list[tuple[str, int, str]]:
+    """(file, line, date) for every calendar date a page writes."""
+    out = []
+    for path in files:
+        rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            out += [(rel, lineno, m.group(0)) for m in _DATE.finditer(line)]
+    return out
+
+
+def test_dated_history_is_only_on_the_log_pages():
+    """The user docs say what is, not when it changed: a date belongs on the log pages (the
+    development log, the card's log) or beside a timing in the benchmark docs."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    pages = [p for p in pages if p.relative_to(ROOT).as_posix() not in DATED_PAGES]
+    found = [d for d in dated_lines(pages) if (d[0], d[2]) not in DATE_ALLOWED]
+    assert found == [], "move dated history to docs/devlog.md, timings to docs/benchmarks.md"
+    for page in HISTORY_PAGES:
+        assert (ROOT / page).is_file(), page
+
+
+def test_the_date_check_finds_a_planted_date(tmp_path):
+    planted = tmp_path / "page.md"
+    planted.write_text("Since 6 December 2026 and 2026-12-07 it works; 2026 alone is no date.\n",
+                       encoding="utf-8")  # fmt: skip
+    assert dated_lines([planted]) == [
+        ("page.md", 1, "6 December 2026"),
+        ("page.md", 1, "2026-12-07"),
+    ]

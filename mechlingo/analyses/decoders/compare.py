@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 import torch
 
 from mechlingo.analyses.decoders.lens import LensFactsArgs, LensResult, lens_facts
+from mechlingo.analyses.decoders.registry import runnable_decoders
 from mechlingo.core.defaults import SEED
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
@@ -197,18 +198,21 @@ def _panel(result: LensResult, langs: Sequence[str]) -> DecoderPanel:
 def compare_decoders(
     model: Model,
     facts: Sequence[Fact],
-    decoders: Mapping[str, Any] | Sequence[str] = ("logit", "patchscope"),
+    decoders: Mapping[str, Any] | Sequence[str] | None = None,
     **kwargs: Unpack[LensFactsArgs],
 ) -> DecoderComparison:
     """Run :func:`~mechlingo.analyses.decoders.lens.lens_facts` with each decoder on the same facts.
 
     Args:
-        decoders: names (``"logit"``, ``"patchscope"``, ``"tuned"`` with ``tuned_lens=``) or
-            ``{label: decoder}`` where a decoder is a name, a ``TunedLens`` or a
-            ``Patchscope`` (e.g. ``{"tuned-en": lens_en, "tuned-mix": lens_mix}``).
+        decoders: registered names (``None``: every registered decoder that runs without
+            options, :func:`~mechlingo.analyses.decoders.registry.runnable_decoders`) or
+            ``{label: decoder}`` where a decoder is a name or a decoder object (e.g.
+            ``{"tuned-en": lens_en, "tuned-mix": lens_mix}``, two ``TunedLens``).
         kwargs: passed to every :func:`lens_facts` call (``track_langs``, ``batch_size``,
-            ``tuned_lens``, ``patchscope``, ...).
+            ``decoder_options``, ...).
     """
+    if decoders is None:
+        decoders = runnable_decoders()
     items = decoders.items() if isinstance(decoders, Mapping) else [(d, d) for d in decoders]
     items = list(items)
     if not items:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import html
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import torch
@@ -36,10 +35,9 @@ from mechlingo.activations.distributed import (
 )
 from mechlingo.activations.runs import collect
 from mechlingo.analyses.decoders.entries import lens_hook_names, resolve_entries
-from mechlingo.analyses.decoders.patchscope import Patchscope
+from mechlingo.analyses.decoders.logit import LOGIT
 from mechlingo.analyses.decoders.registry import Decoder, as_decoder, generates
 from mechlingo.analyses.decoders.tokens import TokenGrid, token_grid
-from mechlingo.analyses.decoders.tuned_lens import TunedLens
 from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import site_map
@@ -96,8 +94,8 @@ class LensResult:
         energy: ``[layer, prompt]`` token energy of the decoded vector (see
             :func:`token_energy`: 1 = as much as a random direction, higher = closer to
             the directions the unembedding reads).
-        decoder: the name of the decoder that read the entries (``"logit"``, ``"tuned"``,
-            ``"patchscope"`` or a registered one).
+        decoder: the name of the decoder that read the entries (a registered one:
+            :func:`~mechlingo.analyses.decoders.registry.decoder_names`).
         tokens: the token-level lens (the top tokens of every entry at every position of
             every prompt: :class:`~mechlingo.analyses.decoders.tokens.TokenGrid`), when
             computed (always without answer tracks; :meth:`fig_tokens` draws it).
@@ -120,7 +118,7 @@ class LensResult:
     meta: dict[str, Any] = field(default_factory=dict)
     entropy: Float[Tensor, "layer prompt"] | None = None
     energy: Float[Tensor, "layer prompt"] | None = None
-    decoder: str = "logit"
+    decoder: str = LOGIT
     tokens: TokenGrid | None = None
 
     # ------------------------------------------------------------------ accessors
@@ -423,8 +421,7 @@ class LensFactsArgs(TypedDict, total=False):
     tokens: bool | None
     track_langs: Sequence[str]
     pool: Sequence[Fact] | None
-    tuned_lens: TunedLens | str | Path | None
-    patchscope: Patchscope | None
+    decoder_options: Mapping[str, Any] | None
 
 
 def logit_lens(
@@ -619,23 +616,18 @@ def fact_answers(
 
 
 def resolve_decoder(
-    model: Model,
-    decoder: str | Decoder | None,
-    *,
-    tuned_lens: TunedLens | str | Path | None = None,
-    patchscope: Patchscope | None = None,
+    model: Model, decoder: str | Decoder | None, options: Mapping[str, Any] | None = None
 ) -> Decoder:
-    """The decoder object for a registered name (:func:`~mechlingo.analyses.decoders.registry.get_decoder`):
-    ``"logit"`` (or ``None``) -> the identity :class:`~mechlingo.analyses.decoders.registry.LogitLens`;
-    ``"tuned"`` -> ``tuned_lens`` (a :class:`TunedLens` or the folder of a saved one, checked
-    against ``model``); ``"patchscope"`` -> ``patchscope`` (default :class:`Patchscope` with
-    the per-language identity prompts). Objects are checked and pass through.
+    """The decoder object for a registered name built with ``options`` (its declared options
+    by keyword, :func:`~mechlingo.analyses.decoders.registry.get_decoder`; ``None``: the
+    default decoder, the logit lens); objects are checked against ``model`` and pass through.
 
     Raises:
-        InputError: an unknown name, or ``"tuned"`` without a lens.
-        ModelMismatchError: the tuned lens belongs to another model.
+        InputError: an unknown name, an option out of range, or a required one missing
+            (``"tuned"`` without ``tuned_lens``).
+        ModelMismatchError: a tuned lens trained on another model.
     """
-    return as_decoder(decoder, model, tuned_lens=tuned_lens, patchscope=patchscope)
+    return as_decoder(decoder, model, **dict(options or {}))
 
 
 def lens_facts(
@@ -644,24 +636,25 @@ def lens_facts(
     *,
     track_langs: Sequence[str] = ("en",),
     pool: Sequence[Fact] | None = None,
-    decoder: str | Decoder | None = "logit",
-    tuned_lens: TunedLens | str | Path | None = None,
-    patchscope: Patchscope | None = None,
+    decoder: str | Decoder | None = None,
+    decoder_options: Mapping[str, Any] | None = None,
     **kwargs: Unpack[LensArgs],
 ) -> LensResult:
     """A lens over fact prompts, tracking each fact's own answer and its answer in
     ``track_langs`` (English by default).
 
-    ``decoder`` chooses how each entry is read: a registered name (``"logit"``: final norm +
-    unembedding; ``"tuned"``: a tuned lens's translator first, give ``tuned_lens``;
-    ``"patchscope"``: patched into an identity target prompt, ``patchscope`` sets its prompts)
-    or a decoder object. Every decoder
-    gives a :class:`LensResult` over the same entries, prompts and tracks. Other keyword
-    arguments go to :func:`logit_lens`."""
+    ``decoder`` chooses how each entry is read: a registered name (``None``: the logit lens,
+    final norm + unembedding; ``"tuned"``: a tuned lens's translator first, give
+    ``decoder_options={"tuned_lens": ...}``; ``"patchscope"``: patched into an identity
+    target prompt, ``{"target": ..., "max_new_tokens": ...}``), built with
+    ``decoder_options`` (each decoder's declared options by keyword:
+    :class:`~mechlingo.analyses.decoders.registry.DecoderSpec`), or a decoder object. Every
+    decoder gives a :class:`LensResult` over the same entries, prompts and tracks. Other
+    keyword arguments go to :func:`logit_lens`."""
     facts = list(facts)
     if not facts:
         raise InputError("no facts selected")
-    dec = resolve_decoder(model, decoder, tuned_lens=tuned_lens, patchscope=patchscope)
+    dec = resolve_decoder(model, decoder, decoder_options)
     answers = fact_answers(facts, track_langs, pool)
     result = logit_lens(
         model,

@@ -22,12 +22,24 @@ from torch import Tensor
 
 from mechlingo.activations.runs import collect, final_resid_name
 from mechlingo.analyses.decoders.entries import lens_hook_names
+from mechlingo.analyses.decoders.registry import DecoderOption, register_decoder
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, encode, pad_rows
 from mechlingo.core.types import HookFn, Model
 from mechlingo.kernels.readout import greedy_next
 
-__all__ = ["TARGET_PROMPTS", "Patchscope", "patch_hooks"]
+__all__ = ["MAX_NEW_TOKENS", "PATCHSCOPE", "TARGET", "TARGET_PROMPTS", "Patchscope",
+           "patch_hooks"]  # fmt: skip
+
+#: The patchscope's registered decoder name.
+PATCHSCOPE = "patchscope"
+#: Greedy continuation tokens per entry by default (0: its first token only).
+MAX_NEW_TOKENS = 0
+#: The target language by default (``None``: each prompt's own).
+TARGET: str | None = None
+#: One patchscope prompt (every entry decoded) in the card's cost unit, items scored under
+#: ``rank`` (measured on the embedded model).
+CARD_COST = 7.6
 
 #: Identity-style target prompts per language: word -> same word, a number, a greeting, and
 #: the placeholder ``?`` whose position receives the patched state.
@@ -89,10 +101,10 @@ class Patchscope:
     """
 
     targets: Mapping[str, str] = field(default_factory=lambda: dict(TARGET_PROMPTS))
-    target: str | None = None
+    target: str | None = TARGET
     batch_size: int = 64
-    max_new_tokens: int = 0
-    name: str = "patchscope"
+    max_new_tokens: int = MAX_NEW_TOKENS
+    name: str = PATCHSCOPE
 
     def check(self, model: Model) -> None:
         """Raise :class:`~mechlingo.core.errors.InputError` when ``model`` cannot run the
@@ -184,3 +196,22 @@ def _appended(batch: TokenBatch, nxt: Int[Tensor, " row"]) -> TokenBatch:
     rows = [torch.cat([batch.tokens[i, : int(n)], nxt[i : i + 1].to(batch.tokens.device)])
             for i, n in enumerate(batch.lengths.tolist())]  # fmt: skip
     return pad_rows(rows, pad_id=batch.pad_id, has_bos=batch.has_bos)
+
+
+def _patchscope(model: Model, *, target: str | None = TARGET,
+                max_new_tokens: int = MAX_NEW_TOKENS, **opts: Any) -> Patchscope:  # fmt: skip
+    return Patchscope(target=target, max_new_tokens=max_new_tokens)
+
+
+register_decoder(
+    PATCHSCOPE, _patchscope, generates=True, layer_passes=1,
+    card_cost=CARD_COST, help="patched into an identity target prompt",
+    options=[
+        DecoderOption("--patchscope-target", "target", str, TARGET,
+                      "language of the identity target prompt for every prompt",
+                      why_default="each prompt's own language"),
+        DecoderOption("--patchscope-tokens", "max_new_tokens", int, MAX_NEW_TOKENS,
+                      "greedy tokens the patchscope generates per layer", why_default="its "
+                      "first token only, no generation", minimum=0),
+    ],
+)  # fmt: skip

@@ -29,6 +29,7 @@ import torch
 
 from mechlingo.activations.distributed import is_main
 from mechlingo.analyses.decoders.compare import DecoderComparison, compare_decoders
+from mechlingo.analyses.decoders.logit import LogitLens
 from mechlingo.analyses.decoders.options import TrainingOptions
 from mechlingo.analyses.decoders.registry import generates
 from mechlingo.analyses.decoders.tuned_lens import (
@@ -60,8 +61,8 @@ class LensDecodersRun(WritesFolder):
         comparison: the lens result of every decoder (same entries, prompts and tracks).
         track: the languages tracked besides each prompt's own.
         max_rank: the rank counted as "decodable" in the summaries.
-        continuations: whether the patchscope generated continuations (they go to
-            ``patchscope.json``).
+        continuations: whether a decoder generated continuations (they go to
+            ``LABEL.json``, e.g. ``patchscope.json``).
     """
 
     comparison: DecoderComparison
@@ -102,16 +103,17 @@ class LensDecodersRun(WritesFolder):
         return pd.concat(frames, ignore_index=True)
 
     def files(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
-        """``summary.json``, ``lens.csv`` and, when the patchscope generated,
-        ``patchscope.json`` (its continuations per prompt and layer)."""
+        """``summary.json``, ``lens.csv`` and, for each decoder that generated (the
+        patchscope with ``max_new_tokens``), ``LABEL.json`` (its continuations per prompt and
+        layer)."""
         files: dict[str, Any] = {
             "summary.json": self.summary(meta),
             "lens.csv": inert_csv(self.to_dataframe()),
         }
-        if self.continuations and "patchscope" in self.comparison.results:
-            files["patchscope.json"] = self.comparison.results["patchscope"].meta.get(
-                "continuations"
-            )
+        if self.continuations:
+            for label, res in self.comparison.results.items():
+                if res.meta.get("continuations") is not None:
+                    files[f"{label}.json"] = res.meta["continuations"]
         return files
 
 
@@ -125,9 +127,9 @@ def run_lens_decoders(
     batch_size: int = 16,
     progress: bool = False,
 ) -> LensDecodersRun:
-    """Read every layer of ``facts`` with each of ``decoders`` (label -> ``"logit"``, a
-    :class:`~mechlingo.analyses.decoders.tuned_lens.TunedLens` or a
-    :class:`~mechlingo.analyses.decoders.patchscope.Patchscope`), tracking ``track_langs``'
+    """Read every layer of ``facts`` with each of ``decoders`` (label -> a registered name or
+    a decoder object, such as a built
+    :class:`~mechlingo.analyses.decoders.registry.DecoderUse`), tracking ``track_langs``'
     answers too; ``max_rank`` is the rank its summary counts as decodable."""
     cmp = compare_decoders(
         model,
@@ -270,7 +272,7 @@ def run_tuned_lens(
         div = None
         if heldout:
             div = stages.run("heldout", lambda: lens_divergence(
-                model, list(heldout), {"logit": None, "tuned": tr.lens},
+                model, list(heldout), {LogitLens.name: None, tr.lens.name: tr.lens},
                 batch_size=batch_size))  # fmt: skip
     return TunedLensRun(tr, list(langs), text, div)
 

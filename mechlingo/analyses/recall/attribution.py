@@ -47,7 +47,7 @@ from mechlingo.analyses.recall.patching.grid import (
     check_sites,
     resolve_grid,
 )
-from mechlingo.analyses.recall.patching.result import PatchingBaselines, old_metric_keyword
+from mechlingo.analyses.recall.patching.result import PatchingBaselines
 from mechlingo.core.sites import resolve_site
 from mechlingo.core.types import Model
 
@@ -258,12 +258,10 @@ class NeuronAttribution(PatchingBaselines):
     values: Float[Tensor, "metric layer position neuron example"]
     meta: dict[str, Any] = field(default_factory=dict)
 
-    @old_metric_keyword
     def effect(self, readout: str | int = 0) -> Float[Tensor, "layer position neuron"]:
         """Mean estimated change of the readout over examples, in the readout's units."""
         return self.values[self.readout_index(readout)].mean(-1)
 
-    @old_metric_keyword
     def normalized(self, readout: str | int = 0) -> Float[Tensor, "layer position neuron"]:
         """:meth:`effect` divided by ``clean - corrupted`` (the mean gap): the share of the
         gap that patching this neuron alone is estimated to close."""
@@ -271,7 +269,6 @@ class NeuronAttribution(PatchingBaselines):
         gap = float((self.clean[m] - self.corrupted[m]).mean())
         return self.effect(m) / (gap if abs(gap) > 1e-12 else float("nan"))
 
-    @old_metric_keyword
     def top(self, k: int = 20, readout: str | int = 0) -> list[dict[str, Any]]:
         """The ``k`` neurons with the largest absolute mean estimated effect."""
         eff = self.effect(readout)
@@ -293,7 +290,6 @@ class NeuronAttribution(PatchingBaselines):
             )
         return out
 
-    @old_metric_keyword
     def to_dataframe(self, k: int = 100, readout: str | int = 0) -> pd.DataFrame:
         """The top ``k`` neurons (see :meth:`top`) as a table."""
         import pandas as pd
@@ -353,7 +349,6 @@ def neuron_attribution(
 # --------------------------------------------------------------------------------------
 
 
-@old_metric_keyword
 def compare_patching(
     approx: PatchingResult, exact: PatchingResult, *, readout: str | int = 0, k: int = 10
 ) -> dict[str, dict[str, float | int]]:

@@ -44,7 +44,6 @@ from mechlingo.analyses.recall.patching import (
     fact_metrics,
     patch_activations,
 )
-from mechlingo.analyses.recall.patching.result import old_metric_keyword
 from mechlingo.analyses.recall.trace_options import TraceOptions
 from mechlingo.analyses.results import WritesFolder
 from mechlingo.core.defaults import BATCH_SIZE, MAX_NEW_TOKENS
@@ -423,7 +422,6 @@ def trace_recall(
     )
 
 
-@old_metric_keyword
 def pipeline_stages(
     sweep: PatchingResult | None, trace: TraceResult | None, lang: str, *, readout: str | int = 0
 ) -> dict[str, tuple[float, float]]:

@@ -1,6 +1,12 @@
 """The decoders stage: the latent-English order (the English answer decodable at an earlier
-lens entry than the prompt-language answer) under the tuned lens (when one is given) and the
-patchscope, on the repair test items; the logit lens is the trace stage's own measurement."""
+lens entry than the prompt-language answer) under every registered decoder
+(:mod:`mechlingo.analyses.decoders.registry`: the tuned lens when one is given, the
+patchscope, and any decoder registered since), on the repair test items; the default decoder,
+the logit lens, is the trace stage's own measurement. A decoder's options come from the
+budget section by keyword (``{"decoders": {"tuned_lens": "DIR"}}``), else their defaults; a
+decoder whose required option is not given is reported as not testable, with the reason it
+declares. A decoder with a
+``latent_english_NAME`` claim gets its row; the others appear in the table only."""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ import torch
 
 from mechlingo.activations.distributed import map_sharded
 from mechlingo.analyses.decoders.lens import lens_facts
-from mechlingo.analyses.decoders.tuned_lens import load_tuned_lens
+from mechlingo.analyses.decoders.registry import DecoderSpec, decoder_specs, default_decoder
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
 from mechlingo.card.rules import make_row
@@ -33,7 +39,20 @@ from mechlingo.core.types import Model
 from mechlingo.data import Fact
 from mechlingo.data.splits import take_shared
 
-DECODERS = ("logit", "tuned", "patchscope")
+
+def card_decoders() -> list[DecoderSpec]:
+    """The decoders this stage reads: every registered one but the default (the logit lens,
+    which the trace stage measures), in registration order."""
+    default = default_decoder()
+    return [s for s in decoder_specs() if s.name != default]
+
+
+def decoder_options(spec: DecoderSpec, section: Mapping[str, Any]) -> dict[str, Any]:
+    """``spec``'s option values from the budget section (a setting named as one of its
+    option keywords, such as ``tuned_lens``), the defaults for the others (checked)."""
+    given = {o.keyword: section[o.keyword] for o in spec.options
+             if section.get(o.keyword) is not None}  # fmt: skip
+    return spec.option_values(given)
 
 
 def _order(first_en: torch.Tensor, first_l: torch.Tensor, facts: Sequence[Fact]) -> list[dict]:
@@ -50,41 +69,33 @@ def _order(first_en: torch.Tensor, first_l: torch.Tensor, facts: Sequence[Fact])
     return out
 
 
-#: Why the tuned-lens row is not testable without a lens (measured on the embedded model).
-NO_TUNED_LENS = (
-    "no tuned lens given: one trained within the card's CPU budget is no decoder (on the "
-    "embedded model 2 steps took 22 s and raised the mean KL to the output from 38.6 to 39.7 "
-    "nats); train one with `mechlingo tuned-lens --out DIR` and pass the settings "
-    '{"decoders": {"tuned_lens": "DIR"}}'
-)
-
-
 def stage_decoders(model: Model, facts: list[Fact], trace: Mapping[str, Any] | None,
                    cfg: Mapping[str, Any], progress: bool) -> dict[str, Any]:  # fmt: skip
     """The latent-English order under each decoder on the repair test items: the logit lens
-    from the trace stage's records (the same items), the patchscope and a given tuned lens
-    (``decoders.tuned_lens``, a saved lens folder) on at most ``decoders.per_lang`` ids per
-    language (the patchscope costs about 1.5 s per prompt on the embedded model)."""
+    from the trace stage's records (the same items), every other registered decoder
+    (:func:`card_decoders`, with :func:`decoder_options`) on at most ``decoders.per_lang``
+    ids per language (the patchscope is the costly decoder: docs/benchmarks.md)."""
     d = cfg.get("decoders", {})
     max_rank = int(cfg["trace"]["max_rank"])
     by_id = {(f.id, f.lang): f for f in facts}
     out: dict[str, Any] = {"max_rank": max_rank, "decoders": {}}
+    default = default_decoder()
     if trace is not None:
         recs = [r for r in trace["records"] if (r["id"], r["lang"]) in by_id]
         fs = [by_id[(r["id"], r["lang"])] for r in recs]
         first_en = torch.tensor([r["first_en_layer"] for r in recs])
         first_l = torch.tensor([r["first_answer_layer"] for r in recs])
-        out["decoders"]["logit"] = {"items": _order(first_en, first_l, fs), "source": "trace"}
+        out["decoders"][default] = {"items": _order(first_en, first_l, fs), "source": "trace"}
     else:
-        out["decoders"]["logit"] = {"untestable": "the trace stage did not finish"}
+        out["decoders"][default] = {"untestable": "the trace stage did not finish"}
     sub = take_shared([f for f in facts if f.lang != "en"], d.get("per_lang"))
-    for name in ("tuned", "patchscope"):
-        dec: Any = name
-        if name == "tuned":
-            if not d.get("tuned_lens"):
-                out["decoders"][name] = {"untestable": NO_TUNED_LENS}
-                continue
-            dec = load_tuned_lens(d["tuned_lens"], model)
+    for spec in card_decoders():
+        values = decoder_options(spec, d)
+        need = spec.missing(values)
+        if need is not None:
+            out["decoders"][spec.name] = {"untestable": need.why_missing}
+            continue
+        dec = spec.build(model, **values)
 
         def firsts(part: list[Fact], dec: Any = dec) -> tuple[torch.Tensor, torch.Tensor]:
             res = lens_facts(model, part, decoder=dec, progress=progress,
@@ -98,17 +109,21 @@ def stage_decoders(model: Model, facts: list[Fact], trace: Mapping[str, Any] | N
         sub = [f for p in parts for f in p]
         first_en, first_l = (torch.cat([g[i] for g in got]) if got else torch.zeros(0)
                              for i in (0, 1))  # fmt: skip
-        out["decoders"][name] = {"items": _order(first_en, first_l, sub), "n_prompts": len(sub)}
+        out["decoders"][spec.name] = {"items": _order(first_en, first_l, sub),
+                                      "n_prompts": len(sub)}  # fmt: skip
     return out
 
 
 def rows_decoders(data: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One latent-English row per decoder: the share of ordered prompts where English comes
-    first, clustered by fact, against 0.5."""
+    """One latent-English row per decoder with a claim (``latent_english_NAME``): the share
+    of ordered prompts where English comes first, clustered by fact, against 0.5. The logit
+    lens is ``latent_english``'s own measurement (the trace records): no second row."""
     rows = []
-    # the logit lens is latent_english's own measurement: no row
-    for name, claim in (("tuned", C.LATENT_ENGLISH_TUNED),
-                        ("patchscope", C.LATENT_ENGLISH_PATCHSCOPE)):  # fmt: skip
+    claims = {c.id: c for c in C.CLAIMS}
+    for name in dict.fromkeys([*(s.name for s in card_decoders()), *data["decoders"]]):
+        claim = claims.get(f"latent_english_{name}")
+        if claim is None or name == default_decoder():
+            continue
         d = data["decoders"].get(name) or {"untestable": "the decoder did not run"}
         if "untestable" in d:
             rows.append(make_row(claim, None, untestable=d["untestable"]))
@@ -159,9 +174,9 @@ def _decoders(report: ReportLike, data: Mapping[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class DecodersBudget(Budget):
-    """``per_lang``: test ids per language that the patchscope and the tuned lens read (the
-    patchscope costs about 1.5 s per prompt on the embedded model); ``tuned_lens``: a saved
-    lens folder (``None``: no tuned-lens row)."""
+    """``per_lang``: test ids per language that each decoder reads (the patchscope is the
+    costly decoder); ``tuned_lens``: a saved lens folder (the tuned lens's option; ``None``:
+    no tuned-lens row). Another decoder runs with its defaults."""
 
     per_lang: int | None
     tuned_lens: str | None
@@ -187,18 +202,17 @@ report = data_section(
 )
 
 
-#: One patchscope prompt (every layer decoded), in items scored under ``rank`` (measured).
-PATCHSCOPE_PER_PROMPT = 7.6
-
-
 def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
-    """CPU seconds: the patchscope (and a given tuned lens, as much again) on ``per_lang``
-    ids of every non-English language."""
+    """CPU seconds: each decoder the stage reads (:func:`card_decoders`; not one whose
+    required option is missing) on ``per_lang`` ids of every non-English language, at its
+    registered ``card_cost`` per prompt (the patchscope's measured; a given tuned lens as
+    much again)."""
     d = cfg["decoders"]
     langs = int(sizes.get("lu_langs", len(cfg["lu_langs"])))
     prompts = int(d["per_lang"] or 0) * max(0, langs - 1)
-    decoders = 1 + bool(d.get("tuned_lens"))
-    return decoders * prompts * PATCHSCOPE_PER_PROMPT * unit.get("rank", 0.0)
+    per_prompt = sum(s.card_cost for s in card_decoders()
+                     if s.missing(decoder_options(s, d)) is None)  # fmt: skip
+    return per_prompt * prompts * unit.get("rank", 0.0)
 
 
 STAGE = Stage("decoders", LU, ("trace",), run, (rows_decoders,), report, "decoders",

@@ -668,9 +668,8 @@ def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
 
 #: Measured CPU seconds of the repair stage's scoring over its scored items x conditions x
 #: the card's per-item seconds (the shared prompt prefixes make a condition cheaper than an
-#: item), and of building over its build items x the per-item seconds: fitted on the measured
-#: quick card (385.7 CPU-seconds, 324 build items) with the share of building in a one-process
-#: profile of the stage (21%).
+#: item), and of building over its build items x the per-item seconds: fitted on a measured
+#: quick card (docs/benchmarks.md, "Timings behind the card's cost model").
 REPAIR_FACTOR = 0.667
 BUILD_FACTOR = 1.44
 

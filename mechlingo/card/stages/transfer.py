@@ -288,9 +288,9 @@ def matrix_item_conditions(by: str, m: Mapping[str, Any], rels: int, langs: int,
     and each cell's test items (steered and control, the unsteered items once per column).
     Rows equal in vectors and dev facts search once (with two relations ``all_but_A`` is
     ``only_B``); ``all_row_searched=False``: the ``all`` row's search came from the other
-    matrix of the same run. One item-condition costs the metric's measured seconds per item:
-    on the measured quick card 1232 and 698 item-conditions took 203.7 and 122.7 CPU-seconds
-    at 0.1708 s per rank item."""
+    matrix of the same run. One item-condition costs the metric's measured seconds per item
+    (the quick card's measurement: docs/benchmarks.md, "Timings behind the card's cost
+    model")."""
     top, grid = int(m.get("top_k", 1)), len(m.get("layer_fractions") or (0,)) * len(
         m.get("alphas") or (0, 0))  # fmt: skip
     screen, dev, test = int(m["screen_ids"]), int(m["dev_ids"]), int(m["test_ids"])

@@ -266,7 +266,8 @@ def test_lens_facts_with_every_decoder(tiny, trained):
                           {"answer": [f.answer for f in facts],
                            "en": [f.answer_en or f.answer for f in facts]},
                           [f.lang for f in facts])  # fmt: skip
-    results = {d: lens_facts(tiny, facts, decoder=d, tuned_lens=trained.lens, batch_size=3)
+    results = {d: lens_facts(tiny, facts, decoder=d, decoder_options={"tuned_lens": trained.lens},
+                             batch_size=3)
                for d in ("logit", "tuned", "patchscope")}  # fmt: skip
     shape = results["logit"].logprob.shape
     assert shape == (tiny.cfg.n_layers + 1, len(facts), 2)
@@ -281,7 +282,7 @@ def test_lens_facts_with_every_decoder(tiny, trained):
         assert torch.equal(logit.logprob[:, i], o.set_logprob)
         assert torch.equal(logit.rank[:, i], o.set_rank)
         assert torch.equal(logit.top_ids[:, i], o.top_ids)
-    with pytest.raises(InputError, match="needs a tuned lens"):
+    with pytest.raises(InputError, match="decoder .tuned. needs tuned_lens="):
         lens_facts(tiny, facts, decoder="tuned")
     with pytest.raises(InputError, match="unknown decoder"):
         lens_facts(tiny, facts, decoder="jacobian")

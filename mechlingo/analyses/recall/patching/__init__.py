@@ -54,7 +54,6 @@ from mechlingo.analyses.recall.patching.positions import PositionLabel, subject_
 from mechlingo.analyses.recall.patching.result import (
     Cell,
     PatchingResult,
-    metric_index,
     readout_index,
 )
 from mechlingo.analyses.recall.patching.runs import read_run
@@ -73,7 +72,6 @@ __all__ = [
     "attention_knockout",
     "fact_metrics",
     "logit_diff",
-    "metric_index",
     "readout_index",
     "patch_activations",
     "sliding_windows",

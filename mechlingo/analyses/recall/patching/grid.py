@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack
@@ -60,8 +59,7 @@ class GridArgs(TypedDict, total=False):
       the same patched passes); default when the source is Facts:
       :func:`~mechlingo.analyses.recall.patching.metrics.fact_metrics` of the source facts
       (their answer and English answer). For cross-language patching pass the readout of
-      the target facts. Its old name ``metric`` (also the scoring rule's name) still works,
-      with a :class:`DeprecationWarning`.
+      the target facts.
     * ``alignment``: ``None`` (same shapes), ``"last"``, ``"subject"``, or ``{target: source}``.
     * ``source_subject``, ``target_subject``: inclusive subject token spans per row when the
       inputs are not Facts.
@@ -70,7 +68,6 @@ class GridArgs(TypedDict, total=False):
     layers: Any
     positions: Sequence[PositionLabel] | None
     readout: Metric | Sequence[Metric] | None
-    metric: Metric | Sequence[Metric] | None
     alignment: str | Mapping[int, int] | None
     source_subject: Sequence[tuple[int, int]] | None
     target_subject: Sequence[tuple[int, int]] | None
@@ -181,11 +178,15 @@ def resolve_grid(
     :class:`PatchingSetup`.
 
     Raises:
-        PatchingError: mismatched rows, bad subject spans, heads or positions, or no metric
-            for inputs that are not Facts.
+        PatchingError: an unknown keyword, mismatched rows, bad subject spans, heads or
+            positions, or no readout for inputs that are not Facts.
     """
+    unknown = sorted(set(grid) - SiteGridArgs.__required_keys__ - SiteGridArgs.__optional_keys__)
+    if unknown:
+        known = sorted(SiteGridArgs.__optional_keys__)
+        raise PatchingError(f"unknown patching keyword {unknown[0]!r}; pass one of {known}")
     layers, positions, heads = grid.get("layers"), grid.get("positions"), grid.get("heads")
-    readout, metric, alignment = grid.get("readout"), grid.get("metric"), grid.get("alignment")
+    readout, alignment = grid.get("readout"), grid.get("alignment")
     source_subject, target_subject = grid.get("source_subject"), grid.get("target_subject")
     src, src_spans = as_batch(model, source, "source")
     tgt, tgt_spans = as_batch(model, target, "target")
@@ -199,12 +200,6 @@ def resolve_grid(
     layer_list = resolve_layers(model, layers)
     head_list = _resolve_heads(model, heads) if "head" in sites else []
     pos = resolve_positions(positions, alignment, src, tgt, src_spans, tgt_spans)
-    if metric is not None:
-        warnings.warn("the patching keyword metric= is now readout= (metric= is the scoring "
-                      "rule's name)", DeprecationWarning, stacklevel=3)  # fmt: skip
-        if readout is not None:
-            raise PatchingError("pass readout= only (metric= is its old name)")
-        readout = metric
     metrics = _resolve_metrics(model, source, readout)
     packed = pack_metrics(metrics, tgt.batch_size)
     kind = alignment_kind(alignment)

@@ -9,7 +9,6 @@ batched like the cells of a patching grid.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -222,7 +221,6 @@ def attention_knockout(
     windows: Sequence[tuple[int, int]] | int | None = None,
     *,
     readout: Metric | None = None,
-    metric: Metric | None = None,
     keys: str = "subject",
     subject: Sequence[tuple[int, int]] | None = None,
     windows_per_batch: int = 16,
@@ -237,7 +235,7 @@ def attention_knockout(
             starting at every layer), or ``None`` (size ``max(1, n_layers // 6)``). An empty
             window ``(l, l - 1)`` blocks nothing.
         readout: what each run is read out as (default the probability of each fact's
-            answer set); ``metric`` is its old name (warns).
+            answer set).
         keys: ``"subject"`` (the subject tokens) or ``"last"`` (the last token itself).
 
     Returns:
@@ -247,10 +245,6 @@ def attention_knockout(
     spans = check_spans(subject, batch, "knockout") or spans
     windows = _resolve_windows(site_map(model).n_layers, windows)
     key_mask = _key_mask(batch, keys, spans)
-    if metric is not None:
-        warnings.warn("attention_knockout(metric=) is now readout=", DeprecationWarning,
-                      stacklevel=2)  # fmt: skip
-        readout = metric if readout is None else readout
     metric = _knockout_metric(model, facts, readout)
     packed: PackedMetrics = pack_metrics([metric], batch.batch_size)
     B = batch.batch_size

@@ -8,8 +8,6 @@ Per-example values are kept, and bootstrap 95% intervals resample examples
 
 from __future__ import annotations
 
-import functools
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack
@@ -18,7 +16,6 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mechlingo.analyses.recall.patching.errors import PatchingError
 from mechlingo.viz.common import html_summary, interval_text
 from mechlingo.viz.patching import CircuitOptions, circuit_figure, patching_heatmaps
 
@@ -31,7 +28,6 @@ __all__ = [
     "PatchingBaselines",
     "PatchingResult",
     "bootstrap_interval",
-    "metric_index",
     "normalized_effect",
     "readout_index",
 ]
@@ -58,30 +54,6 @@ def readout_index(names: Sequence[str], readout: str | int = 0) -> int:
     if readout not in names:
         raise KeyError(f"unknown readout {readout!r}; pass one of {list(names)}")
     return list(names).index(readout)
-
-
-def metric_index(names: Sequence[str], metric: str | int = 0) -> int:
-    """The old name of :func:`readout_index` (warns)."""
-    warnings.warn("metric_index is now readout_index", DeprecationWarning, stacklevel=2)
-    return readout_index(names, metric)
-
-
-def old_metric_keyword(fn: Callable[_P, _R]) -> Callable[_P, _R]:
-    """``fn`` that also takes its ``readout=`` under the old name ``metric=`` (warns)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        if "metric" in kwargs:
-            warnings.warn(f"{fn.__qualname__}(metric=) is now readout=", DeprecationWarning,
-                          stacklevel=2)  # fmt: skip
-            if "readout" in kwargs:
-                raise PatchingError(
-                    f"{fn.__qualname__}: pass readout= only (metric= is its old name)"
-                )
-            kwargs["readout"] = kwargs.pop("metric")
-        return fn(*args, **kwargs)
-
-    return wrapper
 
 
 def normalized_effect(v: Tensor, clean: Tensor, corrupted: Tensor) -> Tensor:
@@ -128,7 +100,7 @@ class PatchingBaselines:
 
     Attributes:
         readout_names: names of the readouts, what each patched run is read out as (first
-            axis of the values and baselines; ``metric_names`` is the old name, warns).
+            axis of the values and baselines).
         clean: ``[metric, example]`` metric of the source ("clean") run.
         corrupted: ``[metric, example]`` metric of the unpatched target ("corrupted") run.
         layers: the grid's layers.
@@ -144,17 +116,6 @@ class PatchingBaselines:
     def readout_index(self, readout: str | int = 0) -> int:
         """Position of ``readout`` (a name or an index) among :attr:`readout_names`."""
         return readout_index(self.readout_names, readout)
-
-    @property
-    def metric_names(self) -> list[str]:
-        """The old name of :attr:`readout_names` (warns)."""
-        warnings.warn("metric_names is now readout_names", DeprecationWarning, stacklevel=2)
-        return self.readout_names
-
-    def metric_index(self, metric: str | int = 0) -> int:
-        """The old name of :meth:`readout_index` (warns)."""
-        warnings.warn("metric_index is now readout_index", DeprecationWarning, stacklevel=2)
-        return self.readout_index(metric)
 
 
 @dataclass
@@ -179,18 +140,15 @@ class PatchingResult(PatchingBaselines):
     alignment: str
     meta: dict[str, Any] = field(default_factory=dict)
 
-    @old_metric_keyword
     def mean(self, readout: str | int = 0) -> Float[Tensor, " cell"]:
         """Mean over examples of the patched readout per cell."""
         return self.values[self.readout_index(readout)].mean(-1)
 
-    @old_metric_keyword
     def effect(self, readout: str | int = 0) -> Float[Tensor, " cell"]:
         """Mean of (patched - corrupted) per cell, in the readout's units."""
         m = self.readout_index(readout)
         return (self.values[m] - self.corrupted[m]).mean(-1)
 
-    @old_metric_keyword
     def normalized(self, readout: str | int = 0) -> Float[Tensor, " cell"]:
         """``(patched - corrupted) / (clean - corrupted)`` on the means over examples:
         0 = no effect, 1 = restores the source run (NaN when clean == corrupted)."""
@@ -199,7 +157,6 @@ class PatchingResult(PatchingBaselines):
             self.values[m].mean(-1), self.clean[m].mean(), self.corrupted[m].mean()
         )
 
-    @old_metric_keyword
     def bootstrap_ci(
         self,
         readout: str | int = 0,
@@ -221,7 +178,6 @@ class PatchingResult(PatchingBaselines):
         n = self.values.shape[-1]
         return bootstrap_interval(stat, n, n_boot=n_boot, seed=seed, level=level)
 
-    @old_metric_keyword
     def grid(
         self, site: str, readout: str | int = 0, value: str = "normalized"
     ) -> Float[Tensor, "layer position ..."]:
@@ -242,7 +198,6 @@ class PatchingResult(PatchingBaselines):
             out[key] = vals[c]
         return out
 
-    @old_metric_keyword
     def top_cells(self, k: int = 10, readout: str | int = 0) -> list[dict[str, Any]]:
         """The ``k`` cells with the largest absolute normalised effect."""
         vals = self.normalized(readout)
@@ -344,7 +299,6 @@ class PatchingResult(PatchingBaselines):
             f"top cells by |normalised effect| on {self.readout_names[0]}", top
         )
 
-    @old_metric_keyword
     def fig_heatmap(self, readout: str | int = 0, value: str = "normalized") -> go.Figure:
         """Layer-by-position heatmaps, one panel per site (heads: averaged over positions as a
         layer-by-head panel)."""
@@ -361,7 +315,6 @@ class PatchingResult(PatchingBaselines):
             n_examples=int(self.values.shape[-1]),
         )
 
-    @old_metric_keyword
     def fig_circuit(self, readout: str | int = 0, **options: Unpack[CircuitOptions]) -> go.Figure:
         """The circuit diagram: the ``top_k`` cells by absolute normalised effect on a
         token-position x layer grid, joined along the residual stream and by attention,
