@@ -15,6 +15,7 @@ from mechlingo.analyses.recall.patching import patch_activations
 from mechlingo.analyses.recall.patching.metrics import fact_metrics
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
+from mechlingo.card.clustered_tests import mean_test, paired_test
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Budget,
@@ -23,10 +24,6 @@ from mechlingo.card.stages.base import (
     Stage,
     check,
     data_section,
-)
-from mechlingo.card.statistics import (
-    mean_test,
-    paired_test,
 )
 from mechlingo.core.errors import InputError
 from mechlingo.core.stages import Stages

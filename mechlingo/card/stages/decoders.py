@@ -21,6 +21,7 @@ from mechlingo.analyses.decoders.lens import lens_facts
 from mechlingo.analyses.decoders.registry import DecoderSpec, decoder_specs, default_decoder
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
+from mechlingo.card.clustered_tests import mean_test
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Budget,
@@ -29,9 +30,6 @@ from mechlingo.card.stages.base import (
     Stage,
     check,
     data_section,
-)
-from mechlingo.card.statistics import (
-    mean_test,
 )
 from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.stages import Stages

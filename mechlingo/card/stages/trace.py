@@ -12,6 +12,7 @@ from mechlingo.analyses.recall.classes import failure_records
 from mechlingo.analyses.recall.trace import trace_recall
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
+from mechlingo.card.clustered_tests import mean_test, paired_test
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Budget,
@@ -23,10 +24,6 @@ from mechlingo.card.stages.base import (
     heading,
 )
 from mechlingo.card.stages.data import metric_of
-from mechlingo.card.statistics import (
-    mean_test,
-    paired_test,
-)
 from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
