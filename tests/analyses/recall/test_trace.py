@@ -10,9 +10,9 @@ from mechlingo.analyses.recall.trace import (
     CLASSES,
     _classify,
     default_mid_layers,
-    pipeline_stages,
     trace_recall,
 )
+from mechlingo.analyses.recall.trace_patching import pipeline_stages
 from mechlingo.data import load_facts
 
 
