@@ -2,7 +2,7 @@
 
 :func:`evaluate_facts` is the one function every caller scores facts through; ``metric=``
 chooses the rule (``"generate"``, the default: the greedy continuation judged by the eval
-rule, :func:`mechlingo.scoring.scorers.is_correct`; ``"klar"``; ``"rank"``; see
+rule, :func:`mechlingo.core.answers.is_correct`; ``"klar"``; ``"rank"``; see
 :mod:`mechlingo.scoring.scorers`). Records a metric cannot use are skipped and counted by
 reason in ``EvalResult.skipped``. :func:`evaluate_conditions` scores many conditions sharing
 one prefix pass. Generation decodes with a key-value cache (:mod:`mechlingo.activations.decoding`);

@@ -37,6 +37,7 @@ from mechlingo.activations.prefix import (
     run_reads,
 )
 from mechlingo.activations.runs import StopForward, final_resid_name, run_batch
+from mechlingo.core.answers import normalize
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, prepends_bos
 from mechlingo.core.types import FwdHooks, Model
@@ -44,7 +45,7 @@ from mechlingo.data import Fact
 from mechlingo.interventions.apply import first_edit, intervention_hooks
 from mechlingo.interventions.base import Intervention
 from mechlingo.kernels.readout import token_logprobs
-from mechlingo.scoring.scorers import fact_record, gold_indices, in_english, normalize
+from mechlingo.scoring.scorers import fact_record, gold_indices, in_english
 
 __all__ = [
     "RANK_TOKENS",

@@ -6,7 +6,7 @@ lens in the middle layers), and the last layers convert it into the prompt's lan
 :func:`trace_recall` puts every query into one of six classes (``correct``,
 ``wrong_language``, ``translation_failure``, ``recall_failure``, ``shared_form``, ``other``:
 :mod:`mechlingo.analyses.recall.classes`) and flags its answer
-(:func:`~mechlingo.analyses.recall.answers.answer_flags`) by combining the
+(:func:`~mechlingo.analyses.recall.trace_answers.answer_flags`) by combining the
 greedy answer (:func:`mechlingo.scoring.evaluate.evaluate_facts`) with the logit lens on the
 same prompt (:func:`mechlingo.analyses.decoders.lens.lens_facts`), as a :class:`TraceResult`.
 :func:`run_trace` is the whole ``mechlingo trace`` (:class:`TraceRun`): the trace, the
@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mechlingo.analyses.decoders.lens import LensResult, logit_lens
-from mechlingo.analyses.recall.answers import answer_flags, trace_answers
 from mechlingo.analyses.recall.classes import (
     CLASSES,
     classify,
@@ -35,6 +34,7 @@ from mechlingo.analyses.recall.classes import (
 from mechlingo.analyses.recall.patching import (
     PatchingError,
 )
+from mechlingo.analyses.recall.trace_answers import answer_flags, trace_answers
 from mechlingo.analyses.recall.trace_circuit import TraceCircuit, trace_circuit
 from mechlingo.analyses.recall.trace_options import TraceOptions
 from mechlingo.analyses.recall.trace_patching import (
@@ -90,7 +90,7 @@ class TraceResult:
             candidates); the answer's flags ``shared_form`` (written as the English answer),
             ``continues_prompt`` (glued onto the prompt's last word), ``echoes_subject``
             ``decided_at`` and ``generation_lang``
-            (:func:`~mechlingo.analyses.recall.answers.answer_flags`).
+            (:func:`~mechlingo.analyses.recall.trace_answers.answer_flags`).
         lens: the logit lens on the same prompts (tracks ``answer`` and ``en``).
         eval: the greedy evaluation.
         max_rank, mid_layers: the parameters of the classification.
@@ -348,7 +348,7 @@ def trace_recall(
         :func:`mismatched_english`) reaches rank <= ``max_rank`` before the output, -1 never
         or when the relation has no other fact with a distinct English answer: the control
         of ``first_en_layer`` (a lens that surfaces any English city name is no evidence);
-        and :func:`~mechlingo.analyses.recall.answers.answer_flags`: ``shared_form``,
+        and :func:`~mechlingo.analyses.recall.trace_answers.answer_flags`: ``shared_form``,
         ``continues_prompt``, ``echoes_subject`` and ``decided_at`` (the prefix of
         ``generation``, the whole greedy first line, at which the verdict was decided).
     """

@@ -24,10 +24,10 @@ from mechlingo.card.stages.base import (
     heading,
 )
 from mechlingo.card.stages.data import metric_of
+from mechlingo.core.answers import normalize
 from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
-from mechlingo.scoring.scorers import normalize
 from mechlingo.viz.lens import latent_curves_figure
 from mechlingo.viz.trace import class_fractions_figure
 
