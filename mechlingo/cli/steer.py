@@ -20,10 +20,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-# build_steering_vectors, run_steer_eval and transfer_matrices are called through their modules, so
-# that a wrapper set on the module (a test's monkeypatch, a user's instrumentation) sees every
-# call.
-from mechlingo.activations.distributed import sharded_scoring
 from mechlingo.analyses.recall import steer_eval, steering, transfer
 from mechlingo.analyses.recall.pooled import balance_relations
 from mechlingo.analyses.recall.settings import (
@@ -47,6 +43,11 @@ from mechlingo.cli.work import (
     work_folder,
 )
 from mechlingo.core.artifacts import atomic_folder
+
+# build_steering_vectors, run_steer_eval and transfer_matrices are called through their modules, so
+# that a wrapper set on the module (a test's monkeypatch, a user's instrumentation) sees every
+# call.
+from mechlingo.core.distributed import sharded_scoring
 from mechlingo.core.types import Model
 from mechlingo.data import read_parallel_dir
 from mechlingo.data.splits import split_facts

@@ -24,12 +24,6 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.distributed import (
-    gather_conditions,
-    gather_lists,
-    scoring_sharded,
-    share_scoring,
-)
 from mechlingo.activations.prefix import (
     PrefixRecord,
     cache_upto,
@@ -38,6 +32,12 @@ from mechlingo.activations.prefix import (
 )
 from mechlingo.activations.runs import StopForward, final_resid_name, run_batch
 from mechlingo.core.answers import normalize
+from mechlingo.core.distributed import (
+    gather_conditions,
+    gather_lists,
+    scoring_sharded,
+    share_scoring,
+)
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, prepends_bos
 from mechlingo.core.types import FwdHooks, Model

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from mechlingo.activations.distributed import map_sharded
 from mechlingo.analyses.decoders.lens import lens_facts
 from mechlingo.analyses.decoders.registry import DecoderSpec, decoder_specs, default_decoder
 from mechlingo.card import claims as C
@@ -32,6 +31,7 @@ from mechlingo.card.stages.base import (
     data_section,
 )
 from mechlingo.core.defaults import BATCH_SIZE
+from mechlingo.core.distributed import map_sharded
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import Fact

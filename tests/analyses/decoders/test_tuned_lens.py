@@ -148,7 +148,7 @@ def test_training_errors(tiny):
 WORKER = textwrap.dedent(
     """
     import sys, torch
-    from mechlingo.activations.distributed import process_group
+    from mechlingo.core.distributed import process_group
     from mechlingo.analyses.decoders.options import TrainingOptions
     from mechlingo.analyses.decoders.tuned_lens import train_tuned_lens
     from mechlingo.core.models import load_model
