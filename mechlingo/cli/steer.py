@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mechlingo.analyses.recall import steer_eval, steering, transfer
-from mechlingo.analyses.recall.pooled import balance_relations
+from mechlingo.analyses.recall.group_vectors import balance_relations
 from mechlingo.analyses.recall.settings import (
     BuildSettings,
     DevGrid,
@@ -380,7 +380,7 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_plan(args: argparse.Namespace, facts: list, opts: SteerEvalOptions) -> cost.Plan:
+def _eval_plan(args: argparse.Namespace, facts: list, opts: SteerEvalOptions) -> cost.CostPlan:
     """The plan and estimate of ``steer eval`` from its flags (no model)."""
     splits = dict(zip(("build", "dev", "test"), opts.split.parts(facts), strict=True))
     return cost.plan_steer_eval(splits, grid=opts.grid, seeds=len(opts.seeds),
