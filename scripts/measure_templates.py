@@ -32,9 +32,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from mechlingo.core.answers import is_correct as eval_is_correct  # noqa: E402
+from mechlingo.core.answers import normalize  # noqa: E402
 from mechlingo.data.facts import LANGS, RELATIONS, Fact  # noqa: E402
 from mechlingo.data.prompts import translation_prompt  # noqa: E402
-from mechlingo.scoring.scorers import normalize  # noqa: E402
 
 
 def is_correct(continuation: str, fact: Fact) -> bool:
