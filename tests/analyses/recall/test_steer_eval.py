@@ -20,12 +20,13 @@ from mechlingo.analyses.recall.settings import (
     ScoringOptions,
     matrix_layers,
 )
+from mechlingo.core.answers import is_correct
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import every_second_layer, layers_at
 from mechlingo.data import LANGS, RELATIONS, load_facts, natural_templates
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
 from mechlingo.scoring.evaluate import evaluate_facts
-from mechlingo.scoring.scorers import decided, is_correct
+from mechlingo.scoring.scorers import decided
 
 # --------------------------------------------------------------------------------------
 # Statistics
@@ -202,7 +203,8 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
     monkeypatch.setattr(dev_grid, "choose_on_dev", sweep)
     monkeypatch.setattr(protocol, "evaluate_test", test)
     monkeypatch.setattr(dev_grid, "few_shot_prompt", few)
-    common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "30", "--quiet"]
+    common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "30", "--quiet",
+              "--templates", "natural"]  # fmt: skip
     vdir, out = tmp_path / "v", tmp_path / "e"
     assert main(["steer", "build", *common, "--k-shot", "2", "--out", str(vdir)]) == 0
     grid = [
@@ -330,7 +332,8 @@ def test_steer_eval_cli_writes_what_run_protocol_writes(tiny, tiny_dir, tmp_path
     from mechlingo.analyses.recall.steering import SteeringPair
     from mechlingo.cli import main
 
-    common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "30", "--quiet"]
+    common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "30", "--quiet",
+              "--templates", "natural"]  # fmt: skip
     vdir, cli, py = tmp_path / "v", tmp_path / "cli", tmp_path / "py"
     assert main(["steer", "build", *common, "--k-shot", "2", "--out", str(vdir)]) == 0
     grid = [
@@ -384,7 +387,7 @@ def test_steer_eval_cli_writes_what_run_protocol_writes(tiny, tiny_dir, tmp_path
         facts,
         SteeringPair.load(vdir, tiny),
         grid=grid,
-        scoring=ScoringOptions(max_new_tokens=2),
+        scoring=ScoringOptions(max_new_tokens=2, batch_size=16),  # the CLI's --batch-size
         seeds=[0, 1],
         repeats=2,
     )
