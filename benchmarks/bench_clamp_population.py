@@ -31,7 +31,7 @@ from smoke import add_smoke_flag, apply_smoke, bench_model  # noqa: E402
 
 from mechlingo.analyses.experts import find_experts  # noqa: E402
 from mechlingo.analyses.experts.kcurve import _outputs_one, _outputs_stacked  # noqa: E402
-from mechlingo.card.stages import budget_settings  # noqa: E402
+from mechlingo.card.stages import CardSettings, budget_settings  # noqa: E402
 from mechlingo.card.stages.data import parallel_parts  # noqa: E402
 
 CLOCK = time.process_time  # CPU seconds of this process (one thread: the work done)
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_grad_enabled(False)
     model = bench_model(args)
     cfg = budget_settings("quick")
-    texts = parallel_parts(None, cfg, None)
+    texts = parallel_parts(None, CardSettings.of(cfg), None)
     find = {lg: v[: args.n_find] for lg, v in texts["find"].items()}
     res = find_experts(model, find, max_tokens=24, batch_size=16)
     lines = {lg: v[: args.lines] for lg, v in texts["eval"].items()}

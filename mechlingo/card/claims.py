@@ -8,7 +8,8 @@ that turn a claim's tests into a verdict are in :mod:`mechlingo.card.rules`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "PRIMARY",
     "SUNDAR",
     "Claim",
+    "PlanFacts",
     "claim_by_id",
     "row_family",
     "LATENT_ENGLISH",
@@ -49,6 +51,35 @@ __all__ = [
     "DISTANCE_PREDICTS_RETRIEVAL",
     "SAME_MECHANISM",
 ]
+
+
+#: How the planner simulates a primary row: the design of its test, which sets the units
+#: (clusters) the budget's data gives it and the draws it reads.
+Design = Literal[
+    "english_first",  # a share over the test facts' queries (fact clusters)
+    "failure_share",  # a share over the facts with recall or translation failures
+    "relative_gain",  # the lowest language's relative gain against random draws
+    "cell_population",  # the transfer cells' held-out gain against their own random draws
+    "condition_population",  # a vector's gain over the test facts against random draws
+    "draw_rank",  # the rank of the effect among the random draws
+    "language_overlap",  # the overlap of the languages' expert sets
+    "bos_population",  # the clamp's rate over the BOS samples against random clamps
+    "document_population",  # a gain over the evaluation documents against random clamps
+]
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    """What the power planner (:mod:`mechlingo.card.plan`) needs of a primary claim: the true
+    ``effect`` it is planned for (beyond its threshold in its direction, in the judged
+    outcome's units) and where that number comes from (``source``), its test's ``design``,
+    and stated ``bounds`` where no split measures the outcome before the run (``sd`` of one
+    unit, ``icc``, ``base``)."""
+
+    effect: float
+    source: str
+    design: Design
+    bounds: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -84,6 +115,8 @@ class Claim:
     primary_variant: str | None = None
     sesoi: float | None = None
     post_hoc: str | None = None
+    #: The planner's facts of a primary claim (not part of the rules: the hash leaves it out).
+    plan: PlanFacts | None = None
 
     @property
     def null_value(self) -> float:
@@ -140,6 +173,9 @@ CLAIMS: tuple[Claim, ...] = (
         "fig-latent",
         threshold=0.5,
         family="primary",
+        plan=PlanFacts(
+            0.15, "English first in 65% of the queries (threshold 50%)", "english_first"
+        ),
     ),
     Claim(
         "recall_failures",
@@ -152,6 +188,7 @@ CLAIMS: tuple[Claim, ...] = (
         "fig-classes",
         threshold=0.5,
         family="primary",
+        plan=PlanFacts(0.15, "65% of the errors recall failures (threshold 50%)", "failure_share"),
     ),
     Claim(
         "task_vector",
@@ -165,6 +202,11 @@ CLAIMS: tuple[Claim, ...] = (
         "repair",
         "fig-repair",
         family="primary",
+        plan=PlanFacts(
+            SESOI_GAIN,
+            "smallest effect of interest: +0.05 in the judged outcome",
+            "condition_population",
+        ),
         sesoi=SESOI_GAIN,
         post_hoc=POST_HOC_POPULATION,
     ),
@@ -180,6 +222,11 @@ CLAIMS: tuple[Claim, ...] = (
         "repair",
         "fig-repair",
         family="primary",
+        plan=PlanFacts(
+            SESOI_GAIN,
+            "smallest effect of interest: +0.05 in the judged outcome",
+            "condition_population",
+        ),
         sesoi=SESOI_GAIN,
         post_hoc=POST_HOC_POPULATION,
     ),
@@ -198,6 +245,11 @@ CLAIMS: tuple[Claim, ...] = (
         "fig-headroom",
         threshold=0.35,
         family="primary",
+        plan=PlanFacts(
+            0.35,
+            "a true relative gain of +70% (twice the paper's threshold) against the threshold +35%",
+            "relative_gain",
+        ),
         primary_variant=PRIMARY_LOWEST,
         post_hoc="the relative reading of '>35%' became primary after the points reading "
         "failed (log 2026-12-03); " + POST_HOC_POPULATION,
@@ -215,6 +267,9 @@ CLAIMS: tuple[Claim, ...] = (
         "transfer_relation",
         "fig-transfer",
         family="primary",
+        plan=PlanFacts(
+            SESOI_GAIN, "smallest effect of interest: +0.05 held out", "cell_population"
+        ),
         primary_variant=PRIMARY_HELD_OUT,
         sesoi=SESOI_GAIN,
     ),
@@ -230,6 +285,9 @@ CLAIMS: tuple[Claim, ...] = (
         "transfer_lang",
         "fig-transfer",
         family="primary",
+        plan=PlanFacts(
+            SESOI_GAIN, "smallest effect of interest: +0.05 held out", "cell_population"
+        ),
         primary_variant=PRIMARY_HELD_OUT,
         sesoi=SESOI_GAIN,
     ),
@@ -260,6 +318,12 @@ CLAIMS: tuple[Claim, ...] = (
         threshold=0.5,
         control_threshold=0.5,
         family="primary",
+        plan=PlanFacts(
+            0.10,
+            "AUROC 0.10 above the random neuron sets' (their SD 0.03)",
+            "draw_rank",
+            {"sd": 0.03},
+        ),
         post_hoc=POST_HOC_POPULATION,
     ),
     Claim(
@@ -277,6 +341,12 @@ CLAIMS: tuple[Claim, ...] = (
         direction=-1,
         threshold=0.10,
         family="primary",
+        plan=PlanFacts(
+            0.05,
+            "excess overlap 0.05 below the threshold 0.10 (pairs' SD 0.05)",
+            "language_overlap",
+            {"sd": 0.05},
+        ),
     ),
     Claim(
         "clamp_steers",
@@ -291,6 +361,12 @@ CLAIMS: tuple[Claim, ...] = (
         "experts",
         "fig-kcurve",
         family="primary",
+        plan=PlanFacts(
+            0.10,
+            "smallest effect of interest: +0.10 target-language rate",
+            "bos_population",
+            {"base": 0.5},
+        ),
         sesoi=0.10,
         post_hoc=POST_HOC_POPULATION,
     ),
@@ -307,6 +383,12 @@ CLAIMS: tuple[Claim, ...] = (
         "fig-align",
         direction=-1,
         family="primary",
+        plan=PlanFacts(
+            0.5,
+            "standardised: paired d = 0.5 (no dev variance before the clamp)",
+            "document_population",
+            {"sd": 1.0, "icc": 0.3, "base": 0.0},
+        ),
         post_hoc=POST_HOC_POPULATION,
     ),
     Claim(
@@ -319,6 +401,12 @@ CLAIMS: tuple[Claim, ...] = (
         "align",
         "fig-align",
         family="primary",
+        plan=PlanFacts(
+            0.10,
+            "+0.10 mean top-1 (twice the smallest effect of interest)",
+            "document_population",
+            {"sd": 0.25, "icc": 0.3, "base": 0.5},
+        ),
         sesoi=SESOI_GAIN,
         post_hoc=POST_HOC_POPULATION,
     ),
@@ -454,6 +542,9 @@ CLAIMS: tuple[Claim, ...] = (
         "fig-align",
         threshold=2.0,
         family="primary",
+        plan=PlanFacts(
+            2.0, "the clamp's largest ratio 2 SD above the random clamps'", "draw_rank", {"sd": 1.0}
+        ),
     ),
     Claim(
         "retrieval_gain_median",

@@ -19,49 +19,33 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mechlingo.card.claims import LOWEST_LANGUAGE, SESOI_GAIN
+from mechlingo.card.claims import CLAIMS, claim_by_id
 from mechlingo.card.claims import PRIMARY as CLAIMS_PRIMARY
 from mechlingo.card.population import draws_needed
 from mechlingo.card.power import POWER, Scenario, minimum_detectable, simulate_power
 from mechlingo.card.rules import LU, SUNDAR
+
+if TYPE_CHECKING:
+    from mechlingo.card.stages import CardSettings
 
 __all__ = ["EFFECTS", "PRIMARY", "Plan", "PlanRow", "annotate_rows", "dev_icc", "plan_card"]
 
 #: The primary rows of each paper (one family each): the claims' pre-registered families.
 PRIMARY: dict[str, tuple[str, ...]] = {p: CLAIMS_PRIMARY[p] for p in (LU, SUNDAR)}
 #: ``{row: (effect, where it comes from)}``: the true effect each row is planned for, beyond
-#: its threshold in the claim's direction, in the judged outcome's units.
+#: its threshold in the claim's direction, in the judged outcome's units (each primary
+#: claim's own :class:`~mechlingo.card.claims.PlanFacts`).
 EFFECTS: dict[str, tuple[float, str]] = {
-    "latent_english": (0.15, "English first in 65% of the queries (threshold 50%)"),
-    "recall_failures": (0.15, "65% of the errors recall failures (threshold 50%)"),
-    "task_vector": (SESOI_GAIN, "smallest effect of interest: +0.05 in the judged outcome"),
-    "diff_vector": (SESOI_GAIN, "smallest effect of interest: +0.05 in the judged outcome"),
-    "lowest_language": (
-        LOWEST_LANGUAGE.threshold,
-        "a true relative gain of +70% (twice the paper's threshold) against the threshold +35%",
-    ),
-    "independent_relations": (SESOI_GAIN, "smallest effect of interest: +0.05 held out"),
-    "independent_languages": (SESOI_GAIN, "smallest effect of interest: +0.05 held out"),
-    "experts_exist": (0.10, "AUROC 0.10 above the random neuron sets' (their SD 0.03)"),
-    "experts_disjoint": (0.05, "excess overlap 0.05 below the threshold 0.10 (pairs' SD 0.05)"),
-    "clamp_steers": (0.10, "smallest effect of interest: +0.10 target-language rate"),
-    "clamp_closer": (0.5, "standardised: paired d = 0.5 (no dev variance before the clamp)"),
-    "retrieval_improves": (0.10, "+0.10 mean top-1 (twice the smallest effect of interest)"),
-    "retrieval_gain_max": (2.0, "the clamp's largest ratio 2 SD above the random clamps'"),
+    c.id: (c.plan.effect, c.plan.source) for c in CLAIMS if c.plan is not None
 }
 #: Stated bounds where no split measures a row's outcome before the run: the SD of one
-#: unit, the intra-cluster correlation, the baseline.
+#: unit, the intra-cluster correlation, the baseline (the claims' own).
 BOUNDS: dict[str, dict[str, float]] = {
-    "clamp_steers": {"base": 0.5},
-    "clamp_closer": {"sd": 1.0, "icc": 0.3, "base": 0.0},
-    "retrieval_improves": {"sd": 0.25, "icc": 0.3, "base": 0.5},
-    "experts_exist": {"sd": 0.03},
-    "experts_disjoint": {"sd": 0.05},
-    "retrieval_gain_max": {"sd": 1.0},
+    c.id: dict(c.plan.bounds) for c in CLAIMS if c.plan is not None and c.plan.bounds
 }
 ALPHA = 0.05
 #: The draws a population row of each paper's primary family needs to be decidable at
@@ -225,12 +209,21 @@ def _planned(paper: str, sc: Scenario, cpu_per_cluster: float, fix_data: str,
     return row
 
 
-def _lu_rows(cfg: Mapping[str, Any], inp: Mapping[str, Any], avail: Mapping[str, Any],
+def _design(rid: str) -> str:
+    """The design of the primary claim ``rid``'s test (its :class:`~mechlingo.card.claims.PlanFacts`)."""
+    plan = claim_by_id(rid).plan
+    if plan is None:
+        raise ValueError(f"the primary claim {rid!r} declares no planning facts (plan=...)")
+    return plan.design
+
+
+def _lu_rows(settings: CardSettings, inp: Mapping[str, Any], avail: Mapping[str, Any],
              cost: Mapping[str, float]) -> list[PlanRow]:  # fmt: skip
-    m = max(1, len([lg for lg in cfg["lu_langs"] if lg != "en"]))
-    draws = len(cfg["repair"]["seeds"])
+    b = settings.budget
+    m = max(1, len([lg for lg in b.lu_langs if lg != "en"]))
+    draws = len(b.repair.seeds)
     k = float(len(PRIMARY[LU]))
-    s_item = cost.get(str(cfg.get("metric")), cost.get("rank", 0.0))
+    s_item = cost.get(settings.metric, cost.get("rank", 0.0))
     g = int(avail.get("test_ids", 0))
     binary = inp["key"] == "correct"
     sd = math.sqrt(max(inp["var"], 1e-6))
@@ -241,30 +234,30 @@ def _lu_rows(cfg: Mapping[str, Any], inp: Mapping[str, Any], avail: Mapping[str,
     seeds = f'--settings \'{{"repair": {{"seeds": [0, ..., {MIN_DRAWS[LU] - 1}]}}}}\''
     facts = (
         f"more test facts: --facts with more facts per language, or --settings "
-        f'\'{{"repair": {{"test_per_lang": N}}}}\' (now {cfg["repair"]["test_per_lang"]})'
+        f'\'{{"repair": {{"test_per_lang": N}}}}\' (now {b.repair.test_per_lang})'
     )
     # the vectors' conditions, a random population per condition (task, diff, both: each of
     # ``draws`` vectors) and the population matched to dev's choice, scored in one call
     conds = 4 + 3 * draws + 3
     out = []
     for rid in PRIMARY[LU]:
-        if rid == "latent_english":
+        design = _design(rid)
+        if design == "english_first":
             sc = Scenario(rid, "share", "facts", max(2, g), m, None, k, True, 0.5, icc=inp["icc"])
             per_cluster = m * s_item
-        elif rid == "recall_failures":
+        elif design == "failure_share":
             sc = Scenario(rid, "share", "facts", err_facts, err_per, None, k, True, 0.5,
                           icc=inp["icc"])  # fmt: skip
             per_cluster = m * s_item * g / err_facts
-        elif rid == "lowest_language":
+        elif design == "relative_gain":
             sd_low = math.sqrt(max(inp["lowest_var"], 1e-6))
             sc = Scenario(rid, "relative", "facts", max(2, g), 1, draws,
                           **{**common, "base": inp["lowest_mean"], "sd": sd_low, "icc": 0.0})  # fmt: skip
             per_cluster = conds * s_item
-        elif rid.startswith("independent_"):
-            t = cfg.get("transfer") or {}
-            mx = t.get("matrix") or {}
-            held = int(mx.get("test_ids", 0)) * len(t.get("relations") or ())
-            cell_draws = int(mx.get("controls") or 1)
+        elif design == "cell_population":
+            mx = b.transfer.matrix
+            held = int(mx.test_ids or 0) * len(b.transfer.relations)
+            cell_draws = int(mx.controls or 1)
             sc = Scenario(rid, "population", "facts", max(2, held), 1, cell_draws,
                           **{**common, "icc": 0.0})  # fmt: skip
             out.append(_planned(LU, sc, (2 + cell_draws) * s_item, facts,
@@ -278,10 +271,10 @@ def _lu_rows(cfg: Mapping[str, Any], inp: Mapping[str, Any], avail: Mapping[str,
     return out
 
 
-def _sundar_rows(cfg: Mapping[str, Any], avail: Mapping[str, Any],
+def _sundar_rows(settings: CardSettings, avail: Mapping[str, Any],
                  cost: Mapping[str, float]) -> list[PlanRow]:  # fmt: skip
-    e = cfg["experts"]
-    draws = int(e.get("random_sets", 1))
+    e = settings.budget.experts
+    draws = int(e.random_sets)
     k = float(len(PRIMARY[SUNDAR]))
     n_langs = int(avail.get("langs", 12))
     docs = int(avail.get("eval_docs", 0))
@@ -289,23 +282,20 @@ def _sundar_rows(cfg: Mapping[str, Any], avail: Mapping[str, Any],
     s_sent = cost.get("embed", 0.0) * n_langs
     sets = f'--settings \'{{"experts": {{"random_sets": {MIN_DRAWS[SUNDAR]}}}}}\''
     more_docs = ("--parallel with more documents in the evaluation part, and --settings "
-                 f'\'{{"experts": {{"n_eval": N}}}}\' (now {e["n_eval"]})')  # fmt: skip
+                 f'\'{{"experts": {{"n_eval": N}}}}\' (now {e.n_eval})')  # fmt: skip
     out = []
     for rid in PRIMARY[SUNDAR]:
-        b = BOUNDS.get(rid, {})
-        if rid == "experts_exist":
+        b, design = BOUNDS.get(rid, {}), _design(rid)
+        if design == "draw_rank":
             sc = Scenario(rid, "rank", "draws", max(1, draws), 1, draws, k, False, sd=b["sd"])
             secs, fix = s_sent, sets
-        elif rid == "experts_disjoint":
+        elif design == "language_overlap":
             sc = Scenario(rid, "overlap", "languages", n_langs, 1, None, k, False, sd=b["sd"])
             secs, fix = s_sent, "--parallel with more languages"
-        elif rid == "clamp_steers":
-            sc = Scenario(rid, "population", "BOS samples", int(e["samples"]), 1, draws, k, True,
+        elif design == "bos_population":
+            sc = Scenario(rid, "population", "BOS samples", int(e.samples), 1, draws, k, True,
                           b["base"], clustered=False)  # fmt: skip
             secs, fix = s_sent * (2 + draws), '--settings \'{"experts": {"samples": N}}\''
-        elif rid == "retrieval_gain_max":
-            sc = Scenario(rid, "rank", "draws", max(1, draws), 1, draws, k, False, sd=b["sd"])
-            secs, fix = s_sent, sets
         else:
             sc = Scenario(rid, "population", "documents", max(2, docs), per_doc, draws, k, False,
                           b["base"], b["sd"], b["icc"])  # fmt: skip
@@ -315,14 +305,14 @@ def _sundar_rows(cfg: Mapping[str, Any], avail: Mapping[str, Any],
 
 
 def plan_card(
-    cfg: Mapping[str, Any],
+    settings: CardSettings,
     papers: Sequence[str],
     metric_data: Mapping[str, Any] | None,
     available: Mapping[str, Any],
     cost: Mapping[str, float] | None = None,
     stage_seconds: Mapping[str, float] | None = None,
 ) -> Plan:
-    """The :class:`Plan` of a card with settings ``cfg`` on ``papers``: ``metric_data`` is the
+    """The :class:`Plan` of a card with ``settings`` on ``papers``: ``metric_data`` is the
     metric stage's result (dev items and per-item CPU seconds), ``available`` the capped
     data's sizes (``test_ids``: test facts per language after the budget's cap, ``eval_docs``
     and ``eval_sentences`` the evaluation part's, ``langs``), ``cost`` more per-item CPU
@@ -330,17 +320,17 @@ def plan_card(
     each stage's estimated CPU seconds (:func:`mechlingo.card.stages.estimate_seconds`):
     their sum is the card's estimate."""
     cost = {**dict((metric_data or {}).get("seconds_per_item", {})), **dict(cost or {})}
-    alpha = {p: ALPHA / len(PRIMARY[p]) for p in papers}
+    alpha = {p: ALPHA / len(PRIMARY[p]) for p in papers if p in PRIMARY}
     rows: list[PlanRow] = []
     inputs: dict[str, Any] = {"cost_seconds_per_item": cost, "available": dict(available),
                               "stage_seconds": dict(stage_seconds or {})}  # fmt: skip
     if LU in papers:
-        inp = _lu_inputs(metric_data, str(cfg.get("metric")))
+        inp = _lu_inputs(metric_data, settings.metric)
         inputs["lu_dev"] = inp
-        rows += _lu_rows(cfg, inp, available, cost)
+        rows += _lu_rows(settings, inp, available, cost)
     if SUNDAR in papers:
         inputs["bounds"] = BOUNDS
-        rows += _sundar_rows(cfg, available, cost)
+        rows += _sundar_rows(settings, available, cost)
     return Plan(rows, alpha, sum((stage_seconds or {}).values()) / 60, inputs)
 
 

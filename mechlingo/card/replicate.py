@@ -48,6 +48,7 @@ from mechlingo.card.stages import (
     BUDGETS_HASH,
     BY_NAME,
     PAPERS,
+    CardSettings,
     budget_settings,
     estimate_seconds,
 )
@@ -57,12 +58,10 @@ from mechlingo.card.stages.data import (
     cap_facts,
     external_facts,
     lu_facts,
-    parallel_parts,
     repair_split,
     scope_of,
     vector_facts,
 )
-from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.describe import model_info
 from mechlingo.core.distributed import dist_info, is_main
 from mechlingo.core.errors import InputError
@@ -97,7 +96,7 @@ __all__ = [
 STAGE_VERSION = 6
 #: ``CardOptions(metric=...)``: how the Lu stages score facts (see ``docs/replicate.md``).
 METRICS = ("generate", "rank", "klar")
-#: Every row stage's name, each paper's in run order.
+#: Every stage's name, each paper's in run order (the metric stage first).
 STAGES = (*PAPERS[LU], *PAPERS[SUNDAR])
 
 
@@ -281,8 +280,7 @@ def replicate(
     opt = CardOptions() if options is None else options
     d = CardData() if data is None else data
     facts, parallel, documents, external = d.facts, d.parallel, d.documents, d.external
-    budget, metric = opt.budget, opt.metric
-    papers = _papers(opt.paper)
+    budget, metric, papers = opt.budget, opt.metric, _papers(opt.paper)
     cfg = budget_settings(budget, {**dict(opt.settings or {}), "metric": metric or "rule"})
     key = {
         "model": {**model_info(model), "weights_fingerprint": weights_fingerprint(model)},
@@ -299,28 +297,29 @@ def replicate(
     if fresh:
         stages.clear()
     ext = None if external is None else (list(external), d.external_metric)
-    ctx = Context(model, facts, parallel, cfg, stages, progress, ext, documents)
+    ctx = Context(model, facts, parallel, CardSettings.of(cfg), stages, progress, ext, documents)
     try:
         results: dict[str, Any] = {}
         timing: dict[str, Any] = {}
-        decision = None
-        if LU in papers:
-            results["metric"], timing["metric"], decision = _decide(stages, ctx, cfg, metric)
+        decision, order = None, run_order(BY_NAME, [s for p in papers for s in PAPERS[p]])
+        for name in (n for n in order if BY_NAME[n].decides):  # the metric stage: before the plan
+            results[name], timing[name], decision = _decide(stages, BY_NAME[name], ctx, cfg, metric)
         cost = {}
         if SUNDAR in papers:
-            cost = stages.run("embed_cost", lambda: _embed_cost(model, parallel, documents, cfg))
+            cost = stages.run("embed_cost", lambda: _embed_cost(ctx))
         if "metric" in results:  # measured seconds: the plan's, not a result (they vary)
             results["metric"] = dict(results["metric"])
             cost = {**results["metric"].pop("seconds_per_item", {}), **cost}
-        avail = _data_available(facts, parallel, documents, cfg, papers, external)
-        the_plan = plan_card(cfg, papers, results.get("metric"), avail, cost,
-                             estimate_seconds(cfg, papers, avail, cost))  # fmt: skip
+        settings = ctx.settings  # under the metric the rule chose
+        avail = _data_available(facts, parallel, documents, settings, papers, external)
+        the_plan = plan_card(settings, papers, results.get("metric"), avail, cost,
+                             estimate_seconds(settings, papers, avail, cost))  # fmt: skip
         if plan:
             if is_main():  # under torchrun every rank has the plan; one prints it
                 print(f"{the_plan}{_per_process()}")
             return the_plan
         if is_main() and facts is not None and LU in papers:
-            sc = scope_of(facts, cfg)
+            sc = scope_of(facts, settings)
             if sc["left_out_langs"]:
                 print(f"replicate: the {budget} budget reads {len(sc['lu_langs'])} of your "
                       f"facts' {len(sc['lu_langs']) + len(sc['left_out_langs'])} languages "
@@ -329,7 +328,7 @@ def replicate(
         if is_main():
             print(f"replicate: the planner's estimate for this card: {the_plan.card_minutes:.1f} "
                   f"CPU-minutes{_per_process()} (see the plan in claims.json)")  # fmt: skip
-        names = run_order(BY_NAME, [s for p in papers for s in PAPERS[p]])
+        names = [n for n in order if n not in results]
         bar = tqdm(names, desc="replicate", disable=not progress, unit="stage")
         for name in bar:
             bar.set_postfix_str(name)
@@ -345,7 +344,7 @@ def replicate(
             "work": None if work is None else str(stages.folder),
             "metric_rule": METRIC_RULE, "metric_decision": decision,
             "plan": the_plan.to_json(),
-            "facts_scope": None if facts is None else scope_of(facts, cfg)}  # fmt: skip
+            "facts_scope": None if facts is None else scope_of(facts, settings)}  # fmt: skip
     return ReplicationCard(rows, results, meta)
 
 
@@ -368,19 +367,22 @@ class ReplicationCard(ClaimsCard):
         return {**top, **super().to_json()}
 
 
-def _decide(stages: Stages, ctx: Context, cfg: dict[str, Any],
+def _decide(stages: Stages, stage: Stage, ctx: Context, cfg: dict[str, Any],
             given: str | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:  # fmt: skip
-    """The metric stage (dev scored both ways, stored like any stage) and the rule's decision;
-    ``cfg["metric"]`` becomes the card's metric."""
-    data, secs, cached = _run_stage(stages, card_stages.metric.STAGE, ctx)
+    """A stage that ``decides`` (the metric stage: dev scored both ways, stored like any
+    stage) and its decision; ``cfg["metric"]`` (and the context's settings' metric) becomes
+    the card's metric."""
+    data, secs, cached = _run_stage(stages, stage, ctx)
     secs = {**secs, "cached": cached, "error": data.get("error")}
-    decision = card_stages.metric.decision(data, given)
+    assert stage.decides is not None
+    decision = stage.decides(data, given)
     cfg["metric"] = decision["metric"]
+    ctx.settings = ctx.settings.with_metric(decision["metric"])
     return data, secs, decision
 
 
 def _data_available(facts: Sequence[Fact] | None, parallel: Mapping[str, Sequence[str]] | None,
-                    documents: Sequence[str] | None, cfg: Mapping[str, Any],
+                    documents: Sequence[str] | None, settings: CardSettings,
                     papers: Sequence[str], external: Sequence[Fact] | None = None,
                     ) -> dict[str, Any]:  # fmt: skip
     """The sizes the planner simulates each row at: test and dev fact ids per language (the
@@ -393,31 +395,30 @@ def _data_available(facts: Sequence[Fact] | None, parallel: Mapping[str, Sequenc
     languages."""
     out: dict[str, Any] = {}
     if LU in papers:
-        out["trace_items"] = len(lu_facts(facts, cfg, "trace"))
-        out["transfer_items"] = len(lu_facts(facts, cfg, "transfer"))
-        out["external_items"] = len(external_facts(external, cfg)) if external else 0
-        all_facts = lu_facts(facts, {**cfg, "metric": "generate"}, "repair")
-        r = cfg["repair"]
-        uncapped = {**cfg, "repair": {**r, "dev_per_lang": None, "test_per_lang": None}}
-        _, dev, test = repair_split(all_facts, uncapped)
+        out["trace_items"] = len(lu_facts(facts, settings, "trace"))
+        out["transfer_items"] = len(lu_facts(facts, settings, "transfer"))
+        out["external_items"] = len(external_facts(external, settings)) if external else 0
+        all_facts = lu_facts(facts, settings.with_metric("generate"), "repair")
+        r = settings.budget.repair
+        uncapped = dataclasses.replace(r, dev_per_lang=None, test_per_lang=None)
+        _, dev, test = uncapped.split_settings().parts(all_facts)
         out["dev_ids_uncapped"], out["test_ids_uncapped"] = _fewest(dev), _fewest(test)
-        build, dev, test = repair_split(all_facts, cfg)  # what the repair stage reads
+        build, dev, test = repair_split(all_facts, settings)  # what the repair stage reads
         out["dev_ids"], out["test_ids"] = _fewest(dev), _fewest(test)
-        out["build_items"] = len(vector_facts(build, cfg))
+        out["build_items"] = len(vector_facts(build, settings))
         out["dev_items"], out["test_items"] = len(dev), len(test)
         out["lu_langs"] = len({f.lang for f in all_facts})
-        moved = lu_facts(facts, {**cfg, "metric": "generate"}, "transfer")
+        moved = lu_facts(facts, settings.with_metric("generate"), "transfer")
         out["transfer_scope"] = [len({f.relation for f in moved}), len({f.lang for f in moved})]
     if SUNDAR in papers:
         texts, docs = (bundled_texts() if parallel is None
                        else (dict(parallel), documents))  # fmt: skip
         n = len(next(iter(texts.values()), []))
         docs = list(docs) if docs is not None and len(docs) == n else [str(i) for i in range(n)]
-        e = cfg["experts"]
+        e = settings.budget.experts
         try:
-            for tag, size in (("_uncapped", n), ("", e["n_eval"])):  # what the stage reads
-                parts = split_by_documents(docs, [e["n_find"], e["n_heldout"], size],
-                                           [None, None, e.get("eval_per_doc")])  # fmt: skip
+            for tag, size in (("_uncapped", n), ("", e.n_eval)):  # what the stage reads
+                parts = split_by_documents(docs, [e.n_find, e.n_heldout, size], e.eval_caps())
                 out[f"eval_docs{tag}"] = len({docs[i] for i in parts[2]})
                 out[f"eval_sentences{tag}"] = len(parts[2])
         except InputError:
@@ -434,17 +435,19 @@ def _fewest(part: Sequence[Fact]) -> int:
     return min((len(v) for lg, v in per.items() if lg != "en"), default=0)
 
 
-def _embed_cost(model: Model, parallel: Mapping[str, Sequence[str]] | None,
-                documents: Sequence[str] | None, cfg: Mapping[str, Any]) -> dict[str, float]:  # fmt: skip
+def _embed_cost(ctx: Context) -> dict[str, float]:
     """``{"embed": CPU seconds per sentence and language}`` of one embedding pass over the
     first 8 evaluation lines (no intervention), after an untimed pass over one line (the
     first call's one-time costs are not a per-item cost): the planner's per-item cost of
     alignment, in process CPU time (every thread of this process; another job on the
     machine does not add to it)."""
-    texts = parallel_parts(parallel, cfg, documents)["eval"]
+    model, texts = ctx.model, ctx.texts()["eval"]
     lines = {lg: v[:8] for lg, v in texts.items()}
-    kw: dict[str, Any] = {"layers": "all", "batch_size": cfg.get("batch_size", BATCH_SIZE),
-          "max_tokens": cfg["experts"]["max_tokens"]}  # fmt: skip
+    kw: dict[str, Any] = {
+        "layers": "all",
+        "batch_size": ctx.settings.batch(),
+        "max_tokens": ctx.budget.experts.max_tokens,
+    }
     embed_parallel(model, {lg: v[:1] for lg, v in lines.items()}, **kw)  # warm-up: not timed
     c0 = time.process_time()
     embed_parallel(model, lines, **kw)

@@ -534,8 +534,9 @@ def error_row(claim: Claim, error: str) -> dict[str, Any]:
 
 def rules_hash(claims: Sequence[Claim] = ()) -> str:
     """sha256 (16 hex digits) of :data:`RULES` and of the whole claims table (every field of
-    every claim: its texts, rule parameters, family, sesoi and post-hoc note)."""
-    table = [dataclasses.asdict(c) for c in claims]
+    every claim: its texts, rule parameters, family, sesoi and post-hoc note; not the
+    planner's facts, ``plan``, which change no verdict)."""
+    table = [{k: v for k, v in dataclasses.asdict(c).items() if k != "plan"} for c in claims]
     text = json.dumps({"rules": RULES, "alpha": ALPHA, "retained_share": RETAINED_SHARE,
                        "claims": table}, sort_keys=True)  # fmt: skip
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -8,8 +8,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from mechlingo.card import stages as card_stages
 from mechlingo.card.rules import RULES, RULES_HASH, ClaimsCard
-from mechlingo.card.stages import STAGES
 from mechlingo.report.page import Report, fmt_interval
 from mechlingo.viz.claims import forest_figure, forest_rows
 
@@ -51,7 +51,7 @@ def replicate_report(card: ClaimsCard) -> Report:
     )
     st = card.stages
     written: list[object] = []
-    for stage in STAGES:  # each stage's own section, in the card's stage order
+    for stage in card_stages.STAGES:  # each stage's own section, in the card's stage order
         if stage.report is not None and stage.name in st and stage.report not in written:
             written.append(stage.report)
             stage.report(report, st)

@@ -126,7 +126,7 @@ def test_annotate_flags_a_row_whose_mde_exceeds_its_planned_effect():
     assert rows[0]["mde_achieved"] is None and "no minimum detectable" in rows[0]["underpowered"]
 
 
-def test_a_loaded_machine_leaves_the_measured_cpu_per_item_alone(tiny):
+def test_a_loaded_machine_leaves_the_measured_cpu_per_item_alone(tiny, tmp_path):
     """The planner's per-item cost (the embedding pass of the align estimate) is process CPU
     time after an untimed warm-up: three busy processes beside it (more than this machine's
     cores) leave it within 30%, where wall time would grow by the share of a core it loses."""
@@ -134,6 +134,9 @@ def test_a_loaded_machine_leaves_the_measured_cpu_per_item_alone(tiny):
     import time
 
     from mechlingo.card import replicate as rep
+    from mechlingo.card.stages import CardSettings
+    from mechlingo.card.stages.base import Context
+    from mechlingo.core.stages import Stages
     from mechlingo.data import parallel_sentences
 
     cfg = rep.budget_settings("quick")
@@ -141,7 +144,8 @@ def test_a_loaded_machine_leaves_the_measured_cpu_per_item_alone(tiny):
 
     def cost() -> tuple[float, float]:
         t0 = time.perf_counter()
-        c = rep._embed_cost(tiny, par, None, cfg)["embed"]  # noqa: SLF001
+        ctx = Context(tiny, None, par, CardSettings.of(cfg), Stages(tmp_path, {}))
+        c = rep._embed_cost(ctx)["embed"]  # noqa: SLF001
         return c, time.perf_counter() - t0
 
     quiet = min(cost() for _ in range(3))

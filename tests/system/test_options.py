@@ -72,6 +72,8 @@ ALLOWED: dict[str, Any] = {
     "analyses.decoders.patchscope.Patchscope.generate:max_new_tokens": None,
     # a budget's unset seed means the matrix settings' own
     "card.stages.transfer.MatrixBudget:seed": None,
+    # a card's unset batch size means each analysis's own default (CardSettings.batch)
+    "card.stages.CardSettings:batch_size": None,
 }
 
 

@@ -2,7 +2,8 @@
 it needs, its typed budget section (quick and full instances), its run function, its row
 builders and its report section (:class:`~mechlingo.card.stages.base.Stage`).
 
-:data:`STAGES` lists every row stage in declaration order; :data:`PAPERS` the stages of each
+:data:`STAGES` lists every stage in declaration order (the metric stage first: it
+``decides`` the card's metric before the planner runs); :data:`PAPERS` the stages of each
 paper; :func:`~mechlingo.card.stages.base.run_order` orders a selection from the declared
 needs. :class:`CardBudget` holds a whole budget (the shared Lu settings and every section);
 :data:`BUDGETS` and :data:`BUDGETS_HASH` are computed from its quick and full instances, and
@@ -15,7 +16,7 @@ import copy
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from mechlingo.card.claims import LU, SUNDAR
@@ -32,6 +33,7 @@ from mechlingo.card.stages import (
     transfer,
 )
 from mechlingo.card.stages.base import Budget, Stage, check, run_order
+from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.errors import InputError
 from mechlingo.core.languages import is_lang_code
 from mechlingo.data import LANGS
@@ -45,14 +47,18 @@ __all__ = [
     "QUICK",
     "STAGES",
     "CardBudget",
+    "CardSettings",
     "budget_settings",
     "estimate_seconds",
     "metric",
+    "register_stage",
     "run_order",
+    "unregister_stage",
 ]
 
-#: Every row stage, in the order the card declares (and, their needs allowing, runs) them.
+#: Every stage, in the order the card declares (and, their needs allowing, runs) them.
 STAGES: tuple[Stage, ...] = (
+    metric.STAGE,
     trace.STAGE,
     repair.STAGE,
     transfer.STAGE_RELATION,
@@ -69,6 +75,38 @@ BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}
 PAPERS: dict[str, tuple[str, ...]] = {
     p: tuple(run_order(BY_NAME, [s.name for s in STAGES if s.paper == p])) for p in (LU, SUNDAR)
 }
+
+
+def register_stage(stage: Stage) -> None:
+    """Add ``stage`` to the card: a new stage is one module that declares its
+    :class:`~mechlingo.card.stages.base.Stage` and registers it (its paper's run order follows
+    its needs; a new paper is a new ``--paper`` choice of the library call). A name already
+    taken is a one-line :class:`~mechlingo.core.errors.InputError`."""
+    global STAGES
+    if stage.name in BY_NAME:
+        raise InputError(f"a card stage named {stage.name!r} exists", fix="choose another name")
+    STAGES = (*STAGES, stage)
+    BY_NAME[stage.name] = stage
+    _order_paper(stage.paper)
+
+
+def unregister_stage(name: str) -> None:
+    """Remove the stage ``name`` that :func:`register_stage` added (a paper left with no
+    stage is removed too)."""
+    global STAGES
+    stage = BY_NAME.pop(name)
+    STAGES = tuple(s for s in STAGES if s.name != name)
+    _order_paper(stage.paper)
+
+
+def _order_paper(paper: str) -> None:
+    """``PAPERS[paper]`` in run order again (removed when it has no stage)."""
+    names = [s.name for s in STAGES if s.paper == paper]
+    if names:
+        PAPERS[paper] = tuple(run_order(BY_NAME, names))
+    else:
+        PAPERS.pop(paper, None)
+
 
 #: Keys of the settings that are options of the run, not of a budget: the card's metric
 #: (set by ``replicate``), the budget's name and the batch size of every analysis.
@@ -111,6 +149,36 @@ class CardBudget(Budget):
         check(self.max_ids_per_lang is None or self.max_ids_per_lang >= 4, "max_ids_per_lang",
               "must be at least 4 (or null)")  # fmt: skip
         check(self.candidates >= 2, "candidates", "must be at least 2")
+
+
+@dataclass(frozen=True)
+class CardSettings:
+    """What a card's stages read, typed: the checked ``budget`` (:class:`CardBudget`), the
+    budget's ``name``, the card's ``metric`` (``generate``, ``rank`` or ``klar``; ``rule``
+    before the metric rule decides) and the ``batch_size`` of every analysis (``None``: each
+    analysis's own default, :meth:`batch`). Built once from
+    the plain settings (:func:`budget_settings`) by :meth:`of`; it travels to every stage."""
+
+    budget: CardBudget
+    name: str = "quick"
+    metric: str = "generate"
+    batch_size: int | None = None
+
+    @classmethod
+    def of(cls, cfg: Mapping[str, Any]) -> CardSettings:
+        """The typed settings of the plain ``cfg`` (checked as :func:`budget_settings` does)."""
+        budget = CardBudget.from_mapping({k: v for k, v in cfg.items() if k not in RUN_KEYS},
+                                         "settings")  # fmt: skip
+        return cls(budget, str(cfg.get("budget", "quick")), str(cfg.get("metric", "generate")),
+                   cfg.get("batch_size"))  # fmt: skip
+
+    def batch(self, default: int = BATCH_SIZE) -> int:
+        """The batch size of an analysis whose own default is ``default``."""
+        return default if self.batch_size is None else int(self.batch_size)
+
+    def with_metric(self, metric: str) -> CardSettings:
+        """These settings under another card metric."""
+        return replace(self, metric=metric)
 
 
 def _budget(which: str) -> CardBudget:
@@ -166,12 +234,13 @@ def budget_settings(budget: str, overrides: Mapping[str, Any] | None = None) -> 
     return cfg
 
 
-def estimate_seconds(cfg: Mapping[str, Any], papers: Sequence[str], sizes: Mapping[str, Any],
+def estimate_seconds(settings: CardSettings, papers: Sequence[str], sizes: Mapping[str, Any],
                      unit: Mapping[str, float]) -> dict[str, float]:  # fmt: skip
-    """Each stage's estimated CPU seconds (the metric stage first when a Lu stage runs), from
+    """Each stage's estimated CPU seconds (in each paper's run order), from
     its declared cost model, the data's ``sizes`` and the measured per-item seconds ``unit``
     (see ``docs/replicate.md`` for the estimate against measured cards)."""
-    names = (["metric"] if LU in papers else []) + [s for p in papers for s in PAPERS[p]]
-    every = {**BY_NAME, "metric": metric.STAGE}
-    return {n: round(float(every[n].cost(cfg, sizes, unit)), 1) if every[n].cost else 0.0
-            for n in names}  # fmt: skip
+    out: dict[str, float] = {}
+    for name in (n for p in papers for n in PAPERS[p]):
+        cost = BY_NAME[name].cost
+        out[name] = round(float(cost(settings, sizes, unit)), 1) if cost else 0.0
+    return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,25 +29,27 @@ from mechlingo.card.stages.base import (
     heading,
 )
 from mechlingo.card.stages.experts import ExpertsBudget, draw_index, rank_test
-from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.types import Model
 from mechlingo.interventions import load_intervention
 from mechlingo.viz.align import retrieval_per_layer_figure
 from mechlingo.viz.experts import interval_bars_figure
 
+if TYPE_CHECKING:
+    from mechlingo.card.stages import CardSettings
+
 
 def stage_align(
-    model: Model, texts: dict, cfg: Mapping[str, Any], experts_dir: Path, progress: bool
+    model: Model, texts: dict, settings: CardSettings, experts_dir: Path, progress: bool
 ) -> dict:
     if not (experts_dir / "clamp").is_dir():
         return {"untestable": "the papers' k rule chose no k (none within the perplexity "
                 "budget), so there is no clamp to align with"}  # fmt: skip
     iv = load_intervention(experts_dir / "clamp", model)
     ctl = load_intervention(experts_dir / "control", model)
-    e = cfg["experts"]
+    e = settings.budget.experts
     comp = compare_alignment(
-        model, texts["eval"], iv, control=ctl, layers="all", target=e["target"],
-        batch_size=cfg.get("batch_size", BATCH_SIZE), max_tokens=e["max_tokens"], progress=progress,
+        model, texts["eval"], iv, control=ctl, layers="all", target=e.target,
+        batch_size=settings.batch(), max_tokens=e.max_tokens, progress=progress,
     )  # fmt: skip
     summary = comp.summary()
     summary["intervals"] = comp.intervals()
@@ -55,13 +57,13 @@ def stage_align(
     per: dict[str, dict[str, list[float]]] = {}
 
     def values(emb: Any) -> dict[str, list[float]]:
-        vals = per_sentence(emb.emb[emb.layer_slot(None)], comp.langs, target=e["target"],
+        vals = per_sentence(emb.emb[emb.layer_slot(None)], comp.langs, target=e.target,
                             centre=comp.centre)  # fmt: skip
         return {m: vals[m].cpu().tolist() for m in ("retrieval", "between_languages")}
 
     for arm in comp.arms():
         per[arm] = values({"pre": comp.pre, "post": comp.post, "control": comp.control}[arm])
-    extra = _random_arms(model, texts["eval"], experts_dir, cfg, values, progress)
+    extra = _random_arms(model, texts["eval"], experts_dir, settings, values, progress)
     per.update({k: v for k, (v, _) in extra.items()})
     if "control" in per:
         per["random_s0"] = per["control"]
@@ -78,20 +80,20 @@ def stage_align(
 
 
 def _random_arms(model: Model, texts: Mapping[str, Sequence[str]], experts_dir: Path,
-                 cfg: Mapping[str, Any], values: Callable[[Any], dict[str, list[float]]],
+                 settings: CardSettings, values: Callable[[Any], dict[str, list[float]]],
                  progress: bool) -> dict[str, tuple[dict[str, list[float]], dict[str, Any]]]:  # fmt: skip
     """``{"random_s<i>": (per-sentence values, sentence_values at the last layer)}`` of the
     random-neuron population beyond draw 0 (the experts stage saved ``control_s<i>``): one
     embedding pass each, no shared state; the second item is what the further alignment
     rows compare the clamp with (:func:`align_details`' arms)."""
-    e, out = cfg["experts"], {}
-    for i in range(1, int(e.get("random_sets", 1))):
+    e, out = settings.budget.experts, {}
+    for i in range(1, int(e.random_sets)):
         folder = experts_dir / f"control_s{i}"
         if not folder.is_dir():
             break
         emb = embed_parallel(model, texts, intervention=load_intervention(folder, model),
-                             layers="all", batch_size=cfg.get("batch_size", BATCH_SIZE),
-                             max_tokens=e["max_tokens"], progress=progress)  # fmt: skip
+                             layers="all", batch_size=settings.batch(),
+                             max_tokens=e.max_tokens, progress=progress)  # fmt: skip
         out[f"random_s{i}"] = (values(emb), sentence_values(emb.emb[emb.layer_slot(None)].cpu()))
     return out
 
@@ -300,7 +302,9 @@ def rows_align_extra(data: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def run(ctx: Context) -> dict[str, Any]:
     """The align stage's result (the clamp and its controls come from the experts stage)."""
-    return stage_align(ctx.model, ctx.texts(), ctx.cfg, ctx.stages.path("experts"), ctx.progress)
+    return stage_align(
+        ctx.model, ctx.texts(), ctx.settings, ctx.stages.path("experts"), ctx.progress
+    )
 
 
 def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
@@ -322,19 +326,24 @@ def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
 ALIGN_FACTOR = 1.09
 
 
-def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
     """CPU seconds: the evaluation lines of every language embedded before and after the
     clamp and under each random draw (an upper bound: no clamp chosen, no alignment)."""
-    e = cfg["experts"]
-    arms = 2 + int(e.get("random_sets", 1))
+    e = settings.budget.experts
+    arms = 2 + int(e.random_sets)
     return (
-        ALIGN_FACTOR
-        * int(e["n_eval"])
-        * int(sizes.get("langs", 12))
-        * arms
-        * unit.get("embed", 0.0)
+        ALIGN_FACTOR * int(e.n_eval) * int(sizes.get("langs", 12)) * arms * unit.get("embed", 0.0)
     )
 
 
-STAGE = Stage("align", SUNDAR, ("experts",), run, (rows_align, rows_align_extra), report,
-              "experts", ExpertsBudget, cost=cost)  # fmt: skip
+STAGE = Stage(
+    name="align",
+    paper=SUNDAR,
+    needs=("experts",),
+    run=run,
+    rows=(rows_align, rows_align_extra),
+    report=report,
+    section="experts",
+    budget=ExpertsBudget,
+    cost=cost,
+)

@@ -13,7 +13,7 @@ import dataclasses
 import html
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from mechlingo.card.claims import CLAIMS, Claim
 from mechlingo.card.stages.data import lu_facts, parallel_parts
@@ -21,6 +21,9 @@ from mechlingo.core.errors import InputError
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
+
+if TYPE_CHECKING:
+    from mechlingo.card.stages import CardBudget, CardSettings
 
 __all__ = [
     "Budget",
@@ -127,29 +130,35 @@ def failed(report: ReportLike, data: Mapping[str, Any] | None, name: str) -> boo
 
 @dataclass
 class Context:
-    """What a stage's run function reads: the model, the data, the merged budget settings
-    (``cfg``, the plain dict that enters the stage key), the stored stages and a cache shared
-    by the stages of one run (``shared``: data loaded once, build statistics reused)."""
+    """What a stage's run function reads: the model, the data, the typed settings
+    (``settings``: the budget, the card's metric, the batch size), the stored stages and a
+    cache shared by the stages of one run (``shared``: data loaded once, build statistics
+    reused)."""
 
     model: Model
     facts: Sequence[Fact] | None
     parallel: Mapping[str, Sequence[str]] | None
-    cfg: Mapping[str, Any]
+    settings: CardSettings
     stages: Stages
     progress: bool = False
     external: tuple[Sequence[Fact], str] | None = None
     documents: Sequence[str] | None = None
     shared: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def budget(self) -> CardBudget:
+        """The typed budget (:class:`~mechlingo.card.stages.CardBudget`)."""
+        return self.settings.budget
+
     def lu_facts(self, section: str) -> list[Fact]:
         """The facts of one Lu stage (:func:`mechlingo.card.stages.data.lu_facts`)."""
-        return lu_facts(self.facts, self.cfg, section)
+        return lu_facts(self.facts, self.settings, section)
 
     def texts(self) -> dict[str, Any]:
         """The parallel sentences split into find / held-out / eval parts, loaded once
         (:func:`mechlingo.card.stages.data.parallel_parts`)."""
         if "texts" not in self.shared:
-            self.shared["texts"] = parallel_parts(self.parallel, self.cfg, self.documents)
+            self.shared["texts"] = parallel_parts(self.parallel, self.settings, self.documents)
         return self.shared["texts"]
 
     def stored(self, name: str) -> Mapping[str, Any] | None:
@@ -158,27 +167,30 @@ class Context:
 
 
 RowBuilder = Callable[[Mapping[str, Any]], list[dict[str, Any]]]
-#: ``(cfg, sizes, unit) -> CPU seconds`` of one stage (see :class:`Stage`).
-CostModel = Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, float]], float]
+#: ``(settings, sizes, unit) -> CPU seconds`` of one stage (see :class:`Stage`).
+CostModel = Callable[["CardSettings", Mapping[str, Any], Mapping[str, float]], float]
 SectionWriter = Callable[[ReportLike, Mapping[str, Any]], None]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Stage:
-    """One stage of the card.
+    """One stage of the card, declared with keywords.
 
     ``run(ctx)`` (``run(ctx, folder)`` with ``folder``: the stage also leaves files there)
     returns the JSON-able result that is stored under ``name``; ``rows`` read only that
     stored result; ``report(report, results)`` writes the stage's section from every stage's
     result (``None``: the section of another stage shows it). ``budget``: the section of the
-    settings it reads (``section``) as its typed class. ``cost(cfg, sizes, unit)``: the
+    settings it reads (``section``) as its typed class. ``cost(settings, sizes, unit)``: the
     stage's estimated CPU seconds from the sizes of its data (the planner's) and the
     measured per-item seconds ``unit`` (``rank``, ``generate``, ``embed``), for the planner.
+    ``decides(result, given)``: the stage runs before the planner and its result decides the
+    card's metric (``given``: the user's, or ``None``); it returns the decision, whose
+    ``"metric"`` the later stages read (the metric stage).
     """
 
     name: str
     paper: str
-    needs: tuple[str, ...]
+    needs: tuple[str, ...] = ()
     run: Callable[..., Any]
     rows: tuple[RowBuilder, ...] = ()
     report: SectionWriter | None = None
@@ -186,6 +198,7 @@ class Stage:
     budget: type[Budget] | None = None
     folder: bool = False
     cost: CostModel | None = None
+    decides: Callable[[Mapping[str, Any], str | None], dict[str, Any]] | None = None
 
     @property
     def claims(self) -> tuple[Claim, ...]:
@@ -249,10 +262,10 @@ def data_section(key: str, anchor: str, title: str, draw: SectionWriter) -> Sect
     return report
 
 
-def scoring_seconds(cfg: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+def scoring_seconds(settings: CardSettings, unit: Mapping[str, float]) -> float:
     """Measured CPU seconds of scoring one item under the card's metric (``rank`` when the
     metric has no measurement of its own, e.g. ``klar``)."""
-    return float(unit.get(str(cfg.get("metric")), unit.get("rank", 0.0)))
+    return float(unit.get(settings.metric, unit.get("rank", 0.0)))
 
 
 def token_seconds(unit: Mapping[str, float], new_tokens: int) -> float:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,8 +34,7 @@ from mechlingo.card.claims import LU
 from mechlingo.card.clustered_tests import Test, ratio_test
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import Budget, Context, ReportLike, Stage, check, data_section
-from mechlingo.card.stages.data import lu_facts
-from mechlingo.core.defaults import BATCH_SIZE
+from mechlingo.card.stages.data import FactScope, scoped_facts
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 from mechlingo.data import Fact, load_facts
@@ -54,6 +53,9 @@ SCAN = 4
 MIN_PAIRS = 3
 
 Edge = tuple[int, int, int]
+
+if TYPE_CHECKING:
+    from mechlingo.card.stages import CardSettings
 
 
 @dataclass(frozen=True)
@@ -98,46 +100,46 @@ FULL = CircuitsBudget(langs=("fr", "de", "es", "ja"), relations=("capital",), de
 # --------------------------------------------------------------------------------------
 
 
-def _correct_first(model: Model, facts: Sequence[Fact], n: int, cfg: Mapping[str, Any]) -> list:
+def _correct_first(model: Model, facts: Sequence[Fact], n: int, settings: CardSettings) -> list:
     """The first ``n`` correctly answered facts (greedy answers), scored ``n`` at a time
     until ``n`` are found or :data:`SCAN` times ``n`` facts were scored."""
     got: list[Fact] = []
     todo = list(facts)[: SCAN * n]
     while todo and len(got) < n:
         chunk, todo = todo[:n], todo[n:]
-        res = evaluate_facts(model, chunk, max_new_tokens=cfg["circuits"]["max_new_tokens"],
-                             early_stop=True, batch_size=cfg.get("batch_size", BATCH_SIZE))  # fmt: skip
+        res = evaluate_facts(model, chunk, max_new_tokens=settings.budget.circuits.max_new_tokens,
+                             early_stop=True, batch_size=settings.batch())  # fmt: skip
         ok = {r["id"] for r in res.records if r["correct"]}
         got += [f for f in chunk if f.id in ok]
     return got[:n]
 
 
-def _parts(model: Model, facts: Sequence[Fact], cfg: Mapping[str, Any]) -> dict[str, Any]:
+def _parts(model: Model, facts: Sequence[Fact], settings: CardSettings) -> dict[str, Any]:
     """``{lang: {"dev": (clean, pool), "test": (clean, pool)}}`` (English: dev only): each
     part's correctly
     answered facts and the part's facts they draw partners from. The circuits are found on
     every id outside the test part (the card's build and dev parts: ids the test never sees)."""
-    c = cfg["circuits"]
-    split = split_facts(list(facts), tuple(cfg["repair"]["split"]), "")
+    c = settings.budget.circuits
+    split = split_facts(list(facts), tuple(settings.budget.repair.split), "")
     found = [*split["build"], *split["dev"]]
     out: dict[str, Any] = {}
-    for lang in ("en", *c["langs"]):
+    for lang in ("en", *c.langs):
         out[lang] = {}
-        for part, facts_, n in (("dev", found, c["dev_per_lang"]),
-                                ("test", split["test"], c["test_per_lang"])):  # fmt: skip
+        for part, facts_, n in (("dev", found, c.dev_per_lang),
+                                ("test", split["test"], c.test_per_lang)):  # fmt: skip
             if lang == "en" and part == "test":  # English is judged on no test pair
                 continue
             pool = sorted((f for f in facts_ if f.lang == lang), key=lambda f: f.id)
-            out[lang][part] = (_correct_first(model, pool, int(n), cfg), pool)
+            out[lang][part] = (_correct_first(model, pool, int(n), settings), pool)
     return out
 
 
 def _dev_circuit(model: Model, clean: list[Fact], pool: list[Fact],
-                 c: Mapping[str, Any]) -> dict[str, Any]:  # fmt: skip
+                 c: CircuitsBudget) -> dict[str, Any]:  # fmt: skip
     """The dev circuit of one language: the smallest top-n of :data:`SIZES` whose dev
     faithfulness reaches the target (else the largest), with its curve and the scored graph."""
-    res = find_circuit(model, clean, method="eap-ig", steps=int(c["steps"]), pool=pool,
-                       sizes=SIZES, verify=0, target=float(c["target"]))  # fmt: skip
+    res = find_circuit(model, clean, method="eap-ig", steps=int(c.steps), pool=pool,
+                       sizes=SIZES, verify=0, target=float(c.target))  # fmt: skip
     return {"edges": [list(e) for e in res.circuit], "curve": res.curve, "n": res.n,
             "n_scored": len(res.ranked), "faithfulness": res.faithfulness,
             "labels": res.labels}  # fmt: skip
@@ -169,11 +171,11 @@ def jaccard_draws(n_a: int, n_b: int, universe: int, draws: int, seed: int = 0) 
     return [float(x) for x in overlap_null(n_a, n_b, universe, n_null=draws, seed=seed)]
 
 
-def stage_circuits(model: Model, facts: Sequence[Fact], cfg: Mapping[str, Any]) -> dict:
+def stage_circuits(model: Model, facts: Sequence[Fact], settings: CardSettings) -> dict:
     """Per language: the dev circuit, the test metrics under the English circuit and under
     its own, and the overlap of its dev circuit with English's against random circuits."""
-    c = cfg["circuits"]
-    parts = _parts(model, facts, cfg)
+    c = settings.budget.circuits
+    parts = _parts(model, facts, settings)
     dev: dict[str, Any] = {}
     out: dict[str, Any] = {"threshold": C.SAME_MECHANISM_SHARE, "sizes": list(SIZES),
                            "langs": {}}  # fmt: skip
@@ -184,7 +186,7 @@ def stage_circuits(model: Model, facts: Sequence[Fact], cfg: Mapping[str, Any]) 
         except InputError as err:  # no fact with a partner of equal length
             dev[lang] = {"untestable": str(err)}
     en = dev.get("en")
-    for lang in c["langs"]:
+    for lang in c.langs:
         d, clean, pool = dev.get(lang), *parts[lang]["test"]
         why = _untestable(en, d, clean)
         if why:
@@ -200,7 +202,7 @@ def stage_circuits(model: Model, facts: Sequence[Fact], cfg: Mapping[str, Any]) 
         out["langs"][lang] = {
             "test": test, "dev_en": _brief(en), "dev": _brief(d),
             "jaccard": len(a & b) / len(a | b),
-            "null": jaccard_draws(len(a), len(b), int(en["n_scored"]), int(c["draws"])),
+            "null": jaccard_draws(len(a), len(b), int(en["n_scored"]), int(c.draws)),
         }  # fmt: skip
     return out
 
@@ -332,14 +334,14 @@ PER_DEV_FACT = 12.0
 PER_TEST_FACT = 3.0
 
 
-def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
     """CPU seconds: the dev facts of English and every language (greedy selection, EAP-IG,
     the dev curve; the EAP-IG share scales with ``steps``) and the test facts of every
     language but English (greedy selection, four patched passes)."""
-    c = cfg["circuits"]
-    n = len(c["langs"])
-    dev = (1 + n) * c["dev_per_lang"] * PER_DEV_FACT * (int(c["steps"]) + 2) / 5
-    return (dev + n * c["test_per_lang"] * PER_TEST_FACT) * unit.get("rank", 0.0)
+    c = settings.budget.circuits
+    n = len(c.langs)
+    dev = (1 + n) * c.dev_per_lang * PER_DEV_FACT * (int(c.steps) + 2) / 5
+    return (dev + n * c.test_per_lang * PER_TEST_FACT) * unit.get("rank", 0.0)
 
 
 def _facts(ctx: Context) -> list[Fact]:
@@ -347,18 +349,26 @@ def _facts(ctx: Context) -> list[Fact]:
     their measured stems (a circuit needs facts the model answers; these stems were chosen
     per language for the embedded model's accuracy), or the user's scoped like the other Lu
     stages."""
-    c = ctx.cfg["circuits"]
-    langs, rels = ["en", *c["langs"]], list(c["relations"])
+    c = ctx.settings.budget.circuits
+    langs, rels = ["en", *c.langs], list(c.relations)
     if ctx.facts is None:
         return load_facts(langs=langs, relations=rels, templates="measured")
-    sec = {**c, "langs": langs, "relations": rels}
-    return lu_facts(ctx.facts, {**ctx.cfg, "circuits": sec, "metric": "generate"}, "circuits")
+    scope = FactScope(tuple(langs), tuple(rels))
+    return scoped_facts(ctx.facts, ctx.settings.with_metric("generate"), scope)
 
 
 def run(ctx: Context) -> dict[str, Any]:
     """The circuits stage's result (per language: dev circuits, test metrics, overlap)."""
-    return stage_circuits(ctx.model, _facts(ctx), ctx.cfg)
+    return stage_circuits(ctx.model, _facts(ctx), ctx.settings)
 
 
-STAGE = Stage("circuits", LU, (), run, (rows_circuits,), report, "circuits", CircuitsBudget,
-              cost=cost)  # fmt: skip
+STAGE = Stage(
+    name="circuits",
+    paper=LU,
+    run=run,
+    rows=(rows_circuits,),
+    report=report,
+    section="circuits",
+    budget=CircuitsBudget,
+    cost=cost,
+)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +29,9 @@ from mechlingo.core.errors import InputError
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
+
+if TYPE_CHECKING:
+    from mechlingo.card.stages import CardSettings
 
 
 def conversion_band(trace: Mapping[str, Any], lang: str) -> list[int] | None:
@@ -58,22 +61,22 @@ def _pairs(facts: list[Fact], trace: Mapping[str, Any], lang: str, n: int) -> tu
 
 
 def stage_conversion(model: Model, facts: list[Fact], trace: Mapping[str, Any],
-                     cfg: Mapping[str, Any]) -> dict[str, Any]:  # fmt: skip
+                     settings: CardSettings) -> dict[str, Any]:  # fmt: skip
     """Per language, per clean prompt: the restored log-probability of the L answer
     (patched - corrupted, nats) averaged over the band's ``mlp_out``/``attn_out`` sites at the
     last token, and over as many random sites outside the band (seeded)."""
-    c = cfg.get("conversion", {})
+    c = settings.budget.conversion
     n_layers = int(model.cfg.n_layers)
     sites = ["mlp_out", "attn_out"]
     out: dict[str, Any] = {"sites": sites, "langs": {}}
     rng = random.Random(0)
-    for lang in c.get("langs", []):
+    for lang in c.langs:
         band = conversion_band(trace, lang)
         if band is None or len(band) >= n_layers:
             out["langs"][lang] = {"untestable": "no conversion band (no L answer decodable "
                                   "before the output, or the band covers every layer)"}  # fmt: skip
             continue
-        clean, corrupt = _pairs(facts, trace, lang, int(c.get("n_prompts", 3)))
+        clean, corrupt = _pairs(facts, trace, lang, int(c.n_prompts))
         if len(clean) < 2:
             out["langs"][lang] = {"untestable": "fewer than 2 prompt pairs"}
             continue
@@ -159,7 +162,7 @@ FULL = ConversionBudget(langs=("fr", "es", "ru", "ja", "hi"), n_prompts=8)
 
 def run(ctx: Context) -> dict[str, Any]:
     """The conversion stage's result (the band comes from the trace stage)."""
-    return stage_conversion(ctx.model, ctx.lu_facts("trace"), _trace(ctx.stages), ctx.cfg)
+    return stage_conversion(ctx.model, ctx.lu_facts("trace"), _trace(ctx.stages), ctx.settings)
 
 
 #: The band's effect against random sites, per language.
@@ -172,11 +175,20 @@ report = data_section(
 PATCH_PER_PAIR = 2.1
 
 
-def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
     """CPU seconds: ``n_prompts`` pairs patched in every language."""
-    c = cfg["conversion"]
-    return len(c["langs"]) * int(c["n_prompts"]) * PATCH_PER_PAIR * unit.get("rank", 0.0)
+    c = settings.budget.conversion
+    return len(c.langs) * int(c.n_prompts) * PATCH_PER_PAIR * unit.get("rank", 0.0)
 
 
-STAGE = Stage("conversion", LU, ("trace",), run, (rows_conversion,), report, "conversion",
-              ConversionBudget, cost=cost)  # fmt: skip
+STAGE = Stage(
+    name="conversion",
+    paper=LU,
+    needs=("trace",),
+    run=run,
+    rows=(rows_conversion,),
+    report=report,
+    section="conversion",
+    budget=ConversionBudget,
+    cost=cost,
+)

@@ -5,7 +5,8 @@ sentences of the Sundar stages split by document."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from mechlingo.analyses.experts.align import drop_empty_lines
 from mechlingo.analyses.recall.settings import SplitSettings
@@ -15,9 +16,13 @@ from mechlingo.data.candidates import with_candidates
 from mechlingo.data.natural_parallel import bundled_documents, bundled_parallel, split_by_documents
 from mechlingo.data.splits import scope_facts, take_per_lang, take_shared
 
+if TYPE_CHECKING:
+    from mechlingo.card.stages import CardSettings
+
 __all__ = [
     "bundled_texts",
     "cap_facts",
+    "FactScope",
     "external_facts",
     "lu_facts",
     "metric_of",
@@ -26,78 +31,98 @@ __all__ = [
     "repair_caps",
     "repair_split",
     "scope_of",
+    "scoped_facts",
     "vector_facts",
 ]
 
 
-def metric_of(cfg: Mapping[str, Any]) -> str:
+def metric_of(settings: CardSettings) -> str:
     """The card's metric (``generate``, ``rank`` or ``klar``)."""
-    return str(cfg.get("metric", "generate"))
+    return settings.metric
 
 
-def prepare_facts(facts: list[Fact], cfg: Mapping[str, Any]) -> list[Fact]:
-    """Under ``rank``, facts without candidates get ``cfg["candidates"]`` (default 4) of them."""
-    if metric_of(cfg) != "rank" or all(f.candidates for f in facts):
+def prepare_facts(facts: list[Fact], settings: CardSettings) -> list[Fact]:
+    """Under ``rank``, facts without candidates get the budget's ``candidates`` of them."""
+    if settings.metric != "rank" or all(f.candidates for f in facts):
         return facts
-    return with_candidates(facts, int(cfg.get("candidates", 4)))
+    return with_candidates(facts, int(settings.budget.candidates))
 
 
-def repair_split(facts: list[Fact], cfg: Mapping[str, Any]) -> tuple[list, list, list]:
+def repair_split(facts: list[Fact], settings: CardSettings) -> tuple[list, list, list]:
     """``(build, dev, test)`` of the repair stage: the hash split, then at most about
     ``dev_per_lang`` and ``test_per_lang`` ids per language, shared by the relations
     (:func:`~mechlingo.data.splits.take_shared`). The whole build part is the pool of the
     few-shot demonstrations; the vectors are built on :func:`vector_facts` of it."""
-    return repair_caps(cfg).parts(facts)
+    return repair_caps(settings).parts(facts)
 
 
-def repair_caps(cfg: Mapping[str, Any]) -> SplitSettings:
+def repair_caps(settings: CardSettings) -> SplitSettings:
     """The repair stage's split settings (its fractions, the caps per language shared by the
     relations): what :func:`repair_split` and the stage's ``steer eval`` call both use."""
-    r = cfg["repair"]
-    return SplitSettings(tuple(r["split"]), "", r["dev_per_lang"], r["test_per_lang"], shared=True)
+    return settings.budget.repair.split_settings()
 
 
-def vector_facts(build: Sequence[Fact], cfg: Mapping[str, Any]) -> list[Fact]:
+def vector_facts(build: Sequence[Fact], settings: CardSettings) -> list[Fact]:
     """The build facts the repair stage's vectors are built on: at most about
     ``repair.build_per_lang`` ids per language, shared by the relations (``None``: all of
     ``build``); the demonstrations of the few-shot headroom still come from all of ``build``."""
-    return take_shared(build, cfg["repair"].get("build_per_lang"))
+    return take_shared(build, settings.budget.repair.build_per_lang)
 
 
-def lu_facts(facts: Sequence[Fact] | None, cfg: Mapping[str, Any], section: str) -> list[Fact]:
+def lu_facts(facts: Sequence[Fact] | None, settings: CardSettings, section: str) -> list[Fact]:
     """The facts of one Lu stage, with BMLAMA-style candidates under ``metric = "rank"``:
     the bundled natural stems, or the user's scoped to the budget (at most as many languages
     as the section's ``langs`` or ``lu_langs``, preferring those, and as many relations as a
     section's ``relations``: :func:`~mechlingo.data.splits.scope_facts`; at most ``limit`` ids
     per relation; :func:`cap_facts`). The trace reads the repair test items."""
     if section == "trace":  # the tracer reads the repair stage's test items (their classes)
-        return repair_split(lu_facts(facts, cfg, "repair"), cfg)[2]
-    sec = cfg.get(section, {})
-    langs = sec.get("langs") or cfg["lu_langs"]
+        return repair_split(lu_facts(facts, settings, "repair"), settings)[2]
+    scope = settings.budget.transfer.scope() if section == "transfer" else FactScope()
+    return scoped_facts(facts, settings, scope)
+
+
+@dataclass(frozen=True)
+class FactScope:
+    """The facts a Lu stage reads: its ``langs`` (``None`` or empty: the budget's ``lu_langs``), its
+    ``relations`` (``None``: every relation of a user's facts, the capitals of the bundled
+    ones) and at most ``limit`` ids per relation (``None``: all)."""
+
+    langs: tuple[str, ...] | None = None
+    relations: tuple[str, ...] | None = None
+    limit: int | None = None
+
+
+def scoped_facts(facts: Sequence[Fact] | None, settings: CardSettings,
+                 scope: FactScope) -> list[Fact]:  # fmt: skip
+    """The facts of ``scope`` (:func:`lu_facts`): the bundled natural stems, or the user's
+    scoped to it and capped (:func:`cap_facts`), with candidates under ``rank``."""
+    langs = list(scope.langs or settings.budget.lu_langs)
+    rels = None if scope.relations is None else list(scope.relations)
     if facts is not None:
-        scoped = scope_facts(facts, langs, sec.get("relations"))
-        return prepare_facts(cap_facts(take_per_lang(scoped, sec.get("limit")), cfg), cfg)
-    rels = sec.get("relations") or ["capital"]
-    loaded = load_facts(langs=langs, relations=rels, limit=sec.get("limit"), templates="natural")
-    return prepare_facts(loaded, cfg)
+        capped = cap_facts(take_per_lang(scope_facts(facts, langs, rels), scope.limit), settings)
+        return prepare_facts(capped, settings)
+    loaded = load_facts(langs=langs, relations=rels or ["capital"], limit=scope.limit,
+                        templates="natural")  # fmt: skip
+    return prepare_facts(loaded, settings)
 
 
-def external_facts(external: Sequence[Fact], cfg: Mapping[str, Any]) -> list[Fact]:
+def external_facts(external: Sequence[Fact], settings: CardSettings) -> list[Fact]:
     """The benchmark facts the external rows score: at most as many languages as
     ``lu_langs`` (those first, :func:`~mechlingo.data.splits.scope_facts`) and at most
     ``external.per_lang`` ids per language, shared by the benchmark's relations."""
-    scoped = scope_facts(external, cfg["lu_langs"])
-    return take_shared(scoped, cfg.get("external", {}).get("per_lang"))
+    scoped = scope_facts(external, list(settings.budget.lu_langs))
+    return take_shared(scoped, settings.budget.external.per_lang)
 
 
-def scope_of(facts: Sequence[Fact], cfg: Mapping[str, Any]) -> dict[str, Any]:
+def scope_of(facts: Sequence[Fact], settings: CardSettings) -> dict[str, Any]:
     """What the budget reads of a user's facts (:func:`lu_facts`): the Lu languages, the
     transfer's relations and languages, and what the file has that they leave out."""
     file_langs = list(dict.fromkeys(f.lang for f in facts))
     file_rels = list(dict.fromkeys(f.relation for f in facts))
-    lu = {f.lang for f in scope_facts(facts, cfg["lu_langs"])}
-    t = cfg["transfer"]
-    moved = scope_facts(facts, t.get("langs") or cfg["lu_langs"], t.get("relations"))
+    b = settings.budget
+    lu = {f.lang for f in scope_facts(facts, list(b.lu_langs))}
+    t = b.transfer
+    moved = scope_facts(facts, list(t.langs or b.lu_langs), list(t.relations))
     t_langs, t_rels = {f.lang for f in moved}, {f.relation for f in moved}
     return {
         "lu_langs": [lg for lg in file_langs if lg in lu],
@@ -108,12 +133,12 @@ def scope_of(facts: Sequence[Fact], cfg: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def cap_facts(facts: Sequence[Fact], cfg: Mapping[str, Any]) -> list[Fact]:
+def cap_facts(facts: Sequence[Fact], settings: CardSettings) -> list[Fact]:
     """At most about ``max_ids_per_lang`` fact ids per language, shared evenly by the
     relations (each keeps at least 4, :func:`~mechlingo.data.splits.take_shared`): a user's
     facts file of many relations costs the card what the bundled one does. ``None`` keeps
     all."""
-    return take_shared(facts, cfg.get("max_ids_per_lang"), minimum=4)
+    return take_shared(facts, settings.budget.max_ids_per_lang, minimum=4)
 
 
 def bundled_texts() -> tuple[dict[str, list[str]], list[str]]:
@@ -123,7 +148,7 @@ def bundled_texts() -> tuple[dict[str, list[str]], list[str]]:
 
 def parallel_parts(
     parallel: Mapping[str, Sequence[str]] | None,
-    cfg: Mapping[str, Any],
+    settings: CardSettings,
     docs: Sequence[str] | None = None,
 ) -> dict:
     """The parallel sentences of the Sundar stages, split into the lines that find the
@@ -133,17 +158,17 @@ def parallel_parts(
     most ``experts.eval_per_doc`` lines per document, so that it spans more documents). Default: the bundled natural
     NTREX-128 lines with their document ids; a user's ``parallel`` without ``docs``: every
     line its own document. ``"docs"`` holds each part's document ids."""
-    e = cfg["experts"]
+    e = settings.budget.experts
     if parallel is None:
         parallel, docs = bundled_parallel(list(LANGS)), bundled_documents()
     texts = drop_empty_lines(parallel)
     n = len(next(iter(texts.values()), []))
     if docs is None or len(docs) != n:  # no ids, or empty lines were dropped
         docs = [str(i) for i in range(n)]
-    if e["n_find"] < 2:
-        raise InputError(f"the experts need at least 2 finding lines, got {e['n_find']}")
-    sizes = [e["n_find"], e["n_heldout"], e["n_eval"]]
-    parts = split_by_documents(list(docs), sizes, [None, None, e.get("eval_per_doc")])
+    if e.n_find < 2:
+        raise InputError(f"the experts need at least 2 finding lines, got {e.n_find}")
+    sizes = [e.n_find, e.n_heldout, e.n_eval]
+    parts = split_by_documents(list(docs), sizes, e.eval_caps())
     if len(parts[2]) < 2:
         raise InputError(
             f"the parallel data has {n} lines; the experts need {sizes[0]} + {sizes[1]} + at "

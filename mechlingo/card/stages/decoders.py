@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,12 +30,14 @@ from mechlingo.card.stages.base import (
     check,
     data_section,
 )
-from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.distributed import map_sharded
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 from mechlingo.data.splits import take_shared
+
+if TYPE_CHECKING:
+    from mechlingo.card.stages import CardSettings
 
 
 def card_decoders() -> list[DecoderSpec]:
@@ -45,11 +47,11 @@ def card_decoders() -> list[DecoderSpec]:
     return [s for s in decoder_specs() if s.name != default]
 
 
-def decoder_options(spec: DecoderSpec, section: Mapping[str, Any]) -> dict[str, Any]:
+def decoder_options(spec: DecoderSpec, budget: DecodersBudget) -> dict[str, Any]:
     """``spec``'s option values from the budget section (a setting named as one of its
     option keywords, such as ``tuned_lens``), the defaults for the others (checked)."""
-    given = {o.keyword: section[o.keyword] for o in spec.options
-             if section.get(o.keyword) is not None}  # fmt: skip
+    values = {o.keyword: getattr(budget, o.keyword, None) for o in spec.options}
+    given = {k: v for k, v in values.items() if v is not None}
     return spec.option_values(given)
 
 
@@ -68,13 +70,13 @@ def _order(first_en: torch.Tensor, first_l: torch.Tensor, facts: Sequence[Fact])
 
 
 def stage_decoders(model: Model, facts: list[Fact], trace: Mapping[str, Any] | None,
-                   cfg: Mapping[str, Any], progress: bool) -> dict[str, Any]:  # fmt: skip
+                   settings: CardSettings, progress: bool) -> dict[str, Any]:  # fmt: skip
     """The latent-English order under each decoder on the repair test items: the logit lens
     from the trace stage's records (the same items), every other registered decoder
     (:func:`card_decoders`, with :func:`decoder_options`) on at most ``decoders.per_lang``
     ids per language (the patchscope is the costly decoder: docs/benchmarks.md)."""
-    d = cfg.get("decoders", {})
-    max_rank = int(cfg["trace"]["max_rank"])
+    d = settings.budget.decoders
+    max_rank = int(settings.budget.trace.max_rank)
     by_id = {(f.id, f.lang): f for f in facts}
     out: dict[str, Any] = {"max_rank": max_rank, "decoders": {}}
     default = default_decoder()
@@ -86,7 +88,7 @@ def stage_decoders(model: Model, facts: list[Fact], trace: Mapping[str, Any] | N
         out["decoders"][default] = {"items": _order(first_en, first_l, fs), "source": "trace"}
     else:
         out["decoders"][default] = {"untestable": "the trace stage did not finish"}
-    sub = take_shared([f for f in facts if f.lang != "en"], d.get("per_lang"))
+    sub = take_shared([f for f in facts if f.lang != "en"], d.per_lang)
     for spec in card_decoders():
         values = decoder_options(spec, d)
         need = spec.missing(values)
@@ -97,7 +99,7 @@ def stage_decoders(model: Model, facts: list[Fact], trace: Mapping[str, Any] | N
 
         def firsts(part: list[Fact], dec: Any = dec) -> tuple[torch.Tensor, torch.Tensor]:
             res = lens_facts(model, part, decoder=dec, progress=progress,
-                             batch_size=cfg.get("batch_size", BATCH_SIZE))  # fmt: skip
+                             batch_size=settings.batch())  # fmt: skip
             return (res.first_layer_within("en", max_rank, before_last=True),
                     res.first_layer_within("answer", max_rank))  # fmt: skip
 
@@ -191,7 +193,7 @@ FULL = DecodersBudget(per_lang=8, tuned_lens=None)
 def run(ctx: Context) -> dict[str, Any]:
     """The decoders stage's result (the trace's records give the logit lens)."""
     return stage_decoders(ctx.model, ctx.lu_facts("trace"), _maybe(ctx.stages, "trace"),
-                          ctx.cfg, ctx.progress)  # fmt: skip
+                          ctx.settings, ctx.progress)  # fmt: skip
 
 
 #: The latent-English order per decoder and language.
@@ -200,18 +202,27 @@ report = data_section(
 )
 
 
-def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
     """CPU seconds: each decoder the stage reads (:func:`card_decoders`; not one whose
     required option is missing) on ``per_lang`` ids of every non-English language, at its
     registered ``card_cost`` per prompt (the patchscope's measured; a given tuned lens as
     much again)."""
-    d = cfg["decoders"]
-    langs = int(sizes.get("lu_langs", len(cfg["lu_langs"])))
-    prompts = int(d["per_lang"] or 0) * max(0, langs - 1)
+    d = settings.budget.decoders
+    langs = int(sizes.get("lu_langs", len(settings.budget.lu_langs)))
+    prompts = int(d.per_lang or 0) * max(0, langs - 1)
     per_prompt = sum(s.card_cost for s in card_decoders()
                      if s.missing(decoder_options(s, d)) is None)  # fmt: skip
     return per_prompt * prompts * unit.get("rank", 0.0)
 
 
-STAGE = Stage("decoders", LU, ("trace",), run, (rows_decoders,), report, "decoders",
-              DecodersBudget, cost=cost)  # fmt: skip
+STAGE = Stage(
+    name="decoders",
+    paper=LU,
+    needs=("trace",),
+    run=run,
+    rows=(rows_decoders,),
+    report=report,
+    section="decoders",
+    budget=DecodersBudget,
+    cost=cost,
+)

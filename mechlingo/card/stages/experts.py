@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -38,7 +38,6 @@ from mechlingo.card.stages.base import (
     heading,
     token_seconds,
 )
-from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 from mechlingo.kernels.ranking import auroc_and_average_precision
@@ -47,6 +46,9 @@ from mechlingo.viz.experts import interval_bars_figure, k_curve_figure, overlap_
 
 #: The seed of the BOS samples that measure the chosen clamp (seed 0 chose k).
 MEASURE_SEED = 1
+
+if TYPE_CHECKING:
+    from mechlingo.card.stages import CardSettings
 
 
 def _overlap(res: Any, k: int) -> dict[str, Any]:
@@ -57,31 +59,31 @@ def _overlap(res: Any, k: int) -> dict[str, Any]:
 
 
 def stage_experts(
-    model: Model, texts: dict, cfg: Mapping[str, Any], progress: bool, tmp: Path
+    model: Model, texts: dict, settings: CardSettings, progress: bool, tmp: Path
 ) -> dict:
     """The experts, k chosen on the held-out lines' perplexity and BOS samples of seed 0,
     and everything that judges the chosen clamp measured elsewhere: its steering on fresh BOS
     samples (seed 1) with perplexity on evaluation lines, the AUROC at its k on the
     evaluation lines, the overlap at its k (the smallest k when the rule chose none)."""
-    e = cfg["experts"]
-    target = e["target"]
+    e = settings.budget.experts
+    target = e.target
     if target not in texts["find"]:
         raise InputError(f"the experts' target {target!r} has no parallel sentences",
                          fix=f"give <{target}>.txt or another target")  # fmt: skip
-    res = find_experts(model, texts["find"], max_tokens=e["max_tokens"],
-                       batch_size=cfg.get("batch_size", BATCH_SIZE), progress=progress)  # fmt: skip
+    res = find_experts(model, texts["find"], max_tokens=e.max_tokens,
+                       batch_size=settings.batch(), progress=progress)  # fmt: skip
     n_feat = res.stats.n_features
-    ks = sorted({k for k in e["ks"] if 2 * k <= n_feat}) or [max(1, n_feat // 4)]
-    opts = KCurveOptions(n_samples=e["samples"], max_new_tokens=e["new_tokens"],
-                         max_tokens=e["max_tokens"], progress=progress, seed=0)  # fmt: skip
+    ks = sorted({k for k in e.ks if 2 * k <= n_feat}) or [max(1, n_feat // 4)]
+    opts = KCurveOptions(n_samples=e.samples, max_new_tokens=e.new_tokens,
+                         max_tokens=e.max_tokens, progress=progress, seed=0)  # fmt: skip
     curve = k_curve(model, res, target, ks, texts["heldout"], opts)
-    papers = curve.choose(e["ppl_budget"], "none")
-    strict = curve.choose(e["ppl_budget"], "geomean")
+    papers = curve.choose(e.ppl_budget, "none")
+    strict = curve.choose(e.ppl_budget, "geomean")
     k = papers["k"] if papers["k"] is not None else ks[0]
     measure = []
-    draws = max(1, int(e.get("random_sets", 1)))
+    draws = max(1, int(e.random_sets))
     if papers["k"] is not None:  # the random arm: the layer-matched population of the controls
-        lines = {lg: v[: max(2, e["n_heldout"])] for lg, v in texts["eval"].items()}
+        lines = {lg: v[: max(2, e.n_heldout)] for lg, v in texts["eval"].items()}
         again = replace(opts, seed=MEASURE_SEED, control_seeds=range(draws), layer_matched=True,
                         shard_turn=1)  # the odd arm of each curve on another rank  # fmt: skip
         measure = k_curve(model, res, target, [k], lines, again).records()
@@ -90,11 +92,11 @@ def stage_experts(
         for i in range(draws):  # draw 0 is also the paired control
             res.random_clamp(target, k, seed=i, layer_matched=True).save(
                 tmp / ("control" if i == 0 else f"control_s{i}"), model)  # fmt: skip
-    ev = collect_neuron_stats(model, texts["eval"], max_tokens=e["max_tokens"],
-                              batch_size=cfg.get("batch_size", BATCH_SIZE), progress=progress)  # fmt: skip
+    ev = collect_neuron_stats(model, texts["eval"], max_tokens=e.max_tokens,
+                              batch_size=settings.batch(), progress=progress)  # fmt: skip
     top = res.top(target, k)
     rnd = [res.random_features(target, k, seed=i, layer_matched=True) for i in range(draws)]
-    auroc = auroc_tests(ev, target, top, rnd, e["n_boot"], 0, texts["docs"]["eval"])
+    auroc = auroc_tests(ev, target, top, rnd, e.n_boot, 0, texts["docs"]["eval"])
     auroc["k_rule"] = "the papers' rule" if papers["k"] is not None else "none chosen: smallest k"
     return {
         "target": target, "ks": ks, "n_features": n_feat, "langs": res.langs,
@@ -379,6 +381,12 @@ class ExpertsBudget(Budget):
         check(self.eval_per_doc is None or self.eval_per_doc >= 1, "experts.eval_per_doc",
               "must be at least 1")  # fmt: skip
 
+    def eval_caps(self) -> list[int | None]:
+        """The caps of lines per document of the finding, held-out and evaluation parts
+        (:func:`~mechlingo.data.natural_parallel.split_by_documents`): the evaluation part's
+        ``eval_per_doc``."""
+        return [None, None, self.eval_per_doc]
+
 
 QUICK = ExpertsBudget(
     target="es", n_find=32, n_heldout=4, ks=(50, 500), samples=16, new_tokens=12,
@@ -392,7 +400,7 @@ FULL = ExpertsBudget(
 
 def run(ctx: Context, folder: Path) -> dict[str, Any]:
     """The experts stage's result; the clamp and its random controls saved in ``folder``."""
-    return stage_experts(ctx.model, ctx.texts(), ctx.cfg, ctx.progress, folder)
+    return stage_experts(ctx.model, ctx.texts(), ctx.settings, ctx.progress, folder)
 
 
 def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
@@ -424,21 +432,30 @@ EXPERTS_FACTOR = 1.03
 NLL_PASSES = 3.0
 
 
-def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
     """CPU seconds: one embedding pass over the finding and the evaluation lines of every
     language; and for every arm of the two k curves (the first: each k with its random arm,
     and no clamp; the measurement: the clamp, every random draw and no clamp) its BOS samples
     token by token and the log-likelihood of ``n_heldout`` lines of every language."""
-    e = cfg["experts"]
+    e = settings.budget.experts
     langs = int(sizes.get("langs", 12))
     embed = unit.get("embed", 0.0)
-    lines = (int(e["n_find"]) + int(e["n_eval"])) * langs * embed
-    arms = 2 * len(e["ks"]) + 1 + 2 + int(e.get("random_sets", 1))
-    tokens = arms * int(e["samples"]) * int(e["new_tokens"])
-    new = int(cfg["repair"]["max_new_tokens"])
-    nll = arms * max(2, int(e["n_heldout"])) * langs * NLL_PASSES * embed
+    lines = (int(e.n_find) + int(e.n_eval)) * langs * embed
+    arms = 2 * len(e.ks) + 1 + 2 + int(e.random_sets)
+    tokens = arms * int(e.samples) * int(e.new_tokens)
+    new = int(settings.budget.repair.max_new_tokens)
+    nll = arms * max(2, int(e.n_heldout)) * langs * NLL_PASSES * embed
     return EXPERTS_FACTOR * (lines + tokens * token_seconds(unit, new) + nll)
 
 
-STAGE = Stage("experts", SUNDAR, (), run, (rows_experts,), report, "experts", ExpertsBudget,
-              folder=True, cost=cost)  # fmt: skip
+STAGE = Stage(
+    name="experts",
+    paper=SUNDAR,
+    run=run,
+    rows=(rows_experts,),
+    report=report,
+    section="experts",
+    budget=ExpertsBudget,
+    folder=True,
+    cost=cost,
+)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +37,9 @@ from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 
+if TYPE_CHECKING:
+    from mechlingo.card.stages import CardSettings
+
 
 def choice_from(sweep: Mapping[str, Any]) -> dev_grid.Choice:
     """The dev choice stored in the repair stage's ``sweep``."""
@@ -52,17 +55,17 @@ def stage_external(
     external: list[Fact],
     metric: str,
     repair_data: Mapping[str, Any],
-    cfg: Mapping[str, Any],
+    settings: CardSettings,
     progress: bool,
 ) -> dict[str, Any]:
     """Rebuild the repair vectors on the bundled build split (the same facts and settings give
     the same vectors), take the configuration dev chose, and score ``external`` under every
     condition with the benchmark's ``metric``."""
-    r = cfg["repair"]
-    build, _, _ = repair_split(bundled, cfg)
-    settings, _, scoring = repair_settings(cfg, int(model.cfg.n_layers), progress)
-    vectors = steering.build_steering_vectors(model, build, settings, progress=progress)
-    facts = external_facts(external, cfg)
+    r = settings.budget.repair
+    build, _, _ = repair_split(bundled, settings)
+    building, _, scoring = repair_settings(settings, int(model.cfg.n_layers), progress)
+    vectors = steering.build_steering_vectors(model, build, building, progress=progress)
+    facts = external_facts(external, settings)
     pool = None
     if metric == "klar":  # KLAR's demonstrations: the benchmark's facts that are not scored
         scored = {f.id for f in facts}
@@ -81,7 +84,7 @@ def stage_external(
         lowest_language=None,
         pool=pool,
         options=steer_eval.SteerEvalOptions(
-            seeds=tuple(r["seeds"]), scoring=replace(scoring, metric=metric), controls="each"
+            seeds=r.seeds, scoring=replace(scoring, metric=metric), controls="each"
         ),
     )
     return {
@@ -181,7 +184,7 @@ def run(ctx: Context) -> dict[str, Any]:
     if not ctx.stages.done("repair"):
         raise InputError("the repair stage did not finish: its choice is what transfers")
     return stage_external(ctx.model, ctx.lu_facts("repair"), list(ctx.external[0]),
-                          ctx.external[1], ctx.stages.load("repair"), ctx.cfg, ctx.progress)  # fmt: skip
+                          ctx.external[1], ctx.stages.load("repair"), ctx.settings, ctx.progress)  # fmt: skip
 
 
 #: Accuracy per condition on the benchmark.
@@ -193,13 +196,22 @@ report = data_section(
 )
 
 
-def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
     """CPU seconds: the benchmark's items (``sizes["external_items"]``, none without a
     benchmark) under orig, task, diff and both and each draw of the three random populations
     (``repair.seeds`` each), at the repair stage's per-item cost."""
-    conds = 4 + 3 * len(cfg["repair"]["seeds"])
-    return conds * int(sizes.get("external_items", 0)) * scoring_seconds(cfg, unit)
+    conds = 4 + 3 * len(settings.budget.repair.seeds)
+    return conds * int(sizes.get("external_items", 0)) * scoring_seconds(settings, unit)
 
 
-STAGE = Stage("external", LU, ("repair",), run, (rows_external,), report, "external",
-              ExternalBudget, cost=cost)  # fmt: skip
+STAGE = Stage(
+    name="external",
+    paper=LU,
+    needs=("repair",),
+    run=run,
+    rows=(rows_external,),
+    report=report,
+    section="external",
+    budget=ExternalBudget,
+    cost=cost,
+)

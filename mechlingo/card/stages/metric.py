@@ -1,34 +1,37 @@
 """The metric stage: the repair stage's dev split scored both ways (greedy generation and
 candidate ranking) before any test item is scored, and the metric rule's decision
 (:mod:`mechlingo.card.metric_rule`); the card's metric becomes the rule's choice (or the
-given one). It runs before the planner, so it is not one of the row stages."""
+given one). A stage like the others, declared with ``decides``: the card runs it before the
+planner and the other stages read the metric its result decides."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mechlingo.card.claims import LU
 from mechlingo.card.metric_rule import decide_metric, dev_accuracies
 from mechlingo.card.stages.base import Context, Stage
 from mechlingo.card.stages.data import lu_facts, repair_split
-from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.errors import InputError
 from mechlingo.data import Fact
+
+if TYPE_CHECKING:
+    from mechlingo.card.stages import CardSettings
 
 __all__ = ["STAGE", "decision", "dev_facts", "run"]
 
 
-def dev_facts(facts: Sequence[Fact] | None, cfg: Mapping[str, Any]) -> list[Fact]:
+def dev_facts(facts: Sequence[Fact] | None, settings: CardSettings) -> list[Fact]:
     """The repair stage's dev split with candidates (the split ignores them)."""
-    return repair_split(lu_facts(facts, {**cfg, "metric": "rank"}, "repair"), cfg)[1]
+    return repair_split(lu_facts(facts, settings.with_metric("rank"), "repair"), settings)[1]
 
 
 def run(ctx: Context) -> dict[str, Any]:
     """Dev accuracies under both metrics (with the measured seconds per item)."""
-    dev = dev_facts(ctx.facts, ctx.cfg)
-    out = dev_accuracies(ctx.model, dev, max_new_tokens=ctx.cfg["repair"]["max_new_tokens"],
-                         batch_size=ctx.cfg.get("batch_size", BATCH_SIZE))  # fmt: skip
+    dev = dev_facts(ctx.facts, ctx.settings)
+    out = dev_accuracies(ctx.model, dev, max_new_tokens=ctx.budget.repair.max_new_tokens,
+                         batch_size=ctx.settings.batch())  # fmt: skip
     out["n_dev_ids"] = len({f.id for f in dev})
     return out
 
@@ -45,11 +48,12 @@ def decision(data: Mapping[str, Any], given: str | None) -> dict[str, Any]:
     return decide_metric(data, given)
 
 
-def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
     """CPU seconds: the dev items scored both ways (known once the stage has run)."""
-    dev = min(int(sizes.get("dev_ids", 0)), int(cfg["repair"]["dev_per_lang"] or 10**9))
-    items = int(sizes.get("dev_items", dev * len(cfg["lu_langs"])))
+    b = settings.budget
+    dev = min(int(sizes.get("dev_ids", 0)), int(b.repair.dev_per_lang or 10**9))
+    items = int(sizes.get("dev_items", dev * len(b.lu_langs)))
     return items * (unit.get("rank", 0.0) + unit.get("generate", 0.0))
 
 
-STAGE = Stage("metric", LU, (), run, section="repair", cost=cost)
+STAGE = Stage(name="metric", paper=LU, run=run, section="repair", cost=cost, decides=decision)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from mechlingo.analyses.recall.settings import (
     BuildSettings,
     DevGrid,
     ScoringOptions,
+    SplitSettings,
 )
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU, Claim
@@ -44,7 +45,7 @@ from mechlingo.card.stages.base import (
     heading,
     scoring_seconds,
 )
-from mechlingo.card.stages.data import metric_of, repair_caps, repair_split, vector_facts
+from mechlingo.card.stages.data import repair_split, vector_facts
 from mechlingo.card.stages.repair_controls import (  # noqa: F401  (the stage's rows, re-exported)
     OUTCOME_NAMES,
     outcome_key,
@@ -60,58 +61,39 @@ from mechlingo.data import Fact
 from mechlingo.scoring.scorers import rankc_fact
 from mechlingo.viz.steer import accuracy_ci_figure, headroom_figure
 
+if TYPE_CHECKING:
+    from mechlingo.card.stages import CardSettings
+
 
 def repair_settings(
-    cfg: Mapping[str, Any], n_layers: int, progress: bool = False
+    settings: CardSettings, n_layers: int, progress: bool = False
 ) -> tuple[BuildSettings, DevGrid, ScoringOptions]:
-    """The repair stage's settings from a budget (:data:`mechlingo.card.stages.BUDGETS`,
-    section ``repair``) for a model of ``n_layers``: how the vectors are built, the dev grid
-    (the budget's ``layer_fractions`` as layers,
-    :func:`~mechlingo.core.sites.layers_at`, for both vectors) and how items
-    are scored; what a budget leaves out takes the settings classes' defaults."""
-    r = cfg["repair"]
-    build = BuildSettings(
-        k_shot=r["k_shot"],
-        translation_shots=r["translation_shots"],
-        batch_size=cfg.get("batch_size", BuildSettings.batch_size),
-    )
-    fractions = r.get("layer_fractions")
-    layers = None if fractions is None else tuple(layers_at(fractions, n_layers))
-    grid = DevGrid(
-        task_layers=layers,
-        diff_layers=layers,
-        task_alphas=tuple(r["alphas"]),
-        diff_alphas=tuple(r["alphas"]),
-        top_k=r["top_k"],
-        screen_ids=r["screen_ids"],
-    )
-    scoring = ScoringOptions(
-        metric=metric_of(cfg),
-        max_new_tokens=r["max_new_tokens"],
-        batch_size=cfg.get("batch_size", ScoringOptions.batch_size),
-        progress=progress,
-    )
-    return build, grid, scoring
+    """The repair stage's settings from a budget (section ``repair``, :class:`RepairBudget`)
+    for a model of ``n_layers``: how the vectors are built, the dev grid and how items are
+    scored; what a budget leaves out takes the settings classes' defaults."""
+    r = settings.budget.repair
+    return (r.build_settings(settings), r.grid(n_layers),
+            r.scoring(settings, r.max_new_tokens, progress))  # fmt: skip
 
 
-def stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progress: bool) -> dict:
+def stage_repair(model: Model, facts: list[Fact], settings: CardSettings, progress: bool) -> dict:
     """``steer build`` + ``steer eval`` on the repair facts: the vectors built on the build
     split with the budget's build settings, then
     :func:`mechlingo.analyses.recall.steer_eval.run_steer_eval` (the call of ``steer eval``)
     with its split, dev grid and scoring (:func:`repair_settings`)."""
-    r = cfg["repair"]
-    build, dev, test = repair_split(facts, cfg)
+    r = settings.budget.repair
+    build, dev, test = repair_split(facts, settings)
     if not (build and dev and test):
         raise InputError(
             "a split of the repair facts is empty (build, dev or test)",
             fix="give more facts (a larger budget or more ids per relation)",
         )
-    build_settings, grid, scoring = repair_settings(cfg, int(model.cfg.n_layers), progress)
-    on = vector_facts(build, cfg)  # the demonstrations' pool stays the whole build part
+    build_settings, grid, scoring = repair_settings(settings, int(model.cfg.n_layers), progress)
+    on = vector_facts(build, settings)  # the demonstrations' pool stays the whole build part
     vectors = steering.build_steering_vectors(model, on, build_settings, progress=progress)
     run = steer_eval.run_steer_eval(
-        model, facts, vectors, split=repair_caps(cfg), grid=grid, scoring=scoring,
-        seeds=steer_eval.RandomControls(tuple(r["seeds"]), "each"),
+        model, facts, vectors, split=r.split_settings(), grid=grid, scoring=scoring,
+        seeds=steer_eval.RandomControls(r.seeds, "each"),
     )  # fmt: skip
     res, sw = run.test, run.search
     if sw is None:  # a dev search runs whenever no config is fixed
@@ -127,11 +109,11 @@ def stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progre
         "sweep_rows": [x for x in sweep["rows"] if x["stage"] == "dev"],
         "lowest": sw.lowest_rule,
         **per,
-        "random_draws": len(r["seeds"]),
+        "random_draws": len(r.seeds),
         "populations": steer_eval.population_names(
             res.choice.selected, "both_pair" in res.results, "each"
         ),
-        "p_floor": 1 / (len(r["seeds"]) + 1),
+        "p_floor": 1 / (len(r.seeds) + 1),
         "subjects": subject_keys(facts),
         "items": item_records(res.results),
         "n_ids": n_ids,
@@ -479,6 +461,33 @@ class RepairBudget(Budget):
             check(getattr(self, name) >= 1, f"repair.{name}", "must be at least 1")
         check(self.translation_shots >= 0, "repair.translation_shots", "must be at least 0")
 
+    def split_settings(self) -> SplitSettings:
+        """The split (its fractions, the caps per language shared by the relations): what
+        :func:`~mechlingo.card.stages.data.repair_split` and ``steer eval`` both use."""
+        return SplitSettings(self.split, "", self.dev_per_lang, self.test_per_lang, shared=True)
+
+    def build_settings(self, settings: CardSettings) -> BuildSettings:
+        """How the vectors are built (the few-shot and translation prompts)."""
+        return BuildSettings(k_shot=self.k_shot, translation_shots=self.translation_shots,
+                             batch_size=settings.batch(BuildSettings.batch_size))  # fmt: skip
+
+    def grid(self, n_layers: int) -> DevGrid:
+        """The dev grid: ``layer_fractions`` as layers of a model of ``n_layers``
+        (:func:`~mechlingo.core.sites.layers_at`, both vectors), the scales, the ``top_k``."""
+        fr = self.layer_fractions
+        layers = None if fr is None else tuple(layers_at(list(fr), n_layers))
+        return DevGrid(task_layers=layers, diff_layers=layers, task_alphas=self.alphas,
+                       diff_alphas=self.alphas, top_k=self.top_k,
+                       screen_ids=self.screen_ids)  # fmt: skip
+
+    @staticmethod
+    def scoring(settings: CardSettings, max_new_tokens: int,
+                progress: bool = False) -> ScoringOptions:  # fmt: skip
+        """How items are scored under the card's metric."""
+        return ScoringOptions(metric=settings.metric, max_new_tokens=max_new_tokens,
+                              batch_size=settings.batch(ScoringOptions.batch_size),
+                              progress=progress)  # fmt: skip
+
 
 QUICK = RepairBudget(
     split=(0.4, 0.2, 0.4), dev_per_lang=10, test_per_lang=20, k_shot=3, translation_shots=2,
@@ -495,7 +504,7 @@ FULL = RepairBudget(
 def run(ctx: Context) -> dict[str, Any]:
     """The repair stage's result, with the tracer's classes of its test items when the trace
     stage finished."""
-    out = stage_repair(ctx.model, ctx.lu_facts("repair"), ctx.cfg, ctx.progress)
+    out = stage_repair(ctx.model, ctx.lu_facts("repair"), ctx.settings, ctx.progress)
     return {**out, **trace_classes(ctx.stages)}
 
 
@@ -532,26 +541,35 @@ POPULATIONS = 3
 BUILD_FACTOR = 1.44
 
 
-def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
     """CPU seconds: the test items under every condition (orig, task, diff, both, each draw of
     the three random populations (task, diff, both), the format control and the two lenient
     readings), the dev items under the grid
     (both vectors at every layer and scale, then the ``top_k`` pairs), and the build items'
     prompts (few-shot, zero-shot and translation: :data:`BUILD_FACTOR` scored items each)."""
-    r = cfg["repair"]
-    langs = len(cfg["lu_langs"])
+    r = settings.budget.repair
+    langs = len(settings.budget.lu_langs)
 
     def items(key: str, ids: str, cap: int | None) -> int:
         per = min(int(sizes.get(ids, 0)), int(cap or 10**9))
         return int(sizes.get(key, per * langs))
 
-    test = items("test_items", "test_ids", r["test_per_lang"])
-    dev = items("dev_items", "dev_ids", r["dev_per_lang"])
-    build = items("build_items", "test_ids", r.get("build_per_lang"))  # build ~ test fraction
-    grid = 2 * len(r["layer_fractions"] or (0,)) * len(r["alphas"]) + 2 * r["top_k"] ** 2
-    scored = test * (4 + POPULATIONS * len(r["seeds"]) + 3) + dev * grid
-    return (REPAIR_FACTOR * scored + BUILD_FACTOR * build) * scoring_seconds(cfg, unit)
+    test = items("test_items", "test_ids", r.test_per_lang)
+    dev = items("dev_items", "dev_ids", r.dev_per_lang)
+    build = items("build_items", "test_ids", r.build_per_lang)  # build ~ test fraction
+    grid = 2 * len(r.layer_fractions or (0,)) * len(r.alphas) + 2 * r.top_k**2
+    scored = test * (4 + POPULATIONS * len(r.seeds) + 3) + dev * grid
+    return (REPAIR_FACTOR * scored + BUILD_FACTOR * build) * scoring_seconds(settings, unit)
 
 
-STAGE = Stage("repair", LU, ("trace",), run, (rows_repair_all, rows_repair_extra), report,
-              "repair", RepairBudget, cost=cost)  # fmt: skip
+STAGE = Stage(
+    name="repair",
+    paper=LU,
+    needs=("trace",),
+    run=run,
+    rows=(rows_repair_all, rows_repair_extra),
+    report=report,
+    section="repair",
+    budget=RepairBudget,
+    cost=cost,
+)

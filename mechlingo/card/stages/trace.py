@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mechlingo.analyses.recall.classes import failure_records
 from mechlingo.analyses.recall.trace import trace_recall
@@ -23,9 +23,7 @@ from mechlingo.card.stages.base import (
     failed,
     heading,
 )
-from mechlingo.card.stages.data import metric_of
 from mechlingo.core.answers import normalize
-from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 from mechlingo.viz.lens import latent_curves_figure
@@ -35,13 +33,16 @@ _TRACE_FIELDS = ("id", "lang", "relation", "answer", "answer_en", "correct", "cl
                  "first_en_layer", "first_answer_layer", "first_mismatch_en_layer",
                  "gold_rank", "shared_form", "continues_prompt", "echoes_subject")  # fmt: skip
 
+if TYPE_CHECKING:
+    from mechlingo.card.stages import CardSettings
 
-def stage_trace(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progress: bool) -> dict:
-    t = cfg["trace"]
-    metric = "rank" if metric_of(cfg) == "rank" else "generate"
+
+def stage_trace(model: Model, facts: list[Fact], settings: CardSettings, progress: bool) -> dict:
+    t = settings.budget.trace
+    metric = "rank" if settings.metric == "rank" else "generate"
     tr = trace_recall(
-        model, facts, max_rank=t["max_rank"], max_new_tokens=t["max_new_tokens"],
-        batch_size=cfg.get("batch_size", BATCH_SIZE), progress=progress, metric=metric,
+        model, facts, max_rank=t.max_rank, max_new_tokens=t.max_new_tokens,
+        batch_size=settings.batch(), progress=progress, metric=metric,
     )  # fmt: skip
     curves = tr.lens.latent_curves()
     return {
@@ -144,7 +145,7 @@ FULL = TraceBudget(max_new_tokens=8, max_rank=10)
 
 def run(ctx: Context) -> dict[str, Any]:
     """The trace stage's result (the records, class counts and latent curves)."""
-    return stage_trace(ctx.model, ctx.lu_facts("trace"), ctx.cfg, ctx.progress)
+    return stage_trace(ctx.model, ctx.lu_facts("trace"), ctx.settings, ctx.progress)
 
 
 def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
@@ -166,11 +167,20 @@ def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
 LENS_PER_ITEM = 1.06
 
 
-def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
     """CPU seconds: every trace item scored under the card's metric (``rank``, else greedy)
     and read by the logit lens."""
-    s = unit.get("rank", 0.0) if metric_of(cfg) == "rank" else unit.get("generate", 0.0)
+    s = unit.get("rank", 0.0) if settings.metric == "rank" else unit.get("generate", 0.0)
     return int(sizes.get("trace_items", 0)) * (s + LENS_PER_ITEM * unit.get("rank", 0.0))
 
 
-STAGE = Stage("trace", LU, (), run, (rows_trace,), report, "trace", TraceBudget, cost=cost)
+STAGE = Stage(
+    name="trace",
+    paper=LU,
+    run=run,
+    rows=(rows_trace,),
+    report=report,
+    section="trace",
+    budget=TraceBudget,
+    cost=cost,
+)

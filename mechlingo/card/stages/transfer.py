@@ -9,14 +9,13 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from mechlingo.analyses.recall import transfer
 from mechlingo.analyses.recall.settings import (
     MatrixSettings,
-    ScoringOptions,
 )
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU, Claim
@@ -36,36 +35,20 @@ from mechlingo.card.stages.base import (
     heading,
     scoring_seconds,
 )
-from mechlingo.card.stages.data import metric_of
-from mechlingo.core.errors import InputError
+from mechlingo.card.stages.data import FactScope
+from mechlingo.card.stages.repair import RepairBudget
 from mechlingo.core.sites import layers_at
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 
-
-def matrix_settings(m: Mapping[str, Any], n_layers: int) -> MatrixSettings:
-    """A budget's ``transfer.matrix`` section as
-    :class:`~mechlingo.analyses.recall.settings.MatrixSettings` (``layer_fractions`` as
-    layers, :func:`~mechlingo.core.sites.layers_at`)."""
-    d = dict(m)
-    fractions = d.pop("layer_fractions", None)
-    if fractions is not None:
-        d["layers"] = tuple(layers_at(fractions, n_layers))
-    if "alphas" in d:
-        d["alphas"] = tuple(d["alphas"])
-    known = {f.name for f in dataclasses.fields(MatrixSettings)}
-    if set(d) - known:
-        raise InputError(
-            f"transfer.matrix: unknown setting(s) {sorted(set(d) - known)}",
-            fix=f"use {sorted(known | {'layer_fractions'})}",
-        )
-    return MatrixSettings(**d)
+if TYPE_CHECKING:
+    from mechlingo.card.stages import CardSettings
 
 
 def stage_transfer(
     model: Model,
     facts: list[Fact],
-    cfg: Mapping[str, Any],
+    settings: CardSettings,
     by: str,
     progress: bool,
     built: dict[str, Any],
@@ -76,18 +59,13 @@ def stage_transfer(
     (:class:`~mechlingo.analyses.recall.transfer.MatrixShared`: the build statistics of the
     same facts and split, and the dev choices of equal rows); a resumed run that has only one
     of the two rebuilds."""
-    t = cfg["transfer"]
+    t = settings.budget.transfer
     tm = transfer.transfer_matrix(
         model,
         facts,
         by=by,
-        matrix=matrix_settings(t.get("matrix", {}), int(model.cfg.n_layers)),
-        scoring=ScoringOptions(
-            metric=metric_of(cfg),
-            max_new_tokens=t["max_new_tokens"],
-            batch_size=cfg.get("batch_size", ScoringOptions.batch_size),
-            progress=progress,
-        ),
+        matrix=t.matrix.settings(int(model.cfg.n_layers)),
+        scoring=RepairBudget.scoring(settings, t.max_new_tokens, progress),
         stats=built.setdefault("shared", transfer.MatrixShared()),
     )
     out = tm.to_json()
@@ -233,6 +211,16 @@ class MatrixBudget(Budget):
         out = super().to_dict()
         return {k: v for k, v in out.items() if not (k in self.OPTIONAL and v is None)}
 
+    def settings(self, n_layers: int) -> MatrixSettings:
+        """As :class:`~mechlingo.analyses.recall.settings.MatrixSettings` for a model of
+        ``n_layers`` (``layer_fractions`` as layers, :func:`~mechlingo.core.sites.layers_at`;
+        a setting left out takes the class's default)."""
+        given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                 if getattr(self, f.name) is not None and f.name != "layer_fractions"}  # fmt: skip
+        if self.layer_fractions is not None:
+            given["layers"] = tuple(layers_at(list(self.layer_fractions), n_layers))
+        return MatrixSettings(**given)
+
 
 @dataclass(frozen=True)
 class TransferBudget(Budget):
@@ -253,6 +241,10 @@ class TransferBudget(Budget):
         check(self.limit is None or self.limit >= 1, "transfer.limit", "must be at least 1")
         check(self.max_new_tokens >= 1, "transfer.max_new_tokens", "must be at least 1")
 
+    def scope(self) -> FactScope:
+        """The transfer facts: its relations and languages, ``limit`` ids per relation."""
+        return FactScope(self.langs, self.relations, self.limit)
+
 
 QUICK = TransferBudget(
     relations=("capital", "currency"), limit=24, langs=("en", "fr", "es"), max_new_tokens=6,
@@ -269,7 +261,9 @@ FULL = TransferBudget(
 
 def _run(ctx: Context, by: str) -> dict[str, Any]:
     built = ctx.shared.setdefault("transfer_stats", {})
-    return stage_transfer(ctx.model, ctx.lu_facts("transfer"), ctx.cfg, by, ctx.progress, built)
+    return stage_transfer(
+        ctx.model, ctx.lu_facts("transfer"), ctx.settings, by, ctx.progress, built
+    )
 
 
 def run_relation(ctx: Context) -> dict[str, Any]:
@@ -310,7 +304,7 @@ def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
         rep.add_table(rows)
 
 
-def matrix_item_conditions(by: str, m: Mapping[str, Any], rels: int, langs: int, *,
+def matrix_item_conditions(by: str, m: MatrixBudget, rels: int, langs: int, *,
                            all_row_searched: bool = True) -> int:  # fmt: skip
     """The items times conditions one transfer matrix scores with ``rels`` relations and
     ``langs`` languages (English among them): each distinct row's dev search (the screen's
@@ -323,15 +317,14 @@ def matrix_item_conditions(by: str, m: Mapping[str, Any], rels: int, langs: int,
     matrix of the same run. One item-condition costs the metric's measured seconds per item
     (the quick card's measurement: docs/benchmarks.md, "Timings behind the card's cost
     model")."""
-    top, grid = int(m.get("top_k", 1)), len(m.get("layer_fractions") or (0,)) * len(
-        m.get("alphas") or (0, 0))  # fmt: skip
-    screen, dev, test = int(m["screen_ids"]), int(m["dev_ids"]), int(m["test_ids"])
+    top, grid = int(m.top_k or 1), len(m.layer_fractions or (0,)) * len(m.alphas or (0, 0))
+    screen, dev, test = int(m.screen_ids or 0), int(m.dev_ids or 0), int(m.test_ids or 0)
     other = langs - 1  # the non-English languages
 
     def search(row_langs: int) -> int:
         return row_langs * (screen * (1 + 2 * grid) + dev * (1 + 2 * top + top * top))
 
-    full = m.get("cells", "full") == "full"
+    full = m.cells == "full"
     if by == "relation":
         singles = rels if rels == 2 else 2 * rels  # all_but_R and only_A rows
         searches = (all_row_searched + singles) * search(langs)
@@ -342,25 +335,41 @@ def matrix_item_conditions(by: str, m: Mapping[str, Any], rels: int, langs: int,
         cells = 2 * other
         per_cell = test * rels
     cols = rels if by == "relation" else other
-    draws = int(m.get("controls") or 1)
+    draws = int(m.controls or 1)
     return searches + (1 + draws) * cells * per_cell + cols * per_cell
 
 
 def _cost(by: str) -> Any:
-    def cost(cfg: Mapping[str, Any], sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
+    def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
         """CPU seconds of one matrix (:func:`matrix_item_conditions` over the relations and
         languages of the data, else the budget's; the ``all`` row searched by the relation
         matrix): the build statistics are a few seconds and not counted."""
-        t = cfg["transfer"]
-        rels, langs = sizes.get("transfer_scope") or (len(t["relations"]), len(t["langs"]))
-        n = matrix_item_conditions(by, t["matrix"], int(rels), int(langs),
+        t = settings.budget.transfer
+        rels, langs = sizes.get("transfer_scope") or (len(t.relations), len(t.langs))
+        n = matrix_item_conditions(by, t.matrix, int(rels), int(langs),
                                    all_row_searched=by == "relation")  # fmt: skip
-        return n * scoring_seconds(cfg, unit)
+        return n * scoring_seconds(settings, unit)
 
     return cost
 
 
-STAGE_RELATION = Stage("transfer_relation", LU, (), run_relation, (rows_relations,), report,
-                       "transfer", TransferBudget, cost=_cost("relation"))  # fmt: skip
-STAGE_LANG = Stage("transfer_lang", LU, (), run_lang, (rows_languages,), report, "transfer",
-                   TransferBudget, cost=_cost("lang"))  # fmt: skip
+STAGE_RELATION = Stage(
+    name="transfer_relation",
+    paper=LU,
+    run=run_relation,
+    rows=(rows_relations,),
+    report=report,
+    section="transfer",
+    budget=TransferBudget,
+    cost=_cost("relation"),
+)
+STAGE_LANG = Stage(
+    name="transfer_lang",
+    paper=LU,
+    run=run_lang,
+    rows=(rows_languages,),
+    report=report,
+    section="transfer",
+    budget=TransferBudget,
+    cost=_cost("lang"),
+)

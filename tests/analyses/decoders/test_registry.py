@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -25,6 +25,7 @@ from mechlingo.analyses.decoders import registry
 from mechlingo.analyses.decoders.lens import lens_facts
 from mechlingo.analyses.decoders.registry import DecoderOption, register_decoder
 from mechlingo.analyses.decoders.tuned_lens import NO_TUNED_LENS
+from mechlingo.card import stages as card_stages
 from mechlingo.card.stages import decoders as card_decoders
 from mechlingo.cli import cost
 from mechlingo.cli.decoders import decoder_choice
@@ -187,7 +188,9 @@ def test_the_card_stage_reads_it(tiny, blended):
     facts = load_facts(langs=["en", "fr", "de"], relations=["capital"], limit=3)
     section = {"per_lang": 2, "tuned_lens": None}
     budget = card_decoders.DecodersBudget.from_mapping(section, "decoders")
-    cfg = {"decoders": budget.to_dict(), "trace": {"max_rank": 10}, "lu_langs": ["en", "fr", "de"]}
+    base = card_stages.QUICK
+    cfg = card_stages.CardSettings(replace(base, decoders=budget, lu_langs=("en", "fr", "de"),
+                                           trace=replace(base.trace, max_rank=10)))  # fmt: skip
     out = card_decoders.stage_decoders(tiny, facts, None, cfg, progress=False)
     assert list(out["decoders"]) == ["logit", "tuned", "patchscope", "blended"]
     assert out["decoders"]["tuned"] == {"untestable": NO_TUNED_LENS}

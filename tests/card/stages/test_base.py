@@ -17,7 +17,7 @@ from mechlingo.card import repair_items
 from mechlingo.card.metric_rule import METRIC_FLOOR, METRIC_RULE, decide_metric
 from mechlingo.card.plan import MIN_DRAWS, PRIMARY, dev_icc, plan_card
 from mechlingo.card.replicate import budget_settings, cap_facts
-from mechlingo.card.stages import BUDGETS
+from mechlingo.card.stages import BUDGETS, CardSettings
 from mechlingo.core.errors import InputError
 from mechlingo.data import LANGS, Fact, load_facts, parallel_sentences
 from mechlingo.data.candidates import with_candidates
@@ -119,13 +119,15 @@ def test_layer_matched_random_neurons(tiny):
 
 def test_cap_facts_shares_the_cap_between_relations():
     facts = load_facts(langs=["en", "fr"], relations=["capital", "currency"])
-    capped = cap_facts(facts, {"max_ids_per_lang": 20})
+    capped = cap_facts(facts, CardSettings.of(budget_settings("quick", {"max_ids_per_lang": 20})))
     per = {}
     for f in capped:
         per.setdefault((f.relation, f.lang), set()).add(f.id)
     assert {len(v) for v in per.values()} == {10}  # 20 // 2 relations, every language
     assert per[("capital", "en")] == per[("capital", "fr")]
-    assert cap_facts(facts, {"max_ids_per_lang": None}) == list(facts)
+    assert cap_facts(
+        facts, CardSettings.of(budget_settings("quick", {"max_ids_per_lang": None}))
+    ) == list(facts)
 
 
 def test_scope_facts_prefers_the_budgets_languages_and_keeps_as_many_of_the_files():
@@ -179,32 +181,40 @@ def test_a_facts_file_of_many_relations_costs_what_the_bundled_card_does():
     rels = ["capital", "currency", "continent", "city_country"]
     many = load_facts(relations=rels, templates="natural")  # 12 languages, 4 relations
     assert len({f.lang for f in many}) == 12
-    repair_facts = lu_facts(many, cfg, "repair")
+    repair_facts = lu_facts(many, CardSettings.of(cfg), "repair")
     assert {f.lang for f in repair_facts} == set(cfg["lu_langs"])
-    build, dev, test = repair_split(repair_facts, cfg)
+    build, dev, test = repair_split(repair_facts, CardSettings.of(cfg))
     for part, cap in ((dev, cfg["repair"]["dev_per_lang"]), (test, cfg["repair"]["test_per_lang"])):
         ids = {lg: {f.id for f in part if f.lang == lg} for lg in cfg["lu_langs"]}
         assert {len(v) for v in ids.values()} == {cap}  # shared by the 4 relations
-    assert lu_facts(many, cfg, "trace") == test  # the tracer reads what repair scores
-    assert repair_caps(cfg).parts(repair_facts) == (build, dev, test)  # the steer eval's split
+    assert (
+        lu_facts(many, CardSettings.of(cfg), "trace") == test
+    )  # the tracer reads what repair scores
+    assert repair_caps(CardSettings.of(cfg)).parts(repair_facts) == (
+        build,
+        dev,
+        test,
+    )  # the steer eval's split
     per_rel = SplitSettings(dev_per_lang=10, test_per_lang=20).parts(repair_facts)
     assert len(per_rel[2]) > len(test)  # capped per relation, the file would cost more
-    moved = lu_facts(many, cfg, "transfer")
+    moved = lu_facts(many, CardSettings.of(cfg), "transfer")
     assert {f.relation for f in moved} == set(cfg["transfer"]["relations"])
     assert {f.lang for f in moved} == set(cfg["transfer"]["langs"])
-    sc = scope_of(many, cfg)  # what the card states (claims.json meta, a printed line)
+    sc = scope_of(
+        many, CardSettings.of(cfg)
+    )  # what the card states (claims.json meta, a printed line)
     assert set(sc["lu_langs"]) == set(cfg["lu_langs"]) and len(sc["left_out_langs"]) == 6
     assert sc["transfer_relations"] == list(cfg["transfer"]["relations"])
-    ext = external_facts(many, cfg)  # a benchmark folder is scoped the same way
+    ext = external_facts(many, CardSettings.of(cfg))  # a benchmark folder is scoped the same way
     assert {f.lang for f in ext} == set(cfg["lu_langs"])
     per_lang = {lg: {f.id for f in ext if f.lang == lg} for lg in cfg["lu_langs"]}
     assert {len(v) for v in per_lang.values()} == {cfg["external"]["per_lang"]}
     unit = {"generate": 0.06, "rank": 0.18}
-    mine = _data_available(many, None, None, cfg, ["lu2025"])
-    bundled = _data_available(None, None, None, cfg, ["lu2025"])
+    mine = _data_available(many, None, None, CardSettings.of(cfg), ["lu2025"])
+    bundled = _data_available(None, None, None, CardSettings.of(cfg), ["lu2025"])
     assert mine["test_items"] == len(test) and mine["lu_langs"] == len(cfg["lu_langs"])
-    est = estimate_seconds(cfg, ["lu2025"], mine, unit)
-    ref = estimate_seconds(cfg, ["lu2025"], bundled, unit)
+    est = estimate_seconds(CardSettings.of(cfg), ["lu2025"], mine, unit)
+    ref = estimate_seconds(CardSettings.of(cfg), ["lu2025"], bundled, unit)
     assert sum(est.values()) <= 1.15 * sum(ref.values()), (est, ref)
 
 
@@ -222,7 +232,7 @@ def test_plan_names_the_limit_and_what_to_pass():
     items = [{"id": f"f{i}", "lang": lg, "correct": i % 2 == 0, "share": 0.2 + 0.1 * (i % 3)}
              for i in range(20) for lg in ("en", "fr", "ja")]  # fmt: skip
     avail = {"test_ids": 60, "dev_ids": 20, "eval_docs": 5, "eval_sentences": 15, "langs": 12}
-    plan = plan_card(cfg, ["lu2025", "sundar2025"], {"items": {"rank": items}}, avail,
+    plan = plan_card(CardSettings.of(cfg), ["lu2025", "sundar2025"], {"items": {"rank": items}}, avail,
                      {"rank": 0.1, "embed": 0.05})  # fmt: skip
     rows = {r.id: r for r in plan.rows}
     assert list(rows) == [*PRIMARY["lu2025"], *PRIMARY["sundar2025"]]
@@ -354,8 +364,8 @@ def test_the_planner_estimates_a_nested_override():
     cfg = {**budget_settings("quick", {"transfer": {"matrix": {"test_ids": 6}}}), "metric": "rank"}
     base = {**budget_settings("quick"), "metric": "rank"}
     sizes = {"test_ids": 45, "dev_ids": 20, "langs": 12}
-    new = estimate_seconds(cfg, ["lu2025"], sizes, unit)["transfer_relation"]
-    old = estimate_seconds(base, ["lu2025"], sizes, unit)["transfer_relation"]
+    new = estimate_seconds(CardSettings.of(cfg), ["lu2025"], sizes, unit)["transfer_relation"]
+    old = estimate_seconds(CardSettings.of(base), ["lu2025"], sizes, unit)["transfer_relation"]
     # by hand, 2 relations x 3 languages: 3 distinct rows search (all; with two relations
     # all_but_A is only_B) 3 languages x (2 screen ids x 5 conditions + 4 dev ids x 4), and 6
     # diagonal cells score test ids x 2 languages steered and under the 5 random draws of
@@ -367,15 +377,15 @@ def test_run_order_follows_the_declared_needs():
     from mechlingo.card.stages import BY_NAME, PAPERS
     from mechlingo.card.stages.base import Stage, run_order
 
-    # the order every stored card was computed in
-    assert PAPERS["lu2025"] == ("trace", "repair", "transfer_relation", "transfer_lang",
+    # the order every stored card was computed in (the metric stage decides the metric first)
+    assert PAPERS["lu2025"] == ("metric", "trace", "repair", "transfer_relation", "transfer_lang",
                                 "decoders", "conversion", "external", "circuits")  # fmt: skip
     assert PAPERS["sundar2025"] == ("experts", "align")
     assert run_order(BY_NAME, ["align", "external", "experts", "repair", "trace"]) == [
         "experts", "align", "trace", "repair", "external"]  # fmt: skip
 
     def stage(name, *needs):
-        return Stage(name, "x", needs, lambda ctx: {})
+        return Stage(name=name, paper="x", needs=needs, run=lambda ctx: {})
 
     reg = {"a": stage("a", "c"), "b": stage("b"), "c": stage("c", "b")}
     assert run_order(reg, ["a", "b", "c"]) == ["b", "c", "a"]
@@ -393,7 +403,11 @@ def test_every_claim_has_its_stage_and_every_stage_its_claims():
     from mechlingo.card.stages import STAGES
 
     assert sorted(c.id for s in STAGES for c in s.claims) == sorted(c.id for c in CLAIMS)
-    assert all(s.rows and s.report for s in STAGES)
+    # every stage gives rows and a report section, but the one that decides the metric
+    assert all(s.rows and s.report for s in STAGES if s.decides is None)
+    assert [s.name for s in STAGES if s.decides is not None] == ["metric"]
+    with pytest.raises(TypeError):  # declared with keywords only
+        type(STAGES[0])("x", "lu2025", (), lambda ctx: {})  # type: ignore[misc]
 
 
 #: The per-item seconds and the stage CPU seconds of the quick card measured on the embedded
@@ -421,12 +435,12 @@ FULL_BEFORE = {"experts": {"n_eval": 60, "eval_per_doc": 5},
 
 
 def test_every_stage_declares_a_cost_model_and_the_card_sums_them():
-    from mechlingo.card.stages import BY_NAME, estimate_seconds, metric
+    from mechlingo.card.stages import BY_NAME, estimate_seconds
 
-    assert all(s.cost is not None for s in (*BY_NAME.values(), metric.STAGE))
+    assert all(s.cost is not None for s in BY_NAME.values())
     # the quick budget that the measured card ran (before the resizing of 5 December)
     cfg = {**budget_settings("quick", QUICK_BEFORE), "metric": "rank"}
-    est = estimate_seconds(cfg, ["lu2025", "sundar2025"], QUICK_SIZES, QUICK_UNIT)
+    est = estimate_seconds(CardSettings.of(cfg), ["lu2025", "sundar2025"], QUICK_SIZES, QUICK_UNIT)
     assert list(est) == list(QUICK_MEASURED)  # the metric stage first, then the run order
     # repair by hand: 24 test ids x 6 languages under 4 + 3 populations x 5 random + 3
     # conditions, 10 dev ids x 6 languages under the grid (2 vectors x 2 layers x 2 scales +
@@ -444,7 +458,7 @@ def test_every_stage_declares_a_cost_model_and_the_card_sums_them():
     # that card searched the all row in both matrices (the run now searches it once)
     from mechlingo.card.stages.transfer import matrix_item_conditions
 
-    old_m = cfg["transfer"]["matrix"]
+    old_m = CardSettings.of(cfg).budget.transfer.matrix
     both = matrix_item_conditions("lang", old_m, 3, 4, all_row_searched=True)
     assert (matrix_item_conditions("relation", old_m, 3, 4), both) == (1232, 698)
     assert est["transfer_lang"] == pytest.approx(
@@ -455,7 +469,7 @@ def test_every_stage_declares_a_cost_model_and_the_card_sums_them():
         assert est[name] == pytest.approx(secs, rel=0.05, abs=0.5), name
     # the items a user's facts give enter where the stage reads them: twice the trace
     # items, twice the trace's cost; a benchmark's items add the external stage's
-    more = estimate_seconds(cfg, ["lu2025"], {**QUICK_SIZES, "trace_items": 288,
+    more = estimate_seconds(CardSettings.of(cfg), ["lu2025"], {**QUICK_SIZES, "trace_items": 288,
                                                "external_items": 100}, QUICK_UNIT)  # fmt: skip
     assert more["trace"] == pytest.approx(2 * est["trace"], abs=0.2)
     # (orig, task, diff, both and 3 populations of 5 random vectors: 19 conditions)
@@ -465,12 +479,14 @@ def test_every_stage_declares_a_cost_model_and_the_card_sums_them():
     # resizing; its per-item seconds were not stored, so the quick card's): within 15% (the
     # model gave 0.62 of it before it counted every arm and the held-out log-likelihood)
     old_full = {**budget_settings("full", FULL_BEFORE), "metric": "rank"}
-    experts = estimate_seconds(old_full, ["sundar2025"], QUICK_SIZES, QUICK_UNIT)["experts"]
+    experts = estimate_seconds(CardSettings.of(old_full), ["sundar2025"], QUICK_SIZES, QUICK_UNIT)[
+        "experts"
+    ]
     assert experts == pytest.approx(704, rel=0.15)
     # the full budget costs more in every stage that its settings enlarge
     cfg = {**budget_settings("quick"), "metric": "rank"}
-    est = estimate_seconds(cfg, ["lu2025", "sundar2025"], QUICK_SIZES, QUICK_UNIT)
-    full = estimate_seconds({**budget_settings("full"), "metric": "rank"},
+    est = estimate_seconds(CardSettings.of(cfg), ["lu2025", "sundar2025"], QUICK_SIZES, QUICK_UNIT)
+    full = estimate_seconds(CardSettings.of({**budget_settings("full"), "metric": "rank"}),
                             ["lu2025", "sundar2025"], QUICK_SIZES, QUICK_UNIT)  # fmt: skip
     for name in ("repair", "transfer_relation", "decoders", "conversion", "experts", "align",
                  "circuits"):  # fmt: skip
@@ -482,7 +498,9 @@ def test_the_plan_prints_and_stores_the_stage_estimates():
     items = [{"id": f"f{i}", "lang": lg, "correct": i % 2 == 0, "share": 0.3}
              for i in range(10) for lg in ("en", "fr")]  # fmt: skip
     per = {"trace": 60.0, "repair": 240.0}
-    plan = plan_card(cfg, ["lu2025"], {"items": {"rank": items}}, QUICK_SIZES, QUICK_UNIT, per)
+    plan = plan_card(
+        CardSettings.of(cfg), ["lu2025"], {"items": {"rank": items}}, QUICK_SIZES, QUICK_UNIT, per
+    )
     assert plan.card_minutes == pytest.approx(5.0)
     assert "estimated CPU minutes per stage: trace 1.0, repair 4.0" in str(plan)
     assert plan.to_json()["seconds"]["stages"] == per

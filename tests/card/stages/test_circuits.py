@@ -11,7 +11,7 @@ import pytest
 
 from mechlingo.card.claims import SAME_MECHANISM_SHARE
 from mechlingo.card.rules import HOLDS, INCONCLUSIVE, NOT_HOLDS, NOT_TESTABLE, finalize
-from mechlingo.card.stages import QUICK, budget_settings
+from mechlingo.card.stages import QUICK, CardSettings, budget_settings
 from mechlingo.card.stages import circuits as S
 from mechlingo.core.errors import InputError
 from mechlingo.data import load_facts
@@ -23,7 +23,9 @@ def test_the_stage_measures_every_language_on_the_tiny_model(tiny, monkeypatch):
     cfg = budget_settings("quick", {"circuits": {"langs": ["fr"], "dev_per_lang": 4,
                                                  "test_per_lang": 5, "steps": 1, "draws": 19}})  # fmt: skip
     facts = load_facts(langs=["en", "fr"], relations="capital", templates="natural")
-    data = json.loads(json.dumps(S.stage_circuits(tiny, facts, cfg)))  # stored as JSON
+    data = json.loads(
+        json.dumps(S.stage_circuits(tiny, facts, CardSettings.of(cfg)))
+    )  # stored as JSON
     d = data["langs"]["fr"]
     assert "untestable" not in d, d
     t = d["test"]
@@ -126,7 +128,7 @@ def test_correct_facts_are_found_in_order_within_a_bounded_scan(monkeypatch):
                                         for f in chunk])  # fmt: skip
 
     monkeypatch.setattr(S, "evaluate_facts", fake)
-    cfg = {"circuits": {"max_new_tokens": 4}}
+    cfg = CardSettings.of(budget_settings("quick", {"circuits": {"max_new_tokens": 4}}))
     got = S._correct_first(None, facts, 4, cfg)
     assert [f.id for f in got] == ["f00", "f03", "f06", "f09"] and len(scored) == 12
     calls: list[int] = []

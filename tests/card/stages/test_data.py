@@ -88,17 +88,18 @@ def test_split_by_documents_never_shares_a_document():
 
 def test_parallel_parts_of_the_budgets():
     from mechlingo.card.replicate import budget_settings
+    from mechlingo.card.stages import CardSettings
 
     for budget in ("quick", "full"):
-        cfg = budget_settings(budget)
-        parts = data.parallel_parts(None, cfg)
-        e = cfg["experts"]
-        assert len(parts["find"]["en"]) == e["n_find"] and len(parts["eval"]["es"]) == e["n_eval"]
+        settings = CardSettings.of(budget_settings(budget))
+        parts = data.parallel_parts(None, settings)
+        e = settings.budget.experts
+        assert len(parts["find"]["en"]) == e.n_find and len(parts["eval"]["es"]) == e.n_eval
         docs = parts["docs"]
         assert not set(docs["find"]) & set(docs["eval"])
         assert not set(docs["heldout"]) & set(docs["eval"])
         assert len(set(docs["eval"])) >= 8  # enough documents to cluster on
-        assert max(docs["eval"].count(d) for d in docs["eval"]) <= e["eval_per_doc"]
+        assert max(docs["eval"].count(d) for d in docs["eval"]) <= e.eval_per_doc
 
 
 # --------------------------------------------------------------------------------------
