@@ -153,7 +153,7 @@ def test_patch_activations_identity(ht):
     # tables broadcast): the default "grow" sweep equals "stack" on a real patch
     tgt = ["The capital of Spain is", "The capital of Italy is"]
     sites = ["resid_pre", "attn_out", "head"]
-    kw = dict(metric=metric, alignment="last", positions=[-1, -2, -3])
+    kw = dict(readout=metric, alignment="last", positions=[-1, -2, -3])
     grown = patching.patch_activations(ht, src, tgt, sites, batching="grow", **kw)
     stacked = patching.patch_activations(ht, src, tgt, sites, batching="stack", **kw)
     assert not torch.allclose(grown.clean, grown.corrupted)
@@ -187,7 +187,7 @@ def test_resid_mid_is_the_residual_on_a_hooked_transformer(ht):
     src, tgt = PROMPTS[:2], PROMPTS[1::-1]
     metric = patching.answer_logprob(ht, ["Rome", "Roma"], name="lp")
     sw = patching.patch_activations(
-        ht, src, tgt, "resid_mid", layers=[1], positions=[-1], alignment="last", metric=metric
+        ht, src, tgt, "resid_mid", layers=[1], positions=[-1], alignment="last", readout=metric
     )
     s_b, t_b = encode(ht, src), encode(ht, tgt)
     delta = collect(ht, s_b, names[:1])[names[0]] - collect(ht, t_b, names[:1])[names[0]]
