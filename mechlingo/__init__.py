@@ -61,6 +61,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers
         read_export,
     )
     from mechlingo.scoring.evaluate import (
+        DecodeOptions,
         EvalResult,
         evaluate_conditions,
         evaluate_facts,
@@ -75,6 +76,7 @@ __all__ = [
     "CircuitResult",
     "ClaimsCard",
     "DEFAULT_MODEL",
+    "DecodeOptions",
     "DevGrid",
     "EvalResult",
     "Fact",
@@ -277,6 +279,7 @@ _LAZY: dict[str, Callable[[], ModuleType]] = {
     "read_export": _interventions,
     "EvalResult": _evaluate,
     "evaluate_conditions": _evaluate,
+    "DecodeOptions": _evaluate,
     "evaluate_facts": _evaluate,
     "greedy_generate": _evaluate,
     "LensResult": _lens,

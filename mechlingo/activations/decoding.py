@@ -35,6 +35,7 @@ from mechlingo.activations.runs import (
     hooked,
     model_input_device,
 )
+from mechlingo.core.defaults import KV_CACHE
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, batch_context
 from mechlingo.core.types import Model
@@ -370,7 +371,7 @@ def fits_window(model: Model, batch: TokenBatch, max_new_tokens: int) -> bool:
 
 
 def decode(
-    model: Model, batch: TokenBatch, *, cache: bool = True, **rule: Unpack[DecodeArgs]
+    model: Model, batch: TokenBatch, *, cache: bool = KV_CACHE, **rule: Unpack[DecodeArgs]
 ) -> list[list[int]]:
     """Decode after each row of ``batch`` by the rule's keywords (:class:`DecodeArgs`):
     cached when ``cache`` and the model supports it (:func:`kv_cache_path`), else by

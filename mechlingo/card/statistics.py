@@ -42,6 +42,7 @@ from mechlingo.card.clustered import (
     sums,
     t_p,
 )
+from mechlingo.core.defaults import SEED
 from mechlingo.core.errors import InputError
 from mechlingo.kernels.significance import CONFIDENCE, N_RESAMPLES, Interval, mcnemar
 
@@ -276,7 +277,7 @@ def paired_test(
     clusters: Sequence[Any] | None = None,
     *,
     null: float = 0.0,
-    seed: int = 0,
+    seed: int = SEED,
     n_resamples: int = N_RESAMPLES,
 ) -> Test:
     """The paired gain ``mean(new - base)`` of two conditions on the same items.
@@ -325,7 +326,7 @@ def relative_test(
     clusters: Sequence[Any] | None = None,
     *,
     null: float = 0.0,
-    seed: int = 0,
+    seed: int = SEED,
 ) -> Test:
     """The relative gain ``mean(new) / mean(base) - 1`` of paired items: the interval of the
     clustered log ratio (CR2, t(BM df)); ``p`` of H0 "relative gain == ``null``" by the t test
@@ -400,7 +401,7 @@ def mean_test(
     clusters: Sequence[Any] | None = None,
     *,
     null: float = 0.0,
-    seed: int = 0,
+    seed: int = SEED,
     n_resamples: int = N_RESAMPLES,
 ) -> Test:
     """The mean of per-item values (a 0/1 share, a per-sentence distance) against ``null``
@@ -432,7 +433,7 @@ def correlation_test(
     y: Sequence[float],
     clusters: Sequence[Any] | None = None,
     *,
-    seed: int = 0,
+    seed: int = SEED,
     n_resamples: int = N_RESAMPLES,
 ) -> Test:
     """Spearman's rank correlation of paired ``x`` and ``y`` with a cluster-bootstrap
@@ -488,7 +489,7 @@ def cluster_bootstrap(
     *,
     null: float = 0.0,
     method: str = "",
-    seed: int = 0,
+    seed: int = SEED,
     n_resamples: int = N_RESAMPLES,
     extra: dict[str, Any] | None = None,
 ) -> Test:
@@ -575,7 +576,7 @@ def group_difference_test(
     a: Any,
     b: Any,
     *,
-    seed: int = 0,
+    seed: int = SEED,
 ) -> Test:
     """``mean(values | group a) - mean(values | group b)`` (items of other groups ignored):
     the slope of a regression on the group indicator with its CR2 standard error, the

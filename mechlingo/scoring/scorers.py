@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from mechlingo.core.defaults import SEED
 from mechlingo.core.errors import InputError
 from mechlingo.core.languages import needs_word_boundary
 from mechlingo.data import Fact
@@ -323,7 +324,7 @@ def klar_decided(text: str, targets: Sequence[str]) -> bool:
     return True
 
 
-def klar_prompt(fact: Fact, pool: Iterable[Fact], k: int = KLAR_SHOTS, seed: int = 0) -> str:
+def klar_prompt(fact: Fact, pool: Iterable[Fact], k: int = KLAR_SHOTS, seed: int = SEED) -> str:
     """The KLAR few-shot prompt: up to ``k`` demonstrations (facts of ``pool`` with the same
     relation and language, another id and a prompt), each ``prompt + " " + answer + "\\n"``,
     then the query's prompt. Fewer than ``k`` when the pool has fewer, as in the reference

@@ -26,6 +26,7 @@ from mechlingo.activations.distributed import (
 )
 from mechlingo.activations.pooled import pooled_neuron_acts
 from mechlingo.activations.runs import last_token_means
+from mechlingo.scoring.evaluate import DecodeOptions
 from tests.forks import free_port, torchrun
 
 PROMPTS = [
@@ -454,8 +455,7 @@ def lens_and_embeddings(model):
     from tests.scoring.test_scorers import FACTS
 
     _, conds, _ = scoring_inputs(model)
-    few = {m: evaluate_conditions(model, facts[:2] if m == "generate" else FACTS[:2], conds,
-                                  metric=m, max_new_tokens=3, batch_size=4)
+    few = {m: evaluate_conditions(model, facts[:2] if m == "generate" else FACTS[:2], conds, metric=m, decoding=DecodeOptions(max_new_tokens=3, batch_size=4))
            for m in ("generate", "rank")}  # fmt: skip
     few_json = {m: {k: v.records for k, v in got.items()} for m, got in few.items()}
     return ({"rank": lens.rank.tolist(), "logprob": lens.logprob.tolist()},
@@ -475,8 +475,12 @@ def test_two_processes_score_like_one(tiny, two_processes):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the workers (OMP_NUM_THREADS=1): the same reduction order
     try:
-        one = evaluate_conditions(tiny, facts, conds, max_new_tokens=4, batch_size=3)
-        ranked = evaluate_facts(tiny, rank_facts, metric="rank", batch_size=1)
+        one = evaluate_conditions(
+            tiny, facts, conds, decoding=DecodeOptions(max_new_tokens=4, batch_size=3)
+        )
+        ranked = evaluate_facts(
+            tiny, rank_facts, metric="rank", decoding=DecodeOptions(batch_size=1)
+        )
         lens, emb = lens_and_embeddings(tiny)
         emb = json.loads(json.dumps(emb))
     finally:

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 from mechlingo.card.claims import CLAIMS, Claim
 from mechlingo.card.stages.data import lu_facts, parallel_parts
+from mechlingo.core.defaults import PROGRESS
 from mechlingo.core.errors import InputError
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
@@ -136,7 +137,7 @@ class Context:
     parallel: Mapping[str, Sequence[str]] | None
     cfg: Mapping[str, Any]
     stages: Stages
-    progress: bool = False
+    progress: bool = PROGRESS
     external: tuple[Sequence[Fact], str] | None = None
     documents: Sequence[str] | None = None
     shared: dict[str, Any] = field(default_factory=dict)

@@ -109,10 +109,9 @@ def stage_repair(model: Model, facts: list[Fact], cfg: Mapping[str, Any], progre
     build_settings, grid, scoring = repair_settings(cfg, int(model.cfg.n_layers), progress)
     on = vector_facts(build, cfg)  # the demonstrations' pool stays the whole build part
     vectors = steering.build_steering_vectors(model, on, build_settings, progress=progress)
-    run = steer_eval.run_steer_eval(
-        model, facts, vectors, split=repair_caps(cfg), grid=grid, scoring=scoring,
-        seeds=steer_eval.RandomControls(tuple(r["seeds"]), "each"),
-    )  # fmt: skip
+    options = steer_eval.SteerEvalOptions(split=repair_caps(cfg), grid=grid, scoring=scoring,
+                                          seeds=tuple(r["seeds"]), controls="each")  # fmt: skip
+    run = steer_eval.run_steer_eval(model, facts, vectors, options)
     res, sw = run.test, run.search
     if sw is None:  # a dev search runs whenever no config is fixed
         raise RuntimeError("the repair stage ran no dev search")
