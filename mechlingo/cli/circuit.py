@@ -21,6 +21,7 @@ from typing import Any
 from mechlingo.activations.distributed import is_main, sharded_scoring
 from mechlingo.analyses.circuits import languages
 from mechlingo.cli import common, cost
+from mechlingo.cli.glossary import about
 from mechlingo.cli.streams import outputs_written
 from mechlingo.core.defaults import CIRCUIT_PROMPTS
 from mechlingo.core.inert import inert_csv
@@ -30,43 +31,30 @@ from mechlingo.report.page import write_outputs
 
 def _circuit_args(p: argparse.ArgumentParser) -> None:
     common.add_model_args(p)
-    common.add_data_args(
-        p,
-        default_langs="en,fr",
-        langs_reason="each language's circuit takes minutes of CPU (scores, exact "
-        "patching, the curve), and two are the least to compare",
-    )
+    common.add_data_args(p)
     common.add_out_arg(p)
     common.add_max_new_tokens_arg(p, note="to keep the facts answered correctly")
     g = p.add_argument_group("circuit")
     g.add_argument("--attribution", choices=("eap", "eap-ig"), default="eap-ig",
-                   help="how edges are scored: edge attribution patching (eap) or with "
-                   "integrated gradients (eap-ig)")  # fmt: skip
-    g.add_argument("--ig-steps", type=int, default=5,
-                   help="integrated-gradient steps of --attribution eap-ig (each one more "
-                   "copy of the batch)")  # fmt: skip
-    g.add_argument("--faithfulness", type=float, default=0.8,
-                   help="the faithfulness a circuit must reach: the smallest circuit of the "
-                   "curve reaching it is reported")  # fmt: skip
+                   help=about("--attribution", "eap: edge attribution patching; eap-ig: with "
+                   "integrated gradients"))  # fmt: skip
+    g.add_argument("--ig-steps", type=int, default=5, help=about("--ig-steps", "of "
+                   "--attribution eap-ig; each one more copy of the batch"))  # fmt: skip
+    g.add_argument("--faithfulness", type=float, default=0.8, help=about("--faithfulness",
+                   "the smallest circuit of the curve reaching it is reported"))  # fmt: skip
     g.add_argument("--selection", choices=("top", "greedy"), default="top",
-                   help="top: the edges of largest |score|; greedy: grown from the logits, "
-                   "each edge leading into the circuit")  # fmt: skip
-    g.add_argument(
-        "--verify-edges",
-        type=int,
-        default=20,
-        help="top edges re-scored by exact edge patching (0 = none)",
-    )
+                   help=about("--selection", "greedy: each edge leading into the circuit"))  # fmt: skip
+    g.add_argument("--verify-edges", type=int, default=20, help=about("--verify-edges",
+                   "0 = none"))  # fmt: skip
     g.add_argument("--positions", choices=("roles", "all"), default="roles",
-                   help="roles: edges per position group (start, subject, subject_last, "
-                   "relation, last); all: summed over positions")  # fmt: skip
+                   help=about("--positions", "roles: start, subject, subject_last, relation, "
+                   "last"))  # fmt: skip
     g.add_argument("--readout", choices=("logprob", "logit_diff"), default="logprob",
-                   help="what a patched run is read out as: the answer's log-probability, or "
-                   "the clean minus the corrupted answer's")  # fmt: skip
+                   help=about("--readout", "the answer's log-probability, or the clean minus "
+                   "the corrupted answer's"))  # fmt: skip
     g.add_argument("--circuit-prompts", type=int, default=CIRCUIT_PROMPTS,
-                   help="correctly answered prompts per language a circuit is measured on, "
-                   f"the first ones (default {CIRCUIT_PROMPTS}; the documented runs pass 40, which leaves "
-                   "at least 20 pairs after the equal-length partner rule)")  # fmt: skip
+                   help=about("--circuit-prompts", "the first ones; the documented runs pass "
+                   "40, which leaves at least 20 pairs after the equal-length partner rule"))  # fmt: skip
     cost.add_dry_run_arg(p)
 
 

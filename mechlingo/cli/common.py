@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from mechlingo.activations.distributed import dist_info
+from mechlingo.cli.flags import count_or_all
+from mechlingo.cli.glossary import about
 from mechlingo.cli.validate import check_after_load
 from mechlingo.core import defaults
 from mechlingo.core.errors import InputError, MechlingoError
@@ -25,7 +27,7 @@ from mechlingo.data import (
     load_facts,
     read_facts,
 )
-from mechlingo.data.io import RETIRED_TEMPLATES
+from mechlingo.report.page import PLOTLYJS_FILE, PLOTLYJS_MODES
 from mechlingo.scoring.scorers import Scorer
 
 # Registered subcommands: name -> (add_args, run), filled by @command.
@@ -70,138 +72,116 @@ def split_list(text: str | None) -> list[str] | None:
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    """``--model``, ``--device``, ``--dtype``, ``--compat``."""
+    """``--model``, ``--device``, ``--dtype``, ``--chat``, ``--compat``."""
     g = p.add_argument_group("model")
-    g.add_argument(
-        "--model",
-        default=None,
-        help="model to load: omit for the embedded default (google/gemma-3-270m from PyPI), "
-        "or a hub id, a local transformers folder, or a .gguf file",
-    )
-    g.add_argument(
-        "--device", default=None, help="cuda or cpu (default: cuda when available, else cpu)"
-    )
-    g.add_argument("--dtype", default=None, help="model dtype, e.g. float32 or bfloat16 "
-                   "(default float32; readouts are computed in float32 whatever the dtype)")  # fmt: skip
-    g.add_argument("--chat", choices=CHAT_MODES, default="auto",
-                   help="wrap prompts (facts, few-shot demonstrations, steering-vector build "
-                   "prompts) in the tokenizer's chat template: on, off, or auto = on for a "
-                   "chat-tuned model with a template (mechlingo.core.tokens)")  # fmt: skip
-    g.add_argument(
-        "--compat",
-        action="store_true",
-        help="fold layer norms (TransformerLens compatibility mode); recorded in artifacts",
-    )
+    g.add_argument("--model", default=None, help=about("--model", "omit for the embedded "
+                   "default (google/gemma-3-270m from PyPI)"))  # fmt: skip
+    g.add_argument("--device", default=None, help=about("--device", "default: cuda when "
+                   "available, else cpu"))  # fmt: skip
+    g.add_argument("--dtype", default="float32", help=about("--dtype", "e.g. float32 or "
+                   "bfloat16; readouts are computed in float32 whatever the dtype"))  # fmt: skip
+    g.add_argument("--chat", choices=CHAT_MODES, default="auto", help=about("--chat", "auto = "
+                   "on for a chat-tuned model with a template (mechlingo.core.tokens); it "
+                   "wraps facts, few-shot demonstrations and steering-vector build prompts"))  # fmt: skip
+    g.add_argument("--compat", action="store_true",
+                   help=about("--compat", "recorded in artifacts"))  # fmt: skip
 
 
-#: The bundled languages the fact commands read when neither ``--langs`` nor ``--facts``
-#: says otherwise (a ``--facts`` file without ``--langs`` is read in all its languages).
+#: The languages every command reads from the bundled data when ``--langs`` is not given:
+#: English and four others, one in another script (minutes on a CPU). A ``--facts`` file or
+#: a ``--parallel`` folder is read in all its languages; ``--langs all`` reads every language
+#: of the data.
 DEFAULT_LANGS = "en,fr,de,es,ja"
+#: ``--limit``: facts per relation when not given (``--limit all`` reads every fact)
+DEFAULT_LIMIT = 50
+#: ``--relation`` of the bundled facts when not given
+DEFAULT_RELATION = "capital"
+#: ``--templates`` when not given
+DEFAULT_TEMPLATES = "measured"
 
 
-def add_data_args(
-    p: argparse.ArgumentParser,
-    *,
-    default_langs: str = DEFAULT_LANGS,
-    langs_reason: str = "English and four others, one in another script: minutes on a CPU",
-    default_templates: str = "measured",
-    templates_reason: str = "",
-    default_limit: int | None = 50,
-    limit_reason: str = "",
-    default_relation: str = "capital",
-    relation_reason: str = "",
-) -> None:
-    """``--langs``, ``--relation``, ``--limit``, ``--facts``, ``--templates``; each help says
-    its default as ``(default X: reason)`` when the reason is given (``langs_reason``,
-    ``templates_reason``, ``limit_reason``, ``relation_reason``): a command whose default
-    differs from the shared one must say why (``tests/cli/test_glossary.py`` checks it)."""
-    g = p.add_argument_group("data")
-    g.add_argument(
-        "--templates",
-        choices=["natural", "measured", "tuned"],
-        default=None,
-        help=f"prompt family of the bundled facts (default {default_templates}"
-        + (f": {templates_reason}" if templates_reason else "")
-        + "): natural = plain fact-completion stems never chosen on a model ('The capital of "
-        "France is'); measured = the stems measured best zero-shot on the embedded model "
-        "(docs/data.md; 'tuned' is its deprecated old name). --facts files keep their own "
-        "prompts",
-    )
-    p.set_defaults(_templates_default=default_templates, _langs_default=default_langs)
+def add_langs_arg(g: Any) -> None:
+    """``--langs``, the same in every command (:data:`DEFAULT_LANGS`)."""
     g.add_argument(
         "--langs",
         default=None,
-        help=f"comma-separated language codes (default: {default_langs} of the bundled facts"
-        + (f": {langs_reason}" if langs_reason else "")
-        + "; every language of the --facts file); bundled data has en de fr es it pt ru zh "
-        "ja ko ar hi",
-    )
-    relation_default = (
-        "every bundled relation, the same number of facts from each"
-        if default_relation == "all"
-        else f"{default_relation} for the bundled data"
-    ) + (f": {relation_reason}" if relation_reason else "")
-    g.add_argument(
-        "--relation",
-        default=None,
-        help=f"comma-separated relations, or 'all' (default: {relation_default}; every "
-        "relation in the file with --facts)",
-    )
-    p.set_defaults(_relation_default=default_relation)
-    g.add_argument(
-        "--limit",
-        type=int,
-        default=default_limit,
-        help="at most this many facts per relation, the same facts in every language (default "
-        + ("every fact" if default_limit is None else str(default_limit))
-        + (f": {limit_reason}" if limit_reason else "")
-        + ")",
-    )
-    g.add_argument(
-        "--facts",
-        default=None,
-        metavar="FILE|DIR",
-        help="your own facts as .jsonl or .tsv (same schema as the bundled data; see "
-        "docs/data.md), or a benchmark folder/file (BMLAMA, KLAR, mLAMA, mParaRel; the format "
-        "is detected, see docs/benchmarks.md)",
+        help=about(
+            "--langs",
+            f"'all' = every language of the data (default: {DEFAULT_LANGS} of the bundled "
+            "data: English and four others, one in another script; every language of a "
+            "--facts file or --parallel folder); the bundled data has en de fr es it pt ru zh "
+            "ja ko ar hi",
+        ),
     )
 
 
-def add_parallel_arg(g: Any, help_text: str, **kw: Any) -> None:
-    """``--parallel DIR``: a folder of parallel text (``None`` when omitted), with the
-    command's ``help_text`` (and argparse's ``kw``, e.g. another ``dest``)."""
-    g.add_argument("--parallel", default=None, metavar="DIR", help=help_text, **kw)
+def bundled_langs(text: str | None) -> list[str]:
+    """The bundled languages ``--langs`` names (:data:`DEFAULT_LANGS` without it, every
+    bundled language for ``all``)."""
+    langs = split_list(text) or split_list(DEFAULT_LANGS) or []
+    return list(LANGS) if langs == ["all"] else langs
+
+
+def parallel_langs(args: argparse.Namespace, extra: Sequence[str] = ()) -> list[str] | None:
+    """The languages of parallel text that ``--langs`` selects, with ``extra`` (the target
+    languages, which are always read) added: ``None`` for every language of a ``--parallel``
+    folder (no ``--langs``, or ``all``), :func:`bundled_langs` for the bundled sentences."""
+    langs = split_list(args.langs)
+    if getattr(args, "parallel", None):
+        if langs is None or langs == ["all"]:
+            return None
+    else:
+        langs = bundled_langs(args.langs)
+    return langs + [lg for lg in extra if lg not in langs]
+
+
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    """``--templates``, ``--langs``, ``--relation``, ``--limit``, ``--facts``: one default
+    each, the same in every command that reads facts."""
+    g = p.add_argument_group("data")
+    g.add_argument("--templates", choices=["natural", "measured"], default=DEFAULT_TEMPLATES,
+                   help=about("--templates", "natural = plain fact-completion stems never "
+                   "chosen on a model ('The capital of France is', the papers' setting); "
+                   "measured = the stems measured best zero-shot on the embedded model "
+                   "(docs/data.md); --facts files keep their own prompts"))  # fmt: skip
+    add_langs_arg(g)
+    g.add_argument("--relation", default=None, help=about("--relation", f"default: "
+                   f"{DEFAULT_RELATION} for the bundled data, every relation of a --facts "
+                   "file"))  # fmt: skip
+    g.add_argument("--limit", type=count_or_all, default=DEFAULT_LIMIT, metavar="N|all",
+                   help=about("--limit", "'all' = every fact"))  # fmt: skip
+    g.add_argument("--facts", default=None, metavar="FILE|DIR", help=about("--facts", "default: "
+                   "the bundled facts; the same schema as the bundled data (docs/data.md); a benchmark's format "
+                   "(BMLAMA, KLAR, mLAMA, mParaRel) is detected (docs/benchmarks.md)"))  # fmt: skip
+
+
+def add_parallel_arg(g: Any, detail: str, **kw: Any) -> None:
+    """``--parallel DIR``: a folder of parallel text (``None`` when omitted), with what the
+    command reads it for (``detail``) and argparse's ``kw``, e.g. another ``dest``."""
+    g.add_argument("--parallel", default=None, metavar="DIR", help=about("--parallel", detail),
+                   **kw)  # fmt: skip
 
 
 def add_metric_args(p: argparse.ArgumentParser) -> None:
     """``--metric`` (generate, klar, rank) and ``--rank-tokens``."""
     g = p.add_argument_group("scoring")
-    g.add_argument(
-        "--metric",
-        choices=["generate", "klar", "rank"],
-        default="generate",
-        help="how facts are scored: generate (default: greedy continuation starts with the "
-        "answer), klar (KLAR's 3-shot greedy rule, 10 tokens, two-way prefix match; CLC "
-        "against English), rank (BMLAMA's candidate ranking by the filled sentence's mean "
-        "cross-entropy; P@1 and RankC). See docs/methods/scoring.md",
-    )
-    g.add_argument(
-        "--rank-tokens",
-        choices=["sentence", "candidate"],
-        default="sentence",
-        help="with --metric rank: average the cross-entropy over the whole sentence (default, "
-        "as the benchmark) or over the candidate's tokens only",
-    )
+    g.add_argument("--metric", choices=["generate", "klar", "rank"], default="generate",
+                   help=about("--metric", "generate = the greedy continuation starts with the "
+                   "answer; klar = KLAR's 3-shot greedy rule, 10 tokens, two-way prefix match, "
+                   "CLC against English; rank = BMLAMA's candidate ranking by the filled "
+                   "sentence's mean cross-entropy, P@1 and RankC (docs/methods/scoring.md)"))  # fmt: skip
+    g.add_argument("--rank-tokens", choices=["sentence", "candidate"], default="sentence",
+                   help=about("--rank-tokens", "sentence as the benchmark"))  # fmt: skip
 
 
 #: the rank at or below which ``lens`` and ``trace`` count an answer as decodable
 MAX_RANK = 10
 
 
-def add_max_rank_arg(p: argparse.ArgumentParser, help_text: str) -> None:
-    """``--max-rank`` (default :data:`MAX_RANK`), with the command's ``help_text``."""
+def add_max_rank_arg(p: argparse.ArgumentParser) -> None:
+    """``--max-rank`` (default :data:`MAX_RANK`)."""
     p.add_argument("--max-rank", type=int, default=MAX_RANK,
-                   help=f"{help_text} (default {MAX_RANK})")  # fmt: skip
+                   help=about("--max-rank", "0 = top-1"))  # fmt: skip
 
 
 #: greedy tokens of fact scoring (:data:`mechlingo.core.defaults.MAX_NEW_TOKENS`)
@@ -211,15 +191,13 @@ MAX_NEW_TOKENS = defaults.MAX_NEW_TOKENS
 MAX_NEW_TOKENS_REASON = "99% of the bundled answers take at most 8 tokens of the embedded model"
 
 
-def add_max_new_tokens_arg(
-    p: argparse.ArgumentParser, default: int = MAX_NEW_TOKENS, note: str = ""
-) -> None:
-    """``--max-new-tokens`` of the commands that score facts by greedy generation, with the
-    command's default, its reason and ``note`` (what else decides the length) in its help."""
+def add_max_new_tokens_arg(p: argparse.ArgumentParser, note: str = "") -> None:
+    """``--max-new-tokens``: the greedy answer tokens of the commands that score facts by
+    generation (default :data:`MAX_NEW_TOKENS`), with ``note`` (what else decides the length)."""
     extra = f"; {note}" if note else ""
-    why = f": {MAX_NEW_TOKENS_REASON}".replace("%", "%%") if default == MAX_NEW_TOKENS else ""
-    p.add_argument("--max-new-tokens", type=int, default=default,
-                   help=f"greedy tokens to generate (default {default}{why}{extra})")  # fmt: skip
+    why = MAX_NEW_TOKENS_REASON.replace("%", "%%")
+    p.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS,
+                   help=about("--max-new-tokens", f"{why}{extra}"))  # fmt: skip
 
 
 def scorer_from_args(args: argparse.Namespace) -> Any:
@@ -227,33 +205,31 @@ def scorer_from_args(args: argparse.Namespace) -> Any:
     return Scorer(getattr(args, "metric", "generate"), getattr(args, "rank_tokens", "sentence"))
 
 
-#: The shared ``--batch-size`` default (:data:`mechlingo.core.defaults.BATCH_SIZE`); a
-#: command with another one says why.
+#: The ``--batch-size`` default of every command (:data:`mechlingo.core.defaults.BATCH_SIZE`).
 BATCH_SIZE = defaults.BATCH_SIZE
 
 
-def add_batch_size_arg(
-    p: argparse.ArgumentParser, default: int = BATCH_SIZE, reason: str = ""
-) -> None:
-    """``--batch-size`` (prompts per forward pass), with the command's default and, when it
-    is not :data:`BATCH_SIZE`, the reason."""
-    why = f": {reason}" if reason else ""
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=default,
-        help=f"prompts per forward pass (default {default}{why})",
-    )
+def add_batch_size_arg(p: argparse.ArgumentParser) -> None:
+    """``--batch-size`` (prompts or texts per forward pass, default :data:`BATCH_SIZE`)."""
+    p.add_argument("--batch-size", type=int, default=BATCH_SIZE, help=about("--batch-size"))
 
 
-def add_out_arg(
-    p: argparse.ArgumentParser, *, batch_size: int = BATCH_SIZE, batch_reason: str = ""
-) -> None:
-    """``--out``, ``--batch-size`` (default ``batch_size``, with ``batch_reason`` when it is
-    not the shared default), ``--quiet``."""
-    p.add_argument("--out", required=True, help="output folder (created; files in it replaced)")
-    add_batch_size_arg(p, batch_size, batch_reason)
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+def add_out_arg(p: argparse.ArgumentParser, *, report: bool = True) -> None:
+    """``--out``, ``--batch-size``, ``--quiet`` and, for a command that writes
+    ``report.html`` (``report``), ``--plotlyjs``."""
+    p.add_argument("--out", required=True, help=about("--out", "created; files in it replaced"))
+    add_batch_size_arg(p)
+    p.add_argument("--quiet", action="store_true", help=about("--quiet"))
+    if report:
+        add_plotlyjs_arg(p)
+
+
+def add_plotlyjs_arg(p: argparse.ArgumentParser) -> None:
+    """``--plotlyjs inline|file``: how ``report.html`` loads plotly.js."""
+    p.add_argument("--plotlyjs", choices=PLOTLYJS_MODES, default=None,
+                   help=about("--plotlyjs", f"inline = one self-contained file (about 5 MB); "
+                   f"file = every report of --out loads one {PLOTLYJS_FILE} beside it "
+                   "(default: inline, or MECHLINGO_PLOTLYJS from the environment)"))  # fmt: skip
 
 
 def load_selected_facts(args: argparse.Namespace) -> list[Any]:
@@ -264,25 +240,17 @@ def load_selected_facts(args: argparse.Namespace) -> list[Any]:
 
     rel = split_list(args.relation)
     if rel is None and args.facts is None:
-        rel = split_list(getattr(args, "_relation_default", "capital"))
+        rel = [DEFAULT_RELATION]
     if rel == ["all"]:
         rel = list(RELATIONS) if args.facts is None else None
     # with --facts and no --relation: every relation in the file
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be at least 1")
-    templates = getattr(args, "templates", None)
-    if templates in RETIRED_TEMPLATES:
-        print(f"warning: --templates {templates} is now --templates "
-              f"{RETIRED_TEMPLATES[templates]}; the old name will be removed", file=sys.stderr)  # fmt: skip
-        templates = RETIRED_TEMPLATES[templates]
+    templates = getattr(args, "templates", None) or DEFAULT_TEMPLATES
     if templates == "natural" and args.facts is not None:
         raise UsageError(
             "--templates natural re-renders the bundled facts; a --facts file keeps its own "
             "prompts (drop --templates)"
-        )
-    if templates is None:
-        templates = (
-            getattr(args, "_templates_default", "measured") if args.facts is None else "measured"
         )
     args.templates_used = "file" if args.facts is not None else templates
     try:
@@ -308,10 +276,10 @@ def selected_langs(args: argparse.Namespace) -> list[str] | None:
     bundled facts, and every language of the file with ``--facts`` (``None`` for a
     benchmark: all of its languages)."""
     langs = split_list(args.langs)
-    if langs is not None:
-        return langs
     if getattr(args, "facts", None) is None:
-        return split_list(getattr(args, "_langs_default", DEFAULT_LANGS))
+        return bundled_langs(args.langs)
+    if langs is not None and langs != ["all"]:
+        return langs
     if benchmark_format(args.facts) is not None:
         return None  # a benchmark is read in all its languages
     present = {f.lang for f in read_facts(args.facts)}

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mechlingo.analyses.decoders.registry import DecoderUse
+from mechlingo.cli.glossary import about
 from mechlingo.core.costs import EMBEDDED_LAYERS, Estimate, ModelShape, estimate, model_shape
 
 __all__ = [
@@ -54,9 +55,8 @@ class Plan:
 
 def add_dry_run_arg(p: argparse.ArgumentParser) -> None:
     """``--dry-run``: print the plan and the estimate, load no model, write nothing."""
-    p.add_argument("--dry-run", action="store_true", help="print what would be scored and "
-                   "the estimated CPU time, then stop: no model weights are loaded and "
-                   "nothing is written")  # fmt: skip
+    p.add_argument("--dry-run", action="store_true", help=about("--dry-run", "every check "
+                   "that needs no model runs first"))  # fmt: skip
 
 
 def announce(plan: Plan, args: argparse.Namespace) -> bool:

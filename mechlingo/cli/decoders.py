@@ -3,7 +3,7 @@ built from the registry (:mod:`mechlingo.analyses.decoders.registry`).
 
 The flags are added to ``mechlingo lens`` (:mod:`mechlingo.cli.lens`): ``--decoder`` (its
 names and its default from the registry) and each registered decoder's declared options
-(``--tuned-lens``, ``--patchscope-target``, ``--max-new-tokens``, and those of any decoder
+(``--tuned-lens``, ``--patchscope-target``, ``--patchscope-tokens``, and those of any decoder
 registered later), with their help and defaults. With only the default decoder the command
 writes exactly what it always wrote. With several decoders it is one call,
 :func:`mechlingo.analyses.decoders.run.run_lens_decoders`; the outputs gain a ``decoder``
@@ -29,6 +29,7 @@ from mechlingo.analyses.decoders.registry import (
 )
 from mechlingo.analyses.decoders.run import run_lens_decoders
 from mechlingo.cli.common import UsageError, run_meta, split_list
+from mechlingo.cli.glossary import FLAGS, about
 from mechlingo.cli.streams import outputs_written
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
@@ -51,15 +52,19 @@ def add_decoder_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoders")
     default = default_decoder()
     listed = "; ".join(f"{s.name} ({s.help})" if s.help else s.name for s in decoder_specs())
-    g.add_argument("--decoder", default=default, help="comma-separated decoders to read every "
-                   f"layer with (default {default}): {listed}; several are drawn side by side"
-                   .replace("%", "%%"))  # fmt: skip
+    g.add_argument("--decoder", default=default, help=about("--decoder", f"read every layer "
+                   f"with: {listed}; several are drawn side by side".replace("%", "%%")))  # fmt: skip
     for o, owners in _options():
         why = f": {o.why_default}" if o.why_default else ""
-        shown = "" if o.default is None else f"; default {o.default}{why}"
-        text = f"{o.help} (with --decoder {' or '.join(owners)}{shown})"
+        unset = f"; default: {o.why_default or 'none'}"  # what an unset option means
+        shown = unset if o.default is None else f"; default {o.default}{why}"
+        detail = f"with --decoder {' or '.join(owners)}{shown}"
+        # a flag of the glossary takes its one meaning from there (mechlingo.cli.glossary);
+        # another registered decoder's option says its own help
+        text = about(o.flag, detail.replace("%", "%%")) if o.flag in FLAGS else (
+            f"{o.help} ({detail})".replace("%", "%%"))  # fmt: skip
         g.add_argument(o.flag, type=str if o.per_label else o.type, default=o.default,
-                       help=text.replace("%", "%%"))  # fmt: skip
+                       help=text)  # fmt: skip
 
 
 @dataclass(frozen=True)

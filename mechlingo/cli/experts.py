@@ -25,9 +25,10 @@ from mechlingo.activations.shards import memory_budget, shared_directory
 from mechlingo.analyses.experts import ExpertError
 from mechlingo.analyses.experts.align import AlignmentError, drop_empty_lines
 from mechlingo.analyses.experts.align_run import AlignOptions, load_clamp_pair, run_alignment
-from mechlingo.analyses.experts.run import ExpertSettings, run_experts
+from mechlingo.analyses.experts.run import KCURVE_MAX_TOKENS, ExpertSettings, run_experts
 from mechlingo.cli import common, cost, work
-from mechlingo.cli.flags import line_count, parse_ints
+from mechlingo.cli.flags import parse_ints
+from mechlingo.cli.glossary import about
 from mechlingo.cli.streams import outputs_written
 from mechlingo.core.errors import ArtifactError, InputError, InterventionError
 from mechlingo.core.stages import Stages
@@ -39,52 +40,48 @@ from mechlingo.report.experts import align_report, experts_report, interval_rows
 #: the settings whose defaults the flags of ``experts`` show
 _DEFAULTS = ExpertSettings()
 #: the fields of :class:`ExpertSettings` that flags of the same name set as they are
-_SETTINGS_FLAGS = ("pool", "score", "value", "seed", "samples", "max_new_tokens", "max_tokens",
+_SETTINGS_FLAGS = ("pool", "score", "value", "seed", "samples", "max_tokens",
                    "ppl_budget", "ppl_others", "batch_size")  # fmt: skip
 
 
-def _data_args(p: argparse.ArgumentParser, default_lines: int, lines_reason: str) -> None:
+#: ``--lines``: parallel lines per language when not given (experts, align, tuned-lens)
+DEFAULT_LINES = 300
+#: ``--max-tokens``: tokens kept of each text when not given (the k curve's own bound)
+DEFAULT_MAX_TOKENS = KCURVE_MAX_TOKENS
+#: ``--heldout``: held-out lines per language when not given
+DEFAULT_HELDOUT = 16
+
+
+def add_line_args(g: Any) -> None:
+    """``--langs``, ``--lines``, ``--offset``, ``--max-tokens``: the same in every command
+    that reads parallel text."""
+    common.add_langs_arg(g)
+    g.add_argument("--lines", type=int, default=DEFAULT_LINES, metavar="N",
+                   help=about("--lines", "their pooled statistics take ~0.5 GB in 12 "
+                   "languages on the embedded model (experts); align retrieves among them"))  # fmt: skip
+    g.add_argument("--offset", type=int, default=0, metavar="N", help=about("--offset", "keep "
+                   "expert-finding, evaluation and training lines apart"))  # fmt: skip
+    g.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N",
+                   help=about("--max-tokens", "every bundled sentence fits (at most 33 "
+                   "tokens of the embedded model) and 93%% of the NTREX lines; it bounds a "
+                   "text's cost"))  # fmt: skip
+
+
+def add_heldout_arg(g: Any) -> None:
+    """``--heldout`` (experts' k curve, the tuned lens's held-out KL)."""
+    g.add_argument("--heldout", type=int, default=DEFAULT_HELDOUT, metavar="N",
+                   help=about("--heldout", "never fitted on: experts measure the k curve's "
+                   "perplexity on them, tuned-lens the held-out KL per layer"))  # fmt: skip
+
+
+def _data_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
-    common.add_parallel_arg(
-        g,
-        "folder of line-aligned <lang>.txt files (e.g. NTREX), or a FLORES+ "
-        "(<split>/<lang_Script>.parquet) or FLORES-200 (<split>/<lang_Script>.<split>) folder; "
-        "default: the bundled parallel sentences",
-    )
-    g.add_argument(
-        "--flores-split",
-        choices=("dev", "devtest"),
-        default="devtest",
-        help="FLORES split to read from a FLORES --parallel folder (default devtest)",
-    )
-    g.add_argument(
-        "--langs",
-        default=None,
-        help="comma-separated languages (default: every language with data: a language's "
-        "experts are scored against all the others, and alignment is measured between every "
-        "pair)",
-    )
-    g.add_argument(
-        "--lines",
-        type=line_count,
-        default=default_lines,
-        metavar="N",
-        help=f"parallel lines (sentences) per language, after --offset (default {default_lines}: "
-        f"{lines_reason})",
-    )
-    g.add_argument(
-        "--offset",
-        type=line_count,
-        default=0,
-        metavar="N",
-        help="skip this many lines first (keep expert-finding and evaluation sentences apart)",
-    )
-    g.add_argument(
-        "--max-tokens",
-        type=int,
-        default=None,
-        help="keep only the first N tokens of each sentence (cheaper on CPU)",
-    )
+    common.add_parallel_arg(g, "or a FLORES+ (<split>/<lang_Script>.parquet) or FLORES-200 "
+                            "(<split>/<lang_Script>.<split>) folder; default: the bundled "
+                            "parallel sentences")  # fmt: skip
+    g.add_argument("--flores-split", choices=("dev", "devtest"), default="devtest",
+                   help=about("--flores-split"))  # fmt: skip
+    add_line_args(g)
 
 
 def load_parallel(
@@ -93,7 +90,8 @@ def load_parallel(
     """The parallel sentences selected by ``--parallel/--langs/--offset/--lines`` (lines that
     are empty in some language are dropped in all)."""
 
-    langs = common.split_list(args.langs)
+    targets = common.split_list(getattr(args, "target", None)) or []
+    langs = common.parallel_langs(args, targets)
     offset = args.offset if offset is None else offset
     limit = args.lines if limit is None else limit
     if limit is not None and limit < 1:
@@ -104,7 +102,7 @@ def load_parallel(
         if args.parallel:
             texts = read_parallel(args.parallel, langs, getattr(args, "flores_split", "devtest"))
         else:
-            texts = parallel_sentences(langs or list(LANGS))
+            texts = parallel_sentences(langs or list(LANGS))  # parallel_langs: never None
     texts = drop_empty_lines(texts)
     out = {lg: s[offset : offset + limit if limit else None] for lg, s in texts.items()}
     short = [lg for lg, s in out.items() if not s]
@@ -121,35 +119,26 @@ def load_parallel(
 
 def _experts_args(p: argparse.ArgumentParser) -> None:
     common.add_model_args(p)
-    _data_args(p, default_lines=300, lines_reason="the sentences neurons are ranked on; their "
-               "pooled statistics take ~0.5 GB in 12 languages on the embedded model")  # fmt: skip
+    _data_args(p)
     common.add_out_arg(p)
     g = p.add_argument_group("experts")
-    g.add_argument("--target", required=True, help="target language(s) of the expert "
-                   "neurons, comma-separated")  # fmt: skip
-    g.add_argument(
-        "--k", default="50,100,200,500,1000,2000", help="expert counts to save and compare"
-    )
+    g.add_argument("--target", required=True, help=about("--target", "comma-separated; the "
+                   "targets are read besides --langs"))  # fmt: skip
+    g.add_argument("--k", default="50,100,200,500,1000,2000", help=about("--k"))
     g.add_argument("--pool", choices=("mean", "max"), default=_DEFAULTS.pool,
-                   help="pooling over tokens")  # fmt: skip
+                   help=about("--pool"))  # fmt: skip
     g.add_argument("--score", choices=("auroc", "ap", "lape"), default=_DEFAULTS.score,
-                   help="how neurons are ranked as experts of the language: AUROC or average "
-                   "precision of the pooled activation against the other languages, or LAPE "
-                   "(activation-probability entropy)")  # fmt: skip
+                   help=about("--score", "AUROC or average precision of the pooled activation "
+                   "against the other languages, or LAPE (activation-probability entropy)"))  # fmt: skip
     g.add_argument("--value", choices=("mean", "median"), default=_DEFAULTS.value,
-                   help="clamp value")  # fmt: skip
-    g.add_argument(
-        "--layers", default=None, help="comma-separated layers to search (default all layers)"
-    )
-    g.add_argument("--seed", type=int, default=_DEFAULTS.seed,
-                   help="seed of the random control and sampling")  # fmt: skip
-    g.add_argument("--no-curve", action="store_true", help="skip the k curve (generation)")
-    g.add_argument("--samples", type=int, default=_DEFAULTS.samples,
-                   help=f"samples from BOS per k (default {_DEFAULTS.samples})")  # fmt: skip
-    g.add_argument("--max-new-tokens", type=int, default=_DEFAULTS.max_new_tokens,
-                   help="greedy tokens generated per BOS sample (default "
-                   f"{_DEFAULTS.max_new_tokens}: a sample is free text whose language is "
-                   "identified, not a short answer)")  # fmt: skip
+                   help=about("--value"))  # fmt: skip
+    g.add_argument("--layers", default=None, help=about("--layers", "default: all layers"))
+    g.add_argument("--seed", type=int, default=_DEFAULTS.seed, help=about("--seed"))
+    g.add_argument("--no-curve", action="store_true", help=about("--no-curve"))
+    g.add_argument("--samples", type=int, default=_DEFAULTS.samples, help=about("--samples"))
+    g.add_argument("--sample-tokens", type=int, default=_DEFAULTS.max_new_tokens,
+                   help=about("--sample-tokens", "a sample is free text whose language is "
+                   "identified, not a short answer"))  # fmt: skip
     _k_rule_args(g)
     _shard_args(g)
     work.add_work_args(p)
@@ -158,31 +147,15 @@ def _experts_args(p: argparse.ArgumentParser) -> None:
 
 def _k_rule_args(g: Any) -> None:
     """``--heldout``, ``--ppl-budget``, ``--ppl-others``: the k curve's lines and the k rule."""
-    g.add_argument(
-        "--heldout",
-        type=line_count,
-        default=16,
-        metavar="N",
-        help="held-out lines per language right after the --lines used, never fitted on "
-        "(default 16: the k curve's perplexity is measured on them, for every k, with and "
-        "without the clamp)",
-    )
-    g.add_argument(
-        "--ppl-budget",
-        type=float,
-        default=_DEFAULTS.ppl_budget,
-        help="k rule: a clamp may raise the target language's held-out perplexity at most "
-        f"this many times (default {_DEFAULTS.ppl_budget:g})",
-    )
-    g.add_argument(
-        "--ppl-others",
-        choices=("geomean", "max", "none"),
-        default=_DEFAULTS.ppl_others,
-        help="k rule: how the other languages' perplexity ratios enter the budget: not at all "
-        "(default: the papers' rule, target rate against the target's perplexity), their "
-        "geometric mean, or each of them (stricter rules; summary.json has the geomean "
-        "rule's k beside as k_choice_stricter)",
-    )
+    add_heldout_arg(g)
+    g.add_argument("--ppl-budget", type=float, default=_DEFAULTS.ppl_budget,
+                   help=about("--ppl-budget", "the times a clamp may raise the target "
+                   "language's held-out perplexity"))  # fmt: skip
+    g.add_argument("--ppl-others", choices=("geomean", "max", "none"),
+                   default=_DEFAULTS.ppl_others, help=about("--ppl-others", "none = the "
+                   "papers' rule, the target rate against the target's perplexity; geomean, "
+                   "max = stricter rules on their geometric mean or each of them "
+                   "(summary.json has the geomean rule's k beside as k_choice_stricter)"))  # fmt: skip
 
 
 def _shard_args(g: Any) -> None:
@@ -191,18 +164,24 @@ def _shard_args(g: Any) -> None:
         "--max-memory",
         default=None,
         metavar="SIZE",
-        help="cap on the memory of the neuron statistics, e.g. 8G (default: a quarter of the "
-        "memory available, shared by the ranks of this machine); when the pooled activations "
-        "would take more than half of it they stream to disk shards and are scored a block "
-        "of neurons at a time, with the same numbers (docs/scaling.md)",
+        help=about(
+            "--max-memory",
+            "e.g. 8G (default: a quarter of the memory available, "
+            "shared by the ranks of this machine); when the pooled activations would "
+            "take more than half of it they stream to disk shards and are scored a "
+            "block of neurons at a time, with the same numbers (docs/scaling.md)",
+        ),
     )
     g.add_argument(
         "--shard-dir",
         default=None,
         metavar="DIR",
-        help="keep the statistics out of core in this empty folder (default: a temporary "
-        "folder, removed afterwards, only when --max-memory calls for it); under torchrun "
-        "every rank must see it",
+        help=about(
+            "--shard-dir",
+            "an empty folder (default: a temporary folder, removed "
+            "afterwards, only when --max-memory calls for it); under torchrun every "
+            "rank must see it",
+        ),
     )
 
 
@@ -248,7 +227,7 @@ def _cmd_experts(args: argparse.Namespace) -> int:
     work.work_folder(args)  # --work is checked before the model loads
     n_held = None if heldout is None else len(next(iter(heldout.values()), []))
     plan = cost.plan_experts(texts, targets, ks, heldout=n_held, samples=args.samples,
-                             max_new_tokens=args.max_new_tokens, model=args.model)  # fmt: skip
+                             max_new_tokens=args.sample_tokens, model=args.model)  # fmt: skip
     if cost.announce(plan, args):
         return 0
     model = common.load_cli_model(args, texts=texts)
@@ -299,7 +278,10 @@ def options_from_args(args: argparse.Namespace) -> ExpertSettings:
     layers = parse_ints(args.layers, "--layers")
     same = {name: getattr(args, name) for name in _SETTINGS_FLAGS}
     return ExpertSettings(
-        **same, layers=None if layers is None else tuple(layers), progress=not args.quiet
+        **same,
+        max_new_tokens=args.sample_tokens,
+        layers=None if layers is None else tuple(layers),
+        progress=not args.quiet,
     )
 
 
@@ -366,40 +348,33 @@ def _resolve_clamp(path: str, target: str | None) -> str:
 
 def _align_args(p: argparse.ArgumentParser) -> None:
     common.add_model_args(p)
-    _data_args(p, default_lines=200, lines_reason="retrieval among 200 candidates per language "
-               "pair; every line is embedded in every language, with and without the clamp")  # fmt: skip
+    _data_args(p)
     common.add_out_arg(p)
     g = p.add_argument_group("alignment")
-    g.add_argument(
-        "--clamp",
-        default=None,
-        help="saved intervention folder (e.g. EDIR/es-k500), or an `experts` output folder: "
-        "then the clamp of the k its rule chose (`chosen_k` in EDIR/summary.json)",
-    )
-    g.add_argument(
-        "--control",
-        default=None,
-        help="control intervention folder (default: CLAMP-random when it exists)",
-    )
-    g.add_argument(
-        "--layer", type=int, default=None, help="layer of the headline numbers (default last)"
-    )
-    g.add_argument("--centre", action="store_true", help="subtract the mean embedding first")
-    g.add_argument("--target", default=None, help="target language of the clamp's expert "
-                   "neurons (default: from the clamp)")  # fmt: skip
-    g.add_argument(
-        "--side-effects",
-        action="store_true",
-        help="also measure the clamp's side effects in every language against the control "
-        "(mechlingo.scoring.side_effects): accuracy on --side-effects-lines bundled "
-        "capitals per language (natural templates), perplexity and output language on the "
-        "last --side-effects-lines lines of each language",
-    )
-    g.add_argument("--side-effects-lines", type=int, default=20, metavar="N",
-                   help="parallel lines per language that --side-effects measures perplexity "
-                   "and output language on (default 20)")  # fmt: skip
+    g.add_argument("--clamp", default=None, help=about("--clamp", "e.g. EDIR/es-k500; an "
+                   "`experts` output folder gives the clamp of the k its rule chose "
+                   "(`chosen_k` in EDIR/summary.json); default: none, no clamp"))  # fmt: skip
+    g.add_argument("--control", default=None, help=about("--control", "default: CLAMP-random "
+                   "when it exists"))  # fmt: skip
+    g.add_argument("--layer", type=int, default=None, help=about("--layer", "default: the "
+                   "last"))  # fmt: skip
+    g.add_argument("--centre", action="store_true", help=about("--centre"))
+    g.add_argument("--target", default=None, help=about("--target", "default: from the "
+                   "clamp"))  # fmt: skip
+    g.add_argument("--side-effects", action="store_true", help=about("--side-effects", "the "
+                   "clamp's, in every language (mechlingo.scoring.side_effects): accuracy on "
+                   "--side-effects-lines bundled capitals per language (natural templates), "
+                   "perplexity and output language on the last --side-effects-lines lines of "
+                   "each language"))  # fmt: skip
+    add_side_effects_lines_arg(g)
     work.add_work_args(p)
     cost.add_dry_run_arg(p)
+
+
+def add_side_effects_lines_arg(g: Any) -> None:
+    """``--side-effects-lines`` (align, steer eval)."""
+    g.add_argument("--side-effects-lines", type=int, default=20, metavar="N",
+                   help=about("--side-effects-lines"))  # fmt: skip
 
 
 @common.command("align", "cross-lingual retrieval and distances before/after a clamp", _align_args)

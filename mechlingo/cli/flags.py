@@ -32,7 +32,7 @@ __all__ = [
     "parse_int_range",
     "parse_ints",
     "parse_list",
-    "line_count",
+    "count_or_all",
 ]
 
 # Every integer flag's largest value, with what it counts: each is far beyond a real run and
@@ -46,7 +46,7 @@ _BATCH = 2**16  # prompts, texts or cells in one forward pass
 _TOKENS = 2**21  # tokens of one prompt or generation: more than any model's context
 _LAYERS = 4096  # as the layer bound of a saved intervention
 INT_LIMITS: dict[str, tuple[int, str]] = {
-    "limit": (_ITEMS, "facts per relation; omit --limit for every fact"),
+    "limit": (_ITEMS, "facts per relation; --limit all reads every fact"),
     "per_relation": (_ITEMS, "fact ids per relation"),
     "dev_per_lang": (_ITEMS, "fact ids per relation"),
     "test_per_lang": (_ITEMS, "fact ids per relation"),
@@ -69,6 +69,8 @@ INT_LIMITS: dict[str, tuple[int, str]] = {
     "repeats": (_BATCH, "re-splits, each building its vectors again"),
     "max_rank": (_ITEMS, "a rank within a vocabulary"),
     "max_new_tokens": (_TOKENS, "tokens generated per prompt"),
+    "patchscope_tokens": (_TOKENS, "tokens the patchscope generates per layer"),
+    "sample_tokens": (_TOKENS, "tokens generated per BOS sample"),
     "max_tokens": (_TOKENS, "tokens per text"),
     "k_shot": (_LAYERS, "demonstrations in one prompt"),
     "translation_shots": (_LAYERS, "translation pairs in one prompt"),
@@ -189,18 +191,14 @@ def parse_ints(
     return vals
 
 
-def line_count(text: str) -> int:
-    """A number of lines (``--lines``, ``--heldout``, ``--offset``); the ``START:STOP`` form
-    of older releases is refused with what to write instead (an argparse type)."""
-    if ":" in text:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: lines are counted now, --offset START --lines N (and --heldout N "
-            "for the N lines after them)"
-        )
+def count_or_all(text: str) -> int | None:
+    """A count, or ``all`` for no cap (``None``): ``--limit`` (an argparse type)."""
+    if text.strip().lower() == "all":
+        return None
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a count nor 'all'") from None
 
 
 def check_finite(values: Iterable[float], flag: str) -> None:

@@ -1,22 +1,21 @@
-"""The command line's vocabulary: one flag per concept, one meaning per flag.
+"""The command line's vocabulary: one flag per concept, one meaning and one default per flag.
 
 :data:`FLAGS` maps every flag of every ``mechlingo`` command to the concept it sets and a
-one-line meaning; ``docs/glossary.md`` prints the same table, and ``tests/cli/test_glossary.py``
-checks the three against each other (every flag of every parser is here and in the page,
-nothing here is missing from the parsers, a flag has the same kind - switch, number, choice,
-metavar - in every command that takes it, and no two flags name one concept).
-:data:`RETIRED` lists the flag names of earlier releases and what replaced them: the
-``mechlingo`` command refuses an old name with one line naming the new flag (there are no
-aliases). The decoder names come from the decoder registry.
+one-line meaning; each command builds a flag's ``--help`` from that meaning (:func:`about`),
+so a flag says the same thing in every command. ``docs/glossary.md`` prints the same table,
+and ``tests/cli/test_glossary.py`` checks the three against each other: every flag of every
+parser is here and in the page, nothing here is missing from the parsers, a flag has the same
+kind (switch, number, choice, metavar), the same meaning and the same default in every
+command that takes it, and no two flags name one concept. Version 0.1.0 is the first
+release: there are no old flag names to translate. The decoder names come from the decoder
+registry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from mechlingo.analyses.decoders.registry import decoder_names
 
-__all__ = ["CODE_NAMES", "FLAGS", "RETIRED", "retired_hints"]
+__all__ = ["CODE_NAMES", "FLAGS", "about"]
 
 #: flag -> (concept, meaning). A concept is named by one flag only.
 FLAGS: dict[str, tuple[str, str]] = {
@@ -26,7 +25,8 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--dtype": ("dtype", "floating-point type of the weights"),
     "--chat": ("chat template", "wrap prompts in the tokenizer's chat template: on, off or auto"),
     "--compat": ("layer-norm folding", "fold layer norms (TransformerLens compatibility mode)"),
-    "--out": ("output folder", "folder the command writes (replaced as a whole)"),
+    "--out": ("output folder", "folder the command writes"),
+    "--plotlyjs": ("plotly.js", "how report.html loads plotly.js: inline or from one shared file"),
     "--batch-size": ("batch size", "prompts (or texts) per forward pass"),
     "--quiet": ("progress bars", "no progress bars"),
     "--work": ("work folder", "where finished stages are kept until --out is written"),
@@ -40,12 +40,12 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--parallel": ("parallel-text folder", "folder of line-aligned <lang>.txt files (NTREX, FLORES)"),
     "--flores-split": ("FLORES split", "which FLORES split a --parallel FLORES folder is read from"),
     "--text-file": ("training text file", "your own text, one training text a line"),
-    "--langs": ("languages", "comma-separated language codes to read"),
-    "--target": ("target language", "the language of the expert neurons (clamped, aligned, replicated)"),
+    "--langs": ("languages", "comma-separated language codes to read (ISO 639 / BCP 47, FLORES codes too)"),
+    "--target": ("target language", "the language of the expert neurons (found, clamped, aligned, replicated)"),
     "--relation": ("relations", "comma-separated fact relations, or 'all'"),
     "--limit": ("facts per relation", "at most this many facts per relation, the same facts in every language"),
     "--templates": ("template family", "prompt family of the bundled facts: natural or measured"),
-    "--offset": ("line offset", "parallel lines skipped first"),
+    "--offset": ("line offset", "parallel lines (of each language or file) skipped first"),
     "--lines": ("lines per language", "parallel lines (sentences) per language, after --offset"),
     "--heldout": ("held-out lines", "held-out parallel lines per language right after the --lines used"),
     "--max-tokens": ("tokens per text", "keep only the first N tokens of each sentence or text"),
@@ -54,7 +54,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     # scoring and generation
     "--metric": ("metric", "how facts are scored: generate, klar or rank"),
     "--rank-tokens": ("rank tokens", "with --metric rank: cross-entropy over the sentence or the candidate"),
-    "--max-new-tokens": ("generation length", "greedy tokens generated per prompt"),
+    "--max-new-tokens": ("answer length", "greedy tokens generated for each answer"),
     "--max-rank": ("decodable rank", "rank at or below which an answer counts as decodable"),
     "--seed": ("seed", "the seed of the run's random draws (controls, samples, text order)"),
     "--control-seeds": ("random-control seeds", "seeds of the norm-matched random controls, one control per seed"),
@@ -64,6 +64,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--decoder": ("decoders", f"comma-separated decoders: {', '.join(decoder_names())}"),
     "--tuned-lens": ("tuned-lens folder", "folder of a lens from `mechlingo tuned-lens` (or NAME=DIR,...)"),
     "--patchscope-target": ("patchscope prompt language", "language of the patchscope's identity target prompt"),
+    "--patchscope-tokens": ("patchscope continuation", "greedy tokens the patchscope generates per layer"),
     # trace
     "--mid-layers": ("mid-network layers", "lens entries counted as mid-network, A-B or a list"),
     "--patch-prompts": ("patched prompts", "prompts per language for patching and knockout"),
@@ -89,6 +90,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--layers": ("searched layers", "comma-separated layers searched for expert neurons"),
     "--no-curve": ("skip k curve", "skip the k curve (its generation)"),
     "--samples": ("BOS samples", "samples generated from BOS per k"),
+    "--sample-tokens": ("BOS sample length", "greedy tokens generated per BOS sample"),
     "--ppl-budget": ("perplexity budget", "k rule: the most a clamp may raise the target's perplexity"),
     "--ppl-others": ("other languages' budget", "k rule: how other languages' perplexity ratios enter"),
     "--max-memory": ("memory cap", "cap on the memory of the neuron statistics"),
@@ -101,10 +103,10 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--side-effects-lines": ("side-effect lines", "parallel lines per language the side effects are measured on"),
     # tuned lens
     "--steps": ("optimizer steps", "optimizer steps of the tuned-lens training"),
-    "--max-seconds": ("time cap", "stop the training after this long"),
+    "--max-seconds": ("time cap", "stop the training after this many seconds"),
     "--texts-per-step": ("texts per step", "training texts per optimizer step"),
     "--lr": ("learning rate", "Adam learning rate"),
-    "--vocab-sample": ("vocabulary sample", "exact, an int (sampled remainder) or auto"),
+    "--vocab-sample": ("vocabulary sample", "the training loss's vocabulary: exact, an int (sampled remainder) or auto"),
     # steering
     "--k-shot": ("demonstrations", "solved demonstrations per few-shot prompt"),
     "--per-relation": ("build ids per relation", "build fact ids per relation"),
@@ -130,6 +132,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--transfer-only": ("transfer only", "run only the transfer matrix"),
     # replicate
     "--paper": ("paper", "whose claims: lu2025, sundar2025 or all"),
+    "--claims-metric": ("claims' metric", "how the lu2025 claim rows score facts"),
     "--budget": ("budget", "sample sizes of the claims: quick or full"),
     "--settings": ("settings overrides", "overrides of the budget's settings (JSON or a .json file)"),
     "--strict": ("strict exit", "exit with status 3 when a stage failed"),
@@ -154,45 +157,10 @@ CODE_NAMES: dict[str, list[tuple[str, str]]] = {
     ],
 }  # fmt: skip
 
-#: command -> {old flag: the flag that replaced it}.
-RETIRED: dict[str, dict[str, str]] = {
-    "lens": {"--data": "--facts", "--patchscope-tokens": "--max-new-tokens"},
-    "eval": {"--data": "--facts"},
-    "trace": {"--data": "--facts"},
-    "steer": {"--data": "--facts", "--seeds": "--control-seeds"},
-    "experts": {
-        "--data": "--parallel",
-        "--lang": "--target",
-        "--layer": "--layers",
-        "--limit": "--lines",
-        "--new-tokens": "--max-new-tokens",
-        "--split": "--flores-split",
-    },
-    "align": {"--data": "--parallel", "--limit": "--lines", "--split": "--flores-split"},
-    "tuned-lens": {"--text": "--parallel"},
-}
 
-#: flags that were given a value before and are switches now
-_NOW_SWITCHES = {
-    ("steer", "--side-effects"): "--side-effects takes no folder now: add --parallel DIR",
-    ("align", "--side-effects"): "--side-effects takes no number now: use --side-effects-lines N",
-}
-
-
-def retired_hints(command: str | None, argv: Sequence[str], unknown: Sequence[str]) -> list[str]:
-    """What to write instead of the old flag names in ``unknown`` (the arguments argparse
-    did not recognise) for ``command``, e.g. ``--data is now --parallel``."""
-    table = RETIRED.get(command or "", {})
-    hints = []
-    for item in unknown:
-        name = item.split("=", 1)[0]
-        if name in table:
-            hints.append(f"{name} is now {table[name]}")
-    args = list(argv)
-    for (cmd, flag), hint in _NOW_SWITCHES.items():
-        if cmd != command or flag not in args:
-            continue
-        i = args.index(flag)
-        if i + 1 < len(args) and args[i + 1] in unknown:
-            hints.append(hint)
-    return hints
+def about(flag: str, detail: str = "") -> str:
+    """The ``--help`` text of ``flag``: its one meaning from :data:`FLAGS`, then what the
+    command adds (``detail``); every command takes its flags' help from here, so a flag
+    means one thing everywhere (``tests/cli/test_glossary.py`` checks each parser)."""
+    meaning = FLAGS[flag][1].replace("%", "%%")
+    return f"{meaning}; {detail}" if detail else meaning

@@ -17,6 +17,7 @@ from mechlingo.cli.decoders import (
     decoder_choice,
     run_decoders,
 )
+from mechlingo.cli.glossary import about
 from mechlingo.cli.streams import outputs_written
 from mechlingo.core.errors import InputError
 from mechlingo.core.inert import inert_csv
@@ -30,20 +31,12 @@ def _lens_args(p: argparse.ArgumentParser) -> None:
     common.add_model_args(p)
     common.add_data_args(p)
     common.add_out_arg(p)
-    p.add_argument(
-        "--track",
-        default="en",
-        help="extra languages whose answers to track besides the prompt's own (default en)",
-    )
-    common.add_max_rank_arg(p, "rank counted as 'decodable' in the summary")
-    p.add_argument(
-        "--prompt",
-        action="append",
-        default=None,
-        help="read this text instead of the facts, at every position (repeat for several): "
-        "the top tokens of every layer, their probabilities and languages (tokens.json and "
-        "the grid in report.html); --langs, --relation and --track are then unused",
-    )
+    p.add_argument("--track", default="en", help=about("--track", "'' tracks none"))
+    common.add_max_rank_arg(p)
+    p.add_argument("--prompt", action="append", default=None, help=about("--prompt", "instead "
+                   "of the facts (default: none, the facts are read); repeat for several: the top tokens of every layer, their "
+                   "probabilities and languages (tokens.json and the grid in report.html); "
+                   "--langs, --relation and --track are then unused"))  # fmt: skip
     add_decoder_args(p)
     cost.add_dry_run_arg(p)
 

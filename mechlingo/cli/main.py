@@ -19,7 +19,6 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from mechlingo.activations.distributed import process_group
 
@@ -37,7 +36,6 @@ from mechlingo.cli import (  # noqa: F401
 )
 from mechlingo.cli.common import COMMANDS
 from mechlingo.cli.flags import HelpParser
-from mechlingo.cli.glossary import RETIRED, retired_hints
 from mechlingo.cli.streams import guarded_stdout
 from mechlingo.cli.validate import validate_args
 from mechlingo.cli.work import work_folder
@@ -52,36 +50,15 @@ from mechlingo.core.faults import (
 )
 from mechlingo.core.models import cache_dir
 from mechlingo.core.version import __version__
+from mechlingo.report.page import use_plotlyjs
 
 HELP_ORDER = (
     "lens", "eval", "experts", "align", "tuned-lens", "replicate", "steer", "trace", "circuit",
 )  # fmt: skip
 
 
-class MainParser(HelpParser):
-    """The ``mechlingo`` parser: an unknown flag that is a name of an earlier release is
-    refused with the flag that replaced it (:data:`mechlingo.cli.glossary.RETIRED`)."""
-
-    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
-        argv = list(sys.argv[1:] if args is None else args)
-        command = next((a for a in argv if a in COMMANDS), None)
-        old = [
-            a
-            for a in argv
-            if a.startswith("--") and a.split("=", 1)[0] in RETIRED.get(command or "", {})
-        ]
-        if old:  # before the subcommand's own errors (a required flag under its new name)
-            self.error("; ".join(retired_hints(command, argv, old)))
-        parsed, unknown = self.parse_known_args(argv, namespace)
-        if unknown:
-            hints = retired_hints(getattr(parsed, "command", None), argv, unknown)
-            msg = f"unrecognized arguments: {' '.join(unknown)}"
-            self.error(msg + ("; " + "; ".join(hints) if hints else ""))
-        return parsed
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = MainParser(
+    parser = HelpParser(
         prog="mechlingo",
         description="Mechanistic interpretability of multilingual language models "
         "(TransformerLens). Each command writes its results into --out: summary.json and "
@@ -153,7 +130,7 @@ def _run(args: argparse.Namespace) -> int:
             # Under torchrun the statistics of `steer build` and `experts` are computed
             # data-parallel (each rank streams its shard; sums are all-reduced) and only rank
             # 0 writes outputs.
-            with process_group():
+            with process_group(), use_plotlyjs(getattr(args, "plotlyjs", None)):
                 return int(run(args) or 0)
     except (KeyboardInterrupt, Stopped) as err:
         return _stopped(err, args)

@@ -24,10 +24,12 @@ from mechlingo.card.replicate import BUDGETS, METRICS, PAPERS, CardData, CardOpt
 from mechlingo.cli.common import (
     UsageError,
     add_model_args,
+    add_out_arg,
     add_parallel_arg,
     command,
     load_cli_model,
 )
+from mechlingo.cli.glossary import about
 from mechlingo.cli.streams import outputs_written
 from mechlingo.cli.work import (
     add_work_args,
@@ -49,56 +51,39 @@ _FACT_SUFFIXES = (".jsonl", ".json", ".tsv", ".tab")
 
 def _replicate_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
-    p.add_argument(
-        "--paper", choices=[*PAPERS, "all"], default="all",
-        help="whose claims: lu2025 (recall pipeline, repair vectors), sundar2025 (expert "
-        "neurons, alignment) or all (default)",
-    )  # fmt: skip
-    p.add_argument(
-        "--budget", choices=sorted(BUDGETS), default="quick",
-        help="sample sizes: quick (default; about 10 min on the embedded model on 2 CPU "
-        "cores) or full (about 45 min); every verdict comes with its interval in both",
-    )  # fmt: skip
-    p.add_argument(
-        "--facts", default=None, metavar="FILE|DIR",
-        help="the facts of the lu2025 claims (default: the bundled natural fact-completion "
-        "stems): your facts (.jsonl/.tsv, or a folder of them), or a BMLAMA or KLAR folder, "
-        "whose facts then run the same families under the benchmark's own metric (BMLAMA: "
-        "rank, KLAR: klar; --metric overrides)",
-    )  # fmt: skip
-    p.add_argument(
-        "--external", default=None, metavar="DIR",
-        help="a BMLAMA or KLAR folder for the external-transfer rows: the vectors and "
-        "layer/scale chosen on the --facts (or bundled) data, scored unchanged on the "
-        "benchmark by its metric",
-    )  # fmt: skip
-    add_parallel_arg(
-        p, "folder of line-aligned <lang>.txt files (e.g. FLORES, NTREX) for the sundar2025 "
-        "claims (default: the bundled parallel sentences)",
-    )  # fmt: skip
-    p.add_argument(
-        "--metric", choices=list(METRICS), default=None,
-        help="how the lu2025 rows score facts (default: the metric rule: it decides on dev "
-        "data before any test item is scored, greedy generation when it answers above the "
-        "floor and candidate ranking otherwise; claims.json gives its inputs and decision). "
-        "generate, rank or klar override the rule, and the card says so",
-    )  # fmt: skip
-    p.add_argument("--plan", action="store_true", help="only plan: score the dev split and "
-                   "print, per primary row, its power simulated through its own verdict at the "
-                   "budget's units, the minimum detectable effect, the facts, documents and "
-                   "random draws 80%% power needs, and the CPU time; writes OUT/plan.json and "
-                   "scores no test item")  # fmt: skip
-    p.add_argument("--target", default=None, help="target language of the expert neurons "
-                   "(default es, the papers' Spanish intervention)")  # fmt: skip
-    p.add_argument("--settings", default=None, metavar="JSON|FILE",
-                   help="overrides of the budget's settings, as JSON or a .json file, e.g. "
-                   "'{\"experts\": {\"ks\": [100, 500]}}' (see docs/replicate.md)")  # fmt: skip
-    p.add_argument("--out", required=True, help="output folder (claims.json, claims.md, "
-                   "report.html)")  # fmt: skip
-    p.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--strict", action="store_true", help="exit with status 3 (the card is "
-                   "still written) when a stage failed")  # fmt: skip
+    p.add_argument("--paper", choices=[*PAPERS, "all"], default="all", help=about("--paper",
+                   "lu2025 = recall pipeline, repair vectors; sundar2025 = expert neurons, "
+                   "alignment"))  # fmt: skip
+    p.add_argument("--budget", choices=sorted(BUDGETS), default="quick", help=about("--budget",
+                   "quick: about 10 min on the embedded model on 2 CPU cores; full: about 45 "
+                   "min; every verdict comes with its interval in both"))  # fmt: skip
+    p.add_argument("--facts", default=None, metavar="FILE|DIR", help=about("--facts", "for the "
+                   "lu2025 claims (default: the bundled natural fact-completion stems); a "
+                   "BMLAMA or KLAR folder runs the same families on its facts under the "
+                   "benchmark's own metric (BMLAMA: rank, KLAR: klar; --claims-metric "
+                   "overrides)"))  # fmt: skip
+    p.add_argument("--external", default=None, metavar="DIR", help=about("--external", "the "
+                   "vectors and layer/scale chosen on the --facts (or bundled) data, scored "
+                   "unchanged on the benchmark by its metric; default: none, no external rows"))  # fmt: skip
+    add_parallel_arg(p, "for the sundar2025 claims (default: the bundled parallel sentences)")
+    p.add_argument("--claims-metric", choices=list(METRICS), default=None,
+                   help=about("--claims-metric", "default: the metric rule, which decides on "
+                   "dev data before any test item is scored: greedy generation when it "
+                   "answers above the floor, candidate ranking otherwise (claims.json gives "
+                   "its inputs and decision); generate, rank or klar override the rule, and "
+                   "the card says so"))  # fmt: skip
+    p.add_argument("--plan", action="store_true", help=about("--plan", "per primary row, its "
+                   "power simulated through its own verdict at the budget's units, the minimum "
+                   "detectable effect, the facts, documents and random draws 80%% power needs, "
+                   "and the CPU time; writes OUT/plan.json and scores no test item"))  # fmt: skip
+    p.add_argument("--target", default=None, help=about("--target", "default: es, the papers' "
+                   "Spanish intervention"))  # fmt: skip
+    p.add_argument("--settings", default=None, metavar="JSON|FILE", help=about("--settings",
+                   "e.g. '{\"experts\": {\"ks\": [100, 500]}}' (docs/replicate.md); default: none, "
+                   "the budget's own"))  # fmt: skip
+    add_out_arg(p)
+    p.add_argument("--strict", action="store_true", help=about("--strict", "the card is still "
+                   "written"))  # fmt: skip
     add_work_args(p)
 
 
@@ -195,7 +180,7 @@ def cmd_replicate(args: argparse.Namespace) -> int:
     if args.target:
         settings.setdefault("experts", {})["target"] = args.target
     options = CardOptions(paper=args.paper, budget=args.budget, settings=settings,
-                          metric=args.metric or bench_metric)  # fmt: skip
+                          metric=args.claims_metric or bench_metric)  # fmt: skip
     work = work_folder(args)  # the message of a stopped run names it (cli.main)
     agree = all_ranks_have if dist_info().world_size > 1 else None
     with sharded_scoring():  # under torchrun each rank scores its share of every batch
@@ -211,12 +196,12 @@ def cmd_replicate(args: argparse.Namespace) -> int:
             print(f"wrote {args.out}/plan.json")
         return 0
     card.meta["facts"] = args.facts or "bundled (natural templates)"
-    if bench_metric is not None and args.metric is None:
+    if bench_metric is not None and args.claims_metric is None:
         card.meta["facts_metric"] = f"the benchmark's own metric ({bench_metric})"
     if args.external:
         card.meta["external"] = args.external
     card.meta["parallel"] = args.parallel or "bundled NTREX-128 subset (CC BY-SA 4.0)"
-    card.meta["metric"] = card.meta["settings"].get("metric", args.metric)
+    card.meta["metric"] = card.meta["settings"].get("metric", args.claims_metric)
     write_outputs(
         args.out,
         {"claims.json": card.to_json(), "claims.md": card.to_markdown(),

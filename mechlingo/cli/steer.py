@@ -36,7 +36,9 @@ from mechlingo.analyses.recall.settings import (
 from mechlingo.analyses.recall.steer_eval import SteerEvalOptions
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair
 from mechlingo.cli import common, cost
+from mechlingo.cli.experts import add_side_effects_lines_arg
 from mechlingo.cli.flags import parse_config, parse_floats, parse_ints
+from mechlingo.cli.glossary import about
 from mechlingo.cli.streams import outputs_written
 from mechlingo.cli.work import (
     add_work_args,
@@ -54,7 +56,6 @@ from mechlingo.interventions import ModelMismatchError
 from mechlingo.report import write_outputs
 from mechlingo.report.steer import repair_report, transfer_report
 
-ALL_LANGS = "en,de,fr,es,it,pt,ru,zh,ja,ko,ar,hi"
 # The flags' defaults are the settings classes' (each default written once, there).
 _BUILD, _GRID, _SCORING = BuildSettings(), DevGrid(), ScoringOptions()
 _SPLIT, _MATRIX = SplitSettings(), MatrixSettings()
@@ -75,60 +76,33 @@ def _fractions(text: str) -> tuple[float, float, float]:
 
 
 DEFAULT_SPLIT = _flag_text(_SPLIT.fractions)
-#: why ``steer eval``'s batch is not the shared one (:data:`mechlingo.core.defaults.STEER_BATCH_SIZE`)
-STEER_BATCH_REASON = "the steering prompts are short and every condition scores all of them"
-#: why a steer subcommand's default relations differ from the other commands' capitals
-_RELATION_REASONS = {
-    "all": "the vectors should engage recall in general, not one relation's answers",
-}
 
 
-def _common(
-    p: argparse.ArgumentParser, default_relation: str, batch_size: int, batch_reason: str = ""
-) -> None:
+def _common(p: argparse.ArgumentParser, *, report: bool) -> None:
     common.add_model_args(p)
-    common.add_data_args(
-        p,
-        default_langs=ALL_LANGS,
-        langs_reason="every bundled language, among which the lowest-language rule picks",
-        default_templates="natural",
-        templates_reason="the papers' setting, where recall is under-engaged",
-        default_limit=None,
-        limit_reason="the split by fact id needs them all to give ~25 dev and ~50 test "
-        "capitals per language",
-        default_relation=default_relation,
-        relation_reason=_RELATION_REASONS.get(default_relation, ""),
-    )
-    common.add_out_arg(p, batch_size=batch_size, batch_reason=batch_reason)
-    p.add_argument(
-        "--split",
-        default=DEFAULT_SPLIT,
-        help="build,dev,test fractions of fact ids (split by a hash of the id; default "
-        f"{DEFAULT_SPLIT}: 127 capitals give ~25 dev and ~50 test facts per language)",
-    )
-    p.add_argument(
-        "--salt",
-        default=_SPLIT.salt,
-        help="salt of the id hash; any text gives another split of the same facts (default: "
-        "none, the empty salt)",
-    )
+    common.add_data_args(p)
+    common.add_out_arg(p, report=report)
+    p.add_argument("--split", default=DEFAULT_SPLIT, help=about("--split", "by a hash of the "
+                   "id; with --limit all, the 127 capitals give ~25 dev and ~50 test facts per "
+                   "language"))  # fmt: skip
+    p.add_argument("--salt", default=_SPLIT.salt, help=about("--salt", "any text gives another "
+                   "split of the same facts (default: none, the empty salt)"))  # fmt: skip
 
 
 def _steer_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="steer_command", metavar="{build,eval}")
     b = sub.add_parser("build", help="build the task and diff vector stacks from the build split")
-    # steer build pools every bundled relation by default (balanced per relation)
-    _common(b, "all", _BUILD.batch_size)  # BuildSettings' batch: the shared one
+    _common(b, report=False)
     _build_args(b)
     cost.add_dry_run_arg(b)
     e = sub.add_parser("eval", help="sweep on dev, report orig/task/diff/both/random on test")
-    _common(e, "capital", _SCORING.batch_size, STEER_BATCH_REASON)
-    e.add_argument("--vectors", default=None,
-                   help="folder written by `steer build` (required unless --transfer-only)")  # fmt: skip
+    _common(e, report=True)
+    e.add_argument("--vectors", default=None, help=about("--vectors", "required unless "
+                   "--transfer-only (default: none)"))  # fmt: skip
     e.add_argument("--dev-per-lang", type=int, default=_SPLIT.dev_per_lang,
-                   help="dev fact ids per relation")  # fmt: skip
+                   help=about("--dev-per-lang", "default: all of the dev split"))  # fmt: skip
     e.add_argument("--test-per-lang", type=int, default=_SPLIT.test_per_lang,
-                   help="test fact ids per relation")  # fmt: skip
+                   help=about("--test-per-lang", "default: all of the test split"))  # fmt: skip
     _sweep_args(e)
     cost.add_dry_run_arg(e)
     _test_args(e)
@@ -138,133 +112,77 @@ def _steer_args(p: argparse.ArgumentParser) -> None:
 
 def _build_args(b: argparse.ArgumentParser) -> None:
     """``steer build``: how the two vectors are made."""
-    b.add_argument("--k-shot", type=int, default=_BUILD.k_shot,
-                   help="demonstrations per few-shot prompt")  # fmt: skip
+    b.add_argument("--k-shot", type=int, default=_BUILD.k_shot, help=about("--k-shot"))
     b.add_argument("--per-relation", type=int, default=None, metavar="N",
-                   help="build fact ids per relation (default: as many as the smallest "
-                   "relation's build split has, so each relation weighs the same)")  # fmt: skip
-    b.add_argument(
-        "--translation-shots",
-        type=int,
-        default=_BUILD.translation_shots,
-        help="solved translation pairs before each translation prompt of the diff vector "
-        f"(default {_BUILD.translation_shots})",
-    )
-    b.add_argument(
-        "--plain-task",
-        action="store_true",
-        help="task vector = plain few-shot mean (default: few-shot mean minus zero-shot mean, "
-        "which did better on dev; see docs/methods/repair-vectors.md)",
-    )
-    b.add_argument(
-        "--unit",
-        choices=["resid", "raw"],
-        default=_BUILD.unit,
-        help="resid (default): each layer's vector is its direction scaled to the mean "
-        "last-token residual norm there, so alpha is a fraction of that norm; raw: the raw "
-        "mean/difference",
-    )
+                   help=about("--per-relation", "default: as many as the smallest relation's "
+                   "build split has, so each relation weighs the same"))  # fmt: skip
+    b.add_argument("--translation-shots", type=int, default=_BUILD.translation_shots,
+                   help=about("--translation-shots", "of the diff vector"))  # fmt: skip
+    b.add_argument("--plain-task", action="store_true", help=about("--plain-task", "by default "
+                   "the few-shot mean minus the zero-shot mean, which did better on dev "
+                   "(docs/methods/repair-vectors.md)"))  # fmt: skip
+    b.add_argument("--unit", choices=["resid", "raw"], default=_BUILD.unit, help=about("--unit",
+                   "resid: each layer's vector is its direction scaled to the mean last-token "
+                   "residual norm there, so alpha is a fraction of that norm; raw: the raw "
+                   "mean or difference"))  # fmt: skip
 
 
 def _sweep_args(e: argparse.ArgumentParser) -> None:
     """``steer eval``: the dev sweep (grid, screening, selection rule) or a fixed setting."""
-    e.add_argument(
-        "--task-layers",
-        default=None,
-        help="layers tried for the task vector (default: every second layer from ~20%% to "
-        "~90%% of the depth, 4,6,...,16 on the 18-layer default model)",
-    )
-    e.add_argument(
-        "--task-alphas",
-        default=_flag_text(_GRID.task_alphas),
-        help="scales tried for the task vector, in the vectors' unit (default: a log grid "
-        "0.03-0.6; unit 'resid': fractions of the mean residual norm at the layer)",
-    )
-    e.add_argument("--diff-layers", default=None, help="layers tried for the diff vector "
-                   "(default: as --task-layers)")  # fmt: skip
-    e.add_argument(
-        "--diff-alphas",
-        default=_flag_text(_GRID.diff_alphas),
-        help="scales tried for the diff vector (default as --task-alphas)",
-    )
-    e.add_argument("--top-k", type=int, default=_GRID.top_k, help="settings of each vector "
-                   "re-scored on the whole dev split; their best pairs are combined (default "
-                   f"{_GRID.top_k})")  # fmt: skip
-    e.add_argument(
-        "--screen-ids",
-        type=int,
-        default=_GRID.screen_ids,
-        help="dev fact ids (x every language) that score the whole grid before the top "
-        f"settings are re-scored on all of dev (default {_GRID.screen_ids}; 0 = all of dev)",
-    )
+    e.add_argument("--task-layers", default=None, help=about("--task-layers", "default: every "
+                   "second layer from ~20%% to ~90%% of the depth, 4,6,...,16 on the 18-layer "
+                   "default model"))  # fmt: skip
+    e.add_argument("--task-alphas", default=_flag_text(_GRID.task_alphas),
+                   help=about("--task-alphas", "a log grid in the vectors' unit; unit 'resid': "
+                   "fractions of the mean residual norm at the layer"))  # fmt: skip
+    e.add_argument("--diff-layers", default=None, help=about("--diff-layers", "default: as "
+                   "--task-layers"))  # fmt: skip
+    e.add_argument("--diff-alphas", default=_flag_text(_GRID.diff_alphas),
+                   help=about("--diff-alphas"))  # fmt: skip
+    e.add_argument("--top-k", type=int, default=_GRID.top_k, help=about("--top-k", "their best "
+                   "pairs are combined"))  # fmt: skip
+    e.add_argument("--screen-ids", type=int, default=_GRID.screen_ids, help=about("--screen-ids",
+                   "x every language, before the top settings are re-scored on all of dev; "
+                   "0 = all of dev"))  # fmt: skip
     e.add_argument("--en-tolerance", type=float, default=_GRID.en_tolerance,
-                   help="largest allowed drop of English dev accuracy (default "
-                   f"{_GRID.en_tolerance})")  # fmt: skip
-    e.add_argument("--p-threshold", type=float, default=_GRID.p_threshold, help="a setting is "
-                   "chosen only if it beats no intervention on dev with McNemar p below "
-                   "this")  # fmt: skip
-    e.add_argument(
-        "--config",
-        default=None,
-        help="skip the sweep: task_layer,task_alpha,diff_layer,diff_alpha (labelled as not "
-        "chosen on dev)",
-    )
+                   help=about("--en-tolerance"))  # fmt: skip
+    e.add_argument("--p-threshold", type=float, default=_GRID.p_threshold,
+                   help=about("--p-threshold"))  # fmt: skip
+    e.add_argument("--config", default=None, help=about("--config", "skips the sweep; labelled "
+                   "as not chosen on dev (default: none, the sweep)"))  # fmt: skip
 
 
 def _test_args(e: argparse.ArgumentParser) -> None:
     """``steer eval``: what is measured on test (controls, repeats, side effects, transfer)."""
     e.add_argument("--control-seeds", dest="seeds", default="0,1,2", metavar="S,S,...",
-                   help="seeds of the norm-matched random controls, one control per seed "
-                   "(at least 3 advised)")  # fmt: skip
-    e.add_argument(
-        "--repeats",
-        type=int,
-        default=1,
-        help="re-split N times with other salts (vectors rebuilt each time) and report the "
-        "mean and sd over splits (default 1)",
-    )
-    e.add_argument(
-        "--side-effects",
-        dest="side_effects_on",
-        action="store_true",
-        help="also measure the selected intervention's side effects in every language "
-        "(accuracy, perplexity on the lines of --parallel DIR, and the language of "
-        "continuations) against a norm-matched random control "
-        "(mechlingo.scoring.side_effects)",
-    )
-    common.add_parallel_arg(e, "folder of line-aligned <lang>.txt files (e.g. NTREX) that "
-                            "--side-effects measures perplexity on", dest="side_effects")  # fmt: skip
-    e.add_argument("--side-effects-lines", type=int, default=20, metavar="N",
-                   help="parallel lines per language that --side-effects measures perplexity "
-                   "and output language on (default 20)")  # fmt: skip
-    e.add_argument(
-        "--transfer",
-        nargs="?",
-        const="both",
-        choices=["relation", "lang", "both"],
-        default=None,
-        help="also measure the transfer matrix (mechlingo.analyses.recall.transfer): vectors built "
-        "on all relations, all but R, or only A, tested on R (needs 2+ relations: add "
-        "--relation all), and built without language L, tested on L; layer and alpha chosen "
-        "on the build relations'/languages' dev split only; gains with bootstrap intervals, "
-        "McNemar p and a norm-matched random control per cell (default when given: both)",
-    )
+                   help=about("--control-seeds", "at least 3 advised"))  # fmt: skip
+    e.add_argument("--repeats", type=int, default=1, help=about("--repeats", "vectors rebuilt "
+                   "each time; the mean and sd over splits are reported"))  # fmt: skip
+    e.add_argument("--side-effects", dest="side_effects_on", action="store_true",
+                   help=about("--side-effects", "the selected intervention's, in every "
+                   "language: accuracy, perplexity on the lines of --parallel DIR and the "
+                   "language of continuations (mechlingo.scoring.side_effects)"))  # fmt: skip
+    common.add_parallel_arg(e, "that --side-effects measures perplexity on (default: none)",
+                            dest="side_effects")  # fmt: skip
+    add_side_effects_lines_arg(e)
+    e.add_argument("--transfer", nargs="?", const="both", choices=["relation", "lang", "both"],
+                   default=None, help=about("--transfer", "vectors built on all relations, all "
+                   "but R, or only A, tested on R (needs 2+ relations: add --relation all), and "
+                   "built without language L, tested on L; layer and alpha chosen on the build "
+                   "relations'/languages' dev split only; gains with bootstrap intervals, "
+                   "McNemar p and a norm-matched random control per cell "
+                   "(mechlingo.analyses.recall.transfer; default when given: both)"))  # fmt: skip
     m = _MATRIX
     ids = _flag_text((m.build_ids, m.screen_ids, m.dev_ids, m.test_ids))
-    e.add_argument("--transfer-ids", default=ids, metavar="B,S,D,T",
-                   help="transfer matrix sizes: build ids per relation, dev screen ids, dev "
-                   "ids (each spread over a row's relations), test ids per relation of a "
-                   f"column (default {ids})")  # fmt: skip
+    e.add_argument("--transfer-ids", default=ids, metavar="B,S,D,T", help=about("--transfer-ids",
+                   "build ids per relation, dev screen ids, dev ids (each spread over a row's "
+                   "relations), test ids per relation of a column"))  # fmt: skip
     e.add_argument("--transfer-cells", choices=["full", "diagonal"], default=m.cells,
-                   help="full (default): every single-relation row on every column; "
-                   "diagonal: only R on R")  # fmt: skip
-    e.add_argument("--transfer-only", action="store_true",
-                   help="run only the transfer matrix (no --vectors needed)")  # fmt: skip
-    e.add_argument("--max-new-tokens", type=int, default=_SCORING.max_new_tokens,
-                   help="greedy tokens generated per prompt (default "
-                   f"{_SCORING.max_new_tokens}: 99%% of the bundled capitals take at most 6 tokens "
-                   "of the embedded model, and every condition, seed and sweep setting "
-                   "generates for every prompt)")  # fmt: skip
+                   help=about("--transfer-cells", "full: every single-relation row on every "
+                   "column; diagonal: only R on R"))  # fmt: skip
+    e.add_argument("--transfer-only", action="store_true", help=about("--transfer-only",
+                   "no --vectors needed"))  # fmt: skip
+    common.add_max_new_tokens_arg(e)
 
 
 @common.command("steer", "build and evaluate the two repair steering vectors", _steer_args)

@@ -25,6 +25,7 @@ from mechlingo.analyses.recall import trace, trace_circuit
 from mechlingo.analyses.recall.trace_options import TraceOptions
 from mechlingo.cli import common, cost
 from mechlingo.cli.flags import parse_int_range
+from mechlingo.cli.glossary import about
 from mechlingo.cli.streams import outputs_written
 from mechlingo.core.defaults import CIRCUIT_PROMPTS
 from mechlingo.data import Fact
@@ -33,66 +34,29 @@ from mechlingo.report.trace import trace_report
 
 def _trace_args(p: argparse.ArgumentParser) -> None:
     common.add_model_args(p)
-    common.add_data_args(
-        p,
-        default_langs="en,fr,de,es",
-        langs_reason="the patching and knockout run once per language, so one language "
-        "fewer than eval",
-    )
+    common.add_data_args(p)
     common.add_out_arg(p)
-    common.add_max_rank_arg(p, "rank at or below which an answer counts as decodable by the lens")
-    p.add_argument(
-        "--mid-layers",
-        default=None,
-        help="lens entries counted as mid-network, 'A-B' inclusive (default: n/3 .. n-2)",
-    )
+    common.add_max_rank_arg(p)
+    p.add_argument("--mid-layers", default=None, help=about("--mid-layers", "default: n/3 .. "
+                   "n-2"))  # fmt: skip
     common.add_max_new_tokens_arg(p)
-    p.add_argument(
-        "--patch-prompts",
-        type=int,
-        default=3,
-        help="prompts per language for patching and knockout (default 3; 0 = skip both)",
-    )
-    p.add_argument(
-        "--patch-unanswered",
-        action="store_true",
-        help="also patch clean prompts the model answers wrongly (default: correctly answered "
-        "ones only; a language without one gets a note instead of a circuit)",
-    )
-    p.add_argument(
-        "--circuit-prompts",
-        type=int,
-        default=CIRCUIT_PROMPTS,
-        help="correctly answered prompts per language the measured circuit is scored on "
-        f"(EAP-IG edges; default {CIRCUIT_PROMPTS}; 0 = no measured circuit)",
-    )
-    p.add_argument(
-        "--patch-sites",
-        default="attn_out,mlp_out",
-        help="sites of the corrupted-subject sweep (default attn_out,mlp_out, the circuit "
-        "diagram's components; add resid_pre for the residual heatmap)",
-    )
-    p.add_argument(
-        "--cells-per-batch",
-        type=int,
-        default=None,
-        help="patched copies per forward pass (default: patch_activations's, 256)",
-    )
-    p.add_argument(
-        "--method",
-        choices=("exact", "atp", "both"),
-        default="exact",
-        help="exact activation patching (default), attribution patching (atp: every cell and "
-        "head from one backward pass; top heads verified exactly), or both (with their "
-        "correlation per site)",
-    )
-    p.add_argument(
-        "--verify-heads",
-        type=int,
-        default=5,
-        help="with --method atp/both: the top heads (by AtP) verified by exact head patching "
-        "(default 5; 0 = none)",
-    )
+    p.add_argument("--patch-prompts", type=int, default=3, help=about("--patch-prompts", "0 = "
+                   "skip both"))  # fmt: skip
+    p.add_argument("--patch-unanswered", action="store_true", help=about("--patch-unanswered",
+                   "by default correctly answered ones only; a language without one gets a "
+                   "note instead of a circuit"))  # fmt: skip
+    p.add_argument("--circuit-prompts", type=int, default=CIRCUIT_PROMPTS,
+                   help=about("--circuit-prompts", "EAP-IG edges; 0 = no measured circuit"))  # fmt: skip
+    p.add_argument("--patch-sites", default="attn_out,mlp_out", help=about("--patch-sites",
+                   "attn_out,mlp_out are the circuit diagram's components; add resid_pre for "
+                   "the residual heatmap"))  # fmt: skip
+    p.add_argument("--cells-per-batch", type=int, default=None, help=about("--cells-per-batch",
+                   "default: patch_activations's, 256"))  # fmt: skip
+    p.add_argument("--method", choices=("exact", "atp", "both"), default="exact",
+                   help=about("--method", "atp: every cell and head from one backward pass, "
+                   "top heads verified exactly; both: with their correlation per site"))  # fmt: skip
+    p.add_argument("--verify-heads", type=int, default=5, help=about("--verify-heads", "with "
+                   "--method atp/both; 0 = none"))  # fmt: skip
     cost.add_dry_run_arg(p)
 
 

@@ -13,6 +13,7 @@ again after a stop goes on from them (:mod:`mechlingo.cli.work`).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from mechlingo.analyses.decoders.options import TrainingOptions
 from mechlingo.analyses.decoders.run import run_tuned_lens
 from mechlingo.analyses.decoders.tuned_lens import mix_texts
 from mechlingo.cli import common, cost, work
-from mechlingo.cli.flags import line_count
+from mechlingo.cli.experts import add_heldout_arg, add_line_args
+from mechlingo.cli.glossary import about
 from mechlingo.cli.streams import outputs_written
 from mechlingo.data import LANGS
 from mechlingo.data.io import read_parallel_dir, read_text
@@ -28,60 +30,31 @@ from mechlingo.data.prompts import parallel_sentences
 from mechlingo.report import Report
 
 
-def _spans(args: argparse.Namespace) -> tuple[slice, slice | None]:
-    """The training lines (``--offset``, ``--lines``) and the held-out lines right after
-    them (``--heldout``; ``None`` without it)."""
-    start = args.offset
-    stop = None if args.lines is None else start + args.lines
-    if args.heldout is None:
-        return slice(start, stop), None
-    if stop is None:
-        raise common.UsageError(
-            "--heldout takes the lines after the training lines, but no --lines says where "
-            "they end",
-            where="--heldout",
-            fix="add --lines N (e.g. --lines 800 --heldout 100)",
-        )
-    return slice(start, stop), slice(stop, stop + args.heldout)
+def _spans(args: argparse.Namespace) -> tuple[slice, slice]:
+    """The training lines (``--offset``, ``--lines``) and the ``--heldout`` lines right after
+    them."""
+    stop = args.offset + args.lines
+    return slice(args.offset, stop), slice(stop, stop + args.heldout)
 
 
 def _tuned_args(p: argparse.ArgumentParser) -> None:
     common.add_model_args(p)
-    common.add_out_arg(p, batch_size=8, batch_reason="texts per forward pass of the held-out KL; "
-                "training texts are longer than fact prompts")  # fmt: skip
+    common.add_out_arg(p)
     g = p.add_argument_group("training text")
-    common.add_parallel_arg(g, "folder of line-aligned <lang>.txt files (e.g. NTREX or FLORES); "
-                            "default: the bundled fact sentences")  # fmt: skip
-    g.add_argument("--text-file", default=None, help="your own text, one training text a line "
-                   "(instead of --parallel)")  # fmt: skip
-    g.add_argument("--langs", default="en", help="languages to train on (default en: a lens "
-                   "of one language unless a mix is asked for); several = a language-balanced "
-                   "mix, 'all' = every language of --parallel")  # fmt: skip
-    g.add_argument("--offset", type=line_count, default=0, metavar="N",
-                   help="skip this many lines of each file first (default 0)")  # fmt: skip
-    g.add_argument("--lines", type=line_count, default=None, metavar="N",
-                   help="parallel lines (sentences) per language to train on, after --offset "
-                   "(default: all: the training draws --steps x --texts-per-step texts from "
-                   "them)")  # fmt: skip
-    g.add_argument("--heldout", type=line_count, default=None, metavar="N",
-                   help="held-out lines per language right after the --lines used, never "
-                   "fitted on: the held-out KL per layer against the logit lens (default "
-                   "none: no held-out KL, which costs a pass per layer)")  # fmt: skip
+    common.add_parallel_arg(g, "default: the bundled fact sentences")
+    g.add_argument("--text-file", default=None, help=about("--text-file", "instead of "
+                   "--parallel (default: none)"))  # fmt: skip
+    add_line_args(g)  # --langs: several = a language-balanced mix
+    add_heldout_arg(g)
     t = p.add_argument_group("training")
-    t.add_argument("--steps", type=int, default=60, help="optimizer steps (default 60)")
-    t.add_argument("--max-seconds", type=float, default=None, help="stop after this long")
-    t.add_argument("--texts-per-step", type=int, default=8, help="texts per step (default 8)")
-    t.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
-    t.add_argument(
-        "--max-tokens",
-        type=int,
-        default=48,
-        help="tokens per text (default 48: "
-        "a training text is a whole line; 48 tokens bound a step's cost)",
-    )
-    t.add_argument("--vocab-sample", default="auto", help="'exact' (whole vocabulary), an "
-                   "int (sampled remainder) or 'auto' (exact up to 32,768 tokens)")  # fmt: skip
-    t.add_argument("--seed", type=int, default=0, help="text order and samples (default 0)")
+    t.add_argument("--steps", type=int, default=60, help=about("--steps"))
+    t.add_argument("--max-seconds", type=float, default=None, help=about("--max-seconds",
+                   "default: no time cap"))  # fmt: skip
+    t.add_argument("--texts-per-step", type=int, default=8, help=about("--texts-per-step"))
+    t.add_argument("--lr", type=float, default=1e-3, help=about("--lr"))
+    t.add_argument("--vocab-sample", default="auto", help=about("--vocab-sample", "auto = "
+                   "exact up to 32,768 tokens"))  # fmt: skip
+    t.add_argument("--seed", type=int, default=0, help=about("--seed"))
     work.add_work_args(p)
     cost.add_dry_run_arg(p)
 
@@ -94,11 +67,10 @@ def _texts(args: argparse.Namespace) -> tuple[dict[str, list[str]], str]:
             raise common.UsageError(f"--text-file {path} is not a file")
         lines = [x for x in read_text(path, "text file").split("\n") if x.strip()]
         return {"text": lines}, str(path)
-    langs = common.split_list(args.langs) or ["en"]
+    langs = common.parallel_langs(args)
     if args.parallel:
-        by_lang = read_parallel_dir(args.parallel, None if langs == ["all"] else langs)
-        return by_lang, str(args.parallel)
-    return parallel_sentences(list(LANGS) if langs == ["all"] else langs), "bundled facts"
+        return read_parallel_dir(args.parallel, langs), str(args.parallel)
+    return parallel_sentences(langs or list(LANGS)), "bundled facts"
 
 
 def _span_text(span: slice) -> str | None:
@@ -139,7 +111,13 @@ def cmd_tuned_lens(args: argparse.Namespace) -> int:
     training = options_from_args(args)
     by_lang, source = _texts(args)
     train = mix_texts({lg: v[train_span] for lg, v in by_lang.items()})
-    held = mix_texts({lg: v[held_span] for lg, v in by_lang.items()}) if held_span else []
+    held_by_lang = {lg: v[held_span] for lg, v in by_lang.items()}
+    if all(any(t.strip() for t in v) for v in held_by_lang.values()):
+        held = mix_texts(held_by_lang)
+    else:
+        held = []
+        print(f"note: no --heldout lines after line {held_span.start} in every language: no "
+              "held-out KL (give fewer --lines to keep some)", file=sys.stderr)  # fmt: skip
     work.work_folder(args)  # --work is checked before the model loads
     plan = cost.plan_tuned_lens(args.steps, args.texts_per_step, len(held), args.model)
     if cost.announce(plan, args):

@@ -77,6 +77,7 @@ POSITIVE_INTS = (
     "top_k",
     "max_tokens",
     "samples",
+    "sample_tokens",
     "heldout",
     "repeats",
     "lines",
@@ -85,10 +86,8 @@ POSITIVE_INTS = (
     "circuit_prompts",
 )
 #: Integer flags that must be at least 0 when given.
-NON_NEGATIVE_INTS = ("offset", "patch_prompts", "translation_shots", "verify_edges")
-#: Commands where a flag of POSITIVE_INTS may be 0 (``lens --max-new-tokens 0``: the
-#: patchscope reads its first token without generating).
-ZERO_ALLOWED = {"lens": ("max_new_tokens",)}
+NON_NEGATIVE_INTS = ("offset", "patch_prompts", "translation_shots", "verify_edges",
+                     "patchscope_tokens")  # fmt: skip
 
 _FACT_COMMANDS = ("lens", "eval", "trace", "steer", "circuit")
 _TEXT_COMMANDS = ("experts", "align")  # tuned-lens checks its own --parallel
@@ -306,9 +305,10 @@ def check_after_load(
         labelled = [(f"--prompt {i + 1}", p) for i, p in enumerate(prompts)]
         check_context(model, labelled, flag="--prompt")
     if facts:
-        new = int(getattr(args, "max_new_tokens", 0) or 0)
+        name = "max_new_tokens" if hasattr(args, "max_new_tokens") else "patchscope_tokens"
+        new = int(getattr(args, name, 0) or 0)
         labelled = [(_fact_label(f, args.facts), f.prompt) for f in facts]
-        check_context(model, labelled, new_tokens=new, flag="--max-new-tokens" if new else None)
+        check_context(model, labelled, new_tokens=new, flag=_flag(name) if new else None)
         k_shot = getattr(args, "k_shot", None)
         if k_shot:
             longest = sorted(facts, key=lambda f: len(f.prompt), reverse=True)[:5]
@@ -417,13 +417,12 @@ def _check_artifact_dir(path_text: str | None, flag: str, *, pair: bool = False)
 
 
 def _check_counts(args: argparse.Namespace) -> None:
-    """Integer flags: ``POSITIVE_INTS`` at least 1 (0 where :data:`ZERO_ALLOWED` says so),
-    ``NON_NEGATIVE_INTS`` at least 0."""
-    zero_ok = ZERO_ALLOWED.get(getattr(args, "command", ""), ())
+    """Integer flags: ``POSITIVE_INTS`` at least 1, ``NON_NEGATIVE_INTS`` at least 0
+    (``lens --patchscope-tokens 0``: the patchscope reads its first token only)."""
     for names, low in ((POSITIVE_INTS, 1), (NON_NEGATIVE_INTS, 0)):
         for name in names:
             v = getattr(args, name, None)
-            least = 0 if name in zero_ok else low
+            least = low
             if isinstance(v, int) and not isinstance(v, bool) and v < least:
                 need, fix = (
                     ("at least 1", "give a positive number")
@@ -472,7 +471,7 @@ def canonical_lang_flags(args: argparse.Namespace) -> None:
 def _check_bundled_langs(langs: list[str] | None, data_flag: str, what: str) -> None:
     """Without ``data_flag`` the bundled data is read: a language outside it is refused
     with what to pass instead."""
-    outside = [lg for lg in langs or [] if lg not in LANGS]
+    outside = [lg for lg in langs or [] if lg not in LANGS and lg != "all"]
     if outside:
         raise InputError(
             f"--langs {','.join(outside)}: the bundled {what} are in {','.join(LANGS)} only",
@@ -536,15 +535,7 @@ def _check_side_effect_flags(args: argparse.Namespace) -> None:
 def _check_experts_flags(
     args: argparse.Namespace, langs: list[str] | None, known: Sequence[str] | None
 ) -> None:
-    targets = parse_list(args.target, "--target", known=known, what="language")
-    if langs is not None and targets is not None:
-        missing = [t for t in targets if t not in langs]
-        if missing:
-            raise InputError(
-                f"--target {missing} not among --langs {langs}",
-                where="--target",
-                fix="add the target to --langs",
-            )
+    parse_list(args.target, "--target", known=known, what="language")  # read besides --langs
     parse_ints(args.layers, "--layers")
     parse_ints(args.k, "--k", positive=True)
 
@@ -553,13 +544,7 @@ def _check_align_flags(
     args: argparse.Namespace, langs: list[str] | None, known: Sequence[str] | None
 ) -> None:
     if args.target is not None:
-        parse_list(args.target, "--target", known=known, what="language")
-        if langs is not None and args.target not in langs:
-            raise InputError(
-                f"--target {args.target} is not among --langs {langs}",
-                where="--target",
-                fix="add it to --langs or drop --target",
-            )
+        parse_list(args.target, "--target", known=known, what="language")  # read besides --langs
     clamp = Path(args.clamp).expanduser() if args.clamp else None
     if not (  # an `experts` output folder: align picks the clamp of the chosen k
         clamp is not None

@@ -29,6 +29,7 @@ import torch
 from mechlingo.activations.distributed import all_reduce_state, dist_info
 from mechlingo.card.replicate import weights_fingerprint
 from mechlingo.cli.common import UsageError
+from mechlingo.cli.glossary import about
 from mechlingo.core.artifacts import sibling_name
 from mechlingo.core.describe import model_info
 from mechlingo.core.stages import Stages, key_hash, release_free_locks
@@ -60,22 +61,27 @@ def add_work_args(p: argparse.ArgumentParser) -> None:
         "--work",
         default=None,
         metavar="DIR",
-        help="folder where finished stages are kept until --out is written (default: "
-        ".OUT.work beside --out; it may not be inside --out)",
+        help=about("--work", "default: .OUT.work beside --out; it may not be inside --out"),
     )
     g.add_argument(
         "--fresh",
         action="store_true",
-        help="start over: remove this run's finished stages first (by default a rerun of "
-        "the same command with the same model, data and settings goes on from them)",
+        help=about(
+            "--fresh",
+            "by default a rerun of the same command with the same model, "
+            "data and settings goes on from them",
+        ),
     )
     g.add_argument(
         "--resume",
         action="store_true",
-        help="only go on: refuse (exit 2, nothing computed) when this run has no finished "
-        "stages, e.g. because a setting, the model, the data or the mechlingo version changed "
-        "since the interrupted run. Without it a rerun also goes on from its stages, and "
-        "starts over when there are none",
+        help=about(
+            "--resume",
+            "exit 2, nothing computed, e.g. because a setting, the model, "
+            "the data or the mechlingo version changed since the interrupted run; "
+            "without it a rerun also goes on from its stages, and starts over when "
+            "there are none",
+        ),
     )
 
 

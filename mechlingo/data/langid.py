@@ -4,7 +4,8 @@
 Unicode script of its letters, then, for Latin script, hits in short per-language word lists,
 :data:`LATIN_WORDS`; ``None`` when unsure), so that an intervention can be gated by language
 (:class:`mechlingo.interventions.Gated`) when the language is not declared.
-:func:`identify_languages` identifies generated text with py3langid among given languages.
+:func:`identify_languages` identifies generated text with py3langid among given languages
+(a language py3langid lacks: by its own script, else :data:`UNKNOWN`, with a note).
 It is a heuristic outside the bundled prompts (about 4% of the ``tuned`` prompts stay
 ambiguous; ``docs/data.md``). :func:`token_language` tags a single token for the languages
 in use: :data:`SHARED`, the language of its script (:func:`char_script`), or of its word in
@@ -17,6 +18,7 @@ import functools
 import json
 import re
 import unicodedata
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from importlib import resources
@@ -25,16 +27,16 @@ from typing import Any
 import py3langid.langid as lid
 import regex
 
-from mechlingo.core.errors import InputError
-
 __all__ = [
     "LATIN_WORDS",
     "SCRIPT_LANGUAGE",
     "SHARED",
     "SHARED_IN",
+    "UNKNOWN",
     "char_script",
     "identify_language",
     "identify_languages",
+    "language_id_notes",
     "lexicon",
     "script_counts",
     "token_language",
@@ -124,14 +126,55 @@ def identify_language(text: str) -> str | None:
     return marked[0] if len(marked) == 1 else None
 
 
+#: The label :func:`identify_languages` gives a text that no identifier can place among the
+#: languages asked for, when one of them is outside py3langid (:func:`language_id_notes`).
+UNKNOWN = "unknown"
+
+
+@functools.lru_cache(maxsize=1)
+def _model() -> Any:
+    return lid.LanguageIdentifier.from_model_file(lid.MODEL_FILE, norm_probs=True)
+
+
+def _base(lang: str) -> str:
+    """py3langid's label of a language code: its first subtag (``zh-Hant`` -> ``zh``)."""
+    return lang.split("-", 1)[0].split("_", 1)[0].lower()
+
+
+def _split_langs(langs: Sequence[str]) -> tuple[list[str], dict[str, str], list[str]]:
+    """``langs`` as (those py3langid knows, ``{script: language}`` of the others that a
+    script of their own identifies (:data:`SCRIPT_LANGUAGE`), the rest)."""
+    labels = set(_model().labels)
+    known = [lg for lg in langs if _base(lg) in labels]
+    by_script = {sc: lg for lg in langs if lg not in known
+                 for sc, own in SCRIPT_LANGUAGE.items() if own == _base(lg)}  # fmt: skip
+    opaque = [lg for lg in langs if lg not in known and lg not in by_script.values()]
+    return known, by_script, opaque
+
+
+def language_id_notes(langs: Sequence[str]) -> list[str]:
+    """One line per language of ``langs`` that py3langid has no model of, saying how
+    :func:`identify_languages` identifies it instead: by its own script, or not at all (its
+    texts are :data:`UNKNOWN`); empty when py3langid knows every language."""
+    _known, by_script, opaque = _split_langs(langs)
+    notes = [f"{lg}: py3langid has no model of it; a text mostly in the {sc} script is {lg}"
+             for sc, lg in by_script.items()]  # fmt: skip
+    notes += [f"{lg}: py3langid has no model of it and its script is shared; a text that "
+              f"py3langid places in none of the other languages is '{UNKNOWN}'"
+              for lg in opaque]  # fmt: skip
+    return notes
+
+
 @functools.lru_cache(maxsize=4)
 def _langid(langs: tuple[str, ...]) -> Any:
     ident = lid.LanguageIdentifier.from_model_file(lid.MODEL_FILE, norm_probs=True)
-    unknown = [lang for lang in langs if lang not in ident.labels]
-    if unknown:
-        raise InputError(f"py3langid does not know language(s) {unknown}")
-    ident.set_languages(list(langs))
+    ident.set_languages([_base(lg) for lg in langs])
     return ident
+
+
+def _main_script(text: str) -> str | None:
+    counts = Counter(sc for sc in map(char_script, text) if sc is not None)
+    return counts.most_common(1)[0][0] if counts else None
 
 
 def identify_languages(texts: Sequence[str], langs: Sequence[str]) -> list[str | None]:
@@ -139,17 +182,35 @@ def identify_languages(texts: Sequence[str], langs: Sequence[str]) -> list[str |
     probabilities normalised over ``langs`` only); ``None`` for a text with no letters
     (nothing to identify).
 
-    Raises:
-        InputError: a language py3langid does not know.
+    A language py3langid has no model of degrades, as :func:`language_id_notes` states (and a
+    warning says once per set of languages): when a script is its own (Thaana for ``dv``), a
+    text mostly in that script is that language; otherwise py3langid reads the text among
+    all of its languages, and a text it places in none of ``langs`` is :data:`UNKNOWN` (it
+    may be in the language py3langid lacks, or in another).
     """
-    ident = _langid(tuple(langs))
+    known, by_script, opaque = _split_langs(langs)
+    if len(known) < len(langs):
+        _warn_once(tuple(langs))
+    by_label = {_base(lg): lg for lg in known}
+    ident = _langid(tuple(known)) if known and not opaque else _model()
     out: list[str | None] = []
     for t in texts:
         if not any(ch.isalpha() for ch in t):
             out.append(None)
-        else:
-            out.append(ident.classify(t)[0])
+            continue
+        script = _main_script(t) if by_script else None
+        if script in by_script:
+            out.append(by_script[script])
+            continue
+        label = ident.classify(t)[0] if known else None
+        out.append(by_label.get(label, UNKNOWN) if label is not None else UNKNOWN)
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _warn_once(langs: tuple[str, ...]) -> None:
+    for note in language_id_notes(langs):
+        warnings.warn(f"language identification: {note}", stacklevel=3)
 
 
 # --------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Self-contained HTML reports and atomic output folders.
 
 A report is one HTML file with plotly's JavaScript inlined once, so it opens offline and
-makes no network request. With ``plotlyjs="file"`` (or ``MECHLINGO_PLOTLYJS=file`` in the
-environment) it loads plotly from ``plotly.min.js`` beside it instead, written once into the
+makes no network request. With ``plotlyjs="file"`` (the command line's ``--plotlyjs file``,
+:func:`use_plotlyjs`, or ``MECHLINGO_PLOTLYJS=file`` in the environment) it loads plotly from ``plotly.min.js`` beside it instead, written once into the
 output folder and shared by every report there (a report then weighs kilobytes, not 5 MB);
 the default, ``"inline"``, keeps the self-contained single file. :func:`write_outputs` writes a command's files into ``--out`` only
 after all of them are ready: the new folder is built beside it and put in place in one rename
@@ -12,12 +12,14 @@ old folder or the new one, never a mix.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import datetime as _dt
 import html
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +53,30 @@ PLOTLYJS_FILE = "plotly.min.js"
 PLOTLYJS_MODES = ("inline", "file")
 
 
-def plotlyjs_mode(mode: str | None = None) -> str:
-    """``mode``, else ``MECHLINGO_PLOTLYJS`` from the environment, else ``"inline"``.
+_MODE: contextvars.ContextVar[str | None] = contextvars.ContextVar("plotlyjs", default=None)
+
+
+@contextlib.contextmanager
+def use_plotlyjs(mode: str | None) -> Iterator[None]:
+    """Inside the block, reports made without their own ``plotlyjs`` load plotly.js the
+    ``mode`` way (``None``: as without the block); the ``--plotlyjs`` flag of every command.
 
     Raises:
         InputError: a mode other than :data:`PLOTLYJS_MODES`."""
-    got = mode or os.environ.get("MECHLINGO_PLOTLYJS") or "inline"
+    token = _MODE.set(None if mode is None else plotlyjs_mode(mode))
+    try:
+        yield
+    finally:
+        _MODE.reset(token)
+
+
+def plotlyjs_mode(mode: str | None = None) -> str:
+    """``mode``, else the mode of :func:`use_plotlyjs`, else ``MECHLINGO_PLOTLYJS`` from the
+    environment, else ``"inline"``.
+
+    Raises:
+        InputError: a mode other than :data:`PLOTLYJS_MODES`."""
+    got = mode or _MODE.get() or os.environ.get("MECHLINGO_PLOTLYJS") or "inline"
     if got not in PLOTLYJS_MODES:
         raise InputError(f"plotly.js mode {got!r} (MECHLINGO_PLOTLYJS): use inline or file")
     return got

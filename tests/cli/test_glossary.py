@@ -1,6 +1,6 @@
-"""One name per concept, one meaning per flag: every command's parser against the glossary
-(``mechlingo.cli.glossary.FLAGS`` and ``docs/glossary.md``), and old flag names refused with
-the name that replaced them."""
+"""One name per concept, one meaning and one default per flag: every command's parser against
+the glossary (``mechlingo.cli.glossary.FLAGS`` and ``docs/glossary.md``), and every default
+shown in ``--help``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mechlingo.cli import build_parser, main
-from mechlingo.cli.glossary import CODE_NAMES, FLAGS, RETIRED
+from mechlingo.cli.glossary import CODE_NAMES, FLAGS, about
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "glossary.md"
 #: flags argparse adds itself
@@ -41,21 +41,36 @@ def _kind(action: argparse.Action) -> tuple:
     return ("value", kind, action.metavar, choices, action.nargs)
 
 
+def _meaning(flag: str, action: argparse.Action) -> str:
+    """The meaning a command gives ``flag``: the glossary's when its help starts with it
+    (the command took it from :func:`mechlingo.cli.glossary.about`), else its whole help."""
+    text = action.help or ""
+    meaning = FLAGS[flag][1].replace("%", "%%") if flag in FLAGS else None
+    return FLAGS[flag][1] if meaning is not None and text.startswith(meaning) else text
+
+
 def flag_table(parsers: dict) -> dict[str, dict[str, tuple]]:
-    """``{flag: {command: kind}}`` over ``parsers``."""
+    """``{flag: {command: (kind, meaning, default)}}`` over ``parsers``."""
     table: dict[str, dict[str, tuple]] = {}
     for cmd, p in parsers.items():
         for action in p._actions:
             for opt in action.option_strings:
                 if opt.startswith("--") and opt not in _BUILTIN:
-                    table.setdefault(opt, {})[cmd] = _kind(action)
+                    entry = (_kind(action), _meaning(opt, action), repr(action.default))
+                    table.setdefault(opt, {})[cmd] = entry
     return table
 
 
-def two_meanings(table: dict[str, dict[str, tuple]]) -> dict[str, dict[str, tuple]]:
-    """The flags whose kind differs between commands (``--side-effects DIR`` in one,
-    ``--side-effects N`` in another)."""
-    return {f: by for f, by in table.items() if len(set(by.values())) > 1}
+def two_meanings(table: dict[str, dict[str, tuple]]) -> dict[str, list[str]]:
+    """``{flag: [what differs]}``: the flags whose kind (``--side-effects DIR`` in one
+    command, ``--side-effects N`` in another), meaning (the help of one command not taken from
+    the glossary) or default differs between the commands that take them."""
+    bad: dict[str, list[str]] = {}
+    for flag, by in table.items():
+        for i, what in enumerate(("kind", "meaning", "default")):
+            if len({entry[i] for entry in by.values()}) > 1:
+                bad.setdefault(flag, []).append(what)
+    return bad
 
 
 COMMANDS = _commands(build_parser())
@@ -80,10 +95,48 @@ def test_the_checker_finds_a_flag_with_two_meanings():
     a.add_argument("--side-effects", metavar="DIR")
     b.add_argument("--side-effects", type=int, metavar="N")
     found = two_meanings(flag_table({"steer eval": a, "align": b}))
-    assert set(found) == {"--side-effects"}
+    assert found == {"--side-effects": ["kind"]}
     c = argparse.ArgumentParser()
-    c.add_argument("--side-effects", action="store_true")
+    c.add_argument("--side-effects", action="store_true", help=about("--side-effects"))
     assert two_meanings(flag_table({"x": c, "y": c})) == {}
+
+
+def test_the_checker_finds_a_flag_with_two_help_meanings():
+    # one command takes --max-new-tokens' meaning from the glossary, a throwaway one writes
+    # its own (the patchscope's continuation under the answer-length flag)
+    good, bad = argparse.ArgumentParser(), argparse.ArgumentParser()
+    good.add_argument("--max-new-tokens", type=int, default=8,
+                      help=about("--max-new-tokens", "a command's own detail"))  # fmt: skip
+    bad.add_argument("--max-new-tokens", type=int, default=8,
+                     help="greedy tokens of the patchscope's continuation")  # fmt: skip
+    assert two_meanings(flag_table({"eval": good, "lens": bad})) == {
+        "--max-new-tokens": ["meaning"]
+    }
+    # details after the glossary's meaning may differ: the meaning is the same
+    other = argparse.ArgumentParser()
+    other.add_argument("--max-new-tokens", type=int, default=8, help=about("--max-new-tokens"))
+    assert two_meanings(flag_table({"eval": good, "trace": other})) == {}
+
+
+def test_the_checker_finds_a_flag_with_two_defaults():
+    parsers = {}
+    for cmd, default in (("trace", "en,fr,de,es"), ("lens", None), ("eval", None)):
+        p = argparse.ArgumentParser()
+        p.add_argument("--langs", default=default, help=about("--langs"))
+        parsers[cmd] = p
+    assert two_meanings(flag_table(parsers)) == {"--langs": ["default"]}
+    parsers["trace"]._actions[-1].default = None
+    assert two_meanings(flag_table(parsers)) == {}
+
+
+def test_every_real_parser_passes_the_checker_and_a_conflict_added_to_it_fails():
+    # the real parsers pass; one throwaway command with a second default for --limit fails
+    throwaway = argparse.ArgumentParser()
+    throwaway.add_argument("--limit", type=COMMANDS["eval"]._option_string_actions["--limit"].type,
+                           default=10, metavar="N|all", help=about("--limit"))  # fmt: skip
+    assert two_meanings(flag_table({**COMMANDS, "throwaway": throwaway})) == {
+        "--limit": ["default"]
+    }
 
 
 def test_every_command_is_checked():
@@ -91,8 +144,14 @@ def test_every_command_is_checked():
             "steer build", "steer eval"} <= set(COMMANDS)  # fmt: skip
 
 
-def test_no_flag_has_two_meanings_across_commands():
+def test_no_flag_has_two_meanings_or_two_defaults_across_commands():
     assert two_meanings(TABLE) == {}
+
+
+def test_every_help_takes_its_meaning_from_the_glossary():
+    own = {(cmd, flag) for flag, by in TABLE.items() for cmd, entry in by.items()
+           if flag in FLAGS and entry[1] != FLAGS[flag][1]}  # fmt: skip
+    assert sorted(own) == []
 
 
 def test_every_flag_is_in_the_glossary_and_every_glossary_flag_exists():
@@ -162,46 +221,6 @@ def test_every_code_word_has_one_name_per_meaning_in_the_code_and_the_page():
     assert "readout_names" in fields and "metric_names" not in fields
 
 
-def test_retired_names_are_gone_and_their_replacements_exist():
-    for cmd, renamed in RETIRED.items():
-        parsers = [p for name, p in COMMANDS.items() if name.split()[0] == cmd]
-        assert parsers, cmd
-        for old, new in renamed.items():
-            for p in parsers:
-                opts = {o for a in p._actions for o in a.option_strings}
-                assert old not in opts, f"{cmd} still takes {old}"
-            assert new.split()[0] in TABLE, new
-            assert any(cmd == name.split()[0] for name in TABLE[new.split()[0]]), (cmd, new)
-
-
-@pytest.mark.parametrize(
-    ("argv", "hint"),
-    [
-        (["experts", "--lang", "es"], "--lang is now --target"),
-        (["experts", "--data", "D"], "--data is now --parallel"),
-        (["experts", "--limit", "5"], "--limit is now --lines"),
-        (["experts", "--layer", "3"], "--layer is now --layers"),
-        (["experts", "--new-tokens", "3"], "--new-tokens is now --max-new-tokens"),
-        (["align", "--split", "dev"], "--split is now --flores-split"),
-        (["eval", "--data=f.jsonl"], "--data is now --facts"),
-        (["lens", "--patchscope-tokens", "3"], "--patchscope-tokens is now --max-new-tokens"),
-        (["steer", "eval", "--seeds", "0,1"], "--seeds is now --control-seeds"),
-        (["tuned-lens", "--text", "D"], "--text is now --parallel"),
-        (["tuned-lens", "--lines", "0:800"], "--offset START --lines N"),
-        (["align", "--side-effects", "20"], "--side-effects-lines N"),
-        (["steer", "eval", "--side-effects", "D"], "add --parallel DIR"),
-    ],
-)
-def test_an_old_flag_name_fails_with_one_line_naming_the_new_one(argv, hint, tmp_path, capsys):
-    out = tmp_path / "o"
-    with pytest.raises(SystemExit) as exc:
-        main([*argv, "--out", str(out)])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert hint in err
-    assert not out.exists()
-
-
 def test_a_flag_is_never_taken_by_a_prefix(tmp_path, capsys):
     # --lang must not quietly become --langs, nor --seed become --control-seeds
     for argv, unknown in ((["eval", "--lang", "en"], "--lang en"),
@@ -212,65 +231,117 @@ def test_a_flag_is_never_taken_by_a_prefix(tmp_path, capsys):
         assert f"unrecognized arguments: {unknown}" in capsys.readouterr().err
 
 
-#: flags whose default the parser keeps elsewhere (``None`` on the flag: the command's own
-#: default is applied when the facts are read)
-_EFFECTIVE = {"--langs": "_langs_default", "--templates": "_templates_default",
-              "--relation": "_relation_default"}  # fmt: skip
-#: ``(default X: reason)`` or ``(default: X: reason)`` in a help
-_REASONED = re.compile(r"default:? [^()]*?: \w")
+def _help_lines(p: argparse.ArgumentParser) -> dict[argparse.Action, str]:
+    """``{action: the help --help prints for it}``, as the parser's formatter expands it."""
+    fmt = p._get_formatter()
+    return {
+        a: fmt._expand_help(a) for a in p._actions if a.help and a.help is not argparse.SUPPRESS
+    }
 
 
-def _defaults(parsers: dict) -> dict[str, dict[str, tuple[object, str]]]:
-    """``{flag: {command: (effective default, help)}}`` of the flags several commands take."""
-    table: dict[str, dict[str, tuple[object, str]]] = {}
-    for cmd, p in parsers.items():
-        for action in p._actions:
-            for opt in action.option_strings:
-                if opt.startswith("--") and opt not in _BUILTIN:
-                    value = action.default
-                    if value is None and opt in _EFFECTIVE:
-                        value = p.get_default(_EFFECTIVE[opt])
-                    table.setdefault(opt, {})[cmd] = (value, action.help or "")
-    return {f: by for f, by in table.items() if len(by) > 1}
-
-
-def unexplained_defaults(parsers: dict) -> dict[str, list[str]]:
-    """``{flag: [commands]}``: a shared flag whose defaults differ, in the commands that do not
-    say theirs with its reason. The shared default is the one of a strict majority of the
-    commands (they need no reason); without a majority every command must give one."""
+def unshown_defaults(parsers: dict) -> dict[str, list[str]]:
+    """``{command: [flags]}`` whose ``--help`` hides the default: a value default not printed
+    in the flag's help, or an optional value flag without a default whose help does not say
+    what happens when it is omitted (``default: ...``)."""
     bad: dict[str, list[str]] = {}
-    for flag, by in _defaults(parsers).items():
-        values = [repr(v) for v, _ in by.values()]
-        if len(set(values)) == 1:
-            continue
-        top = max(set(values), key=values.count)
-        shared = top if values.count(top) * 2 > len(values) else None
-        for cmd, (value, text) in by.items():
-            if repr(value) == shared:
+    for cmd, p in parsers.items():
+        for action, text in _help_lines(p).items():
+            if not action.option_strings or action.option_strings[0] in _BUILTIN:
                 continue
-            stated = value is None or str(value) in text
-            if not (stated and _REASONED.search(text)):
-                bad.setdefault(flag, []).append(cmd)
+            default = action.default
+            if action.nargs == 0 or action.required:  # a switch is off unless given
+                continue
+            if default is None:
+                shown = "default:" in text or "default " in text
+            else:
+                value = ",".join(map(str, default)) if isinstance(default, list) else str(default)
+                shown = "default" in text and value in text
+            if not shown:
+                bad.setdefault(cmd, []).append(action.option_strings[0])
     return bad
 
 
-def test_the_default_checker_finds_an_unexplained_default():
-    a, b, c = argparse.ArgumentParser(), argparse.ArgumentParser(), argparse.ArgumentParser()
-    for p in (a, b):
-        p.add_argument("--limit", type=int, default=50, help="facts (default 50)")
-    c.add_argument("--limit", type=int, default=10, help="facts (default 10)")
-    assert unexplained_defaults({"a": a, "b": b, "c": c}) == {"--limit": ["c"]}
-    c._actions[-1].help = "facts (default 10: each costs a minute)"
-    assert unexplained_defaults({"a": a, "b": b, "c": c}) == {}
-    # no majority: every command states its reason
-    assert unexplained_defaults({"a": a, "c": c}) == {"--limit": ["a"]}
+def test_the_default_checker_finds_a_hidden_default():
+    p = argparse.ArgumentParser()
+    p.add_argument("--limit", type=int, default=50, help="facts per relation")
+    p.add_argument("--relation", default=None, help="relations")
+    assert unshown_defaults({"x": p}) == {"x": ["--limit", "--relation"]}
+    from mechlingo.cli.flags import HelpParser
+
+    q = HelpParser()
+    q.add_argument("--limit", type=int, default=50, help="facts per relation")
+    q.add_argument("--relation", default=None, help="relations (default: capital)")
+    q.add_argument("--quiet", action="store_true", help="no progress bars")
+    assert unshown_defaults({"y": q}) == {}
 
 
-def test_every_shared_flag_has_one_default_or_each_command_says_why():
-    assert unexplained_defaults(COMMANDS) == {}
+def test_every_default_is_shown_in_help():
+    assert unshown_defaults(COMMANDS) == {}
 
 
 def test_no_help_shows_an_empty_default(capsys):
     for cmd, p in COMMANDS.items():
         text = p.format_help()
         assert "(default: )" not in text and "default: ," not in text, cmd
+
+
+def test_every_command_reads_the_same_languages_and_limit_by_default():
+    from mechlingo.cli import common
+    from mechlingo.data import LANGS
+
+    parse = build_parser().parse_args
+    five = ["en", "fr", "de", "es", "ja"]
+    for argv in (["lens"], ["eval"], ["trace"], ["steer", "build"], ["steer", "eval"]):
+        args = parse([*argv, "--out", "o"])
+        assert common.selected_langs(args) == five and args.limit == 50, argv
+        assert common.selected_langs(parse([*argv, "--langs", "all", "--out", "o"])) == list(LANGS)
+        assert parse([*argv, "--limit", "all", "--out", "o"]).limit is None
+    assert common.parallel_langs(parse(["tuned-lens", "--out", "o"])) == five
+    assert common.parallel_langs(parse(["align", "--out", "o"])) == five
+    # the experts' target is read besides --langs; a --parallel folder: all its languages
+    args = parse(["experts", "--target", "hi", "--out", "o"])
+    assert common.parallel_langs(args, ["hi"]) == [*five, "hi"]
+    args = parse(["experts", "--target", "hi", "--parallel", "P", "--out", "o"])
+    assert common.parallel_langs(args, ["hi"]) is None
+    args = parse(["experts", "--target", "hi", "--langs", "en,fr", "--parallel", "P", "--out", "o"])
+    assert common.parallel_langs(args, ["hi"]) == ["en", "fr", "hi"]
+
+
+def _documented_commands() -> list[tuple[str, list[str]]]:
+    """``(page, argv)`` of every ``mechlingo COMMAND ...`` line in the fenced code blocks of
+    README.md and docs/ (the replicate log keeps the commands as they were run)."""
+    import shlex
+
+    root = DOC.parents[1]
+    pages = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    found = []
+    for page in pages:
+        if page.name == "replicate-log.md":
+            continue
+        for block in re.findall(r"```[a-z]*\n(.*?)```", page.read_text(encoding="utf-8"), re.S):
+            block = block.replace("\\\n", " ")
+            names = dict(re.findall(r'^(\w+)="([^"]*)"$', block, flags=re.M))
+            for line in block.splitlines():
+                m = re.search(r"(?:^|\s)mechlingo ([\w-]+(?: .*)?)$", line.strip())
+                if not m or m.group(1).split()[0] not in set(COMMANDS) | {"steer"}:
+                    continue
+                if "[" in m.group(1):  # a usage synopsis, [--flag A|B]
+                    continue
+                text = m.group(1)
+                for name, value in names.items():
+                    text = text.replace(f"${name}", value)
+                argv = shlex.split(text.split(" #")[0].split("&&")[0])
+                found.append((page.name, argv + ([] if "--out" in argv else ["--out", "o"])))
+    return found
+
+
+def test_every_documented_command_line_parses(capsys):
+    found = _documented_commands()
+    assert len(found) >= 15  # the scan works
+    parser, bad = build_parser(), []
+    for page, argv in [*found, ("stale", ["replicate", "--metric", "rank", "--out", "o"])]:
+        try:
+            parser.parse_args(argv)
+        except SystemExit:
+            bad.append((page, " ".join(argv), capsys.readouterr().err.strip().splitlines()[-1]))
+    assert [b[0] for b in bad] == ["stale"], bad  # a flag a page names but no parser has fails

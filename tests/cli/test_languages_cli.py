@@ -72,7 +72,7 @@ def test_experts_and_align_on_a_swahili_target(tiny_dir, tmp_path):
     exp = tmp_path / "experts"
     common_args = ["--model", str(tiny_dir), "--parallel", par, "--lines", "4", "--quiet"]
     args = ["experts", *common_args, "--target", "swh_Latn", "--k", "3,5", "--samples", "2",
-            "--max-new-tokens", "2", "--heldout", "2", "--out", str(exp)]  # fmt: skip
+            "--sample-tokens", "2", "--heldout", "2", "--out", str(exp)]  # fmt: skip
     assert main(args) == 0
     s = _summary(exp)
     assert (exp / "sw-k3").is_dir() and (exp / "sw-k5-random").is_dir()

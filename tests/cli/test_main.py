@@ -159,7 +159,7 @@ def test_facts_file_without_langs_is_read_in_its_own_languages(tmp_path):
     bundled = build_parser().parse_args(["eval", "--out", str(tmp_path / "o")])
     assert {f.lang for f in load_selected_facts(bundled)} == {"en", "fr", "de", "es", "ja"}
     trace = build_parser().parse_args(["trace", "--limit", "2", "--out", str(tmp_path / "o")])
-    assert {f.lang for f in load_selected_facts(trace)} == {"en", "fr", "de", "es"}
+    assert {f.lang for f in load_selected_facts(trace)} == {"en", "fr", "de", "es", "ja"}
     with_langs = build_parser().parse_args(
         ["eval", "--facts", str(data), "--langs", "en,fr", "--out", str(tmp_path / "o")]
     )
@@ -167,19 +167,21 @@ def test_facts_file_without_langs_is_read_in_its_own_languages(tmp_path):
         load_selected_facts(with_langs)  # asked for French, which the file lacks
 
 
-def test_steer_build_defaults_to_every_relation_and_says_so(tmp_path):
+def test_steer_build_reads_capitals_by_default_and_every_relation_on_request(tmp_path):
     from mechlingo.cli.common import load_selected_facts
     from mechlingo.data import RELATIONS
 
     parser = build_parser()
-    args = parser.parse_args(["steer", "build", "--limit", "2", "--out", str(tmp_path / "v")])
+    for cmd in ("build", "eval"):  # the one default of --relation, as every command
+        args = parser.parse_args(["steer", cmd, "--limit", "2", "--out", str(tmp_path / "v")])
+        assert {f.relation for f in load_selected_facts(args)} == {"capital"}
+    args = parser.parse_args(["steer", "build", "--relation", "all", "--limit", "2", "--out",
+                              str(tmp_path / "v")])  # fmt: skip
     assert {f.relation for f in load_selected_facts(args)} == set(RELATIONS)
-    ev = parser.parse_args(["steer", "eval", "--limit", "2", "--out", str(tmp_path / "v")])
-    assert {f.relation for f in load_selected_facts(ev)} == {"capital"}
     steer = next(a for a in parser._actions if a.dest == "command").choices["steer"]
     build = next(a for a in steer._actions if a.dest == "steer_command").choices["build"]
     rel = next(a for a in build._actions if "--relation" in a.option_strings)
-    assert "every bundled relation" in rel.help and "capital" not in rel.help
+    assert "default: capital" in rel.help
 
 
 def test_top_level_help_names_what_each_command_writes(capsys):
@@ -256,3 +258,21 @@ def test_run_eval_and_run_tuned_lens_are_what_the_commands_write(tmp_path, tiny_
         "Loss curve", "Held-out KL(final || lens) per layer"
     ]  # fmt: skip
     assert lens.lens.meta["lines"] == "0:6" and lens.lens.meta["langs"] == ["en"]
+
+
+def test_plotlyjs_flag_shares_one_plotly_file_beside_the_report(tmp_path, tiny_dir, monkeypatch):
+    from mechlingo.report.page import PLOTLYJS_FILE
+
+    monkeypatch.delenv("MECHLINGO_PLOTLYJS", raising=False)
+    args = ["eval", "--model", str(tiny_dir), "--langs", "en", "--limit", "2",
+            "--max-new-tokens", "1", "--quiet"]  # fmt: skip
+    assert main([*args, "--plotlyjs", "file", "--out", str(tmp_path / "f")]) == 0
+    page = (tmp_path / "f" / "report.html").read_text(encoding="utf-8")
+    assert f"src='{PLOTLYJS_FILE}'" in page and len(page) < 200_000
+    assert (tmp_path / "f" / PLOTLYJS_FILE).stat().st_size > 1_000_000
+    assert main([*args, "--out", str(tmp_path / "i")]) == 0  # the default: one inlined file
+    assert not (tmp_path / "i" / PLOTLYJS_FILE).exists()
+    assert (tmp_path / "i" / "report.html").stat().st_size > 1_000_000
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--plotlyjs", "cdn", "--out", str(tmp_path / "c")])
+    assert exc.value.code == 2

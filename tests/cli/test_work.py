@@ -219,7 +219,7 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
     def run(out: str, *extra: str) -> int:
         return main(["experts", "--model", str(tiny_dir), "--target", "es", "--k", "3,5",
                      "--parallel", str(data), "--lines", "4", "--heldout", "2", "--samples", "3",
-                     "--max-new-tokens", "3", "--ppl-budget", "1000", "--quiet", *extra,
+                     "--sample-tokens", "3", "--ppl-budget", "1000", "--quiet", *extra,
                      "--out", str(tmp_path / out)])  # fmt: skip
 
     def stopped_in_k5(out: str) -> None:
@@ -393,7 +393,7 @@ def test_kill_steer_eval_transfer(tiny_dir, vectors, tmp_path, monkeypatch):
 def test_kill_experts(tiny_dir, tmp_path, monkeypatch):
     data = _lines(tmp_path / "data")
     argv = ["experts", "--model", str(tiny_dir), "--target", "es", "--k", "3,5", "--parallel",
-            str(data), "--lines", "4", "--heldout", "2", "--samples", "3", "--max-new-tokens", "3",
+            str(data), "--lines", "4", "--heldout", "2", "--samples", "3", "--sample-tokens", "3",
             "--ppl-budget", "1000", "--quiet"]  # fmt: skip
     _kill_and_rerun(argv, tmp_path, monkeypatch, "experts")
 
@@ -436,7 +436,7 @@ def test_kill_experts_under_torchrun(tiny_dir, tmp_path, monkeypatch):
 
     data = _lines(tmp_path / "data")
     argv = ["experts", "--model", str(tiny_dir), "--target", "es", "--k", "3,5", "--parallel",
-            str(data), "--lines", "4", "--heldout", "2", "--samples", "3", "--max-new-tokens", "3",
+            str(data), "--lines", "4", "--heldout", "2", "--samples", "3", "--sample-tokens", "3",
             "--ppl-budget", "1000", "--quiet"]  # fmt: skip
     monkeypatch.setenv("MECHLINGO_STAGE_LOG", str(tmp_path / "one.log"))
     assert main([*argv, "--out", str(tmp_path / "one")]) == 0

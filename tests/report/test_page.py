@@ -44,3 +44,17 @@ def test_plotly_is_inlined_by_default_and_shared_from_one_file_on_request(tmp_pa
     monkeypatch.setenv("MECHLINGO_PLOTLYJS", "cdn")
     with pytest.raises(ValueError, match="use inline or file"):
         Report("t")
+
+
+def test_use_plotlyjs_sets_the_mode_of_reports_made_inside(monkeypatch):
+    from mechlingo.report.page import use_plotlyjs
+
+    monkeypatch.setenv("MECHLINGO_PLOTLYJS", "file")
+    with use_plotlyjs("inline"):  # the flag wins over the environment
+        assert Report("t").plotlyjs == "inline"
+        assert Report("t", plotlyjs="file").plotlyjs == "file"  # a report's own mode wins
+    assert Report("t").plotlyjs == "file"
+    with use_plotlyjs(None):  # no flag: the environment, then inline
+        assert Report("t").plotlyjs == "file"
+    with pytest.raises(ValueError, match="use inline or file"), use_plotlyjs("cdn"):
+        pass

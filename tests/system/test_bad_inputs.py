@@ -507,9 +507,19 @@ CASES: list[Case] = [
     Case(
         "experts-lang-unknown", "{experts} --target xx", 2, "unknown language(s) ['xx'] in --target"
     ),
-    Case("experts-lang-not-in-langs", "{experts} --target de", 2, "not among --langs"),
+    Case(
+        "experts-target-not-bundled",
+        "{experts} --target sv",
+        2,
+        "unknown language(s) ['sv'] in --target",
+    ),
     Case("experts-lang-repeated", "{experts} --target es,es", 2, "'es' more than once"),
-    Case("align-target-not-in-langs", "{align} --target de", 2, "not among --langs"),
+    Case(
+        "align-target-not-bundled",
+        "{align} --target sv",
+        2,
+        "unknown language(s) ['sv'] in --target",
+    ),
     Case("align-target-comma", "{align} --target ,", 2, "empty language"),
     # ---- sizes
     Case("limit-zero", "{eval} --limit 0", 2, "--limit must be at least 1"),
@@ -565,9 +575,7 @@ CASES: list[Case] = [
     Case("offset-neg", "{experts} --offset -1", 2, "--offset must be 0 or more"),
     Case("max-tokens-zero", "{experts} --max-tokens 0", 2, "--max-tokens must be at least 1"),
     Case("samples-zero", "{experts} --samples 0", 2, "--samples must be at least 1"),
-    Case(
-        "new-tokens-zero", "{experts} --max-new-tokens 0", 2, "--max-new-tokens must be at least 1"
-    ),
+    Case("new-tokens-zero", "{experts} --sample-tokens 0", 2, "--sample-tokens must be at least 1"),
     Case("heldout-zero", "{experts} --heldout 0", 2, "--heldout must be at least 1"),
     Case("ok-seed-neg", "{experts} --seed -1", 0, "", ok_outputs=("es-k5",)),
     Case("limit-zero-align", "{align} --lines 0", 2, "--lines must be at least 1"),
@@ -697,8 +705,14 @@ CASES: list[Case] = [
         "no file for language(s) ['de']",
     ),
     Case("text-latin1-align", "{align} --parallel {par_latin1}", 2, "es.txt, line 4: byte 0xe9"),
-    Case("text-context", "{align} --parallel {par_long}", 2, "more than the model's context"),
-    Case("text-context-experts", "{experts} --parallel {par_long}", 2, "sentence 1 of"),
+    # a sentence longer than the context is cut to --max-tokens (at most the context less
+    # BOS; 64 by default), so only --max-tokens itself can pass the context
+    Case(
+        "text-context",
+        "{align} --parallel {par_long} --max-tokens 100000",
+        2,
+        "--max-tokens 100000 + BOS is more than the model's context",
+    ),
     Case("text-max-tokens-over-ctx", "{experts} --max-tokens 600", 2, "--max-tokens 600 + bos"),
     # ---- saved artifacts
     Case("clamp-missing", "{align} --clamp {C_missing}", 2, "does not exist"),
@@ -1262,7 +1276,7 @@ def _int_flags() -> list[tuple[tuple[str, ...], str, str]]:
     """``(subcommand path, flag, dest)`` of every integer-typed flag of the parser."""
     import argparse
 
-    from mechlingo.cli.flags import line_count
+    from mechlingo.cli.flags import count_or_all
     from mechlingo.cli.main import build_parser
 
     def walk(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> Any:
@@ -1270,7 +1284,7 @@ def _int_flags() -> list[tuple[tuple[str, ...], str, str]]:
             if isinstance(action, argparse._SubParsersAction):
                 for name, sub in action.choices.items():
                     yield from walk(sub, (*path, name))
-            elif action.type in (int, line_count):
+            elif action.type in (int, count_or_all):
                 yield path, action.option_strings[0], action.dest
 
     return list(walk(build_parser(), ()))

@@ -395,7 +395,7 @@ def test_cli_experts_and_align_on_flores_parquet(tmp_path, tiny_dir):
     edir = tmp_path / "edir"
     rc = main(["experts", "--model", str(tiny_dir), "--target", "es", "--k", "3", "--parallel",
                str(data), "--langs", "en,fr,es", "--lines", "4", "--heldout", "2",
-               "--samples", "2", "--max-new-tokens", "2", "--ppl-budget", "1000",
+               "--samples", "2", "--sample-tokens", "2", "--ppl-budget", "1000",
                "--out", str(edir), "--quiet"])  # fmt: skip
     assert rc == 0
     summ = json.loads((edir / "summary.json").read_text())

@@ -107,7 +107,7 @@ def test_a_decoder_defined_here_is_one_registration_line(tiny, restore_registrie
         assert not torch.allclose(hand, plain, atol=1e-3)  # the rotation is read, not skipped
 
     # the command line lists it and accepts it; the glossary's decoder list is the built-ins
-    ns = argparse.Namespace(decoder="logit,rotated", tuned_lens=None, max_new_tokens=0)
+    ns = argparse.Namespace(decoder="logit,rotated", tuned_lens=None, patchscope_tokens=0)
     assert parse_decoders(ns) == ["logit", "rotated"]
     from mechlingo.cli.main import build_parser
 

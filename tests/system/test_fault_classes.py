@@ -710,7 +710,7 @@ def _numeric_flags(command: str) -> list[tuple[str, str, str]]:
         if a.type is float:
             cases.append((option, "nan", "nan|above|at least"))
             cases.append((option, "inf", "inf|at most"))
-        elif a.type is int or getattr(a.type, "__name__", "") == "line_count":
+        elif a.type is int or getattr(a.type, "__name__", "") == "count_or_all":
             cases.append((option, str(10**30), "out of range|64-bit"))
     comma = {"k": "5,1" + "0" * 30, "layers": "0,1" + "0" * 30, "task_layers": "1" + "0" * 30,
              "diff_layers": "1" + "0" * 30, "seeds": "0,1" + "0" * 30,

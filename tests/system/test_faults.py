@@ -545,7 +545,7 @@ def _commands(T: str) -> list[list[str]]:
          "--split", "0.6,0.2,0.2", "--config", "0,4,1,4", "--max-new-tokens", "3",
          "--control-seeds", "0,1", "--out", "steer"],
         ["experts", *common, "--langs", "en,es,fr", "--target", "es", "--lines", "8",
-         "--k", "5,10", "--heldout", "4", "--samples", "4", "--max-new-tokens", "3",
+         "--k", "5,10", "--heldout", "4", "--samples", "4", "--sample-tokens", "3",
          "--out", "experts"],
     ]  # fmt: skip
 

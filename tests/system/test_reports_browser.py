@@ -48,7 +48,7 @@ def reports(tiny_dir, tmp_path_factory) -> dict[str, Path]:
                   str(root / "vectors"), "--config", "0,1,1,1", "--test-per-lang", "2",
                   "--max-new-tokens", "2"],
         "experts": ["experts", *model, "--target", "es", "--k", "3", "--parallel", str(data),
-                    "--lines", "4", "--heldout", "2", "--samples", "2", "--max-new-tokens", "3"],
+                    "--lines", "4", "--heldout", "2", "--samples", "2", "--sample-tokens", "3"],
         "align": ["align", *model, "--clamp", str(root / "experts" / "es-k3"), "--parallel",
                   str(data), "--offset", "2", "--lines", "4"],
     }  # fmt: skip

@@ -211,10 +211,10 @@ register_decoder(
     card_cost=CARD_COST, help="patched into an identity target prompt",
     options=[
         DecoderOption("--patchscope-target", "target", str, TARGET,
-                      "language of the identity target prompt for every prompt (default: "
-                      "each prompt's own language)"),
-        DecoderOption("--max-new-tokens", "max_new_tokens", int, MAX_NEW_TOKENS,
-                      "greedy tokens generated per prompt: the patchscope's continuation per "
-                      "layer", why_default="its first token only", minimum=0),
+                      "language of the identity target prompt for every prompt",
+                      why_default="each prompt's own language"),
+        DecoderOption("--patchscope-tokens", "max_new_tokens", int, MAX_NEW_TOKENS,
+                      "greedy tokens the patchscope generates per layer", why_default="its "
+                      "first token only, no generation", minimum=0),
     ],
 )  # fmt: skip

@@ -93,8 +93,8 @@ class DecoderOption:
         default: the value when not given (a named constant of the decoder's module);
             ``None`` with ``required``: the decoder cannot run without it.
         help: one line for ``--help`` (the decoder and the default are added).
-        why_default: why the default is what it is, shown after it in ``--help`` (needed
-            where another command's flag of the same name has another default).
+        why_default: why the default is what it is, shown after it in ``--help``; for a
+            ``None`` default, what leaving the option unset means.
         minimum, maximum: the range allowed (numbers), checked before the model loads.
         required: the decoder needs a value (``fix`` says how to get one).
         fix: what to do when a required value is missing.

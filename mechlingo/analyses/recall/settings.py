@@ -152,8 +152,9 @@ class ScoringOptions(DecodeOptions):
     and the decoding options of :class:`~mechlingo.scoring.evaluate.DecodeOptions` (its
     fields, checks and docs), with the protocol's own defaults for the length and the batch
     (:data:`~mechlingo.core.defaults.STEER_MAX_NEW_TOKENS` and
-    :data:`~mechlingo.core.defaults.STEER_BATCH_SIZE`, as ``mechlingo steer eval --help``
-    says).
+    :data:`~mechlingo.core.defaults.STEER_BATCH_SIZE`: short prompts, each scored in every
+    condition; ``mechlingo steer eval`` passes its ``--max-new-tokens`` and ``--batch-size``,
+    whose defaults are those of every command).
 
     Attributes:
         metric: the scoring rule: ``"generate"`` (greedy generation by the eval rule),

@@ -237,7 +237,6 @@ NAMED_ELSEWHERE = {
     "mechlingo.viz.palette",
     "mechlingo.viz.lens",
     # "tuned" is also a retired template-family name and a glossary word with three meanings
-    "mechlingo.cli.common",
     "mechlingo.data.io",
     "mechlingo.cli.glossary",
 }

@@ -318,7 +318,7 @@ def test_cli_experts_then_align(tmp_path, tiny_dir):
     edir = tmp_path / "edir"
     rc = main(
         ["experts", "--model", str(tiny_dir), "--target", "es", "--k", "3,5", "--parallel", str(data),
-         "--lines", "4", "--heldout", "2", "--samples", "3", "--max-new-tokens", "3",
+         "--lines", "4", "--heldout", "2", "--samples", "3", "--sample-tokens", "3",
          "--ppl-budget", "1000", "--out", str(edir), "--quiet"]
     )  # fmt: skip
     assert rc == 0
@@ -508,7 +508,7 @@ def test_run_experts_and_run_alignment_are_what_the_commands_write(tmp_path, tin
     edir, adir = tmp_path / "edir", tmp_path / "adir"
     assert main(["experts", "--model", str(tiny_dir), "--target", "es", "--k", "3,5",
                  "--parallel", str(data), "--lines", "4", "--heldout", "2", "--samples", "3",
-                 "--max-new-tokens", "3", "--ppl-budget", "1000", "--out", str(edir),
+                 "--sample-tokens", "3", "--ppl-budget", "1000", "--out", str(edir),
                  "--quiet"]) == 0  # fmt: skip
     texts = read_parallel(data)
     settings = ExpertSettings(samples=3, max_new_tokens=3, ppl_budget=1000)
@@ -533,3 +533,23 @@ def test_run_experts_and_run_alignment_are_what_the_commands_write(tmp_path, tin
     assert _plain(align.summary()) == _plain(json.loads((adir / "summary.json").read_text()))
     assert align.files()["retrieval.csv"] == (adir / "retrieval.csv").read_text()
     assert load_clamp_pair(None, None, tiny) == (None, None)
+
+
+def test_identify_languages_degrades_for_a_language_py3langid_lacks():
+    import py3langid.langid as lid
+
+    from mechlingo.data.langid import UNKNOWN, language_id_notes
+
+    labels = set(lid.LanguageIdentifier.from_model_file(lid.MODEL_FILE).labels)
+    assert "dv" not in labels and "mi" not in labels  # Dhivehi (Thaana), Maori (Latin)
+    texts = ["ދިވެހި ބަހަކީ ރާއްޖޭގެ ބަހެވެ", "The cat is sitting on the table",
+             "Ko te reo Māori tēnei, he reo rangatira nō Aotearoa", "123 !!"]  # fmt: skip
+    with pytest.warns(UserWarning, match="dv: py3langid has no model of it"):
+        got = identify_languages(texts, ["en", "fr", "dv", "mi"])
+    # dv by its own script, English as before, Maori placed in none of the languages
+    assert got == ["dv", "en", UNKNOWN, None]
+    notes = language_id_notes(["en", "dv", "mi"])
+    assert len(notes) == 2 and "Thaana" in notes[0] and "'unknown'" in notes[1]
+    assert language_id_notes(["en", "sw", "sv"]) == []
+    # without a language py3langid lacks, the restricted identifier is unchanged
+    assert identify_languages(texts[1:2], ["en", "fr"]) == ["en"]

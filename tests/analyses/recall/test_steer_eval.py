@@ -206,7 +206,8 @@ def test_no_test_id_reaches_building_or_choosing(tiny_dir, tmp_path, monkeypatch
     monkeypatch.setattr(dev_grid, "choose_on_dev", sweep)
     monkeypatch.setattr(protocol, "evaluate_test", test)
     monkeypatch.setattr(dev_grid, "few_shot_prompt", few)
-    common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "30", "--quiet"]
+    common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "30", "--quiet",
+              "--templates", "natural"]  # fmt: skip
     vdir, out = tmp_path / "v", tmp_path / "e"
     assert main(["steer", "build", *common, "--k-shot", "2", "--out", str(vdir)]) == 0
     grid = [
@@ -334,7 +335,8 @@ def test_steer_eval_cli_writes_what_run_protocol_writes(tiny, tiny_dir, tmp_path
     from mechlingo.analyses.recall.steering import SteeringPair
     from mechlingo.cli import main
 
-    common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "30", "--quiet"]
+    common = ["--model", str(tiny_dir), "--langs", "en,fr,de", "--limit", "30", "--quiet",
+              "--templates", "natural"]  # fmt: skip
     vdir, cli, py = tmp_path / "v", tmp_path / "cli", tmp_path / "py"
     assert main(["steer", "build", *common, "--k-shot", "2", "--out", str(vdir)]) == 0
     grid = [
@@ -387,9 +389,13 @@ def test_steer_eval_cli_writes_what_run_protocol_writes(tiny, tiny_dir, tmp_path
         tiny,
         facts,
         SteeringPair.load(vdir, tiny),
-        protocol.SteerEvalOptions(grid=grid, scoring=ScoringOptions(max_new_tokens=2), seeds=(0, 1),
-                         repeats=2),
-    )  # fmt: skip
+        protocol.SteerEvalOptions(
+            grid=grid,
+            seeds=(0, 1),
+            repeats=2,
+            scoring=ScoringOptions(max_new_tokens=2, batch_size=16),
+        ),
+    )  # fmt: skip  (batch_size: the CLI's --batch-size)
     res.write(py)
     a, b = (json.loads((d / "summary.json").read_text()) for d in (cli, py))
     assert "meta" in a and "meta" not in b

@@ -241,7 +241,7 @@ def test_cli_build_and_eval_on_tiny(tiny_dir, tmp_path):
     assert summary["headline"]["headroom_rule"]["language"] is None
     assert summary["alpha_unit"] == "resid" and summary["dev_effect"].startswith("not measured")
     assert set(summary["intervals"]["orig"]) == {"en", "fr"}
-    assert summary["meta"]["templates"] == "natural"
+    assert summary["meta"]["templates"] == "measured"  # the default of every command
     assert (out / "report.html").stat().st_size > 1000
     # a vector folder that does not exist is a usage error (exit 2), nothing written
     assert (

@@ -344,12 +344,8 @@ def test_cli_transfer_only_and_pooled_build(tiny_dir, tmp_path):
     assert "Transfer matrix by lang" in (out / "report.html").read_text()
     assert main(["steer", "eval", *common, "--out", str(tmp_path / "x")]) == 2  # no --vectors
     vdir = tmp_path / "v"
-    assert (
-        main(
-            ["steer", "build", *common, "--k-shot", "2", "--per-relation", "3", "--out", str(vdir)]
-        )
-        == 0
-    )
+    pooled_args = ["--relation", "all", "--k-shot", "2", "--per-relation", "3"]
+    assert main(["steer", "build", *common, *pooled_args, "--out", str(vdir)]) == 0
     build = json.loads((vdir / "build.json").read_text())
     assert set(build["relations"]) == set(RELATIONS) == set(build["ids_per_relation"])
     assert set(build["ids_per_relation"].values()) == {3}
