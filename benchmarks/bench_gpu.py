@@ -40,9 +40,10 @@ from smoke import add_smoke_flag, apply_smoke
 
 from mechlingo.activations.runs import collect, last_token_means
 from mechlingo.analyses.decoders.lens import logit_lens
+from mechlingo.core.answers import answer_tokens
 from mechlingo.core.models import load_model
 from mechlingo.core.sites import hook_name
-from mechlingo.core.tokens import answer_tokens, encode
+from mechlingo.core.tokens import encode
 from mechlingo.data import load_facts
 from mechlingo.interventions import SteeringVector
 from mechlingo.kernels.ranking import auroc_and_average_precision

@@ -40,7 +40,8 @@ from smoke import add_smoke_flag, apply_smoke, bench_model, skipped
 
 from mechlingo.activations.runs import collect
 from mechlingo.analyses.decoders.lens import lens_hook_names, logit_lens
-from mechlingo.core.tokens import answer_tokens, encode, pack_token_sets
+from mechlingo.core.answers import answer_tokens, pack_token_sets
+from mechlingo.core.tokens import encode
 from mechlingo.data import load_facts
 from mechlingo.kernels.readout import Readout, final_logits, read_logits
 

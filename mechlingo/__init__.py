@@ -33,7 +33,8 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers
     )
     from mechlingo.analyses.recall.settings import DevGrid, ScoringOptions
     from mechlingo.analyses.recall.steering import build_steering_vectors, score_at_config
-    from mechlingo.analyses.recall.trace import corrupted_pairs, pipeline_stages, trace_recall
+    from mechlingo.analyses.recall.trace import trace_recall
+    from mechlingo.analyses.recall.trace_patching import corrupted_pairs, pipeline_stages
     from mechlingo.card.replicate import CardData, CardOptions, replicate
     from mechlingo.card.rules import ClaimsCard
     from mechlingo.core.models import DEFAULT_MODEL, ensure_default_model, load_model
@@ -203,6 +204,12 @@ def _trace() -> ModuleType:
     return trace
 
 
+def _trace_patching() -> ModuleType:
+    from mechlingo.analyses.recall import trace_patching
+
+    return trace_patching
+
+
 def _settings() -> ModuleType:
     from mechlingo.analyses.recall import settings
 
@@ -288,8 +295,8 @@ _LAZY: dict[str, Callable[[], ModuleType]] = {
     "attention_knockout": _patching,
     "fact_metrics": _patching,
     "patch_activations": _patching,
-    "corrupted_pairs": _trace,
-    "pipeline_stages": _trace,
+    "corrupted_pairs": _trace_patching,
+    "pipeline_stages": _trace_patching,
     "trace_recall": _trace,
     "DevGrid": _settings,
     "ScoringOptions": _settings,

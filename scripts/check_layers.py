@@ -9,8 +9,6 @@ including imports inside functions and ``if TYPE_CHECKING:`` blocks, and fails o
 * an import inside a function, except of an optional heavy dependency (``HEAVY``) and
   the lazy top-level names of ``mechlingo/__init__.py`` (see ``LAZY_LOADER``);
 * a function longer than ``MAX_LINES`` lines, its docstring excluded;
-* a module longer than ``MAX_MODULE_LINES`` lines (every line counts: a module that long
-  holds more than one idea, and is split by idea);
 * a module imported by a name computed at run time: a call of ``importlib.import_module``,
   ``import_module`` or ``__import__`` whose module is a ``mechlingo`` module, a relative
   name, or not a string literal (then no reader, and not this script, can see the
@@ -92,7 +90,6 @@ def heavy(target: str, names: set[str] = HEAVY) -> bool:
 
 
 MAX_LINES = 80
-MAX_MODULE_LINES = 800
 
 # The one module whose functions may import mechlingo modules: the package itself, whose
 # PEP 562 ``__getattr__`` loads the analyses behind its top-level names on first use (so
@@ -144,7 +141,6 @@ class Scan(ast.NodeVisitor):
         # (target, line, in a function, under TYPE_CHECKING)
         self.imports: list[tuple[str, int, bool, bool]] = []
         self.long: list[tuple[str, int, int]] = []
-        self.lines = 0  # the module's length
         # (line, what is imported: the literal, or "a name computed at run time")
         self.dynamic: list[tuple[int, str]] = []
 
@@ -211,7 +207,6 @@ def scan(root: Path = ROOT) -> dict[str, Scan]:
         mod = module_name(path, root)
         s = Scan(mod, path.name == "__init__.py")
         s.visit(ast.parse(text))
-        s.lines = len(text.splitlines())
         out[mod] = s
     return out
 
@@ -285,7 +280,6 @@ def problems(scans: dict[str, Scan]) -> dict[str, list[str]]:
         "function imports": [],
         "long": [],
         "eager imports": [],
-        "long modules": [],
         "dynamic imports": [],
     }
     mods = set(scans)
@@ -293,8 +287,6 @@ def problems(scans: dict[str, Scan]) -> dict[str, list[str]]:
     for mod, s in scans.items():
         for name, line, n in s.long:
             found["long"].append(f"{mod}:{line} {name} has {n} lines (max {MAX_LINES})")
-        if s.lines > MAX_MODULE_LINES:
-            found["long modules"].append(f"{mod} has {s.lines} lines (max {MAX_MODULE_LINES})")
         found["dynamic imports"] += [
             f"{mod}:{line} imports {what} by import_module/__import__ (import it by name)"
             for line, what in s.dynamic

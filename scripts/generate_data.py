@@ -645,7 +645,7 @@ CANDIDATES: dict[str, dict[str, tuple[str, ...]]] = {
 #: Number of facts per template in the measurement below.
 MEASURED_N = 40
 #: Zero-shot accuracy of each candidate on google/gemma-3-270m (dequantized Q4_K_M GGUF,
-#: float32, greedy, up to 8 new tokens, scored by mechlingo.scoring.scorers.is_correct against the
+#: float32, greedy, up to 8 new tokens, scored by mechlingo.core.answers.is_correct against the
 #: answer and aliases) on MEASURED_N facts per relation sampled with seed 0, from
 #: ``python scripts/measure_templates.py --threads 1`` (2025, Babel 2.19 / CLDR 49 names).
 #: relation -> lang -> template -> accuracy.

@@ -3,7 +3,7 @@
 For each relation, ``--n`` facts are sampled (seed 0; the same facts for every language and
 template), each candidate template of ``scripts/generate_data.py`` is filled in, and the
 model completes the prompts greedily. A prompt counts as correct under the toolkit's eval rule
-(:func:`mechlingo.scoring.scorers.is_correct`: the first line of the continuation, normalized,
+(:func:`mechlingo.core.answers.is_correct`: the first line of the continuation, normalized,
 starts with the answer or an alias, at a word boundary outside zh/ja/ko). Results are written to a JSON file as they come
 (reruns skip what is there unless ``--force``); at the end a ``MEASURED = {...}`` literal to
 paste into the generator is printed.
@@ -31,14 +31,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from mechlingo.core.answers import is_correct as eval_is_correct  # noqa: E402
+from mechlingo.core.answers import normalize  # noqa: E402
 from mechlingo.data.facts import LANGS, RELATIONS, Fact  # noqa: E402
 from mechlingo.data.prompts import translation_prompt  # noqa: E402
-from mechlingo.scoring.scorers import is_correct as eval_is_correct  # noqa: E402
-from mechlingo.scoring.scorers import normalize  # noqa: E402
 
 
 def is_correct(continuation: str, fact: Fact) -> bool:
-    """The toolkit's eval rule (:func:`mechlingo.scoring.scorers.is_correct`) for one fact."""
+    """The toolkit's eval rule (:func:`mechlingo.core.answers.is_correct`) for one fact."""
     return eval_is_correct(continuation, fact.answers, fact.lang)
 
 

@@ -22,7 +22,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.distributed import (
+from mechlingo.activations.runs import StopForward, run_batch
+from mechlingo.activations.shards import PooledShards, ShardWriter, memory_budget
+from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
+from mechlingo.core.describe import model_info
+from mechlingo.core.distributed import (
     all_gather_rows,
     all_reduce_state,
     barrier,
@@ -30,10 +34,6 @@ from mechlingo.activations.distributed import (
     is_main,
     shard_bounds,
 )
-from mechlingo.activations.runs import StopForward, run_batch
-from mechlingo.activations.shards import PooledShards, ShardWriter, memory_budget
-from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
-from mechlingo.core.describe import model_info
 from mechlingo.core.errors import ExpertError, InputError, MechlingoError
 from mechlingo.core.sites import resolve_layers, resolve_site, site_map
 from mechlingo.core.tokens import TokenBatch, encode, pad_rows, sorted_batches

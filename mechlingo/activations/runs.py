@@ -8,7 +8,7 @@
   layer at once, streamed into a float64 running sum
   (:class:`mechlingo.kernels.streaming.StreamingMean`): memory independent of the number of
   prompts, and under ``torchrun`` each rank's sums all-reduced
-  (:mod:`mechlingo.activations.distributed`).
+  (:mod:`mechlingo.core.distributed`).
 
 They set the current :class:`~mechlingo.core.tokens.TokenBatch`
 (:func:`mechlingo.core.tokens.batch_context`), so interventions know each row's last token,
@@ -28,8 +28,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.distributed import all_reduce_state, shard
 from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
+from mechlingo.core.distributed import all_reduce_state, shard
 from mechlingo.core.errors import InputError, InterventionError
 from mechlingo.core.sites import SiteError, carries_first, resolve_layers, resolve_site
 from mechlingo.core.tokens import TokenBatch, batch_context, encode, sorted_batches

@@ -31,14 +31,14 @@ import torch.distributed as dist
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mechlingo.activations.distributed import (
+from mechlingo.core.artifacts import atomic_file
+from mechlingo.core.distributed import (
     all_gather_rows,
     barrier,
     dist_info,
     is_distributed,
     shard_bounds,
 )
-from mechlingo.core.artifacts import atomic_file
 from mechlingo.core.errors import DataError, InputError
 from mechlingo.kernels.grouped import grouped_auroc_and_average_precision
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mechlingo.activations.distributed import is_main
 from mechlingo.core.artifacts import write_files
+from mechlingo.core.distributed import is_main
 
 __all__ = ["WritesFolder"]
 

@@ -3,7 +3,7 @@
 Each :class:`RowType` simulates per-item data in the card's real units (facts asked in
 several languages with 0/1 outcomes, sentences in documents with continuous outcomes, pairs of
 languages, populations of random draws) and hands it to the card's own tests
-(:mod:`mechlingo.card.statistics`, :func:`mechlingo.card.stages.experts.rank_test`) and to the
+(:mod:`mechlingo.card.clustered_tests`, :func:`mechlingo.card.stages.experts.rank_test`) and to the
 card's own verdict (:func:`mechlingo.card.rules.verdict`, at the row's adjusted level), twice:
 under the row's null (the effect exactly at its threshold, the effect no better than its
 control, or for a null claim an effect exactly at its margin) and under the claim's truth.
@@ -25,19 +25,18 @@ from typing import Any
 import numpy as np
 
 from mechlingo.card import claims as C
-from mechlingo.card.rules import ALPHA, HOLDS, NOT_HOLDS, RETAINED_SHARE, verdict
-from mechlingo.card.stages.experts import rank_test
-from mechlingo.card.statistics import (
+from mechlingo.card.clustered_tests import (
     Test,
     cluster_bootstrap,
     group_difference_test,
     mean_test,
     paired_test,
-    population_gain_test,
-    population_test,
     ratio_test,
     relative_test,
 )
+from mechlingo.card.population import population_gain_test, population_test
+from mechlingo.card.rules import ALPHA, HOLDS, NOT_HOLDS, RETAINED_SHARE, verdict
+from mechlingo.card.stages.experts import rank_test
 from mechlingo.core.defaults import SEED
 from mechlingo.core.errors import InputError
 

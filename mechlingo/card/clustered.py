@@ -6,8 +6,9 @@ together. The CR2 (Bell and McCaffrey) variance divides each cluster's residuals
 leverage; its t reference distribution has the **Bell-McCaffrey Satterthwaite degrees of
 freedom** (:func:`bm_df`, :func:`bm_df_mean`): ``G - 1`` with balanced clusters, fewer when a
 few clusters hold most items (one document of 40 sentences among 8: about 2.3), where t(G - 1)
-covers far less than its nominal level (0.87 at 95% in ``docs/calibration.md``). The
-statistics of :mod:`mechlingo.card.statistics` are built from these pieces.
+covers far less than its nominal level (0.87 at 95% in ``docs/calibration.md``). The tests of
+:mod:`mechlingo.card.clustered_tests` and :mod:`mechlingo.card.population` are built from
+these pieces.
 """
 
 from __future__ import annotations

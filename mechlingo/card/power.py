@@ -4,7 +4,7 @@ A :class:`Scenario` is one primary row at the units a run will have (clusters af
 cap, items per cluster, random draws, the family's Holm multiplier), with its outcome's
 baseline, spread and intra-cluster correlation. :func:`simulate_power` draws data of that
 design at a true effect, builds the row with the same calls the row's stage makes (the
-tests of :mod:`mechlingo.card.statistics`, the rank of
+tests of :mod:`mechlingo.card.clustered_tests`, the rank of
 :mod:`mechlingo.card.population`, the overlap and rank tests of the experts stage) and
 judges it with :func:`mechlingo.card.rules.verdict` at the row's adjusted level through the
 calibration harness's :class:`~mechlingo.card.calibration.Judged`; the power is the rate of
@@ -25,6 +25,7 @@ import numpy as np
 
 from mechlingo.card import claims as C
 from mechlingo.card.calibration import Judged, _arms, _rate
+from mechlingo.card.clustered_tests import mean_test, paired_test, relative_test
 from mechlingo.card.population import (
     by_rank,
     draws_needed,
@@ -33,7 +34,6 @@ from mechlingo.card.population import (
 )
 from mechlingo.card.rules import ALPHA, HOLDS
 from mechlingo.card.stages.experts import overlap_test, rank_test
-from mechlingo.card.statistics import mean_test, paired_test, relative_test
 from mechlingo.core.defaults import SEED
 
 __all__ = ["POWER", "Scenario", "minimum_detectable", "simulate_power", "units_for_power"]

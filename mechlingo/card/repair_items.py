@@ -9,8 +9,8 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mechlingo.core.answers import normalize
 from mechlingo.data import Fact
-from mechlingo.scoring.scorers import normalize
 from mechlingo.scoring.share import gold_logshare as _gold_logshare
 from mechlingo.scoring.share import gold_share
 
@@ -18,7 +18,7 @@ __all__ = ["condition_outcomes", "gold_share", "item_records", "lenient_match", 
 
 
 def _loose(text: str) -> str:
-    """:func:`~mechlingo.scoring.scorers.normalize`, then accents and every character that is
+    """:func:`~mechlingo.core.answers.normalize`, then accents and every character that is
     not a letter or digit removed (``"São Tomé!"`` -> ``"saotome"``)."""
     t = unicodedata.normalize("NFD", normalize(text))
     return "".join(ch for ch in t if ch.isalnum() and not unicodedata.combining(ch))

@@ -30,7 +30,6 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from mechlingo.activations.distributed import dist_info, is_main
 from mechlingo.analyses.experts.align import embed_parallel
 from mechlingo.card import stages as card_stages
 from mechlingo.card.metric_rule import METRIC_RULE
@@ -65,6 +64,7 @@ from mechlingo.card.stages.data import (
 )
 from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
 from mechlingo.core.describe import model_info
+from mechlingo.core.distributed import dist_info, is_main
 from mechlingo.core.errors import InputError
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model

@@ -1,7 +1,7 @@
 """The frozen rules that turn the claims' measurements into verdicts, and the card.
 
 :func:`mechlingo.card.replicate.replicate` measures each :class:`~mechlingo.card.claims.Claim`,
-makes its row with :func:`make_row` from :class:`~mechlingo.card.statistics.Test` objects and
+makes its row with :func:`make_row` from :class:`~mechlingo.card.clustered_tests.Test` objects and
 calls :func:`finalize` once on all rows: Holm inside each paper's primary family,
 Benjamini-Hochberg over the other rows, and each row's :func:`verdict` (``holds``, ``does not
 hold``, ``inconclusive``, ``not testable here``, its ``(floor)`` form, or ``error``) by
@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mechlingo.card.claims import CLAIMS, LU, PRIMARY, SUNDAR, Claim, claim_by_id, row_family
+from mechlingo.card.clustered import p_floor
+from mechlingo.card.clustered_tests import Test
+from mechlingo.card.multiplicity import adjust
 from mechlingo.card.population import draws_needed, p_text
-from mechlingo.card.statistics import Test, adjust, p_floor
 from mechlingo.kernels.significance import Interval
 
 if TYPE_CHECKING:
@@ -396,7 +398,7 @@ def make_row(
         effect: the effect's :class:`Test`, whose ``p`` tests H0 "effect == ``claim.null_value``".
         control: the control's own test (shown; not judged).
         vs_control: effect minus control (judged: the effect must lie beyond its control), a
-            paired test or a :func:`~mechlingo.card.statistics.population_test`.
+            paired test or a :func:`~mechlingo.card.population.population_test`.
         untestable: why the measurement cannot be made (then ``not testable here``).
         floor: why the outcome sits at its floor (then ``not testable here (floor)``).
         missing_control: the control the claim needs and the data lacks (then never ``holds``).

@@ -18,12 +18,12 @@ import argparse
 import time
 from typing import Any
 
-from mechlingo.activations.distributed import is_main, sharded_scoring
 from mechlingo.analyses.circuits import languages
 from mechlingo.cli import common, cost
 from mechlingo.cli.glossary import about
 from mechlingo.cli.streams import outputs_written
 from mechlingo.core.defaults import CIRCUIT_PROMPTS
+from mechlingo.core.distributed import is_main, sharded_scoring
 from mechlingo.core.inert import inert_csv
 from mechlingo.report.circuit import circuit_report
 from mechlingo.report.page import write_outputs

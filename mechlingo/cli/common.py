@@ -9,11 +9,11 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from mechlingo.activations.distributed import dist_info
 from mechlingo.cli.flags import count_or_all
 from mechlingo.cli.glossary import about
 from mechlingo.cli.validate import check_after_load
 from mechlingo.core import defaults
+from mechlingo.core.distributed import dist_info
 from mechlingo.core.errors import InputError, MechlingoError
 from mechlingo.core.models import load_model, model_name, weight_mode
 from mechlingo.core.tokens import CHAT_MODES, chat_enabled, use_chat

@@ -18,10 +18,10 @@ from typing import Any
 
 from mechlingo.analyses.decoders.registry import DecoderUse
 from mechlingo.cli.glossary import about
-from mechlingo.core.costs import EMBEDDED_LAYERS, Estimate, ModelShape, estimate, model_shape
+from mechlingo.core.costs import EMBEDDED_LAYERS, Estimate, ModelSize, estimate, model_shape
 
 __all__ = [
-    "Plan",
+    "CostPlan",
     "add_dry_run_arg",
     "announce",
     "plan_align",
@@ -41,7 +41,7 @@ PATCH_POSITIONS = 4
 
 
 @dataclass
-class Plan:
+class CostPlan:
     """What a command will score (``lines``, for a reader) and its :class:`Estimate`."""
 
     command: str
@@ -59,7 +59,7 @@ def add_dry_run_arg(p: argparse.ArgumentParser) -> None:
                    "that needs no model runs first"))  # fmt: skip
 
 
-def announce(plan: Plan, args: argparse.Namespace) -> bool:
+def announce(plan: CostPlan, args: argparse.Namespace) -> bool:
     """Print ``plan`` on stderr (unless ``--quiet`` without ``--dry-run``); returns whether
     the command stops here (``--dry-run``)."""
     dry = bool(getattr(args, "dry_run", False))
@@ -68,7 +68,7 @@ def announce(plan: Plan, args: argparse.Namespace) -> bool:
     return dry
 
 
-def _layers(shape: ModelShape, notes: list[str]) -> int:
+def _layers(shape: ModelSize, notes: list[str]) -> int:
     if shape.n_layers is None:
         notes.append(f"layer count unknown for {shape.source}: counted as the embedded "
                      f"model's {EMBEDDED_LAYERS}")  # fmt: skip
@@ -87,7 +87,9 @@ def _langs_text(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{lg} {n}" for lg, n in counts.items())
 
 
-def plan_eval(facts: Sequence[Any], metric: str, max_new_tokens: int, model: str | None) -> Plan:
+def plan_eval(
+    facts: Sequence[Any], metric: str, max_new_tokens: int, model: str | None
+) -> CostPlan:
     """``eval``: one prompt pass per fact and its generated tokens (``klar``: 10)."""
     shape, notes = model_shape(model), list[str]()
     n = len(facts)
@@ -104,13 +106,13 @@ def plan_eval(facts: Sequence[Any], metric: str, max_new_tokens: int, model: str
         notes.append("klar's 3-shot prompts are longer than the prompts measured")
     lines = [f"facts: {n} ({_langs_text(_by_lang(facts))})", f"metric: {metric}, "
              f"{tokens if metric != 'rank' else 0} generated tokens per fact"]  # fmt: skip
-    return Plan("eval", lines, estimate(counts, shape, notes))
+    return CostPlan("eval", lines, estimate(counts, shape, notes))
 
 
 def plan_trace(
     facts: Sequence[Any], *, max_new_tokens: int, patch_prompts: int, sites: Sequence[str],
     method: str, model: str | None, circuit_prompts: int = 0, circuit_passes: int = 0,
-) -> Plan:  # fmt: skip
+) -> CostPlan:  # fmt: skip
     """``trace``: the lens and a generation per fact, then per language ``patch_prompts``
     prompts patched at every layer x :data:`PATCH_POSITIONS` x site (exact) and knocked out
     at every layer, and up to ``circuit_prompts`` prompts through the measured circuit
@@ -134,13 +136,13 @@ def plan_trace(
         lines.append(f"measured circuit (EAP-IG): up to {circuit_prompts} correctly answered "
                      f"prompt(s) per language, each {circuit_passes} prompt passes' worth = "
                      f"at most {circ:,} (--circuit-prompts 0 skips it)")  # fmt: skip
-    return Plan("trace", lines, estimate(counts, shape, notes))
+    return CostPlan("trace", lines, estimate(counts, shape, notes))
 
 
 def plan_experts(
     texts: Mapping[str, Sequence[str]], targets: Sequence[str], ks: Sequence[int], *,
     heldout: int | None, samples: int, max_new_tokens: int, model: str | None,
-) -> Plan:  # fmt: skip
+) -> CostPlan:  # fmt: skip
     """``experts``: one statistics pass per sentence, then per target and k two arms (experts,
     random) of ``samples`` BOS samples and the held-out perplexity in every language."""
     shape, notes = model_shape(model), list[str]()
@@ -156,33 +158,33 @@ def plan_experts(
                  "no k curve" if heldout is None else
                  f"{arms} arms x ({samples} BOS samples of {max_new_tokens} tokens + "
                  f"{heldout} held-out lines x {len(texts)} languages)")]  # fmt: skip
-    return Plan("experts", lines, estimate(counts, shape, notes))
+    return CostPlan("experts", lines, estimate(counts, shape, notes))
 
 
-def plan_align(texts: Mapping[str, Sequence[str]], clamp: bool, model: str | None) -> Plan:
+def plan_align(texts: Mapping[str, Sequence[str]], clamp: bool, model: str | None) -> CostPlan:
     """``align``: every sentence embedded once, and with a clamp twice more (clamp, control)."""
     shape = model_shape(model)
     sents = sum(len(v) for v in texts.values())
     passes = 3 if clamp else 1
     lines = [f"sentences: {sents} ({len(texts)} languages) x {passes} pass(es) "
              + ("(no clamp, clamp, control)" if clamp else "(no clamp)")]  # fmt: skip
-    return Plan("align", lines, estimate({"sentence": float(sents * passes)}, shape))
+    return CostPlan("align", lines, estimate({"sentence": float(sents * passes)}, shape))
 
 
-def plan_tuned_lens(steps: int, texts_per_step: int, heldout: int, model: str | None) -> Plan:
+def plan_tuned_lens(steps: int, texts_per_step: int, heldout: int, model: str | None) -> CostPlan:
     """``tuned-lens``: ``steps`` optimizer steps and one held-out pass per held-out text."""
     shape, notes = model_shape(model), list[str]()
     if texts_per_step != 8:
         notes.append(f"a step was measured with 8 texts; counted x{texts_per_step / 8:.2f}")
     counts = {"lens_step": steps * texts_per_step / 8, "sentence": float(heldout)}
     lines = [f"{steps} steps of {texts_per_step} texts", f"held-out texts: {heldout}"]
-    return Plan("tuned-lens", lines, estimate(counts, shape, notes))
+    return CostPlan("tuned-lens", lines, estimate(counts, shape, notes))
 
 
 def plan_steer_eval(
     splits: Mapping[str, Sequence[Any]], *, grid: Any, seeds: int, repeats: int,
     max_new_tokens: int, transfer: str | None, sweep: bool = True, model: str | None,
-) -> Plan:  # fmt: skip
+) -> CostPlan:  # fmt: skip
     """``steer eval``: per repeat the headroom (zero- and k-shot on dev), the dev sweep (every
     layer x alpha of each vector on the screen ids, the best ``top_k`` of each and their
     pairs on dev) and the test conditions (``orig``, ``task``, ``diff``, ``both`` and one
@@ -211,7 +213,7 @@ def plan_steer_eval(
              "each vector and their pairs on dev",
              f"test conditions: orig, task, diff, both and {seeds} random control(s)",
              "scored prompts per repeat: " + ", ".join(f"{k} {v:,}" for k, v in per_repeat.items())]  # fmt: skip
-    return Plan("steer eval", lines, estimate(counts, shape, notes))
+    return CostPlan("steer eval", lines, estimate(counts, shape, notes))
 
 
 def _positions(text: str) -> int:
@@ -223,7 +225,7 @@ def _positions(text: str) -> int:
 def plan_lens(
     facts: Sequence[Any], decoders: Sequence[DecoderUse | str], *, prompts: Sequence[str] = (),
     model: str | None,
-) -> Plan:  # fmt: skip
+) -> CostPlan:  # fmt: skip
     """``lens``: one lens read per fact per decoder (``--prompt``: each position of each
     text), plus each decoder's own passes from its registered cost model
     (:class:`~mechlingo.analyses.decoders.registry.DecoderSpec`): ``layer_passes`` forward
@@ -251,10 +253,10 @@ def plan_lens(
     own = [f"{u.label}: {u.spec.layer_passes:g} pass(es) of its own per layer ({n_layers})"
            for u in uses if u.spec.layer_passes]  # fmt: skip
     lines = [what, f"decoders: {', '.join(u.label for u in uses)}" + "".join(f"; {x}" for x in own)]
-    return Plan("lens", lines, estimate(counts, shape, notes))
+    return CostPlan("lens", lines, estimate(counts, shape, notes))
 
 
-def plan_steer_build(prompt_sets: Mapping[str, Sequence[str]], model: str | None) -> Plan:
+def plan_steer_build(prompt_sets: Mapping[str, Sequence[str]], model: str | None) -> CostPlan:
     """``steer build``: one pass per prompt of each set (few-shot, zero-shot, translation)
     and one more over the zero-shot prompts for the residual norms."""
     shape = model_shape(model)
@@ -262,7 +264,7 @@ def plan_steer_build(prompt_sets: Mapping[str, Sequence[str]], model: str | None
     passes = sum(sizes.values()) + sizes.get("zero_shot", 0)
     lines = ["build prompts: " + ", ".join(f"{k} {v}" for k, v in sizes.items()),
              f"plus {sizes.get('zero_shot', 0)} zero-shot passes for the residual norms"]  # fmt: skip
-    return Plan("steer build", lines, estimate({"prompt": float(passes)}, shape))
+    return CostPlan("steer build", lines, estimate({"prompt": float(passes)}, shape))
 
 
 #: sizes of the faithfulness curve (:data:`mechlingo.analyses.circuits.result.SIZES`)
@@ -279,7 +281,7 @@ def graph_edges(n_layers: int) -> int:
 def plan_circuit(
     facts: Sequence[Any], *, prompts: int, steps: int, verify: int, groups: int,
     max_new_tokens: int, model: str | None,
-) -> Plan:  # fmt: skip
+) -> CostPlan:  # fmt: skip
     """``circuit``: per language a greedy generation per fact (which are answered
     correctly), then on at most ``prompts`` pairs the edge scores (one corrupted forward,
     ``steps`` forwards and their backward, counted as two forwards each), exact patching (one
@@ -307,4 +309,4 @@ def plan_circuit(
              f"passes and {patched} patched ones ({min(verify, total)} verified edges, "
              f"{points} curve points, {others} other language(s)), a patched pass counted as "
              f"two: {per_pair} forward passes"]  # fmt: skip
-    return Plan("circuit", lines, estimate(counts, shape, notes))
+    return CostPlan("circuit", lines, estimate(counts, shape, notes))

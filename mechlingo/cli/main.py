@@ -20,8 +20,6 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from mechlingo.activations.distributed import process_group
-
 # The command modules register their subcommands when imported; ``--help`` lists them in
 # the order of HELP_ORDER (any other command after them).
 from mechlingo.cli import (  # noqa: F401
@@ -40,6 +38,7 @@ from mechlingo.cli.streams import guarded_stdout
 from mechlingo.cli.validate import validate_args
 from mechlingo.cli.work import work_folder
 from mechlingo.core.artifacts import cleanup_stale
+from mechlingo.core.distributed import process_group
 from mechlingo.core.errors import MechlingoError, format_error
 from mechlingo.core.faults import (
     Stopped,

@@ -18,7 +18,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from mechlingo.activations.distributed import dist_info, is_main, sharded_scoring
 from mechlingo.card.plan import Plan
 from mechlingo.card.replicate import BUDGETS, METRICS, PAPERS, CardData, CardOptions, replicate
 from mechlingo.cli.common import (
@@ -38,6 +37,7 @@ from mechlingo.cli.work import (
     require_finished,
     work_folder,
 )
+from mechlingo.core.distributed import dist_info, is_main, sharded_scoring
 from mechlingo.core.errors import MechlingoError
 from mechlingo.core.stages import Stages
 from mechlingo.core.untrusted import loads

@@ -20,12 +20,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-# build_steering_vectors, run_steer_eval and transfer_matrices are called through their modules, so
-# that a wrapper set on the module (a test's monkeypatch, a user's instrumentation) sees every
-# call.
-from mechlingo.activations.distributed import sharded_scoring
 from mechlingo.analyses.recall import steer_eval, steering, transfer
-from mechlingo.analyses.recall.pooled import balance_relations
+from mechlingo.analyses.recall.group_vectors import balance_relations
 from mechlingo.analyses.recall.settings import (
     BuildSettings,
     DevGrid,
@@ -49,6 +45,11 @@ from mechlingo.cli.work import (
     work_folder,
 )
 from mechlingo.core.artifacts import atomic_folder
+
+# build_steering_vectors, run_steer_eval and transfer_matrices are called through their modules, so
+# that a wrapper set on the module (a test's monkeypatch, a user's instrumentation) sees every
+# call.
+from mechlingo.core.distributed import sharded_scoring
 from mechlingo.core.types import Model
 from mechlingo.data import read_parallel_dir
 from mechlingo.data.splits import split_facts
@@ -297,7 +298,7 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_plan(args: argparse.Namespace, facts: list, opts: SteerEvalOptions) -> cost.Plan:
+def _eval_plan(args: argparse.Namespace, facts: list, opts: SteerEvalOptions) -> cost.CostPlan:
     """The plan and estimate of ``steer eval`` from its flags (no model)."""
     splits = dict(zip(("build", "dev", "test"), opts.split.parts(facts), strict=True))
     return cost.plan_steer_eval(splits, grid=opts.grid, seeds=len(opts.seeds),

@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 
-from mechlingo.activations.distributed import all_reduce_state, dist_info
 from mechlingo.card.replicate import weights_fingerprint
 from mechlingo.cli.common import UsageError
 from mechlingo.cli.glossary import about
 from mechlingo.core.artifacts import sibling_name
 from mechlingo.core.describe import model_info
+from mechlingo.core.distributed import all_reduce_state, dist_info
 from mechlingo.core.stages import Stages, key_hash, release_free_locks
 from mechlingo.core.types import Model
 

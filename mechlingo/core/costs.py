@@ -29,7 +29,7 @@ __all__ = [
     "MEASURED_ON",
     "SECONDS_PER_ITEM",
     "Estimate",
-    "ModelShape",
+    "ModelSize",
     "config_params",
     "estimate",
     "model_shape",
@@ -70,7 +70,7 @@ EMBEDDED_LAYERS = 18
 
 
 @dataclass(frozen=True)
-class ModelShape:
+class ModelSize:
     """What a plan needs of a model without its weights: ``n_layers``, the parameter count
     ``params`` (``None``: unknown) and ``source`` (where they were read)."""
 
@@ -99,7 +99,7 @@ def config_params(cfg: Mapping[str, Any]) -> int | None:
     return int(layers * (attn + mlp) + vocab * d)
 
 
-def _read_config(path: Path) -> ModelShape | None:
+def _read_config(path: Path) -> ModelSize | None:
     try:
         cfg = read_json(path, InputError)
     except (OSError, ValueError):
@@ -108,7 +108,7 @@ def _read_config(path: Path) -> ModelShape | None:
         return None
     c = cfg.get("text_config") or cfg
     layers = c.get("num_hidden_layers")
-    return ModelShape(layers if isinstance(layers, int) else None, config_params(cfg), str(path))
+    return ModelSize(layers if isinstance(layers, int) else None, config_params(cfg), str(path))
 
 
 def _embedded_config() -> Path:
@@ -116,26 +116,26 @@ def _embedded_config() -> Path:
     return root.expanduser() / "gemma-3-270m" / "config.json"
 
 
-def model_shape(model: str | None) -> ModelShape:
+def model_shape(model: str | None) -> ModelSize:
     """The layers and parameter count of ``--model`` from its ``config.json`` only: the
     embedded model's (``None``), a local folder's, or a hub id's in the local hub cache
     (no download). ``params`` is ``None`` when no config can be read (a ``.gguf`` file, a
     hub id never downloaded)."""
     if model is None:
         shape = _read_config(_embedded_config())
-        return shape or ModelShape(EMBEDDED_LAYERS, None, "the embedded model")
+        return shape or ModelSize(EMBEDDED_LAYERS, None, "the embedded model")
     path = Path(model).expanduser()
     if path.is_dir():
-        return _read_config(path / "config.json") or ModelShape(None, None, str(path))
+        return _read_config(path / "config.json") or ModelSize(None, None, str(path))
     if path.suffix == ".gguf":
-        return ModelShape(None, None, f"{model} (a .gguf file: no config to read)")
+        return ModelSize(None, None, f"{model} (a .gguf file: no config to read)")
     try:
         hit = try_to_load_from_cache(model, "config.json")
     except Exception:  # not a hub id (a path that does not exist): the loader says why
-        return ModelShape(None, None, model)
+        return ModelSize(None, None, model)
     if isinstance(hit, str):
-        return _read_config(Path(hit)) or ModelShape(None, None, model)
-    return ModelShape(None, None, f"{model} (not in the local hub cache)")
+        return _read_config(Path(hit)) or ModelSize(None, None, model)
+    return ModelSize(None, None, f"{model} (not in the local hub cache)")
 
 
 @dataclass
@@ -175,7 +175,7 @@ def _duration(seconds: float) -> str:
 
 
 def estimate(
-    counts: Mapping[str, float], shape: ModelShape, notes: list[str] | None = None
+    counts: Mapping[str, float], shape: ModelSize, notes: list[str] | None = None
 ) -> Estimate:
     """``sum(counts[op] * SECONDS_PER_ITEM[op])``, times the parameter ratio of ``shape`` to
     the embedded model (``seconds`` is ``None`` when ``shape.params`` is unknown for a model

@@ -1,11 +1,11 @@
-"""Tokens: padding- and BOS-safe batches, positions, answer token sets and chat prompts.
+"""Tokens: padding- and BOS-safe batches, positions and chat prompts.
 
 * :class:`TokenBatch` and :func:`encode` -- right-padded batches (every prompt starts at
   position 0; a row's last real token is at ``lengths[i] - 1``, never read ``-1`` of a padded
   batch); :func:`batch_context` sets the current batch that interventions read;
 * :func:`position_mask` -- the position rules (``"last"``, ``"all"``, ``"generated"``, ...);
-* :func:`answer_tokens` -- an answer's token set (primary token, spacing variant, prefixes)
-  and ``n_tokens``; an answer that tokenizes to nothing is an error;
+* :func:`token_ids` -- a text's ids alone (no BOS); an answer's token set is
+  :func:`mechlingo.core.answers.answer_tokens`;
 * :func:`use_chat`, :class:`ChatPrompt`, :func:`chat_prefix_length` -- chat mode: the stem
   is the user's turn and opens the assistant's turn, so answers, last positions and stem
   tokens are those of the plain prompt (``"off"`` in the Python API, ``"auto"`` on the
@@ -16,7 +16,6 @@ The rules in full: ``docs/concepts.md`` (positions, answer token sets, chat mode
 from __future__ import annotations
 
 import contextlib
-import gc
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
@@ -28,7 +27,6 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from mechlingo.core.errors import InputError, MechlingoError
-from mechlingo.core.languages import writes_spaces
 from mechlingo.core.types import Model
 
 #: The bundled languages whose answers follow without a space (any language:
@@ -309,190 +307,11 @@ def position_mask(
     return mask
 
 
-# --------------------------------------------------------------------------------------
-# Answer token sets
-# --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AnswerTokens:
-    """The tokens that count as "the model is saying this word" at the next position.
-
-    Attributes:
-        word: the answer word.
-        primary: id of the first token of the answer as it continues the prompt.
-        ids: the whole set (primary, the other spacing variant, and prefix tokens).
-        n_tokens: how many tokens the continuation form of the answer takes.
-    """
-
-    word: str
-    primary: int
-    ids: tuple[int, ...]
-    n_tokens: int
-
-
-#: The modules of the tokenizer classes whose ``decode`` of one sequence is the Rust
-#: backend's ``decode`` followed by the optional clean-up (transformers 5, and 4's fast
-#: tokenizers): for these, :func:`_decode_each` asks the backend for the whole vocabulary at
-#: once (``decode_batch``, faster than ``batch_decode``'s sequence-by-sequence calls:
-#: docs/benchmarks.md).
-_BACKEND_DECODE_MODULES = (
-    "transformers.tokenization_utils_tokenizers",
-    "transformers.tokenization_utils_fast",
-)
-
-
-def _backend_decodes(tokenizer: Any) -> bool:
-    """Whether ``tokenizer.batch_decode`` of single ids is its backend's ``decode_batch``:
-    a fast tokenizer without clean-up whose decoding methods are transformers' own."""
-    backend = getattr(tokenizer, "_tokenizer", None)
-    if not getattr(tokenizer, "is_fast", False) or not hasattr(backend, "decode_batch"):
-        return False
-    if getattr(tokenizer, "clean_up_tokenization_spaces", True):
-        return False
-    for name in ("_decode", "decode", "batch_decode"):
-        owner = next((c for c in type(tokenizer).__mro__ if name in c.__dict__), None)
-        base = owner is not None and owner.__module__.startswith("transformers.tokenization_utils")
-        if not base or (name == "_decode" and owner.__module__ not in _BACKEND_DECODE_MODULES):
-            return False
-    return True
-
-
-def _decode_each(tokenizer: Any, n: int) -> list[str]:
-    """Each of the ids ``0 .. n-1`` decoded alone: ``tokenizer.batch_decode([[0], [1], ...])``,
-    through the backend's batch decode where that is the same (:func:`_backend_decodes`;
-    checked on the first, middle and last ids)."""
-    ids = [[i] for i in range(n)]
-    if n and _backend_decodes(tokenizer):
-        texts: list[str] = tokenizer._tokenizer.decode_batch(ids, skip_special_tokens=False)
-        probe = sorted({0, n - 1, n // 2})
-        if tokenizer.batch_decode([ids[i] for i in probe]) == [texts[i] for i in probe]:
-            return texts
-    return list(tokenizer.batch_decode(ids))
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection inside the block (restored after, as it was). Building
-    the vocabulary index makes a few hundred thousand small lists, and each full collection
-    they trigger would walk every object of the process (a loaded model holds about a
-    million): most of the build's time, for objects that form no cycles."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
-class _VocabIndex:
-    """Decoded vocabulary: text with one leading space stripped -> token ids."""
-
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
-        self.by_text: dict[str, list[int]] = {}
-        with _gc_paused():
-            texts = _decode_each(tokenizer, vocab_size)
-            for i, text in enumerate(texts):
-                key = text[1:] if text.startswith(" ") else text
-                if key and "\ufffd" not in key:
-                    self.by_text.setdefault(key, []).append(i)
-
-
-_VOCAB_INDEX: dict[int, tuple[Any, _VocabIndex]] = {}
-
-
-def _vocab_index(model: Model) -> _VocabIndex:
-    tok = model.tokenizer
-    key = id(tok)
-    hit = _VOCAB_INDEX.get(key)
-    if hit is not None and hit[0] is tok:
-        return hit[1]
-    index = _VocabIndex(tok, int(model.cfg.d_vocab))
-    _VOCAB_INDEX[key] = (tok, index)
-    return index
-
-
-def _ids(model: Model, text: str) -> list[int]:
+def token_ids(model: Model, text: str) -> list[int]:
     """The token ids of ``text`` alone (no BOS); none for an empty text."""
     if not text:
         return []
     return [int(i) for i in model.to_tokens(text, prepend_bos=False, truncate=False)[0].tolist()]
-
-
-def answer_tokens(
-    model: Model, word: str, *, lang: str | None = None, prefixes: bool = True
-) -> AnswerTokens:
-    """The answer token set of ``word`` (see the module docstring for the rule).
-
-    Args:
-        word: the answer as written (no leading space).
-        lang: language of the text the answer continues; languages whose script writes no
-            spaces (Chinese, Japanese, Thai, ...) continue without a space, every other
-            language with one.
-        prefixes: also add vocabulary tokens that are prefixes of the word.
-
-    Raises:
-        TokenizationError: the answer is empty or tokenizes to nothing.
-    """
-    word = word.strip()
-    if not word:
-        raise TokenizationError("an empty answer has no tokens")
-    spaced = " " + word
-    main, other = (spaced, word) if writes_spaces(lang) else (word, spaced)
-    main_ids = _ids(model, main)
-    other_ids = _ids(model, other)
-    if not main_ids:
-        raise TokenizationError(f"answer {word!r} tokenizes to nothing")
-    n_tokens = len(main_ids)
-    # A tokenizer without a leading-space marker may write the space as a token of its own;
-    # " " would then be every answer's primary token: track the word's first token instead.
-    main_ids = _drop_leading_space_tokens(model, main_ids)
-    other_ids = _drop_leading_space_tokens(model, other_ids)
-    if not main_ids:
-        raise TokenizationError(f"answer {word!r} tokenizes to whitespace only")
-    ids = [main_ids[0]]
-    if other_ids and other_ids[0] not in ids:
-        other_text = model.tokenizer.decode([other_ids[0]]).strip()
-        if other_text and word.startswith(other_text):
-            ids.append(other_ids[0])
-    if prefixes:
-        index = _vocab_index(model)
-        shortest = min(3, len(word)) if writes_spaces(lang) else 1
-        for k in range(shortest, len(word) + 1):
-            for i in index.by_text.get(word[:k], ()):
-                if i not in ids:
-                    ids.append(i)
-    return AnswerTokens(word, main_ids[0], tuple(ids), n_tokens)
-
-
-def _drop_leading_space_tokens(model: Model, ids: list[int]) -> list[int]:
-    """``ids`` without the leading tokens that decode to whitespace only."""
-    k = 0
-    while k < len(ids) and not model.tokenizer.decode([ids[k]]).strip():
-        k += 1
-    return ids[k:]
-
-
-def pack_token_sets(
-    sets: Sequence[Sequence[AnswerTokens]], device: torch.device | str | None = None
-) -> tuple[Int[Tensor, "row track member"], Int[Tensor, "row track"]]:
-    """Pack per-row lists of answer sets into a padded id tensor (``-1`` = no token) and the
-    primary ids, the form :func:`mechlingo.kernels.readout.read_logits` takes."""
-    n_rows = len(sets)
-    n_track = len(sets[0]) if n_rows else 0
-    width = max((len(a.ids) for row in sets for a in row), default=1)
-    ids = torch.full((n_rows, n_track, width), -1, dtype=torch.long)
-    primary = torch.zeros((n_rows, n_track), dtype=torch.long)
-    for r, row in enumerate(sets):
-        if len(row) != n_track:
-            raise TokenizationError("every row needs the same number of answer sets")
-        for s, a in enumerate(row):
-            ids[r, s, : len(a.ids)] = torch.tensor(a.ids)
-            primary[r, s] = a.primary
-    if device is not None:
-        ids, primary = ids.to(device), primary.to(device)
-    return ids, primary
 
 
 # --------------------------------------------------------------------------------------
@@ -600,11 +419,11 @@ def chat_token_ids(model: Model, prompt: str, *, bos: bool) -> list[int]:
     otherwise."""
     head, query = _template_head(model, prompt)
     bos_id = getattr(model.tokenizer, "bos_token_id", None)
-    head_ids = _ids(model, head)
+    head_ids = token_ids(model, head)
     if head_ids and bos_id is not None and head_ids[0] == bos_id:
         head_ids = head_ids[1:]
     start = [int(bos_id)] if bos and bos_id is not None else []
-    return start + head_ids + _ids(model, query)
+    return start + head_ids + token_ids(model, query)
 
 
 def chat_tokens(model: Model, prompt: str, *, bos: bool) -> Int[Tensor, " pos"]:
@@ -621,6 +440,6 @@ def chat_prefix_length(model: Model, prompt: str) -> int:
     if not chat_enabled(model):
         return 0
     head, _ = _template_head(model, prompt)
-    ids = _ids(model, head)
+    ids = token_ids(model, head)
     bos_id = getattr(model.tokenizer, "bos_token_id", None)
     return len(ids) - (1 if ids and bos_id is not None and ids[0] == bos_id else 0)

@@ -15,6 +15,7 @@ import json
 from importlib import resources
 from typing import Any
 
+from mechlingo.core.answers import answer_separator, complete
 from mechlingo.core.languages import (
     is_lang_code,
     lang_code,
@@ -42,8 +43,6 @@ from mechlingo.data.facts import (
     REQUIRED_FIELDS,
     Fact,
     RecordError,
-    answer_separator,
-    complete,
     fact_from_cloze,
     fact_from_mapping,
 )
@@ -81,7 +80,7 @@ def template_info() -> dict[str, Any]:
     {"template": str, "accuracy": float | None, "n": int, "candidates": {template:
     accuracy}}}}}`` as written by ``scripts/generate_data.py``; ``accuracy`` is the share
     of the ``n`` sampled facts whose greedy continuation is correct under the toolkit's eval
-    rule (:func:`mechlingo.scoring.scorers.is_correct`), ``None`` where unmeasured.
+    rule (:func:`mechlingo.core.answers.is_correct`), ``None`` where unmeasured.
     """
 
     text = resources.files("mechlingo.data").joinpath("templates.json").read_text("utf-8")

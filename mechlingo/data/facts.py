@@ -9,11 +9,11 @@ cross-lingual comparisons aligned.
 from __future__ import annotations
 
 import difflib
-import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Required, TypedDict, Unpack
 
+from mechlingo.core.answers import answer_key, complete, distinct_aliases
 from mechlingo.core.errors import InputError, MechlingoError
 from mechlingo.core.languages import BUNDLED_NAMES, lang_code, writes_spaces
 
@@ -157,32 +157,6 @@ class Fact:
         if self.candidates:
             out["candidates"] = list(self.candidates)
         return out
-
-
-def answer_separator(lang: str) -> str:
-    """The text between a prompt and its answer when both are written out: ``""`` for the
-    languages whose script writes no spaces (Chinese, Japanese, Thai, ...:
-    :func:`~mechlingo.core.languages.writes_spaces`), ``" "`` otherwise."""
-    return " " if writes_spaces(lang) else ""
-
-
-def complete(prompt: str, answer: str, lang: str) -> str:
-    """``prompt`` followed by ``answer`` with the separator of ``lang`` (a full statement)."""
-    return f"{prompt}{answer_separator(lang)}{answer}"
-
-
-#: Arabic short vowels and tatweel, ignored when answers are compared.
-# str.translate maps code points (ints): a table keyed by characters would remove nothing.
-_ARABIC_MARKS: dict[int, None] = {c: None for c in [*range(0x064B, 0x0653), 0x0640, 0x0670]}
-
-
-def answer_key(text: str) -> str:
-    """A loose comparison form of an answer, used to drop duplicate aliases: NFKC,
-    casefolded, punctuation and symbols removed, Arabic vowel marks removed, whitespace
-    collapsed. (Scoring generations is :func:`mechlingo.scoring.scorers.is_correct`.)"""
-    text = unicodedata.normalize("NFKC", text).casefold().translate(_ARABIC_MARKS)
-    text = "".join(ch for ch in text if unicodedata.category(ch)[0] not in "PS")
-    return " ".join(text.split())
 
 
 def check_langs(langs: Iterable[str] | str | None) -> tuple[str, ...]:
@@ -375,19 +349,6 @@ def fact_from_cloze(*, template: str, **fields: Unpack[FactFields]) -> Fact:
             "answer last, so rephrase it (e.g. '[X] is the capital of' -> '[Y]')"
         )
     return make_fact(template=head.rstrip().replace("[X]", "{s}"), **fields)
-
-
-def distinct_aliases(answer: str, aliases: Iterable[str]) -> list[str]:
-    """``aliases`` without those that normalize (:func:`answer_key`) to nothing, to the
-    answer or to an earlier alias, in their order."""
-    seen = {answer_key(answer)}
-    out = []
-    for alias in aliases:
-        key = answer_key(alias)
-        if key and key not in seen:
-            seen.add(key)
-            out.append(alias)
-    return out
 
 
 def make_fact(

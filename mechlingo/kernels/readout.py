@@ -408,7 +408,7 @@ def read_logits(
         model: a TransformerLens model (bridge or HookedTransformer).
         resid: residual-stream vectors, one per row.
         token_sets: per row, ``track`` token sets padded with ``-1`` (see
-            :func:`mechlingo.core.tokens.pack_token_sets`).
+            :func:`mechlingo.core.answers.pack_token_sets`).
         primary: per row and set, the primary token id.
         top_k: how many top tokens to keep per row (0 for none).
         chunk_rows: rows per unembedding matmul; memory is ``chunk_rows x vocab`` floats.

@@ -8,7 +8,7 @@ BCa bootstrap, and the relative gain), :func:`bootstrap_mean`, :func:`bootstrap_
 ratio of sums, e.g. a Jaccard overlap), :func:`paired_bootstrap` (any statistic of paired
 samples, percentile), :func:`bootstrap_perplexity` and :func:`perplexity_ratio`.
 :func:`mcnemar` is the exact McNemar test of two paired 0/1 outcome vectors. The claims card's
-clustered tests live in :mod:`mechlingo.card.statistics`."""
+clustered tests live in :mod:`mechlingo.card.clustered_tests`."""
 
 from __future__ import annotations
 

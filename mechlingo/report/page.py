@@ -25,8 +25,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from mechlingo.activations.distributed import is_main
 from mechlingo.core.artifacts import write_files
+from mechlingo.core.distributed import is_main
 from mechlingo.core.errors import InputError
 from mechlingo.kernels.significance import Interval
 from mechlingo.report.tables import table_html

@@ -7,8 +7,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mechlingo.analyses.recall.classes import NON_ENGLISH
-from mechlingo.analyses.recall.trace import CLASSES, LanguagePatching, TraceResult
+from mechlingo.analyses.recall.trace import CLASSES, TraceResult
 from mechlingo.analyses.recall.trace_circuit import TraceCircuit
+from mechlingo.analyses.recall.trace_patching import LanguagePatching
 from mechlingo.core.jsonable import jsonable
 from mechlingo.kernels.significance import wilson
 from mechlingo.report.page import Report, fmt_interval

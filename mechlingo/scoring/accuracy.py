@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mechlingo.activations.distributed import is_main
 from mechlingo.core.artifacts import write_files
 from mechlingo.core.defaults import BATCH_SIZE, MAX_NEW_TOKENS, PROGRESS
+from mechlingo.core.distributed import is_main
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 from mechlingo.kernels.significance import wilson_table

@@ -2,7 +2,7 @@
 
 :func:`evaluate_facts` is the one function every caller scores facts through; ``metric=``
 chooses the rule (``"generate"``, the default: the greedy continuation judged by the eval
-rule, :func:`mechlingo.scoring.scorers.is_correct`; ``"klar"``; ``"rank"``; see
+rule, :func:`mechlingo.core.answers.is_correct`; ``"klar"``; ``"rank"``; see
 :mod:`mechlingo.scoring.scorers`). Records a metric cannot use are skipped and counted by
 reason in ``EvalResult.skipped``. :func:`evaluate_conditions` scores many conditions sharing
 one prefix pass. Generation decodes with a key-value cache (:mod:`mechlingo.activations.decoding`);
@@ -20,7 +20,6 @@ import torch
 from tqdm.auto import tqdm
 
 from mechlingo.activations.decoding import decode
-from mechlingo.activations.distributed import gather_conditions, share_scoring
 from mechlingo.activations.memo import current_memo
 from mechlingo.activations.prefix import (
     decode_conditions,
@@ -28,6 +27,7 @@ from mechlingo.activations.prefix import (
     shared_decoding_supported,
 )
 from mechlingo.core.defaults import BATCH_SIZE, EARLY_STOP, KV_CACHE, MAX_NEW_TOKENS, PROGRESS
+from mechlingo.core.distributed import gather_conditions, share_scoring
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, encode, prepends_bos, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
@@ -192,7 +192,7 @@ def generate_conditions(
     256)``): the path ``"shared-prefix"``. Otherwise, with extra ``fwd_hooks`` (plain hooks
     whose positions are unknown), one condition or ``cache=False``, each condition decodes
     alone as in :func:`greedy_generate`: ``"per-condition"`` (``"mixed"`` when batches
-    differ). Inside :func:`mechlingo.activations.distributed.sharded_scoring` under torchrun
+    differ). Inside :func:`mechlingo.core.distributed.sharded_scoring` under torchrun
     the batches are shared out among the ranks and the results gathered in order.
     ``decoding``: :class:`DecodeOptions` (``max_new_tokens``, ``batch_size``, ``progress``
     and ``cache``; ``None``: its defaults).

@@ -24,12 +24,6 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.distributed import (
-    gather_conditions,
-    gather_lists,
-    scoring_sharded,
-    share_scoring,
-)
 from mechlingo.activations.prefix import (
     PrefixRecord,
     cache_upto,
@@ -37,7 +31,14 @@ from mechlingo.activations.prefix import (
     run_reads,
 )
 from mechlingo.activations.runs import StopForward, final_resid_name, run_batch
+from mechlingo.core.answers import normalize
 from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
+from mechlingo.core.distributed import (
+    gather_conditions,
+    gather_lists,
+    scoring_sharded,
+    share_scoring,
+)
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, prepends_bos
 from mechlingo.core.types import FwdHooks, Model
@@ -45,7 +46,7 @@ from mechlingo.data import Fact
 from mechlingo.interventions.apply import first_edit, intervention_hooks
 from mechlingo.interventions.base import Intervention
 from mechlingo.kernels.readout import token_logprobs
-from mechlingo.scoring.scorers import fact_record, gold_indices, in_english, normalize
+from mechlingo.scoring.scorers import fact_record, gold_indices, in_english
 
 __all__ = [
     "RANK_TOKENS",
@@ -63,7 +64,7 @@ RANK_TOKENS = ("sentence", "candidate")
 
 
 @dataclass(frozen=True)
-class Layout:
+class SentenceLayout:
     """One filled sentence as token ids and its boundaries (token positions).
 
     Attributes:
@@ -116,7 +117,7 @@ def candidate_layout(
     prefix: str = "",
     *,
     stem_ids: Sequence[int] | None = None,
-) -> Layout:
+) -> SentenceLayout:
     """The token ids of ``prefix + fact.filled(candidate)`` and where its query sentence,
     stem and candidate end (see the module docstring).
 
@@ -143,7 +144,7 @@ def candidate_layout(
     else:
         cand_end = len(ids)
     cand_end = min(len(ids), max(cand_end, stem_end + 1))
-    return Layout(tuple(ids), q_start, stem_end, cand_end)
+    return SentenceLayout(tuple(ids), q_start, stem_end, cand_end)
 
 
 @dataclass
@@ -185,9 +186,11 @@ class _Reads:
         self.shared.append(shared)
 
 
-def _plan(layouts: list[list[Layout]], tokens: str) -> tuple[list[Layout], _Reads, list[range]]:
+def _plan(
+    layouts: list[list[SentenceLayout]], tokens: str
+) -> tuple[list[SentenceLayout], _Reads, list[range]]:
     """The rows of one pass (every candidate of each fact), the reads, and each fact's rows."""
-    rows: list[Layout] = []
+    rows: list[SentenceLayout] = []
     reads = _Reads()
     spans = []
     for f, lays in enumerate(layouts):
@@ -209,7 +212,7 @@ def _plan(layouts: list[list[Layout]], tokens: str) -> tuple[list[Layout], _Read
     return rows, reads, spans
 
 
-def _rows_batch(model: Model, rows: list[Layout]) -> TokenBatch:
+def _rows_batch(model: Model, rows: list[SentenceLayout]) -> TokenBatch:
     """The filled sentences right-padded, each row's prompt length its stem length."""
     pad = _pad(model)
     width = max(len(lay.ids) for lay in rows)
@@ -221,7 +224,9 @@ def _rows_batch(model: Model, rows: list[Layout]) -> TokenBatch:
     return TokenBatch(tokens, lengths, pad, prepends_bos(model), stems)
 
 
-def _stem_lengths(rows: list[Layout], spans: list[range], first: Tensor) -> list[int] | None:
+def _stem_lengths(
+    rows: list[SentenceLayout], spans: list[range], first: Tensor
+) -> list[int] | None:
     """Per fact, how many leading tokens all its candidates' rows share and no intervention
     edits (at most each row's length minus one); ``None`` when some fact has none."""
     out = []
@@ -248,7 +253,7 @@ class _Demos:
     of: Tensor
 
 
-def _demo_groups(rows: list[Layout], spans: list[range], stems: list[int]) -> _Demos | None:
+def _demo_groups(rows: list[SentenceLayout], spans: list[range], stems: list[int]) -> _Demos | None:
     """The facts of a pass grouped by the prefix before their query (few-shot
     demonstrations: a layout's tokens before ``query_start``), each group's shared length
     cut to leave every member at least one stem token of its own; ``None`` when no group of
@@ -309,7 +314,7 @@ def _stems_on_demos(
 
 
 def _shared_pass(
-    model: Model, rows: list[Layout], reads: _Reads, spans: list[range],
+    model: Model, rows: list[SentenceLayout], reads: _Reads, spans: list[range],
     intervention: Intervention | None, hooks: FwdHooks,
 ) -> Float[Tensor, " read"] | None:  # fmt: skip
     """The log-probability of every read's target with each fact's shared stem run once:
@@ -320,7 +325,7 @@ def _shared_pass(
 
 
 def _shared_conditions(
-    model: Model, rows: list[Layout], reads: _Reads, spans: list[range],
+    model: Model, rows: list[SentenceLayout], reads: _Reads, spans: list[range],
     interventions: Sequence[Intervention | None], hooks_of: Sequence[FwdHooks],
 ) -> list[Float[Tensor, " read"] | None]:  # fmt: skip
     """:func:`_shared_pass` of several conditions at once: the conditions whose first edits
@@ -344,7 +349,7 @@ def _shared_conditions(
 
 
 def _stem_and_tails(
-    model: Model, batch: TokenBatch, rows: list[Layout], reads: _Reads, spans: list[range],
+    model: Model, batch: TokenBatch, rows: list[SentenceLayout], reads: _Reads, spans: list[range],
     first: Tensor, hooks_of: Sequence[FwdHooks],
 ) -> list[Float[Tensor, " read"]] | None:  # fmt: skip
     """The stems before ``first`` run once, then one tail pass per hooks of ``hooks_of``."""
@@ -386,7 +391,7 @@ def _stem_and_tails(
 
 
 def _pass(
-    model: Model, rows: list[Layout], reads: _Reads, hooks: FwdHooks
+    model: Model, rows: list[SentenceLayout], reads: _Reads, hooks: FwdHooks
 ) -> Float[Tensor, " read"]:
     """One padded forward pass over ``rows`` (stopped after the last block): the
     log-probability of every read's target."""
@@ -422,7 +427,7 @@ def _sums(
     return own_sum, own_n, sh_sum, sh_n
 
 
-def batch_order(prefixes: Sequence[str], layouts: Sequence[Sequence[Layout]]) -> list[int]:
+def batch_order(prefixes: Sequence[str], layouts: Sequence[Sequence[SentenceLayout]]) -> list[int]:
     """The order in which :func:`score_candidates` batches facts: by prefix (facts with the
     same demonstrations share passes), then by their longest candidate row (less padding),
     then by index. ``layouts[i]``: fact ``i``'s :func:`candidate_layout` of each candidate."""
@@ -529,7 +534,7 @@ def score_candidates_conditions(
 
 
 def _score_conditions(
-    model: Model, layouts: list[list[Layout]], pre: list[str],
+    model: Model, layouts: list[list[SentenceLayout]], pre: list[str],
     interventions: list[Intervention | None], *, tokens: str, fwd_hooks: FwdHooks,
     batch_size: int, progress: bool, shared: bool,
 ) -> list[CandidateScores]:  # fmt: skip

@@ -1,8 +1,8 @@
 """The three scorers behind ``--metric``, their rules, and the statistics of each.
 
-* ``generate`` (the default): the *eval rule* (:func:`is_correct`): the greedy continuation,
-  cut at its first line break, starts with the answer or an alias after normalisation, at a
-  word boundary in languages written with spaces;
+* ``generate`` (the default): the *eval rule* (:func:`mechlingo.core.answers.is_correct`): the
+  greedy continuation, cut at its first line break, starts with the answer or an alias after
+  normalisation, at a word boundary in languages written with spaces;
 * ``klar``: the KLAR benchmark's reference rule (:func:`klar_match`), consistency by CLC
   (:func:`clc`);
 * ``rank``: candidate ranking by cross-entropy (:mod:`mechlingo.scoring.rank`), P@1,
@@ -17,22 +17,19 @@ generation metric decodes (:func:`generation_rule`). Every rule: ``docs/methods/
 from __future__ import annotations
 
 import random
-import re
-import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from mechlingo.core.answers import is_correct, match_status, normalize
 from mechlingo.core.defaults import SEED
 from mechlingo.core.errors import InputError
-from mechlingo.core.languages import needs_word_boundary
 from mechlingo.data import Fact
 from mechlingo.kernels.significance import bootstrap_mean, bootstrap_ratio, wilson
 
 __all__ = [
-    "BOUNDARY_FREE_LANGS",
     "KLAR_MAX_NEW_TOKENS",
     "GenerationRule",
     "METRICS",
@@ -45,13 +42,11 @@ __all__ = [
     "generation_rule",
     "gold_indices",
     "in_english",
-    "is_correct",
     "klar_decided",
     "klar_match",
     "klar_prompt",
     "klar_record",
     "metric_summary",
-    "normalize",
     "rankc",
     "rankc_fact",
     "skip_reason",
@@ -161,51 +156,6 @@ def split_usable(
 # --------------------------------------------------------------------------------------
 
 
-#: The bundled languages matched without a word boundary after the answer (any language:
-#: :func:`mechlingo.core.languages.needs_word_boundary`, told from its script).
-BOUNDARY_FREE_LANGS = frozenset({"zh", "ja", "ko"})
-_LEADING_JUNK = re.compile(r"^[\s\"'`“”‘’«»„‚「」『』（）()\[\]{}:：;；,，.。、\-–—*_#]+")
-_WS = re.compile(r"\s+")
-
-
-def normalize(text: str) -> str:
-    """The eval rule's normalisation (see the module docstring)."""
-    text = unicodedata.normalize("NFKC", text).casefold()
-    text = _LEADING_JUNK.sub("", text)
-    return _WS.sub(" ", text).strip()
-
-
-def is_correct(generation: str, answers: Sequence[str], lang: str | None = None) -> bool:
-    """Whether ``generation`` (the continuation) starts with one of ``answers``."""
-    gen = normalize(generation.split("\n")[0] if generation.strip() else generation.strip())
-    for ans in answers:
-        a = normalize(ans)
-        if not a or not gen.startswith(a):
-            continue
-        if not needs_word_boundary(lang) or len(gen) == len(a):
-            return True
-        nxt = gen[len(a)]
-        if not (nxt.isalnum() or unicodedata.category(nxt).startswith("M")):
-            return True
-    return False
-
-
-def _status(gen: str, answer: str, lang: str | None) -> str:
-    """``"match"``, ``"fail"`` or ``"open"`` for a normalised partial generation against one
-    normalised answer under the eval rule."""
-    if not answer:
-        return "fail"
-    if gen.startswith(answer):
-        if not needs_word_boundary(lang):
-            return "match"
-        if len(gen) == len(answer):
-            return "open"  # the next character decides the word boundary
-        nxt = gen[len(answer)]
-        ok = not (nxt.isalnum() or unicodedata.category(nxt).startswith("M"))
-        return "match" if ok else "fail"
-    return "open" if answer.startswith(gen) else "fail"
-
-
 def decided(
     generation: str, answers: Sequence[str], lang: str | None = None, english: str = ""
 ) -> bool:
@@ -224,12 +174,12 @@ def decided(
         return True
     if not gen or text != line:
         return False
-    gold = [_status(gen, normalize(a), lang) for a in answers]
+    gold = [match_status(gen, normalize(a), lang) for a in answers]
     if "match" in gold:
         return True
     if "open" in gold:
         return False
-    return not english or _status(gen, normalize(english), "en") != "open"
+    return not english or match_status(gen, normalize(english), "en") != "open"
 
 
 def in_english(f: Fact, correct: bool, said: str, match: Callable[[str, str], bool]) -> bool:

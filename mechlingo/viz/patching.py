@@ -284,7 +284,7 @@ def circuit_figure(
     measures edges and :func:`mechlingo.viz.circuit.measured_circuit_figure` draws them).
     Stages are shaded layer bands given
     by ``stages`` ``{name: (first_layer, last_layer)}`` (see
-    :func:`mechlingo.analyses.recall.trace.pipeline_stages`).
+    :func:`mechlingo.analyses.recall.trace_patching.pipeline_stages`).
     """
     import plotly.graph_objects as go
 

@@ -9,7 +9,7 @@ import pytest
 from scipy import stats as sps
 
 from mechlingo.card import calibration as cal
-from mechlingo.card.statistics import mean_test
+from mechlingo.card.clustered_tests import mean_test
 from mechlingo.core.errors import InputError
 
 #: (row type, index of its design): 8 unbalanced facts, 8 skewed documents, 24 single facts,

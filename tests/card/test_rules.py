@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from mechlingo.card.claims import row_family
+from mechlingo.card.clustered_tests import Test, paired_test
+from mechlingo.card.population import pool_controls, population_test
 from mechlingo.card.rules import (
     CLAIMS,
     FLOOR,
@@ -21,7 +23,6 @@ from mechlingo.card.rules import (
     make_row,
     rules_hash,
 )
-from mechlingo.card.statistics import Test, paired_test, pool_controls, population_test
 from mechlingo.kernels.significance import Interval
 
 UP = Claim("up", "p", "x", "", "", "s", "f")

@@ -9,21 +9,19 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from mechlingo.card.statistics import (
+from mechlingo.card.clustered import p_floor
+from mechlingo.card.clustered_tests import (
     Test,
-    adjust,
-    benjamini_hochberg,
     cluster_bootstrap,
     correlation_test,
     group_difference_test,
     mean_test,
-    p_floor,
     paired_test,
-    population_gain_test,
-    population_test,
     ratio_test,
     relative_test,
 )
+from mechlingo.card.multiplicity import adjust, benjamini_hochberg
+from mechlingo.card.population import population_gain_test, population_test
 from mechlingo.core.errors import InputError
 
 

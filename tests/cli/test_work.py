@@ -92,7 +92,7 @@ def test_ranks_reuse_a_stage_only_when_every_rank_has_it(tmp_path):
 
 def test_torchrun_keeps_stages_per_rank_and_resumes(tmp_path, monkeypatch, tiny):
     import mechlingo.cli.work as work
-    from mechlingo.activations.distributed import DistInfo
+    from mechlingo.core.distributed import DistInfo
 
     seen: list[bool] = []
     monkeypatch.setattr(work, "dist_info", lambda: DistInfo(1, 2, 1, None, torch.device("cpu")))

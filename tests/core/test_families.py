@@ -25,11 +25,12 @@ from mechlingo.analyses.decoders.lens import logit_lens
 from mechlingo.analyses.experts import collect_neuron_stats
 from mechlingo.analyses.experts.align import embed_parallel
 from mechlingo.analyses.recall.patching import answer_logprob, patch_activations
+from mechlingo.core.answers import answer_tokens
 from mechlingo.core.errors import InterventionError
 from mechlingo.core.families import FAMILIES, REFUSED, Family
 from mechlingo.core.models import ModelLoadError, load_model, weight_mode
 from mechlingo.core.sites import SITE_HOOKS, SiteError, resolve_site, site_map
-from mechlingo.core.tokens import TokenBatch, answer_tokens, encode
+from mechlingo.core.tokens import TokenBatch, encode
 from mechlingo.interventions import Ablation, NeuronClamp, SteeringVector
 from mechlingo.testing import TINY, build_tiny_folder, build_tokenizer
 from tests.conftest import count_hooks

@@ -6,16 +6,10 @@ import pytest
 import torch
 
 from mechlingo.activations.runs import collect, next_token_logits, run_batch
-from mechlingo.core import tokens
+from mechlingo.core import answers
+from mechlingo.core.answers import answer_tokens, pack_token_sets
 from mechlingo.core.sites import SiteError, hook_name, resolve_layers, resolve_site
-from mechlingo.core.tokens import (
-    TokenizationError,
-    answer_tokens,
-    encode,
-    pack_token_sets,
-    position_mask,
-    sorted_batches,
-)
+from mechlingo.core.tokens import TokenizationError, encode, position_mask, sorted_batches
 from mechlingo.kernels.readout import final_logits, read_logits
 from tests.conftest import count_hooks
 
@@ -202,8 +196,8 @@ def test_answer_tokens_rules(tiny):
         answer_tokens(tiny, "  ")
     # the prefix index decodes the vocabulary through the tokenizer's backend: the same texts
     n = int(tiny.cfg.d_vocab)
-    assert tokens._backend_decodes(tiny.tokenizer)
-    assert tokens._decode_each(tiny.tokenizer, n) == tiny.tokenizer.batch_decode(
+    assert answers._backend_decodes(tiny.tokenizer)
+    assert answers._decode_each(tiny.tokenizer, n) == tiny.tokenizer.batch_decode(
         [[i] for i in range(n)]
     )
 

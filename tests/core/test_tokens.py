@@ -183,7 +183,7 @@ def test_gc_pause_restores_the_collector_also_after_an_error():
     the block (also when the block raised), and stays off where the caller had turned it off."""
     import gc
 
-    from mechlingo.core.tokens import _gc_paused
+    from mechlingo.core.answers import _gc_paused
 
     assert gc.isenabled()
     with pytest.raises(RuntimeError), _gc_paused():

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from mechlingo.core.answers import answer_key
 from mechlingo.data import (
     LANG_NAMES,
     LANGS,
@@ -30,7 +31,6 @@ from mechlingo.data import (
     write_tsv,
     zero_shot_prompt,
 )
-from mechlingo.data.facts import answer_key
 from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -439,7 +439,7 @@ def test_cloze_fields_round_trip_and_fill(tmp_path: Path) -> None:
 
 
 def test_answer_key_drops_arabic_vowel_marks_and_tatweel():
-    from mechlingo.data.facts import answer_key
+    from mechlingo.core.answers import answer_key
 
     assert answer_key("\u0645\u064f\u062d\u064e\u0645\u0651\u064e\u062f") == answer_key(
         "\u0645\u062d\u0645\u062f"

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from mechlingo.core.answers import answer_separator, is_correct
 from mechlingo.core.errors import InputError
 from mechlingo.core.languages import (
     is_lang_code,
@@ -21,7 +22,6 @@ from mechlingo.core.languages import (
 from mechlingo.data import (
     LANGS,
     RecordError,
-    answer_separator,
     load_benchmark,
     load_facts,
     read_facts,
@@ -29,7 +29,6 @@ from mechlingo.data import (
     read_parallel_dir,
     translation_prompt,
 )
-from mechlingo.scoring.scorers import is_correct
 
 #: (id key, English subject, Swedish, Swahili, English answer, Swedish answer, Swahili answer)
 CAPITALS = [
@@ -249,7 +248,7 @@ def test_answer_tokens_follow_the_script(tiny):
     """Thai continues without a space (like zh/ja), Swedish and Swahili with one: the
     continuation form's token count tells them apart (the tiny tokenizer writes a space as a
     token of its own)."""
-    from mechlingo.core.tokens import answer_tokens
+    from mechlingo.core.answers import answer_tokens
 
     def count(text: str) -> int:
         return len(tiny.to_tokens(text, prepend_bos=False)[0])

@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from mechlingo.card.statistics import (
+from mechlingo.card.clustered_tests import (
     Test,
     correlation_test,
-    holm,
     mde,
     mean_test,
     paired_test,
-    pool_controls,
     ratio_test,
     relative_test,
 )
+from mechlingo.card.multiplicity import holm
+from mechlingo.card.population import pool_controls
 from mechlingo.core.errors import InputError
 from mechlingo.kernels.significance import (
     Interval,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mechlingo.core.answers import is_correct, normalize
 from mechlingo.scoring.evaluate import DecodeOptions, evaluate_facts, greedy_generate
-from mechlingo.scoring.scorers import is_correct, normalize
 
 
 def test_normalize_and_rule():

@@ -1057,11 +1057,11 @@ def test_same_model_still_applies(tiny, P):
 
 
 def test_error_hierarchy_keeps_old_bases():
-    from mechlingo.activations.distributed import DistributedError
     from mechlingo.analyses.experts import ExpertError
     from mechlingo.analyses.experts.align import AlignmentError
     from mechlingo.analyses.recall.patching import PatchingError
     from mechlingo.cli import UsageError
+    from mechlingo.core.distributed import DistributedError
     from mechlingo.core.errors import MechlingoError, MissingArtifactError
     from mechlingo.core.models import ModelLoadError
     from mechlingo.core.sites import SiteError

@@ -11,7 +11,9 @@ import time
 import pytest
 import torch
 
-from mechlingo.activations.distributed import (
+from mechlingo.activations.pooled import pooled_neuron_acts
+from mechlingo.activations.runs import last_token_means
+from mechlingo.core.distributed import (
     DistributedError,
     all_gather_rows,
     all_reduce_state,
@@ -24,8 +26,6 @@ from mechlingo.activations.distributed import (
     shard_by_cost,
     sharded_scoring,
 )
-from mechlingo.activations.pooled import pooled_neuron_acts
-from mechlingo.activations.runs import last_token_means
 from mechlingo.scoring.evaluate import DecodeOptions
 from tests.forks import free_port, torchrun
 
@@ -375,7 +375,7 @@ WORKER = (
         """
         import json, sys, torch
         from mechlingo.activations.runs import last_token_means
-        from mechlingo.activations.distributed import (
+        from mechlingo.core.distributed import (
             all_gather_rows, all_reduce_state, dist_info, is_main, process_group, shard,
             sharded_scoring,
         )

@@ -406,8 +406,9 @@ def test_a_language_without_a_correct_answer_gets_a_note_not_a_circuit(ctx):
     """The tiny model answers nothing: by default no language is patched, each gets a note
     in the report and a record in patching.json; with ``unanswered`` the report says how
     many clean prompts are wrong."""
-    from mechlingo.analyses.recall.trace import corrupted_pairs, run_trace
+    from mechlingo.analyses.recall.trace import run_trace
     from mechlingo.analyses.recall.trace_options import TraceOptions
+    from mechlingo.analyses.recall.trace_patching import corrupted_pairs
     from mechlingo.report.trace import trace_report
 
     trace, facts = ctx["trace"], ctx["facts"]

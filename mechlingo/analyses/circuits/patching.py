@@ -18,11 +18,11 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from mechlingo.activations.distributed import all_gather_rows
 from mechlingo.analyses.circuits.graph import Graph
 from mechlingo.analyses.circuits.runs import Readout, run_graph
 from mechlingo.analyses.circuits.scores import check_pairs, chunks
 from mechlingo.core.defaults import BATCH_SIZE
+from mechlingo.core.distributed import all_gather_rows
 from mechlingo.core.tokens import TokenBatch
 from mechlingo.core.types import Model
 

@@ -16,12 +16,6 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.distributed import (
-    all_gather_rows,
-    dist_info,
-    scoring_sharded,
-    shard_bounds,
-)
 from mechlingo.activations.runs import model_input_device
 from mechlingo.analyses.circuits.faithfulness import (
     curve_areas,
@@ -37,6 +31,12 @@ from mechlingo.analyses.circuits.runs import Readout, metric_readout
 from mechlingo.analyses.circuits.scores import edge_scores
 from mechlingo.analyses.results import WritesFolder
 from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
+from mechlingo.core.distributed import (
+    all_gather_rows,
+    dist_info,
+    scoring_sharded,
+    shard_bounds,
+)
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 from mechlingo.interventions.circuit import CircuitAblation
@@ -241,7 +241,7 @@ def find_circuit(
     curve (with MIB's CPR and CMD, :func:`.faithfulness.curve_areas`) and pick the smallest
     circuit on it reaching ``target`` faithfulness (else the largest).
 
-    Under ``torchrun`` inside :func:`~mechlingo.activations.distributed.sharded_scoring`
+    Under ``torchrun`` inside :func:`~mechlingo.core.distributed.sharded_scoring`
     each rank scores and patches its contiguous share of the pairs and the per-row results
     are gathered in order, so every rank returns the whole result.
 

@@ -27,21 +27,22 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.distributed import (
-    gather_lists,
-    scoring_sharded,
-    shard_by_cost,
-    sharded_scoring,
-)
 from mechlingo.activations.runs import collect
 from mechlingo.analyses.decoders.entries import lens_hook_names, resolve_entries
 from mechlingo.analyses.decoders.logit import LOGIT
 from mechlingo.analyses.decoders.registry import Decoder, as_decoder, generates
 from mechlingo.analyses.decoders.tokens import TokenGrid, token_grid
+from mechlingo.core.answers import answer_tokens, pack_token_sets
 from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
+from mechlingo.core.distributed import (
+    gather_lists,
+    scoring_sharded,
+    shard_by_cost,
+    sharded_scoring,
+)
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import site_map
-from mechlingo.core.tokens import answer_tokens, encode, pack_token_sets, sorted_batches
+from mechlingo.core.tokens import encode, sorted_batches
 from mechlingo.core.types import Model
 from mechlingo.data import LANGS, load_facts
 from mechlingo.data.langid import identify_language

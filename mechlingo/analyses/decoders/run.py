@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mechlingo.activations.distributed import is_main
 from mechlingo.analyses.decoders.compare import DecoderComparison, compare_decoders
 from mechlingo.analyses.decoders.logit import LogitLens
 from mechlingo.analyses.decoders.options import TrainingOptions
@@ -43,6 +42,7 @@ from mechlingo.analyses.decoders.tuned_lens import (
 from mechlingo.analyses.results import WritesFolder
 from mechlingo.core.artifacts import write_files
 from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
+from mechlingo.core.distributed import is_main
 from mechlingo.core.inert import inert_csv
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model

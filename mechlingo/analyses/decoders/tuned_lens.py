@@ -28,7 +28,6 @@ from safetensors.torch import save
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.distributed import all_reduce_state, dist_info, shard
 from mechlingo.activations.runs import StopForward, run_batch
 from mechlingo.analyses.decoders.entries import lens_hook_names
 from mechlingo.analyses.decoders.options import TrainingOptions
@@ -36,6 +35,7 @@ from mechlingo.analyses.decoders.registry import DecoderOption, register_decoder
 from mechlingo.core.artifacts import atomic_folder
 from mechlingo.core.defaults import SEED
 from mechlingo.core.describe import check_model, model_info
+from mechlingo.core.distributed import all_reduce_state, dist_info, shard
 from mechlingo.core.errors import ArtifactError, InputError, MissingArtifactError
 from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import TokenBatch, encode

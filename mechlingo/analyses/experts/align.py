@@ -24,7 +24,6 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mechlingo.activations.distributed import gather_lists, scoring_sharded, shard_by_cost
 from mechlingo.activations.pooled import (
     PoolPass,
     check_texts,
@@ -33,6 +32,7 @@ from mechlingo.activations.pooled import (
     pool_activations,
 )
 from mechlingo.core.defaults import BATCH_SIZE, PROGRESS, SEED
+from mechlingo.core.distributed import gather_lists, scoring_sharded, shard_by_cost
 from mechlingo.core.errors import MechlingoError
 from mechlingo.core.sites import hook_name, resolve_layers
 from mechlingo.core.tokens import TokenBatch, sorted_batches
@@ -153,7 +153,7 @@ def _pooled_sharded(
     batch: TokenBatch, batch_size: int, pooled: Callable[[TokenBatch], Tensor]
 ) -> Float[Tensor, "row layer d"]:
     """``pooled(batch)`` with its batches of similar lengths shared out among the ranks by
-    cost (inside :func:`~mechlingo.activations.distributed.sharded_scoring` under torchrun):
+    cost (inside :func:`~mechlingo.core.distributed.sharded_scoring` under torchrun):
     each rank pools whole batches of the one-process run and every rank gets every row."""
     groups = sorted_batches(batch.lengths, batch_size)
     cost = [len(g) * max(int(batch.lengths[r]) for r in g) for g in groups]

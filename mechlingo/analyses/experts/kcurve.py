@@ -23,18 +23,18 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mechlingo.activations.distributed import (
+from mechlingo.activations.likelihood import line_nll, sample_from_bos
+from mechlingo.activations.pooled import check_texts
+from mechlingo.analyses.experts.selection import ExpertResult
+from mechlingo.analyses.experts.stacked import stacked_bos_samples, stacked_line_nll
+from mechlingo.core.defaults import PROGRESS, SAMPLE_NEW_TOKENS, SEED
+from mechlingo.core.distributed import (
     dist_info,
     gather_lists,
     scoring_sharded,
     shard_bounds,
     sharded_scoring,
 )
-from mechlingo.activations.likelihood import line_nll, sample_from_bos
-from mechlingo.activations.pooled import check_texts
-from mechlingo.analyses.experts.selection import ExpertResult
-from mechlingo.analyses.experts.stacked import stacked_bos_samples, stacked_line_nll
-from mechlingo.core.defaults import PROGRESS, SAMPLE_NEW_TOKENS, SEED
 from mechlingo.core.errors import ExpertError
 from mechlingo.core.types import Model
 from mechlingo.data.langid import identify_languages
@@ -366,7 +366,7 @@ def _arm_outputs(
     opts: dict[str, Any], turn: int = 0,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """The outputs of the arms ``todo`` (stacked or one run each); inside
-    :func:`~mechlingo.activations.distributed.sharded_scoring` under torchrun each rank runs
+    :func:`~mechlingo.core.distributed.sharded_scoring` under torchrun each rank runs
     an equal contiguous share of the arms (rank ``r`` the ``(r + turn) % world``-th share, so
     the larger shares move with ``turn``) and every rank gets all of them, in order."""
     if scoring_sharded():

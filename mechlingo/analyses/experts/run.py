@@ -23,7 +23,6 @@ from typing import Any, Literal
 
 from safetensors.torch import save_file
 
-from mechlingo.activations.distributed import is_main
 from mechlingo.activations.pooled import NeuronStats
 from mechlingo.analyses.experts.kcurve import (
     PPL_BUDGET,
@@ -42,6 +41,7 @@ from mechlingo.analyses.experts.stats import (
 )
 from mechlingo.core.artifacts import write_files
 from mechlingo.core.defaults import BATCH_SIZE, PROGRESS, SAMPLE_NEW_TOKENS, SEED
+from mechlingo.core.distributed import is_main
 from mechlingo.core.errors import ArtifactError, ExpertError
 from mechlingo.core.inert import inert_csv
 from mechlingo.core.stages import Stages

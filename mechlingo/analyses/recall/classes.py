@@ -4,7 +4,7 @@
 into one of :data:`CLASSES`; :func:`failure_records` are the non-English recall and
 translation failures the recall share is read from, the same for the trace's headline and the
 claim card's ``recall_failures`` row; :func:`failure_split` gives that share per language with
-and without the flagged answers (:data:`~mechlingo.analyses.recall.answers.FLAGS`). Why each
+and without the flagged answers (:data:`~mechlingo.analyses.recall.trace_answers.FLAGS`). Why each
 class and flag: ``docs/methods/recall-pipeline.md``.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from mechlingo.analyses.recall.answers import FLAGS
+from mechlingo.analyses.recall.trace_answers import FLAGS
 
 __all__ = ["CLASSES", "classify", "failure_records", "failure_split", "flag_counts", "flagged"]
 

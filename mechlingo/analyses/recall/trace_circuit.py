@@ -1,7 +1,7 @@
 """The measured circuit of ``mechlingo trace``: per language, EAP-IG edge scores
 (:func:`mechlingo.analyses.circuits.find_circuit`) over the correctly answered prompts of the
 trace, the circuit at a target faithfulness, and its figure drawn only from measured edges,
-with the pipeline stages (:func:`~mechlingo.analyses.recall.trace.pipeline_stages`) shaded.
+with the pipeline stages (:func:`~mechlingo.analyses.recall.trace_patching.pipeline_stages`) shaded.
 
 :func:`circuit_facts` picks the clean prompts (the first ``circuit_prompts`` correctly
 answered facts of the language, in trace order; the wrongly answered ones after them only

@@ -11,7 +11,7 @@ layer and alpha are chosen on the dev split of its build relations (languages) o
 random control, and the vectors against the control (:class:`TransferMatrix`).
 
 The build facts run once per (relation, language) group and each row's vectors are pooled
-from its groups (:mod:`mechlingo.analyses.recall.pooled`); ``**score_kw`` reaches the scoring
+from its groups (:mod:`mechlingo.analyses.recall.group_vectors`); ``**score_kw`` reaches the scoring
 call unchanged. The protocol and the measured matrices: ``docs/methods/repair-vectors.md``."""
 
 from __future__ import annotations
@@ -25,9 +25,14 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from mechlingo.activations.memo import PrefixMemo, reusing_prefixes
-from mechlingo.analyses.recall import dev_grid, pooled
+from mechlingo.analyses.recall import dev_grid, group_vectors
 from mechlingo.analyses.recall.dev_grid import LeakError, check_disjoint
-from mechlingo.analyses.recall.pooled import GroupStats, balance_relations, group_stats, spread
+from mechlingo.analyses.recall.group_vectors import (
+    GroupStats,
+    balance_relations,
+    group_stats,
+    spread,
+)
 from mechlingo.analyses.recall.settings import (
     BuildSettings,
     DevGrid,
@@ -453,7 +458,7 @@ def transfer_matrix(
     run.tests = {c: _column_test(splits["test"], by, c, m.test_ids) for c in held}
     rows = _rows(by, relations, langs, held, m.cells)
     for row in tqdm(rows, desc="transfer rows", disable=not scoring.progress):
-        vectors = pooled.pooled_vectors(
+        vectors = group_vectors.pooled_vectors(
             stats,
             relations=row.relations,
             langs=row.langs,

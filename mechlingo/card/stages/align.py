@@ -18,7 +18,8 @@ from torch import Tensor
 from mechlingo.analyses.experts.align import compare_alignment, embed_parallel, per_sentence
 from mechlingo.card import claims as C
 from mechlingo.card.claims import SUNDAR
-from mechlingo.card.population import by_rank, rank_population_test
+from mechlingo.card.clustered_tests import cluster_bootstrap, paired_test
+from mechlingo.card.population import by_rank, population_gain_test, rank_population_test
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Context,
@@ -28,11 +29,6 @@ from mechlingo.card.stages.base import (
     heading,
 )
 from mechlingo.card.stages.experts import ExpertsBudget, draw_index, rank_test
-from mechlingo.card.statistics import (
-    cluster_bootstrap,
-    paired_test,
-    population_gain_test,
-)
 from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.types import Model
 from mechlingo.interventions import load_intervention

@@ -31,10 +31,10 @@ from mechlingo.analyses.circuits.patching import EdgePatcher
 from mechlingo.analyses.circuits.runs import metric_readout
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
+from mechlingo.card.clustered_tests import Test, ratio_test
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import Budget, Context, ReportLike, Stage, check, data_section
 from mechlingo.card.stages.data import lu_facts
-from mechlingo.card.statistics import Test, ratio_test
 from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model

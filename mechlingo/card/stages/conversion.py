@@ -15,6 +15,7 @@ from mechlingo.analyses.recall.patching import patch_activations
 from mechlingo.analyses.recall.patching.metrics import fact_metrics
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
+from mechlingo.card.clustered_tests import mean_test, paired_test
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Budget,
@@ -23,10 +24,6 @@ from mechlingo.card.stages.base import (
     Stage,
     check,
     data_section,
-)
-from mechlingo.card.statistics import (
-    mean_test,
-    paired_test,
 )
 from mechlingo.core.errors import InputError
 from mechlingo.core.stages import Stages
@@ -37,7 +34,7 @@ from mechlingo.data import Fact
 def conversion_band(trace: Mapping[str, Any], lang: str) -> list[int] | None:
     """The layers (blocks) of the tracer's "conversion to L" band: from the median first lens
     entry where the L answer is decodable, minus one, to the last block (as
-    :func:`mechlingo.analyses.recall.trace.pipeline_stages`); ``None`` when no L answer is."""
+    :func:`mechlingo.analyses.recall.trace_patching.pipeline_stages`); ``None`` when no L answer is."""
     firsts = [r["first_answer_layer"] for r in trace["records"]
               if r["lang"] == lang and r["first_answer_layer"] >= 0]  # fmt: skip
     if not firsts:

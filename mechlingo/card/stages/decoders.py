@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from mechlingo.activations.distributed import map_sharded
 from mechlingo.analyses.decoders.lens import lens_facts
 from mechlingo.analyses.decoders.registry import DecoderSpec, decoder_specs, default_decoder
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
+from mechlingo.card.clustered_tests import mean_test
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Budget,
@@ -30,10 +30,8 @@ from mechlingo.card.stages.base import (
     check,
     data_section,
 )
-from mechlingo.card.statistics import (
-    mean_test,
-)
 from mechlingo.core.defaults import BATCH_SIZE
+from mechlingo.core.distributed import map_sharded
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import Fact

@@ -24,7 +24,9 @@ from mechlingo.analyses.experts import (
 )
 from mechlingo.card import claims as C
 from mechlingo.card.claims import SUNDAR
-from mechlingo.card.population import by_rank, rank_population_test
+from mechlingo.card.clustered import p_floor
+from mechlingo.card.clustered_tests import Test, mde, paired_test
+from mechlingo.card.population import by_rank, population_gain_test, rank_population_test
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Budget,
@@ -35,13 +37,6 @@ from mechlingo.card.stages.base import (
     failed,
     heading,
     token_seconds,
-)
-from mechlingo.card.statistics import (
-    Test,
-    mde,
-    p_floor,
-    paired_test,
-    population_gain_test,
 )
 from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.errors import InputError
@@ -123,7 +118,7 @@ def auroc_tests(
     docs: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Median AUROC over ``feats`` (and over each random neuron set of ``rnd``, draw 0 the
-    paired control) on held-out sentences, as :class:`~mechlingo.card.statistics.Test`
+    paired control) on held-out sentences, as :class:`~mechlingo.card.clustered_tests.Test`
     JSON: a cluster bootstrap over documents (every translation of every sentence of a
     document resampled together; ``docs``: each sentence's document, ``None``: each its
     own) for the intervals, and a permutation test of H0 "AUROC = 0.5" that shuffles which

@@ -16,7 +16,8 @@ from mechlingo.analyses.recall import dev_grid, steer_eval, steering
 from mechlingo.analyses.recall.steering import SteeringConfig
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
-from mechlingo.card.population import rank_population_test
+from mechlingo.card.clustered_tests import paired_test
+from mechlingo.card.population import population_gain_test, rank_population_test
 from mechlingo.card.repair_items import (
     item_records,
 )
@@ -32,10 +33,6 @@ from mechlingo.card.stages.base import (
 )
 from mechlingo.card.stages.data import external_facts, repair_split
 from mechlingo.card.stages.repair import logprob_extra, logprob_gain, paired_values, repair_settings
-from mechlingo.card.statistics import (
-    paired_test,
-    population_gain_test,
-)
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 from mechlingo.data import Fact

@@ -21,6 +21,13 @@ from mechlingo.analyses.recall.settings import (
 )
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU, Claim
+from mechlingo.card.clustered_tests import (
+    Test,
+    cluster_bootstrap,
+    group_difference_test,
+    paired_test,
+)
+from mechlingo.card.population import pool_controls
 from mechlingo.card.repair_items import (
     condition_outcomes,
     item_records,
@@ -44,13 +51,6 @@ from mechlingo.card.stages.repair_controls import (  # noqa: F401  (the stage's 
     repair_floor,
     rows_lowest,
     rows_repair,
-)
-from mechlingo.card.statistics import (
-    Test,
-    cluster_bootstrap,
-    group_difference_test,
-    paired_test,
-    pool_controls,
 )
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import layers_at

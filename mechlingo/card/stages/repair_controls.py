@@ -16,14 +16,14 @@ import numpy as np
 
 from mechlingo.card import claims as C
 from mechlingo.card.claims import Claim
-from mechlingo.card.population import no_change_relative, rank_population_test
-from mechlingo.card.rules import make_row
-from mechlingo.card.statistics import (
-    paired_test,
+from mechlingo.card.clustered_tests import paired_test, relative_test
+from mechlingo.card.population import (
+    no_change_relative,
     pool_controls,
     population_gain_test,
-    relative_test,
+    rank_population_test,
 )
+from mechlingo.card.rules import make_row
 
 __all__ = ["OUTCOME_NAMES", "draws", "outcome_key", "population_conditions", "repair_floor",
            "rows_lowest", "rows_repair"]  # fmt: skip

@@ -12,6 +12,7 @@ from mechlingo.analyses.recall.classes import failure_records
 from mechlingo.analyses.recall.trace import trace_recall
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
+from mechlingo.card.clustered_tests import mean_test, paired_test
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Budget,
@@ -23,14 +24,10 @@ from mechlingo.card.stages.base import (
     heading,
 )
 from mechlingo.card.stages.data import metric_of
-from mechlingo.card.statistics import (
-    mean_test,
-    paired_test,
-)
+from mechlingo.core.answers import normalize
 from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
-from mechlingo.scoring.scorers import normalize
 from mechlingo.viz.lens import latent_curves_figure
 from mechlingo.viz.trace import class_fractions_figure
 

@@ -20,7 +20,8 @@ from mechlingo.analyses.recall.settings import (
 )
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU, Claim
-from mechlingo.card.population import rank_population_test
+from mechlingo.card.clustered_tests import paired_test, ratio_test
+from mechlingo.card.population import population_gain_test, rank_population_test
 from mechlingo.card.repair_items import (
     subject_keys,
 )
@@ -36,11 +37,6 @@ from mechlingo.card.stages.base import (
     scoring_seconds,
 )
 from mechlingo.card.stages.data import metric_of
-from mechlingo.card.statistics import (
-    paired_test,
-    population_gain_test,
-    ratio_test,
-)
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import layers_at
 from mechlingo.core.types import Model

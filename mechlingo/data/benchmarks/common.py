@@ -11,7 +11,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mechlingo.data.facts import Fact, RecordError, answer_separator, fact_from_mapping
+from mechlingo.core.answers import answer_separator
+from mechlingo.data.facts import Fact, RecordError, fact_from_mapping
 from mechlingo.data.io import json_record, read_text
 from mechlingo.data.parallel_text import lang_of
 

@@ -7,10 +7,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from mechlingo.core.answers import distinct_aliases
 from mechlingo.core.errors import InputError
 from mechlingo.data.benchmarks import common
 from mechlingo.data.benchmarks.common import Benchmark, PathLike
-from mechlingo.data.facts import RecordError, check_langs, distinct_aliases
+from mechlingo.data.facts import RecordError, check_langs
 
 
 def mlama_root(path: Path) -> Path:

@@ -148,7 +148,7 @@ def test_training_errors(tiny):
 WORKER = textwrap.dedent(
     """
     import sys, torch
-    from mechlingo.activations.distributed import process_group
+    from mechlingo.core.distributed import process_group
     from mechlingo.analyses.decoders.options import TrainingOptions
     from mechlingo.analyses.decoders.tuned_lens import train_tuned_lens
     from mechlingo.core.models import load_model
@@ -243,7 +243,8 @@ def test_patchscope_continuation_is_greedy(tiny):
 def _old_logit_lens(model, prompts, answers, langs):
     """Today's logit lens, step by step: collect + read_logits."""
     from mechlingo.activations.runs import collect
-    from mechlingo.core.tokens import answer_tokens, encode, pack_token_sets
+    from mechlingo.core.answers import answer_tokens, pack_token_sets
+    from mechlingo.core.tokens import encode
 
     n = model.cfg.n_layers
     names = lens_hook_names(model, list(range(n + 1)))

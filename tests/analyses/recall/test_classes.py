@@ -6,13 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from mechlingo.analyses.recall.answers import (
-    answer_flags,
-    continues_prompt,
-    decision_prefix,
-    echoes_subject,
-    shared_form,
-)
 from mechlingo.analyses.recall.classes import (
     CLASSES,
     classify,
@@ -20,8 +13,15 @@ from mechlingo.analyses.recall.classes import (
     failure_split,
     flag_counts,
 )
+from mechlingo.analyses.recall.trace_answers import (
+    answer_flags,
+    continues_prompt,
+    decision_prefix,
+    echoes_subject,
+    shared_form,
+)
+from mechlingo.core.answers import is_correct
 from mechlingo.data import Fact
-from mechlingo.scoring.scorers import is_correct
 
 
 def _fact(lang, subject, prompt, answer, en, aliases=()):

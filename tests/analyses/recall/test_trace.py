@@ -10,9 +10,9 @@ from mechlingo.analyses.recall.trace import (
     CLASSES,
     _classify,
     default_mid_layers,
-    pipeline_stages,
     trace_recall,
 )
+from mechlingo.analyses.recall.trace_patching import pipeline_stages
 from mechlingo.data import load_facts
 from mechlingo.scoring.evaluate import DecodeOptions
 
@@ -196,7 +196,7 @@ def test_trace_keeps_the_whole_greedy_line_and_the_decision_point_apart(tiny, ti
     """The stored generation is the greedy first line up to the stop rule (what scoring
     without early stop gives), ``decided_at`` the prefix where the verdict was final, and
     the flags are those of the raw continuation; the summary splits the failures."""
-    from mechlingo.analyses.recall.answers import answer_flags
+    from mechlingo.analyses.recall.trace_answers import answer_flags
     from mechlingo.scoring.evaluate import evaluate_facts, greedy_generate
 
     facts = load_facts(langs=["en", "fr", "ja"], relations=["capital"], limit=3)

@@ -9,7 +9,7 @@ import pytest
 import scipy.stats as sps
 import torch
 
-from mechlingo.analyses.recall import dev_grid, pooled, transfer
+from mechlingo.analyses.recall import dev_grid, group_vectors, transfer
 from mechlingo.analyses.recall.dev_grid import LeakError, lowest_language_rule
 from mechlingo.analyses.recall.settings import BuildSettings, MatrixSettings, ScoringOptions
 from mechlingo.analyses.recall.steering import SteeringPair, build_steering_vectors
@@ -87,11 +87,11 @@ def test_headroom_rule_on_hand_made_tables():
 
 def test_pooled_vectors_equal_building_on_the_pooled_facts(tiny, facts):
     build = split_facts(facts)["build"]
-    stats = pooled.group_stats(tiny, build, k_shot=2, translation_shots=0)
+    stats = group_vectors.group_stats(tiny, build, k_shot=2, translation_shots=0)
     for rels in (RELS, ["currency"]):
         sel = [f for f in build if f.relation in rels]
         ref = build_steering_vectors(tiny, sel, BuildSettings(k_shot=2, translation_shots=0))
-        got = pooled.pooled_vectors(stats, relations=rels, model=tiny)
+        got = group_vectors.pooled_vectors(stats, relations=rels, model=tiny)
         for name in ("few_shot", "zero_shot", "translation"):
             torch.testing.assert_close(got.means[name], ref.means[name], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got.task.vector, ref.task.vector, rtol=1e-4, atol=1e-4)
@@ -99,16 +99,16 @@ def test_pooled_vectors_equal_building_on_the_pooled_facts(tiny, facts):
         assert got.build["n_prompts"] == ref.build["n_prompts"]
         assert got.build["fact_ids"] == ref.build["fact_ids"]
         assert got.relations == [r for r in RELATIONS if r in rels]
-    no_fr = pooled.pooled_vectors(stats, langs=["en", "de"])
+    no_fr = group_vectors.pooled_vectors(stats, langs=["en", "de"])
     assert no_fr.build["langs"] == ["de", "en"]
     assert no_fr.build["n_prompts"]["zero_shot"] == sum(f.lang != "fr" for f in build)
 
 
 def test_balance_relations_same_ids_per_relation(facts):
-    out = pooled.balance_relations(facts)
+    out = group_vectors.balance_relations(facts)
     per = {r: {f.id for f in out if f.relation == r} for r in RELS}
     assert {len(v) for v in per.values()} == {24}
-    three = pooled.balance_relations(facts, 3)
+    three = group_vectors.balance_relations(facts, 3)
     assert len(three) == 3 * 3 * 3 and {f.lang for f in three} == {"en", "fr", "de"}
 
 
@@ -130,7 +130,7 @@ def test_old_vector_artifacts_load_without_relations(tiny, facts, tmp_path):
 def _watch(monkeypatch):
     seen = {"pooled": [], "sweep": [], "test": [], "kw": []}
     real_pool, real_sweep, real_score = (
-        pooled.pooled_vectors,
+        group_vectors.pooled_vectors,
         dev_grid.choose_on_dev,
         dev_grid.score,
     )
@@ -153,7 +153,7 @@ def _watch(monkeypatch):
         seen["test"].append(list(facts))
         return real_row_score(self, facts, iv)
 
-    monkeypatch.setattr(pooled, "pooled_vectors", pooled_fn)
+    monkeypatch.setattr(group_vectors, "pooled_vectors", pooled_fn)
     monkeypatch.setattr(dev_grid, "choose_on_dev", sweep)
     monkeypatch.setattr(dev_grid, "score", score)
     monkeypatch.setattr(transfer._Run, "score", row_score)
@@ -251,12 +251,12 @@ def test_matrix_by_language_never_sees_the_held_out_language(tiny, facts, monkey
 
 
 def test_a_build_step_that_sees_the_held_out_relation_is_refused(tiny, facts, monkeypatch):
-    real = pooled.pooled_vectors
+    real = group_vectors.pooled_vectors
 
     def leaky(stats, **kw):  # ignores the selection: builds on every relation
         return real(stats, **{**kw, "relations": None})
 
-    monkeypatch.setattr(pooled, "pooled_vectors", leaky)
+    monkeypatch.setattr(group_vectors, "pooled_vectors", leaky)
     with pytest.raises(LeakError, match="all_but_capital"):
         transfer.transfer_matrix(
             tiny,

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from mechlingo.analyses.experts import find_experts
-from mechlingo.analyses.recall.answers import mismatched_english
 from mechlingo.analyses.recall.trace import trace_recall
+from mechlingo.analyses.recall.trace_answers import mismatched_english
 from mechlingo.card import repair_items
 from mechlingo.card.metric_rule import METRIC_FLOOR, METRIC_RULE, decide_metric
 from mechlingo.card.plan import MIN_DRAWS, PRIMARY, dev_icc, plan_card

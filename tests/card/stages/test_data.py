@@ -15,11 +15,11 @@ import pytest
 import scipy.stats as sps
 
 from mechlingo.card import repair_items
+from mechlingo.card.clustered_tests import cluster_bootstrap, group_difference_test
 from mechlingo.card.rules import CLAIMS, INCONCLUSIVE, NOT_TESTABLE
 from mechlingo.card.stages import align, conversion, data, decoders, external, repair
 from mechlingo.card.stages.experts import rank_test
 from mechlingo.card.stages.repair import config_sentence
-from mechlingo.card.statistics import cluster_bootstrap, group_difference_test
 from mechlingo.core.errors import InputError
 from mechlingo.data import LANGS, Fact, parallel_sentences
 from mechlingo.data.candidates import with_candidates

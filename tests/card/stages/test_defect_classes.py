@@ -11,6 +11,7 @@ import pytest
 from scipy import stats as sps
 
 from mechlingo.card import claims
+from mechlingo.card.clustered_tests import Test
 from mechlingo.card.rules import (
     HOLDS,
     INCONCLUSIVE,
@@ -21,7 +22,6 @@ from mechlingo.card.rules import (
     make_row,
 )
 from mechlingo.card.stages import align, experts, repair, trace
-from mechlingo.card.statistics import Test
 from mechlingo.kernels.significance import Interval
 
 LANGS = ("es", "fr", "ru")

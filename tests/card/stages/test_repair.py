@@ -13,6 +13,7 @@ from scipy import stats as sps
 
 from mechlingo.analyses.recall.dev_grid import lowest_language_dev, lowest_language_rule
 from mechlingo.card import claims
+from mechlingo.card.clustered_tests import Test, paired_test
 from mechlingo.card.rules import (
     FLOOR,
     HOLDS,
@@ -23,7 +24,6 @@ from mechlingo.card.rules import (
     finalize,
 )
 from mechlingo.card.stages import align, experts, repair, trace, transfer
-from mechlingo.card.statistics import Test, paired_test
 from mechlingo.kernels.significance import wilson
 
 Y, N = True, False

@@ -43,7 +43,7 @@ from mechlingo.analyses.recall.patching.metrics import (
     logit_diff,
 )
 from mechlingo.analyses.recall.patching.passes import (
-    Plan,
+    PassPlan,
     grown_passes,
     shared_prefix_passes,
     stacked_passes,
@@ -128,7 +128,7 @@ def _run_passes(
     rows = torch.arange(setup.tgt.batch_size)
     clean = evaluate_metrics(model, src_final, setup.metrics, setup.packed, rows)
     cells = setup.cells()
-    plan = Plan(
+    plan = PassPlan(
         model=model,
         tgt=setup.tgt,
         cells=cells,

@@ -1,7 +1,7 @@
 """Patching metrics: numbers read from the next-token distribution at each row's last token.
 
 A :class:`Metric` is the log-probability (or probability) of an answer token set (see
-:func:`mechlingo.core.tokens.answer_tokens`), or the difference of two sets' log masses (for
+:func:`mechlingo.core.answers.answer_tokens`), or the difference of two sets' log masses (for
 single-token sets exactly the logit difference). :func:`evaluate_metrics` reads every metric
 of a batch of final-residual rows in one chunked readout.
 """
@@ -17,7 +17,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mechlingo.analyses.recall.patching.errors import PatchingError
-from mechlingo.core.tokens import AnswerTokens, answer_tokens, pack_token_sets
+from mechlingo.core.answers import AnswerTokens, answer_tokens, pack_token_sets
 from mechlingo.core.types import Model
 from mechlingo.kernels.readout import read_logits
 

@@ -6,7 +6,7 @@ alone and, at each layer's block input, grows the batch by one copy per cell of 
 a copy patched at layer ``l`` computes only layers ``l`` and above (about half the work of
 running every copy whole). :func:`stacked_passes` (``batching="stack"``) runs every copy
 through the whole model, for models that cannot grow a batch mid-pass. :func:`writer` and
-:func:`brancher` make the hooks; a :class:`Plan` carries the factories to use, so
+:func:`brancher` make the hooks; a :class:`PassPlan` carries the factories to use, so
 :func:`mechlingo.analyses.recall.patching.patch_activations` can hand in the ones its package
 exposes (tests replace them there to inject failures)."""
 
@@ -40,7 +40,7 @@ from mechlingo.core.types import Model
 
 __all__ = [
     "PASS_COST_POSITIONS",
-    "Plan",
+    "PassPlan",
     "brancher",
     "grown_passes",
     "prefix_parts",
@@ -88,7 +88,7 @@ def brancher(rows: Tensor) -> Callable:
     return hook
 
 
-class Plan(NamedTuple):
+class PassPlan(NamedTuple):
     """What a batching strategy needs: the target batch, the cells in result order, each
     (site, layer)'s hook name, the source activations read at the grid positions, the target
     positions ``[label, row]``, the metrics and their packed token sets, the cells per pass,
@@ -128,7 +128,7 @@ def _cell_values(
 
 
 def _cell_writer(
-    plan: Plan, name: str, sel: Sequence[Cell], rows: Tensor, example: Tensor, shift: int = 0
+    plan: PassPlan, name: str, sel: Sequence[Cell], rows: Tensor, example: Tensor, shift: int = 0
 ) -> list[Hook]:
     """The hooks at ``name`` writing cell ``sel[i]`` (of example ``example[i]``) into batch row
     ``rows[i]`` (two at a bridge's resid_mid: see :func:`mechlingo.core.sites.edit_hooks`);
@@ -139,7 +139,7 @@ def _cell_writer(
     return edit_hooks(plan.model, name, plan.writer(rows, t_pos, head, vals, sel[0].site == "head"))
 
 
-def stacked_passes(plan: Plan) -> tuple[Tensor, Tensor]:
+def stacked_passes(plan: PassPlan) -> tuple[Tensor, Tensor]:
     """Every patched copy of every example runs the whole model: ``cells_per_batch`` copies of
     the whole target batch per pass (copy ``j`` carries cell ``j``), plus one unpatched copy
     in the first pass (the corrupted baseline)."""
@@ -172,7 +172,7 @@ def stacked_passes(plan: Plan) -> tuple[Tensor, Tensor]:
 
 
 def _grown_hooks(
-    plan: Plan, group: Sequence[int], b: int, branch: Mapping[int, str]
+    plan: PassPlan, group: Sequence[int], b: int, branch: Mapping[int, str]
 ) -> tuple[list[Hook], list[int]]:
     """The hooks of one grown pass of example ``b`` over the cells ``group`` (indices into
     ``plan.cells``), and the batch row of each of those cells. Row 0 stays unpatched; each
@@ -198,7 +198,7 @@ def _grown_hooks(
     return fwd_hooks, [row_of[i] for i in group]
 
 
-def grown_passes(plan: Plan) -> tuple[Tensor, Tensor]:
+def grown_passes(plan: PassPlan) -> tuple[Tensor, Tensor]:
     """One pass per example and group of ``cells_per_batch`` cells (in layer order). The pass
     starts with the unpatched target alone (row 0, which stays unpatched: the corrupted
     baseline); at the block input ``blocks.{l}.hook_resid_pre`` of each layer ``l`` with
@@ -310,7 +310,7 @@ def _example_chunks(n_examples: int, n_cells: int, cells_per_batch: int) -> list
 
 
 def _prefix_pass(
-    plan: Plan,
+    plan: PassPlan,
     part: Sequence[int],
     examples: Sequence[int],
     record: PrefixRecord,
@@ -374,7 +374,7 @@ def _guarded(run: Callable[[], Tensor]) -> Tensor:
         ) from e
 
 
-def shared_prefix_passes(plan: Plan) -> tuple[Tensor, Tensor]:
+def shared_prefix_passes(plan: PassPlan) -> tuple[Tensor, Tensor]:
     """Grown passes that share the unpatched prefix too, over several examples at once.
 
     The target batch runs once, unpatched, with a key-value cache

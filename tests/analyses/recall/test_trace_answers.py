@@ -4,7 +4,11 @@ whose gold candidate's rank can be measured."""
 
 from __future__ import annotations
 
-from mechlingo.analyses.recall.answers import lens_with_mismatch, mismatch_tracks, trace_answers
+from mechlingo.analyses.recall.trace_answers import (
+    lens_with_mismatch,
+    mismatch_tracks,
+    trace_answers,
+)
 from mechlingo.data import Fact
 
 

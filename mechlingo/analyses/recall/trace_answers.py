@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mechlingo.analyses.decoders.lens import LensResult, fact_answers, logit_lens
+from mechlingo.core.answers import answer_separator, is_correct, normalize
 from mechlingo.core.tokens import prepends_bos
 from mechlingo.core.types import Model
 from mechlingo.data import load_facts
-from mechlingo.data.facts import answer_separator
 from mechlingo.data.langid import token_language
 from mechlingo.scoring.evaluate import DecodeOptions, evaluate_facts
-from mechlingo.scoring.scorers import decided, is_correct, normalize, skip_reason
+from mechlingo.scoring.scorers import decided, skip_reason
 
 if TYPE_CHECKING:
     from mechlingo.data import Fact
@@ -208,7 +208,7 @@ def _word_char(ch: str) -> bool:
 
 def continues_prompt(prompt: str, continuation: str, lang: str) -> bool:
     """Whether the raw greedy ``continuation`` glues onto the prompt's last word: the
-    language writes a space before its answers (:func:`~mechlingo.data.facts.answer_separator`),
+    language writes a space before its answers (:func:`~mechlingo.core.answers.answer_separator`),
     the prompt ends in a letter or digit and the continuation starts with one, with no space
     or punctuation between (German ``"... in der Stadt"`` continued as ``"bibliothek"``:
     the model goes on with the word, it does not answer)."""
@@ -219,7 +219,7 @@ def continues_prompt(prompt: str, continuation: str, lang: str) -> bool:
 
 def echoes_subject(generation: str, fact: Fact) -> bool:
     """Whether the greedy answer starts by repeating the subject (the eval rule's match,
-    :func:`~mechlingo.scoring.scorers.is_correct`, of the subject; Japanese
+    :func:`~mechlingo.core.answers.is_correct`, of the subject; Japanese
     ``"日本の首都は…"`` for the subject 日本), unless an answer itself starts with the
     subject (``Mexico City`` for Mexico)."""
     subj = normalize(fact.subject)

@@ -1,18 +1,18 @@
-"""The claims card's statistics: clustered tests that stay valid with few clusters, exact
-permutation p-values against random-control populations, and the family adjustments.
+"""The card's clustered tests: one estimate with its interval, p-value and minimum detectable
+effect (:class:`Test`), built so that it stays valid with few clusters.
 
-Every card statistic is a :class:`Test` (an estimate with its interval, a p-value, the minimum
-detectable effect, the number of independent units and the method in words); items of one
-cluster (a fact asked in several languages, the sentences of one document) move together.
-Intervals are CR2 with t on the Bell-McCaffrey degrees of freedom (:mod:`mechlingo.card.clustered`:
-G - 1 for balanced clusters, fewer for unbalanced ones); cluster-bootstrap intervals are
-scipy's percentile interval widened for few clusters; p-values a cluster sign-flip permutation test where H0 makes
-cluster totals symmetric, else the CR2 t test, and never 0 (:func:`p_floor`). Entry points:
-:func:`mean_test`, :func:`paired_test`, :func:`relative_test`, :func:`ratio_test`,
-:func:`group_difference_test`, :func:`correlation_test`, :func:`population_test` (a control
-as a population of random draws), :func:`holm`, :func:`benjamini_hochberg` and :func:`adjust`
-(each row's multiplier; :meth:`Test.at_level`). ``docs/replicate.md`` ("The verdict rules")
-gives the reasons, the coverage simulation and every rule in full.
+Items of one cluster (a fact asked in several languages, the sentences of one document) move
+together. Intervals are CR2 with t on the Bell-McCaffrey degrees of freedom
+(:mod:`mechlingo.card.clustered`: G - 1 for balanced clusters, fewer for unbalanced ones);
+cluster-bootstrap intervals are scipy's percentile interval widened for few clusters; p-values a
+cluster sign-flip permutation test where H0 makes cluster totals symmetric, else the CR2 t test,
+and never 0 (:func:`~mechlingo.card.clustered.p_floor`). Entry points: :func:`mean_test`,
+:func:`paired_test`, :func:`relative_test`, :func:`ratio_test`, :func:`group_difference_test`,
+:func:`correlation_test` and :func:`cluster_bootstrap`. A control as a population of random draws
+is tested in :mod:`mechlingo.card.population`; a family of rows is adjusted in
+:mod:`mechlingo.card.multiplicity` (each row's multiplier; :meth:`Test.at_level`).
+``docs/replicate.md`` ("The verdict rules") gives the reasons, the coverage simulation and every
+rule in full.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ from typing import Any
 import numpy as np
 
 from mechlingo.card.clustered import (
-    EXACT_CLUSTERS,
-    N_PERMUTATIONS,
     TINY,
     bm_df,
     bm_df_mean,
@@ -35,7 +33,6 @@ from mechlingo.card.clustered import (
     cr2_ols,
     cr2_se,
     crit,
-    p_floor,
     quantile,
     sign_flip_p,
     small_sample_scale,
@@ -47,22 +44,13 @@ from mechlingo.core.errors import InputError
 from mechlingo.kernels.significance import CONFIDENCE, N_RESAMPLES, Interval, mcnemar
 
 __all__ = [
-    "EXACT_CLUSTERS",
-    "N_PERMUTATIONS",
     "Test",
-    "adjust",
-    "benjamini_hochberg",
     "cluster_bootstrap",
     "correlation_test",
     "group_difference_test",
-    "holm",
     "mde",
     "mean_test",
-    "p_floor",
     "paired_test",
-    "pool_controls",
-    "population_gain_test",
-    "population_test",
     "ratio_test",
     "relative_test",
 ]
@@ -137,65 +125,6 @@ def mde(se: float, alpha: float = 0.05, power: float = 0.8, df: float | None = N
     Student's t on ``df`` when given): the smallest true |effect| that a two-sided test at
     level ``alpha`` finds with probability ``power`` when the estimate's SE is ``se``."""
     return float((quantile(1 - alpha / 2, df) + quantile(power, df)) * se)
-
-
-def holm(pvalues: Sequence[float | None]) -> list[float | None]:
-    """Holm's step-down adjusted p-values, in the input order (``None`` stays ``None`` and
-    does not count in the family): the i-th smallest of m becomes ``max_{j<=i} min(1, (m - j
-    + 1) p_(j))``, as ``statsmodels``' ``multipletests(method="holm")`` (the tests check)."""
-    idx = sorted((i for i, p in enumerate(pvalues) if p is not None), key=lambda i: pvalues[i])  # type: ignore[arg-type,return-value]
-    out: list[float | None] = [None] * len(pvalues)
-    running = 0.0
-    for rank, i in enumerate(idx):
-        running = max(running, min(1.0, (len(idx) - rank) * float(pvalues[i])))  # type: ignore[arg-type]
-        out[i] = running
-    return out
-
-
-def benjamini_hochberg(pvalues: Sequence[float | None]) -> list[float | None]:
-    """Benjamini-Hochberg adjusted p-values (false discovery rate), in the input order: the
-    i-th smallest of m becomes ``min_{j>=i} min(1, m p_(j) / j)``; ``None`` stays ``None``
-    (as ``statsmodels``' ``multipletests(method="fdr_bh")``; the tests check)."""
-    idx = sorted((i for i, p in enumerate(pvalues) if p is not None), key=lambda i: pvalues[i])  # type: ignore[arg-type,return-value]
-    out: list[float | None] = [None] * len(pvalues)
-    running = 1.0
-    for rank in range(len(idx) - 1, -1, -1):
-        i = idx[rank]
-        running = min(running, len(idx) * float(pvalues[i]) / (rank + 1))  # type: ignore[arg-type]
-        out[i] = running
-    return out
-
-
-def adjust(pvalues: Sequence[float | None], method: str) -> list[tuple[float | None, float]]:
-    """``(adjusted p, multiplier)`` per p of one family (``method``: ``"holm"`` or ``"bh"``).
-    The multiplier ``k`` puts the row at level ``alpha / k``: the adjusted p over the raw
-    one, or where the adjustment is capped at 1 the procedure's own step (Holm: the number of
-    p-values not smaller; BH: m over the rank). ``None`` p: ``(None, m)``, Bonferroni's."""
-    adj = holm(pvalues) if method == "holm" else benjamini_hochberg(pvalues)
-    ps = [p for p in pvalues if p is not None]
-    m = max(1, len(ps))
-    out: list[tuple[float | None, float]] = []
-    for p, a in zip(pvalues, adj, strict=True):
-        if p is None or a is None:
-            out.append((None, float(m)))
-            continue
-        rank = sum(q < p for q in ps)  # 0-based rank, ties share the lowest
-        step = float(m - rank) if method == "holm" else m / (rank + 1)
-        out.append((a, a / p if (a < 1 and p > 0) else max(step, 1.0)))
-    return out
-
-
-def pool_controls(controls: Sequence[Sequence[float]]) -> list[float]:
-    """One control outcome per item: the mean over control seeds of each item's outcome
-    (``controls[seed][item]``), so a baseline paired with it counts every item once.
-
-    Raises:
-        InputError: no seed, or seeds of different lengths.
-    """
-    arr = [np.asarray(c, dtype=float) for c in controls]
-    if not arr or any(a.ndim != 1 or a.shape != arr[0].shape for a in arr):
-        raise InputError(f"need control seeds of one length, got {[a.shape for a in arr]}")
-    return [float(x) for x in np.mean(np.stack(arr), axis=0)]
 
 
 def _binary(*arrays: np.ndarray) -> bool:
@@ -606,152 +535,3 @@ def group_difference_test(
              "n_b": int(len(ind) - ind.sum())}  # fmt: skip
     return Test(Interval(est, est - half, est + half, len(y)), t_p(est, 0.0, se, df, g),
                 mde(se, df=df), g, method, extra)  # fmt: skip
-
-
-# --------------------------------------------------------------------------------------
-# Random controls as populations
-# --------------------------------------------------------------------------------------
-
-
-def _draws(effect_len: int, draws: Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
-    d = np.asarray(draws, dtype=float)
-    if d.ndim == 1:
-        d = d[None, :]
-    if d.ndim != 2 or d.shape[0] == 0 or d.shape[1] != effect_len or effect_len == 0:
-        raise InputError(f"need [draw, item] control outcomes for {effect_len} items, got "
-                         f"shape {d.shape}")  # fmt: skip
-    return d
-
-
-def _pooled_contrast(
-    x: np.ndarray, draws: np.ndarray, codes: np.ndarray, g: int
-) -> tuple[float, float | None, float, dict[str, Any]]:
-    """``mean(x - mean over draws)``: its SE (the CR2 cluster variance of the per-item
-    contrast plus the between-draw variance of the draws' means over m, a conservative sum)
-    and Satterthwaite's df (the cluster part on its Bell-McCaffrey df); the between-draw part
-    is absent with one draw (said so)."""
-    n, m = len(x), draws.shape[0]
-    diff = x - draws.mean(axis=0)
-    cnt = sums(np.ones(n), codes, g)
-    mu = float(diff.mean())
-    se_c = cr2_se((sums(diff, codes, g) - cnt * mu) / n, cnt)
-    var_b = float(draws.mean(axis=1).var(ddof=1)) / m if m >= 2 else None
-    fields: dict[str, Any] = {"se_clusters": se_c, "se_draws": None if var_b is None else
-                              math.sqrt(var_b)}  # fmt: skip
-    df_c = bm_df_mean(cnt) if g >= 2 else float(g - 1)
-    if se_c is None:
-        return mu, None, df_c, fields
-    if var_b is None:
-        return mu, se_c, df_c, fields
-    var = se_c**2 + var_b
-    den = se_c**4 / max(df_c, 1e-9) + var_b**2 / (m - 1)
-    df = var**2 / den if den > 0 else df_c
-    return mu, math.sqrt(var), float(df), fields
-
-
-def population_test(
-    effect: Sequence[float],
-    draws: Sequence[Sequence[float]] | np.ndarray,
-    clusters: Sequence[Any] | None = None,
-    *,
-    base: Sequence[float] | None = None,
-    direction: int = 1,
-) -> Test:
-    """An effect against a population of m random control draws on the same items.
-
-    Args:
-        effect: per-item outcomes of the effect's condition.
-        draws: ``[draw][item]`` outcomes of the m random draws (one draw: a list of one).
-        clusters: per-item cluster ids (facts, documents).
-        base: per-item outcomes of no intervention; the statistic is the mean gain over it
-            (without: the mean). It shifts every draw alike, so only the printed values move.
-        direction: the claim's direction (+1: the effect must beat the draws).
-
-    Returns:
-        A :class:`Test` of effect - control: the estimate is ``mean(effect) - mean over draws
-        of mean(draw)`` with a t interval whose SE adds the between-draw variance to the CR2
-        cluster variance; ``p`` is its two-sided t p (Satterthwaite df) when m >= 2, else the
-        exact one-sided rank p ``(1 + #{draws at least as far in direction}) / (m + 1)``
-        (``extra["p_floor"]``: 0.5 for one draw, never enough for "holds"; ``p_opposite``:
-        the other direction's). The rank p is always in ``extra["p_rank"]``.
-
-    Raises:
-        InputError: draws that do not match the items.
-    """
-    e = np.asarray(effect, dtype=float)
-    dr = _draws(len(e), draws)
-    b = np.zeros_like(e) if base is None else np.asarray(base, dtype=float)
-    codes, g = codes_of(clusters, len(e))
-    m = dr.shape[0]
-    stat_e, stat_d = float((e - b).mean()), (dr - b).mean(axis=1)
-    tol = 1e-12 * max(1.0, float(np.abs(stat_d).max()), abs(stat_e))
-    p = (1 + int((direction * (stat_d - stat_e) >= -tol).sum())) / (m + 1)
-    p_opp = (1 + int((direction * (stat_e - stat_d) >= -tol).sum())) / (m + 1)
-    mu, se, df, fields = _pooled_contrast(e, dr, codes, g)
-    lo = hi = None
-    if se is not None:
-        half = crit(CONFIDENCE, df) * se
-        lo, hi = mu - half, mu + half
-    extra = {"direction": direction, "draws": m, "p_rank": p, "p_rank_opposite": p_opp,
-             "p_floor": 1 / (m + 1), "effect_stat": stat_e,
-             "draw_stats": [float(x) for x in stat_d], "se": se, "df": df, "interval": "t",
-             **fields}  # fmt: skip
-    p_t = _population_t_p(mu, se, df, g, m)
-    if p_t is None:  # one draw (or no SE): only the rank p, whose floor is 1 / (m + 1)
-        extra.update(one_sided=True, p_opposite=p_opp)
-    between = "between-draw variance included" if m >= 2 else "one draw: no between-draw variance"
-    how_p = (
-        "the rank p"
-        if p_t is None
-        else f"two-sided t on effect - population mean; rank p {p:.3g} (floor 1/{m + 1})"
-    )
-    method = (f"effect - population of {m} random draws; p: {how_p}; interval: CR2 "
-              f"({g} clusters) + {between}, t({df:.1f})")  # fmt: skip
-    return Test(Interval(mu, lo, hi, len(e)), p if p_t is None else p_t,
-                None if se is None else mde(se, df=df), g, method, extra)  # fmt: skip
-
-
-def _population_t_p(mu: float, se: float | None, df: float, g: int, m: int) -> float | None:
-    """The two-sided t p of H0 "effect - population mean = 0" (SE with the between-draw
-    variance, Satterthwaite df); ``None`` with fewer than two draws (no between-draw variance
-    to judge by: the rank p, floor 0.5, stands alone). Never 0."""
-    from scipy import stats as sps
-
-    if m < 2 or se is None:
-        return None
-    if se == 0:
-        return 1.0 if math.isclose(mu, 0.0, abs_tol=1e-12) else p_floor(g)
-    return max(float(2 * sps.t.sf(abs(mu) / se, df)), TINY)
-
-
-def population_gain_test(
-    base: Sequence[float],
-    draws: Sequence[Sequence[float]] | np.ndarray,
-    clusters: Sequence[Any] | None = None,
-    *,
-    null: float = 0.0,
-) -> Test:
-    """The random population's mean gain over ``base``, ``mean over draws of mean(draw -
-    base)``, with the t interval of :func:`population_test` (cluster plus between-draw
-    variance) and the two-sided t test of H0 "gain == ``null``" (bounded away from 0)."""
-    from scipy import stats as sps
-
-    a = np.asarray(base, dtype=float)
-    dr = _draws(len(a), draws)
-    codes, g = codes_of(clusters, len(a))
-    mu, se, df, fields = _pooled_contrast(a, dr, codes, g)
-    mu = -mu
-    lo = hi = p = None
-    if se is not None:
-        half = crit(CONFIDENCE, df) * se
-        lo, hi = mu - half, mu + half
-        if se == 0:
-            p = 1.0 if math.isclose(mu, null, abs_tol=1e-12) else p_floor(g)
-        else:
-            p = max(float(2 * sps.t.sf(abs(mu - null) / se, df)), TINY)
-    m = dr.shape[0]
-    extra = {"null": null, "draws": m, "se": se, "df": df, "interval": "t", **fields}
-    method = (f"mean gain of {m} random draws; CR2 ({g} clusters)"
-              f"{' + between-draw variance' if m >= 2 else ''}, t({df:.1f})")  # fmt: skip
-    return Test(Interval(mu, lo, hi, len(a)), p, None if se is None else mde(se, df=df), g,
-                method, extra)  # fmt: skip

@@ -1,0 +1,320 @@
+"""The answers of a fact, in one place: how an answer is written after its prompt, which of its
+aliases count, how a generation is matched against it, and which tokens are "the model saying it".
+
+* variants -- :func:`answer_separator` and :func:`complete` (a prompt followed by its answer),
+  :func:`answer_key` (the loose form that drops duplicate aliases) and
+  :func:`distinct_aliases`;
+* matching -- the eval rule (:func:`is_correct`): the generation's first line, after
+  :func:`normalize`, starts with the answer or an alias, at a word boundary in languages
+  written with spaces; :func:`match_status` is the rule on a partial generation;
+* token sets -- :func:`answer_tokens` (the primary token, the other spacing variant and the
+  vocabulary's prefixes of the word, as :class:`AnswerTokens`) and :func:`pack_token_sets`
+  (per-row sets as the tensors the readout takes).
+
+The rules in full: ``docs/concepts.md`` (answer token sets) and ``docs/methods/scoring.md``
+(the eval rule)."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import re
+import unicodedata
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from mechlingo.core.languages import needs_word_boundary, writes_spaces
+from mechlingo.core.tokens import TokenizationError, token_ids
+from mechlingo.core.types import Model
+
+__all__ = [
+    "BOUNDARY_FREE_LANGS",
+    "AnswerTokens",
+    "answer_key",
+    "answer_separator",
+    "answer_tokens",
+    "complete",
+    "distinct_aliases",
+    "is_correct",
+    "match_status",
+    "normalize",
+    "pack_token_sets",
+]
+
+
+# --------------------------------------------------------------------------------------
+# Variants: an answer written after its prompt, and its aliases
+# --------------------------------------------------------------------------------------
+
+
+def answer_separator(lang: str) -> str:
+    """The text between a prompt and its answer when both are written out: ``""`` for the
+    languages whose script writes no spaces (Chinese, Japanese, Thai, ...:
+    :func:`~mechlingo.core.languages.writes_spaces`), ``" "`` otherwise."""
+    return " " if writes_spaces(lang) else ""
+
+
+def complete(prompt: str, answer: str, lang: str) -> str:
+    """``prompt`` followed by ``answer`` with the separator of ``lang`` (a full statement)."""
+    return f"{prompt}{answer_separator(lang)}{answer}"
+
+
+#: Arabic short vowels and tatweel, ignored when answers are compared.
+# str.translate maps code points (ints): a table keyed by characters would remove nothing.
+_ARABIC_MARKS: dict[int, None] = {c: None for c in [*range(0x064B, 0x0653), 0x0640, 0x0670]}
+
+
+def answer_key(text: str) -> str:
+    """A loose comparison form of an answer, used to drop duplicate aliases: NFKC,
+    casefolded, punctuation and symbols removed, Arabic vowel marks removed, whitespace
+    collapsed. (Scoring generations is :func:`is_correct`.)"""
+    text = unicodedata.normalize("NFKC", text).casefold().translate(_ARABIC_MARKS)
+    text = "".join(ch for ch in text if unicodedata.category(ch)[0] not in "PS")
+    return " ".join(text.split())
+
+
+def distinct_aliases(answer: str, aliases: Iterable[str]) -> list[str]:
+    """``aliases`` without those that normalize (:func:`answer_key`) to nothing, to the
+    answer or to an earlier alias, in their order."""
+    seen = {answer_key(answer)}
+    out = []
+    for alias in aliases:
+        key = answer_key(alias)
+        if key and key not in seen:
+            seen.add(key)
+            out.append(alias)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Matching: the eval rule
+# --------------------------------------------------------------------------------------
+
+
+#: The bundled languages matched without a word boundary after the answer (any language:
+#: :func:`mechlingo.core.languages.needs_word_boundary`, told from its script).
+BOUNDARY_FREE_LANGS = frozenset({"zh", "ja", "ko"})
+_LEADING_JUNK = re.compile(r"^[\s\"'`“”‘’«»„‚「」『』（）()\[\]{}:：;；,，.。、\-–—*_#]+")
+_WS = re.compile(r"\s+")
+
+
+def normalize(text: str) -> str:
+    """The eval rule's normalisation (see the module docstring)."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    text = _LEADING_JUNK.sub("", text)
+    return _WS.sub(" ", text).strip()
+
+
+def is_correct(generation: str, answers: Sequence[str], lang: str | None = None) -> bool:
+    """Whether ``generation`` (the continuation) starts with one of ``answers``."""
+    gen = normalize(generation.split("\n")[0] if generation.strip() else generation.strip())
+    for ans in answers:
+        a = normalize(ans)
+        if not a or not gen.startswith(a):
+            continue
+        if not needs_word_boundary(lang) or len(gen) == len(a):
+            return True
+        nxt = gen[len(a)]
+        if not (nxt.isalnum() or unicodedata.category(nxt).startswith("M")):
+            return True
+    return False
+
+
+def match_status(gen: str, answer: str, lang: str | None) -> str:
+    """``"match"``, ``"fail"`` or ``"open"`` for a normalised partial generation against one
+    normalised answer under the eval rule."""
+    if not answer:
+        return "fail"
+    if gen.startswith(answer):
+        if not needs_word_boundary(lang):
+            return "match"
+        if len(gen) == len(answer):
+            return "open"  # the next character decides the word boundary
+        nxt = gen[len(answer)]
+        ok = not (nxt.isalnum() or unicodedata.category(nxt).startswith("M"))
+        return "match" if ok else "fail"
+    return "open" if answer.startswith(gen) else "fail"
+
+
+# --------------------------------------------------------------------------------------
+# Token sets
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AnswerTokens:
+    """The tokens that count as "the model is saying this word" at the next position.
+
+    Attributes:
+        word: the answer word.
+        primary: id of the first token of the answer as it continues the prompt.
+        ids: the whole set (primary, the other spacing variant, and prefix tokens).
+        n_tokens: how many tokens the continuation form of the answer takes.
+    """
+
+    word: str
+    primary: int
+    ids: tuple[int, ...]
+    n_tokens: int
+
+
+#: The modules of the tokenizer classes whose ``decode`` of one sequence is the Rust
+#: backend's ``decode`` followed by the optional clean-up (transformers 5, and 4's fast
+#: tokenizers): for these, :func:`_decode_each` asks the backend for the whole vocabulary at
+#: once (``decode_batch``, faster than ``batch_decode``'s sequence-by-sequence calls:
+#: docs/benchmarks.md).
+_BACKEND_DECODE_MODULES = (
+    "transformers.tokenization_utils_tokenizers",
+    "transformers.tokenization_utils_fast",
+)
+
+
+def _backend_decodes(tokenizer: Any) -> bool:
+    """Whether ``tokenizer.batch_decode`` of single ids is its backend's ``decode_batch``:
+    a fast tokenizer without clean-up whose decoding methods are transformers' own."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if not getattr(tokenizer, "is_fast", False) or not hasattr(backend, "decode_batch"):
+        return False
+    if getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return False
+    for name in ("_decode", "decode", "batch_decode"):
+        owner = next((c for c in type(tokenizer).__mro__ if name in c.__dict__), None)
+        base = owner is not None and owner.__module__.startswith("transformers.tokenization_utils")
+        if not base or (name == "_decode" and owner.__module__ not in _BACKEND_DECODE_MODULES):
+            return False
+    return True
+
+
+def _decode_each(tokenizer: Any, n: int) -> list[str]:
+    """Each of the ids ``0 .. n-1`` decoded alone: ``tokenizer.batch_decode([[0], [1], ...])``,
+    through the backend's batch decode where that is the same (:func:`_backend_decodes`;
+    checked on the first, middle and last ids)."""
+    ids = [[i] for i in range(n)]
+    if n and _backend_decodes(tokenizer):
+        texts: list[str] = tokenizer._tokenizer.decode_batch(ids, skip_special_tokens=False)
+        probe = sorted({0, n - 1, n // 2})
+        if tokenizer.batch_decode([ids[i] for i in probe]) == [texts[i] for i in probe]:
+            return texts
+    return list(tokenizer.batch_decode(ids))
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside the block (restored after, as it was). Building
+    the vocabulary index makes a few hundred thousand small lists, and each full collection
+    they trigger would walk every object of the process (a loaded model holds about a
+    million): most of the build's time, for objects that form no cycles."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+class _VocabIndex:
+    """Decoded vocabulary: text with one leading space stripped -> token ids."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        self.by_text: dict[str, list[int]] = {}
+        with _gc_paused():
+            texts = _decode_each(tokenizer, vocab_size)
+            for i, text in enumerate(texts):
+                key = text[1:] if text.startswith(" ") else text
+                if key and "\ufffd" not in key:
+                    self.by_text.setdefault(key, []).append(i)
+
+
+_VOCAB_INDEX: dict[int, tuple[Any, _VocabIndex]] = {}
+
+
+def _vocab_index(model: Model) -> _VocabIndex:
+    tok = model.tokenizer
+    key = id(tok)
+    hit = _VOCAB_INDEX.get(key)
+    if hit is not None and hit[0] is tok:
+        return hit[1]
+    index = _VocabIndex(tok, int(model.cfg.d_vocab))
+    _VOCAB_INDEX[key] = (tok, index)
+    return index
+
+
+def answer_tokens(
+    model: Model, word: str, *, lang: str | None = None, prefixes: bool = True
+) -> AnswerTokens:
+    """The answer token set of ``word`` (see the module docstring for the rule).
+
+    Args:
+        word: the answer as written (no leading space).
+        lang: language of the text the answer continues; languages whose script writes no
+            spaces (Chinese, Japanese, Thai, ...) continue without a space, every other
+            language with one.
+        prefixes: also add vocabulary tokens that are prefixes of the word.
+
+    Raises:
+        TokenizationError: the answer is empty or tokenizes to nothing.
+    """
+    word = word.strip()
+    if not word:
+        raise TokenizationError("an empty answer has no tokens")
+    spaced = " " + word
+    main, other = (spaced, word) if writes_spaces(lang) else (word, spaced)
+    main_ids = token_ids(model, main)
+    other_ids = token_ids(model, other)
+    if not main_ids:
+        raise TokenizationError(f"answer {word!r} tokenizes to nothing")
+    n_tokens = len(main_ids)
+    # A tokenizer without a leading-space marker may write the space as a token of its own;
+    # " " would then be every answer's primary token: track the word's first token instead.
+    main_ids = _drop_leading_space_tokens(model, main_ids)
+    other_ids = _drop_leading_space_tokens(model, other_ids)
+    if not main_ids:
+        raise TokenizationError(f"answer {word!r} tokenizes to whitespace only")
+    ids = [main_ids[0]]
+    if other_ids and other_ids[0] not in ids:
+        other_text = model.tokenizer.decode([other_ids[0]]).strip()
+        if other_text and word.startswith(other_text):
+            ids.append(other_ids[0])
+    if prefixes:
+        index = _vocab_index(model)
+        shortest = min(3, len(word)) if writes_spaces(lang) else 1
+        for k in range(shortest, len(word) + 1):
+            for i in index.by_text.get(word[:k], ()):
+                if i not in ids:
+                    ids.append(i)
+    return AnswerTokens(word, main_ids[0], tuple(ids), n_tokens)
+
+
+def _drop_leading_space_tokens(model: Model, ids: list[int]) -> list[int]:
+    """``ids`` without the leading tokens that decode to whitespace only."""
+    k = 0
+    while k < len(ids) and not model.tokenizer.decode([ids[k]]).strip():
+        k += 1
+    return ids[k:]
+
+
+def pack_token_sets(
+    sets: Sequence[Sequence[AnswerTokens]], device: torch.device | str | None = None
+) -> tuple[Int[Tensor, "row track member"], Int[Tensor, "row track"]]:
+    """Pack per-row lists of answer sets into a padded id tensor (``-1`` = no token) and the
+    primary ids, the form :func:`mechlingo.kernels.readout.read_logits` takes."""
+    n_rows = len(sets)
+    n_track = len(sets[0]) if n_rows else 0
+    width = max((len(a.ids) for row in sets for a in row), default=1)
+    ids = torch.full((n_rows, n_track, width), -1, dtype=torch.long)
+    primary = torch.zeros((n_rows, n_track), dtype=torch.long)
+    for r, row in enumerate(sets):
+        if len(row) != n_track:
+            raise TokenizationError("every row needs the same number of answer sets")
+        for s, a in enumerate(row):
+            ids[r, s, : len(a.ids)] = torch.tensor(a.ids)
+            primary[r, s] = a.primary
+    if device is not None:
+        ids, primary = ids.to(device), primary.to(device)
+    return ids, primary
