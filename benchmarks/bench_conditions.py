@@ -44,7 +44,7 @@ from mechlingo.core.sites import every_second_layer  # noqa: E402
 from mechlingo.core.tokens import encode, sorted_batches  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
 from mechlingo.interventions import SteeringVector  # noqa: E402
-from mechlingo.scoring.evaluate import evaluate_conditions, evaluate_facts  # noqa: E402
+from mechlingo.scoring.evaluate import DecodeOptions, evaluate_conditions, evaluate_facts  # noqa: E402
 from mechlingo.scoring.scorers import decided  # noqa: E402
 
 # CPU seconds of this process on a CPU (one thread: the work done, however busy the machine
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         facts += load_facts(langs=[lg], limit=per_rel)[: args.facts]
     norms = resid_norms(model, [f.prompt for f in facts[:32]])
     conds = conditions(model, norms, args.conditions)
-    kw = {"max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size}
+    kw = {"decoding": DecodeOptions(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)}
     print(f"model {model.cfg.model_name}: {len(conds)} conditions x {len(facts)} facts "
           f"({args.facts} x {len(langs)} languages), batch {args.batch_size}, "
           f"{args.max_new_tokens} new tokens, {torch.get_num_threads()} thread(s)")  # fmt: skip

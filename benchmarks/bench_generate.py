@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -46,7 +47,10 @@ from smoke import add_smoke_flag, apply_smoke, bench_model  # noqa: E402
 from mechlingo.activations.decoding import kv_cache_path  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
 from mechlingo.kernels.readout import screen_choice, screening  # noqa: E402
-from mechlingo.scoring.evaluate import greedy_generate  # noqa: E402
+from mechlingo.scoring.evaluate import (
+    DecodeOptions,
+    greedy_generate,  # noqa: E402
+)
 
 LANGS = ["en", "fr", "de", "es", "ru", "ja", "zh", "ar"]
 
@@ -116,32 +120,36 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(prompts)} prompts, {args.new} new tokens, batch {args.batch_size}, ", end="")
     print(f"KV-cache path: {kv_cache_path(model)}, torch threads {torch.get_num_threads()}")
     hf = plain_hf_model(args.model)
-    greedy_generate(model, prompts[:4], max_new_tokens=2)  # warm up
+    greedy_generate(model, prompts[:4], decoding=DecodeOptions(max_new_tokens=2))  # warm up
     hf_generate(hf, model.tokenizer, prompts[:4], 2, 4)
 
-    kw = {"max_new_tokens": args.new, "batch_size": args.batch_size}
+    dec = DecodeOptions(max_new_tokens=args.new, batch_size=args.batch_size)
     cached, t_cached = timed(
-        lambda: greedy_generate(model, prompts, stop_at_newline=False, cache=True, **kw)
+        lambda: greedy_generate(model, prompts, stop_at_newline=False, decoding=dec)
     )
     plain, t_plain = timed(
-        lambda: greedy_generate(model, prompts, stop_at_newline=False, cache=False, **kw)
+        lambda: greedy_generate(
+            model, prompts, stop_at_newline=False, decoding=replace(dec, cache=False)
+        )
     )
     hf_out, t_hf = timed(
         lambda: hf_generate(hf, model.tokenizer, prompts, args.new, args.batch_size)
     )
     with screening(False):
         fp32, t_fp32 = timed(
-            lambda: greedy_generate(model, prompts, stop_at_newline=False, cache=True, **kw)
+            lambda: greedy_generate(model, prompts, stop_at_newline=False, decoding=dec)
         )
     with screening(True):
         bf16, t_bf16 = timed(
-            lambda: greedy_generate(model, prompts, stop_at_newline=False, cache=True, **kw)
+            lambda: greedy_generate(model, prompts, stop_at_newline=False, decoding=dec)
         )
     choice = {True: "the bf16 screen", False: "the plain float32 arg-max"}.get(
         screen_choice(model), "the plain float32 arg-max (no screen on this device)"
     )
-    stop_c, t_stop_c = timed(lambda: greedy_generate(model, prompts, cache=True, **kw))
-    stop_u, t_stop_u = timed(lambda: greedy_generate(model, prompts, cache=False, **kw))
+    stop_c, t_stop_c = timed(lambda: greedy_generate(model, prompts, decoding=dec))
+    stop_u, t_stop_u = timed(
+        lambda: greedy_generate(model, prompts, decoding=replace(dec, cache=False))
+    )
 
     same = sum(a == b for a, b in zip(cached, plain, strict=True))
     same_stop = sum(a == b for a, b in zip(stop_c, stop_u, strict=True))

@@ -47,7 +47,7 @@ from mechlingo.core.tokens import encode
 from mechlingo.data import load_facts
 from mechlingo.interventions import SteeringVector
 from mechlingo.kernels.ranking import auroc_and_average_precision
-from mechlingo.scoring.evaluate import evaluate_conditions, evaluate_facts
+from mechlingo.scoring.evaluate import DecodeOptions, evaluate_conditions, evaluate_facts
 from mechlingo.scoring.rank import score_candidates
 from mechlingo.testing import tiny_model
 
@@ -214,7 +214,7 @@ def bench_conditions(model: Any, n: int, batch: int) -> None:
         for alpha in (0.06, 0.3):
             v = torch.randn(int(model.cfg.d_model), generator=g)
             conds[f"{i}:{alpha}"] = SteeringVector(v / v.norm() * norms[layer], layer, alpha)
-    kw = {"max_new_tokens": 6, "batch_size": batch}
+    kw = {"decoding": DecodeOptions(max_new_tokens=6, batch_size=batch)}
     t, shared = timed(lambda: evaluate_conditions(model, facts, conds, **kw))
     t_alone, alone = timed(
         lambda: {c: evaluate_facts(model, facts, intervention=iv, **kw) for c, iv in conds.items()}

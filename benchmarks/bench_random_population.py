@@ -34,7 +34,7 @@ from mechlingo.core.tokens import encode  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
 from mechlingo.data.candidates import with_candidates  # noqa: E402
 from mechlingo.interventions import SteeringVector  # noqa: E402
-from mechlingo.scoring.evaluate import evaluate_conditions  # noqa: E402
+from mechlingo.scoring.evaluate import DecodeOptions, evaluate_conditions  # noqa: E402
 
 CLOCK = time.process_time  # CPU seconds of this process (one thread: the work done)
 
@@ -74,7 +74,10 @@ def main(argv: list[str] | None = None) -> None:
         facts = with_candidates(facts, 4)
     layer = layers_at([0.5], int(model.cfg.n_layers))[0]
     conds = population(model, facts, layer, args.draws, 0.28)
-    kw = {"metric": args.metric, "max_new_tokens": 6, "batch_size": args.batch_size}
+    kw = {
+        "metric": args.metric,
+        "decoding": DecodeOptions(max_new_tokens=6, batch_size=args.batch_size),
+    }
     evaluate_conditions(model, facts[:4], {"warm": conds["random_s0"]}, **kw)
     t0 = CLOCK()
     evaluate_conditions(model, facts, {"random_s0": conds["random_s0"]}, **kw)

@@ -62,6 +62,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers
         read_export,
     )
     from mechlingo.scoring.evaluate import (
+        DecodeOptions,
         EvalResult,
         evaluate_conditions,
         evaluate_facts,
@@ -76,6 +77,7 @@ __all__ = [
     "CircuitResult",
     "ClaimsCard",
     "DEFAULT_MODEL",
+    "DecodeOptions",
     "DevGrid",
     "EvalResult",
     "Fact",
@@ -284,6 +286,7 @@ _LAZY: dict[str, Callable[[], ModuleType]] = {
     "read_export": _interventions,
     "EvalResult": _evaluate,
     "evaluate_conditions": _evaluate,
+    "DecodeOptions": _evaluate,
     "evaluate_facts": _evaluate,
     "greedy_generate": _evaluate,
     "LensResult": _lens,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from mechlingo.core.defaults import SEED
 from mechlingo.core.errors import InputError
 from mechlingo.core.families import FAMILIES
 from mechlingo.core.models import load_model
@@ -377,7 +378,7 @@ def build_tiny_folder(
     folder: str | os.PathLike[str],
     family: str | None = None,
     *,
-    seed: int = 0,
+    seed: int = SEED,
     n_layers: int | None = None,
     d_model: int | None = None,
     d_mlp: int | None = None,
@@ -425,7 +426,7 @@ def tiny_model(
     folder: str | os.PathLike[str] | None = None,
     family: str | None = None,
     *,
-    seed: int = 0,
+    seed: int = SEED,
     chat_template: str | None = None,
     **sizes: int,
 ) -> Model:

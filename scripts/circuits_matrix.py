@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from mechlingo.scoring.evaluate import DecodeOptions
+
 LANGS = ("en", "fr", "ja", "de", "es")
 #: the curve's sizes (every edge is always added): find_circuit's grid to 1000, without its
 #: smallest sizes (the doc's circuits carry nothing below 10 edges)
@@ -52,7 +54,7 @@ def correct_facts(model: Any, lang: str, relation: str) -> tuple[list[Any], int]
     from mechlingo.scoring.evaluate import evaluate_facts
 
     facts = load_facts(langs=lang, relations=relation)
-    res = evaluate_facts(model, facts, early_stop=True)
+    res = evaluate_facts(model, facts, decoding=DecodeOptions(early_stop=True))
     ok = {r["id"] for r in res.records if r["correct"]}
     return [f for f in facts if f.id in ok], len(facts)
 

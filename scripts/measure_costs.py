@@ -28,7 +28,7 @@ from mechlingo.analyses.decoders.options import TrainingOptions
 from mechlingo.analyses.decoders.tuned_lens import train_tuned_lens
 from mechlingo.core.models import load_model
 from mechlingo.data import load_facts, read_parallel_dir
-from mechlingo.scoring.evaluate import greedy_generate
+from mechlingo.scoring.evaluate import DecodeOptions, greedy_generate
 
 
 def _median(fn: Callable[[], object], repeats: int) -> float:
@@ -65,10 +65,16 @@ def main() -> None:
     n = len(prompts)
     print(f"{n} prompts", flush=True)
     t1 = _median(
-        lambda: greedy_generate(model, prompts, max_new_tokens=1, batch_size=16), args.repeats
+        lambda: greedy_generate(
+            model, prompts, decoding=DecodeOptions(max_new_tokens=1, batch_size=16)
+        ),
+        args.repeats,
     )
     t8 = _median(
-        lambda: greedy_generate(model, prompts, max_new_tokens=8, batch_size=16), args.repeats
+        lambda: greedy_generate(
+            model, prompts, decoding=DecodeOptions(max_new_tokens=8, batch_size=16)
+        ),
+        args.repeats,
     )
     texts = read_parallel_dir(Path(mechlingo.data.__file__).parent / "ntrex")
     sents = texts["en"][:16]

@@ -35,6 +35,7 @@ from mechlingo.activations.runs import (
     hooked,
     model_input_device,
 )
+from mechlingo.core.defaults import KV_CACHE
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, batch_context
 from mechlingo.core.types import Model
@@ -47,11 +48,13 @@ ChooseFn = Callable[[Float[Tensor, "batch vocab"]], Int[Tensor, " batch"]]
 StopFn = Callable[[int, list[int]], bool]
 
 
-class DecodeArgs(TypedDict, total=False):
+class DecodeRule(TypedDict, total=False):
     """The decoding rule every decoder here takes as keywords: ``max_new_tokens`` (required)
     new tokens per row, ``fwd_hooks`` during every pass (default none), ``choose`` (logits to
     token ids; default the greedy arg-max), ``stop(row, ids)`` (a row stops once true;
-    default never) and ``eos`` (a row stops before this token; default none)."""
+    default never) and ``eos`` (a row stops before this token; default none). The kernels'
+    per-row rule, below the user's decoding options
+    (:class:`mechlingo.scoring.evaluate.DecodeOptions`), which the scoring layer turns into it."""
 
     max_new_tokens: Required[int]
     fwd_hooks: FwdHooks
@@ -61,11 +64,11 @@ class DecodeArgs(TypedDict, total=False):
 
 
 def _rule(
-    rule: DecodeArgs,
+    rule: DecodeRule,
 ) -> tuple[int, FwdHooks, ChooseFn | None, StopFn | None, int | None]:
     """The fields of ``rule`` with their defaults; a ``TypeError`` for a keyword that is not
     one (as a misspelt keyword argument raises)."""
-    unknown = sorted(set(rule) - set(DecodeArgs.__annotations__))
+    unknown = sorted(set(rule) - set(DecodeRule.__annotations__))
     if unknown or "max_new_tokens" not in rule:
         raise TypeError(
             f"decoding takes max_new_tokens (required), fwd_hooks, choose, stop and eos; got "
@@ -280,7 +283,7 @@ def decode_cached(
     path: KVPath = "adapter",
     prefix: tuple[Any, int] | None = None,
     on_keep: Callable[[Tensor], None] | None = None,
-    **rule: Unpack[DecodeArgs],
+    **rule: Unpack[DecodeRule],
 ) -> list[list[int]]:
     """Decode ``max_new_tokens`` tokens after each row of a right-padded ``batch`` with a KV
     cache (one prefill, then one token per row per step). Returns each row's new token ids,
@@ -296,7 +299,7 @@ def decode_cached(
     positions only, with those positions as its columns: the padding of shorter rows stays
     in the cache as a gap the attention mask hides, as in every later step.
     ``on_keep(idx)`` is called with the indices (into the rows still decoding) of the rows
-    that go on, whenever some leave the batch. The rule's keywords: :class:`DecodeArgs`."""
+    that go on, whenever some leave the batch. The rule's keywords: :class:`DecodeRule`."""
     max_new_tokens, fwd_hooks, choose, stop, eos = _rule(rule)
     stop, dev, b, out = _start(model, batch, stop)
     tokens, lengths, plen = b.tokens, b.lengths.clone(), b.prompt_lengths
@@ -339,7 +342,7 @@ def decode_cached(
     return out
 
 
-def decode_uncached(model: Model, batch: TokenBatch, **rule: Unpack[DecodeArgs]) -> list[list[int]]:
+def decode_uncached(model: Model, batch: TokenBatch, **rule: Unpack[DecodeRule]) -> list[list[int]]:
     """The reference decoder: the whole prefix is recomputed at every step (every row stays
     in the batch until all have stopped). Same arguments and result as
     :func:`decode_cached`, except that ``choose=None`` takes the plain arg-max of the full
@@ -370,9 +373,9 @@ def fits_window(model: Model, batch: TokenBatch, max_new_tokens: int) -> bool:
 
 
 def decode(
-    model: Model, batch: TokenBatch, *, cache: bool = True, **rule: Unpack[DecodeArgs]
+    model: Model, batch: TokenBatch, *, cache: bool = KV_CACHE, **rule: Unpack[DecodeRule]
 ) -> list[list[int]]:
-    """Decode after each row of ``batch`` by the rule's keywords (:class:`DecodeArgs`):
+    """Decode after each row of ``batch`` by the rule's keywords (:class:`DecodeRule`):
     cached when ``cache`` and the model supports it (:func:`kv_cache_path`), else by
     recomputing the prefix; both give the same tokens."""
     max_new_tokens = _rule(rule)[0]

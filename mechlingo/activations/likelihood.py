@@ -22,7 +22,7 @@ from torch import Tensor
 from mechlingo.activations.decoding import decode
 from mechlingo.activations.pooled import encode_sentences
 from mechlingo.activations.runs import StopForward, final_resid_name, run_batch
-from mechlingo.core.defaults import BATCH_SIZE, SAMPLE_NEW_TOKENS
+from mechlingo.core.defaults import BATCH_SIZE, KV_CACHE, SAMPLE_NEW_TOKENS, SEED
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
@@ -111,9 +111,9 @@ def sample_from_bos(
     *,
     max_new_tokens: int = SAMPLE_NEW_TOKENS,
     fwd_hooks: FwdHooks = (),
-    seed: int = 0,
+    seed: int = SEED,
     temperature: float = 1.0,
-    cache: bool = True,
+    cache: bool = KV_CACHE,
 ) -> list[str]:
     """``n`` samples (temperature sampling, fixed seed) from a bare BOS prompt, with
     ``fwd_hooks`` (an intervention's ``fwd_hooks(model)``) applied at every step. Greedy

@@ -28,6 +28,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
 from mechlingo.core.distributed import all_reduce_state, shard
 from mechlingo.core.errors import InputError, InterventionError
 from mechlingo.core.sites import SiteError, carries_first, resolve_layers, resolve_site
@@ -251,9 +252,9 @@ def last_token_means(
     *,
     site: str = "resid_pre",
     layers: Any = None,
-    batch_size: int = 16,
+    batch_size: int = BATCH_SIZE,
     fwd_hooks: FwdHooks = (),
-    progress: bool = False,
+    progress: bool = PROGRESS,
 ) -> LayerMeans:
     """Mean activation at each prompt's last token, for every layer in one pass per batch.
 

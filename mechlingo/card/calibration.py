@@ -37,6 +37,7 @@ from mechlingo.card.clustered_tests import (
 from mechlingo.card.population import population_gain_test, population_test
 from mechlingo.card.rules import ALPHA, HOLDS, NOT_HOLDS, RETAINED_SHARE, verdict
 from mechlingo.card.stages.experts import rank_test
+from mechlingo.core.defaults import SEED
 from mechlingo.core.errors import InputError
 
 __all__ = [
@@ -519,7 +520,7 @@ def _outcomes(row: RowType, design: Design, reps: int, truth: bool, ks: Sequence
 
 
 def run_row(row: RowType, design: Design, reps: int, ks: Sequence[float] = (1.0,),
-            seed: int = 0) -> list[dict[str, Any]]:  # fmt: skip
+            seed: int = SEED) -> list[dict[str, Any]]:  # fmt: skip
     """``reps`` samples of ``row`` on ``design`` under its null and under its truth, judged at
     each multiplier of ``ks`` (level ``0.05 / k``): one table row per ``k`` with each rate and
     its Monte Carlo SE (``null_holds``, ``truth_not_holds``, ``power``, ``coverage`` of the
@@ -557,7 +558,7 @@ def _coverage(outs: Sequence[Outcome]) -> tuple[float, float]:
 
 
 def calibrate(reps: int = 1000, ks: Sequence[float] = (1.0,), rows: Sequence[str] | None = None,
-              max_clusters: int | None = None, seed: int = 0,
+              max_clusters: int | None = None, seed: int = SEED,
               on_design: Callable[[str], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """:func:`run_row` of every row type (``rows``: only those names) on each of its designs
     (``max_clusters``: only designs with at most that many clusters), ``reps`` samples each;

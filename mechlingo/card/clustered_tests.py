@@ -39,6 +39,7 @@ from mechlingo.card.clustered import (
     sums,
     t_p,
 )
+from mechlingo.core.defaults import SEED
 from mechlingo.core.errors import InputError
 from mechlingo.kernels.significance import CONFIDENCE, N_RESAMPLES, Interval, mcnemar
 
@@ -205,7 +206,7 @@ def paired_test(
     clusters: Sequence[Any] | None = None,
     *,
     null: float = 0.0,
-    seed: int = 0,
+    seed: int = SEED,
     n_resamples: int = N_RESAMPLES,
 ) -> Test:
     """The paired gain ``mean(new - base)`` of two conditions on the same items.
@@ -254,7 +255,7 @@ def relative_test(
     clusters: Sequence[Any] | None = None,
     *,
     null: float = 0.0,
-    seed: int = 0,
+    seed: int = SEED,
 ) -> Test:
     """The relative gain ``mean(new) / mean(base) - 1`` of paired items: the interval of the
     clustered log ratio (CR2, t(BM df)); ``p`` of H0 "relative gain == ``null``" by the t test
@@ -329,7 +330,7 @@ def mean_test(
     clusters: Sequence[Any] | None = None,
     *,
     null: float = 0.0,
-    seed: int = 0,
+    seed: int = SEED,
     n_resamples: int = N_RESAMPLES,
 ) -> Test:
     """The mean of per-item values (a 0/1 share, a per-sentence distance) against ``null``
@@ -361,7 +362,7 @@ def correlation_test(
     y: Sequence[float],
     clusters: Sequence[Any] | None = None,
     *,
-    seed: int = 0,
+    seed: int = SEED,
     n_resamples: int = N_RESAMPLES,
 ) -> Test:
     """Spearman's rank correlation of paired ``x`` and ``y`` with a cluster-bootstrap
@@ -417,7 +418,7 @@ def cluster_bootstrap(
     *,
     null: float = 0.0,
     method: str = "",
-    seed: int = 0,
+    seed: int = SEED,
     n_resamples: int = N_RESAMPLES,
     extra: dict[str, Any] | None = None,
 ) -> Test:
@@ -504,7 +505,7 @@ def group_difference_test(
     a: Any,
     b: Any,
     *,
-    seed: int = 0,
+    seed: int = SEED,
 ) -> Test:
     """``mean(values | group a) - mean(values | group b)`` (items of other groups ignored):
     the slope of a regression on the group indicator with its CR2 standard error, the

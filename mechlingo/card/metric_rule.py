@@ -26,7 +26,7 @@ from mechlingo.core.defaults import BATCH_SIZE, STEER_MAX_NEW_TOKENS
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 from mechlingo.data.candidates import with_candidates
-from mechlingo.scoring.evaluate import evaluate_facts
+from mechlingo.scoring.evaluate import DecodeOptions, evaluate_facts
 
 __all__ = ["CANDIDATES", "METRIC_FLOOR", "METRIC_RULE", "decide_metric", "dev_accuracies"]
 
@@ -63,11 +63,19 @@ def dev_accuracies(
     out: dict[str, Any] = {"counts": {}, "seconds_per_item": {}, "items": {}}
     for metric, facts in (("generate", list(dev)), ("rank", ranked)):
         if facts:  # warm-up on one item, not timed: the first call's one-time costs
-            evaluate_facts(model, facts[:1], metric=metric, max_new_tokens=max_new_tokens,
-                           batch_size=batch_size)  # fmt: skip
+            evaluate_facts(
+                model,
+                facts[:1],
+                metric=metric,
+                decoding=DecodeOptions(max_new_tokens=max_new_tokens, batch_size=batch_size),
+            )
         t0 = time.process_time()
-        res = evaluate_facts(model, facts, metric=metric, max_new_tokens=max_new_tokens,
-                             batch_size=batch_size)  # fmt: skip
+        res = evaluate_facts(
+            model,
+            facts,
+            metric=metric,
+            decoding=DecodeOptions(max_new_tokens=max_new_tokens, batch_size=batch_size),
+        )
         secs = time.process_time() - t0
         by: dict[str, list[int]] = {}
         out["items"][metric] = [{"id": r["id"], "lang": r["lang"], "correct": bool(r["correct"]),

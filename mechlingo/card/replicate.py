@@ -62,6 +62,7 @@ from mechlingo.card.stages.data import (
     scope_of,
     vector_facts,
 )
+from mechlingo.core.defaults import PROGRESS
 from mechlingo.core.describe import model_info
 from mechlingo.core.distributed import dist_info, is_main
 from mechlingo.core.errors import InputError
@@ -70,6 +71,7 @@ from mechlingo.core.types import Model
 from mechlingo.core.version import __version__
 from mechlingo.data import Fact
 from mechlingo.data.natural_parallel import split_by_documents
+from mechlingo.scoring.scorers import METRICS
 
 __all__ = [
     "BUDGETS",
@@ -94,8 +96,6 @@ __all__ = [
 #: 2: fact ids per outcome, per-item transfer outcomes, the clamp measured on
 #: fresh samples, AUROC tests at the clamp's k, per-sentence alignment values.
 STAGE_VERSION = 6
-#: ``CardOptions(metric=...)``: how the Lu stages score facts (see ``docs/replicate.md``).
-METRICS = ("generate", "rank", "klar")
 #: Every stage's name, each paper's in run order (the metric stage first).
 STAGES = (*PAPERS[LU], *PAPERS[SUNDAR])
 
@@ -248,7 +248,7 @@ def replicate(
     data: CardData | None = None,
     *,
     work: str | Path | None = None,
-    progress: bool = False,
+    progress: bool = PROGRESS,
     fresh: bool = False,
     agree: Callable[[bool], bool] | None = None,
     plan: bool = False,

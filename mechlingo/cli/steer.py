@@ -266,7 +266,7 @@ def _eval(args: argparse.Namespace) -> int:
     vectors = _load_vectors(args.vectors, model)
     stages = _eval_stages(args, model, facts)
     t0 = time.time()
-    result = steer_eval.run_steer_eval(model, facts, vectors, **opts.kw(), stages=stages)
+    result = steer_eval.run_steer_eval(model, facts, vectors, opts, stages=stages)
     if args.transfer:  # a stage of its own (named by --transfer, which the key skips)
         result.transfer = stages.run(
             f"transfer-{args.transfer}",

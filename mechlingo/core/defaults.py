@@ -16,6 +16,7 @@ from mechlingo.core.errors import InputError
 __all__ = [
     "BATCH_SIZE",
     "CIRCUIT_PROMPTS",
+    "CONTROL_SEEDS",
     "EARLY_STOP",
     "KV_CACHE",
     "MAX_NEW_TOKENS",
@@ -49,6 +50,9 @@ PROGRESS = False
 STEER_MAX_NEW_TOKENS = 6
 #: the steering protocol's batch: its prompts are short and every condition scores all of them
 STEER_BATCH_SIZE = 64
+#: the seeds of the random controls (one norm-matched random vector per seed and population):
+#: three, the fewest whose spread the repair protocol reports
+CONTROL_SEEDS = (0, 1, 2)
 #: tokens of each sample drawn from BOS (the k curve's output language)
 SAMPLE_NEW_TOKENS = 20
 

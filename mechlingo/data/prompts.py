@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable, Sequence
 
+from mechlingo.core.defaults import SEED
 from mechlingo.core.errors import InputError
 from mechlingo.core.languages import lang_name, native_name
 from mechlingo.core.tokens import ChatPrompt
@@ -58,7 +59,7 @@ def _demo_pool(pool: Iterable[Fact], keep: Callable[[Fact], bool], k: int, what:
 
 
 def few_shot_prompt(
-    fact: Fact, pool: Iterable[Fact], k: int = 3, seed: int = 0, sep: str = "\n"
+    fact: Fact, pool: Iterable[Fact], k: int = 3, seed: int = SEED, sep: str = "\n"
 ) -> str:
     """``k`` solved demonstrations, then the query: an in-context recall prompt.
 
@@ -115,7 +116,7 @@ def translation_prompt(
     src: str = "en",
     k: int = 0,
     pool: Iterable[Fact] | None = None,
-    seed: int = 0,
+    seed: int = SEED,
     labels: str = "native",
 ) -> str:
     """An explicit word-translation prompt whose continuation is ``fact.answer``.

@@ -12,6 +12,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from mechlingo.core.defaults import SEED
 from mechlingo.core.errors import InterventionError
 from mechlingo.core.sites import Site
 from mechlingo.core.tokens import PositionSpec
@@ -151,7 +152,7 @@ class SteeringVector(SiteEdit):
         return out
 
 
-def random_like(vector: Float[Tensor, " width"], seed: int = 0) -> Float[Tensor, " width"]:
+def random_like(vector: Float[Tensor, " width"], seed: int = SEED) -> Float[Tensor, " width"]:
     """A random direction with the same norm as ``vector`` (a control for steering), drawn on
     the CPU with a fixed seed so that it is the same on every device."""
     gen = torch.Generator().manual_seed(seed)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from mechlingo.core.defaults import SEED
 from mechlingo.core.errors import InputError
 
 __all__ = [
@@ -171,7 +172,7 @@ def paired_gain(
     base: Sequence[bool | float],
     new: Sequence[bool | float],
     *,
-    seed: int = 0,
+    seed: int = SEED,
     confidence: float = CONFIDENCE,
 ) -> Interval:
     """Mean gain ``mean(new) - mean(base)`` over ``n`` paired items with a bootstrap interval.
@@ -225,7 +226,7 @@ def paired_gain(
 
 
 def bootstrap_mean(
-    values: Sequence[float], *, seed: int = 0, confidence: float = CONFIDENCE
+    values: Sequence[float], *, seed: int = SEED, confidence: float = CONFIDENCE
 ) -> Interval:
     """The mean of ``n`` per-item values with a bootstrap interval over items
     (``scipy.stats.bootstrap``, BCa; ``lo == hi == estimate`` when every value is the same,
@@ -254,7 +255,7 @@ def bootstrap_ratio(
     num: Sequence[float],
     den: Sequence[float],
     *,
-    seed: int = 0,
+    seed: int = SEED,
     confidence: float = CONFIDENCE,
 ) -> Interval:
     """``sum(num) / sum(den)`` over ``n`` items (0 when ``sum(den)`` is 0) with a paired
@@ -286,7 +287,7 @@ def paired_bootstrap(
     *,
     n_resamples: int = N_RESAMPLES,
     confidence: float = CONFIDENCE,
-    seed: int = 0,
+    seed: int = SEED,
 ) -> Interval:
     """``statistic(*samples, axis=-1)`` over paired items (item ``i`` of every sample is one
     unit, resampled together) with a percentile bootstrap interval (``scipy.stats.bootstrap``,
@@ -330,7 +331,7 @@ def bootstrap_perplexity(
     nll: Sequence[float],
     counts: Sequence[int],
     *,
-    seed: int = 0,
+    seed: int = SEED,
     confidence: float = CONFIDENCE,
 ) -> Interval:
     """The perplexity ``exp(sum(nll) / sum(counts))`` of ``n`` lines with summed next-token
@@ -358,7 +359,7 @@ def perplexity_ratio(
     nll_new: Sequence[float],
     counts: Sequence[int],
     *,
-    seed: int = 0,
+    seed: int = SEED,
     confidence: float = CONFIDENCE,
 ) -> Interval:
     """The perplexity of the same ``n`` lines under a new condition divided by their

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from mechlingo.core.artifacts import write_files
-from mechlingo.core.defaults import BATCH_SIZE, MAX_NEW_TOKENS
+from mechlingo.core.defaults import BATCH_SIZE, MAX_NEW_TOKENS, PROGRESS
 from mechlingo.core.distributed import is_main
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 from mechlingo.kernels.significance import wilson_table
-from mechlingo.scoring.evaluate import EvalResult, evaluate_facts
+from mechlingo.scoring.evaluate import DecodeOptions, EvalResult, evaluate_facts
 from mechlingo.scoring.scorers import Scorer
 
 __all__ = ["EvalRun", "accuracy_intervals", "run_eval"]
@@ -93,7 +93,7 @@ def run_eval(
     *,
     max_new_tokens: int = MAX_NEW_TOKENS,
     batch_size: int = BATCH_SIZE,
-    progress: bool = False,
+    progress: bool = PROGRESS,
 ) -> EvalRun:
     """Score ``facts`` with ``scorer`` (greedy generation of ``max_new_tokens``, KLAR's rule
     or candidate ranking; :func:`mechlingo.scoring.evaluate.evaluate_facts`), as
@@ -102,8 +102,8 @@ def run_eval(
         model,
         facts,
         metric=scorer,
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        progress=progress,
+        decoding=DecodeOptions(
+            max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress
+        ),
     )
     return EvalRun(result, scorer)

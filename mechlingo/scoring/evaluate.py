@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
@@ -51,32 +51,11 @@ if TYPE_CHECKING:
     from mechlingo.data import Fact
 
 
-class DecodeArgs(TypedDict, total=False):
-    """The decoding keywords of :func:`generate_conditions`: :class:`DecodeOptions`' fields
-    but ``early_stop`` (their defaults are its)."""
-
-    max_new_tokens: int
-    batch_size: int
-    progress: bool
-    cache: bool
-
-
-class ScoreArgs(TypedDict, total=False):
-    """The decoding keywords of :func:`evaluate_conditions`: every field of
-    :class:`DecodeOptions` (their defaults are its)."""
-
-    max_new_tokens: int
-    batch_size: int
-    progress: bool
-    cache: bool
-    early_stop: bool
-
-
 @dataclass(frozen=True, kw_only=True)
 class DecodeOptions:
-    """How facts and prompts are decoded (the keywords :class:`ScoreArgs` of
-    :func:`evaluate_conditions` and :class:`DecodeArgs` of :func:`generate_conditions`,
-    whose defaults are these), checked when made.
+    """How facts and prompts are decoded: the one ``decoding=`` argument of
+    :func:`greedy_generate`, :func:`generate_conditions`, :func:`evaluate_facts` and
+    :func:`evaluate_conditions` (``None`` there: these defaults), checked once, when made.
 
     Attributes:
         max_new_tokens: greedy tokens per prompt (the ``generate`` rule's length).
@@ -94,43 +73,9 @@ class DecodeOptions:
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
-            raise InputError(f"batch_size must be at least 1, got {self.batch_size}")
+            raise InputError(f"batch_size (--batch-size) must be at least 1, got {self.batch_size}")
         if self.max_new_tokens < 0:
             raise InputError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
-
-
-class GenerateArgs(TypedDict, total=False):
-    """The keywords of :func:`generate_conditions` that :func:`greedy_generate` passes on
-    (their defaults are :class:`DecodeOptions`' and :func:`generate_conditions`'s):
-    ``max_new_tokens`` (8),
-    ``batch_size`` (16), ``fwd_hooks``, ``stop_at_newline`` (``True``), ``progress``,
-    ``cache`` (``True``) and ``stop``."""
-
-    max_new_tokens: int
-    batch_size: int
-    fwd_hooks: FwdHooks
-    stop_at_newline: bool
-    progress: bool
-    cache: bool
-    stop: Callable[[int, str], bool] | None
-
-
-class EvalArgs(TypedDict, total=False):
-    """The keywords of :func:`evaluate_conditions` that :func:`evaluate_facts` passes on
-    (their defaults are :func:`evaluate_conditions`'s and :class:`DecodeOptions`'; their
-    meaning:
-    :func:`evaluate_facts`)."""
-
-    metric: str | Scorer
-    prompts: Sequence[str] | None
-    prefixes: Sequence[str] | None
-    pool: Sequence[Fact] | None
-    max_new_tokens: int
-    batch_size: int
-    fwd_hooks: FwdHooks
-    progress: bool
-    cache: bool
-    early_stop: bool
 
 
 def greedy_generate(
@@ -138,10 +83,13 @@ def greedy_generate(
     prompts: Sequence[str],
     *,
     intervention: Intervention | None = None,
-    **options: Unpack[GenerateArgs],
+    fwd_hooks: FwdHooks = (),
+    stop_at_newline: bool = True,
+    stop: Callable[[int, str], bool] | None = None,
+    decoding: DecodeOptions | None = None,
 ) -> list[str]:
-    """Greedy continuations of ``prompts`` (the generated text only); the options
-    (:class:`GenerateArgs`) are those of :func:`generate_conditions`.
+    """Greedy continuations of ``prompts`` (the generated text only), as
+    :func:`generate_conditions` gives them.
 
     With or without the key-value cache, batched or alone, the tokens are the same
     (``docs/concepts.md``, "Generation and the KV cache").
@@ -149,22 +97,24 @@ def greedy_generate(
     Args:
         intervention: applied at every step; ``"last"`` is the prompt's last token (acted on
             in the prompt pass), ``"generated"`` the tokens generated so far.
-        max_new_tokens: new tokens per prompt at most (default 8).
-        batch_size: prompts per pass (default 16).
         fwd_hooks: extra plain TransformerLens hooks, applied at every pass. Under the cache
             they see ``[batch, 1, ...]`` activations after the prompt pass (see
             :mod:`mechlingo.activations.decoding` for hooks that index positions).
         stop_at_newline: stop a row once it has produced a line break after some text.
-        cache: decode with a key-value cache where the model supports it
-            (:func:`mechlingo.activations.decoding.kv_cache_path`).
         stop: ``stop(i, text)`` -> whether prompt ``i`` may stop with its continuation
             ``text`` so far (e.g. once the eval rule's verdict is final,
             :func:`~mechlingo.scoring.scorers.decided`).
+        decoding: :class:`DecodeOptions` (``max_new_tokens``: new tokens per prompt at most;
+            ``batch_size``: prompts per pass; ``cache``: decode with a key-value cache where
+            the model supports it, :func:`mechlingo.activations.decoding.kv_cache_path`;
+            ``early_stop`` does not apply); ``None``: its defaults.
 
     Returns:
         One string per prompt, in input order.
     """
-    gens, _ = generate_conditions(model, prompts, [intervention], shared=False, **options)
+    gens, _ = generate_conditions(model, prompts, [intervention], fwd_hooks=fwd_hooks,
+                                  stop_at_newline=stop_at_newline, stop=stop, shared=False,
+                                  decoding=decoding)  # fmt: skip
     return gens[0]
 
 
@@ -229,7 +179,7 @@ def generate_conditions(
     stop: Callable[[int, str], bool] | None = None,
     shared: bool = True,
     max_rows: int | None = None,
-    **decoding: Unpack[DecodeArgs],
+    decoding: DecodeOptions | None = None,
 ) -> tuple[list[list[str]], str]:
     """Greedy continuations of ``prompts`` under each of ``interventions`` (``None``: no
     intervention): ``gens[c][i]`` is what :func:`greedy_generate` gives prompt ``i`` under
@@ -244,13 +194,13 @@ def generate_conditions(
     alone as in :func:`greedy_generate`: ``"per-condition"`` (``"mixed"`` when batches
     differ). Inside :func:`mechlingo.core.distributed.sharded_scoring` under torchrun
     the batches are shared out among the ranks and the results gathered in order.
-    ``decoding``: ``max_new_tokens``, ``batch_size``, ``progress`` and ``cache``
-    (:class:`DecodeOptions`, whose defaults they take).
+    ``decoding``: :class:`DecodeOptions` (``max_new_tokens``, ``batch_size``, ``progress``
+    and ``cache``; ``None``: its defaults).
     """
     prompts = list(prompts)
     if not prompts:
         raise InputError("no prompts to generate from")
-    o = DecodeOptions(**decoding)
+    o = decoding or DecodeOptions()
     max_new_tokens, batch_size, progress, cache = (
         o.max_new_tokens,
         o.batch_size,
@@ -372,11 +322,15 @@ def evaluate_facts(
     facts: Sequence[Fact],
     *,
     intervention: Intervention | None = None,
-    **options: Unpack[EvalArgs],
+    metric: str | Scorer = "generate",
+    prompts: Sequence[str] | None = None,
+    prefixes: Sequence[str] | None = None,
+    pool: Sequence[Fact] | None = None,
+    fwd_hooks: FwdHooks = (),
+    decoding: DecodeOptions | None = None,
 ) -> EvalResult:
     """Score the model on facts with ``metric`` (the eval rule by default), under
-    ``intervention`` (default none); the options (:class:`EvalArgs`) are those of
-    :func:`evaluate_conditions`.
+    ``intervention`` (default none).
 
     Args:
         metric: ``"generate"``, ``"klar"``, ``"rank"`` or a
@@ -388,14 +342,12 @@ def evaluate_facts(
             ``klar``, which draws its own demonstrations.
         pool: (``klar``) the facts demonstrations are drawn from (default: ``facts``
             themselves, other ids, as the benchmark's reference code does).
-        max_new_tokens: tokens of the ``generate`` rule (default 8; ``klar`` always decodes
-            the benchmark's 10).
-        batch_size: prompts per pass (default 16; ``rank``: facts per pass, all their
-            candidates together).
         fwd_hooks: extra plain TransformerLens hooks, applied at every pass.
-        progress: show a progress bar.
-        cache: decode with a key-value cache (see :func:`greedy_generate`).
-        early_stop: stop decoding a fact once its verdict is final
+        decoding: :class:`DecodeOptions` (``None``: its defaults): ``max_new_tokens``, the
+            tokens of the ``generate`` rule (``klar`` always decodes the benchmark's 10);
+            ``batch_size``, prompts per pass (``rank``: facts per pass, all their candidates
+            together); ``progress``; ``cache`` (see :func:`greedy_generate`); ``early_stop``,
+            stop decoding a fact once its verdict is final
             (:func:`~mechlingo.scoring.scorers.decided`): the same verdicts, in less time;
             ``generation`` then holds the decided prefix.
 
@@ -403,7 +355,9 @@ def evaluate_facts(
         InputError: no facts, every fact skipped by the metric, or options that do not go
             with the metric.
     """
-    return evaluate_conditions(model, facts, {"": intervention}, shared=False, **options)[""]
+    return evaluate_conditions(model, facts, {"": intervention}, metric=metric, prompts=prompts,
+                               prefixes=prefixes, pool=pool, fwd_hooks=fwd_hooks, shared=False,
+                               decoding=decoding)[""]  # fmt: skip
 
 
 def evaluate_conditions(
@@ -417,7 +371,7 @@ def evaluate_conditions(
     pool: Sequence[Fact] | None = None,
     fwd_hooks: FwdHooks = (),
     shared: bool = True,
-    **decoding: Unpack[ScoreArgs],
+    decoding: DecodeOptions | None = None,
 ) -> dict[str, EvalResult]:
     """Score ``facts`` under every condition of ``conditions`` (``{name: intervention or
     None}``, e.g. ``{"orig": None, "task": iv1, "both": iv1 + iv2}``) at once: ``{name:
@@ -434,16 +388,14 @@ def evaluate_conditions(
     ``"mixed"`` (batches differed). ``rank`` runs each batch's candidate stems once for
     every condition (cut before the earliest position any condition edits) and each
     condition's candidate tails on them (``"shared-stem"``). The options are those of
-    :func:`evaluate_facts`; ``decoding`` (``max_new_tokens``, ``batch_size``,
-    ``progress``, ``cache``, ``early_stop``) are :class:`DecodeOptions`' fields, whose
-    defaults they take.
+    :func:`evaluate_facts`, ``decoding`` among them (:class:`DecodeOptions`).
 
     Raises:
         InputError: no conditions, or what :func:`evaluate_facts` raises.
     """
     if not conditions:
         raise InputError("no conditions to score")
-    o = DecodeOptions(**decoding)
+    o = decoding or DecodeOptions()
     return _evaluate(model, facts, dict(conditions), metric=metric, prompts=prompts,
                      prefixes=prefixes, pool=pool, max_new_tokens=o.max_new_tokens,
                      batch_size=o.batch_size, fwd_hooks=fwd_hooks, progress=o.progress,
@@ -508,9 +460,10 @@ def _generate_records(
     generation)`` of each fact's greedy continuation of its text (:func:`generate_conditions`
     with the rule's length, line-break and early-stop settings and ``kw``), and the path they
     took."""
-    gens, path = generate_conditions(model, rule.texts, ivs, max_new_tokens=rule.max_new_tokens,
-                                     stop_at_newline=rule.stop_at_newline, stop=rule.stop,
-                                     **kw)  # fmt: skip
+    decoding = DecodeOptions(max_new_tokens=rule.max_new_tokens, batch_size=kw.pop("batch_size"),
+                             progress=kw.pop("progress"), cache=kw.pop("cache"))  # fmt: skip
+    gens, path = generate_conditions(model, rule.texts, ivs, stop_at_newline=rule.stop_at_newline,
+                                     stop=rule.stop, decoding=decoding, **kw)  # fmt: skip
     return [
         [rule.record(*x) for x in zip(facts, rule.texts, per, strict=True)] for per in gens
     ], path

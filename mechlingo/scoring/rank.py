@@ -32,6 +32,7 @@ from mechlingo.activations.prefix import (
 )
 from mechlingo.activations.runs import StopForward, final_resid_name, run_batch
 from mechlingo.core.answers import normalize
+from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
 from mechlingo.core.distributed import (
     gather_conditions,
     gather_lists,
@@ -445,8 +446,8 @@ def score_candidates(
     tokens: str = "sentence",
     intervention: Intervention | None = None,
     fwd_hooks: FwdHooks = (),
-    batch_size: int = 16,
-    progress: bool = False,
+    batch_size: int = BATCH_SIZE,
+    progress: bool = PROGRESS,
     shared: bool = True,
 ) -> CandidateScores:
     """The mean token cross-entropy of every candidate of every fact, filled in at the
@@ -504,8 +505,8 @@ def score_candidates_conditions(
     *,
     prefixes: Sequence[str] | None = None,
     tokens: str = "sentence",
-    batch_size: int = 16,
-    progress: bool = False,
+    batch_size: int = BATCH_SIZE,
+    progress: bool = PROGRESS,
 ) -> list[CandidateScores]:
     """:func:`score_candidates` under every intervention of ``interventions`` (one result
     each, equal to its own call to float rounding; tested), with each batch's stems run once
@@ -605,8 +606,8 @@ def rank_records(
     prefixes: list[str] | None = None,
     tokens: str = "sentence",
     fwd_hooks: FwdHooks = (),
-    batch_size: int = 16,
-    progress: bool = False,
+    batch_size: int = BATCH_SIZE,
+    progress: bool = PROGRESS,
     shared: bool = True,
 ) -> tuple[list[list[dict[str, Any]]], str]:
     """Every fact's :func:`rank_record` under each of ``interventions``, and the path. With

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from mechlingo.core.answers import is_correct, match_status, normalize
+from mechlingo.core.defaults import SEED
 from mechlingo.core.errors import InputError
 from mechlingo.data import Fact
 from mechlingo.kernels.significance import bootstrap_mean, bootstrap_ratio, wilson
@@ -273,7 +274,7 @@ def klar_decided(text: str, targets: Sequence[str]) -> bool:
     return True
 
 
-def klar_prompt(fact: Fact, pool: Iterable[Fact], k: int = KLAR_SHOTS, seed: int = 0) -> str:
+def klar_prompt(fact: Fact, pool: Iterable[Fact], k: int = KLAR_SHOTS, seed: int = SEED) -> str:
     """The KLAR few-shot prompt: up to ``k`` demonstrations (facts of ``pool`` with the same
     relation and language, another id and a prompt), each ``prompt + " " + answer + "\\n"``,
     then the query's prompt. Fewer than ``k`` when the pool has fewer, as in the reference

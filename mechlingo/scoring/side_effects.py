@@ -40,7 +40,7 @@ from mechlingo.interventions import (
     random_like,
 )
 from mechlingo.kernels.significance import paired_bootstrap, wilson
-from mechlingo.scoring.evaluate import evaluate_facts, greedy_generate
+from mechlingo.scoring.evaluate import DecodeOptions, evaluate_facts, greedy_generate
 from mechlingo.viz.side_effects import side_effects_heatmap
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from mechlingo.data import Fact
 
 __all__ = [
-    "METRICS",
+    "MEASURES",
     "SideEffectOptions",
     "SideEffects",
     "SideEffectsError",
@@ -58,8 +58,9 @@ __all__ = [
     "side_effects",
 ]
 
-#: The metrics of the matrix, in column order.
-METRICS: tuple[str, ...] = ("accuracy", "perplexity", "output_lang")
+#: The side-effect measures of the matrix, in column order (not the scoring metrics of
+#: :data:`mechlingo.scoring.scorers.METRICS`).
+MEASURES: tuple[str, ...] = ("accuracy", "perplexity", "output_lang")
 
 
 class SideEffectsError(InputError):
@@ -71,7 +72,7 @@ class SideEffectsError(InputError):
 # --------------------------------------------------------------------------------------
 
 
-def random_control(intervention: Intervention, model: Model, *, seed: int = 0) -> Intervention:
+def random_control(intervention: Intervention, model: Model, *, seed: int = SEED) -> Intervention:
     """A random intervention of the same shape and size as ``intervention`` (see the module
     docstring for each kind); deterministic for a given ``seed``.
 
@@ -155,7 +156,7 @@ class SideEffects:
 
     Attributes:
         rows: one dict per (arm, language, metric): ``arm`` (``"intervention"`` or
-            ``"control"``), ``lang``, ``metric`` (one of :data:`METRICS`), ``base`` (value
+            ``"control"``), ``lang``, ``metric`` (one of :data:`MEASURES`), ``base`` (value
             without any intervention), ``value`` (with the arm's intervention), ``delta``
             (the change: a difference of shares for ``accuracy`` and ``output_lang``, the
             relative change ``value / base - 1`` for ``perplexity``), ``ci_low``/``ci_high``
@@ -189,7 +190,7 @@ class SideEffects:
         df = self.to_dataframe()
         df = df[df["arm"] == arm]
         return df.pivot(index="lang", columns="metric", values=value).reindex(
-            index=self.langs, columns=[m for m in METRICS if m in set(df["metric"])]
+            index=self.langs, columns=[m for m in MEASURES if m in set(df["metric"])]
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -198,7 +199,7 @@ class SideEffects:
         return jsonable(
             {
                 "langs": self.langs,
-                "metrics": list(METRICS),
+                "metrics": list(MEASURES),
                 "rows": self.rows,
                 "meta": self.meta,
                 "examples": self.examples,
@@ -213,7 +214,7 @@ class SideEffects:
         return side_effects_heatmap(
             self.rows,
             self.langs,
-            METRICS,
+            MEASURES,
             arms=arms,
             intervention=self.meta.get("intervention", "the intervention"),
             confidence=self.meta.get("confidence", 0.95),
@@ -354,9 +355,8 @@ def _measure_arm(
         ev = evaluate_facts(
             model,
             list(facts),
-            max_new_tokens=opts.max_new_tokens,
-            batch_size=opts.batch_size,
             intervention=intervention,
+            decoding=DecodeOptions(max_new_tokens=opts.max_new_tokens, batch_size=opts.batch_size),
         )
         out["correct"] = np.array([bool(r["correct"]) for r in ev.records], dtype=float)
     hooks = intervention_hooks(model, intervention)
@@ -372,10 +372,9 @@ def _measure_arm(
     gens = greedy_generate(
         model,
         flat,
-        max_new_tokens=opts.continuation_tokens,
-        batch_size=opts.batch_size,
         intervention=intervention,
         stop_at_newline=False,
+        decoding=DecodeOptions(max_new_tokens=opts.continuation_tokens, batch_size=opts.batch_size),
     )
     ids = identify_languages(gens, id_langs)
     k = 0

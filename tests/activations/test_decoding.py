@@ -3,6 +3,8 @@ intervention, on mixed-length batches; rows leave the batch; hooks removed after
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -12,7 +14,7 @@ from mechlingo.activations.likelihood import sample_from_bos
 from mechlingo.core.tokens import current_columns, encode
 from mechlingo.data import load_facts
 from mechlingo.interventions import Ablation, InterventionError, NeuronClamp, SteeringVector
-from mechlingo.scoring.evaluate import greedy_generate
+from mechlingo.scoring.evaluate import DecodeOptions, greedy_generate
 from tests.conftest import count_hooks
 
 PROMPTS = [
@@ -45,9 +47,10 @@ def _interventions(model):
     }
 
 
-def _both(model, prompts, **kw):
-    cached = greedy_generate(model, prompts, cache=True, **kw)
-    plain = greedy_generate(model, prompts, cache=False, **kw)
+def _both(model, prompts, max_new_tokens=8, batch_size=16, **kw):
+    dec = DecodeOptions(max_new_tokens=max_new_tokens, batch_size=batch_size)
+    cached = greedy_generate(model, prompts, **kw, decoding=dec)
+    plain = greedy_generate(model, prompts, **kw, decoding=replace(dec, cache=False))
     return cached, plain
 
 
@@ -69,9 +72,11 @@ def test_cached_equals_uncached_tiny(tiny, kind, stop):
 
 def test_mixed_batch_equals_one_by_one_cached(tiny):
     iv = _interventions(tiny)["composed"]
-    kw = {"max_new_tokens": 5, "intervention": iv, "stop_at_newline": False}
-    batched = greedy_generate(tiny, PROMPTS, batch_size=len(PROMPTS), **kw)
-    alone = [greedy_generate(tiny, [p], **kw)[0] for p in PROMPTS]
+    kw = {"intervention": iv, "stop_at_newline": False}
+    dec = DecodeOptions(max_new_tokens=5, batch_size=len(PROMPTS))
+    batched = greedy_generate(tiny, PROMPTS, **kw, decoding=dec)
+    alone = [greedy_generate(tiny, [p], **kw, decoding=DecodeOptions(max_new_tokens=5))[0]
+             for p in PROMPTS]  # fmt: skip
     assert batched == alone
 
 
@@ -138,9 +143,9 @@ def test_hooks_and_adapter_removed_after_error(tiny):
         greedy_generate(
             tiny,
             PROMPTS,
-            max_new_tokens=4,
             intervention=iv,
             fwd_hooks=[("blocks.0.hook_resid_pre", boom)],
+            decoding=DecodeOptions(max_new_tokens=4),
         )
     assert count_hooks(tiny) == before
     assert all(not m._forward_pre_hooks for m in decoding._attention_modules(tiny))
@@ -161,11 +166,16 @@ def test_upstream_fix_takes_the_native_path(tiny, monkeypatch):
         return original(self, k, v, **kwargs)
 
     iv = _interventions(tiny)["composed"]
-    ref = greedy_generate(tiny, PROMPTS, max_new_tokens=5, intervention=iv, cache=False)
+    ref = greedy_generate(
+        tiny, PROMPTS, intervention=iv, decoding=DecodeOptions(max_new_tokens=5, cache=False)
+    )
     monkeypatch.setattr(AttentionBridge, "_update_kv_cache", fixed)
     monkeypatch.setattr(decoding, "_PATHS", type(decoding._PATHS)())
     assert kv_cache_path(tiny) == "native"
-    assert greedy_generate(tiny, PROMPTS, max_new_tokens=5, intervention=iv) == ref
+    assert (
+        greedy_generate(tiny, PROMPTS, intervention=iv, decoding=DecodeOptions(max_new_tokens=5))
+        == ref
+    )
     monkeypatch.setattr(decoding, "_PATHS", type(decoding._PATHS)())
 
 
@@ -173,8 +183,8 @@ def test_broken_cache_falls_back_to_recomputing(tiny, monkeypatch):
     monkeypatch.setattr(decoding, "_PATHS", type(decoding._PATHS)())
     monkeypatch.setattr(decoding, "_copy_cache_keyword", lambda m, a, k: None)
     assert kv_cache_path(tiny) == "none"
-    ref = greedy_generate(tiny, PROMPTS[:3], max_new_tokens=3, cache=False)
-    assert greedy_generate(tiny, PROMPTS[:3], max_new_tokens=3) == ref
+    ref = greedy_generate(tiny, PROMPTS[:3], decoding=DecodeOptions(max_new_tokens=3, cache=False))
+    assert greedy_generate(tiny, PROMPTS[:3], decoding=DecodeOptions(max_new_tokens=3)) == ref
     monkeypatch.setattr(decoding, "_PATHS", type(decoding._PATHS)())
 
 
@@ -198,7 +208,7 @@ def test_bad_lengths_refused(tiny):
     with pytest.raises(ValueError, match="max_new_tokens"):
         decode(tiny, encode(tiny, ["ab"]), max_new_tokens=-1)
     with pytest.raises(ValueError, match="batch_size"):
-        greedy_generate(tiny, ["ab"], batch_size=0)
+        greedy_generate(tiny, ["ab"], decoding=DecodeOptions(batch_size=0))
     assert decode(tiny, encode(tiny, ["ab"]), max_new_tokens=0) == [[]]
     # the decoding rule's keywords are checked as named arguments are: a misspelt or a
     # missing one is a TypeError, not silently a default

@@ -15,6 +15,7 @@ from mechlingo.interventions.base import Gated, Intervention
 from mechlingo.interventions.steering import SteeringVector
 from mechlingo.scoring import evaluate as ev
 from mechlingo.scoring.evaluate import (
+    DecodeOptions,
     evaluate_conditions,
     evaluate_facts,
     generate_conditions,
@@ -117,12 +118,18 @@ def _safe(iv, b, d) -> bool:
 def test_evaluate_conditions_equals_evaluate_facts(tiny, metric):
     facts = load_facts(langs=["en", "fr", "de"], relations=["capital"], limit=5)
     conds = _conditions(tiny, 1, 4.0)
-    got = evaluate_conditions(tiny, facts, conds, metric=metric, max_new_tokens=5, batch_size=4)
+    got = evaluate_conditions(
+        tiny, facts, conds, metric=metric, decoding=DecodeOptions(max_new_tokens=5, batch_size=4)
+    )
     assert set(got) == set(conds)
     gens = set()
     for name, iv in conds.items():
         want = evaluate_facts(
-            tiny, facts, intervention=iv, metric=metric, max_new_tokens=5, batch_size=4
+            tiny,
+            facts,
+            intervention=iv,
+            metric=metric,
+            decoding=DecodeOptions(max_new_tokens=5, batch_size=4),
         )
         assert got[name].records == want.records, name
         # klar's prompts outgrow the tiny model's 64-token sliding window: decoded alone
@@ -137,27 +144,36 @@ def test_evaluate_conditions_equals_evaluate_facts(tiny, metric):
 def test_left_padding_tokenizer_and_uncached_reference(tiny):
     conds = _conditions(tiny, 1, 4.0)
     ivs = list(conds.values())
-    ref, path = generate_conditions(tiny, PROMPTS, ivs, max_new_tokens=5, cache=False)
+    ref, path = generate_conditions(
+        tiny, PROMPTS, ivs, decoding=DecodeOptions(max_new_tokens=5, cache=False)
+    )
     assert path == "per-condition"
     side = tiny.tokenizer.padding_side
     for pad in ("left", "right"):
         tiny.tokenizer.padding_side = pad
         try:
-            got, path = generate_conditions(tiny, PROMPTS, ivs, max_new_tokens=5, batch_size=3)
+            got, path = generate_conditions(
+                tiny, PROMPTS, ivs, decoding=DecodeOptions(max_new_tokens=5, batch_size=3)
+            )
         finally:
             tiny.tokenizer.padding_side = side
         assert path == "shared-prefix" and got == ref, pad
     for c, iv in enumerate(ivs):
-        assert greedy_generate(tiny, PROMPTS, max_new_tokens=5, intervention=iv) == ref[c]
+        assert (
+            greedy_generate(
+                tiny, PROMPTS, intervention=iv, decoding=DecodeOptions(max_new_tokens=5)
+            )
+            == ref[c]
+        )
 
 
 def test_refused_cache_falls_back_and_says_so(tiny, monkeypatch):
     facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=3)
     conds = _conditions(tiny, 1, 4.0)
-    shared = evaluate_conditions(tiny, facts, conds, max_new_tokens=4)
+    shared = evaluate_conditions(tiny, facts, conds, decoding=DecodeOptions(max_new_tokens=4))
     monkeypatch.setattr(prefix, "prefix_reuse_supported", lambda model, length: False)
     monkeypatch.setattr(ev, "shared_decoding_supported", prefix.shared_decoding_supported)
-    old = evaluate_conditions(tiny, facts, conds, max_new_tokens=4)
+    old = evaluate_conditions(tiny, facts, conds, decoding=DecodeOptions(max_new_tokens=4))
     for name in conds:
         assert old[name].meta["path"] == "per-condition"
         assert old[name].records == shared[name].records
@@ -165,8 +181,8 @@ def test_refused_cache_falls_back_and_says_so(tiny, monkeypatch):
         tiny,
         facts,
         conds,
-        max_new_tokens=4,
         fwd_hooks=[("blocks.0.hook_resid_pre", lambda t, hook: None)],
+        decoding=DecodeOptions(max_new_tokens=4),
     )
     assert hooks["orig"].meta["path"] == "per-condition"
 
@@ -176,7 +192,9 @@ def test_hooks_removed_after_an_error(tiny, shared):
     facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=3)
     conds = {"orig": None, "task": SteeringVector(_vec(tiny, 0, 1.0), 1), "boom": _Boom()}
     with pytest.raises(RuntimeError, match="boom"):
-        evaluate_conditions(tiny, facts, conds, max_new_tokens=3, shared=shared)
+        evaluate_conditions(
+            tiny, facts, conds, shared=shared, decoding=DecodeOptions(max_new_tokens=3)
+        )
     assert count_hooks(tiny) == 0
 
 
@@ -248,10 +266,14 @@ def test_default_protocol_conditions_equal_on_gemma(gemma):
         )
     conds["gated"] = Gated(task + diff, {"en"}, exclude=True)
     conds["last+generated"] = SteeringVector(_vec(gemma, 3, scale), 9, positions="last+generated")
-    got = evaluate_conditions(gemma, facts, conds, max_new_tokens=6, batch_size=8)
+    got = evaluate_conditions(
+        gemma, facts, conds, decoding=DecodeOptions(max_new_tokens=6, batch_size=8)
+    )
     gens = set()
     for name, iv in conds.items():
-        want = evaluate_facts(gemma, facts, intervention=iv, max_new_tokens=6, batch_size=8)
+        want = evaluate_facts(
+            gemma, facts, intervention=iv, decoding=DecodeOptions(max_new_tokens=6, batch_size=8)
+        )
         assert got[name].records == want.records, name
         assert got[name].meta["path"] == "shared-prefix"
         gens.add(tuple(r["generation"] for r in want.records))
@@ -289,7 +311,9 @@ def test_protocol_and_transfer_equal_the_per_condition_path(tiny, monkeypatch):
         top_k=2,
         screen_ids=3,
     )
-    kw = {"grid": grid, "seeds": [0, 1], "scoring": ScoringOptions(max_new_tokens=3)}
+    opts = steer_eval.SteerEvalOptions(
+        grid=grid, seeds=(0, 1), scoring=ScoringOptions(max_new_tokens=3)
+    )
     matrix = MatrixSettings(
         build_ids=3, screen_ids=2, dev_ids=2, test_ids=2, layers=(0, 1), alphas=(0.5, 2.0)
     )
@@ -298,13 +322,13 @@ def test_protocol_and_transfer_equal_the_per_condition_path(tiny, monkeypatch):
         "build": BuildSettings(k_shot=2),
         "scoring": ScoringOptions(max_new_tokens=2),
     }
-    res = steer_eval.run_steer_eval(tiny, facts, vectors, **kw)
+    res = steer_eval.run_steer_eval(tiny, facts, vectors, opts)
     assert {r.meta["path"] for r in res.test.results.values()} == {"shared-prefix"}
     shared = res.summary()
     matrix = transfer.transfer_matrix(tiny, facts, by="relation", **tkw).to_json()
     with monkeypatch.context() as m:
         _per_condition(m)
-        alone = steer_eval.run_steer_eval(tiny, facts, vectors, **kw).summary()
+        alone = steer_eval.run_steer_eval(tiny, facts, vectors, opts).summary()
         matrix_alone = transfer.transfer_matrix(tiny, facts, by="relation", **tkw).to_json()
     assert len(shared["sweep"]["rows"]) > 8
     assert shared == alone
@@ -449,10 +473,16 @@ def test_prefix_memo_reuses_passes_and_changes_no_outcome(tiny):
 
     facts = load_facts(langs=["en", "fr"], relations=["capital"], limit=4)
     first, other = _conditions(tiny, 1, 4.0), _conditions(tiny, 0, 2.0)
-    want = [evaluate_conditions(tiny, facts, c, max_new_tokens=4) for c in (first, other)]
+    want = [
+        evaluate_conditions(tiny, facts, c, decoding=DecodeOptions(max_new_tokens=4))
+        for c in (first, other)
+    ]
     memo = PrefixMemo()
     with reusing_prefixes(memo):
-        got = [evaluate_conditions(tiny, facts, c, max_new_tokens=4) for c in (first, other)]
+        got = [
+            evaluate_conditions(tiny, facts, c, decoding=DecodeOptions(max_new_tokens=4))
+            for c in (first, other)
+        ]
     assert memo.misses > 0 and memo.hits == memo.misses  # the second call ran none
     for g, w in zip(got, want, strict=True):
         assert {n: r.records for n, r in g.items()} == {n: r.records for n, r in w.items()}
@@ -461,13 +491,15 @@ def test_prefix_memo_reuses_passes_and_changes_no_outcome(tiny):
         W.mul_(1.0)  # a new version of the same weights
     before = memo.misses
     with reusing_prefixes(memo):
-        evaluate_conditions(tiny, facts, first, max_new_tokens=4)
+        evaluate_conditions(tiny, facts, first, decoding=DecodeOptions(max_new_tokens=4))
     assert memo.misses == 2 * before
     empty = PrefixMemo(max_bytes=0)
     with reusing_prefixes(empty):
-        again = evaluate_conditions(tiny, facts, first, max_new_tokens=4)
+        again = evaluate_conditions(tiny, facts, first, decoding=DecodeOptions(max_new_tokens=4))
     assert empty.stats()["records"] == 0 and empty.hits == 0
     assert {n: r.records for n, r in again.items()} == {n: r.records for n, r in want[0].items()}
     with pytest.raises(RuntimeError, match="boom"), reusing_prefixes(memo):
-        evaluate_conditions(tiny, facts, {"orig": None, "boom": _Boom()}, max_new_tokens=3)
+        evaluate_conditions(
+            tiny, facts, {"orig": None, "boom": _Boom()}, decoding=DecodeOptions(max_new_tokens=3)
+        )
     assert current_memo() is None and count_hooks(tiny) == 0

@@ -22,7 +22,7 @@ from mechlingo.interventions import (
     load_intervention,
     model_info,
 )
-from mechlingo.scoring.evaluate import greedy_generate
+from mechlingo.scoring.evaluate import DecodeOptions, greedy_generate
 from tests.conftest import count_hooks
 
 PROMPTS = ["The capital of Italy is", "Rome", "La capitale de la France est"]
@@ -183,9 +183,9 @@ def test_hooks_removed_after_exception(tiny, toks):
         greedy_generate(
             tiny,
             PROMPTS[:1],
-            max_new_tokens=2,
             intervention=iv,
             fwd_hooks=[("blocks.1.hook_resid_post", boom)],
+            decoding=DecodeOptions(max_new_tokens=2),
         )
     assert count_hooks(tiny) == before
 
@@ -197,7 +197,11 @@ def test_generation_equals_manual_decoding(tiny):
         iv = SteeringVector(v, 1, 4.0, positions=positions)
         prompt = PROMPTS[0]
         got = greedy_generate(
-            tiny, [prompt], max_new_tokens=5, intervention=iv, stop_at_newline=False
+            tiny,
+            [prompt],
+            intervention=iv,
+            stop_at_newline=False,
+            decoding=DecodeOptions(max_new_tokens=5),
         )[0]
         tokens = tiny.to_tokens(prompt)
         plen = tokens.shape[1]

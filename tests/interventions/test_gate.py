@@ -16,7 +16,7 @@ from mechlingo.interventions import (
     SteeringVector,
     load_intervention,
 )
-from mechlingo.scoring.evaluate import greedy_generate
+from mechlingo.scoring.evaluate import DecodeOptions, greedy_generate
 from tests.conftest import count_hooks
 
 # en, fr, de of different lengths: a padded batch
@@ -127,15 +127,31 @@ def test_gate_in_cached_decoding_mixed_batch(tiny, positions):
     iv = _steer(tiny, alpha=60.0, positions=positions)
     gate = Gated(iv, {"en"}, exclude=True)
     for cache in (True, False):
-        got = greedy_generate(tiny, MIXED, max_new_tokens=5, intervention=gate, cache=cache,
-                              stop_at_newline=False)  # fmt: skip
-        plain = greedy_generate(tiny, MIXED[:1], max_new_tokens=5, cache=cache,
-                                stop_at_newline=False)  # fmt: skip
-        ungated = greedy_generate(tiny, MIXED[1:], max_new_tokens=5, intervention=iv,
-                                  cache=cache, stop_at_newline=False)  # fmt: skip
+        got = greedy_generate(
+            tiny,
+            MIXED,
+            intervention=gate,
+            stop_at_newline=False,
+            decoding=DecodeOptions(max_new_tokens=5, cache=cache),
+        )
+        plain = greedy_generate(
+            tiny,
+            MIXED[:1],
+            stop_at_newline=False,
+            decoding=DecodeOptions(max_new_tokens=5, cache=cache),
+        )
+        ungated = greedy_generate(
+            tiny,
+            MIXED[1:],
+            intervention=iv,
+            stop_at_newline=False,
+            decoding=DecodeOptions(max_new_tokens=5, cache=cache),
+        )
         assert got == plain + ungated
-    assert greedy_generate(tiny, MIXED, max_new_tokens=5, intervention=iv) != greedy_generate(
-        tiny, MIXED, max_new_tokens=5
+    assert greedy_generate(
+        tiny, MIXED, intervention=iv, decoding=DecodeOptions(max_new_tokens=5)
+    ) != greedy_generate(
+        tiny, MIXED, decoding=DecodeOptions(max_new_tokens=5)
     )  # the steering changes generations, so the equalities above can fail
 
 
@@ -149,6 +165,12 @@ def test_gate_on_gemma_mixed_batch_cached(gemma):
     v = torch.randn(gemma.cfg.d_model, generator=torch.Generator().manual_seed(0))
     iv = SteeringVector(v / v.norm() * 3000.0, 8, 1.0)
     gate = iv.only_for({"en"}, exclude=True)
-    got = greedy_generate(gemma, prompts, max_new_tokens=4, intervention=gate)
-    assert got[0] == greedy_generate(gemma, prompts[:1], max_new_tokens=4)[0]
-    assert got[1:] == greedy_generate(gemma, prompts[1:], max_new_tokens=4, intervention=iv)
+    got = greedy_generate(
+        gemma, prompts, intervention=gate, decoding=DecodeOptions(max_new_tokens=4)
+    )
+    assert (
+        got[0] == greedy_generate(gemma, prompts[:1], decoding=DecodeOptions(max_new_tokens=4))[0]
+    )
+    assert got[1:] == greedy_generate(
+        gemma, prompts[1:], intervention=iv, decoding=DecodeOptions(max_new_tokens=4)
+    )

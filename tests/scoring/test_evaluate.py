@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mechlingo.core.answers import is_correct, normalize
-from mechlingo.scoring.evaluate import evaluate_facts, greedy_generate
+from mechlingo.scoring.evaluate import DecodeOptions, evaluate_facts, greedy_generate
 
 
 def test_normalize_and_rule():
@@ -25,7 +25,9 @@ def test_normalize_and_rule():
 
 def test_greedy_generate_matches_step_by_step(tiny):
     prompts = ["The capital of Italy is", "La capitale", "The capital of Italy is"]
-    gens = greedy_generate(tiny, prompts, max_new_tokens=4, stop_at_newline=False)
+    gens = greedy_generate(
+        tiny, prompts, stop_at_newline=False, decoding=DecodeOptions(max_new_tokens=4)
+    )
     assert gens[0] == gens[2]
     for p, g in zip(prompts, gens, strict=True):
         toks = tiny.to_tokens(p)
@@ -44,7 +46,7 @@ def test_english_capitals_mostly_correct(gemma):
     from mechlingo.data import load_facts
 
     facts = load_facts(langs=["en"], relations=["capital"], limit=20)
-    res = evaluate_facts(gemma, facts, max_new_tokens=6)
+    res = evaluate_facts(gemma, facts, decoding=DecodeOptions(max_new_tokens=6))
     acc = res.accuracy()["en"]
     assert acc >= 0.6, res.records
     df = res.to_dataframe()

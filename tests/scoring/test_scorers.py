@@ -21,7 +21,7 @@ from mechlingo.core.sites import resolve_site
 from mechlingo.data import Fact, load_facts
 from mechlingo.data.splits import split_facts
 from mechlingo.interventions import Ablation, Compose, NeuronClamp, SteeringVector
-from mechlingo.scoring.evaluate import evaluate_facts
+from mechlingo.scoring.evaluate import DecodeOptions, evaluate_facts
 from mechlingo.scoring.rank import batch_order, candidate_layout, score_candidates
 from mechlingo.scoring.scorers import (
     KLAR_MAX_NEW_TOKENS,
@@ -209,7 +209,7 @@ def test_every_intervention_kind_applies_under_every_metric(tiny, metric):
         "ablation": Ablation("resid_pre", 1, "zero"),
     }
     kinds["compose"] = Compose([kinds["steer"], kinds["clamp"]])
-    kw = {"metric": metric, "max_new_tokens": 3, "early_stop": False}
+    kw = {"metric": metric, "decoding": DecodeOptions(max_new_tokens=3, early_stop=False)}
     base = evaluate_facts(tiny, facts, **kw)
     key = "scores" if metric == "rank" else "generation"
     n_changed = 0
@@ -232,7 +232,7 @@ def test_every_intervention_kind_applies_under_every_metric(tiny, metric):
 
 
 def test_protocol_score_takes_the_metric(tiny):
-    res = dev_grid.score(tiny, FACTS, None, metric="rank", batch_size=2)
+    res = dev_grid.score(tiny, FACTS, None, metric="rank", decoding=DecodeOptions(batch_size=2))
     assert res.meta["metric"]["metric"] == "rank" and len(res.records) == len(FACTS)
     res = dev_grid.score(tiny, FACTS, None, metric=Scorer("rank", rank_tokens="candidate"))
     assert res.meta["metric"] == {"metric": "rank", "rank_tokens": "candidate"}
@@ -250,7 +250,7 @@ def test_records_a_metric_cannot_use_are_counted_not_dropped(tiny):
     rank = evaluate_facts(tiny, facts, metric="rank")
     assert rank.skipped == {SKIP_NO_CANDIDATES: 1, SKIP_GOLD_MISSING: 1}
     assert len(rank.records) == len(FACTS)
-    gen = evaluate_facts(tiny, facts, metric="generate", max_new_tokens=2)
+    gen = evaluate_facts(tiny, facts, metric="generate", decoding=DecodeOptions(max_new_tokens=2))
     assert gen.skipped == {SKIP_NO_STEM: 1} and len(gen.records) == len(facts) - 1
     with pytest.raises(InputError, match="can score none"):
         evaluate_facts(tiny, [no_cands], metric="rank")

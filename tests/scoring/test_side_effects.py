@@ -22,7 +22,7 @@ from mechlingo.interventions import (
     intervene,
     load_intervention,
 )
-from mechlingo.scoring.evaluate import evaluate_facts, greedy_generate
+from mechlingo.scoring.evaluate import DecodeOptions, evaluate_facts, greedy_generate
 from mechlingo.scoring.side_effects import (
     SideEffectOptions,
     SideEffectsError,
@@ -125,9 +125,15 @@ def test_matrix_against_hand_computation(tiny, vector, facts, lines, result):
         # output language: py3langid on greedy continuations of each line's first words
         for lg in LANGS:
             prompts = [line_prefix(t, lg) for t in lines[lg]]
-            gb = greedy_generate(tiny, prompts, max_new_tokens=5, stop_at_newline=False)
+            gb = greedy_generate(
+                tiny, prompts, stop_at_newline=False, decoding=DecodeOptions(max_new_tokens=5)
+            )
             gv = greedy_generate(
-                tiny, prompts, max_new_tokens=5, stop_at_newline=False, intervention=iv
+                tiny,
+                prompts,
+                stop_at_newline=False,
+                intervention=iv,
+                decoding=DecodeOptions(max_new_tokens=5),
             )
             sb = np.mean([x == lg for x in identify_languages(gb, LANGS)])
             sv = np.mean([x == lg for x in identify_languages(gv, LANGS)])

@@ -26,6 +26,7 @@ from mechlingo.core.distributed import (
     shard_by_cost,
     sharded_scoring,
 )
+from mechlingo.scoring.evaluate import DecodeOptions
 from tests.forks import free_port, torchrun
 
 PROMPTS = [
@@ -299,8 +300,10 @@ SCORING_PART = textwrap.dedent(
         model = load_model(model_dir, device="cpu")
         facts, conds, rank_facts = scoring_inputs(model)
         with sharded_scoring():
-            got = evaluate_conditions(model, facts, conds, max_new_tokens=4, batch_size=3)
-            ranked = evaluate_facts(model, rank_facts, metric="rank", batch_size=1)
+            got = evaluate_conditions(model, facts, conds,
+                                      decoding=DecodeOptions(max_new_tokens=4, batch_size=3))
+            ranked = evaluate_facts(model, rank_facts, metric="rank",
+                                    decoding=DecodeOptions(batch_size=1))
             batches = len(calls)
             lens, emb = lens_and_embeddings(model)
         ev._decode_batch = real
@@ -378,7 +381,7 @@ WORKER = (
         )
         from mechlingo.activations.pooled import pooled_neuron_acts
         from mechlingo.core.models import load_model
-        from mechlingo.scoring.evaluate import evaluate_conditions, evaluate_facts
+        from mechlingo.scoring.evaluate import DecodeOptions, evaluate_conditions, evaluate_facts
         from tests.system.test_distributed import (
             circuit_inputs, lens_and_embeddings, scoring_inputs,
         )
@@ -454,8 +457,9 @@ def lens_and_embeddings(model):
     from tests.scoring.test_scorers import FACTS
 
     _, conds, _ = scoring_inputs(model)
+    dec = DecodeOptions(max_new_tokens=3, batch_size=4)
     few = {m: evaluate_conditions(model, facts[:2] if m == "generate" else FACTS[:2], conds,
-                                  metric=m, max_new_tokens=3, batch_size=4)
+                                  metric=m, decoding=dec)
            for m in ("generate", "rank")}  # fmt: skip
     few_json = {m: {k: v.records for k, v in got.items()} for m, got in few.items()}
     return ({"rank": lens.rank.tolist(), "logprob": lens.logprob.tolist()},
@@ -475,8 +479,12 @@ def test_two_processes_score_like_one(tiny, two_processes):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the workers (OMP_NUM_THREADS=1): the same reduction order
     try:
-        one = evaluate_conditions(tiny, facts, conds, max_new_tokens=4, batch_size=3)
-        ranked = evaluate_facts(tiny, rank_facts, metric="rank", batch_size=1)
+        one = evaluate_conditions(
+            tiny, facts, conds, decoding=DecodeOptions(max_new_tokens=4, batch_size=3)
+        )
+        ranked = evaluate_facts(
+            tiny, rank_facts, metric="rank", decoding=DecodeOptions(batch_size=1)
+        )
         lens, emb = lens_and_embeddings(tiny)
         emb = json.loads(json.dumps(emb))
     finally:

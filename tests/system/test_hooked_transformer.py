@@ -28,6 +28,7 @@ from mechlingo.analyses.decoders.lens import logit_lens  # noqa: E402
 from mechlingo.core.models import load_model, weight_mode  # noqa: E402
 from mechlingo.core.sites import hook_name, site_map  # noqa: E402
 from mechlingo.core.tokens import encode  # noqa: E402
+from mechlingo.scoring.evaluate import DecodeOptions  # noqa: E402
 from mechlingo.testing import build_tiny_folder  # noqa: E402
 
 PROMPTS = [
@@ -227,6 +228,11 @@ def test_generation_recomputes_the_prefix_on_a_hooked_transformer(ht):
     from mechlingo.scoring.evaluate import greedy_generate
 
     assert kv_cache_path(ht) == "none"
-    batched = greedy_generate(ht, PROMPTS, max_new_tokens=3, stop_at_newline=False)
-    alone = [greedy_generate(ht, [p], max_new_tokens=3, stop_at_newline=False)[0] for p in PROMPTS]
+    batched = greedy_generate(
+        ht, PROMPTS, stop_at_newline=False, decoding=DecodeOptions(max_new_tokens=3)
+    )
+    alone = [
+        greedy_generate(ht, [p], stop_at_newline=False, decoding=DecodeOptions(max_new_tokens=3))[0]
+        for p in PROMPTS
+    ]
     assert batched == alone

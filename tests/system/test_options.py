@@ -5,10 +5,12 @@ the options objects refuse bad values with one line saying what to pass."""
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import importlib
 import inspect
 import pkgutil
+import textwrap
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ import torch
 import mechlingo
 from mechlingo.analyses.decoders.lens import LensRunOptions
 from mechlingo.analyses.decoders.options import TrainingOptions
+from mechlingo.analyses.decoders.patchscope import PATCHSCOPE_BATCH_SIZE
 from mechlingo.analyses.decoders.tuned_lens import HELDOUT_BATCH_SIZE
 from mechlingo.analyses.experts.align_run import AlignOptions
 from mechlingo.analyses.experts.kcurve import KCurveOptions
@@ -67,7 +70,7 @@ ALLOWED: dict[str, Any] = {
     "analyses.experts.run.ExpertSettings:max_new_tokens": D.SAMPLE_NEW_TOKENS,
     # the patchscope's rows are one short target prompt per layer; its continuation is off
     # unless `lens --patchscope-tokens` asks for it (`lens --help`)
-    "analyses.decoders.patchscope.Patchscope:batch_size": 64,
+    "analyses.decoders.patchscope.Patchscope:batch_size": PATCHSCOPE_BATCH_SIZE,
     "analyses.decoders.patchscope.Patchscope:max_new_tokens": 0,
     "analyses.decoders.patchscope.Patchscope.generate:max_new_tokens": None,
     # a budget's unset seed means the matrix settings' own
@@ -149,6 +152,86 @@ def test_every_public_default_of_a_shared_option_is_the_shared_one():
     assert stale == {}, "ALLOWED entries that no longer match a public default: " + str(stale)
 
 
+#: the constant of mechlingo.core.defaults each shared option's default must name
+CONSTANT: dict[str, str] = {
+    "batch_size": "BATCH_SIZE",
+    "max_new_tokens": "MAX_NEW_TOKENS",
+    "cache": "KV_CACHE",
+    "kv_cache": "KV_CACHE",
+    "early_stop": "EARLY_STOP",
+    "seed": "SEED",
+    "progress": "PROGRESS",
+}
+#: a literal default the typed card budgets replace (their stage settings take the budget's
+#: progress); an entry that no longer exists fails, so it is dropped once they land
+PENDING: dict[str, str] = {}
+
+
+def _default_exprs(obj: Any) -> dict[str, tuple[ast.expr, Any]]:
+    """``{parameter or field name: (its default as written, the module it is written in)}``
+    of a public function, class or dataclass (fields found in the class of the MRO that
+    declares them)."""
+    out: dict[str, tuple[ast.expr, Any]] = {}
+    if dataclasses.is_dataclass(obj):
+        for cls in reversed(obj.__mro__):
+            if not cls.__module__.startswith("mechlingo") or "__annotations__" not in vars(cls):
+                continue
+            tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+            body = tree.body[0].body  # type: ignore[attr-defined]
+            mod = importlib.import_module(cls.__module__)
+            out.update({st.target.id: (st.value, mod) for st in body if isinstance(st, ast.AnnAssign)
+                        and isinstance(st.target, ast.Name) and st.value is not None})  # fmt: skip
+        return out
+    fn = vars(obj).get("__init__") if inspect.isclass(obj) else obj
+    if fn is None or not inspect.isfunction(fn):
+        return out
+    node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    assert isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)), fn
+    a, mod = node.args, importlib.import_module(fn.__module__)
+    pos = [*a.posonlyargs, *a.args]
+    pairs = [*zip(pos[len(pos) - len(a.defaults) :], a.defaults, strict=True),
+             *zip(a.kwonlyargs, a.kw_defaults, strict=True)]  # fmt: skip
+    return {x.arg: (d, mod) for x, d in pairs if d is not None}
+
+
+def _defaults_name(module: Any, expr: ast.expr) -> str | None:
+    """The name in :mod:`mechlingo.core.defaults` that ``expr`` (written in ``module``) is:
+    a name imported from there, or an attribute of that module; ``None`` otherwise."""
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
+        return expr.attr if getattr(module, expr.value.id, None) is D else None
+    if not isinstance(expr, ast.Name):
+        return None
+    for node in ast.parse(inspect.getsource(module)).body:
+        if isinstance(node, ast.ImportFrom) and node.module == "mechlingo.core.defaults":
+            for alias in node.names:
+                if (alias.asname or alias.name) == expr.id:
+                    return alias.name
+    return None
+
+
+def test_every_shared_option_default_is_a_named_constant_not_a_literal():
+    """Equal values are not enough: every public default of a shared option is written as
+    the named constant of mechlingo.core.defaults (a deliberate difference as its own named
+    constant, listed in ALLOWED), so changing a shared default is one edit."""
+    literal, unnamed, seen = {}, {}, set()
+    for where, obj in _public().items():
+        for name, (expr, module) in _default_exprs(obj).items():
+            if name not in CONSTANT or (isinstance(expr, ast.Constant) and expr.value is None):
+                continue
+            loc = f"{where}:{name}"
+            seen.add(loc)
+            if loc in PENDING:
+                assert ast.unparse(expr) == PENDING[loc], loc
+            elif not isinstance(expr, (ast.Name, ast.Attribute)):
+                literal[loc] = ast.unparse(expr)
+            elif loc not in ALLOWED and _defaults_name(module, expr) != CONSTANT[name]:
+                unnamed[loc] = ast.unparse(expr)
+    assert len(seen) > 60  # the scan reads the sources
+    assert literal == {}, "literal defaults of shared options (name a constant): " + str(literal)
+    assert unnamed == {}, "defaults that are not mechlingo.core.defaults' constant: " + str(unnamed)
+    assert set(PENDING) <= seen, "stale PENDING entries: " + str(set(PENDING) - seen)
+
+
 def _flags() -> dict[tuple[str, str], argparse.Action]:
     """``{(command, flag): action}`` of every (sub)command's shared-name flags."""
     out: dict[tuple[str, str], argparse.Action] = {}
@@ -192,13 +275,16 @@ def test_each_steer_command_has_one_adapter_whose_defaults_are_the_options():
                                         "--out", "o"]))  # fmt: skip
     assert dataclasses.replace(got, scoring=ScoringOptions()) == SteerEvalOptions()
     assert got.scoring.metric.metric == "generate" and got.scoring.progress is False
+    # one options object: every setting in SteerEvalOptions, the stage store a keyword
     params = inspect.signature(run_steer_eval).parameters
-    assert {k: params[k].default for k in ("seeds", "repeats")} == {"seeds": (0, 1, 2),
-                                                                     "repeats": 1}  # fmt: skip
+    assert list(params) == ["model", "facts", "vectors", "options", "stages"]
+    assert (
+        params["options"].default is None and params["stages"].kind is params["stages"].KEYWORD_ONLY
+    )
+    assert (SteerEvalOptions.seeds, SteerEvalOptions.repeats) == (D.CONTROL_SEEDS, 1)
     odd = eval_options_from_args(parse(["steer", "eval", "--control-seeds", "4,5", "--repeats",
                                         "2", "--transfer-ids", "1,2,3,4", "--out", "o"]))  # fmt: skip
     assert (odd.seeds, odd.repeats, odd.matrix.build_ids, odd.matrix.test_ids) == ((4, 5), 2, 1, 4)
-    assert odd.kw()["seeds"] == (4, 5) and "matrix" not in odd.kw()
     with pytest.raises(InputError, match="repeats must be at least 1"):
         SteerEvalOptions(repeats=0)
     with pytest.raises(InputError, match="--control-seeds needs at least one seed"):
@@ -226,7 +312,7 @@ def test_each_steer_command_has_one_adapter_whose_defaults_are_the_options():
         (lambda: KCurveOptions(n_samples=0), "n_samples must be >= 1"),
         (lambda: KCurveOptions(value="max"), "pass one of mean, median"),  # type: ignore[arg-type]
         (lambda: AlignOptions(batch_size=0), "batch_size must be an integer of at least 1"),
-        (lambda: DecodeOptions(batch_size=0), "batch_size must be at least 1"),
+        (lambda: DecodeOptions(batch_size=0), "batch_size (--batch-size) must be at least 1"),
         (lambda: DecodeOptions(max_new_tokens=-1), "max_new_tokens must be >= 0"),
         (lambda: LensRunOptions(chunk_rows=0), "chunk_rows must be an integer of at least 1"),
         (lambda: CardOptions(paper="x"), "paper must be one of"),
@@ -246,8 +332,8 @@ def test_options_refuse_bad_values_in_one_line(make, says):
 
 def test_scoring_options_pass_the_kv_cache_and_early_stop_on():
     kw = ScoringOptions(cache=False, early_stop=False, max_new_tokens=3).kw()
-    assert kw == {"max_new_tokens": 3, "batch_size": 64, "progress": False, "cache": False,
-                  "early_stop": False}  # fmt: skip
+    assert kw == {"decoding": DecodeOptions(max_new_tokens=3, batch_size=64, progress=False,
+                                            cache=False, early_stop=False)}  # fmt: skip
     assert TrainingOptions.of(None) == TrainingOptions()
     assert TrainingOptions.of({"steps": 3}).kw()["steps"] == 3
     assert D.check_seeds(("1", 2)) == [1, 2]
@@ -257,19 +343,24 @@ def test_scoring_options_pass_the_kv_cache_and_early_stop_on():
 
 
 def test_the_scoring_options_are_the_decoding_options_and_a_metric():
-    """One list of decoding options: ``ScoringOptions`` is a ``DecodeOptions`` (its fields,
-    checks and the keywords of ``evaluate_conditions``) with the steering defaults and a
-    metric; the keyword lists typed for ``Unpack`` name exactly those fields."""
-    from mechlingo.scoring.evaluate import ScoreArgs
+    """One decoding options type: ``ScoringOptions`` is a ``DecodeOptions`` (its fields and
+    checks) with the steering defaults and a metric, and every scoring function takes the
+    decoding options as one ``decoding`` argument (no decoding keyword of its own)."""
+    from mechlingo.scoring import evaluate as ev
 
     decode = [f.name for f in dataclasses.fields(DecodeOptions)]
     assert issubclass(ScoringOptions, DecodeOptions)
     assert [f.name for f in dataclasses.fields(ScoringOptions)] == [*decode, "metric"]
-    assert sorted(ScoreArgs.__annotations__) == sorted(decode)
+    for fn in (ev.evaluate_facts, ev.evaluate_conditions, ev.greedy_generate,
+               ev.generate_conditions):  # fmt: skip
+        params = inspect.signature(fn).parameters
+        assert params["decoding"].default is None and not set(decode) & set(params), fn
+        assert not any(p.kind is p.VAR_KEYWORD for p in params.values()), fn
+    assert not [n for n, o in vars(ev).items() if isinstance(o, type) and n.endswith("Args")]
     opt = ScoringOptions(metric="rank", max_new_tokens=3, cache=False)
     assert opt.decode() == DecodeOptions(max_new_tokens=3, batch_size=D.STEER_BATCH_SIZE,
                                          cache=False)  # fmt: skip
-    with pytest.raises(InputError, match="batch_size must be at least 1"):
+    with pytest.raises(InputError, match=r"batch_size \(--batch-size\) must be at least 1"):
         DecodeOptions(batch_size=0)
     with pytest.raises(TypeError):  # keywords only: a field order cannot misplace a value
         ScoringOptions("rank")  # type: ignore[misc]
@@ -305,13 +396,13 @@ def test_stage_stores_and_the_kv_cache_are_separate_names():
     from mechlingo.analyses.experts.kcurve import k_curve
     from mechlingo.analyses.recall.steer_eval import evaluate_test
     from mechlingo.core.artifacts import cleanup_stale
-    from mechlingo.scoring.evaluate import DecodeOptions, ScoreArgs, evaluate_conditions
+    from mechlingo.scoring.evaluate import DecodeOptions, evaluate_conditions
 
     assert "stage_store" in inspect.signature(evaluate_test).parameters
     assert "stage_store" in inspect.signature(k_curve).parameters
     assert "cache" not in inspect.signature(evaluate_test).parameters
-    assert "cache" in ScoreArgs.__annotations__ and DecodeOptions.cache is D.KV_CACHE
-    assert "cache" not in inspect.signature(evaluate_conditions).parameters  # in **decoding
+    assert DecodeOptions.cache is D.KV_CACHE
+    assert "cache" not in inspect.signature(evaluate_conditions).parameters  # in decoding
     assert "model_cache" in inspect.signature(cleanup_stale).parameters
 
 

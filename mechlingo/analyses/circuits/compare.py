@@ -18,6 +18,7 @@ import numpy as np
 
 from mechlingo.analyses.circuits.faithfulness import faithfulness
 from mechlingo.analyses.circuits.result import CircuitResult, sharded_patcher
+from mechlingo.core.defaults import SEED
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 
@@ -34,7 +35,7 @@ def edge_overlap(
     universe: Sequence[Any],
     *,
     n_null: int = 2000,
-    seed: int = 0,
+    seed: int = SEED,
 ) -> dict[str, float]:
     """``{"jaccard", "null_mean", "p", "n_a", "n_b"}``: the edge Jaccard index of circuits
     ``a`` and ``b`` (edges as hashable ids) and its one-sided permutation p-value against

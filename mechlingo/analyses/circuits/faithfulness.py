@@ -23,6 +23,7 @@ from torch import Tensor
 
 from mechlingo.analyses.circuits.graph import Graph
 from mechlingo.analyses.circuits.patching import EdgePatcher
+from mechlingo.core.defaults import SEED
 
 __all__ = [
     "curve_areas",
@@ -84,7 +85,7 @@ def _per_fact(values: Tensor, facts: Sequence[str]) -> np.ndarray:
 
 
 def ratio_interval(
-    num: Tensor, den: Tensor, facts: Sequence[str], *, seed: int = 0
+    num: Tensor, den: Tensor, facts: Sequence[str], *, seed: int = SEED
 ) -> tuple[float, float, float]:
     """``(mean(num) / mean(den), 2.5%, 97.5%)``: the ratio of means with a percentile
     bootstrap interval over facts (rows of one fact averaged first), from
@@ -159,7 +160,7 @@ def curve_areas(
     corrupted: Float[Tensor, " row"],
     facts: Sequence[str],
     *,
-    seed: int = 0,
+    seed: int = SEED,
 ) -> dict[str, Any]:
     """MIB's integrated circuit performance ratio and circuit-model distance of a
     faithfulness curve (see the module docstring): ``{"cpr": {"value", "lo", "hi"}, "cmd":

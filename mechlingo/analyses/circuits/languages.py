@@ -21,7 +21,7 @@ from mechlingo.analyses.circuits.result import CircuitResult, find_circuit
 from mechlingo.core.defaults import BATCH_SIZE, MAX_NEW_TOKENS
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
-from mechlingo.scoring.evaluate import evaluate_facts
+from mechlingo.scoring.evaluate import DecodeOptions, evaluate_facts
 
 if TYPE_CHECKING:
     from mechlingo.data import Fact
@@ -96,7 +96,11 @@ def correct_facts(
     if not facts:
         return []
     res = evaluate_facts(
-        model, facts, batch_size=batch_size, max_new_tokens=max_new_tokens, progress=progress
+        model,
+        facts,
+        decoding=DecodeOptions(
+            batch_size=batch_size, max_new_tokens=max_new_tokens, progress=progress
+        ),
     )
     ok = {(r["lang"], r["id"]) for r in res.records if r["correct"]}
     return [f for f in facts if (f.lang, f.id) in ok]

@@ -28,6 +28,7 @@ from torch import Tensor
 from mechlingo.analyses.circuits.compare import cross_faithfulness, edge_overlap
 from mechlingo.analyses.circuits.faithfulness import edge_intervals
 from mechlingo.analyses.circuits.result import CircuitResult
+from mechlingo.core.defaults import SEED
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
 
@@ -56,7 +57,7 @@ def weighted_overlap(
     universe: Sequence[int],
     *,
     n_null: int = 2000,
-    seed: int = 0,
+    seed: int = SEED,
 ) -> dict[str, float]:
     """``{"overlap", "null_mean", "p", "n_a", "n_b"}``: the score-weighted overlap of
     circuits ``a`` and ``b`` (flat edge indices into ``mean_a``/``mean_b``, each language's
@@ -78,7 +79,7 @@ def weighted_overlap(
             "n_b": len(ib)}  # fmt: skip
 
 
-def overlap_null(n_a: int, n_b: int, universe: int, *, n_null: int, seed: int = 0) -> np.ndarray:
+def overlap_null(n_a: int, n_b: int, universe: int, *, n_null: int, seed: int = SEED) -> np.ndarray:
     """Edge Jaccard indices of ``n_null`` pairs of random circuits of sizes ``n_a`` and
     ``n_b`` drawn uniformly without replacement from ``universe`` edges (the null of
     :func:`~mechlingo.analyses.circuits.compare.edge_overlap`, as draws)."""
@@ -181,7 +182,7 @@ def compare_languages(
     *,
     reference: str = "en",
     n_null: int = 2000,
-    seed: int = 0,
+    seed: int = SEED,
 ) -> dict[str, Any]:
     """Every language's circuit compared with every other's (see the module docstring):
     ``languages`` (n, correct facts, circuit size and faithfulness, the curve, Spearman of

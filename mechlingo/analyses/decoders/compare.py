@@ -60,7 +60,7 @@ def english_lead(
     *,
     langs: Sequence[str] | None = None,
     min_prob: float = 0.01,
-    seed: int = 0,
+    seed: int = SEED,
 ) -> dict[str, dict[str, Any]]:
     """Where the English answer leads the prompt-language answer, per prompt language.
 

@@ -28,13 +28,16 @@ from mechlingo.core.tokens import TokenBatch, encode, pad_rows
 from mechlingo.core.types import HookFn, Model
 from mechlingo.kernels.readout import greedy_next
 
-__all__ = ["MAX_NEW_TOKENS", "PATCHSCOPE", "TARGET", "TARGET_PROMPTS", "Patchscope",
-           "patch_hooks"]  # fmt: skip
+__all__ = ["MAX_NEW_TOKENS", "PATCHSCOPE", "PATCHSCOPE_BATCH_SIZE", "TARGET", "TARGET_PROMPTS",
+           "Patchscope", "patch_hooks"]  # fmt: skip
 
 #: The patchscope's registered decoder name.
 PATCHSCOPE = "patchscope"
 #: Greedy continuation tokens per entry by default (0: its first token only).
 MAX_NEW_TOKENS = 0
+#: Target rows per forward pass by default, above the shared batch of fact prompts: each row is
+#: one short target prompt patched at one entry (``lens --help``).
+PATCHSCOPE_BATCH_SIZE = 64
 #: The target language by default (``None``: each prompt's own).
 TARGET: str | None = None
 #: One patchscope prompt (every entry decoded) in the card's cost unit, items scored under
@@ -102,7 +105,7 @@ class Patchscope:
 
     targets: Mapping[str, str] = field(default_factory=lambda: dict(TARGET_PROMPTS))
     target: str | None = TARGET
-    batch_size: int = 64
+    batch_size: int = PATCHSCOPE_BATCH_SIZE
     max_new_tokens: int = MAX_NEW_TOKENS
     name: str = PATCHSCOPE
 

@@ -41,6 +41,7 @@ from mechlingo.analyses.decoders.tuned_lens import (
 )
 from mechlingo.analyses.results import WritesFolder
 from mechlingo.core.artifacts import write_files
+from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
 from mechlingo.core.distributed import is_main
 from mechlingo.core.inert import inert_csv
 from mechlingo.core.stages import Stages
@@ -124,8 +125,8 @@ def run_lens_decoders(
     *,
     track_langs: Sequence[str] = (),
     max_rank: int = 10,
-    batch_size: int = 16,
-    progress: bool = False,
+    batch_size: int = BATCH_SIZE,
+    progress: bool = PROGRESS,
 ) -> LensDecodersRun:
     """Read every layer of ``facts`` with each of ``decoders`` (label -> a registered name or
     a decoder object, such as a built

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from mechlingo.activations.runs import StopForward, run_batch
 from mechlingo.analyses.decoders.registry import Decoder, as_decoder
+from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
 from mechlingo.core.tokens import TokenBatch, encode, sorted_batches
 from mechlingo.core.types import Model
 from mechlingo.data.langid import token_language as _token_language
@@ -124,9 +125,9 @@ def token_grid(
     langs: Sequence[str],
     decoder: Decoder | None = None,
     top_k: int = 5,
-    batch_size: int = 16,
+    batch_size: int = BATCH_SIZE,
     chunk_rows: int = 256,
-    progress: bool = False,
+    progress: bool = PROGRESS,
 ) -> TokenGrid:
     """The top ``top_k`` tokens of each lens entry (``entries``, read at the hooks
     ``names``) at every position of every prompt, through ``decoder`` (``None``: the logit

@@ -33,6 +33,7 @@ from mechlingo.analyses.decoders.entries import lens_hook_names
 from mechlingo.analyses.decoders.options import TrainingOptions
 from mechlingo.analyses.decoders.registry import DecoderOption, register_decoder
 from mechlingo.core.artifacts import atomic_folder
+from mechlingo.core.defaults import SEED
 from mechlingo.core.describe import check_model, model_info
 from mechlingo.core.distributed import all_reduce_state, dist_info, shard
 from mechlingo.core.errors import ArtifactError, InputError, MissingArtifactError
@@ -641,7 +642,7 @@ def lens_divergence(
     max_tokens: int = 64,
     positions_per_text: int | None = 8,
     batch_size: int = HELDOUT_BATCH_SIZE,
-    seed: int = 0,
+    seed: int = SEED,
 ) -> dict[str, Any]:
     """Held-out ``KL(p_final || p_decoder)`` per lens entry for each decoder (``None`` = the
     logit lens), on the same tokens: the mean over texts of each text's mean KL, with a

@@ -31,6 +31,7 @@ from mechlingo.activations.pooled import (
     output_device,
     pool_activations,
 )
+from mechlingo.core.defaults import BATCH_SIZE, PROGRESS, SEED
 from mechlingo.core.distributed import gather_lists, scoring_sharded, shard_by_cost
 from mechlingo.core.errors import MechlingoError
 from mechlingo.core.sites import hook_name, resolve_layers
@@ -107,9 +108,9 @@ def embed_parallel(
     *,
     layers: int | Sequence[int] | str | None = None,
     intervention: Intervention | None = None,
-    batch_size: int = 16,
+    batch_size: int = BATCH_SIZE,
     max_tokens: int | None = None,
-    progress: bool = False,
+    progress: bool = PROGRESS,
 ) -> Embeddings:
     """Mean-pooled residual-stream embeddings of every sentence at the chosen layers.
 
@@ -443,7 +444,7 @@ class AlignmentComparison:
             out["retrieval_mean_per_layer"][arm] = _mean_offdiag(r, self.layers)
         return out
 
-    def intervals(self, layer: int | None = None, *, seed: int = 0) -> dict[str, Any]:
+    def intervals(self, layer: int | None = None, *, seed: int = SEED) -> dict[str, Any]:
         """Bootstrap 95% intervals over sentences (``scipy.stats.bootstrap``) at ``layer``.
 
         ``metrics[m][arm]``: the mean of :func:`per_sentence` value ``m`` (``retrieval``,
@@ -577,9 +578,9 @@ def compare_alignment(
     layers: int | Sequence[int] | str | None = "all",
     target: str | None = None,
     centre: bool = False,
-    batch_size: int = 16,
+    batch_size: int = BATCH_SIZE,
     max_tokens: int | None = None,
-    progress: bool = False,
+    progress: bool = PROGRESS,
 ) -> AlignmentComparison:
     """Embed parallel sentences without and with ``intervention`` and measure retrieval (all
     embedded layers) and distances (on demand, per layer), and under ``control`` (e.g. the

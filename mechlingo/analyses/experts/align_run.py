@@ -190,8 +190,8 @@ def align_side_effects(
     texts: Mapping[str, Sequence[str]],
     n: int,
     *,
-    batch_size: int = 16,
-    progress: bool = False,
+    batch_size: int = BATCH_SIZE,
+    progress: bool = PROGRESS,
 ) -> SideEffects:
     """The clamp's side effects (:func:`mechlingo.scoring.side_effects.side_effects`) in every
     bundled language of ``texts`` against ``control`` (a norm-matched random one without):

@@ -27,7 +27,7 @@ from mechlingo.activations.likelihood import line_nll, sample_from_bos
 from mechlingo.activations.pooled import check_texts
 from mechlingo.analyses.experts.selection import ExpertResult
 from mechlingo.analyses.experts.stacked import stacked_bos_samples, stacked_line_nll
-from mechlingo.core.defaults import SAMPLE_NEW_TOKENS
+from mechlingo.core.defaults import PROGRESS, SAMPLE_NEW_TOKENS, SEED
 from mechlingo.core.distributed import (
     dist_info,
     gather_lists,
@@ -40,7 +40,7 @@ from mechlingo.core.types import Model
 from mechlingo.data.langid import identify_languages
 from mechlingo.interventions import Intervention, intervention_hooks
 from mechlingo.kernels.significance import bootstrap_perplexity, mcnemar, perplexity_ratio, wilson
-from mechlingo.scoring.evaluate import generate_conditions, greedy_generate
+from mechlingo.scoring.evaluate import DecodeOptions, generate_conditions, greedy_generate
 from mechlingo.viz.common import html_summary, interval_text
 from mechlingo.viz.experts import k_curve_figure
 
@@ -321,8 +321,17 @@ def _outputs_one(
     hooks = intervention_hooks(model, iv)
     bos = sample_from_bos(model, n_samples, max_new_tokens=max_new_tokens, fwd_hooks=hooks,
                           seed=seed)  # fmt: skip
-    gens = (greedy_generate(model, list(prompts), max_new_tokens=max_new_tokens,
-                            intervention=iv, stop_at_newline=False) if prompts else [])  # fmt: skip
+    gens = (
+        greedy_generate(
+            model,
+            list(prompts),
+            intervention=iv,
+            stop_at_newline=False,
+            decoding=DecodeOptions(max_new_tokens=max_new_tokens),
+        )
+        if prompts
+        else []
+    )
     nll = {hl: _kept(hl, *line_nll(model, s, fwd_hooks=hooks, max_tokens=max_tokens))
            for hl, s in heldout.items()}  # fmt: skip
     return {"bos": bos, "prompt": gens, "nll": nll}
@@ -342,8 +351,7 @@ def _outputs_stacked(
         hooks = [intervention_hooks(model, iv) for iv in part]
         bos = stacked_bos_samples(model, hooks, n_samples, max_new_tokens=max_new_tokens,
                                   seed=seed)  # fmt: skip
-        gens = (generate_conditions(model, list(prompts), part, max_new_tokens=max_new_tokens,
-                                    stop_at_newline=False)[0] if prompts
+        gens = (generate_conditions(model, list(prompts), part, stop_at_newline=False, decoding=DecodeOptions(max_new_tokens=max_new_tokens))[0] if prompts
                 else [[] for _ in part])  # fmt: skip
         nll = {hl: stacked_line_nll(model, s, hooks, max_tokens=max_tokens)
                for hl, s in heldout.items()}  # fmt: skip
@@ -431,12 +439,12 @@ class KCurveOptions:
     max_new_tokens: int = SAMPLE_NEW_TOKENS
     prompts: Sequence[str] = NEUTRAL_PROMPTS
     value: Literal["mean", "median"] = "mean"
-    seed: int = 0
+    seed: int = SEED
     control: bool = True
     control_seeds: Sequence[int] | None = None
     layer_matched: bool = False
     max_tokens: int | None = 32
-    progress: bool = False
+    progress: bool = PROGRESS
     stack: bool = True
     shard_turn: int = 0
 

@@ -40,7 +40,7 @@ from mechlingo.analyses.experts.stats import (
     score_neurons,
 )
 from mechlingo.core.artifacts import write_files
-from mechlingo.core.defaults import BATCH_SIZE, PROGRESS, SAMPLE_NEW_TOKENS
+from mechlingo.core.defaults import BATCH_SIZE, PROGRESS, SAMPLE_NEW_TOKENS, SEED
 from mechlingo.core.distributed import is_main
 from mechlingo.core.errors import ArtifactError, ExpertError
 from mechlingo.core.inert import inert_csv
@@ -87,7 +87,7 @@ class ExpertSettings:
     score: ScoreName = "auroc"
     value: Literal["mean", "median"] = "mean"
     layers: tuple[int, ...] | None = None
-    seed: int = 0
+    seed: int = SEED
     samples: int = 32
     max_new_tokens: int = SAMPLE_NEW_TOKENS
     max_tokens: int | None = None

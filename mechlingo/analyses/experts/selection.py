@@ -30,6 +30,7 @@ from mechlingo.analyses.experts.stats import (
     collect_neuron_stats,
     score_neurons,
 )
+from mechlingo.core.defaults import SEED
 from mechlingo.core.errors import ExpertError
 from mechlingo.core.types import Model
 from mechlingo.interventions import Intervention, NeuronClamp, load_intervention
@@ -168,7 +169,7 @@ class ExpertResult:
         k: int,
         *,
         value: Literal["mean", "median"] = "mean",
-        seed: int = 0,
+        seed: int = SEED,
         by: ScoreName | None = None,
         positions: str = "all_with_bos",
         layer_matched: bool = False,
@@ -187,7 +188,7 @@ class ExpertResult:
         lang: str,
         k: int,
         *,
-        seed: int = 0,
+        seed: int = SEED,
         by: ScoreName | None = None,
         layer_matched: bool = False,
     ) -> Int[Tensor, " k"]:

@@ -28,7 +28,7 @@ from mechlingo.activations.decoding import (
 from mechlingo.activations.pooled import encode_sentences
 from mechlingo.activations.prefix import rows_hooks, stacked_owners
 from mechlingo.activations.runs import StopForward, final_resid_name, model_input_device, run_batch
-from mechlingo.core.defaults import SAMPLE_NEW_TOKENS
+from mechlingo.core.defaults import BATCH_SIZE, KV_CACHE, SAMPLE_NEW_TOKENS, SEED
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, sorted_batches
 from mechlingo.core.types import FwdHooks, Model
@@ -49,9 +49,9 @@ def stacked_bos_samples(
     n: int,
     *,
     max_new_tokens: int = SAMPLE_NEW_TOKENS,
-    seed: int = 0,
+    seed: int = SEED,
     temperature: float = 1.0,
-    cache: bool = True,
+    cache: bool = KV_CACHE,
 ) -> list[list[str]]:
     """``out[c]``: the ``n`` samples of ``sample_from_bos(model, n, fwd_hooks=hook_sets[c],
     seed=seed, ...)``, every condition decoded in one stacked batch of ``n * len(hook_sets)``
@@ -107,7 +107,7 @@ def stacked_line_nll(
     texts: Sequence[str],
     hook_sets: Sequence[FwdHooks],
     *,
-    batch_size: int = 16,
+    batch_size: int = BATCH_SIZE,
     max_tokens: int | None = None,
     chunk_rows: int = 128,
 ) -> list[tuple[Float[Tensor, " text"], Int[Tensor, " text"]]]:

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from mechlingo.activations.runs import collect
 from mechlingo.analyses.recall.steering import SteeringPair, vectors_from_means
+from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import resolve_layers, resolve_site
 from mechlingo.core.tokens import encode, sorted_batches
@@ -172,8 +173,8 @@ def group_stats(
     *,
     k_shot: int = 3,
     translation_shots: int = 2,
-    batch_size: int = 16,
-    progress: bool = False,
+    batch_size: int = BATCH_SIZE,
+    progress: bool = PROGRESS,
 ) -> GroupStats:
     """Run the build facts once: per (relation, language) sums of the three prompt sets'
     last-token residuals and of the zero-shot norms, from which :func:`pooled_vectors`

@@ -22,6 +22,7 @@ from typing import Any
 
 from mechlingo.core.defaults import (
     BATCH_SIZE,
+    SEED,
     STEER_BATCH_SIZE,
     STEER_MAX_NEW_TOKENS,
 )
@@ -165,9 +166,8 @@ class ScoringOptions(DecodeOptions):
     metric: str | Scorer = "generate"
 
     def __post_init__(self) -> None:
-        _at_least(self.max_new_tokens, 1, "max_new_tokens (--max-new-tokens)")
-        _at_least(self.batch_size, 1, "batch_size (--batch-size)")
         super().__post_init__()
+        _at_least(self.max_new_tokens, 1, "max_new_tokens (--max-new-tokens)")
         if isinstance(self.metric, str) and self.metric not in METRICS:
             raise InputError(
                 f"metric {self.metric!r}: pass 'generate', 'rank', 'klar' or a Scorer (--metric)"
@@ -175,13 +175,13 @@ class ScoringOptions(DecodeOptions):
 
     def decode(self) -> DecodeOptions:
         """The decoding options alone (the metric dropped)."""
-        return DecodeOptions(**self.kw())
+        return DecodeOptions(**{f.name: getattr(self, f.name) for f in fields(DecodeOptions)})
 
     def kw(self) -> dict[str, Any]:
         """The keyword arguments of a scoring call
-        (:func:`~mechlingo.scoring.evaluate.evaluate_facts`): every field of
-        :class:`~mechlingo.scoring.evaluate.DecodeOptions`, the metric excluded."""
-        return {f.name: getattr(self, f.name) for f in fields(DecodeOptions)}
+        (:func:`~mechlingo.scoring.evaluate.evaluate_facts`): ``decoding``, the metric
+        excluded."""
+        return {"decoding": self.decode()}
 
 
 @dataclass(frozen=True)
@@ -252,6 +252,6 @@ class MatrixSettings:
     top_k: int = 1
     en_tolerance: float = 0.05
     p_threshold: float = 0.1
-    seed: int = 0
+    seed: int = SEED
     held_out: tuple[str, ...] | None = None
     controls: int = 1

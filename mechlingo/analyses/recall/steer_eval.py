@@ -36,7 +36,7 @@ from mechlingo.analyses.recall.settings import (
 )
 from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair, random_steering
 from mechlingo.analyses.results import WritesFolder
-from mechlingo.core.defaults import STEER_BATCH_SIZE, check_seeds
+from mechlingo.core.defaults import CONTROL_SEEDS, PROGRESS, STEER_BATCH_SIZE, check_seeds
 from mechlingo.core.errors import InputError
 from mechlingo.core.jsonable import jsonable
 from mechlingo.core.stages import Stages
@@ -57,7 +57,6 @@ __all__ = [
     "SteerTestResult",
     "evaluate_test",
     "SteerEvalResult",
-    "RandomControls",
     "SplitResult",
     "run_steer_eval",
     "stage_store",
@@ -467,7 +466,7 @@ class SteerEvalResult(WritesFolder):
         lines: Mapping[str, Sequence[str]],
         *,
         batch_size: int = STEER_BATCH_SIZE,
-        progress: bool = False,
+        progress: bool = PROGRESS,
         stages: Stages | None = None,
     ) -> SideEffects:
         """Side effects of the selected test condition (``both`` when none was chosen) on its
@@ -544,49 +543,32 @@ def _staged_vectors(
 
 
 @dataclass(frozen=True)
-class RandomControls:
-    """The random controls on test: ``seeds`` (one norm-matched random vector per seed and
-    population) and ``per``: ``"selected"`` (one population, matched to the condition dev
-    selected: ``random_s<seed>``) or ``"each"`` (one per condition: random task, random
-    diff, random both, :func:`population_names`).
-
-    Raises:
-        InputError: ``per`` is neither."""
-
-    seeds: tuple[int, ...] = (0, 1, 2)
-    per: str = "selected"
-
-    def __post_init__(self) -> None:
-        if self.per not in CONTROLS:
-            raise InputError(f"controls must be one of {list(CONTROLS)}, got {self.per!r}")
-
-
-@dataclass(frozen=True)
-class _Settings:
-    """The settings of :func:`run_steer_eval` every split shares."""
-
-    split: SplitSettings
-    grid: DevGrid
-    scoring: ScoringOptions
-    config: SteeringConfig | None
-    seeds: list[int]
-    controls: str = "selected"
-
-
-@dataclass(frozen=True)
 class SteerEvalOptions:
-    """Every setting of ``mechlingo steer eval`` that changes a number: the keywords of
-    :func:`run_steer_eval` (:meth:`kw`) and the transfer matrix's ``matrix`` sizes.
+    """Every setting of :func:`run_steer_eval` (``mechlingo steer eval``) that changes a
+    number, checked when made, and the transfer matrix's ``matrix`` sizes.
+
+    Attributes:
+        split, grid, scoring: the id split, the dev search and how every item is scored
+            (:mod:`mechlingo.analyses.recall.settings`).
+        config: a fixed setting instead of the dev search (labelled as not chosen on dev;
+            the dev headroom still fixes the lowest language).
+        seeds: the random controls' seeds on test (``--control-seeds``).
+        repeats: > 1 re-splits with the salts ``{salt}#repeat{r}`` and rebuilds the vectors
+            with the given vectors' build settings (they serve the first split only).
+        matrix: the transfer matrix's sizes (``steer eval --transfer``).
+        controls: ``"selected"`` (one population of random controls, matched to the
+            condition dev selected: ``random_s<seed>``) or ``"each"`` (one per condition:
+            random task, random diff, random both, :func:`population_names`).
 
     Raises:
-        InputError: ``repeats`` < 1 or no seed.
+        InputError: ``repeats`` < 1, no seed, or ``controls`` that is neither.
     """
 
     split: SplitSettings = SplitSettings()
     grid: DevGrid = DevGrid()
     scoring: ScoringOptions = ScoringOptions()
     config: SteeringConfig | None = None
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = CONTROL_SEEDS
     repeats: int = 1
     matrix: MatrixSettings = MatrixSettings()
     controls: str = "selected"
@@ -598,65 +580,40 @@ class SteerEvalOptions:
             raise InputError(f"repeats must be at least 1, got {self.repeats}", where="--repeats")
         object.__setattr__(self, "seeds", tuple(check_seeds(self.seeds, what="--control-seeds")))
 
-    def kw(self) -> dict[str, Any]:
-        """The keywords of :func:`run_steer_eval` (all but ``stages``)."""
-        seeds = self.seeds if self.controls == "selected" else RandomControls(
-            self.seeds, self.controls)  # fmt: skip
-        return {"split": self.split, "grid": self.grid, "scoring": self.scoring,
-                "config": self.config, "seeds": seeds, "repeats": self.repeats}  # fmt: skip
-
 
 def run_steer_eval(
     model: Model,
     facts: Sequence[Fact],
     vectors: SteeringPair,
+    options: SteerEvalOptions | None = None,
     *,
-    split: SplitSettings | None = None,
-    grid: DevGrid | None = None,
-    scoring: ScoringOptions | None = None,
-    config: SteeringConfig | None = None,
-    seeds: Sequence[int] | RandomControls = (0, 1, 2),
-    repeats: int = 1,
     stages: Stages | None = None,
 ) -> SteerEvalResult:
     """The repair protocol end to end, as ``mechlingo steer eval`` runs it: split by id, choose
     on dev, score every condition on test (:class:`SteerEvalResult`).
 
     Args:
-        split, grid, scoring: the id split, the dev search and how every item is scored
-            (:mod:`mechlingo.analyses.recall.settings`; ``None`` takes the defaults).
-        config: a fixed setting instead of the dev search (labelled as not chosen on dev;
-            the dev headroom still fixes the lowest language).
-        seeds: the random controls' seeds on test (one population, matched to the condition
-            dev selected), or :class:`RandomControls` (``per="each"``: one population per
-            condition, :func:`population_names`).
-        repeats: > 1 re-splits with the salts ``{salt}#repeat{r}`` and rebuilds the vectors
-            with ``vectors``' build settings (``vectors`` serve the first split only).
+        options: every setting (:class:`SteerEvalOptions`; ``None``: its defaults).
         stages: keeps every finished step so a stopped run resumes (the CLI's ``--work``);
-            without it a temporary folder, so the numbers are those of the CLI.
+            without it a temporary folder, so the numbers are those of the CLI. A store, not
+            a setting: it changes no number.
 
     Side effects and the transfer matrix are added afterwards
     (:meth:`SteerEvalResult.add_side_effects`,
     :func:`mechlingo.analyses.recall.transfer.transfer_matrices`).
 
     Raises:
-        InputError: ``repeats`` < 1, no seed, or a split that is empty.
+        InputError: a split that is empty.
         LeakError: the vectors' recorded build ids overlap dev or test.
     """
-    split = split or SplitSettings()
-    grid = grid or DevGrid()
-    scoring = scoring or ScoringOptions()
-    if repeats < 1:
-        raise InputError(f"repeats must be at least 1, got {repeats}")
-    grid = replace(grid, screen_ids=grid.screen_ids or None)
-    scoring = replace(scoring, metric=as_scorer(scoring.metric))
-    ctl = seeds if isinstance(seeds, RandomControls) else RandomControls(tuple(seeds))
-    settings = _Settings(split, grid, scoring, config, check_seeds(ctl.seeds), ctl.per)
+    opt = SteerEvalOptions() if options is None else options
+    opt = replace(opt, grid=replace(opt.grid, screen_ids=opt.grid.screen_ids or None),
+                  scoring=replace(opt.scoring, metric=as_scorer(opt.scoring.metric)))  # fmt: skip
     splits = []
     with _stages_or_temp(stages) as st:
-        for r in range(repeats):
-            salt = split.salt if r == 0 else f"{split.salt}#repeat{r}"
-            splits.append(_one_split(model, facts, salt, vectors, r > 0, settings, st, f"r{r}-"))
+        for r in range(opt.repeats):
+            salt = opt.split.salt if r == 0 else f"{opt.split.salt}#repeat{r}"
+            splits.append(_one_split(model, facts, salt, vectors, r > 0, opt, st, f"r{r}-"))
     return SteerEvalResult(splits)
 
 
@@ -666,7 +623,7 @@ def _one_split(
     salt: str,
     given: SteeringPair,
     rebuild: bool,
-    opt: _Settings,
+    opt: SteerEvalOptions,
     stages: Stages,
     prefix: str,
 ) -> SplitResult:
@@ -712,9 +669,7 @@ def _one_split(
         lowest_rule=rule,
         pool=build,
         k_shot=k_shot,
-        options=SteerEvalOptions(
-            scoring=opt.scoring, seeds=tuple(opt.seeds), controls=opt.controls
-        ),
+        options=opt,
         stage_store=stage_store(stages, f"{prefix}test-"),
     )
     summary = test_res.summary()
@@ -738,7 +693,7 @@ def _dev_step(
     build: list[Fact],
     test: list[Fact],
     k_shot: int,
-    opt: _Settings,
+    opt: SteerEvalOptions,
     stages: Stages,
     prefix: str,
 ) -> tuple[Choice, str | None, dict[str, Any], dict[str, Any] | None]:

@@ -29,7 +29,13 @@ from tqdm.auto import tqdm
 
 from mechlingo.activations.runs import collect, last_token_means
 from mechlingo.analyses.recall.settings import BuildSettings
-from mechlingo.core.defaults import STEER_BATCH_SIZE, STEER_MAX_NEW_TOKENS
+from mechlingo.core.defaults import (
+    BATCH_SIZE,
+    PROGRESS,
+    SEED,
+    STEER_BATCH_SIZE,
+    STEER_MAX_NEW_TOKENS,
+)
 from mechlingo.core.errors import ArtifactError, InputError
 from mechlingo.core.faults import derive_seed
 from mechlingo.core.jsonable import jsonable
@@ -46,7 +52,7 @@ from mechlingo.interventions import (
     model_info,
     random_like,
 )
-from mechlingo.scoring.evaluate import EvalResult, evaluate_facts
+from mechlingo.scoring.evaluate import DecodeOptions, EvalResult, evaluate_facts
 from mechlingo.viz.common import html_summary, interval_text
 from mechlingo.viz.evaluate import accuracy_bars
 
@@ -232,7 +238,7 @@ UNIT_TEXT = {
 
 
 def last_token_norms(
-    model: Model, prompts: Sequence[str], *, batch_size: int = 16, progress: bool = False
+    model: Model, prompts: Sequence[str], *, batch_size: int = BATCH_SIZE, progress: bool = PROGRESS
 ) -> Float[Tensor, " layer"]:
     """Mean L2 norm of the last-token ``resid_pre`` at every layer over ``prompts``
     (float64, on the CPU): the scale of the residual stream a steering vector is added to."""
@@ -308,7 +314,7 @@ def build_steering_vectors(
     settings: BuildSettings | None = None,
     *,
     pool: Sequence[Fact] | None = None,
-    progress: bool = False,
+    progress: bool = PROGRESS,
 ) -> SteeringPair:
     """Build both vector stacks from ``facts`` (one streaming pass per prompt set, plus one
     pass for the residual norms), with ``settings``
@@ -388,7 +394,7 @@ class SteeringConfig:
 
 
 def conditions(
-    vectors: SteeringPair, config: SteeringConfig, *, seed: int = 0, positions: Any = "last"
+    vectors: SteeringPair, config: SteeringConfig, *, seed: int = SEED, positions: Any = "last"
 ) -> dict[str, Intervention | None]:
     """The five conditions: ``orig`` (nothing), ``task``, ``diff``, ``both`` (task then diff)
     and ``random`` (random directions with the norms of task and diff at the same layers and
@@ -403,7 +409,7 @@ def random_steering(
     vectors: SteeringPair,
     config: SteeringConfig,
     *,
-    seed: int = 0,
+    seed: int = SEED,
     selected: str = "both",
     positions: Any = "last",
 ) -> Compose:
@@ -437,7 +443,7 @@ def score_facts(
     intervention: Intervention | None = None,
     max_new_tokens: int = STEER_MAX_NEW_TOKENS,
     batch_size: int = STEER_BATCH_SIZE,
-    progress: bool = False,
+    progress: bool = PROGRESS,
     metric: Any = "generate",
 ) -> EvalResult:
     """Accuracy on ``facts`` under ``metric`` (greedy generation by the eval rule by default;
@@ -447,10 +453,10 @@ def score_facts(
         model,
         list(facts),
         intervention=intervention,
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        progress=progress,
         metric=metric,
+        decoding=DecodeOptions(
+            max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress
+        ),
     )
 
 
@@ -571,10 +577,10 @@ def score_at_config(
     test_facts: Sequence[Fact],
     *,
     names: Sequence[str] = CONDITIONS,
-    seed: int = 0,
+    seed: int = SEED,
     max_new_tokens: int = STEER_MAX_NEW_TOKENS,
     batch_size: int = STEER_BATCH_SIZE,
-    progress: bool = False,
+    progress: bool = PROGRESS,
 ) -> ConditionResults:
     """Greedy accuracy on ``test_facts`` per language for each condition (see
     :func:`conditions`); ``lowest_language`` is chosen by :func:`lowest_above_zero` on the

@@ -44,14 +44,14 @@ from mechlingo.analyses.recall.trace_patching import (
     unpatched_reason,
 )
 from mechlingo.analyses.results import WritesFolder
-from mechlingo.core.defaults import BATCH_SIZE, MAX_NEW_TOKENS
+from mechlingo.core.defaults import BATCH_SIZE, MAX_NEW_TOKENS, PROGRESS
 from mechlingo.core.errors import InputError
 from mechlingo.core.jsonable import jsonable
 from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import prepends_bos
 from mechlingo.core.types import Model
 from mechlingo.kernels.significance import bootstrap_mean, wilson
-from mechlingo.scoring.evaluate import EvalResult, evaluate_facts, greedy_generate
+from mechlingo.scoring.evaluate import DecodeOptions, EvalResult, evaluate_facts, greedy_generate
 from mechlingo.scoring.scorers import as_scorer, generate_record, split_usable
 from mechlingo.viz.trace import class_fractions_figure, class_profiles_figure
 
@@ -289,22 +289,19 @@ def _usable(model: Model, facts: Sequence[Fact], langs: Sequence[str] | None, ma
 
 
 def _answers(
-    model: Model, facts: list[Fact], metric: str, max_new_tokens: int, batch_size: int,
-    progress: bool
-) -> tuple[EvalResult, list[str | None]]:  # fmt: skip
+    model: Model, facts: list[Fact], metric: str, decoding: DecodeOptions
+) -> tuple[EvalResult, list[str | None]]:
     """The evaluation of the usable ``facts`` under ``metric`` and each fact's raw greedy
     continuation (``None`` under ``rank``). The greedy text runs to the stop rule (a line
-    break or ``max_new_tokens``), not to the point where the verdict was decided (the
+    break or ``decoding.max_new_tokens``), not to the point where the verdict was decided (the
     record's ``decided_at``): the same verdicts as early-stopped scoring, the whole answer
     kept."""
     if metric == "rank":
-        ev = evaluate_facts(model, facts, metric="rank", batch_size=batch_size,
-                            progress=progress)  # fmt: skip
+        ev = evaluate_facts(model, facts, metric="rank", decoding=decoding)
         return ev, [None] * len(facts)
-    raw = greedy_generate(model, [f.prompt for f in facts], max_new_tokens=max_new_tokens,
-                          batch_size=batch_size, progress=progress)  # fmt: skip
+    raw = greedy_generate(model, [f.prompt for f in facts], decoding=decoding)
     records = [generate_record(f, f.prompt, g) for f, g in zip(facts, raw, strict=True)]
-    meta = {"max_new_tokens": max_new_tokens, "metric": as_scorer("generate").to_json()}
+    meta = {"max_new_tokens": decoding.max_new_tokens, "metric": as_scorer("generate").to_json()}
     return EvalResult(records, meta), list(raw)
 
 
@@ -318,7 +315,7 @@ def trace_recall(
     max_new_tokens: int = MAX_NEW_TOKENS,
     batch_size: int = BATCH_SIZE,
     pool: Sequence[Fact] | None = None,
-    progress: bool = False,
+    progress: bool = PROGRESS,
     metric: str = "generate",
 ) -> TraceResult:
     """Classify each query into the recall-pipeline classes (``correct``, ``wrong_language``,
@@ -357,7 +354,10 @@ def trace_recall(
     mid = default_mid_layers(n) if mid_layers is None else sorted({int(x) for x in mid_layers})
     if not mid or any(not 0 <= x <= n for x in mid):
         raise InputError(f"mid_layers must be a non-empty subset of lens entries 0..{n}")
-    ev, raw = _answers(model, facts, metric, max_new_tokens, batch_size, progress)
+    decoding = DecodeOptions(
+        max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress
+    )
+    ev, raw = _answers(model, facts, metric, decoding)
     wrong = [None if r["correct"] or metric == "rank" else r["generation"] for r in ev.records]
     answers = trace_answers(facts, wrong, pool, bos=prepends_bos(model))
     lens = logit_lens(model, [f.prompt for f in facts], answers.tracks,
@@ -366,8 +366,7 @@ def trace_recall(
     if metric == "rank":
         ranking = ev.records
     elif answers.ranked:  # the gold candidate's rank of the facts that have candidates
-        ranking = evaluate_facts(model, answers.ranked, metric="rank", batch_size=batch_size,
-                                 progress=progress).records  # fmt: skip
+        ranking = evaluate_facts(model, answers.ranked, metric="rank", decoding=decoding).records
     else:
         ranking = []
     gold_rank = {(r["id"], r["lang"]): int(r["gold_rank"]) for r in ranking}

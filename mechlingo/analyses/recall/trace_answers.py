@@ -22,7 +22,7 @@ from mechlingo.core.tokens import prepends_bos
 from mechlingo.core.types import Model
 from mechlingo.data import load_facts
 from mechlingo.data.langid import token_language
-from mechlingo.scoring.evaluate import evaluate_facts
+from mechlingo.scoring.evaluate import DecodeOptions, evaluate_facts
 from mechlingo.scoring.scorers import decided, skip_reason
 
 if TYPE_CHECKING:
@@ -179,7 +179,12 @@ def gold_ranks(
     ranked = [f for f in facts if skip_reason(f, "rank", bos=bos) is None]
     if not ranked:
         return {}
-    res = evaluate_facts(model, ranked, metric="rank", batch_size=batch_size, progress=progress)
+    res = evaluate_facts(
+        model,
+        ranked,
+        metric="rank",
+        decoding=DecodeOptions(batch_size=batch_size, progress=progress),
+    )
     return {(r["id"], r["lang"]): int(r["gold_rank"]) for r in res.records}
 
 

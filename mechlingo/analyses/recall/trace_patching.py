@@ -30,6 +30,7 @@ from mechlingo.analyses.recall.patching import (
     patch_activations,
 )
 from mechlingo.analyses.recall.trace_options import TraceOptions
+from mechlingo.core.defaults import PROGRESS
 from mechlingo.core.tokens import encode
 from mechlingo.core.types import Model
 
@@ -209,7 +210,7 @@ def measure_patching(
     method: str = "exact",
     cells_per_batch: int | None = None,
     verify_heads: int = 5,
-    progress: bool = False,
+    progress: bool = PROGRESS,
 ) -> tuple[PatchingResult | None, PatchingResult | None, dict[str, Any]]:
     """The corrupted-subject sweep(s) of ``method`` at :data:`PATCH_POSITIONS`:
     ``(exact or None, atp or None, extras)``; the extras are AtP's ``comparison`` with exact

@@ -50,7 +50,7 @@ from mechlingo.data import RELATIONS, Fact
 from mechlingo.data.splits import split_facts
 from mechlingo.interventions import Compose, Intervention, SteeringVector, random_like
 from mechlingo.kernels.significance import Interval, mcnemar, paired_gain
-from mechlingo.scoring.evaluate import EvalResult
+from mechlingo.scoring.evaluate import DecodeOptions, EvalResult
 from mechlingo.scoring.share import gold_share
 from mechlingo.viz.steer import transfer_heatmap
 
@@ -355,10 +355,11 @@ def _choose(
         p_threshold=m.p_threshold,
     )
     kw = dict(kw)
+    decoding = kw.pop("decoding")
     scoring = ScoringOptions(
         metric=kw.pop("metric", "generate"),
-        max_new_tokens=kw.pop("max_new_tokens"),
-        batch_size=kw.pop("batch_size"),
+        max_new_tokens=decoding.max_new_tokens,
+        batch_size=decoding.batch_size,
     )
     return dev_grid.choose_on_dev(
         model, vectors, dev, grid=grid, scoring=scoring, test_ids=test, **kw
@@ -445,8 +446,9 @@ def transfer_matrix(
     else:
         _check_stats(stats, built, k_shot, build.translation_shots)
     kw = {
-        "max_new_tokens": scoring.max_new_tokens,
-        "batch_size": scoring.batch_size,
+        "decoding": DecodeOptions(
+            max_new_tokens=scoring.max_new_tokens, batch_size=scoring.batch_size
+        ),
         "metric": scoring.metric,
         **score_kw,
     }

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from mechlingo.card.claims import CLAIMS, Claim
 from mechlingo.card.stages.data import lu_facts, parallel_parts
+from mechlingo.core.defaults import PROGRESS
 from mechlingo.core.errors import InputError
 from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
@@ -140,7 +141,7 @@ class Context:
     parallel: Mapping[str, Sequence[str]] | None
     settings: CardSettings
     stages: Stages
-    progress: bool = False
+    progress: bool = PROGRESS
     external: tuple[Sequence[Fact], str] | None = None
     documents: Sequence[str] | None = None
     shared: dict[str, Any] = field(default_factory=dict)

@@ -40,7 +40,7 @@ from mechlingo.core.types import Model
 from mechlingo.data import Fact, load_facts
 from mechlingo.data.splits import split_facts
 from mechlingo.kernels.significance import Interval
-from mechlingo.scoring.evaluate import evaluate_facts
+from mechlingo.scoring.evaluate import DecodeOptions, evaluate_facts
 
 __all__ = ["FULL", "QUICK", "SIZES", "STAGE", "CircuitsBudget", "jaccard_rank_test"]
 
@@ -107,8 +107,15 @@ def _correct_first(model: Model, facts: Sequence[Fact], n: int, settings: CardSe
     todo = list(facts)[: SCAN * n]
     while todo and len(got) < n:
         chunk, todo = todo[:n], todo[n:]
-        res = evaluate_facts(model, chunk, max_new_tokens=settings.budget.circuits.max_new_tokens,
-                             early_stop=True, batch_size=settings.batch())  # fmt: skip
+        res = evaluate_facts(
+            model,
+            chunk,
+            decoding=DecodeOptions(
+                max_new_tokens=settings.budget.circuits.max_new_tokens,
+                early_stop=True,
+                batch_size=settings.batch(),
+            ),
+        )
         ok = {r["id"] for r in res.records if r["correct"]}
         got += [f for f in chunk if f.id in ok]
     return got[:n]

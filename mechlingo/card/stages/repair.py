@@ -53,6 +53,7 @@ from mechlingo.card.stages.repair_controls import (  # noqa: F401  (the stage's 
     rows_lowest,
     rows_repair,
 )
+from mechlingo.core.defaults import PROGRESS
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import layers_at
 from mechlingo.core.stages import Stages
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
 
 
 def repair_settings(
-    settings: CardSettings, n_layers: int, progress: bool = False
+    settings: CardSettings, n_layers: int, progress: bool = PROGRESS
 ) -> tuple[BuildSettings, DevGrid, ScoringOptions]:
     """The repair stage's settings from a budget (section ``repair``, :class:`RepairBudget`)
     for a model of ``n_layers``: how the vectors are built, the dev grid and how items are
@@ -91,10 +92,9 @@ def stage_repair(model: Model, facts: list[Fact], settings: CardSettings, progre
     build_settings, grid, scoring = repair_settings(settings, int(model.cfg.n_layers), progress)
     on = vector_facts(build, settings)  # the demonstrations' pool stays the whole build part
     vectors = steering.build_steering_vectors(model, on, build_settings, progress=progress)
-    run = steer_eval.run_steer_eval(
-        model, facts, vectors, split=r.split_settings(), grid=grid, scoring=scoring,
-        seeds=steer_eval.RandomControls(r.seeds, "each"),
-    )  # fmt: skip
+    options = steer_eval.SteerEvalOptions(split=r.split_settings(), grid=grid, scoring=scoring,
+                                          seeds=tuple(r.seeds), controls="each")  # fmt: skip
+    run = steer_eval.run_steer_eval(model, facts, vectors, options)
     res, sw = run.test, run.search
     if sw is None:  # a dev search runs whenever no config is fixed
         raise RuntimeError("the repair stage ran no dev search")
@@ -482,7 +482,7 @@ class RepairBudget(Budget):
 
     @staticmethod
     def scoring(settings: CardSettings, max_new_tokens: int,
-                progress: bool = False) -> ScoringOptions:  # fmt: skip
+                progress: bool = PROGRESS) -> ScoringOptions:  # fmt: skip
         """How items are scored under the card's metric."""
         return ScoringOptions(metric=settings.metric, max_new_tokens=max_new_tokens,
                               batch_size=settings.batch(ScoringOptions.batch_size),

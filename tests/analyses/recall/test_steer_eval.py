@@ -25,7 +25,7 @@ from mechlingo.core.errors import InputError
 from mechlingo.core.sites import every_second_layer, layers_at
 from mechlingo.data import LANGS, RELATIONS, load_facts, natural_templates
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
-from mechlingo.scoring.evaluate import evaluate_facts
+from mechlingo.scoring.evaluate import DecodeOptions, evaluate_facts
 from mechlingo.scoring.scorers import decided
 
 # --------------------------------------------------------------------------------------
@@ -104,8 +104,8 @@ def test_decided_prefixes_agree_with_the_full_verdict(full, answers, lang, engli
 
 def test_early_stop_same_verdicts_on_tiny(tiny):
     facts = load_facts(langs=["en", "fr", "ja"], relations=["capital"], limit=6)
-    a = evaluate_facts(tiny, facts, max_new_tokens=5, early_stop=True)
-    b = evaluate_facts(tiny, facts, max_new_tokens=5, early_stop=False)
+    a = evaluate_facts(tiny, facts, decoding=DecodeOptions(max_new_tokens=5, early_stop=True))
+    b = evaluate_facts(tiny, facts, decoding=DecodeOptions(max_new_tokens=5, early_stop=False))
     for x, y in zip(a.records, b.records, strict=True):
         assert (x["correct"], x["in_english"]) == (y["correct"], y["in_english"])
 
@@ -115,8 +115,12 @@ def test_early_stop_same_verdicts_on_gemma(gemma):
     facts = []
     for tpl in ("natural", "measured"):
         facts += load_facts(langs=LANGS, relations=["capital"], limit=4, templates=tpl)
-    a = evaluate_facts(gemma, facts, max_new_tokens=6, batch_size=48, early_stop=True)
-    b = evaluate_facts(gemma, facts, max_new_tokens=6, batch_size=48, early_stop=False)
+    a = evaluate_facts(
+        gemma, facts, decoding=DecodeOptions(max_new_tokens=6, batch_size=48, early_stop=True)
+    )
+    b = evaluate_facts(
+        gemma, facts, decoding=DecodeOptions(max_new_tokens=6, batch_size=48, early_stop=False)
+    )
     assert sum(r["correct"] for r in b.records) > 10  # the comparison means something
     for x, y in zip(a.records, b.records, strict=True):
         assert (x["correct"], x["in_english"]) == (y["correct"], y["in_english"]), x["prompt"]
@@ -386,11 +390,13 @@ def test_steer_eval_cli_writes_what_run_protocol_writes(tiny, tiny_dir, tmp_path
         tiny,
         facts,
         SteeringPair.load(vdir, tiny),
-        grid=grid,
-        scoring=ScoringOptions(max_new_tokens=2, batch_size=16),  # the CLI's --batch-size
-        seeds=[0, 1],
-        repeats=2,
-    )
+        protocol.SteerEvalOptions(
+            grid=grid,
+            seeds=(0, 1),
+            repeats=2,
+            scoring=ScoringOptions(max_new_tokens=2, batch_size=16),
+        ),
+    )  # fmt: skip  (batch_size: the CLI's --batch-size)
     res.write(py)
     a, b = (json.loads((d / "summary.json").read_text()) for d in (cli, py))
     assert "meta" in a and "meta" not in b
@@ -426,11 +432,9 @@ def test_repeats_rebuild_with_the_given_vectors_build_settings(tiny, monkeypatch
         tiny,
         facts,
         given,
-        repeats=2,
-        config=config,
-        seeds=[0],
-        scoring=ScoringOptions(max_new_tokens=2),
-    )
+        protocol.SteerEvalOptions(repeats=2, config=config, seeds=(0,),
+                         scoring=ScoringOptions(max_new_tokens=2)),
+    )  # fmt: skip
     assert len(seen) == 1  # the first split uses the given vectors, the re-split rebuilds
     rebuilt = seen[0]
     assert rebuilt.k_shot == 2 and rebuilt.translation_shots == 1
@@ -459,7 +463,6 @@ def test_a_random_population_per_condition():
     assert population_names("diff", True, "selected") == {"diff": "random_s"}
     with pytest.raises(InputError, match="controls"):
         SteerEvalOptions(controls="all")
-    with pytest.raises(InputError, match="controls"):
-        protocol.RandomControls((0, 1), "all")
-    each = SteerEvalOptions(seeds=(0, 1), controls="each").kw()["seeds"]
-    assert each == protocol.RandomControls((0, 1), "each")
+    assert not hasattr(protocol, "RandomControls")  # the options hold seeds and controls
+    each = SteerEvalOptions(seeds=(0, 1), controls="each")
+    assert (each.seeds, each.controls) == ((0, 1), "each")

@@ -24,7 +24,7 @@ from mechlingo.core.tokens import encode
 from mechlingo.data import load_facts
 from mechlingo.data.splits import split_facts, take_per_lang
 from mechlingo.interventions import SteeringVector
-from mechlingo.scoring.evaluate import greedy_generate
+from mechlingo.scoring.evaluate import DecodeOptions, greedy_generate
 from tests.conftest import count_hooks
 
 
@@ -273,8 +273,10 @@ def test_gemma_vectors_change_generations(gemma):
         assert stack.shape == (18, 640) and torch.isfinite(stack).all()
     prompts = [f.prompt for f in facts if f.lang != "en"][:3]
     both = conditions(vectors, SteeringConfig(6, 1.0, 12, 2.0))["both"]
-    plain = greedy_generate(gemma, prompts, max_new_tokens=4)
-    steered = greedy_generate(gemma, prompts, max_new_tokens=4, intervention=both)
+    plain = greedy_generate(gemma, prompts, decoding=DecodeOptions(max_new_tokens=4))
+    steered = greedy_generate(
+        gemma, prompts, intervention=both, decoding=DecodeOptions(max_new_tokens=4)
+    )
     assert plain != steered
     assert count_hooks(gemma) == 0
 
@@ -283,8 +285,13 @@ def test_padded_batched_generation_equals_one_by_one(tiny):
     prompts = ["The capital of Italy is", "Rome", "La capitale de la France est", "Die", "A b"]
     v = torch.randn(tiny.cfg.d_model, generator=torch.Generator().manual_seed(5))
     for iv in (None, SteeringVector(v, 1, 3.0), SteeringVector(v, 0, 2.0, positions="all")):
-        got = greedy_generate(tiny, prompts, max_new_tokens=4, intervention=iv, batch_size=8)
-        ref = [greedy_generate(tiny, [p], max_new_tokens=4, intervention=iv)[0] for p in prompts]
+        got = greedy_generate(
+            tiny, prompts, intervention=iv, decoding=DecodeOptions(max_new_tokens=4, batch_size=8)
+        )
+        ref = [
+            greedy_generate(tiny, [p], intervention=iv, decoding=DecodeOptions(max_new_tokens=4))[0]
+            for p in prompts
+        ]
         assert got == ref
     assert count_hooks(tiny) == 0
 

@@ -14,6 +14,7 @@ from mechlingo.analyses.recall.trace import (
 )
 from mechlingo.analyses.recall.trace_patching import pipeline_stages
 from mechlingo.data import load_facts
+from mechlingo.scoring.evaluate import DecodeOptions
 
 
 def _rec(**kw):
@@ -199,8 +200,10 @@ def test_trace_keeps_the_whole_greedy_line_and_the_decision_point_apart(tiny, ti
     from mechlingo.scoring.evaluate import evaluate_facts, greedy_generate
 
     facts = load_facts(langs=["en", "fr", "ja"], relations=["capital"], limit=3)
-    full = evaluate_facts(tiny, facts, max_new_tokens=2, early_stop=False).records
-    raw = greedy_generate(tiny, [f.prompt for f in facts], max_new_tokens=2)
+    full = evaluate_facts(
+        tiny, facts, decoding=DecodeOptions(max_new_tokens=2, early_stop=False)
+    ).records
+    raw = greedy_generate(tiny, [f.prompt for f in facts], decoding=DecodeOptions(max_new_tokens=2))
     for rec, ev, f, g in zip(tiny_trace.records, full, facts, raw, strict=True):
         assert rec["generation"] == ev["generation"] and rec["correct"] == ev["correct"]
         assert rec["generation"].startswith(rec["decided_at"])

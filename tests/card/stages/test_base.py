@@ -22,6 +22,7 @@ from mechlingo.core.errors import InputError
 from mechlingo.data import LANGS, Fact, load_facts, parallel_sentences
 from mechlingo.data.candidates import with_candidates
 from mechlingo.data.splits import scope_facts, take_shared
+from mechlingo.scoring.evaluate import DecodeOptions
 
 
 def _counts(gen_non_en: tuple[int, int], gen_en=(0, 10), rank=(4, 10)) -> dict:
@@ -286,9 +287,13 @@ def test_ranking_under_stacked_conditions_equals_one_call_each(tiny):
     pop = {f"random_s{s}": SteeringVector(
         torch.randn(d, generator=torch.Generator().manual_seed(s)) * 4.0, 1) for s in range(3)}  # fmt: skip
     for conds in ({"orig": None, **pop}, _conditions(tiny, 1, 4.0)):
-        got = evaluate_conditions(tiny, facts, conds, metric="rank", batch_size=3)
+        got = evaluate_conditions(
+            tiny, facts, conds, metric="rank", decoding=DecodeOptions(batch_size=3)
+        )
         for name, iv in conds.items():
-            want = evaluate_facts(tiny, facts, intervention=iv, metric="rank", batch_size=3)
+            want = evaluate_facts(
+                tiny, facts, intervention=iv, metric="rank", decoding=DecodeOptions(batch_size=3)
+            )
             assert got[name].records == want.records, name  # the same computation
     # a condition that edits every position has no stem: its rows run whole, the others'
     # stems are shared

@@ -57,6 +57,7 @@ from mechlingo.analyses.recall.patching.result import (
     readout_index,
 )
 from mechlingo.analyses.recall.patching.runs import read_run
+from mechlingo.core.defaults import PROGRESS
 from mechlingo.core.families import grows_mid_pass
 from mechlingo.core.types import Model
 
@@ -159,7 +160,7 @@ def patch_activations(
     cells_per_batch: int | None = None,
     batching: Literal["grow", "stack"] = "grow",
     reuse_prefix: bool | None = None,
-    progress: bool = False,
+    progress: bool = PROGRESS,
     **grid: Unpack[SiteGridArgs],
 ) -> PatchingResult:
     """Patch source activations into the target run, cell by cell, in batched passes.

@@ -28,6 +28,7 @@ from mechlingo.analyses.recall.patching.metrics import (
 from mechlingo.analyses.recall.patching.positions import Spans, as_batch, check_spans
 from mechlingo.analyses.recall.patching.result import bootstrap_interval
 from mechlingo.analyses.recall.patching.runs import read_run, repeat_batch
+from mechlingo.core.defaults import SEED
 from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import TokenBatch
 from mechlingo.core.types import Model
@@ -67,7 +68,7 @@ class KnockoutResult:
         return (self.values.mean(-1) - b) / b
 
     def bootstrap_ci(
-        self, *, n_boot: int = 1000, seed: int = 0, level: float = 0.95
+        self, *, n_boot: int = 1000, seed: int = SEED, level: float = 0.95
     ) -> tuple[Float[Tensor, " window"], Float[Tensor, " window"]]:
         """Bootstrap interval of :meth:`relative_change` (resampling examples)."""
 

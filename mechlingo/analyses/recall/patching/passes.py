@@ -33,6 +33,7 @@ from mechlingo.analyses.recall.patching.errors import PatchingError
 from mechlingo.analyses.recall.patching.metrics import Metric, PackedMetrics, evaluate_metrics
 from mechlingo.analyses.recall.patching.result import Cell
 from mechlingo.analyses.recall.patching.runs import read_run, repeat_batch, site_hook
+from mechlingo.core.defaults import PROGRESS
 from mechlingo.core.sites import edit_hooks
 from mechlingo.core.tokens import TokenBatch
 from mechlingo.core.types import Model
@@ -105,7 +106,7 @@ class PassPlan(NamedTuple):
     cells_per_batch: int
     writer: Callable[..., Callable]
     brancher: Callable[[Tensor], Callable]
-    progress: bool = False
+    progress: bool = PROGRESS
 
     def groups(self, n: int) -> Any:
         """The start of each group of ``cells_per_batch`` cells, under a progress bar

@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mechlingo.core.defaults import SEED
 from mechlingo.viz.common import html_summary, interval_text
 from mechlingo.viz.patching import CircuitOptions, circuit_figure, patching_heatmaps
 
@@ -68,7 +69,7 @@ def bootstrap_interval(
     n: int,
     *,
     n_boot: int = 1000,
-    seed: int = 0,
+    seed: int = SEED,
     level: float = 0.95,
 ) -> tuple[Tensor, Tensor]:
     """Percentile bootstrap interval over ``n`` examples, vectorised over everything else.
@@ -163,7 +164,7 @@ class PatchingResult(PatchingBaselines):
         *,
         normalized: bool = True,
         n_boot: int = 1000,
-        seed: int = 0,
+        seed: int = SEED,
         level: float = 0.95,
     ) -> tuple[Float[Tensor, " cell"], Float[Tensor, " cell"]]:
         """Bootstrap interval (resampling examples) of :meth:`normalized` or
