@@ -39,6 +39,11 @@ def _entry_code() -> str:
     return f"import sys\nfrom {module} import {func} as entry\nsys.exit(entry())\n"
 
 
+def _default_sigint() -> None:
+    """In the child before it runs Python: SIGINT back to its default action."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _env(**extra: str) -> dict[str, str]:
     path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path, **extra)
@@ -118,9 +123,13 @@ def test_finished_run_into_a_closed_pipe_exits_0(tiny_dir, tmp_path, monkeypatch
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc (Linux)")
 def test_ctrl_c_while_importing_is_one_line_and_130(tmp_path):
+    # the child starts with Ctrl-C's default action, as in a terminal: a pytest-xdist worker
+    # (or a test before this one) may ignore SIGINT, and a Python started with SIGINT
+    # ignored keeps ignoring it (it ran to the end and exited 0)
     proc = subprocess.Popen(
         [sys.executable, "-c", _entry_code(), "lens", "--out", "out"], cwd=tmp_path,
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_default_sigint,
     )  # fmt: skip
     deadline = time.time() + 120
     while True:  # interrupt while torch's libraries are being loaded: mid-import
