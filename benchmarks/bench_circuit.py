@@ -29,14 +29,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from smoke import add_smoke_flag, apply_smoke, bench_model  # noqa: E402
+from smoke import add_smoke_flag, apply_smoke, bench_model, cpu_timed  # noqa: E402
 
 from mechlingo.activations.runs import StopForward, final_resid_name, hooked  # noqa: E402
 from mechlingo.analyses.circuits import (  # noqa: E402
@@ -50,16 +49,6 @@ from mechlingo.analyses.circuits.faithfulness import top_edges  # noqa: E402
 from mechlingo.analyses.recall.patching.runs import repeat_batch  # noqa: E402
 from mechlingo.core.tokens import batch_context  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
-
-
-def timed(fn, repeats: int = 1):
-    """``(result, best CPU seconds)`` of ``fn`` over ``repeats`` calls."""
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        t0 = time.process_time()
-        out = fn()
-        best = min(best, time.process_time() - t0)
-    return out, best
 
 
 def floor_pass(model, batch, readout, copies: int) -> None:
@@ -127,18 +116,18 @@ def main(argv: list[str] | None = None) -> None:
                            batch_size=bs)  # fmt: skip
 
     score(n)  # warm-up
-    (batched, cl, _), t_batched = timed(lambda: score(n), args.repeats)
-    (single, _, _), t_single = timed(lambda: score(1), args.repeats)
+    (batched, cl, _), t_batched = cpu_timed(lambda: score(n), args.repeats)
+    (single, _, _), t_single = cpu_timed(lambda: score(1), args.repeats)
     scale = float(batched.abs().max()) or 1.0
     gap = float((batched - single).abs().max()) / scale
     assert gap < 1e-4, f"batched and per-prompt scores differ by {gap:.2e} of the largest"
     patcher = EdgePatcher(model, graph, clean, corrupted, readout, roles, batch_size=n)
     top = top_edges(graph, batched.mean(0), args.exact_edges)
-    exact, t_exact = timed(lambda: patcher.edge_effects(top, cl), 1)
+    exact, t_exact = cpu_timed(lambda: patcher.edge_effects(top, cl), 1)
     t_all = t_exact / len(top) * total
     rho = _spearman([float(batched[:, s, r, k].mean()) for s, r, k in top],
                     [float(e.mean()) for e in exact])  # fmt: skip
-    _, t_floor = timed(lambda: floor_pass(model, clean, readout, args.steps + 1), args.repeats)
+    _, t_floor = cpu_timed(lambda: floor_pass(model, clean, readout, args.steps + 1), args.repeats)
     print(f"EAP-IG batched: {t_batched:.2f} CPU s; one pair at a time: {t_single:.2f} CPU s "
           f"(largest difference {gap:.1e} of the largest score)")  # fmt: skip
     print(

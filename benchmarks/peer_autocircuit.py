@@ -46,23 +46,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from smoke import cpu_timed
 
 ROOT = Path(__file__).resolve().parents[1]
 FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.5)
-
-
-def timed(fn, repeats: int):
-    """``(result, best CPU seconds)`` of ``fn`` over ``repeats`` calls."""
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        t0 = time.process_time()
-        out = fn()
-        best = min(best, time.process_time() - t0)
-    return out, best
 
 
 # ------------------------------------------------------------------ auto-circuit's side
@@ -118,7 +108,7 @@ def run_theirs(job: dict) -> dict:
         return ps, {e.name: float(e.prune_score(ps)) for e in model.edges}
 
     _, eap = scores(1)
-    (ps, ig), t = timed(lambda: scores(job["steps"]), job["repeats"])
+    (ps, ig), t = cpu_timed(lambda: scores(job["steps"]), job["repeats"])
     n = len(model.edges)
     size = {f: max(1, round(f * n)) for f in job["fractions"]}
     outs = run_circuits(model, loader, sorted({0, n, *size.values()}), ps,
@@ -336,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         theirs = torch.load(job["out"], weights_only=False)
     ours = Ours(model, clean, corrupt, ans)
     eap = ours.scores(1)
-    ig, t_ours = timed(lambda: ours.scores(args.steps), args.repeats)
+    ig, t_ours = cpu_timed(lambda: ours.scores(args.steps), args.repeats)
     print(f"edges: mechlingo {len(ig)}, auto-circuit {theirs['n_edges']} (head inputs summed "
           f"per layer to match); clean / corrupted metric: mechlingo {ours.clean_metric:.4f} / "
           f"{ours.corrupt_metric:.4f}, auto-circuit {theirs['clean']:.4f} / "

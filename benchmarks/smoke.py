@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+import time
+from collections.abc import Callable
 from typing import Any
 
 SMOKE_HELP = (
@@ -49,3 +51,14 @@ def bench_model(args: argparse.Namespace, **kw: Any) -> Any:
 def skipped(what: str) -> None:
     """The note a smoke run prints for a part it leaves out."""
     print(f"smoke: {what} skipped at smoke size")
+
+
+def cpu_timed(fn: Callable[[], Any], repeats: int = 1) -> tuple[Any, float]:
+    """``(result, best CPU seconds)`` of ``fn`` over ``repeats`` calls (process time: the
+    benchmarks compare CPU, which a loaded machine does not inflate as it does wall time)."""
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.process_time()
+        out = fn()
+        best = min(best, time.process_time() - t0)
+    return out, best
