@@ -531,30 +531,6 @@ def choose_on_dev(
     )
 
 
-def dev_step(
-    model: Model,
-    vectors: SteeringPair,
-    dev_facts: Sequence[Fact],
-    *,
-    grid: DevGrid,
-    scoring: ScoringOptions,
-    pool: Sequence[Fact],
-    k_shot: int,
-    test_ids: Sequence[Fact],
-    config: SteeringConfig | None = None,
-) -> dict[str, Any]:
-    """The dev step of one split of the protocol, as JSON: the search
-    (:func:`choose_on_dev`, :meth:`DevSearch.to_json`) or, with a fixed ``config``, only the
-    dev headroom (demonstrations from ``pool``) and the lowest-language rule it fixes
-    (:func:`lowest_language_rule`)."""
-    if config is not None:
-        hr = headroom(model, dev_facts, pool, k_shot=k_shot, metric=scoring.metric,
-                      **scoring.kw())  # fmt: skip
-        return lowest_language_rule(*headroom_pairs(hr), p_threshold=grid.p_threshold)
-    return choose_on_dev(model, vectors, dev_facts, grid=grid, scoring=scoring, pool=pool,
-                         k_shot=k_shot, test_ids=test_ids).to_json()  # fmt: skip
-
-
 def _rank(r: dict[str, Any]) -> tuple:
     """Sweep rows best first: English within tolerance, then the higher score, then the
     smaller alpha and the earlier layer."""

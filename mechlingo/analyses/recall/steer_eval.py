@@ -646,21 +646,20 @@ def _dev_step(
     (stage ``{prefix}dev-headroom``; ``None`` last). Returns the choice, the lowest
     language, the lowest-language rule and the search's JSON."""
     fixed = opt.config is not None
-    searched = stages.run(
+    searched = stages.run(  # a fixed config: only the dev headroom's lowest-language rule
         f"{prefix}dev-headroom" if fixed else f"{prefix}sweep",
-        lambda: dev_grid.dev_step(
-            model,
-            vectors,
-            dev,
-            grid=opt.grid,
-            scoring=opt.scoring,
-            pool=build,
-            k_shot=k_shot,
-            test_ids=test,
-            config=opt.config,
-        ),
-    )
-    if opt.config is not None:  # only the dev headroom's lowest-language rule
+        lambda: dev_grid.lowest_language_rule(
+            *dev_grid.headroom_pairs(
+                dev_grid.headroom(model, dev, build, k_shot=k_shot, metric=opt.scoring.metric,
+                                  **opt.scoring.kw())
+            ),
+            p_threshold=opt.grid.p_threshold,
+        )
+        if fixed
+        else dev_grid.choose_on_dev(model, vectors, dev, grid=opt.grid, scoring=opt.scoring,
+                                    pool=build, k_shot=k_shot, test_ids=test).to_json(),
+    )  # fmt: skip
+    if opt.config is not None:
         choice = Choice(opt.config, "both", "not measured (--config)", {}, {})
         return choice, searched["language"], searched, None
     search = DevSearch.from_json(searched, vectors.unit)
