@@ -40,12 +40,12 @@ from smoke import add_smoke_flag, apply_smoke, bench_model  # noqa: E402
 
 from mechlingo.activations.prefix import decode_conditions, record_head  # noqa: E402
 from mechlingo.analyses.recall.settings import ALPHA_GRID  # noqa: E402
+from mechlingo.core.answers import decided  # noqa: E402
 from mechlingo.core.sites import every_second_layer  # noqa: E402
 from mechlingo.core.tokens import encode, sorted_batches  # noqa: E402
 from mechlingo.data import load_facts  # noqa: E402
 from mechlingo.interventions import SteeringVector  # noqa: E402
 from mechlingo.scoring.evaluate import DecodeOptions, evaluate_conditions, evaluate_facts  # noqa: E402
-from mechlingo.scoring.scorers import decided  # noqa: E402
 
 # CPU seconds of this process on a CPU (one thread: the work done, however busy the machine
 # is); set to wall seconds when the model is on a GPU

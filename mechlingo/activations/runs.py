@@ -230,12 +230,15 @@ class LayerMeans:
         layers: the layers read.
         site: the site read (``resid_pre`` by default).
         count: number of prompts averaged.
+        norm: ``[n_layers_read]`` float64 on the CPU, the mean L2 norm of the same
+            activations (``None`` unless asked for: ``last_token_means(..., norms=True)``).
     """
 
     mean: Float[Tensor, "layer width"]
     layers: list[int]
     site: str
     count: int
+    norm: Float[Tensor, " layer"] | None = None
 
     def __sub__(self, other: LayerMeans) -> Float[Tensor, "layer width"]:
         if self.layers != other.layers or self.site != other.site:
@@ -255,6 +258,7 @@ def last_token_means(
     batch_size: int = BATCH_SIZE,
     fwd_hooks: FwdHooks = (),
     progress: bool = PROGRESS,
+    norms: bool = False,
 ) -> LayerMeans:
     """Mean activation at each prompt's last token, for every layer in one pass per batch.
 
@@ -266,6 +270,9 @@ def last_token_means(
         layers: layers to read (default all).
         batch_size: prompts per forward pass (grouped by length to keep padding small).
         fwd_hooks: (name, fn) hook pairs applied during the runs (e.g. an intervention's).
+        norms: also the mean L2 norm of the same activations per layer, read in the same
+            passes (``LayerMeans.norm``: the scale of the residual stream a steering vector
+            is added to).
 
     Returns:
         :class:`LayerMeans` with a float64 ``[n_layers, width]`` mean.
@@ -281,6 +288,7 @@ def last_token_means(
     names = [s.hook_name for s in sites]
     dev = model.W_U.device
     acc = StreamingMean(shape=(len(layer_list), sites[0].width), device=dev)
+    norm_sum = torch.zeros(len(layer_list), dtype=torch.float64)
     mine = shard(prompts)  # all prompts in a single process; this rank's part under torchrun
     if mine:
         batch = encode(model, mine)
@@ -288,5 +296,8 @@ def last_token_means(
         for rows in tqdm(groups, desc="means", disable=not progress):
             acts = collect(model, batch.select(rows), names, fwd_hooks=fwd_hooks)
             acc.update(torch.stack([acts[n].to(dev) for n in names], dim=1))
+            if norms:
+                norm_sum += torch.stack([acts[n].double().norm(dim=-1).sum(0).cpu() for n in names])
     total = StreamingMean.from_state(all_reduce_state(acc.state_dict()))
-    return LayerMeans(total.mean, layer_list, sites[0].name, len(prompts))
+    norm = all_reduce_state({"sum": norm_sum})["sum"] / len(prompts) if norms else None
+    return LayerMeans(total.mean, layer_list, sites[0].name, len(prompts), norm)

@@ -1,15 +1,15 @@
 """The answers of a fact, in one place: how an answer is written after its prompt, which of its
 aliases count, how a generation is matched against it, and which tokens are "the model saying it".
 
-* variants -- :func:`answer_separator` and :func:`complete` (a prompt followed by its answer),
-  :func:`answer_key` (the loose form that drops duplicate aliases) and
+* variants -- :func:`answer_separator`, :func:`complete`, :func:`answer_key`,
   :func:`distinct_aliases`;
-* matching -- the eval rule (:func:`is_correct`): the generation's first line, after
-  :func:`normalize`, starts with the answer or an alias, at a word boundary in languages
-  written with spaces; :func:`match_status` is the rule on a partial generation;
-* token sets -- :func:`answer_tokens` (the primary token, the other spacing variant and the
-  vocabulary's prefixes of the word, as :class:`AnswerTokens`) and :func:`pack_token_sets`
-  (per-row sets as the tensors the readout takes).
+* matching -- the eval rule (:func:`is_correct`: the first line, after :func:`normalize`, starts
+  with the answer or an alias, at a word boundary in languages written with spaces);
+  :func:`match_status` on a partial generation, :func:`decided` and :func:`decision_prefix`
+  for when its verdict is final;
+* what a generation did besides answering -- :func:`shared_form`, :func:`continues_prompt`,
+  :func:`echoes_subject`;
+* token sets -- :func:`answer_tokens` (:class:`AnswerTokens`) and :func:`pack_token_sets`.
 
 The rules in full: ``docs/concepts.md`` (answer token sets) and ``docs/methods/scoring.md``
 (the eval rule)."""
@@ -39,11 +39,16 @@ __all__ = [
     "answer_separator",
     "answer_tokens",
     "complete",
+    "continues_prompt",
+    "decided",
+    "decision_prefix",
     "distinct_aliases",
+    "echoes_subject",
     "is_correct",
     "match_status",
     "normalize",
     "pack_token_sets",
+    "shared_form",
 ]
 
 
@@ -139,6 +144,85 @@ def match_status(gen: str, answer: str, lang: str | None) -> str:
         ok = not (nxt.isalnum() or unicodedata.category(nxt).startswith("M"))
         return "match" if ok else "fail"
     return "open" if answer.startswith(gen) else "fail"
+
+
+def decided(
+    generation: str, answers: Sequence[str], lang: str | None = None, english: str = ""
+) -> bool:
+    """Whether the eval rule's verdicts on a *partial* greedy generation are already final:
+    it is correct whatever follows, or it can no longer match any answer (nor ``english``,
+    the English answer, whose match :class:`~mechlingo.scoring.evaluate.EvalResult` records
+    as ``in_english``).
+
+    A line break also decides (the rule reads the first line). Used to stop decoding a row
+    early; the verdicts equal those on the full generation (tested)."""
+    line = generation.split("\n")[0]
+    finished = "\n" in generation and bool(generation.strip())
+    text = line.rstrip("\ufffd")  # an incomplete multi-byte character is not text yet
+    gen = normalize(text)
+    if finished:
+        return True
+    if not gen or text != line:
+        return False
+    gold = [match_status(gen, normalize(a), lang) for a in answers]
+    if "match" in gold:
+        return True
+    if "open" in gold:
+        return False
+    return not english or match_status(gen, normalize(english), "en") != "open"
+
+
+# --------------------------------------------------------------------------------------
+# What a generation did besides answering
+# --------------------------------------------------------------------------------------
+
+
+def shared_form(lang: str, answers: Sequence[str], english: str) -> bool:
+    """Whether a non-English answer (``answers``: the answer and its aliases) is written as
+    its ``english`` answer (fr ``Tirana``, de ``Berlin``): no translation is needed, so a
+    wrong answer cannot be a translation failure (compared after :func:`normalize`)."""
+    if lang == "en" or not english:
+        return False
+    return normalize(english) in {normalize(a) for a in answers}
+
+
+def _word_char(ch: str) -> bool:
+    return ch.isalnum() or unicodedata.category(ch).startswith("M")
+
+
+def continues_prompt(prompt: str, continuation: str, lang: str) -> bool:
+    """Whether the raw greedy ``continuation`` glues onto the prompt's last word: the
+    language writes a space before its answers (:func:`answer_separator`), the prompt ends in
+    a letter or digit and the continuation starts with one, with no space or punctuation
+    between (German ``"... in der Stadt"`` continued as ``"bibliothek"``: the model goes on
+    with the word, it does not answer)."""
+    if not prompt or not continuation or not answer_separator(lang):
+        return False
+    return _word_char(prompt[-1]) and _word_char(continuation[0])
+
+
+def echoes_subject(generation: str, subject: str, answers: Sequence[str], lang: str) -> bool:
+    """Whether the greedy answer starts by repeating the ``subject`` (the eval rule's match,
+    :func:`is_correct`, of the subject; Japanese ``"日本の首都は…"`` for the subject 日本),
+    unless one of ``answers`` itself starts with the subject (``Mexico City`` for Mexico)."""
+    subj = normalize(subject)
+    if not subj or any(normalize(a).startswith(subj) for a in answers):
+        return False
+    return is_correct(generation, [subject], lang)
+
+
+def decision_prefix(
+    generation: str, answers: Sequence[str], lang: str | None = None, english: str = ""
+) -> str:
+    """The shortest prefix of ``generation`` on which the eval rule's verdict is final
+    (:func:`decided`: right whatever follows, or no longer able to match an answer or the
+    ``english`` answer); the whole generation when only its end (a line break or the token
+    budget) decided it. Early-stopped scoring keeps the first generated tokens that contain
+    this prefix."""
+    for k in range(1, len(generation) + 1):
+        if decided(generation[:k], answers, lang, english):
+            return generation[:k]
+    return generation
 
 
 # --------------------------------------------------------------------------------------

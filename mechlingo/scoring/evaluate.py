@@ -103,7 +103,7 @@ def greedy_generate(
         stop_at_newline: stop a row once it has produced a line break after some text.
         stop: ``stop(i, text)`` -> whether prompt ``i`` may stop with its continuation
             ``text`` so far (e.g. once the eval rule's verdict is final,
-            :func:`~mechlingo.scoring.scorers.decided`).
+            :func:`~mechlingo.core.answers.decided`).
         decoding: :class:`DecodeOptions` (``max_new_tokens``: new tokens per prompt at most;
             ``batch_size``: prompts per pass; ``cache``: decode with a key-value cache where
             the model supports it, :func:`mechlingo.activations.decoding.kv_cache_path`;
@@ -263,12 +263,17 @@ class EvalResult:
     candidate scored best) and ``n_tokens``; under ``klar`` also ``shots``.
 
     ``skipped`` counts the facts the metric could not score, by reason (they have no
-    record).
+    record). ``continuations`` (generation metrics; ``None`` under ``rank`` and in a result
+    read back from its records) holds each record's greedy continuation as decoded, before
+    the first-line cut (to the stop rule, or to the decision under ``early_stop``): what a
+    caller reads besides the verdict, e.g. the trace's flags of what an answer did. It is no
+    part of the result's equality.
     """
 
     records: list[dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
+    continuations: list[str] | None = field(default=None, compare=False, repr=False)
 
     @property
     def scorer(self) -> Scorer:
@@ -348,7 +353,7 @@ def evaluate_facts(
             ``batch_size``, prompts per pass (``rank``: facts per pass, all their candidates
             together); ``progress``; ``cache`` (see :func:`greedy_generate`); ``early_stop``,
             stop decoding a fact once its verdict is final
-            (:func:`~mechlingo.scoring.scorers.decided`): the same verdicts, in less time;
+            (:func:`~mechlingo.core.answers.decided`): the same verdicts, in less time;
             ``generation`` then holds the decided prefix.
 
     Raises:
@@ -429,6 +434,7 @@ def _evaluate(
     keep, skipped = split_usable(facts, scorer.metric, bos=prepends_bos(model), prefixes=prefixes)
     sub = [facts[i] for i in keep]
     names, ivs = list(conditions), list(conditions.values())
+    gens: list[list[str]] | list[None] = [None] * len(ivs)
     if scorer.metric == "rank":
         pre = [prefixes[i] for i in keep] if prefixes is not None else None
         per, path = rank_records(model, sub, ivs, prefixes=pre, tokens=scorer.rank_tokens,
@@ -442,11 +448,12 @@ def _evaluate(
             scorer, sub, texts, facts if pool is None else pool,
             max_new_tokens=max_new_tokens, early_stop=kw.pop("early_stop"),
         )  # fmt: skip
-        per, path = _generate_records(model, sub, rule, ivs, **kw)
+        per, path, gens = _generate_records(model, sub, rule, ivs, **kw)
     meta = {"max_new_tokens": max_new_tokens, "metric": scorer.to_json()}
     if kw["shared"]:  # evaluate_conditions says which path it took
         meta["path"] = path
-    return {n: EvalResult(r, dict(meta), dict(skipped)) for n, r in zip(names, per, strict=True)}
+    return {n: EvalResult(r, dict(meta), dict(skipped), g)
+            for n, r, g in zip(names, per, gens, strict=True)}  # fmt: skip
 
 
 def _generate_records(
@@ -455,15 +462,14 @@ def _generate_records(
     rule: GenerationRule,
     ivs: list[Intervention | None],
     **kw: Any,
-) -> tuple[list[list[dict[str, Any]]], str]:
+) -> tuple[list[list[dict[str, Any]]], str, list[list[str]]]:
     """A generation metric's records under every condition: ``rule.record(fact, text,
     generation)`` of each fact's greedy continuation of its text (:func:`generate_conditions`
-    with the rule's length, line-break and early-stop settings and ``kw``), and the path they
-    took."""
+    with the rule's length, line-break and early-stop settings and ``kw``), the path they
+    took and the continuations themselves."""
     decoding = DecodeOptions(max_new_tokens=rule.max_new_tokens, batch_size=kw.pop("batch_size"),
                              progress=kw.pop("progress"), cache=kw.pop("cache"))  # fmt: skip
     gens, path = generate_conditions(model, rule.texts, ivs, stop_at_newline=rule.stop_at_newline,
                                      stop=rule.stop, decoding=decoding, **kw)  # fmt: skip
-    return [
-        [rule.record(*x) for x in zip(facts, rule.texts, per, strict=True)] for per in gens
-    ], path
+    records = [[rule.record(*x) for x in zip(facts, rule.texts, per, strict=True)] for per in gens]
+    return records, path, gens

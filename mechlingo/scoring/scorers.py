@@ -10,7 +10,7 @@
 
 A :class:`Scorer` (or its name) is passed as ``metric=`` to
 :func:`mechlingo.scoring.evaluate.evaluate_facts`. This module holds what counts as correct
-and usable (:func:`decided`, :func:`klar_decided`, :func:`in_english`, :func:`skip_reason`,
+and usable (:func:`klar_decided`, :func:`in_english`, :func:`skip_reason`,
 :func:`split_usable`), a fact's record (:func:`generate_record`, :func:`klar_record`) and what a
 generation metric decodes (:func:`generation_rule`). Every rule: ``docs/methods/scoring.md``."""
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from mechlingo.core.answers import is_correct, match_status, normalize
+from mechlingo.core.answers import decided, is_correct, normalize
 from mechlingo.core.defaults import SEED
 from mechlingo.core.errors import InputError
 from mechlingo.data import Fact
@@ -36,7 +36,6 @@ __all__ = [
     "Scorer",
     "as_scorer",
     "clc",
-    "decided",
     "fact_record",
     "generate_record",
     "generation_rule",
@@ -152,34 +151,8 @@ def split_usable(
 
 
 # --------------------------------------------------------------------------------------
-# The eval rule (generate), and an answer given in English
+# An answer given in English (the eval rule itself: mechlingo.core.answers)
 # --------------------------------------------------------------------------------------
-
-
-def decided(
-    generation: str, answers: Sequence[str], lang: str | None = None, english: str = ""
-) -> bool:
-    """Whether the eval rule's verdicts on a *partial* greedy generation are already final:
-    it is correct whatever follows, or it can no longer match any answer (nor ``english``,
-    the English answer, whose match :class:`~mechlingo.scoring.evaluate.EvalResult` records
-    as ``in_english``).
-
-    A line break also decides (the rule reads the first line). Used to stop decoding a row
-    early; the verdicts equal those on the full generation (tested)."""
-    line = generation.split("\n")[0]
-    finished = "\n" in generation and bool(generation.strip())
-    text = line.rstrip("\ufffd")  # an incomplete multi-byte character is not text yet
-    gen = normalize(text)
-    if finished:
-        return True
-    if not gen or text != line:
-        return False
-    gold = [match_status(gen, normalize(a), lang) for a in answers]
-    if "match" in gold:
-        return True
-    if "open" in gold:
-        return False
-    return not english or match_status(gen, normalize(english), "en") != "open"
 
 
 def in_english(f: Fact, correct: bool, said: str, match: Callable[[str, str], bool]) -> bool:
@@ -346,8 +319,9 @@ def generation_rule(
 ) -> GenerationRule:
     """The :class:`GenerationRule` of ``scorer`` on ``facts``. ``generate`` continues
     ``texts`` (one per fact) for ``max_new_tokens`` up to a line break and stops early once
-    :func:`decided`; ``klar`` continues its few-shot prompts (:func:`klar_prompt`, the
-    demonstrations drawn from ``pool``) for :data:`KLAR_MAX_NEW_TOKENS` and stops early once
+    :func:`~mechlingo.core.answers.decided`; ``klar`` continues its few-shot prompts
+    (:func:`klar_prompt`, the demonstrations drawn from ``pool``) for
+    :data:`KLAR_MAX_NEW_TOKENS` and stops early once
     :func:`klar_decided` against the answers and the English answer.
 
     Raises:

@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -113,10 +113,34 @@ def score(
 
 
 def score_all(
-    model: Model, facts: Sequence[Fact], conds: Mapping[str, Intervention | None], **kw: Any
+    model: Model,
+    facts: Sequence[Fact],
+    conds: Mapping[str, Intervention | None],
+    *,
+    store: Callable[[str, Callable[[], Any]], Any] | None = None,
+    **kw: Any,
 ) -> dict[str, EvalResult]:
-    """Every condition of ``conds`` on ``facts`` at once (:func:`score` with a mapping)."""
-    return score(model, facts, dict(conds), **kw)
+    """Every condition of ``conds`` on ``facts`` at once (:func:`score` with a mapping).
+
+    ``store(name, fn)``, when given, keeps each condition's result (``name`` = the condition;
+    it returns ``fn()`` or a stored equal result: a resumable stage,
+    :func:`mechlingo.analyses.recall.steer_eval.stage_store`): the first condition that is not
+    stored scores itself and every later one at once, so a fresh run makes one shared-prefix
+    call and a resumed one loads what is stored."""
+    if store is None:
+        return score(model, facts, dict(conds), **kw)
+    done: dict[str, EvalResult] = {}
+    results: dict[str, EvalResult] = {}
+
+    def fn(c: str) -> EvalResult:
+        if c not in done:
+            todo = {d: iv for d, iv in conds.items() if d not in results}
+            done.update(score(model, facts, todo, **kw))
+        return done[c]
+
+    for c in conds:
+        results[c] = store(c, lambda c=c: fn(c))
+    return results
 
 
 def few_shot_prefix(fact: Fact, pool: Sequence[Fact], k: int) -> str:
@@ -163,11 +187,14 @@ def headroom(
             few = score(model, kept, None, metric=scorer, prefixes=texts, **kw)
         elif kept:
             prompts = [t + f.prompt for t, f in zip(texts, kept, strict=True)]
-            few = evaluate_facts(model, kept, prompts=prompts, **kw)
+            few = score(model, kept, None, metric=scorer, prompts=prompts, **kw)
+    outcomes = {"zero_shot": by_lang(zero), "k_shot": by_lang(few)}
     return {
         "k": k_shot,
-        "zero_shot": {lg: wilson(sum(v), len(v)).to_json() for lg, v in by_lang(zero).items()},
-        "k_shot": {lg: wilson(sum(v), len(v)).to_json() for lg, v in by_lang(few).items()},
+        **{
+            name: {lg: wilson(sum(v), len(v)).to_json() for lg, v in per.items()}
+            for name, per in outcomes.items()
+        },
         "results": {"zero_shot": zero, "k_shot": few},
     }
 

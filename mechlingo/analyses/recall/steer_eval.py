@@ -34,7 +34,13 @@ from mechlingo.analyses.recall.settings import (
     ScoringOptions,
     SplitSettings,
 )
-from mechlingo.analyses.recall.steering import SteeringConfig, SteeringPair, random_steering
+from mechlingo.analyses.recall.steering import (
+    CONTROLS,
+    SteeringConfig,
+    SteeringPair,
+    population_names,
+    protocol_conditions,
+)
 from mechlingo.analyses.results import WritesFolder
 from mechlingo.core.defaults import CONTROL_SEEDS, PROGRESS, STEER_BATCH_SIZE, check_seeds
 from mechlingo.core.errors import InputError
@@ -60,6 +66,7 @@ __all__ = [
     "SplitResult",
     "run_steer_eval",
     "stage_store",
+    "population_names",
 ]
 
 MIN_TEST_FACTS = 30
@@ -231,32 +238,10 @@ def evaluate_test(
         )
     kw = scoring.kw()
     cfg = choice.config
-    task = vectors.task.at(cfg.task_layer, cfg.task_alpha)
-    diff = vectors.diff.at(cfg.diff_layer, cfg.diff_alpha)
-    conds: dict[str, Intervention | None] = {
-        "orig": None,
-        "task": task,
-        "diff": diff,
-        "both": task + diff,
-    }
-    if choice.pair is not None and choice.pair != cfg:
-        conds["both_pair"] = vectors.task.at(choice.pair.task_layer, choice.pair.task_alpha) + (
-            vectors.diff.at(choice.pair.diff_layer, choice.pair.diff_alpha)
-        )
-    sel = choice.selected if choice.selected in ("task", "diff", "both") else "both"
-    for s in seeds:
-        conds[f"random_s{s}"] = random_steering(vectors, cfg, selected=sel, seed=int(s))
-    pair = "both_pair" in conds
-    for c, prefix in population_names(sel, pair, opts.controls).items():
-        at = choice.pair if (c == "both" and pair and choice.pair is not None) else cfg
-        for s in seeds if prefix != "random_s" else ():
-            conds[f"{prefix}{s}"] = random_steering(vectors, at, selected=c, seed=int(s))
+    conds = protocol_conditions(vectors, cfg, pair=choice.pair, selected=choice.selected,
+                                seeds=seeds, controls=opts.controls)  # fmt: skip
     mkw = dev_grid.metric_options(scorer, pool)
-    results = _score_conditions(
-        stage_store or (lambda name, fn: fn()),
-        conds,
-        lambda todo: dev_grid.score_all(model, test_facts, todo, **kw, **mkw),
-    )
+    results = dev_grid.score_all(model, test_facts, conds, store=stage_store, **kw, **mkw)
     run = stage_store or (lambda name, fn: fn())
     hr: dict[str, Any] = {}
     if pool is not None:
@@ -283,47 +268,6 @@ def evaluate_test(
         conds,
         dict(lowest_rule or {}),
     )
-
-
-#: ``controls``: a random population for the selected condition only (``"selected"``, the
-#: ``random_s<seed>`` conditions) or for each of task, diff and both (``"each"``).
-CONTROLS = ("selected", "each")
-
-
-def population_names(selected: str, pair: bool, controls: str = "each") -> dict[str, str]:
-    """``{condition: prefix of its random population's conditions}``: with ``controls ==
-    "each"`` one population per condition (``task``, ``diff`` and ``both``: random(task),
-    random(diff) and both together, norm-matched at that condition's layer and scale; ``both``
-    is the headline ``both_pair`` when dev chose a ``pair``), named ``random_<cond>_s<seed>``
-    except the one that ``random_s<seed>`` (matched to ``selected`` at the chosen config)
-    already is; with ``"selected"`` only ``{selected: "random_s"}``."""
-    sel = selected if selected in ("task", "diff", "both") else "both"
-    if controls == "selected":
-        return {sel: "random_s"}
-    return {c: "random_s" if c == sel and not (c == "both" and pair) else f"random_{c}_s"
-            for c in ("task", "diff", "both")}  # fmt: skip
-
-
-def _score_conditions(
-    run: Callable[[str, Callable[[], Any]], Any],
-    conds: dict[str, Intervention | None],
-    score_all: Callable[[dict[str, Intervention | None]], dict[str, EvalResult]],
-) -> dict[str, EvalResult]:
-    """Every condition through the stage store ``run``: the first condition that is not
-    stored scores itself and every later one at once (``score_all``), so a fresh run makes
-    one shared-prefix call and a resumed one loads what is stored."""
-    done: dict[str, EvalResult] = {}
-    results: dict[str, EvalResult] = {}
-
-    def fn(c: str) -> EvalResult:
-        if c not in done:
-            todo = [d for d in conds if d not in results]
-            done.update(score_all({d: conds[d] for d in todo}))
-        return done[c]
-
-    for c in conds:
-        results[c] = run(c, lambda c=c: fn(c))
-    return results
 
 
 def condition_interventions(result: SteerTestResult) -> dict[str, Intervention | None]:
@@ -701,31 +645,22 @@ def _dev_step(
     last) or, with a fixed ``config``, only the dev headroom that fixes the lowest language
     (stage ``{prefix}dev-headroom``; ``None`` last). Returns the choice, the lowest
     language, the lowest-language rule and the search's JSON."""
-    if opt.config is not None:
-        score_kw = {**opt.scoring.kw(), "metric": opt.scoring.metric}
-        rule = stages.run(
-            f"{prefix}dev-headroom",
-            lambda: dev_grid.lowest_language_rule(
-                *dev_grid.headroom_pairs(
-                    dev_grid.headroom(model, dev, build, k_shot=k_shot, **score_kw)
-                ),
-                p_threshold=opt.grid.p_threshold,
+    fixed = opt.config is not None
+    searched = stages.run(  # a fixed config: only the dev headroom's lowest-language rule
+        f"{prefix}dev-headroom" if fixed else f"{prefix}sweep",
+        lambda: dev_grid.lowest_language_rule(
+            *dev_grid.headroom_pairs(
+                dev_grid.headroom(model, dev, build, k_shot=k_shot, metric=opt.scoring.metric,
+                                  **opt.scoring.kw())
             ),
+            p_threshold=opt.grid.p_threshold,
         )
+        if fixed
+        else dev_grid.choose_on_dev(model, vectors, dev, grid=opt.grid, scoring=opt.scoring,
+                                    pool=build, k_shot=k_shot, test_ids=test).to_json(),
+    )  # fmt: skip
+    if opt.config is not None:
         choice = Choice(opt.config, "both", "not measured (--config)", {}, {})
-        return choice, rule["language"], rule, None
-    searched = stages.run(
-        f"{prefix}sweep",
-        lambda: dev_grid.choose_on_dev(
-            model,
-            vectors,
-            dev,
-            grid=opt.grid,
-            scoring=opt.scoring,
-            pool=build,
-            k_shot=k_shot,
-            test_ids=test,
-        ).to_json(),
-    )
+        return choice, searched["language"], searched, None
     search = DevSearch.from_json(searched, vectors.unit)
     return search.choice, search.lowest_language, search.lowest_rule, searched

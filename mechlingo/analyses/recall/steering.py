@@ -25,12 +25,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from mechlingo.activations.runs import collect, last_token_means
+from mechlingo.activations.runs import last_token_means
 from mechlingo.analyses.recall.settings import BuildSettings
 from mechlingo.core.defaults import (
-    BATCH_SIZE,
+    CONTROL_SEEDS,
     PROGRESS,
     SEED,
     STEER_BATCH_SIZE,
@@ -39,8 +38,6 @@ from mechlingo.core.defaults import (
 from mechlingo.core.errors import ArtifactError, InputError
 from mechlingo.core.faults import derive_seed
 from mechlingo.core.jsonable import jsonable
-from mechlingo.core.sites import resolve_layers, resolve_site
-from mechlingo.core.tokens import encode, sorted_batches
 from mechlingo.core.types import Model
 from mechlingo.core.untrusted import check_links, read_json, refuse_special
 from mechlingo.data import Fact, few_shot_prompt, translation_prompt
@@ -67,8 +64,10 @@ __all__ = [
     "score_facts",
     "conditions",
     "random_steering",
+    "CONTROLS",
+    "population_names",
+    "protocol_conditions",
     "score_at_config",
-    "last_token_norms",
     "lowest_above_zero",
     "relative_gain",
     "vectors_from_means",
@@ -237,26 +236,6 @@ UNIT_TEXT = {
 }
 
 
-def last_token_norms(
-    model: Model, prompts: Sequence[str], *, batch_size: int = BATCH_SIZE, progress: bool = PROGRESS
-) -> Float[Tensor, " layer"]:
-    """Mean L2 norm of the last-token ``resid_pre`` at every layer over ``prompts``
-    (float64, on the CPU): the scale of the residual stream a steering vector is added to."""
-
-    prompts = list(prompts)
-    if not prompts:
-        raise InputError("no prompts to measure")
-    names = [resolve_site(model, "resid_pre", i).hook_name for i in resolve_layers(model, None)]
-    batch = encode(model, prompts)
-    total = None
-    for rows in tqdm(sorted_batches(batch.lengths, batch_size), disable=not progress):
-        acts = collect(model, batch.select(rows), names)
-        norms = torch.stack([acts[n].double().norm(dim=-1).sum(0).cpu() for n in names])
-        total = norms if total is None else total + norms
-    assert total is not None
-    return total / len(prompts)
-
-
 def vectors_from_means(
     means: dict[str, Tensor],
     resid_norm: Tensor | None,
@@ -316,8 +295,8 @@ def build_steering_vectors(
     pool: Sequence[Fact] | None = None,
     progress: bool = PROGRESS,
 ) -> SteeringPair:
-    """Build both vector stacks from ``facts`` (one streaming pass per prompt set, plus one
-    pass for the residual norms), with ``settings``
+    """Build both vector stacks from ``facts`` (one streaming pass per prompt set; the
+    zero-shot pass also reads the residual norms), with ``settings``
     (:class:`~mechlingo.analyses.recall.settings.BuildSettings`: ``k_shot``,
     ``translation_shots``, ``subtract_zero_shot``, ``unit``, ``batch_size``).
 
@@ -342,11 +321,14 @@ def build_steering_vectors(
     t0 = time.time()
     k_shot, shots, batch_size = settings.k_shot, settings.translation_shots, settings.batch_size
     prompts = steering_prompts(facts, pool=pool, k_shot=k_shot, translation_shots=shots)
-    means = {
-        name: last_token_means(model, ps, batch_size=batch_size, progress=progress).mean
+    read = {  # the zero-shot pass also reads the residual norms
+        name: last_token_means(
+            model, ps, batch_size=batch_size, progress=progress, norms=name == "zero_shot"
+        )
         for name, ps in prompts.items()
     }
-    resid_norm = last_token_norms(model, prompts["zero_shot"], batch_size=batch_size)
+    means = {name: r.mean for name, r in read.items()}
+    resid_norm = read["zero_shot"].norm
     build = {
         "n_prompts": {k: len(v) for k, v in prompts.items()},
         "langs": sorted({f.lang for f in facts}),
@@ -429,6 +411,63 @@ def random_steering(
             meta = {"name": f"random({name})"}
             parts.append(SteeringVector(direction, layer, alpha, positions=positions, meta=meta))
     return Compose(parts)
+
+
+#: ``controls``: a random population for the selected condition only (``"selected"``, the
+#: ``random_s<seed>`` conditions) or for each of task, diff and both (``"each"``).
+CONTROLS = ("selected", "each")
+
+
+def population_names(selected: str, pair: bool, controls: str = "each") -> dict[str, str]:
+    """``{condition: prefix of its random population's conditions}``: with ``controls ==
+    "each"`` one population per condition (``task``, ``diff`` and ``both``: random(task),
+    random(diff) and both together, norm-matched at that condition's layer and scale; ``both``
+    is the headline ``both_pair`` when dev chose a ``pair``), named ``random_<cond>_s<seed>``
+    except the one that ``random_s<seed>`` (matched to ``selected`` at the chosen config)
+    already is; with ``"selected"`` only ``{selected: "random_s"}``."""
+    sel = selected if selected in ("task", "diff", "both") else "both"
+    if controls == "selected":
+        return {sel: "random_s"}
+    return {c: "random_s" if c == sel and not (c == "both" and pair) else f"random_{c}_s"
+            for c in ("task", "diff", "both")}  # fmt: skip
+
+
+def protocol_conditions(
+    vectors: SteeringPair,
+    config: SteeringConfig,
+    *,
+    pair: SteeringConfig | None = None,
+    selected: str = "both",
+    seeds: Sequence[int] = CONTROL_SEEDS,
+    controls: str = "selected",
+) -> dict[str, Intervention | None]:
+    """The test conditions of the repair protocol
+    (:func:`mechlingo.analyses.recall.steer_eval.evaluate_test`): ``orig`` (nothing),
+    ``task``, ``diff`` and ``both`` at ``config``; ``both_pair``, both vectors at dev's
+    ``pair`` when it differs from ``config``; ``random_s<seed>``, the norm-matched random
+    control of ``selected`` (``both`` unless ``task`` or ``diff``) for each seed; and, with
+    ``controls == "each"``, the other random populations of :func:`population_names`."""
+    task = vectors.task.at(config.task_layer, config.task_alpha)
+    diff = vectors.diff.at(config.diff_layer, config.diff_alpha)
+    conds: dict[str, Intervention | None] = {
+        "orig": None,
+        "task": task,
+        "diff": diff,
+        "both": task + diff,
+    }
+    if pair is not None and pair != config:
+        conds["both_pair"] = vectors.task.at(pair.task_layer, pair.task_alpha) + (
+            vectors.diff.at(pair.diff_layer, pair.diff_alpha)
+        )
+    sel = selected if selected in ("task", "diff", "both") else "both"
+    for s in seeds:
+        conds[f"random_s{s}"] = random_steering(vectors, config, selected=sel, seed=int(s))
+    has_pair = "both_pair" in conds
+    for c, prefix in population_names(sel, has_pair, controls).items():
+        at = pair if (c == "both" and has_pair and pair is not None) else config
+        for s in seeds if prefix != "random_s" else ():
+            conds[f"{prefix}{s}"] = random_steering(vectors, at, selected=c, seed=int(s))
+    return conds
 
 
 # --------------------------------------------------------------------------------------

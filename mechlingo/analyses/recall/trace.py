@@ -51,8 +51,8 @@ from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import prepends_bos
 from mechlingo.core.types import Model
 from mechlingo.kernels.significance import bootstrap_mean, wilson
-from mechlingo.scoring.evaluate import DecodeOptions, EvalResult, evaluate_facts, greedy_generate
-from mechlingo.scoring.scorers import as_scorer, generate_record, split_usable
+from mechlingo.scoring.evaluate import DecodeOptions, EvalResult, evaluate_facts
+from mechlingo.scoring.scorers import skip_reason, split_usable
 from mechlingo.viz.trace import class_fractions_figure, class_profiles_figure
 
 if TYPE_CHECKING:
@@ -265,9 +265,10 @@ _classify = classify
 
 
 def _usable(model: Model, facts: Sequence[Fact], langs: Sequence[str] | None, max_rank: int,
-            metric: str) -> tuple[list[Fact], dict[str, int]]:  # fmt: skip
-    """The facts :func:`trace_recall` scores (of ``langs``, usable by ``metric``) and the
-    skipped ones counted by reason.
+            metric: str) -> tuple[list[Fact], dict[str, int], list[Fact]]:  # fmt: skip
+    """The facts :func:`trace_recall` scores (of ``langs``, usable by ``metric``), the
+    skipped ones counted by reason, and those of them candidate ranking can score (the gold
+    candidate's rank of each is reported).
 
     Raises:
         InputError: no fact left, a negative ``max_rank`` or an unknown ``metric``."""
@@ -280,29 +281,13 @@ def _usable(model: Model, facts: Sequence[Fact], langs: Sequence[str] | None, ma
         raise InputError("max_rank must be >= 0")
     if metric not in ("generate", "rank"):
         raise InputError(f"trace metric must be 'generate' or 'rank', got {metric!r}")
-    keep, skipped = split_usable(facts, metric, bos=prepends_bos(model))
+    bos = prepends_bos(model)
+    keep, skipped = split_usable(facts, metric, bos=bos)
     facts = [facts[i] for i in keep]
     if not facts:
         raise InputError(f"no fact can be scored with {metric!r}", fix="give facts with "
                          "candidates for rank (mechlingo.data.candidates.with_candidates)")  # fmt: skip
-    return facts, skipped
-
-
-def _answers(
-    model: Model, facts: list[Fact], metric: str, decoding: DecodeOptions
-) -> tuple[EvalResult, list[str | None]]:
-    """The evaluation of the usable ``facts`` under ``metric`` and each fact's raw greedy
-    continuation (``None`` under ``rank``). The greedy text runs to the stop rule (a line
-    break or ``decoding.max_new_tokens``), not to the point where the verdict was decided (the
-    record's ``decided_at``): the same verdicts as early-stopped scoring, the whole answer
-    kept."""
-    if metric == "rank":
-        ev = evaluate_facts(model, facts, metric="rank", decoding=decoding)
-        return ev, [None] * len(facts)
-    raw = greedy_generate(model, [f.prompt for f in facts], decoding=decoding)
-    records = [generate_record(f, f.prompt, g) for f, g in zip(facts, raw, strict=True)]
-    meta = {"max_new_tokens": decoding.max_new_tokens, "metric": as_scorer("generate").to_json()}
-    return EvalResult(records, meta), list(raw)
+    return facts, skipped, [f for f in facts if skip_reason(f, "rank", bos=bos) is None]
 
 
 def trace_recall(
@@ -349,24 +334,24 @@ def trace_recall(
         ``continues_prompt``, ``echoes_subject`` and ``decided_at`` (the prefix of
         ``generation``, the whole greedy first line, at which the verdict was decided).
     """
-    facts, skipped = _usable(model, facts, langs, max_rank, metric)
+    facts, skipped, ranked = _usable(model, facts, langs, max_rank, metric)
     n = site_map(model).n_layers
     mid = default_mid_layers(n) if mid_layers is None else sorted({int(x) for x in mid_layers})
     if not mid or any(not 0 <= x <= n for x in mid):
         raise InputError(f"mid_layers must be a non-empty subset of lens entries 0..{n}")
-    decoding = DecodeOptions(
-        max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress
-    )
-    ev, raw = _answers(model, facts, metric, decoding)
+    decoding = DecodeOptions(max_new_tokens=max_new_tokens, batch_size=batch_size,
+                             progress=progress, early_stop=False)  # the whole answer  # fmt: skip
+    ev = evaluate_facts(model, facts, metric=metric, decoding=decoding)
+    raw = ev.continuations or [None] * len(facts)
     wrong = [None if r["correct"] or metric == "rank" else r["generation"] for r in ev.records]
-    answers = trace_answers(facts, wrong, pool, bos=prepends_bos(model))
+    answers = trace_answers(facts, wrong, pool)
     lens = logit_lens(model, [f.prompt for f in facts], answers.tracks,
                       langs=[f.lang for f in facts], ids=[f.id for f in facts],
                       batch_size=batch_size, progress=progress)  # fmt: skip
     if metric == "rank":
         ranking = ev.records
-    elif answers.ranked:  # the gold candidate's rank of the facts that have candidates
-        ranking = evaluate_facts(model, answers.ranked, metric="rank", decoding=decoding).records
+    elif ranked:  # the gold candidate's rank of the facts that have candidates
+        ranking = evaluate_facts(model, ranked, metric="rank", decoding=decoding).records
     else:
         ranking = []
     gold_rank = {(r["id"], r["lang"]): int(r["gold_rank"]) for r in ranking}

@@ -1,29 +1,31 @@
 """The answers a traced query is read against, prepared once for the usable facts
 (:func:`trace_answers`): the lens tracks with the mismatched-fact control (another fact's
 English answer, tracked by the same lens, so latent English can be told from any English word
-reaching the top), each fact's answers in other languages (which one a wrong answer gives), and
-the facts whose gold candidate's rank can be measured; and what a greedy answer did
-(:func:`answer_flags`): an answer written the same in English (:func:`shared_form`), a
-continuation that glues onto the prompt's last word (:func:`continues_prompt`), an answer that
-starts by repeating the subject (:func:`echoes_subject`), and the prefix at which the eval
-rule's verdict was decided (:func:`decision_prefix`).
+reaching the top) and each fact's answers in other languages (which one a wrong answer gives);
+and what a greedy answer did
+(:func:`answer_flags`, from the predicates of :mod:`mechlingo.core.answers`): an answer written
+the same in English, a continuation that glues onto the prompt's last word, an answer that
+starts by repeating the subject, and the prefix at which the eval rule's verdict was decided.
 """
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mechlingo.analyses.decoders.lens import LensResult, fact_answers, logit_lens
-from mechlingo.core.answers import answer_separator, is_correct, normalize
-from mechlingo.core.tokens import prepends_bos
+from mechlingo.core.answers import (
+    continues_prompt,
+    decision_prefix,
+    echoes_subject,
+    is_correct,
+    normalize,
+    shared_form,
+)
 from mechlingo.core.types import Model
 from mechlingo.data import load_facts
 from mechlingo.data.langid import token_language
-from mechlingo.scoring.evaluate import DecodeOptions, evaluate_facts
-from mechlingo.scoring.scorers import decided, skip_reason
 
 if TYPE_CHECKING:
     from mechlingo.data import Fact
@@ -32,15 +34,10 @@ __all__ = [
     "FLAGS",
     "TraceAnswers",
     "answer_flags",
-    "continues_prompt",
-    "decision_prefix",
-    "echoes_subject",
-    "gold_ranks",
     "lens_with_mismatch",
     "mismatch_tracks",
     "mismatched_english",
     "other_answers",
-    "shared_form",
     "trace_answers",
 ]
 
@@ -60,34 +57,28 @@ class TraceAnswers:
         mismatch: each fact's mismatched English answer (``None``: its relation has none).
         answered_in: the language whose answer a wrong generation gives (``None``: none, or
             no generation to place).
-        ranked: the facts candidate ranking can score (their gold candidate's rank).
     """
 
     tracks: dict[str, list[str]]
     mismatch: list[str | None]
     answered_in: list[str | None]
-    ranked: list[Fact]
 
 
 def trace_answers(
     facts: Sequence[Fact],
     wrong: Sequence[str | None],
     pool: Sequence[Fact] | None,
-    *,
-    bos: bool,
 ) -> TraceAnswers:
     """:class:`TraceAnswers` of ``facts``: ``wrong`` holds each fact's generation where it is
     wrong (``None`` where it is right or not generated), ``pool`` more facts (other languages
-    of the same ids; the bundled data is used as well when the ids come from it), ``bos``
-    whether the model adds a BOS (a candidate may then open the sentence)."""
+    of the same ids; the bundled data is used as well when the ids come from it)."""
     tracks, mismatch = mismatch_tracks(facts, pool)
     others = other_answers(facts, pool)
     answered = [
         None if gen is None else _answered_in(gen, f, others.get(f.id, {}))
         for f, gen in zip(facts, wrong, strict=True)
     ]
-    ranked = [f for f in facts if skip_reason(f, "rank", bos=bos) is None]
-    return TraceAnswers(tracks, mismatch, answered, ranked)
+    return TraceAnswers(tracks, mismatch, answered)
 
 
 def mismatch_tracks(
@@ -170,92 +161,32 @@ def mismatched_english(facts: Sequence[Fact], english: Sequence[str]) -> list[st
     return out
 
 
-def gold_ranks(
-    model: Model, facts: Sequence[Fact], batch_size: int, progress: bool
-) -> dict[tuple[str, str], int]:
-    """The gold candidate's rank under candidate ranking of every fact that has candidates
-    (``{(id, lang): rank}``; empty when none has)."""
-    bos = prepends_bos(model)
-    ranked = [f for f in facts if skip_reason(f, "rank", bos=bos) is None]
-    if not ranked:
-        return {}
-    res = evaluate_facts(
-        model,
-        ranked,
-        metric="rank",
-        decoding=DecodeOptions(batch_size=batch_size, progress=progress),
-    )
-    return {(r["id"], r["lang"]): int(r["gold_rank"]) for r in res.records}
-
-
 # --------------------------------------------------------------------------------------
 # What a greedy answer did
 # --------------------------------------------------------------------------------------
 
 
-def shared_form(fact: Fact) -> bool:
-    """Whether a non-English fact's answer is written as its English answer (fr ``Tirana``,
-    de ``Berlin``): no translation is needed, so a wrong answer cannot be a translation
-    failure (the eval rule's normalisation compares them; aliases count)."""
-    if fact.lang == "en" or not fact.answer_en:
-        return False
-    return normalize(fact.answer_en) in {normalize(a) for a in fact.answers}
-
-
-def _word_char(ch: str) -> bool:
-    return ch.isalnum() or unicodedata.category(ch).startswith("M")
-
-
-def continues_prompt(prompt: str, continuation: str, lang: str) -> bool:
-    """Whether the raw greedy ``continuation`` glues onto the prompt's last word: the
-    language writes a space before its answers (:func:`~mechlingo.core.answers.answer_separator`),
-    the prompt ends in a letter or digit and the continuation starts with one, with no space
-    or punctuation between (German ``"... in der Stadt"`` continued as ``"bibliothek"``:
-    the model goes on with the word, it does not answer)."""
-    if not prompt or not continuation or not answer_separator(lang):
-        return False
-    return _word_char(prompt[-1]) and _word_char(continuation[0])
-
-
-def echoes_subject(generation: str, fact: Fact) -> bool:
-    """Whether the greedy answer starts by repeating the subject (the eval rule's match,
-    :func:`~mechlingo.core.answers.is_correct`, of the subject; Japanese
-    ``"日本の首都は…"`` for the subject 日本), unless an answer itself starts with the
-    subject (``Mexico City`` for Mexico)."""
-    subj = normalize(fact.subject)
-    if not subj or any(normalize(a).startswith(subj) for a in fact.answers):
-        return False
-    return is_correct(generation, [fact.subject], fact.lang)
-
-
-def decision_prefix(generation: str, fact: Fact) -> str:
-    """The shortest prefix of ``generation`` on which the eval rule's verdict is final
-    (:func:`~mechlingo.scoring.scorers.decided`: right whatever follows, or no longer able
-    to match an answer or the English answer); the whole generation when only its end (a
-    line break or the token budget) decided it. Early-stopped scoring keeps the first
-    generated tokens that contain this prefix."""
-    for k in range(1, len(generation) + 1):
-        if decided(generation[:k], fact.answers, fact.lang, fact.answer_en):
-            return generation[:k]
-    return generation
-
-
 def answer_flags(fact: Fact, continuation: str | None) -> dict[str, Any]:
-    """The record fields of what ``fact``'s greedy answer did: ``shared_form``,
-    ``continues_prompt``, ``echoes_subject``, ``decided_at`` (:func:`decision_prefix`) and
-    ``generation_lang``, the language of the generation's first word for the fact's language
-    and English (:func:`~mechlingo.data.langid.token_language`: a code, ``"shared"`` or
-    ``None``), from the raw ``continuation`` (``None``: nothing generated, e.g. candidate
-    ranking: the flags are ``False``, ``decided_at`` and ``generation_lang`` ``None``)."""
+    """The record fields of what ``fact``'s greedy answer did
+    (:mod:`mechlingo.core.answers`): ``shared_form`` (its answer is written as the English
+    one), ``continues_prompt`` (the continuation glues onto the prompt's last word),
+    ``echoes_subject`` (the answer starts by repeating the subject), ``decided_at`` (the
+    prefix of the first line on which the eval rule's verdict is final,
+    :func:`~mechlingo.core.answers.decision_prefix`) and ``generation_lang``, the language of
+    the generation's first word for the fact's language and English
+    (:func:`~mechlingo.data.langid.token_language`: a code, ``"shared"`` or ``None``), from
+    the raw ``continuation`` (``None``: nothing generated, e.g. candidate ranking: the flags
+    are ``False``, ``decided_at`` and ``generation_lang`` ``None``)."""
+    shared = shared_form(fact.lang, fact.answers, fact.answer_en)
     if continuation is None:
-        return {"shared_form": shared_form(fact), "continues_prompt": False,
+        return {"shared_form": shared, "continues_prompt": False,
                 "echoes_subject": False, "decided_at": None, "generation_lang": None}  # fmt: skip
     line = continuation.strip().split("\n")[0] if continuation.strip() else ""
     first = line.split(" ")[0][:40]
     return {
-        "shared_form": shared_form(fact),
+        "shared_form": shared,
         "continues_prompt": continues_prompt(fact.prompt, continuation, fact.lang),
-        "echoes_subject": echoes_subject(line, fact),
-        "decided_at": decision_prefix(line, fact),
+        "echoes_subject": echoes_subject(line, fact.subject, fact.answers, fact.lang),
+        "decided_at": decision_prefix(line, fact.answers, fact.lang, fact.answer_en),
         "generation_lang": token_language(first, (fact.lang, "en")) if first else None,
     }

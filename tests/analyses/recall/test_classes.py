@@ -13,14 +13,14 @@ from mechlingo.analyses.recall.classes import (
     failure_split,
     flag_counts,
 )
-from mechlingo.analyses.recall.trace_answers import (
-    answer_flags,
+from mechlingo.analyses.recall.trace_answers import answer_flags
+from mechlingo.core.answers import (
     continues_prompt,
     decision_prefix,
     echoes_subject,
+    is_correct,
     shared_form,
 )
-from mechlingo.core.answers import is_correct
 from mechlingo.data import Fact
 
 
@@ -37,13 +37,25 @@ TOKYO = _fact("ja", "日本", "日本の首都は", "東京", "Tokyo")
 MEXICO = _fact("en", "Mexico", "The capital of Mexico is", "Mexico City", "Mexico City")
 
 
+def _shared(f):
+    return shared_form(f.lang, f.answers, f.answer_en)
+
+
+def _echoes(generation, f):
+    return echoes_subject(generation, f.subject, f.answers, f.lang)
+
+
+def _cut(generation, f):
+    return decision_prefix(generation, f.answers, f.lang, f.answer_en)
+
+
 def test_shared_form_is_an_answer_written_as_the_english_one():
-    assert shared_form(TIRANA)  # fr Tirana = en Tirana: nothing to translate
-    assert not shared_form(LONDRES)
-    assert not shared_form(MEXICO)  # English is the reference, never shared with itself
+    assert _shared(TIRANA)  # fr Tirana = en Tirana: nothing to translate
+    assert not _shared(LONDRES)
+    assert not _shared(MEXICO)  # English is the reference, never shared with itself
     # an alias written as the English answer counts; case and spacing do not matter
-    assert shared_form(_fact("de", "X", "p", "Peking", "beijing ", aliases=["Beijing"]))
-    assert not shared_form(_fact("fr", "X", "p", "Tirana", ""))  # no English answer known
+    assert _shared(_fact("de", "X", "p", "Peking", "beijing ", aliases=["Beijing"]))
+    assert not _shared(_fact("fr", "X", "p", "Tirana", ""))  # no English answer known
 
 
 def test_a_continuation_glued_to_the_prompts_last_word_is_flagged():
@@ -56,25 +68,25 @@ def test_a_continuation_glued_to_the_prompts_last_word_is_flagged():
 
 
 def test_an_answer_repeating_the_subject_is_flagged_unless_the_answer_starts_with_it():
-    assert echoes_subject("日本の首都は東京です", TOKYO)
-    assert not echoes_subject("東京", TOKYO)
-    assert echoes_subject("Albanie, dont la capitale est Tirana", TIRANA)
-    assert not echoes_subject("Albanien", TIRANA)  # the subject is not a whole word there
-    assert not echoes_subject("Mexico City", MEXICO)  # the answer itself starts with Mexico
+    assert _echoes("日本の首都は東京です", TOKYO)
+    assert not _echoes("東京", TOKYO)
+    assert _echoes("Albanie, dont la capitale est Tirana", TIRANA)
+    assert not _echoes("Albanien", TIRANA)  # the subject is not a whole word there
+    assert not _echoes("Mexico City", MEXICO)  # the answer itself starts with Mexico
 
 
 def test_the_decision_point_is_the_shortest_prefix_with_a_final_verdict():
     bw = _fact("en", "Botswana", "The capital of Botswana is", "Gaborone", "Gaborone")
     # "B" can no longer become "Gaborone": wrong from the first letter on
-    assert decision_prefix("Botswana is a country", bw) == "B"
+    assert _cut("Botswana is a country", bw) == "B"
     # right once the word boundary after the answer is seen
-    assert decision_prefix("Gaborone, the city", bw) == "Gaborone,"
+    assert _cut("Gaborone, the city", bw) == "Gaborone,"
     # "Gaborone" alone may still go on ("Gaboronex"): only the end of the line decides
-    assert decision_prefix("Gaborone", bw) == "Gaborone"
+    assert _cut("Gaborone", bw) == "Gaborone"
     # fr Londres: "Lond" could still be English "London", "Londr" no longer
-    assert decision_prefix("Londrina", LONDRES) == "Londri"
+    assert _cut("Londrina", LONDRES) == "Londri"
     for gen, f in (("Botswana is", bw), ("Londres est", LONDRES), ("Lon", LONDRES)):
-        cut = decision_prefix(gen, f)  # the verdict on the prefix is the whole line's
+        cut = _cut(gen, f)  # the verdict on the prefix is the whole line's
         assert gen.startswith(cut) and is_correct(cut + " x", f.answers, f.lang) == is_correct(
             gen, f.answers, f.lang
         )

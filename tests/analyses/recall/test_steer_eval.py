@@ -20,13 +20,12 @@ from mechlingo.analyses.recall.settings import (
     ScoringOptions,
     matrix_layers,
 )
-from mechlingo.core.answers import is_correct
+from mechlingo.core.answers import decided, is_correct
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import every_second_layer, layers_at
 from mechlingo.data import LANGS, RELATIONS, load_facts, natural_templates
 from mechlingo.kernels.significance import mcnemar, paired_gain, wilson
 from mechlingo.scoring.evaluate import DecodeOptions, evaluate_facts
-from mechlingo.scoring.scorers import decided
 
 # --------------------------------------------------------------------------------------
 # Statistics

@@ -1,6 +1,6 @@
 """What a traced query is read against, prepared once from the usable facts (no model): the lens
-tracks with the mismatched-fact control, the language a wrong answer is given in, and the facts
-whose gold candidate's rank can be measured."""
+tracks with the mismatched-fact control and the language a wrong answer is given in; and the
+facts whose gold candidate's rank can be measured, found with the usable ones."""
 
 from __future__ import annotations
 
@@ -21,18 +21,25 @@ FACTS = [_fact("A", "fr", "Londres", "London", ("Paris", "Londres")),
          _fact("B", "fr", "Pékin", "Beijing")]  # fmt: skip
 
 
-def test_trace_answers_prepares_tracks_mismatch_languages_and_ranked_facts_once():
+def test_trace_answers_prepares_tracks_mismatch_and_languages_once():
     pool = [_fact("B", "de", "Peking", "Beijing")]
-    got = trace_answers(FACTS, [None, "Peking, die Hauptstadt"], pool, bos=True)
+    got = trace_answers(FACTS, [None, "Peking, die Hauptstadt"], pool)
     assert got.tracks == {"answer": ["Londres", "Pékin"], "en": ["London", "Beijing"],
                           "mismatch_en": ["Beijing", "London"]}  # fmt: skip
     assert got.mismatch == ["Beijing", "London"]
     # the wrong answer is the pool's German one; a right (None) generation is not placed
     assert got.answered_in == [None, "de"]
-    assert got.ranked == [FACTS[0]]  # only A has candidates
     # without the pool the German answer is unknown: nothing to place it in
-    assert trace_answers(FACTS, [None, "Peking"], None, bos=True).answered_in == [None, None]
+    assert trace_answers(FACTS, [None, "Peking"], None).answered_in == [None, None]
     assert mismatch_tracks(FACTS, pool) == (got.tracks, got.mismatch)
+
+
+def test_the_usable_facts_come_with_those_candidate_ranking_can_score(tiny):
+    from mechlingo.analyses.recall.trace import _usable
+
+    facts, skipped, ranked = _usable(tiny, FACTS, None, 10, "generate")
+    assert facts == FACTS and skipped == {}
+    assert ranked == [FACTS[0]]  # only A has candidates
 
 
 def test_lens_with_mismatch_tracks_the_prepared_words(tiny):
