@@ -15,7 +15,10 @@ The same model (the embedded gemma-3-270m), the same prompts, in one run:
 
 mechlingo's ``resid_pre`` of layer ``l`` is the output of decoder layer ``l - 1``, where
 steering-vectors reads and adds. The vectors and the steered logits are checked equal before
-the times are compared; the last lines are ``name: N.Nx`` (the peer's time over ours).
+the times are compared; the last lines are ``name: N.Nx`` (the other's time over ours): first
+the same steering written with TransformerLens alone (a ``run_with_hooks`` hook that adds the
+vector, the whole forward pass), which every run measures, then steering-vectors, when its
+environment is there (not under ``--smoke``).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_steering.py [--n 8] [--layer 6] [--peer PY]
 """
@@ -110,11 +113,16 @@ def main(argv: list[str] | None = None) -> None:
     ours = steer()
     t_apply = time.perf_counter() - t0
     print(f"mechlingo: build_steering_vectors {t_build:.2f} s, intervene + forward {t_apply:.2f} s")
+    t_hooks = hooks_alternative(model, batch, vec, ours)
+    print(f"TransformerLens run_with_hooks + full logits {t_hooks:.2f} s")
+    ratios = [f"apply vs TransformerLens run_with_hooks: {t_hooks / t_apply:.1f}x"]
+    py = None if args.smoke else peer_python(args.peer)
     if args.smoke:
-        return skipped("steering-vectors (its own environment), and so every speed-up line")
-    py = peer_python(args.peer)
-    if py is None:
+        skipped("steering-vectors (its own environment)")
+    elif py is None:
         print("steering-vectors: not installed (build it with scripts/build_peer_envs.sh sv)")
+    if py is None:
+        print("\n" + "\n".join(ratios))
         return
     with tempfile.TemporaryDirectory() as tmp:
         job = {
@@ -139,8 +147,36 @@ def main(argv: list[str] | None = None) -> None:
           f"{peer['t_apply']:.2f} s")  # fmt: skip
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
     print()
+    print("\n".join(ratios))
     print(f"build vs steering-vectors train_steering_vector: {peer['t_build'] / t_build:.1f}x")
     print(f"apply vs steering-vectors apply: {peer['t_apply'] / t_apply:.1f}x")
+
+
+def hooks_alternative(model, batch, vec: SteeringVector, ours: torch.Tensor) -> float:
+    """The same steering written with TransformerLens alone (a hook that adds ``alpha * v``
+    at every position of ``resid_pre``, then the whole forward pass and each prompt's
+    last-token logits), checked equal to ``ours``; its seconds (best of two)."""
+    add = vec.alpha * vec.direction(model)
+    rows = torch.arange(batch.batch_size)
+
+    def run() -> torch.Tensor:
+        def hook(resid: torch.Tensor, hook) -> torch.Tensor:
+            return resid + add.to(resid.dtype)
+
+        name = f"blocks.{vec.layer}.hook_resid_pre"
+        logits = model.run_with_hooks(batch.tokens, fwd_hooks=[(name, hook)])
+        return logits[rows, batch.lengths - 1].float()
+
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        theirs = run()
+        times.append(time.perf_counter() - t0)
+    diff = float((theirs.cpu() - ours.cpu()).abs().max())
+    print(f"TransformerLens hooks: steered logits max |difference| {diff:.2e}")
+    if diff > 1e-2:
+        raise SystemExit("mechlingo and the TransformerLens hook disagree: not timed")
+    return min(times)
 
 
 def compare(rv, peer, ours: torch.Tensor, layer: int) -> None:

@@ -35,9 +35,7 @@ from mechlingo.card import stages as card_stages
 from mechlingo.card.metric_rule import METRIC_RULE
 from mechlingo.card.plan import Plan, annotate_rows, plan_card
 from mechlingo.card.rules import (
-    CLAIMS,
     LU,
-    RULES_HASH,
     SUNDAR,
     ClaimsCard,
     error_row,
@@ -125,7 +123,7 @@ def _facts_hash(facts: Sequence[Fact] | None) -> str | None:
 
 def claim_rows(stages: Mapping[str, Any], papers: Sequence[str]) -> list[dict[str, Any]]:
     """Every claim's rows of ``papers`` from the stages' stored results (``{"error": ...}``
-    for a failed stage), in the order of :data:`~mechlingo.card.rules.CLAIMS` (a claim
+    for a failed stage), in the order of :func:`~mechlingo.card.stages.card_claims` (a claim
     judged in several readings has one row per reading, each with its ``variant``), after
     :func:`~mechlingo.card.rules.finalize` (each family adjusted, then the verdicts). A
     row builder that fails on a result also becomes an error row (the claims of its stage
@@ -144,7 +142,7 @@ def claim_rows(stages: Mapping[str, Any], papers: Sequence[str]) -> list[dict[st
                     if c.id not in built:
                         built[c.id] = [error_row(c, f"reading the {stage.name} result: {err!r}")]
     rows = []
-    for c in CLAIMS:
+    for c in card_stages.card_claims():
         if c.paper not in papers:
             continue
         if c.id in built:
@@ -339,7 +337,7 @@ def replicate(
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     meta = {"model": key["model"]["model_name"], "budget": budget, "papers": papers,
-            "rules_hash": RULES_HASH, "budgets_hash": BUDGETS_HASH,
+            "rules_hash": card_stages.card_rules_hash(), "budgets_hash": card_stages.BUDGETS_HASH,
             "mechlingo": __version__, "settings": cfg, "stages": timing,
             "work": None if work is None else str(stages.folder),
             "metric_rule": METRIC_RULE, "metric_decision": decision,

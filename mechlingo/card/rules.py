@@ -582,14 +582,21 @@ class ClaimsCard:
     def to_json(self) -> dict[str, Any]:
         """``claims.json``: the rules, their hash and the budgets' (``preregistration``:
         the rules and budgets hashed together), the rows and the run's metadata."""
-        return {"meta": self.meta, "rules": RULES, "rules_hash": RULES_HASH,
+        return {"meta": self.meta, "rules": RULES, "rules_hash": self.rules_hash,
                 "preregistration": self.preregistration(), "claims": self.rows}  # fmt: skip
+
+    @property
+    def rules_hash(self) -> str:
+        """The hash of the rules and claims the card was judged by: ``meta["rules_hash"]``
+        (:data:`RULES_HASH`, or with a registered stage's claims the hash over them too),
+        :data:`RULES_HASH` when the meta has none."""
+        return str(self.meta.get("rules_hash", RULES_HASH))
 
     def preregistration(self) -> dict[str, str]:
         """The frozen rules' and budgets' hashes and :func:`preregistration_hash` of both."""
         b = str(self.meta.get("budgets_hash", "?"))
-        return {"rules_hash": RULES_HASH, "budgets_hash": b,
-                "hash": preregistration_hash(RULES_HASH, b)}  # fmt: skip
+        return {"rules_hash": self.rules_hash, "budgets_hash": b,
+                "hash": preregistration_hash(self.rules_hash, b)}  # fmt: skip
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per claim: paper, claim, paper's number, mechlingo's estimate, lo, hi, n,

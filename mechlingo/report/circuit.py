@@ -10,6 +10,7 @@ from typing import Any
 from mechlingo.analyses.circuits.languages import LanguageCircuits, overlap_cells
 from mechlingo.report.page import Report, fmt_interval
 from mechlingo.viz.circuit import faithfulness_curves_figure, language_matrix_figure
+from mechlingo.viz.palette import OVERLAP
 
 __all__ = ["circuit_report"]
 
@@ -53,6 +54,7 @@ def circuit_report(lc: LanguageCircuits, meta: Mapping[str, Any]) -> Report:
             language_matrix_figure(
                 vals, ns, title="Edge Jaccard of the circuits (p against size-matched random "
                 "circuits)", colorbar="edge Jaccard", text=text, x_title="circuit of language",
+                colorscale=OVERLAP,
             )
         )  # fmt: skip
         report.add_heading("Cross-language faithfulness")

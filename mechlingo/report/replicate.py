@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mechlingo.card import stages as card_stages
-from mechlingo.card.rules import RULES, RULES_HASH, ClaimsCard
+from mechlingo.card.rules import RULES, ClaimsCard
 from mechlingo.report.page import Report, fmt_interval
 from mechlingo.viz.claims import forest_figure, forest_rows
 
@@ -44,7 +44,7 @@ def replicate_report(card: ClaimsCard) -> Report:
         report.add_figure(forest_figure(card.rows))
     report.parts.append(card.table_html())
     report.add_text(
-        f"Verdict rules (frozen, hash {RULES_HASH}; budgets hash "
+        f"Verdict rules (frozen, hash {card.rules_hash}; budgets hash "
         f"{card.meta.get('budgets_hash', '?')}): "
         + "; ".join(f"{k}: {v}" for k, v in RULES.items()),
         note=True,

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from mechlingo.viz.common import band, interval_text, plain
-from mechlingo.viz.palette import language_color, site_color
+from mechlingo.viz.palette import SCORE, language_color, site_color
 from mechlingo.viz.patching import add_stages
 
 if TYPE_CHECKING:
@@ -183,10 +183,13 @@ def language_matrix_figure(
     text: Mapping[str, Mapping[str, str]] | None = None,
     y_title: str = "circuit of language",
     x_title: str = "language",
+    colorscale: str = SCORE,
 ) -> go.Figure:
     """A language-by-language heatmap of ``values[row][col]`` (a missing cell is blank),
     with ``text[row][col]`` in each cell and its hover (an interval, a p-value); the title
-    gets each language's n."""
+    gets each language's n. ``colorscale``: the palette's scale of what the cells are
+    (:data:`~mechlingo.viz.palette.SCORE`, a faithfulness; :data:`~mechlingo.viz.palette.OVERLAP`,
+    an edge Jaccard)."""
     import plotly.graph_objects as go
 
     langs = list(ns)
@@ -195,7 +198,7 @@ def language_matrix_figure(
     fig = go.Figure(
         go.Heatmap(
             z=z, x=langs, y=langs, text=cells, texttemplate="%{text}", hoverinfo="text",
-            colorscale="Blues", colorbar={"title": {"text": colorbar}},
+            colorscale=colorscale, colorbar={"title": {"text": colorbar}},
         )
     )  # fmt: skip
     fig.update_layout(title=f"{title} ({_ns(ns)} facts)")

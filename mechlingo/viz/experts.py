@@ -11,7 +11,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mechlingo.viz.common import with_n
-from mechlingo.viz.palette import condition_color, language_color, series_color
+from mechlingo.viz.palette import OVERLAP, condition_color, language_color, series_color
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -56,7 +56,7 @@ def overlap_figure(overlap: Float[Tensor, "lang lang"], langs: Sequence[str], k:
             y=list(langs),
             zmin=0,
             zmax=1,
-            colorscale="Blues",
+            colorscale=OVERLAP,
             colorbar={"title": "shared fraction"},
             text=[[f"{v:.2f}" for v in row] for row in z],
             texttemplate="%{text}",

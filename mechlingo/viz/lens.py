@@ -16,7 +16,14 @@ from torch import Tensor
 
 from mechlingo.core.errors import InputError
 from mechlingo.viz.common import band, plain, rank_axis, track_label
-from mechlingo.viz.palette import SEQUENCE, decoder_color, language_color, track_color
+from mechlingo.viz.palette import (
+    PROBABILITY,
+    RANK,
+    SEQUENCE,
+    decoder_color,
+    language_color,
+    track_color,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -136,11 +143,11 @@ def lens_heatmap(
     if value == "rank":
         z = torch.log10(rank.float() + 1).T
         colorbar = f"rank of the {what}<br>(log10 of rank + 1)"
-        scale = "Viridis_r"
+        scale = RANK
     elif value == "prob":
         z = logprob.exp().T
         colorbar = f"probability of the<br>{what}"
-        scale = "Viridis"
+        scale = PROBABILITY
     else:
         raise InputError("value must be 'rank' or 'prob'")
     labels = [plain(f"{i}:{langs[i]} {answers[i]}") for i in range(len(prompts))]
@@ -406,7 +413,7 @@ def token_grid_figure(
     probs = top_probs.tolist()
     if color == "prob":
         z = [[probs[e][i][0] for i in range(n_pos)] for e in range(n_e)]
-        axis: dict[str, Any] = {"colorscale": "Blues", "cmin": 0, "cmax": 1,
+        axis: dict[str, Any] = {"colorscale": PROBABILITY, "cmin": 0, "cmax": 1,
                                 "colorbar": {"title": {"text": "probability of<br>the top token"}}}  # fmt: skip
     else:
         codes, axis = _lang_colours(top_langs)

@@ -7,7 +7,9 @@ colour of *what* the series is: :func:`class_color`, :func:`language_color`,
 :func:`decoder_color` (:func:`register_decoder_color` for a new decoder),
 :func:`condition_color`, :func:`track_color`, :func:`site_color`, :func:`verdict_color`, or
 :func:`series_color` when a series may be any of them. A name no map lists gets a colour
-derived from the name (:data:`SPARE`), never from its position. ``docs/architecture.md``
+derived from the name (:data:`SPARE`), never from its position. A heatmap takes the colour
+scale of the quantity it draws: :data:`PROBABILITY`, :data:`SCORE`, :data:`OVERLAP` or
+:data:`RANK`. ``docs/architecture.md``
 ("Results and figures") says which lookup serves which figure.
 """
 
@@ -23,6 +25,10 @@ __all__ = [
     "DECODER_FALLBACK",
     "EFFECT",
     "LANGUAGE",
+    "OVERLAP",
+    "PROBABILITY",
+    "RANK",
+    "SCORE",
     "SEQUENCE",
     "SITE",
     "SPARE",
@@ -148,6 +154,16 @@ SEQUENCE = (
     "#1f77b4 #d62728 #2ca02c #ff7f0e #9467bd #8c564b #e377c2 #7f7f7f #bcbd22 #17becf "
     "#393b79 #637939"
 ).split()
+
+#: The sequential colour scale of each quantity a heatmap draws, one per concept and the same
+#: in every figure (a reader who learned "dark blue: likely" in the lens reads the token grid
+#: the same way): a probability (0 to 1), a score where higher is better (an accuracy, a
+#: retrieval rate, a faithfulness), the overlap of two sets (a shared fraction, a Jaccard
+#: index) and a rank (reversed: bright is near the top, as a high score).
+PROBABILITY = "Blues"
+SCORE = "Viridis"
+OVERLAP = "Purples"
+RANK = "Viridis_r"
 
 #: Where a name none of the maps lists takes its colour from (by a CRC of the name).
 SPARE = (

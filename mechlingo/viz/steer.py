@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from mechlingo.core.errors import InputError
 from mechlingo.viz.common import n_text, plain, with_n
-from mechlingo.viz.palette import series_color
+from mechlingo.viz.palette import SCORE, series_color
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -42,7 +42,7 @@ def sweep_heatmap(rows: Sequence[Mapping[str, Any]], *, vector: str, unit: str) 
             z=grid,
             x=[str(x) for x in layers],
             y=[f"{a:g}" for a in alphas],
-            colorscale="Viridis",
+            colorscale=SCORE,
             zmin=0,
             text=[[("" if v is None else f"{v:.2f}") for v in row] for row in grid],
             texttemplate="%{text}",

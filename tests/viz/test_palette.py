@@ -255,3 +255,51 @@ def test_an_unlisted_name_gets_a_colour_from_the_name_not_from_its_position():
     assert colour == {t.name: t.marker.color for t in two.data}
     assert colour["xx"] in palette.SPARE and colour["en"] == palette.LANGUAGE["en"]
     assert palette.language_color("xx") == palette.SPARE[zlib.crc32(b"xx") % len(palette.SPARE)]
+
+
+def _scale(name: str) -> list[list[Any]]:
+    """A named colour scale as a figure's JSON holds it (plotly expands the name)."""
+    import plotly.graph_objects as go
+
+    return [list(p) for p in go.Heatmap(colorscale=name).to_plotly_json()["colorscale"]]
+
+
+def _scales(fig: Any) -> list[list[list[Any]]]:
+    """Every colour scale in a figure's JSON: its traces' and its shared colour axis's."""
+    doc = fig.to_plotly_json()
+    found = [t.get("colorscale") for t in doc["data"]] + [
+        doc["layout"].get("coloraxis", {}).get("colorscale")]  # fmt: skip
+    return [[list(p) for p in s] for s in found if s is not None]
+
+
+def test_each_heatmap_uses_its_concepts_colour_scale():
+    from mechlingo.viz.align import retrieval_heatmaps
+    from mechlingo.viz.circuit import language_matrix_figure
+    from mechlingo.viz.experts import overlap_figure
+    from mechlingo.viz.lens import lens_heatmap, token_grid_figure
+    from mechlingo.viz.steer import sweep_heatmap
+
+    concepts = {c: _scale(getattr(palette, c)) for c in ("PROBABILITY", "SCORE", "OVERLAP", "RANK")}
+    assert len({str(s) for s in concepts.values()}) == 4  # one scale per concept, all different
+    lens = {"rank": torch.randint(0, 9, (3, 2)), "logprob": torch.rand(3, 2).log(), "layers": [0, 1, 2],
+            "prompts": ["a", "b"], "langs": ["en", "fr"], "answers": ["x", "y"],
+            "top_tokens": [[["t"], ["u"]]] * 3}  # fmt: skip
+    grid = ([" a", " b"], [[[" w", " v"]] * 2] * 2, torch.rand(2, 2, 2), [[["de", None]] * 2] * 2)
+    sweep = [{"stage": "screen", "vector": "task", "layer": 1, "alpha": 2.0, "score": 0.4}]
+    cells, ns = {"en": {"fr": 0.2}, "fr": {"en": 0.2}}, {"en": 9, "fr": 8}
+    figures = {
+        "lens, probability": (lens_heatmap(**lens, value="prob"), "PROBABILITY"),
+        "lens, rank": (lens_heatmap(**lens, value="rank"), "RANK"),
+        "token grid": (token_grid_figure(*grid, layers=[0, 1], color="prob"), "PROBABILITY"),
+        "expert overlap": (overlap_figure(torch.rand(2, 2), ["en", "fr"], 5), "OVERLAP"),
+        "circuit faithfulness": (language_matrix_figure(cells, ns, title="t", colorbar="c"), "SCORE"),
+        "circuit Jaccard": (language_matrix_figure(cells, ns, title="t", colorbar="c",
+                                                   colorscale=palette.OVERLAP), "OVERLAP"),
+        "steering sweep": (sweep_heatmap(sweep, vector="task", unit="x"), "SCORE"),
+        "retrieval": (retrieval_heatmaps(torch.rand(2, 2), None, ["en", "fr"], 3), "SCORE"),
+    }  # fmt: skip
+    for name, (fig, concept) in figures.items():
+        assert _scales(fig) and all(s == concepts[concept] for s in _scales(fig)), name
+    # the retrieval difference panel is diverging, not the score's scale
+    both = _scales(retrieval_heatmaps(torch.rand(2, 2), torch.rand(2, 2), ["en", "fr"], 3))
+    assert both[:2] == [concepts["SCORE"]] * 2 and both[2] == _scale("RdBu")

@@ -16,10 +16,11 @@ import copy
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from mechlingo.card.claims import LU, SUNDAR
+from mechlingo.card.claims import CLAIMS, LU, SUNDAR, Claim
+from mechlingo.card.rules import RULES_HASH, rules_hash
 from mechlingo.card.stages import (
     align,
     circuits,
@@ -32,13 +33,14 @@ from mechlingo.card.stages import (
     trace,
     transfer,
 )
-from mechlingo.card.stages.base import Budget, Stage, check, run_order
+from mechlingo.card.stages.base import Budget, Stage, check, run_order, settings_fields
 from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.errors import InputError
 from mechlingo.core.languages import is_lang_code
 from mechlingo.data import LANGS
 
 __all__ = [
+    "ADDED_SECTIONS",
     "BUDGETS",
     "BUDGETS_HASH",
     "BY_NAME",
@@ -49,6 +51,8 @@ __all__ = [
     "CardBudget",
     "CardSettings",
     "budget_settings",
+    "card_claims",
+    "card_rules_hash",
     "estimate_seconds",
     "metric",
     "register_stage",
@@ -77,26 +81,101 @@ PAPERS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: The budget sections that registered stages declared (``{section: its Budget class}``):
+#: :class:`CardBudget` reads and checks them beside its own fields.
+ADDED_SECTIONS: dict[str, type[Budget]] = {}
+
+
 def register_stage(stage: Stage) -> None:
     """Add ``stage`` to the card: a new stage is one module that declares its
     :class:`~mechlingo.card.stages.base.Stage` and registers it (its paper's run order follows
-    its needs; a new paper is a new ``--paper`` choice of the library call). A name already
-    taken is a one-line :class:`~mechlingo.core.errors.InputError`."""
+    its needs; a new paper is a new ``--paper`` choice). A stage that declares its own budget
+    section (``section``, ``budget``, ``quick``, ``full``) adds it to :data:`QUICK`,
+    :data:`FULL` and :data:`BUDGETS` (so ``--settings`` overrides it and
+    :data:`BUDGETS_HASH` covers it); its ``own_claims`` join :func:`card_claims` (their rows,
+    verdicts and report as the shipped claims', and :func:`card_rules_hash`). A name, section
+    or claim id already taken, or a budget declared in part, is a one-line
+    :class:`~mechlingo.core.errors.InputError`."""
     global STAGES
     if stage.name in BY_NAME:
         raise InputError(f"a card stage named {stage.name!r} exists", fix="choose another name")
+    _check_own(stage)
+    if stage.quick is not None and stage.full is not None and stage.section is not None:
+        ADDED_SECTIONS[stage.section] = type(stage.quick)
+        _set_section(stage.section, stage.quick, stage.full)
     STAGES = (*STAGES, stage)
     BY_NAME[stage.name] = stage
     _order_paper(stage.paper)
 
 
 def unregister_stage(name: str) -> None:
-    """Remove the stage ``name`` that :func:`register_stage` added (a paper left with no
-    stage is removed too)."""
+    """Remove the stage ``name`` that :func:`register_stage` added, with its budget section
+    and its claims (a paper left with no stage is removed too)."""
     global STAGES
     stage = BY_NAME.pop(name)
     STAGES = tuple(s for s in STAGES if s.name != name)
+    if stage.section is not None and stage.quick is not None:
+        ADDED_SECTIONS.pop(stage.section, None)
+        _set_section(stage.section, None, None)
     _order_paper(stage.paper)
+
+
+def _check_own(stage: Stage) -> None:
+    """A new stage's own budget section and claims are whole and their names are free."""
+    if (stage.quick is None) != (stage.full is None):
+        raise InputError(f"stage {stage.name!r} declares one of quick and full",
+                         fix="declare both budgets' values of its section, or neither")  # fmt: skip
+    if stage.quick is not None:
+        taken = {f.name for f in settings_fields(CardBudget)} | set(ADDED_SECTIONS) | set(RUN_KEYS)
+        if stage.section is None or stage.budget is None:
+            raise InputError(f"stage {stage.name!r} declares budget values without a section",
+                             fix="give section= and budget= (its Budget class)")  # fmt: skip
+        if stage.section in taken:
+            raise InputError(f"a budget section named {stage.section!r} exists",
+                             fix="choose another section name")  # fmt: skip
+        if not (isinstance(stage.quick, stage.budget) and isinstance(stage.full, stage.budget)):
+            raise InputError(f"stage {stage.name!r}: quick and full must be {stage.budget.__name__}",
+                             fix="build both from the stage's budget class")  # fmt: skip
+    ids = {c.id for c in card_claims()}
+    for c in stage.own_claims:
+        if c.stage != stage.name:
+            raise InputError(f"claim {c.id!r} names stage {c.stage!r}, not {stage.name!r}",
+                             fix="set the claim's stage to the stage that measures it")  # fmt: skip
+        if c.id in ids:
+            raise InputError(f"a claim named {c.id!r} exists", fix="choose another claim id")
+        ids.add(c.id)
+
+
+def _set_section(section: str, quick: Budget | None, full: Budget | None) -> None:
+    """The registered ``section`` set to ``quick`` / ``full`` in :data:`QUICK`, :data:`FULL`,
+    :data:`BUDGETS` and :data:`BUDGETS_HASH` (``None``: removed)."""
+    global QUICK, FULL, BUDGETS_HASH
+    for which, value in (("quick", quick), ("full", full)):
+        whole = QUICK if which == "quick" else FULL
+        added = {k: v for k, v in whole.added.items() if k != section}
+        if value is not None:
+            added[section] = value
+            BUDGETS[which][section] = value.to_dict()
+        else:
+            BUDGETS[which].pop(section, None)
+        if which == "quick":
+            QUICK = replace(whole, added=added)
+        else:
+            FULL = replace(whole, added=added)
+    BUDGETS_HASH = _budgets_hash()
+
+
+def card_claims() -> tuple[Claim, ...]:
+    """Every claim the card checks: :data:`~mechlingo.card.claims.CLAIMS`, then the claims
+    of the registered stages (:func:`register_stage`), in their order."""
+    return (*CLAIMS, *(c for s in STAGES for c in s.own_claims))
+
+
+def card_rules_hash() -> str:
+    """The rules' hash over :func:`card_claims`: the frozen
+    :data:`~mechlingo.card.rules.RULES_HASH` while no registered stage adds a claim."""
+    claims = card_claims()
+    return RULES_HASH if len(claims) == len(CLAIMS) else rules_hash(claims)
 
 
 def _order_paper(paper: str) -> None:
@@ -131,6 +210,8 @@ class CardBudget(Budget):
     conversion: conversion.ConversionBudget
     external: external.ExternalBudget
     circuits: circuits.CircuitsBudget
+    #: The sections of registered stages (:data:`ADDED_SECTIONS`), read as attributes too.
+    added: Mapping[str, Budget] = field(default_factory=dict, metadata={"setting": False})
 
     NESTED: ClassVar[Mapping[str, type[Budget]]] = {
         "trace": trace.TraceBudget,
@@ -149,6 +230,34 @@ class CardBudget(Budget):
         check(self.max_ids_per_lang is None or self.max_ids_per_lang >= 4, "max_ids_per_lang",
               "must be at least 4 (or null)")  # fmt: skip
         check(self.candidates >= 2, "candidates", "must be at least 2")
+
+    def __getattr__(self, name: str) -> Any:
+        """A registered stage's section (``budget.<section>``), as its own typed budget."""
+        added = self.__dict__.get("added") or {}
+        if name in added:
+            return added[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], where: str) -> CardBudget:
+        """The whole budget from JSON-like ``values``: its own sections as
+        :meth:`Budget.from_mapping` reads them, then every registered section
+        (:data:`ADDED_SECTIONS`) by its own class."""
+        if not isinstance(values, Mapping):
+            return super().from_mapping(values, where)
+        missing = sorted(set(ADDED_SECTIONS) - set(values))
+        if missing:
+            raise InputError(f"budget section {where}: missing setting(s) {missing}",
+                             fix="give them in --settings")  # fmt: skip
+        own = super().from_mapping({k: v for k, v in values.items() if k not in ADDED_SECTIONS},
+                                   where)  # fmt: skip
+        added = {k: sec.from_mapping(values[k], f"{where}.{k}")
+                 for k, sec in ADDED_SECTIONS.items()}  # fmt: skip
+        return replace(own, added=added) if added else own
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as the stages read them, the registered sections among them."""
+        return {**super().to_dict(), **{k: v.to_dict() for k, v in self.added.items()}}
 
 
 @dataclass(frozen=True)
@@ -201,9 +310,16 @@ FULL = _budget("full")
 #: The settings of each budget as the stages read them (see ``docs/replicate.md`` for the
 #: measured run times).
 BUDGETS: dict[str, dict[str, Any]] = {"quick": QUICK.to_dict(), "full": FULL.to_dict()}
+
+
+def _budgets_hash() -> str:
+    return hashlib.sha256(json.dumps(BUDGETS, sort_keys=True).encode()).hexdigest()[:16]
+
+
 #: sha256 (16 hex digits) of :data:`BUDGETS`, written into ``claims.json`` beside the rules'
-#: hash: a change of either after a card was seen is logged in ``docs/replicate.md``.
-BUDGETS_HASH = hashlib.sha256(json.dumps(BUDGETS, sort_keys=True).encode()).hexdigest()[:16]
+#: hash: a change of either after a card was seen is logged in ``docs/replicate.md`` (a
+#: registered stage's own section changes it while it is registered: :func:`register_stage`).
+BUDGETS_HASH = _budgets_hash()
 
 
 def _merge(cfg: dict[str, Any], overrides: Mapping[str, Any]) -> None:

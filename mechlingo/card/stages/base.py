@@ -37,6 +37,7 @@ __all__ = [
     "failed",
     "heading",
     "run_order",
+    "settings_fields",
 ]
 
 B = TypeVar("B", bound="Budget")
@@ -55,6 +56,13 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: _plain(v) for k, v in value.items()}
     return value
+
+
+def settings_fields(cls: type[Budget] | Budget) -> list[dataclasses.Field]:
+    """The fields of a budget that are settings (a field marked ``metadata={"setting":
+    False}`` holds something else: :class:`~mechlingo.card.stages.CardBudget`'s sections of
+    registered stages)."""
+    return [f for f in dataclasses.fields(cls) if f.metadata.get("setting", True)]
 
 
 def _frozen(value: Any) -> Any:
@@ -78,7 +86,7 @@ class Budget:
         if not isinstance(values, Mapping):
             raise InputError(f"budget section {where} must be a JSON object, got {values!r}",
                              fix="pass an object in --settings")  # fmt: skip
-        fields = {f.name: f for f in dataclasses.fields(cls)}
+        fields = {f.name: f for f in settings_fields(cls)}
         unknown = sorted(set(values) - set(fields))
         if unknown:
             raise InputError(f"budget section {where}: unknown setting(s) {unknown}",
@@ -99,7 +107,7 @@ class Budget:
         """The settings as the stages read them (plain JSON: lists, not tuples)."""
         return {f.name: (getattr(self, f.name).to_dict() if f.name in self.NESTED
                          else _plain(getattr(self, f.name)))
-                for f in dataclasses.fields(self)}  # fmt: skip
+                for f in settings_fields(self)}  # fmt: skip
 
 
 class ReportLike(Protocol):
@@ -187,6 +195,16 @@ class Stage:
     ``decides(result, given)``: the stage runs before the planner and its result decides the
     card's metric (``given``: the user's, or ``None``); it returns the decision, whose
     ``"metric"`` the later stages read (the metric stage).
+
+    A stage that brings its own budget section and claims declares them here too, so that
+    the stage is one module (:func:`~mechlingo.card.stages.register_stage` adds them to the
+    card): ``quick`` and ``full``, its section's values in each budget (instances of
+    ``budget``; the stage reads them as ``ctx.budget.<section>``, ``--settings`` overrides
+    them), and ``own_claims``, its :class:`~mechlingo.card.claims.Claim` records (``stage``:
+    this stage's name), judged by the same rules as the shipped ones. The shipped stages
+    leave them empty: their sections are fields of
+    :class:`~mechlingo.card.stages.CardBudget` and their claims are in
+    :data:`~mechlingo.card.claims.CLAIMS`.
     """
 
     name: str
@@ -200,11 +218,14 @@ class Stage:
     folder: bool = False
     cost: CostModel | None = None
     decides: Callable[[Mapping[str, Any], str | None], dict[str, Any]] | None = None
+    quick: Budget | None = None
+    full: Budget | None = None
+    own_claims: tuple[Claim, ...] = ()
 
     @property
     def claims(self) -> tuple[Claim, ...]:
-        """The claims whose rows this stage's result gives."""
-        return tuple(c for c in CLAIMS if c.stage == self.name)
+        """The claims whose rows this stage's result gives (the shipped ones, then its own)."""
+        return (*(c for c in CLAIMS if c.stage == self.name), *self.own_claims)
 
 
 def run_order(stages: Mapping[str, Stage], names: Sequence[str]) -> list[str]:
