@@ -15,6 +15,7 @@ its control (rank p). The rule and why: ``docs/replicate.md`` ("The verdict rule
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -360,11 +361,20 @@ def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, fl
     patched passes, which every process runs whole): the parts run whole cost
     ``processes`` x the per-item seconds (one process's share of sharded scoring)."""
     c = settings.budget.circuits
-    n = len(c.langs)
+    n, p = len(c.langs), processes(sizes)
     dev = (1 + n) * c.dev_per_lang * PER_DEV_FACT * (int(c.steps) + 2) / 5
-    selected = (1 + n) * c.dev_per_lang + n * c.test_per_lang
-    whole = selected * PER_SELECTED_FACT + n * c.test_per_lang * PER_TEST_FACT
-    return (dev + processes(sizes) * whole) * unit.get("rank", 0.0)
+    selected = (1 + n) * _selection_share(c.dev_per_lang, settings.batch(), p) + n * (
+        _selection_share(c.test_per_lang, settings.batch(), p))  # fmt: skip
+    whole = n * c.test_per_lang * PER_TEST_FACT
+    return (dev + selected * PER_SELECTED_FACT + p * whole) * unit.get("rank", 0.0)
+
+
+def _selection_share(n: int, batch: int, procs: int) -> float:
+    """The selected facts of a chunk of ``n`` that the busiest process scores, in units of
+    one process's share of a fact: its ``ceil(batches / procs)`` of the chunk's batches,
+    each scored whole (a chunk of fewer batches than processes: one process scores it all)."""
+    b = max(1, math.ceil(n / max(1, batch)))
+    return n * math.ceil(b / procs) / b * procs
 
 
 def _facts(ctx: Context) -> list[Fact]:
