@@ -390,8 +390,9 @@ def _data_available(facts: Sequence[Fact] | None, parallel: Mapping[str, Sequenc
     languages; and
     what the stages read (their cost models'): the trace, transfer and external items, the
     repair stage's build, dev and test items, the Lu languages, the transfer's relations and
-    languages."""
-    out: dict[str, Any] = {}
+    languages; and the processes the card runs in (``processes``: torchrun's world size,
+    which the cost models of the stages that every process runs whole multiply by)."""
+    out: dict[str, Any] = {"processes": dist_info().world_size}
     if LU in papers:
         out["trace_items"] = len(lu_facts(facts, settings, "trace"))
         out["transfer_items"] = len(lu_facts(facts, settings, "transfer"))

@@ -320,7 +320,7 @@ def verdict(
             return HOLDS, f"the {pct} interval lies inside {t:g} +/- {claim.margin:g} ({ptxt})"
         if (iv.above(hi_e) or iv.below(lo_e)) and aadj is not None and aadj < ALPHA:
             return NOT_HOLDS, (f"the {pct} interval lies beyond the margin {t:g} +/- "
-                               f"{claim.margin:g} (adjusted p = {aadj:.3g}): there is an effect")  # fmt: skip
+                               f"{claim.margin:g} (adjusted p = {p_text(aadj)}): there is an effect")  # fmt: skip
         return INCONCLUSIVE, (f"the {pct} interval neither lies inside nor wholly beyond "
                               f"{t:g} +/- {claim.margin:g} ({ptxt}){mdt}")  # fmt: skip
     side, other = ("above", "below") if d > 0 else ("below", "above")
@@ -498,7 +498,7 @@ def _judge(r: dict[str, Any], pa: float | None, k: float, how: str) -> None:
     head = f"({r['variant']}) " if r.get("variant") else ""
     eff = None if r.get("value") is None else Test.from_json(r["value"])
     vs = None if r.get("vs_control") is None else Test.from_json(r["vs_control"])
-    tail = "" if r["p_adjusted"] is None else f", adjusted p = {r['p_adjusted']:.3g}"
+    tail = "" if r["p_adjusted"] is None else f", adjusted p = {p_text(r['p_adjusted'])}"
     r["value_text"] = head + (_text(eff) or "n/a") + tail
     if eff is not None:
         r["value_adjusted"] = eff.at_level(level).to_json()

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mechlingo.card import stages as card_stages
+from mechlingo.card.population import p_text
 from mechlingo.card.rules import RULES, ClaimsCard
 from mechlingo.report.page import Report, fmt_interval
 from mechlingo.viz.claims import forest_figure, forest_rows
@@ -31,11 +32,12 @@ def replicate_report(card: ClaimsCard) -> Report:
     report.add_headline(
         "Claims", f"{len(verdicts)}: " + ", ".join(f"{n} {v}" for v, n in sorted(tally.items()))
     )
-    for r in card.rows[:4]:  # the first rows; every row is in the table with its adjusted p
+    for r in card.rows[:4]:  # the first rows; every row is in the table with its deciding p
         v = (r.get("value") or {}).get("estimate") or {}
         est = fmt_interval(v.get("estimate"), v.get("lo"), v.get("hi"), v.get("n"))
-        if r.get("p_adjusted") is not None:
-            est += f", adjusted p = {r['p_adjusted']:.3g}"
+        p = r.get("p_deciding_adjusted", r.get("p_adjusted"))
+        if p is not None:  # the p that decided the verdict, adjusted (never shown as 0)
+            est += f", deciding adjusted p = {p_text(p)}"
         report.add_headline(f"{r['id']}: {r['verdict']}", est)
     report.parts.append(f"<style>{_CSS}</style>")
     _decision_sections(report, card)

@@ -469,6 +469,45 @@ def test_a_card_on_a_benchmark_folder(tiny_dir, tmp_path, monkeypatch):
     assert "--external" in rows[("external_task", None)]["reason"]
 
 
+def test_a_card_on_a_klar_folder(tiny_dir, tmp_path, monkeypatch):
+    """``--facts`` a KLAR folder: the Lu families run on the benchmark's facts under KLAR's
+    own metric (``klar``: 0/1 correctness, the benchmark's matching rule)."""
+    from mechlingo.card.stages.base import Context
+    from mechlingo.cli import main
+
+    _use(monkeypatch, _fake_transfer())
+    read: dict[str, set[str]] = {}
+    lu_facts = Context.lu_facts
+
+    def spy(self, section):  # the facts each Lu stage reads
+        got = lu_facts(self, section)
+        read.setdefault(section, set()).update(f.id for f in got)
+        return got
+
+    monkeypatch.setattr(Context, "lu_facts", spy)
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    out = tmp_path / "out"
+    args = ["replicate", "--model", str(tiny_dir), "--paper", "lu2025", "--facts",
+            str(fixtures / "klar_card"), "--settings", json.dumps(TINY), "--out", str(out),
+            "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    card = json.loads((out / "claims.json").read_text(encoding="utf-8"))
+    meta = card["meta"]
+    assert meta["metric"] == "klar" and "klar" in meta["facts_metric"]
+    assert meta["settings"]["metric"] == "klar" and meta["metric_decision"]["given"] == "klar"
+    rows = {(r["id"], r.get("variant")): r for r in card["claims"]}
+    assert {c.id for c in CLAIMS if c.paper == "lu2025"} == {i for i, _ in rows}
+    task = rows[("task_vector", None)]
+    assert task["outcome"] == "accuracy" and task["verdict"] != "error"
+    # the benchmark's facts: its two relations (the file names), its ids (the samples'
+    # indices, 20 countries), its three languages
+    assert meta["facts_scope"]["relations"] == ["capital", "language"]
+    assert sorted(meta["facts_scope"]["lu_langs"]) == ["en", "es", "fr"]
+    klar_ids = {f"{r}/{i}" for r in ("capital", "language") for i in range(20)}
+    assert {"repair", "trace"} <= set(read)
+    assert all(ids and ids <= klar_ids for ids in read.values()), read
+
+
 def test_facts_folder(tmp_path):
     from mechlingo.cli.replicate import read_facts_arg
     from mechlingo.data import load_facts, write_jsonl

@@ -297,3 +297,11 @@ def token_seconds(unit: Mapping[str, float], new_tokens: int) -> float:
     if "generate" in unit:
         return float(unit["generate"]) / max(1, new_tokens)
     return 0.3 * float(unit.get("embed", 0.0))
+
+
+def processes(sizes: Mapping[str, Any]) -> int:
+    """The processes the card runs in (``sizes["processes"]``: torchrun's world size, 1 when
+    absent). The measured per-item seconds are one process's share of sharded scoring, so
+    work that every process does whole (patching, circuits, a warm-up) costs ``processes``
+    times the per-item seconds per item."""
+    return max(1, int(sizes.get("processes", 1) or 1))

@@ -15,6 +15,7 @@ its control (rank p). The rule and why: ``docs/replicate.md`` ("The verdict rule
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,7 +34,15 @@ from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
 from mechlingo.card.clustered_tests import Test, ratio_test
 from mechlingo.card.rules import make_row
-from mechlingo.card.stages.base import Budget, Context, ReportLike, Stage, check, data_section
+from mechlingo.card.stages.base import (
+    Budget,
+    Context,
+    ReportLike,
+    Stage,
+    check,
+    data_section,
+    processes,
+)
 from mechlingo.card.stages.data import FactScope, scoped_facts
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
@@ -333,22 +342,39 @@ def _table(report: ReportLike, data: Mapping[str, Any]) -> None:
 #: The English circuit against each language's, on its test prompts.
 report = data_section("circuits", "fig-circuits", "Same circuit as English (EAP-IG)", _table)
 
-#: One dev fact through the stage at 3 EAP-IG steps (its greedy answer, the EAP-IG passes and
-#: the dev curve's patched passes) and one test fact (its greedy answer, four patched passes),
-#: in items scored under ``rank``: fitted to the quick stage measured on the embedded model
-#: (62.9 CPU-seconds, 7 December 2026).
-PER_DEV_FACT = 12.0
-PER_TEST_FACT = 3.0
+#: The stage's parts in items scored under ``rank``, from a profile of the quick stage on
+#: the embedded model (one process, 7 December 2026: 60.4 CPU-seconds at 0.1525 s per ranked
+#: item, 396 items; of its time 55% in the dev circuits, 29% in the greedy selection, 16% on
+#: the test pairs): one dev fact's EAP-IG (3 steps) and dev-curve passes (218 items over 24
+#: dev facts), one fact's greedy selection (114 items over 48 facts, dev and test), one test
+#: fact's patched passes (clean, corrupted, each circuit; 63 items over 24 test facts).
+PER_DEV_FACT = 9.1
+PER_SELECTED_FACT = 2.4
+PER_TEST_FACT = 2.6
 
 
 def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
-    """CPU seconds: the dev facts of English and every language (greedy selection, EAP-IG,
-    the dev curve; the EAP-IG share scales with ``steps``) and the test facts of every
-    language but English (greedy selection, four patched passes)."""
+    """CPU seconds: the dev facts of English and every language (EAP-IG and the dev curve,
+    shared out by pairs under torchrun; the EAP-IG share scales with ``steps``), the greedy
+    selection of every dev and test fact (chunks of at most one batch: under torchrun one
+    process scores each whole) and the test facts of every language but English (their
+    patched passes, which every process runs whole): the parts run whole cost
+    ``processes`` x the per-item seconds (one process's share of sharded scoring)."""
     c = settings.budget.circuits
-    n = len(c.langs)
+    n, p = len(c.langs), processes(sizes)
     dev = (1 + n) * c.dev_per_lang * PER_DEV_FACT * (int(c.steps) + 2) / 5
-    return (dev + n * c.test_per_lang * PER_TEST_FACT) * unit.get("rank", 0.0)
+    selected = (1 + n) * _selection_share(c.dev_per_lang, settings.batch(), p) + n * (
+        _selection_share(c.test_per_lang, settings.batch(), p))  # fmt: skip
+    whole = n * c.test_per_lang * PER_TEST_FACT
+    return (dev + selected * PER_SELECTED_FACT + p * whole) * unit.get("rank", 0.0)
+
+
+def _selection_share(n: int, batch: int, procs: int) -> float:
+    """The selected facts of a chunk of ``n`` that the busiest process scores, in units of
+    one process's share of a fact: its ``ceil(batches / procs)`` of the chunk's batches,
+    each scored whole (a chunk of fewer batches than processes: one process scores it all)."""
+    b = max(1, math.ceil(n / max(1, batch)))
+    return n * math.ceil(b / procs) / b * procs
 
 
 def _facts(ctx: Context) -> list[Fact]:

@@ -24,6 +24,7 @@ from mechlingo.card.stages.base import (
     Stage,
     check,
     data_section,
+    processes,
 )
 from mechlingo.core.errors import InputError
 from mechlingo.core.stages import Stages
@@ -176,9 +177,12 @@ PATCH_PER_PAIR = 2.1
 
 
 def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
-    """CPU seconds: ``n_prompts`` pairs patched in every language."""
+    """CPU seconds: ``n_prompts`` pairs patched in every language. The patching is not
+    shared out under torchrun: every process runs it whole, ``processes`` x the per-item
+    seconds (one process's share of sharded scoring)."""
     c = settings.budget.conversion
-    return len(c.langs) * int(c.n_prompts) * PATCH_PER_PAIR * unit.get("rank", 0.0)
+    per_item = processes(sizes) * unit.get("rank", 0.0)
+    return len(c.langs) * int(c.n_prompts) * PATCH_PER_PAIR * per_item
 
 
 STAGE = Stage(

@@ -36,6 +36,7 @@ from mechlingo.card.stages.base import (
     check,
     failed,
     heading,
+    processes,
     token_seconds,
 )
 from mechlingo.core.errors import InputError
@@ -430,13 +431,26 @@ def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
 EXPERTS_FACTOR = 1.03
 #: One held-out line's log-likelihood (the unembedding at every token) in embedding passes.
 NLL_PASSES = 3.0
+#: The AUROC tests at the clamp's k (:func:`auroc_tests`: ``n_boot`` cluster-bootstrap and
+#: 999 permutation rounds, each two median AUROCs over the k neurons), which every process
+#: computes whole, in embedding passes: measured on 288 evaluation rows (24 sentences x 12
+#: languages), 200 bootstrap rounds and 5 random draws (7 December 2026, one process): 3.72
+#: CPU-seconds at k = 50 and 7.91 at k = 500 against 0.0647 s per embedded sentence, i.e.
+#: ``STATS_BASE + STATS_PER_K * k`` passes (50.3 + 0.144 k) per 1,199 rounds of 288 rows.
+STATS_BASE = 50.3
+STATS_PER_K = 0.144
+#: The rounds and rows those constants were measured at.
+STATS_ROUNDS, STATS_ROWS = 1199, 288
 
 
 def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
     """CPU seconds: one embedding pass over the finding and the evaluation lines of every
     language; and for every arm of the two k curves (the first: each k with its random arm,
     and no clamp; the measurement: the clamp, every random draw and no clamp) its BOS samples
-    token by token and the log-likelihood of ``n_heldout`` lines of every language."""
+    token by token and the log-likelihood of ``n_heldout`` lines of every language; and the
+    AUROC tests on the evaluation lines at the smallest k (:data:`STATS_BASE`), which every
+    process computes whole under torchrun (``processes`` x the embedding seconds, one
+    process's share of sharded embedding)."""
     e = settings.budget.experts
     langs = int(sizes.get("langs", 12))
     embed = unit.get("embed", 0.0)
@@ -445,7 +459,11 @@ def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, fl
     tokens = arms * int(e.samples) * int(e.new_tokens)
     new = int(settings.budget.repair.max_new_tokens)
     nll = arms * max(2, int(e.n_heldout)) * langs * NLL_PASSES * embed
-    return EXPERTS_FACTOR * (lines + tokens * token_seconds(unit, new) + nll)
+    rows = int(sizes.get("eval_sentences", e.n_eval)) * langs / STATS_ROWS
+    rounds = (int(e.n_boot) + 999) / STATS_ROUNDS
+    stats = (STATS_BASE + STATS_PER_K * min(e.ks)) * rows * rounds
+    whole = processes(sizes) * stats * embed
+    return EXPERTS_FACTOR * (lines + tokens * token_seconds(unit, new) + nll) + whole
 
 
 STAGE = Stage(

@@ -216,6 +216,26 @@ def test_the_p_column_shows_the_deciding_p_and_never_0():
     assert card.to_dataframe()["verdict"][0] == NOT_HOLDS
 
 
+def test_an_underflowed_p_is_never_shown_as_0_and_the_report_shows_the_deciding_p():
+    """A p that underflowed to 0 reads "< 1e-k" in the row's text and the report's headline,
+    and the headline shows the p that decided the verdict (the other side's when the row
+    does not hold), not the claim side's."""
+    from mechlingo.report.replicate import replicate_report
+
+    big = Test(Interval(0.4, 0.3, 0.5, 40), 0.0, 0.05, 40, "hand",
+               {"se": 0.05, "df": 39, "interval": "t"})  # fmt: skip
+    (row,) = finalize([make_row(claims.TASK_VECTOR, big)])
+    assert row["p_adjusted"] == 0.0 and "adjusted p = < 1e-12" in row["value_text"]
+    assert "= 0," not in row["value_text"] and not row["value_text"].endswith("= 0")
+    zero = Test(Interval(0.001, -0.005, 0.007, 40), 0.8, 0.01, 40, "hand",
+                {"se": 0.003, "df": 39, "interval": "t"})  # fmt: skip
+    (nh,) = finalize([make_row(claims.TASK_VECTOR, zero)])
+    page = replicate_report(ClaimsCard([row, nh])).render()
+    assert page.count("deciding adjusted p = &lt; 1e-") + page.count(
+        "deciding adjusted p = < 1e-") == 2  # fmt: skip
+    assert "deciding adjusted p = 0.8" not in page  # the claim side's p is not the headline
+
+
 def test_the_card_says_which_readings_were_chosen_after_the_data():
     """The pre-registration a reader can check: the rules and budgets hashed into
     claims.json and the card, and a primary reading chosen after its data was seen marked."""
