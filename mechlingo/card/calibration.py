@@ -310,6 +310,10 @@ def _judge_mean(s: Sample) -> Judged:
     return _judged(c, eff, s["truth"], paired_test(ctl, y, s["ids"]), eff)
 
 
+_DRAW_GAIN, _DRAW_SD = 0.03, 0.02  # the random vectors' mean gain and its spread over draws
+_HALF_SD = math.sqrt(5)  # the half-width of a _spread whose SD is 1 (Var(2B - 1) = 1/5)
+
+
 # a relative gain in the lowest language (one or two items per fact) -------------------
 
 _LOW = 0.3  # the lowest language's baseline accuracy
@@ -317,13 +321,13 @@ _REL_TRUE = 1.0  # a vector that doubles it
 
 
 def _sim_relative(rng: np.random.Generator, d: Design, reps: int, truth: bool,
-                  m: int = 100) -> list[Sample]:  # fmt: skip
+                  m: int = 100, draw_gain: float = _DRAW_GAIN) -> list[Sample]:  # fmt: skip
     """The lowest language's baseline, 'both' at ``1 + rel`` times it, and ``m`` random
     draws of 'both' (each its own gain, ``_DRAW_GAIN`` +/- ``_DRAW_SD`` in points)."""
     codes = d.codes
     rel = _REL_TRUE if truth else C.LOWEST_LANGUAGE.threshold
     p = _spread(rng, reps, d.g, _LOW, 0.15)
-    gains = _spread(rng, reps, m, _DRAW_GAIN, _HALF_SD * _DRAW_SD)
+    gains = _spread(rng, reps, m, draw_gain, _HALF_SD * _DRAW_SD)
     probs = [p[:, codes], ((1 + rel) * p)[:, codes]]
     probs += [(p + gains[:, [j]])[:, codes] for j in range(m)]
     out = _arms(rng, probs)
@@ -368,9 +372,6 @@ def _judge_ratio(s: Sample) -> Judged:
 
 # an effect against a population of random draws (task, diff, both; the clamps) ---------
 
-_DRAW_GAIN, _DRAW_SD = 0.03, 0.02  # the random vectors' mean gain and its spread over draws
-_HALF_SD = math.sqrt(5)  # the half-width of a _spread whose SD is 1 (Var(2B - 1) = 1/5)
-
 
 def _population(rng: np.random.Generator, d: Design, reps: int, truth: bool, m: int,
                 null_gain: float = _DRAW_GAIN) -> list[Sample]:  # fmt: skip
@@ -385,8 +386,10 @@ def _population(rng: np.random.Generator, d: Design, reps: int, truth: bool, m: 
     probs = [p[:, codes]] + [(p + gains[:, [j]])[:, codes] for j in range(m + 1)]
     out = _arms(rng, probs)
     stacked = np.stack(out[2:], axis=1)  # [reps, draw, item]
+    # the target of effect - population mean: the effect's own gain over the draws' mean
+    # gain (under the null, one more draw: its own deviation from that mean, not 0)
     return [{"arrays": [out[0][r], out[1][r], stacked[r]], "ids": codes,
-             "truth": _GAIN if truth else 0.0, "gain": null_gain + (_GAIN if truth else 0.0)}
+             "truth": float(gains[r, 0] - null_gain), "gain": null_gain + (_GAIN if truth else 0.0)}
             for r in range(reps)]  # fmt: skip
 
 
@@ -404,7 +407,7 @@ _SHIFT = 0.5  # the clamp's true shift of a standardised per-sentence distance (
 
 
 def _sim_population_docs(rng: np.random.Generator, d: Design, reps: int, truth: bool,
-                         m: int = 20) -> list[Sample]:  # fmt: skip
+                         m: int = 20, shift: float = _SHIFT) -> list[Sample]:  # fmt: skip
     """Continuous per-sentence outcomes in documents before ('pre') and after the clamp and
     ``m`` random clamps (document SD 0.55, sentence SD 0.84: ICC 0.3, total SD 1; each
     condition's sentence noise shares 0.7 of its variance with pre's): each random clamp
@@ -415,7 +418,7 @@ def _sim_population_docs(rng: np.random.Generator, d: Design, reps: int, truth: 
     shared = rng.normal(0, 1, (reps, n))
     shifts = rng.normal(0, _DRAW_SD, (reps, m + 1))
     if truth:
-        shifts[:, 0] = -_SHIFT
+        shifts[:, 0] = -shift
 
     def arm(shift: np.ndarray | float) -> np.ndarray:
         noise = math.sqrt(0.7) * shared + math.sqrt(0.3) * rng.normal(0, 1, (reps, n))
@@ -425,7 +428,7 @@ def _sim_population_docs(rng: np.random.Generator, d: Design, reps: int, truth: 
     arms = [arm(shifts[:, [j]]) for j in range(m + 1)]
     stacked = np.stack(arms[1:], axis=1)
     return [{"arrays": [pre[r], arms[0][r], stacked[r]], "ids": codes,
-             "truth": -_SHIFT if truth else 0.0} for r in range(reps)]  # fmt: skip
+             "truth": float(shifts[r, 0])} for r in range(reps)]  # fmt: skip
 
 
 def _judge_population_docs(s: Sample) -> Judged:
