@@ -49,7 +49,7 @@ def test_planner_agrees_with_the_calibration_harness(g, per):
     at the same design and level: two different simulations of one verdict, within 0.1."""
     design = cal.Design("facts", "balanced", (per,) * g)
     share = next(r for r in cal.ROW_TYPES if r.name == "0/1 share vs 1/2")
-    harness = _harness_power(share.name, None, design, K_LU, 300, seed=3)
+    harness = cal.run_row(share, design, 300, ks=(K_LU,), seed=3)[0]["power"][0]
     icc = 0.3**2 * 0.2 / (0.65 * 0.35)  # var(0.3 (2 B - 1)), B ~ Beta(2, 2), over p (1 - p)
     sc = Scenario("recall_failures", "share", "facts", g, per, None, K_LU, True, 0.5, icc=icc)
     planner = simulate_power(sc, 0.15, max_se=0.03)
