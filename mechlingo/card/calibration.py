@@ -31,12 +31,13 @@ from mechlingo.card.clustered_tests import (
     group_difference_test,
     mean_test,
     paired_test,
-    ratio_test,
-    relative_test,
 )
-from mechlingo.card.population import population_gain_test, population_test
+from mechlingo.card.population import by_rank, population_gain_test, rank_population_test
 from mechlingo.card.rules import ALPHA, HOLDS, NOT_HOLDS, RETAINED_SHARE, verdict
-from mechlingo.card.stages.experts import rank_test
+from mechlingo.card.stages.align import _row_ratio
+from mechlingo.card.stages.experts import overlap_test, rank_test
+from mechlingo.card.stages.repair_controls import relative_tests
+from mechlingo.card.stages.transfer import retained_test
 from mechlingo.core.defaults import SEED
 from mechlingo.core.errors import InputError
 
@@ -147,7 +148,8 @@ Judge = Callable[[Sample], "Judged"]
 class RowType:
     """One kind of card row: which claim it judges, what the card calls, the designs it is
     run on, and how one sample is drawn (``simulate(rng, design, reps, truth)``) and judged
-    (``judge(sample)``: what the card judges)."""
+    (``judge(sample)``: the tests the card's stage makes, judged by its verdict); ``stage``:
+    the stage function that builds the card rows it stands for."""
 
     name: str
     claim: str
@@ -157,6 +159,7 @@ class RowType:
     judge: Judge
     null: str
     truth: str
+    stage: str = ""
 
 
 # --------------------------------------------------------------------------------------
@@ -250,8 +253,34 @@ def _sim_share(rng: np.random.Generator, d: Design, reps: int, truth: bool) -> l
 
 
 def _judge_share(s: Sample) -> Judged:
-    c = C.LATENT_ENGLISH
+    """``recall_failures`` (and the decoders' rows): ``mean_test`` against 1/2, no control,
+    as ``rows_trace`` and ``rows_decoders`` call it."""
+    c = C.RECALL_FAILURES
     return _judged(c, mean_test(s["arrays"][0], s["ids"], null=c.null_value), s["truth"])
+
+
+_CTL_NULL, _CTL_TRUE = 0.35, 0.5  # the mismatched-fact control's share: null, truth
+
+
+def _sim_share_control(rng: np.random.Generator, d: Design, reps: int,
+                       truth: bool) -> list[Sample]:  # fmt: skip
+    """The English-first share and its control (the mismatched fact's English answer) on the
+    same queries: at the threshold with the control beaten (null), or {_SHARE} against a
+    control at 1/2 (truth: the planner's case)."""
+    codes = d.codes
+    centre, ctl = (_SHARE, _CTL_TRUE) if truth else (0.5, _CTL_NULL)
+    p = _spread(rng, reps, d.g, 0.5, 0.15)
+    real, control = _arms(rng, [(p + centre - 0.5)[:, codes], (p + ctl - 0.5)[:, codes]])
+    return _split([real, control], codes, truth=centre)
+
+
+def _judge_share_control(s: Sample) -> Judged:
+    """``latent_english`` as ``rows_trace`` judges it: ``mean_test`` of the share against
+    1/2 and ``paired_test(control, real)`` (the share beyond its control)."""
+    c = C.LATENT_ENGLISH
+    real, ctl = s["arrays"]
+    eff = mean_test(real, s["ids"], null=c.null_value)
+    return _judged(c, eff, s["truth"], paired_test(ctl, real, s["ids"]), eff)
 
 
 # a continuous mean, sentences in documents (restored log-probability, distances) ----------
@@ -260,16 +289,29 @@ _SD_DOC, _SD_SENT, _MEAN = 1.0, 0.5, 0.6
 
 
 def _sim_mean(rng: np.random.Generator, d: Design, reps: int, truth: bool) -> list[Sample]:
+    """Per-sentence values (document SD ``_SD_DOC``, sentence SD ``_SD_SENT``) of mean 0
+    (null) or ``_MEAN`` (truth), and a control on the same sentences (half the document
+    effect shared): ``_MEAN`` below the effect under the null (only the effect half can
+    stop the row), at 0 under the truth."""
     codes = d.codes
     mu = _MEAN if truth else 0.0
-    y = mu + rng.normal(0, _SD_DOC, (reps, d.g))[:, codes]
-    y = y + rng.normal(0, _SD_SENT, y.shape)
-    return _split([y], codes, truth=mu)
+    doc = rng.normal(0, _SD_DOC, (reps, d.g))[:, codes]
+    y = mu + doc + rng.normal(0, _SD_SENT, doc.shape)
+    ctl = (0.0 if truth else -_MEAN) + 0.5 * doc + rng.normal(0, _SD_SENT, doc.shape)
+    return _split([y, ctl], codes, truth=mu)
 
 
 def _judge_mean(s: Sample) -> Judged:
+    """``conversion_causal`` as ``rows_conversion`` judges it: ``mean_test`` of the restored
+    log-probability and ``paired_test(control, band)`` (beyond the random sites)."""
     c = C.CONVERSION_CAUSAL
-    return _judged(c, mean_test(s["arrays"][0], s["ids"], null=c.null_value), s["truth"])
+    y, ctl = s["arrays"]
+    eff = mean_test(y, s["ids"], null=c.null_value)
+    return _judged(c, eff, s["truth"], paired_test(ctl, y, s["ids"]), eff)
+
+
+_DRAW_GAIN, _DRAW_SD = 0.03, 0.02  # the random vectors' mean gain and its spread over draws
+_HALF_SD = math.sqrt(5)  # the half-width of a _spread whose SD is 1 (Var(2B - 1) = 1/5)
 
 
 # a relative gain in the lowest language (one or two items per fact) -------------------
@@ -278,18 +320,30 @@ _LOW = 0.3  # the lowest language's baseline accuracy
 _REL_TRUE = 1.0  # a vector that doubles it
 
 
-def _sim_relative(rng: np.random.Generator, d: Design, reps: int, truth: bool) -> list[Sample]:
+def _sim_relative(rng: np.random.Generator, d: Design, reps: int, truth: bool,
+                  m: int = 100, draw_gain: float = _DRAW_GAIN) -> list[Sample]:  # fmt: skip
+    """The lowest language's baseline, 'both' at ``1 + rel`` times it, and ``m`` random
+    draws of 'both' (each its own gain, ``_DRAW_GAIN`` +/- ``_DRAW_SD`` in points)."""
     codes = d.codes
     rel = _REL_TRUE if truth else C.LOWEST_LANGUAGE.threshold
     p = _spread(rng, reps, d.g, _LOW, 0.15)
-    base, new = _arms(rng, [p[:, codes], ((1 + rel) * p)[:, codes]])
-    return _split([base, new], codes, truth=rel)
+    gains = _spread(rng, reps, m, draw_gain, _HALF_SD * _DRAW_SD)
+    probs = [p[:, codes], ((1 + rel) * p)[:, codes]]
+    probs += [(p + gains[:, [j]])[:, codes] for j in range(m)]
+    out = _arms(rng, probs)
+    stacked = np.stack(out[2:], axis=1)
+    return [{"arrays": [out[0][r], out[1][r], stacked[r]], "ids": codes, "truth": rel}
+            for r in range(reps)]  # fmt: skip
 
 
 def _judge_relative(s: Sample) -> Judged:
+    """``lowest_language`` (relative) through the repair stage's own ``relative_tests``:
+    ``relative_test`` against +35% (a testable zero when nothing changes; not testable with
+    a baseline of 0), ranked among the draws by ``rank_population_test``."""
     c = C.LOWEST_LANGUAGE
-    base, new = s["arrays"]
-    return _judged(c, relative_test(base, new, s["ids"], null=c.threshold), s["truth"])
+    base, new, draws = s["arrays"]
+    eff, _, vs, _ = relative_tests(c, base, new, draws, s["ids"])
+    return _judged(c, eff, s["truth"], vs, eff)
 
 
 # a ratio of sums: the share of the in-pool gain that held-out vectors keep --------------
@@ -308,14 +362,15 @@ def _sim_ratio(rng: np.random.Generator, d: Design, reps: int, truth: bool) -> l
 
 
 def _judge_ratio(s: Sample) -> Judged:
+    """The retained share through the transfer stage's own ``retained_test``: ``ratio_test``
+    against 0.5, not testable when the in-pool gain is not shown above 0."""
     c = replace(C.INDEPENDENT_RELATIONS, threshold=RETAINED_SHARE)
     num, den = s["arrays"]
-    return _judged(c, ratio_test(num, den, s["ids"], null=RETAINED_SHARE), s["truth"])
+    t, _, _ = retained_test(num, den, s["ids"])
+    return _judged(c, t, s["truth"])
 
 
 # an effect against a population of random draws (task, diff, both; the clamps) ---------
-
-_DRAW_GAIN, _DRAW_SD = 0.03, 0.02  # the random vectors' mean gain and its spread over draws
 
 
 def _population(rng: np.random.Generator, d: Design, reps: int, truth: bool, m: int,
@@ -325,22 +380,64 @@ def _population(rng: np.random.Generator, d: Design, reps: int, truth: bool, m: 
     draws' mean (truth)."""
     codes = d.codes
     p = _spread(rng, reps, d.g, _P0, _P_HALF)
-    gains = _spread(rng, reps, m + 1, null_gain, math.sqrt(3) * _DRAW_SD)  # SD _DRAW_SD
+    gains = _spread(rng, reps, m + 1, null_gain, _HALF_SD * _DRAW_SD)  # SD _DRAW_SD
     if truth:
         gains[:, 0] = null_gain + _GAIN
     probs = [p[:, codes]] + [(p + gains[:, [j]])[:, codes] for j in range(m + 1)]
     out = _arms(rng, probs)
     stacked = np.stack(out[2:], axis=1)  # [reps, draw, item]
+    # the target of effect - population mean: the effect's own gain over the draws' mean
+    # gain (under the null, one more draw: its own deviation from that mean, not 0)
     return [{"arrays": [out[0][r], out[1][r], stacked[r]], "ids": codes,
-             "truth": _GAIN if truth else 0.0, "gain": null_gain + (_GAIN if truth else 0.0)}
+             "truth": float(gains[r, 0] - null_gain), "gain": null_gain + (_GAIN if truth else 0.0)}
             for r in range(reps)]  # fmt: skip
 
 
 def _judge_population(s: Sample) -> Judged:
+    """``task_vector`` as the repair stage judges it (and the transfer, external, experts
+    and align stages their rows): ``paired_test`` of the gain and ``rank_population_test``
+    (the effect's exact rank among the draws) of effect against the draws."""
     c = C.TASK_VECTOR
     base, new, draws = s["arrays"]
-    vs = population_test(new, draws, s["ids"], base=base, direction=c.direction)
+    vs = rank_population_test(new, draws, s["ids"], base=base, direction=c.direction)
     return _judged(c, paired_test(base, new, s["ids"]), s["truth"], vs, vs)
+
+
+_SHIFT = 0.5  # the clamp's true shift of a standardised per-sentence distance (paired d)
+
+
+def _sim_population_docs(rng: np.random.Generator, d: Design, reps: int, truth: bool,
+                         m: int = 20, shift: float = _SHIFT) -> list[Sample]:  # fmt: skip
+    """Continuous per-sentence outcomes in documents before ('pre') and after the clamp and
+    ``m`` random clamps (document SD 0.55, sentence SD 0.84: ICC 0.3, total SD 1; each
+    condition's sentence noise shares 0.7 of its variance with pre's): each random clamp
+    shifts by its own N(0, 0.02), the clamp by one more (null) or by ``-_SHIFT`` (truth: the
+    distances fall)."""
+    codes, n = d.codes, len(d.codes)
+    doc = rng.normal(0, math.sqrt(0.3), (reps, d.g))[:, codes]
+    shared = rng.normal(0, 1, (reps, n))
+    shifts = rng.normal(0, _DRAW_SD, (reps, m + 1))
+    if truth:
+        shifts[:, 0] = -shift
+
+    def arm(shift: np.ndarray | float) -> np.ndarray:
+        noise = math.sqrt(0.7) * shared + math.sqrt(0.3) * rng.normal(0, 1, (reps, n))
+        return doc + shift + math.sqrt(0.7) * noise
+
+    pre = arm(0.0)
+    arms = [arm(shifts[:, [j]]) for j in range(m + 1)]
+    stacked = np.stack(arms[1:], axis=1)
+    return [{"arrays": [pre[r], arms[0][r], stacked[r]], "ids": codes,
+             "truth": float(shifts[r, 0])} for r in range(reps)]  # fmt: skip
+
+
+def _judge_population_docs(s: Sample) -> Judged:
+    """``clamp_closer`` as ``rows_align`` judges it: ``paired_test(pre, post, docs)`` and
+    ``rank_population_test`` of post among the random clamps, direction down."""
+    c = C.CLAMP_CLOSER
+    pre, post, draws = s["arrays"]
+    vs = rank_population_test(post, draws, s["ids"], base=pre, direction=c.direction)
+    return _judged(c, paired_test(pre, post, s["ids"]), s["truth"], vs, vs)
 
 
 def _sim_equivalence(rng: np.random.Generator, d: Design, reps: int, truth: bool,
@@ -372,10 +469,39 @@ def _sim_rank(rng: np.random.Generator, d: Design, reps: int, truth: bool) -> li
 
 
 def _judge_rank(s: Sample, exact: bool = False) -> Judged:
+    """The control half as ``rows_experts`` (``experts_exist``) and the align stage
+    (``retrieval_gain_max``, ``exact``) judge it: ``by_rank(rank_test(effect, draws))``, the
+    effect's exact rank among the draws. The effect half (the stage's own test of the AUROC
+    against 0.5, or of the maximum against 2) needs per-sentence data and is stood in for by
+    ``rank_test`` itself (the effect above the draws' mean)."""
     x = s["arrays"][0]
-    c = replace(C.EXPERTS_EXIST, threshold=0.0)
-    vs = rank_test(float(x[0]), list(x[1:]), exact=exact)
-    return _judged(c, vs, s["truth"])
+    c = replace(C.EXPERTS_EXIST, threshold=0.0, sesoi=None)
+    t = rank_test(float(x[0]), list(x[1:]), exact=exact)
+    return _judged(c, t, s["truth"], by_rank(t), t)
+
+
+# the overlap of the languages' expert sets (experts_disjoint) -----------------------------
+
+_OVERLAP_SD, _OVERLAP_BELOW = 0.05, 0.05  # the pairs' spread; the truth's excess below 0.10
+
+
+def _sim_overlap(rng: np.random.Generator, d: Design, reps: int, truth: bool) -> list[Sample]:
+    """A symmetric matrix of the language pairs' excess overlap over chance, pairs ``N(mu,
+    _OVERLAP_SD)``: ``mu`` at the threshold 0.10 (null) or ``_OVERLAP_BELOW`` under it."""
+    n, c = d.g, C.EXPERTS_DISJOINT
+    mu = c.threshold - (_OVERLAP_BELOW if truth else 0.0)
+    out = []
+    for _ in range(reps):
+        m = np.triu(rng.normal(mu, _OVERLAP_SD, (n, n)), 1)
+        out.append({"arrays": [m + m.T], "ids": None, "truth": mu})
+    return out
+
+
+def _judge_overlap(s: Sample) -> Judged:
+    """``experts_disjoint`` as ``rows_experts`` judges it: ``overlap_test`` (languages as
+    units, delete-one-language jackknife) below 0.10."""
+    c = C.EXPERTS_DISJOINT
+    return _judged(c, overlap_test(s["arrays"][0], c.null_value), s["truth"])
 
 
 # a difference in differences (each vector on its own failure class) --------------------
@@ -419,29 +545,32 @@ _MEDIAN_TRUE = 0.3
 
 
 def _sim_pairs(rng: np.random.Generator, d: Design, reps: int, truth: bool) -> list[Sample]:
-    """Top-1 hits of every sentence and ordered pair before and after the clamp: pair ``j``'s
-    hit rate rises by the factor ``1 + r_j`` (median of ``r``: 0 or ``_MEDIAN_TRUE``); each
-    document shifts its pairs' rates together."""
+    """Top-1 hits of every sentence and ordered pair before the clamp, after it and after a
+    random clamp: pair ``j``'s hit rate rises by the factor ``1 + r_j`` (median of ``r``: 0
+    or ``_MEDIAN_TRUE``), the random clamp's by ``1 - _MEDIAN_TRUE`` (null: only the effect
+    half can stop the row) or 1 (truth); each document shifts its pairs' rates together."""
     codes = d.codes
     r = _PAIR_GAINS + (_MEDIAN_TRUE if truth else 0.0)
     q = np.clip(_spread(rng, reps, d.g, 0.4, 0.2)[:, codes, None], 0, 1)  # [reps, sent, 1]
-    pre, post = _arms(rng, [np.broadcast_to(q, q.shape[:2] + (_PAIRS,)), q * (1 + r)])
-    return [{"arrays": [np.concatenate([pre[i], post[i]], axis=1)], "ids": codes,
+    pre, post, ctl = _arms(rng, [np.broadcast_to(q, q.shape[:2] + (_PAIRS,)), q * (1 + r),
+                                 q * (1.0 if truth else 1 - _MEDIAN_TRUE)])  # fmt: skip
+    return [{"arrays": [pre[i], post[i], ctl[i]], "ids": codes,
              "truth": float(np.median(r))} for i in range(reps)]  # fmt: skip
 
 
-def _median_gain(rows: np.ndarray) -> float:
-    """Median over pairs of post / pre - 1 (pairs with a pre hit), as the align row reads."""
-    pre, post = rows[:, :_PAIRS].mean(0), rows[:, _PAIRS:].mean(0)
-    ok = pre > 0
-    return float(np.median(post[ok] / pre[ok]) - 1) if ok.any() else float("nan")
-
-
-def _judge_pairs(s: Sample, resamples: int = 2000) -> Judged:
+def _judge_pairs(s: Sample) -> Judged:
+    """``retrieval_gain_median`` built by the align stage's own row builder (``_row_ratio``:
+    ``cluster_bootstrap`` of the median over pairs of post / pre - 1, and of the clamp minus
+    the random clamp), judged from the row's tests."""
     c = C.RETRIEVAL_GAIN_MEDIAN
-    t = cluster_bootstrap(s["arrays"][0], s["ids"], _median_gain, null=c.null_value,
-                          n_resamples=resamples)  # fmt: skip
-    return _judged(c, t, s["truth"])
+    pre, post, ctl = s["arrays"]
+    data = {"pre": {"hits": pre.T}, "post": {"hits": post.T}, "control": {"hits": ctl.T},
+            "pairs": [f"p{j}" for j in range(_PAIRS)], "docs": [str(x) for x in s["ids"]]}  # fmt: skip
+    row = _row_ratio(data, "median")
+    eff, vs = (
+        None if row.get(k) is None else Test.from_json(row[k]) for k in ("value", "vs_control")
+    )
+    return _judged(c, eff, s["truth"], vs, eff)
 
 
 # --------------------------------------------------------------------------------------
@@ -457,46 +586,73 @@ _FACTS, _DOCS, _SINGLE = DESIGNS["facts"], DESIGNS["documents"], DESIGNS["single
 
 #: Every row type of the card, with the designs it is simulated on.
 ROW_TYPES: tuple[RowType, ...] = (
-    RowType("paired 0/1", "both_beat_single, english_gap, clamp_steers (effect)",
-            "paired_test", _FACTS, _sim_paired, _judge_paired,
+    RowType("paired 0/1", "both_beat_single, english_gap", "paired_test", _FACTS,
+            _sim_paired, _judge_paired,
             "the same accuracy (exchangeable pairs, fact gains spread +/-0.1 around 0)",
-            f"+{_GAIN:g} (fact gains +/-0.1 around it)"),
-    RowType("0/1 share vs 1/2", "latent_english, recall_failures", "mean_test (null 0.5)",
-            _FACTS, _sim_share, _judge_share, "a share of 0.5 (facts 0.2-0.8)",
-            f"a share of {_SHARE:g}"),
-    RowType("continuous mean", "conversion_causal (effect), clamp_closer (paired)",
-            "mean_test", _DOCS, _sim_mean, _judge_mean,
-            f"mean 0 (document SD {_SD_DOC:g}, sentence SD {_SD_SENT:g})", f"mean {_MEAN:g}"),
-    RowType("relative gain", "lowest_language (relative)", "relative_test (null 0.35)",
-            _SINGLE, _sim_relative, _judge_relative,
-            f"+35% over a baseline of {_LOW:g}", f"+{100 * _REL_TRUE:g}%"),
-    RowType("ratio of sums", "independent_* (retained share)", "ratio_test (null 0.5)",
-            _FACTS, _sim_ratio, _judge_ratio, "half the in-pool gain kept",
-            f"{_KEPT:g} of it kept"),
-    RowType("effect vs population (20 draws)", "task_vector, diff_vector, lowest_language",
-            "paired_test + population_test", _FACTS, partial(_population, m=20),
-            _judge_population, f"the effect one more random draw (draw gains {_DRAW_GAIN:g} "
-            f"+/- {_DRAW_SD:g})", f"{_GAIN:g} above the draws' mean"),
-    RowType("effect vs population (100 draws)", "as above", "paired_test + population_test",
+            f"+{_GAIN:g} (fact gains +/-0.1 around it)", "repair._row_both_better, repair._row_gap"),
+    RowType("0/1 share vs 1/2", "recall_failures, latent_english_tuned/_patchscope",
+            "mean_test (null 0.5)", _FACTS, _sim_share, _judge_share,
+            "a share of 0.5 (facts 0.2-0.8)", f"a share of {_SHARE:g}",
+            "trace.rows_trace, decoders.rows_decoders"),
+    RowType("0/1 share vs 1/2 with its control", "latent_english",
+            "mean_test (null 0.5) + paired_test (control, share)", _FACTS, _sim_share_control,
+            _judge_share_control, f"a share of 0.5, the control's {_CTL_NULL:g}",
+            f"a share of {_SHARE:g}, the control's {_CTL_TRUE:g}", "trace.rows_trace"),
+    RowType("continuous mean", "conversion_causal", "mean_test + paired_test (control, effect)",
+            _DOCS, _sim_mean, _judge_mean,
+            f"mean 0 (document SD {_SD_DOC:g}, sentence SD {_SD_SENT:g}), the control "
+            f"{_MEAN:g} below", f"mean {_MEAN:g}, the control 0", "conversion.rows_conversion"),
+    RowType("relative gain vs population (100 draws)", "lowest_language (relative)",
+            "relative_tests: relative_test (null 0.35) + rank_population_test", _SINGLE,
+            _sim_relative, _judge_relative, f"+35% over a baseline of {_LOW:g}",
+            f"+{100 * _REL_TRUE:g}%", "repair_controls.rows_lowest (relative_tests)"),
+    RowType("ratio of sums", "independent_* (retained share)",
+            "retained_test: ratio_test (null 0.5)", _FACTS, _sim_ratio, _judge_ratio,
+            "half the in-pool gain kept", f"{_KEPT:g} of it kept",
+            "transfer._retained_row (retained_test)"),
+    RowType("effect vs population (20 draws)",
+            "task_vector, diff_vector, independent_* (held-out gain), external_*, "
+            "lowest_language (points), clamp_steers", "paired_test + rank_population_test",
+            _FACTS, partial(_population, m=20), _judge_population,
+            f"the effect one more random draw (draw gains {_DRAW_GAIN:g} +/- {_DRAW_SD:g})",
+            f"{_GAIN:g} above the draws' mean", "repair_controls.rows_repair, "
+            "transfer.rows_transfer, external.rows_external, experts._row_steers"),
+    RowType("effect vs population (100 draws)", "as above", "paired_test + rank_population_test",
             _FACTS[2:4], partial(_population, m=100), _judge_population,
-            "the effect one more random draw", f"{_GAIN:g} above the draws' mean"),
+            "the effect one more random draw", f"{_GAIN:g} above the draws' mean",
+            "repair_controls.rows_repair"),
+    RowType("continuous effect vs population (20 draws)",
+            "clamp_closer, retrieval_improves, clamp_closer_centred",
+            "paired_test + rank_population_test", _DOCS, _sim_population_docs,
+            _judge_population_docs, "the clamp one more random clamp (shifts SD 0.02)",
+            f"the distances {_SHIFT:g} SD down", "align.rows_align, align._row_closer"),
     RowType("equivalence", "random_vector, random_neurons", "population_gain_test (TOST)",
             _FACTS, partial(_sim_equivalence, m=20), _judge_equivalence,
-            "the random draws' gain at the margin, +0.05", "no gain"),
-    RowType("rank vs population (t)", "experts_exist (vs random neurons)", "rank_test",
-            _draw_designs(20, 50, 100), _sim_rank, _judge_rank,
-            "the effect one more draw (SD 0.03)", f"+{_AUROC_GAIN:g} over the draws"),
-    RowType("rank vs population (exact)", "retrieval_gain_max", "rank_test(exact=True)",
-            _draw_designs(20, 50, 100), _sim_rank, partial(_judge_rank, exact=True),
-            "the effect one more draw (SD 0.03)", f"+{_AUROC_GAIN:g} over the draws"),
+            f"the random draws' gain at the margin, +{C.RANDOM_VECTOR.margin:g}", "no gain",
+            "repair_controls.rows_repair, align.rows_align"),
+    RowType("rank vs population (AUROC)", "experts_exist",
+            "by_rank(rank_test) (effect: rank_test)", _draw_designs(20, 50, 100), _sim_rank,
+            _judge_rank, "the effect one more draw (SD 0.03)", f"+{_AUROC_GAIN:g} over the draws",
+            "experts.rows_experts"),
+    RowType("rank vs population (maximum)", "retrieval_gain_max",
+            "by_rank(rank_test(exact=True))", _draw_designs(20, 50, 100), _sim_rank,
+            partial(_judge_rank, exact=True), "the effect one more draw (SD 0.03)",
+            f"+{_AUROC_GAIN:g} over the draws", "align._row_ratio"),
+    RowType("overlap (languages as units)", "experts_disjoint", "overlap_test (below 0.10)",
+            tuple(Design("languages", "pairs", (1,) * n) for n in (5, 8, 12)), _sim_overlap,
+            _judge_overlap, f"excess overlap at 0.10 (pairs SD {_OVERLAP_SD:g})",
+            f"{_OVERLAP_BELOW:g} below it", "experts._row_disjoint"),
     RowType("difference in differences", "task_repairs_recall", "group_difference_test",
             _FACTS, _sim_did, _judge_did, "each vector's gain the same on both classes",
-            f"a contrast of {_DID:g}"),
-    RowType("bootstrap mean", "cluster_bootstrap rows (a mean over sentences)",
-            "cluster_bootstrap", _DOCS, _sim_mean, _judge_boot_mean, "mean 0", f"mean {_MEAN:g}"),
-    RowType("bootstrap median over pairs", "retrieval_gain_median", "cluster_bootstrap",
-            _DOCS[:6], _sim_pairs, _judge_pairs, "median relative top-1 gain 0 over 12 pairs",
-            f"median gain {_MEDIAN_TRUE:g}"),
+            f"a contrast of {_DID:g}", "repair._row_own_failure"),
+    RowType("bootstrap mean", "the cluster-bootstrap procedure (consistency, "
+            "distance_predicts_retrieval) on a mean whose truth is known",
+            "cluster_bootstrap", _DOCS, _sim_mean, _judge_boot_mean, "mean 0", f"mean {_MEAN:g}",
+            "repair.row_consistency, align._row_predicts"),
+    RowType("bootstrap median over pairs", "retrieval_gain_median",
+            "cluster_bootstrap (effect; effect - random clamp)", _DOCS[:6], _sim_pairs,
+            _judge_pairs, "median relative top-1 gain 0 over 12 pairs, the random clamp's -0.3",
+            f"median gain {_MEDIAN_TRUE:g}, the random clamp's 0", "align._row_ratio"),
 )  # fmt: skip
 
 

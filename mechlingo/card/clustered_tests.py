@@ -196,7 +196,8 @@ def _log_ratio(a: np.ndarray, b: np.ndarray, codes: np.ndarray, g: int) -> Inter
         return Interval(est, None, None, n, CONFIDENCE, {"undefined": why})
     df = bm_df_mean(cnt)
     c, half = math.log(mb_eff / ma), crit(CONFIDENCE, df) * se
-    lo, hi = math.exp(c - half) - 1, math.exp(c + half) - 1
+    top = math.log(np.finfo(float).max) - 1  # a baseline mean near 0: a finite, huge bound
+    lo, hi = math.exp(min(c - half, top)) - 1, math.exp(min(c + half, top)) - 1
     return Interval(est, -1.0 if mb == 0 else lo, hi, n, CONFIDENCE, {"se_log": se, "df": df})
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from mechlingo.card import claims as C
 from mechlingo.card.claims import Claim
-from mechlingo.card.clustered_tests import paired_test, relative_test
+from mechlingo.card.clustered_tests import Test, paired_test, relative_test
 from mechlingo.card.population import (
     no_change_relative,
     pool_controls,
@@ -25,8 +25,8 @@ from mechlingo.card.population import (
 )
 from mechlingo.card.rules import make_row
 
-__all__ = ["OUTCOME_NAMES", "draws", "outcome_key", "population_conditions", "repair_floor",
-           "rows_lowest", "rows_repair"]  # fmt: skip
+__all__ = ["NO_BASELINE", "OUTCOME_NAMES", "draws", "outcome_key", "population_conditions",
+           "relative_tests", "repair_floor", "rows_lowest", "rows_repair"]  # fmt: skip
 
 
 #: The judged outcome of the repair rows, by the stored key it is read from.
@@ -173,28 +173,47 @@ def _lowest_row(data: Mapping[str, Any], claim: Claim, langs: list[str], rule: s
         draws(data, langs, key, "both"),
     )
     extra = {**extra, "outcome": OUTCOME_NAMES[key]}
-    ctl = pool_controls(pop)
-    vs = rank_population_test(both, pop, ids, base=base, direction=claim.direction)
     details += (f"; outcome {OUTCOME_NAMES[key]}: orig {sum(base):.3g} of {len(base)}, "
                 f"{both_condition(data)} {sum(both):.3g}; {_population_text(data, 'both')}")  # fmt: skip
     floor = repair_floor(data, langs, key)
     if floor:
         return make_row(claim, None, floor=floor, details=details, extra=extra)
     if reading == "points":
+        vs = rank_population_test(both, pop, ids, base=base, direction=claim.direction)
         eff = paired_test(base, both, ids, null=claim.threshold)
         return make_row(claim, eff, population_gain_test(base, pop, ids), vs_control=vs,
                         details=details + f"; gain in {OUTCOME_NAMES[key]} points", extra=extra)  # fmt: skip
-    if sum(base) == 0:
+    eff, ctl, vs, why = relative_tests(claim, base, both, pop, ids)
+    if why == NO_BASELINE:
         why = (f"the test {OUTCOME_NAMES[key]} of {'+'.join(langs)} without intervention is 0 "
                f"(0 of {len(base)}): a relative gain is undefined; the points reading is judged")  # fmt: skip
+    if why:
         return make_row(claim, None, untestable=why, details=details, extra=extra)
+    how = "; relative gain: no item changes" if eff.extra.get("no_change") else "; relative gain"  # type: ignore[union-attr]
+    return make_row(claim, eff, ctl, vs_control=vs, details=details + how, extra=extra)
+
+
+#: :func:`relative_tests`' reason when the baseline has no success: the ratio is undefined.
+NO_BASELINE = "no baseline"
+
+
+def relative_tests(claim: Claim, base: Sequence[float], both: Sequence[float],
+                   pop: Sequence[Sequence[float]], ids: Sequence[Any] | None
+                   ) -> tuple[Test | None, Test | None, Test | None, str | None]:  # fmt: skip
+    """The tests of ``lowest_language``'s relative reading, as the card judges it: the
+    effect (the relative gain of ``both`` over ``base`` against the claim's threshold; a
+    testable zero, :func:`~mechlingo.card.population.no_change_relative`, when no item
+    changes), the control (the pooled random draws' relative gain, shown) and the effect
+    against the draws by its rank (:func:`~mechlingo.card.population.rank_population_test`),
+    with why the row is not testable (``None`` when it is): :data:`NO_BASELINE` when the
+    baseline is 0, or the relative test's own reason (e.g. every success in one fact)."""
+    ctl = pool_controls(pop)
+    vs = rank_population_test(both, pop, ids, base=base, direction=claim.direction)
+    if sum(base) == 0:
+        return None, None, vs, NO_BASELINE
     if np.array_equal(np.asarray(base), np.asarray(both)):  # nothing changes: a testable zero
-        return make_row(claim, no_change_relative(base, ids, null=claim.threshold),
-                        relative_test(base, ctl, ids), vs_control=vs,
-                        details=details + "; relative gain: no item changes", extra=extra)  # fmt: skip
+        return no_change_relative(base, ids, null=claim.threshold), relative_test(base, ctl, ids), vs, None  # fmt: skip
     eff = relative_test(base, both, ids, null=claim.threshold)
     if eff.p is None and eff.extra.get("undefined"):  # e.g. the successes in one fact
-        why = f"the relative gain is undefined here: {eff.extra['undefined']}"
-        return make_row(claim, None, untestable=why, details=details, extra=extra)
-    return make_row(claim, eff, relative_test(base, ctl, ids), vs_control=vs,
-                    details=details + "; relative gain", extra=extra)  # fmt: skip
+        return None, None, vs, f"the relative gain is undefined here: {eff.extra['undefined']}"
+    return eff, relative_test(base, ctl, ids), vs, None

@@ -19,7 +19,7 @@ from mechlingo.analyses.recall.settings import (
 )
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU, Claim
-from mechlingo.card.clustered_tests import paired_test, ratio_test
+from mechlingo.card.clustered_tests import Test, paired_test, ratio_test
 from mechlingo.card.population import population_gain_test, rank_population_test
 from mechlingo.card.repair_items import (
     subject_keys,
@@ -161,16 +161,25 @@ def _retained_row(claim: Claim, cells: Sequence[Mapping[str, Any]],
     if not num:
         why = "no held-out column also has an in-pool (all) cell on the same items"
         return make_row(share, None, untestable=why, extra=extra)
-    gain_all = paired_test([0.0] * len(den), den, ids)
+    t, gain_all, why = retained_test(num, den, ids)
     details = (f"share of the in-pool gain kept without R, pooled over {len(per)} columns "
                f"({'; '.join(per)}); in-pool gain {gain_all.estimate.format(3)}, p = "
                f"{gain_all.p:.3g}; rule: > {RETAINED_SHARE:g}")  # fmt: skip
+    return make_row(share, t, untestable=why, details=details, extra=extra)
+
+
+def retained_test(num: Sequence[float], den: Sequence[float], ids: Sequence[Any] | None
+                  ) -> tuple[Test | None, Test, str | None]:  # fmt: skip
+    """The retained-share reading as the card judges it: the ratio of sums ``sum(num) /
+    sum(den)`` (held-out over in-pool gain, per item) against :data:`RETAINED_SHARE`, the
+    in-pool gain's own test, and why the row is not testable (``None`` when it is): an
+    in-pool gain not shown above 0 (interval above 0 and p < 0.05) leaves nothing to keep."""
+    gain_all = paired_test([0.0] * len(den), den, ids)
     if not (gain_all.estimate.above(0.0) and gain_all.p is not None and gain_all.p < 0.05):
         why = ("the in-pool (all) gain on the held-out columns is not above 0: there is no gain "
                "to retain")  # fmt: skip
-        return make_row(share, None, untestable=why, details=details, extra=extra)
-    return make_row(share, ratio_test(num, den, ids, null=RETAINED_SHARE), details=details,
-                    extra=extra)  # fmt: skip
+        return None, gain_all, why
+    return ratio_test(num, den, ids, null=RETAINED_SHARE), gain_all, None
 
 
 @dataclass(frozen=True)
