@@ -52,10 +52,10 @@ def test_a_mean_over_balanced_clusters_is_pyfixest_crv1(g, per):
     codes, y = _balanced(np.random.default_rng(g), g, per)
     t = mean_test(y, codes, null=0.25)  # a null away from 0: the CR2 t test, not sign flips
     fit = _fit(y - 0.25, codes)
-    assert t.extra["df"] == g - 1
-    assert t.extra["se"] == pytest.approx(float(fit.se().iloc[0]), rel=1e-10)
-    assert t.estimate.estimate - 0.25 == pytest.approx(float(fit.coef().iloc[0]), rel=1e-10)
-    assert t.p == pytest.approx(float(fit.pvalue().iloc[0]), rel=1e-8)
+    assert t.extra["df"] == pytest.approx(g - 1, rel=1e-9)
+    assert t.extra["se"] == pytest.approx(float(fit.se().iloc[0]), rel=1e-7)
+    assert t.estimate.estimate - 0.25 == pytest.approx(float(fit.coef().iloc[0]), rel=1e-7)
+    assert t.p == pytest.approx(float(fit.pvalue().iloc[0]), rel=1e-6)
 
 
 def test_a_paired_gain_over_balanced_clusters_is_pyfixest_crv1():
@@ -66,8 +66,8 @@ def test_a_paired_gain_over_balanced_clusters_is_pyfixest_crv1():
     new = base + 0.3 + rng.normal(0, 0.5, len(base))
     t = paired_test(base, new, codes, null=0.2)
     fit = _fit(new - base - 0.2, codes)
-    assert t.extra["se"] == pytest.approx(float(fit.se().iloc[0]), rel=1e-10)
-    assert t.p == pytest.approx(float(fit.pvalue().iloc[0]), rel=1e-8)
+    assert t.extra["se"] == pytest.approx(float(fit.se().iloc[0]), rel=1e-7)
+    assert t.p == pytest.approx(float(fit.pvalue().iloc[0]), rel=1e-6)
 
 
 def test_a_group_difference_with_the_same_design_in_every_cluster_is_crv1_without_k_adj():
@@ -81,14 +81,14 @@ def test_a_group_difference_with_the_same_design_in_every_cluster_is_crv1_withou
     y = rng.normal(0, 1, g)[codes] + 0.3 * (groups == "recall") + rng.normal(0, 0.6, 4 * g)
     t = group_difference_test(list(y), list(groups), list(codes), "recall", "translation")
     fit = _fit(y, codes, x=(groups == "recall"), k_adj=False, G_adj=True)
-    assert t.estimate.estimate == pytest.approx(float(fit.coef()["x"]), rel=1e-10)
-    assert t.extra["se"] == pytest.approx(float(fit.se()["x"]), rel=1e-10)
-    assert t.extra["df"] == pytest.approx(g - 1, rel=1e-9)
-    assert t.p == pytest.approx(float(fit.pvalue()["x"]), rel=1e-8)
+    assert t.estimate.estimate == pytest.approx(float(fit.coef()["x"]), rel=1e-7)
+    assert t.extra["se"] == pytest.approx(float(fit.se()["x"]), rel=1e-7)
+    assert t.extra["df"] == pytest.approx(g - 1, rel=1e-7)
+    assert t.p == pytest.approx(float(fit.pvalue()["x"]), rel=1e-6)
     # with pyfixest's default small-sample factor the SEs differ by sqrt((N - 1) / (N - 2))
     default = float(_fit(y, codes, x=(groups == "recall")).se()["x"])
     n = len(y)
-    assert default == pytest.approx(t.extra["se"] * np.sqrt((n - 1) / (n - 2)), rel=1e-10)
+    assert default == pytest.approx(t.extra["se"] * np.sqrt((n - 1) / (n - 2)), rel=1e-7)
 
 
 @pytest.mark.parametrize("sizes", [(1, 2, 3, 5, 8, 13, 21, 34), (1, 3, 5, 7, 9, 11, 13, 15)])
