@@ -214,15 +214,15 @@ class Ours:
         index = {(s.name, r.name): (i, j) for i, s in enumerate(g.senders)
                  for j, r in enumerate(g.receivers)}  # fmt: skip
         order = sorted(scores, key=lambda e: -abs(scores[e]))
-        clean = self.patcher.metric(torch.zeros_like(g.mask)[:, :, None])
-        corr = self.patcher.metric(g.mask[:, :, None])
+        clean = self.patcher.read(torch.zeros_like(g.mask)[:, :, None])
+        corr = self.patcher.read(g.mask[:, :, None])
         out = {}
         for f in fractions:
             keep = order[: max(1, round(f * len(order)))]
             removed = g.mask.clone()
             for e in keep:
                 removed[index[e]] = False
-            m = self.patcher.metric(removed[:, :, None])
+            m = self.patcher.read(removed[:, :, None])
             out[f] = (len(keep), interval(m, clean, corr))
         return out
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers
     from mechlingo.analyses.recall.dev_grid import choose_on_dev
     from mechlingo.analyses.recall.patching import (
         attention_knockout,
-        fact_metrics,
+        fact_readouts,
         patch_activations,
     )
     from mechlingo.analyses.recall.settings import DevGrid, ScoringOptions
@@ -98,7 +98,7 @@ __all__ = [
     "evaluate_facts",
     "export",
     "fact_from_cloze",
-    "fact_metrics",
+    "fact_readouts",
     "few_shot_prompt",
     "find_circuit",
     "find_experts",
@@ -293,7 +293,7 @@ _LAZY: dict[str, Callable[[], ModuleType]] = {
     "lens_facts": _lens,
     "logit_lens": _lens,
     "attention_knockout": _patching,
-    "fact_metrics": _patching,
+    "fact_readouts": _patching,
     "patch_activations": _patching,
     "corrupted_pairs": _trace_patching,
     "pipeline_stages": _trace_patching,

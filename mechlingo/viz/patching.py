@@ -12,7 +12,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mechlingo.viz.common import VALUE_LABELS, metric_label, plain, rgba
+from mechlingo.viz.common import VALUE_LABELS, plain, readout_label, rgba
 from mechlingo.viz.palette import SEQUENCE, effect_color, site_color
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def patching_heatmaps(
     layers: Sequence[int],
     position_labels: Sequence[Any],
     heads: Sequence[int],
-    metric_name: str,
+    readout_name: str,
     alignment: str,
     value: str = "normalized",
     n_examples: int | None = None,
@@ -90,7 +90,7 @@ def patching_heatmaps(
     n = f"; n = {n_examples} clean prompts" if n_examples is not None else ""
     fig.update_layout(
         title=f"Activation patching ({alignment} alignment{n}): {what} on the "
-        f"{metric_label(metric_name)}",
+        f"{readout_label(readout_name)}",
         coloraxis={"colorscale": "RdBu", "cmid": 0, "colorbar": {"title": {"text": what}}},
         height=460,
     )
@@ -104,7 +104,7 @@ def knockout_figure(
     *,
     windows: Sequence[tuple[int, int]],
     keys: str,
-    metric_name: str,
+    readout_name: str,
     n_examples: int | None = None,
 ) -> go.Figure:
     """Relative change of the answer metric when attention from the last token to the
@@ -133,7 +133,7 @@ def knockout_figure(
     n = f" (n = {n_examples} prompts)" if n_examples is not None else ""
     fig.update_layout(
         title=f"Attention knockout (last token -> {keys}): change of the "
-        f"{metric_label(metric_name)}{n}",
+        f"{readout_label(readout_name)}{n}",
         xaxis={"title": "blocked layer window", "type": "category"},
         yaxis={"title": "relative change", "tickformat": ".0%"},
         height=380,
@@ -259,7 +259,7 @@ def circuit_figure(
     *,
     layers: Sequence[int],
     position_labels: Sequence[Any],
-    metric_name: str,
+    readout_name: str,
     **options: Unpack[CircuitOptions],
 ) -> go.Figure:
     """A circuit diagram drawn from measured patching effects (``options``:
@@ -268,7 +268,7 @@ def circuit_figure(
     the title).
 
     ``cells`` are the sweep's patched places (:class:`Component`: site, layer, position
-    index, head) and ``effects`` their normalised effects on ``metric_name``; ``layers``
+    index, head) and ``effects`` their normalised effects on ``readout_name``; ``layers``
     and ``position_labels`` are the sweep's axes.
 
     With ``heads`` the sweep's single attention heads (site ``head``) compete for the
@@ -312,7 +312,7 @@ def circuit_figure(
     fig.update_yaxes(range=[lo_layer - 0.8, hi_layer + 0.8], title="layer", dtick=1)
     head = title or (
         f"Circuit: top {len(nodes)} components by patching effect on the "
-        f"{metric_label(metric_name)}"
+        f"{readout_label(readout_name)}"
     )
     if n_examples is not None:
         head += f" (n = {n_examples} clean prompts)"

@@ -194,7 +194,7 @@ def ctx(tiny):
 
 
 def _patched(c: dict[str, Any]) -> Any:
-    from mechlingo.analyses.recall.patching import fact_metrics, patch_activations
+    from mechlingo.analyses.recall.patching import fact_readouts, patch_activations
     from mechlingo.data import load_facts
 
     if "patched" not in c:
@@ -202,7 +202,7 @@ def _patched(c: dict[str, Any]) -> Any:
         c["patched"] = patch_activations(
             c["model"], fr[:2], fr[1:3], ["attn_out", "mlp_out", "head"],
             positions=["subject_first", "subject_last", -1],
-            readout=fact_metrics(c["model"], fr[:2]), alignment="subject",
+            readout=fact_readouts(c["model"], fr[:2]), alignment="subject",
         )  # fmt: skip
     return c["patched"]
 
@@ -512,13 +512,13 @@ def test_results_show_themselves_without_tensors(ctx):
 
 
 def test_patching_shows_progress_and_gives_the_same_numbers(ctx, capsys):
-    from mechlingo.analyses.recall.patching import fact_metrics, patch_activations
+    from mechlingo.analyses.recall.patching import fact_readouts, patch_activations
     from mechlingo.data import load_facts
 
     fr = load_facts(langs=["fr"], relations=["capital"], limit=3)
     kw = {
         "positions": [-1],
-        "readout": fact_metrics(ctx["model"], fr[:2]),
+        "readout": fact_readouts(ctx["model"], fr[:2]),
         "cells_per_batch": 2,
         "alignment": "last",
     }

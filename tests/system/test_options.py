@@ -419,11 +419,11 @@ def test_no_settings_lookup_falls_back_to_a_literal_batch_or_length():
 
 def test_the_patching_readout_has_its_own_name(tiny):
     from mechlingo.analyses.recall.patching import attention_knockout, patch_activations
-    from mechlingo.analyses.recall.patching.metrics import fact_metrics
+    from mechlingo.analyses.recall.patching.readouts import fact_readouts
     from mechlingo.data import load_facts
 
     facts = load_facts(langs=["en"], relations=["capital"], limit=2)
-    readout = fact_metrics(tiny, facts)
+    readout = fact_readouts(tiny, facts)
     kw = {"layers": [0], "positions": [-1]}
     new = patch_activations(tiny, facts, facts, "resid_pre", readout=readout, **kw)
     default = patch_activations(tiny, facts, facts, "resid_pre", **kw)  # the same readout

@@ -26,7 +26,7 @@ from mechlingo.analyses.recall.attribution import (
 )
 from mechlingo.analyses.recall.patching import (
     attention_knockout,
-    fact_metrics,
+    fact_readouts,
     patch_activations,
 )
 from mechlingo.analyses.recall.trace_options import TraceOptions
@@ -217,7 +217,7 @@ def measure_patching(
     and ``seconds`` (method ``both``), and ``verified_heads`` (the top ``verify_heads`` AtP
     heads patched exactly)."""
     sites = list(sites) or ["resid_pre"]
-    kw = {"positions": PATCH_POSITIONS, "readout": fact_metrics(model, list(clean)),
+    kw = {"positions": PATCH_POSITIONS, "readout": fact_readouts(model, list(clean)),
           "alignment": "subject"}  # fmt: skip
     sweep = atp = None
     if method in ("exact", "both"):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mechlingo.analyses.recall.patching import patch_activations
-from mechlingo.analyses.recall.patching.metrics import fact_metrics
+from mechlingo.analyses.recall.patching.readouts import fact_readouts
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
 from mechlingo.card.clustered_tests import mean_test, paired_test
@@ -81,7 +81,7 @@ def stage_conversion(model: Model, facts: list[Fact], trace: Mapping[str, Any],
             out["langs"][lang] = {"untestable": "fewer than 2 prompt pairs"}
             continue
         res = patch_activations(model, clean, corrupt, sites, positions=[-1],
-                                readout=fact_metrics(model, clean), alignment="last")  # fmt: skip
+                                readout=fact_readouts(model, clean), alignment="last")  # fmt: skip
         delta = (res.values[0] - res.corrupted[0]).cpu()  # [cell, example]
         in_band = [i for i, cell in enumerate(res.cells) if cell.layer in band]
         outside = [i for i, cell in enumerate(res.cells) if cell.layer not in band]

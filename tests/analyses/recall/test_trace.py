@@ -74,7 +74,7 @@ def test_trace_bad_input(tiny):
 
 
 def test_circuit_and_stages(tiny, tiny_trace):
-    from mechlingo.analyses.recall.patching import fact_metrics, patch_activations
+    from mechlingo.analyses.recall.patching import fact_readouts, patch_activations
 
     fr = [f for f in load_facts(langs=["fr"], relations=["capital"], limit=3)]
     sw = patch_activations(
@@ -83,7 +83,7 @@ def test_circuit_and_stages(tiny, tiny_trace):
         fr[1:3],
         ["attn_out", "mlp_out"],
         positions=["subject_first", "subject_last", -1],
-        readout=fact_metrics(tiny, fr[:2]),
+        readout=fact_readouts(tiny, fr[:2]),
         alignment="subject",
     )
     stages = pipeline_stages(sw, tiny_trace, "fr")
