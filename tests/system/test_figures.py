@@ -311,7 +311,7 @@ def _side_effects(c: dict[str, Any]) -> list[Any]:
     from mechlingo.scoring.side_effects import MEASURES, SideEffects
 
     rows = [
-        {"arm": arm, "lang": lg, "metric": m, "base": 0.5, "value": 0.6, "delta": 0.1,
+        {"arm": arm, "lang": lg, "measure": m, "base": 0.5, "value": 0.6, "delta": 0.1,
          "ci_low": 0.0, "ci_high": 0.2, "value_ci_low": 0.5, "value_ci_high": 0.7, "n": 10}
         for arm in ("intervention", "control") for lg in ("en", "fr") for m in MEASURES
     ]  # fmt: skip
