@@ -80,7 +80,7 @@ class EdgePatcher:
             self.corr.append(run.senders)
         self.n_calls = 0
 
-    def readout(self, removed: Bool[Tensor, "sender receiver group"]) -> Float[Tensor, " row"]:
+    def read(self, removed: Bool[Tensor, "sender receiver group"]) -> Float[Tensor, " row"]:
         """The readout of every row with the edges of ``removed`` carrying corrupted values
         (``removed`` outside the graph's edges is ignored)."""
         removed = removed & self.graph.mask[:, :, None]

@@ -31,15 +31,15 @@ __all__ = ["Pass", "ReadoutFn", "readout_fn", "run_graph", "sender_outputs"]
 ReadoutFn = Callable[[Float[Tensor, "row d_model"], Tensor], Float[Tensor, " row"]]
 
 
-def readout_fn(model: Model, readout: AnswerReadout) -> ReadoutFn:
+def readout_fn(model: Model, answer: AnswerReadout) -> ReadoutFn:
     """A :class:`~mechlingo.analyses.recall.patching.AnswerReadout` (answer log-probability or
     logit difference over the project's answer sets) as a :data:`ReadoutFn`: final norm,
     unembedding and log-softmax, differentiably."""
-    ids, primary, slices = pack_readouts([readout], readout.n_examples)
+    ids, primary, slices = pack_readouts([answer], answer.n_examples)
 
     def readout(final: Tensor, rows: Tensor) -> Tensor:
         r = rows.to(ids.device)
-        return _readout_values(model, final, [readout], (ids[r], primary[r], slices))[0]
+        return _readout_values(model, final, [answer], (ids[r], primary[r], slices))[0]
 
     return readout
 
