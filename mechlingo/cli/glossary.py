@@ -29,9 +29,9 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--plotlyjs": ("plotly.js", "how report.html loads plotly.js: inline or from one shared file"),
     "--batch-size": ("batch size", "prompts (or texts) per forward pass"),
     "--quiet": ("progress bars", "no progress bars"),
-    "--work": ("work folder", "where finished stages are kept until --out is written"),
-    "--fresh": ("start over", "remove the run's finished stages first"),
-    "--resume": ("go on", "only go on from finished stages: refuse when there are none"),
+    "--work": ("work folder", "where checkpoints are kept until --out is written"),
+    "--fresh": ("start over", "remove the run's checkpoints first"),
+    "--resume": ("go on", "only go on from checkpoints: refuse when there are none"),
     "--dry-run": ("dry run", "print the plan and the estimated CPU time, load no model, write nothing"),
     "--plan": ("power plan", "print the power planner's table from the dev split and stop"),
     # data
@@ -143,7 +143,7 @@ FLAGS: dict[str, tuple[str, str]] = {
 CODE_NAMES: dict[str, list[tuple[str, str]]] = {
     "cache": [
         ("key-value cache of decoding", "mechlingo.scoring.evaluate:DecodeOptions:cache"),
-        ("finished stages of a resumable run", "mechlingo.analyses.recall.steer_eval:evaluate_test:stage_store"),
+        ("checkpoints of a resumable run", "mechlingo.analyses.recall.steer_eval:evaluate_test:checkpoint"),
         ("the model cache folder", "mechlingo.core.artifacts:cleanup_stale:model_cache"),
     ],
     "tuned": [

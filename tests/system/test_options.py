@@ -398,8 +398,8 @@ def test_stage_stores_and_the_kv_cache_are_separate_names():
     from mechlingo.core.artifacts import cleanup_stale
     from mechlingo.scoring.evaluate import DecodeOptions, evaluate_conditions
 
-    assert "stage_store" in inspect.signature(evaluate_test).parameters
-    assert "stage_store" in inspect.signature(k_curve).parameters
+    assert "checkpoint" in inspect.signature(evaluate_test).parameters
+    assert "checkpoint" in inspect.signature(k_curve).parameters
     assert "cache" not in inspect.signature(evaluate_test).parameters
     assert DecodeOptions.cache is D.KV_CACHE
     assert "cache" not in inspect.signature(evaluate_conditions).parameters  # in decoding

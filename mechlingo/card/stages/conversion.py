@@ -25,8 +25,8 @@ from mechlingo.card.stages.base import (
     check,
     data_section,
 )
+from mechlingo.core.checkpoints import Checkpoints
 from mechlingo.core.errors import InputError
-from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 
@@ -120,10 +120,10 @@ def rows_conversion(data: Mapping[str, Any]) -> list[dict[str, Any]]:
                      "of the L answer per site (nats); " + "; ".join(per))]  # fmt: skip
 
 
-def _trace(stages: Stages) -> Mapping[str, Any]:
-    if not stages.done("trace"):
+def _trace(checkpoints: Checkpoints) -> Mapping[str, Any]:
+    if not checkpoints.done("trace"):
         raise InputError("the trace stage did not finish: the conversion band comes from it")
-    return stages.load("trace")
+    return checkpoints.load("trace")
 
 
 def _conversion(report: ReportLike, data: Mapping[str, Any]) -> None:
@@ -162,7 +162,7 @@ FULL = ConversionBudget(langs=("fr", "es", "ru", "ja", "hi"), n_prompts=8)
 
 def run(ctx: Context) -> dict[str, Any]:
     """The conversion stage's result (the band comes from the trace stage)."""
-    return stage_conversion(ctx.model, ctx.lu_facts("trace"), _trace(ctx.stages), ctx.settings)
+    return stage_conversion(ctx.model, ctx.lu_facts("trace"), _trace(ctx.checkpoints), ctx.settings)
 
 
 #: The band's effect against random sites, per language.
