@@ -22,7 +22,7 @@ __all__ = [
     "CircuitOptions",
     "Component",
     "circuit_figure",
-    "add_stages",
+    "add_phases",
     "knockout_figure",
     "patching_heatmaps",
 ]
@@ -164,10 +164,10 @@ def _node_xy(cell: Component) -> tuple[float, float]:
     return cell.position + off, float(cell.layer)
 
 
-def _label_heights(stages: Mapping[str, tuple[float, float]], gap: float) -> list[float]:
-    """Heights of the stage labels: each at its band's middle, moved up just enough to sit
+def _label_heights(phases: Mapping[str, tuple[float, float]], gap: float) -> list[float]:
+    """Heights of the phase labels: each at its band's middle, moved up just enough to sit
     ``gap`` layers above the label below it, so that no two labels overlap."""
-    mids = [(a + b) / 2 for a, b in stages.values()]
+    mids = [(a + b) / 2 for a, b in phases.values()]
     order = sorted(range(len(mids)), key=lambda i: mids[i])
     out = list(mids)
     for prev, cur in zip(order, order[1:], strict=False):
@@ -175,10 +175,10 @@ def _label_heights(stages: Mapping[str, tuple[float, float]], gap: float) -> lis
     return out
 
 
-def add_stages(fig: go.Figure, stages: Mapping[str, tuple[float, float]], n_pos: int) -> None:
-    """Shaded layer bands, one per stage, labelled on the right (labels kept apart)."""
-    heights = _label_heights(stages, gap=1.0)
-    for k, (name, (a, b)) in enumerate(stages.items()):
+def add_phases(fig: go.Figure, phases: Mapping[str, tuple[float, float]], n_pos: int) -> None:
+    """Shaded layer bands, one per phase, labelled on the right (labels kept apart)."""
+    heights = _label_heights(phases, gap=1.0)
+    for k, (name, (a, b)) in enumerate(phases.items()):
         fig.add_shape(
             type="rect",
             x0=-0.5,
@@ -245,7 +245,7 @@ class CircuitOptions(TypedDict, total=False):
     defaults and meaning are :func:`circuit_figure`'s)."""
 
     top_k: int
-    stages: Mapping[str, tuple[float, float]] | None
+    phases: Mapping[str, tuple[float, float]] | None
     token_labels: Sequence[str] | None
     title: str | None
     heads: bool
@@ -282,14 +282,14 @@ def circuit_figure(
     measures components, not the paths between them, and a line drawn by a rule would read as
     a measured path (a note under the grid says so; :func:`mechlingo.analyses.circuits.find_circuit`
     measures edges and :func:`mechlingo.viz.circuit.measured_circuit_figure` draws them).
-    Stages are shaded layer bands given
-    by ``stages`` ``{name: (first_layer, last_layer)}`` (see
-    :func:`mechlingo.analyses.recall.trace_patching.pipeline_stages`).
+    Phases are shaded layer bands given
+    by ``phases`` ``{name: (first_layer, last_layer)}`` (see
+    :func:`mechlingo.analyses.recall.trace_patching.pipeline_phases`).
     """
     import plotly.graph_objects as go
 
     top_k, heads = options.get("top_k", 12), options.get("heads", False)
-    stages, token_labels = options.get("stages"), options.get("token_labels")
+    phases, token_labels = options.get("phases"), options.get("token_labels")
     title, n_examples = options.get("title"), options.get("n_examples")
     comps = [Component(*c) for c in cells]
     nodes = _circuit_nodes(comps, effects, heads, top_k)
@@ -299,7 +299,7 @@ def circuit_figure(
     n_pos = len(position_labels)
     lo_layer, hi_layer = min(layers), max(layers)
     fig = go.Figure()
-    add_stages(fig, stages or {}, n_pos)
+    add_phases(fig, phases or {}, n_pos)
     fig.add_annotation(text=EDGES_NOTE, x=0, y=-0.3, xref="paper", yref="paper",
                        xanchor="left", yanchor="top", showarrow=False, font={"size": 11})  # fmt: skip
     _add_nodes(fig, position_labels, nodes, labels, exact)

@@ -339,7 +339,7 @@ BUILDERS: dict[str, Builder] = {
         _patched(c).fig_heatmap(value=v) for v in ("normalized", "effect", "mean")
     ],
     "PatchingResult.fig_circuit": lambda c: [
-        _patched(c).fig_circuit(top_k=4, heads=True, stages={"a": (0, 1), "b": (1, 1)}),
+        _patched(c).fig_circuit(top_k=4, heads=True, phases={"a": (0, 1), "b": (1, 1)}),
         _patched(c).fig_circuit(title="fr"),
     ],
     "KnockoutResult.fig_knockout": _knockout,

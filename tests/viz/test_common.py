@@ -188,7 +188,7 @@ def test_the_patching_circuit_draws_no_edge_it_did_not_measure(patched):
     line between them (no arrow, no line shape, no trace in lines mode), and says why."""
     from mechlingo.viz.patching import EDGES_NOTE
 
-    fig = patched.fig_circuit(top_k=6, heads=True, stages={"a": (0, 1)}).to_plotly_json()
+    fig = patched.fig_circuit(top_k=6, heads=True, phases={"a": (0, 1)}).to_plotly_json()
     layout = fig["layout"]
     assert not [a for a in layout.get("annotations", []) if a.get("showarrow", True)]
     assert not [s for s in layout.get("shapes", []) if s.get("type") == "line"]

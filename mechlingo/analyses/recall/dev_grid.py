@@ -1,4 +1,4 @@
-"""The choices the steering evaluation makes on dev data, and what all its stages share.
+"""The choices the steering evaluation makes on dev data, and what all its steps share.
 
 * :func:`check_disjoint` (:class:`LeakError`): no test fact id is ever used to build a vector,
   to draw a demonstration or to choose a setting; called before every stage.
@@ -511,7 +511,7 @@ def _rank(r: dict[str, Any]) -> tuple:
 
 
 class _DevSearch:
-    """The stages of :func:`choose_on_dev`; every scored setting is appended to ``rows``."""
+    """The steps of :func:`choose_on_dev`; every scored setting is appended to ``rows``."""
 
     def __init__(self, model: Model, kw: dict[str, Any], en_tolerance: float) -> None:
         self.model = model

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 def conversion_band(trace: Mapping[str, Any], lang: str) -> list[int] | None:
     """The layers (blocks) of the tracer's "conversion to L" band: from the median first lens
     entry where the L answer is decodable, minus one, to the last block (as
-    :func:`mechlingo.analyses.recall.trace_patching.pipeline_stages`); ``None`` when no L answer is."""
+    :func:`mechlingo.analyses.recall.trace_patching.pipeline_phases`); ``None`` when no L answer is."""
     firsts = [r["first_answer_layer"] for r in trace["records"]
               if r["lang"] == lang and r["first_answer_layer"] >= 0]  # fmt: skip
     if not firsts:

@@ -319,7 +319,7 @@ class PatchingResult(PatchingBaselines):
     def fig_circuit(self, readout: str | int = 0, **options: Unpack[CircuitOptions]) -> go.Figure:
         """The circuit diagram: the ``top_k`` cells by absolute normalised effect on a
         token-position x layer grid, joined along the residual stream and by attention,
-        over the ``stages`` layer bands (``options``: ``top_k``, ``stages``,
+        over the ``phases`` layer bands (``options``: ``top_k``, ``phases``,
         ``token_labels``, ``title``, ``heads``, ``verified``, as
         :func:`mechlingo.viz.patching.circuit_figure` takes them)."""
         m = self.readout_index(readout)
