@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from mechlingo.analyses.decoders.registry import decoder_names
 
-__all__ = ["CODE_NAMES", "FLAGS", "about"]
+__all__ = ["CODE_NAMES", "CONCEPT_WORDS", "FLAGS", "about"]
 
 #: flag -> (concept, meaning). A concept is named by one flag only.
 FLAGS: dict[str, tuple[str, str]] = {
@@ -154,7 +154,30 @@ CODE_NAMES: dict[str, list[tuple[str, str]]] = {
     "metric": [
         ("the scoring rule of facts (generate, klar, rank)", "mechlingo.scoring.evaluate:evaluate_conditions:metric"),
         ("what a patched run is read out as", "mechlingo.analyses.recall.patching.grid:resolve_grid:readout"),
+        ("a column of the side-effects matrix (accuracy, perplexity, output language)", "mechlingo.viz.side_effects:side_effects_heatmap:measures"),
     ],
+    "stage": [
+        ("one analysis of the claims card (its module, claims and cost)", "mechlingo.card.stages.base:Stage"),
+        ("a finished step of a resumable run, kept on disk", "mechlingo.core.checkpoints:Checkpoints"),
+        ("a layer band of the recall pipeline (enrichment, recall, conversion)", "mechlingo.analyses.recall.trace_patching:pipeline_phases"),
+    ],
+    "family": [
+        ("a model family: the architectures one record of hooks and layout serves", "mechlingo.core.families:FAMILIES"),
+        ("a claim family: the claims adjusted together for multiple testing", "mechlingo.card.claims:row_family"),
+    ],
+}  # fmt: skip
+
+#: One word per concept in the names of classes, modules, functions and constants:
+#: concept -> (its word, the words it must not be called, the modules or packages that hold
+#: it). ``tests/cli/test_glossary_names.py`` checks that the word names something in each of
+#: those modules and that nothing there is named with a forbidden word.
+CONCEPT_WORDS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "scoring metric": ("metric", ("readout", "measure"), ("mechlingo.scoring.scorers", "mechlingo.card.metric_rule")),
+    "patching readout": ("readout", ("metric", "measure"), ("mechlingo.analyses.recall.patching", "mechlingo.analyses.recall.gradients", "mechlingo.analyses.circuits.runs")),
+    "side-effect measure": ("measure", ("metric", "readout"), ("mechlingo.scoring.side_effects",)),
+    "resumable checkpoint": ("checkpoint", ("stage", "cache"), ("mechlingo.core.checkpoints", "mechlingo.cli.work")),
+    "card stage": ("stage", ("checkpoint", "phase"), ("mechlingo.card.stages.base",)),
+    "recall-pipeline phase": ("phase", ("stage",), ("mechlingo.analyses.recall.trace_patching", "mechlingo.viz.patching")),
 }  # fmt: skip
 
 

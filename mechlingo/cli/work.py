@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 #: bumped when a stage's stored result changes meaning (old checkpoints are then not reused)
-STAGE_VERSION = 1
+CHECKPOINT_VERSION = 1
 
 #: flags that change no number (where the output goes, the progress bars, the checkpoints)
 _NOT_NUMBERS = frozenset({"out", "quiet", "work", "resume", "fresh", "command", "steer_command"})
@@ -141,7 +141,7 @@ def open_checkpoints(
         "model": {**model_info(model), "weights_fingerprint": weights_fingerprint(model)},
         "data": dict(data),
         "settings": settings_key(args, skip),
-        "stage_version": STAGE_VERSION,
+        "stage_version": CHECKPOINT_VERSION,
     }
     info = dist_info()
     agree = None
