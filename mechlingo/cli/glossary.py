@@ -164,6 +164,7 @@ CODE_NAMES: dict[str, list[tuple[str, str]]] = {
     "family": [
         ("a model family: the architectures one record of hooks and layout serves", "mechlingo.core.families:FAMILIES"),
         ("a claim family: the claims adjusted together for multiple testing", "mechlingo.card.claims:row_family"),
+        ("a template family: the wording of the bundled prompts (natural or measured)", "mechlingo.data.io:TEMPLATE_FAMILIES"),
     ],
 }  # fmt: skip
 

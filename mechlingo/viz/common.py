@@ -67,7 +67,7 @@ def track_label(track: str) -> str:
     return "English answer" if track == "en" else f"answer in {track}"
 
 
-#: How the patching metrics read in figure text.
+#: How the patching readouts read in figure text.
 _READOUT_NAMES = {
     "answer_logprob": "log-probability of the prompt-language answer",
     "en_logprob": "log-probability of the English answer",
@@ -75,7 +75,7 @@ _READOUT_NAMES = {
 
 
 def readout_label(name: str) -> str:
-    """A patching metric in words (``"answer_logprob"`` -> "log-probability of the
+    """A patching readout in words (``"answer_logprob"`` -> "log-probability of the
     prompt-language answer"); an unlisted name is returned with its underscores as spaces."""
     return _READOUT_NAMES.get(name, name.replace("_", " "))
 

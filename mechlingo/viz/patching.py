@@ -50,7 +50,7 @@ def patching_heatmaps(
     n_examples: int | None = None,
 ) -> go.Figure:
     """One layer-by-position heatmap per site (``grids[site]``, in order; ``value`` names
-    what the grids hold: normalised effect, effect or mean of the patched metric, for the
+    what the grids hold: normalised effect, effect or mean of the patched readout, for the
     title and the colour bar); a ``head`` grid (``[layer, position, head]``) is shown
     layer-by-head, averaged over positions. ``n_examples`` (the clean prompts averaged)
     goes into the title."""
@@ -107,7 +107,7 @@ def knockout_figure(
     readout_name: str,
     n_examples: int | None = None,
 ) -> go.Figure:
-    """Relative change of the answer metric when attention from the last token to the
+    """Relative change of the answer readout when attention from the last token to the
     ``keys`` positions is blocked in each layer window (``(first, last)``), with its 95%
     interval ``[lo, hi]`` as error bars; ``n_examples`` (the prompts) goes into the title."""
     import plotly.graph_objects as go

@@ -79,7 +79,7 @@ def _chunk_scores(
     B = clean.batch_size
     with torch.no_grad():
         corr = run_graph(model, graph, corrupted)
-        corr_metric = readout(corr.final, rows).float()
+        corr_readout = readout(corr.final, rows).float()
     assert corr.senders is not None
     first = []
     if steps > 1:
@@ -107,7 +107,7 @@ def _chunk_scores(
     per_pos = torch.einsum("sbtd,rbtd->bsrt", delta, g.to(delta.device))
     scores = torch.einsum("bsrt,btk->bsrk", per_pos, roles.to(per_pos))
     scores = scores * graph.mask[None, :, :, None].to(scores)
-    return scores, values[:B].detach().float(), corr_metric
+    return scores, values[:B].detach().float(), corr_readout
 
 
 def chunks(n_rows: int, batch_size: int) -> list[list[int]]:
