@@ -4,7 +4,7 @@
 checkpoints (:class:`mechlingo.core.checkpoints.Checkpoints`) kept in a work folder beside ``--out``
 (``.OUT.work/`` or ``--work DIR``), keyed by the mechlingo version, the model's weights
 fingerprint, the data and every setting that changes a number: a rerun of the same command
-goes on from the finished checkpoints. Entry points: :func:`add_work_args`, :func:`open_checkpoints`,
+goes on from the checkpoints. Entry points: :func:`add_work_args`, :func:`open_checkpoints`,
 :func:`finish_checkpoints`, :func:`data_key`, :func:`settings_key`, :func:`all_ranks_have`. The
 analyses keep their own checkpoints in the ``Checkpoints`` made here
 (:func:`mechlingo.analyses.experts.run.run_experts`,
@@ -207,7 +207,7 @@ def finish_checkpoints(checkpoints: Checkpoints, folder: str | Path | None = Non
 
 
 def checkpoint_names(checkpoints: Checkpoints) -> list[str]:
-    """The finished checkpoints of ``checkpoints``' key, sorted."""
+    """The checkpoints of ``checkpoints``' key, sorted."""
     if not checkpoints.folder.is_dir():
         return []
     return sorted(

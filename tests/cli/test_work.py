@@ -1,7 +1,7 @@
-"""The one rule of interrupted runs (mechlingo.cli.work): finished checkpoints in ``.OUT.work``,
+"""The one rule of interrupted runs (mechlingo.cli.work): checkpoints in ``.OUT.work``,
 the same command run again goes on from them, ``--fresh`` starts over. A run stopped in a
 later stage and run again writes the same outputs as an uninterrupted run without recomputing
-the finished checkpoints; changed settings do not reuse stale checkpoints. The kill tests SIGKILL each
+the checkpoints; changed settings do not reuse stale checkpoints. The kill tests SIGKILL each
 long command (steer eval with and without --transfer, experts, align, tuned-lens, replicate)
 at a random stage, run it again, and count what was recomputed."""
 
@@ -257,7 +257,7 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
         assert (tmp_path / "b" / name).read_bytes() == (tmp_path / "full" / name).read_bytes()
     monkeypatch.undo()
 
-    # --fresh starts over, even with finished checkpoints of the same settings
+    # --fresh starts over, even with checkpoints of the same settings
     stopped_in_k5("c")
     _count(monkeypatch, experts_run, "collect_neuron_stats", calls)
     _count_arms(monkeypatch, calls)
