@@ -301,7 +301,7 @@ def _experts_checkpoints(
 ) -> Checkpoints:
     """The resumable checkpoints of ``experts`` (:mod:`mechlingo.cli.work`): keyed by the model,
     the sentences, the held-out lines and every flag that changes a number (the targets and
-    the k are in the stage names; the k rule's flags change no stored number)."""
+    the k are in the checkpoint names; the k rule's flags change no stored number)."""
     skip = ("target", "k", "no_curve", "ppl_budget", "ppl_others", "max_memory",
             "max_memory_bytes", "shard_dir")  # fmt: skip
     return work.open_checkpoints(

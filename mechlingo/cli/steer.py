@@ -267,7 +267,7 @@ def _eval(args: argparse.Namespace) -> int:
     checkpoints = _eval_checkpoints(args, model, facts)
     t0 = time.time()
     result = steer_eval.run_steer_eval(model, facts, vectors, opts, checkpoints=checkpoints)
-    if args.transfer:  # a stage of its own (named by --transfer, which the key skips)
+    if args.transfer:  # a checkpoint of its own (named by --transfer, which the key skips)
         result.transfer = checkpoints.run(
             f"transfer-{args.transfer}",
             lambda: _transfer(args.transfer, model, facts, opts, vectors.build).summary(),
@@ -411,7 +411,7 @@ def _transfer(
 
 
 def _transfer_only(args: argparse.Namespace, facts: list, opts: SteerEvalOptions) -> int:
-    """``steer eval --transfer-only``: the transfer matrices alone (one stage)."""
+    """``steer eval --transfer-only``: the transfer matrices alone (one checkpoint)."""
     work_folder(args)
     model = common.load_cli_model(args, facts=facts)
     data = data_key(facts=[dataclasses.asdict(f) for f in facts])

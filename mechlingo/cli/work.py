@@ -117,7 +117,7 @@ def hash_files(folder: str | Path | None) -> str | None:
 
 def settings_key(args: argparse.Namespace, skip: Iterable[str] = ()) -> dict[str, Any]:
     """Every plain flag value of ``args`` but those that change no number (and ``skip``:
-    flags whose effect is in the stage names, such as the list of k)."""
+    flags whose effect is in the checkpoint names, such as the list of k)."""
     drop = _NOT_NUMBERS | set(skip)
     plain = (str, int, float, bool, type(None), list, tuple)
     return {
@@ -185,7 +185,7 @@ def require_finished(args: argparse.Namespace, folder: Path) -> None:
 
 
 def all_ranks_have(done: bool) -> bool:
-    """Under torchrun: true only when every rank has the stage (one all-reduce)."""
+    """Under torchrun: true only when every rank has the checkpoint (one all-reduce)."""
     total = all_reduce_state({"done": torch.tensor([1.0 if done else 0.0])})["done"]
     return int(total.item()) == dist_info().world_size
 

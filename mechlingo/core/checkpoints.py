@@ -11,7 +11,7 @@ every checkpoint whole and the next run with the same key resumes after it::
 
 ``run(name, fn, folder=True)`` is for checkpoints that also leave files: ``fn(tmp)`` fills a
 temporary folder, put at ``checkpoints.path(name)`` in one rename together with the result. What
-a failed, non-finite or unreadable stage does: ``docs/gotchas.md`` ("Going on after a stop")."""
+a failed, non-finite or unreadable checkpoint does: ``docs/gotchas.md`` ("Going on after a stop")."""
 
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ __all__ = ["CHECKPOINT_LOG_ENV", "Checkpoints", "key_hash", "release_free_locks"
 
 _RESULT = "result.json"
 _KEY = "key.json"
-#: For tests: a file to which every stage appends ``computed NAME`` or ``reused NAME``.
+#: For tests: a file to which every checkpoint appends ``computed NAME`` or ``reused NAME``.
 CHECKPOINT_LOG_ENV = "MECHLINGO_CHECKPOINT_LOG"
-#: For kill tests: SIGKILL the process when its N-th computed stage (1-based) is about to be
+#: For kill tests: SIGKILL the process when its N-th computed checkpoint (1-based) is about to be
 #: stored (its result computed, not yet renamed into place).
 KILL_CHECKPOINT_ENV = "MECHLINGO_TEST_KILL_CHECKPOINT"
 _FIX = "delete the work folder (or rerun with --fresh) to recompute it"
@@ -71,7 +71,7 @@ class Checkpoints:
             whose ``key.json`` says otherwise (another version, a copied or edited folder)
             is removed and its checkpoints recomputed, never reused.
         agree: under torchrun, a function that turns this rank's "stage finished" into the
-            answer of every rank (true only when all ranks have it): a stage is read back
+            answer of every rank (true only when all ranks have it): a checkpoint is read back
             only when every rank can read it back, and otherwise recomputed by all of them,
             so that the ranks run the same collective steps.
 
@@ -80,7 +80,7 @@ class Checkpoints:
     kernel drops when the process dies, so a killed run never leaves it stuck), held while
     this object lives or until :meth:`unlock`. A second process of the same key is refused
     with an :class:`~mechlingo.core.errors.OutputError` naming the holder, instead of deleting
-    the other's unfinished stage.
+    the other's unfinished checkpoint.
     """
 
     def __init__(
@@ -113,7 +113,7 @@ class Checkpoints:
             _acquire(path)
         except OSError as err:
             if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-                return  # a folder this run cannot write: it cannot remove a stage either
+                return  # a folder this run cannot write: it cannot remove a checkpoint either
             raise OutputError(
                 f"cannot lock the work folder {self.root}: {err.strerror or err}",
                 fix="choose a writable work folder (--work)",
@@ -128,9 +128,9 @@ class Checkpoints:
             self._lock_file = None
 
     def path(self, name: str) -> Path:
-        """The folder of stage ``name`` (its result and any files it left)."""
+        """The folder of checkpoint ``name`` (its result and any files it left)."""
         if not name or "/" in name or name.startswith("."):
-            raise ValueError(f"a stage name is a plain file name, got {name!r}")
+            raise ValueError(f"a checkpoint name is a plain file name, got {name!r}")
         return self.folder / name
 
     def done(self, name: str) -> bool:
@@ -168,7 +168,7 @@ class Checkpoints:
             shutil.rmtree(self.folder, ignore_errors=True)
 
     def run(self, name: str, fn: Callable[..., Any], *, folder: bool = False) -> Any:
-        """The result of stage ``name``: read back when stored, else ``fn()`` (or ``fn(tmp)``
+        """The result of checkpoint ``name``: read back when stored, else ``fn()`` (or ``fn(tmp)``
         with ``folder``), stored atomically and returned. An exception of ``fn`` propagates
         and stores nothing. The returned value is always the stored JSON (so a fresh result
         and a read-back one are equal)."""
@@ -222,13 +222,13 @@ class Checkpoints:
         cleanup_stale(self.folder)  # temporary folders of checkpoints whose process died
 
     def clear(self) -> None:
-        """Forget every stored stage of this key."""
+        """Forget every stored checkpoint of this key."""
         self.lock()
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def discard(self, name: str) -> None:
-        """Forget the stored stage ``name`` (its result and files): the next run computes
-        it again. Callers use it when what a stage left turns out unusable."""
+        """Forget the stored checkpoint ``name`` (its result and files): the next run computes
+        it again. Callers use it when what a checkpoint left turns out unusable."""
         shutil.rmtree(self.path(name), ignore_errors=True)
 
 
@@ -237,10 +237,10 @@ _ARTIFACT_DESCRIPTIONS = ("intervention.json", "tuned_lens.json")
 
 
 def _check_checkpoint_files(tmp: Path, name: str) -> None:
-    """The tensors of a saved artifact a stage left (an intervention, a tuned lens: the
-    folders whose loaders refuse NaN) must be finite: a stage whose weights came out NaN (a
+    """The tensors of a saved artifact a checkpoint left (an intervention, a tuned lens: the
+    folders whose loaders refuse NaN) must be finite: a checkpoint whose weights came out NaN (a
     diverged training) raises here and stores nothing, so no later run reuses it. Other
-    stage tensors may hold NaN on purpose (an undefined statistic)."""
+    checkpoint tensors may hold NaN on purpose (an undefined statistic)."""
     for path in sorted(tmp.rglob("*.safetensors")):
         if not any((path.parent / d).is_file() for d in _ARTIFACT_DESCRIPTIONS):
             continue

@@ -1,9 +1,9 @@
 """The one rule of interrupted runs (mechlingo.cli.work): checkpoints in ``.OUT.work``,
 the same command run again goes on from them, ``--fresh`` starts over. A run stopped in a
-later stage and run again writes the same outputs as an uninterrupted run without recomputing
+later checkpoint and run again writes the same outputs as an uninterrupted run without recomputing
 the checkpoints; changed settings do not reuse stale checkpoints. The kill tests SIGKILL each
 long command (steer eval with and without --transfer, experts, align, tuned-lens, replicate)
-at a random stage, run it again, and count what was recomputed."""
+at a random checkpoint, run it again, and count what was recomputed."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_settings_key_drops_only_what_changes_no_number():
 
 def test_ranks_reuse_a_stage_only_when_every_rank_has_it(tmp_path):
     """Under torchrun each rank keeps its own checkpoints; ``agree`` (an all-reduce there) says
-    whether every rank has a stage: when one rank lacks it, all ranks recompute it."""
+    whether every rank has a checkpoint: when one rank lacks it, all ranks recompute it."""
     from mechlingo.core.checkpoints import Checkpoints
 
     calls: list[str] = []
@@ -130,7 +130,7 @@ def test_resume_refuses_when_there_is_nothing_to_go_on_from(tmp_path, tiny):
 
 
 # --------------------------------------------------------------------------------------
-# steer eval on the tiny model: stopped in the side effects (the last stage), resumed
+# steer eval on the tiny model: stopped in the side effects (the last checkpoint), resumed
 # --------------------------------------------------------------------------------------
 
 
@@ -179,7 +179,7 @@ def test_steer_eval_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch,
         tmp_path / "full" / "generations.jsonl"
     ).read_text()
 
-    # changed settings: a resume with another --max-new-tokens reuses no stage
+    # changed settings: a resume with another --max-new-tokens reuses no checkpoint
     calls.clear()
     _count(monkeypatch, protocol, "side_effects", {}, stop_when=lambda *a, **kw: True)
     assert run("c") == 130
@@ -198,7 +198,7 @@ def test_steer_eval_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch,
 
 def _count_arms(monkeypatch, calls: dict, stop_at_k: int | None = None) -> None:
     """Record in ``calls["arms"]`` the name of every k-curve arm computed (not read back
-    from a stage), and raise KeyboardInterrupt when an arm of ``stop_at_k`` is about to be."""
+    from a checkpoint), and raise KeyboardInterrupt when an arm of ``stop_at_k`` is about to be."""
     real = experts_mod._run_arms
 
     def wrapper(model, lang, todo, *a, **kw):
@@ -267,7 +267,7 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
     assert _summary(tmp_path / "c") == full
     monkeypatch.undo()
 
-    # changed settings (another --seed): no stale stage is reused
+    # changed settings (another --seed): no stale checkpoint is reused
     stopped_in_k5("d")
     _count(monkeypatch, experts_run, "collect_neuron_stats", calls)
     _count_arms(monkeypatch, calls)
@@ -289,13 +289,13 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
 
 
 # --------------------------------------------------------------------------------------
-# Kill tests: SIGKILL at a random stage of each long command, then the same command again
+# Kill tests: SIGKILL at a random checkpoint of each long command, then the same command again
 # --------------------------------------------------------------------------------------
 
 
 def _strip_times(x, also: tuple[str, ...] = ()):
     """``x`` without the fields that measure time (``seconds``, ``cpu_seconds``) or say
-    whether a stage was read back (``cached``), and without the fields ``also``."""
+    whether a checkpoint was read back (``cached``), and without the fields ``also``."""
     drop = ("seconds", "cpu_seconds", "cached", "work", *also)
     if isinstance(x, dict):
         return {k: _strip_times(v, also) for k, v in x.items() if k not in drop}
@@ -326,7 +326,7 @@ def _log(path: Path) -> list[tuple[str, str]]:
 
 def _kill_and_rerun(argv: list[str], tmp_path: Path, monkeypatch, seed: str) -> dict:
     """An uninterrupted run (in process), a run SIGKILLed (a forked child) when it is about
-    to store its N-th computed stage (N drawn at random), and the same command run again:
+    to store its N-th computed checkpoint (N drawn at random), and the same command run again:
     equal outputs, and the rerun computes exactly the checkpoints the killed run had not
     stored."""
     import random
@@ -430,7 +430,7 @@ def test_kill_replicate(tiny_dir, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_kill_experts_under_torchrun(tiny_dir, tmp_path, monkeypatch):
     """``torchrun --nproc_per_node 2`` (forked, :func:`tests.forks.torchrun`): SIGKILL at a
-    random stage, the same torchrun command again: each rank reuses what every rank had
+    random checkpoint, the same torchrun command again: each rank reuses what every rank had
     stored, recomputes the rest, and rank 0 writes what a one-process run writes."""
     import random
 
@@ -487,7 +487,7 @@ def _hold_stages(ns: argparse.Namespace, model, ready: int) -> None:
 def test_a_work_folder_in_use_is_refused_and_a_killed_holder_frees_it(tmp_path, tiny):
     """A second run of the same command while the first is alive is refused with one line
     naming the first (its checkpoint untouched, also under --fresh); once the first is
-    SIGKILLed, the lock is gone with it and the next run goes on from its stage."""
+    SIGKILLed, the lock is gone with it and the next run goes on from its checkpoint."""
     import mechlingo.cli.work as work
     from mechlingo.core.errors import OutputError
 
@@ -513,7 +513,7 @@ def test_a_work_folder_in_use_is_refused_and_a_killed_holder_frees_it(tmp_path, 
         os.waitpid(pid, 0)
         os.close(read)
     st = work.open_checkpoints(ns, tiny, {"d": "x"})
-    assert st.run("a", lambda: {"v": 2}) == {"v": 1}  # went on from the killed run's stage
+    assert st.run("a", lambda: {"v": 2}) == {"v": 1}  # went on from the killed run's checkpoint
     work.finish_checkpoints(st)
     assert not (tmp_path / ".o.work").exists()  # no lock file left behind
 

@@ -9,7 +9,7 @@ every reader it applies to (see ``docs/security.md``, "What a command line may n
 6. Numbers of saved artifacts and flags: type, range and finiteness checked at load/parse.
 7. A partial model description in an artifact is refused.
 8. A repeated item in a list-valued flag is refused.
-9. A failed stage leaves nothing reused; every fix that names a command leads on.
+9. A failed checkpoint leaves nothing reused; every fix that names a command leads on.
 
 Every CLI refusal here happens before the model loads: the loader is replaced by one that
 fails the test.
@@ -395,7 +395,7 @@ def _readers(tmp: Path) -> dict[str, tuple[Path, Callable[[Path], Any]]]:
 
 
 def _stage_reader(path: Path) -> Any:
-    """A stage whose result.json is the special file (made by the test at ``path``)."""
+    """A checkpoint whose result.json is the special file (made by the test at ``path``)."""
     return Checkpoints(path.parent / "checkpoints", {"k": 1}).load("a")
 
 
@@ -802,7 +802,7 @@ def test_repeated_items_are_refused(command, dest, d, tmp_path, capsys, no_model
 
 
 # --------------------------------------------------------------------------------------
-# 9. a failed stage leaves nothing reused; each fix that names a command leads on
+# 9. a failed checkpoint leaves nothing reused; each fix that names a command leads on
 # --------------------------------------------------------------------------------------
 
 
@@ -837,7 +837,7 @@ def test_stage_with_nan_weights_or_result_is_not_kept(tmp_path, tiny):
         checkpoints.run("train", diverged, folder=True)
     assert not checkpoints.path("train").exists()
 
-    # other stage tensors may hold NaN on purpose (an undefined statistic)
+    # other checkpoint tensors may hold NaN on purpose (an undefined statistic)
     def stats(tmp: Path) -> dict:
         save_file({"auroc": torch.tensor([float("nan")])}, str(tmp / "stats.safetensors"))
         return {}
@@ -970,7 +970,7 @@ def test_every_fix_that_names_a_command_leads_on(tiny_dir, saved, tmp_path, caps
 
 
 def test_fresh_fix_leads_on(tmp_path):
-    """'rerun with --fresh': a stage whose tensors cannot be read is recomputed."""
+    """'rerun with --fresh': a checkpoint whose tensors cannot be read is recomputed."""
     from mechlingo.core.untrusted import load_tensors
 
     key = {"k": 1}

@@ -321,7 +321,7 @@ def test_lens_description_linked_from_elsewhere(lens, tmp_path):
 
 
 # --------------------------------------------------------------------------------------
-# A stage cache entry
+# A checkpoint cache entry
 # --------------------------------------------------------------------------------------
 
 
@@ -340,7 +340,7 @@ def test_stage_result_linked_out_of_the_folder(tmp_path):
     (s.path("a") / "result.json").symlink_to(secret)
     with pytest.raises(ArtifactError, match="points outside"):
         Checkpoints(tmp_path / "work", {"model": "m", "settings": {"k": 1}}).load("a")
-    # run(): the unreadable stage is never reused; it is removed and computed again
+    # run(): the unreadable checkpoint is never reused; it is removed and computed again
     again = Checkpoints(tmp_path / "work", {"model": "m", "settings": {"k": 1}})
     assert again.run("a", lambda: {"v": 2}) == {"v": 2}
     assert secret.read_text() == '{"v": 666}'  # the link's target is left as it was

@@ -10,7 +10,7 @@ only parses its flags into the decoders (a loaded tuned lens, a
 :class:`~mechlingo.analyses.decoders.patchscope.Patchscope`) and adds the report.
 
 ``mechlingo tuned-lens`` likewise: :func:`run_tuned_lens` trains the lens and measures its
-held-out KL (each a resumable stage) and returns a :class:`TunedLensRun`, whose
+held-out KL (each a resumable checkpoint) and returns a :class:`TunedLensRun`, whose
 :meth:`~TunedLensRun.summary`, :meth:`~TunedLensRun.headline` and :meth:`~TunedLensRun.write`
 say what the training gave and put the lens folder together.
 """
@@ -281,7 +281,7 @@ def run_tuned_lens(
 def _staged_training(
     checkpoints: Checkpoints, model: Model, train: Sequence[str], options: TrainingOptions
 ) -> TunedLensTraining:
-    """The training as stage ``train`` (the lens saved in the checkpoint folder, the loss curve
+    """The training as checkpoint ``train`` (the lens saved in the checkpoint folder, the loss curve
     in its result), read back through :func:`load_tuned_lens` and its checks."""
 
     def fn(tmp: Path) -> dict[str, Any]:

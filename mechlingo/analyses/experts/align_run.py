@@ -2,7 +2,7 @@
 control), with what ``summary.json`` and ``retrieval.csv`` hold.
 
 :func:`run_alignment` embeds the parallel sentences without and with the clamp (and the
-random-neuron control of the same k when there is one), per layer, as one resumable stage
+random-neuron control of the same k when there is one), per layer, as one resumable checkpoint
 (``compare``), and, when asked, measures the clamp's side effects; it returns an
 :class:`AlignRun`, whose :meth:`~AlignRun.summary` is the headline record (retrieval and
 distances per arm at one layer, with bootstrap intervals over sentences and paired gains)
@@ -153,7 +153,7 @@ def run_alignment(
     """Alignment of ``texts`` (``{lang: parallel sentences}``) before and after ``clamp``
     (and ``control``) at every layer, as ``mechlingo align`` measures it.
 
-    The comparison (:func:`~mechlingo.analyses.experts.align.compare_alignment`) is the stage
+    The comparison (:func:`~mechlingo.analyses.experts.align.compare_alignment`) is the checkpoint
     ``compare`` of ``checkpoints`` when given (its embeddings and retrieval kept in a safetensors
     file). With ``side_effect_lines`` and a clamp, the clamp's side effects are measured too
     (:func:`align_side_effects`). ``layer`` is the layer of the summary (``None``: the last).
@@ -207,7 +207,7 @@ def align_side_effects(
 def _staged_comparison(
     checkpoints: Checkpoints | None, compare: Callable[[], AlignmentComparison]
 ) -> AlignmentComparison:
-    """``compare()``, kept as stage ``compare`` of ``checkpoints`` (its embeddings and retrieval
+    """``compare()``, kept as checkpoint ``compare`` of ``checkpoints`` (its embeddings and retrieval
     matrices in a safetensors file) and read back from there; without checkpoints as it is."""
     if checkpoints is None:
         return compare()

@@ -225,7 +225,7 @@ class KCurve:
 
 @dataclass(frozen=True)
 class _Arm:
-    """One run of the k curve: its ``k``, ``arm``, intervention, stage-cache ``name`` and,
+    """One run of the k curve: its ``k``, ``arm``, intervention, checkpoint ``name`` and,
     for a random arm, the seed of its neuron set."""
 
     k: int
@@ -487,7 +487,7 @@ def k_curve(
 
     ``checkpoint(name, fn)``, when given, runs each arm (``name``: ``"none"``, ``"k50-experts"``,
     ``"k50-random"``, ``"k50-random_s3"``...) and returns ``fn()`` (a JSON-able dict) or a
-    stored equal result (a resumable stage, :class:`mechlingo.core.checkpoints.Checkpoints`; ``experts
+    stored equal result (a resumable checkpoint, :class:`mechlingo.core.checkpoints.Checkpoints`; ``experts
     --resume``); the first arm not stored computes every later one with it. Every arm draws
     its samples with ``seed`` alone, so an arm's row does not depend on the other ``ks``.
     The settings named here are ``options``' (:class:`KCurveOptions`, its defaults when

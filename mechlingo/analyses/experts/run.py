@@ -3,7 +3,7 @@ curve of every target and the k its rule chose.
 
 :func:`run_experts` is the command's analysis (the card's expert checkpoints call the same pieces:
 :func:`~mechlingo.analyses.experts.selection.find_experts`,
-:func:`~mechlingo.analyses.experts.kcurve.k_curve`), each step a resumable stage of a
+:func:`~mechlingo.analyses.experts.kcurve.k_curve`), each step a resumable checkpoint of a
 :class:`~mechlingo.core.checkpoints.Checkpoints` (the CLI's ``--work``). It returns an
 :class:`ExpertsRun`: :meth:`~ExpertsRun.choices` applies the k rule,
 :meth:`~ExpertsRun.summary` is the headline record, :meth:`~ExpertsRun.write` puts
@@ -229,12 +229,12 @@ def run_experts(
     Every neuron is pooled over ``texts`` (``{lang: sentences}``) and scored one language
     against the rest; for each target and k the clamp ``{target}-k{k}`` and its random-neuron
     control ``{target}-k{k}-random`` are saved; with ``heldout`` (the lines after those, never
-    fitted on) the k curve of every target is measured. Each step is a stage of ``checkpoints``
+    fitted on) the k curve of every target is measured. Each step is a checkpoint of ``checkpoints``
     (``stats``, ``scores``, ``clamp-NAME``, ``kcurve-TARGET-ARM``), so a stopped run goes on
     from the finished ones; without ``checkpoints`` they are kept in a temporary folder that
     lives as long as the returned run. The pooled activations stream to ``shard_dir`` when
     ``shard_always`` or when they would take more than half of ``max_memory`` bytes
-    (:func:`pooled_store`; out of core the statistics are not a stage).
+    (:func:`pooled_store`; out of core the statistics are not a checkpoint).
 
     Raises:
         ExpertError: fewer than two languages, an unknown target, a k larger than the
@@ -291,8 +291,8 @@ def _staged_experts(
     store: Path | None,
     mem: int | None,
 ) -> ExpertResult:
-    """The pooled statistics (stage ``stats``; out of core they are recomputed: they live in
-    the shard folder) and the scores (stage ``scores``) of every neuron."""
+    """The pooled statistics (checkpoint ``stats``; out of core they are recomputed: they live in
+    the shard folder) and the scores (checkpoint ``scores``) of every neuron."""
 
     def collect() -> NeuronStats:
         return collect_neuron_stats(
@@ -315,7 +315,7 @@ def _saved_clamps(
     checkpoints: Checkpoints,
 ) -> dict[str, Path]:
     """The saved clamps ``{target}-k{k}`` and their random controls ``{target}-k{k}-random``
-    of every target and k (each a stage ``clamp-NAME``): ``{name: folder}``."""
+    of every target and k (each a checkpoint ``clamp-NAME``): ``{name: folder}``."""
     arms: tuple[tuple[str, Callable[..., Any], dict[str, Any]], ...] = (
         ("", res.clamp, {}),
         ("-random", res.random_clamp, {"seed": opt.seed}),
@@ -342,7 +342,7 @@ def _k_curve(
     checkpoints: Checkpoints,
 ) -> KCurve:
     """The k curve of one target (BOS language rate and held-out perplexity per k; each arm
-    of each k a stage ``kcurve-TARGET-ARM``). Each arm runs alone (``stack=False``) so that a
+    of each k a checkpoint ``kcurve-TARGET-ARM``). Each arm runs alone (``stack=False``) so that a
     resumed run writes the same bytes as an uninterrupted one: a stacked pass over the arms
     left to compute rounds in the last digits differently."""
     return k_curve(
@@ -372,7 +372,7 @@ def _k_curve(
 def staged_stats(
     checkpoints: Checkpoints, name: str, collect: Callable[[], NeuronStats]
 ) -> NeuronStats:
-    """In-memory neuron statistics as stage ``name`` (the tensors in a safetensors file)."""
+    """In-memory neuron statistics as checkpoint ``name`` (the tensors in a safetensors file)."""
 
     def fn(tmp: Path) -> dict[str, Any]:
         st = collect()
@@ -391,7 +391,7 @@ def staged_stats(
 def staged_scores(
     checkpoints: Checkpoints, name: str, score: Callable[[], NeuronScores]
 ) -> NeuronScores:
-    """Neuron scores as stage ``name`` (the tensors in a safetensors file)."""
+    """Neuron scores as checkpoint ``name`` (the tensors in a safetensors file)."""
 
     def fn(tmp: Path) -> dict[str, Any]:
         sc = score()
@@ -406,9 +406,9 @@ def staged_scores(
 
 
 def _stage_tensors(checkpoints: Checkpoints, name: str, file: str, d: Mapping[str, Any]) -> dict:
-    """The tensors a stage stored, read with the checks of any file from a stranger (the
+    """The tensors a checkpoint stored, read with the checks of any file from a stranger (the
     header against the file's size, no link out of the checkpoint folder); the device the
-    stage recorded when it is a plain device name."""
+    checkpoint recorded when it is a plain device name."""
     device = str(d.get("device", "cpu"))
     if not re.fullmatch(r"(cpu|cuda|mps)(:\d{1,3})?", device):
         device = "cpu"
@@ -418,7 +418,7 @@ def _stage_tensors(checkpoints: Checkpoints, name: str, file: str, d: Mapping[st
 
 
 def staged_folder(checkpoints: Checkpoints, name: str, save: Callable[[Path], Any]) -> Path:
-    """A saved artifact (``save(folder)``, e.g. a clamp) as stage ``name``; its folder."""
+    """A saved artifact (``save(folder)``, e.g. a clamp) as checkpoint ``name``; its folder."""
 
     def fn(tmp: Path) -> dict[str, Any]:
         save(tmp / "saved")
@@ -431,6 +431,6 @@ def staged_folder(checkpoints: Checkpoints, name: str, save: Callable[[Path], An
 def kcurve_checkpointer(
     checkpoints: Checkpoints, prefix: str
 ) -> Callable[[str, Callable[[], dict]], dict]:
-    """The ``checkpoint`` of :func:`mechlingo.analyses.experts.kcurve.k_curve`: each arm the stage
+    """The ``checkpoint`` of :func:`mechlingo.analyses.experts.kcurve.k_curve`: each arm the checkpoint
     ``{prefix}{arm}``."""
     return lambda name, fn: checkpoints.run(f"{prefix}{name}", fn)

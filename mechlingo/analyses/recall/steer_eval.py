@@ -8,8 +8,8 @@ fixes the lowest language), and test (:func:`evaluate_test`, :class:`SteerTestRe
 ``orig``, ``task``, ``diff``, ``both`` and norm-matched ``random`` over at least 3 seeds, with
 Wilson intervals, exact McNemar tests and paired bootstrap intervals of the gains).
 
-Every stage scores with the same ``metric``; fact ids are split once by a hash and
-:func:`mechlingo.analyses.recall.dev_grid.check_disjoint` runs before every stage, so no test
+Every step scores with the same ``metric``; fact ids are split once by a hash and
+:func:`mechlingo.analyses.recall.dev_grid.check_disjoint` runs before every step, so no test
 id builds a vector, draws a demonstration or chooses a setting. The protocol in full:
 ``docs/methods/repair-vectors.md`` (``docs/methods/scoring.md`` for the metrics)."""
 
@@ -217,7 +217,7 @@ def evaluate_test(
 
     ``checkpoint(name, fn)``, when given, runs each condition's scoring (``name`` = the condition)
     and the headroom (``"headroom"``) and returns ``fn()`` or a stored equal result (a
-    resumable stage, :class:`mechlingo.core.checkpoints.Checkpoints`; the CLI's ``--resume``).
+    resumable checkpoint, :class:`mechlingo.core.checkpoints.Checkpoints`; the CLI's ``--resume``).
 
     Raises:
         InputError: no seed, or ``klar`` without a ``pool`` (its demonstrations would be
@@ -309,7 +309,7 @@ def _score_conditions(
     conds: dict[str, Intervention | None],
     score_all: Callable[[dict[str, Intervention | None]], dict[str, EvalResult]],
 ) -> dict[str, EvalResult]:
-    """Every condition through the stage store ``run``: the first condition that is not
+    """Every condition through the checkpoint store ``run``: the first condition that is not
     stored scores itself and every later one at once (``score_all``), so a fresh run makes
     one shared-prefix call and a resumed one loads what is stored."""
     done: dict[str, EvalResult] = {}
@@ -471,7 +471,7 @@ class SteerEvalResult(WritesFolder):
     ) -> SideEffects:
         """Side effects of the selected test condition (``both`` when none was chosen) on its
         test facts and ``lines`` (per language), against a norm-matched random control
-        (:func:`mechlingo.scoring.side_effects.side_effects`, seed 0); the stage
+        (:func:`mechlingo.scoring.side_effects.side_effects`, seed 0); the checkpoint
         ``side-effects`` of ``checkpoints``. Sets and returns :attr:`side_effects`."""
         test = self.test
         iv = condition_interventions(test)[
@@ -521,7 +521,7 @@ def _eval_from_json(data: Mapping[str, Any]) -> Any:
 
 def checkpointer(checkpoints: Checkpoints, prefix: str) -> Callable[[str, Callable[[], Any]], Any]:
     """The ``checkpoint`` of :func:`evaluate_test`: each test condition (and the test headroom)
-    is the stage ``{prefix}{name}`` of ``checkpoints``."""
+    is the checkpoint ``{prefix}{name}`` of ``checkpoints``."""
 
     def run(name: str, fn: Callable[[], Any]) -> Any:
         return _eval_from_json(checkpoints.run(f"{prefix}{name}", lambda: _eval_to_json(fn())))
@@ -532,7 +532,7 @@ def checkpointer(checkpoints: Checkpoints, prefix: str) -> Callable[[str, Callab
 def _staged_vectors(
     checkpoints: Checkpoints, name: str, build: Callable[[], SteeringPair], model: Model
 ) -> SteeringPair:
-    """Repair vectors built once (``build()``), saved in stage ``name`` and loaded from there."""
+    """Repair vectors built once (``build()``), saved in checkpoint ``name`` and loaded from there."""
 
     def fn(tmp: Path) -> dict[str, Any]:
         build().save(tmp / "vectors", model)
@@ -630,7 +630,7 @@ def _one_split(
     """Choose on dev and score on test for one split of the facts (``salt``), with the
     ``given`` vectors or (``rebuild``: a re-split) vectors rebuilt on this split's build facts
     with the given vectors' build settings (k-shot, unit, zero-shot subtraction, translation
-    shots); each step a stage named ``{prefix}build``, ``{prefix}sweep``... of ``checkpoints``."""
+    shots); each step a checkpoint named ``{prefix}build``, ``{prefix}sweep``... of ``checkpoints``."""
     build, dev, test = opt.split.parts(facts, salt)
     if not test or not dev or not build:
         raise InputError(
@@ -697,9 +697,9 @@ def _dev_step(
     checkpoints: Checkpoints,
     prefix: str,
 ) -> tuple[Choice, str | None, dict[str, Any], dict[str, Any] | None]:
-    """The dev step of one split: the search (stage ``{prefix}sweep``; its JSON returned
+    """The dev step of one split: the search (checkpoint ``{prefix}sweep``; its JSON returned
     last) or, with a fixed ``config``, only the dev headroom that fixes the lowest language
-    (stage ``{prefix}dev-headroom``; ``None`` last). Returns the choice, the lowest
+    (checkpoint ``{prefix}dev-headroom``; ``None`` last). Returns the choice, the lowest
     language, the lowest-language rule and the search's JSON."""
     if opt.config is not None:
         score_kw = {**opt.scoring.kw(), "metric": opt.scoring.metric}
