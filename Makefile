@@ -59,7 +59,7 @@ demo: setup
 # The papers' claims on the embedded model (docs/replicate.md): the quick budget and the full
 # one (their times: docs/benchmarks.md). One process per core (NPROC) with one thread each:
 # every stage shares its work out among them, faster than one process with 2 threads.
-# A rerun goes on from the finished stages kept beside OUT (.OUT.work).
+# A rerun goes on from the checkpoints kept beside OUT (.OUT.work).
 NPROC ?= 2
 REPLICATE := OMP_NUM_THREADS=1 $(BIN)/python -m torch.distributed.run --nproc_per_node $(NPROC) \
 	-m mechlingo.cli replicate

@@ -5,7 +5,7 @@ On the embedded model (or ``--model``), the tracer's corrupted-subject setup: ``
 clean facts of one language (``--lang``, capital relation) and, as corrupted runs, facts of
 the same template with another subject; positions aligned by subject span and from the end
 (subject first and last token, the last two prompt tokens); the clean answer's log-probability
-is the metric. Grid: every layer x those 4 positions x (``attn_out``, ``mlp_out``, every
+is the readout. Grid: every layer x those 4 positions x (``attn_out``, ``mlp_out``, every
 head), plus ``resid_pre`` for the QK fix. Each grid is measured in one process:
 
 * exact: :func:`mechlingo.analyses.recall.patching.patch_activations` (``batching="grow"``), the reference;
@@ -48,7 +48,7 @@ from smoke import add_smoke_flag, apply_smoke, bench_model  # noqa: E402
 
 from mechlingo.activations.runs import StopForward, final_resid_name, hooked  # noqa: E402
 from mechlingo.analyses.recall.attribution import IG_STEPS, attribution_patch  # noqa: E402
-from mechlingo.analyses.recall.patching import fact_metrics, patch_activations  # noqa: E402
+from mechlingo.analyses.recall.patching import fact_readouts, patch_activations  # noqa: E402
 from mechlingo.analyses.recall.patching.grid import resolve_grid  # noqa: E402
 from mechlingo.analyses.recall.patching.runs import read_run, repeat_batch  # noqa: E402
 from mechlingo.core.tokens import batch_context  # noqa: E402
@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> None:
     model = bench_model(args, device=args.device)
     clean, corrupt = make_pairs(model, args.lang, args.split, args.pairs, args.pairing)
     k = len(clean)
-    metric = fact_metrics(model, clean)[0]
-    kw = {"positions": POSITIONS, "readout": metric, "alignment": "subject"}
+    readout = fact_readouts(model, clean)[0]
+    kw = {"positions": POSITIONS, "readout": readout, "alignment": "subject"}
     n = int(model.cfg.n_layers)
     load = os.getloadavg()
     print(
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         t_exact["all"] = t_exact["attn_out+mlp_out"] + t_exact["heads"]
     setup = resolve_grid(
-        model, clean, corrupt, [], positions=POSITIONS, readout=metric, alignment="subject"
+        model, clean, corrupt, [], positions=POSITIONS, readout=readout, alignment="subject"
     )
     for m, mkw in methods.items():
         t_est[m, "floor"] = timed(

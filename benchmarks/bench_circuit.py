@@ -3,7 +3,7 @@ get them without it, in the same run.
 
 On the embedded model (or ``--model``): ``--pairs`` subject pairs of one language
 (``--lang``, capital relation; :func:`mechlingo.analyses.circuits.make_pairs`: each fact
-against another fact of the same token length), the answer's log-probability as the metric,
+against another fact of the same token length), the answer's log-probability as the readout,
 edges per position group (5 groups). Timed with the process's CPU clock (run it with
 ``OMP_NUM_THREADS=1``), best of ``--repeats``:
 
@@ -43,7 +43,7 @@ from mechlingo.analyses.circuits import (  # noqa: E402
     build_graph,
     edge_scores,
     make_pairs,
-    metric_readout,
+    readout_fn,
 )
 from mechlingo.analyses.circuits.faithfulness import top_edges  # noqa: E402
 from mechlingo.analyses.recall.patching.runs import repeat_batch  # noqa: E402
@@ -53,7 +53,7 @@ from mechlingo.data import load_facts  # noqa: E402
 
 def floor_pass(model, batch, readout, copies: int) -> None:
     """``copies`` copies of the batch through the plain model, forward and backward: the
-    embeddings made the gradient's leaf, the metric read from the last real token."""
+    embeddings made the gradient's leaf, the readout read from the last real token."""
     big = repeat_batch(batch, copies)
     rows = torch.arange(batch.batch_size).repeat(copies)
     out = {}
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     clean, corrupted = pairs.clean_batch.select(keep), pairs.corrupted_batch.select(keep)
     roles = pairs.roles[keep]
     graph = build_graph(model)
-    readout = metric_readout(model, pairs.metric)
+    readout = readout_fn(model, pairs.readout)
     n, K = len(keep), len(pairs.labels)
     total = graph.n_edges * K
     load = os.getloadavg()

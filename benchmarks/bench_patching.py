@@ -16,7 +16,7 @@ given with ``--model``) two ways in one process, on the same clean/corrupted pai
   forward per cell, full logits.
 
 Prints the times, the ratios to the TransformerLens loop and the largest |difference| of the
-per-example metric.
+per-example readout.
 
     python benchmarks/bench_patching.py                      # 18 layers x 4 positions, 4 pairs
     python benchmarks/bench_patching.py --layers 0,6,12 --positions 3 --pairs 2   # quicker
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     bad[:, 4] = tokens.roll(1, dims=0)[:, 4]  # BOS The capital of [country]: next row's country
     tgt = TokenBatch(bad, lengths.clone(), clean.pad_id, clean.has_bos)
     positions = list(range(width - args.positions, width))
-    metric = answer_logprob(model, ANSWERS[:k])
-    ids = [list(s[0].ids) for s in metric.sets]
+    readout = answer_logprob(model, ANSWERS[:k])
+    ids = [list(s[0].ids) for s in readout.sets]
     dev = model.W_U.device
 
     def tl_metric(logits: torch.Tensor) -> torch.Tensor:
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{k} pairs of {width} tokens, device {dev}"
     )
     patch_activations(
-        model, src, tgt, "resid_pre", layers=layers[:1], positions=positions[:1], readout=metric
+        model, src, tgt, "resid_pre", layers=layers[:1], positions=positions[:1], readout=readout
     )  # warm-up
 
     def ours(batching: str, reuse_prefix: bool | None = None):
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
             "resid_pre",
             layers=layers,
             positions=positions,
-            readout=metric,
+            readout=readout,
             cells_per_batch=args.cells_per_batch,
             batching=batching,
             reuse_prefix=reuse_prefix,
@@ -185,7 +185,7 @@ def floor(
     * per cell (layer ``l``, position ``p``) and pair, the blocks from ``l`` on at positions
       ``p`` onwards: a full pass of ``pairs x positions`` rows, scaled by
       ``sum over cells of (n - l) / n * (T - p) / T`` over the number of positions;
-    * the unembedding of every patched row at its last token (the metric is a
+    * the unembedding of every patched row at its last token (the readout is a
       log-probability, so the whole vocabulary is needed): one GEMM.
     """
     n = int(model.cfg.n_layers)

@@ -14,10 +14,10 @@ The model (no model hub offline, so no GPT-2 small): mechlingo's tiny GPT-2 fami
 normal (``--std``, default 0.6, so the random model's outputs are not flat) and saved as a transformers
 folder; mechlingo loads it with ``load_model`` (the bridge), auto-circuit's side builds a
 ``HookedTransformer`` from the same folder with TransformerLens 3's GPT-2 weight conversion
-(no weight processing). Both sides' clean metrics are printed (they must agree). The prompts:
+(no weight processing). Both sides' clean readouts are printed (they must agree). The prompts:
 the bundled English ``capital`` facts of the most common token length, each paired with the
 next one of another answer (the corrupted prompt); the tokens are made once, by the driver,
-and passed to both. The metric on both sides: the log-probability of the clean answer's first
+and passed to both. The readout on both sides: the log-probability of the clean answer's first
 token at the last position (auto-circuit: ``grad_function="logprob"``,
 ``answer_function="avg_val"``).
 
@@ -214,15 +214,15 @@ class Ours:
         index = {(s.name, r.name): (i, j) for i, s in enumerate(g.senders)
                  for j, r in enumerate(g.receivers)}  # fmt: skip
         order = sorted(scores, key=lambda e: -abs(scores[e]))
-        clean = self.patcher.metric(torch.zeros_like(g.mask)[:, :, None])
-        corr = self.patcher.metric(g.mask[:, :, None])
+        clean = self.patcher.read(torch.zeros_like(g.mask)[:, :, None])
+        corr = self.patcher.read(g.mask[:, :, None])
         out = {}
         for f in fractions:
             keep = order[: max(1, round(f * len(order)))]
             removed = g.mask.clone()
             for e in keep:
                 removed[index[e]] = False
-            m = self.patcher.metric(removed[:, :, None])
+            m = self.patcher.read(removed[:, :, None])
             out[f] = (len(keep), interval(m, clean, corr))
         return out
 
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> None:
     eap = ours.scores(1)
     ig, t_ours = cpu_timed(lambda: ours.scores(args.steps), args.repeats)
     print(f"edges: mechlingo {len(ig)}, auto-circuit {theirs['n_edges']} (head inputs summed "
-          f"per layer to match); clean / corrupted metric: mechlingo {ours.clean_metric:.4f} / "
+          f"per layer to match); clean / corrupted readout: mechlingo {ours.clean_metric:.4f} / "
           f"{ours.corrupt_metric:.4f}, auto-circuit {theirs['clean']:.4f} / "
           f"{theirs['corrupt']:.4f}")  # fmt: skip
     rho, rho_abs, gap, k = compare(eap, theirs["eap"], -1.0)

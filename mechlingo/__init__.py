@@ -28,13 +28,13 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers
     from mechlingo.analyses.recall.dev_grid import choose_on_dev
     from mechlingo.analyses.recall.patching import (
         attention_knockout,
-        fact_metrics,
+        fact_readouts,
         patch_activations,
     )
     from mechlingo.analyses.recall.settings import DevGrid, ScoringOptions
     from mechlingo.analyses.recall.steering import build_steering_vectors, score_at_config
     from mechlingo.analyses.recall.trace import trace_recall
-    from mechlingo.analyses.recall.trace_patching import corrupted_pairs, pipeline_stages
+    from mechlingo.analyses.recall.trace_patching import corrupted_pairs, pipeline_phases
     from mechlingo.card.replicate import CardData, CardOptions, replicate
     from mechlingo.card.rules import ClaimsCard
     from mechlingo.core.models import DEFAULT_MODEL, ensure_default_model, load_model
@@ -98,7 +98,7 @@ __all__ = [
     "evaluate_facts",
     "export",
     "fact_from_cloze",
-    "fact_metrics",
+    "fact_readouts",
     "few_shot_prompt",
     "find_circuit",
     "find_experts",
@@ -113,7 +113,7 @@ __all__ = [
     "logit_lens",
     "parallel_sentences",
     "patch_activations",
-    "pipeline_stages",
+    "pipeline_phases",
     "read_export",
     "replicate",
     "resolve_site",
@@ -293,10 +293,10 @@ _LAZY: dict[str, Callable[[], ModuleType]] = {
     "lens_facts": _lens,
     "logit_lens": _lens,
     "attention_knockout": _patching,
-    "fact_metrics": _patching,
+    "fact_readouts": _patching,
     "patch_activations": _patching,
     "corrupted_pairs": _trace_patching,
-    "pipeline_stages": _trace_patching,
+    "pipeline_phases": _trace_patching,
     "trace_recall": _trace,
     "DevGrid": _settings,
     "ScoringOptions": _settings,

@@ -141,7 +141,7 @@ def matrix(model: Any, args: argparse.Namespace) -> None:
     table["settings"] = {
         "model": "google/gemma-3-270m (float32, CPU)", "relation": args.relation,
         "method": "eap-ig", "steps": args.steps, "limit": args.limit, "target": args.target,
-        "selection": "top", "metric": "logprob", "positions": "roles", "sizes": list(SIZES),
+        "selection": "top", "readout": "logprob", "positions": "roles", "sizes": list(SIZES),
     }  # fmt: skip
     (out / "matrix.json").write_text(json.dumps(table, indent=1), encoding="utf-8")
     _log(f"wrote {out / 'matrix.json'} in {table['seconds_matrix']} s")

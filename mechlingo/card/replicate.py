@@ -7,8 +7,8 @@ their declared needs give, after the metric stage (the metric rule decides on de
 planner.
 
 Each stage's result is stored (JSON, atomically) in a work folder under a key made of the
-model's fingerprint, the data and the settings (:class:`mechlingo.core.stages.Stages`): a rerun
-reuses finished stages, and a stopped run resumes after the last finished one. A stage that
+model's fingerprint, the data and the settings (:class:`mechlingo.core.checkpoints.Checkpoints`): a rerun
+reuses checkpoints, and a stopped run resumes after the last finished one. A stage that
 fails becomes the rows of its claims, each carrying the error; the other stages still run.
 The rows are computed from the stored results only, so a resumed run gives the same card as
 an uninterrupted one.
@@ -60,11 +60,11 @@ from mechlingo.card.stages.data import (
     scope_of,
     vector_facts,
 )
+from mechlingo.core.checkpoints import Checkpoints
 from mechlingo.core.defaults import PROGRESS
 from mechlingo.core.describe import model_info
 from mechlingo.core.distributed import dist_info, is_main
 from mechlingo.core.errors import InputError
-from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.core.version import __version__
 from mechlingo.data import Fact
@@ -223,15 +223,15 @@ class CardData:
             )
 
 
-def _run_stage(stages: Stages, stage: Stage, ctx: Context) -> tuple:
+def _run_stage(checkpoints: Checkpoints, stage: Stage, ctx: Context) -> tuple:
     """``(result or {"error": ...}, {"seconds", "cpu_seconds"}, cached)``; only ``Exception`` is caught (Ctrl-C
-    and SIGTERM stop the run; finished stages stay stored)."""
-    cached = stages.done(stage.name)
+    and SIGTERM stop the run; checkpoints stay stored)."""
+    cached = checkpoints.done(stage.name)
     t0, c0 = time.perf_counter(), time.process_time()
     fn: Callable[..., Any] = (lambda tmp: stage.run(ctx, tmp)) if stage.folder else (
         lambda: stage.run(ctx))  # fmt: skip
     try:
-        data = stages.run(stage.name, fn, folder=stage.folder)
+        data = checkpoints.run(stage.name, fn, folder=stage.folder)
     except Exception as err:
         tb = traceback.format_exception_only(type(err), err)[-1].strip()
         data = {"error": tb}
@@ -260,11 +260,11 @@ def replicate(
             when ``None``).
         data: the facts, parallel sentences, their documents and an external benchmark
             (:class:`CardData`; ``None``: the bundled data).
-        work: the work folder where finished stages are kept (a rerun with the same model,
+        work: the work folder where checkpoints are kept (a rerun with the same model,
             data and settings reuses them; a stopped run resumes). ``None``: a temporary
             folder, removed at the end.
         progress: show a progress bar over the stages and each analysis's own bars.
-        fresh: remove the stored stages of this key first (start over).
+        fresh: remove checkpoints of this key first (start over).
         agree: under torchrun, how the ranks agree that a stage is finished everywhere
             (:func:`mechlingo.cli.work.all_ranks_have`); each rank then keeps its own stages.
         plan: only plan (:func:`mechlingo.card.plan.plan_card`): score the dev split, print
@@ -291,20 +291,20 @@ def replicate(
     tmp = None if work is not None else tempfile.mkdtemp(prefix="mechlingo-replicate-")
     if agree is not None:
         key["rank"] = [dist_info().rank, dist_info().world_size]
-    stages = Stages(work if work is not None else tmp, key, agree=agree)  # type: ignore[arg-type]
+    store = Checkpoints(work if work is not None else tmp, key, agree=agree)  # type: ignore[arg-type]
     if fresh:
-        stages.clear()
+        store.clear()
     ext = None if external is None else (list(external), d.external_metric)
-    ctx = Context(model, facts, parallel, CardSettings.of(cfg), stages, progress, ext, documents)
+    ctx = Context(model, facts, parallel, CardSettings.of(cfg), store, progress, ext, documents)
     try:
         results: dict[str, Any] = {}
         timing: dict[str, Any] = {}
         decision, order = None, run_order(BY_NAME, [s for p in papers for s in PAPERS[p]])
         for name in (n for n in order if BY_NAME[n].decides):  # the metric stage: before the plan
-            results[name], timing[name], decision = _decide(stages, BY_NAME[name], ctx, cfg, metric)
+            results[name], timing[name], decision = _decide(store, BY_NAME[name], ctx, cfg, metric)
         cost = {}
         if SUNDAR in papers:
-            cost = stages.run("embed_cost", lambda: _embed_cost(ctx))
+            cost = store.run("embed_cost", lambda: _embed_cost(ctx))
         if "metric" in results:  # measured seconds: the plan's, not a result (they vary)
             results["metric"] = dict(results["metric"])
             cost = {**results["metric"].pop("seconds_per_item", {}), **cost}
@@ -330,7 +330,7 @@ def replicate(
         bar = tqdm(names, desc="replicate", disable=not progress, unit="stage")
         for name in bar:
             bar.set_postfix_str(name)
-            results[name], secs, cached = _run_stage(stages, BY_NAME[name], ctx)
+            results[name], secs, cached = _run_stage(store, BY_NAME[name], ctx)
             timing[name] = {**secs, "cached": cached, "error": results[name].get("error")}
         rows = annotate_rows(claim_rows(results, papers), the_plan)
     finally:
@@ -339,7 +339,7 @@ def replicate(
     meta = {"model": key["model"]["model_name"], "budget": budget, "papers": papers,
             "rules_hash": card_stages.card_rules_hash(), "budgets_hash": card_stages.BUDGETS_HASH,
             "mechlingo": __version__, "settings": cfg, "stages": timing,
-            "work": None if work is None else str(stages.folder),
+            "work": None if work is None else str(store.folder),
             "metric_rule": METRIC_RULE, "metric_decision": decision,
             "plan": the_plan.to_json(),
             "facts_scope": None if facts is None else scope_of(facts, settings)}  # fmt: skip
@@ -365,12 +365,12 @@ class ReplicationCard(ClaimsCard):
         return {**top, **super().to_json()}
 
 
-def _decide(stages: Stages, stage: Stage, ctx: Context, cfg: dict[str, Any],
+def _decide(checkpoints: Checkpoints, stage: Stage, ctx: Context, cfg: dict[str, Any],
             given: str | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:  # fmt: skip
     """A stage that ``decides`` (the metric stage: dev scored both ways, stored like any
     stage) and its decision; ``cfg["metric"]`` (and the context's settings' metric) becomes
     the card's metric."""
-    data, secs, cached = _run_stage(stages, stage, ctx)
+    data, secs, cached = _run_stage(checkpoints, stage, ctx)
     secs = {**secs, "cached": cached, "error": data.get("error")}
     assert stage.decides is not None
     decision = stage.decides(data, given)

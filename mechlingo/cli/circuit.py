@@ -94,7 +94,7 @@ def cmd_circuit(args: argparse.Namespace) -> int:
     with sharded_scoring(), common.usage_errors(ValueError):
         lc = languages.circuits_by_language(
             model, facts, prompts=args.circuit_prompts, max_new_tokens=args.max_new_tokens,
-            method=args.attribution, steps=steps, metric=args.readout,
+            method=args.attribution, steps=steps, readout=args.readout,
             positions=args.positions, selection=args.selection, target=args.faithfulness,
             verify=args.verify_edges, batch_size=args.batch_size, progress=not args.quiet,
         )  # fmt: skip

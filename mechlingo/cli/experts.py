@@ -30,8 +30,8 @@ from mechlingo.cli import common, cost, work
 from mechlingo.cli.flags import parse_ints
 from mechlingo.cli.glossary import about
 from mechlingo.cli.streams import outputs_written
+from mechlingo.core.checkpoints import Checkpoints
 from mechlingo.core.errors import ArtifactError, InputError, InterventionError
-from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.core.untrusted import read_json
 from mechlingo.data import LANGS, parallel_sentences, read_parallel
@@ -231,12 +231,12 @@ def _cmd_experts(args: argparse.Namespace) -> int:
     if cost.announce(plan, args):
         return 0
     model = common.load_cli_model(args, texts=texts)
-    stages = _experts_stages(args, model, texts, heldout)
+    checkpoints = _experts_checkpoints(args, model, texts, heldout)
     t0 = time.time()
     with common.usage_errors(ExpertError):
         run = run_experts(
             model, texts, targets, ks, heldout=heldout, settings=options_from_args(args),
-            stages=stages, shard_dir=args.shard_store, shard_always=bool(args.shard_dir),
+            checkpoints=checkpoints, shard_dir=args.shard_store, shard_always=bool(args.shard_dir),
             max_memory=args.max_memory_bytes,
         )  # fmt: skip
     meta = common.run_meta(
@@ -252,7 +252,7 @@ def _cmd_experts(args: argparse.Namespace) -> int:
     )
     run.write(args.out, meta=meta, extra={"report.html": report})
     outputs_written()
-    work.finish_stages(stages)
+    work.finish_checkpoints(checkpoints)
     for t, ch in summary["k_choice"].items():
         print(f"{t}: the k rule chose k = {ch['k']} ({ch['rule']})")
     print(f"wrote {args.out}: summary.json, experts.csv, report.html, clamps {sorted(run.clamps)}")
@@ -296,15 +296,17 @@ def _heldout(args: argparse.Namespace) -> dict:
         ) from err
 
 
-def _experts_stages(
+def _experts_checkpoints(
     args: argparse.Namespace, model: Model, texts: dict, heldout: dict | None
-) -> Stages:
-    """The resumable stages of ``experts`` (:mod:`mechlingo.cli.work`): keyed by the model,
+) -> Checkpoints:
+    """The resumable checkpoints of ``experts`` (:mod:`mechlingo.cli.work`): keyed by the model,
     the sentences, the held-out lines and every flag that changes a number (the targets and
-    the k are in the stage names; the k rule's flags change no stored number)."""
+    the k are in the checkpoint names; the k rule's flags change no stored number)."""
     skip = ("target", "k", "no_curve", "ppl_budget", "ppl_others", "max_memory",
             "max_memory_bytes", "shard_dir")  # fmt: skip
-    return work.open_stages(args, model, work.data_key(texts=texts, heldout=heldout), skip=skip)
+    return work.open_checkpoints(
+        args, model, work.data_key(texts=texts, heldout=heldout), skip=skip
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -398,7 +400,7 @@ def cmd_align(args: argparse.Namespace) -> int:
         iv, control = load_clamp_pair(clamp_path, args.control, model)
     data = work.data_key(texts=texts)
     data |= {"clamp": work.hash_files(clamp_path), "control": work.hash_files(args.control)}
-    stages = work.open_stages(args, model, data, skip=("clamp", "control", "layer"))
+    checkpoints = work.open_checkpoints(args, model, data, skip=("clamp", "control", "layer"))
     t0 = time.time()
     with common.usage_errors(AlignmentError):
         opts = AlignOptions(
@@ -407,7 +409,7 @@ def cmd_align(args: argparse.Namespace) -> int:
             side_effect_lines=args.side_effects_lines if args.side_effects else None,
             progress=not args.quiet,
         )  # fmt: skip
-        run = run_alignment(model, texts, iv, control, opts, stages=stages)
+        run = run_alignment(model, texts, iv, control, opts, checkpoints=checkpoints)
     meta = common.run_meta(
         model,
         args,
@@ -420,7 +422,7 @@ def cmd_align(args: argparse.Namespace) -> int:
     report = align_report(run.comparison, summary, run.side_effects, layer=args.layer)
     run.write(args.out, meta=meta, extra={"report.html": report})
     outputs_written()
-    work.finish_stages(stages)
+    work.finish_checkpoints(checkpoints)
     _print_alignment(summary)
     print(f"wrote {args.out}/summary.json, retrieval.csv and report.html")
     return 0

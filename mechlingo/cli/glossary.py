@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from mechlingo.analyses.decoders.registry import decoder_names
 
-__all__ = ["CODE_NAMES", "FLAGS", "about"]
+__all__ = ["CODE_NAMES", "CONCEPT_WORDS", "FLAGS", "about"]
 
 #: flag -> (concept, meaning). A concept is named by one flag only.
 FLAGS: dict[str, tuple[str, str]] = {
@@ -29,9 +29,9 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--plotlyjs": ("plotly.js", "how report.html loads plotly.js: inline or from one shared file"),
     "--batch-size": ("batch size", "prompts (or texts) per forward pass"),
     "--quiet": ("progress bars", "no progress bars"),
-    "--work": ("work folder", "where finished stages are kept until --out is written"),
-    "--fresh": ("start over", "remove the run's finished stages first"),
-    "--resume": ("go on", "only go on from finished stages: refuse when there are none"),
+    "--work": ("work folder", "where checkpoints are kept until --out is written"),
+    "--fresh": ("start over", "remove the run's checkpoints first"),
+    "--resume": ("go on", "only go on from checkpoints: refuse when there are none"),
     "--dry-run": ("dry run", "print the plan and the estimated CPU time, load no model, write nothing"),
     "--plan": ("power plan", "print the power planner's table from the dev split and stop"),
     # data
@@ -143,7 +143,7 @@ FLAGS: dict[str, tuple[str, str]] = {
 CODE_NAMES: dict[str, list[tuple[str, str]]] = {
     "cache": [
         ("key-value cache of decoding", "mechlingo.scoring.evaluate:DecodeOptions:cache"),
-        ("finished stages of a resumable run", "mechlingo.analyses.recall.steer_eval:evaluate_test:stage_store"),
+        ("checkpoints of a resumable run", "mechlingo.analyses.recall.steer_eval:evaluate_test:checkpoint"),
         ("the model cache folder", "mechlingo.core.artifacts:cleanup_stale:model_cache"),
     ],
     "tuned": [
@@ -154,7 +154,31 @@ CODE_NAMES: dict[str, list[tuple[str, str]]] = {
     "metric": [
         ("the scoring rule of facts (generate, klar, rank)", "mechlingo.scoring.evaluate:evaluate_conditions:metric"),
         ("what a patched run is read out as", "mechlingo.analyses.recall.patching.grid:resolve_grid:readout"),
+        ("a column of the side-effects matrix (accuracy, perplexity, output language)", "mechlingo.viz.side_effects:side_effects_heatmap:measures"),
     ],
+    "stage": [
+        ("one analysis of the claims card (its module, claims and cost)", "mechlingo.card.stages.base:Stage"),
+        ("a finished step of a resumable run, kept on disk", "mechlingo.core.checkpoints:Checkpoints"),
+        ("a layer band of the recall pipeline (enrichment, recall, conversion)", "mechlingo.analyses.recall.trace_patching:pipeline_phases"),
+    ],
+    "family": [
+        ("a model family: the architectures one record of hooks and layout serves", "mechlingo.core.families:FAMILIES"),
+        ("a claim family: the claims adjusted together for multiple testing", "mechlingo.card.claims:row_family"),
+        ("a template family: the wording of the bundled prompts (natural or measured)", "mechlingo.data.io:TEMPLATE_FAMILIES"),
+    ],
+}  # fmt: skip
+
+#: One word per concept in the names of classes, modules, functions and constants:
+#: concept -> (its word, the words it must not be called, the modules or packages that hold
+#: it). ``tests/cli/test_glossary_names.py`` checks that the word names something in each of
+#: those modules and that nothing there is named with a forbidden word.
+CONCEPT_WORDS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "scoring metric": ("metric", ("readout", "measure"), ("mechlingo.scoring.scorers", "mechlingo.card.metric_rule")),
+    "patching readout": ("readout", ("metric", "measure"), ("mechlingo.analyses.recall.patching", "mechlingo.analyses.recall.gradients", "mechlingo.analyses.circuits.runs")),
+    "side-effect measure": ("measure", ("metric", "readout"), ("mechlingo.scoring.side_effects",)),
+    "resumable checkpoint": ("checkpoint", ("stage", "cache"), ("mechlingo.core.checkpoints", "mechlingo.cli.work")),
+    "card stage": ("stage", ("checkpoint", "phase"), ("mechlingo.card.stages.base",)),
+    "recall-pipeline phase": ("phase", ("stage",), ("mechlingo.analyses.recall.trace_patching", "mechlingo.viz.patching")),
 }  # fmt: skip
 
 

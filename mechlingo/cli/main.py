@@ -162,7 +162,7 @@ def _name(args: argparse.Namespace) -> str:
 
 def _stopped(err: BaseException, args: argparse.Namespace) -> int:
     """One line for a run stopped by a signal (or a closed stdout) and its status
-    ``128 + signal``: what was left as it was, and where the finished stages are kept."""
+    ``128 + signal``: what was left as it was, and where the checkpoints are kept."""
     signum = err.signum if isinstance(err, Stopped) else int(signal.SIGINT)
     out = getattr(args, "out", None)
     left = f"{out} was left as it was" if isinstance(out, str) else "nothing was written"
@@ -170,7 +170,7 @@ def _stopped(err: BaseException, args: argparse.Namespace) -> int:
     why = f"by {sig}" if signum != signal.SIGPIPE else "as its output was closed (SIGPIPE)"
     work = _work_of(args)
     if work is not None and work.is_dir():
-        left += f"; the finished stages are kept in {work}: run the same command again to go on"
+        left += f"; the checkpoints are kept in {work}: run the same command again to go on"
     name = _name(args)
     print(f"mechlingo{' ' + name if name else ''}: stopped {why}; {left}", file=sys.stderr)
     return 128 + signum

@@ -2,10 +2,10 @@
 
 Writes ``OUT/claims.json`` (the rules, one row per claim, the run's settings and timings),
 ``OUT/claims.md`` (the verdict table) and ``OUT/report.html`` (the verdict table first, then
-the figure behind each row). Finished stages are kept in ``.OUT.work/`` beside ``OUT`` (or
+the figure behind each row). Checkpoints are kept in ``.OUT.work/`` beside ``OUT`` (or
 ``--work``), keyed by the model's fingerprint, the data and the settings, by the rule every
 long command follows (:mod:`mechlingo.cli.work`): a stopped run (Ctrl-C, SIGTERM, a killed
-job) run again goes on after the last finished stage, ``--fresh`` starts over, and the
+job) run again goes on after the last checkpoint, ``--fresh`` starts over, and the
 stages are removed once ``OUT`` is written. A stage
 that fails becomes the rows of its claims with the error; the others still run, and the
 command exits 0 with the card written (``--strict``: exit 3 when a stage failed).
@@ -33,13 +33,13 @@ from mechlingo.cli.streams import outputs_written
 from mechlingo.cli.work import (
     add_work_args,
     all_ranks_have,
-    finish_stages,
+    finish_checkpoints,
     require_finished,
     work_folder,
 )
+from mechlingo.core.checkpoints import Checkpoints
 from mechlingo.core.distributed import dist_info, is_main, sharded_scoring
 from mechlingo.core.errors import MechlingoError
-from mechlingo.core.stages import Stages
 from mechlingo.core.untrusted import loads
 from mechlingo.data import detect_format, load_benchmark, read_facts, read_parallel_dir
 from mechlingo.data.natural_parallel import read_documents
@@ -208,7 +208,7 @@ def cmd_replicate(args: argparse.Namespace) -> int:
          "report.html": replicate_report(card)},
     )  # fmt: skip
     outputs_written()
-    finish_stages(Stages(work, {}), card.meta["work"])
+    finish_checkpoints(Checkpoints(work, {}), card.meta["work"])
     failed = [n for n, t in card.meta["stages"].items() if t.get("error")]
     if is_main():  # under torchrun rank 0 writes and speaks
         for r in card.rows:

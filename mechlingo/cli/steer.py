@@ -39,9 +39,9 @@ from mechlingo.cli.streams import outputs_written
 from mechlingo.cli.work import (
     add_work_args,
     data_key,
-    finish_stages,
+    finish_checkpoints,
     hash_files,
-    open_stages,
+    open_checkpoints,
     work_folder,
 )
 from mechlingo.core.artifacts import atomic_folder
@@ -264,18 +264,18 @@ def _eval(args: argparse.Namespace) -> int:
         return 0
     model = common.load_cli_model(args, facts=facts)
     vectors = _load_vectors(args.vectors, model)
-    stages = _eval_stages(args, model, facts)
+    checkpoints = _eval_checkpoints(args, model, facts)
     t0 = time.time()
-    result = steer_eval.run_steer_eval(model, facts, vectors, opts, stages=stages)
-    if args.transfer:  # a stage of its own (named by --transfer, which the key skips)
-        result.transfer = stages.run(
+    result = steer_eval.run_steer_eval(model, facts, vectors, opts, checkpoints=checkpoints)
+    if args.transfer:  # a checkpoint of its own (named by --transfer, which the key skips)
+        result.transfer = checkpoints.run(
             f"transfer-{args.transfer}",
             lambda: _transfer(args.transfer, model, facts, opts, vectors.build).summary(),
         )
     if args.side_effects:
         lines = _side_effect_lines(args, result.test_langs())
         result.add_side_effects(model, lines, batch_size=args.batch_size,
-                                progress=not args.quiet, stages=stages)  # fmt: skip
+                                progress=not args.quiet, checkpoints=checkpoints)  # fmt: skip
     meta = common.run_meta(
         model,
         args,
@@ -290,7 +290,7 @@ def _eval(args: argparse.Namespace) -> int:
         extra={"report.html": repair_report(summary, result.search, result.side_effects)},
     )
     outputs_written()
-    finish_stages(stages)
+    finish_checkpoints(checkpoints)
     _print_summary(summary)
     if "transfer" in summary:
         _print_transfer(summary["transfer"])
@@ -307,14 +307,14 @@ def _eval_plan(args: argparse.Namespace, facts: list, opts: SteerEvalOptions) ->
                                 model=args.model)  # fmt: skip
 
 
-def _eval_stages(args: argparse.Namespace, model: Model, facts: list) -> Any:
-    """The resumable stages of ``steer eval`` (:mod:`mechlingo.cli.work`): keyed by the model,
+def _eval_checkpoints(args: argparse.Namespace, model: Model, facts: list) -> Any:
+    """The resumable checkpoints of ``steer eval`` (:mod:`mechlingo.cli.work`): keyed by the model,
     the facts, the vectors' files, the side-effect lines and every flag that changes a
-    number (the seeds, repeats and --transfer name or add stages instead)."""
+    number (the seeds, repeats and --transfer name or add checkpoints instead)."""
     data = data_key(facts=[dataclasses.asdict(f) for f in facts])
     data.update(vectors=hash_files(args.vectors), side_effects=hash_files(args.side_effects))
     skip = ("seeds", "repeats", "transfer", "vectors", "side_effects", "side_effects_on")
-    return open_stages(args, model, data, skip=skip)
+    return open_checkpoints(args, model, data, skip=skip)
 
 
 def _load_vectors(folder: str, model: Model) -> SteeringPair:
@@ -411,14 +411,14 @@ def _transfer(
 
 
 def _transfer_only(args: argparse.Namespace, facts: list, opts: SteerEvalOptions) -> int:
-    """``steer eval --transfer-only``: the transfer matrices alone (one stage)."""
+    """``steer eval --transfer-only``: the transfer matrices alone (one checkpoint)."""
     work_folder(args)
     model = common.load_cli_model(args, facts=facts)
     data = data_key(facts=[dataclasses.asdict(f) for f in facts])
-    stages = open_stages(args, model, data, skip=("seeds", "repeats", "transfer", "vectors",
+    checkpoints = open_checkpoints(args, model, data, skip=("seeds", "repeats", "transfer", "vectors",
                                                   "side_effects"))  # fmt: skip
     t0 = time.time()
-    matrices = stages.run(
+    matrices = checkpoints.run(
         f"transfer-{args.transfer}",
         lambda: _transfer(args.transfer, model, facts, opts, None).summary(),
     )
@@ -427,7 +427,7 @@ def _transfer_only(args: argparse.Namespace, facts: list, opts: SteerEvalOptions
     write_outputs(args.out, {"summary.json": summary,
                              "report.html": transfer_report(summary)})  # fmt: skip
     outputs_written()
-    finish_stages(stages)
+    finish_checkpoints(checkpoints)
     _print_transfer(summary["transfer"])
     print(f"wrote {args.out}/summary.json and report.html")
     return 0

@@ -6,7 +6,7 @@ data-parallel (gradients all-reduced); rank 0 writes the folder. The folder hold
 settings), ``loss.csv`` (the loss curve), ``summary.json`` and ``report.html`` (the loss
 curve figure and, with ``--heldout N``, the held-out KL per layer against the logit lens).
 Use it with ``mechlingo lens --decoder tuned --tuned-lens DIR``. The training and the
-held-out KL are stages kept in ``.OUT.work`` until ``OUT`` is written: the same command run
+held-out KL are checkpoints kept in ``.OUT.work`` until ``OUT`` is written: the same command run
 again after a stop goes on from them (:mod:`mechlingo.cli.work`).
 """
 
@@ -123,11 +123,11 @@ def cmd_tuned_lens(args: argparse.Namespace) -> int:
     if cost.announce(plan, args):
         return 0
     model = common.load_cli_model(args)
-    stages = work.open_stages(args, model, work.data_key(train=train, held=held))
+    checkpoints = work.open_checkpoints(args, model, work.data_key(train=train, held=held))
     t0 = time.time()
     run = run_tuned_lens(
         model, train, held, langs=list(by_lang), text=source, lines=_span_text(train_span),
-        training=training, batch_size=args.batch_size, stages=stages,
+        training=training, batch_size=args.batch_size, checkpoints=checkpoints,
     )  # fmt: skip
     meta = common.run_meta(model, args, seconds=round(time.time() - t0, 1))
     report = Report("mechlingo: tuned lens training", meta)
@@ -138,7 +138,7 @@ def cmd_tuned_lens(args: argparse.Namespace) -> int:
         report.add_figure(fig)
     run.write(args.out, meta=meta, extra={"report.html": report})
     outputs_written()
-    work.finish_stages(stages)
+    work.finish_checkpoints(checkpoints)
     tr = run.training
     print(f"trained {len(tr.tokens)} steps, {sum(tr.tokens)} tokens in {tr.seconds:.0f}s on "
           f"{tr.world_size} process(es); wrote {args.out}")  # fmt: skip

@@ -1,12 +1,12 @@
 """The one rule of interrupted runs, for every long command: ``--work``, ``--fresh``, ``--resume``.
 
 ``steer eval``, ``experts``, ``align``, ``tuned-lens`` and ``replicate`` split their run into
-stages (:class:`mechlingo.core.stages.Stages`) kept in a work folder beside ``--out``
+checkpoints (:class:`mechlingo.core.checkpoints.Checkpoints`) kept in a work folder beside ``--out``
 (``.OUT.work/`` or ``--work DIR``), keyed by the mechlingo version, the model's weights
 fingerprint, the data and every setting that changes a number: a rerun of the same command
-goes on from the finished stages. Entry points: :func:`add_work_args`, :func:`open_stages`,
-:func:`finish_stages`, :func:`data_key`, :func:`settings_key`, :func:`all_ranks_have`. The
-analyses keep their own stages in the ``Stages`` made here
+goes on from the checkpoints. Entry points: :func:`add_work_args`, :func:`open_checkpoints`,
+:func:`finish_checkpoints`, :func:`data_key`, :func:`settings_key`, :func:`all_ranks_have`. The
+analyses keep their own checkpoints in the ``Checkpoints`` made here
 (:func:`mechlingo.analyses.experts.run.run_experts`,
 :func:`mechlingo.analyses.experts.align_run.run_alignment`,
 :func:`mechlingo.analyses.decoders.run.run_tuned_lens`,
@@ -30,26 +30,26 @@ from mechlingo.card.replicate import weights_fingerprint
 from mechlingo.cli.common import UsageError
 from mechlingo.cli.glossary import about
 from mechlingo.core.artifacts import sibling_name
+from mechlingo.core.checkpoints import Checkpoints, key_hash, release_free_locks
 from mechlingo.core.describe import model_info
 from mechlingo.core.distributed import all_reduce_state, dist_info
-from mechlingo.core.stages import Stages, key_hash, release_free_locks
 from mechlingo.core.types import Model
 
 __all__ = [
     "add_work_args",
     "all_ranks_have",
     "data_key",
-    "finish_stages",
+    "finish_checkpoints",
     "hash_files",
-    "open_stages",
+    "open_checkpoints",
     "require_finished",
     "work_folder",
 ]
 
-#: bumped when a stage's stored result changes meaning (old stages are then not reused)
-STAGE_VERSION = 1
+#: bumped when a stage's stored result changes meaning (old checkpoints are then not reused)
+CHECKPOINT_VERSION = 1
 
-#: flags that change no number (where the output goes, the progress bars, the stages)
+#: flags that change no number (where the output goes, the progress bars, the checkpoints)
 _NOT_NUMBERS = frozenset({"out", "quiet", "work", "resume", "fresh", "command", "steer_command"})
 
 
@@ -79,7 +79,7 @@ def add_work_args(p: argparse.ArgumentParser) -> None:
             "--resume",
             "exit 2, nothing computed, e.g. because a setting, the model, "
             "the data or the mechlingo version changed since the interrupted run; "
-            "without it a rerun also goes on from its stages, and starts over when "
+            "without it a rerun also goes on from its checkpoints, and starts over when "
             "there are none",
         ),
     )
@@ -117,7 +117,7 @@ def hash_files(folder: str | Path | None) -> str | None:
 
 def settings_key(args: argparse.Namespace, skip: Iterable[str] = ()) -> dict[str, Any]:
     """Every plain flag value of ``args`` but those that change no number (and ``skip``:
-    flags whose effect is in the stage names, such as the list of k)."""
+    flags whose effect is in the checkpoint names, such as the list of k)."""
     drop = _NOT_NUMBERS | set(skip)
     plain = (str, int, float, bool, type(None), list, tuple)
     return {
@@ -127,13 +127,13 @@ def settings_key(args: argparse.Namespace, skip: Iterable[str] = ()) -> dict[str
     }
 
 
-def open_stages(
+def open_checkpoints(
     args: argparse.Namespace, model: Model, data: Mapping[str, Any], *, skip: Iterable[str] = ()
-) -> Stages:
-    """The stages of this run: keyed by the model, ``data`` (hashes of what was read) and
-    :func:`settings_key`. With ``--fresh`` the stages of this key are removed first;
+) -> Checkpoints:
+    """The checkpoints of this run: keyed by the model, ``data`` (hashes of what was read) and
+    :func:`settings_key`. With ``--fresh`` the checkpoints of this key are removed first;
     otherwise the finished ones are reused (a note on stderr says how many). The key's lock is
-    taken first (:meth:`Stages.lock`): a live run of the same key is refused with one line
+    taken first (:meth:`Checkpoints.lock`): a live run of the same key is refused with one line
     (an :class:`~mechlingo.core.errors.OutputError`) before anything is computed or removed."""
     folder = work_folder(args)
     key = {
@@ -141,79 +141,79 @@ def open_stages(
         "model": {**model_info(model), "weights_fingerprint": weights_fingerprint(model)},
         "data": dict(data),
         "settings": settings_key(args, skip),
-        "stage_version": STAGE_VERSION,
+        "stage_version": CHECKPOINT_VERSION,
     }
     info = dist_info()
     agree = None
-    if info.world_size > 1:  # every rank keeps its own stages; they agree on each one
+    if info.world_size > 1:  # every rank keeps its own checkpoints; they agree on each one
         key["rank"] = [info.rank, info.world_size]
         agree = all_ranks_have
-    stages = Stages(folder, key, agree=agree)
-    stages.lock()
+    checkpoints = Checkpoints(folder, key, agree=agree)
+    checkpoints.lock()
     if getattr(args, "fresh", False) and getattr(args, "resume", False):
         raise UsageError("--fresh and --resume contradict each other", where="--resume",
                          fix="give one: --fresh starts over, --resume only goes on")  # fmt: skip
     if getattr(args, "fresh", False):
-        stages.clear()
+        checkpoints.clear()
     else:
-        done = stage_names(stages)
+        done = checkpoint_names(checkpoints)
         if not done and getattr(args, "resume", False):
             raise UsageError(
-                f"--resume: no finished stage of this run in {folder} (another setting, "
+                f"--resume: no checkpoint of this run in {folder} (another setting, "
                 "model, data or mechlingo version than the interrupted run's)",
                 where="--resume",
                 fix="rerun the interrupted command exactly as it was, or drop --resume to start",
             )
         if done and info.rank == 0 and not getattr(args, "quiet", False):
-            print(f"going on from {len(done)} finished stage(s) in {folder} (--fresh to start "
+            print(f"going on from {len(done)} checkpoint(s) in {folder} (--fresh to start "
                   "over)", file=sys.stderr)  # fmt: skip
-    return stages
+    return checkpoints
 
 
 def require_finished(args: argparse.Namespace, folder: Path) -> None:
-    """``--resume`` of a command whose stages are keyed elsewhere (``replicate``): refuse
-    when ``folder`` holds no finished stage of any key (a :class:`UsageError`)."""
+    """``--resume`` of a command whose checkpoints are keyed elsewhere (``replicate``): refuse
+    when ``folder`` holds no checkpoint of any key (a :class:`UsageError`)."""
     if getattr(args, "fresh", False) and getattr(args, "resume", False):
         raise UsageError("--fresh and --resume contradict each other", where="--resume",
                          fix="give one: --fresh starts over, --resume only goes on")  # fmt: skip
     if getattr(args, "resume", False) and not any(folder.glob("*/*/result.json")):
         raise UsageError(
-            f"--resume: no finished stage in {folder}",
+            f"--resume: no checkpoint in {folder}",
             where="--resume",
             fix="rerun the interrupted command exactly as it was, or drop --resume to start",
         )
 
 
 def all_ranks_have(done: bool) -> bool:
-    """Under torchrun: true only when every rank has the stage (one all-reduce)."""
+    """Under torchrun: true only when every rank has the checkpoint (one all-reduce)."""
     total = all_reduce_state({"done": torch.tensor([1.0 if done else 0.0])})["done"]
     return int(total.item()) == dist_info().world_size
 
 
-def finish_stages(stages: Stages, folder: str | Path | None = None) -> None:
-    """After ``--out`` is written: remove the run's stages (``folder``: the key folder, when
-    another object made the stages), give their lock back (lock files no live run holds are
+def finish_checkpoints(checkpoints: Checkpoints, folder: str | Path | None = None) -> None:
+    """After ``--out`` is written: remove the run's checkpoints (``folder``: the key folder, when
+    another object made the checkpoints), give their lock back (lock files no live run holds are
     removed too) and remove the work folder when it is empty."""
     if folder is None:
-        stages.clear()
+        checkpoints.clear()
     else:
         shutil.rmtree(folder, ignore_errors=True)
-    stages.unlock()
-    release_free_locks(stages.root)
+    checkpoints.unlock()
+    release_free_locks(checkpoints.root)
     try:
-        stages.root.rmdir()
+        checkpoints.root.rmdir()
     except OSError:
         pass
 
 
-def stage_names(stages: Stages) -> list[str]:
-    """The finished stages of ``stages``' key, sorted."""
-    if not stages.folder.is_dir():
+def checkpoint_names(checkpoints: Checkpoints) -> list[str]:
+    """The checkpoints of ``checkpoints``' key, sorted."""
+    if not checkpoints.folder.is_dir():
         return []
     return sorted(
         p.name
-        for p in stages.folder.iterdir()
-        if p.is_dir() and not p.name.startswith(".") and stages.done(p.name)
+        for p in checkpoints.folder.iterdir()
+        if p.is_dir() and not p.name.startswith(".") and checkpoints.done(p.name)
     )
 
 

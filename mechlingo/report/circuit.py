@@ -34,7 +34,7 @@ def circuit_report(lc: LanguageCircuits, meta: Mapping[str, Any]) -> Report:
     report.add_text(
         "Each language's circuit is scored on subject pairs of its correctly answered facts "
         "(the corrupted prompt: another fact of the same relation and length). Faithfulness = "
-        "(metric with only the circuit's edges clean - corrupted) / (clean - corrupted), a "
+        "(readout with only the circuit's edges clean - corrupted) / (clean - corrupted), a "
         "ratio of means over facts with a 95% bootstrap interval clustered by fact. CPR: the "
         "area under the faithfulness curve over circuit size as a fraction of the edges; CMD: "
         "the area between the curve and 1. The overlap's p is against random circuits of the "
@@ -83,7 +83,7 @@ def _rows(lc: LanguageCircuits) -> list[dict[str, Any]]:
             "n (pairs' facts)": r.n, "edges": len(r.circuit), "of edges": len(r.ranked),
             "faithfulness": _f(r.faithfulness), "CPR": _f(r.areas.get("cpr")),
             "CMD": _f(r.areas.get("cmd")), "Spearman, top edges (estimate vs exact)":
-            round(r.spearman, 3), "clean metric": round(float(r.clean.mean()), 3),
-            "corrupted metric": round(float(r.corrupted.mean()), 3),
+            round(r.spearman, 3), "clean readout": round(float(r.clean.mean()), 3),
+            "corrupted readout": round(float(r.corrupted.mean()), 3),
         })  # fmt: skip
     return rows

@@ -137,7 +137,7 @@ def add_circuit(report: Report, lang: str, c: TraceCircuit | str | None) -> None
         f"the top {len(c.result.verified)} edges re-scored by exact edge patching (Spearman "
         f"{c.result.spearman:.2f}); the circuit is the smallest on the curve below reaching "
         f"faithfulness {meta['target']}. Every line is a measured edge (hover: its score, 95% "
-        "interval, n and exact value); the bands are the pipeline stages."
+        "interval, n and exact value); the bands are the pipeline phases."
         + (f" Note: {c.shortfall()}." if c.shortfall() else ""),
         note=True,
     )
@@ -162,7 +162,7 @@ def add_patching(report: Report, p: LanguagePatching) -> None:
         )
     report.add_figure(
         (p.atp if p.atp is not None else p.sweep).fig_circuit(
-            stages=p.stages,
+            phases=p.phases,
             token_labels=p.token_labels,
             heads=p.atp is not None,
             verified=p.verified_heads,

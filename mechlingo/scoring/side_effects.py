@@ -1,4 +1,4 @@
-"""What else does an intervention change? A language x metric side-effects matrix.
+"""What else does an intervention change? A language x measure side-effects matrix.
 
 A steering vector that raises Spanish recall, or a Spanish expert clamp that aligns
 embeddings, can also change the other languages. :func:`side_effects` measures, for every
@@ -155,8 +155,8 @@ class SideEffects:
     """The side-effects matrix of one intervention (and its control).
 
     Attributes:
-        rows: one dict per (arm, language, metric): ``arm`` (``"intervention"`` or
-            ``"control"``), ``lang``, ``metric`` (one of :data:`MEASURES`), ``base`` (value
+        rows: one dict per (arm, language, measure): ``arm`` (``"intervention"`` or
+            ``"control"``), ``lang``, ``measure`` (one of :data:`MEASURES`), ``base`` (value
             without any intervention), ``value`` (with the arm's intervention), ``delta``
             (the change: a difference of shares for ``accuracy`` and ``output_lang``, the
             relative change ``value / base - 1`` for ``perplexity``), ``ci_low``/``ci_high``
@@ -173,33 +173,33 @@ class SideEffects:
     examples: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per (arm, language, metric)."""
+        """One row per (arm, language, measure)."""
         import pandas as pd
 
         return pd.DataFrame(self.rows)
 
-    def get(self, lang: str, metric: str, arm: str = "intervention") -> dict[str, Any]:
+    def get(self, lang: str, measure: str, arm: str = "intervention") -> dict[str, Any]:
         """The row of one cell of the matrix."""
         for r in self.rows:
-            if r["lang"] == lang and r["metric"] == metric and r["arm"] == arm:
+            if r["lang"] == lang and r["measure"] == measure and r["arm"] == arm:
                 return r
-        raise KeyError(f"no row for lang={lang!r}, metric={metric!r}, arm={arm!r}")
+        raise KeyError(f"no row for lang={lang!r}, measure={measure!r}, arm={arm!r}")
 
     def matrix(self, arm: str = "intervention", value: str = "delta") -> pd.DataFrame:
-        """``[language x metric]`` table of ``value`` (``delta``, ``base``, ``value``, ...)."""
+        """``[language x measure]`` table of ``value`` (``delta``, ``base``, ``value``, ...)."""
         df = self.to_dataframe()
         df = df[df["arm"] == arm]
-        return df.pivot(index="lang", columns="metric", values=value).reindex(
-            index=self.langs, columns=[m for m in MEASURES if m in set(df["metric"])]
+        return df.pivot(index="lang", columns="measure", values=value).reindex(
+            index=self.langs, columns=[m for m in MEASURES if m in set(df["measure"])]
         )
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (NaN as ``None``): ``langs``, ``metrics``, ``rows``, ``meta``
+        """A JSON-ready dict (NaN as ``None``): ``langs``, ``measures``, ``rows``, ``meta``
         and ``examples`` -- what ``summary.json["side_effects"]`` holds."""
         return jsonable(
             {
                 "langs": self.langs,
-                "metrics": list(MEASURES),
+                "measures": list(MEASURES),
                 "rows": self.rows,
                 "meta": self.meta,
                 "examples": self.examples,
@@ -207,7 +207,7 @@ class SideEffects:
         )
 
     def fig_heatmap(self, arms: Sequence[str] | None = None) -> go.Figure:
-        """Language x metric heatmaps of the change (one panel per arm: intervention and
+        """Language x measure heatmaps of the change (one panel per arm: intervention and
         control), colour = change (red = up, blue = down), text = change and its interval.
         Perplexity is a relative change, the others differences of shares
         (:func:`mechlingo.viz.side_effects.side_effects_heatmap`)."""
@@ -253,7 +253,7 @@ def _ppl_ratio(a: np.ndarray, b: np.ndarray, n: np.ndarray, axis: int = -1) -> n
 
 
 def _share_row(
-    arm: str, lang: str, metric: str, base: np.ndarray, new: np.ndarray, opts: dict[str, Any]
+    arm: str, lang: str, measure: str, base: np.ndarray, new: np.ndarray, opts: dict[str, Any]
 ) -> dict[str, Any]:
     n = len(base)
     lo, hi = _boot_ci((base, new), _mean_diff, **opts)
@@ -262,7 +262,7 @@ def _share_row(
     return {
         "arm": arm,
         "lang": lang,
-        "metric": metric,
+        "measure": measure,
         "base": float(base.mean()),
         "value": float(new.mean()),
         "delta": float(new.mean() - base.mean()),
@@ -283,7 +283,7 @@ def _ppl_row(
     return {
         "arm": arm,
         "lang": lang,
-        "metric": "perplexity",
+        "measure": "perplexity",
         "base": b,
         "value": v,
         "delta": v / b - 1.0,
@@ -395,7 +395,7 @@ def _effect_rows(
     fact_langs: Sequence[str],
     opts: dict[str, Any],
 ) -> list[dict[str, Any]]:
-    """The matrix rows: per non-base arm and language, the change of each metric against the
+    """The matrix rows: per non-base arm and language, the change of each measure against the
     ``base`` arm with its intervals."""
     fact_lang = np.array(fact_langs)
     base = measured["base"]

@@ -5,7 +5,7 @@
 ``edges`` is one line trace (its ``meta`` names the edge), its width the edge's absolute mean
 score, its hover the score with its 95% interval and n, and the exact effect where the edge
 was verified by exact edge patching. Nodes sit at (position group, layer); an edge joins a
-sender and a receiver at the same position. ``stages`` (``{name: (first_layer,
+sender and a receiver at the same position. ``phases`` (``{name: (first_layer,
 last_layer)}``) are shaded as layer bands.
 
 Across languages: :func:`faithfulness_curves_figure` (each language's faithfulness against
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from mechlingo.viz.common import band, interval_text, plain
 from mechlingo.viz.palette import SCORE, language_color, site_color
-from mechlingo.viz.patching import add_stages
+from mechlingo.viz.patching import add_phases
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -75,10 +75,10 @@ def measured_circuit_figure(
     data: Mapping[str, Any],
     *,
     title: str | None = None,
-    stages: Mapping[str, tuple[float, float]] | None = None,
+    phases: Mapping[str, tuple[float, float]] | None = None,
 ) -> go.Figure:
     """The circuit of ``data`` (a ``CircuitResult.to_json()``); see the module docstring.
-    The title gives n and the circuit's faithfulness with its interval; ``stages`` are
+    The title gives n and the circuit's faithfulness with its interval; ``phases`` are
     shaded layer bands (none by default)."""
     import plotly.graph_objects as go
 
@@ -123,7 +123,7 @@ def measured_circuit_figure(
     fig.update_yaxes(
         title_text="layer (embeddings -1, logits on top)", range=[-1.5, n_layers + 0.5]
     )
-    add_stages(fig, stages or {}, len(positions))
+    add_phases(fig, phases or {}, len(positions))
     return fig
 
 

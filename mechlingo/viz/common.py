@@ -16,7 +16,7 @@ __all__ = [
     "band",
     "html_summary",
     "interval_text",
-    "metric_label",
+    "readout_label",
     "n_text",
     "plain",
     "rank_axis",
@@ -67,17 +67,17 @@ def track_label(track: str) -> str:
     return "English answer" if track == "en" else f"answer in {track}"
 
 
-#: How the patching metrics read in figure text.
-_METRIC_NAMES = {
+#: How the patching readouts read in figure text.
+_READOUT_NAMES = {
     "answer_logprob": "log-probability of the prompt-language answer",
     "en_logprob": "log-probability of the English answer",
 }
 
 
-def metric_label(name: str) -> str:
-    """A patching metric in words (``"answer_logprob"`` -> "log-probability of the
+def readout_label(name: str) -> str:
+    """A patching readout in words (``"answer_logprob"`` -> "log-probability of the
     prompt-language answer"); an unlisted name is returned with its underscores as spaces."""
-    return _METRIC_NAMES.get(name, name.replace("_", " "))
+    return _READOUT_NAMES.get(name, name.replace("_", " "))
 
 
 #: How a patching grid's value reads in figure text.

@@ -12,7 +12,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mechlingo.viz.common import VALUE_LABELS, metric_label, plain, rgba
+from mechlingo.viz.common import VALUE_LABELS, plain, readout_label, rgba
 from mechlingo.viz.palette import SEQUENCE, effect_color, site_color
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ __all__ = [
     "CircuitOptions",
     "Component",
     "circuit_figure",
-    "add_stages",
+    "add_phases",
     "knockout_figure",
     "patching_heatmaps",
 ]
@@ -44,13 +44,13 @@ def patching_heatmaps(
     layers: Sequence[int],
     position_labels: Sequence[Any],
     heads: Sequence[int],
-    metric_name: str,
+    readout_name: str,
     alignment: str,
     value: str = "normalized",
     n_examples: int | None = None,
 ) -> go.Figure:
     """One layer-by-position heatmap per site (``grids[site]``, in order; ``value`` names
-    what the grids hold: normalised effect, effect or mean of the patched metric, for the
+    what the grids hold: normalised effect, effect or mean of the patched readout, for the
     title and the colour bar); a ``head`` grid (``[layer, position, head]``) is shown
     layer-by-head, averaged over positions. ``n_examples`` (the clean prompts averaged)
     goes into the title."""
@@ -90,7 +90,7 @@ def patching_heatmaps(
     n = f"; n = {n_examples} clean prompts" if n_examples is not None else ""
     fig.update_layout(
         title=f"Activation patching ({alignment} alignment{n}): {what} on the "
-        f"{metric_label(metric_name)}",
+        f"{readout_label(readout_name)}",
         coloraxis={"colorscale": "RdBu", "cmid": 0, "colorbar": {"title": {"text": what}}},
         height=460,
     )
@@ -104,10 +104,10 @@ def knockout_figure(
     *,
     windows: Sequence[tuple[int, int]],
     keys: str,
-    metric_name: str,
+    readout_name: str,
     n_examples: int | None = None,
 ) -> go.Figure:
-    """Relative change of the answer metric when attention from the last token to the
+    """Relative change of the answer readout when attention from the last token to the
     ``keys`` positions is blocked in each layer window (``(first, last)``), with its 95%
     interval ``[lo, hi]`` as error bars; ``n_examples`` (the prompts) goes into the title."""
     import plotly.graph_objects as go
@@ -133,7 +133,7 @@ def knockout_figure(
     n = f" (n = {n_examples} prompts)" if n_examples is not None else ""
     fig.update_layout(
         title=f"Attention knockout (last token -> {keys}): change of the "
-        f"{metric_label(metric_name)}{n}",
+        f"{readout_label(readout_name)}{n}",
         xaxis={"title": "blocked layer window", "type": "category"},
         yaxis={"title": "relative change", "tickformat": ".0%"},
         height=380,
@@ -164,10 +164,10 @@ def _node_xy(cell: Component) -> tuple[float, float]:
     return cell.position + off, float(cell.layer)
 
 
-def _label_heights(stages: Mapping[str, tuple[float, float]], gap: float) -> list[float]:
-    """Heights of the stage labels: each at its band's middle, moved up just enough to sit
+def _label_heights(phases: Mapping[str, tuple[float, float]], gap: float) -> list[float]:
+    """Heights of the phase labels: each at its band's middle, moved up just enough to sit
     ``gap`` layers above the label below it, so that no two labels overlap."""
-    mids = [(a + b) / 2 for a, b in stages.values()]
+    mids = [(a + b) / 2 for a, b in phases.values()]
     order = sorted(range(len(mids)), key=lambda i: mids[i])
     out = list(mids)
     for prev, cur in zip(order, order[1:], strict=False):
@@ -175,10 +175,10 @@ def _label_heights(stages: Mapping[str, tuple[float, float]], gap: float) -> lis
     return out
 
 
-def add_stages(fig: go.Figure, stages: Mapping[str, tuple[float, float]], n_pos: int) -> None:
-    """Shaded layer bands, one per stage, labelled on the right (labels kept apart)."""
-    heights = _label_heights(stages, gap=1.0)
-    for k, (name, (a, b)) in enumerate(stages.items()):
+def add_phases(fig: go.Figure, phases: Mapping[str, tuple[float, float]], n_pos: int) -> None:
+    """Shaded layer bands, one per phase, labelled on the right (labels kept apart)."""
+    heights = _label_heights(phases, gap=1.0)
+    for k, (name, (a, b)) in enumerate(phases.items()):
         fig.add_shape(
             type="rect",
             x0=-0.5,
@@ -245,7 +245,7 @@ class CircuitOptions(TypedDict, total=False):
     defaults and meaning are :func:`circuit_figure`'s)."""
 
     top_k: int
-    stages: Mapping[str, tuple[float, float]] | None
+    phases: Mapping[str, tuple[float, float]] | None
     token_labels: Sequence[str] | None
     title: str | None
     heads: bool
@@ -259,7 +259,7 @@ def circuit_figure(
     *,
     layers: Sequence[int],
     position_labels: Sequence[Any],
-    metric_name: str,
+    readout_name: str,
     **options: Unpack[CircuitOptions],
 ) -> go.Figure:
     """A circuit diagram drawn from measured patching effects (``options``:
@@ -268,7 +268,7 @@ def circuit_figure(
     the title).
 
     ``cells`` are the sweep's patched places (:class:`Component`: site, layer, position
-    index, head) and ``effects`` their normalised effects on ``metric_name``; ``layers``
+    index, head) and ``effects`` their normalised effects on ``readout_name``; ``layers``
     and ``position_labels`` are the sweep's axes.
 
     With ``heads`` the sweep's single attention heads (site ``head``) compete for the
@@ -282,14 +282,14 @@ def circuit_figure(
     measures components, not the paths between them, and a line drawn by a rule would read as
     a measured path (a note under the grid says so; :func:`mechlingo.analyses.circuits.find_circuit`
     measures edges and :func:`mechlingo.viz.circuit.measured_circuit_figure` draws them).
-    Stages are shaded layer bands given
-    by ``stages`` ``{name: (first_layer, last_layer)}`` (see
-    :func:`mechlingo.analyses.recall.trace_patching.pipeline_stages`).
+    Phases are shaded layer bands given
+    by ``phases`` ``{name: (first_layer, last_layer)}`` (see
+    :func:`mechlingo.analyses.recall.trace_patching.pipeline_phases`).
     """
     import plotly.graph_objects as go
 
     top_k, heads = options.get("top_k", 12), options.get("heads", False)
-    stages, token_labels = options.get("stages"), options.get("token_labels")
+    phases, token_labels = options.get("phases"), options.get("token_labels")
     title, n_examples = options.get("title"), options.get("n_examples")
     comps = [Component(*c) for c in cells]
     nodes = _circuit_nodes(comps, effects, heads, top_k)
@@ -299,7 +299,7 @@ def circuit_figure(
     n_pos = len(position_labels)
     lo_layer, hi_layer = min(layers), max(layers)
     fig = go.Figure()
-    add_stages(fig, stages or {}, n_pos)
+    add_phases(fig, phases or {}, n_pos)
     fig.add_annotation(text=EDGES_NOTE, x=0, y=-0.3, xref="paper", yref="paper",
                        xanchor="left", yanchor="top", showarrow=False, font={"size": 11})  # fmt: skip
     _add_nodes(fig, position_labels, nodes, labels, exact)
@@ -312,7 +312,7 @@ def circuit_figure(
     fig.update_yaxes(range=[lo_layer - 0.8, hi_layer + 0.8], title="layer", dtick=1)
     head = title or (
         f"Circuit: top {len(nodes)} components by patching effect on the "
-        f"{metric_label(metric_name)}"
+        f"{readout_label(readout_name)}"
     )
     if n_examples is not None:
         head += f" (n = {n_examples} clean prompts)"

@@ -1,4 +1,4 @@
-"""The side-effects matrix of an intervention: language x metric heatmaps of the change.
+"""The side-effects matrix of an intervention: language x measure heatmaps of the change.
 
 The function takes plain data (the rows of a side-effects measurement) and imports plotly
 when called."""
@@ -60,21 +60,21 @@ def _panel(
 def side_effects_heatmap(
     rows: Sequence[Mapping[str, Any]],
     langs: Sequence[str],
-    metrics: Sequence[str],
+    measures: Sequence[str],
     *,
     arms: Sequence[str] | None = None,
     intervention: str = "the intervention",
     confidence: float = 0.95,
 ) -> go.Figure:
-    """Language x metric heatmaps of the change (one panel per arm: intervention and
+    """Language x measure heatmaps of the change (one panel per arm: intervention and
     control), colour = change (red = up, blue = down), text = change and its interval.
     Perplexity is a relative change, the others differences of shares.
 
     Args:
-        rows: one dict per (arm, language, metric) with ``arm``, ``lang``, ``metric``,
+        rows: one dict per (arm, language, measure) with ``arm``, ``lang``, ``measure``,
             ``delta``, ``ci_low`` and ``ci_high`` (NaN where undefined).
         langs: languages, top to bottom.
-        metrics: metric columns in order (those with no row are left out).
+        measures: measure columns in order (those with no row are left out).
         arms: panels (default ``("intervention", "control")``, those present).
         intervention: the intervention's description, for the title.
         confidence: the interval level, for the title.
@@ -87,10 +87,10 @@ def side_effects_heatmap(
     fig = make_subplots(
         rows=1, cols=max(1, len(arms)), subplot_titles=arms, horizontal_spacing=0.08
     )
-    cols = [m for m in metrics if any(r["metric"] == m for r in rows)]
+    cols = [m for m in measures if any(r["measure"] == m for r in rows)]
     cells: dict[tuple[str, str, str], Mapping[str, Any]] = {}
     for r in rows:  # the first row of a cell wins
-        cells.setdefault((r["lang"], r["metric"], r["arm"]), r)
+        cells.setdefault((r["lang"], r["measure"], r["arm"]), r)
     for k, arm in enumerate(arms):
         z, text = _panel(cells, langs, cols, arm)
         fig.add_trace(
@@ -107,7 +107,7 @@ def side_effects_heatmap(
             col=k + 1,
         )
     fig.update_yaxes(autorange="reversed", title_text="language")
-    fig.update_xaxes(title_text="metric")
+    fig.update_xaxes(title_text="measure")
     ns = [r.get("n") for r in rows]
     n = f"; n = {min(v for v in ns if v)}-{max(v for v in ns if v)} per cell" if any(ns) else ""
     fig.update_layout(

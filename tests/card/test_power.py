@@ -221,7 +221,7 @@ def test_a_loaded_machine_leaves_the_measured_cpu_per_item_alone(tiny, tmp_path)
     from mechlingo.card import replicate as rep
     from mechlingo.card.stages import CardSettings
     from mechlingo.card.stages.base import Context
-    from mechlingo.core.stages import Stages
+    from mechlingo.core.checkpoints import Checkpoints
     from mechlingo.data import parallel_sentences
 
     cfg = rep.budget_settings("quick")
@@ -229,7 +229,7 @@ def test_a_loaded_machine_leaves_the_measured_cpu_per_item_alone(tiny, tmp_path)
 
     def cost() -> tuple[float, float]:
         t0 = time.perf_counter()
-        ctx = Context(tiny, None, par, CardSettings.of(cfg), Stages(tmp_path, {}))
+        ctx = Context(tiny, None, par, CardSettings.of(cfg), Checkpoints(tmp_path, {}))
         c = rep._embed_cost(ctx)["embed"]  # noqa: SLF001
         return c, time.perf_counter() - t0
 

@@ -25,7 +25,7 @@ from mechlingo.card.rules import (
     RULES_HASH,
 )
 from mechlingo.card.stages import transfer as transfer_stage
-from mechlingo.core.stages import Stages
+from mechlingo.core.checkpoints import Checkpoints
 from mechlingo.data import parallel_sentences
 from tests.forks import torchrun
 
@@ -157,13 +157,13 @@ def test_stages_cache_key_and_errors(tmp_path):
         calls.append(1)
         return {"x": [1.5, float("nan")], "n": 3}
 
-    s = Stages(tmp_path, {"model": "a", "settings": {"k": 1}})
+    s = Checkpoints(tmp_path, {"model": "a", "settings": {"k": 1}})
     first = s.run("one", work)
     assert first == {"x": [1.5, None], "n": 3} and calls == [1]
     assert s.run("one", work) == first and calls == [1]  # read back, not recomputed
-    assert Stages(tmp_path, {"settings": {"k": 1}, "model": "a"}).run("one", work) == first
+    assert Checkpoints(tmp_path, {"settings": {"k": 1}, "model": "a"}).run("one", work) == first
     assert calls == [1]  # the key's order does not matter
-    Stages(tmp_path, {"model": "b", "settings": {"k": 1}}).run("one", work)
+    Checkpoints(tmp_path, {"model": "b", "settings": {"k": 1}}).run("one", work)
     assert calls == [1, 1]  # another model: another key
 
     def broken():
@@ -178,15 +178,15 @@ def test_stages_cache_key_and_errors(tmp_path):
 
 def test_a_killed_stage_leaves_nothing_half_written(tmp_path):
     code = (
-        "from mechlingo.core.stages import Stages\n"
-        f"s = Stages({str(tmp_path)!r}, {{'k': 1}})\n"
+        "from mechlingo.core.checkpoints import Checkpoints\n"
+        f"s = Checkpoints({str(tmp_path)!r}, {{'k': 1}})\n"
         "s.run('a', lambda: {'v': 1})\n"
         "s.run('b', lambda: {'v': 2})\n"
     )
     env = {**os.environ, "MECHLINGO_TEST_KILL_AT": "stage", "PYTHONPATH": os.getcwd()}
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True)
     assert p.returncode == -9  # SIGKILL inside the first stage, before its rename
-    s = Stages(tmp_path, {"k": 1})
+    s = Checkpoints(tmp_path, {"k": 1})
     assert not s.done("a") and list(s.folder.glob(".a.building-*"))
     assert s.run("a", lambda: {"v": 1}) == {"v": 1}
     assert not list(s.folder.glob(".a.building-*"))  # the dead process's leftovers removed
@@ -347,8 +347,8 @@ def _mismatches(got, want, path="rows", rel=1e-3):
 
 
 def _check_pinned(card, work, name):
-    """The card's rows equal the pinned ones, and its stages sit in the pinned stage folder
-    (the same key: a user's finished stages are reused)."""
+    """The card's rows equal the pinned ones, and its stages sit in the pinned checkpoint folder
+    (the same key: a user's checkpoints are reused)."""
     pinned = json.loads((PINNED / name).read_text())
     rows = [{k: v for k, v in r.items() if k not in _STATIC} for r in card.to_json()["claims"]]
     bad = _mismatches(rows, pinned["claims"])

@@ -4,6 +4,7 @@ and no two modules share a file name, except where the allow-lists below say why
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -92,3 +93,71 @@ def test_the_name_checks_find_a_planted_twin(tmp_path):
     assert shared_module_names(root) == {
         "pooled.py": ["activations/pooled.py", "analyses/recall/pooled.py"]
     }
+
+
+def _words(name: str) -> set[str]:
+    """The lower-case words of an identifier or a file name (``snake_case`` and ``CamelCase``
+    split; ``readouts`` also gives ``readout``)."""
+    parts = re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", name.removesuffix(".py"))
+    words = {p.lower() for p in parts}
+    return words | {w[:-1] for w in words if w.endswith("s")}
+
+
+def defined_names(path: Path) -> set[str]:
+    """The module's file name and every class, function (and method) and module-level
+    constant it defines."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = {path.name}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            out.add(node.name)
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        out |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return out
+
+
+def concept_violations(root: Path, concepts: dict) -> list[str]:
+    """What breaks one word per concept under ``root`` (the ``mechlingo`` folder): a name in a
+    concept's modules carrying a forbidden word, or a concept whose word names nothing there."""
+    bad = []
+    for concept, (word, forbidden, modules) in concepts.items():
+        found = False
+        for module in modules:
+            base = root.parent / module.replace(".", "/")
+            paths = sorted(base.rglob("*.py")) if base.is_dir() else [base.with_suffix(".py")]
+            assert paths and paths[0].is_file(), f"{concept}: no module {module}"
+            for path in paths:
+                for name in sorted(defined_names(path)):
+                    words = _words(name)
+                    found |= word in words
+                    bad += [f"{concept}: {name} ({path.name}) says {w!r}, not {word!r}"
+                            for w in forbidden if w in words]  # fmt: skip
+        if not found:
+            bad.append(f"{concept}: no name in {modules} says {word!r}")
+    return bad
+
+
+def test_each_concept_has_one_word_in_its_names():
+    from mechlingo.cli.glossary import CONCEPT_WORDS
+
+    assert not concept_violations(PKG, CONCEPT_WORDS)
+
+
+def test_the_concept_check_finds_a_forbidden_synonym(tmp_path):
+    root = tmp_path / "mechlingo"
+    (root / "core").mkdir(parents=True)
+    (root / "core" / "checkpoints.py").write_text(
+        "class Checkpoints:\n    pass\nclass StageStore:\n    pass\n", encoding="utf-8"
+    )
+    (root / "core" / "phases.py").write_text("LIMIT = 1\n", encoding="utf-8")
+    concepts = {
+        "checkpoint": ("checkpoint", ("stage",), ("mechlingo.core.checkpoints",)),
+        "phase": ("phase", ("stage",), ("mechlingo.core.phases",)),
+    }
+    assert concept_violations(root, concepts) == [
+        "checkpoint: StageStore (checkpoints.py) says 'stage', not 'checkpoint'",
+    ]
+    concepts["phase"] = ("band", ("stage",), ("mechlingo.core.phases",))
+    assert concept_violations(root, concepts)[-1].startswith("phase: no name in")
+    assert _words("PackedReadouts") >= {"packed", "readout"} and "stage" in _words("STAGE_LOG")

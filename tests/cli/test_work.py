@@ -1,9 +1,9 @@
-"""The one rule of interrupted runs (mechlingo.cli.work): finished stages in ``.OUT.work``,
+"""The one rule of interrupted runs (mechlingo.cli.work): checkpoints in ``.OUT.work``,
 the same command run again goes on from them, ``--fresh`` starts over. A run stopped in a
-later stage and run again writes the same outputs as an uninterrupted run without recomputing
-the finished stages; changed settings do not reuse stale stages. The kill tests SIGKILL each
+later checkpoint and run again writes the same outputs as an uninterrupted run without recomputing
+the checkpoints; changed settings do not reuse stale checkpoints. The kill tests SIGKILL each
 long command (steer eval with and without --transfer, experts, align, tuned-lens, replicate)
-at a random stage, run it again, and count what was recomputed."""
+at a random checkpoint, run it again, and count what was recomputed."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _count(monkeypatch, module, name: str, calls: dict, stop_when=None):
 def test_work_folder_beside_out_and_never_inside(tmp_path):
     ns = argparse.Namespace(out=str(tmp_path / "res"), work=None)
     assert work_folder(ns) == tmp_path / ".res.work"
-    ns.work = str(tmp_path / "res" / "stages")
+    ns.work = str(tmp_path / "res" / "checkpoints")
     with pytest.raises(UsageError, match="inside --out"):
         work_folder(ns)
     ns.work = str(tmp_path / "res")
@@ -74,18 +74,18 @@ def test_settings_key_drops_only_what_changes_no_number():
 
 
 def test_ranks_reuse_a_stage_only_when_every_rank_has_it(tmp_path):
-    """Under torchrun each rank keeps its own stages; ``agree`` (an all-reduce there) says
-    whether every rank has a stage: when one rank lacks it, all ranks recompute it."""
-    from mechlingo.core.stages import Stages
+    """Under torchrun each rank keeps its own checkpoints; ``agree`` (an all-reduce there) says
+    whether every rank has a checkpoint: when one rank lacks it, all ranks recompute it."""
+    from mechlingo.core.checkpoints import Checkpoints
 
     calls: list[str] = []
-    a = Stages(tmp_path / "r0", {"k": 1}, agree=lambda done: done and other_has[0])
+    a = Checkpoints(tmp_path / "r0", {"k": 1}, agree=lambda done: done and other_has[0])
     other_has = [False]
     a.run("s", lambda: calls.append("first") or {"v": 1})
-    a2 = Stages(tmp_path / "r0", {"k": 1}, agree=lambda done: done and other_has[0])
+    a2 = Checkpoints(tmp_path / "r0", {"k": 1}, agree=lambda done: done and other_has[0])
     a2.run("s", lambda: calls.append("again") or {"v": 1})  # the other rank lacks it
     other_has[0] = True
-    a3 = Stages(tmp_path / "r0", {"k": 1}, agree=lambda done: done and other_has[0])
+    a3 = Checkpoints(tmp_path / "r0", {"k": 1}, agree=lambda done: done and other_has[0])
     a3.run("s", lambda: calls.append("never") or {"v": 1})
     assert calls == ["first", "again"]
 
@@ -99,11 +99,11 @@ def test_torchrun_keeps_stages_per_rank_and_resumes(tmp_path, monkeypatch, tiny)
     monkeypatch.setattr(work, "all_ranks_have", lambda done: seen.append(done) or done)
     ns = argparse.Namespace(out=str(tmp_path / "o"), work=None, resume=False, fresh=False,
                             quiet=True, command="experts", seed=0)  # fmt: skip
-    st = work.open_stages(ns, tiny, {"d": "x"})
+    st = work.open_checkpoints(ns, tiny, {"d": "x"})
     assert st.key["rank"] == [1, 2]
     st.run("a", lambda: {"v": 1})
-    ns.resume = True  # --resume under torchrun: this rank's stages are there
-    work.open_stages(ns, tiny, {"d": "x"}).run("a", lambda: {"v": 2})
+    ns.resume = True  # --resume under torchrun: this rank's checkpoints are there
+    work.open_checkpoints(ns, tiny, {"d": "x"}).run("a", lambda: {"v": 2})
     assert seen == [False, True]  # the ranks were asked both times; the second reused
 
 
@@ -112,25 +112,25 @@ def test_resume_refuses_when_there_is_nothing_to_go_on_from(tmp_path, tiny):
 
     ns = argparse.Namespace(out=str(tmp_path / "o"), work=None, resume=True, fresh=False,
                             quiet=True, command="experts", seed=0)  # fmt: skip
-    with pytest.raises(UsageError, match="--resume: no finished stage"):
-        work.open_stages(ns, tiny, {"d": "x"})
-    with pytest.raises(UsageError, match="--resume: no finished stage"):
+    with pytest.raises(UsageError, match="--resume: no checkpoint"):
+        work.open_checkpoints(ns, tiny, {"d": "x"})
+    with pytest.raises(UsageError, match="--resume: no checkpoint"):
         work.require_finished(ns, tmp_path / ".o.work")
     ns.resume = False
-    work.open_stages(ns, tiny, {"d": "x"}).run("a", lambda: {"v": 1})
+    work.open_checkpoints(ns, tiny, {"d": "x"}).run("a", lambda: {"v": 1})
     ns.resume = True
-    assert work.open_stages(ns, tiny, {"d": "x"}).run("a", lambda: {"v": 2}) == {"v": 1}
-    work.require_finished(ns, tmp_path / ".o.work")  # a finished stage: goes on
+    assert work.open_checkpoints(ns, tiny, {"d": "x"}).run("a", lambda: {"v": 2}) == {"v": 1}
+    work.require_finished(ns, tmp_path / ".o.work")  # a checkpoint: goes on
     ns.seed = 1  # another setting: another key, nothing of it finished
-    with pytest.raises(UsageError, match="--resume: no finished stage"):
-        work.open_stages(ns, tiny, {"d": "x"})
+    with pytest.raises(UsageError, match="--resume: no checkpoint"):
+        work.open_checkpoints(ns, tiny, {"d": "x"})
     ns.fresh = True
     with pytest.raises(UsageError, match="contradict"):
-        work.open_stages(ns, tiny, {"d": "x"})
+        work.open_checkpoints(ns, tiny, {"d": "x"})
 
 
 # --------------------------------------------------------------------------------------
-# steer eval on the tiny model: stopped in the side effects (the last stage), resumed
+# steer eval on the tiny model: stopped in the side effects (the last checkpoint), resumed
 # --------------------------------------------------------------------------------------
 
 
@@ -160,8 +160,8 @@ def test_steer_eval_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch,
     assert run("b") == 130
     assert not (tmp_path / "b").exists()
     assert "run the same command again" in capsys.readouterr().err
-    stages = next((tmp_path / ".b.work").iterdir())
-    done = {p.name for p in stages.iterdir() if (p / "result.json").is_file()}
+    checkpoints = next((tmp_path / ".b.work").iterdir())
+    done = {p.name for p in checkpoints.iterdir() if (p / "result.json").is_file()}
     assert {"r0-sweep", "r1-build", "r1-sweep", "r0-test-orig", "r0-test-random_s1",
             "r0-test-headroom", "r1-test-both"} <= done  # fmt: skip
     assert "side-effects" not in done
@@ -179,7 +179,7 @@ def test_steer_eval_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch,
         tmp_path / "full" / "generations.jsonl"
     ).read_text()
 
-    # changed settings: a resume with another --max-new-tokens reuses no stage
+    # changed settings: a resume with another --max-new-tokens reuses no checkpoint
     calls.clear()
     _count(monkeypatch, protocol, "side_effects", {}, stop_when=lambda *a, **kw: True)
     assert run("c") == 130
@@ -198,7 +198,7 @@ def test_steer_eval_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch,
 
 def _count_arms(monkeypatch, calls: dict, stop_at_k: int | None = None) -> None:
     """Record in ``calls["arms"]`` the name of every k-curve arm computed (not read back
-    from a stage), and raise KeyboardInterrupt when an arm of ``stop_at_k`` is about to be."""
+    from a checkpoint), and raise KeyboardInterrupt when an arm of ``stop_at_k`` is about to be."""
     real = experts_mod._run_arms
 
     def wrapper(model, lang, todo, *a, **kw):
@@ -234,7 +234,7 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
 
     # --resume with nothing to go on from is refused before any computation
     assert run("full", "--resume") == 2
-    assert "--resume: no finished stage" in capsys.readouterr().err
+    assert "--resume: no checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "full").exists()
     calls: dict = {}
     _count_arms(monkeypatch, calls)
@@ -257,7 +257,7 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
         assert (tmp_path / "b" / name).read_bytes() == (tmp_path / "full" / name).read_bytes()
     monkeypatch.undo()
 
-    # --fresh starts over, even with finished stages of the same settings
+    # --fresh starts over, even with checkpoints of the same settings
     stopped_in_k5("c")
     _count(monkeypatch, experts_run, "collect_neuron_stats", calls)
     _count_arms(monkeypatch, calls)
@@ -267,7 +267,7 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
     assert _summary(tmp_path / "c") == full
     monkeypatch.undo()
 
-    # changed settings (another --seed): no stale stage is reused
+    # changed settings (another --seed): no stale checkpoint is reused
     stopped_in_k5("d")
     _count(monkeypatch, experts_run, "collect_neuron_stats", calls)
     _count_arms(monkeypatch, calls)
@@ -276,7 +276,7 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
     assert calls == {"collect_neuron_stats": 1, "arms": every_arm}
     monkeypatch.undo()
 
-    # adding a k is not another setting: the stages of every other k are reused
+    # adding a k is not another setting: the checkpoints of every other k are reused
     stopped_in_k5("e")
     _count_arms(monkeypatch, calls)
     calls.clear()
@@ -289,13 +289,13 @@ def test_experts_resumes_to_the_same_summary(tiny_dir, tmp_path, monkeypatch, ca
 
 
 # --------------------------------------------------------------------------------------
-# Kill tests: SIGKILL at a random stage of each long command, then the same command again
+# Kill tests: SIGKILL at a random checkpoint of each long command, then the same command again
 # --------------------------------------------------------------------------------------
 
 
 def _strip_times(x, also: tuple[str, ...] = ()):
     """``x`` without the fields that measure time (``seconds``, ``cpu_seconds``) or say
-    whether a stage was read back (``cached``), and without the fields ``also``."""
+    whether a checkpoint was read back (``cached``), and without the fields ``also``."""
     drop = ("seconds", "cpu_seconds", "cached", "work", *also)
     if isinstance(x, dict):
         return {k: _strip_times(v, also) for k, v in x.items() if k not in drop}
@@ -326,19 +326,19 @@ def _log(path: Path) -> list[tuple[str, str]]:
 
 def _kill_and_rerun(argv: list[str], tmp_path: Path, monkeypatch, seed: str) -> dict:
     """An uninterrupted run (in process), a run SIGKILLed (a forked child) when it is about
-    to store its N-th computed stage (N drawn at random), and the same command run again:
-    equal outputs, and the rerun computes exactly the stages the killed run had not
+    to store its N-th computed checkpoint (N drawn at random), and the same command run again:
+    equal outputs, and the rerun computes exactly the checkpoints the killed run had not
     stored."""
     import random
 
-    monkeypatch.setenv("MECHLINGO_STAGE_LOG", str(tmp_path / "full.log"))
+    monkeypatch.setenv("MECHLINGO_CHECKPOINT_LOG", str(tmp_path / "full.log"))
     assert main([*argv, "--out", str(tmp_path / "full")]) == 0
     computed = [n for what, n in _log(tmp_path / "full.log") if what == "computed"]
     assert computed, "the command kept no stage"
     assert not (tmp_path / ".full.work").exists()  # removed once --out is written
     n = random.Random(seed).randint(1, len(computed))
     (tmp_path / "tmp").mkdir()
-    env = {"MECHLINGO_TEST_KILL_STAGE": str(n), "MECHLINGO_STAGE_LOG": str(tmp_path / "killed.log"),
+    env = {"MECHLINGO_TEST_KILL_CHECKPOINT": str(n), "MECHLINGO_CHECKPOINT_LOG": str(tmp_path / "killed.log"),
            "TMPDIR": str(tmp_path / "tmp")}  # fmt: skip
     # a forked child is killed as a new interpreter would be (its files stay as the kill left
     # them, its temporary ones in tmp/) without importing the package and its libraries again
@@ -349,13 +349,13 @@ def _kill_and_rerun(argv: list[str], tmp_path: Path, monkeypatch, seed: str) -> 
     assert not (tmp_path / "b").exists()
     stored = [nm for what, nm in _log(tmp_path / "killed.log") if what == "computed"]
     assert stored == computed[: n - 1]
-    monkeypatch.setenv("MECHLINGO_STAGE_LOG", str(tmp_path / "rerun.log"))
+    monkeypatch.setenv("MECHLINGO_CHECKPOINT_LOG", str(tmp_path / "rerun.log"))
     assert main([*argv, "--out", str(tmp_path / "b")]) == 0
     again = [nm for what, nm in _log(tmp_path / "rerun.log") if what == "computed"]
     assert sorted(again) == sorted(computed[n - 1 :])  # only the unfinished part
     assert _outputs(tmp_path / "b") == _outputs(tmp_path / "full")
     assert not (tmp_path / ".b.work").exists()
-    return {"stages": len(computed), "killed_at": n, "recomputed": len(again)}
+    return {"checkpoints": len(computed), "killed_at": n, "recomputed": len(again)}
 
 
 def _lines(folder: Path, n: int = 6) -> Path:
@@ -380,7 +380,7 @@ _EVAL = ["--langs", "en,fr,de", "--limit", "30", "--quiet", "--task-layers", "0"
 def test_kill_steer_eval(tiny_dir, vectors, tmp_path, monkeypatch):
     argv = ["steer", "eval", "--model", str(tiny_dir), "--vectors", str(vectors), *_EVAL]
     got = _kill_and_rerun(argv, tmp_path, monkeypatch, "steer eval")
-    assert got["recomputed"] == got["stages"] - got["killed_at"] + 1
+    assert got["recomputed"] == got["checkpoints"] - got["killed_at"] + 1
 
 
 def test_kill_steer_eval_transfer(tiny_dir, vectors, tmp_path, monkeypatch):
@@ -430,7 +430,7 @@ def test_kill_replicate(tiny_dir, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_kill_experts_under_torchrun(tiny_dir, tmp_path, monkeypatch):
     """``torchrun --nproc_per_node 2`` (forked, :func:`tests.forks.torchrun`): SIGKILL at a
-    random stage, the same torchrun command again: each rank reuses what every rank had
+    random checkpoint, the same torchrun command again: each rank reuses what every rank had
     stored, recomputes the rest, and rank 0 writes what a one-process run writes."""
     import random
 
@@ -438,14 +438,14 @@ def test_kill_experts_under_torchrun(tiny_dir, tmp_path, monkeypatch):
     argv = ["experts", "--model", str(tiny_dir), "--target", "es", "--k", "3,5", "--parallel",
             str(data), "--lines", "4", "--heldout", "2", "--samples", "3", "--sample-tokens", "3",
             "--ppl-budget", "1000", "--quiet"]  # fmt: skip
-    monkeypatch.setenv("MECHLINGO_STAGE_LOG", str(tmp_path / "one.log"))
+    monkeypatch.setenv("MECHLINGO_CHECKPOINT_LOG", str(tmp_path / "one.log"))
     assert main([*argv, "--out", str(tmp_path / "one")]) == 0
     computed = [n for what, n in _log(tmp_path / "one.log") if what == "computed"]
     n = random.Random("torchrun").randint(2, len(computed))
 
     def launch(log: str, kill: int | None):
-        env = {"MECHLINGO_STAGE_LOG": str(tmp_path / log),
-               "MECHLINGO_TEST_KILL_STAGE": None if kill is None else str(kill)}  # fmt: skip
+        env = {"MECHLINGO_CHECKPOINT_LOG": str(tmp_path / log),
+               "MECHLINGO_TEST_KILL_CHECKPOINT": None if kill is None else str(kill)}  # fmt: skip
         cmd = ["-m", "mechlingo.cli", *argv, "--out", str(tmp_path / "two")]
         return torchrun(cmd, tmp_path / log.replace("-{rank}", ".out"), env)
 
@@ -453,7 +453,7 @@ def test_kill_experts_under_torchrun(tiny_dir, tmp_path, monkeypatch):
     assert not (tmp_path / "two").exists()
     stored = [[nm for w, nm in _log(tmp_path / f"killed-{r}.log") if w == "computed"]
               for r in (0, 1)]  # fmt: skip
-    everywhere = min(len(s) for s in stored)  # the stages every rank had stored
+    everywhere = min(len(s) for s in stored)  # the checkpoints every rank had stored
     proc = launch("rerun-{rank}.log", None)
     assert proc.returncode == 0, proc.stdout[-3000:]
     for r in (0, 1):
@@ -470,12 +470,12 @@ def test_kill_experts_under_torchrun(tiny_dir, tmp_path, monkeypatch):
 
 
 def _hold_stages(ns: argparse.Namespace, model, ready: int) -> None:
-    """In a forked child: open this run's stages, finish one, tell the parent, wait."""
+    """In a forked child: open this run's checkpoints, finish one, tell the parent, wait."""
     import mechlingo.cli.work as work
 
     try:
         torch.set_num_threads(1)  # the parent's OpenMP pool does not exist in a fork
-        st = work.open_stages(ns, model, {"d": "x"})  # a live run holds its stages
+        st = work.open_checkpoints(ns, model, {"d": "x"})  # a live run holds its checkpoints
         st.run("a", lambda: {"v": 1})
         os.write(ready, b"ok")
         time.sleep(120)
@@ -486,8 +486,8 @@ def _hold_stages(ns: argparse.Namespace, model, ready: int) -> None:
 
 def test_a_work_folder_in_use_is_refused_and_a_killed_holder_frees_it(tmp_path, tiny):
     """A second run of the same command while the first is alive is refused with one line
-    naming the first (its finished stage untouched, also under --fresh); once the first is
-    SIGKILLed, the lock is gone with it and the next run goes on from its stage."""
+    naming the first (its checkpoint untouched, also under --fresh); once the first is
+    SIGKILLed, the lock is gone with it and the next run goes on from its checkpoint."""
     import mechlingo.cli.work as work
     from mechlingo.core.errors import OutputError
 
@@ -503,7 +503,7 @@ def test_a_work_folder_in_use_is_refused_and_a_killed_holder_frees_it(tmp_path, 
         for fresh in (False, True):
             ns.fresh = fresh
             with pytest.raises(OutputError) as err:
-                work.open_stages(ns, tiny, {"d": "x"})
+                work.open_checkpoints(ns, tiny, {"d": "x"})
             assert f"in use by another run (process {pid})" in str(err.value)
             assert "\n" not in str(err.value)
         ns.fresh = False
@@ -512,23 +512,23 @@ def test_a_work_folder_in_use_is_refused_and_a_killed_holder_frees_it(tmp_path, 
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         os.close(read)
-    st = work.open_stages(ns, tiny, {"d": "x"})
-    assert st.run("a", lambda: {"v": 2}) == {"v": 1}  # went on from the killed run's stage
-    work.finish_stages(st)
+    st = work.open_checkpoints(ns, tiny, {"d": "x"})
+    assert st.run("a", lambda: {"v": 2}) == {"v": 1}  # went on from the killed run's checkpoint
+    work.finish_checkpoints(st)
     assert not (tmp_path / ".o.work").exists()  # no lock file left behind
 
 
 def test_an_out_name_near_the_limit_gets_a_work_folder(tmp_path, tiny):
     """``--out`` a legal 250-byte name: ``.OUT.work`` would pass the 255-byte limit, so the
-    work folder gets a shortened name, and the stages work and go away at the end."""
+    work folder gets a shortened name, and the checkpoints work and go away at the end."""
     import mechlingo.cli.work as work
 
     ns = argparse.Namespace(out=str(tmp_path / ("é" * 125)), work=None, resume=False,
                             fresh=False, quiet=True, command="experts", seed=0)  # fmt: skip
     folder = work.work_folder(ns)
     assert folder.parent == tmp_path and len(os.fsencode(folder.name)) <= 255
-    st = work.open_stages(ns, tiny, {"d": "x"})
+    st = work.open_checkpoints(ns, tiny, {"d": "x"})
     assert st.run("a", lambda: {"v": 1}) == {"v": 1}
-    assert work.open_stages(ns, tiny, {"d": "x"}).run("a", lambda: {"v": 2}) == {"v": 1}
-    work.finish_stages(st)
+    assert work.open_checkpoints(ns, tiny, {"d": "x"}).run("a", lambda: {"v": 2}) == {"v": 1}
+    work.finish_checkpoints(st)
     assert list(tmp_path.iterdir()) == []

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from mechlingo.core.artifacts import atomic_file
+from mechlingo.core.checkpoints import key_hash
 from mechlingo.core.jsonable import jsonable
-from mechlingo.core.stages import key_hash
 from mechlingo.kernels.significance import Interval
 
 

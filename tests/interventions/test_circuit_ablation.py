@@ -12,7 +12,7 @@ import torch
 
 from mechlingo.analyses.circuits import build_graph, find_circuit
 from mechlingo.analyses.circuits.faithfulness import ratio_interval
-from mechlingo.analyses.circuits.runs import metric_readout
+from mechlingo.analyses.circuits.runs import readout_fn
 from mechlingo.core.errors import MechlingoError
 from mechlingo.data import load_facts
 from mechlingo.interventions import CircuitAblation, SteeringVector, intervene, load_intervention
@@ -114,7 +114,7 @@ def test_a_found_circuit_as_an_intervention_gives_its_faithfulness(tiny):
     iv = res.intervention(tiny)
     b = res.pairs.clean_batch
     # the metric of the intervened run gives the curve's faithfulness at 5 edges
-    readout = metric_readout(tiny, res.pairs.metric)
+    readout = readout_fn(tiny, res.pairs.readout)
     patched = _readout_from_hooks(tiny, iv, b, readout)
     f = ratio_interval(patched - res.corrupted, res.clean - res.corrupted, res.facts)[0]
     assert f == pytest.approx(point["faithfulness"], abs=1e-4)

@@ -147,7 +147,7 @@ def test_intervals(result):
     from scipy.stats import binomtest
 
     for r in result.rows:
-        if r["metric"] == "perplexity":
+        if r["measure"] == "perplexity":
             continue
         k = round(r["value"] * r["n"])
         ci = binomtest(k, r["n"]).proportion_ci(method="wilson")
@@ -190,7 +190,7 @@ def test_saved_intervention_json_and_figure(tiny, vector, facts, lines, result, 
     )
     assert again.to_dataframe().equals(result.to_dataframe())
     doc = json.loads(json.dumps(result.to_json(), allow_nan=False))
-    assert doc["metrics"] == ["accuracy", "perplexity", "output_lang"]
+    assert doc["measures"] == ["accuracy", "perplexity", "output_lang"]
     assert len(doc["rows"]) == len(result.rows) == 2 * (2 + 3 + 3)
     fig = result.fig_heatmap()
     assert len(fig.data) == 2 and len(fig.data[0].z) == 3
@@ -228,7 +228,7 @@ def test_clamp_composition_and_no_control(tiny, facts, lines):
         langs=["fr"],
         options=SideEffectOptions(max_tokens=8, continuation_tokens=3, n_boot=50),
     )
-    assert {(r["arm"], r["metric"]) for r in res.rows} == {
+    assert {(r["arm"], r["measure"]) for r in res.rows} == {
         (a, m) for a in ("intervention", "control") for m in ("perplexity", "output_lang")
     }
     assert count_hooks(tiny) == 0
@@ -242,11 +242,11 @@ def test_heatmap_from_plain_rows():
     nan = float("nan")
     row = {"arm": "intervention", "ci_low": -0.1, "ci_high": 0.3}
     rows = [
-        dict(row, lang="es", metric="accuracy", delta=0.1),
-        dict(row, lang="es", metric="perplexity", delta=nan),
-        dict(row, lang="fr", metric="accuracy", delta=-0.25, ci_low=nan),
-        dict(row, lang="es", metric="accuracy", delta=0.9),  # a duplicate: the first wins
-        dict(row, arm="control", lang="fr", metric="perplexity", delta=0.05),
+        dict(row, lang="es", measure="accuracy", delta=0.1),
+        dict(row, lang="es", measure="perplexity", delta=nan),
+        dict(row, lang="fr", measure="accuracy", delta=-0.25, ci_low=nan),
+        dict(row, lang="es", measure="accuracy", delta=0.9),  # a duplicate: the first wins
+        dict(row, arm="control", lang="fr", measure="perplexity", delta=0.05),
     ]
     fig = side_effects_heatmap(rows, ["es", "fr"], ("accuracy", "perplexity", "output_lang"))
     assert [t.hovertemplate.split("<extra>")[1] for t in fig.data] == [

@@ -9,7 +9,7 @@ every reader it applies to (see ``docs/security.md``, "What a command line may n
 6. Numbers of saved artifacts and flags: type, range and finiteness checked at load/parse.
 7. A partial model description in an artifact is refused.
 8. A repeated item in a list-valued flag is refused.
-9. A failed stage leaves nothing reused; every fix that names a command leads on.
+9. A failed checkpoint leaves nothing reused; every fix that names a command leads on.
 
 Every CLI refusal here happens before the model loads: the loader is replaced by one that
 fails the test.
@@ -37,8 +37,8 @@ from safetensors.torch import save_file
 
 from mechlingo.cli.main import build_parser, main
 from mechlingo.cli.paths import INPUT_FLAGS, LIST_FLAGS, OUTPUT_FLAGS
+from mechlingo.core.checkpoints import Checkpoints
 from mechlingo.core.errors import ArtifactError, MechlingoError, ModelMismatchError
-from mechlingo.core.stages import Stages
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -390,13 +390,13 @@ def _readers(tmp: Path) -> dict[str, tuple[Path, Callable[[Path], Any]]]:
         "load_package_lens": (folder("pkg") / "params.pt", lambda p: load_package_lens(p.parent)),
         "read_export": (tmp / "v.gguf", read_export),
         "SteeringPair.load": (folder("vec") / "build.json", lambda p: SteeringPair.load(p.parent)),
-        "Stages.load": (tmp / "work", _stage_reader),
+        "Checkpoints.load": (tmp / "work", _stage_reader),
     }  # fmt: skip
 
 
 def _stage_reader(path: Path) -> Any:
-    """A stage whose result.json is the special file (made by the test at ``path``)."""
-    return Stages(path.parent / "stages", {"k": 1}).load("a")
+    """A checkpoint whose result.json is the special file (made by the test at ``path``)."""
+    return Checkpoints(path.parent / "checkpoints", {"k": 1}).load("a")
 
 
 READERS = sorted(_readers(Path("/nonexistent")))
@@ -422,11 +422,11 @@ def test_every_reader_refuses_special_files(reader, special, tmp_path, saved, ti
         (where.parent / "translators.safetensors").write_bytes(b"x")
     if reader == "check_model_folder":
         pass
-    if reader == "Stages.load":
+    if reader == "Checkpoints.load":
         # a short folder: a socket's path has at most 107 bytes (xdist's tmp_path is deeper)
-        stages = Stages(work_dir / "stages", {"k": 1})
-        stages.run("a", lambda: {"v": 1})
-        result = stages.path("a") / "result.json"
+        checkpoints = Checkpoints(work_dir / "checkpoints", {"k": 1})
+        checkpoints.run("a", lambda: {"v": 1})
+        result = checkpoints.path("a") / "result.json"
         result.unlink()
         where = result
         call = _stage_reader
@@ -667,10 +667,10 @@ def test_non_finite_or_huge_numbers_in_every_artifact(reader, text, saved, tmp_p
         _edit_json(path, lambda doc: doc.update(meta={"lr": marker}))
         call = lambda: load_tuned_lens(tmp_path / "x")  # noqa: E731
     else:
-        stages = Stages(tmp_path / "w", {"k": 1})
-        stages.run("a", lambda: {"v": marker})
-        path = stages.path("a") / "result.json"
-        call = lambda: Stages(tmp_path / "w", {"k": 1}).load("a")  # noqa: E731
+        checkpoints = Checkpoints(tmp_path / "w", {"k": 1})
+        checkpoints.run("a", lambda: {"v": marker})
+        path = checkpoints.path("a") / "result.json"
+        call = lambda: Checkpoints(tmp_path / "w", {"k": 1}).load("a")  # noqa: E731
     call()  # the untouched file loads
     path.write_text(path.read_text().replace(str(marker), text))
     with pytest.raises(MechlingoError, match="finite|digits"):
@@ -802,27 +802,29 @@ def test_repeated_items_are_refused(command, dest, d, tmp_path, capsys, no_model
 
 
 # --------------------------------------------------------------------------------------
-# 9. a failed stage leaves nothing reused; each fix that names a command leads on
+# 9. a failed checkpoint leaves nothing reused; each fix that names a command leads on
 # --------------------------------------------------------------------------------------
 
 
 def test_stage_that_raises_stores_nothing(tmp_path):
-    stages = Stages(tmp_path / "w", {"k": 1})
+    checkpoints = Checkpoints(tmp_path / "w", {"k": 1})
 
     def broken(tmp: Path) -> dict:
         (tmp / "half.bin").write_bytes(b"x")
         raise RuntimeError("failed half way")
 
     with pytest.raises(RuntimeError):
-        stages.run("a", broken, folder=True)
-    assert not stages.done("a") and not stages.path("a").exists()
-    assert Stages(tmp_path / "w", {"k": 1}).run("a", lambda tmp: {"v": 2}, folder=True) == {"v": 2}
+        checkpoints.run("a", broken, folder=True)
+    assert not checkpoints.done("a") and not checkpoints.path("a").exists()
+    assert Checkpoints(tmp_path / "w", {"k": 1}).run("a", lambda tmp: {"v": 2}, folder=True) == {
+        "v": 2
+    }
 
 
 def test_stage_with_nan_weights_or_result_is_not_kept(tmp_path, tiny):
     from mechlingo.analyses.decoders.tuned_lens import TunedLens
 
-    stages = Stages(tmp_path / "w", {"k": 1})
+    checkpoints = Checkpoints(tmp_path / "w", {"k": 1})
 
     def diverged(tmp: Path) -> dict:
         lens = TunedLens.for_model(tiny)
@@ -832,23 +834,23 @@ def test_stage_with_nan_weights_or_result_is_not_kept(tmp_path, tiny):
         return {"loss": [1.0]}
 
     with pytest.raises(ArtifactError, match="not kept"):
-        stages.run("train", diverged, folder=True)
-    assert not stages.path("train").exists()
+        checkpoints.run("train", diverged, folder=True)
+    assert not checkpoints.path("train").exists()
 
-    # other stage tensors may hold NaN on purpose (an undefined statistic)
+    # other checkpoint tensors may hold NaN on purpose (an undefined statistic)
     def stats(tmp: Path) -> dict:
         save_file({"auroc": torch.tensor([float("nan")])}, str(tmp / "stats.safetensors"))
         return {}
 
-    assert stages.run("c", stats, folder=True) == {}
+    assert checkpoints.run("c", stats, folder=True) == {}
 
 
 def test_unreadable_stage_is_recomputed_not_reused(tmp_path):
-    stages = Stages(tmp_path / "w", {"k": 1})
-    stages.run("a", lambda: {"v": 1})
-    (stages.path("a") / "result.json").write_text('{"v": NaN}')
+    checkpoints = Checkpoints(tmp_path / "w", {"k": 1})
+    checkpoints.run("a", lambda: {"v": 1})
+    (checkpoints.path("a") / "result.json").write_text('{"v": NaN}')
     calls = []
-    again = Stages(tmp_path / "w", {"k": 1})
+    again = Checkpoints(tmp_path / "w", {"k": 1})
     assert again.run("a", lambda: calls.append(1) or {"v": 2}) == {"v": 2}
     assert calls == [1]
 
@@ -968,19 +970,19 @@ def test_every_fix_that_names_a_command_leads_on(tiny_dir, saved, tmp_path, caps
 
 
 def test_fresh_fix_leads_on(tmp_path):
-    """'rerun with --fresh': a stage whose tensors cannot be read is recomputed."""
+    """'rerun with --fresh': a checkpoint whose tensors cannot be read is recomputed."""
     from mechlingo.core.untrusted import load_tensors
 
     key = {"k": 1}
-    stages = Stages(tmp_path / "w", key)
-    stages.run("s", lambda tmp: save_file({"x": torch.ones(2)}, str(tmp / "t.safetensors")) or {},
+    checkpoints = Checkpoints(tmp_path / "w", key)
+    checkpoints.run("s", lambda tmp: save_file({"x": torch.ones(2)}, str(tmp / "t.safetensors")) or {},
                folder=True)  # fmt: skip
-    (stages.path("s") / "t.safetensors").write_bytes(b"broken")
+    (checkpoints.path("s") / "t.safetensors").write_bytes(b"broken")
     with pytest.raises(ArtifactError, match="--fresh"):
-        load_tensors(stages.path("s") / "t.safetensors", ArtifactError,
+        load_tensors(checkpoints.path("s") / "t.safetensors", ArtifactError,
                      fix="delete the work folder (or rerun with --fresh)")  # fmt: skip
-    again = Stages(tmp_path / "w", key)
-    again.clear()  # what --fresh does (mechlingo.cli.work.open_stages)
+    again = Checkpoints(tmp_path / "w", key)
+    again.clear()  # what --fresh does (mechlingo.cli.work.open_checkpoints)
     again.run("s", lambda tmp: save_file({"x": torch.ones(2)}, str(tmp / "t.safetensors")) or {},
               folder=True)  # fmt: skip
     assert torch.equal(load_tensors(again.path("s") / "t.safetensors", ArtifactError)["x"],
@@ -1016,11 +1018,13 @@ def test_python_readers_refuse_repeated_names(saved):
 @pytest.mark.parametrize(
     "call",
     [
-        lambda p: __import__("mechlingo.core.stages", fromlist=["Stages"]).Stages(p, {}),
+        lambda p: __import__("mechlingo.core.checkpoints", fromlist=["Checkpoints"]).Checkpoints(
+            p, {}
+        ),
         lambda p: __import__("mechlingo.core.models", fromlist=["load_model"]).load_model(p),
         lambda p: __import__("mechlingo.data.benchmarks.load", fromlist=["x"]).load_benchmark(p),
     ],
-    ids=["Stages", "load_model", "load_benchmark"],
+    ids=["Checkpoints", "load_model", "load_benchmark"],
 )
 def test_python_entry_points_refuse_an_unexpandable_path(call) -> None:
     # class 4 from Python: a MechlingoError with one line, never a RuntimeError or KeyError

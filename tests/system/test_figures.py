@@ -194,7 +194,7 @@ def ctx(tiny):
 
 
 def _patched(c: dict[str, Any]) -> Any:
-    from mechlingo.analyses.recall.patching import fact_metrics, patch_activations
+    from mechlingo.analyses.recall.patching import fact_readouts, patch_activations
     from mechlingo.data import load_facts
 
     if "patched" not in c:
@@ -202,7 +202,7 @@ def _patched(c: dict[str, Any]) -> Any:
         c["patched"] = patch_activations(
             c["model"], fr[:2], fr[1:3], ["attn_out", "mlp_out", "head"],
             positions=["subject_first", "subject_last", -1],
-            readout=fact_metrics(c["model"], fr[:2]), alignment="subject",
+            readout=fact_readouts(c["model"], fr[:2]), alignment="subject",
         )  # fmt: skip
     return c["patched"]
 
@@ -311,7 +311,7 @@ def _side_effects(c: dict[str, Any]) -> list[Any]:
     from mechlingo.scoring.side_effects import MEASURES, SideEffects
 
     rows = [
-        {"arm": arm, "lang": lg, "metric": m, "base": 0.5, "value": 0.6, "delta": 0.1,
+        {"arm": arm, "lang": lg, "measure": m, "base": 0.5, "value": 0.6, "delta": 0.1,
          "ci_low": 0.0, "ci_high": 0.2, "value_ci_low": 0.5, "value_ci_high": 0.7, "n": 10}
         for arm in ("intervention", "control") for lg in ("en", "fr") for m in MEASURES
     ]  # fmt: skip
@@ -339,7 +339,7 @@ BUILDERS: dict[str, Builder] = {
         _patched(c).fig_heatmap(value=v) for v in ("normalized", "effect", "mean")
     ],
     "PatchingResult.fig_circuit": lambda c: [
-        _patched(c).fig_circuit(top_k=4, heads=True, stages={"a": (0, 1), "b": (1, 1)}),
+        _patched(c).fig_circuit(top_k=4, heads=True, phases={"a": (0, 1), "b": (1, 1)}),
         _patched(c).fig_circuit(title="fr"),
     ],
     "KnockoutResult.fig_knockout": _knockout,
@@ -512,13 +512,13 @@ def test_results_show_themselves_without_tensors(ctx):
 
 
 def test_patching_shows_progress_and_gives_the_same_numbers(ctx, capsys):
-    from mechlingo.analyses.recall.patching import fact_metrics, patch_activations
+    from mechlingo.analyses.recall.patching import fact_readouts, patch_activations
     from mechlingo.data import load_facts
 
     fr = load_facts(langs=["fr"], relations=["capital"], limit=3)
     kw = {
         "positions": [-1],
-        "readout": fact_metrics(ctx["model"], fr[:2]),
+        "readout": fact_readouts(ctx["model"], fr[:2]),
         "cells_per_batch": 2,
         "alignment": "last",
     }

@@ -146,15 +146,15 @@ def test_steering_vector_intervention(ht):
 def test_patch_activations_identity(ht):
     patching = pytest.importorskip("mechlingo.analyses.recall.patching")
     src = ["The capital of Italy is", "The capital of Spain is"]
-    metric = patching.answer_logprob(ht, ["Rome", "Madrid"], name="lp")
-    sw = patching.patch_activations(ht, src, src, ["resid_pre", "mlp_out"], readout=metric)
+    readout = patching.answer_logprob(ht, ["Rome", "Madrid"], name="lp")
+    sw = patching.patch_activations(ht, src, src, ["resid_pre", "mlp_out"], readout=readout)
     # patching a run into itself changes nothing
     torch.testing.assert_close(sw.effect(), torch.zeros_like(sw.effect()), rtol=0, atol=1e-4)
     # a HookedTransformer passes a batch that grows mid-pass through (its masks and rotary
     # tables broadcast): the default "grow" sweep equals "stack" on a real patch
     tgt = ["The capital of Spain is", "The capital of Italy is"]
     sites = ["resid_pre", "attn_out", "head"]
-    kw = dict(readout=metric, alignment="last", positions=[-1, -2, -3])
+    kw = dict(readout=readout, alignment="last", positions=[-1, -2, -3])
     grown = patching.patch_activations(ht, src, tgt, sites, batching="grow", **kw)
     stacked = patching.patch_activations(ht, src, tgt, sites, batching="stack", **kw)
     assert not torch.allclose(grown.clean, grown.corrupted)
@@ -186,9 +186,9 @@ def test_resid_mid_is_the_residual_on_a_hooked_transformer(ht):
         assert (got[names[0]] - clean[names[0]]).abs().max() > 1e-3
         torch.testing.assert_close(got[names[2]], got[names[0]] + got[names[1]], atol=1e-5, rtol=0)
     src, tgt = PROMPTS[:2], PROMPTS[1::-1]
-    metric = patching.answer_logprob(ht, ["Rome", "Roma"], name="lp")
+    readout = patching.answer_logprob(ht, ["Rome", "Roma"], name="lp")
     sw = patching.patch_activations(
-        ht, src, tgt, "resid_mid", layers=[1], positions=[-1], alignment="last", readout=metric
+        ht, src, tgt, "resid_mid", layers=[1], positions=[-1], alignment="last", readout=readout
     )
     s_b, t_b = encode(ht, src), encode(ht, tgt)
     delta = collect(ht, s_b, names[:1])[names[0]] - collect(ht, t_b, names[:1])[names[0]]
@@ -201,7 +201,7 @@ def test_resid_mid_is_the_residual_on_a_hooked_transformer(ht):
 
     logits = run_batch(ht, t_b, [(hook_name(ht, "attn_out", 1), carry)])
     lp = logits[torch.arange(2), last].float().log_softmax(-1)
-    ids = [list(s[0].ids) for s in metric.sets]
+    ids = [list(s[0].ids) for s in readout.sets]
     want = torch.stack([torch.logsumexp(lp[i, ids[i]], -1) for i in range(2)])
     torch.testing.assert_close(sw.values[0, 0], want, atol=1e-4, rtol=0)
 

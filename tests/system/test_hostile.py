@@ -24,8 +24,8 @@ from safetensors.torch import save_file
 from mechlingo.analyses.decoders.tuned_lens import TunedLens, load_tuned_lens
 from mechlingo.analyses.recall.steering import SteeringPair
 from mechlingo.cli import main
+from mechlingo.core.checkpoints import Checkpoints
 from mechlingo.core.errors import ArtifactError, DataError, MechlingoError, ModelLoadError
-from mechlingo.core.stages import Stages
 from mechlingo.core.untrusted import MAX_JSON_DEPTH, gguf_header, json_depth
 from mechlingo.data.benchmarks import load_benchmark
 from mechlingo.data.facts import RecordError
@@ -321,13 +321,13 @@ def test_lens_description_linked_from_elsewhere(lens, tmp_path):
 
 
 # --------------------------------------------------------------------------------------
-# A stage cache entry
+# A checkpoint cache entry
 # --------------------------------------------------------------------------------------
 
 
-def _stage(tmp_path) -> tuple[Stages, list]:
+def _stage(tmp_path) -> tuple[Checkpoints, list]:
     calls: list = []
-    s = Stages(tmp_path / "work", {"model": "m", "settings": {"k": 1}})
+    s = Checkpoints(tmp_path / "work", {"model": "m", "settings": {"k": 1}})
     s.run("a", lambda: calls.append(1) or {"v": 1})
     return s, calls
 
@@ -339,9 +339,9 @@ def test_stage_result_linked_out_of_the_folder(tmp_path):
     (s.path("a") / "result.json").unlink()
     (s.path("a") / "result.json").symlink_to(secret)
     with pytest.raises(ArtifactError, match="points outside"):
-        Stages(tmp_path / "work", {"model": "m", "settings": {"k": 1}}).load("a")
-    # run(): the unreadable stage is never reused; it is removed and computed again
-    again = Stages(tmp_path / "work", {"model": "m", "settings": {"k": 1}})
+        Checkpoints(tmp_path / "work", {"model": "m", "settings": {"k": 1}}).load("a")
+    # run(): the unreadable checkpoint is never reused; it is removed and computed again
+    again = Checkpoints(tmp_path / "work", {"model": "m", "settings": {"k": 1}})
     assert again.run("a", lambda: {"v": 2}) == {"v": 2}
     assert secret.read_text() == '{"v": 666}'  # the link's target is left as it was
 
@@ -350,8 +350,8 @@ def test_stage_result_nested_deep(tmp_path):
     s, _ = _stage(tmp_path)
     (s.path("a") / "result.json").write_text("[" * 500_000 + "]" * 500_000)
     with pytest.raises(ArtifactError, match="deeper than"):
-        Stages(tmp_path / "work", {"model": "m", "settings": {"k": 1}}).load("a")
-    again = Stages(tmp_path / "work", {"model": "m", "settings": {"k": 1}})
+        Checkpoints(tmp_path / "work", {"model": "m", "settings": {"k": 1}}).load("a")
+    again = Checkpoints(tmp_path / "work", {"model": "m", "settings": {"k": 1}})
     assert again.run("a", lambda: {"v": 2}) == {"v": 2}  # recomputed, not reused
 
 
@@ -359,7 +359,7 @@ def test_stage_result_nested_deep(tmp_path):
 def test_stage_folder_of_another_key_is_recomputed(tmp_path, field):
     s, calls = _stage(tmp_path)
     _edit_json(s.folder / "key.json", lambda d: d.update({field: "another"}))
-    again = Stages(tmp_path / "work", {"model": "m", "settings": {"k": 1}})
+    again = Checkpoints(tmp_path / "work", {"model": "m", "settings": {"k": 1}})
     assert again.run("a", lambda: calls.append(2) or {"v": 2}) == {"v": 2}
     assert calls == [1, 2]  # recomputed, never reused
 
@@ -368,14 +368,14 @@ def test_stage_tensors_declaring_400_gb(tmp_path, monkeypatch):
     from mechlingo.analyses.experts import NeuronScores
     from mechlingo.analyses.experts.run import staged_scores
 
-    s = Stages(tmp_path / "work", {"k": 1})
+    s = Checkpoints(tmp_path / "work", {"k": 1})
     staged_scores(
         s, "scores", lambda: NeuronScores(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3))
     )
     _safetensors_raw(s.path("scores") / "scores.safetensors",
                      {"auroc": {"dtype": "F32", "shape": [10**11], "data_offsets": [0, 4 * 10**11]}})  # fmt: skip
     with pytest.raises(ArtifactError, match="declares"):
-        staged_scores(Stages(tmp_path / "work", {"k": 1}), "scores", lambda: None)
+        staged_scores(Checkpoints(tmp_path / "work", {"k": 1}), "scores", lambda: None)
 
 
 # --------------------------------------------------------------------------------------
@@ -591,7 +591,7 @@ def test_names_climbing_out_of_a_folder_are_refused(tmp_path, name):
     with pytest.raises(ArtifactError, match="points outside"):
         inside(root, name, ArtifactError)
     with pytest.raises(ValueError, match="plain file name"):
-        Stages(tmp_path / "w", {"k": 1}).path(name)
+        Checkpoints(tmp_path / "w", {"k": 1}).path(name)
 
 
 def test_no_module_unpickles():

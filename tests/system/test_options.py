@@ -275,11 +275,12 @@ def test_each_steer_command_has_one_adapter_whose_defaults_are_the_options():
                                         "--out", "o"]))  # fmt: skip
     assert dataclasses.replace(got, scoring=ScoringOptions()) == SteerEvalOptions()
     assert got.scoring.metric.metric == "generate" and got.scoring.progress is False
-    # one options object: every setting in SteerEvalOptions, the stage store a keyword
+    # one options object: every setting in SteerEvalOptions, the checkpoints a keyword
     params = inspect.signature(run_steer_eval).parameters
-    assert list(params) == ["model", "facts", "vectors", "options", "stages"]
+    assert list(params) == ["model", "facts", "vectors", "options", "checkpoints"]
     assert (
-        params["options"].default is None and params["stages"].kind is params["stages"].KEYWORD_ONLY
+        params["options"].default is None
+        and params["checkpoints"].kind is params["checkpoints"].KEYWORD_ONLY
     )
     assert (SteerEvalOptions.seeds, SteerEvalOptions.repeats) == (D.CONTROL_SEEDS, 1)
     odd = eval_options_from_args(parse(["steer", "eval", "--control-seeds", "4,5", "--repeats",
@@ -392,14 +393,14 @@ def test_chat_model_names_have_their_own_word():
     assert not hasattr(tokens, "looks_chat_tuned")
 
 
-def test_stage_stores_and_the_kv_cache_are_separate_names():
+def test_checkpoints_and_the_kv_cache_are_separate_names():
     from mechlingo.analyses.experts.kcurve import k_curve
     from mechlingo.analyses.recall.steer_eval import evaluate_test
     from mechlingo.core.artifacts import cleanup_stale
     from mechlingo.scoring.evaluate import DecodeOptions, evaluate_conditions
 
-    assert "stage_store" in inspect.signature(evaluate_test).parameters
-    assert "stage_store" in inspect.signature(k_curve).parameters
+    assert "checkpoint" in inspect.signature(evaluate_test).parameters
+    assert "checkpoint" in inspect.signature(k_curve).parameters
     assert "cache" not in inspect.signature(evaluate_test).parameters
     assert DecodeOptions.cache is D.KV_CACHE
     assert "cache" not in inspect.signature(evaluate_conditions).parameters  # in decoding
@@ -419,11 +420,11 @@ def test_no_settings_lookup_falls_back_to_a_literal_batch_or_length():
 
 def test_the_patching_readout_has_its_own_name(tiny):
     from mechlingo.analyses.recall.patching import attention_knockout, patch_activations
-    from mechlingo.analyses.recall.patching.metrics import fact_metrics
+    from mechlingo.analyses.recall.patching.readouts import fact_readouts
     from mechlingo.data import load_facts
 
     facts = load_facts(langs=["en"], relations=["capital"], limit=2)
-    readout = fact_metrics(tiny, facts)
+    readout = fact_readouts(tiny, facts)
     kw = {"layers": [0], "positions": [-1]}
     new = patch_activations(tiny, facts, facts, "resid_pre", readout=readout, **kw)
     default = patch_activations(tiny, facts, facts, "resid_pre", **kw)  # the same readout

@@ -14,7 +14,7 @@ from mechlingo.analyses.decoders.compare import compare_decoders
 from mechlingo.analyses.decoders.lens import lens_facts
 from mechlingo.analyses.decoders.tuned_lens import TunedLensTraining
 from mechlingo.analyses.recall.dev_grid import DevSearch
-from mechlingo.analyses.recall.patching import attention_knockout, fact_metrics, patch_activations
+from mechlingo.analyses.recall.patching import attention_knockout, fact_readouts, patch_activations
 from mechlingo.analyses.recall.steer_eval import fig_accuracy_ci, fig_headroom
 from mechlingo.analyses.recall.steering import ConditionResults, SteeringConfig
 from mechlingo.analyses.recall.trace import CLASSES, trace_recall
@@ -140,7 +140,7 @@ def patched(tiny):
         fr[1:3],
         ["attn_out", "mlp_out", "head"],
         positions=["subject_first", "subject_last", -1],
-        readout=fact_metrics(tiny, fr[:2]),
+        readout=fact_readouts(tiny, fr[:2]),
         alignment="subject",
     )
 
@@ -188,7 +188,7 @@ def test_the_patching_circuit_draws_no_edge_it_did_not_measure(patched):
     line between them (no arrow, no line shape, no trace in lines mode), and says why."""
     from mechlingo.viz.patching import EDGES_NOTE
 
-    fig = patched.fig_circuit(top_k=6, heads=True, stages={"a": (0, 1)}).to_plotly_json()
+    fig = patched.fig_circuit(top_k=6, heads=True, phases={"a": (0, 1)}).to_plotly_json()
     layout = fig["layout"]
     assert not [a for a in layout.get("annotations", []) if a.get("showarrow", True)]
     assert not [s for s in layout.get("shapes", []) if s.get("type") == "line"]

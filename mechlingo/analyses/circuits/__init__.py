@@ -8,7 +8,7 @@ from mechlingo.analyses.circuits.graph import Graph, Receiver, Sender, build_gra
 from mechlingo.analyses.circuits.pairs import Pairs, make_pairs
 from mechlingo.analyses.circuits.patching import EdgePatcher
 from mechlingo.analyses.circuits.result import CircuitResult, find_circuit
-from mechlingo.analyses.circuits.runs import metric_readout
+from mechlingo.analyses.circuits.runs import readout_fn
 from mechlingo.analyses.circuits.scores import edge_scores
 
 __all__ = [
@@ -22,5 +22,5 @@ __all__ = [
     "Sender",
     "build_graph",
     "edge_scores",
-    "metric_readout",
+    "readout_fn",
 ]

@@ -64,5 +64,5 @@ def cross_faithfulness(model: Model, circuit: CircuitResult, on: CircuitResult) 
     edges = [names[circuit.edge_name(e)] for e in circuit.circuit]
     patcher = sharded_patcher(model, on.graph, on.pairs)
     out = faithfulness(patcher, edges, on.clean, on.corrupted, on.facts)
-    out.pop("metric")
+    out.pop("readout")
     return out

@@ -3,7 +3,7 @@
 A circuit is a set of edges ``(sender, receiver, position group)``: the ``n`` edges with the
 largest absolute mean score (:func:`top_edges`), or grown greedily from the logits
 (:func:`greedy_edges`: each added edge's receiver is already in the circuit). Its
-*faithfulness* is ``(metric with only its edges clean - corrupted) / (clean - corrupted)``,
+*faithfulness* is ``(readout with only its edges clean - corrupted) / (clean - corrupted)``,
 the ratio of means over facts with a 95% bootstrap interval clustered by fact
 (:func:`ratio_interval`). Over the whole curve, MIB's integrated circuit performance ratio
 (CPR, the area under the curve over circuit size as a fraction of the edges) and
@@ -116,11 +116,11 @@ def faithfulness(
     facts: Sequence[str],
 ) -> dict[str, Any]:
     """The faithfulness of one circuit: ``{"n_edges", "faithfulness", "lo", "hi",
-    "metric"}`` (``metric``: the per-row metric with only the circuit clean)."""
+    "readout"}`` (``readout``: the per-row readout with only the circuit clean)."""
     K = patcher.roles[0].shape[-1]
-    m = patcher.metric(removed_mask(patcher.graph, circuit, K))
+    m = patcher.read(removed_mask(patcher.graph, circuit, K))
     f, lo, hi = ratio_interval(m - corrupted, clean - corrupted, facts)
-    return {"n_edges": len(circuit), "faithfulness": f, "lo": lo, "hi": hi, "metric": m}
+    return {"n_edges": len(circuit), "faithfulness": f, "lo": lo, "hi": hi, "readout": m}
 
 
 def faithfulness_curve(
@@ -131,16 +131,16 @@ def faithfulness_curve(
     corrupted: Float[Tensor, " row"],
     facts: Sequence[str],
     *,
-    keep_metric: bool = False,
+    keep_readout: bool = False,
 ) -> list[dict[str, Any]]:
     """Faithfulness of the first ``n`` edges of ``ranked`` for each ``n`` of ``sizes``
-    (one patched pass over the rows per size); ``keep_metric``: each point keeps its
-    per-row ``metric`` (for :func:`curve_areas`)."""
+    (one patched pass over the rows per size); ``keep_readout``: each point keeps its
+    per-row ``readout`` (for :func:`curve_areas`)."""
     out = []
     for n in sorted({min(int(n), len(ranked)) for n in sizes}):
         point = faithfulness(patcher, ranked[:n], clean, corrupted, facts)
-        if not keep_metric:
-            point.pop("metric")
+        if not keep_readout:
+            point.pop("readout")
         out.append(point)
     return out
 
@@ -153,7 +153,7 @@ def _areas(x: np.ndarray, num: np.ndarray, den: np.ndarray) -> tuple[float, floa
 
 
 def curve_areas(
-    metric: Float[Tensor, "point row"],
+    readout: Float[Tensor, "point row"],
     n_edges: Sequence[int],
     total: int,
     clean: Float[Tensor, " row"],
@@ -167,7 +167,7 @@ def curve_areas(
     {...}, "n": facts, "points": curve points used}``.
 
     Args:
-        metric: the per-row metric with only the first ``n_edges[i]`` edges clean.
+        readout: the per-row readout with only the first ``n_edges[i]`` edges clean.
         total: the number of edges of the graph (the curve's ``x = n_edges / total``).
 
     The intervals are 95% percentile bootstrap intervals (``scipy.stats.bootstrap``, 2,000
@@ -178,7 +178,7 @@ def curve_areas(
     from scipy.stats import bootstrap
 
     sizes = [int(n) for n in n_edges]
-    rows = list(metric)
+    rows = list(readout)
     if 0 not in sizes:
         sizes, rows = [0, *sizes], [corrupted, *rows]
     if total not in sizes:

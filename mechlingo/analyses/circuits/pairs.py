@@ -1,4 +1,4 @@
-"""Clean/corrupted prompt pairs for circuits, their position groups and their metric.
+"""Clean/corrupted prompt pairs for circuits, their position groups and their readout.
 
 A *subject pair* corrupts the subject: the clean prompt is a fact's, the corrupted prompt
 another fact's of the same relation and language, with a different answer and the same
@@ -24,7 +24,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mechlingo.analyses.recall.patching import answer_logprob, logit_diff, subject_token_span
-from mechlingo.analyses.recall.patching.metrics import Metric
+from mechlingo.analyses.recall.patching.readouts import AnswerReadout
 from mechlingo.core.errors import InputError
 from mechlingo.core.tokens import TokenBatch, encode
 from mechlingo.core.types import Model
@@ -45,7 +45,7 @@ class Pairs:
         clean, corrupted: the facts of each row.
         clean_batch, corrupted_batch: their token batches.
         roles: ``[row, pos, group]`` 0/1 position groups; ``labels`` their names.
-        metric: the readout's metric (answer log-probability, or the clean answer's log mass
+        readout: the readout (answer log-probability, or the clean answer's log mass
             minus the corrupted answer's).
         skipped: facts left out for want of a partner of equal length.
     """
@@ -56,7 +56,7 @@ class Pairs:
     corrupted_batch: TokenBatch
     roles: Float[Tensor, "row pos group"]
     labels: list[str]
-    metric: Metric
+    readout: AnswerReadout
     skipped: int
 
     @property
@@ -122,19 +122,19 @@ def make_pairs(
     *,
     pool: Sequence[Fact] | None = None,
     cross_language: bool = False,
-    metric: str = "logprob",
+    readout: str = "logprob",
     positions: str = "roles",
 ) -> Pairs:
     """Subject pairs (or cross-language pairs) of ``facts`` with partners from ``pool``
-    (default: ``facts``), the position groups and the metric (``"logprob"``: the clean
+    (default: ``facts``), the position groups and the readout (``"logprob"``: the clean
     answer's log-probability; ``"logit_diff"``: clean answer minus corrupted answer, each
     as an answer set in the clean prompt's language).
 
     Raises:
-        InputError: no fact has a partner, or an unknown metric or positions.
+        InputError: no fact has a partner, or an unknown readout or positions.
     """
-    if metric not in ("logprob", "logit_diff"):
-        raise InputError(f"metric must be 'logprob' or 'logit_diff', got {metric!r}")
+    if readout not in ("logprob", "logit_diff"):
+        raise InputError(f"readout must be 'logprob' or 'logit_diff', got {readout!r}")
     pairs = _partners(model, list(facts), list(pool if pool is not None else facts), cross_language)
     if not pairs:
         raise InputError(
@@ -148,7 +148,7 @@ def make_pairs(
     roles, labels = position_roles(model, clean, cb, positions)
     langs = [f.lang for f in clean]
     answers = [f.answer for f in clean]
-    if metric == "logprob":
+    if readout == "logprob":
         m = answer_logprob(model, answers, langs, name="answer_logprob")
     else:
         other = [g.answer for g in corrupted]

@@ -1,4 +1,4 @@
-"""Exact edge patching: the metric when a set of edges carries the corrupted sender output
+"""Exact edge patching: the readout when a set of edges carries the corrupted sender output
 and every other edge the value of the run itself.
 
 On each removed edge ``s -> r`` (at the positions of its group ``k``) receiver ``r`` reads
@@ -19,7 +19,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from mechlingo.analyses.circuits.graph import Graph
-from mechlingo.analyses.circuits.runs import Readout, run_graph
+from mechlingo.analyses.circuits.runs import ReadoutFn, run_graph
 from mechlingo.analyses.circuits.scores import check_pairs, chunks
 from mechlingo.core.defaults import BATCH_SIZE
 from mechlingo.core.distributed import all_gather_rows
@@ -39,15 +39,15 @@ def patch_weights(
 
 class EdgePatcher:
     """Exact edge patching of one set of clean/corrupted pairs: the corrupted sender outputs
-    are read once (per chunk of rows), then :meth:`metric` runs any set of removed edges.
+    are read once (per chunk of rows), then :meth:`read` runs any set of removed edges.
 
     Args:
         clean, corrupted: row pairs of equal token lengths.
-        readout: the metric.
+        readout: the readout.
         roles: ``[row, pos, group]`` position groups (as for the scores).
-        gather: under ``torchrun``, every rank's rows of :meth:`metric` gathered in rank order
+        gather: under ``torchrun``, every rank's rows of :meth:`read` gathered in rank order
             (each rank patches its own shard of the rows).
-        tick: called after each :meth:`metric` pass (a progress bar).
+        tick: called after each :meth:`read` pass (a progress bar).
     """
 
     def __init__(
@@ -56,7 +56,7 @@ class EdgePatcher:
         graph: Graph,
         clean: TokenBatch,
         corrupted: TokenBatch,
-        readout: Readout,
+        readout: ReadoutFn,
         roles: Float[Tensor, "row pos group"],
         *,
         batch_size: int = BATCH_SIZE,
@@ -80,8 +80,8 @@ class EdgePatcher:
             self.corr.append(run.senders)
         self.n_calls = 0
 
-    def metric(self, removed: Bool[Tensor, "sender receiver group"]) -> Float[Tensor, " row"]:
-        """The metric of every row with the edges of ``removed`` carrying corrupted values
+    def read(self, removed: Bool[Tensor, "sender receiver group"]) -> Float[Tensor, " row"]:
+        """The readout of every row with the edges of ``removed`` carrying corrupted values
         (``removed`` outside the graph's edges is ignored)."""
         removed = removed & self.graph.mask[:, :, None]
         out = []
@@ -101,13 +101,13 @@ class EdgePatcher:
     def edge_effects(
         self, edges: Sequence[tuple[int, int, int]], base: Float[Tensor, " row"]
     ) -> Float[Tensor, "edge row"]:
-        """The exact effect ``metric(only that edge corrupted) - base`` of each edge ``(s,
-        r, k)`` (``base``: the clean metric)."""
+        """The exact effect ``readout(only that edge corrupted) - base`` of each edge ``(s,
+        r, k)`` (``base``: the clean readout)."""
         S, R = self.graph.mask.shape
         K = self.roles[0].shape[-1]
         out = []
         for s, r, k in edges:
             removed = torch.zeros(S, R, K, dtype=torch.bool)
             removed[s, r, k] = True
-            out.append(self.metric(removed) - base)
+            out.append(self.read(removed) - base)
         return torch.stack(out) if out else torch.empty(0, base.shape[0])

@@ -27,7 +27,7 @@ from mechlingo.analyses.circuits.faithfulness import (
 from mechlingo.analyses.circuits.graph import Graph, build_graph
 from mechlingo.analyses.circuits.pairs import Pairs, make_pairs
 from mechlingo.analyses.circuits.patching import EdgePatcher
-from mechlingo.analyses.circuits.runs import Readout, metric_readout
+from mechlingo.analyses.circuits.runs import ReadoutFn, readout_fn
 from mechlingo.analyses.circuits.scores import edge_scores
 from mechlingo.analyses.results import WritesFolder
 from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
@@ -83,15 +83,15 @@ class CircuitResult(WritesFolder):
 
     Attributes:
         graph: the computational graph; ``labels`` the position groups.
-        scores: ``[row, sender, receiver, group]`` estimated edge effects (``metric(clean
-            with that edge corrupted) - metric(clean)``); ``facts`` the fact id of each row.
-        clean, corrupted: the measured metric of each row.
+        scores: ``[row, sender, receiver, group]`` estimated edge effects (``readout(clean
+            with that edge corrupted) - readout(clean)``); ``facts`` the fact id of each row.
+        clean, corrupted: the measured readout of each row.
         ranked: edges in selection order; ``circuit`` the chosen first ones.
         curve: faithfulness against circuit size (``n_edges``, ``faithfulness``, ``lo``,
             ``hi``: a 95% interval clustered by fact).
         verified: the top edges patched exactly (``estimate``, ``exact``: mean effects).
         spearman: rank correlation between estimate and exact effect over ``verified``.
-        meta: method, steps, metric, language(s), timings.
+        meta: method, steps, readout, language(s), timings.
         areas: MIB's summaries of the curve (:func:`.faithfulness.curve_areas`): ``cpr``
             and ``cmd``, each ``{"value", "lo", "hi"}``, and ``n``.
     """
@@ -229,7 +229,7 @@ def find_circuit(
     *,
     method: str = "eap-ig",
     steps: int = 5,
-    metric: str = "logprob",
+    readout: str = "logprob",
     positions: str = "roles",
     selection: str = "top",
     pool: Sequence[Fact] | None = None,
@@ -247,7 +247,7 @@ def find_circuit(
 
     Args:
         method: ``"eap"`` or ``"eap-ig"`` (``steps`` interpolation steps of the embeddings).
-        metric: ``"logprob"`` (clean answer) or ``"logit_diff"`` (clean minus corrupted).
+        readout: ``"logprob"`` (clean answer) or ``"logit_diff"`` (clean minus corrupted).
         positions: ``"roles"`` (edges per position group) or ``"all"`` (position-summed).
         selection: ``"top"`` (largest |score|) or ``"greedy"`` (grown from the logits).
         pool, cross_language: where corrupted partners come from (:func:`.pairs.make_pairs`).
@@ -268,7 +268,7 @@ def find_circuit(
     t0 = time.perf_counter()
     graph = build_graph(model, heads=more.get("heads"))
     pairs = make_pairs(
-        model, facts, pool=pool, cross_language=cross_language, metric=metric, positions=positions
+        model, facts, pool=pool, cross_language=cross_language, readout=readout, positions=positions
     )
     n_steps = 1 if method == "eap" else int(steps)
     scores, clean, corrupted = _scores(model, graph, pairs, n_steps, batch_size, progress)
@@ -287,17 +287,17 @@ def find_circuit(
         return f"{graph.edge_name(e[0], e[1])}@{labels[e[2]]}"
 
     verified, rho = _verify(scores, patcher, ranked, clean, verify, name)
-    curve = faithfulness_curve(patcher, ranked, points, clean, corrupted, ids, keep_metric=True)
+    curve = faithfulness_curve(patcher, ranked, points, clean, corrupted, ids, keep_readout=True)
     bar.close()
-    metrics = torch.stack([p.pop("metric") for p in curve])
-    areas = curve_areas(metrics, [p["n_edges"] for p in curve], total, clean, corrupted, ids)
+    readouts = torch.stack([p.pop("readout") for p in curve])
+    areas = curve_areas(readouts, [p["n_edges"] for p in curve], total, clean, corrupted, ids)
     best = next((p for p in curve if p["faithfulness"] >= target), curve[-1])
     return CircuitResult(
         graph=graph, labels=labels, scores=scores, facts=ids, clean=clean,
         corrupted=corrupted, ranked=ranked, circuit=ranked[: best["n_edges"]], curve=curve,
         verified=verified, spearman=rho,
         faithfulness={k: best[k] for k in ("faithfulness", "lo", "hi")},
-        meta=_meta(method, n_steps, metric, selection, target, pairs, t_scores, t0),
+        meta=_meta(method, n_steps, readout, selection, target, pairs, t_scores, t0),
         pairs=pairs, areas=areas,
     )  # fmt: skip
 
@@ -321,7 +321,7 @@ def _shard(pairs: Pairs) -> tuple[list[int], int]:
     return rows, rows[0]
 
 
-def _offset_readout(readout: Readout, offset: int) -> Readout:
+def _offset_readout(readout: ReadoutFn, offset: int) -> ReadoutFn:
     if offset == 0:
         return readout
     return lambda final, rows: readout(final, rows + offset)
@@ -330,10 +330,10 @@ def _offset_readout(readout: Readout, offset: int) -> Readout:
 def _scores(
     model: Model, graph: Graph, pairs: Pairs, steps: int, batch_size: int, progress: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Edge scores and the clean and corrupted metric of every row (under sharded scoring:
+    """Edge scores and the clean and corrupted readout of every row (under sharded scoring:
     this rank's rows, gathered)."""
     rows, offset = _shard(pairs)
-    readout = _offset_readout(metric_readout(model, pairs.metric), offset)
+    readout = _offset_readout(readout_fn(model, pairs.readout), offset)
     scores, clean, corrupted = edge_scores(
         model, graph, pairs.clean_batch.select(rows), pairs.corrupted_batch.select(rows),
         readout, pairs.roles[rows], steps=steps, batch_size=batch_size, progress=progress,
@@ -352,9 +352,9 @@ def sharded_patcher(
     tick: Callable[..., object] | None = None,
 ) -> EdgePatcher:
     """An :class:`EdgePatcher` of ``pairs``; under sharded scoring (``torchrun``) it patches
-    this rank's rows and gathers every rank's metric in order."""
+    this rank's rows and gathers every rank's readout in order."""
     rows, offset = _shard(pairs)
-    readout = _offset_readout(metric_readout(model, pairs.metric), offset)
+    readout = _offset_readout(readout_fn(model, pairs.readout), offset)
     return EdgePatcher(
         model, graph, pairs.clean_batch.select(rows), pairs.corrupted_batch.select(rows),
         readout, pairs.roles[rows], batch_size=batch_size, gather=scoring_sharded(), tick=tick,
@@ -362,13 +362,13 @@ def sharded_patcher(
 
 
 def _meta(
-    method: str, steps: int, metric: str, selection: str, target: float, pairs: Pairs,
+    method: str, steps: int, readout: str, selection: str, target: float, pairs: Pairs,
     t_scores: float, t0: float,
 ) -> dict[str, Any]:  # fmt: skip
     return {
         "method": method,
         "steps": steps,
-        "metric": metric,
+        "readout": readout,
         "selection": selection,
         "target": target,
         "langs": sorted({f.lang for f in pairs.clean}),

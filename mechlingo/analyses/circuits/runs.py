@@ -1,10 +1,10 @@
 """One forward pass over the computational graph (:mod:`.graph`): it reads every sender's
 output, and at every receiver's input (before its norm) it can add a zero *probe* (for the
-gradient of the metric there) and an *edge patch*: for each removed edge ``s -> r``, the
+gradient of the readout there) and an *edge patch*: for each removed edge ``s -> r``, the
 sender's corrupted output minus its output in this very run, at the positions the edge
 covers, on receiver ``r``'s input only (the other receivers reading the same residual
 stream are unchanged). The pass stops at the logits receiver and returns each row's final
-residual at its last real token, from which a :data:`Readout` computes the metric.
+residual at its last real token, from which a :data:`ReadoutFn` computes the readout.
 """
 
 from __future__ import annotations
@@ -19,27 +19,27 @@ from torch import Tensor
 
 from mechlingo.activations.runs import StopForward, hooked, model_input_device
 from mechlingo.analyses.circuits.graph import Graph
-from mechlingo.analyses.recall.gradients import _metric_values
-from mechlingo.analyses.recall.patching.metrics import Metric, pack_metrics
+from mechlingo.analyses.recall.gradients import _readout_values
+from mechlingo.analyses.recall.patching.readouts import AnswerReadout, pack_readouts
 from mechlingo.core.tokens import TokenBatch, batch_context
 from mechlingo.core.types import Model
 
-__all__ = ["Pass", "Readout", "metric_readout", "run_graph", "sender_outputs"]
+__all__ = ["Pass", "ReadoutFn", "readout_fn", "run_graph", "sender_outputs"]
 
-#: The metric of each row from its final residual at the last real token (differentiable),
+#: The readout of each row from its final residual at the last real token (differentiable),
 #: given the example index of each row.
-Readout = Callable[[Float[Tensor, "row d_model"], Tensor], Float[Tensor, " row"]]
+ReadoutFn = Callable[[Float[Tensor, "row d_model"], Tensor], Float[Tensor, " row"]]
 
 
-def metric_readout(model: Model, metric: Metric) -> Readout:
-    """A :class:`~mechlingo.analyses.recall.patching.Metric` (answer log-probability or
-    logit difference over the project's answer sets) as a :data:`Readout`: final norm,
+def readout_fn(model: Model, answer: AnswerReadout) -> ReadoutFn:
+    """A :class:`~mechlingo.analyses.recall.patching.AnswerReadout` (answer log-probability or
+    logit difference over the project's answer sets) as a :data:`ReadoutFn`: final norm,
     unembedding and log-softmax, differentiably."""
-    ids, primary, slices = pack_metrics([metric], metric.n_examples)
+    ids, primary, slices = pack_readouts([answer], answer.n_examples)
 
     def readout(final: Tensor, rows: Tensor) -> Tensor:
         r = rows.to(ids.device)
-        return _metric_values(model, final, [metric], (ids[r], primary[r], slices))[0]
+        return _readout_values(model, final, [answer], (ids[r], primary[r], slices))[0]
 
     return readout
 

@@ -3,11 +3,11 @@
 
 The score of an edge ``s -> r`` at a group of positions ``k`` is
 
-    (corrupted output of s - clean output of s) . d metric / d (input of r)
+    (corrupted output of s - clean output of s) . d readout / d (input of r)
 
 summed over the positions of ``k``, the gradient taken in the clean run at receiver ``r``'s
 input before its norm: by the residual stream's linearity, the input of ``r`` is the sum of
-the upstream senders' outputs, so the product is the first-order change of the metric when
+the upstream senders' outputs, so the product is the first-order change of the readout when
 only that edge carries the corrupted value (the other receivers unchanged). EAP-IG averages
 the gradient over ``steps`` runs whose embeddings (the ``embed`` sender's output) move from
 the clean to the corrupted ones, ``alpha = 0, 1/steps, ..., (steps-1)/steps`` (a left
@@ -26,7 +26,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from mechlingo.analyses.circuits.graph import Graph
-from mechlingo.analyses.circuits.runs import Readout, run_graph
+from mechlingo.analyses.circuits.runs import ReadoutFn, run_graph
 from mechlingo.analyses.recall.patching.runs import repeat_batch
 from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
 from mechlingo.core.errors import InputError
@@ -69,17 +69,17 @@ def _chunk_scores(
     graph: Graph,
     clean: TokenBatch,
     corrupted: TokenBatch,
-    readout: Readout,
+    readout: ReadoutFn,
     rows: Tensor,
     roles: Tensor,
     steps: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``(scores [row, S, R, K], clean metric [row], corrupted metric [row])`` of one chunk
+    """``(scores [row, S, R, K], clean readout [row], corrupted readout [row])`` of one chunk
     (``rows``: the example index of each row)."""
     B = clean.batch_size
     with torch.no_grad():
         corr = run_graph(model, graph, corrupted)
-        corr_metric = readout(corr.final, rows).float()
+        corr_readout = readout(corr.final, rows).float()
     assert corr.senders is not None
     first = []
     if steps > 1:
@@ -107,7 +107,7 @@ def _chunk_scores(
     per_pos = torch.einsum("sbtd,rbtd->bsrt", delta, g.to(delta.device))
     scores = torch.einsum("bsrt,btk->bsrk", per_pos, roles.to(per_pos))
     scores = scores * graph.mask[None, :, :, None].to(scores)
-    return scores, values[:B].detach().float(), corr_metric
+    return scores, values[:B].detach().float(), corr_readout
 
 
 def chunks(n_rows: int, batch_size: int) -> list[list[int]]:
@@ -122,7 +122,7 @@ def edge_scores(
     graph: Graph,
     clean: TokenBatch,
     corrupted: TokenBatch,
-    readout: Readout,
+    readout: ReadoutFn,
     roles: Float[Tensor, "row pos group"],
     *,
     steps: int = 1,
@@ -134,16 +134,16 @@ def edge_scores(
 
     Args:
         clean, corrupted: the row pairs, of equal token lengths (:func:`check_pairs`).
-        readout: the metric (:func:`~mechlingo.analyses.circuits.runs.metric_readout`).
+        readout: the readout (:func:`~mechlingo.analyses.circuits.runs.readout_fn`).
         roles: ``[row, pos, group]`` 0/1: which positions each position group holds
             (one group of every real token for position-summed edges).
         steps: integrated-gradient steps (``1``: plain EAP).
         progress: a progress bar over the chunks of rows.
 
     Returns:
-        ``(scores [row, sender, receiver, group], clean metric [row], corrupted metric
-        [row])``; scores are 0 off the graph's edges. A score estimates ``metric(clean with
-        that edge corrupted) - metric(clean)``.
+        ``(scores [row, sender, receiver, group], clean readout [row], corrupted readout
+        [row])``; scores are 0 off the graph's edges. A score estimates ``readout(clean with
+        that edge corrupted) - readout(clean)``.
     """
     check_pairs(clean, corrupted)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:

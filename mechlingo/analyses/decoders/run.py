@@ -10,7 +10,7 @@ only parses its flags into the decoders (a loaded tuned lens, a
 :class:`~mechlingo.analyses.decoders.patchscope.Patchscope`) and adds the report.
 
 ``mechlingo tuned-lens`` likewise: :func:`run_tuned_lens` trains the lens and measures its
-held-out KL (each a resumable stage) and returns a :class:`TunedLensRun`, whose
+held-out KL (each a resumable checkpoint) and returns a :class:`TunedLensRun`, whose
 :meth:`~TunedLensRun.summary`, :meth:`~TunedLensRun.headline` and :meth:`~TunedLensRun.write`
 say what the training gave and put the lens folder together.
 """
@@ -41,10 +41,10 @@ from mechlingo.analyses.decoders.tuned_lens import (
 )
 from mechlingo.analyses.results import WritesFolder
 from mechlingo.core.artifacts import write_files
+from mechlingo.core.checkpoints import Checkpoints
 from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
 from mechlingo.core.distributed import is_main
 from mechlingo.core.inert import inert_csv
-from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.viz.lens import lens_kl_figure
 
@@ -249,7 +249,7 @@ def run_tuned_lens(
     lines: str | None = None,
     training: TrainingOptions | Mapping[str, Any] | None = None,
     batch_size: int = HELDOUT_BATCH_SIZE,
-    stages: Stages | None = None,
+    checkpoints: Checkpoints | None = None,
 ) -> TunedLensRun:
     """Train a tuned lens on ``train`` and, with ``heldout`` texts, measure its held-out KL
     against the logit lens, as ``mechlingo tuned-lens`` does.
@@ -261,27 +261,27 @@ def run_tuned_lens(
     (where the text came from) and ``lines`` (``START:STOP`` of the training lines, ``None``
     for all) are recorded in the lens's ``meta``. The training (the lens saved, read back
     through :func:`~mechlingo.analyses.decoders.tuned_lens.load_tuned_lens` and its checks)
-    and the held-out KL are the stages ``train`` and ``heldout`` of ``stages``; without
-    ``stages`` they go through a temporary folder, so the numbers are the command's.
+    and the held-out KL are the checkpoints ``train`` and ``heldout`` of ``checkpoints``; without
+    ``checkpoints`` they go through a temporary folder, so the numbers are the command's.
     """
     with contextlib.ExitStack() as stack:
-        if stages is None:
+        if checkpoints is None:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="mechlingo-lens-"))
-            stages = Stages(tmp, {"temporary": True})
-        tr = _staged_training(stages, model, train, TrainingOptions.of(training))
+            checkpoints = Checkpoints(tmp, {"temporary": True})
+        tr = _staged_training(checkpoints, model, train, TrainingOptions.of(training))
         tr.lens.meta |= {"text": text, "langs": list(langs), "lines": lines}
         div = None
         if heldout:
-            div = stages.run("heldout", lambda: lens_divergence(
+            div = checkpoints.run("heldout", lambda: lens_divergence(
                 model, list(heldout), {LogitLens.name: None, tr.lens.name: tr.lens},
                 batch_size=batch_size))  # fmt: skip
     return TunedLensRun(tr, list(langs), text, div)
 
 
 def _staged_training(
-    stages: Stages, model: Model, train: Sequence[str], options: TrainingOptions
+    checkpoints: Checkpoints, model: Model, train: Sequence[str], options: TrainingOptions
 ) -> TunedLensTraining:
-    """The training as stage ``train`` (the lens saved in the stage folder, the loss curve
+    """The training as checkpoint ``train`` (the lens saved in the checkpoint folder, the loss curve
     in its result), read back through :func:`load_tuned_lens` and its checks."""
 
     def fn(tmp: Path) -> dict[str, Any]:
@@ -290,8 +290,8 @@ def _staged_training(
         return {"loss": tr.loss.tolist(), "tokens": tr.tokens, "seconds": tr.seconds,
                 "world_size": tr.world_size, "config": tr.config}  # fmt: skip
 
-    d = stages.run("train", fn, folder=True)
-    lens = load_tuned_lens(stages.path("train") / "lens", model)
+    d = checkpoints.run("train", fn, folder=True)
+    lens = load_tuned_lens(checkpoints.path("train") / "lens", model)
     loss = torch.tensor(
         [[math.nan if v is None else v for v in row] for row in d["loss"]], dtype=torch.float32
     )

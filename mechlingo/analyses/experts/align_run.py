@@ -2,7 +2,7 @@
 control), with what ``summary.json`` and ``retrieval.csv`` hold.
 
 :func:`run_alignment` embeds the parallel sentences without and with the clamp (and the
-random-neuron control of the same k when there is one), per layer, as one resumable stage
+random-neuron control of the same k when there is one), per layer, as one resumable checkpoint
 (``compare``), and, when asked, measures the clamp's side effects; it returns an
 :class:`AlignRun`, whose :meth:`~AlignRun.summary` is the headline record (retrieval and
 distances per arm at one layer, with bootstrap intervals over sentences and paired gains)
@@ -28,10 +28,10 @@ from mechlingo.analyses.experts.align import (
     compare_alignment,
 )
 from mechlingo.analyses.results import WritesFolder
+from mechlingo.core.checkpoints import Checkpoints
 from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
 from mechlingo.core.errors import ArtifactError
 from mechlingo.core.inert import inert_csv
-from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.core.untrusted import load_tensors
 from mechlingo.data import LANGS, load_facts
@@ -148,13 +148,13 @@ def run_alignment(
     control: Intervention | None = None,
     options: AlignOptions | None = None,
     *,
-    stages: Stages | None = None,
+    checkpoints: Checkpoints | None = None,
 ) -> AlignRun:
     """Alignment of ``texts`` (``{lang: parallel sentences}``) before and after ``clamp``
     (and ``control``) at every layer, as ``mechlingo align`` measures it.
 
-    The comparison (:func:`~mechlingo.analyses.experts.align.compare_alignment`) is the stage
-    ``compare`` of ``stages`` when given (its embeddings and retrieval kept in a safetensors
+    The comparison (:func:`~mechlingo.analyses.experts.align.compare_alignment`) is the checkpoint
+    ``compare`` of ``checkpoints`` when given (its embeddings and retrieval kept in a safetensors
     file). With ``side_effect_lines`` and a clamp, the clamp's side effects are measured too
     (:func:`align_side_effects`). ``layer`` is the layer of the summary (``None``: the last).
     The settings named here are ``options``' (:class:`AlignOptions`, its defaults when
@@ -165,7 +165,7 @@ def run_alignment(
     """
     o = AlignOptions() if options is None else options
     try:
-        comp = _staged_comparison(stages, lambda: compare_alignment(
+        comp = _staged_comparison(checkpoints, lambda: compare_alignment(
             model, texts, clamp, control=control, layers="all", target=o.target,
             centre=o.centre, batch_size=o.batch_size, max_tokens=o.max_tokens,
             progress=o.progress))  # fmt: skip
@@ -205,11 +205,11 @@ def align_side_effects(
 
 
 def _staged_comparison(
-    stages: Stages | None, compare: Callable[[], AlignmentComparison]
+    checkpoints: Checkpoints | None, compare: Callable[[], AlignmentComparison]
 ) -> AlignmentComparison:
-    """``compare()``, kept as stage ``compare`` of ``stages`` (its embeddings and retrieval
-    matrices in a safetensors file) and read back from there; without stages as it is."""
-    if stages is None:
+    """``compare()``, kept as checkpoint ``compare`` of ``checkpoints`` (its embeddings and retrieval
+    matrices in a safetensors file) and read back from there; without checkpoints as it is."""
+    if checkpoints is None:
         return compare()
 
     def fn(tmp: Path) -> dict[str, Any]:
@@ -224,8 +224,8 @@ def _staged_comparison(
         return {"langs": comp.langs, "layers": comp.layers, "target": comp.target,
                 "centre": comp.centre, "meta": comp.meta}  # fmt: skip
 
-    d = stages.run("compare", fn, folder=True)
-    t = load_tensors(stages.path("compare") / "comparison.safetensors", ArtifactError,
+    d = checkpoints.run("compare", fn, folder=True)
+    t = load_tensors(checkpoints.path("compare") / "comparison.safetensors", ArtifactError,
                      finite=False, fix="delete the work folder (or rerun with --fresh)")  # fmt: skip
 
     def arm(name: str) -> tuple[Embeddings | None, Any]:

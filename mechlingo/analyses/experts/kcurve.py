@@ -225,7 +225,7 @@ class KCurve:
 
 @dataclass(frozen=True)
 class _Arm:
-    """One run of the k curve: its ``k``, ``arm``, intervention, stage-cache ``name`` and,
+    """One run of the k curve: its ``k``, ``arm``, intervention, checkpoint ``name`` and,
     for a random arm, the seed of its neuron set."""
 
     k: int
@@ -467,7 +467,7 @@ def k_curve(
     heldout: Mapping[str, Sequence[str]],
     options: KCurveOptions | None = None,
     *,
-    stage_store: Callable[[str, Callable[[], dict]], dict] | None = None,
+    checkpoint: Callable[[str, Callable[[], dict]], dict] | None = None,
 ) -> KCurve:
     """For each ``k``: language of generations with the clamp on and held-out perplexity of
     every language, for the experts, the random control, and no clamp (``k = 0``), with
@@ -485,9 +485,9 @@ def k_curve(
     own copy of the inputs, :mod:`mechlingo.analyses.experts.stacked`: the same numbers as one
     run per arm up to float rounding); ``stack=False`` runs them one by one.
 
-    ``stage_store(name, fn)``, when given, runs each arm (``name``: ``"none"``, ``"k50-experts"``,
+    ``checkpoint(name, fn)``, when given, runs each arm (``name``: ``"none"``, ``"k50-experts"``,
     ``"k50-random"``, ``"k50-random_s3"``...) and returns ``fn()`` (a JSON-able dict) or a
-    stored equal result (a resumable stage, :class:`mechlingo.core.stages.Stages`; ``experts
+    stored equal result (a resumable checkpoint, :class:`mechlingo.core.checkpoints.Checkpoints`; ``experts
     --resume``); the first arm not stored computes every later one with it. Every arm draws
     its samples with ``seed`` alone, so an arm's row does not depend on the other ``ks``.
     The settings named here are ``options``' (:class:`KCurveOptions`, its defaults when
@@ -501,7 +501,7 @@ def k_curve(
     check_texts(heldout, 1, error=ExpertError)
     seeds = o.control_seeds if o.control else ()
     arms = _k_arms(experts, lang, ks, o.value, seeds, o.layer_matched, o.seed)
-    run = stage_store or (lambda name, fn: fn())
+    run = checkpoint or (lambda name, fn: fn())
     opts = {"n_samples": o.n_samples, "max_new_tokens": o.max_new_tokens, "prompts": o.prompts,
             "seed": o.seed, "max_tokens": o.max_tokens}  # fmt: skip
     stored: dict[str, dict] = {}

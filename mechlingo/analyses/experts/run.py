@@ -1,10 +1,10 @@
 """``mechlingo experts`` as one call: the expert neurons, their clamps and controls, the k
 curve of every target and the k its rule chose.
 
-:func:`run_experts` is the command's analysis (the card's expert stages call the same pieces:
+:func:`run_experts` is the command's analysis (the card's expert checkpoints call the same pieces:
 :func:`~mechlingo.analyses.experts.selection.find_experts`,
-:func:`~mechlingo.analyses.experts.kcurve.k_curve`), each step a resumable stage of a
-:class:`~mechlingo.core.stages.Stages` (the CLI's ``--work``). It returns an
+:func:`~mechlingo.analyses.experts.kcurve.k_curve`), each step a resumable checkpoint of a
+:class:`~mechlingo.core.checkpoints.Checkpoints` (the CLI's ``--work``). It returns an
 :class:`ExpertsRun`: :meth:`~ExpertsRun.choices` applies the k rule,
 :meth:`~ExpertsRun.summary` is the headline record, :meth:`~ExpertsRun.write` puts
 ``summary.json``, ``experts.csv``, ``kcurve.csv`` and the clamp folders into a folder in one
@@ -40,18 +40,18 @@ from mechlingo.analyses.experts.stats import (
     score_neurons,
 )
 from mechlingo.core.artifacts import write_files
+from mechlingo.core.checkpoints import Checkpoints
 from mechlingo.core.defaults import BATCH_SIZE, PROGRESS, SAMPLE_NEW_TOKENS, SEED
 from mechlingo.core.distributed import is_main
 from mechlingo.core.errors import ArtifactError, ExpertError
 from mechlingo.core.inert import inert_csv
-from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.core.untrusted import inside, load_tensors
 
 __all__ = [
     "ExpertSettings",
     "ExpertsRun",
-    "kcurve_store",
+    "kcurve_checkpointer",
     "pooled_store",
     "run_experts",
     "staged_folder",
@@ -130,7 +130,7 @@ class ExpertsRun:
         ppl_budget: the k rule's bound on the target's held-out perplexity ratio.
         ppl_others: how the other languages' perplexity ratios enter the rule.
         scratch: the temporary folder that holds the clamps when :func:`run_experts` was
-            given no stages (removed with the run).
+            given no checkpoints (removed with the run).
     """
 
     experts: ExpertResult
@@ -219,7 +219,7 @@ def run_experts(
     *,
     heldout: Mapping[str, Sequence[str]] | None = None,
     settings: ExpertSettings | None = None,
-    stages: Stages | None = None,
+    checkpoints: Checkpoints | None = None,
     shard_dir: str | Path | None = None,
     shard_always: bool = False,
     max_memory: int | None = None,
@@ -229,12 +229,12 @@ def run_experts(
     Every neuron is pooled over ``texts`` (``{lang: sentences}``) and scored one language
     against the rest; for each target and k the clamp ``{target}-k{k}`` and its random-neuron
     control ``{target}-k{k}-random`` are saved; with ``heldout`` (the lines after those, never
-    fitted on) the k curve of every target is measured. Each step is a stage of ``stages``
+    fitted on) the k curve of every target is measured. Each step is a checkpoint of ``checkpoints``
     (``stats``, ``scores``, ``clamp-NAME``, ``kcurve-TARGET-ARM``), so a stopped run goes on
-    from the finished ones; without ``stages`` they are kept in a temporary folder that
+    from the finished ones; without ``checkpoints`` they are kept in a temporary folder that
     lives as long as the returned run. The pooled activations stream to ``shard_dir`` when
     ``shard_always`` or when they would take more than half of ``max_memory`` bytes
-    (:func:`pooled_store`; out of core the statistics are not a stage).
+    (:func:`pooled_store`; out of core the statistics are not a checkpoint).
 
     Raises:
         ExpertError: fewer than two languages, an unknown target, a k larger than the
@@ -243,20 +243,20 @@ def run_experts(
     opt = settings or ExpertSettings()
     ks = sorted(set(ks))
     scratch = None
-    if stages is None:
+    if checkpoints is None:
         scratch = tempfile.TemporaryDirectory(prefix="mechlingo-experts-")
-        stages = Stages(scratch.name, {"temporary": True})
+        checkpoints = Checkpoints(scratch.name, {"temporary": True})
     store = pooled_store(model, texts, opt.layers, shard_dir, max_memory, always=shard_always)
     try:
-        res = _staged_experts(model, texts, opt, stages, store, max_memory)
-        clamps = _saved_clamps(model, res, targets, ks, opt, stages)
+        res = _staged_experts(model, texts, opt, checkpoints, store, max_memory)
+        clamps = _saved_clamps(model, res, targets, ks, opt, checkpoints)
     except ExpertError:
         raise
     except ValueError as err:
         raise ExpertError(str(err)) from err
     curves: dict[str, KCurve] = {}
     if heldout is not None:
-        curves = {t: _k_curve(model, res, t, ks, heldout, opt, stages) for t in targets}
+        curves = {t: _k_curve(model, res, t, ks, heldout, opt, checkpoints) for t in targets}
     return ExpertsRun(
         res, list(targets), ks, clamps, curves, opt.ppl_budget, opt.ppl_others, scratch
     )
@@ -287,12 +287,12 @@ def _staged_experts(
     model: Model,
     texts: Mapping[str, Sequence[str]],
     opt: ExpertSettings,
-    stages: Stages,
+    checkpoints: Checkpoints,
     store: Path | None,
     mem: int | None,
 ) -> ExpertResult:
-    """The pooled statistics (stage ``stats``; out of core they are recomputed: they live in
-    the shard folder) and the scores (stage ``scores``) of every neuron."""
+    """The pooled statistics (checkpoint ``stats``; out of core they are recomputed: they live in
+    the shard folder) and the scores (checkpoint ``scores``) of every neuron."""
 
     def collect() -> NeuronStats:
         return collect_neuron_stats(
@@ -301,8 +301,8 @@ def _staged_experts(
             store=store, max_memory=mem,
         )  # fmt: skip
 
-    stats = collect() if store is not None else staged_stats(stages, "stats", collect)
-    scores = staged_scores(stages, "scores", lambda: score_neurons(stats, max_memory=mem))
+    stats = collect() if store is not None else staged_stats(checkpoints, "stats", collect)
+    scores = staged_scores(checkpoints, "scores", lambda: score_neurons(stats, max_memory=mem))
     return ExpertResult(stats, scores, opt.score)
 
 
@@ -312,17 +312,17 @@ def _saved_clamps(
     targets: Sequence[str],
     ks: Sequence[int],
     opt: ExpertSettings,
-    stages: Stages,
+    checkpoints: Checkpoints,
 ) -> dict[str, Path]:
     """The saved clamps ``{target}-k{k}`` and their random controls ``{target}-k{k}-random``
-    of every target and k (each a stage ``clamp-NAME``): ``{name: folder}``."""
+    of every target and k (each a checkpoint ``clamp-NAME``): ``{name: folder}``."""
     arms: tuple[tuple[str, Callable[..., Any], dict[str, Any]], ...] = (
         ("", res.clamp, {}),
         ("-random", res.random_clamp, {"seed": opt.seed}),
     )
     return {
         f"{t}-k{k}{suffix}": staged_folder(
-            stages,
+            checkpoints,
             f"clamp-{t}-k{k}{suffix}",
             lambda dest, t=t, k=k, fn=fn, kw=kw: fn(t, k, value=opt.value, **kw).save(dest, model),
         )  # fmt: skip
@@ -339,10 +339,10 @@ def _k_curve(
     ks: Sequence[int],
     heldout: Mapping[str, Sequence[str]],
     opt: ExpertSettings,
-    stages: Stages,
+    checkpoints: Checkpoints,
 ) -> KCurve:
     """The k curve of one target (BOS language rate and held-out perplexity per k; each arm
-    of each k a stage ``kcurve-TARGET-ARM``). Each arm runs alone (``stack=False``) so that a
+    of each k a checkpoint ``kcurve-TARGET-ARM``). Each arm runs alone (``stack=False``) so that a
     resumed run writes the same bytes as an uninterrupted one: a stacked pass over the arms
     left to compute rounds in the last digits differently."""
     return k_curve(
@@ -360,7 +360,7 @@ def _k_curve(
             progress=opt.progress,
             stack=False,
         ),
-        stage_store=kcurve_store(stages, f"kcurve-{target}-"),
+        checkpoint=kcurve_checkpointer(checkpoints, f"kcurve-{target}-"),
     )
 
 
@@ -369,8 +369,10 @@ def _k_curve(
 # --------------------------------------------------------------------------------------
 
 
-def staged_stats(stages: Stages, name: str, collect: Callable[[], NeuronStats]) -> NeuronStats:
-    """In-memory neuron statistics as stage ``name`` (the tensors in a safetensors file)."""
+def staged_stats(
+    checkpoints: Checkpoints, name: str, collect: Callable[[], NeuronStats]
+) -> NeuronStats:
+    """In-memory neuron statistics as checkpoint ``name`` (the tensors in a safetensors file)."""
 
     def fn(tmp: Path) -> dict[str, Any]:
         st = collect()
@@ -380,14 +382,16 @@ def staged_stats(stages: Stages, name: str, collect: Callable[[], NeuronStats]) 
         return {"langs": st.langs, "layers": st.layers, "d_mlp": st.d_mlp, "pool": st.pool,
                 "meta": st.meta, "device": str(st.prob_active.device)}  # fmt: skip
 
-    d = stages.run(name, fn, folder=True)
-    t = _stage_tensors(stages, name, "stats.safetensors", d)
+    d = checkpoints.run(name, fn, folder=True)
+    t = _stage_tensors(checkpoints, name, "stats.safetensors", d)
     return NeuronStats(d["langs"], t["pooled"], t["lang_ids"], t["prob_active"], d["layers"],
                        d["d_mlp"], d["pool"], d["meta"])  # fmt: skip
 
 
-def staged_scores(stages: Stages, name: str, score: Callable[[], NeuronScores]) -> NeuronScores:
-    """Neuron scores as stage ``name`` (the tensors in a safetensors file)."""
+def staged_scores(
+    checkpoints: Checkpoints, name: str, score: Callable[[], NeuronScores]
+) -> NeuronScores:
+    """Neuron scores as checkpoint ``name`` (the tensors in a safetensors file)."""
 
     def fn(tmp: Path) -> dict[str, Any]:
         sc = score()
@@ -396,35 +400,37 @@ def staged_scores(stages: Stages, name: str, score: Callable[[], NeuronScores]) 
                   str(tmp / "scores.safetensors"))  # fmt: skip
         return {"device": str(sc.auroc.device)}
 
-    d = stages.run(name, fn, folder=True)
-    t = _stage_tensors(stages, name, "scores.safetensors", d)
+    d = checkpoints.run(name, fn, folder=True)
+    t = _stage_tensors(checkpoints, name, "scores.safetensors", d)
     return NeuronScores(t["auroc"], t["ap"], t["lape"])
 
 
-def _stage_tensors(stages: Stages, name: str, file: str, d: Mapping[str, Any]) -> dict:
-    """The tensors a stage stored, read with the checks of any file from a stranger (the
-    header against the file's size, no link out of the stage folder); the device the
-    stage recorded when it is a plain device name."""
+def _stage_tensors(checkpoints: Checkpoints, name: str, file: str, d: Mapping[str, Any]) -> dict:
+    """The tensors a checkpoint stored, read with the checks of any file from a stranger (the
+    header against the file's size, no link out of the checkpoint folder); the device the
+    checkpoint recorded when it is a plain device name."""
     device = str(d.get("device", "cpu"))
     if not re.fullmatch(r"(cpu|cuda|mps)(:\d{1,3})?", device):
         device = "cpu"
-    path = inside(stages.folder, stages.path(name) / file, ArtifactError)
+    path = inside(checkpoints.folder, checkpoints.path(name) / file, ArtifactError)
     return load_tensors(path, ArtifactError, finite=False, device=device,
                         fix="delete the work folder (or rerun with --fresh)")  # fmt: skip
 
 
-def staged_folder(stages: Stages, name: str, save: Callable[[Path], Any]) -> Path:
-    """A saved artifact (``save(folder)``, e.g. a clamp) as stage ``name``; its folder."""
+def staged_folder(checkpoints: Checkpoints, name: str, save: Callable[[Path], Any]) -> Path:
+    """A saved artifact (``save(folder)``, e.g. a clamp) as checkpoint ``name``; its folder."""
 
     def fn(tmp: Path) -> dict[str, Any]:
         save(tmp / "saved")
         return {"saved": "saved"}
 
-    stages.run(name, fn, folder=True)
-    return stages.path(name) / "saved"
+    checkpoints.run(name, fn, folder=True)
+    return checkpoints.path(name) / "saved"
 
 
-def kcurve_store(stages: Stages, prefix: str) -> Callable[[str, Callable[[], dict]], dict]:
-    """The ``stage_store`` of :func:`mechlingo.analyses.experts.kcurve.k_curve`: each arm the stage
+def kcurve_checkpointer(
+    checkpoints: Checkpoints, prefix: str
+) -> Callable[[str, Callable[[], dict]], dict]:
+    """The ``checkpoint`` of :func:`mechlingo.analyses.experts.kcurve.k_curve`: each arm the checkpoint
     ``{prefix}{arm}``."""
-    return lambda name, fn: stages.run(f"{prefix}{name}", fn)
+    return lambda name, fn: checkpoints.run(f"{prefix}{name}", fn)

@@ -1,11 +1,11 @@
 """Attribution patching (AtP): every cell of a patching grid from one forward and one
-backward pass, ``metric(patched) ~= metric(target) + (a_source - a_target) . d metric / d a``.
+backward pass, ``readout(patched) ~= readout(target) + (a_source - a_target) . d readout / d a``.
 
 * :func:`attribution_patch` takes the arguments of
   :func:`mechlingo.analyses.recall.patching.patch_activations` (resolved by the same code,
   :mod:`mechlingo.analyses.recall.patching.grid`) and returns the same
   :class:`~mechlingo.analyses.recall.patching.PatchingResult`, whose ``values`` are the
-  *estimated* patched metric and ``clean``/``corrupted`` the measured baselines;
+  *estimated* patched readout and ``clean``/``corrupted`` the measured baselines;
 * :func:`neuron_attribution`: the same estimate for every MLP neuron (``mlp_post``);
 * :func:`verify_top_cells` and :func:`compare_patching`: the top cells patched exactly, and
   the agreement with exact patching (verify the cells you report).
@@ -33,8 +33,8 @@ from mechlingo.analyses.recall.gradients import (
     patched_patterns,
 )
 from mechlingo.analyses.recall.patching import (
+    AnswerReadout,
     Cell,
-    Metric,
     PatchingError,
     PatchingResult,
     PositionLabel,
@@ -78,13 +78,13 @@ def _estimates(
     name: str,
     scale: float,
 ) -> tuple[Tensor, Tensor]:
-    """``(estimate [metric, row, position(, head)], delta [row, position, ...])`` of one
+    """``(estimate [readout, row, position(, head)], delta [row, position, ...])`` of one
     hook: (scaled source - target activation) . gradient at each aligned position."""
     B = setup.tgt.batch_size
     rows = torch.arange(B)[:, None]
     t_pos = setup.pos.target.T.to(torch.long)  # [row, position]
     tgt = g.acts[name][rows, t_pos]  # [row, P, ...]
-    grad = g.grads[name][:, rows, t_pos]  # [metric, row, P, ...]
+    grad = g.grads[name][:, rows, t_pos]  # [readout, row, P, ...]
     delta = scale * (g.src_acts[name].to(tgt.device) - tgt)
     return (grad * delta).sum(-1), delta
 
@@ -97,7 +97,7 @@ def _hook_estimates(
     scale: float,
     qk_fix: bool,
 ) -> dict[str, Tensor]:
-    """The estimate ``[metric, row, position(, head)]`` of every hook of the grid, with the
+    """The estimate ``[readout, row, position(, head)]`` of every hook of the grid, with the
     QK fix applied to the ``resid_pre`` hooks when ``qk_fix``."""
     per_hook: dict[str, Tensor] = {}
     deltas: dict[int, Tensor] = {}
@@ -117,11 +117,11 @@ def _cell_values(
     per_hook: Mapping[str, Tensor],
     names: Mapping[tuple[str, int], str],
     corrupted: Tensor,
-) -> Float[Tensor, "metric cell row"]:
+) -> Float[Tensor, "readout cell row"]:
     """``corrupted + estimate`` of every cell."""
     values = []
     for c in cells:
-        est = per_hook[names[(c.site, c.layer)]]  # [metric, row, P(, head)]
+        est = per_hook[names[(c.site, c.layer)]]  # [readout, row, P(, head)]
         values.append(
             corrupted + (est[:, :, c.position, c.head] if c.head >= 0 else est[:, :, c.position])
         )
@@ -160,7 +160,7 @@ def attribution_patch(
 
     Returns:
         A :class:`~mechlingo.analyses.recall.patching.PatchingResult` whose ``values`` are the
-        *estimated* patched metrics (``corrupted + estimate``, per example) and whose
+        *estimated* patched readouts (``corrupted + estimate``, per example) and whose
         ``clean``/``corrupted`` are the measured baselines; ``meta["method"]`` is ``"atp"``
         (``"atp*"`` when the QK fix changed some cell) or ``"ig"`` (with ``meta["steps"]``),
         and ``meta["seconds"]`` the wall time.
@@ -211,7 +211,7 @@ def _alphas(method: str, steps: int, qk_fix: bool | None) -> list[float]:
 
 def _qk_corrections(
     model: Model, setup: PatchingSetup, g: Grads, deltas: Mapping[int, Tensor]
-) -> dict[int, Float[Tensor, "metric row position"]]:
+) -> dict[int, Float[Tensor, "readout row position"]]:
     """AtP*'s QK fix for the ``resid_pre`` cells of each layer in ``deltas`` (``{layer:
     [row, position, d_model] patch}``): minus the linear estimate of the path through that
     layer's attention pattern, plus the exact pattern change times the pattern gradient. The
@@ -233,7 +233,7 @@ def _qk_corrections(
         }
         d_a = patched_patterns(model, one, layers, t_pos[b], vals)
         for layer in layers:
-            g_a = g.pattern_grads[layer][:, b, :, :n, :n]  # [metric, head, q, k]
+            g_a = g.pattern_grads[layer][:, b, :, :n, :n]  # [readout, head, q, k]
             exact = torch.einsum("mhqk,phqk->mp", g_a, d_a[layer].to(g_a.device))
             out[layer][:, b] += exact.to(out[layer].device)
     return out
@@ -251,11 +251,11 @@ class NeuronAttribution(PatchingBaselines):
     :class:`~mechlingo.analyses.recall.patching.result.PatchingBaselines`, and
 
     Attributes:
-        values: ``[metric, layer, position, neuron, example]`` estimated change of the metric
+        values: ``[readout, layer, position, neuron, example]`` estimated change of the readout
             when that one neuron of the target run takes its source value (first order).
     """
 
-    values: Float[Tensor, "metric layer position neuron example"]
+    values: Float[Tensor, "readout layer position neuron example"]
     meta: dict[str, Any] = field(default_factory=dict)
 
     def effect(self, readout: str | int = 0) -> Float[Tensor, "layer position neuron"]:
@@ -295,7 +295,7 @@ class NeuronAttribution(PatchingBaselines):
         import pandas as pd
 
         name = self.readout_names[self.readout_index(readout)]
-        return pd.DataFrame([{"metric": name, **r} for r in self.top(k, readout)])
+        return pd.DataFrame([{"readout": name, **r} for r in self.top(k, readout)])
 
 
 def neuron_attribution(
@@ -308,8 +308,8 @@ def neuron_attribution(
     **grid: Unpack[GridArgs],
 ) -> NeuronAttribution:
     """Attribution patching of every MLP neuron (``mlp_post``) at every layer and position:
-    ``(a_source - a_target) * d metric / d a`` per neuron, with the inputs, positions and
-    metrics of :func:`attribution_patch` / ``patch_activations`` (the grid keywords of
+    ``(a_source - a_target) * d readout / d a`` per neuron, with the inputs, positions and
+    readouts of :func:`attribution_patch` / ``patch_activations`` (the grid keywords of
     :class:`~mechlingo.analyses.recall.patching.grid.GridArgs`: no sites, so no ``heads``).
     ``method``/``steps`` as there (``"ig"``: the gradient averaged along the input
     interpolation; no QK fix: neurons feed no softmax directly)."""
@@ -327,13 +327,13 @@ def neuron_attribution(
     for name in names.values():
         tgt = g.acts[name][rows, t_pos]  # [row, P, neuron]
         delta = g.src_acts[name].to(tgt.device) - tgt
-        per_layer.append((g.grads[name][:, rows, t_pos] * delta).cpu())  # [metric, row, P, N]
+        per_layer.append((g.grads[name][:, rows, t_pos] * delta).cpu())  # [readout, row, P, N]
     vals = torch.stack(per_layer, dim=1).permute(0, 1, 3, 4, 2).contiguous()
     return NeuronAttribution(
         values=vals,
         clean=g.clean,
         corrupted=g.corrupted,
-        readout_names=[m.name for m in setup.metrics],
+        readout_names=[m.name for m in setup.readouts],
         layers=setup.layers,
         position_labels=setup.pos.labels,
         meta={
@@ -398,8 +398,7 @@ class VerifyArgs(TypedDict, total=False):
     :func:`~mechlingo.analyses.recall.patching.patch_activations` (the grid's ``layers`` and
     ``heads`` are the top cells'; ``positions`` is a parameter of its own)."""
 
-    readout: Metric | Sequence[Metric] | None
-    metric: Metric | Sequence[Metric] | None
+    readout: AnswerReadout | Sequence[AnswerReadout] | None
     alignment: str | Mapping[int, int] | None
     source_subject: Sequence[tuple[int, int]] | None
     target_subject: Sequence[tuple[int, int]] | None
@@ -426,8 +425,8 @@ def verify_top_cells(
     Runs :func:`~mechlingo.analyses.recall.patching.patch_activations` on the smallest grid holding those cells
     (their layers x the grid's positions x their heads) with the same source, target,
     ``positions`` (the position specs the estimate was made with) and ``patch_kwargs``
-    (``readout=``, ``alignment=``, ...), and returns, per top cell (ranked by the metric
-    ``by``), its ``estimate`` and its ``exact`` normalised effect (and the effects in metric
+    (``readout=``, ``alignment=``, ...), and returns, per top cell (ranked by the readout
+    ``by``), its ``estimate`` and its ``exact`` normalised effect (and the effects in readout
     units).
     """
     m = approx.readout_index(by)

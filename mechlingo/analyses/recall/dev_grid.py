@@ -1,4 +1,4 @@
-"""The choices the steering evaluation makes on dev data, and what all its stages share.
+"""The choices the steering evaluation makes on dev data, and what all its steps share.
 
 * :func:`check_disjoint` (:class:`LeakError`): no test fact id is ever used to build a vector,
   to draw a demonstration or to choose a setting; called before every stage.
@@ -123,8 +123,8 @@ def score_all(
     """Every condition of ``conds`` on ``facts`` at once (:func:`score` with a mapping).
 
     ``store(name, fn)``, when given, keeps each condition's result (``name`` = the condition;
-    it returns ``fn()`` or a stored equal result: a resumable stage,
-    :func:`mechlingo.analyses.recall.steer_eval.stage_store`): the first condition that is not
+    it returns ``fn()`` or a stored equal result: a resumable checkpoint,
+    :func:`mechlingo.analyses.recall.steer_eval.checkpointer`): the first condition that is not
     stored scores itself and every later one at once, so a fresh run makes one shared-prefix
     call and a resumed one loads what is stored."""
     if store is None:
@@ -538,7 +538,7 @@ def _rank(r: dict[str, Any]) -> tuple:
 
 
 class _DevSearch:
-    """The stages of :func:`choose_on_dev`; every scored setting is appended to ``rows``."""
+    """The steps of :func:`choose_on_dev`; every scored setting is appended to ``rows``."""
 
     def __init__(self, model: Model, kw: dict[str, Any], en_tolerance: float) -> None:
         self.model = model

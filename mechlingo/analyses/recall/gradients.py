@@ -1,6 +1,6 @@
 """The gradient pass of attribution patching (:mod:`mechlingo.analyses.recall.attribution`):
 one forward and one backward pass of the target batch that give, for every hook of a grid,
-the target activations, the source activations at the grid positions and ``d metric / d
+the target activations, the source activations at the grid positions and ``d readout / d
 activation``; the interpolated copies of integrated gradients; and, for the QK fix, the
 pattern gradients and the exact change of an attention pattern under a ``resid_pre`` patch.
 
@@ -26,9 +26,9 @@ from mechlingo.activations.runs import (
     model_input_device,
     run_batch,
 )
-from mechlingo.analyses.recall.patching import Metric, PatchingError
+from mechlingo.analyses.recall.patching import AnswerReadout, PatchingError
 from mechlingo.analyses.recall.patching.grid import PatchingSetup
-from mechlingo.analyses.recall.patching.metrics import PackedMetrics, evaluate_metrics
+from mechlingo.analyses.recall.patching.readouts import PackedReadouts, evaluate_readouts
 from mechlingo.analyses.recall.patching.runs import read_run, repeat_batch
 from mechlingo.core.sites import edit_hooks, resolve_site
 from mechlingo.core.tokens import TokenBatch, batch_context
@@ -36,13 +36,13 @@ from mechlingo.core.types import Model
 from mechlingo.kernels.readout import apply_final_norm, unembed
 
 
-def _metric_values(
+def _readout_values(
     model: Model,
     final: Float[Tensor, "row d_model"],
-    metrics: Sequence[Metric],
-    packed: PackedMetrics,
-) -> Float[Tensor, "metric row"]:
-    """The metrics from final-residual rows, differentiably (final norm, unembedding,
+    readouts: Sequence[AnswerReadout],
+    packed: PackedReadouts,
+) -> Float[Tensor, "readout row"]:
+    """The readouts from final-residual rows, differentiably (final norm, unembedding,
     log-softmax; the same quantities :func:`mechlingo.kernels.readout.read_logits` reads)."""
     ids, _, slices = packed
     logits = unembed(model, apply_final_norm(model, final.to(model.W_U.device)))
@@ -53,18 +53,18 @@ def _metric_values(
     )  # [row, track, member]
     tok = tok.masked_fill(ids < 0, float("-inf"))
     set_lp = torch.logsumexp(tok, dim=-1) - lse[:, None]
-    return torch.stack([m.combine(set_lp[:, s]) for m, s in zip(metrics, slices, strict=True)])
+    return torch.stack([m.combine(set_lp[:, s]) for m, s in zip(readouts, slices, strict=True)])
 
 
 @dataclass
 class Grads:
     src_acts: dict[str, Tensor]  # hook -> [row, position, ...] source at the grid positions
     acts: dict[str, Tensor]  # hook -> [row, pos, ...] target activations (detached, float)
-    grads: dict[str, Tensor]  # hook -> [metric, row, pos, ...] d metric / d activation
-    clean: Tensor  # [metric, row]
-    corrupted: Tensor  # [metric, row]
-    pattern_grads: dict[int, Tensor]  # layer -> [metric, row, head, q, k]
-    qk_grads: dict[int, Tensor]  # layer -> [metric, row, pos, d_model] QK path of resid_pre
+    grads: dict[str, Tensor]  # hook -> [readout, row, pos, ...] d readout / d activation
+    clean: Tensor  # [readout, row]
+    corrupted: Tensor  # [readout, row]
+    pattern_grads: dict[int, Tensor]  # layer -> [readout, row, head, q, k]
+    qk_grads: dict[int, Tensor]  # layer -> [readout, row, pos, d_model] QK path of resid_pre
 
 
 @dataclass
@@ -84,7 +84,7 @@ def _probed_forward(
     first: Sequence[tuple[str, Callable]] = (),
 ) -> _Probed:
     """Run ``tgt`` (under ``torch.enable_grad()``) with a zero probe added at every hook of
-    ``wanted``, and stop at the final residual stream. ``d metric / d probe`` is the
+    ``wanted``, and stop at the final residual stream. ``d readout / d probe`` is the
     derivative with respect to *replacing* the hook's output, which is what patching does (a
     bridge hook point may feed only one of the paths that read the tensor, e.g. resid_mid is
     the input of the MLP's norm). ``first``: hooks registered before the probes (the input
@@ -125,11 +125,11 @@ def _probed_forward(
     return p
 
 
-def _metric_grads(values: Tensor, targets: Sequence[Tensor]) -> list[list[Tensor]]:
-    """``[metric][target]``: the gradient of each metric (summed over rows: rows are
+def _readout_grads(values: Tensor, targets: Sequence[Tensor]) -> list[list[Tensor]]:
+    """``[readout][target]``: the gradient of each readout (summed over rows: rows are
     independent) with respect to each target tensor; zeros where it does not depend on it."""
     per: list[list[Tensor]] = []
-    for m in range(values.shape[0]):  # one backward pass per metric
+    for m in range(values.shape[0]):  # one backward pass per readout
         gs = torch.autograd.grad(values[m].sum(), targets, retain_graph=True, allow_unused=True)
         per.append(
             [
@@ -148,7 +148,7 @@ def _qk_path_grads(
     pat: Mapping[int, str],
 ) -> tuple[dict[int, Tensor], dict[int, Tensor]]:
     """For each layer of ``pat`` (whose pattern probes are targets ``k, k + 1, ...`` of
-    ``per``): the pattern gradient, and the part of ``d metric / d resid_pre`` that goes
+    ``per``): the pattern gradient, and the part of ``d readout / d resid_pre`` that goes
     through that layer's attention pattern."""
     pattern_grads: dict[int, Tensor] = {}
     qk_grads: dict[int, Tensor] = {}
@@ -210,18 +210,18 @@ def gradient_pass(
     alphas: Sequence[float] = (0.0,),
 ) -> Grads:
     """The source run without gradients (its activations at the grid positions and the clean
-    metrics, read as :func:`~mechlingo.analyses.recall.patching.patch_activations` reads them), then one
-    forward of the target rows with gradients on and one ``autograd.grad`` per metric: the
-    gradient of each row's metric with respect to every requested activation (rows are
+    readouts, read as :func:`~mechlingo.analyses.recall.patching.patch_activations` reads them), then one
+    forward of the target rows with gradients on and one ``autograd.grad`` per readout: the
+    gradient of each row's readout with respect to every requested activation (rows are
     independent, so the gradient of the sum is each row's own gradient).
 
     ``alphas`` (integrated gradients): the target runs once per ``alpha`` in the same batch,
     its embeddings moved to ``target + alpha (source - target)``, and the gradients are the
     mean over the copies; ``alphas[0]`` must be 0 (the target run itself: its activations
-    and the corrupted metric come from that copy). ``setup``: the resolved grid (its batches,
-    source positions and metrics); ``hook_names``: the hooks to differentiate."""
+    and the corrupted readout come from that copy). ``setup``: the resolved grid (its batches,
+    source positions and readouts); ``hook_names``: the hooks to differentiate."""
     src, tgt, src_pos = setup.src, setup.tgt, setup.pos.source.T
-    metrics, packed = setup.metrics, setup.packed
+    readouts, packed = setup.readouts, setup.packed
     names = list(dict.fromkeys(hook_names))
     pre = {layer: resolve_site(model, "resid_pre", layer).hook_name for layer in qk_layers}
     pat = {layer: f"blocks.{layer}.attn.hook_pattern" for layer in qk_layers}
@@ -235,15 +235,15 @@ def gradient_pass(
     src_acts, src_final = read_run(model, src, reads)
     first = [_interpolation_hook(src_acts.pop(EMBED_HOOK), alphas)] if k > 1 else []
     big = repeat_batch(tgt, k) if k > 1 else tgt
-    clean = evaluate_metrics(model, src_final, metrics, packed, torch.arange(B)).float().cpu()
+    clean = evaluate_readouts(model, src_final, readouts, packed, torch.arange(B)).float().cpu()
     rows_packed = _repeat_packed(packed, k)
     with torch.enable_grad():
         wanted = list(dict.fromkeys([*names, *pre.values(), *pat.values()]))
         p = _probed_forward(model, big, wanted, first)
-        values = _metric_values(model, p.final, metrics, rows_packed)  # [metric, k * row]
+        values = _readout_values(model, p.final, readouts, rows_packed)  # [readout, k * row]
         targets = [t for n in names for t in p.probes[n]]
         targets += [p.probes[pat[layer]][0] for layer in qk_layers]
-        per = _metric_grads(values, targets)
+        per = _readout_grads(values, targets)
         grads: dict[str, Tensor] = {}
         j = 0
         for n in names:  # a hook firing twice: the sum over its firings; then the mean over
@@ -262,8 +262,8 @@ def gradient_pass(
     )
 
 
-def _repeat_packed(packed: PackedMetrics, copies: int) -> PackedMetrics:
-    """The metrics' packed token sets for ``copies`` copies of the batch, one after another."""
+def _repeat_packed(packed: PackedReadouts, copies: int) -> PackedReadouts:
+    """The readouts' packed token sets for ``copies`` copies of the batch, one after another."""
     ids, primary, slices = packed
     if copies == 1:
         return packed

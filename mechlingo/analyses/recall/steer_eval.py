@@ -8,8 +8,8 @@ fixes the lowest language), and test (:func:`evaluate_test`, :class:`SteerTestRe
 ``orig``, ``task``, ``diff``, ``both`` and norm-matched ``random`` over at least 3 seeds, with
 Wilson intervals, exact McNemar tests and paired bootstrap intervals of the gains).
 
-Every stage scores with the same ``metric``; fact ids are split once by a hash and
-:func:`mechlingo.analyses.recall.dev_grid.check_disjoint` runs before every stage, so no test
+Every step scores with the same ``metric``; fact ids are split once by a hash and
+:func:`mechlingo.analyses.recall.dev_grid.check_disjoint` runs before every step, so no test
 id builds a vector, draws a demonstration or chooses a setting. The protocol in full:
 ``docs/methods/repair-vectors.md`` (``docs/methods/scoring.md`` for the metrics)."""
 
@@ -42,10 +42,10 @@ from mechlingo.analyses.recall.steering import (
     protocol_conditions,
 )
 from mechlingo.analyses.results import WritesFolder
+from mechlingo.core.checkpoints import Checkpoints
 from mechlingo.core.defaults import CONTROL_SEEDS, PROGRESS, STEER_BATCH_SIZE, check_seeds
 from mechlingo.core.errors import InputError
 from mechlingo.core.jsonable import jsonable
-from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 from mechlingo.interventions import Intervention
@@ -65,7 +65,7 @@ __all__ = [
     "SteerEvalResult",
     "SplitResult",
     "run_steer_eval",
-    "stage_store",
+    "checkpointer",
     "population_names",
 ]
 
@@ -211,7 +211,7 @@ def evaluate_test(
     pool: Sequence[Fact] | None = None,
     k_shot: int = 3,
     options: SteerEvalOptions | None = None,
-    stage_store: Callable[[str, Callable[[], Any]], Any] | None = None,
+    checkpoint: Callable[[str, Callable[[], Any]], Any] | None = None,
 ) -> SteerTestResult:
     """Score every condition on ``test_facts`` with ``metric`` (see the module docstring),
     and the test headroom (zero-shot vs k-shot with demonstrations from ``pool``).
@@ -222,9 +222,9 @@ def evaluate_test(
     reported too); when dev chose a pair other than ``choice.config``, ``both_pair`` scores
     both vectors at that pair (the headline condition).
 
-    ``stage_store(name, fn)``, when given, runs each condition's scoring (``name`` = the condition)
+    ``checkpoint(name, fn)``, when given, runs each condition's scoring (``name`` = the condition)
     and the headroom (``"headroom"``) and returns ``fn()`` or a stored equal result (a
-    resumable stage, :class:`mechlingo.core.stages.Stages`; the CLI's ``--resume``).
+    resumable checkpoint, :class:`mechlingo.core.checkpoints.Checkpoints`; the CLI's ``--resume``).
 
     Raises:
         InputError: no seed, or ``klar`` without a ``pool`` (its demonstrations would be
@@ -241,8 +241,8 @@ def evaluate_test(
     conds = protocol_conditions(vectors, cfg, pair=choice.pair, selected=choice.selected,
                                 seeds=seeds, controls=opts.controls)  # fmt: skip
     mkw = dev_grid.metric_options(scorer, pool)
-    results = dev_grid.score_all(model, test_facts, conds, store=stage_store, **kw, **mkw)
-    run = stage_store or (lambda name, fn: fn())
+    results = dev_grid.score_all(model, test_facts, conds, store=checkpoint, **kw, **mkw)
+    run = checkpoint or (lambda name, fn: fn())
     hr: dict[str, Any] = {}
     if pool is not None:
         hr = run(
@@ -411,12 +411,12 @@ class SteerEvalResult(WritesFolder):
         *,
         batch_size: int = STEER_BATCH_SIZE,
         progress: bool = PROGRESS,
-        stages: Stages | None = None,
+        checkpoints: Checkpoints | None = None,
     ) -> SideEffects:
         """Side effects of the selected test condition (``both`` when none was chosen) on its
         test facts and ``lines`` (per language), against a norm-matched random control
-        (:func:`mechlingo.scoring.side_effects.side_effects`, seed 0); the stage
-        ``side-effects`` of ``stages``. Sets and returns :attr:`side_effects`."""
+        (:func:`mechlingo.scoring.side_effects.side_effects`, seed 0); the checkpoint
+        ``side-effects`` of ``checkpoints``. Sets and returns :attr:`side_effects`."""
         test = self.test
         iv = condition_interventions(test)[
             test.choice.selected if test.choice.selected != "none" else "both"
@@ -432,7 +432,7 @@ class SteerEvalResult(WritesFolder):
                 options=SideEffectOptions(seed=0, batch_size=batch_size, progress=progress),
             ).to_json()
 
-        with _stages_or_temp(stages) as st:
+        with _checkpoints_or_temp(checkpoints) as st:
             d = st.run("side-effects", measure)
         self.side_effects = SideEffects(
             rows=d["rows"], langs=d["langs"], meta=d["meta"], examples=d["examples"]
@@ -441,14 +441,14 @@ class SteerEvalResult(WritesFolder):
 
 
 @contextlib.contextmanager
-def _stages_or_temp(stages: Stages | None) -> Iterator[Stages]:
-    """``stages``, or stages in a temporary folder removed afterwards: every result goes
+def _checkpoints_or_temp(checkpoints: Checkpoints | None) -> Iterator[Checkpoints]:
+    """``checkpoints``, or checkpoints in a temporary folder removed afterwards: every result goes
     through the same store either way, so a run with and without ``--work`` is the same."""
-    if stages is not None:
-        yield stages
+    if checkpoints is not None:
+        yield checkpoints
         return
     with tempfile.TemporaryDirectory(prefix="mechlingo-protocol-") as tmp:
-        yield Stages(tmp, {"temporary": True})
+        yield Checkpoints(tmp, {"temporary": True})
 
 
 def _eval_to_json(res: EvalResult | dict[str, Any]) -> dict[str, Any]:
@@ -463,27 +463,27 @@ def _eval_from_json(data: Mapping[str, Any]) -> Any:
     return data["dict"]
 
 
-def stage_store(stages: Stages, prefix: str) -> Callable[[str, Callable[[], Any]], Any]:
-    """The ``stage_store`` of :func:`evaluate_test`: each test condition (and the test headroom)
-    is the stage ``{prefix}{name}`` of ``stages``."""
+def checkpointer(checkpoints: Checkpoints, prefix: str) -> Callable[[str, Callable[[], Any]], Any]:
+    """The ``checkpoint`` of :func:`evaluate_test`: each test condition (and the test headroom)
+    is the checkpoint ``{prefix}{name}`` of ``checkpoints``."""
 
     def run(name: str, fn: Callable[[], Any]) -> Any:
-        return _eval_from_json(stages.run(f"{prefix}{name}", lambda: _eval_to_json(fn())))
+        return _eval_from_json(checkpoints.run(f"{prefix}{name}", lambda: _eval_to_json(fn())))
 
     return run
 
 
 def _staged_vectors(
-    stages: Stages, name: str, build: Callable[[], SteeringPair], model: Model
+    checkpoints: Checkpoints, name: str, build: Callable[[], SteeringPair], model: Model
 ) -> SteeringPair:
-    """Repair vectors built once (``build()``), saved in stage ``name`` and loaded from there."""
+    """Repair vectors built once (``build()``), saved in checkpoint ``name`` and loaded from there."""
 
     def fn(tmp: Path) -> dict[str, Any]:
         build().save(tmp / "vectors", model)
         return {"saved": "vectors"}
 
-    stages.run(name, fn, folder=True)
-    return SteeringPair.load(stages.path(name) / "vectors", model)
+    checkpoints.run(name, fn, folder=True)
+    return SteeringPair.load(checkpoints.path(name) / "vectors", model)
 
 
 @dataclass(frozen=True)
@@ -531,14 +531,14 @@ def run_steer_eval(
     vectors: SteeringPair,
     options: SteerEvalOptions | None = None,
     *,
-    stages: Stages | None = None,
+    checkpoints: Checkpoints | None = None,
 ) -> SteerEvalResult:
     """The repair protocol end to end, as ``mechlingo steer eval`` runs it: split by id, choose
     on dev, score every condition on test (:class:`SteerEvalResult`).
 
     Args:
         options: every setting (:class:`SteerEvalOptions`; ``None``: its defaults).
-        stages: keeps every finished step so a stopped run resumes (the CLI's ``--work``);
+        checkpoints: keeps every finished step so a stopped run resumes (the CLI's ``--work``);
             without it a temporary folder, so the numbers are those of the CLI. A store, not
             a setting: it changes no number.
 
@@ -554,7 +554,7 @@ def run_steer_eval(
     opt = replace(opt, grid=replace(opt.grid, screen_ids=opt.grid.screen_ids or None),
                   scoring=replace(opt.scoring, metric=as_scorer(opt.scoring.metric)))  # fmt: skip
     splits = []
-    with _stages_or_temp(stages) as st:
+    with _checkpoints_or_temp(checkpoints) as st:
         for r in range(opt.repeats):
             salt = opt.split.salt if r == 0 else f"{opt.split.salt}#repeat{r}"
             splits.append(_one_split(model, facts, salt, vectors, r > 0, opt, st, f"r{r}-"))
@@ -568,13 +568,13 @@ def _one_split(
     given: SteeringPair,
     rebuild: bool,
     opt: SteerEvalOptions,
-    stages: Stages,
+    checkpoints: Checkpoints,
     prefix: str,
 ) -> SplitResult:
     """Choose on dev and score on test for one split of the facts (``salt``), with the
     ``given`` vectors or (``rebuild``: a re-split) vectors rebuilt on this split's build facts
     with the given vectors' build settings (k-shot, unit, zero-shot subtraction, translation
-    shots); each step a stage named ``{prefix}build``, ``{prefix}sweep``... of ``stages``."""
+    shots); each step a checkpoint named ``{prefix}build``, ``{prefix}sweep``... of ``checkpoints``."""
     build, dev, test = opt.split.parts(facts, salt)
     if not test or not dev or not build:
         raise InputError(
@@ -586,7 +586,7 @@ def _one_split(
     vectors = given
     if rebuild:
         vectors = _staged_vectors(
-            stages,
+            checkpoints,
             f"{prefix}build",
             lambda: steering.build_steering_vectors(model, build, built),
             model,
@@ -601,7 +601,7 @@ def _one_split(
         )
     dev_grid.check_disjoint("the few-shot demonstrations", build, test)
     choice, lowest, rule, searched = _dev_step(
-        model, vectors, dev, build, test, k_shot, opt, stages, prefix
+        model, vectors, dev, build, test, k_shot, opt, checkpoints, prefix
     )
     search = None if searched is None else DevSearch.from_json(searched, vectors.unit)
     test_res = evaluate_test(
@@ -614,7 +614,7 @@ def _one_split(
         pool=build,
         k_shot=k_shot,
         options=opt,
-        stage_store=stage_store(stages, f"{prefix}test-"),
+        checkpoint=checkpointer(checkpoints, f"{prefix}test-"),
     )
     summary = test_res.summary()
     summary["warnings"] = summary.get("warnings", []) + notes
@@ -638,15 +638,15 @@ def _dev_step(
     test: list[Fact],
     k_shot: int,
     opt: SteerEvalOptions,
-    stages: Stages,
+    checkpoints: Checkpoints,
     prefix: str,
 ) -> tuple[Choice, str | None, dict[str, Any], dict[str, Any] | None]:
-    """The dev step of one split: the search (stage ``{prefix}sweep``; its JSON returned
+    """The dev step of one split: the search (checkpoint ``{prefix}sweep``; its JSON returned
     last) or, with a fixed ``config``, only the dev headroom that fixes the lowest language
-    (stage ``{prefix}dev-headroom``; ``None`` last). Returns the choice, the lowest
+    (checkpoint ``{prefix}dev-headroom``; ``None`` last). Returns the choice, the lowest
     language, the lowest-language rule and the search's JSON."""
     fixed = opt.config is not None
-    searched = stages.run(  # a fixed config: only the dev headroom's lowest-language rule
+    searched = checkpoints.run(  # a fixed config: only the dev headroom's lowest-language rule
         f"{prefix}dev-headroom" if fixed else f"{prefix}sweep",
         lambda: dev_grid.lowest_language_rule(
             *dev_grid.headroom_pairs(

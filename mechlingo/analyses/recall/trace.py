@@ -40,7 +40,7 @@ from mechlingo.analyses.recall.trace_options import TraceOptions
 from mechlingo.analyses.recall.trace_patching import (
     LanguagePatching,
     patch_language,
-    pipeline_stages,
+    pipeline_phases,
     unpatched_reason,
 )
 from mechlingo.analyses.results import WritesFolder
@@ -516,10 +516,10 @@ def run_trace(
             run.patched.append(res)
         else:
             run.unpatched[lang] = unpatched_reason(trace, lang, unanswered=o.unanswered) or "none"
-    stages = {p.lang: p.stages for p in run.patched}
+    phases = {p.lang: p.phases for p in run.patched}
     for lang in trace.langs if o.circuit_prompts else []:
         run.circuits[lang] = trace_circuit(
             model, trace, facts, lang, o.circuit_prompts, unanswered=o.unanswered,
-            stages=stages.get(lang, pipeline_stages(None, trace, lang)), batch_size=o.batch_size,
+            phases=phases.get(lang, pipeline_phases(None, trace, lang)), batch_size=o.batch_size,
         )  # fmt: skip
     return run

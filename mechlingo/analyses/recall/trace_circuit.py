@@ -1,7 +1,7 @@
 """The measured circuit of ``mechlingo trace``: per language, EAP-IG edge scores
 (:func:`mechlingo.analyses.circuits.find_circuit`) over the correctly answered prompts of the
 trace, the circuit at a target faithfulness, and its figure drawn only from measured edges,
-with the pipeline stages (:func:`~mechlingo.analyses.recall.trace_patching.pipeline_stages`) shaded.
+with the pipeline phases (:func:`~mechlingo.analyses.recall.trace_patching.pipeline_phases`) shaded.
 
 :func:`circuit_facts` picks the clean prompts (the first ``circuit_prompts`` correctly
 answered facts of the language, in trace order; the wrongly answered ones after them only
@@ -61,7 +61,7 @@ class TraceCircuit:
         asked: the prompts asked for (``circuit_prompts``); ``available``: the clean prompts
             the language had (correctly answered ones, unless wrongly answered were allowed).
         n_unanswered: how many of the scored prompts the model answers wrongly.
-        stages: the pipeline stages shaded on the figure (``{name: (first, last layer)}``).
+        phases: the pipeline phases shaded on the figure (``{name: (first, last layer)}``).
         wrong_allowed: wrongly answered prompts could be scored too (``--patch-unanswered``).
     """
 
@@ -70,7 +70,7 @@ class TraceCircuit:
     asked: int
     available: int
     n_unanswered: int = 0
-    stages: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    phases: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     wrong_allowed: bool = False
 
     @property
@@ -105,9 +105,9 @@ class TraceCircuit:
         return what + ")"
 
     def figure(self) -> go.Figure:
-        """The circuit drawn only from its measured edges, the stages shaded."""
+        """The circuit drawn only from its measured edges, the phases shaded."""
         return measured_circuit_figure(
-            self.result.to_json(), title=self.title(), stages=self.stages
+            self.result.to_json(), title=self.title(), phases=self.phases
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -118,7 +118,7 @@ class TraceCircuit:
             "asked": self.asked,
             "available": self.available,
             "n_unanswered": self.n_unanswered,
-            "stages": {k: list(v) for k, v in self.stages.items()},
+            "phases": {k: list(v) for k, v in self.phases.items()},
         }
 
 
@@ -145,7 +145,7 @@ def trace_circuit(
     n: int,
     *,
     unanswered: bool = False,
-    stages: Mapping[str, tuple[float, float]] | None = None,
+    phases: Mapping[str, tuple[float, float]] | None = None,
     batch_size: int = BATCH_SIZE,
 ) -> TraceCircuit | str:
     """The measured circuit of ``lang`` from up to ``n`` clean prompts
@@ -162,4 +162,4 @@ def trace_circuit(
     correct = {r["id"] for r in trace.records if r["lang"] == lang and r["correct"]}
     wrong = sum(fid not in correct for fid in dict.fromkeys(res.facts))
     return TraceCircuit(lang, res, asked=n, available=available, n_unanswered=wrong,
-                        stages=dict(stages or {}), wrong_allowed=unanswered)  # fmt: skip
+                        phases=dict(phases or {}), wrong_allowed=unanswered)  # fmt: skip

@@ -4,8 +4,8 @@ For each language, :func:`corrupted_pairs` takes the facts the model answers cor
 clean runs) and pairs each with another subject of another answer (the corrupted runs);
 :func:`measure_patching` runs the corrupted-subject sweep at :data:`PATCH_POSITIONS` (exact
 activation patching, attribution patching, or both compared), and :func:`patch_language` adds
-the attention knockout and the layer bands of the pipeline's three stages
-(:func:`pipeline_stages`) as a :class:`LanguagePatching`. :func:`unpatched_reason` says why a
+the attention knockout and the layer bands of the pipeline's three phases
+(:func:`pipeline_phases`) as a :class:`LanguagePatching`. :func:`unpatched_reason` says why a
 language gets none. The trace that picks the clean runs is
 :func:`mechlingo.analyses.recall.trace.trace_recall`; the whole command is
 :func:`mechlingo.analyses.recall.trace.run_trace`. ``docs/methods/recall-pipeline.md`` shows
@@ -26,7 +26,7 @@ from mechlingo.analyses.recall.attribution import (
 )
 from mechlingo.analyses.recall.patching import (
     attention_knockout,
-    fact_metrics,
+    fact_readouts,
     patch_activations,
 )
 from mechlingo.analyses.recall.trace_options import TraceOptions
@@ -45,7 +45,7 @@ __all__ = [
     "corrupted_pairs",
     "measure_patching",
     "patch_language",
-    "pipeline_stages",
+    "pipeline_phases",
     "unpatched_reason",
 ]
 
@@ -68,10 +68,10 @@ class PatchableTrace(Protocol):
     def headline_layers(self) -> dict[str, dict[str, float | None]]: ...
 
 
-def pipeline_stages(
+def pipeline_phases(
     sweep: PatchingResult | None, trace: PatchableTrace | None, lang: str, *, readout: str | int = 0
 ) -> dict[str, tuple[float, float]]:
-    """Layer bands of the three stages, from the data:
+    """Layer bands of the three phases, from the data:
 
     * *subject enrichment*: the span of MLP layers at subject positions whose normalised effect
       is at least half the largest such effect (from the sweep);
@@ -80,7 +80,7 @@ def pipeline_stages(
       ``e`` = after ``e`` blocks, drawn at block ``e - 1``);
     * *conversion to L*: from the median first L-answer entry to the last layer.
 
-    Stages the data does not support (no MLP effect at subject positions, no query where the
+    Phases the data does not support (no MLP effect at subject positions, no query where the
     English answer is decodable) are left out.
     """
     out: dict[str, tuple[float, float]] = {}
@@ -118,7 +118,7 @@ class LanguagePatching:
     ``method="atp"``, the attribution-patching one); ``atp`` the attribution-patching sweep
     when one ran (methods ``atp`` and ``both``). ``comparison`` (AtP against exact, per
     site), ``seconds`` (of each method) and ``verified_heads`` (the top AtP heads patched
-    exactly) are ``None`` when not measured. ``stages`` are the pipeline stages drawn on
+    exactly) are ``None`` when not measured. ``phases`` are the pipeline phases drawn on
     the circuit, ``token_labels`` the grid positions' labels; ``n_unanswered`` counts the
     clean prompts the model answers wrongly (0 unless asked for: :func:`corrupted_pairs`).
     """
@@ -127,7 +127,7 @@ class LanguagePatching:
     method: str
     sweep: PatchingResult
     knockout: KnockoutResult
-    stages: dict[str, Any]
+    phases: dict[str, Any]
     token_labels: list[str]
     atp: PatchingResult | None = None
     comparison: dict[str, Any] | None = None
@@ -155,7 +155,7 @@ class LanguagePatching:
         for key in ("comparison", "seconds", "verified_heads"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
-        out["stages"] = self.stages
+        out["phases"] = self.phases
         return out
 
 
@@ -217,7 +217,7 @@ def measure_patching(
     and ``seconds`` (method ``both``), and ``verified_heads`` (the top ``verify_heads`` AtP
     heads patched exactly)."""
     sites = list(sites) or ["resid_pre"]
-    kw = {"positions": PATCH_POSITIONS, "readout": fact_metrics(model, list(clean)),
+    kw = {"positions": PATCH_POSITIONS, "readout": fact_readouts(model, list(clean)),
           "alignment": "subject"}  # fmt: skip
     sweep = atp = None
     if method in ("exact", "both"):
@@ -279,7 +279,7 @@ def patch_language(
         method=method,
         sweep=main,
         knockout=attention_knockout(model, clean),
-        stages=pipeline_stages(main, trace, lang),
+        phases=pipeline_phases(main, trace, lang),
         token_labels=_token_labels(model, atp if atp is not None else main, clean),
         atp=atp,
         n_unanswered=n_wrong,

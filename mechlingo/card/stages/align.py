@@ -303,7 +303,7 @@ def rows_align_extra(data: Mapping[str, Any]) -> list[dict[str, Any]]:
 def run(ctx: Context) -> dict[str, Any]:
     """The align stage's result (the clamp and its controls come from the experts stage)."""
     return stage_align(
-        ctx.model, ctx.texts(), ctx.settings, ctx.stages.path("experts"), ctx.progress
+        ctx.model, ctx.texts(), ctx.settings, ctx.checkpoints.path("experts"), ctx.progress
     )
 
 

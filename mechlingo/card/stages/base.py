@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from mechlingo.card.claims import CLAIMS, Claim
 from mechlingo.card.stages.data import lu_facts, parallel_parts
+from mechlingo.core.checkpoints import Checkpoints
 from mechlingo.core.defaults import PROGRESS
 from mechlingo.core.errors import InputError
-from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 
@@ -140,7 +140,7 @@ def failed(report: ReportLike, data: Mapping[str, Any] | None, name: str) -> boo
 @dataclass
 class Context:
     """What a stage's run function reads: the model, the data, the typed settings
-    (``settings``: the budget, the card's metric, the batch size), the stored stages and a
+    (``settings``: the budget, the card's metric, the batch size), checkpoints and a
     cache shared by the stages of one run (``shared``: data loaded once, build statistics
     reused)."""
 
@@ -148,7 +148,7 @@ class Context:
     facts: Sequence[Fact] | None
     parallel: Mapping[str, Sequence[str]] | None
     settings: CardSettings
-    stages: Stages
+    checkpoints: Checkpoints
     progress: bool = PROGRESS
     external: tuple[Sequence[Fact], str] | None = None
     documents: Sequence[str] | None = None
@@ -172,7 +172,7 @@ class Context:
 
     def stored(self, name: str) -> Mapping[str, Any] | None:
         """The stored result of stage ``name`` when it finished, else ``None``."""
-        return self.stages.load(name) if self.stages.done(name) else None
+        return self.checkpoints.load(name) if self.checkpoints.done(name) else None
 
 
 RowBuilder = Callable[[Mapping[str, Any]], list[dict[str, Any]]]

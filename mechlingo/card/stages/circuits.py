@@ -5,8 +5,8 @@ Per language (English and each of ``circuits.langs``) the bundled facts (measure
 split by id hash as the card splits them (``repair.split``). On correctly answered facts
 outside the test part ("dev": build and dev parts) EAP-IG scores every edge, and the circuit
 is the smallest top-n of :data:`SIZES` whose dev faithfulness reaches ``target``. On L's
-test pairs the stage stores per fact the metric with only the English circuit clean (and
-only L's own), the clean and the corrupted metric. The row (:func:`rows_circuits`, one per
+test pairs the stage stores per fact the readout with only the English circuit clean (and
+only L's own), the clean and the corrupted readout. The row (:func:`rows_circuits`, one per
 language) is the English circuit's faithfulness there (ratio of sums, CR2 delta-method
 interval clustered by fact) against :data:`~mechlingo.card.claims.SAME_MECHANISM_SHARE`, with
 the edge Jaccard of the two dev circuits against ``draws`` size-matched random circuits as
@@ -29,7 +29,7 @@ from mechlingo.analyses.circuits.graph import build_graph
 from mechlingo.analyses.circuits.matrix import overlap_null
 from mechlingo.analyses.circuits.pairs import make_pairs
 from mechlingo.analyses.circuits.patching import EdgePatcher
-from mechlingo.analyses.circuits.runs import metric_readout
+from mechlingo.analyses.circuits.runs import readout_fn
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
 from mechlingo.card.clustered_tests import Test, ratio_test
@@ -163,21 +163,21 @@ def _dev_circuit(model: Model, clean: list[Fact], pool: list[Fact],
 
 def _on_test(model: Model, clean: list[Fact], pool: list[Fact],
              circuits: Mapping[str, Sequence[Edge]]) -> dict[str, Any]:  # fmt: skip
-    """Per test pair: the clean and corrupted metric and the metric with only each named
+    """Per test pair: the clean and corrupted readout and the readout with only each named
     circuit clean (every other edge corrupted)."""
     graph = build_graph(model)
     p = make_pairs(model, clean, pool=pool)
     patcher = EdgePatcher(model, graph, p.clean_batch, p.corrupted_batch,
-                          metric_readout(model, p.metric), p.roles)  # fmt: skip
+                          readout_fn(model, p.readout), p.roles)  # fmt: skip
     K = p.roles.shape[-1]
     every = [(s, r, k) for s, r in zip(*torch.nonzero(graph.mask, as_tuple=True), strict=True)
              for k in range(K)]  # fmt: skip
     every = [(int(s), int(r), k) for s, r, k in every]
     out: dict[str, Any] = {"ids": p.fact_ids, "skipped_without_partner": p.skipped}
-    out["clean"] = patcher.metric(removed_mask(graph, every, K)).tolist()
-    out["corrupted"] = patcher.metric(removed_mask(graph, [], K)).tolist()
+    out["clean"] = patcher.read(removed_mask(graph, every, K)).tolist()
+    out["corrupted"] = patcher.read(removed_mask(graph, [], K)).tolist()
     for name, edges in circuits.items():
-        out[name] = patcher.metric(removed_mask(graph, [tuple(e) for e in edges], K)).tolist()
+        out[name] = patcher.read(removed_mask(graph, [tuple(e) for e in edges], K)).tolist()
     return out
 
 
@@ -188,7 +188,7 @@ def jaccard_draws(n_a: int, n_b: int, universe: int, draws: int, seed: int = 0) 
 
 
 def stage_circuits(model: Model, facts: Sequence[Fact], settings: CardSettings) -> dict:
-    """Per language: the dev circuit, the test metrics under the English circuit and under
+    """Per language: the dev circuit, the test readouts under the English circuit and under
     its own, and the overlap of its dev circuit with English's against random circuits."""
     c = settings.budget.circuits
     parts = _parts(model, facts, settings)
@@ -294,7 +294,7 @@ def rows_circuits(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         )
         if not eff.estimate.defined and eff.estimate.estimate is None:
             rows.append(make_row(claim, None, untestable=f"{lang}: the clean and corrupted "
-                                 "test metrics do not differ (no behaviour to explain)",
+                                 "test readouts do not differ (no behaviour to explain)",
                                  extra=extra))  # fmt: skip
             continue
         rows.append(make_row(claim, eff, own, vs_control=vs, details=details, extra=extra))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mechlingo.analyses.recall.patching import patch_activations
-from mechlingo.analyses.recall.patching.metrics import fact_metrics
+from mechlingo.analyses.recall.patching.readouts import fact_readouts
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
 from mechlingo.card.clustered_tests import mean_test, paired_test
@@ -26,8 +26,8 @@ from mechlingo.card.stages.base import (
     data_section,
     processes,
 )
+from mechlingo.core.checkpoints import Checkpoints
 from mechlingo.core.errors import InputError
-from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 def conversion_band(trace: Mapping[str, Any], lang: str) -> list[int] | None:
     """The layers (blocks) of the tracer's "conversion to L" band: from the median first lens
     entry where the L answer is decodable, minus one, to the last block (as
-    :func:`mechlingo.analyses.recall.trace_patching.pipeline_stages`); ``None`` when no L answer is."""
+    :func:`mechlingo.analyses.recall.trace_patching.pipeline_phases`); ``None`` when no L answer is."""
     firsts = [r["first_answer_layer"] for r in trace["records"]
               if r["lang"] == lang and r["first_answer_layer"] >= 0]  # fmt: skip
     if not firsts:
@@ -82,7 +82,7 @@ def stage_conversion(model: Model, facts: list[Fact], trace: Mapping[str, Any],
             out["langs"][lang] = {"untestable": "fewer than 2 prompt pairs"}
             continue
         res = patch_activations(model, clean, corrupt, sites, positions=[-1],
-                                readout=fact_metrics(model, clean), alignment="last")  # fmt: skip
+                                readout=fact_readouts(model, clean), alignment="last")  # fmt: skip
         delta = (res.values[0] - res.corrupted[0]).cpu()  # [cell, example]
         in_band = [i for i, cell in enumerate(res.cells) if cell.layer in band]
         outside = [i for i, cell in enumerate(res.cells) if cell.layer not in band]
@@ -121,10 +121,10 @@ def rows_conversion(data: Mapping[str, Any]) -> list[dict[str, Any]]:
                      "of the L answer per site (nats); " + "; ".join(per))]  # fmt: skip
 
 
-def _trace(stages: Stages) -> Mapping[str, Any]:
-    if not stages.done("trace"):
+def _trace(checkpoints: Checkpoints) -> Mapping[str, Any]:
+    if not checkpoints.done("trace"):
         raise InputError("the trace stage did not finish: the conversion band comes from it")
-    return stages.load("trace")
+    return checkpoints.load("trace")
 
 
 def _conversion(report: ReportLike, data: Mapping[str, Any]) -> None:
@@ -163,7 +163,7 @@ FULL = ConversionBudget(langs=("fr", "es", "ru", "ja", "hi"), n_prompts=8)
 
 def run(ctx: Context) -> dict[str, Any]:
     """The conversion stage's result (the band comes from the trace stage)."""
-    return stage_conversion(ctx.model, ctx.lu_facts("trace"), _trace(ctx.stages), ctx.settings)
+    return stage_conversion(ctx.model, ctx.lu_facts("trace"), _trace(ctx.checkpoints), ctx.settings)
 
 
 #: The band's effect against random sites, per language.

@@ -30,8 +30,8 @@ from mechlingo.card.stages.base import (
     check,
     data_section,
 )
+from mechlingo.core.checkpoints import Checkpoints
 from mechlingo.core.distributed import map_sharded
-from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 from mechlingo.data.splits import take_shared
@@ -149,8 +149,8 @@ def rows_decoders(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _maybe(stages: Stages, name: str) -> Mapping[str, Any] | None:
-    return stages.load(name) if stages.done(name) else None
+def _maybe(checkpoints: Checkpoints, name: str) -> Mapping[str, Any] | None:
+    return checkpoints.load(name) if checkpoints.done(name) else None
 
 
 def _decoders(report: ReportLike, data: Mapping[str, Any]) -> None:
@@ -192,7 +192,7 @@ FULL = DecodersBudget(per_lang=8, tuned_lens=None)
 
 def run(ctx: Context) -> dict[str, Any]:
     """The decoders stage's result (the trace's records give the logit lens)."""
-    return stage_decoders(ctx.model, ctx.lu_facts("trace"), _maybe(ctx.stages, "trace"),
+    return stage_decoders(ctx.model, ctx.lu_facts("trace"), _maybe(ctx.checkpoints, "trace"),
                           ctx.settings, ctx.progress)  # fmt: skip
 
 

@@ -181,10 +181,10 @@ def run(ctx: Context) -> dict[str, Any]:
     if ctx.external is None:
         return {"untestable": "no benchmark given (--external DIR with a BMLAMA or KLAR "
                 "folder adds these rows)"}  # fmt: skip
-    if not ctx.stages.done("repair"):
+    if not ctx.checkpoints.done("repair"):
         raise InputError("the repair stage did not finish: its choice is what transfers")
     return stage_external(ctx.model, ctx.lu_facts("repair"), list(ctx.external[0]),
-                          ctx.external[1], ctx.stages.load("repair"), ctx.settings, ctx.progress)  # fmt: skip
+                          ctx.external[1], ctx.checkpoints.load("repair"), ctx.settings, ctx.progress)  # fmt: skip
 
 
 #: Accuracy per condition on the benchmark.

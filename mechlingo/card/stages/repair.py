@@ -53,10 +53,10 @@ from mechlingo.card.stages.repair_controls import (  # noqa: F401  (the stage's 
     rows_lowest,
     rows_repair,
 )
+from mechlingo.core.checkpoints import Checkpoints
 from mechlingo.core.defaults import PROGRESS
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import layers_at
-from mechlingo.core.stages import Stages
 from mechlingo.core.types import Model
 from mechlingo.data import Fact
 from mechlingo.scoring.scorers import rankc_fact
@@ -120,12 +120,12 @@ def stage_repair(model: Model, facts: list[Fact], settings: CardSettings, progre
     }
 
 
-def trace_classes(stages: Stages) -> dict[str, Any]:
+def trace_classes(checkpoints: Checkpoints) -> dict[str, Any]:
     """``{"classes": {"<id>|<lang>": tracer class}}`` of the finished trace stage (the repair
     test items on the unsteered model), or ``{}`` when it did not finish."""
-    if not stages.done("trace"):
+    if not checkpoints.done("trace"):
         return {}
-    recs = stages.load("trace")["records"]
+    recs = checkpoints.load("trace")["records"]
     return {"classes": {f"{r['id']}|{r['lang']}": r["class"] for r in recs}}
 
 
@@ -505,7 +505,7 @@ def run(ctx: Context) -> dict[str, Any]:
     """The repair stage's result, with the tracer's classes of its test items when the trace
     stage finished."""
     out = stage_repair(ctx.model, ctx.lu_facts("repair"), ctx.settings, ctx.progress)
-    return {**out, **trace_classes(ctx.stages)}
+    return {**out, **trace_classes(ctx.checkpoints)}
 
 
 def report(rep: ReportLike, results: Mapping[str, Any]) -> None:

@@ -96,8 +96,8 @@ def test_no_edge_removed_is_clean_and_every_edge_removed_is_corrupted(tiny, fami
         ro = _logprob_readout(model, 5)
         p = EdgePatcher(model, g, clean, corr, ro, roles)
         S, R = g.mask.shape
-        base = p.metric(torch.zeros(S, R, 2, dtype=torch.bool))
-        full = p.metric(torch.ones(S, R, 2, dtype=torch.bool))
+        base = p.read(torch.zeros(S, R, 2, dtype=torch.bool))
+        full = p.read(torch.ones(S, R, 2, dtype=torch.bool))
         logits_c = model(clean.tokens)[:, -1].float()
         logits_x = model(corr.tokens)[:, -1].float()
         assert torch.allclose(base, log_softmax(logits_c, -1)[:, 5], atol=1e-4)
@@ -105,10 +105,10 @@ def test_no_edge_removed_is_clean_and_every_edge_removed_is_corrupted(tiny, fami
 
 
 def test_eap_equals_exact_edge_patching_where_first_order_is_exact(tiny):
-    """A linear toy: the metric is ``v . x`` of the final residual ``x`` (a fixed random
+    """A linear toy: the readout is ``v . x`` of the final residual ``x`` (a fixed random
     direction ``v``, no norm, no softmax), and the edges are those into the logits receiver,
     whose input *is* that residual. Patching edge ``s -> logits`` moves ``x`` by exactly
-    ``delta_s`` (nothing downstream of the receiver but the metric), so the exact change is
+    ``delta_s`` (nothing downstream of the receiver but the readout), so the exact change is
     ``v . delta_s`` = the EAP score ``delta_s . grad``, term for term: the first-order
     approximation has no remainder. (Edges into attention/MLP receivers go through norms and
     softmaxes, where EAP is only an approximation: the next tests.)"""
@@ -141,8 +141,8 @@ def test_eap_ig_approaches_exact_patching_as_steps_grow(tiny):
     S, R = g.mask.shape
     removed = torch.zeros(S, R, 1, dtype=torch.bool)
     removed[0] = True  # every edge out of the embeddings
-    base = p.metric(torch.zeros_like(removed))
-    exact = p.metric(removed) - base
+    base = p.read(torch.zeros_like(removed))
+    exact = p.read(removed) - base
     errors = []
     for steps in (1, 2, 4, 16):
         scores, _, corrupted = edge_scores(tiny, g, clean, corr, ro, roles, steps=steps)
@@ -156,7 +156,7 @@ def test_exact_edge_patching_equals_a_hand_built_path_patch(family_models):
     """Three edges of the tiny GPT-2, patched by hand with plain TransformerLens hooks: the
     sender's corrupted-minus-clean output (a head's ``z @ W_O``, or the embeddings) added at
     the receiver's input hook only (for the logits, at the last block's output, which only
-    the final norm reads), the metric read from the model's own logits."""
+    the final norm reads), the readout read from the model's own logits."""
     model = family_models["gpt2"]
     g = build_graph(model)
     clean, corr, roles = _setup(model)
@@ -177,7 +177,7 @@ def test_exact_edge_patching_equals_a_hand_built_path_patch(family_models):
     s_idx = {s.name: i for i, s in enumerate(g.senders)}
     r_idx = {r.name: i for i, r in enumerate(g.receivers)}
     p = EdgePatcher(model, g, clean, corr, ro, roles)
-    base = p.metric(torch.zeros(*g.mask.shape, 1, dtype=torch.bool))
+    base = p.read(torch.zeros(*g.mask.shape, 1, dtype=torch.bool))
     for snd, rec, hook, delta in cases:
         if delta is None:
             pre = "blocks.0.hook_resid_pre"

@@ -15,14 +15,14 @@ def test_subject_and_cross_language_pairs(tiny):
     en = load_facts(langs="en", relations="capital", limit=12)
     fr = load_facts(langs="fr", relations="capital", limit=12)
     for cross, pool in ((False, en), (True, fr)):
-        p = make_pairs(tiny, en, pool=pool, cross_language=cross, metric="logit_diff")
+        p = make_pairs(tiny, en, pool=pool, cross_language=cross, readout="logit_diff")
         # equal lengths across languages are rare (the templates differ): few cross pairs
         assert len(p.clean) + p.skipped == len(en) and len(p.clean) >= (1 if cross else 3)
         assert torch.equal(p.clean_batch.lengths, p.corrupted_batch.lengths)
         for a, b in zip(p.clean, p.corrupted, strict=True):
             assert a.relation == b.relation and a.answer != b.answer
             assert (a.lang != b.lang) == cross and a.id != b.id
-        assert p.metric.kind == "logit_diff" and p.metric.n_examples == len(p.clean)
+        assert p.readout.kind == "logit_diff" and p.readout.n_examples == len(p.clean)
     with pytest.raises(InputError, match="partner"):
         make_pairs(tiny, en[:1])
 

@@ -91,10 +91,10 @@ def test_k_curve_stacked_resumes_from_stored_arms(tiny, experts):
             store[name] = fn()
         return store[name]
 
-    first = k_curve(tiny, experts, "es", [2], TEXTS, KCurveOptions(**kw), stage_store=cache).rows
+    first = k_curve(tiny, experts, "es", [2], TEXTS, KCurveOptions(**kw), checkpoint=cache).rows
     assert list(store) == ["none", "k2-experts", "k2-random_s0", "k2-random_s1"]
     del store["k2-random_s1"]
-    again = k_curve(tiny, experts, "es", [2], TEXTS, KCurveOptions(**kw), stage_store=cache).rows
+    again = k_curve(tiny, experts, "es", [2], TEXTS, KCurveOptions(**kw), checkpoint=cache).rows
     assert again[:3] == first[:3]  # stored arms are loaded, not recomputed
     assert again[3]["ppl_es"] == pytest.approx(first[3]["ppl_es"], abs=1e-5)
     assert again[3]["ppl_ratio_es"] == pytest.approx(first[3]["ppl_ratio_es"], abs=1e-5)

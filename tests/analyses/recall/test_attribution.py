@@ -15,7 +15,7 @@ from mechlingo.analyses.recall.attribution import (
 from mechlingo.analyses.recall.patching import (
     PatchingError,
     answer_logprob,
-    fact_metrics,
+    fact_readouts,
     patch_activations,
 )
 from mechlingo.core.sites import resolve_site
@@ -51,13 +51,13 @@ def _reference_metric(model, tokens, ids, hooks=(), early=False):
     return torch.stack([torch.logsumexp(lp[i, ids[i]], -1) for i in range(len(ids))])
 
 
-def _exact_interpolated(model, src, tgt, sweep, metric, eps, early=False):
+def _exact_interpolated(model, src, tgt, sweep, readout, eps, early=False):
     """Reference, independent of mechlingo's patching code: for every cell of ``sweep``, run
     the target with the activation at that cell moved to ``target + eps (source - target)``
-    (TransformerLens caches and hooks) and read the metric; ``[cell, example]``. The cells
+    (TransformerLens caches and hooks) and read the readout; ``[cell, example]``. The cells
     run as the rows of one batch (cell ``r``, example ``b`` is row ``r * B + b``): rows do not
     interact, and each hook moves only its own cells' rows."""
-    ids = [list(s[0].ids) for s in metric.sets]
+    ids = [list(s[0].ids) for s in readout.sets]
     names = {(c.site, c.layer) for c in sweep.cells}
     hook = {
         k: resolve_site(model, "attn_z" if k[0] == "head" else k[0], k[1]).hook_name for k in names
@@ -108,22 +108,22 @@ def pair(tiny):
 
 
 @pytest.fixture(scope="module")
-def metric(tiny):
+def readout(tiny):
     return answer_logprob(tiny, ["mat", "the"], name="lp")
 
 
 @pytest.mark.parametrize("qk_fix", [False, True])
-def test_first_order_equals_exact_patching(tiny, pair, metric, qk_fix):
+def test_first_order_equals_exact_patching(tiny, pair, readout, qk_fix):
     # a tiny interpolation towards the source: AtP must give the exact effect up to O(eps^2);
     # central differences of the exact patch remove the eps^2 term of the reference too
     src, tgt = pair
     eps = 1e-2
-    kw = dict(readout=metric, positions=[1, 2, 4, -1], qk_fix=qk_fix)  # token 2 is corrupted
+    kw = dict(readout=readout, positions=[1, 2, 4, -1], qk_fix=qk_fix)  # token 2 is corrupted
     sites = SITES if not qk_fix else ["resid_pre", "mlp_out"]
     at = attribution_patch(tiny, src, tgt, sites, **kw)
-    plus = _exact_interpolated(tiny, src, tgt, at, metric, eps)
-    minus = _exact_interpolated(tiny, src, tgt, at, metric, -eps)
-    slope = (plus - minus) / (2 * eps)  # d metric / d eps at eps = 0, per cell and example
+    plus = _exact_interpolated(tiny, src, tgt, at, readout, eps)
+    minus = _exact_interpolated(tiny, src, tgt, at, readout, -eps)
+    slope = (plus - minus) / (2 * eps)  # d readout / d eps at eps = 0, per cell and example
     scale = float(slope.abs().max())
     assert scale > 1e-3
     if not qk_fix:  # plain AtP is linear: at scale 1 it is the slope itself
@@ -131,16 +131,16 @@ def test_first_order_equals_exact_patching(tiny, pair, metric, qk_fix):
         assert (est - slope).abs().max() < 2e-3 * scale + 1e-5
     # a small patch (with the QK fix: the exact pattern change plus the linear rest)
     small = attribution_patch(tiny, src, tgt, sites, scale=eps, **kw)
-    base = _reference_metric(tiny, tgt.tokens, [list(s[0].ids) for s in metric.sets])
+    base = _reference_metric(tiny, tgt.tokens, [list(s[0].ids) for s in readout.sets])
     diff = (small.values[0] - small.corrupted[0]).double() - (plus - base)
     assert diff.abs().max() < 1e-2 * eps * scale + 1e-6  # second-order remainder only
     assert count_hooks(tiny) == 0
 
 
-def test_baselines_and_result_type_match_exact(tiny, pair, metric):
+def test_baselines_and_result_type_match_exact(tiny, pair, readout):
     src, tgt = pair
-    at = attribution_patch(tiny, src, tgt, SITES, readout=metric)
-    ex = patch_activations(tiny, src, tgt, SITES, readout=metric)
+    at = attribution_patch(tiny, src, tgt, SITES, readout=readout)
+    ex = patch_activations(tiny, src, tgt, SITES, readout=readout)
     assert at.cells == ex.cells and at.position_labels == ex.position_labels
     assert torch.allclose(at.clean, ex.clean, atol=1e-5)
     assert torch.allclose(at.corrupted, ex.corrupted, atol=1e-5)
@@ -150,20 +150,20 @@ def test_baselines_and_result_type_match_exact(tiny, pair, metric):
     assert at.grid("head").shape == ex.grid("head").shape
     assert len(at.to_dataframe()) == len(ex.to_dataframe())
     # source == target: every estimate is zero
-    same = attribution_patch(tiny, src, src, SITES, readout=metric)
+    same = attribution_patch(tiny, src, src, SITES, readout=readout)
     assert torch.allclose(same.values, same.corrupted[:, None, :].expand_as(same.values))
 
 
-def test_qk_fix_only_changes_resid_pre(tiny, pair, metric):
+def test_qk_fix_only_changes_resid_pre(tiny, pair, readout):
     src, tgt = pair
-    a = attribution_patch(tiny, src, tgt, SITES, readout=metric, qk_fix=False)
-    b = attribution_patch(tiny, src, tgt, SITES, readout=metric, qk_fix=True)
+    a = attribution_patch(tiny, src, tgt, SITES, readout=readout, qk_fix=False)
+    b = attribution_patch(tiny, src, tgt, SITES, readout=readout, qk_fix=True)
     pre = torch.tensor([c.site == "resid_pre" for c in a.cells])
     assert torch.equal(a.values[:, ~pre], b.values[:, ~pre])
     assert not torch.allclose(a.values[:, pre], b.values[:, pre])
     # a cell at the last position of the last layer's resid_pre feeds its own attention:
     # with the pattern change computed exactly the estimate is closer to exact patching
-    ex = patch_activations(tiny, src, tgt, "resid_pre", readout=metric)
+    ex = patch_activations(tiny, src, tgt, "resid_pre", readout=readout)
     err_a = (a.values[:, pre] - ex.values).abs().mean()
     err_b = (b.values[:, pre] - ex.values).abs().mean()
     assert err_b < err_a
@@ -172,8 +172,8 @@ def test_qk_fix_only_changes_resid_pre(tiny, pair, metric):
 def test_cross_language_alignment_same_cells_as_patch_activations(tiny):
     en = load_facts(langs=["en"], relations=["capital"], limit=3)
     ja = load_facts(langs=["ja"], relations=["capital"], limit=3)
-    metrics = fact_metrics(tiny, ja)
-    kw = dict(readout=metrics, alignment="subject")
+    readouts = fact_readouts(tiny, ja)
+    kw = dict(readout=readouts, alignment="subject")
     at = attribution_patch(tiny, en, ja, ["resid_pre", "mlp_out", "head"], **kw)
     ex = patch_activations(tiny, en, ja, ["resid_pre", "mlp_out", "head"], **kw)
     assert at.cells == ex.cells
@@ -188,11 +188,11 @@ def test_cross_language_alignment_same_cells_as_patch_activations(tiny):
     assert all(v["spearman"] == pytest.approx(1.0) and v["top_k"] == 1.0 for v in same.values())
 
 
-def test_verify_top_cells_are_exact(tiny, pair, metric):
+def test_verify_top_cells_are_exact(tiny, pair, readout):
     src, tgt = pair
-    at = attribution_patch(tiny, src, tgt, ["head"], readout=metric)
-    rows = verify_top_cells(tiny, src, tgt, at, k=3, by=0, readout=metric)
-    ex = patch_activations(tiny, src, tgt, "head", readout=metric)
+    at = attribution_patch(tiny, src, tgt, ["head"], readout=readout)
+    rows = verify_top_cells(tiny, src, tgt, at, k=3, by=0, readout=readout)
+    ex = patch_activations(tiny, src, tgt, "head", readout=readout)
     nrm = ex.normalized()
     for r in rows:
         i = next(
@@ -208,12 +208,12 @@ def test_verify_top_cells_are_exact(tiny, pair, metric):
     assert abs(rows[0]["estimate_effect"]) == pytest.approx(float(eff.max()), rel=1e-6)
 
 
-def test_neurons_first_order(tiny, pair, metric):
+def test_neurons_first_order(tiny, pair, readout):
     src, tgt = pair
-    na = neuron_attribution(tiny, src, tgt, readout=metric)
+    na = neuron_attribution(tiny, src, tgt, readout=readout)
     L, P = tiny.cfg.n_layers, len(na.position_labels)
     assert na.values.shape == (1, L, P, tiny.cfg.d_mlp, 2)
-    ids = [list(s[0].ids) for s in metric.sets]
+    ids = [list(s[0].ids) for s in readout.sets]
     eps = 1e-2
     for r in na.top(3):
         name = resolve_site(tiny, "mlp_post", r["layer"]).hook_name
@@ -238,12 +238,12 @@ def test_neurons_first_order(tiny, pair, metric):
     assert len(df) == 5 and df["effect"].abs().is_monotonic_decreasing
 
 
-def test_hooks_removed_and_no_gradient_leak(tiny, pair, metric, monkeypatch):
+def test_hooks_removed_and_no_gradient_leak(tiny, pair, readout, monkeypatch):
     import mechlingo.analyses.recall.gradients as gradients
 
     src, tgt = pair
     assert not torch.is_grad_enabled()
-    attribution_patch(tiny, src, tgt, SITES, readout=metric)
+    attribution_patch(tiny, src, tgt, SITES, readout=readout)
     assert not torch.is_grad_enabled()
     assert all(p.grad is None for p in tiny.parameters())
     assert count_hooks(tiny) == 0
@@ -254,9 +254,9 @@ def test_hooks_removed_and_no_gradient_leak(tiny, pair, metric, monkeypatch):
     def boom(*a, **k):
         raise Boom
 
-    monkeypatch.setattr(gradients, "_metric_values", boom)
+    monkeypatch.setattr(gradients, "_readout_values", boom)
     with pytest.raises(Boom):
-        attribution_patch(tiny, src, tgt, SITES, readout=metric)
+        attribution_patch(tiny, src, tgt, SITES, readout=readout)
     assert count_hooks(tiny) == 0 and not torch.is_grad_enabled()
     monkeypatch.undo()
     # an exception raised by a hook in the middle of the gradient pass, after layer 0's
@@ -271,17 +271,17 @@ def test_hooks_removed_and_no_gradient_leak(tiny, pair, metric, monkeypatch):
 
     monkeypatch.setattr(gradients, "hooked", hooked_with_raiser)
     with pytest.raises(Boom):
-        attribution_patch(tiny, src, tgt, "resid_pre", readout=metric)
+        attribution_patch(tiny, src, tgt, "resid_pre", readout=readout)
     assert count_hooks(tiny) == 0 and not torch.is_grad_enabled()
 
 
-def _ig_reference(model, src, tgt, sweep, metric, alphas, eps=1e-2):
+def _ig_reference(model, src, tgt, sweep, readout, alphas, eps=1e-2):
     """Hand computation of integrated gradients, independent of mechlingo's code: for each
     ``alpha``, run the target with its embeddings moved to ``target + alpha (source -
     target)`` (a plain TransformerLens hook), nudge the cell's activation by ``+-eps (source
     - target)`` (the uninterpolated activations), and take the central difference; the mean
     over ``alphas``, ``[cell, example]``."""
-    ids = [list(s[0].ids) for s in metric.sets]
+    ids = [list(s[0].ids) for s in readout.sets]
     names = {(c.site, c.layer) for c in sweep.cells}
     hook = {
         k: resolve_site(model, "attn_z" if k[0] == "head" else k[0], k[1]).hook_name for k in names
@@ -320,20 +320,20 @@ def _ig_reference(model, src, tgt, sweep, metric, alphas, eps=1e-2):
 IG_SITES = ["resid_pre", "resid_post", "attn_out", "mlp_out", "head"]
 
 
-def test_ig_one_step_is_plain_atp(tiny, pair, metric):
+def test_ig_one_step_is_plain_atp(tiny, pair, readout):
     src, tgt = pair
-    atp = attribution_patch(tiny, src, tgt, SITES, readout=metric, qk_fix=False)
-    ig = attribution_patch(tiny, src, tgt, SITES, readout=metric, method="ig", steps=1)
+    atp = attribution_patch(tiny, src, tgt, SITES, readout=readout, qk_fix=False)
+    ig = attribution_patch(tiny, src, tgt, SITES, readout=readout, method="ig", steps=1)
     assert torch.equal(atp.values, ig.values) and torch.equal(atp.corrupted, ig.corrupted)
     assert ig.meta["method"] == "ig" and ig.meta["steps"] == 1
 
 
 @pytest.mark.parametrize("steps", [2, 3])
-def test_ig_equals_hand_computation(tiny, pair, metric, steps):
+def test_ig_equals_hand_computation(tiny, pair, readout, steps):
     src, tgt = pair
-    kw = dict(readout=metric, positions=[1, 2, -1], layers=[0, 1])
+    kw = dict(readout=readout, positions=[1, 2, -1], layers=[0, 1])
     ig = attribution_patch(tiny, src, tgt, IG_SITES, method="ig", steps=steps, **kw)
-    ref = _ig_reference(tiny, src, tgt, ig, metric, [j / steps for j in range(steps)])
+    ref = _ig_reference(tiny, src, tgt, ig, readout, [j / steps for j in range(steps)])
     est = (ig.values[0] - ig.corrupted[0]).double()
     scale = float(ref.abs().max())
     assert scale > 1e-3
@@ -344,12 +344,12 @@ def test_ig_equals_hand_computation(tiny, pair, metric, steps):
     assert count_hooks(tiny) == 0 and not torch.is_grad_enabled()
 
 
-def test_ig_converges_to_exact_patching_at_the_input(tiny, pair, metric):
+def test_ig_converges_to_exact_patching_at_the_input(tiny, pair, readout):
     # the pair differs at token 2 only, so along the input interpolation the residual at
     # layer 0, position 2 moves on the straight line from target to source and nothing else
     # moves: the integral of the gradient is the exact patching effect of that cell
     src, tgt = pair
-    kw = dict(readout=metric, positions=[2], layers=[0])
+    kw = dict(readout=readout, positions=[2], layers=[0])
     ex = patch_activations(tiny, src, tgt, "resid_pre", **kw)
     gap = (ex.values - ex.corrupted[:, None]).abs().max()
     errors = []
@@ -361,11 +361,11 @@ def test_ig_converges_to_exact_patching_at_the_input(tiny, pair, metric):
     assert errors[2] < 0.03 * gap  # the left Riemann sum's error falls like 1 / steps
 
 
-def test_ig_batched_equals_one_by_one(tiny, pair, metric):
+def test_ig_batched_equals_one_by_one(tiny, pair, readout):
     src, tgt = pair
-    both = attribution_patch(tiny, src, tgt, IG_SITES, readout=metric, method="ig", steps=3)
+    both = attribution_patch(tiny, src, tgt, IG_SITES, readout=readout, method="ig", steps=3)
     for b in range(src.batch_size):
-        one_metric = metric.__class__(metric.name, metric.kind, metric.sets[b : b + 1])
+        one_metric = readout.__class__(readout.name, readout.kind, readout.sets[b : b + 1])
         one = attribution_patch(
             tiny, src.select([b]), tgt.select([b]), IG_SITES, readout=one_metric, method="ig",
             steps=3,
@@ -373,30 +373,30 @@ def test_ig_batched_equals_one_by_one(tiny, pair, metric):
         assert torch.allclose(one.values[:, :, 0], both.values[:, :, b], atol=1e-5)
 
 
-def test_ig_neurons_one_step_is_atp_and_two_differ(tiny, pair, metric):
+def test_ig_neurons_one_step_is_atp_and_two_differ(tiny, pair, readout):
     src, tgt = pair
-    a = neuron_attribution(tiny, src, tgt, readout=metric)
-    b = neuron_attribution(tiny, src, tgt, readout=metric, method="ig", steps=1)
-    c = neuron_attribution(tiny, src, tgt, readout=metric, method="ig", steps=2)
+    a = neuron_attribution(tiny, src, tgt, readout=readout)
+    b = neuron_attribution(tiny, src, tgt, readout=readout, method="ig", steps=1)
+    c = neuron_attribution(tiny, src, tgt, readout=readout, method="ig", steps=2)
     assert torch.equal(a.values, b.values)
     assert not torch.allclose(a.values, c.values) and c.meta["steps"] == 2
 
 
-def test_ig_bad_input_and_hooks_removed(tiny, pair, metric, monkeypatch):
+def test_ig_bad_input_and_hooks_removed(tiny, pair, readout, monkeypatch):
     import mechlingo.analyses.recall.gradients as gradients
 
     src, tgt = pair
     with pytest.raises(PatchingError, match="method"):
-        attribution_patch(tiny, src, tgt, readout=metric, method="eap")
+        attribution_patch(tiny, src, tgt, readout=readout, method="eap")
     with pytest.raises(PatchingError, match="steps"):
-        attribution_patch(tiny, src, tgt, readout=metric, method="ig", steps=0)
+        attribution_patch(tiny, src, tgt, readout=readout, method="ig", steps=0)
     with pytest.raises(PatchingError, match="QK fix"):
-        attribution_patch(tiny, src, tgt, readout=metric, method="ig", qk_fix=True)
+        attribution_patch(tiny, src, tgt, readout=readout, method="ig", qk_fix=True)
     en = load_facts(langs=["en"], relations=["capital"], limit=2)
     ja = load_facts(langs=["ja"], relations=["capital"], limit=2)
     with pytest.raises(PatchingError, match="token length"):
         attribution_patch(
-            tiny, en, ja, "mlp_out", readout=fact_metrics(tiny, ja), alignment="subject",
+            tiny, en, ja, "mlp_out", readout=fact_readouts(tiny, ja), alignment="subject",
             method="ig",
         )  # fmt: skip
 
@@ -406,24 +406,24 @@ def test_ig_bad_input_and_hooks_removed(tiny, pair, metric, monkeypatch):
     def boom(*a, **k):
         raise Boom
 
-    monkeypatch.setattr(gradients, "_metric_values", boom)
+    monkeypatch.setattr(gradients, "_readout_values", boom)
     with pytest.raises(Boom):
-        attribution_patch(tiny, src, tgt, IG_SITES, readout=metric, method="ig", steps=3)
+        attribution_patch(tiny, src, tgt, IG_SITES, readout=readout, method="ig", steps=3)
     assert count_hooks(tiny) == 0 and not torch.is_grad_enabled()
 
 
-def test_bad_input(tiny, pair, metric):
+def test_bad_input(tiny, pair, readout):
     src, tgt = pair
     with pytest.raises(PatchingError, match="unknown patching site"):
-        attribution_patch(tiny, src, tgt, "resid_pree", readout=metric)
+        attribution_patch(tiny, src, tgt, "resid_pree", readout=readout)
     with pytest.raises(PatchingError, match="rows"):
-        attribution_patch(tiny, src, tgt.select([0]), readout=metric)
+        attribution_patch(tiny, src, tgt.select([0]), readout=readout)
     with pytest.raises(PatchingError, match="alignment"):
         en = load_facts(langs=["en"], relations=["capital"], limit=2)
         fr = load_facts(langs=["fr"], relations=["capital"], limit=2)
-        attribution_patch(tiny, en, fr, readout=fact_metrics(tiny, fr))
+        attribution_patch(tiny, en, fr, readout=fact_readouts(tiny, fr))
     with pytest.raises(PatchingError, match="heads"):
-        attribution_patch(tiny, src, tgt, "head", readout=metric, heads=[99])
+        attribution_patch(tiny, src, tgt, "head", readout=readout, heads=[99])
     assert count_hooks(tiny) == 0
 
 
@@ -453,7 +453,7 @@ def test_gemma_ranks_like_exact_patching(gemma):
     clean, corrupt = fr[:3], fr[3:6]
     kw = dict(
         positions=["subject_first", "subject_last", -2, -1],
-        readout=fact_metrics(gemma, clean),
+        readout=fact_readouts(gemma, clean),
         alignment="subject",
     )
     sites = ["attn_out", "mlp_out"]

@@ -12,7 +12,7 @@ from mechlingo.analyses.recall.trace import (
     default_mid_layers,
     trace_recall,
 )
-from mechlingo.analyses.recall.trace_patching import pipeline_stages
+from mechlingo.analyses.recall.trace_patching import pipeline_phases
 from mechlingo.data import load_facts
 from mechlingo.scoring.evaluate import DecodeOptions
 
@@ -73,8 +73,8 @@ def test_trace_bad_input(tiny):
         trace_recall(tiny, facts, max_rank=-1)
 
 
-def test_circuit_and_stages(tiny, tiny_trace):
-    from mechlingo.analyses.recall.patching import fact_metrics, patch_activations
+def test_circuit_and_phases(tiny, tiny_trace):
+    from mechlingo.analyses.recall.patching import fact_readouts, patch_activations
 
     fr = [f for f in load_facts(langs=["fr"], relations=["capital"], limit=3)]
     sw = patch_activations(
@@ -83,12 +83,12 @@ def test_circuit_and_stages(tiny, tiny_trace):
         fr[1:3],
         ["attn_out", "mlp_out"],
         positions=["subject_first", "subject_last", -1],
-        readout=fact_metrics(tiny, fr[:2]),
+        readout=fact_readouts(tiny, fr[:2]),
         alignment="subject",
     )
-    stages = pipeline_stages(sw, tiny_trace, "fr")
-    assert all(a <= b for a, b in stages.values())
-    fig = sw.fig_circuit(stages=stages, top_k=5)
+    phases = pipeline_phases(sw, tiny_trace, "fr")
+    assert all(a <= b for a, b in phases.values())
+    fig = sw.fig_circuit(phases=phases, top_k=5)
     assert len(fig.data) >= 1
 
 

@@ -3,12 +3,12 @@ knockout.
 
 :func:`patch_activations` repeats the *target* ("corrupted") run with its activation at one
 *cell* (a site, a layer, a token position, optionally a head) replaced by the *source*
-("clean") run's, for a whole grid of cells, and reads a metric at the target's last real token:
+("clean") run's, for a whole grid of cells, and reads a readout at the target's last real token:
 the source activations are read once, many patched copies share one forward pass
 (:mod:`~mechlingo.analyses.recall.patching.passes`), and each row's last token is unembedded
 in one batched readout. For same-shape inputs the values equal ``transformer_lens.patching``'s.
 
-Modules, lowest first: ``metrics`` (:class:`Metric`), ``positions`` (alignment across prompts
+Modules, lowest first: ``readouts`` (:class:`AnswerReadout`), ``positions`` (alignment across prompts
 of different lengths), ``runs``, ``result`` (:class:`PatchingResult`), ``grid`` (shared with
 :mod:`mechlingo.analyses.recall.attribution`), ``passes``, ``knockout`` (Geva et al. 2023).
 The hook factories (``_writer``, ``_brancher``) are looked up here when a grid starts, so a test
@@ -35,13 +35,6 @@ from mechlingo.analyses.recall.patching.knockout import (
     attention_knockout,
     sliding_windows,
 )
-from mechlingo.analyses.recall.patching.metrics import (
-    Metric,
-    answer_logprob,
-    evaluate_metrics,
-    fact_metrics,
-    logit_diff,
-)
 from mechlingo.analyses.recall.patching.passes import (
     PassPlan,
     grown_passes,
@@ -51,6 +44,13 @@ from mechlingo.analyses.recall.patching.passes import (
 from mechlingo.analyses.recall.patching.passes import brancher as _brancher
 from mechlingo.analyses.recall.patching.passes import writer as _writer
 from mechlingo.analyses.recall.patching.positions import PositionLabel, subject_token_span
+from mechlingo.analyses.recall.patching.readouts import (
+    AnswerReadout,
+    answer_logprob,
+    evaluate_readouts,
+    fact_readouts,
+    logit_diff,
+)
 from mechlingo.analyses.recall.patching.result import (
     Cell,
     PatchingResult,
@@ -65,13 +65,13 @@ __all__ = [
     "PATCH_SITES",
     "Cell",
     "KnockoutResult",
-    "Metric",
+    "AnswerReadout",
     "PatchingResult",
     "PatchingError",
     "PositionLabel",
     "answer_logprob",
     "attention_knockout",
-    "fact_metrics",
+    "fact_readouts",
     "logit_diff",
     "readout_index",
     "patch_activations",
@@ -126,7 +126,7 @@ def _run_passes(
     reads = {n: setup.pos.source.T.contiguous() for n in dict.fromkeys(names.values())}
     src_acts, src_final = read_run(model, setup.src, reads)
     rows = torch.arange(setup.tgt.batch_size)
-    clean = evaluate_metrics(model, src_final, setup.metrics, setup.packed, rows)
+    clean = evaluate_readouts(model, src_final, setup.readouts, setup.packed, rows)
     cells = setup.cells()
     plan = PassPlan(
         model=model,
@@ -135,7 +135,7 @@ def _run_passes(
         names=names,
         src_acts=src_acts,
         tgt_pos=setup.pos.target,
-        metrics=setup.metrics,
+        readouts=setup.readouts,
         packed=setup.packed,
         cells_per_batch=cells_per_batch,
         writer=_writer,  # looked up here at call time: tests replace them on this module

@@ -11,12 +11,6 @@ from typing import Any, TypedDict, Unpack
 from torch import Tensor
 
 from mechlingo.analyses.recall.patching.errors import PatchingError
-from mechlingo.analyses.recall.patching.metrics import (
-    Metric,
-    PackedMetrics,
-    fact_metrics,
-    pack_metrics,
-)
 from mechlingo.analyses.recall.patching.positions import (
     PositionLabel,
     Positions,
@@ -24,6 +18,12 @@ from mechlingo.analyses.recall.patching.positions import (
     as_batch,
     check_spans,
     resolve_positions,
+)
+from mechlingo.analyses.recall.patching.readouts import (
+    AnswerReadout,
+    PackedReadouts,
+    fact_readouts,
+    pack_readouts,
 )
 from mechlingo.analyses.recall.patching.result import Cell, PatchingResult
 from mechlingo.analyses.recall.patching.runs import site_hook
@@ -47,7 +47,7 @@ PATCH_SITES: tuple[str, ...] = (*RESIDUAL_SITES, "head")
 class GridArgs(TypedDict, total=False):
     """The keywords of :func:`resolve_grid` after the sites, which every patching function
     passes on (their defaults are :func:`resolve_grid`'s): the grid's layers, positions and
-    metrics.
+    readouts.
 
     * ``layers``: layers to patch (default all; negatives from the end).
     * ``positions``: grid positions: ints (non-negative = absolute token index; negative =
@@ -55,9 +55,9 @@ class GridArgs(TypedDict, total=False):
       ``"subject_last"``. Default: every position for same-shape inputs, ``[-1]`` under
       ``alignment="last"``, subject first/last and the last token under ``"subject"``.
     * ``readout``: what each patched run is read out as, a
-      :class:`~mechlingo.analyses.recall.patching.metrics.Metric` or several (all read from
+      :class:`~mechlingo.analyses.recall.patching.readouts.AnswerReadout` or several (all read from
       the same patched passes); default when the source is Facts:
-      :func:`~mechlingo.analyses.recall.patching.metrics.fact_metrics` of the source facts
+      :func:`~mechlingo.analyses.recall.patching.readouts.fact_readouts` of the source facts
       (their answer and English answer). For cross-language patching pass the readout of
       the target facts.
     * ``alignment``: ``None`` (same shapes), ``"last"``, ``"subject"``, or ``{target: source}``.
@@ -67,7 +67,7 @@ class GridArgs(TypedDict, total=False):
 
     layers: Any
     positions: Sequence[PositionLabel] | None
-    readout: Metric | Sequence[Metric] | None
+    readout: AnswerReadout | Sequence[AnswerReadout] | None
     alignment: str | Mapping[int, int] | None
     source_subject: Sequence[tuple[int, int]] | None
     target_subject: Sequence[tuple[int, int]] | None
@@ -94,13 +94,13 @@ def check_sites(sites: Sequence[str] | str) -> list[str]:
 @dataclass
 class PatchingSetup:
     """Everything patching needs before its first pass: the source and target batches, the
-    aligned positions, the metrics (and their packed token sets) and the grid's axes."""
+    aligned positions, the readouts (and their packed token sets) and the grid's axes."""
 
     src: TokenBatch
     tgt: TokenBatch
     pos: Positions
-    metrics: list[Metric]
-    packed: PackedMetrics
+    readouts: list[AnswerReadout]
+    packed: PackedReadouts
     sites: list[str]
     layers: list[int]
     heads: list[int]
@@ -131,7 +131,7 @@ class PatchingSetup:
         """A :class:`PatchingResult` of this grid with the given per-example values."""
         return PatchingResult(
             cells=cells,
-            readout_names=[m.name for m in self.metrics],
+            readout_names=[m.name for m in self.readouts],
             values=values,
             clean=clean,
             corrupted=corrupted,
@@ -155,15 +155,15 @@ def _resolve_heads(model: Model, heads: Sequence[int] | None) -> list[int]:
     return head_list
 
 
-def _resolve_metrics(
-    model: Model, source: Any, metric: Metric | Sequence[Metric] | None
-) -> list[Metric]:
-    if metric is None:
+def _resolve_readouts(
+    model: Model, source: Any, readout: AnswerReadout | Sequence[AnswerReadout] | None
+) -> list[AnswerReadout]:
+    if readout is None:
         if isinstance(source, Sequence) and source and hasattr(source[0], "answer"):
-            metric = fact_metrics(model, list(source))
+            readout = fact_readouts(model, list(source))
         else:
             raise PatchingError("pass readout= (e.g. answer_logprob(model, answers, langs))")
-    return [metric] if isinstance(metric, Metric) else list(metric)
+    return [readout] if isinstance(readout, AnswerReadout) else list(readout)
 
 
 def resolve_grid(
@@ -200,7 +200,7 @@ def resolve_grid(
     layer_list = resolve_layers(model, layers)
     head_list = _resolve_heads(model, heads) if "head" in sites else []
     pos = resolve_positions(positions, alignment, src, tgt, src_spans, tgt_spans)
-    metrics = _resolve_metrics(model, source, readout)
-    packed = pack_metrics(metrics, tgt.batch_size)
+    readouts = _resolve_readouts(model, source, readout)
+    packed = pack_readouts(readouts, tgt.batch_size)
     kind = alignment_kind(alignment)
-    return PatchingSetup(src, tgt, pos, metrics, packed, sites, layer_list, head_list, kind)
+    return PatchingSetup(src, tgt, pos, readouts, packed, sites, layer_list, head_list, kind)

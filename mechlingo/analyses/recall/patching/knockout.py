@@ -18,14 +18,14 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from mechlingo.analyses.recall.patching.errors import PatchingError
-from mechlingo.analyses.recall.patching.metrics import (
-    Metric,
-    PackedMetrics,
-    answer_logprob,
-    evaluate_metrics,
-    pack_metrics,
-)
 from mechlingo.analyses.recall.patching.positions import Spans, as_batch, check_spans
+from mechlingo.analyses.recall.patching.readouts import (
+    AnswerReadout,
+    PackedReadouts,
+    answer_logprob,
+    evaluate_readouts,
+    pack_readouts,
+)
 from mechlingo.analyses.recall.patching.result import bootstrap_interval
 from mechlingo.analyses.recall.patching.runs import read_run, repeat_batch
 from mechlingo.core.defaults import SEED
@@ -49,14 +49,14 @@ class KnockoutResult:
     Attributes:
         windows: ``(first, last)`` inclusive layer windows whose last-token -> key attention
             was blocked.
-        metric_name: name of the metric (a probability by default).
-        values: ``[window, example]`` metric with the edges blocked.
-        base: ``[example]`` metric of the unmodified run.
+        readout_name: name of the readout (a probability by default).
+        values: ``[window, example]`` readout with the edges blocked.
+        base: ``[example]`` readout of the unmodified run.
         keys: which key positions were blocked (``"subject"``, ``"last"``, ...).
     """
 
     windows: list[tuple[int, int]]
-    metric_name: str
+    readout_name: str
     values: Float[Tensor, "window example"]
     base: Float[Tensor, " example"]
     keys: str
@@ -91,7 +91,7 @@ class KnockoutResult:
                     "first_layer": a,
                     "last_layer": b,
                     "keys": self.keys,
-                    "metric": self.metric_name,
+                    "readout": self.readout_name,
                     "blocked_mean": float(self.values[i].mean()),
                     "base_mean": float(self.base.mean()),
                     "relative_change": float(rel[i]),
@@ -105,11 +105,11 @@ class KnockoutResult:
     def __repr__(self) -> str:
         return (
             f"KnockoutResult(last token -> {self.keys}, {len(self.windows)} layer windows, "
-            f"{self.values.shape[-1]} examples, metric {self.metric_name})"
+            f"{self.values.shape[-1]} examples, readout {self.readout_name})"
         )
 
     def _repr_html_(self) -> str:
-        """Per layer window the relative change of the metric with its 95% interval."""
+        """Per layer window the relative change of the readout with its 95% interval."""
         rel = self.relative_change()
         lo, hi = self.bootstrap_ci()
         n = int(self.values.shape[-1])
@@ -120,7 +120,7 @@ class KnockoutResult:
         return html_summary(repr(self), rows, f"base mean {float(self.base.mean()):.3g}")
 
     def fig_knockout(self) -> go.Figure:
-        """Relative change of the metric per layer window (with the 95% interval)."""
+        """Relative change of the readout per layer window (with the 95% interval)."""
         lo, hi = self.bootstrap_ci()
         return knockout_figure(
             self.relative_change(),
@@ -128,7 +128,7 @@ class KnockoutResult:
             hi,
             windows=self.windows,
             keys=self.keys,
-            metric_name=self.metric_name,
+            readout_name=self.readout_name,
             n_examples=int(self.values.shape[-1]),
         )
 
@@ -207,7 +207,7 @@ def _window_hooks(
     return fwd_hooks
 
 
-def _knockout_metric(model: Model, facts: Any, readout: Metric | None) -> Metric:
+def _knockout_readout(model: Model, facts: Any, readout: AnswerReadout | None) -> AnswerReadout:
     if readout is not None:
         return readout
     if not (isinstance(facts, Sequence) and facts and hasattr(facts[0], "answer")):
@@ -221,7 +221,7 @@ def attention_knockout(
     facts: Any,
     windows: Sequence[tuple[int, int]] | int | None = None,
     *,
-    readout: Metric | None = None,
+    readout: AnswerReadout | None = None,
     keys: str = "subject",
     subject: Sequence[tuple[int, int]] | None = None,
     windows_per_batch: int = 16,
@@ -246,18 +246,18 @@ def attention_knockout(
     spans = check_spans(subject, batch, "knockout") or spans
     windows = _resolve_windows(site_map(model).n_layers, windows)
     key_mask = _key_mask(batch, keys, spans)
-    metric = _knockout_metric(model, facts, readout)
-    packed: PackedMetrics = pack_metrics([metric], batch.batch_size)
+    readout = _knockout_readout(model, facts, readout)
+    packed: PackedReadouts = pack_readouts([readout], batch.batch_size)
     B = batch.batch_size
     rows = torch.arange(B)
     _, final = read_run(model, batch, {})
-    base = evaluate_metrics(model, final, [metric], packed, rows)[0].cpu()
+    base = evaluate_readouts(model, final, [readout], packed, rows)[0].cpu()
     values = torch.empty(len(windows), B)
     for start in range(0, len(windows), windows_per_batch):
         chunk = windows[start : start + windows_per_batch]
         big = repeat_batch(batch, len(chunk))
         fwd_hooks = _window_hooks(model, chunk, big, key_mask)
         _, final = read_run(model, big, {}, fwd_hooks=fwd_hooks)
-        v = evaluate_metrics(model, final, [metric], packed, rows.repeat(len(chunk)))[0]
+        v = evaluate_readouts(model, final, [readout], packed, rows.repeat(len(chunk)))[0]
         values[start : start + len(chunk)] = v.reshape(len(chunk), B).cpu()
-    return KnockoutResult(windows, metric.name, values, base, keys)
+    return KnockoutResult(windows, readout.name, values, base, keys)

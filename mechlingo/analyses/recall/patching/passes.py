@@ -30,7 +30,11 @@ from mechlingo.activations.prefix import (
 )
 from mechlingo.activations.runs import StopForward, final_resid_name, run_batch
 from mechlingo.analyses.recall.patching.errors import PatchingError
-from mechlingo.analyses.recall.patching.metrics import Metric, PackedMetrics, evaluate_metrics
+from mechlingo.analyses.recall.patching.readouts import (
+    AnswerReadout,
+    PackedReadouts,
+    evaluate_readouts,
+)
 from mechlingo.analyses.recall.patching.result import Cell
 from mechlingo.analyses.recall.patching.runs import read_run, repeat_batch, site_hook
 from mechlingo.core.defaults import PROGRESS
@@ -91,9 +95,9 @@ def brancher(rows: Tensor) -> Callable:
 class PassPlan(NamedTuple):
     """What a batching strategy needs: the target batch, the cells in result order, each
     (site, layer)'s hook name, the source activations read at the grid positions, the target
-    positions ``[label, row]``, the metrics and their packed token sets, the cells per pass,
+    positions ``[label, row]``, the readouts and their packed token sets, the cells per pass,
     and the hook factories (:func:`writer`, :func:`brancher`). Each strategy returns
-    ``values [metric, cell, row]`` and ``corrupted [metric, row]``."""
+    ``values [readout, cell, row]`` and ``corrupted [readout, row]``."""
 
     model: Model
     tgt: TokenBatch
@@ -101,8 +105,8 @@ class PassPlan(NamedTuple):
     names: Mapping[tuple[str, int], str]
     src_acts: Mapping[str, Tensor]
     tgt_pos: Tensor
-    metrics: Sequence[Metric]
-    packed: PackedMetrics
+    readouts: Sequence[AnswerReadout]
+    packed: PackedReadouts
     cells_per_batch: int
     writer: Callable[..., Callable]
     brancher: Callable[[Tensor], Callable]
@@ -143,11 +147,11 @@ def stacked_passes(plan: PassPlan) -> tuple[Tensor, Tensor]:
     """Every patched copy of every example runs the whole model: ``cells_per_batch`` copies of
     the whole target batch per pass (copy ``j`` carries cell ``j``), plus one unpatched copy
     in the first pass (the corrupted baseline)."""
-    model, tgt, cells, metrics = plan.model, plan.tgt, plan.cells, plan.metrics
+    model, tgt, cells, readouts = plan.model, plan.tgt, plan.cells, plan.readouts
     B = tgt.batch_size
     rows = torch.arange(B)
-    values = torch.empty(len(metrics), len(cells), B)
-    corrupted = torch.empty(len(metrics), B)
+    values = torch.empty(len(readouts), len(cells), B)
+    corrupted = torch.empty(len(readouts), B)
     for start in plan.groups(len(cells)):
         chunk = cells[start : start + plan.cells_per_batch]
         by_hook: dict[str, list[tuple[int, Cell]]] = {}
@@ -163,8 +167,8 @@ def stacked_passes(plan: PassPlan) -> tuple[Tensor, Tensor]:
         big = repeat_batch(tgt, len(chunk) + extra)
         _, final = read_run(model, big, {}, fwd_hooks=fwd_hooks)
         ex = rows.repeat(len(chunk) + extra)
-        v = evaluate_metrics(model, final, metrics, plan.packed, ex)
-        v = rearrange(v, "metric (cell ex) -> metric cell ex", ex=B).cpu()  # rows: cell-major
+        v = evaluate_readouts(model, final, readouts, plan.packed, ex)
+        v = rearrange(v, "readout (cell ex) -> readout cell ex", ex=B).cpu()  # rows: cell-major
         if extra:
             corrupted = v[:, -1]
         values[:, start : start + len(chunk)] = v[:, : len(chunk)]
@@ -204,10 +208,10 @@ def grown_passes(plan: PassPlan) -> tuple[Tensor, Tensor]:
     baseline); at the block input ``blocks.{l}.hook_resid_pre`` of each layer ``l`` with
     cells, copies of row 0 are appended, one per cell of that layer, and the cells' hooks
     write into their own rows. So the shared computation below layer ``l`` is done once."""
-    model, tgt, cells, metrics = plan.model, plan.tgt, plan.cells, plan.metrics
+    model, tgt, cells, readouts = plan.model, plan.tgt, plan.cells, plan.readouts
     B = tgt.batch_size
-    values = torch.empty(len(metrics), len(cells), B)
-    corrupted = torch.empty(len(metrics), B)
+    values = torch.empty(len(readouts), len(cells), B)
+    corrupted = torch.empty(len(readouts), B)
     order = sorted(range(len(cells)), key=lambda i: cells[i].layer)  # stable
     branch = {layer: site_hook(model, "resid_pre", layer) for layer in {c.layer for c in cells}}
     for g, start in enumerate(plan.groups(len(order))):
@@ -218,11 +222,11 @@ def grown_passes(plan: PassPlan) -> tuple[Tensor, Tensor]:
             finals.append(_grown_final(model, tgt.select([b]), fwd_hooks, 1 + len(group)))
         # one readout for the whole group: the unembedding streams W_U once, not per example
         ex = torch.arange(B).repeat_interleave(1 + len(group))
-        v = evaluate_metrics(model, torch.cat(finals), metrics, plan.packed, ex)
-        v = rearrange(v.cpu(), "metric (ex run) -> metric ex run", ex=B)  # example-major
+        v = evaluate_readouts(model, torch.cat(finals), readouts, plan.packed, ex)
+        v = rearrange(v.cpu(), "readout (ex run) -> readout ex run", ex=B)  # example-major
         if g == 0:
             corrupted = v[:, :, 0]
-        values[:, group] = rearrange(v[:, :, rows], "metric ex cell -> metric cell ex")
+        values[:, group] = rearrange(v[:, :, rows], "readout ex cell -> readout cell ex")
     return values, corrupted
 
 
@@ -387,12 +391,12 @@ def shared_prefix_passes(plan: PassPlan) -> tuple[Tensor, Tensor]:
     model's earlier positions), and the batch grows by each layer's patched copies at its
     block input, as in :func:`grown_passes`. Rows stay right-padded and unmasked: a real
     position never attends to the padding after it."""
-    model, tgt, cells, metrics = plan.model, plan.tgt, plan.cells, plan.metrics
+    model, tgt, cells, readouts = plan.model, plan.tgt, plan.cells, plan.readouts
     B = tgt.batch_size
-    values = torch.empty(len(metrics), len(cells), B)
+    values = torch.empty(len(readouts), len(cells), B)
     record = _guarded(lambda: record_prefix(model, tgt))
     all_rows = torch.arange(B)
-    corrupted = evaluate_metrics(model, record.final, metrics, plan.packed, all_rows).cpu()
+    corrupted = evaluate_readouts(model, record.final, readouts, plan.packed, all_rows).cpu()
     order = sorted(range(len(cells)), key=lambda i: cells[i].layer)  # stable
     branch = {layer: site_hook(model, "resid_pre", layer) for layer in {c.layer for c in cells}}
     n = int(model.cfg.n_layers)
@@ -411,6 +415,6 @@ def shared_prefix_passes(plan: PassPlan) -> tuple[Tensor, Tensor]:
                 finals.append(f[len(examples) :])  # the unpatched rows are known already
                 where.extend((i, b) for b in examples for i in part)
         ex_of = torch.tensor([b for _, b in where])
-        v = evaluate_metrics(model, torch.cat(finals), metrics, plan.packed, ex_of).cpu()
+        v = evaluate_readouts(model, torch.cat(finals), readouts, plan.packed, ex_of).cpu()
         values[:, torch.tensor([i for i, _ in where]), ex_of] = v
     return values, corrupted

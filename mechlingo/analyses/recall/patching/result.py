@@ -94,7 +94,7 @@ def bootstrap_interval(
 
 @dataclass
 class PatchingBaselines:
-    """What every patching result holds besides its values: the metrics, their measured
+    """What every patching result holds besides its values: the readouts, their measured
     baselines and the grid's layer and position axes (exact patching's
     :class:`PatchingResult` and attribution patching's
     :class:`~mechlingo.analyses.recall.attribution.NeuronAttribution`).
@@ -102,15 +102,15 @@ class PatchingBaselines:
     Attributes:
         readout_names: names of the readouts, what each patched run is read out as (first
             axis of the values and baselines).
-        clean: ``[metric, example]`` metric of the source ("clean") run.
-        corrupted: ``[metric, example]`` metric of the unpatched target ("corrupted") run.
+        clean: ``[readout, example]`` readout of the source ("clean") run.
+        corrupted: ``[readout, example]`` readout of the unpatched target ("corrupted") run.
         layers: the grid's layers.
         position_labels: label of each position of the grid (``"-1"`` = last token, ...).
     """
 
     readout_names: list[str]
-    clean: Float[Tensor, "metric example"]
-    corrupted: Float[Tensor, "metric example"]
+    clean: Float[Tensor, "readout example"]
+    corrupted: Float[Tensor, "readout example"]
     layers: list[int]
     position_labels: list[str]
 
@@ -126,14 +126,14 @@ class PatchingResult(PatchingBaselines):
 
     Attributes:
         cells: the patched cells, in the order of ``values``' cell axis.
-        values: ``[metric, cell, example]`` metric of each patched target run.
+        values: ``[readout, cell, example]`` readout of each patched target run.
         sites, heads: the grid's other axes (``heads`` empty without head sites).
         target_positions, source_positions: ``[position, example]`` resolved token positions.
         alignment: how positions were aligned (``"same"``, ``"last"``, ``"subject"``, ``"map"``).
     """
 
     cells: list[Cell]
-    values: Float[Tensor, "metric cell example"]
+    values: Float[Tensor, "readout cell example"]
     sites: list[str]
     heads: list[int]
     target_positions: Int[Tensor, "position example"]
@@ -217,8 +217,8 @@ class PatchingResult(PatchingBaselines):
         }
 
     def to_dataframe(self, *, per_example: bool = False) -> pd.DataFrame:
-        """One row per (metric, cell): mean, effect, normalised effect and its 95% bootstrap
-        interval; with ``per_example`` one row per (metric, cell, example) instead."""
+        """One row per (readout, cell): mean, effect, normalised effect and its 95% bootstrap
+        interval; with ``per_example`` one row per (readout, cell, example) instead."""
         import pandas as pd
 
         rows = []
@@ -229,7 +229,7 @@ class PatchingResult(PatchingBaselines):
                     for e, x in enumerate(v[c]):
                         rows.append(
                             {
-                                "metric": name,
+                                "readout": name,
                                 **self.cell_dict(cell),
                                 "example": e,
                                 "patched": x,
@@ -243,7 +243,7 @@ class PatchingResult(PatchingBaselines):
             for c, cell in enumerate(self.cells):
                 rows.append(
                     {
-                        "metric": name,
+                        "readout": name,
                         **self.cell_dict(cell),
                         "mean": float(mean[c]),
                         "effect": float(eff[c]),
@@ -255,9 +255,9 @@ class PatchingResult(PatchingBaselines):
         return pd.DataFrame(rows)
 
     def summary(self) -> dict[str, Any]:
-        """Baselines per metric and the top cells of the first metric (JSON-ready)."""
+        """Baselines per readout and the top cells of the first readout (JSON-ready)."""
         return {
-            "metrics": {
+            "readouts": {
                 name: {
                     "clean": float(self.clean[m].mean()),
                     "corrupted": float(self.corrupted[m].mean()),
@@ -275,15 +275,15 @@ class PatchingResult(PatchingBaselines):
         return (
             f"PatchingResult({len(self.cells)} cells over sites {self.sites}, layers "
             f"{self.layers[0]}..{self.layers[-1]}, {self.values.shape[-1]} examples, "
-            f"{self.alignment} alignment, metrics {self.readout_names})"
+            f"{self.alignment} alignment, readouts {self.readout_names})"
         )
 
     def _repr_html_(self) -> str:
-        """Per metric the clean and corrupted means; the top cells of the first metric with
+        """Per readout the clean and corrupted means; the top cells of the first readout with
         their normalised effect and its 95% bootstrap interval."""
         n = int(self.values.shape[-1])
         rows: list[dict[str, Any]] = [
-            {"metric": name, "clean": float(self.clean[m].mean()),
+            {"readout": name, "clean": float(self.clean[m].mean()),
              "corrupted": float(self.corrupted[m].mean()), "n": n}
             for m, name in enumerate(self.readout_names)
         ]  # fmt: skip
@@ -310,7 +310,7 @@ class PatchingResult(PatchingBaselines):
             layers=self.layers,
             position_labels=self.position_labels,
             heads=self.heads,
-            metric_name=self.readout_names[m],
+            readout_name=self.readout_names[m],
             alignment=self.alignment,
             value=value,
             n_examples=int(self.values.shape[-1]),
@@ -319,7 +319,7 @@ class PatchingResult(PatchingBaselines):
     def fig_circuit(self, readout: str | int = 0, **options: Unpack[CircuitOptions]) -> go.Figure:
         """The circuit diagram: the ``top_k`` cells by absolute normalised effect on a
         token-position x layer grid, joined along the residual stream and by attention,
-        over the ``stages`` layer bands (``options``: ``top_k``, ``stages``,
+        over the ``phases`` layer bands (``options``: ``top_k``, ``phases``,
         ``token_labels``, ``title``, ``heads``, ``verified``, as
         :func:`mechlingo.viz.patching.circuit_figure` takes them)."""
         m = self.readout_index(readout)
@@ -329,6 +329,6 @@ class PatchingResult(PatchingBaselines):
             self.normalized(m),
             layers=self.layers,
             position_labels=self.position_labels,
-            metric_name=self.readout_names[m],
+            readout_name=self.readout_names[m],
             **options,
         )

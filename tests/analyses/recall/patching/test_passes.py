@@ -10,7 +10,7 @@ from mechlingo.analyses.recall.patching import (
     PatchingError,
     answer_logprob,
     attention_knockout,
-    fact_metrics,
+    fact_readouts,
     logit_diff,
     patch_activations,
     subject_token_span,
@@ -26,7 +26,7 @@ def pair(tiny):
 
 
 @pytest.fixture(scope="module")
-def metric(tiny):
+def readout(tiny):
     return answer_logprob(tiny, ["mat", "the"], name="lp")
 
 
@@ -40,44 +40,44 @@ def _tl_metric(met):
     return fn
 
 
-def test_source_equals_target_changes_nothing(tiny, pair, metric):
+def test_source_equals_target_changes_nothing(tiny, pair, readout):
     src, _ = pair
-    sw = patch_activations(tiny, src, src, ["resid_pre", "mlp_out", "head"], readout=metric)
+    sw = patch_activations(tiny, src, src, ["resid_pre", "mlp_out", "head"], readout=readout)
     assert torch.allclose(sw.clean, sw.corrupted)
     assert torch.allclose(sw.values, sw.corrupted[:, None, :].expand_as(sw.values), atol=1e-5)
 
 
-def test_last_layer_resid_patch_reproduces_source(tiny, pair, metric):
+def test_last_layer_resid_patch_reproduces_source(tiny, pair, readout):
     src, tgt = pair
     n = tiny.cfg.n_layers
     sw = patch_activations(
-        tiny, src, tgt, "resid_post", layers=[n - 1], positions=[-1], readout=metric
+        tiny, src, tgt, "resid_post", layers=[n - 1], positions=[-1], readout=readout
     )
     assert not torch.allclose(sw.clean, sw.corrupted)
     assert torch.allclose(sw.values[:, 0], sw.clean, atol=1e-5)
     assert torch.allclose(sw.normalized(), torch.ones(1), atol=1e-4)
 
 
-def test_batched_equals_one_cell_at_a_time(tiny, pair, metric):
+def test_batched_equals_one_cell_at_a_time(tiny, pair, readout):
     src, tgt = pair
     sites = ["resid_pre", "attn_out", "mlp_out", "head"]
-    a = patch_activations(tiny, src, tgt, sites, readout=metric, cells_per_batch=1)
-    b = patch_activations(tiny, src, tgt, sites, readout=metric, cells_per_batch=64)
+    a = patch_activations(tiny, src, tgt, sites, readout=readout, cells_per_batch=1)
+    b = patch_activations(tiny, src, tgt, sites, readout=readout, cells_per_batch=64)
     assert a.cells == b.cells
     assert torch.allclose(a.values, b.values, atol=1e-5)
 
 
 @pytest.mark.parametrize("cells_per_batch", [1, 7, 500])
-def test_grown_batch_equals_stacked_batch(tiny, pair, metric, cells_per_batch):
+def test_grown_batch_equals_stacked_batch(tiny, pair, readout, cells_per_batch):
     # "grow" (shared prefix, one pass per example, the batch grows at each layer's block
     # input) must give the numbers of "stack" (every copy runs the whole model), every site
     src, tgt = pair
     sites = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "head"]
     a = patch_activations(
-        tiny, src, tgt, sites, readout=metric, batching="stack", cells_per_batch=64
+        tiny, src, tgt, sites, readout=readout, batching="stack", cells_per_batch=64
     )
     b = patch_activations(
-        tiny, src, tgt, sites, readout=metric, batching="grow", cells_per_batch=cells_per_batch
+        tiny, src, tgt, sites, readout=readout, batching="grow", cells_per_batch=cells_per_batch
     )
     assert a.cells == b.cells
     assert (a.values - b.values).abs().max() < 1e-5
@@ -90,8 +90,8 @@ def test_grown_batch_cross_language_rows_of_different_lengths(tiny):
     en = load_facts(langs=["en"], relations=["capital"], limit=3)
     ja = load_facts(langs=["ja"], relations=["capital"], limit=3)
     assert len({len(encode(tiny, [f.prompt]).tokens[0]) for f in ja}) > 1
-    metrics = fact_metrics(tiny, ja)
-    kw = dict(readout=metrics, alignment="subject")
+    readouts = fact_readouts(tiny, ja)
+    kw = dict(readout=readouts, alignment="subject")
     a = patch_activations(tiny, en, ja, ["resid_pre", "mlp_out"], batching="stack", **kw)
     b = patch_activations(tiny, en, ja, ["resid_pre", "mlp_out"], batching="grow", **kw)
     assert (a.values - b.values).abs().max() < 1e-5
@@ -99,13 +99,13 @@ def test_grown_batch_cross_language_rows_of_different_lengths(tiny):
 
 @pytest.mark.parametrize("cells_per_batch", [1, 7, 500])
 @pytest.mark.parametrize("positions", [None, [-3, -2, -1], [1, -1]])
-def test_shared_prefix_equals_every_position(tiny, pair, metric, cells_per_batch, positions):
+def test_shared_prefix_equals_every_position(tiny, pair, readout, cells_per_batch, positions):
     # reusing the unpatched prefix's keys and values (passes start at the first patched
     # position, several examples per pass) gives the numbers of copies that compute every
     # position (reuse_prefix=False) and of "stack", at every site
     src, tgt = pair
     sites = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "head"]
-    kw = dict(readout=metric, positions=positions)  # same-shape pair: no alignment
+    kw = dict(readout=readout, positions=positions)  # same-shape pair: no alignment
     full = patch_activations(tiny, src, tgt, sites, batching="stack", **kw)
     reused = patch_activations(
         tiny, src, tgt, sites, reuse_prefix=True, cells_per_batch=cells_per_batch, **kw
@@ -122,17 +122,17 @@ def test_shared_prefix_rows_of_different_lengths(tiny):
     # aligned by subject: equal to one example at a time without prefix reuse
     en = load_facts(langs=["en"], relations=["capital"], limit=3)
     ja = load_facts(langs=["ja"], relations=["capital"], limit=3)
-    kw = dict(readout=fact_metrics(tiny, ja), alignment="subject")
+    kw = dict(readout=fact_readouts(tiny, ja), alignment="subject")
     sites = ["resid_pre", "mlp_out", "head"]
     a = patch_activations(tiny, en, ja, sites, reuse_prefix=False, **kw)
     b = patch_activations(tiny, en, ja, sites, reuse_prefix=True, **kw)
     assert (a.values - b.values).abs().max() < 1e-5
 
 
-def test_reuse_prefix_refused_where_it_cannot_apply(tiny, pair, metric):
+def test_reuse_prefix_refused_where_it_cannot_apply(tiny, pair, readout):
     src, tgt = pair
     with pytest.raises(PatchingError, match="batching='grow'"):
-        patch_activations(tiny, src, tgt, readout=metric, batching="stack", reuse_prefix=True)
+        patch_activations(tiny, src, tgt, readout=readout, batching="stack", reuse_prefix=True)
 
 
 def _brute_parts(starts, weights, base, length):
@@ -192,11 +192,11 @@ def test_suffix_pass_on_the_recorded_prefix_equals_the_whole_pass(tiny):
 
 
 @pytest.mark.parametrize("reuse_prefix", [False, True])
-def test_grown_batch_hooks_removed_after_error(tiny, pair, metric, monkeypatch, reuse_prefix):
+def test_grown_batch_hooks_removed_after_error(tiny, pair, readout, monkeypatch, reuse_prefix):
     import mechlingo.analyses.recall.patching as patching
 
     src, tgt = pair
-    kw = dict(readout=metric, batching="grow", reuse_prefix=reuse_prefix)
+    kw = dict(readout=readout, batching="grow", reuse_prefix=reuse_prefix)
 
     class Boom(Exception):
         pass
@@ -226,7 +226,7 @@ def test_grown_batch_hooks_removed_after_error(tiny, pair, metric, monkeypatch, 
         patch_activations(tiny, src, tgt, "resid_pre", **kw)
     assert count_hooks(tiny) == 0
     with pytest.raises(PatchingError, match="batching"):
-        patch_activations(tiny, src, tgt, readout=metric, batching="tiles")
+        patch_activations(tiny, src, tgt, readout=readout, batching="tiles")
 
 
 @pytest.mark.parametrize(
@@ -238,25 +238,25 @@ def test_grown_batch_hooks_removed_after_error(tiny, pair, metric, monkeypatch, 
         ("head", tlp.get_act_patch_attn_head_out_by_pos),
     ],
 )
-def test_equals_transformer_lens(tiny, pair, metric, site, fn):
+def test_equals_transformer_lens(tiny, pair, readout, site, fn):
     src, tgt = pair
-    sw = patch_activations(tiny, src, tgt, site, readout=metric, cells_per_batch=13)
+    sw = patch_activations(tiny, src, tgt, site, readout=readout, cells_per_batch=13)
     _, cache = tiny.run_with_cache(src.tokens)
-    ref = fn(tiny, tgt.tokens, cache, _tl_metric(metric), reduce="none").values
+    ref = fn(tiny, tgt.tokens, cache, _tl_metric(readout), reduce="none").values
     ours = sw.values[0]
     assert ours.shape[0] == ref.reshape(-1, ref.shape[-1]).shape[0]
     assert (ours - ref.reshape(-1, ref.shape[-1])).abs().max() < 1e-5
     assert count_hooks(tiny) == 0
 
 
-def test_result_tables_and_figure(tiny, pair, metric):
+def test_result_tables_and_figure(tiny, pair, readout):
     src, tgt = pair
     diff = logit_diff(tiny, ["mat", "the"], ["dog", "cat"], name="diff")
     sw = patch_activations(
-        tiny, src, tgt, ["resid_pre", "head"], layers=[0], readout=[metric, diff]
+        tiny, src, tgt, ["resid_pre", "head"], layers=[0], readout=[readout, diff]
     )
     df = sw.to_dataframe()
-    assert set(df["metric"]) == {"lp", "diff"}
+    assert set(df["readout"]) == {"lp", "diff"}
     assert {"normalized", "ci_low", "ci_high"} <= set(df.columns)
     assert len(sw.to_dataframe(per_example=True)) == 2 * len(sw.cells) * 2
     g = sw.grid("resid_pre")
@@ -281,16 +281,16 @@ def test_subject_span_without_offsets_equals_offsets(tiny, monkeypatch):
 def test_cross_language_alignment(tiny):
     en = load_facts(langs=["en"], relations=["capital"], limit=3)
     fr = load_facts(langs=["fr"], relations=["capital"], limit=3)
-    metrics = fact_metrics(tiny, fr)
+    readouts = fact_readouts(tiny, fr)
     with pytest.raises(PatchingError, match="alignment"):
-        patch_activations(tiny, en, fr, "resid_pre", readout=metrics)
+        patch_activations(tiny, en, fr, "resid_pre", readout=readouts)
     sw = patch_activations(
-        tiny, en, fr, "resid_pre", readout=metrics, alignment="last", positions=[-1, -2]
+        tiny, en, fr, "resid_pre", readout=readouts, alignment="last", positions=[-1, -2]
     )
     tb, sb = encode(tiny, [f.prompt for f in fr]), encode(tiny, [f.prompt for f in en])
     assert torch.equal(sw.target_positions[0], tb.last_index)
     assert torch.equal(sw.source_positions[1], sb.last_index - 1)
-    sw = patch_activations(tiny, en, fr, ["mlp_out"], readout=metrics, alignment="subject")
+    sw = patch_activations(tiny, en, fr, ["mlp_out"], readout=readouts, alignment="subject")
     assert sw.position_labels == ["subject_first", "subject_last", "-1"]
     for i, (e, f) in enumerate(zip(en, fr, strict=True)):
         assert tuple(sw.source_positions[:2, i].tolist()) == subject_token_span(
@@ -299,27 +299,27 @@ def test_cross_language_alignment(tiny):
         assert tuple(sw.target_positions[:2, i].tolist()) == subject_token_span(
             tiny, f.prompt, f.subject_span
         )
-    sw = patch_activations(tiny, en, fr, "resid_pre", readout=metrics, alignment={3: 2, -1: -1})
+    sw = patch_activations(tiny, en, fr, "resid_pre", readout=readouts, alignment={3: 2, -1: -1})
     assert sw.target_positions[0].tolist() == [3, 3, 3]
     assert sw.source_positions[0].tolist() == [2, 2, 2]
 
 
-def test_bad_input(tiny, pair, metric):
+def test_bad_input(tiny, pair, readout):
     src, tgt = pair
     with pytest.raises(PatchingError, match="rows"):
-        patch_activations(tiny, src, tgt.select([0]), readout=metric)
+        patch_activations(tiny, src, tgt.select([0]), readout=readout)
     with pytest.raises(PatchingError, match="out of range"):
-        patch_activations(tiny, src, tgt, positions=[99], readout=metric)
+        patch_activations(tiny, src, tgt, positions=[99], readout=readout)
     with pytest.raises(PatchingError, match="out of range"):
-        patch_activations(tiny, src, tgt, positions=[-99], readout=metric)
+        patch_activations(tiny, src, tgt, positions=[-99], readout=readout)
     with pytest.raises(PatchingError, match="unknown patching site"):
-        patch_activations(tiny, src, tgt, "resid_pree", readout=metric)
+        patch_activations(tiny, src, tgt, "resid_pree", readout=readout)
     with pytest.raises(PatchingError, match="subject"):
-        patch_activations(tiny, src, tgt, positions=["subject_last"], readout=metric)
+        patch_activations(tiny, src, tgt, positions=["subject_last"], readout=readout)
     with pytest.raises(PatchingError, match="empty"):
         subject_token_span(tiny, "The capital of", (4, 4))
     with pytest.raises(PatchingError, match="subject token span"):
-        patch_activations(tiny, src, tgt, readout=metric, target_subject=[(3, 1), (1, 2)])
+        patch_activations(tiny, src, tgt, readout=readout, target_subject=[(3, 1), (1, 2)])
     with pytest.raises(PatchingError, match="examples"):
         patch_activations(tiny, src, tgt, readout=answer_logprob(tiny, ["a", "b", "c"]))
     assert count_hooks(tiny) == 0

@@ -1,17 +1,17 @@
-"""Resumable stages: a long run split into named steps whose results are kept on disk.
+"""Resumable checkpoints: a long run split into named steps whose results are kept on disk.
 
-A :class:`Stages` folder holds one subfolder per *key* (a JSON-able description of what the
+A :class:`Checkpoints` folder holds one subfolder per *key* (a JSON-able description of what the
 results depend on: the model's fingerprint, the data, the settings). ``run(name, fn)`` returns
 the stored result of ``name`` under that key when there is one, and otherwise calls ``fn()``,
 stores its JSON-able result atomically and returns it, so a run stopped at any moment leaves
-every finished stage whole and the next run with the same key resumes after it::
+every checkpoint whole and the next run with the same key resumes after it::
 
-    stages = Stages("work", {"model": fingerprint, "data": data_hash, "settings": cfg})
-    trace = stages.run("trace", lambda: compute_trace())   # computed once, then read back
+    checkpoints = Checkpoints("work", {"model": fingerprint, "data": data_hash, "settings": cfg})
+    trace = checkpoints.run("trace", lambda: compute_trace())   # computed once, then read back
 
-``run(name, fn, folder=True)`` is for stages that also leave files: ``fn(tmp)`` fills a
-temporary folder, put at ``stages.path(name)`` in one rename together with the result. What
-a failed, non-finite or unreadable stage does: ``docs/gotchas.md`` ("Going on after a stop")."""
+``run(name, fn, folder=True)`` is for checkpoints that also leave files: ``fn(tmp)`` fills a
+temporary folder, put at ``checkpoints.path(name)`` in one rename together with the result. What
+a failed, non-finite or unreadable checkpoint does: ``docs/gotchas.md`` ("Going on after a stop")."""
 
 from __future__ import annotations
 
@@ -39,17 +39,17 @@ try:
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["STAGE_LOG_ENV", "Stages", "key_hash", "release_free_locks"]
+__all__ = ["CHECKPOINT_LOG_ENV", "Checkpoints", "key_hash", "release_free_locks"]
 
 _RESULT = "result.json"
 _KEY = "key.json"
-#: For tests: a file to which every stage appends ``computed NAME`` or ``reused NAME``.
-STAGE_LOG_ENV = "MECHLINGO_STAGE_LOG"
-#: For kill tests: SIGKILL the process when its N-th computed stage (1-based) is about to be
+#: For tests: a file to which every checkpoint appends ``computed NAME`` or ``reused NAME``.
+CHECKPOINT_LOG_ENV = "MECHLINGO_CHECKPOINT_LOG"
+#: For kill tests: SIGKILL the process when its N-th computed checkpoint (1-based) is about to be
 #: stored (its result computed, not yet renamed into place).
-KILL_STAGE_ENV = "MECHLINGO_TEST_KILL_STAGE"
+KILL_CHECKPOINT_ENV = "MECHLINGO_TEST_KILL_CHECKPOINT"
 _FIX = "delete the work folder (or rerun with --fresh) to recompute it"
-#: the locks of the stage folders this process holds: lock file -> [fd, holders]
+#: the locks of the checkpoint folders this process holds: lock file -> [fd, holders]
 _HELD: dict[Path, list[int]] = {}
 _HELD_GUARD = threading.Lock()
 
@@ -60,7 +60,7 @@ def key_hash(key: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-class Stages:
+class Checkpoints:
     """Named, cached, resumable steps under ``folder/<key hash>/``.
 
     Args:
@@ -69,18 +69,18 @@ class Stages:
             results of another model, data or settings are never reused. The mechlingo
             version is added to it, and the folder's ``key.json`` must equal it: a folder
             whose ``key.json`` says otherwise (another version, a copied or edited folder)
-            is removed and its stages recomputed, never reused.
+            is removed and its checkpoints recomputed, never reused.
         agree: under torchrun, a function that turns this rank's "stage finished" into the
-            answer of every rank (true only when all ranks have it): a stage is read back
+            answer of every rank (true only when all ranks have it): a checkpoint is read back
             only when every rank can read it back, and otherwise recomputed by all of them,
             so that the ranks run the same collective steps.
 
-    One key's stages are used by one process at a time: the first use (or :meth:`lock`)
+    One key's checkpoints are used by one process at a time: the first use (or :meth:`lock`)
     takes an exclusive lock on ``folder/.<key hash>.lock`` (``fcntl.flock``, which the
     kernel drops when the process dies, so a killed run never leaves it stuck), held while
     this object lives or until :meth:`unlock`. A second process of the same key is refused
     with an :class:`~mechlingo.core.errors.OutputError` naming the holder, instead of deleting
-    the other's unfinished stage.
+    the other's unfinished checkpoint.
     """
 
     def __init__(
@@ -113,7 +113,7 @@ class Stages:
             _acquire(path)
         except OSError as err:
             if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-                return  # a folder this run cannot write: it cannot remove a stage either
+                return  # a folder this run cannot write: it cannot remove a checkpoint either
             raise OutputError(
                 f"cannot lock the work folder {self.root}: {err.strerror or err}",
                 fix="choose a writable work folder (--work)",
@@ -122,15 +122,15 @@ class Stages:
         self._unlocker = weakref.finalize(self, _release, path)
 
     def unlock(self) -> None:
-        """Give this key's lock back (another process may then use its stages)."""
+        """Give this key's lock back (another process may then use its checkpoints)."""
         if self._lock_file is not None:
             self._unlocker()  # runs _release once, and never again at garbage collection
             self._lock_file = None
 
     def path(self, name: str) -> Path:
-        """The folder of stage ``name`` (its result and any files it left)."""
+        """The folder of checkpoint ``name`` (its result and any files it left)."""
         if not name or "/" in name or name.startswith("."):
-            raise ValueError(f"a stage name is a plain file name, got {name!r}")
+            raise ValueError(f"a checkpoint name is a plain file name, got {name!r}")
         return self.folder / name
 
     def done(self, name: str) -> bool:
@@ -139,8 +139,8 @@ class Stages:
         return (self.path(name) / _RESULT).is_file()
 
     def load(self, name: str) -> Any:
-        """The stored result of ``name`` (``KeyError`` when it has none). The stage folder
-        is checked first: the result resolves inside the stage folder (no symlink out), at most
+        """The stored result of ``name`` (``KeyError`` when it has none). The checkpoint folder
+        is checked first: the result resolves inside the checkpoint folder (no symlink out), at most
         64 MiB and of a sane nesting depth (:mod:`mechlingo.core.untrusted`); an
         :class:`~mechlingo.core.errors.ArtifactError` otherwise."""
         p = self.path(name) / _RESULT
@@ -157,7 +157,7 @@ class Stages:
         self._checked = True
         key_file = self.folder / _KEY
         if self.folder.is_symlink():
-            raise ArtifactError(f"the stage folder {self.folder} is a symlink", fix=_FIX)
+            raise ArtifactError(f"the checkpoint folder {self.folder} is a symlink", fix=_FIX)
         if not self.folder.is_dir():
             return
         try:
@@ -168,7 +168,7 @@ class Stages:
             shutil.rmtree(self.folder, ignore_errors=True)
 
     def run(self, name: str, fn: Callable[..., Any], *, folder: bool = False) -> Any:
-        """The result of stage ``name``: read back when stored, else ``fn()`` (or ``fn(tmp)``
+        """The result of checkpoint ``name``: read back when stored, else ``fn()`` (or ``fn(tmp)``
         with ``folder``), stored atomically and returned. An exception of ``fn`` propagates
         and stores nothing. The returned value is always the stored JSON (so a fresh result
         and a read-back one are equal)."""
@@ -189,12 +189,12 @@ class Stages:
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.building-{os.getpid()}-", dir=self.folder))
         try:
             value = fn(tmp) if folder else fn()
-            _check_stage_files(tmp, name)
+            _check_checkpoint_files(tmp, name)
             text = json.dumps(jsonable(value), indent=1, ensure_ascii=False, allow_nan=False)
             (tmp / _RESULT).write_text(text, encoding="utf-8")
             self.computed += 1
             kill_point("stage")
-            if os.environ.get(KILL_STAGE_ENV) == str(self.computed):
+            if os.environ.get(KILL_CHECKPOINT_ENV) == str(self.computed):
                 kill_point(f"stage-{self.computed}", force=True)
             dest = self.path(name)
             if dest.exists():  # a stale folder without a result (an older layout): replace
@@ -216,19 +216,19 @@ class Stages:
                     )
         except OSError as err:
             raise OutputError(
-                f"cannot write the stage folder {self.folder}: {err.strerror or err}",
+                f"cannot write the checkpoint folder {self.folder}: {err.strerror or err}",
                 fix="choose a writable work folder",
             ) from err
-        cleanup_stale(self.folder)  # temporary folders of stages whose process died
+        cleanup_stale(self.folder)  # temporary folders of checkpoints whose process died
 
     def clear(self) -> None:
-        """Forget every stored stage of this key."""
+        """Forget every stored checkpoint of this key."""
         self.lock()
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def discard(self, name: str) -> None:
-        """Forget the stored stage ``name`` (its result and files): the next run computes
-        it again. Callers use it when what a stage left turns out unusable."""
+        """Forget the stored checkpoint ``name`` (its result and files): the next run computes
+        it again. Callers use it when what a checkpoint left turns out unusable."""
         shutil.rmtree(self.path(name), ignore_errors=True)
 
 
@@ -236,11 +236,11 @@ class Stages:
 _ARTIFACT_DESCRIPTIONS = ("intervention.json", "tuned_lens.json")
 
 
-def _check_stage_files(tmp: Path, name: str) -> None:
-    """The tensors of a saved artifact a stage left (an intervention, a tuned lens: the
-    folders whose loaders refuse NaN) must be finite: a stage whose weights came out NaN (a
+def _check_checkpoint_files(tmp: Path, name: str) -> None:
+    """The tensors of a saved artifact a checkpoint left (an intervention, a tuned lens: the
+    folders whose loaders refuse NaN) must be finite: a checkpoint whose weights came out NaN (a
     diverged training) raises here and stores nothing, so no later run reuses it. Other
-    stage tensors may hold NaN on purpose (an undefined statistic)."""
+    checkpoint tensors may hold NaN on purpose (an undefined statistic)."""
     for path in sorted(tmp.rglob("*.safetensors")):
         if not any((path.parent / d).is_file() for d in _ARTIFACT_DESCRIPTIONS):
             continue
@@ -254,9 +254,9 @@ def _check_stage_files(tmp: Path, name: str) -> None:
 
 
 def _log(what: str, name: str) -> None:
-    """For tests: ``what name`` appended to the file named by ``MECHLINGO_STAGE_LOG``
+    """For tests: ``what name`` appended to the file named by ``MECHLINGO_CHECKPOINT_LOG``
     (``{rank}`` in it: the torchrun rank)."""
-    target = os.environ.get(STAGE_LOG_ENV)
+    target = os.environ.get(CHECKPOINT_LOG_ENV)
     if target:
         target = target.replace("{rank}", os.environ.get("RANK", "0"))
         with open(target, "a", encoding="utf-8") as fh:
