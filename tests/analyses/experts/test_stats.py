@@ -392,7 +392,7 @@ def test_cli_experts_then_align(tmp_path, tiny_dir):
                str(tmp_path / "align-se"), "--quiet"])  # fmt: skip
     se = json.loads((tmp_path / "align-se" / "summary.json").read_text())["side_effects"]
     assert rc == 0 and {r["arm"] for r in se["rows"]} == {"intervention", "control"}
-    assert {r["metric"] for r in se["rows"]} >= {"accuracy", "perplexity"}
+    assert {r["measure"] for r in se["rows"]} >= {"accuracy", "perplexity"}
     # an experts folder whose rule chose no k: align says so and writes nothing
     summ["chosen_k"] = {"es": None}
     (edir / "summary.json").write_text(json.dumps(summ))
