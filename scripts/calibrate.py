@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -67,17 +68,23 @@ def wild(a: argparse.Namespace) -> int:
                                        f"{a.jobs} process(es), seed {a.seed}\n")  # fmt: skip
     if a.json:
         a.json.write_text(json.dumps(results, indent=1), encoding="utf-8")
-    if a.write:
-        text = a.write.read_text(encoding="utf-8")
-        if WILD_BEGIN not in text or WILD_END not in text:
-            print(f"{a.write} has no {WILD_BEGIN} ... {WILD_END} markers", file=sys.stderr)
-            return 2
-        head, rest = text.split(WILD_BEGIN, 1)
-        tail = rest.split(WILD_END, 1)[1]
-        a.write.write_text(head + WILD_BEGIN + "\n\n" + table + "\n" + WILD_END + tail,
-                           encoding="utf-8")  # fmt: skip
+    if a.write and not _splice(a.write, WILD_BEGIN, WILD_END, lambda old: table):
+        return 2
     print(table)
     return 0
+
+
+def _splice(path: Path, begin: str, end: str, body: Callable[[str], str]) -> bool:
+    """Write ``body(old)`` between the ``begin`` and ``end`` markers of ``path`` (``old``: what
+    stands between them now); False, with one line on stderr, when a marker is missing."""
+    text = path.read_text(encoding="utf-8")
+    if begin not in text or end not in text:
+        print(f"{path} has no {begin} ... {end} markers", file=sys.stderr)
+        return False
+    head, rest = text.split(begin, 1)
+    old, tail = rest.split(end, 1)
+    path.write_text(head + begin + "\n\n" + body(old) + "\n" + end + tail, encoding="utf-8")
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,15 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     table = table_markdown(results)
     took = time.perf_counter() - start
     note = f"\n{len(tasks)} designs, {took / 60:.1f} min with {a.jobs} process(es), seed {a.seed}\n"
-    if a.write:
-        text = a.write.read_text(encoding="utf-8")
-        if BEGIN not in text or END not in text:
-            print(f"{a.write} has no {BEGIN} ... {END} markers", file=sys.stderr)
-            return 2
-        head, rest = text.split(BEGIN, 1)
-        old, tail = rest.split(END, 1)
-        body = table + note if only is None else merge(old, table, note, only)
-        a.write.write_text(head + BEGIN + "\n\n" + body + "\n" + END + tail, encoding="utf-8")
+
+    def body(old: str) -> str:
+        return table + note if only is None else merge(old, table, note, only)
+
+    if a.write and not _splice(a.write, BEGIN, END, body):
+        return 2
     print(table + note)
     return 0 if all(r["ok"] for r in results) else 1
 
