@@ -136,3 +136,21 @@ def test_trace_and_transfer_rows_cluster_by_subject():
     data = {"cells": cells, "subjects": subject_keys(_facts(SHARED))}
     gain, _ = transfer.rows_transfer(claims.INDEPENDENT_LANGUAGES, data)
     assert gain["value"]["n_clusters"] == 4 and "clustered by subject" in gain["details"]
+
+
+def test_the_external_rows_keep_the_benchmark_fact_ids():
+    """A benchmark's ids number its rows within a relation (``P17/0``, ``P36/0``): the key
+    after the relation names no subject, so the external rows stay clustered by fact id."""
+    from mechlingo.card.stages import external
+
+    ids = [f"{rel}/{k}" for k in range(4) for rel in ("P17", "P36")]
+
+    def recs(right):
+        return [{"id": i, "lang": lg, "correct": r} for lg in ("es", "fr")
+                for i, r in zip(ids, right, strict=True)]  # fmt: skip
+
+    items = {"orig": recs([N] * 8), "task": recs([Y] * 5 + [N] * 3), "diff": recs([N] * 8),
+             "both": recs([Y] * 4 + [N] * 4), "random_s0": recs([N] * 7 + [Y])}  # fmt: skip
+    rows = external.rows_external({"items": items, "metric": "klar"})
+    assert [r["value"]["n_clusters"] for r in rows if r["value"]] == [8, 8, 8]
+    assert item_clusters([i for lg in ("es", "fr") for i in ids]) != ids * 2  # the ids rule
