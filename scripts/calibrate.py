@@ -24,6 +24,7 @@ from mechlingo.card.calibration import ROW_TYPES, run_row, table_markdown
 
 BEGIN, END = "<!-- calibration table -->", "<!-- end of the calibration table -->"
 WILD_BEGIN, WILD_END = "<!-- wild bootstrap table -->", "<!-- end of the wild bootstrap table -->"
+FAMILY_BEGIN, FAMILY_END = "<!-- family table -->", "<!-- end of the family table -->"
 SUBJ_BEGIN, SUBJ_END = "<!-- subjects table -->", "<!-- end of the subjects table -->"
 
 
@@ -73,6 +74,26 @@ def wild(a: argparse.Namespace) -> int:
         return 2
     print(table)
     return 0
+
+
+def family(a: argparse.Namespace) -> int:
+    """The Holm family's error (:mod:`mechlingo.card.calibration_family`), printed and with
+    ``--write`` put between the page's family-table markers."""
+    from mechlingo.card.calibration_family import FAMILY_DESIGNS, family_error, table_markdown
+
+    start = time.perf_counter()
+    with ProcessPoolExecutor(max(1, a.jobs)) as pool:
+        futs = [pool.submit(family_error, d, a.family, a.seed) for d in FAMILY_DESIGNS]
+        results = [f.result() for f in futs]
+    took = time.perf_counter() - start
+    table = table_markdown(results) + (f"\n{len(results)} designs, {took / 60:.1f} min with "
+                                       f"{a.jobs} process(es), seed {a.seed}\n")  # fmt: skip
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=1), encoding="utf-8")
+    if a.write and not _splice(a.write, FAMILY_BEGIN, FAMILY_END, lambda old: table):
+        return 2
+    print(table)
+    return 0 if all(r["ok"] for r in results) else 1
 
 
 def subjects(a: argparse.Namespace) -> int:
@@ -133,6 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--wild-draws", type=int, default=399, help="the wild bootstrap's draws")
     ap.add_argument(
+        "--family",
+        type=int,
+        default=0,
+        metavar="REPS",
+        help="instead: the family-wise error of whole Holm families, REPS families per design",
+    )
+    ap.add_argument(
         "--subjects",
         type=int,
         default=0,
@@ -143,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.wild:
         return wild(a)
+    if a.family:
+        return family(a)
     if a.subjects:
         return subjects(a)
     ks = tuple(float(x) for x in a.k.split(","))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mechlingo.card.stages import CardSettings, estimate_seconds
+from mechlingo.card.stages.circuits import plan_sizes
 from mechlingo.core.errors import InputError
 from mechlingo.core.untrusted import read_json
 
@@ -92,14 +93,20 @@ def recomputed(claims: Mapping[str, Any], processes: int | None = None) -> dict[
     """Each stage's estimate by today's cost models from the inputs the card's planner
     stored (``meta.settings``, ``meta.papers``, the plan's ``inputs.available`` and
     ``seconds.per_item``); ``processes`` replaces the stored process count (a card stored
-    before the planner recorded it ran in one process unless said)."""
+    before the planner recorded it ran in one process unless said). A card stored before
+    the planner recorded the circuits stage's pools and found rates gets them as its
+    planner would have (:func:`~mechlingo.card.stages.circuits.plan_sizes`) when it read the
+    bundled facts (``meta.facts_scope`` stored and ``None``) on a named ``meta.model``."""
     meta = claims["meta"]
     plan = meta["plan"]
+    settings = CardSettings.of(meta["settings"])
     sizes = dict(plan["inputs"]["available"])
     if processes is not None:
         sizes["processes"] = int(processes)
+    if "circuits" not in sizes and "facts_scope" in meta and meta["facts_scope"] is None:
+        sizes["circuits"] = plan_sizes(None, settings, meta.get("model"))
     unit = dict(plan["seconds"]["per_item"])
-    return estimate_seconds(CardSettings.of(meta["settings"]), list(meta["papers"]), sizes, unit)
+    return estimate_seconds(settings, list(meta["papers"]), sizes, unit)
 
 
 def cost_check(

@@ -48,6 +48,7 @@ from mechlingo.card.stages import (
     PAPERS,
     CardSettings,
     budget_settings,
+    circuits,
     estimate_seconds,
 )
 from mechlingo.card.stages.base import Context, Stage, run_order
@@ -309,7 +310,7 @@ def replicate(
             results["metric"] = dict(results["metric"])
             cost = {**results["metric"].pop("seconds_per_item", {}), **cost}
         settings = ctx.settings  # under the metric the rule chose
-        avail = _data_available(facts, parallel, documents, settings, papers, external)
+        avail = _available(d, settings, papers, key, results.get("metric"))
         the_plan = plan_card(settings, papers, results.get("metric"), avail, cost,
                              estimate_seconds(settings, papers, avail, cost))  # fmt: skip
         if plan:
@@ -377,6 +378,19 @@ def _decide(checkpoints: Checkpoints, stage: Stage, ctx: Context, cfg: dict[str,
     cfg["metric"] = decision["metric"]
     ctx.settings = ctx.settings.with_metric(decision["metric"])
     return data, secs, decision
+
+
+def _available(d: CardData, settings: CardSettings, papers: Sequence[str],
+               key: Mapping[str, Any], metric_data: Mapping[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+    """:func:`_data_available` of the card's data ``d``, and under ``circuits`` (a Lu card)
+    the pools and found rates the circuits stage's cost counts its facts by
+    (:func:`mechlingo.card.stages.circuits.plan_sizes`: from the model the card's ``key``
+    names and the metric stage's ``metric_data``)."""
+    out = _data_available(d.facts, d.parallel, d.documents, settings, papers, d.external)
+    if LU in papers:
+        name = key["model"]["model_name"]
+        out["circuits"] = circuits.plan_sizes(d.facts, settings, name, metric_data)
+    return out
 
 
 def _data_available(facts: Sequence[Fact] | None, parallel: Mapping[str, Sequence[str]] | None,

@@ -89,6 +89,14 @@ RULES = {
     "adjusted level": "a row with multiplier k in its family (Holm: adjusted p over raw p, "
     "or where capped at 1 its step; BH: likewise) is judged at level 0.05 / k: its intervals "
     "and its minimum detectable effect are given at confidence 1 - 0.05 / k",
+    "family order": "a row's p in its family is the smaller of its claim-side p and its "
+    "other-side p, each a valid one-sided p: a two-sided test's p counts only on the side "
+    "where its estimate lies (1 on the other), a rank among draws gives its p and its "
+    "opposite p; so a row that its draws cannot decide is placed by the p that would decide "
+    "it, and never moves the rows after it to a smaller multiplier than Holm's step-down "
+    "allows (family-wise error simulated in docs/calibration.md); this rule was changed "
+    "after the full card of 7 December showed the defect, and docs/replicate-log.md lists "
+    "the verdicts it moved",
     "holds": "adjusted p < 0.05 on the claim's side, the adjusted-level interval beyond the "
     "threshold in the paper's direction, and the effect beyond its control (where there is "
     "one): against a random population by the effect's rank among the draws, otherwise the "
@@ -180,12 +188,22 @@ RULES = {
 # --------------------------------------------------------------------------------------
 
 
-def _side_p(t: Test, side: int) -> float | None:
-    """The p of ``t`` on the claim's side (``side`` +1) or the other (-1): a one-sided
-    population test's ``p`` or ``p_opposite``; a two-sided test's ``p`` either way."""
+def _side_p(t: Test, side: int, direction: int, null: float) -> float | None:
+    """The p of ``t`` against its null value ``null`` on the claim's side (``side`` +1, the
+    claim's ``direction``) or the other (-1): a one-sided population test's ``p`` or
+    ``p_opposite``; a two-sided test's ``p`` only on the side where its estimate lies, and 1
+    on the other (a two-sided p is evidence only for the side its estimate is on; 1 there is
+    a valid, conservative one-sided p). Counting it on both sides placed a row that cannot be
+    decided (an effect far beyond 0 whose rank among its draws cannot reach the level) first
+    in its Holm family, and judged the rows after it at smaller multipliers than Holm's
+    step-down allows."""
     if t.extra.get("one_sided"):
         return t.p if side > 0 else t.extra.get("p_opposite")
-    return t.p
+    est = t.estimate.estimate
+    if t.p is None or est is None:
+        return t.p
+    on_claim_side = direction * (est - null) >= 0
+    return t.p if on_claim_side == (side > 0) else 1.0
 
 
 def _tost(claim: Claim, t: Test) -> tuple[float | None, float | None]:
@@ -233,7 +251,8 @@ def _rule_p(claim: Claim, effect: Test, vs_control: Test | None) -> tuple[float 
     if claim.kind == "null":
         p, against = _tost(claim, effect)
         return p, against, f"equivalence at {claim.threshold:g} +/- {claim.margin:g}"
-    pe, ae = _side_p(effect, 1), _side_p(effect, -1)
+    d, c = claim.direction, claim.null_value
+    pe, ae = _side_p(effect, 1, d, c), _side_p(effect, -1, d, c)
     if pe is None:
         return None, None, "no p-value"
     ps = _sesoi_p(claim, effect)
@@ -241,7 +260,7 @@ def _rule_p(claim: Claim, effect: Test, vs_control: Test | None) -> tuple[float 
         ae = min(ae if ae is not None else 1.0, ps)
     if vs_control is None:
         return pe, ae, f"effect vs {claim.threshold:g}"
-    pv, av = _side_p(vs_control, 1), _side_p(vs_control, -1)
+    pv, av = _side_p(vs_control, 1, d, 0.0), _side_p(vs_control, -1, d, 0.0)
     if pv is None or av is None:
         return None, None, "no p-value for the effect vs its control"
     how = "rank among the draws" if vs_control.extra.get("decides") == "rank" else "control"
@@ -329,11 +348,11 @@ def verdict(
         return INCONCLUSIVE, (f"the {pct} interval neither lies inside nor wholly beyond "
                               f"{t:g} +/- {claim.margin:g} ({ptxt}){mdt}")  # fmt: skip
     side, other = ("above", "below") if d > 0 else ("below", "above")
-    e_against = _side_p(effect, -1)
+    e_against = _side_p(effect, -1, d, claim.null_value)
     if _short(iv, t, d) and e_against is not None and min(1.0, e_against * k) < ALPHA:
         return NOT_HOLDS, (f"the {pct} interval lies {other} {t:g} (adjusted p = "
                            f"{p_text(min(1.0, e_against * k))})")  # fmt: skip
-    v_against = None if vs_control is None else _side_p(vs_control, -1)
+    v_against = None if vs_control is None else _side_p(vs_control, -1, d, 0.0)
     rank = vs_control is not None and vs_control.extra.get("decides") == "rank"
     if v_against is not None and v_against * k < ALPHA and (rank or (vs is not None and _short(vs, 0.0, d))):  # fmt: skip
         how = (f"its rank among {vs_control.extra.get('draws')} random draws"  # type: ignore[union-attr]
@@ -503,8 +522,6 @@ def _judge(r: dict[str, Any], pa: float | None, k: float, how: str) -> None:
     head = f"({r['variant']}) " if r.get("variant") else ""
     eff = None if r.get("value") is None else Test.from_json(r["value"])
     vs = None if r.get("vs_control") is None else Test.from_json(r["vs_control"])
-    tail = "" if r["p_adjusted"] is None else f", adjusted p = {p_text(r['p_adjusted'])}"
-    r["value_text"] = head + (_text(eff) or "n/a") + tail
     if eff is not None:
         r["value_adjusted"] = eff.at_level(level).to_json()
         r["mde"] = _mde_at(eff, ALPHA / max(1.0, k))
@@ -516,6 +533,9 @@ def _judge(r: dict[str, Any], pa: float | None, k: float, how: str) -> None:
     r["p_deciding"] = _deciding_p(r)
     r["p_deciding_adjusted"] = (None if r["p_deciding"] is None
                                 else min(1.0, r["p_deciding"] * max(1.0, k)))  # fmt: skip
+    pd = r["p_deciding_adjusted"]
+    r["value_text"] = head + (_text(eff) or "n/a") + (
+        "" if pd is None else f", adjusted p = {p_text(pd)}")  # fmt: skip
 
 
 def _deciding_p(row: Mapping[str, Any]) -> float | None:

@@ -131,7 +131,10 @@ def test_mirror_images_get_mirror_verdicts_at_the_adjusted_level():
     up = _family(PRIMARY_UP, [T(0.2, 0.1, 0.3, p=0.001)] + other)[0]
     down = _family(PRIMARY_UP, [T(-0.2, -0.3, -0.1, p=0.001)] + other)[0]
     assert (up["verdict"], down["verdict"]) == (HOLDS, NOT_HOLDS)
-    assert up["p_adjusted"] == down["p_adjusted"] == pytest.approx(0.003)
+    assert up["p_deciding_adjusted"] == down["p_deciding_adjusted"] == pytest.approx(0.003)
+    # each side's own p: the claim's side for +x; for -x the claim's side is 1 (its
+    # two-sided p counts only on the side where its estimate lies)
+    assert (up["p_adjusted"], down["p_adjusted"]) == (pytest.approx(0.003), 1.0)
     assert up["adjustment"]["level"] == down["adjustment"]["level"] == pytest.approx(1 - 0.05 / 3)
     weak = T(-0.1, -0.19, -0.01, p=0.03)  # below 0 at 95%, p = 0.03
     (alone,) = finalize([make_row(PRIMARY_UP, weak)])

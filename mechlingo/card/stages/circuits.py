@@ -47,12 +47,23 @@ from mechlingo.card.stages.base import (
 from mechlingo.card.stages.data import FactScope, scoped_facts
 from mechlingo.core.errors import InputError
 from mechlingo.core.types import Model
-from mechlingo.data import Fact, load_facts
+from mechlingo.data import Fact, load_facts, template_info
 from mechlingo.data.splits import split_facts
 from mechlingo.kernels.significance import Interval
 from mechlingo.scoring.evaluate import DecodeOptions, evaluate_facts
 
-__all__ = ["FULL", "QUICK", "SIZES", "STAGE", "CircuitsBudget", "jaccard_rank_test"]
+__all__ = [
+    "FULL",
+    "QUICK",
+    "SIZES",
+    "STAGE",
+    "CircuitsBudget",
+    "PartCost",
+    "expected_part",
+    "jaccard_rank_test",
+    "plan_sizes",
+    "stage_facts",
+]
 
 #: The circuit sizes tried on dev (the smallest reaching the target is the circuit).
 SIZES = (5, 10, 20, 50, 100, 200, 500, 1000)
@@ -348,48 +359,159 @@ report = data_section("circuits", "fig-circuits", "Same circuit as English (EAP-
 #: the embedded model (one process, 7 December 2026: 60.4 CPU-seconds at 0.1525 s per ranked
 #: item, 396 items; of its time 55% in the dev circuits, 29% in the greedy selection, 16% on
 #: the test pairs): one dev fact's EAP-IG (3 steps) and dev-curve passes (218 items over 24
-#: dev facts), one fact's greedy selection (114 items over 48 facts, dev and test), one test
-#: fact's patched passes (clean, corrupted, each circuit; 63 items over 24 test facts).
+#: dev facts), one scored fact of the greedy selection (114 items over the 121 facts that
+#: run scored, dev and test, until each part had its facts or its pool ran out), one test
+#: pair's patched passes (clean, corrupted, each circuit; 63 items over its 22 test pairs).
+#: A dev fact's cost grows by :data:`PER_STEP` of its 3-step cost with each EAP-IG step:
+#: English's 16 full dev facts (one process, 7 December 2026, 7 timed runs at 1, 3 and 5
+#: steps) took 9.69 + 1.39 x steps CPU-seconds (least squares; slope 95% CI 0.77 to 2.02),
+#: 0.10 of the 3-step cost a step (the rest is the dev curve's patched passes).
 PER_DEV_FACT = 9.1
-PER_SELECTED_FACT = 2.4
-PER_TEST_FACT = 2.6
+PER_STEP = 0.1
+PER_SELECTED_FACT = 0.94
+PER_TEST_FACT = 2.9
+
+
+@dataclass(frozen=True)
+class PartCost:
+    """What one part (a language's dev or test facts) costs in expectation: ``found``, the
+    correctly answered facts it ends with, and ``chunks``, the sizes of the chunks it
+    scores to find them."""
+
+    found: float
+    chunks: tuple[int, ...]
+
+
+def expected_part(n: int, pool: int | None, rate: float) -> PartCost:
+    """The selection of :func:`_correct_first` in expectation: chunks of ``n`` facts of the
+    ``pool`` (at most :data:`SCAN` x ``n`` facts; ``None``: no smaller pool) are scored
+    until ``rate`` x the facts scored reaches ``n``; the part keeps at most ``n``. A rate of
+    1 scores one chunk and finds every fact asked for."""
+    cap = SCAN * n if pool is None else min(SCAN * n, int(pool))
+    chunks: list[int] = []
+    done = 0
+    while done < cap and rate * done < n:
+        chunks.append(min(n, cap - done))
+        done += chunks[-1]
+    return PartCost(min(float(n), rate * done), tuple(chunks))
 
 
 def cost(settings: CardSettings, sizes: Mapping[str, Any], unit: Mapping[str, float]) -> float:
-    """CPU seconds: the dev facts of English and every language (EAP-IG and the dev curve,
-    shared out by pairs under torchrun; the EAP-IG share scales with ``steps``), the greedy
-    selection of every dev and test fact (chunks of at most one batch: under torchrun one
-    process scores each whole) and the test facts of every language but English (their
-    patched passes, which every process runs whole): the parts run whole cost
-    ``processes`` x the per-item seconds (one process's share of sharded scoring)."""
+    """CPU seconds of the facts the stage will use, not the facts its budget asks for.
+
+    The stage keeps the first ``dev_per_lang`` (``test_per_lang``) facts of a language's
+    part that the model answers correctly, scoring chunks of that many until it has them or
+    has scored :data:`SCAN` times as many (or the part's whole pool). What it uses thus
+    depends on the model's greedy accuracy on these prompts, known before the stage runs
+    only as an estimate: ``sizes["circuits"]`` (:func:`plan_sizes`) gives per language the
+    pools and that ``rate``, and :func:`expected_part` the facts found and the chunks
+    scored. Without it every asked fact counts as found in one chunk (the budget as asked:
+    an upper bound on the pairs). The terms: the dev facts of English and every language
+    with at least :data:`MIN_PAIRS` (EAP-IG and the dev curve, shared out by pairs under
+    torchrun; :data:`PER_STEP` more with each EAP-IG step past 3), every fact the greedy
+    selection scores (chunks of at most one batch: under torchrun one process scores each
+    whole) and the test pairs of every language but English with at least
+    :data:`MIN_PAIRS` (their patched passes, which every process runs whole): the parts run
+    whole cost ``processes`` x the per-item seconds (one process's share of sharded
+    scoring)."""
     c = settings.budget.circuits
-    n, p = len(c.langs), processes(sizes)
-    dev = (1 + n) * c.dev_per_lang * PER_DEV_FACT * (int(c.steps) + 2) / 5
-    selected = (1 + n) * _selection_share(c.dev_per_lang, settings.batch(), p) + n * (
-        _selection_share(c.test_per_lang, settings.batch(), p))  # fmt: skip
-    whole = n * c.test_per_lang * PER_TEST_FACT
-    return (dev + selected * PER_SELECTED_FACT + p * whole) * unit.get("rank", 0.0)
+    p = processes(sizes)
+    known = sizes.get("circuits") or {}
+    pools, rates = known.get("pools", {}), known.get("rates", {})
+    dev = whole = selected = 0.0
+    for lang in ("en", *c.langs):
+        pool, rate = pools.get(lang, {}), float(rates.get(lang, 1.0))
+        for part, n in (("dev", c.dev_per_lang), ("test", c.test_per_lang)):
+            if lang == "en" and part == "test":  # English is judged on no test pair
+                continue
+            got = expected_part(int(n), pool.get(part), rate)
+            selected += sum(_selection_share(k, settings.batch(), p) for k in got.chunks)
+            used = got.found if got.found >= MIN_PAIRS else 0.0
+            dev, whole = (dev + used, whole) if part == "dev" else (dev, whole + used)
+    dev_items = dev * PER_DEV_FACT * (1 + PER_STEP * (int(c.steps) - 3))
+    return (dev_items + selected * PER_SELECTED_FACT + p * whole * PER_TEST_FACT) * unit.get(
+        "rank", 0.0
+    )
 
 
 def _selection_share(n: int, batch: int, procs: int) -> float:
-    """The selected facts of a chunk of ``n`` that the busiest process scores, in units of
+    """The scored facts of a chunk of ``n`` that the busiest process scores, in units of
     one process's share of a fact: its ``ceil(batches / procs)`` of the chunk's batches,
     each scored whole (a chunk of fewer batches than processes: one process scores it all)."""
     b = max(1, math.ceil(n / max(1, batch)))
     return n * math.ceil(b / procs) / b * procs
 
 
-def _facts(ctx: Context) -> list[Fact]:
+def plan_sizes(facts: Sequence[Fact] | None, settings: CardSettings, model_name: str | None,
+               metric_data: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """What :func:`cost` reads, known before the stage runs: per language the ``pools``
+    each part selects from (``dev``: its build and dev facts, ``test``: its test facts, as
+    :func:`_parts` splits them) and the ``rates`` at which the model answers them by greedy
+    generation, with ``rate_source``.
+
+    Why these rates: the stage's selection is greedy correctness on its own prompts, so the
+    rate is that accuracy as known before the stage runs, never an outcome of this run's
+    test part. For the user's facts the stage reads the prompts the metric stage already
+    scored on the dev split by greedy generation (``metric_data["counts"]["generate"]``):
+    the dev accuracy per language. For the bundled facts the stage reads the measured stems,
+    not the natural ones the metric stage scored (whose accuracy says nothing of them); their
+    accuracy on the embedded model is stored with them (:func:`mechlingo.data.template_info`:
+    40 facts per relation and language), so it is the rate when ``model_name`` is that model.
+    It reads a little high (each stem was the best of three candidates on those 40 facts), so
+    the estimate errs toward more pairs. Any other case has no rate, and the cost counts the
+    facts asked for. The rates serve the estimate only: no verdict reads them."""
+    c = settings.budget.circuits
+    try:
+        fs = stage_facts(facts, settings)
+    except InputError as err:  # the stage will say so; the estimate counts the budget
+        return {"pools": {}, "rates": {}, "rate_source": f"none: {err}"}
+    split = split_facts(list(fs), tuple(settings.budget.repair.split), "")
+    dev_ids = [*split["build"], *split["dev"]]
+    pools = {lg: {"dev": sum(f.lang == lg for f in dev_ids),
+                  "test": sum(f.lang == lg for f in split["test"])}
+             for lg in ("en", *c.langs)}  # fmt: skip
+    rates: dict[str, float] = {}
+    source = "none: every fact asked for counts as found"
+    if facts is not None:
+        counts = ((metric_data or {}).get("counts") or {}).get("generate") or {}
+        rates = {lg: k / n for lg, (k, n) in counts.items() if lg in pools and n > 0}
+        source = "the metric stage's greedy accuracy on the dev split" if rates else source
+    else:
+        info = template_info()
+        if model_name == info["source"]["model"]:
+            rates = _bundled_rates(info, ("en", *c.langs), c.relations)
+            source = f"the bundled stems' measured accuracy on {model_name}"
+    return {"pools": pools, "rates": rates, "rate_source": source}
+
+
+def _bundled_rates(info: Mapping[str, Any], langs: Sequence[str],
+                   relations: Sequence[str]) -> dict[str, float]:  # fmt: skip
+    """Each language's stored accuracy of its measured stems, averaged over ``relations``
+    (a language without one for every relation gets none)."""
+    out = {}
+    for lg in langs:
+        acc = [(info["templates"].get(r) or {}).get(lg, {}).get("accuracy") for r in relations]
+        if acc and all(a is not None for a in acc):
+            out[lg] = float(sum(acc)) / len(acc)
+    return out
+
+
+def stage_facts(facts: Sequence[Fact] | None, settings: CardSettings) -> list[Fact]:
     """English and the section's languages, the section's relations: the bundled facts with
     their measured stems (a circuit needs facts the model answers; these stems were chosen
-    per language for the embedded model's accuracy), or the user's scoped like the other Lu
-    stages."""
-    c = ctx.settings.budget.circuits
+    per language for the embedded model's accuracy), or the user's ``facts`` scoped like the
+    other Lu stages."""
+    c = settings.budget.circuits
     langs, rels = ["en", *c.langs], list(c.relations)
-    if ctx.facts is None:
+    if facts is None:
         return load_facts(langs=langs, relations=rels, templates="measured")
     scope = FactScope(tuple(langs), tuple(rels))
-    return scoped_facts(ctx.facts, ctx.settings.with_metric("generate"), scope)
+    return scoped_facts(facts, settings.with_metric("generate"), scope)
+
+
+def _facts(ctx: Context) -> list[Fact]:
+    """The facts the stage reads (:func:`stage_facts`)."""
+    return stage_facts(ctx.facts, ctx.settings)
 
 
 def run(ctx: Context) -> dict[str, Any]:

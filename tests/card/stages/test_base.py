@@ -275,6 +275,10 @@ def test_plan_scores_no_test_item(tiny, tmp_path, capsys):
     done = sorted(p.name for p in next(tmp_path.iterdir()).iterdir() if p.is_dir())
     assert done == ["embed_cost", "metric"]  # the dev split and one embedding pass only
     assert plan.inputs["available"]["langs"] == 3 and plan.card_minutes > 0
+    # the circuits stage's pools, and no found rate: the bundled stems were measured on
+    # another model than the tiny one
+    circ = plan.inputs["available"]["circuits"]
+    assert circ["pools"]["en"] == {"dev": 82, "test": 45} and circ["rates"] == {}
 
 
 def test_ranking_under_stacked_conditions_equals_one_call_each(tiny):

@@ -140,3 +140,60 @@ def test_correct_facts_are_found_in_order_within_a_bounded_scan(monkeypatch):
     monkeypatch.setattr(S, "evaluate_facts", none)
     assert S._correct_first(None, facts, 4, cfg) == []
     assert sum(calls) == S.SCAN * 4  # none correct: a bounded scan, not all 40 facts
+
+
+def test_a_part_in_expectation_scores_what_the_selection_scores():
+    # the 1-in-3 case above: chunks of 4 until 4 are found, 12 facts scored
+    assert S.expected_part(4, 40, 1 / 3) == S.PartCost(4.0, (4, 4, 4))
+    # a full test part of 45 facts at 0.4: 24 (9.6 found), then the 21 left (18 found)
+    assert S.expected_part(24, 45, 0.4) == S.PartCost(pytest.approx(18.0), (24, 21))
+    # a rarely answered language: the scan stops at SCAN x 16 = 64 facts, 4.8 found
+    got = S.expected_part(16, 82, 0.075)
+    assert got.chunks == (16, 16, 16, 16) and got.found == pytest.approx(4.8)
+    # every fact answered (or no rate known): one chunk, every fact asked for
+    assert S.expected_part(8, None, 1.0) == S.PartCost(8.0, (8,))
+
+
+def test_the_cost_counts_the_facts_the_stage_will_use():
+    cfg = CardSettings.of(budget_settings("quick"))  # fr, es; 8 dev and 12 test; 3 steps
+    assert cfg.batch() >= 12  # every chunk is one batch
+    pools = {"en": {"dev": 82}, "fr": {"dev": 82, "test": 45}, "es": {"dev": 82, "test": 45}}
+    sizes = {"processes": 1, "circuits": {"pools": pools,
+                                          "rates": {"en": 1.0, "fr": 0.5, "es": 0.25}}}  # fmt: skip
+    unit = {"rank": 0.1}
+    # by hand: en dev one chunk of 8; fr dev 8 + 8, fr test 12 + 12 (12 found); es dev
+    # 4 chunks of 8 (8 found), es test 12 + 12 + 12 + 9 (11.25 found): 125 facts scored,
+    # 24 dev facts, 23.25 test pairs
+    hand = (24 * S.PER_DEV_FACT + 125 * S.PER_SELECTED_FACT + 23.25 * S.PER_TEST_FACT) * 0.1
+    assert S.cost(cfg, sizes, unit) == pytest.approx(hand)
+    # es at 0.05: 1.6 dev facts and 2.25 test pairs, under MIN_PAIRS: only its scan counts
+    low = {**sizes, "circuits": {"pools": pools, "rates": {"en": 1.0, "fr": 0.5, "es": 0.05}}}
+    hand = (16 * S.PER_DEV_FACT + 125 * S.PER_SELECTED_FACT + 12 * S.PER_TEST_FACT) * 0.1
+    assert S.cost(cfg, low, unit) == pytest.approx(hand)
+    # under two processes each chunk (one batch) and each test pair run whole: all but the
+    # shared dev facts double
+    two = S.cost(cfg, {**sizes, "processes": 2}, unit)
+    assert two == pytest.approx(2 * S.cost(cfg, sizes, unit) - 24 * S.PER_DEV_FACT * 0.1)
+    # no rates: every fact asked for found in one chunk (the budget as asked)
+    asked = (24 * S.PER_DEV_FACT + 48 * S.PER_SELECTED_FACT + 24 * S.PER_TEST_FACT) * 0.1
+    assert S.cost(cfg, {"processes": 1}, unit) == pytest.approx(asked)
+
+
+def test_the_planner_knows_the_pools_and_rates_before_the_stage():
+    from mechlingo.data import template_info
+
+    cfg = CardSettings.of(budget_settings("full"))
+    info = template_info()
+    got = S.plan_sizes(None, cfg, info["source"]["model"])
+    # the bundled capital facts split 54 / 28 / 45 per language: dev = build + dev
+    assert got["pools"]["en"] == {"dev": 82, "test": 45} and got["pools"]["ja"]["test"] == 45
+    caps = info["templates"]["capital"]
+    assert got["rates"] == {lg: caps[lg]["accuracy"] for lg in ("en", "fr", "de", "es", "ja")}
+    # the stems' accuracy says nothing of another model: no rate
+    assert S.plan_sizes(None, cfg, "another/model")["rates"] == {}
+    # the user's facts: the metric stage's greedy dev accuracy on them, per language
+    facts = load_facts(langs=["en", "fr", "de", "es", "ja"], relations=["capital"])
+    counts = {"generate": {"en": [9, 10], "fr": [3, 12], "ru": [1, 4]}}
+    mine = S.plan_sizes(facts, cfg, "another/model", {"counts": counts})
+    assert mine["rates"] == {"en": 0.9, "fr": 0.25} and "dev split" in mine["rate_source"]
+    assert mine["pools"]["fr"]["test"] > 0

@@ -1,0 +1,127 @@
+"""The Holm family's own proof: the family-wise error of the card's multiplicity step.
+
+:mod:`mechlingo.card.calibration` judges one row at a time at a fixed multiplier. What a
+card row's multiplier is depends on the other rows of its family: :func:`~mechlingo.card.rules.finalize`
+orders a family by each row's p (the smaller of its claim-side and other-side p), and a row
+whose p is placed too early moves every row after it to a smaller multiplier. This module
+builds whole families of rows as the repair stage builds them (``paired_test`` of the gain,
+``rank_population_test`` of the effect against its own random draws, through
+:func:`~mechlingo.card.rules.make_row`), judges them with the card's own
+:func:`~mechlingo.card.rules.finalize`, and counts the families with at least one wrong
+verdict: ``holds`` on a row whose claim is false, or ``does not hold`` on a row whose claim is
+true. Holm's step-down keeps that rate at or under 0.05 when every row's p is a valid p for
+the side it decides.
+
+The designs are the shape of the card's clamp rows: a primary family of six rows over 24
+documents, whose clamps all move the distances far from 0 (each row's own paired p is
+small) while their rank among the draws is what decides them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mechlingo.card import calibration as cal
+from mechlingo.card import claims as C
+from mechlingo.card.clustered_tests import paired_test
+from mechlingo.card.population import rank_population_test
+from mechlingo.card.rules import ALPHA, HOLDS, NOT_HOLDS, finalize, make_row
+from mechlingo.core.defaults import SEED
+
+__all__ = ["FAMILY_DESIGNS", "FamilyDesign", "family_error", "table_markdown"]
+
+
+@dataclass(frozen=True)
+class FamilyDesign:
+    """One family: ``rows`` tuples of (how many rows, claim true?, random draws each, how far
+    every condition moves the distances down; the rows of a tuple spread it evenly from
+    that to 1.5 times it, so each row's own paired p differs), over ``docs`` documents of 10
+    sentences."""
+
+    name: str
+    rows: tuple[tuple[int, bool, int, float], ...]
+    docs: int = 24
+
+    @property
+    def size(self) -> int:
+        """The rows in the family."""
+        return sum(r[0] for r in self.rows)
+
+
+#: The designs of the family table (24 documents of 10 sentences; every clamp, random or
+#: not, moves the distances down by 0.12 to 0.18, so each row's own paired p is small).
+#: ``one more draw``: each row's clamp is one more random draw (its claim, "beats its
+#: control", is false).
+#: ``undecidable beside nulls``: the card's case, rows whose effect beats every one of
+#: their 20 draws (true, but 1/21 cannot reach a Holm level) beside rows that are one more
+#: draw among 100. ``decidable``: true rows with 200 draws beside null rows (power kept).
+FAMILY_DESIGNS: tuple[FamilyDesign, ...] = (
+    FamilyDesign("one more draw: 6 rows, 100 draws", ((6, False, 100, 0.12),)),
+    FamilyDesign(
+        "undecidable beside nulls: 4 true rows (20 draws), 2 null (100)",
+        ((4, True, 20, 0.12), (2, False, 100, 0.12)),
+    ),  # fmt: skip
+    FamilyDesign(
+        "decidable: 3 true rows, 3 null (200 draws)", ((3, True, 200, 0.12), (3, False, 200, 0.12))
+    ),  # fmt: skip
+)
+
+
+def _rows(rng: np.random.Generator, d: FamilyDesign) -> tuple[list[dict[str, Any]], list[bool]]:
+    """One family's rows as the align stage makes its clamp rows, and whether each row's claim
+    is true: continuous per-sentence distances in documents before and after the clamp and
+    its random clamps (:func:`~mechlingo.card.calibration._sim_population_docs`), every
+    condition moved down by the row's common offset (random clamps move the distances too),
+    the expert clamp one more draw (false) or 0.5 further down (true)."""
+    design = cal.Design("documents", "balanced", (10,) * d.docs)
+    rows, truth = [], []
+    claim = C.CLAMP_CLOSER
+    for n, true, m, gain in d.rows:
+        for off in np.linspace(gain, 1.5 * gain, n):
+            (s,) = cal._sim_population_docs(rng, design, 1, true, m)
+            pre, post, draws = s["arrays"]
+            post, draws = post - off, draws - off
+            vs = rank_population_test(post, draws, s["ids"], base=pre, direction=claim.direction)
+            rows.append(make_row(claim, paired_test(pre, post, s["ids"]), vs_control=vs))
+            truth.append(true)
+    return rows, truth
+
+
+def family_error(d: FamilyDesign, reps: int, seed: int = SEED) -> dict[str, Any]:
+    """The family-wise error of ``reps`` simulated families of design ``d`` judged by
+    :func:`~mechlingo.card.rules.finalize`: the share of families with a wrong verdict
+    (``holds`` on a false claim, ``does not hold`` on a true one), its Monte Carlo SE, the
+    share of true rows that hold (power), and ``ok``: the error at or under 0.05 plus two
+    Monte Carlo SEs."""
+    rng = np.random.default_rng(seed)
+    wrong, held, trues = 0, 0, 0
+    for _ in range(reps):
+        rows, truth = _rows(rng, d)
+        out = finalize(rows)
+        bad = any((r["verdict"] == HOLDS and not t) or (r["verdict"] == NOT_HOLDS and t)
+                  for r, t in zip(out, truth, strict=True))  # fmt: skip
+        wrong += bad
+        held += sum(r["verdict"] == HOLDS for r, t in zip(out, truth, strict=True) if t)
+        trues += sum(truth)
+    rate = wrong / reps
+    se = math.sqrt(max(rate * (1 - rate), 1.0 / reps) / reps)
+    return {"design": d.name, "rows": d.size, "reps": reps, "error": rate, "se": se,
+            "power": None if trues == 0 else held / trues, "ok": rate <= ALPHA + 2 * se}  # fmt: skip
+
+
+def table_markdown(results: Sequence[dict[str, Any]]) -> str:
+    """The family table: design, rows, samples, family-wise error (MC SE), power, bound."""
+    head = ("| family | rows | reps | family-wise error (MC SE) | true rows held | bound |\n"
+            "| --- | --- | --- | --- | --- | --- |\n")  # fmt: skip
+    body = "".join(
+        f"| {r['design']} | {r['rows']} | {r['reps']} | {r['error']:.3f} ({r['se']:.3f}) | "
+        f"{'n/a' if r['power'] is None else format(r['power'], '.3f')} | "
+        f"{'met' if r['ok'] else 'MISSED'} |\n"
+        for r in results
+    )
+    return head + body
