@@ -186,7 +186,7 @@ def test_one_random_draw_cannot_support_holds():
 
 def test_a_permutation_floor_above_the_adjusted_level_names_the_draws_needed():
     """Against 20 draws by rank alone the floor is 1/21 = 0.048: below 0.05 alone, above it in
-    a family of two rows where it has the smaller decision p (Holm multiplier 2: 0.095), where the reason says
+    a family of two rows where it has the smaller deciding p (Holm multiplier 2: 0.095), where the reason says
     that floor(2 / 0.05) = 40 draws are the fewest that could decide the row."""
     from mechlingo.card.stages.experts import rank_test
 
@@ -196,11 +196,16 @@ def test_a_permutation_floor_above_the_adjusted_level_names_the_draws_needed():
     (alone,) = finalize([make_row(PRIMARY_UP, strong, vs_control=vs)])
     assert alone["verdict"] == HOLDS and alone["p_adjusted"] == pytest.approx(1 / 21)
     two = finalize([make_row(PRIMARY_UP, strong, vs_control=vs),
-                    make_row(PRIMARY_UP, T(0.2, 0.1, 0.3, p=0.01))])  # fmt: skip
+                    make_row(PRIMARY_UP, T(0.2, -0.1, 0.5, p=0.3))])  # fmt: skip
     assert two[0]["verdict"] == INCONCLUSIVE
     assert two[0]["p_adjusted"] == pytest.approx(2 / 21)
     assert "at least 0.0476 (0.0952 adjusted)" in two[0]["reason"]
     assert "undecidable at this budget: needs 40 draws" in two[0]["reason"]
+    # beside a row with a smaller p (0.01), Holm's step-down rejects both: 0.01 * 2 and 1/21
+    both = finalize([make_row(PRIMARY_UP, strong, vs_control=vs),
+                     make_row(PRIMARY_UP, T(0.2, 0.1, 0.3, p=0.01))])  # fmt: skip
+    assert [r["verdict"] for r in both] == [HOLDS, HOLDS]
+    assert both[0]["adjustment"]["multiplier"] == pytest.approx(1.0)
 
 
 def test_secondary_rows_do_not_change_primary_verdicts():
