@@ -25,6 +25,7 @@ from mechlingo.card.calibration import ROW_TYPES, run_row, table_markdown
 BEGIN, END = "<!-- calibration table -->", "<!-- end of the calibration table -->"
 WILD_BEGIN, WILD_END = "<!-- wild bootstrap table -->", "<!-- end of the wild bootstrap table -->"
 FAMILY_BEGIN, FAMILY_END = "<!-- family table -->", "<!-- end of the family table -->"
+SUBJ_BEGIN, SUBJ_END = "<!-- subjects table -->", "<!-- end of the subjects table -->"
 
 
 def _task(args: tuple[int, int, int, tuple[float, ...], int]) -> list[dict[str, Any]]:
@@ -95,6 +96,31 @@ def family(a: argparse.Namespace) -> int:
     return 0 if all(r["ok"] for r in results) else 1
 
 
+def subjects(a: argparse.Namespace) -> int:
+    """The coverage of the rows over facts clustered by fact id and by subject on facts whose
+    subjects are shared across relations (:mod:`mechlingo.card.calibration_subjects`),
+    printed and with ``--write`` put between the page's subjects markers."""
+    from mechlingo.card.calibration_subjects import (
+        SUBJECT_DESIGNS,
+        compare_subjects,
+        table_markdown,
+    )
+
+    start = time.perf_counter()
+    with ProcessPoolExecutor(max(1, a.jobs)) as pool:
+        futs = [pool.submit(compare_subjects, *d, a.subjects, seed=a.seed) for d in SUBJECT_DESIGNS]
+        results = [f.result() for f in futs]
+    took = time.perf_counter() - start
+    table = table_markdown(results) + (f"\n{len(results)} designs, {took / 60:.1f} min with "
+                                       f"{a.jobs} process(es), seed {a.seed}\n")  # fmt: skip
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=1), encoding="utf-8")
+    if a.write and not _splice(a.write, SUBJ_BEGIN, SUBJ_END, lambda old: table):
+        return 2
+    print(table)
+    return 0
+
+
 def _splice(path: Path, begin: str, end: str, body: Callable[[str], str]) -> bool:
     """Write ``body(old)`` between the ``begin`` and ``end`` markers of ``path`` (``old``: what
     stands between them now); False, with one line on stderr, when a marker is missing."""
@@ -134,11 +160,21 @@ def main(argv: list[str] | None = None) -> int:
         metavar="REPS",
         help="instead: the family-wise error of whole Holm families, REPS families per design",
     )
+    ap.add_argument(
+        "--subjects",
+        type=int,
+        default=0,
+        metavar="REPS",
+        help="instead: the coverage of the rows over facts clustered by fact id and by "
+        "subject, on facts sharing subjects across relations, REPS samples each",
+    )
     a = ap.parse_args(argv)
     if a.wild:
         return wild(a)
     if a.family:
         return family(a)
+    if a.subjects:
+        return subjects(a)
     ks = tuple(float(x) for x in a.k.split(","))
     only = None if a.rows is None else set(a.rows.split(","))
     tasks = [(i, j, a.boot_reps if r.name.startswith("bootstrap") else a.reps, ks, a.seed)

@@ -1,6 +1,7 @@
 """Each repair test item's outcomes under a condition: strict and lenient (format-control)
 correctness, the gold answer's log-probability share, and the keys that cluster items (the
-fact id; the subject shared across relations).
+fact id; the subject shared across relations, which clusters the rows over facts:
+:func:`item_clusters`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,16 @@ from mechlingo.data import Fact
 from mechlingo.scoring.share import gold_logshare as _gold_logshare
 from mechlingo.scoring.share import gold_share
 
-__all__ = ["condition_outcomes", "gold_share", "item_records", "lenient_match", "subject_keys"]
+__all__ = [
+    "clustered_by",
+    "condition_outcomes",
+    "gold_share",
+    "item_clusters",
+    "item_records",
+    "lenient_match",
+    "subject_keys",
+    "subject_of",
+]
 
 
 def _loose(text: str) -> str:
@@ -75,7 +85,7 @@ def subject_keys(facts: Sequence[Fact]) -> dict[str, str]:
     English subject); ``{}`` when no subject is shared across relations."""
 
     def key(f: Fact) -> str:
-        return f.id.split("/", 1)[1] if "/" in f.id else (f.subject_en or f.id)
+        return subject_of(f.id) if "/" in f.id else (f.subject_en or f.id)
 
     rels: dict[str, set[str]] = {}
     for f in facts:
@@ -83,6 +93,40 @@ def subject_keys(facts: Sequence[Fact]) -> dict[str, str]:
     if not any(len(v) > 1 for v in rels.values()):
         return {}
     return {f.id: key(f) for f in facts}
+
+
+def subject_of(fact_id: str) -> str:
+    """The subject key of a fact id, the rule of :func:`subject_keys`: the part after the
+    first ``/`` (``capital/IT`` -> ``IT``); an id without ``/`` is its own key."""
+    return fact_id.split("/", 1)[1] if "/" in fact_id else fact_id
+
+
+def item_clusters(ids: Sequence[str], subjects: Mapping[str, str] | None = None) -> list[str]:
+    """The cluster of each item of a row over facts: its fact's subject, so that the facts of
+    several relations on one subject (``capital/IT``, ``language/IT``) are resampled together.
+
+    Args:
+        ids: each item's fact id (a fact's languages are items of one fact).
+        subjects: the ``{fact id: subject}`` map a stage stored (:func:`subject_keys`; ``{}``:
+            no subject shared across relations); ``None`` (a result stored without one): each
+            id's :func:`subject_of`.
+
+    Returns:
+        The subject of each item; the fact ids themselves (as before subjects) when no two of
+        the row's facts share a subject: the same clusters, the same numbers.
+    """
+    ids = [str(i) for i in ids]
+    if subjects is not None and not subjects:
+        return ids
+    keys = [subjects.get(i, subject_of(i)) if subjects else subject_of(i) for i in ids]
+    return ids if len(set(keys)) == len(set(ids)) else keys
+
+
+def clustered_by(ids: Sequence[str], clusters: Sequence[str]) -> str:
+    """How a row over facts is clustered, in words: ``"clustered by fact"``, or
+    ``"clustered by subject (20 subjects of 48 facts)"`` when facts share a subject."""
+    f, g = len(set(ids)), len(set(clusters))
+    return "clustered by fact" if f == g else f"clustered by subject ({g} subjects of {f} facts)"
 
 
 def item_records(results: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:

@@ -144,7 +144,12 @@ RULES = {
     "by simulation in docs/calibration.md); effect - control against a population adds the "
     "between-draw variance (Satterthwaite df); rank statistics and medians: cluster bootstrap "
     "percentile intervals widened by t_df / z * sqrt(G / (G - 1))",
-    "clusters": "items of one fact (its languages) or the sentences of one document move together",
+    "clusters": "the items of one subject move together: a fact in all its languages and "
+    "the facts of other relations on that subject (capital/IT, language/IT and currency/IT "
+    "are one cluster), in every row over the card's facts, also where a rule says "
+    "'clustered by fact' (each fact is its own cluster where no subject is shared across "
+    "relations, and in the external rows, whose benchmark ids number rows, not subjects); "
+    "the sentences of one document move together",
     "floor": "not testable here (floor): a 0/1 outcome sits at its floor (the baseline and "
     "every condition at 0 successes on the row's items); never holds",
     "missing control": "a row whose control is missing (named in the row) cannot hold",

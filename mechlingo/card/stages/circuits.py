@@ -8,7 +8,7 @@ is the smallest top-n of :data:`SIZES` whose dev faithfulness reaches ``target``
 test pairs the stage stores per fact the readout with only the English circuit clean (and
 only L's own), the clean and the corrupted readout. The row (:func:`rows_circuits`, one per
 language) is the English circuit's faithfulness there (ratio of sums, CR2 delta-method
-interval clustered by fact) against :data:`~mechlingo.card.claims.SAME_MECHANISM_SHARE`, with
+interval clustered by subject) against :data:`~mechlingo.card.claims.SAME_MECHANISM_SHARE`, with
 the edge Jaccard of the two dev circuits against ``draws`` size-matched random circuits as
 its control (rank p). The rule and why: ``docs/replicate.md`` ("The verdict rules").
 """
@@ -33,6 +33,7 @@ from mechlingo.analyses.circuits.runs import readout_fn
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
 from mechlingo.card.clustered_tests import Test, ratio_test
+from mechlingo.card.repair_items import clustered_by, item_clusters
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Budget,
@@ -292,8 +293,9 @@ def rows_circuits(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         t = d["test"]
         clean, corr = np.asarray(t["clean"]), np.asarray(t["corrupted"])
         den = clean - corr
-        eff = ratio_test(np.asarray(t["english"]) - corr, den, t["ids"], null=claim.threshold)
-        own = ratio_test(np.asarray(t["own"]) - corr, den, t["ids"], null=claim.threshold)
+        cl = item_clusters(t["ids"])
+        eff = ratio_test(np.asarray(t["english"]) - corr, den, cl, null=claim.threshold)
+        own = ratio_test(np.asarray(t["own"]) - corr, den, cl, null=claim.threshold)
         vs = jaccard_rank_test(float(d["jaccard"]), d["null"])
         details = (
             f"{lang}: the English dev circuit ({d['dev_en']['n_edges']} edges, dev "
@@ -301,7 +303,7 @@ def rows_circuits(data: Mapping[str, Any]) -> list[dict[str, Any]]:
             f"{d['dev_en']['n']} facts) on {len(t['ids'])} {lang} test pairs; {lang}'s own dev "
             f"circuit ({d['dev']['n_edges']} edges) there: {own.estimate.format(2)}; edge "
             f"Jaccard of the two dev circuits {d['jaccard']:.3f} (random circuits "
-            f"{vs.extra['null_mean']:.3f}, rank p {vs.p:.3g}); clustered by fact"
+            f"{vs.extra['null_mean']:.3f}, rank p {vs.p:.3g}); {clustered_by(t['ids'], cl)}"
         )
         if not eff.estimate.defined and eff.estimate.estimate is None:
             rows.append(make_row(claim, None, untestable=f"{lang}: the clean and corrupted "

@@ -16,6 +16,7 @@ from mechlingo.analyses.recall.patching.readouts import fact_readouts
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
 from mechlingo.card.clustered_tests import mean_test, paired_test
+from mechlingo.card.repair_items import clustered_by, item_clusters
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Budget,
@@ -114,11 +115,13 @@ def rows_conversion(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     if len(band) < 2:
         return [make_row(claim, None, untestable="no language with a conversion band and two "
                          "prompt pairs (" + "; ".join(per) + ")")]  # fmt: skip
-    eff = mean_test(band, ids)
-    c = mean_test(ctl, ids)
-    vs = paired_test(ctl, band, ids)
+    cl = item_clusters(ids)  # a fact's languages, and facts sharing a subject, move together
+    eff = mean_test(band, cl)
+    c = mean_test(ctl, cl)
+    vs = paired_test(ctl, band, cl)
+    by = "" if cl == ids else f"; {clustered_by(ids, cl)}"
     return [make_row(claim, eff, control=c, vs_control=vs, details="restored log-probability "
-                     "of the L answer per site (nats); " + "; ".join(per))]  # fmt: skip
+                     "of the L answer per site (nats); " + "; ".join(per) + by)]  # fmt: skip
 
 
 def _trace(checkpoints: Checkpoints) -> Mapping[str, Any]:

@@ -21,6 +21,7 @@ from mechlingo.analyses.decoders.registry import DecoderSpec, decoder_specs, def
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
 from mechlingo.card.clustered_tests import mean_test
+from mechlingo.card.repair_items import clustered_by, item_clusters
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Budget,
@@ -116,7 +117,8 @@ def stage_decoders(model: Model, facts: list[Fact], trace: Mapping[str, Any] | N
 
 def rows_decoders(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One latent-English row per decoder with a claim (``latent_english_NAME``): the share
-    of ordered prompts where English comes first, clustered by fact, against 0.5. The logit
+    of ordered prompts where English comes first, clustered by subject (the fact id where no
+    subject is shared across relations), against 0.5. The logit
     lens is ``latent_english``'s own measurement (the trace records): no second row."""
     rows = []
     claims = {c.id: c for c in C.CLAIMS}
@@ -133,7 +135,9 @@ def rows_decoders(data: Mapping[str, Any]) -> list[dict[str, Any]]:
             rows.append(make_row(claim, None, untestable="no prompt where the English or the L "
                                  "answer becomes decodable with distinct words"))  # fmt: skip
             continue
-        t = mean_test([float(x["en_first"]) for x in items], [x["id"] for x in items], null=0.5)
+        ids = [x["id"] for x in items]
+        cl = item_clusters(ids)
+        t = mean_test([float(x["en_first"]) for x in items], cl, null=0.5)
         per = {}
         for x in items:
             per.setdefault(x["lang"], []).append(x["en_first"])
@@ -142,7 +146,8 @@ def rows_decoders(data: Mapping[str, Any]) -> list[dict[str, Any]]:
             make_row(
                 claim,
                 t,
-                details=f"English first per language: {txt}",
+                details=f"English first per language: {txt}"
+                + ("" if cl == ids else f"; {clustered_by(ids, cl)}"),
                 extra={"per_lang": {lg: [sum(v), len(v)] for lg, v in per.items()}},
             )
         )

@@ -117,7 +117,9 @@ def _population(data: Mapping[str, Any], cond: str) -> list[str]:
 
 def rows_external(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Each vector's gain on the benchmark in its judged outcome (:func:`external_outcome`),
-    against its own condition's random population (its rank among the draws)."""
+    against its own condition's random population (its rank among the draws); clustered by
+    fact id: a benchmark's ids number its rows within a relation (``P17/0``), so the key after
+    the relation names no subject and facts of two relations sharing it are unrelated."""
     if "untestable" in data:
         return [make_row(c, None, untestable=data["untestable"])
                 for c in (C.EXTERNAL_TASK, C.EXTERNAL_DIFF, C.EXTERNAL_BOTH)]  # fmt: skip
@@ -140,7 +142,7 @@ def rows_external(data: Mapping[str, Any]) -> list[dict[str, Any]]:
             details=f"outcome: {name}; {len(set(ids))} benchmark facts, metric {data['metric']}; "
             f"vectors and configuration from the card's facts; control: {len(pop)} random "
             f"vectors at the layer and scale of '{cond}'",
-            extra={"outcome": name, **logprob_extra(logprob_gain(items, cond))},
+            extra={"outcome": name, **logprob_extra(logprob_gain(items, cond, subjects={}))},
         ))  # fmt: skip
     return rows
 

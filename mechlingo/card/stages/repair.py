@@ -2,8 +2,10 @@
 (the dev search, and test with a population of norm-matched random vectors per condition:
 random task, random diff, random both), and the rows of its test items: the two vectors, the lowest language (literal and headroom rules), the
 random-vector null, the English gap, consistency, the own failure class and both against the
-better single vector. Each item stores its cluster id (the fact id: one fact in several
-languages is one cluster); the rows read only the stored result."""
+better single vector. Each item stores its fact id, and the result the subject of each fact
+(``subjects``); the rows cluster the items by subject (one fact in several languages, and the
+facts of several relations on one subject, are one cluster; the fact id where no subject is
+shared across relations) and read only the stored result."""
 
 from __future__ import annotations
 
@@ -30,7 +32,9 @@ from mechlingo.card.clustered_tests import (
 )
 from mechlingo.card.population import pool_controls
 from mechlingo.card.repair_items import (
+    clustered_by,
     condition_outcomes,
+    item_clusters,
     item_records,
     subject_keys,
 )
@@ -48,6 +52,7 @@ from mechlingo.card.stages.base import (
 from mechlingo.card.stages.data import repair_split, vector_facts
 from mechlingo.card.stages.repair_controls import (  # noqa: F401  (the stage's rows, re-exported)
     OUTCOME_NAMES,
+    cluster_note,
     outcome_key,
     repair_floor,
     rows_lowest,
@@ -151,10 +156,12 @@ def paired_values(items: Mapping[str, list[dict]], a: str, b: str, key: str = "c
 
 
 def logprob_gain(items: Mapping[str, list[dict]], cond: str,
-                 langs: Sequence[str] | None = None) -> Test | None:  # fmt: skip
-    """The paired, fact-clustered gain of the gold log-share of ``cond`` over ``orig`` on the
-    non-English items (only those of ``langs`` when given); rank only (``None`` otherwise).
-    Random conditions are pooled over seeds first."""
+                 langs: Sequence[str] | None = None,
+                 subjects: Mapping[str, str] | None = None) -> Test | None:  # fmt: skip
+    """The paired, subject-clustered gain of the gold log-share of ``cond`` over ``orig`` on
+    the non-English items (only those of ``langs`` when given); rank only (``None``
+    otherwise). Random conditions are pooled over seeds first. ``subjects``:
+    :func:`~mechlingo.card.repair_items.item_clusters`' (``{}``: by fact id)."""
     if not items.get("orig") or items["orig"][0].get("logshare") is None:
         return None
     if langs is not None:
@@ -168,14 +175,15 @@ def logprob_gain(items: Mapping[str, list[dict]], cond: str,
         if not runs:
             return None
         base, _, ids = runs[0]
-        return paired_test(base, pool_controls([r[1] for r in runs]), ids)
+        return paired_test(base, pool_controls([r[1] for r in runs]), item_clusters(ids, subjects))
     if cond not in items:
         return None
     base, new, ids = paired_values(items, "orig", cond, "logshare")
-    return paired_test(base, new, ids) if base else None
+    return paired_test(base, new, item_clusters(ids, subjects)) if base else None
 
 
-def _row_gap(items: Mapping[str, list[dict]]) -> dict[str, Any]:
+def _row_gap(items: Mapping[str, list[dict]],
+             subjects: Mapping[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     """English minus each other language on the same facts (test, no intervention)."""
     en = {r["id"]: float(r["correct"]) for r in items["orig"] if r["lang"] == "en"}
     pairs = [(float(r["correct"]), en[r["id"]], r["id"]) for r in items["orig"]
@@ -184,9 +192,11 @@ def _row_gap(items: Mapping[str, list[dict]]) -> dict[str, Any]:
     if not pairs:
         return make_row(claim, None, untestable="no test fact in English and another language")
     base, new, ids = (list(x) for x in zip(*pairs, strict=True))
-    t = paired_test(base, new, ids)
+    cl = item_clusters(ids, subjects)
+    t = paired_test(base, new, cl)
     return make_row(claim, t, details=f"English accuracy {np.mean(new):.3f} vs the others' "
-                    f"{np.mean(base):.3f} on the same {len(set(ids))} facts")  # fmt: skip
+                    f"{np.mean(base):.3f} on the same {len(set(ids))} facts"
+                    + cluster_note(ids, cl))  # fmt: skip
 
 
 def _consistency_values(items: Mapping[str, list[dict]], cond: str) -> tuple[dict, str]:
@@ -250,7 +260,8 @@ def _clc_table(items: Mapping[str, list[dict]], both: str, keys: Sequence[tuple]
     return np.array(rows, dtype=float)
 
 
-def row_consistency(items: Mapping[str, list[dict]], both: str) -> dict[str, Any]:
+def row_consistency(items: Mapping[str, list[dict]], both: str,
+                    subjects: Mapping[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     """The consistency row: the gain of consistency with English under ``both`` (RankC per
     fact and language under ``rank``, else the CLC change beyond what accuracy alone gives)."""
     claim = C.CONSISTENCY
@@ -262,21 +273,24 @@ def row_consistency(items: Mapping[str, list[dict]], both: str) -> dict[str, Any
                         "language under both conditions")  # fmt: skip
     ids = [k[0] for k in keys]
     if name == "RankC":
-        return _rankc_net(claim, items, both, keys, pre, post)
+        return _rankc_net(claim, items, both, keys, pre, post, subjects)
     else:
         a = _clc_table(items, both, keys)
-        t = cluster_bootstrap(a, ids, clc_excess, method="CLC (Jaccard with English) after "
+        cl = item_clusters(ids, subjects)
+        t = cluster_bootstrap(a, cl, clc_excess, method="CLC (Jaccard with English) after "
                               "minus before, minus the change accuracy alone gives")  # fmt: skip
         txt = (f"CLC (Jaccard of the right answers with English's) change "
                f"{_clc(a[:, 2:4]) - _clc(a[:, :2]):+.3f}, of which accuracy "
                f"alone (independent answers) {_clc_null(a, 1) - _clc_null(a, 0):+.3f}")  # fmt: skip
     return make_row(claim, t, details=f"{name}: {txt}; 'both' vs no intervention on "
-                    f"{len(set(ids))} test facts", extra={"consistency": name})  # fmt: skip
+                    f"{len(set(ids))} test facts{cluster_note(ids, cl)}",
+                    extra={"consistency": name})  # fmt: skip
 
 
 def _rankc_net(claim: Claim, items: Mapping[str, list[dict]], both: str,
                keys: Sequence[tuple[str, str]], pre: Mapping[tuple[str, str], float],
-               post: Mapping[tuple[str, str], float]) -> dict[str, Any]:  # fmt: skip
+               post: Mapping[tuple[str, str], float],
+               subjects: Mapping[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     """The RankC change net of accuracy: the paired RankC change on the (fact, language)
     items whose correctness in L and in English is the same before and after (an item that
     became right moves its ranking toward English's by that alone); the raw change beside."""
@@ -295,16 +309,19 @@ def _rankc_net(claim: Claim, items: Mapping[str, list[dict]], both: str,
     if not same:
         why = "every item's correctness changes: no consistency change net of accuracy"
         return make_row(claim, None, untestable=why, details=txt, extra=extra)
-    t = paired_test([pre[k] for k in same], [post[k] for k in same], [k[0] for k in same])
-    return make_row(claim, t, details=f"{txt}; 'both' vs no intervention", extra=extra)
+    ids = [k[0] for k in same]
+    cl = item_clusters(ids, subjects)
+    t = paired_test([pre[k] for k in same], [post[k] for k in same], cl)
+    return make_row(claim, t, details=f"{txt}; 'both' vs no intervention{cluster_note(ids, cl)}",
+                    extra=extra)  # fmt: skip
 
 
 def _row_own_failure(items: Mapping[str, list[dict]], classes: Mapping[str, str] | None,
-                     claim: Claim, cond: str, rival: str, own: str,
-                     other: str) -> dict[str, Any]:  # fmt: skip
+                     claim: Claim, cond: str, rival: str, own: str, other: str,
+                     subjects: Mapping[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     """A difference in differences: ``cond``'s gain minus the ``rival`` vector's gain on the
     ``own`` failure class, minus the same on the ``other`` class (classes from the tracer on
-    the unsteered model, test items; CR2 by fact). A class that every vector fixes alike
+    the unsteered model, test items; CR2 by subject). A class that every vector fixes alike
     (the fixable items) shows no difference."""
     if not classes:
         return make_row(claim, None, untestable="no tracer classes of the test items (the "
@@ -321,7 +338,8 @@ def _row_own_failure(items: Mapping[str, list[dict]], classes: Mapping[str, str]
         return make_row(claim, None, untestable=f"too few test items of each class ({own}: "
                         f"{n_own}, {other}: {n_other}; at least 2 each)")  # fmt: skip
     diff = [a - b for a, b in zip(new, rv, strict=True)]  # cond's gain minus the rival's
-    t = group_difference_test(diff, groups, ids, own, other)
+    cl = item_clusters(ids, subjects)
+    t = group_difference_test(diff, groups, cl, own, other)
 
     def gain(x: Sequence[float], cls: str) -> float:
         return float(np.mean([b - a for a, b, c in zip(base, x, groups, strict=True) if c == cls]))
@@ -329,23 +347,24 @@ def _row_own_failure(items: Mapping[str, list[dict]], classes: Mapping[str, str]
     return make_row(claim, t, details=f"gain on {n_own} {own} items: {cond} "
                     f"{gain(new, own):+.3f}, {rival} {gain(rv, own):+.3f}; on {n_other} {other} "
                     f"items: {cond} {gain(new, other):+.3f}, {rival} {gain(rv, other):+.3f}; "
-                    "difference in differences, clustered by fact")  # fmt: skip
+                    f"difference in differences, {clustered_by(ids, cl)}")  # fmt: skip
 
 
-def _row_both_better(items: Mapping[str, list[dict]], best_single: str | None,
-                     both: str) -> dict[str, Any]:  # fmt: skip
+def _row_both_better(items: Mapping[str, list[dict]], best_single: str | None, both: str,
+                     subjects: Mapping[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     claim = C.BOTH_BEAT_SINGLE
     single = best_single if best_single in ("task", "diff") else "task"
     base, new, ids = paired_values(items, single, both)
     if not base:
         return make_row(claim, None, untestable="no test items")
-    t = paired_test(base, new, ids)
+    cl = item_clusters(ids, subjects)
+    t = paired_test(base, new, cl)
     lp = None
     if items["orig"] and items["orig"][0].get("logshare") is not None:
         b2, n2, i2 = paired_values(items, single, both, "logshare")
-        lp = paired_test(b2, n2, i2)
+        lp = paired_test(b2, n2, item_clusters(i2, subjects))
     return make_row(claim, t, details=f"'{both}' vs the better single vector on dev "
-                    f"('{single}')", extra=logprob_extra(lp))  # fmt: skip
+                    f"('{single}'){cluster_note(ids, cl)}", extra=logprob_extra(lp))  # fmt: skip
 
 
 def logprob_extra(t: Test | None) -> dict[str, Any]:
@@ -361,12 +380,13 @@ def rows_repair_extra(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     both = "both_pair" if "both_pair" in items else "both"
     classes = data.get("classes")
     sweep = data.get("sweep") or {}
+    subjects = data.get("subjects")
     return [
-        _row_gap(items),
-        row_consistency(items, both),
+        _row_gap(items, subjects),
+        row_consistency(items, both, subjects),
         _row_own_failure(items, classes, C.TASK_REPAIRS_RECALL, "task", "diff",
-                         "recall_failure", "translation_failure"),
-        _row_both_better(items, sweep.get("best_single"), both),
+                         "recall_failure", "translation_failure", subjects),
+        _row_both_better(items, sweep.get("best_single"), both, subjects),
     ]  # fmt: skip
 
 
@@ -382,7 +402,7 @@ def attach_logprob(rows: list[dict[str, Any]], data: Mapping[str, Any]) -> None:
         langs = row.get("langs") if row.get("id") == "lowest_language" else None
         if row.get("id") == "lowest_language" and not langs:
             continue
-        t = logprob_gain(items, cond, langs) if cond else None
+        t = logprob_gain(items, cond, langs, data.get("subjects")) if cond else None
         if t is not None:
             row["logprob_gain"] = t.to_json()
             row["details"] = (row.get("details") or "") + (

@@ -23,6 +23,7 @@ from mechlingo.card.population import (
     population_gain_test,
     rank_population_test,
 )
+from mechlingo.card.repair_items import clustered_by, item_clusters
 from mechlingo.card.rules import make_row
 
 __all__ = ["NO_BASELINE", "OUTCOME_NAMES", "draws", "outcome_key", "population_conditions",
@@ -54,6 +55,18 @@ def pooled(data: Mapping[str, Any], langs: Sequence[str], cond: str, key: str = 
 
 def item_ids(data: Mapping[str, Any], langs: Sequence[str]) -> list[str]:
     return [i for lg in langs for i in data["ids"].get(lg, [])]
+
+
+def subject_clusters(data: Mapping[str, Any], ids: Sequence[str]) -> list[str]:
+    """The clusters of the items ``ids``: their facts' subjects by the stage's stored
+    ``subjects`` map (derived from the ids in a result stored without one):
+    :func:`~mechlingo.card.repair_items.item_clusters`."""
+    return item_clusters(ids, data.get("subjects"))
+
+
+def cluster_note(ids: Sequence[str], clusters: Sequence[str]) -> str:
+    """``"; clustered by subject (...)"`` when the row's facts share subjects, else ``""``."""
+    return "" if list(clusters) == list(ids) else f"; {clustered_by(ids, clusters)}"
 
 
 def population_conditions(data: Mapping[str, Any], cond: str | None = None) -> list[str]:
@@ -99,17 +112,19 @@ def repair_floor(data: Mapping[str, Any], langs: Sequence[str], key: str = "outc
 def rows_repair(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The two vectors (effect; the random population's gain; effect against the population:
     its rank, exact permutation p), the lowest language in four readings and the
-    random-vector null (the population's gain, equivalence), clustered by fact id."""
+    random-vector null (the population's gain, equivalence), clustered by subject (the
+    fact id where no subject is shared across relations: :func:`subject_clusters`)."""
     s = data["summary"]
     key = outcome_key(data)
     langs = sorted(lg for lg in data["outcomes"]["orig"] if lg != "en")
-    ids = item_ids(data, langs)
+    fact_ids = item_ids(data, langs)
+    ids = subject_clusters(data, fact_ids)
     base = pooled(data, langs, "orig", key)
     floor = repair_floor(data, langs, key)
     sel = s.get("selected")
     note = (f"outcome: {OUTCOME_NAMES[key]}; selected on dev: {sel} ({s['dev_effect']}); "
             f"config {s['config']}; ids build/dev/test {data['n_ids']}; {len(ids)} items, "
-            f"{len(set(ids))} facts")  # fmt: skip
+            f"{len(set(fact_ids))} facts{cluster_note(fact_ids, ids)}")  # fmt: skip
     rows = []
     extra = {"outcome": OUTCOME_NAMES[key]}
     for claim, cond in ((C.TASK_VECTOR, "task"), (C.DIFF_VECTOR, "diff")):
@@ -125,7 +140,8 @@ def rows_repair(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows.append(make_row(c, population_gain_test(base, pop, ids, null=c.null_value),
                          floor=floor, details=f"outcome: {OUTCOME_NAMES[key]}; {len(pop)} "
                          f"random vectors matched to '{sel}': their mean gain, with the "
-                         "between-draw variance (n = items)", extra=extra))  # fmt: skip
+                         "between-draw variance (n = items)" + cluster_note(fact_ids, ids),
+                         extra=extra))  # fmt: skip
     return rows
 
 
@@ -166,7 +182,8 @@ def _lowest_row(data: Mapping[str, Any], claim: Claim, langs: list[str], rule: s
         why = ("no headroom: no non-English language's dev few-shot accuracy beats zero-shot "
                f"(McNemar p < {low.get('p_threshold', 0.1):g})")  # fmt: skip
         return make_row(claim, None, untestable=why, details=details, extra=extra)
-    ids, key = item_ids(data, langs), outcome_key(data)
+    fact_ids, key = item_ids(data, langs), outcome_key(data)
+    ids = subject_clusters(data, fact_ids)
     base, both, pop = (
         pooled(data, langs, "orig", key),
         pooled(data, langs, both_condition(data), key),
@@ -174,7 +191,8 @@ def _lowest_row(data: Mapping[str, Any], claim: Claim, langs: list[str], rule: s
     )
     extra = {**extra, "outcome": OUTCOME_NAMES[key]}
     details += (f"; outcome {OUTCOME_NAMES[key]}: orig {sum(base):.3g} of {len(base)}, "
-                f"{both_condition(data)} {sum(both):.3g}; {_population_text(data, 'both')}")  # fmt: skip
+                f"{both_condition(data)} {sum(both):.3g}; {_population_text(data, 'both')}"
+                + cluster_note(fact_ids, ids))  # fmt: skip
     floor = repair_floor(data, langs, key)
     if floor:
         return make_row(claim, None, floor=floor, details=details, extra=extra)

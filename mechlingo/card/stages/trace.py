@@ -13,6 +13,7 @@ from mechlingo.analyses.recall.trace import trace_recall
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
 from mechlingo.card.clustered_tests import mean_test, paired_test
+from mechlingo.card.repair_items import clustered_by, item_clusters
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Budget,
@@ -64,7 +65,9 @@ def _first(x: int, a: int) -> bool:
 
 
 def rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """``latent_english`` and ``recall_failures``: 0/1 shares against 1/2, clustered by fact.
+    """``latent_english`` and ``recall_failures``: 0/1 shares against 1/2, clustered by
+    subject (:func:`~mechlingo.card.repair_items.item_clusters` of the records' fact ids:
+    the fact id where no subject is shared across relations).
 
     ``latent_english`` reads the English-first share on the queries where the English or the
     L answer is decodable (distinct words, no tie); its control, the mismatched fact's
@@ -88,13 +91,14 @@ def rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
             ctl.append(float(_first(m, a)))
             pair_ids.append(r["id"])
     c1 = C.LATENT_ENGLISH
-    t1 = mean_test(order, ids, null=c1.null_value) if order else None
+    cl, pair_cl = item_clusters(ids), item_clusters(pair_ids)
+    t1 = mean_test(order, cl, null=c1.null_value) if order else None
     vs = c = None
     missing = ("the trace records have no first_mismatch_en_layer: the mismatched-fact control "
                "(another fact's English answer under the same decoder) is missing")  # fmt: skip
     if has_ctl and order:
-        c = mean_test(ctl, pair_ids, null=c1.null_value)
-        vs, missing = paired_test(ctl, real, pair_ids), ""
+        c = mean_test(ctl, pair_cl, null=c1.null_value)
+        vs, missing = paired_test(ctl, real, pair_cl), ""
     row1 = make_row(
         c1, t1, c, vs_control=vs, missing_control=missing or None,
         untestable=None if order else "no non-English query whose English or L answer "
@@ -103,7 +107,7 @@ def rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         + (f"; on the {len(real)} queries where the English, the mismatched English or the L "
            f"answer is decodable: English first {int(sum(real))}, mismatched-fact English "
            f"first {int(sum(ctl))}" if vs is not None else "")
-        + "; clustered by fact",
+        + f"; {clustered_by(ids, cl)}",
     )  # fmt: skip
     fails = failure_records(recs)  # the trace headline's rule: flagged answers left out
     n_flagged = len(failure_records(recs, keep_flagged=True)) - len(fails)
@@ -111,7 +115,9 @@ def rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     rf = [float(r["class"] == "recall_failure") for r in fails]
     errors = sum(not r["correct"] for r in recs)
     c2 = C.RECALL_FAILURES
-    t2 = mean_test(rf, [r["id"] for r in fails], null=c2.null_value) if fails else None
+    fail_ids = [r["id"] for r in fails]
+    fail_cl = item_clusters(fail_ids)
+    t2 = mean_test(rf, fail_cl, null=c2.null_value) if fails else None
     row2 = make_row(
         c2, t2, untestable=None if fails else "no recall or translation failures among the "
         "non-English queries",
@@ -120,7 +126,7 @@ def rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         f"{errors - len(rf) - n_flagged - n_shared} other (wrong language or L-only)"
         + (f", {n_shared} shared forms (no translation needed)" if n_shared else "")
         + (f", {n_flagged} flagged (no attempt at the answer) left out" if n_flagged else "")
-        + "; clustered by fact",
+        + f"; {clustered_by(fail_ids, fail_cl)}",
     )  # fmt: skip
     return [row1, row2]
 

@@ -22,6 +22,8 @@ from mechlingo.card.claims import LU, Claim
 from mechlingo.card.clustered_tests import Test, paired_test, ratio_test
 from mechlingo.card.population import population_gain_test, rank_population_test
 from mechlingo.card.repair_items import (
+    clustered_by,
+    item_clusters,
     subject_keys,
 )
 from mechlingo.card.rules import RETAINED_SHARE, make_row
@@ -109,7 +111,8 @@ def pooled_draws(held: Sequence[Mapping[str, Any]], outcome: str) -> list[list[f
 
 def rows_transfer(claim: Claim, data: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Independence in two readings: the pooled held-out gain (every ``all_but_R`` cell's
-    items on R, clustered by fact id, against its population of random draws, by the
+    items on R, clustered by subject (the stored ``subjects``; the fact id where no subject
+    is shared across relations), against its population of random draws, by the
     effect's rank among them) and the retained share (the held-out gain over the in-pool
     ``all`` gain on the same items, > 0.5); both in the gold share where every cell has
     one (:func:`cell_outcome`)."""
@@ -122,7 +125,9 @@ def rows_transfer(claim: Claim, data: Mapping[str, Any]) -> list[dict[str, Any]]
                 for v in ("held-out gain", "retained share")]  # fmt: skip
     key = cell_outcome([c for c in data["cells"] if c.get("items")])
     name = {"share": "gold share", "correct": "accuracy"}[key]
-    ids = [i for c in held for i in c["items"]["ids"]]
+    fact_ids = [i for c in held for i in c["items"]["ids"]]
+    ids = item_clusters(fact_ids, data.get("subjects"))
+    by = clustered_by(fact_ids, ids).replace("by fact", "by fact id")
     orig = [x for c in held for x in _items(c, "orig", key)]
     new = [x for c in held for x in _items(c, "steered", key)]
     draws = pooled_draws(held, key)
@@ -132,15 +137,16 @@ def rows_transfer(claim: Claim, data: Mapping[str, Any]) -> list[dict[str, Any]]
     extra = {"variant": "held-out gain", "outcome": name}
     row1 = make_row(claim, paired_test(orig, new, ids), population_gain_test(orig, draws, ids),
                     vs_control=vs, extra=extra,
-                    details=f"outcome: {name}; {len(held)} held-out cells pooled, clustered by "
-                    f"fact id ({per}); control: a population of {len(draws)} norm-matched "
+                    details=f"outcome: {name}; {len(held)} held-out cells pooled, "
+                    f"{by} ({per}); control: a population of {len(draws)} norm-matched "
                     "random vectors per cell at the row's chosen place, judged by the "
                     "effect's rank among them")  # fmt: skip
-    return [row1, _retained_row(claim, data["cells"], held, key)]
+    return [row1, _retained_row(claim, data["cells"], held, key, data.get("subjects"))]
 
 
 def _retained_row(claim: Claim, cells: Sequence[Mapping[str, Any]],
-                  held: Sequence[Mapping[str, Any]], key: str = "correct") -> dict[str, Any]:  # fmt: skip
+                  held: Sequence[Mapping[str, Any]], key: str = "correct",
+                  subjects: Mapping[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     share = replace(claim, threshold=RETAINED_SHARE)
     extra = {"variant": "retained share", "outcome": "gold share" if key == "share" else "accuracy"}
     num, den, ids, per = [], [], [], []
@@ -154,17 +160,20 @@ def _retained_row(claim: Claim, cells: Sequence[Mapping[str, Any]],
         num += list(dn)
         den += list(dd)
         ids += c["items"]["ids"]
-        r = ratio_test(dn, dd, c["items"]["ids"])
+        r = ratio_test(dn, dd, item_clusters(c["items"]["ids"], subjects))
         per.append(
             f"{c['col']}: {r.estimate.format(2) if r.estimate.estimate is not None else 'n/a'}"
         )
     if not num:
         why = "no held-out column also has an in-pool (all) cell on the same items"
         return make_row(share, None, untestable=why, extra=extra)
-    t, gain_all, why = retained_test(num, den, ids)
+    cl = item_clusters(ids, subjects)
+    t, gain_all, why = retained_test(num, den, cl)
     details = (f"share of the in-pool gain kept without R, pooled over {len(per)} columns "
                f"({'; '.join(per)}); in-pool gain {gain_all.estimate.format(3)}, p = "
                f"{gain_all.p:.3g}; rule: > {RETAINED_SHARE:g}")  # fmt: skip
+    if cl != list(ids):
+        details += f"; {clustered_by(ids, cl)}"
     return make_row(share, t, untestable=why, details=details, extra=extra)
 
 

@@ -1,0 +1,156 @@
+"""Rows over facts are clustered by subject: facts of several relations on one subject
+(``capital/IT``, ``language/IT``) are one cluster, read from a stage's stored ``subjects``
+map or, in a result stored without one, from the fact ids by the same rule."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from mechlingo.card import claims
+from mechlingo.card.clustered_tests import mean_test, paired_test
+from mechlingo.card.repair_items import item_clusters, subject_keys, subject_of
+from mechlingo.card.rules import finalize
+from mechlingo.card.stages import repair, trace, transfer
+
+Y, N = True, False
+
+#: Four subjects, each asked in two relations: 8 facts, 4 subjects.
+SHARED = [f"{rel}/{s}" for s in ("IT", "FR", "DE", "ES") for rel in ("capital", "language")]
+#: Eight subjects, one relation: no subject shared, the fact ids are the clusters.
+SINGLE = [f"capital/{s}" for s in ("IT", "FR", "DE", "ES", "PT", "NL", "PL", "SE")]
+
+
+def _facts(ids):
+    """Stand-ins for the stage's facts (what :func:`subject_keys` reads)."""
+    return [types.SimpleNamespace(id=i, relation=i.split("/")[0], subject_en=None) for i in ids]
+
+
+def _repair(ids, stored=True):
+    """A stored repair result on ``ids`` in es and fr: the task vector fixes both facts of
+    IT and FR in both languages (8 of 16 items) and the Spanish ES capital; the vector's
+    gain follows the subject, so facts of one subject are not independent."""
+    task = [Y] * 4 + [N] * 3 + [Y]  # in SHARED order: IT, IT, FR, FR, DE, DE, ES, ES
+    out = {
+        "orig": {"en": [Y] * 8, "es": [N] * 8, "fr": [N] * 8},
+        "task": {"en": [Y] * 8, "es": task, "fr": [Y] * 4 + [N] * 4},
+        "diff": {"en": [Y] * 8, "es": [N] * 7 + [Y], "fr": [N] * 8},
+        "both": {"en": [Y] * 8, "es": task, "fr": [Y] * 4 + [N] * 4},
+        "random_s0": {"en": [Y] * 8, "es": [Y] + [N] * 7, "fr": [N] * 8},
+        "random_s1": {"en": [Y] * 8, "es": [N] * 8, "fr": [N] * 7 + [Y]},
+    }  # fmt: skip
+    lowest = {"languages": ["es"], "literal_languages": ["fr"], "p_threshold": 0.1,
+              "rule": "headroom rule", "literal_rule": "literal rule"}  # fmt: skip
+    d = {"summary": {"selected": "both", "dev_effect": "chosen", "config": {}}, "outcomes": out,
+         "ids": dict.fromkeys(out["orig"], list(ids)), "lowest": lowest,
+         "n_ids": {"build": 1, "dev": 1, "test": 8}}  # fmt: skip
+    if stored:
+        d["subjects"] = subject_keys(_facts(ids))
+    return d
+
+
+def _pooled(d, cond):
+    return [float(x) for lg in ("es", "fr") for x in d["outcomes"][cond][lg]]
+
+
+def _rows(d):
+    return {(r["id"], r.get("variant")): r for r in finalize(repair.rows_repair(d))}
+
+
+def test_subject_keys_and_the_ids_rule_agree():
+    assert subject_of("capital/IT") == "IT" and subject_of("klar/a/b") == "a/b"
+    assert subject_of("IT") == "IT"  # an id without "/" is its own key
+    assert subject_keys(_facts(SHARED)) == {i: subject_of(i) for i in SHARED}
+    assert subject_keys(_facts(SINGLE)) == {}
+    assert item_clusters(SHARED * 2) == [subject_of(i) for i in SHARED * 2]
+    assert item_clusters(SINGLE) == SINGLE and item_clusters(SHARED, {}) == SHARED
+    # a stored map whose facts share subjects, on a row whose facts do not: the same clusters
+    assert item_clusters(SHARED[::2], subject_keys(_facts(SHARED))) == SHARED[::2]
+
+
+def test_a_vector_row_is_clustered_by_subject_with_the_direct_tests_interval():
+    """Hand case: 8 facts on 4 subjects; the task vector's row has 4 clusters (8 before) and
+    the interval of ``paired_test`` called with the subjects as clusters, which is wider
+    than the fact-clustered one."""
+    d = _repair(SHARED)
+    task = _rows(d)[("task_vector", None)]
+    base, new = _pooled(d, "orig"), _pooled(d, "task")
+    subjects = [subject_of(i) for i in SHARED] * 2
+    by_subject, by_fact = paired_test(base, new, subjects), paired_test(base, new, SHARED * 2)
+    assert task["value"]["n_clusters"] == 4 and by_fact.n_clusters == 8
+    assert task["value"]["estimate"] == by_subject.estimate.to_json()
+    assert task["value"]["estimate"]["estimate"] == pytest.approx(9 / 16)
+    lo_s, hi_s = by_subject.estimate.lo, by_subject.estimate.hi
+    lo_f, hi_f = by_fact.estimate.lo, by_fact.estimate.hi
+    assert hi_s - lo_s > (hi_f - lo_f) * 1.1  # the dependence the fact clusters ignore
+    assert "clustered by subject (4 subjects of 8 facts)" in task["details"]
+    # every row over these facts: the random population, the lowest language, both vs single
+    rows = _rows(d)
+    assert rows[("random_vector", None)]["value"]["n_clusters"] == 4
+    assert rows[("lowest_language", "headroom rule, points")]["value"]["n_clusters"] == 4
+    extra = {r["id"]: r for r in repair.rows_repair_extra({**d, "items": _items(d)})}
+    assert extra["both_beat_single"]["value"]["n_clusters"] == 4
+    assert extra["english_gap"]["value"]["n_clusters"] == 4
+
+
+def _items(d):
+    """The per-item records of ``d``'s outcomes (as ``item_records`` stores them)."""
+    return {c: [{"id": i, "lang": lg, "correct": v}
+                for lg in sorted(per) for i, v in zip(d["ids"][lg], per[lg], strict=True)]
+            for c, per in d["outcomes"].items()}  # fmt: skip
+
+
+def test_a_result_stored_without_subjects_gives_the_same_rows():
+    """The fallback: the subject from each fact id by the same rule (a result stored before
+    the stages stored ``subjects``, or a stage that stores none)."""
+    with_map, without = _rows(_repair(SHARED)), _rows(_repair(SHARED, stored=False))
+    assert with_map == without
+
+
+def test_no_shared_subject_keeps_the_fact_clusters_and_numbers():
+    """One relation: the rows are the fact-clustered ones, number for number, and say so."""
+    d = _repair(SINGLE)
+    task = _rows(d)[("task_vector", None)]
+    want = paired_test(_pooled(d, "orig"), _pooled(d, "task"), SINGLE * 2)
+    assert task["value"] == _rows({**d, "subjects": {}})[("task_vector", None)]["value"]
+    assert task["value"]["estimate"] == want.estimate.to_json() and want.n_clusters == 8
+    assert task["value"]["p"] == want.p and "subject" not in task["details"]
+
+
+def test_trace_and_transfer_rows_cluster_by_subject():
+    """The trace records (no stored map: from the ids) and the transfer cells (the stored
+    map) of facts sharing subjects."""
+    recs = [{"id": i, "lang": lg, "class": "recall_failure" if k % 3 else "translation_failure",
+             "correct": False, "answer": "x", "answer_en": "y", "first_en_layer": -1,
+             "first_answer_layer": -1} for lg in ("es", "fr") for k, i in enumerate(SHARED)]  # fmt: skip
+    _, rf = trace.rows_trace({"records": recs})
+    ids = [r["id"] for r in recs]
+    want = mean_test([float(r["class"] == "recall_failure") for r in recs],
+                     [subject_of(i) for i in ids], null=0.5)  # fmt: skip
+    assert rf["value"]["n_clusters"] == 4 and rf["value"]["estimate"] == want.estimate.to_json()
+    assert "clustered by subject (4 subjects of 8 facts)" in rf["details"]
+    o = [0] * 8
+    cells = [{"row": "all_but_es", "col": "es", "items": {"ids": SHARED, "orig": o,
+              "steered": [1] * 5 + [0] * 3, "control": o}}]  # fmt: skip
+    data = {"cells": cells, "subjects": subject_keys(_facts(SHARED))}
+    gain, _ = transfer.rows_transfer(claims.INDEPENDENT_LANGUAGES, data)
+    assert gain["value"]["n_clusters"] == 4 and "clustered by subject" in gain["details"]
+
+
+def test_the_external_rows_keep_the_benchmark_fact_ids():
+    """A benchmark's ids number its rows within a relation (``P17/0``, ``P36/0``): the key
+    after the relation names no subject, so the external rows stay clustered by fact id."""
+    from mechlingo.card.stages import external
+
+    ids = [f"{rel}/{k}" for k in range(4) for rel in ("P17", "P36")]
+
+    def recs(right):
+        return [{"id": i, "lang": lg, "correct": r} for lg in ("es", "fr")
+                for i, r in zip(ids, right, strict=True)]  # fmt: skip
+
+    items = {"orig": recs([N] * 8), "task": recs([Y] * 5 + [N] * 3), "diff": recs([N] * 8),
+             "both": recs([Y] * 4 + [N] * 4), "random_s0": recs([N] * 7 + [Y])}  # fmt: skip
+    rows = external.rows_external({"items": items, "metric": "klar"})
+    assert [r["value"]["n_clusters"] for r in rows if r["value"]] == [8, 8, 8]
+    assert item_clusters([i for lg in ("es", "fr") for i in ids]) != ids * 2  # the ids rule
