@@ -1,21 +1,11 @@
 """The Holm family's own proof: the family-wise error of the card's multiplicity step.
 
-:mod:`mechlingo.card.calibration` judges one row at a time at a fixed multiplier. What a
-card row's multiplier is depends on the other rows of its family: :func:`~mechlingo.card.rules.finalize`
-orders a family by each row's p (the smaller of its claim-side and other-side p), and a row
-whose p is placed too early moves every row after it to a smaller multiplier. This module
-builds whole families of rows as the repair stage builds them (``paired_test`` of the gain,
-``rank_population_test`` of the effect against its own random draws, through
-:func:`~mechlingo.card.rules.make_row`), judges them with the card's own
-:func:`~mechlingo.card.rules.finalize`, and counts the families with at least one wrong
-verdict: ``holds`` on a row whose claim is false, or ``does not hold`` on a row whose claim is
-true. Holm's step-down keeps that rate at or under 0.05 when every row's p is a valid p for
-the side it decides.
-
-The designs are the shape of the card's clamp rows: a primary family of six rows over 24
-documents, whose clamps all move the distances far from 0 (each row's own paired p is
-small) while their rank among the draws is what decides them.
-"""
+A card row's multiplier depends on the other rows of its family: ``finalize`` orders a family
+by each row's p. This module builds whole families of rows as the align stage builds its
+clamp rows (``paired_test`` of the change, ``rank_population_test`` against the row's own
+random clamps, through ``make_row``), judges them with the card's own ``finalize``, and counts
+the families with a wrong verdict (``holds`` on a false claim, ``does not hold`` on a true
+one); docs/calibration.md has the table and how to read it."""
 
 from __future__ import annotations
 

@@ -81,11 +81,13 @@ def condition_outcomes(results: Mapping[str, Any], facts: Sequence[Fact]) -> dic
 
 def subject_keys(facts: Sequence[Fact]) -> dict[str, str]:
     """``{fact id: subject key}`` when facts of several relations share a subject (the unit
-    that clusters them: the id's key after the relation, ``capital/IT`` -> ``IT``, else the
-    English subject); ``{}`` when no subject is shared across relations."""
+    that clusters them: the id's key after the relation, ``capital/IT`` -> ``IT``; where the
+    id names no subject (no ``/``, or a row number such as ``P17/0``) the English subject);
+    ``{}`` when no subject is shared across relations."""
 
     def key(f: Fact) -> str:
-        return subject_of(f.id) if "/" in f.id else (f.subject_en or f.id)
+        k = subject_of(f.id)
+        return k if k != f.id else (f.subject_en or f.id)
 
     rels: dict[str, set[str]] = {}
     for f in facts:
@@ -97,8 +99,10 @@ def subject_keys(facts: Sequence[Fact]) -> dict[str, str]:
 
 def subject_of(fact_id: str) -> str:
     """The subject key of a fact id, the rule of :func:`subject_keys`: the part after the
-    first ``/`` (``capital/IT`` -> ``IT``); an id without ``/`` is its own key."""
-    return fact_id.split("/", 1)[1] if "/" in fact_id else fact_id
+    first ``/`` (``capital/IT`` -> ``IT``); an id without ``/``, or whose key is digits only
+    (a benchmark's row number within its relation, ``P17/0``: no subject), is its own key."""
+    key = fact_id.split("/", 1)[1] if "/" in fact_id else ""
+    return key if key and not key.isdigit() else fact_id
 
 
 def item_clusters(ids: Sequence[str], subjects: Mapping[str, str] | None = None) -> list[str]:

@@ -148,7 +148,8 @@ RULES = {
     "the facts of other relations on that subject (capital/IT, language/IT and currency/IT "
     "are one cluster), in every row over the card's facts, also where a rule says "
     "'clustered by fact' (each fact is its own cluster where no subject is shared across "
-    "relations, and in the external rows, whose benchmark ids number rows, not subjects); "
+    "relations, and in the external rows; a benchmark id's row number, such as P17/0, names "
+    "no subject: its English subject is used where the facts give one); "
     "the sentences of one document move together",
     "floor": "not testable here (floor): a 0/1 outcome sits at its floor (the baseline and "
     "every condition at 0 successes on the row's items); never holds",

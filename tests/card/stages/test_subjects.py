@@ -153,4 +153,22 @@ def test_the_external_rows_keep_the_benchmark_fact_ids():
              "both": recs([Y] * 4 + [N] * 4), "random_s0": recs([N] * 7 + [Y])}  # fmt: skip
     rows = external.rows_external({"items": items, "metric": "klar"})
     assert [r["value"]["n_clusters"] for r in rows if r["value"]] == [8, 8, 8]
-    assert item_clusters([i for lg in ("es", "fr") for i in ids]) != ids * 2  # the ids rule
+    # a row number names no subject: the ids rule keeps each fact its own cluster too
+    assert item_clusters([i for lg in ("es", "fr") for i in ids]) == ids * 2
+
+
+def test_a_row_number_is_no_subject():
+    """Benchmark ids number rows within a relation (``P17/0``, ``P36/0``): facts with the same
+    row number in two relations are unrelated, so a row number never joins them; the stored
+    map uses the English subject instead, where the benchmark gives one."""
+    ids = [f"{rel}/{k}" for k in range(3) for rel in ("P17", "P36")]
+    assert [subject_of(i) for i in ids] == ids
+    assert item_clusters(ids * 2) == ids * 2  # derived from the ids: each fact its own
+    named = [types.SimpleNamespace(id=i, relation=i.split("/")[0],
+                                   subject_en=["France", "Kenya", "Japan"][int(i[-1])])
+             for i in ids]  # fmt: skip
+    keys = subject_keys(named)
+    assert keys == {i: ["France", "Kenya", "Japan"][int(i[-1])] for i in ids}
+    assert len(set(item_clusters(ids, keys))) == 3
+    unnamed = [types.SimpleNamespace(id=i, relation=i.split("/")[0], subject_en="") for i in ids]
+    assert subject_keys(unnamed) == {}  # no subject known: no two facts are joined
