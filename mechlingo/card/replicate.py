@@ -85,7 +85,9 @@ __all__ = [
     "replicate",
 ]
 
-#: Bumped when a stage computes something different: old stored results are not reused.
+#: Bumped when a stage computes or stores something different: old stored results are not
+#: reused.
+#: 7: the align stage stores its per-sentence means under ``intervals.measures``;
 #: 6: a random population per condition (repair, external), a population of random draws
 #: per transfer cell, gold shares in the transfer cells;
 #: 5: a user's facts scoped by the budget (languages, transfer relations, shared caps);
@@ -94,7 +96,7 @@ __all__ = [
 #: 3: the metric stage, gold share and lenient outcomes, random populations, documents;
 #: 2: fact ids per outcome, per-item transfer outcomes, the clamp measured on
 #: fresh samples, AUROC tests at the clamp's k, per-sentence alignment values.
-STAGE_VERSION = 6
+STAGE_VERSION = 7
 #: Every stage's name, each paper's in run order (the metric stage first).
 STAGES = (*PAPERS[LU], *PAPERS[SUNDAR])
 

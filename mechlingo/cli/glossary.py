@@ -155,6 +155,7 @@ CODE_NAMES: dict[str, list[tuple[str, str]]] = {
         ("the scoring rule of facts (generate, klar, rank)", "mechlingo.scoring.evaluate:evaluate_conditions:metric"),
         ("what a patched run is read out as", "mechlingo.analyses.recall.patching.grid:resolve_grid:readout"),
         ("a column of the side-effects matrix (accuracy, perplexity, output language)", "mechlingo.viz.side_effects:side_effects_heatmap:measures"),
+        ("a per-sentence alignment value (retrieval, distances) with its interval", "mechlingo.viz.experts:interval_bars_figure:measures"),
     ],
     "stage": [
         ("one analysis of the claims card (its module, claims and cost)", "mechlingo.card.stages.base:Stage"),
@@ -171,11 +172,13 @@ CODE_NAMES: dict[str, list[tuple[str, str]]] = {
 #: One word per concept in the names of classes, modules, functions and constants:
 #: concept -> (its word, the words it must not be called, the modules or packages that hold
 #: it). ``tests/cli/test_glossary_names.py`` checks that the word names something in each of
-#: those modules and that nothing there is named with a forbidden word.
+#: those modules (a definition, or a key of the JSON it writes) and that nothing there is
+#: named with a forbidden word.
 CONCEPT_WORDS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "scoring metric": ("metric", ("readout", "measure"), ("mechlingo.scoring.scorers", "mechlingo.card.metric_rule")),
     "patching readout": ("readout", ("metric", "measure"), ("mechlingo.analyses.recall.patching", "mechlingo.analyses.recall.gradients", "mechlingo.analyses.circuits.runs")),
     "side-effect measure": ("measure", ("metric", "readout"), ("mechlingo.scoring.side_effects",)),
+    "alignment measure": ("measure", ("metric", "readout"), ("mechlingo.analyses.experts.align", "mechlingo.report.experts", "mechlingo.card.stages.align")),
     "resumable checkpoint": ("checkpoint", ("stage", "cache"), ("mechlingo.core.checkpoints", "mechlingo.cli.work")),
     "card stage": ("stage", ("checkpoint", "phase"), ("mechlingo.card.stages.base",)),
     "recall-pipeline phase": ("phase", ("stage",), ("mechlingo.analyses.recall.trace_patching", "mechlingo.viz.patching")),

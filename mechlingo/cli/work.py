@@ -46,7 +46,7 @@ __all__ = [
     "work_folder",
 ]
 
-#: bumped when a stage's stored result changes meaning (old checkpoints are then not reused)
+#: bumped when a checkpoint's stored result changes meaning (old checkpoints are then not reused)
 CHECKPOINT_VERSION = 1
 
 #: flags that change no number (where the output goes, the progress bars, the checkpoints)
@@ -141,7 +141,7 @@ def open_checkpoints(
         "model": {**model_info(model), "weights_fingerprint": weights_fingerprint(model)},
         "data": dict(data),
         "settings": settings_key(args, skip),
-        "stage_version": CHECKPOINT_VERSION,
+        "checkpoint_version": CHECKPOINT_VERSION,
     }
     info = dist_info()
     agree = None

@@ -150,7 +150,7 @@ def align_report(
     report.add_table(interval_rows(summary["intervals"]))
     report.add_figure(
         interval_bars_figure(
-            summary["intervals"]["metrics"], f"layer {summary['layer']}: means with 95% CIs"
+            summary["intervals"]["measures"], f"layer {summary['layer']}: means with 95% CIs"
         )
     )
     report.add_heading("Retrieval per layer")
@@ -174,10 +174,10 @@ def _mean_ci(c: Mapping[str, Any]) -> str:
 
 
 def interval_rows(iv: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Per metric the mean [lo, hi] of every arm and the gains with intervals."""
+    """Per measure the mean [lo, hi] of every arm and the gains with intervals."""
     rows = []
-    for m, per in iv["metrics"].items():
-        row: dict[str, Any] = {"metric": m}
+    for m, per in iv["measures"].items():
+        row: dict[str, Any] = {"measure": m}
         row |= {arm: _mean_ci(c) for arm, c in per.items()}
         row |= {name: _mean_ci(g) for name, g in iv["gains"].get(m, {}).items()}
         rows.append(row)
@@ -215,7 +215,7 @@ def add_align_headline(report: Report, summary: Mapping[str, Any]) -> None:
     iv = summary["intervals"]
     n = iv.get("n_sentences")
     report.add_headline("Layer, sentences", f"{summary['layer']}, {n} per language")
-    pre = iv["metrics"].get("retrieval", {}).get("pre", {})
+    pre = iv["measures"].get("retrieval", {}).get("pre", {})
     report.add_headline("Retrieval (top-1), no clamp", _mean_ci(pre))
     for name, label in (("post_vs_pre", "Effect: clamp vs none"),
                         ("control_vs_pre", "Control: random clamp vs none")):  # fmt: skip

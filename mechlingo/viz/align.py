@@ -11,7 +11,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mechlingo.viz.common import with_n
-from mechlingo.viz.palette import SCORE, language_color, series_color
+from mechlingo.viz.palette import SCORE, SIGNED_EFFECT, language_color, series_color
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -33,11 +33,11 @@ def retrieval_heatmaps(
 
     mats: list[tuple[str, Any, str]] = [("before", pre, SCORE)]
     if post is not None:
-        mats += [("after", post, SCORE), ("after - before", post - pre, "RdBu")]
+        mats += [("after", post, SCORE), ("after - before", post - pre, SIGNED_EFFECT)]
     fig = make_subplots(rows=1, cols=len(mats), subplot_titles=[m[0] for m in mats])
     for c, (_, m, scale) in enumerate(mats, start=1):
         z = m.cpu().tolist()
-        diff = scale == "RdBu"
+        diff = scale == SIGNED_EFFECT
         fig.add_trace(
             go.Heatmap(
                 z=z,

@@ -159,17 +159,17 @@ def k_curve_figure(
 
 
 def interval_bars_figure(
-    metrics: Mapping[str, Mapping[str, Mapping[str, Any]]], title: str
+    measures: Mapping[str, Mapping[str, Mapping[str, Any]]], title: str
 ) -> go.Figure:
-    """Grouped bars ``metrics[metric][arm]["estimate"]`` (one group per metric, one colour per
+    """Grouped bars ``measures[measure][arm]["estimate"]`` (one group per measure, one colour per
     arm) with their 95% intervals (``lo``/``hi``) as error bars."""
     import plotly.graph_objects as go
 
-    arms = list(dict.fromkeys(a for per in metrics.values() for a in per))
+    arms = list(dict.fromkeys(a for per in measures.values() for a in per))
     fig = go.Figure()
     for arm in arms:
-        names = [m for m in metrics if arm in metrics[m]]
-        cells = [metrics[m][arm] for m in names]
+        names = [m for m in measures if arm in measures[m]]
+        cells = [measures[m][arm] for m in names]
         y = [c["estimate"] for c in cells]
         fig.add_bar(
             x=names,
@@ -185,7 +185,7 @@ def interval_bars_figure(
                 ],
             },
         )
-    ns = [c.get("n") for per in metrics.values() for c in per.values()]
+    ns = [c.get("n") for per in measures.values() for c in per.values()]
     fig.update_layout(
         title=with_n(title, ns), barmode="group", template="plotly_white",
         xaxis_title="measure", yaxis_title="estimate (95% interval)",

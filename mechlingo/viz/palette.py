@@ -9,7 +9,8 @@ colour of *what* the series is: :func:`class_color`, :func:`language_color`,
 :func:`series_color` when a series may be any of them. A name no map lists gets a colour
 derived from the name (:data:`SPARE`), never from its position. A heatmap takes the colour
 scale of the quantity it draws: :data:`PROBABILITY`, :data:`SCORE`, :data:`OVERLAP` or
-:data:`RANK`. ``docs/architecture.md``
+:data:`RANK` (sequential), :data:`SIGNED_EFFECT` or :data:`CHANGE` (diverging, white at zero);
+no figure names a colour scale of its own. ``docs/architecture.md``
 ("Results and figures") says which lookup serves which figure.
 """
 
@@ -20,6 +21,7 @@ from collections.abc import Mapping
 
 __all__ = [
     "CLASS",
+    "CHANGE",
     "CONDITION",
     "DECODER",
     "DECODER_FALLBACK",
@@ -30,6 +32,7 @@ __all__ = [
     "RANK",
     "SCORE",
     "SEQUENCE",
+    "SIGNED_EFFECT",
     "SITE",
     "SPARE",
     "TRACK",
@@ -164,6 +167,15 @@ PROBABILITY = "Blues"
 SCORE = "Viridis"
 OVERLAP = "Purples"
 RANK = "Viridis_r"
+
+#: The diverging colour scale of each signed quantity a heatmap draws, white at zero (the
+#: figure sets the middle, ``zmid=0`` or ``cmid=0``): a signed effect, where up is what the
+#: intervention aims for (a patch restoring the clean readout, a steering vector's gain in
+#: accuracy, the clamp's change in retrieval): blue up, red down; and the change of a side
+#: effect, whose good direction depends on the measure (accuracy down and perplexity up both
+#: harm): red up, blue down.
+SIGNED_EFFECT = "RdBu"
+CHANGE = "RdBu_r"
 
 #: Where a name none of the maps lists takes its colour from (by a CRC of the name).
 SPARE = (

@@ -13,7 +13,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mechlingo.viz.common import VALUE_LABELS, plain, readout_label, rgba
-from mechlingo.viz.palette import SEQUENCE, effect_color, site_color
+from mechlingo.viz.palette import SEQUENCE, SIGNED_EFFECT, effect_color, site_color
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -75,7 +75,7 @@ def patching_heatmaps(
                 z=z.tolist(),
                 x=x,
                 y=list(layers),
-                colorscale="RdBu",
+                colorscale=SIGNED_EFFECT,
                 zmid=0,
                 coloraxis="coloraxis",
                 hovertemplate="layer %{y}, %{x}: %{z:.3f}<extra>" + s + "</extra>",
@@ -91,7 +91,7 @@ def patching_heatmaps(
     fig.update_layout(
         title=f"Activation patching ({alignment} alignment{n}): {what} on the "
         f"{readout_label(readout_name)}",
-        coloraxis={"colorscale": "RdBu", "cmid": 0, "colorbar": {"title": {"text": what}}},
+        coloraxis={"colorscale": SIGNED_EFFECT, "cmid": 0, "colorbar": {"title": {"text": what}}},
         height=460,
     )
     return fig

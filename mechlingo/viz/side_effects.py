@@ -9,6 +9,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from mechlingo.viz.palette import CHANGE
+
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
@@ -112,7 +114,7 @@ def side_effects_heatmap(
     n = f"; n = {min(v for v in ns if v)}-{max(v for v in ns if v)} per cell" if any(ns) else ""
     fig.update_layout(
         title=f"Side effects of {intervention} ({confidence:.0%} intervals{n})",
-        coloraxis={"colorscale": "RdBu_r", "cmid": 0, "colorbar": {"title": {"text": "change"}}},
+        coloraxis={"colorscale": CHANGE, "cmid": 0, "colorbar": {"title": {"text": "change"}}},
         height=max(320, 34 * len(langs) + 160),
     )
     return fig

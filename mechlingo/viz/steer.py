@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from mechlingo.core.errors import InputError
 from mechlingo.viz.common import n_text, plain, with_n
-from mechlingo.viz.palette import SCORE, series_color
+from mechlingo.viz.palette import SCORE, SIGNED_EFFECT, series_color
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -173,7 +173,7 @@ def transfer_heatmap(
         go.Heatmap(
             z=z, x=[plain(c) for c in cols], y=[plain(r) for r in rows], text=text,
             texttemplate="%{text}",
-            colorscale="RdBu", zmid=0, zmin=-top, zmax=top,
+            colorscale=SIGNED_EFFECT, zmid=0, zmin=-top, zmax=top,
             colorbar={"title": "gain over orig<br>(accuracy points)"},
         )
     )  # fmt: skip

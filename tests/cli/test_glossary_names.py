@@ -104,13 +104,16 @@ def _words(name: str) -> set[str]:
 
 
 def defined_names(path: Path) -> set[str]:
-    """The module's file name and every class, function (and method) and module-level
-    constant it defines."""
+    """The module's file name, every class, function (and method) and module-level constant
+    it defines, and every key it writes in a dict literal (the keys of the JSON it stores)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     out = {path.name}
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
             out.add(node.name)
+        if isinstance(node, ast.Dict):
+            out |= {k.value for k in node.keys if isinstance(k, ast.Constant)
+                    and isinstance(k.value, str) and k.value.isidentifier()}  # fmt: skip
     for node in tree.body:
         targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
         out |= {t.id for t in targets if isinstance(t, ast.Name)}
@@ -151,13 +154,20 @@ def test_the_concept_check_finds_a_forbidden_synonym(tmp_path):
         "class Checkpoints:\n    pass\nclass StageStore:\n    pass\n", encoding="utf-8"
     )
     (root / "core" / "phases.py").write_text("LIMIT = 1\n", encoding="utf-8")
+    (root / "core" / "align.py").write_text(
+        "def means():\n    return {'measures': 1, 'n': 2, 3: 'metrics', 'metric-x': 0}\n"
+        "def old():\n    return {'metrics': 1}\n",
+        encoding="utf-8",
+    )
     concepts = {
         "checkpoint": ("checkpoint", ("stage",), ("mechlingo.core.checkpoints",)),
         "phase": ("phase", ("stage",), ("mechlingo.core.phases",)),
+        "measure": ("measure", ("metric",), ("mechlingo.core.align",)),
     }
     assert concept_violations(root, concepts) == [
         "checkpoint: StageStore (checkpoints.py) says 'stage', not 'checkpoint'",
+        "measure: metrics (align.py) says 'metric', not 'measure'",
     ]
     concepts["phase"] = ("band", ("stage",), ("mechlingo.core.phases",))
-    assert concept_violations(root, concepts)[-1].startswith("phase: no name in")
+    assert concept_violations(root, concepts)[1].startswith("phase: no name in")
     assert _words("PackedReadouts") >= {"packed", "readout"} and "stage" in _words("STAGE_LOG")

@@ -5,6 +5,7 @@ in one class figure and orange in the next)."""
 
 from __future__ import annotations
 
+import ast
 import zlib
 from collections import defaultdict
 from typing import Any
@@ -277,10 +278,13 @@ def test_each_heatmap_uses_its_concepts_colour_scale():
     from mechlingo.viz.circuit import language_matrix_figure
     from mechlingo.viz.experts import overlap_figure
     from mechlingo.viz.lens import lens_heatmap, token_grid_figure
-    from mechlingo.viz.steer import sweep_heatmap
+    from mechlingo.viz.patching import patching_heatmaps
+    from mechlingo.viz.side_effects import side_effects_heatmap
+    from mechlingo.viz.steer import sweep_heatmap, transfer_heatmap
 
-    concepts = {c: _scale(getattr(palette, c)) for c in ("PROBABILITY", "SCORE", "OVERLAP", "RANK")}
-    assert len({str(s) for s in concepts.values()}) == 4  # one scale per concept, all different
+    names = ("PROBABILITY", "SCORE", "OVERLAP", "RANK", "SIGNED_EFFECT", "CHANGE")
+    concepts = {c: _scale(getattr(palette, c)) for c in names}
+    assert len({str(s) for s in concepts.values()}) == 6  # one scale per concept, all different
     lens = {"rank": torch.randint(0, 9, (3, 2)), "logprob": torch.rand(3, 2).log(), "layers": [0, 1, 2],
             "prompts": ["a", "b"], "langs": ["en", "fr"], "answers": ["x", "y"],
             "top_tokens": [[["t"], ["u"]]] * 3}  # fmt: skip
@@ -297,9 +301,78 @@ def test_each_heatmap_uses_its_concepts_colour_scale():
                                                    colorscale=palette.OVERLAP), "OVERLAP"),
         "steering sweep": (sweep_heatmap(sweep, vector="task", unit="x"), "SCORE"),
         "retrieval": (retrieval_heatmaps(torch.rand(2, 2), None, ["en", "fr"], 3), "SCORE"),
+        "patching": (patching_heatmaps({"resid_pre": torch.rand(2, 3) - 0.5}, layers=[0, 1],
+                                       position_labels=["a", "b", "c"], heads=[],
+                                       readout_name="logit_diff", alignment="last"), "SIGNED_EFFECT"),
+        "transfer": (transfer_heatmap([{"row": "r", "col": "c", "n": 4, "gain": CELL}],
+                                      rows=["r"], cols=["c"], by="relation"), "SIGNED_EFFECT"),
+        "side effects": (side_effects_heatmap(
+            [{"arm": "intervention", "lang": "en", "measure": "accuracy", "delta": -0.1,
+              "ci_low": -0.2, "ci_high": 0.0, "n": 9}], ["en"], ["accuracy"]), "CHANGE"),
     }  # fmt: skip
     for name, (fig, concept) in figures.items():
         assert _scales(fig) and all(s == concepts[concept] for s in _scales(fig)), name
     # the retrieval difference panel is diverging, not the score's scale
     both = _scales(retrieval_heatmaps(torch.rand(2, 2), torch.rand(2, 2), ["en", "fr"], 3))
-    assert both[:2] == [concepts["SCORE"]] * 2 and both[2] == _scale("RdBu")
+    assert both[:2] == [concepts["SCORE"]] * 2 and both[2] == concepts["SIGNED_EFFECT"]
+    # diverging: white in the middle; a signed effect is blue up, a side effect's change red up
+    effect, change = concepts["SIGNED_EFFECT"], concepts["CHANGE"]
+    assert [c for _, c in effect] == [c for _, c in reversed(change)]
+    top, bottom = _rgb(effect[-1][1]), _rgb(effect[0][1])
+    assert top[2] > top[0] and bottom[0] > bottom[2]  # blue up, red down
+    assert min(_rgb(effect[len(effect) // 2][1])) > 240  # white at the middle
+
+
+def _rgb(colour: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in colour.removeprefix("rgb(").rstrip(")").split(","))
+
+
+#: Where a figure names its colour scale: a keyword argument or a key of a layout dict.
+_SCALE_KEYS = {"colorscale", "color_continuous_scale", "colorscales"}
+
+
+def inline_scales(source: str) -> list[int]:
+    """The lines of ``source`` that write a colour scale inline: a plotly scale's name as a
+    string (``"RdBu"``, ``"Viridis_r"``), or any literal given as ``colorscale=`` (a keyword
+    or a dict key) instead of a name from the palette."""
+    from plotly import colors
+
+    named: set[str] = set()
+    for mod in (colors.sequential, colors.diverging, colors.cyclical):
+        named |= {n for n in dir(mod) if n[:1].isupper() and isinstance(getattr(mod, n), list)}
+    named |= {n + "_r" for n in named}
+    tree = ast.parse(source)
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in named:
+            lines.append(node.lineno)
+        values = []
+        if isinstance(node, ast.keyword) and node.arg in _SCALE_KEYS:
+            values.append(node.value)
+        if isinstance(node, ast.Dict):
+            values += [v for k, v in zip(node.keys, node.values, strict=True)
+                       if isinstance(k, ast.Constant) and k.value in _SCALE_KEYS]  # fmt: skip
+        lines += [v.lineno for v in values if isinstance(v, ast.Constant | ast.List | ast.Tuple)]
+    return sorted(set(lines))
+
+
+def test_no_figure_writes_a_colour_scale_inline():
+    from pathlib import Path
+
+    pkg = Path(palette.__file__).resolve().parents[1]
+    found = {}
+    for path in sorted(pkg.rglob("*.py")):
+        if path.name != "palette.py" and (lines := inline_scales(path.read_text("utf-8"))):
+            found[str(path.relative_to(pkg))] = lines
+    assert not found, f"name the scale in mechlingo.viz.palette and use it: {found}"
+
+
+def test_the_inline_scale_check_finds_each_kind():
+    planted = (
+        "a = ('after', x, 'RdBu')\n"
+        "go.Heatmap(z=z, colorscale='rdbu')\n"
+        "fig.update_layout(coloraxis={'colorscale': [[0, 'red'], [1, 'blue']]})\n"
+        "go.Heatmap(z=z, colorscale=SCORE)\n"
+        "row = {'delta': 1, 'measure': 'accuracy'}\n"
+    )
+    assert inline_scales(planted) == [1, 2, 3]

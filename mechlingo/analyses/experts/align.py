@@ -447,7 +447,7 @@ class AlignmentComparison:
     def intervals(self, layer: int | None = None, *, seed: int = SEED) -> dict[str, Any]:
         """Bootstrap 95% intervals over sentences (``scipy.stats.bootstrap``) at ``layer``.
 
-        ``metrics[m][arm]``: the mean of :func:`per_sentence` value ``m`` (``retrieval``,
+        ``measures[m][arm]``: the mean of :func:`per_sentence` value ``m`` (``retrieval``,
         ``between_languages``, ``to_medoid`` and, with a target, ``to_target`` and
         ``retrieval_to_target``) with its interval. ``gains[m]``: paired differences over the
         same sentences (:func:`mechlingo.kernels.significance.paired_gain`): ``post_vs_pre``,
@@ -476,7 +476,7 @@ class AlignmentComparison:
                 for j, b in enumerate(self.langs)
                 if i != j
             }
-        metrics = {
+        measures = {
             m: {
                 arm: bootstrap_mean(vals[arm][m].cpu().numpy(), seed=seed).to_json() for arm in arms
             }
@@ -492,13 +492,13 @@ class AlignmentComparison:
                 for name, a, b in comparisons
                 if a in vals and b in vals
             }
-            for m in metrics
+            for m in measures
         }
         return {
             "layer": self.layers[self.pre.layer_slot(layer)],
             "unit": "sentence",
             "n_sentences": int(self.pre.emb.shape[2]),
-            "metrics": metrics,
+            "measures": measures,
             "gains": gains,
             "pairs": pairs,
         }

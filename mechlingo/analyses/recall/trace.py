@@ -34,7 +34,7 @@ from mechlingo.analyses.recall.classes import (
 from mechlingo.analyses.recall.patching import (
     PatchingError,
 )
-from mechlingo.analyses.recall.trace_answers import answer_flags, trace_answers
+from mechlingo.analyses.recall.trace_answers import trace_answers
 from mechlingo.analyses.recall.trace_circuit import TraceCircuit, trace_circuit
 from mechlingo.analyses.recall.trace_options import TraceOptions
 from mechlingo.analyses.recall.trace_patching import (
@@ -342,9 +342,8 @@ def trace_recall(
     decoding = DecodeOptions(max_new_tokens=max_new_tokens, batch_size=batch_size,
                              progress=progress, early_stop=False)  # the whole answer  # fmt: skip
     ev = evaluate_facts(model, facts, metric=metric, decoding=decoding)
-    raw = ev.continuations or [None] * len(facts)
     wrong = [None if r["correct"] or metric == "rank" else r["generation"] for r in ev.records]
-    answers = trace_answers(facts, wrong, pool)
+    answers = trace_answers(facts, wrong, pool, ev.continuations)
     lens = logit_lens(model, [f.prompt for f in facts], answers.tracks,
                       langs=[f.lang for f in facts], ids=[f.id for f in facts],
                       batch_size=batch_size, progress=progress)  # fmt: skip
@@ -384,7 +383,7 @@ def trace_recall(
             "best_en_layer_mid": int(entries[in_mid][int(en_mid.argmin())]),
             "final_answer_rank": int(l_rank[-1, i]),
             "gold_rank": gold_rank.get((f.id, f.lang)),
-            **answer_flags(f, raw[i]),
+            **answers.flags[i],
         }
         rec["class"] = classify(rec)
         records.append(rec)

@@ -57,28 +57,39 @@ class TraceAnswers:
         mismatch: each fact's mismatched English answer (``None``: its relation has none).
         answered_in: the language whose answer a wrong generation gives (``None``: none, or
             no generation to place).
+        flags: what each greedy answer did (:func:`answer_flags`).
     """
 
     tracks: dict[str, list[str]]
     mismatch: list[str | None]
     answered_in: list[str | None]
+    flags: list[dict[str, Any]]
 
 
 def trace_answers(
     facts: Sequence[Fact],
     wrong: Sequence[str | None],
     pool: Sequence[Fact] | None,
+    continuations: Sequence[str | None] | None = None,
 ) -> TraceAnswers:
     """:class:`TraceAnswers` of ``facts``: ``wrong`` holds each fact's generation where it is
     wrong (``None`` where it is right or not generated), ``pool`` more facts (other languages
-    of the same ids; the bundled data is used as well when the ids come from it)."""
+    of the same ids; the bundled data is used as well when the ids come from it),
+    ``continuations`` each fact's raw greedy continuation (``None``: nothing generated, the
+    default for every fact)."""
     tracks, mismatch = mismatch_tracks(facts, pool)
     others = other_answers(facts, pool)
     answered = [
         None if gen is None else _answered_in(gen, f, others.get(f.id, {}))
         for f, gen in zip(facts, wrong, strict=True)
     ]
-    return TraceAnswers(tracks, mismatch, answered)
+    raw = [None] * len(facts) if continuations is None else list(continuations)
+    if len(raw) != len(facts):
+        raise ValueError(f"{len(raw)} continuations for {len(facts)} facts")
+    flags = []
+    for i, f in enumerate(facts):
+        flags.append(answer_flags(f, raw[i]))
+    return TraceAnswers(tracks, mismatch, answered, flags)
 
 
 def mismatch_tracks(

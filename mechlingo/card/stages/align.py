@@ -317,7 +317,7 @@ def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
         rep.add_text(data["untestable"], note=True)
         return
     rep.add_figure(
-        interval_bars_figure(data["intervals"]["metrics"], "Per-sentence means (bootstrap 95% CI)")
+        interval_bars_figure(data["intervals"]["measures"], "Per-sentence means (bootstrap 95% CI)")
     )
     rep.add_figure(retrieval_per_layer_figure(data["retrieval_mean_per_layer"]))
 

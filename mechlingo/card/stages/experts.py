@@ -412,9 +412,9 @@ def report(rep: ReportLike, results: Mapping[str, Any]) -> None:
         return
     a = data["auroc"]
     e, r = a["experts"]["estimate"], a["random"]["estimate"]
-    metrics = {f"median AUROC, top {a['k']}": {"experts": e, "random neurons": r}}
+    measures = {f"median AUROC, top {a['k']}": {"experts": e, "random neurons": r}}
     rep.add_figure(interval_bars_figure(
-        metrics, "Held-out AUROC (95% CI, sentences and their translations resampled together)"))  # fmt: skip
+        measures, "Held-out AUROC (95% CI, sentences and their translations resampled together)"))  # fmt: skip
     ov = data["overlap"]
     heading(rep, "fig-overlap", "Overlap of the expert sets")
     rep.add_figure(overlap_figure(torch.tensor(ov["matrix"]), ov["langs"], ov["k"]))

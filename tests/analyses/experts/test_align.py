@@ -170,7 +170,7 @@ def test_compare_alignment_with_control_and_intervals(tiny):
     assert s["distance"]["control"] == alone.summary()["distance"]["post"]
     ci = c.intervals()
     assert ci["layer"] == tiny.cfg.n_layers - 1 and ci["n_sentences"] == 4
-    for m, per in ci["metrics"].items():
+    for m, per in ci["measures"].items():
         for cell in per.values():
             assert cell["n"] == 4
             assert cell["lo"] <= cell["estimate"] + 1e-9 and cell["estimate"] <= cell["hi"] + 1e-9
@@ -178,7 +178,7 @@ def test_compare_alignment_with_control_and_intervals(tiny):
         assert g["estimate"] == pytest.approx(
             per["post"]["estimate"] - per["control"]["estimate"], abs=1e-6
         )
-    assert ci["metrics"]["between_languages"]["post"]["estimate"] == pytest.approx(
+    assert ci["measures"]["between_languages"]["post"]["estimate"] == pytest.approx(
         s["distance"]["post"]["between_languages"], abs=1e-5
     )
     assert set(c.to_dataframe().columns) >= {"top1_pre", "top1_post", "top1_control"}

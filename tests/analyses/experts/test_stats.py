@@ -374,17 +374,17 @@ def test_cli_experts_then_align(tmp_path, tiny_dir):
     iv = s["intervals"]
     assert iv["n_sentences"] == 4 and iv["unit"] == "sentence"
     want = {"retrieval", "between_languages", "to_medoid", "to_target", "retrieval_to_target"}
-    assert set(iv["metrics"]) == want
+    assert set(iv["measures"]) == want
     for m in want:
-        assert set(iv["metrics"][m]) == {"pre", "post", "control"}
-        pre, post = iv["metrics"][m]["pre"]["estimate"], iv["metrics"][m]["post"]["estimate"]
+        assert set(iv["measures"][m]) == {"pre", "post", "control"}
+        pre, post = iv["measures"][m]["pre"]["estimate"], iv["measures"][m]["post"]["estimate"]
         g = iv["gains"][m]
         assert set(g) == {"post_vs_pre", "post_vs_control", "control_vs_pre"}
         assert g["post_vs_pre"]["estimate"] == pytest.approx(post - pre, abs=1e-6)
     mean_pre = sum(s["retrieval_top1"]["pre"].values()) / 6
-    assert iv["metrics"]["retrieval"]["pre"]["estimate"] == pytest.approx(mean_pre, abs=1e-6)
+    assert iv["measures"]["retrieval"]["pre"]["estimate"] == pytest.approx(mean_pre, abs=1e-6)
     d = s["distance"]["control"]["between_languages"]
-    assert iv["metrics"]["between_languages"]["control"]["estimate"] == pytest.approx(d, abs=1e-5)
+    assert iv["measures"]["between_languages"]["control"]["estimate"] == pytest.approx(d, abs=1e-5)
     assert iv["pairs"]["post"]["es->en"]["n"] == 4
     # side effects of the chosen clamp against its random-neuron control
     rc = main(["align", "--model", str(tiny_dir), "--clamp", str(edir), "--parallel", str(data),

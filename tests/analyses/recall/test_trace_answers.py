@@ -4,7 +4,10 @@ facts whose gold candidate's rank can be measured, found with the usable ones.""
 
 from __future__ import annotations
 
+import pytest
+
 from mechlingo.analyses.recall.trace_answers import (
+    answer_flags,
     lens_with_mismatch,
     mismatch_tracks,
     trace_answers,
@@ -32,6 +35,21 @@ def test_trace_answers_prepares_tracks_mismatch_and_languages_once():
     # without the pool the German answer is unknown: nothing to place it in
     assert trace_answers(FACTS, [None, "Peking"], None).answered_in == [None, None]
     assert mismatch_tracks(FACTS, pool) == (got.tracks, got.mismatch)
+    # nothing generated: no flag, nothing decided (the flags of candidate ranking)
+    assert [f["continues_prompt"] or f["echoes_subject"] for f in got.flags] == [False, False]
+    assert [f["decided_at"] for f in got.flags] == [None, None]
+
+
+def test_the_flags_of_each_answer_come_with_the_answers():
+    raw = [" Londres, bien sûr", "B: Pékin"]
+    got = trace_answers(FACTS, [None, None], None, raw)
+    assert got.flags == [answer_flags(f, c) for f, c in zip(FACTS, raw, strict=True)]
+    # the second continuation starts by repeating the subject; the first is decided once
+    # the word Londres has ended
+    assert [f["echoes_subject"] for f in got.flags] == [False, True]
+    assert got.flags[0]["decided_at"] == "Londres,"
+    with pytest.raises(ValueError, match="1 continuations for 2 facts"):
+        trace_answers(FACTS, [None, None], None, raw[:1])
 
 
 def test_the_usable_facts_come_with_those_candidate_ranking_can_score(tiny):

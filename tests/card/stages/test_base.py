@@ -323,7 +323,7 @@ def test_budgets_hash_is_computed_from_the_dataclasses_and_unchanged():
     # the hash of the budgets the documented cards ran (a change is logged in
     # docs/replicate.md with the cards before and after; it makes checkpoints unused)
     assert BUDGETS_HASH == stages.BUDGETS_HASH == "10721ba4f98dc531"
-    assert STAGE_VERSION == 6  # 6: a random population per condition and per transfer cell
+    assert STAGE_VERSION == 7  # 7: the align stage's intervals.measures
     plain = {"quick": stages.QUICK.to_dict(), "full": stages.FULL.to_dict()}
     text = json.dumps(plain, sort_keys=True).encode()
     assert hashlib.sha256(text).hexdigest()[:16] == BUDGETS_HASH
