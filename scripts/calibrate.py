@@ -54,71 +54,58 @@ def merge(old: str, table: str, note: str, only: set[str]) -> str:
     return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n" + note.strip() + "\n"
 
 
-def wild(a: argparse.Namespace) -> int:
-    """The wild cluster bootstrap beside the card's CR2-BM intervals
-    (:mod:`mechlingo.card.calibration_wild`), printed and with ``--write`` put between the
-    page's wild-bootstrap markers."""
-    from mechlingo.card.calibration_wild import COMPARISON_DESIGNS, compare_wild, table_markdown
-
+def _comparison(
+    a: argparse.Namespace,
+    calls: list[tuple[Callable[..., Any], tuple, dict]],
+    table_markdown: Callable[[list[Any]], str],
+    markers: tuple[str, str],
+) -> int:
+    """Run one comparison table's ``calls`` (function, args, keywords) in ``--jobs``
+    processes, print the table and with ``--write`` put it between the page's ``markers``;
+    exit 1 when a row reports ``ok`` false."""
     start = time.perf_counter()
     with ProcessPoolExecutor(max(1, a.jobs)) as pool:
-        futs = [pool.submit(compare_wild, k, d, a.wild, b=a.wild_draws, seed=a.seed)
-                for k, d in COMPARISON_DESIGNS]  # fmt: skip
-        results = [f.result() for f in futs]
+        results = [f.result() for f in [pool.submit(fn, *args, **kw) for fn, args, kw in calls]]
     took = time.perf_counter() - start
     table = table_markdown(results) + (f"\n{len(results)} designs, {took / 60:.1f} min with "
                                        f"{a.jobs} process(es), seed {a.seed}\n")  # fmt: skip
     if a.json:
         a.json.write_text(json.dumps(results, indent=1), encoding="utf-8")
-    if a.write and not _splice(a.write, WILD_BEGIN, WILD_END, lambda old: table):
+    if a.write and not _splice(a.write, *markers, lambda old: table):
         return 2
     print(table)
-    return 0
+    return 0 if all(r.get("ok", True) for r in results if isinstance(r, dict)) else 1
+
+
+def wild(a: argparse.Namespace) -> int:
+    """The wild cluster bootstrap beside the card's CR2-BM intervals
+    (:mod:`mechlingo.card.calibration_wild`)."""
+    from mechlingo.card.calibration_wild import COMPARISON_DESIGNS, compare_wild, table_markdown
+
+    calls = [(compare_wild, (k, d, a.wild), {"b": a.wild_draws, "seed": a.seed})
+             for k, d in COMPARISON_DESIGNS]  # fmt: skip
+    return _comparison(a, calls, table_markdown, (WILD_BEGIN, WILD_END))
 
 
 def family(a: argparse.Namespace) -> int:
-    """The Holm family's error (:mod:`mechlingo.card.calibration_family`), printed and with
-    ``--write`` put between the page's family-table markers."""
+    """The Holm family's error (:mod:`mechlingo.card.calibration_family`)."""
     from mechlingo.card.calibration_family import FAMILY_DESIGNS, family_error, table_markdown
 
-    start = time.perf_counter()
-    with ProcessPoolExecutor(max(1, a.jobs)) as pool:
-        futs = [pool.submit(family_error, d, a.family, a.seed) for d in FAMILY_DESIGNS]
-        results = [f.result() for f in futs]
-    took = time.perf_counter() - start
-    table = table_markdown(results) + (f"\n{len(results)} designs, {took / 60:.1f} min with "
-                                       f"{a.jobs} process(es), seed {a.seed}\n")  # fmt: skip
-    if a.json:
-        a.json.write_text(json.dumps(results, indent=1), encoding="utf-8")
-    if a.write and not _splice(a.write, FAMILY_BEGIN, FAMILY_END, lambda old: table):
-        return 2
-    print(table)
-    return 0 if all(r["ok"] for r in results) else 1
+    calls = [(family_error, (d, a.family, a.seed), {}) for d in FAMILY_DESIGNS]
+    return _comparison(a, calls, table_markdown, (FAMILY_BEGIN, FAMILY_END))
 
 
 def subjects(a: argparse.Namespace) -> int:
     """The coverage of the rows over facts clustered by fact id and by subject on facts whose
-    subjects are shared across relations (:mod:`mechlingo.card.calibration_subjects`),
-    printed and with ``--write`` put between the page's subjects markers."""
+    subjects are shared across relations (:mod:`mechlingo.card.calibration_subjects`)."""
     from mechlingo.card.calibration_subjects import (
         SUBJECT_DESIGNS,
         compare_subjects,
         table_markdown,
     )
 
-    start = time.perf_counter()
-    with ProcessPoolExecutor(max(1, a.jobs)) as pool:
-        futs = [pool.submit(compare_subjects, *d, a.subjects, seed=a.seed) for d in SUBJECT_DESIGNS]
-        results = [f.result() for f in futs]
-    took = time.perf_counter() - start
-    table = table_markdown(results) + (f"\n{len(results)} designs, {took / 60:.1f} min with "
-                                       f"{a.jobs} process(es), seed {a.seed}\n")  # fmt: skip
-    if a.json:
-        a.json.write_text(json.dumps(results, indent=1), encoding="utf-8")
-    if a.write and not _splice(a.write, SUBJ_BEGIN, SUBJ_END, lambda old: table):
-        return 2
-    print(table)
-    return 0
+    calls = [(compare_subjects, (*d, a.subjects), {"seed": a.seed}) for d in SUBJECT_DESIGNS]
+    return _comparison(a, calls, table_markdown, (SUBJ_BEGIN, SUBJ_END))
 
 
 def _splice(path: Path, begin: str, end: str, body: Callable[[str], str]) -> bool:
