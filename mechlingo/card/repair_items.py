@@ -16,6 +16,7 @@ from mechlingo.scoring.share import gold_logshare as _gold_logshare
 from mechlingo.scoring.share import gold_share
 
 __all__ = [
+    "cluster_note",
     "clustered_by",
     "condition_outcomes",
     "gold_share",
@@ -131,6 +132,11 @@ def clustered_by(ids: Sequence[str], clusters: Sequence[str]) -> str:
     ``"clustered by subject (20 subjects of 48 facts)"`` when facts share a subject."""
     f, g = len(set(ids)), len(set(clusters))
     return "clustered by fact" if f == g else f"clustered by subject ({g} subjects of {f} facts)"
+
+
+def cluster_note(ids: Sequence[str], clusters: Sequence[str]) -> str:
+    """``"; clustered by subject (...)"`` when the row's facts share subjects, else ``""``."""
+    return "" if list(clusters) == list(ids) else f"; {clustered_by(ids, clusters)}"
 
 
 def item_records(results: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:

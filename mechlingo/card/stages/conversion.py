@@ -16,7 +16,7 @@ from mechlingo.analyses.recall.patching.readouts import fact_readouts
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
 from mechlingo.card.clustered_tests import mean_test, paired_test
-from mechlingo.card.repair_items import clustered_by, item_clusters
+from mechlingo.card.repair_items import cluster_note, item_clusters
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Budget,
@@ -119,9 +119,9 @@ def rows_conversion(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     eff = mean_test(band, cl)
     c = mean_test(ctl, cl)
     vs = paired_test(ctl, band, cl)
-    by = "" if cl == ids else f"; {clustered_by(ids, cl)}"
     return [make_row(claim, eff, control=c, vs_control=vs, details="restored log-probability "
-                     "of the L answer per site (nats); " + "; ".join(per) + by)]  # fmt: skip
+                     "of the L answer per site (nats); " + "; ".join(per)
+                     + cluster_note(ids, cl))]  # fmt: skip
 
 
 def _trace(checkpoints: Checkpoints) -> Mapping[str, Any]:

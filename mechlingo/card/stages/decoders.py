@@ -21,7 +21,7 @@ from mechlingo.analyses.decoders.registry import DecoderSpec, decoder_specs, def
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
 from mechlingo.card.clustered_tests import mean_test
-from mechlingo.card.repair_items import clustered_by, item_clusters
+from mechlingo.card.repair_items import cluster_note, item_clusters
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Budget,
@@ -146,8 +146,7 @@ def rows_decoders(data: Mapping[str, Any]) -> list[dict[str, Any]]:
             make_row(
                 claim,
                 t,
-                details=f"English first per language: {txt}"
-                + ("" if cl == ids else f"; {clustered_by(ids, cl)}"),
+                details=f"English first per language: {txt}" + cluster_note(ids, cl),
                 extra={"per_lang": {lg: [sum(v), len(v)] for lg, v in per.items()}},
             )
         )

@@ -32,6 +32,7 @@ from mechlingo.card.clustered_tests import (
 )
 from mechlingo.card.population import pool_controls
 from mechlingo.card.repair_items import (
+    cluster_note,
     clustered_by,
     condition_outcomes,
     item_clusters,
@@ -52,7 +53,6 @@ from mechlingo.card.stages.base import (
 from mechlingo.card.stages.data import repair_split, vector_facts
 from mechlingo.card.stages.repair_controls import (  # noqa: F401  (the stage's rows, re-exported)
     OUTCOME_NAMES,
-    cluster_note,
     outcome_key,
     repair_floor,
     rows_lowest,

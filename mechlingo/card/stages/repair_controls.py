@@ -23,7 +23,7 @@ from mechlingo.card.population import (
     population_gain_test,
     rank_population_test,
 )
-from mechlingo.card.repair_items import clustered_by, item_clusters
+from mechlingo.card.repair_items import cluster_note, item_clusters
 from mechlingo.card.rules import make_row
 
 __all__ = ["NO_BASELINE", "OUTCOME_NAMES", "draws", "outcome_key", "population_conditions",
@@ -62,11 +62,6 @@ def subject_clusters(data: Mapping[str, Any], ids: Sequence[str]) -> list[str]:
     ``subjects`` map (derived from the ids in a result stored without one):
     :func:`~mechlingo.card.repair_items.item_clusters`."""
     return item_clusters(ids, data.get("subjects"))
-
-
-def cluster_note(ids: Sequence[str], clusters: Sequence[str]) -> str:
-    """``"; clustered by subject (...)"`` when the row's facts share subjects, else ``""``."""
-    return "" if list(clusters) == list(ids) else f"; {clustered_by(ids, clusters)}"
 
 
 def population_conditions(data: Mapping[str, Any], cond: str | None = None) -> list[str]:

@@ -22,6 +22,7 @@ from mechlingo.card.claims import LU, Claim
 from mechlingo.card.clustered_tests import Test, paired_test, ratio_test
 from mechlingo.card.population import population_gain_test, rank_population_test
 from mechlingo.card.repair_items import (
+    cluster_note,
     clustered_by,
     item_clusters,
     subject_keys,
@@ -171,9 +172,7 @@ def _retained_row(claim: Claim, cells: Sequence[Mapping[str, Any]],
     t, gain_all, why = retained_test(num, den, cl)
     details = (f"share of the in-pool gain kept without R, pooled over {len(per)} columns "
                f"({'; '.join(per)}); in-pool gain {gain_all.estimate.format(3)}, p = "
-               f"{gain_all.p:.3g}; rule: > {RETAINED_SHARE:g}")  # fmt: skip
-    if cl != list(ids):
-        details += f"; {clustered_by(ids, cl)}"
+               f"{gain_all.p:.3g}; rule: > {RETAINED_SHARE:g}{cluster_note(ids, cl)}")  # fmt: skip
     return make_row(share, t, untestable=why, details=details, extra=extra)
 
 
