@@ -1,11 +1,14 @@
 """The Holm family's own proof: the family-wise error of the card's multiplicity step.
 
 A card row's multiplier depends on the other rows of its family: ``finalize`` orders a family
-by each row's p. This module builds whole families of rows as the align stage builds its
-clamp rows (``paired_test`` of the change, ``rank_population_test`` against the row's own
-random clamps, through ``make_row``), judges them with the card's own ``finalize``, and counts
-the families with a wrong verdict (``holds`` on a false claim, ``does not hold`` on a true
-one); docs/calibration.md has the table and how to read it."""
+by each row's p, once per side. This module builds whole families of rows as the card's
+stages build them, through ``make_row``: clamp rows as the align stage makes them
+(``paired_test`` of the change, ``rank_population_test`` against the row's own random
+clamps), and gain rows as the repair stage makes its vector rows (a paired gain per fact, a
+claim with a smallest effect of interest, the vector's rank among random vectors). It judges
+them with the card's own ``finalize`` and counts the families with a wrong verdict
+(``holds`` on a false claim, ``does not hold`` on a true one); docs/calibration.md has the
+table and how to read it."""
 
 from __future__ import annotations
 
@@ -28,14 +31,19 @@ __all__ = ["FAMILY_DESIGNS", "FamilyDesign", "family_error", "table_markdown"]
 
 @dataclass(frozen=True)
 class FamilyDesign:
-    """One family: ``rows`` tuples of (how many rows, claim true?, random draws each, how far
-    every condition moves the distances down; the rows of a tuple spread it evenly from
-    that to 1.5 times it, so each row's own paired p differs), over ``docs`` documents of 10
-    sentences."""
+    """One family. ``kind="clamp"``: ``rows`` tuples of (how many rows, claim true?, random
+    draws each, how far every condition moves the distances down; the rows of a tuple spread
+    it evenly from that to 1.5 times it, so each row's own paired p differs), over ``docs``
+    documents of 10 sentences. ``kind="gain"``: ``rows`` tuples of (how many rows, claim
+    true?, random draws each, the true mean gain) of ``task_vector`` rows over ``docs`` facts
+    (per-fact gain SD 0.06; every random vector loses 0.1, so the control never decides);
+    a gain at the threshold (0) is a false claim, one at or beyond the smallest effect of
+    interest (0.05) a true one."""
 
     name: str
     rows: tuple[tuple[int, bool, int, float], ...]
     docs: int = 24
+    kind: str = "clamp"
 
     @property
     def size(self) -> int:
@@ -59,7 +67,39 @@ FAMILY_DESIGNS: tuple[FamilyDesign, ...] = (
     FamilyDesign(
         "decidable: 3 true rows, 3 null (200 draws)", ((3, True, 200, 0.12), (3, False, 200, 0.12))
     ),  # fmt: skip
+    FamilyDesign(
+        "gains at the threshold beside precise zeros: 6 rows, 40 facts",
+        ((6, False, 200, 0.0),),
+        docs=40,
+        kind="gain",
+    ),  # fmt: skip
+    FamilyDesign(
+        "gains: 3 at the threshold, 3 true (+0.08), 40 facts",
+        ((3, False, 200, 0.0), (3, True, 200, 0.08)),
+        docs=40,
+        kind="gain",
+    ),  # fmt: skip
 )
+
+_GAIN_SD, _DRAW_LOSS = 0.06, -0.1  # a fact's own gain's SD; every random vector's mean gain
+
+
+def _gain_rows(rng: np.random.Generator, d: FamilyDesign) -> tuple[list[dict[str, Any]], list[bool]]:  # fmt: skip
+    """One family of ``task_vector`` rows as the repair stage makes them: per-fact accuracy
+    before, after (before + the row's gain, SD ``_GAIN_SD`` over facts) and after each random
+    vector (``_DRAW_LOSS``), the paired test of the gain and the vector's rank among the
+    random vectors, and whether each row's claim is true."""
+    claim, ids = C.TASK_VECTOR, np.arange(d.docs)
+    rows, truth = [], []
+    for n, true, m, gain in d.rows:
+        for _ in range(n):
+            pre = rng.uniform(0.2, 0.6, d.docs)
+            post = pre + rng.normal(gain, _GAIN_SD, d.docs)
+            draws = pre[None, :] + rng.normal(_DRAW_LOSS, _GAIN_SD, (m, d.docs))
+            vs = rank_population_test(post, draws, ids, base=pre, direction=claim.direction)
+            rows.append(make_row(claim, paired_test(pre, post, ids), vs_control=vs))
+            truth.append(true)
+    return rows, truth
 
 
 def _rows(rng: np.random.Generator, d: FamilyDesign) -> tuple[list[dict[str, Any]], list[bool]]:
@@ -68,6 +108,8 @@ def _rows(rng: np.random.Generator, d: FamilyDesign) -> tuple[list[dict[str, Any
     its random clamps (:func:`~mechlingo.card.calibration._sim_population_docs`), every
     condition moved down by the row's common offset (random clamps move the distances too),
     the expert clamp one more draw (false) or 0.5 further down (true)."""
+    if d.kind == "gain":
+        return _gain_rows(rng, d)
     design = cal.Design("documents", "balanced", (10,) * d.docs)
     rows, truth = [], []
     claim = C.CLAMP_CLOSER

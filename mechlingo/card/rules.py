@@ -86,27 +86,34 @@ def _families_text() -> str:
 #: The verdict rules in words (written into claims.json and the report; hashed).
 RULES = {
     "families": _families_text(),
-    "adjusted level": "a row with multiplier k in its family (Holm: adjusted p over raw p, "
-    "or where capped at 1 its step; BH: likewise) is judged at level 0.05 / k: its intervals "
-    "and its minimum detectable effect are given at confidence 1 - 0.05 / k",
-    "family order": "a row's p in its family is the smaller of its claim-side p and its "
-    "other-side p, each a valid one-sided p: a two-sided test's p counts only on the side "
-    "where its estimate lies (1 on the other), a rank among draws gives its p and its "
-    "opposite p; so a row that its draws cannot decide is placed by the p that would decide "
-    "it, and never moves the rows after it to a smaller multiplier than Holm's step-down "
-    "allows (family-wise error simulated in docs/calibration.md); this rule was changed "
-    "after the full card of 7 December showed the defect, and docs/replicate-log.md lists "
+    "adjusted level": "a row with multiplier k on a side of its family (Holm: adjusted p over "
+    "raw p, or where capped at 1 its step; BH: likewise) is judged on that side at level "
+    "0.05 / k: the interval that decides 'holds', and the minimum detectable effect, at "
+    "confidence 1 - 0.05 / k of the claim side; the interval that decides 'does not hold' at "
+    "that of the other side",
+    "family order": "Holm (primary) or Benjamini-Hochberg (secondary) runs twice in each "
+    "family, once per side: over the rows' claim-side p-values, whose multipliers decide "
+    "'holds', and over their other-side p-values (against the claim, or the precise-zero p), "
+    "whose multipliers decide 'does not hold'; each side's p is a valid one-sided p fixed by "
+    "the rule before the data (a two-sided test's p counts only on the side where its "
+    "estimate lies, 1 on the other; a rank among draws gives its p and its opposite p), so "
+    "a row is never placed by a p that cannot decide what it is judged on, and each side is "
+    "Holm's step-down over one hypothesis per row (family-wise error simulated in "
+    "docs/calibration.md); one family over the smaller of the two sides let the rows at the "
+    "threshold beside precise zeros hold too often (0.12 of families at 0.05); this rule was "
+    "changed after the full card of 7 December was seen, and docs/replicate-log.md lists "
     "the verdicts it moved",
     "holds": "adjusted p < 0.05 on the claim's side, the adjusted-level interval beyond the "
     "threshold in the paper's direction, and the effect beyond its control (where there is "
     "one): against a random population by the effect's rank among the draws, otherwise the "
     "effect - control adjusted-level interval beyond 0 in that direction",
-    "does not hold": "the same rule on the other side: the adjusted p of the opposite side "
-    "< 0.05 and the adjusted-level interval short of the threshold, or the effect below its "
-    "control (the opposite rank p, or the effect - control interval short of 0, adjusted "
-    "below 0.05); or, for a claim with a smallest effect of interest (sesoi), a precise zero: "
-    "the adjusted-level interval short of threshold + sesoi and not beyond the threshold, "
-    "with the adjusted one-sided p of H0 'effect = threshold + sesoi' < 0.05",
+    "does not hold": "the same rule on the other side, at the other side's multiplier: the "
+    "adjusted p of the opposite side < 0.05 and the adjusted-level interval short of the "
+    "threshold, or the effect below its control (the opposite rank p, or the effect - "
+    "control interval short of 0, adjusted below 0.05); or, for a claim with a smallest "
+    "effect of interest (sesoi), a precise zero: the adjusted-level interval short of "
+    "threshold + sesoi and, at either side's level, not beyond the threshold, with the "
+    "adjusted one-sided p of H0 'effect = threshold + sesoi' < 0.05",
     "beating a control": "one definition: the effect's rank among m random draws on the "
     "same items, the exact permutation p (1 + #draws at least as good) / (m + 1); its floor "
     "1 / (m + 1) must lie below the row's adjusted level, so a row with Holm multiplier k "
@@ -305,19 +312,38 @@ def _precise_zero(claim: Claim, effect: Test, iv: Interval, k: float) -> str | N
             f"(adjusted p = {p_text(min(1.0, ps * k))})")  # fmt: skip
 
 
+def _equivalence(claim: Claim, iv: Interval, iv_o: Interval, padj: float | None,
+                 aadj: float | None, mdt: str) -> tuple[str, str]:  # fmt: skip
+    """The verdict of a null claim (:data:`RULES` "null claims"): ``iv`` and ``padj`` at the
+    claim side's level, ``iv_o`` and ``aadj`` at the other side's."""
+    t, m = claim.threshold, claim.margin or 0.0
+    pct, pct_o = f"{100 * iv.confidence:.3g}%", f"{100 * iv_o.confidence:.3g}%"
+    ptxt = "no p" if padj is None else f"adjusted p = {p_text(padj)}"
+    if iv.defined and iv.lo > t - m and iv.hi < t + m and padj is not None and padj < ALPHA:  # type: ignore[operator]
+        return HOLDS, f"the {pct} interval lies inside {t:g} +/- {m:g} ({ptxt})"
+    if (iv_o.above(t + m) or iv_o.below(t - m)) and aadj is not None and aadj < ALPHA:
+        return NOT_HOLDS, (f"the {pct_o} interval lies beyond the margin {t:g} +/- {m:g} "
+                           f"(adjusted p = {p_text(aadj)}): there is an effect")  # fmt: skip
+    return INCONCLUSIVE, (f"the {pct} interval neither lies inside nor wholly beyond "
+                          f"{t:g} +/- {m:g} ({ptxt}){mdt}")  # fmt: skip
+
+
 def verdict(
     claim: Claim,
     effect: Test | None,
     vs_control: Test | None = None,
     multiplier: float = 1.0,
     *,
+    against_multiplier: float | None = None,
     untestable: str | None = None,
     floor: str | None = None,
     missing_control: str | None = None,
 ) -> tuple[str, str]:
-    """The verdict of ``claim`` and its reason by the frozen :data:`RULES`, at the row's
-    adjusted level ``ALPHA / multiplier`` (1 for a row alone): both sides' p-values are
-    scaled by ``multiplier`` and the intervals taken at confidence ``1 - ALPHA / multiplier``."""
+    """The verdict of ``claim`` and its reason by the frozen :data:`RULES`: ``holds`` at the
+    claim side's adjusted level ``ALPHA / multiplier`` (its p scaled by ``multiplier``, its
+    intervals at confidence ``1 - ALPHA / multiplier``), ``does not hold`` at the other
+    side's, ``ALPHA / against_multiplier`` (``multiplier`` where not given; 1 for a row
+    alone). :func:`finalize` gives each side its own family multiplier."""
     if floor:
         return FLOOR, floor
     if untestable:
@@ -328,40 +354,39 @@ def verdict(
         n = 0 if effect is None else effect.estimate.n
         return NOT_TESTABLE, f"no interval: {n} items, fewer than two independent units"
     k = max(1.0, float(multiplier))
-    level = 1 - ALPHA / k
-    iv, d, t = effect.at_level(level), claim.direction, claim.threshold
+    ko = k if against_multiplier is None else max(1.0, float(against_multiplier))
+    level, level_o = 1 - ALPHA / k, 1 - ALPHA / ko
+    iv, iv_o, d, t = (
+        effect.at_level(level),
+        effect.at_level(level_o),
+        claim.direction,
+        claim.threshold,
+    )
     vs = None if vs_control is None else vs_control.at_level(level)
-    pct = f"{100 * level:.3g}%"
+    vs_o = None if vs_control is None else vs_control.at_level(level_o)
+    pct, pct_o = f"{100 * level:.3g}%", f"{100 * level_o:.3g}%"
     p, against, _ = _rule_p(claim, effect, vs_control)
     padj = None if p is None else min(1.0, p * k)
-    aadj = None if against is None else min(1.0, against * k)
+    aadj = None if against is None else min(1.0, against * ko)
     ptxt = "no p" if padj is None else f"adjusted p = {p_text(padj)}"
     md = _mde_at(effect, ALPHA / k)
     mdt = "" if md is None else f"; minimum detectable effect {md:.3f} at the adjusted level"
     if claim.kind == "null":
-        lo_e, hi_e = t - (claim.margin or 0.0), t + (claim.margin or 0.0)
-        inside = iv.defined and iv.lo > lo_e and iv.hi < hi_e  # type: ignore[operator]
-        if inside and padj is not None and padj < ALPHA:
-            return HOLDS, f"the {pct} interval lies inside {t:g} +/- {claim.margin:g} ({ptxt})"
-        if (iv.above(hi_e) or iv.below(lo_e)) and aadj is not None and aadj < ALPHA:
-            return NOT_HOLDS, (f"the {pct} interval lies beyond the margin {t:g} +/- "
-                               f"{claim.margin:g} (adjusted p = {p_text(aadj)}): there is an effect")  # fmt: skip
-        return INCONCLUSIVE, (f"the {pct} interval neither lies inside nor wholly beyond "
-                              f"{t:g} +/- {claim.margin:g} ({ptxt}){mdt}")  # fmt: skip
+        return _equivalence(claim, iv, iv_o, padj, aadj, mdt)
     side, other = ("above", "below") if d > 0 else ("below", "above")
     e_against = _side_p(effect, -1, d, claim.null_value)
-    if _short(iv, t, d) and e_against is not None and min(1.0, e_against * k) < ALPHA:
-        return NOT_HOLDS, (f"the {pct} interval lies {other} {t:g} (adjusted p = "
-                           f"{p_text(min(1.0, e_against * k))})")  # fmt: skip
+    if _short(iv_o, t, d) and e_against is not None and min(1.0, e_against * ko) < ALPHA:
+        return NOT_HOLDS, (f"the {pct_o} interval lies {other} {t:g} (adjusted p = "
+                           f"{p_text(min(1.0, e_against * ko))})")  # fmt: skip
     v_against = None if vs_control is None else _side_p(vs_control, -1, d, 0.0)
     rank = vs_control is not None and vs_control.extra.get("decides") == "rank"
-    if v_against is not None and v_against * k < ALPHA and (rank or (vs is not None and _short(vs, 0.0, d))):  # fmt: skip
+    if v_against is not None and v_against * ko < ALPHA and (rank or (vs_o is not None and _short(vs_o, 0.0, d))):  # fmt: skip
         how = (f"its rank among {vs_control.extra.get('draws')} random draws"  # type: ignore[union-attr]
-               if rank else f"{pct} effect - control interval")  # fmt: skip
+               if rank else f"{pct_o} effect - control interval")  # fmt: skip
         return NOT_HOLDS, (f"the effect lies {other} its control ({how}, adjusted p = "
-                           f"{p_text(min(1.0, v_against * k))})")  # fmt: skip
+                           f"{p_text(min(1.0, v_against * ko))})")  # fmt: skip
     beyond = _beyond(iv, t, d)
-    zero = None if beyond else _precise_zero(claim, effect, iv, k)
+    zero = None if beyond or _beyond(iv_o, t, d) else _precise_zero(claim, effect, iv_o, ko)
     if zero:
         return NOT_HOLDS, zero
     ctl_ok = vs is None or rank or _beyond(vs, 0.0, d)
@@ -464,18 +489,23 @@ def _claim_of(row: Mapping[str, Any]) -> Claim:
                  threshold=r["threshold"], margin=r["margin"], sesoi=r.get("sesoi"))  # fmt: skip
 
 
-def _decision_p(row: Mapping[str, Any]) -> float | None:
-    """The row's p in its family: the smaller of its two sides' (the verdict's evidence)."""
+def _side_ps(row: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """The row's p on each side of its family: the claim side's (it decides ``holds``) and
+    the other side's (it decides ``does not hold``; 1 where the row has none); ``None`` for
+    both where the row has no p (an error, untestable or floor row)."""
     if row.get("verdict") == ERROR or row.get("p") is None:
-        return None
-    return min(row["p"], row.get("p_against") if row.get("p_against") is not None else 1.0)
+        return None, None
+    a = row.get("p_against")
+    return float(row["p"]), 1.0 if a is None else float(a)
 
 
 def finalize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The card's rows, each adjusted in its family (Holm inside each paper's primary family,
-    Benjamini-Hochberg over each paper's secondary rows) and judged at its adjusted level:
-    ``p`` raw, ``p_adjusted``, ``adjustment`` (the procedure, the family's size, the level).
-    Error, untestable and floor rows keep theirs. Call it once, on all the rows of a card."""
+    Benjamini-Hochberg over each paper's secondary rows), once per side (the claim side's
+    p-values decide ``holds``, the other side's ``does not hold``), and judged at its
+    adjusted levels: ``p`` raw, ``p_adjusted``, ``p_against_adjusted``, ``adjustment`` (the
+    procedure, the family's size, each side's multiplier and level). Error, untestable and
+    floor rows keep theirs. Call it once, on all the rows of a card."""
     out = [dict(r) for r in rows]
     fams: dict[tuple[str, str], list[int]] = {}
     for i, r in enumerate(out):
@@ -483,15 +513,16 @@ def finalize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for (paper, fam), idx in fams.items():
         method = "holm" if fam == "primary" else "bh"
         twin = {i: i for i in idx} if fam == "primary" else _twins(out, idx)
-        adj = adjust([None if twin[i] != i else _decision_p(out[i]) for i in idx], method)
-        got = dict(zip(idx, adj, strict=True))
-        size = sum(_decision_p(out[i]) is not None and twin[i] == i for i in idx)
+        sides = {i: _side_ps(out[i]) if twin[i] == i else (None, None) for i in idx}
+        claim = dict(zip(idx, adjust([sides[i][0] for i in idx], method), strict=True))
+        other = dict(zip(idx, adjust([sides[i][1] for i in idx], method), strict=True))
+        size = sum(sides[i][0] is not None for i in idx)
         for i in idx:
-            pa, k = got[twin[i]]
             same = "" if twin[i] == i else (f"; the same test as the row "
                                             f"{_key(out[twin[i]])}: counted once")  # fmt: skip
-            _judge(out[i], pa, k, f"{'Holm' if fam == 'primary' else 'Benjamini-Hochberg'} "
-                   f"over the {size} {fam} rows of {paper}" + ("" if fam == "primary" else
+            _judge(out[i], claim[twin[i]], other[twin[i]],
+                   f"{'Holm' if fam == 'primary' else 'Benjamini-Hochberg'} over the {size} "
+                   f"{fam} rows of {paper}, once per side" + ("" if fam == "primary" else
                    " (exploratory)") + same)  # fmt: skip
     return out
 
@@ -504,7 +535,7 @@ def _twins(rows: Sequence[Mapping[str, Any]], idx: Sequence[int]) -> dict[int, i
     out = {}
     for i in idx:
         r = rows[i]
-        if _decision_p(r) is None:
+        if _side_ps(r)[0] is None:
             out[i] = i
             continue
         key = json.dumps([r.get("value"), r.get("control"), r.get("vs_control"), r.get("rule")],
@@ -513,42 +544,54 @@ def _twins(rows: Sequence[Mapping[str, Any]], idx: Sequence[int]) -> dict[int, i
     return out
 
 
-def _judge(r: dict[str, Any], pa: float | None, k: float, how: str) -> None:
-    """Row ``r`` in its family: adjusted p ``pa``, multiplier ``k``, verdict at its level."""
+def _judge(r: dict[str, Any], claim: tuple[float | None, float],
+           other: tuple[float | None, float], how: str) -> None:  # fmt: skip
+    """Row ``r`` in its family: each side's ``(adjusted p, multiplier)``, the verdict at
+    each side's level; the adjusted interval (``value_adjusted``) and the MDE at the level of
+    the side that decided (:func:`_deciding_p`)."""
+    (pa, k), (pa_o, ko) = claim, other
+    k, ko = max(1.0, k), max(1.0, ko)
     r["p_adjusted"] = None if r.get("p") is None else min(1.0, r["p"] * k)
-    level = 1 - ALPHA / max(1.0, k)
-    r["adjustment"] = {"method": how, "multiplier": k, "level": level, "p_decision": pa}
+    r["p_against_adjusted"] = None if r.get("p_against") is None else min(1.0, r["p_against"] * ko)
+    level = 1 - ALPHA / k
+    r["adjustment"] = {"method": how, "multiplier": k, "level": level, "p_decision": pa,
+                       "multiplier_against": ko, "level_against": 1 - ALPHA / ko,
+                       "p_against_decision": pa_o}  # fmt: skip
     if r.get("verdict") == ERROR or "rule" not in r:
         return
     head = f"({r['variant']}) " if r.get("variant") else ""
     eff = None if r.get("value") is None else Test.from_json(r["value"])
     vs = None if r.get("vs_control") is None else Test.from_json(r["vs_control"])
-    if eff is not None:
-        r["value_adjusted"] = eff.at_level(level).to_json()
-        r["mde"] = _mde_at(eff, ALPHA / max(1.0, k))
     rule = r["rule"]
-    r["verdict"], r["reason"] = verdict(_claim_of(r), eff, vs, k,
+    r["verdict"], r["reason"] = verdict(_claim_of(r), eff, vs, k, against_multiplier=ko,
                                         untestable=rule.get("untestable"),
                                         floor=rule.get("floor"),
                                         missing_control=rule.get("missing_control"))  # fmt: skip
-    r["p_deciding"] = _deciding_p(r)
-    r["p_deciding_adjusted"] = (None if r["p_deciding"] is None
-                                else min(1.0, r["p_deciding"] * max(1.0, k)))  # fmt: skip
+    r["p_deciding"], r["p_deciding_adjusted"], claim_side = _deciding_p(r)
+    r["adjustment"]["deciding_side"] = "claim" if claim_side else "other"
+    if eff is not None:  # the interval and MDE at the level of the side that decided
+        shown = k if claim_side else ko
+        r["value_adjusted"] = eff.at_level(1 - ALPHA / shown).to_json()
+        r["mde"] = _mde_at(eff, ALPHA / shown)
     pd = r["p_deciding_adjusted"]
     r["value_text"] = head + (_text(eff) or "n/a") + (
         "" if pd is None else f", adjusted p = {p_text(pd)}")  # fmt: skip
 
 
-def _deciding_p(row: Mapping[str, Any]) -> float | None:
-    """The p that decided the row's verdict: the claim's side for ``holds``, the other side
-    for ``does not hold``, the smaller of the two otherwise (the row's p in its family)."""
+def _deciding_p(row: Mapping[str, Any]) -> tuple[float | None, float | None, bool]:
+    """The p that decided the row's verdict, raw and adjusted, and whether it is the claim
+    side's: the claim side's for ``holds``, the other side's for ``does not hold``,
+    otherwise the side whose adjusted p is the smaller (the nearer the row came to a
+    verdict; the claim side on a tie)."""
     if row.get("p") is None:
-        return None
-    if row.get("verdict") == HOLDS:
-        return float(row["p"])
-    if row.get("verdict") == NOT_HOLDS and row.get("p_against") is not None:
-        return float(row["p_against"])
-    return _decision_p(row)
+        return None, None, True
+    pc, ac = float(row["p"]), row.get("p_adjusted")
+    po, ao = row.get("p_against"), row.get("p_against_adjusted")
+    if row.get("verdict") == HOLDS or po is None:
+        return pc, ac, True
+    if row.get("verdict") == NOT_HOLDS or (ao is not None and (ac is None or ao < ac)):
+        return float(po), ao, False
+    return pc, ac, True
 
 
 def error_row(claim: Claim, error: str) -> dict[str, Any]:

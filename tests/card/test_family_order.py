@@ -1,8 +1,11 @@
-"""The order of a card family: each row placed by a p that decides it (Holm's step-down).
+"""The order of a card family: Holm's step-down once per side, each row placed by the p of
+the side it is judged on.
 
 A row whose effect lies far beyond 0 but whose rank among its 20 draws (p = 1/21) cannot reach
-a Holm level used to be ordered by its effect's two-sided p counted as "the other side", so the
-rows after it were judged at smaller multipliers than Holm allows."""
+a Holm level used to be ordered by its effect's two-sided p counted as "the other side"; later,
+one family over the smaller of both sides still placed a row by its precise-zero p where the
+precise zero could not decide it. Either way the rows after it were judged at smaller
+multipliers than Holm allows."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from mechlingo.card import claims as C
 from mechlingo.card.calibration_family import FAMILY_DESIGNS, family_error, table_markdown
 from mechlingo.card.clustered_tests import Test, paired_test
 from mechlingo.card.population import rank_population_test
-from mechlingo.card.rules import HOLDS, INCONCLUSIVE, _decision_p, _side_p, finalize, make_row
+from mechlingo.card.rules import HOLDS, INCONCLUSIVE, NOT_HOLDS, _side_p, finalize, make_row
 
 N = 30
 IDS = list(range(N))
@@ -40,10 +43,9 @@ def test_an_undecidable_row_is_placed_by_its_rank_p() -> None:
     assert a["p"] == pytest.approx(1 / 21)
     assert a["p_against"] == 1.0  # the effect's two-sided p lies on the claim's side
     assert 0.025 < b["p"] < 0.05
-    assert _decision_p(a) == pytest.approx(1 / 21)
     out = finalize([a, b])
-    # Holm over the two rows' deciding p-values rejects nothing: 2 * p_b > 0.05
-    reject, adj, _, _ = multipletests([_decision_p(a), _decision_p(b)], 0.05, "holm")
+    # Holm over the two rows' claim-side p-values rejects nothing: 2 * p_b > 0.05
+    reject, adj, _, _ = multipletests([a["p"], b["p"]], 0.05, "holm")
     assert not reject.any()
     assert [r["verdict"] for r in out] == [INCONCLUSIVE, INCONCLUSIVE]
     assert out[1]["adjustment"]["multiplier"] == pytest.approx(2.0)
@@ -63,20 +65,77 @@ def test_a_two_sided_p_counts_only_on_its_estimates_side() -> None:
     assert _side_p(up, -1, 1, 0.5) == up.p and _side_p(up, 1, 1, 0.5) == 1.0
 
 
-def test_the_family_order_is_holm_on_the_deciding_p() -> None:
-    """A simulated family of six rows, each one more random draw: its p is the smaller of its
-    rank p and the opposite rank p (never the gain's own tiny p), and finalize's adjusted
-    p-values are statsmodels' Holm on those."""
+def _gain(effect: float, spread: float = 0.004, draws: int = 0) -> dict:
+    """A task-vector row over 40 facts: a gain of ``effect`` (SE about ``spread``), against
+    ``draws`` random vectors that each lose about 0.1 (rank p 1 / (draws + 1)), or none."""
+    n = 40
+    ids = list(range(n))
+    noise = np.array([1.0, -1.0] * (n // 2)) * np.linspace(0.5, 1.5, n) * spread * 6
+    base = np.full(n, 0.4)
+    new = base + effect + noise
+    if not draws:
+        return make_row(C.TASK_VECTOR, paired_test(base, new, ids))
+    pop = [base - 0.1 + 0.0001 * j + noise for j in range(draws)]
+    vs = rank_population_test(new, pop, ids, base=base, direction=1)
+    return make_row(C.TASK_VECTOR, paired_test(base, new, ids), vs_control=vs)
+
+
+def test_a_precise_zero_p_that_cannot_decide_does_not_move_the_claim_side() -> None:
+    """A row beyond 0 but short of the smallest effect of interest (+0.034: its precise-zero
+    p is tiny, yet it lies beyond the threshold, so no precise zero) whose 20 draws cannot
+    decide it, beside a row with p 0.0225 and one with p 0.49 (both near or beyond the
+    smallest effect of interest): one family over the smaller side placed the first row by
+    its precise-zero p and judged the second at multiplier 2, where it held (0.045); Holm
+    over the claim-side p-values judges it at 3 (0.0675)."""
+    a, b, c = _gain(0.034, draws=20), _gain(0.065, 0.026), _gain(0.02, 0.026)
+    assert a["p_against"] < 1e-3 and a["p"] == pytest.approx(1 / 21)
+    assert b["p"] == pytest.approx(0.0225) and b["p_against"] > 0.5
+    assert c["p"] > 0.4 and c["p_against"] > 0.1
+    out = finalize([a, b, c])
+    reject, adj, _, _ = multipletests([a["p"], b["p"], c["p"]], 0.05, "holm")
+    assert [r["adjustment"]["p_decision"] for r in out] == pytest.approx(list(adj))
+    assert out[1]["adjustment"]["multiplier"] == pytest.approx(3.0)
+    assert out[1]["verdict"] == INCONCLUSIVE and not reject[1]
+    # the other side is its own Holm family: the first row's precise-zero p leads it, yet it
+    # cannot decide that row (its interval lies beyond 0): inconclusive, not "does not hold"
+    assert out[0]["adjustment"]["multiplier_against"] == pytest.approx(3.0)
+    assert out[0]["verdict"] == INCONCLUSIVE
+
+
+def test_a_row_at_the_threshold_beside_precise_zeros_is_judged_at_holms_step() -> None:
+    """Six gains at the threshold (false claims): five lie near 0 (precise zeros), one
+    lies beyond 0 at 95% by chance (p 0.0225). One family over the smaller side placed
+    the five first by their precise-zero p and judged the sixth at multiplier 1, where it
+    held: a false "holds". Per side, the sixth leads the claim side at multiplier 6."""
+    rows = [_gain(e, draws=200) for e in (0.0, -0.004, 0.003, -0.002, 0.001)]
+    rows.append(_gain(0.010, draws=200))
+    assert rows[-1]["p"] == pytest.approx(0.0225) and all(r["p_against"] < 1e-6 for r in rows)
+    assert finalize(rows[-1:])[0]["verdict"] == HOLDS  # alone it holds: 0.0225 < 0.05
+    out = finalize(rows)
+    assert [r["verdict"] for r in out[:-1]] == [NOT_HOLDS] * 5  # precise zeros
+    assert out[-1]["verdict"] == INCONCLUSIVE
+    assert out[-1]["adjustment"]["multiplier"] == pytest.approx(6.0)
+    _, adj, _, _ = multipletests([r["p"] for r in rows], 0.05, "holm")
+    assert [r["adjustment"]["p_decision"] for r in out] == pytest.approx(list(adj))
+    _, adj_o, _, _ = multipletests([r["p_against"] for r in rows], 0.05, "holm")
+    assert [r["adjustment"]["p_against_decision"] for r in out] == pytest.approx(list(adj_o))
+
+
+def test_each_side_is_holm_on_its_own_p() -> None:
+    """A simulated family of six rows, each one more random draw: each side's p is the rank
+    p or the opposite rank p (never the gain's own tiny p), and finalize's adjusted p-values
+    are statsmodels' Holm on each side's."""
     from mechlingo.card.calibration_family import _rows
 
     rows, _ = _rows(np.random.default_rng(3), FAMILY_DESIGNS[0])
-    dec = [_decision_p(r) for r in rows]
     ranks = [Test.from_json(r["vs_control"]) for r in rows]
-    assert dec == [min(t.p, t.extra["p_opposite"]) for t in ranks]
-    assert all(d > 1 / 101 - 1e-12 for d in dec)
+    assert [r["p"] for r in rows] == [t.p for t in ranks]
+    assert [r["p_against"] for r in rows] == [t.extra["p_opposite"] for t in ranks]
+    assert all(min(r["p"], r["p_against"]) > 1 / 101 - 1e-12 for r in rows)
     out = finalize(rows)
-    _, adj, _, _ = multipletests(dec, 0.05, "holm")
-    assert [r["adjustment"]["p_decision"] for r in out] == pytest.approx(list(adj))
+    for side, key in (("p", "p_decision"), ("p_against", "p_against_decision")):
+        _, adj, _, _ = multipletests([r[side] for r in rows], 0.05, "holm")
+        assert [r["adjustment"][key] for r in out] == pytest.approx(list(adj))
 
 
 def test_family_error_is_within_bounds_on_a_few_samples() -> None:
@@ -84,5 +143,6 @@ def test_family_error_is_within_bounds_on_a_few_samples() -> None:
     assert all(r["ok"] for r in res)
     assert res[2]["power"] >= 0.9  # true rows with 200 draws are decided
     assert res[1]["power"] == 0.0  # 20 draws cannot decide a row of a family of 6
+    assert res[4]["power"] >= 0.9  # true gains with 200 draws hold beside rows at 0
     text = table_markdown(res)
     assert text.count("\n") == 2 + len(FAMILY_DESIGNS) and "met" in text

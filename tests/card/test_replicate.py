@@ -24,7 +24,7 @@ from mechlingo.card.rules import (
     NOT_HOLDS,
     NOT_TESTABLE,
     RULES_HASH,
-    _decision_p,
+    _side_ps,
 )
 from mechlingo.card.stages import transfer as transfer_stage
 from mechlingo.core.checkpoints import Checkpoints
@@ -303,15 +303,16 @@ def test_every_claim_row_and_a_failing_stage(tiny, tmp_path, monkeypatch):
         {k: r[k] for k in keep} for r in card.rows if not r["stage"].startswith("transfer")
     ]
 
-    # the independence rows join Lu's primary Holm family: every primary row's adjusted p is
-    # then statsmodels' Holm over the family's deciding p-values, the new rows included
+    # the independence rows join Lu's primary Holm family: on each side, every primary row's
+    # adjusted p is then statsmodels' Holm over the family's p-values of that side
     for paper in {r["paper"] for r in again.rows}:
         fam = [r for r in again.rows if r["family"] == "primary" and r["paper"] == paper
-               and _decision_p(r) is not None]  # fmt: skip
+               and _side_ps(r)[0] is not None]  # fmt: skip
         if not fam:
             continue
-        _, adj, _, _ = multipletests([_decision_p(r) for r in fam], 0.05, "holm")
-        assert [r["adjustment"]["p_decision"] for r in fam] == pytest.approx(list(adj))
+        for side, key in ((0, "p_decision"), (1, "p_against_decision")):
+            _, adj, _, _ = multipletests([_side_ps(r)[side] for r in fam], 0.05, "holm")
+            assert [r["adjustment"][key] for r in fam] == pytest.approx(list(adj))
 
 
 # --------------------------------------------------------------------------------------

@@ -135,7 +135,9 @@ def test_mirror_images_get_mirror_verdicts_at_the_adjusted_level():
     # each side's own p: the claim's side for +x; for -x the claim's side is 1 (its
     # two-sided p counts only on the side where its estimate lies)
     assert (up["p_adjusted"], down["p_adjusted"]) == (pytest.approx(0.003), 1.0)
-    assert up["adjustment"]["level"] == down["adjustment"]["level"] == pytest.approx(1 - 0.05 / 3)
+    # each verdict at its side's level: the claim side's for +x, the other side's for -x
+    assert up["adjustment"]["level"] == pytest.approx(1 - 0.05 / 3)
+    assert down["adjustment"]["level_against"] == pytest.approx(1 - 0.05 / 3)
     weak = T(-0.1, -0.19, -0.01, p=0.03)  # below 0 at 95%, p = 0.03
     (alone,) = finalize([make_row(PRIMARY_UP, weak)])
     assert alone["verdict"] == NOT_HOLDS
