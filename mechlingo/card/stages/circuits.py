@@ -33,7 +33,7 @@ from mechlingo.analyses.circuits.runs import readout_fn
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
 from mechlingo.card.clustered_tests import Test, ratio_test
-from mechlingo.card.repair_items import clustered_by, item_clusters
+from mechlingo.card.repair_items import clustered_by, item_clusters, subject_keys
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Budget,
@@ -206,7 +206,7 @@ def stage_circuits(model: Model, facts: Sequence[Fact], settings: CardSettings) 
     parts = _parts(model, facts, settings)
     dev: dict[str, Any] = {}
     out: dict[str, Any] = {"threshold": C.SAME_MECHANISM_SHARE, "sizes": list(SIZES),
-                           "langs": {}}  # fmt: skip
+                           "langs": {}, "subjects": subject_keys(facts)}  # fmt: skip
     for lang, p in parts.items():
         clean, pool = p["dev"]
         try:
@@ -293,7 +293,7 @@ def rows_circuits(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         t = d["test"]
         clean, corr = np.asarray(t["clean"]), np.asarray(t["corrupted"])
         den = clean - corr
-        cl = item_clusters(t["ids"])
+        cl = item_clusters(t["ids"], data.get("subjects"))
         eff = ratio_test(np.asarray(t["english"]) - corr, den, cl, null=claim.threshold)
         own = ratio_test(np.asarray(t["own"]) - corr, den, cl, null=claim.threshold)
         vs = jaccard_rank_test(float(d["jaccard"]), d["null"])

@@ -16,7 +16,7 @@ from mechlingo.analyses.recall.patching.readouts import fact_readouts
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
 from mechlingo.card.clustered_tests import mean_test, paired_test
-from mechlingo.card.repair_items import cluster_note, item_clusters
+from mechlingo.card.repair_items import cluster_note, item_clusters, subject_keys
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Budget,
@@ -70,7 +70,7 @@ def stage_conversion(model: Model, facts: list[Fact], trace: Mapping[str, Any],
     c = settings.budget.conversion
     n_layers = int(model.cfg.n_layers)
     sites = ["mlp_out", "attn_out"]
-    out: dict[str, Any] = {"sites": sites, "langs": {}}
+    out: dict[str, Any] = {"sites": sites, "langs": {}, "subjects": subject_keys(facts)}
     rng = random.Random(0)
     for lang in c.langs:
         band = conversion_band(trace, lang)
@@ -115,7 +115,8 @@ def rows_conversion(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     if len(band) < 2:
         return [make_row(claim, None, untestable="no language with a conversion band and two "
                          "prompt pairs (" + "; ".join(per) + ")")]  # fmt: skip
-    cl = item_clusters(ids)  # a fact's languages, and facts sharing a subject, move together
+    # a fact's languages, and facts sharing a subject (the stored ``subjects``), move together
+    cl = item_clusters(ids, data.get("subjects"))
     eff = mean_test(band, cl)
     c = mean_test(ctl, cl)
     vs = paired_test(ctl, band, cl)

@@ -21,7 +21,7 @@ from mechlingo.analyses.decoders.registry import DecoderSpec, decoder_specs, def
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
 from mechlingo.card.clustered_tests import mean_test
-from mechlingo.card.repair_items import cluster_note, item_clusters
+from mechlingo.card.repair_items import cluster_note, item_clusters, subject_keys
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Budget,
@@ -79,7 +79,7 @@ def stage_decoders(model: Model, facts: list[Fact], trace: Mapping[str, Any] | N
     d = settings.budget.decoders
     max_rank = int(settings.budget.trace.max_rank)
     by_id = {(f.id, f.lang): f for f in facts}
-    out: dict[str, Any] = {"max_rank": max_rank, "decoders": {}}
+    out: dict[str, Any] = {"max_rank": max_rank, "decoders": {}, "subjects": subject_keys(facts)}
     default = default_decoder()
     if trace is not None:
         recs = [r for r in trace["records"] if (r["id"], r["lang"]) in by_id]
@@ -117,8 +117,9 @@ def stage_decoders(model: Model, facts: list[Fact], trace: Mapping[str, Any] | N
 
 def rows_decoders(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One latent-English row per decoder with a claim (``latent_english_NAME``): the share
-    of ordered prompts where English comes first, clustered by subject (the fact id where no
-    subject is shared across relations), against 0.5. The logit
+    of ordered prompts where English comes first, clustered by subject (the stored
+    ``subjects``; the fact id where no subject is shared across relations; a result stored
+    without ``subjects``: the subject each id names, else the fact id), against 0.5. The logit
     lens is ``latent_english``'s own measurement (the trace records): no second row."""
     rows = []
     claims = {c.id: c for c in C.CLAIMS}
@@ -136,7 +137,7 @@ def rows_decoders(data: Mapping[str, Any]) -> list[dict[str, Any]]:
                                  "answer becomes decodable with distinct words"))  # fmt: skip
             continue
         ids = [x["id"] for x in items]
-        cl = item_clusters(ids)
+        cl = item_clusters(ids, data.get("subjects"))
         t = mean_test([float(x["en_first"]) for x in items], cl, null=0.5)
         per = {}
         for x in items:

@@ -13,7 +13,7 @@ from mechlingo.analyses.recall.trace import trace_recall
 from mechlingo.card import claims as C
 from mechlingo.card.claims import LU
 from mechlingo.card.clustered_tests import mean_test, paired_test
-from mechlingo.card.repair_items import clustered_by, item_clusters
+from mechlingo.card.repair_items import clustered_by, item_clusters, subject_keys
 from mechlingo.card.rules import make_row
 from mechlingo.card.stages.base import (
     Budget,
@@ -55,6 +55,7 @@ def stage_trace(model: Model, facts: list[Fact], settings: CardSettings, progres
         "mid_layers": tr.mid_layers,
         "metric": metric,
         "mismatch_rule": "another fact's English answer: the next id of the same relation",
+        "subjects": subject_keys(facts),
     }
 
 
@@ -66,8 +67,9 @@ def _first(x: int, a: int) -> bool:
 
 def rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     """``latent_english`` and ``recall_failures``: 0/1 shares against 1/2, clustered by
-    subject (:func:`~mechlingo.card.repair_items.item_clusters` of the records' fact ids:
-    the fact id where no subject is shared across relations).
+    subject (:func:`~mechlingo.card.repair_items.item_clusters` of the records' fact ids and
+    the stored ``subjects``: the fact id where no subject is shared across relations; a
+    result stored without ``subjects``: the subject each id names, else the fact id).
 
     ``latent_english`` reads the English-first share on the queries where the English or the
     L answer is decodable (distinct words, no tie); its control, the mismatched fact's
@@ -91,7 +93,8 @@ def rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
             ctl.append(float(_first(m, a)))
             pair_ids.append(r["id"])
     c1 = C.LATENT_ENGLISH
-    cl, pair_cl = item_clusters(ids), item_clusters(pair_ids)
+    subjects = data.get("subjects")
+    cl, pair_cl = item_clusters(ids, subjects), item_clusters(pair_ids, subjects)
     t1 = mean_test(order, cl, null=c1.null_value) if order else None
     vs = c = None
     missing = ("the trace records have no first_mismatch_en_layer: the mismatched-fact control "
@@ -116,7 +119,7 @@ def rows_trace(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     errors = sum(not r["correct"] for r in recs)
     c2 = C.RECALL_FAILURES
     fail_ids = [r["id"] for r in fails]
-    fail_cl = item_clusters(fail_ids)
+    fail_cl = item_clusters(fail_ids, subjects)
     t2 = mean_test(rf, fail_cl, null=c2.null_value) if fails else None
     row2 = make_row(
         c2, t2, untestable=None if fails else "no recall or translation failures among the "

@@ -6,13 +6,23 @@ from __future__ import annotations
 
 import types
 
+import numpy as np
 import pytest
 
 from mechlingo.card import claims
-from mechlingo.card.clustered_tests import mean_test, paired_test
+from mechlingo.card.clustered_tests import mean_test, paired_test, ratio_test
 from mechlingo.card.repair_items import item_clusters, subject_keys, subject_of
 from mechlingo.card.rules import finalize
-from mechlingo.card.stages import repair, trace, transfer
+from mechlingo.card.stages import (
+    CardSettings,
+    budget_settings,
+    circuits,
+    conversion,
+    decoders,
+    repair,
+    trace,
+    transfer,
+)
 
 Y, N = True, False
 
@@ -172,3 +182,155 @@ def test_a_row_number_is_no_subject():
     assert len(set(item_clusters(ids, keys))) == 3
     unnamed = [types.SimpleNamespace(id=i, relation=i.split("/")[0], subject_en="") for i in ids]
     assert subject_keys(unnamed) == {}  # no subject known: no two facts are joined
+
+
+# --------------------------------------------------------------------------------------
+# A benchmark folder's ids: the trace, conversion, circuits and decoders rows
+# --------------------------------------------------------------------------------------
+
+#: Benchmark ids (a row number within a relation) and each fact's English subject: 8 facts
+#: on 4 subjects, joined across row numbers (``P17/0`` and ``P36/2`` are both France).
+BENCH = {"P17/0": "France", "P17/1": "Kenya", "P17/2": "Japan", "P17/3": "Peru",
+         "P36/0": "Kenya", "P36/1": "Peru", "P36/2": "France", "P36/3": "Japan"}  # fmt: skip
+#: English first (the latent order, the decoders' order) by subject, in each language but a
+#: fact's own noise: France and Kenya mostly, Japan and Peru seldom.
+LEAN = {"France": 1.0, "Kenya": 1.0, "Japan": 0.0, "Peru": 0.0}
+
+
+def _bench_facts(langs=("en",)):
+    return [types.SimpleNamespace(id=i, relation=i.split("/")[0], subject_en=s, lang=lg)
+            for lg in langs for i, s in BENCH.items()]  # fmt: skip
+
+
+def _bench_map():
+    keys = subject_keys(_bench_facts())
+    assert keys == BENCH  # the English subject: the row number names none
+    return keys
+
+
+def _en_first(i, lg):
+    """1 where English comes first: the subject's lean, flipped for one fact in fr."""
+    v = LEAN[BENCH[i]]
+    return 1.0 - v if (lg, i) == ("fr", "P36/3") else v
+
+
+def _by(ids):
+    return [BENCH[i] for i in ids]
+
+
+def _same(value, test, n):
+    """The stored row's value is ``test`` (by subject), on ``n`` clusters."""
+    assert value["n_clusters"] == n == test.n_clusters
+    assert value["estimate"] == test.estimate.to_json() and value["p"] == test.p
+
+
+def test_trace_rows_on_benchmark_ids_cluster_by_the_stored_subjects():
+    """Hand case: ``P17/k`` and ``P36/k`` on 4 English subjects, es and fr. Both trace rows
+    have 4 clusters and the interval of the direct test on the subjects, wider than the
+    fact-clustered one; a result stored without ``subjects`` (an older checkpoint) keeps
+    the fact ids (8 clusters)."""
+    recs = []
+    for lg in ("es", "fr"):
+        for k, i in enumerate(BENCH):
+            e = _en_first(i, lg)
+            recs.append({"id": i, "lang": lg, "correct": False, "answer": "x", "answer_en": "y",
+                         "class": "recall_failure" if e else "translation_failure",
+                         "first_en_layer": 2 if e else 6, "first_answer_layer": 4,
+                         "first_mismatch_en_layer": 3 if k % 3 else 5})  # fmt: skip
+    ids = [r["id"] for r in recs]
+    order = [_en_first(r["id"], r["lang"]) for r in recs]
+    ctl = [float(r["first_mismatch_en_layer"] < 4) for r in recs]
+    null = claims.LATENT_ENGLISH.null_value
+    le, rf = trace.rows_trace({"records": recs, "subjects": _bench_map()})
+    want = mean_test(order, _by(ids), null=null)
+    _same(le["value"], want, 4)
+    _same(le["vs_control"], paired_test(ctl, order, _by(ids)), 4)
+    _same(rf["value"], mean_test(order, _by(ids), null=0.5), 4)
+    assert "clustered by subject (4 subjects of 8 facts)" in rf["details"]
+    by_fact = mean_test(order, ids, null=null).estimate
+    assert want.estimate.hi - want.estimate.lo > (by_fact.hi - by_fact.lo) * 1.1
+    old_le, old_rf = trace.rows_trace({"records": recs})  # stored before the map
+    _same(old_le["value"], mean_test(order, ids, null=null), 8)
+    assert old_rf["value"]["n_clusters"] == 8 and "clustered by fact" in old_rf["details"]
+
+
+def test_conversion_rows_on_benchmark_ids_cluster_by_the_stored_subjects():
+    """The restored log-probability per prompt (es and fr, the subject's effect plus a
+    fact's): the row, its control and the control comparison on the 4 subjects."""
+    langs = {}
+    for lg in ("es", "fr"):
+        band = [1.0 + 2.0 * _en_first(i, lg) + 0.1 * k for k, i in enumerate(BENCH)]
+        ctl = [0.2 * (k % 2) for k in range(len(BENCH))]
+        langs[lg] = {"band": [5, 6], "ids": list(BENCH), "band_effect": band,
+                     "control_effect": ctl}  # fmt: skip
+    ids = list(BENCH) * 2
+    band = langs["es"]["band_effect"] + langs["fr"]["band_effect"]
+    ctl = langs["es"]["control_effect"] + langs["fr"]["control_effect"]
+    (row,) = conversion.rows_conversion({"langs": langs, "subjects": _bench_map()})
+    _same(row["value"], mean_test(band, _by(ids)), 4)
+    _same(row["control"], mean_test(ctl, _by(ids)), 4)
+    _same(row["vs_control"], paired_test(ctl, band, _by(ids)), 4)
+    assert "clustered by subject (4 subjects of 8 facts)" in row["details"]
+    (old,) = conversion.rows_conversion({"langs": langs})
+    _same(old["value"], mean_test(band, ids), 8)
+
+
+def test_circuits_rows_on_benchmark_ids_cluster_by_the_stored_subjects():
+    """The English circuit's faithfulness on fr's test pairs (a ratio of sums): the row's
+    interval is the ratio test's on the 4 subjects."""
+    ids = list(BENCH)
+    den = np.array([4.0, 6.0, 8.0, 5.0, 7.0, 9.0, 6.0, 4.0])
+    corr = -den - 1.0
+    eng = corr + den * np.array([0.5 + 0.4 * _en_first(i, "fr") for i in ids])
+    brief = {"n": 8, "n_edges": 50, "faithfulness": {"faithfulness": 0.8}, "n_scored": 3515}
+    d = {"test": {"ids": ids, "clean": (corr + den).tolist(), "corrupted": corr.tolist(),
+                  "english": eng.tolist(), "own": eng.tolist()},
+         "dev_en": brief, "dev": brief, "jaccard": 0.4, "null": [0.01] * 99}  # fmt: skip
+    [row] = circuits.rows_circuits({"langs": {"fr": d}, "subjects": _bench_map()})
+    thr = claims.SAME_MECHANISM.threshold
+    _same(row["value"], ratio_test(eng - corr, den, _by(ids), null=thr), 4)
+    assert "clustered by subject (4 subjects of 8 facts)" in row["details"]
+    [old] = circuits.rows_circuits({"langs": {"fr": d}})
+    _same(old["value"], ratio_test(eng - corr, den, ids, null=thr), 8)
+
+
+def test_decoder_rows_on_benchmark_ids_cluster_by_the_stored_subjects():
+    items = [{"id": i, "lang": lg, "en_first": bool(_en_first(i, lg))}
+             for lg in ("es", "fr") for i in BENCH]  # fmt: skip
+    en_first = [float(x["en_first"]) for x in items]
+    ids = [x["id"] for x in items]
+    data = {"decoders": {"patchscope": {"items": items}}, "subjects": _bench_map()}
+    rows = {r["id"]: r for r in decoders.rows_decoders(data)}
+    row = rows["latent_english_patchscope"]
+    _same(row["value"], mean_test(en_first, _by(ids), null=0.5), 4)
+    assert "clustered by subject (4 subjects of 8 facts)" in row["details"]
+    old = {r["id"]: r for r in decoders.rows_decoders({"decoders": data["decoders"]})}
+    _same(old["latent_english_patchscope"]["value"], mean_test(en_first, ids, null=0.5), 8)
+
+
+def test_the_four_stages_store_the_subjects_of_their_facts(monkeypatch):
+    """Each stage's result carries ``subject_keys`` of the facts it read (no model: the
+    measurements are stubbed or find nothing to measure)."""
+    import pandas as pd
+
+    facts = _bench_facts(("en", "fr"))
+    cfg = CardSettings.of(budget_settings("quick", {}))
+    fake = types.SimpleNamespace(
+        records=[], counts=dict, lens=types.SimpleNamespace(latent_curves=pd.DataFrame),
+        n_layers=4, max_rank=10, mid_layers=[1, 2],
+    )  # fmt: skip
+    monkeypatch.setattr(trace, "trace_recall", lambda *a, **k: fake)
+    monkeypatch.setattr(decoders, "card_decoders", list)
+    monkeypatch.setattr(circuits, "_parts", lambda model, facts, settings: {
+        lg: {"dev": ([], []), "test": ([], [])} for lg in ("en", *cfg.budget.circuits.langs)})  # fmt: skip
+    model = types.SimpleNamespace(cfg=types.SimpleNamespace(n_layers=4))
+    got = {
+        "trace": trace.stage_trace(model, facts, cfg, progress=False),
+        "conversion": conversion.stage_conversion(
+            model, facts, {"records": [], "n_layers": 4}, cfg
+        ),  # fmt: skip
+        "circuits": circuits.stage_circuits(model, facts, cfg),
+        "decoders": decoders.stage_decoders(model, facts, None, cfg, progress=False),
+    }
+    for name, data in got.items():
+        assert data["subjects"] == BENCH, name
