@@ -13,7 +13,6 @@ from mechlingo.analyses.recall.classes import (
     failure_split,
     flag_counts,
 )
-from mechlingo.analyses.recall.trace_answers import answer_flags
 from mechlingo.core.answers import (
     continues_prompt,
     decision_prefix,
@@ -22,6 +21,7 @@ from mechlingo.core.answers import (
     shared_form,
 )
 from mechlingo.data import Fact
+from mechlingo.data.fact_answers import answer_flags
 
 
 def _fact(lang, subject, prompt, answer, en, aliases=()):
