@@ -81,8 +81,9 @@ def mismatch_tracks(
     facts: Sequence[Fact], pool: Sequence[Fact] | None
 ) -> tuple[dict[str, list[str]], list[str | None]]:
     """The lens tracks of ``facts``: each fact's answer, its English answer
-    (:func:`fact_answers`) and (track ``mismatch_en``) another fact's English answer (:func:`mismatched_english`; the fact's own where there is
-    none), with the mismatched words."""
+    (:func:`fact_answers`) and (track ``mismatch_en``) another fact's English answer
+    (:func:`mismatched_english`; the fact's own where there is none), with the mismatched
+    words."""
     tracks = fact_answers(facts, ("en",), pool)
     mismatch = mismatched_english(facts, tracks["en"])
     tracks["mismatch_en"] = [m if m is not None else e for m, e in zip(mismatch, tracks["en"],
