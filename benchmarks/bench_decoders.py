@@ -25,10 +25,11 @@ import time
 import torch
 from smoke import add_smoke_flag, apply_smoke, bench_model
 
-from mechlingo.analyses.decoders.lens import fact_answers, logit_lens
+from mechlingo.analyses.decoders.lens import logit_lens
 from mechlingo.analyses.decoders.patchscope import Patchscope
 from mechlingo.analyses.decoders.tuned_lens import TunedLens
 from mechlingo.data import load_facts
+from mechlingo.data.fact_answers import fact_answers
 
 
 def _best(fn, repeats: int) -> float:

@@ -7,7 +7,7 @@ import argparse
 import time
 from collections.abc import Sequence
 
-from mechlingo.analyses.decoders.lens import fact_answers, lens_facts, logit_lens
+from mechlingo.analyses.decoders.lens import lens_facts, logit_lens
 from mechlingo.analyses.decoders.registry import default_decoder
 from mechlingo.cli import common, cost
 from mechlingo.cli.decoders import (
@@ -22,6 +22,7 @@ from mechlingo.cli.streams import outputs_written
 from mechlingo.core.errors import InputError
 from mechlingo.core.inert import inert_csv
 from mechlingo.data import Fact, benchmark_format, read_facts
+from mechlingo.data.fact_answers import fact_answers
 from mechlingo.data.langid import identify_language
 from mechlingo.report import write_outputs
 from mechlingo.report.lens import lens_report, token_lens_report

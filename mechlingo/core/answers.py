@@ -8,7 +8,7 @@ aliases count, how a generation is matched against it, and which tokens are "the
   :func:`match_status` on a partial generation, :func:`decided` and :func:`decision_prefix`
   for when its verdict is final;
 * what a generation did besides answering -- :func:`shared_form`, :func:`continues_prompt`,
-  :func:`echoes_subject`;
+  :func:`echoes_subject`, all of them at once: :func:`generation_flags`;
 * token sets -- :func:`answer_tokens` (:class:`AnswerTokens`) and :func:`pack_token_sets`.
 
 The rules in full: ``docs/concepts.md`` (answer token sets) and ``docs/methods/scoring.md``
@@ -44,6 +44,8 @@ __all__ = [
     "decision_prefix",
     "distinct_aliases",
     "echoes_subject",
+    "first_line",
+    "generation_flags",
     "is_correct",
     "match_status",
     "normalize",
@@ -117,12 +119,18 @@ def normalize(text: str) -> str:
 
 def is_correct(generation: str, answers: Sequence[str], lang: str | None = None) -> bool:
     """Whether ``generation`` (the continuation) starts with one of ``answers``."""
+    return _starts_with(generation, answers, needs_word_boundary(lang))
+
+
+def _starts_with(generation: str, answers: Sequence[str], boundary: bool) -> bool:
+    """:func:`is_correct` in a language that needs (``boundary``) or does not need a word
+    boundary after the answer."""
     gen = normalize(generation.split("\n")[0] if generation.strip() else generation.strip())
     for ans in answers:
         a = normalize(ans)
         if not a or not gen.startswith(a):
             continue
-        if not needs_word_boundary(lang) or len(gen) == len(a):
+        if not boundary or len(gen) == len(a):
             return True
         nxt = gen[len(a)]
         if not (nxt.isalnum() or unicodedata.category(nxt).startswith("M")):
@@ -196,19 +204,28 @@ def continues_prompt(prompt: str, continuation: str, lang: str) -> bool:
     a letter or digit and the continuation starts with one, with no space or punctuation
     between (German ``"... in der Stadt"`` continued as ``"bibliothek"``: the model goes on
     with the word, it does not answer)."""
-    if not prompt or not continuation or not answer_separator(lang):
-        return False
-    return _word_char(prompt[-1]) and _word_char(continuation[0])
+    return writes_spaces(lang) and _glues(prompt, continuation)
+
+
+def _glues(prompt: str, continuation: str) -> bool:
+    """:func:`continues_prompt` in a language written with spaces."""
+    return bool(prompt and continuation) and _word_char(prompt[-1]) and _word_char(continuation[0])
 
 
 def echoes_subject(generation: str, subject: str, answers: Sequence[str], lang: str) -> bool:
     """Whether the greedy answer starts by repeating the ``subject`` (the eval rule's match,
     :func:`is_correct`, of the subject; Japanese ``"日本の首都は…"`` for the subject 日本),
     unless one of ``answers`` itself starts with the subject (``Mexico City`` for Mexico)."""
+    return _echoes(generation, subject, answers, needs_word_boundary(lang))
+
+
+def _echoes(generation: str, subject: str, answers: Sequence[str], boundary: bool) -> bool:
+    """:func:`echoes_subject` in a language that needs (``boundary``) or does not need a word
+    boundary after the answer."""
     subj = normalize(subject)
     if not subj or any(normalize(a).startswith(subj) for a in answers):
         return False
-    return is_correct(generation, [subject], lang)
+    return _starts_with(generation, [subject], boundary)
 
 
 def decision_prefix(
@@ -223,6 +240,41 @@ def decision_prefix(
         if decided(generation[:k], answers, lang, english):
             return generation[:k]
     return generation
+
+
+def generation_flags(
+    prompt: str,
+    subject: str,
+    lang: str,
+    answers: Sequence[str],
+    english: str,
+    continuation: str | None,
+) -> dict[str, Any]:
+    """What a fact's greedy ``continuation`` did besides answering, as record fields (the
+    language's rules looked up once): ``shared_form`` (:func:`shared_form`: the answer is
+    written as its ``english`` one), ``continues_prompt`` (:func:`continues_prompt`),
+    ``echoes_subject`` (:func:`echoes_subject`, on the first line) and ``decided_at``
+    (:func:`decision_prefix` of the first line). ``answers``: the answer and its aliases;
+    ``continuation`` ``None``: nothing generated (the flags are ``False``, ``decided_at``
+    ``None``)."""
+    spaced, boundary = writes_spaces(lang), needs_word_boundary(lang)
+    shared = shared_form(lang, answers, english)
+    if continuation is None:
+        return {"shared_form": shared, "continues_prompt": False, "echoes_subject": False,
+                "decided_at": None}  # fmt: skip
+    line = first_line(continuation)
+    return {
+        "shared_form": shared,
+        "continues_prompt": spaced and _glues(prompt, continuation),
+        "echoes_subject": _echoes(line, subject, answers, boundary),
+        "decided_at": decision_prefix(line, answers, lang, english),
+    }
+
+
+def first_line(continuation: str) -> str:
+    """The first line of a raw ``continuation`` (``""`` for one of whitespace only): what
+    the eval rule reads."""
+    return continuation.strip().split("\n")[0] if continuation.strip() else ""
 
 
 # --------------------------------------------------------------------------------------

@@ -435,12 +435,7 @@ def _evaluate(
     sub = [facts[i] for i in keep]
     names, ivs = list(conditions), list(conditions.values())
     gens: list[list[str]] | list[None] = [None] * len(ivs)
-    if scorer.metric == "rank":
-        pre = [prefixes[i] for i in keep] if prefixes is not None else None
-        per, path = rank_records(model, sub, ivs, prefixes=pre, tokens=scorer.rank_tokens,
-                                 fwd_hooks=kw["fwd_hooks"], batch_size=kw["batch_size"],
-                                 progress=kw["progress"], shared=kw["shared"] and kw["cache"])  # fmt: skip
-    else:
+    if scorer.metric != "rank":  # generate (the default) or klar
         texts = [(prefixes[i] if prefixes else "") + facts[i].prompt for i in keep]
         if prompts is not None:
             texts = [prompts[i] for i in keep]
@@ -449,6 +444,11 @@ def _evaluate(
             max_new_tokens=max_new_tokens, early_stop=kw.pop("early_stop"),
         )  # fmt: skip
         per, path, gens = _generate_records(model, sub, rule, ivs, **kw)
+    else:
+        pre = [prefixes[i] for i in keep] if prefixes is not None else None
+        per, path = rank_records(model, sub, ivs, prefixes=pre, tokens=scorer.rank_tokens,
+                                 fwd_hooks=kw["fwd_hooks"], batch_size=kw["batch_size"],
+                                 progress=kw["progress"], shared=kw["shared"] and kw["cache"])  # fmt: skip
     meta = {"max_new_tokens": max_new_tokens, "metric": scorer.to_json()}
     if kw["shared"]:  # evaluate_conditions says which path it took
         meta["path"] = path

@@ -42,9 +42,9 @@ from mechlingo.core.distributed import (
 )
 from mechlingo.core.errors import InputError
 from mechlingo.core.sites import site_map
-from mechlingo.core.tokens import encode, sorted_batches
+from mechlingo.core.tokens import TokenBatch, encode, sorted_batches
 from mechlingo.core.types import Model
-from mechlingo.data import LANGS, load_facts
+from mechlingo.data.fact_answers import fact_answers, mismatch_tracks
 from mechlingo.data.langid import identify_language
 from mechlingo.kernels.readout import Readout, read_logits, token_energy
 from mechlingo.viz.lens import latent_curves_figure, lens_heatmap, token_grid_figure
@@ -62,9 +62,9 @@ __all__ = [
     "LensResult",
     "LensRunArgs",
     "LensRunOptions",
-    "fact_answers",
     "lens_facts",
     "lens_hook_names",
+    "lens_with_mismatch",
     "logit_lens",
     "resolve_decoder",
     "token_energy",
@@ -476,14 +476,15 @@ def logit_lens(
     langs = _checked_langs(prompts, answers, langs)
     entries = resolve_entries(model, layers)
     names = lens_hook_names(model, entries)
+    batch = encode(model, prompts)
     grid = None
     if tokens or (tokens is None and not answers):
-        grid = token_grid(model, prompts, entries, names, langs=langs, decoder=dec,
+        grid = token_grid(model, batch, entries, names, langs=langs, decoder=dec,
                           top_k=top_k, batch_size=ro.batch_size, chunk_rows=ro.chunk_rows,
                           progress=ro.progress)  # fmt: skip
     if answers:
         reads, n_tokens, continuations = _last_token_reads(
-            model, prompts, answers, langs, entries, names, dec, top_k, ro
+            model, batch, answers, langs, entries, names, dec, top_k, ro
         )  # fmt: skip
     else:
         assert grid is not None
@@ -531,7 +532,7 @@ def _grid_last(grid: TokenGrid) -> _LensReads:
 
 def _last_token_reads(
     model: Model,
-    prompts: list[str],
+    batch: TokenBatch,
     answers: Mapping[str, Sequence[str]],
     langs: list[str],
     entries: list[int],
@@ -542,16 +543,12 @@ def _last_token_reads(
 ) -> tuple[_LensReads, Tensor, list[list[str]] | None]:
     """The tracks' reads at each prompt's last token (:func:`logit_lens` with answers), the
     tokens per answer, and a patchscope's continuations (``None`` without)."""
-    tracks = list(answers)
-    sets = [
-        [answer_tokens(model, answers[t][i], lang=langs[i]) for t in tracks]
-        for i in range(len(prompts))
-    ]
+    tracks, n_p, n_e = list(answers), len(langs), len(entries)
+    reads = _LensReads.empty(n_e, n_p, len(tracks), top_k, model.W_U.device)
+    continuations: list[list[str]] = [[""] * n_p for _ in entries]
+    sets = [[answer_tokens(model, answers[t][i], lang=langs[i]) for t in tracks]
+            for i in range(n_p)]  # fmt: skip
     all_ids, all_primary = pack_token_sets(sets)
-    batch = encode(model, prompts)
-    n_e = len(entries)
-    reads = _LensReads.empty(n_e, len(prompts), len(tracks), top_k, model.W_U.device)
-    continuations: list[list[str]] = [[""] * len(prompts) for _ in entries]
     groups = sorted_batches(batch.lengths, run.batch_size)
     generate = generates(decoder)
     sharded = scoring_sharded()  # under torchrun each rank reads its share of the batches
@@ -581,39 +578,6 @@ def _last_token_reads(
                 continuations[e][i] = gen[e][j]
     n_tokens = torch.tensor([[a.n_tokens for a in row] for row in sets])
     return reads.cpu(), n_tokens, continuations if generate else None
-
-
-def fact_answers(
-    facts: Sequence[Fact], track_langs: Sequence[str], pool: Sequence[Fact] | None = None
-) -> dict[str, list[str]]:
-    """Answer tracks for facts: ``"answer"`` (own language) and one per language code in
-    ``track_langs``, looked up by fact id in ``pool`` (default: ``facts`` themselves, then the
-    bundled data); English falls back to each fact's ``answer_en``."""
-    by_key = {(f.id, f.lang): f.answer for f in (pool if pool is not None else facts)}
-    for f in facts:
-        by_key.setdefault((f.id, f.lang), f.answer)
-    out: dict[str, list[str]] = {"answer": [f.answer for f in facts]}
-    missing_langs = [
-        lg for lg in track_langs if any((f.id, lg) not in by_key for f in facts) and lg != "en"
-    ]
-    missing_langs = [lg for lg in missing_langs if lg in LANGS]  # what the bundled data has
-    if missing_langs:
-        for g in load_facts(langs=missing_langs):
-            by_key.setdefault((g.id, g.lang), g.answer)
-    for lg in track_langs:
-        words = []
-        for f in facts:
-            w = by_key.get((f.id, lg))
-            if w is None and lg == "en":
-                w = f.answer_en or None
-            if w is None:
-                raise InputError(
-                    f"no {lg} answer for fact {f.id!r}: pass a pool of facts that has it, or "
-                    f"drop {lg!r} from track_langs"
-                )
-            words.append(w)
-        out[lg] = words
-    return out
 
 
 def resolve_decoder(
@@ -667,3 +631,14 @@ def lens_facts(
         **kwargs,
     )
     return result
+
+
+def lens_with_mismatch(
+    model: Model, facts: list[Fact], pool: Sequence[Fact] | None, batch_size: int, progress: bool
+) -> tuple[LensResult, list[str | None]]:
+    """The logit lens tracking :func:`~mechlingo.data.fact_answers.mismatch_tracks` (each
+    fact's answer, its English answer and another fact's), with the mismatched words."""
+    tracks, mismatch = mismatch_tracks(facts, pool)
+    lens = logit_lens(model, [f.prompt for f in facts], tracks, langs=[f.lang for f in facts],
+                      ids=[f.id for f in facts], batch_size=batch_size, progress=progress)  # fmt: skip
+    return lens, mismatch

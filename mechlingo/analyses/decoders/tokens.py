@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from mechlingo.activations.runs import StopForward, run_batch
 from mechlingo.analyses.decoders.registry import Decoder, as_decoder
 from mechlingo.core.defaults import BATCH_SIZE, PROGRESS
-from mechlingo.core.tokens import TokenBatch, encode, sorted_batches
+from mechlingo.core.tokens import TokenBatch, sorted_batches
 from mechlingo.core.types import Model
 from mechlingo.data.langid import token_language as _token_language
 from mechlingo.kernels.readout import read_logits
@@ -118,7 +118,7 @@ def _grid_acts(model: Model, batch: TokenBatch, names: Sequence[str]) -> dict[st
 
 def token_grid(
     model: Model,
-    prompts: Sequence[str],
+    batch: TokenBatch,
     entries: Sequence[int],
     names: Sequence[str],
     *,
@@ -130,14 +130,14 @@ def token_grid(
     progress: bool = PROGRESS,
 ) -> TokenGrid:
     """The top ``top_k`` tokens of each lens entry (``entries``, read at the hooks
-    ``names``) at every position of every prompt, through ``decoder`` (``None``: the logit
+    ``names``) at every position of every prompt of ``batch`` (the prompts encoded,
+    :func:`~mechlingo.core.tokens.encode`), through ``decoder`` (``None``: the logit
     lens) and :func:`mechlingo.kernels.readout.read_logits`."""
     dec = as_decoder(decoder, model)
-    batch = encode(model, list(prompts))
-    n_e = len(entries)
-    ids: list[Tensor] = [torch.empty(0)] * len(prompts)
-    lps: list[Tensor] = [torch.empty(0)] * len(prompts)
-    ents: list[Tensor] = [torch.empty(0)] * len(prompts)
+    n_e, n_p = len(entries), len(langs)
+    ids: list[Tensor] = [torch.empty(0)] * n_p
+    lps: list[Tensor] = [torch.empty(0)] * n_p
+    ents: list[Tensor] = [torch.empty(0)] * n_p
     for rows in tqdm(sorted_batches(batch.lengths, batch_size), desc="token lens",
                      disable=not progress):  # fmt: skip
         sub = batch.select(rows)
@@ -157,7 +157,7 @@ def token_grid(
     tokens = [tok.batch_decode([[i] for i in batch.tokens[p, : int(n)].tolist()])
               for p, n in enumerate(batch.lengths.tolist())]  # fmt: skip
     top_tokens, top_langs = [], []
-    for p in range(len(prompts)):
+    for p in range(n_p):
         e_, n_pos, k = ids[p].shape
         flat = tok.batch_decode([[i] for i in ids[p].reshape(-1).tolist()])
         grid = [[flat[(e * n_pos + i) * k : (e * n_pos + i + 1) * k] for i in range(n_pos)]

@@ -4,7 +4,7 @@
 into one of :data:`CLASSES`; :func:`failure_records` are the non-English recall and
 translation failures the recall share is read from, the same for the trace's headline and the
 claim card's ``recall_failures`` row; :func:`failure_split` gives that share per language with
-and without the flagged answers (:data:`~mechlingo.analyses.recall.trace_answers.FLAGS`). Why each
+and without the flagged answers (:data:`FLAGS`). Why each
 class and flag: ``docs/methods/recall-pipeline.md``.
 """
 
@@ -13,9 +13,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from mechlingo.analyses.recall.trace_answers import FLAGS
-
-__all__ = ["CLASSES", "classify", "failure_records", "failure_split", "flag_counts", "flagged"]
+__all__ = [
+    "CLASSES",
+    "FLAGS",
+    "classify",
+    "failure_records",
+    "failure_split",
+    "flag_counts",
+    "flagged",
+]
 
 CLASSES: tuple[str, ...] = (
     "correct",
@@ -25,6 +31,11 @@ CLASSES: tuple[str, ...] = (
     "shared_form",
     "other",
 )
+
+#: The flags of a greedy answer that is no attempt at the answer (left out of the recall
+#: share: :func:`failure_records`; each answer's flags:
+#: :func:`mechlingo.data.fact_answers.answer_flags`).
+FLAGS = ("continues_prompt", "echoes_subject")
 
 #: The pooled group of :func:`failure_split`.
 NON_ENGLISH = "non-English"

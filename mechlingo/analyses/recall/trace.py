@@ -6,7 +6,7 @@ lens in the middle layers), and the last layers convert it into the prompt's lan
 :func:`trace_recall` puts every query into one of six classes (``correct``,
 ``wrong_language``, ``translation_failure``, ``recall_failure``, ``shared_form``, ``other``:
 :mod:`mechlingo.analyses.recall.classes`) and flags its answer
-(:func:`~mechlingo.analyses.recall.trace_answers.answer_flags`) by combining the
+(:func:`~mechlingo.data.fact_answers.answer_flags`) by combining the
 greedy answer (:func:`mechlingo.scoring.evaluate.evaluate_facts`) with the logit lens on the
 same prompt (:func:`mechlingo.analyses.decoders.lens.lens_facts`), as a :class:`TraceResult`.
 :func:`run_trace` is the whole ``mechlingo trace`` (:class:`TraceRun`): the trace, the
@@ -34,7 +34,6 @@ from mechlingo.analyses.recall.classes import (
 from mechlingo.analyses.recall.patching import (
     PatchingError,
 )
-from mechlingo.analyses.recall.trace_answers import trace_answers
 from mechlingo.analyses.recall.trace_circuit import TraceCircuit, trace_circuit
 from mechlingo.analyses.recall.trace_options import TraceOptions
 from mechlingo.analyses.recall.trace_patching import (
@@ -50,6 +49,7 @@ from mechlingo.core.jsonable import jsonable
 from mechlingo.core.sites import site_map
 from mechlingo.core.tokens import prepends_bos
 from mechlingo.core.types import Model
+from mechlingo.data.fact_answers import trace_answers
 from mechlingo.kernels.significance import bootstrap_mean, wilson
 from mechlingo.scoring.evaluate import DecodeOptions, EvalResult, evaluate_facts
 from mechlingo.scoring.scorers import skip_reason, split_usable
@@ -90,7 +90,7 @@ class TraceResult:
             candidates); the answer's flags ``shared_form`` (written as the English answer),
             ``continues_prompt`` (glued onto the prompt's last word), ``echoes_subject``
             ``decided_at`` and ``generation_lang``
-            (:func:`~mechlingo.analyses.recall.trace_answers.answer_flags`).
+            (:func:`~mechlingo.data.fact_answers.answer_flags`).
         lens: the logit lens on the same prompts (tracks ``answer`` and ``en``).
         eval: the greedy evaluation.
         max_rank, mid_layers: the parameters of the classification.
@@ -330,7 +330,7 @@ def trace_recall(
         :func:`mismatched_english`) reaches rank <= ``max_rank`` before the output, -1 never
         or when the relation has no other fact with a distinct English answer: the control
         of ``first_en_layer`` (a lens that surfaces any English city name is no evidence);
-        and :func:`~mechlingo.analyses.recall.trace_answers.answer_flags`: ``shared_form``,
+        and :func:`~mechlingo.data.fact_answers.answer_flags`: ``shared_form``,
         ``continues_prompt``, ``echoes_subject`` and ``decided_at`` (the prefix of
         ``generation``, the whole greedy first line, at which the verdict was decided).
     """

@@ -7,7 +7,9 @@ import pytest
 import torch
 from transformer_lens.tools.analysis import logit_lens as tl_logit_lens
 
-from mechlingo.analyses.decoders.lens import lens_facts, logit_lens
+from mechlingo.analyses.decoders.lens import lens_facts, lens_with_mismatch, logit_lens
+from mechlingo.data import Fact
+from mechlingo.data.fact_answers import mismatch_tracks
 
 PROMPTS = ["The capital of Italy is the city of", "La capitale", "意大利的首都是", "Die Stadt"]
 LANGS = ["en", "fr", "zh", "de"]
@@ -224,3 +226,12 @@ def test_a_prompt_without_a_declared_language_is_titled_with_its_own(tiny):
     assert r.langs == ["fr", "de"]
     assert r.fig_tokens(0).layout.title.text.startswith("Logit lens (fr prompt)")
     assert logit_lens(tiny, [fr], langs=["it"], layers=[0]).langs == ["it"]
+
+
+def test_lens_with_mismatch_tracks_the_prepared_words(tiny):
+    facts = [Fact("town/A", "town", "fr", "A", "A:", "Londres", answer_en="London"),
+             Fact("town/B", "town", "fr", "B", "B:", "Pékin", answer_en="Beijing")]  # fmt: skip
+    lens, mismatch = lens_with_mismatch(tiny, facts, None, 2, False)
+    tracks, expected = mismatch_tracks(facts, None)
+    assert mismatch == expected == ["Beijing", "London"]
+    assert lens.tracks == list(tracks) and lens.answers == tracks

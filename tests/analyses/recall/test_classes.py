@@ -13,15 +13,17 @@ from mechlingo.analyses.recall.classes import (
     failure_split,
     flag_counts,
 )
-from mechlingo.analyses.recall.trace_answers import answer_flags
 from mechlingo.core.answers import (
     continues_prompt,
     decision_prefix,
     echoes_subject,
+    first_line,
+    generation_flags,
     is_correct,
     shared_form,
 )
 from mechlingo.data import Fact
+from mechlingo.data.fact_answers import answer_flags
 
 
 def _fact(lang, subject, prompt, answer, en, aliases=()):
@@ -105,6 +107,26 @@ def test_answer_flags_read_the_raw_continuation():
     assert answer_flags(LONDRES, " London is")["generation_lang"] == "en"  # French: Londres
     assert answer_flags(LONDRES, " the city")["generation_lang"] == "en"
     assert answer_flags(TOKYO, "東京です")["generation_lang"] == "ja"
+
+
+def test_generation_flags_are_the_predicates_with_the_language_looked_up_once():
+    seoul = _fact("ko", "한국", "한국의 수도는", "서울", "Seoul")  # spaces, no word boundary
+    cases = [(STADT, "bibliothek\nmore"), (TOKYO, "日本の首都は東京"), (TOKYO, "東京です"),
+             (MEXICO, " Mexico City is"), (LONDRES, " Londres, bien sûr"), (TIRANA, "  "),
+             (seoul, "서울은 수도"), (seoul, "한국의 수도"), (seoul, "x")]  # fmt: skip
+    seen = set()
+    for f, gen in cases:
+        line = first_line(gen)
+        want = {"shared_form": shared_form(f.lang, f.answers, f.answer_en),
+                "continues_prompt": continues_prompt(f.prompt, gen, f.lang),
+                "echoes_subject": echoes_subject(line, f.subject, f.answers, f.lang),
+                "decided_at": decision_prefix(line, f.answers, f.lang, f.answer_en)}  # fmt: skip
+        got = generation_flags(f.prompt, f.subject, f.lang, f.answers, f.answer_en, gen)
+        assert got == want, (f.lang, gen)
+        seen |= {k for k, v in got.items() if v is True}
+    assert seen == {"shared_form", "continues_prompt", "echoes_subject"}  # each flag is met
+    assert first_line("  \n") == "" and first_line(" Rom\nmehr") == "Rom"
+    assert continues_prompt(seoul.prompt, "x", "ko")  # Korean writes a space before answers
 
 
 def _rec(lang="fr", **kw):

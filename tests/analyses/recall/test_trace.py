@@ -63,6 +63,18 @@ def test_trace_tiny(tiny_trace):
     tr.fig_profiles(langs=["en"])
 
 
+def test_the_usable_facts_come_with_those_candidate_ranking_can_score(tiny):
+    from mechlingo.analyses.recall.trace import _usable
+    from mechlingo.data import Fact
+
+    facts = [Fact("town/A", "town", "fr", "A", "A:", "Londres", answer_en="London",
+                  candidates=("Paris", "Londres")),
+             Fact("town/B", "town", "fr", "B", "B:", "Pékin", answer_en="Beijing")]  # fmt: skip
+    usable, skipped, ranked = _usable(tiny, facts, None, 10, "generate")
+    assert usable == facts and skipped == {}
+    assert ranked == [facts[0]]  # only A has candidates
+
+
 def test_trace_bad_input(tiny):
     facts = load_facts(langs=["en"], relations=["capital"], limit=2)
     with pytest.raises(ValueError, match="no facts"):
@@ -196,7 +208,7 @@ def test_trace_keeps_the_whole_greedy_line_and_the_decision_point_apart(tiny, ti
     """The stored generation is the greedy first line up to the stop rule (what scoring
     without early stop gives), ``decided_at`` the prefix where the verdict was final, and
     the flags are those of the raw continuation; the summary splits the failures."""
-    from mechlingo.analyses.recall.trace_answers import answer_flags
+    from mechlingo.data.fact_answers import answer_flags
     from mechlingo.scoring.evaluate import evaluate_facts, greedy_generate
 
     facts = load_facts(langs=["en", "fr", "ja"], relations=["capital"], limit=3)

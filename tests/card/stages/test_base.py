@@ -12,7 +12,6 @@ import torch
 
 from mechlingo.analyses.experts import find_experts
 from mechlingo.analyses.recall.trace import trace_recall
-from mechlingo.analyses.recall.trace_answers import mismatched_english
 from mechlingo.card import repair_items
 from mechlingo.card.metric_rule import METRIC_FLOOR, METRIC_RULE, decide_metric
 from mechlingo.card.plan import MIN_DRAWS, PRIMARY, dev_icc, plan_card
@@ -21,6 +20,7 @@ from mechlingo.card.stages import BUDGETS, CardSettings
 from mechlingo.core.errors import InputError
 from mechlingo.data import LANGS, Fact, load_facts, parallel_sentences
 from mechlingo.data.candidates import with_candidates
+from mechlingo.data.fact_answers import mismatched_english
 from mechlingo.data.splits import scope_facts, take_shared
 from mechlingo.scoring.evaluate import DecodeOptions
 

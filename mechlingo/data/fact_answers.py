@@ -1,49 +1,34 @@
-"""The answers a traced query is read against, prepared once for the usable facts
-(:func:`trace_answers`): the lens tracks with the mismatched-fact control (another fact's
-English answer, tracked by the same lens, so latent English can be told from any English word
-reaching the top) and each fact's answers in other languages (which one a wrong answer gives);
-and what a greedy answer did
-(:func:`answer_flags`, from the predicates of :mod:`mechlingo.core.answers`): an answer written
-the same in English, a continuation that glues onto the prompt's last word, an answer that
-starts by repeating the subject, and the prefix at which the eval rule's verdict was decided.
+"""The answers of a fact beyond its own answer, in one place: its answer in other languages
+(:func:`fact_answers`, the tracks a lens follows; :func:`other_answers`, and the language
+a wrong answer is given in), another fact's English answer (:func:`mismatched_english`: the
+mismatched-fact control, so latent English can be told from any English word reaching the
+top), and what a greedy answer did (:func:`answer_flags`: the flags of
+:func:`mechlingo.core.answers.generation_flags` and the language of its first word).
+:func:`trace_answers` prepares all of them once for the facts a trace reads
+(:class:`TraceAnswers`). Matching an answer (the eval rule) is :mod:`mechlingo.core.answers`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from mechlingo.analyses.decoders.lens import LensResult, fact_answers, logit_lens
-from mechlingo.core.answers import (
-    continues_prompt,
-    decision_prefix,
-    echoes_subject,
-    is_correct,
-    normalize,
-    shared_form,
-)
-from mechlingo.core.types import Model
-from mechlingo.data import load_facts
+from mechlingo.core.answers import first_line, generation_flags, is_correct, normalize
+from mechlingo.core.errors import InputError
+from mechlingo.data.facts import LANGS, Fact
+from mechlingo.data.io import load_facts
 from mechlingo.data.langid import token_language
 
-if TYPE_CHECKING:
-    from mechlingo.data import Fact
-
 __all__ = [
-    "FLAGS",
     "TraceAnswers",
     "answer_flags",
-    "lens_with_mismatch",
+    "fact_answers",
     "mismatch_tracks",
     "mismatched_english",
     "other_answers",
     "trace_answers",
 ]
-
-#: The flags of a greedy answer that is no attempt at the answer (left out of the recall
-#: share: :func:`mechlingo.analyses.recall.classes.failure_records`).
-FLAGS = ("continues_prompt", "echoes_subject")
 
 
 @dataclass(frozen=True)
@@ -96,9 +81,9 @@ def mismatch_tracks(
     facts: Sequence[Fact], pool: Sequence[Fact] | None
 ) -> tuple[dict[str, list[str]], list[str | None]]:
     """The lens tracks of ``facts``: each fact's answer, its English answer
-    (:func:`~mechlingo.analyses.decoders.lens.fact_answers`) and (track ``mismatch_en``)
-    another fact's English answer (:func:`mismatched_english`; the fact's own where there is
-    none), with the mismatched words."""
+    (:func:`fact_answers`) and (track ``mismatch_en``) another fact's English answer
+    (:func:`mismatched_english`; the fact's own where there is none), with the mismatched
+    words."""
     tracks = fact_answers(facts, ("en",), pool)
     mismatch = mismatched_english(facts, tracks["en"])
     tracks["mismatch_en"] = [m if m is not None else e for m, e in zip(mismatch, tracks["en"],
@@ -106,14 +91,37 @@ def mismatch_tracks(
     return tracks, mismatch
 
 
-def lens_with_mismatch(
-    model: Model, facts: list[Fact], pool: Sequence[Fact] | None, batch_size: int, progress: bool
-) -> tuple[LensResult, list[str | None]]:
-    """The logit lens tracking :func:`mismatch_tracks`, with the mismatched words."""
-    tracks, mismatch = mismatch_tracks(facts, pool)
-    lens = logit_lens(model, [f.prompt for f in facts], tracks, langs=[f.lang for f in facts],
-                      ids=[f.id for f in facts], batch_size=batch_size, progress=progress)  # fmt: skip
-    return lens, mismatch
+def fact_answers(
+    facts: Sequence[Fact], track_langs: Sequence[str], pool: Sequence[Fact] | None = None
+) -> dict[str, list[str]]:
+    """Answer tracks for facts: ``"answer"`` (own language) and one per language code in
+    ``track_langs``, looked up by fact id in ``pool`` (default: ``facts`` themselves, then the
+    bundled data); English falls back to each fact's ``answer_en``."""
+    by_key = {(f.id, f.lang): f.answer for f in (pool if pool is not None else facts)}
+    for f in facts:
+        by_key.setdefault((f.id, f.lang), f.answer)
+    out: dict[str, list[str]] = {"answer": [f.answer for f in facts]}
+    missing_langs = [
+        lg for lg in track_langs if any((f.id, lg) not in by_key for f in facts) and lg != "en"
+    ]
+    missing_langs = [lg for lg in missing_langs if lg in LANGS]  # what the bundled data has
+    if missing_langs:
+        for g in load_facts(langs=missing_langs):
+            by_key.setdefault((g.id, g.lang), g.answer)
+    for lg in track_langs:
+        words = []
+        for f in facts:
+            w = by_key.get((f.id, lg))
+            if w is None and lg == "en":
+                w = f.answer_en or None
+            if w is None:
+                raise InputError(
+                    f"no {lg} answer for fact {f.id!r}: pass a pool of facts that has it, or "
+                    f"drop {lg!r} from track_langs"
+                )
+            words.append(w)
+        out[lg] = words
+    return out
 
 
 def other_answers(facts: Sequence[Fact], pool: Sequence[Fact] | None) -> dict[str, dict[str, str]]:
@@ -172,32 +180,15 @@ def mismatched_english(facts: Sequence[Fact], english: Sequence[str]) -> list[st
     return out
 
 
-# --------------------------------------------------------------------------------------
-# What a greedy answer did
-# --------------------------------------------------------------------------------------
-
-
 def answer_flags(fact: Fact, continuation: str | None) -> dict[str, Any]:
-    """The record fields of what ``fact``'s greedy answer did
-    (:mod:`mechlingo.core.answers`): ``shared_form`` (its answer is written as the English
-    one), ``continues_prompt`` (the continuation glues onto the prompt's last word),
-    ``echoes_subject`` (the answer starts by repeating the subject), ``decided_at`` (the
-    prefix of the first line on which the eval rule's verdict is final,
-    :func:`~mechlingo.core.answers.decision_prefix`) and ``generation_lang``, the language of
-    the generation's first word for the fact's language and English
+    """The record fields of what ``fact``'s greedy answer did: the flags of
+    :func:`~mechlingo.core.answers.generation_flags` (``shared_form``, ``continues_prompt``,
+    ``echoes_subject``, ``decided_at``) and ``generation_lang``, the language of the
+    generation's first word for the fact's language and English
     (:func:`~mechlingo.data.langid.token_language`: a code, ``"shared"`` or ``None``), from
     the raw ``continuation`` (``None``: nothing generated, e.g. candidate ranking: the flags
     are ``False``, ``decided_at`` and ``generation_lang`` ``None``)."""
-    shared = shared_form(fact.lang, fact.answers, fact.answer_en)
-    if continuation is None:
-        return {"shared_form": shared, "continues_prompt": False,
-                "echoes_subject": False, "decided_at": None, "generation_lang": None}  # fmt: skip
-    line = continuation.strip().split("\n")[0] if continuation.strip() else ""
-    first = line.split(" ")[0][:40]
-    return {
-        "shared_form": shared,
-        "continues_prompt": continues_prompt(fact.prompt, continuation, fact.lang),
-        "echoes_subject": echoes_subject(line, fact.subject, fact.answers, fact.lang),
-        "decided_at": decision_prefix(line, fact.answers, fact.lang, fact.answer_en),
-        "generation_lang": token_language(first, (fact.lang, "en")) if first else None,
-    }
+    flags = generation_flags(fact.prompt, fact.subject, fact.lang, fact.answers,
+                             fact.answer_en, continuation)  # fmt: skip
+    first = "" if continuation is None else first_line(continuation).split(" ")[0][:40]
+    return {**flags, "generation_lang": token_language(first, (fact.lang, "en")) if first else None}

@@ -1,18 +1,13 @@
-"""What a traced query is read against, prepared once from the usable facts (no model): the lens
-tracks with the mismatched-fact control and the language a wrong answer is given in; and the
-facts whose gold candidate's rank can be measured, found with the usable ones."""
+"""The answers of a fact beyond its own, prepared once for the facts a trace reads (no model):
+the lens tracks with the mismatched-fact control, the language a wrong answer is given in and
+the flags of each greedy answer."""
 
 from __future__ import annotations
 
 import pytest
 
-from mechlingo.analyses.recall.trace_answers import (
-    answer_flags,
-    lens_with_mismatch,
-    mismatch_tracks,
-    trace_answers,
-)
 from mechlingo.data import Fact
+from mechlingo.data.fact_answers import answer_flags, mismatch_tracks, trace_answers
 
 
 def _fact(key: str, lang: str, answer: str, en: str, cands: tuple[str, ...] = ()) -> Fact:
@@ -50,18 +45,3 @@ def test_the_flags_of_each_answer_come_with_the_answers():
     assert got.flags[0]["decided_at"] == "Londres,"
     with pytest.raises(ValueError, match="1 continuations for 2 facts"):
         trace_answers(FACTS, [None, None], None, raw[:1])
-
-
-def test_the_usable_facts_come_with_those_candidate_ranking_can_score(tiny):
-    from mechlingo.analyses.recall.trace import _usable
-
-    facts, skipped, ranked = _usable(tiny, FACTS, None, 10, "generate")
-    assert facts == FACTS and skipped == {}
-    assert ranked == [FACTS[0]]  # only A has candidates
-
-
-def test_lens_with_mismatch_tracks_the_prepared_words(tiny):
-    lens, mismatch = lens_with_mismatch(tiny, FACTS, None, 2, False)
-    tracks, expected = mismatch_tracks(FACTS, None)
-    assert mismatch == expected
-    assert lens.tracks == list(tracks) and lens.answers == tracks
