@@ -144,8 +144,11 @@ RULES = {
     "enough; with a control, the claim's side p is the larger of the effect's p "
     "and the effect - control p; no p is 0 (a zero-variance estimate gets 1 / 2^(G-1)) and "
     "none is shown as 0 (below 1e-12: '< 1e-k'); the p column shows the p that decided the "
-    "verdict (the claim's side for holds, the other side for does not hold, the smaller "
-    "otherwise) beside its adjusted value",
+    "verdict (the claim's side for holds, the other side for does not hold; for an "
+    "inconclusive row the side on which the effect's estimate lies: beyond the threshold in "
+    "the claim's direction, or inside a null claim's margin, is the claim's side) beside its "
+    "adjusted value, and the adjusted interval and the minimum detectable effect are given "
+    "at that side's level",
     "intervals": "CR2 cluster-robust standard errors with Student's t on the Bell-McCaffrey "
     "degrees of freedom (G - 1 with balanced clusters, fewer with unbalanced ones; calibrated "
     "by simulation in docs/calibration.md); effect - control against a population adds the "
@@ -548,7 +551,8 @@ def _judge(r: dict[str, Any], claim: tuple[float | None, float],
            other: tuple[float | None, float], how: str) -> None:  # fmt: skip
     """Row ``r`` in its family: each side's ``(adjusted p, multiplier)``, the verdict at
     each side's level; the adjusted interval (``value_adjusted``) and the MDE at the level of
-    the side that decided (:func:`_deciding_p`)."""
+    the side that decided (:func:`_deciding_p`: for an inconclusive row, the side on which
+    its estimate lies)."""
     (pa, k), (pa_o, ko) = claim, other
     k, ko = max(1.0, k), max(1.0, ko)
     r["p_adjusted"] = None if r.get("p") is None else min(1.0, r["p"] * k)
@@ -580,18 +584,25 @@ def _judge(r: dict[str, Any], claim: tuple[float | None, float],
 
 def _deciding_p(row: Mapping[str, Any]) -> tuple[float | None, float | None, bool]:
     """The p that decided the row's verdict, raw and adjusted, and whether it is the claim
-    side's: the claim side's for ``holds``, the other side's for ``does not hold``,
-    otherwise the side whose adjusted p is the smaller (the nearer the row came to a
-    verdict; the claim side on a tie)."""
+    side's: the claim side's for ``holds``, the other side's for ``does not hold``; for an
+    inconclusive row the side on which the effect's estimate lies (beyond the threshold in
+    the claim's direction, or inside a null claim's margin: the claim side). The smaller
+    adjusted p of the two could be a precise-zero p that cannot decide the row."""
     if row.get("p") is None:
         return None, None, True
-    pc, ac = float(row["p"]), row.get("p_adjusted")
-    po, ao = row.get("p_against"), row.get("p_against_adjusted")
-    if row.get("verdict") == HOLDS or po is None:
-        return pc, ac, True
-    if row.get("verdict") == NOT_HOLDS or (ao is not None and (ac is None or ao < ac)):
-        return float(po), ao, False
-    return pc, ac, True
+    claim = float(row["p"]), row.get("p_adjusted"), True
+    if row.get("p_against") is None or row.get("verdict") == HOLDS:
+        return claim
+    other = float(row["p_against"]), row.get("p_against_adjusted"), False
+    if row.get("verdict") == NOT_HOLDS:
+        return other
+    est = ((row.get("value") or {}).get("estimate") or {}).get("estimate")
+    if est is None:
+        return claim
+    c = _claim_of(row)
+    if c.kind == "null":
+        return claim if abs(est - c.threshold) < (c.margin or 0.0) else other
+    return claim if c.direction * (est - c.threshold) >= 0 else other
 
 
 def error_row(claim: Claim, error: str) -> dict[str, Any]:

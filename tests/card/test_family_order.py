@@ -100,6 +100,11 @@ def test_a_precise_zero_p_that_cannot_decide_does_not_move_the_claim_side() -> N
     # cannot decide that row (its interval lies beyond 0): inconclusive, not "does not hold"
     assert out[0]["adjustment"]["multiplier_against"] == pytest.approx(3.0)
     assert out[0]["verdict"] == INCONCLUSIVE
+    # its p column shows the side its estimate lies on (the rank p, adjusted 2/21), not the
+    # smaller precise-zero p that cannot decide it
+    assert out[0]["adjustment"]["deciding_side"] == "claim"
+    assert out[0]["p_deciding_adjusted"] == pytest.approx(2 / 21)
+    assert out[0]["value_text"].endswith("adjusted p = 0.0952")
 
 
 def test_a_row_at_the_threshold_beside_precise_zeros_is_judged_at_holms_step() -> None:
