@@ -147,8 +147,8 @@ RULES = {
     "verdict (the claim's side for holds, the other side for does not hold; for an "
     "inconclusive row the side on which the effect's estimate lies: beyond the threshold in "
     "the claim's direction, or inside a null claim's margin, is the claim's side) beside its "
-    "adjusted value, and the adjusted interval and the minimum detectable effect are given "
-    "at that side's level",
+    "adjusted value, and the adjusted interval is given at that side's level (the minimum "
+    "detectable effect at the claim side's, as the reason states it)",
     "intervals": "CR2 cluster-robust standard errors with Student's t on the Bell-McCaffrey "
     "degrees of freedom (G - 1 with balanced clusters, fewer with unbalanced ones; calibrated "
     "by simulation in docs/calibration.md); effect - control against a population adds the "
@@ -550,9 +550,9 @@ def _twins(rows: Sequence[Mapping[str, Any]], idx: Sequence[int]) -> dict[int, i
 def _judge(r: dict[str, Any], claim: tuple[float | None, float],
            other: tuple[float | None, float], how: str) -> None:  # fmt: skip
     """Row ``r`` in its family: each side's ``(adjusted p, multiplier)``, the verdict at
-    each side's level; the adjusted interval (``value_adjusted``) and the MDE at the level of
-    the side that decided (:func:`_deciding_p`: for an inconclusive row, the side on which
-    its estimate lies)."""
+    each side's level; the adjusted interval (``value_adjusted``) at the level of the side
+    that decided (:func:`_deciding_p`: for an inconclusive row, the side on which its
+    estimate lies), the MDE at the claim side's level (as the verdict's reason gives it)."""
     (pa, k), (pa_o, ko) = claim, other
     k, ko = max(1.0, k), max(1.0, ko)
     r["p_adjusted"] = None if r.get("p") is None else min(1.0, r["p"] * k)
@@ -573,10 +573,10 @@ def _judge(r: dict[str, Any], claim: tuple[float | None, float],
                                         missing_control=rule.get("missing_control"))  # fmt: skip
     r["p_deciding"], r["p_deciding_adjusted"], claim_side = _deciding_p(r)
     r["adjustment"]["deciding_side"] = "claim" if claim_side else "other"
-    if eff is not None:  # the interval and MDE at the level of the side that decided
-        shown = k if claim_side else ko
+    if eff is not None:  # the interval at the level of the side that decided; the MDE of
+        shown = k if claim_side else ko  # the claimed effect at the claim side's, as the reason
         r["value_adjusted"] = eff.at_level(1 - ALPHA / shown).to_json()
-        r["mde"] = _mde_at(eff, ALPHA / shown)
+        r["mde"] = _mde_at(eff, ALPHA / k)
     pd = r["p_deciding_adjusted"]
     r["value_text"] = head + (_text(eff) or "n/a") + (
         "" if pd is None else f", adjusted p = {p_text(pd)}")  # fmt: skip

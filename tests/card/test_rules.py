@@ -143,7 +143,13 @@ def test_mirror_images_get_mirror_verdicts_at_the_adjusted_level():
     assert alone["verdict"] == NOT_HOLDS
     fam = _family(PRIMARY_UP, [weak, *other])
     assert fam[0]["verdict"] == INCONCLUSIVE  # 98.3% interval reaches 0; 3 x 0.03 > 0.05
-    assert fam[0]["value_adjusted"]["hi"] > 0 and fam[0]["mde"] > 0.1  # MDE at 98.3%
+    # the interval at the level of the side its estimate lies on (the other side: 98.3%), the
+    # MDE of the claimed effect at the claim side's level, the one its reason states
+    assert fam[0]["value_adjusted"]["hi"] > 0
+    assert fam[0]["value_adjusted"]["confidence"] == pytest.approx(1 - 0.05 / 3)
+    assert fam[0]["adjustment"]["multiplier"] == 1.0  # its claim-side p, 1, is the largest
+    assert fam[0]["mde"] == pytest.approx(0.1)  # the test's MDE at 95%
+    assert f"minimum detectable effect {fam[0]['mde']:.3f}" in fam[0]["reason"]
     mirror = _family(PRIMARY_UP, [T(0.1, 0.01, 0.19, p=0.03), *other])
     assert mirror[0]["verdict"] == INCONCLUSIVE
 
