@@ -51,13 +51,18 @@ class FamilyDesign:
         return sum(r[0] for r in self.rows)
 
 
-#: The designs of the family table (24 documents of 10 sentences; every clamp, random or
-#: not, moves the distances down by 0.12 to 0.18, so each row's own paired p is small).
+#: The designs of the family table. The clamp designs (24 documents of 10 sentences; every
+#: clamp, random or not, moves the distances down by 0.12 to 0.18, so each row's own paired
+#: p is small):
 #: ``one more draw``: each row's clamp is one more random draw (its claim, "beats its
 #: control", is false).
 #: ``undecidable beside nulls``: the card's case, rows whose effect beats every one of
 #: their 20 draws (true, but 1/21 cannot reach a Holm level) beside rows that are one more
 #: draw among 100. ``decidable``: true rows with 200 draws beside null rows (power kept).
+#: The two ``gains`` designs are ``task_vector`` rows over 40 facts (``kind="gain"``): six
+#: gains at the threshold, where the rows near 0 are precise zeros and a row beyond 0 by
+#: chance must still face Holm's step on the claim side; and three at the threshold beside
+#: three true gains of +0.08 (power kept).
 FAMILY_DESIGNS: tuple[FamilyDesign, ...] = (
     FamilyDesign("one more draw: 6 rows, 100 draws", ((6, False, 100, 0.12),)),
     FamilyDesign(
