@@ -134,7 +134,7 @@ def token_grid(
     :func:`~mechlingo.core.tokens.encode`), through ``decoder`` (``None``: the logit
     lens) and :func:`mechlingo.kernels.readout.read_logits`."""
     dec = as_decoder(decoder, model)
-    n_e, n_p = len(entries), len(langs)
+    n_e, n_p = len(entries), int(batch.lengths.shape[0])
     ids: list[Tensor] = [torch.empty(0)] * n_p
     lps: list[Tensor] = [torch.empty(0)] * n_p
     ents: list[Tensor] = [torch.empty(0)] * n_p
